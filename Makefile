@@ -1,0 +1,39 @@
+# gristmill: `make demo` and `make test` work on a fresh machine (they create .venv themselves).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint clean
+
+# torch first, chosen here rather than by pip: a bare `torch` requirement on a machine without one
+# pulls several GB of CUDA wheels. An interpreter that already has torch (say a CUDA build) gets a
+# venv that sees it (--system-site-packages) and keeps it; a GPU box without torch gets pip's
+# default CUDA build; everything else gets the CPU wheel.
+$(STAMP): pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then \
+	    echo "keeping the existing torch of $(PYTHON)"; $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; fi
+	@if ! $(PY) -c "import torch" 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install torch; \
+	  else $(PY) -m pip install torch==2.13.0; fi; fi
+	$(PY) -m pip install -q -e ".[eval,dev]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gristmill demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,199 @@
+"""Writes the on-disk dataset contract: tar shards, manifest rows, dataset.json.
+
+This is the only code that writes shards. The tokenize-and-shard pipeline step feeds it encoded
+documents; tests and benchmarks use it directly to make synthetic datasets without a tokenizer.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training.dataset_format import (
+    DATASET_JSON,
+    FORMAT,
+    IDS_EXT,
+    MANIFEST_DIR,
+    MANIFEST_SCHEMA,
+    META_EXT,
+    SHARDS_DIR,
+    TOKENIZER_JSON,
+    dtype_for_vocab,
+    dtype_name,
+    file_sha256,
+    fingerprint,
+    manifest_files,
+    shard_name,
+)
+
+TMP_SUFFIX = ".tmp"
+
+
+def _member(name: str, size: int) -> tarfile.TarInfo:
+    # Fixed metadata (mtime 0, root owner) so a rerun writes byte-identical shards.
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+class ShardWriter:
+    """Writes one task's documents into tars of about `target_bytes`, then its manifest parquet.
+
+    Shards are written as `NAME.tar.tmp` and renamed when closed, so a partial shard is never
+    visible under its final name. Manifest rows are kept in memory (a few dozen bytes each) and
+    written once at `close()`, also via a temporary name.
+    """
+
+    def __init__(self, root: str | Path, task: int, vocab_size: int, target_bytes: int = 256 << 20):
+        self.root = Path(root)
+        self.task = task
+        self.dtype = dtype_for_vocab(vocab_size)
+        self.vocab_size = vocab_size
+        self.target_bytes = target_bytes
+        (self.root / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        (self.root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+        self.shard_index = 0
+        self.tar: tarfile.TarFile | None = None
+        self.tar_path: Path | None = None
+
+    def _open(self) -> None:
+        name = shard_name(self.task, self.shard_index)
+        self.tar_path = self.root / SHARDS_DIR / name
+        self.tar = tarfile.open(str(self.tar_path) + TMP_SUFFIX, "w", format=tarfile.USTAR_FORMAT)
+
+    def _finish_shard(self) -> None:
+        assert self.tar is not None and self.tar_path is not None
+        self.tar.close()
+        os.replace(str(self.tar_path) + TMP_SUFFIX, self.tar_path)
+        self.tar = None
+        self.shard_index += 1
+
+    def add(self, key: str, ids: np.ndarray, meta: dict[str, Any]) -> None:
+        """Append one document: `<key>.ids` then `<key>.json`; records its manifest row."""
+        if "." in key:
+            raise ValueError(f"webdataset key {key!r} contains a dot")
+        if self.tar is None:
+            self._open()
+        assert self.tar is not None and self.tar_path is not None
+        data = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
+        self.tar.addfile(_member(f"{key}.{IDS_EXT}", len(data)), io.BytesIO(data))
+        # After addfile the tar offset sits just past the 512-byte-padded data block.
+        offset = self.tar.offset - ((len(data) + 511) // 512) * 512
+        meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+        self.tar.addfile(_member(f"{key}.{META_EXT}", len(meta_bytes)), io.BytesIO(meta_bytes))
+        self.rows.append(
+            {
+                "shard": self.tar_path.name,
+                "key": key,
+                "offset": offset,
+                "nbytes": len(data),
+                "n_tokens": int(len(ids)),
+                "id": _str(meta.get("id")),
+                "url": _str(meta.get("url")),
+                "dump": _str(meta.get("dump")),
+                "score": _float(meta.get("score")),
+                "int_score": _int(meta.get("int_score")),
+                "language": _str(meta.get("language")),
+                "language_score": _float(meta.get("language_score")),
+            }
+        )
+        if self.tar.offset >= self.target_bytes:
+            self._finish_shard()
+
+    def close(self) -> list[dict[str, Any]]:
+        if self.tar is not None:
+            self._finish_shard()
+        path = self.root / MANIFEST_DIR / f"{self.task:05d}.parquet"
+        table = pa.Table.from_pylist(self.rows, schema=MANIFEST_SCHEMA)
+        pq.write_table(table, str(path) + TMP_SUFFIX)
+        os.replace(str(path) + TMP_SUFFIX, path)
+        return self.rows
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+def _float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def finalize_dataset(
+    root: str | Path,
+    *,
+    vocab_size: int,
+    separator: dict[str, Any],
+    config_sha256: str,
+    tokenizer_path: str | Path | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Hash every shard, total the manifests and write dataset.json with status "complete".
+
+    Called once after all tasks finished. `separator` is {"token", "id", "position"}.
+    """
+    root = Path(root)
+    tok_dst = root / TOKENIZER_JSON
+    if tokenizer_path is not None and Path(tokenizer_path).resolve() != tok_dst.resolve():
+        shutil.copyfile(tokenizer_path, tok_dst)
+    tokenizer_sha = file_sha256(tok_dst) if tok_dst.exists() else "none"
+
+    per_shard: dict[str, dict[str, int]] = {}
+    documents = tokens = 0
+    for path in manifest_files(root):
+        t = pq.read_table(path, columns=["shard", "n_tokens"])
+        shards = t.column("shard").to_pylist()
+        ntok = t.column("n_tokens").to_numpy()
+        for s, n in zip(shards, ntok):
+            entry = per_shard.setdefault(s, {"documents": 0, "tokens": 0})
+            entry["documents"] += 1
+            entry["tokens"] += int(n)
+        documents += len(shards)
+        tokens += int(ntok.sum()) if len(ntok) else 0
+
+    shard_files = {}
+    for name in sorted(per_shard):
+        path = root / SHARDS_DIR / name
+        shard_files[name] = {
+            "bytes": path.stat().st_size,
+            "sha256": file_sha256(path),
+            **per_shard[name],
+        }
+    info: dict[str, Any] = {
+        "format": FORMAT,
+        "tokenizer_sha256": tokenizer_sha,
+        "vocab_size": int(vocab_size),
+        "dtype": dtype_name(vocab_size),
+        "separator": dict(separator),
+        "config_sha256": config_sha256,
+        "documents": documents,
+        "tokens": tokens,
+        "shards": len(shard_files),
+        "shard_files": shard_files,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+    }
+    info["fingerprint"] = fingerprint(info)
+    info["status"] = "complete"
+    tmp = root / (DATASET_JSON + TMP_SUFFIX)
+    tmp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, root / DATASET_JSON)
+    return info

@@ -1,0 +1,202 @@
+"""Dataclass configs loaded from TOML with dotted `--set a.b=value` overrides.
+
+Every stage's config is a tree of dataclasses. Unknown keys and wrong types are errors naming the
+key (a typo such as `build.wrokers` must never be silently ignored), and the fully resolved config
+is written next to every output so a run can be reproduced from its directory alone.
+
+Lives in `training/` because the trainer may only import the standard library, torch, numpy and
+pyarrow; the data pipelines import it from here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from training.errors import GristmillError
+
+T = TypeVar("T")
+
+
+class ConfigError(GristmillError):
+    """A config that cannot be used; the message names the key and the fix."""
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
+    """Build `cls` from a TOML file (optional) plus `a.b=value` overrides, checking every key."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist; pass an existing TOML file to --config")
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
+        source = str(path)
+    for item in overrides or []:
+        key, value = parse_override(item)
+        set_dotted(raw, key, value)
+    return from_dict(cls, raw, source=source)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """`a.b=1e-4` -> ("a.b", 0.0001). Values are TOML literals; a bare word is taken as a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value (e.g. --set optim.lr=1e-4)")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    text = text.strip()
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # `--set source.kind=parquet` without quotes
+    return key, value
+
+
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix: str = "") -> T:
+    """Recursively build dataclass `cls` from `raw`; unknown keys and wrong types raise ConfigError."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            guess = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean '{prefix}{guess[0]}'?" if guess else ""
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}'{hint} (valid keys in this section: "
+                f"{', '.join(sorted(fields))})"
+            )
+    kwargs = {}
+    for name, value in raw.items():
+        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, source, prefix=f"{key}.")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key, source)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{source}: {key} has an invalid value {value!r}")
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(
+                f"{source}: {key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+            )
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{source}: {key} must be a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        items = [_coerce(item_tp, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {key} must be a table, got {value!r}")
+        return dict(value)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{source}: {key} has unsupported type {tp}")  # a bug in the dataclass, not the user
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def config_sha256(cfg: Any) -> str:
+    """Stable hash of a resolved config (key order and formatting do not matter)."""
+    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def to_toml(cfg: Any) -> str:
+    """Render a resolved config as TOML (scalars first, then one table per nested dataclass)."""
+    lines: list[str] = []
+    _emit_table(to_dict(cfg), [], lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def save_config(cfg: Any, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(to_toml(cfg), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _emit_table(d: dict[str, Any], name: list[str], lines: list[str]) -> None:
+    scalars = {k: v for k, v in d.items() if not isinstance(v, dict) and v is not None}
+    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+    if name:
+        lines.append("")
+        lines.append(f"[{'.'.join(name)}]")
+    for k, v in scalars.items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    for k, v in tables.items():
+        _emit_table(v, name + [k], lines)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} to TOML")

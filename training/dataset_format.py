@@ -1,0 +1,147 @@
+"""The dataset directory contract (DESIGN.md) as code: names, dtypes, manifest schema, fingerprint.
+
+Writer (pipelines), validator (validation) and loader (training) all import these definitions so
+the three can never disagree about a column name or a dtype. Standard library, numpy and pyarrow
+only: the trainer imports this on GPU boxes without datatrove.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from training.errors import GristmillError
+
+FORMAT = "gristmill-shards/1"
+DATASET_JSON = "dataset.json"
+TOKENIZER_JSON = "tokenizer.json"
+SHARDS_DIR = "shards"
+MANIFEST_DIR = "manifest"
+EXCLUDED_DIR = "excluded"
+LOGS_DIR = "logs"
+IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
+META_EXT = "json"  # tar member `<key>.json`: source metadata
+
+# One manifest row per kept document. `offset`/`nbytes` locate the `.ids` member's data inside
+# the tar, so the loader can memory-map shards and never parse tar headers on the hot path.
+MANIFEST_SCHEMA = pa.schema(
+    [
+        ("shard", pa.string()),  # file name under shards/
+        ("key", pa.string()),  # webdataset key (no dots)
+        ("offset", pa.int64()),  # byte offset of the .ids data inside the tar
+        ("nbytes", pa.int64()),  # byte length of the .ids data
+        ("n_tokens", pa.int64()),  # tokens including the one separator
+        ("id", pa.string()),  # source document id
+        ("url", pa.string()),
+        ("dump", pa.string()),
+        ("score", pa.float64()),
+        ("int_score", pa.int64()),
+        ("language", pa.string()),
+        ("language_score", pa.float64()),
+    ]
+)
+
+# One row per dropped document, with the filter that dropped it and why.
+EXCLUDED_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("url", pa.string()),
+        ("dump", pa.string()),
+        ("filter", pa.string()),  # step name, e.g. "int_score", "min_chars", "gopher_repetition"
+        ("reason", pa.string()),  # human detail, e.g. "int_score 2 < 3"
+    ]
+)
+
+
+class DatasetError(GristmillError):
+    """A dataset directory that breaks the contract; the message names the file and the fix."""
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits (vocab ≤ 65536), else uint32; always little-endian on disk."""
+    return np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
+
+
+def dtype_name(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 65536 else "uint32"
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name not in ("uint16", "uint32"):
+        raise DatasetError(f"dtype {name!r} is not one of uint16, uint32")
+    return np.dtype("<u2") if name == "uint16" else np.dtype("<u4")
+
+
+def shard_name(task: int, index: int) -> str:
+    return f"{task:05d}_{index:05d}.tar"
+
+
+def doc_key(task: int, index: int) -> str:
+    # webdataset splits member names at the first dot, so keys never contain one.
+    return f"t{task:05d}d{index:09d}"
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fingerprint(info: dict[str, Any]) -> str:
+    """Identity of the token stream: shard contents, tokenizer, dtype and separator policy.
+
+    Rebuilding any shard with different bytes changes it, so a resume against a rebuilt dataset
+    is refused instead of silently reading other tokens.
+    """
+    ident = {
+        "format": info["format"],
+        "tokenizer_sha256": info["tokenizer_sha256"],
+        "dtype": info["dtype"],
+        "separator": info["separator"],
+        "shard_files": {name: f["sha256"] for name, f in sorted(info["shard_files"].items())},
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def read_dataset_info(root: str | Path) -> dict[str, Any]:
+    """Read and sanity-check dataset.json (cheap: no shard is hashed here)."""
+    root = Path(root)
+    path = root / DATASET_JSON
+    if not path.is_file():
+        raise DatasetError(
+            f"{path} not found: {root} is not a gristmill dataset (build one with `gristmill data build`)"
+        )
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
+    if info.get("format") != FORMAT:
+        raise DatasetError(
+            f"{path}: format {info.get('format')!r} is not {FORMAT!r}; rebuild with this version"
+        )
+    if info.get("status") != "complete":
+        raise DatasetError(
+            f"{path}: status is {info.get('status')!r}, not 'complete'; the build did not finish — rerun "
+            "`gristmill data build` with the same config to resume it"
+        )
+    for key in ("tokenizer_sha256", "vocab_size", "dtype", "separator", "shard_files", "fingerprint"):
+        if key not in info:
+            raise DatasetError(f"{path}: missing key {key!r}; rebuild the dataset")
+    if info["dtype"] != dtype_name(info["vocab_size"]):
+        raise DatasetError(f"{path}: dtype {info['dtype']} does not match vocab_size {info['vocab_size']}")
+    return info
+
+
+def manifest_files(root: str | Path) -> list[Path]:
+    return sorted((Path(root) / MANIFEST_DIR).glob("*.parquet"))
+
+
+def shard_files(root: str | Path) -> list[Path]:
+    return sorted((Path(root) / SHARDS_DIR).glob("*.tar"))
