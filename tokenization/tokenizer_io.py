@@ -1,0 +1,67 @@
+"""Loading a tokenizer (local tokenizer.json or a hub name) and training a byte-level BPE."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from training.errors import GristmillError
+
+
+class TokenizerError(GristmillError):
+    """A tokenizer that cannot be used; raised at start-up, never mid-build."""
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """`spec` is a tokenizer.json file, a directory holding one, or a hub repo id (needs network)."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if path.is_file():
+        try:
+            return Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+            raise TokenizerError(f"{path} is not a valid tokenizer.json ({e}); re-export it") from None
+    if str(spec).endswith(".json") or path.exists() or str(spec).startswith((".", "/")):
+        raise TokenizerError(
+            f"tokenizer file {spec} not found; set tokenizer.path to an existing tokenizer.json "
+            "or train one with `gristmill tokenizer train --config CONFIG`"
+        )
+    return _load_from_hub(str(spec))
+
+
+def _load_from_hub(repo_id: str) -> Tokenizer:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        local = hf_hub_download(repo_id, "tokenizer.json")
+    except Exception as e:  # offline, gated, or missing: all end the same way for the user
+        raise TokenizerError(
+            f"cannot fetch tokenizer.json of {repo_id!r} from the Hugging Face hub ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); on a machine without network, download it "
+            "elsewhere and set tokenizer.path to the local tokenizer.json"
+        ) from None
+    return Tokenizer.from_file(local)
+
+
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, special_tokens: list[str], min_frequency: int = 2
+) -> Tokenizer:
+    """Byte-level BPE (GPT-2/Llama-3 style: any byte sequence encodes, nothing is <unk>).
+
+    No post-processor is attached on purpose: the separator is added by DocumentEncoder alone.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
