@@ -1,0 +1,272 @@
+"""`gristmill data validate`: a clean dataset passes; every kind of damage fails naming shard and document."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from pipelines.shard_writer import ShardWriter, finalize_dataset
+from training.dataset_format import manifest_files, shard_files
+from validation.validate import VALIDATION_JSON, validate_dataset
+
+VOCAB = 1000
+SEP = 0
+
+
+def doc_ids(rng: np.random.Generator, position: str = "after") -> np.ndarray:
+    ids = rng.integers(1, VOCAB, int(rng.integers(3, 300)), dtype=np.uint16)
+    return np.concatenate([ids, [SEP]] if position == "after" else [[SEP], ids]).astype(np.uint16)
+
+
+def make_dataset(root: Path, *, tasks: int = 2, docs: int = 25, position: str = "after", edit=None) -> dict:
+    """A small multi-shard dataset written by the real ShardWriter; `edit(task, i, ids)` may damage a doc."""
+    rng = np.random.default_rng(0)
+    for t in range(tasks):
+        w = ShardWriter(root, t, vocab_size=VOCAB, target_bytes=4096)
+        for i in range(docs):
+            ids = doc_ids(rng, position)
+            if edit is not None:
+                ids = edit(t, i, ids)
+            w.add(f"t{t}d{i}", ids, {"id": f"doc-{t}-{i}", "url": f"https://e.com/{t}/{i}", "dump": "CC-1"})
+        w.close()
+    (root / "tokenizer.json").write_text('{"fake": "tokenizer"}')
+    sep = {"token": "<|endoftext|>", "id": SEP, "position": position}
+    return finalize_dataset(root, vocab_size=VOCAB, separator=sep, config_sha256="test")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("clean") / "ds"
+    make_dataset(root)
+    return root
+
+
+@pytest.fixture
+def ds(clean, tmp_path) -> Path:
+    """A private copy of the clean dataset to damage."""
+    root = tmp_path / "ds"
+    shutil.copytree(clean, root)
+    return root
+
+
+def problems(root: Path) -> list[str]:
+    report = validate_dataset(root, progress=False)
+    assert not report.ok and report.n_problems >= 1
+    saved = json.loads((root / VALIDATION_JSON).read_text())
+    assert saved["ok"] is False and saved["n_problems"] == report.n_problems
+    return [str(p) for p in report.problems]
+
+
+def row_of(root: Path, key: str) -> dict:
+    for path in manifest_files(root):
+        for row in pq.read_table(path).to_pylist():
+            if row["key"] == key:
+                return row
+    raise KeyError(key)
+
+
+def test_clean_dataset_passes_and_writes_validation_json(clean, capsys):
+    report = validate_dataset(clean, progress=False)
+    info = json.loads((clean / "dataset.json").read_text())
+    assert report.ok, report.problems
+    assert (report.shards, report.documents, report.tokens) == (info["shards"], 50, info["tokens"])
+    assert report.shards > 2 and report.separators == 50
+    saved = json.loads((clean / VALIDATION_JSON).read_text())
+    assert saved["ok"] is True and saved["documents"] == 50 and saved["fingerprint"] == info["fingerprint"]
+
+    assert main(["data", "validate", str(clean), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "separators found" in out and "OK" in out
+
+
+def test_before_position_passes(tmp_path):
+    make_dataset(tmp_path / "b", tasks=1, position="before")
+    assert validate_dataset(tmp_path / "b", progress=False).ok
+
+
+def _one_bad_doc(tmp_path, bad_ids, position="after") -> tuple[list[str], str]:
+    """Dataset with doc t1d7 replaced by bad_ids(ids); hashes agree, so only the tokens are wrong."""
+    root = tmp_path / "bad"
+    make_dataset(root, position=position, edit=lambda t, i, ids: bad_ids(ids) if (t, i) == (1, 7) else ids)
+    return problems(root), row_of(root, "t1d7")["shard"]
+
+
+@pytest.mark.parametrize(
+    "bad, expect",
+    [
+        (lambda ids: np.append(ids, SEP), "doubled separator"),
+        (lambda ids: ids[:-1], "missing separator"),
+        (lambda ids: np.concatenate([[SEP], ids[:-1]]), "separator in the wrong position"),
+        (lambda ids: np.append(ids[:-1], [VOCAB + 5, SEP]), "≥ vocab_size 1000"),
+    ],
+    ids=["doubled", "missing", "wrong-position", "id-over-vocab"],
+)
+def test_token_problems_name_shard_and_document(tmp_path, bad, expect):
+    found, shard = _one_bad_doc(tmp_path, bad)
+    assert len(found) == 1, found
+    assert f"shards/{shard}: document t1d7:" in found[0] and expect in found[0]
+
+
+def test_separator_checked_against_before_policy(tmp_path):
+    # an "after"-style document in a "before" dataset: one separator, wrong place
+    found, shard = _one_bad_doc(tmp_path, lambda ids: np.append(ids[1:], SEP), position="before")
+    n = row_of(tmp_path / "bad", "t1d7")["n_tokens"]
+    assert found == [
+        f"shards/{shard}: document t1d7: separator in the wrong position: at token {n - 1} of {n}, "
+        "expected the first token (separator position 'before')"
+    ]
+
+
+def test_truncated_tar(ds):
+    row = row_of(ds, "t1d1")
+    shard = ds / "shards" / row["shard"]
+    shard.write_bytes(shard.read_bytes()[: row["offset"] + row["nbytes"] // 2])  # cut inside t1d1's tokens
+    found = problems(ds)
+    assert f"shards/{row['shard']}: document t1d1: member t1d1.ids is truncated" in " | ".join(found), found
+    assert any(p.startswith(f"shards/{row['shard']}: size") for p in found)  # and its sha256 differs
+    assert any(p.startswith(f"shards/{row['shard']}: sha256") for p in found)
+
+
+def test_truncated_at_member_boundary(ds):
+    # tarfile itself ends quietly when a tar stops right after a member: we must not
+    shard = shard_files(ds)[0]
+    row = pq.read_table(manifest_files(ds)[0]).to_pylist()[0]
+    data = shard.read_bytes()
+    cut = row["offset"] + ((row["nbytes"] + 511) // 512) * 512  # end of the first doc's .ids data
+    shard.write_bytes(data[:cut])
+    found = problems(ds)
+    assert (
+        f"shards/{shard.name}: document {row['key']}: truncated: the file ends at byte {cut}, after this "
+        "document's members, without the tar end-of-archive marker" in found
+    ), found
+    assert any(f"document {row['key']}: has a .ids member but no .json" in p for p in found), found
+
+
+def test_corrupt_ids_bytes(ds):
+    row = row_of(ds, "t0d3")
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    last = row["offset"] + row["nbytes"] - 2  # the separator token
+    data[last : last + 2] = (7).to_bytes(2, "little")
+    shard.write_bytes(bytes(data))
+    found = problems(ds)
+    assert any(p.startswith(f"shards/{row['shard']}: sha256") for p in found), found
+    assert any(p.startswith(f"shards/{row['shard']}: document t0d3: missing separator") for p in found), found
+    assert any("fingerprint recomputed" in p for p in found)
+
+
+def test_corrupt_tar_header(ds):
+    rows = pq.read_table(manifest_files(ds)[0]).to_pylist()
+    row, prev = next(
+        (r, p) for p, r in zip(rows, rows[1:]) if r["shard"] == p["shard"]
+    )  # not first in its tar
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] - 512 + 130] ^= 0xFF  # inside the .ids header (uid field): bad checksum
+    shard.write_bytes(bytes(data))
+    found = problems(ds)
+    header = row["offset"] - 512
+    assert (
+        f"shards/{row['shard']}: document {prev['key']}: corrupt tar header at byte {header}, after this "
+        in (" | ".join(found))
+    ), found
+    assert (
+        f"shards/{row['shard']}: document {row['key']}: in the manifest but has no .ids member in this tar"
+        in found
+    )
+
+
+def test_garbage_shard_is_a_problem_not_a_traceback(ds):
+    shard = shard_files(ds)[0]
+    shard.write_bytes(b"\x00\x01garbage" * 100)
+    found = problems(ds)
+    assert any(p.startswith(f"shards/{shard.name}: corrupt tar header at byte 0 (") for p in found), found
+
+
+@pytest.mark.parametrize("column, delta", [("offset", 512), ("n_tokens", 1), ("nbytes", -2)])
+def test_edited_manifest(ds, column, delta):
+    path = manifest_files(ds)[1]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[4][column] += delta
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    found = problems(ds)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
+
+
+def test_manifest_row_missing(ds):
+    path = manifest_files(ds)[0]
+    table = pq.read_table(path)
+    pq.write_table(table.slice(1), path)
+    row = table.slice(0, 1).to_pylist()[0]
+    assert problems(ds) == [
+        f"shards/{row['shard']}: document {row['key']}: in the tar but has no manifest row for this shard"
+    ]
+
+
+def test_deleted_shard(ds):
+    shard = shard_files(ds)[2]
+    shard.unlink()
+    found = problems(ds)
+    assert f"shards/{shard.name}: missing shard: listed in dataset.json but not on disk" in found
+    assert any("manifest rows name a shard that is not on disk" in p for p in found)
+
+
+def test_stray_shard_and_tmp_file(ds):
+    shutil.copyfile(shard_files(ds)[0], ds / "shards" / "99999_00000.tar")
+    (ds / "shards" / "00000_00099.tar.tmp").write_bytes(b"partial")
+    found = problems(ds)
+    assert "shards/99999_00000.tar: stray shard: on disk but not listed in dataset.json" in found
+    assert any(p.startswith("shards/00000_00099.tar.tmp: stray temporary file") for p in found)
+
+
+def test_edited_fingerprint_and_totals(ds):
+    info = json.loads((ds / "dataset.json").read_text())
+    info["fingerprint"] = "0" * 64
+    info["tokens"] += 1
+    (ds / "dataset.json").write_text(json.dumps(info))
+    found = problems(ds)
+    assert any(p.startswith("dataset.json: fingerprint 0000") and "edited" in p for p in found), found
+    assert any(p.startswith("dataset.json: says tokens =") for p in found)
+
+
+def test_edited_shard_sha_in_dataset_json(ds):
+    info = json.loads((ds / "dataset.json").read_text())
+    name = sorted(info["shard_files"])[0]
+    info["shard_files"][name]["sha256"] = "f" * 64
+    (ds / "dataset.json").write_text(json.dumps(info))
+    found = problems(ds)
+    assert any(p.startswith(f"shards/{name}: sha256") for p in found), found
+    assert any(p.startswith("dataset.json: fingerprint") for p in found)
+
+
+def test_tokenizer_mismatch(ds):
+    (ds / "tokenizer.json").write_text('{"another": "tokenizer"}')
+    assert problems(ds)[0].startswith("tokenizer.json: sha256")
+
+
+def test_missing_dataset_json_and_cli_exit_codes(ds, capsys):
+    (ds / "dataset.json").unlink()
+    assert main(["data", "validate", str(ds), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "dataset.json:" in out and "not found" in out and "FAILED" in out
+    assert main(["data", "validate", str(ds / "nope")]) == 2  # not a directory: one error line
+    assert "is not a directory" in capsys.readouterr().err
+
+
+def test_parallel_workers_agree(ds):
+    row = row_of(ds, "t1d3")
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] + row["nbytes"] - 2] = 9
+    shard.write_bytes(bytes(data))
+    one = validate_dataset(ds, progress=False, workers=1, write=False)
+    two = validate_dataset(ds, progress=False, workers=2, write=False)
+    assert [str(p) for p in one.problems] == [str(p) for p in two.problems] and not two.ok

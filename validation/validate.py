@@ -1,0 +1,628 @@
+"""`gristmill data validate DIR`: re-read every shard on disk and check the dataset contract.
+
+The validator trusts nothing the build wrote about itself. It walks every tar through its own
+headers (Python's `tarfile`, not the manifest), hashes each shard in the same single read, and
+checks:
+
+- every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON), `.ids` length
+  is a multiple of the dtype size and every id is below `vocab_size`;
+- exactly one separator per document, at the position dataset.json names ("after": last token,
+  "before": first token), and none anywhere else;
+- the manifest agrees with the tars: same keys in the same shard, `offset`/`nbytes` equal to the
+  tar header's data offset and size, `n_tokens` equal to the member's token count;
+- dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
+  the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
+- no stray `*.tmp` files, no shard on disk that dataset.json does not list, none missing.
+
+A corrupt or truncated tar becomes a problem line naming the shard (and the document where it is
+knowable), never a traceback. The result is written to `DIR/validation.json`, which the audit's
+`validation` view reads. `validate_dataset()` is the library entry point; the build calls it last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import mmap
+import multiprocessing
+import os
+import sys
+import tarfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from training.dataset_format import (
+    DATASET_JSON,
+    IDS_EXT,
+    MANIFEST_DIR,
+    META_EXT,
+    SHARDS_DIR,
+    TOKENIZER_JSON,
+    DatasetError,
+    file_sha256,
+    fingerprint,
+    manifest_files,
+    numpy_dtype,
+    read_dataset_info,
+)
+
+HELP = "re-read every shard and check separators, ids, manifest, hashes and fingerprint"
+VALIDATION_JSON = "validation.json"
+# A broken separator policy would report every document; beyond this many per shard the rest are
+# counted, not listed.
+MAX_PROBLEMS_PER_SHARD = 20
+MAX_PRINTED = 50
+PARALLEL_BYTES = 512 << 20
+
+
+@dataclass
+class Problem:
+    """One broken promise. `shard` is a path relative to the dataset root, `key` a document key."""
+
+    message: str
+    shard: str | None = None
+    key: str | None = None
+
+    def __str__(self) -> str:
+        where = ": ".join(p for p in (self.shard, f"document {self.key}" if self.key else None) if p)
+        return f"{where}: {self.message}" if where else self.message
+
+
+@dataclass
+class ShardResult:
+    name: str
+    documents: int = 0
+    tokens: int = 0
+    separators: int = 0
+    bytes: int = 0
+    sha256: str | None = None
+    problems: list[Problem] = field(default_factory=list)
+    more_problems: int = 0  # problems past MAX_PROBLEMS_PER_SHARD, counted only
+
+    def add(self, message: str, key: str | None = None) -> None:
+        if len(self.problems) < MAX_PROBLEMS_PER_SHARD:
+            self.problems.append(Problem(message, f"{SHARDS_DIR}/{self.name}", key))
+        else:
+            self.more_problems += 1
+
+
+@dataclass
+class ValidationReport:
+    root: str
+    ok: bool
+    shards: int
+    documents: int
+    tokens: int
+    separators: int  # separator tokens found on disk: equal to documents when all is well
+    bytes: int
+    seconds: float
+    problems: list[Problem]
+    n_problems: int  # including the ones not listed (see MAX_PROBLEMS_PER_SHARD)
+    fingerprint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["problems"] = [{**asdict(p), "text": str(p)} for p in self.problems]
+        d["checked_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return d
+
+
+# --------------------------------------------------------------------------------------------
+# one shard
+
+
+@dataclass
+class _ShardSpec:
+    """Everything one worker needs to check one shard (picklable)."""
+
+    path: str
+    name: str
+    dtype: str
+    vocab_size: int
+    sep_id: int
+    position: str
+    # manifest rows of this shard: key -> (offset, nbytes, n_tokens)
+    manifest: dict[str, tuple[int, int, int]]
+    expected: dict[str, Any] | None  # dataset.json["shard_files"][name]
+
+
+def check_shard(spec: _ShardSpec) -> ShardResult:
+    """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard."""
+    res = ShardResult(spec.name)
+    try:
+        _check_shard(spec, res)
+    except Exception as e:  # noqa: BLE001 - a validator reports, it does not crash
+        res.add(f"could not be checked: {type(e).__name__}: {e}")
+    return res
+
+
+def _check_shard(spec: _ShardSpec, res: ShardResult) -> None:
+    dtype = numpy_dtype(spec.dtype)
+    size = os.path.getsize(spec.path)
+    res.bytes = size
+    if size == 0:
+        res.add("empty file (0 bytes): truncated or never written; rebuild the dataset")
+        res.sha256 = hashlib.sha256(b"").hexdigest()
+        _check_expected(spec, res)
+        return
+    with open(spec.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        # One read of the file: hashing it pulls it into the page cache, the tar walk below then
+        # touches only headers and the token bytes (zero-copy views into the map).
+        res.sha256 = hashlib.sha256(mm).hexdigest()
+        _check_expected(spec, res)
+        members = _walk_tar(mm, size, res)
+        _check_documents(spec, res, mm, members, dtype)
+
+
+def _check_expected(spec: _ShardSpec, res: ShardResult) -> None:
+    exp = spec.expected
+    if exp is None:
+        return
+    if exp.get("bytes") != res.bytes:
+        res.add(
+            f"size {res.bytes} bytes differs from dataset.json ({exp.get('bytes')}): truncated or rewritten"
+        )
+    if exp.get("sha256") != res.sha256:
+        res.add(f"sha256 {res.sha256[:16]}… differs from dataset.json ({str(exp.get('sha256'))[:16]}…)")
+
+
+def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str, tuple[int, int]]]:
+    """key -> {ext: (data offset, size)} from the tar headers; structural problems go to `res`."""
+    members: dict[str, dict[str, tuple[int, int]]] = {}
+    last_key: str | None = None
+    try:
+        tf = tarfile.open(fileobj=mm, mode="r:")  # noqa: SIM115 - nothing to close, mm is ours
+    except tarfile.TarError as e:
+        res.add(f"corrupt tar header at byte 0 ({e}): not a readable tar")
+        return members
+    while True:
+        pos = tf.offset
+        try:
+            m = tf.next()
+        except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as e:
+            after = ", after this document's members" if last_key else ""
+            res.add(f"corrupt tar header at byte {pos}{after} ({e}); the shard is damaged", last_key)
+            return members
+        if m is None:
+            break
+        tf.members.clear()  # we keep our own index; TarInfo objects are heavy
+        if m.offset_data + m.size > size:
+            res.add(
+                f"member {m.name} is truncated: data ends at byte {m.offset_data + m.size}, file has {size}",
+                m.name.split(".", 1)[0],
+            )
+            return members
+        if not m.isreg():
+            res.add(f"unexpected tar member {m.name!r} (not a regular file)")
+            continue
+        base = m.name.rsplit("/", 1)[-1]
+        key, dot, ext = base.partition(".")
+        if not dot or ext not in (IDS_EXT, META_EXT):
+            res.add(f"unexpected tar member {m.name!r} (expected <key>.{IDS_EXT} or <key>.{META_EXT})", key)
+            continue
+        exts = members.setdefault(key, {})
+        if ext in exts:
+            res.add(f"duplicate member {m.name}", key)
+            continue
+        exts[ext] = (m.offset_data, m.size)
+        last_key = key
+    # Python's tarfile ends iteration quietly on a missing end-of-archive marker, so a shard cut at
+    # a member boundary would look complete: check the two zero blocks ourselves.
+    end = tf.offset
+    tail = mm[end : end + 1024]
+    after = ", after this document's members" if last_key else ""
+    if len(tail) < 1024:
+        res.add(
+            f"truncated: the file ends at byte {size}{after}, without the tar end-of-archive marker", last_key
+        )
+    elif tail.count(0) != len(tail):
+        # tarfile also stops quietly at an invalid header after the first: name the damage
+        try:
+            tarfile.TarInfo.frombuf(bytes(tail[:512]), tarfile.ENCODING, "surrogateescape")
+            why = "neither a member nor the end-of-archive marker"
+        except tarfile.HeaderError as e:
+            why = str(e)
+        res.add(f"corrupt tar header at byte {end}{after} ({why}); the shard is damaged", last_key)
+    return members
+
+
+def _check_documents(
+    spec: _ShardSpec,
+    res: ShardResult,
+    mm: mmap.mmap,
+    members: dict[str, dict[str, tuple[int, int]]],
+    dtype: np.dtype,
+) -> None:
+    item = dtype.itemsize
+    keys: list[str] = []
+    arrays: list[np.ndarray] = []
+    for key, exts in members.items():
+        if IDS_EXT not in exts:
+            res.add(f"has a .{META_EXT} member but no .{IDS_EXT} member", key)
+            continue
+        if META_EXT not in exts:
+            res.add(f"has a .{IDS_EXT} member but no .{META_EXT} member", key)
+        else:
+            off, n = exts[META_EXT]
+            try:
+                meta = json.loads(mm[off : off + n].decode("utf-8"))
+                if not isinstance(meta, dict):
+                    res.add(f".{META_EXT} is JSON but not an object ({type(meta).__name__})", key)
+            except UnicodeDecodeError as e:
+                res.add(f".{META_EXT} is not valid UTF-8 ({e})", key)
+            except json.JSONDecodeError as e:
+                res.add(f".{META_EXT} is not valid JSON ({e})", key)
+        off, n = exts[IDS_EXT]
+        if n % item:
+            res.add(f".{IDS_EXT} has {n} bytes, not a multiple of the {spec.dtype} size {item}", key)
+            continue
+        keys.append(key)
+        arrays.append(np.frombuffer(mm, dtype=dtype, count=n // item, offset=off))
+
+    res.documents = len(keys)
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    res.tokens = int(lengths.sum())
+    if arrays:
+        _check_ids(spec, res, keys, np.concatenate(arrays), lengths)
+    _check_manifest(spec, res, members, item)
+    exp = spec.expected
+    if exp is not None:
+        for what, got in (("documents", res.documents), ("tokens", res.tokens)):
+            if exp.get(what) != got:
+                res.add(f"holds {got} {what}, dataset.json says {exp.get(what)}")
+
+
+def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndarray, lengths: np.ndarray):
+    """Vectorized over the whole shard: separator count and position per document, id range."""
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    sep_pos = np.flatnonzero(ids == spec.sep_id)
+    doc_of_sep = np.searchsorted(ends, sep_pos, side="right")
+    counts = np.bincount(doc_of_sep, minlength=len(keys))
+    expected_pos = ends - 1 if spec.position == "after" else starts
+    nonempty = lengths > 0
+    at_place = np.zeros(len(keys), dtype=bool)
+    at_place[nonempty] = ids[expected_pos[nonempty]] == spec.sep_id
+    res.separators = int(counts.sum())
+    where = "last" if spec.position == "after" else "first"
+    for d in np.flatnonzero((counts != 1) | ~at_place):
+        n, key = int(counts[d]), keys[d]
+        if lengths[d] == 0:
+            res.add(f"empty .{IDS_EXT} (0 tokens): missing separator", key)
+        elif n == 0:
+            res.add(f"missing separator: id {spec.sep_id} does not occur in {lengths[d]} tokens", key)
+        else:
+            local = (sep_pos[doc_of_sep == d] - starts[d]).tolist()
+            shown = ", ".join(map(str, local[:5])) + (", …" if n > 5 else "")
+            if n > 1:
+                res.add(
+                    f"{n} separators (id {spec.sep_id}) at token positions {shown} of {lengths[d]}; "
+                    f"expected exactly one as the {where} token (doubled separator)",
+                    key,
+                )
+            else:
+                res.add(
+                    f"separator in the wrong position: at token {shown} of {lengths[d]}, expected the "
+                    f"{where} token (separator position {spec.position!r})",
+                    key,
+                )
+    if len(ids) and int(ids.max()) >= spec.vocab_size:
+        bad = np.flatnonzero(ids >= spec.vocab_size)
+        docs = np.searchsorted(ends, bad, side="right")
+        for d in np.unique(docs):
+            in_doc = bad[docs == d]
+            res.add(
+                f"{len(in_doc)} token id(s) ≥ vocab_size {spec.vocab_size} "
+                f"(first: {int(ids[in_doc[0]])} at token {int(in_doc[0] - starts[d])})",
+                keys[d],
+            )
+
+
+def _check_manifest(
+    spec: _ShardSpec, res: ShardResult, members: dict[str, dict[str, tuple[int, int]]], item: int
+) -> None:
+    for key, (m_off, m_nbytes, m_ntok) in spec.manifest.items():
+        ids = members.get(key, {}).get(IDS_EXT)
+        if ids is None:
+            res.add(f"in the manifest but has no .{IDS_EXT} member in this tar", key)
+            continue
+        off, n = ids
+        if m_off != off or m_nbytes != n:
+            res.add(
+                f"manifest says offset {m_off} nbytes {m_nbytes}, "
+                f"the tar header says offset {off} nbytes {n}",
+                key,
+            )
+        if m_ntok != n // item:
+            res.add(f"manifest says n_tokens {m_ntok}, the tar member holds {n // item}", key)
+    for key, exts in members.items():
+        if IDS_EXT in exts and key not in spec.manifest:
+            res.add("in the tar but has no manifest row for this shard", key)
+
+
+# --------------------------------------------------------------------------------------------
+# the dataset
+
+
+def _load_manifest(root: Path, problems: list[Problem]) -> dict[str, dict[str, tuple[int, int, int]]]:
+    """shard -> key -> (offset, nbytes, n_tokens); duplicate keys and unreadable files are problems."""
+    by_shard: dict[str, dict[str, tuple[int, int, int]]] = {}
+    seen: dict[str, str] = {}
+    cols = ["shard", "key", "offset", "nbytes", "n_tokens"]
+    for path in manifest_files(root):
+        rel = f"{MANIFEST_DIR}/{path.name}"
+        try:
+            t = pq.read_table(path, columns=cols)
+        except Exception as e:  # noqa: BLE001
+            problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
+            continue
+        shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
+        off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:])
+        for s, k, o, b, n in zip(shard, key, off, nb, nt):
+            if k in seen:
+                problems.append(Problem(f"duplicate manifest key (also in shard {seen[k]})", rel, k))
+                continue
+            seen[k] = s
+            by_shard.setdefault(s, {})[k] = (o, b, n)
+    return by_shard
+
+
+def validate_dataset(
+    root: str | Path, *, progress: bool = True, workers: int | None = None, write: bool = True
+) -> ValidationReport:
+    """Check everything DIR promises (module docstring); never raises for a broken dataset.
+
+    `workers` > 1 checks shards in that many processes; None picks one per CPU (at most 8) for
+    datasets over PARALLEL_BYTES and 1 below, where starting processes costs more than it saves.
+    With `write`, the report is also saved as DIR/validation.json for the audit.
+    """
+    root = Path(root)
+    t0 = time.perf_counter()
+    problems: list[Problem] = []
+    results: list[ShardResult] = []
+    info: dict[str, Any] | None = None
+    try:
+        info = read_dataset_info(root)
+    except DatasetError as e:
+        problems.append(Problem(str(e), DATASET_JSON))
+
+    shards_dir = root / SHARDS_DIR
+    on_disk = sorted(p.name for p in shards_dir.glob("*.tar")) if shards_dir.is_dir() else []
+    for tmp in sorted(root.rglob("*.tmp")):
+        problems.append(
+            Problem(
+                "stray temporary file: a write did not finish; rerun the build", str(tmp.relative_to(root))
+            )
+        )
+    if info is not None:
+        sep = info["separator"]
+        if (
+            not isinstance(sep, dict)
+            or not isinstance(sep.get("id"), int)
+            or sep.get("position") not in ("after", "before")
+        ):
+            problems.append(
+                Problem(f"separator {sep!r} needs an int 'id' and position 'after' or 'before'", DATASET_JSON)
+            )
+            info = None
+    if info is not None:
+        listed = info["shard_files"]
+        for name in on_disk:
+            if name not in listed:
+                problems.append(
+                    Problem("stray shard: on disk but not listed in dataset.json", f"{SHARDS_DIR}/{name}")
+                )
+        for name in sorted(listed):
+            if name not in on_disk:
+                problems.append(
+                    Problem("missing shard: listed in dataset.json but not on disk", f"{SHARDS_DIR}/{name}")
+                )
+        manifest = _load_manifest(root, problems)
+        if not manifest and listed:
+            problems.append(Problem("no manifest rows: manifest/*.parquet is missing or empty", MANIFEST_DIR))
+        for name in sorted(set(manifest) - set(on_disk)):
+            problems.append(
+                Problem(
+                    f"{len(manifest[name])} manifest rows name a shard that is not on disk",
+                    f"{SHARDS_DIR}/{name}",
+                )
+            )
+        specs = [
+            _ShardSpec(
+                str(shards_dir / name),
+                name,
+                info["dtype"],
+                int(info["vocab_size"]),
+                sep["id"],
+                sep["position"],
+                manifest.get(name, {}),
+                listed.get(name),
+            )
+            for name in on_disk
+        ]
+        results = _run_specs(specs, progress, workers)
+        for r in results:
+            problems.extend(r.problems)
+        _check_dataset_json(root, info, results, problems)
+
+    n_problems = len(problems) + sum(r.more_problems for r in results)
+    report = ValidationReport(
+        root=str(root),
+        ok=n_problems == 0,
+        shards=len(results),
+        documents=sum(r.documents for r in results),
+        tokens=sum(r.tokens for r in results),
+        separators=sum(r.separators for r in results),
+        bytes=sum(r.bytes for r in results),
+        seconds=round(time.perf_counter() - t0, 3),
+        problems=problems,
+        n_problems=n_problems,
+        fingerprint=info.get("fingerprint") if info else None,
+    )
+    if write and root.is_dir():
+        try:
+            tmp = root / (VALIDATION_JSON + ".tmp")
+            tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+            os.replace(tmp, root / VALIDATION_JSON)
+        except OSError as e:
+            print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
+    return report
+
+
+def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:
+    from tqdm import tqdm
+
+    if workers is None:
+        total = sum(os.path.getsize(s.path) for s in specs)
+        workers = min(8, os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
+    workers = max(1, min(workers, len(specs)))
+    bar = tqdm(
+        total=len(specs),
+        unit="shard",
+        desc="validate",
+        disable=not progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+    t0 = time.perf_counter()
+    tokens = 0
+    results: list[ShardResult] = []
+    # spawn, not fork: the build calls this from a process that may hold threads
+    pool = (
+        ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 1 else None
+    )
+    try:
+        it = pool.map(check_shard, specs) if pool else map(check_shard, specs)
+        for r in it:
+            results.append(r)
+            tokens += r.tokens
+            bar.update(1)
+            bar.set_postfix_str(
+                f"{tokens / max(time.perf_counter() - t0, 1e-9) / 1e6:.1f}M tok/s", refresh=False
+            )
+    finally:
+        bar.close()
+        if pool:
+            pool.shutdown()
+    return results
+
+
+def _check_dataset_json(
+    root: Path, info: dict[str, Any], results: list[ShardResult], problems: list[Problem]
+):
+    written = info.get("fingerprint")
+    if fingerprint(info) != written:
+        problems.append(
+            Problem(
+                f"fingerprint {str(written)[:16]}… does not match its own fields "
+                f"({fingerprint(info)[:16]}…): dataset.json was edited",
+                DATASET_JSON,
+            )
+        )
+    by_name = {r.name: r for r in results}
+    if set(by_name) == set(info["shard_files"]) and all(r.sha256 for r in results):
+        actual = fingerprint({**info, "shard_files": {n: {"sha256": r.sha256} for n, r in by_name.items()}})
+        if actual != written:
+            problems.append(
+                Problem(
+                    f"fingerprint recomputed from the shard files ({actual[:16]}…) differs from dataset.json "
+                    f"({str(written)[:16]}…)",
+                    DATASET_JSON,
+                )
+            )
+    totals = {
+        "documents": sum(r.documents for r in results),
+        "tokens": sum(r.tokens for r in results),
+        "shards": len(results),
+    }
+    for what, got in totals.items():
+        if info.get(what) != got:
+            problems.append(
+                Problem(f"says {what} = {info.get(what)}, the shards on disk hold {got}", DATASET_JSON)
+            )
+    tok = root / TOKENIZER_JSON
+    want = info["tokenizer_sha256"]
+    if tok.is_file():
+        got = file_sha256(tok)
+        if got != want:
+            problems.append(
+                Problem(
+                    f"sha256 {got[:16]}… differs from dataset.json tokenizer_sha256 {str(want)[:16]}…",
+                    TOKENIZER_JSON,
+                )
+            )
+    elif want not in (None, "none"):
+        problems.append(Problem("missing, but dataset.json records a tokenizer_sha256", TOKENIZER_JSON))
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
+    rate = (
+        f"{r.shards / r.seconds:.1f} shards/s, {r.tokens / r.seconds / 1e6:.1f}M tokens/s"
+        if r.seconds
+        else ""
+    )
+    rows = [
+        ("shards", f"{r.shards:,}"),
+        ("documents", f"{r.documents:,}"),
+        ("tokens", f"{r.tokens:,}"),
+        ("separators found", f"{r.separators:,}"),
+        ("bytes", f"{r.bytes:,}"),
+        ("problems", f"{r.n_problems:,}"),
+    ]
+    width = max(len(v) for _, v in rows)
+    lines = [f"validated {r.root} in {r.seconds:.2f} s ({rate})"]
+    lines += [f"  {k:<20}{v:>{width}}" for k, v in rows]
+    if r.problems:
+        lines.append("problems:")
+        lines += [f"  {p}" for p in r.problems[:max_problems]]
+        hidden = r.n_problems - min(len(r.problems), max_problems)
+        if hidden:
+            lines.append(f"  … and {hidden:,} more (listed ones in {Path(r.root) / VALIDATION_JSON})")
+    lines.append("OK: every shard, document and separator checks out" if r.ok else "FAILED")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="dataset directory (holds dataset.json, shards/, manifest/)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes checking shards in parallel (default: one per CPU, at most 8)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-write", action="store_true", help=f"do not write DIR/{VALIDATION_JSON}")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise DatasetError(
+            f"{root} is not a directory; pass a dataset directory built by `gristmill data build`"
+        )
+    report = validate_dataset(
+        root,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        workers=args.workers,
+        write=not args.no_write,
+    )
+    print(format_report(report))
+    return 0 if report.ok else 1
