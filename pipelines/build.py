@@ -1,0 +1,498 @@
+"""`gristmill data build`: source → filters → tokenize-and-shard → dataset.json → validation.
+
+The driver does every check that can fail on bad input before a single task starts (config,
+source files or hub reachability, tokenizer and separator, free disk, a changed config in an
+existing output), then runs the datatrove pipeline with the local or the Slurm executor, and
+finally writes dataset.json and validates the result.
+
+Resume: datatrove marks finished tasks in OUTPUT/logs/completions/ and skips them on a rerun; a
+killed task is redone from scratch (its outputs are a pure function of its input, so the shards
+come out byte-identical). What may not change between a run and its resume — source, filters,
+tokenizer file, separator policy, shard settings, task count, the input file list — is hashed into
+OUTPUT/build.json before the first task runs; a rerun with a different hash is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from pipelines.config import DataConfig, content_identity, identity_sha256
+from pipelines.sources import SourceFiles, list_source_files
+from tokenization.separator import DocumentEncoder, SeparatorPolicy
+from tokenization.tokenizer_io import load_tokenizer
+from training.config_loader import load_config, save_config
+from training.dataset_format import (
+    DATASET_JSON,
+    EXCLUDED_DIR,
+    LOGS_DIR,
+    MANIFEST_DIR,
+    SHARDS_DIR,
+    TOKENIZER_JSON,
+)
+from training.errors import GristmillError
+
+HELP = "build validated token shards from a data recipe (configs/data/*.toml)"
+BUILD_JSON = "build.json"
+CONFIG_TOML = "config.toml"
+LOCK = ".build.lock"
+
+
+class BuildError(GristmillError):
+    """A build that cannot start or did not finish; the message says what to do."""
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    status: str  # "complete" or "submitted" (Slurm) or "written" (Slurm dry run)
+    info: dict[str, Any] | None = None
+    report: Any = None  # validation.validate.ValidationReport
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "complete" or self.report is None or bool(self.report.ok)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="data recipe, e.g. configs/data/demo.toml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set build.workers=2 (repeatable)",
+    )
+    parser.add_argument(
+        "--finalize-only",
+        action="store_true",
+        help="only write dataset.json and validate, once all tasks finished (the Slurm finalize job)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(DataConfig, args.config, args.overrides)
+    result = finalize_only(cfg) if args.finalize_only else build(cfg)
+    return 0 if result.ok else 1
+
+
+# --------------------------------------------------------------------------------------------
+# preparation: everything that can fail on bad input, before any task runs
+
+
+@dataclass
+class Prepared:
+    cfg: DataConfig  # resolved: tasks filled in
+    out: Path
+    source: SourceFiles
+    tokenizer_bytes: bytes
+    encoder: DocumentEncoder
+    identity: dict[str, Any]
+    sha: str
+
+
+def prepare(cfg: DataConfig, log=print) -> Prepared:
+    out = Path(cfg.output).expanduser().resolve()
+    if cfg.source.kind == "demo":
+        from pipelines.demo_corpus import write_demo_corpus
+
+        write_demo_corpus(cfg.source.path)
+    source = list_source_files(cfg.source)
+    if cfg.source.kind in ("parquet", "demo"):
+        _check_parquet_columns(cfg, source)
+    if cfg.build.tasks < 0 or cfg.build.workers < 0:
+        raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
+    cfg = replace(cfg, build=replace(cfg.build, tasks=cfg.build.tasks or len(source.files)))
+    if cfg.build.tasks > len(source.files):
+        log(
+            f"note: {cfg.build.tasks} tasks for {len(source.files)} input files; "
+            f"{cfg.build.tasks - len(source.files)} tasks will have nothing to read"
+        )
+
+    tok_bytes, encoder = resolve_tokenizer(cfg, source, log)
+    identity = content_identity(cfg, _sha(tok_bytes), source.identity())
+    return Prepared(cfg, out, source, tok_bytes, encoder, identity, identity_sha256(identity))
+
+
+def _sha(b: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(b).hexdigest()
+
+
+def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
+    for f in source.files:
+        path = Path(source.folder) / f
+        try:
+            names = pq.read_schema(path).names
+        except Exception as e:  # not parquet, truncated, unreadable
+            raise BuildError(
+                f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
+            ) from None
+        if cfg.source.text_key not in names:
+            raise BuildError(
+                f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
+                "set source.text_key to the text column"
+            )
+
+
+def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:
+    """The exact tokenizer file bytes and a DocumentEncoder built from them (checks the separator)."""
+    spec = cfg.tokenizer.path
+    if not spec:
+        raise BuildError(
+            "tokenizer.path is empty; set it to a tokenizer.json or a hub name, or train one with "
+            "`gristmill tokenizer train --config CONFIG`"
+        )
+    path = Path(spec).expanduser()
+    local_like = spec.endswith(".json") or spec.startswith((".", "/", "~")) or path.exists()
+    if local_like and not path.exists() and cfg.tokenizer.train.if_missing:
+        from tokenization.train import train_tokenizer
+
+        log(
+            f"tokenizer {path} does not exist yet: training a "
+            f"{cfg.tokenizer.train.vocab_size}-token BPE on the source"
+        )
+        train_tokenizer(cfg, source=source, log=log)
+    tok = load_tokenizer(spec)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    tok_bytes = path.read_bytes() if path.is_file() else tok.to_str(pretty=True).encode()
+    policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
+    encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}")
+    return tok_bytes, encoder
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    if old != new:
+        key = prefix.rstrip(".")
+        if key == "input_files":
+            return [f"input_files: {len(old or [])} files → {len(new or [])} files (or their sizes changed)"]
+        return [f"{key}: {old!r} → {new!r}"]
+    return []
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / LOCK, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(
+                f"another `gristmill data build` is writing {out}; wait for it to finish"
+            ) from None
+        yield
+
+
+def _check_output(p: Prepared) -> dict[str, Any] | None:
+    """Refuse a changed config or a foreign directory; return build.json if resuming."""
+    bj = p.out / BUILD_JSON
+    if bj.is_file():
+        old = json.loads(bj.read_text())
+        if old.get("config_sha256") != p.sha:
+            changes = _diff(old.get("identity", {}), p.identity)
+            raise BuildError(
+                f"{p.out} was built with a different config, refusing to mix the two (changed: "
+                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or delete "
+                f"{p.out} to rebuild from scratch."
+            )
+        return old
+    leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (p.out / n).exists()]
+    if leftovers:
+        raise BuildError(
+            f"{p.out} already holds {', '.join(leftovers)} but no {BUILD_JSON}: not a resumable gristmill "
+            "build; pick an empty `output` directory"
+        )
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# the pipeline
+
+
+def make_pipeline(p: Prepared) -> list:
+    from pipelines.filters import make_filters
+    from pipelines.progress import TaskProgress
+    from pipelines.sources import make_reader
+    from pipelines.tokenize_shard import TokenizeShard
+
+    cfg = p.cfg
+    progress = TaskProgress(p.out / LOGS_DIR / "progress", cfg.build.progress_interval)
+    return [
+        make_reader(cfg.source, p.source, progress),
+        *make_filters(cfg.filters, p.out),
+        TokenizeShard(
+            p.out,
+            p.out / TOKENIZER_JSON,
+            SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position),
+            target_bytes=int(cfg.shards.target_mb * (1 << 20)),
+            shuffle=cfg.shards.shuffle,
+            seed=cfg.shards.seed,
+            batch_chars=cfg.shards.encode_batch_chars,
+            min_free_gb=cfg.build.min_free_gb,
+            progress=progress,
+        ),
+    ]
+
+
+def build(cfg: DataConfig, log=print) -> BuildResult:
+    from pipelines.tokenize_shard import check_free_space
+
+    p = prepare(cfg, log)
+    with _locked(p.out):
+        previous = _check_output(p)
+        info_path = p.out / DATASET_JSON
+        if previous and info_path.is_file() and json.loads(info_path.read_text()).get("status") == "complete":
+            log(f"{p.out} is already complete (same config); validating it again")
+            return _validate(p.cfg, p.out, json.loads(info_path.read_text()), log)
+        check_free_space(p.out, 0, p.cfg.build.min_free_gb, "start the build")
+        tok_dst = p.out / TOKENIZER_JSON
+        if not tok_dst.is_file() or tok_dst.read_bytes() != p.tokenizer_bytes:
+            _write_atomic(tok_dst, p.tokenizer_bytes)
+        save_config(p.cfg, p.out / CONFIG_TOML)
+        if previous is None:
+            _write_atomic(
+                p.out / BUILD_JSON,
+                json.dumps(
+                    {"config_sha256": p.sha, "identity": p.identity}, indent=2, sort_keys=True
+                ).encode(),
+            )
+        else:
+            done = len(list((p.out / LOGS_DIR / "completions").glob("*")))
+            log(f"resuming {p.out}: {done}/{p.cfg.build.tasks} tasks already complete")
+
+        pipeline = make_pipeline(p)
+        if p.cfg.build.executor == "slurm":
+            return _submit_slurm(p, pipeline, log)
+        _run_local(p, pipeline, log)
+        return _finish(p.cfg, p.out, p.sha, p.encoder, log)
+
+
+def _run_local(p: Prepared, pipeline: list, log) -> None:
+    from datatrove.executor import LocalPipelineExecutor
+
+    from pipelines.progress import Monitor
+
+    cfg = p.cfg
+    tasks = cfg.build.tasks
+    workers = min(cfg.build.workers or os.cpu_count() or 1, tasks)
+    # One tokenizer thread pool per worker process, sized so the workers share the cores.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
+    logs = p.out / LOGS_DIR
+    executor = LocalPipelineExecutor(
+        pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=True
+    )
+    monitor = Monitor(
+        logs / "progress", logs / "completions", tasks, p.source.total_bytes, cfg.build.progress_interval
+    )
+    try:
+        with monitor:
+            executor.run()
+    except GristmillError:
+        raise
+    except Exception as e:
+        raise BuildError(_failed_message(p.out, tasks, e)) from None
+    line = monitor.line()
+    if line:
+        log(line)
+
+
+def _failed_message(out: Path, tasks: int, err: BaseException | None = None) -> str:
+    done = len(list((out / LOGS_DIR / "completions").glob("*")))
+    what = f" ({type(err).__name__}: {err})" if err else ""
+    return (
+        f"{tasks - done} of {tasks} tasks did not finish{what}; their logs are in {out / LOGS_DIR / 'logs'}. "
+        "Fix the cause and rerun the same command: finished tasks are kept, the others are redone."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Slurm: one array job for the tasks, one dependent job that finalizes and validates
+
+
+def _submit_slurm(p: Prepared, pipeline: list, log) -> BuildResult:
+    """Write (and unless build.slurm.submit = false, submit) the sbatch scripts.
+
+    datatrove renders the array job's script (logs/launch_script.slurm) and pickles the executor
+    (logs/executor.pik) that each array task unpickles; with submit = false its `sbatch` call is
+    swapped for a recorder, so the exact script is written without submitting anything.
+    """
+    import datatrove.executor.slurm as dt_slurm
+    from datatrove.executor import SlurmPipelineExecutor
+
+    cfg, sc = p.cfg, p.cfg.build.slurm
+    logs = p.out / LOGS_DIR
+    env = [f"export RAYON_NUM_THREADS={sc.cpus_per_task}"]
+    if sc.env_command:
+        env.append(sc.env_command)
+    elif sc.venv_path:
+        env.append(f"source {sc.venv_path}")
+    executor = SlurmPipelineExecutor(
+        pipeline,
+        tasks=cfg.build.tasks,
+        time=sc.time,
+        partition=sc.partition,
+        cpus_per_task=sc.cpus_per_task,
+        mem_per_cpu_gb=sc.mem_per_cpu_gb,
+        workers=cfg.build.workers or -1,
+        job_name=sc.job_name,
+        qos=sc.qos,
+        env_command="\n".join(env),
+        sbatch_args=dict(sc.sbatch_args),
+        logging_dir=str(logs),
+        skip_completed=True,
+    )
+    finalize = executor.get_launch_file_contents(
+        {
+            **executor.get_sbatch_args(),
+            "job-name": f"{sc.job_name}-finalize",
+            "array": None,
+            "cpus-per-task": max(sc.cpus_per_task, 2),
+            "output": str(logs / "slurm_logs" / "finalize_%j.out"),
+            "error": str(logs / "slurm_logs" / "finalize_%j.out"),
+        },
+        f"cd {Path.cwd()}\n{sys.executable} -m pipelines.build --config {p.out / CONFIG_TOML} "
+        f"--set output={p.out} --finalize-only",
+    )
+    finalize = "\n".join(line for line in finalize.splitlines() if line != "#SBATCH --array")
+    _write_atomic(logs / "finalize.slurm", finalize.encode())
+
+    submitted: list[list[str]] = []
+    real_launch = dt_slurm.launch_slurm_job
+
+    def record(contents: str, job_id_retriever, *args) -> str:
+        submitted.append(list(args))
+        return "DRYRUN"
+
+    if not sc.submit:
+        dt_slurm.launch_slurm_job = record
+    try:
+        executor.run()
+    except FileNotFoundError as e:
+        raise BuildError(
+            f"cannot run sbatch ({e}): this machine is not a Slurm login node. Set "
+            'build.slurm.submit = false to only write the scripts, or run with build.executor = "local"'
+        ) from None
+    finally:
+        dt_slurm.launch_slurm_job = real_launch
+
+    script = logs / "launch_script.slurm"
+    if executor.job_id == -1:  # every task already complete
+        log("all tasks are already complete; finalizing here")
+        return _finish(cfg, p.out, p.sha, p.encoder, log)
+    if not sc.submit:
+        log(
+            f"dry run: wrote {script} and {logs / 'finalize.slurm'} (nothing submitted). Submit with:\n"
+            f"  JOB=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {script})\n"
+            f"  sbatch --dependency=afterok:$JOB {logs / 'finalize.slurm'}"
+        )
+        return BuildResult(p.out, "written")
+    job = dt_slurm.launch_slurm_job(
+        finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}"
+    )
+    log(f"submitted Slurm array job {executor.job_id} ({cfg.build.tasks} tasks) and finalize job {job}")
+    return BuildResult(p.out, "submitted")
+
+
+# --------------------------------------------------------------------------------------------
+# finishing: dataset.json and validation
+
+
+def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
+    """Used by the Slurm finalize job: no source listing (compute nodes may have no network)."""
+    out = Path(cfg.output).expanduser().resolve()
+    bj = out / BUILD_JSON
+    if not bj.is_file():
+        raise BuildError(f"{bj} not found: {out} was never started by `gristmill data build`")
+    sha = json.loads(bj.read_text())["config_sha256"]
+    tok = load_tokenizer(out / TOKENIZER_JSON)
+    encoder = DocumentEncoder(tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position))
+    saved = load_config(DataConfig, out / CONFIG_TOML)
+    with _locked(out):
+        return _finish(saved, out, sha, encoder, log)
+
+
+def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log) -> BuildResult:
+    from pipelines.shard_writer import finalize_dataset
+
+    tasks = cfg.build.tasks
+    completions = out / LOGS_DIR / "completions"
+    missing = [r for r in range(tasks) if not (completions / f"{r:05d}").is_file()]
+    if missing:
+        raise BuildError(_failed_message(out, tasks))
+    for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
+        tmp.unlink()
+    excluded = _excluded_counts(out)
+    kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((out / MANIFEST_DIR).glob("*.parquet")))
+    info = finalize_dataset(
+        out,
+        vocab_size=encoder.vocab_size,
+        separator=encoder.separator_info(),
+        config_sha256=sha,
+        tokenizer_path=None,
+        extra={
+            "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
+            "tasks": tasks,
+            "excluded": sum(excluded.values()),
+            "documents_read": kept + sum(excluded.values()),
+            "excluded_by_filter": excluded,
+        },
+    )
+    log(
+        f"built {out}: {info['documents']:,} documents kept, {info['excluded']:,} excluded "
+        f"({', '.join(f'{k} {v:,}' for k, v in sorted(excluded.items())) or 'none'}), "
+        f"{info['tokens']:,} tokens in {info['shards']} shards ({info['dtype']})"
+    )
+    return _validate(cfg, out, info, log)
+
+
+def _excluded_counts(out: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in sorted((out / EXCLUDED_DIR).glob("*.parquet")):
+        col = pq.read_table(path, columns=["filter"]).column("filter").to_pylist()
+        for f in col:
+            counts[f] = counts.get(f, 0) + 1
+    return counts
+
+
+def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildResult:
+    if not cfg.build.validate:
+        return BuildResult(out, "complete", info)
+    from validation.validate import format_report, validate_dataset
+
+    report = validate_dataset(out, progress=False)
+    log(format_report(report))
+    return BuildResult(out, "complete", info, report)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipelines.cli import main as cli_main
+
+    return cli_main(["data", "build", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":  # LocalPipelineExecutor spawns processes: keep the guard
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""The data build recipe (`configs/data/*.toml`) as dataclasses; every field documents itself.
+
+Loaded with `training.config_loader.load_config(DataConfig, path, overrides)`, so unknown keys and
+wrong types are errors naming the key, and `--set build.workers=2` overrides any field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+HUB_FINEWEB_EDU = "hf://datasets/HuggingFaceFW/fineweb-edu"
+
+
+@dataclass
+class SourceConfig:
+    kind: Literal["hub", "parquet", "jsonl", "demo"] = "hub"
+    """Where documents come from. "hub": a Hugging Face dataset streamed over the network
+    (FineWeb-Edu by default); "parquet" / "jsonl": local files (jsonl may be .jsonl, .jsonl.gz or
+    .jsonl.zst); "demo": the embedded corpus (Python's own documentation), written to `path` on
+    first use and then read as parquet. Offline with a hub source? Run `gristmill data download`
+    where there is network, then `--set source.kind=parquet --set source.path=DIR`."""
+    path: str = HUB_FINEWEB_EDU
+    """hub: the dataset root (hf://datasets/ORG/NAME); parquet/jsonl: a directory (searched
+    recursively) or one file; demo: the directory the demo corpus is written to."""
+    subset: str = "sample/10BT"
+    """hub only: folder inside the dataset, e.g. "sample/10BT", "sample/100BT" or
+    "data/CC-MAIN-2024-10". Ignored for local sources."""
+    glob: str = ""
+    """Optional glob relative to the source folder selecting the input files (e.g. "*.parquet");
+    empty: every *.parquet file (parquet, hub, demo) or every *.jsonl[.gz|.zst] file (jsonl)."""
+    text_key: str = "text"
+    """Column / JSON key holding the document text."""
+    id_key: str = "id"
+    """Column / JSON key holding the document id (absent: "<file>/<row>" is used)."""
+    limit: int = -1
+    """Read at most this many documents per task (-1: all). For quick trial builds."""
+
+
+@dataclass
+class FiltersConfig:
+    """Empty documents and text that is not valid UTF-8 are always dropped (filter "text")."""
+
+    min_int_score: int | None = None
+    """Drop documents whose `int_score` (FineWeb-Edu's rounded educational score, 0-5) is lower.
+    Documents without the field are dropped too, with that reason. None: no threshold."""
+    min_score: float | None = None
+    """Drop documents whose float educational `score` is lower. None: no threshold."""
+    min_language_score: float | None = None
+    """Drop documents whose `language_score` (fastText confidence) is lower. None: no threshold."""
+    min_chars: int | None = None
+    """Drop documents with fewer characters. None: no minimum (empty ones still go)."""
+    max_chars: int | None = None
+    """Drop documents with more characters. None: no maximum."""
+    gopher_repetition: bool = False
+    """Run datatrove's GopherRepetitionFilter (duplicate lines/paragraphs/n-grams). Off by default:
+    FineWeb-Edu is already filtered."""
+    gopher_quality: bool = False
+    """Run datatrove's GopherQualityFilter (word counts, symbol ratios, stop words). Off by default."""
+    gopher_word_tokenizer: Literal["regex", "spacy"] = "regex"
+    """Word splitter for the Gopher filters: "regex" (built in, no extra dependency) or "spacy"
+    (datatrove's default English tokenizer; needs `pip install spacy`)."""
+
+
+@dataclass
+class TokenizerTrainConfig:
+    vocab_size: int = 8192
+    """Vocabulary size of the trained byte-level BPE (special tokens included)."""
+    special_tokens: list[str] = field(default_factory=lambda: ["<|endoftext|>"])
+    """Special tokens declared in the trained tokenizer; must include tokenizer.separator."""
+    sample_docs: int = 50_000
+    """Train on at most this many documents from the (filtered) source ..."""
+    sample_chars: int = 200_000_000
+    """... and at most this many characters in total."""
+    min_frequency: int = 2
+    """Minimum pair frequency for a BPE merge."""
+    if_missing: bool = False
+    """When `gristmill data build` finds no file at tokenizer.path, train one there first
+    (the demo does this) instead of failing."""
+
+
+@dataclass
+class TokenizerConfig:
+    path: str = ""
+    """A tokenizer.json, a directory holding one, or a hub repo id (needs network). Copied into
+    the dataset as tokenizer.json; `gristmill tokenizer train` writes its tokenizer here."""
+    separator: str = "<|endoftext|>"
+    """The special token placed once per document; must be a special token of the tokenizer."""
+    position: Literal["after", "before"] = "after"
+    """"after": EOS style, appended to every document; "before": BOS style, prepended."""
+    train: TokenizerTrainConfig = field(default_factory=TokenizerTrainConfig)
+    """How `gristmill tokenizer train` (or the build, with if_missing) trains a tokenizer."""
+
+
+@dataclass
+class ShardsConfig:
+    target_mb: float = 256.0
+    """Close a shard once it holds about this many MiB (documents are never split)."""
+    shuffle: bool = True
+    """Shuffle the documents within each task's output (seeded), so windows mix sources."""
+    seed: int = 0
+    """Seed of that shuffle; the order is a pure function of (seed, task, task input)."""
+    encode_batch_chars: int = 4_000_000
+    """Characters handed to the tokenizer per encode_batch call (throughput vs memory)."""
+
+
+@dataclass
+class SlurmConfig:
+    partition: str = "cpu"
+    """Slurm partition for the array job."""
+    time: str = "12:00:00"
+    """Slurm time limit per task."""
+    cpus_per_task: int = 2
+    """CPUs per datatrove task (the tokenizer uses them: RAYON_NUM_THREADS is set to this)."""
+    mem_per_cpu_gb: int = 4
+    """Memory per CPU in GB."""
+    job_name: str = "gristmill-data"
+    """Slurm job name."""
+    qos: str = ""
+    """Slurm QOS; empty: the cluster's default."""
+    env_command: str = ""
+    """Shell line run before the task to set up Python (e.g. "source /opt/venv/bin/activate")."""
+    venv_path: str = ""
+    """Alternatively, a venv activate script to source."""
+    sbatch_args: dict[str, Any] = field(default_factory=dict)
+    """Extra #SBATCH directives, e.g. {account = "myacct", constraint = "cpu"}."""
+    submit: bool = True
+    """false: write the sbatch scripts under OUTPUT/logs/ and print how to submit, without calling
+    sbatch (a dry run)."""
+
+
+@dataclass
+class BuildConfig:
+    executor: Literal["local", "slurm"] = "local"
+    """"local": datatrove LocalPipelineExecutor on this machine; "slurm": SlurmPipelineExecutor (one
+    array job for the tasks, one dependent job that finalizes and validates)."""
+    tasks: int = 0
+    """Number of datatrove tasks (each reads every tasks-th input file and writes its own shards).
+    0: one task per input file."""
+    workers: int = 0
+    """Tasks run at the same time (local executor). 0: min(tasks, CPU count)."""
+    progress_interval: float = 10.0
+    """Seconds between progress lines (docs/s, tokens/s, tasks done, ETA)."""
+    min_free_gb: float = 1.0
+    """Refuse to start, or to write a task's shards, when the output filesystem would be left with
+    less than this many GB free."""
+    validate: bool = True
+    """Run `gristmill data validate` on the finished dataset (the build fails if it fails)."""
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    """Used when executor = "slurm"."""
+
+
+@dataclass
+class DataConfig:
+    output: str = "runs/data/dataset"
+    """The dataset directory to create (see DESIGN.md); a rerun with the same config resumes it."""
+    source: SourceConfig = field(default_factory=SourceConfig)
+    """Input documents."""
+    filters: FiltersConfig = field(default_factory=FiltersConfig)
+    """Which documents to drop; every drop is recorded in OUTPUT/excluded/*.parquet."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The tokenizer and separator policy."""
+    shards: ShardsConfig = field(default_factory=ShardsConfig)
+    """Shard size and ordering."""
+    build: BuildConfig = field(default_factory=BuildConfig)
+    """How the work is run (executor, parallelism); does not change the output."""
+
+
+def content_identity(
+    cfg: DataConfig, tokenizer_sha256: str, input_files: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Everything that decides the bytes of the dataset, and nothing that does not.
+
+    Workers, executor, progress and output location may change between a run and its resume; the
+    source, filters, tokenizer file, separator policy, shard settings, task count and the input
+    file list may not.
+    """
+    return {
+        "source": asdict(cfg.source),
+        "filters": asdict(cfg.filters),
+        "tokenizer": {
+            "sha256": tokenizer_sha256,
+            "separator": cfg.tokenizer.separator,
+            "position": cfg.tokenizer.position,
+        },
+        "shards": asdict(cfg.shards),
+        "tasks": cfg.build.tasks,
+        "input_files": input_files,
+    }
+
+
+def identity_sha256(identity: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

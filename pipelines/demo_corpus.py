@@ -1,0 +1,253 @@
+"""The embedded demo corpus: real English prose that every Python installation carries.
+
+Text: the docstrings of the standard library's Python sources (read with `ast`, nothing is
+imported or executed), the docstrings of the `builtins` module, and the language reference topics
+that `help()` shows (`pydoc_data.topics`), about 2-3 MB in all. Written as FineWeb-Edu-schema
+parquet (text, id, url, dump, score, int_score, language, language_score, token_count) so the demo
+exercises exactly the code path of the real corpus.
+
+Only `text` is real. The metadata is synthetic, derived deterministically from a hash of the
+document's URL so that filters and audits have something to show: `score` (mostly 2.5-4.5, about
+6% of documents below 2.5), `int_score` (round(score)), `language` ("en"), `language_score`
+(mostly 0.85-1.0, about 3% lower), `dump` (one of six real Common Crawl dump names), `id` (a UUID
+URN like FineWeb-Edu's), `url` (the docs.python.org page the text belongs to) and `token_count`
+(characters / 4, standing in for FineWeb-Edu's GPT-2 count). A handful of deliberately bad rows
+show the filters working: an empty document, a very short one, two with a low int_score, one in
+a language_score the demo drops, and one quoting the literal separator "<|endoftext|>" (which is
+kept: it must stay text and gain no extra separator).
+
+The corpus depends only on the running Python's standard library, so it is identical on every
+machine with the same Python version (the version is recorded in `corpus.json`).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import hashlib
+import inspect
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CORPUS_VERSION = 1
+N_FILES = 4
+DOC_TARGET_CHARS = 4000  # sections are merged into documents of about this size
+DOC_MAX_CHARS = 12000
+DUMPS = [
+    "CC-MAIN-2013-20",
+    "CC-MAIN-2017-04",
+    "CC-MAIN-2019-35",
+    "CC-MAIN-2021-04",
+    "CC-MAIN-2023-50",
+    "CC-MAIN-2024-10",
+]
+SKIP_DIRS = {"site-packages", "test", "tests", "__pycache__", "idle_test"}
+SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("id", pa.string()),
+        ("url", pa.string()),
+        ("dump", pa.string()),
+        ("score", pa.float64()),
+        ("int_score", pa.int64()),
+        ("language", pa.string()),
+        ("language_score", pa.float64()),
+        ("token_count", pa.int64()),
+    ]
+)
+BAD_DOCS: list[tuple[str, str, dict[str, Any]]] = [
+    # (url suffix, text, metadata overrides)
+    ("bad/empty", "", {}),
+    ("bad/short", "See also.", {}),
+    (
+        "bad/low-score-1",
+        "Click here to subscribe to our newsletter and win a prize! Limited offer, act now. "
+        "Best deals, best prices, free shipping on all orders over fifty dollars.",
+        {"score": 0.9},
+    ),
+    (
+        "bad/low-score-2",
+        "Home | About | Contact | Login | Register | Cart (0) | Wishlist | Sitemap | Terms of "
+        "use | Privacy policy | Cookie settings | Follow us on social media.",
+        {"score": 1.6},
+    ),
+    (
+        "bad/low-language-score",
+        "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor "
+        "incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud.",
+        {"language_score": 0.31},
+    ),
+    (
+        "bad/literal-separator",
+        "How language models see document boundaries\n\n"
+        "Models trained on web text are fed many documents one after another, with a special "
+        "token between them. GPT-2 popularised the spelling <|endoftext|> for that token. When a "
+        "web page quotes the spelling, as this one does, the text must stay ordinary text: a "
+        "tokenizer that turned it into the special token would split this page in two and teach "
+        "the model a boundary that is not there. The build keeps this page, encodes the literal "
+        "<|endoftext|> as plain characters and still adds exactly one separator after it.",
+        {},
+    ),
+]
+
+
+def _h(key: str, salt: str) -> float:
+    """A deterministic number in [0, 1) from a key."""
+    digest = hashlib.sha256(f"{salt}:{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64
+
+
+def _metadata(url: str, text: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    if _h(url, "low") < 0.06:
+        score = 0.6 + 1.9 * _h(url, "score")  # 0.6-2.5: dropped by int_score >= 3
+    else:
+        score = 2.5 + 2.0 * _h(url, "score")  # 2.5-4.5
+    language_score = (
+        0.45 + 0.2 * _h(url, "lang") if _h(url, "lowlang") < 0.03 else 0.85 + 0.15 * _h(url, "lang")
+    )
+    meta = {
+        "id": f"<urn:uuid:{uuid.UUID(bytes=hashlib.sha256(url.encode()).digest()[:16], version=4)}>",
+        "url": url,
+        "dump": DUMPS[int(_h(url, "dump") * len(DUMPS))],
+        "score": round(score, 6),
+        "language": "en",
+        "language_score": round(language_score, 4),
+        "token_count": len(text) // 4,
+    }
+    meta.update(overrides)
+    meta["int_score"] = int(round(meta["score"]))
+    return meta
+
+
+def _stdlib_sections() -> list[tuple[str, str, str]]:
+    """(module, heading, docstring) for every documented module, class and function, in order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: list[tuple[str, str, str]] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if SKIP_DIRS.intersection(rel.parts[:-1]) or rel.parts[0].startswith("config-"):
+            continue
+        try:
+            tree = ast.parse(path.read_bytes(), filename=str(path))
+        except (SyntaxError, ValueError):  # lib2to3 test data and the like
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        doc = ast.get_docstring(tree)
+        if doc:
+            out.append((module, f"The {module} module", doc))
+        _walk(tree.body, module, module, out)
+    return out
+
+
+def _walk(body: list[ast.stmt], module: str, prefix: str, out: list[tuple[str, str, str]]) -> None:
+    for node in body:
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            name = f"{prefix}.{node.name}"
+            doc = ast.get_docstring(node)
+            if doc:
+                out.append((module, name, doc))
+            if isinstance(node, ast.ClassDef):
+                _walk(node.body, module, name, out)
+
+
+def _builtin_sections() -> list[tuple[str, str, str]]:
+    out = []
+    for name, obj in sorted(vars(builtins).items()):
+        if name.startswith("_"):
+            continue
+        doc = inspect.getdoc(obj)
+        if doc and (inspect.isbuiltin(obj) or inspect.isclass(obj)):
+            out.append(("builtins", f"The built-in {name}", doc))
+    return out
+
+
+def _documents(version: str) -> list[tuple[str, str]]:
+    """(url, text) pairs: stdlib sections merged per module into documents of ~DOC_TARGET_CHARS."""
+    docs: list[tuple[str, str]] = []
+    sections = _builtin_sections() + _stdlib_sections()
+    current_module, parts, size, part_no = None, [], 0, 0
+
+    def flush() -> None:
+        nonlocal parts, size, part_no
+        if parts:
+            anchor = f"#part-{part_no}" if part_no else ""
+            url = f"https://docs.python.org/{version}/library/{current_module}.html{anchor}"
+            docs.append((url, "\n\n".join(parts)[:DOC_MAX_CHARS]))
+            part_no += 1
+        parts, size = [], 0
+
+    for module, heading, doc in sections:
+        if module != current_module:
+            flush()
+            current_module, part_no = module, 0
+        parts.append(f"{heading}\n\n{doc}")
+        size += len(doc)
+        if size >= DOC_TARGET_CHARS:
+            flush()
+    flush()
+    # Short modules were left as small documents; the language reference topics are real prose.
+    from pydoc_data import topics
+
+    for name, text in sorted(topics.topics.items()):
+        docs.append((f"https://docs.python.org/{version}/reference/{name}.html", text.strip()))
+    return docs
+
+
+def write_demo_corpus(out_dir: str | Path) -> Path:
+    """Write the corpus as N_FILES parquet files into `out_dir` (skipped when already there).
+
+    Deterministic for a given Python version; written to a temporary folder and renamed, so an
+    interrupted write never leaves a half corpus behind.
+    """
+    out_dir = Path(out_dir)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stamp = {"corpus_version": CORPUS_VERSION, "python": version}
+    marker = out_dir / "corpus.json"
+    if marker.is_file():
+        try:
+            info = json.loads(marker.read_text())
+        except json.JSONDecodeError:
+            info = {}
+        if {k: info.get(k) for k in stamp} == stamp:
+            return out_dir
+    docs = _documents(version)
+    # Interleave the bad rows at fixed positions so each file sees some of them.
+    rows = []
+    step = max(1, len(docs) // (len(BAD_DOCS) + 1))
+    bad = iter(BAD_DOCS)
+    for i, (url, text) in enumerate(docs):
+        if i and i % step == 0 and (b := next(bad, None)):
+            bad_url = f"https://example.com/gristmill-demo/{b[0]}"
+            rows.append({"text": b[1], **_metadata(bad_url, b[1], b[2])})
+        rows.append({"text": text, **_metadata(url, text, {})})
+    for b in bad:  # any left (tiny corpora)
+        bad_url = f"https://example.com/gristmill-demo/{b[0]}"
+        rows.append({"text": b[1], **_metadata(bad_url, b[1], b[2])})
+
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    per_file = -(-len(rows) // N_FILES)
+    for f in range(N_FILES):
+        chunk = rows[f * per_file : (f + 1) * per_file]
+        table = pa.Table.from_pylist(chunk, schema=SCHEMA)
+        pq.write_table(table, tmp / f"stdlib-docs-{f:02d}.parquet", row_group_size=2000)
+    stamp.update(
+        documents=len(rows),
+        characters=sum(len(r["text"]) for r in rows),
+        source="Python standard library docstrings + pydoc_data.topics; metadata synthetic",
+    )
+    (tmp / "corpus.json").write_text(json.dumps(stamp, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir

@@ -1,0 +1,223 @@
+"""Filters as datatrove steps; every dropped document is recorded in OUTPUT/excluded/*.parquet.
+
+Each filter is a datatrove `BaseFilter` whose `exclusion_writer` is an `ExcludedWriter`: one
+parquet file per (task, filter) with the contract's EXCLUDED_SCHEMA (id, url, dump, filter,
+reason). datatrove's own Gopher filters plug in the same way, so their drops are recorded too.
+Kept + excluded = read, for every task.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import regex
+from datatrove.data import Document
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.utils.word_tokenizers import WordTokenizer
+
+from pipelines.config import FiltersConfig
+from pipelines.sources import READ_ERROR
+from training.dataset_format import EXCLUDED_DIR, EXCLUDED_SCHEMA
+
+TMP_SUFFIX = ".tmp"
+# A filter returns a short categorical reason (datatrove counts drops per reason in its stats) and
+# may put the document-specific detail ("int_score 2 < 3") here for the excluded/ row.
+DETAIL = "exclusion_detail"
+
+
+def drop(doc: Document, reason: str, detail: str) -> tuple[bool, str]:
+    doc.metadata[DETAIL] = detail
+    return False, reason
+
+
+class ExcludedWriter:
+    """datatrove exclusion writer: rows of EXCLUDED_SCHEMA, written atomically per (task, filter).
+
+    Rows are buffered and flushed every `flush_rows` into a temporary parquet file, renamed to
+    `excluded/NNNNN_<filter>.parquet` when the filter finishes; a killed task leaves only the
+    temporary name, which its rerun overwrites.
+    """
+
+    def __init__(self, root: str | Path, filter_name: str, flush_rows: int = 50_000):
+        self.root = str(root)
+        self.filter_name = filter_name
+        self.flush_rows = flush_rows
+        self._rows: list[dict[str, Any]] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._path: str | None = None
+
+    def __enter__(self) -> ExcludedWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, doc: Document, rank: int = 0) -> None:
+        if self._path is None:
+            folder = os.path.join(self.root, EXCLUDED_DIR)
+            os.makedirs(folder, exist_ok=True)
+            self._path = os.path.join(folder, f"{rank:05d}_{self.filter_name}.parquet")
+        m = doc.metadata
+        self._rows.append(
+            {
+                "id": doc.id,
+                "url": _str(m.get("url")),
+                "dump": _str(m.get("dump")),
+                "filter": self.filter_name,
+                "reason": str(m.get(DETAIL) or m.get("filter_reason") or self.filter_name),
+            }
+        )
+        if len(self._rows) >= self.flush_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        assert self._path is not None
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._path + TMP_SUFFIX, EXCLUDED_SCHEMA)
+        self._writer.write_table(pa.Table.from_pylist(self._rows, schema=EXCLUDED_SCHEMA))
+        self._rows = []
+
+    def close(self) -> None:
+        if self._path is None:
+            return
+        self._flush()
+        assert self._writer is not None
+        self._writer.close()
+        os.replace(self._path + TMP_SUFFIX, self._path)
+        self._writer = None
+        self._path = None
+
+
+def _str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
+class TextFilter(BaseFilter):
+    """Always on: drops read errors, empty/whitespace-only text and text that is not valid UTF-8
+    (undecodable bytes or lone surrogates, which no tokenizer can encode faithfully)."""
+
+    name = "text"
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        if READ_ERROR in doc.metadata:
+            return drop(doc, "unreadable", str(doc.metadata[READ_ERROR]))
+        text = doc.text
+        if not text or text.isspace():
+            return drop(doc, "empty", "empty or whitespace-only text")
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                what = (
+                    "bytes that are not UTF-8"
+                    if 0xDC80 <= ord(text[e.start]) <= 0xDCFF
+                    else "a lone surrogate"
+                )
+                return drop(doc, "invalid_utf8", f"invalid UTF-8: {what} at character {e.start}")
+        return True
+
+
+class MinMetadataFilter(BaseFilter):
+    """Drops documents whose numeric metadata `key` is below `minimum` (or missing)."""
+
+    def __init__(self, key: str, minimum: float, exclusion_writer=None):
+        self.name = key  # before super().__init__, which names the stats after it
+        super().__init__(exclusion_writer)
+        self.key = key
+        self.minimum = minimum
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        value = doc.metadata.get(self.key)
+        if value is None:
+            return drop(doc, "missing", f"no {self.key} in the source")
+        if value < self.minimum:
+            return drop(doc, "below", f"{self.key} {value} < {self.minimum}")
+        return True
+
+
+class LengthFilter(BaseFilter):
+    """Drops documents shorter than `min_chars` or longer than `max_chars` characters."""
+
+    name = "length"
+
+    def __init__(self, min_chars: int | None, max_chars: int | None, exclusion_writer=None):
+        super().__init__(exclusion_writer)
+        self.min_chars = min_chars
+        self.max_chars = max_chars
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        n = len(doc.text)
+        if self.min_chars is not None and n < self.min_chars:
+            return drop(doc, "too_short", f"{n} chars < min_chars {self.min_chars}")
+        if self.max_chars is not None and n > self.max_chars:
+            return drop(doc, "too_long", f"{n} chars > max_chars {self.max_chars}")
+        return True
+
+
+class RegexWordTokenizer(WordTokenizer):
+    """A dependency-free word splitter for datatrove's Gopher filters (letters/digits runs and
+    single punctuation marks, Unicode-aware), used instead of spaCy unless configured."""
+
+    _words = regex.compile(r"\w+(?:[-'’]\w+)*|[^\w\s]")
+    _sents = regex.compile(r"[^.!?\n]+(?:[.!?]+|\n|$)")
+
+    def __init__(self):
+        super().__init__("en")
+
+    def word_tokenize(self, text: str) -> list[str]:
+        return self._words.findall(text)
+
+    def sent_tokenize(self, text: str) -> list[str]:
+        return [s.strip() for s in self._sents.findall(text) if s.strip()]
+
+    def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+        return [m.span() for m in self._sents.finditer(text) if m.group().strip()]
+
+
+def _word_tokenizer(cfg: FiltersConfig):
+    if cfg.gopher_word_tokenizer == "spacy":
+        try:
+            import spacy  # noqa: F401
+        except ImportError:
+            from training.errors import GristmillError
+
+            raise GristmillError(
+                'filters.gopher_word_tokenizer = "spacy" needs spaCy: `pip install spacy`, '
+                'or set it to "regex"'
+            ) from None
+        return "en"
+    return RegexWordTokenizer()
+
+
+def make_filters(cfg: FiltersConfig, output: str | Path | None) -> list[BaseFilter]:
+    """The configured filter steps, in order, each recording its drops under OUTPUT/excluded/
+    (`output` None: no recording, for sampling the source)."""
+
+    def excluded(name: str) -> ExcludedWriter | None:
+        return ExcludedWriter(output, name) if output is not None else None
+
+    steps: list[BaseFilter] = [TextFilter(excluded("text"))]
+    for key, minimum in (
+        ("int_score", cfg.min_int_score),
+        ("score", cfg.min_score),
+        ("language_score", cfg.min_language_score),
+    ):
+        if minimum is not None:
+            steps.append(MinMetadataFilter(key, minimum, excluded(key)))
+    if cfg.min_chars is not None or cfg.max_chars is not None:
+        steps.append(LengthFilter(cfg.min_chars, cfg.max_chars, excluded("length")))
+    if cfg.gopher_repetition or cfg.gopher_quality:
+        from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
+
+        words = _word_tokenizer(cfg)
+        if cfg.gopher_repetition:
+            steps.append(
+                GopherRepetitionFilter(exclusion_writer=excluded("gopher_repetition"), language=words)
+            )
+        if cfg.gopher_quality:
+            steps.append(GopherQualityFilter(exclusion_writer=excluded("gopher_quality"), language=words))
+    return steps

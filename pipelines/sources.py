@@ -1,0 +1,277 @@
+"""Document sources as datatrove readers: FineWeb-Edu on the hub, local parquet, local jsonl(.zst).
+
+The readers differ from datatrove's stock ParquetReader/JsonlReader in what they never do
+silently: a document with empty text is passed on (the "text" filter records it in excluded/),
+bytes that are not UTF-8 are decoded with surrogate escapes (and then excluded with their reason)
+instead of ending the file early, and a malformed JSON line becomes an excluded record naming the
+file and line. Only the text, the id and FineWeb-Edu's metadata columns are read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from datatrove.data import Document
+from datatrove.io import get_datafolder
+from datatrove.pipeline.readers.base import BaseDiskReader
+
+from pipelines.config import SourceConfig
+from pipelines.progress import TaskProgress
+from training.errors import GristmillError
+
+# FineWeb-Edu's metadata columns kept in the shards' .json members and the manifest.
+META_KEYS = ("url", "dump", "score", "int_score", "language", "language_score", "token_count")
+READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
+
+
+class SourceError(GristmillError):
+    """A source that cannot be read; the message names it and says how to fix it."""
+
+
+@dataclass
+class SourceFiles:
+    """The input of a build: a folder (local path or hf:// URL) and the files in it."""
+
+    folder: str
+    files: list[str]
+    sizes: list[int] = field(default_factory=list)
+
+    def identity(self) -> list[dict[str, Any]]:
+        return [{"file": f, "bytes": s} for f, s in zip(self.files, self.sizes)]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def source_folder(cfg: SourceConfig) -> str:
+    if cfg.kind == "hub":
+        return f"{cfg.path.rstrip('/')}/{cfg.subset.strip('/')}" if cfg.subset else cfg.path.rstrip("/")
+    return str(Path(cfg.path).expanduser().resolve())
+
+
+def default_glob(cfg: SourceConfig) -> str:
+    if cfg.glob:
+        return cfg.glob
+    return "**/*.jsonl*" if cfg.kind == "jsonl" else "**/*.parquet"
+
+
+def offline_message(folder: str, cfg: SourceConfig, err: BaseException) -> str:
+    detail = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    return (
+        f"the hub source {folder} is unreachable ({detail}). To build without network, fetch the "
+        f"files where there is network with `gristmill data download --subset {cfg.subset} --to DIR`, "
+        f"copy DIR here, and build from it with `--set source.kind=parquet --set "
+        f"source.path=DIR/{cfg.subset}` (or use the offline demo: --config configs/data/demo.toml)"
+    )
+
+
+def list_source_files(cfg: SourceConfig) -> SourceFiles:
+    """Resolve the config to a sorted file list, failing with one clear message if it can't."""
+    folder = source_folder(cfg)
+    if cfg.kind == "hub":
+        if not folder.startswith("hf://"):
+            raise SourceError(
+                f"source.path {cfg.path!r} is not an hf:// URL; hub sources look like "
+                "hf://datasets/HuggingFaceFW/fineweb-edu"
+            )
+        try:
+            df = get_datafolder(folder)
+            entries = df.find("", detail=True)
+        except Exception as e:  # connection errors, offline mode, missing repo: one message
+            if isinstance(e, FileNotFoundError):
+                raise SourceError(
+                    f"the hub source {folder} does not exist; check source.path and source.subset "
+                    '(e.g. subset = "sample/10BT" or "data/CC-MAIN-2024-10")'
+                ) from None
+            raise SourceError(offline_message(folder, cfg, e)) from None
+        pattern = default_glob(cfg)
+        files = sorted(
+            (name.lstrip("/"), int(info.get("size") or 0))
+            for name, info in entries.items()
+            if info.get("type") != "directory"
+            and (fnmatch(name, pattern) or fnmatch(name, pattern.removeprefix("**/")))
+        )
+        if not files:
+            raise SourceError(
+                f"the hub source {folder} holds no files matching {pattern!r}; check source.subset"
+            )
+        return SourceFiles(folder, [f for f, _ in files], [int(s or 0) for _, s in files])
+
+    path = Path(folder)
+    hint = {
+        "demo": "the demo corpus is written there by `gristmill demo` / `gristmill data build`",
+        "parquet": "point source.path at a directory of .parquet files (or one file)",
+        "jsonl": "point source.path at a directory of .jsonl/.jsonl.zst files (or one file)",
+    }[cfg.kind]
+    if not path.exists():
+        raise SourceError(f"source.path {path} does not exist; {hint}")
+    if path.is_file():
+        return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
+    pattern = default_glob(cfg)
+    found = sorted(p for p in path.glob(pattern) if p.is_file() and not p.name.startswith("."))
+    if not found:
+        raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
+    files = [str(p.relative_to(path)) for p in found]
+    return SourceFiles(str(path), files, [p.stat().st_size for p in found])
+
+
+class _Reader(BaseDiskReader):
+    """Shared parts: the file list comes from the driver (pinned), documents keep empty text."""
+
+    def __init__(
+        self,
+        source: SourceFiles,
+        text_key: str = "text",
+        id_key: str = "id",
+        limit: int = -1,
+        progress: TaskProgress | None = None,
+    ):
+        super().__init__(source.folder, limit=limit, text_key=text_key, id_key=id_key, add_file_path=False)
+        self.files = list(source.files)
+        self.sizes = dict(zip(source.files, source.sizes))
+        self.progress = progress
+
+    def run(self, data=None, rank: int = 0, world_size: int = 1):
+        shard = self.files[rank::world_size]
+        self._base_bytes = 0.0
+        if self.progress:
+            self.progress.start(rank)
+        for doc in self.read_files_shard(shard):
+            self.update_doc_stats(doc)
+            if self.progress:
+                self.progress.read += 1
+            yield doc
+
+    def _done_file(self, filepath: str) -> None:
+        if self.progress:
+            self._base_bytes += self.sizes.get(filepath, 0)
+            self.progress.bytes_done = self._base_bytes
+
+    def make_document(self, text: Any, doc_id: Any, meta: dict[str, Any], where: str) -> Document:
+        if text is None:
+            text = ""
+        elif isinstance(text, bytes):
+            text = text.decode("utf-8", "surrogateescape")
+        elif not isinstance(text, str):
+            meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
+            text = ""
+        return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
+
+
+class ParquetSource(_Reader):
+    """Reads `text`, `id` and FineWeb-Edu's metadata columns from parquet files, column-wise."""
+
+    name = "📒 Parquet (gristmill)"
+
+    def __init__(self, *args, batch_size: int = 1024, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batch_size = batch_size
+
+    def read_file(self, filepath: str):
+        import pyarrow.parquet as pq
+
+        try:
+            f = self.data_folder.open(filepath, "rb")
+        except OSError as e:
+            raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
+        with f, pq.ParquetFile(f) as pqf:
+            names = pqf.schema_arrow.names
+            if self.text_key not in names:
+                raise SourceError(
+                    f"{self.data_folder.resolve_paths(filepath)} has no column {self.text_key!r} (columns: "
+                    f"{', '.join(names)}); set source.text_key to the text column"
+                )
+            meta_cols = [k for k in META_KEYS if k in names and k != self.text_key]
+            cols = [self.text_key] + ([self.id_key] if self.id_key in names else []) + meta_cols
+            total = pqf.metadata.num_rows or 1
+            size = self.sizes.get(filepath, 0)
+            row = 0
+            for batch in pqf.iter_batches(batch_size=self.batch_size, columns=cols):
+                texts = _text_column(batch.column(self.text_key))
+                n = len(texts)
+                ids = batch.column(self.id_key).to_pylist() if self.id_key in names else [None] * n
+                metas = {k: batch.column(k).to_pylist() for k in meta_cols}
+                for i in range(n):
+                    meta = {k: v[i] for k, v in metas.items()}
+                    yield self.make_document(texts[i], ids[i], meta, f"{filepath}/{row + i}")
+                row += n
+                if self.progress:
+                    self.progress.bytes_done = self._base_bytes + size * row / total
+        self._done_file(filepath)
+
+
+def _text_column(col: pa.Array) -> list:
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        return col.to_pylist()  # bytes: decoded (surrogate-escaped) in make_document
+    try:
+        return col.to_pylist()
+    except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8
+        return col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary()).to_pylist()
+
+
+class JsonlSource(_Reader):
+    """Reads JSON lines (.jsonl, .jsonl.gz, .jsonl.zst), byte-exact: bad lines become excluded records."""
+
+    name = "🐿 Jsonl (gristmill)"
+
+    def read_file(self, filepath: str):
+        import orjson
+
+        try:
+            f = self.data_folder.open(filepath, "rb", compression="infer")
+        except OSError as e:
+            raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
+        with f:
+            for li, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{filepath}:{li}"
+                try:
+                    data = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    # orjson refuses non-UTF-8 bytes and lone surrogate escapes; the stdlib parser
+                    # reads both (as surrogates) so the text filter can exclude them with a reason.
+                    try:
+                        data = json.loads(line.decode("utf-8", "surrogateescape"))
+                    except ValueError as e:
+                        meta = {READ_ERROR: f"{where}: malformed JSON ({e})"}
+                        yield Document(text="", id=where, metadata=meta)
+                        continue
+                if not isinstance(data, dict):
+                    yield Document(
+                        text="", id=where, metadata={READ_ERROR: f"{where}: line is not a JSON object"}
+                    )
+                    continue
+                meta = {k: data[k] for k in META_KEYS if k in data}
+                yield self.make_document(data.get(self.text_key), data.get(self.id_key), meta, where)
+        self._done_file(filepath)
+
+
+def make_reader(cfg: SourceConfig, source: SourceFiles, progress: TaskProgress | None = None) -> _Reader:
+    cls = JsonlSource if cfg.kind == "jsonl" else ParquetSource
+    return cls(source, text_key=cfg.text_key, id_key=cfg.id_key, limit=cfg.limit, progress=progress)
+
+
+def iter_texts(cfg: SourceConfig, source: SourceFiles, filters: list, max_docs: int, max_chars: int):
+    """Texts from the start of the source (files in order) that pass `filters`, for tokenizer training."""
+    reader = make_reader(cfg, source)
+    n = chars = 0
+    for doc in reader.read_files_shard(source.files):
+        if not all(_passes(f, doc) for f in filters):
+            continue
+        yield doc.text
+        n += 1
+        chars += len(doc.text)
+        if n >= max_docs or chars >= max_chars:
+            return
+
+
+def _passes(step, doc: Document) -> bool:
+    result = step.filter(doc)
+    return bool(result[0] if isinstance(result, tuple) else result)

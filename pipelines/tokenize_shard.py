@@ -1,0 +1,181 @@
+"""The tokenize-and-shard datatrove step: kept documents → token ids → shuffled webdataset tars.
+
+Per task: documents are encoded in batches by `tokenization.separator.DocumentEncoder` (the one
+place that encodes; it asserts exactly one separator per document) and appended to a spill file
+(ids in the shard dtype, then the metadata JSON). When the input ends, the task's documents are
+permuted by a seeded RNG (seed, task) and written through `pipelines.shard_writer.ShardWriter`
+(temporary name → rename), so the full shuffle costs one sequential write and one read of the
+task's tokens instead of holding them in memory. Output is a pure function of the task's input
+and the config: a killed task rerun writes byte-identical shards.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+from datatrove.data import DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+
+from pipelines.progress import TaskProgress
+from pipelines.shard_writer import ShardWriter
+from tokenization.separator import DocumentEncoder, SeparatorPolicy
+from tokenization.tokenizer_io import load_tokenizer
+from training.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
+from training.errors import GristmillError
+
+SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
+META_FIELDS = ("id", "url", "dump", "score", "int_score", "language", "language_score", "token_count")
+# Tar overhead per document: two 512-byte headers plus padding of two members.
+TAR_OVERHEAD_PER_DOC = 2048
+
+
+class DiskFullError(GristmillError):
+    """Not enough free space to write the shards."""
+
+
+def check_free_space(path: str | Path, need_bytes: float, reserve_gb: float, what: str) -> None:
+    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`."""
+    free = shutil.disk_usage(path).free
+    reserve = reserve_gb * 1e9
+    if free - need_bytes < reserve:
+        raise DiskFullError(
+            f"not enough free disk under {path} to {what}: {free / 1e9:.2f} GB free, "
+            f"{need_bytes / 1e9:.2f} GB needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
+            "free some space or point `output` at a larger filesystem, then rerun the same command "
+            "(finished tasks are kept)"
+        )
+
+
+class TokenizeShard(PipelineStep):
+    """Encodes each task's kept documents and writes its shards and manifest."""
+
+    type = "🔢 - TOKENIZE"
+    name = "tokenize + shard (gristmill)"
+
+    def __init__(
+        self,
+        output: str | Path,
+        tokenizer_path: str | Path,
+        policy: SeparatorPolicy,
+        target_bytes: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        batch_chars: int = 4_000_000,
+        min_free_gb: float = 1.0,
+        progress: TaskProgress | None = None,
+    ):
+        super().__init__()
+        self.output = str(output)
+        self.tokenizer_path = str(tokenizer_path)
+        self.policy = policy
+        self.target_bytes = target_bytes
+        self.shuffle = shuffle
+        self.seed = seed
+        self.batch_chars = batch_chars
+        self.min_free_gb = min_free_gb
+        self.progress = progress
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        try:
+            self._build(data, rank)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise DiskFullError(
+                f"the disk under {self.output} filled up while task {rank} was writing ({e}); free "
+                "some space or point `output` at a larger filesystem, then rerun the same command "
+                "(finished tasks are kept)"
+            ) from None
+        return
+        yield  # a generator step that forwards nothing
+
+    def _build(self, data: DocumentsPipeline, rank: int) -> None:
+        encoder = DocumentEncoder(
+            load_tokenizer(self.tokenizer_path), self.policy, source=self.tokenizer_path
+        )
+        dtype = dtype_for_vocab(encoder.vocab_size)
+        progress = self.progress
+        shards = os.path.join(self.output, SHARDS_DIR)
+        os.makedirs(shards, exist_ok=True)
+        spill_path = os.path.join(shards, f"{SPILL_PREFIX}{rank:05d}.tmp")
+        # Per document: where its ids and its metadata JSON sit in the spill file.
+        ids_off: list[int] = []
+        ids_len: list[int] = []
+        meta_len: list[int] = []
+        pos = 0
+        tokens = 0
+        with open(spill_path, "wb", buffering=1 << 20) as spill:
+
+            def encode(batch: list) -> None:
+                nonlocal pos, tokens
+                with self.track_time("batch"):
+                    encoded = encoder.encode_batch([d.text for d in batch])
+                for doc, ids in zip(batch, encoded):
+                    data_bytes = ids.astype(dtype, copy=False).tobytes()
+                    m = doc.metadata
+                    meta = {k: m[k] for k in META_FIELDS[1:] if m.get(k) is not None}
+                    meta["id"] = doc.id
+                    meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+                    spill.write(data_bytes)
+                    spill.write(meta_bytes)
+                    ids_off.append(pos)
+                    ids_len.append(len(data_bytes))
+                    meta_len.append(len(meta_bytes))
+                    pos += len(data_bytes) + len(meta_bytes)
+                    tokens += len(ids)
+                self.stat_update("documents", value=len(batch))
+                self.stat_update("tokens", value=int(sum(len(i) for i in encoded)))
+                if progress:
+                    progress.kept += len(batch)
+                    progress.tokens = tokens
+                    progress.tick()
+
+            batch: list = []
+            chars = 0
+            for doc in data:
+                batch.append(doc)
+                chars += len(doc.text)
+                if chars >= self.batch_chars:
+                    encode(batch)
+                    batch, chars = [], 0
+            if batch:
+                encode(batch)
+
+        n = len(ids_off)
+        if progress:
+            progress.phase = "writing shards"
+            progress.flush()
+        check_free_space(
+            self.output, pos + n * TAR_OVERHEAD_PER_DOC, self.min_free_gb, f"write the shards of task {rank}"
+        )
+        order = np.random.default_rng([self.seed, rank]).permutation(n) if self.shuffle else np.arange(n)
+        writer = ShardWriter(self.output, rank, encoder.vocab_size, target_bytes=self.target_bytes)
+        spill_map = np.memmap(spill_path, dtype=np.uint8, mode="r") if pos else np.zeros(0, np.uint8)
+        for i, j in enumerate(order):
+            a, b = ids_off[j], ids_off[j] + ids_len[j]
+            ids = spill_map[a:b].view(dtype)
+            meta = json.loads(spill_map[b : b + meta_len[j]].tobytes())
+            writer.add(doc_key(rank, i), ids, meta)
+            if writer.shard_index == 1 and writer.tar is not None:
+                _maybe_test_kill(rank, "second_shard")  # one shard renamed, the next half written
+        writer.close()
+        del spill_map
+        os.remove(spill_path)
+        if progress:
+            progress.phase = "done"
+            progress.flush()
+
+
+def _maybe_test_kill(rank: int, point: str) -> None:
+    """Test hook: GRISTMILL_TEST_KILL="RANK:POINT" SIGKILLs the whole build (process group) here,
+    the way a node failure would. Used by tests/test_build_resume.py; inert otherwise."""
+    spec = os.environ.get("GRISTMILL_TEST_KILL")
+    if spec and spec == f"{rank}:{point}":
+        import signal
+
+        os.killpg(0, signal.SIGKILL)

@@ -1,0 +1,94 @@
+"""`gristmill tokenizer train --config configs/data/X.toml`: a byte-level BPE on a sample of the source.
+
+The sample is the start of the recipe's source (files in sorted order), after the recipe's
+filters, up to tokenizer.train.sample_docs documents / sample_chars characters. The tokenizer is
+written to tokenizer.path (or --out), atomically; the separator must be among its special tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from tokenization.tokenizer_io import TokenizerError, train_bpe
+from training.config_loader import load_config
+
+HELP = "train a byte-level BPE tokenizer on a sample of a data recipe's source"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="data recipe, e.g. configs/data/demo.toml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set tokenizer.train.vocab_size=16384 (repeatable)",
+    )
+    parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing tokenizer file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.config import DataConfig
+
+    cfg = load_config(DataConfig, args.config, args.overrides)
+    out = Path(args.out or cfg.tokenizer.path)
+    if out.exists() and not args.force:
+        raise TokenizerError(
+            f"{out} already exists; pass --force to overwrite it (a dataset built with it keeps its own copy)"
+        )
+    train_tokenizer(cfg, out=out)
+    return 0
+
+
+def train_tokenizer(cfg, source=None, out: str | Path | None = None, log=print) -> Path:
+    """Train on a sample of `cfg.source` and save to `out` (default: cfg.tokenizer.path)."""
+    from pipelines.filters import make_filters
+    from pipelines.sources import iter_texts, list_source_files
+
+    tc = cfg.tokenizer.train
+    out = Path(out or cfg.tokenizer.path)
+    if not str(out):
+        raise TokenizerError(
+            "tokenizer.path is empty; set it (or pass --out) to say where to write the tokenizer"
+        )
+    if out.suffix != ".json":
+        out = out / "tokenizer.json"
+    if cfg.tokenizer.separator not in tc.special_tokens:
+        raise TokenizerError(
+            f"tokenizer.train.special_tokens {tc.special_tokens} lacks the separator "
+            f"{cfg.tokenizer.separator!r}; add it so the trained tokenizer can frame documents"
+        )
+    if tc.vocab_size <= 256 + len(tc.special_tokens):
+        raise TokenizerError(
+            f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges; use at least 512"
+        )
+    if cfg.source.kind == "demo":
+        from pipelines.demo_corpus import write_demo_corpus
+
+        write_demo_corpus(cfg.source.path)
+    source = source or list_source_files(cfg.source)
+    filters = make_filters(cfg.filters, None)
+    t0 = time.perf_counter()
+    stats = {"docs": 0, "chars": 0}
+
+    def texts():
+        for text in iter_texts(cfg.source, source, filters, tc.sample_docs, tc.sample_chars):
+            stats["docs"] += 1
+            stats["chars"] += len(text)
+            yield text
+
+    tok = train_bpe(texts(), tc.vocab_size, list(tc.special_tokens), min_frequency=tc.min_frequency)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tok.save(str(tmp))
+    os.replace(tmp, out)
+    log(
+        f"trained a {tok.get_vocab_size()}-token byte-level BPE on {stats['docs']:,} documents "
+        f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s → {out}"
+    )
+    return out
