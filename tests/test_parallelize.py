@@ -1,0 +1,63 @@
+"""FSDP2 / HSDP parity against single-process training (2 gloo ranks via torchrun), config checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from training.errors import GristmillError
+from training.parallelize import ParallelConfig, build_mesh
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+def test_fsdp_and_hsdp_match_single_process_training():
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.pop("GRISTMILL_SKIP_NEGATIVE_CONTROL", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "tests" / "dist_parallelize_check.py")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert "ALL CHECKS PASSED" in proc.stdout, out[-6000:]
+    ok_lines = [line for line in proc.stdout.splitlines() if line.startswith("OK")]
+    # 5 exact fp32 cases, 1 bf16 closeness case, 1 negative control that must be detected.
+    assert len(ok_lines) == 7, proc.stdout
+    assert any("negative control" in line for line in ok_lines)
+
+
+def test_build_mesh_single_process_and_errors():
+    assert build_mesh(ParallelConfig(), 1, "cpu") is None
+    with pytest.raises(GristmillError, match="world size is 4"):
+        build_mesh(ParallelConfig(replicate=2, shard=3), 4, "cpu")
+    with pytest.raises(GristmillError, match="not divisible"):
+        build_mesh(ParallelConfig(replicate=3), 4, "cpu")
+    with pytest.raises(GristmillError, match="single process"):
+        build_mesh(ParallelConfig(replicate=2), 1, "cpu")
+
+
+def test_parallel_config_validation():
+    with pytest.raises(GristmillError, match="activation_checkpoint"):
+        ParallelConfig(activation_checkpoint="some")
+    with pytest.raises(GristmillError, match="param_dtype"):
+        ParallelConfig(param_dtype="float16")
+    with pytest.raises(GristmillError, match="shard"):
+        ParallelConfig(shard=0)
+
+
+def test_autocast_context_only_without_mesh():
+    from training.parallelize import autocast_context
+
+    with autocast_context(ParallelConfig(), None, "cpu"):
+        assert torch.is_autocast_enabled("cpu")
+    with autocast_context(ParallelConfig(param_dtype="float32"), None, "cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+    with autocast_context(ParallelConfig(), object(), "cpu"):  # any mesh: FSDP does mixed precision
+        assert not torch.is_autocast_enabled("cpu")

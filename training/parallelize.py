@@ -1,0 +1,215 @@
+"""Apply activation checkpointing, torch.compile and FSDP2 / HSDP to a `Transformer`.
+
+Order (as torchtitan v0.2 does for Llama 3): activation checkpointing per block, then per-block
+torch.compile, then FSDP2 `fully_shard` per block and on the root.
+
+What the trainer must know
+--------------------------
+* Mixed precision. With a mesh (world_size > 1) FSDP2's `MixedPrecisionPolicy(param_dtype,
+  reduce_dtype)` does it: the sharded parameters stay float32 (the optimizer's master weights),
+  each block all-gathers them cast to `param_dtype`, computes in it, and reduce-scatters gradients
+  in `reduce_dtype` into float32 sharded gradients. Do NOT wrap the step in autocast then.
+  Without a mesh (one process) there is no FSDP, so `parallelize` leaves the parameters float32
+  and the trainer runs forward+loss under `torch.autocast(device_type, dtype=torch.bfloat16)` when
+  `param_dtype == "bfloat16"`. `autocast_context(cfg, mesh, device_type)` returns exactly the
+  right context for both cases. Enter it anew for every micro-batch, around the forward (and
+  loss) only: autocast caches the bf16 copies of the weights until its outermost context exits, so
+  a context spanning `optimizer.step()` keeps computing with the pre-step weights (silently wrong
+  training; tests/dist_parallelize_check.py hit exactly this).
+* Parameter names are unchanged: AC and compile replace a block's `forward` instead of wrapping
+  the block in a CheckpointWrapper / OptimizedModule, so `model.state_dict()` keys stay
+  `layers.N.attention.wq.weight` … with or without them (no `_checkpoint_wrapped_module` or
+  `_orig_mod` in checkpoints or the HF export).
+* Gradient accumulation under FSDP: `model.set_requires_gradient_sync(False)` on all but the last
+  micro-batch of a step (FSDP2 API) saves the reduce-scatters; without it the result is the same.
+* Loss normalisation: each rank's loss is the mean over its local tokens and FSDP averages the
+  gradients over ranks, so the step equals the single-process step on the global batch whenever
+  every rank has the same number of non-ignored label tokens (always true for packed sequences
+  without ignored labels).
+* Meta-device init: build the model under `torch.device("meta")`, call `parallelize`, then
+  `model.to_empty(device=...)` and `model.init_weights()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from training.errors import GristmillError
+from training.model import Transformer
+
+try:  # torch >= 2.6
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+except ImportError:  # pragma: no cover - older torch
+    from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["ParallelConfig", "autocast_context", "build_mesh", "parallelize"]
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over ranks and how each block is executed."""
+
+    replicate: int = 1
+    """HSDP replica groups (typically one per node); parameters are replicated across them and
+    gradients all-reduced. 1 = plain FSDP."""
+    shard: int = -1
+    """Ranks in each shard group (parameters, gradients and optimizer state are split across them,
+    typically the GPUs of one node). -1 = world_size // replicate."""
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    """none: keep all activations. selective: op-level selective checkpointing, keeping matmul and
+    attention outputs and recomputing the cheap elementwise ops (norms, RoPE, SiLU, GQA repeats) in
+    backward. full: keep only each block's input and recompute the whole block in backward."""
+    compile: bool = False
+    """torch.compile each transformer block separately (fullgraph), after AC and before FSDP."""
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Compute dtype of the forward/backward. Master weights and optimizer state stay float32."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the gradient reduce-scatter / all-reduce across ranks."""
+
+    def __post_init__(self) -> None:
+        if self.activation_checkpoint not in ("none", "selective", "full"):
+            raise GristmillError(
+                f"parallel.activation_checkpoint must be none, selective or full, got "
+                f"{self.activation_checkpoint!r}"
+            )
+        for key in ("param_dtype", "reduce_dtype"):
+            if getattr(self, key) not in _DTYPES:
+                raise GristmillError(
+                    f"parallel.{key} must be bfloat16 or float32, got {getattr(self, key)!r}"
+                )
+        if self.replicate < 1:
+            raise GristmillError(f"parallel.replicate must be >= 1, got {self.replicate}")
+        if self.shard != -1 and self.shard < 1:
+            raise GristmillError(
+                f"parallel.shard must be >= 1 or -1 (= world_size // replicate), got {self.shard}"
+            )
+
+
+def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh | None:
+    """The 2-D ("replicate", "shard") device mesh, or None for a single process.
+
+    Must be called on every rank after the process group exists (torchrun + init_process_group,
+    or init_device_mesh initialises it from the torchrun environment).
+    """
+    if world_size == 1:
+        if cfg.replicate != 1 or cfg.shard not in (-1, 1):
+            raise GristmillError(
+                f"parallel.replicate={cfg.replicate} x parallel.shard={cfg.shard} needs that many ranks, "
+                "but this is a single process; launch with torchrun --nproc_per_node=N or use the defaults"
+            )
+        return None
+    shard = cfg.shard
+    if shard == -1:
+        if world_size % cfg.replicate:
+            raise GristmillError(
+                f"world size {world_size} is not divisible by parallel.replicate={cfg.replicate}; "
+                "choose a replicate count that divides the number of ranks"
+            )
+        shard = world_size // cfg.replicate
+    if cfg.replicate * shard != world_size:
+        raise GristmillError(
+            f"parallel.replicate={cfg.replicate} x parallel.shard={shard} = {cfg.replicate * shard} ranks, "
+            f"but the world size is {world_size}; make the product equal the number of ranks "
+            "(or set shard = -1)"
+        )
+    return init_device_mesh(device_type, (cfg.replicate, shard), mesh_dim_names=("replicate", "shard"))
+
+
+def autocast_context(cfg: ParallelConfig, mesh: DeviceMesh | None, device_type: str):
+    """The context for forward + loss: bf16 autocast on a single process, nothing under FSDP.
+
+    Use a fresh one per micro-batch around the forward only (never around the optimizer step).
+    """
+    if mesh is None and cfg.param_dtype == "bfloat16":
+        return torch.autocast(device_type=device_type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def parallelize(model: Transformer, mesh: DeviceMesh | None, cfg: ParallelConfig) -> Transformer:
+    """AC, then per-block compile, then FSDP2 (blocks, then root). Returns the same model object.
+
+    mesh None: AC and compile only; mixed precision is then the trainer's autocast (see
+    `autocast_context`). Works on meta-device models (FSDP shards meta parameters; materialise with
+    `to_empty` + `init_weights` afterwards).
+    """
+    if cfg.activation_checkpoint != "none":
+        for block in model.layers.values():
+            _apply_ac(block, cfg.activation_checkpoint)
+    if cfg.compile:
+        for block in model.layers.values():
+            # fullgraph: a graph break inside a block would silently cost most of the speed-up.
+            block.forward = torch.compile(block.forward, fullgraph=True)
+    if mesh is not None:
+        _apply_fsdp(model, mesh, cfg)
+    return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Activation checkpointing
+
+
+def _save_ops() -> set:
+    ops = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+    for name in (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    ):
+        if hasattr(torch.ops.aten, name):
+            ops.add(getattr(torch.ops.aten, name).default)
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    if flex is not None:
+        ops.add(flex)
+    return ops
+
+
+_SAVE_OPS = _save_ops()
+
+
+def _sac_policy(ctx, op, *args, **kwargs):
+    """Keep matmul and attention outputs (expensive to recompute), recompute everything else."""
+    return CheckpointPolicy.MUST_SAVE if op in _SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _apply_ac(block: nn.Module, mode: str) -> None:
+    inner = block.forward
+    kwargs: dict = {"use_reentrant": False, "preserve_rng_state": False}  # the blocks use no RNG
+    if mode == "selective":
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, _sac_policy)
+
+    def forward(*args):
+        return checkpoint(inner, *args, **kwargs)
+
+    block.forward = forward
+
+
+# --------------------------------------------------------------------------------------------------
+# FSDP2 / HSDP
+
+
+def _apply_fsdp(model: Transformer, mesh: DeviceMesh, cfg: ParallelConfig) -> None:
+    """fully_shard each block, then the root (embedding, final norm, LM head, tied or not).
+
+    A 2-D mesh with replicate > 1 gives HSDP (shard within a group, all-reduce across groups);
+    with replicate == 1 the 1-D "shard" sub-mesh is used so plain FSDP issues no no-op all-reduce.
+    """
+    if mesh.ndim == 2 and mesh.mesh_dim_names == ("replicate", "shard") and mesh.size(0) == 1:
+        mesh = mesh["shard"]
+    mp = MixedPrecisionPolicy(param_dtype=_DTYPES[cfg.param_dtype], reduce_dtype=_DTYPES[cfg.reduce_dtype])
+    blocks = list(model.layers.values())
+    for i, block in enumerate(blocks):
+        # The last block's parameters are needed again right at the start of backward: keep them.
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
