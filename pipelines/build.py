@@ -353,11 +353,13 @@ def _submit_slurm(p: Prepared, pipeline: list, log) -> BuildResult:
         workers=cfg.build.workers or -1,
         job_name=sc.job_name,
         qos=sc.qos,
-        env_command="\n".join(env),
+        env_command=" && ".join(env),  # one line: datatrove dedents the script template
         sbatch_args=dict(sc.sbatch_args),
         logging_dir=str(logs),
         skip_completed=True,
     )
+    # Without an environment command the job runs this very interpreter (shared filesystems).
+    python = "python" if sc.env_command or sc.venv_path else sys.executable
     finalize = executor.get_launch_file_contents(
         {
             **executor.get_sbatch_args(),
@@ -367,10 +369,10 @@ def _submit_slurm(p: Prepared, pipeline: list, log) -> BuildResult:
             "output": str(logs / "slurm_logs" / "finalize_%j.out"),
             "error": str(logs / "slurm_logs" / "finalize_%j.out"),
         },
-        f"cd {Path.cwd()}\n{sys.executable} -m pipelines.build --config {p.out / CONFIG_TOML} "
+        f"cd {Path.cwd()} && {python} -m pipelines.build --config {p.out / CONFIG_TOML} "
         f"--set output={p.out} --finalize-only",
     )
-    finalize = "\n".join(line for line in finalize.splitlines() if line != "#SBATCH --array")
+    finalize = "".join(line for line in finalize.splitlines(True) if line.strip() != "#SBATCH --array")
     _write_atomic(logs / "finalize.slurm", finalize.encode())
 
     submitted: list[list[str]] = []

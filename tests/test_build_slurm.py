@@ -1,0 +1,94 @@
+"""Slurm executor: the sbatch scripts datatrove renders are checked, then run here as Slurm would.
+
+sbatch is not installed on these machines, so the build runs with build.slurm.submit = false
+(scripts written, nothing submitted). The array script is then executed once per array index
+with stand-ins for `srun` (runs its command) and `scontrol` (names this host), and the finalize
+script after them: the result must equal the local executor's dataset byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dill
+
+from pipelines.build import build
+from pipelines.config import DataConfig
+from pipelines.tokenize_shard import TokenizeShard
+from training.config_loader import load_config
+from training.dataset_format import read_dataset_info
+
+FAKE_SRUN = """#!/bin/bash
+while [[ "$1" == -* ]]; do case "$1" in -n|-N) shift 2;; *) shift;; esac; done
+exec "$@"
+"""
+
+
+def sbatch_directives(script: str) -> dict[str, str]:
+    return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, re.M))
+
+
+def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_path):
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    overrides = [
+        f"output={out}",
+        "build.executor=slurm",
+        "build.slurm.submit=false",
+        "build.slurm.partition=compute",
+        'build.slurm.time="01:30:00"',
+        "build.slurm.cpus_per_task=3",
+        'build.slurm.sbatch_args={account = "proj42"}',
+    ]
+    lines: list[str] = []
+    result = build(load_config(DataConfig, config, overrides), log=lines.append)
+    assert result.status == "written" and not (out / "dataset.json").exists()
+    assert "sbatch --dependency=afterok:$JOB" in lines[-1]
+
+    logs = out / "logs"
+    script = (logs / "launch_script.slurm").read_text()
+    assert script.startswith("#!/bin/bash\n")
+    d = sbatch_directives(script)
+    assert d["array"] == "0-1%2" and d["partition"] == "compute" and d["time"] == "01:30:00"
+    assert d["cpus-per-task"] == "3" and d["account"] == "proj42" and d["job-name"] == "gristmill-data"
+    assert "export RAYON_NUM_THREADS=3" in script
+    assert f"launch_pickled_pipeline {logs / 'executor.pik'}" in script
+    finalize = (logs / "finalize.slurm").read_text()
+    assert "array" not in sbatch_directives(finalize)
+    assert "--finalize-only" in finalize and str(out / "config.toml") in finalize
+    for s in (logs / "launch_script.slurm", logs / "finalize.slurm"):
+        subprocess.run(["bash", "-n", str(s)], check=True)
+    assert json.loads((logs / "ranks_to_run.json").read_text()) == [0, 1]
+    with open(logs / "executor.pik", "rb") as f:
+        executor = dill.load(f)
+    assert executor.world_size == 2 and isinstance(executor.pipeline[-1], TokenizeShard)
+
+    # Run it as Slurm would: one process per array index, then the dependent finalize job.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    venv_bin = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", "SLURM_NODELIST": "localhost"}
+    for index in range(2):
+        proc = subprocess.run(
+            ["bash", str(logs / "launch_script.slurm")],
+            env={**env, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_JOB_ID": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(
+        ["bash", str(logs / "finalize.slurm")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK: every shard" in proc.stdout
+    assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
