@@ -9,6 +9,7 @@ file and line. Only the text, the id and FineWeb-Edu's metadata columns are read
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
@@ -228,7 +229,8 @@ class JsonlSource(_Reader):
         except OSError as e:
             raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
         with f:
-            for li, line in enumerate(f, 1):
+            # zstd readers are not line-iterable; a buffered wrapper works for every codec
+            for li, line in enumerate(io.BufferedReader(f, 1 << 20), 1):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"

@@ -1,0 +1,126 @@
+"""Bad inputs: each is ONE clear error line naming the file or key and the fix, before any task runs.
+
+Bad documents (empty, non-UTF-8, literal separator text) are not errors: they are excluded with a
+reason or kept as text; see test_build.py and test_sources.py.
+"""
+
+from __future__ import annotations
+
+import huggingface_hub.constants
+
+from pipelines.cli import main
+from tests.conftest import SEP, fixture_texts
+from tokenization.tokenizer_io import train_bpe
+
+
+def one_error(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err  # one line, no traceback
+    return lines[0]
+
+
+def build_argv(config, out, *overrides) -> list[str]:
+    argv = ["data", "build", "--config", str(config), "--set", f"output={out}"]
+    for o in overrides:
+        argv += ["--set", o]
+    return argv
+
+
+def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.wrokers=2"))
+    assert "unknown key 'build.wrokers'" in msg and "did you mean 'build.workers'" in msg
+    bad = tmp_path / "bad.toml"
+    bad.write_text(config.read_text().replace("[filters]", "[filters]\nmin_int_scor = 3"))
+    msg = one_error(capsys, build_argv(bad, tmp_path / "o"))
+    assert str(bad) in msg and "unknown key 'filters.min_int_scor'" in msg
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.executor=kubernetes"))
+    assert "build.executor = 'kubernetes' is not allowed" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_source(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'nowhere'}"))
+    assert f"source.path {tmp_path / 'nowhere'} does not exist" in msg
+    (tmp_path / "empty").mkdir()
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'empty'}"))
+    assert "holds no files matching '**/*.parquet'" in msg
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.parquet").write_text("not parquet")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'junk'}"))
+    assert "x.parquet is not a readable parquet file" in msg
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "source.text_key=body"))
+    assert "has no column 'body'" in msg and "set source.text_key" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch):
+    _, _, config = build_fixture
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network, anywhere
+    msg = one_error(
+        capsys,
+        build_argv(
+            config, tmp_path / "o", "source.kind=hub", "source.path=hf://datasets/HuggingFaceFW/fineweb-edu"
+        ),
+    )
+    assert "hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT is unreachable" in msg
+    assert "gristmill data download --subset sample/10BT" in msg
+    assert "--set source.kind=parquet --set source.path=DIR/sample/10BT" in msg
+
+
+def test_tokenizer_without_separator_fails_before_any_task(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    tok = train_bpe(fixture_texts(20), vocab_size=300, special_tokens=["<pad>"])
+    tok.save(str(tmp_path / "nosep.json"))
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"tokenizer.path={tmp_path / 'nosep.json'}"))
+    assert "nosep.json has no separator token '<|endoftext|>'" in msg and "['<pad>']" in msg
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"tokenizer.path={tmp_path / 'missing.json'}"))
+    assert "missing.json not found" in msg and "gristmill tokenizer train" in msg
+    assert not (tmp_path / "o").exists()  # nothing written, no task started
+
+
+def test_disk_too_full(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.min_free_gb=1e9"))
+    assert "not enough free disk" in msg and "build.min_free_gb" in msg
+    assert not (tmp_path / "o" / "logs").exists()
+
+
+def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
+    from tokenization.separator import DocumentEncoder, SeparatorPolicy
+    from tokenization.tokenizer_io import load_tokenizer
+
+    _, _, config = build_fixture
+    out = tmp_path / "tok.json"
+    argv = ["tokenizer", "train", "--config", str(config), "--set", "tokenizer.train.vocab_size=400"]
+    argv += ["--set", f"tokenizer.path={out}"]
+    assert main(argv) == 0
+    tok = load_tokenizer(out)
+    assert tok.get_vocab_size() == 400
+    assert DocumentEncoder(tok, SeparatorPolicy(SEP)).separator_id == 0
+    first = out.read_bytes()
+    msg = one_error(capsys, argv)
+    assert "already exists; pass --force" in msg
+    assert main(argv + ["--force"]) == 0
+    assert out.read_bytes() == first  # deterministic
+    msg = one_error(capsys, argv + ["--force", "--set", 'tokenizer.train.special_tokens=["<pad>"]'])
+    assert "lacks the separator '<|endoftext|>'" in msg
+
+
+def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
+    from pipelines.build import build
+    from pipelines.config import DataConfig
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    tok = tmp_path / "new-tok.json"
+    overrides = [f"output={tmp_path / 'o'}", f"tokenizer.path={tok}", "tokenizer.train.vocab_size=400"]
+    overrides += ["tokenizer.train.if_missing=true", "build.tasks=1", "build.workers=1"]
+    result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
+    assert result.ok and tok.is_file()
+    assert (tmp_path / "o" / "tokenizer.json").read_bytes() == tok.read_bytes()

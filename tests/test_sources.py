@@ -1,0 +1,142 @@
+"""Sources: readers never drop a document silently; the demo corpus; a jsonl.zst build loses nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from pipelines.config import DataConfig, SourceConfig
+from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader
+from training.config_loader import load_config
+
+
+def read_all(cfg: SourceConfig) -> list:
+    source = list_source_files(cfg)
+    return list(make_reader(cfg, source).run(rank=0, world_size=1))
+
+
+def test_parquet_reader_metadata_and_bad_bytes(tmp_path):
+    offsets = pa.array([0, 5, 12, 12], type=pa.int32()).buffers()[1]
+    text = pa.Array.from_buffers(pa.string(), 3, [None, offsets, pa.py_buffer(b"hellobad \xff!!")])
+    table = pa.table(
+        {
+            "text": text,
+            "id": ["a", "b", "c"],
+            "url": ["u1", "u2", "u3"],
+            "int_score": [3, 4, 5],
+            "language_score": [0.9, 0.8, 0.7],
+            "unrelated": [1, 2, 3],
+        }
+    )
+    pq.write_table(table, tmp_path / "x.parquet")
+    docs = read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
+    assert [d.text for d in docs] == ["hello", "bad \udcff!!", ""]  # nothing dropped by the reader
+    assert docs[0].metadata == {"url": "u1", "int_score": 3, "language_score": 0.9}
+    assert [d.id for d in docs] == ["a", "b", "c"]
+
+    pq.write_table(pa.table({"body": pa.array([b"raw \xfe bytes"], pa.binary())}), tmp_path / "y.parquet")
+    (doc,) = read_all(SourceConfig(kind="parquet", path=str(tmp_path / "y.parquet"), text_key="body"))
+    assert doc.text == "raw \udcfe bytes" and doc.id == "y.parquet/0"
+
+
+def write_jsonl_zst(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n"))
+
+
+JSONL_LINES = [
+    json.dumps(
+        {"text": "A good document about rivers and the sea. " * 3, "id": "good", "int_score": 4}
+    ).encode(),
+    b'{"text": "bytes \xff\xfe that are not UTF-8", "id": "badbytes", "int_score": 4}',
+    b'{"text": "a lone \\ud800 surrogate escape", "id": "surrogate", "int_score": 4}',
+    b'{"text": "unterminated',
+    b"[1, 2, 3]",
+    b'{"text": null, "id": "null-text"}',
+    b'{"text": 42, "id": "number-text"}',
+    b"",
+    json.dumps(
+        {"text": "Literal <|endoftext|> stays text in this document. " * 2, "id": "sep", "int_score": 3}
+    ).encode(),
+]
+
+
+def test_jsonl_zst_reader_turns_bad_lines_into_records(tmp_path):
+    write_jsonl_zst(tmp_path / "a.jsonl.zst", JSONL_LINES)
+    docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    by_id = {d.id: d for d in docs}
+    assert len(docs) == 8  # every non-blank line
+    assert by_id["badbytes"].text == "bytes \udcff\udcfe that are not UTF-8"
+    assert by_id["surrogate"].text == "a lone \ud800 surrogate escape"
+    assert "malformed JSON" in by_id["a.jsonl.zst:4"].metadata[READ_ERROR]
+    assert by_id["a.jsonl.zst:5"].metadata[READ_ERROR] == "a.jsonl.zst:5: line is not a JSON object"
+    assert by_id["null-text"].text == "" and READ_ERROR not in by_id["null-text"].metadata
+    assert "'text' is int, not a string" in by_id["number-text"].metadata[READ_ERROR]
+    assert by_id["good"].metadata == {"int_score": 4}
+
+
+def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
+    from pipelines.build import build
+
+    _, _, config = build_fixture
+    (tmp_path / "src").mkdir()
+    write_jsonl_zst(tmp_path / "src" / "a.jsonl.zst", JSONL_LINES)
+    out = tmp_path / "ds"
+    overrides = [f"output={out}", "source.kind=jsonl", f"source.path={tmp_path / 'src'}"]
+    overrides += ["build.tasks=1", "build.workers=1", "filters.min_chars=1"]
+    result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
+    assert result.ok
+    kept = pq.read_table(out / "manifest" / "00000.parquet").column("id").to_pylist()
+    excluded = {r["id"]: r for r in pq.read_table(out / "excluded" / "00000_text.parquet").to_pylist()}
+    assert sorted(kept) == ["good", "sep"]
+    assert set(excluded) == {
+        "badbytes",
+        "surrogate",
+        "a.jsonl.zst:4",
+        "a.jsonl.zst:5",
+        "null-text",
+        "number-text",
+    }
+    assert excluded["badbytes"]["reason"] == "invalid UTF-8: bytes that are not UTF-8 at character 6"
+    assert excluded["surrogate"]["reason"] == "invalid UTF-8: a lone surrogate at character 7"
+    assert excluded["null-text"]["reason"] == "empty or whitespace-only text"
+    assert all(r["filter"] == "text" for r in excluded.values())
+
+
+def test_listing_local_sources(tmp_path):
+    (tmp_path / "sub").mkdir()
+    for name in ("b.parquet", "sub/a.parquet", "notes.txt", ".hidden.parquet"):
+        (tmp_path / name).write_bytes(b"x" * 3)
+    src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path)))
+    assert src.files == ["b.parquet", "sub/a.parquet"] and src.total_bytes == 6
+    src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="sub/*.parquet"))
+    assert src.files == ["sub/a.parquet"]
+    with pytest.raises(SourceError, match="holds no files matching"):
+        list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path)))
+
+
+def test_demo_corpus(tmp_path):
+    from pipelines.demo_corpus import BAD_DOCS, SCHEMA, _metadata, write_demo_corpus
+
+    out = write_demo_corpus(tmp_path / "demo")
+    files = sorted(out.glob("*.parquet"))
+    assert len(files) == 4 and all(pq.read_schema(f) == SCHEMA for f in files)
+    table = pa.concat_tables([pq.read_table(f) for f in files])
+    rows = table.to_pylist()
+    chars = sum(len(r["text"]) for r in rows)
+    assert chars > 2_000_000 and len(rows) > 500  # a few MB of real prose
+    assert len({r["id"] for r in rows}) == len(rows)
+    texts = [r["text"] for r in rows]
+    assert "" in texts and any("<|endoftext|>" in t for t in texts)
+    assert sum(r["int_score"] < 3 for r in rows) >= 2 and sum(r["language_score"] < 0.65 for r in rows) >= 1
+    assert {r["int_score"] for r in rows} >= {1, 2, 3, 4} and len({r["dump"] for r in rows}) > 3
+    for r in rows[:50]:  # metadata is a pure function of the URL (and text length)
+        assert {k: v for k, v in r.items() if k != "text"} == _metadata(r["url"], r["text"], {})
+    assert len([r for r in rows if "gristmill-demo/bad" in r["url"]]) == len(BAD_DOCS)
+    mtimes = [f.stat().st_mtime_ns for f in files]
+    write_demo_corpus(out)  # already there: not rewritten
+    assert [f.stat().st_mtime_ns for f in files] == mtimes
