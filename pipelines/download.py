@@ -1,0 +1,260 @@
+"""`gristmill data download`: pre-fetch a FineWeb-Edu subset's parquet files for offline nodes.
+
+    gristmill data download --subset sample/10BT --to /data/fineweb-edu
+    gristmill data build --config configs/data/fineweb-edu-sample-10BT.toml \\
+        --set source.kind=parquet --set source.path=/data/fineweb-edu/sample/10BT
+
+Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.parquet). Each is
+streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
+file under its final name is always complete. Interrupted? Run the same command again: finished
+files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
+continues from where it stopped (ranged reads). The transfer works on any fsspec URL (`--from`),
+which is also how it is tested here, against a local directory, since tests have no network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+from training.errors import GristmillError
+
+HELP = "pre-fetch a FineWeb-Edu subset's parquet files (resumable, checksummed) for offline builds"
+DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
+RECORD = ".gristmill-download.json"
+PART = ".part"
+CHUNK = 8 << 20
+
+
+class DownloadError(GristmillError):
+    """A download that cannot proceed; the message names the file and what to do."""
+
+
+@dataclass
+class RemoteFile:
+    path: str  # relative to the source root, kept in the destination
+    size: int
+    sha256: str | None = None  # the hub's LFS checksum; None: recorded after download
+
+
+@dataclass
+class DownloadReport:
+    files: int = 0
+    skipped: int = 0
+    downloaded: int = 0
+    resumed: int = 0
+    bytes_fetched: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--subset", default="sample/10BT", help="folder in the dataset, e.g. sample/10BT")
+    parser.add_argument("--to", required=True, help="destination directory (subset paths are kept under it)")
+    parser.add_argument(
+        "--repo", default=DEFAULT_REPO, help=f"hub dataset repository (default {DEFAULT_REPO})"
+    )
+    parser.add_argument(
+        "--from",
+        dest="source",
+        default=None,
+        help="fetch from this fsspec URL instead of the hub (s3://bucket/fineweb-edu, a mounted dir)",
+    )
+    parser.add_argument("--pattern", default="*.parquet", help="file name pattern (default *.parquet)")
+    parser.add_argument("--workers", type=int, default=4, help="files fetched in parallel (default 4)")
+    parser.add_argument("--verify", action="store_true", help="re-hash files already downloaded")
+
+
+def run(args: argparse.Namespace) -> int:
+    root = args.source or f"hf://datasets/{args.repo}"
+    report = download(
+        root, args.subset, args.to, pattern=args.pattern, workers=args.workers, verify=args.verify
+    )
+    print(
+        f"{report.files} files: {report.downloaded} downloaded ({report.resumed} resumed), "
+        f"{report.skipped} already complete, {report.bytes_fetched / 1e9:.2f} GB fetched → {args.to}"
+    )
+    return 0
+
+
+def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
+    base = f"{root.rstrip('/')}/{subset.strip('/')}" if subset else root.rstrip("/")
+    try:
+        entries = fs.find(base, detail=True)
+    except FileNotFoundError:
+        raise DownloadError(f"{base} does not exist; check --repo/--from and --subset") from None
+    except Exception as e:  # offline, DNS, auth: one message
+        raise DownloadError(
+            f"cannot list {base} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "run `gristmill data download` on a machine with network, then copy the directory to the "
+            "offline nodes"
+        ) from None
+    prefix = fs._strip_protocol(root).rstrip("/") + "/"
+    files = []
+    for name, info in sorted(entries.items()):
+        if info.get("type") == "directory" or not fnmatch(name.rsplit("/", 1)[-1], pattern):
+            continue
+        rel = name[len(prefix) :] if name.startswith(prefix) else name
+        files.append(RemoteFile(rel, int(info.get("size") or 0), (info.get("lfs") or {}).get("sha256")))
+    if not files:
+        raise DownloadError(f"{base} holds no files matching {pattern!r}")
+    return files
+
+
+def download(
+    root: str,
+    subset: str,
+    dest: str | Path,
+    *,
+    pattern: str = "*.parquet",
+    workers: int = 4,
+    verify: bool = False,
+    progress: bool = True,
+) -> DownloadReport:
+    from fsspec.core import url_to_fs
+
+    fs, _ = url_to_fs(root)
+    files = list_remote(fs, root, subset, pattern)
+    return fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
+
+
+def fetch_files(
+    fs, root: str, files: list[RemoteFile], dest: str | Path, *, workers=4, verify=False, progress=True
+) -> DownloadReport:
+    """Fetch `files` (paths relative to `root` on `fs`) into `dest`; resumable and checksummed."""
+    from tqdm import tqdm
+
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    need = sum(f.size for f in files) - sum(
+        (dest / f.path).stat().st_size for f in files if (dest / f.path).is_file()
+    )
+    free = _free_bytes(dest)
+    if need > free:
+        raise DownloadError(
+            f"{dest} has {free / 1e9:.1f} GB free but the download needs {need / 1e9:.1f} GB more"
+        )
+    record = _Record(dest / RECORD)
+    report = DownloadReport(files=len(files))
+    lock = threading.Lock()
+    bar = tqdm(
+        total=sum(f.size for f in files), unit="B", unit_scale=True, desc="download", disable=not progress
+    )
+
+    def one(f: RemoteFile) -> None:
+        final = dest / f.path
+        digest = _complete(final, f, record.get(f.path), verify)
+        if digest:
+            record.set(f.path, f.size, digest)
+            with lock:
+                report.skipped += 1
+            bar.update(f.size)
+            return
+        fetched, resumed = _fetch_one(fs, root, f, final, bar)
+        digest = _sha256(final.with_name(final.name + PART))
+        if f.sha256 and digest != f.sha256 and resumed:
+            # The partial file was not a prefix of this one (changed upstream or corrupted): redo.
+            os.remove(final.with_name(final.name + PART))
+            more, _ = _fetch_one(fs, root, f, final, bar)
+            fetched += more
+            digest = _sha256(final.with_name(final.name + PART))
+        if f.sha256 and digest != f.sha256:
+            os.remove(final.with_name(final.name + PART))
+            raise DownloadError(
+                f"{f.path}: checksum mismatch (got sha256 {digest[:16]}…, the source says {f.sha256[:16]}…); "
+                "the partial file was removed, run the command again to refetch it"
+            )
+        os.replace(final.with_name(final.name + PART), final)
+        record.set(f.path, f.size, digest)
+        with lock:
+            report.downloaded += 1
+            report.resumed += int(resumed)
+            report.bytes_fetched += fetched
+
+    try:
+        with ThreadPoolExecutor(max(1, workers)) as pool:
+            for fut in [pool.submit(one, f) for f in files]:
+                fut.result()
+    finally:
+        bar.close()
+    return report
+
+
+def _complete(final: Path, f: RemoteFile, rec: dict | None, verify: bool) -> str | None:
+    """The sha256 of an already complete FINAL, or None if it must be (re)fetched."""
+    if not final.is_file() or final.stat().st_size != f.size:
+        return None
+    expected = f.sha256 or (rec or {}).get("sha256")
+    if rec and not verify and rec.get("size") == f.size and rec.get("sha256") == expected:
+        return expected  # recorded when it was downloaded and checked
+    digest = _sha256(final)
+    return digest if expected is None or digest == expected else None
+
+
+def _fetch_one(fs, root: str, f: RemoteFile, final: Path, bar) -> tuple[int, bool]:
+    """Append the missing bytes of `f` to FINAL.part; returns (bytes fetched, resumed?)."""
+    part = final.with_name(final.name + PART)
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.is_file() else 0
+    if have > f.size:
+        os.remove(part)
+        have = 0
+    bar.update(have)
+    fetched = 0
+    url = f"{root.rstrip('/')}/{f.path}"
+    for attempt in range(3):
+        try:
+            with fs.open(url, "rb") as src, open(part, "ab") as out:
+                src.seek(have + fetched)
+                while chunk := src.read(CHUNK):
+                    out.write(chunk)
+                    fetched += len(chunk)
+                    bar.update(len(chunk))
+            break
+        except OSError as e:
+            if attempt == 2:
+                raise DownloadError(
+                    f"{f.path}: transfer failed after 3 tries ({e}); run the command again to resume it"
+                ) from None
+            time.sleep(2**attempt)
+    return fetched, have > 0
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _free_bytes(path: Path) -> int:
+    import shutil
+
+    return shutil.disk_usage(path).free
+
+
+class _Record:
+    """DEST/.gristmill-download.json: size and sha256 of every completed file (thread-safe)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.data = json.loads(path.read_text()) if path.is_file() else {"files": {}}
+
+    def get(self, rel: str) -> dict | None:
+        return self.data["files"].get(rel)
+
+    def set(self, rel: str, size: int, sha256: str) -> None:
+        with self.lock:
+            self.data["files"][rel] = {"size": size, "sha256": sha256}
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
