@@ -1,0 +1,284 @@
+"""`gristmill data audit`: duckdb views over a dataset built by the real build, presets, read-only --sql."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from pipelines.shard_writer import ShardWriter, finalize_dataset
+from training.dataset_format import EXCLUDED_SCHEMA, manifest_files
+from validation.audit import print_summary, run_preset, run_sql, write_plots
+from validation.audit_reports import PLOTS, PRESETS
+from validation.audit_views import FILE_VIEWS, connect, dataset_names
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def summary_rows(root: Path) -> dict[str, dict]:
+    con, _ = connect([root])
+    return {r["item"]: r for r in run_preset(con, "summary").records()}
+
+
+def datatrove_stats(root: Path) -> tuple[int, dict[str, int], int, int]:
+    """(documents read, dropped per filter, documents and tokens of the last step), from the
+    per-task stats files datatrove wrote, parsed here independently of the audit's SQL."""
+    read, dropped, kept, tokens = 0, {}, 0, 0
+    files = sorted((root / "logs" / "stats").glob("*.json"))
+    assert files
+    for path in files:
+        steps = json.loads(path.read_text())
+        reader = steps[0]["stats"]["documents"]
+        read += reader["total"] if isinstance(reader, dict) else reader
+        for step in steps:
+            if "FILTER" in step["name"]:
+                name = step["name"].split(": ", 1)[1]
+                dropped[name] = dropped.get(name, 0) + step["stats"].get("dropped", 0)
+        last = steps[-1]["stats"]
+        kept += last["documents"]["total"] if isinstance(last["documents"], dict) else last["documents"]
+        tokens += last["tokens"]["total"] if isinstance(last["tokens"], dict) else last["tokens"]
+    return read, dropped, kept, tokens
+
+
+def test_summary_counts_equal_manifest_and_datatrove_stats(built_dataset):
+    rows = summary_rows(built_dataset)
+    manifest = pa.concat_tables(pq.read_table(p) for p in manifest_files(built_dataset))
+    info = json.loads((built_dataset / "dataset.json").read_text())
+    read, dropped, kept, tokens = datatrove_stats(built_dataset)
+
+    n_tokens = int(np.sum(manifest.column("n_tokens").to_numpy()))
+    assert rows["kept (manifest)"]["documents"] == manifest.num_rows == info["documents"] == kept
+    assert rows["kept (manifest)"]["tokens"] == n_tokens == info["tokens"] == tokens
+    assert rows["kept (tokenize step stats)"]["documents"] == kept
+    assert rows["kept (tokenize step stats)"]["tokens"] == tokens
+    assert rows["read"]["documents"] == read
+    assert {
+        k.removeprefix("dropped by "): r["documents"] for k, r in rows.items() if k.startswith("dropped by")
+    } == (dropped)
+    assert sum(dropped.values()) > 0  # the fixture corpus has rows every filter drops
+    assert read == kept + sum(dropped.values())  # kept + dropped = read
+    excluded = sum(pq.read_metadata(p).num_rows for p in (built_dataset / "excluded").glob("*.parquet"))
+    assert rows["dropped (excluded/ rows)"]["documents"] == excluded == sum(dropped.values())
+    assert rows["shards"]["documents"] == info["shards"] == len(set(manifest.column("shard").to_pylist()))
+    assert rows["kept (manifest)"]["pct_of_read"] == round(100 * kept / read, 2)
+
+
+def test_every_preset_runs_and_stats_view_flattens(built_dataset):
+    con, names = connect([built_dataset])
+    for name in PRESETS:
+        res = run_preset(con, name)
+        assert res.columns[0] == "dataset_name", name
+    by_dump = dict(con.execute("SELECT dump, sum(n_tokens) FROM docs GROUP BY 1").fetchall())
+    assert sum(by_dump.values()) == json.loads((built_dataset / "dataset.json").read_text())["tokens"]
+    tasks = con.execute("SELECT DISTINCT task FROM stats ORDER BY 1").fetchall()
+    assert tasks == [(0,), (1,)]
+    val = run_preset(con, "validation").records()
+    assert val[0]["status"] == "ok" and val[0]["problems"] == 0 and val[0]["dataset_name"] == names[0]
+    balance = run_preset(con, "shard_balance").records()[0]
+    assert balance["min_tokens"] <= balance["median_tokens"] <= balance["max_tokens"]
+
+
+def test_cli_formats(built_dataset, capsys):
+    sql = "SELECT dump, sum(n_tokens) AS tokens FROM docs GROUP BY 1 ORDER BY 1"
+    assert main(["data", "audit", str(built_dataset), "--sql", sql, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["dump"] for r in rows] == ["CC-MAIN-2023-50", "CC-MAIN-2024-10"]
+    assert main(["data", "audit", str(built_dataset), "--sql", sql, "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [int(r["tokens"]) for r in data] == [int(r["tokens"]) for r in rows]
+    assert main(["data", "audit", str(built_dataset), "--report", "lengths"]) == 0
+    out = capsys.readouterr().out
+    assert "== lengths ==" in out and "tokens_from" in out
+    assert main(["data", "audit", str(built_dataset)]) == 0  # the default tables
+    out = capsys.readouterr().out
+    assert "== summary ==" in out and "kept (manifest)" in out and "== validation ==" in out
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "COPY docs TO '{root}/leak.csv'",
+        "COPY (SELECT 1) TO '{tmp}/leak.csv'",
+        "EXPORT DATABASE '{root}/leak'",
+        "ATTACH '{root}/leak.duckdb' AS x",
+        "CREATE TABLE leak AS SELECT * FROM docs",
+        "INSERT INTO docs SELECT * FROM docs",
+        "INSTALL httpfs",
+        "LOAD httpfs",
+        "SET enable_external_access = true",
+        "PRAGMA enable_profiling",
+        "SELECT 1; COPY docs TO '{root}/leak.csv'",
+    ],
+)
+def test_write_queries_are_refused_and_leave_no_file(built_dataset, tmp_path, capsys, sql):
+    before = files_under(built_dataset)
+    sql = sql.format(root=built_dataset, tmp=tmp_path)
+    assert main(["data", "audit", str(built_dataset), "--sql", sql]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and ("refused" in err or "exactly one statement" in err), err
+    assert files_under(built_dataset) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "SELECT * FROM read_blob('/proc/self/environ')",
+        "SELECT * FROM glob('/*')",
+        "SELECT * FROM read_csv('{root}/../../../../etc/passwd')",
+        "SELECT count(*) FROM read_parquet('{other}/manifest/*.parquet')",
+    ],
+)
+def test_file_functions_outside_the_dataset_are_refused(built_dataset, tmp_path, capsys, sql):
+    other = tmp_path / "other"
+    shutil.copytree(built_dataset / "manifest", other / "manifest")
+    sql = sql.format(root=built_dataset, other=other)
+    assert main(["data", "audit", str(built_dataset), "--sql", sql]) == 2
+    err = capsys.readouterr().err
+    assert "refused: the audit reads only inside the dataset directories" in err, err
+
+
+def test_reading_inside_the_dataset_is_allowed(built_dataset):
+    con, _ = connect([built_dataset])
+    n = run_sql(con, f"SELECT count(*) AS n FROM read_parquet('{built_dataset}/manifest/*.parquet')").rows[0][
+        0
+    ]
+    assert n == json.loads((built_dataset / "dataset.json").read_text())["documents"]
+
+
+def test_malformed_query_prints_error_and_views(built_dataset, capsys):
+    assert main(["data", "audit", str(built_dataset), "--sql", "SELECT no_such_column FROM docs"]) == 2
+    err = capsys.readouterr().err
+    assert "no_such_column" in err and "views:" in err
+    assert "docs(dataset_name VARCHAR, shard VARCHAR" in err and "  stats(" in err
+    assert main(["data", "audit", str(built_dataset), "--sql", "SELEC 1"]) == 2
+    assert "syntax error" in capsys.readouterr().err
+
+
+def test_plots_are_png(built_dataset, tmp_path):
+    con, _ = connect([built_dataset])
+    files = write_plots(con, tmp_path / "plots")
+    assert sorted(p.name for p in files) == sorted(f"{n}.png" for n in PLOTS)
+    for p in files:
+        data = p.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", p
+        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+        assert width > 100 and height > 100 and len(data) > 1000
+
+
+def small_dataset(root: Path) -> Path:
+    """A ShardWriter dataset with no logs/ and no excluded/; task 1 has no documents, and the
+    source rows s0 and s1 each appear twice (ids), once under the same url."""
+    rng = np.random.default_rng(1)
+    for t in range(2):
+        w = ShardWriter(root, t, vocab_size=1000, target_bytes=4096)
+        for i in range(0 if t == 1 else 12):
+            ids = np.append(rng.integers(1, 1000, 50), 0).astype(np.uint16)
+            j = i % 10  # docs 10, 11 repeat sources 0, 1
+            url = f"https://www.other.net/{j if i != 11 else 'moved'}"
+            w.add(f"t{t}d{i}", ids, {"id": f"s{j}", "url": url, "dump": "CC-X"})
+        w.close()
+    sep = {"token": "<|endoftext|>", "id": 0, "position": "after"}
+    finalize_dataset(root, vocab_size=1000, separator=sep, config_sha256="small")
+    return root
+
+
+def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):
+    root = small_dataset(tmp_path / "small")
+    assert pq.read_metadata(root / "manifest" / "00001.parquet").num_rows == 0  # the empty task
+    con, _ = connect([root])
+    for name in FILE_VIEWS:
+        con.execute(f"SELECT * FROM {name}").fetchall()
+    rows = {r["item"]: r for r in run_preset(con, "summary").records()}
+    assert rows["kept (manifest)"]["documents"] == 12 and rows["kept (manifest)"]["tokens"] == 12 * 51
+    assert "read" not in rows  # no datatrove stats: nothing claimed
+    assert run_preset(con, "validation").records()[0]["status"] == "not validated"
+    # a zero-row excluded file (an empty task's) reads as no rows
+    (root / "excluded").mkdir()
+    pq.write_table(EXCLUDED_SCHEMA.empty_table(), root / "excluded" / "00001_text.parquet")
+    con, _ = connect([root])
+    assert con.execute("SELECT count(*) FROM excluded").fetchone() == (0,)
+
+
+def test_duplicates_report(tmp_path):
+    con, _ = connect([small_dataset(tmp_path / "small")])
+    got = [(r["field"], r["value"], r["copies"], r["keys"]) for r in run_preset(con, "duplicates").records()]
+    assert got == [
+        ("id", "s0", 2, ["t0d0", "t0d10"]),
+        ("id", "s1", 2, ["t0d1", "t0d11"]),
+        ("url", "https://www.other.net/0", 2, ["t0d0", "t0d10"]),
+    ]
+    domains = run_preset(con, "top_domains").records()
+    assert [(r["domain"], r["documents"]) for r in domains] == [("other.net", 12)]
+
+
+def test_two_datasets_compare(built_dataset, tmp_path, capsys):
+    small = small_dataset(tmp_path / "small")
+    assert (
+        main(["data", "audit", str(built_dataset), str(small), "--report", "summary", "--format", "json"])
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    kept = {r["dataset_name"]: r["documents"] for r in rows if r["item"] == "kept (manifest)"}
+    info = json.loads((built_dataset / "dataset.json").read_text())
+    assert kept == {built_dataset.name: info["documents"], "small": 12}
+    con, names = connect([built_dataset, small])
+    got = dict(con.execute("SELECT dataset_name, count(*) FROM docs GROUP BY 1").fetchall())
+    assert got == kept and names == [built_dataset.name, "small"]
+    for view in ("docs", "excluded", "stats", "dataset", "shards", "validation"):
+        cols = [d[0] for d in con.execute(f"SELECT * FROM {view} LIMIT 0").description]
+        assert cols[0] == "dataset_name", view
+    assert all(p.stat().st_size > 1000 for p in write_plots(con, tmp_path / "plots"))
+
+
+def test_dataset_names_are_disambiguated(tmp_path):
+    a, b = tmp_path / "a" / "demo", tmp_path / "b" / "demo"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    assert dataset_names([a, b]) == ["a/demo", "b/demo"]
+    assert dataset_names([a, a]) == ["demo#0", "demo#1"]
+
+
+def test_db_file_persists_views(built_dataset, tmp_path, capsys):
+    db = tmp_path / "audit.duckdb"
+    assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 0
+    capsys.readouterr()
+    con = duckdb.connect(str(db), read_only=True)
+    assert (
+        con.execute("SELECT count(*) FROM docs").fetchone()[0]
+        == json.loads((built_dataset / "dataset.json").read_text())["documents"]
+    )
+    assert {"docs", "excluded", "stats", "dataset", "shards", "validation"} <= {
+        r[0] for r in con.execute("SHOW TABLES").fetchall()
+    }
+
+
+def test_validation_status_stale_and_failed(built_dataset, tmp_path):
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    v = json.loads((root / "validation.json").read_text())
+    (root / "validation.json").write_text(json.dumps({**v, "fingerprint": "0" * 64}))
+    con, _ = connect([root])
+    assert run_preset(con, "validation").records()[0]["status"] == "stale (dataset rebuilt since)"
+    (root / "validation.json").write_text(json.dumps({**v, "ok": False, "n_problems": 3}))
+    con, _ = connect([root])
+    assert run_preset(con, "validation").records()[0]["status"] == "FAILED"
+
+
+def test_print_summary(built_dataset, capsys):
+    print_summary([built_dataset])
+    out = capsys.readouterr().out
+    assert out.startswith("== summary ==") and "shard_balance" in out

@@ -1,0 +1,269 @@
+"""`gristmill data audit DIR [DIR …]`: SQL over a dataset's manifest, exclusions, stats and fingerprint.
+
+    gristmill data audit runs/data/demo                        # the default tables
+    gristmill data audit runs/data/demo --report lengths       # one preset (--report all: every one)
+    gristmill data audit runs/data/demo --sql "SELECT dump, sum(n_tokens) FROM docs GROUP BY 1"
+    gristmill data audit runs/data/demo --sql "…" --format csv # or json, table (default)
+    gristmill data audit runs/data/demo --plots out/           # PNG charts of the presets
+    gristmill data audit runs/data/demo --db audit.duckdb      # the views in a duckdb file
+    gristmill data audit runs/data/a runs/data/b               # compare builds (column dataset_name)
+
+Views and presets live in audit_views.py and audit_reports.py. `--sql` is read-only: only one
+SELECT-like statement runs (duckdb's own parser decides), and the database can read nothing
+outside the dataset directories (duckdb's `enable_external_access = false` with
+`allowed_directories`, configuration locked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import decimal
+import json
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+import duckdb
+
+from training.errors import GristmillError
+from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS
+from validation.audit_views import connect, describe_views, persist
+
+HELP = "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)"
+
+READ_ONLY = {duckdb.StatementType.SELECT}
+
+
+class AuditQueryError(GristmillError):
+    """A --sql query that is refused or fails; the message says why and lists the views."""
+
+
+class Result:
+    def __init__(self, name: str, columns: list[str], rows: list[tuple]):
+        self.name, self.columns, self.rows = name, columns, rows
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, r)) for r in self.rows]
+
+
+def run_preset(con: duckdb.DuckDBPyConnection, name: str) -> Result:
+    cur = con.execute(PRESETS[name])
+    return Result(name, [d[0] for d in cur.description], cur.fetchall())
+
+
+def _views_text(con: duckdb.DuckDBPyConnection) -> str:
+    lines = ["views:"]
+    for view, cols in describe_views(con):
+        lines.append(f"  {view}({', '.join(f'{c} {t}' for c, t in cols)})")
+    return "\n".join(lines)
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> Result:
+    """Run one read-only statement; anything else is an AuditQueryError naming the reason."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise AuditQueryError(f"{e}\n{_views_text(con)}") from None
+    if len(statements) != 1:
+        raise AuditQueryError(f"--sql takes exactly one statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind not in READ_ONLY:
+        name = str(kind).rsplit(".", 1)[-1]
+        raise AuditQueryError(
+            f"refused: --sql is read-only (SELECT, WITH, FROM, DESCRIBE, SUMMARIZE …); this is a {name} "
+            "statement. To keep results, use --format csv|json and redirect, or --db FILE and open it "
+            "with duckdb"
+        )
+    try:
+        cur = con.execute(sql)
+        return Result("sql", [d[0] for d in cur.description], cur.fetchall())
+    except duckdb.PermissionException as e:
+        raise AuditQueryError(
+            f"refused: the audit reads only inside the dataset directories ({str(e).splitlines()[0]})"
+        ) from None
+    except duckdb.Error as e:
+        raise AuditQueryError(f"{str(e).strip()}\n{_views_text(con)}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# output
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:,.2f}" if v == 0 or abs(v) >= 0.01 else f"{v:.3g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v, default=str, ensure_ascii=False)
+    return str(v)
+
+
+def format_table(res: Result, max_rows: int | None = 50, max_width: int = 60) -> str:
+    rows = res.rows if max_rows is None else res.rows[:max_rows]
+    cells = [[_cell(v) for v in r] for r in rows]
+    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in cells]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(res.columns)]
+    numeric = [
+        all(
+            isinstance(r[i], (int, float, decimal.Decimal)) and not isinstance(r[i], bool)
+            for r in rows
+            if r[i] is not None
+        )
+        and any(r[i] is not None for r in rows)
+        for i in range(len(res.columns))
+    ]
+
+    def line(vals: list[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+        ).rstrip()
+
+    out = [line(res.columns), line(["-" * w for w in widths])] + [line(r) for r in cells]
+    if not res.rows:
+        out.append("(no rows)")
+    elif len(rows) < len(res.rows):
+        out.append(
+            f"… {len(res.rows) - len(rows):,} more rows (--max-rows 0 or --format csv|json prints all)"
+        )
+    return "\n".join(out)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, decimal.Decimal):
+        return float(v)
+    if isinstance(v, (datetime.date, datetime.datetime, datetime.time)):
+        return v.isoformat()
+    return str(v)
+
+
+def write_results(results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50) -> None:
+    if fmt == "json":
+        data: Any = results[0].records() if len(results) == 1 else {r.name: r.records() for r in results}
+        out.write(json.dumps(data, default=_json_default, ensure_ascii=False, indent=1) + "\n")
+        return
+    for i, res in enumerate(results):
+        if fmt == "csv":
+            if len(results) > 1:
+                out.write(f"# {res.name}\n")
+            w = csv.writer(out, lineterminator="\n")
+            w.writerow(res.columns)
+            w.writerows(
+                [json.dumps(v, default=_json_default) if isinstance(v, (list, dict)) else v for v in r]
+                for r in res.rows
+            )
+        else:
+            if len(results) > 1 or res.name != "sql":
+                out.write(("\n" if i else "") + f"== {res.name} ==\n")
+            out.write(format_table(res, max_rows) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# plots
+
+
+def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Path]:
+    """One PNG per plottable preset (PLOTS), a bar series per dataset; returns the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (xcol, ycol, kind) in PLOTS.items():
+        res = run_preset(con, name)
+        recs = res.records()
+        datasets = list(dict.fromkeys(r["dataset_name"] for r in recs))
+        labels = list(dict.fromkeys(str(r[xcol]) for r in recs))
+        fig, ax = plt.subplots(figsize=(9, max(4.0, 0.3 * len(labels)) if kind == "barh" else 4.5))
+        width = 0.8 / max(1, len(datasets))
+        for k, ds in enumerate(datasets):
+            vals = {str(r[xcol]): r[ycol] or 0 for r in recs if r["dataset_name"] == ds}
+            pos = [i + (k - (len(datasets) - 1) / 2) * width for i in range(len(labels))]
+            heights = [float(vals.get(lbl, 0)) for lbl in labels]
+            (ax.barh if kind == "barh" else ax.bar)(pos, heights, width, label=ds)
+        ticks = list(range(len(labels)))
+        if kind == "barh":
+            ax.set_yticks(ticks, labels, fontsize=8)
+            ax.invert_yaxis()
+            ax.set_xlabel(ycol)
+        else:
+            ax.set_xticks(ticks, labels, rotation=45 if len(labels) > 6 else 0, ha="right", fontsize=8)
+            ax.set_xlabel(xcol)
+            ax.set_ylabel(ycol)
+        if not labels:
+            ax.text(0.5, 0.5, "no rows", ha="center", va="center", transform=ax.transAxes)
+        if len(datasets) > 1:
+            ax.legend()
+        ax.set_title(f"{name}: {ycol} by {xcol}")
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+# --------------------------------------------------------------------------------------------
+# entry points
+
+
+def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
+    """The default tables (DEFAULT_REPORTS) for these datasets; `make demo` ends with this."""
+    con, _ = connect(roots)
+    try:
+        write_results([run_preset(con, n) for n in DEFAULT_REPORTS], "table", out or sys.stdout)
+    finally:
+        con.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "presets: " + ", ".join(PRESETS) + "\nviews: see `--sql 'SHOW ALL TABLES'` or the README"
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="dataset directories (several: compare them)")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument(
+        "--report", choices=[*PRESETS, "all"], help="print one preset report (all: every preset)"
+    )
+    what.add_argument("--sql", help="run one read-only SQL query over the views")
+    parser.add_argument("--format", choices=["table", "csv", "json"], default="table", help="output format")
+    parser.add_argument("--max-rows", type=int, default=50, help="rows per table in --format table (0: all)")
+    parser.add_argument("--plots", metavar="OUT_DIR", help="also write PNG charts of the presets there")
+    parser.add_argument("--db", metavar="FILE", help="also write the views into this duckdb database file")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.db:
+        views = persist(args.dirs, args.db)
+        print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)
+    con, _ = connect(args.dirs)
+    try:
+        if args.sql is not None:
+            try:
+                results = [run_sql(con, args.sql)]
+            except AuditQueryError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        else:
+            names = (
+                list(PRESETS) if args.report == "all" else [args.report] if args.report else DEFAULT_REPORTS
+            )
+            results = [run_preset(con, n) for n in names]
+        write_results(results, args.format, sys.stdout, args.max_rows or None)
+        if args.plots:
+            files = write_plots(con, args.plots)
+            print(
+                f"wrote {len(files)} plots to {args.plots}: {', '.join(p.name for p in files)}",
+                file=sys.stderr,
+            )
+    finally:
+        con.close()
+    return 0

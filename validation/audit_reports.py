@@ -1,0 +1,146 @@
+"""The audit's preset reports: plain SQL over the views of audit_views.py, in one dict.
+
+Copy any of them into `gristmill data audit DIR --sql "…"` (or the duckdb CLI on a `--db` file)
+and change it. Every report is per `dataset_name`, so auditing two builds compares them.
+"""
+
+from __future__ import annotations
+
+PRESETS: dict[str, str] = {
+    # The funnel: documents read (datatrove's reader stats), dropped by each filter in pipeline
+    # order (datatrove's filter stats), kept (manifest rows) with their tokens, what the
+    # tokenize step itself counted, the excluded/ rows, and the shards.
+    "summary": """
+WITH read AS (
+    SELECT dataset_name, sum(value)::BIGINT AS n FROM stats
+    WHERE step_type = 'READER' AND metric = 'documents' GROUP BY ALL
+), funnel AS (
+    SELECT dataset_name, 1 AS ord, 0 AS step, 'read' AS item, n AS documents, NULL::BIGINT AS tokens FROM read
+    UNION ALL
+    SELECT dataset_name, 2, step, 'dropped by ' || step_name, sum(value)::BIGINT, NULL FROM stats
+    WHERE step_type = 'FILTER' AND metric = 'dropped' GROUP BY ALL
+    UNION ALL
+    SELECT dataset_name, 3, 0, 'kept (manifest)', count(*), sum(n_tokens) FROM docs GROUP BY ALL
+    UNION ALL
+    SELECT s.dataset_name, 4, 0, 'kept (tokenize step stats)',
+           sum(value) FILTER (metric = 'documents')::BIGINT, sum(value) FILTER (metric = 'tokens')::BIGINT
+    FROM stats s JOIN (SELECT dataset_name, max(step) AS step FROM stats
+                       WHERE metric = 'documents' AND step_type <> 'READER' GROUP BY ALL) last
+         ON s.dataset_name = last.dataset_name AND s.step = last.step
+    GROUP BY ALL
+    UNION ALL
+    SELECT dataset_name, 5, 0, 'dropped (excluded/ rows)', count(*), NULL FROM excluded GROUP BY ALL
+    UNION ALL
+    SELECT dataset_name, 6, 0, 'shards', count(DISTINCT shard), sum(n_tokens) FROM docs GROUP BY ALL
+)
+SELECT f.dataset_name, f.item, f.documents,
+       CASE WHEN f.item <> 'shards' THEN round(100.0 * f.documents / r.n, 2) END AS pct_of_read, f.tokens
+FROM funnel f LEFT JOIN read r USING (dataset_name)
+ORDER BY f.dataset_name, f.ord, f.step
+""",
+    # Dropped documents by filter and reason; numbers in the reason are folded to N so
+    # "int_score 2 < 3" and "int_score 1 < 3" count together (`example` keeps one as written).
+    "drops": """
+WITH by_reason AS (SELECT dataset_name, filter, reason, count(*) AS n FROM excluded GROUP BY ALL)
+SELECT dataset_name, filter, regexp_replace(reason, '\\d+(\\.\\d+)?', 'N', 'g') AS reason,
+       sum(n)::BIGINT AS documents,
+       round(100.0 * sum(n) / sum(sum(n)) OVER (PARTITION BY dataset_name), 2) AS pct_of_dropped,
+       arg_max(reason, n) AS example
+FROM by_reason
+GROUP BY 1, 2, 3
+ORDER BY dataset_name, documents DESC, filter, reason
+""",
+    "tokens_by_dump": """
+SELECT dataset_name, dump, count(*) AS documents, sum(n_tokens) AS tokens,
+       round(100.0 * sum(n_tokens) / sum(sum(n_tokens)) OVER (PARTITION BY dataset_name), 2) AS pct_of_tokens
+FROM docs
+GROUP BY 1, 2
+ORDER BY dataset_name, tokens DESC
+""",
+    "top_domains": """
+WITH hosts AS (
+    SELECT dataset_name, split_part(url, '/', 3) AS host, count(*) AS documents, sum(n_tokens) AS tokens
+    FROM docs GROUP BY ALL
+), domains AS (
+    SELECT dataset_name, regexp_replace(lower(split_part(host, ':', 1)), '^www\\.', '') AS domain,
+           sum(documents)::BIGINT AS documents, sum(tokens)::BIGINT AS tokens
+    FROM hosts GROUP BY 1, 2
+)
+SELECT dataset_name, domain, documents, tokens,
+       round(100.0 * tokens / sum(tokens) OVER (PARTITION BY dataset_name), 3) AS pct_of_tokens
+FROM domains
+QUALIFY row_number() OVER (PARTITION BY dataset_name ORDER BY tokens DESC, domain) <= 20
+ORDER BY dataset_name, tokens DESC, domain
+""",
+    # Document lengths in tokens (separator included), in power-of-two buckets [lo, hi).
+    "lengths": """
+WITH b AS (
+    SELECT dataset_name, floor(log2(greatest(n_tokens, 1)))::INTEGER AS b, count(*) AS documents,
+           sum(n_tokens)::BIGINT AS tokens
+    FROM docs GROUP BY ALL
+)
+SELECT dataset_name, (2 ** b)::BIGINT AS tokens_from, (2 ** (b + 1))::BIGINT AS tokens_below,
+       documents, tokens,
+       round(100.0 * documents / sum(documents) OVER (PARTITION BY dataset_name), 2) AS pct_of_documents
+FROM b
+ORDER BY dataset_name, tokens_from
+""",
+    # FineWeb-Edu's classifier scores of the kept documents.
+    "scores": """
+SELECT dataset_name, int_score, count(*) AS documents, sum(n_tokens) AS tokens,
+       round(min(score), 3) AS min_score, round(avg(score), 3) AS mean_score,
+       round(max(score), 3) AS max_score,
+       round(100.0 * count(*) / sum(count(*)) OVER (PARTITION BY dataset_name), 2) AS pct_of_documents
+FROM docs
+GROUP BY 1, 2
+ORDER BY dataset_name, int_score NULLS FIRST
+""",
+    "shard_balance": """
+SELECT dataset_name, count(*) AS shards, min(tokens) AS min_tokens, median(tokens)::BIGINT AS median_tokens,
+       max(tokens) AS max_tokens, round(max(tokens) / nullif(median(tokens), 0), 3) AS max_over_median,
+       min(documents) AS min_documents, max(documents) AS max_documents,
+       sum(file_bytes) AS file_bytes
+FROM shards
+GROUP BY ALL
+ORDER BY dataset_name
+""",
+    # Source ids and urls kept more than once (a source with duplicate rows, or overlapping inputs).
+    # Hashes find the candidates cheaply; the values themselves are then grouped to confirm.
+    "duplicates": """
+WITH long AS (
+    SELECT dataset_name, 'id' AS field, id AS value, key FROM docs WHERE id IS NOT NULL
+    UNION ALL
+    SELECT dataset_name, 'url', url, key FROM docs WHERE url IS NOT NULL
+), candidates AS (
+    SELECT dataset_name, field, hash(value) AS h FROM long GROUP BY ALL HAVING count(*) > 1
+)
+SELECT dataset_name, field, value, count(*) AS copies, list(key ORDER BY key)[1:5] AS keys
+FROM long l SEMI JOIN candidates c
+     ON l.dataset_name = c.dataset_name AND l.field = c.field AND hash(l.value) = c.h
+GROUP BY 1, 2, 3 HAVING count(*) > 1
+ORDER BY dataset_name, field, copies DESC, value
+""",
+    # The last `gristmill data validate` of each dataset, and whether it checked the dataset as
+    # it is now (same fingerprint) or an earlier build.
+    "validation": """
+SELECT d.dataset_name,
+       CASE WHEN v.ok IS NULL THEN 'not validated'
+            WHEN v.fingerprint IS DISTINCT FROM d.fingerprint THEN 'stale (dataset rebuilt since)'
+            WHEN v.ok THEN 'ok' ELSE 'FAILED' END AS status,
+       v.problems, v.checked_at, v.shards, v.documents, v.tokens, v.separators, d.fingerprint
+FROM dataset d LEFT JOIN validation v USING (dataset_name)
+ORDER BY d.dataset_name
+""",
+}
+
+# What `gristmill data audit DIR` prints without --report/--sql, and `make demo` at its end.
+DEFAULT_REPORTS = ["summary", "drops", "tokens_by_dump", "shard_balance", "validation"]
+
+# Presets drawn by --plots: preset -> (x column, y column, kind); one PNG each, a series per dataset.
+PLOTS: dict[str, tuple[str, str, str]] = {
+    "lengths": ("tokens_from", "documents", "bar"),
+    "tokens_by_dump": ("dump", "tokens", "bar"),
+    "top_domains": ("domain", "tokens", "barh"),
+    "scores": ("int_score", "documents", "bar"),
+    "drops": ("reason", "documents", "barh"),
+}

@@ -1,0 +1,263 @@
+"""The audit's duckdb views over one or more dataset directories (nothing is copied or materialized).
+
+Every view is plain SQL over files matched by a glob inside each dataset directory, read with
+duckdb's own readers; each row carries `dataset_name`, so two builds can be compared in one query.
+Adding a view is one line in FILE_VIEWS (files of each dataset) or DERIVED_VIEWS (SQL over other
+views), e.g. a later stage's metrics:
+
+    "metrics": FileView("metrics.jsonl", "SELECT * FROM {src}", reader="json"),
+
+`connect()` creates the views in an in-memory database and then locks it down: duckdb may only
+read inside the dataset directories (`allowed_directories` + `enable_external_access = false`),
+extensions can be neither installed nor loaded, and the configuration is locked, so a user query
+cannot switch any of that back. `persist()` writes the same views into a database file that the
+duckdb CLI or Python can open.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from training.dataset_format import (
+    DATASET_JSON,
+    EXCLUDED_DIR,
+    EXCLUDED_SCHEMA,
+    LOGS_DIR,
+    MANIFEST_DIR,
+    MANIFEST_SCHEMA,
+    DatasetError,
+)
+from validation.validate import VALIDATION_JSON
+
+
+@dataclass(frozen=True)
+class FileView:
+    """A view over the files matching `pattern` (a glob relative to each dataset directory).
+
+    `sql` selects FROM {src}, which reads those files ({root} is the dataset directory as a SQL
+    string). `reader` says how {src} reads them: "parquet" (read_parquet, schemas unioned by
+    name), "text" (read_text: columns filename, content) or "json" (read_json). A dataset without
+    matching files contributes no rows; `schema` gives a parquet view its columns when no dataset
+    has a file (a json view without files is left out).
+    """
+
+    pattern: str
+    sql: str
+    reader: str = "text"
+    schema: pa.Schema | None = None
+
+
+STATS_SQL = r"""
+SELECT
+    regexp_extract(substr(f.filename, length({root}) + 2), '^logs/(.*?)/?stats/[^/]+$', 1) AS pipeline,
+    TRY_CAST(regexp_extract(f.filename, '(\d+)\.json$', 1) AS INTEGER) AS task,
+    step.key::INTEGER AS step,
+    -- datatrove names steps "<emoji> - TYPE: <emoji> name"; keep TYPE and name
+    regexp_replace(split_part(step.value->>'name', ': ', 1), '^\W+', '') AS step_type,
+    regexp_replace(substr(step.value->>'name', strpos(step.value->>'name', ': ') + 2), '^\W+', '')
+        AS step_name,
+    m.key AS metric,
+    CASE m.type WHEN 'OBJECT' THEN (m.value->>'total')::DOUBLE ELSE m.value::DOUBLE END AS value,
+    CASE m.type WHEN 'OBJECT' THEN (m.value->>'n')::BIGINT END AS n,
+    CASE m.type WHEN 'OBJECT' THEN (m.value->>'mean')::DOUBLE END AS mean,
+    CASE m.type WHEN 'OBJECT' THEN (m.value->>'min')::DOUBLE END AS min,
+    CASE m.type WHEN 'OBJECT' THEN (m.value->>'max')::DOUBLE END AS max,
+    CASE m.type WHEN 'OBJECT' THEN m.value->>'unit' END AS unit
+FROM {src} f, json_each(f.content::JSON) step, json_each(step.value->'stats') m
+"""
+
+DATASET_SQL = """
+SELECT
+    j->>'fingerprint' AS fingerprint,
+    j->>'status' AS status,
+    j->>'format' AS format,
+    (j->>'vocab_size')::BIGINT AS vocab_size,
+    j->>'dtype' AS dtype,
+    j->'separator'->>'token' AS separator_token,
+    (j->'separator'->>'id')::BIGINT AS separator_id,
+    j->'separator'->>'position' AS separator_position,
+    (j->>'documents')::BIGINT AS documents,
+    (j->>'tokens')::BIGINT AS tokens,
+    (j->>'shards')::BIGINT AS shards,
+    j->>'tokenizer_sha256' AS tokenizer_sha256,
+    j->>'config_sha256' AS config_sha256,
+    j->>'created' AS created,
+    {root} AS path,
+    j AS json
+FROM (SELECT content::JSON AS j FROM {src})
+"""
+
+SHARD_FILES_SQL = """
+SELECT s.key AS shard, (s.value->>'bytes')::BIGINT AS file_bytes, s.value->>'sha256' AS sha256,
+       (s.value->>'documents')::BIGINT AS documents, (s.value->>'tokens')::BIGINT AS tokens
+FROM {src} f, json_each(f.content::JSON->'shard_files') s
+"""
+
+VALIDATION_SQL = """
+SELECT (j->>'ok')::BOOLEAN AS ok, j->>'checked_at' AS checked_at, (j->>'seconds')::DOUBLE AS seconds,
+       (j->>'shards')::BIGINT AS shards, (j->>'documents')::BIGINT AS documents,
+       (j->>'tokens')::BIGINT AS tokens, (j->>'separators')::BIGINT AS separators,
+       (j->>'n_problems')::BIGINT AS problems, j->>'fingerprint' AS fingerprint
+FROM (SELECT content::JSON AS j FROM {src})
+"""
+
+VALIDATION_PROBLEMS_SQL = """
+SELECT p.key::INTEGER AS n, p.value->>'shard' AS file, p.value->>'key' AS key, p.value->>'message' AS message
+FROM {src} f, json_each(f.content::JSON->'problems') p
+"""
+
+# name -> files of each dataset. The build writes datatrove's logging dir under DIR/logs/: one
+# stats/NNNNN.json per task (the merged logs/stats.json only covers the tasks of the last run, so
+# after a resume it undercounts; the per-task files are the truth).
+FILE_VIEWS: dict[str, FileView] = {
+    "docs": FileView(f"{MANIFEST_DIR}/*.parquet", "SELECT * FROM {src}", "parquet", MANIFEST_SCHEMA),
+    "excluded": FileView(f"{EXCLUDED_DIR}/**/*.parquet", "SELECT * FROM {src}", "parquet", EXCLUDED_SCHEMA),
+    "stats": FileView(f"{LOGS_DIR}/**/stats/*.json", STATS_SQL),
+    "dataset": FileView(DATASET_JSON, DATASET_SQL),
+    "shard_files": FileView(DATASET_JSON, SHARD_FILES_SQL),
+    "validation": FileView(VALIDATION_JSON, VALIDATION_SQL),
+    "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
+}
+
+# name -> SQL over the views above (already carrying dataset_name).
+DERIVED_VIEWS: dict[str, str] = {
+    "shards": """
+        SELECT coalesce(d.dataset_name, f.dataset_name) AS dataset_name, coalesce(d.shard, f.shard) AS shard,
+               coalesce(d.documents, 0) AS documents, coalesce(d.tokens, 0)::BIGINT AS tokens,
+               d.ids_bytes::BIGINT AS ids_bytes,
+               f.file_bytes, f.sha256
+        FROM (SELECT dataset_name, shard, count(*) AS documents, sum(n_tokens) AS tokens,
+                     sum(nbytes) AS ids_bytes
+              FROM docs GROUP BY ALL) d
+        FULL JOIN shard_files f ON d.dataset_name = f.dataset_name AND d.shard = f.shard
+    """,
+}
+
+_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+_EMPTY_TEXT = "(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS content WHERE false)"
+_CONFIG = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
+
+
+def sql_str(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def dataset_names(roots: list[Path]) -> list[str]:
+    """Directory names, lengthened with parent directories until they are unique."""
+    parts = [r.resolve().parts for r in roots]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{p[-1]}#{i}" for i, p in enumerate(parts)]  # the same directory twice
+
+
+def check_roots(roots: list[str | Path]) -> list[Path]:
+    out = []
+    for r in roots:
+        p = Path(r)
+        if not p.is_dir():
+            raise DatasetError(
+                f"{p} is not a directory; pass dataset directories built by `gristmill data build`"
+            )
+        if not (p / DATASET_JSON).is_file() and not (p / MANIFEST_DIR).is_dir():
+            raise DatasetError(f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/: not a gristmill dataset")
+        out.append(Path(os.path.realpath(p)))
+    return out
+
+
+def _source(view: FileView, root: Path) -> str | None:
+    """The FROM-able reader of this dataset's files, or None when it has none."""
+    if not glob.glob(str(root / view.pattern), recursive=True):
+        return None
+    files = sql_str(str(root / view.pattern))
+    if view.reader == "parquet":
+        return f"read_parquet({files}, union_by_name = true)"
+    if view.reader == "json":
+        return f"read_json({files}, union_by_name = true)"
+    return f"read_text({files})"
+
+
+def _empty_source(view: FileView) -> str | None:
+    if view.reader == "text":
+        return _EMPTY_TEXT
+    if view.schema is not None:
+        cols = ", ".join(f"NULL::{_DUCK_TYPES[f.type]} AS {f.name}" for f in view.schema)
+        return f"(SELECT {cols} WHERE false)"
+    return None
+
+
+def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
+    """CREATE VIEW body for one FILE_VIEWS entry over all datasets, or None to leave it out."""
+    view = FILE_VIEWS[name]
+    parts = []
+    sources = [_source(view, r) for r in roots]
+    empty = _empty_source(view)
+    if all(s is None for s in sources) and empty is None:
+        return None
+    for root, ds_name, src in zip(roots, names, sources):
+        if src is None:
+            if empty is None:
+                continue
+            src = empty
+        body = view.sql.format(src=src, root=sql_str(str(root)))
+        parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
+    return "\nUNION ALL BY NAME\n".join(parts)
+
+
+def create_views(con: duckdb.DuckDBPyConnection, roots: list[Path], names: list[str]) -> list[str]:
+    created = []
+    for name in FILE_VIEWS:
+        sql = view_sql(name, roots, names)
+        if sql is not None:
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+            created.append(name)
+    for name, sql in DERIVED_VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+        created.append(name)
+    return created
+
+
+def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    """An in-memory database holding the views, able to read only inside the dataset directories.
+
+    Returns the connection and the dataset names (the `dataset_name` values, in `roots` order).
+    """
+    paths = check_roots(roots)
+    names = dataset_names(paths)
+    con = duckdb.connect(":memory:", config=_CONFIG)
+    con.execute("SET enable_progress_bar = false")  # it would interleave with the tables on the terminal
+    create_views(con, paths, names)
+    allowed = ", ".join(sql_str(str(p) + os.sep) for p in paths)
+    con.execute(f"SET allowed_directories = [{allowed}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con, names
+
+
+def persist(roots: list[str | Path], db_path: str | Path) -> list[str]:
+    """Create (or replace) the views in a duckdb database file; returns the view names."""
+    paths = check_roots(roots)
+    con = duckdb.connect(str(db_path), config=_CONFIG)
+    try:
+        return create_views(con, paths, dataset_names(paths))
+    finally:
+        con.close()
+
+
+def describe_views(con: duckdb.DuckDBPyConnection) -> list[tuple[str, list[tuple[str, str]]]]:
+    """[(view, [(column, type), …])] for the error message of a malformed query."""
+    rows = con.execute(
+        "SELECT table_name, column_name, data_type FROM information_schema.columns "
+        "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
+    ).fetchall()
+    out: dict[str, list[tuple[str, str]]] = {}
+    for table, col, typ in rows:
+        out.setdefault(table, []).append((col, typ))
+    return list(out.items())
