@@ -270,3 +270,49 @@ def test_parallel_workers_agree(ds):
     one = validate_dataset(ds, progress=False, workers=1, write=False)
     two = validate_dataset(ds, progress=False, workers=2, write=False)
     assert [str(p) for p in one.problems] == [str(p) for p in two.problems] and not two.ok
+
+
+def test_member_level_problems(ds):
+    """Odd .ids length, invalid .json, a member of another kind: each named with its document."""
+    import io
+    import tarfile
+
+    shard = shard_files(ds)[0]
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    keys = sorted({m.name.split(".")[0] for m, _ in members})
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for m, data in members:
+            if m.name == f"{keys[0]}.ids":
+                data = data[:-1]
+            if m.name == f"{keys[1]}.json":
+                data = b'{"id": "\xff\xfe"}'
+            m.size = len(data)
+            tf.addfile(m, io.BytesIO(data))
+        extra = tarfile.TarInfo(f"{keys[1]}.txt")
+        extra.size = 2
+        tf.addfile(extra, io.BytesIO(b"hi"))
+    found = problems(ds)
+    where = f"shards/{shard.name}: document"
+    assert (
+        f"{where} {keys[0]}: .ids has {len(members[0][1]) - 1} bytes, not a multiple of the uint16 size 2"
+        in found
+    )
+    assert any(p.startswith(f"{where} {keys[1]}: .json is not valid UTF-8") for p in found), found
+    assert (
+        f"{where} {keys[1]}: unexpected tar member '{keys[1]}.txt' (expected <key>.ids or <key>.json)"
+        in found
+    )
+
+
+def test_built_dataset_validates(built_dataset):
+    """The real build's output passes, and the counts are the ones dataset.json claims."""
+    report = validate_dataset(built_dataset, progress=False, write=False)
+    info = json.loads((built_dataset / "dataset.json").read_text())
+    assert report.ok, report.problems
+    assert (report.shards, report.documents, report.tokens) == (
+        info["shards"],
+        info["documents"],
+        info["tokens"],
+    )
+    assert report.separators == report.documents
