@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.model import PRESETS, ModelConfig, Transformer  # noqa: E402
+from training.model import PRESETS, ModelConfig, Transformer, num_params  # noqa: E402
 from training.parallelize import ParallelConfig, autocast_context, build_mesh, parallelize  # noqa: E402
 
 STEPS = 3
@@ -119,6 +120,39 @@ def run_case(name, mcfg, pcfg, rank, world, *, skip_sync_step=None, expect_equal
         raise SystemExit(f"{name}: parity {'failed' if expect_equal else 'was not broken'}")
 
 
+def meta_init_case(rank, world) -> None:
+    """meta device -> parallelize (FSDP) -> to_empty -> init_weights: tied weights stay tied, the
+    parameters are real, the sharded parameter count is the model's, and a step trains."""
+    for tied in (False, True):
+        mcfg = PRESETS["tiny"].replace(tie_embeddings=tied)
+        with torch.device("meta"):
+            model = Transformer(mcfg)
+        model = parallelize(model, build_mesh(ParallelConfig(), world, "cpu"), ParallelConfig())
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        model.init_weights()
+        assert (model.output.weight is model.tok_embeddings.weight) == tied, "tie lost by to_empty"
+        assert num_params(model) == num_params(fresh_model(mcfg)), "sharded parameter count"
+        for name, p in model.named_parameters():
+            assert torch.isfinite(p.full_tensor()).all(), name
+        x, y, pos = make_batch(mcfg)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(2):
+            loss = model(x[rank::world], y[rank::world], position_ids=pos[rank::world])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        assert abs(losses[0] - math.log(mcfg.vocab_size)) < 0.1 and losses[1] < losses[0], losses
+        if tied:
+            assert model.output.weight is model.tok_embeddings.weight, "tie lost in training"
+        if rank == 0:
+            print(
+                f"OK   meta init under FSDP (tied={tied}): losses {[f'{v:.4f}' for v in losses]}", flush=True
+            )
+
+
 def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -142,6 +176,7 @@ def main() -> None:
     # of the same computation (autocast keeps the residual stream in float32), so only closeness.
     run_case("fsdp bf16 params, fp32 reduce vs bf16 autocast", tiny, ParallelConfig(), rank, world,
              tol=(BF16_LOSS_TOL, BF16_PARAM_TOL))  # fmt: skip
+    meta_init_case(rank, world)
     if os.environ.get("GRISTMILL_SKIP_NEGATIVE_CONTROL") != "1":
         run_case("negative control: no grad reduction on step 1", tiny, ParallelConfig(**fp32), rank, world,
                  skip_sync_step=1, expect_equal=False)  # fmt: skip

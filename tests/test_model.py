@@ -65,10 +65,13 @@ def test_llama3_8b_parameter_count_on_meta():
     assert num_params(model, exclude_embeddings=True) == 8_030_261_248 - 128256 * 4096  # LM head stays
 
 
-def test_meta_init_then_materialise():
+@pytest.mark.parametrize("tied", [False, True])
+def test_meta_init_then_materialise(tied):
     with torch.device("meta"):
-        model = Transformer(TINY.replace(n_layers=4, dim=128, ffn_dim=512))
+        model = Transformer(TINY.replace(n_layers=4, dim=128, ffn_dim=512, tie_embeddings=tied))
     model.to_empty(device="cpu")
+    # nn.Module._apply gives each module its own new tensor off the meta device; the tie must survive.
+    assert (model.output.weight is model.tok_embeddings.weight) == tied
     model.init_weights()
     for name, p in model.named_parameters():
         assert torch.isfinite(p).all(), name

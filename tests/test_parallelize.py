@@ -28,8 +28,8 @@ def test_fsdp_and_hsdp_match_single_process_training():
     assert proc.returncode == 0, out[-6000:]
     assert "ALL CHECKS PASSED" in proc.stdout, out[-6000:]
     ok_lines = [line for line in proc.stdout.splitlines() if line.startswith("OK")]
-    # 5 exact fp32 cases, 1 bf16 closeness case, 1 negative control that must be detected.
-    assert len(ok_lines) == 7, proc.stdout
+    # 5 exact fp32 cases, 1 bf16 closeness case, 2 meta-init cases, 1 negative control.
+    assert len(ok_lines) == 9, proc.stdout
     assert any("negative control" in line for line in ok_lines)
 
 

@@ -46,12 +46,15 @@ from training.loss import IGNORE_INDEX, chunked_linear_cross_entropy, linear_cro
 
 __all__ = [
     "HF_NAME_MAP",
+    "AttentionMask",
     "IGNORE_INDEX",
     "PRESETS",
     "ModelConfig",
     "Transformer",
     "TransformerBlock",
     "apply_rotary",
+    "build_block_mask",
+    "document_causal_mask",
     "document_ids",
     "flops_per_token",
     "hf_name",
@@ -327,6 +330,16 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.init_weights()
+
+    def _apply(self, fn, recurse=True):
+        # nn.Module._apply (to_empty, to, cuda ...) replaces parameters module by module; moving
+        # off the meta device it gives the embedding and the LM head two separate new tensors and
+        # silently unties them. Re-tie right after, before FSDP2 (whose _apply wraps this one)
+        # re-registers its sharded parameters.
+        ret = super()._apply(fn, recurse)
+        if self.cfg.tie_embeddings and self.output.weight is not self.tok_embeddings.weight:
+            self.output.weight = self.tok_embeddings.weight
+        return ret
 
     # ---------------------------------------------------------------------------------- init
     @torch.no_grad()
