@@ -1,0 +1,492 @@
+"""The loader's guarantees (DESIGN.md), each checked so that it fails when the guarantee breaks.
+
+Datasets are synthetic, written with the real ShardWriter. In the "token-position" corpus every
+token names its document and position (token = 1 + doc·1000 + position, separator 0), so a test
+can decode any batch back into (document, position) pairs and check order, coverage and resets.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.cli import main as cli
+from pipelines.shard_writer import ShardWriter, finalize_dataset
+from training import loader_plan
+from training.dataset_format import DatasetError, read_dataset_info
+from training.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SEP = 0
+KEYS = ("input_ids", "labels", "position_ids")
+SEQ, G = 15, 8  # windows of 16 tokens, 8 sequences per global step
+
+
+def doc_tokens(doc: int, n: int, position: str = "after") -> np.ndarray:
+    ids = 1 + doc * 1000 + np.arange(n, dtype=np.int64)
+    ids[-1 if position == "after" else 0] = SEP
+    return ids
+
+
+def decode(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    doc, pos = np.divmod(np.asarray(tokens) - 1, 1000)
+    return doc, pos
+
+
+def make_dataset(
+    root: Path,
+    *,
+    n_docs=300,
+    tasks=2,
+    seed=0,
+    position="after",
+    vocab=1 << 20,
+    tokenizer=None,
+    shard_bytes=16_000,
+):
+    """Token-position corpus (uint32 for the default vocab); returns {doc: length}."""
+    rng = np.random.default_rng(seed)
+    lengths = {}
+    per_task = n_docs // tasks
+    for task in range(tasks):
+        w = ShardWriter(root, task, vocab_size=vocab, target_bytes=shard_bytes)
+        for i in range(per_task):
+            doc = task * per_task + i
+            lengths[doc] = n = int(rng.integers(2, 60))
+            ids = (
+                doc_tokens(doc, n, position)
+                if vocab > 65536
+                else np.append(rng.integers(1, vocab, n - 1), SEP)
+            )
+            w.add(f"t{task:05d}d{i:09d}", ids, {"id": f"doc-{doc}"})
+        w.close()
+    finalize_dataset(
+        root,
+        vocab_size=vocab,
+        separator={"token": "<|endoftext|>", "id": SEP, "position": position},
+        config_sha256="test",
+        tokenizer_path=tokenizer,
+    )
+    return lengths
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    return root, make_dataset(root)
+
+
+@pytest.fixture(params=["default-plan", "small-blocks"])
+def plan_shape(request, monkeypatch):
+    """Default plan (one group here) or 4-doc blocks in groups of 3: many group boundaries."""
+    if request.param == "small-blocks":
+        monkeypatch.setattr(loader_plan, "BLOCK_DOCS", 4)
+        monkeypatch.setattr(loader_plan, "GROUP_BLOCKS", 3)
+    return request.param
+
+
+def make_loader(root, **kw) -> TokenLoader:
+    args = dict(seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, check_separators=True)
+    return TokenLoader(root, **{**args, **kw})
+
+
+def take(loader: TokenLoader, n: int) -> list:
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def rows(batch: list[dict]) -> dict[str, np.ndarray]:
+    return {k: torch.cat([mb[k] for mb in batch]).numpy() for k in KEYS}
+
+
+def assert_same_stream(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for step, (a, b) in enumerate(zip(got, want)):
+        ra, rb = rows(a), rows(b)
+        for k in KEYS:
+            assert np.array_equal(ra[k], rb[k]), f"step {step}: {k} differs"
+
+
+def epoch_stream(batches: list) -> np.ndarray:
+    """The stream tokens of consecutive global batches: each row's inputs plus its last label."""
+    parts = []
+    for b in batches:
+        r = rows(b)
+        parts.append(np.concatenate([r["input_ids"], r["labels"][:, -1:]], axis=1).ravel())
+    return np.concatenate(parts)
+
+
+def doc_order(stream: np.ndarray) -> list[int]:
+    doc, pos = decode(stream)
+    return doc[(pos == 0) & (stream != SEP)].tolist()
+
+
+# --- resume --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", ["0", "1", "mid", "epoch-end", "next-epoch"])
+def test_split_resume_equals_uninterrupted(corpus, plan_shape, k):
+    root, _ = corpus
+    ref_loader = make_loader(root)
+    spe = ref_loader.steps_per_epoch
+    total = spe + 6
+    k = {"0": 0, "1": 1, "mid": spe // 2, "epoch-end": spe, "next-epoch": spe + 3}[k]
+    reference = take(ref_loader, total)
+
+    first = make_loader(root)
+    head = take(first, k)
+    state = json.loads(json.dumps(first.state_dict()))  # plain data: survives any serialiser (DCP too)
+    assert (state["epoch"], state["batch"]) == divmod(k, spe)
+    resumed = make_loader(root)
+    resumed.load_state_dict(state)
+    assert_same_stream(head + take(resumed, total - k), reference)
+
+
+def test_state_counts_consumed_not_prefetched_steps(corpus):
+    root, _ = corpus
+    loader = make_loader(root, num_workers=2)
+    it = iter(loader)
+    got = [next(it), next(it)]  # workers have prefetched more by now
+    state = loader.state_dict()
+    assert state["batch"] == 2
+    resumed = make_loader(root)
+    resumed.load_state_dict(state)
+    assert_same_stream(got + take(resumed, 2), take(make_loader(root), 4))
+
+
+def test_stale_iterator_refuses(corpus):
+    root, _ = corpus
+    loader = make_loader(root)
+    old = iter(loader)
+    next(old)
+    loader.load_state_dict(loader.state_dict())
+    with pytest.raises(RuntimeError, match="stale"):
+        next(old)
+
+
+# --- elasticity ------------------------------------------------------------------------------------
+
+
+def test_worker_count_does_not_change_the_stream(corpus):
+    root, _ = corpus
+    n = make_loader(root).steps_per_epoch + 3  # across an epoch end
+    streams = {w: take(make_loader(root, num_workers=w), n) for w in (0, 1, 3)}
+    assert_same_stream(streams[1], streams[0])
+    assert_same_stream(streams[3], streams[0])
+
+
+def global_batches(root, world_size: int, micro_batch: int, steps: int, state=None, **kw) -> list:
+    """Run `world_size` simulated ranks and concatenate their slices per step, rank order."""
+    per_rank = []
+    for r in range(world_size):
+        loader = make_loader(root, rank=r, world_size=world_size, micro_batch=micro_batch, **kw)
+        if state is not None:
+            loader.load_state_dict(state)
+        batches = take(loader, steps)
+        for b in batches:
+            assert len(b) == G // (world_size * micro_batch)
+            assert all(
+                mb[k].shape == (micro_batch, SEQ) and mb[k].dtype == torch.long for mb in b for k in KEYS
+            )
+        per_rank.append(batches)
+    return [sum((per_rank[r][s] for r in range(world_size)), []) for s in range(steps)]
+
+
+def test_rank_slices_concatenate_to_the_global_batch(corpus, plan_shape):
+    root, _ = corpus
+    steps = make_loader(root).steps_per_epoch + 2
+    reference = global_batches(root, 1, 2, steps)
+    for world_size, micro_batch in ((2, 2), (4, 1), (8, 1)):
+        assert_same_stream(global_batches(root, world_size, micro_batch, steps), reference)
+
+
+def test_resume_at_another_world_size(corpus):
+    root, _ = corpus
+    reference = global_batches(root, 1, 4, 11)
+    saver = make_loader(root, rank=1, world_size=2)
+    take(saver, 5)
+    state = saver.state_dict()
+    resumed = global_batches(root, 4, 1, 6, state=state, num_workers=1)
+    assert_same_stream(resumed, reference[5:])
+
+
+# --- coverage and content -------------------------------------------------------------------------
+
+
+def test_epoch_uses_every_token_once_except_the_reported_tail(corpus, plan_shape):
+    root, lengths = corpus
+    loader = make_loader(root)
+    spe = loader.steps_per_epoch
+    stream = epoch_stream(take(loader, spe))
+    total = sum(lengths.values())
+    assert len(stream) == spe * G * (SEQ + 1) == total - loader.dropped_tail_tokens
+    assert 0 <= loader.dropped_tail_tokens < G * (SEQ + 1)
+    # Walk the stream: whole documents in some order, each at most once; only the last may be cut.
+    seen, i = set(), 0
+    while i < len(stream):
+        doc, pos = decode(stream[i : i + 1])
+        doc, pos = int(doc[0]), int(pos[0])
+        assert pos == 0 and doc not in seen, (
+            f"token {i}: expected a new document start, got doc {doc} pos {pos}"
+        )
+        seen.add(doc)
+        piece = stream[i : i + lengths[doc]]
+        assert np.array_equal(piece, doc_tokens(doc, lengths[doc])[: len(piece)]), f"document {doc} garbled"
+        assert len(piece) == lengths[doc] or i + len(piece) == len(stream), "only the tail may be cut"
+        i += lengths[doc]
+    # What is missing is exactly the reported tail: the cut document's rest plus unseen documents.
+    missing = (i - len(stream)) + sum(n for d, n in lengths.items() if d not in seen)
+    assert missing == loader.dropped_tail_tokens
+    body = stream[stream != SEP]
+    assert len(np.unique(body)) == len(body)
+
+
+def test_labels_and_position_ids(corpus):
+    root, _ = corpus
+    for batch in take(make_loader(root), 5):
+        r = rows(batch)
+        inp, lab, pos = r["input_ids"], r["labels"], r["position_ids"]
+        assert np.array_equal(lab[:, :-1], inp[:, 1:])  # labels: inputs shifted by one, never masked
+        _, tok_pos = decode(inp)
+        doc_start = (tok_pos == 0) & (inp != SEP)
+        # 0 at the row start and at every document start; +1 everywhere else.
+        expected = np.zeros_like(pos)
+        for c in range(1, SEQ):
+            expected[:, c] = np.where(doc_start[:, c], 0, expected[:, c - 1] + 1)
+        assert np.array_equal(pos, expected)
+
+
+def test_before_position_separator_dataset(tmp_path):
+    lengths = make_dataset(tmp_path, n_docs=120, position="before")
+    loader = make_loader(tmp_path)
+    stream = epoch_stream(take(loader, loader.steps_per_epoch))  # check_separators is on
+    batch = rows(take(make_loader(tmp_path), 1)[0])
+    # With BOS-style framing, a document starts at its separator: position ids restart there.
+    inp, pos = batch["input_ids"], batch["position_ids"]
+    assert np.all(pos[(inp == SEP)] == 0)
+    assert len(stream) == sum(lengths.values()) - loader.dropped_tail_tokens
+
+
+def test_seeds_and_epochs_give_different_orders(corpus):
+    root, lengths = corpus
+    a = make_loader(root, seed=1)
+    spe = a.steps_per_epoch
+    run_a = take(a, 2 * spe)
+    epoch0, epoch1 = doc_order(epoch_stream(run_a[:spe])), doc_order(epoch_stream(run_a[spe:]))
+    other_seed = doc_order(epoch_stream(take(make_loader(root, seed=2), spe)))
+    assert epoch0 != epoch1 and epoch0 != other_seed
+    # Still shuffles of the same documents (all but the tail's few).
+    assert len(set(epoch0) & set(epoch1)) > 0.9 * len(lengths)
+    # Documents are shuffled, not just blocks of them: manifest neighbours rarely stay neighbours.
+    neighbours = sum(d2 == d1 + 1 for d1, d2 in zip(epoch0, epoch0[1:]))
+    assert neighbours < 0.05 * len(epoch0)
+
+
+def test_val_split_is_disjoint_and_seed_independent(corpus):
+    root, lengths = corpus
+    train = make_loader(root, val_fraction=0.2)
+    val = make_loader(root, split="val", val_fraction=0.2, global_batch=2, micro_batch=1)
+    val_other_seed = make_loader(root, split="val", val_fraction=0.2, global_batch=2, micro_batch=1, seed=7)
+    train_docs = set(doc_order(epoch_stream(take(train, train.steps_per_epoch))))
+    val_docs = set(doc_order(epoch_stream(take(val, val.steps_per_epoch))))
+    val_docs_7 = set(doc_order(epoch_stream(take(val_other_seed, val.steps_per_epoch))))
+    assert not train_docs & val_docs
+    assert 0.1 * len(lengths) < len(val_docs) < 0.3 * len(lengths)
+    assert len(val_docs ^ val_docs_7) <= 4  # same held-out set; only the dropped tails differ
+    assert len(train_docs | val_docs) >= len(lengths) - 6
+
+
+# --- refusals --------------------------------------------------------------------------------------
+
+
+def copy_task(src: Path, dst: Path, task: int) -> None:
+    for path in (src / "shards").glob(f"{task:05d}_*.tar"):
+        shutil.copyfile(path, dst / "shards" / path.name)
+    shutil.copyfile(src / "manifest" / f"{task:05d}.parquet", dst / "manifest" / f"{task:05d}.parquet")
+
+
+def test_rebuilt_shard_is_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_dataset(a, seed=0)
+    make_dataset(b, seed=5, shard_bytes=40_000)  # other documents, bigger shards
+    loader = make_loader(a)
+    take(loader, 3)
+    state = loader.state_dict()
+    shard = "00001_00000.tar"
+    rebuilt = (b / "shards" / shard).read_bytes()
+    size = (a / "shards" / shard).stat().st_size
+    assert len(rebuilt) > size
+
+    # A shard swapped under an unchanged dataset.json is refused at open: by the size check when
+    # its size changed, by the member spot-check when it did not (tars pad to 10 KiB records, so a
+    # rebuilt shard can keep its size; here cut to the old size).
+    for name, data, message in (
+        ("other-size", rebuilt, rf"{shard} is {len(rebuilt)} bytes but .* records {size}"),
+        ("same-size", rebuilt[:size], r"no \d+-byte .ids member"),
+    ):
+        swapped = tmp_path / name
+        shutil.copytree(a, swapped)
+        (swapped / "shards" / shard).write_bytes(data)
+        with pytest.raises(DatasetError, match=message):
+            make_loader(swapped)
+
+    # Task 1 properly rebuilt and dataset.json rewritten: opens, but the checkpoint is refused.
+    copy_task(b, a, 1)
+    old_fp = state["fingerprint"]
+    new_fp = finalize_dataset(
+        a,
+        vocab_size=1 << 20,
+        separator={"token": "<|endoftext|>", "id": SEP, "position": "after"},
+        config_sha256="test",
+    )["fingerprint"]
+    assert new_fp != old_fp
+    reopened = make_loader(a)
+    with pytest.raises(LoaderStateError, match="fingerprint") as e:
+        reopened.load_state_dict(state)
+    assert old_fp in str(e.value) and new_fp in str(e.value)
+
+
+def test_edited_dataset_json_is_refused(tmp_path):
+    make_dataset(tmp_path, n_docs=40)
+    info = read_dataset_info(tmp_path)
+    info["separator"]["id"] = 5
+    (tmp_path / "dataset.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match="fingerprint"):
+        make_loader(tmp_path, global_batch=2)
+
+
+@pytest.mark.parametrize(
+    "key, new", [("seq_len", 14), ("seed", 2), ("global_batch", 8), ("val_fraction", 0.1), ("split", "val")]
+)
+def test_changed_parameter_under_resume_is_refused(corpus, key, new):
+    root, _ = corpus
+    old = make_loader(root, global_batch=4, micro_batch=1, val_fraction=0.1)
+    take(old, 2)
+    state = old.state_dict()
+    args = dict(global_batch=4, micro_batch=1, val_fraction=0.1)
+    args[key] = new if key != "val_fraction" else 0.2
+    changed = make_loader(root, **args)
+    with pytest.raises(LoaderStateError) as e:
+        changed.load_state_dict(state)
+    msg = str(e.value)
+    assert f"{key}={state[key]!r}" in msg and f"{key}={args[key]!r}" in msg
+
+
+@pytest.mark.parametrize("corruption", ["separator-inside", "separator-missing"])
+def test_separator_check_catches_a_corrupted_window(tmp_path, corruption):
+    make_dataset(tmp_path, n_docs=60)
+    import pyarrow.parquet as pq
+
+    manifest = pq.read_table(tmp_path / "manifest" / "00000.parquet").to_pylist()
+    row = next(r for r in manifest[5:] if r["n_tokens"] >= 5)
+    # Same size, so dataset.json's cheap checks pass; only the on-the-fly check can see it.
+    index = 2 if corruption == "separator-inside" else row["n_tokens"] - 1
+    value = SEP if corruption == "separator-inside" else 12345
+    with open(tmp_path / "shards" / row["shard"], "r+b") as f:
+        f.seek(row["offset"] + 4 * index)
+        f.write(np.array([value], "<u4").tobytes())
+    unchecked = make_loader(tmp_path, global_batch=2, micro_batch=1, check_separators=False)
+    take(unchecked, unchecked.steps_per_epoch)  # reads everything without noticing
+    checked = make_loader(tmp_path, global_batch=2, micro_batch=1)
+    with pytest.raises(DatasetError, match=f"separator check failed.*{row['shard']}"):
+        take(checked, checked.steps_per_epoch)
+
+
+def test_bad_arguments_name_the_numbers(corpus):
+    root, _ = corpus
+    with pytest.raises(LoaderConfigError, match="global_batch 10 .* world_size 4 × micro_batch 1 = 4"):
+        make_loader(root, global_batch=10, world_size=4, micro_batch=1)
+    with pytest.raises(DatasetError, match=r"vocab_size 1048576, but the model expects vocab_size 32768"):
+        make_loader(root, expect_vocab_size=32768)
+    with pytest.raises(DatasetError, match="tokenizer sha256 none, but .* sha256 abc"):
+        make_loader(root, expect_tokenizer_sha256="abc")
+    with pytest.raises(LoaderConfigError, match="fewer than one global batch"):
+        make_loader(root, global_batch=4096, micro_batch=1)
+    make_loader(root, expect_vocab_size=1 << 20, expect_tokenizer_sha256="none")
+
+
+def test_iteration_leaves_the_global_rng_alone(corpus):
+    root, _ = corpus
+    before = torch.get_rng_state()
+    take(make_loader(root, num_workers=1), 2)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+# --- gristmill data inspect ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_dataset(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    root = tmp_path_factory.mktemp("text")
+    vocab = {"<|endoftext|>": SEP, **{f"w{i}": i for i in range(1, 512)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<|endoftext|>"])
+    tok.save(str(root / "tok.json"))
+    make_dataset(root / "ds", n_docs=100, vocab=512, tokenizer=root / "tok.json")
+    return root / "ds"
+
+
+def inspect(capsys, *args) -> tuple[int, str]:
+    rc = cli(["data", "inspect", *map(str, args)])
+    return rc, capsys.readouterr().out
+
+
+def test_inspect_prints_the_batch(text_dataset, capsys):
+    common = (text_dataset, "--seq-len", SEQ, "--global-batch", G, "--seed", 1)
+    rc, out = inspect(capsys, *common, "--step", 3, "--max-rows", 0)
+    assert rc == 0
+    loader = make_loader(text_dataset)
+    loader.load_state_dict({**loader.state_dict(), "batch": 3})
+    step3 = take(loader, 1)[0]
+    assert f"sha256 {batch_sha256(step3)}" in out
+    batch = rows(step3)
+    first_ids = " ".join(map(str, batch["input_ids"][0, :16].tolist()))
+    assert f"row 0: ids {first_ids}" in out
+    assert "(id doc-" in out and " w" in out  # source ids and decoded text
+    assert out.count("\nrow ") == G
+    rc, out = inspect(capsys, *common, "--step", 3, "--rank", 1, "--world-size", 2)
+    assert "rows 4..7" in out and "row 4: ids" in out
+
+
+def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
+    common = (text_dataset, "--seq-len", SEQ, "--global-batch", G, "--seed", 1)
+    loader = make_loader(text_dataset, num_workers=1)
+    spe = loader.steps_per_epoch
+    want = [f"{s} {batch_sha256(b)}" for s, b in enumerate(take(loader, spe + 2))][spe - 2 :]
+    rc, out = inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 2)
+    assert rc == 0
+    assert [line for line in out.splitlines() if not line.startswith("#")] == want
+    assert inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 2)[1] == out
+    rc, _ = inspect(capsys, *common, "--world-size", 3)
+    assert rc == 2
+
+
+def test_real_build_output(built_dataset, capsys):
+    """The dataset `gristmill data build` writes: a full epoch passes the separator check, and
+    inspect decodes real text with the dataset's own tokenizer."""
+    info = read_dataset_info(built_dataset)
+    loader = TokenLoader(
+        built_dataset,
+        seq_len=63,
+        global_batch=4,
+        micro_batch=2,
+        seed=0,
+        check_separators=True,
+        expect_vocab_size=info["vocab_size"],
+        expect_tokenizer_sha256=info["tokenizer_sha256"],
+    )
+    stream = epoch_stream(take(loader, loader.steps_per_epoch))
+    assert len(stream) == info["tokens"] - loader.dropped_tail_tokens
+    assert (stream == info["separator"]["id"]).sum() >= info["documents"] - 10
+    args = ("--seq-len", 63, "--global-batch", 32, "--seed", 0, "--step", 1, "--max-rows", 0)
+    rc, out = inspect(capsys, built_dataset, *args)  # 32 × 64 tokens: several documents
+    assert rc == 0 and "(id <urn:uuid:fixture-" in out and "<|endoftext|>" in out
