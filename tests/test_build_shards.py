@@ -52,6 +52,7 @@ def test_shards_are_byte_identical_to_tarfile(tmp_path):
 def test_headers_match_tarfile():
     from pipelines.shard_writer import _header
 
-    for name in ("a.ids", "short.json", "k" * 96 + ".ids", "dir/" + "k" * 120 + ".ids"):  # the last: fallback
+    long_name = "d" * 60 + "/" + "k" * 60 + ".ids"  # over 100 bytes: the tarfile fallback
+    for name in ("a.ids", "short.json", "k" * 96 + ".ids", long_name):
         for size in (0, 1, 511, 512, 12345, 8**11 - 1):
             assert _header(name.encode(), size) == _member(name, size).tobuf(tarfile.USTAR_FORMAT)
