@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import json
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -155,16 +156,20 @@ class TokenizeShard(PipelineStep):
         )
         order = np.random.default_rng([self.seed, rank]).permutation(n) if self.shuffle else np.arange(n)
         writer = ShardWriter(self.output, rank, encoder.vocab_size, target_bytes=self.target_bytes)
-        spill_map = np.memmap(spill_path, dtype=np.uint8, mode="r") if pos else np.zeros(0, np.uint8)
-        for i, j in enumerate(order):
-            a, b = ids_off[j], ids_off[j] + ids_len[j]
-            ids = spill_map[a:b].view(dtype)
-            meta = json.loads(spill_map[b : b + meta_len[j]].tobytes())
-            writer.add(doc_key(rank, i), ids, meta)
-            if writer.shard_index == 1 and writer.tar is not None:
-                _maybe_test_kill(rank, "second_shard")  # one shard renamed, the next half written
+        with open(spill_path, "rb") as spill_file:
+            spill = mmap.mmap(spill_file.fileno(), 0, access=mmap.ACCESS_READ) if pos else None
+            try:
+                for i, j in enumerate(order):
+                    a, b = ids_off[j], ids_off[j] + ids_len[j]
+                    ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
+                    writer.add(doc_key(rank, i), ids, json.loads(spill[b : b + meta_len[j]]))
+                    if writer.shard_index == 1 and writer.tar is not None:
+                        _maybe_test_kill(rank, "second_shard")  # one shard renamed, the next half written
+                ids = None  # release the last view before the map closes
+            finally:
+                if spill is not None:
+                    spill.close()
         writer.close()
-        del spill_map
         os.remove(spill_path)
         if progress:
             progress.phase = "done"

@@ -195,3 +195,15 @@ def test_validation_failure_fails_the_build(built_dataset, build_fixture, tmp_pa
     data[600] ^= 0xFF  # inside the first document's ids
     shard.write_bytes(bytes(data))
     assert main(["data", "build", "--config", str(build_fixture[2]), "--set", f"output={out}"]) == 1
+
+
+def test_more_tasks_than_files_and_an_empty_task(build_fixture, tmp_path):
+    # Task 2 reads no file: it writes an empty manifest and no shard; the dataset is still whole.
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    lines: list[str] = []
+    cfg = load_config(DataConfig, config, [f"output={out}", "build.tasks=3", "build.workers=1"])
+    assert build(cfg, log=lines.append).ok
+    assert any("1 tasks will have nothing to read" in line for line in lines)
+    assert pq.read_table(out / "manifest" / "00002.parquet").num_rows == 0
+    assert not list((out / "shards").glob("00002_*")) and read_dataset_info(out)["tasks"] == 3
