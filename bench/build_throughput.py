@@ -29,6 +29,7 @@ import re  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -86,7 +87,16 @@ def cpu_seconds() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
+def read_texts(corpus: Path) -> list[str]:
+    return [
+        t
+        for f in sorted(corpus.glob("*.parquet"))
+        for t in pq.read_table(f, columns=["text"])["text"].to_pylist()
+    ]
+
+
 def raw_encode(tokenizer_path: Path, docs: list[str], batch_chars: int) -> int:
+    """Encode `docs` (fresh str objects, as the build gets them from parquet) in build-sized batches."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tokenizer_path))
@@ -124,54 +134,69 @@ def run_build(work: Path, corpus: Path, tokenizer: Path, i: int) -> dict:
     return build(cfg, log=lambda *a: None).info
 
 
+def measure(mode: str, work: Path, i: int) -> dict:
+    """One measurement in this (fresh) process: {"tokens", "wall", "cpu"[, "encode_s"]}."""
+    corpus, tokenizer = work / "corpus", work / "tokenizer.json"
+    if mode == "raw":
+        fresh = read_texts(corpus)  # untimed: the raw figure is the tokenizer alone
+        c0, w0 = cpu_seconds(), time.perf_counter()
+        tokens = raw_encode(tokenizer, fresh, DataConfig().shards.encode_batch_chars)
+        return {"tokens": tokens, "wall": time.perf_counter() - w0, "cpu": cpu_seconds() - c0}
+    c0, w0 = cpu_seconds(), time.perf_counter()
+    info = run_build(work, corpus, tokenizer, i)
+    wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
+    # datatrove's timer around DocumentEncoder.encode_batch: the tokenizer's share of this run.
+    stats = json.loads((work / f"ds{i}" / "logs" / "stats.json").read_text())
+    encode_s = next(st["time_stats"]["total"] for st in stats if "TOKENIZE" in st["name"])
+    shutil.rmtree(work / f"ds{i}")
+    # The build's count includes one separator per document; compare like with like.
+    return {"tokens": info["tokens"] - info["documents"], "wall": wall, "cpu": cpu, "encode_s": encode_s}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=24.0, help="corpus size in MB of text (default 24)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default=None, help="work directory (default: a temporary one)")
+    ap.add_argument("--measure", choices=["raw", "build"], help=argparse.SUPPRESS)  # internal
+    ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     from loguru import logger
 
     logger.remove()  # datatrove's per-step logging would cost time and flood the output
+    if args.measure:
+        print(json.dumps(measure(args.measure, Path(args.work), args.index)))
+        return
+
     work = Path(args.work or tempfile.mkdtemp(prefix="gristmill-bench-"))
     demo = write_demo_corpus(work / "demo-corpus")
     corpus = work / "corpus"
     shutil.rmtree(corpus, ignore_errors=True)
     docs = make_corpus(demo, corpus, args.mb)
     chars = sum(map(len, docs))
-    tokenizer = work / "tokenizer.json"
     texts = [
         t
         for f in sorted(demo.glob("*.parquet"))
         for t in pq.read_table(f, columns=["text"])["text"].to_pylist()
     ]
-    train_bpe([t for t in texts if t], 8192, ["<|endoftext|>"]).save(str(tokenizer))
-    batch_chars = DataConfig().shards.encode_batch_chars
+    train_bpe([t for t in texts if t], 8192, ["<|endoftext|>"]).save(str(work / "tokenizer.json"))
 
-    # Raw and build runs alternate so both see the same machine load; each keeps its best run.
-    # Rates are given per wall-clock second and per CPU-second (user+sys of this process and its
-    # children): on a shared machine the CPU figure is the steadier one.
-    raw, bld, share = [], [], []
+    # Every measurement runs in a fresh interpreter (a long-lived process slows down run after
+    # run), raw and build alternate and swap order each round so both see the same machine load.
+    runs: dict[str, list[dict]] = {"raw": [], "build": []}
     for i in range(args.repeats):
-        c0, w0 = cpu_seconds(), time.perf_counter()
-        tokens = raw_encode(tokenizer, docs, batch_chars)
-        raw.append((tokens / (time.perf_counter() - w0), tokens / (cpu_seconds() - c0)))
-        c0, w0 = cpu_seconds(), time.perf_counter()
-        info = run_build(work, corpus, tokenizer, i)
-        wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
-        # The build's count includes one separator per document; compare like with like.
-        body_tokens = info["tokens"] - info["documents"]
-        assert body_tokens == tokens, (body_tokens, tokens)
-        bld.append((tokens / wall, tokens / cpu))
-        # Same-run view, immune to load changing between runs: the share of the build's wall time
-        # spent inside DocumentEncoder.encode_batch (datatrove's timer around that call).
-        stats = json.loads((work / f"ds{i}" / "logs" / "stats.json").read_text())
-        encode_s = next(st["time_stats"]["total"] for st in stats if "TOKENIZE" in st["name"])
-        share.append(encode_s / wall)
-        shutil.rmtree(work / f"ds{i}")
-    rw, rc = max(r[0] for r in raw), max(r[1] for r in raw)
-    bw, bc = max(b[0] for b in bld), max(b[1] for b in bld)
+        for mode in ("raw", "build") if i % 2 == 0 else ("build", "raw"):
+            cmd = [sys.executable, __file__, "--measure", mode, "--work", str(work), "--index", str(i)]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            runs[mode].append(json.loads(out.strip().splitlines()[-1]))
+    tokens = runs["raw"][0]["tokens"]
+    assert all(r["tokens"] == tokens for rs in runs.values() for r in rs), "build and raw disagree on tokens"
+    rate = {m: [(tokens / r["wall"], tokens / r["cpu"]) for r in rs] for m, rs in runs.items()}
+    share = [r["encode_s"] / r["wall"] for r in runs["build"]]
+    pair = [b[0] / r[0] for r, b in zip(rate["raw"], rate["build"])]
+    rw, rc = max(x[0] for x in rate["raw"]), max(x[1] for x in rate["raw"])
+    bw, bc = max(x[0] for x in rate["build"]), max(x[1] for x in rate["build"])
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"load average {os.getloadavg()[0]:.1f}"
@@ -179,16 +204,21 @@ def main() -> None:
     print(
         f"corpus: {len(docs):,} documents, {chars / 1e6:.1f} MB of text, {tokens:,} tokens (8192-token BPE)"
     )
-    print("                                  per wall second    per CPU second")
+    print(f"best of {args.repeats} runs each          per wall second    per CPU second")
     print(f"raw encode_batch_fast, 1 thread : {rw / 1e6:8.3f} M tok/s   {rc / 1e6:8.3f} M tok/s")
     print(f"whole build, 1 worker, 1 thread : {bw / 1e6:8.3f} M tok/s   {bc / 1e6:8.3f} M tok/s")
     print(f"ratio build / raw (target ≥ 0.9): {bw / rw:8.3f}           {bc / rc:8.3f}")
     print(
-        f"tokenizer's share of the build's wall time, same run (≈ the ratio, load-independent): "
-        f"median {statistics.median(share):.3f}, runs {[round(x, 3) for x in share]}"
+        f"ratio per round (wall)          : {[round(x, 3) for x in pair]}, "
+        f"median {statistics.median(pair):.3f}"
     )
-    print(f"best of {args.repeats}; all runs (wall, cpu) raw {[(round(a), round(b)) for a, b in raw]}")
-    print(f"                          build {[(round(a), round(b)) for a, b in bld]}")
+    print(
+        f"tokenizer's share of each build's own wall time (load-independent): "
+        f"{[round(x, 3) for x in share]}, "
+        f"median {statistics.median(share):.3f}"
+    )
+    print(f"all runs (wall, cpu tok/s): raw {[(round(a), round(b)) for a, b in rate['raw']]}")
+    print(f"                          build {[(round(a), round(b)) for a, b in rate['build']]}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 
