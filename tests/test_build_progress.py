@@ -1,0 +1,26 @@
+"""Build progress: tasks write progress files, the driver's monitor sums them into one line."""
+
+from __future__ import annotations
+
+import json
+
+from pipelines.progress import Monitor, TaskProgress
+
+
+def test_task_progress_and_monitor_line(tmp_path):
+    progress, completions = tmp_path / "progress", tmp_path / "completions"
+    completions.mkdir()
+    monitor = Monitor(progress, completions, tasks=4, total_bytes=1000, interval=60)
+    assert monitor.line() is None  # nothing has happened yet
+    for rank, (read, tokens, done_bytes) in enumerate([(100, 5000, 200.0), (50, 2500, 100.0)]):
+        p = TaskProgress(progress, interval=0)
+        p.start(rank)
+        p.read, p.kept, p.tokens, p.bytes_done = read, read - 1, tokens, done_bytes
+        p.flush(log=False)
+    (completions / "00003").touch()
+    state = json.loads((progress / "00001.json").read_text())
+    assert state["read"] == 50 and state["kept"] == 49 and state["phase"] == "reading"
+    line = monitor.line()
+    assert line.startswith("[build] tasks 1/4 done | 150 docs read")
+    assert "7.5k tokens" in line and "tok/s" in line and "docs/s" in line
+    assert "30% of input" in line and "ETA" in line
