@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.config import DataConfig, content_identity, identity_sha256
+from pipelines.config import DataConfig, add_config_arguments, content_identity, identity_sha256
 from pipelines.sources import SourceFiles, list_source_files
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
@@ -64,15 +65,7 @@ class BuildResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="data recipe, e.g. configs/data/demo.toml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set build.workers=2 (repeatable)",
-    )
+    add_config_arguments(parser, "build.workers=2")
     parser.add_argument(
         "--finalize-only",
         action="store_true",
@@ -120,14 +113,8 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         )
 
     tok_bytes, encoder = resolve_tokenizer(cfg, source, log)
-    identity = content_identity(cfg, _sha(tok_bytes), source.identity())
+    identity = content_identity(cfg, hashlib.sha256(tok_bytes).hexdigest(), source.identity())
     return Prepared(cfg, out, source, tok_bytes, encoder, identity, identity_sha256(identity))
-
-
-def _sha(b: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(b).hexdigest()
 
 
 def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:

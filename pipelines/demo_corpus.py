@@ -38,6 +38,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.sources import FINEWEB_EDU_SCHEMA
+
 CORPUS_VERSION = 1
 N_FILES = 4
 DOC_TARGET_CHARS = 4000  # sections are merged into documents of about this size
@@ -51,19 +53,7 @@ DUMPS = [
     "CC-MAIN-2024-10",
 ]
 SKIP_DIRS = {"site-packages", "test", "tests", "__pycache__", "idle_test"}
-SCHEMA = pa.schema(
-    [
-        ("text", pa.string()),
-        ("id", pa.string()),
-        ("url", pa.string()),
-        ("dump", pa.string()),
-        ("score", pa.float64()),
-        ("int_score", pa.int64()),
-        ("language", pa.string()),
-        ("language_score", pa.float64()),
-        ("token_count", pa.int64()),
-    ]
-)
+SCHEMA = FINEWEB_EDU_SCHEMA
 BAD_DOCS: list[tuple[str, str, dict[str, Any]]] = [
     # (url suffix, text, metadata overrides)
     ("bad/empty", "", {}),

@@ -30,6 +30,22 @@ META_KEYS = ("url", "dump", "score", "int_score", "language", "language_score", 
 READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
 
 
+# FineWeb-Edu's parquet columns (the demo corpus and test fixtures are written with this schema).
+FINEWEB_EDU_SCHEMA = pa.schema(
+    [
+        ("text", pa.string()),
+        ("id", pa.string()),
+        ("url", pa.string()),
+        ("dump", pa.string()),
+        ("score", pa.float64()),
+        ("int_score", pa.int64()),
+        ("language", pa.string()),
+        ("language_score", pa.float64()),
+        ("token_count", pa.int64()),
+    ]
+)
+
+
 class SourceError(GristmillError):
     """A source that cannot be read; the message names it and says how to fix it."""
 

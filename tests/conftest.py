@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.sources import FINEWEB_EDU_SCHEMA
+
 SEP = "<|endoftext|>"
 BOS = "<|begin_of_text|>"
 LITERAL_SEP_TEXT = (
@@ -38,19 +40,6 @@ BAD_ROWS = [
     ),
     ("fixture-literal-sep", LITERAL_SEP_TEXT, {}, None),
 ]
-SCHEMA = pa.schema(
-    [
-        ("text", pa.string()),
-        ("id", pa.string()),
-        ("url", pa.string()),
-        ("dump", pa.string()),
-        ("score", pa.float64()),
-        ("int_score", pa.int64()),
-        ("language", pa.string()),
-        ("language_score", pa.float64()),
-        ("token_count", pa.int64()),
-    ]
-)
 
 
 def fixture_texts(n_docs: int = 240) -> list[str]:
@@ -91,7 +80,7 @@ def write_fixture_corpus(folder: Path, n_files: int = 2, n_docs: int = 240) -> P
     folder.mkdir(parents=True, exist_ok=True)
     per = -(-len(rows) // n_files)
     for f in range(n_files):
-        table = pa.Table.from_pylist(rows[f * per : (f + 1) * per], schema=SCHEMA)
+        table = pa.Table.from_pylist(rows[f * per : (f + 1) * per], schema=FINEWEB_EDU_SCHEMA)
         pq.write_table(table, folder / f"part-{f:02d}.parquet")
     return folder
 

@@ -19,15 +19,9 @@ HELP = "train a byte-level BPE tokenizer on a sample of a data recipe's source"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="data recipe, e.g. configs/data/demo.toml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set tokenizer.train.vocab_size=16384 (repeatable)",
-    )
+    from pipelines.config import add_config_arguments
+
+    add_config_arguments(parser, "tokenizer.train.vocab_size=16384")
     parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing tokenizer file")
 
