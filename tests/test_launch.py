@@ -1,0 +1,74 @@
+"""`gristmill train` command lines and the Slurm script's torchrun rendezvous."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from training.launch import torchrun_command
+
+ROOT = Path(__file__).resolve().parents[1]
+SBATCH = ROOT / "configs/slurm/train.sbatch"
+
+
+def test_torchrun_command_passes_config_and_overrides():
+    cmd = torchrun_command("configs/train/demo.toml", ["parallel.shard=2", "optim.lr=1e-4"], 2)
+    assert cmd == [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "training.train", "--config", "configs/train/demo.toml",
+        "--set", "parallel.shard=2", "optim.lr=1e-4",
+    ]  # fmt: skip
+    assert "--set" not in torchrun_command("c.toml", [], 4)
+
+
+def test_sbatch_syntax_and_header():
+    subprocess.run(["bash", "-n", str(SBATCH)], check=True)
+    text = SBATCH.read_text()
+    assert "#SBATCH --ntasks-per-node=1" in text  # one torchrun per node
+
+
+def test_sbatch_renders_the_multi_node_torchrun(tmp_path):
+    """Run the script as Slurm would, with scontrol and srun replaced by recorders."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "gpu017\\ngpu018\\n"\n'
+    )
+    (bin_dir / "srun").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/srun.args\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_JOB_NODELIST": "gpu[017-018]",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_SUBMIT_DIR": str(tmp_path),
+        "CONFIG": "configs/train/llama3-7b-hsdp.toml",
+        "PYTHON": ".venv/bin/python",
+    }
+    out = subprocess.run(
+        ["bash", str(SBATCH), "--set", "parallel.replicate=2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "2 node(s) x 8 GPU(s), rendezvous gpu017:29500, job 4242" in out.stdout
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args == [
+        "--kill-on-bad-exit=1", ".venv/bin/python", "-m", "torch.distributed.run",
+        "--nnodes=2", "--nproc_per_node=8", "--rdzv_id=4242", "--rdzv_backend=c10d",
+        "--rdzv_endpoint=gpu017:29500",
+        "-m", "training.train", "--config", "configs/train/llama3-7b-hsdp.toml",
+        "--set", "parallel.replicate=2",
+    ], shlex.join(args)  # fmt: skip
+
+
+def test_sbatch_without_slurm_variables_fails_loudly(tmp_path):
+    out = subprocess.run(
+        ["bash", str(SBATCH)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "SLURM_JOB_NODELIST" in out.stderr

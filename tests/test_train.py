@@ -1,0 +1,215 @@
+"""The trainer end to end on CPU: artifacts, learning, FSDP/HSDP equivalence, early config errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main as gristmill
+from tests._train_data import make_dataset
+from training.config import TrainConfig
+from training.config_loader import load_config, to_dict
+from training.train import load_train_config, main, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs/train/tiny.toml")
+STEPS = 30
+FIELDS = {
+    "step",
+    "loss",
+    "lr",
+    "grad_norm",
+    "update_ratio",
+    "tokens_per_s",
+    "tokens_seen",
+    "peak_memory_bytes",
+}
+
+
+def recipe(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
+    """Overrides shared by the in-process and the torchrun runs (so their batches are identical)."""
+    return [
+        f"data.dataset={json.dumps(str(dataset))}",
+        f"run.output_dir={json.dumps(str(run_dir))}",
+        f"schedule.steps={STEPS}",
+        "run.log_every=1",
+        "run.val_every=10",
+        "parallel.param_dtype=float32",
+        "run.threads=1",  # a tiny model gains nothing from more; robust on a busy 2-core machine
+        *extra,
+    ]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+
+
+@pytest.fixture(scope="module")
+def single_run(dataset, tmp_path_factory):
+    """`gristmill train` of the tiny recipe in this process (the reference for the distributed runs)."""
+    run_dir = tmp_path_factory.mktemp("single") / "run"
+    overrides = recipe(dataset, run_dir)
+    assert gristmill(["train", "--config", TINY, "--set", *overrides]) == 0
+    return run_dir, overrides
+
+
+def test_end_to_end_artifacts_and_learning(single_run, capfd):
+    run_dir, overrides = single_run
+    rows = read_metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:
+        assert FIELDS <= r.keys(), r
+        assert "mfu" not in r  # CPU: no known peak, so no MFU rather than a guess
+        assert r["tokens_per_s"] > 0 and r["peak_memory_bytes"] > 0 and r["grad_norm"] > 0
+        assert 0 < r["update_ratio"] < 1
+    assert [r["step"] for r in rows if "val_loss" in r] == [10, 20, 30]
+    # Learning: the synthetic streams are nearly deterministic bigrams, far below ln(256) = 5.55.
+    assert rows[0]["loss"] == pytest.approx(5.55, abs=0.1)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.5
+    assert rows[-1]["val_loss"] < rows[0]["loss"] - 1.5
+    # Schedule: linear warmup over 5 steps, cosine to min_lr at the last step.
+    cfg = load_train_config(TINY, overrides)
+    assert rows[0]["lr"] == pytest.approx(cfg.optim.lr / cfg.schedule.warmup_steps)
+    assert rows[cfg.schedule.warmup_steps - 1]["lr"] == pytest.approx(cfg.optim.lr)
+    assert rows[-1]["lr"] == pytest.approx(cfg.optim.min_lr)
+
+    events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    png = (run_dir / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", png[16:24])
+    assert width >= 300 and height >= 200 and len(png) > 5000
+    saved = load_config(TrainConfig, run_dir / "config.toml")
+    assert to_dict(saved) == to_dict(cfg)
+
+
+def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
+    cfg = load_train_config(
+        TINY, recipe(dataset, tmp_path / "run", "run.max_steps=2", "metrics.tensorboard=false")
+    )
+    summary = train(cfg)
+    states = summary["states"]
+    assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    assert states["train_state"].state_dict()["step"] == 2
+    assert states["lr_scheduler"].state_dict()["last_epoch"] == 2
+    assert states["dataloader"].state_dict()["batch"] == 2
+    model_sd = states["model"].state_dict()
+    assert "tok_embeddings.weight" in model_sd
+    optim_sd = states["optimizer"].state_dict()
+    assert int(optim_sd["state"]["tok_embeddings.weight"]["step"]) == 2  # keyed by FQN, not position
+    states["train_state"].load_state_dict({**states["train_state"].state_dict(), "step": 7})
+    assert states["train_state"].step == 7
+
+
+def test_trains_on_a_dataset_from_the_real_build(built_dataset, tmp_path):
+    """The shared `gristmill data build` fixture (real tokenizer, 512 ids): the model takes the
+    dataset's vocabulary, and a few steps already lower the loss from ln(512)."""
+    run_dir = tmp_path / "run"
+    cfg = load_train_config(
+        TINY,
+        [
+            f"data.dataset={json.dumps(str(built_dataset))}",
+            f"run.output_dir={json.dumps(str(run_dir))}",
+            "run.max_steps=12",
+            "data.check_separators=true",
+            "run.threads=1",
+            "metrics.tensorboard=false",
+            "metrics.plot=false",
+        ],
+    )
+    summary = train(cfg)
+    assert summary["states"]["model"].model.cfg.vocab_size == 512
+    assert summary["first_loss"] == pytest.approx(math.log(512), abs=0.3)
+    assert summary["final_loss"] < summary["first_loss"] - 0.5
+
+
+def torchrun(overrides: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += ["-m", "training.train", "--config", TINY, "--set", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [["parallel.shard=2"], ["parallel.replicate=2", "parallel.shard=1"]],
+    ids=["fsdp-2", "hsdp-2x1"],
+)
+def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh):
+    """2 ranks (FSDP, then HSDP) through the real trainer under torchrun: the same losses, gradient
+    norms, update ratios and validation loss as one process on the same global batches.
+
+    Tolerance 1e-5 (fp32 parameters): the runs differ only in summation order (per-rank partial
+    means and the gradient reduce-scatter/all-reduce), which moves the loss by ~5e-7."""
+    ref_dir, _ = single_run
+    run_dir = tmp_path / "run"
+    proc = torchrun(recipe(dataset, run_dir, "run.max_steps=10", "metrics.tensorboard=false", *mesh))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 ranks × 4 micro × 2 accumulation" in proc.stdout
+    ref, got = read_metrics(ref_dir)[:10], read_metrics(run_dir)
+    assert [r["step"] for r in got] == list(range(1, 11))
+    for a, b in zip(ref, got):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), (a["step"], a["loss"], b["loss"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4, abs=1e-6)
+        assert b["update_ratio"] == pytest.approx(a["update_ratio"], rel=1e-4)
+        assert b["lr"] == a["lr"]
+    assert got[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lrr=1e-3", r"unknown key 'optim.lrr'; did you mean 'optim.lr'"),
+        (
+            "data.global_batch_tokens=1000",
+            r"global_batch_tokens = 1000 is not a multiple of data.seq_len = 64",
+        ),
+        (
+            "data.micro_batch=5",
+            r"global batch of 16 sequences .* not divisible by 1 data-parallel rank\(s\) × "
+            r"data.micro_batch 5 = 5",
+        ),
+        ("model.vocab_size=300", r"vocab_size 300 \(preset 'tiny'\) differs from the dataset's 256"),
+        ("data.seq_len=512 data.micro_batch=1", r"data.seq_len = 512 exceeds the model's max_seq_len = 256"),
+        ("parallel.shard=2", r"needs that many ranks, but this is a single process"),
+        ("optim.name=adamw8bit", r"'adamw8bit' needs a CUDA GPU"),
+        ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),
+    ],
+)
+def test_bad_config_fails_before_any_work(dataset, tmp_path, capsys, override, message):
+    run_dir = tmp_path / "run"
+    args = ["--config", TINY, "--set", f"data.dataset={json.dumps(str(dataset))}"]
+    args += [f"run.output_dir={json.dumps(str(run_dir))}"]
+    assert main([*args, *override.split()]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert re.search(message, err), err
+    assert not run_dir.exists()  # nothing was written: the model was never built
+
+
+def test_launcher_checks_batch_arithmetic_for_its_world_size(dataset, tmp_path, capsys):
+    """`gristmill train --nproc-per-node 3`: 16 sequences do not split over 3 ranks × 4 (no torchrun)."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--config", TINY, "--nproc-per-node", "3"]
+    args += [
+        "--set",
+        f"data.dataset={json.dumps(str(dataset))}",
+        f"run.output_dir={json.dumps(str(run_dir))}",
+    ]
+    assert gristmill(args) == 2
+    captured = capsys.readouterr()
+    assert "not divisible by 3 data-parallel rank(s) × data.micro_batch 4 = 12" in captured.err
+    assert "torch.distributed.run" not in captured.out and not run_dir.exists()

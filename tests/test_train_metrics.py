@@ -1,0 +1,114 @@
+"""Metrics arithmetic (MFU, update ratio), the optimizer's parameter groups and the LR schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training.config import OptimSection, ScheduleSection
+from training.errors import GristmillError
+from training.metrics import format_line, mfu, peak_flops, snapshot, update_ratio
+from training.model import PRESETS, Transformer, flops_per_token
+from training.optim import WarmupCosine, build_optimizer, build_scheduler, param_groups
+
+
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-80GB", 312e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA GeForce RTX 4090", None),
+        ("cpu", None),
+    ],
+)
+def test_peak_flops_by_device_name(name, peak):
+    assert peak_flops(name) == peak
+
+
+def test_mfu_against_a_hand_count():
+    # Llama-3 1.24B shape, seq 2048. Per block: q and o 2048², k and v 2048·512, w1/w2/w3 2048·8192.
+    per_block = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192  # 60,817,408
+    n_matmul = 16 * per_block + 131072 * 2048  # + tied LM head = 1,241,513,984 (all params but the norms)
+    assert n_matmul == 1_241_513_984
+    by_hand = 6 * n_matmul + 12 * 16 * 2048 * 2048  # attention: 12·L·d·T
+    assert by_hand == 8_254_390_272
+    assert flops_per_token(PRESETS["llama3-1b"], 2048, include_lm_head=True) == by_hand
+    # 8 H100s at 40,000 tokens/s each: 40e3 × 8.254e9 / 989e12 = 33.4% MFU.
+    util = mfu(320_000, 8, by_hand, peak_flops("NVIDIA H100 80GB HBM3"))
+    assert util == pytest.approx(40_000 * 8_254_390_272 / 989e12) and 0.33 < util < 0.34
+    assert mfu(320_000, 8, by_hand, peak_flops("cpu")) is None
+
+
+def test_step_line_has_no_mfu_without_a_peak():
+    m = {
+        "step": 3,
+        "loss": 2.0,
+        "lr": 1e-3,
+        "grad_norm": 0.5,
+        "update_ratio": 1e-3,
+        "tokens_per_s": 1e4,
+        "peak_memory_bytes": 3 << 30,
+    }
+    line = format_line(m)
+    assert "mfu" not in line and "mem 3.00 GiB" in line and "loss 2.0000" in line
+    assert "mfu 41.0%" in format_line({**m, "mfu": 0.41})
+
+
+def test_update_ratio_plain_tensors():
+    params = [torch.tensor([3.0, 4.0]), torch.tensor([[0.0, 12.0]])]
+    before = snapshot(params)
+    params[0] += torch.tensor([1.0, 0.0])  # Δ = (1, 0, 0, 0) → ‖Δ‖ = 1
+    expected = 1.0 / math.sqrt(4.0**2 + 4.0**2 + 12.0**2)
+    assert update_ratio(params, before) == pytest.approx(expected)
+
+
+def tiny_model(**changes) -> Transformer:
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny"].replace(vocab_size=64, **changes))
+    model.init_weights()
+    return model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_weight_decay_groups(tied):
+    model = tiny_model(tie_embeddings=tied)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = (sorted(names[id(p)] for p in g["params"]) for g in param_groups(model, 0.1))
+    assert all(n.endswith("norm.weight") for n in no_decay) and len(no_decay) == 2 * 2 + 1
+    assert "tok_embeddings.weight" in decay
+    decay2, no_decay2 = (sorted(names[id(p)] for p in g["params"]) for g in param_groups(model, 0.1, False))
+    assert "tok_embeddings.weight" in no_decay2 and "tok_embeddings.weight" not in decay2
+    assert ("output.weight" in decay2) == (not tied)  # a tied head is the embedding itself
+    n_unique = len({id(p) for p in model.parameters()})
+    assert len(decay) + len(no_decay) == len(decay2) + len(no_decay2) == n_unique
+
+
+def test_schedule_warmup_then_cosine():
+    f = WarmupCosine(warmup=10, total=110, min_ratio=0.1)
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(109) == pytest.approx(0.1)
+    assert f(9 + 50) == pytest.approx(0.55)  # halfway through the decay
+    assert WarmupCosine(0, 5, 0.1)(0) == 1.0 and WarmupCosine(0, 5, 0.1)(4) == pytest.approx(0.1)
+    assert all(f(s) >= f(s + 1) for s in range(9, 120))
+    model = tiny_model()
+    opt = build_optimizer(model, OptimSection(lr=3e-4, min_lr=3e-5), "cpu")
+    sched = build_scheduler(opt, OptimSection(lr=3e-4, min_lr=3e-5), ScheduleSection(warmup_steps=2, steps=4))
+    lrs = []
+    for _ in range(4):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([1.5e-4, 3e-4, 1.65e-4, 3e-5])
+    assert opt.param_groups[0]["betas"] == (0.9, 0.95) and opt.param_groups[0]["weight_decay"] == 0.1
+
+
+def test_adamw8bit_and_fused_refused_on_cpu():
+    model = tiny_model()
+    with pytest.raises(GristmillError, match="'adamw8bit' needs a CUDA GPU"):
+        build_optimizer(model, OptimSection(name="adamw8bit"), "cpu")
+    with pytest.raises(GristmillError, match="optim.fused = true needs a CUDA device"):
+        build_optimizer(model, OptimSection(fused=True), "cpu")
+    assert not build_optimizer(model, OptimSection(), "cpu").defaults["fused"]

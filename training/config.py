@@ -1,0 +1,281 @@
+"""The training recipe: a `TrainConfig` tree of dataclasses, one documented field each.
+
+Loaded with `training.config_loader.load_config(TrainConfig, path, ["optim.lr=1e-4", ...])`; the
+resolved config is written to RUN/config.toml. `check_config` does all the arithmetic that can be
+done without touching a GPU, a process group or the model (batch sizes, mesh shape, schedule),
+so an impossible recipe fails in the first second with the numbers in the message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+from training.config_loader import ConfigError
+from training.parallelize import ParallelConfig
+
+# Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
+# presets keep their published vocab size so their parameter count matches the reference runs.
+VOCAB_FROM_DATASET_PRESETS = ("tiny", "demo")
+
+
+@dataclass
+class ModelSection:
+    """A preset from training.model.PRESETS plus optional overrides of its ModelConfig fields.
+
+    Every field except `preset` defaults to None, meaning "the preset's value".
+    """
+
+    preset: str = "tiny"
+    """Base shape: one of training.model.PRESETS ("tiny", "demo", "llama3-1b", "llama3-8b")."""
+    dim: int | None = None
+    """Hidden size."""
+    n_layers: int | None = None
+    """Number of transformer blocks."""
+    n_heads: int | None = None
+    """Attention (query) heads."""
+    n_kv_heads: int | None = None
+    """Key/value heads (grouped-query attention); must divide n_heads."""
+    ffn_dim: int | None = None
+    """SwiGLU hidden size."""
+    vocab_size: int | None = None
+    """Embedding rows. None: the dataset's vocab_size (dataset.json) for the tiny and demo presets,
+    the preset's own for the real ones (their parameter counts are the published ones). Must equal
+    the dataset's vocab_size either way (the loader checks it too)."""
+    rope_theta: float | None = None
+    """RoPE base frequency."""
+    norm_eps: float | None = None
+    """RMSNorm epsilon."""
+    tie_embeddings: bool | None = None
+    """Share the input embedding and the LM head weight."""
+    max_seq_len: int | None = None
+    """Longest sequence the model supports (RoPE table); must be ≥ data.seq_len."""
+    init_std: float | None = None
+    """Standard deviation of the weight initialisation."""
+    document_mask: bool | None = None
+    """Mask attention across document boundaries (uses the loader's position ids)."""
+    loss_chunk: int | None = None
+    """Compute the LM head + cross-entropy in chunks of this many tokens (0: all at once)."""
+
+
+@dataclass
+class DataSection:
+    dataset: str = "runs/data/demo"
+    """Dataset directory written by `gristmill data build` (holds dataset.json)."""
+    seq_len: int = 256
+    """Tokens per training sequence."""
+    global_batch_tokens: int = 16384
+    """Tokens per optimizer step over all ranks; a multiple of seq_len. The global batch is
+    G = global_batch_tokens // seq_len sequences (≈1M tokens for the real recipes)."""
+    micro_batch: int = 8
+    """Sequences per forward/backward on one rank; G must be divisible by ranks × micro_batch, and
+    the quotient is the number of gradient-accumulation steps."""
+    seed: int = 1234
+    """Shuffle seed of the loader (sample order is a pure function of dataset, seed, epoch, seq_len)."""
+    num_workers: int = 0
+    """Loader worker processes (0: read in the training process)."""
+    val_fraction: float = 0.0
+    """Fraction of the dataset held out for validation (TokenLoader split="val"); 0 disables it."""
+    check_separators: bool = False
+    """Let the loader verify the one-separator-per-document contract on the fly."""
+
+
+@dataclass
+class OptimSection:
+    name: Literal["adamw", "adamw8bit"] = "adamw"
+    """"adamw" (torch), or "adamw8bit" (bitsandbytes; CUDA only, refused elsewhere)."""
+    lr: float = 3e-4
+    """Peak learning rate, reached at the end of warmup."""
+    min_lr: float = 3e-5
+    """Final learning rate of the cosine decay (10% of the peak in the reference runs)."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    """AdamW (β1, β2)."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay; never applied to norms and biases (parameters with < 2 dims)."""
+    decay_embeddings: bool = True
+    """Apply weight decay to embedding tables too (a tied LM head shares the embedding's setting)."""
+    fused: bool | None = None
+    """Fused AdamW kernel; None: on when the device is CUDA (it is not supported on CPU)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables clipping; the norm is still logged)."""
+
+
+@dataclass
+class ScheduleSection:
+    warmup_steps: int = 100
+    """Linear warmup from lr/warmup_steps to optim.lr over this many steps."""
+    steps: int = 1000
+    """Total optimizer steps of the schedule; cosine decay from optim.lr to optim.min_lr after warmup."""
+
+
+@dataclass
+class RunSection:
+    output_dir: str = "runs/train/tiny"
+    """Run directory: config.toml, metrics.jsonl, tensorboard events, loss.png (checkpoints later)."""
+    max_steps: int | None = None
+    """Stop after this many steps (default: schedule.steps); the schedule is not stretched."""
+    log_every: int = 10
+    """Print and record metrics every N steps (the first and last step are always logged)."""
+    val_every: int = 100
+    """Validation loss every N steps and at the end (needs data.val_fraction > 0; 0 disables)."""
+    val_batches: int = 4
+    """Global batches averaged per validation (the same held-out batches every time)."""
+    seed: int = 0
+    """Seed of the weight initialisation (identical on all ranks) and of torch's RNG."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """"auto": CUDA when available, else CPU."""
+    init_device: Literal["auto", "meta", "full"] = "auto"
+    """How weights are materialised. "meta": build on the meta device, shard, then initialise the
+    shards (needed for models that do not fit one device). "full": build and initialise the whole
+    model on every rank, then shard it, which gives bit-identical weights for any world size.
+    "auto": meta on CUDA, full on CPU (DTensor's sharded random init is CUDA-only)."""
+    threads: int = 0
+    """torch intra-op threads per process on CPU (0: torch's default)."""
+
+
+@dataclass
+class MetricsSection:
+    tensorboard: bool = True
+    """Write tensorboard event files into RUN/tensorboard (skipped with a note if not installed)."""
+    wandb_project: str | None = None
+    """Log to this Weights & Biases project when wandb is installed (None: off)."""
+    plot: bool = True
+    """Write RUN/loss.png (train and validation loss) at the end (needs matplotlib)."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    """Model shape."""
+    data: DataSection = field(default_factory=DataSection)
+    """Dataset and batch geometry."""
+    optim: OptimSection = field(default_factory=OptimSection)
+    """Optimizer."""
+    schedule: ScheduleSection = field(default_factory=ScheduleSection)
+    """Learning-rate schedule."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """FSDP2/HSDP mesh, activation checkpointing, compile, mixed precision (training.parallelize)."""
+    run: RunSection = field(default_factory=RunSection)
+    """Run directory, logging cadence, seed, device."""
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    """Where metrics go besides metrics.jsonl and stdout."""
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The batch arithmetic of one run, derived from the config and the world size."""
+
+    global_batch: int  # sequences per optimizer step (all ranks)
+    dp_size: int  # data-parallel ranks: the world size (replicate × shard)
+    micro_batch: int  # sequences per forward/backward per rank
+    grad_accum: int  # micro-batches per rank per step
+    seq_len: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
+    """Everything about the recipe that can be checked before any work; returns the batch plan."""
+    d, o, s, r = cfg.data, cfg.optim, cfg.schedule, cfg.run
+    if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
+        raise ConfigError(
+            f"data.seq_len ({d.seq_len}), data.micro_batch ({d.micro_batch}) and data.global_batch_tokens "
+            f"({d.global_batch_tokens}) must all be positive"
+        )
+    if d.global_batch_tokens % d.seq_len:
+        lo = d.global_batch_tokens // d.seq_len * d.seq_len
+        raise ConfigError(
+            f"data.global_batch_tokens = {d.global_batch_tokens} is not a multiple of data.seq_len = "
+            f"{d.seq_len}; use {lo or d.seq_len} or {lo + d.seq_len}"
+        )
+    dp = world_size  # every rank is data-parallel (FSDP/HSDP); build_mesh checks replicate × shard
+    g = d.global_batch_tokens // d.seq_len
+    if g % (dp * d.micro_batch):
+        raise ConfigError(
+            f"the global batch of {g} sequences (data.global_batch_tokens {d.global_batch_tokens} / "
+            f"data.seq_len {d.seq_len}) is not divisible by {dp} data-parallel rank(s) × data.micro_batch "
+            f"{d.micro_batch} = {dp * d.micro_batch}; change data.micro_batch, data.global_batch_tokens or "
+            "the number of ranks"
+        )
+    if not 0.0 <= d.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction = {d.val_fraction} must be in [0, 1)")
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+    if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:
+        raise ConfigError(
+            f"need 0 < optim.lr and 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}"
+        )
+    if o.grad_clip < 0 or o.weight_decay < 0:
+        raise ConfigError(
+            f"optim.grad_clip ({o.grad_clip}) and optim.weight_decay ({o.weight_decay}) must be ≥ 0"
+        )
+    if s.steps < 1 or not 0 <= s.warmup_steps <= s.steps:
+        raise ConfigError(
+            f"need schedule.steps ≥ 1 and 0 ≤ schedule.warmup_steps ≤ schedule.steps; got steps {s.steps}, "
+            f"warmup_steps {s.warmup_steps}"
+        )
+    if r.max_steps is not None and not 1 <= r.max_steps <= s.steps:
+        raise ConfigError(
+            f"run.max_steps = {r.max_steps} must be between 1 and schedule.steps = {s.steps} "
+            "(raise schedule.steps to train longer)"
+        )
+    if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
+        raise ConfigError(
+            f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
+            f"{r.val_every}, {r.val_batches}"
+        )
+    return BatchPlan(
+        global_batch=g,
+        dp_size=dp,
+        micro_batch=d.micro_batch,
+        grad_accum=g // (dp * d.micro_batch),
+        seq_len=d.seq_len,
+    )
+
+
+def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int):
+    """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset."""
+    from training.model import PRESETS  # the model module is heavier; import when a run starts
+
+    if section.preset not in PRESETS:
+        raise ConfigError(f"model.preset = {section.preset!r} is not one of {', '.join(sorted(PRESETS))}")
+    base = PRESETS[section.preset]
+    names = {f.name for f in dataclasses.fields(base)}
+    overrides = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.name == "preset" or value is None:
+            continue
+        if f.name not in names:  # the model grew or lost a field; keep the two in step
+            raise ConfigError(f"model.{f.name} is not a field of training.model.ModelConfig")
+        overrides[f.name] = value
+    data_vocab = int(dataset_info["vocab_size"])
+    if section.vocab_size is None and section.preset in VOCAB_FROM_DATASET_PRESETS:
+        overrides["vocab_size"] = data_vocab
+    try:
+        mcfg = dataclasses.replace(base, **overrides)
+    except ValueError as e:  # ModelConfig checks its own shape (heads divide dim, ...)
+        raise ConfigError(f"model: {e}") from None
+    if mcfg.vocab_size != data_vocab:
+        raise ConfigError(
+            f"the model's vocab_size {mcfg.vocab_size} (preset {section.preset!r}) differs from the "
+            f"dataset's {data_vocab} (dataset.json of data.dataset); set model.vocab_size = {data_vocab} or "
+            f"train on a dataset built with a {mcfg.vocab_size}-token tokenizer"
+        )
+    sep = int(dataset_info["separator"]["id"])
+    if not 0 <= sep < mcfg.vocab_size:
+        raise ConfigError(
+            f"the dataset's separator id {sep} is outside the model's vocabulary "
+            f"(vocab_size {mcfg.vocab_size})"
+        )
+    if seq_len > mcfg.max_seq_len:
+        raise ConfigError(
+            f"data.seq_len = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
+            f"{section.preset!r}); lower data.seq_len or set model.max_seq_len ≥ {seq_len}"
+        )
+    return mcfg

@@ -1,0 +1,56 @@
+"""`gristmill train`: train on one node, in this process or through torchrun.
+
+    gristmill train --config configs/train/demo.toml
+    gristmill train --config configs/train/demo.toml --nproc-per-node 2 --set parallel.shard=2
+
+With --nproc-per-node 1 (the default) the trainer runs in this process; with N > 1 it runs
+`python -m torch.distributed.run --standalone --nproc_per_node=N -m training.train ...`. The config
+is checked here first, so a typo or impossible batch arithmetic fails before any process starts.
+Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+from training.errors import GristmillError
+
+HELP = "train a model on a built dataset (one node; wraps torchrun)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from training.train import add_config_arguments
+
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes (GPUs) on this node; 1 runs in this process, N > 1 launches torchrun --standalone",
+    )
+
+
+def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += ["-m", "training.train", "--config", config]
+    if overrides:
+        cmd += ["--set", *overrides]
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.train import DistEnv, load_train_config, preflight, train
+
+    if args.nproc_per_node < 1:
+        raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
+    cfg = load_train_config(args.config, args.overrides)
+    if args.nproc_per_node == 1:
+        train(cfg)
+        return 0
+    preflight(cfg, DistEnv(world_size=args.nproc_per_node))
+    cmd = torchrun_command(args.config, args.overrides, args.nproc_per_node)
+    print("+ " + " ".join(cmd), flush=True)
+    return subprocess.call(cmd)

@@ -1,0 +1,228 @@
+"""Training metrics: MFU, update/param ratio, peak memory, and where the numbers go.
+
+MFU convention: model FLOPs per token = 6·N_matmul + 12·L·d·T (training.model.flops_per_token;
+the run header says whether the LM head is in N_matmul), achieved FLOP/s per device =
+tokens/s ÷ devices × FLOPs per token, MFU = achieved ÷ the device's dense bf16 peak. The peak is
+looked up by GPU model name; any other device (CPU included) gets no MFU rather than a guess.
+
+Sinks: stdout (one line per logged step), RUN/metrics.jsonl, tensorboard (RUN/tensorboard) and
+optionally Weights & Biases; RUN/loss.png at the end. tensorboard, wandb and matplotlib are
+imported lazily so the trainer runs without them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Shard
+
+# Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
+# against torch.cuda.get_device_name(), so the specific variants come before the family name.
+PEAK_BF16_FLOPS: list[tuple[str, float]] = [
+    ("H100 PCIE", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM
+    ("H200", 989e12),  # also GH200
+    ("H800", 989e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+]
+
+
+def peak_flops(device_name: str) -> float | None:
+    """Dense bf16 peak FLOP/s of one device by its name (e.g. "NVIDIA H100 80GB HBM3"), or None if unknown."""
+    name = device_name.upper()
+    for key, flops in PEAK_BF16_FLOPS:
+        if key in name:
+            return flops
+    return None
+
+
+def mfu(tokens_per_s: float, n_devices: int, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1] (None when the peak is unknown)."""
+    if peak is None or n_devices < 1:
+        return None
+    return tokens_per_s / n_devices * flops_per_token / peak
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak allocated CUDA memory on a GPU; on CPU the process's max resident set size."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def snapshot(params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A copy of this rank's parameter shards, taken before an optimizer step whose update is measured."""
+    return [_local(p).detach().clone() for p in params]
+
+
+def update_ratio(params: list[torch.Tensor], before: list[torch.Tensor]) -> float:
+    """‖θ_after − θ_before‖ / ‖θ_after‖ over all parameters, exact under FSDP/HSDP.
+
+    Sums of squares are taken over local shards (one foreach kernel each), then summed over the
+    mesh dimensions on which the parameters are sharded: a shard replicated over HSDP's replicate
+    dimension is counted once. One small all-reduce per (mesh, placement) kind, usually one.
+    """
+    sums: dict[Any, torch.Tensor] = {}
+    meshes: dict[Any, Any] = {}
+    by_kind: dict[Any, list[int]] = defaultdict(list)
+    for i, p in enumerate(params):
+        key = (id(p.device_mesh), tuple(p.placements)) if isinstance(p, DTensor) else None
+        by_kind[key].append(i)
+        if key is not None:
+            meshes[key] = p
+    for key, idx in by_kind.items():
+        after = [_local(params[i]).detach().float() for i in idx]
+        prev = [before[i].float() for i in idx]
+        delta = torch._foreach_sub(after, prev)
+        sq = torch.stack(
+            [
+                torch.stack([n.square() for n in torch._foreach_norm(delta)]).sum(),
+                torch.stack([n.square() for n in torch._foreach_norm(after)]).sum(),
+            ]
+        )
+        if key is not None:
+            p = meshes[key]
+            for dim, placement in enumerate(p.placements):
+                if isinstance(placement, Shard):
+                    dist.all_reduce(sq, group=p.device_mesh.get_group(dim))
+        sums[key] = sq
+    total = torch.stack([s.to(torch.float64).cpu() for s in sums.values()]).sum(0)
+    return math.sqrt(total[0].item()) / max(math.sqrt(total[1].item()), 1e-30)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def format_line(m: dict[str, Any]) -> str:
+    """The one stdout line of a logged step."""
+    parts = [
+        f"step {m['step']:>6d}",
+        f"loss {m['loss']:.4f}",
+        f"lr {m['lr']:.3e}",
+        f"gnorm {m['grad_norm']:.3f}",
+        f"upd/param {m['update_ratio']:.2e}",
+        f"tok/s {m['tokens_per_s']:,.0f}",
+    ]
+    if m.get("mfu") is not None:
+        parts.append(f"mfu {100 * m['mfu']:.1f}%")
+    parts.append(f"mem {fmt_bytes(m['peak_memory_bytes'])}")
+    if m.get("val_loss") is not None:
+        parts.append(f"val {m['val_loss']:.4f}")
+    return " | ".join(parts)
+
+
+class MetricsWriter:
+    """Rank 0's sinks: stdout, RUN/metrics.jsonl, tensorboard, wandb. Other ranks build none."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        config: dict | None = None,
+        out=None,
+    ):
+        self.run_dir = Path(run_dir)
+        self.out = out or sys.stdout
+        self.history: list[dict[str, Any]] = []
+        path = self.run_dir / "metrics.jsonl"
+        if path.exists():  # no resume yet: a rerun into the same directory starts the log over
+            self.print(f"note: {path} exists from an earlier run; starting it over")
+        self.jsonl = open(path, "w", encoding="utf-8")  # noqa: SIM115
+        self.tb = self._tensorboard() if tensorboard else None
+        self.wandb = self._wandb(wandb_project, config) if wandb_project else None
+
+    def print(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def _tensorboard(self):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            self.print("note: tensorboard is not installed; no event files (pip install tensorboard)")
+            return None
+        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+    def _wandb(self, project: str, config: dict | None):
+        try:
+            import wandb
+        except ImportError:
+            self.print(
+                f"note: wandb is not installed; not logging to project {project!r} (pip install wandb)"
+            )
+            return None
+        return wandb.init(project=project, dir=str(self.run_dir), config=config)
+
+    def log(self, m: dict[str, Any]) -> None:
+        self.history.append(m)
+        self.jsonl.write(json.dumps(m) + "\n")
+        self.jsonl.flush()
+        self.print(format_line(m))
+        scalars = {k: v for k, v in m.items() if k != "step" and isinstance(v, int | float) and v is not None}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, m["step"])
+            self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=m["step"])
+
+    def close(self) -> None:
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
+    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    train = [(m["step"], m["loss"]) for m in history]
+    val = [(m["step"], m["val_loss"]) for m in history if m.get("val_loss") is not None]
+    ax.plot(*zip(*train), label="train")
+    if val:
+        ax.plot(*zip(*val), marker="o", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (cross-entropy, nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None

@@ -1,0 +1,120 @@
+"""Optimizer, learning-rate schedule and gradient clipping (DTensor/FSDP2-aware).
+
+AdamW with β = (0.9, 0.95) and weight decay 0.1 on matrices only (norm weights and biases never
+decay; embeddings optionally), fused on CUDA; linear warmup then cosine to min_lr as a LambdaLR
+(Stateful: state_dict/load_state_dict); optional 8-bit AdamW through bitsandbytes on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from training.errors import GristmillError
+
+if TYPE_CHECKING:
+    from training.config import OptimSection, ScheduleSection
+
+
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = True) -> list[dict]:
+    """Two AdamW groups: decayed matrices, and undecayed norms/biases (ndim < 2) [+ embeddings].
+
+    Embedding tables are found by module type (nn.Embedding), so a tied LM head, which is the same
+    Parameter, follows the embedding's setting. Works on FSDP2-sharded models (DTensor keeps ndim).
+    """
+    embedding_ids = set()
+    if not decay_embeddings:
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                embedding_ids.add(id(module.weight))
+    decay, no_decay = [], []
+    for p in model.parameters():  # parameters() yields each shared Parameter once
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or id(p) in embedding_ids else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimSection, device_type: str, sharded: bool = False
+) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA unless cfg.fused says otherwise) or bitsandbytes' 8-bit AdamW."""
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if cfg.name == "adamw8bit":
+        bnb = bitsandbytes_or_refuse(device_type, sharded)
+        return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
+    fused = device_type == "cuda" if cfg.fused is None else cfg.fused
+    if fused and device_type != "cuda":
+        raise GristmillError(
+            f"optim.fused = true needs a CUDA device (this run is on {device_type}); leave optim.fused unset "
+            "to pick it automatically"
+        )
+    # fused and foreach are mutually exclusive; foreach (default None → torch picks) otherwise.
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused or None)
+
+
+def bitsandbytes_or_refuse(device_type: str, sharded: bool):
+    if device_type != "cuda":
+        raise GristmillError(
+            f"optim.name = 'adamw8bit' needs a CUDA GPU (bitsandbytes' 8-bit AdamW has no {device_type} "
+            "kernels); use optim.name = 'adamw' on this machine"
+        )
+    if sharded:
+        raise GristmillError(
+            "optim.name = 'adamw8bit' does not support FSDP-sharded parameters (bitsandbytes works on plain "
+            "tensors, FSDP2 parameters are DTensors); use optim.name = 'adamw' or a single process"
+        )
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        raise GristmillError(
+            "optim.name = 'adamw8bit' needs the bitsandbytes package (pip install bitsandbytes); "
+            "or use optim.name = 'adamw'"
+        ) from None
+    return bnb
+
+
+class WarmupCosine:
+    """LR multiplier for 0-based optimizer step s: linear warmup reaching the peak at s = warmup - 1
+    (s = 0 without warmup), then a cosine from the peak to min_ratio at s = total - 1."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        peak_step = max(self.warmup - 1, 0)
+        span = self.total - 1 - peak_step
+        progress = 1.0 if span <= 0 else min(1.0, (step - peak_step) / span)
+        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, optim: OptimSection, schedule: ScheduleSection
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR over WarmupCosine; its state_dict (last_epoch, base_lrs) is what a checkpoint stores."""
+    fn = WarmupCosine(schedule.warmup_steps, schedule.steps, optim.min_lr / optim.lr)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Total L2 norm of all gradients (before clipping), clipping them to max_norm when > 0.
+
+    With FSDP2 the gradients are DTensors and their norm is a partial DTensor; `full_tensor()`
+    reduces it over the sharded mesh dimensions (torchtitan's recipe), so every rank clips by the
+    same global norm.
+    """
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total, foreach=True)
+    return total

@@ -1,0 +1,413 @@
+"""The trainer: `python -m training.train --config RECIPE.toml [--set key=value ...]`, also under torchrun.
+
+    torchrun --standalone --nproc_per_node=2 -m training.train --config configs/train/demo.toml \
+        --set parallel.shard=2
+
+Order of work: parse and check the whole config (batch arithmetic, mesh shape, model vs dataset
+vocabulary) → process group (gloo on CPU, nccl on CUDA) → device mesh → model on the meta device
+(or materialised, see run.init_device) → parallelize (AC, compile, FSDP2) → weights initialised
+with the same seed on every rank → loader for this data-parallel rank → optimizer and schedule →
+the loop. `train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step)
+is separate from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
+checkpoint needs are grouped by training.train_state.checkpointables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
+from training.config_loader import load_config, save_config, to_dict
+from training.dataset_format import read_dataset_info
+from training.errors import GristmillError
+from training.metrics import (
+    MetricsWriter,
+    device_name,
+    mfu,
+    peak_flops,
+    peak_memory_bytes,
+    plot_loss,
+    snapshot,
+    update_ratio,
+)
+from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
+from training.train_state import TrainState, checkpointables
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, from torchrun's environment (1 process when absent)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise GristmillError(
+            "run.device = 'cuda' but torch sees no CUDA device; use run.device = 'auto' or 'cpu'"
+        )
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def forward_backward_step(
+    model: nn.Module, batch: dict[str, torch.Tensor], scale: float, amp
+) -> torch.Tensor:
+    """Loss of one micro-batch and its gradient, scaled by 1/accumulation steps; returns the loss detached."""
+    with amp():
+        loss = model(batch["input_ids"], labels=batch["labels"], position_ids=batch.get("position_ids"))
+    (loss * scale).backward()
+    return loss.detach()
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    micro_batches: list[dict[str, torch.Tensor]],
+    *,
+    grad_clip: float,
+    amp,
+    measure_update: bool = False,
+) -> dict[str, Any]:
+    """One optimizer step over this rank's micro-batches. Values stay on the device (no host sync)
+    except the update ratio, which is only measured when asked (it copies the parameter shards)."""
+    optimizer.zero_grad(set_to_none=True)
+    scale = 1.0 / len(micro_batches)
+    losses = [forward_backward_step(model, mb, scale, amp) for mb in micro_batches]
+    # After backward FSDP2 has resharded: these are the sharded (DTensor) parameters the optimizer holds.
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = clip_grad_norm(params, grad_clip)
+    lr = scheduler.get_last_lr()[0]
+    before = snapshot(params) if measure_update else None
+    optimizer.step()
+    scheduler.step()
+    out: dict[str, Any] = {"loss": torch.stack(losses).mean(), "grad_norm": grad_norm, "lr": lr}
+    if before is not None:
+        out["update_ratio"] = update_ratio(params, before)
+    return out
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader, start_state: dict, n_batches: int, amp, device, world_size: int
+) -> float:
+    """Mean loss over the first `n_batches` global batches of the held-out split (the same ones each time)."""
+    loader.load_state_dict(start_state)
+    model.eval()
+    losses = []
+    it = iter(loader)
+    for _ in range(n_batches):
+        for mb in next(it):
+            mb = _to_device(mb, device)
+            with amp():
+                losses.append(
+                    model(mb["input_ids"], labels=mb["labels"], position_ids=mb.get("position_ids"))
+                )
+    del it
+    for module in model.modules():  # FSDP2 keeps the root unsharded after a forward without backward
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    model.train()
+    # Every rank evaluated the same number of equal-sized micro-batches: the mean of means is exact.
+    return _all_sum(torch.stack(losses).double().sum(), world_size, device).item() / (
+        len(losses) * world_size
+    )
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _all_sum(t: torch.Tensor, world_size: int, device: torch.device) -> torch.Tensor:
+    if world_size > 1:
+        t = t.to(device)
+        dist.all_reduce(t)
+    return t
+
+
+def _all_max(value: float, world_size: int, device: torch.device) -> float:
+    if world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
+    """Model → parallelize → weights, seeded identically on every rank (see run.init_device)."""
+    from training.model import Transformer
+    from training.parallelize import parallelize
+
+    mode = cfg.run.init_device
+    if mode == "auto":
+        mode = "meta" if device.type == "cuda" else "full"
+    if mode == "meta":
+        with torch.device("meta"):
+            model = Transformer(mcfg)
+        model = parallelize(model, mesh, cfg.parallel)
+        model.to_empty(device=device)
+        torch.manual_seed(cfg.run.seed)
+        with torch.no_grad():
+            model.init_weights()
+    else:  # whole model on every rank, then shard: identical weights whatever the world size
+        torch.manual_seed(cfg.run.seed)
+        with torch.device(device):
+            model = Transformer(mcfg)
+        with torch.no_grad():
+            model.init_weights()
+        model = parallelize(model, mesh, cfg.parallel)
+    model.train()
+    return model
+
+
+def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
+    from training.model import num_params
+
+    n = num_params(model)
+    n_ne = num_params(model, exclude_embeddings=True)
+    mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
+    amp = (
+        "bf16 autocast"
+        if (mesh is None and cfg.parallel.param_dtype == "bfloat16")
+        else cfg.parallel.param_dtype
+    )
+    lines = [
+        f"gristmill train → {cfg.run.output_dir}",
+        f"  model   preset {cfg.model.preset}: {n:,} params ({n_ne:,} without embeddings), dim {mcfg.dim}, "
+        f"{mcfg.n_layers} layers, {mcfg.n_heads}/{mcfg.n_kv_heads} heads, vocab {mcfg.vocab_size}",
+        f"  batch   {plan.global_batch} seqs × {plan.seq_len} = {plan.tokens_per_step:,} tokens/step = "
+        f"{plan.dp_size} ranks × {plan.micro_batch} micro × {plan.grad_accum} accumulation",
+        f"  run     {env.world_size} process(es) on {device_name(device)}, mesh {mesh_txt}, compute {amp}, "
+        f"{cfg.schedule.steps} steps (warmup {cfg.schedule.warmup_steps}), "
+        f"lr {cfg.optim.lr:g} → {cfg.optim.min_lr:g}",
+        f"  flops   {fpt:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
+        + (
+            f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
+            if peak
+            else f"MFU not reported (no known peak for {device_name(device)!r})"
+        ),
+    ]
+    return lines
+
+
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[BatchPlan, Any, torch.device]:
+    """Every check that needs no process group, model or GPU memory: batch arithmetic, the model
+    against the dataset (vocabulary, separator, sequence length), the device and the optimizer.
+    Raises GristmillError with the numbers; returns (batch plan, ModelConfig, device)."""
+    plan = check_config(cfg, env.world_size)
+    info = read_dataset_info(cfg.data.dataset)
+    mcfg = resolve_model_config(cfg.model, info, plan.seq_len)
+    device = pick_device(cfg.run.device, env.local_rank)
+    if cfg.optim.name == "adamw8bit":
+        bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
+    return plan, mcfg, device
+
+
+def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
+    """Run the whole recipe; returns a summary (rank 0's view). Raises GristmillError on bad input."""
+    env = DistEnv.from_environ()
+    plan, mcfg, device = preflight(cfg, env)
+    # --- checks done; from here on the run does work ---
+    threads = torch.get_num_threads()
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    pg_started = False
+    if env.world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        pg_started = True
+    try:
+        return _run(cfg, mcfg, plan, env, device, out)
+    finally:
+        if pg_started:
+            dist.destroy_process_group()
+        torch.set_num_threads(threads)  # an in-process caller (gristmill demo, tests) keeps its setting
+
+
+def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> dict[str, Any]:
+    from training.loader import TokenLoader
+    from training.model import flops_per_token
+    from training.parallelize import autocast_context, build_mesh
+
+    mesh = build_mesh(cfg.parallel, env.world_size, device.type)  # checks replicate × shard = world size
+    d = cfg.data
+    loader_args = dict(
+        seq_len=d.seq_len,
+        global_batch=plan.global_batch,
+        micro_batch=d.micro_batch,
+        seed=d.seed,
+        rank=env.rank,  # every rank is a data-parallel rank
+        world_size=plan.dp_size,
+        num_workers=d.num_workers,
+        val_fraction=d.val_fraction,
+        check_separators=d.check_separators,
+        pin_memory=device.type == "cuda",
+        expect_vocab_size=mcfg.vocab_size,
+    )
+    # Loaders before the model: a dataset too small for one global batch fails before the big allocations.
+    loader = TokenLoader(d.dataset, split="train", **loader_args)
+    val_loader = val_state = None
+    if d.val_fraction > 0 and cfg.run.val_every > 0:
+        val_loader = TokenLoader(d.dataset, split="val", **loader_args)
+        val_state = val_loader.state_dict()
+
+    run_dir = Path(cfg.run.output_dir)
+    is_main = env.rank == 0
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.toml")
+    model = build_model(mcfg, cfg, mesh, device)
+    amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
+
+    optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
+    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
+    state = TrainState()
+    # The checkpoint code hands this dict to DCP (save and resume are a separate piece of work).
+    states = checkpointables(model, optimizer, scheduler, loader, state)
+
+    fpt = flops_per_token(mcfg, d.seq_len, include_lm_head=True)
+    peak = peak_flops(device_name(device)) if device.type == "cuda" else None
+    writer = None
+    if is_main:
+        writer = MetricsWriter(
+            run_dir,
+            tensorboard=cfg.metrics.tensorboard,
+            wandb_project=cfg.metrics.wandb_project,
+            config=to_dict(cfg),
+            out=out,
+        )
+        for line in _header(cfg, mcfg, plan, env, device, mesh, model, fpt, peak):
+            writer.print(line)
+
+    last = cfg.run.max_steps or cfg.schedule.steps
+    first_loss = last_loss = val_loss = None
+    t_start = t_window = time.perf_counter()
+    tokens_window = 0
+    train_iter = iter(loader)
+    try:
+        for step in range(state.step + 1, last + 1):
+            micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
+            do_val = val_loader is not None and (step % cfg.run.val_every == 0 or step == last)
+            do_log = step % cfg.run.log_every == 0 or step in (1, last) or do_val
+            res = train_step(
+                model,
+                optimizer,
+                scheduler,
+                micro_batches,
+                grad_clip=cfg.optim.grad_clip,
+                amp=amp,
+                measure_update=do_log,
+            )
+            state.step = step
+            state.tokens_seen += plan.tokens_per_step
+            tokens_window += plan.tokens_per_step
+            if not do_log:
+                continue
+            loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
+            elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
+            m: dict[str, Any] = {
+                "step": step,
+                "loss": loss,
+                "lr": res["lr"],
+                "grad_norm": res["grad_norm"].item(),
+                "update_ratio": res["update_ratio"],
+                "tokens_per_s": tokens_window / elapsed,
+                "tokens_seen": state.tokens_seen,
+            }
+            util = mfu(m["tokens_per_s"], env.world_size, fpt, peak)
+            if util is not None:
+                m["mfu"] = util
+            m["peak_memory_bytes"] = int(_all_max(peak_memory_bytes(device), env.world_size, device))
+            if do_val:
+                val_loss = evaluate(
+                    model, val_loader, val_state, cfg.run.val_batches, amp, device, env.world_size
+                )
+                m["val_loss"] = val_loss
+            m["elapsed_s"] = time.perf_counter() - t_start
+            first_loss = loss if first_loss is None else first_loss
+            last_loss = loss
+            if writer is not None:
+                writer.log(m)
+            t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
+    finally:
+        if writer is not None:
+            writer.close()
+    summary = {
+        "run_dir": str(run_dir),
+        "steps": state.step,
+        "first_loss": first_loss,
+        "final_loss": last_loss,
+        "val_loss": val_loss,
+        "seconds": time.perf_counter() - t_start,
+        "states": states,
+    }
+    if writer is not None:
+        note = plot_loss(writer.history, run_dir / "loss.png") if cfg.metrics.plot else None
+        writer.print(
+            note
+            or f"loss {first_loss:.4f} → {last_loss:.4f} in {state.step} steps, {summary['seconds']:.0f} s; "
+            f"curve: {run_dir / 'loss.png'}"
+        )
+    return summary
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", required=True, help="training recipe (TOML), e.g. configs/train/demo.toml"
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set optim.lr=1e-4 parallel.shard=2 (repeatable)",
+    )
+
+
+def load_train_config(config: str, overrides: list[str]) -> TrainConfig:
+    return load_config(TrainConfig, config, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+    add_config_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        train(load_train_config(args.config, args.overrides))
+    except GristmillError as e:
+        # Config and data errors are the same on every rank: say it once.
+        if DistEnv.from_environ().rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
