@@ -85,31 +85,20 @@ def update_ratio(params: list[torch.Tensor], before: list[torch.Tensor]) -> floa
     mesh dimensions on which the parameters are sharded: a shard replicated over HSDP's replicate
     dimension is counted once. One small all-reduce per (mesh, placement) kind, usually one.
     """
-    sums: dict[Any, torch.Tensor] = {}
-    meshes: dict[Any, Any] = {}
     by_kind: dict[Any, list[int]] = defaultdict(list)
     for i, p in enumerate(params):
-        key = (id(p.device_mesh), tuple(p.placements)) if isinstance(p, DTensor) else None
-        by_kind[key].append(i)
-        if key is not None:
-            meshes[key] = p
+        by_kind[(id(p.device_mesh), p.placements) if isinstance(p, DTensor) else None].append(i)
+    total = torch.zeros(2, dtype=torch.float64)
     for key, idx in by_kind.items():
         after = [_local(params[i]).detach().float() for i in idx]
-        prev = [before[i].float() for i in idx]
-        delta = torch._foreach_sub(after, prev)
-        sq = torch.stack(
-            [
-                torch.stack([n.square() for n in torch._foreach_norm(delta)]).sum(),
-                torch.stack([n.square() for n in torch._foreach_norm(after)]).sum(),
-            ]
-        )
+        delta = torch._foreach_sub(after, [before[i].float() for i in idx])
+        sq = torch.stack([torch.stack(torch._foreach_norm(t)).square().sum() for t in (delta, after)])
         if key is not None:
-            p = meshes[key]
+            p = params[idx[0]]
             for dim, placement in enumerate(p.placements):
                 if isinstance(placement, Shard):
                     dist.all_reduce(sq, group=p.device_mesh.get_group(dim))
-        sums[key] = sq
-    total = torch.stack([s.to(torch.float64).cpu() for s in sums.values()]).sum(0)
+        total += sq.double().cpu()
     return math.sqrt(total[0].item()) / max(math.sqrt(total[1].item()), 1e-30)
 
 
