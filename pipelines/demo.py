@@ -1,0 +1,72 @@
+"""`gristmill demo`: the whole system, offline, on the embedded demo corpus.
+
+Each stage is the same code path a user runs by hand (the commands are printed before each stage),
+so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train.
+Everything lands under runs/; rerunning resumes or reuses what is already complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+HELP = "run the whole system offline on the demo corpus: build → validate → audit → train"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
+    parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
+    parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
+
+
+def _stage(n: int, total: int, title: str, command: str) -> float:
+    print(f"\n=== [{n}/{total}] {title}\n    $ {command}", flush=True)
+    return time.time()
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipelines.build import build
+    from pipelines.config import DataConfig
+    from training.config_loader import load_config
+    from validation.audit import print_summary, write_plots
+    from validation.audit_views import connect
+
+    total = 3 if args.skip_train else 4
+    for path in (args.data_config, *(() if args.skip_train else (args.train_config,))):
+        if not Path(path).is_file():
+            print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
+            return 2
+
+    t0 = _stage(1, total, "build the dataset (writes the demo corpus and tokenizer on first use)",
+                f"gristmill data build --config {args.data_config}")  # fmt: skip
+    cfg = load_config(DataConfig, args.data_config)
+    result = build(cfg)
+    print(f"    build stage took {time.time() - t0:.0f} s")
+    if not result.ok:
+        print(f"error: validation of {result.output} failed; see the problems above")
+        return 1
+    data_dir = result.output
+
+    _stage(
+        2, total, "validate (already run by the build; rerun any time)", f"gristmill data validate {data_dir}"
+    )
+    print(f"    validation: {'ok' if result.report is None or result.report.ok else 'FAILED'}")
+
+    _stage(3, total, "audit the dataset", f"gristmill data audit {data_dir} --plots {data_dir}/audit")
+    print_summary([data_dir])
+    con, _ = connect([data_dir])
+    try:
+        plots = write_plots(con, data_dir / "audit")
+    finally:
+        con.close()
+    print(f"    plots: {', '.join(str(p) for p in plots)}")
+    if args.skip_train:
+        return 0
+
+    t0 = _stage(4, total, "train a small Llama on it (CPU)", f"gristmill train --config {args.train_config}")
+    from training.train import main as train_main
+
+    rc = train_main(["--config", args.train_config, "--set", f"data.dataset={data_dir}"])
+    print(f"    training stage took {time.time() - t0:.0f} s")
+    return rc
