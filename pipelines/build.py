@@ -27,11 +27,11 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from pipelines.config import DataConfig, add_config_arguments, content_identity, identity_sha256
+from pipelines.config import DataConfig, content_identity, identity_sha256
 from pipelines.sources import SourceFiles, list_source_files
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
-from training.config_loader import load_config, save_config
+from training.config_loader import add_config_arguments, load_config, save_config
 from training.dataset_format import (
     DATASET_JSON,
     EXCLUDED_DIR,
@@ -65,7 +65,7 @@ class BuildResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_config_arguments(parser, "build.workers=2")
+    add_config_arguments(parser, "configs/data/demo.toml", "build.workers=2")
     parser.add_argument(
         "--finalize-only",
         action="store_true",

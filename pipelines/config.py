@@ -168,19 +168,6 @@ class DataConfig:
     """How the work is run (executor, parallelism); does not change the output."""
 
 
-def add_config_arguments(parser, example: str) -> None:
-    """`--config RECIPE` and repeatable `--set KEY=VALUE` (into args.config / args.overrides)."""
-    parser.add_argument("--config", required=True, help="data recipe, e.g. configs/data/demo.toml")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a config field, e.g. --set {example} (repeatable)",
-    )
-
-
 def content_identity(
     cfg: DataConfig, tokenizer_sha256: str, input_files: list[dict[str, Any]]
 ) -> dict[str, Any]:

@@ -19,9 +19,9 @@ HELP = "train a byte-level BPE tokenizer on a sample of a data recipe's source"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pipelines.config import add_config_arguments
+    from training.config_loader import add_config_arguments
 
-    add_config_arguments(parser, "tokenizer.train.vocab_size=16384")
+    add_config_arguments(parser, "configs/data/demo.toml", "tokenizer.train.vocab_size=16384")
     parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing tokenizer file")
 

@@ -10,6 +10,7 @@ pyarrow; the data pipelines import it from here.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import hashlib
@@ -46,6 +47,20 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         key, value = parse_override(item)
         set_dotted(raw, key, value)
     return from_dict(cls, raw, source=source)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
+    """`--config RECIPE` and `--set KEY=VALUE ...` (into args.config / args.overrides), for every stage."""
+    parser.add_argument("--config", required=True, help=f"recipe (TOML), e.g. {recipe}")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override config fields, e.g. --set {example} (repeatable)",
+    )
 
 
 def parse_override(item: str) -> tuple[str, Any]:

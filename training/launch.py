@@ -21,9 +21,9 @@ HELP = "train a model on a built dataset (one node; wraps torchrun)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.train import add_config_arguments
+    from training.config_loader import add_config_arguments
 
-    add_config_arguments(parser)
+    add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     parser.add_argument(
         "--nproc-per-node",
         type=int,

@@ -29,7 +29,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
-from training.config_loader import load_config, save_config, to_dict
+from training.config_loader import add_config_arguments, load_config, save_config, to_dict
 from training.dataset_format import read_dataset_info
 from training.errors import GristmillError
 from training.metrics import (
@@ -376,28 +376,13 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
     return summary
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", required=True, help="training recipe (TOML), e.g. configs/train/demo.toml"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="extend",
-        nargs="+",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set optim.lr=1e-4 parallel.shard=2 (repeatable)",
-    )
-
-
 def load_train_config(config: str, overrides: list[str]) -> TrainConfig:
     return load_config(TrainConfig, config, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
-    add_config_arguments(parser)
+    add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     args = parser.parse_args(argv)
     try:
         train(load_train_config(args.config, args.overrides))

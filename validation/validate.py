@@ -566,13 +566,6 @@ def _check_dataset_json(
 # CLI
 
 
-def _si(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
 def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
     rate = (
         f"{r.shards / r.seconds:.1f} shards/s, {r.tokens / r.seconds / 1e6:.1f}M tokens/s"
