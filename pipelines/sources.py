@@ -9,6 +9,7 @@ file and line. Only the text, the id and FineWeb-Edu's metadata columns are read
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -197,11 +198,12 @@ class ParquetSource(_Reader):
             f = self.data_folder.open(filepath, "rb")
         except OSError as e:
             raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
-        with f, pq.ParquetFile(f) as pqf:
+        path = self.data_folder.resolve_paths(filepath)
+        with f, _read_errors(path, "parquet"), pq.ParquetFile(f) as pqf:
             names = pqf.schema_arrow.names
             if self.text_key not in names:
                 raise SourceError(
-                    f"{self.data_folder.resolve_paths(filepath)} has no column {self.text_key!r} (columns: "
+                    f"{path} has no column {self.text_key!r} (columns: "
                     f"{', '.join(names)}); set source.text_key to the text column"
                 )
             meta_cols = [k for k in META_KEYS if k in names and k != self.text_key]
@@ -240,13 +242,15 @@ class JsonlSource(_Reader):
     def read_file(self, filepath: str):
         import orjson
 
+        zst = filepath.endswith(".zst")
         try:
-            f = self.data_folder.open(filepath, "rb", compression="infer")
+            f = self.data_folder.open(filepath, "rb", compression=None if zst else "infer")
         except OSError as e:
             raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
-        with f:
+        with f, _read_errors(self.data_folder.resolve_paths(filepath), "jsonl"):
             # zstd readers are not line-iterable; a buffered wrapper works for every codec
-            for li, line in enumerate(io.BufferedReader(f, 1 << 20), 1):
+            lines = io.BufferedReader(_StrictZstdReader(f) if zst else f, 1 << 20)
+            for li, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"
@@ -269,6 +273,63 @@ class JsonlSource(_Reader):
                 meta = {k: data[k] for k in META_KEYS if k in data}
                 yield self.make_document(data.get(self.text_key), data.get(self.id_key), meta, where)
         self._done_file(filepath)
+
+
+@contextlib.contextmanager
+def _read_errors(path: str, kind: str):
+    """A file that breaks off mid-read (corrupt page, truncated stream, dropped connection) ends
+    the task with a SourceError naming the file, instead of a bare codec error."""
+    try:
+        yield
+    except (GristmillError, GeneratorExit):
+        raise
+    except Exception as e:
+        detail = str(e).splitlines()[0] if str(e) else ""
+        raise SourceError(
+            f"{path} cannot be read as {kind} ({type(e).__name__}: {detail}): "
+            "the file is damaged or truncated, or its connection dropped; re-download it (`gristmill data "
+            "download` verifies checksums) or remove it from source.path, then rerun the same command"
+        ) from None
+
+
+class _StrictZstdReader(io.RawIOBase):
+    """zstd decompression that raises EOFError on a truncated stream.
+
+    zstandard's stream_reader (what fsspec uses) ends quietly when the input stops inside a frame,
+    so a cut .jsonl.zst would lose the rest of its documents without a word.
+    """
+
+    def __init__(self, raw):
+        import zstandard
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._dobj = self._dctx.decompressobj()
+        self._out = memoryview(b"")
+        self._in_frame = False  # input fed to the current frame, which has not ended yet
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._out:
+            chunk = self._raw.read(1 << 20)
+            if not chunk:
+                if self._in_frame:
+                    raise EOFError("zstd stream ends inside a frame (the file is truncated)")
+                return 0
+            out = []
+            while chunk:
+                out.append(self._dobj.decompress(chunk))
+                self._in_frame = not self._dobj.eof
+                chunk = self._dobj.unused_data if self._dobj.eof else b""
+                if self._dobj.eof:  # a frame ended; what follows is the next frame
+                    self._dobj = self._dctx.decompressobj()
+            self._out = memoryview(b"".join(out))
+        n = min(len(b), len(self._out))
+        b[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
 
 
 def make_reader(cfg: SourceConfig, source: SourceFiles, progress: TaskProgress | None = None) -> _Reader:

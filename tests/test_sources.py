@@ -140,3 +140,28 @@ def test_demo_corpus(tmp_path):
     mtimes = [f.stat().st_mtime_ns for f in files]
     write_demo_corpus(out)  # already there: not rewritten
     assert [f.stat().st_mtime_ns for f in files] == mtimes
+
+
+def test_truncated_jsonl_zst_is_an_error_naming_the_file(tmp_path):
+    lines = [
+        json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}).encode() for i in range(500)
+    ]
+    data = zstandard.ZstdCompressor().compress(b"\n".join(lines) + b"\n")
+    # Two frames back to back (as pzstd or `cat a.zst b.zst` write them) read as one stream.
+    (tmp_path / "whole.jsonl.zst").write_bytes(data + data)
+    docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "whole.jsonl.zst")))
+    assert len(docs) == 1000 and docs[-1].id == "d499"
+    # Cut mid-frame: zstandard's stream reader would end quietly after ~half the documents.
+    (tmp_path / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceError, match=r"cut\.jsonl\.zst cannot be read as jsonl .*truncated"):
+        read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "cut.jsonl.zst")))
+
+
+def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
+    texts = [f"Document {i} about rivers and the sea. " * 20 for i in range(2000)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "x.parquet", row_group_size=500)
+    data = bytearray((tmp_path / "x.parquet").read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 2000] = b"A" * 2000  # a data page; the footer is intact
+    (tmp_path / "x.parquet").write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=r"x\.parquet cannot be read as parquet .*damaged or truncated"):
+        read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
