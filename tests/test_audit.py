@@ -282,3 +282,19 @@ def test_print_summary(built_dataset, capsys):
     print_summary([built_dataset])
     out = capsys.readouterr().out
     assert out.startswith("== summary ==") and "shard_balance" in out
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["manifest/00001.parquet", "dataset.json", "logs/stats/00001.json", "validation.json"],
+)
+def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, capsys, damage):
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    target = root / damage
+    target.write_bytes(target.read_bytes()[: len(target.read_bytes()) // 2])  # truncated
+    capsys.readouterr()
+    assert main(["data", "audit", str(root)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines  # no traceback
+    assert f"{target} is unreadable" in lines[0] and "gristmill data validate" in lines[0]

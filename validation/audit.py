@@ -17,6 +17,7 @@ outside the dataset directories (duckdb's `enable_external_access = false` with
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime
 import decimal
@@ -29,7 +30,7 @@ import duckdb
 
 from training.errors import GristmillError
 from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS
-from validation.audit_views import connect, describe_views, persist
+from validation.audit_views import connect, describe_views, find_damaged, persist
 
 HELP = "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)"
 
@@ -38,6 +39,24 @@ READ_ONLY = {duckdb.StatementType.SELECT}
 
 class AuditQueryError(GristmillError):
     """A --sql query that is refused or fails; the message says why and lists the views."""
+
+
+class AuditError(GristmillError):
+    """A dataset whose files the audit cannot read; the message names the file."""
+
+
+@contextlib.contextmanager
+def _damaged_files_named(roots: list[str | Path]):
+    """duckdb failing on a dataset's own files (a truncated manifest, a broken dataset.json) ends
+    in one line naming the file, not a traceback."""
+    try:
+        yield
+    except duckdb.Error as e:
+        what = find_damaged(roots) or f"duckdb: {str(e).strip().splitlines()[0]}"
+        raise AuditError(
+            f"cannot audit {', '.join(map(str, roots))}: {what}; check it with `gristmill data validate DIR` "
+            "and rebuild (rerun `gristmill data build`) if it is damaged"
+        ) from None
 
 
 class Result:
@@ -218,11 +237,12 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Pat
 
 def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     """The default tables (DEFAULT_REPORTS) for these datasets; `make demo` ends with this."""
-    con, _ = connect(roots)
-    try:
-        write_results([run_preset(con, n) for n in DEFAULT_REPORTS], "table", out or sys.stdout)
-    finally:
-        con.close()
+    with _damaged_files_named(roots):
+        con, _ = connect(roots)
+        try:
+            write_results([run_preset(con, n) for n in DEFAULT_REPORTS], "table", out or sys.stdout)
+        finally:
+            con.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -241,6 +261,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with _damaged_files_named(args.dirs):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.db:
         views = persist(args.dirs, args.db)
         print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)

@@ -251,6 +251,28 @@ def persist(roots: list[str | Path], db_path: str | Path) -> list[str]:
         con.close()
 
 
+def find_damaged(roots: list[str | Path]) -> str | None:
+    """The first file a view reads that is not readable (parquet footer, JSON), as a message.
+
+    Called only after duckdb failed, to name the file: duckdb's errors for a JSON cast do not.
+    """
+    import json
+
+    import pyarrow.parquet as pq
+
+    for root in check_roots(roots):
+        for view in FILE_VIEWS.values():
+            for path in sorted(glob.glob(str(root / view.pattern), recursive=True)):
+                try:
+                    if view.reader == "parquet":
+                        pq.read_metadata(path)
+                    elif view.reader == "text":  # every text view casts the content to JSON
+                        json.loads(Path(path).read_bytes())
+                except Exception as e:  # noqa: BLE001 - any failure is the answer
+                    return f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return None
+
+
 def describe_views(con: duckdb.DuckDBPyConnection) -> list[tuple[str, list[tuple[str, str]]]]:
     """[(view, [(column, type), …])] for the error message of a malformed query."""
     rows = con.execute(
