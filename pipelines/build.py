@@ -191,7 +191,9 @@ def _check_output(p: Prepared) -> dict[str, Any] | None:
     """Refuse a changed config or a foreign directory; return build.json if resuming."""
     bj = p.out / BUILD_JSON
     if bj.is_file():
-        old = json.loads(bj.read_text())
+        old = _read_json(
+            bj, f"cannot tell which config built {p.out}; delete {p.out} to rebuild from scratch"
+        )
         if old.get("config_sha256") != p.sha:
             changes = _diff(old.get("identity", {}), p.identity)
             raise BuildError(
@@ -245,9 +247,10 @@ def build(cfg: DataConfig, log=print) -> BuildResult:
     with _locked(p.out):
         previous = _check_output(p)
         info_path = p.out / DATASET_JSON
-        if previous and info_path.is_file() and json.loads(info_path.read_text()).get("status") == "complete":
+        info = _read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
+        if info is not None and info.get("status") == "complete":
             log(f"{p.out} is already complete (same config); validating it again")
-            return _validate(p.cfg, p.out, json.loads(info_path.read_text()), log)
+            return _validate(p.cfg, p.out, info, log)
         check_free_space(p.out, 0, p.cfg.build.min_free_gb, "start the build")
         tok_dst = p.out / TOKENIZER_JSON
         if not tok_dst.is_file() or tok_dst.read_bytes() != p.tokenizer_bytes:
@@ -409,7 +412,9 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     bj = out / BUILD_JSON
     if not bj.is_file():
         raise BuildError(f"{bj} not found: {out} was never started by `gristmill data build`")
-    sha = json.loads(bj.read_text())["config_sha256"]
+    sha = _read_json(bj, f"cannot tell which config built {out}; delete {out} to rebuild from scratch").get(
+        "config_sha256"
+    )
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position))
     saved = load_config(DataConfig, out / CONFIG_TOML)
@@ -468,6 +473,23 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
     report = validate_dataset(out, progress=False)
     log(format_report(report))
     return BuildResult(out, "complete", info, report)
+
+
+DATASET_JSON_FIX = (
+    "it is written last from the shards, so delete it and rerun the same command to rewrite it "
+    "(validation runs again), or rebuild into a new `output`"
+)
+
+
+def _read_json(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON object the build wrote earlier; damage is a BuildError naming the file and `fix`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{path} is unreadable ({type(e).__name__}: {e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise BuildError(f"{path} is not a JSON object; {fix}")
+    return data
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

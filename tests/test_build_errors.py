@@ -124,3 +124,19 @@ def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
     result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
     assert result.ok and tok.is_file()
     assert (tmp_path / "o" / "tokenizer.json").read_bytes() == tok.read_bytes()
+
+
+def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tmp_path, capsys):
+    import shutil
+
+    _, _, config = build_fixture
+    for name, fix in (
+        ("build.json", "cannot tell which config built"),
+        ("dataset.json", "delete it and rerun"),
+    ):
+        out = tmp_path / name
+        shutil.copytree(built_dataset, out)
+        (out / name).write_text('{"cut off')
+        msg = one_error(capsys, build_argv(config, out))
+        assert f"{out / name} is unreadable (JSONDecodeError" in msg and fix in msg
+        assert (out / name).read_text() == '{"cut off'  # nothing rewritten
