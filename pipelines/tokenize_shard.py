@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
+from datatrove.utils.logging import logger
 
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
@@ -33,6 +34,18 @@ SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 META_FIELDS = ("id", "url", "dump", "score", "int_score", "language", "language_score", "token_count")
 # Tar overhead per document: two 512-byte headers plus padding of two members.
 TAR_OVERHEAD_PER_DOC = 2048
+
+
+def _no_traceback_for_gristmill_errors(record) -> None:
+    """loguru patcher: datatrove logs a failed task with `logger.exception`; a GristmillError's
+    message already names the file and the fix, so print it as one line, without a traceback."""
+    exc = record["exception"]
+    if exc is not None and isinstance(exc.value, GristmillError):
+        record["exception"] = None
+
+
+# Imported wherever a task runs (datatrove unpickles this step in each worker process).
+logger.configure(patcher=_no_traceback_for_gristmill_errors)
 
 
 class DiskFullError(GristmillError):

@@ -140,3 +140,25 @@ def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tm
         msg = one_error(capsys, build_argv(config, out))
         assert f"{out / name} is unreadable (JSONDecodeError" in msg and fix in msg
         assert (out / name).read_text() == '{"cut off'  # nothing rewritten
+
+
+def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tmp_path, capsys):
+    # Found only while a task reads (the file lists fine): the task fails, datatrove's task log
+    # line and the driver's line name the file, and no traceback is printed.
+    import json
+
+    import zstandard
+
+    _, _, config = build_fixture
+    lines = [json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}) for i in range(400)]
+    data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
+    argv = build_argv(config, tmp_path / "o", "source.kind=jsonl", f"source.path={tmp_path / 'src'}")
+    capsys.readouterr()
+    assert main(argv + ["--set", "build.tasks=1", "--set", "build.workers=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {tmp_path / 'src' / 'cut.jsonl.zst'} cannot be read as jsonl"), last
+    assert not (tmp_path / "o" / "dataset.json").exists()
