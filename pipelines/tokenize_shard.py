@@ -25,13 +25,13 @@ from datatrove.utils.logging import logger
 
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
+from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
 from training.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
-META_FIELDS = ("id", "url", "dump", "score", "int_score", "language", "language_score", "token_count")
 # Tar overhead per document: two 512-byte headers plus padding of two members.
 TAR_OVERHEAD_PER_DOC = 2048
 
@@ -132,7 +132,7 @@ class TokenizeShard(PipelineStep):
                 for doc, ids in zip(batch, encoded):
                     data_bytes = ids.astype(dtype, copy=False).tobytes()
                     m = doc.metadata
-                    meta = {k: m[k] for k in META_FIELDS[1:] if m.get(k) is not None}
+                    meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
                     meta["id"] = doc.id
                     meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
                     spill.write(data_bytes)
