@@ -187,6 +187,8 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         ("parallel.shard=2", r"needs that many ranks, but this is a single process"),
         ("optim.name=adamw8bit", r"'adamw8bit' needs a CUDA GPU"),
         ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),
+        ("run.threads=-3", r"run.threads \(-3\) must be ≥ 0"),
+        ("data.num_workers=-1", r"data.num_workers \(-1\) .* must be ≥ 0"),
     ],
 )
 def test_bad_config_fails_before_any_work(dataset, tmp_path, capsys, override, message):

@@ -204,6 +204,11 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
         )
     if not 0.0 <= d.val_fraction < 1.0:
         raise ConfigError(f"data.val_fraction = {d.val_fraction} must be in [0, 1)")
+    if d.num_workers < 0 or r.threads < 0:
+        raise ConfigError(
+            f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
+            "training process / torch's default thread count)"
+        )
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:
