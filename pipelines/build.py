@@ -105,6 +105,11 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         _check_parquet_columns(cfg, source)
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
+    if not cfg.shards.target_mb > 0:
+        raise BuildError(
+            f"shards.target_mb = {cfg.shards.target_mb} would write one shard per document; "
+            "set it > 0 (256 for FineWeb-Edu scale, 1 for the demo)"
+        )
     cfg = replace(cfg, build=replace(cfg.build, tasks=cfg.build.tasks or len(source.files)))
     if cfg.build.tasks > len(source.files):
         log(

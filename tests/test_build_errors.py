@@ -40,6 +40,8 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
     assert str(bad) in msg and "unknown key 'filters.min_int_scor'" in msg
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.executor=kubernetes"))
     assert "build.executor = 'kubernetes' is not allowed" in msg
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "shards.target_mb=0"))
+    assert "shards.target_mb = 0" in msg and "set it > 0" in msg
     assert not (tmp_path / "o").exists()
 
 
