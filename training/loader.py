@@ -451,8 +451,12 @@ class TokenLoader:
         if self.steps_per_epoch == 0:
             raise LoaderConfigError(
                 f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
-                f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; lower "
-                "global_batch or seq_len, or use a bigger dataset"
+                f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
+                + (
+                    f"raise val_fraction (now {val_fraction}) or turn validation off"
+                    if split == "val"
+                    else "lower global_batch or seq_len, or use a bigger dataset"
+                )
             )
         self.tokens_per_step = global_batch * seq_len  # tokens the model trains on per global step
         self.dropped_tail_tokens = self._builder.dropped_tail_tokens
