@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -457,6 +458,13 @@ def test_inspect_prints_the_batch(text_dataset, capsys):
     assert out.count("\nrow ") == G
     rc, out = inspect(capsys, *common, "--step", 3, "--rank", 1, "--world-size", 2)
     assert "rows 4..7" in out and "row 4: ids" in out
+
+
+def test_inspect_without_the_tokenizers_package_prints_ids(text_dataset, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` raises ImportError
+    rc, out = inspect(capsys, text_dataset, "--seq-len", SEQ, "--global-batch", G, "--seed", 1)
+    assert rc == 0 and "tokenizers package is not installed" in out
+    assert "row 0: ids " in out and "(id doc-" in out
 
 
 def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):

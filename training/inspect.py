@@ -90,9 +90,9 @@ def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> 
         f"each row is {window} stream tokens: input_ids are the first {args.seq_len}, labels the last "
         f"{args.seq_len}; position ids restart at 0 at each document start"
     )
-    tokenizer = _tokenizer(Path(args.dataset))
+    tokenizer, why_not = _tokenizer(Path(args.dataset))
     if tokenizer is None:
-        print(f"(no {TOKENIZER_JSON} in the dataset: ids only)")
+        print(f"({why_not}: ids only)")
     unique = np.unique(docs)
     row_of = dict(zip(unique.tolist(), docs_table.manifest_rows(unique).tolist()))
     keys = _manifest_keys(Path(args.dataset), np.array(sorted(row_of.values()), np.int64))
@@ -120,12 +120,16 @@ def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> 
 
 
 def _tokenizer(root: Path):
+    """(the dataset's tokenizer, None) or (None, why not). Decoding is optional: a GPU box may lack
+    the `tokenizers` package, and the training package must not need it."""
     path = root / TOKENIZER_JSON
     if not path.is_file():
-        return None
-    from tokenizers import Tokenizer  # decoding only; the training package must not need it
-
-    return Tokenizer.from_file(str(path))
+        return None, f"no {TOKENIZER_JSON} in the dataset"
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None, "the tokenizers package is not installed, so no decoded text (pip install tokenizers)"
+    return Tokenizer.from_file(str(path)), None
 
 
 def _manifest_keys(root: Path, rows: np.ndarray) -> dict[int, tuple[str, str]]:
