@@ -165,6 +165,12 @@ def fetch_files(
             more, _ = _fetch_one(fs, root, f, final, bar)
             fetched += more
             digest = _sha256(final.with_name(final.name + PART))
+        got = final.with_name(final.name + PART).stat().st_size
+        if f.size and got != f.size:  # the only check for files the hub gives no sha256 for
+            raise DownloadError(
+                f"{f.path}: the transfer ended at {got:,} of {f.size:,} bytes (connection closed early, "
+                "or the file changed upstream); run the command again to resume it"
+            )
         if f.sha256 and digest != f.sha256:
             os.remove(final.with_name(final.name + PART))
             raise DownloadError(

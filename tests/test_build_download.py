@@ -90,3 +90,14 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot list hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT")
     assert "on a machine with network" in err and len(err.splitlines()) == 1
+
+
+def test_short_transfer_is_not_a_complete_file(remote, tmp_path):
+    # No sha256 (not an LFS file): the listed size is the only check. A source that ends early
+    # must not be renamed to the final name and recorded as complete.
+    fs, root, dest = LocalFileSystem(), str(remote), tmp_path / "dest"
+    (f,) = [f for f in list_remote(fs, root, "sample/10BT", "*.parquet") if f.size == 12345]
+    listed = RemoteFile(f.path, f.size + 1000, None)
+    with pytest.raises(DownloadError, match=f"{f.path}: the transfer ended at 12,345 of 13,345 bytes"):
+        fetch_files(fs, root, [listed], dest, progress=False)
+    assert not (dest / f.path).exists() and (dest / (f.path + PART)).stat().st_size == 12345
