@@ -7,9 +7,9 @@
 Each configuration builds the model on the meta device, materialises it, applies
 `training.parallelize.parallelize` with no mesh (one device: AC and compile, bf16 via autocast, as
 the trainer does on one process), and runs full training steps on synthetic tokens: forward with
-the loss inside, backward, grad-norm clipping at 1.0, fused AdamW. After --warmup steps (compilation
-happens there) it times --steps steps. A configuration that runs out of memory is reported as OOM
-and the sweep goes on.
+the loss inside, backward, grad-norm clipping at 1.0, fused AdamW, through the trainer's own
+`training.train.train_step`. After --warmup steps (compilation happens there) it times --steps
+steps. A configuration that runs out of memory is reported as OOM and the sweep goes on.
 
 MFU = tokens/s * training.model.flops_per_token(cfg, seq) / peak dense bf16 FLOP/s of the device
 (6 * N_matmul + 12 * L * d * T with the LM head; AC recomputation not counted). The table also
@@ -21,6 +21,7 @@ This is a benchmark, never a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import sys
@@ -32,32 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.config import OptimSection, ScheduleSection  # noqa: E402
+from training.metrics import peak_flops  # noqa: E402
 from training.model import PRESETS, Transformer, flops_per_token, num_params  # noqa: E402
+from training.optim import build_optimizer, build_scheduler  # noqa: E402
 from training.parallelize import ParallelConfig, autocast_context, parallelize  # noqa: E402
+from training.train import train_step  # noqa: E402
 
 BASELINE_MFU = 0.40  # best public ~1B Llama-3 figure on H100 (bf16, FSDP, torch.compile)
-
-try:  # the trainer's lookup, if present
-    from training.metrics import peak_flops  # noqa: E402
-except ImportError:  # pragma: no cover - fallback so the bench stands alone
-    _PEAKS = [  # (substring of torch.cuda.get_device_name(), dense bf16 FLOP/s)
-        ("H200", 989e12),
-        ("H100 PCIe", 756e12),
-        ("H100 NVL", 835e12),
-        ("H100", 989e12),  # SXM / HBM3
-        ("H800", 989e12),
-        ("GH200", 989e12),
-        ("A100", 312e12),
-        ("A800", 312e12),
-        ("L40S", 362e12),
-        ("A10G", 70e12),
-    ]
-
-    def peak_flops(device_name: str) -> float | None:
-        for key, value in _PEAKS:
-            if key.lower() in device_name.lower():
-                return value
-        return None
 
 
 @dataclass
@@ -109,21 +92,17 @@ def run_config(args, bc: BenchConfig, device: torch.device) -> dict:
     model.to_empty(device=device)
     torch.manual_seed(0)
     model.init_weights()
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=device.type == "cuda"
-    )
+    optim = OptimSection()  # the trainer's defaults: AdamW (0.9, 0.95), wd 0.1, fused on CUDA, clip 1.0
+    opt = build_optimizer(model, optim, device.type)
+    sched = build_scheduler(opt, optim, ScheduleSection(warmup_steps=0, steps=args.warmup + args.steps))
+    amp = functools.partial(autocast_context, pcfg, None, device.type)
     g = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab_size, (bc.micro_batch, args.seq + 1), generator=g).to(device)
     x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def step() -> torch.Tensor:
-        with autocast_context(pcfg, None, device.type):
-            loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=device.type == "cuda")
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
+    def step() -> torch.Tensor:  # the trainer's own step: one micro-batch, clip, optimizer, schedule
+        batch = [{"input_ids": x, "labels": y}]
+        return train_step(model, opt, sched, batch, grad_clip=optim.grad_clip, amp=amp)["loss"]
 
     def sync():
         if device.type == "cuda":
