@@ -53,8 +53,13 @@ class ExcludedWriter:
     def __enter__(self) -> ExcludedWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._writer is not None:  # a failed task: its partial file keeps the temporary name
+            self._writer.close()
+            self._writer = None
+            self._path = None
 
     def write(self, doc: Document, rank: int = 0) -> None:
         if self._path is None:

@@ -88,6 +88,18 @@ def test_excluded_writer_is_atomic_and_flushes_in_parts(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+def test_failed_task_leaves_no_excluded_file_under_its_final_name(tmp_path):
+    # The read breaks off after some drops (a damaged input file): the partial exclusion list must
+    # not look finished; the task's rerun writes the whole one.
+    def source():
+        yield from (doc("", i) for i in range(5))
+        raise OSError("corrupt page")
+
+    with pytest.raises(OSError, match="corrupt page"):
+        run(TextFilter(ExcludedWriter(tmp_path, "text", flush_rows=2)), source())
+    assert not (tmp_path / "excluded" / "00000_text.parquet").exists()
+
+
 def test_nothing_dropped_no_file(tmp_path):
     assert len(run(TextFilter(ExcludedWriter(tmp_path, "text")), [doc(PROSE)])) == 1
     assert not (tmp_path / "excluded").exists()
