@@ -11,6 +11,7 @@ and the config: a killed task rerun writes byte-identical shards.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import mmap
@@ -97,9 +98,13 @@ class TokenizeShard(PipelineStep):
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         try:
             self._build(data, rank)
+        except DiskFullError:
+            self._remove_partial(rank)
+            raise
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
+            self._remove_partial(rank)
             raise DiskFullError(
                 f"the disk under {self.output} filled up while task {rank} was writing ({e}); free "
                 "some space or point `output` at a larger filesystem, then rerun the same command "
@@ -107,6 +112,14 @@ class TokenizeShard(PipelineStep):
             ) from None
         return
         yield  # a generator step that forwards nothing
+
+    def _remove_partial(self, rank: int) -> None:
+        """Free what a task that ran out of disk holds: its spill (as large as its shards) and its
+        half-written shard; the rerun starts the task over anyway."""
+        shards = Path(self.output) / SHARDS_DIR
+        for path in [shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{rank:05d}_*.tar.tmp")]:
+            with contextlib.suppress(OSError):
+                path.unlink()
 
     def _build(self, data: DocumentsPipeline, rank: int) -> None:
         encoder = DocumentEncoder(

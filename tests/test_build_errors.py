@@ -164,3 +164,23 @@ def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tm
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"error: {tmp_path / 'src' / 'cut.jsonl.zst'} cannot be read as jsonl"), last
     assert not (tmp_path / "o" / "dataset.json").exists()
+
+
+def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
+    # The space check before a task writes its shards fails: the task's spill (as large as its
+    # shards) must not stay behind on the disk the user is asked to free.
+    import shutil
+
+    import pytest
+    from datatrove.data import Document
+
+    from pipelines.tokenize_shard import DiskFullError, TokenizeShard
+    from tokenization.separator import SeparatorPolicy
+
+    _, tokenizer, _ = build_fixture
+    reserve_gb = (shutil.disk_usage(tmp_path).free + 10e9) / 1e9  # more than there is: always fails
+    step = TokenizeShard(tmp_path / "o", tokenizer, SeparatorPolicy(SEP), 1 << 20, min_free_gb=reserve_gb)
+    docs = [Document(text=t, id=f"d{i}") for i, t in enumerate(fixture_texts(30))]
+    with pytest.raises(DiskFullError, match="not enough free disk .* to write the shards of task 2"):
+        list(step.run(iter(docs), rank=2))
+    assert list((tmp_path / "o" / "shards").iterdir()) == []
