@@ -215,3 +215,14 @@ def test_launcher_checks_batch_arithmetic_for_its_world_size(dataset, tmp_path, 
     captured = capsys.readouterr()
     assert "not divisible by 3 data-parallel rank(s) × data.micro_batch 4 = 12" in captured.err
     assert "torch.distributed.run" not in captured.out and not run_dir.exists()
+
+
+def test_launcher_checks_the_mesh_for_its_world_size(dataset, tmp_path, capsys):
+    """`gristmill train --nproc-per-node 2 --set parallel.replicate=3`: refused before torchrun starts."""
+    run_dir = tmp_path / "run"
+    args = ["train", "--config", TINY, "--nproc-per-node", "2", "--set"]
+    args += [f"data.dataset={json.dumps(str(dataset))}", f"run.output_dir={json.dumps(str(run_dir))}"]
+    assert gristmill([*args, "parallel.replicate=3", "data.micro_batch=1"]) == 2
+    captured = capsys.readouterr()
+    assert "world size 2 is not divisible by parallel.replicate=3" in captured.err
+    assert "torch.distributed.run" not in captured.out and not run_dir.exists()

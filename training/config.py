@@ -193,7 +193,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
             f"data.global_batch_tokens = {d.global_batch_tokens} is not a multiple of data.seq_len = "
             f"{d.seq_len}; use {lo or d.seq_len} or {lo + d.seq_len}"
         )
-    dp = world_size  # every rank is data-parallel (FSDP/HSDP); build_mesh checks replicate × shard
+    dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
     g = d.global_batch_tokens // d.seq_len
     if g % (dp * d.micro_batch):
         raise ConfigError(

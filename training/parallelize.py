@@ -51,7 +51,7 @@ except ImportError:  # pragma: no cover - older torch
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["ParallelConfig", "autocast_context", "build_mesh", "parallelize"]
+__all__ = ["ParallelConfig", "autocast_context", "build_mesh", "mesh_shape", "parallelize"]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -96,12 +96,9 @@ class ParallelConfig:
             )
 
 
-def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh | None:
-    """The 2-D ("replicate", "shard") device mesh, or None for a single process.
-
-    Must be called on every rank after the process group exists (torchrun + init_process_group,
-    or init_device_mesh initialises it from the torchrun environment).
-    """
+def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
+    """(replicate, shard) for `world_size` ranks, or None for a single process; checked, no process
+    group needed (the trainer calls it before any work, `build_mesh` again on every rank)."""
     if world_size == 1:
         if cfg.replicate != 1 or cfg.shard not in (-1, 1):
             raise GristmillError(
@@ -123,7 +120,19 @@ def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str) -> Device
             f"but the world size is {world_size}; make the product equal the number of ranks "
             "(or set shard = -1)"
         )
-    return init_device_mesh(device_type, (cfg.replicate, shard), mesh_dim_names=("replicate", "shard"))
+    return cfg.replicate, shard
+
+
+def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh | None:
+    """The 2-D ("replicate", "shard") device mesh, or None for a single process.
+
+    Must be called on every rank after the process group exists (torchrun + init_process_group,
+    or init_device_mesh initialises it from the torchrun environment).
+    """
+    shape = mesh_shape(cfg, world_size)
+    if shape is None:
+        return None
+    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
 
 
 def autocast_context(cfg: ParallelConfig, mesh: DeviceMesh | None, device_type: str):

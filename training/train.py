@@ -43,6 +43,7 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
+from training.parallelize import mesh_shape
 from training.train_state import TrainState, checkpointables
 
 
@@ -214,10 +215,12 @@ def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, 
 
 
 def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[BatchPlan, Any, torch.device]:
-    """Every check that needs no process group, model or GPU memory: batch arithmetic, the model
-    against the dataset (vocabulary, separator, sequence length), the device and the optimizer.
+    """Every check that needs no process group, model or GPU memory: batch arithmetic, the mesh
+    shape, the model against the dataset (vocabulary, separator, sequence length), the device and
+    the optimizer.
     Raises GristmillError with the numbers; returns (batch plan, ModelConfig, device)."""
     plan = check_config(cfg, env.world_size)
+    mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(cfg.data.dataset)
     mcfg = resolve_model_config(cfg.model, info, plan.seq_len)
     device = pick_device(cfg.run.device, env.local_rank)
@@ -254,7 +257,7 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
     from training.model import flops_per_token
     from training.parallelize import autocast_context, build_mesh
 
-    mesh = build_mesh(cfg.parallel, env.world_size, device.type)  # checks replicate × shard = world size
+    mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     d = cfg.data
     loader_args = dict(
         seq_len=d.seq_len,
