@@ -420,9 +420,10 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     sha = _read_json(bj, f"cannot tell which config built {out}; delete {out} to rebuild from scratch").get(
         "config_sha256"
     )
-    tok = load_tokenizer(out / TOKENIZER_JSON)
-    encoder = DocumentEncoder(tok, SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position))
+    # dataset.json describes what the tasks wrote: the saved config's policy, not this command line's.
     saved = load_config(DataConfig, out / CONFIG_TOML)
+    tok = load_tokenizer(out / TOKENIZER_JSON)
+    encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
     with _locked(out):
         return _finish(saved, out, sha, encoder, log)
 

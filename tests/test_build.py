@@ -209,3 +209,18 @@ def test_more_tasks_than_files_and_an_empty_task(build_fixture, tmp_path):
     assert any("1 tasks will have nothing to read" in line for line in lines)
     assert pq.read_table(out / "manifest" / "00002.parquet").num_rows == 0
     assert not list((out / "shards").glob("00002_*")) and read_dataset_info(out)["tasks"] == 3
+
+
+def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixture, tmp_path):
+    # The Slurm finalize job rewrites dataset.json from the output's saved config.toml; a different
+    # separator policy on its command line must not be recorded for shards built "after".
+    from pipelines.build import finalize_only
+
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    (out / "dataset.json").unlink()
+    cfg = load_config(DataConfig, build_fixture[2], [f"output={out}", "tokenizer.position=before"])
+    assert finalize_only(cfg, **QUIET).ok
+    info = read_dataset_info(out)
+    assert info["separator"]["position"] == "after"
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
