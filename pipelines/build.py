@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import os
 import sys
@@ -103,6 +104,8 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     source = list_source_files(cfg.source)
     if cfg.source.kind in ("parquet", "demo"):
         _check_parquet_columns(cfg, source)
+    elif cfg.source.kind == "jsonl":
+        _check_jsonl_keys(cfg, source)
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
     if not cfg.shards.target_mb > 0:
@@ -135,6 +138,31 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
             raise BuildError(
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
                 "set source.text_key to the text column"
+            )
+
+
+def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles) -> None:
+    """The first JSON object of each file must hold source.text_key; without this check a typo in
+    it builds an empty dataset (every document excluded as empty) that validates fine."""
+    import fsspec
+
+    for f in source.files:
+        path = Path(source.folder) / f
+        try:
+            with fsspec.open(str(path), "rb", compression="infer") as fh:
+                first = next((line for line in io.BufferedReader(fh) if line.strip()), None)
+        except Exception as e:  # not gzip/zstd after all, unreadable
+            raise BuildError(
+                f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
+            ) from None
+        try:
+            obj = json.loads(first) if first else None
+        except ValueError:
+            continue  # a malformed line is excluded with its reason by the reader
+        if isinstance(obj, dict) and cfg.source.text_key not in obj:
+            raise BuildError(
+                f"{path}: the first JSON object has no key {cfg.source.text_key!r} (keys: "
+                f"{', '.join(obj)}); set source.text_key to the text field"
             )
 
 

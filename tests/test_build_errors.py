@@ -61,6 +61,23 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"body": "A document.", "id": "x"}\n')
+    argv = build_argv(config, tmp_path / "o", "source.kind=jsonl", f"source.path={src}")
+    # A text_key typo would otherwise exclude every document as empty and "validate" an empty dataset.
+    msg = one_error(capsys, argv)
+    assert f"{src / 'a.jsonl'}: the first JSON object has no key 'text' (keys: body, id)" in msg
+    assert "set source.text_key" in msg
+    (src / "a.jsonl").unlink()
+    (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
+    msg = one_error(capsys, argv)
+    assert f"{src / 'b.jsonl.gz'} is not a readable jsonl file" in msg
+    assert not (tmp_path / "o").exists()
+
+
 def test_hub_source_offline(build_fixture, tmp_path, capsys, monkeypatch):
     _, _, config = build_fixture
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network, anywhere
