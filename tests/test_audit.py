@@ -298,3 +298,16 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # no traceback
     assert f"{target} is unreadable" in lines[0] and "gristmill data validate" in lines[0]
+
+
+def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("x")
+    for flag, target, expect in (
+        ("--db", tmp_path / "missing-dir" / "a.duckdb", "cannot write --db"),
+        ("--plots", tmp_path / "a-file" / "plots", "cannot write plots to"),
+    ):
+        capsys.readouterr()
+        assert main(["data", "audit", str(built_dataset), "--report", "validation", flag, str(target)]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"error: {expect} {target}"), lines
+        assert "validate" not in lines[0]  # not blamed on the dataset

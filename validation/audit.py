@@ -52,10 +52,12 @@ def _damaged_files_named(roots: list[str | Path]):
     try:
         yield
     except duckdb.Error as e:
-        what = find_damaged(roots) or f"duckdb: {str(e).strip().splitlines()[0]}"
+        damaged = find_damaged(roots)
+        if damaged is None:
+            raise AuditError(f"duckdb: {str(e).strip().splitlines()[0]}") from None
         raise AuditError(
-            f"cannot audit {', '.join(map(str, roots))}: {what}; check it with `gristmill data validate DIR` "
-            "and rebuild (rerun `gristmill data build`) if it is damaged"
+            f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
+            "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
         ) from None
 
 
@@ -267,7 +269,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.db:
-        views = persist(args.dirs, args.db)
+        try:
+            views = persist(args.dirs, args.db)
+        except duckdb.IOException as e:
+            raise AuditError(f"cannot write --db {args.db}: {str(e).strip().splitlines()[0]}") from None
         print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)
     con, _ = connect(args.dirs)
     try:
@@ -284,7 +289,10 @@ def _run(args: argparse.Namespace) -> int:
             results = [run_preset(con, n) for n in names]
         write_results(results, args.format, sys.stdout, args.max_rows or None)
         if args.plots:
-            files = write_plots(con, args.plots)
+            try:
+                files = write_plots(con, args.plots)
+            except OSError as e:
+                raise AuditError(f"cannot write plots to {args.plots}: {e}") from None
             print(
                 f"wrote {len(files)} plots to {args.plots}: {', '.join(p.name for p in files)}",
                 file=sys.stderr,
