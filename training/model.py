@@ -322,8 +322,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
-        # A ModuleDict keyed "0".."L-1" keeps the FQNs `layers.N.…` while letting parallelize()
-        # replace or wrap single blocks.
+        # A ModuleDict keyed "0".."L-1" keeps the FQNs `layers.N.…`; parallelize() changes each
+        # block's forward in place (AC, compile) and never wraps it, so the names stay the same.
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -356,7 +356,6 @@ class Transformer(nn.Module):
         out_std = std / math.sqrt(2 * cfg.n_layers)
         nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=std)
         for block in self.layers.values():
-            block = _unwrap(block)
             for lin in (block.attention.wq, block.attention.wk, block.attention.wv, block.feed_forward.w1,
                         block.feed_forward.w3):  # fmt: skip
                 nn.init.normal_(lin.weight, mean=0.0, std=std)
@@ -416,14 +415,6 @@ class Transformer(nn.Module):
         if self.cfg.loss_chunk > 0:
             return chunked_linear_cross_entropy(h, weight, labels, self.cfg.loss_chunk)
         return linear_cross_entropy(h, weight, labels)
-
-
-def _unwrap(module: nn.Module) -> nn.Module:
-    """The block inside a checkpoint/compile wrapper, if one was put around it."""
-    for attr in ("_checkpoint_wrapped_module", "_orig_mod"):
-        while hasattr(module, attr):
-            module = getattr(module, attr)
-    return module
 
 
 # --------------------------------------------------------------------------------------------------
