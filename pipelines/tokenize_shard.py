@@ -53,14 +53,18 @@ class DiskFullError(GristmillError):
     """Not enough free space to write the shards."""
 
 
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
 def check_free_space(path: str | Path, need_bytes: float, reserve_gb: float, what: str) -> None:
     """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`."""
     free = shutil.disk_usage(path).free
     reserve = reserve_gb * 1e9
     if free - need_bytes < reserve:
         raise DiskFullError(
-            f"not enough free disk under {path} to {what}: {free / 1e9:.2f} GB free, "
-            f"{need_bytes / 1e9:.2f} GB needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
+            f"not enough free disk under {path} to {what}: {_size(free)} free, "
+            f"{_size(need_bytes)} needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
             "free some space or point `output` at a larger filesystem, then rerun the same command "
             "(finished tasks are kept)"
         )

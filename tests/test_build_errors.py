@@ -6,6 +6,8 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
+import re
+
 import huggingface_hub.constants
 
 from pipelines.cli import main
@@ -198,6 +200,8 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     reserve_gb = (shutil.disk_usage(tmp_path).free + 10e9) / 1e9  # more than there is: always fails
     step = TokenizeShard(tmp_path / "o", tokenizer, SeparatorPolicy(SEP), 1 << 20, min_free_gb=reserve_gb)
     docs = [Document(text=t, id=f"d{i}") for i, t in enumerate(fixture_texts(30))]
-    with pytest.raises(DiskFullError, match="not enough free disk .* to write the shards of task 2"):
+    with pytest.raises(DiskFullError, match="not enough free disk .* to write the shards of task 2") as e:
         list(step.run(iter(docs), rank=2))
     assert list((tmp_path / "o" / "shards").iterdir()) == []
+    # A task's need is usually far below a GB: it is shown in MB, not as "0.00 GB needed".
+    assert re.search(r"[GM]B free, \d+\.\d MB needed", str(e.value)), str(e.value)
