@@ -316,3 +316,19 @@ def test_built_dataset_validates(built_dataset):
         info["tokens"],
     )
     assert report.separators == report.documents
+
+
+@pytest.mark.parametrize(
+    "field, value, expect",
+    [
+        ("vocab_size", "1000", "vocab_size '1000' is not an integer"),
+        ("shard_files", [], "shard_files must map each shard name"),
+        ("shard_files", {"00000_00000.tar": "x"}, "shard_files must map each shard name"),
+    ],
+)
+def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, expect):
+    info = json.loads((ds / "dataset.json").read_text())
+    info[field] = value
+    (ds / "dataset.json").write_text(json.dumps(info))
+    found = problems(ds)
+    assert f"dataset.json: {expect}" in found[0] and "rebuild the dataset" in found[0], found

@@ -388,10 +388,18 @@ def validate_dataset(
     problems: list[Problem] = []
     results: list[ShardResult] = []
     info: dict[str, Any] | None = None
+    shape: str | None = None
     try:
         info = read_dataset_info(root)
+        shape = _shape_problem(info)
     except DatasetError as e:
         problems.append(Problem(str(e), DATASET_JSON))
+    except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type, e.g. "vocab_size": "8"
+        raw = json.loads((root / DATASET_JSON).read_text(encoding="utf-8"))
+        shape = _shape_problem(raw) or f"a field has the wrong type ({e})"
+    if shape is not None:
+        problems.append(Problem(f"{shape}; restore the file or rebuild the dataset", DATASET_JSON))
+        info = None
 
     shards_dir = root / SHARDS_DIR
     on_disk = sorted(p.name for p in shards_dir.glob("*.tar")) if shards_dir.is_dir() else []
@@ -474,6 +482,18 @@ def validate_dataset(
         except OSError as e:
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
     return report
+
+
+def _shape_problem(info: dict[str, Any]) -> str | None:
+    """What makes dataset.json unusable for the checks below (edited by hand), or None."""
+    if not isinstance(info["vocab_size"], int) or isinstance(info["vocab_size"], bool):
+        return f"vocab_size {info['vocab_size']!r} is not an integer"
+    files = info["shard_files"]
+    if not isinstance(files, dict) or not all(
+        isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in files.values()
+    ):
+        return "shard_files must map each shard name to {bytes, sha256, documents, tokens}"
+    return None
 
 
 def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:
