@@ -133,6 +133,20 @@ def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
     assert "lacks the separator '<|endoftext|>'" in msg
 
 
+def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, capsys):
+    # A jsonl text_key typo (or filters that drop everything) leaves nothing to train on; the
+    # tokenizers library would still write a bytes-only "tokenizer".
+    _, _, config = build_fixture
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.jsonl").write_text('{"body": "A document about rivers and the sea."}\n' * 50)
+    out = tmp_path / "tok.json"
+    argv = ["tokenizer", "train", "--config", str(config), "--set", f"tokenizer.path={out}"]
+    argv += ["--set", "source.kind=jsonl", "--set", f"source.path={tmp_path / 'src'}"]
+    msg = one_error(capsys, argv)
+    assert "no document of the source passed the filters" in msg and "source.text_key ('text')" in msg
+    assert not out.exists()
+
+
 def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
     from pipelines.build import build
     from pipelines.config import DataConfig

@@ -77,6 +77,11 @@ def train_tokenizer(cfg, source=None, out: str | Path | None = None, log=print) 
             yield text
 
     tok = train_bpe(texts(), tc.vocab_size, list(tc.special_tokens), min_frequency=tc.min_frequency)
+    if stats["docs"] == 0:  # tokenizers trains "successfully" on nothing: bytes and specials only
+        raise TokenizerError(
+            f"no document of the source passed the filters, so there is nothing to train on; check "
+            f"source.text_key ({cfg.source.text_key!r}), source.path and the [filters] thresholds"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tok.save(str(tmp))
