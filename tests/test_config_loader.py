@@ -75,3 +75,9 @@ def test_missing_file_and_bad_toml(tmp_path):
         load_config(Outer, tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="invalid TOML"):
         load_config(Outer, write(tmp_path, "name = \n"))
+
+
+def test_errors_name_the_override(tmp_path):
+    p = write(tmp_path, "workers = 1\n")
+    with pytest.raises(ConfigError, match=r"c.toml \+ --set workers=two: workers must be an integer"):
+        load_config(Outer, p, ["workers=two"])

@@ -43,6 +43,11 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
         source = str(path)
+    if overrides:
+        # A bad value may come from the file or from a --set: name both places.
+        source = (
+            f"{source} + --set {' '.join(overrides)}" if path is not None else f"--set {' '.join(overrides)}"
+        )
     for item in overrides or []:
         key, value = parse_override(item)
         set_dotted(raw, key, value)
