@@ -468,6 +468,13 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
         tmp.unlink()
     excluded = _excluded_counts(out)
     kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((out / MANIFEST_DIR).glob("*.parquet")))
+    if kept == 0:
+        # An empty dataset would validate (nothing to violate) and fail only at training time.
+        by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
+        raise BuildError(
+            f"{out}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
+            f"loosen [filters] or check source.text_key, see `gristmill data audit {out} --report drops`"
+        )
     info = finalize_dataset(
         out,
         vocab_size=encoder.vocab_size,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import huggingface_hub.constants
+import pytest
 
 from pipelines.cli import main
 from tests.conftest import SEP, fixture_texts
@@ -219,3 +220,21 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     assert list((tmp_path / "o" / "shards").iterdir()) == []
     # A task's need is usually far below a GB: it is shown in MB, not as "0.00 GB needed".
     assert re.search(r"[GM]B free, \d+\.\d MB needed", str(e.value)), str(e.value)
+
+
+def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
+    # Called directly: datatrove's loguru sinks from earlier capsys tests make stderr noisy here.
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    out = tmp_path / "o"
+    cfg = load_config(DataConfig, config, [f"output={out}", "filters.min_chars=100000000"])
+    with pytest.raises(BuildError) as err:
+        build(cfg, log=lambda *a: None)
+    msg = str(err.value)
+    assert "no document survived" in msg and "excluded by: " in msg and "length " in msg
+    assert "--report drops" in msg
+    assert not (out / "dataset.json").exists()  # never marked complete
+    assert list((out / "excluded").glob("*.parquet"))  # the reasons are kept for the audit
