@@ -379,7 +379,7 @@ def test_changed_parameter_under_resume_is_refused(corpus, key, new):
     assert f"{key}={state[key]!r}" in msg and f"{key}={args[key]!r}" in msg
 
 
-@pytest.mark.parametrize("corruption", ["separator-inside", "separator-missing"])
+@pytest.mark.parametrize("corruption", ["separator-inside", "separator-missing", "id-out-of-vocab"])
 def test_separator_check_catches_a_corrupted_window(tmp_path, corruption):
     make_dataset(tmp_path, n_docs=60)
     import pyarrow.parquet as pq
@@ -387,15 +387,16 @@ def test_separator_check_catches_a_corrupted_window(tmp_path, corruption):
     manifest = pq.read_table(tmp_path / "manifest" / "00000.parquet").to_pylist()
     row = next(r for r in manifest[5:] if r["n_tokens"] >= 5)
     # Same size, so dataset.json's cheap checks pass; only the on-the-fly check can see it.
-    index = 2 if corruption == "separator-inside" else row["n_tokens"] - 1
-    value = SEP if corruption == "separator-inside" else 12345
+    index = row["n_tokens"] - 1 if corruption == "separator-missing" else 2
+    value = {"separator-inside": SEP, "separator-missing": 12345, "id-out-of-vocab": 1 << 20}[corruption]
     with open(tmp_path / "shards" / row["shard"], "r+b") as f:
         f.seek(row["offset"] + 4 * index)
         f.write(np.array([value], "<u4").tobytes())
     unchecked = make_loader(tmp_path, global_batch=2, micro_batch=1, check_separators=False)
     take(unchecked, unchecked.steps_per_epoch)  # reads everything without noticing
     checked = make_loader(tmp_path, global_batch=2, micro_batch=1)
-    with pytest.raises(DatasetError, match=f"separator check failed.*{row['shard']}"):
+    check = "id check" if corruption == "id-out-of-vocab" else "separator check"
+    with pytest.raises(DatasetError, match=f"{check} failed.*{row['shard']}"):
         take(checked, checked.steps_per_epoch)
 
 

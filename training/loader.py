@@ -111,6 +111,7 @@ class DocumentTable:
             )
         self.dtype = numpy_dtype(info["dtype"])
         self.separator_id = int(info["separator"]["id"])
+        self.vocab_size = int(info["vocab_size"])
         self.separator_position = info["separator"]["position"]
         self.shard_names = sorted(info["shard_files"])
         self._read_manifest(self._check_shard_sizes())
@@ -247,11 +248,26 @@ class DocumentTable:
             pos += n
         return out
 
+    def _locate(self, doc: int) -> str:
+        return (
+            f"document {doc} of split {self.split!r} (shards/{self.shard_names[self.doc_shard[doc]]}, "
+            f".ids at byte {int(self.doc_offset[doc])})"
+        )
+
     def check_separators(
         self, tokens: np.ndarray, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, where: str
     ) -> None:
-        """The separator id sits exactly at document ends ("after") or starts ("before"), nowhere else."""
+        """The separator id sits exactly at document ends ("after") or starts ("before"), nowhere else,
+        and every id is < vocab_size (on a GPU an out-of-range id is an opaque device-side assert)."""
         first = np.cumsum(counts) - counts  # where each piece begins in `tokens`
+        if len(tokens) and int(tokens.max()) >= self.vocab_size:
+            i = int(np.argmax(tokens >= self.vocab_size))
+            k = int(np.searchsorted(first, i, side="right")) - 1
+            doc = int(docs[k])
+            raise DatasetError(
+                f"id check failed at {where}: {self._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
+                f"{self.vocab_size}; the shard is corrupt — run `gristmill data validate {self.root}`"
+            )
         if self.separator_position == "after":
             at = (first + counts - 1)[starts + counts == self.lengths[docs]]
         else:
@@ -266,9 +282,8 @@ class DocumentTable:
         doc = int(docs[k])
         found = f"token {int(tokens[i])}" + (" (the separator)" if not expected[i] else "")
         raise DatasetError(
-            f"separator check failed at {where}: document {doc} of split {self.split!r} "
-            f"(shards/{self.shard_names[self.doc_shard[doc]]}, .ids at byte {int(self.doc_offset[doc])}) has "
-            f"{found} at token {int(starts[k]) + i - int(first[k])} of {int(self.lengths[doc])}, but the "
+            f"separator check failed at {where}: {self._locate(doc)} has {found} at token "
+            f"{int(starts[k]) + i - int(first[k])} of {int(self.lengths[doc])}, but the "
             f"separator policy (id {self.separator_id}, position {self.separator_position!r}) puts exactly "
             "one separator at each document's "
             f"{'end' if self.separator_position == 'after' else 'start'}; the shard is corrupt or was "
