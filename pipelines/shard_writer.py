@@ -72,6 +72,11 @@ def _header(name: bytes, size: int) -> bytes:
     return bytes(h)
 
 
+def meta_json_bytes(meta: dict[str, Any]) -> bytes:
+    """The `.json` member's bytes: sorted keys, UTF-8 (deterministic, so reruns are byte-identical)."""
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+
+
 class ShardWriter:
     """Writes one task's documents into tars of about `target_bytes`, then its manifest parquet.
 
@@ -122,8 +127,11 @@ class ShardWriter:
         self.tar = None
         self.shard_index += 1
 
-    def add(self, key: str, ids: np.ndarray, meta: dict[str, Any]) -> None:
-        """Append one document: `<key>.ids` then `<key>.json`; records its manifest row."""
+    def add(self, key: str, ids: np.ndarray, meta: dict[str, Any], meta_json: bytes | None = None) -> None:
+        """Append one document: `<key>.ids` then `<key>.json`; records its manifest row.
+
+        `meta_json` is `meta` already serialised with `meta_json_bytes` (the build spills it that
+        way), so it is not encoded a second time."""
         if "." in key:
             raise ValueError(f"webdataset key {key!r} contains a dot")
         if self.tar is None:
@@ -131,8 +139,7 @@ class ShardWriter:
         assert self.tar is not None and self.tar_path is not None
         data = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
         offset = self._write_member(f"{key}.{IDS_EXT}", data)
-        meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
-        self._write_member(f"{key}.{META_EXT}", meta_bytes)
+        self._write_member(f"{key}.{META_EXT}", meta_json if meta_json is not None else meta_json_bytes(meta))
         self.rows.append(
             {
                 "shard": self.tar_path.name,

@@ -25,7 +25,7 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 
 from pipelines.progress import TaskProgress
-from pipelines.shard_writer import ShardWriter
+from pipelines.shard_writer import ShardWriter, meta_json_bytes
 from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
@@ -151,7 +151,7 @@ class TokenizeShard(PipelineStep):
                     m = doc.metadata
                     meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
                     meta["id"] = doc.id
-                    meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
+                    meta_bytes = meta_json_bytes(meta)
                     spill.write(data_bytes)
                     spill.write(meta_bytes)
                     ids_off.append(pos)
@@ -192,7 +192,8 @@ class TokenizeShard(PipelineStep):
                 for i, j in enumerate(order):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
                     ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
-                    writer.add(doc_key(rank, i), ids, json.loads(spill[b : b + meta_len[j]]))
+                    meta_bytes = spill[b : b + meta_len[j]]
+                    writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), meta_json=meta_bytes)
                     if writer.shard_index == 1 and writer.tar is not None:
                         _maybe_test_kill(rank, "second_shard")  # one shard renamed, the next half written
                 ids = None  # release the last view before the map closes
