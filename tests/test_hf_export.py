@@ -1,0 +1,107 @@
+"""HF export: transformers' LlamaForCausalLM loaded from an export computes the gristmill model's
+logits; a DCP checkpoint exports by step; exports are whole or absent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.config import TrainConfig
+from training.config_loader import load_config, save_config
+from training.dataset_format import read_dataset_info
+from training.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
+from training.model import PRESETS, Transformer
+from training.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
+
+tr = pytest.importorskip("transformers")
+
+
+def _model(dataset: Path, tied: bool, seed: int = 0) -> Transformer:
+    vocab = read_dataset_info(dataset)["vocab_size"]
+    torch.manual_seed(seed)
+    model = Transformer(PRESETS["tiny"].replace(vocab_size=vocab, tie_embeddings=tied, rope_theta=123456.0))
+    with torch.no_grad():
+        model.init_weights()
+        for p in model.parameters():  # norms start at 1.0: perturb them so a swapped norm shows
+            p.add_(0.01 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_loads_in_transformers_with_the_same_logits(built_dataset, tmp_path, tied):
+    model = _model(built_dataset, tied)
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", meta={"step": 7})
+    hf = tr.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    x = torch.randint(0, model.cfg.vocab_size, (2, 48))
+    with torch.no_grad():
+        diff = (model(x) - hf(x).logits).abs().max().item()
+    assert diff < 1e-4, f"max abs logit difference {diff}"
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == model.cfg.rope_theta
+    info = read_dataset_info(built_dataset)
+    tok = tr.AutoTokenizer.from_pretrained(out)
+    assert tok.convert_tokens_to_ids(tok.eos_token) == info["separator"]["id"] == config["eos_token_id"]
+    # The exported tokenizer adds nothing around a text: the separator framing is eval's job, once.
+    assert tok("Hello world")["input_ids"] == tok.encode("Hello world", add_special_tokens=False)
+    meta = json.loads((out / "gristmill_export.json").read_text())
+    assert meta["step"] == 7 and meta["dataset_fingerprint"] == info["fingerprint"]
+
+
+def _run_with_checkpoints(run: Path, dataset: Path, steps: dict[int, bool]) -> dict[int, Transformer]:
+    """A run directory whose checkpoints hold different weights per step; steps[s] = complete?"""
+    import torch.distributed.checkpoint as dcp
+
+    from training.train_state import ModelState
+
+    cfg = load_config(TrainConfig, None, [f"data.dataset={dataset}", f"run.output_dir={run}"])
+    run.mkdir(parents=True)
+    save_config(cfg, run / "config.toml")
+    models = {}
+    for step, complete in steps.items():
+        models[step] = _model(dataset, tied=False, seed=step)
+        ckpt = checkpoint_dir(run, step)
+        dcp.save({"model": ModelState(models[step])}, checkpoint_id=str(ckpt))
+        if complete:
+            (ckpt / COMPLETE_FILE).write_text("{}")
+    return models
+
+
+def test_export_checkpoint_takes_the_newest_complete_step(built_dataset, tmp_path):
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    models = _run_with_checkpoints(run, built_dataset, {10: True, 20: True, 30: False})
+    assert newest_complete_step(run) == 20
+    out = export_checkpoint(run)
+    assert out == export_dir(run, 20)
+    weights = load_file(out / "model.safetensors")
+    torch.testing.assert_close(weights["model.layers.1.mlp.down_proj.weight"],
+                               models[20].layers["1"].feed_forward.w2.weight, rtol=0, atol=0)  # fmt: skip
+    assert not torch.equal(weights["model.norm.weight"], models[10].norm.weight)
+    assert export_checkpoint(run, 20) == out  # an existing export is returned, not rewritten
+
+    with pytest.raises(
+        ExportError, match=r"step-000030 is not a complete checkpoint.*complete steps.*10, 20"
+    ):
+        export_checkpoint(run, 30)
+    assert not export_dir(run, 30).exists()
+
+
+def test_export_is_whole_or_absent(built_dataset, tmp_path):
+    model = _model(built_dataset, tied=True)
+    state = model.state_dict()
+    del state["layers.0.attention.wq.weight"]
+    with pytest.raises(ExportError, match="lacks 1 model tensors"):
+        export_hf(state, model.cfg, built_dataset, tmp_path / "e")
+    state = model.state_dict()
+    with pytest.raises(ExportError, match="dtype"):  # fails after the temporary dir exists
+        export_hf(state, model.cfg, built_dataset, tmp_path / "e", dtype=torch.int64)
+    assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary directory
+
+    export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+    with pytest.raises(ExportError, match="already exists"):
+        export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")

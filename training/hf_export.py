@@ -1,0 +1,247 @@
+"""Export a gristmill model as a Hugging Face `LlamaForCausalLM` directory.
+
+    RUN/exports/step-000150/  model.safetensors  config.json  generation_config.json
+                              tokenizer.json  tokenizer_config.json  special_tokens_map.json
+                              gristmill_export.json
+
+The export is a rename of the state dict (training.model.hf_state_dict_names), never a
+permutation: the model already uses HF's rotate-half RoPE layout. Only torch and json are used, so
+the trainer can write exports on a GPU box without `safetensors` or `transformers`; the
+safetensors file is written by hand (8-byte header length, JSON header, raw little-endian data).
+
+The tokenizer is the dataset's exact tokenizer.json; bos/eos are the dataset's separator token,
+because that is the one token the model saw between documents (eval prepends it once, see
+validation/). `gristmill_export.json` records where the weights came from and the separator policy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.dataset_format import TOKENIZER_JSON, read_dataset_info
+from training.errors import GristmillError
+from training.model import ModelConfig, Transformer, hf_state_dict_names
+from training.run_layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_TOML,
+    checkpoint_dir,
+    export_dir,
+    is_complete_checkpoint,
+    list_steps,
+)
+
+EXPORT_FORMAT = "gristmill-hf-export/1"
+EXPORT_META = "gristmill_export.json"
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+class ExportError(GristmillError):
+    """An export that cannot be made; the message names the run/checkpoint and the fix."""
+
+
+def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+    """Write `tensors` (CPU, contiguous-able) in the safetensors format, one tensor at a time."""
+    header: dict[str, Any] = {"__metadata__": metadata}
+    offset = 0
+    for name, t in tensors.items():
+        if t.dtype not in _SAFETENSORS_DTYPES:
+            raise ExportError(f"cannot export {name}: dtype {t.dtype} is not one of fp32/bf16/fp16")
+        n = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": _SAFETENSORS_DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + n],
+        }
+        offset += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for t in tensors.values():
+            # int16 view: numpy has no bfloat16; the bytes are what matter (x86/ARM are little-endian).
+            data = t.detach().to("cpu").contiguous()
+            f.write(memoryview(data.view(torch.int16 if data.element_size() == 2 else torch.int32).numpy()))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[str, Any]:
+    """config.json for LlamaForCausalLM. `rope_theta` is written at the top level and under
+    `rope_parameters`: transformers 5 reads only the latter, 4.x only the former."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.dim,
+        "intermediate_size": cfg.ffn_dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_scaling": None,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "mlp_bias": False,
+        "initializer_range": cfg.init_std,
+        "bos_token_id": separator_id,
+        "eos_token_id": separator_id,
+        "pad_token_id": None,
+        "use_cache": True,
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+    }
+
+
+def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
+    sep = info["separator"]["token"]
+    return {
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": sep,
+            "eos_token": sep,
+            "model_max_length": cfg.max_seq_len,
+            "clean_up_tokenization_spaces": False,
+        },
+        "special_tokens_map.json": {"bos_token": sep, "eos_token": sep},
+    }
+
+
+def export_hf(
+    state_dict: Mapping[str, torch.Tensor],
+    model_cfg: ModelConfig,
+    dataset_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    meta: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Write the HF directory for `state_dict` (full, unsharded, gristmill names) to `out_dir`.
+
+    Everything goes into a temporary sibling directory that is renamed at the end, so an export
+    under its final name is always whole. An existing `out_dir` is an error (exports are permanent).
+    """
+    out_dir, dataset_dir = Path(out_dir), Path(dataset_dir)
+    if out_dir.exists():
+        raise ExportError(f"{out_dir} already exists; exports are permanent, remove it by hand to redo it")
+    info = read_dataset_info(dataset_dir)
+    names = hf_state_dict_names(model_cfg)
+    missing = sorted(set(names) - set(state_dict))
+    if missing:
+        raise ExportError(f"the state dict lacks {len(missing)} model tensors, e.g. {missing[:3]}")
+    tensors = {hf: state_dict[ours].to(dtype) for ours, hf in names.items()}
+
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
+        sep_id = int(info["separator"]["id"])
+        files: dict[str, Any] = {
+            "config.json": hf_config(model_cfg, sep_id, dtype),
+            "generation_config.json": {"bos_token_id": sep_id, "eos_token_id": sep_id},
+            **_tokenizer_files(info, model_cfg),
+            EXPORT_META: {
+                "format": EXPORT_FORMAT,
+                **(meta or {}),
+                "dataset": str(dataset_dir.resolve()),
+                "dataset_fingerprint": info["fingerprint"],
+                "separator": info["separator"],
+                "model_config": dataclasses.asdict(model_cfg),
+            },
+        }
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        if (dataset_dir / TOKENIZER_JSON).is_file():  # synthetic test datasets have none
+            shutil.copyfile(dataset_dir / TOKENIZER_JSON, tmp / TOKENIZER_JSON)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def newest_complete_step(run_dir: str | Path) -> int | None:
+    """The newest step under RUN/checkpoints whose checkpoint is complete, or None."""
+    steps = list_steps(Path(run_dir) / CHECKPOINTS_DIR)
+    return next((s for s in reversed(steps) if is_complete_checkpoint(checkpoint_dir(run_dir, s))), None)
+
+
+def _run_config(run_dir: Path):
+    from training.config import TrainConfig, resolve_model_config
+    from training.config_loader import load_config
+
+    path = run_dir / CONFIG_TOML
+    if not path.is_file():
+        raise ExportError(f"{path} not found: {run_dir} is not a gristmill training run directory")
+    cfg = load_config(TrainConfig, path)
+    dataset = Path(cfg.data.dataset)
+    info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
+    return cfg, dataset, resolve_model_config(cfg.model, info, cfg.data.seq_len)
+
+
+def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, ModelConfig, Path]:
+    """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
+    config, and the run's dataset directory."""
+    import torch.distributed.checkpoint as dcp
+
+    from training.train_state import ModelState
+
+    run_dir = Path(run_dir)
+    ckpt = checkpoint_dir(run_dir, step)
+    if not is_complete_checkpoint(ckpt):
+        have = [
+            s
+            for s in list_steps(run_dir / CHECKPOINTS_DIR)
+            if is_complete_checkpoint(checkpoint_dir(run_dir, s))
+        ]
+        raise ExportError(
+            f"{ckpt} is not a complete checkpoint (needs .metadata and COMPLETE); complete steps in "
+            f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
+        )
+    _, dataset, mcfg = _run_config(run_dir)
+    model = Transformer(mcfg)
+    try:
+        dcp.load({"model": ModelState(model)}, checkpoint_id=str(ckpt))
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        raise ExportError(f"cannot read the model from {ckpt}: {type(e).__name__}: {e}") from None
+    return model, mcfg, dataset
+
+
+def export_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
+    """Export checkpoint `step` (None: the newest complete one) to RUN/exports/step-N; an export
+    that already exists is returned as is."""
+    run_dir = Path(run_dir)
+    if step is None:
+        step = newest_complete_step(run_dir)
+        if step is None:
+            raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint to export")
+    out = export_dir(run_dir, step)
+    if out.is_dir():
+        return out
+    model, mcfg, dataset = load_checkpoint_model(run_dir, step)
+    return export_hf(
+        model.state_dict(),
+        mcfg,
+        dataset,
+        out,
+        meta={"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())},
+    )

@@ -1,0 +1,59 @@
+"""Names inside a training run directory (DESIGN.md "Training run directory"), in one place.
+
+    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/
+
+Step directories are zero-padded to six digits so a plain sort is a step sort; steps past 999,999
+simply grow a digit (`step_of` parses either). A checkpoint directory is complete only when DCP's
+`.metadata` exists and the trainer's `COMPLETE` record was written after it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+CONFIG_TOML = "config.toml"
+CHECKPOINTS_DIR = "checkpoints"
+EXPORTS_DIR = "exports"
+EVAL_DIR = "eval"
+DCP_METADATA = ".metadata"
+COMPLETE_FILE = "COMPLETE"
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def step_name(step: int) -> str:
+    return f"step-{int(step):06d}"
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS_DIR / step_name(step)
+
+
+def export_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / EXPORTS_DIR / step_name(step)
+
+
+def eval_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / EVAL_DIR / step_name(step)
+
+
+def step_of(path: str | Path) -> int:
+    """`.../step-000150` -> 150; anything else is a ValueError naming the path."""
+    m = _STEP_DIR.match(Path(path).name)
+    if not m:
+        raise ValueError(f"{path} is not a step-N directory")
+    return int(m.group(1))
+
+
+def list_steps(parent: str | Path) -> list[int]:
+    """Steps of the `step-N` directories directly under `parent`, ascending (temporary names ignored)."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in parent.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    path = Path(path)
+    return (path / DCP_METADATA).is_file() and (path / COMPLETE_FILE).is_file()
