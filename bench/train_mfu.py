@@ -1,21 +1,31 @@
-"""Single-device training throughput: steady-state tokens/s, MFU and peak memory per configuration.
+"""Single-GPU training throughput: gristmill's trainer step against a transformers peer, in one run.
 
-    python bench/train_mfu.py --preset llama3-1b --seq 2048            # GPU: the default sweep
-    python bench/train_mfu.py --preset tiny --device cpu               # CPU smoke (MFU omitted)
-    python bench/train_mfu.py --preset llama3-1b --config compile:selective:4:2048 --config eager:none:1:0
+    python bench/train_mfu.py                                   # GPU: headline + sweep + memory table
+    python bench/train_mfu.py --quick                           # GPU: headline only (peer vs gristmill)
+    python bench/train_mfu.py --profile runs/profile            # + torch.profiler summary of gristmill
+    python bench/train_mfu.py --preset tiny --device cpu --seq 128 --quick   # CPU smoke (no MFU)
 
-Each configuration builds the model on the meta device, materialises it, applies
-`training.parallelize.parallelize` with no mesh (one device: AC and compile, bf16 via autocast, as
-the trainer does on one process), and runs full training steps on synthetic tokens: forward with
-the loss inside, backward, grad-norm clipping at 1.0, fused AdamW, through the trainer's own
-`training.train.train_step`. After --warmup steps (compilation happens there) it times --steps
-steps. A configuration that runs out of memory is reported as OOM and the sweep goes on.
+Headline. Identical shapes and batch for both: the preset (default the 1.24B Llama-3 shape, vocab
+131072, tied), seq 2048, --micro-batch sequences per forward, --accum micro-batches per optimizer
+step (real 1M-token runs accumulate 8-64 per GPU, so the optimizer is amortised the same way),
+random tokens, fp32 master weights, bf16 compute, grad clip 1.0, fused AdamW (0.9, 0.95), wd 0.1.
+  (a) peer: transformers' LlamaForCausalLM with the same config, SDPA attention, bf16 autocast,
+      full logits and HF's loss, fused AdamW: the reference 1.2B blog run's setup (eager; with
+      --peer-compile also `torch.compile(model)`, as that run did).
+  (b) gristmill: training.model.Transformer through training.parallelize (per-block compile, AC as
+      given) and the trainer's own `training.train.train_step` (chunked, fused cross-entropy).
+Both print tokens/s, MFU, peak memory; then the ratio gristmill / peer.
 
-MFU = tokens/s * training.model.flops_per_token(cfg, seq) / peak dense bf16 FLOP/s of the device
-(6 * N_matmul + 12 * L * d * T with the LM head; AC recomputation not counted). The table also
-gives each configuration's ratio to the best public ~1B baseline, 40% MFU (torchtitan / the 1.2B
-blog run on H100; H100 SXM and H200 dense bf16 peak 989 TFLOP/s). Unknown devices (CPU) get no MFU.
-This is a benchmark, never a test.
+Sweep (without --quick): gristmill over micro-batch sizes x AC modes (the memory table), eager vs
+compiled, plain vs chunked loss, and document masking through FlexAttention (cost measured
+separately: synthetic documents of FineWeb-Edu-like lengths, mean ~900 tokens).
+
+MFU = tokens/s x training.model.flops_per_token(cfg, seq) / dense bf16 peak (H100 SXM / H200: 989
+TFLOP/s): 6 N_matmul + 12 L d T with the LM head, the full T x T attention square counted (as
+torchtitan), AC recomputation not counted. Timing: --warmup untimed steps (compilation happens
+there), then --steps steps between two device synchronisations; the spread is the min/max over the
+--repeats timed windows. A configuration that runs out of memory is reported as OOM and the sweep
+goes on. This is a benchmark, never a test.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import gc
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,104 +45,247 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.config import OptimSection, ScheduleSection  # noqa: E402
 from training.metrics import peak_flops  # noqa: E402
-from training.model import PRESETS, Transformer, flops_per_token, num_params  # noqa: E402
+from training.model import PRESETS, ModelConfig, Transformer, flops_per_token, num_params  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402
 from training.parallelize import ParallelConfig, autocast_context, parallelize  # noqa: E402
 from training.train import train_step  # noqa: E402
 
-BASELINE_MFU = 0.40  # best public ~1B Llama-3 figure on H100 (bf16, FSDP, torch.compile)
 
+@dataclass(frozen=True)
+class Spec:
+    """One gristmill configuration of the sweep."""
 
-@dataclass
-class BenchConfig:
-    compile: bool
-    ac: str
-    micro_batch: int
-    loss_chunk: int
-
-    @classmethod
-    def parse(cls, spec: str) -> BenchConfig:
-        """'compile|eager : none|selective|full : micro_batch : loss_chunk' e.g. compile:selective:4:2048"""
-        parts = spec.split(":")
-        if (
-            len(parts) != 4
-            or parts[0] not in ("compile", "eager")
-            or parts[1] not in ("none", "selective", "full")
-        ):
-            raise SystemExit(
-                f"bad --config {spec!r}: expected compile|eager:none|selective|full:MBS:LOSS_CHUNK"
-            )
-        return cls(parts[0] == "compile", parts[1], int(parts[2]), int(parts[3]))
+    compile: bool = True
+    ac: str = "none"
+    micro_batch: int = 8
+    loss_chunk: int = 8192
+    document_mask: bool = False
 
     def label(self) -> str:
-        chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "plain loss"
-        return f"{'compile' if self.compile else 'eager'}, AC {self.ac}, mbs {self.micro_batch}, {chunk}"
+        chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "full logits"
+        doc = ", doc-mask (flex)" if self.document_mask else ""
+        return f"gristmill {'compiled' if self.compile else 'eager'}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
 
 
-def default_configs(device: str, seq: int) -> list[BenchConfig]:
-    if device == "cpu":
-        return [BenchConfig(False, "none", 1, 0), BenchConfig(False, "full", 2, seq)]
-    return [
-        BenchConfig(False, "none", 1, 0),
-        BenchConfig(False, "selective", 2, seq),
-        BenchConfig(True, "none", 2, seq),
-        BenchConfig(True, "none", 2, 0),
-        BenchConfig(True, "selective", 4, seq),
-        BenchConfig(True, "full", 8, seq),
-    ]
+# ---------------------------------------------------------------------------------------------- data
 
 
-def run_config(args, bc: BenchConfig, device: torch.device) -> dict:
-    cfg = PRESETS[args.preset].replace(max_seq_len=max(args.seq, PRESETS[args.preset].max_seq_len))
-    cfg = cfg.replace(loss_chunk=bc.loss_chunk)
-    pcfg = ParallelConfig(activation_checkpoint=bc.ac, compile=bc.compile, param_dtype=args.dtype)
+def synthetic_batch(cfg: ModelConfig, mbs: int, seq: int, device, seed: int, documents: bool):
+    """Random tokens (never zeros: they run faster than real data) and, for document masking,
+    position ids restarting at lognormal document boundaries (mean ~900 tokens, FineWeb-Edu-like)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(1, cfg.vocab_size, (mbs, seq + 1), generator=g)
+    batch = {"input_ids": tokens[:, :-1].contiguous(), "labels": tokens[:, 1:].contiguous()}
+    if documents:
+        pos = torch.empty(mbs, seq, dtype=torch.int64)
+        for row in range(mbs):
+            i = 0
+            while i < seq:
+                n = int(torch.empty(()).log_normal_(6.5, 0.8, generator=g).clamp(16, seq))
+                n = min(n, seq - i)
+                pos[row, i : i + n] = torch.arange(n)
+                i += n
+        batch["position_ids"] = pos
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+# ------------------------------------------------------------------------------------------- timing
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(step, device: torch.device, warmup: int, steps: int, repeats: int) -> tuple[float, float, float]:
+    """(median, min, max) seconds per step over `repeats` windows of `steps` steps after `warmup`."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    windows = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync(device)
+        windows.append((time.perf_counter() - t0) / steps)
+    windows.sort()
+    return windows[len(windows) // 2], windows[0], windows[-1]
+
+
+def measure(name: str, step, args, cfg: ModelConfig, tokens_per_step: int, device, extra: dict) -> dict:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    med, lo, hi = time_steps(step, device, args.warmup, args.steps, args.repeats)
+    fpt = flops_per_token(cfg, args.seq)
+    r = {
+        "config": name,
+        "tokens_per_s": tokens_per_step / med,
+        "tokens_per_s_range": [tokens_per_step / hi, tokens_per_step / lo],
+        "step_ms": 1000 * med,
+        "tflops": tokens_per_step / med * fpt / 1e12,
+        "flops_per_token": fpt,
+        **extra,
+    }
+    if device.type == "cuda":
+        r["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        r["reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    return r
+
+
+# ------------------------------------------------------------------------------------------- models
+
+
+def model_config(args, spec: Spec | None = None) -> ModelConfig:
+    base = PRESETS[args.preset]
+    cfg = base.replace(max_seq_len=max(args.seq, base.max_seq_len))
+    if spec is not None:
+        cfg = cfg.replace(loss_chunk=spec.loss_chunk, document_mask=spec.document_mask)
+    return cfg
+
+
+def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | None = None) -> dict:
+    cfg = model_config(args, spec)
+    pcfg = ParallelConfig(activation_checkpoint=spec.ac, compile=spec.compile, param_dtype=args.dtype)
     with torch.device("meta"):
         model = Transformer(cfg)
     model = parallelize(model, None, pcfg)
     model.to_empty(device=device)
     torch.manual_seed(0)
-    model.init_weights()
+    with torch.no_grad():
+        model.init_weights()
     optim = OptimSection()  # the trainer's defaults: AdamW (0.9, 0.95), wd 0.1, fused on CUDA, clip 1.0
     opt = build_optimizer(model, optim, device.type)
-    sched = build_scheduler(opt, optim, ScheduleSection(warmup_steps=0, steps=args.warmup + args.steps))
+    sched = build_scheduler(opt, optim, ScheduleSection(warmup_steps=0, steps=10**6))
     amp = functools.partial(autocast_context, pcfg, None, device.type)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (bc.micro_batch, args.seq + 1), generator=g).to(device)
-    x, y = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    batches = [synthetic_batch(cfg, spec.micro_batch, args.seq, device, i, spec.document_mask)
+               for i in range(args.accum)]  # fmt: skip
 
-    def step() -> torch.Tensor:  # the trainer's own step: one micro-batch, clip, optimizer, schedule
-        batch = [{"input_ids": x, "labels": y}]
-        return train_step(model, opt, sched, batch, grad_clip=optim.grad_clip, amp=amp)["loss"]
+    def step():  # the trainer's own optimizer step: accumulate, clip, AdamW, schedule
+        return train_step(model, opt, sched, batches, grad_clip=optim.grad_clip, amp=amp)
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    r = measure(spec.label(), step, args, cfg, spec.micro_batch * args.seq * args.accum, device,
+                {"params": num_params(model), "loss": None})  # fmt: skip
+    r["loss"] = float(step()["loss"])
+    if profile_dir is not None:
+        r["profile"] = profile(step, device, profile_dir)
+    return r
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    for _ in range(args.warmup):
-        step()
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        loss = step()
-    sync()
-    elapsed = time.perf_counter() - t0
-    tokens_per_s = bc.micro_batch * args.seq * args.steps / elapsed
-    fpt = flops_per_token(cfg, args.seq)
-    result = {
-        "config": bc.label(),
-        "tokens_per_s": tokens_per_s,
-        "step_ms": 1000 * elapsed / args.steps,
-        "tflops": tokens_per_s * fpt / 1e12,
-        "loss": float(loss.item()),
-        "params": num_params(model),
-        "flops_per_token": fpt,
-    }
-    if device.type == "cuda":
-        result["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        result["reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
-    return result
+
+def run_peer(args, mbs: int, device: torch.device, compiled: bool) -> dict:
+    """transformers' LlamaForCausalLM, SDPA, bf16 autocast over fp32 weights, fused AdamW."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from training.hf_export import hf_config
+
+    cfg = model_config(args)
+    hf = hf_config(cfg, separator_id=0, dtype=torch.float32)
+    hf["use_cache"] = False
+    config = LlamaConfig(**hf)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.train()
+    fwd = torch.compile(model) if compiled else model
+    fused = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=fused or None)  # fmt: skip
+    amp_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    batches = [synthetic_batch(cfg, mbs, args.seq, device, i, False) for i in range(args.accum)]
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        for b in batches:
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype != torch.float32):
+                # HF shifts labels itself: labels = input_ids is the same next-token task.
+                loss = fwd(input_ids=b["input_ids"], labels=b["input_ids"]).loss
+            (loss / len(batches)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        return loss
+
+    name = f"peer: HF LlamaForCausalLM {'compiled' if compiled else 'eager'}, SDPA, mbs {mbs}, full logits"
+    return measure(name, step, args, cfg, mbs * args.seq * args.accum, device,
+                   {"params": sum(p.numel() for p in model.parameters())})  # fmt: skip
+
+
+def profile(step, device: torch.device, out_dir: Path) -> list[dict]:
+    """Top kernels by self device time over 2 steps; writes a Chrome trace to out_dir."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        for _ in range(2):
+            step()
+        sync(device)
+    prof.export_chrome_trace(str(out_dir / "trace.json"))
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
+    if device.type == "cuda":  # kernels only, not the CPU-side aten ops that launched them
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(getattr(e, attr) for e in events)
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    rows = [{"kernel": e.key[:90], "ms_per_step": getattr(e, attr) / 1e3 / 2,
+             "share": getattr(e, attr) / total, "calls_per_step": e.count / 2} for e in events[:25]]  # fmt: skip
+    (out_dir / "top_kernels.json").write_text(json.dumps(rows, indent=2))
+    print(f"\nprofile (2 steps; trace in {out_dir}/trace.json): top kernels by self device time")
+    for row in rows[:15]:
+        print(f"  {row['ms_per_step']:8.2f} ms/step {100 * row['share']:5.1f}%  x{row['calls_per_step']:<5.0f} "
+              f"{row['kernel']}")  # fmt: skip
+    return rows
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def guarded(fn, label: str, peak: float | None) -> dict:
+    """Run one configuration; OOM (or a compile failure) is reported, never fatal for the sweep."""
+    try:
+        r = fn()
+    except torch.OutOfMemoryError:
+        r = {"config": label, "oom": True}
+    except Exception as e:  # noqa: BLE001 - a benchmark reports a broken configuration and goes on
+        r = {"config": label, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+    finally:
+        gc.collect()
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if peak and "tflops" in r:
+        r["mfu"] = r["tflops"] * 1e12 / peak
+    print("  done:", json.dumps({k: v for k, v in r.items() if k != "profile"}), flush=True)
+    return r
+
+
+def table(results: list[dict]) -> None:
+    header = f"{'configuration':70} {'tok/s':>9} {'step ms':>8} {'TFLOP/s':>8} {'MFU':>6} {'peak GiB':>8}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in results:
+        if "tflops" not in r:
+            print(f"{r['config']:70} {'OOM' if r.get('oom') else 'ERROR ' + r.get('error', '')[:60]}")
+            continue
+        mfu = f"{100 * r['mfu']:5.1f}%" if "mfu" in r else f"{'n/a':>6}"
+        mem = f"{r['peak_mem_gib']:8.1f}" if "peak_mem_gib" in r else f"{'n/a':>8}"
+        print(f"{r['config']:70} {r['tokens_per_s']:9.0f} {r['step_ms']:8.1f} {r['tflops']:8.1f} {mfu} {mem}")
+
+
+def sweep_specs(args, head: Spec) -> list[Spec]:
+    specs = [replace(head, micro_batch=m, ac=ac) for ac in ("none", "selective", "full")
+             for m in args.sweep_mbs]  # fmt: skip
+    specs += [
+        replace(head, compile=False),  # what compile buys
+        replace(head, loss_chunk=0),  # what the chunked, fused loss buys
+        replace(head, document_mask=True),  # FlexAttention document masking, costed separately
+    ]
+    seen, out = {head}, []
+    for s in specs:
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,80 +295,57 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
                     help="compute dtype (default bfloat16 on GPU, float32 on CPU)")  # fmt: skip
-    ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 5 GPU / 2 CPU)")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 20 GPU / 3 CPU)")
-    ap.add_argument("--config", action="append", default=[],
-                    help="compile|eager:none|selective|full:MICRO_BATCH:LOSS_CHUNK (repeatable)")  # fmt: skip
-    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--micro-batch", type=int, default=None, help="headline micro-batch (default 8 GPU, 2 CPU)")
+    ap.add_argument("--accum", type=int, default=None, help="micro-batches per optimizer step (default 4 GPU, 1 CPU)")
+    ap.add_argument("--ac", default="none", choices=("none", "selective", "full"), help="headline AC mode")
+    ap.add_argument("--loss-chunk", type=int, default=8192, help="headline loss chunk (0: full logits)")
+    ap.add_argument("--no-compile", action="store_true", help="headline without per-block compile")
+    ap.add_argument("--peer-compile", action="store_true", help="also time the peer under torch.compile")
+    ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
+    ap.add_argument("--quick", action="store_true", help="headline only, no sweep")
+    ap.add_argument("--sweep-mbs", type=int, nargs="+", default=[4, 8, 16], help="micro-batch sizes of the sweep")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3 GPU / 1 CPU)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per timed window (default 4 GPU / 2 CPU)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed windows (median reported)")
+    ap.add_argument("--profile", type=Path, help="profile the headline gristmill step; trace written here")
+    ap.add_argument("--json", type=Path, help="also write all results here")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
-    on_cpu = device.type == "cpu"
-    args.dtype = args.dtype or ("float32" if on_cpu else "bfloat16")
-    args.warmup = args.warmup if args.warmup is not None else (2 if on_cpu else 5)
-    args.steps = args.steps if args.steps is not None else (3 if on_cpu else 20)
-    configs = [BenchConfig.parse(s) for s in args.config] or default_configs(device.type, args.seq)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = "cpu"
-    peak = peak_flops(name) if device.type == "cuda" else None
-    if peak is not None and args.dtype == "float32":
-        peak = None  # the table is for bf16 peaks
-    print(
-        f"device: {name}; torch {torch.__version__}; preset {args.preset}; seq {args.seq}; dtype {args.dtype}"
-    )
-    print(
-        f"peak: {peak / 1e12:.0f} TFLOP/s dense bf16"
-        if peak
-        else "peak: unknown for this device, MFU omitted"
-    )
+    cpu = device.type == "cpu"
+    args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
+    args.micro_batch = args.micro_batch or (2 if cpu else 8)
+    args.accum = args.accum or (1 if cpu else 4)
+    args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)
+    args.steps = args.steps if args.steps is not None else (2 if cpu else 4)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = peak_flops(name) if (device.type == "cuda" and args.dtype == "bfloat16") else None
+    print(f"device {name}; torch {torch.__version__}; preset {args.preset}; seq {args.seq}; {args.dtype}; "
+          f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted"))  # fmt: skip
+    head = Spec(compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk)
 
     results = []
-    for bc in configs:
-        try:
-            r = run_config(args, bc, device)
-        except torch.OutOfMemoryError:
-            r = {"config": bc.label(), "oom": True}
-        finally:
-            gc.collect()
-            torch._dynamo.reset()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        if peak and not r.get("oom"):
-            r["mfu"] = r["tflops"] * 1e12 / peak
-            r["vs_baseline"] = r["mfu"] / BASELINE_MFU
-        results.append(r)
-        print("  done:", json.dumps(r), flush=True)
-
-    header = (
-        f"{'configuration':48} {'tok/s':>10} {'step ms':>9} {'TFLOP/s':>8} {'MFU':>7} {'/40%':>6} "
-        f"{'peak GiB':>9}"
-    )
-    print()
-    print(header)
-    print("-" * len(header))
-    for r in results:
-        if r.get("oom"):
-            print(f"{r['config']:48} {'OOM':>10}")
-            continue
-        mfu = f"{100 * r['mfu']:6.1f}%" if "mfu" in r else f"{'n/a':>7}"
-        ratio = f"{r['vs_baseline']:6.2f}" if "vs_baseline" in r else f"{'n/a':>6}"
-        mem = f"{r['peak_mem_gib']:9.1f}" if "peak_mem_gib" in r else f"{'n/a':>9}"
-        print(
-            f"{r['config']:48} {r['tokens_per_s']:10.0f} {r['step_ms']:9.1f} {r['tflops']:8.2f} "
-            f"{mfu} {ratio} {mem}"
-        )
-    ok = [r for r in results if "mfu" in r]
-    if ok:
-        best = max(ok, key=lambda r: r["mfu"])
-        print(
-            f"\nbest: {best['config']}: MFU {100 * best['mfu']:.1f}% = "
-            f"{best['vs_baseline']:.2f}x the 40% baseline"
-        )
+    peer = None
+    if not args.no_peer:
+        peer = guarded(lambda: run_peer(args, head.micro_batch, device, False), "peer eager", peak)
+        results.append(peer)
+        if args.peer_compile:
+            results.append(guarded(lambda: run_peer(args, head.micro_batch, device, True), "peer compiled", peak))
+    ours = guarded(lambda: run_gristmill(args, head, device, args.profile), head.label(), peak)
+    results.append(ours)
+    peers = [r for r in results if r["config"].startswith("peer") and "tflops" in r]
+    if "tflops" in ours and peers:
+        best_peer = max(peers, key=lambda r: r["tokens_per_s"])
+        ours["vs_peer"] = ours["tokens_per_s"] / best_peer["tokens_per_s"]
+        print(f"\nheadline: gristmill / peer ({best_peer['config']}) = {ours['vs_peer']:.2f}x tokens/s"
+              + (f"; MFU {100 * ours['mfu']:.1f}% vs {100 * best_peer['mfu']:.1f}%" if peak else ""))  # fmt: skip
+    if not args.quick:
+        for spec in sweep_specs(args, head):
+            results.append(guarded(lambda s=spec: run_gristmill(args, s, device), spec.label(), peak))
+    table(results)
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "args": {k: str(v) for k, v in vars(args).items()},
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
+                                         "args": {k: str(v) for k, v in vars(args).items()},
                                          "results": results}, indent=2))  # fmt: skip
     return 0
 
