@@ -64,7 +64,8 @@ class Spec:
     def label(self) -> str:
         chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "full logits"
         doc = ", doc-mask (flex)" if self.document_mask else ""
-        return f"gristmill {'compiled' if self.compile else 'eager'}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
+        mode = "compiled" if self.compile else "eager"
+        return f"gristmill {mode}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -97,7 +98,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(step, device: torch.device, warmup: int, steps: int, repeats: int) -> tuple[float, float, float]:
+def time_steps(
+    step, device: torch.device, warmup: int, steps: int, repeats: int
+) -> tuple[float, float, float]:
     """(median, min, max) seconds per step over `repeats` windows of `steps` steps after `warmup`."""
     for _ in range(warmup):
         step()
@@ -158,14 +161,23 @@ def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | No
     opt = build_optimizer(model, optim, device.type)
     sched = build_scheduler(opt, optim, ScheduleSection(warmup_steps=0, steps=10**6))
     amp = functools.partial(autocast_context, pcfg, None, device.type)
-    batches = [synthetic_batch(cfg, spec.micro_batch, args.seq, device, i, spec.document_mask)
-               for i in range(args.accum)]  # fmt: skip
+    batches = [
+        synthetic_batch(cfg, spec.micro_batch, args.seq, device, i, spec.document_mask)
+        for i in range(args.accum)
+    ]
 
     def step():  # the trainer's own optimizer step: accumulate, clip, AdamW, schedule
         return train_step(model, opt, sched, batches, grad_clip=optim.grad_clip, amp=amp)
 
-    r = measure(spec.label(), step, args, cfg, spec.micro_batch * args.seq * args.accum, device,
-                {"params": num_params(model), "loss": None})  # fmt: skip
+    r = measure(
+        spec.label(),
+        step,
+        args,
+        cfg,
+        spec.micro_batch * args.seq * args.accum,
+        device,
+        {"params": num_params(model), "loss": None},
+    )
     r["loss"] = float(step()["loss"])
     if profile_dir is not None:
         r["profile"] = profile(step, device, profile_dir)
@@ -189,8 +201,9 @@ def run_peer(args, mbs: int, device: torch.device, compiled: bool) -> dict:
     model.train()
     fwd = torch.compile(model) if compiled else model
     fused = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=fused or None)  # fmt: skip
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, fused=fused or None
+    )
     amp_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
     batches = [synthetic_batch(cfg, mbs, args.seq, device, i, False) for i in range(args.accum)]
 
@@ -206,8 +219,15 @@ def run_peer(args, mbs: int, device: torch.device, compiled: bool) -> dict:
         return loss
 
     name = f"peer: HF LlamaForCausalLM {'compiled' if compiled else 'eager'}, SDPA, mbs {mbs}, full logits"
-    return measure(name, step, args, cfg, mbs * args.seq * args.accum, device,
-                   {"params": sum(p.numel() for p in model.parameters())})  # fmt: skip
+    return measure(
+        name,
+        step,
+        args,
+        cfg,
+        mbs * args.seq * args.accum,
+        device,
+        {"params": sum(p.numel() for p in model.parameters())},
+    )
 
 
 def profile(step, device: torch.device, out_dir: Path) -> list[dict]:
@@ -228,13 +248,22 @@ def profile(step, device: torch.device, out_dir: Path) -> list[dict]:
         events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    rows = [{"kernel": e.key[:90], "ms_per_step": getattr(e, attr) / 1e3 / 2,
-             "share": getattr(e, attr) / total, "calls_per_step": e.count / 2} for e in events[:25]]  # fmt: skip
+    rows = [
+        {
+            "kernel": e.key[:90],
+            "ms_per_step": getattr(e, attr) / 1e3 / 2,
+            "share": getattr(e, attr) / total,
+            "calls_per_step": e.count / 2,
+        }
+        for e in events[:25]
+    ]
     (out_dir / "top_kernels.json").write_text(json.dumps(rows, indent=2))
     print(f"\nprofile (2 steps; trace in {out_dir}/trace.json): top kernels by self device time")
     for row in rows[:15]:
-        print(f"  {row['ms_per_step']:8.2f} ms/step {100 * row['share']:5.1f}%  x{row['calls_per_step']:<5.0f} "
-              f"{row['kernel']}")  # fmt: skip
+        print(
+            f"  {row['ms_per_step']:8.2f} ms/step {100 * row['share']:5.1f}%  x{row['calls_per_step']:<5.0f} "
+            f"{row['kernel']}"
+        )
     return rows
 
 
@@ -273,8 +302,9 @@ def table(results: list[dict]) -> None:
 
 
 def sweep_specs(args, head: Spec) -> list[Spec]:
-    specs = [replace(head, micro_batch=m, ac=ac) for ac in ("none", "selective", "full")
-             for m in args.sweep_mbs]  # fmt: skip
+    specs = [
+        replace(head, micro_batch=m, ac=ac) for ac in ("none", "selective", "full") for m in args.sweep_mbs
+    ]
     specs += [
         replace(head, compile=False),  # what compile buys
         replace(head, loss_chunk=0),  # what the chunked, fused loss buys
@@ -293,17 +323,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="llama3-1b", choices=sorted(PRESETS))
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
-                    help="compute dtype (default bfloat16 on GPU, float32 on CPU)")  # fmt: skip
-    ap.add_argument("--micro-batch", type=int, default=None, help="headline micro-batch (default 8 GPU, 2 CPU)")
-    ap.add_argument("--accum", type=int, default=None, help="micro-batches per optimizer step (default 4 GPU, 1 CPU)")
+    ap.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default=None,
+        help="compute dtype (default bfloat16 on GPU, float32 on CPU)",
+    )
+    ap.add_argument(
+        "--micro-batch", type=int, default=None, help="headline micro-batch (default 8 GPU, 2 CPU)"
+    )
+    ap.add_argument(
+        "--accum", type=int, default=None, help="micro-batches per optimizer step (default 4 GPU, 1 CPU)"
+    )
     ap.add_argument("--ac", default="none", choices=("none", "selective", "full"), help="headline AC mode")
     ap.add_argument("--loss-chunk", type=int, default=8192, help="headline loss chunk (0: full logits)")
     ap.add_argument("--no-compile", action="store_true", help="headline without per-block compile")
     ap.add_argument("--peer-compile", action="store_true", help="also time the peer under torch.compile")
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     ap.add_argument("--quick", action="store_true", help="headline only, no sweep")
-    ap.add_argument("--sweep-mbs", type=int, nargs="+", default=[4, 8, 16], help="micro-batch sizes of the sweep")
+    ap.add_argument(
+        "--sweep-mbs", type=int, nargs="+", default=[4, 8, 16], help="micro-batch sizes of the sweep"
+    )
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3 GPU / 1 CPU)")
     ap.add_argument("--steps", type=int, default=None, help="steps per timed window (default 4 GPU / 2 CPU)")
     ap.add_argument("--repeats", type=int, default=3, help="timed windows (median reported)")
@@ -319,9 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps if args.steps is not None else (2 if cpu else 4)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     peak = peak_flops(name) if (device.type == "cuda" and args.dtype == "bfloat16") else None
-    print(f"device {name}; torch {torch.__version__}; preset {args.preset}; seq {args.seq}; {args.dtype}; "
-          f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted"))  # fmt: skip
-    head = Spec(compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk)
+    print(
+        f"device {name}; torch {torch.__version__}; preset {args.preset}; seq {args.seq}; {args.dtype}; "
+        f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted")
+    )
+    head = Spec(
+        compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk
+    )
 
     results = []
     peer = None
@@ -329,24 +373,36 @@ def main(argv: list[str] | None = None) -> int:
         peer = guarded(lambda: run_peer(args, head.micro_batch, device, False), "peer eager", peak)
         results.append(peer)
         if args.peer_compile:
-            results.append(guarded(lambda: run_peer(args, head.micro_batch, device, True), "peer compiled", peak))
+            results.append(
+                guarded(lambda: run_peer(args, head.micro_batch, device, True), "peer compiled", peak)
+            )
     ours = guarded(lambda: run_gristmill(args, head, device, args.profile), head.label(), peak)
     results.append(ours)
     peers = [r for r in results if r["config"].startswith("peer") and "tflops" in r]
     if "tflops" in ours and peers:
         best_peer = max(peers, key=lambda r: r["tokens_per_s"])
         ours["vs_peer"] = ours["tokens_per_s"] / best_peer["tokens_per_s"]
-        print(f"\nheadline: gristmill / peer ({best_peer['config']}) = {ours['vs_peer']:.2f}x tokens/s"
-              + (f"; MFU {100 * ours['mfu']:.1f}% vs {100 * best_peer['mfu']:.1f}%" if peak else ""))  # fmt: skip
+        print(
+            f"\nheadline: gristmill / peer ({best_peer['config']}) = {ours['vs_peer']:.2f}x tokens/s"
+            + (f"; MFU {100 * ours['mfu']:.1f}% vs {100 * best_peer['mfu']:.1f}%" if peak else "")
+        )
     if not args.quick:
         for spec in sweep_specs(args, head):
             results.append(guarded(lambda s=spec: run_gristmill(args, s, device), spec.label(), peak))
     table(results)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": name, "torch": torch.__version__,
-                                         "args": {k: str(v) for k, v in vars(args).items()},
-                                         "results": results}, indent=2))  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "device": name,
+                    "torch": torch.__version__,
+                    "args": {k: str(v) for k, v in vars(args).items()},
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

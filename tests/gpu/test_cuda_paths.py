@@ -25,8 +25,8 @@ pytestmark = [
 ]
 
 from training.loss import (  # noqa: E402
-    _chunk_softmax_grad,
     _chunk_fn,
+    _chunk_softmax_grad,
     chunked_linear_cross_entropy,
     linear_cross_entropy,
 )
@@ -35,9 +35,16 @@ from training.parallelize import ParallelConfig, autocast_context, parallelize  
 
 CUDA = torch.device("cuda")
 SMALL = ModelConfig(
-    dim=256, n_layers=4, n_heads=8, n_kv_heads=2, ffn_dim=704, vocab_size=4096, rope_theta=10000.0,
-    max_seq_len=512, tie_embeddings=True,
-)  # fmt: skip
+    dim=256,
+    n_layers=4,
+    n_heads=8,
+    n_kv_heads=2,
+    ffn_dim=704,
+    vocab_size=4096,
+    rope_theta=10000.0,
+    max_seq_len=512,
+    tie_embeddings=True,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +116,9 @@ def test_bf16_cuda_model_matches_float32_cpu():
 def test_compiled_blocks_match_eager(ac):
     x, y, _ = tokens(SMALL, 4, 256, seed=2)
     ref_loss, ref = loss_and_grads(fresh_model(SMALL), x, y, None, CUDA, bf16=True)
-    model = parallelize(fresh_model(SMALL).to(CUDA), None, ParallelConfig(activation_checkpoint=ac, compile=True))
+    model = parallelize(
+        fresh_model(SMALL).to(CUDA), None, ParallelConfig(activation_checkpoint=ac, compile=True)
+    )
     loss, grads = loss_and_grads(model, x, y, None, CUDA, bf16=True)
     torch._dynamo.reset()
     assert rel(loss, ref_loss) < 5e-3
@@ -264,9 +273,13 @@ def test_fsdp2_nccl_mixed_precision_matches_autocast():
         opt = build_optimizer(model, OptimSection(lr=1e-3), "cuda", sharded=mesh is not None)
         sched = build_scheduler(opt, OptimSection(lr=1e-3), ScheduleSection(warmup_steps=0, steps=10))
         amp = lambda: autocast_context(pcfg, mesh, "cuda")
-        losses = [train_step(model, opt, sched, batch, grad_clip=1.0, amp=amp)["loss"].item() for _ in range(4)]
-        state = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
-                 for n, p in model.named_parameters()}  # fmt: skip
+        losses = [
+            train_step(model, opt, sched, batch, grad_clip=1.0, amp=amp)["loss"].item() for _ in range(4)
+        ]
+        state = {
+            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+            for n, p in model.named_parameters()
+        }
         return losses, state
 
     ref_losses, ref_state = run(None)
@@ -299,13 +312,29 @@ def test_trainer_end_to_end_on_cuda(tmp_path):
 
     data = make_dataset(tmp_path / "data", n_docs=400, vocab_size=256)
     run = tmp_path / "run"
-    cfg = load_config(TrainConfig, None, [
-        f"data.dataset={data}", f"run.output_dir={run}", "run.device=cuda", "model.preset=tiny",
-        "model.document_mask=true", "model.loss_chunk=256", "parallel.compile=true", "data.seq_len=128",
-        "data.global_batch_tokens=2048", "data.micro_batch=8", "schedule.steps=60", "schedule.warmup_steps=5",
-        "optim.lr=3e-3", "run.log_every=20", "data.val_fraction=0.05", "run.val_every=30",
-        "metrics.tensorboard=false",
-    ])  # fmt: skip
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [
+            f"data.dataset={data}",
+            f"run.output_dir={run}",
+            "run.device=cuda",
+            "model.preset=tiny",
+            "model.document_mask=true",
+            "model.loss_chunk=256",
+            "parallel.compile=true",
+            "data.seq_len=128",
+            "data.global_batch_tokens=2048",
+            "data.micro_batch=8",
+            "schedule.steps=60",
+            "schedule.warmup_steps=5",
+            "optim.lr=3e-3",
+            "run.log_every=20",
+            "data.val_fraction=0.05",
+            "run.val_every=30",
+            "metrics.tensorboard=false",
+        ],
+    )
     summary = train(cfg)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert summary["final_loss"] < summary["first_loss"] - 1.5, summary
