@@ -241,7 +241,7 @@ def profile(step, device: torch.device, out_dir: Path) -> list[dict]:
         for _ in range(2):
             step()
         sync(device)
-    prof.export_chrome_trace(str(out_dir / "trace.json"))
+    prof.export_chrome_trace(str(out_dir / "trace.json.gz"))  # gzip: traces get large
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, attr, 0) > 0]
     if device.type == "cuda":  # kernels only, not the CPU-side aten ops that launched them
@@ -258,7 +258,7 @@ def profile(step, device: torch.device, out_dir: Path) -> list[dict]:
         for e in events[:25]
     ]
     (out_dir / "top_kernels.json").write_text(json.dumps(rows, indent=2))
-    print(f"\nprofile (2 steps; trace in {out_dir}/trace.json): top kernels by self device time")
+    print(f"\nprofile (2 steps; trace in {out_dir}/trace.json.gz): top kernels by self device time")
     for row in rows[:15]:
         print(
             f"  {row['ms_per_step']:8.2f} ms/step {100 * row['share']:5.1f}%  x{row['calls_per_step']:<5.0f} "
@@ -302,14 +302,16 @@ def table(results: list[dict]) -> None:
 
 
 def sweep_specs(args, head: Spec) -> list[Spec]:
-    specs = [
-        replace(head, micro_batch=m, ac=ac) for ac in ("none", "selective", "full") for m in args.sweep_mbs
-    ]
-    specs += [
-        replace(head, compile=False),  # what compile buys
-        replace(head, loss_chunk=0),  # what the chunked, fused loss buys
-        replace(head, document_mask=True),  # FlexAttention document masking, costed separately
-    ]
+    specs = [replace(head, micro_batch=m, ac=ac) for ac in args.sweep_ac for m in args.sweep_mbs]
+    specs += (
+        []
+        if args.no_extras
+        else [
+            replace(head, compile=False),  # what compile buys
+            replace(head, loss_chunk=0),  # what the chunked, fused loss buys
+            replace(head, document_mask=True),  # FlexAttention document masking, costed separately
+        ]
+    )
     seen, out = {head}, []
     for s in specs:
         if s not in seen:
@@ -344,6 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sweep-mbs", type=int, nargs="+", default=[4, 8, 16], help="micro-batch sizes of the sweep"
     )
+    ap.add_argument(
+        "--sweep-ac", nargs="+", default=["none", "selective", "full"], help="AC modes of the sweep"
+    )
+    ap.add_argument(
+        "--no-extras", action="store_true", help="sweep without the eager/full-logits/doc-mask rows"
+    )
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3 GPU / 1 CPU)")
     ap.add_argument("--steps", type=int, default=None, help="steps per timed window (default 4 GPU / 2 CPU)")
     ap.add_argument("--repeats", type=int, default=3, help="timed windows (median reported)")
@@ -367,27 +375,41 @@ def main(argv: list[str] | None = None) -> int:
         compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk
     )
 
-    results = []
-    peer = None
+    results: list[dict] = []
+    peer, peer_mbs = None, head.micro_batch
     if not args.no_peer:
-        peer = guarded(lambda: run_peer(args, head.micro_batch, device, False), "peer eager", peak)
-        results.append(peer)
-        if args.peer_compile:
-            results.append(
-                guarded(lambda: run_peer(args, head.micro_batch, device, True), "peer compiled", peak)
-            )
+        # The peer materialises [mbs, T, V] float32 logits: halve its micro-batch until it fits.
+        while peer_mbs >= 1:
+            m = peer_mbs
+            peer = guarded(lambda m=m: run_peer(args, m, device, False), f"peer eager, mbs {m}", peak)
+            results.append(peer)
+            if not peer.get("oom"):
+                break
+            peer_mbs //= 2
+        if args.peer_compile and "tflops" in peer:
+            m = peer_mbs
+            compiled = guarded(lambda m=m: run_peer(args, m, device, True), f"peer compiled, mbs {m}", peak)
+            results.append(compiled)
+            if compiled.get("tokens_per_s", 0) > peer["tokens_per_s"]:
+                peer = compiled
     ours = guarded(lambda: run_gristmill(args, head, device, args.profile), head.label(), peak)
     results.append(ours)
-    peers = [r for r in results if r["config"].startswith("peer") and "tflops" in r]
-    if "tflops" in ours and peers:
-        best_peer = max(peers, key=lambda r: r["tokens_per_s"])
-        ours["vs_peer"] = ours["tokens_per_s"] / best_peer["tokens_per_s"]
-        print(
-            f"\nheadline: gristmill / peer ({best_peer['config']}) = {ours['vs_peer']:.2f}x tokens/s"
-            + (f"; MFU {100 * ours['mfu']:.1f}% vs {100 * best_peer['mfu']:.1f}%" if peak else "")
-        )
+    if peer is not None and "tflops" in peer and "tflops" in ours:
+        same = ours
+        if peer_mbs != head.micro_batch:  # also at the peer's micro-batch: identical shapes
+            spec = replace(head, micro_batch=peer_mbs)
+            same = guarded(lambda: run_gristmill(args, spec, device), spec.label(), peak)
+            results.append(same)
+        for label, r in (("same micro-batch", same), ("each at its headline micro-batch", ours)):
+            if "tflops" in r:
+                r["vs_peer"] = r["tokens_per_s"] / peer["tokens_per_s"]
+                mfu = f"; MFU {100 * r['mfu']:.1f}% vs {100 * peer['mfu']:.1f}%" if peak else ""
+                ratio = f"{r['vs_peer']:.2f}x tokens/s{mfu}"
+                print(f"\nheadline ({label}): {r['config']} / {peer['config']} = {ratio}")
     if not args.quick:
         for spec in sweep_specs(args, head):
+            if any(r["config"] == spec.label() for r in results):
+                continue
             results.append(guarded(lambda s=spec: run_gristmill(args, s, device), spec.label(), peak))
     table(results)
     if args.json:

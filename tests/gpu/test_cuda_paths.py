@@ -285,7 +285,7 @@ def test_fsdp2_nccl_mixed_precision_matches_autocast():
     ref_losses, ref_state = run(None)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1"}
     os.environ.update(env)
-    dist.init_process_group("nccl", device_id=CUDA)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
     try:
         mesh = init_device_mesh("cuda", (1, 1), mesh_dim_names=("replicate", "shard"))
         losses, state = run(mesh)
