@@ -302,7 +302,12 @@ def table(results: list[dict]) -> None:
 
 
 def sweep_specs(args, head: Spec) -> list[Spec]:
-    specs = [replace(head, micro_batch=m, ac=ac) for ac in args.sweep_ac for m in args.sweep_mbs]
+    specs = []
+    for pair in args.sweep:
+        ac, _, mbs = pair.partition(":")
+        if ac not in ("none", "selective", "full") or not mbs.isdigit():
+            raise SystemExit(f"bad --sweep entry {pair!r}: expected AC:MICRO_BATCH, e.g. selective:16")
+        specs.append(replace(head, ac=ac, micro_batch=int(mbs)))
     specs += (
         []
         if args.no_extras
@@ -344,10 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     ap.add_argument("--quick", action="store_true", help="headline only, no sweep")
     ap.add_argument(
-        "--sweep-mbs", type=int, nargs="+", default=[4, 8, 16], help="micro-batch sizes of the sweep"
-    )
-    ap.add_argument(
-        "--sweep-ac", nargs="+", default=["none", "selective", "full"], help="AC modes of the sweep"
+        "--sweep",
+        nargs="+",
+        default=["none:4", "none:16", "selective:8", "selective:16", "full:16", "full:32"],
+        help="AC:MICRO_BATCH pairs of the sweep (the memory table)",
     )
     ap.add_argument(
         "--no-extras", action="store_true", help="sweep without the eager/full-logits/doc-mask rows"
@@ -400,7 +405,10 @@ def main(argv: list[str] | None = None) -> int:
             spec = replace(head, micro_batch=peer_mbs)
             same = guarded(lambda: run_gristmill(args, spec, device), spec.label(), peak)
             results.append(same)
-        for label, r in (("same micro-batch", same), ("each at its headline micro-batch", ours)):
+        pairs = [("same micro-batch", same)] + (
+            [("each at its own micro-batch", ours)] if same is not ours else []
+        )
+        for label, r in pairs:
             if "tflops" in r:
                 r["vs_peer"] = r["tokens_per_s"] / peer["tokens_per_s"]
                 mfu = f"; MFU {100 * r['mfu']:.1f}% vs {100 * peer['mfu']:.1f}%" if peak else ""
