@@ -60,10 +60,12 @@ class Spec:
     micro_batch: int = 8
     loss_chunk: int = 8192
     document_mask: bool = False
+    fuse: bool = False
 
     def label(self) -> str:
         chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "full logits"
         doc = ", doc-mask (flex)" if self.document_mask else ""
+        doc += ", fused qkv/w13" if self.fuse else ""
         mode = "compiled" if self.compile else "eager"
         return f"gristmill {mode}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
 
@@ -143,7 +145,9 @@ def model_config(args, spec: Spec | None = None) -> ModelConfig:
     base = PRESETS[args.preset]
     cfg = base.replace(max_seq_len=max(args.seq, base.max_seq_len))
     if spec is not None:
-        cfg = cfg.replace(loss_chunk=spec.loss_chunk, document_mask=spec.document_mask)
+        cfg = cfg.replace(
+            loss_chunk=spec.loss_chunk, document_mask=spec.document_mask, fuse_projections=spec.fuse
+        )
     return cfg
 
 
@@ -315,6 +319,7 @@ def sweep_specs(args, head: Spec) -> list[Spec]:
             replace(head, compile=False),  # what compile buys
             replace(head, loss_chunk=0),  # what the chunked, fused loss buys
             replace(head, document_mask=True),  # FlexAttention document masking, costed separately
+            replace(head, fuse=not head.fuse),  # what one GEMM for q/k/v and one for w1/w3 buy
         ]
     )
     seen, out = {head}, []
@@ -345,12 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ac", default="none", choices=("none", "selective", "full"), help="headline AC mode")
     ap.add_argument("--loss-chunk", type=int, default=8192, help="headline loss chunk (0: full logits)")
     ap.add_argument("--no-compile", action="store_true", help="headline without per-block compile")
+    ap.add_argument("--fuse", action="store_true", help="headline with fused q/k/v and w1/w3 matmuls")
     ap.add_argument("--peer-compile", action="store_true", help="also time the peer under torch.compile")
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     ap.add_argument("--quick", action="store_true", help="headline only, no sweep")
     ap.add_argument(
         "--sweep",
-        nargs="+",
+        nargs="*",
         default=["none:4", "none:16", "selective:8", "selective:16", "full:16", "full:32"],
         help="AC:MICRO_BATCH pairs of the sweep (the memory table)",
     )
@@ -377,7 +383,11 @@ def main(argv: list[str] | None = None) -> int:
         f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted")
     )
     head = Spec(
-        compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk
+        compile=not args.no_compile,
+        ac=args.ac,
+        micro_batch=args.micro_batch,
+        loss_chunk=args.loss_chunk,
+        fuse=args.fuse,
     )
 
     results: list[dict] = []
