@@ -60,12 +60,10 @@ class Spec:
     micro_batch: int = 8
     loss_chunk: int = 8192
     document_mask: bool = False
-    fuse: bool = False
 
     def label(self) -> str:
         chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "full logits"
         doc = ", doc-mask (flex)" if self.document_mask else ""
-        doc += ", fused qkv/w13" if self.fuse else ""
         mode = "compiled" if self.compile else "eager"
         return f"gristmill {mode}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
 
@@ -145,9 +143,7 @@ def model_config(args, spec: Spec | None = None) -> ModelConfig:
     base = PRESETS[args.preset]
     cfg = base.replace(max_seq_len=max(args.seq, base.max_seq_len))
     if spec is not None:
-        cfg = cfg.replace(
-            loss_chunk=spec.loss_chunk, document_mask=spec.document_mask, fuse_projections=spec.fuse
-        )
+        cfg = cfg.replace(loss_chunk=spec.loss_chunk, document_mask=spec.document_mask)
     return cfg
 
 
@@ -319,7 +315,6 @@ def sweep_specs(args, head: Spec) -> list[Spec]:
             replace(head, compile=False),  # what compile buys
             replace(head, loss_chunk=0),  # what the chunked, fused loss buys
             replace(head, document_mask=True),  # FlexAttention document masking, costed separately
-            replace(head, fuse=not head.fuse),  # what one GEMM for q/k/v and one for w1/w3 buy
         ]
     )
     seen, out = {head}, []
@@ -342,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         help="compute dtype (default bfloat16 on GPU, float32 on CPU)",
     )
     ap.add_argument(
-        "--micro-batch", type=int, default=None, help="headline micro-batch (default 8 GPU, 2 CPU)"
+        "--micro-batch", type=int, default=None, help="headline micro-batch (default 16 GPU, 2 CPU)"
     )
     ap.add_argument(
         "--accum", type=int, default=None, help="micro-batches per optimizer step (default 4 GPU, 1 CPU)"
@@ -350,8 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ac", default="none", choices=("none", "selective", "full"), help="headline AC mode")
     ap.add_argument("--loss-chunk", type=int, default=8192, help="headline loss chunk (0: full logits)")
     ap.add_argument("--no-compile", action="store_true", help="headline without per-block compile")
-    ap.add_argument("--fuse", action="store_true", help="headline with fused q/k/v and w1/w3 matmuls")
     ap.add_argument("--peer-compile", action="store_true", help="also time the peer under torch.compile")
+    ap.add_argument(
+        "--peer-micro-batch", type=int, help="the peer's first micro-batch to try (default: headline)"
+    )
     ap.add_argument("--no-peer", action="store_true", help="skip the transformers peer")
     ap.add_argument("--quick", action="store_true", help="headline only, no sweep")
     ap.add_argument(
@@ -372,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     cpu = device.type == "cpu"
     args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
-    args.micro_batch = args.micro_batch or (2 if cpu else 8)
+    args.micro_batch = args.micro_batch or (2 if cpu else 16)
     args.accum = args.accum or (1 if cpu else 4)
     args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)
     args.steps = args.steps if args.steps is not None else (2 if cpu else 4)
@@ -383,30 +380,25 @@ def main(argv: list[str] | None = None) -> int:
         f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted")
     )
     head = Spec(
-        compile=not args.no_compile,
-        ac=args.ac,
-        micro_batch=args.micro_batch,
-        loss_chunk=args.loss_chunk,
-        fuse=args.fuse,
+        compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk
     )
 
     results: list[dict] = []
     peer, peer_mbs = None, head.micro_batch
     if not args.no_peer:
-        # The peer materialises [mbs, T, V] float32 logits: halve its micro-batch until it fits.
-        while peer_mbs >= 1:
-            m = peer_mbs
-            peer = guarded(lambda m=m: run_peer(args, m, device, False), f"peer eager, mbs {m}", peak)
-            results.append(peer)
-            if not peer.get("oom"):
-                break
-            peer_mbs //= 2
-        if args.peer_compile and "tflops" in peer:
-            m = peer_mbs
-            compiled = guarded(lambda m=m: run_peer(args, m, device, True), f"peer compiled, mbs {m}", peak)
-            results.append(compiled)
-            if compiled.get("tokens_per_s", 0) > peer["tokens_per_s"]:
-                peer = compiled
+        # The peer materialises [mbs, T, V] float32 logits: each variant halves its micro-batch from
+        # --peer-micro-batch until it fits; the faster variant is the baseline.
+        for compiled in (False, True) if args.peer_compile else (False,):
+            m = args.peer_micro_batch or head.micro_batch
+            while m >= 1:
+                label = f"peer {'compiled' if compiled else 'eager'}, mbs {m}"
+                r = guarded(lambda m=m, c=compiled: run_peer(args, m, device, c), label, peak)
+                results.append(r)
+                if not r.get("oom"):
+                    break
+                m //= 2
+            if "tflops" in r and (peer is None or r["tokens_per_s"] > peer["tokens_per_s"]):
+                peer, peer_mbs = r, m
     ours = guarded(lambda: run_gristmill(args, head, device, args.profile), head.label(), peak)
     results.append(ours)
     if peer is not None and "tflops" in peer and "tflops" in ours:

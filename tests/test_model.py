@@ -170,18 +170,6 @@ def test_logits_match_hf_llama_after_rename(tied):
     )
 
 
-def test_fused_projections_compute_the_same_function_with_the_same_names():
-    plain, fused = tiny_model(seed=3), tiny_model(seed=3, fuse_projections=True)
-    assert plain.state_dict().keys() == fused.state_dict().keys()
-    x, y = batch(T=48)
-    for m in (plain, fused):
-        m(x, labels=y).backward()
-    with torch.no_grad():
-        torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-5)
-    for name, g in grads(plain).items():
-        torch.testing.assert_close(grads(fused)[name], g, rtol=1e-4, atol=1e-6, msg=name)
-
-
 # ------------------------------------------------------------------------------------ training
 
 

@@ -57,9 +57,6 @@ class ModelSection:
     """Mask attention across document boundaries (uses the loader's position ids)."""
     loss_chunk: int | None = None
     """Compute the LM head + cross-entropy in chunks of this many tokens (0: all at once)."""
-    fuse_projections: bool | None = None
-    """One matmul for q/k/v and one for w1/w3 (weights concatenated per forward; names unchanged).
-    Faster on GPUs, especially with parallel.compile; a copy per forward on CPU."""
 
 
 @dataclass

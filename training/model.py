@@ -95,10 +95,6 @@ class ModelConfig:
     loss_chunk: int = 0
     """0 = plain loss; >0 = chunked cross-entropy over this many tokens per chunk (never holds the
     full [tokens, vocab] logits)."""
-    fuse_projections: bool = False
-    """Run q/k/v as one matmul and w1/w3 as another, concatenating the weights in each forward
-    (parameter names and checkpoints unchanged). Larger GEMMs run closer to peak on a GPU, and under
-    torch.compile the concatenation fuses with the bf16 cast; eager CPU runs only pay for the copy."""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -260,7 +256,6 @@ class Attention(nn.Module):
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads
         self.head_dim = cfg.head_dim
-        self.fuse = cfg.fuse_projections
         self.wq = nn.Linear(cfg.dim, cfg.n_heads * cfg.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim, bias=False)
@@ -270,15 +265,9 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMask
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        if self.fuse:
-            qkv = F.linear(x, torch.cat((self.wq.weight, self.wk.weight, self.wv.weight)))
-            kv_dim = self.n_kv_heads * self.head_dim
-            q, k, v = qkv.split((self.n_heads * self.head_dim, kv_dim, kv_dim), dim=-1)
-        else:
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
         if attn.kind == "flex":
@@ -301,12 +290,8 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.w2 = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
-        self.fuse = cfg.fuse_projections
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fuse:
-            gate, up = F.linear(x, torch.cat((self.w1.weight, self.w3.weight))).chunk(2, dim=-1)
-            return self.w2(F.silu(gate) * up)
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
