@@ -52,13 +52,20 @@ def _damaged_files_named(roots: list[str | Path]):
     try:
         yield
     except duckdb.Error as e:
-        damaged = find_damaged(roots)
+        damaged = _damaged_error(roots)
         if damaged is None:
             raise AuditError(f"duckdb: {str(e).strip().splitlines()[0]}") from None
-        raise AuditError(
-            f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
-            "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
-        ) from None
+        raise damaged from None
+
+
+def _damaged_error(roots: list[str | Path]) -> AuditError | None:
+    damaged = find_damaged(roots)
+    if damaged is None:
+        return None
+    return AuditError(
+        f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
+        "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
+    )
 
 
 class Result:
@@ -280,6 +287,11 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 results = [run_sql(con, args.sql)]
             except AuditQueryError as e:
+                # duckdb's error for a damaged dataset file (a cast of a cut-off dataset.json) does
+                # not name the file: name it, as the default tables do.
+                damaged = _damaged_error(args.dirs)
+                if damaged is not None:
+                    raise damaged from None
                 print(f"error: {e}", file=sys.stderr)
                 return 2
         else:
