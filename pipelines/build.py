@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipelines.config import DataConfig, content_identity, identity_sha256
-from pipelines.sources import SourceFiles, list_source_files
+from pipelines.sources import SourceFiles, list_source_files, non_numeric_columns
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.config_loader import add_config_arguments, load_config, save_config
@@ -129,11 +129,17 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
     for f in source.files:
         path = Path(source.folder) / f
         try:
-            names = pq.read_schema(path).names
+            schema = pq.read_schema(path)
         except Exception as e:  # not parquet, truncated, unreadable
             raise BuildError(
                 f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
             ) from None
+        names = schema.names
+        for col, typ in non_numeric_columns(schema):
+            raise BuildError(
+                f"{path}: column {col!r} holds {typ}, not numbers; cast it to a number type (FineWeb-Edu "
+                f"uses int64 for int_score and token_count, double for score and language_score) or drop it"
+            )
         if cfg.source.text_key not in names:
             raise BuildError(
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
