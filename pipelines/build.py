@@ -206,11 +206,40 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     if old != new:
-        key = prefix.rstrip(".")
-        if key == "input_files":
-            return [f"input_files: {len(old or [])} files → {len(new or [])} files (or their sizes changed)"]
-        return [f"{key}: {old!r} → {new!r}"]
+        return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
     return []
+
+
+def _input_changes(old: list[dict], new: list[dict], tasks: int, finished: set[int]) -> list[str]:
+    """Each input file that was added, removed or changed size, by name."""
+    was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
+    now = {f["file"]: f["bytes"] for f in new}
+    out = [f"input file {n} was removed" for n in was if n not in now]
+    out += [f"input file {n} was added" for n in now if n not in was]
+    for n, (i, size) in was.items():
+        if n in now and now[n] != size:
+            done = " (its task finished: its shards hold the old file)" if i % tasks in finished else ""
+            out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")
+    return out
+
+
+def _replaced_unfinished_inputs(old: dict, new: dict, finished: set[int]) -> list[str] | None:
+    """The input files whose size changed, if that is the only change and none of their tasks
+    finished (a task reads files[rank::tasks]; only finished tasks' inputs are frozen); else None."""
+    old_files, new_files = old.get("input_files") or [], new["input_files"]
+    same_rest = {k: v for k, v in old.items() if k != "input_files"} == {
+        k: v for k, v in new.items() if k != "input_files"
+    }
+    if not same_rest or [f["file"] for f in old_files] != [f["file"] for f in new_files]:
+        return None  # a file added or removed moves every later file to another task
+    tasks = new["tasks"]
+    changed = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
+    if any(i % tasks in finished for i in changed):
+        return None
+    return [
+        f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
+        for i in changed
+    ]
 
 
 @contextlib.contextmanager
@@ -226,7 +255,11 @@ def _locked(out: Path):
         yield
 
 
-def _check_output(p: Prepared) -> dict[str, Any] | None:
+def _finished_tasks(out: Path) -> set[int]:
+    return {int(f.name) for f in (out / LOGS_DIR / "completions").glob("*") if f.name.isdigit()}
+
+
+def _check_output(p: Prepared, log=print) -> dict[str, Any] | None:
     """Refuse a changed config or a foreign directory; return build.json if resuming."""
     bj = p.out / BUILD_JSON
     if bj.is_file():
@@ -234,11 +267,25 @@ def _check_output(p: Prepared) -> dict[str, Any] | None:
             bj, f"cannot tell which config built {p.out}; delete {p.out} to rebuild from scratch"
         )
         if old.get("config_sha256") != p.sha:
-            changes = _diff(old.get("identity", {}), p.identity)
+            finished = _finished_tasks(p.out)
+            replaced = _replaced_unfinished_inputs(old.get("identity", {}), p.identity, finished)
+            if replaced is not None:
+                # A re-downloaded input whose task never finished: that task reads the new file.
+                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
+                old = {"config_sha256": p.sha, "identity": p.identity}
+                _write_atomic(bj, json.dumps(old, indent=2, sort_keys=True).encode())
+                return old
+            was = dict(old.get("identity", {}))
+            changes = _diff(
+                {k: v for k, v in was.items() if k != "input_files"}, {**p.identity, "input_files": None}
+            )
+            changes += _input_changes(
+                was.get("input_files") or [], p.identity["input_files"], p.cfg.build.tasks, finished
+            )
             raise BuildError(
                 f"{p.out} was built with a different config, refusing to mix the two (changed: "
-                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or delete "
-                f"{p.out} to rebuild from scratch."
+                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
+                f"with `rm -rf {p.out}` and the same command."
             )
         return old
     leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (p.out / n).exists()]
@@ -284,7 +331,7 @@ def build(cfg: DataConfig, log=print) -> BuildResult:
 
     p = prepare(cfg, log)
     with _locked(p.out):
-        previous = _check_output(p)
+        previous = _check_output(p, log)
         info_path = p.out / DATASET_JSON
         info = _read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":

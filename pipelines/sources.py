@@ -309,8 +309,9 @@ def _read_errors(path: str, kind: str):
         detail = str(e).splitlines()[0] if str(e) else ""
         raise SourceError(
             f"{path} cannot be read as {kind} ({type(e).__name__}: {detail}): "
-            "the file is damaged or truncated, or its connection dropped; re-download it (`gristmill data "
-            "download` verifies checksums) or remove it from source.path, then rerun the same command"
+            "the file is damaged or truncated, or its connection dropped; re-download it under the same name "
+            "(`gristmill data download` verifies checksums) and rerun the same command (finished tasks are "
+            "kept), or remove it from source.path and build into a new `output`"
         ) from None
 
 

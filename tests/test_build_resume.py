@@ -57,3 +57,55 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
         for name in names:
             assert (out / sub / name).read_bytes() == (built_dataset / sub / name).read_bytes(), name
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture, tmp_path):
+    # The advice after a truncated input: re-download it and rerun the same command. Only the
+    # inputs of finished tasks are frozen; changing one of those is refused, naming file and sizes.
+    import json
+
+    import pytest
+    import zstandard
+
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from pipelines.sources import SourceError
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    src, out = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+    full = {}
+    for name in ("a", "b"):
+        lines = [
+            json.dumps({"text": f"Doc {i} of {name}, about rivers. " * 8, "id": f"{name}{i}", "int_score": 4})
+            for i in range(60)
+        ]
+        full[name] = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
+        (src / f"{name}.jsonl.zst").write_bytes(full[name])
+    (src / "b.jsonl.zst").write_bytes(full["b"][: len(full["b"]) // 2])
+    overrides = [
+        f"output={out}",
+        "source.kind=jsonl",
+        f"source.path={src}",
+        "build.tasks=2",
+        "build.workers=1",
+    ]
+    cfg = load_config(DataConfig, config, overrides)
+    with pytest.raises(SourceError, match="re-download it under the same name"):
+        build(cfg, log=lambda *a: None)  # task 0 (a) finishes, task 1 (b) fails
+    assert (out / "logs" / "completions" / "00000").is_file()
+
+    (src / "b.jsonl.zst").write_bytes(full["b"])  # "re-downloaded"
+    lines = []
+    result = build(cfg, log=lines.append)
+    assert result.ok and result.info["documents"] == 120
+    assert any("b.jsonl.zst" in line and "its task had not finished" in line for line in lines), lines
+
+    (src / "a.jsonl.zst").write_bytes(full["a"][:-10])  # task 0's input changes after it finished
+    (out / "dataset.json").unlink()
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lambda *a: None)
+    size = len(full["a"])
+    assert f"input file a.jsonl.zst: {size:,} → {size - 10:,} bytes (its task finished" in str(e.value)
+    assert f"rm -rf {out}" in str(e.value)
