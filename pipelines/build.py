@@ -510,7 +510,7 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
 
 
 def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log) -> BuildResult:
-    from pipelines.shard_writer import finalize_dataset
+    from pipelines.shard_writer import ShardChangedError, finalize_dataset
 
     tasks = cfg.build.tasks
     completions = out / LOGS_DIR / "completions"
@@ -528,26 +528,61 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
             f"{out}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
             f"loosen [filters] or check source.text_key, see `gristmill data audit {out} --report drops`"
         )
-    info = finalize_dataset(
-        out,
-        vocab_size=encoder.vocab_size,
-        separator=encoder.separator_info(),
-        config_sha256=sha,
-        tokenizer_path=None,
-        extra={
-            "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
-            "tasks": tasks,
-            "excluded": sum(excluded.values()),
-            "documents_read": kept + sum(excluded.values()),
-            "excluded_by_filter": excluded,
-        },
-    )
+    try:
+        info = finalize_dataset(
+            out,
+            vocab_size=encoder.vocab_size,
+            separator=encoder.separator_info(),
+            config_sha256=sha,
+            tokenizer_path=None,
+            extra={
+                "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
+                "tasks": tasks,
+                "excluded": sum(excluded.values()),
+                "documents_read": kept + sum(excluded.values()),
+                "excluded_by_filter": excluded,
+            },
+            recorded=_recorded_shards(out),
+        )
+    except ShardChangedError as e:
+        raise BuildError(_changed_shards_message(out, e.changed)) from None
     log(
         f"built {out}: {info['documents']:,} documents kept, {info['excluded']:,} excluded "
         f"({', '.join(f'{k} {v:,}' for k, v in sorted(excluded.items())) or 'none'}), "
         f"{info['tokens']:,} tokens in {info['shards']} shards ({info['dtype']})"
     )
     return _validate(cfg, out, info, log)
+
+
+def _recorded_shards(out: Path) -> dict[str, dict[str, Any]]:
+    """shard -> {bytes, sha256, task} as each task recorded when it finished (tokenize_shard)."""
+    from pipelines.tokenize_shard import SHARD_RECORDS
+
+    shards: dict[str, dict[str, Any]] = {}
+    for path in sorted((out / SHARD_RECORDS).glob("*.json")):
+        task = int(path.stem)
+        for name, rec in _read_json(
+            path, f"delete {out / LOGS_DIR / 'completions' / path.stem} and rerun"
+        ).items():
+            shards[name] = {**rec, "task": task}
+    return shards
+
+
+def _changed_shards_message(out: Path, changed: list[tuple[str, dict, dict | None]]) -> str:
+    what = []
+    for name, want, now in changed:
+        state = "is gone" if now is None else f"is {now['bytes']:,} bytes, sha256 {now['sha256'][:12]}…"
+        what.append(
+            f"{SHARDS_DIR}/{name} {state}; task {want['task']} wrote {want['bytes']:,} bytes, "
+            f"sha256 {want['sha256'][:12]}…"
+        )
+    tasks = sorted({want["task"] for _, want, _ in changed})
+    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in tasks)
+    return (
+        f"shards changed after their task finished, refusing to describe them in {DATASET_JSON}: "
+        f"{'; '.join(what)}. Redo those tasks (their shards are rewritten byte-identical): "
+        f"`rm {markers}` and rerun the same command"
+    )
 
 
 def _excluded_counts(out: Path) -> dict[str, int]:

@@ -33,6 +33,7 @@ from training.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
 from training.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
+SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document: two 512-byte headers plus padding of two members.
 TAR_OVERHEAD_PER_DOC = 2048
 
@@ -201,6 +202,12 @@ class TokenizeShard(PipelineStep):
                 if spill is not None:
                     spill.close()
         writer.close()
+        # What this task wrote, recorded before datatrove marks it complete: finalize checks the
+        # shards against it, so one damaged later is caught even when dataset.json is rewritten.
+        record = Path(self.output) / SHARD_RECORDS / f"{rank:05d}.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.with_suffix(".tmp").write_text(json.dumps(writer.written, indent=1, sort_keys=True))
+        os.replace(record.with_suffix(".tmp"), record)
         os.remove(spill_path)
         if progress:
             progress.phase = "done"

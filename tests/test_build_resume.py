@@ -109,3 +109,37 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
     size = len(full["a"])
     assert f"input file a.jsonl.zst: {size:,} → {size - 10:,} bytes (its task finished" in str(e.value)
     assert f"rm -rf {out}" in str(e.value)
+
+
+def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(
+    built_dataset, build_fixture, tmp_path
+):
+    # What the build suggests for a damaged dataset.json (delete it, rerun) must not re-hash a
+    # corrupted shard into a new "complete" dataset.json: the shard is checked against the sha256
+    # its task recorded when it finished.
+    import shutil
+
+    import pytest
+
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    shard = out / "shards" / "00001_00000.tar"
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF  # inside the first member's token ids: same size, still a valid tar
+    shard.write_bytes(bytes(data))
+    (out / "dataset.json").unlink()
+    cfg = load_config(DataConfig, config, [f"output={out}"])
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lambda *a: None)
+    msg = str(e.value)
+    assert "shards/00001_00000.tar is " in msg and "task 1 wrote" in msg, msg
+    assert f"rm {out / 'logs' / 'completions' / '00001'}" in msg
+    assert not (out / "dataset.json").exists()
+    (out / "logs" / "completions" / "00001").unlink()  # the advice: task 1 is redone
+    assert build(cfg, log=lambda *a: None).ok
+    assert shard.read_bytes() == (built_dataset / "shards" / shard.name).read_bytes()
