@@ -24,3 +24,19 @@ def test_task_progress_and_monitor_line(tmp_path):
     assert line.startswith("[build] tasks 1/4 done | 150 docs read")
     assert "7.5k tokens" in line and "tok/s" in line and "docs/s" in line
     assert "30% of input" in line and "ETA" in line
+
+
+def test_output_is_flushed_line_by_line_so_a_killed_command_keeps_its_last_lines(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal; from pipelines.cli import main; "
+        f"main(['data', 'validate', '{tmp_path / 'missing'}']); print('the last line'); "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a user's shell
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == -9
+    assert "is not a directory" in proc.stderr and proc.stdout == "the last line\n"
