@@ -72,11 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only write dataset.json and validate, once all tasks finished (the Slurm finalize job)",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print datatrove's logs (per-task pipeline, files, stats) on the terminal; they are "
+        "always written under OUTPUT/logs/",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
-    result = finalize_only(cfg) if args.finalize_only else build(cfg)
+    result = finalize_only(cfg) if args.finalize_only else build(cfg, verbose=args.verbose)
     return 0 if result.ok else 1
 
 
@@ -326,7 +333,9 @@ def make_pipeline(p: Prepared) -> list:
     ]
 
 
-def build(cfg: DataConfig, log=print) -> BuildResult:
+def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
+    """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
+    on the terminal too, not only under OUTPUT/logs/."""
     from pipelines.tokenize_shard import check_free_space
 
     p = prepare(cfg, log)
@@ -335,9 +344,16 @@ def build(cfg: DataConfig, log=print) -> BuildResult:
         info_path = p.out / DATASET_JSON
         info = _read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
-            log(f"{p.out} is already complete (same config); validating it again")
+            log(f"{p.out} is already complete (same config); validated it again:")
             return _validate(p.cfg, p.out, info, log)
-        check_free_space(p.out, 0, p.cfg.build.min_free_gb, "start the build")
+        finished = _finished_tasks(p.out)
+        check_free_space(
+            p.out,
+            0,
+            p.cfg.build.min_free_gb,
+            "start the build",
+            f" ({len(finished)} finished tasks are kept)" if finished else "",
+        )
         tok_dst = p.out / TOKENIZER_JSON
         if not tok_dst.is_file() or tok_dst.read_bytes() != p.tokenizer_bytes:
             _write_atomic(tok_dst, p.tokenizer_bytes)
@@ -350,19 +366,19 @@ def build(cfg: DataConfig, log=print) -> BuildResult:
                 ).encode(),
             )
         else:
-            done = len(list((p.out / LOGS_DIR / "completions").glob("*")))
-            log(f"resuming {p.out}: {done}/{p.cfg.build.tasks} tasks already complete")
+            log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
 
         pipeline = make_pipeline(p)
         if p.cfg.build.executor == "slurm":
             return _submit_slurm(p, pipeline, log)
-        _run_local(p, pipeline, log)
+        _run_local(p, pipeline, log, verbose)
         return _finish(p.cfg, p.out, p.sha, p.encoder, log)
 
 
-def _run_local(p: Prepared, pipeline: list, log) -> None:
+def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
+    from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
     from pipelines.progress import Monitor
 
     cfg = p.cfg
@@ -371,30 +387,38 @@ def _run_local(p: Prepared, pipeline: list, log) -> None:
     # One tokenizer thread pool per worker process, sized so the workers share the cores.
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     logs = p.out / LOGS_DIR
-    executor = LocalPipelineExecutor(
+    executor = (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
         pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=True
     )
+    where = "" if verbose else f"; datatrove's logs: {logs}/"
+    log(f"[build] {tasks} tasks on {workers} workers, {p.source.total_bytes / 1e6:,.1f} MB of input{where}")
     monitor = Monitor(
-        logs / "progress", logs / "completions", tasks, p.source.total_bytes, cfg.build.progress_interval
+        logs / "progress",
+        logs / "completions",
+        tasks,
+        p.source.total_bytes,
+        cfg.build.progress_interval,
+        live=sys.stderr.isatty(),
     )
     try:
-        with monitor:
+        with monitor, contextlib.nullcontext() if verbose else loguru_to(logs / EXECUTOR_LOG):
             executor.run()
     except GristmillError:
         raise
     except Exception as e:
         raise BuildError(_failed_message(p.out, tasks, e)) from None
-    line = monitor.line()
+    line = None if monitor.live else monitor.line()
     if line:
         log(line)
 
 
 def _failed_message(out: Path, tasks: int, err: BaseException | None = None) -> str:
-    done = len(list((out / LOGS_DIR / "completions").glob("*")))
+    done = len(_finished_tasks(out))
     what = f" ({type(err).__name__}: {err})" if err else ""
+    kept = f"the {done} finished tasks are kept, the others are redone" if done else "every task is redone"
     return (
         f"{tasks - done} of {tasks} tasks did not finish{what}; their logs are in {out / LOGS_DIR / 'logs'}. "
-        "Fix the cause and rerun the same command: finished tasks are kept, the others are redone."
+        f"Fix the cause and rerun the same command: {kept}."
     )
 
 
@@ -546,11 +570,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
         )
     except ShardChangedError as e:
         raise BuildError(_changed_shards_message(out, e.changed)) from None
-    log(
-        f"built {out}: {info['documents']:,} documents kept, {info['excluded']:,} excluded "
-        f"({', '.join(f'{k} {v:,}' for k, v in sorted(excluded.items())) or 'none'}), "
-        f"{info['tokens']:,} tokens in {info['shards']} shards ({info['dtype']})"
-    )
+    log(f"built {out}:")
     return _validate(cfg, out, info, log)
 
 
@@ -595,12 +615,27 @@ def _excluded_counts(out: Path) -> dict[str, int]:
 
 
 def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildResult:
+    """Validate (unless build.validate = false) and print the end table; problems below it."""
+    from pipelines.filters import make_filters
+    from pipelines.progress import build_table
+
+    order = [f.name for f in make_filters(cfg.filters, None)]
     if not cfg.build.validate:
+        log(build_table(info, ("skipped", "(build.validate = false)"), order))
         return BuildResult(out, "complete", info)
     from validation.validate import format_report, validate_dataset
 
     report = validate_dataset(out, progress=False)
-    log(format_report(report))
+    if report.ok:
+        row = (
+            "OK",
+            f"{report.separators:,} separators in {report.documents:,} documents, all shards checked",
+        )
+    else:
+        row = ("FAILED", f"{report.n_problems:,} problems:")
+    log(build_table(info, row, order))
+    if not report.ok:
+        log(format_report(report))
     return BuildResult(out, "complete", info, report)
 
 

@@ -364,7 +364,8 @@ def iter_texts(cfg: SourceConfig, source: SourceFiles, filters: list, max_docs: 
     """Texts from the start of the source (files in order) that pass `filters`, for tokenizer training."""
     reader = make_reader(cfg, source)
     n = chars = 0
-    for doc in reader.read_files_shard(source.files):
+    # read_file, not datatrove's read_files_shard, which logs every file it opens to the terminal
+    for doc in (d for f in source.files for d in reader.read_file(f)):
         if not all(_passes(f, doc) for f in filters):
             continue
         yield doc.text

@@ -58,16 +58,22 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def check_free_space(path: str | Path, need_bytes: float, reserve_gb: float, what: str) -> None:
-    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`."""
+def check_free_space(
+    path: str | Path,
+    need_bytes: float,
+    reserve_gb: float,
+    what: str,
+    kept: str = " (finished tasks are kept)",
+) -> None:
+    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`.
+    `kept` ends the advice: what a rerun keeps (nothing to say before any task ran)."""
     free = shutil.disk_usage(path).free
     reserve = reserve_gb * 1e9
     if free - need_bytes < reserve:
         raise DiskFullError(
             f"not enough free disk under {path} to {what}: {_size(free)} free, "
             f"{_size(need_bytes)} needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
-            "free some space or point `output` at a larger filesystem, then rerun the same command "
-            "(finished tasks are kept)"
+            f"free some space or point `output` at a larger filesystem, then rerun the same command{kept}"
         )
 
 

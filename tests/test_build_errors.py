@@ -118,6 +118,7 @@ def test_disk_too_full(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.min_free_gb=1e9"))
     assert "not enough free disk" in msg and "build.min_free_gb" in msg
+    assert msg.endswith("then rerun the same command")  # no "finished tasks are kept": none ran
     assert not (tmp_path / "o" / "logs").exists()
 
 

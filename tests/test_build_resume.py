@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_build(
-    config: Path, out: Path, env_extra: dict[str, str] | None = None
+    config: Path, out: Path, env_extra: dict[str, str] | None = None, *args: str
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -37,6 +37,10 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
     killed = run_build(config, out, {"GRISTMILL_TEST_KILL": "1:second_shard"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (out / "dataset.json").exists()
+    # Quiet: datatrove's logs went to OUT/logs/, not the terminal.
+    assert "Launching pipeline" not in killed.stderr, killed.stderr[-2000:]
+    assert "Launching pipeline" in (out / "logs" / "logs" / "task_00001.log").read_text()
+    assert "[build] 2 tasks on 2 workers" in killed.stdout, killed.stdout
     partial = list((out / "shards").glob("00001_*.tar.tmp"))
     assert partial, "the kill should have left a half-written shard behind its temporary name"
     # No partial shard under a final name: every visible .tar is complete and already identical
@@ -47,9 +51,10 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
         assert tar.read_bytes() == (built_dataset / "shards" / tar.name).read_bytes()
     assert (out / "shards" / "00001_00000.tar").is_file()
 
-    resumed = run_build(config, out)
+    resumed = run_build(config, out, None, "-v")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout
+    assert "Launching pipeline for rank=" in resumed.stderr  # -v: datatrove's logs on the terminal
     assert not list(out.rglob("*.tmp"))
     for sub in ("shards", "manifest", "excluded"):
         names = sorted(p.name for p in (built_dataset / sub).iterdir())
