@@ -1,17 +1,18 @@
 """The audit's duckdb views over one or more dataset directories (nothing is copied or materialized).
 
-Every view is plain SQL over files matched by a glob inside each dataset directory, read with
-duckdb's own readers; each row carries `dataset_name`, so two builds can be compared in one query.
-Adding a view is one line in FILE_VIEWS (files of each dataset) or DERIVED_VIEWS (SQL over other
-views), e.g. a later stage's metrics:
+Every view is plain SQL over files matched by a glob inside each dataset directory (expanded here,
+then passed to duckdb as a list of paths), read with duckdb's own readers; each row carries
+`dataset_name`, so two builds can be compared in one query. Adding a view is one line in
+FILE_VIEWS (files of each dataset) or DERIVED_VIEWS (SQL over other views), e.g. a later stage's
+metrics:
 
     "metrics": FileView("metrics.jsonl", "SELECT * FROM {src}", reader="json"),
 
 `connect()` creates the views in an in-memory database and then locks it down: duckdb may only
-read inside the dataset directories (`allowed_directories` + `enable_external_access = false`),
-extensions can be neither installed nor loaded, and the configuration is locked, so a user query
-cannot switch any of that back. `persist()` writes the same views into a database file that the
-duckdb CLI or Python can open.
+read inside the dataset directories (`allowed_directories` + `enable_external_access = false`, no
+spill directory), extensions can be neither installed nor loaded, and the configuration is
+locked, so a user query cannot switch any of that back. `persist()` writes the same views into a
+database file that the duckdb CLI or Python can open.
 """
 
 from __future__ import annotations
