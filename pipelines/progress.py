@@ -2,9 +2,10 @@
 
 A task's reader and its tokenize-and-shard step share one `TaskProgress` (datatrove pickles the
 whole pipeline at once, so the two steps keep pointing at the same object inside a task). The
-task writes `logs/progress/NNNNN.json` and logs a line every `interval` seconds, which is all a
-Slurm user gets; the local driver also runs `Monitor`, which reads every task's file and prints
-docs/s, tokens/s, tasks done and an ETA from the input bytes consumed.
+task writes `logs/progress/NNNNN.json` and logs a line every `interval` seconds (into its task
+log; on Slurm that is all a user gets); the local driver also runs `Monitor`, which reads every
+task's file and shows one line of docs/s, tokens/s, tasks done and an ETA from the input bytes
+consumed. `build_table` is what the build prints at the end.
 """
 
 from __future__ import annotations
