@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from pipelines.config import DataConfig, content_identity, identity_sha256
-from pipelines.sources import SourceFiles, list_source_files
+from pipelines.sources import SourceFiles, list_source_files, non_numeric_columns
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.config_loader import add_config_arguments, load_config, save_config
@@ -72,11 +72,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only write dataset.json and validate, once all tasks finished (the Slurm finalize job)",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print datatrove's logs (per-task pipeline, files, stats) on the terminal; they are "
+        "always written under OUTPUT/logs/",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
-    result = finalize_only(cfg) if args.finalize_only else build(cfg)
+    result = finalize_only(cfg) if args.finalize_only else build(cfg, verbose=args.verbose)
     return 0 if result.ok else 1
 
 
@@ -129,11 +136,17 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
     for f in source.files:
         path = Path(source.folder) / f
         try:
-            names = pq.read_schema(path).names
+            schema = pq.read_schema(path)
         except Exception as e:  # not parquet, truncated, unreadable
             raise BuildError(
                 f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
             ) from None
+        names = schema.names
+        for col, typ in non_numeric_columns(schema):
+            raise BuildError(
+                f"{path}: column {col!r} holds {typ}, not numbers; cast it to a number type (FineWeb-Edu "
+                f"uses int64 for int_score and token_count, double for score and language_score) or drop it"
+            )
         if cfg.source.text_key not in names:
             raise BuildError(
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
@@ -200,11 +213,40 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     if old != new:
-        key = prefix.rstrip(".")
-        if key == "input_files":
-            return [f"input_files: {len(old or [])} files → {len(new or [])} files (or their sizes changed)"]
-        return [f"{key}: {old!r} → {new!r}"]
+        return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
     return []
+
+
+def _input_changes(old: list[dict], new: list[dict], tasks: int, finished: set[int]) -> list[str]:
+    """Each input file that was added, removed or changed size, by name."""
+    was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
+    now = {f["file"]: f["bytes"] for f in new}
+    out = [f"input file {n} was removed" for n in was if n not in now]
+    out += [f"input file {n} was added" for n in now if n not in was]
+    for n, (i, size) in was.items():
+        if n in now and now[n] != size:
+            done = " (its task finished: its shards hold the old file)" if i % tasks in finished else ""
+            out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")
+    return out
+
+
+def _replaced_unfinished_inputs(old: dict, new: dict, finished: set[int]) -> list[str] | None:
+    """The input files whose size changed, if that is the only change and none of their tasks
+    finished (a task reads files[rank::tasks]; only finished tasks' inputs are frozen); else None."""
+    old_files, new_files = old.get("input_files") or [], new["input_files"]
+    same_rest = {k: v for k, v in old.items() if k != "input_files"} == {
+        k: v for k, v in new.items() if k != "input_files"
+    }
+    if not same_rest or [f["file"] for f in old_files] != [f["file"] for f in new_files]:
+        return None  # a file added or removed moves every later file to another task
+    tasks = new["tasks"]
+    changed = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
+    if any(i % tasks in finished for i in changed):
+        return None
+    return [
+        f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
+        for i in changed
+    ]
 
 
 @contextlib.contextmanager
@@ -220,7 +262,11 @@ def _locked(out: Path):
         yield
 
 
-def _check_output(p: Prepared) -> dict[str, Any] | None:
+def _finished_tasks(out: Path) -> set[int]:
+    return {int(f.name) for f in (out / LOGS_DIR / "completions").glob("*") if f.name.isdigit()}
+
+
+def _check_output(p: Prepared, log=print) -> dict[str, Any] | None:
     """Refuse a changed config or a foreign directory; return build.json if resuming."""
     bj = p.out / BUILD_JSON
     if bj.is_file():
@@ -228,11 +274,25 @@ def _check_output(p: Prepared) -> dict[str, Any] | None:
             bj, f"cannot tell which config built {p.out}; delete {p.out} to rebuild from scratch"
         )
         if old.get("config_sha256") != p.sha:
-            changes = _diff(old.get("identity", {}), p.identity)
+            finished = _finished_tasks(p.out)
+            replaced = _replaced_unfinished_inputs(old.get("identity", {}), p.identity, finished)
+            if replaced is not None:
+                # A re-downloaded input whose task never finished: that task reads the new file.
+                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
+                old = {"config_sha256": p.sha, "identity": p.identity}
+                _write_atomic(bj, json.dumps(old, indent=2, sort_keys=True).encode())
+                return old
+            was = dict(old.get("identity", {}))
+            changes = _diff(
+                {k: v for k, v in was.items() if k != "input_files"}, {**p.identity, "input_files": None}
+            )
+            changes += _input_changes(
+                was.get("input_files") or [], p.identity["input_files"], p.cfg.build.tasks, finished
+            )
             raise BuildError(
                 f"{p.out} was built with a different config, refusing to mix the two (changed: "
-                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or delete "
-                f"{p.out} to rebuild from scratch."
+                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
+                f"with `rm -rf {p.out}` and the same command."
             )
         return old
     leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (p.out / n).exists()]
@@ -273,18 +333,27 @@ def make_pipeline(p: Prepared) -> list:
     ]
 
 
-def build(cfg: DataConfig, log=print) -> BuildResult:
+def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
+    """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
+    on the terminal too, not only under OUTPUT/logs/."""
     from pipelines.tokenize_shard import check_free_space
 
     p = prepare(cfg, log)
     with _locked(p.out):
-        previous = _check_output(p)
+        previous = _check_output(p, log)
         info_path = p.out / DATASET_JSON
         info = _read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
-            log(f"{p.out} is already complete (same config); validating it again")
+            log(f"{p.out} is already complete (same config); validated it again:")
             return _validate(p.cfg, p.out, info, log)
-        check_free_space(p.out, 0, p.cfg.build.min_free_gb, "start the build")
+        finished = _finished_tasks(p.out)
+        check_free_space(
+            p.out,
+            0,
+            p.cfg.build.min_free_gb,
+            "start the build",
+            f" ({len(finished)} finished tasks are kept)" if finished else "",
+        )
         tok_dst = p.out / TOKENIZER_JSON
         if not tok_dst.is_file() or tok_dst.read_bytes() != p.tokenizer_bytes:
             _write_atomic(tok_dst, p.tokenizer_bytes)
@@ -297,19 +366,19 @@ def build(cfg: DataConfig, log=print) -> BuildResult:
                 ).encode(),
             )
         else:
-            done = len(list((p.out / LOGS_DIR / "completions").glob("*")))
-            log(f"resuming {p.out}: {done}/{p.cfg.build.tasks} tasks already complete")
+            log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
 
         pipeline = make_pipeline(p)
         if p.cfg.build.executor == "slurm":
             return _submit_slurm(p, pipeline, log)
-        _run_local(p, pipeline, log)
+        _run_local(p, pipeline, log, verbose)
         return _finish(p.cfg, p.out, p.sha, p.encoder, log)
 
 
-def _run_local(p: Prepared, pipeline: list, log) -> None:
+def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
+    from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
     from pipelines.progress import Monitor
 
     cfg = p.cfg
@@ -318,30 +387,38 @@ def _run_local(p: Prepared, pipeline: list, log) -> None:
     # One tokenizer thread pool per worker process, sized so the workers share the cores.
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     logs = p.out / LOGS_DIR
-    executor = LocalPipelineExecutor(
+    executor = (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
         pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=True
     )
+    where = "" if verbose else f"; datatrove's logs: {logs}/"
+    log(f"[build] {tasks} tasks on {workers} workers, {p.source.total_bytes / 1e6:,.1f} MB of input{where}")
     monitor = Monitor(
-        logs / "progress", logs / "completions", tasks, p.source.total_bytes, cfg.build.progress_interval
+        logs / "progress",
+        logs / "completions",
+        tasks,
+        p.source.total_bytes,
+        cfg.build.progress_interval,
+        live=sys.stderr.isatty(),
     )
     try:
-        with monitor:
+        with monitor, contextlib.nullcontext() if verbose else loguru_to(logs / EXECUTOR_LOG):
             executor.run()
     except GristmillError:
         raise
     except Exception as e:
         raise BuildError(_failed_message(p.out, tasks, e)) from None
-    line = monitor.line()
+    line = None if monitor.live else monitor.line()
     if line:
         log(line)
 
 
 def _failed_message(out: Path, tasks: int, err: BaseException | None = None) -> str:
-    done = len(list((out / LOGS_DIR / "completions").glob("*")))
+    done = len(_finished_tasks(out))
     what = f" ({type(err).__name__}: {err})" if err else ""
+    kept = f"the {done} finished tasks are kept, the others are redone" if done else "every task is redone"
     return (
         f"{tasks - done} of {tasks} tasks did not finish{what}; their logs are in {out / LOGS_DIR / 'logs'}. "
-        "Fix the cause and rerun the same command: finished tasks are kept, the others are redone."
+        f"Fix the cause and rerun the same command: {kept}."
     )
 
 
@@ -457,7 +534,7 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
 
 
 def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log) -> BuildResult:
-    from pipelines.shard_writer import finalize_dataset
+    from pipelines.shard_writer import ShardChangedError, finalize_dataset
 
     tasks = cfg.build.tasks
     completions = out / LOGS_DIR / "completions"
@@ -475,26 +552,57 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
             f"{out}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
             f"loosen [filters] or check source.text_key, see `gristmill data audit {out} --report drops`"
         )
-    info = finalize_dataset(
-        out,
-        vocab_size=encoder.vocab_size,
-        separator=encoder.separator_info(),
-        config_sha256=sha,
-        tokenizer_path=None,
-        extra={
-            "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
-            "tasks": tasks,
-            "excluded": sum(excluded.values()),
-            "documents_read": kept + sum(excluded.values()),
-            "excluded_by_filter": excluded,
-        },
-    )
-    log(
-        f"built {out}: {info['documents']:,} documents kept, {info['excluded']:,} excluded "
-        f"({', '.join(f'{k} {v:,}' for k, v in sorted(excluded.items())) or 'none'}), "
-        f"{info['tokens']:,} tokens in {info['shards']} shards ({info['dtype']})"
-    )
+    try:
+        info = finalize_dataset(
+            out,
+            vocab_size=encoder.vocab_size,
+            separator=encoder.separator_info(),
+            config_sha256=sha,
+            tokenizer_path=None,
+            extra={
+                "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
+                "tasks": tasks,
+                "excluded": sum(excluded.values()),
+                "documents_read": kept + sum(excluded.values()),
+                "excluded_by_filter": excluded,
+            },
+            recorded=_recorded_shards(out),
+        )
+    except ShardChangedError as e:
+        raise BuildError(_changed_shards_message(out, e.changed)) from None
+    log(f"built {out}:")
     return _validate(cfg, out, info, log)
+
+
+def _recorded_shards(out: Path) -> dict[str, dict[str, Any]]:
+    """shard -> {bytes, sha256, task} as each task recorded when it finished (tokenize_shard)."""
+    from pipelines.tokenize_shard import SHARD_RECORDS
+
+    shards: dict[str, dict[str, Any]] = {}
+    for path in sorted((out / SHARD_RECORDS).glob("*.json")):
+        task = int(path.stem)
+        for name, rec in _read_json(
+            path, f"delete {out / LOGS_DIR / 'completions' / path.stem} and rerun"
+        ).items():
+            shards[name] = {**rec, "task": task}
+    return shards
+
+
+def _changed_shards_message(out: Path, changed: list[tuple[str, dict, dict | None]]) -> str:
+    what = []
+    for name, want, now in changed:
+        state = "is gone" if now is None else f"is {now['bytes']:,} bytes, sha256 {now['sha256'][:12]}…"
+        what.append(
+            f"{SHARDS_DIR}/{name} {state}; task {want['task']} wrote {want['bytes']:,} bytes, "
+            f"sha256 {want['sha256'][:12]}…"
+        )
+    tasks = sorted({want["task"] for _, want, _ in changed})
+    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in tasks)
+    return (
+        f"shards changed after their task finished, refusing to describe them in {DATASET_JSON}: "
+        f"{'; '.join(what)}. Redo those tasks (their shards are rewritten byte-identical): "
+        f"`rm {markers}` and rerun the same command"
+    )
 
 
 def _excluded_counts(out: Path) -> dict[str, int]:
@@ -507,12 +615,27 @@ def _excluded_counts(out: Path) -> dict[str, int]:
 
 
 def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildResult:
+    """Validate (unless build.validate = false) and print the end table; problems below it."""
+    from pipelines.filters import make_filters
+    from pipelines.progress import build_table
+
+    order = [f.name for f in make_filters(cfg.filters, None)]
     if not cfg.build.validate:
+        log(build_table(info, ("skipped", "(build.validate = false)"), order))
         return BuildResult(out, "complete", info)
     from validation.validate import format_report, validate_dataset
 
     report = validate_dataset(out, progress=False)
-    log(format_report(report))
+    if report.ok:
+        row = (
+            "OK",
+            f"{report.separators:,} separators in {report.documents:,} documents, all shards checked",
+        )
+    else:
+        row = ("FAILED", f"{report.n_problems:,} problems:")
+    log(build_table(info, row, order))
+    if not report.ok:
+        log(format_report(report))
     return BuildResult(out, "complete", info, report)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import sys
 
 from training.errors import GristmillError
@@ -42,6 +43,10 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Line by line even into a pipe or a file, so the log of a killed build keeps its last lines.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True)
     for words, module_name in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
             module = importlib.import_module(module_name)

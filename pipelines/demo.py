@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         plots = write_plots(con, data_dir / "audit")
     finally:
         con.close()
-    print(f"    plots: {', '.join(str(p) for p in plots)}")
+    print(f"    plots in {data_dir / 'audit'}/: {', '.join(p.name for p in plots)}")
     if args.skip_train:
         return 0
 

@@ -2,15 +2,17 @@
 
 A task's reader and its tokenize-and-shard step share one `TaskProgress` (datatrove pickles the
 whole pipeline at once, so the two steps keep pointing at the same object inside a task). The
-task writes `logs/progress/NNNNN.json` and logs a line every `interval` seconds, which is all a
-Slurm user gets; the local driver also runs `Monitor`, which reads every task's file and prints
-docs/s, tokens/s, tasks done and an ETA from the input bytes consumed.
+task writes `logs/progress/NNNNN.json` and logs a line every `interval` seconds (into its task
+log; on Slurm that is all a user gets); the local driver also runs `Monitor`, which reads every
+task's file and shows one line of docs/s, tokens/s, tasks done and an ETA from the input bytes
+consumed. `build_table` is what the build prints at the end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -80,7 +82,13 @@ class TaskProgress:
 
 
 class Monitor:
-    """Driver-side thread: one summary line every `interval` seconds while tasks run locally."""
+    """Driver-side thread summing every task's progress file into one line while tasks run locally.
+
+    On a terminal (`live`) the line is a tqdm bar rewritten in place; otherwise (a log file, CI) it
+    is printed every `interval` seconds, flushed, so a killed build's log ends with its last state.
+    Tasks finished by an earlier run count too (their final progress file), so after a resume
+    "docs read" is the whole build's, not only this run's; rates and the ETA use this run's work.
+    """
 
     def __init__(
         self,
@@ -90,6 +98,7 @@ class Monitor:
         total_bytes: int,
         interval: float,
         out=None,
+        live: bool = False,
     ):
         self.progress_dir = progress_dir
         self.completions_dir = completions_dir
@@ -97,56 +106,126 @@ class Monitor:
         self.total_bytes = total_bytes
         self.interval = interval
         self.out = out
+        self.live = live
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.t0 = time.time()
-        self.done_at_start = self._completed()
-        self.bytes_at_start: float | None = None
+        self.at_start = self._totals(self._states())  # what earlier runs' finished tasks did
+        self._bar = None
 
-    def _completed(self) -> int:
-        return len(list(self.completions_dir.glob("*"))) if self.completions_dir.is_dir() else 0
+    def _finished(self) -> set[int]:
+        if not self.completions_dir.is_dir():
+            return set()
+        return {int(p.name) for p in self.completions_dir.iterdir() if p.name.isdigit()}
 
-    def __enter__(self) -> Monitor:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            line = self.line()
-            if line:
-                print(line, file=self.out, flush=True)
-
-    def line(self) -> str | None:
+    def _states(self) -> list[dict[str, Any]]:
+        """The progress of every finished task and of the tasks running in this run."""
+        finished = self._finished()
         states = []
         for p in sorted(self.progress_dir.glob("*.json")):
             try:
                 st = json.loads(p.read_text())
             except (OSError, json.JSONDecodeError):
                 continue
-            if st.get("time", 0) >= self.t0 - 1:  # this run's tasks only
+            # A file older than this run belongs to a task killed earlier, unless the task finished.
+            if st.get("rank") in finished or st.get("time", 0) >= self.t0 - 1:
                 states.append(st)
-        done = self._completed()
-        if not states and done == self.done_at_start:
+        return states
+
+    @staticmethod
+    def _totals(states: list[dict[str, Any]]) -> dict[str, float]:
+        return {k: sum(s[k] for s in states) for k in ("read", "tokens", "bytes_done")}
+
+    def __enter__(self) -> Monitor:
+        if self.live:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=100,
+                bar_format="[build] {percentage:3.0f}%|{bar:16}| {desc}",
+                file=self.out or sys.stderr,
+                dynamic_ncols=True,
+            )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if self._bar is not None:
+            self._show()
+            self._bar.close()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(min(self.interval, 0.5) if self.live else self.interval):
+            self._show()
+
+    def _show(self) -> None:
+        if self._bar is not None:
+            parts = self.parts()
+            if parts is not None:
+                self._bar.n = round(parts[1])
+                self._bar.set_description_str(" | ".join(parts[0]))
+            return
+        line = self.line()
+        if line:
+            print(line, file=self.out, flush=True)
+
+    def parts(self) -> tuple[list[str], float] | None:
+        """([done, docs, tokens, ETA…], percent of input) or None before anything happened."""
+        states = self._states()
+        done = len(self._finished())
+        now = self._totals(states)
+        if not states and done == 0:
             return None
         el = max(time.time() - self.t0, 1e-9)
-        docs = sum(s["read"] for s in states)
-        tokens = sum(s["tokens"] for s in states)
+        new_docs = now["read"] - self.at_start["read"]
+        new_tokens = now["tokens"] - self.at_start["tokens"]
         parts = [
-            f"[build] tasks {done}/{self.tasks} done",
-            f"{docs} docs read ({_fmt(docs / el)} docs/s)",
-            f"{_fmt(tokens)} tokens ({_fmt(tokens / el)} tok/s)",
+            f"tasks {done}/{self.tasks} done",
+            f"{now['read']:.0f} docs read ({_fmt(new_docs / el)} docs/s)",
+            f"{_fmt(now['tokens'])} tokens ({_fmt(new_tokens / el)} tok/s)",
         ]
+        frac = done / max(self.tasks, 1)
         if self.total_bytes:
-            # Input bytes behind us: tasks finished before this run plus what running tasks read.
-            frac_prev = self.done_at_start / max(self.tasks, 1)
-            done_bytes = frac_prev * self.total_bytes + sum(s["bytes_done"] for s in states)
-            frac = min(done_bytes / self.total_bytes, 1.0)
-            parts.append(f"{100 * frac:.0f}% of input")
-            new = done_bytes - frac_prev * self.total_bytes
+            frac = min(now["bytes_done"] / self.total_bytes, 1.0)
+            new = now["bytes_done"] - self.at_start["bytes_done"]
             if new > 0 and frac < 1:
-                parts.append(f"ETA {_fmt_time(el * (self.total_bytes - done_bytes) / new)}")
-        return " | ".join(parts)
+                parts.append(f"ETA {_fmt_time(el * (self.total_bytes - now['bytes_done']) / new)}")
+        return parts, 100 * frac
+
+    def line(self) -> str | None:
+        got = self.parts()
+        if got is None:
+            return None
+        parts, pct = got
+        return " | ".join(["[build] " + parts[0], *parts[1:3], f"{pct:.0f}% of input", *parts[3:]])
+
+
+def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order: list[str]) -> str:
+    """The end-of-build table: read → excluded per filter → kept, tokens, shards, validation.
+
+    The same numbers as the audit's summary (`gristmill data audit DIR`), from dataset.json.
+    """
+    read = info.get("documents_read") or info["documents"]
+    by_filter = info.get("excluded_by_filter") or {}
+    names = [f for f in filter_order if f in by_filter] + sorted(set(by_filter) - set(filter_order))
+
+    def pct(n: int) -> str:
+        return f"{100 * n / read:5.1f}%" if read else ""
+
+    rows = [("read", f"{read:,}", "")]
+    rows += [(f"excluded by {f}", f"{by_filter[f]:,}", pct(by_filter[f])) for f in names]
+    rows += [
+        ("kept", f"{info['documents']:,}", pct(info["documents"])),
+        ("tokens", f"{info['tokens']:,}", info["dtype"]),
+        (
+            "shards",
+            f"{info['shards']:,}",
+            f"{sum(f['bytes'] for f in info['shard_files'].values()) / 1e6:.1f} MB",
+        ),
+        ("validation", *validation),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    return "\n".join(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)

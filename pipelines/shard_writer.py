@@ -6,6 +6,7 @@ documents; tests and benchmarks use it directly to make synthetic datasets witho
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -98,21 +99,30 @@ class ShardWriter:
         self.tar: io.BufferedWriter | None = None  # the open NAME.tar.tmp
         self.tar_path: Path | None = None
         self.offset = 0  # bytes written to the open shard
+        # name -> {"bytes", "sha256"} of each closed shard, hashed as it is written: the build
+        # records it per task, so a shard changed after its task finished is caught at finalize.
+        self.written: dict[str, dict[str, Any]] = {}
+        self._sha = hashlib.sha256()
 
     def _open(self) -> None:
         name = shard_name(self.task, self.shard_index)
         self.tar_path = self.root / SHARDS_DIR / name
         self.tar = open(str(self.tar_path) + TMP_SUFFIX, "wb", buffering=1 << 20)
         self.offset = 0
+        self._sha = hashlib.sha256()
+
+    def _write(self, data: bytes) -> None:
+        assert self.tar is not None
+        self.tar.write(data)
+        self._sha.update(data)
 
     def _write_member(self, name: str, data: bytes) -> int:
         """Header, data, zero padding to the next block; returns the data's offset."""
-        assert self.tar is not None
-        self.tar.write(_header(name.encode(), len(data)))
-        self.tar.write(data)
+        self._write(_header(name.encode(), len(data)))
+        self._write(data)
         pad = -len(data) % tarfile.BLOCKSIZE
         if pad:
-            self.tar.write(bytes(pad))
+            self._write(bytes(pad))
         start = self.offset + tarfile.BLOCKSIZE
         self.offset = start + len(data) + pad
         return start
@@ -121,8 +131,12 @@ class ShardWriter:
         assert self.tar is not None and self.tar_path is not None
         # End of archive as tarfile writes it: two zero blocks, then padding to a whole record.
         end = self.offset + 2 * tarfile.BLOCKSIZE
-        self.tar.write(bytes(2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
+        self._write(bytes(2 * tarfile.BLOCKSIZE + (-end % tarfile.RECORDSIZE)))
         self.tar.close()
+        self.written[self.tar_path.name] = {
+            "bytes": os.path.getsize(str(self.tar_path) + TMP_SUFFIX),
+            "sha256": self._sha.hexdigest(),
+        }
         os.replace(str(self.tar_path) + TMP_SUFFIX, self.tar_path)
         self.tar = None
         self.shard_index += 1
@@ -181,6 +195,14 @@ def _int(v: Any) -> int | None:
     return None if v is None else int(v)
 
 
+class ShardChangedError(Exception):
+    """Shards whose bytes differ from what their task recorded: [(name, recorded, on disk or None)]."""
+
+    def __init__(self, changed: list[tuple[str, dict[str, Any], dict[str, Any] | None]]):
+        super().__init__(", ".join(name for name, _, _ in changed))
+        self.changed = changed
+
+
 def finalize_dataset(
     root: str | Path,
     *,
@@ -189,10 +211,13 @@ def finalize_dataset(
     config_sha256: str,
     tokenizer_path: str | Path | None = None,
     extra: dict[str, Any] | None = None,
+    recorded: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Hash every shard, total the manifests and write dataset.json with status "complete".
 
-    Called once after all tasks finished. `separator` is {"token", "id", "position"}.
+    Called once after all tasks finished. `separator` is {"token", "id", "position"}. `recorded`
+    maps shard names to the {"bytes", "sha256"} their task wrote; a shard that differs (or is
+    gone) raises ShardChangedError before dataset.json is written.
     """
     root = Path(root)
     tok_dst = root / TOKENIZER_JSON
@@ -214,13 +239,17 @@ def finalize_dataset(
         tokens += int(ntok.sum()) if len(ntok) else 0
 
     shard_files = {}
-    for name in sorted(per_shard):
+    changed = []
+    for name in sorted(set(per_shard) | set(recorded or {})):
         path = root / SHARDS_DIR / name
-        shard_files[name] = {
-            "bytes": path.stat().st_size,
-            "sha256": file_sha256(path),
-            **per_shard[name],
-        }
+        now = {"bytes": path.stat().st_size, "sha256": file_sha256(path)} if path.is_file() else None
+        want = (recorded or {}).get(name)
+        if want is not None and now != {"bytes": want["bytes"], "sha256": want["sha256"]}:
+            changed.append((name, want, now))
+        if name in per_shard and now is not None:
+            shard_files[name] = {**now, **per_shard[name]}
+    if changed:
+        raise ShardChangedError(changed)
     info: dict[str, Any] = {
         "format": FORMAT,
         "tokenizer_sha256": tokenizer_sha,

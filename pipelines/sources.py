@@ -28,6 +28,8 @@ from training.errors import GristmillError
 
 # FineWeb-Edu's metadata columns kept in the shards' .json members and the manifest.
 META_KEYS = ("url", "dump", "score", "int_score", "language", "language_score", "token_count")
+# The ones filters compare with numbers and the manifest stores as numbers.
+NUMERIC_META_KEYS = ("score", "int_score", "language_score", "token_count")
 READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
 
 
@@ -179,7 +181,27 @@ class _Reader(BaseDiskReader):
         elif not isinstance(text, str):
             meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
             text = ""
+        bad = next((k for k in NUMERIC_META_KEYS if meta.get(k) is not None and not is_number(meta[k])), None)
+        if bad is not None and READ_ERROR not in meta:
+            # e.g. "int_score": "4" in a jsonl line: excluded with its reason, not a TypeError in a filter
+            meta[READ_ERROR] = f"{where}: {bad} not a number: {meta[bad]!r}"
         return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def non_numeric_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
+    """FineWeb-Edu's numeric metadata columns that this parquet schema holds with another type."""
+    return [
+        (k, schema.field(k).type)
+        for k in NUMERIC_META_KEYS
+        if k in schema.names
+        and not (
+            pa.types.is_integer(t := schema.field(k).type) or pa.types.is_floating(t) or pa.types.is_null(t)
+        )
+    ]
 
 
 class ParquetSource(_Reader):
@@ -287,8 +309,9 @@ def _read_errors(path: str, kind: str):
         detail = str(e).splitlines()[0] if str(e) else ""
         raise SourceError(
             f"{path} cannot be read as {kind} ({type(e).__name__}: {detail}): "
-            "the file is damaged or truncated, or its connection dropped; re-download it (`gristmill data "
-            "download` verifies checksums) or remove it from source.path, then rerun the same command"
+            "the file is damaged or truncated, or its connection dropped; re-download it under the same name "
+            "(`gristmill data download` verifies checksums) and rerun the same command (finished tasks are "
+            "kept), or remove it from source.path and build into a new `output`"
         ) from None
 
 
@@ -341,7 +364,8 @@ def iter_texts(cfg: SourceConfig, source: SourceFiles, filters: list, max_docs: 
     """Texts from the start of the source (files in order) that pass `filters`, for tokenizer training."""
     reader = make_reader(cfg, source)
     n = chars = 0
-    for doc in reader.read_files_shard(source.files):
+    # read_file, not datatrove's read_files_shard, which logs every file it opens to the terminal
+    for doc in (d for f in source.files for d in reader.read_file(f)):
         if not all(_passes(f, doc) for f in filters):
             continue
         yield doc.text

@@ -33,6 +33,7 @@ from training.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
 from training.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
+SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document: two 512-byte headers plus padding of two members.
 TAR_OVERHEAD_PER_DOC = 2048
 
@@ -57,16 +58,22 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
-def check_free_space(path: str | Path, need_bytes: float, reserve_gb: float, what: str) -> None:
-    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`."""
+def check_free_space(
+    path: str | Path,
+    need_bytes: float,
+    reserve_gb: float,
+    what: str,
+    kept: str = " (finished tasks are kept)",
+) -> None:
+    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`.
+    `kept` ends the advice: what a rerun keeps (nothing to say before any task ran)."""
     free = shutil.disk_usage(path).free
     reserve = reserve_gb * 1e9
     if free - need_bytes < reserve:
         raise DiskFullError(
             f"not enough free disk under {path} to {what}: {_size(free)} free, "
             f"{_size(need_bytes)} needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
-            "free some space or point `output` at a larger filesystem, then rerun the same command "
-            "(finished tasks are kept)"
+            f"free some space or point `output` at a larger filesystem, then rerun the same command{kept}"
         )
 
 
@@ -201,6 +208,12 @@ class TokenizeShard(PipelineStep):
                 if spill is not None:
                     spill.close()
         writer.close()
+        # What this task wrote, recorded before datatrove marks it complete: finalize checks the
+        # shards against it, so one damaged later is caught even when dataset.json is rewritten.
+        record = Path(self.output) / SHARD_RECORDS / f"{rank:05d}.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.with_suffix(".tmp").write_text(json.dumps(writer.written, indent=1, sort_keys=True))
+        os.replace(record.with_suffix(".tmp"), record)
         os.remove(spill_path)
         if progress:
             progress.phase = "done"

@@ -311,3 +311,46 @@ def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"error: {expect} {target}"), lines
         assert "validate" not in lines[0]  # not blamed on the dataset
+
+
+def test_duckdb_temp_directory_is_not_readable_from_any_cwd(built_dataset, tmp_path, monkeypatch, capsys):
+    # duckdb adds its spill directory (./.tmp by default) to allowed_directories.
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "s.txt").write_text("secret")
+    monkeypatch.chdir(tmp_path)
+    con, _ = connect([built_dataset])
+    allowed = con.execute("SELECT current_setting('allowed_directories')").fetchone()[0]
+    assert allowed == [f"{built_dataset}/"]
+    con.close()
+    for sql in ("SELECT content FROM read_text('.tmp/s.txt')", f"SELECT * FROM glob('{tmp_path}/.tmp/*')"):
+        assert main(["data", "audit", str(built_dataset), "--sql", sql]) == 2
+        assert "refused: the audit reads only inside" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["exp[1]", "a*b", "run?"])
+def test_directory_names_with_glob_characters(built_dataset, tmp_path, name):
+    root = tmp_path / name
+    shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards"))
+    rows = summary_rows(root)
+    info = json.loads((root / "dataset.json").read_text())
+    assert rows["kept (manifest)"]["documents"] == info["documents"] > 0
+    con, _ = connect([root])
+    assert con.execute("SELECT fingerprint FROM dataset").fetchone()[0] == info["fingerprint"]
+
+
+def test_dataset_json_listing_documents_without_manifest_is_an_error(built_dataset, tmp_path, capsys):
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards", "manifest"))
+    (root / "manifest").mkdir()
+    assert main(["data", "audit", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 'dataset.json'} lists" in err and "holds no parquet file" in err
+
+
+def test_sql_over_a_broken_dataset_json_names_the_file(built_dataset, tmp_path, capsys):
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards"))
+    (root / "dataset.json").write_text('{"documents": "many", "cut')
+    assert main(["data", "audit", str(root), "--sql", "SELECT documents FROM dataset"]) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 'dataset.json'} is unreadable" in err, err

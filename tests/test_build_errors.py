@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 
 import huggingface_hub.constants
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
@@ -61,6 +63,12 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     assert "x.parquet is not a readable parquet file" in msg
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "source.text_key=body"))
     assert "has no column 'body'" in msg and "set source.text_key" in msg
+    (tmp_path / "strs").mkdir()
+    pq.write_table(pa.table({"text": ["A document."], "int_score": ["4"]}), tmp_path / "strs" / "s.parquet")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'strs'}"))
+    assert msg.startswith(
+        f"error: {tmp_path / 'strs' / 's.parquet'}: column 'int_score' holds string, not numbers"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -110,6 +118,7 @@ def test_disk_too_full(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.min_free_gb=1e9"))
     assert "not enough free disk" in msg and "build.min_free_gb" in msg
+    assert msg.endswith("then rerun the same command")  # no "finished tasks are kept": none ran
     assert not (tmp_path / "o" / "logs").exists()
 
 

@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_build(
-    config: Path, out: Path, env_extra: dict[str, str] | None = None
+    config: Path, out: Path, env_extra: dict[str, str] | None = None, *args: str
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     return subprocess.run(
-        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -37,6 +37,10 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
     killed = run_build(config, out, {"GRISTMILL_TEST_KILL": "1:second_shard"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (out / "dataset.json").exists()
+    # Quiet: datatrove's logs went to OUT/logs/, not the terminal.
+    assert "Launching pipeline" not in killed.stderr, killed.stderr[-2000:]
+    assert "Launching pipeline" in (out / "logs" / "logs" / "task_00001.log").read_text()
+    assert "[build] 2 tasks on 2 workers" in killed.stdout, killed.stdout
     partial = list((out / "shards").glob("00001_*.tar.tmp"))
     assert partial, "the kill should have left a half-written shard behind its temporary name"
     # No partial shard under a final name: every visible .tar is complete and already identical
@@ -47,9 +51,10 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
         assert tar.read_bytes() == (built_dataset / "shards" / tar.name).read_bytes()
     assert (out / "shards" / "00001_00000.tar").is_file()
 
-    resumed = run_build(config, out)
+    resumed = run_build(config, out, None, "-v")
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert "resuming" in resumed.stdout
+    assert "Launching pipeline for rank=" in resumed.stderr  # -v: datatrove's logs on the terminal
     assert not list(out.rglob("*.tmp"))
     for sub in ("shards", "manifest", "excluded"):
         names = sorted(p.name for p in (built_dataset / sub).iterdir())
@@ -57,3 +62,89 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
         for name in names:
             assert (out / sub / name).read_bytes() == (built_dataset / sub / name).read_bytes(), name
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture, tmp_path):
+    # The advice after a truncated input: re-download it and rerun the same command. Only the
+    # inputs of finished tasks are frozen; changing one of those is refused, naming file and sizes.
+    import json
+
+    import pytest
+    import zstandard
+
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from pipelines.sources import SourceError
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    src, out = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+    full = {}
+    for name in ("a", "b"):
+        lines = [
+            json.dumps({"text": f"Doc {i} of {name}, about rivers. " * 8, "id": f"{name}{i}", "int_score": 4})
+            for i in range(60)
+        ]
+        full[name] = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
+        (src / f"{name}.jsonl.zst").write_bytes(full[name])
+    (src / "b.jsonl.zst").write_bytes(full["b"][: len(full["b"]) // 2])
+    overrides = [
+        f"output={out}",
+        "source.kind=jsonl",
+        f"source.path={src}",
+        "build.tasks=2",
+        "build.workers=1",
+    ]
+    cfg = load_config(DataConfig, config, overrides)
+    with pytest.raises(SourceError, match="re-download it under the same name"):
+        build(cfg, log=lambda *a: None)  # task 0 (a) finishes, task 1 (b) fails
+    assert (out / "logs" / "completions" / "00000").is_file()
+
+    (src / "b.jsonl.zst").write_bytes(full["b"])  # "re-downloaded"
+    lines = []
+    result = build(cfg, log=lines.append)
+    assert result.ok and result.info["documents"] == 120
+    assert any("b.jsonl.zst" in line and "its task had not finished" in line for line in lines), lines
+
+    (src / "a.jsonl.zst").write_bytes(full["a"][:-10])  # task 0's input changes after it finished
+    (out / "dataset.json").unlink()
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lambda *a: None)
+    size = len(full["a"])
+    assert f"input file a.jsonl.zst: {size:,} → {size - 10:,} bytes (its task finished" in str(e.value)
+    assert f"rm -rf {out}" in str(e.value)
+
+
+def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(
+    built_dataset, build_fixture, tmp_path
+):
+    # What the build suggests for a damaged dataset.json (delete it, rerun) must not re-hash a
+    # corrupted shard into a new "complete" dataset.json: the shard is checked against the sha256
+    # its task recorded when it finished.
+    import shutil
+
+    import pytest
+
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.config_loader import load_config
+
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    shard = out / "shards" / "00001_00000.tar"
+    data = bytearray(shard.read_bytes())
+    data[600] ^= 0xFF  # inside the first member's token ids: same size, still a valid tar
+    shard.write_bytes(bytes(data))
+    (out / "dataset.json").unlink()
+    cfg = load_config(DataConfig, config, [f"output={out}"])
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lambda *a: None)
+    msg = str(e.value)
+    assert "shards/00001_00000.tar is " in msg and "task 1 wrote" in msg, msg
+    assert f"rm {out / 'logs' / 'completions' / '00001'}" in msg
+    assert not (out / "dataset.json").exists()
+    (out / "logs" / "completions" / "00001").unlink()  # the advice: task 1 is redone
+    assert build(cfg, log=lambda *a: None).ok
+    assert shard.read_bytes() == (built_dataset / "shards" / shard.name).read_bytes()

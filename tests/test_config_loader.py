@@ -79,5 +79,11 @@ def test_missing_file_and_bad_toml(tmp_path):
 
 def test_errors_name_the_override(tmp_path):
     p = write(tmp_path, "workers = 1\n")
-    with pytest.raises(ConfigError, match=r"c.toml \+ --set workers=two: workers must be an integer"):
-        load_config(Outer, p, ["workers=two"])
+    # The bad key first, then the one --set it came from (not the whole list), or the file.
+    with pytest.raises(ConfigError, match=r"^workers must be an integer, got 'two' \(--set workers=two\)$"):
+        load_config(Outer, p, ["optim.lr=1e-4", "workers=two", "name=x"])
+    with pytest.raises(ConfigError, match=r"^unknown key 'optim.lrr'.* \(--set optim.lrr=1\)$"):
+        load_config(Outer, p, ["workers=2", "optim.lrr=1"])
+    bad = write(tmp_path, "workers = 'two'\n")
+    with pytest.raises(ConfigError, match=rf"^workers must be an integer, got 'two' \({bad}\)$"):
+        load_config(Outer, bad, ["name=x"])

@@ -165,3 +165,30 @@ def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
     (tmp_path / "x.parquet").write_bytes(bytes(data))
     with pytest.raises(SourceError, match=r"x\.parquet cannot be read as parquet .*damaged or truncated"):
         read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
+
+
+def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, tmp_path):
+    from pipelines.build import build
+
+    _, _, config = build_fixture
+    (tmp_path / "src").mkdir()
+    good = {"text": "A good document about rivers and the sea. " * 3, "int_score": 4, "score": 3.5}
+    lines = [
+        {**good, "id": "good"},
+        {**good, "id": "str-score", "int_score": "4"},
+        {**good, "id": "bool-score", "score": True},
+    ]
+    (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "ds"
+    overrides = [f"output={out}", "source.kind=jsonl", f"source.path={tmp_path / 'src'}"]
+    overrides += ["build.tasks=1", "build.workers=1", "filters.min_score=1.0"]
+    result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
+    assert result.ok
+    assert pq.read_table(out / "manifest" / "00000.parquet").column("id").to_pylist() == ["good"]
+    excluded = {
+        r["id"]: r["reason"] for r in pq.read_table(out / "excluded" / "00000_text.parquet").to_pylist()
+    }
+    assert excluded == {
+        "str-score": "a.jsonl:2: int_score not a number: '4'",
+        "bool-score": "a.jsonl:3: score not a number: True",
+    }

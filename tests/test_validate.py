@@ -227,6 +227,23 @@ def test_stray_shard_and_tmp_file(ds):
     assert any(p.startswith("shards/00000_00099.tar.tmp: stray temporary file") for p in found)
 
 
+def test_non_tar_file_in_shards_is_flagged(ds):
+    (ds / "shards" / "notes.txt").write_text("dropped here by hand")
+    (ds / "shards" / "sub").mkdir()
+    found = problems(ds)
+    assert any(p.startswith("shards/notes.txt: stray file: not a shard") for p in found), found
+    assert any(p.startswith("shards/sub: stray file: not a shard") for p in found), found
+
+
+def test_leftover_of_a_killed_validation_is_not_a_problem(ds):
+    # A kill between writing validation.json.tmp and renaming it: the next run must still pass.
+    (ds / (VALIDATION_JSON + ".tmp")).write_text('{"ok": tr')
+    report = validate_dataset(ds, progress=False)
+    assert report.ok, [str(p) for p in report.problems]
+    assert not (ds / (VALIDATION_JSON + ".tmp")).exists()
+    assert json.loads((ds / VALIDATION_JSON).read_text())["ok"] is True
+
+
 def test_edited_fingerprint_and_totals(ds):
     info = json.loads((ds / "dataset.json").read_text())
     info["fingerprint"] = "0" * 64

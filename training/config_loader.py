@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 import tomllib
 import types
 import typing
@@ -43,15 +44,23 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
         source = str(path)
-    if overrides:
-        # A bad value may come from the file or from a --set: name both places.
-        source = (
-            f"{source} + --set {' '.join(overrides)}" if path is not None else f"--set {' '.join(overrides)}"
-        )
     for item in overrides or []:
         key, value = parse_override(item)
         set_dotted(raw, key, value)
-    return from_dict(cls, raw, source=source)
+    try:
+        return from_dict(cls, raw, source=source)
+    except ConfigError as e:
+        # The bad key first, then where it came from: the one --set that names it, else the file.
+        body = str(e).removeprefix(f"{source}: ")
+        named = body.split(" (valid keys")[0]
+        culprit = next(
+            (item for item in reversed(overrides or []) if _names_key(named, parse_override(item)[0])), None
+        )
+        raise ConfigError(f"{body} ({f'--set {culprit}' if culprit else source})") from None
+
+
+def _names_key(message: str, key: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:

@@ -52,13 +52,20 @@ def _damaged_files_named(roots: list[str | Path]):
     try:
         yield
     except duckdb.Error as e:
-        damaged = find_damaged(roots)
+        damaged = _damaged_error(roots)
         if damaged is None:
             raise AuditError(f"duckdb: {str(e).strip().splitlines()[0]}") from None
-        raise AuditError(
-            f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
-            "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
-        ) from None
+        raise damaged from None
+
+
+def _damaged_error(roots: list[str | Path]) -> AuditError | None:
+    damaged = find_damaged(roots)
+    if damaged is None:
+        return None
+    return AuditError(
+        f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
+        "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
+    )
 
 
 class Result:
@@ -164,7 +171,9 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
-def write_results(results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50) -> None:
+def write_results(
+    results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50, max_width: int = 60
+) -> None:
     if fmt == "json":
         data: Any = results[0].records() if len(results) == 1 else {r.name: r.records() for r in results}
         out.write(json.dumps(data, default=_json_default, ensure_ascii=False, indent=1) + "\n")
@@ -182,7 +191,7 @@ def write_results(results: list[Result], fmt: str, out: TextIO, max_rows: int | 
         else:
             if len(results) > 1 or res.name != "sql":
                 out.write(("\n" if i else "") + f"== {res.name} ==\n")
-            out.write(format_table(res, max_rows) + "\n")
+            out.write(format_table(res, max_rows, max_width) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,13 +247,17 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Pat
 
 
 def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
-    """The default tables (DEFAULT_REPORTS) for these datasets; `make demo` ends with this."""
+    """The default tables (DEFAULT_REPORTS) for these datasets, compact enough for one screen:
+    cells cut at 30 characters, no dataset_name column for a single dataset. `make demo` shows it."""
     with _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
-            write_results([run_preset(con, n) for n in DEFAULT_REPORTS], "table", out or sys.stdout)
+            results = [run_preset(con, n) for n in DEFAULT_REPORTS]
         finally:
             con.close()
+    if len(roots) == 1:
+        results = [Result(r.name, r.columns[1:], [row[1:] for row in r.rows]) for r in results]
+    write_results(results, "table", out or sys.stdout, max_width=30)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,6 +293,11 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 results = [run_sql(con, args.sql)]
             except AuditQueryError as e:
+                # duckdb's error for a damaged dataset file (a cast of a cut-off dataset.json) does
+                # not name the file: name it, as the default tables do.
+                damaged = _damaged_error(args.dirs)
+                if damaged is not None:
+                    raise damaged from None
                 print(f"error: {e}", file=sys.stderr)
                 return 2
         else:

@@ -1,17 +1,18 @@
 """The audit's duckdb views over one or more dataset directories (nothing is copied or materialized).
 
-Every view is plain SQL over files matched by a glob inside each dataset directory, read with
-duckdb's own readers; each row carries `dataset_name`, so two builds can be compared in one query.
-Adding a view is one line in FILE_VIEWS (files of each dataset) or DERIVED_VIEWS (SQL over other
-views), e.g. a later stage's metrics:
+Every view is plain SQL over files matched by a glob inside each dataset directory (expanded here,
+then passed to duckdb as a list of paths), read with duckdb's own readers; each row carries
+`dataset_name`, so two builds can be compared in one query. Adding a view is one line in
+FILE_VIEWS (files of each dataset) or DERIVED_VIEWS (SQL over other views), e.g. a later stage's
+metrics:
 
     "metrics": FileView("metrics.jsonl", "SELECT * FROM {src}", reader="json"),
 
 `connect()` creates the views in an in-memory database and then locks it down: duckdb may only
-read inside the dataset directories (`allowed_directories` + `enable_external_access = false`),
-extensions can be neither installed nor loaded, and the configuration is locked, so a user query
-cannot switch any of that back. `persist()` writes the same views into a database file that the
-duckdb CLI or Python can open.
+read inside the dataset directories (`allowed_directories` + `enable_external_access = false`, no
+spill directory), extensions can be neither installed nor loaded, and the configuration is
+locked, so a user query cannot switch any of that back. `persist()` writes the same views into a
+database file that the duckdb CLI or Python can open.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from training.dataset_format import (
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
     DatasetError,
+    manifest_files,
 )
 from validation.validate import VALIDATION_JSON
 
@@ -168,15 +170,41 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
             )
         if not (p / DATASET_JSON).is_file() and not (p / MANIFEST_DIR).is_dir():
             raise DatasetError(f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/: not a gristmill dataset")
+        # Documents promised but no manifest to count them: an empty `docs` table would look like
+        # an empty dataset, so it is an error.
+        listed = _listed_documents(p)
+        if listed and not manifest_files(p):
+            raise DatasetError(
+                f"{p / DATASET_JSON} lists {listed:,} documents but {p / MANIFEST_DIR}/ holds no parquet "
+                f"file; check the dataset with `gristmill data validate {p}` and rebuild it"
+            )
         out.append(Path(os.path.realpath(p)))
     return out
 
 
+def _listed_documents(root: Path) -> int:
+    """dataset.json's `documents`, or 0 when absent or unreadable (find_damaged names that)."""
+    import json
+
+    try:
+        docs = json.loads((root / DATASET_JSON).read_text(encoding="utf-8")).get("documents")
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return docs if isinstance(docs, int) and not isinstance(docs, bool) else 0
+
+
+def view_files(view: FileView, root: Path) -> list[str]:
+    """This dataset's files of `view`, as absolute paths. Listed here rather than globbed by duckdb:
+    a directory named `exp[1]`, `a*b` or `run?` would be read as a pattern and match nothing."""
+    return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
+
+
 def _source(view: FileView, root: Path) -> str | None:
     """The FROM-able reader of this dataset's files, or None when it has none."""
-    if not glob.glob(str(root / view.pattern), recursive=True):
+    paths = view_files(view, root)
+    if not paths:
         return None
-    files = sql_str(str(root / view.pattern))
+    files = "[" + ", ".join(sql_str(f) for f in paths) + "]"
     if view.reader == "parquet":
         return f"read_parquet({files}, union_by_name = true)"
     if view.reader == "json":
@@ -233,6 +261,9 @@ def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[st
     names = dataset_names(paths)
     con = duckdb.connect(":memory:", config=_CONFIG)
     con.execute("SET enable_progress_bar = false")  # it would interleave with the tables on the terminal
+    # duckdb adds its spill directory (default: ./.tmp under the cwd) to allowed_directories, which
+    # would let a query read whatever lies there; the audit's queries are small, so no spilling.
+    con.execute("SET temp_directory = ''")
     create_views(con, paths, names)
     allowed = ", ".join(sql_str(str(p) + os.sep) for p in paths)
     con.execute(f"SET allowed_directories = [{allowed}]")
@@ -262,7 +293,7 @@ def find_damaged(roots: list[str | Path]) -> str | None:
 
     for root in check_roots(roots):
         for view in FILE_VIEWS.values():
-            for path in sorted(glob.glob(str(root / view.pattern), recursive=True)):
+            for path in view_files(view, root):
                 try:
                     if view.reader == "parquet":
                         pq.read_metadata(path)

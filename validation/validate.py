@@ -12,7 +12,8 @@ checks:
   tar header's data offset and size, `n_tokens` equal to the member's token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
   the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
-- no stray `*.tmp` files, no shard on disk that dataset.json does not list, none missing.
+- no stray `*.tmp` files (but its own validation.json.tmp, left by a killed run), nothing in
+  shards/ but shards, no shard on disk that dataset.json does not list, none missing.
 
 A corrupt or truncated tar becomes a problem line naming the shard (and the document where it is
 knowable), never a traceback. The result is written to `DIR/validation.json`, which the audit's
@@ -403,12 +404,23 @@ def validate_dataset(
 
     shards_dir = root / SHARDS_DIR
     on_disk = sorted(p.name for p in shards_dir.glob("*.tar")) if shards_dir.is_dir() else []
-    for tmp in sorted(root.rglob("*.tmp")):
+    # Our own leftover, from a validation killed between writing and renaming its report: it is
+    # rewritten below, so it is no problem of the dataset.
+    own_tmp = root / (VALIDATION_JSON + ".tmp")
+    for tmp in sorted(set(root.rglob("*.tmp")) - {own_tmp}):
         problems.append(
             Problem(
                 "stray temporary file: a write did not finish; rerun the build", str(tmp.relative_to(root))
             )
         )
+    for other in sorted(shards_dir.iterdir()) if shards_dir.is_dir() else []:
+        if not other.name.endswith((".tar", ".tmp")):
+            problems.append(
+                Problem(
+                    f"stray file: not a shard ({SHARDS_DIR}/ holds only the build's .tar files); remove it",
+                    f"{SHARDS_DIR}/{other.name}",
+                )
+            )
     if info is not None:
         sep = info["separator"]
         if (
@@ -476,9 +488,8 @@ def validate_dataset(
     )
     if write and root.is_dir():
         try:
-            tmp = root / (VALIDATION_JSON + ".tmp")
-            tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-            os.replace(tmp, root / VALIDATION_JSON)
+            own_tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+            os.replace(own_tmp, root / VALIDATION_JSON)
         except OSError as e:
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
     return report
