@@ -33,6 +33,7 @@ import os
 import pickle
 import shutil
 import time
+import warnings
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,9 @@ from training.run_layout import (
     is_complete_checkpoint,
     list_steps,
 )
+
+# DCP warns on every save/load in a single process; that is the intended use there, not news.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 
 class CheckpointError(GristmillError):
@@ -248,9 +252,11 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
+        pinned_staging: bool = False,
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
+        self.pinned_staging, self.stager = pinned_staging, None
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
         self.config_sha256 = config_sha256
         self.estimate_bytes, self.estimate_basis = estimate_bytes, "estimated from the parameter count"
@@ -345,8 +351,34 @@ class Checkpointer:
             self.log(f"WARNING: checkpoints are being SKIPPED: {self.low_disk}")
 
     def close(self) -> None:
-        if self.pending is not None:
-            self._finish_pending()
+        """Wait for an async save in flight (raising if it failed) and free the staging buffers."""
+        try:
+            if self.pending is not None:
+                self._finish_pending()
+        finally:
+            if self.stager is not None:
+                self.stager.close()
+                self.stager = None
+
+    def _async_stager(self):
+        """On CUDA: copy the state into pinned host buffers kept across saves (one allocation,
+        about twice as fast as pageable copies), which is most of an async save's stall. None
+        elsewhere (DCP's default copy) or where this torch lacks DefaultStager."""
+        if not self.pinned_staging or self.stager is not None:
+            return self.stager
+        try:
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        except ImportError:
+            return None
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=True,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=True,
+            )
+        )
+        return self.stager
 
     def save(self, step: int, tokens: int, *, blocking: bool = False) -> bool:
         """Save the state of `step`; returns False if the disk guard skipped it (on_low_disk=skip)."""
@@ -365,8 +397,13 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             if self.cfg.async_ and not blocking:
+                kwargs = {"async_stager": stager} if (stager := self._async_stager()) is not None else {}
                 fut = dcp.async_save(
-                    self.states, checkpoint_id=str(path), process_group=self.async_group, no_dist=self.no_dist
+                    self.states,
+                    checkpoint_id=str(path),
+                    process_group=self.async_group,
+                    no_dist=self.no_dist,
+                    **kwargs,
                 )
                 fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
                 self.pending = (step, tokens, fut, t0)
