@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
 from tests.test_train import recipe
 from training.checkpoint import (
@@ -34,6 +35,7 @@ from training.checkpoint import (
 from training.config import TrainConfig
 from training.config_loader import ConfigError, load_config, to_toml
 from training.hf_export import load_checkpoint_model
+from training.launch import torchrun_command, with_resume
 from training.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
 from training.train import load_train_config, main, train
 
@@ -180,6 +182,10 @@ def test_export_matches_the_trained_model(reference):
         diff = (model.eval()(x) - hf(x).logits).abs().max().item()
     assert diff < 1e-4, f"max abs logit difference {diff}"
     assert not checkpoint_dir(reference, 4).exists() and out.is_dir()  # exports outlive retention
+    # `gristmill export RUN --step N` of any complete checkpoint; an incomplete one is refused
+    assert gristmill(["export", str(reference), "--step", "12"]) == 0
+    assert (export_dir(reference, 12) / "model.safetensors").is_file()
+    assert gristmill(["export", str(reference), "--step", "4"]) == 2
 
 
 def test_failed_async_save_stops_the_run_at_the_next_step(dataset, tmp_path, capsys):
@@ -288,6 +294,11 @@ def test_loading_never_unpickles_arbitrary_objects(tmp_path):
     (tmp_path / DCP_METADATA).write_bytes(pickle.dumps(_Evil()))
     with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
         checkpoint_keys(tmp_path)
+
+
+def test_resume_flag_reaches_torchrun():
+    cmd = torchrun_command("c.toml", with_resume(["optim.lr=1e-4"], "auto"), 2)
+    assert cmd[-3:] == ["--set", "optim.lr=1e-4", 'checkpoint.resume="auto"']
 
 
 def test_checkpoint_config_keys():
