@@ -291,15 +291,21 @@ class Checkpointer:
         """Load the checkpoint `spec` names ("auto" or a path; "" = none); returns its step or None."""
         if not spec:
             return None
-        path = None
+        choice = None
         if self.rank == 0:
-            path, notes = find_resume(self.run_dir, spec)
-            for line in notes:
-                self.log(line)
-        path = self._from_rank0(None if path is None else str(path))
-        if path is None:
+            try:
+                path, notes = find_resume(self.run_dir, spec)
+                choice = ("path", None if path is None else str(path))
+                for line in notes:
+                    self.log(line)
+            except CheckpointError as e:
+                choice = ("error", str(e))
+        kind, value = self._from_rank0(choice)  # every rank takes rank 0's choice, or its error
+        if kind == "error":
+            raise CheckpointError(value)
+        if value is None:
             return None
-        path = Path(path)
+        path = Path(value)
         train_state = self.states["train_state"]
         try:
             # A resume onto more ranks: ranks without a saved RNG stream keep their own.
@@ -397,13 +403,10 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             if self.cfg.async_ and not blocking:
+                # (no no_dist here: async_save infers it, and older torch lacks the argument)
                 kwargs = {"async_stager": stager} if (stager := self._async_stager()) is not None else {}
                 fut = dcp.async_save(
-                    self.states,
-                    checkpoint_id=str(path),
-                    process_group=self.async_group,
-                    no_dist=self.no_dist,
-                    **kwargs,
+                    self.states, checkpoint_id=str(path), process_group=self.async_group, **kwargs
                 )
                 fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
                 self.pending = (step, tokens, fut, t0)
