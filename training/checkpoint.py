@@ -27,6 +27,7 @@ lesson from someone's lost run:
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -56,8 +57,14 @@ from training.run_layout import (
     list_steps,
 )
 
-# DCP warns on every save/load in a single process; that is the intended use there, not news.
-warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+
+@contextlib.contextmanager
+def _single_process_quiet():
+    """DCP warns on every save/load in a single process; that is the intended use here, not news.
+    (A module-level filter is not enough: libraries imported later reset the filters.)"""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
+        yield
 
 
 class CheckpointError(GristmillError):
@@ -117,12 +124,13 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 def load(states: dict[str, Any], path: str | Path, *, no_dist: bool = False) -> None:
     """dcp.load of `states` from checkpoint `path` with the safe reader and planner."""
-    dcp.load(
-        states,
-        storage_reader=SafeFileSystemReader(str(path)),
-        planner=SafeLoadPlanner(),
-        no_dist=no_dist,
-    )
+    with _single_process_quiet():
+        dcp.load(
+            states,
+            storage_reader=SafeFileSystemReader(str(path)),
+            planner=SafeLoadPlanner(),
+            no_dist=no_dist,
+        )
 
 
 def checkpoint_keys(path: str | Path) -> set[str]:
@@ -252,7 +260,7 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
-        pinned_staging: bool = False,
+        pinned_staging: bool = False,  # CUDA: stage async saves into pinned host memory
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
@@ -367,21 +375,24 @@ class Checkpointer:
                 self.stager = None
 
     def _async_stager(self):
-        """On CUDA: copy the state into pinned host buffers kept across saves (one allocation,
-        about twice as fast as pageable copies), which is most of an async save's stall. None
-        elsewhere (DCP's default copy) or where this torch lacks DefaultStager."""
-        if not self.pinned_staging or self.stager is not None:
+        """The stager of async saves, kept for the whole run: it copies the state into CPU buffers
+        allocated at the first save and reused after (pinned on CUDA, for fast device-to-host
+        copies), so later saves pay one memcpy instead of allocating (and faulting in) a fresh
+        copy of the state each time; the price is one CPU copy of this rank's state held for the
+        run. None where this torch lacks DefaultStager (then DCP's default copy)."""
+        if self.stager is not None:
             return self.stager
         try:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         except ImportError:
             return None
+        cuda = self.pinned_staging
         self.stager = DefaultStager(
             StagingOptions(
-                use_pinned_memory=True,
+                use_pinned_memory=cuda,
                 use_shared_memory=False,
                 use_async_staging=False,
-                use_non_blocking_copy=True,
+                use_non_blocking_copy=cuda,
             )
         )
         return self.stager
@@ -402,16 +413,17 @@ class Checkpointer:
         self.low_disk = None
         t0 = time.perf_counter()
         try:
-            if self.cfg.async_ and not blocking:
-                # (no no_dist here: async_save infers it, and older torch lacks the argument)
-                kwargs = {"async_stager": stager} if (stager := self._async_stager()) is not None else {}
-                fut = dcp.async_save(
-                    self.states, checkpoint_id=str(path), process_group=self.async_group, **kwargs
-                )
-                fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                self.pending = (step, tokens, fut, t0)
-                return True
-            dcp.save(self.states, checkpoint_id=str(path), no_dist=self.no_dist)
+            with _single_process_quiet():
+                if self.cfg.async_ and not blocking:
+                    # (no no_dist here: async_save infers it, and older torch lacks the argument)
+                    kwargs = {"async_stager": stager} if (stager := self._async_stager()) is not None else {}
+                    fut = dcp.async_save(
+                        self.states, checkpoint_id=str(path), process_group=self.async_group, **kwargs
+                    )
+                    fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
+                    self.pending = (step, tokens, fut, t0)
+                    return True
+                dcp.save(self.states, checkpoint_id=str(path), no_dist=self.no_dist)
         except BaseException as e:
             self._failed(step, e)
         self._complete(step, tokens, time.perf_counter() - t0)
