@@ -24,6 +24,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("data", "inspect"): "training.inspect",
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
+    ("export",): "training.hf_export",
     ("demo",): "pipelines.demo",
 }
 

@@ -1,7 +1,8 @@
 """`gristmill demo`: the whole system, offline, on the embedded demo corpus.
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
-so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train.
+so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train
+(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -11,7 +12,7 @@ import argparse
 import time
 from pathlib import Path
 
-HELP = "run the whole system offline on the demo corpus: build → validate → audit → train"
+HELP = "run the whole system offline on the demo corpus: build → validate → audit → train → export"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 4
+    total = 3 if args.skip_train else 5
     for path in (args.data_config, *(() if args.skip_train else (args.train_config,))):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
@@ -64,9 +65,23 @@ def run(args: argparse.Namespace) -> int:
     if args.skip_train:
         return 0
 
-    t0 = _stage(4, total, "train a small Llama on it (CPU)", f"gristmill train --config {args.train_config}")
+    from training.config import TrainConfig
+    from training.hf_export import export_checkpoint
     from training.train import main as train_main
 
-    rc = train_main(["--config", args.train_config, "--set", f"data.dataset={data_dir}"])
+    # Two runs of the same recipe: the first stops at step 100 as a preempted job would, the second
+    # picks its checkpoint up (`--resume auto` also makes a rerun of the demo continue, not restart).
+    sets = ["--set", f"data.dataset={data_dir}"]
+    t0 = _stage(4, total, "train a small Llama on it (CPU), stop at step 100, resume from the checkpoint",
+                f"gristmill train --config {args.train_config} --resume auto --set run.max_steps=100\n"
+                f"    $ gristmill train --config {args.train_config} --resume auto")  # fmt: skip
+    for extra in (["run.max_steps=100"], []):
+        rc = train_main(["--config", args.train_config, "--resume", "auto", *sets, *extra])
+        if rc:
+            return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
-    return rc
+
+    run_dir = load_config(TrainConfig, args.train_config).run.output_dir
+    _stage(5, total, "export the step-100 checkpoint (HF format)", f"gristmill export {run_dir} --step 100")
+    print(f"    export: {export_checkpoint(run_dir, 100)} (step 150 was exported during training)")
+    return 0

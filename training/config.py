@@ -149,6 +149,33 @@ class MetricsSection:
 
 
 @dataclass
+class CheckpointSection:
+    """DCP checkpoints under RUN/checkpoints/step-N, permanent HF exports under RUN/exports/step-N
+    (training/checkpoint.py). A checkpoint is also written at the last step and on SIGTERM/SIGINT."""
+
+    interval: int = 0
+    """Save every N steps (and at the last step); 0: only on SIGTERM/SIGINT."""
+    keep_last: int = 3
+    """Keep the newest N complete checkpoints (0: keep all). An older one is deleted only after a
+    newer one is complete; the newest complete checkpoint is never deleted."""
+    async_: bool = False
+    """`checkpoint.async`: write in a background thread on its own gloo group after copying the
+    state to CPU, so training goes on during the write; at most one save is in flight, and a
+    failed background save stops the run at the next step."""
+    export_interval: int = 0
+    """Write a permanent HF LlamaForCausalLM export (RUN/exports/step-N) every N steps; a multiple of
+    `interval`, since an export is made from the checkpoint of that step. 0: no exports."""
+    min_free_factor: float = 1.5
+    """Before each save, need this many times the estimated checkpoint size free on the target
+    filesystem (estimate: the last save's size, or the parameter count before the first save)."""
+    on_low_disk: Literal["stop", "skip"] = "stop"
+    """Below that margin: "stop" the run with a message, or "skip" the save and warn every step."""
+    resume: str = ""
+    """"auto": continue from the newest complete checkpoint of this run (from scratch if none); a
+    path: continue from that checkpoint directory; "": start fresh. `--resume` sets it."""
+
+
+@dataclass
 class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     """Model shape."""
@@ -164,6 +191,8 @@ class TrainConfig:
     """Run directory, logging cadence, seed, device."""
     metrics: MetricsSection = field(default_factory=MetricsSection)
     """Where metrics go besides metrics.jsonl and stdout."""
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    """Checkpoints, resuming, retention, exports, disk guard."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +264,17 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
         raise ConfigError(
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
             f"{r.val_every}, {r.val_batches}"
+        )
+    c = cfg.checkpoint
+    if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0 or c.min_free_factor < 0:
+        raise ConfigError(
+            f"checkpoint.interval ({c.interval}), keep_last ({c.keep_last}), export_interval "
+            f"({c.export_interval}) and min_free_factor ({c.min_free_factor}) must be ≥ 0"
+        )
+    if c.export_interval and (not c.interval or c.export_interval % c.interval):
+        raise ConfigError(
+            f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
+            f"{c.interval} (an export is made from the checkpoint of its step)"
         )
     return BatchPlan(
         global_batch=g,

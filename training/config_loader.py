@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import keyword
 import re
 import tomllib
 import types
@@ -106,7 +107,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
     """Recursively build dataclass `cls` from `raw`; unknown keys and wrong types raise ConfigError."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {toml_key(f.name): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
         if key not in fields:
@@ -118,7 +119,8 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
             )
     kwargs = {}
     for name, value in raw.items():
-        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
+        field_name = fields[name].name
+        kwargs[field_name] = _coerce(hints[field_name], value, f"{prefix}{name}", source)
     try:
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
@@ -182,8 +184,23 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     raise ConfigError(f"{source}: {key} has unsupported type {tp}")  # a bug in the dataclass, not the user
 
 
+def toml_key(field_name: str) -> str:
+    """A field named after a Python keyword plus "_" (`async_`) is spelled without it in TOML and
+    --set (`checkpoint.async = true`)."""
+    if field_name.endswith("_") and keyword.iskeyword(field_name[:-1]):
+        return field_name[:-1]
+    return field_name
+
+
 def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
+    """The config as plain data, keyed by the names TOML and --set use."""
+    if dataclasses.is_dataclass(cfg):
+        return {toml_key(f.name): to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, list | tuple):
+        return type(cfg)(to_dict(v) for v in cfg)
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
 
 
 def config_sha256(cfg: Any) -> str:

@@ -16,6 +16,7 @@ validation/). `gristmill_export.json` records where the weights came from and th
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from training.checkpoint import checkpoint_error_cause, complete_steps, load
 from training.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.errors import GristmillError
 from training.model import ModelConfig, Transformer, hf_state_dict_names
@@ -35,7 +37,6 @@ from training.run_layout import (
     checkpoint_dir,
     export_dir,
     is_complete_checkpoint,
-    list_steps,
 )
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
@@ -179,8 +180,8 @@ def export_hf(
 
 def newest_complete_step(run_dir: str | Path) -> int | None:
     """The newest step under RUN/checkpoints whose checkpoint is complete, or None."""
-    steps = list_steps(Path(run_dir) / CHECKPOINTS_DIR)
-    return next((s for s in reversed(steps) if is_complete_checkpoint(checkpoint_dir(run_dir, s))), None)
+    steps = complete_steps(run_dir)
+    return steps[-1] if steps else None
 
 
 def _run_config(run_dir: Path):
@@ -199,18 +200,12 @@ def _run_config(run_dir: Path):
 def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, ModelConfig, Path]:
     """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
     config, and the run's dataset directory."""
-    import torch.distributed.checkpoint as dcp
-
     from training.train_state import ModelState
 
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
     if not is_complete_checkpoint(ckpt):
-        have = [
-            s
-            for s in list_steps(run_dir / CHECKPOINTS_DIR)
-            if is_complete_checkpoint(checkpoint_dir(run_dir, s))
-        ]
+        have = complete_steps(run_dir)
         raise ExportError(
             f"{ckpt} is not a complete checkpoint (needs .metadata and COMPLETE); complete steps in "
             f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
@@ -218,11 +213,12 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
     _, dataset, mcfg = _run_config(run_dir)
     model = Transformer(mcfg)
     try:
-        dcp.load({"model": ModelState(model)}, checkpoint_id=str(ckpt))
+        # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
+        load({"model": ModelState(model)}, ckpt, no_dist=True)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
-        raise ExportError(f"cannot read the model from {ckpt}: {type(e).__name__}: {e}") from None
+        raise ExportError(f"cannot read the model from {ckpt}: {checkpoint_error_cause(e)}") from None
     return model, mcfg, dataset
 
 
@@ -245,3 +241,19 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
         out,
         meta={"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())},
     )
+
+
+HELP = "export a checkpoint of a training run as a Hugging Face LlamaForCausalLM directory"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
+    parser.add_argument(
+        "--step", type=int, default=None, help="checkpoint step to export (default: the newest complete one)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    out = export_checkpoint(args.run, args.step)
+    print(f"export: {out}")
+    return 0

@@ -2,6 +2,7 @@
 
     gristmill train --config configs/train/demo.toml
     gristmill train --config configs/train/demo.toml --nproc-per-node 2 --set parallel.shard=2
+    gristmill train --config configs/train/demo.toml --resume auto
 
 With --nproc-per-node 1 (the default) the trainer runs in this process; with N > 1 it runs
 `python -m torch.distributed.run --standalone --nproc_per_node=N -m training.train ...`. The config
@@ -12,6 +13,7 @@ Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 
@@ -31,6 +33,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="processes (GPUs) on this node; 1 runs in this process, N > 1 launches torchrun --standalone",
     )
+    add_resume_argument(parser)
+
+
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
+        "directory PATH (same as --set checkpoint.resume=...)",
+    )
+
+
+def with_resume(overrides: list[str], resume: str | None) -> list[str]:
+    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
+    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
 
 
 def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]:
@@ -46,11 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
-    cfg = load_train_config(args.config, args.overrides)
+    overrides = with_resume(args.overrides, args.resume)
+    cfg = load_train_config(args.config, overrides)
     if args.nproc_per_node == 1:
         train(cfg)
         return 0
     preflight(cfg, DistEnv(world_size=args.nproc_per_node))
-    cmd = torchrun_command(args.config, args.overrides, args.nproc_per_node)
+    cmd = torchrun_command(args.config, overrides, args.nproc_per_node)
     print("+ " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)

@@ -139,14 +139,25 @@ class MetricsWriter:
         wandb_project: str | None = None,
         config: dict | None = None,
         out=None,
+        resume_step: int | None = None,
     ):
         self.run_dir = Path(run_dir)
         self.out = out or sys.stdout
         self.history: list[dict[str, Any]] = []
         path = self.run_dir / "metrics.jsonl"
-        if path.exists():  # no resume yet: a rerun into the same directory starts the log over
+        if resume_step is not None and path.exists():
+            # A resumed run keeps the rows up to its checkpoint and drops those of the steps it
+            # will redo (written after the checkpoint by the interrupted run).
+            rows = [
+                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+            ]
+            self.history = [r for r in rows if r["step"] <= resume_step]
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history), encoding="utf-8")
+            tmp.replace(path)
+        elif path.exists():  # a fresh run into the same directory starts the log over
             self.print(f"note: {path} exists from an earlier run; starting it over")
-        self.jsonl = open(path, "w", encoding="utf-8")  # noqa: SIM115
+        self.jsonl = open(path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
         self.tb = self._tensorboard() if tensorboard else None
         self.wandb = self._wandb(wandb_project, config) if wandb_project else None
 

@@ -9,12 +9,15 @@ vocabulary) → process group (gloo on CPU, nccl on CUDA) → device mesh → mo
 with the same seed on every rank → loader for this data-parallel rank → optimizer and schedule →
 the loop. `train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step)
 is separate from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
-checkpoint needs are grouped by training.train_state.checkpointables.
+checkpoint needs are grouped by training.train_state.checkpointables and saved/restored by
+training.checkpoint.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
+and return normally (exit 0).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -28,10 +31,12 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
+from training.checkpoint import Checkpointer
 from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
-from training.config_loader import add_config_arguments, load_config, save_config, to_dict
+from training.config_loader import add_config_arguments, config_sha256, load_config, save_config, to_dict
 from training.dataset_format import read_dataset_info
 from training.errors import GristmillError
+from training.launch import add_resume_argument, with_resume
 from training.metrics import (
     MetricsWriter,
     device_name,
@@ -44,6 +49,7 @@ from training.metrics import (
 )
 from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
 from training.parallelize import mesh_shape
+from training.shutdown import GracefulStop
 from training.train_state import TrainState, checkpointables
 
 
@@ -254,7 +260,7 @@ def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
 
 def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> dict[str, Any]:
     from training.loader import TokenLoader
-    from training.model import flops_per_token
+    from training.model import flops_per_token, num_params
     from training.parallelize import autocast_context, build_mesh
 
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
@@ -289,9 +295,29 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
 
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
-    state = TrainState()
-    # The checkpoint code hands this dict to DCP (save and resume are a separate piece of work).
+    state = TrainState(rank=env.rank)
     states = checkpointables(model, optimizer, scheduler, loader, state)
+    last = cfg.run.max_steps or cfg.schedule.steps
+
+    def say(text: str) -> None:
+        if is_main:
+            print(text, file=out or sys.stdout, flush=True)
+
+    # --resume is how a run started, not what it trains: it is left out of the config hash.
+    unresumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=""))
+    ckpt = Checkpointer(
+        cfg.checkpoint,
+        run_dir,
+        states,
+        rank=env.rank,
+        world_size=env.world_size,
+        last_step=last,
+        config_sha256=config_sha256(unresumed),
+        estimate_bytes=num_params(model) * 4 * 3,  # fp32 weights + AdamW's two moments
+        pinned_staging=device.type == "cuda",
+        log=say,
+    )
+    resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
 
     fpt = flops_per_token(mcfg, d.seq_len, include_lm_head=True)
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
@@ -303,17 +329,24 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
             wandb_project=cfg.metrics.wandb_project,
             config=to_dict(cfg),
             out=out,
+            resume_step=resumed,
         )
         for line in _header(cfg, mcfg, plan, env, device, mesh, model, fpt, peak):
             writer.print(line)
+    if resumed is not None:
+        say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last}")
+        if resumed >= last:
+            say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
 
-    last = cfg.run.max_steps or cfg.schedule.steps
     first_loss = last_loss = val_loss = None
+    stopped_by = None
     t_start = t_window = time.perf_counter()
     tokens_window = 0
     train_iter = iter(loader)
+    shutdown = GracefulStop(env.world_size).__enter__()
     try:
         for step in range(state.step + 1, last + 1):
+            ckpt.poll()  # raises if a background save failed
             micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
             do_val = val_loader is not None and (step % cfg.run.val_every == 0 or step == last)
             do_log = step % cfg.run.log_every == 0 or step in (1, last) or do_val
@@ -329,47 +362,56 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
             state.step = step
             state.tokens_seen += plan.tokens_per_step
             tokens_window += plan.tokens_per_step
-            if not do_log:
-                continue
-            loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
-            elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
-            m: dict[str, Any] = {
-                "step": step,
-                "loss": loss,
-                "lr": res["lr"],
-                "grad_norm": res["grad_norm"].item(),
-                "update_ratio": res["update_ratio"],
-                "tokens_per_s": tokens_window / elapsed,
-                "tokens_seen": state.tokens_seen,
-            }
-            util = mfu(m["tokens_per_s"], env.world_size, fpt, peak)
-            if util is not None:
-                m["mfu"] = util
-            m["peak_memory_bytes"] = int(_all_max(peak_memory_bytes(device), env.world_size, device))
-            if do_val:
-                val_loss = evaluate(
-                    model, val_loader, val_state, cfg.run.val_batches, amp, device, env.world_size
-                )
-                m["val_loss"] = val_loss
-            m["elapsed_s"] = time.perf_counter() - t_start
-            first_loss = loss if first_loss is None else first_loss
-            last_loss = loss
-            if writer is not None:
-                writer.log(m)
-            t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
+            if do_log:
+                loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
+                elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
+                m: dict[str, Any] = {
+                    "step": step,
+                    "loss": loss,
+                    "lr": res["lr"],
+                    "grad_norm": res["grad_norm"].item(),
+                    "update_ratio": res["update_ratio"],
+                    "tokens_per_s": tokens_window / elapsed,
+                    "tokens_seen": state.tokens_seen,
+                }
+                util = mfu(m["tokens_per_s"], env.world_size, fpt, peak)
+                if util is not None:
+                    m["mfu"] = util
+                m["peak_memory_bytes"] = int(_all_max(peak_memory_bytes(device), env.world_size, device))
+                if do_val:
+                    val_loss = evaluate(
+                        model, val_loader, val_state, cfg.run.val_batches, amp, device, env.world_size
+                    )
+                    m["val_loss"] = val_loss
+                m["elapsed_s"] = time.perf_counter() - t_start
+                first_loss = loss if first_loss is None else first_loss
+                last_loss = loss
+                if writer is not None:
+                    writer.log(m)
+                t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
+            stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
+            if stop or ckpt.due(step):
+                ckpt.save(step, state.tokens_seen, blocking=stop is not None)
+            if stop:
+                stopped_by = stop
+                say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
+                break
+        ckpt.close()  # waits for an async save in flight
     finally:
+        shutdown.__exit__()
         if writer is not None:
             writer.close()
     summary = {
         "run_dir": str(run_dir),
         "steps": state.step,
+        "stopped_by": stopped_by,
         "first_loss": first_loss,
         "final_loss": last_loss,
         "val_loss": val_loss,
         "seconds": time.perf_counter() - t_start,
         "states": states,
     }
-    if writer is not None:
+    if writer is not None and last_loss is not None:
         note = plot_loss(writer.history, run_dir / "loss.png") if cfg.metrics.plot else None
         writer.print(
             note
@@ -386,9 +428,10 @@ def load_train_config(config: str, overrides: list[str]) -> TrainConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
+    add_resume_argument(parser)
     args = parser.parse_args(argv)
     try:
-        train(load_train_config(args.config, args.overrides))
+        train(load_train_config(args.config, with_resume(args.overrides, args.resume)))
     except GristmillError as e:
         # Config and data errors are the same on every rank: say it once.
         if DistEnv.from_environ().rank == 0:

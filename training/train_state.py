@@ -9,8 +9,11 @@ tensors in a single process, with fully qualified parameter names in both cases.
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import (
@@ -22,28 +25,72 @@ from torch.distributed.checkpoint.state_dict import (
 
 
 class TrainState:
-    """Step counter, tokens seen, and this process's RNG streams."""
+    """Step counter, tokens seen, and this process's RNG streams (Python, numpy, torch CPU and CUDA).
 
-    def __init__(self) -> None:
+    The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
+    DCP keeps one copy of values that have the same key on every rank. Everything is a tensor or
+    a plain number, so loading needs no unpickling (see training.checkpoint). A rank that has no
+    stream in the checkpoint (a resume onto more ranks) keeps its own: set `rng_in_checkpoint`
+    False before loading so it does not ask for one.
+    """
+
+    def __init__(self, rank: int = 0) -> None:
         self.step = 0
         self.tokens_seen = 0
+        self.rank = rank
+        self.rng_in_checkpoint = True
+
+    @property
+    def rng_key(self) -> str:
+        return f"rng_rank{self.rank}"
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            "step": self.step,
-            "tokens_seen": self.tokens_seen,
-            "rng_cpu": torch.get_rng_state(),
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["rng_cuda"] = torch.cuda.get_rng_state()
+        state: dict[str, Any] = {"step": self.step, "tokens_seen": self.tokens_seen}
+        if self.rng_in_checkpoint:
+            state[self.rng_key] = rng_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.tokens_seen = int(state["tokens_seen"])
-        torch.set_rng_state(state["rng_cpu"])
-        if "rng_cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["rng_cuda"])
+        if self.rng_key in state:
+            set_rng_state(state[self.rng_key])
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG stream of this process as tensors and numbers."""
+    version, key, gauss = random.getstate()
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python_version": version,
+        "python_key": torch.tensor(key, dtype=torch.int64),
+        "python_gauss": float("nan") if gauss is None else gauss,
+        "numpy_key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+        "numpy_pos": int(np_state["state"]["pos"]),
+        "numpy_has_gauss": int(np_state["has_gauss"]),
+        "numpy_gauss": float(np_state["gauss"]),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    gauss = float(state["python_gauss"])
+    key = tuple(int(x) for x in state["python_key"].tolist())
+    random.setstate((int(state["python_version"]), key, None if math.isnan(gauss) else gauss))
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": state["numpy_key"].numpy().astype(np.uint32), "pos": int(state["numpy_pos"])},
+            "has_gauss": int(state["numpy_has_gauss"]),
+            "gauss": float(state["numpy_gauss"]),
+        }
+    )
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["torch_cuda"])
 
 
 class ModelState:

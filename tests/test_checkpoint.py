@@ -1,0 +1,314 @@
+"""Checkpoints on CPU with real DCP under torchrun (2 processes, gloo): exact resume after kill -9
+and SIGTERM, resharding 2 ranks → 1, async saves and their failures, full disks, retention,
+exports, and loading that never unpickles arbitrary objects.
+
+Kept to four 2-process launches (reference, killed, resumed, SIGTERM+resume share them) and a few
+in-process runs of the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.cli import main as gristmill
+from tests._train_data import make_dataset
+from tests.test_train import recipe
+from training.checkpoint import (
+    CheckpointError,
+    checkpoint_keys,
+    complete_steps,
+    dir_size,
+    find_resume,
+    prune,
+)
+from training.config import TrainConfig
+from training.config_loader import ConfigError, load_config, to_toml
+from training.hf_export import load_checkpoint_model
+from training.launch import torchrun_command, with_resume
+from training.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
+from training.train import load_train_config, main, train
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = str(ROOT / "configs/train/tiny.toml")
+STEPS = 12
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def overrides(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
+    """test_train's recipe, shortened: 12 steps, no validation, a checkpoint every 4 steps."""
+    base = ["schedule.warmup_steps=3", "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false"]
+    return recipe(dataset, run_dir, f"schedule.steps={STEPS}", *base, "checkpoint.interval=4", *extra)
+
+
+def torchrun_cmd(sets: list[str], nproc: int = 2) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return cmd + ["-m", "training.train", "--config", TINY, "--set", *sets]
+
+
+def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def losses(run_dir: Path) -> list[tuple[int, float, float, float, int]]:
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r["tokens_seen"]) for r in metrics(run_dir)]
+
+
+def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
+    a, _, _ = load_checkpoint_model(run_a, step)
+    b, _, _ = load_checkpoint_model(run_b, step)
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(ta, tb), name
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+    deadline = time.time() + 240
+    while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()[-2000:]}"
+        assert time.time() < deadline
+        time.sleep(0.005)
+
+
+def worker_pids(torchrun_pid: int) -> list[int]:
+    """The training processes torchrun started (its children)."""
+    pids = []
+    for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
+        pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("ckpt-data") / "ds", n_docs=300)
+
+
+@pytest.fixture(scope="module")
+def reference(dataset, tmp_path_factory) -> Path:
+    """An uninterrupted 2-rank run: checkpoints every 4 steps (keep 2), an export at step 8."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    run_torchrun(overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.keep_last=2",
+                           "checkpoint.export_interval=8"))  # fmt: skip
+    return run_dir
+
+
+def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, dataset, tmp_path):
+    assert [r[0] for r in losses(reference)] == list(range(1, STEPS + 1))
+    assert complete_steps(reference) == [8, 12]  # keep_last=2 pruned step 4
+
+    # kill -9 of the whole job at a random step after the first checkpoint; saves every 2 steps,
+    # keep_last=1, so the kill often lands in a save or a prune: a complete checkpoint must survive.
+    run_dir = tmp_path / "killed"
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.interval=2", "checkpoint.keep_last=1")
+    kill_at = random.randint(3, STEPS - 3)
+    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        wait_for_step(proc, run_dir, kill_at)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed_at = metrics(run_dir)[-1]["step"]
+    assert killed_at < STEPS, "the run finished before it was killed"
+    assert complete_steps(run_dir), f"no complete checkpoint after kill -9 at step {killed_at}"
+
+    proc = run_torchrun([*sets, "parallel.shard=2", 'checkpoint.resume="auto"'])
+    assert "resuming from" in proc.stdout and "the newest complete checkpoint" in proc.stdout
+    # Losses, gradient norms, learning rates and token counts: bit-identical to the uninterrupted run.
+    assert losses(run_dir) == losses(reference), f"killed at step {killed_at}"
+    assert_same_weights(run_dir, reference, STEPS)
+
+    # 2 ranks -> 1 rank from the reference's step-8 checkpoint: the same batches, so the same
+    # losses up to summation order (1 process sums the 16 sequences differently from 2 ranks).
+    one = tmp_path / "one-rank"
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(reference, 8)))}"
+    summary = train(load_train_config(TINY, overrides(dataset, one, resume)))
+    assert summary["steps"] == STEPS
+    ref = {r["step"]: r for r in metrics(reference)}
+    got = metrics(one)
+    assert [r["step"] for r in got] == list(range(9, STEPS + 1))
+    for r in got:
+        assert r["loss"] == pytest.approx(ref[r["step"]]["loss"], abs=1e-5)
+        assert (r["lr"], r["tokens_seen"]) == (ref[r["step"]]["lr"], ref[r["step"]]["tokens_seen"])
+
+
+def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, tmp_path):
+    """Async saves on their own gloo group; SIGTERM to one rank only (both must stop together)."""
+    run_dir = tmp_path / "run"
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.async=true", "checkpoint.keep_last=1")
+    stop_at = random.randint(2, STEPS - 3)
+    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    wait_for_step(proc, run_dir, stop_at)
+    os.kill(worker_pids(proc.pid)[-1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = metrics(run_dir)[-1]["step"]
+    assert stopped < STEPS and f"stopping after step {stopped} on SIGTERM" in out
+    assert complete_steps(run_dir)[-1] == stopped
+
+    run_torchrun([*sets, 'checkpoint.resume="auto"'])
+    assert losses(run_dir) == losses(reference), f"stopped at step {stopped}"
+    assert_same_weights(run_dir, reference, STEPS)
+
+
+def test_export_matches_the_trained_model(reference):
+    tr = pytest.importorskip("transformers")
+    out = export_dir(reference, 8)
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]
+    model, _, _ = load_checkpoint_model(reference, 8)
+    hf = tr.LlamaForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    x = torch.randint(0, model.cfg.vocab_size, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (model.eval()(x) - hf(x).logits).abs().max().item()
+    assert diff < 1e-4, f"max abs logit difference {diff}"
+    assert not checkpoint_dir(reference, 4).exists() and out.is_dir()  # exports outlive retention
+    # `gristmill export RUN --step N` of any complete checkpoint; an incomplete one is refused
+    assert gristmill(["export", str(reference), "--step", "12"]) == 0
+    assert (export_dir(reference, 12) / "model.safetensors").is_file()
+    assert gristmill(["export", str(reference), "--step", "4"]) == 2
+
+
+def test_failed_async_save_stops_the_run_at_the_next_step(dataset, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    sets = overrides(dataset, run_dir, "checkpoint.interval=2", "checkpoint.async=true", "run.max_steps=8")
+    checkpoint_dir(run_dir, 4).parent.mkdir(parents=True)
+    checkpoint_dir(run_dir, 4).write_text("in the way")  # DCP cannot make its directory
+    assert main(["--config", TINY, "--set", *sets]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint of step 4 could not be written to {checkpoint_dir(run_dir, 4)}" in err
+    assert f"Last complete checkpoint: {checkpoint_dir(run_dir, 2)}" in err
+    assert metrics(run_dir)[-1]["step"] <= 5  # the step after the failed save, at the latest
+    assert complete_steps(run_dir) == [2]
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True)  # fmt: skip
+    return probe.returncode == 0
+
+
+def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
+    """RUN/checkpoints on a tmpfs that holds 1.5 checkpoints (a private mount namespace, no root
+    needed): the disk guard stops the run at the second save; with the guard off the write itself
+    fails with ENOSPC. Either way: a clear message, exit 2, the first checkpoint complete and
+    resumable. Without mount namespaces, only the write-error half runs (a file in the way)."""
+    size = int(dir_size(checkpoint_dir(reference, 8)) * 1.5) // 4096 * 4096 + 4096
+    runs = {"guard": ["checkpoint.min_free_factor=1.0"], "enospc": ["checkpoint.min_free_factor=0.0"]}
+    script = []
+    for name, extra in runs.items():
+        run_dir = tmp_path / name
+        (run_dir / "checkpoints").mkdir(parents=True)
+        sets = overrides(dataset, run_dir, "checkpoint.interval=2", "checkpoint.keep_last=1", *extra)
+        cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+        script.append(
+            f"mount -t tmpfs -o size={size} tmpfs {run_dir}/checkpoints && "
+            f"{{ {' '.join(map(_sh, cmd))} > {run_dir}/out.txt 2>&1; echo $? > {run_dir}/rc; "
+            f"cp -a {run_dir}/checkpoints {run_dir}/saved; }}"
+        )
+    if not _unshare_works():
+        pytest.skip("no mount namespaces here (unshare -rm); the write-error path is also covered by "
+                    "test_failed_async_save_stops_the_run_at_the_next_step")  # fmt: skip
+    subprocess.run(
+        ["unshare", "-rm", "sh", "-c", " ; ".join(script)], env=ENV, cwd=ROOT, timeout=300, check=True
+    )
+    for name, expect in (("guard", "free on the filesystem of"), ("enospc", "could not be written to")):
+        run_dir = tmp_path / name
+        out = (run_dir / "out.txt").read_text()
+        assert (run_dir / "rc").read_text().strip() == "2", out[-3000:]
+        assert expect in out and f"Last complete checkpoint: {checkpoint_dir(run_dir, 2)}" in out, out[-2000:]
+        saved = run_dir / "saved" / "step-000002"
+        assert (saved / COMPLETE_FILE).is_file() and (saved / DCP_METADATA).is_file()
+    # resumable: continue the guard run from its saved checkpoint for two steps
+    resume = f"checkpoint.resume={json.dumps(str(tmp_path / 'guard/saved/step-000002'))}"
+    summary = train(
+        load_train_config(TINY, overrides(dataset, tmp_path / "again", "run.max_steps=4", resume))
+    )
+    assert summary["steps"] == 4 and [r["step"] for r in metrics(tmp_path / "again")] == [3, 4]
+
+
+def _sh(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+# --- no training needed -----------------------------------------------------------------------
+
+
+def _fake_checkpoint(run: Path, step: int, *, metadata: bool = True, complete: bool = True) -> Path:
+    path = checkpoint_dir(run, step)
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"x" * 10)
+    if metadata:
+        (path / DCP_METADATA).write_bytes(b"m")
+    if complete:
+        (path / COMPLETE_FILE).write_text("{}")
+    return path
+
+
+def test_retention_and_resume_choice(tmp_path):
+    run = tmp_path / "run"
+    for step in (2, 4, 6):
+        _fake_checkpoint(run, step)
+    _fake_checkpoint(run, 1, complete=False)  # a leftover of a crash, older than complete ones
+    _fake_checkpoint(run, 8, complete=False)  # a save in flight (or killed): never touched
+    _fake_checkpoint(run, 10, metadata=False, complete=False)
+    assert prune(run, keep_last=2, log=lambda *_: None) == [1, 2]
+    assert complete_steps(run) == [4, 6] and checkpoint_dir(run, 8).is_dir()
+    path, notes = find_resume(run, "auto")
+    assert path == checkpoint_dir(run, 6)
+    assert "skipped step-000010: no .metadata" in notes[1] and "skipped step-000008: no COMPLETE" in notes[2]
+    # keep_last=1 never deletes the newest complete checkpoint, even with newer incomplete ones
+    prune(run, keep_last=1, log=lambda *_: None)
+    assert complete_steps(run) == [6]
+    with pytest.raises(CheckpointError, match="not a complete checkpoint: no COMPLETE record"):
+        find_resume(run, str(checkpoint_dir(run, 8)))
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_loading_never_unpickles_arbitrary_objects(tmp_path):
+    (tmp_path / DCP_METADATA).write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="refusing to load posix.system"):
+        checkpoint_keys(tmp_path)
+
+
+def test_resume_flag_reaches_torchrun():
+    cmd = torchrun_command("c.toml", with_resume(["optim.lr=1e-4"], "auto"), 2)
+    assert cmd[-3:] == ["--set", "optim.lr=1e-4", 'checkpoint.resume="auto"']
+
+
+def test_checkpoint_config_keys():
+    cfg = load_config(TrainConfig, None, ["checkpoint.async=true", "checkpoint.interval=5"])
+    assert cfg.checkpoint.async_ is True and "async = true" in to_toml(cfg)
+    with pytest.raises(
+        ConfigError, match="export_interval = 7 must be a multiple of checkpoint.interval = 5"
+    ):
+        from training.config import check_config
+
+        check_config(
+            load_config(TrainConfig, None, ["checkpoint.interval=5", "checkpoint.export_interval=7"]), 1
+        )
