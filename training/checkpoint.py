@@ -260,7 +260,7 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
-        pinned_staging: bool = False,  # CUDA: stage async saves into pinned host memory
+        pinned_staging: bool = False,  # True on CUDA: async saves use DCP's default staging
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
@@ -375,24 +375,25 @@ class Checkpointer:
                 self.stager = None
 
     def _async_stager(self):
-        """The stager of async saves, kept for the whole run: it copies the state into CPU buffers
-        allocated at the first save and reused after (pinned on CUDA, for fast device-to-host
-        copies), so later saves pay one memcpy instead of allocating (and faulting in) a fresh
-        copy of the state each time; the price is one CPU copy of this rank's state held for the
-        run. None where this torch lacks DefaultStager (then DCP's default copy)."""
-        if self.stager is not None:
+        """The stager of async saves on CPU, kept for the whole run: it copies the state into CPU
+        buffers allocated at the first save and reused after, so later saves pay one memcpy instead
+        of allocating (and faulting in) a fresh copy of the state each time; the price is one CPU
+        copy of this rank's state held for the run. None on CUDA, and where this torch lacks
+        DefaultStager: DCP's default copy. (On an H100 with torch 2.11 the reused pinned buffers
+        failed the second async save with `KeyError: <class 'type'>` inside DCP's staging, so the
+        GPU path keeps DCP's default until that is understood; bench/RESULTS.md has the figures.)"""
+        if self.stager is not None or self.pinned_staging:
             return self.stager
         try:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
         except ImportError:
             return None
-        cuda = self.pinned_staging
         self.stager = DefaultStager(
             StagingOptions(
-                use_pinned_memory=cuda,
+                use_pinned_memory=False,
                 use_shared_memory=False,
                 use_async_staging=False,
-                use_non_blocking_copy=cuda,
+                use_non_blocking_copy=False,
             )
         )
         return self.stager
