@@ -23,6 +23,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("data", "inspect"): "training.inspect",
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
+    ("eval",): "validation.eval",
     ("demo",): "pipelines.demo",
 }
 
