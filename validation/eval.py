@@ -26,6 +26,7 @@ from training.hf_export import export_checkpoint
 from training.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_TOML,
+    EVAL_DIR,
     EXPORTS_DIR,
     checkpoint_dir,
     eval_dir,
@@ -122,7 +123,7 @@ class TaskPlan:
         if len(hub) < len(self.names):
             data = run_data_config(run_dir)
             data_dir = build_task_data(
-                data.dataset, data.val_fraction, run_dir / "eval" / DATA_SUBDIR, cfg.docs
+                data.dataset, data.val_fraction, run_dir / EVAL_DIR / DATA_SUBDIR, cfg.docs
             )
             self.specs = [local_task_config(n, data_dir) if n in local else n for n in self.names]
 
