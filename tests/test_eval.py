@@ -273,3 +273,24 @@ def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, 
     assert "task hellaswag needs dataset Rowan/hellaswag from the hub" in err
     assert "HF_DATASETS_CACHE" in err and "Traceback" not in err and "safetensors" not in err
     assert not (run / "eval").exists()  # nothing built, nothing evaluated
+
+
+def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
+    from validation.eval_data import EvalError, build_task_data
+
+    with pytest.raises(EvalError, match=r"val_fraction = 0\).*train with data.val_fraction > 0"):
+        build_task_data(built_dataset, 0.0, tmp_path / "none")
+    out = build_task_data(built_dataset, 0.1, tmp_path / "data", max_docs=6)
+    texts = [json.loads(line)["text"] for line in (out / "demo_ppl.jsonl").open()]
+    train = DocumentTable(built_dataset, split="train", val_fraction=0.1)
+    val = DocumentTable(built_dataset, split="val", val_fraction=0.1)
+    where = lambda t, n: set(zip(t.doc_shard[:n].tolist(), t.doc_offset[:n].tolist()))  # noqa: E731
+    assert len(texts) == 6 and not where(val, 6) & where(train, len(train.lengths))
+    items = [json.loads(line) for line in (out / "demo_cloze.jsonl").open()]
+    assert len(items) >= 6 and {it["label"] for it in items} == {0, 1, 2, 3}
+    for it in items:  # the true sentence follows the context inside one held-out document
+        true = it["choices"][it["label"]]
+        assert len(set(it["choices"])) == 4 and any(true in " ".join(t.split()) for t in texts)
+    mtime = (out / "demo_ppl.jsonl").stat().st_mtime_ns
+    assert build_task_data(built_dataset, 0.1, out, max_docs=6) == out  # up to date: kept
+    assert (out / "demo_ppl.jsonl").stat().st_mtime_ns == mtime
