@@ -288,9 +288,11 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     assert len(texts) == 6 and not where(val, 6) & where(train, len(train.lengths))
     items = [json.loads(line) for line in (out / "demo_cloze.jsonl").open()]
     assert len(items) >= 6 and {it["label"] for it in items} == {0, 1, 2, 3}
-    for it in items:  # the true sentence follows the context inside one held-out document
+    flat = [" ".join(t.split()) for t in texts]
+    for it in items:  # the true sentence follows the context in one held-out document; the others do not
         true = it["choices"][it["label"]]
-        assert len(set(it["choices"])) == 4 and any(true in " ".join(t.split()) for t in texts)
+        (src,) = [t for t in flat if it["context"] + " " + true in t]
+        assert len(set(it["choices"])) == 4 and all(c not in src for c in it["choices"] if c != true)
     mtime = (out / "demo_ppl.jsonl").stat().st_mtime_ns
     assert build_task_data(built_dataset, 0.1, out, max_docs=6) == out  # up to date: kept
     assert (out / "demo_ppl.jsonl").stat().st_mtime_ns == mtime

@@ -26,7 +26,7 @@ import numpy as np
 from training.errors import GristmillError
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
-DATA_VERSION = 1
+DATA_VERSION = 2
 DATA_META = "data.json"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
@@ -90,9 +90,10 @@ def _sentences(text: str) -> list[str]:
 
 def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[dict[str, Any]]:
     """Items {context, choices, label}: a document's opening sentences (≥ 150 characters), its
-    true next sentence (20-200 characters), and the true next sentences of other items as distractors."""
-    pairs = []  # (context, true continuation)
-    for text in texts:
+    true next sentence (20-200 characters), and as distractors the true next sentences of items from
+    other documents."""
+    pairs = []  # (document, context, true continuation)
+    for doc, text in enumerate(texts):
         ctx: list[str] = []
         made = 0
         for sent in _sentences(text):
@@ -100,21 +101,23 @@ def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[
                 context = " ".join(ctx)
                 if len(context) > 350:  # keep the end, from a word boundary (fits 256-token windows)
                     context = context[-350:].split(" ", 1)[-1]
-                pairs.append((context, sent))
+                pairs.append((doc, context, sent))
                 made += 1
                 if made == per_doc:
                     break
                 ctx = []  # the next item's context starts after this one
             else:
                 ctx.append(sent)
-    if len(pairs) < n_choices:
+    if len({doc for doc, _, _ in pairs}) < n_choices:
         raise EvalError(
-            f"only {len(pairs)} cloze items from {len(texts)} held-out documents (need ≥ {n_choices}); "
-            "raise data.val_fraction or eval.docs"
+            f"cloze items from only {len({d for d, _, _ in pairs})} of {len(texts)} held-out documents (need "
+            f"≥ {n_choices}); raise data.val_fraction or eval.docs"
         )
     items = []
-    for k, (ctx, true) in enumerate(pairs):
-        others = [pairs[(k + j) % len(pairs)][1] for j in range(1, n_choices)]
+    for k, (doc, ctx, true) in enumerate(pairs):
+        # Distractors: the true next sentences of the following items from *other* documents.
+        others = [p[2] for j in range(1, len(pairs)) if (p := pairs[(k + j) % len(pairs)])[0] != doc]
+        others = others[: n_choices - 1]
         label = k % n_choices  # the true answer's position cycles, so no position bias helps
         choices = others[:label] + [true] + others[label:]
         items.append({"context": ctx, "choices": choices, "label": label})
