@@ -1,7 +1,7 @@
 """`gristmill demo`: the whole system, offline, on the embedded demo corpus.
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
-so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train.
+so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train → eval.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -11,12 +11,13 @@ import argparse
 import time
 from pathlib import Path
 
-HELP = "run the whole system offline on the demo corpus: build → validate → audit → train"
+HELP = "run the whole system offline on the demo corpus: build → validate → audit → train → eval"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
+    parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
@@ -32,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 4
-    for path in (args.data_config, *(() if args.skip_train else (args.train_config,))):
+    total = 3 if args.skip_train else 5
+    for path in (args.data_config, *(() if args.skip_train else (args.train_config, args.eval_config))):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
@@ -65,8 +66,44 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     t0 = _stage(4, total, "train a small Llama on it (CPU)", f"gristmill train --config {args.train_config}")
-    from training.train import main as train_main
+    from training.train import load_train_config, train
 
-    rc = train_main(["--config", args.train_config, "--set", f"data.dataset={data_dir}"])
+    summary = train(load_train_config(args.train_config, [f"data.dataset={data_dir}"]))
     print(f"    training stage took {time.time() - t0:.0f} s")
-    return rc
+
+    run_dir = Path(summary["run_dir"])
+    t0 = _stage(5, total, "evaluate with lm-eval on held-out documents (offline)",
+                f"gristmill eval {run_dir} --config {args.eval_config}")  # fmt: skip
+    _export_final(summary, data_dir, t0)
+    from validation.eval import available_steps, evaluate_step, evaluated, load_eval_config, print_table
+
+    cfg = load_eval_config(args.eval_config, [])
+    for step in available_steps(run_dir):
+        if not evaluated(run_dir, step, cfg.tasks):
+            evaluate_step(run_dir, step, cfg)
+    print_table(run_dir)
+    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}; SQL: gristmill data "
+          f"audit {run_dir} --sql \"SELECT step, task, metric, value FROM eval ORDER BY step\"")  # fmt: skip
+    return 0
+
+
+def _export_final(summary: dict, data_dir: Path, started: float) -> None:
+    """Export the weights the demo just trained to RUN/exports/step-N, unless the trainer already
+    wrote that export during this run. One left by an earlier demo run holds other weights (the
+    demo retrains from scratch): it and its eval results are replaced."""
+    import shutil
+
+    from training.hf_export import export_hf
+    from training.run_layout import eval_dir, export_dir
+
+    run_dir, step = Path(summary["run_dir"]), summary["steps"]
+    out = export_dir(run_dir, step)
+    if out.is_dir() and out.stat().st_mtime >= started - summary["seconds"]:
+        return
+    if out.is_dir():
+        print(f"    replacing {out} and its eval results: written by an earlier demo run")
+        shutil.rmtree(out)
+        shutil.rmtree(eval_dir(run_dir, step), ignore_errors=True)
+    model = summary["states"]["model"]  # ModelState: the full state dict of the trained model
+    meta = {"step": step, "source": "gristmill demo"}
+    export_hf(model.state_dict(), model.model.cfg, data_dir, out, meta=meta)
