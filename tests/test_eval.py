@@ -229,7 +229,7 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
 
     run = tmp_path / "run"
     _make_run(run, built_dataset, [5, 10])
-    args = ["--set", "docs=4", "bootstrap_iters=0", "device=cpu"]
+    args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu"]
     assert main(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", *args]) == 0
     out = capsys.readouterr().out
     assert "demo_cloze" in out and "word_perplexity" in out  # the table of each evaluated step
