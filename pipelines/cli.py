@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
     ("export",): "training.hf_export",
+    ("eval",): "validation.eval",
     ("demo",): "pipelines.demo",
 }
 

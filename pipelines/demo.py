@@ -2,7 +2,7 @@
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
 so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train
-(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format.
+(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format → eval.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -12,12 +12,13 @@ import argparse
 import time
 from pathlib import Path
 
-HELP = "run the whole system offline on the demo corpus: build → validate → audit → train → export"
+HELP = "run the whole system offline on the demo corpus: build → validate → audit → train → export → eval"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
+    parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
@@ -33,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 5
-    for path in (args.data_config, *(() if args.skip_train else (args.train_config,))):
+    total = 3 if args.skip_train else 6
+    for path in (args.data_config, *(() if args.skip_train else (args.train_config, args.eval_config))):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
@@ -81,7 +82,19 @@ def run(args: argparse.Namespace) -> int:
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
 
-    run_dir = load_config(TrainConfig, args.train_config).run.output_dir
+    run_dir = Path(load_config(TrainConfig, args.train_config).run.output_dir)
     _stage(5, total, "export the step-100 checkpoint (HF format)", f"gristmill export {run_dir} --step 100")
     print(f"    export: {export_checkpoint(run_dir, 100)} (step 150 was exported during training)")
+
+    t0 = _stage(6, total, "evaluate every export with lm-eval on held-out documents (offline)",
+                f"gristmill eval {run_dir} --config {args.eval_config}")  # fmt: skip
+    from validation.eval import available_steps, evaluate_step, evaluated, load_eval_config, print_table
+
+    cfg = load_eval_config(args.eval_config, [])
+    for step in available_steps(run_dir):
+        if not evaluated(run_dir, step, cfg.tasks):
+            evaluate_step(run_dir, step, cfg)
+    print_table(run_dir)
+    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}; SQL: gristmill data "
+          f"audit {run_dir} --sql \"SELECT step, task, metric, value FROM eval ORDER BY step\"")  # fmt: skip
     return 0

@@ -35,6 +35,7 @@ from training.dataset_format import (
     DatasetError,
     manifest_files,
 )
+from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
 
@@ -125,6 +126,8 @@ FILE_VIEWS: dict[str, FileView] = {
     "shard_files": FileView(DATASET_JSON, SHARD_FILES_SQL),
     "validation": FileView(VALIDATION_JSON, VALIDATION_SQL),
     "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
+    # A training run directory's lm-eval results (`gristmill eval RUN`): step, task, metric, value …
+    "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA),
 }
 
 # name -> SQL over the views above (already carrying dataset_name).
@@ -168,8 +171,11 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
             raise DatasetError(
                 f"{p} is not a directory; pass dataset directories built by `gristmill data build`"
             )
-        if not (p / DATASET_JSON).is_file() and not (p / MANIFEST_DIR).is_dir():
-            raise DatasetError(f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/: not a gristmill dataset")
+        if not any(((p / DATASET_JSON).is_file(), (p / MANIFEST_DIR).is_dir(), (p / EVAL_PARQUET).is_file())):
+            raise DatasetError(
+                f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/ (a dataset) nor {EVAL_PARQUET} (a run "
+                "evaluated by `gristmill eval`)"
+            )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.
         listed = _listed_documents(p)

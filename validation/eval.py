@@ -1,0 +1,279 @@
+"""`gristmill eval RUN`: lm-evaluation-harness on a run's HF exports, one separator per request.
+
+    gristmill eval runs/train/demo --step 150 --tasks demo_ppl,demo_cloze   # local tasks, offline
+    gristmill eval RUN --tasks hellaswag,arc_easy,piqa,lambada_openai       # hub tasks, need network
+    gristmill eval RUN --watch --tasks demo_ppl                             # each new export as it appears
+
+A step is evaluated from RUN/exports/step-N (exported on demand from a complete DCP checkpoint when
+there is none yet) with `GristmillHFLM` (validation/eval_model.py: the training framing, exactly
+one separator before every text). Results go to RUN/eval/step-N/results.json (lm-eval's own dict,
+merged per task), RUN/eval.parquet (one row per step, task, metric: the `eval` view of `gristmill
+data audit RUN`) and RUN/eval.png. Before any model is loaded, every task name is resolved and hub
+tasks whose data cannot be had offline are refused with one message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from training.config_loader import load_config, save_config
+from training.hf_export import export_checkpoint
+from training.run_layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_TOML,
+    EVAL_DIR,
+    EXPORTS_DIR,
+    checkpoint_dir,
+    eval_dir,
+    export_dir,
+    is_complete_checkpoint,
+    list_steps,
+)
+from validation.eval_data import (
+    EvalError,
+    build_task_data,
+    check_hub_tasks,
+    hub_task_manager,
+    local_task_config,
+    local_task_names,
+)
+from validation.eval_results import EVAL_PARQUET, read_results, write_plot, write_step_results
+
+HELP = "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)"
+DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
+
+
+@dataclass
+class EvalConfig:
+    """The eval recipe (configs/eval/*.toml); saved as RUN/eval/step-N/config.toml."""
+
+    tasks: list[str] = field(default_factory=lambda: ["demo_ppl", "demo_cloze"])
+    """lm-eval task, group or tag names: local ones (validation/eval_tasks/*.yaml) or lm-eval's."""
+    batch_size: int = 8
+    """Requests per forward pass."""
+    device: str = "auto"
+    """"cpu", "cuda", "cuda:1" …; "auto" takes cuda when there is one."""
+    dtype: str = "float32"
+    """Weights' dtype for the forward passes (float32, bfloat16, float16)."""
+    limit: int = 0
+    """At most this many documents per task (0: all); for smoke tests, not for reported numbers."""
+    num_fewshot: int = 0
+    """Few-shot examples per request."""
+    bootstrap_iters: int = 1000
+    """Bootstrap resamples for the stderr of non-mean metrics (perplexities); 0 skips stderrs."""
+    docs: int = 40
+    """Held-out documents the local tasks are built from (demo_ppl: one item each, demo_cloze: ≤ 2)."""
+    max_length: int = 0
+    """Tokens per forward pass (rolling windows, truncated contexts); 0: the run's data.seq_len, the
+    length the model was trained on."""
+    seed: int = 1234
+    """lm-eval's random seeds (few-shot sampling)."""
+
+
+def available_steps(run_dir: str | Path) -> list[int]:
+    """Steps with an export or a complete checkpoint, ascending."""
+    run_dir = Path(run_dir)
+    ckpts = [
+        s for s in list_steps(run_dir / CHECKPOINTS_DIR) if is_complete_checkpoint(checkpoint_dir(run_dir, s))
+    ]
+    return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(ckpts))
+
+
+def export_for(run_dir: str | Path, step: int) -> Path:
+    """RUN/exports/step-N, written from checkpoint N first if it is not there."""
+    out = export_dir(run_dir, step)
+    return out if out.is_dir() else export_checkpoint(run_dir, step)
+
+
+def run_data_config(run_dir: Path):
+    """The run's `[data]` section (dataset, val_fraction, seq_len) from RUN/config.toml."""
+    from training.config import TrainConfig
+
+    path = run_dir / CONFIG_TOML
+    if not path.is_file():
+        raise EvalError(f"{path} not found: {run_dir} is not a gristmill training run directory")
+    return load_config(TrainConfig, path).data
+
+
+class TaskPlan:
+    """Requested task names resolved into lm-eval specs, checked before any model exists.
+
+    Local names become their YAML dicts (data built under RUN/eval/data on first use); other names
+    are looked up in lm-eval's registry (only the task families that define them)
+    and refused up front when offline without a cached copy.
+    """
+
+    def __init__(self, run_dir: Path, cfg: EvalConfig):
+        from lm_eval.tasks import TaskManager
+
+        local = set(local_task_names())
+        self.names = [t.strip() for name in cfg.tasks for t in name.split(",") if t.strip()]
+        if not self.names:
+            raise EvalError("no tasks given; e.g. --tasks demo_ppl,demo_cloze")
+        hub = [n for n in self.names if n not in local]
+        self.task_manager = hub_task_manager(hub) if hub else TaskManager(include_defaults=False)
+        if hub:
+            check_hub_tasks(self.task_manager, hub)
+        self.specs: list[Any] = list(hub)
+        if len(hub) < len(self.names):
+            data = run_data_config(run_dir)
+            data_dir = build_task_data(
+                data.dataset, data.val_fraction, run_dir / EVAL_DIR / DATA_SUBDIR, cfg.docs
+            )
+            self.specs = [local_task_config(n, data_dir) if n in local else n for n in self.names]
+
+
+def evaluate_lm(lm: Any, plan: TaskPlan, cfg: EvalConfig, log_samples: bool = False) -> dict[str, Any]:
+    """lm-eval's simple_evaluate of `lm` (an lm-eval LM) on the planned tasks; its results dict."""
+    from lm_eval import simple_evaluate
+
+    results = simple_evaluate(
+        model=lm,
+        tasks=plan.specs,
+        task_manager=plan.task_manager,
+        num_fewshot=cfg.num_fewshot or None,
+        limit=cfg.limit or None,
+        bootstrap_iters=cfg.bootstrap_iters,
+        log_samples=log_samples,
+        random_seed=cfg.seed,
+        numpy_random_seed=cfg.seed,
+        torch_random_seed=cfg.seed,
+        fewshot_random_seed=cfg.seed,
+    )
+    if results is None:  # only on non-zero ranks of a distributed run
+        raise EvalError("lm-eval returned no results")
+    return results
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
+
+
+def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None) -> Path:
+    """Evaluate one step; returns RUN/eval/step-N/results.json."""
+    from validation.eval_model import GristmillHFLM
+
+    run_dir = Path(run_dir)
+    plan = plan or TaskPlan(run_dir, cfg)
+    export = export_for(run_dir, step)
+    print(f"[eval] step {step}: {', '.join(plan.names)} on {export}", file=sys.stderr, flush=True)
+    t0 = time.time()
+    lm = GristmillHFLM(
+        pretrained=str(export),
+        device=_device(cfg.device),
+        dtype=cfg.dtype,
+        batch_size=cfg.batch_size,
+        max_length=cfg.max_length or run_data_config(run_dir).seq_len,
+    )
+    results = evaluate_lm(lm, plan, cfg)
+    results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
+    out = write_step_results(run_dir, step, dict(results))
+    save_config(cfg, eval_dir(run_dir, step) / "config.toml")
+    write_plot(run_dir)
+    print(f"[eval] step {step} took {time.time() - t0:.0f} s: {out}", file=sys.stderr, flush=True)
+    return out
+
+
+def evaluated(run_dir: str | Path, step: int, names: list[str]) -> bool:
+    res = read_results(run_dir).get(step, {}).get("results", {})
+    return all(n in res for n in names)
+
+
+def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_s: float = 0.0) -> int:
+    """Evaluate each step that gains an export (or complete checkpoint) until interrupted, or until
+    nothing new appeared for `idle_exit_s` seconds (0: never)."""
+    run_dir = Path(run_dir)
+    plan = TaskPlan(run_dir, cfg)
+    last_new = time.time()
+    print(f"[eval] watching {run_dir} every {poll_s:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
+    try:
+        while True:
+            for step in available_steps(run_dir):
+                if not evaluated(run_dir, step, plan.names):
+                    evaluate_step(run_dir, step, cfg, plan)
+                    print_table(run_dir, [step])
+                    last_new = time.time()
+            if idle_exit_s and time.time() - last_new > idle_exit_s:
+                return 0
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return 0
+
+
+def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -> None:
+    """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr."""
+    import pyarrow.parquet as pq
+
+    from validation.audit import Result, format_table
+
+    rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
+    cols = ["step", "task", "metric", "value", "stderr", "samples"]
+    picked = [tuple(r[c] for c in cols) for r in rows if steps is None or r["step"] in steps]
+    print(format_table(Result("eval", cols, picked), max_rows=None), file=out or sys.stdout, flush=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n")[1]
+    parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, exports/)")
+    parser.add_argument(
+        "--config", help="eval recipe (TOML), e.g. configs/eval/demo.toml (default: built-in)"
+    )
+    parser.add_argument(
+        "--set", dest="overrides", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+        help="override recipe fields, e.g. --set batch_size=16 limit=50",
+    )  # fmt: skip
+    parser.add_argument("--tasks", help="comma-separated task names (overrides the recipe's `tasks`)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="step to evaluate (default: the newest export or checkpoint)")
+    which.add_argument(
+        "--watch", action="store_true", help="evaluate every step, and each new one as it appears"
+    )
+    parser.add_argument("--poll", type=float, default=30.0, help="--watch: seconds between looks")
+    parser.add_argument(
+        "--idle-exit", type=float, default=0.0, help="--watch: stop after this many seconds with nothing new"
+    )
+
+
+def load_eval_config(path: str | None, overrides: list[str], tasks: str | None = None) -> EvalConfig:
+    if tasks:
+        overrides = [*overrides, f"tasks={[t for t in tasks.split(',') if t]!r}".replace("'", '"')]
+    return load_config(EvalConfig, path, overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run)
+    if not (run_dir / CONFIG_TOML).is_file():
+        raise EvalError(
+            f"{run_dir / CONFIG_TOML} not found: {run_dir} is not a gristmill training run directory"
+        )
+    cfg = load_eval_config(args.config, args.overrides, args.tasks)
+    if args.watch:
+        return watch(run_dir, cfg, args.poll, args.idle_exit)
+    step = args.step
+    if step is None:
+        steps = available_steps(run_dir)
+        if not steps:
+            raise EvalError(
+                f"{run_dir} has neither exports/step-N nor a complete checkpoint to evaluate; train first "
+                "(or pass --watch to wait for one)"
+            )
+        step = steps[-1]
+    elif not export_dir(run_dir, step).is_dir() and not is_complete_checkpoint(checkpoint_dir(run_dir, step)):
+        have = available_steps(run_dir)
+        raise EvalError(
+            f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
+            f"{', '.join(map(str, have)) or 'none'}"
+        )
+    evaluate_step(run_dir, step, cfg)
+    print_table(run_dir, [step])
+    print(f"all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql \"FROM eval\"), "
+          f"plot: {run_dir / 'eval.png'}")  # fmt: skip
+    return 0

@@ -1,0 +1,261 @@
+"""The eval stage's tasks: local ones shipped here, their data, and hub tasks' availability.
+
+Local tasks are the lm-eval YAML files in validation/eval_tasks/ (`demo_ppl`, `demo_cloze`). Their
+data comes from the run's held-out documents — the loader's val split (`data.val_fraction`), which
+training never sees — and is written once per run to RUN/eval/data/ (`build_task_data`, also run
+by `gristmill demo`). `local_task_config` loads a YAML with its data_files made absolute: lm-eval
+resolves relative data_files against the current directory.
+
+Hub tasks (hellaswag, arc_easy …) come from lm-eval's own registry; `check_hub_tasks` says, before
+any model is loaded, which of them cannot run because the hub is unreachable and the dataset is not
+in the local cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+
+from training.errors import GristmillError
+
+TASKS_DIR = Path(__file__).parent / "eval_tasks"
+DATA_VERSION = 2
+DATA_META = "data.json"
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+class EvalError(GristmillError):
+    """An eval that cannot run; the message names the task, file or run and the fix."""
+
+
+def local_task_names() -> list[str]:
+    return sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
+
+
+def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
+    """Task `name`'s YAML as a dict, its data_files resolved under `data_dir` (absolute)."""
+    import yaml
+
+    cfg = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
+    files = cfg["dataset_kwargs"]["data_files"]
+    data_dir = Path(data_dir).resolve()
+    for split, rel in files.items():
+        path = data_dir / rel
+        if not path.is_file():
+            raise EvalError(
+                f"task {name} needs {path}; build it with `gristmill eval RUN` (it writes the data)"
+            )
+        files[split] = str(path)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# data of the local tasks
+
+
+def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> list[str]:
+    """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator)."""
+    from tokenizers import Tokenizer
+
+    from training.dataset_format import TOKENIZER_JSON
+    from training.loader import DocumentTable
+
+    if val_fraction <= 0:
+        raise EvalError(
+            "the run holds out no documents (data.val_fraction = 0), and the local tasks are built from "
+            "held-out documents; train with data.val_fraction > 0 (the demo uses 0.02) or evaluate hub tasks"
+        )
+    table = DocumentTable(dataset_dir, split="val", val_fraction=val_fraction)
+    tok = Tokenizer.from_file(str(Path(dataset_dir) / TOKENIZER_JSON))
+    n = min(max_docs, len(table.lengths))
+    texts = []
+    for d in range(n):
+        ids = table.read(np.array([d]), np.array([0]), table.lengths[d : d + 1].astype(np.int64))
+        ids = ids[ids != table.separator_id]  # the one separator per document (contract)
+        texts.append(tok.decode(ids.tolist(), skip_special_tokens=False))
+    return texts
+
+
+def _sentences(text: str) -> list[str]:
+    return [" ".join(s.split()) for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[dict[str, Any]]:
+    """Items {context, choices, label}: a document's opening sentences (≥ 150 characters), its
+    true next sentence (20-200 characters), and as distractors the true next sentences of items from
+    other documents."""
+    pairs = []  # (document, context, true continuation)
+    for doc, text in enumerate(texts):
+        ctx: list[str] = []
+        made = 0
+        for sent in _sentences(text):
+            if sum(map(len, ctx)) >= 150 and 20 <= len(sent) <= 200:
+                context = " ".join(ctx)
+                if len(context) > 350:  # keep the end, from a word boundary (fits 256-token windows)
+                    context = context[-350:].split(" ", 1)[-1]
+                pairs.append((doc, context, sent))
+                made += 1
+                if made == per_doc:
+                    break
+                ctx = []  # the next item's context starts after this one
+            else:
+                ctx.append(sent)
+    if len({doc for doc, _, _ in pairs}) < n_choices:
+        raise EvalError(
+            f"cloze items from only {len({d for d, _, _ in pairs})} of {len(texts)} held-out documents (need "
+            f"≥ {n_choices}); raise data.val_fraction or eval.docs"
+        )
+    items = []
+    for k, (doc, ctx, true) in enumerate(pairs):
+        # Distractors: the true next sentences of the following items from *other* documents.
+        others = [p[2] for j in range(1, len(pairs)) if (p := pairs[(k + j) % len(pairs)])[0] != doc]
+        others = others[: n_choices - 1]
+        label = k % n_choices  # the true answer's position cycles, so no position bias helps
+        choices = others[:label] + [true] + others[label:]
+        items.append({"context": ctx, "choices": choices, "label": label})
+    return items
+
+
+def build_task_data(
+    dataset_dir: str | Path, val_fraction: float, out_dir: str | Path, max_docs: int = 40
+) -> Path:
+    """Write demo_ppl.jsonl and demo_cloze.jsonl from the held-out documents into `out_dir`; an
+    up-to-date directory (same dataset fingerprint, val_fraction, max_docs) is kept as it is."""
+    from training.dataset_format import read_dataset_info
+
+    out_dir = Path(out_dir)
+    meta = {
+        "version": DATA_VERSION,
+        "dataset": str(Path(dataset_dir).resolve()),
+        "dataset_fingerprint": read_dataset_info(dataset_dir)["fingerprint"],
+        "val_fraction": val_fraction,
+        "max_docs": max_docs,
+    }
+    meta_path = out_dir / DATA_META
+    if meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
+        return out_dir
+    texts = heldout_texts(dataset_dir, val_fraction, max_docs)
+    files = {
+        "demo_ppl.jsonl": [{"text": t} for t in texts],
+        "demo_cloze.jsonl": cloze_items(texts),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)  # written last: data without it is rebuilt
+    for name, rows in files.items():
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        tmp.replace(out_dir / name)
+    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# hub tasks
+
+
+def hub_task_manager(names: list[str]) -> Any:
+    """An lm-eval TaskManager that knows `names`, indexing only the task families (top-level
+    directories of lm_eval/tasks) whose YAML mentions them: the full index parses ~14k files, about
+    15 s. Falls back to the full index when a name is not found that way."""
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    root = Path(lm_eval.tasks.__file__).parent
+    alts = "|".join(map(re.escape, names))
+    pattern = re.compile(rf"^(?:task|group|tag):\s*({alts})\s*$|^\s*-\s*({alts})\s*$", re.M)
+    families, found = set(), set()
+    for path in root.rglob("*.yaml"):
+        for m in pattern.finditer(path.read_text(encoding="utf-8", errors="ignore")):
+            found.add(m.group(1) or m.group(2))
+            families.add(str(root / path.relative_to(root).parts[0]))
+    if found == set(names):
+        tm = TaskManager(include_defaults=False, include_path=sorted(families))
+        if all(n in tm.task_index for n in names):
+            return tm
+    return TaskManager()
+
+
+def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | None]]:
+    """[(task, dataset_path, dataset_name)] of lm-eval task, group or tag `name` (recursively)."""
+    entry = task_manager.task_index.get(name)
+    if entry is None:
+        return []
+    cfg = entry.cfg or {}
+    kind = str(entry.kind).rsplit(".", 1)[-1]
+    if kind == "TAG":
+        members = sorted(entry.tags)
+    elif kind == "GROUP":
+        members = [t for t in cfg.get("task") or [] if isinstance(t, str)]
+    else:
+        return [(name, cfg["dataset_path"], cfg.get("dataset_name"))] if cfg.get("dataset_path") else []
+    return [d for m in members if m != name for d in hub_datasets(task_manager, m)]
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "") or os.environ.get("HF_DATASETS_OFFLINE"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def dataset_cached(path: str) -> bool:
+    """Whether `datasets` or the hub cache holds something of dataset `path` (owner/name)."""
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    ds_cache = Path(os.environ.get("HF_DATASETS_CACHE", hf_home / "datasets"))
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE", hf_home / "hub"))
+    return (ds_cache / path.replace("/", "___")).is_dir() or (
+        hub_cache / f"datasets--{path.replace('/', '--')}"
+    ).is_dir()
+
+
+def check_hub_tasks(task_manager: Any, names: list[str]) -> None:
+    """Raise EvalError naming each hub task that cannot get its dataset (offline, not cached).
+
+    Offline with every dataset cached, the hub is switched off for this process so `datasets`
+    reads the cache instead of waiting for the network.
+    """
+    unknown = [n for n in names if n not in task_manager.task_index]
+    if unknown:
+        import difflib
+
+        hints = [
+            f"{n} (did you mean {', '.join(m)}?)"
+            if (m := difflib.get_close_matches(n, task_manager.all_tasks, 3))
+            else n
+            for n in unknown
+        ]
+        raise EvalError(
+            f"unknown task {', '.join(hints)}; local tasks: {', '.join(local_task_names())}; hub tasks: "
+            "`lm_eval ls tasks`"
+        )
+    needs = [d for n in names for d in hub_datasets(task_manager, n)]
+    if not needs or hub_reachable():
+        return
+    missing = [(task, path) for task, path, _ in needs if not dataset_cached(path)]
+    if missing:
+        lines = "; ".join(f"task {t} needs dataset {p} from the hub" for t, p in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise EvalError(
+            f"{lines}{more}, and the hub is unreachable: run with network once (it fills the cache) or point "
+            "HF_DATASETS_CACHE at a copy of a cache that holds it; local tasks work offline: "
+            f"--tasks {','.join(local_task_names())}"
+        )
+    # The libraries read these at import (already done by lm_eval): set the flags they read, too.
+    import datasets.config
+    import huggingface_hub.constants
+
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    datasets.config.HF_HUB_OFFLINE = datasets.config.HF_DATASETS_OFFLINE = True
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
