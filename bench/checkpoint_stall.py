@@ -88,7 +88,7 @@ def run_loop(mode: str, args, device, model, optimizer, scheduler, states, vocab
         last_step=10**9,
         config_sha256="bench",
         estimate_bytes=num_params(model) * 12,
-        pinned_staging=device.type == "cuda",
+        reuse_staging=device.type != "cuda",
         log=lambda *a: None,
     )
     train_step(model, optimizer, scheduler, [batch], grad_clip=1.0, amp=amp)  # warm-up, untimed

@@ -53,6 +53,8 @@ from training.run_layout import (
     COMPLETE_FILE,
     DCP_METADATA,
     checkpoint_dir,
+    complete_steps,
+    incomplete_reason,
     is_complete_checkpoint,
     list_steps,
 )
@@ -139,20 +141,6 @@ def checkpoint_keys(path: str | Path) -> set[str]:
 
 
 # --- what is on disk ---------------------------------------------------------------------------
-
-
-def incomplete_reason(path: Path) -> str | None:
-    """Why `path` is not a complete checkpoint, or None if it is."""
-    if not (path / DCP_METADATA).is_file():
-        return "no .metadata (the save did not finish)"
-    if not (path / COMPLETE_FILE).is_file():
-        return "no COMPLETE record (the save or a deletion was interrupted)"
-    return None
-
-
-def complete_steps(run_dir: str | Path) -> list[int]:
-    root = Path(run_dir) / CHECKPOINTS_DIR
-    return [s for s in list_steps(root) if is_complete_checkpoint(checkpoint_dir(run_dir, s))]
 
 
 def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]:
@@ -260,11 +248,11 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
-        pinned_staging: bool = False,  # True on CUDA: async saves use DCP's default staging
+        reuse_staging: bool = True,  # False on CUDA: async saves use DCP's default staging
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
-        self.pinned_staging, self.stager = pinned_staging, None
+        self.reuse_staging, self.stager = reuse_staging, None
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
         self.config_sha256 = config_sha256
         self.estimate_bytes, self.estimate_basis = estimate_bytes, "estimated from the parameter count"
@@ -327,9 +315,9 @@ class Checkpointer:
             raise CheckpointError(f"cannot resume from {path}: {checkpoint_error_cause(e)}") from None
         finally:
             train_state.rng_in_checkpoint = True
-        record = json.loads((path / COMPLETE_FILE).read_text(encoding="utf-8"))
         step = train_state.step
         if self.rank == 0:
+            record = json.loads((path / COMPLETE_FILE).read_text(encoding="utf-8"))
             if record.get("config_sha256") != self.config_sha256:
                 self.log(
                     f"note: the config differs from the one {path.name} was saved with (its hash in COMPLETE)"
@@ -382,7 +370,7 @@ class Checkpointer:
         DefaultStager: DCP's default copy. (On an H100 with torch 2.11 the reused pinned buffers
         failed the second async save with `KeyError: <class 'type'>` inside DCP's staging, so the
         GPU path keeps DCP's default until that is understood; bench/RESULTS.md has the figures.)"""
-        if self.stager is not None or self.pinned_staging:
+        if self.stager is not None or not self.reuse_staging:
             return self.stager
         try:
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import checkpoint_error_cause, complete_steps, load
+from training.checkpoint import checkpoint_error_cause, load
 from training.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.errors import GristmillError
 from training.model import ModelConfig, Transformer, hf_state_dict_names
@@ -35,6 +35,7 @@ from training.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_TOML,
     checkpoint_dir,
+    complete_steps,
     export_dir,
     is_complete_checkpoint,
 )

@@ -54,6 +54,24 @@ def list_steps(parent: str | Path) -> list[int]:
     return sorted(int(m.group(1)) for p in parent.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
 
 
-def is_complete_checkpoint(path: str | Path) -> bool:
+def incomplete_reason(path: str | Path) -> str | None:
+    """Why `path` is not a complete checkpoint, or None if it is."""
     path = Path(path)
-    return (path / DCP_METADATA).is_file() and (path / COMPLETE_FILE).is_file()
+    if not (path / DCP_METADATA).is_file():
+        return "no .metadata (the save did not finish)"
+    if not (path / COMPLETE_FILE).is_file():
+        return "no COMPLETE record (the save or a deletion was interrupted)"
+    return None
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    return incomplete_reason(path) is None
+
+
+def complete_steps(run_dir: str | Path) -> list[int]:
+    """Steps of the run's complete checkpoints, ascending."""
+    return [
+        s
+        for s in list_steps(Path(run_dir) / CHECKPOINTS_DIR)
+        if is_complete_checkpoint(checkpoint_dir(run_dir, s))
+    ]

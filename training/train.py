@@ -314,7 +314,7 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
         last_step=last,
         config_sha256=config_sha256(unresumed),
         estimate_bytes=num_params(model) * 4 * 3,  # fp32 weights + AdamW's two moments
-        pinned_staging=device.type == "cuda",
+        reuse_staging=device.type != "cuda",
         log=say,
     )
     resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position

@@ -24,11 +24,11 @@ from typing import Any
 from training.config_loader import load_config, save_config
 from training.hf_export import export_checkpoint
 from training.run_layout import (
-    CHECKPOINTS_DIR,
     CONFIG_TOML,
     EVAL_DIR,
     EXPORTS_DIR,
     checkpoint_dir,
+    complete_steps,
     eval_dir,
     export_dir,
     is_complete_checkpoint,
@@ -78,10 +78,7 @@ class EvalConfig:
 def available_steps(run_dir: str | Path) -> list[int]:
     """Steps with an export or a complete checkpoint, ascending."""
     run_dir = Path(run_dir)
-    ckpts = [
-        s for s in list_steps(run_dir / CHECKPOINTS_DIR) if is_complete_checkpoint(checkpoint_dir(run_dir, s))
-    ]
-    return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(ckpts))
+    return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(complete_steps(run_dir)))
 
 
 def export_for(run_dir: str | Path, step: int) -> Path:
