@@ -279,9 +279,7 @@ def _check_output(p: Prepared, log=print) -> dict[str, Any] | None:
             if replaced is not None:
                 # A re-downloaded input whose task never finished: that task reads the new file.
                 log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
-                old = {"config_sha256": p.sha, "identity": p.identity}
-                _write_atomic(bj, json.dumps(old, indent=2, sort_keys=True).encode())
-                return old
+                return _write_build_json(p)
             was = dict(old.get("identity", {}))
             changes = _diff(
                 {k: v for k, v in was.items() if k != "input_files"}, {**p.identity, "input_files": None}
@@ -359,12 +357,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             _write_atomic(tok_dst, p.tokenizer_bytes)
         save_config(p.cfg, p.out / CONFIG_TOML)
         if previous is None:
-            _write_atomic(
-                p.out / BUILD_JSON,
-                json.dumps(
-                    {"config_sha256": p.sha, "identity": p.identity}, indent=2, sort_keys=True
-                ).encode(),
-            )
+            _write_build_json(p)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
 
@@ -654,6 +647,13 @@ def _read_json(path: Path, fix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BuildError(f"{path} is not a JSON object; {fix}")
     return data
+
+
+def _write_build_json(p) -> dict:
+    """build.json: the config hash and identity this output directory is built with."""
+    record = {"config_sha256": p.sha, "identity": p.identity}
+    _write_atomic(p.out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True).encode())
+    return record
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

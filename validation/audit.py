@@ -112,7 +112,9 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> Result:
             f"refused: the audit reads only inside the dataset directories ({str(e).splitlines()[0]})"
         ) from None
     except duckdb.Error as e:
-        raise AuditQueryError(f"{str(e).strip()}\n{_views_text(con)}") from None
+        # `from e`: only a query that failed while reading (not a typo or a refusal) can be a
+        # damaged dataset file, and main() looks for one only then.
+        raise AuditQueryError(f"{str(e).strip()}\n{_views_text(con)}") from e
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,7 +297,7 @@ def _run(args: argparse.Namespace) -> int:
             except AuditQueryError as e:
                 # duckdb's error for a damaged dataset file (a cast of a cut-off dataset.json) does
                 # not name the file: name it, as the default tables do.
-                damaged = _damaged_error(args.dirs)
+                damaged = _damaged_error(args.dirs) if e.__cause__ is not None else None
                 if damaged is not None:
                     raise damaged from None
                 print(f"error: {e}", file=sys.stderr)

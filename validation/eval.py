@@ -183,6 +183,18 @@ def evaluated(run_dir: str | Path, step: int, names: list[str]) -> bool:
     return all(n in res for n in names)
 
 
+def evaluate_missing(run_dir: str | Path, cfg: EvalConfig, plan: TaskPlan, show: bool = True) -> list[int]:
+    """Evaluate every available step that has no results for the plan's tasks yet; returns them."""
+    done = []
+    for step in available_steps(run_dir):
+        if not evaluated(run_dir, step, plan.names):
+            evaluate_step(run_dir, step, cfg, plan)
+            if show:
+                print_table(run_dir, [step])
+            done.append(step)
+    return done
+
+
 def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_s: float = 0.0) -> int:
     """Evaluate each step that gains an export (or complete checkpoint) until interrupted, or until
     nothing new appeared for `idle_exit_s` seconds (0: never)."""
@@ -192,11 +204,8 @@ def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_
     print(f"[eval] watching {run_dir} every {poll_s:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
     try:
         while True:
-            for step in available_steps(run_dir):
-                if not evaluated(run_dir, step, plan.names):
-                    evaluate_step(run_dir, step, cfg, plan)
-                    print_table(run_dir, [step])
-                    last_new = time.time()
+            if evaluate_missing(run_dir, cfg, plan):
+                last_new = time.time()
             if idle_exit_s and time.time() - last_new > idle_exit_s:
                 return 0
             time.sleep(poll_s)

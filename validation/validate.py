@@ -403,7 +403,8 @@ def validate_dataset(
         info = None
 
     shards_dir = root / SHARDS_DIR
-    on_disk = sorted(p.name for p in shards_dir.glob("*.tar")) if shards_dir.is_dir() else []
+    shard_entries = sorted(p.name for p in shards_dir.iterdir()) if shards_dir.is_dir() else []
+    on_disk = [name for name in shard_entries if name.endswith(".tar")]
     # Our own leftover, from a validation killed between writing and renaming its report: it is
     # rewritten below, so it is no problem of the dataset.
     own_tmp = root / (VALIDATION_JSON + ".tmp")
@@ -413,12 +414,12 @@ def validate_dataset(
                 "stray temporary file: a write did not finish; rerun the build", str(tmp.relative_to(root))
             )
         )
-    for other in sorted(shards_dir.iterdir()) if shards_dir.is_dir() else []:
-        if not other.name.endswith((".tar", ".tmp")):
+    for other in shard_entries:
+        if not other.endswith((".tar", ".tmp")):
             problems.append(
                 Problem(
                     f"stray file: not a shard ({SHARDS_DIR}/ holds only the build's .tar files); remove it",
-                    f"{SHARDS_DIR}/{other.name}",
+                    f"{SHARDS_DIR}/{other}",
                 )
             )
     if info is not None:
