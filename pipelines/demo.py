@@ -89,10 +89,11 @@ def run(args: argparse.Namespace) -> int:
     t0 = _stage(6, total, "evaluate every export with lm-eval on held-out documents (offline)",
                 f"gristmill eval {run_dir} --config {args.eval_config}")  # fmt: skip
     from validation.eval import TaskPlan, evaluate_missing, load_eval_config, print_table
+    from validation.eval_results import EVAL_PLOT
 
     cfg = load_eval_config(args.eval_config, [])
     evaluate_missing(run_dir, cfg, TaskPlan(run_dir, cfg), show=False)
     print_table(run_dir)
-    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}; SQL: gristmill data "
+    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / EVAL_PLOT}; SQL: gristmill data "
           f"audit {run_dir} --sql \"SELECT step, task, metric, value FROM eval ORDER BY step\"")  # fmt: skip
     return 0

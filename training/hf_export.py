@@ -37,7 +37,7 @@ from training.run_layout import (
     checkpoint_dir,
     complete_steps,
     export_dir,
-    is_complete_checkpoint,
+    incomplete_reason,
 )
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
@@ -205,10 +205,11 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
 
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
-    if not is_complete_checkpoint(ckpt):
+    reason = incomplete_reason(ckpt)
+    if reason is not None:
         have = complete_steps(run_dir)
         raise ExportError(
-            f"{ckpt} is not a complete checkpoint (needs .metadata and COMPLETE); complete steps in "
+            f"{ckpt} is not a complete checkpoint ({reason}); complete steps in "
             f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
         )
     _, dataset, mcfg = _run_config(run_dir)

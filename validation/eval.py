@@ -27,11 +27,8 @@ from training.run_layout import (
     CONFIG_TOML,
     EVAL_DIR,
     EXPORTS_DIR,
-    checkpoint_dir,
     complete_steps,
     eval_dir,
-    export_dir,
-    is_complete_checkpoint,
     list_steps,
 )
 from validation.eval_data import (
@@ -42,7 +39,7 @@ from validation.eval_data import (
     local_task_config,
     local_task_names,
 )
-from validation.eval_results import EVAL_PARQUET, read_results, write_plot, write_step_results
+from validation.eval_results import EVAL_PARQUET, EVAL_PLOT, read_results, write_plot, write_step_results
 
 HELP = "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)"
 DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
@@ -79,12 +76,6 @@ def available_steps(run_dir: str | Path) -> list[int]:
     """Steps with an export or a complete checkpoint, ascending."""
     run_dir = Path(run_dir)
     return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(complete_steps(run_dir)))
-
-
-def export_for(run_dir: str | Path, step: int) -> Path:
-    """RUN/exports/step-N, written from checkpoint N first if it is not there."""
-    out = export_dir(run_dir, step)
-    return out if out.is_dir() else export_checkpoint(run_dir, step)
 
 
 def run_data_config(run_dir: Path):
@@ -159,7 +150,7 @@ def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPla
 
     run_dir = Path(run_dir)
     plan = plan or TaskPlan(run_dir, cfg)
-    export = export_for(run_dir, step)
+    export = export_checkpoint(run_dir, step)  # the existing export, or one written from checkpoint N
     print(f"[eval] step {step}: {', '.join(plan.names)} on {export}", file=sys.stderr, flush=True)
     t0 = time.time()
     lm = GristmillHFLM(
@@ -263,23 +254,22 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     if args.watch:
         return watch(run_dir, cfg, args.poll, args.idle_exit)
+    steps = available_steps(run_dir)
     step = args.step
     if step is None:
-        steps = available_steps(run_dir)
         if not steps:
             raise EvalError(
                 f"{run_dir} has neither exports/step-N nor a complete checkpoint to evaluate; train first "
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif not export_dir(run_dir, step).is_dir() and not is_complete_checkpoint(checkpoint_dir(run_dir, step)):
-        have = available_steps(run_dir)
+    elif step not in steps:
         raise EvalError(
             f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
-            f"{', '.join(map(str, have)) or 'none'}"
+            f"{', '.join(map(str, steps)) or 'none'}"
         )
     evaluate_step(run_dir, step, cfg)
     print_table(run_dir, [step])
     print(f"all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql \"FROM eval\"), "
-          f"plot: {run_dir / 'eval.png'}")  # fmt: skip
+          f"plot: {run_dir / EVAL_PLOT}")  # fmt: skip
     return 0
