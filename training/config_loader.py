@@ -16,7 +16,6 @@ import difflib
 import hashlib
 import json
 import keyword
-import re
 import tomllib
 import types
 import typing
@@ -29,7 +28,12 @@ T = TypeVar("T")
 
 
 class ConfigError(GristmillError):
-    """A config that cannot be used; the message names the key and the fix."""
+    """A config that cannot be used; the message names the key and the fix. `key` is the dotted
+    key at fault when one is (load_config uses it to name the --set it came from)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
@@ -45,23 +49,30 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
         source = str(path)
+    parsed = []
     for item in overrides or []:
         key, value = parse_override(item)
         set_dotted(raw, key, value)
+        parsed.append((item, key))
     try:
         return from_dict(cls, raw, source=source)
     except ConfigError as e:
         # The bad key first, then where it came from: the one --set that names it, else the file.
         body = str(e).removeprefix(f"{source}: ")
-        named = body.split(" (valid keys")[0]
-        culprit = next(
-            (item for item in reversed(overrides or []) if _names_key(named, parse_override(item)[0])), None
-        )
-        raise ConfigError(f"{body} ({f'--set {culprit}' if culprit else source})") from None
+        culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
+        raise ConfigError(f"{body} ({f'--set {culprit}' if culprit else source})", e.key) from None
 
 
-def _names_key(message: str, key: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
+def _covers(override_key: str, bad_key: str | None) -> bool:
+    """Whether a --set of `override_key` wrote `bad_key` (itself, a key or item inside it, or a key of
+    the section `bad_key` whose own check failed)."""
+    if bad_key is None:
+        return False
+    return (
+        bad_key == override_key
+        or bad_key.startswith((override_key + ".", override_key + "["))
+        or (override_key.startswith(bad_key + "."))
+    )
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, recipe: str, example: str) -> None:
@@ -106,7 +117,9 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
 def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix: str = "") -> T:
     """Recursively build dataclass `cls` from `raw`; unknown keys and wrong types raise ConfigError."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}")
+        raise ConfigError(
+            f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}", prefix.rstrip(".")
+        )
     fields = {toml_key(f.name): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     for key in raw:
@@ -115,7 +128,8 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
             hint = f"; did you mean '{prefix}{guess[0]}'?" if guess else ""
             raise ConfigError(
                 f"{source}: unknown key '{prefix}{key}'{hint} (valid keys in this section: "
-                f"{', '.join(sorted(fields))})"
+                f"{', '.join(sorted(fields))})",
+                f"{prefix}{key}",
             )
     kwargs = {}
     for name, value in raw.items():
@@ -126,7 +140,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
     except (TypeError, ValueError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"{source}: {e}") from None
+        raise ConfigError(f"{source}: {e}", prefix.rstrip(".") or None) from None  # a section's own check
 
 
 def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
@@ -144,42 +158,43 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
             try:
                 return _coerce(arg, value, key, source)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{source}: {key} has an invalid value {value!r}")
+                errors.append(e)
+        raise errors[0] if errors else ConfigError(f"{source}: {key} has an invalid value {value!r}", key)
     if origin is typing.Literal:
         allowed = typing.get_args(tp)
         if value not in allowed:
             raise ConfigError(
-                f"{source}: {key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}"
+                f"{source}: {key} = {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}",
+                key,
             )
         return value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{source}: {key} must be a list, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a list, got {value!r}", key)
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         items = [_coerce(item_tp, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {key} must be a table, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a table, got {value!r}", key)
         return dict(value)
     if tp is Any:
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}", key)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}", key)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{source}: {key} must be a number, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a number, got {value!r}", key)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{source}: {key} must be a string, got {value!r}")
+            raise ConfigError(f"{source}: {key} must be a string, got {value!r}", key)
         return value
     raise ConfigError(f"{source}: {key} has unsupported type {tp}")  # a bug in the dataclass, not the user
 
