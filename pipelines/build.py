@@ -263,7 +263,9 @@ def _locked(out: Path):
 
 
 def _finished_tasks(out: Path) -> set[int]:
-    return {int(f.name) for f in (out / LOGS_DIR / "completions").glob("*") if f.name.isdigit()}
+    from pipelines.progress import finished_tasks
+
+    return finished_tasks(out / LOGS_DIR / "completions")
 
 
 def _check_output(p: Prepared, log=print) -> dict[str, Any] | None:
@@ -530,9 +532,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
     from pipelines.shard_writer import ShardChangedError, finalize_dataset
 
     tasks = cfg.build.tasks
-    completions = out / LOGS_DIR / "completions"
-    missing = [r for r in range(tasks) if not (completions / f"{r:05d}").is_file()]
-    if missing:
+    if set(range(tasks)) - _finished_tasks(out):
         raise BuildError(_failed_message(out, tasks))
     for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
         tmp.unlink()

@@ -81,6 +81,13 @@ class TaskProgress:
             )
 
 
+def finished_tasks(completions_dir: Path) -> set[int]:
+    """Ranks of the tasks datatrove marked complete (its `completions/NNNNN` files)."""
+    if not completions_dir.is_dir():
+        return set()
+    return {int(p.name) for p in completions_dir.iterdir() if p.name.isdigit()}
+
+
 class Monitor:
     """Driver-side thread summing every task's progress file into one line while tasks run locally.
 
@@ -110,17 +117,12 @@ class Monitor:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.t0 = time.time()
-        self.at_start = self._totals(self._states())  # what earlier runs' finished tasks did
+        # what earlier runs' finished tasks did
+        self.at_start = self._totals(self._states(finished_tasks(completions_dir)))
         self._bar = None
 
-    def _finished(self) -> set[int]:
-        if not self.completions_dir.is_dir():
-            return set()
-        return {int(p.name) for p in self.completions_dir.iterdir() if p.name.isdigit()}
-
-    def _states(self) -> list[dict[str, Any]]:
+    def _states(self, finished: set[int]) -> list[dict[str, Any]]:
         """The progress of every finished task and of the tasks running in this run."""
-        finished = self._finished()
         states = []
         for p in sorted(self.progress_dir.glob("*.json")):
             try:
@@ -173,8 +175,9 @@ class Monitor:
 
     def parts(self) -> tuple[list[str], float] | None:
         """([done, docs, tokens, ETA…], percent of input) or None before anything happened."""
-        states = self._states()
-        done = len(self._finished())
+        finished = finished_tasks(self.completions_dir)
+        states = self._states(finished)
+        done = len(finished)
         now = self._totals(states)
         if not states and done == 0:
             return None
