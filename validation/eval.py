@@ -39,7 +39,13 @@ from validation.eval_data import (
     local_task_config,
     local_task_names,
 )
-from validation.eval_results import EVAL_PARQUET, EVAL_PLOT, read_results, write_plot, write_step_results
+from validation.eval_results import (
+    EVAL_PARQUET,
+    EVAL_PLOT,
+    read_step_results,
+    write_plot,
+    write_step_results,
+)
 
 HELP = "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)"
 DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
@@ -170,7 +176,7 @@ def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPla
 
 
 def evaluated(run_dir: str | Path, step: int, names: list[str]) -> bool:
-    res = read_results(run_dir).get(step, {}).get("results", {})
+    res = read_step_results(run_dir, step).get("results", {})
     return all(n in res for n in names)
 
 

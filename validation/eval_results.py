@@ -79,8 +79,8 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) 
     """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet."""
     out = eval_dir(run_dir, step) / RESULTS_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.is_file():
-        old = json.loads(out.read_text(encoding="utf-8"))
+    old = read_step_results(run_dir, step)
+    if old:
         for key in _PER_TASK_KEYS:
             if isinstance(old.get(key), dict) and isinstance(results.get(key), dict):
                 results[key] = {**old[key], **results[key]}
@@ -91,13 +91,16 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) 
     return out
 
 
+def read_step_results(run_dir: str | Path, step: int) -> dict[str, Any]:
+    """RUN/eval/step-N/results.json, or {} when that step has none."""
+    path = eval_dir(run_dir, step) / RESULTS_JSON
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
 def read_results(run_dir: str | Path) -> dict[int, dict[str, Any]]:
     """{step: results dict} of every RUN/eval/step-N/results.json."""
-    return {
-        s: json.loads(p.read_text(encoding="utf-8"))
-        for s in list_steps(Path(run_dir) / EVAL_DIR)
-        if (p := eval_dir(run_dir, s) / RESULTS_JSON).is_file()
-    }
+    steps = list_steps(Path(run_dir) / EVAL_DIR)
+    return {s: res for s in steps if (res := read_step_results(run_dir, s))}
 
 
 def write_parquet(run_dir: str | Path) -> Path:
