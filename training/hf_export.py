@@ -185,14 +185,21 @@ def newest_complete_step(run_dir: str | Path) -> int | None:
     return steps[-1] if steps else None
 
 
-def _run_config(run_dir: Path):
-    from training.config import TrainConfig, resolve_model_config
+def run_config(run_dir: str | Path):
+    """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
+    from training.config import TrainConfig
     from training.config_loader import load_config
 
-    path = run_dir / CONFIG_TOML
+    path = Path(run_dir) / CONFIG_TOML
     if not path.is_file():
         raise ExportError(f"{path} not found: {run_dir} is not a gristmill training run directory")
-    cfg = load_config(TrainConfig, path)
+    return load_config(TrainConfig, path)
+
+
+def _run_config(run_dir: Path):
+    from training.config import resolve_model_config
+
+    cfg = run_config(run_dir)
     dataset = Path(cfg.data.dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
     return cfg, dataset, resolve_model_config(cfg.model, info, cfg.data.seq_len)

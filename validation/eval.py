@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config_loader import load_config, save_config
-from training.hf_export import export_checkpoint
+from training.hf_export import export_checkpoint, run_config
 from training.run_layout import (
-    CONFIG_TOML,
     EVAL_DIR,
     EXPORTS_DIR,
     complete_steps,
@@ -86,12 +85,7 @@ def available_steps(run_dir: str | Path) -> list[int]:
 
 def run_data_config(run_dir: Path):
     """The run's `[data]` section (dataset, val_fraction, seq_len) from RUN/config.toml."""
-    from training.config import TrainConfig
-
-    path = run_dir / CONFIG_TOML
-    if not path.is_file():
-        raise EvalError(f"{path} not found: {run_dir} is not a gristmill training run directory")
-    return load_config(TrainConfig, path).data
+    return run_config(run_dir).data
 
 
 class TaskPlan:
@@ -253,10 +247,7 @@ def load_eval_config(path: str | None, overrides: list[str], tasks: str | None =
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
-    if not (run_dir / CONFIG_TOML).is_file():
-        raise EvalError(
-            f"{run_dir / CONFIG_TOML} not found: {run_dir} is not a gristmill training run directory"
-        )
+    run_config(run_dir)  # refuses a directory that is not a training run, before any task work
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     if args.watch:
         return watch(run_dir, cfg, args.poll, args.idle_exit)
