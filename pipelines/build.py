@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -535,7 +536,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
     if set(range(tasks)) - _finished_tasks(out):
         raise BuildError(_failed_message(out, tasks))
     for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
-        tmp.unlink()
+        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()  # index.tmp/: a killed finalize
     excluded = _excluded_counts(out)
     kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((out / MANIFEST_DIR).glob("*.parquet")))
     if kept == 0:

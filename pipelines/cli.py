@@ -22,6 +22,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("data", "validate"): "validation.validate",
     ("data", "audit"): "validation.audit",
     ("data", "inspect"): "training.inspect",
+    ("data", "index"): "training.dataset_index",
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
     ("export",): "training.hf_export",

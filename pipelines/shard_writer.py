@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.dataset_format import (
-    DATASET_JSON,
     FORMAT,
     IDS_EXT,
     MANIFEST_DIR,
@@ -35,7 +34,9 @@ from training.dataset_format import (
     fingerprint,
     manifest_files,
     shard_name,
+    write_dataset_info,
 )
+from training.dataset_index import write_index
 
 TMP_SUFFIX = ".tmp"
 
@@ -264,9 +265,8 @@ def finalize_dataset(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra or {}),
     }
+    info["index"] = write_index(root, info)
     info["fingerprint"] = fingerprint(info)
     info["status"] = "complete"
-    tmp = root / (DATASET_JSON + TMP_SUFFIX)
-    tmp.write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, root / DATASET_JSON)
+    write_dataset_info(root, info)
     return info

@@ -197,8 +197,10 @@ def test_edited_manifest(ds, column, delta):
     rows[4][column] += delta
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
     found = problems(ds)
-    assert len(found) == 1, found
+    # The shard's problem, and the loader index (derived from the manifest) no longer matching.
+    assert len(found) == 2, found
     assert found[0].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
+    assert found[1].startswith("index") and "rebuild" in found[1]
 
 
 def test_manifest_row_missing(ds):
@@ -206,8 +208,16 @@ def test_manifest_row_missing(ds):
     table = pq.read_table(path)
     pq.write_table(table.slice(1), path)
     row = table.slice(0, 1).to_pylist()[0]
-    assert problems(ds) == [
+    info = json.loads((ds / "dataset.json").read_text())
+    n, t = info["documents"], info["tokens"]
+    found = problems(ds)
+    assert found[0] == (
         f"shards/{row['shard']}: document {row['key']}: in the tar but has no manifest row for this shard"
+    )
+    # and the index derived from the manifest no longer matches dataset.json's totals
+    assert found[1:] == [
+        f"index: cannot derive the index from the manifest: {ds}: the manifests hold {n - 1} documents / "
+        f"{t - row['n_tokens']} tokens but dataset.json records {n} / {t}; rebuild the dataset"
     ]
 
 

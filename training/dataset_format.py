@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -98,15 +99,18 @@ def fingerprint(info: dict[str, Any]) -> str:
     """Identity of the token stream: shard contents, tokenizer, dtype and separator policy.
 
     Rebuilding any shard with different bytes changes it, so a resume against a rebuilt dataset
-    is refused instead of silently reading other tokens.
+    is refused instead of silently reading other tokens. The loader index (training/dataset_index.py)
+    is covered too, when the dataset has one.
     """
-    ident = {
+    ident: dict[str, Any] = {
         "format": info["format"],
         "tokenizer_sha256": info["tokenizer_sha256"],
         "dtype": info["dtype"],
         "separator": info["separator"],
         "shard_files": {name: f["sha256"] for name, f in sorted(info["shard_files"].items())},
     }
+    if "index" in info:
+        ident["index"] = {name: f["sha256"] for name, f in sorted(info["index"]["files"].items())}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
@@ -137,6 +141,16 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
     if info["dtype"] != dtype_name(info["vocab_size"]):
         raise DatasetError(f"{path}: dtype {info['dtype']} does not match vocab_size {info['vocab_size']}")
     return info
+
+
+def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
+    """Replace dataset.json atomically (the commit point of a build or `gristmill data index`)."""
+    tmp = Path(root) / (DATASET_JSON + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, Path(root) / DATASET_JSON)
 
 
 def manifest_files(root: str | Path) -> list[Path]:

@@ -12,6 +12,8 @@ checks:
   tar header's data offset and size, `n_tokens` equal to the member's token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
   the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
+- the loader index (index/, training/dataset_index.py): each file's sha256 as dataset.json records
+  it, and equal to the index derived again from the manifest;
 - no stray `*.tmp` files (but its own validation.json.tmp, left by a killed run), nothing in
   shards/ but shards, no shard on disk that dataset.json does not list, none missing.
 
@@ -53,6 +55,7 @@ from training.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
+from training.dataset_index import INDEX_DIR, expected_index
 
 HELP = "re-read every shard and check separators, ids, manifest, hashes and fingerprint"
 VALIDATION_JSON = "validation.json"
@@ -472,6 +475,7 @@ def validate_dataset(
         for r in results:
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
+        _check_index(root, info, problems)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -592,6 +596,35 @@ def _check_dataset_json(
             )
     elif want not in (None, "none"):
         problems.append(Problem("missing, but dataset.json records a tokenizer_sha256", TOKENIZER_JSON))
+
+
+def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+    """The loader index: on disk as dataset.json records it, and what the manifest implies."""
+    entry = info.get("index")
+    fix = f"run `gristmill data index {root}`"
+    if entry is None:
+        problems.append(Problem(f"no loader index recorded, so the loader cannot open it; {fix}", INDEX_DIR))
+        return
+    for name, spec in sorted(entry["files"].items()):
+        path = root / INDEX_DIR / name
+        if not path.is_file():
+            problems.append(Problem(f"missing, but dataset.json records it; {fix}", f"{INDEX_DIR}/{name}"))
+        elif file_sha256(path) != spec["sha256"]:
+            where = f"{INDEX_DIR}/{name}"
+            problems.append(Problem(f"sha256 differs from dataset.json (damaged); {fix}", where))
+    try:
+        derived = expected_index(root, info)
+    except DatasetError as e:
+        problems.append(Problem(f"cannot derive the index from the manifest: {e}", INDEX_DIR))
+        return
+    for name, spec in sorted(derived["files"].items()):
+        if entry["files"].get(name, {}).get("sha256") != spec["sha256"]:
+            problems.append(
+                Problem(
+                    "dataset.json's record differs from the index the manifest implies; rebuild the dataset",
+                    f"{INDEX_DIR}/{name}",
+                )
+            )
 
 
 # --------------------------------------------------------------------------------------------

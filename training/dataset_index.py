@@ -1,0 +1,312 @@
+"""The loader index: flat little-endian arrays next to the manifest, memory-mapped by every rank.
+
+    index/doc_tokens.bin   uint32 per manifest row (manifest files in name order): tokens incl. separator
+    index/doc_offsets.bin  uint32 (every shard < 4 GiB) or uint64 per row: byte offset of its `.ids`
+                           member's data inside its shard
+    index/shard_rows.bin   uint64, one per shard (dataset.json's sorted names) plus one: the shard's
+                           first manifest row; shard s holds rows [shard_rows[s], shard_rows[s+1])
+
+dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
+covers those hashes. The arrays are derived from the manifest alone (`derive_index`), so the
+build, `gristmill data index` and `gristmill data validate` all run the same code: the first two
+write the files, the last re-derives them and compares hashes. At 1.5B documents the files take
+~12 GB; a rank touches them through the page cache (shared by every process on the node), never
+as private memory, and the parquet manifest is not read on the training path at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from training.dataset_format import DATASET_JSON, DatasetError, manifest_files, numpy_dtype
+
+INDEX_DIR = "index"
+INDEX_FORMAT = "gristmill-index/1"
+DOC_TOKENS = "doc_tokens.bin"
+DOC_OFFSETS = "doc_offsets.bin"
+SHARD_ROWS = "shard_rows.bin"
+_TMP = INDEX_DIR + ".tmp"  # built here, then renamed over index/ (validate flags it if left over)
+
+
+def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    """The index's arrays, derived from manifest/*.parquet, as (file name, chunk) in write order.
+
+    Checks what the loader relies on and raises DatasetError naming the manifest otherwise: every
+    row names a listed shard, rows of one shard are contiguous and shards come in name order,
+    n_tokens in (0, 2³²), nbytes = n_tokens × itemsize, the member lies inside its shard, and the
+    totals equal dataset.json's documents / tokens.
+    """
+    root = Path(root)
+    names = sorted(info["shard_files"])
+    shard_bytes = np.array([info["shard_files"][n]["bytes"] for n in names], np.int64)
+    offset_dtype = offsets_dtype(info)
+    itemsize = numpy_dtype(info["dtype"]).itemsize
+    value_set = pa.array(names, pa.string())
+    per_shard = np.zeros(len(names), np.int64)
+    last_shard, rows, tokens = -1, 0, 0
+    files = manifest_files(root)
+    if not files:
+        raise DatasetError(f"{root / 'manifest'} holds no *.parquet files; rebuild the dataset")
+    for path in files:
+        try:
+            t = pq.read_table(path, columns=["shard", "offset", "nbytes", "n_tokens"])
+        except (pa.ArrowInvalid, KeyError, OSError) as e:
+            raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
+        shard = pc.index_in(t.column("shard"), value_set=value_set)
+        if shard.null_count:
+            bad = t.column("shard").filter(pc.is_null(shard))[0].as_py()
+            raise DatasetError(f"{path} names shard {bad!r}, which dataset.json does not list; rebuild")
+        shard = shard.to_numpy().astype(np.int64)
+        offset = t.column("offset").to_numpy()
+        nbytes = t.column("nbytes").to_numpy()
+        ntok = t.column("n_tokens").to_numpy()
+        if len(ntok) == 0:
+            continue
+        if shard[0] < last_shard or (np.diff(shard) < 0).any():
+            raise DatasetError(
+                f"{path}: manifest rows are not grouped by shard in name order (the build writes them so); "
+                "the manifest was edited or merged by hand — rebuild the dataset"
+            )
+        if (
+            ntok.min() <= 0
+            or ntok.max() >= 1 << 32
+            or offset.min() < 0
+            or (nbytes != ntok * itemsize).any()
+            or (offset + nbytes > shard_bytes[shard]).any()
+        ):
+            raise DatasetError(
+                f"{path}: rows with n_tokens ≤ 0, nbytes ≠ n_tokens × {itemsize}, or an .ids member "
+                "beyond its shard's end; the manifest does not describe these shards — rebuild"
+            )
+        last_shard = int(shard[-1])
+        per_shard += np.bincount(shard, minlength=len(names))
+        rows += len(ntok)
+        tokens += int(ntok.sum())
+        yield DOC_TOKENS, ntok.astype("<u4")
+        yield DOC_OFFSETS, offset.astype(offset_dtype)
+    if (rows, tokens) != (info.get("documents"), info.get("tokens")):
+        raise DatasetError(
+            f"{root}: the manifests hold {rows} documents / {tokens} tokens but {DATASET_JSON} records "
+            f"{info.get('documents')} / {info.get('tokens')}; rebuild the dataset"
+        )
+    first = np.zeros(len(names) + 1, "<u8")
+    np.cumsum(per_shard, out=first[1:])
+    yield SHARD_ROWS, first
+
+
+def offsets_dtype(info: dict[str, Any]) -> np.dtype:
+    biggest = max((f["bytes"] for f in info["shard_files"].values()), default=0)
+    return np.dtype("<u4") if biggest < 1 << 32 else np.dtype("<u8")
+
+
+def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None) -> dict[str, Any]:
+    """Hash (and, with `out`, write) the derived arrays; returns dataset.json's "index" entry."""
+    files: dict[str, dict[str, Any]] = {}
+    hashes: dict[str, Any] = {}
+    handles: dict[str, Any] = {}
+    try:
+        for name, chunk in chunks:
+            if name not in files:
+                files[name] = {"dtype": _dtype_name(chunk.dtype), "count": 0, "bytes": 0}
+                hashes[name] = hashlib.sha256()
+                if out is not None:
+                    handles[name] = open(out / name, "wb")
+            data = memoryview(np.ascontiguousarray(chunk)).cast("B")
+            files[name]["count"] += len(chunk)
+            files[name]["bytes"] += len(data)
+            hashes[name].update(data)
+            if out is not None:
+                handles[name].write(data)
+        for f in handles.values():
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        for f in handles.values():
+            f.close()
+    for name, h in hashes.items():
+        files[name]["sha256"] = h.hexdigest()
+    return {"format": INDEX_FORMAT, "files": files}
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return {np.dtype("<u4"): "uint32", np.dtype("<u8"): "uint64"}[np.dtype(dtype)]
+
+
+def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Derive the index into index.tmp/, then rename it over index/; returns the "index" entry.
+
+    The caller records the entry in dataset.json afterwards: that write is the commit point, so a
+    crash in between leaves a dataset.json that does not describe index/, which the next
+    `gristmill data index` (or build finalize) simply redoes.
+    """
+    root = Path(root)
+    tmp, final = root / _TMP, root / INDEX_DIR
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    entry = _describe(derive_index(root, info), tmp)
+    if final.exists():
+        old = root / (INDEX_DIR + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, final)
+    return entry
+
+
+def expected_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
+    """The "index" entry the manifest implies (hashes only, nothing written): for validation."""
+    return _describe(derive_index(root, info), None)
+
+
+class DocIndex:
+    """The index of a dataset, memory-mapped read-only.
+
+    `tokens[row]`, `offsets[row]` are per manifest row; `shard_of(rows)` uses the per-shard table.
+    Opening checks the files against dataset.json's sizes and the shard table's shape (cheap);
+    the hashes are `gristmill data validate`'s job.
+    """
+
+    def __init__(self, root: str | Path, info: dict[str, Any]):
+        root = Path(root)
+        where = root / DATASET_JSON
+        entry = info.get("index")
+        if entry is None:
+            raise DatasetError(
+                f"{where} describes no loader index ({INDEX_DIR}/): the dataset was built before the loader "
+                f"read one; run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates "
+                "dataset.json; runs that trained on this dataset resume unchanged)"
+            )
+        if entry.get("format") != INDEX_FORMAT:
+            raise DatasetError(
+                f"{where}: index format {entry.get('format')!r} is not {INDEX_FORMAT!r}; rerun "
+                f"`gristmill data index {root}`"
+            )
+        self._files: dict[str, tuple[Path, np.dtype]] = {}
+        for name in (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS):
+            spec = entry["files"].get(name)
+            path = root / INDEX_DIR / name
+            if spec is None:
+                raise DatasetError(
+                    f"{where}: the index entry lacks {name}; rerun `gristmill data index {root}`"
+                )
+            size = path.stat().st_size if path.is_file() else None
+            if size != spec["bytes"]:
+                raise DatasetError(
+                    f"{path} is {'missing' if size is None else f'{size} bytes'} but {where} records "
+                    f"{spec['bytes']} bytes: the index was damaged or replaced; rerun "
+                    f"`gristmill data index {root}`"
+                )
+            self._files[name] = (path, np.dtype("<u4" if spec["dtype"] == "uint32" else "<u8"))
+        self._map()
+        self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
+        n = int(info["documents"])
+        if (
+            len(self.tokens) != n
+            or len(self.offsets) != n
+            or len(self.shard_rows) != len(info["shard_files"]) + 1
+            or self.shard_rows[0] != 0
+            or self.shard_rows[-1] != n
+            or (np.diff(self.shard_rows) < 0).any()
+        ):
+            raise DatasetError(
+                f"{root / INDEX_DIR}: the index does not describe {n} documents in "
+                f"{len(info['shard_files'])} shards as {where} does; rerun `gristmill data index {root}`"
+            )
+
+    def shard_of(self, rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.shard_rows, rows, side="right") - 1
+
+    def _map(self) -> None:
+        self.tokens = _mapped(*self._files[DOC_TOKENS])
+        self.offsets = _mapped(*self._files[DOC_OFFSETS])
+
+    # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("tokens", "offsets")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._map()
+
+
+def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:
+    return np.memmap(path, dtype, mode="r") if path.stat().st_size else np.zeros(0, dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# `gristmill data index DIR`: add (or repair) the index of an existing dataset
+
+HELP = "write the loader's index (index/) of a dataset built without one; idempotent"
+
+
+def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
+    """Give `root` a loader index and record it in dataset.json; returns the new dataset.json.
+
+    Idempotent: an index whose files hash as recorded is left alone. A missing or damaged one is
+    derived again from the manifest; dataset.json is then replaced atomically (the commit point).
+    Adding an index changes the fingerprint (it covers the index), so the old one is kept as
+    `fingerprint_before_index` and the loader accepts checkpoints that recorded it: the token
+    stream is the same shards in the same order.
+    """
+    from training.dataset_format import file_sha256, fingerprint, read_dataset_info, write_dataset_info
+
+    root = Path(root)
+    info = read_dataset_info(root)
+    entry = info.get("index")
+    if entry is not None:
+        bad = [
+            name
+            for name, spec in entry["files"].items()
+            if not (root / INDEX_DIR / name).is_file()
+            or file_sha256(root / INDEX_DIR / name) != spec["sha256"]
+        ]
+        if not bad:
+            log(
+                f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
+            )
+            return info
+        log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
+    new = write_index(root, info)
+    if entry is not None:
+        if {n: f["sha256"] for n, f in new["files"].items()} != {
+            n: f["sha256"] for n, f in entry["files"].items()
+        }:
+            raise DatasetError(
+                f"{root}: the index derived from manifest/ differs from the one {DATASET_JSON} records: the "
+                "manifest changed after the build; rebuild the dataset"
+            )
+        log(f"repaired {root / INDEX_DIR}")
+        return info
+    info = {**info, "index": new, "fingerprint_before_index": info["fingerprint"]}
+    info["fingerprint"] = fingerprint(info)
+    write_dataset_info(root, info)
+    docs = new["files"][DOC_TOKENS]["count"]
+    size = sum(f["bytes"] for f in new["files"].values())
+    log(
+        f"indexed {root}: {docs:,} documents, {size / 2**20:,.1f} MiB in {INDEX_DIR}/; fingerprint "
+        f"{info['fingerprint_before_index'][:12]}… → {info['fingerprint'][:12]}… (runs that recorded the old "
+        f"one resume unchanged); `gristmill data validate {root}` re-checks everything"
+    )
+    return info
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="dataset directory (holds dataset.json, shards/, manifest/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    index_dataset(args.dir)
+    return 0
