@@ -198,7 +198,7 @@ def test_every_task_type_feeds_exactly_one_separator(eval_run):
     seen = lm.seen["loglikelihood_rolling"]
     table = DocumentTable(dataset, split="val", val_fraction=0.1)
     expected = []
-    for d in range(len(rows("demo_ppl"))):
+    for d in table.split_rows(np.arange(len(rows("demo_ppl")))).tolist():
         ids = table.read(np.array([d]), np.array([0]), table.lengths[d : d + 1].astype(np.int64)).tolist()
         assert ids.count(sep) == 1
         ids.remove(sep)
@@ -284,8 +284,8 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     texts = [json.loads(line)["text"] for line in (out / "demo_ppl.jsonl").open()]
     train = DocumentTable(built_dataset, split="train", val_fraction=0.1)
     val = DocumentTable(built_dataset, split="val", val_fraction=0.1)
-    where = lambda t, n: set(zip(t.doc_shard[:n].tolist(), t.doc_offset[:n].tolist()))  # noqa: E731
-    assert len(texts) == 6 and not where(val, 6) & where(train, len(train.lengths))
+    where = lambda t, n: set(t.split_rows(np.arange(n)).tolist())  # noqa: E731  manifest rows
+    assert len(texts) == 6 and not where(val, 6) & where(train, train.documents)
     items = [json.loads(line) for line in (out / "demo_cloze.jsonl").open()]
     assert len(items) >= 6 and {it["label"] for it in items} == {0, 1, 2, 3}
     flat = [" ".join(t.split()) for t in texts]

@@ -93,9 +93,7 @@ def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> 
     tokenizer, why_not = _tokenizer(Path(args.dataset))
     if tokenizer is None:
         print(f"({why_not}: ids only)")
-    unique = np.unique(docs)
-    row_of = dict(zip(unique.tolist(), docs_table.manifest_rows(unique).tolist()))
-    keys = _manifest_keys(Path(args.dataset), np.array(sorted(row_of.values()), np.int64))
+    keys = _manifest_keys(Path(args.dataset), np.unique(docs).astype(np.int64))  # docs are manifest rows
     piece_at = np.cumsum(counts) - counts  # each piece's first token within `tokens`
     show = nrows if args.max_rows <= 0 else min(args.max_rows, nrows)
     for r in range(show):
@@ -108,7 +106,7 @@ def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> 
             a, b = max(int(piece_at[k]), lo), min(int(piece_at[k] + counts[k]), hi)
             doc = int(docs[k])
             first = int(starts[k]) + a - int(piece_at[k])
-            key, source_id = keys[row_of[doc]]
+            key, source_id = keys[doc]
             length = int(docs_table.lengths[doc])
             line = f"  {key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
             if tokenizer is not None:

@@ -28,13 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training import loader_plan
+from training import loader_cache, loader_plan
 from training.dataset_format import (
     DATASET_JSON,
     IDS_EXT,
@@ -43,10 +40,10 @@ from training.dataset_format import (
     DatasetError,
     file_sha256,
     fingerprint,
-    manifest_files,
     numpy_dtype,
     read_dataset_info,
 )
+from training.dataset_index import INDEX_DIR, DocIndex
 from training.errors import GristmillError
 
 log = logging.getLogger(__name__)
@@ -69,8 +66,13 @@ class DocumentTable:
     Opening is cheap and strict. It refuses a directory that is not what its dataset.json says
     (edited fingerprint field, a shard whose size differs from the recorded one, a tokenizer.json
     with another hash, manifest totals that differ, .ids members outside their shard) or that does
-    not match the caller's model (vocab size, tokenizer hash). Per document it keeps the shard
-    index, the byte offset of its `.ids` member and its token count: 10 bytes.
+    not match the caller's model (vocab size, tokenizer hash). Per-document facts (token count,
+    `.ids` offset, shard) come from the memory-mapped loader index (training/dataset_index.py),
+    shared by every process on the node; the parquet manifest is never read. Private memory is
+    per *block* of documents (loader_plan.DocBlocks): ~0.3 GB at 1.5B documents.
+
+    Documents are named by manifest row everywhere (segments, read, errors); `split_rows` maps the
+    split's own numbering to rows.
     """
 
     def __init__(
@@ -114,114 +116,85 @@ class DocumentTable:
         self.vocab_size = int(info["vocab_size"])
         self.separator_position = info["separator"]["position"]
         self.shard_names = sorted(info["shard_files"])
-        self._read_manifest(self._check_shard_sizes())
-        self.tokens = int(self.lengths.sum(dtype=np.int64))
+        self._check_shard_sizes()
+        self.index = DocIndex(self.root, info)
+        self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
+        self.blocks = self._split_blocks(split, val_fraction, loader_plan.BLOCK_DOCS)
+        if self.blocks.total_tokens != info["tokens"]:
+            raise DatasetError(
+                f"{self.root / INDEX_DIR}: the index holds {self.blocks.total_tokens} tokens but {where} "
+                f"records {info['tokens']}: the index does not match the dataset; rerun "
+                f"`gristmill data index {self.root}`"
+            )
+        self._check_members()
+        self.documents = self.blocks.n  # in this split
+        self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
 
-    def _check_shard_sizes(self) -> np.ndarray:
+    def _split_blocks(self, split: str, val_fraction: float, block_docs: int) -> loader_plan.DocBlocks:
+        """The split's block table, shared between the processes of a node (training/loader_cache.py)."""
+        args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
+        compute = lambda: loader_plan.DocBlocks(self.lengths, **args)  # noqa: E731
+        if len(self.lengths) < loader_cache.MIN_DOCS:
+            return compute()
+        return loader_cache.shared(
+            "blocks",
+            {"fingerprint": self.info["fingerprint"], **args, "v": 1},
+            compute,
+            loader_plan.DocBlocks.save,
+            lambda path: loader_plan.DocBlocks.load(path, self.lengths, **args),
+        )
+
+    def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
-        sizes = np.zeros(len(self.shard_names), np.int64)
-        for i, name in enumerate(self.shard_names):
+        for name in self.shard_names:
             path = self.root / SHARDS_DIR / name
             recorded = self.info["shard_files"][name]["bytes"]
             if not path.is_file():
                 raise DatasetError(
                     f"{path} is missing but {self.root / DATASET_JSON} lists it; rebuild the dataset"
                 )
-            sizes[i] = path.stat().st_size
-            if sizes[i] != recorded:
+            size = path.stat().st_size
+            if size != recorded:
                 raise DatasetError(
-                    f"{path} is {sizes[i]} bytes but {self.root / DATASET_JSON} records {recorded}: the "
+                    f"{path} is {size} bytes but {self.root / DATASET_JSON} records {recorded}: the "
                     "shard was rebuilt or truncated after dataset.json was written; rebuild the dataset (a "
                     "resumed run must restart, the fingerprint changes)"
                 )
-        return sizes
 
-    def _read_manifest(self, shard_bytes: np.ndarray) -> None:
-        files = manifest_files(self.root)
-        if not files:
-            raise DatasetError(f"{self.root / 'manifest'} holds no *.parquet files; rebuild the dataset")
-        names = pa.array(self.shard_names, pa.string())
-        shard_dtype = np.uint16 if len(self.shard_names) <= 1 << 16 else np.uint32
-        offset_dtype = np.uint32 if shard_bytes.max(initial=0) < 1 << 32 else np.int64
-        itemsize = self.dtype.itemsize
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        rows = tokens = 0
-        for path in files:
-            try:
-                t = pq.read_table(path, columns=["shard", "offset", "nbytes", "n_tokens"])
-            except (pa.ArrowInvalid, KeyError, OSError) as e:
-                raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
-            shard = pc.index_in(t.column("shard"), value_set=names)
-            if shard.null_count:
-                bad = t.column("shard").filter(pc.is_null(shard))[0].as_py()
-                raise DatasetError(f"{path} names shard {bad!r}, which dataset.json does not list; rebuild")
-            shard = shard.to_numpy().astype(shard_dtype)
-            offset = t.column("offset").to_numpy()
-            nbytes = t.column("nbytes").to_numpy()
-            ntok = t.column("n_tokens").to_numpy()
-            if len(ntok) and (
-                ntok.min() <= 0
-                or ntok.max() >= 1 << 32
-                or offset.min() < 0
-                or (nbytes != ntok * itemsize).any()
-                or (offset + nbytes > shard_bytes[shard]).any()
-            ):
-                raise DatasetError(
-                    f"{path}: rows with n_tokens ≤ 0, nbytes ≠ n_tokens × {itemsize}, or an .ids member "
-                    "beyond its shard's end; the manifest does not describe these shards — rebuild"
-                )
-            self._check_members(path, shard, offset, nbytes)
-            tokens += int(ntok.sum())
-            if self.val_fraction > 0:
-                held = loader_plan.heldout_mask(rows, len(ntok), self.val_fraction)
-                keep = held if self.split == "val" else ~held
-                shard, offset, ntok = shard[keep], offset[keep], ntok[keep]
-            rows += len(t)
-            parts.append((shard, offset.astype(offset_dtype), ntok.astype(np.uint32)))
-        if (rows, tokens) != (self.info.get("documents"), self.info.get("tokens")):
-            raise DatasetError(
-                f"{self.root}: the manifests hold {rows} documents / {tokens} tokens but dataset.json "
-                f"records {self.info.get('documents')} / {self.info.get('tokens')}; rebuild the dataset"
-            )
-        self.doc_shard = np.concatenate([p[0] for p in parts])
-        self.doc_offset = np.concatenate([p[1] for p in parts])
-        self.lengths = np.concatenate([p[2] for p in parts])
-
-    def _check_members(
-        self, manifest: Path, shard: np.ndarray, offset: np.ndarray, nbytes: np.ndarray
-    ) -> None:
-        """Spot-check the tar header of each shard's first and last listed `.ids` member.
+    def _check_members(self) -> None:
+        """Spot-check the tar header of each shard's first and last `.ids` member in the index.
 
         Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its members rarely keep
         their places too. Two 512-byte reads per shard; the sha256 of every shard is `gristmill
         data validate`'s job.
         """
-        first = np.unique(shard, return_index=True)[1]
-        last = len(shard) - 1 - np.unique(shard[::-1], return_index=True)[1]
-        for i in np.union1d(first, last).tolist():
-            path = self.root / SHARDS_DIR / self.shard_names[shard[i]]
+        first, end = self.index.shard_rows[:-1], self.index.shard_rows[1:]
+        nonempty = np.flatnonzero(end > first)
+        for s, row in zip(
+            np.concatenate([nonempty, nonempty]).tolist(),
+            np.concatenate([first[nonempty], end[nonempty] - 1]).tolist(),
+        ):
+            path = self.root / SHARDS_DIR / self.shard_names[s]
+            offset, nbytes = int(self.index.offsets[row]), int(self.lengths[row]) * self.dtype.itemsize
             with open(path, "rb") as f:
-                f.seek(max(int(offset[i]) - 512, 0))
+                f.seek(max(offset - 512, 0))
                 header = f.read(512)
             name = header[:100].split(b"\0")[0]
             try:
                 size = int(header[124:136].strip(b"\0 "), 8)
             except ValueError:
                 size = -1
-            if offset[i] < 512 or not name.endswith(b"." + IDS_EXT.encode()) or size != nbytes[i]:
+            if offset < 512 or not name.endswith(b"." + IDS_EXT.encode()) or size != nbytes:
                 raise DatasetError(
-                    f"{path}: no {nbytes[i]}-byte .ids member at byte {offset[i]} where {manifest} puts one "
-                    f"(the tar header there reads {name!r}, {size} bytes): the shard was rebuilt after the "
-                    "manifest and dataset.json were written; rebuild the dataset"
+                    f"{path}: no {nbytes}-byte .ids member at byte {offset} where the index puts manifest "
+                    f"row {row} (the tar header there reads {name!r}, {size} bytes): the shard was rebuilt "
+                    "after the manifest and dataset.json were written; rebuild the dataset"
                 )
 
-    def manifest_rows(self, docs: np.ndarray) -> np.ndarray:
-        """Manifest row numbers (over all manifests, in file order) of this split's documents."""
-        if self.val_fraction == 0:
-            return np.asarray(docs)
-        held = loader_plan.heldout_mask(0, self.info["documents"], self.val_fraction)
-        return np.flatnonzero(held if self.split == "val" else ~held)[docs]
+    def split_rows(self, docs: np.ndarray) -> np.ndarray:
+        """Manifest rows of this split's documents number `docs` (0 = the split's first)."""
+        return self.blocks.doc_rows(docs)
 
     def __getstate__(self) -> dict[str, Any]:  # memory maps are per process: reopened lazily
         return {**self.__dict__, "_maps": OrderedDict()}
@@ -239,19 +212,19 @@ class DocumentTable:
         return m
 
     def read(self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Concatenated tokens of the pieces (document, first token, count), copied out of the maps."""
+        """Concatenated tokens of the pieces (manifest row, first token, count), copied out of the maps."""
         out = np.empty(int(counts.sum()), self.dtype)
-        offsets = self.doc_offset[docs].astype(np.int64) + starts * self.dtype.itemsize
+        offsets = self.index.offsets[docs].astype(np.int64) + starts * self.dtype.itemsize
         pos = 0
-        for shard, off, n in zip(self.doc_shard[docs].tolist(), offsets.tolist(), counts.tolist()):
+        for shard, off, n in zip(self.index.shard_of(docs).tolist(), offsets.tolist(), counts.tolist()):
             out[pos : pos + n] = np.frombuffer(self._map(shard), self.dtype, n, off)
             pos += n
         return out
 
     def _locate(self, doc: int) -> str:
         return (
-            f"document {doc} of split {self.split!r} (shards/{self.shard_names[self.doc_shard[doc]]}, "
-            f".ids at byte {int(self.doc_offset[doc])})"
+            f"manifest row {doc} (shards/{self.shard_names[int(self.index.shard_of(doc))]}, "
+            f".ids at byte {int(self.index.offsets[doc])})"
         )
 
     def check_separators(
@@ -311,7 +284,7 @@ class BatchBuilder:
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.check = check_separators
         # Read when the loader is built (tests shrink them to exercise many groups).
-        self.block_docs, self.group_blocks = loader_plan.BLOCK_DOCS, loader_plan.GROUP_BLOCKS
+        self.block_docs, self.group_blocks = docs.blocks.block_docs, loader_plan.GROUP_BLOCKS
         self.steps_per_epoch, self.dropped_tail_tokens = loader_plan.epoch_steps(
             docs.tokens, seq_len, global_batch
         )
@@ -320,13 +293,31 @@ class BatchBuilder:
     def plan(self, epoch: int) -> loader_plan.EpochPlan:
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = None  # free the previous epoch's plan before building the next
-            self._plan = loader_plan.EpochPlan(
-                self.docs.lengths, self.seed, epoch, self.block_docs, self.group_blocks
-            )
+            blocks, seed, gb = self.docs.blocks, self.seed, self.group_blocks
+            compute = lambda: loader_plan.EpochPlan(blocks, seed, epoch, gb)  # noqa: E731
+            if self.docs.blocks.n_rows < loader_cache.MIN_DOCS:
+                self._plan = compute()
+            else:  # the same in every rank and worker: computed once per node
+                self._plan = loader_cache.shared(
+                    "plan",
+                    {
+                        "fingerprint": self.docs.info["fingerprint"],
+                        "split": self.docs.split,
+                        "val_fraction": self.docs.val_fraction,
+                        "block_docs": blocks.block_docs,
+                        "group_blocks": gb,
+                        "seed": seed,
+                        "epoch": epoch,
+                        "v": 1,
+                    },
+                    compute,
+                    loader_plan.EpochPlan.save,
+                    lambda path: loader_plan.EpochPlan.load(path, blocks, seed, epoch, gb),
+                )
         return self._plan
 
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This rank's token span of global step `step` as (document, first token, count) pieces."""
+        """This rank's token span of global step `step` as (manifest row, first token, count) pieces."""
         epoch, batch = divmod(step, self.steps_per_epoch)
         rows = self.global_batch // self.world_size
         first_window = batch * self.global_batch + self.rank * rows
@@ -492,7 +483,7 @@ class TokenLoader:
             "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "
             "per epoch",
             split,
-            len(docs.lengths),
+            docs.documents,
             docs.tokens,
             self.steps_per_epoch,
             self.tokens_per_step,
@@ -516,6 +507,8 @@ class TokenLoader:
         if missing:
             raise LoaderStateError(f"loader state lacks {missing}; it was not written by this loader")
         for key, ours in self._identity.items():
+            if key == "fingerprint" and sd[key] == self.info.get("fingerprint_before_index"):
+                continue  # `gristmill data index` added the index: same shards, same order
             if sd[key] != ours:
                 raise LoaderStateError(
                     f"the checkpoint's loader state has {key}={sd[key]!r} but this run has {key}={ours!r}; "

@@ -75,10 +75,10 @@ def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -
         )
     table = DocumentTable(dataset_dir, split="val", val_fraction=val_fraction)
     tok = Tokenizer.from_file(str(Path(dataset_dir) / TOKENIZER_JSON))
-    n = min(max_docs, len(table.lengths))
+    rows = table.split_rows(np.arange(min(max_docs, table.documents)))
     texts = []
-    for d in range(n):
-        ids = table.read(np.array([d]), np.array([0]), table.lengths[d : d + 1].astype(np.int64))
+    for r in rows.tolist():
+        ids = table.read(np.array([r]), np.array([0]), table.lengths[r : r + 1].astype(np.int64))
         ids = ids[ids != table.separator_id]  # the one separator per document (contract)
         texts.append(tok.decode(ids.tolist(), skip_special_tokens=False))
     return texts

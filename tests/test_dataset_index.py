@@ -1,0 +1,224 @@
+"""The loader index (training/dataset_index.py): the loader reads only it, in the old order.
+
+The corpus is test_loader's token-position corpus (token = 1 + doc·1000 + position), so a stream
+decodes back into documents and can be compared with an order computed here the plain way: split
+rows materialised, blocks, block permutation, groups, in-group permutation, all spelled out.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.cli import main as cli
+from tests.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
+from training import loader_plan
+from training.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
+from training.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
+from training.loader import LoaderStateError, TokenLoader, batch_sha256
+from validation.validate import validate_dataset
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+SEQ, G = 15, 4
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("indexed")
+    return root, make_dataset(root, n_docs=400, tasks=3)
+
+
+def reference_stream(lengths: dict, seed: int, split: str, vf: float, bd: int, gb: int) -> np.ndarray:
+    n = len(lengths)
+    held = loader_plan.heldout_mask(0, n, vf)
+    rows = np.flatnonzero(held if split == "val" else ~held)
+    nblocks = -(-len(rows) // bd)
+    key = loader_plan.derive_key(seed, 0, 0)
+    border = np.argsort(loader_plan.mix64(np.arange(nblocks, dtype=np.uint64) ^ key))
+    order = []
+    for g in range(-(-nblocks // gb)):
+        docs = np.concatenate([rows[b * bd : (b + 1) * bd] for b in border[g * gb : (g + 1) * gb]])
+        key = loader_plan.derive_key(seed, 0, 1, g)
+        order.extend(docs[np.argsort(loader_plan.mix64(np.arange(len(docs), dtype=np.uint64) ^ key))])
+    return np.concatenate([doc_tokens(d, lengths[d]) for d in order])
+
+
+@pytest.mark.parametrize(
+    "split,vf,bd,gb,scan",
+    [
+        ("train", 0.0, 64, 4096, 1 << 18),
+        ("train", 0.0, 4, 3, 8),
+        ("train", 0.2, 4, 3, 8),
+        ("train", 0.2, 5, 2, 64),
+        ("val", 0.2, 4, 3, 8),
+    ],
+)
+def test_epoch_equals_plain_reference(corpus, monkeypatch, split, vf, bd, gb, scan):
+    """A whole epoch read through the mmap index = the plan computed the plain way; small blocks and
+    scan chunks put block, group and chunk boundaries everywhere."""
+    root, lengths = corpus
+    monkeypatch.setattr(loader_plan, "BLOCK_DOCS", bd)
+    monkeypatch.setattr(loader_plan, "GROUP_BLOCKS", gb)
+    monkeypatch.setattr(loader_plan, "SCAN_ROWS", scan)
+    loader = TokenLoader(
+        root,
+        seq_len=SEQ,
+        global_batch=G,
+        micro_batch=2,
+        seed=3,
+        split=split,
+        val_fraction=vf,
+        check_separators=True,
+    )
+    it = iter(loader)
+    got = epoch_stream([next(it) for _ in range(loader.steps_per_epoch)])
+    want = reference_stream(lengths, 3, split, vf, bd, gb)
+    assert len(got) == loader.steps_per_epoch * G * (SEQ + 1) > 0
+    assert np.array_equal(got, want[: len(got)])
+    assert len(want) - len(got) == loader.dropped_tail_tokens
+
+
+@pytest.mark.parametrize("n,low_bits", [(1, None), (7, None), (70_000, None), (3000, 60), (200, 63)])
+def test_hashed_order_is_the_argsort(n, low_bits):
+    """The sort-based permutation equals argsort of the hashes, also where high bits collide
+    (low_bits=60 leaves 4 high bits: nearly every element is in a repaired run)."""
+    key = loader_plan.derive_key(5, n)
+    want = np.argsort(loader_plan.mix64(np.arange(n, dtype=np.uint64) ^ key))
+    assert np.array_equal(loader_plan.hashed_order(n, key, low_bits=low_bits), want)
+
+
+def _strip_index(root: Path) -> str:
+    """Make `root` look like a dataset built before the index existed; returns its fingerprint."""
+    info = read_dataset_info(root)
+    shutil.rmtree(root / INDEX_DIR)
+    del info["index"]
+    info["fingerprint"] = fingerprint(info)
+    (root / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info["fingerprint"]
+
+
+def _loader(root, **kw):
+    return TokenLoader(root, seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, **kw)
+
+
+def _hashes(loader, n):
+    it = iter(loader)
+    return [batch_sha256(next(it)) for _ in range(n)]
+
+
+def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
+    """An index-less dataset: loader and validate name the command; the command adds the index,
+    is idempotent, and a checkpoint taken before it (old fingerprint) resumes bit-identically."""
+    root = tmp_path / "old"
+    shutil.copytree(corpus[0], root)
+    want = _hashes(_loader(root), 6)
+    old_fp = _strip_index(root)
+    with pytest.raises(DatasetError, match=rf"no loader index .*`gristmill data index {root}`"):
+        _loader(root)
+    report = validate_dataset(root, progress=False, write=False)
+    assert not report.ok and any("no loader index" in p.message for p in report.problems)
+
+    assert cli(["data", "index", str(root)]) == 0
+    info = read_dataset_info(root)
+    assert info["fingerprint_before_index"] == old_fp != info["fingerprint"]
+    assert validate_dataset(root, progress=False, write=False).ok
+    before = (root / DATASET_JSON).read_bytes()
+    mtime = (root / INDEX_DIR / DOC_OFFSETS).stat().st_mtime_ns
+    assert cli(["data", "index", str(root)]) == 0  # idempotent: nothing rewritten
+    assert (root / DATASET_JSON).read_bytes() == before
+    assert (root / INDEX_DIR / DOC_OFFSETS).stat().st_mtime_ns == mtime
+    assert "is complete" in capsys.readouterr().out
+
+    # A state saved at step 3 by a run on the index-less dataset (its fingerprint was old_fp).
+    first = _loader(root)
+    _hashes(first, 3)
+    state = {**first.state_dict(), "fingerprint": old_fp}
+    resumed = _loader(root)
+    resumed.load_state_dict(state)
+    assert _hashes(resumed, 3) == want[3:]
+    with pytest.raises(LoaderStateError, match="the dataset changed"):
+        _loader(root).load_state_dict({**state, "fingerprint": "0" * 64})
+
+
+def test_damaged_index_is_named_and_repaired(corpus, tmp_path):
+    root = tmp_path / "damaged"
+    shutil.copytree(corpus[0], root)
+    want = _hashes(_loader(root), 2)
+    path = root / INDEX_DIR / DOC_OFFSETS
+    data = path.read_bytes()
+    path.write_bytes(data[:-4])
+    with pytest.raises(DatasetError, match=rf"{path} is {len(data) - 4} bytes .*gristmill data index"):
+        _loader(root)
+    path.write_bytes(data[:-4] + b"\xff\xff\xff\x7f")  # right size, wrong content
+    report = validate_dataset(root, progress=False, write=False)
+    assert [p.shard for p in report.problems] == [f"{INDEX_DIR}/{DOC_OFFSETS}"]
+    (root / "index.tmp").mkdir()  # a killed earlier `data index`
+    assert cli(["data", "index", str(root)]) == 0
+    assert not (root / "index.tmp").exists()
+    assert validate_dataset(root, progress=False, write=False).ok
+    assert _hashes(_loader(root), 2) == want
+
+
+def test_training_path_never_reads_the_manifest(corpus, tmp_path):
+    """With manifest/ gone the loader opens and reads the same batches: it reads index/ only."""
+    root = tmp_path / "no-manifest"
+    shutil.copytree(corpus[0], root)
+    want = _hashes(_loader(root, val_fraction=0.2), 3)
+    shutil.rmtree(root / "manifest")
+    loader = _loader(root, val_fraction=0.2)
+    assert _hashes(loader, 3) == want
+    # Workers get the index by path, not a pickled copy of the arrays.
+    index = loader.documents.index
+    assert isinstance(index.tokens, np.memmap)
+    clone = pickle.loads(pickle.dumps(index))
+    assert len(pickle.dumps(index)) < 2000 and np.array_equal(clone.offsets, index.offsets)
+
+
+def test_index_files_are_what_dataset_json_says(corpus):
+    root, lengths = corpus
+    info = read_dataset_info(root)
+    idx = DocIndex(root, info)
+    assert np.array_equal(idx.tokens, [lengths[d] for d in range(len(lengths))])
+    assert idx.shard_rows[-1] == info["documents"] and len(idx.shard_rows) == info["shards"] + 1
+    for name, spec in info["index"]["files"].items():
+        assert (root / INDEX_DIR / name).stat().st_size == spec["bytes"]
+    assert SEP == 0
+
+
+@pytest.mark.parametrize("vf,split", [(0.0, "train"), (0.2, "train"), (0.2, "val")])
+def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, caplog, vf, split):
+    """The first process saves the split's block table, later ones memory-map it and read the same
+    batches; a damaged entry is recomputed, an unusable cache directory means computing in-process."""
+    from training import loader_cache
+
+    root, _ = corpus
+    kw = dict(val_fraction=vf, split=split)
+    want = _hashes(_loader(root, **kw), 3)
+    monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+    monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
+    first = _loader(root, **kw)
+    second = _loader(root, **kw)
+    assert isinstance(second.documents.blocks.block_tokens, np.memmap)
+    assert _hashes(first, 3) == _hashes(second, 3) == want
+    assert isinstance(second.builder.plan(0).block_order, np.memmap)
+    entries = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").iterdir() if p.is_dir())
+    assert entries == ["blocks", "plan"]
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("blocks-") and p.is_dir()]
+
+    (entry / "block_tokens.npy").write_bytes(b"damaged")
+    with caplog.at_level("WARNING", logger="training.loader"):
+        assert _hashes(_loader(root, **kw), 3) == want
+    assert "recomputing the damaged cache entry" in caplog.text
+    assert len(np.load(entry / "block_tokens.npy")) > 0
+
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "file" / "cache"))
+    with caplog.at_level("WARNING", logger="training.loader"):
+        assert _hashes(_loader(root, **kw), 3) == want
+    assert "computing it here" in caplog.text

@@ -1,0 +1,69 @@
+"""Tables every rank derives identically, computed once per node and memory-mapped by the rest.
+
+At 1.5B documents the split's block table (a ~10 CPU-second scan of the index) and each epoch's
+block order (~4 CPU-seconds) are the same in every rank and every DataLoader worker; 8 ranks
+computing them at once on a box with few cores wait minutes. `shared()` lets the first process
+(a file lock decides which) compute and save the table under the cache directory, keyed by
+everything it depends on; the others wait on the lock, then memory-map the saved arrays (one
+page-cache copy, like the index). Any trouble — a read-only home, a damaged entry — falls back to
+computing in-process, with a warning: the cache can make an open slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+log = logging.getLogger("training.loader")
+T = TypeVar("T")
+MIN_DOCS = 1 << 24  # below ~16M documents the tables take < 1 s: no cache files
+
+
+def cache_dir() -> Path:
+    """$GRISTMILL_CACHE, else $XDG_CACHE_HOME/gristmill/loader, else ~/.cache/gristmill/loader."""
+    if os.environ.get("GRISTMILL_CACHE"):
+        return Path(os.environ["GRISTMILL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gristmill" / "loader"
+
+
+def shared(
+    kind: str,
+    key: dict[str, Any],
+    compute: Callable[[], T],
+    save: Callable[[T, Path], None],
+    load: Callable[[Path], T],
+) -> T:
+    """`load(entry)` of the cache entry for (kind, key), made by `compute` + `save` if missing.
+
+    `save` writes into a fresh directory; it becomes the entry by an atomic rename. `load` raises
+    OSError or ValueError for an entry that does not fit, which is then recomputed.
+    """
+    digest = hashlib.sha256(json.dumps({"kind": kind, **key}, sort_keys=True).encode()).hexdigest()[:24]
+    path = cache_dir() / f"{kind}-{digest}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            try:
+                return load(path)
+            except (OSError, ValueError) as e:
+                if path.exists():
+                    log.warning("loader: recomputing the damaged cache entry %s (%s)", path, e)
+                    shutil.rmtree(path, ignore_errors=True)
+            table = compute()
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            save(table, tmp)
+            os.replace(tmp, path)
+            return load(path)
+    except OSError as e:
+        log.warning("loader: cannot share %s through %s (%s); computing it here", kind, path, e)
+        return compute()
