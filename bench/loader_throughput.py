@@ -1,4 +1,4 @@
-"""Loader throughput against raw memory copies of the same bytes, and planning at FineWeb-Edu scale.
+"""Loader throughput against raw memory copies of the same bytes.
 
     python bench/loader_throughput.py [--dir /tmp/gristmill-loader-bench] [--tokens 200e6]
 
@@ -12,19 +12,13 @@ process:
                    separator check
 and prints tokens/s and the loader's ratio to each baseline.
 
-Part 2 (plan, in a fresh subprocess so its peak RSS is its own): a lengths-only manifest of
---plan-docs documents (default 1.5B, ~1.3T tokens: uniform 1..1734 tokens, mean 867) planned with
-training.loader_plan.EpochPlan; prints plan time, the first lookup of a global batch, and peak
-RSS next to the size of the lengths array itself.
+Planning at FineWeb-Edu scale (1.5B documents, 8 ranks at once) is bench/loader_scale.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,13 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.dataset_format import read_dataset_info, shard_files  # noqa: E402
 from training.loader import TokenLoader  # noqa: E402
-from training.loader_plan import EpochPlan  # noqa: E402
-
-
-def rss_kib() -> tuple[int, int]:
-    """(current, peak) resident set size in KiB, from /proc/self/status."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
 def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
@@ -50,7 +37,7 @@ def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
     params = {"tokens": tokens, "vocab": vocab, "lengths": "lognormal(6.3, 1.0), min 2", "seed": 0}
     try:
         info = read_dataset_info(root)
-        if info.get("bench") == params:
+        if info.get("bench") == params and "index" in info:  # (built before the loader index: redo)
             return info
     except Exception:
         pass
@@ -155,43 +142,6 @@ def throughput(args) -> None:
         )
 
 
-def plan(args) -> None:
-    n = int(args.plan_docs)
-    t0 = time.perf_counter()
-    lengths = np.empty(n, np.uint32)
-    rng = np.random.default_rng(0)
-    for i in range(0, n, 50_000_000):
-        m = min(50_000_000, n - i)
-        lengths[i : i + m] = rng.integers(1, 1735, m, dtype=np.uint32)
-    gen = time.perf_counter() - t0
-    before, _ = rss_kib()
-    t0 = time.perf_counter()
-    p = EpochPlan(lengths, seed=0, epoch=0)
-    planned = time.perf_counter() - t0
-    window = args.seq_len + 1
-    step = (p.tokens // window // args.global_batch) // 2  # a batch in the middle of the epoch
-    t0 = time.perf_counter()
-    docs, _, _ = p.segments(step * args.global_batch * window, (step + 1) * args.global_batch * window)
-    lookup = time.perf_counter() - t0
-    now, peak = rss_kib()
-    print(
-        json.dumps(
-            {
-                "documents": n,
-                "tokens": p.tokens,
-                "generate_s": round(gen, 1),
-                "plan_s": round(planned, 2),
-                "first_lookup_s": round(lookup, 3),
-                "docs_in_batch": len(docs),
-                "lengths_gib": round(lengths.nbytes / 2**30, 2),
-                "rss_before_plan_gib": round(before / 2**20, 2),
-                "rss_after_gib": round(now / 2**20, 2),
-                "peak_rss_gib": round(peak / 2**20, 2),
-            }
-        )
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/tmp/gristmill-loader-bench")
@@ -200,34 +150,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--global-batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--plan-docs", type=float, default=1.5e9)
-    ap.add_argument("--part", choices=["all", "throughput", "plan"], default="all")
     args = ap.parse_args()
-    if args.part in ("all", "throughput"):
-        throughput(args)
-    if args.part == "plan":
-        plan(args)
-    elif args.part == "all":
-        argv = [
-            sys.executable,
-            __file__,
-            "--part",
-            "plan",
-            "--plan-docs",
-            str(args.plan_docs),
-            "--seq-len",
-            str(args.seq_len),
-            "--global-batch",
-            str(args.global_batch),
-        ]
-        out = subprocess.run(argv, check=True, capture_output=True, text=True, env=os.environ).stdout
-        r = json.loads(out.strip().splitlines()[-1])
-        print(
-            f"plan {r['documents']:,} documents / {r['tokens']:,} tokens: {r['plan_s']} s, "
-            "first batch lookup "
-            f"{r['first_lookup_s']} s; peak RSS {r['peak_rss_gib']} GiB, of which the lengths array "
-            f"{r['lengths_gib']} GiB (RSS before planning {r['rss_before_plan_gib']} GiB)"
-        )
+    throughput(args)
 
 
 if __name__ == "__main__":

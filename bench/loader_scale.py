@@ -1,0 +1,337 @@
+"""Loader open + plan at FineWeb-Edu scale: 1.5B documents, 8 ranks opening at once on one box.
+
+    python bench/loader_scale.py [--dir /tmp/gristmill-scale] [--docs 1.5e9] [--ranks 8]
+                                 [--val-fraction 0.001]
+
+1. Writes (once; reused when the parameters match) a synthetic dataset directory of --docs
+   documents with FineWeb-Edu's mean length (uniform 1..1734 tokens, mean 867 → ~1.3T tokens,
+   uint32 ids): the real loader index (index/doc_tokens.bin, doc_offsets.bin, shard_rows.bin,
+   ~12 GB at 1.5B), dataset.json, and shards as *sparse* files of the recorded sizes (~7.7 TB
+   apparent, a few MB on disk) with real tar headers where the loader's open-time spot check
+   looks. No manifest parquet is written at all: the training path must not need it. Hashes in
+   dataset.json are placeholders (the loader does not hash; `validate` would flag them).
+2. Baseline, in a fresh process: the previous loader's approach — the per-document lengths read
+   into private memory (np.fromfile), then the same plan.
+3. --ranks processes started at once, each `TokenLoader(..., rank=r, world_size=--ranks)` as
+   `training.train` builds it (seq 2048, global batch 512 ≈ 1M tokens, held-out split on), then
+   the epoch plan and rank r's first batch — twice: with an empty loader cache (a first open:
+   one process computes the shared tables, training/loader_cache.py) and again with it filled
+   (a restart). Each reports wall times, CPU time and its peak
+   *private* memory: RssAnon from /proc/self/status sampled every 5 ms (page cache, the shared
+   index maps included, is RssFile and not counted).
+
+Prints one line per rank, the worst rank against the goals (< 30 s, < 1 GiB), and the ratios to the
+baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from training.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint  # noqa: E402
+from training.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS  # noqa: E402
+
+MEAN_MAX = 1734  # uniform 1..1734: mean 867 tokens, FineWeb-Edu's 1.3T tokens / 1.5B documents
+SHARD_CAP = 3 << 30  # a shard starts a new one past 3 GiB, so in-shard offsets stay uint32
+CHUNK = 50_000_000
+BASE: list[dict] = []  # the baseline's result, for the ratios printed after each round
+
+
+def status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def tar_header(name: str, size: int) -> bytes:
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+def make_dataset(root: Path, docs: int) -> dict:
+    params = {"docs": docs, "lengths": f"uniform 1..{MEAN_MAX}", "seed": 0, "shard_cap": SHARD_CAP}
+    try:
+        info = json.loads((root / DATASET_JSON).read_text())
+        if info.get("bench") == params:
+            return info
+    except (OSError, ValueError):
+        pass
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
+    (root / INDEX_DIR).mkdir(parents=True)
+    (root / SHARDS_DIR).mkdir()
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    pos = 0  # byte position in the concatenation of all shards
+    shard_first: list[int] = []  # first row of each shard
+    base = 0  # where the current shard begins in that concatenation
+    tokens = 0
+    with open(root / INDEX_DIR / DOC_TOKENS, "wb") as ft, open(root / INDEX_DIR / DOC_OFFSETS, "wb") as fo:
+        for a in range(0, docs, CHUNK):
+            n = min(CHUNK, docs - a)
+            lengths = rng.integers(1, MEAN_MAX + 1, n, dtype=np.uint32)
+            # header + ids padded to 512 + the .json member (header + one block): a webdataset sample
+            size = 512 + (lengths.astype(np.int64) * 4 + 511) // 512 * 512 + 1024
+            starts = pos + np.cumsum(size) - size
+            # A new shard begins with the first member that starts past the next SHARD_CAP multiple,
+            # so a shard holds SHARD_CAP bytes plus at most one member: offsets stay < 4 GiB.
+            slot = starts // SHARD_CAP
+            first = np.r_[slot[0] != (pos - 1) // SHARD_CAP if a else True, slot[1:] != slot[:-1]]
+            bases = np.where(first, starts, -1)
+            bases[0] = bases[0] if first[0] else base
+            np.maximum.accumulate(bases, out=bases)
+            offsets = starts - bases + 512
+            shard_first.extend((np.flatnonzero(first) + a).tolist())
+            base = int(bases[-1])
+            ft.write(lengths.astype("<u4").tobytes())
+            fo.write(offsets.astype("<u4").tobytes())
+            tokens += int(lengths.sum(dtype=np.int64))
+            pos = int(starts[-1] + size[-1])
+            print(f"\r  writing the index: {a + n:,}/{docs:,} documents", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    lengths = np.memmap(root / INDEX_DIR / DOC_TOKENS, "<u4", mode="r")
+    offsets = np.memmap(root / INDEX_DIR / DOC_OFFSETS, "<u4", mode="r")
+    names = [f"{s:05d}_00000.tar" for s in range(len(shard_first))]
+    ends = []
+    for s, name in enumerate(names):
+        first_row, last_row = shard_first[s], (shard_first[s + 1] if s + 1 < len(names) else docs) - 1
+        end = int(offsets[last_row]) + (int(lengths[last_row]) * 4 + 511) // 512 * 512 + 1024 + 1024
+        ends.append((end + 10239) // 10240 * 10240)  # end-of-archive blocks, 10 KiB records
+        with open(root / SHARDS_DIR / name, "wb") as f:
+            f.truncate(ends[-1])  # sparse: no token bytes on disk
+            for row in (first_row, last_row):  # where the loader's open-time spot check reads
+                f.seek(int(offsets[row]) - 512)
+                f.write(tar_header(f"t{s:05d}d{row:09d}.ids", int(lengths[row]) * 4))
+    np.array(shard_first + [docs], "<u8").tofile(root / INDEX_DIR / SHARD_ROWS)
+    files = {}
+    for name, dtype, count in (
+        (DOC_TOKENS, "uint32", docs),
+        (DOC_OFFSETS, "uint32", docs),
+        (SHARD_ROWS, "uint64", len(names) + 1),
+    ):
+        files[name] = {
+            "dtype": dtype,
+            "count": count,
+            "bytes": (root / INDEX_DIR / name).stat().st_size,
+            "sha256": "synthetic",
+        }
+    info = {
+        "format": FORMAT,
+        "tokenizer_sha256": "synthetic",
+        "vocab_size": 131072,
+        "dtype": "uint32",
+        "separator": {"token": "<|endoftext|>", "id": 0, "position": "after"},
+        "config_sha256": "synthetic",
+        "documents": docs,
+        "tokens": tokens,
+        "shards": len(names),
+        "shard_files": {n: {"bytes": ends[s], "sha256": "synthetic"} for s, n in enumerate(names)},
+        "index": {"format": INDEX_FORMAT, "files": files},
+        "bench": params,
+    }
+    info["fingerprint"] = fingerprint(info)
+    info["status"] = "complete"
+    (root / DATASET_JSON).write_text(json.dumps(info, indent=1))
+    print(
+        f"  wrote {root} in {time.perf_counter() - t0:.0f} s: {len(names):,} sparse shards", file=sys.stderr
+    )
+    return info
+
+
+class PeakAnon:
+    """Peak RssAnon (private memory) of this process, sampled every 5 ms by a thread."""
+
+    def __enter__(self):
+        self.peak, self._stop = status_kib("RssAnon"), threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, status_kib("RssAnon"))
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, status_kib("RssAnon"))
+
+
+def run_rank(args) -> dict:
+    from training.loader import TokenLoader
+
+    base = status_kib("RssAnon")  # interpreter + torch + numpy, before the loader exists
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with PeakAnon() as peak:
+        loader = TokenLoader(
+            args.dir,
+            seq_len=2048,
+            global_batch=512,
+            micro_batch=8,
+            seed=0,
+            rank=args.rank,
+            world_size=args.ranks,
+            val_fraction=args.val_fraction,
+        )
+        t1 = time.perf_counter()
+        loader.builder.plan(0)
+        t2 = time.perf_counter()
+        batch = loader.builder.batch(0)
+        t3 = time.perf_counter()
+    return {
+        "rank": args.rank,
+        "open_s": t1 - t0,
+        "plan_s": t2 - t1,
+        "first_batch_s": t3 - t2,
+        "total_s": t3 - t0,
+        "cpu_s": time.process_time() - cpu0,
+        "base_anon_mib": base / 1024,
+        "peak_anon_mib": peak.peak / 1024,
+        "file_mib": status_kib("RssFile") / 1024,
+        "batch_rows": sum(len(mb["input_ids"]) for mb in batch),
+        "documents": loader.documents.documents,
+    }
+
+
+def run_baseline(args) -> dict:
+    from training import loader_plan
+
+    base = status_kib("RssAnon")
+    t0 = time.perf_counter()
+    with PeakAnon() as peak:
+        lengths = np.fromfile(Path(args.dir) / INDEX_DIR / DOC_TOKENS, np.uint32)  # what the old open held
+        t1 = time.perf_counter()
+        loader_plan.EpochPlan(loader_plan.DocBlocks(lengths), seed=0, epoch=0)
+        t2 = time.perf_counter()
+    return {
+        "read_s": t1 - t0,
+        "plan_s": t2 - t1,
+        "total_s": t2 - t0,
+        "base_anon_mib": base / 1024,
+        "peak_anon_mib": peak.peak / 1024,
+        "documents": len(lengths),
+    }
+
+
+def spawn(args, part: str, rank: int = 0) -> subprocess.Popen:
+    argv = [
+        sys.executable,
+        __file__,
+        "--part",
+        part,
+        "--dir",
+        args.dir,
+        "--rank",
+        str(rank),
+        "--ranks",
+        str(args.ranks),
+        "--val-fraction",
+        str(args.val_fraction),
+    ]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+
+
+def collect(p: subprocess.Popen) -> dict:
+    out, _ = p.communicate()
+    if p.returncode:
+        raise SystemExit(f"a bench process failed (exit {p.returncode})")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/tmp/gristmill-scale")
+    ap.add_argument("--docs", type=float, default=1.5e9)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument(
+        "--val-fraction", type=float, default=0.001, help="the FineWeb-Edu recipe's (0: none held out)"
+    )
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--part", choices=["main", "rank", "baseline"], default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.part != "main":
+        print(json.dumps(run_rank(args) if args.part == "rank" else run_baseline(args)))
+        return
+    info = make_dataset(Path(args.dir), int(args.docs))
+    index_bytes = sum(f["bytes"] for f in info["index"]["files"].values())
+    print(
+        f"dataset: {info['documents']:,} documents, {info['tokens']:,} tokens, {info['shards']:,} shards; "
+        f"index {index_bytes / 2**30:.1f} GiB; {os.cpu_count()} CPUs; val_fraction {args.val_fraction}"
+    )
+    t0 = time.perf_counter()  # warm the page cache as a node's first rank would: one read of the lengths
+    with open(Path(args.dir) / INDEX_DIR / DOC_TOKENS, "rb") as f:
+        while f.read(1 << 26):
+            pass
+    print(f"page cache warmed: doc_tokens.bin read in {time.perf_counter() - t0:.1f} s")
+    base = None
+    if not args.no_baseline:
+        base = collect(spawn(args, "baseline"))
+        BASE.append(base)
+        base["own_mib"] = base["peak_anon_mib"] - base["base_anon_mib"]
+        print(
+            f"baseline, the previous loader's open (lengths read into private memory, then the plan): "
+            f"{base['total_s']:.1f} s (read {base['read_s']:.1f} + plan {base['plan_s']:.1f}), private "
+            f"memory +{base['own_mib'] / 1024:.2f} GiB over the interpreter; the previous loader also kept "
+            f"shard and offset per document: +{info['documents'] * 6 / 2**30:.1f} GiB more per rank"
+        )
+    # The ranks share the split's block table through the loader's cache (training/loader.py):
+    # a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
+    import shutil
+
+    os.environ["GRISTMILL_CACHE"] = str(Path(args.dir) / "loader-cache")
+    shutil.rmtree(os.environ["GRISTMILL_CACHE"], ignore_errors=True)
+    for round_ in (1, 2):
+        ranks_at_once(args, "first open, empty cache" if round_ == 1 else "restart, cache filled")
+
+
+def ranks_at_once(args, what: str) -> list[dict]:
+    t0 = time.perf_counter()
+    procs = [spawn(args, "rank", r) for r in range(args.ranks)]
+    results = [collect(p) for p in procs]
+    wall = time.perf_counter() - t0
+    print(f"{args.ranks} ranks at once, {what} ({wall:.1f} s wall for all):")
+    print("rank  open s  plan s  1st batch s  total s  cpu s  private peak MiB (interpreter)  page cache MiB")
+    for r in results:
+        times = f"{r['open_s']:6.1f}  {r['plan_s']:6.1f}  {r['first_batch_s']:11.2f}  {r['total_s']:7.1f}"
+        mem = f"{r['peak_anon_mib']:16.0f} ({r['base_anon_mib']:.0f})  {r['file_mib']:14.0f}"
+        print(f"{r['rank']:>4}  {times}  {r['cpu_s']:5.1f}  {mem}")
+    worst_t = max(r["total_s"] for r in results)
+    worst_m = max(r["peak_anon_mib"] for r in results)
+    own = max(r["peak_anon_mib"] - r["base_anon_mib"] for r in results)
+    print(
+        f"worst rank: open + plan + first batch {worst_t:.1f} s (goal < 30 s: "
+        f"{'met' if worst_t < 30 else 'NOT met'}), private peak {worst_m / 1024:.2f} GiB with python+torch "
+        f"(goal < 1 GiB: {'met' if worst_m < 1024 else 'NOT met'}), of which the loader {own:.0f} MiB; "
+        f"{results[0]['documents']:,} documents in the split"
+    )
+    if BASE:
+        base = BASE[0]
+        print(
+            f"vs baseline: loader private memory {own / base['own_mib']:.3f}× (not counting the previous "
+            f"loader's other 6 bytes/doc), time per rank {worst_t / base['total_s']:.2f}× (baseline alone; "
+            f"the ranks {args.ranks} at once on {os.cpu_count()} CPUs)"
+        )
+    return results
+
+
+if __name__ == "__main__":
+    main()
