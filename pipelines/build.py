@@ -373,31 +373,39 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
 def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
-    from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
-    from pipelines.progress import Monitor
+    from pipelines.build_logs import QuietLocalExecutor
 
-    cfg = p.cfg
-    tasks = cfg.build.tasks
-    workers = min(cfg.build.workers or os.cpu_count() or 1, tasks)
+    tasks = p.cfg.build.tasks
+    workers = min(p.cfg.build.workers or os.cpu_count() or 1, tasks)
     # One tokenizer thread pool per worker process, sized so the workers share the cores.
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    logs = p.out / LOGS_DIR
-    executor = (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
-        pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=True
+    executor = lambda: (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
+        pipeline, tasks=tasks, workers=workers, logging_dir=str(p.out / LOGS_DIR), skip_completed=True
     )
-    where = "" if verbose else f"; datatrove's logs: {logs}/"
-    log(f"[build] {tasks} tasks on {workers} workers, {p.source.total_bytes / 1e6:,.1f} MB of input{where}")
+    _run_executor(p, executor, f"on {workers} workers", log, verbose)
+
+
+def _run_executor(p: Prepared, make_executor, where: str, log, verbose: bool) -> None:
+    """Run the tasks with `make_executor()`'s datatrove executor (made inside the log redirection:
+    executors log when made) under the progress Monitor; a failed task is a BuildError."""
+    from pipelines.build_logs import EXECUTOR_LOG, loguru_to
+    from pipelines.progress import Monitor
+
+    tasks = p.cfg.build.tasks
+    logs = p.out / LOGS_DIR
+    logs_note = "" if verbose else f"; datatrove's logs: {logs}/"
+    log(f"[build] {tasks} tasks {where}, {p.source.total_bytes / 1e6:,.1f} MB of input{logs_note}")
     monitor = Monitor(
         logs / "progress",
         logs / "completions",
         tasks,
         p.source.total_bytes,
-        cfg.build.progress_interval,
+        p.cfg.build.progress_interval,
         live=sys.stderr.isatty(),
     )
     try:
         with monitor, contextlib.nullcontext() if verbose else loguru_to(logs / EXECUTOR_LOG):
-            executor.run()
+            make_executor().run()
     except GristmillError:
         raise
     except Exception as e:
