@@ -2,8 +2,8 @@
 
 The driver does every check that can fail on bad input before a single task starts (config,
 source files or hub reachability, tokenizer and separator, free disk, a changed config in an
-existing output), then runs the datatrove pipeline with the local or the Slurm executor, and
-finally writes dataset.json and validates the result.
+existing output), then runs the datatrove pipeline with the local, the Ray or the Slurm executor,
+and finally writes dataset.json and validates the result.
 
 Resume: datatrove marks finished tasks in OUTPUT/logs/completions/ and skips them on a rerun; a
 killed task is redone from scratch (its outputs are a pure function of its input, so the shards
@@ -113,6 +113,14 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         _check_parquet_columns(cfg, source)
     elif cfg.source.kind == "jsonl":
         _check_jsonl_keys(cfg, source)
+    if cfg.build.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise BuildError(
+                "build.executor = \"ray\" needs Ray, which is not installed: pip install 'gristmill[ray]' "
+                "(or pip install 'ray[default]'), or use build.executor = \"local\""
+            ) from None
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
     if not cfg.shards.target_mb > 0:
@@ -366,7 +374,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         pipeline = make_pipeline(p)
         if p.cfg.build.executor == "slurm":
             return _submit_slurm(p, pipeline, log)
-        _run_local(p, pipeline, log, verbose)
+        (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, pipeline, log, verbose)
         return _finish(p.cfg, p.out, p.sha, p.encoder, log)
 
 
@@ -383,6 +391,24 @@ def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
         pipeline, tasks=tasks, workers=workers, logging_dir=str(p.out / LOGS_DIR), skip_completed=True
     )
     _run_executor(p, executor, f"on {workers} workers", log, verbose)
+
+
+def _run_ray(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
+    from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
+
+    rc = p.cfg.build.ray
+    with ray_cluster(rc, verbose, log) as where:
+        executor = lambda: GristmillRayExecutor(
+            pipeline,
+            tasks=p.cfg.build.tasks,
+            workers=p.cfg.build.workers or -1,
+            logging_dir=str(p.out / LOGS_DIR),
+            skip_completed=True,
+            cpus_per_task=rc.cpus_per_task,
+            mem_per_cpu_gb=rc.mem_per_cpu_gb,
+            verbose=verbose,
+        )
+        _run_executor(p, executor, where, log, verbose)
 
 
 def _run_executor(p: Prepared, make_executor, where: str, log, verbose: bool) -> None:
