@@ -2,8 +2,8 @@
 
 The driver does every check that can fail on bad input before a single task starts (config,
 source files or hub reachability, tokenizer and separator, free disk, a changed config in an
-existing output), then runs the datatrove pipeline with the local or the Slurm executor, and
-finally writes dataset.json and validates the result.
+existing output), then runs the datatrove pipeline with the local, the Ray or the Slurm executor,
+and finally writes dataset.json and validates the result.
 
 Resume: datatrove marks finished tasks in OUTPUT/logs/completions/ and skips them on a rerun; a
 killed task is redone from scratch (its outputs are a pure function of its input, so the shards
@@ -114,6 +114,14 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         _check_parquet_columns(cfg, source)
     elif cfg.source.kind == "jsonl":
         _check_jsonl_keys(cfg, source)
+    if cfg.build.executor == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise BuildError(
+                "build.executor = \"ray\" needs Ray, which is not installed: pip install 'gristmill[ray]' "
+                "(or pip install 'ray[default]'), or use build.executor = \"local\""
+            ) from None
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
     if not cfg.shards.target_mb > 0:
@@ -367,38 +375,64 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         pipeline = make_pipeline(p)
         if p.cfg.build.executor == "slurm":
             return _submit_slurm(p, pipeline, log)
-        _run_local(p, pipeline, log, verbose)
+        (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, pipeline, log, verbose)
         return _finish(p.cfg, p.out, p.sha, p.encoder, log)
 
 
 def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
     from datatrove.executor import LocalPipelineExecutor
 
-    from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
-    from pipelines.progress import Monitor
+    from pipelines.build_logs import QuietLocalExecutor
 
-    cfg = p.cfg
-    tasks = cfg.build.tasks
-    workers = min(cfg.build.workers or os.cpu_count() or 1, tasks)
+    tasks = p.cfg.build.tasks
+    workers = min(p.cfg.build.workers or os.cpu_count() or 1, tasks)
     # One tokenizer thread pool per worker process, sized so the workers share the cores.
     os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    logs = p.out / LOGS_DIR
-    executor = (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
-        pipeline, tasks=tasks, workers=workers, logging_dir=str(logs), skip_completed=True
+    executor = lambda: (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
+        pipeline, tasks=tasks, workers=workers, logging_dir=str(p.out / LOGS_DIR), skip_completed=True
     )
-    where = "" if verbose else f"; datatrove's logs: {logs}/"
-    log(f"[build] {tasks} tasks on {workers} workers, {p.source.total_bytes / 1e6:,.1f} MB of input{where}")
+    _run_executor(p, executor, f"on {workers} workers", log, verbose)
+
+
+def _run_ray(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
+    from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
+
+    rc = p.cfg.build.ray
+    with ray_cluster(rc, verbose, log) as where:
+        executor = lambda: GristmillRayExecutor(
+            pipeline,
+            tasks=p.cfg.build.tasks,
+            workers=p.cfg.build.workers or -1,
+            logging_dir=str(p.out / LOGS_DIR),
+            skip_completed=True,
+            cpus_per_task=rc.cpus_per_task,
+            mem_per_cpu_gb=rc.mem_per_cpu_gb,
+            verbose=verbose,
+        )
+        _run_executor(p, executor, where, log, verbose)
+
+
+def _run_executor(p: Prepared, make_executor, where: str, log, verbose: bool) -> None:
+    """Run the tasks with `make_executor()`'s datatrove executor (made inside the log redirection:
+    executors log when made) under the progress Monitor; a failed task is a BuildError."""
+    from pipelines.build_logs import EXECUTOR_LOG, loguru_to
+    from pipelines.progress import Monitor
+
+    tasks = p.cfg.build.tasks
+    logs = p.out / LOGS_DIR
+    logs_note = "" if verbose else f"; datatrove's logs: {logs}/"
+    log(f"[build] {tasks} tasks {where}, {p.source.total_bytes / 1e6:,.1f} MB of input{logs_note}")
     monitor = Monitor(
         logs / "progress",
         logs / "completions",
         tasks,
         p.source.total_bytes,
-        cfg.build.progress_interval,
+        p.cfg.build.progress_interval,
         live=sys.stderr.isatty(),
     )
     try:
         with monitor, contextlib.nullcontext() if verbose else loguru_to(logs / EXECUTOR_LOG):
-            executor.run()
+            make_executor().run()
     except GristmillError:
         raise
     except Exception as e:

@@ -132,15 +132,33 @@ class SlurmConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str = "local"
+    """The Ray cluster that runs the tasks, unless the process calling build() is already connected
+    to one (ray.init() before it). "local": a Ray instance started on this machine for the build
+    (all its CPUs, no dashboard) and stopped after it; "auto": the cluster started on this machine
+    with `ray start` (or named by RAY_ADDRESS); "HOST:PORT": a running cluster's head node. Every
+    node must see the output directory (and a local source) at the same path, and have gristmill."""
+    cpus_per_task: int = 1
+    """CPUs Ray reserves per task (the tokenizer uses them: RAYON_NUM_THREADS is set to this)."""
+    mem_per_cpu_gb: float = 2.0
+    """Memory Ray reserves per reserved CPU, in GB (a scheduling reservation: a task waits until a
+    node has it free)."""
+
+
+@dataclass
 class BuildConfig:
-    executor: Literal["local", "slurm"] = "local"
+    executor: Literal["local", "slurm", "ray"] = "local"
     """"local": datatrove LocalPipelineExecutor on this machine; "slurm": SlurmPipelineExecutor (one
-    array job for the tasks, one dependent job that finalizes and validates)."""
+    array job for the tasks, one dependent job that finalizes and validates); "ray":
+    RayPipelineExecutor on a Ray cluster (`pip install 'gristmill[ray]'`), finalized and validated
+    by this process like a local build."""
     tasks: int = 0
     """Number of datatrove tasks (each reads every tasks-th input file and writes its own shards).
     0: one task per input file."""
     workers: int = 0
-    """Tasks run at the same time (local executor). 0: min(tasks, CPU count)."""
+    """Tasks run at the same time. local: 0 is min(tasks, CPU count); slurm: the array's %
+    throttle, 0 is none; ray: 0 is as many as the cluster's free resources allow."""
     progress_interval: float = 10.0
     """Seconds between progress lines (docs/s, tokens/s, tasks done, ETA)."""
     min_free_gb: float = 1.0
@@ -150,6 +168,8 @@ class BuildConfig:
     """Run `gristmill data validate` on the finished dataset (the build fails if it fails)."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Used when executor = "slurm"."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Used when executor = "ray"."""
 
 
 @dataclass

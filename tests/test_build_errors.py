@@ -7,6 +7,7 @@ reason or kept as text; see test_build.py and test_sources.py.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import huggingface_hub.constants
 import pyarrow as pa
@@ -187,26 +188,32 @@ def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tm
         assert (out / name).read_text() == '{"cut off'  # nothing rewritten
 
 
-def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tmp_path, capsys):
-    # Found only while a task reads (the file lists fine): the task fails, datatrove's task log
-    # line and the driver's line name the file, and no traceback is printed.
+def assert_task_failure_is_one_error(capsys, config: Path, tmp_path: Path, *overrides: str) -> None:
+    """A one-task build of a truncated jsonl file (it lists fine and fails only once a task reads
+    it) ends with one error line naming the file, no traceback and no dataset.json."""
     import json
 
     import zstandard
 
-    _, _, config = build_fixture
     lines = [json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}) for i in range(400)]
     data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
-    argv = build_argv(config, tmp_path / "o", "source.kind=jsonl", f"source.path={tmp_path / 'src'}")
+    src = tmp_path / "src" / "cut.jsonl.zst"
+    src.parent.mkdir()
+    src.write_bytes(data[: len(data) // 2])
+    overrides = ("source.kind=jsonl", f"source.path={src.parent}", "build.tasks=1", *overrides)
     capsys.readouterr()
-    assert main(argv + ["--set", "build.tasks=1", "--set", "build.workers=1"]) == 2
+    assert main(build_argv(config, tmp_path / "o", *overrides)) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err, err[-3000:]
     last = err.strip().splitlines()[-1]
-    assert last.startswith(f"error: {tmp_path / 'src' / 'cut.jsonl.zst'} cannot be read as jsonl"), last
+    assert last.startswith(f"error: {src} cannot be read as jsonl"), last
     assert not (tmp_path / "o" / "dataset.json").exists()
+
+
+def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tmp_path, capsys):
+    # Found only while a task reads (the file lists fine): the task fails, datatrove's task log
+    # line and the driver's line name the file, and no traceback is printed.
+    assert_task_failure_is_one_error(capsys, build_fixture[2], tmp_path, "build.workers=1")
 
 
 def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
