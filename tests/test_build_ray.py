@@ -44,7 +44,7 @@ def assert_same_dataset(a: Path, b: Path) -> None:
 
     names = files(a)
     assert names == files(b)
-    assert {"shards", "manifest", "excluded", "tokenizer.json", "dataset.json", "build.json"} <= {
+    assert {"shards", "manifest", "excluded", "index", "tokenizer.json", "dataset.json", "build.json"} <= {
         Path(n).parts[0] for n in names
     }
     for name in names:
