@@ -227,8 +227,18 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
             f"{info['shards']:,}",
             f"{sum(f['bytes'] for f in info['shard_files'].values()) / 1e6:.1f} MB",
         ),
-        ("validation", *validation),
     ]
+    if "index" in info:  # the loader reads this, never the manifest (training/dataset_index.py)
+        files = info["index"]["files"]
+        size = sum(f["bytes"] for f in files.values())
+        rows.append(
+            (
+                "loader index",
+                f"{len(files)} files",
+                f"{size / 1e6:.1f} MB" if size >= 1e5 else f"{size / 1e3:.1f} kB",
+            )
+        )
+    rows.append(("validation", *validation))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     return "\n".join(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)
