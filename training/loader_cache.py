@@ -60,9 +60,14 @@ def shared(
             table = compute()
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
-            save(table, tmp)
-            os.replace(tmp, path)
+            try:
+                tmp.mkdir()
+                save(table, tmp)
+                os.replace(tmp, path)
+            except OSError as e:  # a full or read-only disk: keep the table computed here
+                shutil.rmtree(tmp, ignore_errors=True)
+                log.warning("loader: cannot save %s to %s (%s); using it unshared", kind, path, e)
+                return table
             return load(path)
     except OSError as e:
         log.warning("loader: cannot share %s through %s (%s); computing it here", kind, path, e)
