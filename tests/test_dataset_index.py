@@ -222,3 +222,72 @@ def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, cap
     with caplog.at_level("WARNING", logger="training.loader"):
         assert _hashes(_loader(root, **kw), 3) == want
     assert "computing it here" in caplog.text
+
+
+def test_fingerprint_before_index_is_recomputed_never_trusted(corpus, tmp_path):
+    """`data index` refuses an edited fingerprint; a hand-written fingerprint_before_index (or a
+    state without a fingerprint) does not let a foreign checkpoint resume."""
+    root = tmp_path / "edited"
+    shutil.copytree(corpus[0], root)
+    _strip_index(root)
+    info = read_dataset_info(root)
+    (root / DATASET_JSON).write_text(json.dumps({**info, "fingerprint": "f" * 64}))
+    with pytest.raises(DatasetError, match="recorded fingerprint does not match"):
+        cli_index(root)
+    (root / DATASET_JSON).write_text(json.dumps(info))
+    cli_index(root)
+    state = _loader(root).state_dict()
+    info = read_dataset_info(root)
+    (root / DATASET_JSON).write_text(json.dumps({**info, "fingerprint_before_index": "f" * 64}))
+    for bad in ("f" * 64, None):
+        with pytest.raises(LoaderStateError, match="the dataset changed"):
+            _loader(root).load_state_dict({**state, "fingerprint": bad})
+    report = validate_dataset(root, progress=False, write=False)
+    assert [str(p) for p in report.problems] == [
+        "dataset.json: fingerprint_before_index does not match its fields (edited)"
+    ]
+
+
+def cli_index(root: Path) -> None:
+    from training.dataset_index import index_dataset
+
+    index_dataset(root, log=lambda *a: None)
+
+
+def test_cache_entry_missing_an_array_is_recomputed(corpus, tmp_path, monkeypatch, caplog):
+    """An entry without the held-out split's first rows must not read as 'nothing held out'."""
+    from training import loader_cache
+
+    root, _ = corpus
+    want = _hashes(_loader(root, val_fraction=0.2), 3)
+    monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+    monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
+    _loader(root, val_fraction=0.2)
+    for p in (tmp_path / "cache").glob("*/_first_row.npy"):
+        p.unlink()
+    with caplog.at_level("WARNING", logger="training.loader"):
+        assert _hashes(_loader(root, val_fraction=0.2), 3) == want
+    assert "_first_row missing" in caplog.text
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
+    """A pickled batch builder (what spawn/forkserver DataLoader workers receive) carries no
+    per-document array: the clone maps the index (and cached tables) again and builds the same batch."""
+    from training import loader_cache
+
+    root, _ = corpus
+    if cached:
+        monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+        monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
+    loader = _loader(root, val_fraction=0.2)
+    builder = loader.builder
+    builder.batch(0)  # plans epoch 0: the plan must not travel either
+    blob = pickle.dumps(builder)
+    clone = pickle.loads(blob)
+    assert np.asarray(loader.documents.lengths).tobytes() not in blob  # no copy of the lengths
+    assert np.asarray(loader.documents.index.offsets).tobytes() not in blob
+    if cached:  # cached tables travel as paths too
+        assert np.asarray(builder.plan(0).block_order).tobytes() not in blob
+    assert isinstance(clone.docs.lengths, np.memmap) and clone.docs.lengths.filename
+    assert batch_sha256(clone.batch(5)) == batch_sha256(builder.batch(5))

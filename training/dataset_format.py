@@ -114,6 +114,14 @@ def fingerprint(info: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
+def fingerprint_before_index(info: dict[str, Any]) -> str | None:
+    """The fingerprint the dataset had before `gristmill data index` added its index, recomputed
+    from the fields (never taken from the stored copy), or None when it was built with one."""
+    if "fingerprint_before_index" not in info:
+        return None
+    return fingerprint({k: v for k, v in info.items() if k != "index"})
+
+
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
     """Read and sanity-check dataset.json (cheap: no shard is hashed here)."""
     root = Path(root)

@@ -151,13 +151,16 @@ def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     `gristmill data index` (or build finalize) simply redoes.
     """
     root = Path(root)
-    tmp, final = root / _TMP, root / INDEX_DIR
+    tmp, final, old = root / _TMP, root / INDEX_DIR, root / (INDEX_DIR + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    entry = _describe(derive_index(root, info), tmp)
+    shutil.rmtree(old, ignore_errors=True)  # left by a crash between the two renames below
+    try:
+        tmp.mkdir()
+        entry = _describe(derive_index(root, info), tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
-        old = root / (INDEX_DIR + ".old")
-        shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old)
@@ -265,6 +268,11 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
 
     root = Path(root)
     info = read_dataset_info(root)
+    if fingerprint(info) != info["fingerprint"]:
+        raise DatasetError(
+            f"{root / DATASET_JSON}: the recorded fingerprint does not match the file's contents (edited); "
+            f"check it with `gristmill data validate {root}` and rebuild the dataset"
+        )
     entry = info.get("index")
     if entry is not None:
         bad = [
@@ -279,17 +287,20 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
             )
             return info
         log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
-    new = write_index(root, info)
     if entry is not None:
-        if {n: f["sha256"] for n, f in new["files"].items()} != {
+        # Compare before replacing anything: a manifest that changed must not leave index/ rewritten.
+        derived = expected_index(root, info)
+        if {n: f["sha256"] for n, f in derived["files"].items()} != {
             n: f["sha256"] for n, f in entry["files"].items()
         }:
             raise DatasetError(
                 f"{root}: the index derived from manifest/ differs from the one {DATASET_JSON} records: the "
                 "manifest changed after the build; rebuild the dataset"
             )
+        write_index(root, info)
         log(f"repaired {root / INDEX_DIR}")
         return info
+    new = write_index(root, info)
     info = {**info, "index": new, "fingerprint_before_index": info["fingerprint"]}
     info["fingerprint"] = fingerprint(info)
     write_dataset_info(root, info)

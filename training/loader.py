@@ -40,6 +40,7 @@ from training.dataset_format import (
     DatasetError,
     file_sha256,
     fingerprint,
+    fingerprint_before_index,
     numpy_dtype,
     read_dataset_info,
 )
@@ -123,8 +124,9 @@ class DocumentTable:
         if self.blocks.total_tokens != info["tokens"]:
             raise DatasetError(
                 f"{self.root / INDEX_DIR}: the index holds {self.blocks.total_tokens} tokens but {where} "
-                f"records {info['tokens']}: the index does not match the dataset; rerun "
-                f"`gristmill data index {self.root}`"
+                f"records {info['tokens']}: one of them was edited or damaged; `gristmill data validate "
+                f"{self.root}` says which (rebuild the dataset, or rerun `gristmill data index` for a "
+                "damaged index)"
             )
         self._check_members()
         self.documents = self.blocks.n  # in this split
@@ -139,7 +141,7 @@ class DocumentTable:
             return compute()
         return loader_cache.shared(
             "blocks",
-            {"fingerprint": self.info["fingerprint"], **args, "v": 1},
+            {"fingerprint": self.info["fingerprint"], **args, "plan": loader_plan.plan_version(block_docs)},
             compute,
             loader_plan.DocBlocks.save,
             lambda path: loader_plan.DocBlocks.load(path, self.lengths, **args),
@@ -196,8 +198,14 @@ class DocumentTable:
         """Manifest rows of this split's documents number `docs` (0 = the split's first)."""
         return self.blocks.doc_rows(docs)
 
-    def __getstate__(self) -> dict[str, Any]:  # memory maps are per process: reopened lazily
-        return {**self.__dict__, "_maps": OrderedDict()}
+    # Pickled for spawn/forkserver DataLoader workers: memory maps travel as paths, never as data
+    # (pickling an np.memmap copies it: 6 GB per worker at 1.5B documents).
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": OrderedDict(), "lengths": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.lengths = self.blocks.lengths = self.index.tokens
 
     def _map(self, shard: int) -> mmap.mmap:
         m = self._maps.get(shard)
@@ -290,6 +298,9 @@ class BatchBuilder:
         )
         self._plan: loader_plan.EpochPlan | None = None
 
+    def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
+        return {**self.__dict__, "_plan": None}
+
     def plan(self, epoch: int) -> loader_plan.EpochPlan:
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = None  # free the previous epoch's plan before building the next
@@ -308,6 +319,7 @@ class BatchBuilder:
                         "group_blocks": gb,
                         "seed": seed,
                         "epoch": epoch,
+                        "plan": loader_plan.plan_version(blocks.block_docs, gb),
                         "v": 1,
                     },
                     compute,
@@ -507,7 +519,7 @@ class TokenLoader:
         if missing:
             raise LoaderStateError(f"loader state lacks {missing}; it was not written by this loader")
         for key, ours in self._identity.items():
-            if key == "fingerprint" and sd[key] == self.info.get("fingerprint_before_index"):
+            if key == "fingerprint" and sd[key] == fingerprint_before_index(self.info):
                 continue  # `gristmill data index` added the index: same shards, same order
             if sd[key] != ours:
                 raise LoaderStateError(

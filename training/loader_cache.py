@@ -49,26 +49,27 @@ def shared(
     path = cache_dir() / f"{kind}-{digest}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
-            try:
-                return load(path)
-            except (OSError, ValueError) as e:
-                if path.exists():
-                    log.warning("loader: recomputing the damaged cache entry %s (%s)", path, e)
-                    shutil.rmtree(path, ignore_errors=True)
-            table = compute()
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            try:
-                tmp.mkdir()
-                save(table, tmp)
-                os.replace(tmp, path)
-            except OSError as e:  # a full or read-only disk: keep the table computed here
-                shutil.rmtree(tmp, ignore_errors=True)
-                log.warning("loader: cannot save %s to %s (%s); using it unshared", kind, path, e)
-                return table
-            return load(path)
+        lock = open(path.with_suffix(".lock"), "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
     except OSError as e:
         log.warning("loader: cannot share %s through %s (%s); computing it here", kind, path, e)
         return compute()
+    with lock:
+        try:
+            return load(path)
+        except (OSError, ValueError) as e:
+            if path.exists():
+                log.warning("loader: recomputing the damaged cache entry %s (%s)", path, e)
+                shutil.rmtree(path, ignore_errors=True)
+        table = compute()  # its own errors propagate: they are not the cache's
+        tmp = path.with_name(f"{path.name}.{os.uname().nodename}.{os.getpid()}.tmp")
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            save(table, tmp)
+            os.replace(tmp, path)
+            return load(path)
+        except (OSError, ValueError) as e:  # a full or read-only disk: keep the table computed here
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.warning("loader: cannot save %s to %s (%s); using it unshared", kind, path, e)
+            return table

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -270,9 +271,36 @@ class DocBlocks:
         for name in cls._ARRAYS:
             f = path / f"{name}.npy"
             setattr(self, name, np.load(f, mmap_mode="r") if f.is_file() else None)
-        if self.block_tokens is None or len(self.block_tokens) != -(-self.n // block_docs):
-            raise ValueError(f"{path}: block table of the wrong length")
+        # Exactly the arrays this split needs, of the right lengths: a missing _first_row would
+        # otherwise read as "nothing held out" and put held-out documents into training.
+        nblocks = -(-self.n // block_docs)
+        need = {
+            "block_tokens": nblocks,
+            "_first_row": nblocks if split == "train" and val_fraction > 0 else None,
+            "_val_rows": self.n if split == "val" else None,
+        }
+        for name, length in need.items():
+            arr = getattr(self, name)
+            if (arr is None) != (length is None) or (arr is not None and len(arr) != length):
+                raise ValueError(f"{path}: {name} missing, unexpected or of the wrong length")
+        if int(np.asarray(self.block_tokens).sum(dtype=np.int64)) != self.tokens:
+            raise ValueError(f"{path}: block totals do not add up to the split's {self.tokens} tokens")
         return self
+
+    # Pickled for spawn/forkserver workers: the owner re-points `lengths` at the index; arrays
+    # loaded from the cache travel as their .npy paths, not as copies.
+    def __getstate__(self) -> dict[str, Any]:
+        state = {**self.__dict__, "lengths": None}
+        for name in self._ARRAYS:
+            if isinstance(state[name], np.memmap):
+                state[name] = ("npy", state[name].filename)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name in self._ARRAYS:
+            if isinstance(state[name], tuple):
+                state[name] = np.load(state[name][1], mmap_mode="r")
+        self.__dict__.update(state)
 
     def rows(self, blocks: np.ndarray) -> np.ndarray:
         """Manifest rows of the documents of `blocks`, block after block, each in manifest order."""

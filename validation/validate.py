@@ -51,6 +51,7 @@ from training.dataset_format import (
     DatasetError,
     file_sha256,
     fingerprint,
+    fingerprint_before_index,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
@@ -602,6 +603,9 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> N
     """The loader index: on disk as dataset.json records it, and what the manifest implies."""
     entry = info.get("index")
     fix = f"run `gristmill data index {root}`"
+    before = info.get("fingerprint_before_index")
+    if before is not None and before != fingerprint_before_index(info):
+        problems.append(Problem("fingerprint_before_index does not match its fields (edited)", DATASET_JSON))
     if entry is None:
         problems.append(Problem(f"no loader index recorded, so the loader cannot open it; {fix}", INDEX_DIR))
         return
