@@ -95,6 +95,11 @@ def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def index_hashes(entry: dict[str, Any]) -> dict[str, str]:
+    """{file name: sha256} of dataset.json's "index" entry (or of one derived from the manifest)."""
+    return {name: f["sha256"] for name, f in sorted(entry["files"].items())}
+
+
 def fingerprint(info: dict[str, Any]) -> str:
     """Identity of the token stream: shard contents, tokenizer, dtype and separator policy.
 
@@ -110,8 +115,18 @@ def fingerprint(info: dict[str, Any]) -> str:
         "shard_files": {name: f["sha256"] for name, f in sorted(info["shard_files"].items())},
     }
     if "index" in info:
-        ident["index"] = {name: f["sha256"] for name, f in sorted(info["index"]["files"].items())}
+        ident["index"] = index_hashes(info["index"])
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:
+    """Refuse a dataset.json whose recorded fingerprint is not the one its fields give (edited)."""
+    if fingerprint(info) != info["fingerprint"]:
+        raise DatasetError(
+            f"{Path(root) / DATASET_JSON}: the recorded fingerprint does not match the file's contents "
+            f"({info['fingerprint'][:12]}… recorded, {fingerprint(info)[:12]}… computed): dataset.json was "
+            "edited; rebuild the dataset"
+        )
 
 
 def fingerprint_before_index(info: dict[str, Any]) -> str | None:

@@ -29,13 +29,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from training.dataset_format import DATASET_JSON, DatasetError, manifest_files, numpy_dtype
+from training.dataset_format import (
+    DATASET_JSON,
+    DatasetError,
+    file_sha256,
+    index_hashes,
+    manifest_files,
+    numpy_dtype,
+)
 
 INDEX_DIR = "index"
 INDEX_FORMAT = "gristmill-index/1"
 DOC_TOKENS = "doc_tokens.bin"
 DOC_OFFSETS = "doc_offsets.bin"
 SHARD_ROWS = "shard_rows.bin"
+_DTYPES = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}  # dataset.json name → on disk
 _TMP = INDEX_DIR + ".tmp"  # built here, then renamed over index/ (validate flags it if left over)
 
 
@@ -140,7 +148,7 @@ def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None) -> dic
 
 
 def _dtype_name(dtype: np.dtype) -> str:
-    return {np.dtype("<u4"): "uint32", np.dtype("<u8"): "uint64"}[np.dtype(dtype)]
+    return next(name for name, d in _DTYPES.items() if d == np.dtype(dtype))
 
 
 def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +175,18 @@ def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     else:
         os.replace(tmp, final)
     return entry
+
+
+def damaged_files(root: str | Path, entry: dict[str, Any]) -> dict[str, str]:
+    """{file name: "missing" | "damaged"} for index files not as dataset.json's entry records them."""
+    bad = {}
+    for name, spec in sorted(entry["files"].items()):
+        path = Path(root) / INDEX_DIR / name
+        if not path.is_file():
+            bad[name] = "missing"
+        elif file_sha256(path) != spec["sha256"]:
+            bad[name] = "damaged"
+    return bad
 
 
 def expected_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -212,7 +232,12 @@ class DocIndex:
                     f"{spec['bytes']} bytes: the index was damaged or replaced; rerun "
                     f"`gristmill data index {root}`"
                 )
-            self._files[name] = (path, np.dtype("<u4" if spec["dtype"] == "uint32" else "<u8"))
+            if spec.get("dtype") not in _DTYPES:
+                raise DatasetError(
+                    f"{where}: index file {name} has dtype {spec.get('dtype')!r}, not one of "
+                    f"{sorted(_DTYPES)}; rerun `gristmill data index {root}`"
+                )
+            self._files[name] = (path, _DTYPES[spec["dtype"]])
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
         n = int(info["documents"])
@@ -264,35 +289,22 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     `fingerprint_before_index` and the loader accepts checkpoints that recorded it: the token
     stream is the same shards in the same order.
     """
-    from training.dataset_format import file_sha256, fingerprint, read_dataset_info, write_dataset_info
+    from training.dataset_format import check_fingerprint, fingerprint, read_dataset_info, write_dataset_info
 
     root = Path(root)
     info = read_dataset_info(root)
-    if fingerprint(info) != info["fingerprint"]:
-        raise DatasetError(
-            f"{root / DATASET_JSON}: the recorded fingerprint does not match the file's contents (edited); "
-            f"check it with `gristmill data validate {root}` and rebuild the dataset"
-        )
+    check_fingerprint(root, info)
     entry = info.get("index")
     if entry is not None:
-        bad = [
-            name
-            for name, spec in entry["files"].items()
-            if not (root / INDEX_DIR / name).is_file()
-            or file_sha256(root / INDEX_DIR / name) != spec["sha256"]
-        ]
+        bad = damaged_files(root, entry)
         if not bad:
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
             )
             return info
         log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
-    if entry is not None:
         # Compare before replacing anything: a manifest that changed must not leave index/ rewritten.
-        derived = expected_index(root, info)
-        if {n: f["sha256"] for n, f in derived["files"].items()} != {
-            n: f["sha256"] for n, f in entry["files"].items()
-        }:
+        if index_hashes(expected_index(root, info)) != index_hashes(entry):
             raise DatasetError(
                 f"{root}: the index derived from manifest/ differs from the one {DATASET_JSON} records: the "
                 "manifest changed after the build; rebuild the dataset"

@@ -38,8 +38,8 @@ from training.dataset_format import (
     SHARDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
+    check_fingerprint,
     file_sha256,
-    fingerprint,
     fingerprint_before_index,
     numpy_dtype,
     read_dataset_info,
@@ -89,11 +89,7 @@ class DocumentTable:
         self.split, self.val_fraction = split, val_fraction
         self.info = info = read_dataset_info(self.root)
         where = self.root / DATASET_JSON
-        if fingerprint(info) != info["fingerprint"]:
-            raise DatasetError(
-                f"{where}: the recorded fingerprint {info['fingerprint'][:12]}… does not match the file's "
-                f"contents ({fingerprint(info)[:12]}…): dataset.json was edited; rebuild the dataset"
-            )
+        check_fingerprint(self.root, info)
         if expect_vocab_size is not None and expect_vocab_size != info["vocab_size"]:
             raise DatasetError(
                 f"{where}: the dataset was tokenized with vocab_size {info['vocab_size']}, but the model "
@@ -136,15 +132,15 @@ class DocumentTable:
     def _split_blocks(self, split: str, val_fraction: float, block_docs: int) -> loader_plan.DocBlocks:
         """The split's block table, shared between the processes of a node (training/loader_cache.py)."""
         args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
-        compute = lambda: loader_plan.DocBlocks(self.lengths, **args)  # noqa: E731
-        if len(self.lengths) < loader_cache.MIN_DOCS:
-            return compute()
+        # Everything the split's tables depend on; the epoch plan's key adds seed, epoch, group size.
+        self.cache_key = {"fingerprint": self.info["fingerprint"], **args}
         return loader_cache.shared(
             "blocks",
-            {"fingerprint": self.info["fingerprint"], **args, "plan": loader_plan.plan_version(block_docs)},
-            compute,
+            {**self.cache_key, "plan": loader_plan.plan_version(block_docs)},
+            lambda: loader_plan.DocBlocks(self.lengths, **args),
             loader_plan.DocBlocks.save,
             lambda path: loader_plan.DocBlocks.load(path, self.lengths, **args),
+            docs=len(self.lengths),
         )
 
     def _check_shard_sizes(self) -> None:
@@ -305,27 +301,19 @@ class BatchBuilder:
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = None  # free the previous epoch's plan before building the next
             blocks, seed, gb = self.docs.blocks, self.seed, self.group_blocks
-            compute = lambda: loader_plan.EpochPlan(blocks, seed, epoch, gb)  # noqa: E731
-            if self.docs.blocks.n_rows < loader_cache.MIN_DOCS:
-                self._plan = compute()
-            else:  # the same in every rank and worker: computed once per node
-                self._plan = loader_cache.shared(
-                    "plan",
-                    {
-                        "fingerprint": self.docs.info["fingerprint"],
-                        "split": self.docs.split,
-                        "val_fraction": self.docs.val_fraction,
-                        "block_docs": blocks.block_docs,
-                        "group_blocks": gb,
-                        "seed": seed,
-                        "epoch": epoch,
-                        "plan": loader_plan.plan_version(blocks.block_docs, gb),
-                        "v": 1,
-                    },
-                    compute,
-                    loader_plan.EpochPlan.save,
-                    lambda path: loader_plan.EpochPlan.load(path, blocks, seed, epoch, gb),
-                )
+            self._plan = loader_cache.shared(  # the same in every rank and worker: once per node
+                "plan",
+                {
+                    **self.docs.cache_key,
+                    "seed": seed,
+                    "epoch": epoch,
+                    "plan": loader_plan.plan_version(blocks.block_docs, gb),
+                },
+                lambda: loader_plan.EpochPlan(blocks, seed, epoch, gb),
+                loader_plan.EpochPlan.save,
+                lambda path: loader_plan.EpochPlan.load(path, blocks, seed, epoch, gb),
+                docs=blocks.n_rows,
+            )
         return self._plan
 
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

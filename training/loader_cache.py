@@ -39,12 +39,16 @@ def shared(
     compute: Callable[[], T],
     save: Callable[[T, Path], None],
     load: Callable[[Path], T],
+    docs: int,
 ) -> T:
     """`load(entry)` of the cache entry for (kind, key), made by `compute` + `save` if missing.
 
     `save` writes into a fresh directory; it becomes the entry by an atomic rename. `load` raises
-    OSError or ValueError for an entry that does not fit, which is then recomputed.
+    OSError or ValueError for an entry that does not fit, which is then recomputed. Tables over
+    fewer than MIN_DOCS documents are just computed.
     """
+    if docs < MIN_DOCS:
+        return compute()
     digest = hashlib.sha256(json.dumps({"kind": kind, **key}, sort_keys=True).encode()).hexdigest()[:24]
     path = cache_dir() / f"{kind}-{digest}"
     try:

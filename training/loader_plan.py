@@ -118,8 +118,13 @@ def heldout_mask(first_row: int, n: int, val_fraction: float) -> np.ndarray:
 def heldout_rows(rows: np.ndarray, val_fraction: float) -> np.ndarray:
     """heldout_mask for an arbitrary array of manifest rows."""
     x = np.array(rows, dtype=np.uint64, ndmin=1)
-    x ^= np.uint64(_VAL_SALT)
-    return _mix64_inplace(x, np.empty_like(x)) < _threshold(val_fraction)
+    return _held_inplace(x, np.empty_like(x), _threshold(val_fraction), np.empty(len(x), bool))
+
+
+def _held_inplace(rows: np.ndarray, tmp: np.ndarray, threshold: np.uint64, out: np.ndarray) -> np.ndarray:
+    """The held-out test on uint64 `rows`, overwriting them (and `tmp`); the mask lands in `out`."""
+    rows ^= np.uint64(_VAL_SALT)
+    return np.less(_mix64_inplace(rows, tmp), threshold, out=out)
 
 
 SCAN_ROWS = 1 << 18  # rows per step of the split scan: its buffers stay in the CPU's L2/L3 cache
@@ -197,12 +202,8 @@ class DocBlocks:
         for a in range(0, n, SCAN_ROWS):
             m = min(SCAN_ROWS, n - a)
             chunk = np.asarray(self.lengths[a : a + m])
-            x, h = buf[:m], held[:m]
-            np.add(iota[:m], np.uint64(a), out=x)
-            x ^= np.uint64(_VAL_SALT)
-            _mix64_inplace(x, tmp[:m])
-            np.less(x, threshold, out=h)
-            held_rows = np.flatnonzero(h)
+            x = np.add(iota[:m], np.uint64(a), out=buf[:m])
+            held_rows = np.flatnonzero(_held_inplace(x, tmp[:m], threshold, held[:m]))
             if keep_val:
                 self.total_tokens += int(chunk.sum(dtype=np.int64))
                 val_rows.append(held_rows + a)
@@ -350,7 +351,7 @@ class EpochPlan:
         nblocks = len(blocks.block_tokens)
         if nblocks == 0:
             raise ValueError("cannot plan an epoch over zero documents")
-        self.blocks, self.lengths = blocks, blocks.lengths
+        self.blocks = blocks
         self.seed, self.epoch = seed, epoch
         self.group_blocks = group_blocks
         self.block_order = hashed_order(
@@ -378,7 +379,7 @@ class EpochPlan:
     def load(cls, path: Path, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochPlan:
         """A saved plan, memory-mapped; ValueError if it does not fit `blocks`."""
         self = cls.__new__(cls)
-        self.blocks, self.lengths = blocks, blocks.lengths
+        self.blocks = blocks
         self.seed, self.epoch, self.group_blocks = seed, epoch, group_blocks
         self.block_order = np.load(path / "block_order.npy", mmap_mode="r")
         self.group_start = np.load(path / "group_start.npy", mmap_mode="r")
@@ -399,7 +400,7 @@ class EpochPlan:
         docs = self.blocks.rows(self.block_order[g * self.group_blocks : (g + 1) * self.group_blocks])
         docs = docs[hashed_order(len(docs), derive_key(self.seed, self.epoch, 1, g))]
         cum = np.zeros(len(docs) + 1, np.int64)
-        np.cumsum(self.lengths[docs], out=cum[1:])
+        np.cumsum(self.blocks.lengths[docs], out=cum[1:])
         if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
             self._groups.pop(next(iter(self._groups)))
         self._groups[g] = (docs, cum)

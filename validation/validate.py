@@ -52,11 +52,12 @@ from training.dataset_format import (
     file_sha256,
     fingerprint,
     fingerprint_before_index,
+    index_hashes,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
 )
-from training.dataset_index import INDEX_DIR, expected_index
+from training.dataset_index import INDEX_DIR, damaged_files, expected_index
 
 HELP = "re-read every shard and check separators, ids, manifest, hashes and fingerprint"
 VALIDATION_JSON = "validation.json"
@@ -609,20 +610,20 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> N
     if entry is None:
         problems.append(Problem(f"no loader index recorded, so the loader cannot open it; {fix}", INDEX_DIR))
         return
-    for name, spec in sorted(entry["files"].items()):
-        path = root / INDEX_DIR / name
-        if not path.is_file():
-            problems.append(Problem(f"missing, but dataset.json records it; {fix}", f"{INDEX_DIR}/{name}"))
-        elif file_sha256(path) != spec["sha256"]:
-            where = f"{INDEX_DIR}/{name}"
-            problems.append(Problem(f"sha256 differs from dataset.json (damaged); {fix}", where))
+    why = {
+        "missing": "missing, but dataset.json records it",
+        "damaged": "sha256 differs from dataset.json (damaged)",
+    }
+    for name, what in damaged_files(root, entry).items():
+        problems.append(Problem(f"{why[what]}; {fix}", f"{INDEX_DIR}/{name}"))
     try:
         derived = expected_index(root, info)
     except DatasetError as e:
         problems.append(Problem(f"cannot derive the index from the manifest: {e}", INDEX_DIR))
         return
-    for name, spec in sorted(derived["files"].items()):
-        if entry["files"].get(name, {}).get("sha256") != spec["sha256"]:
+    recorded = index_hashes(entry)
+    for name, sha in index_hashes(derived).items():
+        if recorded.get(name) != sha:
             problems.append(
                 Problem(
                     "dataset.json's record differs from the index the manifest implies; rebuild the dataset",
