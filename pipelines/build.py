@@ -239,25 +239,6 @@ def _input_changes(old: list[dict], new: list[dict], tasks: int, finished: set[i
     return out
 
 
-def _replaced_unfinished_inputs(old: dict, new: dict, finished: set[int]) -> list[str] | None:
-    """The input files whose size changed, if that is the only change and none of their tasks
-    finished (a task reads files[rank::tasks]; only finished tasks' inputs are frozen); else None."""
-    old_files, new_files = old.get("input_files") or [], new["input_files"]
-    same_rest = {k: v for k, v in old.items() if k != "input_files"} == {
-        k: v for k, v in new.items() if k != "input_files"
-    }
-    if not same_rest or [f["file"] for f in old_files] != [f["file"] for f in new_files]:
-        return None  # a file added or removed moves every later file to another task
-    tasks = new["tasks"]
-    changed = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
-    if any(i % tasks in finished for i in changed):
-        return None
-    return [
-        f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
-        for i in changed
-    ]
-
-
 @contextlib.contextmanager
 def _locked(out: Path):
     out.mkdir(parents=True, exist_ok=True)
@@ -286,18 +267,26 @@ def _check_output(p: Prepared, log=print) -> dict[str, Any] | None:
         )
         if old.get("config_sha256") != p.sha:
             finished = _finished_tasks(p.out)
-            replaced = _replaced_unfinished_inputs(old.get("identity", {}), p.identity, finished)
-            if replaced is not None:
-                # A re-downloaded input whose task never finished: that task reads the new file.
-                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
-                return _write_build_json(p)
             was = dict(old.get("identity", {}))
+            old_files, new_files = was.get("input_files") or [], p.identity["input_files"]
             changes = _diff(
                 {k: v for k, v in was.items() if k != "input_files"}, {**p.identity, "input_files": None}
             )
-            changes += _input_changes(
-                was.get("input_files") or [], p.identity["input_files"], p.cfg.build.tasks, finished
-            )
+            resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
+            # A re-downloaded input whose task never finished is fine: that task reads the new file
+            # (a task reads files[rank::tasks]; an added or removed file would move later ones).
+            if (
+                not changes
+                and [f["file"] for f in old_files] == [f["file"] for f in new_files]
+                and not any(i % p.identity["tasks"] in finished for i in resized)
+            ):
+                replaced = [
+                    f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
+                    for i in resized
+                ]
+                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
+                return _write_build_json(p)
+            changes += _input_changes(old_files, new_files, p.cfg.build.tasks, finished)
             raise BuildError(
                 f"{p.out} was built with a different config, refusing to mix the two (changed: "
                 f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
