@@ -136,9 +136,10 @@ class RayConfig:
     address: str = "local"
     """The Ray cluster that runs the tasks, unless the process calling build() is already connected
     to one (ray.init() before it). "local": a Ray instance started on this machine for the build
-    (all its CPUs, no dashboard) and stopped after it; "auto": the cluster started on this machine
-    with `ray start` (or named by RAY_ADDRESS); "HOST:PORT": a running cluster's head node. Every
-    node must see the output directory (and a local source) at the same path, and have gristmill."""
+    (all its CPUs, no dashboard, listening on 127.0.0.1 only) and stopped after it; "auto": the
+    cluster started on this machine with `ray start` (or named by RAY_ADDRESS); "HOST:PORT": a
+    running cluster's head node. Every node must see the output directory (and a local source) at
+    the same path, and have gristmill."""
     cpus_per_task: int = 1
     """CPUs Ray reserves per task (the tokenizer uses them: RAYON_NUM_THREADS is set to this)."""
     mem_per_cpu_gb: float = 2.0

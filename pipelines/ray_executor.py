@@ -13,11 +13,16 @@ Two things datatrove's Ray executor does differently from its local one, evened 
 - a task logs into {tempdir}/ray_logs/logs/task_NNNNN.log, copied to OUTPUT/logs/logs/ when it
   ends: one path per rank and node, so two builds on one node would write each other's task logs
   (or fail on another user's file). Each task gets its own temporary directory instead.
+
+A Ray instance started here (build.ray.address = "local") listens on loopback only: Ray's cluster
+API runs whatever code it is sent, so it must not be reachable from other machines
+(init_local_ray).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import pickle
@@ -31,10 +36,48 @@ from pipelines.config import RayConfig
 from training.errors import GristmillError
 
 ERRORS_DIR = "errors"
+LOOPBACK = "127.0.0.1"
+# Ray's switch for a local-only instance (its default on macOS and Windows); read when ray is imported.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayClusterError(GristmillError):
     """No Ray cluster to run the build on, or one too small for a single task."""
+
+
+def init_local_ray(**kwargs) -> None:
+    """ray.init() of a new Ray instance on this machine, without dashboard, that listens on 127.0.0.1
+    only; a RayClusterError (and no instance) where this Ray version would listen elsewhere.
+
+    Ray binds its servers (GCS, raylet, object manager, workers, dashboard/metrics and runtime-env
+    agents) to the node's IP address, which on Linux it takes to be the routable one: whoever can
+    reach the machine could submit work. ray.init(_node_ip_address="127.0.0.1") alone does not help:
+    Ray replaces a loopback address with that one. Ray's local-only mode does (node IP 127.0.0.1,
+    servers bound to it). It is switched on for the processes ray.init() starts (LOCAL_ONLY_ENV, in
+    the environment they inherit) and for this one (whose ray has read that variable already).
+    """
+    import ray
+    from ray._private import ray_constants
+
+    env, cluster = os.environ.get(LOCAL_ONLY_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[LOCAL_ONLY_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address=LOOPBACK, include_dashboard=False, **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
+        if env is None:
+            del os.environ[LOCAL_ONLY_ENV]
+        else:
+            os.environ[LOCAL_ONLY_ENV] = env
+    node_ip = ray.util.get_node_ip_address()
+    if not ipaddress.ip_address(node_ip).is_loopback:
+        ray.shutdown()
+        raise RayClusterError(
+            f'the Ray instance started for build.ray.address = "local" listens on {node_ip}, not on '
+            f"loopback only (Ray {ray.__version__} ignores {LOCAL_ONLY_ENV}=0); start a cluster "
+            '(`ray start --head`) and set build.ray.address to it, or use build.executor = "local"'
+        )
 
 
 @contextlib.contextmanager
@@ -45,15 +88,16 @@ def ray_cluster(rc: RayConfig, verbose: bool, log=print) -> Iterator[str]:
 
     connected_here = not ray.is_initialized()
     if connected_here:
+        options = dict(log_to_driver=verbose, logging_level=logging.INFO if verbose else logging.WARNING)
         try:
-            ray.init(
-                address=rc.address,
-                # The build's own progress line replaces the dashboard; a long-lived cluster
-                # (`ray start --head`) keeps its own.
-                **({"include_dashboard": False} if rc.address == "local" else {}),
-                log_to_driver=verbose,
-                logging_level=logging.INFO if verbose else logging.WARNING,
-            )
+            if rc.address == "local":
+                # Loopback only. The build's own progress line replaces the dashboard; a
+                # long-lived cluster (`ray start --head`) keeps its own.
+                init_local_ray(**options)
+            else:
+                ray.init(address=rc.address, **options)
+        except RayClusterError:
+            raise
         except (ConnectionError, ValueError, RuntimeError) as e:
             raise RayClusterError(
                 f"cannot connect to Ray at build.ray.address = {rc.address!r} ({type(e).__name__}: {e}); "

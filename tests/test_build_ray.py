@@ -2,16 +2,20 @@
 
 Its dataset is the local executor's byte for byte; a resume redoes only the tasks without a
 completion marker (whichever executor ran the others); a task's bad input is the same one-line
-error as with the local executor. Skipped where ray is not installed (`pip install 'gristmill[ray]'`).
+error as with the local executor; a Ray instance started here (the build's or the tests') listens
+on loopback only. Skipped where ray is not installed (`pip install 'gristmill[ray]'`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,24 +61,99 @@ def assert_same_dataset(a: Path, b: Path) -> None:
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+def listening_sockets(root_pid: int) -> set[tuple[str, int, int]]:
+    """(address, port, pid) of every TCP socket in LISTEN state held by process root_pid or one of
+    its descendants (the Ray processes a driver started: GCS, raylet, agents, workers)."""
+    parent: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    stat = f.read()
+            except OSError:  # exited meanwhile
+                continue
+            parent[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    family, grown = {root_pid}, True
+    while grown:
+        more = {pid for pid, ppid in parent.items() if ppid in family} - family
+        family |= more
+        grown = bool(more)
+    owner: dict[int, int] = {}  # socket inode -> pid
+    for pid in family:
+        try:
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                link = os.readlink(fd.path)
+                if link.startswith("socket:["):
+                    owner[int(link[8:-1])] = pid
+        except OSError:
+            continue
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] != "0A" or int(fields[9]) not in owner:  # 0A: LISTEN
+                continue
+            hexaddr, hexport = fields[1].split(":")
+            raw = bytes.fromhex(hexaddr)  # 32-bit words in host (little-endian) order
+            raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+            found.add((str(ipaddress.ip_address(raw)), int(hexport, 16), owner[int(fields[9])]))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_loopback or (ip.version == 6 and ip.ipv4_mapped is not None and ip.ipv4_mapped.is_loopback)
+
+
+def assert_loopback_only(sockets: set[tuple[str, int, int]]) -> None:
+    exposed = sorted(s for s in sockets if not is_loopback(s[0]))
+    assert not exposed, f"Ray listens beyond loopback (address, port, pid): {exposed}"
+
+
 def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fixture, tmp_path):
-    # build.ray.address = "local" (the default): the build starts a Ray instance and stops it.
+    # build.ray.address = "local" (the default): the build starts a Ray instance, on loopback
+    # only (whoever reaches a Ray port can run code on it), and stops it.
     pytest.importorskip("ray")
     _, _, config = build_fixture
     out = tmp_path / "ds"
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"]
         + ["--set", "build.executor=ray"],
         cwd=tmp_path,  # the Ray workers import gristmill as installed, not from the cwd
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=180,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[build] 2 tasks on Ray at " in proc.stdout and "(2 CPUs, 1 per task)" in proc.stdout
-    assert re.search(r"^  validation +OK ", proc.stdout, re.M), proc.stdout
+    # Every socket the build's processes listen on, sampled while it runs.
+    seen: set[tuple[str, int, int]] = set()
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            seen.update(listening_sockets(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        done.set()
+        sampler.join()
+        proc.kill()
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert_loopback_only(seen)
+    # The first line says where: the GCS address, which the sampling saw listening.
+    gcs = re.search(r"^\[build\] 2 tasks on Ray at ([\d.]+):(\d+) \(2 CPUs, 1 per task\)", stdout, re.M)
+    assert gcs and gcs[1] == "127.0.0.1", stdout[:3000]
+    assert int(gcs[2]) in {port for _, port, _ in seen}, (gcs[0], seen)
+    assert re.search(r"^  validation +OK ", stdout, re.M), stdout
     # Quiet as the local executor: task logs in their files (copied from the Ray node), not here.
-    assert "Launching pipeline" not in proc.stderr, proc.stderr[-3000:]
+    assert "Launching pipeline" not in stderr, stderr[-3000:]
     for rank in (0, 1):
         assert "Processing done for rank=" in (out / "logs" / "logs" / f"task_{rank:05d}.log").read_text()
     assert_same_dataset(out, built_dataset)
@@ -82,11 +161,20 @@ def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fix
 
 @pytest.fixture(scope="module")
 def ray_instance():
-    """One Ray instance for the in-process builds below; build() uses it as it is connected."""
+    """One Ray instance for the in-process builds below; build() uses it as it is connected. Started
+    as the build starts its own: loopback only, which is checked once the builds ran their tasks."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    from pipelines.ray_executor import init_local_ray
+
+    init_local_ray(num_cpus=2, log_to_driver=False)
+    try:
+        yield ray
+        sockets = listening_sockets(os.getpid())
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+        assert len(sockets) >= 3, sockets  # GCS, raylet, workers… (this process's descendants)
+        assert_loopback_only(sockets)
+    finally:
+        ray.shutdown()
 
 
 def test_ray_resumes_a_local_build_redoing_only_unfinished_tasks(
