@@ -8,7 +8,9 @@ can decode any batch back into (document, position) pairs and check order, cover
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import torch
 from pipelines.cli import main as cli
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from training import loader_plan
-from training.dataset_format import DatasetError, read_dataset_info
+from training.dataset_format import DatasetError, numpy_dtype, read_dataset_info
 from training.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -379,25 +381,80 @@ def test_changed_parameter_under_resume_is_refused(corpus, key, new):
     assert f"{key}={state[key]!r}" in msg and f"{key}={args[key]!r}" in msg
 
 
+def task0_manifest(root: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(root / "manifest" / "00000.parquet").to_pylist()
+
+
+def overwrite_token(root: Path, row: dict, index: int, value: int) -> None:
+    """Token `index` of the document at manifest `row` becomes `value`, in place. Same size, so
+    dataset.json's cheap checks pass; only the on-the-fly check can see it."""
+    dtype = numpy_dtype(read_dataset_info(root)["dtype"])
+    with open(root / "shards" / row["shard"], "r+b") as f:
+        f.seek(row["offset"] + dtype.itemsize * index)
+        f.write(np.array([value], dtype).tobytes())
+
+
+def corrupt(root: Path, corruption: str) -> dict:
+    """One corrupted token in a document of task 0; returns its manifest row."""
+    row = next(r for r in task0_manifest(root)[5:] if r["n_tokens"] >= 5)
+    index = row["n_tokens"] - 1 if corruption == "separator-missing" else 2
+    value = {"separator-inside": SEP, "separator-missing": 12345, "id-out-of-vocab": 1 << 20}[corruption]
+    overwrite_token(root, row, index, value)
+    return row
+
+
 @pytest.mark.parametrize("corruption", ["separator-inside", "separator-missing", "id-out-of-vocab"])
 def test_separator_check_catches_a_corrupted_window(tmp_path, corruption):
     make_dataset(tmp_path, n_docs=60)
-    import pyarrow.parquet as pq
-
-    manifest = pq.read_table(tmp_path / "manifest" / "00000.parquet").to_pylist()
-    row = next(r for r in manifest[5:] if r["n_tokens"] >= 5)
-    # Same size, so dataset.json's cheap checks pass; only the on-the-fly check can see it.
-    index = row["n_tokens"] - 1 if corruption == "separator-missing" else 2
-    value = {"separator-inside": SEP, "separator-missing": 12345, "id-out-of-vocab": 1 << 20}[corruption]
-    with open(tmp_path / "shards" / row["shard"], "r+b") as f:
-        f.seek(row["offset"] + 4 * index)
-        f.write(np.array([value], "<u4").tobytes())
+    row = corrupt(tmp_path, corruption)
     unchecked = make_loader(tmp_path, global_batch=2, micro_batch=1, check_separators=False)
     take(unchecked, unchecked.steps_per_epoch)  # reads everything without noticing
     checked = make_loader(tmp_path, global_batch=2, micro_batch=1)
     check = "id check" if corruption == "id-out-of-vocab" else "separator check"
     with pytest.raises(DatasetError, match=f"{check} failed.*{row['shard']}"):
         take(checked, checked.steps_per_epoch)
+
+
+def test_worker_error_is_the_in_process_error(tmp_path):
+    # A corrupt shard found in a DataLoader worker: the same one-line error as in-process, not
+    # torch's "Caught DatasetError in DataLoader worker process 0. Original Traceback …".
+    make_dataset(tmp_path, n_docs=60)
+    row = corrupt(tmp_path, "separator-inside")  # a planted double separator
+    errors = {}
+    for workers in (0, 2):
+        loader = make_loader(tmp_path, global_batch=2, micro_batch=1, num_workers=workers)
+        with pytest.raises(DatasetError) as e:
+            take(loader, loader.steps_per_epoch)
+        errors[workers] = e.value
+    assert type(errors[2]) is type(errors[0]) is DatasetError
+    assert str(errors[2]) == str(errors[0])
+    message = str(errors[2])
+    assert message.startswith("separator check failed") and f"shards/{row['shard']}" in message, message
+    assert "Traceback" not in message and "\n" not in message, message
+
+
+def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path):
+    from tests._train_data import SEPARATOR_ID
+    from tests._train_data import make_dataset as make_train_dataset
+    from tests.test_train import TINY, recipe
+
+    dataset = make_train_dataset(tmp_path / "ds")
+    for row in task0_manifest(dataset):  # a double separator in every document: step 0 hits one
+        overwrite_token(dataset, row, 2, SEPARATOR_ID)
+    overrides = recipe(dataset, tmp_path / "run", "data.num_workers=2", "data.check_separators=true")
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", TINY, "--set", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: separator check failed at "), lines[0]
+    shard = re.search(r"\(shards/(\d{5}_\d{5}\.tar), ", lines[0])
+    assert shard and (dataset / "shards" / shard[1]).is_file(), lines[0]
 
 
 def test_bad_arguments_name_the_numbers(corpus):

@@ -368,21 +368,45 @@ def batch_sha256(micro: list[dict[str, torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
+class _WorkerError:
+    """A GristmillError raised in a DataLoader worker, sent to the consumer as the worker's last item
+    (DataLoader's default_convert and pin_memory pass an object like this through unchanged).
+    Raised as it is, the consumer would get torch's "Caught DatasetError in DataLoader worker
+    process 0. Original Traceback …" instead of the one line it gets without workers."""
+
+    def __init__(self, error: GristmillError):
+        self.type, self.message = type(error), str(error)
+
+    def reraise(self) -> None:
+        try:
+            error = self.type(self.message)
+        except Exception:  # a subclass built from more than its message
+            error = GristmillError(self.message)
+        raise error
+
+
 class _StepStream(IterableDataset):
     """Steps start, start+1, … with worker k of K building steps start+k, start+k+K, …
 
     DataLoader asks workers round-robin and returns results in request order, so the consumer sees
-    the steps in order whatever K is.
+    the steps in order whatever K is (and a worker's error at the step where it happened).
     """
 
     def __init__(self, builder: BatchBuilder, start: int):
         self.builder, self.start = builder, start
 
-    def __iter__(self) -> Iterator[list[dict[str, torch.Tensor]]]:
+    def __iter__(self) -> Iterator[list[dict[str, torch.Tensor]] | _WorkerError]:
         info = get_worker_info()
         k, K = (0, 1) if info is None else (info.id, info.num_workers)
         for step in itertools.count(self.start + k, K):
-            yield self.builder.batch(step)
+            try:
+                batch = self.builder.batch(step)
+            except GristmillError as e:
+                if info is None:
+                    raise
+                yield _WorkerError(e)
+                return
+            yield batch
 
 
 def _positive(**values: int) -> None:
@@ -548,5 +572,7 @@ class TokenLoader:
                     "stale loader iterator: the loader was iterated again or load_state_dict was called "
                     "since; take a new iterator"
                 )
+            if isinstance(item, _WorkerError):
+                item.reraise()
             self._step += 1
             yield item
