@@ -26,6 +26,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
     ("export",): "training.hf_export",
+    ("verify",): "validation.verify_run",
     ("eval",): "validation.eval",
     ("demo",): "pipelines.demo",
 }
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                 return int(module.run(args) or 0)
             except GristmillError as e:
                 print(f"error: {e}", file=sys.stderr)
-                return 2
+                return e.exit_code
     print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if not argv or argv[0] in ("-h", "--help") else 2
 

@@ -2,7 +2,8 @@
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
 so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train
-(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format → eval.
+(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format and
+verify every checkpoint and export against its checksums → eval.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -83,8 +84,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"    training stage took {time.time() - t0:.0f} s")
 
     run_dir = Path(load_config(TrainConfig, args.train_config).run.output_dir)
-    _stage(5, total, "export the step-100 checkpoint (HF format)", f"gristmill export {run_dir} --step 100")
+    _stage(5, total, "export the step-100 checkpoint (HF format), then check every file against its checksum",
+           f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
     print(f"    export: {export_checkpoint(run_dir, 100)} (step 150 was exported during training)")
+    from validation.verify_run import run as verify
+
+    if verify(argparse.Namespace(run=str(run_dir))):
+        return 1
 
     t0 = _stage(6, total, "evaluate every export with lm-eval on held-out documents (offline)",
                 f"gristmill eval {run_dir} --config {args.eval_config}")  # fmt: skip

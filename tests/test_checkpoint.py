@@ -96,6 +96,14 @@ def worker_pids(torchrun_pid: int) -> list[int]:
     return pids
 
 
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped is dead)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("ckpt-data") / "ds", n_docs=300)
@@ -114,18 +122,27 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
     assert [r[0] for r in losses(reference)] == list(range(1, STEPS + 1))
     assert complete_steps(reference) == [8, 12]  # keep_last=2 pruned step 4
 
-    # kill -9 of the whole job at a random step after the first checkpoint; saves every 2 steps,
-    # keep_last=1, so the kill often lands in a save or a prune: a complete checkpoint must survive.
+    # kill -9 of `gristmill train --nproc-per-node 2`'s process group (what a scheduler or the OOM
+    # killer does) at a random step after the first checkpoint. torchrun starts the workers in
+    # sessions of their own: they must die with it, not train on. Saves every 2 steps, keep_last=1,
+    # so the kill often lands in a save or a prune: a complete checkpoint must survive.
     run_dir = tmp_path / "killed"
     sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.interval=2", "checkpoint.keep_last=1")
     kill_at = random.randint(3, STEPS - 3)
-    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
+    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
         wait_for_step(proc, run_dir, kill_at)
+        workers = [w for t in worker_pids(proc.pid) for w in worker_pids(t)]  # launcher → torchrun → 2
+        assert len(workers) == 2, workers
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    deadline = time.time() + 3.0  # ~0.1 s when the machine is idle; a loaded CI box is slower
+    while [w for w in workers if alive(w)] and time.time() < deadline:
+        time.sleep(0.05)
+    assert not [w for w in workers if alive(w)], "training workers outlived their killed launcher"
     killed_at = metrics(run_dir)[-1]["step"]
     assert killed_at < STEPS, "the run finished before it was killed"
     assert complete_steps(run_dir), f"no complete checkpoint after kill -9 at step {killed_at}"
@@ -234,6 +251,8 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
         ["unshare", "-rm", "sh", "-c", " ; ".join(script)], env=ENV, cwd=ROOT, timeout=300, check=True
     )
     for name, expect in (("guard", "free on the filesystem of"), ("enospc", "could not be written to")):
+        if name == "enospc":  # the cause a full disk gives, not torch's "unexpected pos …"
+            assert "no space left on the filesystem of" in (tmp_path / name / "out.txt").read_text()
         run_dir = tmp_path / name
         out = (run_dir / "out.txt").read_text()
         assert (run_dir / "rc").read_text().strip() == "2", out[-3000:]
@@ -256,13 +275,18 @@ def _sh(word: str) -> str:
 
 
 def _fake_checkpoint(run: Path, step: int, *, metadata: bool = True, complete: bool = True) -> Path:
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    from training.integrity import file_records
+
     path = checkpoint_dir(run, step)
     path.mkdir(parents=True)
     (path / "__0_0.distcp").write_bytes(b"x" * 10)
     if metadata:
-        (path / DCP_METADATA).write_bytes(b"m")
+        (path / DCP_METADATA).write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
     if complete:
-        (path / COMPLETE_FILE).write_text("{}")
+        files = file_records(path, [p.name for p in path.iterdir()], "crc32")
+        (path / COMPLETE_FILE).write_text(json.dumps({"step": step, "files": files}))
     return path
 
 

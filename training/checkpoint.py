@@ -8,8 +8,13 @@ torch.distributed.checkpoint, so a checkpoint saved on N ranks loads on M. The r
 lesson from someone's lost run:
 
 - Complete means `.metadata` (written by DCP after every rank's data) *and* the `COMPLETE` record
-  (step, tokens, config hash, save time) that rank 0 writes after it, fsynced and renamed into
-  place. Resume and export ignore anything else and say why.
+  (step, tokens, config hash, save time, and every file's size and CRC-32) that rank 0 writes
+  after it, fsynced and renamed into place. Each rank hashes the files it wrote right after the
+  write (in the background thread for async saves) into a small record rank 0 merges. Resume and
+  export ignore anything incomplete and refuse anything whose files no longer match, naming the
+  file; `--resume auto` then falls back to the newest checkpoint that verifies and says so.
+- Weights and optimizer state must be finite after a load and before a save (training.train's
+  non-finite guard keeps them so; this is the last line).
 - Async saves copy the state to CPU, then write in a background thread on their own gloo group
   (`dcp.async_save` needs one: its collectives must not interleave with training's). At most one
   is in flight; the next save and the end of training wait for it; a background failure is raised
@@ -17,9 +22,9 @@ lesson from someone's lost run:
 - A write that fails (ENOSPC, read-only, permission; DCP raises CheckpointException, a
   BaseException) stops the run with a CheckpointError naming the path and the last complete
   checkpoint. Before each save the free space is checked against an estimate of its size.
-- Retention runs only after a new checkpoint is complete, keeps the newest `keep_last` complete
-  ones, and deletes an old one's COMPLETE record first (fsynced) so a half-deleted directory is
-  never taken for complete.
+- Retention runs only after a new checkpoint is complete (its checksums taken from the files as
+  written, so it verifies), keeps the newest `keep_last` complete ones, and deletes an old one's
+  COMPLETE record first (fsynced) so a half-deleted directory is never taken for complete.
 - Loading never unpickles arbitrary objects: `.metadata` goes through an unpickler that admits
   only DCP's metadata classes and torch dtypes/sizes, and non-tensor values through
   torch.load(weights_only=True).
@@ -28,6 +33,7 @@ lesson from someone's lost run:
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -35,6 +41,7 @@ import pickle
 import shutil
 import time
 import warnings
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -44,9 +51,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.tensor import DTensor
 
 from training.config import CheckpointSection
-from training.errors import GristmillError
+from training.errors import GristmillError, NonFiniteError
+from training.integrity import damaged_files, file_records
 from training.metrics import fmt_bytes
 from training.run_layout import (
     CHECKPOINTS_DIR,
@@ -142,6 +151,63 @@ def checkpoint_keys(path: str | Path) -> set[str]:
 
 # --- what is on disk ---------------------------------------------------------------------------
 
+RANK_RECORD = ".files-rank{:05d}.json"  # a rank's file checksums until rank 0 merges them into COMPLETE
+
+
+def read_complete_record(path: str | Path) -> dict[str, Any]:
+    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable)."""
+    record = Path(path) / COMPLETE_FILE
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """Check a complete checkpoint's files against the sizes and checksums in its COMPLETE record.
+    Raises CheckpointError naming each damaged file; returns a note when the record holds no
+    checksums (written before gristmill recorded them), else None."""
+    path = Path(path)
+    files = read_complete_record(path).get("files")
+    problems = damaged_files(path, files) if files else []
+    if problems:
+        raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
+    try:  # without checksums (or a .metadata that was never valid): one line, not DCP's tracebacks
+        SafeFileSystemReader(str(path)).read_metadata()
+    except Exception as e:
+        raise CheckpointError(f"{path / DCP_METADATA} is unreadable ({type(e).__name__}: {e})") from None
+    if not files:
+        return f"note: {path.name} has no checksums in COMPLETE (saved before gristmill recorded them)"
+    return None
+
+
+def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The first tensor (this rank's shard of a DTensor) holding NaN or inf, described, or None.
+    One host sync for all of them."""
+    items = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in named]
+    items = [(n, t) for n, t in items if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
+    if not items:
+        return None
+    ok = torch.stack([torch.isfinite(t).all() for _, t in items])
+    if bool(ok.all()):
+        return None
+    name, t = items[int((~ok).nonzero()[0])]
+    return f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    """(name, tensor) of the parameters and the optimizer's per-parameter state, for finiteness checks."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    yield from model.named_parameters()
+    if optimizer is not None:
+        for p, st in optimizer.state.items():
+            for key, value in st.items():
+                if torch.is_tensor(value) and key != "step":
+                    yield f"optimizer {key} of {names.get(id(p), '?')}", value
+
 
 def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]:
     """The checkpoint `--resume spec` means ("auto" or a path) and lines explaining the choice."""
@@ -155,14 +221,25 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec} is not a complete checkpoint: {reason}; use --resume auto to take the "
                 "newest complete one"
             )
-        return path, [f"resuming from {path} (given by --resume)"]
+        try:
+            note = verify_checkpoint(path)
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"
+            ) from None
+        return path, [f"resuming from {path} (given by --resume)", *([note] if note else [])]
     root = Path(run_dir) / CHECKPOINTS_DIR
     notes = []
     for step in reversed(list_steps(root)):
         path = checkpoint_dir(run_dir, step)
         reason = incomplete_reason(path)
         if reason is None:
-            return path, [f"resuming from {path}, the newest complete checkpoint", *notes]
+            try:
+                note = verify_checkpoint(path)
+                head = f"resuming from {path}, the newest complete checkpoint that verifies"
+                return path, [head, *notes, *([note] if note else [])]
+            except CheckpointError as e:
+                reason = str(e)
         notes.append(f"  skipped {path.name}: {reason}")
     return None, [f"--resume auto: no complete checkpoint in {root}; starting from step 0", *notes]
 
@@ -175,15 +252,51 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_complete_record(path: Path, record: dict[str, Any]) -> None:
-    """COMPLETE, written after `.metadata`: temp file, fsync, rename, fsync the directory."""
-    tmp = path / (COMPLETE_FILE + ".tmp")
+def _write_json_durably(path: Path, content: Any) -> None:
+    """Temp file, fsync, rename, fsync the directory: the file is whole or absent after a crash."""
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(record, indent=2) + "\n")
+        f.write(json.dumps(content, indent=2) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path / COMPLETE_FILE)
-    _fsync_dir(path)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def write_complete_record(path: Path, record: dict[str, Any]) -> None:
+    """COMPLETE, written after `.metadata` (and every rank's file checksums)."""
+    _write_json_durably(path / COMPLETE_FILE, record)
+
+
+def _no_space(exc: BaseException, root: Path) -> str | None:
+    """ "no space left" when the failure was a full disk: ENOSPC somewhere in the exception chain,
+    or (torch's zip writer reports ENOSPC as "unexpected pos …") a filesystem with almost nothing
+    free after the failed write."""
+    seen, todo = [], [exc]
+    failures = getattr(exc, "failures", None) or {}
+    todo += [v[0] if isinstance(v, tuple) else v for v in failures.values()]
+    while todo:
+        e = todo.pop()
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
+            break
+        todo += [e.__cause__, e.__context__]
+    else:
+        if free_bytes(root) >= 1 << 20:
+            return None
+    return (
+        f"no space left on the filesystem of {root} ({fmt_bytes(free_bytes(root))} free); "
+        "free space or lower checkpoint.keep_last"
+    )
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the filesystem that holds `path` (or would, once its parents are made)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
 
 
 def delete_checkpoint(path: Path) -> None:
@@ -275,6 +388,20 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.ctl_group)
         return box[0]
 
+    def _nonfinite_anywhere(self) -> str | None:
+        """The first non-finite parameter or optimizer state tensor on any rank (described), or None."""
+        model, optim = self.states.get("model"), self.states.get("optimizer")
+        bad = (
+            None
+            if model is None
+            else nonfinite_tensor(state_tensors(model.model, getattr(optim, "optimizer", None)))
+        )
+        if self.ctl_group is None:
+            return bad
+        every: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(every, bad, group=self.ctl_group)
+        return next((f"rank {r}: {b}" for r, b in enumerate(every) if b is not None), None)
+
     def due(self, step: int) -> bool:
         return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
 
@@ -315,9 +442,14 @@ class Checkpointer:
             raise CheckpointError(f"cannot resume from {path}: {checkpoint_error_cause(e)}") from None
         finally:
             train_state.rng_in_checkpoint = True
+        bad = self._nonfinite_anywhere()
+        if bad is not None:
+            raise CheckpointError(
+                f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
+            )
         step = train_state.step
         if self.rank == 0:
-            record = json.loads((path / COMPLETE_FILE).read_text(encoding="utf-8"))
+            record = read_complete_record(path)
             if record.get("config_sha256") != self.config_sha256:
                 self.log(
                     f"note: the config differs from the one {path.name} was saved with (its hash in COMPLETE)"
@@ -390,6 +522,12 @@ class Checkpointer:
         """Save the state of `step`; returns False if the disk guard skipped it (on_low_disk=skip)."""
         if self.pending is not None:
             self._finish_pending()  # at most one in flight
+        bad = self._nonfinite_anywhere()  # the trainer's guard should make this impossible: the last line
+        if bad is not None:
+            raise NonFiniteError(
+                f"refusing to save step {step}: the state holds non-finite values ({bad}). Last complete "
+                f"checkpoint: {self.newest_complete()}"
+            )
         path = checkpoint_dir(self.run_dir, step)
         problem = self._prepare(step) if self.rank == 0 else None
         problem = self._from_rank0(problem)  # also the barrier after rank 0's preparation
@@ -410,21 +548,64 @@ class Checkpointer:
                         self.states, checkpoint_id=str(path), process_group=self.async_group, **kwargs
                     )
                     fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                    self.pending = (step, tokens, fut, t0)
+                    self.pending = (step, tokens, self._then_record(fut, path), t0)
                     return True
                 dcp.save(self.states, checkpoint_id=str(path), no_dist=self.no_dist)
+            self._record_own_files(path)
         except BaseException as e:
             self._failed(step, e)
-        self._complete(step, tokens, time.perf_counter() - t0)
+        self._complete(step, tokens, t0)
         return True
+
+    def _then_record(self, fut: Future, path: Path) -> Future:
+        """A future that is done when DCP's write is and this rank's files are hashed, both in the
+        background (the hashing runs in the thread that finished the write)."""
+        out: Future = Future()
+
+        def done(f: Future) -> None:
+            try:
+                f.result()
+                self._record_own_files(path)
+                out.set_result(None)
+            except BaseException as e:  # CheckpointException is a BaseException
+                out.set_exception(e)
+
+        fut.add_done_callback(done)
+        return out
+
+    def _record_own_files(self, path: Path) -> None:
+        """Size and CRC-32 of the files this rank just wrote (DCP names them __RANK_N.distcp; rank 0
+        also wrote .metadata), into a small record that rank 0 merges into COMPLETE."""
+        names = [p.name for p in path.iterdir() if p.name.startswith(f"__{self.rank}_")]
+        if self.rank == 0:
+            names.append(DCP_METADATA)
+        _write_json_durably(path / RANK_RECORD.format(self.rank), file_records(path, names, "crc32"))
+
+    def _collect_records(self, path: Path, timeout_s: float = 600.0) -> dict[str, Any]:
+        """Rank 0: every rank's file record (waiting for ranks still hashing), merged; a file no
+        rank claimed (another writer layout) is hashed here, so COMPLETE covers every file."""
+        deadline = time.monotonic() + timeout_s
+        records: dict[str, Any] = {}
+        for rank in range(self.world_size):
+            record = path / RANK_RECORD.format(rank)
+            while not record.is_file():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {rank} did not record its files' checksums ({record})")
+                time.sleep(0.02)
+            records.update(json.loads(record.read_text(encoding="utf-8")))
+        skip = {COMPLETE_FILE, COMPLETE_FILE + ".tmp"} | {
+            RANK_RECORD.format(r) for r in range(self.world_size)
+        }
+        rest = [
+            p.name for p in path.iterdir() if p.is_file() and p.name not in records and p.name not in skip
+        ]
+        records.update(file_records(path, rest, "crc32"))
+        return records
 
     def _prepare(self, step: int) -> str | None:
         """Rank 0 before a save: the disk guard, and a stale directory of this step out of the way."""
         need = int(self.estimate_bytes * self.cfg.min_free_factor)
-        probe = self.root
-        while not probe.exists():
-            probe = probe.parent
-        free = shutil.disk_usage(probe).free
+        free = free_bytes(self.root)
         if free < need:
             return (
                 f"only {fmt_bytes(free)} free on the filesystem of {self.root}; a checkpoint needs "
@@ -446,38 +627,45 @@ class Checkpointer:
             fut.result()
         except BaseException as e:
             self._failed(step, e)
-        self._complete(step, tokens, time.perf_counter() - t0)
+        self._complete(step, tokens, t0)
 
     def _failed(self, step: int, exc: BaseException):
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise exc
+        path = checkpoint_dir(self.run_dir, step)
+        cause = _no_space(exc, self.root) or checkpoint_error_cause(exc)
         raise CheckpointError(
-            f"checkpoint of step {step} could not be written to {checkpoint_dir(self.run_dir, step)}: "
-            f"{checkpoint_error_cause(exc)}. Last complete checkpoint: {self.newest_complete()}. Fix the "
-            "cause, then resume with --resume auto"
+            f"checkpoint of step {step} could not be written to {path}: {cause}. Last complete "
+            f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with --resume auto"
         ) from None
 
-    def _complete(self, step: int, tokens: int, seconds: float) -> None:
-        """Rank 0 after DCP's .metadata: the COMPLETE record, an export if due, then retention."""
+    def _complete(self, step: int, tokens: int, t0: float) -> None:
+        """Rank 0 after DCP's .metadata: the COMPLETE record (with every rank's file checksums), an
+        export if due, then retention."""
         if self.rank != 0:
             return
         path = checkpoint_dir(self.run_dir, step)
         try:
             if not (path / DCP_METADATA).is_file():
                 raise FileNotFoundError(f"{path / DCP_METADATA} missing after the save returned")
+            files = self._collect_records(path)
             write_complete_record(
                 path,
                 {
                     "step": step,
                     "tokens": tokens,
                     "config_sha256": self.config_sha256,
-                    "save_seconds": round(seconds, 3),
+                    "save_seconds": round(time.perf_counter() - t0, 3),
                     "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "world_size": self.world_size,
+                    "files": files,
                 },
             )
-        except OSError as e:
+            for rank in range(self.world_size):
+                (path / RANK_RECORD.format(rank)).unlink(missing_ok=True)
+        except (OSError, TimeoutError, ValueError) as e:
             self._failed(step, e)
+        seconds = time.perf_counter() - t0
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")
         if self.cfg.export_interval and step % self.cfg.export_interval == 0:

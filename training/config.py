@@ -100,7 +100,8 @@ class OptimSection:
     decay_embeddings: bool = True
     """Apply weight decay to embedding tables too (a tied LM head shares the embedding's setting)."""
     fused: bool | None = None
-    """Fused AdamW kernel; None: on when the device is CUDA (it is not supported on CPU)."""
+    """Fused AdamW kernel (CUDA and CPU); None: on. Off, a skipped non-finite step costs a host sync
+    every step (the fused kernel takes the skip flag on the device: training.divergence)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping; the norm is still logged)."""
 
@@ -136,6 +137,17 @@ class RunSection:
     "auto": meta on CUDA, full on CPU (DTensor's sharded random init is CUDA-only)."""
     threads: int = 0
     """torch intra-op threads per process on CPU (0: torch's default)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss or gradient norm is NaN/inf is never applied (training.divergence). "stop":
+    end the run when the host hears of it (next logged step or save) with exit 3, saving nothing
+    new; "skip": go on, count it as `skipped_steps` in metrics.jsonl, stop after max_skipped in a row."""
+    max_skipped: int = 10
+    """With on_nonfinite = "skip": stop after this many consecutive non-finite steps."""
+    spike_window: int = 20
+    """Loss-spike report: compare each logged loss with the previous this-many logged losses."""
+    spike_sigma: float = 6.0
+    """A logged loss above mean + spike_sigma · std of that window is reported as an event in
+    metrics.jsonl and on the terminal (never acted on); 0 turns the report off."""
 
 
 @dataclass
@@ -259,6 +271,11 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
         raise ConfigError(
             f"run.max_steps = {r.max_steps} must be between 1 and schedule.steps = {s.steps} "
             "(raise schedule.steps to train longer)"
+        )
+    if r.max_skipped < 1 or r.spike_window < 2 or r.spike_sigma < 0:
+        raise ConfigError(
+            f"need run.max_skipped ≥ 1, run.spike_window ≥ 2, run.spike_sigma ≥ 0; got {r.max_skipped}, "
+            f"{r.spike_window}, {r.spike_sigma}"
         )
     if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
         raise ConfigError(

@@ -2,7 +2,7 @@
 
     RUN/exports/step-000150/  model.safetensors  config.json  generation_config.json
                               tokenizer.json  tokenizer_config.json  special_tokens_map.json
-                              gristmill_export.json
+                              gristmill_export.json  gristmill_checksums.json
 
 The export is a rename of the state dict (training.model.hf_state_dict_names), never a
 permutation: the model already uses HF's rotate-half RoPE layout. Only torch and json are used, so
@@ -11,7 +11,9 @@ safetensors file is written by hand (8-byte header length, JSON header, raw litt
 
 The tokenizer is the dataset's exact tokenizer.json; bos/eos are the dataset's separator token,
 because that is the one token the model saw between documents (eval prepends it once, see
-validation/). `gristmill_export.json` records where the weights came from and the separator policy.
+validation/). `gristmill_export.json` records where the weights came from and the separator policy;
+`gristmill_checksums.json`, written last, the size and SHA-256 of every other file, checked by
+`verify_export` before eval (or anything else here) trusts the weights.
 """
 
 from __future__ import annotations
@@ -27,9 +29,16 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import checkpoint_error_cause, load
+from training.checkpoint import (
+    CheckpointError,
+    checkpoint_error_cause,
+    load,
+    nonfinite_tensor,
+    verify_checkpoint,
+)
 from training.dataset_format import TOKENIZER_JSON, read_dataset_info
-from training.errors import GristmillError
+from training.errors import GristmillError, unwritable
+from training.integrity import damaged_files, file_records
 from training.model import ModelConfig, Transformer, hf_state_dict_names
 from training.run_layout import (
     CHECKPOINTS_DIR,
@@ -38,10 +47,12 @@ from training.run_layout import (
     complete_steps,
     export_dir,
     incomplete_reason,
+    list_steps,
 )
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
+EXPORT_CHECKSUMS = "gristmill_checksums.json"
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
@@ -151,7 +162,10 @@ def export_hf(
 
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:  # a read-only or full run directory: one line, not a traceback
+        raise unwritable(out_dir.parent, e) from None
     try:
         write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
         sep_id = int(info["separator"]["id"])
@@ -172,17 +186,55 @@ def export_hf(
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
         if (dataset_dir / TOKENIZER_JSON).is_file():  # synthetic test datasets have none
             shutil.copyfile(dataset_dir / TOKENIZER_JSON, tmp / TOKENIZER_JSON)
+        checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
+        (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise unwritable(out_dir.parent, e) from None
         raise
     return out_dir
 
 
-def newest_complete_step(run_dir: str | Path) -> int | None:
-    """The newest step under RUN/checkpoints whose checkpoint is complete, or None."""
-    steps = complete_steps(run_dir)
-    return steps[-1] if steps else None
+def verify_export(path: str | Path) -> str | None:
+    """Check an export's files against gristmill_checksums.json before its weights are trusted.
+    Raises ExportError naming the damaged file; returns a note for an export written before
+    checksums were recorded (nothing to check), else None."""
+    path = Path(path)
+    record = path / EXPORT_CHECKSUMS
+    if not record.is_file():
+        if not (path / "model.safetensors").is_file():
+            raise ExportError(f"{path} is not an export: no model.safetensors")
+        return f"note: {path} has no {EXPORT_CHECKSUMS} (exported before gristmill recorded checksums)"
+    try:
+        files = json.loads(record.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ExportError(f"{record} is damaged ({type(e).__name__}: {e}); re-export the step") from None
+    problems = damaged_files(path, files)
+    if problems:
+        raise ExportError(
+            f"export {path} is damaged: {'; '.join(problems)}. Delete it and re-export from its checkpoint "
+            f"(gristmill export RUN --step N), or restore the file from a copy"
+        )
+    return None
+
+
+def newest_complete_step(run_dir: str | Path, log=None) -> int | None:
+    """The newest step under RUN/checkpoints whose checkpoint is complete and verifies, or None;
+    `log` gets a line for each newer one passed over, and why."""
+    run_dir = Path(run_dir)
+    for step in reversed(list_steps(run_dir / CHECKPOINTS_DIR)):
+        reason = incomplete_reason(checkpoint_dir(run_dir, step))
+        if reason is None:
+            try:
+                verify_checkpoint(checkpoint_dir(run_dir, step))
+                return step
+            except CheckpointError as e:
+                reason = str(e)
+        if log is not None:
+            log(f"skipped step {step}: {reason}")
+    return None
 
 
 def run_config(run_dir: str | Path):
@@ -207,7 +259,8 @@ def _run_config(run_dir: Path):
 
 def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, ModelConfig, Path]:
     """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
-    config, and the run's dataset directory."""
+    config, and the run's dataset directory. The checkpoint's files are verified against COMPLETE
+    first and every weight must be finite after loading."""
     from training.train_state import ModelState
 
     run_dir = Path(run_dir)
@@ -219,6 +272,7 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
             f"{ckpt} is not a complete checkpoint ({reason}); complete steps in "
             f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
         )
+    verify_checkpoint(ckpt)
     _, dataset, mcfg = _run_config(run_dir)
     model = Transformer(mcfg)
     try:
@@ -228,19 +282,28 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
         raise ExportError(f"cannot read the model from {ckpt}: {checkpoint_error_cause(e)}") from None
+    bad = nonfinite_tensor(model.state_dict().items())
+    if bad is not None:
+        raise ExportError(f"{ckpt} holds non-finite weights ({bad}); export an earlier step")
     return model, mcfg, dataset
 
 
-def export_checkpoint(run_dir: str | Path, step: int | None = None) -> Path:
-    """Export checkpoint `step` (None: the newest complete one) to RUN/exports/step-N; an export
-    that already exists is returned as is."""
+def export_checkpoint(run_dir: str | Path, step: int | None = None, log=None) -> Path:
+    """Export checkpoint `step` (None: the newest complete one that verifies, saying which and what
+    newer ones were passed over through `log`) to RUN/exports/step-N; an export that already
+    exists is verified and returned as is."""
     run_dir = Path(run_dir)
     if step is None:
-        step = newest_complete_step(run_dir)
+        step = newest_complete_step(run_dir, log=log)
         if step is None:
             raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint to export")
+        if log is not None:
+            log(f"exporting step {step}, the newest complete checkpoint that verifies")
     out = export_dir(run_dir, step)
     if out.is_dir():
+        note = verify_export(out)
+        if note and log is not None:
+            log(note)
         return out
     model, mcfg, dataset = load_checkpoint_model(run_dir, step)
     return export_hf(
@@ -263,6 +326,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_checkpoint(args.run, args.step)
+    out = export_checkpoint(args.run, args.step, log=print)
     print(f"export: {out}")
     return 0

@@ -59,6 +59,8 @@ def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]
 
 
 def run(args: argparse.Namespace) -> int:
+    from training.run_lock import check_unlocked
+    from training.shutdown import launcher_child_preexec
     from training.train import DistEnv, load_train_config, preflight, train
 
     if args.nproc_per_node < 1:
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         train(cfg)
         return 0
     preflight(cfg, DistEnv(world_size=args.nproc_per_node))
+    check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node)
     print("+ " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    # torchrun dies with this launcher, and its workers with torchrun (training.shutdown).
+    return subprocess.call(cmd, preexec_fn=launcher_child_preexec)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import sys
 from collections import defaultdict
@@ -24,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
+
+from training.run_layout import METRICS_JSONL
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.
@@ -120,6 +123,8 @@ def format_line(m: dict[str, Any]) -> str:
         f"upd/param {m['update_ratio']:.2e}",
         f"tok/s {m['tokens_per_s']:,.0f}",
     ]
+    if m.get("skipped_steps"):
+        parts.append(f"SKIPPED {m['skipped_steps']}")
     if m.get("mfu") is not None:
         parts.append(f"mfu {100 * m['mfu']:.1f}%")
     parts.append(f"mem {fmt_bytes(m['peak_memory_bytes'])}")
@@ -144,20 +149,23 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.out = out or sys.stdout
         self.history: list[dict[str, Any]] = []
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / METRICS_JSONL
         if resume_step is not None and path.exists():
             # A resumed run keeps the rows up to its checkpoint and drops those of the steps it
             # will redo (written after the checkpoint by the interrupted run).
-            rows = [
-                json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-            ]
+            rows, note = read_metrics(path)
+            if note:
+                self.print(note)
             self.history = [r for r in rows if r["step"] <= resume_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history), encoding="utf-8")
             tmp.replace(path)
         elif path.exists():  # a fresh run into the same directory starts the log over
             self.print(f"note: {path} exists from an earlier run; starting it over")
-        self.jsonl = open(path, "a" if resume_step is not None else "w", encoding="utf-8")  # noqa: SIM115
+        # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
+        # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resume_step is not None else os.O_TRUNC)
+        self.jsonl = os.open(path, flags, 0o644)
         self.tb = self._tensorboard() if tensorboard else None
         self.wandb = self._wandb(wandb_project, config) if wandb_project else None
 
@@ -184,8 +192,7 @@ class MetricsWriter:
 
     def log(self, m: dict[str, Any]) -> None:
         self.history.append(m)
-        self.jsonl.write(json.dumps(m) + "\n")
-        self.jsonl.flush()
+        os.write(self.jsonl, (json.dumps(m) + "\n").encode())
         self.print(format_line(m))
         scalars = {k: v for k, v in m.items() if k != "step" and isinstance(v, int | float) and v is not None}
         if self.tb is not None:
@@ -196,11 +203,33 @@ class MetricsWriter:
             self.wandb.log(scalars, step=m["step"])
 
     def close(self) -> None:
-        self.jsonl.close()
+        os.close(self.jsonl)
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
+    line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""
+    rows, bad = [], []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+            rows.append(row)
+        except ValueError:
+            bad.append(i)
+    if not bad:
+        return rows, None
+    if bad == [len(lines)]:
+        return rows, f"note: cut off the torn last line of {path} (line {bad[0]}: a write was interrupted)"
+    return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
 
 
 def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
@@ -218,6 +247,8 @@ def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
     ax.plot(*zip(*train), label="train")
     if val:
         ax.plot(*zip(*val), marker="o", label="validation")
+    for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):
+        ax.axvline(step, color="red", alpha=0.4, label="non-finite step(s) skipped" if i == 0 else None)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy, nats/token)")
     ax.grid(alpha=0.3)

@@ -1,7 +1,7 @@
 """Optimizer, learning-rate schedule and gradient clipping (DTensor/FSDP2-aware).
 
 AdamW with β = (0.9, 0.95) and weight decay 0.1 on matrices only (norm weights and biases never
-decay; embeddings optionally), fused on CUDA; linear warmup then cosine to min_lr as a LambdaLR
+decay; embeddings optionally), fused; linear warmup then cosine to min_lr as a LambdaLR
 (Stateful: state_dict/load_state_dict); optional 8-bit AdamW through bitsandbytes on CUDA.
 """
 
@@ -49,13 +49,10 @@ def build_optimizer(
     if cfg.name == "adamw8bit":
         bnb = bitsandbytes_or_refuse(device_type, sharded)
         return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
-    fused = device_type == "cuda" if cfg.fused is None else cfg.fused
-    if fused and device_type != "cuda":
-        raise GristmillError(
-            f"optim.fused = true needs a CUDA device (this run is on {device_type}); leave optim.fused unset "
-            "to pick it automatically"
-        )
-    # fused and foreach are mutually exclusive; foreach (default None → torch picks) otherwise.
+    # Fused by default on every device (CUDA, and CPU since torch 2.4): it is the fastest, and it
+    # takes the non-finite flag on the device (training.divergence). fused and foreach are mutually
+    # exclusive; foreach (None → torch picks) otherwise.
+    fused = cfg.fused is not False
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused or None)
 
 

@@ -18,6 +18,8 @@ EXPORTS_DIR = "exports"
 EVAL_DIR = "eval"
 DCP_METADATA = ".metadata"
 COMPLETE_FILE = "COMPLETE"
+LOCK_FILE = ".gristmill.lock"  # training.run_lock: one writer per run directory
+METRICS_JSONL = "metrics.jsonl"
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

@@ -1,15 +1,28 @@
-"""Clean shutdown on SIGTERM/SIGINT (Slurm preemption, Ctrl-C): finish the step, save, exit 0.
+"""Clean shutdown on SIGTERM/SIGINT (Slurm preemption, Ctrl-C): finish the step, save, exit 0;
+and no worker outlives its launcher.
 
 The handler only records the signal. After each step `should_stop()` lets every rank agree,
 since the scheduler may signal only some of them and all ranks must take the same last step and
 write the same checkpoint: a MAX all-reduce of one flag on a CPU (gloo) group of its own, which
 never waits for the GPU. A second Ctrl-C interrupts at once.
+
+torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
+group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
+next resume. `exit_with_parent` makes each worker kill itself once its parent is gone: a watchdog
+thread sees the parent PID change (the orphan is re-parented) within `poll_s`. It is a watchdog, not
+PR_SET_PDEATHSIG, because that signal fires when the parent *thread* that started the child ends,
+which in torchrun need not be the agent's lifetime. `launcher_child_preexec` is that signal for the
+launcher's own child (torchrun), started from the launcher's main thread.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -48,3 +61,22 @@ class GracefulStop:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             signum = int(t.item())
         return signal.Signals(signum).name if signum else None
+
+
+def exit_with_parent(poll_s: float = 0.05) -> None:
+    """Kill this process (SIGKILL: nothing more is written) within `poll_s` of its parent's death."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="gristmill-exit-with-parent", daemon=True).start()
+
+
+def launcher_child_preexec() -> None:
+    """preexec_fn for the launcher's child: SIGKILL it when the launcher dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -12,11 +12,17 @@ is separate from `forward_backward_step` (one micro-batch), torchtitan style. Th
 checkpoint needs are grouped by training.train_state.checkpointables and saved/restored by
 training.checkpoint.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
 and return normally (exit 0).
+
+A run owns its directory: rank 0 holds RUN/.gristmill.lock for the whole run (training.run_lock),
+config.toml is written only once the resume checks passed, and under torchrun every worker exits
+when its launcher dies (training.shutdown.exit_with_parent). A non-finite loss or gradient is
+never applied (training.divergence) and stops the run with exit 3 by default.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import os
@@ -35,7 +41,9 @@ from training.checkpoint import Checkpointer
 from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
 from training.config_loader import add_config_arguments, config_sha256, load_config, save_config, to_dict
 from training.dataset_format import read_dataset_info
-from training.errors import GristmillError
+from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
+from training.errors import GristmillError, NonFiniteError, unwritable
+from training.faults import NanLoss
 from training.launch import add_resume_argument, with_resume
 from training.metrics import (
     MetricsWriter,
@@ -49,7 +57,9 @@ from training.metrics import (
 )
 from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
 from training.parallelize import mesh_shape
-from training.shutdown import GracefulStop
+from training.run_layout import CONFIG_TOML
+from training.run_lock import RunLock
+from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables
 
 
@@ -96,20 +106,26 @@ def train_step(
     grad_clip: float,
     amp,
     measure_update: bool = False,
+    world_size: int = 1,
 ) -> dict[str, Any]:
-    """One optimizer step over this rank's micro-batches. Values stay on the device (no host sync)
-    except the update ratio, which is only measured when asked (it copies the parameter shards)."""
+    """One optimizer step over this rank's micro-batches, not applied when the loss or gradient norm
+    is not finite (`nonfinite` in the result: 0, or a code for training.divergence). Values stay on
+    the device (no host sync) except the update ratio, which is only measured when asked (it copies
+    the parameter shards)."""
     optimizer.zero_grad(set_to_none=True)
     scale = 1.0 / len(micro_batches)
     losses = [forward_backward_step(model, mb, scale, amp) for mb in micro_batches]
+    loss = torch.stack(losses).mean()
     # After backward FSDP2 has resharded: these are the sharded (DTensor) parameters the optimizer holds.
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = clip_grad_norm(params, grad_clip)
+    # Decided on the device: a non-finite loss (any rank) or gradient norm skips the update.
+    code = nonfinite_code(loss, grad_norm, world_size)
     lr = scheduler.get_last_lr()[0]
     before = snapshot(params) if measure_update else None
-    optimizer.step()
+    guarded_step(optimizer, code)
     scheduler.step()
-    out: dict[str, Any] = {"loss": torch.stack(losses).mean(), "grad_norm": grad_norm, "lr": lr}
+    out: dict[str, Any] = {"loss": loss, "grad_norm": grad_norm, "lr": lr, "nonfinite": code}
     if before is not None:
         out["update_ratio"] = update_ratio(params, before)
     return out
@@ -236,7 +252,8 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[BatchPlan, Any, torch.dev
 
 
 def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
-    """Run the whole recipe; returns a summary (rank 0's view). Raises GristmillError on bad input."""
+    """Run the whole recipe; returns a summary (rank 0's view). Raises GristmillError on bad input,
+    NonFiniteError (a GristmillError) when training diverged."""
     env = DistEnv.from_environ()
     plan, mcfg, device = preflight(cfg, env)
     # --- checks done; from here on the run does work ---
@@ -251,11 +268,38 @@ def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         pg_started = True
     try:
-        return _run(cfg, mcfg, plan, env, device, out)
+        with _own_run_dir(Path(cfg.run.output_dir), env, out):
+            return _run(cfg, mcfg, plan, env, device, out)
     finally:
         if pg_started:
             dist.destroy_process_group()
         torch.set_num_threads(threads)  # an in-process caller (gristmill demo, tests) keeps its setting
+
+
+@contextlib.contextmanager
+def _own_run_dir(run_dir: Path, env: DistEnv, out):
+    """Rank 0 holds the run directory's lock for the run; every rank stops if it could not."""
+    lock, problem = None, None
+    if env.rank == 0:
+        try:
+            lock = RunLock(run_dir).acquire()
+            if lock.note:
+                print(lock.note, file=out or sys.stdout, flush=True)
+        except GristmillError as e:
+            problem = str(e)
+        except OSError as e:
+            problem = str(unwritable(run_dir, e))
+    if env.world_size > 1:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem is not None:
+        raise GristmillError(problem)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> dict[str, Any]:
@@ -287,9 +331,6 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
 
     run_dir = Path(cfg.run.output_dir)
     is_main = env.rank == 0
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.toml")
     model = build_model(mcfg, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
 
@@ -318,6 +359,12 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
         log=say,
     )
     resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
+    # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
+    if is_main:
+        try:
+            save_config(cfg, run_dir / CONFIG_TOML)
+        except OSError as e:
+            raise unwritable(run_dir, e) from None
 
     fpt = flops_per_token(mcfg, d.seq_len, include_lm_head=True)
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
@@ -342,14 +389,39 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
     stopped_by = None
     t_start = t_window = time.perf_counter()
     tokens_window = 0
+    guard = NonFiniteGuard(device)
+    spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma)
+    fault = NanLoss(model, env.rank)  # tests only: GRISTMILL_FAULT_NAN_LOSS
     train_iter = iter(loader)
     shutdown = GracefulStop(env.world_size).__enter__()
+
+    def diverged(report: dict[str, Any], step: int) -> None:
+        """Stop (NonFiniteError) if the skipped steps the host just heard of call for it."""
+        fatal = cfg.run.on_nonfinite == "stop" or report["consecutive"] >= cfg.run.max_skipped
+        if not report["skipped"] or not fatal:
+            return
+        ckpt.close()  # a save still in flight holds finite weights from before: let it complete
+        if writer is not None and cfg.metrics.plot:
+            plot_loss(writer.history, run_dir / "loss.png")
+        why = (
+            f"step {report['first_step']}: the {report['what']} is not finite (NaN or inf)"
+            if cfg.run.on_nonfinite == "stop"
+            else f"{report['consecutive']} consecutive steps up to step {step} had a non-finite loss or "
+            f"gradient (run.max_skipped = {cfg.run.max_skipped}; the last: {report['what']})"
+        )
+        raise NonFiniteError(
+            f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
+            f"complete checkpoint: {ckpt.newest_complete()}. Lower optim.lr (now {cfg.optim.lr:g}) or check "
+            f"the data, then resume: gristmill train --config {run_dir / CONFIG_TOML} --resume auto"
+        )
+
     try:
         for step in range(state.step + 1, last + 1):
             ckpt.poll()  # raises if a background save failed
             micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
             do_val = val_loader is not None and (step % cfg.run.val_every == 0 or step == last)
             do_log = step % cfg.run.log_every == 0 or step in (1, last) or do_val
+            fault.arm(step)
             res = train_step(
                 model,
                 optimizer,
@@ -358,11 +430,15 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
                 grad_clip=cfg.optim.grad_clip,
                 amp=amp,
                 measure_update=do_log,
+                world_size=env.world_size,
             )
+            guard.record(step, res["nonfinite"])
             state.step = step
             state.tokens_seen += plan.tokens_per_step
             tokens_window += plan.tokens_per_step
             if do_log:
+                report = guard.read()
+                skipped = guard.take_unlogged()
                 loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
                 elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
                 m: dict[str, Any] = {
@@ -373,12 +449,26 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
                     "update_ratio": res["update_ratio"],
                     "tokens_per_s": tokens_window / elapsed,
                     "tokens_seen": state.tokens_seen,
+                    "skipped_steps": skipped["skipped"],
                 }
                 util = mfu(m["tokens_per_s"], env.world_size, fpt, peak)
                 if util is not None:
                     m["mfu"] = util
                 m["peak_memory_bytes"] = int(_all_max(peak_memory_bytes(device), env.world_size, device))
-                if do_val:
+                events = []
+                if skipped["skipped"]:
+                    events.append(
+                        f"non-finite: {skipped['skipped']} step(s) not applied since the last log, the first "
+                        f"at step {skipped['first_step']} ({skipped['what']})"
+                    )
+                if (spike := spikes.check(loss)) is not None:
+                    events.append(
+                        f"loss spike: {loss:.4f} > mean {spike['mean']:.4f} + {spike['sigma']:g}·std "
+                        f"({spike['std']:.4f}) of the last {spike['window']} logged losses"
+                    )
+                if events:
+                    m["events"] = events
+                if do_val and not report["skipped"]:
                     val_loss = evaluate(
                         model, val_loader, val_state, cfg.run.val_batches, amp, device, env.world_size
                     )
@@ -388,9 +478,14 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
                 last_loss = loss
                 if writer is not None:
                     writer.log(m)
+                    for event in events:
+                        writer.print(f"WARNING step {step}: {event}")
+                diverged(report, step)
                 t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
             stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
             if stop or ckpt.due(step):
+                if not do_log:
+                    diverged(guard.read(), step)  # the host hears of skipped steps before any save
                 ckpt.save(step, state.tokens_seen, blocking=stop is not None)
             if stop:
                 stopped_by = stop
@@ -430,13 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)
     args = parser.parse_args(argv)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the launcher
+        exit_with_parent()
     try:
         train(load_train_config(args.config, with_resume(args.overrides, args.resume)))
     except GristmillError as e:
         # Config and data errors are the same on every rank: say it once.
         if DistEnv.from_environ().rank == 0:
             print(f"error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     return 0
 
 

@@ -1,0 +1,266 @@
+"""A run never trains on garbage and never loses itself: real runs of the tiny recipe (in process,
+and under torchrun with 2 gloo ranks) against a diverging learning rate, injected NaN losses,
+flipped bytes in checkpoints and exports, a garbage .metadata, a torn metrics line, a refused
+resume, a second trainer on the same directory, a stale lock and a read-only run directory."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from pipelines.cli import main as gristmill
+from tests._train_data import make_dataset
+from tests.test_checkpoint import (
+    ENV,
+    ROOT,
+    TINY,
+    _sh,
+    _unshare_works,
+    losses,
+    metrics,
+    overrides,
+    torchrun_cmd,
+)
+from training.checkpoint import _write_json_durably
+from training.hf_export import load_checkpoint_model
+from training.integrity import file_records
+from training.run_layout import (
+    COMPLETE_FILE,
+    CONFIG_TOML,
+    DCP_METADATA,
+    LOCK_FILE,
+    checkpoint_dir,
+    export_dir,
+)
+from training.train import load_train_config, main, train
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("integrity-data") / "ds", n_docs=300)
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def damage(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes in place: the size stays, only a checksum can tell."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pipelines.cli", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, tmp_path, capsys):
+    run = tmp_path / "run"
+    sets = overrides(
+        dataset, run, "optim.lr=1e3", "run.log_every=5", "schedule.steps=20", "metrics.plot=true"
+    )
+    assert main(["--config", TINY, "--set", *sets]) == 3
+    line = one_error_line(capsys.readouterr().err)
+    assert "is not finite (NaN or inf)" in line and "nothing was saved after it" in line
+    assert f"Last complete checkpoint: {checkpoint_dir(run, 4)}" in line
+    assert f"gristmill train --config {run / CONFIG_TOML} --resume auto" in line
+    bad_step = int(line.split("step ", 1)[1].split(":")[0])
+    saved = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir())
+    assert saved == [4] and bad_step > 4  # the save at step 8 came after the NaN: refused
+    load_checkpoint_model(run, 4)  # verifies the files and that every weight is finite
+    assert (run / "loss.png").is_file()
+
+
+def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
+    """2 ranks (FSDP2, fused AdamW on DTensors), NaN loss on rank 1 only at step 3, on_nonfinite =
+    skip, a checkpoint every step: step 3's weights and optimizer state equal step 2's on both
+    ranks' shards, and the run goes on."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "parallel.shard=2", 'run.on_nonfinite="skip"', "run.max_steps=4",
+                     "checkpoint.interval=1", "checkpoint.keep_last=0", "run.log_every=1")  # fmt: skip
+    env = {**ENV, "GRISTMILL_FAULT_NAN_LOSS": "3@1"}
+    proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["step"]: r for r in metrics(run)}
+    assert [rows[s]["skipped_steps"] for s in (1, 2, 3, 4)] == [0, 0, 1, 0]
+    assert "first at step 3 (loss and gradient norm)" in rows[3]["events"][0]
+    assert "WARNING step 3: non-finite" in proc.stdout
+
+    def state(step: int) -> dict:
+        dcp_to_torch_save(checkpoint_dir(run, step), tmp_path / f"{step}.pt")
+        flat = torch.load(tmp_path / f"{step}.pt", weights_only=False)
+        keep = ("model", "optimizer")
+        return {k: v for k, v in _flatten(flat) if k.startswith(keep) and torch.is_tensor(v)}
+
+    s2, s3, s4 = state(2), state(3), state(4)
+    assert s2.keys() == s3.keys() and len(s2) > 10
+    assert all(torch.equal(s2[k], s3[k]) for k in s2), [k for k in s2 if not torch.equal(s2[k], s3[k])]
+    assert any(not torch.equal(s3[k], s4[k]) for k in s3)
+
+
+def _flatten(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flatten(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(dataset, tmp_path, capsys):
+    reference = tmp_path / "reference"
+    train(
+        load_train_config(TINY, overrides(dataset, reference, "schedule.steps=16", "checkpoint.keep_last=0"))
+    )
+    run = tmp_path / "run"
+    first = [
+        "schedule.steps=16",
+        "run.max_steps=12",
+        "checkpoint.keep_last=2",
+        "checkpoint.export_interval=8",
+    ]
+    train(load_train_config(TINY, overrides(dataset, run, *first)))
+    capsys.readouterr()
+
+    damage(checkpoint_dir(run, 12) / "__0_0.distcp", 1000, os.urandom(4096))
+    # export without --step names the step it takes and each newer one it passed over, and why
+    assert gristmill(["export", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "skipped step 12: step-000012 is damaged" in out and "__0_0.distcp: crc32" in out
+    assert "exporting step 8, the newest complete checkpoint that verifies" in out
+    assert gristmill(["export", str(run), "--step", "12"]) == 2
+    assert "__0_0.distcp" in one_error_line(capsys.readouterr().err)
+    damage(export_dir(run, 8) / "model.safetensors", 4096, b"\xff" * 4096)
+    assert gristmill(["export", str(run), "--step", "8"]) == 2
+    assert "model.safetensors: sha256" in one_error_line(capsys.readouterr().err)
+    assert gristmill(["verify", str(run)]) == 1
+    table = capsys.readouterr().out
+    assert table.count("DAMAGED") == 2 and "2 damaged" in table
+
+    # a torn last metrics line (a kill mid-write) and a damaged newest checkpoint: resume takes
+    # step 8, the newest that verifies, and continues exactly as the uninterrupted run
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 13, "loss": 4.')
+    resume = overrides(
+        dataset, run, "schedule.steps=16", "checkpoint.keep_last=2", 'checkpoint.resume="auto"'
+    )
+    train(load_train_config(TINY, resume))
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "step-000008, the newest complete checkpoint that verifies" in out
+    assert "skipped step-000012: step-000012 is damaged" in out and "cut off the torn last line" in out
+    assert losses(run) == losses(reference)
+    assert (run / "checkpoints" / "abandoned-step-000012").is_dir()  # set aside, never deleted
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[-2:] == ["step-000012", "step-000016"]
+
+    # a refused resume (another seed) leaves the run's config.toml as it was
+    config_before = (run / CONFIG_TOML).read_bytes()
+    assert main(["--config", TINY, "--set", *overrides(dataset, run, "schedule.steps=16", "data.seed=99"),
+                 'checkpoint.resume="auto"']) == 2  # fmt: skip
+    assert "seed" in one_error_line(capsys.readouterr().err)
+    assert (run / CONFIG_TOML).read_bytes() == config_before
+
+
+def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, capsys):
+    run = tmp_path / "run"
+    summary = train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))
+    capsys.readouterr()
+    # a checkpoint whose files verify but whose weights hold a NaN (as a run without the guard saved)
+    states = summary["states"]
+    name, param = next(iter(states["model"].model.named_parameters()))
+    with torch.no_grad():
+        param.view(-1)[:3] = float("nan")
+    bad = checkpoint_dir(run, 6)
+    dcp.save(states, checkpoint_id=str(bad), no_dist=True)
+    files = file_records(bad, [p.name for p in bad.iterdir()], "crc32")
+    _write_json_durably(bad / COMPLETE_FILE, {"step": 6, "files": files})
+    assert gristmill(["export", str(run), "--step", "6"]) == 2
+    assert f"non-finite weights ({name}: 3 NaN" in one_error_line(capsys.readouterr().err)
+    resume = f"checkpoint.resume={json.dumps(str(bad))}"
+    assert main(["--config", TINY, "--set", *overrides(dataset, tmp_path / "other", resume)]) == 2
+    assert f"holds non-finite values ({name}: 3 NaN" in one_error_line(capsys.readouterr().err)
+    # garbage .metadata: with checksums a damaged file; without (an older gristmill) unreadable
+    (checkpoint_dir(run, 4) / DCP_METADATA).write_bytes(b"garbage" * 50)
+    assert gristmill(["export", str(run), "--step", "4"]) == 2
+    assert ".metadata: 350 bytes" in one_error_line(capsys.readouterr().err)
+    record = json.loads((checkpoint_dir(run, 4) / COMPLETE_FILE).read_text())
+    del record["files"]
+    (checkpoint_dir(run, 4) / COMPLETE_FILE).write_text(json.dumps(record))
+    assert gristmill(["export", str(run), "--step", "4"]) == 2
+    assert ".metadata is unreadable (UnpicklingError" in one_error_line(capsys.readouterr().err)
+
+
+def test_one_writer_per_run_directory(dataset, tmp_path):
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75")
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    first = subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.time() + 120
+        while not metrics(run) or metrics(run)[-1]["step"] < 3:
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.05)
+        # a second trainer, and a launcher of two (refused before torchrun starts), side by side
+        two = [*cmd[:4], "--nproc-per-node", "2", *cmd[4:], "parallel.shard=2"]
+        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+        others = [subprocess.Popen(c, cwd=ROOT, env=ENV, **pipes) for c in (cmd, two)]
+        (out2, err2), (out3, err3) = (p.communicate(timeout=120) for p in others)
+        assert [p.returncode for p in others] == [2, 2], err2 + err3
+        line = one_error_line(err2)
+        assert f"{run} is in use by another gristmill train (pid {first.pid} on " in line
+        assert "is in use by another gristmill train" in one_error_line(err3)
+        assert "torch.distributed.run" not in out3
+        assert first.poll() is None, "the second trainer stopped the first"
+        out, err = first.communicate(timeout=240)
+        assert first.returncode == 0, out[-2000:] + err[-2000:]
+    finally:
+        first.kill()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, 151))  # whole, in order
+
+    # a lock left by a dead holder is taken over with a note
+    (run / LOCK_FILE).write_text(json.dumps({"pid": 4_000_000, "host": "elsewhere", "started": "then"}))
+    out = io.StringIO()
+    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']), out=out)
+    assert "took over the lock of pid 4000000 on elsewhere, started then" in out.getvalue()
+
+
+def test_read_only_run_directory_is_one_line(dataset, tmp_path):
+    if not _unshare_works():
+        pytest.skip("no mount namespaces here (unshare -rm) to make a read-only bind mount")
+    run = tmp_path / "run"
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))
+    shutil.rmtree(run / "exports", ignore_errors=True)
+    sets = overrides(dataset, run, "run.max_steps=8")
+    commands = {
+        "train": ["train", "--config", TINY, "--resume", "auto", "--set", *sets],
+        "export": ["export", str(run)],
+    }
+    script = [f"mount --bind {run} {run} && mount -o remount,bind,ro {run}"]
+    for name, args in commands.items():
+        cmd = " ".join(map(_sh, [sys.executable, "-m", "pipelines.cli", *args]))
+        script.append(
+            f"{cmd} > {tmp_path}/{name}.out 2> {tmp_path}/{name}.err; echo $? > {tmp_path}/{name}.rc"
+        )
+    subprocess.run(
+        ["unshare", "-rm", "sh", "-c", " && ".join(script)], cwd=ROOT, env=ENV, timeout=300, check=True
+    )
+    for name in commands:
+        err = (tmp_path / f"{name}.err").read_text()
+        assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err
+        assert "Read-only file system" in one_error_line(err)

@@ -1,0 +1,115 @@
+"""What the trainer does when training diverges: a step whose loss or gradient norm is not finite
+is never applied, the host hears of it when it next looks, and loss spikes are reported.
+
+The decision is made on the device, so steps that do not log pay no host sync: the flag (loss or
+gradient norm non-finite on any rank: one MAX all-reduce, identical everywhere) is handed to fused
+AdamW as `found_inf`, which then leaves weights, moments and step counts untouched (torch's own
+mechanism for AMP's skipped steps). Other optimizers (optim.fused = false, adamw8bit) cannot take
+the flag, so for them the host reads it before every step: one sync per step. Counts accumulate in
+device tensors that the host reads at each logged step and before every save, so nothing
+non-finite is ever saved. The LR schedule and the data position advance over a skipped step: its
+batch is consumed, as if it had been trained on.
+
+Then `run.on_nonfinite = "stop"` ends the run (NonFiniteError, exit 3) naming the step, the value
+and the last complete checkpoint; `"skip"` logs `skipped_steps` and stops after
+`run.max_skipped` consecutive ones. A loss above mean + k·std of the last logged losses is an
+event in metrics.jsonl and a warning, never acted on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+_WHAT = {1: "loss", 2: "gradient norm", 3: "loss and gradient norm"}
+
+
+def nonfinite_code(loss: torch.Tensor, grad_norm: torch.Tensor, world_size: int) -> torch.Tensor:
+    """0 when this step may be applied; 1 loss, 2 gradient norm, 3 both non-finite (on some rank).
+    Stays on the device; under several ranks every rank gets the same value."""
+    code = (~torch.isfinite(loss)).long() + 2 * (~torch.isfinite(grad_norm.to(loss.device))).long()
+    if world_size > 1:
+        dist.all_reduce(code, op=dist.ReduceOp.MAX)  # async on NCCL: no host sync
+    return code
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, code: torch.Tensor) -> None:
+    """optimizer.step() unless `code` says the step is not finite."""
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and optimizer.defaults.get("fused"):
+        # Fused Adam(W) skips the update (and undoes its step count) where found_inf is 1.
+        optimizer.found_inf = (code > 0).to(torch.float32)
+        optimizer.step()
+    elif not code.item():
+        optimizer.step()
+
+
+class NonFiniteGuard:
+    """Device-side tally of skipped steps since the host last looked (no sync until `read`)."""
+
+    def __init__(self, device: torch.device):
+        zero = lambda: torch.zeros((), dtype=torch.int64, device=device)  # noqa: E731
+        self.skipped, self.consecutive, self.first_step, self.first_code = zero(), zero(), zero(), zero()
+        self.unlogged: dict[str, Any] = {}
+
+    def record(self, step: int, code: torch.Tensor) -> None:
+        bad = (code > 0).long()
+        self.skipped += bad
+        self.consecutive = (self.consecutive + bad) * bad
+        first = (self.first_step == 0) & (bad > 0)
+        self.first_step = torch.where(first, step, self.first_step)
+        self.first_code = torch.where(first, code, self.first_code)
+
+    def read(self) -> dict[str, Any]:
+        """One host sync: {"skipped": n since the last read, "consecutive": n ending at the last step,
+        "first_step": the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
+        skipped, consecutive, first, code = torch.stack(
+            [self.skipped, self.consecutive, self.first_step, self.first_code]
+        ).tolist()
+        self.skipped.zero_()
+        self.first_step.zero_()
+        report = {
+            "skipped": skipped,
+            "consecutive": consecutive,
+            "first_step": first,
+            "what": _WHAT.get(code),
+        }
+        if skipped:
+            self.unlogged = self.unlogged or {"skipped": 0, "first_step": first, "what": report["what"]}
+            self.unlogged["skipped"] += skipped
+        return report
+
+    def take_unlogged(self) -> dict[str, Any]:
+        """What `read` saw since the last call (skipped steps, the first one and why), for a metrics row."""
+        out, self.unlogged = self.unlogged or {"skipped": 0}, {}
+        return out
+
+
+class SpikeDetector:
+    """A logged loss above mean + sigma·std of the previous `window` logged losses (at least half a
+    window of them) is a spike; returns its description, or None. Non-finite losses are not its job."""
+
+    def __init__(self, window: int, sigma: float):
+        self.sigma = sigma
+        self.recent: deque[float] = deque(maxlen=max(window, 1))
+
+    def check(self, loss: float) -> dict[str, float] | None:
+        if self.sigma <= 0 or not math.isfinite(loss):
+            return None
+        spike = None
+        if len(self.recent) >= max(2, self.recent.maxlen // 2):
+            mean = sum(self.recent) / len(self.recent)
+            std = math.sqrt(sum((x - mean) ** 2 for x in self.recent) / len(self.recent))
+            if loss > mean + self.sigma * std and std > 0:
+                spike = {
+                    "loss": loss,
+                    "mean": mean,
+                    "std": std,
+                    "sigma": self.sigma,
+                    "window": len(self.recent),
+                }
+        self.recent.append(loss)
+        return spike

@@ -1,0 +1,110 @@
+"""One writer per run directory: RUN/.gristmill.lock, held by rank 0 for the life of the run.
+
+Two trainers on one run directory truncate each other's metrics.jsonl and interleave checkpoints;
+a resume started beside a survivor of a killed job does the same. The lock is an flock (released
+by the kernel when its holder dies, however it dies), and the file holds the holder's host, PID and
+start time for the message. A file left by a dead holder is taken over with a note; the file is
+never deleted (deleting an flock file lets two processes lock two different files).
+
+flock is local to a host: on NFS without lock support, or with two hosts writing one directory,
+only the host/PID text remains, and it is shown, not enforced.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from training.errors import GristmillError
+from training.run_layout import LOCK_FILE
+
+
+class RunLockedError(GristmillError):
+    """Another process is writing this run directory."""
+
+
+def _holder_text(raw: str) -> str:
+    try:
+        h = json.loads(raw)
+        return f"pid {h['pid']} on {h['host']}, started {h['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no details"
+
+
+def _in_use(run_dir: str | Path, holder: str) -> str:
+    return (
+        f"{run_dir} is in use by another gristmill train ({holder}); wait for it to end or stop it, or "
+        "set run.output_dir to another directory"
+    )
+
+
+def _open(run_dir: Path):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return open(run_dir / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+
+
+class RunLock:
+    """`with RunLock(run_dir) as lock:` holds the directory; `lock.note` says if it took over a stale one."""
+
+    def __init__(self, run_dir: str | Path):
+        self.run_dir = Path(run_dir)
+        self.file = None
+        self.note: str | None = None
+
+    def acquire(self) -> RunLock:
+        f = _open(self.run_dir)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = _holder_text(f.read())
+            f.close()
+            raise RunLockedError(_in_use(self.run_dir, holder)) from None
+        f.seek(0)
+        old = f.read().strip()
+        if old:  # a holder that died without releasing: the kernel dropped its flock
+            self.note = f"note: took over the lock of {_holder_text(old)}, which is no longer running"
+        f.seek(0)
+        f.truncate()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": stamp}) + "\n")
+        f.flush()
+        self.file = f
+        return self
+
+    def release(self) -> None:
+        if self.file is None:
+            return
+        try:
+            self.file.seek(0)
+            self.file.truncate()  # an empty file: released cleanly, nothing to take over
+            self.file.flush()
+        except OSError:
+            pass
+        finally:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def check_unlocked(run_dir: str | Path) -> None:
+    """Raise RunLockedError if a live process holds `run_dir` (the launcher's check before torchrun
+    starts; rank 0 then takes the lock itself). Changes nothing on disk."""
+    path = Path(run_dir) / LOCK_FILE
+    if not path.is_file():
+        return
+    with open(path, encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLockedError(_in_use(run_dir, _holder_text(f.read()))) from None
