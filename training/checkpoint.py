@@ -186,16 +186,20 @@ def verify_checkpoint(path: str | Path) -> str | None:
 
 def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     """The first tensor (this rank's shard of a DTensor) holding NaN or inf, described, or None.
-    One host sync for all of them."""
+
+    A NaN or inf makes a tensor's sum non-finite, and a sum is ~45× cheaper than isfinite().all()
+    on a CPU (no boolean copy): 0.07 s instead of 3.3 s for 378M floats. Only a tensor whose sum is
+    not finite (or whose finite values overflowed it) gets the exact check. One host sync."""
     items = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in named]
     items = [(n, t) for n, t in items if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
     if not items:
         return None
-    ok = torch.stack([torch.isfinite(t).all() for _, t in items])
-    if bool(ok.all()):
-        return None
-    name, t = items[int((~ok).nonzero()[0])]
-    return f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
+    sums = torch.stack([t.sum(dtype=torch.float32) for _, t in items])
+    for i in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
+        name, t = items[i]
+        if not bool(torch.isfinite(t).all()):
+            return f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
+    return None
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):

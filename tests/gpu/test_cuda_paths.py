@@ -226,6 +226,7 @@ def test_train_step_has_no_host_sync():
     """After warm-up, a non-logging train_step (compiled blocks, chunked loss, fused AdamW, clip)
     never synchronises the host with the GPU: torch raises on any synchronising call."""
     from training.config import OptimSection, ScheduleSection
+    from training.divergence import NonFiniteGuard
     from training.optim import build_optimizer, build_scheduler
     from training.train import train_step
 
@@ -239,14 +240,17 @@ def test_train_step_has_no_host_sync():
     amp = lambda: autocast_context(pcfg, None, "cuda")
     for _ in range(3):
         train_step(model, opt, sched, batches, grad_clip=1.0, amp=amp)
+    guard = NonFiniteGuard(CUDA)  # the non-finite check and its tally: on the device too
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         out = train_step(model, opt, sched, batches, grad_clip=1.0, amp=amp)
+        guard.record(4, out["nonfinite"])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch._dynamo.reset()
     assert torch.isfinite(out["loss"]).item() and torch.isfinite(out["grad_norm"]).item()
+    assert guard.read()["skipped"] == 0
 
 
 def _free_port() -> int:
