@@ -8,7 +8,11 @@ documents exactly as for a trained run.
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +34,8 @@ from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--tasks", "demo_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3"]
 
 
 def _tiny_model(dataset: Path, seed: int) -> Transformer:
@@ -225,14 +231,20 @@ def read_dataset_info_path(run: Path) -> Path:
 
 
 def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(built_dataset, tmp_path, capsys):
+    """Also: a run path with glob characters ("[1]": lm-eval's data_files are glob patterns to
+    `datasets`, which once matched nothing and died with StopIteration), and an export written
+    before checksums were recorded (evaluated, with a note)."""
     from pipelines.cli import main
 
-    run = tmp_path / "run"
+    run = tmp_path / "run[1]"
     _make_run(run, built_dataset, [5, 10])
+    (export_dir(run, 10) / "gristmill_checksums.json").unlink()
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu"]
     assert main(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", *args]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "demo_cloze" in out and "word_perplexity" in out  # the table of each evaluated step
+    assert f"note: {export_dir(run, 10)} has no gristmill_checksums.json" in err
+    assert "note:" not in err.replace(f"note: {export_dir(run, 10)}", "")  # step 5's export verified
     assert (run / "eval.png").is_file()
 
     expected = set()
@@ -296,3 +308,172 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     mtime = (out / "demo_ppl.jsonl").stat().st_mtime_ns
     assert build_task_data(built_dataset, 0.1, out, max_docs=6) == out  # up to date: kept
     assert (out / "demo_ppl.jsonl").stat().st_mtime_ns == mtime
+
+
+def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
+    """A run with `src`'s config.toml (same dataset) and, if `export`, a copy of its step-5 export."""
+    dst.mkdir(parents=True)
+    shutil.copy(src / "config.toml", dst / "config.toml")
+    if export:
+        shutil.copytree(export_dir(src, 5), export_dir(dst, 5))
+    return dst
+
+
+def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
+    """results.json round-trips NaN/inf (also numpy scalars), eval.parquet keeps them as NaN/inf,
+    "N/A" stderrs and aliases stay out; nonfinite_metrics says which task has no finite metric."""
+    import pyarrow.parquet as pq
+
+    from validation.eval_results import nonfinite_metrics, read_step_results, write_step_results
+
+    results = {
+        "results": {
+            "demo_ppl": {
+                "alias": "demo_ppl",
+                "word_perplexity,none": np.float32("nan"),
+                "word_perplexity_stderr,none": "N/A",
+                "bits_per_byte,none": float("inf"),
+                "bits_per_byte_stderr,none": float("nan"),
+            },
+            "demo_cloze": {
+                "acc,none": np.float64(0.25),
+                "acc_stderr,none": 0.1,
+                "acc_norm,none": float("nan"),
+            },
+        },
+        "n-samples": {"demo_ppl": {"effective": 5}, "demo_cloze": {"effective": 8}},
+    }
+    write_step_results(tmp_path, 7, results)
+    back = read_step_results(tmp_path, 7)
+    ppl = back["results"]["demo_ppl"]
+    assert math.isnan(ppl["word_perplexity,none"]) and ppl["bits_per_byte,none"] == math.inf
+    table = pq.read_table(tmp_path / "eval.parquet").to_pylist()
+    rows = {(r["task"], r["metric"]): (r["value"], r["stderr"]) for r in table}
+    assert sorted(rows) == [
+        ("demo_cloze", "acc"),
+        ("demo_cloze", "acc_norm"),
+        ("demo_ppl", "bits_per_byte"),
+        ("demo_ppl", "word_perplexity"),
+    ]
+    nan = pytest.approx(math.nan, nan_ok=True)
+    assert rows["demo_ppl", "word_perplexity"] == (nan, None)  # "N/A" stderr: not a number
+    assert rows["demo_ppl", "bits_per_byte"] == (math.inf, nan)
+    assert rows["demo_cloze", "acc"] == (0.25, 0.1) and rows["demo_cloze", "acc_norm"] == (nan, None)
+    bad = nonfinite_metrics(7, back)
+    assert {
+        task: (sorted(r["metric"] for r in bad_rows), dead) for task, (bad_rows, dead) in bad.items()
+    } == {
+        "demo_ppl": (["bits_per_byte", "word_perplexity"], True),
+        "demo_cloze": (["acc_norm"], False),
+    }
+
+
+def test_nan_metric_is_shown_warned_and_fails_the_eval(eval_run, tmp_path, capsys):
+    """A model whose weights are finite but whose logits overflow (final norm scaled to 3e38): every
+    perplexity is NaN. It stays in the table, results.json and eval.parquet, a warning names the task
+    and metrics, eval.png still renders, and the eval exits 2 with one error line."""
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+
+    src, models = eval_run
+    run = _copy_run(src, tmp_path / "run", export=False)
+    state = {k: v.clone() for k, v in models[5].state_dict().items()}
+    state["norm.weight"].fill_(3e38)
+    export_hf(state, models[5].cfg, read_dataset_info_path(src), export_dir(run, 5), meta={"step": 5})
+
+    assert main(["eval", str(run), *QUICK]) == 2
+    out, err = capsys.readouterr()
+    table = {tuple(line.split()[1:4]) for line in out.splitlines() if "demo_ppl" in line}
+    assert table == {("demo_ppl", m, "nan") for m in ("bits_per_byte", "byte_perplexity", "word_perplexity")}
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "demo_ppl" in warnings[0] and "word_perplexity = nan" in warnings[0]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no metric of demo_ppl is finite" in errors[0] and "Traceback" not in err
+    res = json.loads((eval_dir(run, 5) / "results.json").read_text())
+    assert math.isnan(res["results"]["demo_ppl"]["word_perplexity,none"])
+    rows = pq.read_table(run / "eval.parquet").to_pylist()
+    assert len(rows) == 3 and all(math.isnan(r["value"]) for r in rows)
+    assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_damaged_or_nonfinite_export_is_refused_before_evaluation(eval_run, tmp_path, capsys):
+    """Bytes overwritten inside model.safetensors (size unchanged), a truncated one, and an export
+    whose checksums match but whose weights hold a NaN: each one error line, exit 2, no results."""
+    from pipelines.cli import main
+
+    src, models = eval_run
+    overwritten = _copy_run(src, tmp_path / "overwritten")
+    with open(export_dir(overwritten, 5) / "model.safetensors", "r+b") as f:
+        f.seek(8192)
+        f.write(b"\xff" * 4096)
+    truncated = _copy_run(src, tmp_path / "truncated")
+    weights = export_dir(truncated, 5) / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    nan = _copy_run(src, tmp_path / "nan", export=False)
+    state = {k: v.clone() for k, v in models[5].state_dict().items()}
+    state["layers.1.feed_forward.w2.weight"][3, 7] = math.nan
+    export_hf(state, models[5].cfg, read_dataset_info_path(src), export_dir(nan, 5), meta={"step": 5})
+
+    expected = {
+        overwritten: "sha256",  # "…/model.safetensors: sha256 …, … when written"
+        truncated: "bytes",  # "…/model.safetensors: N bytes, M when written"
+        nan: "non-finite weights as loaded in float32: model.layers.1.mlp.down_proj.weight: 1 NaN and 0 inf",
+    }
+    for run, what in expected.items():
+        assert main(["eval", str(run), "--step", "5", *QUICK]) == 2, run
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and what in errors[0] and "Traceback" not in err, err
+        assert str(export_dir(run, 5)) in errors[0]
+        if run != nan:
+            assert f"{export_dir(run, 5) / 'model.safetensors'}: " in errors[0]
+        assert not (eval_dir(run, 5) / "results.json").exists() and not (run / "eval.parquet").exists()
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                           capture_output=True)  # fmt: skip
+    return probe.returncode == 0
+
+
+def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
+    """A run directory eval cannot write to: one line naming it and the fix, exit 2, before any model
+    loads. Not root: chmod. Root (chmod stops nothing): a read-only bind mount in a private mount
+    namespace (unshare -rm)."""
+    src, _ = eval_run
+    run = _copy_run(src, tmp_path / "run")
+    cmd = [sys.executable, "-m", "pipelines.cli", "eval", str(run), *QUICK]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if os.geteuid() != 0:
+        run.chmod(0o555)
+        try:
+            proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        finally:
+            run.chmod(0o755)
+    elif _unshare_works():
+        ro = _sh(str(run))
+        script = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {' '.join(map(_sh, cmd))}"
+        proc = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    else:
+        pytest.skip(
+            "running as root without mount namespaces (unshare -rm): no way to make the run read-only"
+        )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr and "[eval]" not in proc.stderr, proc.stderr
+    assert errors[0].startswith(f"error: cannot write in {run}: ") and f"make {run} writable" in errors[0]
+    assert not (run / "eval").exists()
+
+
+def _sh(word: str) -> str:
+    return "'" + word.replace("'", "'\\''") + "'"

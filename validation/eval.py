@@ -8,20 +8,31 @@ A step is evaluated from RUN/exports/step-N (exported on demand from a complete 
 there is none yet) with `GristmillHFLM` (validation/eval_model.py: the training framing, exactly
 one separator before every text). Results go to RUN/eval/step-N/results.json (lm-eval's own dict,
 merged per task), RUN/eval.parquet (one row per step, task, metric: the `eval` view of `gristmill
-data audit RUN`) and RUN/eval.png. Before any model is loaded, every task name is resolved and hub
-tasks whose data cannot be had offline are refused with one message.
+data audit RUN`) and RUN/eval.png. Before any model is loaded, every task name is resolved, hub
+tasks whose data cannot be had offline are refused with one message, and so is a run directory the
+results cannot be written to.
+
+Weights are checked before they are trusted: the export's files against its checksums
+(`verify_export`, via `export_checkpoint`), then every loaded parameter for NaN/inf. No number is
+hidden: a NaN or inf metric is kept in results.json, eval.parquet and the table, with a warning
+line naming the task and metric; when no metric of a task is finite the eval fails (exit 2) after
+the results are written.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from training.checkpoint import nonfinite_tensor
 from training.config_loader import load_config, save_config
+from training.errors import GristmillError
 from training.hf_export import export_checkpoint, run_config
 from training.run_layout import (
     EVAL_DIR,
@@ -41,10 +52,22 @@ from validation.eval_data import (
 from validation.eval_results import (
     EVAL_PARQUET,
     EVAL_PLOT,
+    RESULTS_JSON,
+    describe_metric,
+    nonfinite_metrics,
     read_step_results,
     write_plot,
     write_step_results,
 )
+
+
+class NonFiniteMetricsError(EvalError):
+    """Some task of an evaluated step has no finite metric; its results are written all the same."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
 
 HELP = "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)"
 DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
@@ -144,28 +167,101 @@ def _device(choice: str) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
 
 
+def _log(message: str) -> None:
+    print(f"[eval] {message}", file=sys.stderr, flush=True)
+
+
+def check_writable(run_dir: Path) -> None:
+    """Refuse, before any work, a run directory the eval cannot write its results into (read-only
+    mount, permissions): one line naming it, instead of an OSError after the model has run."""
+    for where in (run_dir, run_dir / EVAL_DIR):
+        if where != run_dir and not where.is_dir():
+            continue  # made later inside run_dir, which is checked
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".gristmill-write-probe-", dir=where)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise EvalError(
+                f"cannot write in {where}: {e.strerror or e}; gristmill eval writes its results into the run "
+                f"directory ({EVAL_DIR}/, {EVAL_PARQUET}, {EVAL_PLOT}): make {run_dir} writable, or evaluate "
+                "a writable copy of it (config.toml and the step's exports/ or checkpoints/ directory)"
+            ) from None
+
+
+def check_finite_weights(lm: Any, export: Path, dtype: str) -> None:
+    """Raise EvalError naming the export and the first parameter of the loaded model holding NaN/inf."""
+    bad = nonfinite_tensor(lm.model.named_parameters())
+    if bad is not None:
+        hint = " (float16 cannot hold values beyond ±65504: try dtype=bfloat16)" if dtype == "float16" else ""
+        raise EvalError(
+            f"export {export} holds non-finite weights as loaded in {dtype}{hint}: {bad}; nothing was "
+            "evaluated. Evaluate another step, or delete the export and re-export it from its checkpoint "
+            "(gristmill export RUN --step N checks the checkpoint's weights)"
+        )
+
+
+def nonfinite_error(run_dir: Path, step: int, results: dict[str, Any]) -> NonFiniteMetricsError | None:
+    """One warning line per task with a NaN/inf metric (to stderr); the error to raise when some task
+    has no finite metric at all, else None."""
+    dead = []
+    for task, (bad, none_finite) in sorted(nonfinite_metrics(step, results).items()):
+        print(
+            f"warning: step {step} {task}: {', '.join(map(describe_metric, bad))} "
+            f"({'no metric of it is finite' if none_finite else 'not finite'}): the model's log-likelihoods "
+            "are NaN or inf",
+            file=sys.stderr,
+            flush=True,
+        )
+        if none_finite:
+            dead.append(task)
+    if not dead:
+        return None
+    return NonFiniteMetricsError(
+        f"step {step}: no metric of {', '.join(dead)} is finite (NaN/inf log-likelihoods: the model's "
+        "activations overflow or it diverged); the values are kept in "
+        f"{eval_dir(run_dir, step) / RESULTS_JSON} and {run_dir / EVAL_PARQUET}",
+        step,
+    )
+
+
 def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None) -> Path:
-    """Evaluate one step; returns RUN/eval/step-N/results.json."""
+    """Evaluate one step; returns RUN/eval/step-N/results.json. Raises NonFiniteMetricsError after
+    writing everything when some task has no finite metric."""
     from validation.eval_model import GristmillHFLM
 
     run_dir = Path(run_dir)
     plan = plan or TaskPlan(run_dir, cfg)
-    export = export_checkpoint(run_dir, step)  # the existing export, or one written from checkpoint N
+    # The existing export, its files verified against its checksums (a note for an old export without
+    # them), or one written from checkpoint N (whose files and weights are verified first).
+    export = export_checkpoint(run_dir, step, log=_log)
     print(f"[eval] step {step}: {', '.join(plan.names)} on {export}", file=sys.stderr, flush=True)
     t0 = time.time()
-    lm = GristmillHFLM(
-        pretrained=str(export),
-        device=_device(cfg.device),
-        dtype=cfg.dtype,
-        batch_size=cfg.batch_size,
-        max_length=cfg.max_length or run_data_config(run_dir).seq_len,
-    )
+    try:
+        lm = GristmillHFLM(
+            pretrained=str(export),
+            device=_device(cfg.device),
+            dtype=cfg.dtype,
+            batch_size=cfg.batch_size,
+            max_length=cfg.max_length or run_data_config(run_dir).seq_len,
+        )
+    except Exception as e:  # e.g. SafetensorError: a truncated file in an export without checksums
+        if isinstance(e, GristmillError):
+            raise
+        raise EvalError(
+            f"cannot load export {export} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+            "delete it and re-export it from its checkpoint (gristmill export RUN --step N)"
+        ) from None
+    check_finite_weights(lm, export, cfg.dtype)
     results = evaluate_lm(lm, plan, cfg)
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
     out = write_step_results(run_dir, step, dict(results))
     save_config(cfg, eval_dir(run_dir, step) / "config.toml")
     write_plot(run_dir)
     print(f"[eval] step {step} took {time.time() - t0:.0f} s: {out}", file=sys.stderr, flush=True)
+    error = nonfinite_error(run_dir, step, results)
+    if error is not None:
+        raise error
     return out
 
 
@@ -174,34 +270,61 @@ def evaluated(run_dir: str | Path, step: int, names: list[str]) -> bool:
     return all(n in res for n in names)
 
 
-def evaluate_missing(run_dir: str | Path, cfg: EvalConfig, plan: TaskPlan, show: bool = True) -> list[int]:
-    """Evaluate every available step that has no results for the plan's tasks yet; returns them."""
-    done = []
+def evaluate_missing(
+    run_dir: str | Path,
+    cfg: EvalConfig,
+    plan: TaskPlan,
+    show: bool = True,
+    failures: list[NonFiniteMetricsError] | None = None,
+) -> list[int]:
+    """Evaluate every available step that has no results for the plan's tasks yet; returns them.
+
+    A step with a task whose metrics are all NaN/inf does not stop the others: its error goes to
+    `failures` when a list is given, else the errors are raised together once every step is done."""
+    done, failed = [], []
     for step in available_steps(run_dir):
         if not evaluated(run_dir, step, plan.names):
-            evaluate_step(run_dir, step, cfg, plan)
+            try:
+                evaluate_step(run_dir, step, cfg, plan)
+            except NonFiniteMetricsError as e:
+                failed.append(e)
             if show:
                 print_table(run_dir, [step])
             done.append(step)
+    if failures is not None:
+        failures.extend(failed)
+    elif failed:
+        raise _joined(failed)
     return done
+
+
+def _joined(errors: list[NonFiniteMetricsError]) -> NonFiniteMetricsError:
+    if len(errors) == 1:
+        return errors[0]
+    return NonFiniteMetricsError("; ".join(map(str, errors)), errors[0].step)
 
 
 def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_s: float = 0.0) -> int:
     """Evaluate each step that gains an export (or complete checkpoint) until interrupted, or until
-    nothing new appeared for `idle_exit_s` seconds (0: never)."""
+    nothing new appeared for `idle_exit_s` seconds (0: never). Steps with a task whose metrics are
+    all NaN/inf do not stop the watch; they make it end with NonFiniteMetricsError."""
     run_dir = Path(run_dir)
     plan = TaskPlan(run_dir, cfg)
     last_new = time.time()
+    failures: list[NonFiniteMetricsError] = []
     print(f"[eval] watching {run_dir} every {poll_s:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
     try:
         while True:
-            if evaluate_missing(run_dir, cfg, plan):
+            if evaluate_missing(run_dir, cfg, plan, failures=failures):
                 last_new = time.time()
             if idle_exit_s and time.time() - last_new > idle_exit_s:
-                return 0
+                break
             time.sleep(poll_s)
     except KeyboardInterrupt:
-        return 0
+        pass
+    if failures:
+        raise _joined(failures)
+    return 0
 
 
 def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -> None:
@@ -249,6 +372,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     run_config(run_dir)  # refuses a directory that is not a training run, before any task work
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
+    check_writable(run_dir)
     if args.watch:
         return watch(run_dir, cfg, args.poll, args.idle_exit)
     steps = available_steps(run_dir)
@@ -265,7 +389,11 @@ def run(args: argparse.Namespace) -> int:
             f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
             f"{', '.join(map(str, steps)) or 'none'}"
         )
-    evaluate_step(run_dir, step, cfg)
+    try:
+        evaluate_step(run_dir, step, cfg)
+    except NonFiniteMetricsError:
+        print_table(run_dir, [step])  # the NaN/inf rows too, then the one error line
+        raise
     print_table(run_dir, [step])
     print(f"all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql \"FROM eval\"), "
           f"plot: {run_dir / EVAL_PLOT}")  # fmt: skip

@@ -3,8 +3,9 @@
 Local tasks are the lm-eval YAML files in validation/eval_tasks/ (`demo_ppl`, `demo_cloze`). Their
 data comes from the run's held-out documents — the loader's val split (`data.val_fraction`), which
 training never sees — and is written once per run to RUN/eval/data/ (`build_task_data`, also run
-by `gristmill demo`). `local_task_config` loads a YAML with its data_files made absolute: lm-eval
-resolves relative data_files against the current directory.
+by `gristmill demo`). `local_task_config` loads a YAML with its data_files made absolute (lm-eval
+resolves relative data_files against the current directory) and glob-escaped: `datasets` reads
+data_files as fsspec glob patterns, so a run directory named like `run[1]` would match nothing.
 
 Hub tasks (hellaswag, arc_easy …) come from lm-eval's own registry; `check_hub_tasks` says, before
 any model is loaded, which of them cannot run because the hub is unreachable and the dataset is not
@@ -13,6 +14,7 @@ in the local cache.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -53,7 +55,8 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
             raise EvalError(
                 f"task {name} needs {path}; build it with `gristmill eval RUN` (it writes the data)"
             )
-        files[split] = str(path)
+        # A pattern to `datasets` (fsspec glob): "[", "*", "?" in the run's path must match themselves.
+        files[split] = glob.escape(str(path))
     return cfg
 
 

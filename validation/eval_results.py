@@ -3,12 +3,18 @@
 eval.parquet has one row per (step, task, metric, filter) and is rebuilt from every results.json
 after each evaluation, so it can never disagree with them. It is the `eval` view of
 `gristmill data audit RUN`. Only pyarrow and json here: the audit imports EVAL_SCHEMA.
+
+No number is hidden: a NaN or infinite metric (a model whose log-likelihoods overflow) is kept in
+results.json (Python's json writes and reads `NaN`/`Infinity`), in eval.parquet and in the printed
+table as NaN/inf; `nonfinite_metrics` lists them for the warnings and the failed exit of the eval.
+Only what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parquet.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -47,7 +53,19 @@ _PER_TASK_KEYS = (
 
 
 def _number(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+    """`v` as a float when it is a number (NaN and ±inf included: they say the model is broken), else
+    None ("N/A", aliases, booleans). numpy scalars count as numbers."""
+    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
+
+
+def _json_default(v: Any) -> Any:
+    """json.dumps fallback: numpy scalars as the numbers they are (a float32 NaN must stay a number,
+    not become the string "nan"), anything else as its str()."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v)
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        return float(v)
+    return str(v)
 
 
 def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -75,6 +93,26 @@ def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def nonfinite_metrics(step: int, results: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], bool]]:
+    """{task: (its eval.parquet rows whose value is NaN or inf, whether no metric of it is finite)}
+    of one lm-eval results dict, for the tasks with at least one such row."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in rows_of(step, results):
+        by_task.setdefault(r["task"], []).append(r)
+    out = {}
+    for task, rows in by_task.items():
+        bad = [r for r in rows if not math.isfinite(r["value"])]
+        if bad:
+            out[task] = (bad, len(bad) == len(rows))
+    return out
+
+
+def describe_metric(row: dict[str, Any]) -> str:
+    """A row as `word_perplexity = nan` (its filter named when it is not lm-eval's "none")."""
+    filt = "" if row["filter"] in ("none", "") else f" [{row['filter']}]"
+    return f"{row['metric']}{filt} = {row['value']}"
+
+
 def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
     """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet."""
     out = eval_dir(run_dir, step) / RESULTS_JSON
@@ -85,7 +123,9 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) 
             if isinstance(old.get(key), dict) and isinstance(results.get(key), dict):
                 results[key] = {**old[key], **results[key]}
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(results, indent=2, default=str, ensure_ascii=False) + "\n", encoding="utf-8")
+    # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
+    text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
+    tmp.write_text(text + "\n", encoding="utf-8")
     os.replace(tmp, out)
     write_parquet(run_dir)
     return out
@@ -113,7 +153,8 @@ def write_parquet(run_dir: str | Path) -> Path:
 
 
 def write_plot(run_dir: str | Path) -> Path:
-    """RUN/eval.png: one panel per (task, metric), value over steps."""
+    """RUN/eval.png: one panel per (task, metric), value over steps; NaN/inf values are left out of
+    the lines (the table and eval.parquet keep them), a panel with none finite says so."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,8 +168,11 @@ def write_plot(run_dir: str | Path) -> Path:
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)
     for ax, ((task, metric), pts) in zip(axes.flat, sorted(series.items())):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        pts = sorted(p for p in pts if math.isfinite(p[1]))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        else:
+            ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(f"{task}: {metric}", fontsize=9)
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(series) :]:
