@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint  # noqa: E402
+from training.contract.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint  # noqa: E402
 from validation.audit import run_preset  # noqa: E402
 from validation.audit_views import connect  # noqa: E402
 

@@ -45,7 +45,7 @@ from pipelines.build import build  # noqa: E402
 from pipelines.config import DataConfig  # noqa: E402
 from pipelines.demo_corpus import SCHEMA, write_demo_corpus  # noqa: E402
 from tokenization.tokenizer_io import train_bpe  # noqa: E402
-from training.config_loader import load_config  # noqa: E402
+from training.contract.config_loader import load_config  # noqa: E402
 
 
 def make_corpus(demo: Path, out: Path, mb: float, n_files: int = 4) -> list[str]:

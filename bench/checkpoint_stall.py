@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.checkpoint import Checkpointer, dir_size  # noqa: E402
 from training.config import CheckpointSection, OptimSection, ScheduleSection  # noqa: E402
-from training.integrity import file_records  # noqa: E402
+from training.contract.integrity import file_records  # noqa: E402
 from training.metrics import fmt_bytes  # noqa: E402
 from training.model import PRESETS, Transformer, num_params  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402

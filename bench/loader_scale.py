@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint  # noqa: E402
-from training.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS  # noqa: E402
+from training.contract.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint  # noqa: E402
+from training.contract.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS  # noqa: E402
 
 MEAN_MAX = 1734  # uniform 1..1734: mean 867 tokens, FineWeb-Edu's 1.3T tokens / 1.5B documents
 SHARD_CAP = 3 << 30  # a shard starts a new one past 3 GiB, so in-shard offsets stay uint32

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.dataset_format import read_dataset_info, shard_files  # noqa: E402
+from training.contract.dataset_format import read_dataset_info, shard_files  # noqa: E402
 from training.loader import TokenLoader  # noqa: E402
 
 

@@ -33,8 +33,8 @@ from pipelines.config import DataConfig, content_identity, identity_sha256
 from pipelines.sources import SourceFiles, list_source_files, non_numeric_columns
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
-from training.config_loader import add_config_arguments, load_config, save_config
-from training.dataset_format import (
+from training.contract.config_loader import add_config_arguments, load_config, save_config
+from training.contract.dataset_format import (
     DATASET_JSON,
     EXCLUDED_DIR,
     LOGS_DIR,
@@ -42,7 +42,7 @@ from training.dataset_format import (
     SHARDS_DIR,
     TOKENIZER_JSON,
 )
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 HELP = "build validated token shards from a data recipe (configs/data/*.toml)"
 BUILD_JSON = "build.json"

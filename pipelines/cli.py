@@ -13,7 +13,7 @@ import importlib
 import io
 import sys
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 # (command words) -> module implementing it
 COMMANDS: dict[tuple[str, ...], str] = {
@@ -22,7 +22,7 @@ COMMANDS: dict[tuple[str, ...], str] = {
     ("data", "validate"): "validation.validate",
     ("data", "audit"): "validation.audit",
     ("data", "inspect"): "training.inspect",
-    ("data", "index"): "training.dataset_index",
+    ("data", "index"): "pipelines.data_index",
     ("tokenizer", "train"): "tokenization.train",
     ("train",): "training.launch",
     ("export",): "training.hf_export",

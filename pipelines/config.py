@@ -1,6 +1,6 @@
 """The data build recipe (`configs/data/*.toml`) as dataclasses; every field documents itself.
 
-Loaded with `training.config_loader.load_config(DataConfig, path, overrides)`, so unknown keys and
+Loaded with `training.contract.config_loader.load_config(DataConfig, path, overrides)`, so unknown keys and
 wrong types are errors naming the key, and `--set build.workers=2` overrides any field.
 """
 

@@ -31,7 +31,7 @@ def _stage(n: int, total: int, title: str, command: str) -> float:
 def run(args: argparse.Namespace) -> int:
     from pipelines.build import build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 

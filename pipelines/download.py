@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 HELP = "pre-fetch a FineWeb-Edu subset's parquet files (resumable, checksummed) for offline builds"
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"

@@ -21,7 +21,7 @@ from datatrove.utils.word_tokenizers import WordTokenizer
 
 from pipelines.config import FiltersConfig
 from pipelines.sources import READ_ERROR
-from training.dataset_format import EXCLUDED_DIR, EXCLUDED_SCHEMA
+from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_SCHEMA
 
 TMP_SUFFIX = ".tmp"
 # A filter returns a short categorical reason (datatrove counts drops per reason in its stats) and
@@ -188,7 +188,7 @@ def _word_tokenizer(cfg: FiltersConfig):
         try:
             import spacy  # noqa: F401
         except ImportError:
-            from training.errors import GristmillError
+            from training.contract.errors import GristmillError
 
             raise GristmillError(
                 'filters.gopher_word_tokenizer = "spacy" needs spaCy: `pip install spacy`, '

@@ -228,7 +228,7 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
             f"{sum(f['bytes'] for f in info['shard_files'].values()) / 1e6:.1f} MB",
         ),
     ]
-    if "index" in info:  # the loader reads this, never the manifest (training/dataset_index.py)
+    if "index" in info:  # the loader reads this, never the manifest (training/contract/dataset_index.py)
         files = info["index"]["files"]
         size = sum(f["bytes"] for f in files.values())
         rows.append(

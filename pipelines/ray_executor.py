@@ -33,7 +33,7 @@ from datatrove.executor.ray import RayPipelineExecutor
 
 from pipelines.build_logs import loguru_to
 from pipelines.config import RayConfig
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 ERRORS_DIR = "errors"
 LOOPBACK = "127.0.0.1"

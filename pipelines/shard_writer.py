@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.dataset_format import (
+from training.contract.dataset_format import (
     FORMAT,
     IDS_EXT,
     MANIFEST_DIR,
@@ -36,7 +36,7 @@ from training.dataset_format import (
     shard_name,
     write_dataset_info,
 )
-from training.dataset_index import write_index
+from training.contract.dataset_index import write_index
 
 TMP_SUFFIX = ".tmp"
 

@@ -24,7 +24,7 @@ from datatrove.pipeline.readers.base import BaseDiskReader
 
 from pipelines.config import SourceConfig
 from pipelines.progress import TaskProgress
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 # FineWeb-Edu's metadata columns kept in the shards' .json members and the manifest.
 META_KEYS = ("url", "dump", "score", "int_score", "language", "language_score", "token_count")

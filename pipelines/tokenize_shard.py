@@ -29,8 +29,8 @@ from pipelines.shard_writer import ShardWriter, meta_json_bytes
 from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
-from training.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
-from training.errors import GristmillError
+from training.contract.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
+from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}

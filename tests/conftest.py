@@ -138,7 +138,7 @@ def built_dataset(build_fixture) -> Path:
     """A real, validated dataset (2 tasks, several shards each, uint16, separator after)."""
     from pipelines.build import build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
     cfg = load_config(DataConfig, config)

@@ -16,7 +16,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
-from training.dataset_format import EXCLUDED_SCHEMA, manifest_files
+from training.contract.dataset_format import EXCLUDED_SCHEMA, manifest_files
 from validation.audit import print_summary, run_preset, run_sql, write_plots
 from validation.audit_reports import PLOTS, PRESETS
 from validation.audit_views import FILE_VIEWS, connect, dataset_names

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer, processors
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from tests.conftest import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
-from training.config_loader import load_config
-from training.dataset_format import read_dataset_info
+from training.contract.config_loader import load_config
+from training.contract.dataset_format import read_dataset_info
 
 QUIET = dict(log=lambda *a: None)
 

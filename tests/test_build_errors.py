@@ -161,7 +161,7 @@ def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, ca
 def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
     from pipelines.build import build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
     tok = tmp_path / "new-tok.json"
@@ -242,7 +242,7 @@ def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
     # Called directly: datatrove's loguru sinks from earlier capsys tests make stderr noisy here.
     from pipelines.build import BuildError, build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
     out = tmp_path / "o"

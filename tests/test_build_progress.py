@@ -51,7 +51,7 @@ def test_resumed_monitor_counts_tasks_finished_earlier(tmp_path):
 def test_end_table_gives_the_audit_summary_numbers(built_dataset, build_fixture):
     from pipelines.build import build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
     from validation.audit_reports import PRESETS
     from validation.audit_views import connect
 

@@ -23,7 +23,7 @@ import pytest
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from tests.test_build_errors import assert_task_failure_is_one_error
-from training.config_loader import load_config
+from training.contract.config_loader import load_config
 
 QUIET = {"log": lambda *a: None}
 # datatrove 0.10 passes placement_group= to Ray's .options(), deprecated since Ray 2.x; not ours to fix.

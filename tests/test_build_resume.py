@@ -9,7 +9,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from training.dataset_format import read_dataset_info
+from training.contract.dataset_format import read_dataset_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
     from pipelines.build import BuildError, build
     from pipelines.config import DataConfig
     from pipelines.sources import SourceError
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
     src, out = tmp_path / "src", tmp_path / "ds"
@@ -128,7 +128,7 @@ def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(
 
     from pipelines.build import BuildError, build
     from pipelines.config import DataConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
     out = tmp_path / "ds"

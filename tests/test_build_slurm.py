@@ -20,8 +20,8 @@ import dill
 from pipelines.build import build
 from pipelines.config import DataConfig
 from pipelines.tokenize_shard import TokenizeShard
-from training.config_loader import load_config
-from training.dataset_format import read_dataset_info
+from training.contract.config_loader import load_config
+from training.contract.dataset_format import read_dataset_info
 
 FAKE_SRUN = """#!/bin/bash
 while [[ "$1" == -* ]]; do case "$1" in -n|-N) shift 2;; *) shift;; esac; done

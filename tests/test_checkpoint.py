@@ -33,10 +33,10 @@ from training.checkpoint import (
     prune,
 )
 from training.config import TrainConfig
-from training.config_loader import ConfigError, load_config, to_toml
+from training.contract.config_loader import ConfigError, load_config, to_toml
+from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
 from training.hf_export import load_checkpoint_model
 from training.launch import torchrun_command, with_resume
-from training.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
 from training.train import load_train_config, main, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -277,7 +277,7 @@ def _sh(word: str) -> str:
 def _fake_checkpoint(run: Path, step: int, *, metadata: bool = True, complete: bool = True) -> Path:
     from torch.distributed.checkpoint.metadata import Metadata
 
-    from training.integrity import file_records
+    from training.contract.integrity import file_records
 
     path = checkpoint_dir(run, step)
     path.mkdir(parents=True)

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from training.config_loader import ConfigError, config_sha256, load_config, to_toml
+from training.contract.config_loader import ConfigError, config_sha256, load_config, to_toml
 
 
 @dataclass

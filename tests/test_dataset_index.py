@@ -1,4 +1,4 @@
-"""The loader index (training/dataset_index.py): the loader reads only it, in the old order.
+"""The loader index (training/contract/dataset_index.py): the loader reads only it, in the old order.
 
 The corpus is test_loader's token-position corpus (token = 1 + doc·1000 + position), so a stream
 decodes back into documents and can be compared with an order computed here the plain way: split
@@ -18,8 +18,8 @@ import pytest
 from pipelines.cli import main as cli
 from tests.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
 from training import loader_plan
-from training.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
-from training.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
+from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
+from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
 from training.loader import LoaderStateError, TokenLoader, batch_sha256
 from validation.validate import validate_dataset
 
@@ -249,7 +249,7 @@ def test_fingerprint_before_index_is_recomputed_never_trusted(corpus, tmp_path):
 
 
 def cli_index(root: Path) -> None:
-    from training.dataset_index import index_dataset
+    from pipelines.data_index import index_dataset
 
     index_dataset(root, log=lambda *a: None)
 

@@ -9,7 +9,7 @@ from datatrove.data import Document
 from pipelines.config import FiltersConfig
 from pipelines.filters import ExcludedWriter, LengthFilter, MinMetadataFilter, TextFilter, make_filters
 from pipelines.sources import READ_ERROR
-from training.dataset_format import EXCLUDED_SCHEMA
+from training.contract.dataset_format import EXCLUDED_SCHEMA
 
 PROSE = (
     "The museum opened a new wing dedicated to the history of printing. Visitors can see early "

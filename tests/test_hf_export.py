@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from training.config import TrainConfig
-from training.config_loader import load_config, save_config
-from training.dataset_format import read_dataset_info
+from training.contract.config_loader import load_config, save_config
+from training.contract.dataset_format import read_dataset_info
+from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
 from training.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
 from training.model import PRESETS, Transformer
-from training.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
 
 tr = pytest.importorskip("transformers")
 

@@ -21,7 +21,7 @@ import torch
 from pipelines.cli import main as cli
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from training import loader_plan
-from training.dataset_format import DatasetError, numpy_dtype, read_dataset_info
+from training.contract.dataset_format import DatasetError, numpy_dtype, read_dataset_info
 from training.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

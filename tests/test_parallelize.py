@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 from training.parallelize import ParallelConfig, build_mesh
 
 ROOT = Path(__file__).resolve().parents[1]

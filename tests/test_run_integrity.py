@@ -33,9 +33,8 @@ from tests.test_checkpoint import (
     torchrun_cmd,
 )
 from training.checkpoint import _write_json_durably
-from training.hf_export import load_checkpoint_model
-from training.integrity import file_records
-from training.run_layout import (
+from training.contract.integrity import file_records
+from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
@@ -43,6 +42,7 @@ from training.run_layout import (
     checkpoint_dir,
     export_dir,
 )
+from training.hf_export import load_checkpoint_model
 from training.train import load_train_config, main, train
 
 

@@ -12,7 +12,7 @@ import zstandard
 
 from pipelines.config import DataConfig, SourceConfig
 from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader
-from training.config_loader import load_config
+from training.contract.config_loader import load_config
 
 
 def read_all(cfg: SourceConfig) -> list:

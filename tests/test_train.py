@@ -16,7 +16,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
 from training.config import TrainConfig
-from training.config_loader import load_config, to_dict
+from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
 
 ROOT = Path(__file__).resolve().parents[1]

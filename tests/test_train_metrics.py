@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from training.config import OptimSection, ScheduleSection
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 from training.metrics import format_line, mfu, peak_flops, snapshot, update_ratio
 from training.model import PRESETS, Transformer, flops_per_token
 from training.optim import WarmupCosine, build_optimizer, build_scheduler, param_groups

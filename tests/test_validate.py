@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
-from training.dataset_format import manifest_files, shard_files
+from training.contract.dataset_format import manifest_files, shard_files
 from validation.validate import VALIDATION_JSON, validate_dataset
 
 VOCAB = 1000

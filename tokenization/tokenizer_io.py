@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 
 class TokenizerError(GristmillError):

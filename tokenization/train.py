@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 from tokenization.tokenizer_io import TokenizerError, train_bpe
-from training.config_loader import load_config
+from training.contract.config_loader import load_config
 
 HELP = "train a byte-level BPE tokenizer on a sample of a data recipe's source"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.config_loader import add_config_arguments
+    from training.contract.config_loader import add_config_arguments
 
     add_config_arguments(parser, "configs/data/demo.toml", "tokenizer.train.vocab_size=16384")
     parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")

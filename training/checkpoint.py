@@ -54,10 +54,9 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
 from training.config import CheckpointSection
-from training.errors import GristmillError, NonFiniteError
-from training.integrity import damaged_files, file_records
-from training.metrics import fmt_bytes
-from training.run_layout import (
+from training.contract.errors import GristmillError, NonFiniteError
+from training.contract.integrity import damaged_files, file_records
+from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
     DCP_METADATA,
@@ -67,6 +66,7 @@ from training.run_layout import (
     is_complete_checkpoint,
     list_steps,
 )
+from training.metrics import fmt_bytes
 
 
 @contextlib.contextmanager
@@ -198,7 +198,9 @@ def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
     for i in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
         name, t = items[i]
         if not bool(torch.isfinite(t).all()):
-            return f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
+            return (
+                f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
+            )
     return None
 
 

@@ -1,6 +1,6 @@
 """The training recipe: a `TrainConfig` tree of dataclasses, one documented field each.
 
-Loaded with `training.config_loader.load_config(TrainConfig, path, ["optim.lr=1e-4", ...])`; the
+Loaded with `training.contract.config_loader.load_config(TrainConfig, path, ["optim.lr=1e-4", ...])`; the
 resolved config is written to RUN/config.toml. `check_config` does all the arithmetic that can be
 done without touching a GPU, a process group or the model (batch sizes, mesh shape, schedule),
 so an impossible recipe fails in the first second with the numbers in the message.
@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.config_loader import ConfigError
+from training.contract.config_loader import ConfigError
 from training.parallelize import ParallelConfig
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real

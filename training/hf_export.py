@@ -36,11 +36,10 @@ from training.checkpoint import (
     nonfinite_tensor,
     verify_checkpoint,
 )
-from training.dataset_format import TOKENIZER_JSON, read_dataset_info
-from training.errors import GristmillError, unwritable
-from training.integrity import damaged_files, file_records
-from training.model import ModelConfig, Transformer, hf_state_dict_names
-from training.run_layout import (
+from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
+from training.contract.errors import GristmillError, unwritable
+from training.contract.integrity import damaged_files, file_records
+from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_TOML,
     checkpoint_dir,
@@ -49,6 +48,7 @@ from training.run_layout import (
     incomplete_reason,
     list_steps,
 )
+from training.model import ModelConfig, Transformer, hf_state_dict_names
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
@@ -240,7 +240,7 @@ def newest_complete_step(run_dir: str | Path, log=None) -> int | None:
 def run_config(run_dir: str | Path):
     """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
     from training.config import TrainConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
 
     path = Path(run_dir) / CONFIG_TOML
     if not path.is_file():

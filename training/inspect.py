@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.dataset_format import TOKENIZER_JSON, manifest_files
+from training.contract.dataset_format import TOKENIZER_JSON, manifest_files
 from training.loader import LoaderConfigError, TokenLoader, batch_sha256
 
 HELP = "print the batch of a training step (ids, text, source documents) or per-step hashes"

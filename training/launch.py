@@ -17,13 +17,13 @@ import json
 import subprocess
 import sys
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 HELP = "train a model on a built dataset (one node; wraps torchrun)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.config_loader import add_config_arguments
+    from training.contract.config_loader import add_config_arguments
 
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     parser.add_argument(

@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training import loader_cache, loader_plan
-from training.dataset_format import (
+from training.contract.dataset_format import (
     DATASET_JSON,
     IDS_EXT,
     SHARDS_DIR,
@@ -44,8 +44,8 @@ from training.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
-from training.dataset_index import INDEX_DIR, DocIndex
-from training.errors import GristmillError
+from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training.contract.errors import GristmillError
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class DocumentTable:
     (edited fingerprint field, a shard whose size differs from the recorded one, a tokenizer.json
     with another hash, manifest totals that differ, .ids members outside their shard) or that does
     not match the caller's model (vocab size, tokenizer hash). Per-document facts (token count,
-    `.ids` offset, shard) come from the memory-mapped loader index (training/dataset_index.py),
+    `.ids` offset, shard) come from the memory-mapped loader index (training/contract/dataset_index.py),
     shared by every process on the node; the parquet manifest is never read. Private memory is
     per *block* of documents (loader_plan.DocBlocks): ~0.3 GB at 1.5B documents.
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 if TYPE_CHECKING:
     from training.config import OptimSection, ScheduleSection

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 from training.model import Transformer
 
 try:  # torch >= 2.6

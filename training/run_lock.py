@@ -19,8 +19,8 @@ import socket
 import time
 from pathlib import Path
 
-from training.errors import GristmillError
-from training.run_layout import LOCK_FILE
+from training.contract.errors import GristmillError
+from training.contract.run_layout import LOCK_FILE
 
 
 class RunLockedError(GristmillError):

@@ -39,10 +39,17 @@ from torch.distributed.fsdp import FSDPModule
 
 from training.checkpoint import Checkpointer
 from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
-from training.config_loader import add_config_arguments, config_sha256, load_config, save_config, to_dict
-from training.dataset_format import read_dataset_info
+from training.contract.config_loader import (
+    add_config_arguments,
+    config_sha256,
+    load_config,
+    save_config,
+    to_dict,
+)
+from training.contract.dataset_format import read_dataset_info
+from training.contract.errors import GristmillError, NonFiniteError, unwritable
+from training.contract.run_layout import CONFIG_TOML
 from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
-from training.errors import GristmillError, NonFiniteError, unwritable
 from training.faults import NanLoss
 from training.launch import add_resume_argument, with_resume
 from training.metrics import (
@@ -57,7 +64,6 @@ from training.metrics import (
 )
 from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
 from training.parallelize import mesh_shape
-from training.run_layout import CONFIG_TOML
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables

@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import duckdb
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS
 from validation.audit_views import connect, describe_views, find_damaged, persist
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from training.dataset_format import (
+from training.contract.dataset_format import (
     DATASET_JSON,
     EXCLUDED_DIR,
     EXCLUDED_SCHEMA,

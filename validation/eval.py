@@ -31,16 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint import nonfinite_tensor
-from training.config_loader import load_config, save_config
-from training.errors import GristmillError
-from training.hf_export import export_checkpoint, run_config
-from training.run_layout import (
+from training.contract.config_loader import load_config, save_config
+from training.contract.errors import GristmillError
+from training.contract.run_layout import (
     EVAL_DIR,
     EXPORTS_DIR,
     complete_steps,
     eval_dir,
     list_steps,
 )
+from training.hf_export import export_checkpoint, run_config
 from validation.eval_data import (
     EvalError,
     build_task_data,

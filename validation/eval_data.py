@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
 DATA_VERSION = 2
@@ -68,7 +68,7 @@ def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -
     """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator)."""
     from tokenizers import Tokenizer
 
-    from training.dataset_format import TOKENIZER_JSON
+    from training.contract.dataset_format import TOKENIZER_JSON
     from training.loader import DocumentTable
 
     if val_fraction <= 0:
@@ -132,7 +132,7 @@ def build_task_data(
 ) -> Path:
     """Write demo_ppl.jsonl and demo_cloze.jsonl from the held-out documents into `out_dir`; an
     up-to-date directory (same dataset fingerprint, val_fraction, max_docs) is kept as it is."""
-    from training.dataset_format import read_dataset_info
+    from training.contract.dataset_format import read_dataset_info
 
     out_dir = Path(out_dir)
     meta = {

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.run_layout import EVAL_DIR, eval_dir, list_steps
+from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
 
 RESULTS_JSON = "results.json"
 EVAL_PARQUET = "eval.parquet"

@@ -12,7 +12,7 @@ checks:
   tar header's data offset and size, `n_tokens` equal to the member's token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
   the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
-- the loader index (index/, training/dataset_index.py): each file's sha256 as dataset.json records
+- the loader index (index/, training/contract/dataset_index.py): each file's sha256 as dataset.json records
   it, and equal to the index derived again from the manifest;
 - no stray `*.tmp` files (but its own validation.json.tmp, left by a killed run), nothing in
   shards/ but shards, no shard on disk that dataset.json does not list, none missing.
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.dataset_format import (
+from training.contract.dataset_format import (
     DATASET_JSON,
     IDS_EXT,
     MANIFEST_DIR,
@@ -57,7 +57,7 @@ from training.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
-from training.dataset_index import INDEX_DIR, damaged_files, expected_index
+from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 
 HELP = "re-read every shard and check separators, ids, manifest, hashes and fingerprint"
 VALIDATION_JSON = "validation.json"

@@ -14,10 +14,16 @@ import argparse
 from pathlib import Path
 
 from training.checkpoint import CheckpointError, verify_checkpoint
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
+from training.contract.run_layout import (
+    CHECKPOINTS_DIR,
+    CONFIG_TOML,
+    EXPORTS_DIR,
+    incomplete_reason,
+    list_steps,
+)
 from training.hf_export import ExportError, verify_export
 from training.metrics import fmt_bytes
-from training.run_layout import CHECKPOINTS_DIR, CONFIG_TOML, EXPORTS_DIR, incomplete_reason, list_steps
 from validation.audit import Result, format_table
 
 HELP = "check every checkpoint and export of a training run against its recorded sizes and checksums"

@@ -315,7 +315,7 @@ def test_trainer_end_to_end_on_cuda(tmp_path):
     chunked loss, fused AdamW, pinned loader batches; the loss falls and MFU is reported."""
     from tests._train_data import make_dataset
     from training.config import TrainConfig
-    from training.config_loader import load_config
+    from training.contract.config_loader import load_config
     from training.loader import TokenLoader
     from training.train import train
 

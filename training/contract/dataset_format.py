@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-shards/1"
 DATASET_JSON = "dataset.json"
@@ -104,7 +104,7 @@ def fingerprint(info: dict[str, Any]) -> str:
     """Identity of the token stream: shard contents, tokenizer, dtype and separator policy.
 
     Rebuilding any shard with different bytes changes it, so a resume against a rebuilt dataset
-    is refused instead of silently reading other tokens. The loader index (training/dataset_index.py)
+    is refused instead of silently reading other tokens. The loader index (training/contract/dataset_index.py)
     is covered too, when the dataset has one.
     """
     ident: dict[str, Any] = {

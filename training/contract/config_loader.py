@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from training.errors import GristmillError
+from training.contract.errors import GristmillError
 
 T = TypeVar("T")
 

@@ -1,0 +1,77 @@
+"""`gristmill data index DIR`: give a dataset built before the loader index existed its index/.
+
+The writer's side of the index (training/contract/dataset_index.py holds the format, the derivation
+from the manifest and the reader); the build's finalize writes the index itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    DatasetError,
+    check_fingerprint,
+    fingerprint,
+    index_hashes,
+    read_dataset_info,
+    write_dataset_info,
+)
+from training.contract.dataset_index import DOC_TOKENS, INDEX_DIR, damaged_files, expected_index, write_index
+
+HELP = "write the loader's index (index/) of a dataset built without one; idempotent"
+
+
+def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
+    """Give `root` a loader index and record it in dataset.json; returns the new dataset.json.
+
+    Idempotent: an index whose files hash as recorded is left alone. A missing or damaged one is
+    derived again from the manifest; dataset.json is then replaced atomically (the commit point).
+    Adding an index changes the fingerprint (it covers the index), so the old one is kept as
+    `fingerprint_before_index` and the loader accepts checkpoints that recorded it: the token
+    stream is the same shards in the same order.
+    """
+    root = Path(root)
+    info = read_dataset_info(root)
+    check_fingerprint(root, info)
+    entry = info.get("index")
+    if entry is not None:
+        bad = damaged_files(root, entry)
+        if not bad:
+            log(
+                f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
+            )
+            return info
+        log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
+        # Compare before replacing anything: a manifest that changed must not leave index/ rewritten.
+        if index_hashes(expected_index(root, info)) != index_hashes(entry):
+            raise DatasetError(
+                f"{root}: the index derived from manifest/ differs from the one {DATASET_JSON} records: the "
+                "manifest changed after the build; rebuild the dataset"
+            )
+        write_index(root, info)
+        log(f"repaired {root / INDEX_DIR}")
+        return info
+    new = write_index(root, info)
+    info = {**info, "index": new, "fingerprint_before_index": info["fingerprint"]}
+    info["fingerprint"] = fingerprint(info)
+    write_dataset_info(root, info)
+    docs = new["files"][DOC_TOKENS]["count"]
+    size = sum(f["bytes"] for f in new["files"].values())
+    log(
+        f"indexed {root}: {docs:,} documents, {size / 2**20:,.1f} MiB in {INDEX_DIR}/; fingerprint "
+        f"{info['fingerprint_before_index'][:12]}… → {info['fingerprint'][:12]}… (runs that recorded the old "
+        f"one resume unchanged); `gristmill data validate {root}` re-checks everything"
+    )
+    return info
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="dataset directory (holds dataset.json, shards/, manifest/)")
+
+
+def run(args: argparse.Namespace) -> int:
+    index_dataset(args.dir)
+    return 0

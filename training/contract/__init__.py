@@ -1,0 +1,14 @@
+"""The contract every package shares: what a dataset directory and a run directory are, how configs
+load, the errors every stage raises, and the checksums of the files a run trusts.
+
+    errors         GristmillError (one line, no traceback) and its exit codes
+    config_loader  dataclass configs from TOML + dotted --set overrides; unknown keys are errors
+    dataset_format dataset.json, the fingerprint, shard and manifest names, the dtype rule
+    dataset_index  the loader index (index/*.bin): its derivation from the manifest, writer, reader
+    run_layout     names inside a training run directory (checkpoints/, exports/, eval/, COMPLETE …)
+    integrity      file checksums (CRC-32 for checkpoints, SHA-256 for exports) and their check
+
+The rule, enforced by tests/test_layering.py: standard library, numpy and pyarrow only — nothing
+from torch, datatrove, duckdb, tokenizers or lm-eval, and nothing from training/ outside
+contract/ — so the data pipeline, the validator and a GPU box's trainer can all stand on it.
+"""
