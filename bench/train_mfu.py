@@ -43,11 +43,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.config import OptimSection, ScheduleSection  # noqa: E402
+from training.config import (  # noqa: E402
+    OptimSection,
+    ParallelConfig,  # noqa: E402
+    ScheduleSection,
+)
 from training.metrics import peak_flops  # noqa: E402
 from training.model import PRESETS, ModelConfig, Transformer, flops_per_token, num_params  # noqa: E402
 from training.optim import build_optimizer, build_scheduler  # noqa: E402
-from training.parallelize import ParallelConfig, autocast_context, parallelize  # noqa: E402
+from training.parallelize import autocast_context, parallelize  # noqa: E402
 from training.train import train_step  # noqa: E402
 
 

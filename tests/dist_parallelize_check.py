@@ -24,8 +24,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from training.config import ParallelConfig  # noqa: E402
 from training.model import PRESETS, ModelConfig, Transformer, num_params  # noqa: E402
-from training.parallelize import ParallelConfig, autocast_context, build_mesh, parallelize  # noqa: E402
+from training.parallelize import autocast_context, build_mesh, parallelize  # noqa: E402
 
 STEPS = 3
 GLOBAL_BATCH, SEQ = 4, 32

@@ -24,20 +24,14 @@ import torch
 from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
 from tests.test_train import recipe
-from training.checkpoint import (
-    CheckpointError,
-    checkpoint_keys,
-    complete_steps,
-    dir_size,
-    find_resume,
-    prune,
-)
+from training.checkpoint import complete_steps, dir_size, find_resume, prune
+from training.checkpoint_io import CheckpointError, checkpoint_keys
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config, to_toml
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
 from training.hf_export import load_checkpoint_model
-from training.launch import torchrun_command, with_resume
-from training.train import load_train_config, main, train
+from training.launch import torchrun_command
+from training.train import load_train_config, main, train, with_resume
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs/train/tiny.toml")

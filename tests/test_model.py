@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from training.config import ParallelConfig
+from training.hf_export import hf_name, hf_state_dict_names
 from training.loss import chunked_linear_cross_entropy, linear_cross_entropy
 from training.model import (
     PRESETS,
@@ -21,12 +23,10 @@ from training.model import (
     document_causal_mask,
     document_ids,
     flops_per_token,
-    hf_name,
-    hf_state_dict_names,
     num_params,
     rope_cos_sin,
 )
-from training.parallelize import ParallelConfig, parallelize
+from training.parallelize import parallelize
 
 TINY = PRESETS["tiny"]
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from training.config import ParallelConfig
 from training.contract.errors import GristmillError
-from training.parallelize import ParallelConfig, build_mesh
+from training.parallelize import build_mesh
 
 ROOT = Path(__file__).resolve().parents[1]
 

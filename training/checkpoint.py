@@ -25,37 +25,38 @@ lesson from someone's lost run:
 - Retention runs only after a new checkpoint is complete (its checksums taken from the files as
   written, so it verifies), keeps the newest `keep_last` complete ones, and deletes an old one's
   COMPLETE record first (fsynced) so a half-deleted directory is never taken for complete.
-- Loading never unpickles arbitrary objects: `.metadata` goes through an unpickler that admits
-  only DCP's metadata classes and torch dtypes/sizes, and non-tensor values through
-  torch.load(weights_only=True).
+- Reading a checkpoint (resume here, the model for an export) is training/checkpoint_io.py's:
+  checksums first, an allow-list unpickler for `.metadata`, one line for any DCP failure.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import json
 import os
-import pickle
 import shutil
 import time
-import warnings
-from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
-from torch.distributed.tensor import DTensor
 
+from training.checkpoint_io import (
+    CheckpointError,
+    _single_process_quiet,
+    checkpoint_error_cause,
+    checkpoint_keys,
+    load_or_raise,
+    nonfinite_tensor,
+    read_complete_record,
+    state_tensors,
+    verify_checkpoint,
+)
 from training.config import CheckpointSection
-from training.contract.errors import GristmillError, NonFiniteError
-from training.contract.integrity import damaged_files, file_records
+from training.contract.errors import NonFiniteError
+from training.contract.integrity import file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
@@ -66,153 +67,12 @@ from training.contract.run_layout import (
     is_complete_checkpoint,
     list_steps,
 )
+from training.hf_export import export_checkpoint
 from training.metrics import fmt_bytes
-
-
-@contextlib.contextmanager
-def _single_process_quiet():
-    """DCP warns on every save/load in a single process; that is the intended use here, not news.
-    (A module-level filter is not enough: libraries imported later reset the filters.)"""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
-        yield
-
-
-class CheckpointError(GristmillError):
-    """A checkpoint that cannot be written or read; names the path and the last complete one."""
-
-
-# --- loading without unpickling arbitrary objects ----------------------------------------------
-
-_TORCH_VALUE_TYPES = (torch.dtype, torch.layout, torch.memory_format)
-_SAFE_GLOBALS = {
-    ("builtins", "set"),
-    ("builtins", "frozenset"),
-    ("collections", "OrderedDict"),
-    ("torch.serialization", "_get_layout"),  # looks a torch.layout up by name
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "Path"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("torch.distributed.checkpoint.") or (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and (
-            name == "Size" or isinstance(getattr(torch, name, None), _TORCH_VALUE_TYPES)
-        ):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(
-            f"refusing to load {module}.{name}: a DCP .metadata file holds only DCP metadata classes"
-        )
-
-
-class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose `.metadata` is read by an allow-list unpickler."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any):
-        path = Path(self.path) / DCP_METADATA
-        with open(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-        storage_meta = getattr(metadata, "storage_meta", None)
-        if storage_meta is not None and hasattr(self, "load_id"):
-            storage_meta.load_id = self.load_id
-        return metadata
-
-
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner that loads non-tensor values with torch.load(weights_only=True)."""
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
-
-
-def load(states: dict[str, Any], path: str | Path, *, no_dist: bool = False) -> None:
-    """dcp.load of `states` from checkpoint `path` with the safe reader and planner."""
-    with _single_process_quiet():
-        dcp.load(
-            states,
-            storage_reader=SafeFileSystemReader(str(path)),
-            planner=SafeLoadPlanner(),
-            no_dist=no_dist,
-        )
-
-
-def checkpoint_keys(path: str | Path) -> set[str]:
-    """Flattened keys stored in a checkpoint (e.g. 'train_state.rng_rank1.torch_cpu')."""
-    return set(SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata)
-
 
 # --- what is on disk ---------------------------------------------------------------------------
 
 RANK_RECORD = ".files-rank{:05d}.json"  # a rank's file checksums until rank 0 merges them into COMPLETE
-
-
-def read_complete_record(path: str | Path) -> dict[str, Any]:
-    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable)."""
-    record = Path(path) / COMPLETE_FILE
-    try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return data
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
-
-
-def verify_checkpoint(path: str | Path) -> str | None:
-    """Check a complete checkpoint's files against the sizes and checksums in its COMPLETE record.
-    Raises CheckpointError naming each damaged file; returns a note when the record holds no
-    checksums (written before gristmill recorded them), else None."""
-    path = Path(path)
-    files = read_complete_record(path).get("files")
-    problems = damaged_files(path, files) if files else []
-    if problems:
-        raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")
-    try:  # without checksums (or a .metadata that was never valid): one line, not DCP's tracebacks
-        SafeFileSystemReader(str(path)).read_metadata()
-    except Exception as e:
-        raise CheckpointError(f"{path / DCP_METADATA} is unreadable ({type(e).__name__}: {e})") from None
-    if not files:
-        return f"note: {path.name} has no checksums in COMPLETE (saved before gristmill recorded them)"
-    return None
-
-
-def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:
-    """The first tensor (this rank's shard of a DTensor) holding NaN or inf, described, or None.
-
-    A NaN or inf makes a tensor's sum non-finite, and a sum is ~45× cheaper than isfinite().all()
-    on a CPU (no boolean copy): 0.07 s instead of 3.3 s for 378M floats. Only a tensor whose sum is
-    not finite (or whose finite values overflowed it) gets the exact check. One host sync."""
-    items = [(n, t.to_local() if isinstance(t, DTensor) else t) for n, t in named]
-    items = [(n, t) for n, t in items if torch.is_tensor(t) and t.is_floating_point() and t.numel()]
-    if not items:
-        return None
-    sums = torch.stack([t.sum(dtype=torch.float32) for _, t in items])
-    for i in torch.nonzero(~torch.isfinite(sums)).flatten().tolist():
-        name, t = items[i]
-        if not bool(torch.isfinite(t).all()):
-            return (
-                f"{name}: {int(t.isnan().sum())} NaN and {int(t.isinf().sum())} inf of {t.numel():,} values"
-            )
-    return None
-
-
-def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
-    """(name, tensor) of the parameters and the optimizer's per-parameter state, for finiteness checks."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    yield from model.named_parameters()
-    if optimizer is not None:
-        for p, st in optimizer.state.items():
-            for key, value in st.items():
-                if torch.is_tensor(value) and key != "step":
-                    yield f"optimizer {key} of {names.get(id(p), '?')}", value
 
 
 def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]:
@@ -337,15 +197,6 @@ def dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def checkpoint_error_cause(exc: BaseException) -> str:
-    """The first rank's underlying error of a DCP CheckpointException (else the exception itself)."""
-    failures = getattr(exc, "failures", None)
-    if failures:
-        inner = next(iter(failures.values()))
-        exc = inner[0] if isinstance(inner, tuple) else inner
-    return f"{type(exc).__name__}: {exc}"
-
-
 # --- the trainer's checkpointer ----------------------------------------------------------------
 
 
@@ -441,11 +292,7 @@ class Checkpointer:
             train_state.rng_in_checkpoint = f"train_state.{train_state.rng_key}.torch_cpu" in checkpoint_keys(
                 path
             )
-            load(self.states, path, no_dist=self.no_dist)
-        except BaseException as e:  # DCP's CheckpointException is a BaseException
-            if isinstance(e, KeyboardInterrupt | SystemExit):
-                raise
-            raise CheckpointError(f"cannot resume from {path}: {checkpoint_error_cause(e)}") from None
+            load_or_raise(self.states, path, CheckpointError, "resume from", no_dist=self.no_dist)
         finally:
             train_state.rng_in_checkpoint = True
         bad = self._nonfinite_anywhere()
@@ -675,8 +522,6 @@ class Checkpointer:
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")
         if self.cfg.export_interval and step % self.cfg.export_interval == 0:
-            from training.hf_export import export_checkpoint
-
             out = export_checkpoint(self.run_dir, step)
             self.log(f"export {out} written (permanent: HF LlamaForCausalLM + tokenizer)")
         prune(self.run_dir, self.cfg.keep_last, log=self.log)

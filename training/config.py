@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from training.contract.config_loader import ConfigError
-from training.parallelize import ParallelConfig
+from training.contract.errors import GristmillError
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
 # presets keep their published vocab size so their parameter count matches the reference runs.
@@ -112,6 +112,46 @@ class ScheduleSection:
     """Linear warmup from lr/warmup_steps to optim.lr over this many steps."""
     steps: int = 1000
     """Total optimizer steps of the schedule; cosine decay from optim.lr to optim.min_lr after warmup."""
+
+
+@dataclass
+class ParallelConfig:
+    """How the model is spread over ranks and how each block is executed."""
+
+    replicate: int = 1
+    """HSDP replica groups (typically one per node); parameters are replicated across them and
+    gradients all-reduced. 1 = plain FSDP."""
+    shard: int = -1
+    """Ranks in each shard group (parameters, gradients and optimizer state are split across them,
+    typically the GPUs of one node). -1 = world_size // replicate."""
+    activation_checkpoint: Literal["none", "selective", "full"] = "none"
+    """none: keep all activations. selective: op-level selective checkpointing, keeping matmul and
+    attention outputs and recomputing the cheap elementwise ops (norms, RoPE, SiLU, GQA repeats) in
+    backward. full: keep only each block's input and recompute the whole block in backward."""
+    compile: bool = False
+    """torch.compile each transformer block separately (fullgraph), after AC and before FSDP."""
+    param_dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    """Compute dtype of the forward/backward. Master weights and optimizer state stay float32."""
+    reduce_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of the gradient reduce-scatter / all-reduce across ranks."""
+
+    def __post_init__(self) -> None:
+        if self.activation_checkpoint not in ("none", "selective", "full"):
+            raise GristmillError(
+                f"parallel.activation_checkpoint must be none, selective or full, got "
+                f"{self.activation_checkpoint!r}"
+            )
+        for key in ("param_dtype", "reduce_dtype"):
+            if getattr(self, key) not in ("bfloat16", "float32"):
+                raise GristmillError(
+                    f"parallel.{key} must be bfloat16 or float32, got {getattr(self, key)!r}"
+                )
+        if self.replicate < 1:
+            raise GristmillError(f"parallel.replicate must be >= 1, got {self.replicate}")
+        if self.shard != -1 and self.shard < 1:
+            raise GristmillError(
+                f"parallel.shard must be >= 1 or -1 (= world_size // replicate), got {self.shard}"
+            )
 
 
 @dataclass

@@ -4,7 +4,7 @@
                               tokenizer.json  tokenizer_config.json  special_tokens_map.json
                               gristmill_export.json  gristmill_checksums.json
 
-The export is a rename of the state dict (training.model.hf_state_dict_names), never a
+The export is a rename of the state dict (hf_state_dict_names, below), never a
 permutation: the model already uses HF's rotate-half RoPE layout. Only torch and json are used, so
 the trainer can write exports on a GPU box without `safetensors` or `transformers`; the
 safetensors file is written by hand (8-byte header length, JSON header, raw little-endian data).
@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,13 +30,14 @@ from typing import Any
 
 import torch
 
-from training.checkpoint import (
+from training.checkpoint_io import (
     CheckpointError,
-    checkpoint_error_cause,
-    load,
+    load_or_raise,
     nonfinite_tensor,
     verify_checkpoint,
 )
+from training.config import TrainConfig, resolve_model_config
+from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
 from training.contract.integrity import damaged_files, file_records
@@ -48,7 +50,8 @@ from training.contract.run_layout import (
     incomplete_reason,
     list_steps,
 )
-from training.model import ModelConfig, Transformer, hf_state_dict_names
+from training.model import ModelConfig, Transformer
+from training.train_state import ModelState
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
@@ -59,6 +62,57 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float
 
 class ExportError(GristmillError):
     """An export that cannot be made; the message names the run/checkpoint and the fix."""
+
+
+# --- HF LlamaForCausalLM names ----------------------------------------------------------------
+
+HF_NAME_MAP: dict[str, str] = {
+    r"^tok_embeddings\.weight$": "model.embed_tokens.weight",
+    r"^layers\.(\d+)\.attention_norm\.weight$": r"model.layers.\1.input_layernorm.weight",
+    r"^layers\.(\d+)\.attention\.wq\.weight$": r"model.layers.\1.self_attn.q_proj.weight",
+    r"^layers\.(\d+)\.attention\.wk\.weight$": r"model.layers.\1.self_attn.k_proj.weight",
+    r"^layers\.(\d+)\.attention\.wv\.weight$": r"model.layers.\1.self_attn.v_proj.weight",
+    r"^layers\.(\d+)\.attention\.wo\.weight$": r"model.layers.\1.self_attn.o_proj.weight",
+    r"^layers\.(\d+)\.ffn_norm\.weight$": r"model.layers.\1.post_attention_layernorm.weight",
+    r"^layers\.(\d+)\.feed_forward\.w1\.weight$": r"model.layers.\1.mlp.gate_proj.weight",
+    r"^layers\.(\d+)\.feed_forward\.w2\.weight$": r"model.layers.\1.mlp.down_proj.weight",
+    r"^layers\.(\d+)\.feed_forward\.w3\.weight$": r"model.layers.\1.mlp.up_proj.weight",
+    r"^norm\.weight$": "model.norm.weight",
+    r"^output\.weight$": "lm_head.weight",
+}
+"""Regex (over our state-dict key) -> HF LlamaForCausalLM key. Tensors need no reshaping: the
+Linear weights are [out, in] like HF's and RoPE already uses HF's rotate-half layout."""
+
+_WRAPPER_PARTS = re.compile(r"(_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)\.")
+
+
+def hf_name(name: str) -> str:
+    """Our parameter name (wrapper prefixes tolerated) -> the HF LlamaForCausalLM name."""
+    clean = _WRAPPER_PARTS.sub("", name)
+    for pattern, repl in HF_NAME_MAP.items():
+        new, n = re.subn(pattern, repl, clean)
+        if n:
+            return new
+    raise KeyError(f"no HF name for parameter {name!r}")
+
+
+def hf_state_dict_names(cfg: ModelConfig) -> dict[str, str]:
+    """Every state-dict key of Transformer(cfg) -> its HF name, in model order.
+
+    With tied embeddings `output.weight` is omitted: HF stores only `model.embed_tokens.weight`
+    and ties `lm_head.weight` to it when `tie_word_embeddings` is true.
+    """
+    names = ["tok_embeddings.weight"]
+    for i in range(cfg.n_layers):
+        p = f"layers.{i}."
+        names += [p + "attention_norm.weight"]
+        names += [p + f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
+        names += [p + "ffn_norm.weight"]
+        names += [p + f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")]
+    names.append("norm.weight")
+    if not cfg.tie_embeddings:
+        names.append("output.weight")
+    return {n: hf_name(n) for n in names}
 
 
 def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
@@ -239,9 +293,6 @@ def newest_complete_step(run_dir: str | Path, log=None) -> int | None:
 
 def run_config(run_dir: str | Path):
     """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
-    from training.config import TrainConfig
-    from training.contract.config_loader import load_config
-
     path = Path(run_dir) / CONFIG_TOML
     if not path.is_file():
         raise ExportError(f"{path} not found: {run_dir} is not a gristmill training run directory")
@@ -249,8 +300,6 @@ def run_config(run_dir: str | Path):
 
 
 def _run_config(run_dir: Path):
-    from training.config import resolve_model_config
-
     cfg = run_config(run_dir)
     dataset = Path(cfg.data.dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
@@ -261,8 +310,6 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
     """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
     config, and the run's dataset directory. The checkpoint's files are verified against COMPLETE
     first and every weight must be finite after loading."""
-    from training.train_state import ModelState
-
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
     reason = incomplete_reason(ckpt)
@@ -275,13 +322,8 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
     verify_checkpoint(ckpt)
     _, dataset, mcfg = _run_config(run_dir)
     model = Transformer(mcfg)
-    try:
-        # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
-        load({"model": ModelState(model)}, ckpt, no_dist=True)
-    except BaseException as e:  # DCP's CheckpointException is a BaseException
-        if isinstance(e, KeyboardInterrupt | SystemExit):
-            raise
-        raise ExportError(f"cannot read the model from {ckpt}: {checkpoint_error_cause(e)}") from None
+    # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
+    load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)
     bad = nonfinite_tensor(model.state_dict().items())
     if bad is not None:
         raise ExportError(f"{ckpt} holds non-finite weights ({bad}); export an earlier step")

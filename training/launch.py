@@ -13,18 +13,19 @@ Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 
+from training.contract.config_loader import add_config_arguments
 from training.contract.errors import GristmillError
+from training.run_lock import check_unlocked
+from training.shutdown import launcher_child_preexec
+from training.train import DistEnv, add_resume_argument, load_train_config, preflight, train, with_resume
 
 HELP = "train a model on a built dataset (one node; wraps torchrun)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.contract.config_loader import add_config_arguments
-
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     parser.add_argument(
         "--nproc-per-node",
@@ -36,20 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_resume_argument(parser)
 
 
-def add_resume_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--resume",
-        metavar="auto|PATH",
-        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
-        "directory PATH (same as --set checkpoint.resume=...)",
-    )
-
-
-def with_resume(overrides: list[str], resume: str | None) -> list[str]:
-    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
-    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
-
-
 def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     cmd += ["-m", "training.train", "--config", config]
@@ -59,10 +46,6 @@ def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]
 
 
 def run(args: argparse.Namespace) -> int:
-    from training.run_lock import check_unlocked
-    from training.shutdown import launcher_child_preexec
-    from training.train import DistEnv, load_train_config, preflight, train
-
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)

@@ -105,6 +105,49 @@ def update_ratio(params: list[torch.Tensor], before: list[torch.Tensor]) -> floa
     return math.sqrt(total[0].item()) / max(math.sqrt(total[1].item()), 1e-30)
 
 
+def step_row(
+    step: int,
+    loss: float,
+    res: dict[str, Any],
+    *,
+    tokens_per_s: float,
+    tokens_seen: int,
+    skipped: dict[str, Any],
+    spike: dict[str, float] | None,
+    mfu: float | None,
+    peak_memory_bytes: int,
+) -> dict[str, Any]:
+    """The metrics.jsonl row of a logged step (`res`: train_step's result; `skipped`: the non-finite
+    guard's tally since the last log; `spike`: the spike detector's finding), events included."""
+    m: dict[str, Any] = {
+        "step": step,
+        "loss": loss,
+        "lr": res["lr"],
+        "grad_norm": res["grad_norm"].item(),
+        "update_ratio": res["update_ratio"],
+        "tokens_per_s": tokens_per_s,
+        "tokens_seen": tokens_seen,
+        "skipped_steps": skipped["skipped"],
+    }
+    if mfu is not None:
+        m["mfu"] = mfu
+    m["peak_memory_bytes"] = peak_memory_bytes
+    events = []
+    if skipped["skipped"]:
+        events.append(
+            f"non-finite: {skipped['skipped']} step(s) not applied since the last log, the first "
+            f"at step {skipped['first_step']} ({skipped['what']})"
+        )
+    if spike is not None:
+        events.append(
+            f"loss spike: {loss:.4f} > mean {spike['mean']:.4f} + {spike['sigma']:g}·std "
+            f"({spike['std']:.4f}) of the last {spike['window']} logged losses"
+        )
+    if events:
+        m["events"] = events
+    return m
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -4,7 +4,7 @@ The file knows nothing about parallelism: `training/parallelize.py` applies acti
 checkpointing, torch.compile and FSDP2 to a `Transformer` from outside, per `TransformerBlock`.
 
 Parameter names follow torchtitan (`tok_embeddings`, `layers.N.attention.wq`, `feed_forward.w1` …);
-`hf_name()` / `HF_NAME_MAP` rename them to `transformers`' `LlamaForCausalLM`. RoPE uses HF's
+training/hf_export.py renames them to `transformers`' `LlamaForCausalLM`. RoPE uses HF's
 rotate-half layout (the first and second halves of each head dimension form the rotated pairs), so
 the q/k projections need no permutation on export: the export is a pure rename (plus dropping
 `lm_head.weight` when the embeddings are tied, as HF does).
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +44,6 @@ from torch import nn
 from training.loss import IGNORE_INDEX, chunked_linear_cross_entropy, linear_cross_entropy
 
 __all__ = [
-    "HF_NAME_MAP",
     "AttentionMask",
     "IGNORE_INDEX",
     "PRESETS",
@@ -57,8 +55,6 @@ __all__ = [
     "document_causal_mask",
     "document_ids",
     "flops_per_token",
-    "hf_name",
-    "hf_state_dict_names",
     "num_params",
     "rope_cos_sin",
 ]
@@ -459,55 +455,3 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, include_lm_head: bool = True
     mlp = 3 * d * cfg.ffn_dim
     n_matmul = L * (attn + mlp) + (cfg.vocab_size * d if include_lm_head else 0)
     return 6 * n_matmul + 12 * L * d * seq_len
-
-
-# --------------------------------------------------------------------------------------------------
-# HF LlamaForCausalLM names (for the export stage)
-
-HF_NAME_MAP: dict[str, str] = {
-    r"^tok_embeddings\.weight$": "model.embed_tokens.weight",
-    r"^layers\.(\d+)\.attention_norm\.weight$": r"model.layers.\1.input_layernorm.weight",
-    r"^layers\.(\d+)\.attention\.wq\.weight$": r"model.layers.\1.self_attn.q_proj.weight",
-    r"^layers\.(\d+)\.attention\.wk\.weight$": r"model.layers.\1.self_attn.k_proj.weight",
-    r"^layers\.(\d+)\.attention\.wv\.weight$": r"model.layers.\1.self_attn.v_proj.weight",
-    r"^layers\.(\d+)\.attention\.wo\.weight$": r"model.layers.\1.self_attn.o_proj.weight",
-    r"^layers\.(\d+)\.ffn_norm\.weight$": r"model.layers.\1.post_attention_layernorm.weight",
-    r"^layers\.(\d+)\.feed_forward\.w1\.weight$": r"model.layers.\1.mlp.gate_proj.weight",
-    r"^layers\.(\d+)\.feed_forward\.w2\.weight$": r"model.layers.\1.mlp.down_proj.weight",
-    r"^layers\.(\d+)\.feed_forward\.w3\.weight$": r"model.layers.\1.mlp.up_proj.weight",
-    r"^norm\.weight$": "model.norm.weight",
-    r"^output\.weight$": "lm_head.weight",
-}
-"""Regex (over our state-dict key) -> HF LlamaForCausalLM key. Tensors need no reshaping: the
-Linear weights are [out, in] like HF's and RoPE already uses HF's rotate-half layout."""
-
-_WRAPPER_PARTS = re.compile(r"(_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)\.")
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name (wrapper prefixes tolerated) -> the HF LlamaForCausalLM name."""
-    clean = _WRAPPER_PARTS.sub("", name)
-    for pattern, repl in HF_NAME_MAP.items():
-        new, n = re.subn(pattern, repl, clean)
-        if n:
-            return new
-    raise KeyError(f"no HF name for parameter {name!r}")
-
-
-def hf_state_dict_names(cfg: ModelConfig) -> dict[str, str]:
-    """Every state-dict key of Transformer(cfg) -> its HF name, in model order.
-
-    With tied embeddings `output.weight` is omitted: HF stores only `model.embed_tokens.weight`
-    and ties `lm_head.weight` to it when `tie_word_embeddings` is true.
-    """
-    names = ["tok_embeddings.weight"]
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        names += [p + "attention_norm.weight"]
-        names += [p + f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
-        names += [p + "ffn_norm.weight"]
-        names += [p + f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")]
-    names.append("norm.weight")
-    if not cfg.tie_embeddings:
-        names.append("output.weight")
-    return {n: hf_name(n) for n in names}

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import sys
 import time
@@ -51,7 +52,7 @@ from training.contract.errors import GristmillError, NonFiniteError, unwritable
 from training.contract.run_layout import CONFIG_TOML
 from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
 from training.faults import NanLoss
-from training.launch import add_resume_argument, with_resume
+from training.loader import TokenLoader
 from training.metrics import (
     MetricsWriter,
     device_name,
@@ -60,10 +61,12 @@ from training.metrics import (
     peak_memory_bytes,
     plot_loss,
     snapshot,
+    step_row,
     update_ratio,
 )
+from training.model import Transformer, flops_per_token, num_params
 from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
-from training.parallelize import mesh_shape
+from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables
@@ -187,9 +190,6 @@ def _all_max(value: float, world_size: int, device: torch.device) -> float:
 
 def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
     """Model → parallelize → weights, seeded identically on every rank (see run.init_device)."""
-    from training.model import Transformer
-    from training.parallelize import parallelize
-
     mode = cfg.run.init_device
     if mode == "auto":
         mode = "meta" if device.type == "cuda" else "full"
@@ -213,8 +213,6 @@ def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module
 
 
 def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
-    from training.model import num_params
-
     n = num_params(model)
     n_ne = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -275,7 +273,7 @@ def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
         pg_started = True
     try:
         with _own_run_dir(Path(cfg.run.output_dir), env, out):
-            return _run(cfg, mcfg, plan, env, device, out)
+            return loop(setup(cfg, mcfg, plan, env, device, out))
     finally:
         if pg_started:
             dist.destroy_process_group()
@@ -308,11 +306,38 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             lock.release()
 
 
-def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> dict[str, Any]:
-    from training.loader import TokenLoader
-    from training.model import flops_per_token, num_params
-    from training.parallelize import autocast_context, build_mesh
+@dataclass
+class Run:
+    """What `setup` builds and `loop` trains with."""
 
+    cfg: TrainConfig
+    plan: BatchPlan
+    env: DistEnv
+    device: torch.device
+    run_dir: Path
+    model: nn.Module
+    amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
+    loader: TokenLoader
+    val_loader: TokenLoader | None
+    val_state: dict | None  # the held-out loader's start: every validation reads the same batches
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: TrainState
+    states: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
+    ckpt: Checkpointer
+    writer: MetricsWriter | None  # rank 0 only
+    last: int  # the last step of this invocation
+    fpt: int  # model FLOPs per token, for MFU
+    peak: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
+    out: Any
+
+    def say(self, text: str) -> None:
+        if self.env.rank == 0:
+            print(text, file=self.out or sys.stdout, flush=True)
+
+
+def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> Run:
+    """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     d = cfg.data
     loader_args = dict(
@@ -339,7 +364,6 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
     is_main = env.rank == 0
     model = build_model(mcfg, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
-
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
     state = TrainState(rank=env.rank)
@@ -390,15 +414,22 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
         say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last}")
         if resumed >= last:
             say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
+    return Run(cfg, plan, env, device, run_dir, model, amp, loader, val_loader, val_state, optimizer,
+               scheduler, state, states, ckpt, writer, last, fpt, peak, out)  # fmt: skip
 
+
+def loop(r: Run) -> dict[str, Any]:
+    """Train from the state's step to `r.last`: log, validate, save, stop on a signal or divergence.
+    Returns the summary (rank 0's view)."""
+    cfg, env, device, state, ckpt, writer = r.cfg, r.env, r.device, r.state, r.ckpt, r.writer
     first_loss = last_loss = val_loss = None
     stopped_by = None
     t_start = t_window = time.perf_counter()
     tokens_window = 0
     guard = NonFiniteGuard(device)
     spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma)
-    fault = NanLoss(model, env.rank)  # tests only: GRISTMILL_FAULT_NAN_LOSS
-    train_iter = iter(loader)
+    fault = NanLoss(r.model, env.rank)  # tests only: GRISTMILL_FAULT_NAN_LOSS
+    train_iter = iter(r.loader)
     shutdown = GracefulStop(env.world_size).__enter__()
 
     def diverged(report: dict[str, Any], step: int) -> None:
@@ -408,7 +439,7 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
             return
         ckpt.close()  # a save still in flight holds finite weights from before: let it complete
         if writer is not None and cfg.metrics.plot:
-            plot_loss(writer.history, run_dir / "loss.png")
+            plot_loss(writer.history, r.run_dir / "loss.png")
         why = (
             f"step {report['first_step']}: the {report['what']} is not finite (NaN or inf)"
             if cfg.run.on_nonfinite == "stop"
@@ -418,65 +449,49 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
         raise NonFiniteError(
             f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
             f"complete checkpoint: {ckpt.newest_complete()}. Lower optim.lr (now {cfg.optim.lr:g}) or check "
-            f"the data, then resume: gristmill train --config {run_dir / CONFIG_TOML} --resume auto"
+            f"the data, then resume: gristmill train --config {r.run_dir / CONFIG_TOML} --resume auto"
         )
 
     try:
-        for step in range(state.step + 1, last + 1):
+        for step in range(state.step + 1, r.last + 1):
             ckpt.poll()  # raises if a background save failed
             micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
-            do_val = val_loader is not None and (step % cfg.run.val_every == 0 or step == last)
-            do_log = step % cfg.run.log_every == 0 or step in (1, last) or do_val
+            do_val = r.val_loader is not None and (step % cfg.run.val_every == 0 or step == r.last)
+            do_log = step % cfg.run.log_every == 0 or step in (1, r.last) or do_val
             fault.arm(step)
             res = train_step(
-                model,
-                optimizer,
-                scheduler,
+                r.model,
+                r.optimizer,
+                r.scheduler,
                 micro_batches,
                 grad_clip=cfg.optim.grad_clip,
-                amp=amp,
+                amp=r.amp,
                 measure_update=do_log,
                 world_size=env.world_size,
             )
             guard.record(step, res["nonfinite"])
             state.step = step
-            state.tokens_seen += plan.tokens_per_step
-            tokens_window += plan.tokens_per_step
+            state.tokens_seen += r.plan.tokens_per_step
+            tokens_window += r.plan.tokens_per_step
             if do_log:
                 report = guard.read()
                 skipped = guard.take_unlogged()
                 loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
                 elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
-                m: dict[str, Any] = {
-                    "step": step,
-                    "loss": loss,
-                    "lr": res["lr"],
-                    "grad_norm": res["grad_norm"].item(),
-                    "update_ratio": res["update_ratio"],
-                    "tokens_per_s": tokens_window / elapsed,
-                    "tokens_seen": state.tokens_seen,
-                    "skipped_steps": skipped["skipped"],
-                }
-                util = mfu(m["tokens_per_s"], env.world_size, fpt, peak)
-                if util is not None:
-                    m["mfu"] = util
-                m["peak_memory_bytes"] = int(_all_max(peak_memory_bytes(device), env.world_size, device))
-                events = []
-                if skipped["skipped"]:
-                    events.append(
-                        f"non-finite: {skipped['skipped']} step(s) not applied since the last log, the first "
-                        f"at step {skipped['first_step']} ({skipped['what']})"
-                    )
-                if (spike := spikes.check(loss)) is not None:
-                    events.append(
-                        f"loss spike: {loss:.4f} > mean {spike['mean']:.4f} + {spike['sigma']:g}·std "
-                        f"({spike['std']:.4f}) of the last {spike['window']} logged losses"
-                    )
-                if events:
-                    m["events"] = events
+                m = step_row(
+                    step,
+                    loss,
+                    res,
+                    tokens_per_s=tokens_window / elapsed,
+                    tokens_seen=state.tokens_seen,
+                    skipped=skipped,
+                    spike=spikes.check(loss),
+                    mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt, r.peak),
+                    peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
+                )
                 if do_val and not report["skipped"]:
                     val_loss = evaluate(
-                        model, val_loader, val_state, cfg.run.val_batches, amp, device, env.world_size
+                        r.model, r.val_loader, r.val_state, cfg.run.val_batches, r.amp, device, env.world_size
                     )
                     m["val_loss"] = val_loss
                 m["elapsed_s"] = time.perf_counter() - t_start
@@ -484,7 +499,7 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
                 last_loss = loss
                 if writer is not None:
                     writer.log(m)
-                    for event in events:
+                    for event in m.get("events", []):
                         writer.print(f"WARNING step {step}: {event}")
                 diverged(report, step)
                 t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
@@ -495,7 +510,7 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
                 ckpt.save(step, state.tokens_seen, blocking=stop is not None)
             if stop:
                 stopped_by = stop
-                say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
+                r.say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
                 break
         ckpt.close()  # waits for an async save in flight
     finally:
@@ -503,23 +518,37 @@ def _run(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.de
         if writer is not None:
             writer.close()
     summary = {
-        "run_dir": str(run_dir),
+        "run_dir": str(r.run_dir),
         "steps": state.step,
         "stopped_by": stopped_by,
         "first_loss": first_loss,
         "final_loss": last_loss,
         "val_loss": val_loss,
         "seconds": time.perf_counter() - t_start,
-        "states": states,
+        "states": r.states,
     }
     if writer is not None and last_loss is not None:
-        note = plot_loss(writer.history, run_dir / "loss.png") if cfg.metrics.plot else None
+        note = plot_loss(writer.history, r.run_dir / "loss.png") if cfg.metrics.plot else None
         writer.print(
             note
             or f"loss {first_loss:.4f} → {last_loss:.4f} in {state.step} steps, {summary['seconds']:.0f} s; "
-            f"curve: {run_dir / 'loss.png'}"
+            f"curve: {r.run_dir / 'loss.png'}"
         )
     return summary
+
+
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
+        "directory PATH (same as --set checkpoint.resume=...)",
+    )
+
+
+def with_resume(overrides: list[str], resume: str | None) -> list[str]:
+    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
+    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
 
 
 def load_train_config(config: str, overrides: list[str]) -> TrainConfig:

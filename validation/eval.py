@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint import nonfinite_tensor
+from training.checkpoint_io import nonfinite_tensor
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.checkpoint import CheckpointError, verify_checkpoint
+from training.checkpoint_io import CheckpointError, verify_checkpoint
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,

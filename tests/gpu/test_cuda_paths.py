@@ -24,6 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
+from training.config import ParallelConfig  # noqa: E402
 from training.loss import (  # noqa: E402
     _chunk_fn,
     _chunk_softmax_grad,
@@ -31,7 +32,7 @@ from training.loss import (  # noqa: E402
     linear_cross_entropy,
 )
 from training.model import ModelConfig, Transformer  # noqa: E402
-from training.parallelize import ParallelConfig, autocast_context, parallelize  # noqa: E402
+from training.parallelize import autocast_context, parallelize  # noqa: E402
 
 CUDA = torch.device("cuda")
 SMALL = ModelConfig(
