@@ -1,6 +1,6 @@
 """Benchmark: `gristmill data audit` summary report over a synthetic 10M-document manifest.
 
-    .venv/bin/python bench/audit_speed.py [--docs 10000000] [--tasks 16] [--dir /tmp/x] [--repeat 3]
+    .venv/bin/python -m bench.audit_speed [--docs 10000000] [--tasks 16] [--dir /tmp/x] [--repeat 3]
 
 Writes a dataset directory holding only what the audit reads (manifest/*.parquet with every
 contract column, excluded/*.parquet, datatrove-style logs/stats/*.json, dataset.json; no tars),
@@ -26,11 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.contract.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint  # noqa: E402
-from validation.audit import run_preset  # noqa: E402
-from validation.audit_views import connect  # noqa: E402
+from training.contract.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint
+from validation.audit import run_preset
+from validation.audit_views import connect
 
 TARGET_S = 5.0
 DOCS_PER_SHARD = 5000

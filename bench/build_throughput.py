@@ -1,6 +1,6 @@
 """Build throughput vs raw tokenizer throughput, on one core, on the same generated corpus.
 
-    .venv/bin/python bench/build_throughput.py [--mb 24] [--repeats 3]
+    .venv/bin/python -m bench.build_throughput [--mb 24] [--repeats 3]
 
 1. Corpus: ≥ 20 MB of English prose made from the demo corpus (the standard library's docs):
    sentences reshuffled by a seeded RNG into FineWeb-Edu-sized documents, written as parquet with
@@ -22,30 +22,28 @@ import os
 os.environ["RAYON_NUM_THREADS"] = "1"  # before tokenizers is imported: one core for the encoder
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import platform
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipelines.build import build  # noqa: E402
-from pipelines.config import DataConfig  # noqa: E402
-from pipelines.demo_corpus import SCHEMA, write_demo_corpus  # noqa: E402
-from tokenization.tokenizer_io import train_bpe  # noqa: E402
-from training.contract.config_loader import load_config  # noqa: E402
+from pipelines.build import build
+from pipelines.config import DataConfig
+from pipelines.demo_corpus import SCHEMA, write_demo_corpus
+from tokenization.tokenizer_io import train_bpe
+from training.contract.config_loader import load_config
 
 
 def make_corpus(demo: Path, out: Path, mb: float, n_files: int = 4) -> list[str]:

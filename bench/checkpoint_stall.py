@@ -1,7 +1,7 @@
 """Training-loop stall per checkpoint save, synchronous vs async DCP, through the trainer's Checkpointer.
 
-    python bench/checkpoint_stall.py                                     # CPU: a 126M-parameter model
-    python bench/checkpoint_stall.py --preset llama3-1b --device cuda    # one GPU: the 1.24B preset
+    python -m bench.checkpoint_stall                                     # CPU: a 126M-parameter model
+    python -m bench.checkpoint_stall --preset llama3-1b --device cuda    # one GPU: the 1.24B preset
 
 One process, real training steps on synthetic tokens (the trainer's `train_step`: forward,
 backward, clip, AdamW), a checkpoint of model + AdamW state + schedule + counters/RNG after every
@@ -30,16 +30,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.checkpoint import Checkpointer, dir_size  # noqa: E402
-from training.config import CheckpointSection, OptimSection, ScheduleSection  # noqa: E402
-from training.contract.integrity import file_records  # noqa: E402
-from training.metrics import fmt_bytes  # noqa: E402
-from training.model import PRESETS, Transformer, num_params  # noqa: E402
-from training.optim import build_optimizer, build_scheduler  # noqa: E402
-from training.train import train_step  # noqa: E402
-from training.train_state import ModelState, OptimizerState, TrainState  # noqa: E402
+from training.checkpoint import Checkpointer, dir_size
+from training.config import CheckpointSection, OptimSection, ScheduleSection
+from training.contract.integrity import file_records
+from training.metrics import fmt_bytes
+from training.model import PRESETS, Transformer, num_params
+from training.optim import build_optimizer, build_scheduler
+from training.train import train_step
+from training.train_state import ModelState, OptimizerState, TrainState
 
 # ≥ 100M parameters, small enough for a 2-core CPU step in seconds: 125.8M (50.3M of them embeddings).
 CPU_126M = PRESETS["llama3-1b"].replace(

@@ -1,6 +1,6 @@
 """Loader open + plan at FineWeb-Edu scale: 1.5B documents, 8 ranks opening at once on one box.
 
-    python bench/loader_scale.py [--dir /tmp/gristmill-scale] [--docs 1.5e9] [--ranks 8]
+    python -m bench.loader_scale [--dir /tmp/gristmill-scale] [--docs 1.5e9] [--ranks 8]
                                  [--val-fraction 0.001]
 
 1. Writes (once; reused when the parameters match) a synthetic dataset directory of --docs
@@ -29,18 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.contract.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint  # noqa: E402
-from training.contract.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS  # noqa: E402
+from training.contract.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint
+from training.contract.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS
 
 MEAN_MAX = 1734  # uniform 1..1734: mean 867 tokens, FineWeb-Edu's 1.3T tokens / 1.5B documents
 SHARD_CAP = 3 << 30  # a shard starts a new one past 3 GiB, so in-shard offsets stay uint32
@@ -56,8 +56,6 @@ def status_kib(field: str) -> int:
 
 
 def tar_header(name: str, size: int) -> bytes:
-    import tarfile
-
     info = tarfile.TarInfo(name)
     info.size = size
     return info.tobuf(format=tarfile.USTAR_FORMAT)
@@ -71,8 +69,6 @@ def make_dataset(root: Path, docs: int) -> dict:
             return info
     except (OSError, ValueError):
         pass
-    import shutil
-
     shutil.rmtree(root, ignore_errors=True)
     (root / INDEX_DIR).mkdir(parents=True)
     (root / SHARDS_DIR).mkdir()
@@ -293,10 +289,8 @@ def main() -> None:
             f"memory +{base['own_mib'] / 1024:.2f} GiB over the interpreter; the previous loader also kept "
             f"shard and offset per document: +{info['documents'] * 6 / 2**30:.1f} GiB more per rank"
         )
-    # The ranks share the split's block table through the loader's cache (training/loader.py):
-    # a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
-    import shutil
-
+    # The ranks share the split's block table through the loader's cache (training/loader_plan.py,
+    # loader_cache.py): a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
     os.environ["GRISTMILL_CACHE"] = str(Path(args.dir) / "loader-cache")
     shutil.rmtree(os.environ["GRISTMILL_CACHE"], ignore_errors=True)
     for round_ in (1, 2):

@@ -1,6 +1,6 @@
 """Loader throughput against raw memory copies of the same bytes.
 
-    python bench/loader_throughput.py [--dir /tmp/gristmill-loader-bench] [--tokens 200e6]
+    python -m bench.loader_throughput [--dir /tmp/gristmill-loader-bench] [--tokens 200e6]
 
 Part 1 (throughput): generates a synthetic dataset (random ids, FineWeb-Edu-like lognormal
 document lengths, no tokenizer; reused when present), warms the page cache, then measures in one
@@ -19,21 +19,18 @@ from __future__ import annotations
 
 import argparse
 import mmap
-import sys
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.contract.dataset_format import read_dataset_info, shard_files  # noqa: E402
-from training.loader import TokenLoader  # noqa: E402
+from pipelines.synthetic_dataset import write_synthetic_dataset
+from training.contract.dataset_format import read_dataset_info, shard_files
+from training.loader import TokenLoader
 
 
 def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
-    from pipelines.shard_writer import ShardWriter, finalize_dataset
-
     params = {"tokens": tokens, "vocab": vocab, "lengths": "lognormal(6.3, 1.0), min 2", "seed": 0}
     try:
         info = read_dataset_info(root)
@@ -42,30 +39,25 @@ def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
     except Exception:
         pass
     if root.exists():
-        import shutil
-
         shutil.rmtree(root)
     t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
-    writer = ShardWriter(root, 0, vocab_size=vocab, target_bytes=256 << 20)
-    written = doc = 0
-    while written < tokens:
-        lengths = np.maximum(rng.lognormal(6.3, 1.0, 20_000).astype(np.int64), 2)
-        ids = rng.integers(1, vocab, int(lengths.sum()), dtype=np.uint32)
-        ends = np.cumsum(lengths)
-        ids[ends - 1] = 0  # the separator, "after" each document
-        for start, end in zip((ends - lengths).tolist(), ends.tolist()):
-            writer.add(f"t00000d{doc:09d}", ids[start:end], {"id": str(doc)})
-            doc += 1
-        written += int(lengths.sum())
-    writer.close()
-    info = finalize_dataset(
-        root,
-        vocab_size=vocab,
-        separator={"token": "<|endoftext|>", "id": 0, "position": "after"},
-        config_sha256="bench",
+
+    def documents():
+        rng = np.random.default_rng(0)
+        written = 0
+        while written < tokens:
+            lengths = np.maximum(rng.lognormal(6.3, 1.0, 20_000).astype(np.int64), 2)
+            ids = rng.integers(1, vocab, int(lengths.sum()), dtype=np.uint32)
+            ends = np.cumsum(lengths)
+            ids[ends - 1] = 0  # the separator, "after" each document
+            for start, end in zip((ends - lengths).tolist(), ends.tolist()):
+                yield ids[start:end]
+            written += int(lengths.sum())
+
+    info = write_synthetic_dataset(
+        root, documents(), vocab_size=vocab, target_bytes=256 << 20, config_sha256="bench",
         extra={"bench": params},
-    )
+    )  # fmt: skip
     print(
         f"generated {info['documents']:,} documents, {info['tokens']:,} tokens "
         f"in {time.perf_counter() - t0:.0f} s"

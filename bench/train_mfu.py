@@ -1,9 +1,9 @@
 """Single-GPU training throughput: gristmill's trainer step against a transformers peer, in one run.
 
-    python bench/train_mfu.py                                   # GPU: headline + sweep + memory table
-    python bench/train_mfu.py --quick                           # GPU: headline only (peer vs gristmill)
-    python bench/train_mfu.py --profile runs/profile            # + torch.profiler summary of gristmill
-    python bench/train_mfu.py --preset tiny --device cpu --seq 128 --quick   # CPU smoke (no MFU)
+    python -m bench.train_mfu                                   # GPU: headline + sweep + memory table
+    python -m bench.train_mfu --quick                           # GPU: headline only (peer vs gristmill)
+    python -m bench.train_mfu --profile runs/profile            # + torch.profiler summary of gristmill
+    python -m bench.train_mfu --preset tiny --device cpu --seq 128 --quick   # CPU smoke (no MFU)
 
 Headline. Identical shapes and batch for both: the preset (default the 1.24B Llama-3 shape, vocab
 131072, tied), seq 2048, --micro-batch sequences per forward, --accum micro-batches per optimizer
@@ -34,25 +34,22 @@ import argparse
 import functools
 import gc
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from training.config import (  # noqa: E402
+from training.config import (
     OptimSection,
-    ParallelConfig,  # noqa: E402
+    ParallelConfig,
     ScheduleSection,
 )
-from training.metrics import peak_flops  # noqa: E402
-from training.model import PRESETS, ModelConfig, Transformer, flops_per_token, num_params  # noqa: E402
-from training.optim import build_optimizer, build_scheduler  # noqa: E402
-from training.parallelize import autocast_context, parallelize  # noqa: E402
-from training.train import train_step  # noqa: E402
+from training.metrics import peak_flops
+from training.model import PRESETS, ModelConfig, Transformer, flops_per_token, num_params
+from training.optim import build_optimizer, build_scheduler
+from training.parallelize import autocast_context, parallelize
+from training.train import train_step
 
 
 @dataclass(frozen=True)

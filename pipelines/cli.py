@@ -1,9 +1,11 @@
 """The `gristmill` console script: one entry point, subcommands owned by the stage packages.
 
-Each subcommand lives in the module that owns its stage and exposes `HELP`, `add_arguments(parser)`
-and `run(args) -> int`. Modules are imported only when their command runs, so `gristmill data
-validate` does not pay for importing torch, and a stage missing optional extras (lm-eval) does
-not break the others.
+Each subcommand lives in the module that owns its stage and exposes `add_arguments(parser)` and
+`run(args) -> int`. A module is imported only when its command runs, so `gristmill data validate`
+does not pay for importing torch, and a stage missing optional extras (lm-eval) does not break the
+others. The one-line help of each command sits in the table below rather than in its module, so
+that `gristmill --help` (or no command) imports no stage at all: listing the commands costs no
+torch, datatrove, duckdb or lm-eval import, and shows every command even where an extra is missing.
 """
 
 from __future__ import annotations
@@ -15,30 +17,62 @@ import sys
 
 from training.contract.errors import GristmillError
 
-# (command words) -> module implementing it
-COMMANDS: dict[tuple[str, ...], str] = {
-    ("data", "build"): "pipelines.build",
-    ("data", "download"): "pipelines.download",
-    ("data", "validate"): "validation.validate",
-    ("data", "audit"): "validation.audit",
-    ("data", "inspect"): "training.inspect",
-    ("data", "index"): "pipelines.data_index",
-    ("tokenizer", "train"): "tokenization.train",
-    ("train",): "training.launch",
-    ("export",): "training.hf_export",
-    ("verify",): "validation.verify_run",
-    ("eval",): "validation.eval",
-    ("demo",): "pipelines.demo",
+# (command words) -> (module implementing it, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("data", "build"): (
+        "pipelines.build",
+        "build validated token shards from a data recipe (configs/data/*.toml)",
+    ),
+    ("data", "download"): (
+        "pipelines.download",
+        "pre-fetch a FineWeb-Edu subset's parquet files (resumable, checksummed) for offline builds",
+    ),
+    ("data", "validate"): (
+        "validation.validate",
+        "re-read every shard and check separators, ids, manifest, hashes and fingerprint",
+    ),
+    ("data", "audit"): (
+        "validation.audit",
+        "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)",
+    ),
+    ("data", "inspect"): (
+        "training.batch_inspect",
+        "print the batch of a training step (ids, text, source documents) or per-step hashes",
+    ),
+    ("data", "index"): (
+        "pipelines.data_index",
+        "write the loader's index (index/) of a dataset built without one; idempotent",
+    ),
+    ("tokenizer", "train"): (
+        "pipelines.tokenizer_train",
+        "train a byte-level BPE tokenizer on a sample of a data recipe's source",
+    ),
+    ("train",): (
+        "training.launch",
+        "train a model on a built dataset (one node; wraps torchrun)",
+    ),
+    ("export",): (
+        "training.hf_export",
+        "export a checkpoint of a training run as a Hugging Face LlamaForCausalLM directory",
+    ),
+    ("verify",): (
+        "validation.verify_run",
+        "check every checkpoint and export of a training run against its recorded sizes and checksums",
+    ),
+    ("eval",): (
+        "validation.eval",
+        "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)",
+    ),
+    ("demo",): (
+        "pipelines.demo",
+        "run the whole system offline on the demo corpus: build → validate → audit → train → export → eval",
+    ),
 }
 
 
 def _usage() -> str:
     lines = ["usage: gristmill COMMAND [options]", "", "commands:"]
-    for words, module in COMMANDS.items():
-        try:
-            help_text = importlib.import_module(module).HELP
-        except ImportError as e:  # show the command anyway; running it reports what is missing
-            help_text = f"(unavailable: {e})"
+    for words, (_, help_text) in COMMANDS.items():
         lines.append(f"  {' '.join(words):<20} {help_text}")
     lines.append("")
     lines.append("Run `gristmill COMMAND --help` for a command's options.")
@@ -51,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    for words, module_name in COMMANDS.items():
+    for words, (module_name, help_text) in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
             module = importlib.import_module(module_name)
-            parser = argparse.ArgumentParser(prog=f"gristmill {' '.join(words)}", description=module.HELP)
+            parser = argparse.ArgumentParser(prog=f"gristmill {' '.join(words)}", description=help_text)
             module.add_arguments(parser)
             args = parser.parse_args(argv[len(words) :])
             try:

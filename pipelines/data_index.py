@@ -21,8 +21,6 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import DOC_TOKENS, INDEX_DIR, damaged_files, expected_index, write_index
 
-HELP = "write the loader's index (index/) of a dataset built without one; idempotent"
-
 
 def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     """Give `root` a loader index and record it in dataset.json; returns the new dataset.json.

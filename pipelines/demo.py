@@ -13,8 +13,6 @@ import argparse
 import time
 from pathlib import Path
 
-HELP = "run the whole system offline on the demo corpus: build → validate → audit → train → export → eval"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
@@ -29,6 +27,8 @@ def _stage(n: int, total: int, title: str, command: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Each stage's imports sit where the stage starts: `gristmill demo --help` imports none of
+    # datatrove, duckdb, torch or lm-eval, and --skip-train never imports torch or lm-eval.
     from pipelines.build import build
     from pipelines.config import DataConfig
     from training.contract.config_loader import load_config

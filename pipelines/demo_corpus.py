@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import uuid
 from pathlib import Path
+from pydoc_data import topics
 from typing import Any
 
 import pyarrow as pa
@@ -185,8 +186,6 @@ def _documents(version: str) -> list[tuple[str, str]]:
             flush()
     flush()
     # Short modules were left as small documents; the language reference topics are real prose.
-    from pydoc_data import topics
-
     for name, text in sorted(topics.topics.items()):
         docs.append((f"https://docs.python.org/{version}/reference/{name}.html", text.strip()))
     return docs

@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +26,11 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from fsspec.core import url_to_fs
+from tqdm import tqdm
+
 from training.contract.errors import GristmillError
 
-HELP = "pre-fetch a FineWeb-Edu subset's parquet files (resumable, checksummed) for offline builds"
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
 RECORD = ".gristmill-download.json"
 PART = ".part"
@@ -118,8 +121,6 @@ def download(
     verify: bool = False,
     progress: bool = True,
 ) -> DownloadReport:
-    from fsspec.core import url_to_fs
-
     fs, _ = url_to_fs(root)
     files = list_remote(fs, root, subset, pattern)
     return fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
@@ -129,8 +130,6 @@ def fetch_files(
     fs, root: str, files: list[RemoteFile], dest: str | Path, *, workers=4, verify=False, progress=True
 ) -> DownloadReport:
     """Fetch `files` (paths relative to `root` on `fs`) into `dest`; resumable and checksummed."""
-    from tqdm import tqdm
-
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     need = sum(f.size for f in files) - sum(
@@ -242,8 +241,6 @@ def _sha256(path: Path) -> str:
 
 
 def _free_bytes(path: Path) -> int:
-    import shutil
-
     return shutil.disk_usage(path).free
 
 

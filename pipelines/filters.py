@@ -16,12 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import regex
 from datatrove.data import Document
+from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
 from datatrove.pipeline.filters.base_filter import BaseFilter
 from datatrove.utils.word_tokenizers import WordTokenizer
 
 from pipelines.config import FiltersConfig
 from pipelines.sources import READ_ERROR
-from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_SCHEMA
+from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_FIELDS, EXCLUDED_SCHEMA, source_columns
+from training.contract.errors import GristmillError
 
 TMP_SUFFIX = ".tmp"
 # A filter returns a short categorical reason (datatrove counts drops per reason in its stats) and
@@ -69,9 +71,8 @@ class ExcludedWriter:
         m = doc.metadata
         self._rows.append(
             {
-                "id": doc.id,
-                "url": _str(m.get("url")),
-                "dump": _str(m.get("dump")),
+                **source_columns(m, EXCLUDED_FIELDS),
+                "id": doc.id,  # the reader's id (source.id_key), not a metadata key
                 "filter": self.filter_name,
                 "reason": str(m.get(DETAIL) or m.get("filter_reason") or self.filter_name),
             }
@@ -95,10 +96,6 @@ class ExcludedWriter:
         os.replace(self._path + TMP_SUFFIX, self._path)
         self._writer = None
         self._path = None
-
-
-def _str(v: Any) -> str | None:
-    return None if v is None else str(v)
 
 
 class TextFilter(BaseFilter):
@@ -188,8 +185,6 @@ def _word_tokenizer(cfg: FiltersConfig):
         try:
             import spacy  # noqa: F401
         except ImportError:
-            from training.contract.errors import GristmillError
-
             raise GristmillError(
                 'filters.gopher_word_tokenizer = "spacy" needs spaCy: `pip install spacy`, '
                 'or set it to "regex"'
@@ -216,8 +211,6 @@ def make_filters(cfg: FiltersConfig, output: str | Path | None) -> list[BaseFilt
     if cfg.min_chars is not None or cfg.max_chars is not None:
         steps.append(LengthFilter(cfg.min_chars, cfg.max_chars, excluded("length")))
     if cfg.gopher_repetition or cfg.gopher_quality:
-        from datatrove.pipeline.filters import GopherQualityFilter, GopherRepetitionFilter
-
         words = _word_tokenizer(cfg)
         if cfg.gopher_repetition:
             steps.append(

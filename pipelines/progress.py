@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from datatrove.utils.logging import logger
+from tqdm import tqdm
+
 
 def _fmt(n: float) -> str:
     for unit in ("", "k", "M", "G", "T"):
@@ -72,8 +75,6 @@ class TaskProgress:
             json.dump(state, f)
         os.replace(path + ".tmp", path)
         if log:
-            from datatrove.utils.logging import logger
-
             el = max(state["elapsed"], 1e-9)
             logger.info(
                 f"task {self.rank} {self.phase}: {self.read} docs read, {self.kept} kept, "
@@ -140,8 +141,6 @@ class Monitor:
 
     def __enter__(self) -> Monitor:
         if self.live:
-            from tqdm import tqdm
-
             self._bar = tqdm(
                 total=100,
                 bar_format="[build] {percentage:3.0f}%|{bar:16}| {desc}",

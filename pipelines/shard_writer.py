@@ -24,6 +24,7 @@ from training.contract.dataset_format import (
     FORMAT,
     IDS_EXT,
     MANIFEST_DIR,
+    MANIFEST_FIELDS,
     MANIFEST_SCHEMA,
     META_EXT,
     SHARDS_DIR,
@@ -34,6 +35,7 @@ from training.contract.dataset_format import (
     fingerprint,
     manifest_files,
     shard_name,
+    source_columns,
     write_dataset_info,
 )
 from training.contract.dataset_index import write_index
@@ -162,13 +164,7 @@ class ShardWriter:
                 "offset": offset,
                 "nbytes": len(data),
                 "n_tokens": int(len(ids)),
-                "id": _str(meta.get("id")),
-                "url": _str(meta.get("url")),
-                "dump": _str(meta.get("dump")),
-                "score": _float(meta.get("score")),
-                "int_score": _int(meta.get("int_score")),
-                "language": _str(meta.get("language")),
-                "language_score": _float(meta.get("language_score")),
+                **source_columns(meta, MANIFEST_FIELDS),
             }
         )
         if self.offset >= self.target_bytes:
@@ -182,18 +178,6 @@ class ShardWriter:
         pq.write_table(table, str(path) + TMP_SUFFIX)
         os.replace(str(path) + TMP_SUFFIX, path)
         return self.rows
-
-
-def _str(v: Any) -> str | None:
-    return None if v is None else str(v)
-
-
-def _float(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 class ShardChangedError(Exception):

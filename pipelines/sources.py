@@ -17,36 +17,28 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
 from datatrove.data import Document
 from datatrove.io import get_datafolder
 from datatrove.pipeline.readers.base import BaseDiskReader
 
 from pipelines.config import SourceConfig
 from pipelines.progress import TaskProgress
+from training.contract.dataset_format import SOURCE_FIELDS
 from training.contract.errors import GristmillError
 
-# FineWeb-Edu's metadata columns kept in the shards' .json members and the manifest.
-META_KEYS = ("url", "dump", "score", "int_score", "language", "language_score", "token_count")
+# The metadata a reader takes from a source besides the text and the id (read through
+# source.id_key): the contract's SOURCE_FIELDS, which say which ones the manifest keeps too.
+META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.name != "id")
 # The ones filters compare with numbers and the manifest stores as numbers.
-NUMERIC_META_KEYS = ("score", "int_score", "language_score", "token_count")
+NUMERIC_META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.numeric)
 READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
 
-
 # FineWeb-Edu's parquet columns (the demo corpus and test fixtures are written with this schema).
-FINEWEB_EDU_SCHEMA = pa.schema(
-    [
-        ("text", pa.string()),
-        ("id", pa.string()),
-        ("url", pa.string()),
-        ("dump", pa.string()),
-        ("score", pa.float64()),
-        ("int_score", pa.int64()),
-        ("language", pa.string()),
-        ("language_score", pa.float64()),
-        ("token_count", pa.int64()),
-    ]
-)
+FINEWEB_EDU_SCHEMA = pa.schema([("text", pa.string()), *((f.name, f.type) for f in SOURCE_FIELDS)])
 
 
 class SourceError(GristmillError):
@@ -214,8 +206,6 @@ class ParquetSource(_Reader):
         self.batch_size = batch_size
 
     def read_file(self, filepath: str):
-        import pyarrow.parquet as pq
-
         try:
             f = self.data_folder.open(filepath, "rb")
         except OSError as e:
@@ -262,8 +252,6 @@ class JsonlSource(_Reader):
     name = "🐿 Jsonl (gristmill)"
 
     def read_file(self, filepath: str):
-        import orjson
-
         zst = filepath.endswith(".zst")
         try:
             f = self.data_folder.open(filepath, "rb", compression=None if zst else "infer")
@@ -323,8 +311,6 @@ class _StrictZstdReader(io.RawIOBase):
     """
 
     def __init__(self, raw):
-        import zstandard
-
         self._raw = raw
         self._dctx = zstandard.ZstdDecompressor()
         self._dobj = self._dctx.decompressobj()

@@ -24,6 +24,7 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 
+from pipelines import faults
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter, meta_json_bytes
 from pipelines.sources import META_KEYS
@@ -202,7 +203,7 @@ class TokenizeShard(PipelineStep):
                     meta_bytes = spill[b : b + meta_len[j]]
                     writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), meta_json=meta_bytes)
                     if writer.shard_index == 1 and writer.tar is not None:
-                        _maybe_test_kill(rank, "second_shard")  # one shard renamed, the next half written
+                        faults.maybe_kill(rank, "second_shard")  # one shard renamed, the next half written
                 ids = None  # release the last view before the map closes
             finally:
                 if spill is not None:
@@ -218,13 +219,3 @@ class TokenizeShard(PipelineStep):
         if progress:
             progress.phase = "done"
             progress.flush()
-
-
-def _maybe_test_kill(rank: int, point: str) -> None:
-    """Test hook: GRISTMILL_TEST_KILL="RANK:POINT" SIGKILLs the whole build (process group) here,
-    the way a node failure would. Used by tests/test_build_resume.py; inert otherwise."""
-    spec = os.environ.get("GRISTMILL_TEST_KILL")
-    if spec and spec == f"{rank}:{point}":
-        import signal
-
-        os.killpg(0, signal.SIGKILL)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from pipelines.shard_writer import ShardWriter, finalize_dataset
+from pipelines.synthetic_dataset import write_synthetic_dataset
 
 SEPARATOR_ID = 0
 
@@ -14,26 +15,22 @@ SEPARATOR_ID = 0
 def make_dataset(root: Path, *, n_docs: int = 600, vocab_size: int = 256, seed: int = 0) -> Path:
     """Documents follow one of a few affine rules x → (a·x + b) mod (V-1) + 1 with 5% noise, then the
     separator (id 0, after each document): a bigram model gets the loss far below ln(V)."""
-    rng = np.random.default_rng(seed)
-    rules = [(3, 7), (5, 11), (7, 1), (11, 13)]
-    writer = ShardWriter(root, task=0, vocab_size=vocab_size, target_bytes=64 << 10)
-    for i in range(n_docs):
-        a, b = rules[i % len(rules)]
-        n = int(rng.integers(40, 300))
-        ids = np.empty(n + 1, dtype=np.int64)
-        x = int(rng.integers(1, vocab_size))
-        for t in range(n):
-            ids[t] = x
-            x = (a * x + b) % (vocab_size - 1) + 1
-            if rng.random() < 0.05:
-                x = int(rng.integers(1, vocab_size))
-        ids[n] = SEPARATOR_ID
-        writer.add(f"d{i:06d}", ids, {"id": f"doc-{i}"})
-    writer.close()
-    finalize_dataset(
-        root,
-        vocab_size=vocab_size,
-        separator={"token": "<|endoftext|>", "id": SEPARATOR_ID, "position": "after"},
-        config_sha256="synthetic",
-    )
+
+    def documents() -> Iterator[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        rules = [(3, 7), (5, 11), (7, 1), (11, 13)]
+        for i in range(n_docs):
+            a, b = rules[i % len(rules)]
+            n = int(rng.integers(40, 300))
+            ids = np.empty(n + 1, dtype=np.int64)
+            x = int(rng.integers(1, vocab_size))
+            for t in range(n):
+                ids[t] = x
+                x = (a * x + b) % (vocab_size - 1) + 1
+                if rng.random() < 0.05:
+                    x = int(rng.integers(1, vocab_size))
+            ids[n] = SEPARATOR_ID
+            yield ids
+
+    write_synthetic_dataset(root, documents(), vocab_size=vocab_size, target_bytes=64 << 10)
     return root

@@ -14,7 +14,8 @@ import pytest
 import webdataset as wds
 from tokenizers import Tokenizer, processors
 
-from pipelines.build import BuildError, build
+from pipelines.build import BuildError, build, finalize_only
+from pipelines.cli import main
 from pipelines.config import DataConfig
 from tests.conftest import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
 from training.contract.config_loader import load_config
@@ -188,8 +189,6 @@ def test_separator_before_policy(build_fixture, tmp_path):
 
 def test_validation_failure_fails_the_build(built_dataset, build_fixture, tmp_path):
     # A dataset damaged after its build is re-validated on rerun: the command exits non-zero.
-    from pipelines.cli import main
-
     out = tmp_path / "ds"
     shutil.copytree(built_dataset, out)
     shard = sorted((out / "shards").glob("*.tar"))[0]
@@ -214,8 +213,6 @@ def test_more_tasks_than_files_and_an_empty_task(build_fixture, tmp_path):
 def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixture, tmp_path):
     # The Slurm finalize job rewrites dataset.json from the output's saved config.toml; a different
     # separator policy on its command line must not be recorded for shards built "after".
-    from pipelines.build import finalize_only
-
     out = tmp_path / "ds"
     shutil.copytree(built_dataset, out)
     (out / "dataset.json").unlink()

@@ -6,17 +6,26 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
+from datatrove.data import Document
 
+from pipelines.build import BuildError, build
 from pipelines.cli import main
+from pipelines.config import DataConfig
+from pipelines.tokenize_shard import DiskFullError, TokenizeShard
 from tests.conftest import SEP, fixture_texts
-from tokenization.tokenizer_io import train_bpe
+from tokenization.separator import DocumentEncoder, SeparatorPolicy
+from tokenization.tokenizer_io import load_tokenizer, train_bpe
+from training.contract.config_loader import load_config
 
 
 def one_error(capsys, argv: list[str]) -> str:
@@ -124,9 +133,6 @@ def test_disk_too_full(build_fixture, tmp_path, capsys):
 
 
 def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
-    from tokenization.separator import DocumentEncoder, SeparatorPolicy
-    from tokenization.tokenizer_io import load_tokenizer
-
     _, _, config = build_fixture
     out = tmp_path / "tok.json"
     argv = ["tokenizer", "train", "--config", str(config), "--set", "tokenizer.train.vocab_size=400"]
@@ -159,10 +165,6 @@ def test_tokenizer_train_on_no_documents_is_an_error(build_fixture, tmp_path, ca
 
 
 def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
-    from pipelines.build import build
-    from pipelines.config import DataConfig
-    from training.contract.config_loader import load_config
-
     _, _, config = build_fixture
     tok = tmp_path / "new-tok.json"
     overrides = [f"output={tmp_path / 'o'}", f"tokenizer.path={tok}", "tokenizer.train.vocab_size=400"]
@@ -173,8 +175,6 @@ def test_build_trains_missing_tokenizer_when_asked(build_fixture, tmp_path):
 
 
 def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tmp_path, capsys):
-    import shutil
-
     _, _, config = build_fixture
     for name, fix in (
         ("build.json", "cannot tell which config built"),
@@ -191,10 +191,6 @@ def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tm
 def assert_task_failure_is_one_error(capsys, config: Path, tmp_path: Path, *overrides: str) -> None:
     """A one-task build of a truncated jsonl file (it lists fine and fails only once a task reads
     it) ends with one error line naming the file, no traceback and no dataset.json."""
-    import json
-
-    import zstandard
-
     lines = [json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}) for i in range(400)]
     data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
     src = tmp_path / "src" / "cut.jsonl.zst"
@@ -219,14 +215,6 @@ def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tm
 def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     # The space check before a task writes its shards fails: the task's spill (as large as its
     # shards) must not stay behind on the disk the user is asked to free.
-    import shutil
-
-    import pytest
-    from datatrove.data import Document
-
-    from pipelines.tokenize_shard import DiskFullError, TokenizeShard
-    from tokenization.separator import SeparatorPolicy
-
     _, tokenizer, _ = build_fixture
     reserve_gb = (shutil.disk_usage(tmp_path).free + 10e9) / 1e9  # more than there is: always fails
     step = TokenizeShard(tmp_path / "o", tokenizer, SeparatorPolicy(SEP), 1 << 20, min_free_gb=reserve_gb)
@@ -240,10 +228,6 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
 
 def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
     # Called directly: datatrove's loguru sinks from earlier capsys tests make stderr noisy here.
-    from pipelines.build import BuildError, build
-    from pipelines.config import DataConfig
-    from training.contract.config_loader import load_config
-
     _, _, config = build_fixture
     out = tmp_path / "o"
     cfg = load_config(DataConfig, config, [f"output={out}", "filters.min_chars=100000000"])

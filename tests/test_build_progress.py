@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
+from pipelines.build import build
+from pipelines.config import DataConfig
 from pipelines.progress import Monitor, TaskProgress
+from training.contract.config_loader import load_config
+from validation.audit_reports import PRESETS
+from validation.audit_views import connect
 
 
 def test_task_progress_and_monitor_line(tmp_path):
@@ -49,12 +57,6 @@ def test_resumed_monitor_counts_tasks_finished_earlier(tmp_path):
 
 
 def test_end_table_gives_the_audit_summary_numbers(built_dataset, build_fixture):
-    from pipelines.build import build
-    from pipelines.config import DataConfig
-    from training.contract.config_loader import load_config
-    from validation.audit_reports import PRESETS
-    from validation.audit_views import connect
-
     lines: list[str] = []
     assert build(load_config(DataConfig, build_fixture[2]), log=lines.append).ok  # complete: revalidated
     table = {}
@@ -76,10 +78,6 @@ def test_end_table_gives_the_audit_summary_numbers(built_dataset, build_fixture)
 
 
 def test_output_is_flushed_line_by_line_so_a_killed_command_keeps_its_last_lines(tmp_path):
-    import os
-    import subprocess
-    import sys
-
     code = (
         "import os, signal; from pipelines.cli import main; "
         f"main(['data', 'validate', '{tmp_path / 'missing'}']); print('the last line'); "

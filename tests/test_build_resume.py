@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+import zstandard
+
+from pipelines.build import BuildError, build
+from pipelines.config import DataConfig
+from pipelines.sources import SourceError
+from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +42,7 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
     _, _, config = build_fixture
     out = tmp_path / "ds"
     # Task 1 SIGKILLs the build's process group once its first shard is renamed and the second is
-    # half written (the hook sits in the shard-writing loop; see tokenize_shard._maybe_test_kill).
+    # half written (the hook sits in the shard-writing loop; see pipelines/faults.py).
     killed = run_build(config, out, {"GRISTMILL_TEST_KILL": "1:second_shard"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (out / "dataset.json").exists()
@@ -67,16 +76,6 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
 def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture, tmp_path):
     # The advice after a truncated input: re-download it and rerun the same command. Only the
     # inputs of finished tasks are frozen; changing one of those is refused, naming file and sizes.
-    import json
-
-    import pytest
-    import zstandard
-
-    from pipelines.build import BuildError, build
-    from pipelines.config import DataConfig
-    from pipelines.sources import SourceError
-    from training.contract.config_loader import load_config
-
     _, _, config = build_fixture
     src, out = tmp_path / "src", tmp_path / "ds"
     src.mkdir()
@@ -122,14 +121,6 @@ def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(
     # What the build suggests for a damaged dataset.json (delete it, rerun) must not re-hash a
     # corrupted shard into a new "complete" dataset.json: the shard is checked against the sha256
     # its task recorded when it finished.
-    import shutil
-
-    import pytest
-
-    from pipelines.build import BuildError, build
-    from pipelines.config import DataConfig
-    from training.contract.config_loader import load_config
-
     _, _, config = build_fixture
     out = tmp_path / "ds"
     shutil.copytree(built_dataset, out)

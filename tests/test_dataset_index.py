@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main as cli
+from pipelines.data_index import index_dataset
 from tests.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
-from training import loader_plan
+from training import loader_cache, loader_plan
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
 from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
 from training.loader import LoaderStateError, TokenLoader, batch_sha256
@@ -195,8 +196,6 @@ def test_index_files_are_what_dataset_json_says(corpus):
 def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, caplog, vf, split):
     """The first process saves the split's block table, later ones memory-map it and read the same
     batches; a damaged entry is recomputed, an unusable cache directory means computing in-process."""
-    from training import loader_cache
-
     root, _ = corpus
     kw = dict(val_fraction=vf, split=split)
     want = _hashes(_loader(root, **kw), 3)
@@ -249,15 +248,11 @@ def test_fingerprint_before_index_is_recomputed_never_trusted(corpus, tmp_path):
 
 
 def cli_index(root: Path) -> None:
-    from pipelines.data_index import index_dataset
-
     index_dataset(root, log=lambda *a: None)
 
 
 def test_cache_entry_missing_an_array_is_recomputed(corpus, tmp_path, monkeypatch, caplog):
     """An entry without the held-out split's first rows must not read as 'nothing held out'."""
-    from training import loader_cache
-
     root, _ = corpus
     want = _hashes(_loader(root, val_fraction=0.2), 3)
     monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
@@ -274,8 +269,6 @@ def test_cache_entry_missing_an_array_is_recomputed(corpus, tmp_path, monkeypatc
 def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
     """A pickled batch builder (what spawn/forkserver DataLoader workers receive) carries no
     per-document array: the clone maps the index (and cached tables) again and builds the same batch."""
-    from training import loader_cache
-
     root, _ = corpus
     if cached:
         monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)

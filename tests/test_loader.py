@@ -15,11 +15,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipelines.cli import main as cli
 from pipelines.shard_writer import ShardWriter, finalize_dataset
+from tests._train_data import SEPARATOR_ID
+from tests._train_data import make_dataset as make_train_dataset
 from training import loader_plan
 from training.contract.dataset_format import DatasetError, numpy_dtype, read_dataset_info
 from training.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
@@ -382,8 +386,6 @@ def test_changed_parameter_under_resume_is_refused(corpus, key, new):
 
 
 def task0_manifest(root: Path) -> list[dict]:
-    import pyarrow.parquet as pq
-
     return pq.read_table(root / "manifest" / "00000.parquet").to_pylist()
 
 
@@ -436,9 +438,7 @@ def test_worker_error_is_the_in_process_error(tmp_path):
 
 
 def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path):
-    from tests._train_data import SEPARATOR_ID
-    from tests._train_data import make_dataset as make_train_dataset
-    from tests.test_train import TINY, recipe
+    from tests.test_train import TINY, recipe  # (a test module: imported only by the test that needs it)
 
     dataset = make_train_dataset(tmp_path / "ds")
     for row in task0_manifest(dataset):  # a double separator in every document: step 0 hits one
@@ -484,8 +484,6 @@ def test_iteration_leaves_the_global_rng_alone(corpus):
 
 @pytest.fixture(scope="module")
 def text_dataset(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     root = tmp_path_factory.mktemp("text")
     vocab = {"<|endoftext|>": SEP, **{f"w{i}": i for i in range(1, 512)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))

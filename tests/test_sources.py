@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
+from pipelines.build import build
 from pipelines.config import DataConfig, SourceConfig
+from pipelines.demo_corpus import BAD_DOCS, SCHEMA, _metadata, write_demo_corpus
 from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader
 from training.contract.config_loader import load_config
 
@@ -80,8 +82,6 @@ def test_jsonl_zst_reader_turns_bad_lines_into_records(tmp_path):
 
 
 def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
-    from pipelines.build import build
-
     _, _, config = build_fixture
     (tmp_path / "src").mkdir()
     write_jsonl_zst(tmp_path / "src" / "a.jsonl.zst", JSONL_LINES)
@@ -120,8 +120,6 @@ def test_listing_local_sources(tmp_path):
 
 
 def test_demo_corpus(tmp_path):
-    from pipelines.demo_corpus import BAD_DOCS, SCHEMA, _metadata, write_demo_corpus
-
     out = write_demo_corpus(tmp_path / "demo")
     files = sorted(out.glob("*.parquet"))
     assert len(files) == 4 and all(pq.read_schema(f) == SCHEMA for f in files)
@@ -168,8 +166,6 @@ def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
 
 
 def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, tmp_path):
-    from pipelines.build import build
-
     _, _, config = build_fixture
     (tmp_path / "src").mkdir()
     good = {"text": "A good document about rivers and the sea. " * 3, "int_score": 4, "score": 3.5}

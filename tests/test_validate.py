@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -301,9 +303,6 @@ def test_parallel_workers_agree(ds):
 
 def test_member_level_problems(ds):
     """Odd .ids length, invalid .json, a member of another kind: each named with its document."""
-    import io
-    import tarfile
-
     shard = shard_files(ds)[0]
     with tarfile.open(shard) as tf:
         members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]

@@ -33,6 +33,8 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
 
 
 def _load_from_hub(repo_id: str) -> Tokenizer:
+    # Here, not at the top: the hub's download stack takes about a second to import, and a local
+    # tokenizer.json (each build task, the validator) never needs it.
     from huggingface_hub import hf_hub_download
 
     try:

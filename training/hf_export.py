@@ -357,7 +357,6 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, log=None) ->
     )
 
 
-HELP = "export a checkpoint of a training run as a Hugging Face LlamaForCausalLM directory"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

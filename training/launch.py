@@ -22,7 +22,6 @@ from training.run_lock import check_unlocked
 from training.shutdown import launcher_child_preexec
 from training.train import DistEnv, add_resume_argument, load_train_config, preflight, train, with_resume
 
-HELP = "train a model on a built dataset (one node; wraps torchrun)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,8 @@ from (plan, step, rank) alone, so:
 Each sequence is `seq_len + 1` stream tokens: input_ids = tokens[:-1], labels = tokens[1:] (never
 masked: the separator is the target of a document's last token), position_ids counting from 0 at
 the sequence start and again at every document start, for document-masked attention.
+
+The dataset directory is opened, checked and read by training/dataset_reader.py (`DocumentTable`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import mmap
-from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,26 +31,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training import loader_cache, loader_plan
-from training.contract.dataset_format import (
-    DATASET_JSON,
-    IDS_EXT,
-    SHARDS_DIR,
-    TOKENIZER_JSON,
-    DatasetError,
-    check_fingerprint,
-    file_sha256,
-    fingerprint_before_index,
-    numpy_dtype,
-    read_dataset_info,
-)
-from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training import loader_plan
+from training.contract.dataset_format import fingerprint_before_index
 from training.contract.errors import GristmillError
+from training.dataset_reader import DocumentTable
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
-MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
 
 
 class LoaderStateError(GristmillError):
@@ -59,213 +47,6 @@ class LoaderStateError(GristmillError):
 
 class LoaderConfigError(GristmillError):
     """Loader arguments that cannot work together; the message names the numbers."""
-
-
-class DocumentTable:
-    """One split of a dataset directory: where each document's tokens are, and reading them.
-
-    Opening is cheap and strict. It refuses a directory that is not what its dataset.json says
-    (edited fingerprint field, a shard whose size differs from the recorded one, a tokenizer.json
-    with another hash, manifest totals that differ, .ids members outside their shard) or that does
-    not match the caller's model (vocab size, tokenizer hash). Per-document facts (token count,
-    `.ids` offset, shard) come from the memory-mapped loader index (training/contract/dataset_index.py),
-    shared by every process on the node; the parquet manifest is never read. Private memory is
-    per *block* of documents (loader_plan.DocBlocks): ~0.3 GB at 1.5B documents.
-
-    Documents are named by manifest row everywhere (segments, read, errors); `split_rows` maps the
-    split's own numbering to rows.
-    """
-
-    def __init__(
-        self,
-        root: str | Path,
-        *,
-        split: str = "train",
-        val_fraction: float = 0.0,
-        expect_vocab_size: int | None = None,
-        expect_tokenizer_sha256: str | None = None,
-    ):
-        self.root = Path(root)
-        self.split, self.val_fraction = split, val_fraction
-        self.info = info = read_dataset_info(self.root)
-        where = self.root / DATASET_JSON
-        check_fingerprint(self.root, info)
-        if expect_vocab_size is not None and expect_vocab_size != info["vocab_size"]:
-            raise DatasetError(
-                f"{where}: the dataset was tokenized with vocab_size {info['vocab_size']}, but the model "
-                f"expects vocab_size {expect_vocab_size}; train on a dataset built with the model's "
-                "tokenizer or set the model's vocab_size to the dataset's"
-            )
-        if expect_tokenizer_sha256 is not None and expect_tokenizer_sha256 != info["tokenizer_sha256"]:
-            raise DatasetError(
-                f"{where}: the dataset was tokenized with tokenizer sha256 {info['tokenizer_sha256']}, but "
-                f"the training config's tokenizer has sha256 {expect_tokenizer_sha256}; use the dataset's "
-                f"tokenizer ({self.root / TOKENIZER_JSON}) or rebuild the dataset with yours"
-            )
-        tok = self.root / TOKENIZER_JSON
-        if tok.is_file() and file_sha256(tok) != info["tokenizer_sha256"]:
-            raise DatasetError(
-                f"{tok} has sha256 {file_sha256(tok)}, but {where} records {info['tokenizer_sha256']}: the "
-                "tokenizer was replaced after the build; restore it or rebuild the dataset"
-            )
-        self.dtype = numpy_dtype(info["dtype"])
-        self.separator_id = int(info["separator"]["id"])
-        self.vocab_size = int(info["vocab_size"])
-        self.separator_position = info["separator"]["position"]
-        self.shard_names = sorted(info["shard_files"])
-        self._check_shard_sizes()
-        self.index = DocIndex(self.root, info)
-        self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
-        self.blocks = self._split_blocks(split, val_fraction, loader_plan.BLOCK_DOCS)
-        if self.blocks.total_tokens != info["tokens"]:
-            raise DatasetError(
-                f"{self.root / INDEX_DIR}: the index holds {self.blocks.total_tokens} tokens but {where} "
-                f"records {info['tokens']}: one of them was edited or damaged; `gristmill data validate "
-                f"{self.root}` says which (rebuild the dataset, or rerun `gristmill data index` for a "
-                "damaged index)"
-            )
-        self._check_members()
-        self.documents = self.blocks.n  # in this split
-        self.tokens = self.blocks.tokens
-        self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
-
-    def _split_blocks(self, split: str, val_fraction: float, block_docs: int) -> loader_plan.DocBlocks:
-        """The split's block table, shared between the processes of a node (training/loader_cache.py)."""
-        args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
-        # Everything the split's tables depend on; the epoch plan's key adds seed, epoch, group size.
-        self.cache_key = {"fingerprint": self.info["fingerprint"], **args}
-        return loader_cache.shared(
-            "blocks",
-            {**self.cache_key, "plan": loader_plan.plan_version(block_docs)},
-            lambda: loader_plan.DocBlocks(self.lengths, **args),
-            loader_plan.DocBlocks.save,
-            lambda path: loader_plan.DocBlocks.load(path, self.lengths, **args),
-            docs=len(self.lengths),
-        )
-
-    def _check_shard_sizes(self) -> None:
-        """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
-        for name in self.shard_names:
-            path = self.root / SHARDS_DIR / name
-            recorded = self.info["shard_files"][name]["bytes"]
-            if not path.is_file():
-                raise DatasetError(
-                    f"{path} is missing but {self.root / DATASET_JSON} lists it; rebuild the dataset"
-                )
-            size = path.stat().st_size
-            if size != recorded:
-                raise DatasetError(
-                    f"{path} is {size} bytes but {self.root / DATASET_JSON} records {recorded}: the "
-                    "shard was rebuilt or truncated after dataset.json was written; rebuild the dataset (a "
-                    "resumed run must restart, the fingerprint changes)"
-                )
-
-    def _check_members(self) -> None:
-        """Spot-check the tar header of each shard's first and last `.ids` member in the index.
-
-        Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its members rarely keep
-        their places too. Two 512-byte reads per shard; the sha256 of every shard is `gristmill
-        data validate`'s job.
-        """
-        first, end = self.index.shard_rows[:-1], self.index.shard_rows[1:]
-        nonempty = np.flatnonzero(end > first)
-        for s, row in zip(
-            np.concatenate([nonempty, nonempty]).tolist(),
-            np.concatenate([first[nonempty], end[nonempty] - 1]).tolist(),
-        ):
-            path = self.root / SHARDS_DIR / self.shard_names[s]
-            offset, nbytes = int(self.index.offsets[row]), int(self.lengths[row]) * self.dtype.itemsize
-            with open(path, "rb") as f:
-                f.seek(max(offset - 512, 0))
-                header = f.read(512)
-            name = header[:100].split(b"\0")[0]
-            try:
-                size = int(header[124:136].strip(b"\0 "), 8)
-            except ValueError:
-                size = -1
-            if offset < 512 or not name.endswith(b"." + IDS_EXT.encode()) or size != nbytes:
-                raise DatasetError(
-                    f"{path}: no {nbytes}-byte .ids member at byte {offset} where the index puts manifest "
-                    f"row {row} (the tar header there reads {name!r}, {size} bytes): the shard was rebuilt "
-                    "after the manifest and dataset.json were written; rebuild the dataset"
-                )
-
-    def split_rows(self, docs: np.ndarray) -> np.ndarray:
-        """Manifest rows of this split's documents number `docs` (0 = the split's first)."""
-        return self.blocks.doc_rows(docs)
-
-    # Pickled for spawn/forkserver DataLoader workers: memory maps travel as paths, never as data
-    # (pickling an np.memmap copies it: 6 GB per worker at 1.5B documents).
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": OrderedDict(), "lengths": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self.lengths = self.blocks.lengths = self.index.tokens
-
-    def _map(self, shard: int) -> mmap.mmap:
-        m = self._maps.get(shard)
-        if m is None:
-            if len(self._maps) >= MAX_OPEN_SHARDS:
-                self._maps.popitem(last=False)
-            with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[shard] = m
-        else:
-            self._maps.move_to_end(shard)
-        return m
-
-    def read(self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Concatenated tokens of the pieces (manifest row, first token, count), copied out of the maps."""
-        out = np.empty(int(counts.sum()), self.dtype)
-        offsets = self.index.offsets[docs].astype(np.int64) + starts * self.dtype.itemsize
-        pos = 0
-        for shard, off, n in zip(self.index.shard_of(docs).tolist(), offsets.tolist(), counts.tolist()):
-            out[pos : pos + n] = np.frombuffer(self._map(shard), self.dtype, n, off)
-            pos += n
-        return out
-
-    def _locate(self, doc: int) -> str:
-        return (
-            f"manifest row {doc} (shards/{self.shard_names[int(self.index.shard_of(doc))]}, "
-            f".ids at byte {int(self.index.offsets[doc])})"
-        )
-
-    def check_separators(
-        self, tokens: np.ndarray, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, where: str
-    ) -> None:
-        """The separator id sits exactly at document ends ("after") or starts ("before"), nowhere else,
-        and every id is < vocab_size (on a GPU an out-of-range id is an opaque device-side assert)."""
-        first = np.cumsum(counts) - counts  # where each piece begins in `tokens`
-        if len(tokens) and int(tokens.max()) >= self.vocab_size:
-            i = int(np.argmax(tokens >= self.vocab_size))
-            k = int(np.searchsorted(first, i, side="right")) - 1
-            doc = int(docs[k])
-            raise DatasetError(
-                f"id check failed at {where}: {self._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
-                f"{self.vocab_size}; the shard is corrupt — run `gristmill data validate {self.root}`"
-            )
-        if self.separator_position == "after":
-            at = (first + counts - 1)[starts + counts == self.lengths[docs]]
-        else:
-            at = first[starts == 0]
-        expected = np.zeros(len(tokens), bool)
-        expected[at] = True
-        bad = np.flatnonzero((tokens == self.separator_id) != expected)
-        if len(bad) == 0:
-            return
-        i = int(bad[0])
-        k = int(np.searchsorted(first, i, side="right")) - 1
-        doc = int(docs[k])
-        found = f"token {int(tokens[i])}" + (" (the separator)" if not expected[i] else "")
-        raise DatasetError(
-            f"separator check failed at {where}: {self._locate(doc)} has {found} at token "
-            f"{int(starts[k]) + i - int(first[k])} of {int(self.lengths[doc])}, but the "
-            f"separator policy (id {self.separator_id}, position {self.separator_position!r}) puts exactly "
-            "one separator at each document's "
-            f"{'end' if self.separator_position == 'after' else 'start'}; the shard is corrupt or was "
-            f"built under another policy — run `gristmill data validate {self.root}`"
-        )
 
 
 class BatchBuilder:
@@ -300,20 +81,8 @@ class BatchBuilder:
     def plan(self, epoch: int) -> loader_plan.EpochPlan:
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = None  # free the previous epoch's plan before building the next
-            blocks, seed, gb = self.docs.blocks, self.seed, self.group_blocks
-            self._plan = loader_cache.shared(  # the same in every rank and worker: once per node
-                "plan",
-                {
-                    **self.docs.cache_key,
-                    "seed": seed,
-                    "epoch": epoch,
-                    "plan": loader_plan.plan_version(blocks.block_docs, gb),
-                },
-                lambda: loader_plan.EpochPlan(blocks, seed, epoch, gb),
-                loader_plan.EpochPlan.save,
-                lambda path: loader_plan.EpochPlan.load(path, blocks, seed, epoch, gb),
-                docs=blocks.n_rows,
-            )
+            # The same in every rank and worker: computed once per node (training/loader_cache.py).
+            self._plan = loader_plan.EpochPlan.shared(self.docs.blocks, self.seed, epoch, self.group_blocks)
         return self._plan
 
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

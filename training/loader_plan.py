@@ -18,6 +18,11 @@ depends on neither numpy's random streams nor its version.
 The permuted documents are concatenated into one token stream per epoch and cut into windows of
 `seq_len + 1` tokens: window w is stream tokens [w·(seq_len+1), (w+1)·(seq_len+1)). Windows do
 not overlap, so every token is used at most once per epoch.
+
+A split's block table and each epoch's plan are the same in every rank and worker:
+`DocBlocks.shared` and `EpochPlan.shared` key them by everything they depend on (dataset
+fingerprint, split, val_fraction, block and group sizes, seed, epoch) and compute them once per
+node (training/loader_cache.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from training import loader_cache
 
 BLOCK_DOCS = 64
 GROUP_BLOCKS = 4096
@@ -139,7 +146,12 @@ class DocBlocks:
     no per-document array is made for the training split, so a 1.5B-document corpus costs a few
     hundred MB per process instead of 6 GB. The held-out split (small) keeps its row numbers.
     `rows(blocks)` gives the manifest rows of the given blocks' documents, block by block.
+
+    `shared` opens the table of a named dataset through the node's cache; its `cache_key` (None
+    for a table built directly) is what the table and the epoch plans over it depend on.
     """
+
+    cache_key: dict[str, Any] | None = None
 
     def __init__(
         self,
@@ -240,6 +252,26 @@ class DocBlocks:
             self.n = count
             self._first_row = first_row[:nblocks]
             self.block_tokens = _narrow(block_tokens[:nblocks])
+
+    @classmethod
+    def shared(
+        cls, lengths: np.ndarray, *, fingerprint: str, split: str, val_fraction: float, block_docs: int
+    ) -> DocBlocks:
+        """The table of split `split` of the dataset with `fingerprint` (whose rows have `lengths`),
+        computed once per node and memory-mapped by its other processes (training/loader_cache.py)."""
+        args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
+        # Everything the split's tables depend on; the epoch plan's key adds seed, epoch, group size.
+        key = {"fingerprint": fingerprint, **args}
+        blocks = loader_cache.shared(
+            "blocks",
+            {**key, "plan": plan_version(block_docs)},
+            lambda: cls(lengths, **args),
+            cls.save,
+            lambda path: cls.load(path, lengths, **args),
+            docs=len(lengths),
+        )
+        blocks.cache_key = key
+        return blocks
 
     # -- a computed table is the same for every rank: saved once, memory-mapped by the others --
     _ARRAYS = ("block_tokens", "_first_row", "_val_rows")
@@ -369,6 +401,27 @@ class EpochPlan:
         np.cumsum(group_tokens, out=self.group_start[1:])
         self.tokens = int(self.group_start[-1])
         self._groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    @classmethod
+    def shared(cls, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochPlan:
+        """The plan of `epoch`, the same in every rank and worker: computed once per node and
+        memory-mapped by the node's other processes (training/loader_cache.py). A block table of
+        no named dataset (`blocks.cache_key` None) is planned here, unshared."""
+        if blocks.cache_key is None:
+            return cls(blocks, seed, epoch, group_blocks)
+        return loader_cache.shared(
+            "plan",
+            {
+                **blocks.cache_key,
+                "seed": seed,
+                "epoch": epoch,
+                "plan": plan_version(blocks.block_docs, group_blocks),
+            },
+            lambda: cls(blocks, seed, epoch, group_blocks),
+            cls.save,
+            lambda path: cls.load(path, blocks, seed, epoch, group_blocks),
+            docs=blocks.n_rows,
+        )
 
     def save(self, path: Path) -> None:
         """Write the block order and group totals into the (new, empty) directory `path`."""

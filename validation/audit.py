@@ -32,8 +32,6 @@ from training.contract.errors import GristmillError
 from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS
 from validation.audit_views import connect, describe_views, find_damaged, persist
 
-HELP = "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)"
-
 READ_ONLY = {duckdb.StatementType.SELECT}
 
 

@@ -69,7 +69,6 @@ class NonFiniteMetricsError(EvalError):
         self.step = step
 
 
-HELP = "lm-evaluation-harness on a run's checkpoints (local held-out tasks offline, hub tasks online)"
 DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
 
 

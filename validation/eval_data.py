@@ -14,6 +14,7 @@ in the local cache.
 
 from __future__ import annotations
 
+import difflib
 import glob
 import json
 import os
@@ -24,8 +25,12 @@ from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
+import yaml
+from tokenizers import Tokenizer
 
+from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError
+from training.dataset_reader import DocumentTable
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
 DATA_VERSION = 2
@@ -44,8 +49,6 @@ def local_task_names() -> list[str]:
 
 def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
     """Task `name`'s YAML as a dict, its data_files resolved under `data_dir` (absolute)."""
-    import yaml
-
     cfg = yaml.safe_load((TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8"))
     files = cfg["dataset_kwargs"]["data_files"]
     data_dir = Path(data_dir).resolve()
@@ -65,12 +68,10 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
 
 
 def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> list[str]:
-    """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator)."""
-    from tokenizers import Tokenizer
+    """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator).
 
-    from training.contract.dataset_format import TOKENIZER_JSON
-    from training.loader import DocumentTable
-
+    The held-out documents are the dataset's val split (training/dataset_reader.py), in its order.
+    """
     if val_fraction <= 0:
         raise EvalError(
             "the run holds out no documents (data.val_fraction = 0), and the local tasks are built from "
@@ -81,7 +82,7 @@ def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -
     rows = table.split_rows(np.arange(min(max_docs, table.documents)))
     texts = []
     for r in rows.tolist():
-        ids = table.read(np.array([r]), np.array([0]), table.lengths[r : r + 1].astype(np.int64))
+        ids = table.document(r)
         ids = ids[ids != table.separator_id]  # the one separator per document (contract)
         texts.append(tok.decode(ids.tolist(), skip_special_tokens=False))
     return texts
@@ -132,8 +133,6 @@ def build_task_data(
 ) -> Path:
     """Write demo_ppl.jsonl and demo_cloze.jsonl from the held-out documents into `out_dir`; an
     up-to-date directory (same dataset fingerprint, val_fraction, max_docs) is kept as it is."""
-    from training.contract.dataset_format import read_dataset_info
-
     out_dir = Path(out_dir)
     meta = {
         "version": DATA_VERSION,
@@ -231,8 +230,6 @@ def check_hub_tasks(task_manager: Any, names: list[str]) -> None:
     """
     unknown = [n for n in names if n not in task_manager.task_index]
     if unknown:
-        import difflib
-
         hints = [
             f"{n} (did you mean {', '.join(m)}?)"
             if (m := difflib.get_close_matches(n, task_manager.all_tasks, 3))

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from training.contract.dataset_format import (
     DATASET_JSON,
@@ -59,7 +60,6 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 
-HELP = "re-read every shard and check separators, ids, manifest, hashes and fingerprint"
 VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
 # counted, not listed.
@@ -515,8 +515,6 @@ def _shape_problem(info: dict[str, Any]) -> str | None:
 
 
 def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:
-    from tqdm import tqdm
-
     if workers is None:
         total = sum(os.path.getsize(s.path) for s in specs)
         workers = min(8, os.cpu_count() or 1) if total > PARALLEL_BYTES else 1

@@ -26,7 +26,6 @@ from training.hf_export import ExportError, verify_export
 from training.metrics import fmt_bytes
 from validation.audit import Result, format_table
 
-HELP = "check every checkpoint and export of a training run against its recorded sizes and checksums"
 COLUMNS = ["kind", "step", "status", "files", "size", "detail"]
 
 

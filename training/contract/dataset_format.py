@@ -1,4 +1,5 @@
-"""The dataset directory contract (DESIGN.md) as code: names, dtypes, manifest schema, fingerprint.
+"""The dataset directory contract (DESIGN.md) as code: names, dtypes, source metadata fields,
+manifest schema, fingerprint.
 
 Writer (pipelines), validator (validation) and loader (training) all import these definitions so
 the three can never disagree about a column name or a dtype. Standard library, numpy and pyarrow
@@ -10,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,52 @@ LOGS_DIR = "logs"
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
 META_EXT = "json"  # tar member `<key>.json`: source metadata
 
+
+@dataclass(frozen=True)
+class SourceField:
+    """A source metadata field a dataset keeps (FineWeb-Edu's columns). Each document's `.json`
+    member holds it when the source has it; `manifest` and `excluded` say whether it is also a
+    column of manifest/*.parquet and of excluded/*.parquet."""
+
+    name: str
+    type: pa.DataType
+    manifest: bool = True
+    excluded: bool = False
+
+    @property
+    def numeric(self) -> bool:
+        """Filters compare it with numbers, and a source must hold it as a number."""
+        return pa.types.is_integer(self.type) or pa.types.is_floating(self.type)
+
+    @cached_property
+    def pytype(self) -> type:
+        """What a row holds for it (str, float or int): `pytype(value)` converts a source value."""
+        return float if pa.types.is_floating(self.type) else int if pa.types.is_integer(self.type) else str
+
+
+# The one list of source metadata fields, in column order. The manifest and excluded schemas
+# below, the readers' key lists and the rows the writers fill are all derived from it, so adding a
+# field is one line here. Order and types are on disk: datasets already built must stay readable.
+SOURCE_FIELDS: tuple[SourceField, ...] = (
+    SourceField("id", pa.string(), excluded=True),  # source document id
+    SourceField("url", pa.string(), excluded=True),
+    SourceField("dump", pa.string(), excluded=True),
+    SourceField("score", pa.float64()),
+    SourceField("int_score", pa.int64()),
+    SourceField("language", pa.string()),
+    SourceField("language_score", pa.float64()),
+    SourceField("token_count", pa.int64(), manifest=False),  # in the .json member only
+)
+MANIFEST_FIELDS = tuple(f for f in SOURCE_FIELDS if f.manifest)
+EXCLUDED_FIELDS = tuple(f for f in SOURCE_FIELDS if f.excluded)
+
+
+def source_columns(meta: dict[str, Any], fields: tuple[SourceField, ...]) -> dict[str, Any]:
+    """A row's values for `fields` from a document's metadata, each as its column holds it; a
+    field the source lacks is None."""
+    return {f.name: None if (v := meta.get(f.name)) is None else f.pytype(v) for f in fields}
+
+
 # One manifest row per kept document. `offset`/`nbytes` locate the `.ids` member's data inside
 # the tar, so the loader can memory-map shards and never parse tar headers on the hot path.
 MANIFEST_SCHEMA = pa.schema(
@@ -37,22 +86,14 @@ MANIFEST_SCHEMA = pa.schema(
         ("offset", pa.int64()),  # byte offset of the .ids data inside the tar
         ("nbytes", pa.int64()),  # byte length of the .ids data
         ("n_tokens", pa.int64()),  # tokens including the one separator
-        ("id", pa.string()),  # source document id
-        ("url", pa.string()),
-        ("dump", pa.string()),
-        ("score", pa.float64()),
-        ("int_score", pa.int64()),
-        ("language", pa.string()),
-        ("language_score", pa.float64()),
+        *((f.name, f.type) for f in MANIFEST_FIELDS),
     ]
 )
 
 # One row per dropped document, with the filter that dropped it and why.
 EXCLUDED_SCHEMA = pa.schema(
     [
-        ("id", pa.string()),
-        ("url", pa.string()),
-        ("dump", pa.string()),
+        *((f.name, f.type) for f in EXCLUDED_FIELDS),
         ("filter", pa.string()),  # step name, e.g. "int_score", "min_chars", "gopher_repetition"
         ("reason", pa.string()),  # human detail, e.g. "int_score 2 < 3"
     ]

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 from training.contract.dataset_format import TOKENIZER_JSON, manifest_files
 from training.loader import LoaderConfigError, TokenLoader, batch_sha256
 
-HELP = "print the batch of a training step (ids, text, source documents) or per-step hashes"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,10 @@
 The sample is the start of the recipe's source (files in sorted order), after the recipe's
 filters, up to tokenizer.train.sample_docs documents / sample_chars characters. The tokenizer is
 written to tokenizer.path (or --out), atomically; the separator must be among its special tokens.
+
+It lives here, not in tokenization/, because choosing the sample is the data pipeline's work (the
+recipe's source and filters); tokenization/ keeps the BPE itself (`train_bpe`) and the encoding,
+and imports nothing from pipelines/.
 """
 
 from __future__ import annotations
@@ -12,23 +16,21 @@ import os
 import time
 from pathlib import Path
 
+from pipelines.config import DataConfig
+from pipelines.demo_corpus import write_demo_corpus
+from pipelines.filters import make_filters
+from pipelines.sources import SourceFiles, iter_texts, list_source_files
 from tokenization.tokenizer_io import TokenizerError, train_bpe
-from training.contract.config_loader import load_config
-
-HELP = "train a byte-level BPE tokenizer on a sample of a data recipe's source"
+from training.contract.config_loader import add_config_arguments, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from training.contract.config_loader import add_config_arguments
-
     add_config_arguments(parser, "configs/data/demo.toml", "tokenizer.train.vocab_size=16384")
     parser.add_argument("--out", default=None, help="where to write tokenizer.json (default: tokenizer.path)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing tokenizer file")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipelines.config import DataConfig
-
     cfg = load_config(DataConfig, args.config, args.overrides)
     out = Path(args.out or cfg.tokenizer.path)
     if out.exists() and not args.force:
@@ -39,11 +41,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_tokenizer(cfg, source=None, out: str | Path | None = None, log=print) -> Path:
+def train_tokenizer(
+    cfg: DataConfig, source: SourceFiles | None = None, out: str | Path | None = None, log=print
+) -> Path:
     """Train on a sample of `cfg.source` and save to `out` (default: cfg.tokenizer.path)."""
-    from pipelines.filters import make_filters
-    from pipelines.sources import iter_texts, list_source_files
-
     tc = cfg.tokenizer.train
     out = Path(out or cfg.tokenizer.path)
     if not str(out):
@@ -62,8 +63,6 @@ def train_tokenizer(cfg, source=None, out: str | Path | None = None, log=print) 
             f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges; use at least 512"
         )
     if cfg.source.kind == "demo":
-        from pipelines.demo_corpus import write_demo_corpus
-
         write_demo_corpus(cfg.source.path)
     source = source or list_source_files(cfg.source)
     filters = make_filters(cfg.filters, None)

@@ -1,0 +1,171 @@
+"""What a build records about itself in its output directory, and what a rerun checks against it.
+
+A rerun of `gristmill data build` resumes: datatrove skips the tasks it marked complete, and their
+shards are kept. That is sound only while two things hold, and each has its record:
+- the dataset's bytes are still decided by what the finished tasks were built with. build.json
+  holds the config hash and the identity it hashes (`pipelines.config.content_identity`), written
+  before the first task runs; `check_output` compares a rerun's with it and names what changed,
+  letting through only a re-downloaded input whose task had not finished;
+- the shards of finished tasks are still the bytes they wrote. Each task records its shards' sizes
+  and hashes (`tokenize_shard.SHARD_RECORDS`) before it is marked complete; at finalize
+  `recorded_shards` hands them to the writer, and `changed_shards_message` turns a mismatch into
+  the tasks to redo.
+
+Kept apart from build.py so that the driver reads as its steps, and the refusals, whose wording is
+what a user acts on, sit next to the comparisons that produce them. BuildError and the two file
+helpers (read_json, write_atomic) are defined here, at the bottom of the build's modules, so that
+build.py and slurm_executor.py share them without importing each other (pipelines.build
+re-exports BuildError).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from pipelines import progress
+from pipelines.tokenize_shard import SHARD_RECORDS
+from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
+from training.contract.errors import GristmillError
+
+BUILD_JSON = "build.json"  # the config hash and identity the output directory is built with
+CONFIG_TOML = "config.toml"  # the resolved config; what a finalize-only run (Slurm) reads back
+
+
+class BuildError(GristmillError):
+    """A build that cannot start or did not finish; the message says what to do."""
+
+
+def finished_tasks(out: Path) -> set[int]:
+    """The tasks datatrove marked complete in `out`: a rerun keeps their outputs."""
+    return progress.finished_tasks(out / LOGS_DIR / "completions")
+
+
+def read_json(path: Path, fix: str) -> dict[str, Any]:
+    """A JSON object the build wrote earlier; damage is a BuildError naming the file and `fix`."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{path} is unreadable ({type(e).__name__}: {e}); {fix}") from None
+    if not isinstance(data, dict):
+        raise BuildError(f"{path} is not a JSON object; {fix}")
+    return data
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def read_build_json(out: Path) -> dict[str, Any]:
+    return read_json(
+        out / BUILD_JSON, f"cannot tell which config built {out}; delete {out} to rebuild from scratch"
+    )
+
+
+def write_build_json(out: Path, sha: str, identity: dict[str, Any]) -> dict:
+    """build.json: the config hash and identity this output directory is built with."""
+    record = {"config_sha256": sha, "identity": identity}
+    write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True).encode())
+    return record
+
+
+def check_output(out: Path, sha: str, identity: dict[str, Any], log=print) -> dict[str, Any] | None:
+    """Refuse a changed config or a foreign directory; return build.json if resuming.
+
+    `sha` and `identity` are this run's (identity_sha256 of content_identity)."""
+    if (out / BUILD_JSON).is_file():
+        old = read_build_json(out)
+        if old.get("config_sha256") != sha:
+            finished = finished_tasks(out)
+            was = dict(old.get("identity", {}))
+            old_files, new_files = was.get("input_files") or [], identity["input_files"]
+            changes = _diff(
+                {k: v for k, v in was.items() if k != "input_files"}, {**identity, "input_files": None}
+            )
+            resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
+            # A re-downloaded input whose task never finished is fine: that task reads the new file
+            # (a task reads files[rank::tasks]; an added or removed file would move later ones).
+            if (
+                not changes
+                and [f["file"] for f in old_files] == [f["file"] for f in new_files]
+                and not any(i % identity["tasks"] in finished for i in resized)
+            ):
+                replaced = [
+                    f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
+                    for i in resized
+                ]
+                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
+                return write_build_json(out, sha, identity)
+            changes += _input_changes(old_files, new_files, identity["tasks"], finished)
+            raise BuildError(
+                f"{out} was built with a different config, refusing to mix the two (changed: "
+                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
+                f"with `rm -rf {out}` and the same command."
+            )
+        return old
+    leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
+    if leftovers:
+        raise BuildError(
+            f"{out} already holds {', '.join(leftovers)} but no {BUILD_JSON}: not a resumable gristmill "
+            "build; pick an empty `output` directory"
+        )
+    return None
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new)):
+            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    if old != new:
+        return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+    return []
+
+
+def _input_changes(old: list[dict], new: list[dict], tasks: int, finished: set[int]) -> list[str]:
+    """Each input file that was added, removed or changed size, by name."""
+    was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
+    now = {f["file"]: f["bytes"] for f in new}
+    out = [f"input file {n} was removed" for n in was if n not in now]
+    out += [f"input file {n} was added" for n in now if n not in was]
+    for n, (i, size) in was.items():
+        if n in now and now[n] != size:
+            done = " (its task finished: its shards hold the old file)" if i % tasks in finished else ""
+            out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")
+    return out
+
+
+def recorded_shards(out: Path) -> dict[str, dict[str, Any]]:
+    """shard -> {bytes, sha256, task} as each task recorded when it finished (tokenize_shard)."""
+    shards: dict[str, dict[str, Any]] = {}
+    for path in sorted((out / SHARD_RECORDS).glob("*.json")):
+        task = int(path.stem)
+        for name, rec in read_json(
+            path, f"delete {out / LOGS_DIR / 'completions' / path.stem} and rerun"
+        ).items():
+            shards[name] = {**rec, "task": task}
+    return shards
+
+
+def changed_shards_message(out: Path, changed: list[tuple[str, dict, dict | None]]) -> str:
+    """The BuildError for shards that differ from their task's record: which, and which tasks to redo."""
+    what = []
+    for name, want, now in changed:
+        state = "is gone" if now is None else f"is {now['bytes']:,} bytes, sha256 {now['sha256'][:12]}…"
+        what.append(
+            f"{SHARDS_DIR}/{name} {state}; task {want['task']} wrote {want['bytes']:,} bytes, "
+            f"sha256 {want['sha256'][:12]}…"
+        )
+    tasks = sorted({want["task"] for _, want, _ in changed})
+    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in tasks)
+    return (
+        f"shards changed after their task finished, refusing to describe them in {DATASET_JSON}: "
+        f"{'; '.join(what)}. Redo those tasks (their shards are rewritten byte-identical): "
+        f"`rm {markers}` and rerun the same command"
+    )

@@ -1,0 +1,26 @@
+"""Faults a test injects into a real build through the environment. For tests only: never set it
+in a real build.
+
+GRISTMILL_TEST_KILL="RANK:POINT": the task of that rank, on reaching the named point, SIGKILLs
+its whole process group (the driver and every worker), the way a node failure would, so a test
+can check what a rerun makes of what the kill left behind (tests/test_build_resume.py). Unset,
+every call is one environment lookup. The points:
+
+    second_shard   in the tokenize-and-shard step, once the task's first shard was renamed and
+                   its second is half written
+
+The trainer has its own, training/faults.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL = "GRISTMILL_TEST_KILL"
+
+
+def maybe_kill(rank: int, point: str) -> None:
+    """SIGKILL the process group here if GRISTMILL_TEST_KILL names this rank and point."""
+    if os.environ.get(KILL) == f"{rank}:{point}":
+        os.killpg(0, signal.SIGKILL)

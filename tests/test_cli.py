@@ -1,0 +1,58 @@
+"""The `gristmill` command table: listing the commands imports no stage, and every entry is real."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import COMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "datatrove", "duckdb", "lm_eval", "transformers")
+
+# A fresh interpreter: this one has imported half the project by now.
+PROBE = f"""
+import json, sys
+from pipelines.cli import main
+code = main(sys.argv[1:])
+heavy = sorted({{m.partition(".")[0] for m in sys.modules}} & set({HEAVY!r}))
+print("CLI-PROBE " + json.dumps({{"code": code, "heavy": heavy}}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], [], ["no-such-command"]])
+def test_listing_the_commands_imports_no_stage(argv):
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1])
+    assert probe["heavy"] == [], f"`gristmill {' '.join(argv)}` imported {probe['heavy']}"
+    assert probe["code"] == (2 if argv == ["no-such-command"] else 0)
+    listing = proc.stderr if argv == ["no-such-command"] else proc.stdout
+    for words, (_, help_text) in COMMANDS.items():
+        assert f"  {' '.join(words):<20} {help_text}" in listing
+
+
+@pytest.mark.parametrize("words", list(COMMANDS), ids=" ".join)
+def test_every_command_module_has_add_arguments_and_run(words):
+    module_name, help_text = COMMANDS[words]
+    module = importlib.import_module(module_name)
+    assert callable(module.add_arguments) and callable(module.run), module_name
+    assert help_text and "\n" not in help_text
+
+
+def test_a_command_help_uses_the_table(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["data", "index", "--help"])
+    assert e.value.code == 0
+    assert COMMANDS[("data", "index")][1] in " ".join(capsys.readouterr().out.split())
