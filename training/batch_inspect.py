@@ -18,7 +18,6 @@ from training.contract.dataset_format import TOKENIZER_JSON, manifest_files
 from training.loader import LoaderConfigError, TokenLoader, batch_sha256
 
 
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", help="dataset directory (holds dataset.json)")
     p.add_argument("--seq-len", type=int, required=True, help="training seq_len")

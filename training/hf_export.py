@@ -357,8 +357,6 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, log=None) ->
     )
 
 
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
     parser.add_argument(

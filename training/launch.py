@@ -23,7 +23,6 @@ from training.shutdown import launcher_child_preexec
 from training.train import DistEnv, add_resume_argument, load_train_config, preflight, train, with_resume
 
 
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     parser.add_argument(
