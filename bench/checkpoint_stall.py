@@ -32,8 +32,8 @@ import torch
 
 from training.checkpoint import Checkpointer, dir_size
 from training.config import CheckpointSection, OptimSection, ScheduleSection
+from training.contract.disk_space import fmt_bytes
 from training.contract.integrity import file_records
-from training.metrics import fmt_bytes
 from training.model import PRESETS, Transformer, num_params
 from training.optim import build_optimizer, build_scheduler
 from training.train import train_step

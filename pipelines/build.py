@@ -42,7 +42,6 @@ from pipelines.build_identity import (
     read_build_json,
     read_json,
     recorded_shards,
-    write_atomic,
     write_build_json,
 )
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
@@ -59,6 +58,7 @@ from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import train_tokenizer
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
+from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import add_config_arguments, load_config, save_config
 from training.contract.dataset_format import (
     DATASET_JSON,

@@ -12,21 +12,21 @@ shards are kept. That is sound only while two things hold, and each has its reco
   the tasks to redo.
 
 Kept apart from build.py so that the driver reads as its steps, and the refusals, whose wording is
-what a user acts on, sit next to the comparisons that produce them. BuildError and the two file
-helpers (read_json, write_atomic) are defined here, at the bottom of the build's modules, so that
-build.py and slurm_executor.py share them without importing each other (pipelines.build
-re-exports BuildError).
+what a user acts on, sit next to the comparisons that produce them. BuildError and read_json are
+defined here, at the bottom of the build's modules, so that build.py and slurm_executor.py share
+them without importing each other (pipelines.build re-exports BuildError); files are replaced with
+the contract's write_atomic.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from pipelines import progress
 from pipelines.tokenize_shard import SHARD_RECORDS
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
 from training.contract.errors import GristmillError
 
@@ -54,13 +54,6 @@ def read_json(path: Path, fix: str) -> dict[str, Any]:
     return data
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def read_build_json(out: Path) -> dict[str, Any]:
     return read_json(
         out / BUILD_JSON, f"cannot tell which config built {out}; delete {out} to rebuild from scratch"
@@ -70,7 +63,7 @@ def read_build_json(out: Path) -> dict[str, Any]:
 def write_build_json(out: Path, sha: str, identity: dict[str, Any]) -> dict:
     """build.json: the config hash and identity this output directory is built with."""
     record = {"config_sha256": sha, "identity": identity}
-    write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True).encode())
+    write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True))
     return record
 
 

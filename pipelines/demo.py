@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import time
+import tomllib
 from pathlib import Path
+
+from training.contract.errors import GristmillError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +22,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
     parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
+
+
+EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
+
+
+def train_output_dir(config: str) -> Path:
+    """run.output_dir of a training recipe, read from its TOML (the demo recipes all set it)."""
+    with open(config, "rb") as f:
+        out = tomllib.load(f).get("run", {}).get("output_dir")
+    if not out:
+        raise GristmillError(f"{config} sets no run.output_dir; the demo needs to know where the run goes")
+    return Path(out)
 
 
 def _stage(n: int, total: int, title: str, command: str) -> float:
@@ -67,39 +82,36 @@ def run(args: argparse.Namespace) -> int:
     if args.skip_train:
         return 0
 
-    from training.config import TrainConfig
-    from training.hf_export import export_checkpoint
-    from training.train import main as train_main
+    # The trainer, export, verify and eval run as the user runs them: through the CLI's command
+    # table (pipelines/ imports nothing of training/ beyond its contract).
+    from pipelines.cli import main as gristmill
 
     # Two runs of the same recipe: the first stops at step 100 as a preempted job would, the second
     # picks its checkpoint up (`--resume auto` also makes a rerun of the demo continue, not restart).
-    sets = ["--set", f"data.dataset={data_dir}"]
+    train = ["train", "--config", args.train_config, "--resume", "auto", "--set", f"data.dataset={data_dir}"]
     t0 = _stage(4, total, "train a small Llama on it (CPU), stop at step 100, resume from the checkpoint",
                 f"gristmill train --config {args.train_config} --resume auto --set run.max_steps=100\n"
                 f"    $ gristmill train --config {args.train_config} --resume auto")  # fmt: skip
     for extra in (["run.max_steps=100"], []):
-        rc = train_main(["--config", args.train_config, "--resume", "auto", *sets, *extra])
-        if rc:
+        if rc := gristmill([*train, *extra]):
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
 
-    run_dir = Path(load_config(TrainConfig, args.train_config).run.output_dir)
+    run_dir = train_output_dir(args.train_config)
     _stage(5, total, "export the step-100 checkpoint (HF format), then check every file against its checksum",
            f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
-    print(f"    export: {export_checkpoint(run_dir, 100)} (step 150 was exported during training)")
-    from validation.verify_run import run as verify
+    print("    (step 150 was exported during training: checkpoint.export_interval)")
+    for command in (["export", str(run_dir), "--step", "100"], ["verify", str(run_dir)]):
+        if rc := gristmill(command):
+            return rc
 
-    if verify(argparse.Namespace(run=str(run_dir))):
-        return 1
-
-    t0 = _stage(6, total, "evaluate every export with lm-eval on held-out documents (offline)",
-                f"gristmill eval {run_dir} --config {args.eval_config}")  # fmt: skip
-    from validation.eval import TaskPlan, evaluate_missing, load_eval_config, print_table
-    from validation.eval_results import EVAL_PLOT
-
-    cfg = load_eval_config(args.eval_config, [])
-    evaluate_missing(run_dir, cfg, TaskPlan(run_dir, cfg), show=False)
-    print_table(run_dir)
-    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / EVAL_PLOT}; SQL: gristmill data "
-          f"audit {run_dir} --sql \"SELECT step, task, metric, value FROM eval ORDER BY step\"")  # fmt: skip
+    t0 = _stage(6, total, "evaluate both exports with lm-eval on held-out documents (offline)",
+                f"gristmill eval {run_dir} --config {args.eval_config} --step 100   (and --step 150)\n"
+                f"    $ gristmill data audit {run_dir} --sql \"{EVAL_SQL}\"")  # fmt: skip
+    for step in (100, 150):
+        if rc := gristmill(["eval", str(run_dir), "--config", args.eval_config, "--step", str(step)]):
+            return rc
+    if rc := gristmill(["data", "audit", str(run_dir), "--sql", EVAL_SQL]):
+        return rc
+    print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}")
     return 0

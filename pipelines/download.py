@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,8 @@ from pathlib import Path
 from fsspec.core import url_to_fs
 from tqdm import tqdm
 
+from training.contract.atomic_write import write_atomic
+from training.contract.disk_space import check_free, fmt_bytes
 from training.contract.errors import GristmillError
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{report.files} files: {report.downloaded} downloaded ({report.resumed} resumed), "
-        f"{report.skipped} already complete, {report.bytes_fetched / 1e9:.2f} GB fetched → {args.to}"
+        f"{report.skipped} already complete, {fmt_bytes(report.bytes_fetched)} fetched → {args.to}"
     )
     return 0
 
@@ -135,11 +136,12 @@ def fetch_files(
     need = sum(f.size for f in files) - sum(
         (dest / f.path).stat().st_size for f in files if (dest / f.path).is_file()
     )
-    free = _free_bytes(dest)
-    if need > free:
-        raise DownloadError(
-            f"{dest} has {free / 1e9:.1f} GB free but the download needs {need / 1e9:.1f} GB more"
-        )
+    check_free(
+        dest,
+        need,
+        what=f"download {len(files)} files",
+        advice="free some space or download to a larger filesystem (--to)",
+    )
     record = _Record(dest / RECORD)
     report = DownloadReport(files=len(files))
     lock = threading.Lock()
@@ -240,10 +242,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _free_bytes(path: Path) -> int:
-    return shutil.disk_usage(path).free
-
-
 class _Record:
     """DEST/.gristmill-download.json: size and sha256 of every completed file (thread-safe)."""
 
@@ -258,6 +256,4 @@ class _Record:
     def set(self, rel: str, size: int, sha256: str) -> None:
         with self.lock:
             self.data["files"][rel] = {"size": size, "sha256": sha256}
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))

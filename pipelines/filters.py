@@ -22,6 +22,7 @@ from datatrove.utils.word_tokenizers import WordTokenizer
 
 from pipelines.config import FiltersConfig
 from pipelines.sources import READ_ERROR
+from training.contract.atomic_write import move_into_place
 from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_FIELDS, EXCLUDED_SCHEMA, source_columns
 from training.contract.errors import GristmillError
 
@@ -39,9 +40,9 @@ def drop(doc: Document, reason: str, detail: str) -> tuple[bool, str]:
 class ExcludedWriter:
     """datatrove exclusion writer: rows of EXCLUDED_SCHEMA, written atomically per (task, filter).
 
-    Rows are buffered and flushed every `flush_rows` into a temporary parquet file, renamed to
-    `excluded/NNNNN_<filter>.parquet` when the filter finishes; a killed task leaves only the
-    temporary name, which its rerun overwrites.
+    Rows are buffered and flushed every `flush_rows` into a temporary parquet file, moved into place
+    as `excluded/NNNNN_<filter>.parquet` (fsynced, renamed) when the filter finishes; a killed task
+    leaves only the temporary name, which its rerun overwrites.
     """
 
     def __init__(self, root: str | Path, filter_name: str, flush_rows: int = 50_000):
@@ -93,7 +94,7 @@ class ExcludedWriter:
         self._flush()
         assert self._writer is not None
         self._writer.close()
-        os.replace(self._path + TMP_SUFFIX, self._path)
+        move_into_place(self._path + TMP_SUFFIX, self._path)
         self._writer = None
         self._path = None
 

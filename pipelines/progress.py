@@ -21,6 +21,8 @@ from typing import Any
 from datatrove.utils.logging import logger
 from tqdm import tqdm
 
+from training.contract.atomic_write import write_atomic
+
 
 def _fmt(n: float) -> str:
     for unit in ("", "k", "M", "G", "T"):
@@ -71,9 +73,9 @@ class TaskProgress:
         state = self.state()
         os.makedirs(self.folder, exist_ok=True)
         path = os.path.join(self.folder, f"{self.rank:05d}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(state, f)
-        os.replace(path + ".tmp", path)
+        # Atomic, so the monitor never reads half a file; not fsynced: it is rewritten every
+        # `interval` seconds and only drives the progress line, so a power loss costs nothing.
+        write_atomic(path, json.dumps(state), fsync=False)
         if log:
             el = max(state["elapsed"], 1e-9)
             logger.info(

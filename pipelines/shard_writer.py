@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training.contract.atomic_write import atomic_path, move_into_place
 from training.contract.dataset_format import (
     FORMAT,
     IDS_EXT,
@@ -40,6 +41,8 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import write_index
 
+# A shard is written as NAME.tar.tmp: a task that starts over removes its own by that name
+# (tokenize_shard), and the build's cleanup and the validator know `*.tmp` as a write cut short.
 TMP_SUFFIX = ".tmp"
 
 
@@ -84,9 +87,9 @@ def meta_json_bytes(meta: dict[str, Any]) -> bytes:
 class ShardWriter:
     """Writes one task's documents into tars of about `target_bytes`, then its manifest parquet.
 
-    Shards are written as `NAME.tar.tmp` and renamed when closed, so a partial shard is never
-    visible under its final name. Manifest rows are kept in memory (a few dozen bytes each) and
-    written once at `close()`, also via a temporary name.
+    Shards are written as `NAME.tar.tmp` and moved into place (fsynced, renamed) when closed, so a
+    partial shard is never visible under its final name. Manifest rows are kept in memory (a few
+    dozen bytes each) and written once at `close()`, also via a temporary name.
     """
 
     def __init__(self, root: str | Path, task: int, vocab_size: int, target_bytes: int = 256 << 20):
@@ -140,7 +143,7 @@ class ShardWriter:
             "bytes": os.path.getsize(str(self.tar_path) + TMP_SUFFIX),
             "sha256": self._sha.hexdigest(),
         }
-        os.replace(str(self.tar_path) + TMP_SUFFIX, self.tar_path)
+        move_into_place(str(self.tar_path) + TMP_SUFFIX, self.tar_path)
         self.tar = None
         self.shard_index += 1
 
@@ -175,8 +178,8 @@ class ShardWriter:
             self._finish_shard()
         path = self.root / MANIFEST_DIR / f"{self.task:05d}.parquet"
         table = pa.Table.from_pylist(self.rows, schema=MANIFEST_SCHEMA)
-        pq.write_table(table, str(path) + TMP_SUFFIX)
-        os.replace(str(path) + TMP_SUFFIX, path)
+        with atomic_path(path) as tmp:
+            pq.write_table(table, tmp)
         return self.rows
 
 

@@ -19,8 +19,9 @@ from typing import Literal
 import datatrove.executor.slurm as dt_slurm
 from datatrove.executor import SlurmPipelineExecutor
 
-from pipelines.build_identity import CONFIG_TOML, BuildError, write_atomic
+from pipelines.build_identity import CONFIG_TOML, BuildError
 from pipelines.config import DataConfig
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import LOGS_DIR
 
 
@@ -69,7 +70,8 @@ def submit_slurm(
         f"--set output={out} --finalize-only",
     )
     finalize = "".join(line for line in finalize.splitlines(True) if line.strip() != "#SBATCH --array")
-    write_atomic(logs / "finalize.slurm", finalize.encode())
+    logs.mkdir(parents=True, exist_ok=True)
+    write_atomic(logs / "finalize.slurm", finalize)
 
     submitted: list[list[str]] = []
     real_launch = dt_slurm.launch_slurm_job

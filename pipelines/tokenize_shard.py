@@ -16,7 +16,6 @@ import errno
 import json
 import mmap
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,9 @@ from pipelines.shard_writer import ShardWriter, meta_json_bytes
 from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
+from training.contract.disk_space import DiskFullError, check_free
 from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
@@ -51,14 +52,6 @@ def _no_traceback_for_gristmill_errors(record) -> None:
 logger.configure(patcher=_no_traceback_for_gristmill_errors)
 
 
-class DiskFullError(GristmillError):
-    """Not enough free space to write the shards."""
-
-
-def _size(n: float) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
-
-
 def check_free_space(
     path: str | Path,
     need_bytes: float,
@@ -66,16 +59,17 @@ def check_free_space(
     what: str,
     kept: str = " (finished tasks are kept)",
 ) -> None:
-    """Raise DiskFullError unless `path`'s filesystem keeps `reserve_gb` free after `need_bytes`.
-    `kept` ends the advice: what a rerun keeps (nothing to say before any task ran)."""
-    free = shutil.disk_usage(path).free
-    reserve = reserve_gb * 1e9
-    if free - need_bytes < reserve:
-        raise DiskFullError(
-            f"not enough free disk under {path} to {what}: {_size(free)} free, "
-            f"{_size(need_bytes)} needed plus build.min_free_gb = {reserve_gb:g} GB kept free; "
-            f"free some space or point `output` at a larger filesystem, then rerun the same command{kept}"
-        )
+    """Raise DiskFullError (the contract's, also importable from here) unless `path`'s filesystem
+    keeps `reserve_gb` free after `need_bytes`. `kept` ends the advice: what a rerun keeps (nothing
+    to say before any task ran)."""
+    check_free(
+        path,
+        need_bytes,
+        what=what,
+        keep_bytes=reserve_gb * 1e9,
+        keep_setting=f"build.min_free_gb = {reserve_gb:g}",
+        advice=f"free some space or point `output` at a larger filesystem, then rerun the same command{kept}",
+    )
 
 
 class TokenizeShard(PipelineStep):
@@ -213,8 +207,7 @@ class TokenizeShard(PipelineStep):
         # shards against it, so one damaged later is caught even when dataset.json is rewritten.
         record = Path(self.output) / SHARD_RECORDS / f"{rank:05d}.json"
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.with_suffix(".tmp").write_text(json.dumps(writer.written, indent=1, sort_keys=True))
-        os.replace(record.with_suffix(".tmp"), record)
+        write_atomic(record, json.dumps(writer.written, indent=1, sort_keys=True))
         os.remove(spill_path)
         if progress:
             progress.phase = "done"

@@ -12,7 +12,6 @@ and imports nothing from pipelines/.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from pipelines.demo_corpus import write_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files
 from tokenization.tokenizer_io import TokenizerError, train_bpe
+from training.contract.atomic_write import atomic_path
 from training.contract.config_loader import add_config_arguments, load_config
 
 
@@ -82,9 +82,8 @@ def train_tokenizer(
             f"source.text_key ({cfg.source.text_key!r}), source.path and the [filters] thresholds"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        tok.save(str(tmp))
     log(
         f"trained a {tok.get_vocab_size()}-token byte-level BPE on {stats['docs']:,} documents "
         f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s → {out}"

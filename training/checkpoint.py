@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import shutil
 import time
 from concurrent.futures import Future
@@ -55,6 +54,8 @@ from training.checkpoint_io import (
     verify_checkpoint,
 )
 from training.config import CheckpointSection
+from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
+from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
 from training.contract.errors import NonFiniteError
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
@@ -68,7 +69,6 @@ from training.contract.run_layout import (
     list_steps,
 )
 from training.hf_export import export_checkpoint
-from training.metrics import fmt_bytes
 
 # --- what is on disk ---------------------------------------------------------------------------
 
@@ -110,28 +110,14 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
     return None, [f"--resume auto: no complete checkpoint in {root}; starting from step 0", *notes]
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_durably(path: Path, content: Any) -> None:
-    """Temp file, fsync, rename, fsync the directory: the file is whole or absent after a crash."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(content, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def _json_text(content: Any) -> str:
+    return json.dumps(content, indent=2) + "\n"
 
 
 def write_complete_record(path: Path, record: dict[str, Any]) -> None:
-    """COMPLETE, written after `.metadata` (and every rank's file checksums)."""
-    _write_json_durably(path / COMPLETE_FILE, record)
+    """COMPLETE, written after `.metadata` (and every rank's file checksums): whole or absent after
+    a crash (the contract's write_atomic: temporary file, fsync, rename, fsync of the directory)."""
+    write_atomic(path / COMPLETE_FILE, _json_text(record))
 
 
 def _no_space(exc: BaseException, root: Path) -> str | None:
@@ -158,19 +144,12 @@ def _no_space(exc: BaseException, root: Path) -> str | None:
     )
 
 
-def free_bytes(path: Path) -> int:
-    """Free bytes on the filesystem that holds `path` (or would, once its parents are made)."""
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
-
-
 def delete_checkpoint(path: Path) -> None:
     """COMPLETE first (and made durable), so a deletion cut short never leaves a 'complete' husk."""
     marker = path / COMPLETE_FILE
     if marker.exists():
         marker.unlink()
-        _fsync_dir(path)
+        fsync_dir(path)
     shutil.rmtree(path)
 
 
@@ -432,7 +411,7 @@ class Checkpointer:
         names = [p.name for p in path.iterdir() if p.name.startswith(f"__{self.rank}_")]
         if self.rank == 0:
             names.append(DCP_METADATA)
-        _write_json_durably(path / RANK_RECORD.format(self.rank), file_records(path, names, "crc32"))
+        write_atomic(path / RANK_RECORD.format(self.rank), _json_text(file_records(path, names, "crc32")))
 
     def _collect_records(self, path: Path, timeout_s: float = 600.0) -> dict[str, Any]:
         """Rank 0: every rank's file record (waiting for ranks still hashing), merged; a file no
@@ -446,7 +425,7 @@ class Checkpointer:
                     raise TimeoutError(f"rank {rank} did not record its files' checksums ({record})")
                 time.sleep(0.02)
             records.update(json.loads(record.read_text(encoding="utf-8")))
-        skip = {COMPLETE_FILE, COMPLETE_FILE + ".tmp"} | {
+        skip = {COMPLETE_FILE, tmp_path_for(path / COMPLETE_FILE).name} | {
             RANK_RECORD.format(r) for r in range(self.world_size)
         }
         rest = [
@@ -458,10 +437,10 @@ class Checkpointer:
     def _prepare(self, step: int) -> str | None:
         """Rank 0 before a save: the disk guard, and a stale directory of this step out of the way."""
         need = int(self.estimate_bytes * self.cfg.min_free_factor)
-        free = free_bytes(self.root)
-        if free < need:
+        short = shortfall(self.root, need)
+        if short is not None:  # a problem string, not DiskFullError: on_low_disk = "skip" only warns
             return (
-                f"only {fmt_bytes(free)} free on the filesystem of {self.root}; a checkpoint needs "
+                f"only {fmt_bytes(short[0])} free on the filesystem of {self.root}; a checkpoint needs "
                 f"{fmt_bytes(self.estimate_bytes)} ({self.estimate_basis}) × checkpoint.min_free_factor "
                 f"{self.cfg.min_free_factor:g} = {fmt_bytes(need)}. Last complete checkpoint: "
                 f"{self.newest_complete()}. Free space or lower checkpoint.keep_last, then resume with "

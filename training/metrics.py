@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
+from training.contract.atomic_write import write_atomic
+from training.contract.disk_space import fmt_bytes
 from training.contract.run_layout import METRICS_JSONL
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
@@ -148,14 +150,6 @@ def step_row(
     return m
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError
-
-
 def format_line(m: dict[str, Any]) -> str:
     """The one stdout line of a logged step."""
     parts = [
@@ -200,9 +194,7 @@ class MetricsWriter:
             if note:
                 self.print(note)
             self.history = [r for r in rows if r["step"] <= resume_step]
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.history), encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
         elif path.exists():  # a fresh run into the same directory starts the log over
             self.print(f"note: {path} exists from an earlier run; starting it over")
         # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split

@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 from tokenizers import Tokenizer
 
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError
 from training.dataset_reader import DocumentTable
@@ -152,10 +153,8 @@ def build_task_data(
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)  # written last: data without it is rebuilt
     for name, rows in files.items():
-        tmp = out_dir / f".{name}.tmp"
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-        tmp.replace(out_dir / name)
-    meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        write_atomic(out_dir / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
     return out_dir
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
 
 RESULTS_JSON = "results.json"
@@ -122,11 +122,9 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) 
         for key in _PER_TASK_KEYS:
             if isinstance(old.get(key), dict) and isinstance(results.get(key), dict):
                 results[key] = {**old[key], **results[key]}
-    tmp = out.with_name(f".{out.name}.tmp")
     # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
     text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
-    tmp.write_text(text + "\n", encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomic(out, text + "\n")
     write_parquet(run_dir)
     return out
 
@@ -146,9 +144,8 @@ def read_results(run_dir: str | Path) -> dict[int, dict[str, Any]]:
 def write_parquet(run_dir: str | Path) -> Path:
     rows = [r for step, res in read_results(run_dir).items() for r in rows_of(step, res)]
     path = Path(run_dir) / EVAL_PARQUET
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
     return path
 
 

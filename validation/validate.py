@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
     IDS_EXT,
@@ -495,8 +496,8 @@ def validate_dataset(
     )
     if write and root.is_dir():
         try:
-            own_tmp.write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
-            os.replace(own_tmp, root / VALIDATION_JSON)
+            text = json.dumps(report.to_dict(), indent=2) + "\n"
+            write_atomic(root / VALIDATION_JSON, text, tmp_name=own_tmp.name)
         except OSError as e:
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
     return report

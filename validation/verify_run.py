@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 from training.checkpoint_io import CheckpointError, verify_checkpoint
+from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
@@ -23,7 +24,6 @@ from training.contract.run_layout import (
     list_steps,
 )
 from training.hf_export import ExportError, verify_export
-from training.metrics import fmt_bytes
 from validation.audit import Result, format_table
 
 COLUMNS = ["kind", "step", "status", "files", "size", "detail"]

@@ -22,6 +22,7 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
+from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
 
 T = TypeVar("T")
@@ -234,9 +235,7 @@ def to_toml(cfg: Any) -> str:
 def save_config(cfg: Any, path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(to_toml(cfg), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, to_toml(cfg))
 
 
 def _emit_table(d: dict[str, Any], name: list[str], lines: list[str]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-shards/1"
@@ -209,12 +209,7 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
 
 def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     """Replace dataset.json atomically (the commit point of a build or `gristmill data index`)."""
-    tmp = Path(root) / (DATASET_JSON + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, Path(root) / DATASET_JSON)
+    write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
 def manifest_files(root: str | Path) -> list[Path]:

@@ -17,7 +17,7 @@ import pytest
 
 from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
-from tests.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
+from tests.training.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
 from training import loader_cache, loader_plan
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
 from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex

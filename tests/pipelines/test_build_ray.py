@@ -22,7 +22,7 @@ import pytest
 
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
-from tests.test_build_errors import assert_task_failure_is_one_error
+from tests.pipelines.test_build_errors import assert_task_failure_is_one_error
 from training.contract.config_loader import load_config
 
 QUIET = {"log": lambda *a: None}

@@ -19,7 +19,7 @@ from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
 STEPS = 30
 FIELDS = {

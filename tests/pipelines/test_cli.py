@@ -12,7 +12,7 @@ import pytest
 
 from pipelines.cli import COMMANDS, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "datatrove", "duckdb", "lm_eval", "transformers")
 
 # A fresh interpreter: this one has imported half the project by now.

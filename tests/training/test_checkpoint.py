@@ -23,7 +23,7 @@ import torch
 
 from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
-from tests.test_train import recipe
+from tests.training.test_train import recipe
 from training.checkpoint import complete_steps, dir_size, find_resume, prune
 from training.checkpoint_io import CheckpointError, checkpoint_keys
 from training.config import TrainConfig
@@ -33,7 +33,7 @@ from training.hf_export import load_checkpoint_model
 from training.launch import torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
 STEPS = 12
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -1,6 +1,6 @@
-"""FSDP2 / HSDP parity check, run by tests/test_parallelize.py as
+"""FSDP2 / HSDP parity check, run by tests/training/test_parallelize.py as
 
-    torchrun --standalone --nproc_per_node=2 tests/dist_parallelize_check.py
+    torchrun --standalone --nproc_per_node=2 tests/training/dist_parallelize_check.py
 
 Every rank computes the single-process reference (the tiny model, float32, on the whole global
 batch, plain AdamW) and then the same training with the model parallelized over the 2 ranks, each
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from training.config import ParallelConfig  # noqa: E402
 from training.model import PRESETS, ModelConfig, Transformer, num_params  # noqa: E402

@@ -34,7 +34,7 @@ from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--tasks", "demo_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3"]
 
 

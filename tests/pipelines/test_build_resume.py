@@ -20,7 +20,7 @@ from pipelines.sources import SourceError
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_build(

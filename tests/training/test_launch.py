@@ -10,7 +10,7 @@ from pathlib import Path
 
 from training.launch import torchrun_command
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "configs/slurm/train.sbatch"
 
 

@@ -438,7 +438,10 @@ def test_worker_error_is_the_in_process_error(tmp_path):
 
 
 def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path):
-    from tests.test_train import TINY, recipe  # (a test module: imported only by the test that needs it)
+    from tests.training.test_train import (  # (a test module: imported only by the test that needs it)
+        TINY,
+        recipe,
+    )
 
     dataset = make_train_dataset(tmp_path / "ds")
     for row in task0_manifest(dataset):  # a double separator in every document: step 0 hits one

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
-from tests.test_checkpoint import (
+from tests.training.test_checkpoint import (
     ENV,
     ROOT,
     TINY,
@@ -32,7 +32,7 @@ from tests.test_checkpoint import (
     overrides,
     torchrun_cmd,
 )
-from training.checkpoint import _write_json_durably
+from training.checkpoint import write_complete_record
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     COMPLETE_FILE,
@@ -186,7 +186,7 @@ def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, 
     bad = checkpoint_dir(run, 6)
     dcp.save(states, checkpoint_id=str(bad), no_dist=True)
     files = file_records(bad, [p.name for p in bad.iterdir()], "crc32")
-    _write_json_durably(bad / COMPLETE_FILE, {"step": 6, "files": files})
+    write_complete_record(bad, {"step": 6, "files": files})
     assert gristmill(["export", str(run), "--step", "6"]) == 2
     assert f"non-finite weights ({name}: 3 NaN" in one_error_line(capsys.readouterr().err)
     resume = f"checkpoint.resume={json.dumps(str(bad))}"

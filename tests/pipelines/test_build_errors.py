@@ -222,8 +222,8 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     with pytest.raises(DiskFullError, match="not enough free disk .* to write the shards of task 2") as e:
         list(step.run(iter(docs), rank=2))
     assert list((tmp_path / "o" / "shards").iterdir()) == []
-    # A task's need is usually far below a GB: it is shown in MB, not as "0.00 GB needed".
-    assert re.search(r"[GM]B free, \d+\.\d MB needed", str(e.value)), str(e.value)
+    # A task's need is usually far below a GiB: it is shown in KiB or MiB, not as "0.00 GiB needed".
+    assert re.search(r"iB free, \d+\.\d\d [KM]iB needed", str(e.value)), str(e.value)
 
 
 def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
