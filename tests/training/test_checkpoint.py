@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
+from tests._mounts import unshare_works
 from tests._train_data import make_dataset
 from tests.training.test_train import recipe
 from training.checkpoint import complete_steps, dir_size, find_resume, prune
@@ -212,14 +212,6 @@ def test_failed_async_save_stops_the_run_at_the_next_step(dataset, tmp_path, cap
     assert complete_steps(run_dir) == [2]
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)  # fmt: skip
-    return probe.returncode == 0
-
-
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
     """RUN/checkpoints on a tmpfs that holds 1.5 checkpoints (a private mount namespace, no root
     needed): the disk guard stops the run at the second save; with the guard off the write itself
@@ -238,7 +230,7 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
             f"{{ {' '.join(map(_sh, cmd))} > {run_dir}/out.txt 2>&1; echo $? > {run_dir}/rc; "
             f"cp -a {run_dir}/checkpoints {run_dir}/saved; }}"
         )
-    if not _unshare_works():
+    if not unshare_works():
         pytest.skip("no mount namespaces here (unshare -rm); the write-error path is also covered by "
                     "test_failed_async_save_stops_the_run_at_the_next_step")  # fmt: skip
     subprocess.run(

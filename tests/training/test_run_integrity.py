@@ -20,13 +20,13 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.cli import main as gristmill
+from tests._mounts import unshare_works
 from tests._train_data import make_dataset
 from tests.training.test_checkpoint import (
     ENV,
     ROOT,
     TINY,
     _sh,
-    _unshare_works,
     losses,
     metrics,
     overrides,
@@ -241,7 +241,7 @@ def test_one_writer_per_run_directory(dataset, tmp_path):
 
 
 def test_read_only_run_directory_is_one_line(dataset, tmp_path):
-    if not _unshare_works():
+    if not unshare_works():
         pytest.skip("no mount namespaces here (unshare -rm) to make a read-only bind mount")
     run = tmp_path / "run"
     train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))

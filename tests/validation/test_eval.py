@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests._mounts import unshare_works
+
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
@@ -431,14 +433,6 @@ def test_damaged_or_nonfinite_export_is_refused_before_evaluation(eval_run, tmp_
         assert not (eval_dir(run, 5) / "results.json").exists() and not (run / "eval.parquet").exists()
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                           capture_output=True)  # fmt: skip
-    return probe.returncode == 0
-
-
 def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
     """A run directory eval cannot write to: one line naming it and the fix, exit 2, before any model
     loads. Not root: chmod. Root (chmod stops nothing): a read-only bind mount in a private mount
@@ -453,7 +447,7 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
             proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         finally:
             run.chmod(0o755)
-    elif _unshare_works():
+    elif unshare_works():
         ro = _sh(str(run))
         script = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {' '.join(map(_sh, cmd))}"
         proc = subprocess.run(
