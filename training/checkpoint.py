@@ -31,6 +31,7 @@ lesson from someone's lost run:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import shutil
@@ -259,6 +260,8 @@ class Checkpointer:
                     self.log(line)
             except CheckpointError as e:
                 choice = ("error", str(e))
+            except Exception as e:  # any other failure still reaches every rank (they wait on it)
+                choice = ("error", f"cannot choose a checkpoint to resume from: {type(e).__name__}: {e}")
         kind, value = self._from_rank0(choice)  # every rank takes rank 0's choice, or its error
         if kind == "error":
             raise CheckpointError(value)
@@ -315,6 +318,15 @@ class Checkpointer:
             self._finish_pending()
         if self.low_disk is not None:
             self.log(f"WARNING: checkpoints are being SKIPPED: {self.low_disk}")
+
+    def abandon(self, timeout_s: float = 600.0) -> None:
+        """On an error in the loop: let an async save in flight finish its write (its files belong to
+        a step whose state was finite) before the process group and the lock go, never raising."""
+        if self.pending is None:
+            return
+        fut, self.pending = self.pending[2], None
+        with contextlib.suppress(BaseException):
+            fut.result(timeout=timeout_s)
 
     def close(self) -> None:
         """Wait for an async save in flight (raising if it failed) and free the staging buffers."""

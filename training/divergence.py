@@ -53,24 +53,28 @@ class NonFiniteGuard:
     def __init__(self, device: torch.device):
         zero = lambda: torch.zeros((), dtype=torch.int64, device=device)  # noqa: E731
         self.skipped, self.consecutive, self.first_step, self.first_code = zero(), zero(), zero(), zero()
+        self.longest = zero()  # the longest run of non-finite steps since the host last looked
         self.unlogged: dict[str, Any] = {}
 
     def record(self, step: int, code: torch.Tensor) -> None:
         bad = (code > 0).long()
         self.skipped += bad
         self.consecutive = (self.consecutive + bad) * bad
+        self.longest = torch.maximum(self.longest, self.consecutive)
         first = (self.first_step == 0) & (bad > 0)
         self.first_step = torch.where(first, step, self.first_step)
         self.first_code = torch.where(first, code, self.first_code)
 
     def read(self) -> dict[str, Any]:
-        """One host sync: {"skipped": n since the last read, "consecutive": n ending at the last step,
-        "first_step": the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
+        """One host sync: {"skipped": n since the last read, "consecutive": the longest run of
+        consecutive non-finite steps since the last read (a run may have ended before it), "first_step":
+        the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
         skipped, consecutive, first, code = torch.stack(
-            [self.skipped, self.consecutive, self.first_step, self.first_code]
+            [self.skipped, self.longest, self.first_step, self.first_code]
         ).tolist()
         self.skipped.zero_()
         self.first_step.zero_()
+        self.longest.copy_(self.consecutive)  # a run still going on counts on from here
         report = {
             "skipped": skipped,
             "consecutive": consecutive,

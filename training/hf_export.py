@@ -245,6 +245,8 @@ def export_hf(
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and out_dir.is_dir() and verify_export(out_dir) is None:
+            return out_dir  # another process (eval --watch, the trainer) exported this step meanwhile
         if isinstance(e, OSError):
             raise unwritable(out_dir.parent, e) from None
         raise

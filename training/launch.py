@@ -13,8 +13,12 @@ Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from training.contract.config_loader import add_config_arguments
 from training.contract.errors import GristmillError
@@ -55,5 +59,32 @@ def run(args: argparse.Namespace) -> int:
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node)
     print("+ " + " ".join(cmd), flush=True)
-    # torchrun dies with this launcher, and its workers with torchrun (training.shutdown).
-    return subprocess.call(cmd, preexec_fn=launcher_child_preexec)
+    # torchrun dies with this launcher, and its workers with torchrun (training.shutdown). So the
+    # launcher must not die of a preemption signal itself: it only waits. A SIGTERM (a scheduler's
+    # preemption) goes straight to the workers, which finish the step, save and exit 0, and torchrun
+    # then exits 0 too (sent to torchrun, it would end with its own SignalException traceback).
+    # Ctrl-C reaches torchrun through the terminal, which relays it to the workers.
+    proc = subprocess.Popen(cmd, preexec_fn=launcher_child_preexec)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: _signal_workers(proc, signum)),
+    }
+    try:
+        return proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _signal_workers(torchrun: subprocess.Popen, signum: int) -> None:
+    """Send `signum` to torchrun's workers (its children, read from /proc), or to torchrun where they
+    cannot be listed."""
+    workers = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{torchrun.pid}/task").iterdir():
+            workers += [int(p) for p in (task / "children").read_text().split()]
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    if not workers:
+        torchrun.send_signal(signum)

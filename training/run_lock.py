@@ -12,6 +12,8 @@ only the host/PID text remains, and it is shown, not enforced.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -21,6 +23,20 @@ from pathlib import Path
 
 from training.contract.errors import GristmillError
 from training.contract.run_layout import LOCK_FILE
+
+_NO_FLOCK = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
+# Lock files held by this process. A forked child (a DataLoader worker) shares the open file and
+# would keep the lock after this process is killed: children close their copy at once.
+_HELD: list = []
+
+
+def _close_in_child() -> None:
+    for f in _HELD:
+        f.close()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_child)
 
 
 class RunLockedError(GristmillError):
@@ -64,9 +80,19 @@ class RunLock:
             holder = _holder_text(f.read())
             f.close()
             raise RunLockedError(_in_use(self.run_dir, holder)) from None
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                f.close()
+                raise
+            # A filesystem without flock (Lustre without -o flock, NFS without lockd): the holder is
+            # written and shown, not enforced.
+            self.note = (
+                f"WARNING: the filesystem of {self.run_dir} has no flock ({e.strerror}); one writer per "
+                "run directory is not enforced there"
+            )
         f.seek(0)
         old = f.read().strip()
-        if old:  # a holder that died without releasing: the kernel dropped its flock
+        if old and self.note is None:  # a holder that died without releasing: the kernel dropped its flock
             self.note = f"note: took over the lock of {_holder_text(old)}, which is no longer running"
         f.seek(0)
         f.truncate()
@@ -74,6 +100,7 @@ class RunLock:
         f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": stamp}) + "\n")
         f.flush()
         self.file = f
+        _HELD.append(f)
         return self
 
     def release(self) -> None:
@@ -86,7 +113,9 @@ class RunLock:
         except OSError:
             pass
         finally:
-            fcntl.flock(self.file, fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                fcntl.flock(self.file, fcntl.LOCK_UN)
+            _HELD.remove(self.file)
             self.file.close()
             self.file = None
 
@@ -108,3 +137,6 @@ def check_unlocked(run_dir: str | Path) -> None:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             raise RunLockedError(_in_use(run_dir, _holder_text(f.read()))) from None
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                raise

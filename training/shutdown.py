@@ -70,6 +70,9 @@ def exit_with_parent(poll_s: float = 0.05) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
+        # torchrun makes each worker a session (and group) leader: its DataLoader children go too.
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="gristmill-exit-with-parent", daemon=True).start()

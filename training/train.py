@@ -39,6 +39,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.checkpoint import Checkpointer
+from training.checkpoint_io import CheckpointError
 from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
 from training.contract.config_loader import (
     add_config_arguments,
@@ -432,12 +433,19 @@ def loop(r: Run) -> dict[str, Any]:
     train_iter = iter(r.loader)
     shutdown = GracefulStop(env.world_size).__enter__()
 
+    def fatal(report: dict[str, Any]) -> bool:
+        return report["skipped"] > 0 and (
+            cfg.run.on_nonfinite == "stop" or report["consecutive"] >= cfg.run.max_skipped
+        )
+
     def diverged(report: dict[str, Any], step: int) -> None:
         """Stop (NonFiniteError) if the skipped steps the host just heard of call for it."""
-        fatal = cfg.run.on_nonfinite == "stop" or report["consecutive"] >= cfg.run.max_skipped
-        if not report["skipped"] or not fatal:
+        if not fatal(report):
             return
-        ckpt.close()  # a save still in flight holds finite weights from before: let it complete
+        try:
+            ckpt.close()  # a save still in flight holds finite weights from before: let it complete
+        except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
+            r.say(f"error: {e}")
         if writer is not None and cfg.metrics.plot:
             plot_loss(writer.history, r.run_dir / "loss.png")
         why = (
@@ -489,7 +497,7 @@ def loop(r: Run) -> dict[str, Any]:
                     mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt, r.peak),
                     peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
                 )
-                if do_val and not report["skipped"]:
+                if do_val and not fatal(report):  # skipped updates left the weights finite
                     val_loss = evaluate(
                         r.model, r.val_loader, r.val_state, cfg.run.val_batches, r.amp, device, env.world_size
                     )
@@ -513,6 +521,9 @@ def loop(r: Run) -> dict[str, Any]:
                 r.say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
                 break
         ckpt.close()  # waits for an async save in flight
+    except BaseException:
+        ckpt.abandon()  # the lock and the process group outlive no background write
+        raise
     finally:
         shutdown.__exit__()
         if writer is not None:

@@ -181,6 +181,23 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     assert_same_weights(run_dir, reference, STEPS)
 
 
+def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path):
+    """A scheduler's SIGTERM to `gristmill train --nproc-per-node 2` (the launcher, not a worker):
+    passed on to torchrun, relayed to the workers, which finish the step, save and exit 0 — not
+    killed with their launcher."""
+    run_dir = tmp_path / "run"
+    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=200", "checkpoint.interval=100")
+    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    wait_for_step(proc, run_dir, 2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = metrics(run_dir)[-1]["step"]
+    assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
+
+
 def test_export_matches_the_trained_model(reference):
     tr = pytest.importorskip("transformers")
     out = export_dir(reference, 8)

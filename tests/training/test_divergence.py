@@ -94,7 +94,7 @@ def test_the_check_reads_nothing_on_the_host_between_logs():
         report = guard.read()
     assert len(calls) == 1 and report == {
         "skipped": 1,
-        "consecutive": 0,
+        "consecutive": 1,
         "first_step": 3,
         "what": "loss and gradient norm",
     }
@@ -109,3 +109,16 @@ def test_spike_detector_reports_a_jump_only():
     assert spike is not None and spike["loss"] == 9.0 and spike["window"] == 10
     assert spikes.check(float("nan")) is None
     assert SpikeDetector(window=10, sigma=0).check(100.0) is None
+
+
+def test_a_run_of_nonfinite_steps_that_ended_before_the_read_still_counts():
+    guard = NonFiniteGuard(torch.device("cpu"))
+    bad, good = torch.tensor(1), torch.tensor(0)
+    for s in range(1, 9):
+        guard.record(s, bad)
+    guard.record(9, good)
+    assert guard.read()["consecutive"] == 8  # max_skipped <= 8 must stop the run
+    guard.record(10, bad)
+    assert guard.read() == {"skipped": 1, "consecutive": 1, "first_step": 10, "what": "loss"}
+    guard.record(11, bad)  # the run from step 10 goes on across the read
+    assert guard.read()["consecutive"] == 2

@@ -54,26 +54,42 @@ def file_records(root: str | Path, names: Iterable[str], algorithm: str) -> dict
         return dict(zip(names, pool.map(one, names)))
 
 
-def damaged_files(root: str | Path, records: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per file under `root` that does not match its record (missing, size, digest); []
-    when all match. Sizes are compared first, so a truncated file costs no read."""
+def damaged_files(root: str | Path, records: Any) -> list[str]:
+    """One line per file under `root` that does not match its record (missing, size, digest, or
+    unreadable); [] when all match. A malformed record is one problem line, never an exception.
+    Sizes are compared first, so a truncated file costs no read."""
     root = Path(root)
+    if not isinstance(records, dict) or not all(
+        isinstance(r, dict) and isinstance(r.get("size"), int) and any(a in r for a in ALGORITHMS)
+        for r in records.values()
+    ):
+        return [f"the checksum record of {root} is malformed (expected {{name: {{size, crc32|sha256}}}})"]
     problems, to_hash = [], []
     for name, rec in sorted(records.items()):
         path = root / name
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-        elif (size := path.stat().st_size) != rec.get("size"):
-            problems.append(f"{path}: {size:,} bytes, {rec.get('size'):,} when written")
-        else:
-            to_hash.append(name)
-    algorithms = {a for name in to_hash for a in ALGORITHMS if a in records[name]}
-    for algorithm in sorted(algorithms):
-        names = [n for n in to_hash if algorithm in records[n]]
-        for name, got in file_records(root, names, algorithm).items():
-            if got[algorithm] != records[name][algorithm]:
-                problems.append(
-                    f"{root / name}: {algorithm} {got[algorithm]}, {records[name][algorithm]} when written "
-                    "(its bytes changed after the save)"
-                )
+        try:
+            if not path.is_file():
+                problems.append(f"{path}: missing")
+            elif (size := path.stat().st_size) != rec["size"]:
+                problems.append(f"{path}: {size:,} bytes, {rec['size']:,} when written")
+            else:
+                to_hash.append(name)
+        except OSError as e:
+            problems.append(f"{path}: unreadable ({e.strerror or e})")
+
+    def check(name: str) -> str | None:
+        algorithm = next(a for a in ALGORITHMS if a in records[name])
+        try:
+            got = file_digest(root / name, algorithm)
+        except OSError as e:  # an I/O error is the damage this exists to catch
+            return f"{root / name}: unreadable ({e.strerror or e})"
+        if got != records[name][algorithm]:
+            return (
+                f"{root / name}: {algorithm} {got}, {records[name][algorithm]} when written "
+                "(its bytes changed after the save)"
+            )
+        return None
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(to_hash)))) as pool:
+        problems += [p for p in pool.map(check, to_hash) if p is not None]
     return problems
