@@ -22,6 +22,7 @@ import csv
 import datetime
 import decimal
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -171,12 +172,26 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
+def _nonfinite_to_null(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _nonfinite_to_null(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_nonfinite_to_null(x) for x in v]
+    return v
+
+
 def write_results(
     results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50, max_width: int = 60
 ) -> None:
     if fmt == "json":
         data: Any = results[0].records() if len(results) == 1 else {r.name: r.records() for r in results}
-        out.write(json.dumps(data, default=_json_default, ensure_ascii=False, indent=1) + "\n")
+        # Strict JSON for jq and friends: a NaN or inf (an eval metric that diverged) becomes null.
+        data = _nonfinite_to_null(data)
+        out.write(
+            json.dumps(data, default=_json_default, ensure_ascii=False, indent=1, allow_nan=False) + "\n"
+        )
         return
     for i, res in enumerate(results):
         if fmt == "csv":

@@ -397,6 +397,10 @@ def test_nan_metric_is_shown_warned_and_fails_the_eval(eval_run, tmp_path, capsy
     rows = pq.read_table(run / "eval.parquet").to_pylist()
     assert len(rows) == 3 and all(math.isnan(r["value"]) for r in rows)
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the audit's JSON stays strict (jq cannot read NaN): the non-finite values are null there
+    assert main(["data", "audit", str(run), "--sql", "SELECT value FROM eval", "--format", "json"]) == 0
+    strict = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert strict == [{"value": None}] * 3
 
 
 def test_damaged_or_nonfinite_export_is_refused_before_evaluation(eval_run, tmp_path, capsys):
