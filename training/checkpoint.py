@@ -49,6 +49,7 @@ from training.checkpoint_io import (
     checkpoint_error_cause,
     checkpoint_keys,
     load_or_raise,
+    newest_verified,
     nonfinite_tensor,
     read_complete_record,
     state_tensors,
@@ -96,18 +97,11 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
             ) from None
         return path, [f"resuming from {path} (given by --resume)", *([note] if note else [])]
     root = Path(run_dir) / CHECKPOINTS_DIR
-    notes = []
-    for step in reversed(list_steps(root)):
-        path = checkpoint_dir(run_dir, step)
-        reason = incomplete_reason(path)
-        if reason is None:
-            try:
-                note = verify_checkpoint(path)
-                head = f"resuming from {path}, the newest complete checkpoint that verifies"
-                return path, [head, *notes, *([note] if note else [])]
-            except CheckpointError as e:
-                reason = str(e)
-        notes.append(f"  skipped {path.name}: {reason}")
+    path, note, passed_over = newest_verified(run_dir)
+    notes = [f"  skipped {p.name}: {reason}" for p, reason in passed_over]
+    if path is not None:
+        head = f"resuming from {path}, the newest complete checkpoint that verifies"
+        return path, [head, *notes, *([note] if note else [])]
     return None, [f"--resume auto: no complete checkpoint in {root}; starting from step 0", *notes]
 
 
@@ -513,6 +507,6 @@ class Checkpointer:
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")
         if self.cfg.export_interval and step % self.cfg.export_interval == 0:
-            out = export_checkpoint(self.run_dir, step)
+            out = export_checkpoint(self.run_dir, step, verified=True)  # hashed as written, just now
             self.log(f"export {out} written (permanent: HF LlamaForCausalLM + tokenizer)")
         prune(self.run_dir, self.cfg.keep_last, log=self.log)

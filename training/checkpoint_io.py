@@ -31,7 +31,14 @@ from torch.distributed.tensor import DTensor
 
 from training.contract.errors import GristmillError
 from training.contract.integrity import damaged_files
-from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA
+from training.contract.run_layout import (
+    CHECKPOINTS_DIR,
+    COMPLETE_FILE,
+    DCP_METADATA,
+    checkpoint_dir,
+    incomplete_reason,
+    list_steps,
+)
 
 
 @contextlib.contextmanager
@@ -140,6 +147,23 @@ def verify_checkpoint(path: str | Path) -> str | None:
     if not files:
         return f"note: {path.name} has no checksums in COMPLETE (saved before gristmill recorded them)"
     return None
+
+
+def newest_verified(run_dir: str | Path) -> tuple[Path | None, str | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint of a run whose files match their COMPLETE record (None if
+    there is none), its verification note (checkpoints without checksums), and every newer
+    checkpoint passed over with the reason. Used by --resume auto and by the export."""
+    passed_over = []
+    for step in reversed(list_steps(Path(run_dir) / CHECKPOINTS_DIR)):
+        path = checkpoint_dir(run_dir, step)
+        reason = incomplete_reason(path)
+        if reason is None:
+            try:
+                return path, verify_checkpoint(path), passed_over
+            except CheckpointError as e:
+                reason = str(e)
+        passed_over.append((path, reason))
+    return None, None, passed_over
 
 
 def nonfinite_tensor(named: Iterable[tuple[str, torch.Tensor]]) -> str | None:

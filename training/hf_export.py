@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from training.checkpoint_io import (
-    CheckpointError,
     load_or_raise,
+    newest_verified,
     nonfinite_tensor,
     verify_checkpoint,
 )
@@ -48,7 +48,7 @@ from training.contract.run_layout import (
     complete_steps,
     export_dir,
     incomplete_reason,
-    list_steps,
+    step_of,
 )
 from training.model import ModelConfig, Transformer
 from training.train_state import ModelState
@@ -276,21 +276,10 @@ def verify_export(path: str | Path) -> str | None:
     return None
 
 
-def newest_complete_step(run_dir: str | Path, log=None) -> int | None:
-    """The newest step under RUN/checkpoints whose checkpoint is complete and verifies, or None;
-    `log` gets a line for each newer one passed over, and why."""
-    run_dir = Path(run_dir)
-    for step in reversed(list_steps(run_dir / CHECKPOINTS_DIR)):
-        reason = incomplete_reason(checkpoint_dir(run_dir, step))
-        if reason is None:
-            try:
-                verify_checkpoint(checkpoint_dir(run_dir, step))
-                return step
-            except CheckpointError as e:
-                reason = str(e)
-        if log is not None:
-            log(f"skipped step {step}: {reason}")
-    return None
+def newest_complete_step(run_dir: str | Path) -> int | None:
+    """The newest step whose checkpoint is complete and verifies, or None."""
+    path, _, _ = newest_verified(run_dir)
+    return None if path is None else step_of(path)
 
 
 def run_config(run_dir: str | Path):
@@ -308,10 +297,12 @@ def _run_config(run_dir: Path):
     return cfg, dataset, resolve_model_config(cfg.model, info, cfg.data.seq_len)
 
 
-def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, ModelConfig, Path]:
+def load_checkpoint_model(
+    run_dir: str | Path, step: int, *, verified: bool = False
+) -> tuple[Transformer, ModelConfig, Path]:
     """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
     config, and the run's dataset directory. The checkpoint's files are verified against COMPLETE
-    first and every weight must be finite after loading."""
+    first (unless the caller just did: `verified`) and every weight must be finite after loading."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
     reason = incomplete_reason(ckpt)
@@ -321,7 +312,8 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
             f"{ckpt} is not a complete checkpoint ({reason}); complete steps in "
             f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
         )
-    verify_checkpoint(ckpt)
+    if not verified:
+        verify_checkpoint(ckpt)
     _, dataset, mcfg = _run_config(run_dir)
     model = Transformer(mcfg)
     # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
@@ -332,15 +324,21 @@ def load_checkpoint_model(run_dir: str | Path, step: int) -> tuple[Transformer, 
     return model, mcfg, dataset
 
 
-def export_checkpoint(run_dir: str | Path, step: int | None = None, log=None) -> Path:
+def export_checkpoint(
+    run_dir: str | Path, step: int | None = None, log=None, *, verified: bool = False
+) -> Path:
     """Export checkpoint `step` (None: the newest complete one that verifies, saying which and what
     newer ones were passed over through `log`) to RUN/exports/step-N; an export that already
-    exists is verified and returned as is."""
+    exists is verified and returned as is. `verified`: the caller has just checked the
+    checkpoint's files (the trainer, which hashed them as it wrote them)."""
     run_dir = Path(run_dir)
     if step is None:
-        step = newest_complete_step(run_dir, log=log)
-        if step is None:
+        path, _, passed_over = newest_verified(run_dir)
+        for skipped, reason in passed_over if log is not None else ():
+            log(f"skipped step {step_of(skipped)}: {reason}")
+        if path is None:
             raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint to export")
+        step, verified = step_of(path), True
         if log is not None:
             log(f"exporting step {step}, the newest complete checkpoint that verifies")
     out = export_dir(run_dir, step)
@@ -349,7 +347,7 @@ def export_checkpoint(run_dir: str | Path, step: int | None = None, log=None) ->
         if note and log is not None:
             log(note)
         return out
-    model, mcfg, dataset = load_checkpoint_model(run_dir, step)
+    model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified)
     return export_hf(
         model.state_dict(),
         mcfg,

@@ -76,13 +76,19 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes `pid` started (Linux /proc; torchrun's children are its workers)."""
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(p) for p in (task / "children").read_text().split()]
+    return children
+
+
 def _signal_workers(torchrun: subprocess.Popen, signum: int) -> None:
-    """Send `signum` to torchrun's workers (its children, read from /proc), or to torchrun where they
-    cannot be listed."""
+    """Send `signum` to torchrun's workers, or to torchrun where they cannot be listed."""
     workers = []
     with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{torchrun.pid}/task").iterdir():
-            workers += [int(p) for p in (task / "children").read_text().split()]
+        workers = child_pids(torchrun.pid)
     for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -330,11 +331,7 @@ class Run:
     last: int  # the last step of this invocation
     fpt: int  # model FLOPs per token, for MFU
     peak: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
-    out: Any
-
-    def say(self, text: str) -> None:
-        if self.env.rank == 0:
-            print(text, file=self.out or sys.stdout, flush=True)
+    say: Callable[[str], None]  # prints on rank 0 only
 
 
 def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> Run:
@@ -416,7 +413,7 @@ def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.d
         if resumed >= last:
             say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
     return Run(cfg, plan, env, device, run_dir, model, amp, loader, val_loader, val_state, optimizer,
-               scheduler, state, states, ckpt, writer, last, fpt, peak, out)  # fmt: skip
+               scheduler, state, states, ckpt, writer, last, fpt, peak, say)  # fmt: skip
 
 
 def loop(r: Run) -> dict[str, Any]:

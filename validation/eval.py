@@ -234,7 +234,7 @@ def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPla
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
     export = export_checkpoint(run_dir, step, log=_log)
-    print(f"[eval] step {step}: {', '.join(plan.names)} on {export}", file=sys.stderr, flush=True)
+    _log(f"step {step}: {', '.join(plan.names)} on {export}")
     t0 = time.time()
     try:
         lm = GristmillHFLM(
@@ -257,7 +257,7 @@ def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPla
     out = write_step_results(run_dir, step, dict(results))
     save_config(cfg, eval_dir(run_dir, step) / "config.toml")
     write_plot(run_dir)
-    print(f"[eval] step {step} took {time.time() - t0:.0f} s: {out}", file=sys.stderr, flush=True)
+    _log(f"step {step} took {time.time() - t0:.0f} s: {out}")
     error = nonfinite_error(run_dir, step, results)
     if error is not None:
         raise error
@@ -311,7 +311,7 @@ def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_
     plan = TaskPlan(run_dir, cfg)
     last_new = time.time()
     failures: list[NonFiniteMetricsError] = []
-    print(f"[eval] watching {run_dir} every {poll_s:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
+    _log(f"watching {run_dir} every {poll_s:g} s (Ctrl-C stops)")
     try:
         while True:
             if evaluate_missing(run_dir, cfg, plan, failures=failures):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from training.checkpoint import dir_size
 from training.checkpoint_io import CheckpointError, verify_checkpoint
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
@@ -30,8 +31,7 @@ COLUMNS = ["kind", "step", "status", "files", "size", "detail"]
 
 
 def _size(path: Path) -> tuple[int, str]:
-    files = [p for p in path.iterdir() if p.is_file()]
-    return len(files), fmt_bytes(sum(p.stat().st_size for p in files))
+    return sum(p.is_file() for p in path.iterdir()), fmt_bytes(dir_size(path))
 
 
 def verify_run(run_dir: str | Path) -> list[tuple]:

@@ -30,7 +30,7 @@ from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config, to_toml
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
 from training.hf_export import load_checkpoint_model
-from training.launch import torchrun_command
+from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,14 +82,6 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
         time.sleep(0.005)
 
 
-def worker_pids(torchrun_pid: int) -> list[int]:
-    """The training processes torchrun started (its children)."""
-    pids = []
-    for task in Path(f"/proc/{torchrun_pid}/task").iterdir():
-        pids += [int(p) for p in (task / "children").read_text().split()]
-    return pids
-
-
 def alive(pid: int) -> bool:
     """Running (a zombie waiting to be reaped is dead)."""
     try:
@@ -128,7 +120,7 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
     try:
         wait_for_step(proc, run_dir, kill_at)
-        workers = [w for t in worker_pids(proc.pid) for w in worker_pids(t)]  # launcher → torchrun → 2
+        workers = [w for t in child_pids(proc.pid) for w in child_pids(t)]  # launcher → torchrun → 2
         assert len(workers) == 2, workers
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -169,7 +161,7 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     wait_for_step(proc, run_dir, stop_at)
-    os.kill(worker_pids(proc.pid)[-1], signal.SIGTERM)
+    os.kill(child_pids(proc.pid)[-1], signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     stopped = metrics(run_dir)[-1]["step"]

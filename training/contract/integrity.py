@@ -42,6 +42,12 @@ def file_digest(path: str | Path, algorithm: str) -> str:
     return f"{crc:08x}" if algorithm == "crc32" else sha.hexdigest()
 
 
+def _in_threads(fn, items: list) -> list:
+    """fn over items on up to 8 threads (hashing releases the GIL), results in order."""
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(items)))) as pool:
+        return list(pool.map(fn, items))
+
+
 def file_records(root: str | Path, names: Iterable[str], algorithm: str) -> dict[str, dict[str, Any]]:
     """{name: {"size": bytes, algorithm: digest}} for files under `root`, hashed in parallel."""
     root, names = Path(root), sorted(names)
@@ -50,8 +56,7 @@ def file_records(root: str | Path, names: Iterable[str], algorithm: str) -> dict
         path = root / name
         return {"size": path.stat().st_size, algorithm: file_digest(path, algorithm)}
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(names)))) as pool:
-        return dict(zip(names, pool.map(one, names)))
+    return dict(zip(names, _in_threads(one, names)))
 
 
 def damaged_files(root: str | Path, records: Any) -> list[str]:
@@ -90,6 +95,4 @@ def damaged_files(root: str | Path, records: Any) -> list[str]:
             )
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(to_hash)))) as pool:
-        problems += [p for p in pool.map(check, to_hash) if p is not None]
-    return problems
+    return problems + [p for p in _in_threads(check, to_hash) if p is not None]
