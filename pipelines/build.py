@@ -47,7 +47,7 @@ from pipelines.build_identity import (
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
 from pipelines.config import DataConfig, content_identity, identity_sha256
-from pipelines.demo_corpus import write_demo_corpus
+from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.progress import Monitor, TaskProgress, build_table
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
@@ -124,10 +124,9 @@ class Prepared:
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:
     out = Path(cfg.output).expanduser().resolve()
-    if cfg.source.kind == "demo":
-        write_demo_corpus(cfg.source.path)
+    ensure_demo_corpus(cfg.source)
     source = list_source_files(cfg.source)
-    if cfg.source.kind in ("parquet", "demo"):
+    if cfg.source.kind in ("parquet", "demo", "demo-code"):
         _check_parquet_columns(cfg, source)
     elif cfg.source.kind == "jsonl":
         _check_jsonl_keys(cfg, source)
@@ -219,6 +218,12 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             f"{cfg.tokenizer.train.vocab_size}-token BPE on the source"
         )
         train_tokenizer(cfg, source=source, log=log)
+    elif local_like and not path.exists() and cfg.source.kind == "demo-code":
+        # Training one here would give the code dataset its own vocabulary; the mixture needs one.
+        raise BuildError(
+            f"tokenizer {path} not found; the code demo shares the prose demo's tokenizer: build "
+            "configs/data/demo.toml first (gristmill data build --config configs/data/demo.toml)"
+        )
     tok = load_tokenizer(spec)
     if path.is_dir():
         path = path / "tokenizer.json"

@@ -16,21 +16,23 @@ HUB_FINEWEB_EDU = "hf://datasets/HuggingFaceFW/fineweb-edu"
 
 @dataclass
 class SourceConfig:
-    kind: Literal["hub", "parquet", "jsonl", "demo"] = "hub"
+    kind: Literal["hub", "parquet", "jsonl", "demo", "demo-code"] = "hub"
     """Where documents come from. "hub": a Hugging Face dataset streamed over the network
     (FineWeb-Edu by default); "parquet" / "jsonl": local files (jsonl may be .jsonl, .jsonl.gz or
     .jsonl.zst); "demo": the embedded corpus (Python's own documentation), written to `path` on
-    first use and then read as parquet. Offline with a hub source? Run `gristmill data download`
-    where there is network, then `--set source.kind=parquet --set source.path=DIR`."""
+    first use and then read as parquet; "demo-code": likewise, the standard library's own .py
+    sources (about 1.5 MB; the second dataset of a two-source demo mixture). Offline with a hub
+    source? Run `gristmill data download` where there is network, then `--set source.kind=parquet
+    --set source.path=DIR`."""
     path: str = HUB_FINEWEB_EDU
     """hub: the dataset root (hf://datasets/ORG/NAME); parquet/jsonl: a directory (searched
-    recursively) or one file; demo: the directory the demo corpus is written to."""
+    recursively) or one file; demo, demo-code: the directory the demo corpus is written to."""
     subset: str = "sample/10BT"
     """hub only: folder inside the dataset, e.g. "sample/10BT", "sample/100BT" or
     "data/CC-MAIN-2024-10". Ignored for local sources."""
     glob: str = ""
     """Optional glob relative to the source folder selecting the input files (e.g. "*.parquet");
-    empty: every *.parquet file (parquet, hub, demo) or every *.jsonl[.gz|.zst] file (jsonl)."""
+    empty: every *.parquet file (parquet, hub, demo, demo-code) or every *.jsonl[.gz|.zst] file (jsonl)."""
     text_key: str = "text"
     """Column / JSON key holding the document text."""
     id_key: str = "id"

@@ -1,4 +1,4 @@
-"""The embedded demo corpus: real English prose that every Python installation carries.
+"""The embedded demo corpora: real English prose (and real code) that every Python installation carries.
 
 Text: the docstrings of the standard library's Python sources (read with `ast`, nothing is
 imported or executed), the docstrings of the `builtins` module, and the language reference topics
@@ -16,7 +16,14 @@ show the filters working: an empty document, a very short one, two with a low in
 a language_score the demo drops, and one quoting the literal separator "<|endoftext|>" (which is
 kept: it must stay text and gain no extra separator).
 
-The corpus depends only on the running Python's standard library, so it is identical on every
+The code corpus (source kind "demo-code", `write_code_corpus`) is the second demo dataset: the
+standard library's own .py files as they are, one document per file, about 1.5 MB in all (files
+over 40 KB or under 200 characters left out, the rest taken in an order hashed from their URL
+until the cap), in the same schema. Its `url` is the file on GitHub
+(https://github.com/python/cpython/blob/3.X/Lib/...), and its synthetic scores all pass the demo
+filters (int_score 3-4, language_score 0.9-1.0).
+
+Both corpora depend only on the running Python's standard library, so they are identical on every
 machine with the same Python version (the version is recorded in `corpus.json`).
 """
 
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import hashlib
 import inspect
 import json
@@ -32,6 +40,7 @@ import shutil
 import sys
 import sysconfig
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from pydoc_data import topics
 from typing import Any
@@ -39,12 +48,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.config import SourceConfig
 from pipelines.sources import FINEWEB_EDU_SCHEMA
 
 CORPUS_VERSION = 1
 N_FILES = 4
 DOC_TARGET_CHARS = 4000  # sections are merged into documents of about this size
 DOC_MAX_CHARS = 12000
+CODE_N_FILES = 2
+CODE_MAX_CHARS = 1_500_000  # the code corpus: about this many characters in all ...
+CODE_MAX_FILE_CHARS = 40_000  # ... of files no longer than this
+CODE_MIN_FILE_CHARS = 200  # (empty __init__.py files and the like are left out)
 DUMPS = [
     "CC-MAIN-2013-20",
     "CC-MAIN-2017-04",
@@ -119,14 +133,19 @@ def _metadata(url: str, text: str, overrides: dict[str, Any]) -> dict[str, Any]:
     return meta
 
 
-def _stdlib_sections() -> list[tuple[str, str, str]]:
-    """(module, heading, docstring) for every documented module, class and function, in order."""
+def _stdlib_files() -> Iterator[tuple[Path, Path]]:
+    """(path, path relative to the stdlib root) of the standard library's own .py files, sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    out: list[tuple[str, str, str]] = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if SKIP_DIRS.intersection(rel.parts[:-1]) or rel.parts[0].startswith("config-"):
-            continue
+        if not (SKIP_DIRS.intersection(rel.parts[:-1]) or rel.parts[0].startswith("config-")):
+            yield path, rel
+
+
+def _stdlib_sections() -> list[tuple[str, str, str]]:
+    """(module, heading, docstring) for every documented module, class and function, in order."""
+    out: list[tuple[str, str, str]] = []
+    for path, rel in _stdlib_files():
         try:
             tree = ast.parse(path.read_bytes(), filename=str(path))
         except (SyntaxError, ValueError):  # lib2to3 test data and the like
@@ -191,23 +210,7 @@ def _documents(version: str) -> list[tuple[str, str]]:
     return docs
 
 
-def write_demo_corpus(out_dir: str | Path) -> Path:
-    """Write the corpus as N_FILES parquet files into `out_dir` (skipped when already there).
-
-    Deterministic for a given Python version; written to a temporary folder and renamed, so an
-    interrupted write never leaves a half corpus behind.
-    """
-    out_dir = Path(out_dir)
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stamp = {"corpus_version": CORPUS_VERSION, "python": version}
-    marker = out_dir / "corpus.json"
-    if marker.is_file():
-        try:
-            info = json.loads(marker.read_text())
-        except json.JSONDecodeError:
-            info = {}
-        if {k: info.get(k) for k in stamp} == stamp:
-            return out_dir
+def _prose_rows(version: str) -> list[dict[str, Any]]:
     docs = _documents(version)
     # Interleave the bad rows at fixed positions so each file sees some of them.
     rows = []
@@ -221,22 +224,105 @@ def write_demo_corpus(out_dir: str | Path) -> Path:
     for b in bad:  # any left (tiny corpora)
         bad_url = f"https://example.com/gristmill-demo/{b[0]}"
         rows.append({"text": b[1], **_metadata(bad_url, b[1], b[2])})
+    return rows
 
+
+def _code_rows(version: str, max_chars: int = CODE_MAX_CHARS) -> list[dict[str, Any]]:
+    """One row per stdlib .py file: files picked in a hashed order until `max_chars`, then sorted.
+
+    Files that are not UTF-8, shorter than CODE_MIN_FILE_CHARS or longer than CODE_MAX_FILE_CHARS
+    are skipped. Scores are all good (int_score 3-4, language_score 0.9-1.0): the code is the
+    point of this corpus, not a showcase of the filters.
+    """
+    files = []
+    for path, rel in _stdlib_files():
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        if CODE_MIN_FILE_CHARS <= len(text) <= CODE_MAX_FILE_CHARS:
+            files.append((f"https://github.com/python/cpython/blob/{version}/Lib/{rel.as_posix()}", text))
+    picked, total = [], 0
+    for url, text in sorted(files, key=lambda f: _h(f[0], "pick")):
+        if total + len(text) > max_chars:
+            break
+        picked.append((url, text))
+        total += len(text)
+    return [{"text": text, **_metadata(url, text, _good_scores(url))} for url, text in sorted(picked)]
+
+
+def _good_scores(url: str) -> dict[str, float]:
+    return {
+        "score": round(3.0 + 1.4 * _h(url, "score"), 6),
+        "language_score": round(0.9 + 0.1 * _h(url, "lang"), 4),
+    }
+
+
+def _write_corpus(
+    out_dir: str | Path,
+    corpus: str,
+    rows_of: Callable[[str], list[dict[str, Any]]],
+    n_files: int,
+    stem: str,
+    source: str,
+) -> Path:
+    """Write `rows_of(python version)` as `n_files` parquet files `stem-NN.parquet` into `out_dir`
+    plus a corpus.json, unless a corpus.json of the same corpus, version and Python is already there.
+
+    Deterministic for a given Python version; written to a temporary folder and renamed, so an
+    interrupted write never leaves a half corpus behind.
+    """
+    out_dir = Path(out_dir)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
+    marker = out_dir / "corpus.json"
+    if marker.is_file():
+        try:
+            info = json.loads(marker.read_text())
+        except json.JSONDecodeError:
+            info = {}
+        info.setdefault("corpus", "prose")  # written before the code corpus existed
+        if {k: info.get(k) for k in stamp} == stamp:
+            return out_dir
+    rows = rows_of(version)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    per_file = -(-len(rows) // N_FILES)
-    for f in range(N_FILES):
+    per_file = -(-len(rows) // n_files)
+    for f in range(n_files):
         chunk = rows[f * per_file : (f + 1) * per_file]
         table = pa.Table.from_pylist(chunk, schema=SCHEMA)
-        pq.write_table(table, tmp / f"stdlib-docs-{f:02d}.parquet", row_group_size=2000)
-    stamp.update(
-        documents=len(rows),
-        characters=sum(len(r["text"]) for r in rows),
-        source="Python standard library docstrings + pydoc_data.topics; metadata synthetic",
-    )
+        pq.write_table(table, tmp / f"{stem}-{f:02d}.parquet", row_group_size=2000)
+    stamp.update(documents=len(rows), characters=sum(len(r["text"]) for r in rows), source=source)
     (tmp / "corpus.json").write_text(json.dumps(stamp, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def write_demo_corpus(out_dir: str | Path) -> Path:
+    """Write the prose corpus as N_FILES parquet files into `out_dir` (skipped when already there)."""
+    source = "Python standard library docstrings + pydoc_data.topics; metadata synthetic"
+    return _write_corpus(out_dir, "prose", _prose_rows, N_FILES, "stdlib-docs", source)
+
+
+def write_code_corpus(out_dir: str | Path, max_chars: int = CODE_MAX_CHARS) -> Path:
+    """Write the code corpus (stdlib .py sources, about `max_chars` characters) as CODE_N_FILES
+    parquet files into `out_dir` (skipped when already there)."""
+    source = f"Python standard library .py sources (at most {max_chars:,} chars); metadata synthetic"
+    rows_of = functools.partial(_code_rows, max_chars=max_chars)
+    return _write_corpus(out_dir, "code", rows_of, CODE_N_FILES, "stdlib-code", source)
+
+
+# The source kinds whose corpus is written on first use, and their writers.
+DEMO_WRITERS: dict[str, Callable[[str | Path], Path]] = {
+    "demo": write_demo_corpus,
+    "demo-code": write_code_corpus,
+}
+
+
+def ensure_demo_corpus(source: SourceConfig) -> None:
+    """Write the demo corpus of a "demo" / "demo-code" source into source.path if not there yet."""
+    if writer := DEMO_WRITERS.get(source.kind):
+        writer(source.path)

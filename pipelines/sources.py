@@ -118,6 +118,7 @@ def list_source_files(cfg: SourceConfig) -> SourceFiles:
     path = Path(folder)
     hint = {
         "demo": "the demo corpus is written there by `gristmill demo` / `gristmill data build`",
+        "demo-code": "the code demo corpus is written there by `gristmill data build`",
         "parquet": "point source.path at a directory of .parquet files (or one file)",
         "jsonl": "point source.path at a directory of .jsonl/.jsonl.zst files (or one file)",
     }[cfg.kind]

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pipelines.config import DataConfig
-from pipelines.demo_corpus import write_demo_corpus
+from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files
 from tokenization.tokenizer_io import TokenizerError, train_bpe
@@ -62,8 +62,7 @@ def train_tokenizer(
         raise TokenizerError(
             f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges; use at least 512"
         )
-    if cfg.source.kind == "demo":
-        write_demo_corpus(cfg.source.path)
+    ensure_demo_corpus(cfg.source)
     source = source or list_source_files(cfg.source)
     filters = make_filters(cfg.filters, None)
     t0 = time.perf_counter()

@@ -1,0 +1,71 @@
+"""The code demo corpus (source kind "demo-code"): deterministic, real stdlib source, capped; it builds."""
+
+from __future__ import annotations
+
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.build import BuildError, build
+from pipelines.config import DataConfig
+from pipelines.demo_corpus import CODE_MAX_FILE_CHARS, SCHEMA, write_code_corpus
+from training.contract.config_loader import load_config
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "data" / "demo-code.toml"
+VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def rows_of(out: Path) -> list[dict]:
+    files = sorted(out.glob("*.parquet"))
+    assert len(files) == 2 and all(pq.read_schema(f) == SCHEMA for f in files)
+    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist()
+
+
+def test_code_corpus_is_deterministic_real_source_and_capped(tmp_path):
+    a = write_code_corpus(tmp_path / "a", max_chars=300_000)
+    b = write_code_corpus(tmp_path / "b", max_chars=300_000)
+    names = sorted(p.name for p in a.iterdir())
+    assert names == ["corpus.json", "stdlib-code-00.parquet", "stdlib-code-01.parquet"]
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+    rows = rows_of(a)
+    chars = sum(len(r["text"]) for r in rows)
+    assert 300_000 - CODE_MAX_FILE_CHARS < chars <= 300_000 and len(rows) > 10
+    assert [r["url"] for r in rows] == sorted(r["url"] for r in rows) and len({r["id"] for r in rows}) == len(
+        rows
+    )
+    root = Path(sysconfig.get_paths()["stdlib"])
+    prefix = f"https://github.com/python/cpython/blob/{VERSION}/Lib/"
+    for r in rows:  # each document is one stdlib file, as it is
+        rel = r["url"].removeprefix(prefix)
+        assert r["url"].startswith(prefix) and rel.endswith(".py") and "/test/" not in f"/{rel}"
+        assert r["text"] == (root / rel).read_text(encoding="utf-8") and len(r["text"]) <= CODE_MAX_FILE_CHARS
+        # every document passes the demo filters (configs/data/demo.toml)
+        assert r["int_score"] >= 3 and r["language_score"] >= 0.65 and len(r["text"]) >= 100
+    info = json.loads((a / "corpus.json").read_text())
+    assert info["corpus"] == "code" and info["python"] == VERSION
+    assert info["documents"] == len(rows) and info["characters"] == chars
+
+
+def test_code_corpus_builds_with_a_shared_tokenizer(build_fixture, tmp_path):
+    _, tokenizer, _ = build_fixture
+    corpus = write_code_corpus(tmp_path / "corpus", max_chars=60_000)
+    out = tmp_path / "ds"
+    overrides = [f"output={out}", f"source.path={corpus}", "build.workers=1", "build.min_free_gb=0.01"]
+    with pytest.raises(BuildError, match=r"nope\.json not found; .*build configs/data/demo\.toml first"):
+        build(load_config(DataConfig, CONFIG, [*overrides, f"tokenizer.path={tmp_path / 'nope.json'}"]))
+    assert not (tmp_path / "nope.json").exists()  # never trained here
+
+    result = build(
+        load_config(DataConfig, CONFIG, [*overrides, f"tokenizer.path={tokenizer}"]), log=lambda *a: None
+    )
+    assert result.ok
+    info = json.loads((out / "dataset.json").read_text())
+    assert info["status"] == "complete" and info["source"]["kind"] == "demo-code"
+    assert info["documents"] == len(rows_of(corpus)) and info["excluded"] == 0
+    assert (out / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
