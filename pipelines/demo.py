@@ -1,9 +1,10 @@
 """`gristmill demo`: the whole system, offline, on the embedded demo corpus.
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
-so the demo is an end-to-end check as well as a tour: build (which validates) → audit → train
-(stopped at step 100 as if preempted, then resumed from its checkpoint) → export to HF format and
-verify every checkpoint and export against its checksums → eval.
+so the demo is an end-to-end check as well as a tour: build two datasets, prose and code (each
+validated) → audit → train on their mixture in two phases (the plan printed first; stopped inside
+the first phase as if preempted, then resumed across the phase boundary) → export to HF format
+and verify every checkpoint and export against its checksums → eval.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -19,12 +20,17 @@ from training.contract.errors import GristmillError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-config", default="configs/data/demo.toml", help="data recipe to build")
+    parser.add_argument(
+        "--code-config", default="configs/data/demo-code.toml", help="second data recipe (the code source)"
+    )
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
     parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
+CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
+STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the phase boundary
 
 
 def train_output_dir(config: str) -> Path:
@@ -51,28 +57,34 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit_views import connect
 
     total = 3 if args.skip_train else 6
-    for path in (args.data_config, *(() if args.skip_train else (args.train_config, args.eval_config))):
+    configs = (args.data_config, args.code_config)
+    for path in (*configs, *(() if args.skip_train else (args.train_config, args.eval_config))):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
 
-    t0 = _stage(1, total, "build the dataset (writes the demo corpus and tokenizer on first use)",
-                f"gristmill data build --config {args.data_config}")  # fmt: skip
-    cfg = load_config(DataConfig, args.data_config)
-    result = build(cfg)
+    t0 = _stage(1, total, "build the two datasets: prose (writes the demo corpus and trains the tokenizer on "
+                "first use), then code with the same tokenizer",
+                "\n    $ ".join(f"gristmill data build --config {c}" for c in configs))  # fmt: skip
+    results = []
+    for config in configs:
+        result = build(load_config(DataConfig, config))
+        if not result.ok:
+            print(f"error: validation of {result.output} failed; see the problems above")
+            return 1
+        results.append(result)
     print(f"    build stage took {time.time() - t0:.0f} s")
-    if not result.ok:
-        print(f"error: validation of {result.output} failed; see the problems above")
-        return 1
-    data_dir = result.output
+    data_dirs = [r.output for r in results]
+    data_dir = data_dirs[0]
 
-    _stage(
-        2, total, "validate (already run by the build; rerun any time)", f"gristmill data validate {data_dir}"
-    )
-    print(f"    validation: {'ok' if result.report is None or result.report.ok else 'FAILED'}")
+    _stage(2, total, "validate (already run by the build; rerun any time)",
+           "\n    $ ".join(f"gristmill data validate {d}" for d in data_dirs))  # fmt: skip
+    for d, result in zip(data_dirs, results):
+        print(f"    {d}: {'ok' if result.report is None or result.report.ok else 'FAILED'}")
 
-    _stage(3, total, "audit the dataset", f"gristmill data audit {data_dir} --plots {data_dir}/audit")
-    print_summary([data_dir])
+    _stage(3, total, "audit the datasets", f"gristmill data audit {' '.join(map(str, data_dirs))} "
+           f"--plots {data_dir}/audit")  # fmt: skip
+    print_summary(data_dirs)
     con, _ = connect([data_dir])
     try:
         plots = write_plots(con, data_dir / "audit")
@@ -86,18 +98,30 @@ def run(args: argparse.Namespace) -> int:
     # table (pipelines/ imports nothing of training/ beyond its contract).
     from pipelines.cli import main as gristmill
 
-    # Two runs of the same recipe: the first stops at step 100 as a preempted job would, the second
-    # picks its checkpoint up (`--resume auto` also makes a rerun of the demo continue, not restart).
-    train = ["train", "--config", args.train_config, "--resume", "auto", "--set", f"data.dataset={data_dir}"]
-    t0 = _stage(4, total, "train a small Llama on it (CPU), stop at step 100, resume from the checkpoint",
-                f"gristmill train --config {args.train_config} --resume auto --set run.max_steps=100\n"
-                f"    $ gristmill train --config {args.train_config} --resume auto")  # fmt: skip
-    for extra in (["run.max_steps=100"], []):
-        if rc := gristmill([*train, *extra]):
+    # The plan first (from the config and the datasets alone), then two runs of the same recipe: the
+    # first stops inside phase "main" as a preempted job would, the second picks its checkpoint up
+    # and crosses into phase "decay" (`--resume auto` also makes a rerun of the demo continue).
+    run_dir = train_output_dir(args.train_config)
+    train = ["train", "--config", args.train_config, "--resume", "auto"]
+    stop = f"--resume auto --set run.max_steps={STOP_STEP}"
+    t0 = _stage(4, total, f"train a small Llama on the mixture (CPU) in two phases, stop at step "
+                f"{STOP_STEP}, resume from the checkpoint",
+                f"gristmill train --config {args.train_config} --plan\n"
+                f"    $ gristmill train --config {args.train_config} {stop}\n"
+                f"    $ gristmill train --config {args.train_config} --resume auto\n"
+                f"    $ gristmill data audit {run_dir} --sql \"{CONSUMPTION_SQL}\"\n"
+                f"    $ gristmill data inspect {run_dir} --step 101 --max-rows 2")  # fmt: skip
+    for command in (
+        ["train", "--config", args.train_config, "--plan"],
+        [*train, "--set", f"run.max_steps={STOP_STEP}"],
+        train,
+        ["data", "audit", str(run_dir), "--sql", CONSUMPTION_SQL],
+        ["data", "inspect", str(run_dir), "--step", "101", "--max-rows", "2"],
+    ):
+        if rc := gristmill(command):
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
 
-    run_dir = train_output_dir(args.train_config)
     _stage(5, total, "export the step-100 checkpoint (HF format), then check every file against its checksum",
            f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
     print("    (step 150 was exported during training: checkpoint.export_interval)")

@@ -1,8 +1,12 @@
 """`gristmill data inspect`: what the model saw at step K, reproduced from the config alone.
 
-Prints one step's batch — per sequence, the documents it is cut from (manifest key, source id,
+Prints one step's batch — per sequence, the documents it is cut from (source, manifest row and key,
 token range), their token ids and a decoded excerpt — or, with --hash, one sha256 per step for
 steps [--step, --end), equal to `training.loader.batch_sha256` of the batches the trainer got.
+
+Given a training run directory (`gristmill data inspect RUN --step 12000`), the plan comes from
+RUN/config.toml (every source and phase) and steps count as the trainer logs them, from 1; given a
+dataset directory, the geometry comes from the flags and steps count from 0.
 `tokenizers` is imported inside run() only: training code must import without it.
 """
 
@@ -14,27 +18,45 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.contract.dataset_format import TOKENIZER_JSON, manifest_files
+from training.config import TrainConfig, check_config
+from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
+from training.contract.run_layout import CONFIG_TOML
 from training.loader import LoaderConfigError, TokenLoader, batch_sha256
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dataset", help="dataset directory (holds dataset.json)")
-    p.add_argument("--seq-len", type=int, required=True, help="training seq_len")
-    p.add_argument("--global-batch", type=int, required=True, help="global batch in sequences (G)")
-    p.add_argument("--seed", type=int, required=True, help="data seed of the run")
-    p.add_argument("--step", type=int, default=0, help="global step (counting across epochs); default 0")
+    p.add_argument("dataset", help="training run directory (holds config.toml), or a dataset directory")
+    p.add_argument("--seq-len", type=int, help="dataset mode: training seq_len")
+    p.add_argument("--global-batch", type=int, help="dataset mode: global batch in sequences (G)")
+    p.add_argument("--seed", type=int, help="dataset mode: data seed of the run")
+    p.add_argument(
+        "--step",
+        type=int,
+        help="run mode: the trainer's step (from 1; default 1); dataset mode: global step from 0 (default 0)",
+    )
     p.add_argument("--end", type=int, help="with --hash: hash steps [--step, --end); default --step + 1")
     p.add_argument("--hash", action="store_true", help="print one sha256 per step instead of the batch")
     p.add_argument("--rank", type=int, default=0, help="show this rank's slice (default 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (default 1)")
-    p.add_argument("--split", choices=["train", "val"], default="train")
-    p.add_argument("--val-fraction", type=float, default=0.0, help="the run's data.val_fraction")
+    p.add_argument("--split", choices=["train", "val"], default="train", help="dataset mode: split")
+    p.add_argument(
+        "--val-fraction", type=float, default=0.0, help="dataset mode: the run's data.val_fraction"
+    )
     p.add_argument("--max-rows", type=int, default=8, help="sequences to print (0: all); default 8")
 
 
 def run(args: argparse.Namespace) -> int:
     world = args.world_size
+    root = Path(args.dataset)
+    if (root / CONFIG_TOML).is_file() and not (root / DATASET_JSON).is_file():  # a dataset has both
+        return _run_mode(args)
+    missing = [f for f in ("seq_len", "global_batch", "seed") if getattr(args, f) is None]
+    if missing:
+        raise LoaderConfigError(
+            f"{args.dataset} is a dataset directory (no {CONFIG_TOML}): give "
+            + ", ".join("--" + f.replace("_", "-") for f in missing)
+            + " (or pass a training run directory)"
+        )
     if world < 1 or args.global_batch % world:
         raise LoaderConfigError(
             f"--global-batch {args.global_batch} is not divisible by --world-size {world}"
@@ -52,48 +74,94 @@ def run(args: argparse.Namespace) -> int:
         check_separators=True,
     )
     spe = loader.steps_per_epoch
-    end = args.step + 1 if args.end is None else args.end
-    if args.step < 0 or end <= args.step:
-        raise LoaderConfigError(f"need 0 ≤ --step < --end, got --step {args.step} --end {end}")
+    step = args.step or 0
+    end = step + 1 if args.end is None else args.end
+    if step < 0 or end <= step:
+        raise LoaderConfigError(f"need 0 ≤ --step < --end, got --step {step} --end {end}")
     print(
         f"# dataset {args.dataset} fingerprint {loader.info['fingerprint']} split {args.split} "
         f"val_fraction {args.val_fraction} seed {args.seed} seq_len {args.seq_len} "
         f"global_batch {args.global_batch} rank {args.rank}/{world}: {spe} steps/epoch, "
         f"{loader.dropped_tail_tokens} tail tokens dropped per epoch"
     )
-    epoch, batch = divmod(args.step, spe)
+    epoch, batch = divmod(step, spe)
     loader.load_state_dict({**loader.state_dict(), "epoch": epoch, "batch": batch})
     if args.hash:
-        for step, micro in zip(range(args.step, end), loader):
-            print(f"{step} {batch_sha256(micro)}")
+        for s, micro in zip(range(step, end), loader):
+            print(f"{s} {batch_sha256(micro)}")
         return 0
     micro = next(iter(loader))
-    _print_batch(loader, args, micro)
+    print(f"step {step} = epoch {epoch} batch {batch}; sha256 {batch_sha256(micro)}")
+    _print_batch(loader, step, args, micro)
     return 0
 
 
-def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> None:
-    docs_table = loader.documents
-    docs, starts, counts = loader.builder.segments(args.step)
-    tokens = docs_table.read(docs, starts, counts)
-    window = args.seq_len + 1
+def _run_mode(args: argparse.Namespace) -> int:
+    """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
+    from training.contract.config_loader import load_config
+    from training.recipe_plan import build_plan, open_sources
+
+    cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
+    check_config(cfg, args.world_size)
+    plan = build_plan(cfg, open_sources(cfg))
+    step = 1 if args.step is None else args.step
+    end = step + 1 if args.end is None else args.end
+    if not 1 <= step < end or end - 1 > plan.total_steps:
+        raise LoaderConfigError(
+            f"need 1 ≤ --step < --end ≤ {plan.total_steps + 1} (the run's plan has {plan.total_steps} steps, "
+            f"counted from 1 as in metrics.jsonl), got --step {step} --end {end}"
+        )
+    loader = TokenLoader.from_plan(
+        plan,
+        open_sources(cfg),
+        micro_batch=tuple(ph.global_batch // args.world_size for ph in plan.phases),
+        rank=args.rank,
+        world_size=args.world_size,
+        check_separators=True,
+    )
+    loader.seek(step - 1)
+    print(
+        f"# run {args.dataset}: {len(plan.sources)} source(s) "
+        + ", ".join(f"{s.name} = {s.dataset}" for s in plan.sources)
+        + f"; seed {plan.seed}; rank {args.rank}/{args.world_size}"
+    )
+    if args.hash:
+        for s, micro in zip(range(step, end), loader):
+            print(f"{s} {batch_sha256(micro)}")
+        return 0
+    micro = next(iter(loader))
+    p, k = plan.locate(step - 1)
+    ph = plan.phases[p]
+    print(f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps}; sha256 {batch_sha256(micro)}")
+    _print_batch(loader, step - 1, args, micro)
+    return 0
+
+
+def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro: list) -> None:
+    """Each row of this rank's part of 0-based global step `step`: its document pieces by source."""
+    plan = loader.plan
+    src, docs, starts, counts = loader.builder.segments(step)
+    tokens = loader.builder.tokens(step)[0]
+    seq_len = plan.phases[plan.locate(step)[0]].seq_len
+    window = seq_len + 1
     nrows = len(tokens) // window
     first_row = args.rank * nrows
-    epoch, batch = divmod(args.step, loader.steps_per_epoch)
     print(
-        f"step {args.step} = epoch {epoch} batch {batch}; rows {first_row}..{first_row + nrows - 1} of the "
-        f"global batch; sha256 {batch_sha256(micro)}"
+        f"rows {first_row}..{first_row + nrows - 1} of the global batch; each row is {window} stream tokens: "
+        f"input_ids are the first {seq_len}, labels the last {seq_len}; position ids restart at 0 at each "
+        "document start"
     )
-    print(
-        f"each row is {window} stream tokens: input_ids are the first {args.seq_len}, labels the last "
-        f"{args.seq_len}; position ids restart at 0 at each document start"
-    )
-    tokenizer, why_not = _tokenizer(Path(args.dataset))
-    if tokenizer is None:
-        print(f"({why_not}: ids only)")
-    keys = _manifest_keys(Path(args.dataset), np.unique(docs).astype(np.int64))  # docs are manifest rows
+    tables = loader.builder.tables
+    decoders, keys = {}, {}
+    for i in np.unique(src).tolist():
+        decoders[i], why_not = _tokenizer(tables[i].root)
+        if decoders[i] is None:
+            print(f"({plan.sources[i].name}: {why_not}: ids only)")
+        rows = np.unique(docs[src == i]).astype(np.int64)  # docs are manifest rows
+        keys[i] = _manifest_keys(tables[i].root, rows)
     piece_at = np.cumsum(counts) - counts  # each piece's first token within `tokens`
     show = nrows if args.max_rows <= 0 else min(args.max_rows, nrows)
+    many = len(plan.sources) > 1
     for r in range(show):
         lo, hi = r * window, (r + 1) * window
         row = tokens[lo:hi]
@@ -102,13 +170,14 @@ def _print_batch(loader: TokenLoader, args: argparse.Namespace, micro: list) -> 
         # The pieces overlapping [lo, hi), clipped to the row.
         for k in np.flatnonzero((piece_at < hi) & (piece_at + counts > lo)).tolist():
             a, b = max(int(piece_at[k]), lo), min(int(piece_at[k] + counts[k]), hi)
-            doc = int(docs[k])
+            i, doc = int(src[k]), int(docs[k])
             first = int(starts[k]) + a - int(piece_at[k])
-            key, source_id = keys[doc]
-            length = int(docs_table.lengths[doc])
-            line = f"  {key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
-            if tokenizer is not None:
-                text = tokenizer.decode(tokens[a:b].tolist(), skip_special_tokens=False)
+            key, source_id = keys[i][doc]
+            length = int(tables[i].lengths[doc])
+            where = f"{plan.sources[i].name} row {doc} " if many else ""
+            line = f"  {where}{key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
+            if decoders[i] is not None:
+                text = decoders[i].decode(tokens[a:b].tolist(), skip_special_tokens=False)
                 line += f": {text[:160] + ('…' if len(text) > 160 else '')!r}"
             print(line)
     if show < nrows:

@@ -63,6 +63,7 @@ from training.contract.integrity import file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
+    CONFIG_TOML,
     DCP_METADATA,
     checkpoint_dir,
     complete_steps,
@@ -263,11 +264,19 @@ class Checkpointer:
             return None
         path = Path(value)
         train_state = self.states["train_state"]
+        keys = checkpoint_keys(path)
+        loader = self.states.get("dataloader")
+        if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
+            phased = "dataloader.data_plan" in keys  # a [[phase]] run's loader state: the plan and a step
+            kinds = ("a phased ([[phase]]) run", "a single-dataset run")
+            raise CheckpointError(
+                f"{path} was written by {kinds[not phased]} but this config describes {kinds[phased]}; "
+                f"resume it with the config it was written with ({path.parent.parent / CONFIG_TOML}), or "
+                "start a new run directory"
+            )
         try:
             # A resume onto more ranks: ranks without a saved RNG stream keep their own.
-            train_state.rng_in_checkpoint = f"train_state.{train_state.rng_key}.torch_cpu" in checkpoint_keys(
-                path
-            )
+            train_state.rng_in_checkpoint = f"train_state.{train_state.rng_key}.torch_cpu" in keys
             load_or_raise(self.states, path, CheckpointError, "resume from", no_dist=self.no_dist)
         finally:
             train_state.rng_in_checkpoint = True

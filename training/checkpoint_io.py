@@ -203,6 +203,8 @@ def checkpoint_error_cause(exc: BaseException) -> str:
     if failures:
         inner = next(iter(failures.values()))
         exc = inner[0] if isinstance(inner, tuple) else inner
+    if isinstance(exc, GristmillError):  # our own refusal (a loader or plan check) already says it all
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -9,6 +9,8 @@ so an impossible recipe fails in the first second with the numbers in the messag
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -77,10 +79,70 @@ class DataSection:
     """Loader worker processes (0: read in the training process)."""
     val_fraction: float = 0.0
     """Fraction of the dataset held out for validation (TokenLoader split="val"); 0 disables it."""
+    sources: list[SourceSection] = field(default_factory=list)
+    """A mixture of datasets (`[[data.sources]]`), trained in the `[[phase]]`s; empty: the one
+    dataset of `data.dataset`."""
     check_separators: bool = True
     """Verify on the fly that every window keeps one separator per document and ids < vocab (on by
     default: it costs a fraction of a loader that outruns any GPU, and catches corrupted shards
     before they become gradients)."""
+
+
+@dataclass
+class SourceSection:
+    """One dataset of a mixture (`[[data.sources]]`); phases name it in their `mix`."""
+
+    name: str = ""
+    """The source's name in phase mixes, metrics (tokens/NAME, val/NAME) and the audit's
+    `consumption` view: letters, digits, `_` and `-`."""
+    dataset: str = ""
+    """Dataset directory written by `gristmill data build`. Every source of a run must share one
+    tokenizer (the same tokenizer.json hash)."""
+    max_epochs: int = 1
+    """Epochs of this source the plan may read. A plan that needs more is refused before step 1,
+    naming the source and both token counts; > 1 repeats it, each epoch reshuffled."""
+    val_fraction: float | None = None
+    """Fraction held out for validation (`val/NAME`); None: data.val_fraction."""
+
+
+@dataclass
+class LRSection:
+    """A phase's learning-rate piece: optional (re-)warmup, then `shape` from `peak` to `to`."""
+
+    shape: Literal["constant", "cosine", "linear", "1-sqrt"] = "cosine"
+    """After warmup: stay at `peak` (constant), or go from `peak` to `to` by a cosine, a straight
+    line, or 1-sqrt (the decay of warmup-stable-decay), reaching `to` at the phase's last step."""
+    peak: float | None = None
+    """LR after warmup. None: optim.lr in the first phase, the LR the previous phase ended at in
+    the others (a continuous curve)."""
+    to: float | None = None
+    """LR at the phase's last step (not for `constant`). None: optim.min_lr."""
+    warmup_steps: int | None = None
+    """Linear warmup over this many steps, from the previous phase's last LR (0 in the first
+    phase) to `peak`; later phases use it to re-warm. None: 0 (or warmup_tokens)."""
+    warmup_tokens: float | None = None
+    """Warmup given in tokens (rounded up to whole steps of data.global_batch_tokens)."""
+
+
+@dataclass
+class PhaseSection:
+    """One phase of the plan (`[[phase]]`, in order): a budget, a seq_len, a mix, an LR piece."""
+
+    name: str = ""
+    """The phase's name in the plan table, metrics.jsonl (`phase`) and the audit."""
+    steps: int | None = None
+    """Budget in optimizer steps (this or `tokens`)."""
+    tokens: float | None = None
+    """Budget in tokens (e.g. 18e9): steps = tokens // data.global_batch_tokens."""
+    seq_len: int | None = None
+    """Sequence length of the phase (None: data.seq_len). A change re-cuts every source's stream
+    from its current token: no token is read twice or skipped."""
+    micro_batch: int | None = None
+    """Sequences per forward/backward per rank in this phase (None: data.micro_batch)."""
+    mix: dict[str, float] = field(default_factory=dict)
+    """Weight per source name (normalised; a source left out gets 0). May be omitted with one source."""
+    lr: LRSection = field(default_factory=LRSection)
+    """The phase's learning-rate piece."""
 
 
 @dataclass
@@ -236,7 +298,10 @@ class TrainConfig:
     optim: OptimSection = field(default_factory=OptimSection)
     """Optimizer."""
     schedule: ScheduleSection = field(default_factory=ScheduleSection)
-    """Learning-rate schedule."""
+    """Learning-rate schedule of a one-phase run (with `[[phase]]`, each phase has its `lr`)."""
+    phase: list[PhaseSection] = field(default_factory=list)
+    """Phases over the data sources, run in order (`[[phase]]`); empty: one phase of
+    schedule.steps at data.seq_len on data.dataset."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """FSDP2/HSDP mesh, activation checkpointing, compile, mixed precision (training.parallelize)."""
     run: RunSection = field(default_factory=RunSection)
@@ -249,44 +314,179 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The batch arithmetic of one run, derived from the config and the world size."""
+    """The batch arithmetic of one phase, derived from the config and the world size."""
 
     global_batch: int  # sequences per optimizer step (all ranks)
     dp_size: int  # data-parallel ranks: the world size (replicate × shard)
     micro_batch: int  # sequences per forward/backward per rank
     grad_accum: int  # micro-batches per rank per step
     seq_len: int
+    name: str = "main"  # the phase's name
+    steps: int = 0  # the phase's budget in optimizer steps
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
 
-def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
-    """Everything about the recipe that can be checked before any work; returns the batch plan."""
-    d, o, s, r = cfg.data, cfg.optim, cfg.schedule, cfg.run
+def is_phased(cfg: TrainConfig) -> bool:
+    """A recipe with `[[data.sources]]` or `[[phase]]`; otherwise the one-dataset, one-schedule form
+    (whose checkpoints keep their format)."""
+    return bool(cfg.data.sources or cfg.phase)
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def sources_of(cfg: TrainConfig) -> list[SourceSection]:
+    """The run's sources: `[[data.sources]]`, or data.dataset as the one source "data"."""
+    d = cfg.data
+    if not d.sources:
+        return [SourceSection(name="data", dataset=d.dataset, val_fraction=d.val_fraction)]
+    if d.dataset != DataSection.dataset:
+        raise ConfigError(
+            f"data.dataset = {d.dataset!r} and [[data.sources]] are both set; with sources, name each "
+            "dataset in a [[data.sources]] table and leave data.dataset out",
+            "data.dataset",
+        )
+    names = [src.name for src in d.sources]
+    for i, src in enumerate(d.sources):
+        key = f"data.sources[{i}]"
+        if not _NAME.fullmatch(src.name) or names.count(src.name) > 1:
+            raise ConfigError(
+                f"{key}.name = {src.name!r}: every source needs a unique name of letters, digits, _ and -",
+                f"{key}.name",
+            )
+        if not src.dataset:
+            raise ConfigError(f"{key}.dataset is empty: give the dataset directory of {src.name!r}", key)
+        if src.max_epochs < 1:
+            raise ConfigError(f"{key}.max_epochs = {src.max_epochs} must be ≥ 1", f"{key}.max_epochs")
+    return [
+        dataclasses.replace(
+            src, val_fraction=d.val_fraction if src.val_fraction is None else src.val_fraction
+        )
+        for src in d.sources
+    ]
+
+
+def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
+    """The run's phases with steps, seq_len, micro_batch and mix filled in: `[[phase]]`, or one
+    phase "main" of schedule.steps built from data.* and [schedule]."""
+    d, gbt = cfg.data, cfg.data.global_batch_tokens
+    names = [src.name for src in sources_of(cfg)]
+    if not cfg.phase:
+        s = cfg.schedule
+        lr = LRSection(shape="cosine", peak=cfg.optim.lr, to=cfg.optim.min_lr, warmup_steps=s.warmup_steps)
+        return [PhaseSection("main", s.steps, None, d.seq_len, d.micro_batch, {names[0]: 1.0}, lr)]
+    if cfg.schedule != ScheduleSection():
+        raise ConfigError(
+            "[schedule] is the one-phase form; with [[phase]] each phase sets its own budget (steps or "
+            "tokens) and lr = { warmup_steps, shape, to }: remove [schedule]",
+            "schedule",
+        )
+    out = []
+    for i, ph in enumerate(cfg.phase):
+        key = f"phase[{i}]"
+        name = ph.name or f"phase{i + 1}"
+        if (ph.steps is None) == (ph.tokens is None):
+            raise ConfigError(f"{key} ({name}): give its budget as steps or tokens (one of them)", key)
+        seq_len = d.seq_len if ph.seq_len is None else ph.seq_len
+        if seq_len < 1 or gbt % seq_len:
+            raise ConfigError(
+                f"{key}.seq_len = {seq_len} must divide data.global_batch_tokens = {gbt} (tokens per step "
+                "stay the same in every phase; the number of sequences changes)",
+                f"{key}.seq_len",
+            )
+        steps = ph.steps if ph.steps is not None else int(ph.tokens // gbt)
+        if steps < 1:
+            raise ConfigError(
+                f"{key} ({name}) has a budget of {steps} steps; it needs ≥ 1 step of {gbt} tokens", key
+            )
+        mix = dict(ph.mix) or ({names[0]: 1.0} if len(names) == 1 else {})
+        if not mix:
+            raise ConfigError(
+                f"{key}.mix is empty: give a weight per source ({', '.join(names)})", f"{key}.mix"
+            )
+        for src, w in mix.items():
+            if src not in names:
+                raise ConfigError(
+                    f"{key}.mix names source {src!r}; the sources are {', '.join(names)}", f"{key}.mix.{src}"
+                )
+            if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
+                raise ConfigError(f"{key}.mix.{src} = {w!r} must be a number ≥ 0", f"{key}.mix.{src}")
+        if sum(mix.values()) <= 0:
+            raise ConfigError(f"{key}.mix gives every source weight 0", f"{key}.mix")
+        lr = ph.lr
+        if lr.warmup_steps is not None and lr.warmup_tokens is not None:
+            raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
+        warmup = lr.warmup_steps or (math.ceil(lr.warmup_tokens / gbt) if lr.warmup_tokens else 0)
+        if not 0 <= warmup <= steps:
+            raise ConfigError(
+                f"{key}.lr warmup of {warmup} steps is outside the phase's {steps}", f"{key}.lr"
+            )
+        if lr.shape == "constant" and lr.to is not None:
+            raise ConfigError(
+                f"{key}.lr: a constant piece has no `to`; use shape linear, cosine or 1-sqrt", key
+            )
+        for k in ("peak", "to"):
+            if getattr(lr, k) is not None and getattr(lr, k) < 0:
+                raise ConfigError(f"{key}.lr.{k} = {getattr(lr, k)} must be ≥ 0", f"{key}.lr.{k}")
+        lr = dataclasses.replace(lr, warmup_steps=warmup, warmup_tokens=None)
+        micro = d.micro_batch if ph.micro_batch is None else ph.micro_batch
+        out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, seq_len=seq_len,
+                                       micro_batch=micro, mix=mix, lr=lr))  # fmt: skip
+    if len({ph.name for ph in out}) < len(out):
+        raise ConfigError(f"phase names must be unique, got {[ph.name for ph in out]}", "phase")
+    return out
+
+
+def total_steps(cfg: TrainConfig) -> int:
+    return sum(ph.steps for ph in phases_of(cfg))
+
+
+def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
+    """Everything about the recipe that can be checked before any work; returns the batch plan of
+    each phase (one for a recipe without [[phase]])."""
+    d, o, r = cfg.data, cfg.optim, cfg.run
     if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
         raise ConfigError(
             f"data.seq_len ({d.seq_len}), data.micro_batch ({d.micro_batch}) and data.global_batch_tokens "
             f"({d.global_batch_tokens}) must all be positive"
         )
-    if d.global_batch_tokens % d.seq_len:
+    if not cfg.phase and d.global_batch_tokens % d.seq_len:
         lo = d.global_batch_tokens // d.seq_len * d.seq_len
         raise ConfigError(
             f"data.global_batch_tokens = {d.global_batch_tokens} is not a multiple of data.seq_len = "
             f"{d.seq_len}; use {lo or d.seq_len} or {lo + d.seq_len}"
         )
-    dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
-    g = d.global_batch_tokens // d.seq_len
-    if g % (dp * d.micro_batch):
+    s = cfg.schedule
+    if not cfg.phase and (s.steps < 1 or not 0 <= s.warmup_steps <= s.steps):
         raise ConfigError(
-            f"the global batch of {g} sequences (data.global_batch_tokens {d.global_batch_tokens} / "
-            f"data.seq_len {d.seq_len}) is not divisible by {dp} data-parallel rank(s) × data.micro_batch "
-            f"{d.micro_batch} = {dp * d.micro_batch}; change data.micro_batch, data.global_batch_tokens or "
-            "the number of ranks"
+            f"need schedule.steps ≥ 1 and 0 ≤ schedule.warmup_steps ≤ schedule.steps; got steps {s.steps}, "
+            f"warmup_steps {s.warmup_steps}"
         )
-    if not 0.0 <= d.val_fraction < 1.0:
-        raise ConfigError(f"data.val_fraction = {d.val_fraction} must be in [0, 1)")
+    dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
+    plans = []
+    for i, ph in enumerate(phases_of(cfg)):
+        g = d.global_batch_tokens // ph.seq_len
+        what = (
+            "data.micro_batch"
+            if not cfg.phase or cfg.phase[i].micro_batch is None
+            else f"phase[{i}].micro_batch"
+        )
+        if ph.micro_batch < 1 or g % (dp * ph.micro_batch):
+            raise ConfigError(
+                f"the global batch of {g} sequences (data.global_batch_tokens {d.global_batch_tokens} / "
+                f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
+                f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
+                f"{what}, data.global_batch_tokens or the number of ranks"
+            )
+        plans.append(
+            BatchPlan(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
+        )
+    for src in sources_of(cfg):
+        if not 0.0 <= src.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction = {src.val_fraction} of source {src.name!r} must be in [0, 1)")
     if d.num_workers < 0 or r.threads < 0:
         raise ConfigError(
             f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
@@ -302,15 +502,11 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
         raise ConfigError(
             f"optim.grad_clip ({o.grad_clip}) and optim.weight_decay ({o.weight_decay}) must be ≥ 0"
         )
-    if s.steps < 1 or not 0 <= s.warmup_steps <= s.steps:
+    last = sum(p.steps for p in plans)
+    if r.max_steps is not None and not 1 <= r.max_steps <= last:
         raise ConfigError(
-            f"need schedule.steps ≥ 1 and 0 ≤ schedule.warmup_steps ≤ schedule.steps; got steps {s.steps}, "
-            f"warmup_steps {s.warmup_steps}"
-        )
-    if r.max_steps is not None and not 1 <= r.max_steps <= s.steps:
-        raise ConfigError(
-            f"run.max_steps = {r.max_steps} must be between 1 and schedule.steps = {s.steps} "
-            "(raise schedule.steps to train longer)"
+            f"run.max_steps = {r.max_steps} must be between 1 and the plan's {last} steps "
+            f"({'raise schedule.steps' if not cfg.phase else 'add to the phases budgets'} to train longer)"
         )
     if r.max_skipped < 1 or r.spike_window < 2 or r.spike_sigma < 0:
         raise ConfigError(
@@ -333,13 +529,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> BatchPlan:
             f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
             f"{c.interval} (an export is made from the checkpoint of its step)"
         )
-    return BatchPlan(
-        global_batch=g,
-        dp_size=dp,
-        micro_batch=d.micro_batch,
-        grad_accum=g // (dp * d.micro_batch),
-        seq_len=d.seq_len,
-    )
+    return plans
 
 
 def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int):

@@ -36,7 +36,7 @@ from training.checkpoint_io import (
     nonfinite_tensor,
     verify_checkpoint,
 )
-from training.config import TrainConfig, resolve_model_config
+from training.config import TrainConfig, phases_of, resolve_model_config, sources_of
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
@@ -292,9 +292,10 @@ def run_config(run_dir: str | Path):
 
 def _run_config(run_dir: Path):
     cfg = run_config(run_dir)
-    dataset = Path(cfg.data.dataset)
+    # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
+    dataset = Path(sources_of(cfg)[0].dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
-    return cfg, dataset, resolve_model_config(cfg.model, info, cfg.data.seq_len)
+    return cfg, dataset, resolve_model_config(cfg.model, info, max(ph.seq_len for ph in phases_of(cfg)))
 
 
 def load_checkpoint_model(

@@ -37,6 +37,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes (GPUs) on this node; 1 runs in this process, N > 1 launches torchrun --standalone",
     )
     add_resume_argument(parser)
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the data plan (phases, seq_len, tokens per source, LR) from the config and the datasets, "
+        "write RUN/plan.png, and exit without training",
+    )
+
+
+def show_plan(cfg, nproc: int) -> int:
+    """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
+    the error it would be at step 1 (after the table, so the numbers are on screen)."""
+    from training.config import check_config
+    from training.contract.run_layout import PLAN_PNG
+    from training.recipe_plan import build_plan, format_plan, open_sources, plot_plan
+
+    check_config(cfg, nproc)
+    plan = build_plan(cfg, open_sources(cfg))
+    for line in format_plan(plan, []):
+        print(line)
+    path = Path(cfg.run.output_dir) / PLAN_PNG
+    print(plot_plan(plan, path) or f"plot: {path}")
+    for note in plan.check_supply():
+        print(f"note: {note}")
+    return 0
 
 
 def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]:
@@ -52,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)
     cfg = load_train_config(args.config, overrides)
+    if args.plan:
+        return show_plan(cfg, args.nproc_per_node)
     if args.nproc_per_node == 1:
         train(cfg)
         return 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training import loader_plan
+from training import data_plan, loader_plan
 from training.contract.dataset_format import fingerprint_before_index
 from training.contract.errors import GristmillError
 from training.dataset_reader import DocumentTable
@@ -50,55 +51,112 @@ class LoaderConfigError(GristmillError):
 
 
 class BatchBuilder:
-    """Builds one rank's batch of any global step from scratch (picklable; used in workers)."""
+    """Builds one rank's batch of any global step from scratch (picklable; used in workers).
+
+    The plan (training/data_plan.py) says which source, epoch and stream tokens fill each slot of
+    the global batch; this rank takes slots [rank·G/N, (rank+1)·G/N), reads them from the sources'
+    document tables and cuts them into micro-batches of the phase's `micro_batch`.
+    """
 
     def __init__(
         self,
-        docs: DocumentTable,
+        plan: data_plan.Plan,
+        tables: list[DocumentTable],
         *,
-        seq_len: int,
-        global_batch: int,
-        micro_batch: int,
-        seed: int,
+        micro_batch: int | tuple[int, ...],
         rank: int,
         world_size: int,
         check_separators: bool,
     ):
-        self.docs = docs
-        self.seq_len, self.global_batch, self.micro_batch = seq_len, global_batch, micro_batch
-        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.data_plan, self.tables = plan, tables
+        self.micro_batch = (
+            (micro_batch,) * len(plan.phases) if isinstance(micro_batch, int) else tuple(micro_batch)
+        )
+        self.seed, self.rank, self.world_size = plan.seed, rank, world_size
         self.check = check_separators
         # Read when the loader is built (tests shrink them to exercise many groups).
-        self.block_docs, self.group_blocks = docs.blocks.block_docs, loader_plan.GROUP_BLOCKS
-        self.steps_per_epoch, self.dropped_tail_tokens = loader_plan.epoch_steps(
-            docs.tokens, seq_len, global_batch
-        )
-        self._plan: loader_plan.EpochPlan | None = None
+        self.block_docs, self.group_blocks = tables[0].blocks.block_docs, loader_plan.GROUP_BLOCKS
+        self._plans: dict[tuple[int, int], loader_plan.EpochPlan] = {}
+
+    @property
+    def docs(self) -> DocumentTable:
+        """The first source's table (the only one of a single-dataset loader)."""
+        return self.tables[0]
 
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
-        return {**self.__dict__, "_plan": None}
+        return {**self.__dict__, "_plans": {}}
 
-    def plan(self, epoch: int) -> loader_plan.EpochPlan:
-        if self._plan is None or self._plan.epoch != epoch:
-            self._plan = None  # free the previous epoch's plan before building the next
+    def plan(self, epoch: int, source: int = 0) -> loader_plan.EpochPlan:
+        hit = self._plans.get((source, epoch))
+        if hit is None:
+            for key in [k for k in self._plans if k[0] == source and k[1] < epoch]:
+                del self._plans[key]  # a source's stream only moves forward: free the older epoch
             # The same in every rank and worker: computed once per node (training/loader_cache.py).
-            self._plan = loader_plan.EpochPlan.shared(self.docs.blocks, self.seed, epoch, self.group_blocks)
-        return self._plan
+            hit = loader_plan.EpochPlan.shared(
+                self.tables[source].blocks, self.seed, epoch, self.group_blocks
+            )
+            self._plans[(source, epoch)] = hit
+        return hit
 
-    def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This rank's token span of global step `step` as (manifest row, first token, count) pieces."""
-        epoch, batch = divmod(step, self.steps_per_epoch)
-        rows = self.global_batch // self.world_size
-        first_window = batch * self.global_batch + self.rank * rows
-        window = self.seq_len + 1
-        return self.plan(epoch).segments(first_window * window, (first_window + rows) * window)
+    def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """This rank's part of global step `step` as (source, manifest row, first token, count)
+        pieces, in batch order."""
+        labels, epochs, first = self.data_plan.step_windows(step)
+        rows = len(labels) // self.world_size
+        cut = slice(self.rank * rows, (self.rank + 1) * rows)
+        labels, epochs, first = labels[cut], epochs[cut], first[cut]
+        window = self.data_plan.phases[self.data_plan.locate(step)[0]].seq_len + 1
+        # Runs of slots that are consecutive windows of one stream: one range each.
+        brk = np.ones(rows, bool)
+        brk[1:] = (
+            (labels[1:] != labels[:-1]) | (epochs[1:] != epochs[:-1]) | (first[1:] != first[:-1] + window)
+        )
+        run = np.flatnonzero(brk)
+        length = np.diff(np.r_[run, rows])
+        a = first[run]
+        b = a + length * window
+        if len(run) == 1:  # one source, one range: the single-dataset loader's path
+            d, s, c = self.plan(int(epochs[0]), int(labels[0])).segments(int(a[0]), int(b[0]))
+            return np.full(len(d), int(labels[0])), d, s, c
+        parts = []
+        for src, ep in sorted({(int(x), int(y)) for x, y in zip(labels[run], epochs[run])}):
+            sel = np.flatnonzero((labels[run] == src) & (epochs[run] == ep))
+            d, s, c, q = self.plan(ep, src).segments_many(a[sel], b[sel])
+            parts.append((sel[q], np.full(len(d), src), d, s, c))
+        order_key, *pieces = (np.concatenate(x) for x in zip(*parts))
+        order = np.argsort(order_key, kind="stable")
+        src, d, s, c = (x[order] for x in pieces)
+        return src, d, s, c
+
+    def tokens(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This rank's tokens of step `step` (checked if asked), and their pieces' starts and counts."""
+        src, docs, starts, counts = self.segments(step)
+        sources = np.unique(src).tolist()
+        if len(sources) == 1:
+            table = self.tables[sources[0]]
+            tokens = table.read(docs, starts, counts)
+            if self.check:
+                table.check_separators(tokens, docs, starts, counts, where=self._where(step, sources[0]))
+            return tokens, starts, counts
+        tokens = np.empty(int(counts.sum()), np.result_type(*(self.tables[i].dtype for i in sources)))
+        at = np.cumsum(counts) - counts  # each piece's place in the batch
+        for i in sources:
+            sel = src == i
+            table, c = self.tables[i], counts[sel]
+            part = table.read(docs[sel], starts[sel], c)
+            if self.check:
+                table.check_separators(part, docs[sel], starts[sel], c, where=self._where(step, i))
+            tokens[np.repeat(at[sel] - (np.cumsum(c) - c), c) + np.arange(len(part))] = part
+        return tokens, starts, counts
+
+    def _where(self, step: int, source: int) -> str:
+        name = "" if len(self.tables) == 1 else f" source {self.data_plan.sources[source].name!r}"
+        return f"step {step} rank {self.rank}{name}"
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:
-        docs, starts, counts = self.segments(step)
-        tokens = self.docs.read(docs, starts, counts)
-        if self.check:
-            self.docs.check_separators(tokens, docs, starts, counts, where=f"step {step} rank {self.rank}")
-        return micro_batches(tokens, starts, counts, self.seq_len, self.micro_batch)
+        tokens, starts, counts = self.tokens(step)
+        p = self.data_plan.locate(step)[0]
+        return micro_batches(tokens, starts, counts, self.data_plan.phases[p].seq_len, self.micro_batch[p])
 
 
 def micro_batches(
@@ -178,6 +236,20 @@ class _StepStream(IterableDataset):
             yield batch
 
 
+def _check_geometry(
+    global_batch: int, micro_batch: int, rank: int, world_size: int, num_workers: int
+) -> None:
+    if not 0 <= rank < world_size:
+        raise LoaderConfigError(f"loader rank {rank} is outside [0, world_size={world_size})")
+    if global_batch % (world_size * micro_batch):
+        raise LoaderConfigError(
+            f"global_batch {global_batch} is not divisible by world_size {world_size} × micro_batch "
+            f"{micro_batch} = {world_size * micro_batch}; choose a global batch that is a multiple of it"
+        )
+    if num_workers < 0:
+        raise LoaderConfigError(f"loader num_workers must be ≥ 0, got {num_workers}")
+
+
 def _positive(**values: int) -> None:
     for name, v in values.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -188,8 +260,13 @@ class TokenLoader:
     """Infinite iterator of global steps; each item is this rank's list of micro-batches.
 
     Stateful (state_dict / load_state_dict, plain ints and strs, so DCP can save it). Resuming with
-    another num_workers, or another world_size that divides global_batch, continues bit-identically;
-    a changed dataset, seq_len, seed, global_batch, split or val_fraction is a LoaderStateError.
+    another num_workers, or another world_size that divides global_batch, continues bit-identically.
+
+    `TokenLoader(dataset_dir, seq_len=…, …)` reads one dataset (a one-source, one-phase plan, epochs
+    repeating without end); its state is the position (epoch, batch) plus what the order depends on,
+    and a changed dataset, seq_len, seed, global_batch, split or val_fraction is a LoaderStateError.
+    `TokenLoader.from_plan` reads a mixture in phases; its state is the step and the plan, and a
+    resume may change only the plan's future (data_plan.check_resume).
     """
 
     def __init__(
@@ -211,15 +288,6 @@ class TokenLoader:
         expect_tokenizer_sha256: str | None = None,
     ):
         _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch, world_size=world_size)
-        if not 0 <= rank < world_size:
-            raise LoaderConfigError(f"loader rank {rank} is outside [0, world_size={world_size})")
-        if global_batch % (world_size * micro_batch):
-            raise LoaderConfigError(
-                f"global_batch {global_batch} is not divisible by world_size {world_size} × micro_batch "
-                f"{micro_batch} = {world_size * micro_batch}; choose a global batch that is a multiple of it"
-            )
-        if num_workers < 0:
-            raise LoaderConfigError(f"loader num_workers must be ≥ 0, got {num_workers}")
         if split not in SPLITS:
             raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
         if not 0.0 <= val_fraction < 1.0:
@@ -228,6 +296,7 @@ class TokenLoader:
             raise LoaderConfigError(
                 "split 'val' is empty with val_fraction 0; set val_fraction > 0 (e.g. 0.001)"
             )
+        _check_geometry(global_batch, micro_batch, rank, world_size, num_workers)
         docs = DocumentTable(
             dataset_dir,
             split=split,
@@ -235,19 +304,8 @@ class TokenLoader:
             expect_vocab_size=expect_vocab_size,
             expect_tokenizer_sha256=expect_tokenizer_sha256,
         )
-        self.info: dict[str, Any] = docs.info
-        self._builder = BatchBuilder(
-            docs,
-            seq_len=seq_len,
-            global_batch=global_batch,
-            micro_batch=micro_batch,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            check_separators=check_separators,
-        )
-        self.steps_per_epoch = self._builder.steps_per_epoch
-        if self.steps_per_epoch == 0:
+        steps, tail = loader_plan.epoch_steps(docs.tokens, seq_len, global_batch)
+        if steps == 0:
             raise LoaderConfigError(
                 f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
                 f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
@@ -257,10 +315,13 @@ class TokenLoader:
                     else "lower global_batch or seq_len, or use a bigger dataset"
                 )
             )
-        self.tokens_per_step = global_batch * seq_len  # tokens the model trains on per global step
-        self.dropped_tail_tokens = self._builder.dropped_tail_tokens
-        self.num_workers = num_workers
-        self.pin_memory = pin_memory
+        plan = data_plan.Plan(
+            [data_plan.Source.of(docs, "data", max_epochs=None)],
+            [data_plan.Phase("main", None, seq_len, global_batch, (1,))],
+            seed,
+        )
+        self._start(plan, [docs], micro_batch, rank, world_size, num_workers, check_separators, pin_memory)
+        self.steps_per_epoch, self.dropped_tail_tokens = steps, tail
         self._identity = {
             "fingerprint": self.info["fingerprint"],
             "seed": seed,
@@ -270,8 +331,6 @@ class TokenLoader:
             "val_fraction": val_fraction,
             "plan": loader_plan.plan_version(self._builder.block_docs, self._builder.group_blocks),
         }
-        self._step = 0  # global steps handed to the consumer
-        self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
         log.info(
             "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "
             "per epoch",
@@ -283,6 +342,44 @@ class TokenLoader:
             self.dropped_tail_tokens,
         )
 
+    @classmethod
+    def from_plan(
+        cls,
+        plan: data_plan.Plan,
+        tables: list[DocumentTable],
+        *,
+        micro_batch: int | tuple[int, ...],
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        check_separators: bool = False,
+        pin_memory: bool = False,
+    ) -> TokenLoader:
+        """A loader of `plan` over the sources' training-split tables (in the plan's source order)."""
+        for ph, mb in zip(
+            plan.phases, (micro_batch,) * len(plan.phases) if isinstance(micro_batch, int) else micro_batch
+        ):
+            _positive(seq_len=ph.seq_len, global_batch=ph.global_batch, micro_batch=mb, world_size=world_size)
+            _check_geometry(ph.global_batch, mb, rank, world_size, num_workers)
+        self = cls.__new__(cls)
+        self._start(plan, tables, micro_batch, rank, world_size, num_workers, check_separators, pin_memory)
+        self._identity = None
+        self.steps_per_epoch = self.dropped_tail_tokens = None
+        return self
+
+    def _start(self, plan, tables, micro_batch, rank, world_size, num_workers, check, pin_memory) -> None:
+        self.info: dict[str, Any] = tables[0].info
+        self._builder = BatchBuilder(
+            plan, tables, micro_batch=micro_batch, rank=rank, world_size=world_size, check_separators=check
+        )
+        # Tokens the model trains on per global step (every phase: G·seq_len = global_batch_tokens).
+        self.tokens_per_step = plan.phases[0].global_batch * plan.phases[0].seq_len
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.resume_notes: list[str] = []
+        self._step = 0  # global steps handed to the consumer
+        self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
+
     @property
     def documents(self) -> DocumentTable:
         return self._builder.docs
@@ -291,14 +388,53 @@ class TokenLoader:
     def builder(self) -> BatchBuilder:
         return self._builder
 
+    @property
+    def plan(self) -> data_plan.Plan:
+        return self._builder.data_plan
+
+    @property
+    def step(self) -> int:
+        """Global steps handed to the consumer so far."""
+        return self._step
+
     def state_dict(self) -> dict[str, Any]:
+        if self._identity is None:
+            return {"data_plan": self.plan.to_json(), "step": self._step}
         epoch, batch = divmod(self._step, self.steps_per_epoch)
         return {**self._identity, "epoch": epoch, "batch": batch}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if self._identity is None:
+            self._load_plan_state(sd)
+        else:
+            self._load_single_state(sd)
+        self._generation += 1
+
+    def _load_plan_state(self, sd: dict[str, Any]) -> None:
+        if "data_plan" not in sd or "step" not in sd:
+            raise LoaderStateError(
+                f"loader state has keys {sorted(sd)}, not a phased plan's (data_plan, step): the checkpoint "
+                "was written by a single-dataset run; resume it with its own config (RUN/config.toml)"
+            )
+        saved = json.loads(sd["data_plan"])
+        if saved.get("format") != data_plan.PLAN_FORMAT:
+            raise LoaderStateError(
+                f"the checkpoint's plan has format {saved.get('format')!r}, not {data_plan.PLAN_FORMAT!r}"
+            )
+        before_index = {t.info["fingerprint"]: fingerprint_before_index(t.info) for t in self._builder.tables}
+        step = int(sd["step"])
+        self.resume_notes = data_plan.check_resume(
+            saved, self.plan, step, lambda theirs, ours: theirs in (ours, before_index.get(ours))
+        )
+        self._step = step
+
+    def _load_single_state(self, sd: dict[str, Any]) -> None:
         missing = [k for k in (*self._identity, "epoch", "batch") if k not in sd]
         if missing:
-            raise LoaderStateError(f"loader state lacks {missing}; it was not written by this loader")
+            raise LoaderStateError(
+                f"loader state lacks {missing}; it was not written by a single-dataset loader"
+                + (" (it holds a phased plan: resume with the run's own config)" if "data_plan" in sd else "")
+            )
         for key, ours in self._identity.items():
             if key == "fingerprint" and sd[key] == fingerprint_before_index(self.info):
                 continue  # `gristmill data index` added the index: same shards, same order
@@ -321,6 +457,10 @@ class TokenLoader:
                 f"{self.steps_per_epoch} steps"
             )
         self._step = epoch * self.steps_per_epoch + batch
+
+    def seek(self, step: int) -> None:
+        """Continue at global step `step` (0-based) — what a checkpoint at that step would restore."""
+        self._step = step
         self._generation += 1
 
     def __iter__(self) -> Iterator[list[dict[str, torch.Tensor]]]:

@@ -150,6 +150,20 @@ def step_row(
     return m
 
 
+def data_row(plan, step: int) -> dict[str, Any]:
+    """What the data plan says of the first `step` steps (training/data_plan.Plan): the current phase
+    and seq_len, the tokens trained from each source so far, and the epoch of each source that may
+    be read more than once."""
+    p, _ = plan.locate(step - 1)
+    row: dict[str, Any] = {"phase": plan.phases[p].name, "seq_len": plan.phases[p].seq_len}
+    for name, tokens in plan.tokens_by_source(step).items():
+        row[f"tokens/{name}"] = tokens
+    for i, src in enumerate(plan.sources):
+        if src.max_epochs != 1:
+            row[f"epoch/{src.name}"] = plan.position(i, p, step - plan.first_step[p])[0] + 1
+    return row
+
+
 def format_line(m: dict[str, Any]) -> str:
     """The one stdout line of a logged step."""
     parts = [
@@ -167,6 +181,8 @@ def format_line(m: dict[str, Any]) -> str:
     parts.append(f"mem {fmt_bytes(m['peak_memory_bytes'])}")
     if m.get("val_loss") is not None:
         parts.append(f"val {m['val_loss']:.4f}")
+    if m.get("phase") is not None:
+        parts.append(f"{m['phase']} seq {m['seq_len']}")
     return " | ".join(parts)
 
 

@@ -101,6 +101,40 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
+class PlanLR:
+    """The learning rate of a phased plan (training/data_plan.Plan.lr), step by step.
+
+    Used in place of LambdaLR for runs with [[phase]]: it sets each group's lr to the plan's value
+    (no multiplier of a base lr that a checkpoint could bring back from an older config), and its
+    state is only the step. Whether the LR of the steps already trained changed is the plan's
+    resume check (data_plan.check_resume), not this object's.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_at):
+        self.optimizer, self.lr_at = optimizer, lr_at
+        self.last_step = 0
+        self._apply()
+
+    def _apply(self) -> None:
+        self._last_lr = [self.lr_at(self.last_step)] * len(self.optimizer.param_groups)
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr  # a Python float: fused AdamW takes it as is
+
+    def get_last_lr(self) -> list[float]:
+        return self._last_lr
+
+    def step(self) -> None:
+        self.last_step += 1
+        self._apply()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.last_step = int(state["last_step"])
+        self._apply()
+
+
 def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Total L2 norm of all gradients (before clipping), clipping them to max_norm when > 0.
 

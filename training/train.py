@@ -39,9 +39,17 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
+from training import data_plan
 from training.checkpoint import Checkpointer
 from training.checkpoint_io import CheckpointError
-from training.config import BatchPlan, TrainConfig, check_config, resolve_model_config
+from training.config import (
+    BatchPlan,
+    TrainConfig,
+    check_config,
+    is_phased,
+    resolve_model_config,
+    sources_of,
+)
 from training.contract.config_loader import (
     add_config_arguments,
     config_sha256,
@@ -51,12 +59,13 @@ from training.contract.config_loader import (
 )
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError, NonFiniteError, unwritable
-from training.contract.run_layout import CONFIG_TOML
+from training.contract.run_layout import CONFIG_TOML, CONSUMPTION_PARQUET, PLAN_PNG
 from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
 from training.faults import NanLoss
 from training.loader import TokenLoader
 from training.metrics import (
     MetricsWriter,
+    data_row,
     device_name,
     mfu,
     peak_flops,
@@ -67,8 +76,9 @@ from training.metrics import (
     update_ratio,
 )
 from training.model import Transformer, flops_per_token, num_params
-from training.optim import bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
+from training.optim import PlanLR, bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
 from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
+from training.recipe_plan import build_plan, format_plan, open_plan, plot_plan, write_consumption
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables
@@ -214,7 +224,7 @@ def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module
     return model
 
 
-def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
+def _header(cfg, mcfg, plans: list[BatchPlan], env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
     n = num_params(model)
     n_ne = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -227,11 +237,19 @@ def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, 
         f"gristmill train → {cfg.run.output_dir}",
         f"  model   preset {cfg.model.preset}: {n:,} params ({n_ne:,} without embeddings), dim {mcfg.dim}, "
         f"{mcfg.n_layers} layers, {mcfg.n_heads}/{mcfg.n_kv_heads} heads, vocab {mcfg.vocab_size}",
-        f"  batch   {plan.global_batch} seqs × {plan.seq_len} = {plan.tokens_per_step:,} tokens/step = "
-        f"{plan.dp_size} ranks × {plan.micro_batch} micro × {plan.grad_accum} accumulation",
+        *(
+            f"  batch   {'' if len(plans) == 1 else f'{p.name}: '}{p.global_batch} seqs × {p.seq_len} = "
+            f"{p.tokens_per_step:,} tokens/step = {p.dp_size} ranks × {p.micro_batch} micro × {p.grad_accum} "
+            "accumulation"
+            for p in plans
+        ),
         f"  run     {env.world_size} process(es) on {device_name(device)}, mesh {mesh_txt}, compute {amp}, "
-        f"{cfg.schedule.steps} steps (warmup {cfg.schedule.warmup_steps}), "
-        f"lr {cfg.optim.lr:g} → {cfg.optim.min_lr:g}",
+        + (
+            f"{cfg.schedule.steps} steps (warmup {cfg.schedule.warmup_steps}), "
+            f"lr {cfg.optim.lr:g} → {cfg.optim.min_lr:g}"
+            if not is_phased(cfg)
+            else f"{sum(p.steps for p in plans)} steps in {len(plans)} phase(s) (plan below)"
+        ),
         f"  flops   {fpt:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
@@ -242,19 +260,19 @@ def _header(cfg, mcfg, plan: BatchPlan, env: DistEnv, device, mesh, model, fpt, 
     return lines
 
 
-def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[BatchPlan, Any, torch.device]:
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchPlan], Any, torch.device]:
     """Every check that needs no process group, model or GPU memory: batch arithmetic, the mesh
     shape, the model against the dataset (vocabulary, separator, sequence length), the device and
     the optimizer.
-    Raises GristmillError with the numbers; returns (batch plan, ModelConfig, device)."""
-    plan = check_config(cfg, env.world_size)
+    Raises GristmillError with the numbers; returns (batch plan per phase, ModelConfig, device)."""
+    plans = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
-    info = read_dataset_info(cfg.data.dataset)
-    mcfg = resolve_model_config(cfg.model, info, plan.seq_len)
+    info = read_dataset_info(sources_of(cfg)[0].dataset)
+    mcfg = resolve_model_config(cfg.model, info, max(p.seq_len for p in plans))
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
-    return plan, mcfg, device
+    return plans, mcfg, device
 
 
 def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
@@ -308,65 +326,141 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             lock.release()
 
 
+class Validation:
+    """Held-out loss per source: the first `val_batches` global batches of each source's held-out
+    split (the same ones every time), at the current phase's seq_len and batch; a phase with
+    another seq_len gets loaders of its own. The total (`val_loss`) weights the sources by the
+    current phase's mix (equally where the phase uses none of them)."""
+
+    def __init__(self, cfg: TrainConfig, plans: list[BatchPlan], data: data_plan.Plan, env: DistEnv,
+                 device: torch.device, vocab_size: int):  # fmt: skip
+        self.cfg, self.plans, self.data, self.env = cfg, plans, data, env
+        self.device, self.vocab_size = device, vocab_size
+        self.sources = [s for s in sources_of(cfg) if s.val_fraction > 0]
+        self._loaders: dict[tuple[str, int], tuple[TokenLoader, dict]] = {}
+        if self.sources:
+            self.loaders(0)  # a held-out split too small for one batch fails before the model is built
+
+    def loaders(self, p: int) -> list[tuple[str, TokenLoader, dict]]:
+        bp, d = self.plans[p], self.cfg.data
+        out = []
+        for src in self.sources:
+            key = (src.name, bp.seq_len)
+            if key not in self._loaders:
+                loader = TokenLoader(
+                    src.dataset,
+                    split="val",
+                    seq_len=bp.seq_len,
+                    global_batch=bp.global_batch,
+                    micro_batch=bp.micro_batch,
+                    seed=d.seed,
+                    rank=self.env.rank,
+                    world_size=bp.dp_size,
+                    num_workers=d.num_workers,
+                    val_fraction=src.val_fraction,
+                    check_separators=d.check_separators,
+                    pin_memory=self.device.type == "cuda",
+                    expect_vocab_size=self.vocab_size,
+                )
+                self._loaders[key] = (loader, loader.state_dict())
+            out.append((src.name, *self._loaders[key]))
+        return out
+
+    def __call__(self, model: nn.Module, step: int, amp) -> dict[str, float]:
+        p, _ = self.data.locate(step - 1)
+        losses = {
+            name: evaluate(
+                model, loader, start, self.cfg.run.val_batches, amp, self.device, self.env.world_size
+            )
+            for name, loader, start in self.loaders(p)
+        }
+        names = [s.name for s in self.data.sources]
+        weights = {n: self.data.phases[p].weights[names.index(n)] for n in losses}
+        if not sum(weights.values()):
+            weights = dict.fromkeys(losses, 1)
+        out = {"val_loss": sum(weights[n] * v for n, v in losses.items()) / sum(weights.values())}
+        if len(self.data.sources) > 1:
+            out.update({f"val/{n}": v for n, v in losses.items()})
+        return out
+
+
 @dataclass
 class Run:
     """What `setup` builds and `loop` trains with."""
 
     cfg: TrainConfig
-    plan: BatchPlan
+    plans: list[BatchPlan]  # per phase
+    data: data_plan.Plan  # which tokens of which source every step takes, and the LR
     env: DistEnv
     device: torch.device
     run_dir: Path
     model: nn.Module
     amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
     loader: TokenLoader
-    val_loader: TokenLoader | None
-    val_state: dict | None  # the held-out loader's start: every validation reads the same batches
+    validation: Validation | None
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: Any  # LambdaLR (one-phase recipe) or PlanLR ([[phase]])
     state: TrainState
     states: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
     ckpt: Checkpointer
     writer: MetricsWriter | None  # rank 0 only
     last: int  # the last step of this invocation
-    fpt: int  # model FLOPs per token, for MFU
+    fpt: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
     peak: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
     say: Callable[[str], None]  # prints on rank 0 only
 
 
-def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.device, out) -> Run:
+def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: torch.device, out) -> Run:
     """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     d = cfg.data
-    loader_args = dict(
-        seq_len=d.seq_len,
-        global_batch=plan.global_batch,
-        micro_batch=d.micro_batch,
-        seed=d.seed,
-        rank=env.rank,  # every rank is a data-parallel rank
-        world_size=plan.dp_size,
-        num_workers=d.num_workers,
-        val_fraction=d.val_fraction,
-        check_separators=d.check_separators,
-        pin_memory=device.type == "cuda",
-        expect_vocab_size=mcfg.vocab_size,
-    )
-    # Loaders before the model: a dataset too small for one global batch fails before the big allocations.
-    loader = TokenLoader(d.dataset, split="train", **loader_args)
-    val_loader = val_state = None
-    if d.val_fraction > 0 and cfg.run.val_every > 0:
-        val_loader = TokenLoader(d.dataset, split="val", **loader_args)
-        val_state = val_loader.state_dict()
+    # Loaders before the model: a dataset too small for one global batch, or a source the plan
+    # would run out of, fails before the big allocations.
+    if not is_phased(cfg):  # the one-dataset form: its loader state keeps its format
+        loader = TokenLoader(
+            d.dataset,
+            split="train",
+            seq_len=d.seq_len,
+            global_batch=plans[0].global_batch,
+            micro_batch=d.micro_batch,
+            seed=d.seed,
+            rank=env.rank,  # every rank is a data-parallel rank
+            world_size=plans[0].dp_size,
+            num_workers=d.num_workers,
+            val_fraction=d.val_fraction,
+            check_separators=d.check_separators,
+            pin_memory=device.type == "cuda",
+            expect_vocab_size=mcfg.vocab_size,
+        )
+        data, notes = build_plan(cfg, [loader.documents]), []
+    else:
+        data, tables, notes = open_plan(cfg, expect_vocab_size=mcfg.vocab_size)
+        loader = TokenLoader.from_plan(
+            data,
+            tables,
+            micro_batch=tuple(p.micro_batch for p in plans),
+            rank=env.rank,
+            world_size=plans[0].dp_size,
+            num_workers=d.num_workers,
+            check_separators=d.check_separators,
+            pin_memory=device.type == "cuda",
+        )
+    validation = Validation(cfg, plans, data, env, device, mcfg.vocab_size) if cfg.run.val_every > 0 else None
+    if validation is not None and not validation.sources:
+        validation = None
 
     run_dir = Path(cfg.run.output_dir)
     is_main = env.rank == 0
     model = build_model(mcfg, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
-    scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
+    if is_phased(cfg):  # the last scheduler.step() looks one step past the plan: hold its last LR
+        scheduler = PlanLR(optimizer, lambda s: data.lr(min(s, data.total_steps - 1)))
+    else:
+        scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
     state = TrainState(rank=env.rank)
     states = checkpointables(model, optimizer, scheduler, loader, state)
-    last = cfg.run.max_steps or cfg.schedule.steps
+    last = cfg.run.max_steps or data.total_steps
 
     def say(text: str) -> None:
         if is_main:
@@ -394,7 +488,11 @@ def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.d
         except OSError as e:
             raise unwritable(run_dir, e) from None
 
-    fpt = flops_per_token(mcfg, d.seq_len, include_lm_head=True)
+    if is_main and is_phased(cfg) and cfg.metrics.plot:
+        note = plot_plan(data, run_dir / PLAN_PNG)
+        if note:
+            say(note)
+    fpt = [flops_per_token(mcfg, p.seq_len, include_lm_head=True) for p in plans]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
     writer = None
     if is_main:
@@ -406,13 +504,18 @@ def setup(cfg: TrainConfig, mcfg, plan: BatchPlan, env: DistEnv, device: torch.d
             out=out,
             resume_step=resumed,
         )
-        for line in _header(cfg, mcfg, plan, env, device, mesh, model, fpt, peak):
+        for line in _header(cfg, mcfg, plans, env, device, mesh, model, fpt[0], peak):
             writer.print(line)
+        if is_phased(cfg):
+            for line in format_plan(data, notes):
+                writer.print(f"  plan    {line}")
     if resumed is not None:
+        for note in loader.resume_notes:
+            say(f"note: {note}")
         say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last}")
         if resumed >= last:
             say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
-    return Run(cfg, plan, env, device, run_dir, model, amp, loader, val_loader, val_state, optimizer,
+    return Run(cfg, plans, data, env, device, run_dir, model, amp, loader, validation, optimizer,
                scheduler, state, states, ckpt, writer, last, fpt, peak, say)  # fmt: skip
 
 
@@ -461,7 +564,12 @@ def loop(r: Run) -> dict[str, Any]:
         for step in range(state.step + 1, r.last + 1):
             ckpt.poll()  # raises if a background save failed
             micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
-            do_val = r.val_loader is not None and (step % cfg.run.val_every == 0 or step == r.last)
+            do_val = r.validation is not None and (step % cfg.run.val_every == 0 or step == r.last)
+            phase, k = r.data.locate(step - 1)
+            if k == 0 and phase > 0:
+                ph = r.data.phases[phase]
+                r.say(f"phase {ph.name!r} begins at step {step}: seq_len {ph.seq_len}, {ph.global_batch} "
+                      f"sequences per step, {ph.steps} steps")  # fmt: skip
             do_log = step % cfg.run.log_every == 0 or step in (1, r.last) or do_val
             fault.arm(step)
             res = train_step(
@@ -476,8 +584,8 @@ def loop(r: Run) -> dict[str, Any]:
             )
             guard.record(step, res["nonfinite"])
             state.step = step
-            state.tokens_seen += r.plan.tokens_per_step
-            tokens_window += r.plan.tokens_per_step
+            state.tokens_seen += r.plans[phase].tokens_per_step
+            tokens_window += r.plans[phase].tokens_per_step
             if do_log:
                 report = guard.read()
                 skipped = guard.take_unlogged()
@@ -491,19 +599,20 @@ def loop(r: Run) -> dict[str, Any]:
                     tokens_seen=state.tokens_seen,
                     skipped=skipped,
                     spike=spikes.check(loss),
-                    mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt, r.peak),
+                    mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt[phase], r.peak),
                     peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
                 )
+                if is_phased(cfg):  # a one-dataset recipe's rows stay as they were
+                    m.update(data_row(r.data, step))
                 if do_val and not fatal(report):  # skipped updates left the weights finite
-                    val_loss = evaluate(
-                        r.model, r.val_loader, r.val_state, cfg.run.val_batches, r.amp, device, env.world_size
-                    )
-                    m["val_loss"] = val_loss
+                    m.update(r.validation(r.model, step, r.amp))
+                    val_loss = m["val_loss"]
                 m["elapsed_s"] = time.perf_counter() - t_start
                 first_loss = loss if first_loss is None else first_loss
                 last_loss = loss
                 if writer is not None:
                     writer.log(m)
+                    write_consumption(r.data, step, r.run_dir / CONSUMPTION_PARQUET)
                     for event in m.get("events", []):
                         writer.print(f"WARNING step {step}: {event}")
                 diverged(report, step)

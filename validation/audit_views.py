@@ -35,6 +35,8 @@ from training.contract.dataset_format import (
     DatasetError,
     manifest_files,
 )
+from training.contract.run_layout import CONSUMPTION_PARQUET
+from training.recipe_plan import CONSUMPTION_SCHEMA
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
@@ -128,6 +130,8 @@ FILE_VIEWS: dict[str, FileView] = {
     "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
     # A training run directory's lm-eval results (`gristmill eval RUN`): step, task, metric, value …
     "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA),
+    # A training run directory's data plan so far: tokens per (phase, source), epochs, share read.
+    "consumption": FileView(CONSUMPTION_PARQUET, "SELECT * FROM {src}", "parquet", CONSUMPTION_SCHEMA),
 }
 
 # name -> SQL over the views above (already carrying dataset_name).
@@ -171,10 +175,11 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
             raise DatasetError(
                 f"{p} is not a directory; pass dataset directories built by `gristmill data build`"
             )
-        if not any(((p / DATASET_JSON).is_file(), (p / MANIFEST_DIR).is_dir(), (p / EVAL_PARQUET).is_file())):
+        marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
+        if not any((p / m).exists() for m in marks):
             raise DatasetError(
-                f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/ (a dataset) nor {EVAL_PARQUET} (a run "
-                "evaluated by `gristmill eval`)"
+                f"{p} has neither {DATASET_JSON} nor {MANIFEST_DIR}/ (a dataset) nor {CONSUMPTION_PARQUET} "
+                f"or {EVAL_PARQUET} (a training run; the latter once evaluated by `gristmill eval`)"
             )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint_io import nonfinite_tensor
+from training.config import phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
@@ -105,9 +106,20 @@ def available_steps(run_dir: str | Path) -> list[int]:
     return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(complete_steps(run_dir)))
 
 
-def run_data_config(run_dir: Path):
-    """The run's `[data]` section (dataset, val_fraction, seq_len) from RUN/config.toml."""
-    return run_config(run_dir).data
+@dataclass(frozen=True)
+class RunData:
+    dataset: str  # where the local tasks' held-out documents come from
+    val_fraction: float
+    seq_len: int  # the longest sequence the run trained on
+
+
+def run_data_config(run_dir: Path) -> RunData:
+    """From RUN/config.toml: the held-out documents of the run's first source that holds some out
+    (of its only one without [[data.sources]]), and its longest training seq_len."""
+    cfg = run_config(run_dir)
+    sources = sources_of(cfg)
+    src = next((s for s in sources if s.val_fraction > 0), sources[0])
+    return RunData(src.dataset, src.val_fraction, max(ph.seq_len for ph in phases_of(cfg)))
 
 
 class TaskPlan:

@@ -105,14 +105,32 @@ def parse_override(item: str) -> tuple[str, Any]:
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """raw[a][b] = value for key "a.b"; `phase[1].seq_len` indexes an array of tables."""
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
-        child = node.setdefault(part, {})
+        name, index = _indexed(part, key)
+        child = node.setdefault(name, {})
+        if index is not None:
+            if not isinstance(child, list) or not -len(child) <= index < len(child):
+                have = len(child) if isinstance(child, list) else 0
+                raise ConfigError(f"override {key}: {name} has {have} entries, not an entry [{index}]")
+            child = child[index]
         if not isinstance(child, dict):
             raise ConfigError(f"override {key}: {part!r} is a value, not a section")
         node = child
     node[parts[-1]] = value
+
+
+def _indexed(part: str, key: str) -> tuple[str, int | None]:
+    """ "phase[1]" -> ("phase", 1); "data" -> ("data", None)."""
+    if not part.endswith("]") or "[" not in part:
+        return part, None
+    name, _, index = part[:-1].partition("[")
+    try:
+        return name, int(index)
+    except ValueError:
+        raise ConfigError(f"override {key}: [{index}] is not a list index") from None
 
 
 def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix: str = "") -> T:
@@ -238,16 +256,30 @@ def save_config(cfg: Any, path: str | Path) -> None:
     write_atomic(path, to_toml(cfg))
 
 
-def _emit_table(d: dict[str, Any], name: list[str], lines: list[str]) -> None:
-    scalars = {k: v for k, v in d.items() if not isinstance(v, dict) and v is not None}
-    tables = {k: v for k, v in d.items() if isinstance(v, dict)}
+def _emit_table(d: dict[str, Any], name: list[str], lines: list[str], array: bool = False) -> None:
+    """One table: its scalars (nested dicts inline inside an array-of-tables entry), then its
+    sub-tables, then its arrays of tables (`[[phase]]`, `[[data.sources]]`)."""
+    tables = {k: v for k, v in d.items() if isinstance(v, dict) and not array}
+    arrays = {k: v for k, v in d.items() if _is_table_array(v)}
+    scalars = {k: v for k, v in d.items() if k not in tables and k not in arrays and v is not None}
     if name:
         lines.append("")
-        lines.append(f"[{'.'.join(name)}]")
+        lines.append(f"[[{'.'.join(name)}]]" if array else f"[{'.'.join(name)}]")
     for k, v in scalars.items():
-        lines.append(f"{k} = {_toml_value(v)}")
+        lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
     for k, v in tables.items():
         _emit_table(v, name + [k], lines)
+    for k, items in arrays.items():
+        for item in items:
+            _emit_table(item, name + [k], lines, array=True)
+
+
+def _is_table_array(v: Any) -> bool:
+    return isinstance(v, list | tuple) and len(v) > 0 and all(isinstance(x, dict) for x in v)
+
+
+def _toml_key(k: str) -> str:
+    return k if k and all(c.isalnum() or c in "_-" for c in k) else json.dumps(k)
 
 
 def _toml_value(v: Any) -> str:
@@ -259,4 +291,10 @@ def _toml_value(v: Any) -> str:
         return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):  # an inline table (a phase's mix and lr)
+        return (
+            "{ "
+            + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None)
+            + " }"
+        )
     raise TypeError(f"cannot write {v!r} to TOML")

@@ -20,6 +20,8 @@ DCP_METADATA = ".metadata"
 COMPLETE_FILE = "COMPLETE"
 LOCK_FILE = ".gristmill.lock"  # training.run_lock: one writer per run directory
 METRICS_JSONL = "metrics.jsonl"
+PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
+CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

@@ -1,0 +1,434 @@
+"""Phased training over a mixture (training/data_plan.py): the plan's arithmetic, batches that do
+not depend on ranks or workers, every token at most once across a seq_len switch (checked by an
+independent decode), the resume rules, the supply check, kill -9 at the phase boundary, and the
+plan, inspect and consumption outputs. Real datasets written by the build's own shard writer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.cli import main as gristmill
+from tests._train_data import make_dataset
+from tests.training.test_checkpoint import ENV, ROOT, assert_same_weights, wait_for_step
+from training import data_plan
+from training.config import TrainConfig, check_config
+from training.contract.config_loader import ConfigError, load_config
+from training.contract.errors import GristmillError
+from training.data_plan import LRPiece, Phase, Plan, PlanError, Source
+from training.dataset_reader import DocumentTable
+from training.loader import TokenLoader, batch_sha256
+from training.recipe_plan import open_plan
+
+GBT = 512  # tokens per step: 16 × 32, then 8 × 64
+
+
+def recipe_toml(sources: dict[str, Path], run_dir: Path, *, phases: str = "", extra: str = "") -> str:
+    """A 3-source (or fewer), 2-phase tiny recipe: 6 steps at seq 32, then 5 at seq 64."""
+    src = "".join(
+        f'[[data.sources]]\nname = "{n}"\ndataset = {json.dumps(str(p))}\n\n' for n, p in sources.items()
+    )
+    names = list(sources)
+    mix1 = ", ".join(f"{n} = {w}" for n, w in zip(names, (0.6, 0.3, 0.1)))
+    mix2 = ", ".join(f"{n} = {w}" for n, w in zip(names, (0.2, 0.4, 0.4)))
+    phases = phases or (
+        f'[[phase]]\nname = "main"\nsteps = 6\nseq_len = 32\nmix = {{ {mix1} }}\n'
+        'lr = { warmup_steps = 2, shape = "constant" }\n\n'
+        f'[[phase]]\nname = "long"\nsteps = 5\nseq_len = 64\nmix = {{ {mix2} }}\n'
+        'lr = { shape = "linear", to = 3e-4 }\n\n'
+    )
+    return f"""
+[model]
+preset = "tiny"
+[data]
+global_batch_tokens = {GBT}
+micro_batch = 4
+val_fraction = 0.1
+seed = 7
+{src}{phases}
+[optim]
+lr = 3e-3
+min_lr = 3e-4
+[parallel]
+param_dtype = "float32"
+[run]
+output_dir = {json.dumps(str(run_dir))}
+log_every = 1
+val_every = 6
+val_batches = 1
+threads = 1
+device = "cpu"
+[metrics]
+tensorboard = false
+{extra}
+"""
+
+
+def write_recipe(path: Path, *args, **kw) -> Path:
+    path.write_text(recipe_toml(*args, **kw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {
+        "web": make_dataset(root / "web", n_docs=240, seed=1),
+        "code": make_dataset(root / "code", n_docs=160, seed=2),
+        "math": make_dataset(root / "math", n_docs=100, seed=3),
+    }
+
+
+def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
+    return load_config(TrainConfig, write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", **kw))
+
+
+def loader_for(cfg: TrainConfig, rank: int = 0, world: int = 1, workers: int = 0) -> TokenLoader:
+    plan, tables, _ = open_plan(cfg)
+    return TokenLoader.from_plan(
+        plan,
+        tables,
+        micro_batch=tuple(ph.global_batch // world for ph in plan.phases),
+        rank=rank,
+        world_size=world,
+        num_workers=workers,
+        check_separators=True,
+    )
+
+
+def step_hashes(cfg: TrainConfig, world: int, workers: int = 0) -> list[str]:
+    """sha256 of each global batch: the rank slices concatenated in rank order."""
+    per_rank = []
+    for rank in range(world):
+        loader = loader_for(cfg, rank, world, workers)
+        per_rank.append([b for _, b in zip(range(loader.plan.total_steps), loader)])
+    return [batch_sha256([mb for rank in per_rank for mb in rank[s]]) for s in range(len(per_rank[0]))]
+
+
+# -- the plan's arithmetic (no datasets) --
+
+
+def test_shares_stay_within_one_window_and_never_decrease():
+    plan = Plan(
+        [Source(n, "", n, 10**9, 1) for n in "abc"],
+        [Phase("p", 400, 64, 48, data_plan.integer_weights([0.8, 0.15, 0.05]))],
+        seed=3,
+    )
+    w = np.array([0.8, 0.15, 0.05])
+    prev = np.zeros(3, np.int64)
+    for k in range(1, 401):
+        cum = plan.cumulative(0, k)
+        assert cum.sum() == 48 * k
+        assert (np.abs(cum - 48 * k * w) < 1).all(), (k, cum)
+        assert (cum >= prev).all()
+        prev = cum
+    assert data_plan.integer_weights([0.8, 0.15, 0.05]) == (16, 3, 1)
+    with pytest.raises(PlanError, match="fewer than one"):  # 0.4 windows per step: refused
+        Plan(
+            [Source("a", "", "a", 10**9, 1), Source("b", "", "b", 10**9, 1)],
+            [Phase("p", 4, 64, 8, (19, 1))],
+            0,
+        )
+
+
+def test_a_one_source_plan_is_the_single_dataset_order():
+    """Window g of step s = epoch s // steps_per_epoch, window (s % spe)·G + g of that epoch."""
+    tokens, seq, g = 100_003, 64, 16
+    plan = Plan([Source("d", "", "f", tokens, 1, None)], [Phase("p", None, seq, g, (1,))], 5)
+    spe = tokens // (seq + 1) // g
+    for step in (0, 1, spe - 1, spe, spe + 1, 5 * spe + 3):
+        labels, epochs, first = plan.step_windows(step)
+        e, b = divmod(step, spe)
+        assert (labels == 0).all() and (epochs == e).all()
+        assert (first == (b * g + np.arange(g)) * (seq + 1)).all()
+
+
+def test_the_lr_pieces_join_and_the_one_phase_case_is_warmup_cosine():
+    from training.optim import WarmupCosine
+
+    one = Plan(
+        [Source("d", "", "f", 10**9, 1)], [Phase("p", 100, 8, 8, (1,), LRPiece(3e-3, 3e-4, "cosine", 10))], 0
+    )
+    ref = WarmupCosine(10, 100, 0.1)
+    assert all(one.lr(s) == pytest.approx(3e-3 * ref(s), rel=1e-12) for s in range(100))
+    wsd = Plan(
+        [Source("d", "", "f", 10**9, 1)],
+        [
+            Phase("stable", 50, 8, 8, (1,), LRPiece(1e-3, 1e-3, "constant", 5)),
+            Phase("decay", 20, 8, 8, (1,), LRPiece(1e-3, 1e-4, "1-sqrt")),
+        ],
+        0,
+    )
+    assert wsd.lr(4) == 1e-3 and wsd.lr(49) == 1e-3 and wsd.lr(50) == 1e-3  # continuous
+    assert wsd.lr(69) == pytest.approx(1e-4) and wsd.lr(60) < wsd.lr(55)
+
+
+# -- batches over real datasets --
+
+
+def test_mixture_batches_are_the_plan_for_any_ranks_and_workers_and_use_no_token_twice(sources, tmp_path):
+    cfg = cfg_of(sources, tmp_path)
+    reference = step_hashes(cfg, 1)
+    assert len(reference) == 11 and len(set(reference)) == 11
+    assert step_hashes(cfg, 2, workers=2) == reference
+    assert step_hashes(cfg, 4) == reference
+
+    # An independent decode: every row of every step is the documents' own tokens at the pieces'
+    # offsets, each source gets the plan's count, and no (source, document, token) comes twice.
+    loader = loader_for(cfg)
+    plan, tables = loader.plan, loader.builder.tables
+    seen: set[tuple[int, int, int]] = set()
+    for step, batch in zip(range(plan.total_steps), loader):
+        p, k = plan.locate(step)
+        window = plan.phases[p].seq_len + 1
+        inputs = torch.cat([mb["input_ids"] for mb in batch]).numpy()
+        labels = torch.cat([mb["labels"] for mb in batch]).numpy()
+        rows = np.concatenate([inputs, labels[:, -1:]], axis=1)
+        src, docs, starts, counts = loader.builder.segments(step)
+        decoded = np.concatenate(
+            [tables[i].document(int(d))[s : s + c] for i, d, s, c in zip(src, docs, starts, counts)]
+        ).astype(np.int64)
+        assert (decoded.reshape(-1, window) == rows).all()
+        # Each row is one window of one source: the source of the piece holding its first token.
+        row_src = src[np.searchsorted(np.cumsum(counts), np.arange(len(rows)) * window, side="right")]
+        expected = plan.cumulative(p, k + 1) - plan.cumulative(p, k)
+        assert np.bincount(row_src, minlength=3).tolist() == expected.tolist()
+        for i, d, s, c in zip(src.tolist(), docs.tolist(), starts.tolist(), counts.tolist()):
+            for t in range(s, s + c):
+                assert (i, d, t) not in seen, (step, i, d, t)
+                seen.add((i, d, t))
+    used = {name: 0 for name in sources}
+    for i, _, _ in seen:
+        used[list(sources)[i]] += 1
+    consumed = {r["source"]: 0 for r in plan.consumed(plan.total_steps)}
+    for r in plan.consumed(plan.total_steps):
+        consumed[r["source"]] += r["stream_tokens"]
+    assert used == consumed
+
+
+def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
+    """Hashes of 250–300 steps (several epochs) recorded with the loader of main before phases."""
+    from training import loader_plan
+
+    ds = make_dataset(tmp_path / "ds")
+
+    def digest(loader: TokenLoader, steps: int) -> str:
+        h = hashlib.sha256()
+        for _, b in zip(range(steps), loader):
+            h.update(batch_sha256(b).encode())
+        return h.hexdigest()
+
+    common = dict(seq_len=64, global_batch=16, micro_batch=4, seed=1234)
+    assert digest(TokenLoader(ds, **common), 300).startswith("c2fd03df33f708f7")
+    assert digest(TokenLoader(ds, val_fraction=0.1, **common), 300).startswith("34ea0c3c51dde438")
+    assert digest(TokenLoader(ds, split="val", val_fraction=0.1, **common), 300).startswith(
+        "c3e224a4dfaef504"
+    )
+    old = loader_plan.GROUP_BLOCKS
+    loader_plan.GROUP_BLOCKS = 2  # many groups per epoch
+    try:
+        common = dict(seq_len=48, global_batch=8, micro_batch=2, seed=7, val_fraction=0.05, world_size=2)
+        assert digest(TokenLoader(ds, rank=0, **common), 250).startswith("2b55f9fbc1396eb1")
+        assert digest(TokenLoader(ds, rank=1, **common), 250).startswith("ffd924ed29e38c25")
+    finally:
+        loader_plan.GROUP_BLOCKS = old
+
+
+# -- resume rules --
+
+
+def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
+    cfg = cfg_of(sources, tmp_path)
+    loader = loader_for(cfg)
+    it = iter(loader)
+    for _ in range(4):  # inside phase "main" (6 steps)
+        next(it)
+    state = loader.state_dict()
+
+    def resume_with(**kw) -> TokenLoader:
+        other = loader_for(cfg_of(sources, tmp_path / "x", **kw) if kw else cfg)
+        other.load_state_dict(state)
+        return other
+
+    (tmp_path / "x").mkdir()
+    text = recipe_toml(sources, tmp_path / "run")
+    for old, new, field in [
+        ("web = 0.6, code = 0.3", "web = 0.5, code = 0.4", "phase[0].mix"),  # the current mix
+        ("steps = 6\nseq_len = 32", "steps = 6\nseq_len = 16", "phase[0].seq_len"),  # the current seq_len
+        ("warmup_steps = 2", "warmup_steps = 3", "learning rate of step 1"),  # the LR so far
+        ("seed = 7", "seed = 8", "data.seed"),
+    ]:
+        assert old in text
+        path = tmp_path / "x" / "changed.toml"
+        path.write_text(text.replace(old, new))
+        other = loader_for(load_config(TrainConfig, path))
+        with pytest.raises(PlanError, match=field.replace("[", r"\[").replace("]", r"\]")):
+            other.load_state_dict(state)
+
+    # The future may change: a longer phase "long" and a third phase appended.
+    anneal = '[[phase]]\nname = "anneal"\nsteps = 3\nseq_len = 64\nmix = { math = 1.0 }\n'
+    future = text.replace("to = 3e-4 }\n\n", "to = 3e-4 }\n\n" + anneal).replace("steps = 5", "steps = 7")
+    path = tmp_path / "x" / "future.toml"
+    path.write_text(future)
+    longer = loader_for(load_config(TrainConfig, path))
+    longer.load_state_dict(state)
+    assert longer.resume_notes and "anneal: 3 steps" in longer.resume_notes[0]
+    assert longer.step == 4
+    # The batches of the past and of the unchanged present are the same under both plans.
+    assert step_hashes(cfg, 1)[:6] == step_hashes(load_config(TrainConfig, path), 1)[:6]
+    # Elastic: 2 ranks pick the single-rank state up.
+    two = loader_for(cfg, rank=1, world=2)
+    two.load_state_dict(state)
+    assert two.step == 4
+
+
+# -- supply --
+
+
+def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tmp_path):
+    heavy = (
+        '[[phase]]\nname = "main"\nsteps = 80\nseq_len = 32\nmix = { web = 0.4, code = 0.2, math = 0.4 }\n\n'
+    )
+    cfg = cfg_of(sources, tmp_path, phases=heavy)
+    with pytest.raises(PlanError) as e:
+        open_plan(cfg)
+    msg = str(e.value)
+    math_tokens = DocumentTable(sources["math"], val_fraction=0.1).tokens
+    assert "source 'math'" in msg and f"{math_tokens:,} per epoch" in msg and "max_epochs = 2" in msg
+    cfg.data.sources[2].max_epochs = 2
+    plan, _, notes = open_plan(cfg)
+    assert notes == ["source 'math' is read 2 epochs (max_epochs 2)"]
+    assert plan.consumed(80)[2]["epoch"] == 2
+
+
+def test_config_errors_name_the_key(sources, tmp_path):
+    head = '[[phase]]\nname = "a"\n'
+    for phases, extra, match in [
+        (head + "steps = 2\nmix = { web = 1.0, cod = 1.0 }\n", "", "phase.0..mix names source 'cod'"),
+        (head + "step = 2\nmix = { web = 1.0 }\n", "", "unknown key 'phase.0..step'"),
+        (head + "steps = 2\nseq_len = 48\nmix = { web = 1.0 }\n", "", "must divide"),
+        (head + "steps = 2\nmix = { web = 1.0 }\n", "[schedule]\nsteps = 9\n", "remove .schedule."),
+        (head + "mix = { web = 1.0 }\n", "", "steps or tokens"),
+    ]:
+        path = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=extra)
+        with pytest.raises(ConfigError, match=match.replace("'", ".")):
+            check_config(load_config(TrainConfig, path), 1)
+
+
+def test_sources_must_share_a_tokenizer(sources, tmp_path):
+    other = make_dataset(tmp_path / "other", n_docs=60, vocab_size=300)
+    cfg = cfg_of({"web": sources["web"], "other": other}, tmp_path)
+    with pytest.raises(GristmillError, match="source 'other' has vocab_size 300 but source 'web'"):
+        open_plan(cfg)
+
+
+# -- the trainer --
+
+
+@pytest.fixture(scope="module")
+def reference(sources, tmp_path_factory):
+    """An uninterrupted phased run in this process, a checkpoint after every step (all kept)."""
+    root = tmp_path_factory.mktemp("phased")
+    extra = "[checkpoint]\ninterval = 1\nkeep_last = 0\n"
+    config = write_recipe(root / "recipe.toml", sources, root / "run", extra=extra)
+    assert gristmill(["train", "--config", str(config)]) == 0
+    return root / "run", config
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in _rows(run_dir)}
+
+
+def test_the_run_reports_phases_sources_and_validation(reference):
+    run_dir, _ = reference
+    rows = _rows(run_dir)
+    assert [r["phase"] for r in rows] == ["main"] * 6 + ["long"] * 5
+    assert [r["seq_len"] for r in rows] == [32] * 6 + [64] * 5
+    last = rows[-1]
+    assert sum(last[f"tokens/{n}"] for n in ("web", "code", "math")) == last["tokens_seen"] == 11 * GBT
+    assert {"val_loss", "val/web", "val/code", "val/math"} <= rows[5].keys()
+    assert (run_dir / "plan.png").stat().st_size > 0
+    assert [r["lr"] for r in rows][5:7] == [3e-3, 3e-3]  # constant, then the linear piece starts there
+
+
+@pytest.mark.parametrize("at", [5, 6, 7])  # the last step of "main" is 6
+def test_resume_before_at_and_after_the_boundary_is_bit_identical(reference, tmp_path, at):
+    run_dir, config = reference
+    copy = tmp_path / "run"
+    ckpt = run_dir / "checkpoints" / f"step-{at:06d}"
+    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{copy}"',
+                      "--resume", str(ckpt)]) == 0  # fmt: skip
+    ref = _losses(run_dir)
+    assert _losses(copy) == {s: v for s, v in ref.items() if s > at}
+    assert_same_weights(run_dir, copy, 11)
+
+
+def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path):
+    run_dir, config = reference
+    killed = tmp_path / "killed"
+    sets = [f'run.output_dir="{killed}"', "checkpoint.keep_last=2"]
+    cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *sets]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        wait_for_step(proc, killed, 6)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert gristmill(["train", "--config", str(config), "--set", f'run.output_dir="{killed}"',
+                      "--resume", "auto"]) == 0  # fmt: skip
+    assert _losses(killed) == _losses(run_dir)
+    assert_same_weights(run_dir, killed, 11)
+
+
+def test_plan_inspect_and_consumption(reference, capsys):
+    run_dir, config = reference
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "main   1-6" in out and "long   7-11" in out and "seq_len" in out
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "7", "--max-rows", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "phase 'long' step 1 of 5" in out and " row " in out
+    assert all(f"{n} row" in out for n in ("web", "code", "math"))
+    # --hash equals what the trainer's loader gives for the same step
+    cfg = load_config(TrainConfig, run_dir / "config.toml")
+    loader = loader_for(cfg)
+    loader.seek(6)
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "7", "--hash"]) == 0
+    assert capsys.readouterr().out.strip().endswith(batch_sha256(next(iter(loader))))
+    sql = "SELECT phase, source, tokens FROM consumption ORDER BY phase DESC, source"
+    assert gristmill(["data", "audit", str(run_dir), "--sql", sql, "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    plan = open_plan(cfg)[0]
+    want = {(r["phase"], r["source"]): r["tokens"] for r in plan.consumed(11)}
+    got = {(p, s): int(t) for p, s, t in (line.split(",") for line in lines[1:])}
+    assert got == want
+
+
+def test_a_single_dataset_checkpoint_is_not_resumed_by_a_phased_recipe(sources, tmp_path, capsys):
+    legacy = tmp_path / "legacy"
+    tiny = str(ROOT / "configs/train/tiny.toml")
+    sets = [
+        f'data.dataset="{sources["web"]}"',
+        f'run.output_dir="{legacy}"',
+        "schedule.steps=2",
+        "schedule.warmup_steps=1",
+    ]
+    sets += ["run.val_every=0", "checkpoint.interval=2", "metrics.tensorboard=false", "metrics.plot=false"]
+    assert gristmill(["train", "--config", tiny, "--set", *sets]) == 0
+    config = write_recipe(tmp_path / "r.toml", sources, legacy)
+    assert gristmill(["train", "--config", str(config), "--resume", "auto"]) == 2
+    assert "written by a single-dataset run but this config describes a phased" in capsys.readouterr().err

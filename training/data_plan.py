@@ -1,0 +1,482 @@
+"""The data plan: phases over a mixture of sources, as a pure function of the config.
+
+A run trains on one or more sources (datasets built by `gristmill data build`) in phases, each
+with a step budget, a seq_len, mix weights and a learning-rate piece (DESIGN.md, "The loader's
+guarantees"). Everything here is integer arithmetic on the config and each source's token count;
+no tar is read and nothing depends on the number of ranks or workers:
+
+- **Windows per step.** Phase p cuts sequences of `seq_len + 1` tokens ("windows"); a step holds
+  G = global_batch_tokens / seq_len of them. After k steps of the phase, source i has had the
+  largest-remainder apportionment of k·G windows by the phase's weights (`cumulative`), so at every
+  step each source is within one window of its share. With G·w ≥ 1 for every weight w > 0 these
+  totals never decrease (checked), so a step's count is a difference of two of them.
+- **Placement.** Inside a step the windows are placed by a permutation hashed from (seed, step):
+  slot g of the global batch gets a source, and that source's windows keep their stream order
+  across the slots. One source gives the identity placement: today's single-dataset batches.
+- **Streams.** Each source keeps its own token stream, epoch after epoch, each epoch ordered as
+  the single-dataset loader orders it (training/loader_plan.py: a function of the seed, the epoch
+  and the source's documents). A source's position is (epoch, token offset). A step's windows of a
+  source never straddle an epoch end: the epoch's tail that cannot hold them is dropped (fewer
+  windows than one step's share, plus a partial window) and the step starts the next epoch. A
+  phase boundary re-cuts each stream from its current offset at the new seq_len, so no token is
+  read twice or skipped. The position after any step is found by a binary search over the
+  closed-form totals per epoch crossing, not by a replay.
+- **Learning rate.** Each phase has a piece: optional warmup from the LR the previous phase ended
+  at (0 for the first) to its peak, then constant / cosine / linear / 1-sqrt to its target.
+
+`Plan.describe()` is what a checkpoint stores; `check_resume` compares it with the plan of the
+resuming run: the past (finished phases, and the current one up to the step) must be identical;
+future phases may change. A single-dataset recipe is a one-source, one-phase plan.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from training.contract.errors import GristmillError
+from training.loader_plan import derive_key, hashed_order
+
+PLAN_FORMAT = "gristmill-plan/1"
+SHAPES = ("constant", "cosine", "linear", "1-sqrt")
+
+
+class PlanError(GristmillError):
+    """A plan that cannot run (a source too small, a weight too small) or a resume that would
+    change its past; the message names the source or field, both numbers and the fix."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One dataset of the mixture, as the plan needs it."""
+
+    name: str
+    dataset: str
+    fingerprint: str
+    tokens: int  # tokens of its training split: one epoch of its stream
+    documents: int
+    max_epochs: int | None = 1  # None: unlimited (the single-dataset recipe, as before phases)
+    val_fraction: float = 0.0  # documents held out of its stream (they decide `tokens`)
+
+    @classmethod
+    def of(cls, table: Any, name: str, max_epochs: int | None = 1) -> Source:
+        """The plan's view of one split of a dataset (a dataset_reader.DocumentTable): its stream is
+        one epoch of `table.tokens` tokens."""
+        fingerprint = table.info["fingerprint"]
+        return cls(
+            name, str(table.root), fingerprint, table.tokens, table.documents, max_epochs, table.val_fraction
+        )
+
+
+@dataclass(frozen=True)
+class LRPiece:
+    """A phase's learning rate: warmup from `start` to `peak`, then `shape` from `peak` to `end`.
+    `start` None: where the previous phase ended (0 for the first phase)."""
+
+    peak: float
+    end: float
+    shape: str = "cosine"
+    warmup_steps: int = 0
+    start: float | None = None
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    steps: int | None  # None: unbounded (a loader used on its own: inspect, validation)
+    seq_len: int
+    global_batch: int  # G, windows per step
+    weights: tuple[int, ...]  # per source (plan order), integer weights; a source with 0 is unused
+    lr: LRPiece | None = None
+
+
+@dataclass
+class _Crossing:
+    """Source i enters `epoch` at local step `step` of a phase, its stream at token `offset`, having
+    had `base` windows of the phase before that step."""
+
+    step: int
+    epoch: int
+    offset: int
+    base: int
+
+
+@dataclass
+class Plan:
+    sources: list[Source]
+    phases: list[Phase]
+    seed: int
+    _crossings: dict[tuple[int, int], list[_Crossing]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.sources or not self.phases:
+            raise PlanError("a plan needs at least one source and one phase")
+        self.first_step = [0]
+        for ph in self.phases[:-1]:
+            if ph.steps is None:
+                raise PlanError(f"phase {ph.name!r} has no step budget but is not the last phase")
+            self.first_step.append(self.first_step[-1] + ph.steps)
+        last = self.phases[-1].steps
+        self.total_steps = None if last is None else self.first_step[-1] + last
+        for ph in self.phases:
+            if len(ph.weights) != len(self.sources) or sum(ph.weights) <= 0:
+                raise PlanError(f"phase {ph.name!r} gives no source a positive weight")
+            for i, a in enumerate(ph.weights):
+                if 0 < a and ph.global_batch * a < sum(ph.weights):
+                    raise PlanError(
+                        f"phase {ph.name!r} gives source {self.sources[i].name!r} weight "
+                        f"{a / sum(ph.weights):.4g}: {ph.global_batch * a / sum(ph.weights):.3g} windows per "
+                        f"step of {ph.global_batch}, fewer than one; raise its weight to ≥ "
+                        f"{1 / ph.global_batch:.4g}, or the global batch"
+                    )
+        self._start: list[list[tuple[int, int]]] = []  # per phase, per source: (epoch, offset)
+
+    # -- where a global step is --
+    def locate(self, step: int) -> tuple[int, int]:
+        """(phase index, step within the phase) of 0-based global step `step`."""
+        if step < 0 or (self.total_steps is not None and step >= self.total_steps):
+            raise PlanError(f"step {step} is outside the plan's {self.total_steps} steps")
+        p = bisect.bisect_right(self.first_step, step) - 1
+        return p, step - self.first_step[p]
+
+    def cumulative(self, p: int, k: int) -> np.ndarray:
+        """Windows of each source in the first k steps of phase p: the largest-remainder
+        apportionment of k·G by the weights (ties to the earlier source). Exact integers."""
+        ph = self.phases[p]
+        a = np.array(ph.weights, dtype=object)  # Python ints: k·G·a never overflows
+        d = sum(ph.weights)
+        total = k * ph.global_batch
+        prod = a * total
+        out = np.array([x // d for x in prod], dtype=np.int64)
+        short = total - int(out.sum())
+        if short:
+            rem = [x % d for x in prod]
+            for i in sorted(range(len(rem)), key=lambda i: (-rem[i], i))[:short]:
+                out[i] += 1
+        return out
+
+    # -- source streams --
+    def phase_start(self, p: int) -> list[tuple[int, int]]:
+        """Each source's (epoch, token offset) when phase p starts."""
+        while len(self._start) <= p:
+            q = len(self._start)
+            if q == 0:
+                self._start.append([(0, 0)] * len(self.sources))
+            else:
+                steps = self.phases[q - 1].steps
+                self._start.append([self.position(i, q - 1, steps) for i in range(len(self.sources))])
+        return self._start[p]
+
+    def _window(self, p: int) -> int:
+        return self.phases[p].seq_len + 1
+
+    def crossings(self, i: int, p: int, until: int) -> list[_Crossing]:
+        """Source i's epoch entries in phase p, at least those at steps < `until` (the first entry is
+        the phase start). Each is found by a binary search over the closed-form totals."""
+        key = (i, p)
+        if key not in self._crossings:
+            e, off = self.phase_start(p)[i]
+            self._crossings[key] = [_Crossing(0, e, off, 0)]
+        found = self._crossings[key]
+        steps = self.phases[p].steps
+        limit = until if steps is None else steps
+        tokens, w = self.sources[i].tokens, self._window(p)
+
+        def cum(k: int) -> int:
+            return int(self.cumulative(p, k)[i])
+
+        while True:
+            c = found[-1]
+            room = (tokens - c.offset) // w  # whole windows left in this epoch
+            if c.step >= limit or cum(limit) - c.base <= room:
+                return found  # no (further) crossing before `limit`
+            lo, hi = c.step, limit - 1  # smallest k with cum(k + 1) - base > room: it exists
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if cum(mid + 1) - c.base > room:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            share, per_epoch = cum(lo + 1) - cum(lo), tokens // w
+            if share > per_epoch:
+                raise PlanError(
+                    f"source {self.sources[i].name!r} ({self.sources[i].dataset}): one epoch holds "
+                    f"{per_epoch} windows of {w} tokens, fewer than the {share} one step of phase "
+                    f"{self.phases[p].name!r} takes from it; use a bigger dataset or a smaller weight"
+                )
+            found.append(_Crossing(lo, c.epoch + 1, 0, cum(lo)))
+
+    def _crossing_at(self, i: int, p: int, k: int) -> _Crossing:
+        found = self.crossings(i, p, k + 1)
+        return found[bisect.bisect_right([c.step for c in found], k) - 1]
+
+    def position(self, i: int, p: int, k: int) -> tuple[int, int]:
+        """Source i's (epoch, token offset) after k steps of phase p."""
+        if k == 0:
+            return self.phase_start(p)[i]
+        c = self._crossing_at(i, p, k - 1)
+        return c.epoch, c.offset + (int(self.cumulative(p, k)[i]) - c.base) * self._window(p)
+
+    def step_windows(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Global step `step` (0-based) as G slots: (source, epoch, first stream token) per slot."""
+        p, k = self.locate(step)
+        ph = self.phases[p]
+        before, after = self.cumulative(p, k), self.cumulative(p, k + 1)
+        counts = after - before
+        labels = np.repeat(np.arange(len(self.sources)), counts)
+        if np.count_nonzero(counts) > 1:  # one source: identity placement (today's batches)
+            labels = labels[hashed_order(ph.global_batch, derive_key(self.seed, step, 2))]
+        epoch = np.zeros(ph.global_batch, np.int64)
+        first = np.zeros(ph.global_batch, np.int64)
+        w = ph.seq_len + 1
+        for i in np.flatnonzero(counts).tolist():
+            slots = np.flatnonzero(labels == i)  # in slot order = this source's stream order
+            c = self._crossing_at(i, p, k)
+            epoch[slots] = c.epoch
+            first[slots] = c.offset + (int(before[i]) - c.base + np.arange(len(slots))) * w
+        return labels, epoch, first
+
+    # -- learning rate --
+    def lr(self, step: int) -> float:
+        """The learning rate of 0-based global step `step`."""
+        p, k = self.locate(step)
+        piece = self.phases[p].lr
+        if piece is None:
+            raise PlanError(f"phase {self.phases[p].name!r} has no learning-rate piece")
+        start = piece.start if piece.start is not None else self._end_lr(p - 1)
+        if k < piece.warmup_steps:
+            return start + (piece.peak - start) * (k + 1) / piece.warmup_steps
+        steps = self.phases[p].steps
+        if piece.shape == "constant" or steps is None:
+            return piece.peak
+        peak_step = max(piece.warmup_steps - 1, 0)
+        span = steps - 1 - peak_step
+        t = 1.0 if span <= 0 else min(1.0, (k - peak_step) / span)
+        if piece.shape == "cosine":
+            return piece.end + (piece.peak - piece.end) * 0.5 * (1.0 + math.cos(math.pi * t))
+        if piece.shape == "linear":
+            return piece.peak + (piece.end - piece.peak) * t
+        return piece.end + (piece.peak - piece.end) * (1.0 - math.sqrt(t))  # 1-sqrt (WSD's decay)
+
+    def _end_lr(self, p: int) -> float:
+        if p < 0:
+            return 0.0
+        return self.lr(self.first_step[p] + self.phases[p].steps - 1)
+
+    # -- accounting --
+    def consumed(self, step: int) -> list[dict[str, Any]]:
+        """After `step` global steps: per (phase, source) the steps, windows, trained tokens (windows ×
+        seq_len) and stream tokens (windows × (seq_len + 1)) used, and the source's epoch."""
+        rows = []
+        for p, ph in enumerate(self.phases):
+            first = self.first_step[p]
+            if step <= first and p > 0:
+                break
+            k = step - first if ph.steps is None else min(step - first, ph.steps)
+            cum = self.cumulative(p, k)
+            for i, src in enumerate(self.sources):
+                e, _ = self.position(i, p, k)
+                rows.append(
+                    {
+                        "phase": ph.name,
+                        "source": src.name,
+                        "steps": k,
+                        "seq_len": ph.seq_len,
+                        "windows": int(cum[i]),
+                        "tokens": int(cum[i]) * ph.seq_len,
+                        "stream_tokens": int(cum[i]) * (ph.seq_len + 1),
+                        "epoch": e + 1,
+                    }
+                )
+        return rows
+
+    def tokens_by_source(self, step: int) -> dict[str, int]:
+        """Trained tokens per source after `step` global steps (they add up to step × tokens/step)."""
+        out = {s.name: 0 for s in self.sources}
+        for row in self.consumed(step):
+            out[row["source"]] += row["tokens"]
+        return out
+
+    def check_supply(self) -> list[str]:
+        """Refuse (PlanError) a source the plan would take past its max_epochs; returns notes: each
+        source's epochs and the tail tokens dropped at epoch ends and phase boundaries."""
+        if self.total_steps is None:
+            return []
+        notes = []
+        for i, src in enumerate(self.sources):
+            epochs = 0
+            for p, ph in enumerate(self.phases):
+                found = self.crossings(i, p, ph.steps)
+                epochs = max(epochs, found[-1].epoch + 1)
+            asked = sum(
+                r["stream_tokens"] for r in self.consumed(self.total_steps) if r["source"] == src.name
+            )
+            if src.max_epochs is not None and epochs > src.max_epochs:
+                raise PlanError(
+                    f"source {src.name!r} ({src.dataset}) would run out: the plan asks {asked:,} tokens "
+                    f"of it (with the tails dropped at epoch ends and seq_len changes), its training split "
+                    f"has {src.tokens:,} per epoch, and max_epochs = {src.max_epochs}; lower its weight or "
+                    f"the phases' budgets, add data, or set max_epochs = {epochs} for that source to repeat "
+                    "it (each epoch reshuffled)"
+                )
+            if epochs > 1:
+                notes.append(f"source {src.name!r} is read {epochs} epochs (max_epochs {src.max_epochs})")
+        return notes
+
+    # -- identity and resume --
+    def describe(self) -> dict[str, Any]:
+        """Everything the batches and the learning rate depend on: what a checkpoint stores."""
+        return {
+            "format": PLAN_FORMAT,
+            "seed": self.seed,
+            "sources": [
+                {
+                    "name": s.name,
+                    "fingerprint": s.fingerprint,
+                    "tokens": s.tokens,
+                    "max_epochs": s.max_epochs,
+                    "val_fraction": s.val_fraction,
+                }
+                for s in self.sources
+            ],
+            "phases": [
+                {
+                    "name": ph.name,
+                    "steps": ph.steps,
+                    "seq_len": ph.seq_len,
+                    "global_batch": ph.global_batch,
+                    "weights": list(ph.weights),
+                    "lr": None if ph.lr is None else asdict(ph.lr),
+                }
+                for ph in self.phases
+            ],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+
+
+def integer_weights(weights: list[float]) -> tuple[int, ...]:
+    """Mix weights as exact integers with the same ratios (0.8/0.15/0.05 → 16/3/1): decimal literals
+    taken at their written value, so every machine apportions identically."""
+    fr = [Fraction(repr(float(w))) for w in weights]
+    if any(f < 0 for f in fr):
+        raise PlanError(f"mix weights must be ≥ 0, got {weights}")
+    den = math.lcm(*(f.denominator for f in fr))
+    ints = [int(f * den) for f in fr]
+    g = math.gcd(*ints) or 1
+    return tuple(x // g for x in ints)
+
+
+def from_description(d: dict[str, Any]) -> Plan:
+    """The plan a checkpoint described (its sources' names, fingerprints and sizes; no datasets)."""
+    sources = [
+        Source(s["name"], "", s["fingerprint"], s["tokens"], 0, s["max_epochs"], s["val_fraction"])
+        for s in d["sources"]
+    ]
+    phases = [
+        Phase(
+            p["name"],
+            p["steps"],
+            p["seq_len"],
+            p["global_batch"],
+            tuple(p["weights"]),
+            None if p["lr"] is None else LRPiece(**p["lr"]),
+        )
+        for p in d["phases"]
+    ]
+    return Plan(sources, phases, d["seed"])
+
+
+def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint) -> list[str]:
+    """Refuse (PlanError, naming the field and both values) a plan whose past differs from the
+    checkpoint's `saved` plan at global step `step` (steps done); returns notes on future changes.
+    `same_fingerprint(saved, ours)` decides whether two dataset fingerprints are the same data."""
+    old = from_description(saved)
+
+    def refuse(what: str, theirs: Any, ours: Any, fix: str = "") -> PlanError:
+        return PlanError(
+            f"the checkpoint's plan has {what} = {theirs!r} but this run has {ours!r}; the plan's past is "
+            f"immutable (step {step} was trained with it) — {fix or 'set it back'}, or start a new run "
+            "(only phases after the current one may change)"
+        )
+
+    if old.seed != plan.seed:
+        raise refuse("data.seed", old.seed, plan.seed)
+    # Every source the past used must be there, the same data, under the same name.
+    names = [s.name for s in plan.sources]
+    for s in old.sources:
+        if s.name not in names:
+            if step > 0:
+                raise refuse(f"source {s.name!r}", s.name, None, f"keep source {s.name!r}")
+            continue
+        ours = plan.sources[names.index(s.name)]
+        if not same_fingerprint(s.fingerprint, ours.fingerprint):
+            raise refuse(
+                f"the fingerprint of source {s.name!r}",
+                s.fingerprint,
+                ours.fingerprint,
+                "point the source at the dataset the run started with",
+            )
+    if step == 0:
+        return []
+    p_old, k_old = old.locate(step - 1)
+    p_new, k_new = (
+        plan.locate(step - 1) if plan.total_steps is None or step <= plan.total_steps else (None, None)
+    )
+    if p_new is None:
+        raise refuse(
+            "the total steps", old.total_steps, plan.total_steps, "keep at least the steps already done"
+        )
+    for p in range(p_old + 1):
+        a, b = old.phases[p], plan.phases[p] if p < len(plan.phases) else None
+        where = f"phase[{p}]"
+        if b is None:
+            raise refuse(f"{where} ({a.name!r})", a.name, None, "keep the phases already trained")
+        for key in ("name", "seq_len", "global_batch"):
+            if getattr(a, key) != getattr(b, key):
+                raise refuse(f"{where}.{key}", getattr(a, key), getattr(b, key))
+        mix_old = _mix(old, a)
+        mix_new = _mix(plan, b)
+        if mix_old != mix_new:
+            raise refuse(f"{where}.mix", mix_old, mix_new)
+        if p < p_old and a.steps != b.steps:
+            raise refuse(f"{where}.steps", a.steps, b.steps, "a finished phase keeps its budget")
+    if (p_new, k_new) != (p_old, k_old):
+        raise refuse(
+            f"the phase of step {step}",
+            old.phases[p_old].name,
+            plan.phases[p_new].name,
+            f"keep phase {old.phases[p_old].name!r} longer than the {k_old + 1} steps done",
+        )
+    # The learning rate so far: every step of the current phase, and the end of the earlier ones.
+    first = old.first_step[p_old]
+    for s in range(first, step):
+        if not math.isclose(old.lr(s), plan.lr(s), rel_tol=1e-12, abs_tol=0.0):
+            raise refuse(
+                f"the learning rate of step {s + 1} (phase {old.phases[p_old].name!r})", old.lr(s), plan.lr(s)
+            )
+    notes = []
+    if old.describe()["phases"][p_old + 1 :] != plan.describe()["phases"][p_old + 1 :] or (
+        old.phases[p_old].steps != plan.phases[p_old].steps
+    ):
+        notes.append(
+            "the plan's future changed since the checkpoint: "
+            + "; ".join(_phase_line(ph) for ph in plan.phases[p_old:])
+        )
+    return notes
+
+
+def _mix(plan: Plan, ph: Phase) -> dict[str, float]:
+    total = sum(ph.weights)
+    return {s.name: round(a / total, 6) for s, a in zip(plan.sources, ph.weights) if a}
+
+
+def _phase_line(ph: Phase) -> str:
+    return f"{ph.name}: {ph.steps} steps at seq_len {ph.seq_len}"

@@ -1,0 +1,197 @@
+"""A training recipe's data plan: its sources opened and checked, the Plan built, shown as a table.
+
+`open_plan(cfg)` is what the trainer, `gristmill train --plan`, `gristmill data inspect RUN` and the
+audit's `consumption` view share: each source's training split opened (training/dataset_reader.py),
+the sources checked to share one tokenizer, and the recipe's phases turned into a
+training/data_plan.Plan. Needs no torch, so `--plan` answers in about a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training import data_plan
+from training.config import TrainConfig, phases_of, sources_of
+from training.contract.atomic_write import atomic_path
+from training.contract.dataset_format import DATASET_JSON, DatasetError
+from training.dataset_reader import DocumentTable
+
+
+def open_sources(
+    cfg: TrainConfig, split: str = "train", expect_vocab_size: int | None = None
+) -> list[DocumentTable]:
+    """Each source's `split` (in sources_of order); one tokenizer across them, or a DatasetError."""
+    tables = []
+    for src in sources_of(cfg):
+        if split == "val" and not src.val_fraction:
+            tables.append(None)
+            continue
+        tables.append(
+            DocumentTable(
+                src.dataset, split=split, val_fraction=src.val_fraction, expect_vocab_size=expect_vocab_size
+            )
+        )
+    names = [s.name for s in sources_of(cfg)]
+    opened = [(n, t) for n, t in zip(names, tables) if t is not None]
+    for name, t in opened[1:]:
+        first_name, first = opened[0]
+        for key in ("tokenizer_sha256", "separator", "vocab_size"):
+            if t.info[key] != first.info[key]:
+                raise DatasetError(
+                    f"{t.root / DATASET_JSON}: source {name!r} has {key} {t.info[key]!r} but source "
+                    f"{first_name!r} ({first.root}) has {first.info[key]!r}; every source of a run must be "
+                    "built with the same tokenizer and separator (rebuild it with the other's tokenizer.json)"
+                )
+    return tables
+
+
+def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
+    """The recipe's plan over the sources' training splits (`tables`, in sources_of order).
+
+    A recipe without [[data.sources]] and [[phase]] is one source "data" read for as many epochs as
+    its schedule takes (as before phases); sources of a mixture are read at most max_epochs times.
+    """
+    sources = [
+        data_plan.Source.of(t, s.name, None if not cfg.data.sources else s.max_epochs)
+        for s, t in zip(sources_of(cfg), tables)
+    ]
+    phases, prev_end = [], 0.0
+    for p, ph in enumerate(phases_of(cfg)):
+        lr = ph.lr
+        peak = lr.peak if lr.peak is not None else (cfg.optim.lr if p == 0 else prev_end)
+        end = peak if lr.shape == "constant" else (cfg.optim.min_lr if lr.to is None else lr.to)
+        weights = data_plan.integer_weights([ph.mix.get(s.name, 0.0) for s in sources])
+        gb = cfg.data.global_batch_tokens // ph.seq_len
+        piece = data_plan.LRPiece(peak, end, lr.shape, lr.warmup_steps or 0)
+        phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
+        prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
+    return data_plan.Plan(sources, phases, cfg.data.seed)
+
+
+def open_plan(
+    cfg: TrainConfig, expect_vocab_size: int | None = None
+) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
+    """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
+    is a PlanError before any work)."""
+    tables = open_sources(cfg, "train", expect_vocab_size)
+    plan = build_plan(cfg, tables)
+    return plan, tables, plan.check_supply()
+
+
+def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
+    """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
+    and the share of its dataset (stream tokens / one epoch of its training split) read."""
+    rows = []
+    end_rows = plan.consumed(plan.total_steps)
+    for p, ph in enumerate(plan.phases):
+        first = plan.first_step[p]
+        row: dict[str, Any] = {
+            "phase": ph.name,
+            "steps": f"{first + 1}-{first + ph.steps}",
+            "seq_len": ph.seq_len,
+            "G": ph.global_batch,
+            "lr": f"{plan.lr(first):.3g} → {plan.lr(first + ph.steps - 1):.3g}",
+        }
+        for r in end_rows:
+            if r["phase"] == ph.name:
+                src = plan.sources[[s.name for s in plan.sources].index(r["source"])]
+                share = r["stream_tokens"] / src.tokens if src.tokens else 0.0
+                row[r["source"]] = f"{r['tokens']:,} ({100 * share:.1f}%)"
+        rows.append(row)
+    return rows
+
+
+def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
+    """The plan as printed by `gristmill train --plan` and at the top of a run."""
+    rows = plan_rows(plan)
+    cols = list(rows[0])
+    width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
+    lines = [
+        "  ".join(c.ljust(width[c]) for c in cols),
+        *("  ".join(str(r.get(c, "")).ljust(width[c]) for c in cols) for r in rows),
+    ]
+    lines.append(
+        "per source: tokens trained (share of one epoch of its training split read); sources: "
+        + ", ".join(f"{s.name} = {s.dataset} ({s.tokens:,} tokens)" for s in plan.sources)
+    )
+    return lines + [f"note: {n}" for n in notes]
+
+
+CONSUMPTION_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("phase", pa.string()),
+        ("source", pa.string()),
+        ("dataset", pa.string()),
+        ("seq_len", pa.int64()),
+        ("steps", pa.int64()),
+        ("windows", pa.int64()),
+        ("tokens", pa.int64()),
+        ("stream_tokens", pa.int64()),
+        ("epoch", pa.int64()),
+        ("dataset_tokens", pa.int64()),
+        ("fraction", pa.float64()),
+    ]
+)
+
+
+def write_consumption(plan: data_plan.Plan, step: int, path: Path) -> None:
+    """RUN/consumption.parquet after `step` steps: per (phase, source) the steps, windows, tokens
+    trained (windows × seq_len), stream tokens read (windows × (seq_len + 1)), the source's epoch
+    and the fraction of one epoch of its training split read. The audit's `consumption` view."""
+    rows = plan.consumed(step)
+    by_name = {s.name: s for s in plan.sources}
+    for r in rows:
+        src = by_name[r["source"]]
+        r.update(
+            step=step,
+            dataset=src.dataset,
+            dataset_tokens=src.tokens,
+            fraction=r["stream_tokens"] / src.tokens if src.tokens else 0.0,
+        )
+    table = pa.Table.from_pylist(rows, schema=CONSUMPTION_SCHEMA)
+    with atomic_path(path, fsync=False) as tmp:  # derived from the plan: rewritten at every log
+        pq.write_table(table, tmp)
+
+
+def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
+    """plan.png: the LR curve with phase boundaries, and each source's share of every step.
+    Returns a note instead when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plan.png skipped: matplotlib is not installed"
+    import numpy as np
+
+    total = plan.total_steps
+    steps = np.unique(np.linspace(0, total - 1, min(total, 2000)).astype(int))
+    fig, (ax_lr, ax_mix) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    ax_lr.plot(steps + 1, [plan.lr(int(s)) for s in steps], color="black")
+    ax_lr.set_ylabel("learning rate")
+    shares = np.zeros((len(plan.sources), len(steps)))
+    for j, s in enumerate(steps.tolist()):
+        p, k = plan.locate(s)
+        n = plan.cumulative(p, k + 1) - plan.cumulative(p, k)
+        shares[:, j] = n / n.sum()
+    ax_mix.stackplot(steps + 1, shares, labels=[s.name for s in plan.sources])
+    ax_mix.set_ylabel("share of each step")
+    ax_mix.set_xlabel("step")
+    ax_mix.set_ylim(0, 1)
+    ax_mix.legend(loc="upper left", fontsize=8)
+    for p, ph in enumerate(plan.phases):
+        for ax in (ax_lr, ax_mix):
+            ax.axvline(plan.first_step[p] + 0.5, color="grey", linestyle=":", linewidth=1)
+        ax_lr.text(plan.first_step[p] + 1, ax_lr.get_ylim()[1], f" {ph.name} (seq {ph.seq_len})",
+                   va="top", fontsize=8)  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
