@@ -44,7 +44,9 @@ from training.contract.run_layout import (
 @contextlib.contextmanager
 def _single_process_quiet():
     """DCP warns on every save/load in a single process; that is the intended use here, not news.
-    (A module-level filter is not enough: libraries imported later reset the filters.)"""
+    (A module-level filter is not enough: libraries imported later reset the filters. A standing
+    one is renewed here too: an async save's thread warns after this block has ended.)"""
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
         yield

@@ -409,14 +409,17 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
 
     if old.seed != plan.seed:
         raise refuse("data.seed", old.seed, plan.seed)
-    # Every source the past used must be there, the same data, under the same name.
+    if step == 0:
+        return []
+    # The sources the past used, in the same order (a step's slots are placed by source index),
+    # each the same data with the same held-out split; new sources may only be appended.
     names = [s.name for s in plan.sources]
-    for s in old.sources:
-        if s.name not in names:
-            if step > 0:
-                raise refuse(f"source {s.name!r}", s.name, None, f"keep source {s.name!r}")
-            continue
-        ours = plan.sources[names.index(s.name)]
+    old_names = [s.name for s in old.sources]
+    if names[: len(old_names)] != old_names:
+        raise refuse(
+            "the sources (in order)", old_names, names, "keep them in that order and append new ones"
+        )
+    for s, ours in zip(old.sources, plan.sources):
         if not same_fingerprint(s.fingerprint, ours.fingerprint):
             raise refuse(
                 f"the fingerprint of source {s.name!r}",
@@ -424,8 +427,8 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
                 ours.fingerprint,
                 "point the source at the dataset the run started with",
             )
-    if step == 0:
-        return []
+        if s.val_fraction != ours.val_fraction or s.tokens != ours.tokens:
+            raise refuse(f"the val_fraction of source {s.name!r}", s.val_fraction, ours.val_fraction)
     p_old, k_old = old.locate(step - 1)
     p_new, k_new = (
         plan.locate(step - 1) if plan.total_steps is None or step <= plan.total_steps else (None, None)
@@ -448,6 +451,8 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             raise refuse(f"{where}.mix", mix_old, mix_new)
         if p < p_old and a.steps != b.steps:
             raise refuse(f"{where}.steps", a.steps, b.steps, "a finished phase keeps its budget")
+        if p < p_old and a.lr != b.lr:
+            raise refuse(f"{where}.lr", a.lr, b.lr, "a finished phase keeps its learning-rate piece")
     if (p_new, k_new) != (p_old, k_old):
         raise refuse(
             f"the phase of step {step}",

@@ -1,15 +1,17 @@
 """The token loader: deterministic, resumable, elastic (DESIGN.md, "The loader's guarantees").
 
-Global step s of a run is epoch s // steps_per_epoch, global batch b = s % steps_per_epoch: windows
-[b·G, (b+1)·G) of that epoch's stream (training/loader_plan.py). Rank r of N takes the contiguous
-G/N windows starting at b·G + r·G/N and cuts them into micro-batches in order. A batch is built
-from (plan, step, rank) alone, so:
+What each global step holds is the data plan's (training/data_plan.py): for every slot of the
+global batch of G windows, a source, its epoch and the window's first token in that source's
+stream (ordered by training/loader_plan.py). A one-dataset loader is the one-source plan: global
+step s is epoch s // steps_per_epoch, global batch b = s % steps_per_epoch, windows [b·G, (b+1)·G)
+of that epoch's stream. Rank r of N takes the G/N slots starting at r·G/N and cuts them into
+micro-batches in order. A batch is built from (plan, step, rank) alone, so:
 
 - workers: whole steps go round-robin to DataLoader worker processes and come back in step order,
   so the stream does not depend on num_workers;
 - ranks: the rank slices of a step concatenate to the world-size-1 batch, for any N dividing G;
-- resume: the state is a step counter plus the parameters the order depends on. It counts steps
-  handed to the consumer, not steps prefetched by workers.
+- resume: the state is a step counter plus what the order depends on (the one-dataset identity,
+  or the whole plan). It counts steps handed to the consumer, not steps prefetched by workers.
 
 Each sequence is `seq_len + 1` stream tokens: input_ids = tokens[:-1], labels = tokens[1:] (never
 masked: the separator is the target of a document's last token), position_ids counting from 0 at

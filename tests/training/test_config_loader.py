@@ -87,3 +87,37 @@ def test_errors_name_the_override(tmp_path):
     bad = write(tmp_path, "workers = 'two'\n")
     with pytest.raises(ConfigError, match=rf"^workers must be an integer, got 'two' \({bad}\)$"):
         load_config(Outer, bad, ["name=x"])
+
+
+@dataclass
+class Stage:
+    name: str = ""
+    steps: int = 1
+    mix: dict[str, float] = field(default_factory=dict)
+    inner: Inner = field(default_factory=Inner)
+
+
+@dataclass
+class WithArrays:
+    top: int = 0
+    stage: list[Stage] = field(default_factory=list)
+
+
+def test_arrays_of_tables_round_trip_and_take_indexed_overrides(tmp_path):
+    """`[[stage]]` tables with inline tables inside (a phase's mix and lr) survive to_toml, and
+    `--set 'stage[1].steps=5'` edits one entry; a missing entry or a typo inside one is named."""
+    p = write(
+        tmp_path,
+        '[[stage]]\nname = "a"\nmix = { web = 0.8, "odd name" = 0.2 }\ninner = { lr = 1.0 }\n'
+        '[[stage]]\nname = "b"\nsteps = 3\n',
+    )
+    cfg = load_config(WithArrays, p, ["stage[1].steps=5", "stage[0].inner.mode=b"])
+    assert [s.steps for s in cfg.stage] == [1, 5] and cfg.stage[0].inner.mode == "b"
+    assert cfg.stage[0].mix == {"web": 0.8, "odd name": 0.2}
+    text = to_toml(cfg)
+    assert text.count("[[stage]]") == 2
+    assert load_config(WithArrays, write(tmp_path, text)) == cfg
+    with pytest.raises(ConfigError, match=r"stage has 2 entries, not an entry \[2\]"):
+        load_config(WithArrays, p, ["stage[2].steps=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'stage\[1\].stepz'.*did you mean 'stage\[1\].steps'"):
+        load_config(WithArrays, p, ["stage[1].stepz=1"])

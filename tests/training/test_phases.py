@@ -266,6 +266,7 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
         ("steps = 6\nseq_len = 32", "steps = 6\nseq_len = 16", "phase[0].seq_len"),  # the current seq_len
         ("warmup_steps = 2", "warmup_steps = 3", "learning rate of step 1"),  # the LR so far
         ("seed = 7", "seed = 8", "data.seed"),
+        ("val_fraction = 0.1", "val_fraction = 0.2", "val_fraction of source 'web'"),
     ]:
         assert old in text
         path = tmp_path / "x" / "changed.toml"
@@ -273,6 +274,10 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
         other = loader_for(load_config(TrainConfig, path))
         with pytest.raises(PlanError, match=field.replace("[", r"\[").replace("]", r"\]")):
             other.load_state_dict(state)
+
+    swapped = loader_for(cfg_of({n: sources[n] for n in ("code", "web", "math")}, tmp_path / "x"))
+    with pytest.raises(PlanError, match=r"the sources \(in order\)"):
+        swapped.load_state_dict(state)
 
     # The future may change: a longer phase "long" and a third phase appended.
     anneal = '[[phase]]\nname = "anneal"\nsteps = 3\nseq_len = 64\nmix = { math = 1.0 }\n'
@@ -294,20 +299,26 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
 # -- supply --
 
 
-def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tmp_path):
-    heavy = (
-        '[[phase]]\nname = "main"\nsteps = 80\nseq_len = 32\nmix = { web = 0.4, code = 0.2, math = 0.4 }\n\n'
-    )
-    cfg = cfg_of(sources, tmp_path, phases=heavy)
+def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tmp_path, capsys):
+    small = {"web": sources["web"], "math": make_dataset(tmp_path / "math", n_docs=24, seed=4)}
+    heavy = '[[phase]]\nname = "main"\nsteps = 24\nseq_len = 32\nmix = { web = 0.6, math = 0.4 }\n\n'
+    config = write_recipe(tmp_path / "r.toml", small, tmp_path / "run", phases=heavy)
+    cfg = load_config(TrainConfig, config)
     with pytest.raises(PlanError) as e:
         open_plan(cfg)
     msg = str(e.value)
-    math_tokens = DocumentTable(sources["math"], val_fraction=0.1).tokens
+    math_tokens = DocumentTable(small["math"], val_fraction=0.1).tokens
+    asked = round(24 * 16 * 0.4) * 33  # 6–7 windows of 33 tokens per step, 6.4 on average
     assert "source 'math'" in msg and f"{math_tokens:,} per epoch" in msg and "max_epochs = 2" in msg
-    cfg.data.sources[2].max_epochs = 2
-    plan, _, notes = open_plan(cfg)
-    assert notes == ["source 'math' is read 2 epochs (max_epochs 2)"]
-    assert plan.consumed(80)[2]["epoch"] == 2
+    assert abs(int(msg.split("asks ")[1].split(" tokens")[0].replace(",", "")) - asked) <= 33
+    # Refused before step 1: by the trainer too, with nothing written.
+    assert gristmill(["train", "--config", str(config)]) == 2
+    assert "would run out" in capsys.readouterr().err and not (tmp_path / "run" / "metrics.jsonl").exists()
+    # Allowed a second epoch (reshuffled), it runs, and says so.
+    sets = ["data.sources[1].max_epochs=2", "run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    assert "source 'math' is read 2 epochs" in capsys.readouterr().out
+    assert _rows(tmp_path / "run")[-1]["epoch/math"] == 2
 
 
 def test_config_errors_name_the_key(sources, tmp_path):
@@ -432,3 +443,23 @@ def test_a_single_dataset_checkpoint_is_not_resumed_by_a_phased_recipe(sources, 
     config = write_recipe(tmp_path / "r.toml", sources, legacy)
     assert gristmill(["train", "--config", str(config), "--resume", "auto"]) == 2
     assert "written by a single-dataset run but this config describes a phased" in capsys.readouterr().err
+
+
+def test_two_ranks_under_torchrun_train_the_same_plan(reference, tmp_path):
+    """The phased run under torchrun (2 processes, gloo, FSDP): each rank takes its slots of every
+    step, so the losses (and the per-source validation) match the one-process run."""
+    run_dir, config = reference
+    two = tmp_path / "two"
+    sets = [f'run.output_dir="{two}"', "parallel.shard=2", "checkpoint.interval=0"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ref, got = _rows(run_dir), _rows(two)
+    assert [r["step"] for r in got] == [r["step"] for r in ref]
+    for a, b in zip(ref, got):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), a["step"]
+        assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
+            k: v for k, v in a.items() if k.startswith("tokens/")
+        }
+    assert got[5]["val/code"] == pytest.approx(ref[5]["val/code"], abs=1e-5)
