@@ -285,7 +285,9 @@ class Plan:
                 rows.append(
                     {
                         "phase": ph.name,
+                        "phase_index": p,
                         "source": src.name,
+                        "source_index": i,
                         "steps": k,
                         "seq_len": ph.seq_len,
                         "windows": int(cum[i]),

@@ -125,7 +125,9 @@ CONSUMPTION_SCHEMA = pa.schema(
     [
         ("step", pa.int64()),
         ("phase", pa.string()),
+        ("phase_index", pa.int64()),
         ("source", pa.string()),
+        ("source_index", pa.int64()),
         ("dataset", pa.string()),
         ("seq_len", pa.int64()),
         ("steps", pa.int64()),

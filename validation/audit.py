@@ -29,8 +29,9 @@ from typing import Any, TextIO
 
 import duckdb
 
+from training.contract.dataset_format import DATASET_JSON
 from training.contract.errors import GristmillError
-from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS
+from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import connect, describe_views, find_damaged, persist
 
 READ_ONLY = {duckdb.StatementType.SELECT}
@@ -261,13 +262,18 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Pat
 # entry points
 
 
+def default_reports(roots: list[str | Path]) -> list[str]:
+    """The dataset tables, or a training run's (`consumption`) when no root is a dataset."""
+    return DEFAULT_REPORTS if any((Path(r) / DATASET_JSON).is_file() for r in roots) else RUN_REPORTS
+
+
 def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     """The default tables (DEFAULT_REPORTS) for these datasets, compact enough for one screen:
     cells cut at 30 characters, no dataset_name column for a single dataset. `make demo` shows it."""
     with _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
-            results = [run_preset(con, n) for n in DEFAULT_REPORTS]
+            results = [run_preset(con, n) for n in default_reports(roots)]
         finally:
             con.close()
     if len(roots) == 1:
@@ -317,7 +323,11 @@ def _run(args: argparse.Namespace) -> int:
                 return 2
         else:
             names = (
-                list(PRESETS) if args.report == "all" else [args.report] if args.report else DEFAULT_REPORTS
+                list(PRESETS)
+                if args.report == "all"
+                else [args.report]
+                if args.report
+                else default_reports(args.dirs)
             )
             results = [run_preset(con, n) for n in names]
         write_results(results, args.format, sys.stdout, args.max_rows or None)

@@ -131,10 +131,20 @@ SELECT d.dataset_name,
 FROM dataset d LEFT JOIN validation v USING (dataset_name)
 ORDER BY d.dataset_name
 """,
+    # A training run's data so far (RUN/consumption.parquet, rewritten at every logged step): per
+    # phase and source the tokens trained, the stream tokens read and the share of the dataset.
+    "consumption": """
+SELECT dataset_name, phase, source, seq_len, steps, tokens, stream_tokens, epoch,
+       round(100 * fraction, 2) AS pct_of_dataset, step AS after_step
+FROM consumption
+ORDER BY dataset_name, phase_index, source_index
+""",
 }
 
 # What `gristmill data audit DIR` prints without --report/--sql, and `make demo` at its end.
 DEFAULT_REPORTS = ["summary", "drops", "tokens_by_dump", "shard_balance", "validation"]
+# ... and for training run directories (no dataset.json among the roots).
+RUN_REPORTS = ["consumption"]
 
 # Presets drawn by --plots: preset -> (x column, y column, kind); one PNG each, a series per dataset.
 PLOTS: dict[str, tuple[str, str, str]] = {

@@ -427,6 +427,9 @@ def test_plan_inspect_and_consumption(reference, capsys):
     want = {(r["phase"], r["source"]): r["tokens"] for r in plan.consumed(11)}
     got = {(p, s): int(t) for p, s, t in (line.split(",") for line in lines[1:])}
     assert got == want
+    assert gristmill(["data", "audit", str(run_dir)]) == 0  # a run directory: its consumption table
+    out = capsys.readouterr().out
+    assert "== consumption ==" in out and "pct_of_dataset" in out and "== summary ==" not in out
 
 
 def test_a_single_dataset_checkpoint_is_not_resumed_by_a_phased_recipe(sources, tmp_path, capsys):
