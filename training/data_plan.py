@@ -44,6 +44,7 @@ from training.contract.errors import GristmillError
 from training.loader_plan import derive_key, hashed_order
 
 PLAN_FORMAT = "gristmill-plan/1"
+PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
 SHAPES = ("constant", "cosine", "linear", "1-sqrt")
 
 
@@ -149,16 +150,19 @@ class Plan:
         """Windows of each source in the first k steps of phase p: the largest-remainder
         apportionment of k·G by the weights (ties to the earlier source). Exact integers."""
         ph = self.phases[p]
-        a = np.array(ph.weights, dtype=object)  # Python ints: k·G·a never overflows
         d = sum(ph.weights)
         total = k * ph.global_batch
-        prod = a * total
-        out = np.array([x // d for x in prod], dtype=np.int64)
+        if total * max(ph.weights) < 1 << 62:  # int64 is exact here (always, at any real scale)
+            prod = np.array(ph.weights, np.int64) * total
+            out, rem = np.divmod(prod, d)
+        else:  # Python integers
+            prod = [a * total for a in ph.weights]
+            out = np.array([x // d for x in prod], dtype=np.int64)
+            rem = np.array([x % d for x in prod], dtype=object)
         short = total - int(out.sum())
         if short:
-            rem = [x % d for x in prod]
-            for i in sorted(range(len(rem)), key=lambda i: (-rem[i], i))[:short]:
-                out[i] += 1
+            order = sorted(range(len(rem)), key=lambda i: (-rem[i], i))
+            out[order[:short]] += 1
         return out
 
     # -- source streams --
@@ -229,9 +233,10 @@ class Plan:
         ph = self.phases[p]
         before, after = self.cumulative(p, k), self.cumulative(p, k + 1)
         counts = after - before
-        labels = np.repeat(np.arange(len(self.sources)), counts)
-        if np.count_nonzero(counts) > 1:  # one source: identity placement (today's batches)
-            labels = labels[hashed_order(ph.global_batch, derive_key(self.seed, step, 2))]
+        if np.count_nonzero(counts) > 1:
+            labels = self._placement(counts, step)
+        else:  # one source: identity placement (the single-dataset loader's batches)
+            labels = np.repeat(np.arange(len(self.sources)), counts)
         epoch = np.zeros(ph.global_batch, np.int64)
         first = np.zeros(ph.global_batch, np.int64)
         w = ph.seq_len + 1
@@ -241,6 +246,21 @@ class Plan:
             epoch[slots] = c.epoch
             first[slots] = c.offset + (int(before[i]) - c.base + np.arange(len(slots))) * w
         return labels, epoch, first
+
+    def _placement(self, counts: np.ndarray, step: int) -> np.ndarray:
+        """Each slot's source: the sources' windows cut into runs of up to PLACE_RUN (a source's
+        k-th run holds its windows k·PLACE_RUN …, in stream order), the runs permuted by a hash of
+        (seed, step). Runs rather than single windows: a run is read as one range, and a
+        document cut at every run boundary costs the reader one more piece (8% of throughput
+        at runs of 1, seq 2048)."""
+        runs = -(-counts // PLACE_RUN)
+        run_src = np.repeat(np.arange(len(counts)), runs)
+        run_src = run_src[hashed_order(len(run_src), derive_key(self.seed, step, 2))]
+        by_src = np.argsort(run_src, kind="stable")  # each source's runs in placed order
+        nth = np.empty(len(run_src), np.int64)
+        nth[by_src] = np.arange(len(run_src)) - np.repeat(np.cumsum(runs) - runs, runs)
+        sizes = np.minimum(PLACE_RUN, counts[run_src] - nth * PLACE_RUN)
+        return np.repeat(run_src, sizes)
 
     # -- learning rate --
     def lr(self, step: int) -> float:

@@ -111,7 +111,7 @@ class DocumentTable:
         self._check_members()
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
-        self._maps: OrderedDict[int, mmap.mmap] = OrderedDict()
+        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
 
     def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
@@ -173,26 +173,43 @@ class DocumentTable:
         self.__dict__.update(state)
         self.lengths = self.blocks.lengths = self.index.tokens
 
-    def _map(self, shard: int) -> mmap.mmap:
+    def _map(self, shard: int) -> np.ndarray:
+        """Shard `shard` as a read-only token array over its memory map (the tar's members are
+        512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
         m = self._maps.get(shard)
         if m is None:
             if len(self._maps) >= MAX_OPEN_SHARDS:
                 self._maps.popitem(last=False)
             with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
-                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
             self._maps[shard] = m
         else:
             self._maps.move_to_end(shard)
         return m
 
-    def read(self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        """Concatenated tokens of the pieces (manifest row, first token, count), copied out of the maps."""
-        out = np.empty(int(counts.sum()), self.dtype)
-        offsets = self.index.offsets[docs].astype(np.int64) + starts * self.dtype.itemsize
-        pos = 0
-        for shard, off, n in zip(self.index.shard_of(docs).tolist(), offsets.tolist(), counts.tolist()):
-            out[pos : pos + n] = np.frombuffer(self._map(shard), self.dtype, n, off)
-            pos += n
+    def read(
+        self,
+        docs: np.ndarray,
+        starts: np.ndarray,
+        counts: np.ndarray,
+        out: np.ndarray | None = None,
+        at: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Tokens of the pieces (manifest row, first token, count), copied out of the maps: one after
+        the other into a new array, or piece k into `out[at[k] : at[k] + counts[k]]` (a batch whose
+        pieces of several sources interleave: each source writes its own in place)."""
+        if out is None:
+            out = np.empty(int(counts.sum()), self.dtype)
+            at = np.cumsum(counts) - counts
+        first = self.index.offsets[docs].astype(np.int64) // self.dtype.itemsize + starts
+        shards = self.index.shard_of(docs).tolist()
+        maps: dict[int, np.ndarray] = {}  # the batch's shards, looked up once each
+        for shard, a, n, pos in zip(shards, first.tolist(), counts.tolist(), at.tolist()):
+            m = maps.get(shard)
+            if m is None:
+                m = maps[shard] = self._map(shard)
+            out[pos : pos + n] = m[a : a + n]
         return out
 
     def document(self, row: int) -> np.ndarray:
@@ -210,33 +227,56 @@ class DocumentTable:
     ) -> None:
         """The separator id sits exactly at document ends ("after") or starts ("before"), nowhere else,
         and every id is < vocab_size (on a GPU an out-of-range id is an opaque device-side assert)."""
-        first = np.cumsum(counts) - counts  # where each piece begins in `tokens`
-        if len(tokens) and int(tokens.max()) >= self.vocab_size:
-            i = int(np.argmax(tokens >= self.vocab_size))
-            k = int(np.searchsorted(first, i, side="right")) - 1
-            doc = int(docs[k])
-            raise DatasetError(
-                f"id check failed at {where}: {self._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
-                f"{self.vocab_size}; the shard is corrupt — run `gristmill data validate {self.root}`"
-            )
-        if self.separator_position == "after":
-            at = (first + counts - 1)[starts + counts == self.lengths[docs]]
-        else:
-            at = first[starts == 0]
-        expected = np.zeros(len(tokens), bool)
-        expected[at] = True
-        bad = np.flatnonzero((tokens == self.separator_id) != expected)
-        if len(bad) == 0:
-            return
-        i = int(bad[0])
+        check_separators([self], np.zeros(len(docs), np.int64), tokens, docs, starts, counts, where)
+
+
+def check_separators(
+    tables: list[DocumentTable],
+    src: np.ndarray,
+    tokens: np.ndarray,
+    docs: np.ndarray,
+    starts: np.ndarray,
+    counts: np.ndarray,
+    where: str,
+) -> None:
+    """DocumentTable.check_separators over a batch whose consecutive pieces come from several
+    tables (piece k from tables[src[k]]; sources share one separator policy and vocabulary): one
+    pass over the tokens, each piece's document length taken from its own table."""
+    first = np.cumsum(counts) - counts  # where each piece begins in `tokens`
+    ref = tables[int(src[0])] if len(src) else tables[0]
+    lengths = np.empty(len(docs), np.int64)
+    for i in np.unique(src).tolist():
+        sel = src == i
+        lengths[sel] = tables[i].lengths[docs[sel]]
+
+    def piece_at(i: int) -> tuple[DocumentTable, int, int]:
         k = int(np.searchsorted(first, i, side="right")) - 1
-        doc = int(docs[k])
-        found = f"token {int(tokens[i])}" + (" (the separator)" if not expected[i] else "")
+        return tables[int(src[k])], int(docs[k]), k
+
+    if len(tokens) and int(tokens.max()) >= ref.vocab_size:
+        i = int(np.argmax(tokens >= ref.vocab_size))
+        table, doc, _ = piece_at(i)
         raise DatasetError(
-            f"separator check failed at {where}: {self._locate(doc)} has {found} at token "
-            f"{int(starts[k]) + i - int(first[k])} of {int(self.lengths[doc])}, but the "
-            f"separator policy (id {self.separator_id}, position {self.separator_position!r}) puts exactly "
-            "one separator at each document's "
-            f"{'end' if self.separator_position == 'after' else 'start'}; the shard is corrupt or was "
-            f"built under another policy — run `gristmill data validate {self.root}`"
+            f"id check failed at {where}: {table._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
+            f"{table.vocab_size}; the shard is corrupt — run `gristmill data validate {table.root}`"
         )
+    if ref.separator_position == "after":
+        at = (first + counts - 1)[starts + counts == lengths]
+    else:
+        at = first[starts == 0]
+    expected = np.zeros(len(tokens), bool)
+    expected[at] = True
+    bad = np.flatnonzero((tokens == ref.separator_id) != expected)
+    if len(bad) == 0:
+        return
+    i = int(bad[0])
+    table, doc, k = piece_at(i)
+    found = f"token {int(tokens[i])}" + (" (the separator)" if not expected[i] else "")
+    raise DatasetError(
+        f"separator check failed at {where}: {table._locate(doc)} has {found} at token "
+        f"{int(starts[k]) + i - int(first[k])} of {int(lengths[k])}, but the "
+        f"separator policy (id {table.separator_id}, position {table.separator_position!r}) puts exactly "
+        "one separator at each document's "
+        f"{'end' if table.separator_position == 'after' else 'start'}; the shard is corrupt or was "
+        f"built under another policy — run `gristmill data validate {table.root}`"
+    )

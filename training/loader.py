@@ -37,7 +37,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from training import data_plan, loader_plan
 from training.contract.dataset_format import fingerprint_before_index
 from training.contract.errors import GristmillError
-from training.dataset_reader import DocumentTable
+from training.dataset_reader import DocumentTable, check_separators
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,13 @@ class BatchBuilder:
             d, s, c = self.plan(int(epochs[0]), int(labels[0])).segments(int(a[0]), int(b[0]))
             return np.full(len(d), int(labels[0])), d, s, c
         parts = []
-        for src, ep in sorted({(int(x), int(y)) for x, y in zip(labels[run], epochs[run])}):
-            sel = np.flatnonzero((labels[run] == src) & (epochs[run] == ep))
-            d, s, c, q = self.plan(ep, src).segments_many(a[sel], b[sel])
-            parts.append((sel[q], np.full(len(d), src), d, s, c))
+        run_src, run_epoch = labels[run], epochs[run]
+        for src in np.unique(run_src).tolist():
+            of_src = run_src == src
+            for ep in np.unique(run_epoch[of_src]).tolist():  # one, unless the step starts an epoch
+                sel = np.flatnonzero(of_src & (run_epoch == ep))
+                d, s, c, q = self.plan(ep, src).segments_many(a[sel], b[sel])
+                parts.append((sel[q], np.full(len(d), src), d, s, c))
         order_key, *pieces = (np.concatenate(x) for x in zip(*parts))
         order = np.argsort(order_key, kind="stable")
         src, d, s, c = (x[order] for x in pieces)
@@ -135,25 +138,16 @@ class BatchBuilder:
         src, docs, starts, counts = self.segments(step)
         sources = np.unique(src).tolist()
         if len(sources) == 1:
-            table = self.tables[sources[0]]
-            tokens = table.read(docs, starts, counts)
-            if self.check:
-                table.check_separators(tokens, docs, starts, counts, where=self._where(step, sources[0]))
-            return tokens, starts, counts
-        tokens = np.empty(int(counts.sum()), np.result_type(*(self.tables[i].dtype for i in sources)))
-        at = np.cumsum(counts) - counts  # each piece's place in the batch
-        for i in sources:
-            sel = src == i
-            table, c = self.tables[i], counts[sel]
-            part = table.read(docs[sel], starts[sel], c)
-            if self.check:
-                table.check_separators(part, docs[sel], starts[sel], c, where=self._where(step, i))
-            tokens[np.repeat(at[sel] - (np.cumsum(c) - c), c) + np.arange(len(part))] = part
+            tokens = self.tables[sources[0]].read(docs, starts, counts)
+        else:  # each source copies its pieces straight into their places in the batch
+            tokens = np.empty(int(counts.sum()), np.result_type(*(self.tables[i].dtype for i in sources)))
+            at = np.cumsum(counts) - counts
+            for i in sources:
+                sel = src == i
+                self.tables[i].read(docs[sel], starts[sel], counts[sel], out=tokens, at=at[sel])
+        if self.check:
+            check_separators(self.tables, src, tokens, docs, starts, counts, f"step {step} rank {self.rank}")
         return tokens, starts, counts
-
-    def _where(self, step: int, source: int) -> str:
-        name = "" if len(self.tables) == 1 else f" source {self.data_plan.sources[source].name!r}"
-        return f"step {step} rank {self.rank}{name}"
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:
         tokens, starts, counts = self.tokens(step)

@@ -39,7 +39,8 @@ BLOCK_DOCS = 64
 GROUP_BLOCKS = 4096
 
 _M64 = (1 << 64) - 1
-_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_GAMMA_INT = 0x9E3779B97F4A7C15
+_GAMMA = np.uint64(_GAMMA_INT)
 _VAL_SALT = 0x6772697374766C31  # "gristvl1": held-out selection is independent of the seed
 
 
@@ -68,11 +69,15 @@ def _mix64_inplace(x: np.ndarray, tmp: np.ndarray) -> np.ndarray:
 
 
 def derive_key(*parts: int) -> np.uint64:
-    """One 64-bit key from a tuple of integers (seed, epoch, level, group …)."""
-    h = np.zeros(1, np.uint64)
+    """One 64-bit key from a tuple of integers (seed, epoch, level, group …): splitmix64's
+    finaliser (as mix64) over (key + γ) ^ part, in Python integers (a mixture derives one per step)."""
+    h = 0
     for p in parts:
-        h = mix64((h + _GAMMA) ^ np.uint64(int(p) & _M64))
-    return h[0]
+        x = ((h + _GAMMA_INT) & _M64) ^ (int(p) & _M64)
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+        h = x ^ (x >> 31)
+    return np.uint64(h)
 
 
 def hashed_order(n: int, key: np.uint64, dtype: type = np.int64, low_bits: int | None = None) -> np.ndarray:
@@ -494,32 +499,36 @@ class EpochPlan:
             raise ValueError(f"token ranges outside the epoch's {self.tokens} tokens")
         ga = np.searchsorted(self.group_start, a, side="right") - 1
         gb = np.searchsorted(self.group_start, np.maximum(b - 1, a), side="right") - 1
+        if len(a) and ga[0] == gb[-1] and ga[-1] == gb[0] and (ga == ga[0]).all() and (gb == ga[0]).all():
+            return self._in_group(int(ga[0]), a, b, np.arange(len(a)))  # the common case: one group
         parts: list[tuple[np.ndarray, ...]] = []
         for q in np.flatnonzero(ga != gb).tolist():  # a range across a group boundary: rare
             d, s, c = self.segments(int(a[q]), int(b[q]))
-            parts.append((np.full(len(d), q), d, s, c))
+            parts.append((d, s, c, np.full(len(d), q)))
         inside = ga == gb
         for g in np.unique(ga[inside]).tolist():
             qs = np.flatnonzero(inside & (ga == g))
-            docs, cum = self.group(g)
-            base = int(self.group_start[g])
-            lo, hi = a[qs] - base, b[qs] - base
-            i = np.searchsorted(cum, lo, side="right") - 1  # cum[i] <= lo < cum[i+1]
-            j = np.searchsorted(cum, hi, side="left")  # cum[j-1] < hi <= cum[j]
-            n = j - i
-            idx = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n) + np.repeat(i, n)
-            first = cum[idx]
-            lo_r, hi_r = np.repeat(lo, n), np.repeat(hi, n)
-            starts = np.maximum(lo_r - first, 0)
-            parts.append(
-                (np.repeat(qs, n), docs[idx], starts, np.minimum(cum[idx + 1], hi_r) - first - starts)
-            )
+            parts.append(self._in_group(g, a[qs], b[qs], qs))
         if not parts:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty, empty
-        q, d, s, c = (np.concatenate(x) for x in zip(*parts))
+        d, s, c, q = (np.concatenate(x) for x in zip(*parts))
         order = np.argsort(q, kind="stable")
         return d[order], s[order], c[order], q[order]
+
+    def _in_group(self, g: int, a: np.ndarray, b: np.ndarray, qs: np.ndarray) -> tuple[np.ndarray, ...]:
+        """segments_many for ranges [a, b) that all lie inside group g; `qs` names them."""
+        docs, cum = self.group(g)
+        base = int(self.group_start[g])
+        lo, hi = a - base, b - base
+        i = np.searchsorted(cum, lo, side="right") - 1  # cum[i] <= lo < cum[i+1]
+        j = np.searchsorted(cum, hi, side="left")  # cum[j-1] < hi <= cum[j]
+        n = j - i
+        idx = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n - i, n)
+        first = cum[idx]
+        starts = np.maximum(np.repeat(lo, n) - first, 0)
+        counts = np.minimum(cum[idx + 1], np.repeat(hi, n)) - first - starts
+        return docs[idx], starts, counts, np.repeat(qs, n)
 
 
 def epoch_steps(tokens: int, seq_len: int, global_batch: int) -> tuple[int, int]:

@@ -338,8 +338,8 @@ class Validation:
         self.device, self.vocab_size = device, vocab_size
         self.sources = [s for s in sources_of(cfg) if s.val_fraction > 0]
         self._loaders: dict[tuple[str, int], tuple[TokenLoader, dict]] = {}
-        if self.sources:
-            self.loaders(0)  # a held-out split too small for one batch fails before the model is built
+        for p in range(len(plans) if self.sources else 0):
+            self.loaders(p)  # a held-out split too small for a phase's batch fails before any work
 
     def loaders(self, p: int) -> list[tuple[str, TokenLoader, dict]]:
         bp, d = self.plans[p], self.cfg.data
