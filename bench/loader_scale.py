@@ -1,7 +1,7 @@
 """Loader open + plan at FineWeb-Edu scale: 1.5B documents, 8 ranks opening at once on one box.
 
     python -m bench.loader_scale [--dir /tmp/gristmill-scale] [--docs 1.5e9] [--ranks 8]
-                                 [--val-fraction 0.001]
+                                 [--val-fraction 0.001] [--sources 1|3] [--mix-dir DIR] [--steps 10000]
 
 1. Writes (once; reused when the parameters match) a synthetic dataset directory of --docs
    documents with FineWeb-Edu's mean length (uniform 1..1734 tokens, mean 867 → ~1.3T tokens,
@@ -10,6 +10,8 @@
    apparent, a few MB on disk) with real tar headers where the loader's open-time spot check
    looks. No manifest parquet is written at all: the training path must not need it. Hashes in
    dataset.json are placeholders (the loader does not hash; `validate` would flag them).
+   With --sources 3 it also writes the same --docs split over three such datasets (12 : 2 : 1,
+   1.2B / 0.2B / 0.1B documents at 1.5B; other seeds) under --mix-dir/{a,b,c}: another ~12 GB.
 2. Baseline, in a fresh process: the previous loader's approach — the per-document lengths read
    into private memory (np.fromfile), then the same plan.
 3. --ranks processes started at once, each `TokenLoader(..., rank=r, world_size=--ranks)` as
@@ -19,9 +21,15 @@
    (a restart). Each reports wall times, CPU time and its peak
    *private* memory: RssAnon from /proc/self/status sampled every 5 ms (page cache, the shared
    index maps included, is RssFile and not counted).
+4. With --sources 3, step 3 again for the mixture, after the single-source rounds of the same
+   invocation (a fresh loader cache): each rank opens the three training splits
+   (`DocumentTable(..., val_fraction=--val-fraction)`), builds the Plan as a recipe with
+   [[data.sources]] does (one phase of --steps steps, seq 2048, G 512, weights 0.8 / 0.15 / 0.05,
+   max_epochs 1, supply checked) and `TokenLoader.from_plan(plan, tables, rank=r, ...)`, plans
+   epoch 0 of every source and builds its first batch; the ratios to the single-source rounds follow.
 
 Prints one line per rank, the worst rank against the goals (< 30 s, < 1 GiB), and the ratios to the
-baseline.
+baseline (and, for the mixture, to the single source).
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ MEAN_MAX = 1734  # uniform 1..1734: mean 867 tokens, FineWeb-Edu's 1.3T tokens /
 SHARD_CAP = 3 << 30  # a shard starts a new one past 3 GiB, so in-shard offsets stay uint32
 CHUNK = 50_000_000
 BASE: list[dict] = []  # the baseline's result, for the ratios printed after each round
+MIX_PARTS = (12, 2, 1)  # --sources 3: --docs split 12 : 2 : 1 (1.2B / 0.2B / 0.1B at 1.5B)
+MIX_NAMES = ("a", "b", "c")
+MIX_WEIGHTS = (0.8, 0.15, 0.05)  # the mixture phase's weights, in source order
 
 
 def status_kib(field: str) -> int:
@@ -61,8 +72,22 @@ def tar_header(name: str, size: int) -> bytes:
     return info.tobuf(format=tarfile.USTAR_FORMAT)
 
 
-def make_dataset(root: Path, docs: int) -> dict:
-    params = {"docs": docs, "lengths": f"uniform 1..{MEAN_MAX}", "seed": 0, "shard_cap": SHARD_CAP}
+def mix_docs(docs: int) -> list[int]:
+    """--docs split over the mixture's sources by MIX_PARTS (the last takes the remainder)."""
+    parts = [docs * k // sum(MIX_PARTS) for k in MIX_PARTS[:-1]]
+    return parts + [docs - sum(parts)]
+
+
+def source_dirs(args, sources: int | None = None) -> list[Path]:
+    """The dataset directories of a round of `sources` (default --sources): --dir, or the
+    mixture's --mix-dir/{a,b,c}."""
+    if (sources or args.sources) == 1:
+        return [Path(args.dir)]
+    return [Path(args.mix_dir) / name for name in MIX_NAMES]
+
+
+def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
+    params = {"docs": docs, "lengths": f"uniform 1..{MEAN_MAX}", "seed": seed, "shard_cap": SHARD_CAP}
     try:
         info = json.loads((root / DATASET_JSON).read_text())
         if info.get("bench") == params:
@@ -73,7 +98,7 @@ def make_dataset(root: Path, docs: int) -> dict:
     (root / INDEX_DIR).mkdir(parents=True)
     (root / SHARDS_DIR).mkdir()
     t0 = time.perf_counter()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     pos = 0  # byte position in the concatenation of all shards
     shard_first: list[int] = []  # first row of each shard
     base = 0  # where the current shard begins in that concatenation
@@ -169,13 +194,14 @@ class PeakAnon:
         self.peak = max(self.peak, status_kib("RssAnon"))
 
 
-def run_rank(args) -> dict:
+def open_loader(args):
+    """Rank --rank's loader as the trainer builds it: one dataset, or the --sources 3 mixture."""
+    from training import data_plan  # (imported by run_rank before the clock starts)
+    from training.dataset_reader import DocumentTable
     from training.loader import TokenLoader
 
-    base = status_kib("RssAnon")  # interpreter + torch + numpy, before the loader exists
-    cpu0, t0 = time.process_time(), time.perf_counter()
-    with PeakAnon() as peak:
-        loader = TokenLoader(
+    if args.sources == 1:
+        return TokenLoader(
             args.dir,
             seq_len=2048,
             global_batch=512,
@@ -185,8 +211,27 @@ def run_rank(args) -> dict:
             world_size=args.ranks,
             val_fraction=args.val_fraction,
         )
+    # As training/recipe_plan.open_plan does for [[data.sources]] + one [[phase]].
+    tables = [DocumentTable(d, split="train", val_fraction=args.val_fraction) for d in source_dirs(args)]
+    plan = data_plan.Plan(
+        [data_plan.Source.of(t, name, max_epochs=1) for t, name in zip(tables, MIX_NAMES)],
+        [data_plan.Phase("main", args.steps, 2048, 512, data_plan.integer_weights(list(MIX_WEIGHTS)))],
+        seed=0,
+    )
+    plan.check_supply()
+    return TokenLoader.from_plan(plan, tables, micro_batch=8, rank=args.rank, world_size=args.ranks)
+
+
+def run_rank(args) -> dict:
+    import training.loader  # noqa: F401  (torch: part of the interpreter, not of the open)
+
+    base = status_kib("RssAnon")  # interpreter + torch + numpy, before the loader exists
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with PeakAnon() as peak:
+        loader = open_loader(args)
         t1 = time.perf_counter()
-        loader.builder.plan(0)
+        for source in range(len(loader.plan.sources)):  # epoch 0 of each source's stream
+            loader.builder.plan(0, source)
         t2 = time.perf_counter()
         batch = loader.builder.batch(0)
         t3 = time.perf_counter()
@@ -201,7 +246,7 @@ def run_rank(args) -> dict:
         "peak_anon_mib": peak.peak / 1024,
         "file_mib": status_kib("RssFile") / 1024,
         "batch_rows": sum(len(mb["input_ids"]) for mb in batch),
-        "documents": loader.documents.documents,
+        "documents": sum(t.documents for t in loader.builder.tables),
     }
 
 
@@ -239,6 +284,12 @@ def spawn(args, part: str, rank: int = 0) -> subprocess.Popen:
         str(args.ranks),
         "--val-fraction",
         str(args.val_fraction),
+        "--sources",
+        str(args.sources),
+        "--mix-dir",
+        args.mix_dir,
+        "--steps",
+        str(args.steps),
     ]
     return subprocess.Popen(
         argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
@@ -261,23 +312,28 @@ def main() -> None:
         "--val-fraction", type=float, default=0.001, help="the FineWeb-Edu recipe's (0: none held out)"
     )
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument(
+        "--sources",
+        type=int,
+        choices=[1, 3],
+        default=1,
+        help="3: after the single-source rounds, the same for a 3-source mixture of --docs documents in all",
+    )
+    ap.add_argument("--mix-dir", help="the mixture's datasets, {a,b,c} under it (default: --dir + '-mix')")
+    ap.add_argument("--steps", type=int, default=10_000, help="the mixture phase's step budget")
     ap.add_argument("--part", choices=["main", "rank", "baseline"], default="main", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.mix_dir = args.mix_dir or args.dir + "-mix"
     if args.part != "main":
         print(json.dumps(run_rank(args) if args.part == "rank" else run_baseline(args)))
         return
+    mixture, args.sources = args.sources == 3, 1
     info = make_dataset(Path(args.dir), int(args.docs))
-    index_bytes = sum(f["bytes"] for f in info["index"]["files"].values())
-    print(
-        f"dataset: {info['documents']:,} documents, {info['tokens']:,} tokens, {info['shards']:,} shards; "
-        f"index {index_bytes / 2**30:.1f} GiB; {os.cpu_count()} CPUs; val_fraction {args.val_fraction}"
-    )
-    t0 = time.perf_counter()  # warm the page cache as a node's first rank would: one read of the lengths
-    with open(Path(args.dir) / INDEX_DIR / DOC_TOKENS, "rb") as f:
-        while f.read(1 << 26):
-            pass
-    print(f"page cache warmed: doc_tokens.bin read in {time.perf_counter() - t0:.1f} s")
+    if mixture:  # written up front: the rounds below then run back to back
+        for seed, (root, docs) in enumerate(zip(source_dirs(args, 3), mix_docs(int(args.docs))), 1):
+            make_dataset(root, docs, seed)
+    describe([info], args)
     base = None
     if not args.no_baseline:
         base = collect(spawn(args, "baseline"))
@@ -292,12 +348,45 @@ def main() -> None:
     # The ranks share the split's block table through the loader's cache (training/loader_plan.py,
     # loader_cache.py): a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
     os.environ["GRISTMILL_CACHE"] = str(Path(args.dir) / "loader-cache")
+    rounds = ("first open, empty cache", "restart, cache filled")
     shutil.rmtree(os.environ["GRISTMILL_CACHE"], ignore_errors=True)
-    for round_ in (1, 2):
-        ranks_at_once(args, "first open, empty cache" if round_ == 1 else "restart, cache filled")
+    single = [ranks_at_once(args, what) for what in rounds]
+    if not mixture:
+        return
+    args.sources = 3
+    print(f"\n3-source mixture, weights {'/'.join(map(str, MIX_WEIGHTS))}, one phase of {args.steps} steps:")
+    describe([json.loads((d / DATASET_JSON).read_text()) for d in source_dirs(args)], args)
+    shutil.rmtree(os.environ["GRISTMILL_CACHE"], ignore_errors=True)  # round 1 a first open again
+    for what, one in zip(rounds, single):
+        mix = ranks_at_once(args, what)
+        print(
+            f"mixture vs single source ({what}): worst rank time {mix['worst_s'] / one['worst_s']:.2f}×, "
+            f"worst rank CPU {mix['cpu_s'] / one['cpu_s']:.2f}×, private peak "
+            f"{mix['peak_mib'] / one['peak_mib']:.2f}× (the loader's own {mix['own_mib']:.0f} vs "
+            f"{one['own_mib']:.0f} MiB)"
+        )
 
 
-def ranks_at_once(args, what: str) -> list[dict]:
+def describe(infos: list[dict], args) -> None:
+    """One line per dataset of the round, then the page cache warmed as a node's first rank would:
+    one read of each dataset's lengths (doc_tokens.bin)."""
+    for info, root in zip(infos, source_dirs(args)):
+        index_bytes = sum(f["bytes"] for f in info["index"]["files"].values())
+        print(
+            f"dataset {root}: {info['documents']:,} documents, {info['tokens']:,} tokens, "
+            f"{info['shards']:,} shards; index {index_bytes / 2**30:.1f} GiB; {os.cpu_count()} CPUs; "
+            f"val_fraction {args.val_fraction}"
+        )
+    t0 = time.perf_counter()
+    for root in source_dirs(args):
+        with open(root / INDEX_DIR / DOC_TOKENS, "rb") as f:
+            while f.read(1 << 26):
+                pass
+    print(f"page cache warmed: doc_tokens.bin read in {time.perf_counter() - t0:.1f} s")
+
+
+def ranks_at_once(args, what: str) -> dict:
+    """--ranks rank processes at once; prints them and returns the worst rank's figures."""
     t0 = time.perf_counter()
     procs = [spawn(args, "rank", r) for r in range(args.ranks)]
     results = [collect(p) for p in procs]
@@ -315,7 +404,7 @@ def ranks_at_once(args, what: str) -> list[dict]:
         f"worst rank: open + plan + first batch {worst_t:.1f} s (goal < 30 s: "
         f"{'met' if worst_t < 30 else 'NOT met'}), private peak {worst_m / 1024:.2f} GiB with python+torch "
         f"(goal < 1 GiB: {'met' if worst_m < 1024 else 'NOT met'}), of which the loader {own:.0f} MiB; "
-        f"{results[0]['documents']:,} documents in the split"
+        f"{results[0]['documents']:,} training documents"
     )
     if BASE:
         base = BASE[0]
@@ -324,7 +413,8 @@ def ranks_at_once(args, what: str) -> list[dict]:
             f"loader's other 6 bytes/doc), time per rank {worst_t / base['total_s']:.2f}× (baseline alone; "
             f"the ranks {args.ranks} at once on {os.cpu_count()} CPUs)"
         )
-    return results
+    cpu = max(r["cpu_s"] for r in results)
+    return {"worst_s": worst_t, "peak_mib": worst_m, "own_mib": own, "cpu_s": cpu, "wall_s": wall}
 
 
 if __name__ == "__main__":

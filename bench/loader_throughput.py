@@ -1,16 +1,23 @@
-"""Loader throughput against raw memory copies of the same bytes.
+"""Loader throughput against raw memory copies of the same bytes, and a mixture against one source.
 
     python -m bench.loader_throughput [--dir /tmp/gristmill-loader-bench] [--tokens 200e6]
+                                      [--mix-dir DIR] [--no-mixture] [--steps 60] [--repeats 2]
 
-Part 1 (throughput): generates a synthetic dataset (random ids, FineWeb-Edu-like lognormal
-document lengths, no tokenizer; reused when present), warms the page cache, then measures in one
-process:
+Generates a synthetic dataset (random ids, FineWeb-Edu-like lognormal document lengths, no
+tokenizer; reused when present) and, for the mixture, three more of 60% / 25% / 15% of --tokens
+(rounded up to batches of 20,000 documents; other seeds, same vocab) under --mix-dir/{a,b,c};
+warms the page cache, then measures in one process:
   - memcpy:        copying every shard's bytes out of their memory maps (np.frombuffer → buffer)
   - memcpy+int64:  the same, widened into three int64 arrays (the least a loader must write per
                    token: input_ids, labels, position_ids)
-  - loader:        TokenLoader, seq 2048, global batch 512, num_workers=0, with and without the
-                   separator check
-and prints tokens/s and the loader's ratio to each baseline.
+  - loader:        TokenLoader, seq 2048, global batch 512, micro-batch 8, num_workers=0, with and
+                   without the separator check
+  - mixture:       TokenLoader.from_plan over the three datasets' DocumentTables: one unbounded
+                   phase (the same seq_len and global batch), weights 0.6 / 0.25 / 0.15, so each
+                   step places the sources' windows at hashed slots; the same steps and settings
+and prints tokens/s, the loader's ratio to each baseline and the mixture's ratio to the one-source
+loader (goal ≥ 0.9×). Each loader figure is the best of --repeats runs, the one-source loader and
+the mixture alternating, so both see the same load.
 
 Planning at FineWeb-Edu scale (1.5B documents, 8 ranks at once) is bench/loader_scale.py.
 """
@@ -26,12 +33,16 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.synthetic_dataset import write_synthetic_dataset
+from training import data_plan, loader_plan
 from training.contract.dataset_format import read_dataset_info, shard_files
+from training.dataset_reader import DocumentTable
 from training.loader import TokenLoader
 
+MIXTURE = (("a", 0.6, 1), ("b", 0.25, 2), ("c", 0.15, 3))  # source: share of --tokens and weight, seed
 
-def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
-    params = {"tokens": tokens, "vocab": vocab, "lengths": "lognormal(6.3, 1.0), min 2", "seed": 0}
+
+def make_dataset(root: Path, tokens: int, vocab: int, seed: int = 0) -> dict:
+    params = {"tokens": tokens, "vocab": vocab, "lengths": "lognormal(6.3, 1.0), min 2", "seed": seed}
     try:
         info = read_dataset_info(root)
         if info.get("bench") == params and "index" in info:  # (built before the loader index: redo)
@@ -43,7 +54,7 @@ def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
     t0 = time.perf_counter()
 
     def documents():
-        rng = np.random.default_rng(0)
+        rng = np.random.default_rng(seed)
         written = 0
         while written < tokens:
             lengths = np.maximum(rng.lognormal(6.3, 1.0, 20_000).astype(np.int64), 2)
@@ -59,7 +70,7 @@ def make_dataset(root: Path, tokens: int, vocab: int) -> dict:
         extra={"bench": params},
     )  # fmt: skip
     print(
-        f"generated {info['documents']:,} documents, {info['tokens']:,} tokens "
+        f"generated {root}: {info['documents']:,} documents, {info['tokens']:,} tokens "
         f"in {time.perf_counter() - t0:.0f} s"
     )
     return info
@@ -92,22 +103,57 @@ def memcpy_baselines(root: Path, dtype: np.dtype, repeats: int = 3) -> tuple[flo
     return best_copy, best_wide, total
 
 
-def loader_rate(root: Path, args, **kw) -> tuple[float, float, float]:
-    """(tokens/s, open seconds, first-step seconds) of TokenLoader over --steps steps."""
+def loader_rate(open_loader, steps: int) -> tuple[float, float, float]:
+    """(tokens/s, open seconds, first-step seconds) of the loader `open_loader()` over `steps` steps."""
     t0 = time.perf_counter()
-    loader = TokenLoader(
-        root, seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=8, seed=0, **kw
-    )
+    loader = open_loader()
     opened = time.perf_counter() - t0
     it = iter(loader)
     t0 = time.perf_counter()
     next(it)
     first = time.perf_counter() - t0
-    steps = min(args.steps, loader.steps_per_epoch - 1)
     t0 = time.perf_counter()
     for _ in range(steps):
         next(it)
     return steps * loader.tokens_per_step / (time.perf_counter() - t0), opened, first
+
+
+def warm(root: Path) -> None:
+    """Read every shard once: the page cache holds them all."""
+    for path in shard_files(root):
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def single_loader(root: Path, args, **kw) -> TokenLoader:
+    return TokenLoader(
+        root, seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=8, seed=0, **kw
+    )
+
+
+def mixture_loader(roots: list[Path], args, **kw) -> TokenLoader:
+    """The MIXTURE as a recipe with [[data.sources]] and one unbounded phase builds it."""
+    tables = [DocumentTable(root) for root in roots]
+    weights = data_plan.integer_weights([w for _, w, _ in MIXTURE])
+    plan = data_plan.Plan(
+        [data_plan.Source.of(t, name, max_epochs=None) for t, (name, _, _) in zip(tables, MIXTURE)],
+        [data_plan.Phase("main", None, args.seq_len, args.global_batch, weights)],
+        seed=0,
+    )
+    return TokenLoader.from_plan(plan, tables, micro_batch=8, **kw)
+
+
+def best_rates(opens: dict, steps: int, repeats: int) -> dict[str, tuple[float, float, float]]:
+    """Best tokens/s (with that run's open and first-step seconds) of each loader over `repeats`
+    rounds, the loaders taking turns within a round."""
+    best: dict[str, tuple[float, float, float]] = {}
+    for _ in range(repeats):
+        for label, open_loader in opens.items():
+            got = loader_rate(open_loader, steps)
+            if label not in best or got[0] > best[label][0]:
+                best[label] = got
+    return best
 
 
 def throughput(args) -> None:
@@ -115,23 +161,43 @@ def throughput(args) -> None:
     info = make_dataset(root, int(args.tokens), args.vocab)
     dtype = np.dtype(info["dtype"])
     itemsize = dtype.itemsize
-    for path in shard_files(root):  # warm the page cache
-        with open(path, "rb") as f:
-            while f.read(1 << 24):
-                pass
+    roots = [] if args.no_mixture else [Path(args.mix_dir) / name for name, _, _ in MIXTURE]
+    for mix_root, (_, share, seed) in zip(roots, MIXTURE):
+        make_dataset(mix_root, int(args.tokens * share), args.vocab, seed)
+    for r in [root, *roots]:
+        warm(r)
     copy, wide, total = memcpy_baselines(root, dtype)
     print(
         f"dataset {root}: {info['documents']:,} documents, {info['tokens']:,} tokens ({info['dtype']}), "
         f"{total / 2**20:.0f} MiB in {info['shards']} shards; page cache warm"
     )
+    if roots:
+        print(
+            "mixture: "
+            + ", ".join(
+                f"{r} ({read_dataset_info(r)['tokens']:,} tokens, weight {w})"
+                for r, (_, w, _) in zip(roots, MIXTURE)
+            )
+        )
     print(f"baseline memcpy        {copy / itemsize / 1e6:9.1f} M tokens/s  ({copy / 2**30:.2f} GiB/s)")
     print(f"baseline memcpy+int64  {wide / itemsize / 1e6:9.1f} M tokens/s")
-    for label, kw in (("loader", {}), ("loader +sep check", {"check_separators": True})):
-        rate, opened, first = loader_rate(root, args, **kw)
-        print(
-            f"{label:<22} {rate / 1e6:9.1f} M tokens/s  = {rate / (copy / itemsize):.3f}× memcpy, "
-            f"{rate / (wide / itemsize):.2f}× memcpy+int64 (open {opened:.2f} s, first step {first:.2f} s)"
-        )
+    # The same steps for every loader: within one epoch of the one-source stream.
+    steps = min(args.steps, loader_plan.epoch_steps(info["tokens"], args.seq_len, args.global_batch)[0] - 1)
+    print(f"loaders: {steps} steps of {args.global_batch * args.seq_len:,} tokens, best of {args.repeats}")
+    for suffix, kw in (("", {}), (" +sep check", {"check_separators": True})):
+        opens = {"loader" + suffix: lambda kw=kw: single_loader(root, args, **kw)}
+        if roots:
+            opens["mixture" + suffix] = lambda kw=kw: mixture_loader(roots, args, **kw)
+        rates = best_rates(opens, steps, args.repeats)
+        one = rates["loader" + suffix][0]
+        for label, (rate, opened, first) in rates.items():
+            if label.startswith("loader"):
+                vs = f"{rate / (copy / itemsize):.3f}× memcpy, {rate / (wide / itemsize):.2f}× memcpy+int64"
+            else:
+                met = "met" if rate >= 0.9 * one else "NOT met"
+                vs = f"{rate / one:.3f}× the one-source loader (goal ≥ 0.9×: {met})"
+            times = f"open {opened:.2f} s, first step {first:.2f} s"
+            print(f"{label:<22} {rate / 1e6:9.1f} M tokens/s  = {vs} ({times})")
 
 
 def main() -> None:
@@ -142,7 +208,11 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--global-batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=2, help="each loader's figure: the best of this many runs")
+    ap.add_argument("--mix-dir", help="the mixture's datasets, {a,b,c} under it (default: --dir + '-mix')")
+    ap.add_argument("--no-mixture", action="store_true", help="the one-source loader and baselines only")
     args = ap.parse_args()
+    args.mix_dir = args.mix_dir or args.dir + "-mix"
     throughput(args)
 
 

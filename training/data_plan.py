@@ -110,6 +110,8 @@ class _Crossing:
 
 @dataclass
 class Plan:
+    """Sources, phases and the data seed: which tokens every global step takes, and its LR."""
+
     sources: list[Source]
     phases: list[Phase]
     seed: int
@@ -326,8 +328,8 @@ class Plan:
         return out
 
     def check_supply(self) -> list[str]:
-        """Refuse (PlanError) a source the plan would take past its max_epochs; returns notes: each
-        source's epochs and the tail tokens dropped at epoch ends and phase boundaries."""
+        """Refuse (PlanError) a source the plan would take past its max_epochs; returns a note for
+        each source read more than once."""
         if self.total_steps is None:
             return []
         notes = []
@@ -342,7 +344,7 @@ class Plan:
             if src.max_epochs is not None and epochs > src.max_epochs:
                 raise PlanError(
                     f"source {src.name!r} ({src.dataset}) would run out: the plan asks {asked:,} tokens "
-                    f"of it (with the tails dropped at epoch ends and seq_len changes), its training split "
+                    f"of it (plus the tails it drops at epoch ends), its training split "
                     f"has {src.tokens:,} per epoch, and max_epochs = {src.max_epochs}; lower its weight or "
                     f"the phases' budgets, add data, or set max_epochs = {epochs} for that source to repeat "
                     "it (each epoch reshuffled)"
