@@ -350,8 +350,23 @@ class Plan:
                     "it (each epoch reshuffled)"
                 )
             if epochs > 1:
-                notes.append(f"source {src.name!r} is read {epochs} epochs (max_epochs {src.max_epochs})")
+                dropped = self.dropped_tail(i)
+                notes.append(
+                    f"source {src.name!r} is read {epochs} epochs (max_epochs {src.max_epochs}); "
+                    f"{dropped:,} tokens dropped at epoch ends (tails too short for a step's windows)"
+                )
         return notes
+
+    def dropped_tail(self, i: int) -> int:
+        """Tokens of source i that the bounded plan skips: at each epoch crossing, the rest of the
+        epoch that could not hold the next step's windows of the source."""
+        dropped = 0
+        for p, ph in enumerate(self.phases):
+            found = self.crossings(i, p, ph.steps)
+            for prev, c in zip(found, found[1:]):
+                at = prev.offset + (int(self.cumulative(p, c.step)[i]) - prev.base) * self._window(p)
+                dropped += self.sources[i].tokens - at
+        return dropped
 
     # -- identity and resume --
     def describe(self) -> dict[str, Any]:

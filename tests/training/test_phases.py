@@ -317,7 +317,10 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     # Allowed a second epoch (reshuffled), it runs, and says so.
     sets = ["data.sources[1].max_epochs=2", "run.val_every=0", "metrics.plot=false"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
-    assert "source 'math' is read 2 epochs" in capsys.readouterr().out
+    assert "source 'math' is read 2 epochs (max_epochs 2); " in capsys.readouterr().out
+    plan = open_plan(load_config(TrainConfig, tmp_path / "run" / "config.toml"))[0]
+    tail = plan.dropped_tail(1)  # the first epoch's end that could not hold a step's math windows
+    assert 0 < tail < 7 * 33 + 33
     assert _rows(tmp_path / "run")[-1]["epoch/math"] == 2
 
 
