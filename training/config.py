@@ -375,6 +375,12 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
     d, gbt = cfg.data, cfg.data.global_batch_tokens
     names = [src.name for src in sources_of(cfg)]
     if not cfg.phase:
+        if len(names) > 1:
+            raise ConfigError(
+                f"{len(names)} [[data.sources]] but no [[phase]]: a mixture needs its weights; add a "
+                f"[[phase]] with steps (or tokens) and mix = {{ {', '.join(f'{n} = …' for n in names)} }}",
+                "phase",
+            )
         s = cfg.schedule
         lr = LRSection(shape="cosine", peak=cfg.optim.lr, to=cfg.optim.min_lr, warmup_steps=s.warmup_steps)
         return [PhaseSection("main", s.steps, None, d.seq_len, d.micro_batch, {names[0]: 1.0}, lr)]
@@ -412,14 +418,15 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
                 raise ConfigError(
                     f"{key}.mix names source {src!r}; the sources are {', '.join(names)}", f"{key}.mix.{src}"
                 )
-            if isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
                 raise ConfigError(f"{key}.mix.{src} = {w!r} must be a number ≥ 0", f"{key}.mix.{src}")
         if sum(mix.values()) <= 0:
             raise ConfigError(f"{key}.mix gives every source weight 0", f"{key}.mix")
         lr = ph.lr
         if lr.warmup_steps is not None and lr.warmup_tokens is not None:
             raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
-        warmup = lr.warmup_steps or (math.ceil(lr.warmup_tokens / gbt) if lr.warmup_tokens else 0)
+        # Tokens round up to whole steps, but never past the phase (whose budget rounds down).
+        warmup = lr.warmup_steps or (min(math.ceil(lr.warmup_tokens / gbt), steps) if lr.warmup_tokens else 0)
         if not 0 <= warmup <= steps:
             raise ConfigError(
                 f"{key}.lr warmup of {warmup} steps is outside the phase's {steps}", f"{key}.lr"

@@ -154,7 +154,7 @@ class Plan:
         ph = self.phases[p]
         d = sum(ph.weights)
         total = k * ph.global_batch
-        if total * max(ph.weights) < 1 << 62:  # int64 is exact here (always, at any real scale)
+        if max(total, 1) * max(ph.weights) < 1 << 62:  # int64 is exact here (at any real scale)
             prod = np.array(ph.weights, np.int64) * total
             out, rem = np.divmod(prod, d)
         else:  # Python integers
@@ -450,15 +450,20 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         raise refuse("data.seed", old.seed, plan.seed)
     if step == 0:
         return []
-    # The sources the past used, in the same order (a step's slots are placed by source index),
-    # each the same data with the same held-out split; new sources may only be appended.
-    names = [s.name for s in plan.sources]
-    old_names = [s.name for s in old.sources]
-    if names[: len(old_names)] != old_names:
-        raise refuse(
-            "the sources (in order)", old_names, names, "keep them in that order and append new ones"
-        )
-    for s, ours in zip(old.sources, plan.sources):
+    p_old, k_old = old.locate(step - 1)
+    # The sources the past read (a weight in a phase up to the current one): still there, in the
+    # same relative order (a step's runs are placed in source order), the same data and held-out
+    # split. Sources it never read may come, go or change.
+    used = {s.name for q in range(p_old + 1) for s, a in zip(old.sources, old.phases[q].weights) if a}
+    ours_by_name = {s.name: s for s in plan.sources}
+    old_order = [s.name for s in old.sources if s.name in used]
+    new_order = [s.name for s in plan.sources if s.name in used]
+    if old_order != new_order:
+        raise refuse("the sources read so far (in order)", old_order, new_order, "keep them, in that order")
+    for s in old.sources:
+        ours = ours_by_name.get(s.name)
+        if s.name not in used or ours is None:
+            continue
         if not same_fingerprint(s.fingerprint, ours.fingerprint):
             raise refuse(
                 f"the fingerprint of source {s.name!r}",
@@ -466,9 +471,10 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
                 ours.fingerprint,
                 "point the source at the dataset the run started with",
             )
-        if s.val_fraction != ours.val_fraction or s.tokens != ours.tokens:
+        if s.val_fraction != ours.val_fraction:
             raise refuse(f"the val_fraction of source {s.name!r}", s.val_fraction, ours.val_fraction)
-    p_old, k_old = old.locate(step - 1)
+        if s.tokens != ours.tokens:
+            raise refuse(f"the training tokens of source {s.name!r}", s.tokens, ours.tokens)
     p_new, k_new = (
         plan.locate(step - 1) if plan.total_steps is None or step <= plan.total_steps else (None, None)
     )
@@ -499,9 +505,13 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             plan.phases[p_new].name,
             f"keep phase {old.phases[p_old].name!r} longer than the {k_old + 1} steps done",
         )
-    # The learning rate so far: every step of the current phase, and the end of the earlier ones.
+    # The learning rate so far: every step of the current phase (the earlier phases' pieces are
+    # equal by now). The same pieces and budgets give the same curve: no need to walk the steps.
     first = old.first_step[p_old]
-    for s in range(first, step):
+    same = [(ph.steps, ph.lr) for ph in old.phases[: p_old + 1]] == [
+        (ph.steps, ph.lr) for ph in plan.phases[: p_old + 1]
+    ]
+    for s in range(first, first if same else step):
         if not math.isclose(old.lr(s), plan.lr(s), rel_tol=1e-12, abs_tol=0.0):
             raise refuse(
                 f"the learning rate of step {s + 1} (phase {old.phases[p_old].name!r})", old.lr(s), plan.lr(s)
@@ -517,9 +527,10 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
     return notes
 
 
-def _mix(plan: Plan, ph: Phase) -> dict[str, float]:
+def _mix(plan: Plan, ph: Phase) -> dict[str, str]:
+    """A phase's mix by source name, exact (as reduced fractions: 0.8/0.2 → 4/5, 1/5)."""
     total = sum(ph.weights)
-    return {s.name: round(a / total, 6) for s, a in zip(plan.sources, ph.weights) if a}
+    return {s.name: str(Fraction(a, total)) for s, a in zip(plan.sources, ph.weights) if a}
 
 
 def _phase_line(ph: Phase) -> str:

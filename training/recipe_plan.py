@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training import data_plan
-from training.config import TrainConfig, phases_of, sources_of
+from training.config import TrainConfig, is_phased, phases_of, sources_of
 from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import DATASET_JSON, DatasetError
 from training.dataset_reader import DocumentTable
@@ -53,10 +53,11 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
     """The recipe's plan over the sources' training splits (`tables`, in sources_of order).
 
     A recipe without [[data.sources]] and [[phase]] is one source "data" read for as many epochs as
-    its schedule takes (as before phases); sources of a mixture are read at most max_epochs times.
+    its schedule takes (as before phases); with either, each source is read at most max_epochs
+    times (data.dataset under [[phase]]: once).
     """
     sources = [
-        data_plan.Source.of(t, s.name, None if not cfg.data.sources else s.max_epochs)
+        data_plan.Source.of(t, s.name, s.max_epochs if is_phased(cfg) else None)
         for s, t in zip(sources_of(cfg), tables)
     ]
     phases, prev_end = [], 0.0

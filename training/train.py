@@ -337,7 +337,7 @@ class Validation:
         self.cfg, self.plans, self.data, self.env = cfg, plans, data, env
         self.device, self.vocab_size = device, vocab_size
         self.sources = [s for s in sources_of(cfg) if s.val_fraction > 0]
-        self._loaders: dict[tuple[str, int], tuple[TokenLoader, dict]] = {}
+        self._loaders: dict[tuple[str, int, int], tuple[TokenLoader, dict]] = {}
         for p in range(len(plans) if self.sources else 0):
             self.loaders(p)  # a held-out split too small for a phase's batch fails before any work
 
@@ -345,7 +345,7 @@ class Validation:
         bp, d = self.plans[p], self.cfg.data
         out = []
         for src in self.sources:
-            key = (src.name, bp.seq_len)
+            key = (src.name, bp.seq_len, bp.micro_batch)
             if key not in self._loaders:
                 loader = TokenLoader(
                     src.dataset,

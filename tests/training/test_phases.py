@@ -276,7 +276,7 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
             other.load_state_dict(state)
 
     swapped = loader_for(cfg_of({n: sources[n] for n in ("code", "web", "math")}, tmp_path / "x"))
-    with pytest.raises(PlanError, match=r"the sources \(in order\)"):
+    with pytest.raises(PlanError, match=r"the sources read so far \(in order\)"):
         swapped.load_state_dict(state)
 
     # The future may change: a longer phase "long" and a third phase appended.
@@ -469,3 +469,42 @@ def test_two_ranks_under_torchrun_train_the_same_plan(reference, tmp_path):
             k: v for k, v in a.items() if k.startswith("tokens/")
         }
     assert got[5]["val/code"] == pytest.approx(ref[5]["val/code"], abs=1e-5)
+
+
+def test_review_edges_of_the_plan_and_its_resume_rules():
+    """Exact mixes (a resume at 0.3333333 : 0.6666667 is not 1 : 2), huge integer weights at step 0,
+    and a source the past never read may change."""
+    srcs = [Source("a", "", "fa", 10**9, 1), Source("b", "", "fb", 10**9, 1), Source("m", "", "fm", 10**9, 1)]
+    lr = LRPiece(1e-3, 1e-3, "constant")
+
+    def plan(w1, w2=(0, 0, 1), sources=srcs) -> Plan:
+        return Plan(sources, [Phase("p", 100, 8, 1024, w1, lr), Phase("q", 10, 8, 1024, w2, lr)], 0)
+
+    old = plan((1, 2, 0)).describe()
+    close = plan(data_plan.integer_weights([0.3333333, 0.6666667, 0]))
+    with pytest.raises(PlanError, match=r"phase\[0\]\.mix"):
+        data_plan.check_resume(old, close, 50, lambda x, y: x == y)
+    rebuilt = [*srcs[:2], Source("m", "", "other", 5 * 10**8, 1)]  # never read before step 100
+    assert data_plan.check_resume(old, plan((1, 2, 0), sources=rebuilt), 50, lambda x, y: x == y) == []
+    with pytest.raises(PlanError, match="fingerprint of source 'a'"):
+        swapped = [Source("a", "", "new", 10**9, 1), *srcs[1:]]
+        data_plan.check_resume(old, plan((1, 2, 0), sources=swapped), 50, lambda x, y: x == y)
+    huge = plan(data_plan.integer_weights([1.0, 1 / 810, 0]))
+    assert huge.cumulative(0, 0).tolist() == [0, 0, 0] and huge.step_windows(0)[0].shape == (1024,)
+
+
+def test_review_edges_of_the_config(sources, tmp_path):
+    two = {"web": sources["web"], "code": sources["code"]}
+    path = write_recipe(
+        tmp_path / "r.toml",
+        two,
+        tmp_path / "run",
+        phases=" ",
+        extra="[schedule]\nsteps = 9\nwarmup_steps = 1\n",
+    )
+    with pytest.raises(ConfigError, match=r"2 \[\[data.sources\]\] but no \[\[phase\]\]"):
+        check_config(load_config(TrainConfig, path), 1)
+    phases = '[[phase]]\nname = "a"\ntokens = 5000\nseq_len = 32\nmix = { web = 1.0 }\n'
+    phases += "lr = { warmup_tokens = 5000 }\n"
+    path = write_recipe(tmp_path / "r.toml", two, tmp_path / "run", phases=phases)
+    assert check_config(load_config(TrainConfig, path), 1)[0].steps == 9  # 5000 // 512; warmup clamped
