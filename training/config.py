@@ -8,13 +8,15 @@ so an impossible recipe fails in the first second with the numbers in the messag
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import json
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from training.contract.config_loader import ConfigError
+from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
@@ -580,3 +582,21 @@ def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int
             f"{section.preset!r}); lower data.seq_len or set model.max_seq_len ≥ {seq_len}"
         )
     return mcfg
+
+
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
+        "directory PATH (same as --set checkpoint.resume=...)",
+    )
+
+
+def with_resume(overrides: list[str], resume: str | None) -> list[str]:
+    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
+    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
+
+
+def load_train_config(config: str, overrides: list[str]) -> TrainConfig:
+    return load_config(TrainConfig, config, overrides)

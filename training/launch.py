@@ -20,11 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.config import add_resume_argument, check_config, load_train_config, with_resume
 from training.contract.config_loader import add_config_arguments
 from training.contract.errors import GristmillError
 from training.run_lock import check_unlocked
-from training.shutdown import launcher_child_preexec
-from training.train import DistEnv, add_resume_argument, load_train_config, preflight, train, with_resume
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
-    from training.config import check_config
     from training.contract.run_layout import PLAN_PNG
     from training.recipe_plan import build_plan, format_plan, open_sources, plot_plan
 
@@ -78,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_train_config(args.config, overrides)
     if args.plan:
         return show_plan(cfg, args.nproc_per_node)
+    check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
+    from training.shutdown import launcher_child_preexec
+    from training.train import DistEnv, preflight, train
+
     if args.nproc_per_node == 1:
         train(cfg)
         return 0

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import sys
 import time
@@ -42,18 +41,20 @@ from torch.distributed.fsdp import FSDPModule
 from training import data_plan
 from training.checkpoint import Checkpointer
 from training.checkpoint_io import CheckpointError
-from training.config import (
+from training.config import (  # the CLI helpers are re-exported: `from training.train import …`
     BatchPlan,
     TrainConfig,
+    add_resume_argument,
     check_config,
     is_phased,
+    load_train_config,
     resolve_model_config,
     sources_of,
+    with_resume,
 )
 from training.contract.config_loader import (
     add_config_arguments,
     config_sha256,
-    load_config,
     save_config,
     to_dict,
 )
@@ -239,8 +240,8 @@ def _header(cfg, mcfg, plans: list[BatchPlan], env: DistEnv, device, mesh, model
         f"{mcfg.n_layers} layers, {mcfg.n_heads}/{mcfg.n_kv_heads} heads, vocab {mcfg.vocab_size}",
         *(
             f"  batch   {'' if len(plans) == 1 else f'{p.name}: '}{p.global_batch} seqs × {p.seq_len} = "
-            f"{p.tokens_per_step:,} tokens/step = {p.dp_size} ranks × {p.micro_batch} micro × {p.grad_accum} "
-            "accumulation"
+            f"{p.tokens_per_step:,} tokens/step = {p.dp_size} rank{'s' * (p.dp_size != 1)} × "
+            f"{p.micro_batch} micro × {p.grad_accum} accumulation"
             for p in plans
         ),
         f"  run     {env.world_size} process(es) on {device_name(device)}, mesh {mesh_txt}, compute {amp}, "
@@ -524,6 +525,7 @@ def loop(r: Run) -> dict[str, Any]:
     Returns the summary (rank 0's view)."""
     cfg, env, device, state, ckpt, writer = r.cfg, r.env, r.device, r.state, r.ckpt, r.writer
     first_loss = last_loss = val_loss = None
+    start = state.step  # a resumed run's summary covers its own steps, not the whole run's
     stopped_by = None
     t_start = t_window = time.perf_counter()
     tokens_window = 0
@@ -648,28 +650,11 @@ def loop(r: Run) -> dict[str, Any]:
         note = plot_loss(writer.history, r.run_dir / "loss.png") if cfg.metrics.plot else None
         writer.print(
             note
-            or f"loss {first_loss:.4f} → {last_loss:.4f} in {state.step} steps, {summary['seconds']:.0f} s; "
-            f"curve: {r.run_dir / 'loss.png'}"
+            or f"loss {first_loss:.4f} → {last_loss:.4f} over steps {start + 1}–{state.step} "
+            f"({state.step - start} steps{' since the resume' if start else ''}), "
+            f"{summary['seconds']:.0f} s; curve: {r.run_dir / 'loss.png'}"
         )
     return summary
-
-
-def add_resume_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--resume",
-        metavar="auto|PATH",
-        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
-        "directory PATH (same as --set checkpoint.resume=...)",
-    )
-
-
-def with_resume(overrides: list[str], resume: str | None) -> list[str]:
-    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
-    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
-
-
-def load_train_config(config: str, overrides: list[str]) -> TrainConfig:
-    return load_config(TrainConfig, config, overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,3 +56,22 @@ def test_a_command_help_uses_the_table(capsys):
         main(["data", "index", "--help"])
     assert e.value.code == 0
     assert COMMANDS[("data", "index")][1] in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["optim.lrr=1"], "unknown key 'optim.lrr'"),
+        (["data.micro_batch=5"], "is not divisible by 1 data-parallel rank"),
+    ],
+)
+def test_a_train_config_error_comes_before_torch(sets, message):
+    """`gristmill train` with a typo or impossible batch arithmetic: one line, exit 2, torch never
+    imported (it answers in a fraction of a second instead of the 4–8 s torch takes to import)."""
+    argv = ["train", "--config", "configs/train/tiny.toml", "--set", *sets]
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    probe = json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1])
+    assert probe == {"code": 2, "heavy": []}
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
