@@ -1,0 +1,87 @@
+"""configs/data/local-parquet.toml as the README's "Your own parquet files" uses it: a folder of
+plain parquet files (a text column, maybe id/url), offline, only source.path / output /
+tokenizer.path changed. The build trains its tokenizer, keeps every document and validates."""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+
+from pipelines.build import build
+from pipelines.config import DataConfig
+from tests.conftest import SEP, fixture_texts
+from training.contract.config_loader import load_config
+from training.contract.dataset_format import read_dataset_info
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "data" / "local-parquet.toml"
+
+
+def write_folder(folder: Path) -> list[str]:
+    """3 files, 40 documents each, with the columns a user's own files might have (or not)."""
+    texts = fixture_texts(120)
+    assert len(texts) == 120
+    tables = [
+        pa.table(  # text, id, url
+            {
+                "text": texts[:40],
+                "id": [f"doc-{i}" for i in range(40)],
+                "url": [f"https://example.org/{i}" for i in range(40)],
+            }
+        ),
+        pa.table({"text": texts[40:80]}),  # text only
+        pa.table({"title": [t[:20] for t in texts[80:]], "text": texts[80:], "year": [2024] * 40}),
+    ]
+    (folder / "more").mkdir(parents=True)
+    for name, table in zip(["a.parquet", "b.parquet", "more/c.parquet"], tables):
+        pq.write_table(table, folder / name)
+    return texts
+
+
+def test_recipe_defaults_suit_files_without_metadata():
+    cfg = load_config(DataConfig, RECIPE)
+    assert cfg.source.kind == "parquet" and cfg.source.text_key == "text"
+    # No score threshold: it would drop every document of a source without that column.
+    assert cfg.filters.min_int_score is cfg.filters.min_score is cfg.filters.min_language_score is None
+    # Offline as is: a local tokenizer file, trained by the build when it is missing.
+    assert cfg.tokenizer.path.endswith(".json") and cfg.tokenizer.train.if_missing
+    assert cfg.tokenizer.separator in cfg.tokenizer.train.special_tokens
+
+
+def test_build_from_a_folder_of_parquet_files(tmp_path):
+    corpus, out, tok_path = tmp_path / "my-parquet", tmp_path / "mine", tmp_path / "tok" / "mine.json"
+    texts = write_folder(corpus)
+    overrides = [f"source.path={corpus}", f"output={out}", f"tokenizer.path={tok_path}", "build.workers=2"]
+    cfg = load_config(DataConfig, RECIPE, overrides)
+    result = build(cfg, log=lambda *a: None)
+    assert result.ok, result.report
+
+    assert tok_path.is_file()  # trained on the folder, then copied into the dataset
+    assert (out / "tokenizer.json").read_bytes() == tok_path.read_bytes()
+    info = read_dataset_info(out)
+    assert info["tasks"] == 3 and info["documents"] == 120 and info["dtype"] == "uint16"
+    assert info["separator"]["token"] == SEP
+
+    manifest = pa.concat_tables([pq.read_table(p) for p in sorted((out / "manifest").glob("*.parquet"))])
+    rows = manifest.to_pylist()
+    ids = {r["id"] for r in rows}
+    assert {f"doc-{i}" for i in range(40)} <= ids  # the id column where the file has one
+    assert {f"b.parquet/{i}" for i in range(40)} | {f"more/c.parquet/{i}" for i in range(40)} <= ids
+    assert sum(r["url"] is not None for r in rows) == 40 and all(r["int_score"] is None for r in rows)
+    assert sum(manifest.column("n_tokens").to_pylist()) == info["tokens"]
+
+    # Every document's ids decode back to its text, followed by the one separator.
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    sep_id = tok.token_to_id(SEP)
+    decoded = []
+    for shard in sorted({r["shard"] for r in rows}):
+        with open(out / "shards" / shard, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            for r in (r for r in rows if r["shard"] == shard):
+                doc = np.frombuffer(m[r["offset"] : r["offset"] + r["nbytes"]], dtype="<u2")
+                assert doc[-1] == sep_id and np.count_nonzero(doc == sep_id) == 1
+                decoded.append(tok.decode(doc[:-1].tolist(), skip_special_tokens=False))
+    assert sorted(decoded) == sorted(texts)
