@@ -267,7 +267,8 @@ class MetricsSection:
 @dataclass
 class CheckpointSection:
     """DCP checkpoints under RUN/checkpoints/step-N, permanent HF exports under RUN/exports/step-N
-    (training/checkpoint.py). A checkpoint is also written at the last step and on SIGTERM/SIGINT."""
+    (training/checkpoint.py). A checkpoint is written on SIGTERM/SIGINT, and with interval > 0 also at
+    the last step."""
 
     interval: int = 0
     """Save every N steps (and at the last step); 0: only on SIGTERM/SIGINT."""
