@@ -652,9 +652,18 @@ def loop(r: Run) -> dict[str, Any]:
             note
             or f"loss {first_loss:.4f} → {last_loss:.4f} over steps {start + 1}–{state.step} "
             f"({state.step - start} steps{' since the resume' if start else ''}), "
-            f"{summary['seconds']:.0f} s; curve: {r.run_dir / 'loss.png'}"
+            f"{summary['seconds']:.0f} s{_whole_run(writer.history, start)}; curve: {r.run_dir / 'loss.png'}"
         )
     return summary
+
+
+def _whole_run(history: list[dict[str, Any]], start: int) -> str:
+    """After a resume, the whole run's first logged loss too (metrics.jsonl keeps the rows before it)."""
+    if not start or not history or history[0]["step"] > start:
+        return ""
+    return (
+        f"; the whole run: {history[0]['loss']:.4f} at step {history[0]['step']} → {history[-1]['loss']:.4f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

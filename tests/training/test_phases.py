@@ -390,7 +390,7 @@ def test_resume_before_at_and_after_the_boundary_is_bit_identical(reference, tmp
     assert_same_weights(run_dir, copy, 11)
 
 
-def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path):
+def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     run_dir, config = reference
     killed = tmp_path / "killed"
     sets = [f'run.output_dir="{killed}"', "checkpoint.keep_last=2"]
@@ -406,6 +406,12 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path):
                       "--resume", "auto"]) == 0  # fmt: skip
     assert _losses(killed) == _losses(run_dir)
     assert_same_weights(run_dir, killed, 11)
+    # The summary counts this invocation's steps, and names the whole run's first loss too.
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert (
+        "steps since the resume)" in summary
+        and f"the whole run: {_rows(run_dir)[0]['loss']:.4f} at step 1" in summary
+    )
 
 
 def test_plan_inspect_and_consumption(reference, capsys):
