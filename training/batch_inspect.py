@@ -103,7 +103,8 @@ def _run_mode(args: argparse.Namespace) -> int:
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
     check_config(cfg, args.world_size)
-    plan = build_plan(cfg, open_sources(cfg))
+    tables = open_sources(cfg)
+    plan = build_plan(cfg, tables)
     step = 1 if args.step is None else args.step
     end = step + 1 if args.end is None else args.end
     if not 1 <= step < end or end - 1 > plan.total_steps:
@@ -113,7 +114,7 @@ def _run_mode(args: argparse.Namespace) -> int:
         )
     loader = TokenLoader.from_plan(
         plan,
-        open_sources(cfg),
+        tables,
         micro_batch=tuple(ph.global_batch // args.world_size for ph in plan.phases),
         rank=args.rank,
         world_size=args.world_size,
@@ -140,8 +141,7 @@ def _run_mode(args: argparse.Namespace) -> int:
 def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro: list) -> None:
     """Each row of this rank's part of 0-based global step `step`: its document pieces by source."""
     plan = loader.plan
-    src, docs, starts, counts = loader.builder.segments(step)
-    tokens = loader.builder.tokens(step)[0]
+    src, docs, starts, counts, tokens = loader.builder.read(step)
     seq_len = plan.phases[plan.locate(step)[0]].seq_len
     window = seq_len + 1
     nrows = len(tokens) // window

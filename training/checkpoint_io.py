@@ -44,12 +44,11 @@ from training.contract.run_layout import (
 @contextlib.contextmanager
 def _single_process_quiet():
     """DCP warns on every save/load in a single process; that is the intended use here, not news.
-    (A module-level filter is not enough: libraries imported later reset the filters. A standing
-    one is renewed here too: an async save's thread warns after this block has ended.)"""
+    The filter is (re)installed at every use and left standing: a module-level one is not enough
+    (libraries imported later reset the filters), and a scoped one misses an async save's thread,
+    which warns after this block has ended. (filterwarnings drops an identical older entry.)"""
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
-        yield
+    yield
 
 
 class CheckpointError(GristmillError):

@@ -450,10 +450,6 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
     return out
 
 
-def total_steps(cfg: TrainConfig) -> int:
-    return sum(ph.steps for ph in phases_of(cfg))
-
-
 def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
     """Everything about the recipe that can be checked before any work; returns the batch plan of
     each phase (one for a recipe without [[phase]])."""

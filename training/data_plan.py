@@ -116,6 +116,7 @@ class Plan:
     phases: list[Phase]
     seed: int
     _crossings: dict[tuple[int, int], list[_Crossing]] = field(default_factory=dict, repr=False)
+    _all_found: set[tuple[int, int]] = field(default_factory=set, repr=False)  # bounded phases done
 
     def __post_init__(self) -> None:
         if not self.sources or not self.phases:
@@ -190,6 +191,8 @@ class Plan:
             e, off = self.phase_start(p)[i]
             self._crossings[key] = [_Crossing(0, e, off, 0)]
         found = self._crossings[key]
+        if key in self._all_found:  # the loader asks every step: answered from the list
+            return found
         steps = self.phases[p].steps
         limit = until if steps is None else steps
         tokens, w = self.sources[i].tokens, self._window(p)
@@ -201,6 +204,8 @@ class Plan:
             c = found[-1]
             room = (tokens - c.offset) // w  # whole windows left in this epoch
             if c.step >= limit or cum(limit) - c.base <= room:
+                if steps is not None:
+                    self._all_found.add(key)
                 return found  # no (further) crossing before `limit`
             lo, hi = c.step, limit - 1  # smallest k with cum(k + 1) - base > room: it exists
             while lo < hi:
@@ -316,16 +321,11 @@ class Plan:
                         "tokens": int(cum[i]) * ph.seq_len,
                         "stream_tokens": int(cum[i]) * (ph.seq_len + 1),
                         "epoch": e + 1,
+                        # the share of one epoch of the source's training split read
+                        "fraction": int(cum[i]) * (ph.seq_len + 1) / src.tokens if src.tokens else 0.0,
                     }
                 )
         return rows
-
-    def tokens_by_source(self, step: int) -> dict[str, int]:
-        """Trained tokens per source after `step` global steps (they add up to step × tokens/step)."""
-        out = {s.name: 0 for s in self.sources}
-        for row in self.consumed(step):
-            out[row["source"]] += row["tokens"]
-        return out
 
     def check_supply(self) -> list[str]:
         """Refuse (PlanError) a source the plan would take past its max_epochs; returns a note for
@@ -333,14 +333,13 @@ class Plan:
         if self.total_steps is None:
             return []
         notes = []
+        rows = self.consumed(self.total_steps)
         for i, src in enumerate(self.sources):
             epochs = 0
             for p, ph in enumerate(self.phases):
                 found = self.crossings(i, p, ph.steps)
                 epochs = max(epochs, found[-1].epoch + 1)
-            asked = sum(
-                r["stream_tokens"] for r in self.consumed(self.total_steps) if r["source"] == src.name
-            )
+            asked = sum(r["stream_tokens"] for r in rows if r["source_index"] == i)
             if src.max_epochs is not None and epochs > src.max_epochs:
                 raise PlanError(
                     f"source {src.name!r} ({src.dataset}) would run out: the plan asks {asked:,} tokens "

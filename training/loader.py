@@ -71,9 +71,7 @@ class BatchBuilder:
         check_separators: bool,
     ):
         self.data_plan, self.tables = plan, tables
-        self.micro_batch = (
-            (micro_batch,) * len(plan.phases) if isinstance(micro_batch, int) else tuple(micro_batch)
-        )
+        self.micro_batch = per_phase(micro_batch, len(plan.phases))
         self.seed, self.rank, self.world_size = plan.seed, rank, world_size
         self.check = check_separators
         # Read when the loader is built (tests shrink them to exercise many groups).
@@ -133,8 +131,9 @@ class BatchBuilder:
         src, d, s, c = (x[order] for x in pieces)
         return src, d, s, c
 
-    def tokens(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This rank's tokens of step `step` (checked if asked), and their pieces' starts and counts."""
+    def read(self, step: int) -> tuple[np.ndarray, ...]:
+        """This rank's part of step `step`: its pieces (source, manifest row, first token, count) and
+        their tokens, read and (if asked) checked."""
         src, docs, starts, counts = self.segments(step)
         sources = np.unique(src).tolist()
         if len(sources) == 1:
@@ -147,12 +146,17 @@ class BatchBuilder:
                 self.tables[i].read(docs[sel], starts[sel], counts[sel], out=tokens, at=at[sel])
         if self.check:
             check_separators(self.tables, src, tokens, docs, starts, counts, f"step {step} rank {self.rank}")
-        return tokens, starts, counts
+        return src, docs, starts, counts, tokens
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:
-        tokens, starts, counts = self.tokens(step)
+        _, _, starts, counts, tokens = self.read(step)
         p = self.data_plan.locate(step)[0]
         return micro_batches(tokens, starts, counts, self.data_plan.phases[p].seq_len, self.micro_batch[p])
+
+
+def per_phase(micro_batch: int | tuple[int, ...], phases: int) -> tuple[int, ...]:
+    """A micro-batch size per phase: one for all, or one each."""
+    return (micro_batch,) * phases if isinstance(micro_batch, int) else tuple(micro_batch)
 
 
 def micro_batches(
@@ -352,9 +356,7 @@ class TokenLoader:
         pin_memory: bool = False,
     ) -> TokenLoader:
         """A loader of `plan` over the sources' training-split tables (in the plan's source order)."""
-        for ph, mb in zip(
-            plan.phases, (micro_batch,) * len(plan.phases) if isinstance(micro_batch, int) else micro_batch
-        ):
+        for ph, mb in zip(plan.phases, per_phase(micro_batch, len(plan.phases))):
             _positive(seq_len=ph.seq_len, global_batch=ph.global_batch, micro_batch=mb, world_size=world_size)
             _check_geometry(ph.global_batch, mb, rank, world_size, num_workers)
         self = cls.__new__(cls)

@@ -150,17 +150,18 @@ def step_row(
     return m
 
 
-def data_row(plan, step: int) -> dict[str, Any]:
-    """What the data plan says of the first `step` steps (training/data_plan.Plan): the current phase
-    and seq_len, the tokens trained from each source so far, and the epoch of each source that may
-    be read more than once."""
+def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the data plan says of the first `step` steps (training/data_plan.Plan; `consumed` is its
+    `consumed(step)`): the current phase and seq_len, the tokens trained from each source so far
+    (they add up to tokens_seen), and the epoch of each source that may be read more than once."""
     p, _ = plan.locate(step - 1)
     row: dict[str, Any] = {"phase": plan.phases[p].name, "seq_len": plan.phases[p].seq_len}
-    for name, tokens in plan.tokens_by_source(step).items():
-        row[f"tokens/{name}"] = tokens
-    for i, src in enumerate(plan.sources):
-        if src.max_epochs != 1:
-            row[f"epoch/{src.name}"] = plan.position(i, p, step - plan.first_step[p])[0] + 1
+    for src in plan.sources:
+        row[f"tokens/{src.name}"] = 0
+    for r in consumed:
+        row[f"tokens/{r['source']}"] += r["tokens"]
+        if r["phase_index"] == p and plan.sources[r["source_index"]].max_epochs != 1:
+            row[f"epoch/{r['source']}"] = r["epoch"]
     return row
 
 

@@ -21,24 +21,18 @@ from training.contract.dataset_format import DATASET_JSON, DatasetError
 from training.dataset_reader import DocumentTable
 
 
-def open_sources(
-    cfg: TrainConfig, split: str = "train", expect_vocab_size: int | None = None
-) -> list[DocumentTable]:
-    """Each source's `split` (in sources_of order); one tokenizer across them, or a DatasetError."""
-    tables = []
-    for src in sources_of(cfg):
-        if split == "val" and not src.val_fraction:
-            tables.append(None)
-            continue
-        tables.append(
-            DocumentTable(
-                src.dataset, split=split, val_fraction=src.val_fraction, expect_vocab_size=expect_vocab_size
-            )
+def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:
+    """Each source's training split (in sources_of order); one tokenizer across them, or a DatasetError."""
+    sources = sources_of(cfg)
+    tables = [
+        DocumentTable(
+            s.dataset, split="train", val_fraction=s.val_fraction, expect_vocab_size=expect_vocab_size
         )
-    names = [s.name for s in sources_of(cfg)]
-    opened = [(n, t) for n, t in zip(names, tables) if t is not None]
-    for name, t in opened[1:]:
-        first_name, first = opened[0]
+        for s in sources
+    ]
+    first_name, first = sources[0].name, tables[0]
+    for src, t in zip(sources[1:], tables[1:]):
+        name = src.name
         for key in ("tokenizer_sha256", "separator", "vocab_size"):
             if t.info[key] != first.info[key]:
                 raise DatasetError(
@@ -78,7 +72,7 @@ def open_plan(
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
     is a PlanError before any work)."""
-    tables = open_sources(cfg, "train", expect_vocab_size)
+    tables = open_sources(cfg, expect_vocab_size)
     plan = build_plan(cfg, tables)
     return plan, tables, plan.check_supply()
 
@@ -98,10 +92,8 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
             "lr": f"{plan.lr(first):.3g} → {plan.lr(first + ph.steps - 1):.3g}",
         }
         for r in end_rows:
-            if r["phase"] == ph.name:
-                src = plan.sources[[s.name for s in plan.sources].index(r["source"])]
-                share = r["stream_tokens"] / src.tokens if src.tokens else 0.0
-                row[r["source"]] = f"{r['tokens']:,} ({100 * share:.1f}%)"
+            if r["phase_index"] == p:
+                row[r["source"]] = f"{r['tokens']:,} ({100 * r['fraction']:.1f}%)"
         rows.append(row)
     return rows
 
@@ -142,20 +134,15 @@ CONSUMPTION_SCHEMA = pa.schema(
 )
 
 
-def write_consumption(plan: data_plan.Plan, step: int, path: Path) -> None:
-    """RUN/consumption.parquet after `step` steps: per (phase, source) the steps, windows, tokens
-    trained (windows × seq_len), stream tokens read (windows × (seq_len + 1)), the source's epoch
-    and the fraction of one epoch of its training split read. The audit's `consumption` view."""
-    rows = plan.consumed(step)
-    by_name = {s.name: s for s in plan.sources}
-    for r in rows:
-        src = by_name[r["source"]]
-        r.update(
-            step=step,
-            dataset=src.dataset,
-            dataset_tokens=src.tokens,
-            fraction=r["stream_tokens"] / src.tokens if src.tokens else 0.0,
-        )
+def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, Any]], path: Path) -> None:
+    """RUN/consumption.parquet after `step` steps (`consumed`: the plan's `consumed(step)`): per
+    (phase, source) the steps, windows, tokens trained (windows × seq_len), stream tokens read
+    (windows × (seq_len + 1)), the source's epoch and the fraction of one epoch of its training
+    split read. The audit's `consumption` view."""
+    rows = []
+    for r in consumed:
+        src = plan.sources[r["source_index"]]
+        rows.append({**r, "step": step, "dataset": src.dataset, "dataset_tokens": src.tokens})
     table = pa.Table.from_pylist(rows, schema=CONSUMPTION_SCHEMA)
     with atomic_path(path, fsync=False) as tmp:  # derived from the plan: rewritten at every log
         pq.write_table(table, tmp)

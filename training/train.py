@@ -327,6 +327,18 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             lock.release()
 
 
+def loader_settings(cfg: TrainConfig, bp: BatchPlan, env: DistEnv, device: torch.device) -> dict[str, Any]:
+    """What every loader of the run shares: this data-parallel rank, workers, checks, pinning."""
+    d = cfg.data
+    return dict(
+        rank=env.rank,  # every rank is a data-parallel rank
+        world_size=bp.dp_size,
+        num_workers=d.num_workers,
+        check_separators=d.check_separators,
+        pin_memory=device.type == "cuda",
+    )
+
+
 class Validation:
     """Held-out loss per source: the first `val_batches` global batches of each source's held-out
     split (the same ones every time), at the current phase's seq_len and batch; a phase with
@@ -355,13 +367,9 @@ class Validation:
                     global_batch=bp.global_batch,
                     micro_batch=bp.micro_batch,
                     seed=d.seed,
-                    rank=self.env.rank,
-                    world_size=bp.dp_size,
-                    num_workers=d.num_workers,
                     val_fraction=src.val_fraction,
-                    check_separators=d.check_separators,
-                    pin_memory=self.device.type == "cuda",
                     expect_vocab_size=self.vocab_size,
+                    **loader_settings(self.cfg, bp, self.env, self.device),
                 )
                 self._loaders[key] = (loader, loader.state_dict())
             out.append((src.name, *self._loaders[key]))
@@ -425,13 +433,9 @@ def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: 
             global_batch=plans[0].global_batch,
             micro_batch=d.micro_batch,
             seed=d.seed,
-            rank=env.rank,  # every rank is a data-parallel rank
-            world_size=plans[0].dp_size,
-            num_workers=d.num_workers,
             val_fraction=d.val_fraction,
-            check_separators=d.check_separators,
-            pin_memory=device.type == "cuda",
             expect_vocab_size=mcfg.vocab_size,
+            **loader_settings(cfg, plans[0], env, device),
         )
         data, notes = build_plan(cfg, [loader.documents]), []
     else:
@@ -440,11 +444,7 @@ def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: 
             data,
             tables,
             micro_batch=tuple(p.micro_batch for p in plans),
-            rank=env.rank,
-            world_size=plans[0].dp_size,
-            num_workers=d.num_workers,
-            check_separators=d.check_separators,
-            pin_memory=device.type == "cuda",
+            **loader_settings(cfg, plans[0], env, device),
         )
     validation = Validation(cfg, plans, data, env, device, mcfg.vocab_size) if cfg.run.val_every > 0 else None
     if validation is not None and not validation.sources:
@@ -604,8 +604,9 @@ def loop(r: Run) -> dict[str, Any]:
                     mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt[phase], r.peak),
                     peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
                 )
-                if is_phased(cfg):  # a one-dataset recipe's rows stay as they were
-                    m.update(data_row(r.data, step))
+                consumed = r.data.consumed(step) if writer is not None else []
+                if is_phased(cfg) and writer is not None:  # a one-dataset recipe's rows stay as they were
+                    m.update(data_row(r.data, step, consumed))
                 if do_val and not fatal(report):  # skipped updates left the weights finite
                     m.update(r.validation(r.model, step, r.amp))
                     val_loss = m["val_loss"]
@@ -614,7 +615,7 @@ def loop(r: Run) -> dict[str, Any]:
                 last_loss = loss
                 if writer is not None:
                     writer.log(m)
-                    write_consumption(r.data, step, r.run_dir / CONSUMPTION_PARQUET)
+                    write_consumption(r.data, step, consumed, r.run_dir / CONSUMPTION_PARQUET)
                     for event in m.get("events", []):
                         writer.print(f"WARNING step {step}: {event}")
                 diverged(report, step)
