@@ -23,6 +23,7 @@ import datetime
 import decimal
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -135,11 +136,58 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def format_table(res: Result, max_rows: int | None = 50, max_width: int = 60) -> str:
+def terminal_width(out: TextIO | None = None) -> int:
+    """The terminal's columns when `out` (stdout by default) is one; 0 (no limit) otherwise, so a
+    pipe or a file gets every value on one line."""
+    try:
+        tty = (out or sys.stdout).isatty()
+    except (AttributeError, ValueError):  # a closed or file-less stream
+        return 0
+    return shutil.get_terminal_size().columns if tty else 0
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` characters (plus the space broken at), joining back to
+    it (newlines apart): broken after a space or a slash in the line's second half, else anywhere."""
+    pieces = []
+    for part in text.split("\n"):
+        while len(part) > width:
+            half = width // 2
+            cut = max(part.rfind(" ", half, width + 1), part.rfind("/", half, width)) + 1 or width
+            pieces.append(part[:cut])
+            part = part[cut:]
+        pieces.append(part)
+    return pieces
+
+
+def _fit(widths: list[int], floor: list[int], budget: int) -> list[int]:
+    """`widths` narrowed until they sum to `budget`: the widest column gives way first, none below
+    its floor."""
+    widths = list(widths)
+    while sum(widths) > budget:
+        shrinkable = [i for i, (w, f) in enumerate(zip(widths, floor)) if w > f]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda i: widths[i])] -= 1
+    return widths
+
+
+# Narrowed text columns keep their header whole and first their words up to this length (a URL
+# is one long word), then, only if the table still does not fit, at least MIN_TEXT_WIDTH.
+WORD_WIDTH, MIN_TEXT_WIDTH = 20, 8
+
+
+def format_table(
+    res: Result, max_rows: int | None = 50, max_width: int | None = None, width: int | None = None
+) -> str:
+    """`res` as aligned columns (numbers right, text left) with every value whole.
+
+    `width` is the line length to keep within: None takes the terminal's (`terminal_width()`: no
+    limit when stdout is no terminal), 0 means no limit. Text cells longer than their column (or
+    than `max_width`) wrap onto continuation lines within it; numbers and headers never wrap, so a
+    table that cannot fit is wider than `width` rather than missing characters."""
     rows = res.rows if max_rows is None else res.rows[:max_rows]
     cells = [[_cell(v) for v in r] for r in rows]
-    cells = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in r] for r in cells]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(res.columns)]
     numeric = [
         all(
             isinstance(r[i], (int, float, decimal.Decimal)) and not isinstance(r[i], bool)
@@ -149,13 +197,33 @@ def format_table(res: Result, max_rows: int | None = 50, max_width: int = 60) ->
         and any(r[i] is not None for r in rows)
         for i in range(len(res.columns))
     ]
+    lines = [[line for r in cells for line in r[i].split("\n")] for i in range(len(res.columns))]
+    widths = [max([len(c)] + [len(x) for x in col]) for c, col in zip(res.columns, lines)]
+    words = [max([0] + [len(w) for x in col for w in x.split()]) for col in lines]
+    word_floor = [
+        w if num else max(len(c), min(w, wd, WORD_WIDTH))
+        for w, wd, c, num in zip(widths, words, res.columns, numeric)
+    ]
+    hard_floor = [
+        w if num else max(len(c), min(w, MIN_TEXT_WIDTH)) for w, c, num in zip(widths, res.columns, numeric)
+    ]
+    if max_width:
+        widths = [max(f, min(w, max_width)) for w, f in zip(widths, hard_floor)]
+    width = terminal_width() if width is None else width
+    if width:
+        budget = width - 2 * (len(widths) - 1)
+        widths = _fit(_fit(widths, word_floor, budget), hard_floor, budget)
 
     def line(vals: list[str]) -> str:
         return "  ".join(
-            v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)
+            v.rjust(w) if num else v.rstrip(" ").ljust(w) for v, w, num in zip(vals, widths, numeric)
         ).rstrip()
 
-    out = [line(res.columns), line(["-" * w for w in widths])] + [line(r) for r in cells]
+    out = [line(res.columns), line(["-" * w for w in widths])]
+    for r in cells:
+        pieces = [[c] if num else _wrap(c, w) for c, w, num in zip(r, widths, numeric)]
+        for k in range(max(map(len, pieces), default=1)):
+            out.append(line([p[k] if k < len(p) else "" for p in pieces]))
     if not res.rows:
         out.append("(no rows)")
     elif len(rows) < len(res.rows):
@@ -184,7 +252,7 @@ def _nonfinite_to_null(v: Any) -> Any:
 
 
 def write_results(
-    results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50, max_width: int = 60
+    results: list[Result], fmt: str, out: TextIO, max_rows: int | None = 50, max_width: int | None = None
 ) -> None:
     if fmt == "json":
         data: Any = results[0].records() if len(results) == 1 else {r.name: r.records() for r in results}
@@ -207,7 +275,7 @@ def write_results(
         else:
             if len(results) > 1 or res.name != "sql":
                 out.write(("\n" if i else "") + f"== {res.name} ==\n")
-            out.write(format_table(res, max_rows, max_width) + "\n")
+            out.write(format_table(res, max_rows, max_width, width=terminal_width(out)) + "\n")
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,7 +337,8 @@ def default_reports(roots: list[str | Path]) -> list[str]:
 
 def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     """The default tables (DEFAULT_REPORTS) for these datasets, compact enough for one screen:
-    cells cut at 30 characters, no dataset_name column for a single dataset. `make demo` shows it."""
+    long cells wrapped to the terminal's width, no dataset_name column for a single dataset.
+    `make demo` shows it."""
     with _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
@@ -278,7 +347,7 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
             con.close()
     if len(roots) == 1:
         results = [Result(r.name, r.columns[1:], [row[1:] for row in r.rows]) for r in results]
-    write_results(results, "table", out or sys.stdout, max_width=30)
+    write_results(results, "table", out or sys.stdout)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

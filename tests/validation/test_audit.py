@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,16 @@ import pytest
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from training.contract.dataset_format import EXCLUDED_SCHEMA, manifest_files
-from validation.audit import print_summary, run_preset, run_sql, write_plots
+from validation.audit import (
+    Result,
+    format_table,
+    print_summary,
+    run_preset,
+    run_sql,
+    terminal_width,
+    write_plots,
+    write_results,
+)
 from validation.audit_reports import PLOTS, PRESETS
 from validation.audit_views import FILE_VIEWS, connect, dataset_names
 
@@ -354,3 +364,49 @@ def test_sql_over_a_broken_dataset_json_names_the_file(built_dataset, tmp_path, 
     assert main(["data", "audit", str(root), "--sql", "SELECT documents FROM dataset"]) == 2
     err = capsys.readouterr().err
     assert f"{root / 'dataset.json'} is unreadable" in err, err
+
+
+LONG_URL = "https://example.org/" + "/".join(f"section-{i:03d}" for i in range(16)) + "?page=7"
+
+
+def _long_url_table() -> Result:
+    rows = [(LONG_URL, 1234567, "kept after the dedup pass"), ("https://a.io/", 5, None)]
+    return Result("urls", ["url", "documents", "note"], rows)
+
+
+@pytest.mark.parametrize("width", [80, 40])
+def test_table_at_terminal_width_wraps_long_cells_whole_and_aligned(width):
+    assert len(LONG_URL) > 200
+    out = format_table(_long_url_table(), width=width).splitlines()
+    assert "…" not in "\n".join(out) and all(len(line) <= width for line in out)
+    header, rule, body = out[0], out[1], out[2:]
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", rule)]
+    assert [header[a:b].strip() for a, b in spans] == ["url", "documents", "note"]
+    (u0, u1), (d0, d1), (n0, n1) = spans
+    # The URL's continuation lines, in its column and left-aligned, join back to it.
+    assert "".join(line[u0:u1].strip() for line in body[:-1]) == LONG_URL
+    assert all(line[u0] != " " for line in body if line[u0:u1].strip())
+    # Numbers stay on the row's first line, right-aligned; text wraps within its own column.
+    assert body[0][d0:d1] == "1,234,567" and body[-1][d0:d1] == "        5"
+    assert all(not line[d0:d1].strip() for line in body[1:-1])
+    assert " ".join(line[n0:].strip() for line in body[:-1]).split() == "kept after the dedup pass".split()
+    assert body[-1][u0:u1].strip() == "https://a.io/"
+
+
+def test_table_off_a_terminal_is_never_cut(capsys):
+    buf = io.StringIO()  # not a tty: no width, every value on one line
+    write_results([_long_url_table()], "table", buf)
+    assert any(LONG_URL in line for line in buf.getvalue().splitlines())
+    assert terminal_width(buf) == 0
+    print(format_table(_long_url_table(), max_rows=None))  # eval's print_table call, stdout captured
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and LONG_URL in lines[2]
+    # max_width (verify's 200) wraps a longer cell, still whole.
+    wrapped = format_table(_long_url_table(), max_width=50, width=0).splitlines()
+    assert "".join(line[:50].strip() for line in wrapped[2:-1]) == LONG_URL
+
+
+def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
+    sql = f"SELECT '{LONG_URL}' AS url, count(*) AS documents FROM docs"
+    assert main(["data", "audit", str(built_dataset), "--sql", sql]) == 0
+    assert LONG_URL in capsys.readouterr().out
