@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import re
@@ -254,12 +255,31 @@ class RunSection:
     metrics.jsonl and on the terminal (never acted on); 0 turns the report off."""
 
 
+# The experiment trackers; wandb and trackio need the package (and gristmill extra) of that name.
+TRACKERS = ("tensorboard", "wandb", "trackio")
+
+
 @dataclass
 class MetricsSection:
+    """Where metrics go besides stdout and RUN/metrics.jsonl (training/metrics.py, training/trackers.py).
+    Each tracker gets every numeric value of each logged row at its step, plus, once per run, the
+    resolved config, the datasets' fingerprints and the code's git commit."""
+
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Any of "tensorboard" (RUN/tensorboard), "wandb" (Weights & Biases: pip install
+    'gristmill[wandb]'; WANDB_MODE=offline logs into RUN/wandb only), "trackio" (Hugging Face's
+    local-first tracker: pip install 'gristmill[trackio]'; `trackio show` opens its store). A
+    resumed run continues the same wandb/trackio run (their ids are kept in RUN/trackers.json)."""
+    project: str = "gristmill"
+    """The wandb and trackio project."""
+    run_name: str = ""
+    """The wandb and trackio run name ("": the run directory's name)."""
+    tags: list[str] = field(default_factory=list)
+    """wandb tags (trackio has none; they are in the logged config either way)."""
     tensorboard: bool = True
-    """Write tensorboard event files into RUN/tensorboard (skipped with a note if not installed)."""
+    """false: no tensorboard whatever trackers says (the switch from before trackers, kept)."""
     wandb_project: str | None = None
-    """Log to this Weights & Biases project when wandb is installed (None: off)."""
+    """Older key: adds "wandb" to trackers with this project (with a note; use trackers and project)."""
     plot: bool = True
     """Write RUN/loss.png (train and validation loss) at the end (needs matplotlib)."""
 
@@ -450,6 +470,42 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
     return out
 
 
+def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:
+    """The trackers and the wandb/trackio project of [metrics] with `tensorboard = false` and the
+    older `wandb_project` folded in, and a note when wandb_project is used. ConfigError for an
+    unknown tracker, or for wandb/trackio when its package is missing (found without importing it,
+    so this stays fast; a missing tensorboard is only a note when the writer starts)."""
+    names, project, notes = list(dict.fromkeys(m.trackers)), m.project, []
+    if m.wandb_project:
+        if m.project not in (MetricsSection.project, m.wandb_project):
+            raise ConfigError(
+                f"metrics.wandb_project = {m.wandb_project!r} and metrics.project = {m.project!r}: keep "
+                "metrics.project (wandb_project is the older key)",
+                "metrics.wandb_project",
+            )
+        names += [] if "wandb" in names else ["wandb"]
+        project = m.wandb_project
+        notes.append(
+            f"note: metrics.wandb_project is the older key; write metrics.trackers = {json.dumps(names)} and "
+            f"metrics.project = {json.dumps(project)}"
+        )
+    if not m.tensorboard:
+        names = [n for n in names if n != "tensorboard"]
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(
+                f"metrics.trackers: unknown tracker {name!r}; the known ones are {', '.join(TRACKERS)}",
+                "metrics.trackers",
+            )
+        if name != "tensorboard" and importlib.util.find_spec(name) is None:
+            raise ConfigError(
+                f'metrics.trackers includes "{name}" but {name} is not installed: '
+                f"pip install 'gristmill[{name}]'",
+                "metrics.trackers",
+            )
+    return names, project, notes
+
+
 def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
     """Everything about the recipe that can be checked before any work; returns the batch plan of
     each phase (one for a recipe without [[phase]])."""
@@ -524,6 +580,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
             f"{r.val_every}, {r.val_batches}"
         )
+    trackers_of(cfg.metrics)  # an unknown tracker or a missing package fails before any work
     c = cfg.checkpoint
     if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0 or c.min_free_factor < 0:
         raise ConfigError(

@@ -5,9 +5,9 @@ the run header says whether the LM head is in N_matmul), achieved FLOP/s per dev
 tokens/s ÷ devices × FLOPs per token, MFU = achieved ÷ the device's dense bf16 peak. The peak is
 looked up by GPU model name; any other device (CPU included) gets no MFU rather than a guess.
 
-Sinks: stdout (one line per logged step), RUN/metrics.jsonl, tensorboard (RUN/tensorboard) and
-optionally Weights & Biases; RUN/loss.png at the end. tensorboard, wandb and matplotlib are
-imported lazily so the trainer runs without them.
+Sinks: stdout (one line per logged step), RUN/metrics.jsonl and the trackers of [metrics]
+(tensorboard by default; Weights & Biases, trackio: training/trackers.py); RUN/loss.png at the
+end. tensorboard, wandb, trackio and matplotlib are imported lazily so the trainer runs without them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
+from training import trackers
+from training.config import MetricsSection, trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.run_layout import METRICS_JSONL
@@ -188,28 +190,41 @@ def format_line(m: dict[str, Any]) -> str:
 
 
 class MetricsWriter:
-    """Rank 0's sinks: stdout, RUN/metrics.jsonl, tensorboard, wandb. Other ranks build none."""
+    """Rank 0's sinks: stdout, RUN/metrics.jsonl and the trackers of [metrics] (training/trackers.py).
+    Other ranks build none.
+
+    A resumed run (`resume_step`) keeps metrics.jsonl's rows up to its checkpoint and continues the
+    wandb/trackio runs recorded in RUN/trackers.json. Their steps after the checkpoint were logged
+    by the interrupted invocation and are redone now; wandb drops steps below its last one, so no
+    tracker gets them again: wandb and trackio keep the first attempt's values of those steps (the
+    same losses, as a resume is exact; timings differ), metrics.jsonl and tensorboard the redone ones
+    (tensorboard purges the interrupted invocation's events after the checkpoint).
+    """
 
     def __init__(
         self,
         run_dir: Path,
         *,
-        tensorboard: bool = True,
-        wandb_project: str | None = None,
+        metrics: MetricsSection | None = None,
         config: dict | None = None,
+        datasets: dict[str, str] | None = None,
         out=None,
         resume_step: int | None = None,
     ):
+        """`config`: the resolved recipe (to_dict), `datasets`: source name -> dataset directory;
+        both go to the wandb/trackio run once, with the code's git commit."""
         self.run_dir = Path(run_dir)
         self.out = out or sys.stdout
         self.history: list[dict[str, Any]] = []
         path = self.run_dir / METRICS_JSONL
+        logged_through = None  # the last step the interrupted invocation logged
         if resume_step is not None and path.exists():
             # A resumed run keeps the rows up to its checkpoint and drops those of the steps it
             # will redo (written after the checkpoint by the interrupted run).
             rows, note = read_metrics(path)
             if note:
                 self.print(note)
+            logged_through = max((r["step"] for r in rows), default=None)
             self.history = [r for r in rows if r["step"] <= resume_step]
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
         elif path.exists():  # a fresh run into the same directory starts the log over
@@ -218,48 +233,94 @@ class MetricsWriter:
         # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resume_step is not None else os.O_TRUNC)
         self.jsonl = os.open(path, flags, 0o644)
-        self.tb = self._tensorboard() if tensorboard else None
-        self.wandb = self._wandb(wandb_project, config) if wandb_project else None
+        self.trackers: dict[str, Any] = {}
+        self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
+        try:
+            self._open_trackers(metrics or MetricsSection(), config or {}, datasets or {}, resume_step,
+                                logged_through)  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
 
     def print(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
-    def _tensorboard(self):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            self.print("note: tensorboard is not installed; no event files (pip install tensorboard)")
-            return None
-        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
-
-    def _wandb(self, project: str, config: dict | None):
-        try:
-            import wandb
-        except ImportError:
+    def _open_trackers(
+        self,
+        m: MetricsSection,
+        config: dict,
+        datasets: dict[str, str],
+        resume_step: int | None,
+        logged_through: int | None,
+    ) -> None:
+        names, project, notes = trackers_of(m)
+        for note in notes:
+            self.print(note)
+        info = trackers.provenance(datasets) if names else {}
+        old = trackers.read_state(self.run_dir) if resume_step is not None else {}
+        state = dict(old)  # a resume keeps the record of a tracker it does not use this time
+        run_name = m.run_name or self.run_dir.resolve().name
+        tracker_config = {**config, "provenance": info}
+        for name in names:
+            prev = old.get(name) if isinstance(old.get(name), dict) else None
+            prev = prev if prev and prev.get("project") == project else None
+            if name == "tensorboard":
+                try:
+                    self.trackers[name] = trackers.Tensorboard(self.run_dir, resume_step, info)
+                except ImportError:
+                    self.print("note: tensorboard is not installed; no event files (pip install tensorboard)")
+                continue
+            if name == "wandb":
+                t = trackers.Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
+                                   config=tracker_config, resume_id=prev and prev.get("id"))  # fmt: skip
+                state[name] = {"id": t.id, "project": project}
+            else:
+                t = trackers.Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
+                state[name] = {"id": t.id, "name": t.name, "project": project}
+                if t.note:
+                    self.print(t.note)
+            self.trackers[name] = t
+            how = "continued" if prev else "new"
             self.print(
-                f"note: wandb is not installed; not logging to project {project!r} (pip install wandb)"
+                f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}"
             )
-            return None
-        return wandb.init(project=project, dir=str(self.run_dir), config=config)
+            if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
+                self.skip_through[name] = logged_through
+        if state or (self.run_dir / trackers.TRACKERS_JSON).exists():
+            trackers.write_state(self.run_dir, state)
+        if self.skip_through:
+            last = max(self.skip_through.values())
+            steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
+            self.print(
+                f"note: {' and '.join(self.skip_through)} already hold {steps} from the interrupted "
+                "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
+            )
 
     def log(self, m: dict[str, Any]) -> None:
         self.history.append(m)
         os.write(self.jsonl, (json.dumps(m) + "\n").encode())
         self.print(format_line(m))
-        scalars = {k: v for k, v in m.items() if k != "step" and isinstance(v, int | float) and v is not None}
-        if self.tb is not None:
-            for k, v in scalars.items():
-                self.tb.add_scalar(k, v, m["step"])
-            self.tb.flush()
-        if self.wandb is not None:
-            self.wandb.log(scalars, step=m["step"])
+        step = m["step"]
+        # Numbers only (not `events` or `phase`; a bool is an int but no metric); the step is the axis.
+        scalars = {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        del scalars["step"]
+        for name, tracker in self.trackers.items():
+            if step > self.skip_through.get(name, -1):
+                tracker.log(scalars, step)
 
     def close(self) -> None:
-        os.close(self.jsonl)
-        if self.tb is not None:
-            self.tb.close()
-        if self.wandb is not None:
-            self.wandb.finish()
+        """Close the log and finish the trackers; called in a `finally`, so an exception on its way
+        out marks the wandb run failed. One tracker failing to finish does not keep the others open."""
+        failed = sys.exc_info()[0] is not None
+        if self.jsonl is not None:
+            os.close(self.jsonl)
+            self.jsonl = None
+        for name, tracker in self.trackers.items():
+            try:
+                tracker.finish(failed)
+            except Exception as e:
+                self.print(f"note: {name} did not finish cleanly: {e}")
+        self.trackers = {}
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:

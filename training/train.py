@@ -499,9 +499,9 @@ def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: 
     if is_main:
         writer = MetricsWriter(
             run_dir,
-            tensorboard=cfg.metrics.tensorboard,
-            wandb_project=cfg.metrics.wandb_project,
+            metrics=cfg.metrics,
             config=to_dict(cfg),
+            datasets={src.name: src.dataset for src in sources_of(cfg)},
             out=out,
             resume_step=resumed,
         )

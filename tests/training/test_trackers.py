@@ -1,0 +1,195 @@
+"""Experiment trackers for real: wandb in offline mode and trackio's local store, read back.
+
+A short in-process training logs every step to both, then a resume from an earlier checkpoint
+continues the same wandb and trackio runs (ids from RUN/trackers.json) with the later steps only;
+a fresh run into the same directory starts new ones. The config checks (unknown tracker, missing
+package, the older wandb_project key) need no training.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests._train_data import make_dataset
+from tests.training.test_train import TINY, read_metrics, recipe
+from training.config import MetricsSection, TrainConfig, trackers_of
+from training.contract.config_loader import ConfigError, load_config
+from training.contract.run_layout import checkpoint_dir
+from training.trackers import git_commit
+from training.train import main
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """wandb offline and silent, its files in each run directory; trackio's store in a temp dir
+    (TRACKIO_DIR is read when trackio is first imported, hence before the import). Yields whether
+    trackio logs there: None when it is not installed, False when it was imported earlier."""
+    pytest.importorskip("wandb", reason="wandb is not installed: pip install 'gristmill[wandb]'")
+    store = tmp_path_factory.mktemp("trackio")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANDB_MODE", "offline")
+        mp.setenv("WANDB_SILENT", "true")
+        mp.setenv("WANDB_CONSOLE", "off")  # keep wandb's stdout capture out of pytest's
+        mp.delenv("WANDB_DIR", raising=False)
+        for var in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):  # not the user's ~/.cache
+            mp.setenv(var, str(store.parent / var.lower()))
+        mp.setenv("TRACKIO_DIR", str(store))
+        try:
+            from trackio.utils import TRACKIO_DIR
+        except ImportError:
+            yield None
+        else:
+            yield TRACKIO_DIR == store
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds", n_docs=200)
+
+
+def run_training(dataset: Path, run_dir: Path, trackers: list[str], *extra: str) -> str:
+    sets = recipe(dataset, run_dir, "schedule.steps=8", "schedule.warmup_steps=2", "run.val_every=0")
+    sets += [f"metrics.trackers={json.dumps(trackers)}", 'metrics.project="gm-test"']
+    sets += ['metrics.tags=["tiny"]', "metrics.plot=false", "checkpoint.interval=4", *extra]
+    return main(["--config", TINY, "--set", *sets])
+
+
+def wandb_records(path: Path):
+    """The protobuf records of a .wandb file (wandb's transaction log: a 7-byte header, then
+    LevelDB-log blocks of 32 KiB whose chunks carry a 7-byte header: crc, length, type)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        buf += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(buf)
+            buf = b""
+            yield record
+
+
+def wandb_runs(run_dir: Path) -> list[dict]:
+    """Per offline run directory (one per invocation), in order: its run id, config, tags and the
+    history rows by step."""
+    out = []
+    for d in sorted((run_dir / "wandb").glob("offline-run-*")):
+        (path,) = d.glob("run-*.wandb")
+        run: dict = {"history": {}}
+        for r in wandb_records(path):
+            kind = r.WhichOneof("record_type")
+            if kind == "run":
+                run["id"], run["tags"] = r.run.run_id, list(r.run.tags)
+                run["config"] = {i.key: json.loads(i.value_json) for i in r.run.config.update}
+            elif kind == "history":
+                row = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item}
+                run["history"][row.pop("_step")] = row
+        out.append(run)
+    return out
+
+
+def trackio_logs(run_id: str) -> dict[int, list[dict]]:
+    from trackio.sqlite_storage import SQLiteStorage
+
+    by_step: dict[int, list[dict]] = {}
+    for row in SQLiteStorage.get_logs("gm-test", run_id=run_id):
+        by_step.setdefault(row["step"], []).append(row)
+    return by_step
+
+
+def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, dataset, tmp_path, capsys):
+    trackers = ["tensorboard", "wandb"] + (["trackio"] if env else [])
+    run_dir = tmp_path / "run"
+    assert run_training(dataset, run_dir, trackers, "run.max_steps=5") == 0  # checkpoints at 4 and 5
+    first = capsys.readouterr().out
+    assert "wandb tracker: new run" in first and "Trackio" not in first  # trackio's chatter stays off
+    ids = json.loads((run_dir / "trackers.json").read_text())
+    rows = {r["step"]: r for r in read_metrics(run_dir)}
+    assert sorted(rows) == [1, 2, 3, 4, 5]
+
+    (w,) = wandb_runs(run_dir)
+    assert w["id"] == ids["wandb"]["id"] and ids["wandb"]["project"] == "gm-test" and w["tags"] == ["tiny"]
+    assert sorted(w["history"]) == [1, 2, 3, 4, 5]
+    for step, row in w["history"].items():
+        assert row["loss"] == rows[step]["loss"] and row["lr"] == rows[step]["lr"]
+    info = json.loads((dataset / "dataset.json").read_text())
+    prov = w["config"]["provenance"]
+    assert prov["datasets"]["data"]["fingerprint"] == info["fingerprint"]
+    assert prov["datasets"]["data"]["config_sha256"] == info["config_sha256"]
+    assert prov["git_commit"] == git_commit()  # this checkout's commit (None outside git)
+    assert w["config"]["schedule"]["steps"] == 8 and w["config"]["metrics"]["trackers"] == trackers
+
+    # The interrupted invocation got to step 5; resuming from step 4 redoes step 5, which the
+    # trackers already hold: they get steps 6-8 only, in the same runs.
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run_dir, 4)))}"
+    assert run_training(dataset, run_dir, trackers, resume) == 0
+    second = capsys.readouterr().out
+    assert "wandb tracker: continued run" in second and "already hold step 5 " in second
+    assert json.loads((run_dir / "trackers.json").read_text()) == ids
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
+    _, w2 = wandb_runs(run_dir)
+    assert w2["id"] == w["id"] and sorted(w2["history"]) == [6, 7, 8]
+
+    if env:
+        logs = trackio_logs(ids["trackio"]["id"])
+        assert sorted(logs) == list(range(1, 9)) and all(len(v) == 1 for v in logs.values())
+        rows = {r["step"]: r for r in read_metrics(run_dir)}
+        for step in (1, 4, 6, 8):
+            assert logs[step][0]["loss"] == rows[step]["loss"]
+
+    # A fresh run into the same directory starts new tracker runs.
+    assert run_training(dataset, run_dir, trackers, "run.max_steps=1") == 0
+    fresh = json.loads((run_dir / "trackers.json").read_text())
+    assert all(fresh[t]["id"] != ids[t]["id"] for t in ids)
+    if env is None:
+        pytest.skip("trackio is not installed (pip install 'gristmill[trackio]'): only wandb was checked")
+    if env is False:
+        pytest.skip("trackio was imported before TRACKIO_DIR was set: its store was not checked")
+
+
+def test_tracker_names_and_packages_are_checked_with_the_config(monkeypatch):
+    def cfg(*sets: str) -> MetricsSection:
+        return load_config(TrainConfig, TINY, list(sets)).metrics
+
+    assert trackers_of(cfg())[:2] == (["tensorboard"], "gristmill")
+    assert trackers_of(cfg("metrics.tensorboard=false"))[0] == []
+    names, project, notes = trackers_of(cfg('metrics.wandb_project="old"'))
+    assert names == ["tensorboard", "wandb"] and project == "old"
+    assert notes == ['note: metrics.wandb_project is the older key; write metrics.trackers = '
+                     '["tensorboard", "wandb"] and metrics.project = "old"']  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"unknown tracker 'mlflow'; the known ones are tensorboard, wandb, trackio"
+    ):
+        trackers_of(cfg('metrics.trackers=["mlflow"]'))
+    monkeypatch.setitem(sys.modules, "wandb", None)  # how Python marks a module as not importable
+    with pytest.raises(ConfigError) as e:
+        trackers_of(cfg('metrics.trackers=["wandb"]'))
+    assert str(e.value) == (
+        "metrics.trackers includes \"wandb\" but wandb is not installed: pip install 'gristmill[wandb]'"
+    )
+
+
+def test_missing_tracker_package_fails_before_any_work(dataset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "trackio", None)
+    assert run_training(dataset, tmp_path / "run", ["trackio"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: metrics.trackers includes \"trackio\" but trackio is not installed: " \
+                  "pip install 'gristmill[trackio]'\n"  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def test_git_commit_outside_git_is_none_and_silent(tmp_path, capfd):
+    assert git_commit(tmp_path) is None
+    assert capfd.readouterr() == ("", "")

@@ -1,0 +1,176 @@
+"""Experiment trackers: tensorboard, Weights & Biases, trackio; one small adapter class each.
+
+Each adapter has `log(scalars, step)` and `finish(failed)`. The packages are imported inside the
+adapters only, so the trainer runs without them (training/ imports only torch, numpy and pyarrow
+at module level). Which trackers a recipe names, and whether their packages are installed, is
+checked with the config (training.config.trackers_of), before any work.
+
+Resuming: RUN/trackers.json records the wandb run id and the trackio run (name, id) with their
+project. A resumed invocation (`--resume`) continues those runs; a fresh run into the same directory
+starts new ones and overwrites the file. trackio resumes a run by its name (the newest run of that
+name in the project): if that is not the recorded id, a note says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from training.contract.atomic_write import write_atomic
+from training.contract.dataset_format import read_dataset_info
+from training.contract.errors import GristmillError
+
+TRACKERS_JSON = "trackers.json"  # in the run directory: the wandb/trackio runs a resume continues
+
+
+def git_commit(where: Path = Path(__file__).parent) -> str | None:
+    """The commit of the code's git checkout (with "-dirty" if tracked files changed), or None
+    outside a git checkout or without git. git's own messages are swallowed (no "fatal: …" noise)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", *args], cwd=where, capture_output=True, text=True, timeout=10, check=False
+        )
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("diff", "--quiet", "HEAD").returncode == 1
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    """RUN/trackers.json, or {} when absent or unreadable (then the trackers start new runs)."""
+    try:
+        state = json.loads((Path(run_dir) / TRACKERS_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def write_state(run_dir: Path, state: dict[str, Any]) -> None:
+    write_atomic(Path(run_dir) / TRACKERS_JSON, json.dumps(state, indent=2) + "\n")
+
+
+def provenance(datasets: dict[str, str]) -> dict[str, Any]:
+    """What a tracker records once per run besides the config: the code's git commit and, per source,
+    its dataset directory with dataset.json's content `fingerprint` and build `config_sha256`."""
+    sources = {}
+    for name, path in datasets.items():
+        info = read_dataset_info(path)
+        sources[name] = {
+            "dataset": str(path),
+            "fingerprint": info["fingerprint"],
+            "config_sha256": info.get("config_sha256"),
+        }
+    return {"git_commit": git_commit(), "datasets": sources}
+
+
+def _init_failed(tracker: str, e: Exception, fix: str) -> GristmillError:
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return GristmillError(
+        f"{tracker} could not start a run: {first}; {fix}, or drop {tracker} from metrics.trackers"
+    )
+
+
+class Tensorboard:
+    """Event files in RUN/tensorboard. On a resume, events of steps after the checkpoint (written by
+    the interrupted invocation, about to be redone) are purged, so the curves have no doubled steps."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None, info: dict[str, Any]):
+        from torch.utils.tensorboard import SummaryWriter  # ImportError: the caller's note
+
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge)
+        if resume_step is None:
+            self.writer.add_text("provenance", f"```\n{json.dumps(info, indent=2)}\n```", 0)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def finish(self, failed: bool = False) -> None:
+        self.writer.close()
+
+
+class Wandb:
+    """A Weights & Biases run; `resume_id` continues that run (`wandb.init(id=…, resume="allow")`).
+    Files go to RUN/wandb unless WANDB_DIR says otherwise; WANDB_MODE=offline logs there only
+    (`wandb sync` uploads later, the resumed part into the same run)."""
+
+    def __init__(self, run_dir: Path, *, project: str, name: str, tags: list[str], config: dict,
+                 resume_id: str | None):  # fmt: skip
+        import wandb
+
+        # quiet: wandb's start line with the run's place (URL or offline directory) stays, its
+        # end-of-run sparkline panel goes; WANDB_QUIET / WANDB_SILENT, when set, decide instead.
+        quiet = not {"WANDB_QUIET", "WANDB_SILENT"} & os.environ.keys()
+        try:
+            self.run = wandb.init(
+                project=project,
+                name=name,
+                tags=tags or None,
+                config=config,
+                dir=os.environ.get("WANDB_DIR") or str(run_dir),
+                id=resume_id,
+                resume="allow" if resume_id else None,
+                settings=wandb.Settings(quiet=True) if quiet else None,
+            )
+        except Exception as e:  # no API key, no network, a refused id: one line, before any step
+            raise _init_failed("wandb", e, "log in (wandb login) or set WANDB_MODE=offline") from None
+        self.id = self.run.id
+        self.where = ""
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def finish(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
+
+
+class Trackio:
+    """A trackio run in trackio's local store (TRACKIO_DIR, default ~/.cache/huggingface/trackio;
+    `trackio show` opens it). trackio resumes by run name; its own start-up chatter (dashboard
+    instructions, psutil notices) is kept off the terminal."""
+
+    def __init__(self, *, project: str, name: str, config: dict, resume: dict | None):
+        with contextlib.redirect_stdout(io.StringIO()):
+            import trackio
+            from trackio.utils import TRACKIO_DIR
+
+            try:
+                self.run = trackio.init(
+                    project=project,
+                    name=resume["name"] if resume else name,
+                    config=config,
+                    resume="allow" if resume else "never",
+                    embed=False,
+                )
+            except Exception as e:  # an invalid project name, an unwritable TRACKIO_DIR
+                raise _init_failed("trackio", e, "check metrics.project and TRACKIO_DIR") from None
+        self.finish_current = trackio.finish  # clears its current run too: its exit hook then does nothing
+        self.id, self.name = self.run.id, self.run.name
+        where = self.run.url or f"local store {TRACKIO_DIR}, see it with `trackio show --project {project}`"
+        self.where = f"; {where}"
+        self.note = None
+        if resume and resume.get("id") != self.id:  # the recorded run is gone, or a newer one has its name
+            self.note = (
+                f"note: trackio's run {self.name!r} in project {project!r} is id {self.id}, not the "
+                f"recorded {resume.get('id')} (trackio resumes the newest run of a name)"
+            )
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def finish(self, failed: bool = False) -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.finish_current()
