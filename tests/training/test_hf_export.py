@@ -47,6 +47,8 @@ def test_export_loads_in_transformers_with_the_same_logits(built_dataset, tmp_pa
     assert tok.convert_tokens_to_ids(tok.eos_token) == info["separator"]["id"] == config["eos_token_id"]
     # The exported tokenizer adds nothing around a text: the separator framing is eval's job, once.
     assert tok("Hello world")["input_ids"] == tok.encode("Hello world", add_special_tokens=False)
+    # The tokenizer knows the model's context length (without it transformers assumes 1e30 tokens).
+    assert tok.model_max_length == model.cfg.max_seq_len == config["max_position_embeddings"]
     meta = json.loads((out / "gristmill_export.json").read_text())
     assert meta["step"] == 7 and meta["dataset_fingerprint"] == info["fingerprint"]
 
