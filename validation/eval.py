@@ -17,6 +17,10 @@ Weights are checked before they are trusted: the export's files against its chec
 hidden: a NaN or inf metric is kept in results.json, eval.parquet and the table, with a warning
 line naming the task and metric; when no metric of a task is finite the eval fails (exit 2) after
 the results are written.
+
+The terminal gets one `[eval]` line per (step, task), a warning line for a task whose inputs
+lm-eval cuts to fit max_length, and the table; lm-eval's, transformers' and datasets' own logs
+and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`-v` shows them).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,11 +56,16 @@ from validation.eval_data import (
     local_task_config,
     local_task_names,
 )
+from validation.eval_output import eval_output
 from validation.eval_results import (
+    EVAL_LOG,
     EVAL_PARQUET,
     EVAL_PLOT,
+    GRISTMILL_TASKS,
     RESULTS_JSON,
     describe_metric,
+    merge_results,
+    metric_order,
     nonfinite_metrics,
     read_step_results,
     write_plot,
@@ -150,26 +161,137 @@ class TaskPlan:
             self.specs = [local_task_config(n, data_dir) if n in local else n for n in self.names]
 
 
-def evaluate_lm(lm: Any, plan: TaskPlan, cfg: EvalConfig, log_samples: bool = False) -> dict[str, Any]:
-    """lm-eval's simple_evaluate of `lm` (an lm-eval LM) on the planned tasks; its results dict."""
+def evaluate_lm(
+    lm: Any,
+    plan: TaskPlan,
+    cfg: EvalConfig,
+    log_samples: bool = False,
+    *,
+    on_task: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """lm-eval's simple_evaluate of `lm` (an lm-eval LM) on the planned tasks; its results dict.
+
+    One simple_evaluate per planned task (or group), so that each has its own time and a progress
+    line as soon as it is done; the dicts are merged into the one a single call returns (lm-eval's
+    seeds are reset per call: a task scores as when evaluated alone). results["gristmill_tasks"]
+    adds, per task: `seconds` and `docs` (per planned name), and for a GristmillHFLM the requests it
+    got (`requests_summary`). `on_task` gets each task's own results dict when it is done (see
+    `task_lines`)."""
     from lm_eval import simple_evaluate
 
-    results = simple_evaluate(
-        model=lm,
-        tasks=plan.specs,
-        task_manager=plan.task_manager,
-        num_fewshot=cfg.num_fewshot or None,
-        limit=cfg.limit or None,
-        bootstrap_iters=cfg.bootstrap_iters,
-        log_samples=log_samples,
-        random_seed=cfg.seed,
-        numpy_random_seed=cfg.seed,
-        torch_random_seed=cfg.seed,
-        fewshot_random_seed=cfg.seed,
-    )
-    if results is None:  # only on non-zero ranks of a distributed run
-        raise EvalError("lm-eval returned no results")
-    return results
+    merged: dict[str, Any] = {}
+    seen = getattr(lm, "requests_seen", None)  # GristmillHFLM's record of the requests it scored
+    with _env_info_once():
+        for spec in plan.specs:
+            name = spec["task"] if isinstance(spec, dict) else spec
+            if seen is not None:
+                seen.clear()
+            t0 = time.perf_counter()
+            results = simple_evaluate(
+                model=lm,
+                tasks=[spec],
+                task_manager=plan.task_manager,
+                num_fewshot=cfg.num_fewshot or None,
+                limit=cfg.limit or None,
+                bootstrap_iters=cfg.bootstrap_iters,
+                log_samples=log_samples,
+                random_seed=cfg.seed,
+                numpy_random_seed=cfg.seed,
+                torch_random_seed=cfg.seed,
+                fewshot_random_seed=cfg.seed,
+            )
+            if results is None:  # only on non-zero ranks of a distributed run
+                raise EvalError("lm-eval returned no results")
+            tasks = requests_summary(seen or {}, results, getattr(lm, "max_length", 0))
+            tasks.setdefault(name, {}).update(
+                seconds=round(time.perf_counter() - t0, 3),
+                docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
+            )
+            results[GRISTMILL_TASKS] = tasks
+            if on_task is not None:
+                on_task(results)
+            merged = merge_results(merged, results)
+    return merged
+
+
+_ENV_INFO: dict[str, Any] = {}
+
+
+@contextmanager
+def _env_info_once() -> Iterator[None]:
+    """lm-eval's add_env_info (torch's collect_env: about a second of subprocesses per
+    simple_evaluate) computed once per process and copied into each task's results: the environment
+    does not change between the tasks of an eval, nor between the evals of a training run."""
+    import lm_eval.evaluator as evaluator
+
+    original = evaluator.add_env_info
+
+    def once(storage: dict[str, Any]) -> None:
+        if not _ENV_INFO:
+            original(_ENV_INFO)
+        storage.update(_ENV_INFO)
+
+    evaluator.add_env_info = once
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = original
+
+
+def requests_summary(
+    seen: dict[str, Any], results: dict[str, Any], max_length: int
+) -> dict[str, dict[str, Any]]:
+    """{task: what the model was asked} from a GristmillHFLM's `requests_seen` (TaskRequests):
+    documents, requests, documents cut from the left to fit (`cut_docs`, the longest input in tokens,
+    the `limit` it had to fit) and, for a multiple-choice task, the `chance` accuracy: the mean of
+    1/choices over its documents."""
+    out = {}
+    for task, req in seen.items():
+        info: dict[str, Any] = {
+            "requests": sum(req.per_doc.values()),
+            "cut_docs": len(req.cut_docs),
+            "of_docs": len(req.per_doc),
+            "cut_requests": req.cut_requests,
+            "longest": req.longest,
+            "limit": req.limit,
+            "max_length": max_length,
+        }
+        config = results.get("configs", {}).get(task, {})
+        if config.get("output_type") == "multiple_choice" and req.per_doc:
+            # acc_mutual_info adds one unconditional request per choice
+            per_choice = (
+                2 if any(m.get("metric") == "acc_mutual_info" for m in config.get("metric_list", [])) else 1
+            )
+            info["chance"] = sum(per_choice / n for n in req.per_doc.values()) / len(req.per_doc)
+        out[task] = info
+    return out
+
+
+def task_lines(step: int, results: dict[str, Any]) -> list[str]:
+    """The terminal lines of evaluated tasks (evaluate_lm's results, or one task's from its
+    `on_task`): `[eval] step 150 demo_ppl: 40 docs, 3.1 s` per task, then one warning per task
+    whose inputs lm-eval cut from the left to fit the context, with the numbers."""
+    tasks = results.get(GRISTMILL_TASKS, {})
+    lines = [
+        f"[eval] step {step} {name}: {info['docs']} docs, {info['seconds']:.1f} s"
+        for name, info in tasks.items()
+        if "seconds" in info
+    ]
+    for task, info in tasks.items():
+        if info.get("cut_docs"):
+            limit, max_length = info["limit"], info["max_length"]
+            room = (
+                f"max_length {limit} tokens"
+                if limit == max_length
+                else f"the {limit} tokens max_length {max_length} leaves for the prompt"
+            )
+            lines.append(
+                f"warning: step {step} {task}: {info['cut_docs']} of {info['of_docs']} documents "
+                f"({info['cut_requests']} of {info['requests']} requests) are longer than {room} (longest "
+                f"{info['longest']}) and were cut from the left; scores at this length "
+                "measure a truncated task (--set max_length=N, up to the model's max_seq_len, evaluates more)"
+            )
+    return lines
 
 
 def _device(choice: str) -> str:
@@ -236,9 +358,12 @@ def nonfinite_error(run_dir: Path, step: int, results: dict[str, Any]) -> NonFin
     )
 
 
-def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None) -> Path:
+def evaluate_step(
+    run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None, verbose: bool = False
+) -> Path:
     """Evaluate one step; returns RUN/eval/step-N/results.json. Raises NonFiniteMetricsError after
-    writing everything when some task has no finite metric."""
+    writing everything when some task has no finite metric. The libraries' own output goes to
+    RUN/eval/step-N/eval.log (`verbose`: to the terminal as well)."""
     from validation.eval_model import GristmillHFLM
 
     run_dir = Path(run_dir)
@@ -248,28 +373,37 @@ def evaluate_step(run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPla
     export = export_checkpoint(run_dir, step, log=_log)
     _log(f"step {step}: {', '.join(plan.names)} on {export}")
     t0 = time.time()
-    try:
-        lm = GristmillHFLM(
-            pretrained=str(export),
-            device=_device(cfg.device),
-            dtype=cfg.dtype,
-            batch_size=cfg.batch_size,
-            max_length=cfg.max_length or run_data_config(run_dir).seq_len,
-        )
-    except Exception as e:  # e.g. SafetensorError: a truncated file in an export without checksums
-        if isinstance(e, GristmillError):
-            raise
-        raise EvalError(
-            f"cannot load export {export} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-            "delete it and re-export it from its checkpoint (gristmill export RUN --step N)"
-        ) from None
-    check_finite_weights(lm, export, cfg.dtype)
-    results = evaluate_lm(lm, plan, cfg)
+    log_file = eval_dir(run_dir, step) / EVAL_LOG
+    max_length = cfg.max_length or run_data_config(run_dir).seq_len
+    with eval_output(log_file, verbose) as terminal:
+        try:
+            lm = GristmillHFLM(
+                pretrained=str(export),
+                device=_device(cfg.device),
+                dtype=cfg.dtype,
+                batch_size=cfg.batch_size,
+                max_length=max_length,
+            )
+        except Exception as e:  # e.g. SafetensorError: a truncated file in an export without checksums
+            if isinstance(e, GristmillError):
+                raise
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise EvalError(
+                f"cannot load export {export} ({type(e).__name__}: {first}); "
+                "delete it and re-export it from its checkpoint (gristmill export RUN --step N)"
+            ) from None
+        check_finite_weights(lm, export, cfg.dtype)
+
+        def show(task_results: dict[str, Any]) -> None:
+            for line in task_lines(step, task_results):
+                print(line, file=terminal, flush=True)
+
+        results = evaluate_lm(lm, plan, cfg, on_task=show)
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
     out = write_step_results(run_dir, step, dict(results))
     save_config(cfg, eval_dir(run_dir, step) / "config.toml")
     write_plot(run_dir)
-    _log(f"step {step} took {time.time() - t0:.0f} s: {out}")
+    _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
     error = nonfinite_error(run_dir, step, results)
     if error is not None:
         raise error
@@ -287,6 +421,7 @@ def evaluate_missing(
     plan: TaskPlan,
     show: bool = True,
     failures: list[NonFiniteMetricsError] | None = None,
+    verbose: bool = False,
 ) -> list[int]:
     """Evaluate every available step that has no results for the plan's tasks yet; returns them.
 
@@ -296,7 +431,7 @@ def evaluate_missing(
     for step in available_steps(run_dir):
         if not evaluated(run_dir, step, plan.names):
             try:
-                evaluate_step(run_dir, step, cfg, plan)
+                evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
                 failed.append(e)
             if show:
@@ -315,7 +450,13 @@ def _joined(errors: list[NonFiniteMetricsError]) -> NonFiniteMetricsError:
     return NonFiniteMetricsError("; ".join(map(str, errors)), errors[0].step)
 
 
-def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_s: float = 0.0) -> int:
+def watch(
+    run_dir: str | Path,
+    cfg: EvalConfig,
+    poll_s: float = 30.0,
+    idle_exit_s: float = 0.0,
+    verbose: bool = False,
+) -> int:
     """Evaluate each step that gains an export (or complete checkpoint) until interrupted, or until
     nothing new appeared for `idle_exit_s` seconds (0: never). Steps with a task whose metrics are
     all NaN/inf do not stop the watch; they make it end with NonFiniteMetricsError."""
@@ -326,7 +467,7 @@ def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_
     _log(f"watching {run_dir} every {poll_s:g} s (Ctrl-C stops)")
     try:
         while True:
-            if evaluate_missing(run_dir, cfg, plan, failures=failures):
+            if evaluate_missing(run_dir, cfg, plan, failures=failures, verbose=verbose):
                 last_new = time.time()
             if idle_exit_s and time.time() - last_new > idle_exit_s:
                 break
@@ -339,14 +480,19 @@ def watch(run_dir: str | Path, cfg: EvalConfig, poll_s: float = 30.0, idle_exit_
 
 
 def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -> None:
-    """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr."""
+    """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr;
+    bits per byte first (comparable across tokenizers), then the perplexities, then accuracies."""
     import pyarrow.parquet as pq
 
     from validation.audit import Result, format_table
 
-    rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
+    rows = [
+        r
+        for r in pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
+        if steps is None or r["step"] in steps
+    ]
     cols = ["step", "task", "metric", "value", "stderr", "samples"]
-    picked = [tuple(r[c] for c in cols) for r in rows if steps is None or r["step"] in steps]
+    picked = [tuple(r[c] for c in cols) for r in sorted(rows, key=metric_order(rows))]
     print(format_table(Result("eval", cols, picked), max_rows=None), file=out or sys.stdout, flush=True)
 
 
@@ -371,6 +517,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--idle-exit", type=float, default=0.0, help="--watch: stop after this many seconds with nothing new"
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="show lm-eval's, transformers' and datasets' logs and progress bars "
+        f"(always written to RUN/eval/step-N/{EVAL_LOG})",
+    )  # fmt: skip
 
 
 def load_eval_config(path: str | None, overrides: list[str], tasks: str | None = None) -> EvalConfig:
@@ -385,7 +536,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     check_writable(run_dir)
     if args.watch:
-        return watch(run_dir, cfg, args.poll, args.idle_exit)
+        return watch(run_dir, cfg, args.poll, args.idle_exit, args.verbose)
     steps = available_steps(run_dir)
     step = args.step
     if step is None:
@@ -401,7 +552,7 @@ def run(args: argparse.Namespace) -> int:
             f"{', '.join(map(str, steps)) or 'none'}"
         )
     try:
-        evaluate_step(run_dir, step, cfg)
+        evaluate_step(run_dir, step, cfg, verbose=args.verbose)
     except NonFiniteMetricsError:
         print_table(run_dir, [step])  # the NaN/inf rows too, then the one error line
         raise

@@ -16,10 +16,17 @@ would make it a second separator) and puts the separator in front of each reques
 and rolling windows get it as lm-eval's prefix token. `in_process_lm` wraps a gristmill
 `Transformer` in the same class, so an in-memory model (no export, no transformers model) is
 scored by the very same request code.
+
+The class also records, per task, what the model was asked (`requests_seen`): the requests per
+document (a multiple-choice document's count of choices: its chance level) and the inputs that
+lm-eval cuts from the left because they do not fit `max_length` — the numbers behind the eval's
+truncation warning, counted from the very token lists lm-eval scores.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +36,29 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 
+@dataclass
+class TaskRequests:
+    """The loglikelihood and generation requests of one task, as the model gets them."""
+
+    per_doc: Counter[int] = field(default_factory=Counter)
+    """requests per document id (a multiple-choice document: one per choice)"""
+    cut_docs: set[int] = field(default_factory=set)
+    """documents with an input longer than `limit`, which lm-eval cuts from the left"""
+    cut_requests: int = 0
+    longest: int = 0
+    """tokens of the longest input before any cut"""
+    limit: int = 0
+    """tokens an input may have: max_length, less max_gen_toks for generation"""
+
+    def add(self, doc_id: int, tokens: int, limit: int) -> None:
+        self.per_doc[doc_id] += 1
+        self.longest = max(self.longest, tokens)
+        self.limit = limit
+        if tokens > limit:
+            self.cut_docs.add(doc_id)
+            self.cut_requests += 1
+
+
 @register_model("gristmill-hf")
 class GristmillHFLM(HFLM):
     """lm-eval's HFLM with the training framing: [separator] + text tokens, for every request.
@@ -36,6 +66,17 @@ class GristmillHFLM(HFLM):
     The separator is the tokenizer's bos token (gristmill exports set bos = eos = separator);
     `prefix_token_id=` overrides it for other models.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self.requests_seen: dict[str, TaskRequests] = {}  # task name -> its requests; cleared by the caller
+        self._owners: list[tuple[str, int]] | None = None  # (task, doc) of the requests being encoded
+        self._prompt_owners: dict[str, tuple[str, int]] = {}  # generation prompt -> (task, doc)
+        super().__init__(*args, **kwargs)
+
+    def _seen(self, owner: tuple[str, int] | None, tokens: int, limit: int) -> None:
+        if owner is not None:
+            task, doc = owner
+            self.requests_seen.setdefault(task, TaskRequests()).add(doc, tokens, limit)
 
     @property
     def separator_id(self) -> int:
@@ -47,12 +88,43 @@ class GristmillHFLM(HFLM):
         # Never the tokenizer's own specials: the framing is added once, below, per request type. A
         # literal "<|endoftext|>" in the text stays text, as when the shards were written (HF
         # tokenizers would otherwise turn it into a second separator).
-        ids = self.tokenizer.encode(string, add_special_tokens=False, split_special_tokens=True)
+        # verbose=False: no "Token indices sequence length is longer than the specified maximum" —
+        # a perplexity document is encoded whole and then scored in windows of max_length, and
+        # what does get cut is counted in requests_seen and reported by the eval in one line.
+        ids = self.tokenizer.encode(
+            string, add_special_tokens=False, split_special_tokens=True, verbose=False
+        )
         return ids[-left_truncate_len:] if left_truncate_len else ids
 
     def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
         context_enc, continuation_enc = super()._encode_pair(context, continuation)
         return [self.separator_id, *context_enc], continuation_enc
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._owners = [(r.task_name, r.doc_id) for r in requests]
+        try:
+            return super().loglikelihood(requests, disable_tqdm)
+        finally:
+            self._owners = None
+
+    def _loglikelihood_tokens(
+        self, requests: list[Any], disable_tqdm: bool = False, override_bs: int | None = None
+    ) -> list[tuple[float, bool]]:
+        # Reached from loglikelihood (owners set, one per request, in order) or with the windows of
+        # loglikelihood_rolling (which always fit). The model's input is context + continuation
+        # less its last token; lm-eval keeps the last max_length tokens of it.
+        owners, self._owners = self._owners, None
+        if owners is not None and len(owners) == len(requests):
+            for owner, (_, context_enc, continuation_enc) in zip(owners, requests, strict=True):
+                self._seen(owner, len(context_enc) + len(continuation_enc) - 1, self.max_length)
+        return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        self._prompt_owners = {r.args[0]: (r.task_name, r.doc_id) for r in requests}
+        try:
+            return super().generate_until(requests, disable_tqdm)
+        finally:
+            self._prompt_owners = {}
 
     def tok_batch_encode(
         self,
@@ -63,6 +135,8 @@ class GristmillHFLM(HFLM):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows = [[self.separator_id, *self.tok_encode(s)] for s in strings]
         if left_truncate_len:
+            for s, r in zip(strings, rows, strict=True):
+                self._seen(self._prompt_owners.get(s), len(r), left_truncate_len)
             rows = [r[-left_truncate_len:] for r in rows]
         width = max(map(len, rows))
         pad = self.tokenizer.pad_token_id

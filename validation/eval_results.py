@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import math
 import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
 RESULTS_JSON = "results.json"
 EVAL_PARQUET = "eval.parquet"
 EVAL_PLOT = "eval.png"
+EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
+GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
 
 EVAL_SCHEMA = pa.schema(
     [
@@ -49,7 +53,13 @@ _PER_TASK_KEYS = (
     "higher_is_better",
     "n-samples",
     "group_subtasks",
+    "groups",
+    "samples",
+    GRISTMILL_TASKS,
 )
+# Table rows and plot panels: bits per byte first (comparable across tokenizers), then the other
+# perplexities, then accuracies; other metrics after these, by name.
+METRIC_ORDER = ("bits_per_byte", "byte_perplexity", "word_perplexity", "acc", "acc_norm")
 
 
 def _number(v: Any) -> float | None:
@@ -113,15 +123,36 @@ def describe_metric(row: dict[str, Any]) -> str:
     return f"{row['metric']}{filt} = {row['value']}"
 
 
+def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Two lm-eval results dicts as one: the per-task sections joined (`new`'s tasks win), the
+    rest (model config, date, environment) from `new`."""
+    out = {**old, **new}
+    for key in _PER_TASK_KEYS:
+        if isinstance(old.get(key), dict) and isinstance(new.get(key), dict):
+            out[key] = {**old[key], **new[key]}
+    return out
+
+
+def metric_order(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], tuple]:
+    """Sort key for eval.parquet rows: by step, tasks by their first metric in METRIC_ORDER (a
+    perplexity task before an accuracy one), metrics in METRIC_ORDER within a task."""
+
+    def rank(metric: str) -> int:
+        return METRIC_ORDER.index(metric) if metric in METRIC_ORDER else len(METRIC_ORDER)
+
+    first: dict[str, int] = {}
+    for r in rows:
+        first[r["task"]] = min(first.get(r["task"], len(METRIC_ORDER)), rank(r["metric"]))
+    return lambda r: (r["step"], first[r["task"]], r["task"], rank(r["metric"]), r["metric"], r["filter"])
+
+
 def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
     """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet."""
     out = eval_dir(run_dir, step) / RESULTS_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
     old = read_step_results(run_dir, step)
     if old:
-        for key in _PER_TASK_KEYS:
-            if isinstance(old.get(key), dict) and isinstance(results.get(key), dict):
-                results[key] = {**old[key], **results[key]}
+        results = merge_results(old, results)
     # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
     text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
     write_atomic(out, text + "\n")
@@ -149,30 +180,111 @@ def write_parquet(run_dir: str | Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One (task, metric, filter) of eval.png: its finite values over steps, their stderrs (None:
+    none computed) and, for an accuracy of a multiple-choice task, the chance level."""
+
+    task: str
+    metric: str
+    filter: str
+    steps: list[int]
+    values: list[float]
+    stderrs: list[float | None]
+    chance: float | None
+    nonfinite: int  # NaN/inf values left out of the plot (the table and eval.parquet keep them)
+
+    @property
+    def title(self) -> str:
+        filt = "" if self.filter in ("none", "") else f" [{self.filter}]"
+        return f"{self.task}: {self.metric}{filt}"
+
+
+def chance_levels(results_by_step: dict[int, dict[str, Any]]) -> dict[str, float]:
+    """{task: chance accuracy} of the multiple-choice tasks: the mean of 1/choices over the
+    documents scored (results.json's gristmill_tasks, from the requests themselves), else 1/len of a
+    task's fixed list of choices (lm-eval's doc_to_choice given as a list)."""
+    out: dict[str, float] = {}
+    for _, res in sorted(results_by_step.items()):
+        for task, config in res.get("configs", {}).items():
+            choices = config.get("doc_to_choice") if isinstance(config, dict) else None
+            if config.get("output_type") == "multiple_choice" and isinstance(choices, list) and choices:
+                out.setdefault(task, 1 / len(choices))
+        for task, info in res.get(GRISTMILL_TASKS, {}).items():
+            if isinstance(info, dict) and _number(info.get("chance")) is not None:
+                out[task] = float(info["chance"])
+    return out
+
+
+def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]) -> list[Panel]:
+    """What eval.png draws, from eval.parquet's rows and the steps' results dicts: one Panel per
+    (task, metric, filter), in the table's order; the chance line on accuracies (acc, acc_norm, …)."""
+    chance = chance_levels(results_by_step)
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=metric_order(rows)):
+        groups.setdefault((r["task"], r["metric"], r["filter"]), []).append(r)
+    panels = []
+    for (task, metric, filt), group in groups.items():
+        finite = [r for r in group if math.isfinite(r["value"])]
+        panels.append(
+            Panel(
+                task=task,
+                metric=metric,
+                filter=filt,
+                steps=[r["step"] for r in finite],
+                values=[r["value"] for r in finite],
+                stderrs=[
+                    r["stderr"] if r["stderr"] is not None and math.isfinite(r["stderr"]) else None
+                    for r in finite
+                ],
+                chance=chance.get(task) if metric.startswith("acc") else None,
+                nonfinite=len(group) - len(finite),
+            )
+        )
+    return panels
+
+
+def _label(value: float, stderr: float | None) -> str:
+    return f"{value:.4g}" + (f" ± {stderr:.2g}" if stderr else "")
+
+
 def write_plot(run_dir: str | Path) -> Path:
-    """RUN/eval.png: one panel per (task, metric), value over steps; NaN/inf values are left out of
-    the lines (the table and eval.parquet keep them), a panel with none finite says so."""
+    """RUN/eval.png: one panel per (task, metric), value over steps with stderr bars and the values
+    written next to the points (readable with a single step), the chance level of a multiple-choice
+    task's accuracy dashed, perplexities on a log scale. NaN/inf values are left out of the lines
+    (the table and eval.parquet keep them), a panel with none finite says so."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    table = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
-    series: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for r in table:
-        series.setdefault((r["task"], r["metric"]), []).append((r["step"], r["value"]))
-    n = max(1, len(series))
+    rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
+    panels = plot_panels(rows, read_results(run_dir))
+    n = max(1, len(panels))
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)
-    for ax, ((task, metric), pts) in zip(axes.flat, sorted(series.items())):
-        pts = sorted(p for p in pts if math.isfinite(p[1]))
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+    for ax, p in zip(axes.flat, panels):
+        if p.values:
+            bars = [e or 0.0 for e in p.stderrs]
+            ax.errorbar(p.steps, p.values, yerr=bars if any(bars) else None, marker="o", capsize=4)
+            labelled = range(len(p.values)) if len(p.values) <= 6 else [len(p.values) - 1]
+            for i in labelled:
+                ax.annotate(_label(p.values[i], p.stderrs[i]), (p.steps[i], p.values[i]),
+                            textcoords="offset points", xytext=(6, 4), fontsize=8)  # fmt: skip
+            if len(set(p.steps)) <= 8:
+                ax.set_xticks(sorted(set(p.steps)))
+            if len(set(p.steps)) == 1:  # room for the label right of a lone point
+                ax.set_xlim(p.steps[0] - 1, p.steps[0] + 2)
+            if p.metric.endswith("perplexity") and min(p.values) > 0:
+                ax.set_yscale("log")
         else:
             ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(f"{task}: {metric}", fontsize=9)
+        if p.chance is not None:
+            ax.axhline(p.chance, linestyle="--", color="gray", linewidth=1, label=f"chance {p.chance:.3g}")
+            ax.legend(fontsize=8, loc="best")
+        ax.set_title(p.title, fontsize=9)
         ax.set_xlabel("step")
-    for ax in list(axes.flat)[len(series) :]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
     path = Path(run_dir) / EVAL_PLOT

@@ -475,3 +475,137 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
 
 def _sh(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
+
+
+def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, tmp_path, monkeypatch, capfd):
+    """`gristmill eval` from outside any git checkout, with a context short enough that demo_cloze
+    inputs are cut: at the file-descriptor level (subprocesses included) a progress line per task,
+    one truncation warning with the numbers counted here from the task data, and the table, bits
+    per byte first. lm-eval's logs, the bars and git's complaint are in eval.log; -v shows them."""
+    from transformers import AutoTokenizer
+
+    from pipelines.cli import main
+    from validation.eval_data import build_task_data
+    from validation.eval_results import plot_panels, read_results
+
+    src, _ = eval_run
+    run = _copy_run(src, tmp_path / "run")
+    data = build_task_data(read_dataset_info_path(src), 0.1, run / "eval" / "data", CFG.docs)  # as eval does
+    tok = AutoTokenizer.from_pretrained(export_dir(run, 5))
+    items = [json.loads(line) for line in (data / "demo_cloze.jsonl").open()]
+    # The model's input for a choice: [SEP] + context + " " + choice, less the predicted last token.
+    enc = lambda text: tok.encode(text, add_special_tokens=False, split_special_tokens=True, verbose=False)  # noqa: E731
+    lengths = [[len(enc(f"{d['context']} {c}")) for c in d["choices"]] for d in items]
+    short = sorted(max(ls) for ls in lengths)[len(lengths) // 2]  # about half the documents cut
+    cut = [[n for n in ls if n > short] for ls in lengths]
+    texts = [json.loads(line)["text"] for line in (data / "demo_ppl.jsonl").open()]
+    assert max(len(enc(t)) for t in texts) > tok.model_max_length  # transformers would warn about it
+    monkeypatch.chdir(tmp_path)
+    git = (
+        subprocess.run(["git", "describe", "--always"], capture_output=True, text=True)
+        if shutil.which("git")
+        else None
+    )
+    args = ["--set", f"docs={CFG.docs}", "bootstrap_iters=0", "device=cpu", f"max_length={short}"]
+
+    assert main(["eval", str(run), *args]) == 0
+    out, err = capfd.readouterr()
+    lines = (out + err).splitlines()
+    assert len(lines) <= 15, out + err
+    for noise in ("fatal:", "Token indices", "it/s", "Truncating", "lm_eval", "Generating"):
+        assert noise not in out + err, noise
+    assert [line.split(",")[0] for line in err.splitlines() if line.startswith("[eval] step 5 demo")] == [
+        "[eval] step 5 demo_ppl: 5 docs",
+        f"[eval] step 5 demo_cloze: {len(items)} docs",
+    ]
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(
+        f"warning: step 5 demo_cloze: {sum(map(bool, cut))} of {len(items)} documents "
+        f"({sum(map(len, cut))} of {sum(map(len, lengths))} requests) are longer than max_length "
+        f"{short} tokens (longest {max(map(max, lengths))}) and were cut from the left"
+    ), warning
+    assert 0 < sum(map(bool, cut)) < len(items)
+    table = [line.split() for line in out.splitlines() if line.startswith("   5 ")]
+    assert [row[2] for row in table] == [
+        "bits_per_byte",
+        "byte_perplexity",
+        "word_perplexity",
+        "acc",
+        "acc_norm",
+    ]
+
+    log = (eval_dir(run, 5) / "eval.log").read_text()
+    assert "[lm_eval.evaluator] Running loglikelihood requests" in log and "Truncating" in log
+    assert "Running loglikelihood requests: 100%" in log and "Token indices" not in log
+    if git is not None and git.returncode != 0:  # lm-eval's `git describe`, a subprocess: fd 2
+        assert git.stderr.strip() in log
+    # eval.png with one step: the chance level of the 4-choice cloze, counted from its requests
+    panels = {(p.task, p.metric): p for p in plot_panels(*_plot_inputs(run))}
+    assert panels["demo_cloze", "acc"].steps == [5] and panels["demo_cloze", "acc"].chance == 0.25
+    assert panels["demo_ppl", "bits_per_byte"].chance is None
+    assert (run / "eval.png").is_file() and read_results(run)[5]["gristmill_tasks"]["demo_cloze"]["cut_docs"]
+
+    assert main(["eval", str(run), "--tasks", "demo_cloze", "-v", *args]) == 0
+    out, err = capfd.readouterr()
+    assert "Truncating" in err and "it/s" in err and "[lm_eval.evaluator]" in err
+    assert sum(line.startswith("warning:") for line in err.splitlines()) == 1
+    assert (eval_dir(run, 5) / "eval.log").read_text().count("[lm_eval.evaluator] Running") > log.count(
+        "[lm_eval.evaluator] Running"
+    )  # -v appends the log records all the same
+
+
+def _plot_inputs(run: Path) -> tuple[list[dict], dict]:
+    import pyarrow.parquet as pq
+
+    from validation.eval_results import read_results
+
+    return pq.read_table(run / "eval.parquet").to_pylist(), read_results(run)
+
+
+def test_plot_panels_carry_stderr_chance_and_the_table_order():
+    """What eval.png draws: finite values with their stderrs, NaN left out and counted, the chance
+    level on accuracies of multiple-choice tasks (from the requests scored, else a fixed choice
+    list), none on perplexities; panels in the table's order, bits per byte first."""
+    from validation.eval_results import plot_panels
+
+    def row(step, task, metric, value, stderr=None, filt="none"):
+        return {
+            "step": step,
+            "task": task,
+            "metric": metric,
+            "filter": filt,
+            "value": value,
+            "stderr": stderr,
+        }
+
+    rows = [
+        row(10, "mc", "acc", 0.4, 0.05),
+        row(10, "mc", "acc_norm", 0.3, 0.04),
+        row(10, "ppl", "word_perplexity", 2.2e9),
+        row(5, "ppl", "bits_per_byte", 2.5, float("nan")),
+        row(10, "ppl", "bits_per_byte", float("nan")),
+        row(10, "boolq", "acc", 0.6, 0.1),
+    ]
+    results = {
+        10: {
+            "configs": {
+                "mc": {"output_type": "multiple_choice", "doc_to_choice": "{{choices}}"},
+                "boolq": {"output_type": "multiple_choice", "doc_to_choice": ["no", "yes"]},
+                "ppl": {"output_type": "loglikelihood_rolling"},
+            },
+            "gristmill_tasks": {"mc": {"chance": 0.3}},
+        }
+    }
+    panels = plot_panels(rows, results)
+    assert [(p.task, p.metric) for p in panels] == [
+        ("ppl", "bits_per_byte"),
+        ("ppl", "word_perplexity"),
+        ("boolq", "acc"),
+        ("mc", "acc"),
+        ("mc", "acc_norm"),
+    ]
+    bpb, wppl, boolq, acc, acc_norm = panels
+    assert (bpb.steps, bpb.values, bpb.stderrs, bpb.nonfinite, bpb.chance) == ([5], [2.5], [None], 1, None)
+    assert (wppl.values, wppl.chance) == ([2.2e9], None)
+    assert (boolq.chance, acc.chance, acc_norm.chance) == (0.5, 0.3, 0.3)
+    assert (acc.steps, acc.values, acc.stderrs) == ([10], [0.4], [0.05])
