@@ -313,6 +313,27 @@ class CheckpointSection:
 
 
 @dataclass
+class EvalSection:
+    """lm-eval on the current weights while training (`[eval]`; validation/train_eval.py). Every
+    `interval` steps and at the last step, rank 0 gathers the full weights and scores the tasks in
+    the training process, the other ranks wait; results go where `gristmill eval` puts them
+    (RUN/eval/step-N/results.json, eval.parquet, eval.png) and into metrics.jsonl, tensorboard and
+    the trackers as `eval/<task>/<metric>`. Needs the eval extra: `gristmill train` then runs the
+    trainer as `-m validation.train_eval`. The other settings are `gristmill eval`'s defaults, so a
+    later `gristmill eval RUN --step N` with the same tasks and limit gives the same scores."""
+
+    interval: int = 0
+    """Evaluate every N steps and at the last step; 0: no eval during training."""
+    tasks: list[str] = field(default_factory=lambda: ["demo_ppl", "demo_cloze"])
+    """lm-eval task names: the local ones (validation/eval_tasks, built from the run's held-out
+    documents) or lm-eval's own (they need their data: network or the HF cache)."""
+    limit: int = 0
+    """At most this many documents per task (0: all); a cheap signal, not a reported number."""
+    batch_size: int = 8
+    """Requests per forward pass."""
+
+
+@dataclass
 class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     """Model shape."""
@@ -333,6 +354,8 @@ class TrainConfig:
     """Where metrics go besides metrics.jsonl and stdout."""
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     """Checkpoints, resuming, retention, exports, disk guard."""
+    eval: EvalSection = field(default_factory=EvalSection)
+    """lm-eval during training (off unless eval.interval > 0)."""
 
 
 @dataclass(frozen=True)
@@ -591,6 +614,13 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
         raise ConfigError(
             f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
             f"{c.interval} (an export is made from the checkpoint of its step)"
+        )
+    e = cfg.eval
+    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or (e.interval and not e.tasks):
+        raise ConfigError(
+            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1 and, with an interval, some "
+            f"eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size {e.batch_size}, "
+            f"tasks {e.tasks}"
         )
     return plans
 

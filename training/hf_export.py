@@ -190,6 +190,16 @@ def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
+def write_tokenizer(dataset_dir: str | Path, model_cfg: ModelConfig, out_dir: str | Path) -> None:
+    """The HF tokenizer files of an export (tokenizer.json, its config with bos = eos = the
+    separator) into `out_dir`; the trainer's in-process eval loads its tokenizer from the same files."""
+    dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
+    for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg).items():
+        (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    if (dataset_dir / TOKENIZER_JSON).is_file():  # synthetic test datasets have none
+        shutil.copyfile(dataset_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
+
+
 def export_hf(
     state_dict: Mapping[str, torch.Tensor],
     model_cfg: ModelConfig,
@@ -226,7 +236,6 @@ def export_hf(
         files: dict[str, Any] = {
             "config.json": hf_config(model_cfg, sep_id, dtype),
             "generation_config.json": {"bos_token_id": sep_id, "eos_token_id": sep_id},
-            **_tokenizer_files(info, model_cfg),
             EXPORT_META: {
                 "format": EXPORT_FORMAT,
                 **(meta or {}),
@@ -238,8 +247,7 @@ def export_hf(
         }
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        if (dataset_dir / TOKENIZER_JSON).is_file():  # synthetic test datasets have none
-            shutil.copyfile(dataset_dir / TOKENIZER_JSON, tmp / TOKENIZER_JSON)
+        write_tokenizer(dataset_dir, model_cfg, tmp)
         checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
         (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out_dir)
@@ -290,7 +298,8 @@ def run_config(run_dir: str | Path):
     return load_config(TrainConfig, path)
 
 
-def _run_config(run_dir: Path):
+def run_model_config(run_dir: str | Path):
+    """(TrainConfig, the dataset directory whose tokenizer it trained with, ModelConfig) of a run."""
     cfg = run_config(run_dir)
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
     dataset = Path(sources_of(cfg)[0].dataset)
@@ -315,7 +324,7 @@ def load_checkpoint_model(
         )
     if not verified:
         verify_checkpoint(ckpt)
-    _, dataset, mcfg = _run_config(run_dir)
+    _, dataset, mcfg = run_model_config(run_dir)
     model = Transformer(mcfg)
     # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
     load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)

@@ -5,8 +5,10 @@
     gristmill train --config configs/train/demo.toml --resume auto
 
 With --nproc-per-node 1 (the default) the trainer runs in this process; with N > 1 it runs
-`python -m torch.distributed.run --standalone --nproc_per_node=N -m training.train ...`. The config
-is checked here first, so a typo or impossible batch arithmetic fails before any process starts.
+`python -m torch.distributed.run --standalone --nproc_per_node=N -m training.train ...`; a recipe with
+`[eval] interval > 0` always goes through torchrun, as `-m validation.train_eval` (the trainer with
+lm-eval in its processes). The config is checked here first, so a typo or impossible batch
+arithmetic fails before any process starts.
 Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -61,9 +64,16 @@ def show_plan(cfg, nproc: int) -> int:
     return 0
 
 
-def torchrun_command(config: str, overrides: list[str], nproc: int) -> list[str]:
+# With [eval] interval > 0 the workers run this entry point instead: the trainer plus lm-eval, which
+# training/ itself never imports (named here as a module to start, not imported).
+EVAL_ENTRY = "validation.train_eval"
+
+
+def torchrun_command(
+    config: str, overrides: list[str], nproc: int, module: str = "training.train"
+) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "training.train", "--config", config]
+    cmd += ["-m", module, "--config", config]
     if overrides:
         cmd += ["--set", *overrides]
     return cmd
@@ -80,12 +90,19 @@ def run(args: argparse.Namespace) -> int:
     from training.shutdown import launcher_child_preexec
     from training.train import DistEnv, preflight, train
 
-    if args.nproc_per_node == 1:
+    with_eval = cfg.eval.interval > 0
+    if with_eval and importlib.util.find_spec("lm_eval") is None:
+        raise GristmillError(
+            f"eval.interval = {cfg.eval.interval} runs lm-eval during training, and lm-eval is "
+            "not installed: pip install 'gristmill[eval]', or set eval.interval=0"
+        )
+    if args.nproc_per_node == 1 and not with_eval:
         train(cfg)
         return 0
     preflight(cfg, DistEnv(world_size=args.nproc_per_node))
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
-    cmd = torchrun_command(args.config, overrides, args.nproc_per_node)
+    module = EVAL_ENTRY if with_eval else "training.train"
+    cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
     print("+ " + " ".join(cmd), flush=True)
     # torchrun dies with this launcher, and its workers with torchrun (training.shutdown). So the
     # launcher must not die of a preemption signal itself: it only waits. A SIGTERM (a scheduler's

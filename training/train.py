@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -83,6 +83,19 @@ from training.recipe_plan import build_plan, format_plan, open_plan, plot_plan, 
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables
+
+
+class StepEval(Protocol):
+    """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
+    validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
+
+    def prepare(self, run_dir: Path, say: Callable[[str], None]) -> None:
+        """On every rank once the run directory is owned and RUN/config.toml written: check the
+        tasks and build their data before step 1 (a GristmillError on every rank when it fails)."""
+
+    def __call__(self, model: nn.Module, step: int) -> dict[str, float]:
+        """On every rank at an eval step (collective): rank 0's scores as metrics-row entries
+        (`eval/<task>/<metric>`, `eval_s`), {} on the other ranks."""
 
 
 @dataclass(frozen=True)
@@ -276,10 +289,17 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchPlan], Any, tor
     return plans, mcfg, device
 
 
-def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
+def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict[str, Any]:
     """Run the whole recipe; returns a summary (rank 0's view). Raises GristmillError on bad input,
-    NonFiniteError (a GristmillError) when training diverged."""
+    NonFiniteError (a GristmillError) when training diverged. `evaluator`: what scores the model at
+    eval.interval (validation.train_eval passes one; required when eval.interval > 0)."""
     env = DistEnv.from_environ()
+    if cfg.eval.interval and evaluator is None:
+        raise GristmillError(
+            f"eval.interval = {cfg.eval.interval} needs lm-eval inside the training processes, which "
+            "`-m training.train` never imports: start the run with `gristmill train` (it does the "
+            "next thing for you) or `torchrun … -m validation.train_eval --config …`, or set eval.interval=0"
+        )
     plan, mcfg, device = preflight(cfg, env)
     # --- checks done; from here on the run does work ---
     threads = torch.get_num_threads()
@@ -294,7 +314,7 @@ def train(cfg: TrainConfig, out=None) -> dict[str, Any]:
         pg_started = True
     try:
         with _own_run_dir(Path(cfg.run.output_dir), env, out):
-            return loop(setup(cfg, mcfg, plan, env, device, out))
+            return loop(setup(cfg, mcfg, plan, env, device, out, evaluator))
     finally:
         if pg_started:
             dist.destroy_process_group()
@@ -407,6 +427,7 @@ class Run:
     amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
     loader: TokenLoader
     validation: Validation | None
+    evaluator: StepEval | None  # lm-eval at eval.interval (None: off)
     optimizer: torch.optim.Optimizer
     scheduler: Any  # LambdaLR (one-phase recipe) or PlanLR ([[phase]])
     state: TrainState
@@ -419,7 +440,9 @@ class Run:
     say: Callable[[str], None]  # prints on rank 0 only
 
 
-def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: torch.device, out) -> Run:
+def setup(
+    cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: torch.device, out, evaluator=None
+) -> Run:
     """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     d = cfg.data
@@ -489,6 +512,8 @@ def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: 
         except OSError as e:
             raise unwritable(run_dir, e) from None
 
+    if evaluator is not None:
+        evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if is_main and is_phased(cfg) and cfg.metrics.plot:
         note = plot_plan(data, run_dir / PLAN_PNG)
         if note:
@@ -516,7 +541,7 @@ def setup(cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: 
         say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last}")
         if resumed >= last:
             say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
-    return Run(cfg, plans, data, env, device, run_dir, model, amp, loader, validation, optimizer,
+    return Run(cfg, plans, data, env, device, run_dir, model, amp, loader, validation, evaluator, optimizer,
                scheduler, state, states, ckpt, writer, last, fpt, peak, say)  # fmt: skip
 
 
@@ -572,7 +597,8 @@ def loop(r: Run) -> dict[str, Any]:
                 ph = r.data.phases[phase]
                 r.say(f"phase {ph.name!r} begins at step {step}: seq_len {ph.seq_len}, {ph.global_batch} "
                       f"sequences per step, {ph.steps} steps")  # fmt: skip
-            do_log = step % cfg.run.log_every == 0 or step in (1, r.last) or do_val
+            do_eval = r.evaluator is not None and (step % cfg.eval.interval == 0 or step == r.last)
+            do_log = step % cfg.run.log_every == 0 or step in (1, r.last) or do_val or do_eval
             fault.arm(step)
             res = train_step(
                 r.model,
@@ -610,6 +636,8 @@ def loop(r: Run) -> dict[str, Any]:
                 if do_val and not fatal(report):  # skipped updates left the weights finite
                     m.update(r.validation(r.model, step, r.amp))
                     val_loss = m["val_loss"]
+                if do_eval and not fatal(report):
+                    m.update(r.evaluator(r.model, step))
                 m["elapsed_s"] = time.perf_counter() - t_start
                 first_loss = loss if first_loss is None else first_loss
                 last_loss = loss
@@ -619,7 +647,7 @@ def loop(r: Run) -> dict[str, Any]:
                     for event in m.get("events", []):
                         writer.print(f"WARNING step {step}: {event}")
                 diverged(report, step)
-                t_window, tokens_window = time.perf_counter(), 0  # validation time is not training time
+                t_window, tokens_window = time.perf_counter(), 0  # validation and eval are not training time
             stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
             if stop or ckpt.due(step):
                 if not do_log:
@@ -667,15 +695,23 @@ def _whole_run(history: list[dict[str, Any]], start: int) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.splitlines()[0])
+def main(
+    argv: list[str] | None = None,
+    make_evaluator: Callable[[TrainConfig], StepEval] | None = None,
+    prog: str = "python -m training.train",
+) -> int:
+    """The trainer's command line; `make_evaluator` builds the eval-during-training hook from the
+    config (validation.train_eval's entry point passes one)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)
     args = parser.parse_args(argv)
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker: never outlive the launcher
         exit_with_parent()
     try:
-        train(load_train_config(args.config, with_resume(args.overrides, args.resume)))
+        cfg = load_train_config(args.config, with_resume(args.overrides, args.resume))
+        evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
+        train(cfg, evaluator=evaluator)
     except GristmillError as e:
         # Config and data errors are the same on every rank: say it once.
         if DistEnv.from_environ().rank == 0:

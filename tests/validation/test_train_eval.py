@@ -1,0 +1,120 @@
+"""Eval during training (`[eval] interval`): real lm-eval on the local tasks inside real training
+runs, one process and two FSDP ranks under torchrun (gloo), against the offline eval of the same
+step's checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("transformers")
+
+from training.config import load_train_config  # noqa: E402
+from training.contract.errors import GristmillError  # noqa: E402
+from training.contract.run_layout import eval_dir  # noqa: E402
+from training.train import main as train_main  # noqa: E402
+from training.train import train  # noqa: E402
+from validation.eval import EvalConfig, evaluate_step  # noqa: E402
+from validation.eval_results import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
+from validation.train_eval import TrainingEval, metric_key  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs/train/tiny.toml")
+TASKS = ["demo_ppl", "demo_cloze"]
+LIMIT = 4
+
+
+def _sets(dataset: Path, run: Path, steps: int = 4) -> list[str]:
+    return [
+        f"data.dataset={dataset}",
+        f"run.output_dir={run}",
+        "data.seq_len=256",  # the tiny preset's context: the fixture's cloze items fit in it
+        "data.global_batch_tokens=1024",
+        "data.micro_batch=2",
+        "data.val_fraction=0.1",
+        f"schedule.steps={steps}",
+        "schedule.warmup_steps=1",
+        "run.log_every=3",
+        "run.val_every=0",
+        "run.device=cpu",
+        "metrics.plot=false",
+        "checkpoint.interval=2",
+        "eval.interval=2",
+        f"eval.limit={LIMIT}",
+        'eval.tasks=["demo_ppl", "demo_cloze"]',
+    ]
+
+
+def _rows(run: Path) -> dict[int, dict]:
+    return {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+
+
+def _offline(run: Path, step: int) -> dict[str, float]:
+    """`gristmill eval RUN --step N --set limit=LIMIT` on the step's checkpoint, from scratch."""
+    shutil.rmtree(eval_dir(run, step), ignore_errors=True)
+    evaluate_step(run, step, EvalConfig(tasks=TASKS, limit=LIMIT, device="cpu"))
+    return {metric_key(r): r["value"] for r in rows_of(step, read_step_results(run, step))}
+
+
+def _assert_equal_scores(in_training: dict, offline: dict) -> None:
+    keys = {k for k in in_training if k.startswith("eval/")}
+    assert keys == set(offline) and {"eval/demo_ppl/bits_per_byte", "eval/demo_cloze/acc"} <= keys
+    for k in keys:  # HF's Llama (the export) against gristmill's model on the same weights
+        assert in_training[k] == pytest.approx(offline[k], rel=1e-6), k
+
+
+def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(built_dataset, tmp_path):
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=TrainingEval(cfg))
+    rows = _rows(run)
+    for step in (2, 4):  # every interval and the last step: results where `gristmill eval` puts them
+        assert (eval_dir(run, step) / RESULTS_JSON).is_file()
+        assert rows[step]["eval_s"] > 0 and 0 <= rows[step]["eval/demo_cloze/acc"] <= 1
+    assert sorted(rows) == [1, 2, 3, 4] and not any(k.startswith("eval/") for k in rows[3])
+    assert (run / "eval.parquet").is_file()
+
+    # lm-eval reseeds torch, numpy and random: the trainer's state must come back as it was, so the
+    # same run without eval trains the very same losses.
+    plain = tmp_path / "plain"
+    train(load_train_config(TINY, [*_sets(built_dataset, plain), "eval.interval=0"]))
+    plain_rows = _rows(plain)
+    assert {s: r["loss"] for s, r in plain_rows.items()} == {s: rows[s]["loss"] for s in plain_rows}
+
+
+def test_eval_during_training_under_torchrun_fsdp_equals_the_offline_eval(built_dataset, tmp_path):
+    """`gristmill train --nproc-per-node 2`: the launcher starts validation.train_eval under torchrun;
+    the full weights are gathered from both FSDP shards to rank 0."""
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2",
+           "--set", *_sets(built_dataset, run, steps=2), "parallel.shard=2"]  # fmt: skip
+    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "-m validation.train_eval" in out.stdout
+    assert "[eval] step 2:" in out.stdout
+    _assert_equal_scores(_rows(run)[2], _offline(run, 2))
+
+
+def test_training_entry_without_lm_eval_refuses_an_eval_interval(built_dataset, tmp_path, capsys):
+    sets = _sets(built_dataset, tmp_path / "run")
+    assert train_main(["--config", TINY, "--set", *sets]) == GristmillError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "-m validation.train_eval" in err[0] and "eval.interval=0" in err[0]
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
+def test_eval_section_errors(bad, built_dataset, tmp_path):
+    from training.config import check_config
+
+    cfg = load_train_config(TINY, [*_sets(built_dataset, tmp_path), bad])
+    with pytest.raises(GristmillError, match="eval.interval ≥ 0"):
+        check_config(cfg, 1)
