@@ -4,8 +4,8 @@ Each stage is the same code path a user runs by hand (the commands are printed b
 so the demo is an end-to-end check as well as a tour: build two datasets, prose and code (each
 validated) → audit → train on their mixture in two phases (the plan printed first; stopped inside
 the first phase as if preempted, then resumed across the phase boundary; lm-eval scores the
-weights every 50 steps as it trains) → export to HF format and verify every checkpoint and export
-against its checksums → the offline eval of the last export.
+weights at steps 60, 100 and 150 as it trains) → export to HF format and verify every checkpoint
+and export against its checksums → the offline eval of the last export.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -130,10 +130,10 @@ def run(args: argparse.Namespace) -> int:
         if rc := gristmill(command):
             return rc
 
-    # Training evaluated steps 50, 60, 100 and 150 as it went ([eval] interval); the offline eval of
+    # Training evaluated steps 60, 100 and 150 as it went ([eval] interval); the offline eval of
     # the step-150 export gives the same scores from the HF model (and replaces that step's row).
     t0 = _stage(6, total, "evaluate the step-150 export with lm-eval on held-out documents (offline); "
-                "training evaluated steps 50, 60, 100 and 150 as it went",
+                "training evaluated steps 60, 100 and 150 as it went",
                 f"gristmill eval {run_dir} --config {args.eval_config} --step 150\n"
                 f"    $ gristmill data audit {run_dir} --sql \"{EVAL_SQL}\"")  # fmt: skip
     if rc := gristmill(["eval", str(run_dir), "--config", args.eval_config, "--step", "150"]):

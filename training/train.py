@@ -512,8 +512,6 @@ def setup(
         except OSError as e:
             raise unwritable(run_dir, e) from None
 
-    if evaluator is not None:
-        evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if is_main and is_phased(cfg) and cfg.metrics.plot:
         note = plot_plan(data, run_dir / PLAN_PNG)
         if note:
@@ -535,6 +533,8 @@ def setup(
         if is_phased(cfg):
             for line in format_plan(data, notes):
                 writer.print(f"  plan    {line}")
+    if evaluator is not None:
+        evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if resumed is not None:
         for note in loader.resume_notes:
             say(f"note: {note}")

@@ -98,10 +98,10 @@ class TrainingEval:
                 write_tokenizer(dataset, mcfg, tok_dir)
                 self.tokenizer = _load_tokenizer(tok_dir)
                 self.max_length = run_data_config(self.run_dir).seq_len  # as `gristmill eval` (max_length 0)
+                limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
-                    f"eval every {self.interval} steps and at the last: {', '.join(self.plan.names)}"
-                    f"{f' (limit {self.cfg.limit})' if self.cfg.limit else ''}, on rank 0, results in "
-                    f"{self.run_dir / EVAL_DIR}/step-N"
+                    f"  eval    {', '.join(self.plan.names)}{limit} every {self.interval} steps and at the "
+                    f"last, on rank 0 → {self.run_dir / EVAL_DIR}/step-N"
                 )
             except GristmillError as e:
                 problem = str(e)
