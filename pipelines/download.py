@@ -8,8 +8,9 @@ Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.p
 streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
 file under its final name is always complete. Interrupted? Run the same command again: finished
 files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
-continues from where it stopped (ranged reads). The transfer works on any fsspec URL (`--from`),
-which is also how it is tested here, against a local directory, since tests have no network.
+continues from where it stopped (ranged reads). The transfer works on any fsspec URL (`--from`).
+Tests have no network: they run it against a local directory and against tests/_hub_server.py,
+a local stand-in for the hub's HTTP API.
 """
 
 from __future__ import annotations
@@ -225,10 +226,11 @@ def _fetch_one(fs, root: str, f: RemoteFile, final: Path, bar) -> tuple[int, boo
                     fetched += len(chunk)
                     bar.update(len(chunk))
             break
-        except OSError as e:
+        except Exception as e:  # not only OSError: huggingface_hub raises httpx errors once its retries end
             if attempt == 2:
+                detail = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 raise DownloadError(
-                    f"{f.path}: transfer failed after 3 tries ({e}); run the command again to resume it"
+                    f"{f.path}: transfer failed after 3 tries ({detail}); run the command again to resume it"
                 ) from None
             time.sleep(2**attempt)
     return fetched, have > 0

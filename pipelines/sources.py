@@ -24,6 +24,8 @@ import zstandard
 from datatrove.data import Document
 from datatrove.io import get_datafolder
 from datatrove.pipeline.readers.base import BaseDiskReader
+from huggingface_hub import HfApi, HfFileSystem
+from huggingface_hub.hf_file_system import HfFileSystemResolvedRepositoryPath
 
 from pipelines.config import SourceConfig
 from pipelines.progress import TaskProgress
@@ -83,6 +85,23 @@ def offline_message(folder: str, cfg: SourceConfig, err: BaseException) -> str:
     )
 
 
+def pin_hub_commit(folder: str) -> str:
+    """`folder` (hf://datasets/ORG/NAME[@REV]/SUBSET) at the commit its revision points to now.
+
+    The driver lists that commit and every task reads it: tasks otherwise resolve `main` each on
+    its own, so a push to the dataset during a long build would give later tasks files other than
+    the listed ones, and a process that builds twice would list `main` from HfFileSystem's cache.
+    """
+    fs = HfFileSystem()
+    where = fs.resolve_path(folder)  # FileNotFoundError for a repository or revision that doesn't exist
+    if not isinstance(where, HfFileSystemResolvedRepositoryPath):
+        return folder  # a bucket: no commits
+    api = HfApi(endpoint=fs.endpoint)
+    info = api.repo_info(where.repo_id, repo_type=where.repo_type, revision=where.revision)
+    pinned = HfFileSystemResolvedRepositoryPath(where.repo_type, where.repo_id, info.sha, where.path_in_repo)
+    return f"hf://{pinned.unresolve()}"
+
+
 def list_source_files(cfg: SourceConfig) -> SourceFiles:
     """Resolve the config to a sorted file list, failing with one clear message if it can't."""
     folder = source_folder(cfg)
@@ -93,6 +112,7 @@ def list_source_files(cfg: SourceConfig) -> SourceFiles:
                 "hf://datasets/HuggingFaceFW/fineweb-edu"
             )
         try:
+            folder = pin_hub_commit(folder)
             df = get_datafolder(folder)
             entries = df.find("", detail=True)
         except Exception as e:  # connection errors, offline mode, missing repo: one message
@@ -296,12 +316,19 @@ def _read_errors(path: str, kind: str):
         raise
     except Exception as e:
         detail = str(e).splitlines()[0] if str(e) else ""
-        raise SourceError(
-            f"{path} cannot be read as {kind} ({type(e).__name__}: {detail}): "
-            "the file is damaged or truncated, or its connection dropped; re-download it under the same name "
-            "(`gristmill data download` verifies checksums) and rerun the same command (finished tasks are "
-            "kept), or remove it from source.path and build into a new `output`"
-        ) from None
+        if path.startswith("hf://"):  # nothing local to re-download: the hub client gave up retrying
+            fix = (
+                "the connection dropped (huggingface_hub retried it) or the file is damaged on the hub; "
+                "rerun the same command (finished tasks are kept), or fetch the files with "
+                "`gristmill data download` and build from the local copy"
+            )
+        else:
+            fix = (
+                "the file is damaged or truncated, or its connection dropped; re-download it under the "
+                "same name (`gristmill data download` verifies checksums) and rerun the same command "
+                "(finished tasks are kept), or remove it from source.path and build into a new `output`"
+            )
+        raise SourceError(f"{path} cannot be read as {kind} ({type(e).__name__}: {detail}): {fix}") from None
 
 
 class _StrictZstdReader(io.RawIOBase):

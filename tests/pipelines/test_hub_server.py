@@ -1,0 +1,281 @@
+"""The hub path, offline: a `source.kind = "hub"` build and `gristmill data download` against
+tests/_hub_server.py, a local server speaking the part of the Hugging Face hub's HTTP API that
+huggingface_hub uses, serving a FineWeb-Edu-shaped folder. The server is test code; huggingface_hub,
+datatrove's hf:// reading and gristmill's sources/download code are the real ones.
+
+Both paths give the local parquet build of the same files: the same shards, manifest, excluded
+rows, loader index and dataset.json fingerprint (which covers the token stream). config_sha256
+differs, as it should: it hashes the recipe, whose [source] differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub.constants as hf_constants
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from fsspec.core import url_to_fs
+from huggingface_hub.utils import http_backoff
+
+from pipelines import download
+from pipelines.build import build
+from pipelines.cli import main
+from pipelines.config import DataConfig
+from pipelines.download import PART, RECORD, list_remote
+from pipelines.sources import SourceError, list_source_files, make_reader
+from tests._hub_server import HubServer
+from tests.conftest import fixture_config_text, write_fixture_corpus
+from training.contract.config_loader import load_config
+from training.contract.dataset_format import read_dataset_info
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "gristmill-test/fineweb-edu"  # made up: a request that escaped to the real hub would fail
+TOKENIZER_REPO = "gristmill-test/tokenizer"
+SUBSET = "sample/10BT"
+NAMES = [f"{SUBSET}/{i:03d}_00000.parquet" for i in range(3)]
+DROPPED = NAMES[1]
+HUB = [
+    "source.kind=hub",
+    f"source.path=hf://datasets/{REPO}",
+    f"source.subset={SUBSET}",
+    "build.tasks=0",  # one task per file, as the real recipe
+]
+# FineWeb-Edu's columns, in its order (date and file_path are read by nobody, as on the hub)
+COLUMNS = [
+    "text", "id", "dump", "url", "date", "file_path", "language", "language_score", "token_count", "score",
+    "int_score",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, build_fixture):
+    """FineWeb-Edu-shaped parquet files in LOCAL/sample/10BT, their bytes, and a recipe for them."""
+    root = tmp_path_factory.mktemp("hub-corpus")
+    plain = write_fixture_corpus(root / "plain", n_files=len(NAMES), n_docs=120)
+    local = root / "local"
+    files = {}
+    for name, src in zip(NAMES, sorted(plain.glob("*.parquet"))):
+        t = pq.read_table(src)
+        n = t.num_rows
+        t = t.append_column("date", pa.array(["2024-02-21T08:20:51Z"] * n))
+        warc = [
+            f"s3://commoncrawl/crawl-data/{d}/segments/x/warc/CC.warc.gz"
+            for d in t.column("dump").to_pylist()
+        ]
+        t = t.append_column("file_path", pa.array(warc)).select(COLUMNS)
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, local / name)
+        files[name] = (local / name).read_bytes()
+    _, tokenizer, _ = build_fixture
+    config = root / "data.toml"
+    config.write_text(fixture_config_text(local / SUBSET, tokenizer, root / "unused"))
+    return SimpleNamespace(local=local, files=files, tokenizer=tokenizer, config=config)
+
+
+@pytest.fixture(scope="module")
+def hub(corpus):
+    # Beside the subset: a README and another dump's folder, which a build of the subset never reads.
+    dataset = {"README.md": b"---\nlicense: odc-by\n---\n", **corpus.files}
+    dataset["data/CC-MAIN-2024-10/000_00000.parquet"] = corpus.files[NAMES[0]]
+    with HubServer(page_size=2) as server:  # 2 entries a page: the listings follow `Link` headers
+        server.add_repo(REPO, dataset)
+        server.add_repo(TOKENIZER_REPO, {"tokenizer.json": corpus.tokenizer.read_bytes()}, repo_type="model")
+        yield server
+
+
+@pytest.fixture
+def hub_env(hub, monkeypatch, tmp_path):
+    """Points this process's huggingface_hub at `hub`, with an empty cache and no token, and
+    returns the environment that does the same for a subprocess."""
+    home = tmp_path / "hf-home"
+    env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    # huggingface_hub reads these from the environment at import; HfApi, HfFileSystem and
+    # hf_hub_url read them from its constants at each call (the URL template too: not ENDPOINT).
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # another test may have set it
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(home / "token"))
+    yield dict(os.environ)
+    hub.heal()  # a drop a failed test left behind must not reach the next one
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The same retries, without the waits: huggingface_hub retries a dropped request 5 times
+    (1+2+4+8+8 s apart) and `gristmill data download` its transfers 3 times (1, 2 s apart)."""
+    monkeypatch.setitem(http_backoff.__kwdefaults__, "base_wait_time", 0.0)
+    monkeypatch.setattr(download, "time", SimpleNamespace(sleep=lambda s: None))
+
+
+@pytest.fixture(scope="module")
+def local_build(corpus, tmp_path_factory) -> Path:
+    """The reference: the local parquet build of the same files."""
+    out = tmp_path_factory.mktemp("hub-ref") / "ds"
+    cfg = load_config(DataConfig, corpus.config, [f"output={out}", "build.tasks=0", "build.workers=1"])
+    assert build(cfg, log=lambda *a: None).ok
+    return out
+
+
+def assert_same_dataset(out: Path, ref: Path) -> None:
+    for sub in ("shards", "manifest", "excluded", "index"):
+        names = sorted(p.name for p in (ref / sub).iterdir())
+        assert names and names == sorted(p.name for p in (out / sub).iterdir()), sub
+        for name in names:
+            assert (out / sub / name).read_bytes() == (ref / sub / name).read_bytes(), f"{sub}/{name}"
+    assert (out / "tokenizer.json").read_bytes() == (ref / "tokenizer.json").read_bytes()
+    info, want = read_dataset_info(out), read_dataset_info(ref)
+    assert info["status"] == "complete" and info["tasks"] == len(NAMES)
+    for key in ("fingerprint", "documents", "tokens", "excluded_by_filter"):
+        assert info[key] == want[key], key
+    assert info["config_sha256"] != want["config_sha256"]  # the recipe's [source] is hashed too
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def build_argv(corpus, out: Path, *overrides: str) -> list[str]:
+    argv = ["data", "build", "--config", str(corpus.config), "--set", f"output={out}"]
+    for o in overrides:
+        argv += ["--set", o]
+    return argv
+
+
+def fails_in_one_line(hub: HubServer, capsys, argv: list[str]) -> str:
+    """Runs the CLI while DROPPED's connection drops mid-file every time; its one error line."""
+    hub.drop_after(DROPPED, 5000, times=1000)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    hub.heal()
+    return err.strip().splitlines()[-1]  # after huggingface_hub's retry warnings
+
+
+def test_download_then_build_gives_the_local_build(
+    hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys
+):
+    root = f"hf://datasets/{REPO}"
+    fs, _ = url_to_fs(root)
+    listed = list_remote(fs, root, SUBSET, "*.parquet")  # the hub's LFS checksums, from its tree listing
+    assert [(f.path, f.size, f.sha256) for f in listed] == [
+        (n, len(d), sha256(d)) for n, d in corpus.files.items()
+    ]
+
+    # A connection that drops in the middle of one file, every time: one line, no traceback.
+    dest = tmp_path / "fineweb-edu"
+    argv = ["data", "download", "--repo", REPO, "--subset", SUBSET, "--to", str(dest), "--workers", "2"]
+    last = fails_in_one_line(hub, capsys, argv)
+    assert last.startswith(f"error: {DROPPED}: transfer failed after 3 tries (RemoteProtocolError: "), last
+    assert last.endswith("run the command again to resume it")
+    assert not (dest / DROPPED).exists() and (dest / NAMES[0]).read_bytes() == corpus.files[NAMES[0]]
+
+    # The rerun skips the finished files and resumes the cut one with a ranged request.
+    half = len(corpus.files[DROPPED]) // 2
+    (dest / (DROPPED + PART)).write_bytes(corpus.files[DROPPED][:half])
+    mark = len(hub.requests)
+    assert main(argv) == 0
+    assert "3 files: 1 downloaded (1 resumed), 2 already complete" in capsys.readouterr().out
+    assert any(DROPPED in r and f"bytes={half}-" in r for r in hub.requests[mark:]), hub.requests[mark:]
+    record = json.loads((dest / RECORD).read_text())["files"]
+    for name, data in corpus.files.items():
+        assert (dest / name).read_bytes() == data and record[name]["sha256"] == sha256(data)
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*.parquet")) == NAMES
+
+    out = tmp_path / "from-download"
+    overrides = [f"output={out}", f"source.path={dest / SUBSET}", "build.tasks=0", "build.workers=1"]
+    assert build(load_config(DataConfig, corpus.config, overrides), log=lambda *a: None).ok
+    assert_same_dataset(out, local_build)
+
+
+def test_hub_build_gives_the_local_build(hub, hub_env, corpus, local_build, tmp_path):
+    # As a user runs it: the CLI in its own process, tasks in 2 worker processes, the tokenizer
+    # fetched by hub name (hf_hub_download), as configs/data/fineweb-edu-sample-10BT.toml does.
+    out = tmp_path / "from-hub"
+    argv = build_argv(corpus, out, *HUB, "build.workers=2", f"tokenizer.path={TOKENIZER_REPO}")
+    hub.drop_after(DROPPED, 5000, times=1)  # dropped once: huggingface_hub's retry reads it again
+    mark = len(hub.requests)
+    run = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT, env=hub_env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert_same_dataset(out, local_build)
+
+    requests = hub.requests[mark:]
+    reads = [r.split()[1] for r in requests if r.startswith("GET /datasets/")]
+    # Every task read the commit the driver listed, and only the subset's files.
+    pinned = f"/datasets/{REPO}/resolve/{hub.head(REPO)}/"
+    assert reads and all(r.startswith(pinned) for r in reads), reads
+    assert {r.removeprefix(pinned) for r in reads} == set(NAMES)
+    assert sum(r.endswith(DROPPED) for r in reads) > sum(r.endswith(NAMES[0]) for r in reads)  # the retry
+    assert f"GET /{TOKENIZER_REPO}/resolve/main/tokenizer.json" in requests
+
+
+def test_a_connection_that_keeps_dropping_fails_its_task_in_one_line_and_the_rerun_completes(
+    hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys
+):
+    out = tmp_path / "ds"
+    argv = build_argv(corpus, out, *HUB, "build.workers=1")
+    last = fails_in_one_line(hub, capsys, argv)
+    url = f"hf://datasets/{REPO}@{hub.head(REPO)}/{DROPPED}"
+    assert last.startswith(f"error: {url} cannot be read as parquet (RemoteProtocolError: peer closed"), last
+    assert "rerun the same command (finished tasks are kept)" in last
+    assert (out / "logs" / "completions" / "00000").is_file() and not (out / "dataset.json").exists()
+
+    assert main(argv) == 0
+    assert "resuming" in capsys.readouterr().out
+    assert_same_dataset(out, local_build)
+
+
+def test_tasks_read_the_commit_the_driver_listed(hub, hub_env, corpus):
+    repo = "gristmill-test/fineweb-edu-pushed"
+    first = hub.add_repo(repo, corpus.files)
+    cfg = load_config(DataConfig, corpus.config, [*HUB, f"source.path=hf://datasets/{repo}"]).source
+    source = list_source_files(cfg)
+    assert source.folder == f"hf://datasets/{repo}@{first}/{SUBSET}"
+    assert source.files == [n.split("/", 2)[2] for n in NAMES]
+    assert source.sizes == [len(d) for d in corpus.files.values()]
+
+    # A push while the tasks run (FineWeb-Edu does get updated): they still read what was listed.
+    second = hub.push(repo, {**corpus.files, DROPPED: corpus.files[NAMES[0]]})
+    ids = [d.id for f in source.files for d in make_reader(cfg, source).read_file(f)]
+    assert ids == [
+        i for n in NAMES for i in pq.read_table(corpus.local / n, columns=["id"])["id"].to_pylist()
+    ]
+    assert list_source_files(cfg).folder == f"hf://datasets/{repo}@{second}/{SUBSET}"  # the next build
+    at_first = replace(cfg, path=f"hf://datasets/{repo}@{first}")  # a revision in source.path stays
+    assert list_source_files(at_first).folder == f"hf://datasets/{repo}@{first}/{SUBSET}"
+
+    with pytest.raises(
+        SourceError, match=rf"hf://datasets/{repo}@{second}/sample/350BT holds no files matching"
+    ):
+        list_source_files(replace(cfg, subset="sample/350BT"))
+    with pytest.raises(SourceError, match="hf://datasets/gristmill-test/missing/sample/10BT does not exist"):
+        list_source_files(replace(cfg, path="hf://datasets/gristmill-test/missing"))
