@@ -39,6 +39,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "training.batch_inspect",
         "print the batch of a training step (ids, text, source documents) or per-step hashes",
     ),
+    ("data", "decontam-index"): (
+        "validation.decontam_index",
+        "index the n-grams of lm-eval tasks' evaluation documents, for a build's [decontaminate]",
+    ),
     ("data", "index"): (
         "pipelines.data_index",
         "write the loader's index (index/) of a dataset built without one; idempotent",
@@ -85,19 +89,27 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
+    if any(tuple(argv[: len(words)]) == words for words in COMMANDS):
+        try:
+            return run_command(argv)
+        except GristmillError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_code
+    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+
+
+def run_command(argv: list[str]) -> int:
+    """Run the command `argv` names in this process, letting its GristmillError through: for a stage
+    that runs another's command as part of its own (the build runs `data decontam-index`) and
+    reports its errors as its own one line."""
     for words, (module_name, help_text) in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
             module = importlib.import_module(module_name)
             parser = argparse.ArgumentParser(prog=f"gristmill {' '.join(words)}", description=help_text)
             module.add_arguments(parser)
-            args = parser.parse_args(argv[len(words) :])
-            try:
-                return int(module.run(args) or 0)
-            except GristmillError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return e.exit_code
-    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
+            return int(module.run(parser.parse_args(argv[len(words) :])) or 0)
+    raise GristmillError(f"no gristmill command {' '.join(argv[:2])!r}; see `gristmill --help`")
 
 
 if __name__ == "__main__":

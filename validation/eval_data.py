@@ -20,6 +20,7 @@ import json
 import os
 import re
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -162,26 +163,40 @@ def build_task_data(
 # hub tasks
 
 
-def hub_task_manager(names: list[str]) -> Any:
+def local_yaml_tasks(include_path: Sequence[str]) -> set[str]:
+    """Task, group and tag names defined by the lm-eval YAML files under `include_path`."""
+    from lm_eval.tasks import TaskManager
+
+    for p in include_path:
+        if not Path(p).is_dir():
+            raise EvalError(f"include_path {p} is not a directory (of lm-eval task YAML files)")
+    return set(TaskManager(include_defaults=False, include_path=list(map(str, include_path))).task_index)
+
+
+def hub_task_manager(names: list[str], include_path: Sequence[str] = ()) -> Any:
     """An lm-eval TaskManager that knows `names`, indexing only the task families (top-level
     directories of lm_eval/tasks) whose YAML mentions them: the full index parses ~14k files, about
-    15 s. Falls back to the full index when a name is not found that way."""
+    15 s. Falls back to the full index when a name is not found that way. The directories of
+    `include_path` (the user's own task YAMLs) are indexed as well."""
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
+    extra = [str(p) for p in include_path]
+    rest = sorted(set(names) - (local_yaml_tasks(extra) if extra else set()))
     root = Path(lm_eval.tasks.__file__).parent
-    alts = "|".join(map(re.escape, names))
-    pattern = re.compile(rf"^(?:task|group|tag):\s*({alts})\s*$|^\s*-\s*({alts})\s*$", re.M)
     families, found = set(), set()
-    for path in root.rglob("*.yaml"):
-        for m in pattern.finditer(path.read_text(encoding="utf-8", errors="ignore")):
-            found.add(m.group(1) or m.group(2))
-            families.add(str(root / path.relative_to(root).parts[0]))
-    if found == set(names):
-        tm = TaskManager(include_defaults=False, include_path=sorted(families))
+    if rest:
+        alts = "|".join(map(re.escape, rest))
+        pattern = re.compile(rf"^(?:task|group|tag):\s*({alts})\s*$|^\s*-\s*({alts})\s*$", re.M)
+        for path in root.rglob("*.yaml"):
+            for m in pattern.finditer(path.read_text(encoding="utf-8", errors="ignore")):
+                found.add(m.group(1) or m.group(2))
+                families.add(str(root / path.relative_to(root).parts[0]))
+    if found == set(rest):
+        tm = TaskManager(include_defaults=False, include_path=sorted(families) + extra)
         if all(n in tm.task_index for n in names):
             return tm
-    return TaskManager()
+    return TaskManager(include_path=extra or None)
 
 
 def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | None]]:
@@ -221,11 +236,12 @@ def dataset_cached(path: str) -> bool:
     ).is_dir()
 
 
-def check_hub_tasks(task_manager: Any, names: list[str]) -> None:
+def check_hub_tasks(task_manager: Any, names: list[str], local_hint: str | None = None) -> None:
     """Raise EvalError naming each hub task that cannot get its dataset (offline, not cached).
 
     Offline with every dataset cached, the hub is switched off for this process so `datasets`
-    reads the cache instead of waiting for the network.
+    reads the cache instead of waiting for the network. `local_hint` replaces the messages' pointer
+    to the eval's local tasks (for a caller that has other ones).
     """
     unknown = [n for n in names if n not in task_manager.task_index]
     if unknown:
@@ -235,10 +251,8 @@ def check_hub_tasks(task_manager: Any, names: list[str]) -> None:
             else n
             for n in unknown
         ]
-        raise EvalError(
-            f"unknown task {', '.join(hints)}; local tasks: {', '.join(local_task_names())}; hub tasks: "
-            "`lm_eval ls tasks`"
-        )
+        local = local_hint or f"local tasks: {', '.join(local_task_names())}"
+        raise EvalError(f"unknown task {', '.join(hints)}; {local}; hub tasks: `lm_eval ls tasks`")
     needs = [d for n in names for d in hub_datasets(task_manager, n)]
     if not needs or hub_reachable():
         return
@@ -248,8 +262,8 @@ def check_hub_tasks(task_manager: Any, names: list[str]) -> None:
         more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
         raise EvalError(
             f"{lines}{more}, and the hub is unreachable: run with network once (it fills the cache) or point "
-            "HF_DATASETS_CACHE at a copy of a cache that holds it; local tasks work offline: "
-            f"--tasks {','.join(local_task_names())}"
+            "HF_DATASETS_CACHE at a copy of a cache that holds it; "
+            + (local_hint or f"local tasks work offline: --tasks {','.join(local_task_names())}")
         )
     # The libraries read these at import (already done by lm_eval): set the flags they read, too.
     import datasets.config

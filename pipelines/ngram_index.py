@@ -1,0 +1,314 @@
+"""The decontamination index: its files, the text normaliser, n-gram hashing and lookup.
+
+    DIR/ngrams.npy      uint64, sorted and unique: the hash of every word n-gram of the indexed texts
+    DIR/refs.npy        uint32 (N, 2), row i names where ngrams[i] first occurs: (task number, document)
+    DIR/manifest.json   format, n, normaliser, lm-eval version, per task (name, split, documents,
+                        n-grams, version), the sha256 of the two .npy files
+
+Both sides use this module: `gristmill data decontam-index` (validation/decontam_index.py, which
+reads the tasks through lm-eval) writes an index with `write_index`, and the build's filter
+(pipelines/decontam.py) opens it with `NgramIndex`. Only numpy and the standard library here, so
+build workers on a cluster never import lm-eval; and one normaliser, so a text hashes the same on
+both sides.
+
+Normalising: lowercase, then every run of letters and digits is a word; punctuation, underscores and
+whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the
+definition (a regex); `Words.of` is the same split done with numpy (a per-codepoint table of
+str.isalnum, which is what the regex tests), since the filter sees every training document and a
+Python step per word would cost as much as the tokenizer.
+
+Hashing, in a few dozen array operations per document: a word's hash is the polynomial of its
+codepoints modulo 2^64 (prefix sums in numpy's wrapping uint64 arithmetic) put through splitmix64's
+finaliser; an n-gram's hash is the polynomial of its n word hashes with another odd base. Two
+n-grams that differ in one word never collide (powers of an odd number are invertible modulo 2^64);
+otherwise a false match is as likely as for random 64-bit values: about 0.5 expected for a
+10M-n-gram index against 10^12 training n-grams, and each match is recorded with its text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.contract.atomic_write import atomic_path, write_atomic
+from training.contract.errors import GristmillError
+
+FORMAT = "gristmill-decontam/1"
+NORMALIZER = "lower-alnum-words/1"  # change it with _WORDS/normalize_words: old indexes are refused
+HASHES_NPY = "ngrams.npy"
+REFS_NPY = "refs.npy"
+MANIFEST_JSON = "manifest.json"
+FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
+
+_WORDS = re.compile(r"[^\W_]+")  # the reference definition; the fast path below agrees with it
+_P = 0x100000001B3  # per-character base (odd: invertible modulo 2^64)
+_M = 0x9E3779B97F4A7C15  # per-word base (odd)
+_is_word: np.ndarray | None = None  # codepoint -> letter or digit, built on first use (~0.5 s)
+_powers: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # base -> (base^i, base^-i) mod 2^64
+_BIT = np.left_shift(np.uint8(1), np.arange(8, dtype=np.uint8))  # bit k of a byte
+
+
+class DecontamIndexError(GristmillError):
+    """A decontamination index that cannot be used; the message names the file and the fix."""
+
+
+def normalize_words(text: str) -> list[str]:
+    """The words of `text` as both sides of decontamination see them (see the module docstring)."""
+    return _WORDS.findall(text.lower())
+
+
+def _word_table() -> np.ndarray:
+    """bool per codepoint: a word character of _WORDS (str.isalnum), so the vectorised path splits
+    words exactly where the regex does."""
+    global _is_word
+    if _is_word is None:
+        _is_word = np.fromiter((chr(c).isalnum() for c in range(0x110000)), bool, 0x110000)
+    return _is_word
+
+
+def _pow_tables(base: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(base^i, base^-i) mod 2^64 for i < length, grown by doubling and kept per process."""
+    have = _powers.get(base)
+    if have is None or len(have[0]) < length:
+        size = max(1 << 12, 1 << (length - 1).bit_length())
+        up = np.full(size, base, np.uint64)
+        down = np.full(size, pow(base, -1, 1 << 64), np.uint64)
+        up[0] = down[0] = 1
+        have = _powers[base] = (np.cumprod(up), np.cumprod(down))  # uint64 products wrap: mod 2^64
+    return have
+
+
+def _window_sums(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: int) -> np.ndarray:
+    """sum(values[j] * base^(end-1-j) for j in [start, end)) mod 2^64 per (start, end): a polynomial
+    hash of each span in O(1) numpy operations, from prefix sums scaled by inverse powers."""
+    up, down = _pow_tables(base, len(values) + 1)
+    prefix = np.zeros(len(values) + 1, np.uint64)
+    np.cumsum(values * down[: len(values)], out=prefix[1:])
+    return (prefix[ends] - prefix[starts]) * up[ends - 1]
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: spreads a polynomial hash's low-bit structure over all 64 bits."""
+    x = x ^ (x >> np.uint64(30))
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@dataclass(frozen=True)
+class Words:
+    """A text's normalised words as codepoint spans: word i is chars[starts[i]:ends[i]]."""
+
+    chars: np.ndarray  # uint32 codepoints of text.lower()
+    starts: np.ndarray
+    ends: np.ndarray
+
+    @classmethod
+    def of(cls, text: str) -> Words:
+        chars = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), np.uint32)
+        inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
+        np.take(_word_table(), chars, out=inside[1:-1])
+        return cls(chars, np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1]))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def hashes(self) -> np.ndarray:
+        """64-bit hash of each word (depends on the word's characters only, not on its position)."""
+        return _mix(_window_sums(self.chars.astype(np.uint64) + np.uint64(1), self.starts, self.ends, _P))
+
+    def text(self, first: int, count: int) -> str:
+        """Words first..first+count-1, normalised, joined by single spaces."""
+        span = self.chars[self.starts[first] : self.ends[first + count - 1]]
+        return " ".join(normalize_words(span.tobytes().decode("utf-32-le", "surrogatepass")))
+
+
+def ngram_hashes(words: Words, n: int) -> np.ndarray:
+    """uint64 hash of each n-gram of `words` (len(words) - n + 1 of them; none when fewer words)."""
+    m = len(words) - n + 1
+    if m <= 0:
+        return np.zeros(0, np.uint64)
+    first = np.arange(m)
+    return _window_sums(words.hashes(), first, first + n, _M)
+
+
+def text_ngram_hashes(text: str, n: int) -> np.ndarray:
+    return ngram_hashes(Words.of(text), n)
+
+
+# --------------------------------------------------------------------------------------------
+# writing
+
+
+def _sha256(folder: Path) -> str:
+    h = hashlib.sha256()
+    for name in (HASHES_NPY, REFS_NPY):
+        with open(folder / name, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()
+
+
+def write_index(
+    folder: str | Path,
+    n: int,
+    tasks: list[dict[str, Any]],
+    hashes: list[np.ndarray],
+    docs: list[np.ndarray],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write the index of `tasks` (manifest entries, in order) into `folder`; returns the manifest.
+
+    `hashes[t]` are task t's n-gram hashes and `docs[t]` the document index of each. Where an n-gram
+    occurs more than once, the first occurrence (task order, then document order) names it. The
+    manifest is written last: a folder without one is no index."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST_JSON).unlink(missing_ok=True)
+    all_h = np.concatenate([np.zeros(0, np.uint64), *hashes]).astype(np.uint64, copy=False)
+    refs = np.concatenate(
+        [np.zeros((0, 2), np.uint32)]
+        + [np.stack([np.full(len(d), t, np.uint32), d.astype(np.uint32)], axis=1) for t, d in enumerate(docs)]
+    )
+    order = np.argsort(all_h, kind="stable")
+    sorted_h = all_h[order]
+    first = np.ones(len(sorted_h), bool)
+    first[1:] = sorted_h[1:] != sorted_h[:-1]
+    for name, arr in ((HASHES_NPY, sorted_h[first]), (REFS_NPY, refs[order[first]])):
+        with atomic_path(folder / name) as tmp, open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(arr))
+    manifest = {
+        "format": FORMAT,
+        "ngram": n,
+        "normalizer": NORMALIZER,
+        **(extra or {}),
+        "tasks": tasks,
+        "ngrams": int(first.sum()),
+        "sha256": _sha256(folder),
+    }
+    write_atomic(folder / MANIFEST_JSON, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------
+# reading
+
+REBUILD = "rebuild it with `gristmill data decontam-index --tasks … --out DIR`"
+
+
+def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
+    """DIR/manifest.json, checked (format, normaliser, files present; `verify`: their sha256)."""
+    folder = Path(folder)
+    path = folder / MANIFEST_JSON
+    if not path.is_file():
+        what = "does not exist" if not folder.exists() else f"holds no {MANIFEST_JSON}"
+        raise DecontamIndexError(
+            f"decontamination index {folder} {what}; build one with "
+            f"`gristmill data decontam-index --tasks … --out {folder}`"
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        types = {"tasks": list, "ngram": int, "ngrams": int, "sha256": str}
+        ok = isinstance(manifest, dict) and all(isinstance(manifest.get(k), t) for k, t in types.items())
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise DecontamIndexError(f"{path} is not a valid index manifest (cut off or edited); {REBUILD}")
+    if manifest.get("format") != FORMAT or manifest.get("normalizer") != NORMALIZER:
+        raise DecontamIndexError(
+            f"{path}: format {manifest.get('format')!r} / normaliser {manifest.get('normalizer')!r} is not "
+            f"{FORMAT!r} / {NORMALIZER!r} (made by another gristmill version); {REBUILD}"
+        )
+    for name in (HASHES_NPY, REFS_NPY):
+        if not (folder / name).is_file():
+            raise DecontamIndexError(f"{folder / name} is missing; {REBUILD}")
+    if verify and _sha256(folder) != manifest["sha256"]:
+        raise DecontamIndexError(
+            f"{folder}: {HASHES_NPY}/{REFS_NPY} do not match the sha256 in {MANIFEST_JSON} (changed after it "
+            f"was written); {REBUILD}"
+        )
+    return manifest
+
+
+@dataclass(frozen=True)
+class Match:
+    """The first indexed n-gram of a document, and how many of its n-grams are indexed."""
+
+    n: int
+    task: str
+    split: str
+    doc: int
+    text: str  # the n-gram's normalised words, joined by spaces
+    count: int
+
+    def detail(self) -> str:
+        more = f" (+{self.count - 1} more indexed {self.n}-grams)" if self.count > 1 else ""
+        return f'{self.n}-gram of {self.task} {self.split} doc {self.doc}: "{self.text}"{more}'
+
+
+_DETAIL = re.compile(r"^\d+-gram of (\S+) (\S+) doc \d+: ")
+
+
+def task_of_detail(detail: str) -> str | None:
+    """The task named by an excluded/ reason that Match.detail wrote (None for any other text)."""
+    m = _DETAIL.match(detail)
+    return m.group(1) if m else None
+
+
+class NgramIndex:
+    """An index opened for lookups: the .npy files memory-mapped (their pages shared between the
+    workers of a machine), plus a bitmap of the hashes' top bits built here (about 32 bits per
+    n-gram, at most 128 MiB) that answers most misses without touching the sorted array."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        self.manifest = read_manifest(self.folder)
+        self.n = int(self.manifest["ngram"])
+        self.tasks = [(t["name"], t["split"]) for t in self.manifest["tasks"]]
+        try:
+            self.hashes = np.load(self.folder / HASHES_NPY, mmap_mode="r")
+            self.refs = np.load(self.folder / REFS_NPY, mmap_mode="r")
+        except ValueError as e:
+            raise DecontamIndexError(f"{self.folder}: unreadable .npy file ({e}); {REBUILD}") from None
+        n = len(self.hashes)
+        if self.hashes.dtype != np.uint64 or n != self.manifest["ngrams"] or self.refs.shape != (n, 2):
+            raise DecontamIndexError(f"{self.folder}: its .npy files do not match {MANIFEST_JSON}; {REBUILD}")
+        log2_bits = min(30, max(16, (32 * n).bit_length()))
+        self._shift = np.uint64(64 - log2_bits)
+        self._bits = np.zeros(1 << (log2_bits - 3), np.uint8)
+        for i in range(0, n, 1 << 22):
+            top = self.hashes[i : i + (1 << 22)] >> self._shift
+            np.bitwise_or.at(self._bits, top >> np.uint64(3), _BIT[top & np.uint64(7)])
+
+    def contains(self, hashes: np.ndarray) -> np.ndarray:
+        """bool mask: which of `hashes` are in the index."""
+        found = np.zeros(len(hashes), bool)
+        if len(self.hashes) == 0 or len(hashes) == 0:
+            return found
+        top = hashes >> self._shift
+        maybe = np.flatnonzero(self._bits[top >> np.uint64(3)] & _BIT[top & np.uint64(7)])
+        if len(maybe):
+            query = hashes[maybe]
+            pos = np.searchsorted(self.hashes, query)
+            np.minimum(pos, len(self.hashes) - 1, out=pos)
+            found[maybe] = self.hashes[pos] == query
+        return found
+
+    def first_match(self, text: str) -> Match | None:
+        """The first indexed n-gram of `text`, or None."""
+        words = Words.of(text)
+        hashes = ngram_hashes(words, self.n)
+        hit = self.contains(hashes)
+        if not hit.any():
+            return None
+        i = int(np.argmax(hit))
+        task, doc = (int(x) for x in self.refs[int(np.searchsorted(self.hashes, hashes[i]))])
+        name, split = self.tasks[task]
+        return Match(self.n, name, split, doc, words.text(i, self.n), int(hit.sum()))

@@ -1,0 +1,193 @@
+"""`gristmill data decontam-index`: the n-gram index of lm-eval tasks' evaluation documents.
+
+    gristmill data decontam-index --tasks hellaswag,arc_easy,piqa --out runs/decontam/three
+    gristmill data decontam-index --tasks my_qa --include-path my_tasks/ --ngram 8 --out DIR
+
+Each task (or every task of a group or tag) is read through lm-eval's own task objects, so the
+texts are the ones lm-eval builds its requests from: the split it evaluates (test, else validation)
+after the task's process_docs; per document the task's doc_to_decontamination_query where it sets
+should_decontaminate, else its context (doc_to_text) and every answer text (doc_to_choice, or
+doc_to_target when it is text). The index itself (format, normaliser, hashing) is
+pipelines/ngram_index.py, which the build's filter reads without lm-eval. `[decontaminate]` in a data
+recipe runs this command through the CLI's command table, or takes a DIR it wrote (`index = DIR`).
+
+Offline, local YAML tasks (`--include-path`) work; a hub task whose dataset is neither reachable
+nor cached is refused in one line, as `gristmill eval` refuses it. lm-eval's and datasets' own
+output goes to DIR/lm-eval.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipelines.ngram_index import MANIFEST_JSON, Words, ngram_hashes, write_index
+from validation.eval_data import EvalError, check_hub_tasks, hub_task_manager, local_yaml_tasks
+from validation.eval_output import eval_output
+
+LOG = "lm-eval.log"
+LOCAL_HINT = (
+    "or build the index where there is network and copy it (a recipe's [decontaminate] index = DIR); "
+    "local YAML tasks: --include-path DIR"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = __doc__.split("\n\n")[1]
+    parser.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names")
+    parser.add_argument("--ngram", type=int, default=13, help="words per n-gram (default 13)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="directory to write the index into")
+    parser.add_argument(
+        "--include-path",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory of lm-eval task YAML files (repeatable), as lm-eval's --include_path",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help=f"show lm-eval's output (always in DIR/{LOG})"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
+    print(summary(manifest, Path(args.out)))
+    return 0
+
+
+def summary(manifest: dict[str, Any], out: Path) -> str:
+    rows = [(t["name"], t["split"], f"{t['documents']:,}", f"{t['ngrams']:,}") for t in manifest["tasks"]]
+    rows = [("task", "split", "documents", f"{manifest['ngram']}-grams"), *rows]
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}" for a, b, c, d in rows]
+    return "\n".join(
+        [
+            f"decontamination index {out}: {manifest['ngrams']:,} distinct {manifest['ngram']}-grams "
+            f"(sha256 {manifest['sha256'][:12]}…, {manifest['seconds']:.1f} s)",
+            *lines,
+        ]
+    )
+
+
+def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
+    """{task name: lm-eval Task} of every leaf task of `names` (groups and tags expanded): the
+    user's YAML tasks from `include_path`, the others from lm-eval's registry, checked first (offline
+    without a cached dataset: one line)."""
+    if not names:
+        raise EvalError("no tasks given; e.g. --tasks hellaswag,arc_easy")
+    own = local_yaml_tasks(include_path) if include_path else set()
+    tm = hub_task_manager(names, include_path)
+    check_hub_tasks(tm, [n for n in names if n not in own], LOCAL_HINT)
+    try:
+        return tm.load(names)["tasks"]
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise EvalError(
+            f"lm-eval could not load {', '.join(names)} ({type(e).__name__}: {first}); the library's log "
+            f"is {LOG} in the index directory"
+        ) from None
+
+
+def eval_split(task: Any) -> str:
+    """The split lm-eval evaluates (Task.eval_docs: test, else validation)."""
+    return task.config.test_split if task.has_test_docs() else task.config.validation_split
+
+
+def doc_texts(task: Any, doc: dict[str, Any]) -> list[str]:
+    """The texts of one evaluation document that training data must not contain."""
+    from lm_eval import utils
+
+    cfg = task.config
+    if task.should_decontaminate():
+        query = cfg.doc_to_decontamination_query
+        if isinstance(query, str) and query not in task.features:
+            # lm-eval 0.4.13's doc_to_decontamination_query passes a rendered template through
+            # ast.literal_eval, which raises on prose ("Question: …"); render it as lm-eval renders
+            # doc_to_text.
+            return [utils.apply_template(query, doc)]
+        texts = [task.doc_to_decontamination_query(doc)]
+    else:
+        texts = [task.doc_to_text(doc)]
+        if cfg.doc_to_choice is not None:
+            texts += list(task.doc_to_choice(doc))
+        else:
+            target = task.doc_to_target(doc)
+            texts += target if isinstance(target, list) else [target]
+    return [t for t in texts if isinstance(t, str)]  # an int is an index into the choices
+
+
+def task_ngrams(task: Any, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """(n-gram hashes, document index of each, documents) of a task's evaluation split."""
+    hashes, docs = [], []
+    count = 0
+    for i, doc in enumerate(task.eval_docs):
+        count += 1
+        for text in doc_texts(task, doc):
+            h = ngram_hashes(Words.of(text), n)
+            hashes.append(h)
+            docs.append(np.full(len(h), i, np.uint32))
+    if not hashes:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint32), count
+    return np.concatenate(hashes), np.concatenate(docs), count
+
+
+def build_index(
+    names: list[str],
+    n: int,
+    out: str | Path,
+    include_path: list[str] | tuple[str, ...] = (),
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """Read the tasks through lm-eval and write their n-gram index into `out`; returns its manifest."""
+    import lm_eval
+
+    if n < 1:
+        raise EvalError(f"--ngram {n}: an n-gram has at least one word (13 is the usual choice)")
+    out = Path(out)
+    t0 = time.perf_counter()
+    entries, all_hashes, all_docs = [], [], []
+    with eval_output(out / LOG, verbose) as terminal:
+        tasks = load_tasks(names, list(include_path))
+        for name, task in sorted(tasks.items()):
+            try:
+                hashes, docs, count = task_ngrams(task, n)
+            except Exception as e:
+                raise EvalError(
+                    f"task {name}: could not read its evaluation documents ({type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}); details in {out / LOG}"
+                ) from None
+            entries.append(
+                {
+                    "name": name,
+                    "split": eval_split(task),
+                    "version": task.VERSION,
+                    "documents": count,
+                    "ngrams": int(len(np.unique(hashes))),
+                    "documents_without_ngrams": count - int(len(np.unique(docs))),
+                }
+            )
+            all_hashes.append(hashes)
+            all_docs.append(docs)
+            print(
+                f"[decontam-index] {name}: {count:,} documents, {entries[-1]['ngrams']:,} {n}-grams",
+                file=terminal,
+            )
+    extra = {
+        "requested": names,
+        "lm_eval": lm_eval.__version__,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    manifest = write_index(out, n, entries, all_hashes, all_docs, extra)
+    if not manifest["ngrams"]:
+        (out / MANIFEST_JSON).unlink()
+        raise EvalError(
+            f"tasks {', '.join(names)} have no {n}-gram at all (every text is shorter than {n} words); "
+            "an index of nothing would check nothing: use a smaller --ngram"
+        )
+    return manifest
