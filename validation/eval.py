@@ -39,6 +39,7 @@ from typing import Any
 from training.checkpoint_io import nonfinite_tensor
 from training.config import phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
+from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     EVAL_DIR,
@@ -55,6 +56,7 @@ from validation.eval_data import (
     hub_task_manager,
     local_task_config,
     local_task_names,
+    local_yaml_tasks,
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
@@ -63,6 +65,7 @@ from validation.eval_results import (
     EVAL_PLOT,
     GRISTMILL_TASKS,
     RESULTS_JSON,
+    decontamination_marks,
     describe_metric,
     merge_results,
     metric_order,
@@ -109,6 +112,9 @@ class EvalConfig:
     length the model was trained on."""
     seed: int = 1234
     """lm-eval's random seeds (few-shot sampling)."""
+    include_path: list[str] = field(default_factory=list)
+    """Directories of your own lm-eval task YAML files (lm-eval's --include_path), e.g. the tasks a
+    dataset was decontaminated against with [decontaminate] include_path."""
 
 
 def available_steps(run_dir: str | Path) -> list[int]:
@@ -133,12 +139,27 @@ def run_data_config(run_dir: Path) -> RunData:
     return RunData(src.dataset, src.val_fraction, max(ph.seq_len for ph in phases_of(cfg)))
 
 
+def training_data_checks(run_dir: Path) -> list[dict[str, Any]]:
+    """Per source dataset of the run: {"source", "dataset", "decontaminate"}, the last being
+    dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
+    is gone and cannot tell)."""
+    checks = []
+    for src in sources_of(run_config(run_dir)):
+        try:
+            entry = read_dataset_info(src.dataset).get("decontaminate")
+        except GristmillError:
+            entry = None
+        checks.append({"source": src.name, "dataset": str(src.dataset), "decontaminate": entry})
+    return checks
+
+
 class TaskPlan:
     """Requested task names resolved into lm-eval specs, checked before any model exists.
 
     Local names become their YAML dicts (data built under RUN/eval/data on first use); other names
-    are looked up in lm-eval's registry (only the task families that define them)
-    and refused up front when offline without a cached copy.
+    are looked up in cfg.include_path and lm-eval's registry (only the task families that define
+    them), registry tasks refused up front when offline without a cached copy. `training_data`: what
+    each of the run's datasets says about decontamination, for the marks (`decontamination_marks`).
     """
 
     def __init__(self, run_dir: Path, cfg: EvalConfig):
@@ -148,10 +169,13 @@ class TaskPlan:
         self.names = [t.strip() for name in cfg.tasks for t in name.split(",") if t.strip()]
         if not self.names:
             raise EvalError("no tasks given; e.g. --tasks demo_ppl,demo_cloze")
-        hub = [n for n in self.names if n not in local]
-        self.task_manager = hub_task_manager(hub) if hub else TaskManager(include_defaults=False)
+        hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
+        include = getattr(cfg, "include_path", [])
+        self.task_manager = hub_task_manager(hub, include) if hub else TaskManager(include_defaults=False)
         if hub:
-            check_hub_tasks(self.task_manager, hub)
+            own = local_yaml_tasks(include) if include else set()
+            check_hub_tasks(self.task_manager, [n for n in hub if n not in own])
+        self.training_data = training_data_checks(run_dir)
         self.specs: list[Any] = list(hub)
         if len(hub) < len(self.names):
             data = run_data_config(run_dir)
@@ -207,6 +231,8 @@ def evaluate_lm(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
             )
+            for task, mark in decontamination_marks(results, plan.training_data).items():
+                tasks.setdefault(task, {})["decontamination"] = mark
             results[GRISTMILL_TASKS] = tasks
             if on_task is not None:
                 on_task(results)
@@ -480,7 +506,8 @@ def watch(
 
 
 def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -> None:
-    """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr;
+    """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr,
+    samples and, on a task's first row, whether the training data was decontaminated against it;
     bits per byte first (comparable across tokenizers), then the perplexities, then accuracies."""
     import pyarrow.parquet as pq
 
@@ -491,8 +518,12 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -
         for r in pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
         if steps is None or r["step"] in steps
     ]
-    cols = ["step", "task", "metric", "value", "stderr", "samples"]
-    picked = [tuple(r[c] for c in cols) for r in sorted(rows, key=metric_order(rows))]
+    cols = ["step", "task", "metric", "value", "stderr", "samples", "decontamination"]
+    picked, shown = [], set()
+    for r in sorted(rows, key=metric_order(rows)):
+        first = (r["step"], r["task"]) not in shown  # the task's mark once, on its first row
+        shown.add((r["step"], r["task"]))
+        picked.append(tuple(r[c] if c != "decontamination" or first else None for c in cols))
     print(format_table(Result("eval", cols, picked), max_rows=None), file=out or sys.stdout, flush=True)
 
 

@@ -42,6 +42,7 @@ EVAL_SCHEMA = pa.schema(
         ("stderr", pa.float64()),
         ("samples", pa.int64()),
         ("model", pa.string()),
+        ("decontamination", pa.string()),  # the task's mark (decontamination_marks); null before it
     ]
 )
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -98,9 +99,76 @@ def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
                     "stderr": _number(metrics.get(f"{metric}_stderr,{filt}")),
                     "samples": (samples.get(task) or {}).get("effective"),
                     "model": model,
+                    "decontamination": mark_of(results, task),
                 }
             )
     return rows
+
+
+def _same_version(a: Any, b: Any) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{task: {"mark", "removed", "datasets"}} for each task (and group) of an lm-eval results dict:
+    whether the run's training data was filtered against it. `checks` holds, per source dataset of
+    the run, dataset.json's "decontaminate" record (pipelines/decontam.py: per indexed task its
+    version and the documents removed; None when the build had no [decontaminate]). A group counts
+    its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
+    at the version evaluated; "checked against another version" when an index holds it at another;
+    "not checked" when none holds it; "partly checked (k of n …)" for a mixture of those."""
+    versions = results.get("versions", {})
+    groups = results.get("group_subtasks", {})
+
+    def leaves(task: str) -> list[str]:
+        return [leaf for sub in groups[task] for leaf in leaves(sub)] if groups.get(task) else [task]
+
+    marks = {}
+    for task in results.get("results", {}):
+        per = []
+        for check in checks:
+            indexed = {t["name"]: t for t in (check.get("decontaminate") or {}).get("tasks", [])}
+            for leaf in leaves(task):
+                entry = indexed.get(leaf)
+                if entry is None:
+                    status = "not checked"
+                elif _same_version(entry.get("version"), versions.get(leaf)):
+                    status = "checked"
+                else:
+                    status = "other version"
+                per.append(
+                    {
+                        "source": check.get("source"),
+                        "dataset": check.get("dataset"),
+                        "task": leaf,
+                        "status": status,
+                        "removed": int((entry or {}).get("removed") or 0),
+                        "index_version": (entry or {}).get("version"),
+                        "evaluated_version": versions.get(leaf),
+                    }
+                )
+        statuses = {p["status"] for p in per}
+        removed = sum(p["removed"] for p in per)
+        if statuses == {"checked"}:
+            mark = f"decontaminated ({removed:,} doc{'' if removed == 1 else 's'} removed)"
+        elif "other version" in statuses and "not checked" not in statuses:
+            mark = "checked against another version"
+        elif statuses <= {"not checked"}:
+            mark = "not checked"
+        else:
+            what = "datasets" if len(per) == len(checks) else "task-dataset pairs"
+            mark = f"partly checked ({sum(p['status'] != 'not checked' for p in per)} of {len(per)} {what})"
+        marks[task] = {"mark": mark, "removed": removed, "datasets": per}
+    return marks
+
+
+def mark_of(results: dict[str, Any], task: str) -> str | None:
+    """The decontamination mark results.json records for `task` (None: evaluated before marks)."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return ((info or {}).get("decontamination") or {}).get("mark") if isinstance(info, dict) else None
 
 
 def nonfinite_metrics(step: int, results: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], bool]]:
