@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,10 +47,14 @@ from pipelines.build_identity import (
 )
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
-from pipelines.config import DataConfig, content_identity, identity_sha256
+from pipelines.config import DataConfig, content_identity, dedup_settings, identity_sha256
+from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
+from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
+from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.progress import Monitor, TaskProgress, build_table
+from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
@@ -140,6 +145,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
             ) from None
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
+    check_dedup_config(cfg.dedup)
     if not cfg.shards.target_mb > 0:
         raise BuildError(
             f"shards.target_mb = {cfg.shards.target_mb} would write one shard per document; "
@@ -250,12 +256,21 @@ def _locked(out: Path):
 # the pipeline
 
 
+def make_filter_steps(p: Prepared, record: bool) -> list:
+    """The steps that may drop a document before dedup, in order. The build's pass records their
+    drops in excluded/ (`record`); dedup's first pass runs the same steps without recording, so
+    both passes see the same documents in the same order (dedup names a document by its position
+    among those that passed; DedupFilter checks it)."""
+    return make_filters(p.cfg.filters, p.out if record else None)
+
+
 def make_pipeline(p: Prepared) -> list:
     cfg = p.cfg
     progress = TaskProgress(p.out / LOGS_DIR / "progress", cfg.build.progress_interval)
     return [
         make_reader(cfg.source, p.source, progress),
-        *make_filters(cfg.filters, p.out),
+        *make_filter_steps(p, record=True),
+        *dedup_filter(cfg.dedup, p.out),
         TokenizeShard(
             p.out,
             p.out / TOKENIZER_JSON,
@@ -268,6 +283,15 @@ def make_pipeline(p: Prepared) -> list:
             progress=progress,
         ),
     ]
+
+
+def make_dedup_stages(p: Prepared) -> list[Stage]:
+    """The dedup stages that run before the build's pass ([] without [dedup])."""
+    if p.cfg.dedup.kind == "none":
+        return []
+    progress = TaskProgress(first_pass_logs(p.out, p.cfg.dedup) / "progress", p.cfg.build.progress_interval)
+    first = [make_reader(p.cfg.source, p.source, progress), *make_filter_steps(p, record=False)]
+    return dedup_stages(p.cfg.dedup, p.out, first, p.cfg.build.tasks, progress)
 
 
 def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
@@ -299,75 +323,102 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
 
         pipeline = make_pipeline(p)
+        stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
         if p.cfg.build.executor == "slurm":
-            status = submit_slurm(p.cfg, p.out, pipeline, log)
+            status = submit_slurm(p.cfg, p.out, pipeline, log, stages)
             if status != "complete":  # the tasks, then the finalize job, run under Slurm
                 return BuildResult(p.out, status)
         else:
-            (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, pipeline, log, verbose)
+            stages.append(Stage("build", pipeline, p.cfg.build.tasks, p.out / LOGS_DIR, True))
+            (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, stages, log, verbose)
         return _finish(p.cfg, p.out, p.sha, p.encoder, log)
 
 
-def _run_local(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
-    tasks = p.cfg.build.tasks
-    workers = min(p.cfg.build.workers or os.cpu_count() or 1, tasks)
+def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> None:
+    workers = lambda tasks: min(p.cfg.build.workers or os.cpu_count() or 1, tasks)
     # One tokenizer thread pool per worker process, sized so the workers share the cores.
-    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
-    executor = lambda: (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
-        pipeline, tasks=tasks, workers=workers, logging_dir=str(p.out / LOGS_DIR), skip_completed=True
+    os.environ.setdefault(
+        "RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers(p.cfg.build.tasks)))
     )
-    _run_executor(p, executor, f"on {workers} workers", log, verbose)
+    for st in stages:
+        executor = lambda st=st: (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
+            st.pipeline,
+            tasks=st.tasks,
+            workers=workers(st.tasks),
+            logging_dir=str(st.logs),
+            skip_completed=True,
+        )
+        _run_executor(p, st, executor, f"on {_count(workers(st.tasks), 'worker')}", log, verbose)
 
 
-def _run_ray(p: Prepared, pipeline: list, log, verbose: bool = False) -> None:
+def _run_ray(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> None:
     rc = p.cfg.build.ray
     with ray_cluster(rc, verbose, log) as where:
-        executor = lambda: GristmillRayExecutor(
-            pipeline,
-            tasks=p.cfg.build.tasks,
-            workers=p.cfg.build.workers or -1,
-            logging_dir=str(p.out / LOGS_DIR),
-            skip_completed=True,
-            cpus_per_task=rc.cpus_per_task,
-            mem_per_cpu_gb=rc.mem_per_cpu_gb,
-            verbose=verbose,
-        )
-        _run_executor(p, executor, where, log, verbose)
+        for st in stages:
+            executor = lambda st=st: GristmillRayExecutor(
+                st.pipeline,
+                tasks=st.tasks,
+                workers=p.cfg.build.workers or -1,
+                logging_dir=str(st.logs),
+                skip_completed=True,
+                cpus_per_task=rc.cpus_per_task,
+                mem_per_cpu_gb=rc.mem_per_cpu_gb,
+                verbose=verbose,
+            )
+            _run_executor(p, st, executor, where, log, verbose)
 
 
-def _run_executor(p: Prepared, make_executor, where: str, log, verbose: bool) -> None:
-    """Run the tasks with `make_executor()`'s datatrove executor (made inside the log redirection:
-    executors log when made) under the progress Monitor; a failed task is a BuildError."""
-    tasks = p.cfg.build.tasks
-    logs = p.out / LOGS_DIR
-    logs_note = "" if verbose else f"; datatrove's logs: {logs}/"
-    log(f"[build] {tasks} tasks {where}, {p.source.total_bytes / 1e6:,.1f} MB of input{logs_note}")
+def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbose: bool) -> None:
+    """Run a stage's tasks with `make_executor()`'s datatrove executor (made inside the log
+    redirection: executors log when made), under the progress Monitor where the stage reads the
+    input; a failed task is a BuildError. A dedup stage says when it is done and how long it took."""
+    label = "build" if st.name == "build" else f"dedup {st.name}"
+    if st.name != "build" and not set(range(st.tasks)) - completed_ranks(st.logs / "completions"):
+        log(f"[{label}] already complete")
+        return
+    logs_note = "" if verbose else f"; datatrove's logs: {st.logs}/"
+    input_note = f", {p.source.total_bytes / 1e6:,.1f} MB of input" if st.reads_input else ""
+    log(f"[{label}] {_count(st.tasks, 'task')} {where}{input_note}{logs_note}")
     monitor = Monitor(
-        logs / "progress",
-        logs / "completions",
-        tasks,
+        st.logs / "progress",
+        st.logs / "completions",
+        st.tasks,
         p.source.total_bytes,
         p.cfg.build.progress_interval,
         live=sys.stderr.isatty(),
+        label=label,
+        tokens=st.name == "build",
     )
+    t0 = time.monotonic()
     try:
-        with monitor, contextlib.nullcontext() if verbose else loguru_to(logs / EXECUTOR_LOG):
+        with (
+            monitor if st.reads_input else contextlib.nullcontext(),
+            contextlib.nullcontext() if verbose else loguru_to(st.logs / EXECUTOR_LOG),
+        ):
             make_executor().run()
     except GristmillError:
         raise
     except Exception as e:
-        raise BuildError(_failed_message(p.out, tasks, e)) from None
-    line = None if monitor.live else monitor.line()
+        raise BuildError(_failed_message(p.out, st.tasks, e, st)) from None
+    line = None if monitor.live or not st.reads_input else monitor.line()
     if line:
         log(line)
+    if st.name != "build":
+        log(f"[{label}] done in {time.monotonic() - t0:.1f} s")
 
 
-def _failed_message(out: Path, tasks: int, err: BaseException | None = None) -> str:
-    done = len(finished_tasks(out))
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _failed_message(out: Path, tasks: int, err: BaseException | None = None, st: Stage | None = None) -> str:
+    logs = st.logs if st else out / LOGS_DIR
+    done = len(completed_ranks(logs / "completions"))
     what = f" ({type(err).__name__}: {err})" if err else ""
+    which = f" of the dedup {st.name} stage" if st and st.name != "build" else ""
     kept = f"the {done} finished tasks are kept, the others are redone" if done else "every task is redone"
     return (
-        f"{tasks - done} of {tasks} tasks did not finish{what}; their logs are in {out / LOGS_DIR / 'logs'}. "
+        f"{tasks - done} of {tasks} tasks{which} did not finish{what}; their logs are in {logs / 'logs'}. "
         f"Fix the cause and rerun the same command: {kept}."
     )
 
@@ -398,6 +449,8 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
     for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
         shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()  # index.tmp/: a killed finalize
     excluded = _excluded_counts(out)
+    if cfg.dedup.kind != "none":  # a dedup that found nothing says so in the end table
+        excluded.setdefault(DEDUP_FILTER, 0)
     kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((out / MANIFEST_DIR).glob("*.parquet")))
     if kept == 0:
         # An empty dataset would validate (nothing to violate) and fail only at training time.
@@ -419,6 +472,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
                 "excluded": sum(excluded.values()),
                 "documents_read": kept + sum(excluded.values()),
                 "excluded_by_filter": excluded,
+                **({"dedup": dedup} if (dedup := dedup_settings(cfg.dedup)) else {}),
             },
             recorded=recorded_shards(out),
         )
@@ -439,7 +493,7 @@ def _excluded_counts(out: Path) -> dict[str, int]:
 
 def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildResult:
     """Validate (unless build.validate = false) and print the end table; problems below it."""
-    order = [f.name for f in make_filters(cfg.filters, None)]
+    order = [f.name for f in make_filters(cfg.filters, None)] + [DEDUP_FILTER]
     if not cfg.build.validate:
         log(build_table(info, ("skipped", "(build.validate = false)"), order))
         return BuildResult(out, "complete", info)

@@ -67,6 +67,28 @@ class FiltersConfig:
 
 
 @dataclass
+class DedupConfig:
+    """Duplicate removal across the whole build (all tasks), after the filters; every removed
+    document is an excluded/ row (filter "dedup") naming the kept copy's id."""
+
+    kind: Literal["none", "exact", "minhash"] = "none"
+    """"none": no deduplication. "exact": documents whose text is equal after lowercasing and
+    collapsing whitespace (punctuation, digits and accents kept) are one document; the first in
+    input order (task, then position) is kept. "minhash": near-duplicates by datatrove's MinHash
+    (FineWeb's recipe): word n-gram shingles of the normalised text (lowercase, no punctuation,
+    numbers folded), `buckets` × `hashes_per_bucket` min-hashes; documents sharing all hashes of
+    any bucket are one cluster (≈ Jaccard similarity ≥ 0.72 with the defaults) and the cluster's
+    first document in input order is kept. Both read the input one extra time before the build."""
+    ngram: int = 5
+    """minhash: words per shingle (FineWeb: 5)."""
+    buckets: int = 14
+    """minhash: number of LSH buckets (FineWeb: 14); also the number of tasks of the bucket stage."""
+    hashes_per_bucket: int = 8
+    """minhash: min-hashes per bucket (FineWeb: 8). More buckets find less similar pairs, more
+    hashes per bucket fewer."""
+
+
+@dataclass
 class TokenizerTrainConfig:
     vocab_size: int = 8192
     """Vocabulary size of the trained byte-level BPE (special tokens included)."""
@@ -187,6 +209,8 @@ class DataConfig:
     """The tokenizer and separator policy."""
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     """Shard size and ordering."""
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    """Duplicate removal ("none", "exact" or "minhash"), run as extra stages before the build."""
     build: BuildConfig = field(default_factory=BuildConfig)
     """How the work is run (executor, parallelism); does not change the output."""
 
@@ -197,10 +221,10 @@ def content_identity(
     """Everything that decides the bytes of the dataset, and nothing that does not.
 
     Workers, executor, progress and output location may change between a run and its resume; the
-    source, filters, tokenizer file, separator policy, shard settings, task count and the input
-    file list may not.
+    source, filters, dedup settings, tokenizer file, separator policy, shard settings, task count
+    and the input file list may not.
     """
-    return {
+    identity: dict[str, Any] = {
         "source": asdict(cfg.source),
         "filters": asdict(cfg.filters),
         "tokenizer": {
@@ -212,6 +236,16 @@ def content_identity(
         "tasks": cfg.build.tasks,
         "input_files": input_files,
     }
+    if (dedup := dedup_settings(cfg.dedup)) is not None:  # absent when off: old recipes keep their hash
+        identity["dedup"] = dedup
+    return identity
+
+
+def dedup_settings(cfg: DedupConfig) -> dict[str, Any] | None:
+    """The dedup settings that decide the output (None: off; exact has no settings)."""
+    if cfg.kind == "none":
+        return None
+    return asdict(cfg) if cfg.kind == "minhash" else {"kind": cfg.kind}
 
 
 def identity_sha256(identity: dict[str, Any]) -> str:

@@ -3,11 +3,15 @@ in a real build.
 
 GRISTMILL_TEST_KILL="RANK:POINT": the task of that rank, on reaching the named point, SIGKILLs
 its whole process group (the driver and every worker), the way a node failure would, so a test
-can check what a rerun makes of what the kill left behind (tests/test_build_resume.py). Unset,
-every call is one environment lookup. The points:
+can check what a rerun makes of what the kill left behind (tests/pipelines/test_build_resume.py,
+tests/pipelines/test_dedup.py). Unset, every call is one environment lookup. The points:
 
     second_shard   in the tokenize-and-shard step, once the task's first shard was renamed and
                    its second is half written
+    dedup_pass1    in dedup's first pass (exact: hashes, minhash: signatures), once the task has
+                   passed 10 documents on (its signature files half written, its ids not yet)
+    dedup_clusters in dedup's clusters stage (rank 0), once task 0's drop table is written and
+                   the others are not
 
 The trainer has its own, training/faults.py.
 """

@@ -109,7 +109,11 @@ class Monitor:
         interval: float,
         out=None,
         live: bool = False,
+        label: str = "build",
+        tokens: bool = True,
     ):
+        self.label = label  # "[build] …"; a dedup stage's first pass shows "[dedup signatures] …"
+        self.tokens = tokens  # False: a pass that reads without tokenizing
         self.progress_dir = progress_dir
         self.completions_dir = completions_dir
         self.tasks = tasks
@@ -145,7 +149,7 @@ class Monitor:
         if self.live:
             self._bar = tqdm(
                 total=100,
-                bar_format="[build] {percentage:3.0f}%|{bar:16}| {desc}",
+                bar_format=f"[{self.label}] {{percentage:3.0f}}%|{{bar:16}}| {{desc}}",
                 file=self.out or sys.stderr,
                 dynamic_ncols=True,
             )
@@ -188,8 +192,9 @@ class Monitor:
         parts = [
             f"tasks {done}/{self.tasks} done",
             f"{now['read']:.0f} docs read ({_fmt(new_docs / el)} docs/s)",
-            f"{_fmt(now['tokens'])} tokens ({_fmt(new_tokens / el)} tok/s)",
         ]
+        if self.tokens:
+            parts.append(f"{_fmt(now['tokens'])} tokens ({_fmt(new_tokens / el)} tok/s)")
         frac = done / max(self.tasks, 1)
         if self.total_bytes:
             frac = min(now["bytes_done"] / self.total_bytes, 1.0)
@@ -203,7 +208,8 @@ class Monitor:
         if got is None:
             return None
         parts, pct = got
-        return " | ".join(["[build] " + parts[0], *parts[1:3], f"{pct:.0f}% of input", *parts[3:]])
+        n = 3 if self.tokens else 2  # done, docs (, tokens), then the percentage and the ETA
+        return " | ".join([f"[{self.label}] " + parts[0], *parts[1:n], f"{pct:.0f}% of input", *parts[n:]])
 
 
 def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order: list[str]) -> str:

@@ -8,11 +8,17 @@ from datatrove's own template without the array directive, runs `python -m pipel
 --finalize-only` with the dependency afterok on the array job. build.slurm.submit = false swaps
 datatrove's `sbatch` call for a recorder, so the exact scripts are written and nothing is
 submitted (which is also how they are tested, where no sbatch is installed).
+
+With [dedup], each dedup stage (pipelines/dedup.py) is an array job of its own, in its own logging
+dir (OUTPUT/logs/dedup/<stage>/launch_script.slurm), chained with datatrove's `depends`: each
+stage's job starts after the one before succeeded (afterok), the build's array job after the last
+one, the finalize job after the build's. A stage whose tasks are all complete is not submitted.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -21,14 +27,16 @@ from datatrove.executor import SlurmPipelineExecutor
 
 from pipelines.build_identity import CONFIG_TOML, BuildError
 from pipelines.config import DataConfig
+from pipelines.dedup import Stage
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import LOGS_DIR
 
 
 def submit_slurm(
-    cfg: DataConfig, out: Path, pipeline: list, log
+    cfg: DataConfig, out: Path, pipeline: list, log, stages: Sequence[Stage] = ()
 ) -> Literal["submitted", "written", "complete"]:
-    """Write (and unless build.slurm.submit = false, submit) the sbatch scripts for `pipeline`.
+    """Write (and unless build.slurm.submit = false, submit) the sbatch scripts for `pipeline`,
+    after those of the dedup `stages` (each depending on the one before).
 
     Returns "submitted", "written" (submit = false) or "complete": every task had finished already,
     nothing was submitted and the caller finalizes here.
@@ -40,21 +48,34 @@ def submit_slurm(
         env.append(sc.env_command)
     elif sc.venv_path:
         env.append(f"source {sc.venv_path}")
-    executor = SlurmPipelineExecutor(
-        pipeline,
-        tasks=cfg.build.tasks,
-        time=sc.time,
-        partition=sc.partition,
-        cpus_per_task=sc.cpus_per_task,
-        mem_per_cpu_gb=sc.mem_per_cpu_gb,
-        workers=cfg.build.workers or -1,
-        job_name=sc.job_name,
-        qos=sc.qos,
-        env_command=" && ".join(env),  # one line: datatrove dedents the script template
-        sbatch_args=dict(sc.sbatch_args),
-        logging_dir=str(logs),
-        skip_completed=True,
-    )
+
+    def executor_for(
+        steps: list, tasks: int, logging_dir: Path, job_name: str, depends=None
+    ) -> SlurmPipelineExecutor:
+        return SlurmPipelineExecutor(
+            steps,
+            tasks=tasks,
+            time=sc.time,
+            partition=sc.partition,
+            cpus_per_task=sc.cpus_per_task,
+            mem_per_cpu_gb=sc.mem_per_cpu_gb,
+            workers=cfg.build.workers or -1,
+            job_name=job_name,
+            qos=sc.qos,
+            env_command=" && ".join(env),  # one line: datatrove dedents the script template
+            sbatch_args=dict(sc.sbatch_args),
+            logging_dir=str(logging_dir),
+            skip_completed=True,
+            depends=depends,
+        )
+
+    chain: list[tuple[Stage, SlurmPipelineExecutor]] = []
+    for st in stages:
+        dep = chain[-1][1] if chain else None
+        chain.append(
+            (st, executor_for(st.pipeline, st.tasks, st.logs, f"{sc.job_name}-dedup-{st.name}", dep))
+        )
+    executor = executor_for(pipeline, cfg.build.tasks, logs, sc.job_name, chain[-1][1] if chain else None)
     # Without an environment command the job runs this very interpreter (shared filesystems).
     python = "python" if sc.env_command or sc.venv_path else sys.executable
     finalize = executor.get_launch_file_contents(
@@ -96,15 +117,28 @@ def submit_slurm(
     if executor.job_id == -1:  # every task already complete
         log("all tasks are already complete; finalizing here")
         return "complete"
+    launched = [(st, ex) for st, ex in chain if ex.job_id != -1]  # stages with tasks left
     if not sc.submit:
+        lines, dep = [], ""
+        for i, (st, _) in enumerate(launched, 1):
+            stage_script = st.logs / "launch_script.slurm"
+            lines.append(f"  J{i}=$(sbatch --parsable --export=ALL,RUN_OFFSET=0{dep} {stage_script})")
+            dep = f" --dependency=afterok:$J{i}"
+        what = f"the {len(launched)} dedup stages' scripts, " if launched else ""
         log(
-            f"dry run: wrote {script} and {logs / 'finalize.slurm'} (nothing submitted). Submit with:\n"
-            f"  JOB=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {script})\n"
+            f"dry run: wrote {what}{script} and {logs / 'finalize.slurm'} (nothing submitted). Submit with:\n"
+            + "".join(line + "\n" for line in lines)
+            + f"  JOB=$(sbatch --parsable --export=ALL,RUN_OFFSET=0{dep} {script})\n"
             f"  sbatch --dependency=afterok:$JOB {logs / 'finalize.slurm'}"
         )
         return "written"
     job = dt_slurm.launch_slurm_job(
         finalize, executor.job_id_retriever, f"--dependency=afterok:{executor.job_id}"
     )
-    log(f"submitted Slurm array job {executor.job_id} ({cfg.build.tasks} tasks) and finalize job {job}")
+    dedup = ", ".join(f"{st.name} {ex.job_id}" for st, ex in launched)
+    log(
+        f"submitted Slurm array job {executor.job_id} ({cfg.build.tasks} tasks)"
+        + (f" after the dedup jobs ({dedup})" if dedup else "")
+        + f" and finalize job {job}"
+    )
     return "submitted"

@@ -8,25 +8,28 @@ from __future__ import annotations
 
 PRESETS: dict[str, str] = {
     # The funnel: documents read (datatrove's reader stats), dropped by each filter in pipeline
-    # order (datatrove's filter stats), kept (manifest rows) with their tokens, what the
-    # tokenize step itself counted, the excluded/ rows, and the shards.
+    # order (datatrove's filter stats; `dedup` is the filter that drops duplicates), kept
+    # (manifest rows) with their tokens, what the tokenize step itself counted, the excluded/ rows,
+    # and the shards. Only the build's own pass (pipeline ''): dedup's first pass reads the input
+    # too and runs the same filters (its stats are under logs/dedup/<stage>/).
     "summary": """
 WITH read AS (
     SELECT dataset_name, sum(value)::BIGINT AS n FROM stats
-    WHERE step_type = 'READER' AND metric = 'documents' GROUP BY ALL
+    WHERE step_type = 'READER' AND metric = 'documents' AND pipeline = '' GROUP BY ALL
 ), funnel AS (
     SELECT dataset_name, 1 AS ord, 0 AS step, 'read' AS item, n AS documents, NULL::BIGINT AS tokens FROM read
     UNION ALL
     SELECT dataset_name, 2, step, 'dropped by ' || step_name, sum(value)::BIGINT, NULL FROM stats
-    WHERE step_type = 'FILTER' AND metric = 'dropped' GROUP BY ALL
+    WHERE step_type = 'FILTER' AND metric = 'dropped' AND pipeline = '' GROUP BY ALL
     UNION ALL
     SELECT dataset_name, 3, 0, 'kept (manifest)', count(*), sum(n_tokens) FROM docs GROUP BY ALL
     UNION ALL
     SELECT s.dataset_name, 4, 0, 'kept (tokenize step stats)',
            sum(value) FILTER (metric = 'documents')::BIGINT, sum(value) FILTER (metric = 'tokens')::BIGINT
     FROM stats s JOIN (SELECT dataset_name, max(step) AS step FROM stats
-                       WHERE metric = 'documents' AND step_type <> 'READER' GROUP BY ALL) last
-         ON s.dataset_name = last.dataset_name AND s.step = last.step
+                       WHERE metric = 'documents' AND step_type <> 'READER' AND pipeline = ''
+                       GROUP BY ALL) last
+         ON s.dataset_name = last.dataset_name AND s.step = last.step AND s.pipeline = ''
     GROUP BY ALL
     UNION ALL
     SELECT dataset_name, 5, 0, 'dropped (excluded/ rows)', count(*), NULL FROM excluded GROUP BY ALL

@@ -33,6 +33,39 @@ def sbatch_directives(script: str) -> dict[str, str]:
     return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, re.M))
 
 
+def run_array(script: Path, tasks: int, env: dict[str, str]) -> None:
+    """Run an array job's script once per index, as Slurm would (fake srun/scontrol on PATH)."""
+    for index in range(tasks):
+        proc = subprocess.run(
+            ["bash", str(script)],
+            env={**env, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_JOB_ID": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_finalize(logs: Path, env: dict[str, str]) -> str:
+    """Run the finalize job's script; its output (the end table)."""
+    proc = subprocess.run(
+        ["bash", str(logs / "finalize.slurm")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def fake_slurm_env(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    venv_bin = Path(sys.executable).parent
+    return {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", "SLURM_NODELIST": "localhost"}
+
+
 def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_path):
     _, _, config = build_fixture
     out = tmp_path / "ds"
@@ -69,26 +102,44 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     assert executor.world_size == 2 and isinstance(executor.pipeline[-1], TokenizeShard)
 
     # Run it as Slurm would: one process per array index, then the dependent finalize job.
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\n")
-    for f in bin_dir.iterdir():
-        f.chmod(0o755)
-    venv_bin = Path(sys.executable).parent
-    env = {**os.environ, "PATH": f"{bin_dir}:{venv_bin}:{os.environ['PATH']}", "SLURM_NODELIST": "localhost"}
-    for index in range(2):
-        proc = subprocess.run(
-            ["bash", str(logs / "launch_script.slurm")],
-            env={**env, "SLURM_ARRAY_TASK_ID": str(index), "SLURM_JOB_ID": "1"},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run(
-        ["bash", str(logs / "finalize.slurm")], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert re.search(r"^  validation +OK ", proc.stdout, re.M), proc.stdout
+    env = fake_slurm_env(tmp_path)
+    run_array(logs / "launch_script.slurm", 2, env)
+    assert re.search(r"^  validation +OK ", run_finalize(logs, env), re.M)
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
+    # [dedup]: each stage is an array job of its own (its own logging dir and script), submitted
+    # afterok the one before; the build's array job after the last. Run in that order here, they
+    # give the local executor's dataset.
+    from tests.pipelines.test_dedup import write_dup_config
+
+    config, expected = write_dup_config(tmp_path, build_fixture[1])
+    assert len(expected["exact"]) == 4  # the end table's dedup row below
+    out = tmp_path / "slurm"
+    overrides = [f"output={out}", "build.executor=slurm", "build.slurm.submit=false", "dedup.kind=exact"]
+    lines: list[str] = []
+    assert build(load_config(DataConfig, config, overrides), log=lines.append).status == "written"
+    logs = out / "logs"
+    hashes, clusters = (logs / "dedup" / s / "launch_script.slurm" for s in ("hashes", "clusters"))
+    assert f"  J1=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 {hashes})\n" in lines[-1]
+    assert (
+        f"  J2=$(sbatch --parsable --export=ALL,RUN_OFFSET=0 --dependency=afterok:$J1 {clusters})\n"
+        in lines[-1]
+    )
+    assert f"--dependency=afterok:$J2 {logs / 'launch_script.slurm'})\n" in lines[-1]
+    for script, array, name in ((hashes, "0-1", "hashes"), (clusters, "0-0", "clusters")):
+        d = sbatch_directives(script.read_text())
+        assert d["array"].split("%")[0] == array and d["job-name"] == f"gristmill-data-dedup-{name}", d
+
+    env = fake_slurm_env(tmp_path)
+    run_array(hashes, 2, env)
+    run_array(clusters, 1, env)
+    run_array(logs / "launch_script.slurm", 2, env)
+    assert re.search(r"^  excluded by dedup +4 ", run_finalize(logs, env), re.M)
+
+    local = tmp_path / "local"
+    assert build(
+        load_config(DataConfig, config, [f"output={local}", "dedup.kind=exact"]), log=lambda *a: None
+    ).ok
+    assert read_dataset_info(out)["fingerprint"] == read_dataset_info(local)["fingerprint"]

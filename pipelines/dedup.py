@@ -1,0 +1,379 @@
+"""Deduplication across the whole build (`[dedup]`): extra datatrove stages before the build's pass.
+
+Duplicates can sit in different tasks, so no task can decide alone; the decision is made by
+stages that run before the build's own pass, each a datatrove pipeline with its own tasks and its
+own logging dir (OUTPUT/logs/dedup/<stage>/: completion markers, stats, task logs), run by the
+build's executor (local and Ray: one stage after the other; Slurm: dependent array jobs):
+
+    kind = "exact"    hashes      reader → filters → DocRecord (id + hash of normalised text)
+                      clusters    ExactClusters (1 task): the first of each hash is kept
+    kind = "minhash"  signatures  reader → filters → DocRecord (id) → datatrove MinhashDedupSignature
+                      buckets     datatrove MinhashDedupBuckets (one task per bucket)
+                      clusters    datatrove MinhashDedupCluster → MinhashClusters (1 task):
+                                  the first document of each cluster is kept
+    the build         reader → filters → DedupFilter → tokenize + shard
+
+Working files live in OUTPUT/dedup/: docs/NNNNN.parquet (pass 1: per task, the id of every
+document that passed the filters, in order, and for exact the text hash), datatrove's signatures/,
+buckets/ and clusters/ (minhash), and drop/NNNNN.parquet (per task: the position, id and kept
+copy's id of each document to drop, and how many documents the task's first pass counted).
+"First" is input order: task, then position in the task. Documents are named by their position
+among those that passed the filters, which is how datatrove's MinHash stages name them too; both
+passes run the same reader and filters, and DedupFilter checks the id of every document it drops
+and the task's document count against what the first pass recorded.
+
+Every file here is a pure function of the input and the recipe and is rewritten whole by a rerun
+of its task (the tables through a temporary name), so a stage killed at any point and rerun gives
+the same bytes, and so does the build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datatrove.data import Document, DocumentsPipeline
+from datatrove.pipeline.base import PipelineStep
+from datatrove.pipeline.dedup.minhash import (
+    MinhashConfig,
+    MinhashDedupBuckets,
+    MinhashDedupCluster,
+    MinhashDedupSignature,
+)
+from datatrove.pipeline.filters.base_filter import BaseFilter
+from datatrove.utils.hashing import HashConfig
+
+from pipelines import faults
+from pipelines.config import DedupConfig
+from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
+from pipelines.progress import TaskProgress
+from training.contract.atomic_write import atomic_path
+from training.contract.dataset_format import LOGS_DIR
+from training.contract.errors import GristmillError
+
+DEDUP_DIR = "dedup"  # OUTPUT/dedup/: the stages' working files
+FILTER_NAME = "dedup"  # the excluded/ rows' filter, the end table's and the audit's row
+DOCS_SCHEMA = pa.schema([("id", pa.string()), ("hash_hi", pa.uint64()), ("hash_lo", pa.uint64())])
+DROP_SCHEMA = pa.schema([("position", pa.int64()), ("id", pa.string()), ("kept_id", pa.string())])
+DOCUMENTS_KEY = b"documents"  # drop/ tables' metadata: documents the task's first pass counted
+
+
+class DedupError(GristmillError):
+    """Dedup working files that are missing or do not match the documents the build reads."""
+
+
+@dataclass
+class Stage:
+    """One datatrove pipeline of the build, run to completion before the next one starts."""
+
+    name: str  # "signatures"; the build's own pass is "build"
+    pipeline: list
+    tasks: int
+    logs: Path  # its datatrove logging dir
+    reads_input: bool  # reads the source (its progress is shown like the build's)
+
+
+def normalise(text: str) -> str:
+    """What exact dedup compares: lowercase, whitespace runs folded to one space, ends stripped;
+    punctuation, digits and accents are kept."""
+    return " ".join(text.lower().split())
+
+
+def text_hash(text: str) -> tuple[int, int]:
+    """128 bits of blake2b of the normalised text, as two integers (collisions: none in practice)."""
+    d = hashlib.blake2b(normalise(text).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
+
+
+def _table_path(folder: str | Path, rank: int) -> Path:
+    return Path(folder) / f"{rank:05d}.parquet"
+
+
+def _write_table(path: Path, table: pa.Table) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _read_table(path: Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    if not path.is_file():
+        out = path.parents[2]  # OUTPUT/dedup/<docs|drop>/NNNNN.parquet
+        raise DedupError(
+            f"{path} is missing ({what}): dedup files were removed after their stage finished; "
+            f"delete {out / LOGS_DIR / DEDUP_DIR} and rerun the same command (the dedup stages are redone)"
+        )
+    return pq.read_table(path, columns=columns)
+
+
+class DocRecord(PipelineStep):
+    """First pass: records the id of every document reaching it (with `hashes`, also the hash of
+    its normalised text), in order, as OUTPUT/dedup/docs/NNNNN.parquet; forwards the documents."""
+
+    type = "🫂 - DEDUP"
+
+    def __init__(self, folder: str | Path, hashes: bool = False, progress: TaskProgress | None = None):
+        self.name = "record ids and text hashes" if hashes else "record ids"  # before: names the stats
+        super().__init__()
+        self.folder = str(folder)
+        self.hashes = hashes
+        self.progress = progress
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        ids: list[str] = []
+        hi: list[int] = []
+        lo: list[int] = []
+        for doc in data:
+            ids.append(doc.id)
+            if self.hashes:
+                with self.track_time():
+                    h = text_hash(doc.text)
+                hi.append(h[0])
+                lo.append(h[1])
+            self.stat_update("documents")
+            if self.progress:
+                self.progress.kept += 1
+                self.progress.tick()
+            if len(ids) == 10:
+                faults.maybe_kill(rank, "dedup_pass1")
+            yield doc
+        columns = [ids, hi, lo] if self.hashes else [ids]
+        table = pa.table(columns, schema=pa.schema(list(DOCS_SCHEMA)[: len(columns)]))
+        _write_table(_table_path(self.folder, rank), table)
+        if self.progress:
+            self.progress.phase = "done"
+            self.progress.flush()
+
+
+def _write_drops(
+    root: Path, tasks: int, task: np.ndarray, position: np.ndarray, group: np.ndarray, rank: int
+) -> int:
+    """Given every duplicated document as (task, position) with its group (an equal hash, or a
+    MinHash cluster), keep the first of each group in input order and write every task's drop
+    table (empty ones too: a missing table is an error, not "nothing to drop"). Reads one task's
+    ids at a time. Returns the number of documents dropped."""
+    order = np.lexsort((position, task, group))
+    task, position, group = task[order], position[order], group[order]
+    first = np.ones(len(group), dtype=bool)
+    first[1:] = group[1:] != group[:-1]
+    kept = np.maximum.accumulate(np.where(first, np.arange(len(group)), 0))[~first]
+    task_d, position_d = task[~first], position[~first]
+    kept_ids = np.empty(len(task_d), dtype=object)
+    counts = []
+    for r in range(tasks):
+        ids = _read_table(_table_path(root / "docs", r), f"the ids of task {r}").column("id")
+        counts.append(len(ids))
+        sel = task[kept] == r
+        kept_ids[sel] = ids.take(pa.array(position[kept[sel]])).to_pylist()
+    for r in range(tasks):
+        sel = np.flatnonzero(task_d == r)
+        sel = sel[np.argsort(position_d[sel], kind="stable")]
+        ids = _read_table(_table_path(root / "docs", r), f"the ids of task {r}").column("id")
+        pos = pa.array(position_d[sel], pa.int64())
+        table = pa.table(
+            [pos, ids.take(pos), pa.array(kept_ids[sel], pa.string())],
+            schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(counts[r]).encode()}),
+        )
+        _write_table(_table_path(root / "drop", r), table)
+        if r == 0:
+            faults.maybe_kill(rank, "dedup_clusters")  # one drop table written, the others not yet
+    return len(task_d)
+
+
+class _KeepFirst(PipelineStep):
+    """One task over the whole build: `groups` gives every duplicated document as (task, position)
+    with its group; the first of each group in input order is kept, the others are written to
+    OUTPUT/dedup/drop/ (every task's table, empty ones too)."""
+
+    type = "🫂 - DEDUP"
+
+    def __init__(self, root: str | Path, tasks: int):
+        super().__init__()
+        self.root = str(root)
+        self.tasks = tasks
+
+    def groups(self, root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def run(self, data: DocumentsPipeline = None, rank: int = 0, world_size: int = 1) -> None:
+        with self.track_time():
+            task, position, group = self.groups(Path(self.root))
+            dropped = _write_drops(Path(self.root), self.tasks, task, position, group, rank)
+        self.stat_update("duplicated", value=len(task))
+        self.stat_update("dropped", value=dropped)
+
+
+class ExactClusters(_KeepFirst):
+    """Exact dedup's groups: documents with equal text hashes (from the first pass's tables)."""
+
+    name = "exact clusters"
+
+    def groups(self, root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        hashes, task, position = [], [], []
+        for r in range(self.tasks):
+            path = _table_path(root / "docs", r)
+            t = _read_table(path, f"the text hashes of task {r}", ["hash_hi", "hash_lo"])
+            hashes.append(np.stack([t.column("hash_hi").to_numpy(), t.column("hash_lo").to_numpy()], axis=1))
+            task.append(np.full(len(t), r, dtype=np.int64))
+            position.append(np.arange(len(t), dtype=np.int64))
+        # one group number per distinct hash; only hashes seen more than once matter
+        _, group, counts = np.unique(np.concatenate(hashes), axis=0, return_inverse=True, return_counts=True)
+        dup = counts[group] > 1
+        return np.concatenate(task)[dup], np.concatenate(position)[dup], group[dup]
+
+
+class MinhashClusters(_KeepFirst):
+    """MinHash dedup's groups, after datatrove's MinhashDedupCluster (save_cluster_id=True) in the
+    same task: its `NNNNNN.clusters` files hold (position, cluster id) of every document in a
+    cluster. The first of each cluster is kept instead of datatrove's union-find root, the same
+    rule as exact dedup's, which says something to whoever reads the drops."""
+
+    name = "minhash kept copies"
+
+    def groups(self, root: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        task, position, cluster = [], [], []
+        for r in range(self.tasks):
+            path = root / "clusters" / f"{r:06d}.clusters"  # absent: no duplicate in task r
+            pairs = np.fromfile(path, dtype="<u4").reshape(-1, 2) if path.is_file() else np.empty((0, 2))
+            task.append(np.full(len(pairs), r, dtype=np.int64))
+            position.append(pairs[:, 0].astype(np.int64))
+            cluster.append(pairs[:, 1].astype(np.int64))
+        return np.concatenate(task), np.concatenate(position), np.concatenate(cluster)
+
+
+class DedupFilter(BaseFilter):
+    """The build's pass: drops the documents its task's drop table lists, recording each in
+    excluded/ as "<kind> duplicate of <kept id>"."""
+
+    name = FILTER_NAME
+
+    def __init__(self, root: str | Path, kind: str, exclusion_writer: ExcludedWriter | None = None):
+        super().__init__(exclusion_writer)
+        self.root = str(root)
+        self.kind = kind
+        self._rank = self._next = self._seen = 0  # this task's: set by run
+        self._drops: dict[str, list] = {}
+
+    def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        path = _table_path(Path(self.root) / "drop", rank)
+        table = _read_table(path, f"the documents task {rank} drops as duplicates")
+        self._drops = table.to_pydict()
+        self._rank, self._next, self._seen = rank, 0, 0
+        yield from super().run(data, rank, world_size)
+        expected = int(table.schema.metadata[DOCUMENTS_KEY])
+        if self._seen != expected:
+            raise self._mismatch(f"{self._seen} documents reached it, the first pass counted {expected}")
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        i, drops = self._seen, self._drops
+        self._seen += 1
+        if self._next < len(drops["position"]) and drops["position"][self._next] == i:
+            j = self._next
+            self._next += 1
+            if doc.id != drops["id"][j]:
+                raise self._mismatch(f"document {i} is {doc.id!r}, the first pass saw {drops['id'][j]!r}")
+            return drop(doc, "duplicate", f"{self.kind} duplicate of {drops['kept_id'][j]}")
+        return True
+
+    def _mismatch(self, what: str) -> DedupError:
+        root = Path(self.root).parent
+        return DedupError(
+            f"dedup files do not match the documents task {self._rank} reads ({what}): the reader or "
+            f"filters changed since the dedup stages ran; delete {root / DEDUP_DIR} and "
+            f"{root / LOGS_DIR / DEDUP_DIR} and rerun the same command"
+        )
+
+
+def minhash_config(cfg: DedupConfig) -> MinhashConfig:
+    # sha1: datatrove's default xxhash is handed str, which xxhash ≥ 4 refuses ("Strings must be
+    # encoded before hashing").
+    return MinhashConfig(
+        n_grams=cfg.ngram,
+        num_buckets=cfg.buckets,
+        hashes_per_bucket=cfg.hashes_per_bucket,
+        hash_config=HashConfig(precision=64, hash_fc="sha1"),
+    )
+
+
+def check_config(cfg: DedupConfig) -> None:
+    """One line for settings the stages cannot run with (before anything is written)."""
+    if cfg.kind != "minhash":
+        return
+    for key in ("ngram", "buckets", "hashes_per_bucket"):
+        if getattr(cfg, key) < 1:
+            raise DedupError(f"dedup.{key} = {getattr(cfg, key)} must be ≥ 1 (FineWeb: ngram 5, buckets 14, "
+                             "hashes_per_bucket 8)")  # fmt: skip
+
+
+FIRST_PASS = {"exact": "hashes", "minhash": "signatures"}  # the stage that reads the input
+
+
+def stage_logs(out: Path, name: str) -> Path:
+    """A dedup stage's datatrove logging dir (completion markers, stats, task logs)."""
+    return out / LOGS_DIR / DEDUP_DIR / name
+
+
+def first_pass_logs(out: Path, cfg: DedupConfig) -> Path:
+    return stage_logs(out, FIRST_PASS[cfg.kind])
+
+
+def dedup_stages(
+    cfg: DedupConfig, out: Path, first_steps: list, tasks: int, progress: TaskProgress
+) -> list[Stage]:
+    """The stages that run before the build's pass; `first_steps` are the reader and the filters
+    (recording nothing: the build's pass records the drops), `progress` the first pass's."""
+    root = out / DEDUP_DIR
+    logs = lambda name: stage_logs(out, name)
+    if cfg.kind == "exact":
+        return [
+            Stage(
+                "hashes",
+                [*first_steps, DocRecord(root / "docs", True, progress)],
+                tasks,
+                logs("hashes"),
+                True,
+            ),
+            Stage("clusters", [ExactClusters(root, tasks)], 1, logs("clusters"), False),
+        ]
+    if cfg.kind == "minhash":
+        mc = minhash_config(cfg)
+        signature = MinhashDedupSignature(str(root / "signatures"), config=mc, language=RegexWordTokenizer())
+        return [
+            Stage(
+                "signatures",
+                [*first_steps, DocRecord(root / "docs", False, progress), signature],
+                tasks,
+                logs("signatures"),
+                True,
+            ),
+            Stage(
+                "buckets",
+                [MinhashDedupBuckets(str(root / "signatures"), str(root / "buckets"), config=mc)],
+                cfg.buckets,
+                logs("buckets"),
+                False,
+            ),
+            Stage(
+                "clusters",
+                [
+                    MinhashDedupCluster(
+                        str(root / "buckets"), str(root / "clusters"), config=mc, save_cluster_id=True
+                    ),
+                    MinhashClusters(root, tasks),
+                ],
+                1,
+                logs("clusters"),
+                False,
+            ),
+        ]
+    return []
+
+
+def dedup_filter(cfg: DedupConfig, out: Path) -> list[BaseFilter]:
+    """The build pass's step ([] when dedup is off)."""
+    if cfg.kind == "none":
+        return []
+    return [DedupFilter(out / DEDUP_DIR, cfg.kind, ExcludedWriter(out, FILTER_NAME))]
