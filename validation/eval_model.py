@@ -35,6 +35,8 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from validation.eval_data import EvalError
+
 
 @dataclass
 class TaskRequests:
@@ -116,6 +118,12 @@ class GristmillHFLM(HFLM):
         owners, self._owners = self._owners, None
         if owners is not None and len(owners) == len(requests):
             for owner, (_, context_enc, continuation_enc) in zip(owners, requests, strict=True):
+                if len(continuation_enc) > self.max_length:  # lm-eval would stop on a bare assert
+                    raise EvalError(
+                        f"task {owner[0]} document {owner[1]}: an answer of {len(continuation_enc)} tokens "
+                        f"does not fit max_length {self.max_length}; evaluate with a longer context "
+                        "(--set max_length=N, up to the model's max_seq_len) or leave the task out"
+                    )
                 self._seen(owner, len(context_enc) + len(continuation_enc) - 1, self.max_length)
         return super()._loglikelihood_tokens(requests, disable_tqdm=disable_tqdm, override_bs=override_bs)
 

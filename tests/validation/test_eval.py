@@ -609,3 +609,14 @@ def test_plot_panels_carry_stderr_chance_and_the_table_order():
     assert (wppl.values, wppl.chance) == ([2.2e9], None)
     assert (boolq.chance, acc.chance, acc_norm.chance) == (0.5, 0.3, 0.3)
     assert (acc.steps, acc.values, acc.stderrs) == ([10], [0.4], [0.05])
+
+
+def test_an_answer_longer_than_the_context_is_one_line(eval_run, tmp_path, capsys):
+    """lm-eval itself stops on a bare `assert len(continuation_enc) <= self.max_length`."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    args = ["--tasks", "demo_cloze", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "max_length=4"]
+    assert main(["eval", str(run), *args]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "task demo_cloze document " in err[0] and "does not fit max_length 4" in err[0]
