@@ -15,10 +15,13 @@ lesson from someone's lost run:
   file; `--resume auto` then falls back to the newest checkpoint that verifies and says so.
 - Weights and optimizer state must be finite after a load and before a save (training.train's
   non-finite guard keeps them so; this is the last line).
-- Async saves copy the state to CPU, then write in a background thread on their own gloo group
-  (`dcp.async_save` needs one: its collectives must not interleave with training's). At most one
-  is in flight; the next save and the end of training wait for it; a background failure is raised
-  at the next step's `poll()`, stopping the run.
+- Async saves copy the state into host buffers kept for the run (training/checkpoint_staging.py:
+  pinned on CUDA, copied on a side stream that the next optimizer step waits for), then write in a
+  background thread on their own gloo group (`dcp.async_save` needs one: its collectives must not
+  interleave with training's). At most one is in flight; the next save and the end of training
+  wait for it (`checkpoint_wait_s` in the metrics row, with a one-time note when writes outlast
+  the interval); a background failure is raised at the next step's `poll()`, stopping the run. A
+  state whose shapes changed since the first save no longer fits the buffers and is refused.
 - A write that fails (ENOSPC, read-only, permission; DCP raises CheckpointException, a
   BaseException) stops the run with a CheckpointError naming the path and the last complete
   checkpoint. Before each save the free space is checked against an estimate of its size.
@@ -37,6 +40,7 @@ import json
 import shutil
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,7 @@ from training.checkpoint_io import (
     state_tensors,
     verify_checkpoint,
 )
+from training.checkpoint_staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
@@ -175,6 +180,19 @@ def dir_size(path: Path) -> int:
 # --- the trainer's checkpointer ----------------------------------------------------------------
 
 
+@dataclass
+class _Pending:
+    """An async save in flight: its step and tokens, DCP's future, when the save and the write began
+    and (set by the writer thread) when the write ended."""
+
+    step: int
+    tokens: int
+    future: Future
+    t0: float
+    write_start: float
+    write_end: float | None = None
+
+
 class Checkpointer:
     """Saves, resumes, prunes and exports for one run; every rank holds one, rank 0 does the files.
 
@@ -193,11 +211,10 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
-        reuse_staging: bool = True,  # False on CUDA: async saves use DCP's default staging
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
-        self.reuse_staging, self.stager = reuse_staging, None
+        self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
         self.config_sha256 = config_sha256
         self.estimate_bytes, self.estimate_basis = estimate_bytes, "estimated from the parameter count"
@@ -209,8 +226,14 @@ class Checkpointer:
         self.ctl_group = dist.new_group(backend="gloo") if distributed and world_size > 1 else None
         # dcp.async_save's collectives run in a background thread: they get a group of their own.
         self.async_group = dist.new_group(backend="gloo") if distributed and cfg.async_ else None
-        self.pending: tuple[int, int, Future, float] | None = None  # step, tokens, future, start
+        self.pending: _Pending | None = None
         self.low_disk: str | None = None  # set while on_low_disk = "skip" is skipping saves
+        # What the last save cost the loop: copying into the staging buffers (async), waiting for
+        # the previous write; and how long the last finished async write took.
+        self.last_stage_s = self.last_wait_s = self.last_write_s = 0.0
+        self._unlogged: dict[str, float] = {}  # sums since the metrics row last took them
+        self._last_request: tuple[int, float] | None = None  # step and time of the last save call
+        self._advised = False  # the "writes outlast the interval" note is printed once
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -220,6 +243,14 @@ class Checkpointer:
         dist.broadcast_object_list(box, src=0, group=self.ctl_group)
         return box[0]
 
+    def _anywhere(self, problem: str | None) -> str | None:
+        """The first rank's problem ("rank R: …"), or None when no rank has one (collective)."""
+        if self.ctl_group is None:
+            return problem
+        every: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(every, problem, group=self.ctl_group)
+        return next((f"rank {r}: {b}" for r, b in enumerate(every) if b is not None), None)
+
     def _nonfinite_anywhere(self) -> str | None:
         """The first non-finite parameter or optimizer state tensor on any rank (described), or None."""
         model, optim = self.states.get("model"), self.states.get("optimizer")
@@ -228,11 +259,7 @@ class Checkpointer:
             if model is None
             else nonfinite_tensor(state_tensors(model.model, getattr(optim, "optimizer", None)))
         )
-        if self.ctl_group is None:
-            return bad
-        every: list[str | None] = [None] * self.world_size
-        dist.all_gather_object(every, bad, group=self.ctl_group)
-        return next((f"rank {r}: {b}" for r, b in enumerate(every) if b is not None), None)
+        return self._anywhere(bad)
 
     def due(self, step: int) -> bool:
         return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
@@ -317,7 +344,7 @@ class Checkpointer:
     def poll(self) -> None:
         """Start of a step: finish an async save that is done (raising if it failed); in skip mode,
         warn again that checkpoints are being skipped."""
-        if self.pending is not None and self.pending[2].done():
+        if self.pending is not None and self.pending.future.done():
             self._finish_pending()
         if self.low_disk is not None:
             self.log(f"WARNING: checkpoints are being SKIPPED: {self.low_disk}")
@@ -327,7 +354,7 @@ class Checkpointer:
         a step whose state was finite) before the process group and the lock go, never raising."""
         if self.pending is None:
             return
-        fut, self.pending = self.pending[2], None
+        fut, self.pending = self.pending.future, None
         with contextlib.suppress(BaseException):
             fut.result(timeout=timeout_s)
 
@@ -337,43 +364,57 @@ class Checkpointer:
             if self.pending is not None:
                 self._finish_pending()
         finally:
-            if self.stager is not None:
-                self.stager.close()
-                self.stager = None
+            if self.staging is not None:
+                self.staging.close()
+                self.staging = None
 
-    def _async_stager(self):
-        """The stager of async saves on CPU, kept for the whole run: it copies the state into CPU
-        buffers allocated at the first save and reused after, so later saves pay one memcpy instead
-        of allocating (and faulting in) a fresh copy of the state each time; the price is one CPU
-        copy of this rank's state held for the run. None on CUDA, and where this torch lacks
-        DefaultStager: DCP's default copy. (On an H100 with torch 2.11 the reused pinned buffers
-        failed the second async save with `KeyError: <class 'type'>` inside DCP's staging, so the
-        GPU path keeps DCP's default until that is understood; bench/RESULTS.md has the figures.)"""
-        if self.stager is not None or not self.reuse_staging:
-            return self.stager
-        try:
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-        except ImportError:
-            return None
-        self.stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=False,
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=False,
-            )
+    def take_timings(self) -> dict[str, float]:
+        """`checkpoint_stage_s` and `checkpoint_wait_s` summed over the saves since the last call
+        (the trainer adds them to its next metrics row); {} when there was none."""
+        out, self._unlogged = self._unlogged, {}
+        return out
+
+    def _count(self, name: str, seconds: float) -> None:
+        self._unlogged[name] = self._unlogged.get(name, 0.0) + seconds
+
+    def _advise(self, step: int, requested: float) -> None:
+        """Once per run: a periodic save had to wait because writes take longer than the interval."""
+        prev = self._last_request
+        if self._advised or prev is None or step - prev[0] != self.cfg.interval:
+            return  # a last-step or signal save soon after a periodic one says nothing of the interval
+        self._advised = True
+        self.log(
+            f"note: checkpoint writes take {self.last_write_s:.1f} s but the interval is "
+            f"{self.cfg.interval} steps ≈ {requested - prev[1]:.1f} s: saves wait for the previous write "
+            f"({self.last_wait_s:.1f} s at step {step}); raise checkpoint.interval"
         )
-        return self.stager
 
     def save(self, step: int, tokens: int, *, blocking: bool = False) -> bool:
         """Save the state of `step`; returns False if the disk guard skipped it (on_low_disk=skip)."""
-        if self.pending is not None:
-            self._finish_pending()  # at most one in flight
+        requested = time.perf_counter()
+        self.last_stage_s = self.last_wait_s = 0.0
+        if self.pending is not None:  # at most one in flight: wait for the previous write
+            unfinished = not self.pending.future.done()
+            self._finish_pending()
+            self.last_wait_s = time.perf_counter() - requested
+            if unfinished:
+                self._advise(step, requested)
+        self._count("checkpoint_wait_s", self.last_wait_s)  # 0 when the previous write was done
+        self._last_request = (step, requested)
+        staged = self.cfg.async_ and not blocking
+        state = state_dict_of(self.states) if staged else None
         bad = self._nonfinite_anywhere()  # the trainer's guard should make this impossible: the last line
         if bad is not None:
             raise NonFiniteError(
                 f"refusing to save step {step}: the state holds non-finite values ({bad}). Last complete "
                 f"checkpoint: {self.newest_complete()}"
+            )
+        changed = self._anywhere(self.staging and self.staging.changed(state)) if staged else None
+        if changed is not None:
+            raise CheckpointError(
+                f"refusing to save step {step}: {changed}; an async save copies into host buffers sized at "
+                "the first save, so the state must keep its shapes during a run (save synchronously, or "
+                f"start a new run). Last complete checkpoint: {self.newest_complete()}"
             )
         path = checkpoint_dir(self.run_dir, step)
         problem = self._prepare(step) if self.rank == 0 else None
@@ -388,14 +429,25 @@ class Checkpointer:
         t0 = time.perf_counter()
         try:
             with _single_process_quiet():
-                if self.cfg.async_ and not blocking:
+                if staged:
+                    if self.staging is None:
+                        optimizer = getattr(self.states.get("optimizer"), "optimizer", None)
+                        self.staging = HostStaging(optimizer, log=self.log)
+                    host_state = self.staging.stage(state)
+                    self.last_stage_s = time.perf_counter() - t0
+                    self._count("checkpoint_stage_s", self.last_stage_s)
                     # (no no_dist here: async_save infers it, and older torch lacks the argument)
-                    kwargs = {"async_stager": stager} if (stager := self._async_stager()) is not None else {}
                     fut = dcp.async_save(
-                        self.states, checkpoint_id=str(path), process_group=self.async_group, **kwargs
+                        host_state,
+                        checkpoint_id=str(path),
+                        storage_writer=self.staging.writer(str(path)),
+                        process_group=self.async_group,
+                        async_stager=PreStaged(),
                     )
                     fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                    self.pending = (step, tokens, self._then_record(fut, path), t0)
+                    pending = _Pending(step, tokens, fut, t0, time.perf_counter())
+                    pending.future = self._then_record(fut, path, pending)
+                    self.pending = pending
                     return True
                 dcp.save(self.states, checkpoint_id=str(path), no_dist=self.no_dist)
             self._record_own_files(path)
@@ -404,7 +456,7 @@ class Checkpointer:
         self._complete(step, tokens, t0)
         return True
 
-    def _then_record(self, fut: Future, path: Path) -> Future:
+    def _then_record(self, fut: Future, path: Path, pending: _Pending) -> Future:
         """A future that is done when DCP's write is and this rank's files are hashed, both in the
         background (the hashing runs in the thread that finished the write)."""
         out: Future = Future()
@@ -413,6 +465,7 @@ class Checkpointer:
             try:
                 f.result()
                 self._record_own_files(path)
+                pending.write_end = time.perf_counter()
                 out.set_result(None)
             except BaseException as e:  # CheckpointException is a BaseException
                 out.set_exception(e)
@@ -468,13 +521,13 @@ class Checkpointer:
         return None
 
     def _finish_pending(self) -> None:
-        step, tokens, fut, t0 = self.pending
-        self.pending = None
+        p, self.pending = self.pending, None
         try:
-            fut.result()
+            p.future.result()
         except BaseException as e:
-            self._failed(step, e)
-        self._complete(step, tokens, t0)
+            self._failed(p.step, e)
+        self.last_write_s = (p.write_end or time.perf_counter()) - p.write_start
+        self._complete(p.step, p.tokens, p.t0)
 
     def _failed(self, step: int, exc: BaseException):
         if isinstance(exc, KeyboardInterrupt | SystemExit):

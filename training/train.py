@@ -501,7 +501,6 @@ def setup(
         last_step=last,
         config_sha256=config_sha256(unresumed),
         estimate_bytes=num_params(model) * 4 * 3,  # fp32 weights + AdamW's two moments
-        reuse_staging=device.type != "cuda",
         log=say,
     )
     resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
@@ -630,6 +629,7 @@ def loop(r: Run) -> dict[str, Any]:
                     mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt[phase], r.peak),
                     peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
                 )
+                m.update(ckpt.take_timings())  # checkpoint_stage_s/_wait_s of the saves since the last row
                 consumed = r.data.consumed(step) if writer is not None else []
                 if is_phased(cfg) and writer is not None:  # a one-dataset recipe's rows stay as they were
                     m.update(data_row(r.data, step, consumed))

@@ -154,9 +154,13 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
 
 
 def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, tmp_path):
-    """Async saves on their own gloo group; SIGTERM to one rank only (both must stop together)."""
+    """Async saves on their own gloo group; SIGTERM to one rank only (both must stop together). A
+    save every 2 steps: the resumed run makes at least two async saves of sharded DTensor state
+    (staged into host DTensors, the second into the first one's buffers), and its step-12 one must
+    hold the reference's weights."""
     run_dir = tmp_path / "run"
-    sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.async=true", "checkpoint.keep_last=1")
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.async=true", "checkpoint.keep_last=1",
+                     "checkpoint.interval=2")  # fmt: skip
     stop_at = random.randint(2, STEPS - 3)
     proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
@@ -219,6 +223,54 @@ def test_failed_async_save_stops_the_run_at_the_next_step(dataset, tmp_path, cap
     assert f"Last complete checkpoint: {checkpoint_dir(run_dir, 2)}" in err
     assert metrics(run_dir)[-1]["step"] <= 5  # the step after the failed save, at the latest
     assert complete_steps(run_dir) == [2]
+
+
+def test_async_saves_in_a_row_resume_bit_identically(dataset, tmp_path):
+    """Four async saves in one process (steps 2, 4, 6, 8: the second and later reuse the staging
+    buffers, where DCP's own reused stager failed on torch 2.11); resuming from step 4 repeats
+    steps 5-8 exactly, so step 4's checkpoint holds step 4's state, not a later one. The metrics
+    rows after a save carry what it cost the loop."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    sets = ["checkpoint.async=true", "checkpoint.interval=2", "checkpoint.keep_last=0", "run.max_steps=8"]
+    train(load_train_config(TINY, overrides(dataset, a, *sets)))
+    assert complete_steps(a) == [2, 4, 6, 8]
+    rows = {r["step"]: r for r in metrics(a)}
+    assert {3, 5, 7} <= {s for s, r in rows.items() if "checkpoint_wait_s" in r and "checkpoint_stage_s" in r}
+    assert "checkpoint_stage_s" not in rows[2] and rows[3]["checkpoint_stage_s"] >= 0
+
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(a, 4)))}"
+    train(load_train_config(TINY, overrides(dataset, b, *sets, resume)))
+    assert losses(b) == [r for r in losses(a) if r[0] > 4]
+    assert_same_weights(a, b, 8)
+
+
+def test_async_staging_copies_and_refuses_changed_shapes(tmp_path):
+    """The staged copy is the state at save time (training may change the weights at once), and a
+    state whose shapes changed since the first save is refused in one line naming the tensor."""
+    from training.checkpoint import Checkpointer
+    from training.checkpoint_io import load
+    from training.config import CheckpointSection
+    from training.train_state import ModelState
+
+    model = torch.nn.Linear(4, 3)
+    cfg = CheckpointSection(interval=1, async_=True, keep_last=0)
+    ckpt = Checkpointer(cfg, tmp_path, {"model": ModelState(model)}, rank=0, world_size=1, last_step=10,
+                        config_sha256="t", estimate_bytes=0, log=lambda *_: None)  # fmt: skip
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt.save(1, 0)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # while the write may still run
+    ckpt.save(2, 0)  # the same buffers, now holding the changed weights
+    model.weight = torch.nn.Parameter(torch.zeros(5, 4))
+    refusal = r"refusing to save step 3: model\.weight is \(5, 4\) float32 on this rank now but was \(3, 4\)"
+    with pytest.raises(CheckpointError, match=refusal + r" float32 at the run's first save"):
+        ckpt.save(3, 0)
+    ckpt.close()
+    for step, expect in ((1, saved), (2, {"weight": saved["weight"] + 1.0, "bias": saved["bias"]})):
+        fresh = torch.nn.Linear(4, 3)
+        load({"model": ModelState(fresh)}, checkpoint_dir(tmp_path, step), no_dist=True)
+        for name, value in fresh.state_dict().items():
+            assert torch.equal(value, expect[name]), (step, name)
 
 
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
