@@ -12,6 +12,10 @@
    corpus: parquet read, filters, encode, spill, shuffle, tar + manifest writing, dataset.json
    (validation off: `gristmill data validate` is measured by its own benchmark). Same single
    thread for the tokenizer.
+5. Build with `[dedup] kind = "minhash"` (FineWeb's settings: 5-gram shingles, 14 buckets × 8
+   hashes): the same build plus datatrove's MinHash stages (signatures, buckets, clusters) and the
+   dedup filter, same task and worker; reported as docs/s and tokens/s relative to the plain build
+   of the same round.
 Prints both rates and their ratio (target ≥ 0.9); best of --repeats runs each.
 """
 
@@ -111,7 +115,7 @@ def raw_encode(tokenizer_path: Path, docs: list[str], batch_chars: int) -> int:
     return tokens
 
 
-def run_build(work: Path, corpus: Path, tokenizer: Path, i: int) -> dict:
+def run_build(work: Path, corpus: Path, tokenizer: Path, i: int, extra: tuple[str, ...] = ()) -> dict:
     out = work / f"ds{i}"
     cfg = load_config(
         DataConfig,
@@ -127,6 +131,7 @@ def run_build(work: Path, corpus: Path, tokenizer: Path, i: int) -> dict:
             "build.progress_interval=1e9",
             "build.min_free_gb=0.1",
             "shards.target_mb=64",
+            *extra,
         ],
     )
     return build(cfg, log=lambda *a: None).info
@@ -141,14 +146,44 @@ def measure(mode: str, work: Path, i: int) -> dict:
         tokens = raw_encode(tokenizer, fresh, DataConfig().shards.encode_batch_chars)
         return {"tokens": tokens, "wall": time.perf_counter() - w0, "cpu": cpu_seconds() - c0}
     c0, w0 = cpu_seconds(), time.perf_counter()
-    info = run_build(work, corpus, tokenizer, i)
+    info = run_build(work, corpus, tokenizer, i, DEDUP.get(mode, ()))
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
     # datatrove's timer around DocumentEncoder.encode_batch: the tokenizer's share of this run.
     stats = json.loads((work / f"ds{i}" / "logs" / "stats.json").read_text())
     encode_s = next(st["time_stats"]["total"] for st in stats if "TOKENIZE" in st["name"])
     shutil.rmtree(work / f"ds{i}")
     # The build's count includes one separator per document; compare like with like.
-    return {"tokens": info["tokens"] - info["documents"], "wall": wall, "cpu": cpu, "encode_s": encode_s}
+    return {
+        "tokens": info["tokens"] - info["documents"],
+        "docs": info["documents_read"],
+        "dropped": info["excluded_by_filter"].get("dedup", 0),
+        "wall": wall,
+        "cpu": cpu,
+        "encode_s": encode_s,
+    }
+
+
+# Builds with a [dedup] kind, each measured like the plain build; mode -> the overrides it adds.
+DEDUP = {"minhash": ("dedup.kind=minhash",)}
+
+
+def print_dedup_row(mode: str, plain: list[dict], dedup: list[dict]) -> None:
+    """docs/s and tokens/s of the `mode` builds, and per round relative to the plain build (per
+    wall second, and per CPU second: steadier on a shared machine)."""
+
+    def per_round(key: str, per: str) -> str:
+        rel = [(d[key] / d[per]) / (b[key] / b[per]) for b, d in zip(plain, dedup)]
+        return f"{[round(x, 3) for x in rel]} (median {statistics.median(rel):.3f})"
+
+    best = max(dedup, key=lambda r: r["docs"] / r["wall"])
+    print(
+        f"build with dedup = {mode!r} (best): {best['docs'] / best['wall']:,.0f} docs/s, "
+        f"{best['tokens'] / best['wall'] / 1e6:.3f} M tok/s (kept tokens; {best['dropped']} of "
+        f"{best['docs']:,} documents dropped as duplicates)"
+    )
+    print(f"  relative to the plain build, per round: docs/s {per_round('docs', 'wall')}")
+    print(f"  {'':38}tok/s {per_round('tokens', 'wall')}")
+    print(f"  {'':32}docs per CPU-s {per_round('docs', 'cpu')}")
 
 
 def main() -> None:
@@ -156,7 +191,7 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=24.0, help="corpus size in MB of text (default 24)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default=None, help="work directory (default: a temporary one)")
-    ap.add_argument("--measure", choices=["raw", "build"], help=argparse.SUPPRESS)  # internal
+    ap.add_argument("--measure", choices=["raw", "build", *DEDUP], help=argparse.SUPPRESS)  # internal
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -182,15 +217,16 @@ def main() -> None:
 
     # Every measurement runs in a fresh interpreter (a long-lived process slows down run after
     # run), raw and build alternate and swap order each round so both see the same machine load.
-    runs: dict[str, list[dict]] = {"raw": [], "build": []}
+    runs: dict[str, list[dict]] = {"raw": [], "build": [], **{m: [] for m in DEDUP}}
     for i in range(args.repeats):
-        for mode in ("raw", "build") if i % 2 == 0 else ("build", "raw"):
+        for mode in list(runs) if i % 2 == 0 else list(runs)[::-1]:
             cmd = [sys.executable, __file__, "--measure", mode, "--work", str(work), "--index", str(i)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs[mode].append(json.loads(out.strip().splitlines()[-1]))
     tokens = runs["raw"][0]["tokens"]
-    assert all(r["tokens"] == tokens for rs in runs.values() for r in rs), "build and raw disagree on tokens"
-    rate = {m: [(tokens / r["wall"], tokens / r["cpu"]) for r in rs] for m, rs in runs.items()}
+    plain = ("raw", "build")  # dedup may drop documents: its tokens are checked against itself
+    assert all(r["tokens"] == tokens for m in plain for r in runs[m]), "build and raw disagree on tokens"
+    rate = {m: [(tokens / r["wall"], tokens / r["cpu"]) for r in runs[m]] for m in plain}
     share = [r["encode_s"] / r["wall"] for r in runs["build"]]
     pair = [b[0] / r[0] for r, b in zip(rate["raw"], rate["build"])]
     rw, rc = max(x[0] for x in rate["raw"]), max(x[1] for x in rate["raw"])
@@ -217,6 +253,8 @@ def main() -> None:
     )
     print(f"all runs (wall, cpu tok/s): raw {[(round(a), round(b)) for a, b in rate['raw']]}")
     print(f"                          build {[(round(a), round(b)) for a, b in rate['build']]}")
+    for mode in DEDUP:
+        print_dedup_row(mode, runs["build"], runs[mode])
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 
