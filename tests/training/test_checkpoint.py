@@ -273,6 +273,32 @@ def test_async_staging_copies_and_refuses_changed_shapes(tmp_path):
             assert torch.equal(value, expect[name]), (step, name)
 
 
+def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_path):
+    """Saves back to back (the interval far shorter than a 64 MiB write): each waits for the write
+    before it, says how long in its timings, and the run is told once to raise the interval."""
+    from training.checkpoint import Checkpointer
+    from training.config import CheckpointSection
+    from training.train_state import ModelState
+
+    lines: list[str] = []
+    cfg, states = (
+        CheckpointSection(interval=5, async_=True, keep_last=0),
+        {"model": ModelState(torch.nn.Linear(2048, 8192))},
+    )
+    ckpt = Checkpointer(cfg, tmp_path, states, rank=0, world_size=1, last_step=99, config_sha256="t",
+                        estimate_bytes=0, log=lines.append)  # fmt: skip
+    timings = []
+    for step in (5, 10, 15):
+        ckpt.save(step, 0)
+        timings.append(ckpt.take_timings())
+    ckpt.close()
+    assert timings[0]["checkpoint_wait_s"] == 0 and timings[1]["checkpoint_wait_s"] > 0
+    assert all(t["checkpoint_stage_s"] > 0 for t in timings) and ckpt.take_timings() == {}
+    notes = [line for line in lines if line.startswith("note:")]
+    assert len(notes) == 1 and "but the interval is 5 steps" in notes[0], lines
+    assert notes[0].endswith("raise checkpoint.interval") and complete_steps(tmp_path) == [5, 10, 15]
+
+
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
     """RUN/checkpoints on a tmpfs that holds 1.5 checkpoints (a private mount namespace, no root
     needed): the disk guard stops the run at the second save; with the guard off the write itself
