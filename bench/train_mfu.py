@@ -5,6 +5,21 @@
     python -m bench.train_mfu --profile runs/profile            # + torch.profiler summary of gristmill
     python -m bench.train_mfu --preset tiny --device cpu --seq 128 --quick   # CPU smoke (no MFU)
 
+The last points of MFU (issue 19), each one attempt on top of the headline, one row each:
+    --attention cudnn|flash|efficient|fa3   SDPA backend forced with torch.nn.attention.sdpa_kernel
+                                            (fa3: FlashAttention 3 through activate_flash_attention_impl,
+                                            needs the flash_attn_interface package)
+    --compile-mode max-autotune-no-cudagraphs   the per-block compile (whole block: norms, attention,
+                                            MLP, residual adds) with that Inductor mode
+    --float8                                torchao float8 linears (reported separately, never in the
+                                            bf16 MFU figure: MFU stays against the bf16 peak)
+    --loss-chunk N                          the chunked loss's chunk size
+    --optim adamw adamw8bit --loss-steps 200   fused AdamW against bitsandbytes' 8-bit AdamW: tokens/s,
+                                            peak and reserved memory, and the loss after 200 steps of
+                                            both on the same synthetic Zipf-distributed tokens
+Each flag that needs CUDA (cuDNN/efficient/FA3 attention, float8, 8-bit AdamW) stops on CPU
+with one line saying so.
+
 Headline. Identical shapes and batch for both: the preset (default the 1.24B Llama-3 shape, vocab
 131072, tied), seq 2048, --micro-batch sequences per forward, --accum micro-batches per optimizer
 step (real 1M-token runs accumulate 8-64 per GPU, so the optimizer is amortised the same way),
@@ -31,9 +46,11 @@ goes on. This is a benchmark, never a test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -61,12 +78,97 @@ class Spec:
     micro_batch: int = 8
     loss_chunk: int = 8192
     document_mask: bool = False
+    attention: str = "default"  # SDPA backend (sdpa_kernel), or fa3
+    compile_mode: str = ""  # torch.compile mode of the blocks ("": the trainer's default)
+    float8: bool = False  # torchao float8 linears
+    optim: str = "adamw"  # or adamw8bit (bitsandbytes)
 
     def label(self) -> str:
         chunk = f"chunk {self.loss_chunk}" if self.loss_chunk else "full logits"
         doc = ", doc-mask (flex)" if self.document_mask else ""
         mode = "compiled" if self.compile else "eager"
-        return f"gristmill {mode}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}"
+        mode += f" {self.compile_mode}" if self.compile and self.compile_mode else ""
+        extra = "".join(
+            [
+                f", attention {self.attention}" if self.attention != "default" else "",
+                ", FLOAT8 (torchao)" if self.float8 else "",
+                f", {self.optim}" if self.optim != "adamw" else "",
+            ]
+        )
+        return f"gristmill {mode}, AC {self.ac}, mbs {self.micro_batch}, {chunk}{doc}{extra}"
+
+
+# Features that have no CPU kernels, and why (checked before any model is built).
+CUDA_ONLY = {
+    "attention cudnn": "cuDNN attention is a CUDA kernel",
+    "attention efficient": "memory-efficient SDPA is a CUDA kernel",
+    "attention fa3": "FlashAttention 3 is a Hopper CUDA kernel",
+    "float8": "float8 matmuls need a GPU with float8 tensor cores (sm89+)",
+    "optim adamw8bit": "bitsandbytes' 8-bit AdamW has no CPU kernels",
+}
+
+
+def needs_cuda(args) -> str | None:
+    """The first requested feature that needs CUDA, as one line, when running on CPU."""
+    if args.device != "cpu":
+        return None
+    asked = [
+        f"attention {args.attention}",
+        "float8" if args.float8 else "",
+        *(f"optim {o}" for o in args.optim),
+    ]
+    for feature in asked:
+        if feature in CUDA_ONLY:
+            return f"--{feature} needs CUDA ({CUDA_ONLY[feature]}); run it on a GPU"
+    return None
+
+
+def attention_backend(name: str):
+    """A factory of the SDPA-backend context for the timed steps (traced into the compiled blocks
+    at warm-up); fa3 first activates FlashAttention 3 as torch's flash backend (once)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name == "default":
+        return contextlib.nullcontext
+    if name == "fa3":
+        try:
+            from torch.nn.attention import activate_flash_attention_impl
+        except ImportError:
+            raise SystemExit(
+                f"--attention fa3: torch {torch.__version__} has no activate_flash_attention_impl"
+            ) from None
+        try:
+            activate_flash_attention_impl("FA3")
+        except Exception as e:  # noqa: BLE001 - the one line is the point
+            raise SystemExit(
+                f"--attention fa3 needs the FlashAttention 3 package (flash_attn_interface): {e}"
+            ) from None
+        name = "flash"
+    backend = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+    return functools.partial(sdpa_kernel, [backend])
+
+
+def to_float8(model: torch.nn.Module) -> None:
+    """torchao's float8 training linears for every block matmul (dims multiples of 16), not the LM head."""
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise SystemExit("--float8 needs torchao (pip install torchao)") from None
+
+    def keep(mod: torch.nn.Module, fqn: str) -> bool:
+        return (
+            isinstance(mod, torch.nn.Linear)
+            and fqn != "output"
+            and mod.in_features % 16 == 0
+            and mod.out_features % 16 == 0
+        )
+
+    convert_to_float8_training(model, module_filter_fn=keep)
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -148,17 +250,37 @@ def model_config(args, spec: Spec | None = None) -> ModelConfig:
     return cfg
 
 
+def zipf_batch(cfg: ModelConfig, mbs: int, seq: int, device, seed: int) -> dict:
+    """Tokens with a learnable distribution (Zipf over the vocabulary, s = 1.1), for comparing the
+    loss two optimizers reach on the same data: uniform random tokens leave nothing to learn."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    ranks = torch.arange(1, cfg.vocab_size, dtype=torch.float64)
+    tokens = torch.multinomial(ranks**-1.1, mbs * (seq + 1), replacement=True, generator=g) + 1
+    tokens = tokens.view(mbs, seq + 1)
+    return {"input_ids": tokens[:, :-1].to(device), "labels": tokens[:, 1:].to(device)}
+
+
 def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | None = None) -> dict:
     cfg = model_config(args, spec)
-    pcfg = ParallelConfig(activation_checkpoint=spec.ac, compile=spec.compile, param_dtype=args.dtype)
+    # A compile mode is applied below, on the same block forward that parallelize would compile.
+    compile_here = spec.compile and bool(spec.compile_mode)
+    pcfg = ParallelConfig(
+        activation_checkpoint=spec.ac, compile=spec.compile and not compile_here, param_dtype=args.dtype
+    )
     with torch.device("meta"):
         model = Transformer(cfg)
+    if spec.float8:  # before compile, as torchtitan does
+        to_float8(model)
     model = parallelize(model, None, pcfg)
+    if compile_here:
+        for block in model.layers.values():
+            block.forward = torch.compile(block.forward, fullgraph=True, mode=spec.compile_mode)
     model.to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():
         model.init_weights()
-    optim = OptimSection()  # the trainer's defaults: AdamW (0.9, 0.95), wd 0.1, fused on CUDA, clip 1.0
+    # The trainer's defaults: AdamW (0.9, 0.95), wd 0.1, fused on CUDA, clip 1.0 (or 8-bit AdamW).
+    optim = OptimSection(name=spec.optim)
     opt = build_optimizer(model, optim, device.type)
     sched = build_scheduler(opt, optim, ScheduleSection(warmup_steps=0, steps=10**6))
     amp = functools.partial(autocast_context, pcfg, None, device.type)
@@ -167,8 +289,11 @@ def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | No
         for i in range(args.accum)
     ]
 
-    def step():  # the trainer's own optimizer step: accumulate, clip, AdamW, schedule
-        return train_step(model, opt, sched, batches, grad_clip=optim.grad_clip, amp=amp)
+    attention = attention_backend(spec.attention)
+
+    def step(data=batches):  # the trainer's own optimizer step: accumulate, clip, AdamW, schedule
+        with attention():
+            return train_step(model, opt, sched, data, grad_clip=optim.grad_clip, amp=amp)
 
     r = measure(
         spec.label(),
@@ -177,9 +302,18 @@ def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | No
         cfg,
         spec.micro_batch * args.seq * args.accum,
         device,
-        {"params": num_params(model), "loss": None},
+        {"params": num_params(model), "loss": None, "float8": spec.float8},
     )
     r["loss"] = float(step()["loss"])
+    if args.loss_steps:  # the same Zipf batches for every configuration: comparable losses
+        losses = []
+        for i in range(args.loss_steps):
+            data = [
+                zipf_batch(cfg, spec.micro_batch, args.seq, device, i * args.accum + j)
+                for j in range(args.accum)
+            ]
+            losses.append(float(step(data)["loss"]))
+        r["loss_after"] = {"steps": args.loss_steps, "mean_of_last_10": sum(losses[-10:]) / len(losses[-10:])}
     if profile_dir is not None:
         r["profile"] = profile(step, device, profile_dir)
     return r
@@ -284,7 +418,7 @@ def guarded(fn, label: str, peak: float | None) -> dict:
         torch._dynamo.reset()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    if peak and "tflops" in r:
+    if peak and "tflops" in r and not r.get("float8"):  # float8 is never in the bf16 MFU figure
         r["mfu"] = r["tflops"] * 1e12 / peak
     print("  done:", json.dumps({k: v for k, v in r.items() if k != "profile"}), flush=True)
     return r
@@ -300,6 +434,15 @@ def table(results: list[dict]) -> None:
         mfu = f"{100 * r['mfu']:5.1f}%" if "mfu" in r else f"{'n/a':>6}"
         mem = f"{r['peak_mem_gib']:8.1f}" if "peak_mem_gib" in r else f"{'n/a':>8}"
         print(f"{r['config']:70} {r['tokens_per_s']:9.0f} {r['step_ms']:8.1f} {r['tflops']:8.1f} {mfu} {mem}")
+    trained = [r for r in results if "loss_after" in r]
+    if trained:
+        steps = trained[0]["loss_after"]["steps"]
+        print(f"\n{'configuration':70} {'tok/s':>9} {'peak GiB':>8} {'rsvd GiB':>8} {f'loss@{steps}':>10}")
+        for r in trained:
+            peak_gib = f"{r['peak_mem_gib']:8.1f}" if "peak_mem_gib" in r else f"{'n/a':>8}"
+            rsvd = f"{r['reserved_gib']:8.1f}" if "reserved_gib" in r else f"{'n/a':>8}"
+            loss = r["loss_after"]["mean_of_last_10"]
+            print(f"{r['config']:70} {r['tokens_per_s']:9.0f} {peak_gib} {rsvd} {loss:10.4f}")
 
 
 def sweep_specs(args, head: Spec) -> list[Spec]:
@@ -364,9 +507,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=None, help="untimed steps (default 3 GPU / 1 CPU)")
     ap.add_argument("--steps", type=int, default=None, help="steps per timed window (default 4 GPU / 2 CPU)")
     ap.add_argument("--repeats", type=int, default=3, help="timed windows (median reported)")
+    ap.add_argument(
+        "--attention",
+        default="default",
+        choices=("default", "cudnn", "flash", "efficient", "math", "fa3"),
+        help="SDPA backend of the gristmill rows (default: torch's choice)",
+    )
+    ap.add_argument(
+        "--compile-mode", default="", help="torch.compile mode of the blocks, e.g. max-autotune-no-cudagraphs"
+    )
+    ap.add_argument("--float8", action="store_true", help="torchao float8 linears (CUDA; reported apart)")
+    ap.add_argument(
+        "--optim",
+        nargs="+",
+        default=["adamw"],
+        choices=("adamw", "adamw8bit"),
+        help="optimizer(s) of the headline; several: one row each",
+    )
+    ap.add_argument(
+        "--loss-steps", type=int, default=0, help="then train N steps on Zipf tokens and report the loss"
+    )
     ap.add_argument("--profile", type=Path, help="profile the headline gristmill step; trace written here")
     ap.add_argument("--json", type=Path, help="also write all results here")
     args = ap.parse_args(argv)
+    refusal = needs_cuda(args)
+    if refusal is None and args.device == "cuda" and not torch.cuda.is_available():
+        refusal = "--device cuda needs CUDA (torch sees no GPU)"
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     device = torch.device(args.device)
     cpu = device.type == "cpu"
     args.dtype = args.dtype or ("float32" if cpu else "bfloat16")
@@ -381,7 +550,14 @@ def main(argv: list[str] | None = None) -> int:
         f"accum {args.accum}; " + (f"peak {peak / 1e12:.0f} TFLOP/s dense bf16" if peak else "MFU omitted")
     )
     head = Spec(
-        compile=not args.no_compile, ac=args.ac, micro_batch=args.micro_batch, loss_chunk=args.loss_chunk
+        compile=not args.no_compile,
+        ac=args.ac,
+        micro_batch=args.micro_batch,
+        loss_chunk=args.loss_chunk,
+        attention=args.attention,
+        compile_mode=args.compile_mode,
+        float8=args.float8,
+        optim=args.optim[0],
     )
 
     results: list[dict] = []
@@ -402,6 +578,9 @@ def main(argv: list[str] | None = None) -> int:
                 peer, peer_mbs = r, m
     ours = guarded(lambda: run_gristmill(args, head, device, args.profile), head.label(), peak)
     results.append(ours)
+    for name in args.optim[1:]:  # the same configuration with another optimizer, one row each
+        spec = replace(head, optim=name)
+        results.append(guarded(lambda s=spec: run_gristmill(args, s, device), spec.label(), peak))
     if peer is not None and "tflops" in peer and "tflops" in ours:
         same = ours
         if peer_mbs != head.micro_batch:  # also at the peer's micro-batch: identical shapes
