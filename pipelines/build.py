@@ -48,6 +48,8 @@ from pipelines.build_identity import (
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
 from pipelines.config import DataConfig, content_identity, dedup_settings, identity_sha256
+from pipelines.decontam import StagedIndex, decontam_filter, discard_staged, install_index, stage_index
+from pipelines.decontam import dataset_entry as decontam_entry
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import check_config as check_dedup_config
@@ -125,6 +127,7 @@ class Prepared:
     encoder: DocumentEncoder
     identity: dict[str, Any]
     sha: str
+    decontam: StagedIndex | None = None  # [decontaminate]'s index, installed inside the lock
 
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:
@@ -159,8 +162,11 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         )
 
     tok_bytes, encoder = resolve_tokenizer(cfg, source, log)
-    identity = content_identity(cfg, hashlib.sha256(tok_bytes).hexdigest(), source.identity())
-    return Prepared(cfg, out, source, tok_bytes, encoder, identity, identity_sha256(identity))
+    decontam = stage_index(cfg.decontaminate, log)  # last: it may read the tasks' data (lm-eval)
+    identity = content_identity(
+        cfg, hashlib.sha256(tok_bytes).hexdigest(), source.identity(), decontam and decontam.identity()
+    )
+    return Prepared(cfg, out, source, tok_bytes, encoder, identity, identity_sha256(identity), decontam)
 
 
 def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
@@ -271,6 +277,7 @@ def make_pipeline(p: Prepared) -> list:
         make_reader(cfg.source, p.source, progress),
         *make_filter_steps(p, record=True),
         *dedup_filter(cfg.dedup, p.out),
+        *decontam_filter(cfg.decontaminate, p.out),  # after dedup: fewer documents to look up
         TokenizeShard(
             p.out,
             p.out / TOKENIZER_JSON,
@@ -298,7 +305,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
     on the terminal too, not only under OUTPUT/logs/."""
     p = prepare(cfg, log)
-    with _locked(p.out):
+    with discard_staged(p.decontam), _locked(p.out):
         previous = check_output(p.out, p.sha, p.identity, log)
         info_path = p.out / DATASET_JSON
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
@@ -321,6 +328,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             write_build_json(p.out, p.sha, p.identity)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
+        install_index(p.decontam, p.out)
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
@@ -473,6 +481,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
                 "documents_read": kept + sum(excluded.values()),
                 "excluded_by_filter": excluded,
                 **({"dedup": dedup} if (dedup := dedup_settings(cfg.dedup)) else {}),
+                **({"decontaminate": dc} if (dc := decontam_entry(cfg.decontaminate, out)) else {}),
             },
             recorded=recorded_shards(out),
         )

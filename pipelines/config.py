@@ -89,6 +89,28 @@ class DedupConfig:
 
 
 @dataclass
+class DecontaminateConfig:
+    """Drop training documents that contain evaluation items: any word n-gram of the listed lm-eval
+    tasks' evaluation documents (normalised: lowercase, punctuation folded). Each drop is an
+    excluded/ row (filter "decontaminate") naming task, split, document and the matching words;
+    dataset.json records the index, and `gristmill eval` marks each task it scores. Off unless
+    `tasks` or `index` is set."""
+
+    tasks: list[str] = field(default_factory=list)
+    """lm-eval task, group or tag names (e.g. ["hellaswag", "arc_easy"]); the build indexes them with
+    `gristmill data decontam-index` before any task runs (needs the tasks' datasets: the hub, its
+    cache, or local YAML tasks in `include_path`). With `index` set: checked against its manifest."""
+    ngram: int = 13
+    """Words per n-gram (13, as GPT-3 and lm-eval's decontamination). Texts shorter than this
+    contribute nothing to the index."""
+    index: str = ""
+    """A directory written by `gristmill data decontam-index` to use instead of building one (for
+    build machines without the hub: build the index where there is network, copy it)."""
+    include_path: list[str] = field(default_factory=list)
+    """Directories of local lm-eval task YAML files (lm-eval's --include_path)."""
+
+
+@dataclass
 class TokenizerTrainConfig:
     vocab_size: int = 8192
     """Vocabulary size of the trained byte-level BPE (special tokens included)."""
@@ -211,18 +233,24 @@ class DataConfig:
     """Shard size and ordering."""
     dedup: DedupConfig = field(default_factory=DedupConfig)
     """Duplicate removal ("none", "exact" or "minhash"), run as extra stages before the build."""
+    decontaminate: DecontaminateConfig = field(default_factory=DecontaminateConfig)
+    """Drop documents that contain n-grams of evaluation tasks (off by default)."""
     build: BuildConfig = field(default_factory=BuildConfig)
     """How the work is run (executor, parallelism); does not change the output."""
 
 
 def content_identity(
-    cfg: DataConfig, tokenizer_sha256: str, input_files: list[dict[str, Any]]
+    cfg: DataConfig,
+    tokenizer_sha256: str,
+    input_files: list[dict[str, Any]],
+    decontaminate: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides the bytes of the dataset, and nothing that does not.
 
     Workers, executor, progress and output location may change between a run and its resume; the
     source, filters, dedup settings, tokenizer file, separator policy, shard settings, task count
-    and the input file list may not.
+    and the input file list may not; nor the decontamination index (`decontaminate`: its sha256,
+    n and tasks, read from the index by pipelines.decontam.StagedIndex.identity, not its path).
     """
     identity: dict[str, Any] = {
         "source": asdict(cfg.source),
@@ -238,6 +266,8 @@ def content_identity(
     }
     if (dedup := dedup_settings(cfg.dedup)) is not None:  # absent when off: old recipes keep their hash
         identity["dedup"] = dedup
+    if decontaminate is not None:  # likewise
+        identity["decontaminate"] = decontaminate
     return identity
 
 

@@ -146,7 +146,8 @@ def fingerprint(info: dict[str, Any]) -> str:
 
     Rebuilding any shard with different bytes changes it, so a resume against a rebuilt dataset
     is refused instead of silently reading other tokens. The loader index (training/contract/dataset_index.py)
-    is covered too, when the dataset has one.
+    is covered too, when the dataset has one, and so is the decontamination index (its sha256 and n)
+    when the build filtered against one.
     """
     ident: dict[str, Any] = {
         "format": info["format"],
@@ -157,6 +158,8 @@ def fingerprint(info: dict[str, Any]) -> str:
     }
     if "index" in info:
         ident["index"] = index_hashes(info["index"])
+    if "decontaminate" in info:  # the eval-task index its documents were filtered against
+        ident["decontaminate"] = {k: info["decontaminate"][k] for k in ("index_sha256", "ngram")}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 

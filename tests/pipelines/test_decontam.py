@@ -1,0 +1,385 @@
+"""Decontamination end to end: local lm-eval tasks (YAML + jsonl written here) → `gristmill data
+decontam-index` (real lm-eval task objects) → a real build with [decontaminate] (datatrove's
+LocalPipelineExecutor, 2 workers) over the fixture corpus with planted copies of task items →
+excluded/, dataset.json, the audit → `gristmill eval`'s marks on a tiny exported model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.build import BuildError, build, prepare
+from pipelines.cli import main
+from pipelines.config import DataConfig
+from pipelines.ngram_index import (
+    NgramIndex,
+    Words,
+    many_ngram_hashes,
+    normalize_words,
+    read_manifest,
+    text_ngram_hashes,
+)
+from pipelines.sources import FINEWEB_EDU_SCHEMA
+from tests.conftest import fixture_config_text, fixture_texts, write_fixture_corpus
+from training.contract.config_loader import load_config
+from training.contract.dataset_format import fingerprint, read_dataset_info
+from training.contract.errors import GristmillError
+
+pytest.importorskip("lm_eval")
+
+QUIET = dict(log=lambda *a: None)
+ROOT = Path(__file__).resolve().parents[2]
+
+CLOZE = [  # gm_cloze: no should_decontaminate, so the context and every choice are indexed
+    (
+        "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can of oil and "
+        "a cloth to polish the great brass lamp before the fishing boats returned.",
+        [
+            "He lit the lamp and watched the harbour until the last boat was safely tied up.",
+            "She sold the lamp.",
+            "The stairs collapsed.",
+            "Nobody came.",
+        ],
+    ),
+    (
+        "In the spring the village school moved its lessons outdoors, and the children measured the "
+        "height of the bean plants each morning and wrote the numbers in a shared notebook.",
+        [
+            "By June the tallest plant had passed the top of the fence and the notebook was full.",
+            "The beans were eaten.",
+            "It snowed.",
+            "The notebook was lost.",
+        ],
+    ),
+    (
+        "A retired engineer spent two winters restoring an old steam locomotive in a barn behind his "
+        "house, replacing every rivet of the boiler by hand with help from his neighbours.",
+        [
+            "The engine ran again.",
+            "The barn burned down.",
+            "When the boiler finally held pressure the whole street came out to hear the whistle blow twice.",
+            "He gave up.",
+        ],
+    ),
+    (
+        "The bakery on the corner opened at five in the morning so that the night shift workers from the "
+        "hospital could buy warm bread and coffee on their way home to sleep.",
+        [
+            "The owner retired.",
+            "Bread was free.",
+            "It closed at noon.",
+            "Over the years the nurses started leaving notes of thanks pinned to the board by the till.",
+        ],
+    ),
+]
+QA = [  # gm_qa: should_decontaminate with a template query: only the question is indexed
+    (
+        "Which layer of the atmosphere holds most of the ozone that absorbs ultraviolet light from the sun "
+        "before it reaches the surface of the earth?",
+        [
+            "The stratosphere, between roughly fifteen and thirty five kilometres above the ground on "
+            "most days of the year.",
+            "The troposphere.",
+            "The mesosphere.",
+            "The exosphere.",
+        ],
+        0,
+    ),
+    (
+        "Why do deciduous trees in temperate forests drop their leaves in autumn when the days become "
+        "shorter and the nights grow colder?",
+        [
+            "To save water and energy through the winter.",
+            "To grow taller.",
+            "Because birds eat them.",
+            "To attract insects.",
+        ],
+        0,
+    ),
+    (
+        "What simple machine is formed when a plank rests on a log so that a small push on one end lifts a "
+        "heavy rock sitting on the other end?",
+        ["A pulley.", "A lever.", "A screw.", "A wedge."],
+        1,
+    ),
+]
+
+
+def write_tasks(folder: Path, cloze_version: float = 1.0) -> Path:
+    """Two local lm-eval tasks in `folder`: gm_cloze (context + choices indexed) and gm_qa
+    (doc_to_decontamination_query, a template: lm-eval 0.4.13's own method raises on it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {
+        "gm_cloze": [{"context": c, "choices": ch, "label": 0} for c, ch in CLOZE],
+        "gm_qa": [{"question": q, "choices": ch, "label": lab} for q, ch, lab in QA],
+    }
+    for name, items in rows.items():
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
+    common = 'dataset_path: json\ntest_split: test\noutput_type: multiple_choice\ntarget_delimiter: " "\n'
+    (folder / "gm_cloze.yaml").write_text(
+        f"task: gm_cloze\n{common}dataset_kwargs:\n  data_files:\n    test: {folder / 'gm_cloze.jsonl'}\n"
+        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        f"metadata:\n  version: {cloze_version}\n"
+    )
+    (folder / "gm_qa.yaml").write_text(
+        f"task: gm_qa\n{common}dataset_kwargs:\n  data_files:\n    test: {folder / 'gm_qa.jsonl'}\n"
+        'doc_to_text: "Question: {{question}}\\nAnswer:"\ndoc_to_choice: "{{choices}}"\n'
+        'doc_to_target: "{{label}}"\nshould_decontaminate: true\n'
+        'doc_to_decontamination_query: "Question: {{question}}\\nAnswer:"\nmetadata:\n  version: 1.0\n'
+    )
+    return folder
+
+
+def _page(i: int, inserted: str) -> str:
+    """A fixture page (Python docs prose) with `inserted` in its middle."""
+    text = fixture_texts(40)[i]
+    cut = text.index(" ", len(text) // 2)
+    return f"{text[:cut]} {inserted} {text[cut:]}"
+
+
+def planted_rows() -> tuple[list[dict], dict[str, tuple[str, int] | None]]:
+    """Rows of the planted file and, per id, the (task, document) that must exclude it (None: kept)."""
+    qa2 = QA[2][0].upper().replace(" ", " — ", 3)  # case and punctuation differ: normalised away
+    cloze0 = CLOZE[0][0].split()
+    plants = {
+        "plant-whole": (f"{CLOZE[1][0]} {CLOZE[1][1][0]}", ("gm_cloze", 1)),
+        "plant-embedded-question": (_page(3, qa2), ("gm_qa", 2)),
+        "plant-embedded-choice": (_page(5, CLOZE[2][1][2]), ("gm_cloze", 2)),
+        "near-miss-12-words": (_page(7, " ".join(QA[0][0].split()[:12]) + " and something else"), None),
+        "near-miss-split": (_page(9, " ".join(cloze0[:7]) + " (see above) " + " ".join(cloze0[7:14])), None),
+        "qa-answer-only": (_page(11, QA[0][1][0]), None),  # gm_qa indexes its question only
+    }
+    rows = []
+    for i, (rid, (text, _)) in enumerate(plants.items()):
+        rows.append(
+            {"text": text, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10",
+             "score": 3.5, "int_score": 3, "language": "en", "language_score": 0.9, "token_count": i}
+        )  # fmt: skip
+    return rows, {rid: want for rid, (_, want) in plants.items()}
+
+
+@pytest.fixture(scope="module")
+def decontam(build_fixture, tmp_path_factory):
+    """The fixture corpus plus the planted file, built with [decontaminate] of both tasks."""
+    _, tokenizer, _ = build_fixture
+    root = tmp_path_factory.mktemp("decontam")
+    corpus = write_fixture_corpus(root / "corpus")
+    rows, expected = planted_rows()
+    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-02.parquet")
+    tasks = write_tasks(root / "tasks")
+    config = root / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, root / "dataset")
+        + f'\n[decontaminate]\ntasks = ["gm_cloze", "gm_qa"]\nngram = 13\ninclude_path = ["{tasks}"]\n'
+    )
+    cfg = load_config(DataConfig, config)
+    result = build(cfg, **QUIET)
+    assert result.ok, result.report
+    return root, Path(cfg.output), tasks, config, expected
+
+
+def excluded_rows(out: Path) -> list[dict]:
+    return pa.concat_tables(
+        [pq.read_table(p) for p in sorted((out / "excluded").glob("*.parquet"))]
+    ).to_pylist()
+
+
+def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(decontam, capsys):
+    _, out, _, _, expected = decontam
+    dropped = {r["id"]: r for r in excluded_rows(out) if r["filter"] == "decontaminate"}
+    want = {rid: w for rid, w in expected.items() if w is not None}
+    assert set(dropped) == set(want), dropped.keys()
+    for rid, (task, doc) in want.items():
+        assert dropped[rid]["reason"].startswith(f'13-gram of {task} test doc {doc}: "'), dropped[rid]
+    # the matching words, normalised, are those of the task's text
+    reason = dropped["plant-embedded-question"]["reason"]
+    quoted = reason.split('"')[1]
+    assert " ".join(normalize_words(QA[2][0])).find(quoted) >= 0 and len(quoted.split()) == 13
+    kept_ids = {
+        r["id"] for p in sorted((out / "manifest").glob("*.parquet")) for r in pq.read_table(p).to_pylist()
+    }
+    assert {rid for rid, w in expected.items() if w is None} <= kept_ids  # shorter than 13: not a match
+
+    info = read_dataset_info(out)
+    entry = info["decontaminate"]
+    assert info["excluded_by_filter"]["decontaminate"] == 3
+    assert entry["ngram"] == 13 and entry["requested"] == ["gm_cloze", "gm_qa"]
+    assert entry["index_sha256"] == read_manifest(out / "decontam", verify=True)["sha256"]
+    assert {t["name"]: (t["split"], t["documents"], t["removed"]) for t in entry["tasks"]} == {
+        "gm_cloze": ("test", 4, 2),
+        "gm_qa": ("test", 3, 1),
+    }
+    assert fingerprint(info) != fingerprint({k: v for k, v in info.items() if k != "decontaminate"})
+
+    assert main(["data", "audit", str(out), "--report", "drops"]) == 0
+    report = capsys.readouterr().out
+    assert "decontaminate" in report and "N-gram of gm_qa test doc N" in report, report
+
+
+def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(decontam, tmp_path, capsys):
+    _, out, tasks, _, _ = decontam
+    index = tmp_path / "index"
+    argv = ["data", "decontam-index", "--tasks", "gm_qa,gm_cloze", "--include-path", str(tasks)]
+    assert main([*argv, "--out", str(index)]) == 0
+    assert "gm_cloze  test" in capsys.readouterr().out
+    manifest = read_manifest(index, verify=True)
+    assert manifest["sha256"] == read_manifest(out / "decontam")["sha256"]  # task order does not matter
+    # gm_qa indexes its question only (its own doc_to_decontamination_query), gm_cloze every text
+    qa = next(t for t in manifest["tasks"] if t["name"] == "gm_qa")
+    assert qa["ngrams"] == sum(len(normalize_words(f"Question: {q}\nAnswer:")) - 12 for q, _, _ in QA)
+
+    idx = NgramIndex(index)
+    question = QA[1][0]
+    assert idx.first_match(f"Intro. {question.upper()} Outro.").doc == 1
+    words = question.split()
+    assert idx.first_match(" ".join(words[:12])) is None
+    assert idx.first_match(" ".join(words[1:14])) is not None
+    # the vectorised split equals the regex definition on Unicode text, and so do the hashes
+    text = "Ünïcode — “quoted” text_with_underscores, ß İstanbul 42nd 日本語 über-cool x"
+    w = Words.of(text)
+    got = [w.chars[a:b].tobytes().decode("utf-32-le") for a, b in zip(w.starts, w.ends)]
+    assert got == normalize_words(text)
+    assert np.array_equal(text_ngram_hashes(text, 3), text_ngram_hashes(" ".join(normalize_words(text)), 3))
+    texts = [text, "two words", "İİ lower() lengthens this one", "", QA[0][0]]  # no n-gram spans two texts
+    hashes, owner = many_ngram_hashes(texts, 3)
+    assert np.array_equal(hashes, np.concatenate([text_ngram_hashes(t, 3) for t in texts]))
+    assert owner.tolist() == [i for i, t in enumerate(texts) for _ in range(len(text_ngram_hashes(t, 3)))]
+
+
+def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
+    """A missing, cut-off or mismatched index is one line before any task runs; a rerun into the
+    dataset with another index (here an 8-gram one, prebuilt with `index = DIR`) is refused, naming it."""
+    root, out, tasks, config, _ = decontam
+    with_index = lambda index, *more: load_config(DataConfig, config, [f"decontaminate.index={index}", *more])  # noqa: E731
+    with pytest.raises(GristmillError, match="does not exist; build one with `gristmill data decontam-index"):
+        prepare(with_index(tmp_path / "none"), **QUIET)
+    index = tmp_path / "index"
+    shutil.copytree(out / "decontam", index)
+    with pytest.raises(
+        BuildError, match=r"holds 13-grams; set ngram = 13 or rebuild the index with --ngram 8"
+    ):
+        prepare(with_index(index, "decontaminate.ngram=8"), **QUIET)
+    with pytest.raises(BuildError, match=r"was built for \['gm_cloze', 'gm_qa'\]"):
+        prepare(with_index(index, 'decontaminate.tasks=["gm_qa"]'), **QUIET)
+    (index / "ngrams.npy").write_bytes((index / "ngrams.npy").read_bytes()[:-8])
+    with pytest.raises(GristmillError, match=r"do not match the sha256 in manifest.json"):
+        prepare(with_index(index), **QUIET)
+    (index / "manifest.json").write_text('{"format": "gristmill-decontam/1", "ngram": 13')
+    with pytest.raises(
+        GristmillError, match=r"manifest.json is not a valid index manifest \(cut off or edited\)"
+    ):
+        prepare(with_index(index), **QUIET)
+
+    eight = tmp_path / "eight"
+    argv = [
+        "data",
+        "decontam-index",
+        "--tasks",
+        "gm_cloze,gm_qa",
+        "--include-path",
+        str(tasks),
+        "--ngram",
+        "8",
+    ]
+    assert main([*argv, "--out", str(eight)]) == 0
+    with pytest.raises(
+        BuildError,
+        match=r"changed: decontaminate\.index_sha256: '\w+' → '\w+'; decontaminate\.ngram: 13 → 8\)",
+    ):
+        build(with_index(eight, "decontaminate.ngram=8"), **QUIET)
+
+
+def test_build_workers_filter_without_lm_eval(decontam, tmp_path):
+    """The filter step, as a worker runs it: a fresh interpreter where lm_eval, torch and validation/
+    cannot be imported opens OUTPUT/decontam/ and drops a planted page."""
+    _, out, _, _, _ = decontam
+    script = f"""
+import sys
+for name in ("lm_eval", "torch", "validation", "transformers"):
+    sys.modules[name] = None  # importing it raises ImportError
+from datatrove.data import Document
+from pipelines.decontam import DecontaminationFilter
+step = DecontaminationFilter({str(out / "decontam")!r})
+docs = [Document(text={CLOZE[3][0]!r}, id="a"), Document(text="An unrelated page.", id="b")]
+print([d.id for d in step.run(iter(docs))])
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "['b']", proc.stderr
+
+
+def test_eval_marks_each_task(decontam, tmp_path, capsys):
+    """`gristmill eval` on a tiny exported model: the table, results.json and eval.parquet say
+    gm_cloze was decontaminated (with the documents removed), demo_ppl not checked."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from training.config import TrainConfig
+    from training.contract.config_loader import save_config
+    from training.contract.run_layout import export_dir
+    from training.hf_export import export_hf
+    from training.model import PRESETS, Transformer
+    from validation.eval_results import read_results
+
+    _, out, tasks, _, _ = decontam
+    run = tmp_path / "run"
+    overrides = [f"data.dataset={out}", f"run.output_dir={run}", "data.val_fraction=0.1", "data.seq_len=256"]
+    run.mkdir()
+    save_config(load_config(TrainConfig, None, overrides), run / "config.toml")
+    torch.manual_seed(0)
+    model = Transformer(
+        PRESETS["tiny"].replace(vocab_size=read_dataset_info(out)["vocab_size"], tie_embeddings=True)
+    )
+    with torch.no_grad():
+        model.init_weights()
+    export_hf(model.state_dict(), model.cfg, out, export_dir(run, 5), meta={"step": 5})
+
+    args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
+    assert main(["eval", str(run), "--tasks", "gm_cloze,demo_ppl", *args]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   5 ")]
+    marks = {
+        line.split()[1]: line.split("  ")[-1].strip()
+        for line in table
+        if line.rstrip().endswith(("removed)", "checked"))
+    }
+    assert marks == {
+        "gm_cloze": "decontaminated (2 docs removed)",
+        "demo_ppl": "not checked",
+    }, table
+    recorded = read_results(run)[5]["gristmill_tasks"]
+    assert recorded["gm_cloze"]["decontamination"]["datasets"] == [
+        {"source": "data", "dataset": str(out), "task": "gm_cloze", "status": "checked", "removed": 2,
+         "index_version": 1.0, "evaluated_version": 1.0}
+    ]  # fmt: skip
+    view = pq.read_table(run / "eval.parquet").to_pylist()
+    assert {(r["task"], r["decontamination"]) for r in view} == {(t, m) for t, m in marks.items()}
+
+
+def test_marks_for_versions_mixtures_and_groups():
+    from validation.eval_results import decontamination_marks
+
+    def check(source, tasks):
+        entry = {"tasks": [{"name": n, "version": v, "removed": r} for n, v, r in tasks]} if tasks else None
+        return {"source": source, "dataset": f"/data/{source}", "decontaminate": entry}
+
+    results = {
+        "results": {"a": {}, "b": {}, "c": {}, "grp": {}},
+        "versions": {"a": 1.0, "b": 2, "c": 1.0, "grp": 0},
+        "group_subtasks": {"grp": ["a", "c"]},
+    }
+    one = decontamination_marks(results, [check("prose", [("a", 1, 4), ("b", 1.0, 0), ("c", 1.0, 1)])])
+    assert {t: m["mark"] for t, m in one.items()} == {
+        "a": "decontaminated (4 docs removed)",  # 1 and 1.0 are one version
+        "b": "checked against another version",
+        "c": "decontaminated (1 doc removed)",
+        "grp": "decontaminated (5 docs removed)",
+    }
+    two = decontamination_marks(results, [check("prose", [("a", 1.0, 4)]), check("code", None)])
+    assert two["a"]["mark"] == "partly checked (1 of 2 datasets)" and two["b"]["mark"] == "not checked"
+    assert two["grp"]["mark"] == "partly checked (1 of 4 task-dataset pairs)"
