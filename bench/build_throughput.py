@@ -16,6 +16,11 @@
    hashes): the same build plus datatrove's MinHash stages (signatures, buckets, clusters) and the
    dedup filter, same task and worker; reported as docs/s and tokens/s relative to the plain build
    of the same round.
+6. Build with `[decontaminate]` against a 5-task 13-gram index (`index = DIR`, built once before the
+   rounds and not timed: the hub is out of reach here, so the tasks are 5 local lm-eval YAML tasks
+   the size of hellaswag's validation split, 10,000 documents of a 40-word context and four 20-word
+   endings, words drawn with the demo corpus's word frequencies); reported like the dedup row, with
+   the decontaminate step's own share of the build's wall time.
 Prints both rates and their ratio (target ≥ 0.9); best of --repeats runs each.
 """
 
@@ -146,7 +151,7 @@ def measure(mode: str, work: Path, i: int) -> dict:
         tokens = raw_encode(tokenizer, fresh, DataConfig().shards.encode_batch_chars)
         return {"tokens": tokens, "wall": time.perf_counter() - w0, "cpu": cpu_seconds() - c0}
     c0, w0 = cpu_seconds(), time.perf_counter()
-    info = run_build(work, corpus, tokenizer, i, DEDUP.get(mode, ()))
+    info = run_build(work, corpus, tokenizer, i, overrides(mode, work))
     wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
     # datatrove's timer around DocumentEncoder.encode_batch: the tokenizer's share of this run.
     stats = json.loads((work / f"ds{i}" / "logs" / "stats.json").read_text())
@@ -160,6 +165,10 @@ def measure(mode: str, work: Path, i: int) -> dict:
         "wall": wall,
         "cpu": cpu,
         "encode_s": encode_s,
+        "decontaminated": info["excluded_by_filter"].get("decontaminate", 0),
+        "decontam_s": sum(
+            st["time_stats"]["total"] for st in stats if st["name"].endswith(": decontaminate")
+        ),
     }
 
 
@@ -167,23 +176,97 @@ def measure(mode: str, work: Path, i: int) -> dict:
 DEDUP = {"minhash": ("dedup.kind=minhash",)}
 
 
+def per_round(plain: list[dict], runs: list[dict], key: str, per: str) -> str:
+    """`key` (docs, tokens) per `per` (wall, cpu) second of `runs` relative to the plain build's,
+    round by round, and their median."""
+    rel = [(r[key] / r[per]) / (b[key] / b[per]) for b, r in zip(plain, runs)]
+    return f"{[round(x, 3) for x in rel]} (median {statistics.median(rel):.3f})"
+
+
 def print_dedup_row(mode: str, plain: list[dict], dedup: list[dict]) -> None:
     """docs/s and tokens/s of the `mode` builds, and per round relative to the plain build (per
     wall second, and per CPU second: steadier on a shared machine)."""
-
-    def per_round(key: str, per: str) -> str:
-        rel = [(d[key] / d[per]) / (b[key] / b[per]) for b, d in zip(plain, dedup)]
-        return f"{[round(x, 3) for x in rel]} (median {statistics.median(rel):.3f})"
-
     best = max(dedup, key=lambda r: r["docs"] / r["wall"])
     print(
         f"build with dedup = {mode!r} (best): {best['docs'] / best['wall']:,.0f} docs/s, "
         f"{best['tokens'] / best['wall'] / 1e6:.3f} M tok/s (kept tokens; {best['dropped']} of "
         f"{best['docs']:,} documents dropped as duplicates)"
     )
-    print(f"  relative to the plain build, per round: docs/s {per_round('docs', 'wall')}")
-    print(f"  {'':38}tok/s {per_round('tokens', 'wall')}")
-    print(f"  {'':32}docs per CPU-s {per_round('docs', 'cpu')}")
+    print(f"  relative to the plain build, per round: docs/s {per_round(plain, dedup, 'docs', 'wall')}")
+    print(f"  {'':38}tok/s {per_round(plain, dedup, 'tokens', 'wall')}")
+    print(f"  {'':32}docs per CPU-s {per_round(plain, dedup, 'docs', 'cpu')}")
+
+
+# Decontamination: the build with [decontaminate] index = work/DECONTAM_INDEX (see 6. above).
+DECONTAM = "decontam"
+DECONTAM_INDEX = "decontam-index"
+
+
+def overrides(mode: str, work: Path) -> tuple[str, ...]:
+    """The recipe overrides of a measured build mode ("build": none)."""
+    return (f"decontaminate.index={work / DECONTAM_INDEX}",) if mode == DECONTAM else DEDUP.get(mode, ())
+
+
+def make_decontam_index(work: Path, texts: list[str], tasks: int = 5, docs: int = 10_000) -> str:
+    """Write the 5 synthetic tasks and index them with `gristmill data decontam-index`; one line
+    saying what the index holds and how long it took."""
+    from collections import Counter
+
+    from pipelines.cli import main as gristmill
+    from pipelines.ngram_index import normalize_words, read_manifest
+
+    counts = Counter(w for t in texts for w in normalize_words(t))
+    words = list(counts)
+    p = np.array([counts[w] for w in words], float)
+    rng = np.random.default_rng(1)
+    folder, names = work / "decontam-tasks", [f"bench_decontam_{k}" for k in range(tasks)]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        drawn = rng.choice(len(words), size=(docs, 120), p=p / p.sum())
+        lines = []
+        for row in drawn:
+            w = [words[k] for k in row]
+            endings = [" ".join(w[40 + 20 * j : 60 + 20 * j]) for j in range(4)]
+            lines.append(json.dumps({"ctx": " ".join(w[:40]), "endings": endings, "label": 0}) + "\n")
+        (folder / f"{name}.jsonl").write_text("".join(lines))
+        (folder / f"{name}.yaml").write_text(
+            f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+            f"    test: {folder / name}.jsonl\n"
+            'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{ctx}}"\n'
+            'doc_to_choice: "{{endings}}"\ndoc_to_target: "{{label}}"\nmetadata:\n  version: 1.0\n'
+        )
+    index = work / DECONTAM_INDEX
+    shutil.rmtree(index, ignore_errors=True)
+    argv = ["data", "decontam-index", "--tasks", ",".join(names), "--include-path", str(folder)]
+    t0 = time.perf_counter()
+    assert gristmill([*argv, "--out", str(index)]) == 0
+    seconds = time.perf_counter() - t0
+    m = read_manifest(index)
+    size = sum((index / f).stat().st_size for f in ("ngrams.npy", "refs.npy")) / 1e6
+    return (
+        f"{tasks} tasks × {docs:,} documents, {m['ngrams']:,} distinct 13-grams ({size:.0f} MB), "
+        f"indexed in {seconds:.0f} s"
+    )
+
+
+def print_decontam_row(index_line: str, plain: list[dict], runs: list[dict]) -> None:
+    """docs/s and tokens/s of the decontaminating builds, per round relative to the plain build,
+    and the decontaminate step's share of each build's own wall time (datatrove's timer)."""
+    share = [r["decontam_s"] / r["wall"] for r in runs]
+    best = max(runs, key=lambda r: r["tokens"] / r["wall"])
+    print(f"decontamination index: {index_line}")
+    print(
+        f"build with [decontaminate] (best): {best['docs'] / best['wall']:,.0f} docs/s, "
+        f"{best['tokens'] / best['wall'] / 1e6:.3f} M tok/s ({best['decontaminated']} of {best['docs']:,} "
+        "documents dropped)"
+    )
+    print(f"  relative to the plain build, per round: docs/s {per_round(plain, runs, 'docs', 'wall')}")
+    print(f"  {'':38}tok/s {per_round(plain, runs, 'tokens', 'wall')}")
+    print(f"  {'':32}docs per CPU-s {per_round(plain, runs, 'docs', 'cpu')}")
+    print(
+        f"  the decontaminate step's share of each build's wall time: {[round(x, 3) for x in share]} "
+        f"(median {statistics.median(share):.3f})"
+    )
 
 
 def main() -> None:
@@ -191,7 +274,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=24.0, help="corpus size in MB of text (default 24)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--work", default=None, help="work directory (default: a temporary one)")
-    ap.add_argument("--measure", choices=["raw", "build", *DEDUP], help=argparse.SUPPRESS)  # internal
+    modes = ["raw", "build", *DEDUP, DECONTAM]
+    ap.add_argument("--measure", choices=modes, help=argparse.SUPPRESS)  # internal
     ap.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -214,10 +298,11 @@ def main() -> None:
         for t in pq.read_table(f, columns=["text"])["text"].to_pylist()
     ]
     train_bpe([t for t in texts if t], 8192, ["<|endoftext|>"]).save(str(work / "tokenizer.json"))
+    index_line = make_decontam_index(work, texts)
 
     # Every measurement runs in a fresh interpreter (a long-lived process slows down run after
     # run), raw and build alternate and swap order each round so both see the same machine load.
-    runs: dict[str, list[dict]] = {"raw": [], "build": [], **{m: [] for m in DEDUP}}
+    runs: dict[str, list[dict]] = {"raw": [], "build": [], **{m: [] for m in DEDUP}, DECONTAM: []}
     for i in range(args.repeats):
         for mode in list(runs) if i % 2 == 0 else list(runs)[::-1]:
             cmd = [sys.executable, __file__, "--measure", mode, "--work", str(work), "--index", str(i)]
@@ -255,6 +340,7 @@ def main() -> None:
     print(f"                          build {[(round(a), round(b)) for a, b in rate['build']]}")
     for mode in DEDUP:
         print_dedup_row(mode, runs["build"], runs[mode])
+    print_decontam_row(index_line, runs["build"], runs[DECONTAM])
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 
