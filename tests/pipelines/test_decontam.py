@@ -113,7 +113,7 @@ QA = [  # gm_qa: should_decontaminate with a template query: only the question i
 ]
 
 
-def write_tasks(folder: Path, cloze_version: float = 1.0) -> Path:
+def write_tasks(folder: Path) -> Path:
     """Two local lm-eval tasks in `folder`: gm_cloze (context + choices indexed) and gm_qa
     (doc_to_decontamination_query, a template: lm-eval 0.4.13's own method raises on it)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -127,7 +127,7 @@ def write_tasks(folder: Path, cloze_version: float = 1.0) -> Path:
     (folder / "gm_cloze.yaml").write_text(
         f"task: gm_cloze\n{common}dataset_kwargs:\n  data_files:\n    test: {folder / 'gm_cloze.jsonl'}\n"
         'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
-        f"metadata:\n  version: {cloze_version}\n"
+        "metadata:\n  version: 1.0\n"
     )
     (folder / "gm_qa.yaml").write_text(
         f"task: gm_qa\n{common}dataset_kwargs:\n  data_files:\n    test: {folder / 'gm_qa.jsonl'}\n"
