@@ -267,7 +267,12 @@ def make_filter_steps(p: Prepared, record: bool) -> list:
     drops in excluded/ (`record`); dedup's first pass runs the same steps without recording, so
     both passes see the same documents in the same order (dedup names a document by its position
     among those that passed; DedupFilter checks it)."""
-    return make_filters(p.cfg.filters, p.out if record else None)
+    # Decontamination is one of them: a contaminated page must not be the copy dedup keeps (its clean
+    # near-copies would go as its duplicates, then it as contaminated).
+    return [
+        *make_filters(p.cfg.filters, p.out if record else None),
+        *decontam_filter(p.cfg.decontaminate, p.out, record),
+    ]
 
 
 def make_pipeline(p: Prepared) -> list:
@@ -277,7 +282,6 @@ def make_pipeline(p: Prepared) -> list:
         make_reader(cfg.source, p.source, progress),
         *make_filter_steps(p, record=True),
         *dedup_filter(cfg.dedup, p.out),
-        *decontam_filter(cfg.decontaminate, p.out),  # after dedup: fewer documents to look up
         TokenizeShard(
             p.out,
             p.out / TOKENIZER_JSON,

@@ -80,11 +80,12 @@ def enabled(cfg: DecontaminateConfig) -> bool:
     return bool(cfg.tasks or cfg.index)
 
 
-def decontam_filter(cfg: DecontaminateConfig, out: Path) -> list[BaseFilter]:
-    """The filter step reading OUTPUT/decontam/ ([] without [decontaminate])."""
+def decontam_filter(cfg: DecontaminateConfig, out: Path, record: bool = True) -> list[BaseFilter]:
+    """The filter step reading OUTPUT/decontam/ ([] without [decontaminate]); `record`: its drops
+    go to OUTPUT/excluded/ (dedup's first pass runs it without)."""
     if not enabled(cfg):
         return []
-    return [DecontaminationFilter(out / INDEX_DIR, ExcludedWriter(out, FILTER_NAME))]
+    return [DecontaminationFilter(out / INDEX_DIR, ExcludedWriter(out, FILTER_NAME) if record else None)]
 
 
 @dataclass(frozen=True)
