@@ -42,10 +42,13 @@ FROM funnel f LEFT JOIN read r USING (dataset_name)
 ORDER BY f.dataset_name, f.ord, f.step
 """,
     # Dropped documents by filter and reason; numbers in the reason are folded to N so
-    # "int_score 2 < 3" and "int_score 1 < 3" count together (`example` keeps one as written).
+    # "int_score 2 < 3" and "int_score 1 < 3" count together, and so are what names one document
+    # (dedup's kept id, decontamination's quoted words) (`example` keeps one as written).
     "drops": """
 WITH by_reason AS (SELECT dataset_name, filter, reason, count(*) AS n FROM excluded GROUP BY ALL)
-SELECT dataset_name, filter, regexp_replace(reason, '\\d+(\\.\\d+)?', 'N', 'g') AS reason,
+SELECT dataset_name, filter,
+       regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
+                                     ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS reason,
        sum(n)::BIGINT AS documents,
        round(100.0 * sum(n) / sum(sum(n)) OVER (PARTITION BY dataset_name), 2) AS pct_of_dropped,
        arg_max(reason, n) AS example

@@ -410,3 +410,28 @@ def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
     sql = f"SELECT '{LONG_URL}' AS url, count(*) AS documents FROM docs"
     assert main(["data", "audit", str(built_dataset), "--sql", sql]) == 0
     assert LONG_URL in capsys.readouterr().out
+
+
+def test_drops_report_groups_dedup_and_decontamination_reasons():
+    """One row per kind of drop, not one per document: the kept id of a duplicate and the quoted
+    words of a decontamination match are folded like the numbers."""
+    import duckdb
+
+    from validation.audit_reports import PRESETS
+
+    con = duckdb.connect()
+    rows = [
+        ("d", "dedup", "exact duplicate of <urn:uuid:1>"),
+        ("d", "dedup", "minhash duplicate of doc-7"),
+        ("d", "dedup", "exact duplicate of <urn:uuid:2>"),
+        ("d", "decontaminate", '13-gram of qa test doc 8: "the man is" (+4 more indexed 13-grams)'),
+        ("d", "decontaminate", '13-gram of qa test doc 12: "a b c"'),
+    ]
+    con.execute("CREATE TABLE excluded (dataset_name VARCHAR, filter VARCHAR, reason VARCHAR)")
+    con.executemany("INSERT INTO excluded VALUES (?, ?, ?)", rows)
+    got = {(f, r): n for _, f, r, n, *_ in con.execute(PRESETS["drops"]).fetchall()}
+    assert got == {
+        ("dedup", "exact duplicate of <id>"): 2,
+        ("dedup", "minhash duplicate of <id>"): 1,
+        ("decontaminate", 'N-gram of qa test doc N: "…"'): 2,
+    }
