@@ -292,7 +292,7 @@ def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_p
         ckpt.save(step, 0)
         timings.append(ckpt.take_timings())
     ckpt.close()
-    assert timings[0]["checkpoint_wait_s"] == 0 and timings[1]["checkpoint_wait_s"] > 0
+    assert timings[0]["checkpoint_wait_s"] < 0.1 and timings[1]["checkpoint_wait_s"] > 0
     assert all(t["checkpoint_stage_s"] > 0 for t in timings) and ckpt.take_timings() == {}
     notes = [line for line in lines if line.startswith("note:")]
     assert len(notes) == 1 and "but the interval is 5 steps" in notes[0], lines
