@@ -472,6 +472,7 @@ class Checkpointer:
                     host_state = self.staging.stage(state)
                     self.last_stage_s = time.perf_counter() - t0
                     self._count("checkpoint_stage_s", self.last_stage_s)
+                    write_start = time.perf_counter()
                     # (no no_dist here: async_save infers it, and older torch lacks the argument)
                     fut = dcp.async_save(
                         host_state,
@@ -481,7 +482,7 @@ class Checkpointer:
                         async_stager=PreStaged(),
                     )
                     fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                    pending = _Pending(step, tokens, fut, t0, time.perf_counter())
+                    pending = _Pending(step, tokens, fut, t0, write_start)
                     pending.future = self._then_record(fut, path, pending)
                     self.pending = pending
                     return True

@@ -13,8 +13,9 @@ for the 1.24B model's 15 GB on an H100) or, reused and pinned, failed on torch 2
 - everything else (loader position, counters, schedule, Python/numpy RNG numbers) is deep-copied;
 - on CUDA the copies run on a side stream and an event marks their end. The training stream waits
   for that event just before the next optimizer step (the first thing that changes the state), so
-  the copy overlaps the next forward and backward; the writer thread waits for it on the host
-  before DCP reads a byte. Nobody waits for the write itself except the next save.
+  the copy overlaps the next forward and backward (which only read the weights); the writer
+  thread waits for it on the host before DCP reads a byte. Nobody waits for the write itself
+  except the next save. Without an optimizer to hook, `stage` waits for the copy itself.
 
 `dcp.async_save` gets the staged dict with a stager that passes it through (`PreStaged`) and a
 FileSystemWriter that waits for the copy (`writer`).
