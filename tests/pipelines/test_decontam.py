@@ -383,3 +383,31 @@ def test_marks_for_versions_mixtures_and_groups():
     two = decontamination_marks(results, [check("prose", [("a", 1.0, 4)]), check("code", None)])
     assert two["a"]["mark"] == "partly checked (1 of 2 datasets)" and two["b"]["mark"] == "not checked"
     assert two["grp"]["mark"] == "partly checked (1 of 4 task-dataset pairs)"
+
+
+def test_a_contaminated_page_is_never_the_copy_dedup_keeps(decontam, build_fixture, tmp_path):
+    """Decontamination runs with the filters, before dedup: a page with a planted task question is
+    dropped as contaminated, and its clean near-copy later in the input stays (with dedup first,
+    the contaminated page would be the kept copy and the clean one would go as its duplicate)."""
+    _, out, _, _, _ = decontam
+    _, tokenizer, _ = build_fixture
+    page = fixture_texts(40)[9]
+    texts = {"contaminated": _page(9, QA[2][0]), "clean-near-copy": page}
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [
+        {"text": t, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10", "score": 3.5,
+         "int_score": 3, "language": "en", "language_score": 0.9, "token_count": 0}
+        for rid, t in texts.items()
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-00.parquet")
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "dataset")
+        + f'\n[decontaminate]\nindex = "{out / "decontam"}"\n\n[dedup]\nkind = "minhash"\n'
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1"])
+    result = build(cfg, **QUIET)
+    assert result.ok, result.report
+    dropped = {r["id"]: r["filter"] for r in excluded_rows(Path(cfg.output))}
+    assert dropped == {"contaminated": "decontaminate"}
