@@ -47,7 +47,7 @@ from pipelines.build_identity import (
 )
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
-from pipelines.config import DataConfig, content_identity, dedup_settings, identity_sha256
+from pipelines.config import DataConfig, SourceConfig, content_identity, dedup_settings, identity_sha256
 from pipelines.decontam import StagedIndex, decontam_filter, discard_staged, install_index, stage_index
 from pipelines.decontam import dataset_entry as decontam_entry
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
@@ -60,7 +60,7 @@ from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
-from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns
+from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns, source_folder
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import train_tokenizer
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
@@ -130,10 +130,24 @@ class Prepared:
     decontam: StagedIndex | None = None  # [decontaminate]'s index, installed inside the lock
 
 
+def pinned_folder(out: Path, cfg: SourceConfig) -> str | None:
+    """The commit-pinned hub folder an existing build of this output started from, if the recipe
+    still names the same folder: a resume (or a revalidation) lists and reads that commit, not
+    wherever the revision points now — a push in between would otherwise give the remaining tasks
+    another commit's files, and two commits would make one dataset."""
+    if cfg.kind != "hub" or not (out / BUILD_JSON).is_file():
+        return None
+    recorded = read_build_json(out).get("source") or {}
+    return recorded.get("pinned") if recorded.get("requested") == source_folder(cfg) else None
+
+
 def prepare(cfg: DataConfig, log=print) -> Prepared:
     out = Path(cfg.output).expanduser().resolve()
     ensure_demo_corpus(cfg.source)
-    source = list_source_files(cfg.source)
+    pinned = pinned_folder(out, cfg.source)
+    if pinned is not None:
+        log(f"reading {pinned}, the commit this build started from")
+    source = list_source_files(cfg.source, pinned)
     if cfg.source.kind in ("parquet", "demo", "demo-code"):
         _check_parquet_columns(cfg, source)
     elif cfg.source.kind == "jsonl":
@@ -329,7 +343,9 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             write_atomic(tok_dst, p.tokenizer_bytes)
         save_config(p.cfg, p.out / CONFIG_TOML)
         if previous is None:
-            write_build_json(p.out, p.sha, p.identity)
+            hub = p.cfg.source.kind == "hub"
+            source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
+            write_build_json(p.out, p.sha, p.identity, source)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
         install_index(p.decontam, p.out)
@@ -479,7 +495,13 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
             config_sha256=sha,
             tokenizer_path=None,
             extra={
-                "source": {"kind": cfg.source.kind, "path": cfg.source.path, "subset": cfg.source.subset},
+                "source": {
+                    "kind": cfg.source.kind,
+                    "path": cfg.source.path,
+                    "subset": cfg.source.subset,
+                    # a hub source: the folder at the commit every task read
+                    **({"read_from": pinned} if (pinned := pinned_folder(out, cfg.source)) else {}),
+                },
                 "tasks": tasks,
                 "excluded": sum(excluded.values()),
                 "documents_read": kept + sum(excluded.values()),

@@ -60,9 +60,15 @@ def read_build_json(out: Path) -> dict[str, Any]:
     )
 
 
-def write_build_json(out: Path, sha: str, identity: dict[str, Any]) -> dict:
-    """build.json: the config hash and identity this output directory is built with."""
-    record = {"config_sha256": sha, "identity": identity}
+def write_build_json(
+    out: Path, sha: str, identity: dict[str, Any], source: dict[str, str] | None = None
+) -> dict:
+    """build.json: the config hash and identity this output directory is built with; for a hub
+    source also `source` = {"requested": the folder the recipe names, "pinned": that folder at the
+    commit the build started from}, which a resume reads again (see pipelines.build.pinned_folder)."""
+    record: dict[str, Any] = {"config_sha256": sha, "identity": identity}
+    if source:
+        record["source"] = source
     write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True))
     return record
 
@@ -93,7 +99,7 @@ def check_output(out: Path, sha: str, identity: dict[str, Any], log=print) -> di
                     for i in resized
                 ]
                 log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
-                return write_build_json(out, sha, identity)
+                return write_build_json(out, sha, identity, old.get("source"))
             changes += _input_changes(old_files, new_files, identity["tasks"], finished)
             raise BuildError(
                 f"{out} was built with a different config, refusing to mix the two (changed: "

@@ -102,8 +102,10 @@ def pin_hub_commit(folder: str) -> str:
     return f"hf://{pinned.unresolve()}"
 
 
-def list_source_files(cfg: SourceConfig) -> SourceFiles:
-    """Resolve the config to a sorted file list, failing with one clear message if it can't."""
+def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFiles:
+    """Resolve the config to a sorted file list, failing with one clear message if it can't.
+    `pinned`: for a hub source, the commit-pinned folder to list instead of where the revision
+    points now (a resumed build reads the commit it started from)."""
     folder = source_folder(cfg)
     if cfg.kind == "hub":
         if not folder.startswith("hf://"):
@@ -112,7 +114,7 @@ def list_source_files(cfg: SourceConfig) -> SourceFiles:
                 "hf://datasets/HuggingFaceFW/fineweb-edu"
             )
         try:
-            folder = pin_hub_commit(folder)
+            folder = pinned or pin_hub_commit(folder)
             df = get_datafolder(folder)
             entries = df.find("", detail=True)
         except Exception as e:  # connection errors, offline mode, missing repo: one message

@@ -249,9 +249,19 @@ def test_a_connection_that_keeps_dropping_fails_its_task_in_one_line_and_the_rer
     assert "rerun the same command (finished tasks are kept)" in last
     assert (out / "logs" / "completions" / "00000").is_file() and not (out / "dataset.json").exists()
 
+    # A push between the failure and the rerun: the resume still reads the commit the build started
+    # from, or the remaining tasks would read another commit's files than the finished ones.
+    started = hub.head(REPO)
+    hub.push(REPO, corpus.files)
+    assert hub.head(REPO) != started
+    mark = len(hub.requests)
     assert main(argv) == 0
-    assert "resuming" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "resuming" in printed and f"reading hf://datasets/{REPO}@{started}/{SUBSET}, the commit" in printed
+    reads = [r.split()[1] for r in hub.requests[mark:] if r.startswith("GET /datasets/")]
+    assert reads and all(r.startswith(f"/datasets/{REPO}/resolve/{started}/") for r in reads), reads
     assert_same_dataset(out, local_build)
+    assert read_dataset_info(out)["source"]["read_from"] == f"hf://datasets/{REPO}@{started}/{SUBSET}"
 
 
 def test_tasks_read_the_commit_the_driver_listed(hub, hub_env, corpus):
