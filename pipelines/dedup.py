@@ -154,7 +154,9 @@ def _write_drops(
     """Given every duplicated document as (task, position) with its group (an equal hash, or a
     MinHash cluster), keep the first of each group in input order and write every task's drop
     table (empty ones too: a missing table is an error, not "nothing to drop"). Reads one task's
-    ids at a time. Returns the number of documents dropped."""
+    ids at a time, each once: a kept copy precedes its duplicates, so when task r's table is
+    written the ids of every kept copy it names (in tasks ≤ r) are known. Returns the number of
+    documents dropped."""
     order = np.lexsort((position, task, group))
     task, position, group = task[order], position[order], group[order]
     first = np.ones(len(group), dtype=bool)
@@ -162,20 +164,16 @@ def _write_drops(
     kept = np.maximum.accumulate(np.where(first, np.arange(len(group)), 0))[~first]
     task_d, position_d = task[~first], position[~first]
     kept_ids = np.empty(len(task_d), dtype=object)
-    counts = []
     for r in range(tasks):
         ids = _read_table(_table_path(root / "docs", r), f"the ids of task {r}").column("id")
-        counts.append(len(ids))
         sel = task[kept] == r
         kept_ids[sel] = ids.take(pa.array(position[kept[sel]])).to_pylist()
-    for r in range(tasks):
         sel = np.flatnonzero(task_d == r)
         sel = sel[np.argsort(position_d[sel], kind="stable")]
-        ids = _read_table(_table_path(root / "docs", r), f"the ids of task {r}").column("id")
         pos = pa.array(position_d[sel], pa.int64())
         table = pa.table(
             [pos, ids.take(pos), pa.array(kept_ids[sel], pa.string())],
-            schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(counts[r]).encode()}),
+            schema=DROP_SCHEMA.with_metadata({DOCUMENTS_KEY: str(len(ids)).encode()}),
         )
         _write_table(_table_path(root / "drop", r), table)
         if r == 0:
