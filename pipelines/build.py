@@ -130,21 +130,24 @@ class Prepared:
     decontam: StagedIndex | None = None  # [decontaminate]'s index, installed inside the lock
 
 
-def pinned_folder(out: Path, cfg: SourceConfig) -> str | None:
-    """The commit-pinned hub folder an existing build of this output started from, if the recipe
-    still names the same folder: a resume (or a revalidation) lists and reads that commit, not
-    wherever the revision points now — a push in between would otherwise give the remaining tasks
-    another commit's files, and two commits would make one dataset."""
-    if cfg.kind != "hub" or not (out / BUILD_JSON).is_file():
-        return None
-    recorded = read_build_json(out).get("source") or {}
-    return recorded.get("pinned") if recorded.get("requested") == source_folder(cfg) else None
+def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
+    """The commit-pinned hub folder the build that wrote `record` (its build.json) started from, if
+    the recipe still names the same folder: a resume (or a revalidation) lists and reads that
+    commit, not wherever the revision points now — a push in between would otherwise give the
+    remaining tasks another commit's files, and two commits would make one dataset."""
+    recorded = record.get("source") or {}
+    return (
+        recorded.get("pinned")
+        if cfg.kind == "hub" and recorded.get("requested") == source_folder(cfg)
+        else None
+    )
 
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:
     out = Path(cfg.output).expanduser().resolve()
     ensure_demo_corpus(cfg.source)
-    pinned = pinned_folder(out, cfg.source)
+    resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
+    pinned = pinned_folder(read_build_json(out), cfg.source) if resumed else None
     if pinned is not None:
         log(f"reading {pinned}, the commit this build started from")
     source = list_source_files(cfg.source, pinned)
@@ -342,10 +345,11 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         if not tok_dst.is_file() or tok_dst.read_bytes() != p.tokenizer_bytes:
             write_atomic(tok_dst, p.tokenizer_bytes)
         save_config(p.cfg, p.out / CONFIG_TOML)
-        if previous is None:
+        record = previous
+        if record is None:
             hub = p.cfg.source.kind == "hub"
             source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
-            write_build_json(p.out, p.sha, p.identity, source)
+            record = write_build_json(p.out, p.sha, p.identity, source)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
         install_index(p.decontam, p.out)
@@ -359,7 +363,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         else:
             stages.append(Stage("build", pipeline, p.cfg.build.tasks, p.out / LOGS_DIR, True))
             (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, stages, log, verbose)
-        return _finish(p.cfg, p.out, p.sha, p.encoder, log)
+        return _finish(p.cfg, p.out, record, p.encoder, log)
 
 
 def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> None:
@@ -407,20 +411,24 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
     logs_note = "" if verbose else f"; datatrove's logs: {st.logs}/"
     input_note = f", {p.source.total_bytes / 1e6:,.1f} MB of input" if st.reads_input else ""
     log(f"[{label}] {_count(st.tasks, 'task')} {where}{input_note}{logs_note}")
-    monitor = Monitor(
-        st.logs / "progress",
-        st.logs / "completions",
-        st.tasks,
-        p.source.total_bytes,
-        p.cfg.build.progress_interval,
-        live=sys.stderr.isatty(),
-        label=label,
-        tokens=st.name == "build",
+    monitor = (
+        Monitor(
+            st.logs / "progress",
+            st.logs / "completions",
+            st.tasks,
+            p.source.total_bytes,
+            p.cfg.build.progress_interval,
+            live=sys.stderr.isatty(),
+            label=label,
+            tokens=st.name == "build",
+        )
+        if st.reads_input
+        else None
     )
     t0 = time.monotonic()
     try:
         with (
-            monitor if st.reads_input else contextlib.nullcontext(),
+            monitor or contextlib.nullcontext(),
             contextlib.nullcontext() if verbose else loguru_to(st.logs / EXECUTOR_LOG),
         ):
             make_executor().run()
@@ -428,7 +436,7 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
         raise
     except Exception as e:
         raise BuildError(_failed_message(p.out, st.tasks, e, st)) from None
-    line = None if monitor.live or not st.reads_input else monitor.line()
+    line = None if monitor is None or monitor.live else monitor.line()
     if line:
         log(line)
     if st.name != "build":
@@ -461,16 +469,17 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     bj = out / BUILD_JSON
     if not bj.is_file():
         raise BuildError(f"{bj} not found: {out} was never started by `gristmill data build`")
-    sha = read_build_json(out).get("config_sha256")
+    record = read_build_json(out)
     # dataset.json describes what the tasks wrote: the saved config's policy, not this command line's.
     saved = load_config(DataConfig, out / CONFIG_TOML)
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
     with _locked(out):
-        return _finish(saved, out, sha, encoder, log)
+        return _finish(saved, out, record, encoder, log)
 
 
-def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log) -> BuildResult:
+def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: DocumentEncoder, log) -> BuildResult:
+    """dataset.json (`record`: the output's build.json), then validation."""
     tasks = cfg.build.tasks
     if set(range(tasks)) - finished_tasks(out):
         raise BuildError(_failed_message(out, tasks))
@@ -492,7 +501,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
             out,
             vocab_size=encoder.vocab_size,
             separator=encoder.separator_info(),
-            config_sha256=sha,
+            config_sha256=record.get("config_sha256"),
             tokenizer_path=None,
             extra={
                 "source": {
@@ -500,7 +509,7 @@ def _finish(cfg: DataConfig, out: Path, sha: str, encoder: DocumentEncoder, log)
                     "path": cfg.source.path,
                     "subset": cfg.source.subset,
                     # a hub source: the folder at the commit every task read
-                    **({"read_from": pinned} if (pinned := pinned_folder(out, cfg.source)) else {}),
+                    **({"read_from": pinned} if (pinned := pinned_folder(record, cfg.source)) else {}),
                 },
                 "tasks": tasks,
                 "excluded": sum(excluded.values()),
