@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pipelines.ngram_index import MANIFEST_JSON, many_ngram_hashes, write_index
-from validation.eval_data import EvalError, check_hub_tasks, hub_task_manager, local_yaml_tasks
+from validation.eval_data import EvalError, checked_task_manager
 from validation.eval_output import eval_output
 
 LOG = "lm-eval.log"
@@ -84,9 +84,7 @@ def load_tasks(names: list[str], include_path: list[str]) -> dict[str, Any]:
     without a cached dataset: one line)."""
     if not names:
         raise EvalError("no tasks given; e.g. --tasks hellaswag,arc_easy")
-    own = local_yaml_tasks(include_path) if include_path else set()
-    tm = hub_task_manager(names, include_path)
-    check_hub_tasks(tm, [n for n in names if n not in own], LOCAL_HINT)
+    tm = checked_task_manager(names, include_path, LOCAL_HINT)
     try:
         return tm.load(names)["tasks"]
     except Exception as e:

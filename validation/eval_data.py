@@ -173,16 +173,19 @@ def local_yaml_tasks(include_path: Sequence[str]) -> set[str]:
     return set(TaskManager(include_defaults=False, include_path=list(map(str, include_path))).task_index)
 
 
-def hub_task_manager(names: list[str], include_path: Sequence[str] = ()) -> Any:
+def hub_task_manager(names: list[str], include_path: Sequence[str] = (), own: set[str] | None = None) -> Any:
     """An lm-eval TaskManager that knows `names`, indexing only the task families (top-level
     directories of lm_eval/tasks) whose YAML mentions them: the full index parses ~14k files, about
     15 s. Falls back to the full index when a name is not found that way. The directories of
-    `include_path` (the user's own task YAMLs) are indexed as well."""
+    `include_path` (the user's own task YAMLs, whose names are `own` when the caller has them) are
+    indexed as well."""
     import lm_eval.tasks
     from lm_eval.tasks import TaskManager
 
     extra = [str(p) for p in include_path]
-    rest = sorted(set(names) - (local_yaml_tasks(extra) if extra else set()))
+    if own is None:
+        own = local_yaml_tasks(extra) if extra else set()
+    rest = sorted(set(names) - own)
     root = Path(lm_eval.tasks.__file__).parent
     families, found = set(), set()
     if rest:
@@ -197,6 +200,17 @@ def hub_task_manager(names: list[str], include_path: Sequence[str] = ()) -> Any:
         if all(n in tm.task_index for n in names):
             return tm
     return TaskManager(include_path=extra or None)
+
+
+def checked_task_manager(
+    names: list[str], include_path: Sequence[str] = (), local_hint: str | None = None
+) -> Any:
+    """hub_task_manager(names, include_path), with check_hub_tasks run on the names that are not
+    the user's own YAML tasks (those of `include_path`)."""
+    own = local_yaml_tasks(include_path) if include_path else set()
+    tm = hub_task_manager(names, include_path, own)
+    check_hub_tasks(tm, [n for n in names if n not in own], local_hint)
+    return tm
 
 
 def hub_datasets(task_manager: Any, name: str) -> list[tuple[str, str, str | None]]:
