@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint_io import nonfinite_tensor
-from training.config import phases_of, sources_of
+from training.config import TrainConfig, phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
@@ -52,11 +52,9 @@ from training.hf_export import export_checkpoint, run_config
 from validation.eval_data import (
     EvalError,
     build_task_data,
-    check_hub_tasks,
-    hub_task_manager,
+    checked_task_manager,
     local_task_config,
     local_task_names,
-    local_yaml_tasks,
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
@@ -130,21 +128,20 @@ class RunData:
     seq_len: int  # the longest sequence the run trained on
 
 
-def run_data_config(run_dir: Path) -> RunData:
-    """From RUN/config.toml: the held-out documents of the run's first source that holds some out
-    (of its only one without [[data.sources]]), and its longest training seq_len."""
-    cfg = run_config(run_dir)
+def run_data(cfg: TrainConfig) -> RunData:
+    """From a run's config (RUN/config.toml): the held-out documents of the run's first source that
+    holds some out (of its only one without [[data.sources]]), and its longest training seq_len."""
     sources = sources_of(cfg)
     src = next((s for s in sources if s.val_fraction > 0), sources[0])
     return RunData(src.dataset, src.val_fraction, max(ph.seq_len for ph in phases_of(cfg)))
 
 
-def training_data_checks(run_dir: Path) -> list[dict[str, Any]]:
+def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Per source dataset of the run: {"source", "dataset", "decontaminate"}, the last being
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
     is gone and cannot tell)."""
     checks = []
-    for src in sources_of(run_config(run_dir)):
+    for src in sources_of(cfg):
         try:
             entry = read_dataset_info(src.dataset).get("decontaminate")
         except GristmillError:
@@ -159,7 +156,9 @@ class TaskPlan:
     Local names become their YAML dicts (data built under RUN/eval/data on first use); other names
     are looked up in cfg.include_path and lm-eval's registry (only the task families that define
     them), registry tasks refused up front when offline without a cached copy. `training_data`: what
-    each of the run's datasets says about decontamination, for the marks (`decontamination_marks`).
+    each of the run's datasets says about decontamination, for the marks (`decontamination_marks`);
+    `data`: the run's held-out documents and longest seq_len (`run_data`), from the one read of
+    RUN/config.toml.
     """
 
     def __init__(self, run_dir: Path, cfg: EvalConfig):
@@ -170,17 +169,16 @@ class TaskPlan:
         if not self.names:
             raise EvalError("no tasks given; e.g. --tasks demo_ppl,demo_cloze")
         hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
-        include = getattr(cfg, "include_path", [])
-        self.task_manager = hub_task_manager(hub, include) if hub else TaskManager(include_defaults=False)
-        if hub:
-            own = local_yaml_tasks(include) if include else set()
-            check_hub_tasks(self.task_manager, [n for n in hub if n not in own])
-        self.training_data = training_data_checks(run_dir)
+        self.task_manager = (
+            checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
+        )
+        train_cfg = run_config(run_dir)
+        self.training_data = training_data_checks(train_cfg)
+        self.data = run_data(train_cfg)
         self.specs: list[Any] = list(hub)
         if len(hub) < len(self.names):
-            data = run_data_config(run_dir)
             data_dir = build_task_data(
-                data.dataset, data.val_fraction, run_dir / EVAL_DIR / DATA_SUBDIR, cfg.docs
+                self.data.dataset, self.data.val_fraction, run_dir / EVAL_DIR / DATA_SUBDIR, cfg.docs
             )
             self.specs = [local_task_config(n, data_dir) if n in local else n for n in self.names]
 
@@ -400,7 +398,7 @@ def evaluate_step(
     _log(f"step {step}: {', '.join(plan.names)} on {export}")
     t0 = time.time()
     log_file = eval_dir(run_dir, step) / EVAL_LOG
-    max_length = cfg.max_length or run_data_config(run_dir).seq_len
+    max_length = cfg.max_length or plan.data.seq_len
     with eval_output(log_file, verbose) as terminal:
         try:
             lm = GristmillHFLM(

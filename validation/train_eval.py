@@ -49,7 +49,6 @@ from validation.eval import (
     TaskPlan,
     evaluate_lm,
     nonfinite_error,
-    run_data_config,
     task_lines,
 )
 from validation.eval_model import in_process_lm
@@ -97,7 +96,7 @@ class TrainingEval:
                 tok_dir.mkdir(parents=True, exist_ok=True)
                 write_tokenizer(dataset, mcfg, tok_dir)
                 self.tokenizer = _load_tokenizer(tok_dir)
-                self.max_length = run_data_config(self.run_dir).seq_len  # as `gristmill eval` (max_length 0)
+                self.max_length = self.plan.data.seq_len  # as `gristmill eval` (max_length 0)
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
                     f"  eval    {', '.join(self.plan.names)}{limit} every {self.interval} steps and at the "
