@@ -126,11 +126,12 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
     def leaves(task: str) -> list[str]:
         return [leaf for sub in groups[task] for leaf in leaves(sub)] if groups.get(task) else [task]
 
+    # per check: {task name: its entry in that dataset's index}
+    indexes = [{t["name"]: t for t in (c.get("decontaminate") or {}).get("tasks", [])} for c in checks]
     marks = {}
     for task in results.get("results", {}):
         per = []
-        for check in checks:
-            indexed = {t["name"]: t for t in (check.get("decontaminate") or {}).get("tasks", [])}
+        for check, indexed in zip(checks, indexes):
             for leaf in leaves(task):
                 entry = indexed.get(leaf)
                 if entry is None:
