@@ -622,6 +622,12 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
             f"eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size {e.batch_size}, "
             f"tasks {e.tasks}"
         )
+    if e.interval and importlib.util.find_spec("lm_eval") is None:  # found without importing it
+        raise ConfigError(
+            f"eval.interval = {e.interval} runs lm-eval during training, and lm-eval is "
+            "not installed: pip install 'gristmill[eval]', or set eval.interval=0",
+            "eval.interval",
+        )
     return plans
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import signal
 import subprocess
@@ -90,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
     from training.shutdown import launcher_child_preexec
     from training.train import DistEnv, preflight, train
 
-    with_eval = cfg.eval.interval > 0
-    if with_eval and importlib.util.find_spec("lm_eval") is None:
-        raise GristmillError(
-            f"eval.interval = {cfg.eval.interval} runs lm-eval during training, and lm-eval is "
-            "not installed: pip install 'gristmill[eval]', or set eval.interval=0"
-        )
+    with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:
         train(cfg)
         return 0
