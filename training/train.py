@@ -321,6 +321,17 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         torch.set_num_threads(threads)  # an in-process caller (gristmill demo, tests) keeps its setting
 
 
+def raise_rank0_problem(problem: str | None, world_size: int) -> None:
+    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
+    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
+    if world_size > 1:
+        box = [problem]
+        dist.broadcast_object_list(box, src=0)
+        problem = box[0]
+    if problem is not None:
+        raise GristmillError(problem)
+
+
 @contextlib.contextmanager
 def _own_run_dir(run_dir: Path, env: DistEnv, out):
     """Rank 0 holds the run directory's lock for the run; every rank stops if it could not."""
@@ -334,12 +345,7 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             problem = str(e)
         except OSError as e:
             problem = str(unwritable(run_dir, e))
-    if env.world_size > 1:
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        problem = box[0]
-    if problem is not None:
-        raise GristmillError(problem)
+    raise_rank0_problem(problem, env.world_size)
     try:
         yield
     finally:

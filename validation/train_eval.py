@@ -43,6 +43,7 @@ from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.hf_export import run_model_config, write_tokenizer
 from training.model import Transformer
 from training.train import main as train_main
+from training.train import raise_rank0_problem
 from training.train_state import rng_state, set_rng_state
 from validation.eval import (
     EvalConfig,
@@ -53,7 +54,7 @@ from validation.eval import (
 )
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
-from validation.eval_results import EVAL_LOG, rows_of, write_plot, write_step_results
+from validation.eval_results import EVAL_LOG, metric_order, rows_of, write_plot, write_step_results
 
 TOKENIZER_SUBDIR = "tokenizer"  # RUN/eval/tokenizer: the export's tokenizer files, for in-process eval
 
@@ -104,12 +105,7 @@ class TrainingEval:
                 )
             except GristmillError as e:
                 problem = str(e)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            box = [problem]
-            dist.broadcast_object_list(box, src=0)
-            problem = box[0]
-        if problem is not None:
-            raise GristmillError(problem)
+        raise_rank0_problem(problem, dist.get_world_size() if dist.is_initialized() else 1)
 
     def __call__(self, model: nn.Module, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -125,11 +121,11 @@ class TrainingEval:
     def _evaluate(
         self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float
     ) -> dict[str, float]:
-        device = _device_of(model)
         if self.copy is None:
             with torch.device("meta"):
                 self.copy = Transformer(model.cfg)
-            self.copy.to_empty(device=device)
+            # On the training device (a DTensor parameter's device is its local shard's).
+            self.copy.to_empty(device=next(model.parameters()).device)
         self.copy.load_state_dict({k: v.to(torch.float32) for k, v in full.items()})
         del full
         # lm-eval reseeds python, numpy and torch: keep the training's random state as it was.
@@ -140,7 +136,6 @@ class TrainingEval:
                 results = evaluate_lm(lm, self.plan, self.cfg)
         finally:
             set_rng_state(saved)
-            self.copy.train(False)
         results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": "in-training"}
         write_step_results(self.run_dir, step, dict(results))
         write_plot(self.run_dir)
@@ -162,21 +157,13 @@ def _load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _device_of(model: nn.Module) -> torch.device:
-    """The training device (a DTensor parameter's device is its local shard's)."""
-    return next(model.parameters()).device
-
-
 def _summary(rows: list[dict[str, Any]]) -> str:
-    """One headline figure per task: bits per byte for perplexity tasks, else acc."""
-    out = []
-    for task in dict.fromkeys(r["task"] for r in rows):
-        mine = {r["metric"]: r for r in rows if r["task"] == task}
-        for metric in ("bits_per_byte", "acc", *mine):
-            if metric in mine:
-                out.append(f"{task} {metric} {mine[metric]['value']:.4g}")
-                break
-    return ", ".join(out)
+    """One headline figure per task, its first metric in the eval table's order (bits per byte for
+    perplexity tasks, acc for multiple choice)."""
+    first: dict[str, dict[str, Any]] = {}
+    for r in sorted(rows, key=metric_order(rows)):
+        first.setdefault(r["task"], r)
+    return ", ".join(f"{t} {r['metric']} {r['value']:.4g}" for t, r in first.items())
 
 
 def main(argv: list[str] | None = None) -> int:
