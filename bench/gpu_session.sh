@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Issue 19's GPU figures, in three parts that each fit one device call (10 minutes) and the whole
+# in one lease (30 minutes of device time: call the parts back to back so the machine, and
+# Inductor's compile cache in /tmp, stay warm). Each row is one process with its own timeout, so a
+# row that hangs or runs out of memory costs its row, not the part.
+#
+#   here, once:   bash bench/gpu_wheels.sh                       # .whl/: bitsandbytes, torchao
+#   on the GPU:   bash bench/gpu_session.sh stall                # tests/gpu + checkpoint stall, ~7 min
+#                 bash bench/gpu_session.sh rest                 # 8-bit AdamW, float8, max-autotune
+#                 bash bench/gpu_session.sh attention            # SDPA backends, FA3, loss chunk
+#   (device tool: carry [".whl"]; what lands in $OUT comes back: PART.log and PART.json)
+#   on CPU:       GPU_SESSION_SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_session.sh stall
+#                 (the tiny preset on CPU: checks the script end to end; CUDA-only rows refuse in a line)
+#
+# Order of importance if the lease runs short: stall (the issue's goal), then rest (8-bit AdamW
+# is asked for by name), then attention.
+set -uo pipefail
+part=${1:-}
+case $part in stall | rest | attention) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention" >&2; exit 2 ;; esac
+PY=${PYTHON:-python3}
+OUT=${OUT:-runs/gpu-session}
+mkdir -p "$OUT"
+rows=$(mktemp -d)
+log="$OUT/$part.log"
+export PYTHONUNBUFFERED=1
+
+if ls .whl/*.whl >/dev/null 2>&1; then  # the device image has neither; --target keeps its torch untouched
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
+  MODEL="--preset tiny --device cpu --seq 128"
+  STALL="--preset tiny --device cpu --saves 3"
+  MFU="--quick --no-peer"
+else
+  MODEL=""  # the 1.24B Llama-3 shape, seq 2048, bf16: train_mfu's defaults
+  STALL="--preset llama3-1b --device cuda --seq 2048 --batch 8 --saves 3"
+  MFU="--quick --no-peer --micro-batch 16"
+fi
+
+# The part's own deadline, under the call's 600 s: a row gets what is left of it at most, and a
+# row that would start with under 30 s left is skipped with a line saying so.
+BUDGET=${PART_BUDGET_S:-570}
+n=0
+row() {  # row SECONDS DESCRIPTION -- COMMAND...: one timed process, its output in the log
+  local limit=$1 what=$2
+  shift 3
+  n=$((n + 1))
+  local left=$((BUDGET - SECONDS))
+  if [ "$left" -lt 30 ]; then
+    echo "=== [$part $n] $what: skipped, ${left} s left of the part's ${BUDGET} s" | tee -a "$log"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  echo "=== [$part $n] $what: $*" | tee -a "$log"
+  local t0=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== [$part $n] rc $rc in $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo " (stopped at its ${limit} s limit)")" \
+    | tee -a "$log"
+  collect
+}
+mfu() {  # mfu SECONDS DESCRIPTION FLAGS...
+  local limit=$1 what=$2
+  shift 2
+  row "$limit" "$what" -- "$PY" -m bench.train_mfu $MODEL $MFU "$@" --json "$rows/$(printf %02d $((n + 1))).json"
+}
+# One JSON per part, rewritten after every row (the device tool returns at most 8 files, and what
+# is in $OUT comes back even when the call is stopped): {row file: that row's results}.
+collect() {
+  "$PY" - "$rows" "$OUT/$part.json" <<'EOF'
+import json, pathlib, sys
+rows = {p.stem: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("*.json"))}
+pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1) + "\n")
+EOF
+}
+
+{ echo "# gristmill $(git rev-parse --short HEAD 2>/dev/null) part $part, $(date -u +%FT%TZ)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda)"
+  "$PY" -c "import bitsandbytes, torchao; print('bitsandbytes', bitsandbytes.__version__, 'torchao', torchao.__version__)" 2>&1 | tail -1
+} | tee "$log"
+
+case $part in
+  stall)
+    row 200 "CUDA test suite (pinned staging: 3 async saves, FSDP2/NCCL)" -- \
+      "$PY" -m pytest -q --confcutdir=tests/gpu tests/gpu
+    row 360 "checkpoint stall, 1.24B (goal: <= 1 s per async save)" -- \
+      "$PY" -m bench.checkpoint_stall $STALL --dir /tmp/gristmill-stall --json "$rows/stall.json"
+    ;;
+  rest)
+    mfu 90 "baseline" --loss-chunk 8192
+    if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
+      mfu 120 "fused AdamW vs 8-bit AdamW, loss after 200 steps" --optim adamw adamw8bit --loss-steps 200
+    else
+      mfu 180 "fused AdamW vs 8-bit AdamW, loss after 200 steps" \
+        --micro-batch 8 --accum 1 --optim adamw adamw8bit --loss-steps 200
+    fi
+    mfu 100 "float8 linears (torchao; reported apart)" --float8
+    mfu 240 "per-block compile, max-autotune-no-cudagraphs" --compile-mode max-autotune-no-cudagraphs
+    ;;
+  attention)
+    mfu 110 "baseline (torch's SDPA choice)"
+    mfu 80 "cuDNN attention" --attention cudnn
+    mfu 80 "FlashAttention 2 (torch's flash backend)" --attention flash
+    mfu 80 "FlashAttention 3 (needs flash_attn_interface)" --attention fa3
+    mfu 80 "memory-efficient SDPA" --attention efficient
+    for c in 4096 16384 32768; do mfu 70 "loss chunk $c" --loss-chunk "$c"; done
+    ;;
+esac
+
+echo "$n rows; results in $OUT/$part.log and $OUT/$part.json"
