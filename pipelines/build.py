@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import fcntl
 import hashlib
 import io
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -31,7 +33,6 @@ from typing import Any
 
 import fsspec
 import pyarrow.parquet as pq
-from datatrove.executor import LocalPipelineExecutor
 
 from pipelines.build_identity import (
     BUILD_JSON,
@@ -55,6 +56,7 @@ from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
+from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
 from pipelines.progress import Monitor, TaskProgress, build_table
 from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
@@ -74,7 +76,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     TOKENIZER_JSON,
 )
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, unwritable
 from validation.validate import format_report, validate_dataset
 
 LOCK = ".build.lock"
@@ -108,9 +110,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class BuildInterrupted(BuildError):
+    exit_code = 130  # as a shell reports a command stopped by Ctrl-C
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
-    result = finalize_only(cfg) if args.finalize_only else build(cfg, verbose=args.verbose)
+    # SIGTERM (a scheduler, `kill`) stops the build as Ctrl-C does: the worker pool and datatrove's
+    # manager process are shut down on the way out. With the default action the launcher died at
+    # once and left them running, writing the output and holding its lock.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        result = finalize_only(cfg) if args.finalize_only else build(cfg, verbose=args.verbose)
+    except OSError as e:  # a disk that filled, or a folder made read-only, past the free-space guard
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+            raise
+        raise unwritable(cfg.output, e) from None
+    except KeyboardInterrupt:
+        raise BuildInterrupted(
+            f"stopped by a signal before {cfg.output} was finished; the finished tasks are kept: rerun "
+            "the same command to do the rest"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0 if result.ok else 1
 
 
@@ -264,11 +286,24 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
 
 @contextlib.contextmanager
 def _locked(out: Path):
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK, "w") as f:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        f = open(out / LOCK, "w")
+    except (FileExistsError, NotADirectoryError):
+        parent = next(p for p in (out, *out.parents) if p.exists())
+        raise BuildError(
+            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
+        ) from None
+    except OSError as e:
+        raise unwritable(out, e) from None
+    with f:
+        # A POSIX record lock, not flock: it belongs to this process alone, so a process forked from
+        # it (datatrove's manager, a pool worker) that outlives it cannot hold the build's lock.
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
             raise BuildError(
                 f"another `gristmill data build` is writing {out}; wait for it to finish"
             ) from None
@@ -373,7 +408,7 @@ def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> 
         "RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers(p.cfg.build.tasks)))
     )
     for st in stages:
-        executor = lambda st=st: (LocalPipelineExecutor if verbose else QuietLocalExecutor)(
+        executor = lambda st=st: (WatchedLocalExecutor if verbose else QuietLocalExecutor)(
             st.pipeline,
             tasks=st.tasks,
             workers=workers(st.tasks),
@@ -432,6 +467,8 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
             contextlib.nullcontext() if verbose else loguru_to(st.logs / EXECUTOR_LOG),
         ):
             make_executor().run()
+    except WorkerDied as e:  # the pool was stopped: what it finished is kept, as for a failed task
+        raise BuildError(f"{e}. {_failed_message(p.out, st.tasks, None, st)}") from None
     except GristmillError:
         raise
     except Exception as e:

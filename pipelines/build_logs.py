@@ -14,8 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from datatrove.executor import LocalPipelineExecutor
 from datatrove.utils.logging import DATATROVE_COLORIZE_LOGS, logger
+
+from pipelines.local_executor import WatchedLocalExecutor
 
 EXECUTOR_LOG = "executor.log"
 
@@ -46,8 +47,8 @@ def _stderr_sink() -> None:
     logger.add(lambda message: sys.stderr.write(message), colorize=DATATROVE_COLORIZE_LOGS)
 
 
-class QuietLocalExecutor(LocalPipelineExecutor):
-    """LocalPipelineExecutor whose tasks log only to their task log file, not to the terminal.
+class QuietLocalExecutor(WatchedLocalExecutor):
+    """WatchedLocalExecutor whose tasks log only to their task log file, not to the terminal.
 
     Each task runs inside `loguru_to(None)`: datatrove's stderr sink goes nowhere while its file
     sink (logs/logs/task_NNNNN.log) keeps everything. With workers = 1 the tasks run in the

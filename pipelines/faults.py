@@ -4,7 +4,9 @@ in a real build.
 GRISTMILL_TEST_KILL="RANK:POINT": the task of that rank, on reaching the named point, SIGKILLs
 its whole process group (the driver and every worker), the way a node failure would, so a test
 can check what a rerun makes of what the kill left behind (tests/pipelines/test_build_resume.py,
-tests/pipelines/test_dedup.py). Unset, every call is one environment lookup. The points:
+tests/pipelines/test_dedup.py). `RANK:POINT:self` kills only the task's own process, and
+`RANK:POINT:hang` parks it (tests/pipelines/test_build_signals.py). Unset, every call is one
+environment lookup. The points:
 
     second_shard   in the tokenize-and-shard step, once the task's first shard was renamed and
                    its second is half written
@@ -20,11 +22,19 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 KILL = "GRISTMILL_TEST_KILL"
 
 
 def maybe_kill(rank: int, point: str) -> None:
-    """SIGKILL the process group here if GRISTMILL_TEST_KILL names this rank and point."""
-    if os.environ.get(KILL) == f"{rank}:{point}":
+    """SIGKILL the process group here if GRISTMILL_TEST_KILL names this rank and point; with a
+    `:self` suffix only this process (a pool worker dying alone, as under the out-of-memory
+    killer), with `:hang` this process stops there for 10 minutes (a build to signal mid-run)."""
+    spec = os.environ.get(KILL)
+    if spec == f"{rank}:{point}":
         os.killpg(0, signal.SIGKILL)
+    elif spec == f"{rank}:{point}:self":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif spec == f"{rank}:{point}:hang":
+        time.sleep(600)

@@ -238,3 +238,12 @@ def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
     assert "--report drops" in msg
     assert not (out / "dataset.json").exists()  # never marked complete
     assert list((out / "excluded").glob("*.parquet"))  # the reasons are kept for the audit
+
+
+def test_output_that_is_a_file(build_fixture, tmp_path, capsys):
+    """An `output` naming a file (or a path through one): a FileExistsError/NotADirectoryError trace."""
+    _, _, config = build_fixture
+    (tmp_path / "afile").write_text("not a folder")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        msg = one_error(capsys, build_argv(config, out))
+        assert f"{tmp_path / 'afile'} is a file" in msg and "set `output` to a directory path" in msg, msg

@@ -1,0 +1,94 @@
+"""datatrove's LocalPipelineExecutor, watched: a worker process that dies stops the stage.
+
+multiprocess.Pool replaces a worker that dies (the out-of-memory killer, a segfault in a native
+library) but never returns a result for the task it held, so datatrove's `list(imap_unordered)`
+waits forever. This executor waits for results with a timeout and, between waits, counts the
+pool's worker processes: the pool starts exactly `workers` of them and only replaces a dead one,
+so a pid beyond those is a death. The stage then stops with one line; the pool's context
+terminates the other workers, and the tasks that finished keep their completion markers (a rerun
+redoes only the rest). Everything else is datatrove's `run()`, unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import multiprocess
+from datatrove.executor import LocalPipelineExecutor
+from datatrove.utils.logging import logger
+from datatrove.utils.stats import PipelineStats
+
+from pipelines.build_identity import BuildError
+
+POLL_S = 1.0  # how often the wait for the next result looks at the workers
+
+
+class WorkerDied(BuildError):
+    """A build worker process died while running a task."""
+
+
+class WatchedLocalExecutor(LocalPipelineExecutor):
+    def run(self):
+        if self.workers == 1 or self.depends:  # in-process tasks (no pool), or datatrove's dependency wait
+            return super().run()
+        self._launched = True
+        ranks = range(self.local_rank_offset, self.local_rank_offset + self.local_tasks)
+        if all(map(self.is_rank_completed, ranks)):
+            logger.info(f"Not doing anything as all {self.local_tasks} tasks have already been completed.")
+            return None
+        self.save_executor_as_json()
+        mg = multiprocess.Manager()
+        try:
+            ranks_q = mg.Queue()
+            for i in range(self.workers):
+                ranks_q.put(i)
+            ranks_to_run = self.get_incomplete_ranks(ranks)
+            skipped = self.local_tasks - len(ranks_to_run)
+            completed = mg.Value("i", skipped)
+            completed_lock = mg.Lock()
+            ctx = multiprocess.get_context(self.start_method)
+            with ctx.Pool(self.workers) as pool:
+                run_rank = partial(
+                    self._launch_run_for_rank,
+                    ranks_q=ranks_q,
+                    completed=completed,
+                    completed_lock=completed_lock,
+                )
+                stats = self._collect(pool, pool.imap_unordered(run_rank, ranks_to_run), len(ranks_to_run))
+            stats = sum(stats, start=PipelineStats())
+            with self.logging_dir.open("stats.json", "wt") as statsfile:
+                stats.save_to_disk(statsfile)
+            logger.success(stats.get_repr(f"All {self.local_tasks} tasks"))
+            return stats
+        finally:
+            mg.shutdown()
+
+    def _collect(self, pool, results, n: int) -> list:
+        out: list = []
+        seen: dict[int, object] = {}  # every worker process the pool has had, by pid
+        while len(out) < n:
+            for worker in list(pool._pool):  # private, but the only view of the workers Pool gives
+                seen.setdefault(worker.pid, worker)
+            if len(seen) > self.workers:
+                raise WorkerDied(_death_message(seen.values(), self.workers))
+            try:
+                out.append(results.next(timeout=POLL_S))
+            except multiprocess.TimeoutError:
+                continue
+        return out
+
+
+def _death_message(workers, started: int) -> str:
+    codes = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+    code = codes[0] if codes else None
+    how = "died" if code is None else f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    hint = (
+        ": what the out-of-memory killer sends; a very long document can take ~100× its size while it "
+        "is tokenized, so set filters.max_chars or use fewer build.workers"
+        if code == -9
+        else ""
+    )
+    return (
+        f"a build worker process died while running a task ({how}{hint}); the pool of {started} workers "
+        "was stopped"
+    )

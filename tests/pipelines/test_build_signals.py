@@ -1,0 +1,84 @@
+"""A build whose worker dies, or whose launcher gets SIGTERM, stops in one line and leaves nothing
+running; the rerun finishes to the same shards."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.pipelines.test_build_resume import ROOT, run_build
+
+
+def same_shards(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in (a / "shards").iterdir())
+    assert names == sorted(p.name for p in (b / "shards").iterdir())
+    for name in names:
+        assert (a / "shards" / name).read_bytes() == (b / "shards" / name).read_bytes(), name
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_a_dead_worker_stops_the_build_instead_of_hanging(built_dataset, build_fixture, tmp_path):
+    """multiprocess.Pool never returns the task of a worker that died: datatrove waited forever."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    t0 = time.monotonic()
+    died = run_build(config, out, {"GRISTMILL_TEST_KILL": "1:second_shard:self"})
+    assert died.returncode == 2, died.stdout[-2000:] + died.stderr[-2000:]
+    assert time.monotonic() - t0 < 100
+    err = died.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: a build worker process died while running a task (killed by signal 9"), err
+    assert "rerun the same command" in err and "Traceback" not in died.stderr
+    rerun = run_build(config, out)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    same_shards(out, built_dataset)
+
+
+def test_sigterm_stops_the_build_and_its_workers_and_frees_the_lock(built_dataset, build_fixture, tmp_path):
+    """SIGTERM to the launcher alone (a scheduler's `kill PID`): its pool and datatrove's manager
+    process went on running and held OUTPUT/.build.lock, so every rerun was refused."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        cwd=ROOT,
+        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list((out / "shards").glob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 130, stdout[-2000:] + stderr[-2000:]
+        assert stderr.strip().splitlines()[-1].startswith("error: stopped by a signal before"), stderr
+        deadline = time.monotonic() + 20
+        while session_processes(proc.pid):
+            assert time.monotonic() < deadline, f"still running: {session_processes(proc.pid)}"
+            time.sleep(0.2)
+    finally:
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    rerun = run_build(config, out)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    same_shards(out, built_dataset)
