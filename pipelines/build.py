@@ -23,6 +23,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -589,7 +590,28 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
     log(build_table(info, row, order))
     if not report.ok:
         log(format_report(report))
+        log(_repair_advice(out, report))
     return BuildResult(out, "complete", info, report)
+
+
+def _repair_advice(out: Path, report) -> str:
+    """How to rebuild what failed validation: the tasks whose shards or manifest are damaged are
+    redone by a rerun once their completion markers and dataset.json are gone (a rerun of a
+    complete dataset only validates it again)."""
+    problems = [str(pr) for pr in report.problems]
+    if problems and all("stray temporary file" in text for text in problems):
+        return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
+    tasks = sorted({int(m) for text in problems for m in re.findall(r"\b(\d{5})_\d{5}\.tar\b", text)})
+    tasks += sorted(
+        {int(m) for text in problems for m in re.findall(r"manifest/(\d{5})\.parquet", text)} - set(tasks)
+    )
+    if not tasks:
+        return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"
+    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in sorted(tasks))
+    return (
+        f"fix: to rebuild the damaged task(s) {', '.join(map(str, sorted(tasks)))} (the others are kept): "
+        f"rm {out / DATASET_JSON} {markers} && rerun the same command"
+    )
 
 
 DATASET_JSON_FIX = (

@@ -417,7 +417,8 @@ def validate_dataset(
     for tmp in sorted(set(root.rglob("*.tmp")) - {own_tmp}):
         problems.append(
             Problem(
-                "stray temporary file: a write did not finish; rerun the build", str(tmp.relative_to(root))
+                "stray temporary file: a write that did not finish; a finished dataset needs none: delete it",
+                str(tmp.relative_to(root)),
             )
         )
     for other in shard_entries:

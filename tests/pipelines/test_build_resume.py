@@ -139,3 +139,27 @@ def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(
     (out / "logs" / "completions" / "00001").unlink()  # the advice: task 1 is redone
     assert build(cfg, log=lambda *a: None).ok
     assert shard.read_bytes() == (built_dataset / "shards" / shard.name).read_bytes()
+
+
+def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, build_fixture, tmp_path):
+    """A rerun of a complete dataset only validates it: with a damaged shard it said FAILED with no
+    way out (removing the task's completion marker alone did nothing while dataset.json existed)."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    shard = out / "shards" / "00001_00000.tar"
+    shard.write_bytes(shard.read_bytes()[:1000])  # truncated
+    cfg = load_config(DataConfig, config, [f"output={out}"])
+    lines: list[str] = []
+    assert not build(cfg, log=lines.append).ok
+    advice = lines[-1]
+    rm = f"rm {out / 'dataset.json'} {out / 'logs' / 'completions' / '00001'} && rerun the same command"
+    assert advice.startswith("fix: to rebuild the damaged task(s) 1 ") and advice.endswith(rm), advice
+    subprocess.run(advice.split(": ", 2)[-1].split(" && ")[0].split(), check=True)  # follow it
+    assert build(cfg, log=lambda *a: None).ok
+    for name in sorted(p.name for p in (built_dataset / "shards").iterdir()):
+        assert (out / "shards" / name).read_bytes() == (built_dataset / "shards" / name).read_bytes(), name
+    (out / "shards" / "00000_00009.tar.tmp").write_text("x")
+    lines.clear()
+    assert not build(cfg, log=lines.append).ok
+    assert lines[-1] == "fix: delete the stray temporary file(s) named above, then rerun to validate again"
