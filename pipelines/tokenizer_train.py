@@ -2,7 +2,10 @@
 
 The sample is the start of the recipe's source (files in sorted order), after the recipe's
 filters, up to tokenizer.train.sample_docs documents / sample_chars characters. The tokenizer is
-written to tokenizer.path (or --out), atomically; the separator must be among its special tokens.
+written to tokenizer.path (or --out), atomically and, without --force, exclusively: two builds (or a
+build and `gristmill tokenizer train`) training the same missing file never replace each other's
+tokenizer; the later one uses the file if it is byte-identical and refuses otherwise. The separator
+must be among its special tokens.
 
 It lives here, not in tokenization/, because choosing the sample is the data pipeline's work (the
 recipe's source and filters); tokenization/ keeps the BPE itself (`train_bpe`) and the encoding,
@@ -12,6 +15,9 @@ and imports nothing from pipelines/.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import os
 import time
 from pathlib import Path
 
@@ -20,7 +26,7 @@ from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files
 from tokenization.tokenizer_io import TokenizerError, train_bpe
-from training.contract.atomic_write import atomic_path
+from training.contract.atomic_write import fsync_dir, move_into_place, tmp_path_for
 from training.contract.config_loader import add_config_arguments, load_config
 
 
@@ -37,14 +43,22 @@ def run(args: argparse.Namespace) -> int:
         raise TokenizerError(
             f"{out} already exists; pass --force to overwrite it (a dataset built with it keeps its own copy)"
         )
-    train_tokenizer(cfg, out=out)
+    train_tokenizer(cfg, out=out, force=args.force)
     return 0
 
 
 def train_tokenizer(
-    cfg: DataConfig, source: SourceFiles | None = None, out: str | Path | None = None, log=print
+    cfg: DataConfig,
+    source: SourceFiles | None = None,
+    out: str | Path | None = None,
+    log=print,
+    force: bool = False,
 ) -> Path:
-    """Train on a sample of `cfg.source` and save to `out` (default: cfg.tokenizer.path)."""
+    """Train on a sample of `cfg.source` and save to `out` (default: cfg.tokenizer.path).
+
+    Without `force` an existing file is never replaced (see `place_new_file`): a file that
+    appeared at `out` during training (another build training the same tokenizer.path) is used
+    when it holds the same bytes, and is a TokenizerError otherwise."""
     tc = cfg.tokenizer.train
     out = Path(out or cfg.tokenizer.path)
     if not str(out):
@@ -81,10 +95,66 @@ def train_tokenizer(
             f"source.text_key ({cfg.source.text_key!r}), source.path and the [filters] thresholds"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp:
+    tmp = tmp_path_for(out)
+    try:
         tok.save(str(tmp))
-    log(
+        if force:
+            move_into_place(tmp, out)
+            placed = True
+        else:
+            placed = place_new_file(tmp, out)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    trained = (
         f"trained a {tok.get_vocab_size()}-token byte-level BPE on {stats['docs']:,} documents "
-        f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s → {out}"
+        f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s"
     )
+    if placed:
+        log(f"{trained} → {out}")
+    else:
+        log(f"{trained}; {out} appeared meanwhile with the same bytes (another process trained it): using it")
     return out
+
+
+def place_new_file(tmp: Path, out: Path) -> bool:
+    """Give the finished file `tmp` the name `out` only if no file has that name: True when placed,
+    False when `out` already holds the same bytes (`tmp` is left for the caller to remove); a
+    different `out` is a TokenizerError and stays as it is.
+
+    A hard link creates the name exclusively (the kernel refuses an existing one, unlike a rename,
+    which replaces it) and publishes a complete file; a filesystem without hard links gets an
+    O_EXCL create, written in place."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        try:
+            os.link(tmp, out)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                raise
+            _create_exclusively(out, tmp.read_bytes())
+    except FileExistsError:
+        if out.is_file() and out.read_bytes() == tmp.read_bytes():
+            return False
+        raise TokenizerError(
+            f"{out} appeared while this tokenizer was being trained (another build or `gristmill "
+            "tokenizer train` wrote it) and differs from the one trained here; it was left as it is: "
+            "rerun to use it, or set tokenizer.path to another file"
+        ) from None
+    fsync_dir(out.parent)
+    return True
+
+
+def _create_exclusively(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+            f.flush()
+            os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -21,16 +21,26 @@ from tokenization.tokenizer_io import TokenizerError
 @dataclass
 class SeparatorPolicy:
     token: str = "<|endoftext|>"
-    """The special token placed between documents; must exist in the tokenizer's vocabulary."""
+    """The special token placed between documents; must be one of the tokenizer's special added
+    tokens (special=True), which plain text cannot encode to."""
     position: Literal["after", "before"] = "after"
     """"after": EOS style, appended to each document; "before": BOS style, prepended."""
+
+
+def _pick_special(specials: list[str], other: bool = False) -> str:
+    """The advice for a separator that plain text can produce: which tokens to pick instead."""
+    if not specials:
+        return "the tokenizer has no special tokens: train one with `gristmill tokenizer train`"
+    return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {specials}"
 
 
 class DocumentEncoder:
     """Encodes documents under the separator contract; checks the tokenizer at construction.
 
     Construction fails (TokenizerError) when the separator is missing, its id is outside the
-    vocabulary, or literal separator text would encode to the separator id — all before any
+    vocabulary, it is not a special added token (an ordinary vocabulary token such as "." or an
+    added token with special=False), or its literal text in any of several positions (alone,
+    between spaces, glued to words, doubled) would encode to the separator id — all before any
     document is processed.
     """
 
@@ -40,10 +50,12 @@ class DocumentEncoder:
         self.tokenizer = Tokenizer.from_str(tokenizer.to_str())
         self.tokenizer.encode_special_tokens = True
         self.policy = policy
+        self.source = str(source)
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        added = self.tokenizer.get_added_tokens_decoder()
+        specials = [t.content for _, t in sorted(added.items()) if t.special]
         sep = self.tokenizer.token_to_id(policy.token)
         if sep is None:
-            specials = [t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special]
             raise TokenizerError(
                 f"{source} has no separator token {policy.token!r}; set tokenizer.separator to one of its "
                 f"special tokens {specials} or train a tokenizer with it (`gristmill tokenizer train`)"
@@ -54,13 +66,34 @@ class DocumentEncoder:
                 "the tokenizer file is inconsistent — re-export it"
             )
         self.separator_id = int(sep)
-        probe = self.tokenizer.encode(f"a {policy.token} b", add_special_tokens=False).ids
-        if self.separator_id in probe:
-            raise TokenizerError(
-                f"{source}: literal text {policy.token!r} encodes to the separator id {sep}, so documents "
-                "quoting it would gain extra separators; declare the token as special (special=True) "
-                "in the tokenizer's added_tokens"
+        # The separator must be one of the tokenizer's special added tokens: only those are kept
+        # out of ordinary text by encode_special_tokens=True. An ordinary vocabulary token ("." or
+        # "the"), or an added token with special=False, is what plain text encodes to.
+        entry = added.get(self.separator_id)
+        if entry is None or entry.content != policy.token or not entry.special:
+            kind = (
+                "an ordinary vocabulary token"
+                if entry is None or entry.content != policy.token
+                else "an added token with special=false"
             )
+            raise TokenizerError(
+                f"{source}: tokenizer.separator {policy.token!r} is {kind} (id {sep}), not a special "
+                f"token, so plain text may encode to it; {_pick_special(specials)}, or "
+                f'add {policy.token!r} to the tokenizer\'s added_tokens with "special": true'
+            )
+        # And literal separator text, wherever it stands in a page, must stay text (a special
+        # token whose string the vocabulary can also spell, e.g. a special "." is caught here).
+        t = policy.token
+        probes = [t, f"a {t} b", f"a{t}b", f"word{t}", f"{t}word", f"{t} at the start", f"at the end {t}"]
+        probes += [f"{t}{t}", f"\n{t}\n", f"a {t}{t} b"]
+        for text in probes:
+            if self.separator_id in self.tokenizer.encode(text, add_special_tokens=False).ids:
+                raise TokenizerError(
+                    f"{source}: literal text {text!r} encodes to the separator id {sep} "
+                    f"(tokenizer.separator {policy.token!r}), so documents quoting it would gain extra "
+                    f"separators; {_pick_special(specials, other=True)}, or fix the tokenizer's "
+                    "added_tokens and vocabulary so no text spells it"
+                )
 
     def separator_info(self) -> dict[str, Any]:
         return {"token": self.policy.token, "id": self.separator_id, "position": self.policy.position}
@@ -84,8 +117,9 @@ class DocumentEncoder:
         # The contract, asserted per document: exactly one separator, at the policy's end.
         if np.count_nonzero(out == self.separator_id) != 1:
             raise TokenizerError(
-                f"a document encoded to {np.count_nonzero(out == self.separator_id)} separators "
-                f"(id {self.separator_id}); the tokenizer emits the separator from plain text — fix its "
-                "added_tokens so the separator is special"
+                f"a document encoded to {np.count_nonzero(out == self.separator_id)} separators: "
+                f"{self.source} emits tokenizer.separator {self.policy.token!r} (id {self.separator_id}) "
+                "from plain text; set tokenizer.separator to a special token such as '<|endoftext|>', "
+                'or fix the tokenizer\'s added_tokens so the separator is special ("special": true)'
             )
         return out

@@ -18,6 +18,14 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     """`spec` is a tokenizer.json file, a directory holding one, or a hub repo id (needs network)."""
     path = Path(spec)
     if path.is_dir():
+        # An existing local directory is never a hub name, even when it is relative and holds
+        # no tokenizer.json (that would be five network retries for nothing).
+        if not (path / "tokenizer.json").is_file():
+            raise TokenizerError(
+                f"directory {spec} holds no tokenizer.json; set tokenizer.path to a tokenizer.json "
+                "file (or a directory holding one), or train one with "
+                "`gristmill tokenizer train --config CONFIG`"
+            )
         path = path / "tokenizer.json"
     if path.is_file():
         try:

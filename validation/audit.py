@@ -30,10 +30,18 @@ from typing import Any, TextIO
 
 import duckdb
 
-from training.contract.dataset_format import DATASET_JSON
+from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
 from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS, RUN_REPORTS
-from validation.audit_views import connect, describe_views, find_damaged, persist
+from validation.audit_views import (
+    Damaged,
+    connect,
+    describe_views,
+    find_damaged,
+    persist,
+    unfinished_builds,
+)
+from validation.validate import VALIDATION_JSON
 
 READ_ONLY = {duckdb.StatementType.SELECT}
 
@@ -63,10 +71,47 @@ def _damaged_error(roots: list[str | Path]) -> AuditError | None:
     damaged = find_damaged(roots)
     if damaged is None:
         return None
-    return AuditError(
-        f"cannot audit {', '.join(map(str, roots))}: {damaged}; check it with `gristmill data validate "
-        "DIR` and rebuild (rerun `gristmill data build`) if it is damaged"
+    return AuditError(f"cannot audit {', '.join(map(str, roots))}: {damaged}; {_damaged_fix(damaged)}")
+
+
+def _damaged_fix(damaged: Damaged) -> str:
+    """What makes the damaged file readable again: advice that works for that kind of file."""
+    rel = damaged.path.relative_to(damaged.root)
+    if rel.parts[0] == LOGS_DIR and damaged.path.parent.name == "stats":
+        # datatrove's stats of one task: the validator does not check it (the shards do not depend
+        # on it), and a rerun of a finished build only revalidates, so neither rewrites it.
+        task = damaged.path.stem
+        if rel.parent == Path(LOGS_DIR, "stats"):
+            completion = damaged.path.parent.parent / "completions" / task
+            return (
+                f"it is datatrove's stats of task {task}, which only the summary report reads (the other "
+                f"reports and --sql over docs work without it). To write it again, delete {completion} and "
+                f"{damaged.root / DATASET_JSON}, then rerun the same `gristmill data build` command: it "
+                f"redoes task {task} alone (the same shards) and finishes the dataset again"
+            )
+        return (
+            f"it is datatrove's stats of task {task} of a stage before the build's own pass, which no "
+            "report needs (the summary counts the build's pass, logs/stats/): delete it and audit again"
+        )
+    if rel == Path(VALIDATION_JSON):
+        return f"rerun `gristmill data validate {damaged.root}`, which writes it again"
+    return (
+        f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
+        "`gristmill data build`) if it is damaged"
     )
+
+
+def _refuse_unfinished(roots: list[str | Path]) -> None:
+    """An unfinished build's tables would count only the tasks that have finished (or, with no
+    dataset.json, be mistaken for a training run's): refused, saying how to finish it."""
+    unfinished = unfinished_builds(roots)
+    if unfinished:
+        root = unfinished[0]
+        raise AuditError(
+            f"{root} is an unfinished build (no {DATASET_JSON}: the build was stopped or failed before "
+            "its last step); rerun the same `gristmill data build` command to finish it, then audit it "
+            "(--sql queries what its finished tasks wrote meanwhile)"
+        )
 
 
 class Result:
@@ -339,6 +384,7 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     """The default tables (DEFAULT_REPORTS) for these datasets, compact enough for one screen:
     long cells wrapped to the terminal's width, no dataset_name column for a single dataset.
     `make demo` shows it."""
+    _refuse_unfinished(roots)
     with _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
@@ -371,6 +417,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.sql is None:
+        _refuse_unfinished(args.dirs)
+    else:
+        for root in unfinished_builds(args.dirs):
+            print(
+                f"note: {root} is an unfinished build (no {DATASET_JSON}): its views hold only what "
+                "its finished tasks wrote",
+                file=sys.stderr,
+            )
     if args.db:
         try:
             views = persist(args.dirs, args.db)

@@ -32,6 +32,7 @@ from training.contract.dataset_format import (
     LOGS_DIR,
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
+    SHARDS_DIR,
     DatasetError,
     manifest_files,
 )
@@ -39,6 +40,10 @@ from training.contract.run_layout import CONSUMPTION_PARQUET
 from training.recipe_plan import CONSUMPTION_SCHEMA
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
+
+# The build's record of its config hash, written before its first task (pipelines.build_identity's
+# BUILD_JSON; named here, not imported: that module pulls in datatrove, seconds the audit never needs).
+BUILD_JSON = "build.json"
 
 
 @dataclass(frozen=True)
@@ -293,8 +298,34 @@ def persist(roots: list[str | Path], db_path: str | Path) -> list[str]:
         con.close()
 
 
-def find_damaged(roots: list[str | Path]) -> str | None:
-    """The first file a view reads that is not readable (parquet footer, JSON), as a message.
+def unfinished_builds(roots: list[str | Path]) -> list[Path]:
+    """The roots that are output directories of a build that has not finished: the build's own
+    files (build.json, manifest/, shards/) but no dataset.json, which the build writes last."""
+    marks = (BUILD_JSON, MANIFEST_DIR, SHARDS_DIR)
+    return [
+        Path(r)
+        for r in roots
+        if Path(r).is_dir()
+        and not (Path(r) / DATASET_JSON).exists()
+        and any((Path(r) / m).exists() for m in marks)
+    ]
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A file a view reads that is not readable: `message` names it, `path` is the file, inside the
+    dataset directory `root`."""
+
+    root: Path
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def find_damaged(roots: list[str | Path]) -> Damaged | None:
+    """The first file a view reads that is not readable (parquet footer, JSON).
 
     Called only after duckdb failed, to name the file: duckdb's errors for a JSON cast do not.
     """
@@ -311,7 +342,8 @@ def find_damaged(roots: list[str | Path]) -> str | None:
                     elif view.reader == "text":  # every text view casts the content to JSON
                         json.loads(Path(path).read_bytes())
                 except Exception as e:  # noqa: BLE001 - any failure is the answer
-                    return f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})"
+                    why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                    return Damaged(root, Path(path), f"{path} is unreadable ({why})")
     return None
 
 

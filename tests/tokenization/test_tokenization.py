@@ -1,13 +1,17 @@
 """The separator contract at the encoder: exactly one separator per document, whatever the tokenizer does."""
 
+import json
 import os
 import subprocess
 import sys
+import time
 
+import huggingface_hub.constants
 import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, processors
 
+from tests.conftest import fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer, train_bpe
 
@@ -79,8 +83,81 @@ def test_tokenizer_without_separator_is_refused(tokenizer):
 def test_non_special_separator_is_refused(tokenizer):
     tok = train_bpe(TEXTS[:2] * 5, vocab_size=300, special_tokens=[])
     tok.add_tokens([AddedToken(SEP, special=False)])
-    with pytest.raises(TokenizerError, match="declare the token as special"):
+    with pytest.raises(TokenizerError, match="is an added token with special=false .*not a special token"):
         DocumentEncoder(tok, SeparatorPolicy(SEP))
+
+
+@pytest.fixture(scope="module")
+def prose_tokenizer() -> Tokenizer:
+    """The project's own BPE on real prose: "the" is an ordinary token, and so is " the"."""
+    return train_bpe(fixture_texts(), vocab_size=512, special_tokens=[SEP, BOS])
+
+
+def test_ordinary_vocabulary_token_as_separator_is_refused(prose_tokenizer):
+    tok = prose_tokenizer
+    the = tok.token_to_id("the")
+    assert the is not None
+    # The trap the old probe ("a the b") missed: there " the" is its own token, while "the" alone
+    # (or glued to a word) encodes to the separator's id.
+    assert the not in tok.encode("a the b", add_special_tokens=False).ids
+    assert tok.encode("the", add_special_tokens=False).ids == [the]
+    for token in ("the", "."):
+        with pytest.raises(TokenizerError) as err:
+            DocumentEncoder(tok, SeparatorPolicy(token), source="tokenizer runs/tok.json")
+        msg = str(err.value)
+        assert msg.startswith(
+            f"tokenizer runs/tok.json: tokenizer.separator {token!r} is an ordinary vocabulary"
+        )
+        assert "not a special token" in msg
+        assert f"set tokenizer.separator to one of its special tokens ['{SEP}', '{BOS}']" in msg
+        assert f'add {token!r} to the tokenizer\'s added_tokens with "special": true' in msg
+
+
+def test_separator_removed_from_added_tokens_is_refused(prose_tokenizer):
+    # A tokenizer.json edited by hand: <|endoftext|> gone from added_tokens, still in the vocabulary.
+    raw = json.loads(prose_tokenizer.to_str())
+    raw["added_tokens"] = [t for t in raw["added_tokens"] if t["content"] != SEP]
+    assert raw["model"]["vocab"][SEP] == 0
+    tok = Tokenizer.from_str(json.dumps(raw))
+    assert tok.token_to_id(SEP) == 0
+    with pytest.raises(
+        TokenizerError, match=r"tokenizer.separator '<\|endoftext\|>' is an ordinary vocabulary"
+    ):
+        DocumentEncoder(tok, SeparatorPolicy(SEP), source="tok.json")
+
+
+def test_special_separator_that_text_can_spell_is_refused(prose_tokenizer):
+    # Special, but its string is also an ordinary token: plain "the" would encode to its id.
+    tok = Tokenizer.from_str(prose_tokenizer.to_str())
+    tok.add_special_tokens([AddedToken("the", special=True)])
+    with pytest.raises(TokenizerError, match="literal text 'the' encodes to the separator id"):
+        DocumentEncoder(tok, SeparatorPolicy("the"), source="tok.json")
+    # The real separator passes every position of the probe.
+    enc = DocumentEncoder(tok, SeparatorPolicy(SEP))
+    for text in (SEP, f"x{SEP}y", f"{SEP} start", f"end {SEP}", SEP * 2):
+        assert_one_separator(enc, enc.encode(text), "after")
+
+
+def test_separator_count_error_names_the_key_and_tokenizer(prose_tokenizer):
+    enc = DocumentEncoder(prose_tokenizer, SeparatorPolicy(SEP), source="tokenizer out/tokenizer.json")
+    with pytest.raises(TokenizerError) as err:
+        enc._frame([enc.separator_id, 5])  # what a tokenizer emitting the separator from text gives
+    msg = str(err.value)
+    assert "a document encoded to 2 separators" in msg
+    assert f"tokenizer out/tokenizer.json emits tokenizer.separator '{SEP}' (id 0)" in msg
+
+
+def test_existing_directory_without_tokenizer_json_is_not_a_hub_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokdir").mkdir()
+    # Were it looked up on the hub, offline this fails at once (instead of ~30 s of retries).
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    t0 = time.perf_counter()
+    with pytest.raises(TokenizerError) as err:
+        load_tokenizer("tokdir")
+    assert str(err.value).startswith("directory tokdir holds no tokenizer.json; set tokenizer.path")
+    assert "hub" not in str(err.value)
+    assert time.perf_counter() - t0 < 5
 
 
 def test_load_tokenizer(tokenizer, tmp_path):

@@ -307,7 +307,14 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
     assert main(["data", "audit", str(root)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # no traceback
-    assert f"{target} is unreadable" in lines[0] and "gristmill data validate" in lines[0]
+    assert f"{target} is unreadable" in lines[0]
+    fix = {  # advice that works for that file (test_audit_builds.py follows the stats one)
+        "manifest/00001.parquet": f"check the dataset with `gristmill data validate {root}`",
+        "dataset.json": f"check the dataset with `gristmill data validate {root}`",
+        "logs/stats/00001.json": f"delete {root / 'logs/completions/00001'} and {root / 'dataset.json'}",
+        "validation.json": f"rerun `gristmill data validate {root}`, which writes it again",
+    }[damage]
+    assert fix in lines[0], lines[0]
 
 
 def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):

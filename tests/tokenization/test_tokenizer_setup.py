@@ -1,0 +1,130 @@
+"""The tokenizer a build starts from: checked before any task, found locally when it is local, and
+trained without ever replacing a tokenizer file someone else wrote meanwhile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+
+from pipelines.config import DataConfig
+from pipelines.tokenizer_train import train_tokenizer
+from tests.conftest import SEP, fixture_texts, train_fixture_tokenizer
+from tests.pipelines.test_build_errors import build_argv, one_error
+from tokenization.tokenizer_io import TokenizerError, load_tokenizer
+from training.contract.config_loader import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ordinary_token_as_separator_stops_the_build_before_any_task(build_fixture, tmp_path, capsys):
+    # "the" is a token of the fixture tokenizer, and " the" another: a probe of "a the b" alone
+    # let the build start, and its first task died on a document with "the" in it.
+    _, tokenizer, config = build_fixture
+    assert load_tokenizer(tokenizer).token_to_id("the") is not None
+    out = tmp_path / "o"
+    msg = one_error(capsys, build_argv(config, out, 'tokenizer.separator="the"'))
+    assert msg.startswith(
+        f"error: tokenizer {tokenizer}: tokenizer.separator 'the' is an ordinary vocabulary token"
+    )
+    assert f"set tokenizer.separator to one of its special tokens ['{SEP}'" in msg
+    assert not out.exists()  # no task ran, and nothing is left to refuse the corrected config
+
+
+def test_local_directory_without_tokenizer_json_is_one_line(build_fixture, tmp_path, capsys, monkeypatch):
+    _, _, config = build_fixture
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tokdir_empty").mkdir()
+    # Were it looked up on the hub, offline fails at once rather than after ~30 s of retries.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", "tokenizer.path=tokdir_empty"))
+    assert msg.startswith("error: directory tokdir_empty holds no tokenizer.json; set tokenizer.path")
+    assert not (tmp_path / "o").exists()
+
+
+def train_config(config: Path, out: Path, vocab_size: int = 400, source: Path | None = None) -> DataConfig:
+    overrides = [f"tokenizer.path={out}", f"tokenizer.train.vocab_size={vocab_size}"]
+    if source is not None:
+        overrides.append(f"source.path={source}")
+    return load_config(DataConfig, config, overrides)
+
+
+def test_training_never_replaces_a_tokenizer_that_appeared_meanwhile(build_fixture, tmp_path):
+    # What a second build training the same missing tokenizer.path meets when it saves: the file
+    # the first one wrote (and may already have built a dataset with).
+    _, _, config = build_fixture
+    out = tmp_path / "newtok.json"
+    theirs = train_fixture_tokenizer(out, fixture_texts(40)).read_bytes()
+    with pytest.raises(TokenizerError) as err:
+        train_tokenizer(train_config(config, out), log=lambda *a: None)
+    assert str(err.value).startswith(f"{out} appeared while this tokenizer was being trained")
+    assert "rerun to use it, or set tokenizer.path to another file" in str(err.value)
+    assert out.read_bytes() == theirs  # left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newtok.json"]  # no temporary file left
+
+    # The same bytes (the same recipe trained twice): the file already there is used, untouched.
+    same = tmp_path / "same" / "tok.json"
+    train_tokenizer(train_config(config, same), log=lambda *a: None)
+    inode = same.stat().st_ino
+    logged = []
+    assert train_tokenizer(train_config(config, same), log=logged.append) == same
+    assert same.stat().st_ino == inode  # not replaced by a copy
+    assert "appeared meanwhile with the same bytes" in logged[-1]
+    assert sorted(p.name for p in same.parent.iterdir()) == ["tok.json"]
+
+
+RACE = """
+import sys
+from pipelines.config import DataConfig
+from pipelines.tokenizer_train import train_tokenizer
+from tokenization.tokenizer_io import TokenizerError
+from training.contract.config_loader import load_config
+cfg = load_config(DataConfig, sys.argv[1], sys.argv[2:])
+sys.stdin.read()  # both processes start training together
+try:
+    train_tokenizer(cfg, log=lambda *a: None)
+except TokenizerError as e:
+    print(e, file=sys.stderr)
+    sys.exit(2)
+"""
+
+
+def test_two_trainings_of_the_same_missing_file_race_safely(build_fixture, tmp_path):
+    # Two processes train different tokenizers (vocab 400 and 450) for the same path at once: one
+    # writes it, the other finds it there when it saves and refuses; neither replaces the other's.
+    _, _, config = build_fixture
+    out = tmp_path / "newtok.json"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RACE,
+                str(config),
+                f"tokenizer.path={out}",
+                f"tokenizer.train.vocab_size={v}",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdin=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for v in (400, 450)
+    ]
+    for p in procs:
+        p.stdin.write("go")
+        p.stdin.close()
+    rcs = [p.wait(timeout=300) for p in procs]
+    errs = [p.stderr.read() for p in procs]
+    assert sorted(rcs) == [0, 2], errs
+    winner, loser = (400, 450) if rcs[0] == 0 else (450, 400)
+    assert "appeared while this tokenizer was being trained" in errs[rcs.index(2)]
+    assert json.loads(out.read_text())["model"]["vocab"]  # a whole tokenizer.json
+    assert load_tokenizer(out).get_vocab_size() == winner != loser
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newtok.json"]

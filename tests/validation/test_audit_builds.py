@@ -1,0 +1,94 @@
+"""`gristmill data audit` of build directories that are not (or no longer) whole: an unfinished
+build, and a finished one whose datatrove stats file is damaged; the advice given is followed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pipelines.build import build
+from pipelines.cli import main
+from pipelines.config import DataConfig
+from training.contract.config_loader import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def audit(capsys, *args: str) -> tuple[int, str, list[str]]:
+    capsys.readouterr()
+    rc = main(["data", "audit", *map(str, args)])
+    out, err = capsys.readouterr()
+    return rc, out, [line for line in err.splitlines() if line.strip()]
+
+
+def test_unfinished_build_is_refused_saying_how_to_finish_it(build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    # A real unfinished build: task 1 SIGKILLs the build's process group mid-shard
+    # (pipelines/faults.py), leaving build.json, shards and manifests but no dataset.json.
+    killed = subprocess.run(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}"],
+        cwd=ROOT,
+        env={**os.environ, "GRISTMILL_TEST_KILL": "1:second_shard"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert (out / "shards").is_dir() and not (out / "dataset.json").exists()
+
+    rc, stdout, err = audit(capsys, out)
+    assert rc == 2 and stdout == "", stdout  # not a training run's empty `consumption` table
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {out} is an unfinished build (no dataset.json")
+    assert "rerun the same `gristmill data build` command to finish it" in err[0]
+    rc, _, err = audit(capsys, out, "--report", "lengths")
+    assert rc == 2 and "unfinished build" in err[0]
+    # --sql still reads what the finished tasks wrote, with a note.
+    rc, stdout, err = audit(capsys, out, "--sql", "SELECT count(*) AS n FROM docs", "--format", "json")
+    assert rc == 0 and err == [
+        f"note: {out} is an unfinished build (no dataset.json): its views hold only "
+        "what its finished tasks wrote"
+    ]
+    assert json.loads(stdout)[0]["n"] >= 0
+
+
+def test_damaged_stats_file_advice_writes_it_again(built_dataset, build_fixture, tmp_path, capsys):
+    _, _, config = build_fixture
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    stats = root / "logs" / "stats" / "00000.json"
+    stats.write_bytes(stats.read_bytes()[:300])  # truncated
+
+    rc, _, err = audit(capsys, root)
+    assert rc == 2 and len(err) == 1 and f"{stats} is unreadable" in err[0], err
+    completion, dataset_json = root / "logs" / "completions" / "00000", root / "dataset.json"
+    assert (
+        f"delete {completion} and {dataset_json}, then rerun the same `gristmill data build` command"
+        in err[0]
+    )
+    # The reports that do not read the stats work meanwhile, as the message says.
+    rc, _, err = audit(capsys, root, "--report", "lengths")
+    assert rc == 0, err
+
+    # Follow the advice: the rerun redoes task 0 alone and writes its stats again.
+    completion.unlink()
+    dataset_json.unlink()
+    result = build(load_config(DataConfig, config, [f"output={root}"]), log=lambda *a: None)
+    assert result.ok, result.report
+    assert isinstance(json.loads(stats.read_text()), list)
+    for sub in ("shards", "manifest"):
+        for f in sorted((built_dataset / sub).iterdir()):
+            assert (root / sub / f.name).read_bytes() == f.read_bytes(), f.name
+    assert (
+        json.loads(dataset_json.read_text())["fingerprint"]
+        == json.loads((built_dataset / "dataset.json").read_text())["fingerprint"]
+    )
+    rc, stdout, err = audit(capsys, root)
+    assert rc == 0 and stdout.startswith("== summary =="), err
