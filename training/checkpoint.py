@@ -30,6 +30,12 @@ lesson from someone's lost run:
   check, and so does the end of training), keeps the newest `keep_last` complete ones, and deletes
   an old one's COMPLETE record first (fsynced) so a half-deleted directory is never taken for
   complete.
+- One run directory holds one timeline: a new run (no --resume), or a resume from another run
+  directory's checkpoint, into a directory that already holds complete checkpoints is refused;
+  `--resume auto` refuses when every complete checkpoint fails verification (starting over beside
+  them would mix two runs); retention counts only steps up to the one just saved.
+- COMPLETE records the model (ModelConfig): a resume into another model shape is refused before
+  anything is loaded, and the export builds the checkpoint's own model.
 - Reading a checkpoint (resume here, the model for an export) is training/checkpoint_io.py's:
   checksums first, an allow-list unpickler for `.metadata`, one line for any DCP failure.
 """
@@ -51,14 +57,19 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpoint_io import (
+    ARCHITECTURE_FIELDS,
+    MODEL_RECORD,
     CheckpointError,
     _single_process_quiet,
     checkpoint_error_cause,
     checkpoint_keys,
+    describe_differences,
     load_or_raise,
+    model_differences,
     newest_verified,
     nonfinite_tensor,
     read_complete_record,
+    recorded_model,
     state_tensors,
     verify_checkpoint,
 )
@@ -86,8 +97,37 @@ from training.hf_export import export_checkpoint
 RANK_RECORD = ".files-rank{:05d}.json"  # a rank's file checksums until rank 0 merges them into COMPLETE
 
 
+def _earlier_run(run_dir: str | Path) -> str | None:
+    """'RUN/checkpoints already holds step-000040 (saved …)' when the run directory has a complete
+    checkpoint (abandoned-step-N directories and incomplete leftovers do not count), else None."""
+    steps = complete_steps(run_dir)
+    if not steps:
+        return None
+    newest = checkpoint_dir(run_dir, steps[-1])
+    try:
+        when = read_complete_record(newest).get("completed_at")
+    except CheckpointError:
+        when = None
+    details = [f"saved {when}"] if when else []
+    if len(steps) > 1:
+        details.append(f"and {len(steps) - 1} older complete checkpoint(s)")
+    return f"{newest.parent} already holds {newest.name}" + (f" ({', '.join(details)})" if details else "")
+
+
 def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]:
-    """The checkpoint `--resume spec` means ("auto" or a path) and lines explaining the choice."""
+    """The checkpoint `--resume spec` means ("auto", a path, or "": none) and lines explaining the
+    choice. One run directory holds one run's checkpoints: a new run (no --resume), or a resume from
+    another run directory's checkpoint, into a directory that already holds complete checkpoints is
+    refused (retention, export and --resume auto would mix the two runs' steps)."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not spec:
+        held = _earlier_run(run_dir)
+        if held is not None:
+            raise CheckpointError(
+                f"{held} of an earlier run; continue that run with --resume auto, or use another "
+                f"run.output_dir (or delete {root} to start over from step 0)"
+            )
+        return None, []
     if spec != "auto":
         path = Path(spec)
         if not path.is_dir():
@@ -98,6 +138,13 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec} is not a complete checkpoint: {reason}; use --resume auto to take the "
                 "newest complete one"
             )
+        held = _earlier_run(run_dir)
+        if held is not None and path.resolve().parent != root.resolve():
+            raise CheckpointError(
+                f"--resume {spec} is a checkpoint of another run directory, but {held}: a run directory "
+                f"holds one run's checkpoints; continue this run with --resume auto, or resume from {spec} "
+                f"into another run.output_dir (or delete {root} to start over)"
+            )
         try:
             note = verify_checkpoint(path)
         except CheckpointError as e:
@@ -105,12 +152,17 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec}: {e}; use --resume auto to take the newest one that verifies"
             ) from None
         return path, [f"resuming from {path} (given by --resume)", *([note] if note else [])]
-    root = Path(run_dir) / CHECKPOINTS_DIR
     path, note, passed_over = newest_verified(run_dir)
     notes = [f"  skipped {p.name}: {reason}" for p, reason in passed_over]
     if path is not None:
         head = f"resuming from {path}, the newest complete checkpoint that verifies"
         return path, [head, *notes, *([note] if note else [])]
+    damaged = [reason for p, reason in passed_over if incomplete_reason(p) is None]
+    if damaged:  # starting over here would train a new run beside (and prune against) the damaged one
+        raise CheckpointError(
+            f"--resume auto: no complete checkpoint in {root} verifies ({'; '.join(damaged)}); repair or "
+            f"restore the damaged files from a copy, or move {root} aside to start over from step 0"
+        )
     return None, [f"--resume auto: no complete checkpoint in {root}; starting from step 0", *notes]
 
 
@@ -157,18 +209,20 @@ def delete_checkpoint(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def prune(run_dir: str | Path, keep_last: int, log=print) -> list[int]:
-    """Retention, called after a checkpoint became complete: delete complete checkpoints older than
-    the newest `keep_last` (0: keep all) and incomplete leftovers older than the newest complete one
-    (a save in flight is always newer). Returns the deleted steps."""
-    complete = complete_steps(run_dir)
-    if not complete:
+def prune(run_dir: str | Path, keep_last: int, log=print, *, saved: int) -> list[int]:
+    """Retention, called after checkpoint `saved` became complete: delete complete checkpoints older
+    than the newest `keep_last` (0: keep all) and incomplete leftovers older than `saved`. Only steps
+    up to `saved` are counted and only older ones deleted: `saved` itself always stays, and a higher
+    step (a save in flight, or no checkpoint of this timeline) is never touched. Returns the deleted
+    steps."""
+    complete = [s for s in complete_steps(run_dir) if s <= saved]
+    if saved not in complete:  # retention runs only after a save completed; nothing to measure against
         return []
     keep = set(complete[-keep_last:]) if keep_last else set(complete)
-    newest = complete[-1]
+    keep.add(saved)
     deleted = []
     for step in list_steps(Path(run_dir) / CHECKPOINTS_DIR):
-        if step < newest and step not in keep:
+        if step < saved and step not in keep:
             delete_checkpoint(checkpoint_dir(run_dir, step))
             deleted.append(step)
     if deleted:
@@ -214,12 +268,16 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
+        model_config: dict[str, Any] | None = None,
         log=print,
     ):
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
         self.config_sha256 = config_sha256
+        # dataclasses.asdict of the run's ModelConfig: recorded in COMPLETE (the export builds the
+        # checkpoint's own model from it) and checked before a resume loads anything.
+        self.model_config = model_config
         self.estimate_bytes, self.estimate_basis = estimate_bytes, "estimated from the parameter count"
         self.log = log if rank == 0 else (lambda *a, **k: None)
         self.root = self.run_dir / CHECKPOINTS_DIR
@@ -275,13 +333,14 @@ class Checkpointer:
 
     # -- resume --
     def resume(self, spec: str) -> int | None:
-        """Load the checkpoint `spec` names ("auto" or a path; "" = none); returns its step or None."""
-        if not spec:
-            return None
+        """Load the checkpoint `spec` names ("auto" or a path; "" = none); returns its step or None.
+        Also with "": a new run into a directory that holds another run's checkpoints is refused."""
         choice = None
         if self.rank == 0:
             try:
                 path, notes = find_resume(self.run_dir, spec)
+                if path is not None:
+                    notes += self._model_notes(path)  # a different model is refused before any load
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
                     self.log(line)
@@ -327,6 +386,29 @@ class Checkpointer:
             if path.parent.resolve() == self.root.resolve():
                 self._set_aside_newer(step)
         return step
+
+    def _model_notes(self, path: Path) -> list[str]:
+        """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line
+        (DCP would load a 2-layer checkpoint into a 1-layer model without a word, or fail with
+        torch's size mismatch); other model settings that changed get a note. Checkpoints without a
+        model record (written before gristmill kept one) are not checked."""
+        recorded = recorded_model(path)
+        if recorded is None or self.model_config is None:
+            return []
+        diffs = model_differences(recorded, self.model_config)
+        shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]
+        if shape:
+            sets = " ".join(f"model.{k}={json.dumps(a)}" for k, a, _ in shape)
+            raise CheckpointError(
+                f"cannot resume from {path}: it holds another model "
+                f"({describe_differences(shape, 'in the checkpoint', 'in this config')}); resume with the "
+                f"config it was written with ({path.parent.parent / CONFIG_TOML} of its run, or --set "
+                f"{sets}), or start a new run directory (another run.output_dir)"
+            )
+        if not diffs:
+            return []
+        changed = describe_differences(diffs, "in the checkpoint", "now")
+        return [f"note: model settings differ from {path.name}'s ({changed}); continuing with this config's"]
 
     def _set_aside_newer(self, step: int) -> None:
         """Checkpoints newer than the resumed one belong to an abandoned timeline: incomplete ones
@@ -378,15 +460,15 @@ class Checkpointer:
                 self.staging.close()
                 self.staging = None
 
-    def _retain(self) -> None:
+    def _retain(self, saved: int) -> None:
         """Retention in a thread of its own: deleting an old checkpoint's files takes time the loop
         need not wait for (1.0 s for 1.4 GB on the CI VM's disk; a 1.24B model's is 15 GB). It
-        only touches checkpoints older than the newest complete one, never a save in flight."""
+        only touches checkpoints older than `saved` (the one just completed), never a save in flight."""
         self._join_retention()
 
         def run() -> None:
             try:
-                prune(self.run_dir, self.cfg.keep_last, log=self.log)
+                prune(self.run_dir, self.cfg.keep_last, log=self.log, saved=saved)
             except BaseException as e:  # raised in the training thread at the next save or close
                 self._retention_error = e
 
@@ -595,6 +677,7 @@ class Checkpointer:
                     "save_seconds": round(time.perf_counter() - t0, 3),
                     "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "world_size": self.world_size,
+                    **({MODEL_RECORD: self.model_config} if self.model_config is not None else {}),
                     "files": files,
                 },
             )
@@ -608,4 +691,4 @@ class Checkpointer:
         if self.cfg.export_interval and step % self.cfg.export_interval == 0:
             out = export_checkpoint(self.run_dir, step, verified=True)  # hashed as written, just now
             self.log(f"export {out} written (permanent: HF LlamaForCausalLM + tokenizer)")
-        self._retain()
+        self._retain(step)

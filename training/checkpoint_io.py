@@ -132,6 +132,36 @@ def read_complete_record(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
 
 
+MODEL_RECORD = "model"
+"""COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
+training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""
+
+ARCHITECTURE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tie_embeddings")
+"""ModelConfig fields that decide what the saved weights mean: a resume with any of them changed is
+refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk) are
+settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
+
+
+def recorded_model(path: str | Path) -> dict[str, Any] | None:
+    """The model config recorded in checkpoint `path`'s COMPLETE, or None (an older checkpoint)."""
+    model = read_complete_record(path).get(MODEL_RECORD)
+    return model if isinstance(model, dict) else None
+
+
+def model_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, recorded value, current value) for every field both hold with different values."""
+    return [(k, recorded[k], v) for k, v in current.items() if k in recorded and recorded[k] != v]
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v)  # TOML-like: true, 10000.0, "x"
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]], first: str, second: str) -> str:
+    """'model.n_layers = 2 in the checkpoint, 1 in this config; …'"""
+    return "; ".join(f"model.{k} = {_value(a)} {first}, {_value(b)} {second}" for k, a, b in diffs)
+
+
 def verify_checkpoint(path: str | Path) -> str | None:
     """Check a complete checkpoint's files against the sizes and checksums in its COMPLETE record.
     Raises CheckpointError naming each damaged file; returns a note when the record holds no

@@ -31,9 +31,13 @@ from typing import Any
 import torch
 
 from training.checkpoint_io import (
+    CheckpointError,
+    describe_differences,
     load_or_raise,
+    model_differences,
     newest_verified,
     nonfinite_tensor,
+    recorded_model,
     verify_checkpoint,
 )
 from training.config import TrainConfig, phases_of, resolve_model_config, sources_of
@@ -269,7 +273,10 @@ def verify_export(path: str | Path) -> str | None:
     record = path / EXPORT_CHECKSUMS
     if not record.is_file():
         if not (path / "model.safetensors").is_file():
-            raise ExportError(f"{path} is not an export: no model.safetensors")
+            raise ExportError(
+                f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
+                "again (gristmill export RUN --step N)"
+            )
         return f"note: {path} has no {EXPORT_CHECKSUMS} (exported before gristmill recorded checksums)"
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
@@ -307,12 +314,38 @@ def run_model_config(run_dir: str | Path):
     return cfg, dataset, resolve_model_config(cfg.model, info, max(ph.seq_len for ph in phases_of(cfg)))
 
 
+def checkpoint_model_config(
+    run_dir: str | Path, ckpt: Path, config_mcfg: ModelConfig, log=None
+) -> ModelConfig:
+    """The model checkpoint `ckpt` holds: the ModelConfig recorded in its COMPLETE (a note through
+    `log` where RUN/config.toml now says otherwise), or RUN/config.toml's `config_mcfg` for a
+    checkpoint written before gristmill recorded it."""
+    recorded = recorded_model(ckpt)
+    if recorded is None:
+        return config_mcfg
+    known = {f.name for f in dataclasses.fields(ModelConfig)}
+    try:
+        mcfg = dataclasses.replace(config_mcfg, **{k: v for k, v in recorded.items() if k in known})
+    except (TypeError, ValueError) as e:
+        raise ExportError(f"{ckpt}/COMPLETE holds an unusable model record ({e})") from None
+    diffs = model_differences(dataclasses.asdict(mcfg), dataclasses.asdict(config_mcfg))
+    if diffs and log is not None:
+        config = Path(run_dir) / CONFIG_TOML
+        log(
+            f"note: {ckpt.name} was saved with another model than {config} describes "
+            f"({describe_differences(diffs, 'in the checkpoint', 'in config.toml')}); exporting the "
+            "checkpoint's own model"
+        )
+    return mcfg
+
+
 def load_checkpoint_model(
-    run_dir: str | Path, step: int, *, verified: bool = False
+    run_dir: str | Path, step: int, *, verified: bool = False, log=None
 ) -> tuple[Transformer, ModelConfig, Path]:
-    """The run's model on CPU (one process, fp32) with the weights of checkpoint `step`, its
-    config, and the run's dataset directory. The checkpoint's files are verified against COMPLETE
-    first (unless the caller just did: `verified`) and every weight must be finite after loading."""
+    """The model of checkpoint `step` on CPU (one process, fp32) with its weights, its config (the
+    one recorded in the checkpoint; RUN/config.toml's for older checkpoints), and the run's dataset
+    directory. The checkpoint's files are verified against COMPLETE first (unless the caller just
+    did: `verified`) and every weight must be finite after loading."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
     reason = incomplete_reason(ckpt)
@@ -323,8 +356,15 @@ def load_checkpoint_model(
             f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
         )
     if not verified:
-        verify_checkpoint(ckpt)
-    _, dataset, mcfg = run_model_config(run_dir)
+        try:
+            verify_checkpoint(ckpt)
+        except CheckpointError as e:
+            raise ExportError(
+                f"{e}. Export another step (--step N; without --step: the newest that verifies), or "
+                "restore the damaged file from a copy"
+            ) from None
+    _, dataset, config_mcfg = run_model_config(run_dir)
+    mcfg = checkpoint_model_config(run_dir, ckpt, config_mcfg, log)
     model = Transformer(mcfg)
     # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
     load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)
@@ -357,7 +397,7 @@ def export_checkpoint(
         if note and log is not None:
             log(note)
         return out
-    model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified)
+    model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
     return export_hf(
         model.state_dict(),
         mcfg,

@@ -1,8 +1,8 @@
 """Optimizer, learning-rate schedule and gradient clipping (DTensor/FSDP2-aware).
 
 AdamW with β = (0.9, 0.95) and weight decay 0.1 on matrices only (norm weights and biases never
-decay; embeddings optionally), fused; linear warmup then cosine to min_lr as a LambdaLR
-(Stateful: state_dict/load_state_dict); optional 8-bit AdamW through bitsandbytes on CUDA.
+decay; embeddings optionally), fused; linear warmup then cosine to min_lr, set each step from the
+config (its checkpointed state is the step alone); optional 8-bit AdamW through bitsandbytes on CUDA.
 """
 
 from __future__ import annotations
@@ -95,23 +95,26 @@ class WarmupCosine:
 
 def build_scheduler(
     optimizer: torch.optim.Optimizer, optim: OptimSection, schedule: ScheduleSection
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR over WarmupCosine; its state_dict (last_epoch, base_lrs) is what a checkpoint stores."""
+) -> ScheduledLR:
+    """Warmup then cosine (WarmupCosine) times optim.lr; a checkpoint stores only its step."""
     fn = WarmupCosine(schedule.warmup_steps, schedule.steps, optim.min_lr / optim.lr)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+    # `last_epoch`: LambdaLR's name for the step, which this replaced, so older checkpoints load.
+    return ScheduledLR(optimizer, lambda step: optim.lr * fn(step), key="last_epoch")
 
 
-class PlanLR:
-    """The learning rate of a phased plan (training/data_plan.Plan.lr), step by step.
+class ScheduledLR:
+    """Sets every group's lr to `lr_at(step)` each step; its checkpointed state is the step alone.
 
-    Used in place of LambdaLR for runs with [[phase]]: it sets each group's lr to the plan's value
-    (no multiplier of a base lr that a checkpoint could bring back from an older config), and its
-    state is only the step. Whether the LR of the steps already trained changed is the plan's
-    resume check (data_plan.check_resume), not this object's.
+    Not LambdaLR: its state_dict keeps base_lrs and the multiplier object's attributes (warmup,
+    total, min ratio), so a resume with a changed optim.lr or [schedule] went on training at the
+    checkpoint's rates while RUN/config.toml said otherwise. Here the LR is a function of the config
+    and the step only. [[phase]] runs pass the plan's LR (training/data_plan.Plan.lr); whether a
+    phase's past LR changed is the plan's resume check (data_plan.check_resume), not this object's.
+    `key` names the step in the state dict ("last_step" for phased runs).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_at):
-        self.optimizer, self.lr_at = optimizer, lr_at
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_at, key: str = "last_step"):
+        self.optimizer, self.lr_at, self.key = optimizer, lr_at, key
         self.last_step = 0
         self._apply()
 
@@ -128,10 +131,10 @@ class PlanLR:
         self._apply()
 
     def state_dict(self) -> dict[str, int]:
-        return {"last_step": self.last_step}
+        return {self.key: self.last_step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.last_step = int(state["last_step"])
+        self.last_step = int(state[self.key])
         self._apply()
 
 

@@ -54,6 +54,7 @@ from training.config import (  # the CLI helpers are re-exported: `from training
 )
 from training.contract.config_loader import (
     add_config_arguments,
+    config_changes,
     config_sha256,
     save_config,
     to_dict,
@@ -77,7 +78,13 @@ from training.metrics import (
     update_ratio,
 )
 from training.model import Transformer, flops_per_token, num_params
-from training.optim import PlanLR, bitsandbytes_or_refuse, build_optimizer, build_scheduler, clip_grad_norm
+from training.optim import (
+    ScheduledLR,
+    bitsandbytes_or_refuse,
+    build_optimizer,
+    build_scheduler,
+    clip_grad_norm,
+)
 from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
 from training.recipe_plan import build_plan, format_plan, open_plan, plot_plan, write_consumption
 from training.run_lock import RunLock
@@ -135,7 +142,7 @@ def forward_backward_step(
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scheduler: ScheduledLR,
     micro_batches: list[dict[str, torch.Tensor]],
     *,
     grad_clip: float,
@@ -435,7 +442,7 @@ class Run:
     validation: Validation | None
     evaluator: StepEval | None  # lm-eval at eval.interval (None: off)
     optimizer: torch.optim.Optimizer
-    scheduler: Any  # LambdaLR (one-phase recipe) or PlanLR ([[phase]])
+    scheduler: ScheduledLR
     state: TrainState
     states: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
     ckpt: Checkpointer
@@ -485,7 +492,7 @@ def setup(
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     if is_phased(cfg):  # the last scheduler.step() looks one step past the plan: hold its last LR
-        scheduler = PlanLR(optimizer, lambda s: data.lr(min(s, data.total_steps - 1)))
+        scheduler = ScheduledLR(optimizer, lambda s: data.lr(min(s, data.total_steps - 1)))
     else:
         scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
     state = TrainState(rank=env.rank)
@@ -507,11 +514,15 @@ def setup(
         last_step=last,
         config_sha256=config_sha256(unresumed),
         estimate_bytes=num_params(model) * 4 * 3,  # fp32 weights + AdamW's two moments
+        model_config=dataclasses.asdict(mcfg),  # recorded in COMPLETE, checked before a resume loads
         log=say,
     )
     resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
+        if resumed is not None:
+            for line in _changes_since(run_dir / CONFIG_TOML, cfg, resumed):
+                say(line)
         try:
             save_config(cfg, run_dir / CONFIG_TOML)
         except OSError as e:
@@ -548,6 +559,21 @@ def setup(
             say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
     return Run(cfg, plans, data, env, device, run_dir, model, amp, loader, validation, evaluator, optimizer,
                scheduler, state, states, ckpt, writer, last, fpt, peak, say)  # fmt: skip
+
+
+def _changes_since(path: Path, cfg: TrainConfig, step: int) -> list[str]:
+    """A resume's note of what differs from the run's saved config.toml (the optimizer, the schedule
+    and the run settings are this config's from the next step on; the data and the model are
+    checked apart and refused when they changed)."""
+    try:
+        before = load_train_config(path, [])
+    except (GristmillError, OSError):
+        return []  # no or an unreadable earlier config: nothing to compare with
+    changes = config_changes(before, cfg, ignore=("checkpoint.resume",))
+    if not changes:
+        return []
+    shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
+    return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
 
 
 def loop(r: Run) -> dict[str, Any]:

@@ -116,7 +116,13 @@ class OptimizerState:
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        # The checkpoint brings the moments and step counts; the hyperparameters (betas, eps, weight
+        # decay, and the lr the schedule set) stay this config's. Loading them too made a resume
+        # with a changed optim.* train on the old values while RUN/config.toml named the new ones.
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
         set_optimizer_state_dict(self.model, self.optimizer, state)
+        for group, own in zip(self.optimizer.param_groups, hyper):
+            group.update(own)
 
 
 def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState) -> dict[str, Any]:

@@ -370,13 +370,13 @@ def test_retention_and_resume_choice(tmp_path):
     _fake_checkpoint(run, 1, complete=False)  # a leftover of a crash, older than complete ones
     _fake_checkpoint(run, 8, complete=False)  # a save in flight (or killed): never touched
     _fake_checkpoint(run, 10, metadata=False, complete=False)
-    assert prune(run, keep_last=2, log=lambda *_: None) == [1, 2]
+    assert prune(run, keep_last=2, log=lambda *_: None, saved=6) == [1, 2]
     assert complete_steps(run) == [4, 6] and checkpoint_dir(run, 8).is_dir()
     path, notes = find_resume(run, "auto")
     assert path == checkpoint_dir(run, 6)
     assert "skipped step-000010: no .metadata" in notes[1] and "skipped step-000008: no COMPLETE" in notes[2]
     # keep_last=1 never deletes the newest complete checkpoint, even with newer incomplete ones
-    prune(run, keep_last=1, log=lambda *_: None)
+    prune(run, keep_last=1, log=lambda *_: None, saved=6)
     assert complete_steps(run) == [6]
     with pytest.raises(CheckpointError, match="not a complete checkpoint: no COMPLETE record"):
         find_resume(run, str(checkpoint_dir(run, 8)))

@@ -9,6 +9,7 @@ package, the older wandb_project key) need no training.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -149,7 +150,9 @@ def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, datas
         for step in (1, 4, 6, 8):
             assert logs[step][0]["loss"] == rows[step]["loss"]
 
-    # A fresh run into the same directory starts new tracker runs.
+    # A fresh run into the same directory (its checkpoints deleted: a new run is refused beside
+    # them) starts new tracker runs.
+    shutil.rmtree(run_dir / "checkpoints")
     assert run_training(dataset, run_dir, trackers, "run.max_steps=1") == 0
     fresh = json.loads((run_dir / "trackers.json").read_text())
     assert all(fresh[t]["id"] != ids[t]["id"] for t in ids)

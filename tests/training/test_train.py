@@ -228,3 +228,50 @@ def test_launcher_checks_the_mesh_for_its_world_size(dataset, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "world size 2 is not divisible by parallel.replicate=3" in captured.err
     assert "torch.distributed.run" not in captured.out and not run_dir.exists()
+
+
+def test_a_resume_trains_with_the_changed_optimizer_and_schedule(dataset, tmp_path, capsys):
+    """A resume applies this config's lr and schedule (LambdaLR brought back the checkpoint's
+    base_lrs and warmup/total, while RUN/config.toml named the new values) and says what changed."""
+    from training.optim import WarmupCosine
+    from training.train import with_resume
+
+    run = tmp_path / "run"
+    base = recipe(dataset, run, "schedule.warmup_steps=2", "run.val_every=0", "metrics.tensorboard=false",
+                  "metrics.plot=false", "checkpoint.interval=4")  # fmt: skip
+    train(load_train_config(TINY, [*base, "schedule.steps=8", "run.max_steps=4"]))
+    capsys.readouterr()
+    changed = ["schedule.steps=12", "optim.lr=1e-4", "optim.min_lr=1e-5"]
+    train(load_train_config(TINY, with_resume([*base, *changed], "auto")))
+    out = capsys.readouterr().out
+    assert "note: changed since" in out and "optim.lr 0.003 → 0.0001" in out, out
+    assert "schedule.steps 8 → 12" in out and "in effect from step 5" in out, out
+    fn = WarmupCosine(2, 12, 1e-5 / 1e-4)
+    rows = {r["step"]: r["lr"] for r in read_metrics(run)}
+    assert [rows[s] for s in range(5, 13)] == [1e-4 * fn(s - 1) for s in range(5, 13)]
+    assert load_train_config(str(run / "config.toml"), []).optim.lr == 1e-4  # and it says so
+
+
+def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):
+    """The checkpoint brings the moments and step counts; betas, eps and weight decay stay the
+    config's (they used to come back from the checkpoint's param groups)."""
+    import torch
+
+    from training.config import OptimSection
+    from training.model import ModelConfig, Transformer
+    from training.optim import build_optimizer
+    from training.train_state import OptimizerState
+
+    torch.manual_seed(0)
+    shape = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=16)
+    model = Transformer(ModelConfig(**shape))
+    old = build_optimizer(model, OptimSection(betas=[0.9, 0.95], weight_decay=0.1, eps=1e-8), "cpu")
+    model(torch.randint(0, 64, (2, 8)), labels=torch.randint(0, 64, (2, 8))).backward()
+    old.step()
+    saved = OptimizerState(model, old).state_dict()
+    new = build_optimizer(model, OptimSection(betas=[0.5, 0.6], weight_decay=0.0, eps=1e-6), "cpu")
+    OptimizerState(model, new).load_state_dict(saved)
+    assert [g["betas"] for g in new.param_groups] == [(0.5, 0.6)] * len(new.param_groups)
+    assert {g["weight_decay"] for g in new.param_groups} == {0.0} and new.param_groups[0]["eps"] == 1e-6
+    p = next(model.parameters())
+    assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])  # the moments came back

@@ -243,6 +243,27 @@ def config_sha256(cfg: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def config_changes(old: Any, new: Any, ignore: tuple[str, ...] = ()) -> list[str]:
+    """`key old → new` for every dotted key whose value differs between two configs (lists compare
+    whole); keys in `ignore` are left out."""
+    flat_old, flat_new = _flatten(to_dict(old)), _flatten(to_dict(new))
+    return [
+        f"{k} {flat_old.get(k)!r} → {flat_new.get(k)!r}"
+        for k in sorted(flat_old.keys() | flat_new.keys())
+        if k not in ignore and flat_old.get(k) != flat_new.get(k)
+    ]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def to_toml(cfg: Any) -> str:
     """Render a resolved config as TOML (scalars first, then one table per nested dataclass)."""
     lines: list[str] = []

@@ -1,0 +1,181 @@
+"""One run directory holds one run: real in-process runs of the tiny recipe against a run directory
+whose every checkpoint is damaged, a new run (or another run's checkpoint) into a directory that
+already holds checkpoints, retention beside a checkpoint of another timeline, and a checkpoint's
+model against a changed config (resume refuses, export builds the checkpoint's own model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.cli import main as gristmill
+from tests._train_data import make_dataset
+from tests.training.test_checkpoint import TINY, metrics, overrides
+from tests.training.test_run_integrity import damage, one_error_line
+from training.checkpoint import Checkpointer, complete_steps
+from training.config import CheckpointSection
+from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir
+from training.train import main
+from training.train_state import ModelState
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("timeline-data") / "ds", n_docs=300)
+
+
+def run(dataset: Path, run_dir: Path, *sets: str) -> int:
+    return main(["--config", TINY, "--set", *overrides(dataset, run_dir, *sets)])
+
+
+def files(run_dir: Path) -> dict[str, bytes]:
+    return {name: (run_dir / name).read_bytes() for name in ("metrics.jsonl", CONFIG_TOML)}
+
+
+def test_resume_auto_refuses_when_every_complete_checkpoint_is_damaged(dataset, tmp_path, capsys):
+    """Starting over beside a damaged step 8 used to start metrics.jsonl over, and retention then
+    deleted the new run's step 4 and kept the damaged step 8."""
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=1") == 0
+    assert complete_steps(r) == [8]
+    damage(checkpoint_dir(r, 8) / "__0_0.distcp", 1000, os.urandom(4096))
+    before = files(r)
+    capsys.readouterr()
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.keep_last=1", 'checkpoint.resume="auto"') == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"no complete checkpoint in {r / 'checkpoints'} verifies (step-000008 is damaged: " in line
+    assert "__0_0.distcp: crc32" in line
+    assert f"move {r / 'checkpoints'} aside to start over from step 0" in line
+    assert files(r) == before and complete_steps(r) == [8]
+
+    # export of the damaged step, and a partial export directory: each says what to do
+    assert gristmill(["export", str(r), "--step", "8"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "step-000008 is damaged" in line and "Export another step (--step N" in line
+    export_dir(r, 8).mkdir(parents=True)
+    (export_dir(r, 8) / "config.json").write_text("{}")
+    assert gristmill(["export", str(r), "--step", "8"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "is not an export: no model.safetensors" in line and "delete it and export again" in line
+
+    # only incomplete leftovers (a crash before the first checkpoint completed): step 0, as before
+    (checkpoint_dir(r, 8) / COMPLETE_FILE).unlink()
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.keep_last=1", 'checkpoint.resume="auto"') == 0
+    out = capsys.readouterr().out
+    assert f"--resume auto: no complete checkpoint in {r / 'checkpoints'}; starting from step 0" in out
+    assert [m["step"] for m in metrics(r)] == [1, 2, 3, 4] and complete_steps(r) == [4]
+
+
+def test_a_new_run_into_a_directory_with_checkpoints_is_refused(dataset, tmp_path, capsys):
+    """A fresh run into a directory holding an earlier run's step 8 used to train, and retention
+    (counting step 8 as the newest) deleted the new run's checkpoints; export and --resume auto
+    then took the old run's step 8."""
+    r, other = tmp_path / "run", tmp_path / "other"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
+    assert run(dataset, other, "run.max_steps=4") == 0
+    before = files(r)
+    capsys.readouterr()
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.keep_last=1") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{r / 'checkpoints'} already holds step-000008 (saved " in line
+    assert "and 1 older complete checkpoint(s)) of an earlier run" in line
+    assert "continue that run with --resume auto, or use another run.output_dir" in line
+    # a resume from another run directory's checkpoint, into this one
+    foreign = checkpoint_dir(other, 4)
+    assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--resume {foreign} is a checkpoint of another run directory, but {r / 'checkpoints'}" in line
+    assert "already holds step-000008" in line and "into another run.output_dir" in line
+    assert files(r) == before and complete_steps(r) == [4, 8]
+
+    # set-aside (abandoned-step-N) and incomplete directories are no run to continue
+    checkpoint_dir(r, 8).rename(checkpoint_dir(r, 8).with_name("abandoned-step-000008"))
+    (checkpoint_dir(r, 4) / COMPLETE_FILE).unlink()
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.keep_last=1") == 0
+    assert complete_steps(r) == [4] and [m["step"] for m in metrics(r)] == [1, 2, 3, 4]
+
+
+def test_retention_keeps_the_save_it_follows_and_counts_only_its_timeline(tmp_path):
+    """A complete step 40 of another timeline beside a run saving steps 2, 4, 6 with keep_last=1:
+    retention used to count step 40 as the newest and delete each checkpoint just saved."""
+    model = torch.nn.Linear(4, 3)
+    states = {"model": ModelState(model)}
+    cfg = CheckpointSection(interval=2, keep_last=1)
+
+    def checkpointer() -> Checkpointer:
+        return Checkpointer(cfg, tmp_path, states, rank=0, world_size=1, last_step=40, config_sha256="t",
+                            estimate_bytes=0, log=lambda *_: None)  # fmt: skip
+
+    old = checkpointer()
+    old.save(40, 0)
+    old.close()
+    ckpt = checkpointer()
+    for step, expect in ((2, [2, 40]), (4, [4, 40]), (6, [6, 40])):
+        ckpt.save(step, 0)
+        ckpt._join_retention()
+        assert complete_steps(tmp_path) == expect, step
+    ckpt.close()
+
+
+def _safetensors_names(path: Path) -> set[str]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return set(json.loads(f.read(n))) - {"__metadata__"}
+
+
+def test_the_checkpoint_records_its_model_and_resume_and_export_use_it(dataset, tmp_path, capsys):
+    """The tiny preset has 2 layers. A resume as a 1-layer model used to load the first layer and
+    train on with a note; export with a config.toml saying 1 layer wrote a 1-layer model."""
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=4") == 0
+    record = json.loads((checkpoint_dir(r, 4) / COMPLETE_FILE).read_text())
+    assert record["model"]["n_layers"] == 2 and record["model"]["dim"] == 64
+    before = files(r)
+    capsys.readouterr()
+    auto = 'checkpoint.resume="auto"'
+    assert run(dataset, r, "run.max_steps=8", auto, "model.n_layers=1") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"cannot resume from {checkpoint_dir(r, 4)}: it holds another model" in line
+    assert "(model.n_layers = 2 in the checkpoint, 1 in this config)" in line
+    assert "--set model.n_layers=2" in line and "start a new run directory" in line
+    assert run(dataset, r, "run.max_steps=8", auto, "model.n_kv_heads=4", "model.tie_embeddings=true") == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "model.n_kv_heads = 2 in the checkpoint, 4 in this config" in line and "Size mismatch" not in line
+    assert "model.tie_embeddings = false in the checkpoint, true in this config" in line
+    assert files(r) == before  # refused before anything was loaded or written
+
+    # a setting that leaves the weights as they are: resumed, with a note
+    assert run(dataset, r, "run.max_steps=8", auto, "model.loss_chunk=32") == 0
+    out = capsys.readouterr().out
+    note = "note: model settings differ from step-000004's (model.loss_chunk = 0 in the checkpoint, 32 now)"
+    assert note in out
+    assert json.loads((checkpoint_dir(r, 8) / COMPLETE_FILE).read_text())["model"]["loss_chunk"] == 32
+
+    # export takes the checkpoint's model, whatever RUN/config.toml says now
+    config = (r / CONFIG_TOML).read_text()
+    (r / CONFIG_TOML).write_text(config.replace('preset = "tiny"', 'preset = "tiny"\nn_layers = 1', 1))
+    assert gristmill(["export", str(r), "--step", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "note: step-000008 was saved with another model than" in out
+    assert "(model.n_layers = 2 in the checkpoint, 1 in config.toml)" in out
+    hf = json.loads((export_dir(r, 8) / "config.json").read_text())
+    assert hf["num_hidden_layers"] == 2
+    assert "model.layers.1.mlp.down_proj.weight" in _safetensors_names(export_dir(r, 8) / "model.safetensors")
+    assert gristmill(["verify", str(r)]) == 0
+
+    # a checkpoint written before COMPLETE recorded the model: RUN/config.toml's model, as before
+    (r / CONFIG_TOML).write_text(config)
+    del record["model"]
+    (checkpoint_dir(r, 4) / COMPLETE_FILE).write_text(json.dumps(record))
+    capsys.readouterr()
+    assert gristmill(["export", str(r), "--step", "4"]) == 0
+    assert "note:" not in capsys.readouterr().out
+    assert json.loads((export_dir(r, 4) / "config.json").read_text())["num_hidden_layers"] == 2
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
+    assert run(dataset, r, "run.max_steps=5", resume) == 0
+    assert [m["step"] for m in metrics(r)][-1] == 5
