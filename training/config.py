@@ -442,6 +442,10 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
         name = ph.name or f"phase{i + 1}"
         if (ph.steps is None) == (ph.tokens is None):
             raise ConfigError(f"{key} ({name}): give its budget as steps or tokens (one of them)", key)
+        if ph.tokens is not None:
+            check_number(f"{key}.tokens", ph.tokens, above_zero=True)
+        if ph.lr.warmup_tokens is not None:
+            check_number(f"{key}.lr.warmup_tokens", ph.lr.warmup_tokens)
         seq_len = d.seq_len if ph.seq_len is None else ph.seq_len
         if seq_len < 1 or gbt % seq_len:
             raise ConfigError(
@@ -482,8 +486,8 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
                 f"{key}.lr: a constant piece has no `to`; use shape linear, cosine or 1-sqrt", key
             )
         for k in ("peak", "to"):
-            if getattr(lr, k) is not None and getattr(lr, k) < 0:
-                raise ConfigError(f"{key}.lr.{k} = {getattr(lr, k)} must be ≥ 0", f"{key}.lr.{k}")
+            if getattr(lr, k) is not None:
+                check_number(f"{key}.lr.{k}", getattr(lr, k))
         lr = dataclasses.replace(lr, warmup_steps=warmup, warmup_tokens=None)
         micro = d.micro_batch if ph.micro_batch is None else ph.micro_batch
         out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, seq_len=seq_len,
@@ -529,10 +533,46 @@ def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:
     return names, project, notes
 
 
+def check_number(key: str, value: float, *, above_zero: bool = False, note: str = "") -> None:
+    """ConfigError unless `value` is finite and ≥ 0 (> 0 with `above_zero`); TOML spells nan and inf
+    as plain floats, and every comparison with nan is false, so a `< 0` test alone lets them through."""
+    if math.isfinite(value) and (value > 0 if above_zero else value >= 0):
+        return
+    raise ConfigError(
+        f"{key} = {value} is not allowed: it must be a finite number {'> 0' if above_zero else '≥ 0'}{note}",
+        key,
+    )
+
+
+# [model] overrides that must be positive numbers when set (None: the preset's value).
+_MODEL_POSITIVE_INTS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")
+_MODEL_POSITIVE_FLOATS = ("rope_theta", "norm_eps", "init_std")
+
+
+def check_model_section(m: ModelSection) -> None:
+    """The [model] overrides that are wrong whatever the preset (ModelConfig checks how the shape fits
+    together once torch is imported): a zero init_std trains nothing, a zero or negative norm_eps or
+    rope_theta makes NaNs."""
+    for name in _MODEL_POSITIVE_INTS:
+        value = getattr(m, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"model.{name} = {value} is not allowed: it must be ≥ 1", f"model.{name}")
+    if m.loss_chunk is not None and m.loss_chunk < 0:
+        raise ConfigError(
+            f"model.loss_chunk = {m.loss_chunk} is not allowed: it must be ≥ 0 (0: all at once)",
+            "model.loss_chunk",
+        )
+    for name in _MODEL_POSITIVE_FLOATS:
+        value = getattr(m, name)
+        if value is not None:
+            check_number(f"model.{name}", value, above_zero=True)
+
+
 def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
     """Everything about the recipe that can be checked before any work; returns the batch plan of
     each phase (one for a recipe without [[phase]])."""
     d, o, r = cfg.data, cfg.optim, cfg.run
+    check_model_section(cfg.model)
     if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
         raise ConfigError(
             f"data.seq_len ({d.seq_len}), data.micro_batch ({d.micro_batch}) and data.global_batch_tokens "
@@ -540,9 +580,16 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
         )
     if not cfg.phase and d.global_batch_tokens % d.seq_len:
         lo = d.global_batch_tokens // d.seq_len * d.seq_len
+        use = (
+            f"{lo} or {lo + d.seq_len}"
+            if lo  # below one sequence per step there is no lower multiple to suggest
+            else f"data.global_batch_tokens = {d.seq_len} (one sequence per step) or a multiple of it, or a "
+            f"data.seq_len that divides {d.global_batch_tokens}"
+        )
         raise ConfigError(
             f"data.global_batch_tokens = {d.global_batch_tokens} is not a multiple of data.seq_len = "
-            f"{d.seq_len}; use {lo or d.seq_len} or {lo + d.seq_len}"
+            f"{d.seq_len}; use {use}",
+            "data.global_batch_tokens",
         )
     s = cfg.schedule
     if not cfg.phase and (s.steps < 1 or not 0 <= s.warmup_steps <= s.steps):
@@ -579,25 +626,25 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
         )
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
-    if o.lr <= 0 or not 0 <= o.min_lr <= o.lr:
+    check_number("optim.lr", o.lr, above_zero=True)
+    if not 0 <= o.min_lr <= o.lr:
         raise ConfigError(
-            f"need 0 < optim.lr and 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}"
+            f"need 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}", "optim.min_lr"
         )
-    if o.grad_clip < 0 or o.weight_decay < 0:
-        raise ConfigError(
-            f"optim.grad_clip ({o.grad_clip}) and optim.weight_decay ({o.weight_decay}) must be ≥ 0"
-        )
+    check_number("optim.eps", o.eps, above_zero=True)
+    check_number("optim.weight_decay", o.weight_decay, note=" (0: no weight decay)")
+    check_number("optim.grad_clip", o.grad_clip, note=" (0: no clipping)")
     last = sum(p.steps for p in plans)
     if r.max_steps is not None and not 1 <= r.max_steps <= last:
         raise ConfigError(
             f"run.max_steps = {r.max_steps} must be between 1 and the plan's {last} steps "
             f"({'raise schedule.steps' if not cfg.phase else 'add to the phases budgets'} to train longer)"
         )
-    if r.max_skipped < 1 or r.spike_window < 2 or r.spike_sigma < 0:
+    if r.max_skipped < 1 or r.spike_window < 2:
         raise ConfigError(
-            f"need run.max_skipped ≥ 1, run.spike_window ≥ 2, run.spike_sigma ≥ 0; got {r.max_skipped}, "
-            f"{r.spike_window}, {r.spike_sigma}"
+            f"need run.max_skipped ≥ 1 and run.spike_window ≥ 2; got {r.max_skipped}, {r.spike_window}"
         )
+    check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike report)")
     if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
         raise ConfigError(
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
@@ -605,11 +652,12 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
         )
     trackers_of(cfg.metrics)  # an unknown tracker or a missing package fails before any work
     c = cfg.checkpoint
-    if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0 or c.min_free_factor < 0:
+    if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0:
         raise ConfigError(
-            f"checkpoint.interval ({c.interval}), keep_last ({c.keep_last}), export_interval "
-            f"({c.export_interval}) and min_free_factor ({c.min_free_factor}) must be ≥ 0"
+            f"checkpoint.interval ({c.interval}), keep_last ({c.keep_last}) and export_interval "
+            f"({c.export_interval}) must be ≥ 0"
         )
+    check_number("checkpoint.min_free_factor", c.min_free_factor, note=" (0: no free-space check)")
     if c.export_interval and (not c.interval or c.export_interval % c.interval):
         raise ConfigError(
             f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "

@@ -9,6 +9,13 @@ With --nproc-per-node 1 (the default) the trainer runs in this process; with N >
 `[eval] interval > 0` always goes through torchrun, as `-m validation.train_eval` (the trainer with
 lm-eval in its processes). The config is checked here first, so a typo or impossible batch
 arithmetic fails before any process starts.
+
+Through torchrun the command ends as the single process would: with the workers' own exit status
+(2 for an error, 3 for a non-finite stop, 130 for a second Ctrl-C, 0 after a Ctrl-C's or SIGTERM's
+save) and their own one-line message, without torchrun's ChildFailedError report. torchrun itself
+exits 1 whatever its workers did and prints that report, so it runs here as `python -m
+training.launch torchrun ARGS` (`agent_main`): torch.distributed.run with the same ARGS, whose exit
+status is the workers'.
 Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
 """
 
@@ -16,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from training.config import add_resume_argument, check_config, load_train_config, with_resume
 from training.contract.config_loader import add_config_arguments
@@ -99,20 +108,125 @@ def run(args: argparse.Namespace) -> int:
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
     print("+ " + " ".join(cmd), flush=True)
     # torchrun dies with this launcher, and its workers with torchrun (training.shutdown). So the
-    # launcher must not die of a preemption signal itself: it only waits. A SIGTERM (a scheduler's
-    # preemption) goes straight to the workers, which finish the step, save and exit 0, and torchrun
-    # then exits 0 too (sent to torchrun, it would end with its own SignalException traceback).
-    # Ctrl-C reaches torchrun through the terminal, which relays it to the workers.
-    proc = subprocess.Popen(cmd, preexec_fn=launcher_child_preexec)
-    previous = {
-        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
-        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: _signal_workers(proc, signum)),
-    }
+    # launcher must not die of a preemption signal or a Ctrl-C itself: it only waits, and passes
+    # SIGTERM (a scheduler's preemption) and SIGINT straight to the workers, which finish the step,
+    # save and exit 0 (a second SIGINT: at once, 130); torchrun then ends with their status. torchrun
+    # runs in a process group of its own, out of the terminal's reach: a Ctrl-C there would make it
+    # stop the workers its own way and end with its SignalException traceback and exit status 1.
+    # The line above shows the torchrun command; it runs as `agent_main` (below), the same torchrun
+    # with the workers' exit status as its own.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.launch", AGENT_COMMAND, *cmd[3:]],
+        preexec_fn=launcher_child_preexec,
+        process_group=0,
+    )
+
+    def relay(signum: int, frame) -> None:
+        _signal_workers(proc, signum)
+
+    previous = {sig: signal.signal(sig, relay) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return proc.wait()
+        code = proc.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return 128 - code if code < 0 else code  # torchrun killed by a signal: the shell's 128 + N
+
+
+# `python -m training.launch torchrun ARGS`: the launcher's child, torchrun with the workers' exit status.
+AGENT_COMMAND = "torchrun"
+
+
+def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, list[str]]:
+    """The exit status of a torchrun job whose workers `failures` ({global rank: ProcessFailure}) did
+    not all exit 0, and the lines to print. The first failure decides (torchrun lists them in the
+    order it saw them, to the second; min() keeps the first of equal times). A worker that exited by
+    itself with a status > 0 has said why (train.py prints a GristmillError once, on rank 0; an
+    uncaught exception prints its traceback): that status is the job's, rank 0's if it has one since
+    its message is the one on screen, and nothing is added. The others then died of the SIGTERM
+    torchrun stops survivors with, which is no news. A worker killed by a signal says nothing
+    itself: a line names it (the entry point, rank, PID and signal) — the first failure, or any
+    death by a signal other than that SIGTERM (the OOM killer's SIGKILL, a SIGSEGV) — and a first
+    failure by a signal makes the status 128 + the signal, as the shell reports such a process."""
+    first = min(failures, key=lambda r: failures[r].timestamp)
+    code = failures[first].exitcode
+    if code > 0:
+        zero = failures.get(0)
+        code = zero.exitcode if zero is not None and zero.exitcode > 0 else code
+    else:
+        code = 128 - code
+    lines = [
+        f"error: {name} rank {rank} (pid {f.pid}) was killed by {f.signal_name()}"
+        for rank, f in failures.items()
+        if f.exitcode < 0 and (rank == first or f.exitcode != -signal.SIGTERM)
+    ]
+    return code, lines
+
+
+class _HeldLogs(logging.Handler):
+    """Holds torchrun's own log records (torch.distributed.elastic: "Sending process N closing signal
+    SIGTERM", "failed (exitcode: 2) …") instead of printing them, for `finish` to print when they
+    explain something the workers did not say themselves."""
+
+    def __init__(self, name: str = "torch.distributed.elastic"):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.logger = logging.getLogger(name)
+        self.logger.addHandler(self)
+        self.logger.propagate = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def finish(self, show: bool) -> None:
+        self.logger.removeHandler(self)
+        self.logger.propagate = True
+        if show and self.logger.parent is not None:
+            for record in self.records:
+                self.logger.parent.handle(record)
+        self.records = []
+
+
+def _plain_logs(name: str = "torch.distributed.run") -> None:
+    """torchrun's own notes (the OMP_NUM_THREADS banner) as torchrun prints them when run as a
+    script: the message alone, not torch's log-line prefix on every line of it."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
+def agent_main(argv: list[str]) -> int:
+    """torchrun (`torch.distributed.run`) with `argv`, ending with its workers' exit status (see
+    `exit_status`) instead of 1 and a ChildFailedError traceback; the workers' own output is theirs,
+    untouched and live (they inherit this process's stdout and stderr)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args
+    from torch.distributed.run import run as torchrun
+
+    _plain_logs()
+    held = _HeldLogs()
+    try:
+        torchrun(parse_args(argv))
+    except ChildFailedError as e:
+        code, lines = exit_status(e.failures, e.name)
+        held.finish(show=False)
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
+        return code
+    except SignalException as e:  # torchrun itself was signalled; it stopped the workers with it
+        held.finish(show=True)
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:  # a SIGINT before torchrun set its handlers: no worker has started
+        held.finish(show=True)
+        return 128 + signal.SIGINT
+    except BaseException:
+        held.finish(show=True)
+        raise
+    held.finish(show=True)
+    return 0
 
 
 def child_pids(pid: int) -> list[int]:
@@ -133,3 +247,9 @@ def _signal_workers(torchrun: subprocess.Popen, signum: int) -> None:
             os.kill(pid, signum)
     if not workers:
         torchrun.send_signal(signum)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != [AGENT_COMMAND]:
+        sys.exit(f"usage: python -m training.launch {AGENT_COMMAND} TORCHRUN_ARGS (or: gristmill train)")
+    sys.exit(agent_main(sys.argv[2:]))

@@ -4,7 +4,13 @@ and no worker outlives its launcher.
 The handler only records the signal. After each step `should_stop()` lets every rank agree,
 since the scheduler may signal only some of them and all ranks must take the same last step and
 write the same checkpoint: a MAX all-reduce of one flag on a CPU (gloo) group of its own, which
-never waits for the GPU. A second Ctrl-C interrupts at once.
+never waits for the GPU. A second Ctrl-C (SIGINT after the first signal) stops the process at once,
+without saving: one line on rank 0 and exit status 130 (128 + SIGINT, what a shell reports for a
+Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising KeyboardInterrupt,
+which would unwind through whatever the step was doing (a checkpoint write reports it as a failed
+save, exit 2) and end in a traceback with exit status 1; what is cut short is safe to cut: a
+checkpoint counts only once complete, the run lock is an flock the kernel releases, metrics.jsonl
+is written a line at a time.
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
@@ -17,6 +23,7 @@ launcher's own child (torchrun), started from the launcher's main thread.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -28,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130: a second Ctrl-C, as a shell reports a Ctrl-C'd command
 
 
 class GracefulStop:
@@ -35,6 +43,7 @@ class GracefulStop:
         self.received: int = 0  # the signal number, 0 while none arrived
         distributed = world_size > 1 and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if distributed else None
+        self.rank = dist.get_rank() if distributed else 0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -50,8 +59,23 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame) -> None:
         if self.received and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            self._stop_now()
         self.received = signum
+
+    def _stop_now(self) -> None:
+        """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing."""
+        if self.rank == 0:
+            first = signal.Signals(self.received).name
+            what = "second Ctrl-C (SIGINT)" if first == "SIGINT" else f"SIGINT after {first}"
+            line = (
+                f"{what}: stopping now without saving; resume from the newest complete checkpoint with "
+                "--resume auto\n"
+            )
+            with contextlib.suppress(OSError):
+                os.write(2, line.encode())  # not sys.stderr: the step may be inside one of its writes
+        with contextlib.suppress(Exception):  # the step may hold stdout's lock (a reentrant flush raises)
+            sys.stdout.flush()
+        os._exit(INTERRUPTED_EXIT)
 
     def should_stop(self) -> str | None:
         """The signal's name on every rank if any rank received one (a collective when distributed)."""

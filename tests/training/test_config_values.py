@@ -1,0 +1,112 @@
+"""Numbers the recipe cannot train with are refused by check_config, before torch is imported: one
+line naming the key, the value and what is allowed. TOML spells nan and inf as plain floats, and
+every comparison with nan is false, so a `< 0` test alone would let them through (a nan grad_clip
+silently turned clipping off; a zero init_std trained nothing, at a flat loss)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.config import check_config, load_train_config
+from training.contract.config_loader import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs/train/tiny.toml")
+PHASED = ["schedule.steps=1000", "schedule.warmup_steps=100"]  # [[phase]] needs [schedule] at its defaults
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_config(load_train_config(TINY, list(overrides)), 1)
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=inf", "optim.lr = inf is not allowed: it must be a finite number > 0"),
+        ("optim.lr=nan", "optim.lr = nan is not allowed: it must be a finite number > 0"),
+        ("optim.lr=0", "optim.lr = 0.0 is not allowed: it must be a finite number > 0"),
+        (
+            "optim.grad_clip=nan",
+            "optim.grad_clip = nan is not allowed: it must be a finite number ≥ 0 (0: no clipping)",
+        ),
+        ("optim.grad_clip=inf", "optim.grad_clip = inf is not allowed"),
+        ("optim.eps=0", "optim.eps = 0.0 is not allowed: it must be a finite number > 0"),
+        ("optim.eps=-1e-8", "optim.eps = -1e-08 is not allowed"),
+        ("optim.weight_decay=nan", "optim.weight_decay = nan is not allowed: it must be a finite number ≥ 0"),
+        ("optim.min_lr=nan", "need 0 ≤ optim.min_lr ≤ optim.lr; got lr 0.003, min_lr nan"),
+        ("optim.min_lr=1", "need 0 ≤ optim.min_lr ≤ optim.lr; got lr 0.003, min_lr 1.0"),
+        ("model.norm_eps=-1", "model.norm_eps = -1.0 is not allowed: it must be a finite number > 0"),
+        ("model.norm_eps=0", "model.norm_eps = 0.0 is not allowed"),
+        ("model.rope_theta=-1", "model.rope_theta = -1.0 is not allowed: it must be a finite number > 0"),
+        ("model.rope_theta=inf", "model.rope_theta = inf is not allowed"),
+        ("model.init_std=0", "model.init_std = 0.0 is not allowed: it must be a finite number > 0"),
+        ("model.init_std=nan", "model.init_std = nan is not allowed"),
+        ("model.n_heads=0", "model.n_heads = 0 is not allowed: it must be ≥ 1"),
+        ("model.loss_chunk=-1", "model.loss_chunk = -1 is not allowed: it must be ≥ 0"),
+        ("run.spike_sigma=nan", "run.spike_sigma = nan is not allowed: it must be a finite number ≥ 0"),
+        ("checkpoint.min_free_factor=nan", "checkpoint.min_free_factor = nan is not allowed"),
+        ("data.val_fraction=nan", "val_fraction = nan of source 'data' must be in [0, 1)"),
+        ("optim.betas=[0.9, nan]", "optim.betas = [0.9, nan] must be two numbers in [0, 1)"),
+    ],
+)
+def test_a_number_the_run_cannot_use_is_one_config_error(override, message):
+    assert message in refusal(override)
+
+
+@pytest.mark.parametrize(
+    "phase, message",
+    [
+        ('{name="a", tokens=nan}', "phase[0].tokens = nan is not allowed: it must be a finite number > 0"),
+        ('{name="a", steps=10, lr={warmup_tokens=nan}}', "phase[0].lr.warmup_tokens = nan is not allowed"),
+        ('{name="a", steps=10, lr={peak=inf}}', "phase[0].lr.peak = inf is not allowed"),
+        ('{name="a", steps=10, lr={to=nan}}', "phase[0].lr.to = nan is not allowed"),
+    ],
+)
+def test_a_phase_number_the_run_cannot_use_is_one_config_error(phase, message):
+    assert message in refusal(*PHASED, f"phase=[{phase}]")
+
+
+def test_zeros_that_mean_off_are_allowed():
+    ok = ["optim.weight_decay=0", "optim.grad_clip=0", "optim.min_lr=0", "schedule.warmup_steps=0"]
+    ok += ["run.spike_sigma=0", "checkpoint.min_free_factor=0", "model.loss_chunk=0"]
+    check_config(load_train_config(TINY, ok), 1)
+    check_config(load_train_config(TINY, [*PHASED, 'phase=[{name="a", steps=10, lr={peak=0, to=0}}]']), 1)
+
+
+def test_a_seq_len_longer_than_the_batch_gets_one_suggestion():
+    """1024 tokens per step, seq_len 4096: there is no lower multiple, so not "use 4096 or 4096"."""
+    message = refusal("data.seq_len=4096")
+    assert "4096 or 4096" not in message
+    assert message == (
+        "data.global_batch_tokens = 1024 is not a multiple of data.seq_len = 4096; use "
+        "data.global_batch_tokens = 4096 (one sequence per step) or a multiple of it, or a data.seq_len "
+        "that divides 1024"
+    )
+    assert refusal("data.seq_len=48").endswith("use 1008 or 1056")  # two multiples around it
+
+
+PROBE = """
+import json, sys
+from pipelines.cli import main
+code = main(sys.argv[1:])
+print("CLI-PROBE " + json.dumps({"code": code, "torch": "torch" in sys.modules}))
+"""
+
+
+@pytest.mark.parametrize("override", ["optim.lr=inf", "model.init_std=0"])
+def test_gristmill_train_refuses_it_in_one_line_before_torch(override):
+    argv = ["train", "--config", TINY, "--set", override]
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, *argv], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1]) == {"code": 2, "torch": False}
+    key = override.split("=")[0]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {key} = ") and "is not allowed" in line, line

@@ -1,0 +1,220 @@
+"""How `gristmill train` ends: under torchrun with the workers' own exit status and one-line message
+(never torchrun's exit 1 and ChildFailedError report), on Ctrl-C once (save, exit 0) or twice (at
+once, exit 130, one line, no traceback), in one process as through torchrun. Real processes and a
+real torchrun throughout: each test starts `gristmill train` as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from tests._train_data import make_dataset
+from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
+from training.launch import child_pids, exit_status
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs/train/tiny.toml")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+LAUNCHER = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY]
+# torchrun's own report of a failed worker, and the tracebacks of the launcher or of torchrun
+NOISE = (
+    "Traceback",
+    "ChildFailedError",
+    "FAILED",
+    "Root Cause",
+    "torch/distributed/elastic",
+    "SignalException",
+)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+
+
+def sets(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [
+        f"data.dataset={json.dumps(str(dataset))}",
+        f"run.output_dir={json.dumps(str(run_dir))}",
+        "run.val_every=0",
+        "run.threads=1",
+        "metrics.tensorboard=false",
+        "metrics.plot=false",
+        *extra,
+    ]
+
+
+def launch(nproc: int, overrides: list[str], *args: str, **kw) -> subprocess.Popen:
+    """`gristmill train --config tiny.toml --nproc-per-node N [args] --set overrides`."""
+    cmd = [*LAUNCHER, "--nproc-per-node", str(nproc), *args, "--set", *overrides]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+    )
+
+
+def the_one_line(err: str) -> str:
+    """The message of a failed run: stderr holds that one line and nothing else but torchrun's
+    OMP_NUM_THREADS banner (printed when it starts, not a failure report)."""
+    for noise in NOISE:
+        assert noise not in err, err
+    banner = ("*****", "Setting OMP_NUM_THREADS")
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith(banner)]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def wait_for_step(proc: subprocess.Popen, step: int) -> list[str]:
+    """Read progress lines until `step` was logged (the worker's output reaches us live)."""
+    seen = []
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        assert line, f"the run ended before step {step}: {''.join(seen)[-2000:]} {proc.communicate()}"
+        seen.append(line)
+        if line.startswith(f"step {step:6d} |"):
+            return seen
+    raise AssertionError(f"no step {step} within 240 s")
+
+
+# -- exit status and message under torchrun -----------------------------------------------------
+
+
+def test_a_nonfinite_stop_under_torchrun_exits_3_with_the_workers_line(dataset, tmp_path):
+    """`--nproc-per-node 2 --set optim.lr=1e3`: the NaN stop exits 3 as in one process (torchrun
+    itself exits 1 for any failed worker), its message is the one line on stderr, and the progress
+    lines came while it trained."""
+    run = tmp_path / "run"
+    nan = ["optim.lr=1e3", "checkpoint.interval=4", "run.log_every=1", "parallel.shard=2"]
+    proc = launch(2, sets(dataset, run, *nan))
+    early = wait_for_step(proc, 1)  # live: step 1 arrives before the run ends
+    assert proc.poll() is None
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 3, out[-2000:] + err[-3000:]
+    assert "+ " in early[0] and "-m training.train" in early[0]
+    line = the_one_line(err)
+    assert line.startswith("error: step ") and "is not finite" in line, line
+    assert f"Last complete checkpoint: {run / 'checkpoints'}" in line
+
+
+@pytest.mark.parametrize(
+    "nproc, extra, module",
+    [
+        (2, ["parallel.shard=2"], "training.train"),
+        (1, ["eval.interval=20"], "validation.train_eval"),  # eval during training: torchrun for 1 too
+    ],
+    ids=["training.train", "validation.train_eval"],
+)
+def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path, nproc, extra, module):
+    if module == "validation.train_eval":
+        pytest.importorskip("lm_eval")
+    missing = tmp_path / "nope"
+    proc = launch(nproc, sets(dataset, tmp_path / "run", *extra), "--resume", str(missing))
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, out[-2000:] + err[-3000:]
+    assert f"-m {module}" in out
+    assert the_one_line(err) == f"error: --resume {missing}: no such checkpoint directory"
+
+
+def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, tmp_path):
+    """A worker killed by SIGKILL (the OOM killer) says nothing itself: the launcher's one line
+    names it, and the status is the shell's for a killed process, 137."""
+    proc = launch(
+        2, sets(dataset, tmp_path / "run", "schedule.steps=400", "run.log_every=1", "parallel.shard=2")
+    )
+    wait_for_step(proc, 2)
+    workers = [w for agent in child_pids(proc.pid) for w in child_pids(agent)]  # launcher → torchrun → 2
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
+    assert f"error: training.train rank 1 (pid {workers[1]}) was killed by SIGKILL" in err.splitlines()
+    assert "ChildFailedError" not in err and "Root Cause" not in err
+
+
+def failure(rank: int, exitcode: int) -> ProcessFailure:
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file="")
+
+
+def test_exit_status_of_torchruns_failures():
+    # rank 1 stopped first with its own status; torchrun then SIGTERMed rank 0 (no news)
+    assert exit_status({1: failure(1, 3), 0: failure(0, -15)}, "training.train") == (3, [])
+    # rank 0's status is the one whose message is on screen
+    assert exit_status({1: failure(1, 1), 0: failure(0, 2)}) == (2, [])
+    # killed first: named, 128 + N; a worker that then failed of it adds nothing
+    code, lines = exit_status({1: failure(1, -9), 0: failure(0, 1)}, "training.train")
+    assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
+    code, lines = exit_status({0: failure(0, 1), 1: failure(1, -11)}, "m")
+    assert (code, lines) == (1, ["error: m rank 1 (pid 1001) was killed by SIGSEGV"])
+
+
+# -- Ctrl-C: once saves and exits 0, twice stops at once with 130 -------------------------------
+
+
+def ctrl_c(proc: subprocess.Popen, times: int) -> tuple[str, str]:
+    """Ctrl-C as a terminal sends it: SIGINT to the foreground process group (the launcher's)."""
+    for _ in range(times):
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.05)
+    return proc.communicate(timeout=240)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, nproc):
+    run = tmp_path / "run"
+    extra = ["parallel.shard=2"] if nproc == 2 else []
+    long = ["schedule.steps=400", "run.log_every=1", "checkpoint.interval=2", *extra]
+    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True)
+    wait_for_step(proc, 3)
+    processes = [proc.pid, *all_descendants(proc.pid)]  # the launcher, torchrun and its workers
+    out, err = ctrl_c(proc, 2)
+    assert proc.returncode == 130, out[-2000:] + err[-3000:]
+    line = the_one_line(err)
+    assert line == (
+        "second Ctrl-C (SIGINT): stopping now without saving; resume from the newest complete "
+        "checkpoint with --resume auto"
+    )
+    assert "stopping after step" not in out  # the first one's save was cut short
+    deadline = time.time() + 3
+    while [p for p in processes if alive(p)] and time.time() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in processes if alive(p)], "a process outlived the second Ctrl-C"
+
+
+def test_one_ctrl_c_under_torchrun_saves_and_exits_0(dataset, tmp_path):
+    """Ctrl-C reaches the workers through the launcher (torchrun, in a group of its own, does not
+    see it and so does not end with its SignalException traceback and exit 1)."""
+    run = tmp_path / "run"
+    long = ["schedule.steps=400", "run.log_every=1", "parallel.shard=2"]
+    proc = launch(2, sets(dataset, run, *long), start_new_session=True)
+    wait_for_step(proc, 2)
+    out, err = ctrl_c(proc, 1)
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+    for noise in NOISE:
+        assert noise not in err, err
+    stopped = [line for line in out.splitlines() if line.startswith("stopping after step ")]
+    assert len(stopped) == 1 and stopped[0].endswith("on SIGINT: checkpoint saved; resume with --resume auto")
+    step = int(stopped[0].split()[3])
+    assert (checkpoint_dir(run, step) / COMPLETE_FILE).is_file()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def all_descendants(pid: int) -> list[int]:
+    try:
+        children = child_pids(pid)
+    except OSError:
+        return []
+    return children + [d for c in children for d in all_descendants(c)]
