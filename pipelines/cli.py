@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import os
 import sys
 
 from training.contract.errors import GristmillError
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         except GristmillError as e:
             print(f"error: {e}", file=sys.stderr)
             return e.exit_code
+        except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
+            print("interrupted (Ctrl-C): nothing after the last line above was done", file=sys.stderr)
+            return 130
+        except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush stays quiet
+            return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader
     print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
     return 0 if not argv or argv[0] in ("-h", "--help") else 2
 

@@ -75,3 +75,13 @@ def test_a_train_config_error_comes_before_torch(sets, message):
     probe = json.loads(proc.stdout.rsplit("CLI-PROBE ", 1)[1])
     assert probe == {"code": 2, "heavy": []}
     assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(built_dataset):
+    """`gristmill data audit DIR | head -1` ended in a BrokenPipeError traceback."""
+    sql = "SELECT * FROM range(300000)"  # more than a pipe holds: the write after `head` left fails
+    cmd = f"{sys.executable} -m pipelines.cli data audit {built_dataset} --sql '{sql}' --format csv | head -1"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.stdout.strip() and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
+        proc.stderr
+    )
