@@ -35,6 +35,7 @@ from training.config import add_resume_argument, check_config, load_train_config
 from training.contract.config_loader import add_config_arguments
 from training.contract.errors import GristmillError
 from training.run_lock import check_unlocked
+from training.worker_reply import REPLY_KEY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +161,11 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
         for rank, f in failures.items()
         if f.exitcode < 0 and (rank == first or f.exitcode != -signal.SIGTERM)
     ]
+    # A rank's own error that rank 0, which alone prints errors, did not stop on (its shard, its
+    # disk): its message is in the reply file train.py left (training/worker_reply.py).
+    replies = [f for f in failures.values() if REPLY_KEY in f.error_file_data]
+    if replies and not any(f.error_file_data[REPLY_KEY] == "printed" for f in replies):
+        lines.insert(0, f"error: {min(replies, key=lambda f: f.timestamp).message}")
     return code, lines
 
 

@@ -90,6 +90,7 @@ from training.recipe_plan import build_plan, format_plan, open_plan, plot_plan, 
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.train_state import TrainState, checkpointables
+from training.worker_reply import report_to_launcher
 
 
 class StepEval(Protocol):
@@ -745,8 +746,12 @@ def main(
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
     except GristmillError as e:
-        # Config and data errors are the same on every rank: say it once.
-        if DistEnv.from_environ().rank == 0:
+        # Config and data errors are the same on every rank: said once, by rank 0. Every rank also
+        # leaves it for the launcher, which prints it when no rank printed (an error that only
+        # this rank met: its shard, its disk; training/worker_reply.py).
+        rank = DistEnv.from_environ().rank
+        report_to_launcher(f"rank {rank}: {e}", printed=rank == 0)
+        if rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     return 0

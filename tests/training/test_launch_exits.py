@@ -149,6 +149,26 @@ def test_exit_status_of_torchruns_failures():
     assert (code, lines) == (1, ["error: m rank 1 (pid 1001) was killed by SIGSEGV"])
 
 
+def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
+    """train.py prints a GristmillError on rank 0 only (every rank has a config error: said once);
+    an error only rank 1 met (its shard, its disk) reached the user as a bare exit 2. Rank 1 leaves
+    it in torchrun's reply file, and the launcher prints it when rank 0 did not stop on its own."""
+    from training.worker_reply import report_to_launcher
+
+    def reply(rank: int, message: str, exitcode: int) -> ProcessFailure:
+        path = tmp_path / f"error-{rank}.json"
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(path))
+        report_to_launcher(f"rank {rank}: {message}", printed=rank == 0)
+        return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=str(path))
+
+    rank1 = reply(1, "shards/00001_00000.tar is truncated; rebuild it", 2)
+    code, lines = exit_status({1: rank1, 0: failure(0, -15)}, "training.train")
+    assert (code, lines) == (2, ["error: rank 1: shards/00001_00000.tar is truncated; rebuild it"])
+    # rank 0 met it too and printed it (even if torchrun then stopped it with SIGTERM): nothing added
+    assert exit_status({1: rank1, 0: reply(0, "the same", -15)})[1] == []
+    assert exit_status({1: rank1, 0: reply(0, "the same", 2)}) == (2, [])
+
+
 # -- Ctrl-C: once saves and exits 0, twice stops at once with 130 -------------------------------
 
 
