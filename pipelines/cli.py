@@ -90,33 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(line_buffering=True)
-    if any(tuple(argv[: len(words)]) == words for words in COMMANDS):
-        try:
-            return run_command(argv)
-        except GristmillError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return e.exit_code
-        except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
-            print("interrupted (Ctrl-C): nothing after the last line above was done", file=sys.stderr)
-            return 130
-        except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's exit flush stays quiet
-            return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader
-    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
-    return 0 if not argv or argv[0] in ("-h", "--help") else 2
-
-
-def run_command(argv: list[str]) -> int:
-    """Run the command `argv` names in this process, letting its GristmillError through: for a stage
-    that runs another's command as part of its own (the build runs `data decontam-index`) and
-    reports its errors as its own one line."""
     for words, (module_name, help_text) in COMMANDS.items():
         if tuple(argv[: len(words)]) == words:
             module = importlib.import_module(module_name)
             parser = argparse.ArgumentParser(prog=f"gristmill {' '.join(words)}", description=help_text)
             module.add_arguments(parser)
-            return int(module.run(parser.parse_args(argv[len(words) :])) or 0)
-    raise GristmillError(f"no gristmill command {' '.join(argv[:2])!r}; see `gristmill --help`")
+            try:
+                return int(module.run(parser.parse_args(argv[len(words) :])) or 0)
+            except GristmillError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return e.exit_code
+            except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
+                print("interrupted (Ctrl-C): nothing after the last line above was done", file=sys.stderr)
+                return 130
+            except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush stays quiet
+                return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader
+    print(_usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+    return 0 if not argv or argv[0] in ("-h", "--help") else 2
 
 
 if __name__ == "__main__":

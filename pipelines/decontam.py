@@ -31,7 +31,6 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from pipelines.build_identity import BuildError
-from pipelines.cli import run_command
 from pipelines.config import DecontaminateConfig
 from pipelines.filters import ExcludedWriter, drop
 from pipelines.ngram_index import (
@@ -65,7 +64,7 @@ class DecontaminationFilter(BaseFilter):
 
     def _open(self) -> NgramIndex:
         if self._index is None:
-            self._index = NgramIndex(self.index_dir)
+            self._index = open_index(self.index_dir)
         return self._index
 
     def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
@@ -74,6 +73,24 @@ class DecontaminationFilter(BaseFilter):
 
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         return self.filter_batch([doc])[0]
+
+
+# datatrove copies the pipeline for every task (a deepcopy, or a pickle into the pool), so a filter's
+# own attribute would rebuild the index's bitmap once per task: the opened index is kept per process,
+# keyed by its folder and its manifest's identity (a rebuilt index at the same path is opened anew).
+_opened: dict[tuple[str, int, int], NgramIndex] = {}
+
+
+def open_index(folder: str) -> NgramIndex:
+    try:
+        st = (Path(folder) / MANIFEST_JSON).stat()
+    except OSError:
+        return NgramIndex(folder)  # its own error names what is missing
+    key = (folder, st.st_mtime_ns, st.st_size)
+    if key not in _opened:
+        _opened.clear()  # one index per build: keep no stale one alive
+        _opened[key] = NgramIndex(folder)
+    return _opened[key]
 
 
 def enabled(cfg: DecontaminateConfig) -> bool:
@@ -102,7 +119,7 @@ class StagedIndex:
 
 
 def stage_index(cfg: DecontaminateConfig, log=print) -> StagedIndex | None:
-    """The index `cfg` asks for: built now from `tasks` (through the CLI's command table) or the
+    """The index `cfg` asks for: built now from `tasks` (validation.decontam_index) or the
     prebuilt `index`, checked against `tasks` and `ngram`. None without [decontaminate]."""
     if not enabled(cfg):
         return None
@@ -124,15 +141,19 @@ def stage_index(cfg: DecontaminateConfig, log=print) -> StagedIndex | None:
             )
         return StagedIndex(folder, manifest, temporary=False)
 
-    # Through the command table (validation/ is imported by name, only now): the driver may import
-    # lm-eval, the workers, which import this module for the filter, do not.
+    # Imported only now: the driver may import lm-eval, the workers, which import this module for
+    # the filter, do not.
+    from validation.decontam_index import build_index, summary
+
     tmp = Path(tempfile.mkdtemp(prefix="gristmill-decontam-"))
+    include = [str(Path(p).expanduser().resolve()) for p in cfg.include_path]
     argv = ["data", "decontam-index", "--tasks", ",".join(cfg.tasks), "--ngram", str(cfg.ngram)]
-    argv += [a for p in cfg.include_path for a in ("--include-path", str(Path(p).expanduser().resolve()))]
-    log(f"[build] decontamination index: gristmill {' '.join(argv)} --out {tmp}")
+    argv += [a for p in include for a in ("--include-path", p)]
+    log(f"[build] decontamination index: gristmill {' '.join(argv)} --out {tmp}")  # the same, by hand
     try:
-        run_command([*argv, "--out", str(tmp)])
-        return StagedIndex(tmp, read_manifest(tmp), temporary=True)
+        manifest = build_index(list(cfg.tasks), cfg.ngram, tmp, include)
+        log(summary(manifest, tmp))
+        return StagedIndex(tmp, manifest, temporary=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

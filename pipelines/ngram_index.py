@@ -111,8 +111,10 @@ class Words:
     ends: np.ndarray
 
     @classmethod
-    def of(cls, text: str) -> Words:
-        chars = np.frombuffer(text.lower().encode("utf-32-le", "surrogatepass"), np.uint32)
+    def of(cls, text: str, lowered: bool = False) -> Words:
+        """`lowered`: the caller already lowercased `text` (lower() is idempotent, but not free)."""
+        text = text if lowered else text.lower()
+        chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
         np.take(_word_table(), chars, out=inside[1:-1])
         return cls(chars, np.flatnonzero(inside[1:] > inside[:-1]), np.flatnonzero(inside[1:] < inside[:-1]))
@@ -148,7 +150,7 @@ def many_ngram_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]
     text_ngram_hashes of each, in one pass (numpy's per-call overhead paid once, not per text)."""
     lowered = [t.lower() for t in texts]  # lower() may change a text's length: offsets from these
     offsets = np.cumsum([0] + [len(t) + 1 for t in lowered])[:-1]  # texts joined by "\n"
-    words = Words.of("\n".join(lowered))
+    words = Words.of("\n".join(lowered), lowered=True)
     m = len(words) - n + 1
     if m <= 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)

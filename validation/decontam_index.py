@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.ngram_index import MANIFEST_JSON, many_ngram_hashes, write_index
+from pipelines.ngram_index import many_ngram_hashes, write_index
 from validation.eval_data import EvalError, checked_task_manager
 from validation.eval_output import eval_output
 
@@ -210,11 +210,9 @@ def build_index(
         "lm_eval": lm_eval.__version__,
         "seconds": round(time.perf_counter() - t0, 2),
     }
-    manifest = write_index(out, n, entries, all_hashes, all_docs, extra)
-    if not manifest["ngrams"]:
-        (out / MANIFEST_JSON).unlink()
+    if not any(len(h) for h in all_hashes):  # checked before anything is written
         raise EvalError(
             f"tasks {', '.join(names)} have no {n}-gram at all (every text is shorter than {n} words); "
             "an index of nothing would check nothing: use a smaller --ngram"
         )
-    return manifest
+    return write_index(out, n, entries, all_hashes, all_docs, extra)
