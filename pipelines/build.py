@@ -41,6 +41,7 @@ from pipelines.build_identity import (
     BuildError,
     changed_shards_message,
     check_output,
+    completion_markers,
     finished_tasks,
     read_build_json,
     read_json,
@@ -601,16 +602,13 @@ def _repair_advice(out: Path, report) -> str:
     problems = [str(pr) for pr in report.problems]
     if problems and all("stray temporary file" in text for text in problems):
         return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
-    tasks = sorted({int(m) for text in problems for m in re.findall(r"\b(\d{5})_\d{5}\.tar\b", text)})
-    tasks += sorted(
-        {int(m) for text in problems for m in re.findall(r"manifest/(\d{5})\.parquet", text)} - set(tasks)
-    )
+    named = r"\b(\d{5})_\d{5}\.tar\b|manifest/(\d{5})\.parquet"  # a shard's or a manifest's task
+    tasks = sorted({int(a or b) for text in problems for a, b in re.findall(named, text)})
     if not tasks:
         return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"
-    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in sorted(tasks))
     return (
-        f"fix: to rebuild the damaged task(s) {', '.join(map(str, sorted(tasks)))} (the others are kept): "
-        f"rm {out / DATASET_JSON} {markers} && rerun the same command"
+        f"fix: to rebuild the damaged task(s) {', '.join(map(str, tasks))} (the others are kept): "
+        f"rm {out / DATASET_JSON} {completion_markers(out, tasks)} && rerun the same command"
     )
 
 

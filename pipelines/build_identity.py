@@ -27,10 +27,9 @@ from typing import Any
 from pipelines import progress
 from pipelines.tokenize_shard import SHARD_RECORDS
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
+from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
 from training.contract.errors import GristmillError
 
-BUILD_JSON = "build.json"  # the config hash and identity the output directory is built with
 CONFIG_TOML = "config.toml"  # the resolved config; what a finalize-only run (Slurm) reads back
 
 
@@ -152,6 +151,11 @@ def recorded_shards(out: Path) -> dict[str, dict[str, Any]]:
     return shards
 
 
+def completion_markers(out: Path, tasks) -> str:
+    """The completion markers of `tasks`, space-separated: removing them makes a rerun redo those tasks."""
+    return " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in sorted(tasks))
+
+
 def changed_shards_message(out: Path, changed: list[tuple[str, dict, dict | None]]) -> str:
     """The BuildError for shards that differ from their task's record: which, and which tasks to redo."""
     what = []
@@ -161,8 +165,7 @@ def changed_shards_message(out: Path, changed: list[tuple[str, dict, dict | None
             f"{SHARDS_DIR}/{name} {state}; task {want['task']} wrote {want['bytes']:,} bytes, "
             f"sha256 {want['sha256'][:12]}…"
         )
-    tasks = sorted({want["task"] for _, want, _ in changed})
-    markers = " ".join(str(out / LOGS_DIR / "completions" / f"{t:05d}") for t in tasks)
+    markers = completion_markers(out, {want["task"] for _, want, _ in changed})
     return (
         f"shards changed after their task finished, refusing to describe them in {DATASET_JSON}: "
         f"{'; '.join(what)}. Redo those tasks (their shards are rewritten byte-identical): "

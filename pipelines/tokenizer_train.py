@@ -26,7 +26,7 @@ from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files
 from tokenization.tokenizer_io import TokenizerError, train_bpe
-from training.contract.atomic_write import fsync_dir, move_into_place, tmp_path_for
+from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for
 from training.contract.config_loader import add_config_arguments, load_config
 
 
@@ -95,17 +95,18 @@ def train_tokenizer(
             f"source.text_key ({cfg.source.text_key!r}), source.path and the [filters] thresholds"
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path_for(out)
-    try:
-        tok.save(str(tmp))
-        if force:
-            move_into_place(tmp, out)
-            placed = True
-        else:
+    if force:  # replacing is what was asked for
+        with atomic_path(out) as tmp:
+            tok.save(str(tmp))
+        placed = True
+    else:
+        tmp = tmp_path_for(out)
+        try:
+            tok.save(str(tmp))
             placed = place_new_file(tmp, out)
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        finally:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     trained = (
         f"trained a {tok.get_vocab_size()}-token byte-level BPE on {stats['docs']:,} documents "
         f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s"
@@ -125,11 +126,7 @@ def place_new_file(tmp: Path, out: Path) -> bool:
     A hard link creates the name exclusively (the kernel refuses an existing one, unlike a rename,
     which replaces it) and publishes a complete file; a filesystem without hard links gets an
     O_EXCL create, written in place."""
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_file(tmp)
     try:
         try:
             os.link(tmp, out)

@@ -26,6 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from training.contract.dataset_format import (
+    BUILD_JSON,
     DATASET_JSON,
     EXCLUDED_DIR,
     EXCLUDED_SCHEMA,
@@ -40,10 +41,6 @@ from training.contract.run_layout import CONSUMPTION_PARQUET
 from training.recipe_plan import CONSUMPTION_SCHEMA
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
-
-# The build's record of its config hash, written before its first task (pipelines.build_identity's
-# BUILD_JSON; named here, not imported: that module pulls in datatrove, seconds the audit never needs).
-BUILD_JSON = "build.json"
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def fsync_dir(path: str | Path) -> None:
-    """fsync the directory `path`: a rename, creation or deletion inside it survives a power loss."""
+def fsync_file(path: str | Path) -> None:
+    """fsync the (closed) file or directory `path`: its data, or for a directory a rename, creation
+    or deletion inside it, survives a power loss."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+fsync_dir = fsync_file  # the name that says why, where a directory is meant
 
 
 def tmp_path_for(path: str | Path, tmp_name: str | None = None) -> Path:
@@ -53,11 +57,7 @@ def move_into_place(tmp: str | Path, path: str | Path, *, fsync: bool = True) ->
     """The finished (closed) file `tmp` becomes `path`: fsync it, rename it over `path`, fsync the
     directory (both fsyncs only if `fsync`)."""
     if fsync:
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(tmp)
     os.replace(tmp, path)
     if fsync:
         fsync_dir(Path(path).parent)

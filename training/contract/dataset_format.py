@@ -23,6 +23,7 @@ from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-shards/1"
 DATASET_JSON = "dataset.json"
+BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
 TOKENIZER_JSON = "tokenizer.json"
 SHARDS_DIR = "shards"
 MANIFEST_DIR = "manifest"
