@@ -335,12 +335,13 @@ class Checkpointer:
     def resume(self, spec: str) -> int | None:
         """Load the checkpoint `spec` names ("auto" or a path; "" = none); returns its step or None.
         Also with "": a new run into a directory that holds another run's checkpoints is refused."""
-        choice = None
+        choice, record = None, {}
         if self.rank == 0:
             try:
                 path, notes = find_resume(self.run_dir, spec)
                 if path is not None:
-                    notes += self._model_notes(path)  # a different model is refused before any load
+                    record = read_complete_record(path)
+                    notes += self._model_notes(path, record)  # another model is refused before any load
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
                     self.log(line)
@@ -378,7 +379,6 @@ class Checkpointer:
             )
         step = train_state.step
         if self.rank == 0:
-            record = read_complete_record(path)
             if record.get("config_sha256") != self.config_sha256:
                 self.log(
                     f"note: the config differs from the one {path.name} was saved with (its hash in COMPLETE)"
@@ -387,12 +387,12 @@ class Checkpointer:
                 self._set_aside_newer(step)
         return step
 
-    def _model_notes(self, path: Path) -> list[str]:
+    def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
         """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line
         (DCP would load a 2-layer checkpoint into a 1-layer model without a word, or fail with
         torch's size mismatch); other model settings that changed get a note. Checkpoints without a
         model record (written before gristmill kept one) are not checked."""
-        recorded = recorded_model(path)
+        recorded = recorded_model(record)
         if recorded is None or self.model_config is None:
             return []
         diffs = model_differences(recorded, self.model_config)

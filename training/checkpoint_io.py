@@ -142,9 +142,9 @@ refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask,
 settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
 
 
-def recorded_model(path: str | Path) -> dict[str, Any] | None:
-    """The model config recorded in checkpoint `path`'s COMPLETE, or None (an older checkpoint)."""
-    model = read_complete_record(path).get(MODEL_RECORD)
+def recorded_model(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The model config in a checkpoint's COMPLETE `record`, or None (an older checkpoint)."""
+    model = record.get(MODEL_RECORD)
     return model if isinstance(model, dict) else None
 
 

@@ -37,6 +37,7 @@ from training.checkpoint_io import (
     model_differences,
     newest_verified,
     nonfinite_tensor,
+    read_complete_record,
     recorded_model,
     verify_checkpoint,
 )
@@ -320,7 +321,7 @@ def checkpoint_model_config(
     """The model checkpoint `ckpt` holds: the ModelConfig recorded in its COMPLETE (a note through
     `log` where RUN/config.toml now says otherwise), or RUN/config.toml's `config_mcfg` for a
     checkpoint written before gristmill recorded it."""
-    recorded = recorded_model(ckpt)
+    recorded = recorded_model(read_complete_record(ckpt))
     if recorded is None:
         return config_mcfg
     known = {f.name for f in dataclasses.fields(ModelConfig)}
