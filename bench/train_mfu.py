@@ -262,19 +262,12 @@ def zipf_batch(cfg: ModelConfig, mbs: int, seq: int, device, seed: int) -> dict:
 
 def run_gristmill(args, spec: Spec, device: torch.device, profile_dir: Path | None = None) -> dict:
     cfg = model_config(args, spec)
-    # A compile mode is applied below, on the same block forward that parallelize would compile.
-    compile_here = spec.compile and bool(spec.compile_mode)
-    pcfg = ParallelConfig(
-        activation_checkpoint=spec.ac, compile=spec.compile and not compile_here, param_dtype=args.dtype
-    )
+    pcfg = ParallelConfig(activation_checkpoint=spec.ac, compile=spec.compile, param_dtype=args.dtype)
     with torch.device("meta"):
         model = Transformer(cfg)
     if spec.float8:  # before compile, as torchtitan does
         to_float8(model)
-    model = parallelize(model, None, pcfg)
-    if compile_here:
-        for block in model.layers.values():
-            block.forward = torch.compile(block.forward, fullgraph=True, mode=spec.compile_mode)
+    model = parallelize(model, None, pcfg, compile_mode=spec.compile_mode or None)
     model.to_empty(device=device)
     torch.manual_seed(0)
     with torch.no_grad():

@@ -107,8 +107,11 @@ def autocast_context(cfg: ParallelConfig, mesh: DeviceMesh | None, device_type: 
     return contextlib.nullcontext()
 
 
-def parallelize(model: Transformer, mesh: DeviceMesh | None, cfg: ParallelConfig) -> Transformer:
-    """AC, then per-block compile, then FSDP2 (blocks, then root). Returns the same model object.
+def parallelize(
+    model: Transformer, mesh: DeviceMesh | None, cfg: ParallelConfig, compile_mode: str | None = None
+) -> Transformer:
+    """AC, then per-block compile (Inductor's `compile_mode`, None: its default), then FSDP2 (blocks,
+    then root). Returns the same model object.
 
     mesh None: AC and compile only; mixed precision is then the trainer's autocast (see
     `autocast_context`). Works on meta-device models (FSDP shards meta parameters; materialise with
@@ -120,7 +123,7 @@ def parallelize(model: Transformer, mesh: DeviceMesh | None, cfg: ParallelConfig
     if cfg.compile:
         for block in model.layers.values():
             # fullgraph: a graph break inside a block would silently cost most of the speed-up.
-            block.forward = torch.compile(block.forward, fullgraph=True)
+            block.forward = torch.compile(block.forward, fullgraph=True, mode=compile_mode)
     if mesh is not None:
         _apply_fsdp(model, mesh, cfg)
     return model
