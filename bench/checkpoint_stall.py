@@ -6,7 +6,7 @@
 
 One process, real training steps on synthetic tokens (the trainer's `train_step`: forward,
 backward, clip, fused AdamW), checkpoints of model + AdamW state + schedule + counters/RNG written
-by `training.checkpoint.Checkpointer` (DCP, fsync) to --dir. In order:
+by `training.checkpoint.checkpointer.Checkpointer` (DCP, fsync) to --dir. In order:
 
 1. a synchronous save: the write time, and the stall a sync save costs;
 2. the save interval: --steps-between, or by default the fewest steps that outlast
@@ -43,13 +43,13 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint import Checkpointer, dir_size
+from training.checkpoint.checkpointer import Checkpointer, dir_size
+from training.checkpoint.state import ModelState, OptimizerState, TrainState
 from training.config import CheckpointSection, OptimSection, ScheduleSection
 from training.contract.disk_space import fmt_bytes
 from training.model import PRESETS, Transformer, num_params
 from training.optim import build_optimizer, build_scheduler
 from training.train import train_step
-from training.train_state import ModelState, OptimizerState, TrainState
 
 # ≥ 100M parameters, small enough for a 2-core CPU step in seconds: 125.8M (50.3M of them embeddings).
 CPU_126M = PRESETS["llama3-1b"].replace(

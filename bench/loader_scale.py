@@ -17,7 +17,7 @@
 3. --ranks processes started at once, each `TokenLoader(..., rank=r, world_size=--ranks)` as
    `training.train` builds it (seq 2048, global batch 512 ≈ 1M tokens, held-out split on), then
    the epoch plan and rank r's first batch — twice: with an empty loader cache (a first open:
-   one process computes the shared tables, training/loader_cache.py) and again with it filled
+   one process computes the shared tables, training/data/cache.py) and again with it filled
    (a restart). Each reports wall times, CPU time and its peak
    *private* memory: RssAnon from /proc/self/status sampled every 5 ms (page cache, the shared
    index maps included, is RssFile and not counted).
@@ -196,9 +196,9 @@ class PeakAnon:
 
 def open_loader(args):
     """Rank --rank's loader as the trainer builds it: one dataset, or the --sources 3 mixture."""
-    from training import data_plan  # (imported by run_rank before the clock starts)
-    from training.dataset_reader import DocumentTable
-    from training.loader import TokenLoader
+    from training.data import plan as data_plan  # (imported by run_rank before the clock starts)
+    from training.data.loader import TokenLoader
+    from training.data.reader import DocumentTable
 
     if args.sources == 1:
         return TokenLoader(
@@ -211,7 +211,7 @@ def open_loader(args):
             world_size=args.ranks,
             val_fraction=args.val_fraction,
         )
-    # As training/recipe_plan.open_plan does for [[data.sources]] + one [[phase]].
+    # As training/data/recipe.open_plan does for [[data.sources]] + one [[phase]].
     tables = [DocumentTable(d, split="train", val_fraction=args.val_fraction) for d in source_dirs(args)]
     plan = data_plan.Plan(
         [data_plan.Source.of(t, name, max_epochs=1) for t, name in zip(tables, MIX_NAMES)],
@@ -223,7 +223,7 @@ def open_loader(args):
 
 
 def run_rank(args) -> dict:
-    import training.loader  # noqa: F401  (torch: part of the interpreter, not of the open)
+    import training.data.loader  # noqa: F401  (torch: part of the interpreter, not of the open)
 
     base = status_kib("RssAnon")  # interpreter + torch + numpy, before the loader exists
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -251,14 +251,14 @@ def run_rank(args) -> dict:
 
 
 def run_baseline(args) -> dict:
-    from training import loader_plan
+    from training.data import order as epoch_order
 
     base = status_kib("RssAnon")
     t0 = time.perf_counter()
     with PeakAnon() as peak:
         lengths = np.fromfile(Path(args.dir) / INDEX_DIR / DOC_TOKENS, np.uint32)  # what the old open held
         t1 = time.perf_counter()
-        loader_plan.EpochPlan(loader_plan.DocBlocks(lengths), seed=0, epoch=0)
+        epoch_order.EpochOrder(epoch_order.DocBlocks(lengths), seed=0, epoch=0)
         t2 = time.perf_counter()
     return {
         "read_s": t1 - t0,
@@ -345,8 +345,8 @@ def main() -> None:
             f"memory +{base['own_mib'] / 1024:.2f} GiB over the interpreter; the previous loader also kept "
             f"shard and offset per document: +{info['documents'] * 6 / 2**30:.1f} GiB more per rank"
         )
-    # The ranks share the split's block table through the loader's cache (training/loader_plan.py,
-    # loader_cache.py): a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
+    # The ranks share the split's block table through the loader's cache (training/data/order.py,
+    # order_cache.py): a fresh cache directory, so round 1 is a first open; round 2 (a restart) finds it.
     os.environ["GRISTMILL_CACHE"] = str(Path(args.dir) / "loader-cache")
     rounds = ("first open, empty cache", "restart, cache filled")
     shutil.rmtree(os.environ["GRISTMILL_CACHE"], ignore_errors=True)

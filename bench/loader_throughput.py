@@ -33,10 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from pipelines.synthetic_dataset import write_synthetic_dataset
-from training import data_plan, loader_plan
 from training.contract.dataset_format import read_dataset_info, shard_files
-from training.dataset_reader import DocumentTable
-from training.loader import TokenLoader
+from training.data import order as epoch_order
+from training.data import plan as data_plan
+from training.data.loader import TokenLoader
+from training.data.reader import DocumentTable
 
 MIXTURE = (("a", 0.6, 1), ("b", 0.25, 2), ("c", 0.15, 3))  # source: share of --tokens and weight, seed
 
@@ -182,7 +183,7 @@ def throughput(args) -> None:
     print(f"baseline memcpy        {copy / itemsize / 1e6:9.1f} M tokens/s  ({copy / 2**30:.2f} GiB/s)")
     print(f"baseline memcpy+int64  {wide / itemsize / 1e6:9.1f} M tokens/s")
     # The same steps for every loader: within one epoch of the one-source stream.
-    steps = min(args.steps, loader_plan.epoch_steps(info["tokens"], args.seq_len, args.global_batch)[0] - 1)
+    steps = min(args.steps, epoch_order.epoch_steps(info["tokens"], args.seq_len, args.global_batch)[0] - 1)
     print(f"loaders: {steps} steps of {args.global_batch * args.seq_len:,} tokens, best of {args.repeats}")
     for suffix, kw in (("", {}), (" +sep check", {"check_separators": True})):
         opens = {"loader" + suffix: lambda kw=kw: single_loader(root, args, **kw)}

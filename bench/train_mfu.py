@@ -316,7 +316,7 @@ def run_peer(args, mbs: int, device: torch.device, compiled: bool) -> dict:
     """transformers' LlamaForCausalLM, SDPA, bf16 autocast over fp32 weights, fused AdamW."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from training.hf_export import hf_config
+    from training.checkpoint.hf_export import hf_config
 
     cfg = model_config(args)
     hf = hf_config(cfg, separator_id=0, dtype=torch.float32)

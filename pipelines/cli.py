@@ -37,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "SQL over a dataset's manifest, exclusions, datatrove stats and fingerprint (duckdb)",
     ),
     ("data", "inspect"): (
-        "training.batch_inspect",
+        "training.data.inspect",
         "print the batch of a training step (ids, text, source documents) or per-step hashes",
     ),
     ("data", "decontam-index"): (
@@ -57,7 +57,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "train a model on a built dataset (one node; wraps torchrun)",
     ),
     ("export",): (
-        "training.hf_export",
+        "training.checkpoint.hf_export",
         "export a checkpoint of a training run as a Hugging Face LlamaForCausalLM directory",
     ),
     ("verify",): (

@@ -222,7 +222,7 @@ class BuildConfig:
 @dataclass
 class DataConfig:
     output: str = "runs/data/dataset"
-    """The dataset directory to create (see DESIGN.md); a rerun with the same config resumes it."""
+    """The dataset directory to create (see docs/design.md); a rerun with the same config resumes it."""
     source: SourceConfig = field(default_factory=SourceConfig)
     """Input documents."""
     filters: FiltersConfig = field(default_factory=FiltersConfig)

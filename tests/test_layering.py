@@ -1,4 +1,4 @@
-"""The dependency rule of DESIGN.md ("Layout"), made executable (issue 20).
+"""The dependency rule of docs/design.md ("Layout"), made executable (issue 20).
 
     training/           torch, numpy, pyarrow and the standard library only; runs on a GPU box that has
                         none of datatrove, duckdb, lm-eval, tokenizers or transformers
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("pipelines", "tokenization", "training", "validation")
 DATA_STACK = ("datatrove", "duckdb", "lm_eval", "tokenizers", "transformers")
 CONTRACT_THIRD_PARTY = {"numpy", "pyarrow"}
-TRAINING_ENTRY_MODULES = ("training.train", "training.loader", "training.checkpoint")
+TRAINING_ENTRY_MODULES = ("training.train", "training.data.loader", "training.checkpoint.checkpointer")
 BLOCK_MARK = "blocked by tests/test_layering.py"
 
 # --------------------------------------------------------------------------------------------

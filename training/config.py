@@ -287,8 +287,8 @@ class MetricsSection:
 @dataclass
 class CheckpointSection:
     """DCP checkpoints under RUN/checkpoints/step-N, permanent HF exports under RUN/exports/step-N
-    (training/checkpoint.py). A checkpoint is written on SIGTERM/SIGINT, and with interval > 0 also at
-    the last step."""
+    (training/checkpoint/checkpointer.py). A checkpoint is written on SIGTERM/SIGINT, and with
+    interval > 0 also at the last step."""
 
     interval: int = 0
     """Save every N steps (and at the last step); 0: only on SIGTERM/SIGINT."""
@@ -359,7 +359,7 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
+class BatchShape:
     """The batch arithmetic of one phase, derived from the config and the world size."""
 
     global_batch: int  # sequences per optimizer step (all ranks)
@@ -568,7 +568,7 @@ def check_model_section(m: ModelSection) -> None:
             check_number(f"model.{name}", value, above_zero=True)
 
 
-def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
+def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
     """Everything about the recipe that can be checked before any work; returns the batch plan of
     each phase (one for a recipe without [[phase]])."""
     d, o, r = cfg.data, cfg.optim, cfg.run
@@ -614,7 +614,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchPlan]:
                 f"{what}, data.global_batch_tokens or the number of ranks"
             )
         plans.append(
-            BatchPlan(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
+            BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
         )
     for src in sources_of(cfg):
         if not 0.0 <= src.val_fraction < 1.0:

@@ -60,7 +60,7 @@ def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
-    from training.recipe_plan import build_plan, format_plan, open_sources, plot_plan
+    from training.data.recipe import build_plan, format_plan, open_sources, plot_plan
 
     check_config(cfg, nproc)
     plan = build_plan(cfg, open_sources(cfg))

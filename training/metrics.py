@@ -153,7 +153,7 @@ def step_row(
 
 
 def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the data plan says of the first `step` steps (training/data_plan.Plan; `consumed` is its
+    """What the data plan says of the first `step` steps (training/data/plan.Plan; `consumed` is its
     `consumed(step)`): the current phase and seq_len, the tokens trained from each source so far
     (they add up to tokens_seen), and the epoch of each source that may be read more than once."""
     p, _ = plan.locate(step - 1)

@@ -4,7 +4,7 @@ The file knows nothing about parallelism: `training/parallelize.py` applies acti
 checkpointing, torch.compile and FSDP2 to a `Transformer` from outside, per `TransformerBlock`.
 
 Parameter names follow torchtitan (`tok_embeddings`, `layers.N.attention.wq`, `feed_forward.w1` …);
-training/hf_export.py renames them to `transformers`' `LlamaForCausalLM`. RoPE uses HF's
+training/checkpoint/hf_export.py renames them to `transformers`' `LlamaForCausalLM`. RoPE uses HF's
 rotate-half layout (the first and second halves of each head dimension form the rotated pairs), so
 the q/k projections need no permutation on export: the export is a pure rename (plus dropping
 `lm_head.weight` when the embeddings are tied, as HF does).

@@ -108,7 +108,7 @@ class ScheduledLR:
     Not LambdaLR: its state_dict keeps base_lrs and the multiplier object's attributes (warmup,
     total, min ratio), so a resume with a changed optim.lr or [schedule] went on training at the
     checkpoint's rates while RUN/config.toml said otherwise. Here the LR is a function of the config
-    and the step only. [[phase]] runs pass the plan's LR (training/data_plan.Plan.lr); whether a
+    and the step only. [[phase]] runs pass the plan's LR (training/data/plan.Plan.lr); whether a
     phase's past LR changed is the plan's resume check (data_plan.check_resume), not this object's.
     `key` names the step in the state dict ("last_step" for phased runs).
     """

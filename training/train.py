@@ -9,8 +9,8 @@ vocabulary) → process group (gloo on CPU, nccl on CUDA) → device mesh → mo
 with the same seed on every rank → loader for this data-parallel rank → optimizer and schedule →
 the loop. `train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step)
 is separate from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
-checkpoint needs are grouped by training.train_state.checkpointables and saved/restored by
-training.checkpoint.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
+checkpoint needs are grouped by training.checkpoint.state.checkpointables and saved/restored by
+training.checkpoint.checkpointer.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
 and return normally (exit 0).
 
 A run owns its directory: rank 0 holds RUN/.gristmill.lock for the whole run (training.run_lock),
@@ -38,11 +38,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from training import data_plan
-from training.checkpoint import Checkpointer
-from training.checkpoint_io import CheckpointError
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.io import CheckpointError
+from training.checkpoint.state import TrainState, checkpointables
 from training.config import (  # the CLI helpers are re-exported: `from training.train import …`
-    BatchPlan,
+    BatchShape,
     TrainConfig,
     add_resume_argument,
     check_config,
@@ -62,9 +62,11 @@ from training.contract.config_loader import (
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError, NonFiniteError, unwritable
 from training.contract.run_layout import CONFIG_TOML, CONSUMPTION_PARQUET, PLAN_PNG
+from training.data import plan as data_plan
+from training.data.loader import TokenLoader
+from training.data.recipe import build_plan, format_plan, open_plan, plot_plan, write_consumption
 from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
 from training.faults import NanLoss
-from training.loader import TokenLoader
 from training.metrics import (
     MetricsWriter,
     data_row,
@@ -86,10 +88,8 @@ from training.optim import (
     clip_grad_norm,
 )
 from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
-from training.recipe_plan import build_plan, format_plan, open_plan, plot_plan, write_consumption
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
-from training.train_state import TrainState, checkpointables
 from training.worker_reply import report_to_launcher
 
 
@@ -246,7 +246,7 @@ def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module
     return model
 
 
-def _header(cfg, mcfg, plans: list[BatchPlan], env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
+def _header(cfg, mcfg, plans: list[BatchShape], env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
     n = num_params(model)
     n_ne = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -282,7 +282,7 @@ def _header(cfg, mcfg, plans: list[BatchPlan], env: DistEnv, device, mesh, model
     return lines
 
 
-def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchPlan], Any, torch.device]:
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, torch.device]:
     """Every check that needs no process group, model or GPU memory: batch arithmetic, the mesh
     shape, the model against the dataset (vocabulary, separator, sequence length), the device and
     the optimizer.
@@ -361,7 +361,7 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             lock.release()
 
 
-def loader_settings(cfg: TrainConfig, bp: BatchPlan, env: DistEnv, device: torch.device) -> dict[str, Any]:
+def loader_settings(cfg: TrainConfig, bp: BatchShape, env: DistEnv, device: torch.device) -> dict[str, Any]:
     """What every loader of the run shares: this data-parallel rank, workers, checks, pinning."""
     d = cfg.data
     return dict(
@@ -379,7 +379,7 @@ class Validation:
     another seq_len gets loaders of its own. The total (`val_loss`) weights the sources by the
     current phase's mix (equally where the phase uses none of them)."""
 
-    def __init__(self, cfg: TrainConfig, plans: list[BatchPlan], data: data_plan.Plan, env: DistEnv,
+    def __init__(self, cfg: TrainConfig, plans: list[BatchShape], data: data_plan.Plan, env: DistEnv,
                  device: torch.device, vocab_size: int):  # fmt: skip
         self.cfg, self.plans, self.data, self.env = cfg, plans, data, env
         self.device, self.vocab_size = device, vocab_size
@@ -432,7 +432,7 @@ class Run:
     """What `setup` builds and `loop` trains with."""
 
     cfg: TrainConfig
-    plans: list[BatchPlan]  # per phase
+    plans: list[BatchShape]  # per phase
     data: data_plan.Plan  # which tokens of which source every step takes, and the LR
     env: DistEnv
     device: torch.device
@@ -455,7 +455,7 @@ class Run:
 
 
 def setup(
-    cfg: TrainConfig, mcfg, plans: list[BatchPlan], env: DistEnv, device: torch.device, out, evaluator=None
+    cfg: TrainConfig, mcfg, plans: list[BatchShape], env: DistEnv, device: torch.device, out, evaluator=None
 ) -> Run:
     """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)

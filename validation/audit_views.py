@@ -38,7 +38,7 @@ from training.contract.dataset_format import (
     manifest_files,
 )
 from training.contract.run_layout import CONSUMPTION_PARQUET
-from training.recipe_plan import CONSUMPTION_SCHEMA
+from training.data.recipe import CONSUMPTION_SCHEMA
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint_io import nonfinite_tensor
+from training.checkpoint.hf_export import export_checkpoint, run_config
+from training.checkpoint.io import nonfinite_tensor
 from training.config import TrainConfig, phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import read_dataset_info
@@ -48,7 +49,6 @@ from training.contract.run_layout import (
     eval_dir,
     list_steps,
 )
-from training.hf_export import export_checkpoint, run_config
 from validation.eval_data import (
     EvalError,
     build_task_data,

@@ -32,7 +32,7 @@ from tokenizers import Tokenizer
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError
-from training.dataset_reader import DocumentTable
+from training.data.reader import DocumentTable
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
 DATA_VERSION = 2
@@ -72,7 +72,7 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
 def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> list[str]:
     """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator).
 
-    The held-out documents are the dataset's val split (training/dataset_reader.py), in its order.
+    The held-out documents are the dataset's val split (training/data/reader.py), in its order.
     """
     if val_fraction <= 0:
         raise EvalError(

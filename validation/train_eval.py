@@ -37,14 +37,14 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from training.checkpoint.hf_export import run_model_config, write_tokenizer
+from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
 from training.contract.errors import GristmillError
 from training.contract.run_layout import EVAL_DIR, eval_dir
-from training.hf_export import run_model_config, write_tokenizer
 from training.model import Transformer
 from training.train import main as train_main
 from training.train import raise_rank0_problem
-from training.train_state import rng_state, set_rng_state
 from validation.eval import (
     EvalConfig,
     TaskPlan,

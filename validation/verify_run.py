@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from training.checkpoint import dir_size
-from training.checkpoint_io import CheckpointError, verify_checkpoint
+from training.checkpoint.checkpointer import dir_size
+from training.checkpoint.hf_export import ExportError, verify_export
+from training.checkpoint.io import CheckpointError, verify_checkpoint
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
@@ -24,7 +25,6 @@ from training.contract.run_layout import (
     incomplete_reason,
     list_steps,
 )
-from training.hf_export import ExportError, verify_export
 from validation.audit import Result, format_table
 
 COLUMNS = ["kind", "step", "status", "files", "size", "detail"]

@@ -317,7 +317,7 @@ def test_trainer_end_to_end_on_cuda(tmp_path):
     from tests._train_data import make_dataset
     from training.config import TrainConfig
     from training.contract.config_loader import load_config
-    from training.loader import TokenLoader
+    from training.data.loader import TokenLoader
     from training.train import train
 
     data = make_dataset(tmp_path / "data", n_docs=400, vocab_size=256)
@@ -366,13 +366,13 @@ def three_async_saves(tmp_path, device: torch.device, mesh=None) -> None:
     that it also runs on CPU (gloo) where it is developed."""
     from torch.distributed.tensor import DTensor
 
-    from training.checkpoint import Checkpointer
-    from training.checkpoint_io import load
-    from training.checkpoint_staging import state_dict_of, tensor_leaves
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.io import load
+    from training.checkpoint.staging import state_dict_of, tensor_leaves
+    from training.checkpoint.state import ModelState, OptimizerState, TrainState
     from training.config import CheckpointSection, OptimSection
     from training.contract.run_layout import checkpoint_dir
     from training.optim import build_optimizer
-    from training.train_state import ModelState, OptimizerState, TrainState
 
     def local(t: torch.Tensor) -> torch.Tensor:
         return t.to_local() if isinstance(t, DTensor) else t

@@ -320,10 +320,10 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     gm_cloze was decontaminated (with the documents removed), demo_ppl not checked."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
+    from training.checkpoint.hf_export import export_hf
     from training.config import TrainConfig
     from training.contract.config_loader import save_config
     from training.contract.run_layout import export_dir
-    from training.hf_export import export_hf
     from training.model import PRESETS, Transformer
     from validation.eval_results import read_results
 

@@ -24,12 +24,12 @@ from pipelines.cli import main as gristmill
 from tests._mounts import unshare_works
 from tests._train_data import make_dataset
 from tests.training.test_train import recipe
-from training.checkpoint import complete_steps, dir_size, find_resume, prune
-from training.checkpoint_io import CheckpointError, checkpoint_keys
+from training.checkpoint.checkpointer import complete_steps, dir_size, find_resume, prune
+from training.checkpoint.hf_export import load_checkpoint_model
+from training.checkpoint.io import CheckpointError, checkpoint_keys
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config, to_toml
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir
-from training.hf_export import load_checkpoint_model
 from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
@@ -247,10 +247,10 @@ def test_async_saves_in_a_row_resume_bit_identically(dataset, tmp_path):
 def test_async_staging_copies_and_refuses_changed_shapes(tmp_path):
     """The staged copy is the state at save time (training may change the weights at once), and a
     state whose shapes changed since the first save is refused in one line naming the tensor."""
-    from training.checkpoint import Checkpointer
-    from training.checkpoint_io import load
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.io import load
+    from training.checkpoint.state import ModelState
     from training.config import CheckpointSection
-    from training.train_state import ModelState
 
     model = torch.nn.Linear(4, 3)
     cfg = CheckpointSection(interval=1, async_=True, keep_last=0)
@@ -276,9 +276,9 @@ def test_async_staging_copies_and_refuses_changed_shapes(tmp_path):
 def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_path):
     """Saves back to back (the interval far shorter than a 64 MiB write): each waits for the write
     before it, says how long in its timings, and the run is told once to raise the interval."""
-    from training.checkpoint import Checkpointer
+    from training.checkpoint.checkpointer import Checkpointer
+    from training.checkpoint.state import ModelState
     from training.config import CheckpointSection
-    from training.train_state import ModelState
 
     lines: list[str] = []
     cfg, states = (

@@ -17,11 +17,11 @@ from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
 from tests.training.test_checkpoint import TINY, metrics, overrides
 from tests.training.test_run_integrity import damage, one_error_line
-from training.checkpoint import Checkpointer, complete_steps
+from training.checkpoint.checkpointer import Checkpointer, complete_steps
+from training.checkpoint.state import ModelState
 from training.config import CheckpointSection
 from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir
 from training.train import main
-from training.train_state import ModelState
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,11 @@ import pytest
 from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
 from tests.training.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
-from training import loader_cache, loader_plan
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
 from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
-from training.loader import LoaderStateError, TokenLoader, batch_sha256
+from training.data import cache as order_cache
+from training.data import order as epoch_order
+from training.data.loader import LoaderStateError, TokenLoader, batch_sha256
 from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -37,16 +38,16 @@ def corpus(tmp_path_factory):
 
 def reference_stream(lengths: dict, seed: int, split: str, vf: float, bd: int, gb: int) -> np.ndarray:
     n = len(lengths)
-    held = loader_plan.heldout_mask(0, n, vf)
+    held = epoch_order.heldout_mask(0, n, vf)
     rows = np.flatnonzero(held if split == "val" else ~held)
     nblocks = -(-len(rows) // bd)
-    key = loader_plan.derive_key(seed, 0, 0)
-    border = np.argsort(loader_plan.mix64(np.arange(nblocks, dtype=np.uint64) ^ key))
+    key = epoch_order.derive_key(seed, 0, 0)
+    border = np.argsort(epoch_order.mix64(np.arange(nblocks, dtype=np.uint64) ^ key))
     order = []
     for g in range(-(-nblocks // gb)):
         docs = np.concatenate([rows[b * bd : (b + 1) * bd] for b in border[g * gb : (g + 1) * gb]])
-        key = loader_plan.derive_key(seed, 0, 1, g)
-        order.extend(docs[np.argsort(loader_plan.mix64(np.arange(len(docs), dtype=np.uint64) ^ key))])
+        key = epoch_order.derive_key(seed, 0, 1, g)
+        order.extend(docs[np.argsort(epoch_order.mix64(np.arange(len(docs), dtype=np.uint64) ^ key))])
     return np.concatenate([doc_tokens(d, lengths[d]) for d in order])
 
 
@@ -64,9 +65,9 @@ def test_epoch_equals_plain_reference(corpus, monkeypatch, split, vf, bd, gb, sc
     """A whole epoch read through the mmap index = the plan computed the plain way; small blocks and
     scan chunks put block, group and chunk boundaries everywhere."""
     root, lengths = corpus
-    monkeypatch.setattr(loader_plan, "BLOCK_DOCS", bd)
-    monkeypatch.setattr(loader_plan, "GROUP_BLOCKS", gb)
-    monkeypatch.setattr(loader_plan, "SCAN_ROWS", scan)
+    monkeypatch.setattr(epoch_order, "BLOCK_DOCS", bd)
+    monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", gb)
+    monkeypatch.setattr(epoch_order, "SCAN_ROWS", scan)
     loader = TokenLoader(
         root,
         seq_len=SEQ,
@@ -89,9 +90,9 @@ def test_epoch_equals_plain_reference(corpus, monkeypatch, split, vf, bd, gb, sc
 def test_hashed_order_is_the_argsort(n, low_bits):
     """The sort-based permutation equals argsort of the hashes, also where high bits collide
     (low_bits=60 leaves 4 high bits: nearly every element is in a repaired run)."""
-    key = loader_plan.derive_key(5, n)
-    want = np.argsort(loader_plan.mix64(np.arange(n, dtype=np.uint64) ^ key))
-    assert np.array_equal(loader_plan.hashed_order(n, key, low_bits=low_bits), want)
+    key = epoch_order.derive_key(5, n)
+    want = np.argsort(epoch_order.mix64(np.arange(n, dtype=np.uint64) ^ key))
+    assert np.array_equal(epoch_order.hashed_order(n, key, low_bits=low_bits), want)
 
 
 def _strip_index(root: Path) -> str:
@@ -199,7 +200,7 @@ def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, cap
     root, _ = corpus
     kw = dict(val_fraction=vf, split=split)
     want = _hashes(_loader(root, **kw), 3)
-    monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+    monkeypatch.setattr(order_cache, "MIN_DOCS", 0)
     monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
     first = _loader(root, **kw)
     second = _loader(root, **kw)
@@ -211,14 +212,14 @@ def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, cap
     (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("blocks-") and p.is_dir()]
 
     (entry / "block_tokens.npy").write_bytes(b"damaged")
-    with caplog.at_level("WARNING", logger="training.loader"):
+    with caplog.at_level("WARNING", logger="training.data.loader"):
         assert _hashes(_loader(root, **kw), 3) == want
     assert "recomputing the damaged cache entry" in caplog.text
     assert len(np.load(entry / "block_tokens.npy")) > 0
 
     (tmp_path / "file").write_text("not a directory")
     monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "file" / "cache"))
-    with caplog.at_level("WARNING", logger="training.loader"):
+    with caplog.at_level("WARNING", logger="training.data.loader"):
         assert _hashes(_loader(root, **kw), 3) == want
     assert "computing it here" in caplog.text
 
@@ -255,12 +256,12 @@ def test_cache_entry_missing_an_array_is_recomputed(corpus, tmp_path, monkeypatc
     """An entry without the held-out split's first rows must not read as 'nothing held out'."""
     root, _ = corpus
     want = _hashes(_loader(root, val_fraction=0.2), 3)
-    monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+    monkeypatch.setattr(order_cache, "MIN_DOCS", 0)
     monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
     _loader(root, val_fraction=0.2)
     for p in (tmp_path / "cache").glob("*/_first_row.npy"):
         p.unlink()
-    with caplog.at_level("WARNING", logger="training.loader"):
+    with caplog.at_level("WARNING", logger="training.data.loader"):
         assert _hashes(_loader(root, val_fraction=0.2), 3) == want
     assert "_first_row missing" in caplog.text
 
@@ -271,7 +272,7 @@ def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
     per-document array: the clone maps the index (and cached tables) again and builds the same batch."""
     root, _ = corpus
     if cached:
-        monkeypatch.setattr(loader_cache, "MIN_DOCS", 0)
+        monkeypatch.setattr(order_cache, "MIN_DOCS", 0)
         monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
     loader = _loader(root, val_fraction=0.2)
     builder = loader.builder

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import read_dataset_info
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
-from training.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
 from training.model import PRESETS, Transformer
 
 tr = pytest.importorskip("transformers")
@@ -57,7 +57,7 @@ def _run_with_checkpoints(run: Path, dataset: Path, steps: dict[int, bool]) -> d
     """A run directory whose checkpoints hold different weights per step; steps[s] = complete?"""
     import torch.distributed.checkpoint as dcp
 
-    from training.train_state import ModelState
+    from training.checkpoint.state import ModelState
 
     cfg = load_config(TrainConfig, None, [f"data.dataset={dataset}", f"run.output_dir={run}"])
     run.mkdir(parents=True)

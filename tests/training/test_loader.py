@@ -1,4 +1,4 @@
-"""The loader's guarantees (DESIGN.md), each checked so that it fails when the guarantee breaks.
+"""The loader's guarantees (docs/design.md), each checked so that it fails when the guarantee breaks.
 
 Datasets are synthetic, written with the real ShardWriter. In the "token-position" corpus every
 token names its document and position (token = 1 + doc·1000 + position, separator 0), so a test
@@ -24,9 +24,9 @@ from pipelines.cli import main as cli
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from tests._train_data import SEPARATOR_ID
 from tests._train_data import make_dataset as make_train_dataset
-from training import loader_plan
 from training.contract.dataset_format import DatasetError, numpy_dtype, read_dataset_info
-from training.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
+from training.data import order as epoch_order
+from training.data.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -93,8 +93,8 @@ def corpus(tmp_path_factory):
 def plan_shape(request, monkeypatch):
     """Default plan (one group here) or 4-doc blocks in groups of 3: many group boundaries."""
     if request.param == "small-blocks":
-        monkeypatch.setattr(loader_plan, "BLOCK_DOCS", 4)
-        monkeypatch.setattr(loader_plan, "GROUP_BLOCKS", 3)
+        monkeypatch.setattr(epoch_order, "BLOCK_DOCS", 4)
+        monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 3)
     return request.param
 
 

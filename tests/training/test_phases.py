@@ -1,4 +1,4 @@
-"""Phased training over a mixture (training/data_plan.py): the plan's arithmetic, batches that do
+"""Phased training over a mixture (training/data/plan.py): the plan's arithmetic, batches that do
 not depend on ranks or workers, every token at most once across a seq_len switch (checked by an
 independent decode), the resume rules, the supply check, kill -9 at the phase boundary, and the
 plan, inspect and consumption outputs. Real datasets written by the build's own shard writer."""
@@ -20,14 +20,14 @@ import torch
 from pipelines.cli import main as gristmill
 from tests._train_data import make_dataset
 from tests.training.test_checkpoint import ENV, ROOT, assert_same_weights, wait_for_step
-from training import data_plan
 from training.config import TrainConfig, check_config
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
-from training.data_plan import LRPiece, Phase, Plan, PlanError, Source
-from training.dataset_reader import DocumentTable
-from training.loader import TokenLoader, batch_sha256
-from training.recipe_plan import open_plan
+from training.data import plan as data_plan
+from training.data.loader import TokenLoader, batch_sha256
+from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
+from training.data.reader import DocumentTable
+from training.data.recipe import open_plan
 
 GBT = 512  # tokens per step: 16 × 32, then 8 × 64
 
@@ -217,7 +217,7 @@ def test_mixture_batches_are_the_plan_for_any_ranks_and_workers_and_use_no_token
 
 def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
     """Hashes of 250–300 steps (several epochs) recorded with the loader of main before phases."""
-    from training import loader_plan
+    from training.data import order as epoch_order
 
     ds = make_dataset(tmp_path / "ds")
 
@@ -233,14 +233,14 @@ def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
     assert digest(TokenLoader(ds, split="val", val_fraction=0.1, **common), 300).startswith(
         "c3e224a4dfaef504"
     )
-    old = loader_plan.GROUP_BLOCKS
-    loader_plan.GROUP_BLOCKS = 2  # many groups per epoch
+    old = epoch_order.GROUP_BLOCKS
+    epoch_order.GROUP_BLOCKS = 2  # many groups per epoch
     try:
         common = dict(seq_len=48, global_batch=8, micro_batch=2, seed=7, val_fraction=0.05, world_size=2)
         assert digest(TokenLoader(ds, rank=0, **common), 250).startswith("2b55f9fbc1396eb1")
         assert digest(TokenLoader(ds, rank=1, **common), 250).startswith("ffd924ed29e38c25")
     finally:
-        loader_plan.GROUP_BLOCKS = old
+        epoch_order.GROUP_BLOCKS = old
 
 
 # -- resume rules --

@@ -32,7 +32,8 @@ from tests.training.test_checkpoint import (
     overrides,
     torchrun_cmd,
 )
-from training.checkpoint import write_complete_record
+from training.checkpoint.checkpointer import write_complete_record
+from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     COMPLETE_FILE,
@@ -42,7 +43,6 @@ from training.contract.run_layout import (
     checkpoint_dir,
     export_dir,
 )
-from training.hf_export import load_checkpoint_model
 from training.train import load_train_config, main, train
 
 

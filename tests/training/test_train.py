@@ -257,10 +257,10 @@ def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):
     config's (they used to come back from the checkpoint's param groups)."""
     import torch
 
+    from training.checkpoint.state import OptimizerState
     from training.config import OptimSection
     from training.model import ModelConfig, Transformer
     from training.optim import build_optimizer
-    from training.train_state import OptimizerState
 
     torch.manual_seed(0)
     shape = dict(dim=32, n_layers=1, n_heads=2, n_kv_heads=2, ffn_dim=64, vocab_size=64, max_seq_len=16)

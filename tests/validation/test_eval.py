@@ -24,12 +24,12 @@ from tests._mounts import unshare_works
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
+from training.checkpoint.hf_export import export_hf  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.contract.config_loader import load_config, save_config  # noqa: E402
 from training.contract.dataset_format import read_dataset_info  # noqa: E402
 from training.contract.run_layout import eval_dir, export_dir  # noqa: E402
-from training.dataset_reader import DocumentTable  # noqa: E402
-from training.hf_export import export_hf  # noqa: E402
+from training.data.reader import DocumentTable  # noqa: E402
 from training.model import PRESETS, Transformer  # noqa: E402
 from validation.eval import EvalConfig, TaskPlan, evaluate_lm  # noqa: E402
 from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402

@@ -1,4 +1,4 @@
-"""The dataset directory contract (DESIGN.md) as code: names, dtypes, source metadata fields,
+"""The dataset directory contract (docs/design.md) as code: names, dtypes, source metadata fields,
 manifest schema, fingerprint.
 
 Writer (pipelines), validator (validation) and loader (training) all import these definitions so

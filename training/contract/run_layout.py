@@ -1,4 +1,4 @@
-"""Names inside a training run directory (DESIGN.md "Training run directory"), in one place.
+"""Names inside a training run directory (docs/design.md "Training run directory"), in one place.
 
     RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/
 

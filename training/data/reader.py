@@ -1,13 +1,13 @@
-"""Reading a dataset directory (DESIGN.md, "The dataset directory"): open, verify, read tokens.
+"""Reading a dataset directory (docs/design.md, "The dataset directory"): open, verify, read tokens.
 
 `DocumentTable` is one split of a dataset directory. Opening checks the directory against its
 dataset.json (fingerprint, shard sizes, tokenizer hash, index totals, the tar headers of sample
 `.ids` members) and maps the loader index; `read` copies token pieces out of memory-mapped shards
 at the index's byte offsets (no tar parsing); `check_separators` checks read tokens against the
 separator policy. The split (train, or the held-out val documents) is the plan's block table
-(training/loader_plan.py), shared between the processes of a node (training/loader_cache.py).
+(training/data/order.py), shared between the processes of a node (training/data/cache.py).
 
-Used by the loader (training/loader.py), `gristmill data inspect` (training/batch_inspect.py) and
+Used by the loader (training/data/loader.py), `gristmill data inspect` (training/data/inspect.py) and
 the eval data builder (validation/eval_data.py). Standard library, numpy and training.contract
 only: reading documents needs no torch.
 """
@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from training import loader_plan
 from training.contract.dataset_format import (
     DATASET_JSON,
     IDS_EXT,
@@ -34,6 +33,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training.data import order as epoch_order
 
 MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
 
@@ -47,7 +47,7 @@ class DocumentTable:
     not match the caller's model (vocab size, tokenizer hash). Per-document facts (token count,
     `.ids` offset, shard) come from the memory-mapped loader index (training/contract/dataset_index.py),
     shared by every process on the node; the parquet manifest is never read. Private memory is
-    per *block* of documents (loader_plan.DocBlocks): ~0.3 GB at 1.5B documents.
+    per *block* of documents (epoch_order.DocBlocks): ~0.3 GB at 1.5B documents.
 
     Documents are named by manifest row everywhere (segments, read, errors); `split_rows` maps the
     split's own numbering to rows.
@@ -93,13 +93,13 @@ class DocumentTable:
         self._check_shard_sizes()
         self.index = DocIndex(self.root, info)
         self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
-        # The split's block table, shared between the processes of a node (training/loader_cache.py).
-        self.blocks = loader_plan.DocBlocks.shared(
+        # The split's block table, shared between the processes of a node (training/data/cache.py).
+        self.blocks = epoch_order.DocBlocks.shared(
             self.lengths,
             fingerprint=info["fingerprint"],
             split=split,
             val_fraction=val_fraction,
-            block_docs=loader_plan.BLOCK_DOCS,
+            block_docs=epoch_order.BLOCK_DOCS,
         )
         if self.blocks.total_tokens != info["tokens"]:
             raise DatasetError(

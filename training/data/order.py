@@ -20,9 +20,9 @@ The permuted documents are concatenated into one token stream per epoch and cut 
 not overlap, so every token is used at most once per epoch.
 
 A split's block table and each epoch's plan are the same in every rank and worker:
-`DocBlocks.shared` and `EpochPlan.shared` key them by everything they depend on (dataset
+`DocBlocks.shared` and `EpochOrder.shared` key them by everything they depend on (dataset
 fingerprint, split, val_fraction, block and group sizes, seed, epoch) and compute them once per
-node (training/loader_cache.py).
+node (training/data/cache.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from training import loader_cache
+from training.data import cache as order_cache
 
 BLOCK_DOCS = 64
 GROUP_BLOCKS = 4096
@@ -263,11 +263,11 @@ class DocBlocks:
         cls, lengths: np.ndarray, *, fingerprint: str, split: str, val_fraction: float, block_docs: int
     ) -> DocBlocks:
         """The table of split `split` of the dataset with `fingerprint` (whose rows have `lengths`),
-        computed once per node and memory-mapped by its other processes (training/loader_cache.py)."""
+        computed once per node and memory-mapped by its other processes (training/data/cache.py)."""
         args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
         # Everything the split's tables depend on; the epoch plan's key adds seed, epoch, group size.
         key = {"fingerprint": fingerprint, **args}
-        blocks = loader_cache.shared(
+        blocks = order_cache.shared(
             "blocks",
             {**key, "plan": plan_version(block_docs)},
             lambda: cls(lengths, **args),
@@ -377,7 +377,7 @@ def _narrow(a: np.ndarray) -> np.ndarray:
     return a.astype(np.uint32) if len(a) == 0 or int(a.max()) < 1 << 32 else a
 
 
-class EpochPlan:
+class EpochOrder:
     """The token stream of one epoch of `seed` over a split's document blocks.
 
     `segments(a, b)` names the document pieces (by manifest row) that make stream tokens [a, b).
@@ -408,13 +408,13 @@ class EpochPlan:
         self._groups: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     @classmethod
-    def shared(cls, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochPlan:
+    def shared(cls, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochOrder:
         """The plan of `epoch`, the same in every rank and worker: computed once per node and
-        memory-mapped by the node's other processes (training/loader_cache.py). A block table of
+        memory-mapped by the node's other processes (training/data/cache.py). A block table of
         no named dataset (`blocks.cache_key` None) is planned here, unshared."""
         if blocks.cache_key is None:
             return cls(blocks, seed, epoch, group_blocks)
-        return loader_cache.shared(
+        return order_cache.shared(
             "plan",
             {
                 **blocks.cache_key,
@@ -434,7 +434,7 @@ class EpochPlan:
         np.save(path / "group_start.npy", self.group_start)
 
     @classmethod
-    def load(cls, path: Path, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochPlan:
+    def load(cls, path: Path, blocks: DocBlocks, seed: int, epoch: int, group_blocks: int) -> EpochOrder:
         """A saved plan, memory-mapped; ValueError if it does not fit `blocks`."""
         self = cls.__new__(cls)
         self.blocks = blocks

@@ -1,7 +1,7 @@
 """The data plan: phases over a mixture of sources, as a pure function of the config.
 
 A run trains on one or more sources (datasets built by `gristmill data build`) in phases, each
-with a step budget, a seq_len, mix weights and a learning-rate piece (DESIGN.md, "The loader's
+with a step budget, a seq_len, mix weights and a learning-rate piece (docs/design.md, "The loader's
 guarantees"). Everything here is integer arithmetic on the config and each source's token count;
 no tar is read and nothing depends on the number of ranks or workers:
 
@@ -14,7 +14,7 @@ no tar is read and nothing depends on the number of ranks or workers:
   slot g of the global batch gets a source, and that source's windows keep their stream order
   across the slots. One source gives the identity placement: today's single-dataset batches.
 - **Streams.** Each source keeps its own token stream, epoch after epoch, each epoch ordered as
-  the single-dataset loader orders it (training/loader_plan.py: a function of the seed, the epoch
+  the single-dataset loader orders it (training/data/order.py: a function of the seed, the epoch
   and the source's documents). A source's position is (epoch, token offset). A step's windows of a
   source never straddle an epoch end: the epoch's tail that cannot hold them is dropped (fewer
   windows than one step's share, plus a partial window) and the step starts the next epoch. A
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from training.contract.errors import GristmillError
-from training.loader_plan import derive_key, hashed_order
+from training.data.order import derive_key, hashed_order
 
 PLAN_FORMAT = "gristmill-plan/1"
 PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
@@ -67,7 +67,7 @@ class Source:
 
     @classmethod
     def of(cls, table: Any, name: str, max_epochs: int | None = 1) -> Source:
-        """The plan's view of one split of a dataset (a dataset_reader.DocumentTable): its stream is
+        """The plan's view of one split of a dataset (a reader.DocumentTable): its stream is
         one epoch of `table.tokens` tokens."""
         fingerprint = table.info["fingerprint"]
         return cls(

@@ -2,7 +2,7 @@
 
 Prints one step's batch — per sequence, the documents it is cut from (source, manifest row and key,
 token range), their token ids and a decoded excerpt — or, with --hash, one sha256 per step for
-steps [--step, --end), equal to `training.loader.batch_sha256` of the batches the trainer got.
+steps [--step, --end), equal to `training.data.loader.batch_sha256` of the batches the trainer got.
 
 Given a training run directory (`gristmill data inspect RUN --step 12000`), the plan comes from
 RUN/config.toml (every source and phase) and steps count as the trainer logs them, from 1; given a
@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from training.config import TrainConfig, check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
 from training.contract.run_layout import CONFIG_TOML
-from training.loader import LoaderConfigError, TokenLoader, batch_sha256
+from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
     from training.contract.config_loader import load_config
-    from training.recipe_plan import build_plan, open_sources
+    from training.data.recipe import build_plan, open_sources
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
     check_config(cfg, args.world_size)

@@ -1,9 +1,9 @@
 """A training recipe's data plan: its sources opened and checked, the Plan built, shown as a table.
 
 `open_plan(cfg)` is what the trainer, `gristmill train --plan`, `gristmill data inspect RUN` and the
-audit's `consumption` view share: each source's training split opened (training/dataset_reader.py),
+audit's `consumption` view share: each source's training split opened (training/data/reader.py),
 the sources checked to share one tokenizer, and the recipe's phases turned into a
-training/data_plan.Plan. Needs no torch, so `--plan` answers in about a second.
+training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training import data_plan
 from training.config import TrainConfig, is_phased, phases_of, sources_of
 from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import DATASET_JSON, DatasetError
-from training.dataset_reader import DocumentTable
+from training.data import plan as data_plan
+from training.data.reader import DocumentTable
 
 
 def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:

@@ -2,7 +2,7 @@
 
     RUN/checkpoints/step-000500/  __0_0.distcp  __1_0.distcp  .metadata  COMPLETE
 
-Every Stateful object of training.train_state.checkpointables (model and optimizer as sharded
+Every Stateful object of training.checkpoint.state.checkpointables (model and optimizer as sharded
 DTensors, LR schedule, loader position, step/token counters, per-rank RNG streams) is written with
 torch.distributed.checkpoint, so a checkpoint saved on N ranks loads on M. The rules, each one a
 lesson from someone's lost run:
@@ -15,7 +15,7 @@ lesson from someone's lost run:
   file; `--resume auto` then falls back to the newest checkpoint that verifies and says so.
 - Weights and optimizer state must be finite after a load and before a save (training.train's
   non-finite guard keeps them so; this is the last line).
-- Async saves copy the state into host buffers kept for the run (training/checkpoint_staging.py:
+- Async saves copy the state into host buffers kept for the run (training/checkpoint/staging.py:
   pinned on CUDA, copied on a side stream that the next optimizer step waits for), then write in a
   background thread on their own gloo group (`dcp.async_save` needs one: its collectives must not
   interleave with training's). At most one is in flight; the next save and the end of training
@@ -36,7 +36,7 @@ lesson from someone's lost run:
   them would mix two runs); retention counts only steps up to the one just saved.
 - COMPLETE records the model (ModelConfig): a resume into another model shape is refused before
   anything is loaded, and the export builds the checkpoint's own model.
-- Reading a checkpoint (resume here, the model for an export) is training/checkpoint_io.py's:
+- Reading a checkpoint (resume here, the model for an export) is training/checkpoint/io.py's:
   checksums first, an allow-list unpickler for `.metadata`, one line for any DCP failure.
 """
 
@@ -56,7 +56,8 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from training.checkpoint_io import (
+from training.checkpoint.hf_export import export_checkpoint
+from training.checkpoint.io import (
     ARCHITECTURE_FIELDS,
     MODEL_RECORD,
     CheckpointError,
@@ -73,7 +74,7 @@ from training.checkpoint_io import (
     state_tensors,
     verify_checkpoint,
 )
-from training.checkpoint_staging import HostStaging, PreStaged, state_dict_of
+from training.checkpoint.staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
@@ -90,7 +91,6 @@ from training.contract.run_layout import (
     is_complete_checkpoint,
     list_steps,
 )
-from training.hf_export import export_checkpoint
 
 # --- what is on disk ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ class TrainState:
 
     The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
     DCP keeps one copy of values that have the same key on every rank. Everything is a tensor or
-    a plain number, so loading needs no unpickling (see training.checkpoint). A rank that has no
+    a plain number, so loading needs no unpickling (see training.checkpoint.checkpointer). A rank that has no
     stream in the checkpoint (a resume onto more ranks) keeps its own: set `rng_in_checkpoint`
     False before loading so it does not ask for one.
     """

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-log = logging.getLogger("training.loader")
+log = logging.getLogger("training.data.loader")
 T = TypeVar("T")
 MIN_DOCS = 1 << 24  # below ~16M documents the tables take < 1 s: no cache files
 

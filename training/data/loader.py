@@ -1,8 +1,8 @@
-"""The token loader: deterministic, resumable, elastic (DESIGN.md, "The loader's guarantees").
+"""The token loader: deterministic, resumable, elastic (docs/design.md, "The loader's guarantees").
 
-What each global step holds is the data plan's (training/data_plan.py): for every slot of the
+What each global step holds is the data plan's (training/data/plan.py): for every slot of the
 global batch of G windows, a source, its epoch and the window's first token in that source's
-stream (ordered by training/loader_plan.py). A one-dataset loader is the one-source plan: global
+stream (ordered by training/data/order.py). A one-dataset loader is the one-source plan: global
 step s is epoch s // steps_per_epoch, global batch b = s % steps_per_epoch, windows [b·G, (b+1)·G)
 of that epoch's stream. Rank r of N takes the G/N slots starting at r·G/N and cuts them into
 micro-batches in order. A batch is built from (plan, step, rank) alone, so:
@@ -17,7 +17,7 @@ Each sequence is `seq_len + 1` stream tokens: input_ids = tokens[:-1], labels = 
 masked: the separator is the target of a document's last token), position_ids counting from 0 at
 the sequence start and again at every document start, for document-masked attention.
 
-The dataset directory is opened, checked and read by training/dataset_reader.py (`DocumentTable`).
+The dataset directory is opened, checked and read by training/data/reader.py (`DocumentTable`).
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training import data_plan, loader_plan
 from training.contract.dataset_format import fingerprint_before_index
 from training.contract.errors import GristmillError
-from training.dataset_reader import DocumentTable, check_separators
+from training.data import order as epoch_order
+from training.data import plan as data_plan
+from training.data.reader import DocumentTable, check_separators
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class LoaderConfigError(GristmillError):
 class BatchBuilder:
     """Builds one rank's batch of any global step from scratch (picklable; used in workers).
 
-    The plan (training/data_plan.py) says which source, epoch and stream tokens fill each slot of
+    The plan (training/data/plan.py) says which source, epoch and stream tokens fill each slot of
     the global batch; this rank takes slots [rank·G/N, (rank+1)·G/N), reads them from the sources'
     document tables and cuts them into micro-batches of the phase's `micro_batch`.
     """
@@ -75,8 +76,8 @@ class BatchBuilder:
         self.seed, self.rank, self.world_size = plan.seed, rank, world_size
         self.check = check_separators
         # Read when the loader is built (tests shrink them to exercise many groups).
-        self.block_docs, self.group_blocks = tables[0].blocks.block_docs, loader_plan.GROUP_BLOCKS
-        self._plans: dict[tuple[int, int], loader_plan.EpochPlan] = {}
+        self.block_docs, self.group_blocks = tables[0].blocks.block_docs, epoch_order.GROUP_BLOCKS
+        self._plans: dict[tuple[int, int], epoch_order.EpochOrder] = {}
 
     @property
     def docs(self) -> DocumentTable:
@@ -86,13 +87,13 @@ class BatchBuilder:
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
         return {**self.__dict__, "_plans": {}}
 
-    def plan(self, epoch: int, source: int = 0) -> loader_plan.EpochPlan:
+    def plan(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
         hit = self._plans.get((source, epoch))
         if hit is None:
             for key in [k for k in self._plans if k[0] == source and k[1] < epoch]:
                 del self._plans[key]  # a source's stream only moves forward: free the older epoch
-            # The same in every rank and worker: computed once per node (training/loader_cache.py).
-            hit = loader_plan.EpochPlan.shared(
+            # The same in every rank and worker: computed once per node (training/data/cache.py).
+            hit = epoch_order.EpochOrder.shared(
                 self.tables[source].blocks, self.seed, epoch, self.group_blocks
             )
             self._plans[(source, epoch)] = hit
@@ -304,7 +305,7 @@ class TokenLoader:
             expect_vocab_size=expect_vocab_size,
             expect_tokenizer_sha256=expect_tokenizer_sha256,
         )
-        steps, tail = loader_plan.epoch_steps(docs.tokens, seq_len, global_batch)
+        steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
         if steps == 0:
             raise LoaderConfigError(
                 f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
@@ -329,7 +330,7 @@ class TokenLoader:
             "global_batch": global_batch,
             "split": split,
             "val_fraction": val_fraction,
-            "plan": loader_plan.plan_version(self._builder.block_docs, self._builder.group_blocks),
+            "plan": epoch_order.plan_version(self._builder.block_docs, self._builder.group_blocks),
         }
         log.info(
             "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from training.checkpoint_io import (
+from training.checkpoint.io import (
     CheckpointError,
     describe_differences,
     load_or_raise,
@@ -41,6 +41,7 @@ from training.checkpoint_io import (
     recorded_model,
     verify_checkpoint,
 )
+from training.checkpoint.state import ModelState
 from training.config import TrainConfig, phases_of, resolve_model_config, sources_of
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
@@ -56,7 +57,6 @@ from training.contract.run_layout import (
     step_of,
 )
 from training.model import ModelConfig, Transformer
-from training.train_state import ModelState
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"

@@ -1,0 +1,14 @@
+"""The data side of training: from a dataset directory to this rank's micro-batches.
+
+- reader.py   one split of a dataset directory opened and checked (`DocumentTable`); tokens read at
+              the index's byte offsets
+- order.py    the sample order of one source's epoch (`EpochOrder`): a pure function of the
+              document lengths, the seed and the epoch
+- cache.py    tables every rank derives identically, computed once per node and memory-mapped
+- plan.py     the data plan (`Plan`: sources, phases, mix, LR pieces): which windows each global
+              step takes; its resume rules
+- recipe.py   the plan of a train config: sources opened, the plan built, printed, plotted, and
+              consumption.parquet
+- loader.py   `TokenLoader`: the plan's steps read and cut into this rank's micro-batches
+- inspect.py  `gristmill data inspect`: what the model saw at a step, rebuilt from the config
+"""
