@@ -45,10 +45,10 @@ import torch
 
 from training.checkpoint.checkpointer import Checkpointer, dir_size
 from training.checkpoint.state import ModelState, OptimizerState, TrainState
-from training.config import CheckpointSection, OptimSection, ScheduleSection
+from training.config import CheckpointSection, OptimSection
 from training.contract.disk_space import fmt_bytes
 from training.model import PRESETS, Transformer, num_params
-from training.optim import build_optimizer, build_scheduler
+from training.optim import ScheduledLR, build_optimizer
 from training.train import train_step
 
 # ≥ 100M parameters, small enough for a 2-core CPU step in seconds: 125.8M (50.3M of them embeddings).
@@ -65,7 +65,7 @@ def build(preset: str, device: torch.device):
     with torch.no_grad():
         model.init_weights()
     optimizer = build_optimizer(model, OptimSection(), device.type)
-    scheduler = build_scheduler(optimizer, OptimSection(), ScheduleSection(warmup_steps=10, steps=10**6))
+    scheduler = ScheduledLR(optimizer, lambda step: OptimSection().lr)  # saved as its step alone
     states = {
         "model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer),

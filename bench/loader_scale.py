@@ -25,7 +25,7 @@
    invocation (a fresh loader cache): each rank opens the three training splits
    (`DocumentTable(..., val_fraction=--val-fraction)`), builds the Plan as a recipe with
    [[data.sources]] does (one phase of --steps steps, seq 2048, G 512, weights 0.8 / 0.15 / 0.05,
-   max_epochs 1, supply checked) and `TokenLoader.from_plan(plan, tables, rank=r, ...)`, plans
+   max_epochs 1, supply checked) and `TokenLoader(plan, tables, rank=r, ...)`, plans
    epoch 0 of every source and builds its first batch; the ratios to the single-source rounds follow.
 
 Prints one line per rank, the worst rank against the goals (< 30 s, < 1 GiB), and the ratios to the
@@ -197,11 +197,11 @@ class PeakAnon:
 def open_loader(args):
     """Rank --rank's loader as the trainer builds it: one dataset, or the --sources 3 mixture."""
     from training.data import plan as data_plan  # (imported by run_rank before the clock starts)
-    from training.data.loader import TokenLoader
+    from training.data.loader import TokenLoader, dataset_loader
     from training.data.reader import DocumentTable
 
     if args.sources == 1:
-        return TokenLoader(
+        return dataset_loader(
             args.dir,
             seq_len=2048,
             global_batch=512,
@@ -219,7 +219,7 @@ def open_loader(args):
         seed=0,
     )
     plan.check_supply()
-    return TokenLoader.from_plan(plan, tables, micro_batch=8, rank=args.rank, world_size=args.ranks)
+    return TokenLoader(plan, tables, micro_batch=8, rank=args.rank, world_size=args.ranks)
 
 
 def run_rank(args) -> dict:
@@ -231,7 +231,7 @@ def run_rank(args) -> dict:
         loader = open_loader(args)
         t1 = time.perf_counter()
         for source in range(len(loader.plan.sources)):  # epoch 0 of each source's stream
-            loader.builder.plan(0, source)
+            loader.builder.order(0, source)
         t2 = time.perf_counter()
         batch = loader.builder.batch(0)
         t3 = time.perf_counter()

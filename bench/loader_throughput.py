@@ -12,7 +12,7 @@ warms the page cache, then measures in one process:
                    token: input_ids, labels, position_ids)
   - loader:        TokenLoader, seq 2048, global batch 512, micro-batch 8, num_workers=0, with and
                    without the separator check
-  - mixture:       TokenLoader.from_plan over the three datasets' DocumentTables: one unbounded
+  - mixture:       TokenLoader over the three datasets' DocumentTables: one unbounded
                    phase (the same seq_len and global batch), weights 0.6 / 0.25 / 0.15, so each
                    step places the sources' windows at hashed slots; the same steps and settings
 and prints tokens/s, the loader's ratio to each baseline and the mixture's ratio to the one-source
@@ -36,7 +36,7 @@ from pipelines.synthetic_dataset import write_synthetic_dataset
 from training.contract.dataset_format import read_dataset_info, shard_files
 from training.data import order as epoch_order
 from training.data import plan as data_plan
-from training.data.loader import TokenLoader
+from training.data.loader import TokenLoader, dataset_loader
 from training.data.reader import DocumentTable
 
 MIXTURE = (("a", 0.6, 1), ("b", 0.25, 2), ("c", 0.15, 3))  # source: share of --tokens and weight, seed
@@ -128,7 +128,7 @@ def warm(root: Path) -> None:
 
 
 def single_loader(root: Path, args, **kw) -> TokenLoader:
-    return TokenLoader(
+    return dataset_loader(
         root, seq_len=args.seq_len, global_batch=args.global_batch, micro_batch=8, seed=0, **kw
     )
 
@@ -142,7 +142,7 @@ def mixture_loader(roots: list[Path], args, **kw) -> TokenLoader:
         [data_plan.Phase("main", None, args.seq_len, args.global_batch, weights)],
         seed=0,
     )
-    return TokenLoader.from_plan(plan, tables, micro_batch=8, **kw)
+    return TokenLoader(plan, tables, micro_batch=8, **kw)
 
 
 def best_rates(opens: dict, steps: int, repeats: int) -> dict[str, tuple[float, float, float]]:

@@ -101,9 +101,10 @@ class SourceSection:
     dataset: str = ""
     """Dataset directory written by `gristmill data build`. Every source of a run must share one
     tokenizer (the same tokenizer.json hash)."""
-    max_epochs: int = 1
+    max_epochs: int | None = 1
     """Epochs of this source the plan may read. A plan that needs more is refused before step 1,
-    naming the source and both token counts; > 1 repeats it, each epoch reshuffled."""
+    naming the source and both token counts; > 1 repeats it, each epoch reshuffled. (data.dataset
+    with [schedule], the one-source form, reads its dataset for as many epochs as the schedule takes.)"""
     val_fraction: float | None = None
     """Fraction held out for validation (`val/NAME`); None: data.val_fraction."""
 
@@ -375,12 +376,6 @@ class BatchShape:
         return self.global_batch * self.seq_len
 
 
-def is_phased(cfg: TrainConfig) -> bool:
-    """A recipe with `[[data.sources]]` or `[[phase]]`; otherwise the one-dataset, one-schedule form
-    (whose checkpoints keep their format)."""
-    return bool(cfg.data.sources or cfg.phase)
-
-
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -388,7 +383,9 @@ def sources_of(cfg: TrainConfig) -> list[SourceSection]:
     """The run's sources: `[[data.sources]]`, or data.dataset as the one source "data"."""
     d = cfg.data
     if not d.sources:
-        return [SourceSection(name="data", dataset=d.dataset, val_fraction=d.val_fraction)]
+        # One source "data": read for as many epochs as [schedule] takes; under [[phase]] once.
+        epochs = 1 if cfg.phase else None
+        return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
     if d.dataset != DataSection.dataset:
         raise ConfigError(
             f"data.dataset = {d.dataset!r} and [[data.sources]] are both set; with sources, name each "

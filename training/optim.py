@@ -1,13 +1,12 @@
 """Optimizer, learning-rate schedule and gradient clipping (DTensor/FSDP2-aware).
 
 AdamW with β = (0.9, 0.95) and weight decay 0.1 on matrices only (norm weights and biases never
-decay; embeddings optionally), fused; linear warmup then cosine to min_lr, set each step from the
-config (its checkpointed state is the step alone); optional 8-bit AdamW through bitsandbytes on CUDA.
+decay; embeddings optionally), fused; the learning rate of each step from the data plan's LR pieces
+(its checkpointed state is the step alone); optional 8-bit AdamW through bitsandbytes on CUDA.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from training.contract.errors import GristmillError
 
 if TYPE_CHECKING:
-    from training.config import OptimSection, ScheduleSection
+    from training.config import OptimSection
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = True) -> list[dict]:
@@ -77,29 +76,10 @@ def bitsandbytes_or_refuse(device_type: str, sharded: bool):
     return bnb
 
 
-class WarmupCosine:
-    """LR multiplier for 0-based optimizer step s: linear warmup reaching the peak at s = warmup - 1
-    (s = 0 without warmup), then a cosine from the peak to min_ratio at s = total - 1."""
-
-    def __init__(self, warmup: int, total: int, min_ratio: float):
-        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        peak_step = max(self.warmup - 1, 0)
-        span = self.total - 1 - peak_step
-        progress = 1.0 if span <= 0 else min(1.0, (step - peak_step) / span)
-        return self.min_ratio + (1.0 - self.min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, optim: OptimSection, schedule: ScheduleSection
-) -> ScheduledLR:
-    """Warmup then cosine (WarmupCosine) times optim.lr; a checkpoint stores only its step."""
-    fn = WarmupCosine(schedule.warmup_steps, schedule.steps, optim.min_lr / optim.lr)
-    # `last_epoch`: LambdaLR's name for the step, which this replaced, so older checkpoints load.
-    return ScheduledLR(optimizer, lambda step: optim.lr * fn(step), key="last_epoch")
+def plan_scheduler(optimizer: torch.optim.Optimizer, plan) -> ScheduledLR:
+    """The LR of a run: its data plan's pieces (training/data/plan.Plan.lr), step by step. The last
+    scheduler.step() looks one step past the plan: its last LR holds."""
+    return ScheduledLR(optimizer, lambda step: plan.lr(min(step, plan.total_steps - 1)))
 
 
 class ScheduledLR:
@@ -108,13 +88,12 @@ class ScheduledLR:
     Not LambdaLR: its state_dict keeps base_lrs and the multiplier object's attributes (warmup,
     total, min ratio), so a resume with a changed optim.lr or [schedule] went on training at the
     checkpoint's rates while RUN/config.toml said otherwise. Here the LR is a function of the config
-    and the step only. [[phase]] runs pass the plan's LR (training/data/plan.Plan.lr); whether a
-    phase's past LR changed is the plan's resume check (data_plan.check_resume), not this object's.
-    `key` names the step in the state dict ("last_step" for phased runs).
+    and the step only: a run passes its plan's LR (`plan_scheduler`); whether a phase's past LR
+    changed is the plan's resume check (data_plan.check_resume), not this object's.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_at, key: str = "last_step"):
-        self.optimizer, self.lr_at, self.key = optimizer, lr_at, key
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_at):
+        self.optimizer, self.lr_at = optimizer, lr_at
         self.last_step = 0
         self._apply()
 
@@ -131,10 +110,10 @@ class ScheduledLR:
         self._apply()
 
     def state_dict(self) -> dict[str, int]:
-        return {self.key: self.last_step}
+        return {"last_step": self.last_step}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.last_step = int(state[self.key])
+        self.last_step = int(state["last_step"])
         self._apply()
 
 

@@ -46,7 +46,6 @@ from training.config import (  # the CLI helpers are re-exported: `from training
     TrainConfig,
     add_resume_argument,
     check_config,
-    is_phased,
     load_train_config,
     resolve_model_config,
     sources_of,
@@ -63,8 +62,8 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError, NonFiniteError, unwritable
 from training.contract.run_layout import CONFIG_TOML, CONSUMPTION_PARQUET, PLAN_PNG
 from training.data import plan as data_plan
-from training.data.loader import TokenLoader
-from training.data.recipe import build_plan, format_plan, open_plan, plot_plan, write_consumption
+from training.data.loader import TokenLoader, dataset_loader
+from training.data.recipe import format_plan, open_plan, plot_plan, write_consumption
 from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
 from training.faults import NanLoss
 from training.metrics import (
@@ -84,8 +83,8 @@ from training.optim import (
     ScheduledLR,
     bitsandbytes_or_refuse,
     build_optimizer,
-    build_scheduler,
     clip_grad_norm,
+    plan_scheduler,
 )
 from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
 from training.run_lock import RunLock
@@ -265,13 +264,9 @@ def _header(cfg, mcfg, plans: list[BatchShape], env: DistEnv, device, mesh, mode
             f"{p.micro_batch} micro × {p.grad_accum} accumulation"
             for p in plans
         ),
-        f"  run     {env.world_size} process(es) on {device_name(device)}, mesh {mesh_txt}, compute {amp}, "
-        + (
-            f"{cfg.schedule.steps} steps (warmup {cfg.schedule.warmup_steps}), "
-            f"lr {cfg.optim.lr:g} → {cfg.optim.min_lr:g}"
-            if not is_phased(cfg)
-            else f"{sum(p.steps for p in plans)} steps in {len(plans)} phase(s) (plan below)"
-        ),
+        f"  run     {_count(env.world_size, 'process', 'processes')} on {device_name(device)}, "
+        f"mesh {mesh_txt}, compute {amp}, "
+        + f"{sum(p.steps for p in plans)} steps in {_count(len(plans), 'phase')} (plan below)",
         f"  flops   {fpt:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
@@ -280,6 +275,10 @@ def _header(cfg, mcfg, plans: list[BatchShape], env: DistEnv, device, mesh, mode
         ),
     ]
     return lines
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, torch.device]:
@@ -394,7 +393,7 @@ class Validation:
         for src in self.sources:
             key = (src.name, bp.seq_len, bp.micro_batch)
             if key not in self._loaders:
-                loader = TokenLoader(
+                loader = dataset_loader(
                     src.dataset,
                     split="val",
                     seq_len=bp.seq_len,
@@ -459,30 +458,15 @@ def setup(
 ) -> Run:
     """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
-    d = cfg.data
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
-    if not is_phased(cfg):  # the one-dataset form: its loader state keeps its format
-        loader = TokenLoader(
-            d.dataset,
-            split="train",
-            seq_len=d.seq_len,
-            global_batch=plans[0].global_batch,
-            micro_batch=d.micro_batch,
-            seed=d.seed,
-            val_fraction=d.val_fraction,
-            expect_vocab_size=mcfg.vocab_size,
-            **loader_settings(cfg, plans[0], env, device),
-        )
-        data, notes = build_plan(cfg, [loader.documents]), []
-    else:
-        data, tables, notes = open_plan(cfg, expect_vocab_size=mcfg.vocab_size)
-        loader = TokenLoader.from_plan(
-            data,
-            tables,
-            micro_batch=tuple(p.micro_batch for p in plans),
-            **loader_settings(cfg, plans[0], env, device),
-        )
+    data, tables, notes = open_plan(cfg, expect_vocab_size=mcfg.vocab_size)
+    loader = TokenLoader(
+        data,
+        tables,
+        micro_batch=tuple(p.micro_batch for p in plans),
+        **loader_settings(cfg, plans[0], env, device),
+    )
     validation = Validation(cfg, plans, data, env, device, mcfg.vocab_size) if cfg.run.val_every > 0 else None
     if validation is not None and not validation.sources:
         validation = None
@@ -492,10 +476,7 @@ def setup(
     model = build_model(mcfg, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
-    if is_phased(cfg):  # the last scheduler.step() looks one step past the plan: hold its last LR
-        scheduler = ScheduledLR(optimizer, lambda s: data.lr(min(s, data.total_steps - 1)))
-    else:
-        scheduler = build_scheduler(optimizer, cfg.optim, cfg.schedule)
+    scheduler = plan_scheduler(optimizer, data)
     state = TrainState(rank=env.rank)
     states = checkpointables(model, optimizer, scheduler, loader, state)
     last = cfg.run.max_steps or data.total_steps
@@ -529,7 +510,7 @@ def setup(
         except OSError as e:
             raise unwritable(run_dir, e) from None
 
-    if is_main and is_phased(cfg) and cfg.metrics.plot:
+    if is_main and cfg.metrics.plot:
         note = plot_plan(data, run_dir / PLAN_PNG)
         if note:
             say(note)
@@ -547,9 +528,8 @@ def setup(
         )
         for line in _header(cfg, mcfg, plans, env, device, mesh, model, fpt[0], peak):
             writer.print(line)
-        if is_phased(cfg):
-            for line in format_plan(data, notes):
-                writer.print(f"  plan    {line}")
+        for line in format_plan(data, notes):
+            writer.print(f"  plan    {line}")
     if evaluator is not None:
         evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if resumed is not None:
@@ -664,7 +644,7 @@ def loop(r: Run) -> dict[str, Any]:
                 )
                 m.update(ckpt.take_timings())  # checkpoint_stage_s/_wait_s of the saves since the last row
                 consumed = r.data.consumed(step) if writer is not None else []
-                if is_phased(cfg) and writer is not None:  # a one-dataset recipe's rows stay as they were
+                if writer is not None:
                     m.update(data_row(r.data, step, consumed))
                 if do_val and not fatal(report):  # skipped updates left the weights finite
                     m.update(r.validation(r.model, step, r.amp))

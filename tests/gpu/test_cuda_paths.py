@@ -226,16 +226,16 @@ def test_adamw8bit_runs_when_installed():
 def test_train_step_has_no_host_sync():
     """After warm-up, a non-logging train_step (compiled blocks, chunked loss, fused AdamW, clip)
     never synchronises the host with the GPU: torch raises on any synchronising call."""
-    from training.config import OptimSection, ScheduleSection
+    from training.config import OptimSection
     from training.divergence import NonFiniteGuard
-    from training.optim import build_optimizer, build_scheduler
+    from training.optim import ScheduledLR, build_optimizer
     from training.train import train_step
 
     cfg = SMALL.replace(loss_chunk=512)
     pcfg = ParallelConfig(compile=True)
     model = parallelize(fresh_model(cfg).to(CUDA), None, pcfg)
     opt = build_optimizer(model, OptimSection(), "cuda")
-    sched = build_scheduler(opt, OptimSection(), ScheduleSection(warmup_steps=2, steps=100))
+    sched = ScheduledLR(opt, lambda step: 3e-4 * min(1.0, (step + 1) / 2))
     x, y, _ = tokens(cfg, 4, 256, seed=8)
     batches = [{"input_ids": x.to(CUDA), "labels": y.to(CUDA)}] * 2
     amp = lambda: autocast_context(pcfg, None, "cuda")
@@ -266,8 +266,8 @@ def test_fsdp2_nccl_mixed_precision_matches_autocast():
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from training.config import OptimSection, ScheduleSection
-    from training.optim import build_optimizer, build_scheduler
+    from training.config import OptimSection
+    from training.optim import ScheduledLR, build_optimizer
     from training.train import train_step
 
     x, y, _ = tokens(SMALL, 4, 256, seed=9)
@@ -277,7 +277,7 @@ def test_fsdp2_nccl_mixed_precision_matches_autocast():
         pcfg = ParallelConfig()
         model = parallelize(fresh_model(SMALL).to(CUDA), mesh, pcfg)
         opt = build_optimizer(model, OptimSection(lr=1e-3), "cuda", sharded=mesh is not None)
-        sched = build_scheduler(opt, OptimSection(lr=1e-3), ScheduleSection(warmup_steps=0, steps=10))
+        sched = ScheduledLR(opt, lambda step: 1e-3)
         amp = lambda: autocast_context(pcfg, mesh, "cuda")
         losses = [
             train_step(model, opt, sched, batch, grad_clip=1.0, amp=amp)["loss"].item() for _ in range(4)
@@ -317,7 +317,7 @@ def test_trainer_end_to_end_on_cuda(tmp_path):
     from tests._train_data import make_dataset
     from training.config import TrainConfig
     from training.contract.config_loader import load_config
-    from training.data.loader import TokenLoader
+    from training.data.loader import dataset_loader
     from training.train import train
 
     data = make_dataset(tmp_path / "data", n_docs=400, vocab_size=256)
@@ -350,7 +350,7 @@ def test_trainer_end_to_end_on_cuda(tmp_path):
     assert summary["final_loss"] < summary["first_loss"] - 1.5, summary
     assert all("mfu" in r and r["mfu"] > 0 for r in rows)
     assert rows[-1]["peak_memory_bytes"] > 0
-    loader = TokenLoader(data, seq_len=128, global_batch=16, micro_batch=8, seed=0, pin_memory=True)
+    loader = dataset_loader(data, seq_len=128, global_batch=16, micro_batch=8, seed=0, pin_memory=True)
     mb = next(iter(loader))[0]
     assert mb["input_ids"].is_pinned()
 

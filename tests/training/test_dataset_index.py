@@ -22,7 +22,7 @@ from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerp
 from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
 from training.data import cache as order_cache
 from training.data import order as epoch_order
-from training.data.loader import LoaderStateError, TokenLoader, batch_sha256
+from training.data.loader import LoaderStateError, batch_sha256, dataset_loader
 from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -68,7 +68,7 @@ def test_epoch_equals_plain_reference(corpus, monkeypatch, split, vf, bd, gb, sc
     monkeypatch.setattr(epoch_order, "BLOCK_DOCS", bd)
     monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", gb)
     monkeypatch.setattr(epoch_order, "SCAN_ROWS", scan)
-    loader = TokenLoader(
+    loader = dataset_loader(
         root,
         seq_len=SEQ,
         global_batch=G,
@@ -106,7 +106,7 @@ def _strip_index(root: Path) -> str:
 
 
 def _loader(root, **kw):
-    return TokenLoader(root, seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, **kw)
+    return dataset_loader(root, seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, **kw)
 
 
 def _hashes(loader, n):
@@ -206,7 +206,7 @@ def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, cap
     second = _loader(root, **kw)
     assert isinstance(second.documents.blocks.block_tokens, np.memmap)
     assert _hashes(first, 3) == _hashes(second, 3) == want
-    assert isinstance(second.builder.plan(0).block_order, np.memmap)
+    assert isinstance(second.builder.order(0).block_order, np.memmap)
     entries = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").iterdir() if p.is_dir())
     assert entries == ["blocks", "plan"]
     (entry,) = [p for p in (tmp_path / "cache").iterdir() if p.name.startswith("blocks-") and p.is_dir()]
@@ -282,6 +282,6 @@ def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
     assert np.asarray(loader.documents.lengths).tobytes() not in blob  # no copy of the lengths
     assert np.asarray(loader.documents.index.offsets).tobytes() not in blob
     if cached:  # cached tables travel as paths too
-        assert np.asarray(builder.plan(0).block_order).tobytes() not in blob
+        assert np.asarray(builder.order(0).block_order).tobytes() not in blob
     assert isinstance(clone.docs.lengths, np.memmap) and clone.docs.lengths.filename
     assert batch_sha256(clone.batch(5)) == batch_sha256(builder.batch(5))

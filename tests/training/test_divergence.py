@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.training.test_train_metrics import tiny_model
-from training.config import OptimSection, ScheduleSection
+from training.config import OptimSection
 from training.divergence import NonFiniteGuard, SpikeDetector
-from training.optim import build_optimizer, build_scheduler
+from training.optim import ScheduledLR, build_optimizer
 from training.train import train_step
 
 SYNCS = ("item", "tolist", "__bool__", "__float__", "__int__")
@@ -65,7 +65,7 @@ def snapshot_state(model, opt):
 def test_a_nonfinite_step_changes_nothing(fused):
     model = tiny_model()
     opt = build_optimizer(model, OptimSection(fused=fused), "cpu")
-    sched = build_scheduler(opt, OptimSection(), ScheduleSection(warmup_steps=1, steps=10))
+    sched = ScheduledLR(opt, lambda step: 3e-4)
     step(model, opt, sched, 0)
     params, state = snapshot_state(model, opt)
     out = step(model, opt, sched, 1, poison=True)
@@ -82,7 +82,7 @@ def test_a_nonfinite_step_changes_nothing(fused):
 def test_the_check_reads_nothing_on_the_host_between_logs():
     model = tiny_model()
     opt = build_optimizer(model, OptimSection(), "cpu")  # fused: the default
-    sched = build_scheduler(opt, OptimSection(), ScheduleSection(warmup_steps=1, steps=10))
+    sched = ScheduledLR(opt, lambda step: 3e-4)
     guard = NonFiniteGuard(torch.device("cpu"))
     step(model, opt, sched, 0)  # the first step creates the optimizer state
     with count_host_reads() as calls:

@@ -26,7 +26,13 @@ from tests._train_data import SEPARATOR_ID
 from tests._train_data import make_dataset as make_train_dataset
 from training.contract.dataset_format import DatasetError, numpy_dtype, read_dataset_info
 from training.data import order as epoch_order
-from training.data.loader import LoaderConfigError, LoaderStateError, TokenLoader, batch_sha256
+from training.data.loader import (
+    LoaderConfigError,
+    LoaderStateError,
+    TokenLoader,
+    batch_sha256,
+    dataset_loader,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
@@ -100,7 +106,7 @@ def plan_shape(request, monkeypatch):
 
 def make_loader(root, **kw) -> TokenLoader:
     args = dict(seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, check_separators=True)
-    return TokenLoader(root, **{**args, **kw})
+    return dataset_loader(root, **{**args, **kw})
 
 
 def take(loader: TokenLoader, n: int) -> list:
@@ -543,7 +549,7 @@ def test_real_build_output(built_dataset, capsys):
     """The dataset `gristmill data build` writes: a full epoch passes the separator check, and
     inspect decodes real text with the dataset's own tokenizer."""
     info = read_dataset_info(built_dataset)
-    loader = TokenLoader(
+    loader = dataset_loader(
         built_dataset,
         seq_len=63,
         global_batch=4,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ from training.config import TrainConfig, check_config
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
 from training.data import plan as data_plan
-from training.data.loader import TokenLoader, batch_sha256
+from training.data.loader import TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
 from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
@@ -94,7 +95,7 @@ def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
 
 def loader_for(cfg: TrainConfig, rank: int = 0, world: int = 1, workers: int = 0) -> TokenLoader:
     plan, tables, _ = open_plan(cfg)
-    return TokenLoader.from_plan(
+    return TokenLoader(
         plan,
         tables,
         micro_batch=tuple(ph.global_batch // world for ph in plan.phases),
@@ -152,14 +153,22 @@ def test_a_one_source_plan_is_the_single_dataset_order():
         assert (first == (b * g + np.arange(g)) * (seq + 1)).all()
 
 
-def test_the_lr_pieces_join_and_the_one_phase_case_is_warmup_cosine():
-    from training.optim import WarmupCosine
+def warmup_cosine(step: int, warmup: int, total: int, peak: float, end: float) -> float:
+    """The reference runs' schedule, written out independently: linear warmup reaching the peak at
+    step warmup - 1, then a cosine from the peak to `end` at step total - 1 (0-based steps)."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - max(warmup - 1, 0)) / (total - 1 - max(warmup - 1, 0)))
+    return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * progress))
 
+
+def test_the_lr_pieces_join_and_the_one_phase_case_is_warmup_cosine():
     one = Plan(
         [Source("d", "", "f", 10**9, 1)], [Phase("p", 100, 8, 8, (1,), LRPiece(3e-3, 3e-4, "cosine", 10))], 0
     )
-    ref = WarmupCosine(10, 100, 0.1)
-    assert all(one.lr(s) == pytest.approx(3e-3 * ref(s), rel=1e-12) for s in range(100))
+    want = [warmup_cosine(s, 10, 100, 3e-3, 3e-4) for s in range(100)]
+    assert [one.lr(s) for s in range(100)] == pytest.approx(want, rel=1e-12)
+    assert one.lr(9) == 3e-3 and one.lr(99) == pytest.approx(3e-4) and one.lr(59) < one.lr(58)
     wsd = Plan(
         [Source("d", "", "f", 10**9, 1)],
         [
@@ -228,17 +237,17 @@ def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
         return h.hexdigest()
 
     common = dict(seq_len=64, global_batch=16, micro_batch=4, seed=1234)
-    assert digest(TokenLoader(ds, **common), 300).startswith("c2fd03df33f708f7")
-    assert digest(TokenLoader(ds, val_fraction=0.1, **common), 300).startswith("34ea0c3c51dde438")
-    assert digest(TokenLoader(ds, split="val", val_fraction=0.1, **common), 300).startswith(
+    assert digest(dataset_loader(ds, **common), 300).startswith("c2fd03df33f708f7")
+    assert digest(dataset_loader(ds, val_fraction=0.1, **common), 300).startswith("34ea0c3c51dde438")
+    assert digest(dataset_loader(ds, split="val", val_fraction=0.1, **common), 300).startswith(
         "c3e224a4dfaef504"
     )
     old = epoch_order.GROUP_BLOCKS
     epoch_order.GROUP_BLOCKS = 2  # many groups per epoch
     try:
         common = dict(seq_len=48, global_batch=8, micro_batch=2, seed=7, val_fraction=0.05, world_size=2)
-        assert digest(TokenLoader(ds, rank=0, **common), 250).startswith("2b55f9fbc1396eb1")
-        assert digest(TokenLoader(ds, rank=1, **common), 250).startswith("ffd924ed29e38c25")
+        assert digest(dataset_loader(ds, rank=0, **common), 250).startswith("2b55f9fbc1396eb1")
+        assert digest(dataset_loader(ds, rank=1, **common), 250).startswith("ffd924ed29e38c25")
     finally:
         epoch_order.GROUP_BLOCKS = old
 

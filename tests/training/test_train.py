@@ -105,8 +105,9 @@ def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
     states = summary["states"]
     assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
     assert states["train_state"].state_dict()["step"] == 2
-    assert states["lr_scheduler"].state_dict()["last_epoch"] == 2
-    assert states["dataloader"].state_dict()["batch"] == 2
+    assert states["lr_scheduler"].state_dict()["last_step"] == 2
+    assert states["dataloader"].state_dict()["step"] == 2  # the one-source plan's state
+    assert json.loads(states["dataloader"].state_dict()["data_plan"])["sources"][0]["name"] == "data"
     model_sd = states["model"].state_dict()
     assert "tok_embeddings.weight" in model_sd
     optim_sd = states["optimizer"].state_dict()
@@ -230,26 +231,32 @@ def test_launcher_checks_the_mesh_for_its_world_size(dataset, tmp_path, capsys):
     assert "torch.distributed.run" not in captured.out and not run_dir.exists()
 
 
-def test_a_resume_trains_with_the_changed_optimizer_and_schedule(dataset, tmp_path, capsys):
-    """A resume applies this config's lr and schedule (LambdaLR brought back the checkpoint's
-    base_lrs and warmup/total, while RUN/config.toml named the new values) and says what changed."""
-    from training.optim import WarmupCosine
+def test_a_resume_keeps_the_past_lr_and_applies_other_optimizer_changes(dataset, tmp_path, capsys):
+    """A one-dataset recipe resumes by the plan's rules, as a phased one does: a changed cosine
+    budget or peak would rewrite the LR of steps already trained, so it is refused naming the step;
+    the other optimizer settings are this config's from the next step on, and said."""
+    from training.contract.errors import GristmillError
     from training.train import with_resume
 
     run = tmp_path / "run"
-    base = recipe(dataset, run, "schedule.warmup_steps=2", "run.val_every=0", "metrics.tensorboard=false",
-                  "metrics.plot=false", "checkpoint.interval=4")  # fmt: skip
-    train(load_train_config(TINY, [*base, "schedule.steps=8", "run.max_steps=4"]))
+    base = recipe(dataset, run, "schedule.warmup_steps=2", "schedule.steps=8", "run.val_every=0",
+                  "run.log_every=1", "metrics.tensorboard=false", "metrics.plot=false",
+                  "checkpoint.interval=4")  # fmt: skip
+    train(load_train_config(TINY, [*base, "run.max_steps=4"]))
+    for changed, step in (("schedule.steps=12", 3), ("optim.lr=0.002", 1)):
+        with pytest.raises(GristmillError, match=f"the learning rate of step {step} .phase 'main'."):
+            train(load_train_config(TINY, with_resume([*base, changed], "auto")))
     capsys.readouterr()
-    changed = ["schedule.steps=12", "optim.lr=1e-4", "optim.min_lr=1e-5"]
-    train(load_train_config(TINY, with_resume([*base, *changed], "auto")))
+    train(load_train_config(TINY, with_resume([*base, "optim.weight_decay=0.05"], "auto")))
     out = capsys.readouterr().out
-    assert "note: changed since" in out and "optim.lr 0.003 → 0.0001" in out, out
-    assert "schedule.steps 8 → 12" in out and "in effect from step 5" in out, out
-    fn = WarmupCosine(2, 12, 1e-5 / 1e-4)
+    assert "note: changed since" in out and "optim.weight_decay 0.1 → 0.05" in out, out
+    assert "in effect from step 5" in out, out
+    lr, min_lr = load_train_config(TINY, base).optim.lr, load_train_config(TINY, base).optim.min_lr
     rows = {r["step"]: r["lr"] for r in read_metrics(run)}
-    assert [rows[s] for s in range(5, 13)] == [1e-4 * fn(s - 1) for s in range(5, 13)]
-    assert load_train_config(str(run / "config.toml"), []).optim.lr == 1e-4  # and it says so
+    want = [lr * s / 2 if s <= 2 else min_lr + (lr - min_lr) * 0.5 * (1 + math.cos(math.pi * (s - 2) / 6))
+            for s in range(1, 9)]  # fmt: skip
+    assert [rows[s] for s in range(1, 9)] == pytest.approx(want, rel=1e-12)
+    assert load_train_config(str(run / "config.toml"), []).optim.weight_decay == 0.05  # and it says so
 
 
 def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):

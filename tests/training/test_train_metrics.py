@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from training.config import OptimSection, ScheduleSection
+from training.config import OptimSection
 from training.contract.errors import GristmillError
+from training.data.plan import LRPiece, Phase, Plan, Source
 from training.metrics import format_line, mfu, peak_flops, snapshot, update_ratio
 from training.model import PRESETS, Transformer, flops_per_token
-from training.optim import WarmupCosine, build_optimizer, build_scheduler, param_groups
+from training.optim import build_optimizer, param_groups, plan_scheduler
 
 
 @pytest.mark.parametrize(
@@ -87,21 +88,21 @@ def test_weight_decay_groups(tied):
     assert len(decay) + len(no_decay) == len(decay2) + len(no_decay2) == n_unique
 
 
-def test_schedule_warmup_then_cosine():
-    f = WarmupCosine(warmup=10, total=110, min_ratio=0.1)
-    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(109) == pytest.approx(0.1)
-    assert f(9 + 50) == pytest.approx(0.55)  # halfway through the decay
-    assert WarmupCosine(0, 5, 0.1)(0) == 1.0 and WarmupCosine(0, 5, 0.1)(4) == pytest.approx(0.1)
-    assert all(f(s) >= f(s + 1) for s in range(9, 120))
+def test_a_one_phase_plan_schedules_warmup_then_cosine():
+    """The LR of a one-dataset recipe is its one-phase plan's: warmup to optim.lr, cosine to min_lr."""
+    plan = Plan(
+        [Source("d", "", "f", 10**9, 1)], [Phase("main", 4, 8, 8, (1,), LRPiece(3e-4, 3e-5, "cosine", 2))], 0
+    )
     model = tiny_model()
     opt = build_optimizer(model, OptimSection(lr=3e-4, min_lr=3e-5), "cpu")
-    sched = build_scheduler(opt, OptimSection(lr=3e-4, min_lr=3e-5), ScheduleSection(warmup_steps=2, steps=4))
+    sched = plan_scheduler(opt, plan)
     lrs = []
-    for _ in range(4):
+    for _ in range(5):
         lrs.append(sched.get_last_lr()[0])
         opt.step()
         sched.step()
-    assert lrs == pytest.approx([1.5e-4, 3e-4, 1.65e-4, 3e-5])
+    assert lrs == pytest.approx([1.5e-4, 3e-4, 1.65e-4, 3e-5, 3e-5])  # the last LR holds past the plan
+    assert sched.state_dict() == {"last_step": 5}
     assert opt.param_groups[0]["betas"] == (0.9, 0.95) and opt.param_groups[0]["weight_decay"] == 0.1
 
 

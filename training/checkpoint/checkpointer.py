@@ -91,6 +91,7 @@ from training.contract.run_layout import (
     is_complete_checkpoint,
     list_steps,
 )
+from training.data.loader import foreign_state_message
 
 # --- what is on disk ---------------------------------------------------------------------------
 
@@ -359,13 +360,7 @@ class Checkpointer:
         keys = checkpoint_keys(path)
         loader = self.states.get("dataloader")
         if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
-            phased = "dataloader.data_plan" in keys  # a [[phase]] run's loader state: the plan and a step
-            kinds = ("a phased ([[phase]]) run", "a single-dataset run")
-            raise CheckpointError(
-                f"{path} was written by {kinds[not phased]} but this config describes {kinds[phased]}; "
-                f"resume it with the config it was written with ({path.parent.parent / CONFIG_TOML}), or "
-                "start a new run directory"
-            )
+            raise CheckpointError(foreign_state_message(str(path)))
         try:
             # A resume onto more ranks: ranks without a saved RNG stream keep their own.
             train_state.rng_in_checkpoint = f"train_state.{train_state.rng_key}.torch_cpu" in keys

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from training.config import TrainConfig, check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
 from training.contract.run_layout import CONFIG_TOML
-from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256
+from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
+from training.data.order import epoch_steps
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         raise LoaderConfigError(
             f"--global-batch {args.global_batch} is not divisible by --world-size {world}"
         )
-    loader = TokenLoader(
+    loader = dataset_loader(
         args.dataset,
         seq_len=args.seq_len,
         global_batch=args.global_batch,
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction,
         check_separators=True,
     )
-    spe = loader.steps_per_epoch
+    docs = loader.builder.tables[0]
+    spe, tail = epoch_steps(docs.tokens, args.seq_len, args.global_batch)
     step = args.step or 0
     end = step + 1 if args.end is None else args.end
     if step < 0 or end <= step:
@@ -82,10 +84,10 @@ def run(args: argparse.Namespace) -> int:
         f"# dataset {args.dataset} fingerprint {loader.info['fingerprint']} split {args.split} "
         f"val_fraction {args.val_fraction} seed {args.seed} seq_len {args.seq_len} "
         f"global_batch {args.global_batch} rank {args.rank}/{world}: {spe} steps/epoch, "
-        f"{loader.dropped_tail_tokens} tail tokens dropped per epoch"
+        f"{tail} tail tokens dropped per epoch"
     )
     epoch, batch = divmod(step, spe)
-    loader.load_state_dict({**loader.state_dict(), "epoch": epoch, "batch": batch})
+    loader.seek(step)
     if args.hash:
         for s, micro in zip(range(step, end), loader):
             print(f"{s} {batch_sha256(micro)}")
@@ -112,7 +114,7 @@ def _run_mode(args: argparse.Namespace) -> int:
             f"need 1 ≤ --step < --end ≤ {plan.total_steps + 1} (the run's plan has {plan.total_steps} steps, "
             f"counted from 1 as in metrics.jsonl), got --step {step} --end {end}"
         )
-    loader = TokenLoader.from_plan(
+    loader = TokenLoader(
         plan,
         tables,
         micro_batch=tuple(ph.global_batch // args.world_size for ph in plan.phases),

@@ -10,8 +10,8 @@ micro-batches in order. A batch is built from (plan, step, rank) alone, so:
 - workers: whole steps go round-robin to DataLoader worker processes and come back in step order,
   so the stream does not depend on num_workers;
 - ranks: the rank slices of a step concatenate to the world-size-1 batch, for any N dividing G;
-- resume: the state is a step counter plus what the order depends on (the one-dataset identity,
-  or the whole plan). It counts steps handed to the consumer, not steps prefetched by workers.
+- resume: the state is a step counter plus the plan (what the order depends on). It counts steps
+  handed to the consumer, not steps prefetched by workers.
 
 Each sequence is `seq_len + 1` stream tokens: input_ids = tokens[:-1], labels = tokens[1:] (never
 masked: the separator is the target of a document's last token), position_ids counting from 0 at
@@ -43,6 +43,18 @@ from training.data.reader import DocumentTable, check_separators
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+# The last commit whose one-dataset runs saved the loader state {fingerprint, …, epoch, batch}: a
+# checkpoint in that format is refused with this name (it resumes there).
+LAST_SINGLE_STATE_COMMIT = "62f489d"
+
+
+def foreign_state_message(what: str) -> str:
+    """Why `what` (a loader state without the plan and step) cannot be resumed here, and the fix."""
+    return (
+        f"{what} is not a data plan's loader state (data_plan, step): a one-dataset run of gristmill "
+        f"{LAST_SINGLE_STATE_COMMIT} or earlier saved another format; resume it with gristmill at commit "
+        f"{LAST_SINGLE_STATE_COMMIT} (git checkout {LAST_SINGLE_STATE_COMMIT}), or start a new run directory"
+    )
 
 
 class LoaderStateError(GristmillError):
@@ -77,7 +89,7 @@ class BatchBuilder:
         self.check = check_separators
         # Read when the loader is built (tests shrink them to exercise many groups).
         self.block_docs, self.group_blocks = tables[0].blocks.block_docs, epoch_order.GROUP_BLOCKS
-        self._plans: dict[tuple[int, int], epoch_order.EpochOrder] = {}
+        self._orders: dict[tuple[int, int], epoch_order.EpochOrder] = {}
 
     @property
     def docs(self) -> DocumentTable:
@@ -85,18 +97,18 @@ class BatchBuilder:
         return self.tables[0]
 
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
-        return {**self.__dict__, "_plans": {}}
+        return {**self.__dict__, "_orders": {}}
 
-    def plan(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
-        hit = self._plans.get((source, epoch))
+    def order(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
+        hit = self._orders.get((source, epoch))
         if hit is None:
-            for key in [k for k in self._plans if k[0] == source and k[1] < epoch]:
-                del self._plans[key]  # a source's stream only moves forward: free the older epoch
+            for key in [k for k in self._orders if k[0] == source and k[1] < epoch]:
+                del self._orders[key]  # a source's stream only moves forward: free the older epoch
             # The same in every rank and worker: computed once per node (training/data/cache.py).
             hit = epoch_order.EpochOrder.shared(
                 self.tables[source].blocks, self.seed, epoch, self.group_blocks
             )
-            self._plans[(source, epoch)] = hit
+            self._orders[(source, epoch)] = hit
         return hit
 
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -117,7 +129,7 @@ class BatchBuilder:
         a = first[run]
         b = a + length * window
         if len(run) == 1:  # one source, one range: the single-dataset loader's path
-            d, s, c = self.plan(int(epochs[0]), int(labels[0])).segments(int(a[0]), int(b[0]))
+            d, s, c = self.order(int(epochs[0]), int(labels[0])).segments(int(a[0]), int(b[0]))
             return np.full(len(d), int(labels[0])), d, s, c
         parts = []
         run_src, run_epoch = labels[run], epochs[run]
@@ -125,7 +137,7 @@ class BatchBuilder:
             of_src = run_src == src
             for ep in np.unique(run_epoch[of_src]).tolist():  # one, unless the step starts an epoch
                 sel = np.flatnonzero(of_src & (run_epoch == ep))
-                d, s, c, q = self.plan(ep, src).segments_many(a[sel], b[sel])
+                d, s, c, q = self.order(ep, src).segments_many(a[sel], b[sel])
                 parts.append((sel[q], np.full(len(d), src), d, s, c))
         order_key, *pieces = (np.concatenate(x) for x in zip(*parts))
         order = np.argsort(order_key, kind="stable")
@@ -260,92 +272,15 @@ def _positive(**values: int) -> None:
 class TokenLoader:
     """Infinite iterator of global steps; each item is this rank's list of micro-batches.
 
-    Stateful (state_dict / load_state_dict, plain ints and strs, so DCP can save it). Resuming with
-    another num_workers, or another world_size that divides global_batch, continues bit-identically.
-
-    `TokenLoader(dataset_dir, seq_len=…, …)` reads one dataset (a one-source, one-phase plan, epochs
-    repeating without end); its state is the position (epoch, batch) plus what the order depends on,
-    and a changed dataset, seq_len, seed, global_batch, split or val_fraction is a LoaderStateError.
-    `TokenLoader.from_plan` reads a mixture in phases; its state is the step and the plan, and a
-    resume may change only the plan's future (data_plan.check_resume).
+    The loader of a data plan (training/data/plan.py) over its sources' tables (in the plan's source
+    order); `dataset_loader` builds the one-source, one-phase plan of a single dataset split. Its
+    state is the step and the plan (plain ints and strs, so DCP can save it); a resume may change
+    only the plan's future (data_plan.check_resume). Resuming with another num_workers, or another
+    world_size that divides every phase's global batch, continues bit-identically.
     """
 
     def __init__(
         self,
-        dataset_dir: str | Path,
-        *,
-        seq_len: int,
-        global_batch: int,
-        micro_batch: int,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-        num_workers: int = 0,
-        split: str = "train",
-        val_fraction: float = 0.0,
-        check_separators: bool = False,
-        pin_memory: bool = False,
-        expect_vocab_size: int | None = None,
-        expect_tokenizer_sha256: str | None = None,
-    ):
-        _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch, world_size=world_size)
-        if split not in SPLITS:
-            raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
-        if not 0.0 <= val_fraction < 1.0:
-            raise LoaderConfigError(f"val_fraction {val_fraction} must be in [0, 1)")
-        if split == "val" and val_fraction == 0.0:
-            raise LoaderConfigError(
-                "split 'val' is empty with val_fraction 0; set val_fraction > 0 (e.g. 0.001)"
-            )
-        _check_geometry(global_batch, micro_batch, rank, world_size, num_workers)
-        docs = DocumentTable(
-            dataset_dir,
-            split=split,
-            val_fraction=val_fraction,
-            expect_vocab_size=expect_vocab_size,
-            expect_tokenizer_sha256=expect_tokenizer_sha256,
-        )
-        steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
-        if steps == 0:
-            raise LoaderConfigError(
-                f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
-                f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
-                + (
-                    f"raise val_fraction (now {val_fraction}) or turn validation off"
-                    if split == "val"
-                    else "lower global_batch or seq_len, or use a bigger dataset"
-                )
-            )
-        plan = data_plan.Plan(
-            [data_plan.Source.of(docs, "data", max_epochs=None)],
-            [data_plan.Phase("main", None, seq_len, global_batch, (1,))],
-            seed,
-        )
-        self._start(plan, [docs], micro_batch, rank, world_size, num_workers, check_separators, pin_memory)
-        self.steps_per_epoch, self.dropped_tail_tokens = steps, tail
-        self._identity = {
-            "fingerprint": self.info["fingerprint"],
-            "seed": seed,
-            "seq_len": seq_len,
-            "global_batch": global_batch,
-            "split": split,
-            "val_fraction": val_fraction,
-            "plan": epoch_order.plan_version(self._builder.block_docs, self._builder.group_blocks),
-        }
-        log.info(
-            "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "
-            "per epoch",
-            split,
-            docs.documents,
-            docs.tokens,
-            self.steps_per_epoch,
-            self.tokens_per_step,
-            self.dropped_tail_tokens,
-        )
-
-    @classmethod
-    def from_plan(
-        cls,
         plan: data_plan.Plan,
         tables: list[DocumentTable],
         *,
@@ -355,21 +290,18 @@ class TokenLoader:
         num_workers: int = 0,
         check_separators: bool = False,
         pin_memory: bool = False,
-    ) -> TokenLoader:
-        """A loader of `plan` over the sources' training-split tables (in the plan's source order)."""
+    ):
         for ph, mb in zip(plan.phases, per_phase(micro_batch, len(plan.phases))):
             _positive(seq_len=ph.seq_len, global_batch=ph.global_batch, micro_batch=mb, world_size=world_size)
             _check_geometry(ph.global_batch, mb, rank, world_size, num_workers)
-        self = cls.__new__(cls)
-        self._start(plan, tables, micro_batch, rank, world_size, num_workers, check_separators, pin_memory)
-        self._identity = None
-        self.steps_per_epoch = self.dropped_tail_tokens = None
-        return self
-
-    def _start(self, plan, tables, micro_batch, rank, world_size, num_workers, check, pin_memory) -> None:
         self.info: dict[str, Any] = tables[0].info
         self._builder = BatchBuilder(
-            plan, tables, micro_batch=micro_batch, rank=rank, world_size=world_size, check_separators=check
+            plan,
+            tables,
+            micro_batch=micro_batch,
+            rank=rank,
+            world_size=world_size,
+            check_separators=check_separators,
         )
         # Tokens the model trains on per global step (every phase: G·seq_len = global_batch_tokens).
         self.tokens_per_step = plan.phases[0].global_batch * plan.phases[0].seq_len
@@ -397,24 +329,11 @@ class TokenLoader:
         return self._step
 
     def state_dict(self) -> dict[str, Any]:
-        if self._identity is None:
-            return {"data_plan": self.plan.to_json(), "step": self._step}
-        epoch, batch = divmod(self._step, self.steps_per_epoch)
-        return {**self._identity, "epoch": epoch, "batch": batch}
+        return {"data_plan": self.plan.to_json(), "step": self._step}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if self._identity is None:
-            self._load_plan_state(sd)
-        else:
-            self._load_single_state(sd)
-        self._generation += 1
-
-    def _load_plan_state(self, sd: dict[str, Any]) -> None:
         if "data_plan" not in sd or "step" not in sd:
-            raise LoaderStateError(
-                f"loader state has keys {sorted(sd)}, not a phased plan's (data_plan, step): the checkpoint "
-                "was written by a single-dataset run; resume it with its own config (RUN/config.toml)"
-            )
+            raise LoaderStateError(foreign_state_message(f"a loader state with keys {sorted(sd)}"))
         saved = json.loads(sd["data_plan"])
         if saved.get("format") != data_plan.PLAN_FORMAT:
             raise LoaderStateError(
@@ -426,36 +345,7 @@ class TokenLoader:
             saved, self.plan, step, lambda theirs, ours: theirs in (ours, before_index.get(ours))
         )
         self._step = step
-
-    def _load_single_state(self, sd: dict[str, Any]) -> None:
-        missing = [k for k in (*self._identity, "epoch", "batch") if k not in sd]
-        if missing:
-            raise LoaderStateError(
-                f"loader state lacks {missing}; it was not written by a single-dataset loader"
-                + (" (it holds a phased plan: resume with the run's own config)" if "data_plan" in sd else "")
-            )
-        for key, ours in self._identity.items():
-            if key == "fingerprint" and sd[key] == fingerprint_before_index(self.info):
-                continue  # `gristmill data index` added the index: same shards, same order
-            if sd[key] != ours:
-                raise LoaderStateError(
-                    f"the checkpoint's loader state has {key}={sd[key]!r} but this run has {key}={ours!r}; "
-                    + (
-                        "the dataset changed since the checkpoint (rebuilt, or another directory), so "
-                        "resuming would read other tokens — point the run at the original dataset or start "
-                        "a new run"
-                        if key == "fingerprint"
-                        else f"the sample order depends on {key}, so resuming would silently reshuffle — set "
-                        f"it back to {sd[key]!r} or start a new run"
-                    )
-                )
-        epoch, batch = int(sd["epoch"]), int(sd["batch"])
-        if epoch < 0 or not 0 <= batch < self.steps_per_epoch:
-            raise LoaderStateError(
-                f"loader state position epoch {epoch}, batch {batch} is outside an epoch of "
-                f"{self.steps_per_epoch} steps"
-            )
-        self._step = epoch * self.steps_per_epoch + batch
+        self._generation += 1
 
     def seek(self, step: int) -> None:
         """Continue at global step `step` (0-based) — what a checkpoint at that step would restore."""
@@ -484,3 +374,62 @@ class TokenLoader:
                 item.reraise()
             self._step += 1
             yield item
+
+
+def dataset_loader(
+    dataset_dir: str | Path,
+    *,
+    seq_len: int,
+    global_batch: int,
+    micro_batch: int,
+    seed: int,
+    split: str = "train",
+    val_fraction: float = 0.0,
+    expect_vocab_size: int | None = None,
+    expect_tokenizer_sha256: str | None = None,
+    **settings: Any,
+) -> TokenLoader:
+    """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
+    without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `settings`:
+    TokenLoader's rank, world_size, num_workers, check_separators, pin_memory."""
+    _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
+    if split not in SPLITS:
+        raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise LoaderConfigError(f"val_fraction {val_fraction} must be in [0, 1)")
+    if split == "val" and val_fraction == 0.0:
+        raise LoaderConfigError("split 'val' is empty with val_fraction 0; set val_fraction > 0 (e.g. 0.001)")
+    docs = DocumentTable(
+        dataset_dir,
+        split=split,
+        val_fraction=val_fraction,
+        expect_vocab_size=expect_vocab_size,
+        expect_tokenizer_sha256=expect_tokenizer_sha256,
+    )
+    steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
+    if steps == 0:
+        raise LoaderConfigError(
+            f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
+            f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
+            + (
+                f"raise val_fraction (now {val_fraction}) or turn validation off"
+                if split == "val"
+                else "lower global_batch or seq_len, or use a bigger dataset"
+            )
+        )
+    log.info(
+        "loader: split %r, %d documents, %d tokens, %d steps/epoch of %d tokens, %d tail tokens dropped "
+        "per epoch",
+        split,
+        docs.documents,
+        docs.tokens,
+        steps,
+        global_batch * seq_len,
+        tail,
+    )
+    plan = data_plan.Plan(
+        [data_plan.Source.of(docs, "data", max_epochs=None)],
+        [data_plan.Phase("main", None, seq_len, global_batch, (1,))],
+        seed,
+    )
+    return TokenLoader(plan, [docs], micro_batch=micro_batch, **settings)

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.config import TrainConfig, is_phased, phases_of, sources_of
+from training.config import TrainConfig, phases_of, sources_of
 from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import DATASET_JSON, DatasetError
 from training.data import plan as data_plan
@@ -46,14 +46,10 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
 def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
     """The recipe's plan over the sources' training splits (`tables`, in sources_of order).
 
-    A recipe without [[data.sources]] and [[phase]] is one source "data" read for as many epochs as
-    its schedule takes (as before phases); with either, each source is read at most max_epochs
-    times (data.dataset under [[phase]]: once).
+    Each source is read at most its max_epochs times (sources_of: unlimited for data.dataset with
+    [schedule], once under [[phase]]).
     """
-    sources = [
-        data_plan.Source.of(t, s.name, s.max_epochs if is_phased(cfg) else None)
-        for s, t in zip(sources_of(cfg), tables)
-    ]
+    sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(sources_of(cfg), tables)]
     phases, prev_end = [], 0.0
     for p, ph in enumerate(phases_of(cfg)):
         lr = ph.lr
