@@ -131,9 +131,10 @@ def command_problem(words: list[str]) -> str | None:
     return None
 
 
-def test_docs_exist():
-    assert (ROOT / "README.md").is_file()
+def test_docs_exist_and_the_readme_is_a_front_page():
     assert len(DOCS) > 1, "no docs/*.md pages"
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines: keep it a front page (≤ 250), move the rest to docs/"
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
