@@ -31,8 +31,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.config import add_resume_argument, check_config, load_train_config, with_resume
-from training.contract.config_loader import add_config_arguments
+from training.config import load_train_config
+from training.config_checks import check_config
+from training.contract.config_loader import add_config_arguments, add_resume_argument, with_resume
 from training.contract.errors import GristmillError
 from training.run_lock import check_unlocked
 from training.worker_reply import REPLY_KEY

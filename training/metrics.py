@@ -27,7 +27,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
 from training import trackers
-from training.config import MetricsSection, trackers_of
+from training.config import MetricsSection
+from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.run_layout import METRICS_JSONL

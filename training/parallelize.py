@@ -43,6 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from training.config import ParallelConfig
+from training.config_checks import check_parallel_section
 from training.contract.errors import GristmillError
 from training.model import Transformer
 
@@ -61,6 +62,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
     """(replicate, shard) for `world_size` ranks, or None for a single process; checked, no process
     group needed (the trainer calls it before any work, `build_mesh` again on every rank)."""
+    check_parallel_section(cfg)  # replicate ≥ 1 and shard ≥ 1 or -1, also for a ParallelConfig built in code
     if world_size == 1:
         if cfg.replicate != 1 or cfg.shard not in (-1, 1):
             raise GristmillError(
@@ -117,6 +119,7 @@ def parallelize(
     `autocast_context`). Works on meta-device models (FSDP shards meta parameters; materialise with
     `to_empty` + `init_weights` afterwards).
     """
+    check_parallel_section(cfg)  # a ParallelConfig built in code has not been through check_config
     if cfg.activation_checkpoint != "none":
         for block in model.layers.values():
             _apply_ac(block, cfg.activation_checkpoint)

@@ -3,7 +3,7 @@
 Each adapter has `log(scalars, step)` and `finish(failed)`. The packages are imported inside the
 adapters only, so the trainer runs without them (training/ imports only torch, numpy and pyarrow
 at module level). Which trackers a recipe names, and whether their packages are installed, is
-checked with the config (training.config.trackers_of), before any work.
+checked with the config (training.config_checks.trackers_of), before any work.
 
 Resuming: RUN/trackers.json records the wandb run id and the trackio run (name, id) with their
 project. A resumed invocation (`--resume`) continues those runs; a fresh run into the same directory

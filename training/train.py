@@ -41,22 +41,16 @@ from torch.distributed.fsdp import FSDPModule
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.io import CheckpointError
 from training.checkpoint.state import TrainState, checkpointables
-from training.config import (  # the CLI helpers are re-exported: `from training.train import …`
-    BatchShape,
-    TrainConfig,
-    add_resume_argument,
-    check_config,
-    load_train_config,
-    resolve_model_config,
-    sources_of,
-    with_resume,
-)
-from training.contract.config_loader import (
+from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
+from training.config_checks import BatchShape, check_config, resolve_model_config, sources_of
+from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
+    add_resume_argument,
     config_changes,
     config_sha256,
     save_config,
     to_dict,
+    with_resume,
 )
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError, NonFiniteError, unwritable

@@ -38,7 +38,8 @@ from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import nonfinite_tensor
-from training.config import TrainConfig, phases_of, sources_of
+from training.config import TrainConfig
+from training.config_checks import phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError

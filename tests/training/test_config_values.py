@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import check_config, load_train_config
+from training.config import load_train_config
+from training.config_checks import check_config
 from training.contract.config_loader import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,6 +55,8 @@ def refusal(*overrides: str) -> str:
         ("checkpoint.min_free_factor=nan", "checkpoint.min_free_factor = nan is not allowed"),
         ("data.val_fraction=nan", "val_fraction = nan of source 'data' must be in [0, 1)"),
         ("optim.betas=[0.9, nan]", "optim.betas = [0.9, nan] must be two numbers in [0, 1)"),
+        ("parallel.shard=0", "parallel.shard = 0 must be ≥ 1 or -1 (= world_size // replicate)"),
+        ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):

@@ -12,8 +12,10 @@ import torch
 import torch.distributed as dist
 
 from training.config import ParallelConfig
+from training.config_checks import check_parallel_section
+from training.contract.config_loader import ConfigError
 from training.contract.errors import GristmillError
-from training.parallelize import build_mesh
+from training.parallelize import build_mesh, parallelize
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,12 +47,18 @@ def test_build_mesh_single_process_and_errors():
 
 
 def test_parallel_config_validation():
-    with pytest.raises(GristmillError, match="activation_checkpoint"):
-        ParallelConfig(activation_checkpoint="some")
-    with pytest.raises(GristmillError, match="param_dtype"):
-        ParallelConfig(param_dtype="float16")
-    with pytest.raises(GristmillError, match="shard"):
-        ParallelConfig(shard=0)
+    """check_config's [parallel] check, in the user's keys; a ParallelConfig built in code meets it in
+    mesh_shape / build_mesh and parallelize."""
+    with pytest.raises(ConfigError, match="parallel.activation_checkpoint = 'some' must be none, selective"):
+        check_parallel_section(ParallelConfig(activation_checkpoint="some"))
+    with pytest.raises(ConfigError, match="parallel.param_dtype = 'float16' must be bfloat16 or float32"):
+        check_parallel_section(ParallelConfig(param_dtype="float16"))
+    with pytest.raises(ConfigError, match=r"parallel.shard = 0 must be ≥ 1 or -1 \(= world_size"):
+        check_parallel_section(ParallelConfig(shard=0))
+    with pytest.raises(ConfigError, match="parallel.replicate = 0 must be ≥ 1"):
+        build_mesh(ParallelConfig(replicate=0), 2, "cpu")
+    with pytest.raises(ConfigError, match="parallel.reduce_dtype"):
+        parallelize(torch.nn.Module(), None, ParallelConfig(reduce_dtype="float16"))
 
 
 def test_autocast_context_only_without_mesh():

@@ -18,7 +18,8 @@ import pytest
 
 from tests._train_data import make_dataset
 from tests.training.test_train import TINY, read_metrics, recipe
-from training.config import MetricsSection, TrainConfig, trackers_of
+from training.config import MetricsSection, TrainConfig
+from training.config_checks import trackers_of
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.run_layout import checkpoint_dir
 from training.trackers import git_commit

@@ -113,7 +113,7 @@ def test_training_entry_without_lm_eval_refuses_an_eval_interval(built_dataset, 
 
 @pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
 def test_eval_section_errors(bad, built_dataset, tmp_path):
-    from training.config import check_config
+    from training.config_checks import check_config
 
     cfg = load_train_config(TINY, [*_sets(built_dataset, tmp_path), bad])
     with pytest.raises(GristmillError, match="eval.interval ≥ 0"):

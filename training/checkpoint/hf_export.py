@@ -42,7 +42,8 @@ from training.checkpoint.io import (
     verify_checkpoint,
 )
 from training.checkpoint.state import ModelState
-from training.config import TrainConfig, phases_of, resolve_model_config, sources_of
+from training.config import TrainConfig
+from training.config_checks import phases_of, resolve_model_config, sources_of
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable

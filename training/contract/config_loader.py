@@ -90,6 +90,22 @@ def add_config_arguments(parser: argparse.ArgumentParser, recipe: str, example: 
     )
 
 
+def add_resume_argument(parser: argparse.ArgumentParser) -> None:
+    """`--resume auto|PATH` (into args.resume), for the trainer's command lines (`gristmill train`,
+    `-m training.train`); `with_resume` turns it into its override."""
+    parser.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest complete checkpoint of the run (auto) or from the checkpoint "
+        "directory PATH (same as --set checkpoint.resume=...)",
+    )
+
+
+def with_resume(overrides: list[str], resume: str | None) -> list[str]:
+    """--resume X as the override checkpoint.resume = "X" (after the others, so it wins)."""
+    return [*overrides, f"checkpoint.resume={json.dumps(resume)}"] if resume else list(overrides)
+
+
 def parse_override(item: str) -> tuple[str, Any]:
     """`a.b=1e-4` -> ("a.b", 0.0001). Values are TOML literals; a bare word is taken as a string."""
     if "=" not in item:

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.config import TrainConfig, check_config
+from training.config import TrainConfig
+from training.config_checks import check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
 from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader

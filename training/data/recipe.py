@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.config import TrainConfig, phases_of, sources_of
+from training.config import TrainConfig
+from training.config_checks import phases_of, sources_of
 from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import DATASET_JSON, DatasetError
 from training.data import plan as data_plan

@@ -1,0 +1,419 @@
+"""What a run derives from its `TrainConfig` and checks before any work (split from the schema in
+training/config.py, which holds only what the keys mean).
+
+`check_config` does all the arithmetic that can be done without touching a GPU, a process group or
+the model (batch sizes, mesh shape, schedule), so an impossible recipe fails in the first second
+with the numbers in the message; `sources_of`, `phases_of`, `trackers_of` and `resolve_model_config`
+turn sections into what the trainer uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from training.config import (
+    TRACKERS,
+    DataSection,
+    LRSection,
+    MetricsSection,
+    ModelSection,
+    ParallelConfig,
+    PhaseSection,
+    ScheduleSection,
+    SourceSection,
+    TrainConfig,
+)
+from training.contract.config_loader import ConfigError
+
+# Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
+# presets keep their published vocab size so their parameter count matches the reference runs.
+VOCAB_FROM_DATASET_PRESETS = ("tiny", "demo")
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The batch arithmetic of one phase, derived from the config and the world size."""
+
+    global_batch: int  # sequences per optimizer step (all ranks)
+    dp_size: int  # data-parallel ranks: the world size (replicate × shard)
+    micro_batch: int  # sequences per forward/backward per rank
+    grad_accum: int  # micro-batches per rank per step
+    seq_len: int
+    name: str = "main"  # the phase's name
+    steps: int = 0  # the phase's budget in optimizer steps
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+_NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def sources_of(cfg: TrainConfig) -> list[SourceSection]:
+    """The run's sources: `[[data.sources]]`, or data.dataset as the one source "data"."""
+    d = cfg.data
+    if not d.sources:
+        # One source "data": read for as many epochs as [schedule] takes; under [[phase]] once.
+        epochs = 1 if cfg.phase else None
+        return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
+    if d.dataset != DataSection.dataset:
+        raise ConfigError(
+            f"data.dataset = {d.dataset!r} and [[data.sources]] are both set; with sources, name each "
+            "dataset in a [[data.sources]] table and leave data.dataset out",
+            "data.dataset",
+        )
+    names = [src.name for src in d.sources]
+    for i, src in enumerate(d.sources):
+        key = f"data.sources[{i}]"
+        if not _NAME.fullmatch(src.name) or names.count(src.name) > 1:
+            raise ConfigError(
+                f"{key}.name = {src.name!r}: every source needs a unique name of letters, digits, _ and -",
+                f"{key}.name",
+            )
+        if not src.dataset:
+            raise ConfigError(f"{key}.dataset is empty: give the dataset directory of {src.name!r}", key)
+        if src.max_epochs < 1:
+            raise ConfigError(f"{key}.max_epochs = {src.max_epochs} must be ≥ 1", f"{key}.max_epochs")
+    return [
+        dataclasses.replace(
+            src, val_fraction=d.val_fraction if src.val_fraction is None else src.val_fraction
+        )
+        for src in d.sources
+    ]
+
+
+def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
+    """The run's phases with steps, seq_len, micro_batch and mix filled in: `[[phase]]`, or one
+    phase "main" of schedule.steps built from data.* and [schedule]."""
+    d, gbt = cfg.data, cfg.data.global_batch_tokens
+    names = [src.name for src in sources_of(cfg)]
+    if not cfg.phase:
+        if len(names) > 1:
+            raise ConfigError(
+                f"{len(names)} [[data.sources]] but no [[phase]]: a mixture needs its weights; add a "
+                f"[[phase]] with steps (or tokens) and mix = {{ {', '.join(f'{n} = …' for n in names)} }}",
+                "phase",
+            )
+        s = cfg.schedule
+        lr = LRSection(shape="cosine", peak=cfg.optim.lr, to=cfg.optim.min_lr, warmup_steps=s.warmup_steps)
+        return [PhaseSection("main", s.steps, None, d.seq_len, d.micro_batch, {names[0]: 1.0}, lr)]
+    if cfg.schedule != ScheduleSection():
+        raise ConfigError(
+            "[schedule] is the one-phase form; with [[phase]] each phase sets its own budget (steps or "
+            "tokens) and lr = { warmup_steps, shape, to }: remove [schedule]",
+            "schedule",
+        )
+    out = []
+    for i, ph in enumerate(cfg.phase):
+        key = f"phase[{i}]"
+        name = ph.name or f"phase{i + 1}"
+        if (ph.steps is None) == (ph.tokens is None):
+            raise ConfigError(f"{key} ({name}): give its budget as steps or tokens (one of them)", key)
+        if ph.tokens is not None:
+            check_number(f"{key}.tokens", ph.tokens, above_zero=True)
+        if ph.lr.warmup_tokens is not None:
+            check_number(f"{key}.lr.warmup_tokens", ph.lr.warmup_tokens)
+        seq_len = d.seq_len if ph.seq_len is None else ph.seq_len
+        if seq_len < 1 or gbt % seq_len:
+            raise ConfigError(
+                f"{key}.seq_len = {seq_len} must divide data.global_batch_tokens = {gbt} (tokens per step "
+                "stay the same in every phase; the number of sequences changes)",
+                f"{key}.seq_len",
+            )
+        steps = ph.steps if ph.steps is not None else int(ph.tokens // gbt)
+        if steps < 1:
+            raise ConfigError(
+                f"{key} ({name}) has a budget of {steps} steps; it needs ≥ 1 step of {gbt} tokens", key
+            )
+        mix = dict(ph.mix) or ({names[0]: 1.0} if len(names) == 1 else {})
+        if not mix:
+            raise ConfigError(
+                f"{key}.mix is empty: give a weight per source ({', '.join(names)})", f"{key}.mix"
+            )
+        for src, w in mix.items():
+            if src not in names:
+                raise ConfigError(
+                    f"{key}.mix names source {src!r}; the sources are {', '.join(names)}", f"{key}.mix.{src}"
+                )
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
+                raise ConfigError(f"{key}.mix.{src} = {w!r} must be a number ≥ 0", f"{key}.mix.{src}")
+        if sum(mix.values()) <= 0:
+            raise ConfigError(f"{key}.mix gives every source weight 0", f"{key}.mix")
+        lr = ph.lr
+        if lr.warmup_steps is not None and lr.warmup_tokens is not None:
+            raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
+        # Tokens round up to whole steps, but never past the phase (whose budget rounds down).
+        warmup = lr.warmup_steps or (min(math.ceil(lr.warmup_tokens / gbt), steps) if lr.warmup_tokens else 0)
+        if not 0 <= warmup <= steps:
+            raise ConfigError(
+                f"{key}.lr warmup of {warmup} steps is outside the phase's {steps}", f"{key}.lr"
+            )
+        if lr.shape == "constant" and lr.to is not None:
+            raise ConfigError(
+                f"{key}.lr: a constant piece has no `to`; use shape linear, cosine or 1-sqrt", key
+            )
+        for k in ("peak", "to"):
+            if getattr(lr, k) is not None:
+                check_number(f"{key}.lr.{k}", getattr(lr, k))
+        lr = dataclasses.replace(lr, warmup_steps=warmup, warmup_tokens=None)
+        micro = d.micro_batch if ph.micro_batch is None else ph.micro_batch
+        out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, seq_len=seq_len,
+                                       micro_batch=micro, mix=mix, lr=lr))  # fmt: skip
+    if len({ph.name for ph in out}) < len(out):
+        raise ConfigError(f"phase names must be unique, got {[ph.name for ph in out]}", "phase")
+    return out
+
+
+def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:
+    """The trackers and the wandb/trackio project of [metrics] with `tensorboard = false` and the
+    older `wandb_project` folded in, and a note when wandb_project is used. ConfigError for an
+    unknown tracker, or for wandb/trackio when its package is missing (found without importing it,
+    so this stays fast; a missing tensorboard is only a note when the writer starts)."""
+    names, project, notes = list(dict.fromkeys(m.trackers)), m.project, []
+    if m.wandb_project:
+        if m.project not in (MetricsSection.project, m.wandb_project):
+            raise ConfigError(
+                f"metrics.wandb_project = {m.wandb_project!r} and metrics.project = {m.project!r}: keep "
+                "metrics.project (wandb_project is the older key)",
+                "metrics.wandb_project",
+            )
+        names += [] if "wandb" in names else ["wandb"]
+        project = m.wandb_project
+        notes.append(
+            f"note: metrics.wandb_project is the older key; write metrics.trackers = {json.dumps(names)} and "
+            f"metrics.project = {json.dumps(project)}"
+        )
+    if not m.tensorboard:
+        names = [n for n in names if n != "tensorboard"]
+    for name in names:
+        if name not in TRACKERS:
+            raise ConfigError(
+                f"metrics.trackers: unknown tracker {name!r}; the known ones are {', '.join(TRACKERS)}",
+                "metrics.trackers",
+            )
+        if name != "tensorboard" and importlib.util.find_spec(name) is None:
+            raise ConfigError(
+                f'metrics.trackers includes "{name}" but {name} is not installed: '
+                f"pip install 'gristmill[{name}]'",
+                "metrics.trackers",
+            )
+    return names, project, notes
+
+
+def check_number(key: str, value: float, *, above_zero: bool = False, note: str = "") -> None:
+    """ConfigError unless `value` is finite and ≥ 0 (> 0 with `above_zero`); TOML spells nan and inf
+    as plain floats, and every comparison with nan is false, so a `< 0` test alone lets them through."""
+    if math.isfinite(value) and (value > 0 if above_zero else value >= 0):
+        return
+    raise ConfigError(
+        f"{key} = {value} is not allowed: it must be a finite number {'> 0' if above_zero else '≥ 0'}{note}",
+        key,
+    )
+
+
+# [model] overrides that must be positive numbers when set (None: the preset's value).
+_MODEL_POSITIVE_INTS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")
+_MODEL_POSITIVE_FLOATS = ("rope_theta", "norm_eps", "init_std")
+
+
+def check_model_section(m: ModelSection) -> None:
+    """The [model] overrides that are wrong whatever the preset (ModelConfig checks how the shape fits
+    together once torch is imported): a zero init_std trains nothing, a zero or negative norm_eps or
+    rope_theta makes NaNs."""
+    for name in _MODEL_POSITIVE_INTS:
+        value = getattr(m, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"model.{name} = {value} is not allowed: it must be ≥ 1", f"model.{name}")
+    if m.loss_chunk is not None and m.loss_chunk < 0:
+        raise ConfigError(
+            f"model.loss_chunk = {m.loss_chunk} is not allowed: it must be ≥ 0 (0: all at once)",
+            "model.loss_chunk",
+        )
+    for name in _MODEL_POSITIVE_FLOATS:
+        value = getattr(m, name)
+        if value is not None:
+            check_number(f"model.{name}", value, above_zero=True)
+
+
+def check_parallel_section(p: ParallelConfig) -> None:
+    """The [parallel] values that are wrong whatever the world size (mesh_shape checks how replicate
+    and shard fit the ranks). The TOML loader already refuses other strings for the Literal keys;
+    this also catches a ParallelConfig built in code (benchmarks, tests): training.parallelize calls
+    it before it uses one."""
+    if p.activation_checkpoint not in ("none", "selective", "full"):
+        raise ConfigError(
+            f"parallel.activation_checkpoint = {p.activation_checkpoint!r} must be none, selective or full",
+            "parallel.activation_checkpoint",
+        )
+    for key in ("param_dtype", "reduce_dtype"):
+        if getattr(p, key) not in ("bfloat16", "float32"):
+            raise ConfigError(
+                f"parallel.{key} = {getattr(p, key)!r} must be bfloat16 or float32", f"parallel.{key}"
+            )
+    if p.replicate < 1:
+        raise ConfigError(f"parallel.replicate = {p.replicate} must be ≥ 1", "parallel.replicate")
+    if p.shard != -1 and p.shard < 1:
+        raise ConfigError(
+            f"parallel.shard = {p.shard} must be ≥ 1 or -1 (= world_size // replicate)", "parallel.shard"
+        )
+
+
+def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
+    """Everything about the recipe that can be checked before any work; returns the batch plan of
+    each phase (one for a recipe without [[phase]])."""
+    d, o, r = cfg.data, cfg.optim, cfg.run
+    check_model_section(cfg.model)
+    check_parallel_section(cfg.parallel)
+    if d.seq_len < 1 or d.micro_batch < 1 or d.global_batch_tokens < 1:
+        raise ConfigError(
+            f"data.seq_len ({d.seq_len}), data.micro_batch ({d.micro_batch}) and data.global_batch_tokens "
+            f"({d.global_batch_tokens}) must all be positive"
+        )
+    if not cfg.phase and d.global_batch_tokens % d.seq_len:
+        lo = d.global_batch_tokens // d.seq_len * d.seq_len
+        use = (
+            f"{lo} or {lo + d.seq_len}"
+            if lo  # below one sequence per step there is no lower multiple to suggest
+            else f"data.global_batch_tokens = {d.seq_len} (one sequence per step) or a multiple of it, or a "
+            f"data.seq_len that divides {d.global_batch_tokens}"
+        )
+        raise ConfigError(
+            f"data.global_batch_tokens = {d.global_batch_tokens} is not a multiple of data.seq_len = "
+            f"{d.seq_len}; use {use}",
+            "data.global_batch_tokens",
+        )
+    s = cfg.schedule
+    if not cfg.phase and (s.steps < 1 or not 0 <= s.warmup_steps <= s.steps):
+        raise ConfigError(
+            f"need schedule.steps ≥ 1 and 0 ≤ schedule.warmup_steps ≤ schedule.steps; got steps {s.steps}, "
+            f"warmup_steps {s.warmup_steps}"
+        )
+    dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
+    plans = []
+    for i, ph in enumerate(phases_of(cfg)):
+        g = d.global_batch_tokens // ph.seq_len
+        what = (
+            "data.micro_batch"
+            if not cfg.phase or cfg.phase[i].micro_batch is None
+            else f"phase[{i}].micro_batch"
+        )
+        if ph.micro_batch < 1 or g % (dp * ph.micro_batch):
+            raise ConfigError(
+                f"the global batch of {g} sequences (data.global_batch_tokens {d.global_batch_tokens} / "
+                f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
+                f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
+                f"{what}, data.global_batch_tokens or the number of ranks"
+            )
+        plans.append(
+            BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
+        )
+    for src in sources_of(cfg):
+        if not 0.0 <= src.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction = {src.val_fraction} of source {src.name!r} must be in [0, 1)")
+    if d.num_workers < 0 or r.threads < 0:
+        raise ConfigError(
+            f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
+            "training process / torch's default thread count)"
+        )
+    if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
+        raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+    check_number("optim.lr", o.lr, above_zero=True)
+    if not 0 <= o.min_lr <= o.lr:
+        raise ConfigError(
+            f"need 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}", "optim.min_lr"
+        )
+    check_number("optim.eps", o.eps, above_zero=True)
+    check_number("optim.weight_decay", o.weight_decay, note=" (0: no weight decay)")
+    check_number("optim.grad_clip", o.grad_clip, note=" (0: no clipping)")
+    last = sum(p.steps for p in plans)
+    if r.max_steps is not None and not 1 <= r.max_steps <= last:
+        raise ConfigError(
+            f"run.max_steps = {r.max_steps} must be between 1 and the plan's {last} steps "
+            f"({'raise schedule.steps' if not cfg.phase else 'add to the phases budgets'} to train longer)"
+        )
+    if r.max_skipped < 1 or r.spike_window < 2:
+        raise ConfigError(
+            f"need run.max_skipped ≥ 1 and run.spike_window ≥ 2; got {r.max_skipped}, {r.spike_window}"
+        )
+    check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike report)")
+    if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
+        raise ConfigError(
+            f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
+            f"{r.val_every}, {r.val_batches}"
+        )
+    trackers_of(cfg.metrics)  # an unknown tracker or a missing package fails before any work
+    c = cfg.checkpoint
+    if c.interval < 0 or c.keep_last < 0 or c.export_interval < 0:
+        raise ConfigError(
+            f"checkpoint.interval ({c.interval}), keep_last ({c.keep_last}) and export_interval "
+            f"({c.export_interval}) must be ≥ 0"
+        )
+    check_number("checkpoint.min_free_factor", c.min_free_factor, note=" (0: no free-space check)")
+    if c.export_interval and (not c.interval or c.export_interval % c.interval):
+        raise ConfigError(
+            f"checkpoint.export_interval = {c.export_interval} must be a multiple of checkpoint.interval = "
+            f"{c.interval} (an export is made from the checkpoint of its step)"
+        )
+    e = cfg.eval
+    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or (e.interval and not e.tasks):
+        raise ConfigError(
+            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1 and, with an interval, some "
+            f"eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size {e.batch_size}, "
+            f"tasks {e.tasks}"
+        )
+    if e.interval and importlib.util.find_spec("lm_eval") is None:  # found without importing it
+        raise ConfigError(
+            f"eval.interval = {e.interval} runs lm-eval during training, and lm-eval is "
+            "not installed: pip install 'gristmill[eval]', or set eval.interval=0",
+            "eval.interval",
+        )
+    return plans
+
+
+def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int):
+    """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset."""
+    from training.model import PRESETS  # the model module is heavier; import when a run starts
+
+    if section.preset not in PRESETS:
+        raise ConfigError(f"model.preset = {section.preset!r} is not one of {', '.join(sorted(PRESETS))}")
+    base = PRESETS[section.preset]
+    names = {f.name for f in dataclasses.fields(base)}
+    overrides = {}
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.name == "preset" or value is None:
+            continue
+        if f.name not in names:  # the model grew or lost a field; keep the two in step
+            raise ConfigError(f"model.{f.name} is not a field of training.model.ModelConfig")
+        overrides[f.name] = value
+    data_vocab = int(dataset_info["vocab_size"])
+    if section.vocab_size is None and section.preset in VOCAB_FROM_DATASET_PRESETS:
+        overrides["vocab_size"] = data_vocab
+    try:
+        mcfg = dataclasses.replace(base, **overrides)
+    except ValueError as e:  # ModelConfig checks its own shape (heads divide dim, ...)
+        raise ConfigError(f"model: {e}") from None
+    if mcfg.vocab_size != data_vocab:
+        raise ConfigError(
+            f"the model's vocab_size {mcfg.vocab_size} (preset {section.preset!r}) differs from the "
+            f"dataset's {data_vocab} (dataset.json of data.dataset); set model.vocab_size = {data_vocab} or "
+            f"train on a dataset built with a {mcfg.vocab_size}-token tokenizer"
+        )
+    sep = int(dataset_info["separator"]["id"])
+    if not 0 <= sep < mcfg.vocab_size:
+        raise ConfigError(
+            f"the dataset's separator id {sep} is outside the model's vocabulary "
+            f"(vocab_size {mcfg.vocab_size})"
+        )
+    if seq_len > mcfg.max_seq_len:
+        raise ConfigError(
+            f"data.seq_len = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
+            f"{section.preset!r}); lower data.seq_len or set model.max_seq_len ≥ {seq_len}"
+        )
+    return mcfg
