@@ -9,7 +9,7 @@ streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's L
 file under its final name is always complete. Interrupted? Run the same command again: finished
 files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
 continues from where it stopped (ranged reads). The transfer works on any fsspec URL (`--from`).
-Tests have no network: they run it against a local directory and against tests/_hub_server.py,
+Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
 a local stand-in for the hub's HTTP API.
 """
 

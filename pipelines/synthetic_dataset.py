@@ -2,7 +2,7 @@
 
 For tests and benchmarks that need a real dataset directory (tars, manifest, index, dataset.json)
 without a tokenizer or a datatrove run: the caller supplies each document's ids, separator
-included; this writes them exactly as the build does. tests/_train_data.py (learnable sequences for
+included; this writes them exactly as the build does. tests/helpers/train_data.py (learnable sequences for
 the trainer) and bench/loader_throughput.py (lognormal lengths at scale) both use it.
 """
 

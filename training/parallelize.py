@@ -15,7 +15,7 @@ What the trainer must know
   right context for both cases. Enter it anew for every micro-batch, around the forward (and
   loss) only: autocast caches the bf16 copies of the weights until its outermost context exits, so
   a context spanning `optimizer.step()` keeps computing with the pre-step weights (silently wrong
-  training; tests/training/dist_parallelize_check.py hit exactly this).
+  training; tests/helpers/dist_parallelize_check.py hit exactly this).
 * Parameter names are unchanged: AC and compile replace a block's `forward` instead of wrapping
   the block in a CheckpointWrapper / OptimizedModule, so `model.state_dict()` keys stay
   `layers.N.attention.wq.weight` … with or without them (no `_checkpoint_wrapped_module` or
@@ -24,7 +24,7 @@ What the trainer must know
   gradients stay sharded. `model.set_requires_gradient_sync(False)` on all but the last micro-batch
   (FSDP2 API) would save those reduce-scatters but hold unsharded gradients across the micro-batches
   (5 GB more per rank for the 1.24B shape in fp32); not done until measured on a GPU. The result is
-  the same either way (tests/training/dist_parallelize_check.py).
+  the same either way (tests/helpers/dist_parallelize_check.py).
 * Loss normalisation: each rank's loss is the mean over its local tokens and FSDP averages the
   gradients over ranks, so the step equals the single-process step on the global batch whenever
   every rank has the same number of non-ignored label tokens (always true for packed sequences

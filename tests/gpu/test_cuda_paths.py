@@ -314,7 +314,7 @@ def test_fsdp2_nccl_mixed_precision_matches_autocast():
 def test_trainer_end_to_end_on_cuda(tmp_path):
     """`training.train.train` on CUDA: meta init, compiled blocks, FlexAttention document mask,
     chunked loss, fused AdamW, pinned loader batches; the loss falls and MFU is reported."""
-    from tests._train_data import make_dataset
+    from tests.helpers.train_data import make_dataset
     from training.config import TrainConfig
     from training.contract.config_loader import load_config
     from training.data.loader import dataset_loader

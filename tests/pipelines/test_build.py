@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, processors
 from pipelines.build import BuildError, build, finalize_only
 from pipelines.cli import main
 from pipelines.config import DataConfig
-from tests.conftest import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
+from tests.helpers.corpus import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 

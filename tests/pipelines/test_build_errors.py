@@ -6,43 +6,24 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-from pathlib import Path
 
 import huggingface_hub.constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import zstandard
 from datatrove.data import Document
 
 from pipelines.build import BuildError, build
 from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.tokenize_shard import DiskFullError, TokenizeShard
-from tests.conftest import SEP, fixture_texts
+from tests.helpers.build_runs import assert_task_failure_is_one_error, build_argv, one_error
+from tests.helpers.corpus import SEP, fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer, train_bpe
 from training.contract.config_loader import load_config
-
-
-def one_error(capsys, argv: list[str]) -> str:
-    capsys.readouterr()
-    rc = main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert rc == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: "), err  # one line, no traceback
-    return lines[0]
-
-
-def build_argv(config, out, *overrides) -> list[str]:
-    argv = ["data", "build", "--config", str(config), "--set", f"output={out}"]
-    for o in overrides:
-        argv += ["--set", o]
-    return argv
 
 
 def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
@@ -186,24 +167,6 @@ def test_damaged_build_or_dataset_json_on_rerun(built_dataset, build_fixture, tm
         msg = one_error(capsys, build_argv(config, out))
         assert f"{out / name} is unreadable (JSONDecodeError" in msg and fix in msg
         assert (out / name).read_text() == '{"cut off'  # nothing rewritten
-
-
-def assert_task_failure_is_one_error(capsys, config: Path, tmp_path: Path, *overrides: str) -> None:
-    """A one-task build of a truncated jsonl file (it lists fine and fails only once a task reads
-    it) ends with one error line naming the file, no traceback and no dataset.json."""
-    lines = [json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}) for i in range(400)]
-    data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
-    src = tmp_path / "src" / "cut.jsonl.zst"
-    src.parent.mkdir()
-    src.write_bytes(data[: len(data) // 2])
-    overrides = ("source.kind=jsonl", f"source.path={src.parent}", "build.tasks=1", *overrides)
-    capsys.readouterr()
-    assert main(build_argv(config, tmp_path / "o", *overrides)) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err, err[-3000:]
-    last = err.strip().splitlines()[-1]
-    assert last.startswith(f"error: {src} cannot be read as jsonl"), last
-    assert not (tmp_path / "o" / "dataset.json").exists()
 
 
 def test_damaged_input_mid_build_is_an_error_without_traceback(build_fixture, tmp_path, capsys):

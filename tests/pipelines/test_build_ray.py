@@ -9,56 +9,24 @@ on loopback only. Skipped where ray is not installed (`pip install 'gristmill[ra
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
-from tests.pipelines.test_build_errors import assert_task_failure_is_one_error
+from tests.helpers.build_runs import assert_same_dataset, assert_task_failure_is_one_error
+from tests.helpers.dup_corpus import write_dup_config
 from training.contract.config_loader import load_config
 
 QUIET = {"log": lambda *a: None}
 # datatrove 0.10 passes placement_group= to Ray's .options(), deprecated since Ray 2.x; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:placement_group.* parameter is deprecated:DeprecationWarning")
-
-
-# Fields that say where and when, not what: the only differences allowed between two builds.
-VOLATILE = {"dataset.json": {"created"}, "validation.json": {"root", "checked_at", "seconds"}}
-
-
-def assert_same_dataset(a: Path, b: Path) -> None:
-    """Every file the build writes outside logs/ is identical (build.json too: the executor is not
-    part of the config hash), the JSON reports up to their VOLATILE fields."""
-
-    def files(root: Path) -> list[str]:
-        skip = {"logs", "config.toml", ".build.lock"}  # config.toml: output and executor differ
-        return sorted(
-            str(p.relative_to(root))
-            for p in root.rglob("*")
-            if p.is_file() and p.relative_to(root).parts[0] not in skip
-        )
-
-    names = files(a)
-    assert names == files(b)
-    assert {"shards", "manifest", "excluded", "index", "tokenizer.json", "dataset.json", "build.json"} <= {
-        Path(n).parts[0] for n in names
-    }
-    for name in names:
-        if name in VOLATILE:
-            got, want = (json.loads((d / name).read_text()) for d in (a, b))
-            assert {k: v for k, v in got.items() if k not in VOLATILE[name]} == {
-                k: v for k, v in want.items() if k not in VOLATILE[name]
-            }, name
-        else:
-            assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
 def listening_sockets(root_pid: int) -> set[tuple[str, int, int]]:
@@ -227,8 +195,6 @@ def test_minhash_dedup_stages_on_ray_equal_local(ray_instance, build_fixture, tm
     # [dedup] adds stages (signatures → one task per bucket → clusters) before the build's pass;
     # on Ray each runs on the cluster in turn. The dataset, dedup's working files included, is the
     # local executor's byte for byte. 2 buckets, not FineWeb's 14: a Ray task costs ~2.5 s here.
-    from tests.pipelines.test_dedup import write_dup_config
-
     config, _ = write_dup_config(tmp_path, build_fixture[1])
     outs = {}
     for executor in ("local", "ray"):

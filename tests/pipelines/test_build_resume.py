@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
-from pathlib import Path
 
 import pytest
 import zstandard
@@ -17,25 +14,9 @@ import zstandard
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from pipelines.sources import SourceError
+from tests.helpers.build_runs import run_build
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_build(
-    config: Path, out: Path, env_extra: dict[str, str] | None = None, *args: str
-) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        start_new_session=True,  # its own process group: the kill takes the driver and its workers
-    )
 
 
 def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_path):

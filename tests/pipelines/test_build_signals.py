@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.pipelines.test_build_resume import ROOT, run_build
+from tests.helpers.build_runs import ROOT, run_build
 
 
 def same_shards(a: Path, b: Path) -> None:

@@ -20,7 +20,8 @@ import dill
 from pipelines.build import build
 from pipelines.config import DataConfig
 from pipelines.tokenize_shard import TokenizeShard
-from tests.pipelines.test_build_ray import assert_same_dataset
+from tests.helpers.build_runs import assert_same_dataset
+from tests.helpers.dup_corpus import write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
@@ -115,7 +116,6 @@ def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
     # that order, leave what a local build then finishes into the local executor's dataset (the
     # build's own array job is the one the test above runs).
     from pipelines.dedup import DedupFilter
-    from tests.pipelines.test_dedup import write_dup_config
 
     config, _ = write_dup_config(tmp_path, build_fixture[1])
     out = tmp_path / "slurm"

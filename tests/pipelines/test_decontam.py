@@ -28,7 +28,7 @@ from pipelines.ngram_index import (
     text_ngram_hashes,
 )
 from pipelines.sources import FINEWEB_EDU_SCHEMA
-from tests.conftest import fixture_config_text, fixture_texts, write_fixture_corpus
+from tests.helpers.corpus import fixture_config_text, fixture_texts, write_fixture_corpus
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import fingerprint, read_dataset_info
 from training.contract.errors import GristmillError

@@ -1,5 +1,5 @@
 """The hub path, offline: a `source.kind = "hub"` build and `gristmill data download` against
-tests/_hub_server.py, a local server speaking the part of the Hugging Face hub's HTTP API that
+tests/helpers/hub_server.py, a local server speaking the part of the Hugging Face hub's HTTP API that
 huggingface_hub uses, serving a FineWeb-Edu-shaped folder. The server is test code; huggingface_hub,
 datatrove's hf:// reading and gristmill's sources/download code are the real ones.
 
@@ -32,8 +32,8 @@ from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.download import PART, RECORD, list_remote
 from pipelines.sources import SourceError, list_source_files, make_reader
-from tests._hub_server import HubServer
-from tests.conftest import fixture_config_text, write_fixture_corpus
+from tests.helpers.corpus import fixture_config_text, write_fixture_corpus
+from tests.helpers.hub_server import HubServer
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 

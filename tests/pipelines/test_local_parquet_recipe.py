@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from pipelines.build import build
 from pipelines.config import DataConfig
-from tests.conftest import SEP, fixture_texts
+from tests.helpers.corpus import SEP, fixture_texts
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 

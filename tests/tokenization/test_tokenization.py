@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, processors
 
-from tests.conftest import fixture_texts
+from tests.helpers.corpus import fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer, train_bpe
 

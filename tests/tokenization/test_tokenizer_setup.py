@@ -14,8 +14,8 @@ import pytest
 
 from pipelines.config import DataConfig
 from pipelines.tokenizer_train import train_tokenizer
-from tests.conftest import SEP, fixture_texts, train_fixture_tokenizer
-from tests.pipelines.test_build_errors import build_argv, one_error
+from tests.helpers.build_runs import build_argv, one_error
+from tests.helpers.corpus import SEP, fixture_texts, train_fixture_tokenizer
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer
 from training.contract.config_loader import load_config
 

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-from tests.training.test_train_metrics import tiny_model
+from tests.helpers.models import tiny_model
 from training.config import OptimSection
 from training.divergence import NonFiniteGuard, SpikeDetector
 from training.optim import ScheduledLR, build_optimizer

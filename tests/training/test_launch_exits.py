@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from tests._train_data import make_dataset
+from tests.helpers.train_data import make_dataset
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
 

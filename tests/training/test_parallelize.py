@@ -25,7 +25,7 @@ def test_fsdp_and_hsdp_match_single_process_training():
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("GRISTMILL_SKIP_NEGATIVE_CONTROL", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tests" / "training" / "dist_parallelize_check.py")]  # fmt: skip
+           str(ROOT / "tests" / "helpers" / "dist_parallelize_check.py")]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

@@ -20,15 +20,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.cli import main as gristmill
-from tests._mounts import unshare_works
-from tests._train_data import make_dataset
-from tests.training.test_checkpoint import (
+from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import (
     ENV,
     ROOT,
     TINY,
-    _sh,
+    damage,
     losses,
     metrics,
+    one_error_line,
     overrides,
     torchrun_cmd,
 )
@@ -49,19 +50,6 @@ from training.train import load_train_config, main, train
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
     return make_dataset(tmp_path_factory.mktemp("integrity-data") / "ds", n_docs=300)
-
-
-def one_error_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
-
-
-def damage(path: Path, offset: int, data: bytes) -> None:
-    """Overwrite bytes in place: the size stays, only a checksum can tell."""
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(data)
 
 
 def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -253,7 +241,7 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
     }
     script = [f"mount --bind {run} {run} && mount -o remount,bind,ro {run}"]
     for name, args in commands.items():
-        cmd = " ".join(map(_sh, [sys.executable, "-m", "pipelines.cli", *args]))
+        cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", *args]))
         script.append(
             f"{cmd} > {tmp_path}/{name}.out 2> {tmp_path}/{name}.err; echo $? > {tmp_path}/{name}.rc"
         )

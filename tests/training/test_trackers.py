@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests._train_data import make_dataset
-from tests.training.test_train import TINY, read_metrics, recipe
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import TINY, read_metrics, recipe
 from training.config import MetricsSection, TrainConfig
 from training.config_checks import trackers_of
 from training.contract.config_loader import ConfigError, load_config

@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main as gristmill
-from tests._train_data import make_dataset
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import RECIPE_STEPS as STEPS
+from tests.helpers.train_runs import ROOT, TINY, read_metrics, recipe
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = str(ROOT / "configs/train/tiny.toml")
-STEPS = 30
 FIELDS = {
     "step",
     "loss",
@@ -32,25 +31,6 @@ FIELDS = {
     "tokens_seen",
     "peak_memory_bytes",
 }
-
-
-def recipe(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
-    """Overrides shared by the in-process and the torchrun runs (so their batches are identical)."""
-    return [
-        f"data.dataset={json.dumps(str(dataset))}",
-        f"run.output_dir={json.dumps(str(run_dir))}",
-        f"schedule.steps={STEPS}",
-        "run.log_every=1",
-        "run.val_every=10",
-        "parallel.param_dtype=float32",
-        "run.threads=1",  # a tiny model gains nothing from more; robust on a busy 2-core machine
-        "checkpoint.interval=0",  # saves only where a test asks for them (CI time); later sets win
-        *extra,
-    ]
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
+from tests.helpers.models import tiny_model
 from training.config import OptimSection
 from training.contract.errors import GristmillError
 from training.data.plan import LRPiece, Phase, Plan, Source
 from training.metrics import format_line, mfu, peak_flops, snapshot, update_ratio
-from training.model import PRESETS, Transformer, flops_per_token
+from training.model import PRESETS, flops_per_token
 from training.optim import build_optimizer, param_groups, plan_scheduler
 
 
@@ -65,13 +66,6 @@ def test_update_ratio_plain_tensors():
     params[0] += torch.tensor([1.0, 0.0])  # Δ = (1, 0, 0, 0) → ‖Δ‖ = 1
     expected = 1.0 / math.sqrt(4.0**2 + 4.0**2 + 12.0**2)
     assert update_ratio(params, before) == pytest.approx(expected)
-
-
-def tiny_model(**changes) -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(PRESETS["tiny"].replace(vocab_size=64, **changes))
-    model.init_weights()
-    return model
 
 
 @pytest.mark.parametrize("tied", [False, True])

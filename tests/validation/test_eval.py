@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests._mounts import unshare_works
+from tests.helpers.mounts import sh_quote, unshare_works
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
@@ -452,8 +452,10 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
         finally:
             run.chmod(0o755)
     elif unshare_works():
-        ro = _sh(str(run))
-        script = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {' '.join(map(_sh, cmd))}"
+        ro = sh_quote(str(run))
+        script = (
+            f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {' '.join(map(sh_quote, cmd))}"
+        )
         proc = subprocess.run(
             ["unshare", "-rm", "sh", "-c", script],
             env=env,
@@ -471,10 +473,6 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
     assert len(errors) == 1 and "Traceback" not in proc.stderr and "[eval]" not in proc.stderr, proc.stderr
     assert errors[0].startswith(f"error: cannot write in {run}: ") and f"make {run} writable" in errors[0]
     assert not (run / "eval").exists()
-
-
-def _sh(word: str) -> str:
-    return "'" + word.replace("'", "'\\''") + "'"
 
 
 def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, tmp_path, monkeypatch, capfd):

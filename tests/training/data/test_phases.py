@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
-from tests._train_data import make_dataset
-from tests.training.test_checkpoint import ENV, ROOT, assert_same_weights, wait_for_step
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
 from training.config import TrainConfig
 from training.config_checks import check_config
 from training.contract.config_loader import ConfigError, load_config

@@ -14,3 +14,8 @@ def unshare_works() -> bool:
         ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True
     )
     return probe.returncode == 0
+
+
+def sh_quote(word: str) -> str:
+    """`word` as one sh word (for the `unshare -rm sh -c` scripts)."""
+    return "'" + word.replace("'", "'\\''") + "'"

@@ -21,9 +21,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipelines.cli import main as cli
-from pipelines.shard_writer import ShardWriter, finalize_dataset
-from tests._train_data import SEPARATOR_ID
-from tests._train_data import make_dataset as make_train_dataset
+from pipelines.shard_writer import finalize_dataset
+from tests.helpers.position_corpus import KEYS, SEP, decode, doc_tokens, epoch_stream, make_dataset, rows
+from tests.helpers.train_data import SEPARATOR_ID
+from tests.helpers.train_data import make_dataset as make_train_dataset
+from tests.helpers.train_runs import TINY, recipe
 from training.contract.dataset_format import DatasetError, numpy_dtype, read_dataset_info
 from training.data import order as epoch_order
 from training.data.loader import (
@@ -36,57 +38,7 @@ from training.data.loader import (
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 
-SEP = 0
-KEYS = ("input_ids", "labels", "position_ids")
 SEQ, G = 15, 8  # windows of 16 tokens, 8 sequences per global step
-
-
-def doc_tokens(doc: int, n: int, position: str = "after") -> np.ndarray:
-    ids = 1 + doc * 1000 + np.arange(n, dtype=np.int64)
-    ids[-1 if position == "after" else 0] = SEP
-    return ids
-
-
-def decode(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    doc, pos = np.divmod(np.asarray(tokens) - 1, 1000)
-    return doc, pos
-
-
-def make_dataset(
-    root: Path,
-    *,
-    n_docs=300,
-    tasks=2,
-    seed=0,
-    position="after",
-    vocab=1 << 20,
-    tokenizer=None,
-    shard_bytes=16_000,
-):
-    """Token-position corpus (uint32 for the default vocab); returns {doc: length}."""
-    rng = np.random.default_rng(seed)
-    lengths = {}
-    per_task = n_docs // tasks
-    for task in range(tasks):
-        w = ShardWriter(root, task, vocab_size=vocab, target_bytes=shard_bytes)
-        for i in range(per_task):
-            doc = task * per_task + i
-            lengths[doc] = n = int(rng.integers(2, 60))
-            ids = (
-                doc_tokens(doc, n, position)
-                if vocab > 65536
-                else np.append(rng.integers(1, vocab, n - 1), SEP)
-            )
-            w.add(f"t{task:05d}d{i:09d}", ids, {"id": f"doc-{doc}"})
-        w.close()
-    finalize_dataset(
-        root,
-        vocab_size=vocab,
-        separator={"token": "<|endoftext|>", "id": SEP, "position": position},
-        config_sha256="test",
-        tokenizer_path=tokenizer,
-    )
-    return lengths
 
 
 @pytest.fixture(scope="module")
@@ -114,25 +66,12 @@ def take(loader: TokenLoader, n: int) -> list:
     return [next(it) for _ in range(n)]
 
 
-def rows(batch: list[dict]) -> dict[str, np.ndarray]:
-    return {k: torch.cat([mb[k] for mb in batch]).numpy() for k in KEYS}
-
-
 def assert_same_stream(got: list, want: list) -> None:
     assert len(got) == len(want)
     for step, (a, b) in enumerate(zip(got, want)):
         ra, rb = rows(a), rows(b)
         for k in KEYS:
             assert np.array_equal(ra[k], rb[k]), f"step {step}: {k} differs"
-
-
-def epoch_stream(batches: list) -> np.ndarray:
-    """The stream tokens of consecutive global batches: each row's inputs plus its last label."""
-    parts = []
-    for b in batches:
-        r = rows(b)
-        parts.append(np.concatenate([r["input_ids"], r["labels"][:, -1:]], axis=1).ravel())
-    return np.concatenate(parts)
 
 
 def doc_order(stream: np.ndarray) -> list[int]:
@@ -444,11 +383,6 @@ def test_worker_error_is_the_in_process_error(tmp_path):
 
 
 def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path):
-    from tests.training.test_train import (  # (a test module: imported only by the test that needs it)
-        TINY,
-        recipe,
-    )
-
     dataset = make_train_dataset(tmp_path / "ds")
     for row in task0_manifest(dataset):  # a double separator in every document: step 0 hits one
         overwrite_token(dataset, row, 2, SEPARATOR_ID)

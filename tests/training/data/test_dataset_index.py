@@ -1,8 +1,9 @@
 """The loader index (training/contract/dataset_index.py): the loader reads only it, in the old order.
 
-The corpus is test_loader's token-position corpus (token = 1 + doc·1000 + position), so a stream
-decodes back into documents and can be compared with an order computed here the plain way: split
-rows materialised, blocks, block permutation, groups, in-group permutation, all spelled out.
+The corpus is test_loader's token-position corpus (tests/helpers/position_corpus.py: token =
+1 + doc·1000 + position), so a stream decodes back into documents and can be compared with an order
+computed here the plain way: split rows materialised, blocks, block permutation, groups, in-group
+permutation, all spelled out.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
-from tests.training.test_loader import SEP, doc_tokens, epoch_stream, make_dataset
+from tests.helpers.position_corpus import SEP, doc_tokens, epoch_stream, make_dataset
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
 from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
 from training.data import cache as order_cache

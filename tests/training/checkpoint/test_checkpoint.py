@@ -21,9 +21,20 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
-from tests._mounts import unshare_works
-from tests._train_data import make_dataset
-from tests.training.test_train import recipe
+from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    assert_same_weights,
+    losses,
+    metrics,
+    overrides,
+    torchrun_cmd,
+    wait_for_step,
+)
+from tests.helpers.train_runs import SHORT_STEPS as STEPS
 from training.checkpoint.checkpointer import complete_steps, dir_size, find_resume, prune
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.checkpoint.io import CheckpointError, checkpoint_keys
@@ -33,53 +44,11 @@ from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint
 from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = str(ROOT / "configs/train/tiny.toml")
-STEPS = 12
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-def overrides(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
-    """test_train's recipe, shortened: 12 steps, no validation, a checkpoint every 4 steps."""
-    base = ["schedule.warmup_steps=3", "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false"]
-    return recipe(dataset, run_dir, f"schedule.steps={STEPS}", *base, "checkpoint.interval=4", *extra)
-
-
-def torchrun_cmd(sets: list[str], nproc: int = 2) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return cmd + ["-m", "training.train", "--config", TINY, "--set", *sets]
-
 
 def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
     proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def losses(run_dir: Path) -> list[tuple[int, float, float, float, int]]:
-    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r["tokens_seen"]) for r in metrics(run_dir)]
-
-
-def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
-    a, _, _ = load_checkpoint_model(run_a, step)
-    b, _, _ = load_checkpoint_model(run_b, step)
-    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(ta, tb), name
-
-
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
-    deadline = time.time() + 240
-    while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()[-2000:]}"
-        assert time.time() < deadline
-        time.sleep(0.005)
 
 
 def alive(pid: int) -> bool:
@@ -314,7 +283,7 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
         cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
         script.append(
             f"mount -t tmpfs -o size={size} tmpfs {run_dir}/checkpoints && "
-            f"{{ {' '.join(map(_sh, cmd))} > {run_dir}/out.txt 2>&1; echo $? > {run_dir}/rc; "
+            f"{{ {' '.join(map(sh_quote, cmd))} > {run_dir}/out.txt 2>&1; echo $? > {run_dir}/rc; "
             f"cp -a {run_dir}/checkpoints {run_dir}/saved; }}"
         )
     if not unshare_works():
@@ -338,10 +307,6 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
         load_train_config(TINY, overrides(dataset, tmp_path / "again", "run.max_steps=4", resume))
     )
     assert summary["steps"] == 4 and [r["step"] for r in metrics(tmp_path / "again")] == [3, 4]
-
-
-def _sh(word: str) -> str:
-    return "'" + word.replace("'", "'\\''") + "'"
 
 
 # --- no training needed -----------------------------------------------------------------------

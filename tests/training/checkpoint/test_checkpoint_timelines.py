@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
-from tests._train_data import make_dataset
-from tests.training.test_checkpoint import TINY, metrics, overrides
-from tests.training.test_run_integrity import damage, one_error_line
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import TINY, damage, metrics, one_error_line, overrides
 from training.checkpoint.checkpointer import Checkpointer, complete_steps
 from training.checkpoint.state import ModelState
 from training.config import CheckpointSection

@@ -1,6 +1,6 @@
 """FSDP2 / HSDP parity check, run by tests/training/test_parallelize.py as
 
-    torchrun --standalone --nproc_per_node=2 tests/training/dist_parallelize_check.py
+    torchrun --standalone --nproc_per_node=2 tests/helpers/dist_parallelize_check.py
 
 Every rank computes the single-process reference (the tiny model, float32, on the whole global
 batch, plain AdamW) and then the same training with the model parallelized over the 2 ranks, each

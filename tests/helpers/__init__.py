@@ -1,0 +1,13 @@
+"""What tests share, in modules named for what they hold (test modules import these, never each other):
+
+build_runs              runs of the data build: run_build, build_argv, one_error, assert_same_dataset
+corpus                  the shared fixture corpus: texts, separator constants, tokenizer, build recipe
+dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (test_parallelize runs it)
+dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
+hub_server              a local stand-in for the Hugging Face hub's HTTP API
+models                  small seeded models for tests that need real parameters but no run
+mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
+position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
+train_data              a small learnable synthetic dataset for trainer tests
+train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights
+"""

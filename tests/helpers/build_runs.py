@@ -1,0 +1,98 @@
+"""Runs of the data build for the pipeline tests: `python -m pipelines.build` in its own process
+group, the `gristmill data build` argv and its one error line, a task failure that must end in one
+error line, and two builds' outputs compared file by file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import zstandard
+
+from pipelines.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_build(
+    config: Path, out: Path, env_extra: dict[str, str] | None = None, *args: str
+) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", f"output={out}", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,  # its own process group: the kill takes the driver and its workers
+    )
+
+
+def one_error(capsys, argv: list[str]) -> str:
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err  # one line, no traceback
+    return lines[0]
+
+
+def build_argv(config, out, *overrides) -> list[str]:
+    argv = ["data", "build", "--config", str(config), "--set", f"output={out}"]
+    for o in overrides:
+        argv += ["--set", o]
+    return argv
+
+
+def assert_task_failure_is_one_error(capsys, config: Path, tmp_path: Path, *overrides: str) -> None:
+    """A one-task build of a truncated jsonl file (it lists fine and fails only once a task reads
+    it) ends with one error line naming the file, no traceback and no dataset.json."""
+    lines = [json.dumps({"text": f"Document {i} about rivers. " * 10, "id": f"d{i}"}) for i in range(400)]
+    data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
+    src = tmp_path / "src" / "cut.jsonl.zst"
+    src.parent.mkdir()
+    src.write_bytes(data[: len(data) // 2])
+    overrides = ("source.kind=jsonl", f"source.path={src.parent}", "build.tasks=1", *overrides)
+    capsys.readouterr()
+    assert main(build_argv(config, tmp_path / "o", *overrides)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"error: {src} cannot be read as jsonl"), last
+    assert not (tmp_path / "o" / "dataset.json").exists()
+
+
+# Fields that say where and when, not what: the only differences allowed between two builds.
+VOLATILE = {"dataset.json": {"created"}, "validation.json": {"root", "checked_at", "seconds"}}
+
+
+def assert_same_dataset(a: Path, b: Path) -> None:
+    """Every file the build writes outside logs/ is identical (build.json too: the executor is not
+    part of the config hash), the JSON reports up to their VOLATILE fields."""
+
+    def files(root: Path) -> list[str]:
+        skip = {"logs", "config.toml", ".build.lock"}  # config.toml: output and executor differ
+        return sorted(
+            str(p.relative_to(root))
+            for p in root.rglob("*")
+            if p.is_file() and p.relative_to(root).parts[0] not in skip
+        )
+
+    names = files(a)
+    assert names == files(b)
+    assert {"shards", "manifest", "excluded", "index", "tokenizer.json", "dataset.json", "build.json"} <= {
+        Path(n).parts[0] for n in names
+    }
+    for name in names:
+        if name in VOLATILE:
+            got, want = (json.loads((d / name).read_text()) for d in (a, b))
+            assert {k: v for k, v in got.items() if k not in VOLATILE[name]} == {
+                k: v for k, v in want.items() if k not in VOLATILE[name]
+            }, name
+        else:
+            assert (a / name).read_bytes() == (b / name).read_bytes(), name

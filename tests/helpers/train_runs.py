@@ -1,0 +1,92 @@
+"""Runs of the tiny training recipe (configs/train/tiny.toml) for trainer and checkpoint tests: the
+shared overrides, reading metrics.jsonl, the torchrun command, waiting for a step, comparing two
+runs' checkpointed weights, and checking a run's one error line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from training.checkpoint.hf_export import load_checkpoint_model
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs/train/tiny.toml")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+RECIPE_STEPS = 30  # recipe()'s schedule.steps
+SHORT_STEPS = 12  # overrides()'s
+
+
+def recipe(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
+    """Overrides shared by the in-process and the torchrun runs (so their batches are identical)."""
+    return [
+        f"data.dataset={json.dumps(str(dataset))}",
+        f"run.output_dir={json.dumps(str(run_dir))}",
+        f"schedule.steps={RECIPE_STEPS}",
+        "run.log_every=1",
+        "run.val_every=10",
+        "parallel.param_dtype=float32",
+        "run.threads=1",  # a tiny model gains nothing from more; robust on a busy 2-core machine
+        "checkpoint.interval=0",  # saves only where a test asks for them (CI time); later sets win
+        *extra,
+    ]
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def overrides(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
+    """recipe(), shortened: 12 steps, no validation, a checkpoint every 4 steps."""
+    base = ["schedule.warmup_steps=3", "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false"]
+    return recipe(dataset, run_dir, f"schedule.steps={SHORT_STEPS}", *base, "checkpoint.interval=4", *extra)
+
+
+def torchrun_cmd(sets: list[str], nproc: int = 2) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return cmd + ["-m", "training.train", "--config", TINY, "--set", *sets]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of a run that may still be writing it (none yet, a torn last line)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def losses(run_dir: Path) -> list[tuple[int, float, float, float, int]]:
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r["tokens_seen"]) for r in metrics(run_dir)]
+
+
+def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
+    a, _, _ = load_checkpoint_model(run_a, step)
+    b, _, _ = load_checkpoint_model(run_b, step)
+    for (name, ta), tb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(ta, tb), name
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+    deadline = time.time() + 240
+    while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()[-2000:]}"
+        assert time.time() < deadline
+        time.sleep(0.005)
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    return lines[0]
+
+
+def damage(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes in place: the size stays, only a checksum can tell."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
