@@ -23,7 +23,6 @@ from training.config_checks import check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
 from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
-from training.data.order import epoch_steps
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -75,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction,
         check_separators=True,
     )
-    docs = loader.builder.tables[0]
-    spe, tail = epoch_steps(docs.tokens, args.seq_len, args.global_batch)
+    spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
     step = args.step or 0
     end = step + 1 if args.end is None else args.end
     if step < 0 or end <= step:

@@ -57,7 +57,7 @@ def foreign_state_message(what: str) -> str:
     )
 
 
-class LoaderStateError(GristmillError):
+class LoaderStateError(data_plan.PlanError):
     """A checkpointed loader state that does not fit this run; the message names both values."""
 
 
@@ -312,6 +312,22 @@ class TokenLoader:
         self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
 
     @property
+    def steps_per_epoch(self) -> int:
+        """Global steps in one epoch of a one-source, one-phase plan (`dataset_loader`)."""
+        return self._epoch_steps()[0]
+
+    @property
+    def dropped_tail_tokens(self) -> int:
+        """Tokens of each epoch a one-source, one-phase plan never reads (the tail shorter than a step)."""
+        return self._epoch_steps()[1]
+
+    def _epoch_steps(self) -> tuple[int, int]:
+        if len(self.plan.sources) != 1 or len(self.plan.phases) != 1:
+            raise LoaderConfigError("steps per epoch are defined for a one-source, one-phase plan only")
+        ph = self.plan.phases[0]
+        return epoch_order.epoch_steps(self.plan.sources[0].tokens, ph.seq_len, ph.global_batch)
+
+    @property
     def documents(self) -> DocumentTable:
         return self._builder.docs
 
@@ -341,9 +357,15 @@ class TokenLoader:
             )
         before_index = {t.info["fingerprint"]: fingerprint_before_index(t.info) for t in self._builder.tables}
         step = int(sd["step"])
-        self.resume_notes = data_plan.check_resume(
-            saved, self.plan, step, lambda theirs, ours: theirs in (ours, before_index.get(ours))
-        )
+        try:
+            self.resume_notes = data_plan.check_resume(
+                saved,
+                self.plan,
+                step,
+                lambda theirs, ours: theirs in ({ours, before_index.get(ours)} - {None}),
+            )
+        except data_plan.PlanError as e:
+            raise LoaderStateError(str(e)) from None
         self._step = step
         self._generation += 1
 

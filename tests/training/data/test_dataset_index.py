@@ -106,6 +106,13 @@ def _strip_index(root: Path) -> str:
     return info["fingerprint"]
 
 
+def _with_fingerprint(state: dict, fingerprint: str | None) -> dict:
+    """A loader state as a run on a dataset with another fingerprint would have saved it."""
+    plan = json.loads(state["data_plan"])
+    plan["sources"][0]["fingerprint"] = fingerprint
+    return {**state, "data_plan": json.dumps(plan)}
+
+
 def _loader(root, **kw):
     return dataset_loader(root, seq_len=SEQ, global_batch=G, micro_batch=2, seed=1, **kw)
 
@@ -141,12 +148,12 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     # A state saved at step 3 by a run on the index-less dataset (its fingerprint was old_fp).
     first = _loader(root)
     _hashes(first, 3)
-    state = {**first.state_dict(), "fingerprint": old_fp}
+    state = _with_fingerprint(first.state_dict(), old_fp)
     resumed = _loader(root)
     resumed.load_state_dict(state)
     assert _hashes(resumed, 3) == want[3:]
-    with pytest.raises(LoaderStateError, match="the dataset changed"):
-        _loader(root).load_state_dict({**state, "fingerprint": "0" * 64})
+    with pytest.raises(LoaderStateError, match="the fingerprint of source 'data'"):
+        _loader(root).load_state_dict(_with_fingerprint(state, "0" * 64))
 
 
 def test_damaged_index_is_named_and_repaired(corpus, tmp_path):
@@ -237,12 +244,14 @@ def test_fingerprint_before_index_is_recomputed_never_trusted(corpus, tmp_path):
         cli_index(root)
     (root / DATASET_JSON).write_text(json.dumps(info))
     cli_index(root)
-    state = _loader(root).state_dict()
+    trained = _loader(root)
+    _hashes(trained, 2)  # a state with a past: at step 0 there is nothing a resume could change
+    state = trained.state_dict()
     info = read_dataset_info(root)
     (root / DATASET_JSON).write_text(json.dumps({**info, "fingerprint_before_index": "f" * 64}))
     for bad in ("f" * 64, None):
-        with pytest.raises(LoaderStateError, match="the dataset changed"):
-            _loader(root).load_state_dict({**state, "fingerprint": bad})
+        with pytest.raises(LoaderStateError, match="the fingerprint of source 'data'"):
+            _loader(root).load_state_dict(_with_fingerprint(state, bad))
     report = validate_dataset(root, progress=False, write=False)
     assert [str(p) for p in report.problems] == [
         "dataset.json: fingerprint_before_index does not match its fields (edited)"

@@ -26,7 +26,7 @@ from training.config_checks import check_config
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
 from training.data import plan as data_plan
-from training.data.loader import TokenLoader, batch_sha256, dataset_loader
+from training.data.loader import LoaderStateError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
 from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
@@ -451,7 +451,10 @@ def test_plan_inspect_and_consumption(reference, capsys):
     assert "== consumption ==" in out and "pct_of_dataset" in out and "== summary ==" not in out
 
 
-def test_a_single_dataset_checkpoint_is_not_resumed_by_a_phased_recipe(sources, tmp_path, capsys):
+def test_a_one_dataset_run_resumes_by_the_plans_rules(sources, tmp_path, capsys):
+    """A one-dataset run is the one-source plan "data": a recipe whose sources differ is refused by
+    the plan's own rule, and a loader state in the format of gristmill 62f489d and earlier (one
+    dataset's epoch and batch) is refused in one line naming the commit that resumes it."""
     legacy = tmp_path / "legacy"
     tiny = str(ROOT / "configs/train/tiny.toml")
     sets = [
@@ -464,7 +467,14 @@ def test_a_single_dataset_checkpoint_is_not_resumed_by_a_phased_recipe(sources, 
     assert gristmill(["train", "--config", tiny, "--set", *sets]) == 0
     config = write_recipe(tmp_path / "r.toml", sources, legacy)
     assert gristmill(["train", "--config", str(config), "--resume", "auto"]) == 2
-    assert "written by a single-dataset run but this config describes a phased" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the checkpoint's plan has" in err and "the plan's past is immutable" in err, err
+    loader = dataset_loader(sources["web"], seq_len=16, global_batch=4, micro_batch=4, seed=0)
+    old_state = {"fingerprint": "f" * 64, "seed": 0, "seq_len": 16, "global_batch": 4, "split": "train",
+                 "val_fraction": 0.0, "plan": "x", "epoch": 0, "batch": 3}  # fmt: skip
+    with pytest.raises(LoaderStateError, match="gristmill at commit 62f489d") as e:
+        loader.load_state_dict(old_state)
+    assert "\n" not in str(e.value)
 
 
 def test_two_ranks_under_torchrun_train_the_same_plan(reference, tmp_path):
