@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
+from training.plotting import agg_pyplot
 
 RESULTS_JSON = "results.json"
 EVAL_PARQUET = "eval.parquet"
@@ -322,10 +323,7 @@ def write_plot(run_dir: str | Path) -> Path:
     written next to the points (readable with a single step), the chance level of a multiple-choice
     task's accuracy dashed, perplexities on a log scale. NaN/inf values are left out of the lines
     (the table and eval.parquet keep them), a panel with none finite says so."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
     panels = plot_panels(rows, read_results(run_dir))
