@@ -250,7 +250,7 @@ def content_identity(
     Workers, executor, progress and output location may change between a run and its resume; the
     source, filters, dedup settings, tokenizer file, separator policy, shard settings, task count
     and the input file list may not; nor the decontamination index (`decontaminate`: its sha256,
-    n and tasks, read from the index by pipelines.decontam.StagedIndex.identity, not its path).
+    n and tasks, read from the index by pipelines.decontam.index.StagedIndex.identity, not its path).
     """
     identity: dict[str, Any] = {
         "source": asdict(cfg.source),

@@ -116,7 +116,7 @@ def _same_version(a: Any, b: Any) -> bool:
 def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{task: {"mark", "removed", "datasets"}} for each task (and group) of an lm-eval results dict:
     whether the run's training data was filtered against it. `checks` holds, per source dataset of
-    the run, dataset.json's "decontaminate" record (pipelines/decontam.py: per indexed task its
+    the run, dataset.json's "decontaminate" record (pipelines/decontam/filter.py: per indexed task its
     version and the documents removed; None when the build had no [decontaminate]). A group counts
     its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
     at the version evaluated; "checked against another version" when an index holds it at another;
