@@ -213,7 +213,7 @@ def make_decontam_index(work: Path, texts: list[str], tasks: int = 5, docs: int 
     from collections import Counter
 
     from pipelines.cli import main as gristmill
-    from pipelines.ngram_index import normalize_words, read_manifest
+    from pipelines.decontam.ngram import normalize_words, read_manifest
 
     counts = Counter(w for t in texts for w in normalize_words(t))
     words = list(counts)

@@ -51,8 +51,9 @@ from pipelines.build_identity import (
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
 from pipelines.config import DataConfig, SourceConfig, content_identity, dedup_settings, identity_sha256
-from pipelines.decontam import StagedIndex, decontam_filter, discard_staged, install_index, stage_index
-from pipelines.decontam import dataset_entry as decontam_entry
+from pipelines.decontam.filter import dataset_entry as decontam_entry
+from pipelines.decontam.filter import decontam_filter
+from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import check_config as check_dedup_config

@@ -41,7 +41,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "print the batch of a training step (ids, text, source documents) or per-step hashes",
     ),
     ("data", "decontam-index"): (
-        "validation.decontam_index",
+        "pipelines.decontam.index",
         "index the n-grams of lm-eval tasks' evaluation documents, for a build's [decontaminate]",
     ),
     ("data", "index"): (

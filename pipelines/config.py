@@ -6,10 +6,10 @@ wrong types are errors naming the key, and `--set build.workers=2` overrides any
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from training.contract.config_loader import json_sha256
 
 HUB_FINEWEB_EDU = "hf://datasets/HuggingFaceFW/fineweb-edu"
 
@@ -250,7 +250,7 @@ def content_identity(
     Workers, executor, progress and output location may change between a run and its resume; the
     source, filters, dedup settings, tokenizer file, separator policy, shard settings, task count
     and the input file list may not; nor the decontamination index (`decontaminate`: its sha256,
-    n and tasks, read from the index by pipelines.decontam.StagedIndex.identity, not its path).
+    n and tasks, read from the index by pipelines.decontam.index.StagedIndex.identity, not its path).
     """
     identity: dict[str, Any] = {
         "source": asdict(cfg.source),
@@ -279,4 +279,4 @@ def dedup_settings(cfg: DedupConfig) -> dict[str, Any] | None:
 
 
 def identity_sha256(identity: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return json_sha256(identity)

@@ -6,6 +6,10 @@
     pipelines/, tokenization/  import from training/ only training.contract
     tokenization/       stands below pipelines/ (the tokenize-and-shard step uses it), so it never
                         imports pipelines/ or validation/
+    pipelines/ → validation/, one way only: the build validates its output (validation.validate),
+                        the demo runs the audit, the decontamination index reads tasks through
+                        validation's lm-eval helpers; validation/ never imports pipelines/
+    pipelines/          lm-eval only inside functions: build workers import pipelines/ without it
     everything          no import circles among the project's own modules
 
 Two kinds of check:
@@ -476,6 +480,25 @@ def test_tokenization_does_not_import_pipelines_or_validation():
         if _top(imp.src) == "tokenization" and _top(imp.target) in ("pipelines", "validation")
     ]
     assert not bad, _report("tokenization/ must not import pipelines/ or validation/ (layer violation)", bad)
+
+
+def test_validation_does_not_import_pipelines():
+    """pipelines/ and validation/ import each other one way only: pipelines/ → validation/."""
+    _, imports = _project_scan()
+    bad = [imp for imp in imports if _top(imp.src) == "validation" and _top(imp.target) == "pipelines"]
+    assert not bad, _report(
+        "validation/ must not import pipelines/ (pipelines/ imports validation/: one direction only)", bad
+    )
+
+
+def test_pipelines_import_lm_eval_only_in_functions():
+    _, imports = _project_scan()
+    bad = [
+        imp
+        for imp in imports
+        if _top(imp.src) == "pipelines" and _top(imp.target) == "lm_eval" and imp.where != "in a function"
+    ]
+    assert not bad, _report("pipelines/ imports lm-eval only inside functions (build workers lack it)", bad)
 
 
 def test_no_import_circles():

@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tokenization.tokenizer_io import TokenizerError
+from training.contract.separator_check import misplaced_separators
 
 
 @dataclass
@@ -99,27 +100,33 @@ class DocumentEncoder:
         return {"token": self.policy.token, "id": self.separator_id, "position": self.policy.position}
 
     def encode(self, text: str) -> np.ndarray:
-        return self._frame(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        return self._frame([self.tokenizer.encode(text, add_special_tokens=False).ids])[0]
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         encs = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return [self._frame(e.ids) for e in encs]
+        return self._frame([e.ids for e in encs])
 
-    def _frame(self, ids: list[int]) -> np.ndarray:
-        body = np.asarray(ids, dtype=np.uint32)
-        out = np.empty(len(body) + 1, dtype=np.uint32)
-        if self.policy.position == "after":
-            out[:-1] = body
-            out[-1] = self.separator_id
-        else:
-            out[0] = self.separator_id
-            out[1:] = body
-        # The contract, asserted per document: exactly one separator, at the policy's end.
-        if np.count_nonzero(out == self.separator_id) != 1:
+    def _frame(self, docs: list[list[int]]) -> list[np.ndarray]:
+        """Each document's ids with the separator added at the policy's end, as views of one array."""
+        if not docs:
+            return []
+        lengths = np.fromiter((len(ids) + 1 for ids in docs), np.int64, len(docs))
+        ends = np.cumsum(lengths)
+        out = np.empty(int(ends[-1]), dtype=np.uint32)
+        after = self.policy.position == "after"
+        seps = ends - 1 if after else ends - lengths
+        for ids, at in zip(docs, (seps - lengths + 1 if after else seps + 1).tolist()):
+            out[at : at + len(ids)] = ids
+        out[seps] = self.separator_id
+        # The contract, asserted for every document: exactly one separator, at the policy's end.
+        bad = misplaced_separators(out, self.separator_id, self.policy.position, lengths)
+        if len(bad):
+            d = int(np.searchsorted(ends, bad[0], side="right"))
+            doc = out[int(ends[d] - lengths[d]) : int(ends[d])]
             raise TokenizerError(
-                f"a document encoded to {np.count_nonzero(out == self.separator_id)} separators: "
+                f"a document encoded to {np.count_nonzero(doc == self.separator_id)} separators: "
                 f"{self.source} emits tokenizer.separator {self.policy.token!r} (id {self.separator_id}) "
                 "from plain text; set tokenizer.separator to a special token such as '<|endoftext|>', "
                 'or fix the tokenizer\'s added_tokens so the separator is special ("special": true)'
             )
-        return out
+        return np.split(out, ends[:-1])

@@ -32,6 +32,7 @@ from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.run_layout import METRICS_JSONL
+from training.plotting import agg_pyplot
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.
@@ -348,12 +349,8 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
     """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = agg_pyplot(required=False)
+    if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     train = [(m["step"], m["loss"]) for m in history]

@@ -32,6 +32,7 @@ import duckdb
 
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
+from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
     Damaged,
@@ -329,10 +330,7 @@ def write_results(
 
 def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Path]:
     """One PNG per plottable preset (PLOTS), a bar series per dataset; returns the files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
+from training.plotting import agg_pyplot
 
 RESULTS_JSON = "results.json"
 EVAL_PARQUET = "eval.parquet"
@@ -115,7 +116,7 @@ def _same_version(a: Any, b: Any) -> bool:
 def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """{task: {"mark", "removed", "datasets"}} for each task (and group) of an lm-eval results dict:
     whether the run's training data was filtered against it. `checks` holds, per source dataset of
-    the run, dataset.json's "decontaminate" record (pipelines/decontam.py: per indexed task its
+    the run, dataset.json's "decontaminate" record (pipelines/decontam/filter.py: per indexed task its
     version and the documents removed; None when the build had no [decontaminate]). A group counts
     its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
     at the version evaluated; "checked against another version" when an index holds it at another;
@@ -322,10 +323,7 @@ def write_plot(run_dir: str | Path) -> Path:
     written next to the points (readable with a single step), the chance level of a multiple-choice
     task's accuracy dashed, perplexities on a log scale. NaN/inf values are left out of the lines
     (the table and eval.parquet keep them), a panel with none finite says so."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = agg_pyplot()
 
     rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
     panels = plot_panels(rows, read_results(run_dir))

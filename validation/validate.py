@@ -60,6 +60,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
+from training.contract.separator_check import misplaced_separators
 
 VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
@@ -293,13 +294,12 @@ def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndar
     sep_pos = np.flatnonzero(ids == spec.sep_id)
     doc_of_sep = np.searchsorted(ends, sep_pos, side="right")
     counts = np.bincount(doc_of_sep, minlength=len(keys))
-    expected_pos = ends - 1 if spec.position == "after" else starts
-    nonempty = lengths > 0
-    at_place = np.zeros(len(keys), dtype=bool)
-    at_place[nonempty] = ids[expected_pos[nonempty]] == spec.sep_id
     res.separators = int(counts.sum())
+    misplaced = misplaced_separators(ids, spec.sep_id, spec.position, lengths)
+    # the documents holding a misplaced token, and the empty ones (no token to misplace)
+    bad = np.union1d(np.searchsorted(ends, misplaced, side="right"), np.flatnonzero(lengths == 0))
     where = "last" if spec.position == "after" else "first"
-    for d in np.flatnonzero((counts != 1) | ~at_place):
+    for d in bad.tolist():
         n, key = int(counts[d]), keys[d]
         if lengths[d] == 0:
             res.add(f"empty .{IDS_EXT} (0 tokens): missing separator", key)

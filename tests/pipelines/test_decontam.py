@@ -19,7 +19,7 @@ import pytest
 from pipelines.build import BuildError, build, prepare
 from pipelines.cli import main
 from pipelines.config import DataConfig
-from pipelines.ngram_index import (
+from pipelines.decontam.ngram import (
     NgramIndex,
     Words,
     many_ngram_hashes,
@@ -306,7 +306,7 @@ import sys
 for name in ("lm_eval", "torch", "validation", "transformers"):
     sys.modules[name] = None  # importing it raises ImportError
 from datatrove.data import Document
-from pipelines.decontam import DecontaminationFilter
+from pipelines.decontam.filter import DecontaminationFilter
 step = DecontaminationFilter({str(out / "decontam")!r})
 docs = [Document(text={CLOZE[3][0]!r}, id="a"), Document(text="An unrelated page.", id="b")]
 print([d.id for d in step.run(iter(docs))])

@@ -141,7 +141,7 @@ def test_special_separator_that_text_can_spell_is_refused(prose_tokenizer):
 def test_separator_count_error_names_the_key_and_tokenizer(prose_tokenizer):
     enc = DocumentEncoder(prose_tokenizer, SeparatorPolicy(SEP), source="tokenizer out/tokenizer.json")
     with pytest.raises(TokenizerError) as err:
-        enc._frame([enc.separator_id, 5])  # what a tokenizer emitting the separator from text gives
+        enc._frame([[3, 4], [enc.separator_id, 5]])  # what a tokenizer emitting the separator from text gives
     msg = str(err.value)
     assert "a document encoded to 2 separators" in msg
     assert f"tokenizer out/tokenizer.json emits tokenizer.separator '{SEP}' (id 0)" in msg

@@ -5,7 +5,7 @@ from typing import Literal
 
 import pytest
 
-from training.contract.config_loader import ConfigError, config_sha256, load_config, to_toml
+from training.contract.config_loader import ConfigError, config_sha256, json_sha256, load_config, to_toml
 
 
 @dataclass
@@ -121,3 +121,13 @@ def test_arrays_of_tables_round_trip_and_take_indexed_overrides(tmp_path):
         load_config(WithArrays, p, ["stage[2].steps=1"])
     with pytest.raises(ConfigError, match=r"unknown key 'stage\[1\].stepz'.*did you mean 'stage\[1\].steps'"):
         load_config(WithArrays, p, ["stage[1].stepz=1"])
+
+
+def test_json_sha256_hashes_the_recorded_forms():
+    """The two canonical JSON forms on disk (compact: config and build hashes; json.dumps' default
+    separators: dataset fingerprints, loader cache keys) keep their bytes, whatever the key order."""
+    data = {"b": [1, 2.5], "a": {"z": None}}
+    compact = "edd3af7ccaaa058ba39b134dd251938092c3f4c092a717942522b9aab94003cd"  # of '{"a":{"z":null},...'
+    spaced = "33d56cc9ddb706d71f22470acc1a4734ecf74d7a6ee16442602614b238bd3a52"  # of '{"a": {"z": null}, ...'
+    assert json_sha256(data) == json_sha256(dict(reversed(data.items()))) == compact
+    assert json_sha256(data, compact=False) == spaced

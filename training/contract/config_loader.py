@@ -19,6 +19,7 @@ import keyword
 import tomllib
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -253,10 +254,22 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return cfg
 
 
+def json_sha256(data: Any, *, compact: bool = True, default: Callable[[Any], Any] | None = None) -> str:
+    """SHA-256 (hex) of `data` as canonical JSON: keys sorted, so key order does not matter.
+
+    compact=False hashes json.dumps' default ", " and ": " separators: the form dataset
+    fingerprints and the loader's cache keys were recorded in (the other form gives other hashes).
+    `default` is json.dumps' hook for values JSON has no type for (unset: such a value is a TypeError).
+    """
+    separators = (",", ":") if compact else None
+    return hashlib.sha256(
+        json.dumps(data, sort_keys=True, separators=separators, default=default).encode()
+    ).hexdigest()
+
+
 def config_sha256(cfg: Any) -> str:
     """Stable hash of a resolved config (key order and formatting do not matter)."""
-    blob = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return json_sha256(to_dict(cfg), default=str)
 
 
 def config_changes(old: Any, new: Any, ignore: tuple[str, ...] = ()) -> list[str]:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import json_sha256
 from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-shards/1"
@@ -161,7 +162,7 @@ def fingerprint(info: dict[str, Any]) -> str:
         ident["index"] = index_hashes(info["index"])
     if "decontaminate" in info:  # the eval-task index its documents were filtered against
         ident["decontaminate"] = {k: info["decontaminate"][k] for k in ("index_sha256", "ngram")}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+    return json_sha256(ident, compact=False)
 
 
 def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:

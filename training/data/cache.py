@@ -12,14 +12,14 @@ computing in-process, with a warning: the cache can make an open slower, never w
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import json
 import logging
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from training.contract.config_loader import json_sha256
 
 log = logging.getLogger("training.data.loader")
 T = TypeVar("T")
@@ -49,7 +49,7 @@ def shared(
     """
     if docs < MIN_DOCS:
         return compute()
-    digest = hashlib.sha256(json.dumps({"kind": kind, **key}, sort_keys=True).encode()).hexdigest()[:24]
+    digest = json_sha256({"kind": kind, **key}, compact=False)[:24]
     path = cache_dir() / f"{kind}-{digest}"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

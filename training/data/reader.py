@@ -33,6 +33,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
 
 MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
@@ -260,18 +261,12 @@ def check_separators(
             f"id check failed at {where}: {table._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
             f"{table.vocab_size}; the shard is corrupt — run `gristmill data validate {table.root}`"
         )
-    if ref.separator_position == "after":
-        at = (first + counts - 1)[starts + counts == lengths]
-    else:
-        at = first[starts == 0]
-    expected = np.zeros(len(tokens), bool)
-    expected[at] = True
-    bad = np.flatnonzero((tokens == ref.separator_id) != expected)
+    bad = misplaced_separators(tokens, ref.separator_id, ref.separator_position, lengths, starts, counts)
     if len(bad) == 0:
         return
     i = int(bad[0])
     table, doc, k = piece_at(i)
-    found = f"token {int(tokens[i])}" + (" (the separator)" if not expected[i] else "")
+    found = f"token {int(tokens[i])}" + (" (the separator)" if tokens[i] == ref.separator_id else "")
     raise DatasetError(
         f"separator check failed at {where}: {table._locate(doc)} has {found} at token "
         f"{int(starts[k]) + i - int(first[k])} of {int(lengths[k])}, but the "

@@ -20,6 +20,7 @@ from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import DATASET_JSON, DatasetError
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
+from training.plotting import agg_pyplot
 
 
 def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:
@@ -148,12 +149,8 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
 def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
     """plan.png: the LR curve with phase boundaries, and each source's share of every step.
     Returns a note instead when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = agg_pyplot(required=False)
+    if plt is None:
         return "plan.png skipped: matplotlib is not installed"
     import numpy as np
 

@@ -5,9 +5,9 @@
     DIR/manifest.json   format, n, normaliser, lm-eval version, per task (name, split, documents,
                         n-grams, version), the sha256 of the two .npy files
 
-Both sides use this module: `gristmill data decontam-index` (validation/decontam_index.py, which
+Both sides use this module: `gristmill data decontam-index` (pipelines/decontam/index.py, which
 reads the tasks through lm-eval) writes an index with `write_index`, and the build's filter
-(pipelines/decontam.py) opens it with `NgramIndex`. Only numpy and the standard library here, so
+(pipelines/decontam/filter.py) opens it with `NgramIndex`. Only numpy and the standard library here, so
 build workers on a cluster never import lm-eval; and one normaliser, so a text hashes the same on
 both sides.
 

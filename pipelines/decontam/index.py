@@ -1,4 +1,5 @@
-"""`gristmill data decontam-index`: the n-gram index of lm-eval tasks' evaluation documents.
+"""The decontamination index of the build: `gristmill data decontam-index`, and the driver's steps
+that get an index before any task runs and install it into the output.
 
     gristmill data decontam-index --tasks hellaswag,arc_easy,piqa --out runs/decontam/three
     gristmill data decontam-index --tasks my_qa --include-path my_tasks/ --ngram 8 --out DIR
@@ -8,8 +9,16 @@ texts are the ones lm-eval builds its requests from: the split it evaluates (tes
 after the task's process_docs; per document the task's doc_to_decontamination_query where it sets
 should_decontaminate, else its context (doc_to_text) and every answer text (doc_to_choice, or
 doc_to_target when it is text). The index itself (format, normaliser, hashing) is
-pipelines/ngram_index.py, which the build's filter reads without lm-eval. `[decontaminate]` in a data
-recipe runs this command through the CLI's command table, or takes a DIR it wrote (`index = DIR`).
+pipelines/decontam/ngram.py, which the build's filter reads without lm-eval: lm-eval is imported
+only inside the functions that read tasks, so importing this module costs none.
+
+With `[decontaminate]` in a data recipe the driver gets an index before any task runs
+(`stage_index`): it builds one as this command would into a temporary directory, or checks the
+prebuilt one that `index = DIR` names (for a cluster without the hub: build it where there is
+network). The index's sha256 and n go into the build's identity, so a changed index is a changed
+dataset (a resume is refused, naming it). Inside the build lock the index is copied to
+OUTPUT/decontam/ (`install_index`), where every worker reads it: a dataset carries the index it was
+filtered against, and Slurm or Ray nodes need nothing but the output.
 
 Offline, local YAML tasks (`--include-path`) work; a hub task whose dataset is neither reachable
 nor cached is refused in one line, as `gristmill eval` refuses it. lm-eval's and datasets' own
@@ -20,15 +29,29 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipelines.ngram_index import many_ngram_hashes, write_index
+from pipelines.build_identity import BuildError
+from pipelines.config import DecontaminateConfig
+from pipelines.decontam.filter import INDEX_DIR, enabled
+from pipelines.decontam.ngram import (
+    HASHES_NPY,
+    MANIFEST_JSON,
+    REFS_NPY,
+    many_ngram_hashes,
+    read_manifest,
+    write_index,
+)
+from training.contract.errors import GristmillError
 from validation.eval_data import EvalError, checked_task_manager
 from validation.eval_output import eval_output
 
@@ -216,3 +239,83 @@ def build_index(
             "an index of nothing would check nothing: use a smaller --ngram"
         )
     return write_index(out, n, entries, all_hashes, all_docs, extra)
+
+
+@dataclass(frozen=True)
+class StagedIndex:
+    folder: Path  # where the index is before install_index copies it into the output
+    manifest: dict[str, Any]
+    temporary: bool  # made by this build (removed once installed)
+
+    def identity(self) -> dict[str, Any]:
+        """What of the index decides the dataset: its hashes (sha256) and n; the task names to
+        name a change."""
+        m = self.manifest
+        return {"index_sha256": m["sha256"], "ngram": m["ngram"], "tasks": [t["name"] for t in m["tasks"]]}
+
+
+def stage_index(cfg: DecontaminateConfig, log=print) -> StagedIndex | None:
+    """The index `cfg` asks for: built now from `tasks` (build_index) or the
+    prebuilt `index`, checked against `tasks` and `ngram`. None without [decontaminate]."""
+    if not enabled(cfg):
+        return None
+    if cfg.ngram < 1:
+        raise BuildError(f"decontaminate.ngram = {cfg.ngram}: an n-gram has at least one word (13 is usual)")
+    if cfg.index:
+        folder = Path(cfg.index).expanduser().resolve()
+        manifest = read_manifest(folder, verify=True)
+        if manifest["ngram"] != cfg.ngram:
+            raise BuildError(
+                f"decontaminate.ngram = {cfg.ngram}, but the index {folder} holds {manifest['ngram']}-grams; "
+                f"set ngram = {manifest['ngram']} or rebuild the index with --ngram {cfg.ngram}"
+            )
+        have = manifest.get("requested") or [t["name"] for t in manifest["tasks"]]
+        if cfg.tasks and sorted(cfg.tasks) != sorted(have):
+            raise BuildError(
+                f"decontaminate.tasks = {cfg.tasks}, but the index {folder} was built for {have}; make them "
+                f"equal, or leave tasks empty to use the index as it is"
+            )
+        return StagedIndex(folder, manifest, temporary=False)
+
+    tmp = Path(tempfile.mkdtemp(prefix="gristmill-decontam-"))
+    include = [str(Path(p).expanduser().resolve()) for p in cfg.include_path]
+    argv = ["data", "decontam-index", "--tasks", ",".join(cfg.tasks), "--ngram", str(cfg.ngram)]
+    argv += [a for p in include for a in ("--include-path", p)]
+    log(f"[build] decontamination index: gristmill {' '.join(argv)} --out {tmp}")  # the same, by hand
+    try:
+        manifest = build_index(list(cfg.tasks), cfg.ngram, tmp, include)
+        log(summary(manifest, tmp))
+        return StagedIndex(tmp, manifest, temporary=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def discard_staged(staged: StagedIndex | None) -> Iterator[None]:
+    """Remove a temporary staged index when the build stops before installing it (refused, locked)."""
+    try:
+        yield
+    finally:
+        if staged is not None and staged.temporary:
+            shutil.rmtree(staged.folder, ignore_errors=True)
+
+
+def install_index(staged: StagedIndex | None, out: Path) -> None:
+    """Copy the staged index to OUTPUT/decontam/ (kept when it already holds the same one: a
+    resume). Called inside the build lock."""
+    if staged is None:
+        return
+    dst = out / INDEX_DIR
+    try:
+        same = (dst / MANIFEST_JSON).is_file() and read_manifest(dst)["sha256"] == staged.manifest["sha256"]
+    except GristmillError:  # a damaged copy: replaced below
+        same = False
+    if not same:
+        tmp = out / f"{INDEX_DIR}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name in (HASHES_NPY, REFS_NPY, MANIFEST_JSON):  # the manifest last: it makes an index
+            shutil.copyfile(staged.folder / name, tmp / name)
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)

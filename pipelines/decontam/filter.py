@@ -1,0 +1,113 @@
+"""The build's decontamination step: drop every document that contains an n-gram of the index.
+
+`DecontaminationFilter` needs numpy only (pipelines/decontam/ngram.py): it opens the index in
+OUTPUT/decontam/ once per worker process, memory-mapped, and drops a document that contains any
+indexed n-gram; its excluded/ row names the task, split, document and the matching words. Workers
+import this module for the filter, never lm-eval (the index is built or checked by the driver,
+pipelines/decontam/index.py, before any task runs). At the end `dataset_entry` puts the index's
+manifest and the documents removed per task into dataset.json, which `gristmill eval` reads to
+mark each task it scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from datatrove.data import Document
+from datatrove.pipeline.filters.base_filter import BaseFilter
+
+from pipelines.config import DecontaminateConfig
+from pipelines.decontam.ngram import FILTER_NAME, MANIFEST_JSON, NgramIndex, read_manifest, task_of_detail
+from pipelines.filters import ExcludedWriter, drop
+from training.contract.dataset_format import EXCLUDED_DIR
+
+INDEX_DIR = "decontam"  # OUTPUT/decontam/: the index the dataset was filtered against
+
+
+class DecontaminationFilter(BaseFilter):
+    """Drops a document containing any n-gram of the index; the reason is the task's name (datatrove
+    counts drops per task in its stats), the excluded/ detail names task, split, document and text."""
+
+    name = FILTER_NAME
+
+    def __init__(
+        self, index_dir: str | Path, exclusion_writer: ExcludedWriter | None = None, batch_size: int = 64
+    ):
+        # Documents are looked up in batches: numpy's per-call overhead is then paid once per batch.
+        super().__init__(exclusion_writer, batch_size)
+        self.index_dir = str(index_dir)
+        self._index: NgramIndex | None = None  # opened in the worker, on its first batch
+
+    def _open(self) -> NgramIndex:
+        if self._index is None:
+            self._index = open_index(self.index_dir)
+        return self._index
+
+    def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
+        matches = self._open().first_matches([doc.text for doc in batch])
+        return [True if m is None else drop(doc, m.task, m.detail()) for doc, m in zip(batch, matches)]
+
+    def filter(self, doc: Document) -> bool | tuple[bool, str]:
+        return self.filter_batch([doc])[0]
+
+
+# datatrove copies the pipeline for every task (a deepcopy, or a pickle into the pool), so a filter's
+# own attribute would rebuild the index's bitmap once per task: the opened index is kept per process,
+# keyed by its folder and its manifest's identity (a rebuilt index at the same path is opened anew).
+_opened: dict[tuple[str, int, int], NgramIndex] = {}
+
+
+def open_index(folder: str) -> NgramIndex:
+    try:
+        st = (Path(folder) / MANIFEST_JSON).stat()
+    except OSError:
+        return NgramIndex(folder)  # its own error names what is missing
+    key = (folder, st.st_mtime_ns, st.st_size)
+    if key not in _opened:
+        _opened.clear()  # one index per build: keep no stale one alive
+        _opened[key] = NgramIndex(folder)
+    return _opened[key]
+
+
+def enabled(cfg: DecontaminateConfig) -> bool:
+    return bool(cfg.tasks or cfg.index)
+
+
+def decontam_filter(cfg: DecontaminateConfig, out: Path, record: bool = True) -> list[BaseFilter]:
+    """The filter step reading OUTPUT/decontam/ ([] without [decontaminate]); `record`: its drops
+    go to OUTPUT/excluded/ (dedup's first pass runs it without)."""
+    if not enabled(cfg):
+        return []
+    return [DecontaminationFilter(out / INDEX_DIR, ExcludedWriter(out, FILTER_NAME) if record else None)]
+
+
+def removed_by_task(out: Path) -> dict[str, int]:
+    """{task: documents the filter excluded} from OUTPUT/excluded/*_decontaminate.parquet."""
+    counts: dict[str, int] = {}
+    for path in sorted((out / EXCLUDED_DIR).glob(f"*_{FILTER_NAME}.parquet")):
+        for reason in pq.read_table(path, columns=["reason"]).column("reason").to_pylist():
+            task = task_of_detail(reason or "")
+            if task is not None:
+                counts[task] = counts.get(task, 0) + 1
+    return counts
+
+
+def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
+    """dataset.json's "decontaminate": the index's n, sha256 and lm-eval version, and per task its
+    split, version, documents, n-grams and the training documents removed. None when off."""
+    if not enabled(cfg):
+        return None
+    m = read_manifest(out / INDEX_DIR)
+    removed = removed_by_task(out)
+    keys = ("name", "split", "version", "documents", "ngrams")
+    tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
+    return {
+        "ngram": m["ngram"],
+        "index_sha256": m["sha256"],
+        "lm_eval": m.get("lm_eval"),
+        "requested": m.get("requested"),
+        "tasks": tasks,
+        "removed": sum(removed.values()),
+    }
