@@ -20,10 +20,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+from training.checkpoint.io import CheckpointError
+from training.contract.errors import NonFiniteError
+
+if TYPE_CHECKING:
+    from training.checkpoint.checkpointer import Checkpointer
 
 _WHAT = {1: "loss", 2: "gradient norm", 3: "loss and gradient norm"}
 
@@ -90,6 +98,54 @@ class NonFiniteGuard:
         """What `read` saw since the last call (skipped steps, the first one and why), for a metrics row."""
         out, self.unlogged = self.unlogged or {"skipped": 0}, {}
         return out
+
+
+class DivergencePolicy:
+    """When the skipped steps the host hears of (NonFiniteGuard.read's report) stop the run, and
+    how: the checkpointer is closed (a save in flight holds finite weights from before), the loss
+    curve drawn (`plot`), then NonFiniteError (exit 3) with what to do next."""
+
+    def __init__(
+        self,
+        *,
+        on_nonfinite: str,
+        max_skipped: int,
+        lr: float,
+        config_path: Path,
+        checkpointer: Checkpointer,
+        plot: Callable[[], object],
+        say: Callable[[str], None],
+    ):
+        """`on_nonfinite`, `max_skipped`: run.*; `lr`: optim.lr and `config_path`: RUN/config.toml,
+        named in the advice; `say`: prints on rank 0."""
+        self.on_nonfinite, self.max_skipped, self.lr = on_nonfinite, max_skipped, lr
+        self.config_path, self.checkpointer, self.plot, self.say = config_path, checkpointer, plot, say
+
+    def fatal(self, report: dict[str, Any]) -> bool:
+        return report["skipped"] > 0 and (
+            self.on_nonfinite == "stop" or report["consecutive"] >= self.max_skipped
+        )
+
+    def check(self, report: dict[str, Any], step: int) -> None:
+        """Stop (NonFiniteError) if the skipped steps the host just heard of call for it."""
+        if not self.fatal(report):
+            return
+        try:
+            self.checkpointer.close()  # a save still in flight holds finite weights from before: let it end
+        except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
+            self.say(f"error: {e}")
+        self.plot()
+        why = (
+            f"step {report['first_step']}: the {report['what']} is not finite (NaN or inf)"
+            if self.on_nonfinite == "stop"
+            else f"{report['consecutive']} consecutive steps up to step {step} had a non-finite loss or "
+            f"gradient (run.max_skipped = {self.max_skipped}; the last: {report['what']})"
+        )
+        raise NonFiniteError(
+            f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
+            f"complete checkpoint: {self.checkpointer.newest_complete()}. Lower optim.lr (now {self.lr:g}) "
+            f"or check the data, then resume: gristmill train --config {self.config_path} --resume auto"
+        )
 
 
 class SpikeDetector:

@@ -17,7 +17,9 @@ import math
 import os
 import resource
 import sys
+import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,8 @@ from training.config import MetricsSection
 from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
-from training.contract.run_layout import METRICS_JSONL
+from training.contract.run_layout import CONSUMPTION_PARQUET, METRICS_JSONL
+from training.data.recipe import write_consumption
 from training.plotting import agg_pyplot
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
@@ -167,6 +170,97 @@ def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
         if r["phase_index"] == p and plan.sources[r["source_index"]].max_epochs != 1:
             row[f"epoch/{r['source']}"] = r["epoch"]
     return row
+
+
+class TrainingMetrics:
+    """The training loop's metrics: the throughput window, the row of a logged step (step_row, then
+    the checkpoint timings, the data plan's row, validation, eval and the elapsed time), where it
+    goes (rank 0's `writer`; None on the other ranks, which only keep the losses) and the
+    end-of-run summary line."""
+
+    def __init__(self, writer: MetricsWriter | None, plan, run_dir: Path, *, plot: bool):
+        """`plan`: the run's training/data/plan.Plan; `plot`: metrics.plot (RUN/loss.png)."""
+        self.writer, self.plan, self.run_dir, self.plot = writer, plan, Path(run_dir), plot
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.val_loss: float | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Start the run's clock and the throughput window (at the loop's first step)."""
+        self.started = self.window_started = time.perf_counter()
+        self.window_tokens = 0
+
+    def count(self, tokens: int) -> None:
+        """Tokens of a step just trained, towards the throughput of the next logged row."""
+        self.window_tokens += tokens
+
+    def tokens_per_s(self) -> float:
+        """Throughput since the last logged row (once the step is synchronised: its loss all-reduced)."""
+        return self.window_tokens / (time.perf_counter() - self.window_started)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def log(
+        self,
+        row: dict[str, Any],
+        *,
+        checkpoint_timings: dict[str, float],
+        validate: Callable[[], dict[str, float]] | None = None,
+        evaluate: Callable[[], dict[str, float]] | None = None,
+    ) -> dict[str, Any]:
+        """Complete a step_row (`validate`, `evaluate`: collectives that score the model, None when
+        not due) and write it on rank 0; validation and eval are not training time, so the
+        throughput window starts over after them."""
+        step = row["step"]
+        row.update(checkpoint_timings)  # checkpoint_stage_s/_wait_s of the saves since the last row
+        consumed = self.plan.consumed(step) if self.writer is not None else []
+        if self.writer is not None:
+            row.update(data_row(self.plan, step, consumed))
+        if validate is not None:
+            row.update(validate())
+            self.val_loss = row["val_loss"]
+        if evaluate is not None:
+            row.update(evaluate())
+        row["elapsed_s"] = self.elapsed()
+        self.first_loss = row["loss"] if self.first_loss is None else self.first_loss
+        self.last_loss = row["loss"]
+        if self.writer is not None:
+            self.writer.log(row)
+            write_consumption(self.plan, step, consumed, self.run_dir / CONSUMPTION_PARQUET)
+            for event in row.get("events", []):
+                self.writer.print(f"WARNING step {step}: {event}")
+        self.window_started, self.window_tokens = time.perf_counter(), 0
+        return row
+
+    def plot_loss(self) -> str | None:
+        """RUN/loss.png on rank 0 when metrics.plot is on; a note instead when matplotlib is missing."""
+        if self.writer is None or not self.plot:
+            return None
+        return plot_loss(self.writer.history, self.run_dir / "loss.png")
+
+    def summarize(self, start: int, end: int, seconds: float) -> None:
+        """Rank 0's last line (none when no step was logged): the loss over this invocation's steps
+        `start`+1…`end` and, after a resume, over the whole run; the curve's place."""
+        if self.writer is None or self.last_loss is None:
+            return
+        note = self.plot_loss()
+        self.writer.print(
+            note
+            or f"loss {self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} "
+            f"({end - start} steps{' since the resume' if start else ''}), "
+            f"{seconds:.0f} s{_whole_run(self.writer.history, start)}; curve: {self.run_dir / 'loss.png'}"
+        )
+
+
+def _whole_run(history: list[dict[str, Any]], start: int) -> str:
+    """After a resume, the whole run's first logged loss too (metrics.jsonl keeps the rows before it)."""
+    if not start or not history or history[0]["step"] > start:
+        return ""
+    return (
+        f"; the whole run: {history[0]['loss']:.4f} at step {history[0]['step']} → {history[-1]['loss']:.4f}"
+    )
 
 
 def format_line(m: dict[str, Any]) -> str:

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,6 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.io import CheckpointError
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
 from training.config_checks import BatchShape, check_config, resolve_model_config, sources_of
@@ -53,21 +51,26 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     with_resume,
 )
 from training.contract.dataset_format import read_dataset_info
-from training.contract.errors import GristmillError, NonFiniteError, unwritable
-from training.contract.run_layout import CONFIG_TOML, CONSUMPTION_PARQUET, PLAN_PNG
+from training.contract.errors import GristmillError, unwritable
+from training.contract.run_layout import CONFIG_TOML, PLAN_PNG
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, dataset_loader
-from training.data.recipe import format_plan, open_plan, plot_plan, write_consumption
-from training.divergence import NonFiniteGuard, SpikeDetector, guarded_step, nonfinite_code
+from training.data.recipe import format_plan, open_plan, plot_plan
+from training.divergence import (
+    DivergencePolicy,
+    NonFiniteGuard,
+    SpikeDetector,
+    guarded_step,
+    nonfinite_code,
+)
 from training.faults import NanLoss
 from training.metrics import (
     MetricsWriter,
-    data_row,
+    TrainingMetrics,
     device_name,
     mfu,
     peak_flops,
     peak_memory_bytes,
-    plot_loss,
     snapshot,
     step_row,
     update_ratio,
@@ -215,14 +218,14 @@ def _all_max(value: float, world_size: int, device: torch.device) -> float:
     return t.item()
 
 
-def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
+def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
     """Model → parallelize → weights, seeded identically on every rank (see run.init_device)."""
     mode = cfg.run.init_device
     if mode == "auto":
         mode = "meta" if device.type == "cuda" else "full"
     if mode == "meta":
         with torch.device("meta"):
-            model = Transformer(mcfg)
+            model = Transformer(model_config)
         model = parallelize(model, mesh, cfg.parallel)
         model.to_empty(device=device)
         torch.manual_seed(cfg.run.seed)
@@ -231,7 +234,7 @@ def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module
     else:  # whole model on every rank, then shard: identical weights whatever the world size
         torch.manual_seed(cfg.run.seed)
         with torch.device(device):
-            model = Transformer(mcfg)
+            model = Transformer(model_config)
         with torch.no_grad():
             model.init_weights()
         model = parallelize(model, mesh, cfg.parallel)
@@ -239,36 +242,39 @@ def build_model(mcfg, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module
     return model
 
 
-def _header(cfg, mcfg, plans: list[BatchShape], env: DistEnv, device, mesh, model, fpt, peak) -> list[str]:
-    n = num_params(model)
-    n_ne = num_params(model, exclude_embeddings=True)
+def _header(
+    cfg, model_config, shapes: list[BatchShape], env: DistEnv, device, mesh, model, flops, peak
+) -> list[str]:
+    """The run's header lines: model, batch per phase, processes and mesh, FLOPs per token and MFU."""
+    params = num_params(model)
+    params_without_embeddings = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
     amp = (
         "bf16 autocast"
         if (mesh is None and cfg.parallel.param_dtype == "bfloat16")
         else cfg.parallel.param_dtype
     )
-    lines = [
+    return [
         f"gristmill train → {cfg.run.output_dir}",
-        f"  model   preset {cfg.model.preset}: {n:,} params ({n_ne:,} without embeddings), dim {mcfg.dim}, "
-        f"{mcfg.n_layers} layers, {mcfg.n_heads}/{mcfg.n_kv_heads} heads, vocab {mcfg.vocab_size}",
+        f"  model   preset {cfg.model.preset}: {params:,} params ({params_without_embeddings:,} without "
+        f"embeddings), dim {model_config.dim}, {model_config.n_layers} layers, "
+        f"{model_config.n_heads}/{model_config.n_kv_heads} heads, vocab {model_config.vocab_size}",
         *(
-            f"  batch   {'' if len(plans) == 1 else f'{p.name}: '}{p.global_batch} seqs × {p.seq_len} = "
-            f"{p.tokens_per_step:,} tokens/step = {p.dp_size} rank{'s' * (p.dp_size != 1)} × "
-            f"{p.micro_batch} micro × {p.grad_accum} accumulation"
-            for p in plans
+            f"  batch   {'' if len(shapes) == 1 else f'{s.name}: '}{s.global_batch} seqs × {s.seq_len} = "
+            f"{s.tokens_per_step:,} tokens/step = {s.dp_size} rank{'s' * (s.dp_size != 1)} × "
+            f"{s.micro_batch} micro × {s.grad_accum} accumulation"
+            for s in shapes
         ),
         f"  run     {_count(env.world_size, 'process', 'processes')} on {device_name(device)}, "
         f"mesh {mesh_txt}, compute {amp}, "
-        + f"{sum(p.steps for p in plans)} steps in {_count(len(plans), 'phase')} (plan below)",
-        f"  flops   {fpt:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
+        + f"{sum(s.steps for s in shapes)} steps in {_count(len(shapes), 'phase')} (plan below)",
+        f"  flops   {flops:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
             if peak
             else f"MFU not reported (no known peak for {device_name(device)!r})"
         ),
     ]
-    return lines
 
 
 def _count(n: int, one: str, many: str = "") -> str:
@@ -280,14 +286,14 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     shape, the model against the dataset (vocabulary, separator, sequence length), the device and
     the optimizer.
     Raises GristmillError with the numbers; returns (batch plan per phase, ModelConfig, device)."""
-    plans = check_config(cfg, env.world_size)
+    shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
-    mcfg = resolve_model_config(cfg.model, info, max(p.seq_len for p in plans))
+    model_config = resolve_model_config(cfg.model, info, max(s.seq_len for s in shapes))
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
-    return plans, mcfg, device
+    return shapes, model_config, device
 
 
 def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict[str, Any]:
@@ -301,7 +307,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             "`-m training.train` never imports: start the run with `gristmill train` (it does the "
             "next thing for you) or `torchrun … -m validation.train_eval --config …`, or set eval.interval=0"
         )
-    plan, mcfg, device = preflight(cfg, env)
+    shapes, model_config, device = preflight(cfg, env)
     # --- checks done; from here on the run does work ---
     threads = torch.get_num_threads()
     if cfg.run.threads > 0:
@@ -315,7 +321,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         pg_started = True
     try:
         with _own_run_dir(Path(cfg.run.output_dir), env, out):
-            return loop(setup(cfg, mcfg, plan, env, device, out, evaluator))
+            return loop(setup(cfg, model_config, shapes, env, device, out, evaluator))
     finally:
         if pg_started:
             dist.destroy_process_group()
@@ -354,14 +360,16 @@ def _own_run_dir(run_dir: Path, env: DistEnv, out):
             lock.release()
 
 
-def loader_settings(cfg: TrainConfig, bp: BatchShape, env: DistEnv, device: torch.device) -> dict[str, Any]:
+def loader_settings(
+    cfg: TrainConfig, shape: BatchShape, env: DistEnv, device: torch.device
+) -> dict[str, Any]:
     """What every loader of the run shares: this data-parallel rank, workers, checks, pinning."""
-    d = cfg.data
+    data = cfg.data
     return dict(
         rank=env.rank,  # every rank is a data-parallel rank
-        world_size=bp.dp_size,
-        num_workers=d.num_workers,
-        check_separators=d.check_separators,
+        world_size=shape.dp_size,
+        num_workers=data.num_workers,
+        check_separators=data.check_separators,
         pin_memory=device.type == "cuda",
     )
 
@@ -372,46 +380,53 @@ class Validation:
     another seq_len gets loaders of its own. The total (`val_loss`) weights the sources by the
     current phase's mix (equally where the phase uses none of them)."""
 
-    def __init__(self, cfg: TrainConfig, plans: list[BatchShape], data: data_plan.Plan, env: DistEnv,
-                 device: torch.device, vocab_size: int):  # fmt: skip
-        self.cfg, self.plans, self.data, self.env = cfg, plans, data, env
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        shapes: list[BatchShape],
+        data: data_plan.Plan,
+        env: DistEnv,
+        device: torch.device,
+        vocab_size: int,
+    ):
+        self.cfg, self.shapes, self.data, self.env = cfg, shapes, data, env
         self.device, self.vocab_size = device, vocab_size
         self.sources = [s for s in sources_of(cfg) if s.val_fraction > 0]
         self._loaders: dict[tuple[str, int, int], tuple[TokenLoader, dict]] = {}
-        for p in range(len(plans) if self.sources else 0):
-            self.loaders(p)  # a held-out split too small for a phase's batch fails before any work
+        for phase in range(len(shapes) if self.sources else 0):
+            self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
 
-    def loaders(self, p: int) -> list[tuple[str, TokenLoader, dict]]:
-        bp, d = self.plans[p], self.cfg.data
+    def loaders(self, phase: int) -> list[tuple[str, TokenLoader, dict]]:
+        shape = self.shapes[phase]
         out = []
         for src in self.sources:
-            key = (src.name, bp.seq_len, bp.micro_batch)
+            key = (src.name, shape.seq_len, shape.micro_batch)
             if key not in self._loaders:
                 loader = dataset_loader(
                     src.dataset,
                     split="val",
-                    seq_len=bp.seq_len,
-                    global_batch=bp.global_batch,
-                    micro_batch=bp.micro_batch,
-                    seed=d.seed,
+                    seq_len=shape.seq_len,
+                    global_batch=shape.global_batch,
+                    micro_batch=shape.micro_batch,
+                    seed=self.cfg.data.seed,
                     val_fraction=src.val_fraction,
                     expect_vocab_size=self.vocab_size,
-                    **loader_settings(self.cfg, bp, self.env, self.device),
+                    **loader_settings(self.cfg, shape, self.env, self.device),
                 )
                 self._loaders[key] = (loader, loader.state_dict())
             out.append((src.name, *self._loaders[key]))
         return out
 
     def __call__(self, model: nn.Module, step: int, amp) -> dict[str, float]:
-        p, _ = self.data.locate(step - 1)
+        phase, _ = self.data.locate(step - 1)
         losses = {
             name: evaluate(
                 model, loader, start, self.cfg.run.val_batches, amp, self.device, self.env.world_size
             )
-            for name, loader, start in self.loaders(p)
+            for name, loader, start in self.loaders(phase)
         }
         names = [s.name for s in self.data.sources]
-        weights = {n: self.data.phases[p].weights[names.index(n)] for n in losses}
+        weights = {n: self.data.phases[phase].weights[names.index(n)] for n in losses}
         if not sum(weights.values()):
             weights = dict.fromkeys(losses, 1)
         out = {"val_loss": sum(weights[n] * v for n, v in losses.items()) / sum(weights.values())}
@@ -425,7 +440,7 @@ class Run:
     """What `setup` builds and `loop` trains with."""
 
     cfg: TrainConfig
-    plans: list[BatchShape]  # per phase
+    shapes: list[BatchShape]  # the batch shape of each phase
     data: data_plan.Plan  # which tokens of which source every step takes, and the LR
     env: DistEnv
     device: torch.device
@@ -438,42 +453,55 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: ScheduledLR
     state: TrainState
-    states: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
-    ckpt: Checkpointer
+    checkpointables: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
+    checkpointer: Checkpointer
     writer: MetricsWriter | None  # rank 0 only
-    last: int  # the last step of this invocation
-    fpt: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
-    peak: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
+    metrics: TrainingMetrics  # the rows of logged steps and the summary line (written on rank 0)
+    guard: NonFiniteGuard  # device-side tally of the steps not applied
+    divergence: DivergencePolicy  # when those steps stop the run
+    spikes: SpikeDetector
+    fault: NanLoss  # tests only: GRISTMILL_FAULT_NAN_LOSS
+    last_step: int  # the last step of this invocation
+    flops_per_token: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
+    peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
     say: Callable[[str], None]  # prints on rank 0 only
 
 
 def setup(
-    cfg: TrainConfig, mcfg, plans: list[BatchShape], env: DistEnv, device: torch.device, out, evaluator=None
+    cfg: TrainConfig,
+    model_config,
+    shapes: list[BatchShape],
+    env: DistEnv,
+    device: torch.device,
+    out,
+    evaluator: StepEval | None = None,
 ) -> Run:
     """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
-    data, tables, notes = open_plan(cfg, expect_vocab_size=mcfg.vocab_size)
+    data, tables, notes = open_plan(cfg, expect_vocab_size=model_config.vocab_size)
     loader = TokenLoader(
         data,
         tables,
-        micro_batch=tuple(p.micro_batch for p in plans),
-        **loader_settings(cfg, plans[0], env, device),
+        micro_batch=tuple(shape.micro_batch for shape in shapes),
+        **loader_settings(cfg, shapes[0], env, device),
     )
-    validation = Validation(cfg, plans, data, env, device, mcfg.vocab_size) if cfg.run.val_every > 0 else None
-    if validation is not None and not validation.sources:
-        validation = None
+    validation = None
+    if cfg.run.val_every > 0:
+        validation = Validation(cfg, shapes, data, env, device, model_config.vocab_size)
+        if not validation.sources:
+            validation = None
 
     run_dir = Path(cfg.run.output_dir)
     is_main = env.rank == 0
-    model = build_model(mcfg, cfg, mesh, device)
+    model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = plan_scheduler(optimizer, data)
     state = TrainState(rank=env.rank)
     states = checkpointables(model, optimizer, scheduler, loader, state)
-    last = cfg.run.max_steps or data.total_steps
+    last_step = cfg.run.max_steps or data.total_steps
 
     def say(text: str) -> None:
         if is_main:
@@ -481,34 +509,27 @@ def setup(
 
     # --resume is how a run started, not what it trains: it is left out of the config hash.
     unresumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=""))
-    ckpt = Checkpointer(
+    checkpointer = Checkpointer(
         cfg.checkpoint,
         run_dir,
         states,
         rank=env.rank,
         world_size=env.world_size,
-        last_step=last,
+        last_step=last_step,
         config_sha256=config_sha256(unresumed),
         estimate_bytes=num_params(model) * 4 * 3,  # fp32 weights + AdamW's two moments
-        model_config=dataclasses.asdict(mcfg),  # recorded in COMPLETE, checked before a resume loads
+        model_config=dataclasses.asdict(model_config),  # recorded in COMPLETE, checked before a resume loads
         log=say,
     )
-    resumed = ckpt.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
+    resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
-        if resumed is not None:
-            for line in _changes_since(run_dir / CONFIG_TOML, cfg, resumed):
-                say(line)
-        try:
-            save_config(cfg, run_dir / CONFIG_TOML)
-        except OSError as e:
-            raise unwritable(run_dir, e) from None
-
-    if is_main and cfg.metrics.plot:
-        note = plot_plan(data, run_dir / PLAN_PNG)
-        if note:
-            say(note)
-    fpt = [flops_per_token(mcfg, p.seq_len, include_lm_head=True) for p in plans]
+        _save_run_config(cfg, run_dir, resumed, say)
+        if cfg.metrics.plot:
+            note = plot_plan(data, run_dir / PLAN_PNG)
+            if note:
+                say(note)
+    flops = [flops_per_token(model_config, shape.seq_len, include_lm_head=True) for shape in shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
     writer = None
     if is_main:
@@ -520,20 +541,74 @@ def setup(
             out=out,
             resume_step=resumed,
         )
-        for line in _header(cfg, mcfg, plans, env, device, mesh, model, fpt[0], peak):
+        for line in _header(cfg, model_config, shapes, env, device, mesh, model, flops[0], peak):
             writer.print(line)
         for line in format_plan(data, notes):
             writer.print(f"  plan    {line}")
     if evaluator is not None:
         evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if resumed is not None:
-        for note in loader.resume_notes:
-            say(f"note: {note}")
-        say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last}")
-        if resumed >= last:
-            say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last}")
-    return Run(cfg, plans, data, env, device, run_dir, model, amp, loader, validation, evaluator, optimizer,
-               scheduler, state, states, ckpt, writer, last, fpt, peak, say)  # fmt: skip
+        _say_resumed(loader, state, resumed, last_step, say)
+    metrics = TrainingMetrics(writer, data, run_dir, plot=cfg.metrics.plot)
+    return Run(
+        cfg=cfg,
+        shapes=shapes,
+        data=data,
+        env=env,
+        device=device,
+        run_dir=run_dir,
+        model=model,
+        amp=amp,
+        loader=loader,
+        validation=validation,
+        evaluator=evaluator,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        state=state,
+        checkpointables=states,
+        checkpointer=checkpointer,
+        writer=writer,
+        metrics=metrics,
+        guard=NonFiniteGuard(device),
+        divergence=DivergencePolicy(
+            on_nonfinite=cfg.run.on_nonfinite,
+            max_skipped=cfg.run.max_skipped,
+            lr=cfg.optim.lr,
+            config_path=run_dir / CONFIG_TOML,
+            checkpointer=checkpointer,
+            plot=metrics.plot_loss,
+            say=say,
+        ),
+        spikes=SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma),
+        fault=NanLoss(model, env.rank),
+        last_step=last_step,
+        flops_per_token=flops,
+        peak_flops=peak,
+        say=say,
+    )
+
+
+def _save_run_config(
+    cfg: TrainConfig, run_dir: Path, resumed: int | None, say: Callable[[str], None]
+) -> None:
+    """Rank 0 writes RUN/config.toml, after a resume's note of what changed since the last one."""
+    if resumed is not None:
+        for line in _changes_since(run_dir / CONFIG_TOML, cfg, resumed):
+            say(line)
+    try:
+        save_config(cfg, run_dir / CONFIG_TOML)
+    except OSError as e:
+        raise unwritable(run_dir, e) from None
+
+
+def _say_resumed(
+    loader: TokenLoader, state: TrainState, resumed: int, last_step: int, say: Callable[[str], None]
+) -> None:
+    for note in loader.resume_notes:
+        say(f"note: {note}")
+    say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
+    if resumed >= last_step:
+        say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
 
 
 def _changes_since(path: Path, cfg: TrainConfig, step: int) -> list[str]:
@@ -551,155 +626,139 @@ def _changes_since(path: Path, cfg: TrainConfig, step: int) -> list[str]:
     return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
 
 
-def loop(r: Run) -> dict[str, Any]:
-    """Train from the state's step to `r.last`: log, validate, save, stop on a signal or divergence.
-    Returns the summary (rank 0's view)."""
-    cfg, env, device, state, ckpt, writer = r.cfg, r.env, r.device, r.state, r.ckpt, r.writer
-    first_loss = last_loss = val_loss = None
+@dataclass(frozen=True)
+class _Due:
+    """What a step does besides training."""
+
+    validate: bool
+    evaluate: bool
+    log: bool
+
+
+def loop(run: Run) -> dict[str, Any]:
+    """Train from the state's step to `run.last_step`: step, log (with validation and eval), save,
+    stop on a signal or divergence. Returns the summary (rank 0's view)."""
+    state, checkpointer = run.state, run.checkpointer
     start = state.step  # a resumed run's summary covers its own steps, not the whole run's
     stopped_by = None
-    t_start = t_window = time.perf_counter()
-    tokens_window = 0
-    guard = NonFiniteGuard(device)
-    spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma)
-    fault = NanLoss(r.model, env.rank)  # tests only: GRISTMILL_FAULT_NAN_LOSS
-    train_iter = iter(r.loader)
-    shutdown = GracefulStop(env.world_size).__enter__()
-
-    def fatal(report: dict[str, Any]) -> bool:
-        return report["skipped"] > 0 and (
-            cfg.run.on_nonfinite == "stop" or report["consecutive"] >= cfg.run.max_skipped
-        )
-
-    def diverged(report: dict[str, Any], step: int) -> None:
-        """Stop (NonFiniteError) if the skipped steps the host just heard of call for it."""
-        if not fatal(report):
-            return
-        try:
-            ckpt.close()  # a save still in flight holds finite weights from before: let it complete
-        except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
-            r.say(f"error: {e}")
-        if writer is not None and cfg.metrics.plot:
-            plot_loss(writer.history, r.run_dir / "loss.png")
-        why = (
-            f"step {report['first_step']}: the {report['what']} is not finite (NaN or inf)"
-            if cfg.run.on_nonfinite == "stop"
-            else f"{report['consecutive']} consecutive steps up to step {step} had a non-finite loss or "
-            f"gradient (run.max_skipped = {cfg.run.max_skipped}; the last: {report['what']})"
-        )
-        raise NonFiniteError(
-            f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
-            f"complete checkpoint: {ckpt.newest_complete()}. Lower optim.lr (now {cfg.optim.lr:g}) or check "
-            f"the data, then resume: gristmill train --config {r.run_dir / CONFIG_TOML} --resume auto"
-        )
-
+    run.metrics.start()
+    batches = iter(run.loader)
     try:
-        for step in range(state.step + 1, r.last + 1):
-            ckpt.poll()  # raises if a background save failed
-            micro_batches = [_to_device(mb, device) for mb in next(train_iter)]
-            do_val = r.validation is not None and (step % cfg.run.val_every == 0 or step == r.last)
-            phase, k = r.data.locate(step - 1)
-            if k == 0 and phase > 0:
-                ph = r.data.phases[phase]
-                r.say(f"phase {ph.name!r} begins at step {step}: seq_len {ph.seq_len}, {ph.global_batch} "
-                      f"sequences per step, {ph.steps} steps")  # fmt: skip
-            do_eval = r.evaluator is not None and (step % cfg.eval.interval == 0 or step == r.last)
-            do_log = step % cfg.run.log_every == 0 or step in (1, r.last) or do_val or do_eval
-            fault.arm(step)
-            res = train_step(
-                r.model,
-                r.optimizer,
-                r.scheduler,
-                micro_batches,
-                grad_clip=cfg.optim.grad_clip,
-                amp=r.amp,
-                measure_update=do_log,
-                world_size=env.world_size,
-            )
-            guard.record(step, res["nonfinite"])
-            state.step = step
-            state.tokens_seen += r.plans[phase].tokens_per_step
-            tokens_window += r.plans[phase].tokens_per_step
-            if do_log:
-                report = guard.read()
-                skipped = guard.take_unlogged()
-                loss = _all_sum(res["loss"].double(), env.world_size, device).item() / env.world_size
-                elapsed = time.perf_counter() - t_window  # the loss all-reduce synchronised the step
-                m = step_row(
-                    step,
-                    loss,
-                    res,
-                    tokens_per_s=tokens_window / elapsed,
-                    tokens_seen=state.tokens_seen,
-                    skipped=skipped,
-                    spike=spikes.check(loss),
-                    mfu=mfu(tokens_window / elapsed, env.world_size, r.fpt[phase], r.peak),
-                    peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
-                )
-                m.update(ckpt.take_timings())  # checkpoint_stage_s/_wait_s of the saves since the last row
-                consumed = r.data.consumed(step) if writer is not None else []
-                if writer is not None:
-                    m.update(data_row(r.data, step, consumed))
-                if do_val and not fatal(report):  # skipped updates left the weights finite
-                    m.update(r.validation(r.model, step, r.amp))
-                    val_loss = m["val_loss"]
-                if do_eval and not fatal(report):
-                    m.update(r.evaluator(r.model, step))
-                m["elapsed_s"] = time.perf_counter() - t_start
-                first_loss = loss if first_loss is None else first_loss
-                last_loss = loss
-                if writer is not None:
-                    writer.log(m)
-                    write_consumption(r.data, step, consumed, r.run_dir / CONSUMPTION_PARQUET)
-                    for event in m.get("events", []):
-                        writer.print(f"WARNING step {step}: {event}")
-                diverged(report, step)
-                t_window, tokens_window = time.perf_counter(), 0  # validation and eval are not training time
-            stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
-            if stop or ckpt.due(step):
-                if not do_log:
-                    diverged(guard.read(), step)  # the host hears of skipped steps before any save
-                ckpt.save(step, state.tokens_seen, blocking=stop is not None)
-            if stop:
-                stopped_by = stop
-                r.say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
-                break
-        ckpt.close()  # waits for an async save in flight
+        with GracefulStop(run.env.world_size) as shutdown:
+            for step in range(state.step + 1, run.last_step + 1):
+                checkpointer.poll()  # raises if a background save failed
+                micro_batches = [_to_device(mb, run.device) for mb in next(batches)]
+                due = _due(run, step)
+                phase = _enter_phase(run, step)
+                result = _train(run, step, phase, micro_batches, measure_update=due.log)
+                if due.log:
+                    report = _log(run, step, phase, result, due)
+                    run.divergence.check(report, step)
+                stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
+                if stop or checkpointer.due(step):
+                    if not due.log:
+                        run.divergence.check(
+                            run.guard.read(), step
+                        )  # the host hears of skipped steps before any save
+                    checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                if stop:
+                    stopped_by = stop
+                    run.say(
+                        f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto"
+                    )
+                    break
+            checkpointer.close()  # waits for an async save in flight
     except BaseException:
-        ckpt.abandon()  # the lock and the process group outlive no background write
+        checkpointer.abandon()  # the lock and the process group outlive no background write
         raise
     finally:
-        shutdown.__exit__()
-        if writer is not None:
-            writer.close()
-    summary = {
-        "run_dir": str(r.run_dir),
+        if run.writer is not None:
+            run.writer.close()
+    seconds = run.metrics.elapsed()
+    run.metrics.summarize(start, state.step, seconds)
+    return {
+        "run_dir": str(run.run_dir),
         "steps": state.step,
         "stopped_by": stopped_by,
-        "first_loss": first_loss,
-        "final_loss": last_loss,
-        "val_loss": val_loss,
-        "seconds": time.perf_counter() - t_start,
-        "states": r.states,
+        "first_loss": run.metrics.first_loss,
+        "final_loss": run.metrics.last_loss,
+        "val_loss": run.metrics.val_loss,
+        "seconds": seconds,
+        "states": run.checkpointables,
     }
-    if writer is not None and last_loss is not None:
-        note = plot_loss(writer.history, r.run_dir / "loss.png") if cfg.metrics.plot else None
-        writer.print(
-            note
-            or f"loss {first_loss:.4f} → {last_loss:.4f} over steps {start + 1}–{state.step} "
-            f"({state.step - start} steps{' since the resume' if start else ''}), "
-            f"{summary['seconds']:.0f} s{_whole_run(writer.history, start)}; curve: {r.run_dir / 'loss.png'}"
+
+
+def _due(run: Run, step: int) -> _Due:
+    last = step == run.last_step
+    validate = run.validation is not None and (step % run.cfg.run.val_every == 0 or last)
+    evaluate = run.evaluator is not None and (step % run.cfg.eval.interval == 0 or last)
+    log = step % run.cfg.run.log_every == 0 or step == 1 or last or validate or evaluate
+    return _Due(validate=validate, evaluate=evaluate, log=log)
+
+
+def _enter_phase(run: Run, step: int) -> int:
+    """The phase `step` belongs to, announced at the first step of every phase after the first."""
+    phase, index = run.data.locate(step - 1)
+    if index == 0 and phase > 0:
+        spec = run.data.phases[phase]
+        run.say(
+            f"phase {spec.name!r} begins at step {step}: seq_len {spec.seq_len}, {spec.global_batch} "
+            f"sequences per step, {spec.steps} steps"
         )
-    return summary
+    return phase
 
 
-def _whole_run(history: list[dict[str, Any]], start: int) -> str:
-    """After a resume, the whole run's first logged loss too (metrics.jsonl keeps the rows before it)."""
-    if not start or not history or history[0]["step"] > start:
-        return ""
-    return (
-        f"; the whole run: {history[0]['loss']:.4f} at step {history[0]['step']} → {history[-1]['loss']:.4f}"
+def _train(
+    run: Run, step: int, phase: int, micro_batches: list[dict[str, torch.Tensor]], measure_update: bool
+) -> dict[str, Any]:
+    """One optimizer step, its non-finite tally and the state's step and tokens."""
+    run.fault.arm(step)
+    result = train_step(
+        run.model,
+        run.optimizer,
+        run.scheduler,
+        micro_batches,
+        grad_clip=run.cfg.optim.grad_clip,
+        amp=run.amp,
+        measure_update=measure_update,
+        world_size=run.env.world_size,
     )
+    run.guard.record(step, result["nonfinite"])
+    run.state.step = step
+    run.state.tokens_seen += run.shapes[phase].tokens_per_step
+    run.metrics.count(run.shapes[phase].tokens_per_step)
+    return result
+
+
+def _log(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due) -> dict[str, Any]:
+    """The metrics row of a logged step (validation and eval too when due and the weights are
+    finite); returns the non-finite guard's report for the divergence check."""
+    env, device = run.env, run.device
+    report = run.guard.read()
+    skipped = run.guard.take_unlogged()
+    loss = _all_sum(result["loss"].double(), env.world_size, device).item() / env.world_size
+    tokens_per_s = run.metrics.tokens_per_s()  # the loss all-reduce synchronised the step
+    row = step_row(
+        step,
+        loss,
+        result,
+        tokens_per_s=tokens_per_s,
+        tokens_seen=run.state.tokens_seen,
+        skipped=skipped,
+        spike=run.spikes.check(loss),
+        mfu=mfu(tokens_per_s, env.world_size, run.flops_per_token[phase], run.peak_flops),
+        peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
+    )
+    finite = not run.divergence.fatal(report)  # skipped updates left the weights finite
+    run.metrics.log(
+        row,
+        checkpoint_timings=run.checkpointer.take_timings(),
+        validate=functools.partial(run.validation, run.model, step, run.amp)
+        if due.validate and finite
+        else None,
+        evaluate=functools.partial(run.evaluator, run.model, step) if due.evaluate and finite else None,
+    )
+    return report
 
 
 def main(
