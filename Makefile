@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@if ! $(PY) -c "import torch" 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install torch; \
 	  else $(PY) -m pip install torch==2.13.0; fi; fi
-	$(PY) -m pip install -q -e ".[eval,dev,ray,wandb,trackio]"
+	$(PY) -m pip install -q -e ".[eval,dev,ray,wandb,trackio,float8]"
 	@touch $(STAMP)
 
 setup: $(STAMP)

@@ -50,6 +50,12 @@ class ModelSection:
     """Mask attention across document boundaries (uses the loader's position ids)."""
     loss_chunk: int | None = None
     """Compute the LM head + cross-entropy in chunks of this many tokens (0: all at once)."""
+    float8: bool | None = None
+    """Train the transformer blocks' linears with torchao float8 matmuls (dynamic tensorwise
+    scaling; CUDA sm89+ and the torchao package). The embeddings, the LM head and the norms stay in
+    the compute dtype: the head's logits feed the loss directly and its vocab-sized matmul is where
+    float8 rounding hurts most. Compute only: checkpoints and exports hold the usual weights, so a
+    float8 run resumes, exports and evaluates like any other (and may be resumed without it)."""
 
 
 @dataclass

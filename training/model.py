@@ -91,6 +91,10 @@ class ModelConfig:
     loss_chunk: int = 0
     """0 = plain loss; >0 = chunked cross-entropy over this many tokens per chunk (never holds the
     full [tokens, vocab] logits)."""
+    float8: bool = False
+    """Float8 matmuls for the blocks' linears (torchao; training/parallelize.py converts them, this
+    module never reads it). Compute only: the weights stay as they are, so checkpoints and exports
+    do not change."""
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:

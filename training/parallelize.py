@@ -54,7 +54,14 @@ except ImportError:  # pragma: no cover - older torch
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-__all__ = ["autocast_context", "build_mesh", "mesh_shape", "parallelize"]
+__all__ = [
+    "autocast_context",
+    "build_mesh",
+    "convert_to_float8",
+    "float8_or_refuse",
+    "mesh_shape",
+    "parallelize",
+]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -112,14 +119,16 @@ def autocast_context(cfg: ParallelConfig, mesh: DeviceMesh | None, device_type: 
 def parallelize(
     model: Transformer, mesh: DeviceMesh | None, cfg: ParallelConfig, compile_mode: str | None = None
 ) -> Transformer:
-    """AC, then per-block compile (Inductor's `compile_mode`, None: its default), then FSDP2 (blocks,
-    then root). Returns the same model object.
+    """Float8 linears (model.float8), then AC, then per-block compile (Inductor's `compile_mode`,
+    None: its default), then FSDP2 (blocks, then root). Returns the same model object.
 
     mesh None: AC and compile only; mixed precision is then the trainer's autocast (see
     `autocast_context`). Works on meta-device models (FSDP shards meta parameters; materialise with
     `to_empty` + `init_weights` afterwards).
     """
     check_parallel_section(cfg)  # a ParallelConfig built in code has not been through check_config
+    if model.cfg.float8:  # before AC, compile and FSDP, as torchtitan converts
+        convert_to_float8(model, sharded=mesh is not None)
     if cfg.activation_checkpoint != "none":
         for block in model.layers.values():
             _apply_ac(block, cfg.activation_checkpoint)
@@ -130,6 +139,57 @@ def parallelize(
     if mesh is not None:
         _apply_fsdp(model, mesh, cfg)
     return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Float8 (compute only)
+
+# torchao's float8 matmuls use the float8 tensor cores of Ada/Hopper and later.
+FLOAT8_MIN_CAPABILITY = (8, 9)
+
+
+def float8_or_refuse(device: torch.device) -> None:
+    """model.float8 needs a CUDA GPU with float8 tensor cores and torchao: one line otherwise,
+    before the run allocates anything."""
+    if device.type != "cuda":
+        raise GristmillError(
+            f"model.float8 = true needs a CUDA GPU with float8 tensor cores (sm89+: Ada, Hopper, "
+            f"Blackwell); this run is on {device.type}: set model.float8 = false"
+        )
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FLOAT8_MIN_CAPABILITY:
+        raise GristmillError(
+            f"model.float8 = true needs sm89+ (float8 tensor cores); {torch.cuda.get_device_name(device)} "
+            f"is sm{capability[0]}{capability[1]}: set model.float8 = false"
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        raise GristmillError(
+            "model.float8 = true needs the torchao package (pip install torchao); or set model.float8 = false"
+        )
+
+
+def _float8_linear(module: nn.Module, fqn: str) -> bool:
+    """The blocks' linears whose dimensions float8 GEMMs take (multiples of 16); not the LM head."""
+    return (
+        isinstance(module, nn.Linear)
+        and fqn.startswith("layers.")
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
+    )
+
+
+def convert_to_float8(model: Transformer, sharded: bool) -> None:
+    """Swap the blocks' nn.Linear for torchao's Float8Linear (dynamic tensorwise scaling). The
+    parameters keep their names and dtype (float8 casts happen inside each matmul), so checkpoints,
+    exports and the optimizer see the usual weights. Under FSDP2 the weights are all-gathered in
+    float8 (half the bf16 traffic); their scales are then computed per gather, not precomputed
+    once per step (torchao's precompute_float8_dynamic_scale_for_fsdp: an optimisation not taken)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=sharded)
+    convert_to_float8_training(model, config=config, module_filter_fn=_float8_linear)
 
 
 # --------------------------------------------------------------------------------------------------

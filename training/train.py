@@ -83,7 +83,7 @@ from training.optim import (
     clip_grad_norm,
     plan_scheduler,
 )
-from training.parallelize import autocast_context, build_mesh, mesh_shape, parallelize
+from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.worker_reply import report_to_launcher
@@ -254,6 +254,8 @@ def _header(
         if (mesh is None and cfg.parallel.param_dtype == "bfloat16")
         else cfg.parallel.param_dtype
     )
+    if model_config.float8:
+        amp += " + float8 block linears (torchao)"
     return [
         f"gristmill train → {cfg.run.output_dir}",
         f"  model   preset {cfg.model.preset}: {params:,} params ({params_without_embeddings:,} without "
@@ -271,6 +273,11 @@ def _header(
         f"  flops   {flops:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
+            + (
+                " (a float8 run: against the bf16 peak, as the reference runs report it)"
+                if model_config.float8
+                else ""
+            )
             if peak
             else f"MFU not reported (no known peak for {device_name(device)!r})"
         ),
@@ -293,6 +300,8 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
+    if model_config.float8:
+        float8_or_refuse(device)
     return shapes, model_config, device
 
 

@@ -138,7 +138,8 @@ training.model.ModelConfig (absent in checkpoints written before gristmill recor
 
 ARCHITECTURE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tie_embeddings")
 """ModelConfig fields that decide what the saved weights mean: a resume with any of them changed is
-refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk) are
+refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk,
+float8) are
 settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
 
 
