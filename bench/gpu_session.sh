@@ -8,6 +8,8 @@
 #   on the GPU:   bash bench/gpu_session.sh stall                # tests/gpu + checkpoint stall, ~7 min
 #                 bash bench/gpu_session.sh rest                 # 8-bit AdamW, float8, max-autotune
 #                 bash bench/gpu_session.sh attention            # SDPA backends, FA3, loss chunk
+#                 bash bench/gpu_session.sh train                # issue 32: gristmill train e2e + float8
+#                 bash bench/gpu_session.sh muon                 # issue 32: Muon vs AdamW, 200 steps
 #   (device tool: carry [".whl"]; what lands in $OUT comes back: PART.log and PART.json)
 #   on CPU:       GPU_SESSION_SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_session.sh stall
 #                 (the tiny preset on CPU: checks the script end to end; CUDA-only rows refuse in a line)
@@ -16,7 +18,7 @@
 # is asked for by name), then attention.
 set -uo pipefail
 part=${1:-}
-case $part in stall | rest | attention) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention" >&2; exit 2 ;; esac
+case $part in stall | rest | attention | train | muon) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention|train|muon" >&2; exit 2 ;; esac
 PY=${PYTHON:-python3}
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -34,10 +36,12 @@ if [ -n "${GPU_SESSION_SMOKE:-}" ]; then
   MODEL="--preset tiny --device cpu --seq 128"
   STALL="--preset tiny --device cpu --saves 3"
   MFU="--quick --no-peer"
+  E2E="--smoke --steps 30 --dir /tmp/gristmill-e2e"
 else
   MODEL=""  # the 1.24B Llama-3 shape, seq 2048, bf16: train_mfu's defaults
   STALL="--preset llama3-1b --device cuda --seq 2048 --batch 8 --saves 3"
   MFU="--quick --no-peer --micro-batch 16"
+  E2E="--steps 200 --dir /tmp/gristmill-e2e"  # the 1.24B recipe through gristmill train, mbs 16
 fi
 
 # The part's own deadline, under the call's 600 s: a row gets what is left of it at most, and a
@@ -100,6 +104,18 @@ case $part in
     fi
     mfu 100 "float8 linears (torchao; reported apart)" --float8
     mfu 240 "per-block compile, max-autotune-no-cudagraphs" --compile-mode max-autotune-no-cudagraphs
+    ;;
+  train)  # issue 32: the user's tokens/s vs the model-only step, and float8 through gristmill train
+    row 330 "gristmill train, bf16, 200 steps, + model-only (goal: ratio >= 0.97)" -- \
+      "$PY" -m bench.train_e2e $E2E --json "$rows/e2e-bf16.json"
+    row 230 "gristmill train, model.float8, 200 steps (goal: >= 1.12x bf16, loss@200 within 1%)" -- \
+      "$PY" -m bench.train_e2e $E2E --float8 --no-model-only --json "$rows/e2e-float8.json"
+    ;;
+  muon)  # issue 32: Muon against AdamW through gristmill train, the same tokens (run after `train`)
+    row 230 "gristmill train, AdamW, 200 steps" -- \
+      "$PY" -m bench.train_e2e $E2E --no-model-only --json "$rows/e2e-adamw.json"
+    row 230 "gristmill train, optim.name = muon, 200 steps" -- \
+      "$PY" -m bench.train_e2e $E2E --optim muon --no-model-only --json "$rows/e2e-muon.json"
     ;;
   attention)
     mfu 110 "baseline (torch's SDPA choice)"
