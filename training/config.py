@@ -301,7 +301,7 @@ class EvalSection:
 
     interval: int = 0
     """Evaluate every N steps and at the last step; 0: no eval during training."""
-    tasks: list[str] = field(default_factory=lambda: ["demo_ppl", "demo_cloze"])
+    tasks: list[str] = field(default_factory=lambda: ["heldout_ppl", "heldout_cloze"])
     """lm-eval task names: the local ones (validation/eval_tasks, built from the run's held-out
     documents) or lm-eval's own (they need their data: network or the HF cache)."""
     limit: int = 0

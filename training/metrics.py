@@ -208,7 +208,7 @@ class TrainingMetrics:
         *,
         checkpoint_timings: dict[str, float],
         validate: Callable[[], dict[str, float]] | None = None,
-        evaluate: Callable[[], dict[str, float]] | None = None,
+        evaluate: Callable[[], dict[str, float | str]] | None = None,
     ) -> dict[str, Any]:
         """Complete a step_row (`validate`, `evaluate`: collectives that score the model, None when
         not due) and write it on rank 0; validation and eval are not training time, so the

@@ -97,9 +97,10 @@ class StepEval(Protocol):
         """On every rank once the run directory is owned and RUN/config.toml written: check the
         tasks and build their data before step 1 (a GristmillError on every rank when it fails)."""
 
-    def __call__(self, model: nn.Module, step: int) -> dict[str, float]:
+    def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
         """On every rank at an eval step (collective): rank 0's scores as metrics-row entries
-        (`eval/<task>/<metric>`, `eval_s`), {} on the other ranks."""
+        (`eval/<task>/<metric>`, `eval_s`; `eval_error`, a line, when it failed: never raises), {}
+        on the other ranks. Called after the step's checkpoint, when one is due, is saved."""
 
 
 @dataclass(frozen=True)
@@ -660,11 +661,16 @@ def loop(run: Run) -> dict[str, Any]:
                 due = _due(run, step)
                 phase = _enter_phase(run, step)
                 result = _train(run, step, phase, micro_batches, measure_update=due.log)
+                stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
+                save = bool(stop) or checkpointer.due(step)
+                if save and due.evaluate and not run.divergence.fatal(run.guard.read()):
+                    # The step's checkpoint before its eval: an eval that fails or dies costs no training.
+                    checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                    save = False
                 if due.log:
                     report = _log(run, step, phase, result, due)
                     run.divergence.check(report, step)
-                stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
-                if stop or checkpointer.due(step):
+                if save:
                     if not due.log:
                         run.divergence.check(
                             run.guard.read(), step

@@ -1,8 +1,8 @@
 """`gristmill eval RUN`: lm-evaluation-harness on a run's HF exports, one separator per request.
 
-    gristmill eval runs/train/demo --step 150 --tasks demo_ppl,demo_cloze   # local tasks, offline
+    gristmill eval runs/train/demo --step 150 --tasks heldout_ppl,heldout_cloze   # local tasks, offline
     gristmill eval RUN --tasks hellaswag,arc_easy,piqa,lambada_openai       # hub tasks, need network
-    gristmill eval RUN --watch --tasks demo_ppl                             # each new export as it appears
+    gristmill eval RUN --watch --tasks heldout_ppl                             # each new export as it appears
 
 A step is evaluated from RUN/exports/step-N (exported on demand from a complete DCP checkpoint when
 there is none yet) with `GristmillHFLM` (validation/eval_model.py: the training framing, exactly
@@ -30,7 +30,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,11 +51,13 @@ from training.contract.run_layout import (
     list_steps,
 )
 from validation.eval_data import (
+    RENAMED,
     EvalError,
     build_task_data,
     checked_task_manager,
     local_task_config,
     local_task_names,
+    task_file,
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
@@ -90,7 +92,7 @@ DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
 class EvalConfig:
     """The eval recipe (configs/eval/*.toml); saved as RUN/eval/step-N/config.toml."""
 
-    tasks: list[str] = field(default_factory=lambda: ["demo_ppl", "demo_cloze"])
+    tasks: list[str] = field(default_factory=lambda: ["heldout_ppl", "heldout_cloze"])
     """lm-eval task, group or tag names: local ones (validation/eval_tasks/*.yaml) or lm-eval's."""
     batch_size: int = 8
     """Requests per forward pass."""
@@ -105,10 +107,11 @@ class EvalConfig:
     bootstrap_iters: int = 1000
     """Bootstrap resamples for the stderr of non-mean metrics (perplexities); 0 skips stderrs."""
     docs: int = 40
-    """Held-out documents the local tasks are built from (demo_ppl: one item each, demo_cloze: ≤ 2)."""
+    """Held-out documents the local tasks are built from (heldout_ppl: one item each, heldout_cloze: ≤ 2);
+    of one source in a mixture (see `run_data`)."""
     max_length: int = 0
-    """Tokens per forward pass (rolling windows, truncated contexts); 0: the run's data.seq_len, the
-    length the model was trained on."""
+    """Tokens per forward pass (rolling windows, truncated contexts); 0: the seq_len of the run's last
+    phase (data.seq_len without [[phase]]), the length the model trained on last."""
     seed: int = 1234
     """lm-eval's random seeds (few-shot sampling)."""
     include_path: list[str] = field(default_factory=list)
@@ -124,17 +127,24 @@ def available_steps(run_dir: str | Path) -> list[int]:
 
 @dataclass(frozen=True)
 class RunData:
-    dataset: str  # where the local tasks' held-out documents come from
+    source: str  # the source whose held-out documents the local tasks are made of
+    dataset: str  # its dataset directory
     val_fraction: float
-    seq_len: int  # the longest sequence the run trained on
+    seq_len: int  # the sequence length the run trained on last
+
+    def heldout(self) -> dict[str, str]:
+        """Which documents the local tasks score: results.json's gristmill.heldout."""
+        return {"source": self.source, "dataset": self.dataset}
 
 
 def run_data(cfg: TrainConfig) -> RunData:
     """From a run's config (RUN/config.toml): the held-out documents of the run's first source that
-    holds some out (of its only one without [[data.sources]]), and its longest training seq_len."""
+    holds some out (of its only one without [[data.sources]]: one source of a mixture is scored, and
+    named wherever its scores are shown), and the seq_len of its last phase (the model's last
+    training length; a longer context would score positions it was not last trained on)."""
     sources = sources_of(cfg)
     src = next((s for s in sources if s.val_fraction > 0), sources[0])
-    return RunData(src.dataset, src.val_fraction, max(ph.seq_len for ph in phases_of(cfg)))
+    return RunData(src.name, str(src.dataset), src.val_fraction, phases_of(cfg)[-1].seq_len)
 
 
 def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -162,13 +172,19 @@ class TaskPlan:
     RUN/config.toml.
     """
 
-    def __init__(self, run_dir: Path, cfg: EvalConfig):
+    def __init__(self, run_dir: Path, cfg: EvalConfig, log: Callable[[str], None] | None = None):
+        """`log`: where a note on rebuilt task data goes (stderr's `[eval]` lines by default)."""
         from lm_eval.tasks import TaskManager
 
         local = set(local_task_names())
         self.names = [t.strip() for name in cfg.tasks for t in name.split(",") if t.strip()]
         if not self.names:
-            raise EvalError("no tasks given; e.g. --tasks demo_ppl,demo_cloze")
+            raise EvalError("no tasks given; e.g. --tasks heldout_ppl,heldout_cloze")
+        if old := [n for n in self.names if n in RENAMED]:
+            raise EvalError(
+                "; ".join(f"task {n} is now called {RENAMED[n]}" for n in old)
+                + " (the same held-out documents): use the new name in --tasks, eval.tasks or the eval recipe"
+            )
         hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
         self.task_manager = (
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
@@ -177,11 +193,23 @@ class TaskPlan:
         self.training_data = training_data_checks(train_cfg)
         self.data = run_data(train_cfg)
         self.specs: list[Any] = list(hub)
-        if len(hub) < len(self.names):
-            data_dir = build_task_data(
-                self.data.dataset, self.data.val_fraction, run_dir / EVAL_DIR / DATA_SUBDIR, cfg.docs
-            )
-            self.specs = [local_task_config(n, data_dir) if n in local else n for n in self.names]
+        self.local = [n for n in self.names if n in local]
+        self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
+        if self.local:
+            build_task_data(self.data.dataset, self.data.val_fraction, self.data_dir, cfg.docs, log or _log)
+            self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
+
+    def heldout_note(self) -> str:
+        """` (held-out documents of source S (DATASET))` when local tasks are planned, else ""."""
+        d = self.data
+        return f" (held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
+
+    def drop(self, names: Sequence[str]) -> None:
+        """Evaluate without tasks `names` from now on (in-training: a task whose eval failed)."""
+        keep = [i for i, n in enumerate(self.names) if n not in names]
+        self.names = [self.names[i] for i in keep]
+        self.specs = [self.specs[i] for i in keep]
+        self.local = [n for n in self.local if n not in names]
 
 
 def evaluate_lm(
@@ -191,6 +219,7 @@ def evaluate_lm(
     log_samples: bool = False,
     *,
     on_task: Callable[[dict[str, Any]], None] | None = None,
+    failed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """lm-eval's simple_evaluate of `lm` (an lm-eval LM) on the planned tasks; its results dict.
 
@@ -199,7 +228,8 @@ def evaluate_lm(
     seeds are reset per call: a task scores as when evaluated alone). results["gristmill_tasks"]
     adds, per task: `seconds` and `docs` (per planned name), and for a GristmillHFLM the requests it
     got (`requests_summary`). `on_task` gets each task's own results dict when it is done (see
-    `task_lines`)."""
+    `task_lines`). `failed`, when given, gets {task: why} for each task that raised instead of
+    stopping the eval (in-training: the others are still scored)."""
     from lm_eval import simple_evaluate
 
     merged: dict[str, Any] = {}
@@ -210,19 +240,25 @@ def evaluate_lm(
             if seen is not None:
                 seen.clear()
             t0 = time.perf_counter()
-            results = simple_evaluate(
-                model=lm,
-                tasks=[spec],
-                task_manager=plan.task_manager,
-                num_fewshot=cfg.num_fewshot or None,
-                limit=cfg.limit or None,
-                bootstrap_iters=cfg.bootstrap_iters,
-                log_samples=log_samples,
-                random_seed=cfg.seed,
-                numpy_random_seed=cfg.seed,
-                torch_random_seed=cfg.seed,
-                fewshot_random_seed=cfg.seed,
-            )
+            try:
+                results = simple_evaluate(
+                    model=lm,
+                    tasks=[spec],
+                    task_manager=plan.task_manager,
+                    num_fewshot=cfg.num_fewshot or None,
+                    limit=cfg.limit or None,
+                    bootstrap_iters=cfg.bootstrap_iters,
+                    log_samples=log_samples,
+                    random_seed=cfg.seed,
+                    numpy_random_seed=cfg.seed,
+                    torch_random_seed=cfg.seed,
+                    fewshot_random_seed=cfg.seed,
+                )
+            except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
+                if failed is None:
+                    raise
+                failed[name] = task_failure(plan, name, e)
+                continue
             if results is None:  # only on non-zero ranks of a distributed run
                 raise EvalError("lm-eval returned no results")
             tasks = requests_summary(seen or {}, results, getattr(lm, "max_length", 0))
@@ -237,6 +273,16 @@ def evaluate_lm(
                 on_task(results)
             merged = merge_results(merged, results)
     return merged
+
+
+def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:
+    """One line on why task `name` could not be scored: its data file when it is a local task, and
+    the innermost error's first line (lm-eval and datasets wrap the one that says what happened)."""
+    while (inner := error.__cause__ or error.__context__) is not None:
+        error = inner
+    first = (str(error).splitlines() or [""])[0]
+    where = f"{plan.data_dir / task_file(name)}: " if name in plan.local else ""
+    return f"{where}{type(error).__name__}: {first}" if first else f"{where}{type(error).__name__}"
 
 
 _ENV_INFO: dict[str, Any] = {}
@@ -294,7 +340,7 @@ def requests_summary(
 
 def task_lines(step: int, results: dict[str, Any]) -> list[str]:
     """The terminal lines of evaluated tasks (evaluate_lm's results, or one task's from its
-    `on_task`): `[eval] step 150 demo_ppl: 40 docs, 3.1 s` per task, then one warning per task
+    `on_task`): `[eval] step 150 heldout_ppl: 40 docs, 3.1 s` per task, then one warning per task
     whose inputs lm-eval cut from the left to fit the context, with the numbers."""
     tasks = results.get(GRISTMILL_TASKS, {})
     lines = [
@@ -396,7 +442,7 @@ def evaluate_step(
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
     export = export_checkpoint(run_dir, step, log=_log)
-    _log(f"step {step}: {', '.join(plan.names)} on {export}")
+    _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}")
     t0 = time.time()
     log_file = eval_dir(run_dir, step) / EVAL_LOG
     max_length = cfg.max_length or plan.data.seq_len
@@ -425,6 +471,8 @@ def evaluate_step(
 
         results = evaluate_lm(lm, plan, cfg, on_task=show)
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
+    if plan.local:
+        results["gristmill"]["heldout"] = plan.data.heldout()
     out = write_step_results(run_dir, step, dict(results))
     save_config(cfg, eval_dir(run_dir, step) / "config.toml")
     write_plot(run_dir)

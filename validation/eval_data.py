@@ -1,11 +1,13 @@
 """The eval stage's tasks: local ones shipped here, their data, and hub tasks' availability.
 
-Local tasks are the lm-eval YAML files in validation/eval_tasks/ (`demo_ppl`, `demo_cloze`). Their
-data comes from the run's held-out documents — the loader's val split (`data.val_fraction`), which
-training never sees — and is written once per run to RUN/eval/data/ (`build_task_data`, also run
-by `gristmill demo`). `local_task_config` loads a YAML with its data_files made absolute (lm-eval
-resolves relative data_files against the current directory) and glob-escaped: `datasets` reads
-data_files as fsspec glob patterns, so a run directory named like `run[1]` would match nothing.
+Local tasks are the lm-eval YAML files in validation/eval_tasks/ (`heldout_ppl`: perplexity,
+`heldout_cloze`: next-sentence cloze). Their data comes from the run's held-out documents — the
+loader's val split (`data.val_fraction`), which training never sees — and is written once per run to
+RUN/eval/data/ with each file's sha256 in data.json (`build_task_data`, also run by `gristmill demo`);
+a file changed or gone since is named and rebuilt (`damaged_task_files`). `local_task_config`
+loads a YAML with its data_files made absolute (lm-eval resolves relative data_files against the
+current directory) and glob-escaped: `datasets` reads data_files as fsspec glob patterns, so a run
+directory named like `run[1]` would match nothing.
 
 Hub tasks (hellaswag, arc_easy …) come from lm-eval's own registry; `check_hub_tasks` says, before
 any model is loaded, which of them cannot run because the hub is unreachable and the dataset is not
@@ -20,7 +22,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -30,12 +32,12 @@ import yaml
 from tokenizers import Tokenizer
 
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
+from training.contract.dataset_format import TOKENIZER_JSON, file_sha256, read_dataset_info
 from training.contract.errors import GristmillError
 from training.data.reader import DocumentTable
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
-DATA_VERSION = 2
+DATA_VERSION = 3  # 3: the tasks renamed heldout_*, each file's sha256 recorded
 DATA_META = "data.json"
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
@@ -43,6 +45,9 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 class EvalError(GristmillError):
     """An eval that cannot run; the message names the task, file or run and the fix."""
+
+
+RENAMED = {"demo_ppl": "heldout_ppl", "demo_cloze": "heldout_cloze"}  # old local task names: refused
 
 
 def local_task_names() -> list[str]:
@@ -57,9 +62,7 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
     for split, rel in files.items():
         path = data_dir / rel
         if not path.is_file():
-            raise EvalError(
-                f"task {name} needs {path}; build it with `gristmill eval RUN` (it writes the data)"
-            )
+            raise EvalError(f"task {name} needs {path}; `gristmill eval {data_dir.parents[1]}` rebuilds it")
         # A pattern to `datasets` (fsspec glob): "[", "*", "?" in the run's path must match themselves.
         files[split] = glob.escape(str(path))
     return cfg
@@ -130,13 +133,41 @@ def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[
     return items
 
 
-def build_task_data(
-    dataset_dir: str | Path, val_fraction: float, out_dir: str | Path, max_docs: int = 40
-) -> Path:
-    """Write demo_ppl.jsonl and demo_cloze.jsonl from the held-out documents into `out_dir`; an
-    up-to-date directory (same dataset fingerprint, val_fraction, max_docs) is kept as it is."""
+def task_file(name: str) -> str:
+    """The data file of local task `name` under RUN/eval/data."""
+    return f"{name}.jsonl"
+
+
+def damaged_task_files(out_dir: str | Path, names: Sequence[str] | None = None) -> list[Path]:
+    """The local tasks' data files under `out_dir` (all, or those of task `names`) that are missing
+    or differ from the sha256 data.json recorded when they were built (an unreadable data.json:
+    all of them)."""
     out_dir = Path(out_dir)
-    meta = {
+    try:
+        recorded = json.loads((out_dir / DATA_META).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = {}
+    files = [task_file(n) for n in names] if names is not None else sorted(recorded) or []
+    return [
+        out_dir / f
+        for f in files
+        if not (out_dir / f).is_file() or recorded.get(f) != file_sha256(out_dir / f)
+    ]
+
+
+def build_task_data(
+    dataset_dir: str | Path,
+    val_fraction: float,
+    out_dir: str | Path,
+    max_docs: int = 40,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Write heldout_ppl.jsonl and heldout_cloze.jsonl from the held-out documents into `out_dir`; an
+    up-to-date directory (same dataset fingerprint, val_fraction, max_docs, every file as built) is
+    kept as it is. Files damaged or deleted since they were built are named through `log` and
+    rebuilt (the same items: they are a pure function of the held-out documents)."""
+    out_dir = Path(out_dir)
+    meta: dict[str, Any] = {
         "version": DATA_VERSION,
         "dataset": str(Path(dataset_dir).resolve()),
         "dataset_fingerprint": read_dataset_info(dataset_dir)["fingerprint"],
@@ -144,17 +175,29 @@ def build_task_data(
         "max_docs": max_docs,
     }
     meta_path = out_dir / DATA_META
-    if meta_path.is_file() and json.loads(meta_path.read_text()) == meta:
-        return out_dir
+    try:
+        old = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        old = None
+    if isinstance(old, dict) and {k: v for k, v in old.items() if k != "files"} == meta:
+        damaged = damaged_task_files(out_dir, local_task_names())
+        if not damaged:
+            return out_dir
+        if log is not None:
+            log(
+                f"note: {', '.join(map(str, damaged))}: not as {meta_path} recorded (changed or deleted "
+                "since it was built); rebuilt from the run's held-out documents"
+            )
     texts = heldout_texts(dataset_dir, val_fraction, max_docs)
     files = {
-        "demo_ppl.jsonl": [{"text": t} for t in texts],
-        "demo_cloze.jsonl": cloze_items(texts),
+        task_file("heldout_ppl"): [{"text": t} for t in texts],
+        task_file("heldout_cloze"): cloze_items(texts),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)  # written last: data without it is rebuilt
     for name, rows in files.items():
         write_atomic(out_dir / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    meta["files"] = {name: file_sha256(out_dir / name) for name in files}
     write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
     return out_dir
 

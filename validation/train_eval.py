@@ -22,6 +22,14 @@ Results go where `gristmill eval` puts them (RUN/eval/step-N/results.json, eval.
 and into the step's metrics row as `eval/<task>/<metric>` (metrics.jsonl, tensorboard, trackers),
 with `eval_s`, the eval's wall time, which the training throughput does not count. A NaN metric is
 a warning line, not a stop: the trainer's own divergence checks decide about the run.
+
+A failing eval never costs training (the trainer saves a due checkpoint before the eval): a task
+whose data file changed or went missing since it was built, or whose lm-eval run raises, is one
+line naming the task (and its file) and the command that evaluates it later, `eval_error` in the
+step's metrics row, and training goes on without that task; an eval that fails as a whole is the
+same line, and the tasks are tried again at the next interval. Rank 0 decides and tells the other
+ranks in the broadcast that ends every eval, so all of them skip the weight gather once no task
+is left.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from validation.eval import (
     nonfinite_error,
     task_lines,
 )
+from validation.eval_data import damaged_task_files
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
 from validation.eval_results import EVAL_LOG, metric_order, rows_of, write_plot, write_step_results
@@ -79,6 +88,7 @@ class TrainingEval:
         self.plan: TaskPlan | None = None
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
         self.max_length = 0
+        self.tasks_left = True  # every rank: whether an eval still has tasks (rank 0 decides)
 
     def _say(self, text: str) -> None:
         print(f"[eval] {text}", file=self.out, flush=True)
@@ -91,7 +101,7 @@ class TrainingEval:
         problem = None
         if self.rank == 0:
             try:
-                self.plan = TaskPlan(self.run_dir, self.cfg)
+                self.plan = TaskPlan(self.run_dir, self.cfg, log=lambda line: say(f"  {line}"))
                 _, dataset, mcfg = run_model_config(self.run_dir)
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
@@ -100,27 +110,57 @@ class TrainingEval:
                 self.max_length = self.plan.data.seq_len  # as `gristmill eval` (max_length 0)
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
-                    f"  eval    {', '.join(self.plan.names)}{limit} every {self.interval} steps and at the "
-                    f"last, on rank 0 → {self.run_dir / EVAL_DIR}/step-N"
+                    f"  eval    {', '.join(self.plan.names)}{limit}{self.plan.heldout_note()} every "
+                    f"{self.interval} steps and at the last, on rank 0 → {self.run_dir / EVAL_DIR}/step-N"
                 )
             except GristmillError as e:
                 problem = str(e)
         raise_rank0_problem(problem, dist.get_world_size() if dist.is_initialized() else 1)
 
-    def __call__(self, model: nn.Module, step: int) -> dict[str, float]:
+    def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
+        if not self.tasks_left:
+            return {}
         t0 = time.perf_counter()
         # Collective: every rank sends its shards; only rank 0 receives the full tensors (on CPU).
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float | str] = {}
         if self.rank == 0:
-            metrics = self._evaluate(model, full, step, t0)
+            try:
+                metrics = self._evaluate(model, full, step, t0)
+            except Exception as e:  # e.g. a full disk under RUN/eval: this eval is lost, not the run
+                metrics = self._failed(step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+            self.tasks_left = bool(self.plan.names)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()  # the other ranks wait for rank 0's scores before the next step
+            # Every rank waits for rank 0's scores, and learns whether a task is left to evaluate.
+            box = [self.tasks_left]
+            dist.broadcast_object_list(box, src=0)
+            self.tasks_left = box[0]
         return metrics
+
+    def _failed(self, step: int, why: str, tasks: dict[str, str] | None = None) -> dict[str, float | str]:
+        """The one line of a failed eval (of `tasks`: {name: why}, dropped from the plan) and its
+        metrics entry."""
+        if tasks:
+            self.plan.drop(list(tasks))
+            later = f"gristmill eval {self.run_dir} --step {step} --tasks {','.join(tasks)}"
+            why = "; ".join(f"task {n} failed ({w})" for n, w in tasks.items())
+            line = f"{why}; training goes on without it (evaluate it later: `{later}`)"
+        else:
+            line = f"failed ({why}); training goes on, the eval is tried again at the next interval"
+        self._say(f"step {step}: {line}")
+        return {"eval_error": line}
 
     def _evaluate(
         self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float
-    ) -> dict[str, float]:
+    ) -> dict[str, float | str]:
+        # A local task's data file as built (sha256 in data.json), else the task is not scored.
+        failed = {
+            p.stem: f"{p}: not as {p.parent / 'data.json'} recorded (changed or deleted since it was built)"
+            for p in damaged_task_files(self.plan.data_dir, self.plan.local)
+        }
+        self.plan.drop(list(failed))
+        if not self.plan.names:
+            return self._failed(step, "", failed)
         if self.copy is None:
             with torch.device("meta"):
                 self.copy = Transformer(model.cfg)
@@ -133,18 +173,24 @@ class TrainingEval:
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`
             with eval_output(eval_dir(self.run_dir, step) / EVAL_LOG):
                 lm = in_process_lm(self.copy, self.tokenizer, self.cfg.batch_size, self.max_length)
-                results = evaluate_lm(lm, self.plan, self.cfg)
+                results = evaluate_lm(lm, self.plan, self.cfg, failed=failed)
         finally:
             set_rng_state(saved)
+        if failed and not set(self.plan.names) - set(failed):
+            return self._failed(step, "", failed)
         results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": "in-training"}
+        if self.plan.local:
+            results["gristmill"]["heldout"] = self.plan.data.heldout()
         write_step_results(self.run_dir, step, dict(results))
         write_plot(self.run_dir)
         nonfinite_error(self.run_dir, step, results)  # warning lines; the trainer decides about the run
         rows = rows_of(step, results)
         seconds = time.perf_counter() - t0
-        metrics = {metric_key(r): r["value"] for r in rows}
+        metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds
         self._say(f"step {step}: {_summary(rows)} ({seconds:.1f} s)")
+        if failed:
+            metrics.update(self._failed(step, "", failed))
         for line in task_lines(step, results):  # the truncation warnings (not the per-task lines)
             if line.startswith("warning:"):
                 print(line, file=self.out, flush=True)

@@ -317,7 +317,7 @@ print([d.id for d in step.run(iter(docs))])
 
 def test_eval_marks_each_task(decontam, tmp_path, capsys):
     """`gristmill eval` on a tiny exported model: the table, results.json and eval.parquet say
-    gm_cloze was decontaminated (with the documents removed), demo_ppl not checked."""
+    gm_cloze was decontaminated (with the documents removed), heldout_ppl not checked."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from training.checkpoint.hf_export import export_hf
@@ -341,7 +341,7 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     export_hf(model.state_dict(), model.cfg, out, export_dir(run, 5), meta={"step": 5})
 
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
-    assert main(["eval", str(run), "--tasks", "gm_cloze,demo_ppl", *args]) == 0
+    assert main(["eval", str(run), "--tasks", "gm_cloze,heldout_ppl", *args]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   5 ")]
     marks = {
         line.split()[1]: line.split("  ")[-1].strip()
@@ -350,7 +350,7 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     }
     assert marks == {
         "gm_cloze": "decontaminated (2 docs removed)",
-        "demo_ppl": "not checked",
+        "heldout_ppl": "not checked",
     }, table
     recorded = read_results(run)[5]["gristmill_tasks"]
     assert recorded["gm_cloze"]["decontamination"]["datasets"] == [

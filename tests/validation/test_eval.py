@@ -37,7 +37,7 @@ from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ["--tasks", "demo_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3"]
+QUICK = ["--tasks", "heldout_ppl", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=3"]
 
 
 def _tiny_model(dataset: Path, seed: int) -> Transformer:
@@ -103,23 +103,23 @@ def test_export_via_hf_and_in_process_model_give_the_same_loglikelihoods(eval_ru
     in_process = evaluate_lm(
         in_process_lm(models[5], export, batch_size=3, max_length=SEQ_LEN), plan, CFG, True
     )
-    for task in ("demo_ppl", "demo_cloze"):
+    for task in ("heldout_ppl", "heldout_cloze"):
         a, b = _sample_lls(via_export, task), _sample_lls(in_process, task)
         assert a.keys() == b.keys() and len(a) >= 5
         for k in a:
             assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-4), (task, k)
-    ppl = via_export["results"]["demo_ppl"]["word_perplexity,none"]
-    assert ppl == pytest.approx(in_process["results"]["demo_ppl"]["word_perplexity,none"], rel=1e-5)
+    ppl = via_export["results"]["heldout_ppl"]["word_perplexity,none"]
+    assert ppl == pytest.approx(in_process["results"]["heldout_ppl"]["word_perplexity,none"], rel=1e-5)
 
     # Stock `--model hf` frames rolling requests with one separator too (the exported tokenizer adds
     # none, lm-eval prepends its prefix token), but its tokenizer call turns a literal
     # "<|endoftext|>" in a document into a second separator: that document's score differs.
-    ppl_plan = TaskPlan(run, EvalConfig(tasks=["demo_ppl"], docs=CFG.docs))
+    ppl_plan = TaskPlan(run, EvalConfig(tasks=["heldout_ppl"], docs=CFG.docs))
     stock = evaluate_lm_by_name(
         ppl_plan, f"pretrained={export},dtype=float32,device=cpu,max_length={SEQ_LEN}"
     )
-    texts = [json.loads(line)["text"] for line in (run / "eval" / "data" / "demo_ppl.jsonl").open()]
-    a, b = _sample_lls(via_export, "demo_ppl"), _sample_lls(stock, "demo_ppl")
+    texts = [json.loads(line)["text"] for line in (run / "eval" / "data" / "heldout_ppl.jsonl").open()]
+    a, b = _sample_lls(via_export, "heldout_ppl"), _sample_lls(stock, "heldout_ppl")
     literal = {k for k in a if "<|endoftext|>" in texts[k[0]]}
     assert literal, "the held-out documents should include the fixture's literal-separator page"
     for k in a:
@@ -169,7 +169,7 @@ def _gen_task(data_dir: Path) -> dict:
     return {
         "task": "demo_gen",
         "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data_dir / "demo_cloze.jsonl")}},
+        "dataset_kwargs": {"data_files": {"test": str(data_dir / "heldout_cloze.jsonl")}},
         "test_split": "test",
         "output_type": "generate_until",
         "doc_to_text": "{{context}}",
@@ -206,7 +206,7 @@ def test_every_task_type_feeds_exactly_one_separator(eval_run):
     seen = lm.seen["loglikelihood_rolling"]
     table = DocumentTable(dataset, split="val", val_fraction=0.1)
     expected = []
-    for d in table.split_rows(np.arange(len(rows("demo_ppl")))).tolist():
+    for d in table.split_rows(np.arange(len(rows("heldout_ppl")))).tolist():
         ids = table.read(np.array([d]), np.array([0]), table.lengths[d : d + 1].astype(np.int64)).tolist()
         assert ids.count(sep) == 1
         ids.remove(sep)
@@ -216,7 +216,7 @@ def test_every_task_type_feeds_exactly_one_separator(eval_run):
 
     # Multiple choice: [SEP] + context + choice, minus the last token (predicted); a request longer
     # than the window is cut from the left by lm-eval.
-    full = [[sep, *enc(d["context"] + " " + c)] for d in rows("demo_cloze") for c in d["choices"]]
+    full = [[sep, *enc(d["context"] + " " + c)] for d in rows("heldout_cloze") for c in d["choices"]]
     seen = lm.seen["loglikelihood"]
     assert sorted(seen) == sorted(ids[-(SEQ_LEN + 1) :][:-1] for ids in full)
     assert sum(ids[0] == sep for ids in seen) > len(seen) // 2 and all(sep not in ids[1:] for ids in seen)
@@ -224,7 +224,7 @@ def test_every_task_type_feeds_exactly_one_separator(eval_run):
     # Generation: the prompt (each generate call's first forward) is [SEP] + context; later steps
     # feed one new token at a time through the KV cache.
     prompts = [ids for ids in lm.seen["generate_until"] if len(ids) > 1]
-    assert sorted(prompts) == sorted([sep, *enc(d["context"])] for d in rows("demo_cloze"))
+    assert sorted(prompts) == sorted([sep, *enc(d["context"])] for d in rows("heldout_cloze"))
     assert all(sep not in ids[1:] for ids in prompts)
 
 
@@ -244,7 +244,7 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu"]
     assert main(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", *args]) == 0
     out, err = capsys.readouterr()
-    assert "demo_cloze" in out and "word_perplexity" in out  # the table of each evaluated step
+    assert "heldout_cloze" in out and "word_perplexity" in out  # the table of each evaluated step
     assert f"note: {export_dir(run, 10)} has no gristmill_checksums.json" in err
     assert "note:" not in err.replace(f"note: {export_dir(run, 10)}", "")  # step 5's export verified
     assert (run / "eval.png").is_file()
@@ -259,7 +259,7 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
                 metric, _, filt = key.partition(",")
                 if isinstance(value, float) and not metric.endswith("_stderr"):
                     expected.add((step, task, metric, filt, value))
-    assert {t for _, t, *_ in expected} == {"demo_ppl", "demo_cloze"}
+    assert {t for _, t, *_ in expected} == {"heldout_ppl", "heldout_cloze"}
 
     sql = 'SELECT step, task, metric, "filter", value FROM eval ORDER BY step'
     assert main(["data", "audit", str(run), "--sql", sql, "--format", "json"]) == 0
@@ -282,7 +282,7 @@ def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
 
-    assert main(["eval", str(run), "--tasks", "demo_ppl,hellaswag"]) == 2
+    assert main(["eval", str(run), "--tasks", "heldout_ppl,hellaswag"]) == 2
     err = capsys.readouterr().err
     assert "task hellaswag needs dataset Rowan/hellaswag from the hub" in err
     assert "HF_DATASETS_CACHE" in err and "Traceback" not in err and "safetensors" not in err
@@ -295,21 +295,21 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     with pytest.raises(EvalError, match=r"val_fraction = 0\).*train with data.val_fraction > 0"):
         build_task_data(built_dataset, 0.0, tmp_path / "none")
     out = build_task_data(built_dataset, 0.1, tmp_path / "data", max_docs=6)
-    texts = [json.loads(line)["text"] for line in (out / "demo_ppl.jsonl").open()]
+    texts = [json.loads(line)["text"] for line in (out / "heldout_ppl.jsonl").open()]
     train = DocumentTable(built_dataset, split="train", val_fraction=0.1)
     val = DocumentTable(built_dataset, split="val", val_fraction=0.1)
     where = lambda t, n: set(t.split_rows(np.arange(n)).tolist())  # noqa: E731  manifest rows
     assert len(texts) == 6 and not where(val, 6) & where(train, train.documents)
-    items = [json.loads(line) for line in (out / "demo_cloze.jsonl").open()]
+    items = [json.loads(line) for line in (out / "heldout_cloze.jsonl").open()]
     assert len(items) >= 6 and {it["label"] for it in items} == {0, 1, 2, 3}
     flat = [" ".join(t.split()) for t in texts]
     for it in items:  # the true sentence follows the context in one held-out document; the others do not
         true = it["choices"][it["label"]]
         (src,) = [t for t in flat if it["context"] + " " + true in t]
         assert len(set(it["choices"])) == 4 and all(c not in src for c in it["choices"] if c != true)
-    mtime = (out / "demo_ppl.jsonl").stat().st_mtime_ns
+    mtime = (out / "heldout_ppl.jsonl").stat().st_mtime_ns
     assert build_task_data(built_dataset, 0.1, out, max_docs=6) == out  # up to date: kept
-    assert (out / "demo_ppl.jsonl").stat().st_mtime_ns == mtime
+    assert (out / "heldout_ppl.jsonl").stat().st_mtime_ns == mtime
 
 
 def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
@@ -330,43 +330,43 @@ def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
 
     results = {
         "results": {
-            "demo_ppl": {
-                "alias": "demo_ppl",
+            "heldout_ppl": {
+                "alias": "heldout_ppl",
                 "word_perplexity,none": np.float32("nan"),
                 "word_perplexity_stderr,none": "N/A",
                 "bits_per_byte,none": float("inf"),
                 "bits_per_byte_stderr,none": float("nan"),
             },
-            "demo_cloze": {
+            "heldout_cloze": {
                 "acc,none": np.float64(0.25),
                 "acc_stderr,none": 0.1,
                 "acc_norm,none": float("nan"),
             },
         },
-        "n-samples": {"demo_ppl": {"effective": 5}, "demo_cloze": {"effective": 8}},
+        "n-samples": {"heldout_ppl": {"effective": 5}, "heldout_cloze": {"effective": 8}},
     }
     write_step_results(tmp_path, 7, results)
     back = read_step_results(tmp_path, 7)
-    ppl = back["results"]["demo_ppl"]
+    ppl = back["results"]["heldout_ppl"]
     assert math.isnan(ppl["word_perplexity,none"]) and ppl["bits_per_byte,none"] == math.inf
     table = pq.read_table(tmp_path / "eval.parquet").to_pylist()
     rows = {(r["task"], r["metric"]): (r["value"], r["stderr"]) for r in table}
     assert sorted(rows) == [
-        ("demo_cloze", "acc"),
-        ("demo_cloze", "acc_norm"),
-        ("demo_ppl", "bits_per_byte"),
-        ("demo_ppl", "word_perplexity"),
+        ("heldout_cloze", "acc"),
+        ("heldout_cloze", "acc_norm"),
+        ("heldout_ppl", "bits_per_byte"),
+        ("heldout_ppl", "word_perplexity"),
     ]
     nan = pytest.approx(math.nan, nan_ok=True)
-    assert rows["demo_ppl", "word_perplexity"] == (nan, None)  # "N/A" stderr: not a number
-    assert rows["demo_ppl", "bits_per_byte"] == (math.inf, nan)
-    assert rows["demo_cloze", "acc"] == (0.25, 0.1) and rows["demo_cloze", "acc_norm"] == (nan, None)
+    assert rows["heldout_ppl", "word_perplexity"] == (nan, None)  # "N/A" stderr: not a number
+    assert rows["heldout_ppl", "bits_per_byte"] == (math.inf, nan)
+    assert rows["heldout_cloze", "acc"] == (0.25, 0.1) and rows["heldout_cloze", "acc_norm"] == (nan, None)
     bad = nonfinite_metrics(7, back)
     assert {
         task: (sorted(r["metric"] for r in bad_rows), dead) for task, (bad_rows, dead) in bad.items()
     } == {
-        "demo_ppl": (["bits_per_byte", "word_perplexity"], True),
-        "demo_cloze": (["acc_norm"], False),
+        "heldout_ppl": (["bits_per_byte", "word_perplexity"], True),
+        "heldout_cloze": (["acc_norm"], False),
     }
 
 
@@ -386,14 +386,15 @@ def test_nan_metric_is_shown_warned_and_fails_the_eval(eval_run, tmp_path, capsy
 
     assert main(["eval", str(run), *QUICK]) == 2
     out, err = capsys.readouterr()
-    table = {tuple(line.split()[1:4]) for line in out.splitlines() if "demo_ppl" in line}
-    assert table == {("demo_ppl", m, "nan") for m in ("bits_per_byte", "byte_perplexity", "word_perplexity")}
+    table = {tuple(line.split()[1:4]) for line in out.splitlines() if "heldout_ppl" in line}
+    metrics = ("bits_per_byte", "byte_perplexity", "word_perplexity")
+    assert table == {("heldout_ppl", m, "nan") for m in metrics}
     warnings = [line for line in err.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "demo_ppl" in warnings[0] and "word_perplexity = nan" in warnings[0]
+    assert len(warnings) == 1 and "heldout_ppl" in warnings[0] and "word_perplexity = nan" in warnings[0]
     errors = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "no metric of demo_ppl is finite" in errors[0] and "Traceback" not in err
+    assert len(errors) == 1 and "no metric of heldout_ppl is finite" in errors[0] and "Traceback" not in err
     res = json.loads((eval_dir(run, 5) / "results.json").read_text())
-    assert math.isnan(res["results"]["demo_ppl"]["word_perplexity,none"])
+    assert math.isnan(res["results"]["heldout_ppl"]["word_perplexity,none"])
     rows = pq.read_table(run / "eval.parquet").to_pylist()
     assert len(rows) == 3 and all(math.isnan(r["value"]) for r in rows)
     assert (run / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -476,7 +477,7 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
 
 
 def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, tmp_path, monkeypatch, capfd):
-    """`gristmill eval` from outside any git checkout, with a context short enough that demo_cloze
+    """`gristmill eval` from outside any git checkout, with a context short enough that heldout_cloze
     inputs are cut: at the file-descriptor level (subprocesses included) a progress line per task,
     one truncation warning with the numbers counted here from the task data, and the table, bits
     per byte first. lm-eval's logs, the bars and git's complaint are in eval.log; -v shows them."""
@@ -490,13 +491,13 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
     run = _copy_run(src, tmp_path / "run")
     data = build_task_data(read_dataset_info_path(src), 0.1, run / "eval" / "data", CFG.docs)  # as eval does
     tok = AutoTokenizer.from_pretrained(export_dir(run, 5))
-    items = [json.loads(line) for line in (data / "demo_cloze.jsonl").open()]
+    items = [json.loads(line) for line in (data / "heldout_cloze.jsonl").open()]
     # The model's input for a choice: [SEP] + context + " " + choice, less the predicted last token.
     enc = lambda text: tok.encode(text, add_special_tokens=False, split_special_tokens=True, verbose=False)  # noqa: E731
     lengths = [[len(enc(f"{d['context']} {c}")) for c in d["choices"]] for d in items]
     short = sorted(max(ls) for ls in lengths)[len(lengths) // 2]  # about half the documents cut
     cut = [[n for n in ls if n > short] for ls in lengths]
-    texts = [json.loads(line)["text"] for line in (data / "demo_ppl.jsonl").open()]
+    texts = [json.loads(line)["text"] for line in (data / "heldout_ppl.jsonl").open()]
     assert max(len(enc(t)) for t in texts) > tok.model_max_length  # transformers would warn about it
     monkeypatch.chdir(tmp_path)
     git = (
@@ -512,13 +513,13 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
     assert len(lines) <= 15, out + err
     for noise in ("fatal:", "Token indices", "it/s", "Truncating", "lm_eval", "Generating"):
         assert noise not in out + err, noise
-    assert [line.split(",")[0] for line in err.splitlines() if line.startswith("[eval] step 5 demo")] == [
-        "[eval] step 5 demo_ppl: 5 docs",
-        f"[eval] step 5 demo_cloze: {len(items)} docs",
+    assert [line.split(",")[0] for line in err.splitlines() if line.startswith("[eval] step 5 heldout")] == [
+        "[eval] step 5 heldout_ppl: 5 docs",
+        f"[eval] step 5 heldout_cloze: {len(items)} docs",
     ]
     (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
     assert warning.startswith(
-        f"warning: step 5 demo_cloze: {sum(map(bool, cut))} of {len(items)} documents "
+        f"warning: step 5 heldout_cloze: {sum(map(bool, cut))} of {len(items)} documents "
         f"({sum(map(len, cut))} of {sum(map(len, lengths))} requests) are longer than max_length "
         f"{short} tokens (longest {max(map(max, lengths))}) and were cut from the left"
     ), warning
@@ -539,11 +540,12 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
         assert git.stderr.strip() in log
     # eval.png with one step: the chance level of the 4-choice cloze, counted from its requests
     panels = {(p.task, p.metric): p for p in plot_panels(*_plot_inputs(run))}
-    assert panels["demo_cloze", "acc"].steps == [5] and panels["demo_cloze", "acc"].chance == 0.25
-    assert panels["demo_ppl", "bits_per_byte"].chance is None
-    assert (run / "eval.png").is_file() and read_results(run)[5]["gristmill_tasks"]["demo_cloze"]["cut_docs"]
+    assert panels["heldout_cloze", "acc"].steps == [5] and panels["heldout_cloze", "acc"].chance == 0.25
+    assert panels["heldout_ppl", "bits_per_byte"].chance is None
+    assert (run / "eval.png").is_file()
+    assert read_results(run)[5]["gristmill_tasks"]["heldout_cloze"]["cut_docs"]
 
-    assert main(["eval", str(run), "--tasks", "demo_cloze", "-v", *args]) == 0
+    assert main(["eval", str(run), "--tasks", "heldout_cloze", "-v", *args]) == 0
     out, err = capfd.readouterr()
     assert "Truncating" in err and "it/s" in err and "[lm_eval.evaluator]" in err
     assert sum(line.startswith("warning:") for line in err.splitlines()) == 1
@@ -614,7 +616,56 @@ def test_an_answer_longer_than_the_context_is_one_line(eval_run, tmp_path, capsy
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
-    args = ["--tasks", "demo_cloze", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "max_length=4"]
+    args = ["--tasks", "heldout_cloze", "--set", "docs=5", "bootstrap_iters=0", "device=cpu", "max_length=4"]
     assert main(["eval", str(run), *args]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "task demo_cloze document " in err[0] and "does not fit max_length 4" in err[0]
+    assert len(err) == 1 and "task heldout_cloze document " in err[0]
+    assert "does not fit max_length 4" in err[0]
+
+
+def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tmp_path, capsys):
+    """RUN/eval/data/<task>.jsonl truncated or deleted after it was built: `gristmill eval` says so in
+    one line naming the file and rebuilds it from the held-out documents (the same items), instead
+    of scoring the damaged file or failing in lm-eval's tracebacks."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    data = run / "eval" / "data"
+    built = {p.name: p.read_bytes() for p in data.glob("*.jsonl")}
+    capsys.readouterr()
+    (data / "heldout_ppl.jsonl").write_bytes(built["heldout_ppl.jsonl"][:50])  # cut mid-line
+    (data / "heldout_cloze.jsonl").unlink()
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "heldout_" in line and ".jsonl" in line]
+    assert len(lines) == 1, err
+    assert str(data / "heldout_ppl.jsonl") in lines[0] and str(data / "heldout_cloze.jsonl") in lines[0]
+    assert "rebuilt" in lines[0] and "Traceback" not in err
+    assert {p.name: p.read_bytes() for p in data.glob("*.jsonl")} == built
+
+
+def test_mixture_eval_names_the_source_scored_and_its_context_is_the_last_phase(eval_run, tmp_path, capsys):
+    """A mixture run: the local tasks are built from one source's held-out documents, and every
+    place the scores go says which (the `[eval]` line, results.json); the context defaults to the
+    seq_len the run trained on last (here 128 after 256), not the model's max_seq_len."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    dataset = read_dataset_info_path(eval_run[0])
+    (run / "config.toml").write_text(
+        "[model]\npreset = 'tiny'\n"
+        f"[[data.sources]]\nname = 'first'\ndataset = '{dataset}'\nval_fraction = 0.0\n"
+        f"[[data.sources]]\nname = 'second'\ndataset = '{dataset}'\nval_fraction = 0.1\n"
+        "[[phase]]\nsteps = 3\nseq_len = 256\nmix = { first = 0.5, second = 0.5 }\n"
+        "[[phase]]\nsteps = 2\nseq_len = 128\nmix = { first = 0.5, second = 0.5 }\n"
+    )
+    assert main(["eval", str(run), "--step", "5", *QUICK, "--tasks", "heldout_cloze"]) == 0
+    err = capsys.readouterr().err
+    (head,) = [line for line in err.splitlines() if line.startswith("[eval] step 5: heldout_cloze")]
+    assert f"held-out documents of source second ({dataset})" in head, head
+    res = json.loads((eval_dir(run, 5) / "results.json").read_text())
+    assert res["gristmill"]["heldout"] == {"source": "second", "dataset": str(dataset)}
+    assert res["gristmill_tasks"]["heldout_cloze"]["max_length"] == 128
+    assert main(["eval", str(run), "--step", "5", "--tasks", "demo_ppl"]) == 2  # the old name: renamed
+    assert "task demo_ppl is now called heldout_ppl" in capsys.readouterr().err

@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 
 from training.config import load_train_config  # noqa: E402
 from training.contract.errors import GristmillError  # noqa: E402
-from training.contract.run_layout import eval_dir  # noqa: E402
+from training.contract.run_layout import complete_steps, eval_dir  # noqa: E402
 from training.train import main as train_main  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.eval import EvalConfig, evaluate_step  # noqa: E402
@@ -27,7 +27,7 @@ from validation.train_eval import TrainingEval, metric_key  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
-TASKS = ["demo_ppl", "demo_cloze"]
+TASKS = ["heldout_ppl", "heldout_cloze"]
 LIMIT = 4
 
 
@@ -48,7 +48,7 @@ def _sets(dataset: Path, run: Path, steps: int = 4) -> list[str]:
         "checkpoint.interval=2",
         "eval.interval=2",
         f"eval.limit={LIMIT}",
-        'eval.tasks=["demo_ppl", "demo_cloze"]',
+        'eval.tasks=["heldout_ppl", "heldout_cloze"]',
     ]
 
 
@@ -65,7 +65,7 @@ def _offline(run: Path, step: int) -> dict[str, float]:
 
 def _assert_equal_scores(in_training: dict, offline: dict) -> None:
     keys = {k for k in in_training if k.startswith("eval/")}
-    assert keys == set(offline) and {"eval/demo_ppl/bits_per_byte", "eval/demo_cloze/acc"} <= keys
+    assert keys == set(offline) and {"eval/heldout_ppl/bits_per_byte", "eval/heldout_cloze/acc"} <= keys
     for k in keys:  # HF's Llama (the export) against gristmill's model on the same weights
         assert in_training[k] == pytest.approx(offline[k], rel=1e-6), k
 
@@ -77,7 +77,7 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(bui
     rows = _rows(run)
     for step in (2, 4):  # every interval and the last step: results where `gristmill eval` puts them
         assert (eval_dir(run, step) / RESULTS_JSON).is_file()
-        assert rows[step]["eval_s"] > 0 and 0 <= rows[step]["eval/demo_cloze/acc"] <= 1
+        assert rows[step]["eval_s"] > 0 and 0 <= rows[step]["eval/heldout_cloze/acc"] <= 1
     assert sorted(rows) == [1, 2, 3, 4] and not any(k.startswith("eval/") for k in rows[3])
     assert (run / "eval.parquet").is_file()
 
@@ -109,6 +109,47 @@ def test_training_entry_without_lm_eval_refuses_an_eval_interval(built_dataset, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "-m validation.train_eval" in err[0] and "eval.interval=0" in err[0]
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+class _DamagesClozeDataAtStep2(TrainingEval):
+    """The real evaluator; at step 2, first plants the fault (the task's data file overwritten
+    mid-run) and notes which checkpoints are complete when the eval starts."""
+
+    complete_at_eval: list[int] = []
+
+    def __call__(self, model, step):
+        if step == 2:
+            (self.run_dir / "eval" / "data" / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
+            self.complete_at_eval.extend(complete_steps(self.run_dir))
+        return super().__call__(model, step)
+
+
+def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
+    """RUN/eval/data/heldout_cloze.jsonl corrupted mid-run: the step's checkpoint is saved before the
+    eval, the failure is one line and an `eval_error` in the metrics row, and training goes on with
+    the other task; the line's advice is a command that evaluates the task afterwards."""
+    from pipelines.cli import main as cli_main
+
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=_DamagesClozeDataAtStep2(cfg))
+    out = capsys.readouterr()
+    assert _DamagesClozeDataAtStep2.complete_at_eval == [2]  # saved first
+    assert complete_steps(run) == [2, 4]
+    rows = _rows(run)
+    assert "heldout_cloze" in rows[2]["eval_error"] and "eval/heldout_ppl/bits_per_byte" in rows[2]
+    assert "eval/heldout_cloze/acc" not in rows[4] and "eval/heldout_ppl/bits_per_byte" in rows[4]
+    lines = [
+        line
+        for line in (out.out + out.err).splitlines()
+        if "heldout_cloze" in line and line.startswith("[eval]")
+    ]
+    assert len(lines) == 1 and "Traceback" not in out.err, out.out + out.err
+    assert str(run / "eval" / "data" / "heldout_cloze.jsonl") in lines[0]
+    (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
+    argv = advice.split()[1:]
+    assert cli_main([*argv, "--set", f"limit={LIMIT}", "device=cpu"]) == 0
+    assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
 @pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
