@@ -26,6 +26,7 @@ and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -110,8 +111,9 @@ class EvalConfig:
     """Held-out documents the local tasks are built from (heldout_ppl: one item each, heldout_cloze: ≤ 2);
     of one source in a mixture (see `run_data`)."""
     max_length: int = 0
-    """Tokens per forward pass (rolling windows, truncated contexts); 0: the seq_len of the run's last
-    phase (data.seq_len without [[phase]]), the length the model trained on last."""
+    """Tokens per forward pass (rolling windows, truncated contexts); 0: the model's max_seq_len
+    (the export's max_position_embeddings), the longest context it was built for. Set it to the
+    run's seq_len to score only lengths the model trained on."""
     seed: int = 1234
     """lm-eval's random seeds (few-shot sampling)."""
     include_path: list[str] = field(default_factory=list)
@@ -429,6 +431,11 @@ def nonfinite_error(run_dir: Path, step: int, results: dict[str, Any]) -> NonFin
     )
 
 
+def model_max_length(export: Path) -> int:
+    """The default max_length: the model's max_seq_len, as its export's config.json records it."""
+    return int(json.loads((Path(export) / "config.json").read_text())["max_position_embeddings"])
+
+
 def evaluate_step(
     run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None, verbose: bool = False
 ) -> Path:
@@ -445,7 +452,7 @@ def evaluate_step(
     _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}")
     t0 = time.time()
     log_file = eval_dir(run_dir, step) / EVAL_LOG
-    max_length = cfg.max_length or plan.data.seq_len
+    max_length = cfg.max_length or model_max_length(export)
     with eval_output(log_file, verbose) as terminal:
         try:
             lm = GristmillHFLM(

@@ -107,7 +107,7 @@ class TrainingEval:
                 tok_dir.mkdir(parents=True, exist_ok=True)
                 write_tokenizer(dataset, mcfg, tok_dir)
                 self.tokenizer = _load_tokenizer(tok_dir)
-                self.max_length = self.plan.data.seq_len  # as `gristmill eval` (max_length 0)
+                self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
                     f"  eval    {', '.join(self.plan.names)}{limit}{self.plan.heldout_note()} every "

@@ -645,10 +645,10 @@ def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tm
     assert {p.name: p.read_bytes() for p in data.glob("*.jsonl")} == built
 
 
-def test_mixture_eval_names_the_source_scored_and_its_context_is_the_last_phase(eval_run, tmp_path, capsys):
+def test_mixture_eval_names_the_source_scored_and_its_context_is_the_models(eval_run, tmp_path, capsys):
     """A mixture run: the local tasks are built from one source's held-out documents, and every
     place the scores go says which (the `[eval]` line, results.json); the context defaults to the
-    seq_len the run trained on last (here 128 after 256), not the model's max_seq_len."""
+    model's max_seq_len (tiny: 256), not the seq_len a phase trained on (here 64 after 128)."""
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
@@ -657,8 +657,8 @@ def test_mixture_eval_names_the_source_scored_and_its_context_is_the_last_phase(
         "[model]\npreset = 'tiny'\n"
         f"[[data.sources]]\nname = 'first'\ndataset = '{dataset}'\nval_fraction = 0.0\n"
         f"[[data.sources]]\nname = 'second'\ndataset = '{dataset}'\nval_fraction = 0.1\n"
-        "[[phase]]\nsteps = 3\nseq_len = 256\nmix = { first = 0.5, second = 0.5 }\n"
-        "[[phase]]\nsteps = 2\nseq_len = 128\nmix = { first = 0.5, second = 0.5 }\n"
+        "[[phase]]\nsteps = 3\nseq_len = 128\nmix = { first = 0.5, second = 0.5 }\n"
+        "[[phase]]\nsteps = 2\nseq_len = 64\nmix = { first = 0.5, second = 0.5 }\n"
     )
     assert main(["eval", str(run), "--step", "5", *QUICK, "--tasks", "heldout_cloze"]) == 0
     err = capsys.readouterr().err
@@ -666,6 +666,6 @@ def test_mixture_eval_names_the_source_scored_and_its_context_is_the_last_phase(
     assert f"held-out documents of source second ({dataset})" in head, head
     res = json.loads((eval_dir(run, 5) / "results.json").read_text())
     assert res["gristmill"]["heldout"] == {"source": "second", "dataset": str(dataset)}
-    assert res["gristmill_tasks"]["heldout_cloze"]["max_length"] == 128
+    assert res["gristmill_tasks"]["heldout_cloze"]["max_length"] == 256
     assert main(["eval", str(run), "--step", "5", "--tasks", "demo_ppl"]) == 2  # the old name: renamed
     assert "task demo_ppl is now called heldout_ppl" in capsys.readouterr().err
