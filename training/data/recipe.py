@@ -32,6 +32,20 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
         )
         for s in sources
     ]
+    seen: dict[object, tuple[str, DocumentTable]] = {}
+    for src, t in zip(sources, tables):
+        # One directory (or a link to it, or a byte copy) under two names: every window trained twice.
+        for key in (t.root.resolve(), t.info.get("fingerprint")):
+            if key is None:  # a dataset built before fingerprints: its directory alone
+                continue
+            if key in seen:
+                name, other = seen[key]
+                raise DatasetError(
+                    f"sources {name!r} and {src.name!r} are the same dataset ({other.root} and {t.root}"
+                    f"{', one directory' if isinstance(key, Path) else ', one fingerprint'}); a mixture "
+                    "reads each dataset once: give one source that dataset and raise its mix weight"
+                )
+            seen[key] = (src.name, t)
     first_name, first = sources[0].name, tables[0]
     for src, t in zip(sources[1:], tables[1:]):
         name = src.name
