@@ -28,7 +28,7 @@ from training.config import (
     SourceSection,
     TrainConfig,
 )
-from training.contract.config_loader import ConfigError
+from training.contract.config_loader import ConfigError, override_of
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
 # presets keep their published vocab size so their parameter count matches the reference runs.
@@ -62,10 +62,12 @@ def sources_of(cfg: TrainConfig) -> list[SourceSection]:
         # One source "data": read for as many epochs as [schedule] takes; under [[phase]] once.
         epochs = 1 if cfg.phase else None
         return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
-    if d.dataset != DataSection.dataset:
+    given = override_of(cfg, "data.dataset")
+    if d.dataset != DataSection.dataset or given:
         raise ConfigError(
-            f"data.dataset = {d.dataset!r} and [[data.sources]] are both set; with sources, name each "
-            "dataset in a [[data.sources]] table and leave data.dataset out",
+            f"{f'--set {given}' if given else f'data.dataset = {d.dataset!r}'} and [[data.sources]] are "
+            "both set; with sources, name each dataset in a [[data.sources]] table and leave "
+            "data.dataset out",
             "data.dataset",
         )
     names = [src.name for src in d.sources]

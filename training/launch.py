@@ -61,11 +61,11 @@ def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
-    from training.data.recipe import build_plan, format_plan, open_sources, plot_plan
+    from training.data.recipe import build_plan, format_plan, mix_notes, open_sources, plot_plan
 
     check_config(cfg, nproc)
     plan = build_plan(cfg, open_sources(cfg))
-    for line in format_plan(plan, []):
+    for line in format_plan(plan, mix_notes(cfg)):
         print(line)
     path = Path(cfg.run.output_dir) / PLAN_PNG
     print(plot_plan(plan, path) or f"plot: {path}")

@@ -245,7 +245,8 @@ def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> n
 def _header(
     cfg, model_config, shapes: list[BatchShape], env: DistEnv, device, mesh, model, flops, peak
 ) -> list[str]:
-    """The run's header lines: model, batch per phase, processes and mesh, FLOPs per token and MFU."""
+    """The run's header lines: model, each source's dataset, batch per phase, processes and mesh,
+    FLOPs per token and MFU."""
     params = num_params(model)
     params_without_embeddings = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -259,6 +260,8 @@ def _header(
         f"  model   preset {cfg.model.preset}: {params:,} params ({params_without_embeddings:,} without "
         f"embeddings), dim {model_config.dim}, {model_config.n_layers} layers, "
         f"{model_config.n_heads}/{model_config.n_kv_heads} heads, vocab {model_config.vocab_size}",
+        # data.dataset has a default (runs/data/demo): name what is trained on, whichever way it came.
+        "  data    " + ", ".join(f"{src.name} = {src.dataset}" for src in sources_of(cfg)),
         *(
             f"  batch   {'' if len(shapes) == 1 else f'{s.name}: '}{s.global_batch} seqs × {s.seq_len} = "
             f"{s.tokens_per_step:,} tokens/step = {s.dp_size} rank{'s' * (s.dp_size != 1)} × "

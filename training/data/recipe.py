@@ -8,6 +8,7 @@ training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -79,14 +80,25 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
     return data_plan.Plan(sources, phases, cfg.data.seed)
 
 
+def mix_notes(cfg: TrainConfig) -> list[str]:
+    """A line per phase whose mix weights do not sum to 1: the plan trains their shares, so say them."""
+    notes = []
+    for ph in phases_of(cfg):
+        total = sum(ph.mix.values())
+        if not math.isclose(total, 1.0, rel_tol=1e-9):
+            shares = ", ".join(f"{name} {w:g}→{w / total:.3g}" for name, w in ph.mix.items())
+            notes.append(f"mix of phase {ph.name!r} normalised: {shares}")
+    return notes
+
+
 def open_plan(
     cfg: TrainConfig, expect_vocab_size: int | None = None
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
-    is a PlanError before any work)."""
+    is a PlanError before any work); the notes are mix_notes and the supply's."""
     tables = open_sources(cfg, expect_vocab_size)
     plan = build_plan(cfg, tables)
-    return plan, tables, plan.check_supply()
+    return plan, tables, mix_notes(cfg) + plan.check_supply()
 
 
 def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
