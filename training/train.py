@@ -40,7 +40,7 @@ from torch.distributed.fsdp import FSDPModule
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
-from training.config_checks import BatchShape, check_config, resolve_model_config, sources_of
+from training.config_checks import BatchShape, check_config, resolve_model_config, seq_lens_of, sources_of
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
     add_resume_argument,
@@ -292,7 +292,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
-    model_config = resolve_model_config(cfg.model, info, max(s.seq_len for s in shapes))
+    model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg))
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
