@@ -55,7 +55,7 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, PLAN_PNG
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, dataset_loader
-from training.data.recipe import format_plan, open_plan, plot_plan
+from training.data.recipe import format_plan, open_plan, plot_plan, record_plan
 from training.divergence import (
     DivergencePolicy,
     NonFiniteGuard,
@@ -528,6 +528,7 @@ def setup(
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
         _save_run_config(cfg, run_dir, resumed, say)
+        record_plan(data, run_dir)  # the sources' fingerprints, for `data inspect RUN`
         if cfg.metrics.plot:
             note = plot_plan(data, run_dir / PLAN_PNG)
             if note:

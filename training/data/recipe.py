@@ -8,6 +8,7 @@ training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import pyarrow.parquet as pq
 
 from training.config import TrainConfig
 from training.config_checks import phases_of, sources_of
-from training.contract.atomic_write import atomic_path
-from training.contract.dataset_format import DATASET_JSON, DatasetError
+from training.contract.atomic_write import atomic_path, write_atomic
+from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
+from training.contract.run_layout import DATA_PLAN_JSON
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
@@ -99,6 +101,30 @@ def open_plan(
     tables = open_sources(cfg, expect_vocab_size)
     plan = build_plan(cfg, tables)
     return plan, tables, mix_notes(cfg) + plan.check_supply()
+
+
+def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:
+    """RUN/data_plan.json: the plan the run trains (each source's fingerprint), readable without torch
+    (the checkpoints' copy is DCP): `data inspect RUN` checks the datasets against it."""
+    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json())
+
+
+def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
+    """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
+    run recorded nothing (started before data_plan.json)."""
+    path = run_dir / DATA_PLAN_JSON
+    if not path.is_file():
+        return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
+    recorded = {s["name"]: s["fingerprint"] for s in json.loads(path.read_text())["sources"]}
+    for src, t in zip(plan.sources, tables):
+        if src.name in recorded and not same_data(recorded[src.name], t.info):
+            raise DatasetError(
+                f"source {src.name!r}: {t.root} is not the dataset this run trained on (fingerprint "
+                f"{str(t.info['fingerprint'])[:12]}… now, {str(recorded[src.name])[:12]}… in {path}); it was "
+                "rebuilt or replaced, so its batches are not what the model saw: point the source back "
+                "at the dataset the run trained on"
+            )
+    return None
 
 
 def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:

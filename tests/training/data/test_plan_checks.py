@@ -4,6 +4,7 @@ the model, mixes that do not sum to 1; and the run header naming every source's 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,52 @@ def test_the_plan_says_when_a_mix_is_normalised_and_the_header_names_every_datas
     out = capsys.readouterr().out
     assert f"  data    web = {sources['web']}, code = {sources['code']}\n" in out, out
     assert "mix of phase 'main' normalised" in out
+
+
+# -- `gristmill data inspect` and `gristmill verify`: what a directory is, steps from 1 --
+
+
+def test_inspect_refuses_a_run_whose_source_was_rebuilt(tmp_path, capsys):
+    srcs = {"web": make_dataset(tmp_path / "web", n_docs=240, seed=1)}
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", srcs, run)
+    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    assert gristmill(["data", "inspect", str(run), "--step", "5", "--hash"]) == 0
+    capsys.readouterr()
+    shutil.rmtree(srcs["web"])
+    make_dataset(srcs["web"], n_docs=240, seed=9)  # rebuilt in place: another fingerprint
+    assert gristmill(["data", "inspect", str(run), "--step", "5", "--hash"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "source 'web'" in err and str(srcs["web"]) in err and "not the dataset this run trained on" in err
+
+
+def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_path, capsys):
+    web = sources["web"]
+    geometry = ["--seq-len", "32", "--global-batch", "16", "--seed", "7"]
+    assert gristmill(["data", "inspect", str(tmp_path / "nowhere"), *geometry]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere does not exist" in err and "is a dataset directory" not in err, err
+    assert gristmill(["data", "inspect", str(web)]) == 2
+    err = capsys.readouterr().err
+    assert "is a dataset directory: give --seq-len, --global-batch, --seed" in err, err
+    built = tmp_path / "built"
+    shutil.copytree(web, built)
+    (built / "config.toml").write_text("# the build's recipe\n")
+    assert gristmill(["data", "inspect", str(built)]) == 2
+    err = capsys.readouterr().err
+    assert "is a dataset directory: give" in err and "no config.toml" not in err, err
+    assert gristmill(["data", "inspect", str(web), *geometry, "--step", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--step counts from 1" in err and "--end" not in err, err
+    # Step 1 is the first batch in dataset mode too, and --hash numbers steps the same way.
+    assert gristmill(["data", "inspect", str(web), *geometry, "--hash", "--step", "1", "--end", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["1", "2"]
+    assert gristmill(["data", "inspect", str(web), *geometry, "--step", "2", "--max-rows", "1"]) == 0
+    assert f"step 2 = epoch 0 batch 1; sha256 {lines[1].split()[1]}" in capsys.readouterr().out
+    # gristmill verify: a dataset directory (even with its build config.toml) is not a training run.
+    assert gristmill(["verify", str(built)]) != 0
+    err = capsys.readouterr().err
+    assert "is a dataset directory, not a training run" in err, err
