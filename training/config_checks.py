@@ -28,7 +28,7 @@ from training.config import (
     SourceSection,
     TrainConfig,
 )
-from training.contract.config_loader import ConfigError
+from training.contract.config_loader import ConfigError, override_of
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
 # presets keep their published vocab size so their parameter count matches the reference runs.
@@ -62,10 +62,12 @@ def sources_of(cfg: TrainConfig) -> list[SourceSection]:
         # One source "data": read for as many epochs as [schedule] takes; under [[phase]] once.
         epochs = 1 if cfg.phase else None
         return [SourceSection(name="data", dataset=d.dataset, max_epochs=epochs, val_fraction=d.val_fraction)]
-    if d.dataset != DataSection.dataset:
+    given = override_of(cfg, "data.dataset")
+    if d.dataset != DataSection.dataset or given:
         raise ConfigError(
-            f"data.dataset = {d.dataset!r} and [[data.sources]] are both set; with sources, name each "
-            "dataset in a [[data.sources]] table and leave data.dataset out",
+            f"{f'--set {given}' if given else f'data.dataset = {d.dataset!r}'} and [[data.sources]] are "
+            "both set; with sources, name each dataset in a [[data.sources]] table and leave "
+            "data.dataset out",
             "data.dataset",
         )
     names = [src.name for src in d.sources]
@@ -376,8 +378,20 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
     return plans
 
 
-def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int):
-    """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset."""
+def seq_lens_of(cfg: TrainConfig) -> list[tuple[str, int]]:
+    """(the key that sets it, seq_len) per phase: `phase[i].seq_len` where the phase sets its own."""
+    return [
+        (
+            f"phase[{i}].seq_len" if cfg.phase and cfg.phase[i].seq_len is not None else "data.seq_len",
+            ph.seq_len,
+        )
+        for i, ph in enumerate(phases_of(cfg))
+    ]
+
+
+def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: list[tuple[str, int]]):
+    """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
+    and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it."""
     from training.model import PRESETS  # the model module is heavier; import when a run starts
 
     if section.preset not in PRESETS:
@@ -411,9 +425,11 @@ def resolve_model_config(section: ModelSection, dataset_info: dict, seq_len: int
             f"the dataset's separator id {sep} is outside the model's vocabulary "
             f"(vocab_size {mcfg.vocab_size})"
         )
-    if seq_len > mcfg.max_seq_len:
-        raise ConfigError(
-            f"data.seq_len = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
-            f"{section.preset!r}); lower data.seq_len or set model.max_seq_len ≥ {seq_len}"
-        )
+    for key, seq_len in seq_lens:
+        if seq_len > mcfg.max_seq_len:
+            raise ConfigError(
+                f"{key} = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
+                f"{section.preset!r}); lower {key} or set model.max_seq_len ≥ {seq_len}",
+                key,
+            )
     return mcfg

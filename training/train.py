@@ -40,7 +40,7 @@ from torch.distributed.fsdp import FSDPModule
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
-from training.config_checks import BatchShape, check_config, resolve_model_config, sources_of
+from training.config_checks import BatchShape, check_config, resolve_model_config, seq_lens_of, sources_of
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
     add_resume_argument,
@@ -55,7 +55,7 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, PLAN_PNG
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, dataset_loader
-from training.data.recipe import format_plan, open_plan, plot_plan
+from training.data.recipe import format_plan, open_plan, plot_plan, record_plan
 from training.divergence import (
     DivergencePolicy,
     NonFiniteGuard,
@@ -246,7 +246,8 @@ def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> n
 def _header(
     cfg, model_config, shapes: list[BatchShape], env: DistEnv, device, mesh, model, flops, peak
 ) -> list[str]:
-    """The run's header lines: model, batch per phase, processes and mesh, FLOPs per token and MFU."""
+    """The run's header lines: model, each source's dataset, batch per phase, processes and mesh,
+    FLOPs per token and MFU."""
     params = num_params(model)
     params_without_embeddings = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -262,6 +263,8 @@ def _header(
         f"  model   preset {cfg.model.preset}: {params:,} params ({params_without_embeddings:,} without "
         f"embeddings), dim {model_config.dim}, {model_config.n_layers} layers, "
         f"{model_config.n_heads}/{model_config.n_kv_heads} heads, vocab {model_config.vocab_size}",
+        # data.dataset has a default (runs/data/demo): name what is trained on, whichever way it came.
+        "  data    " + ", ".join(f"{src.name} = {src.dataset}" for src in sources_of(cfg)),
         *(
             f"  batch   {'' if len(shapes) == 1 else f'{s.name}: '}{s.global_batch} seqs × {s.seq_len} = "
             f"{s.tokens_per_step:,} tokens/step = {s.dp_size} rank{'s' * (s.dp_size != 1)} × "
@@ -297,7 +300,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
-    model_config = resolve_model_config(cfg.model, info, max(s.seq_len for s in shapes))
+    model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg))
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
@@ -535,6 +538,7 @@ def setup(
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
         _save_run_config(cfg, run_dir, resumed, say)
+        record_plan(data, run_dir)  # the sources' fingerprints, for `data inspect RUN`
         if cfg.metrics.plot:
             note = plot_plan(data, run_dir / PLAN_PNG)
             if note:

@@ -16,6 +16,7 @@ from pathlib import Path
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import ExportError, verify_export
 from training.checkpoint.io import CheckpointError, verify_checkpoint
+from training.contract.dataset_format import DATASET_JSON
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
@@ -23,6 +24,7 @@ from training.contract.run_layout import (
     CONFIG_TOML,
     EXPORTS_DIR,
     incomplete_reason,
+    is_training_run,
     list_steps,
 )
 from validation.audit import Result, format_table
@@ -61,8 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
-    if not (run_dir / CONFIG_TOML).is_file():
-        raise GristmillError(f"{run_dir / CONFIG_TOML} not found: {run_dir} is not a gristmill training run")
+    if not is_training_run(run_dir):
+        what = "is a dataset directory" if (run_dir / DATASET_JSON).is_file() else f"has no {CONFIG_TOML}"
+        raise GristmillError(
+            f"{run_dir} {what}, not a training run: pass the run directory (run.output_dir) of "
+            "`gristmill train`; `gristmill data validate` checks a dataset"
+        )
     rows = verify_run(run_dir)
     if not rows:
         print(f"{run_dir} has no checkpoints or exports yet")

@@ -43,7 +43,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.config_checks import phases_of, resolve_model_config, sources_of
+from training.config_checks import resolve_model_config, seq_lens_of, sources_of
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
@@ -313,7 +313,7 @@ def run_model_config(run_dir: str | Path):
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
     dataset = Path(sources_of(cfg)[0].dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
-    return cfg, dataset, resolve_model_config(cfg.model, info, max(ph.seq_len for ph in phases_of(cfg)))
+    return cfg, dataset, resolve_model_config(cfg.model, info, seq_lens_of(cfg))
 
 
 def checkpoint_model_config(

@@ -57,12 +57,23 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         set_dotted(raw, key, value)
         parsed.append((item, key))
     try:
-        return from_dict(cls, raw, source=source)
+        cfg = from_dict(cls, raw, source=source)
     except ConfigError as e:
         # The bad key first, then where it came from: the one --set that names it, else the file.
         body = str(e).removeprefix(f"{source}: ")
         culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
         raise ConfigError(f"{body} ({f'--set {culprit}' if culprit else source})", e.key) from None
+    # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
+    cfg.__dict__[_OVERRIDES] = {key: item for item, key in parsed}
+    return cfg
+
+
+_OVERRIDES = "_gristmill_overrides"
+
+
+def override_of(cfg: Any, key: str) -> str | None:
+    """The `--set` item (as the user typed it) that gave dotted `key` to load_config's `cfg`, if any."""
+    return getattr(cfg, _OVERRIDES, {}).get(key)
 
 
 def _covers(override_key: str, bad_key: str | None) -> bool:

@@ -183,6 +183,11 @@ def fingerprint_before_index(info: dict[str, Any]) -> str | None:
     return fingerprint({k: v for k, v in info.items() if k != "index"})
 
 
+def same_data(recorded: str | None, info: dict[str, Any]) -> bool:
+    """Whether a fingerprint a run recorded is this dataset's (as built, or before `data index`)."""
+    return recorded in ({info["fingerprint"], fingerprint_before_index(info)} - {None})
+
+
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
     """Read and sanity-check dataset.json (cheap: no shard is hashed here)."""
     root = Path(root)

@@ -22,8 +22,17 @@ LOCK_FILE = ".gristmill.lock"  # training.run_lock: one writer per run directory
 METRICS_JSONL = "metrics.jsonl"
 PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
 CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
+DATA_PLAN_JSON = "data_plan.json"  # the plan as the run started (sources' fingerprints), read without torch
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def is_training_run(path: str | Path) -> bool:
+    """A run directory holds config.toml; a dataset directory may too (its build recipe) but has
+    dataset.json."""
+    from training.contract.dataset_format import DATASET_JSON  # numpy/pyarrow: only when asked
+
+    return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
 
 
 def step_name(step: int) -> str:

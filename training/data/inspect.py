@@ -5,14 +5,16 @@ token range), their token ids and a decoded excerpt — or, with --hash, one sha
 steps [--step, --end), equal to `training.data.loader.batch_sha256` of the batches the trainer got.
 
 Given a training run directory (`gristmill data inspect RUN --step 12000`), the plan comes from
-RUN/config.toml (every source and phase) and steps count as the trainer logs them, from 1; given a
-dataset directory, the geometry comes from the flags and steps count from 0.
+RUN/config.toml (every source and phase), checked against the datasets the run recorded
+(RUN/data_plan.json); given a dataset directory, the geometry comes from the flags. Either way steps
+count as the trainer logs them in metrics.jsonl, from 1.
 `tokenizers` is imported inside run() only: training code must import without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,7 @@ import pyarrow.parquet as pq
 from training.config import TrainConfig
 from training.config_checks import check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
-from training.contract.run_layout import CONFIG_TOML
+from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 
 
@@ -33,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--step",
         type=int,
-        help="run mode: the trainer's step (from 1; default 1); dataset mode: global step from 0 (default 0)",
+        help="the trainer's step, counted from 1 as in metrics.jsonl (default 1), in both modes",
     )
     p.add_argument("--end", type=int, help="with --hash: hash steps [--step, --end); default --step + 1")
     p.add_argument("--hash", action="store_true", help="print one sha256 per step instead of the batch")
@@ -49,14 +51,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     world = args.world_size
     root = Path(args.dataset)
-    if (root / CONFIG_TOML).is_file() and not (root / DATASET_JSON).is_file():  # a dataset has both
+    if not root.is_dir():
+        raise LoaderConfigError(
+            f"{root} does not exist: pass a training run directory (holds {CONFIG_TOML}) or a dataset "
+            f"directory (holds {DATASET_JSON})"
+        )
+    if is_training_run(root):
         return _run_mode(args)
+    if not (root / DATASET_JSON).is_file():
+        raise LoaderConfigError(
+            f"{root} holds neither {CONFIG_TOML} nor {DATASET_JSON}: pass a training run directory or a "
+            "dataset directory"
+        )
     missing = [f for f in ("seq_len", "global_batch", "seed") if getattr(args, f) is None]
     if missing:
         raise LoaderConfigError(
-            f"{args.dataset} is a dataset directory (no {CONFIG_TOML}): give "
+            f"{args.dataset} is a dataset directory: give "
             + ", ".join("--" + f.replace("_", "-") for f in missing)
-            + " (or pass a training run directory)"
+            + " (or pass a training run directory, whose config.toml has them)"
         )
     if world < 1 or args.global_batch % world:
         raise LoaderConfigError(
@@ -75,44 +87,54 @@ def run(args: argparse.Namespace) -> int:
         check_separators=True,
     )
     spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
-    step = args.step or 0
-    end = step + 1 if args.end is None else args.end
-    if step < 0 or end <= step:
-        raise LoaderConfigError(f"need 0 ≤ --step < --end, got --step {step} --end {end}")
+    step, end = _steps(args, None)
     print(
         f"# dataset {args.dataset} fingerprint {loader.info['fingerprint']} split {args.split} "
         f"val_fraction {args.val_fraction} seed {args.seed} seq_len {args.seq_len} "
         f"global_batch {args.global_batch} rank {args.rank}/{world}: {spe} steps/epoch, "
         f"{tail} tail tokens dropped per epoch"
     )
-    epoch, batch = divmod(step, spe)
-    loader.seek(step)
+    epoch, batch = divmod(step - 1, spe)
+    loader.seek(step - 1)
     if args.hash:
         for s, micro in zip(range(step, end), loader):
             print(f"{s} {batch_sha256(micro)}")
         return 0
     micro = next(iter(loader))
     print(f"step {step} = epoch {epoch} batch {batch}; sha256 {batch_sha256(micro)}")
-    _print_batch(loader, step, args, micro)
+    _print_batch(loader, step - 1, args, micro)
     return 0
+
+
+def _steps(args: argparse.Namespace, total: int | None) -> tuple[int, int]:
+    """(--step, --end) counted from 1 as in metrics.jsonl; `total`: the run's last step, if known."""
+    step = 1 if args.step is None else args.step
+    end = step + 1 if args.end is None else args.end
+    if step < 1:
+        raise LoaderConfigError(
+            f"--step counts from 1 (the trainer's first step, as in metrics.jsonl), got {step}"
+        )
+    if total is not None and step > total:
+        raise LoaderConfigError(f"--step {step} is past the run's plan of {total} steps (counted from 1)")
+    if args.end is not None and not step < end <= (total or end) + 1:
+        bound = "" if total is None else f" ≤ {total + 1} (the run's plan has {total} steps)"
+        raise LoaderConfigError(f"need --step < --end{bound}, got --step {step} --end {end}")
+    return step, end
 
 
 def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
     from training.contract.config_loader import load_config
-    from training.data.recipe import build_plan, open_sources
+    from training.data.recipe import build_plan, check_recorded_plan, open_sources
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
     check_config(cfg, args.world_size)
     tables = open_sources(cfg)
     plan = build_plan(cfg, tables)
-    step = 1 if args.step is None else args.step
-    end = step + 1 if args.end is None else args.end
-    if not 1 <= step < end or end - 1 > plan.total_steps:
-        raise LoaderConfigError(
-            f"need 1 ≤ --step < --end ≤ {plan.total_steps + 1} (the run's plan has {plan.total_steps} steps, "
-            f"counted from 1 as in metrics.jsonl), got --step {step} --end {end}"
-        )
+    note = check_recorded_plan(Path(args.dataset), plan, tables)  # a rebuilt source: refused here
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,
         tables,

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training.contract.dataset_format import fingerprint_before_index
+from training.contract.dataset_format import same_data
 from training.contract.errors import GristmillError
 from training.data import order as epoch_order
 from training.data import plan as data_plan
@@ -355,14 +355,14 @@ class TokenLoader:
             raise LoaderStateError(
                 f"the checkpoint's plan has format {saved.get('format')!r}, not {data_plan.PLAN_FORMAT!r}"
             )
-        before_index = {t.info["fingerprint"]: fingerprint_before_index(t.info) for t in self._builder.tables}
+        info = {t.info["fingerprint"]: t.info for t in self._builder.tables}
         step = int(sd["step"])
         try:
             self.resume_notes = data_plan.check_resume(
                 saved,
                 self.plan,
                 step,
-                lambda theirs, ours: theirs in ({ours, before_index.get(ours)} - {None}),
+                lambda theirs, ours: ours in info and same_data(theirs, info[ours]),
             )
         except data_plan.PlanError as e:
             raise LoaderStateError(str(e)) from None

@@ -8,6 +8,8 @@ training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +18,9 @@ import pyarrow.parquet as pq
 
 from training.config import TrainConfig
 from training.config_checks import phases_of, sources_of
-from training.contract.atomic_write import atomic_path
-from training.contract.dataset_format import DATASET_JSON, DatasetError
+from training.contract.atomic_write import atomic_path, write_atomic
+from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
+from training.contract.run_layout import DATA_PLAN_JSON
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
@@ -32,6 +35,20 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
         )
         for s in sources
     ]
+    seen: dict[object, tuple[str, DocumentTable]] = {}
+    for src, t in zip(sources, tables):
+        # One directory (or a link to it, or a byte copy) under two names: every window trained twice.
+        for key in (t.root.resolve(), t.info.get("fingerprint")):
+            if key is None:  # a dataset built before fingerprints: its directory alone
+                continue
+            if key in seen:
+                name, other = seen[key]
+                raise DatasetError(
+                    f"sources {name!r} and {src.name!r} are the same dataset ({other.root} and {t.root}"
+                    f"{', one directory' if isinstance(key, Path) else ', one fingerprint'}); a mixture "
+                    "reads each dataset once: give one source that dataset and raise its mix weight"
+                )
+            seen[key] = (src.name, t)
     first_name, first = sources[0].name, tables[0]
     for src, t in zip(sources[1:], tables[1:]):
         name = src.name
@@ -65,14 +82,49 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
     return data_plan.Plan(sources, phases, cfg.data.seed)
 
 
+def mix_notes(cfg: TrainConfig) -> list[str]:
+    """A line per phase whose mix weights do not sum to 1: the plan trains their shares, so say them."""
+    notes = []
+    for ph in phases_of(cfg):
+        total = sum(ph.mix.values())
+        if not math.isclose(total, 1.0, rel_tol=1e-9):
+            shares = ", ".join(f"{name} {w:g}→{w / total:.3g}" for name, w in ph.mix.items())
+            notes.append(f"mix of phase {ph.name!r} normalised: {shares}")
+    return notes
+
+
 def open_plan(
     cfg: TrainConfig, expect_vocab_size: int | None = None
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
-    is a PlanError before any work)."""
+    is a PlanError before any work); the notes are mix_notes and the supply's."""
     tables = open_sources(cfg, expect_vocab_size)
     plan = build_plan(cfg, tables)
-    return plan, tables, plan.check_supply()
+    return plan, tables, mix_notes(cfg) + plan.check_supply()
+
+
+def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:
+    """RUN/data_plan.json: the plan the run trains (each source's fingerprint), readable without torch
+    (the checkpoints' copy is DCP): `data inspect RUN` checks the datasets against it."""
+    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json())
+
+
+def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
+    """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
+    run recorded nothing (started before data_plan.json)."""
+    path = run_dir / DATA_PLAN_JSON
+    if not path.is_file():
+        return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
+    recorded = {s["name"]: s["fingerprint"] for s in json.loads(path.read_text())["sources"]}
+    for src, t in zip(plan.sources, tables):
+        if src.name in recorded and not same_data(recorded[src.name], t.info):
+            raise DatasetError(
+                f"source {src.name!r}: {t.root} is not the dataset this run trained on (fingerprint "
+                f"{str(t.info['fingerprint'])[:12]}… now, {str(recorded[src.name])[:12]}… in {path}); it was "
+                "rebuilt or replaced, so its batches are not what the model saw: point the source back "
+                "at the dataset the run trained on"
+            )
+    return None
 
 
 def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:

@@ -451,7 +451,7 @@ def inspect(capsys, *args) -> tuple[int, str]:
 
 def test_inspect_prints_the_batch(text_dataset, capsys):
     common = (text_dataset, "--seq-len", SEQ, "--global-batch", G, "--seed", 1)
-    rc, out = inspect(capsys, *common, "--step", 3, "--max-rows", 0)
+    rc, out = inspect(capsys, *common, "--step", 4, "--max-rows", 0)  # steps count from 1
     assert rc == 0
     loader = make_loader(text_dataset)
     loader.seek(3)
@@ -462,7 +462,7 @@ def test_inspect_prints_the_batch(text_dataset, capsys):
     assert f"row 0: ids {first_ids}" in out
     assert "(id doc-" in out and " w" in out  # source ids and decoded text
     assert out.count("\nrow ") == G
-    rc, out = inspect(capsys, *common, "--step", 3, "--rank", 1, "--world-size", 2)
+    rc, out = inspect(capsys, *common, "--step", 4, "--rank", 1, "--world-size", 2)
     assert "rows 4..7" in out and "row 4: ids" in out
 
 
@@ -477,11 +477,11 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     common = (text_dataset, "--seq-len", SEQ, "--global-batch", G, "--seed", 1)
     loader = make_loader(text_dataset, num_workers=1)
     spe = loader.steps_per_epoch
-    want = [f"{s} {batch_sha256(b)}" for s, b in enumerate(take(loader, spe + 2))][spe - 2 :]
-    rc, out = inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 2)
+    want = [f"{s} {batch_sha256(b)}" for s, b in enumerate(take(loader, spe + 2), start=1)][spe - 3 :]
+    rc, out = inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 3)  # across the epoch
     assert rc == 0
     assert [line for line in out.splitlines() if not line.startswith("#")] == want
-    assert inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 2)[1] == out
+    assert inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 3)[1] == out
     rc, _ = inspect(capsys, *common, "--world-size", 3)
     assert rc == 2
 

@@ -1,0 +1,132 @@
+"""The data plan's checks before step 1, the same for `gristmill train --plan` and `gristmill train`:
+one dataset under two source names, --set data.dataset beside [[data.sources]], a phase longer than
+the model, mixes that do not sum to 1; and the run header naming every source's dataset."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main as gristmill
+from tests.helpers.phased_recipe import write_recipe
+from tests.helpers.train_data import make_dataset
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sources")
+    return {
+        "web": make_dataset(root / "web", n_docs=240, seed=1),
+        "code": make_dataset(root / "code", n_docs=160, seed=2),
+    }
+
+
+def both(config: Path, sets: list[str], capsys) -> list[str]:
+    """stderr of `train --plan` and of `train`, each of which must refuse (exit 2) before step 1."""
+    errs = []
+    for extra in (["--plan"], []):
+        assert gristmill(["train", "--config", str(config), *extra, "--set", *sets]) == 2
+        errs.append(capsys.readouterr().err)
+    assert not (Path(sets[0].split("=", 1)[1].strip('"')) / "metrics.jsonl").exists()
+    return errs
+
+
+@pytest.mark.parametrize("how", ["same directory", "symlink", "copy"])
+def test_one_dataset_under_two_source_names_is_refused(sources, tmp_path, capsys, how):
+    twin = sources["web"]
+    if how == "symlink":
+        twin = tmp_path / "link"
+        twin.symlink_to(sources["web"], target_is_directory=True)
+    elif how == "copy":  # a byte copy has the same fingerprint: the same windows twice
+        twin = tmp_path / "copy"
+        twin.mkdir()
+        for f in sources["web"].rglob("*"):
+            if f.is_file():
+                (twin / f.relative_to(sources["web"])).parent.mkdir(parents=True, exist_ok=True)
+                (twin / f.relative_to(sources["web"])).write_bytes(f.read_bytes())
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {"web": sources["web"], "code": twin}, run)
+    for err in both(config, [f'run.output_dir="{run}"'], capsys):
+        assert "sources 'web' and 'code' are the same dataset" in err, err
+        assert str(sources["web"]) in err and str(twin) in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_set_data_dataset_beside_sources_is_refused_even_at_its_default(sources, tmp_path, capsys):
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)
+    for err in both(config, [f'run.output_dir="{run}"', "data.dataset=runs/data/demo"], capsys):
+        assert "--set data.dataset=runs/data/demo" in err and "[[data.sources]]" in err, err
+
+
+def test_a_phase_longer_than_the_model_is_refused_by_plan_and_train_naming_its_key(sources, tmp_path, capsys):
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)
+    for err in both(config, [f'run.output_dir="{run}"', "model.max_seq_len=32"], capsys):
+        assert "phase[1].seq_len = 64 exceeds the model's max_seq_len = 32" in err, err
+        assert "data.seq_len" not in err
+
+
+def test_the_plan_says_when_a_mix_is_normalised_and_the_header_names_every_dataset(sources, tmp_path, capsys):
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)  # main: 0.6/0.3, long: 0.2/0.4
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "mix of phase 'main' normalised: web 0.6→0.667, code 0.3→0.333" in out, out
+    assert "mix of phase 'long' normalised: web 0.2→0.333, code 0.4→0.667" in out
+    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert f"  data    web = {sources['web']}, code = {sources['code']}\n" in out, out
+    assert "mix of phase 'main' normalised" in out
+
+
+# -- `gristmill data inspect` and `gristmill verify`: what a directory is, steps from 1 --
+
+
+def test_inspect_refuses_a_run_whose_source_was_rebuilt(tmp_path, capsys):
+    srcs = {"web": make_dataset(tmp_path / "web", n_docs=240, seed=1)}
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", srcs, run)
+    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    assert gristmill(["data", "inspect", str(run), "--step", "5", "--hash"]) == 0
+    capsys.readouterr()
+    shutil.rmtree(srcs["web"])
+    make_dataset(srcs["web"], n_docs=240, seed=9)  # rebuilt in place: another fingerprint
+    assert gristmill(["data", "inspect", str(run), "--step", "5", "--hash"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.strip().splitlines()) == 1, err
+    assert "source 'web'" in err and str(srcs["web"]) in err and "not the dataset this run trained on" in err
+
+
+def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_path, capsys):
+    web = sources["web"]
+    geometry = ["--seq-len", "32", "--global-batch", "16", "--seed", "7"]
+    assert gristmill(["data", "inspect", str(tmp_path / "nowhere"), *geometry]) == 2
+    err = capsys.readouterr().err
+    assert "nowhere does not exist" in err and "is a dataset directory" not in err, err
+    assert gristmill(["data", "inspect", str(web)]) == 2
+    err = capsys.readouterr().err
+    assert "is a dataset directory: give --seq-len, --global-batch, --seed" in err, err
+    built = tmp_path / "built"
+    shutil.copytree(web, built)
+    (built / "config.toml").write_text("# the build's recipe\n")
+    assert gristmill(["data", "inspect", str(built)]) == 2
+    err = capsys.readouterr().err
+    assert "is a dataset directory: give" in err and "no config.toml" not in err, err
+    assert gristmill(["data", "inspect", str(web), *geometry, "--step", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--step counts from 1" in err and "--end" not in err, err
+    # Step 1 is the first batch in dataset mode too, and --hash numbers steps the same way.
+    assert gristmill(["data", "inspect", str(web), *geometry, "--hash", "--step", "1", "--end", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["1", "2"]
+    assert gristmill(["data", "inspect", str(web), *geometry, "--step", "2", "--max-rows", "1"]) == 0
+    assert f"step 2 = epoch 0 batch 1; sha256 {lines[1].split()[1]}" in capsys.readouterr().out
+    # gristmill verify: a dataset directory (even with its build config.toml) is not a training run.
+    assert gristmill(["verify", str(built)]) != 0
+    err = capsys.readouterr().err
+    assert "is a dataset directory, not a training run" in err, err
