@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 
@@ -14,9 +15,19 @@ import torch.distributed as dist
 
 from tests.helpers.models import tiny_model
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import ENV, ROOT, TINY, losses, overrides, torchrun_cmd, wait_for_step
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    assert_same_weights,
+    losses,
+    overrides,
+    torchrun_cmd,
+    wait_for_step,
+)
 from training.config import OptimSection
 from training.contract.config_loader import ConfigError
+from training.launch import child_pids
 from training.optim import ScheduledLR, build_optimizer
 from training.train import load_train_config, train, train_step
 
@@ -53,7 +64,12 @@ def test_blocks_matrices_take_muon_and_the_rest_adamw_with_adamws_decay_groups()
     assert muon == {n for n, p in model.named_parameters() if n.startswith("layers.") and p.ndim == 2}
     assert {"layers.0.attention.wq.weight", "layers.0.feed_forward.w2.weight"} <= muon
     assert adamw == {n for n, _ in model.named_parameters()} - muon
-    assert {"tok_embeddings.weight", "output.weight", "norm.weight", "layers.0.attention_norm.weight"} <= adamw
+    assert {
+        "tok_embeddings.weight",
+        "output.weight",
+        "norm.weight",
+        "layers.0.attention_norm.weight",
+    } <= adamw
     # AdamW's decay groups: the matrices decay, norms and (decay_embeddings = false) embeddings do not
     assert [(m, wd) for m, wd, _ in groups] == [(True, 0.1), (False, 0.1), (False, 0.0)]
     assert groups[1][2] == {"output.weight"} and "tok_embeddings.weight" in groups[2][2]
@@ -114,6 +130,69 @@ def test_muon_keys_are_checked(tmp_path):
         load_train_config(TINY, ["optim.name='lion'"])
     ds = make_dataset(tmp_path / "ds", n_docs=20)
     base = [f"data.dataset={json.dumps(str(ds))}", f"run.output_dir={json.dumps(str(tmp_path / 'r'))}"]
-    for bad, key in (("optim.muon_momentum=1.0", "optim.muon_momentum"), ("optim.muon_ns_steps=0", "optim.muon_ns_steps")):
+    for bad, key in (
+        ("optim.muon_momentum=1.0", "optim.muon_momentum"),
+        ("optim.muon_ns_steps=0", "optim.muon_ns_steps"),
+    ):
         with pytest.raises(ConfigError, match=key):
             train(load_train_config(TINY, [*base, "optim.name='muon'", bad]))
+
+
+# Through the real trainer: the tiny recipe, 12 steps, a checkpoint every 4, optim.name = "muon".
+needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("muon-data") / "ds", n_docs=300)
+
+
+def muon_sets(dataset, run_dir, *extra: str) -> list[str]:
+    return overrides(dataset, run_dir, "optim.name='muon'", "optim.lr=3e-3", *extra)
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(dataset, tmp_path_factory):
+    """An uninterrupted 2-rank FSDP run (gloo, parallel.shard=2)."""
+    run_dir = tmp_path_factory.mktemp("muon-fsdp") / "run"
+    proc = subprocess.run(torchrun_cmd(muon_sets(dataset, run_dir, "parallel.shard=2")), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir
+
+
+@needs_gloo
+def test_fsdp_matches_single_process(fsdp_reference, dataset, tmp_path):
+    """Each rank orthogonalises the whole matrix (gathered), so 2 FSDP ranks train like one process:
+    the same losses step by step up to summation order (as AdamW's test in test_train.py)."""
+    single = tmp_path / "single"
+    train(load_train_config(TINY, muon_sets(dataset, single, "checkpoint.interval=0")))
+    ref, got = losses(single), losses(fsdp_reference)
+    assert [r[0] for r in got] == [r[0] for r in ref] == list(range(1, 13))
+    assert ref[-1][1] < ref[0][1] - 0.5  # it learns
+    for (step, loss, norm, lr, tokens), (_, loss2, norm2, lr2, tokens2) in zip(ref, got):
+        assert loss2 == pytest.approx(loss, abs=1e-5), step
+        assert norm2 == pytest.approx(norm, rel=1e-4, abs=1e-6), step
+        assert (lr2, tokens2) == (lr, tokens)
+
+
+@needs_gloo
+def test_sigterm_then_resume_auto_is_bit_identical(fsdp_reference, dataset, tmp_path):
+    """Stopped by SIGTERM mid-run (it saves the sharded momentum buffers and Adam moments), then
+    `checkpoint.resume = "auto"`: losses, norms and the final weights equal the uninterrupted run's."""
+    run_dir = tmp_path / "run"
+    sets = muon_sets(dataset, run_dir, "parallel.shard=2")
+    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    wait_for_step(proc, run_dir, 5)
+    os.kill(child_pids(proc.pid)[-1], signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = losses(run_dir)[-1][0]
+    assert stopped < 12 and f"stopping after step {stopped} on SIGTERM" in out
+    proc = subprocess.run(torchrun_cmd([*sets, 'checkpoint.resume="auto"']), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming from" in proc.stdout
+    assert losses(run_dir) == losses(fsdp_reference), f"stopped at step {stopped}"
+    assert_same_weights(run_dir, fsdp_reference, 12)
