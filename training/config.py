@@ -169,7 +169,8 @@ class OptimSection:
     muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
     """How a Muon matrix's LR follows optim.lr. "match_rms_adamw" (Moonlight): lr·0.2·√max(A, B), so
     the update's RMS is AdamW's and optim.lr / weight_decay tuned for AdamW carry over. "original"
-    (Keller Jordan, torch's default): lr·√max(1, A/B), which wants a Muon-sized lr (~0.02)."""
+    (Keller Jordan, torch's default): lr·√max(1, A/B), an update ~10× smaller than AdamW's that
+    wants a Muon-sized lr (~0.02) — which the AdamW parameters, on the same lr, would get too."""
 
 
 @dataclass
