@@ -164,14 +164,16 @@ def fsdp_reference(dataset, tmp_path_factory):
 @needs_gloo
 def test_fsdp_matches_single_process(fsdp_reference, dataset, tmp_path):
     """Each rank orthogonalises the whole matrix (gathered), so 2 FSDP ranks train like one process:
-    the same losses step by step up to summation order (as AdamW's test in test_train.py)."""
+    the same losses step by step up to summation order. Tolerance 5e-5, not AdamW's 1e-5: the last-bit
+    differences of the gradients flip a few bfloat16 roundings of the Newton–Schulz input (measured:
+    7e-6 at most over 12 steps); orthogonalising each rank's shard alone instead moves step 2 by 9e-4."""
     single = tmp_path / "single"
     train(load_train_config(TINY, muon_sets(dataset, single, "checkpoint.interval=0")))
     ref, got = losses(single), losses(fsdp_reference)
     assert [r[0] for r in got] == [r[0] for r in ref] == list(range(1, 13))
     assert ref[-1][1] < ref[0][1] - 0.5  # it learns
     for (step, loss, norm, lr, tokens), (_, loss2, norm2, lr2, tokens2) in zip(ref, got):
-        assert loss2 == pytest.approx(loss, abs=1e-5), step
+        assert loss2 == pytest.approx(loss, abs=5e-5), step
         assert norm2 == pytest.approx(norm, rel=1e-4, abs=1e-6), step
         assert (lr2, tokens2) == (lr, tokens)
 
