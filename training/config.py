@@ -145,8 +145,10 @@ class PhaseSection:
 
 @dataclass
 class OptimSection:
-    name: Literal["adamw", "adamw8bit"] = "adamw"
-    """"adamw" (torch), or "adamw8bit" (bitsandbytes; CUDA only, refused elsewhere)."""
+    name: Literal["adamw", "adamw8bit", "muon"] = "adamw"
+    """"adamw" (torch), "adamw8bit" (bitsandbytes; CUDA only, refused elsewhere), or "muon":
+    Newton–Schulz-orthogonalised momentum for the transformer blocks' 2-D weights, AdamW (betas, eps,
+    the decay groups below) for embeddings, the LM head, norms and biases (training.muon)."""
     lr: float = 3e-4
     """Peak learning rate, reached at the end of warmup."""
     min_lr: float = 3e-5
@@ -164,6 +166,17 @@ class OptimSection:
     every step (the fused kernel takes the skip flag on the device: training.divergence)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping; the norm is still logged)."""
+    muon_momentum: float = 0.95
+    """Muon's momentum μ (an EMA of the gradients: B ← μB + (1-μ)g), in [0, 1)."""
+    muon_nesterov: bool = True
+    """Orthogonalise the Nesterov look-ahead (1-μ)g + μB rather than B itself."""
+    muon_ns_steps: int = 5
+    """Newton–Schulz iterations per matrix and step (5: torch.optim.Muon's and Keller Jordan's)."""
+    muon_adjust_lr: Literal["match_rms_adamw", "original"] = "match_rms_adamw"
+    """How a Muon matrix's LR follows optim.lr. "match_rms_adamw" (Moonlight): lr·0.2·√max(A, B), so
+    the update's RMS is AdamW's and optim.lr / weight_decay tuned for AdamW carry over. "original"
+    (Keller Jordan, torch's default): lr·√max(1, A/B), an update ~10× smaller than AdamW's that
+    wants a Muon-sized lr (~0.02) — which the AdamW parameters, on the same lr, would get too."""
 
 
 @dataclass

@@ -333,6 +333,14 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
     check_number("optim.eps", o.eps, above_zero=True)
     check_number("optim.weight_decay", o.weight_decay, note=" (0: no weight decay)")
     check_number("optim.grad_clip", o.grad_clip, note=" (0: no clipping)")
+    if not 0.0 <= o.muon_momentum < 1.0:
+        raise ConfigError(
+            f"optim.muon_momentum = {o.muon_momentum} must be in [0, 1), e.g. 0.95", "optim.muon_momentum"
+        )
+    if o.muon_ns_steps < 1:
+        raise ConfigError(
+            f"optim.muon_ns_steps = {o.muon_ns_steps} must be ≥ 1, e.g. 5", "optim.muon_ns_steps"
+        )
     last = sum(p.steps for p in plans)
     if r.max_steps is not None and not 1 <= r.max_steps <= last:
         raise ConfigError(

@@ -4,7 +4,7 @@ is never applied, the host hears of it when it next looks, and loss spikes are r
 The decision is made on the device, so steps that do not log pay no host sync: the flag (loss or
 gradient norm non-finite on any rank: one MAX all-reduce, identical everywhere) is handed to fused
 AdamW as `found_inf`, which then leaves weights, moments and step counts untouched (torch's own
-mechanism for AMP's skipped steps). Other optimizers (optim.fused = false, adamw8bit) cannot take
+mechanism for AMP's skipped steps). Other optimizers (optim.fused = false, adamw8bit, muon) cannot take
 the flag, so for them the host reads it before every step: one sync per step. Counts accumulate in
 device tensors that the host reads at each logged step and before every save, so nothing
 non-finite is ever saved. The LR schedule and the data position advance over a skipped step: its

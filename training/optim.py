@@ -2,7 +2,8 @@
 
 AdamW with β = (0.9, 0.95) and weight decay 0.1 on matrices only (norm weights and biases never
 decay; embeddings optionally), fused; the learning rate of each step from the data plan's LR pieces
-(its checkpointed state is the step alone); optional 8-bit AdamW through bitsandbytes on CUDA.
+(its checkpointed state is the step alone); optional 8-bit AdamW through bitsandbytes on CUDA, or
+Muon for the transformer blocks' matrices with AdamW for the rest (training.muon).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from training.contract.errors import GristmillError
+from training.muon import MuonAdamW, transformer_block_matrices
 
 if TYPE_CHECKING:
     from training.config import OptimSection
@@ -39,12 +41,31 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     return [g for g in groups if g["params"]]
 
 
+def muon_param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = True) -> list[dict]:
+    """AdamW's decay groups (`param_groups`), each split into its transformer-block matrices
+    (`"muon": True`) and the rest (`"muon": False`): the blocks' matrices keep AdamW's decay."""
+    matrices = transformer_block_matrices(model)
+    groups = []
+    for g in param_groups(model, weight_decay, decay_embeddings):
+        for muon in (True, False):
+            params = [p for p in g["params"] if (id(p) in matrices) == muon]
+            if params:
+                groups.append({**g, "params": params, "muon": muon})
+    return groups
+
+
 def build_optimizer(
     model: nn.Module, cfg: OptimSection, device_type: str, sharded: bool = False
 ) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA unless cfg.fused says otherwise) or bitsandbytes' 8-bit AdamW."""
-    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    """AdamW (fused on CUDA unless cfg.fused says otherwise), bitsandbytes' 8-bit AdamW, or Muon + AdamW."""
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if cfg.name == "muon":
+        return MuonAdamW(
+            muon_param_groups(model, cfg.weight_decay, cfg.decay_embeddings), lr=cfg.lr, betas=betas,
+            eps=cfg.eps, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps,
+            adjust_lr=cfg.muon_adjust_lr,
+        )  # fmt: skip
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
     if cfg.name == "adamw8bit":
         bnb = bitsandbytes_or_refuse(device_type, sharded)
         return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
