@@ -252,3 +252,20 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
         err = (tmp_path / f"{name}.err").read_text()
         assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err
         assert "Read-only file system" in one_error_line(err)
+
+
+def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
+    from training.run_lock import RunLock, RunLockedError, check_unlocked
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_bytes(b"\xff\xfe\x00garbage\x80")
+    check_unlocked(run)  # nobody holds it: no error, no traceback
+    with RunLock(run) as lock:
+        assert (
+            lock.note
+            == "note: took over the lock of a process that left no details, which is no longer running"
+        )
+        # a second taker sees the live holder's details, whatever bytes the file held before
+        with pytest.raises(RunLockedError, match=r"is in use by another gristmill train \(pid "):
+            check_unlocked(run)
