@@ -353,11 +353,12 @@ class MetricsWriter:
         for note in notes:
             self.print(note)
         info = trackers.provenance(datasets) if names else {}
-        old = trackers.read_state(self.run_dir) if resume_step is not None else {}
+        old = trackers.read_state(self.run_dir, names, project) if resume_step is not None else {}
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
         run_name = m.run_name or self.run_dir.resolve().name
         tracker_config = {**config, "provenance": info}
-        for name in names:
+        # tensorboard last: a tracker that fails to start leaves no empty event file behind
+        for name in sorted(names, key=lambda n: n == "tensorboard"):
             prev = old.get(name) if isinstance(old.get(name), dict) else None
             prev = prev if prev and prev.get("project") == project else None
             if name == "tensorboard":
@@ -368,8 +369,9 @@ class MetricsWriter:
                 continue
             if name == "wandb":
                 t = trackers.Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
-                                   config=tracker_config, resume_id=prev and prev.get("id"))  # fmt: skip
-                state[name] = {"id": t.id, "project": project}
+                                   config=tracker_config, resume_id=prev and prev.get("id"),
+                                   mode=prev and prev.get("mode"))  # fmt: skip
+                state[name] = {"id": t.id, "project": project, "mode": t.mode}
             else:
                 t = trackers.Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
                 state[name] = {"id": t.id, "name": t.name, "project": project}
