@@ -421,6 +421,40 @@ class MetricsWriter:
         self.trackers = {}
 
 
+class ReaderSafeOut:
+    """The trainer's stdout when its reader may go away (`gristmill train … | head -3`, a closed
+    terminal): the first BrokenPipeError stops printing, never the run, which goes on writing
+    metrics.jsonl and checkpoints. fd 1 then points at /dev/null, so the exit flush is quiet too."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
+            pass
+
+
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
     line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""

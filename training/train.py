@@ -66,6 +66,7 @@ from training.divergence import (
 from training.faults import NanLoss
 from training.metrics import (
     MetricsWriter,
+    ReaderSafeOut,
     TrainingMetrics,
     device_name,
     mfu,
@@ -308,6 +309,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             "next thing for you) or `torchrun … -m validation.train_eval --config …`, or set eval.interval=0"
         )
     shapes, model_config, device = preflight(cfg, env)
+    out = out if out is not None else ReaderSafeOut(sys.stdout)  # a closed stdout never costs the run
     # --- checks done; from here on the run does work ---
     threads = torch.get_num_threads()
     if cfg.run.threads > 0:

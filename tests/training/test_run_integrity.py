@@ -269,3 +269,23 @@ def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
         # a second taker sees the live holder's details, whatever bytes the file held before
         with pytest.raises(RunLockedError, match=r"is in use by another gristmill train \(pid "):
             check_unlocked(run)
+
+
+def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path):
+    """`gristmill train … | head -3`: the reader goes away after three lines; printing stops, the
+    run trains on to its last step, writing metrics.jsonl and its checkpoints, and exits 0."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "run.log_every=1")
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(3):
+            proc.stdout.readline()
+        proc.stdout.close()  # as head does after its three lines
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "Traceback" not in err.decode()
+    assert [r["step"] for r in metrics(run)] == list(range(1, 13))
+    assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
