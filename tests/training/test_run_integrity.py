@@ -72,6 +72,13 @@ def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, 
     assert saved == [4] and bad_step > 4  # the save at step 8 came after the NaN: refused
     load_checkpoint_model(run, 4)  # verifies the files and that every weight is finite
     assert (run / "loss.png").is_file()
+    # the advice works: a resume cannot change the LR of trained steps, so it says start a new run
+    assert "Lower optim.lr" not in line and "run.on_nonfinite=skip" in line
+    advice = line.split("start a new run with a lower learning rate (", 1)[1].split(")")[0].split()
+    assert advice[:4] == ["gristmill", "train", "--config", str(run / CONFIG_TOML)], line
+    new = tmp_path / "new"
+    cmd = [a.replace("NEW_DIR", str(new)) for a in advice[1:]] + ["run.max_steps=2", "checkpoint.interval=0"]
+    assert gristmill(cmd) == 0 and (new / "metrics.jsonl").is_file()
 
 
 def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
