@@ -246,11 +246,21 @@ class TrainingMetrics:
         if self.writer is None or self.last_loss is None:
             return
         note = self.plot_loss()
+        rows = [r for r in self.writer.history if r["step"] > start]
+        first, last = (rows[0]["step"], rows[-1]["step"]) if rows else (start + 1, end)
+        steps = f"{end - start} steps{' since the resume' if start else ''}"
+        # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
+        # which steps the two losses are of.
+        losses = (
+            f"{self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} ({steps})"
+            if (first, last) == (start + 1, end)
+            else f"{self.first_loss:.4f} at step {first} → {self.last_loss:.4f} at step {last} (logged, of "
+            f"steps {start + 1}–{end}; {steps})"
+        )
         self.writer.print(
             note
-            or f"loss {self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} "
-            f"({end - start} steps{' since the resume' if start else ''}), "
-            f"{seconds:.0f} s{_whole_run(self.writer.history, start)}; curve: {self.run_dir / 'loss.png'}"
+            or f"loss {losses}, {seconds:.0f} s{_whole_run(self.writer.history, start)}; "
+            f"curve: {self.run_dir / 'loss.png'}"
         )
 
 
@@ -390,7 +400,8 @@ class MetricsWriter:
             last = max(self.skip_through.values())
             steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
             self.print(
-                f"note: {' and '.join(self.skip_through)} already hold {steps} from the interrupted "
+                f"note: {' and '.join(self.skip_through)} already "
+                f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
                 "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
             )
 

@@ -144,7 +144,9 @@ def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, datas
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run_dir, 4)))}"
     assert run_training(dataset, run_dir, trackers, resume) == 0
     second = capsys.readouterr().out
-    assert "wandb tracker: continued run" in second and "already hold step 5 " in second
+    assert (
+        "wandb tracker: continued run" in second and f"already {'hold' if env else 'holds'} step 5 " in second
+    )
     assert json.loads((run_dir / "trackers.json").read_text()) == ids
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
     _, w2 = wandb_runs(run_dir)
