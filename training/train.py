@@ -268,7 +268,9 @@ def _header(
         ),
         f"  run     {_count(env.world_size, 'process', 'processes')} on {device_name(device)}, "
         f"mesh {mesh_txt}, compute {amp}, "
-        + f"{sum(s.steps for s in shapes)} steps in {_count(len(shapes), 'phase')} (plan below)",
+        + f"{sum(s.steps for s in shapes)} steps in {_count(len(shapes), 'phase')}"
+        + (f", stopping at step {cfg.run.max_steps} (run.max_steps)" if cfg.run.max_steps else "")
+        + " (plan below)",
         f"  flops   {flops:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"

@@ -265,3 +265,13 @@ def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):
     assert {g["weight_decay"] for g in new.param_groups} == {0.0} and new.param_groups[0]["eps"] == 1e-6
     p = next(model.parameters())
     assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])  # the moments came back
+
+
+def test_the_header_says_where_run_max_steps_stops(dataset, tmp_path, capsys):
+    """`run.max_steps=2` of an 8-step plan: the header says the plan's 8 steps and the stop at 2,
+    not only '8 steps'."""
+    sets = recipe(dataset, tmp_path / "run", "schedule.steps=8", "schedule.warmup_steps=2", "run.max_steps=2",
+                  "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false")  # fmt: skip
+    train(load_train_config(TINY, sets))
+    run_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  run "))
+    assert run_line.endswith("8 steps in 1 phase, stopping at step 2 (run.max_steps) (plan below)"), run_line
