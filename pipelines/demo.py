@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 from training.contract.errors import GristmillError
+from training.contract.run_layout import complete_steps
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +47,23 @@ def train_output_dir(config: str) -> Path:
 def _stage(n: int, total: int, title: str, command: str) -> float:
     print(f"\n=== [{n}/{total}] {title}\n    $ {command}", flush=True)
     return time.time()
+
+
+def train_commands(train_config: str, run_dir: Path, stop_step: int) -> list[list[str]]:
+    """The demo's training stage: the plan, a run stopped at `stop_step` (left out when the run has a
+    checkpoint there or later already: a rerun would flip run.max_steps back and forth and train
+    nothing), the resume to the end, the consumption audit and an inspected step."""
+    train = ["train", "--config", train_config, "--resume", "auto"]
+    stop = [[*train, "--set", f"run.max_steps={stop_step}"]]
+    if max(complete_steps(run_dir), default=0) >= stop_step:
+        stop = []
+    return [
+        ["train", "--config", train_config, "--plan"],
+        *stop,
+        train,
+        ["data", "audit", str(run_dir), "--sql", CONSUMPTION_SQL],
+        ["data", "inspect", str(run_dir), "--step", "101", "--max-rows", "2"],
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
     # first stops inside phase "main" as a preempted job would, the second picks its checkpoint up
     # and crosses into phase "decay" (`--resume auto` also makes a rerun of the demo continue).
     run_dir = train_output_dir(args.train_config)
-    train = ["train", "--config", args.train_config, "--resume", "auto"]
     stop = f"--resume auto --set run.max_steps={STOP_STEP}"
     t0 = _stage(4, total, f"train a small Llama on the mixture (CPU) in two phases, stop at step "
                 f"{STOP_STEP}, resume from the checkpoint",
@@ -112,13 +129,10 @@ def run(args: argparse.Namespace) -> int:
                 f"    $ gristmill train --config {args.train_config} --resume auto\n"
                 f"    $ gristmill data audit {run_dir} --sql \"{CONSUMPTION_SQL}\"\n"
                 f"    $ gristmill data inspect {run_dir} --step 101 --max-rows 2")  # fmt: skip
-    for command in (
-        ["train", "--config", args.train_config, "--plan"],
-        [*train, "--set", f"run.max_steps={STOP_STEP}"],
-        train,
-        ["data", "audit", str(run_dir), "--sql", CONSUMPTION_SQL],
-        ["data", "inspect", str(run_dir), "--step", "101", "--max-rows", "2"],
-    ):
+    commands = train_commands(args.train_config, run_dir, STOP_STEP)
+    if len(commands) == 4:
+        print(f"    (the run is past step {STOP_STEP} already: no stop there this time)")
+    for command in commands:
         if rc := gristmill(command):
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")

@@ -143,8 +143,11 @@ class DivergencePolicy:
         )
         raise NonFiniteError(
             f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
-            f"complete checkpoint: {self.checkpointer.newest_complete()}. Lower optim.lr (now {self.lr:g}) "
-            f"or check the data, then resume: gristmill train --config {self.config_path} --resume auto"
+            f"complete checkpoint: {self.checkpointer.newest_complete()}. A resume keeps the learning rate "
+            "of the steps already trained, so start a new run with a lower learning rate (gristmill train "
+            f"--config {self.config_path} --set optim.lr={self.lr / 10:g} run.output_dir=NEW_DIR); or "
+            "check the data and resume skipping such steps (gristmill train --config "
+            f"{self.config_path} --resume auto --set run.on_nonfinite=skip)"
         )
 
 

@@ -46,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="processes (GPUs) on this node; 1 runs in this process, N > 1 launches torchrun --standalone",
+        help="processes (GPUs) on this node; 1 runs in this process (through torchrun when eval.interval > "
+        "0: lm-eval runs in the training processes), N > 1 launches torchrun --standalone",
     )
     add_resume_argument(parser)
     parser.add_argument(

@@ -246,11 +246,21 @@ class TrainingMetrics:
         if self.writer is None or self.last_loss is None:
             return
         note = self.plot_loss()
+        rows = [r for r in self.writer.history if r["step"] > start]
+        first, last = (rows[0]["step"], rows[-1]["step"]) if rows else (start + 1, end)
+        steps = f"{end - start} steps{' since the resume' if start else ''}"
+        # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
+        # which steps the two losses are of.
+        losses = (
+            f"{self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} ({steps})"
+            if (first, last) == (start + 1, end)
+            else f"{self.first_loss:.4f} at step {first} → {self.last_loss:.4f} at step {last} (logged, of "
+            f"steps {start + 1}–{end}; {steps})"
+        )
         self.writer.print(
             note
-            or f"loss {self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} "
-            f"({end - start} steps{' since the resume' if start else ''}), "
-            f"{seconds:.0f} s{_whole_run(self.writer.history, start)}; curve: {self.run_dir / 'loss.png'}"
+            or f"loss {losses}, {seconds:.0f} s{_whole_run(self.writer.history, start)}; "
+            f"curve: {self.run_dir / 'loss.png'}"
         )
 
 
@@ -353,11 +363,12 @@ class MetricsWriter:
         for note in notes:
             self.print(note)
         info = trackers.provenance(datasets) if names else {}
-        old = trackers.read_state(self.run_dir) if resume_step is not None else {}
+        old = trackers.read_state(self.run_dir, names, project) if resume_step is not None else {}
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
         run_name = m.run_name or self.run_dir.resolve().name
         tracker_config = {**config, "provenance": info}
-        for name in names:
+        # tensorboard last: a tracker that fails to start leaves no empty event file behind
+        for name in sorted(names, key=lambda n: n == "tensorboard"):
             prev = old.get(name) if isinstance(old.get(name), dict) else None
             prev = prev if prev and prev.get("project") == project else None
             if name == "tensorboard":
@@ -368,8 +379,9 @@ class MetricsWriter:
                 continue
             if name == "wandb":
                 t = trackers.Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
-                                   config=tracker_config, resume_id=prev and prev.get("id"))  # fmt: skip
-                state[name] = {"id": t.id, "project": project}
+                                   config=tracker_config, resume_id=prev and prev.get("id"),
+                                   mode=prev and prev.get("mode"))  # fmt: skip
+                state[name] = {"id": t.id, "project": project, "mode": t.mode}
             else:
                 t = trackers.Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
                 state[name] = {"id": t.id, "name": t.name, "project": project}
@@ -388,7 +400,8 @@ class MetricsWriter:
             last = max(self.skip_through.values())
             steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
             self.print(
-                f"note: {' and '.join(self.skip_through)} already hold {steps} from the interrupted "
+                f"note: {' and '.join(self.skip_through)} already "
+                f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
                 "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
             )
 
@@ -417,6 +430,40 @@ class MetricsWriter:
             except Exception as e:
                 self.print(f"note: {name} did not finish cleanly: {e}")
         self.trackers = {}
+
+
+class ReaderSafeOut:
+    """The trainer's stdout when its reader may go away (`gristmill train … | head -3`, a closed
+    terminal): the first BrokenPipeError stops printing, never the run, which goes on writing
+    metrics.jsonl and checkpoints. fd 1 then points at /dev/null, so the exit flush is quiet too."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                self.stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
+            pass
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:

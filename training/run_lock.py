@@ -60,7 +60,8 @@ def _in_use(run_dir: str | Path, holder: str) -> str:
 
 def _open(run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
-    return open(run_dir / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held for the run)
+    # errors="replace": a file of stray bytes reads as "no details" and is taken over, not a traceback
+    return open(run_dir / LOCK_FILE, "a+", encoding="utf-8", errors="replace")  # noqa: SIM115 (held for the run)
 
 
 class RunLock:
@@ -132,7 +133,7 @@ def check_unlocked(run_dir: str | Path) -> None:
     path = Path(run_dir) / LOCK_FILE
     if not path.is_file():
         return
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:

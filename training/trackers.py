@@ -5,8 +5,9 @@ adapters only, so the trainer runs without them (training/ imports only torch, n
 at module level). Which trackers a recipe names, and whether their packages are installed, is
 checked with the config (training.config_checks.trackers_of), before any work.
 
-Resuming: RUN/trackers.json records the wandb run id and the trackio run (name, id) with their
-project. A resumed invocation (`--resume`) continues those runs; a fresh run into the same directory
+Resuming: RUN/trackers.json records the wandb run id (and mode) and the trackio run (name, id) with
+their project. A resumed invocation (`--resume`) continues those runs (an unreadable file is an error
+naming the run to continue, not a silent new run); a fresh run into the same directory
 starts new ones and overwrites the file. trackio resumes a run by its name (the newest run of that
 name in the project): if that is not the recorded id, a note says so.
 """
@@ -17,6 +18,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -47,13 +49,50 @@ def git_commit(where: Path = Path(__file__).parent) -> str | None:
     return head.stdout.strip() + ("-dirty" if dirty else "")
 
 
-def read_state(run_dir: Path) -> dict[str, Any]:
-    """RUN/trackers.json, or {} when absent or unreadable (then the trackers start new runs)."""
-    try:
-        state = json.loads((Path(run_dir) / TRACKERS_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
+    """RUN/trackers.json for a resume, or {} when absent. Unreadable (truncated, not JSON) while wandb
+    or trackio is used: an error, as going on would silently start new runs of them; it names the
+    wandb run found in RUN/wandb and the line that continues it."""
+    path = Path(run_dir) / TRACKERS_JSON
+    if not path.exists():
         return {}
-    return state if isinstance(state, dict) else {}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        if not isinstance(state, dict):
+            raise ValueError(f"a JSON {type(state).__name__}, not an object")
+    except (OSError, ValueError) as e:
+        continued = [t for t in using if t in ("wandb", "trackio")]
+        if not continued:
+            return {}
+        why = e.strerror if isinstance(e, OSError) else str(e).split(":")[0]
+        record: dict[str, Any] = {}
+        if "wandb" in continued:
+            found = _wandb_ids(Path(run_dir))
+            record["wandb"] = {"id": found[-1] if found else "<the run's id in wandb>", "project": project}
+        if "trackio" in continued:
+            record["trackio"] = {"name": "<the run's name in trackio>", "project": project}
+        seen = f" (RUN/wandb holds run {', '.join(found)})" if "wandb" in continued and found else ""
+        raise GristmillError(
+            f"{path} is unreadable ({why}), so the {' and '.join(continued)} run(s) this resume should "
+            f"continue are unknown{seen}; to continue them write {json.dumps(record)} into it, or "
+            "delete it to start new tracker runs"
+        ) from None
+    return state
+
+
+def _wandb_ids(run_dir: Path) -> list[str]:
+    """The run ids of wandb's directories (`[offline-]run-<time>-<id>[-n]`) under RUN/wandb and
+    WANDB_DIR, oldest first, each once."""
+    roots = [run_dir / "wandb"]
+    if os.environ.get("WANDB_DIR"):
+        roots.append(Path(os.environ["WANDB_DIR"]) / "wandb")
+    found = [
+        m.groups() for r in roots if r.is_dir() for d in r.iterdir() if (m := _WANDB_RUN_DIR.match(d.name))
+    ]
+    return list(dict.fromkeys(run_id for _, run_id in sorted(found)))
+
+
+_WANDB_RUN_DIR = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)(?:-\d+)?$")
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:
@@ -108,8 +147,12 @@ class Wandb:
     (`wandb sync` uploads later, the resumed part into the same run)."""
 
     def __init__(self, run_dir: Path, *, project: str, name: str, tags: list[str], config: dict,
-                 resume_id: str | None):  # fmt: skip
+                 resume_id: str | None, mode: str | None = None):  # fmt: skip
         import wandb
+
+        # A run started offline continues offline in a shell without WANDB_MODE (not a failure on a
+        # missing API key); WANDB_MODE, when set, decides.
+        keep = mode == "offline" and not os.environ.get("WANDB_MODE")
 
         # quiet: wandb's start line with the run's place (URL or offline directory) stays, its
         # end-of-run sparkline panel goes; WANDB_QUIET / WANDB_SILENT, when set, decide instead.
@@ -124,11 +167,15 @@ class Wandb:
                 id=resume_id,
                 resume="allow" if resume_id else None,
                 settings=wandb.Settings(quiet=True) if quiet else None,
+                mode="offline" if keep else None,
             )
         except Exception as e:  # no API key, no network, a refused id: one line, before any step
             raise _init_failed("wandb", e, "log in (wandb login) or set WANDB_MODE=offline") from None
         self.id = self.run.id
-        self.where = ""
+        self.mode = "offline" if self.run.offline else "online"
+        self.where = (
+            "; offline, as the run was started (WANDB_MODE=online to sync from now on)" if keep else ""
+        )
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)

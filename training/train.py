@@ -66,6 +66,7 @@ from training.divergence import (
 from training.faults import NanLoss
 from training.metrics import (
     MetricsWriter,
+    ReaderSafeOut,
     TrainingMetrics,
     device_name,
     mfu,
@@ -273,7 +274,9 @@ def _header(
         ),
         f"  run     {_count(env.world_size, 'process', 'processes')} on {device_name(device)}, "
         f"mesh {mesh_txt}, compute {amp}, "
-        + f"{sum(s.steps for s in shapes)} steps in {_count(len(shapes), 'phase')} (plan below)",
+        + f"{sum(s.steps for s in shapes)} steps in {_count(len(shapes), 'phase')}"
+        + (f", stopping at step {cfg.run.max_steps} (run.max_steps)" if cfg.run.max_steps else "")
+        + " (plan below)",
         f"  flops   {flops:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
         + (
             f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
@@ -321,6 +324,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             "next thing for you) or `torchrun … -m validation.train_eval --config …`, or set eval.interval=0"
         )
     shapes, model_config, device = preflight(cfg, env)
+    out = out if out is not None else ReaderSafeOut(sys.stdout)  # a closed stdout never costs the run
     # --- checks done; from here on the run does work ---
     threads = torch.get_num_threads()
     if cfg.run.threads > 0:

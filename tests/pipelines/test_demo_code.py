@@ -69,3 +69,24 @@ def test_code_corpus_builds_with_a_shared_tokenizer(build_fixture, tmp_path):
     assert info["status"] == "complete" and info["source"]["kind"] == "demo-code"
     assert info["documents"] == len(rows_of(corpus)) and info["excluded"] == 0
     assert (out / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+
+
+def test_a_demo_rerun_skips_the_stop_its_run_is_already_past(tmp_path):
+    """The demo's first train command stops at step 60; on a rerun, with the run already past that,
+    it is left out (no `run.max_steps None → 60`, `training to step 60`, `nothing to do`, and back)."""
+    from pipelines.demo import train_commands
+    from tests.helpers.train_data import make_dataset
+    from tests.helpers.train_runs import TINY, overrides
+    from training.train import load_train_config, train
+
+    run = tmp_path / "run"
+    cfg = "cfg.toml"
+
+    def stops(stop: int) -> list[list[str]]:
+        return [c for c in train_commands(cfg, run, stop) if f"run.max_steps={stop}" in c]
+
+    assert stops(2) == [["train", "--config", cfg, "--resume", "auto", "--set", "run.max_steps=2"]]
+    dataset = make_dataset(tmp_path / "ds", n_docs=200)
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))  # a checkpoint at step 4
+    assert stops(2) == [] and stops(4) == [] and len(stops(8)) == 1
+    assert train_commands(cfg, run, 2)[-3] == ["train", "--config", cfg, "--resume", "auto"]

@@ -52,7 +52,7 @@ def test_unknown_key_names_key_and_suggests(tmp_path):
         ("workers=two", "workers must be an integer"),
         ("flag=1", "flag must be true or false"),
         ("optim.mode=c", "optim.mode = 'c' is not allowed"),
-        ("optim.betas=3", "optim.betas must be a list"),
+        ("optim.betas=[3, true]", r"optim.betas\[1\] must be a number"),
         ("optim=3", r"\[optim\] must be a table"),
         ("novalue", "must look like section.key=value"),
     ],
@@ -60,6 +60,25 @@ def test_unknown_key_names_key_and_suggests(tmp_path):
 def test_wrong_types(override, msg):
     with pytest.raises(ConfigError, match=msg):
         load_config(Outer, None, [override])
+
+
+def test_one_value_for_a_list_key_is_a_one_element_list(tmp_path):
+    """`--set metrics.trackers=wandb` as lm-eval's `--include_path DIR`: one value, a list of one; in a
+    TOML file a list key still needs a list."""
+
+    @dataclass
+    class Lists:
+        names: list[str] = field(default_factory=list)
+        maybe: list[str] | None = None
+        optim: Inner = field(default_factory=Inner)
+
+    cfg = load_config(Lists, None, ["names=wandb", "maybe=tasks/", "optim.betas=0.9"])
+    assert cfg.names == ["wandb"] and cfg.maybe == ["tasks/"] and cfg.optim.betas == [0.9]
+    assert load_config(Lists, None, ['names=["a", "b"]']).names == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"optim.betas must be a list, got 3 \("):
+        load_config(Lists, write(tmp_path, "[optim]\nbetas = 3\n"))
+    with pytest.raises(ConfigError, match=r"^optim.lr must be a number, got \['x'\] \(--set"):
+        load_config(Lists, None, ["optim.lr=['x']"])
 
 
 def test_round_trip_and_hash(tmp_path):

@@ -72,3 +72,16 @@ def test_sbatch_without_slurm_variables_fails_loudly(tmp_path):
         ["bash", str(SBATCH)], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
     )
     assert out.returncode != 0 and "SLURM_JOB_NODELIST" in out.stderr
+
+
+def test_the_nproc_help_says_when_one_process_still_goes_through_torchrun(capsys):
+    """`[eval] interval > 0` makes even one process start torchrun (validation.train_eval); the
+    help of --nproc-per-node says so instead of '1 runs in this process'."""
+    import pytest
+
+    from pipelines.cli import main as gristmill
+
+    with pytest.raises(SystemExit):
+        gristmill(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1 runs in this process (through torchrun when eval.interval > 0: " in text, text

@@ -72,6 +72,13 @@ def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, 
     assert saved == [4] and bad_step > 4  # the save at step 8 came after the NaN: refused
     load_checkpoint_model(run, 4)  # verifies the files and that every weight is finite
     assert (run / "loss.png").is_file()
+    # the advice works: a resume cannot change the LR of trained steps, so it says start a new run
+    assert "Lower optim.lr" not in line and "run.on_nonfinite=skip" in line
+    advice = line.split("start a new run with a lower learning rate (", 1)[1].split(")")[0].split()
+    assert advice[:4] == ["gristmill", "train", "--config", str(run / CONFIG_TOML)], line
+    new = tmp_path / "new"
+    cmd = [a.replace("NEW_DIR", str(new)) for a in advice[1:]] + ["run.max_steps=2", "checkpoint.interval=0"]
+    assert gristmill(cmd) == 0 and (new / "metrics.jsonl").is_file()
 
 
 def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
@@ -252,3 +259,40 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
         err = (tmp_path / f"{name}.err").read_text()
         assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err
         assert "Read-only file system" in one_error_line(err)
+
+
+def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
+    from training.run_lock import RunLock, RunLockedError, check_unlocked
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_bytes(b"\xff\xfe\x00garbage\x80")
+    check_unlocked(run)  # nobody holds it: no error, no traceback
+    with RunLock(run) as lock:
+        assert (
+            lock.note
+            == "note: took over the lock of a process that left no details, which is no longer running"
+        )
+        # a second taker sees the live holder's details, whatever bytes the file held before
+        with pytest.raises(RunLockedError, match=r"is in use by another gristmill train \(pid "):
+            check_unlocked(run)
+
+
+def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path):
+    """`gristmill train … | head -3`: the reader goes away after three lines; printing stops, the
+    run trains on to its last step, writing metrics.jsonl and its checkpoints, and exits 0."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "run.log_every=1")
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        for _ in range(3):
+            proc.stdout.readline()
+        proc.stdout.close()  # as head does after its three lines
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert "Traceback" not in err.decode()
+    assert [r["step"] for r in metrics(run)] == list(range(1, 13))
+    assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import TINY, read_metrics, recipe
+from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, read_metrics, recipe
 from training.config import MetricsSection, TrainConfig
 from training.config_checks import trackers_of
 from training.contract.config_loader import ConfigError, load_config
@@ -102,6 +103,11 @@ def wandb_runs(run_dir: Path) -> list[dict]:
     return out
 
 
+def offline_ids(run_dir: Path) -> list[str]:
+    """The run id of each invocation's offline-run-<time>-<id>[-n] directory, in order."""
+    return [d.name.split("-")[3] for d in sorted((run_dir / "wandb").glob("offline-run-*"))]
+
+
 def trackio_logs(run_id: str) -> dict[int, list[dict]]:
     from trackio.sqlite_storage import SQLiteStorage
 
@@ -138,7 +144,9 @@ def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, datas
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run_dir, 4)))}"
     assert run_training(dataset, run_dir, trackers, resume) == 0
     second = capsys.readouterr().out
-    assert "wandb tracker: continued run" in second and "already hold step 5 " in second
+    assert (
+        "wandb tracker: continued run" in second and f"already {'hold' if env else 'holds'} step 5 " in second
+    )
     assert json.loads((run_dir / "trackers.json").read_text()) == ids
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
     _, w2 = wandb_runs(run_dir)
@@ -197,3 +205,54 @@ def test_missing_tracker_package_fails_before_any_work(dataset, tmp_path, capsys
 def test_git_commit_outside_git_is_none_and_silent(tmp_path, capfd):
     assert git_commit(tmp_path) is None
     assert capfd.readouterr() == ("", "")
+
+
+def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, dataset, tmp_path, capsys):
+    """A truncated RUN/trackers.json must not silently start a new wandb run on resume: one line
+    says what happened, which run it was (from RUN/wandb) and how to continue it."""
+    run_dir = tmp_path / "run"
+    assert run_training(dataset, run_dir, ["wandb"], "run.max_steps=4") == 0
+    ids = json.loads((run_dir / "trackers.json").read_text())
+    wandb_id = ids["wandb"]["id"]
+    text = (run_dir / "trackers.json").read_text()
+    (run_dir / "trackers.json").write_text(text[: len(text) // 2])
+    capsys.readouterr()
+    assert run_training(dataset, run_dir, ["wandb"], 'checkpoint.resume="auto"') == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{run_dir / 'trackers.json'} is unreadable" in err and wandb_id in err
+    assert "delete it to start new tracker runs" in err
+    assert offline_ids(run_dir) == [wandb_id]  # no new wandb run was started
+    # following the advice continues the same run
+    (run_dir / "trackers.json").write_text(json.dumps({"wandb": {"id": wandb_id, "project": "gm-test"}}))
+    assert run_training(dataset, run_dir, ["wandb"], 'checkpoint.resume="auto"') == 0
+    assert f"wandb tracker: continued run {wandb_id}" in capsys.readouterr().out
+    assert offline_ids(run_dir) == [wandb_id, wandb_id]
+
+
+def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(env, dataset, tmp_path):
+    """A resume in a new shell (a new process: wandb reads its environment once per process) with
+    no WANDB_MODE and no API key continues the offline run; a fresh run that cannot start wandb
+    leaves no tensorboard event file."""
+    run_dir = tmp_path / "run"
+    assert run_training(dataset, run_dir, ["wandb"], "run.max_steps=4") == 0
+    wandb_id = json.loads((run_dir / "trackers.json").read_text())["wandb"]["id"]
+    shell = {k: v for k, v in ENV.items() if k not in ("WANDB_MODE", "WANDB_API_KEY")}
+
+    def cli(run: Path, trackers: list[str], *extra: str) -> subprocess.CompletedProcess:
+        sets = recipe(dataset, run, "schedule.steps=8", "schedule.warmup_steps=2", "run.val_every=0")
+        sets += ["metrics.plot=false", "checkpoint.interval=4"]
+        sets += [f"metrics.trackers={json.dumps(trackers)}", 'metrics.project="gm-test"', *extra]
+        cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+        return subprocess.run(cmd, cwd=ROOT, env=shell, capture_output=True, text=True, timeout=240)
+
+    done = cli(run_dir, ["wandb"], 'checkpoint.resume="auto"')
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"wandb tracker: continued run {wandb_id} in project 'gm-test' (name 'run'); offline, as the " \
+           "run was started (WANDB_MODE=online to sync from now on)" in done.stdout  # fmt: skip
+    assert offline_ids(run_dir) == [wandb_id, wandb_id]
+
+    fresh = tmp_path / "fresh"  # online with no key: wandb cannot start
+    failed = cli(fresh, ["tensorboard", "wandb"], "run.max_steps=2")
+    assert failed.returncode == 2 and "wandb could not start a run" in one_error_line(failed.stderr)
+    assert not list(fresh.rglob("events.out.tfevents*"))

@@ -213,7 +213,7 @@ def test_launcher_checks_the_mesh_for_its_world_size(dataset, tmp_path, capsys):
 
 def test_a_resume_keeps_the_past_lr_and_applies_other_optimizer_changes(dataset, tmp_path, capsys):
     """A one-dataset recipe resumes by the plan's rules, as a phased one does: a changed cosine
-    budget or peak would rewrite the LR of steps already trained, so it is refused naming the step;
+    budget or peak would rewrite the LR of steps already trained, so it is refused naming the key;
     the other optimizer settings are this config's from the next step on, and said."""
     from training.contract.errors import GristmillError
     from training.train import with_resume
@@ -223,8 +223,11 @@ def test_a_resume_keeps_the_past_lr_and_applies_other_optimizer_changes(dataset,
                   "run.log_every=1", "metrics.tensorboard=false", "metrics.plot=false",
                   "checkpoint.interval=4")  # fmt: skip
     train(load_train_config(TINY, [*base, "run.max_steps=4"]))
-    for changed, step in (("schedule.steps=12", 3), ("optim.lr=0.002", 1)):
-        with pytest.raises(GristmillError, match=f"the learning rate of step {step} .phase 'main'."):
+    for changed, step, key in (
+        ("schedule.steps=12", 3, "schedule.steps 8 → 12"),
+        ("optim.lr=0.002", 1, "optim.lr"),
+    ):
+        with pytest.raises(GristmillError, match=f"step {step}: .* already trained: {key}[ ;]"):
             train(load_train_config(TINY, with_resume([*base, changed], "auto")))
     capsys.readouterr()
     train(load_train_config(TINY, with_resume([*base, "optim.weight_decay=0.05"], "auto")))
@@ -262,3 +265,13 @@ def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):
     assert {g["weight_decay"] for g in new.param_groups} == {0.0} and new.param_groups[0]["eps"] == 1e-6
     p = next(model.parameters())
     assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])  # the moments came back
+
+
+def test_the_header_says_where_run_max_steps_stops(dataset, tmp_path, capsys):
+    """`run.max_steps=2` of an 8-step plan: the header says the plan's 8 steps and the stop at 2,
+    not only '8 steps'."""
+    sets = recipe(dataset, tmp_path / "run", "schedule.steps=8", "schedule.warmup_steps=2", "run.max_steps=2",
+                  "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false")  # fmt: skip
+    train(load_train_config(TINY, sets))
+    run_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  run "))
+    assert run_line.endswith("8 steps in 1 phase, stopping at step 2 (run.max_steps) (plan below)"), run_line

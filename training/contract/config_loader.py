@@ -54,7 +54,7 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     parsed = []
     for item in overrides or []:
         key, value = parse_override(item)
-        set_dotted(raw, key, value)
+        set_dotted(raw, key, value if isinstance(value, list | dict) else _OneValue(value))
         parsed.append((item, key))
     try:
         cfg = from_dict(cls, raw, source=source)
@@ -150,6 +150,15 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+@dataclasses.dataclass(frozen=True)
+class _OneValue:
+    """A scalar given by --set: a list key takes it as a list of one (`--set metrics.trackers=wandb`,
+    as lm-eval's `--include_path DIR`); any other key takes the value itself. A TOML file's scalar
+    stays a scalar, so a list key there still needs a list."""
+
+    value: Any
+
+
 def _indexed(part: str, key: str) -> tuple[str, int | None]:
     """ "phase[1]" -> ("phase", 1); "data" -> ("data", None)."""
     if not part.endswith("]") or "[" not in part:
@@ -163,6 +172,7 @@ def _indexed(part: str, key: str) -> tuple[str, int | None]:
 
 def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix: str = "") -> T:
     """Recursively build dataclass `cls` from `raw`; unknown keys and wrong types raise ConfigError."""
+    raw = raw.value if isinstance(raw, _OneValue) else raw
     if not isinstance(raw, dict):
         raise ConfigError(
             f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}", prefix.rstrip(".")
@@ -192,6 +202,8 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
 
 def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     origin = typing.get_origin(tp)
+    if isinstance(value, _OneValue) and origin not in (typing.Union, types.UnionType):
+        value = [value.value] if origin in (list, tuple) else value.value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, source, prefix=f"{key}.")
     if origin in (typing.Union, types.UnionType):

@@ -117,6 +117,9 @@ class Plan:
     seed: int
     _crossings: dict[tuple[int, int], list[_Crossing]] = field(default_factory=dict, repr=False)
     _all_found: set[tuple[int, int]] = field(default_factory=set, repr=False)  # bounded phases done
+    # Per phase, the config key each field came from ("peak" -> "optim.lr", "steps" -> "schedule.steps"):
+    # a refused resume names what the user wrote (recipe.build_plan fills it; not part of the plan).
+    keys: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sources or not self.phases:
@@ -445,6 +448,30 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             "(only phases after the current one may change)"
         )
 
+    def key_of(p: int, name: str) -> str:
+        return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
+
+    def lr_changes(upto: int) -> list[str]:
+        """`key old → new` for the step budgets and LR pieces of phases 0..upto that differ."""
+        out = []
+        for p in range(upto + 1):
+            a, b = old.phases[p], plan.phases[p]
+            if a.steps != b.steps:
+                out.append(f"{key_of(p, 'steps')} {a.steps} → {b.steps}")
+            for name in ("peak", "end", "shape", "warmup_steps", "start"):
+                x, y = (getattr(ph.lr, name) if ph.lr else None for ph in (a, b))
+                if x != y:
+                    out.append(f"{key_of(p, name)} {_shown(x)} → {_shown(y)}")
+        return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
+
+    def refuse_lr(what: str) -> PlanError:
+        changes = lr_changes(p_old)
+        return PlanError(
+            f"cannot change {what} already trained: {'; '.join(changes)}; the plan's "
+            f"past is immutable — set {'it' if len(changes) == 1 else 'them'} back, or start a new run "
+            "(only phases after the current one may change)"
+        )
+
     if old.seed != plan.seed:
         raise refuse("data.seed", old.seed, plan.seed)
     if step == 0:
@@ -492,11 +519,13 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         mix_old = _mix(old, a)
         mix_new = _mix(plan, b)
         if mix_old != mix_new:
-            raise refuse(f"{where}.mix", mix_old, mix_new)
-        if p < p_old and a.steps != b.steps:
-            raise refuse(f"{where}.steps", a.steps, b.steps, "a finished phase keeps its budget")
-        if p < p_old and a.lr != b.lr:
-            raise refuse(f"{where}.lr", a.lr, b.lr, "a finished phase keeps its learning-rate piece")
+            raise PlanError(
+                f"the checkpoint's plan has {key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
+                f"{_mix_shown(mix_new)}; the plan's past is immutable (step {step} was trained with it) — "
+                "set it back, or start a new run (only phases after the current one may change)"
+            )
+        if p < p_old and (a.steps != b.steps or a.lr != b.lr):
+            raise refuse_lr(f"the budget or learning rate of phase {a.name!r}, finished and")
     if (p_new, k_new) != (p_old, k_old):
         raise refuse(
             f"the phase of step {step}",
@@ -512,8 +541,15 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
     ]
     for s in range(first, first if same else step):
         if not math.isclose(old.lr(s), plan.lr(s), rel_tol=1e-12, abs_tol=0.0):
+            if lr_changes(p_old):
+                raise refuse_lr(
+                    f"the learning rate (step {s + 1}: {_shown(old.lr(s))} → {_shown(plan.lr(s))}) of the "
+                    f"{step} steps"
+                )
             raise refuse(
-                f"the learning rate of step {s + 1} (phase {old.phases[p_old].name!r})", old.lr(s), plan.lr(s)
+                f"the learning rate of step {s + 1} (phase {old.phases[p_old].name!r})",
+                _shown(old.lr(s)),
+                _shown(plan.lr(s)),
             )
     notes = []
     if old.describe()["phases"][p_old + 1 :] != plan.describe()["phases"][p_old + 1 :] or (
@@ -530,6 +566,16 @@ def _mix(plan: Plan, ph: Phase) -> dict[str, str]:
     """A phase's mix by source name, exact (as reduced fractions: 0.8/0.2 → 4/5, 1/5)."""
     total = sum(ph.weights)
     return {s.name: str(Fraction(a, total)) for s, a in zip(plan.sources, ph.weights) if a}
+
+
+def _mix_shown(mix: dict[str, str]) -> str:
+    """A mix as the user writes it: `{ web = 0.6, code = 0.4 }` (not the exact fractions compared)."""
+    return "{ " + ", ".join(f"{n} = {_shown(Fraction(f))}" for n, f in mix.items()) + " }"
+
+
+def _shown(v: Any) -> str:
+    """A value as written in a recipe: 0.003, not 0.0030000000000000005 or Fraction(3, 1000)."""
+    return f"{float(v):.6g}" if isinstance(v, float | Fraction) else str(v)
 
 
 def _phase_line(ph: Phase) -> str:

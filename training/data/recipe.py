@@ -79,7 +79,29 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
         piece = data_plan.LRPiece(peak, end, lr.shape, lr.warmup_steps or 0)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
-    return data_plan.Plan(sources, phases, cfg.data.seed)
+    return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg))
+
+
+def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
+    """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
+    resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
+    if not cfg.phase:  # the one-phase [schedule] form (config_checks.phases_of)
+        sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources"}
+        return [
+            {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
+        ]
+    out = []
+    for p, ph in enumerate(cfg.phase):
+        k = f"phase[{p}]"
+        end = f"{k}.lr.to" if ph.lr.to is not None else "optim.min_lr"
+        peak = f"{k}.lr.peak" if ph.lr.peak is not None else ("optim.lr" if p == 0 else out[-1]["end"])
+        out.append({
+            "peak": peak, "end": peak if ph.lr.shape == "constant" else end, "shape": f"{k}.lr.shape",
+            "start": out[-1]["end"] if out else f"{k}.lr.peak",
+            "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
+            "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
+        })  # fmt: skip
+    return out
 
 
 def mix_notes(cfg: TrainConfig) -> list[str]:

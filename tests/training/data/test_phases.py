@@ -227,7 +227,7 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
     for old, new, field in [
         ("web = 0.6, code = 0.3", "web = 0.5, code = 0.4", "phase[0].mix"),  # the current mix
         ("steps = 6\nseq_len = 32", "steps = 6\nseq_len = 16", "phase[0].seq_len"),  # the current seq_len
-        ("warmup_steps = 2", "warmup_steps = 3", "learning rate of step 1"),  # the LR so far
+        ("warmup_steps = 2", "warmup_steps = 3", "phase[0].lr.warmup_steps 2 → 3"),  # the LR so far
         ("seed = 7", "seed = 8", "data.seed"),
         ("val_fraction = 0.1", "val_fraction = 0.2", "val_fraction of source 'web'"),
     ]:
@@ -487,3 +487,39 @@ def test_review_edges_of_the_config(sources, tmp_path):
     phases += "lr = { warmup_tokens = 5000 }\n"
     path = write_recipe(tmp_path / "r.toml", two, tmp_path / "run", phases=phases)
     assert check_config(load_config(TrainConfig, path), 1)[0].steps == 9  # 5000 // 512; warmup clamped
+
+
+def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources, tmp_path):
+    """A refused resume names the key(s) that changed, with the old and new values as written
+    (optim.lr 0.003 → 0.001, a mix of 0.6/0.3/0.1), never the plan's internals (LRPiece, '3/5')."""
+    one = {"web": sources["web"]}
+    schedule = "[schedule]\nsteps = 8\nwarmup_steps = 2\n"
+    (tmp_path / "x").mkdir()
+    cases = [  # (phased?, old text, new text, what the message must say)
+        (False, "lr = 3e-3", "lr = 1e-3", "optim.lr 0.003 → 0.001"),
+        (False, "min_lr = 3e-4", "min_lr = 1e-4", "optim.min_lr 0.0003 → 0.0001"),
+        (False, "warmup_steps = 2", "warmup_steps = 3", "schedule.warmup_steps 2 → 3"),
+        (True, "warmup_steps = 2", "warmup_steps = 3", "phase[0].lr.warmup_steps 2 → 3"),
+        (True, "lr = 3e-3", "lr = 1e-3", "optim.lr 0.003 → 0.001"),
+        (True, "web = 0.6, code = 0.3", "web = 0.5, code = 0.4",
+         "phase[0].mix = { web = 0.6, code = 0.3, math = 0.1 } but this run has "
+         "{ web = 0.5, code = 0.4, math = 0.1 }"),
+    ]  # fmt: skip
+    for phased, old, new, says in cases:
+        srcs = sources if phased else one
+        extra = "" if phased else schedule
+        text = recipe_toml(srcs, tmp_path / "run", phases="" if phased else " ", extra=extra)
+        (tmp_path / "r.toml").write_text(text)
+        loader = loader_for(load_config(TrainConfig, tmp_path / "r.toml"))
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        state = loader.state_dict()
+        assert old in text, old
+        path = tmp_path / "x" / "changed.toml"
+        path.write_text(text.replace(old, new, 1))
+        other = loader_for(load_config(TrainConfig, path))
+        with pytest.raises(PlanError) as e:
+            other.load_state_dict(state)
+        msg = str(e.value)
+        assert says in msg and "LRPiece" not in msg and "/" not in msg.split("immutable")[0], msg
