@@ -326,7 +326,7 @@ def make_filter_steps(p: Prepared, record: bool) -> list:
     # near-copies would go as its duplicates, then it as contaminated).
     return [
         *make_filters(p.cfg.filters, p.out if record else None),
-        *decontam_filter(p.cfg.decontaminate, p.out, record),
+        *decontam_filter(p.cfg.decontaminate, p.out, p.decontam and p.decontam.manifest["sha256"], record),
     ]
 
 
@@ -390,7 +390,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             record = write_build_json(p.out, p.sha, p.identity, source)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
-        install_index(p.decontam, p.out)
+        install_index(p.decontam, p.out, log)
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last

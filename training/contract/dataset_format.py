@@ -30,6 +30,8 @@ SHARDS_DIR = "shards"
 MANIFEST_DIR = "manifest"
 EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
+DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
+DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
 META_EXT = "json"  # tar member `<key>.json`: source metadata
 
@@ -135,6 +137,20 @@ def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+    return h.hexdigest()
+
+
+def decontam_sha256(folder: str | Path) -> str | None:
+    """The sha256 of a decontamination index's DECONTAM_FILES, in order (what its manifest and
+    dataset.json's decontaminate.index_sha256 record); None when one is missing."""
+    h = hashlib.sha256()
+    try:
+        for name in DECONTAM_FILES:
+            with open(Path(folder) / name, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+    except FileNotFoundError:
+        return None
     return h.hexdigest()
 
 
