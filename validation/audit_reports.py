@@ -149,6 +149,9 @@ ORDER BY dataset_name, phase_index, source_index
 
 # What `gristmill data audit DIR` prints without --report/--sql, and `make demo` at its end.
 DEFAULT_REPORTS = ["summary", "drops", "tokens_by_dump", "shard_balance", "validation"]
+# Tables of FineWeb's own columns -> the docs column each groups by: the default report leaves one
+# out when no document has that column (a user's own files), --report still prints it.
+FINEWEB_ONLY = {"tokens_by_dump": "dump", "top_domains": "url", "scores": "int_score"}
 # ... and for training run directories (no dataset.json among the roots).
 RUN_REPORTS = ["consumption"]
 

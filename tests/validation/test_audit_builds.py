@@ -92,3 +92,29 @@ def test_damaged_stats_file_advice_writes_it_again(built_dataset, build_fixture,
     )
     rc, stdout, err = audit(capsys, root)
     assert rc == 0 and stdout.startswith("== summary =="), err
+
+
+def test_default_report_leaves_out_fineweb_groups_the_data_lacks(
+    built_dataset, build_fixture, tmp_path, capsys
+):
+    """Issue 29 item 14: own parquet files with a text column only have no dump, url or score: the
+    default report shows no tokens_by_dump table of one empty group; FineWeb-like data keeps it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers.corpus import fixture_config_text, fixture_texts
+
+    _, tokenizer, _ = build_fixture
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pa.table({"text": fixture_texts(20)}), corpus / "mine.parquet")
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "mine").replace("min_int_score = 3\n", "")
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1"])
+    assert build(cfg, log=lambda *a: None).ok
+    rc, out, _ = audit(capsys, cfg.output)
+    assert rc == 0 and "summary" in out and "shard_balance" in out and "tokens_by_dump" not in out, out
+    rc, out, _ = audit(capsys, built_dataset)
+    assert rc == 0 and "tokens_by_dump" in out, out
