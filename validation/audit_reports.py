@@ -110,13 +110,16 @@ FROM shards
 GROUP BY ALL
 ORDER BY dataset_name
 """,
-    # Source ids and urls kept more than once (a source with duplicate rows, or overlapping inputs).
-    # Hashes find the candidates cheaply; the values themselves are then grouped to confirm.
+    # Source ids, urls and texts kept more than once (a source with duplicate rows, overlapping
+    # inputs, a build without exact dedup): a text by the hash exact dedup compares (case and
+    # whitespace folded). Hashes find the candidates cheaply; the values are then grouped to confirm.
     "duplicates": """
 WITH long AS (
     SELECT dataset_name, 'id' AS field, id AS value, key FROM docs WHERE id IS NOT NULL
     UNION ALL
     SELECT dataset_name, 'url', url, key FROM docs WHERE url IS NOT NULL
+    UNION ALL
+    SELECT dataset_name, 'text', text_hash, key FROM docs WHERE text_hash IS NOT NULL
 ), candidates AS (
     SELECT dataset_name, field, hash(value) AS h FROM long GROUP BY ALL HAVING count(*) > 1
 )
