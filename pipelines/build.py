@@ -368,6 +368,9 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     p = prepare(cfg, log)
     with discard_staged(p.decontam), _locked(p.out):
         previous = check_output(p.out, p.sha, p.identity, log)
+        # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
+        # replaced by the (checked) index of this identity, so a rerun is its repair
+        install_index(p.decontam, p.out, log)
         info_path = p.out / DATASET_JSON
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
@@ -392,7 +395,6 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             record = write_build_json(p.out, p.sha, p.identity, source)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
-        install_index(p.decontam, p.out, log)
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last

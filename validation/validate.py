@@ -650,8 +650,8 @@ def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -
         problems.append(
             Problem(
                 f"{damaged}: sha256 differs from dataset.json decontaminate.index_sha256 {want[:16]}… "
-                "(altered or cut off); copy the index back from the `index = DIR` it was built with, "
-                "or rebuild with `gristmill data build CONFIG`",
+                "(altered or cut off); rerun `gristmill data build --config CONFIG` with the dataset's "
+                "recipe: it copies the index again",
                 f"{DECONTAM_DIR}/{DECONTAM_FILES[0]}",
             )
         )

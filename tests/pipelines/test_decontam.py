@@ -466,6 +466,10 @@ def test_a_damaged_index_copy_is_never_trusted(decontam, build_fixture, tmp_path
     report = validate_dataset(built, progress=False, write=False)
     assert [p.shard for p in report.problems] == ["decontam/ngrams.npy"], report.problems
     assert "gristmill data build" in report.problems[0].message
+    lines.clear()  # the advice: a rerun of the complete dataset copies the index again
+    assert build(cfg, log=lines.append).ok
+    assert any("copying it again" in line for line in lines) and np.array_equal(np.load(copy), hashes)
+    copy.write_bytes(copy.read_bytes()[: size // 2])
     step = DecontaminationFilter(
         built / "decontam", sha256=read_dataset_info(built)["decontaminate"]["index_sha256"]
     )
