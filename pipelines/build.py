@@ -60,14 +60,14 @@ from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
-from pipelines.progress import Monitor, TaskProgress, build_table
+from pipelines.progress import Monitor, TaskProgress, build_table, input_size_note
 from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
 from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns, source_folder
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
-from pipelines.tokenizer_train import train_tokenizer
+from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.contract.atomic_write import write_atomic
@@ -272,6 +272,8 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             f"{cfg.tokenizer.train.vocab_size}-token BPE on the source"
         )
         train_tokenizer(cfg, source=source, log=log)
+    elif local_like and path.is_file() and cfg.tokenizer.train.if_missing:
+        log(reuse_line(path, cfg))  # the recipe trains when missing: say this one was not trained now
     elif local_like and not path.exists() and cfg.source.kind == "demo-code":
         # Training one here would give the code dataset its own vocabulary; the mixture needs one.
         raise BuildError(
@@ -326,7 +328,7 @@ def make_filter_steps(p: Prepared, record: bool) -> list:
     # near-copies would go as its duplicates, then it as contaminated).
     return [
         *make_filters(p.cfg.filters, p.out if record else None),
-        *decontam_filter(p.cfg.decontaminate, p.out, record),
+        *decontam_filter(p.cfg.decontaminate, p.out, p.decontam and p.decontam.manifest["sha256"], record),
     ]
 
 
@@ -366,6 +368,9 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     p = prepare(cfg, log)
     with discard_staged(p.decontam), _locked(p.out):
         previous = check_output(p.out, p.sha, p.identity, log)
+        # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
+        # replaced by the (checked) index of this identity, so a rerun is its repair
+        install_index(p.decontam, p.out, log)
         info_path = p.out / DATASET_JSON
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
@@ -390,7 +395,6 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             record = write_build_json(p.out, p.sha, p.identity, source)
         else:
             log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
-        install_index(p.decontam, p.out)
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
@@ -447,7 +451,7 @@ def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbos
         log(f"[{label}] already complete")
         return
     logs_note = "" if verbose else f"; datatrove's logs: {st.logs}/"
-    input_note = f", {p.source.total_bytes / 1e6:,.1f} MB of input" if st.reads_input else ""
+    input_note = input_size_note(p.source.total_bytes, p.cfg.source.kind) if st.reads_input else ""
     log(f"[{label}] {_count(st.tasks, 'task')} {where}{input_note}{logs_note}")
     monitor = (
         Monitor(

@@ -89,6 +89,12 @@ def text_hash(text: str) -> tuple[int, int]:
     return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little")
 
 
+def text_hash_hex(text: str) -> str:
+    """text_hash as the manifest's text_hash column holds it (32 hex digits)."""
+    hi, lo = text_hash(text)
+    return f"{hi:016x}{lo:016x}"
+
+
 def _table_path(folder: str | Path, rank: int) -> Path:
     return Path(folder) / f"{rank:05d}.parquet"
 

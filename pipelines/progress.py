@@ -249,3 +249,14 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     return "\n".join(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)
+
+
+def input_size_note(total_bytes: int, kind: str) -> str:
+    """ ", 6.7 MB of input (…)": the source files' size on disk, which the `% of input` of the
+    progress lines counts; for parquet that is compressed bytes, often a fraction of the text."""
+    what = (
+        "parquet files on disk, compressed"
+        if kind in ("parquet", "hub", "demo", "demo-code")
+        else "files on disk"
+    )
+    return f", {total_bytes / 1e6:,.1f} MB of input ({what})"

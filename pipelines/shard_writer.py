@@ -147,11 +147,18 @@ class ShardWriter:
         self.tar = None
         self.shard_index += 1
 
-    def add(self, key: str, ids: np.ndarray, meta: dict[str, Any], meta_json: bytes | None = None) -> None:
+    def add(
+        self,
+        key: str,
+        ids: np.ndarray,
+        meta: dict[str, Any],
+        meta_json: bytes | None = None,
+        provenance: dict[str, Any] | None = None,
+    ) -> None:
         """Append one document: `<key>.ids` then `<key>.json`; records its manifest row.
 
         `meta_json` is `meta` already serialised with `meta_json_bytes` (the build spills it that
-        way), so it is not encoded a second time."""
+        way), so it is not encoded a second time; `provenance`: the row's PROVENANCE_COLUMNS."""
         if "." in key:
             raise ValueError(f"webdataset key {key!r} contains a dot")
         if self.tar is None:
@@ -168,6 +175,7 @@ class ShardWriter:
                 "nbytes": len(data),
                 "n_tokens": int(len(ids)),
                 **source_columns(meta, MANIFEST_FIELDS),
+                **(provenance or {}),
             }
         )
         if self.offset >= self.target_bytes:

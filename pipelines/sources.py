@@ -29,7 +29,7 @@ from huggingface_hub.hf_file_system import HfFileSystemResolvedRepositoryPath
 
 from pipelines.config import SourceConfig
 from pipelines.progress import TaskProgress
-from training.contract.dataset_format import SOURCE_FIELDS
+from training.contract.dataset_format import SOURCE_FIELDS, SOURCE_FILE, SOURCE_ROW
 from training.contract.errors import GristmillError
 
 # The metadata a reader takes from a source besides the text and the id (read through
@@ -188,7 +188,9 @@ class _Reader(BaseDiskReader):
             self._base_bytes += self.sizes.get(filepath, 0)
             self.progress.bytes_done = self._base_bytes
 
-    def make_document(self, text: Any, doc_id: Any, meta: dict[str, Any], where: str) -> Document:
+    def make_document(
+        self, text: Any, doc_id: Any, meta: dict[str, Any], where: str, file: str, row: int
+    ) -> Document:
         if text is None:
             text = ""
         elif isinstance(text, bytes):
@@ -200,6 +202,7 @@ class _Reader(BaseDiskReader):
         if bad is not None and READ_ERROR not in meta:
             # e.g. "int_score": "4" in a jsonl line: excluded with its reason, not a TypeError in a filter
             meta[READ_ERROR] = f"{where}: {bad} not a number: {meta[bad]!r}"
+        meta[SOURCE_FILE], meta[SOURCE_ROW] = file, row  # the manifest's provenance columns
         return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
 
 
@@ -253,7 +256,9 @@ class ParquetSource(_Reader):
                 metas = {k: batch.column(k).to_pylist() for k in meta_cols}
                 for i in range(n):
                     meta = {k: v[i] for k, v in metas.items()}
-                    yield self.make_document(texts[i], ids[i], meta, f"{filepath}/{row + i}")
+                    yield self.make_document(
+                        texts[i], ids[i], meta, f"{filepath}/{row + i}", filepath, row + i
+                    )
                 row += n
                 if self.progress:
                     self.progress.bytes_done = self._base_bytes + size * row / total
@@ -304,7 +309,9 @@ class JsonlSource(_Reader):
                     )
                     continue
                 meta = {k: data[k] for k in META_KEYS if k in data}
-                yield self.make_document(data.get(self.text_key), data.get(self.id_key), meta, where)
+                yield self.make_document(
+                    data.get(self.text_key), data.get(self.id_key), meta, where, filepath, li
+                )
         self._done_file(filepath)
 
 

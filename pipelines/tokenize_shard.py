@@ -17,6 +17,7 @@ import json
 import mmap
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from datatrove.data import DocumentsPipeline
@@ -24,13 +25,21 @@ from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 
 from pipelines import faults
+from pipelines.dedup import text_hash_hex
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter, meta_json_bytes
 from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import SHARDS_DIR, doc_key, dtype_for_vocab
+from training.contract.dataset_format import (
+    SHARDS_DIR,
+    SOURCE_FILE,
+    SOURCE_ROW,
+    TEXT_HASH,
+    doc_key,
+    dtype_for_vocab,
+)
 from training.contract.disk_space import DiskFullError, check_free
 from training.contract.errors import GristmillError
 
@@ -140,6 +149,7 @@ class TokenizeShard(PipelineStep):
         ids_off: list[int] = []
         ids_len: list[int] = []
         meta_len: list[int] = []
+        provenance: list[dict[str, Any]] = []  # its manifest's provenance columns
         pos = 0
         tokens = 0
         with open(spill_path, "wb", buffering=1 << 20) as spill:
@@ -154,6 +164,13 @@ class TokenizeShard(PipelineStep):
                     meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
                     meta["id"] = doc.id
                     meta_bytes = meta_json_bytes(meta)
+                    provenance.append(
+                        {
+                            SOURCE_FILE: m.get(SOURCE_FILE),
+                            SOURCE_ROW: m.get(SOURCE_ROW),
+                            TEXT_HASH: text_hash_hex(doc.text),
+                        }
+                    )
                     spill.write(data_bytes)
                     spill.write(meta_bytes)
                     ids_off.append(pos)
@@ -195,7 +212,7 @@ class TokenizeShard(PipelineStep):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
                     ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
                     meta_bytes = spill[b : b + meta_len[j]]
-                    writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), meta_json=meta_bytes)
+                    writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), meta_bytes, provenance[j])
                     if writer.shard_index == 1 and writer.tar is not None:
                         faults.maybe_kill(rank, "second_shard")  # one shard renamed, the next half written
                 ids = None  # release the last view before the map closes

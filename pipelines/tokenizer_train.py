@@ -17,16 +17,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
-from pipelines.sources import SourceFiles, iter_texts, list_source_files
+from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
 from tokenization.tokenizer_io import TokenizerError, train_bpe
-from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for
+from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
 
 
@@ -112,10 +114,48 @@ def train_tokenizer(
         f"({stats['chars'] / 1e6:.1f}M chars) in {time.perf_counter() - t0:.1f} s"
     )
     if placed:
+        record = {
+            "source": source_folder(cfg.source),
+            "kind": cfg.source.kind,
+            **stats,
+            "at": _utc(time.time()),
+        }
+        write_atomic(trained_record(out), json.dumps(record, indent=1) + "\n")
         log(f"{trained} → {out}")
     else:
         log(f"{trained}; {out} appeared meanwhile with the same bytes (another process trained it): using it")
     return out
+
+
+def trained_record(tok: Path) -> Path:
+    """Beside a tokenizer this command trained: the source it was trained on and when."""
+    return tok.with_name(tok.name + ".trained.json")
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def reuse_line(tok: Path, cfg: DataConfig) -> str:
+    """One line for a build that finds tokenizer.path already there and uses it as is: which
+    file, trained on what and when (a reused file may come from another corpus entirely)."""
+    fix = "delete it (or set tokenizer.path to a new file) to train one on this source"
+    try:
+        rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
+        source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
+    except (OSError, ValueError, KeyError, TypeError):
+        dated = _utc(tok.stat().st_mtime)
+        return (
+            f"tokenizer {tok} exists: using it as is; what it was trained on is not recorded "
+            f"(file dated {dated}); {fix}"
+        )
+    here = source_folder(cfg.source)
+    if source == here:
+        return f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}"
+    return (
+        f"tokenizer {tok} exists: using it, trained on {source} ({docs:,} documents) at {at}, "
+        f"not this source; {fix}"
+    )
 
 
 def place_new_file(tmp: Path, out: Path) -> bool:

@@ -33,7 +33,7 @@ import duckdb
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
 from training.plotting import agg_pyplot
-from validation.audit_reports import DEFAULT_REPORTS, PLOTS, PRESETS, RUN_REPORTS
+from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
     Damaged,
     connect,
@@ -373,9 +373,20 @@ def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Pat
 # entry points
 
 
-def default_reports(roots: list[str | Path]) -> list[str]:
-    """The dataset tables, or a training run's (`consumption`) when no root is a dataset."""
-    return DEFAULT_REPORTS if any((Path(r) / DATASET_JSON).is_file() for r in roots) else RUN_REPORTS
+def default_reports(roots: list[str | Path], con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The dataset tables, or a training run's (`consumption`) when no root is a dataset. A
+    FineWeb-only table is left out when no document has its column (own files without `dump`:
+    one empty group says nothing)."""
+    if not any((Path(r) / DATASET_JSON).is_file() for r in roots):
+        return RUN_REPORTS
+    return [n for n in DEFAULT_REPORTS if n not in FINEWEB_ONLY or _has_values(con, FINEWEB_ONLY[n])]
+
+
+def _has_values(con: duckdb.DuckDBPyConnection, column: str) -> bool:
+    try:
+        return bool(con.execute(f"SELECT count({column}) > 0 FROM docs").fetchone()[0])
+    except duckdb.Error:  # no docs view: the table itself says what is missing
+        return True
 
 
 def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
@@ -386,7 +397,7 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
     with _damaged_files_named(roots):
         con, _ = connect(roots)
         try:
-            results = [run_preset(con, n) for n in default_reports(roots)]
+            results = [run_preset(con, n) for n in default_reports(roots, con)]
         finally:
             con.close()
     if len(roots) == 1:
@@ -449,7 +460,7 @@ def _run(args: argparse.Namespace) -> int:
                 if args.report == "all"
                 else [args.report]
                 if args.report
-                else default_reports(args.dirs)
+                else default_reports(args.dirs, con)
             )
             results = [run_preset(con, n) for n in names]
         write_results(results, args.format, sys.stdout, args.max_rows or None)

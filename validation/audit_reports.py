@@ -110,13 +110,16 @@ FROM shards
 GROUP BY ALL
 ORDER BY dataset_name
 """,
-    # Source ids and urls kept more than once (a source with duplicate rows, or overlapping inputs).
-    # Hashes find the candidates cheaply; the values themselves are then grouped to confirm.
+    # Source ids, urls and texts kept more than once (a source with duplicate rows, overlapping
+    # inputs, a build without exact dedup): a text by the hash exact dedup compares (case and
+    # whitespace folded). Hashes find the candidates cheaply; the values are then grouped to confirm.
     "duplicates": """
 WITH long AS (
     SELECT dataset_name, 'id' AS field, id AS value, key FROM docs WHERE id IS NOT NULL
     UNION ALL
     SELECT dataset_name, 'url', url, key FROM docs WHERE url IS NOT NULL
+    UNION ALL
+    SELECT dataset_name, 'text', text_hash, key FROM docs WHERE text_hash IS NOT NULL
 ), candidates AS (
     SELECT dataset_name, field, hash(value) AS h FROM long GROUP BY ALL HAVING count(*) > 1
 )
@@ -149,6 +152,9 @@ ORDER BY dataset_name, phase_index, source_index
 
 # What `gristmill data audit DIR` prints without --report/--sql, and `make demo` at its end.
 DEFAULT_REPORTS = ["summary", "drops", "tokens_by_dump", "shard_balance", "validation"]
+# Tables of FineWeb's own columns -> the docs column each groups by: the default report leaves one
+# out when no document has that column (a user's own files), --report still prints it.
+FINEWEB_ONLY = {"tokens_by_dump": "dump", "top_domains": "url", "scores": "int_score"}
 # ... and for training run directories (no dataset.json among the roots).
 RUN_REPORTS = ["consumption"]
 

@@ -247,6 +247,9 @@ def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
             if empty is None:
                 continue
             src = empty
+        elif empty is not None and view.schema is not None:
+            # files written before a column was added read as null in it (e.g. an older manifest)
+            src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
         body = view.sql.format(src=src, root=sql_str(str(root)))
         parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
     return "\nUNION ALL BY NAME\n".join(parts)

@@ -45,12 +45,15 @@ from tqdm import tqdm
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
+    DECONTAM_DIR,
+    DECONTAM_FILES,
     IDS_EXT,
     MANIFEST_DIR,
     META_EXT,
     SHARDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
+    decontam_sha256,
     file_sha256,
     fingerprint,
     fingerprint_before_index,
@@ -480,6 +483,7 @@ def validate_dataset(
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
         _check_index(root, info, problems)
+        _check_decontam(root, info, problems)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -630,6 +634,27 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> N
                     f"{INDEX_DIR}/{name}",
                 )
             )
+
+
+def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+    """[decontaminate]'s index copy: its files are the bytes dataset.json's index_sha256 records."""
+    want = (info.get("decontaminate") or {}).get("index_sha256")
+    if want is None:
+        return
+    for name in DECONTAM_FILES:
+        if not (root / DECONTAM_DIR / name).is_file():
+            problems.append(Problem("missing, but dataset.json records the index", f"{DECONTAM_DIR}/{name}"))
+            return
+    if decontam_sha256(root / DECONTAM_DIR) != want:
+        damaged = "/".join(f"{DECONTAM_DIR}/{n}" for n in DECONTAM_FILES)
+        problems.append(
+            Problem(
+                f"{damaged}: sha256 differs from dataset.json decontaminate.index_sha256 {want[:16]}… "
+                "(altered or cut off); rerun `gristmill data build --config CONFIG` with the dataset's "
+                "recipe: it copies the index again",
+                f"{DECONTAM_DIR}/{DECONTAM_FILES[0]}",
+            )
+        )
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,11 +19,17 @@ from datatrove.data import Document
 from datatrove.pipeline.filters.base_filter import BaseFilter
 
 from pipelines.config import DecontaminateConfig
-from pipelines.decontam.ngram import FILTER_NAME, MANIFEST_JSON, NgramIndex, read_manifest, task_of_detail
+from pipelines.decontam.ngram import (
+    FILTER_NAME,
+    MANIFEST_JSON,
+    DecontamIndexError,
+    NgramIndex,
+    read_manifest,
+    task_of_detail,
+)
 from pipelines.filters import ExcludedWriter, drop
-from training.contract.dataset_format import EXCLUDED_DIR
-
-INDEX_DIR = "decontam"  # OUTPUT/decontam/: the index the dataset was filtered against
+from training.contract.dataset_format import DECONTAM_DIR as INDEX_DIR
+from training.contract.dataset_format import DECONTAM_FILES, EXCLUDED_DIR, decontam_sha256
 
 
 class DecontaminationFilter(BaseFilter):
@@ -33,16 +39,21 @@ class DecontaminationFilter(BaseFilter):
     name = FILTER_NAME
 
     def __init__(
-        self, index_dir: str | Path, exclusion_writer: ExcludedWriter | None = None, batch_size: int = 64
+        self,
+        index_dir: str | Path,
+        exclusion_writer: ExcludedWriter | None = None,
+        batch_size: int = 64,
+        sha256: str | None = None,
     ):
         # Documents are looked up in batches: numpy's per-call overhead is then paid once per batch.
         super().__init__(exclusion_writer, batch_size)
         self.index_dir = str(index_dir)
+        self.sha256 = sha256  # the build's index: a copy whose bytes differ is refused, never used
         self._index: NgramIndex | None = None  # opened in the worker, on its first batch
 
     def _open(self) -> NgramIndex:
         if self._index is None:
-            self._index = open_index(self.index_dir)
+            self._index = open_index(self.index_dir, self.sha256)
         return self._index
 
     def filter_batch(self, batch: list[Document]) -> list[bool | tuple[bool, str]]:
@@ -55,32 +66,46 @@ class DecontaminationFilter(BaseFilter):
 
 # datatrove copies the pipeline for every task (a deepcopy, or a pickle into the pool), so a filter's
 # own attribute would rebuild the index's bitmap once per task: the opened index is kept per process,
-# keyed by its folder and its manifest's identity (a rebuilt index at the same path is opened anew).
-_opened: dict[tuple[str, int, int], NgramIndex] = {}
+# keyed by its folder and its files' identity (a rebuilt or altered index is opened, and checked, anew).
+_opened: dict[tuple, NgramIndex] = {}
 
 
-def open_index(folder: str) -> NgramIndex:
+def open_index(folder: str, sha256: str | None = None) -> NgramIndex:
     try:
-        st = (Path(folder) / MANIFEST_JSON).stat()
+        stats = [(Path(folder) / name).stat() for name in (MANIFEST_JSON, *DECONTAM_FILES)]
     except OSError:
         return NgramIndex(folder)  # its own error names what is missing
-    key = (folder, st.st_mtime_ns, st.st_size)
+    key = (folder, sha256, *((st.st_mtime_ns, st.st_size) for st in stats))
     if key not in _opened:
         _opened.clear()  # one index per build: keep no stale one alive
+        if sha256 is not None:  # once per worker process, before its first lookup
+            check_copy(Path(folder), sha256)
         _opened[key] = NgramIndex(folder)
     return _opened[key]
+
+
+def check_copy(folder: Path, sha256: str) -> None:
+    """Refuse an index copy whose files are not the bytes `sha256` records (altered, cut off)."""
+    if decontam_sha256(folder) != sha256:
+        raise DecontamIndexError(
+            f"{folder}: {'/'.join(DECONTAM_FILES)} are missing or damaged (their sha256 is not the "
+            f"index's {sha256[:12]}…); rerun the build: it copies the index again"
+        )
 
 
 def enabled(cfg: DecontaminateConfig) -> bool:
     return bool(cfg.tasks or cfg.index)
 
 
-def decontam_filter(cfg: DecontaminateConfig, out: Path, record: bool = True) -> list[BaseFilter]:
-    """The filter step reading OUTPUT/decontam/ ([] without [decontaminate]); `record`: its drops
-    go to OUTPUT/excluded/ (dedup's first pass runs it without)."""
+def decontam_filter(
+    cfg: DecontaminateConfig, out: Path, sha256: str | None, record: bool = True
+) -> list[BaseFilter]:
+    """The filter step reading OUTPUT/decontam/ ([] without [decontaminate]), which must hold the
+    index of `sha256`; `record`: its drops go to OUTPUT/excluded/ (dedup's first pass runs it without)."""
     if not enabled(cfg):
         return []
-    return [DecontaminationFilter(out / INDEX_DIR, ExcludedWriter(out, FILTER_NAME) if record else None)]
+    writer = ExcludedWriter(out, FILTER_NAME) if record else None
+    return [DecontaminationFilter(out / INDEX_DIR, writer, sha256=sha256)]
 
 
 def removed_by_task(out: Path) -> dict[str, int]:

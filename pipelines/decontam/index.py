@@ -42,7 +42,7 @@ import numpy as np
 
 from pipelines.build_identity import BuildError
 from pipelines.config import DecontaminateConfig
-from pipelines.decontam.filter import INDEX_DIR, enabled
+from pipelines.decontam.filter import INDEX_DIR, check_copy, enabled
 from pipelines.decontam.ngram import (
     HASHES_NPY,
     MANIFEST_JSON,
@@ -51,6 +51,7 @@ from pipelines.decontam.ngram import (
     read_manifest,
     write_index,
 )
+from training.contract.dataset_format import decontam_sha256
 from training.contract.errors import GristmillError
 from validation.eval_data import EvalError, checked_task_manager
 from validation.eval_output import eval_output
@@ -301,17 +302,21 @@ def discard_staged(staged: StagedIndex | None) -> Iterator[None]:
             shutil.rmtree(staged.folder, ignore_errors=True)
 
 
-def install_index(staged: StagedIndex | None, out: Path) -> None:
-    """Copy the staged index to OUTPUT/decontam/ (kept when it already holds the same one: a
-    resume). Called inside the build lock."""
+def install_index(staged: StagedIndex | None, out: Path, log=print) -> None:
+    """Copy the staged index to OUTPUT/decontam/, kept only when its files are byte for byte the
+    staged index (a resume); a damaged copy (altered or cut off since) is said and replaced, so no
+    task ever reads it. Called inside the build lock."""
     if staged is None:
         return
     dst = out / INDEX_DIR
+    want = staged.manifest["sha256"]
     try:
-        same = (dst / MANIFEST_JSON).is_file() and read_manifest(dst)["sha256"] == staged.manifest["sha256"]
-    except GristmillError:  # a damaged copy: replaced below
+        same = read_manifest(dst)["sha256"] == want and decontam_sha256(dst) == want
+    except GristmillError:  # a damaged manifest: replaced below
         same = False
     if not same:
+        if dst.exists():
+            log(f"[build] {dst}/ is damaged or another index (not sha256 {want[:12]}…): copying it again")
         tmp = out / f"{INDEX_DIR}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -319,3 +324,4 @@ def install_index(staged: StagedIndex | None, out: Path) -> None:
             shutil.copyfile(staged.folder / name, tmp / name)
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)
+    check_copy(dst, want)  # the staged folder itself may have changed since it was checked

@@ -27,7 +27,6 @@ otherwise a false match is as likely as for random 64-bit values: about 0.5 expe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -37,12 +36,12 @@ from typing import Any
 import numpy as np
 
 from training.contract.atomic_write import atomic_path, write_atomic
+from training.contract.dataset_format import DECONTAM_FILES, decontam_sha256
 from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-decontam/1"
 NORMALIZER = "lower-alnum-words/1"  # change it with _WORDS/normalize_words: old indexes are refused
-HASHES_NPY = "ngrams.npy"
-REFS_NPY = "refs.npy"
+HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = "manifest.json"
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 
@@ -163,15 +162,6 @@ def many_ngram_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]
 # writing
 
 
-def _sha256(folder: Path) -> str:
-    h = hashlib.sha256()
-    for name in (HASHES_NPY, REFS_NPY):
-        with open(folder / name, "rb") as f:
-            while block := f.read(1 << 22):
-                h.update(block)
-    return h.hexdigest()
-
-
 def write_index(
     folder: str | Path,
     n: int,
@@ -207,7 +197,7 @@ def write_index(
         **(extra or {}),
         "tasks": tasks,
         "ngrams": int(first.sum()),
-        "sha256": _sha256(folder),
+        "sha256": decontam_sha256(folder),
     }
     write_atomic(folder / MANIFEST_JSON, json.dumps(manifest, indent=1) + "\n")
     return manifest
@@ -245,7 +235,7 @@ def read_manifest(folder: str | Path, verify: bool = False) -> dict[str, Any]:
     for name in (HASHES_NPY, REFS_NPY):
         if not (folder / name).is_file():
             raise DecontamIndexError(f"{folder / name} is missing; {REBUILD}")
-    if verify and _sha256(folder) != manifest["sha256"]:
+    if verify and decontam_sha256(folder) != manifest["sha256"]:
         raise DecontamIndexError(
             f"{folder}: {HASHES_NPY}/{REFS_NPY} do not match the sha256 in {MANIFEST_JSON} (changed after it "
             f"was written); {REBUILD}"

@@ -15,7 +15,7 @@ import webdataset as wds
 
 from pipelines.shard_writer import ShardWriter, _header, _member
 from pipelines.sources import FINEWEB_EDU_SCHEMA, META_KEYS, NUMERIC_META_KEYS
-from training.contract.dataset_format import EXCLUDED_SCHEMA, MANIFEST_SCHEMA
+from training.contract.dataset_format import EXCLUDED_SCHEMA, MANIFEST_SCHEMA, PROVENANCE_COLUMNS
 
 # The schemas as they were spelled out before SOURCE_FIELDS (datasets on disk carry these).
 OLD_MANIFEST_SCHEMA = pa.schema(
@@ -103,8 +103,11 @@ def test_headers_match_tarfile():
 
 
 def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
+    # The manifest gained the provenance columns at its end (issue 29); the old ones are unchanged.
+    n_old = len(OLD_MANIFEST_SCHEMA)
+    assert [(f.name, f.type) for f in MANIFEST_SCHEMA][n_old:] == list(PROVENANCE_COLUMNS)
     for new, old in (
-        (MANIFEST_SCHEMA, OLD_MANIFEST_SCHEMA),
+        (pa.schema(list(MANIFEST_SCHEMA)[:n_old]), OLD_MANIFEST_SCHEMA),
         (EXCLUDED_SCHEMA, OLD_EXCLUDED_SCHEMA),
         (FINEWEB_EDU_SCHEMA, OLD_FINEWEB_EDU_SCHEMA),
     ):
@@ -131,4 +134,8 @@ def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
     old_row |= {"language": "en", "language_score": 0.5}
     assert row == old_row and [type(v) for v in row.values()] == [type(v) for v in old_row.values()]
     pq.write_table(pa.Table.from_pylist([old_row], schema=OLD_MANIFEST_SCHEMA), tmp_path / "old.parquet")
-    assert (tmp_path / "manifest" / "00000.parquet").read_bytes() == (tmp_path / "old.parquet").read_bytes()
+    # the old columns' values, byte for byte; the provenance columns null when not given
+    written = pq.read_table(tmp_path / "manifest" / "00000.parquet")
+    assert written.select(OLD_MANIFEST_SCHEMA.names).equals(pq.read_table(tmp_path / "old.parquet"))
+    names = [c for c, _ in PROVENANCE_COLUMNS]
+    assert written.select(names).to_pylist() == [dict.fromkeys(names)]

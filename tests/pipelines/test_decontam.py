@@ -19,7 +19,9 @@ import pytest
 from pipelines.build import BuildError, build, prepare
 from pipelines.cli import main
 from pipelines.config import DataConfig
+from pipelines.decontam.filter import DecontaminationFilter
 from pipelines.decontam.ngram import (
+    DecontamIndexError,
     NgramIndex,
     Words,
     many_ngram_hashes,
@@ -411,3 +413,67 @@ def test_a_contaminated_page_is_never_the_copy_dedup_keeps(decontam, build_fixtu
     assert result.ok, result.report
     dropped = {r["id"]: r["filter"] for r in excluded_rows(Path(cfg.output))}
     assert dropped == {"contaminated": "decontaminate"}
+
+
+def test_a_damaged_index_copy_is_never_trusted(decontam, build_fixture, tmp_path):
+    """Issue 29 item 2, the fault as found: after a finished build with `index = DIR`, the copy in
+    OUTPUT/decontam/ is altered in place (same size, every hash + 1). `data validate` names it; the
+    README's repair (rm dataset.json and a task's completion marker, rerun) copies the index anew,
+    saying so, and the planted page is dropped again. A truncated copy is named by validate too."""
+    from datatrove.data import Document
+
+    from validation.validate import validate_dataset
+
+    _, out, _, _, _ = decontam
+    _, tokenizer, _ = build_fixture
+    index = tmp_path / "index"
+    shutil.copytree(out / "decontam", index)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [
+        {"text": t, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10", "score": 3.5,
+         "int_score": 3, "language": "en", "language_score": 0.9, "token_count": 0}
+        for rid, t in {"contaminated": _page(9, QA[2][0]), "clean": fixture_texts(40)[3]}.items()
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-00.parquet")
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "dataset")
+        + f'\n[decontaminate]\nindex = "{index}"\n'
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1"])
+    assert build(cfg, **QUIET).ok
+    built = Path(cfg.output)
+    copy = built / "decontam" / "ngrams.npy"
+    hashes = np.load(copy)
+    size = copy.stat().st_size
+    np.save(copy, hashes + np.uint64(1))  # the planted fault: same size, every hash + 1
+    assert copy.stat().st_size == size
+    report = validate_dataset(built, progress=False, write=False)
+    assert not report.ok and any(p.shard == "decontam/ngrams.npy" for p in report.problems), report.problems
+
+    (built / "dataset.json").unlink()
+    (built / "logs" / "completions" / "00000").unlink()
+    lines: list[str] = []
+    assert build(cfg, log=lines.append).ok
+    assert any("decontam/" in line and "damaged" in line for line in lines), lines
+    assert np.array_equal(np.load(copy), hashes)
+    dropped = {r["id"]: r["filter"] for r in excluded_rows(built)}
+    assert dropped == {"contaminated": "decontaminate"}
+    assert validate_dataset(built, progress=False, write=False).ok
+
+    copy.write_bytes(copy.read_bytes()[: size // 2])  # cut off after a finished build
+    report = validate_dataset(built, progress=False, write=False)
+    assert [p.shard for p in report.problems] == ["decontam/ngrams.npy"], report.problems
+    assert "gristmill data build" in report.problems[0].message
+    lines.clear()  # the advice: a rerun of the complete dataset copies the index again
+    assert build(cfg, log=lines.append).ok
+    assert any("copying it again" in line for line in lines) and np.array_equal(np.load(copy), hashes)
+    copy.write_bytes(copy.read_bytes()[: size // 2])
+    step = DecontaminationFilter(
+        built / "decontam", sha256=read_dataset_info(built)["decontaminate"]["index_sha256"]
+    )
+    with pytest.raises(
+        DecontamIndexError, match=r"ngrams.npy/refs.npy are missing or damaged .*rerun the build"
+    ):
+        list(step.run(iter([Document(text="A page.", id="a")])))  # a worker refuses before its first lookup

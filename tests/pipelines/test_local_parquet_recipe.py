@@ -12,8 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
-from pipelines.build import build
+from pipelines.build import build, resolve_tokenizer
 from pipelines.config import DataConfig
+from pipelines.sources import list_source_files
+from pipelines.tokenizer_train import train_tokenizer
 from tests.helpers.corpus import SEP, fixture_texts
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
@@ -50,20 +52,28 @@ def test_recipe_defaults_suit_files_without_metadata():
     # Offline as is: a local tokenizer file, trained by the build when it is missing.
     assert cfg.tokenizer.path.endswith(".json") and cfg.tokenizer.train.if_missing
     assert cfg.tokenizer.separator in cfg.tokenizer.train.special_tokens
+    # Own corpora repeat themselves (man pages, licence files): exact dedup on, as in the demo.
+    assert cfg.dedup.kind == load_config(DataConfig, RECIPE.with_name("demo.toml")).dedup.kind == "exact"
 
 
 def test_build_from_a_folder_of_parquet_files(tmp_path):
     corpus, out, tok_path = tmp_path / "my-parquet", tmp_path / "mine", tmp_path / "tok" / "mine.json"
     texts = write_folder(corpus)
     overrides = [f"source.path={corpus}", f"output={out}", f"tokenizer.path={tok_path}", "build.workers=2"]
+    pq.write_table(pa.table({"text": texts[:2]}), corpus / "more" / "d.parquet")  # two exact copies
     cfg = load_config(DataConfig, RECIPE, overrides)
-    result = build(cfg, log=lambda *a: None)
+    lines: list[str] = []
+    result = build(cfg, log=lines.append)
     assert result.ok, result.report
+    # the input size is the files' size on disk (compressed parquet), not the text's
+    assert any("MB of input (parquet files on disk, compressed)" in line for line in lines), lines
 
     assert tok_path.is_file()  # trained on the folder, then copied into the dataset
     assert (out / "tokenizer.json").read_bytes() == tok_path.read_bytes()
     info = read_dataset_info(out)
-    assert info["tasks"] == 3 and info["documents"] == 120 and info["dtype"] == "uint16"
+    assert (
+        info["tasks"] == 4 and info["documents"] == 120
+    )  # the copies dropped by exact dedup and info["dtype"] == "uint16"
     assert info["separator"]["token"] == SEP
 
     manifest = pa.concat_tables([pq.read_table(p) for p in sorted((out / "manifest").glob("*.parquet"))])
@@ -85,3 +95,27 @@ def test_build_from_a_folder_of_parquet_files(tmp_path):
                 assert doc[-1] == sep_id and np.count_nonzero(doc == sep_id) == 1
                 decoded.append(tok.decode(doc[:-1].tolist(), skip_special_tokens=False))
     assert sorted(decoded) == sorted(texts)
+
+
+def test_a_reused_tokenizer_file_is_named_with_what_it_was_trained_on(tmp_path):
+    """Issue 29 item 15: a build whose tokenizer.path already exists says so in one line: the file,
+    the source it was trained on (another corpus here) and when; a file with no record says that."""
+    first, second, tok_path = tmp_path / "first", tmp_path / "second", tmp_path / "tok" / "shared.json"
+    write_folder(first)
+    write_folder(second)
+    lines: list[str] = []
+    cfg = load_config(DataConfig, RECIPE, [f"source.path={first}", f"tokenizer.path={tok_path}"])
+    train_tokenizer(cfg, source=list_source_files(cfg.source), log=lines.append)
+    cfg = load_config(DataConfig, RECIPE, [f"source.path={second}", f"tokenizer.path={tok_path}"])
+    lines.clear()
+    resolve_tokenizer(cfg, list_source_files(cfg.source), log=lines.append)
+    said = [line for line in lines if str(tok_path) in line]
+    assert len(said) == 1, lines
+    assert f"trained on {first} " in said[0] and "not this source" in said[0] and " UTC" in said[0], said
+
+    plain = tmp_path / "plain.json"
+    plain.write_bytes(tok_path.read_bytes())  # e.g. copied from elsewhere: nothing recorded
+    cfg = load_config(DataConfig, RECIPE, [f"source.path={second}", f"tokenizer.path={plain}"])
+    lines.clear()
+    resolve_tokenizer(cfg, list_source_files(cfg.source), log=lines.append)
+    assert any(str(plain) in line and "not recorded" in line for line in lines), lines

@@ -38,7 +38,13 @@ def test_parquet_reader_metadata_and_bad_bytes(tmp_path):
     pq.write_table(table, tmp_path / "x.parquet")
     docs = read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
     assert [d.text for d in docs] == ["hello", "bad \udcff!!", ""]  # nothing dropped by the reader
-    assert docs[0].metadata == {"url": "u1", "int_score": 3, "language_score": 0.9}
+    assert docs[0].metadata == {
+        "url": "u1",
+        "int_score": 3,
+        "language_score": 0.9,
+        "source_file": "x.parquet",  # where it came from: the manifest's provenance columns
+        "source_row": 0,
+    }
     assert [d.id for d in docs] == ["a", "b", "c"]
 
     pq.write_table(pa.table({"body": pa.array([b"raw \xfe bytes"], pa.binary())}), tmp_path / "y.parquet")
@@ -78,7 +84,7 @@ def test_jsonl_zst_reader_turns_bad_lines_into_records(tmp_path):
     assert by_id["a.jsonl.zst:5"].metadata[READ_ERROR] == "a.jsonl.zst:5: line is not a JSON object"
     assert by_id["null-text"].text == "" and READ_ERROR not in by_id["null-text"].metadata
     assert "'text' is int, not a string" in by_id["number-text"].metadata[READ_ERROR]
-    assert by_id["good"].metadata == {"int_score": 4}
+    assert by_id["good"].metadata == {"int_score": 4, "source_file": "a.jsonl.zst", "source_row": 1}
 
 
 def test_jsonl_build_loses_nothing(build_fixture, tmp_path):

@@ -75,7 +75,7 @@ def test_training_never_replaces_a_tokenizer_that_appeared_meanwhile(build_fixtu
     assert train_tokenizer(train_config(config, same), log=logged.append) == same
     assert same.stat().st_ino == inode  # not replaced by a copy
     assert "appeared meanwhile with the same bytes" in logged[-1]
-    assert sorted(p.name for p in same.parent.iterdir()) == ["tok.json"]
+    assert sorted(p.name for p in same.parent.iterdir()) == ["tok.json", "tok.json.trained.json"]
 
 
 RACE = """
@@ -127,4 +127,4 @@ def test_two_trainings_of_the_same_missing_file_race_safely(build_fixture, tmp_p
     assert "appeared while this tokenizer was being trained" in errs[rcs.index(2)]
     assert json.loads(out.read_text())["model"]["vocab"]  # a whole tokenizer.json
     assert load_tokenizer(out).get_vocab_size() == winner != loser
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["newtok.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newtok.json", "newtok.json.trained.json"]

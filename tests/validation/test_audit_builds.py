@@ -92,3 +92,77 @@ def test_damaged_stats_file_advice_writes_it_again(built_dataset, build_fixture,
     )
     rc, stdout, err = audit(capsys, root)
     assert rc == 0 and stdout.startswith("== summary =="), err
+
+
+def test_default_report_leaves_out_fineweb_groups_the_data_lacks(
+    built_dataset, build_fixture, tmp_path, capsys
+):
+    """Issue 29 item 14: own parquet files with a text column only have no dump, url or score: the
+    default report shows no tokens_by_dump table of one empty group; FineWeb-like data keeps it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers.corpus import fixture_config_text, fixture_texts
+
+    _, tokenizer, _ = build_fixture
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pq.write_table(pa.table({"text": fixture_texts(20)}), corpus / "mine.parquet")
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "mine").replace("min_int_score = 3\n", "")
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1"])
+    assert build(cfg, log=lambda *a: None).ok
+    rc, out, _ = audit(capsys, cfg.output)
+    assert rc == 0 and "summary" in out and "shard_balance" in out and "tokens_by_dump" not in out, out
+    rc, out, _ = audit(capsys, built_dataset)
+    assert rc == 0 and "tokens_by_dump" in out, out
+
+
+def test_docs_name_their_input_file_and_row_and_exact_copies_are_reported(build_fixture, tmp_path, capsys):
+    """Issue 29 item 14: with its own `id` column a file's rows no longer say where they came from:
+    the manifest (and `docs`) keep the input file and row; `duplicates` reports exact text copies
+    (by the hash exact dedup compares). A dataset built before these columns still audits."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers.corpus import fixture_config_text, fixture_texts
+
+    _, tokenizer, _ = build_fixture
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    texts = fixture_texts(12)
+    pq.write_table(pa.table({"text": texts[:6], "id": [f"a{i}" for i in range(6)]}), corpus / "a.parquet")
+    copy = "  " + texts[0].upper() + "\n"  # the same text for exact dedup: case and whitespace folded
+    pq.write_table(
+        pa.table({"text": [*texts[6:], copy], "id": [f"b{i}" for i in range(7)]}),
+        corpus / "sub" / "b.parquet",
+    )
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "mine").replace("min_int_score = 3\n", "")
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=2", "build.workers=1"])
+    assert build(cfg, log=lambda *a: None).ok
+    out = Path(cfg.output)
+
+    sql = "SELECT id, source_file, source_row FROM docs ORDER BY source_file, source_row"
+    rc, got, _ = audit(capsys, out, "--sql", sql, "--format", "json")
+    rows = json.loads(got)
+    assert rc == 0 and [(r["source_file"], r["source_row"]) for r in rows] == [
+        *(("a.parquet", i) for i in range(6)),
+        *(("sub/b.parquet", i) for i in range(7)),
+    ], rows
+    assert [r["id"] for r in rows][-1] == "b6"
+    rc, got, _ = audit(capsys, out, "--report", "duplicates", "--format", "json")
+    dups = json.loads(got)
+    assert rc == 0 and [(d["field"], d["copies"]) for d in dups] == [("text", 2)], dups
+
+    for path in (out / "manifest").glob("*.parquet"):  # as a dataset built before the columns
+        t = pq.read_table(path)
+        pq.write_table(t.drop_columns(["source_file", "source_row", "text_hash"]), path)
+    rc, got, _ = audit(capsys, out, "--report", "duplicates", "--format", "json")
+    assert rc == 0 and json.loads(got) == [], got
+    rc, got, _ = audit(capsys, out, "--sql", "SELECT count(source_file) AS n FROM docs", "--format", "json")
+    assert rc == 0 and json.loads(got) == [{"n": 0}], got

@@ -30,6 +30,8 @@ SHARDS_DIR = "shards"
 MANIFEST_DIR = "manifest"
 EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
+DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
+DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
 META_EXT = "json"  # tar member `<key>.json`: source metadata
 
@@ -79,6 +81,14 @@ def source_columns(meta: dict[str, Any], fields: tuple[SourceField, ...]) -> dic
     return {f.name: None if (v := meta.get(f.name)) is None else f.pytype(v) for f in fields}
 
 
+# Where each kept document came from, the last manifest columns (added after the format's first
+# datasets: readers treat a manifest without them as all null). The reader puts file and row into
+# a document's metadata (never into its .json member); text_hash is what exact dedup compares.
+SOURCE_FILE = "source_file"  # the input file, relative to source.path
+SOURCE_ROW = "source_row"  # its row (parquet, from 0) or line (jsonl, from 1)
+TEXT_HASH = "text_hash"  # hex of the 128-bit hash of the normalised text (pipelines/dedup.py)
+PROVENANCE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()), (TEXT_HASH, pa.string()))
+
 # One manifest row per kept document. `offset`/`nbytes` locate the `.ids` member's data inside
 # the tar, so the loader can memory-map shards and never parse tar headers on the hot path.
 MANIFEST_SCHEMA = pa.schema(
@@ -89,6 +99,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("nbytes", pa.int64()),  # byte length of the .ids data
         ("n_tokens", pa.int64()),  # tokens including the one separator
         *((f.name, f.type) for f in MANIFEST_FIELDS),
+        *PROVENANCE_COLUMNS,
     ]
 )
 
@@ -135,6 +146,20 @@ def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     with open(path, "rb") as f:
         while block := f.read(chunk):
             h.update(block)
+    return h.hexdigest()
+
+
+def decontam_sha256(folder: str | Path) -> str | None:
+    """The sha256 of a decontamination index's DECONTAM_FILES, in order (what its manifest and
+    dataset.json's decontaminate.index_sha256 record); None when one is missing."""
+    h = hashlib.sha256()
+    try:
+        for name in DECONTAM_FILES:
+            with open(Path(folder) / name, "rb") as f:
+                while block := f.read(1 << 22):
+                    h.update(block)
+    except FileNotFoundError:
+        return None
     return h.hexdigest()
 
 
