@@ -17,7 +17,16 @@ import pytest
 import torch
 
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import ENV, ROOT, TINY, losses, one_error_line, overrides, torchrun_cmd
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    assert_same_weights,
+    losses,
+    one_error_line,
+    overrides,
+    torchrun_cmd,
+)
 from training.checkpoint.hf_import import (
     BaseModelError,
     base_model_fields,
@@ -213,24 +222,30 @@ def data(tmp_path_factory):
     return make_dataset(tmp_path_factory.mktemp("data") / "ds")
 
 
-def test_init_from_run_records_the_base_and_refuses_another(tmp_path, data):
+def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data):
     base, other = tmp_path / "base", tmp_path / "other"
     make_base(base, max_position_embeddings=64, tie_word_embeddings=True)
     make_base(other, max_position_embeddings=64, tie_word_embeddings=True, rms_norm_eps=1e-5)
-    run = tmp_path / "run"
-    sets = overrides(data, run, f"model.init_from={json.dumps(str(base))}", "schedule.steps=4")
-    done = _run(sets)
+    run, straight = tmp_path / "run", tmp_path / "straight"
+    init = f"model.init_from={json.dumps(str(base))}"
+    done = _run(overrides(data, run, init, "schedule.steps=8", "run.max_steps=4"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "has no tokenizer.json" in done.stdout  # the base has none: a note, not a refusal
     record = json.loads((run / "checkpoints" / "step-000004" / "COMPLETE").read_text())["model"]
     assert record["init_from"] == str(base.resolve()) and len(record["init_from_sha256"]) == 64
     assert "init_from" in (run / "config.toml").read_text()
-    first = losses(run)[0][1]
-    assert first < 6.0  # ln(256) = 5.55: a random-init base starts near uniform, not NaN/garbage
-    resumed = _run([*sets[:-1], "schedule.steps=8", f"model.init_from={json.dumps(str(other))}",
-                    "checkpoint.resume=auto"])  # fmt: skip
-    line = one_error_line(resumed.stderr)
+    assert losses(run)[0][1] < 6.0  # ln(256) = 5.55: a random-init base starts near uniform
+    sets = overrides(data, run, "schedule.steps=8", "checkpoint.resume=auto")
+    line = one_error_line(_run([*sets, f"model.init_from={json.dumps(str(other))}"]).stderr)
     assert "continues from another base model" in line and str(other.resolve()) in line, line
+    line = one_error_line(_run(sets).stderr)  # a resume without init_from: another model too
+    assert "continues from another base model" in line and "random initialisation" in line, line
+    done = _run([*sets, init])
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = _run(overrides(data, straight, init, "schedule.steps=8"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert losses(run) == losses(straight) and len(losses(run)) == 8
+    assert_same_weights(run, straight, 8)
 
 
 def test_init_from_refuses_a_larger_vocabulary_before_step_1(tmp_path, data):
