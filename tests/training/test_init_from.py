@@ -201,6 +201,8 @@ def test_the_data_must_match_the_base(tmp_path):
             check_base_data(base, tmp_path / f"d{i}", info, 256)
         msg = str(e.value)
         assert want in msg and "\n" not in msg and str(base) in msg and f"d{i}" in msg, msg
+    with pytest.raises(BaseModelError, match="d7/dataset.json records no tokenizer"):
+        check_base_data(base, tmp_path / "d7", _dataset(tmp_path / "d7"), 256)
     notes = check_base_data(base, tmp_path / "d6", _dataset(tmp_path / "d6", tok, sep=3), 256)
     assert len(notes) == 1 and "neither its bos nor eos" in notes[0]
     (base / "tokenizer.json").unlink()
@@ -274,3 +276,22 @@ def test_fsdp_two_ranks_equal_one_process(tmp_path, data):
     assert len(a) == 4 and [r[0] for r in a] == [r[0] for r in b]
     for ra, rb in zip(a, b, strict=True):
         assert ra[1] == pytest.approx(rb[1], rel=1e-5, abs=1e-6), (ra, rb)
+
+
+def test_llama3_rope_survives_the_export(tmp_path):
+    """gristmill → HF: hf_config writes llama3 scaling in both spellings; transformers reads it back
+    and computes the same logits, and init_from reads the export back to the same ModelConfig."""
+    from training.checkpoint.hf_export import hf_config, write_safetensors
+    from training.checkpoint.hf_names import hf_state_dict_names
+
+    make_base(tmp_path / "base", rope=LLAMA3)
+    ours = gristmill_model(tmp_path / "base")
+    out = tmp_path / "export"
+    out.mkdir()
+    state = ours.state_dict()
+    tensors = {hf: state[name] for name, hf in hf_state_dict_names(ours.cfg).items()}
+    write_safetensors(tensors, out / "model.safetensors", {"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config(ours.cfg, 0, torch.float32)))
+    assert ModelConfig(**base_model_fields(out)) == ours.cfg.replace(init_from="", init_from_sha256="")
+    hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    assert_same_logits(ours, hf, seq=120)

@@ -338,6 +338,11 @@ def check_base_data(
     base_tok, data_tok = base / TOKENIZER_JSON, dataset / TOKENIZER_JSON
     if not base_tok.is_file():
         return [f"note: {base} has no {TOKENIZER_JSON}: the dataset's tokenizer cannot be checked against it"]
+    if not data_tok.is_file() and info["tokenizer_sha256"] == "none":
+        raise BaseModelError(
+            f"{where} records no tokenizer (a dataset written without tokenizer.json), so it cannot be "
+            f"checked against {base_tok}: build the dataset with the base model's tokenizer.json"
+        )
     if data_tok.is_file():
         same = file_sha256(data_tok) == file_sha256(base_tok)
         same = same or _tokenizer_hash(data_tok) == _tokenizer_hash(base_tok)
