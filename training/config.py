@@ -50,6 +50,21 @@ class ModelSection:
     """Mask attention across document boundaries (uses the loader's position ids)."""
     loss_chunk: int | None = None
     """Compute the LM head + cross-entropy in chunks of this many tokens (0: all at once)."""
+    rope_type: str | None = None
+    """RoPE frequencies: "default" or "llama3" (Llama 3.1 frequency scaling, with the rope_* keys)."""
+    rope_factor: float | None = None
+    """llama3 RoPE scaling factor (HF `factor`)."""
+    rope_low_freq_factor: float | None = None
+    """llama3 RoPE scaling low_freq_factor."""
+    rope_high_freq_factor: float | None = None
+    """llama3 RoPE scaling high_freq_factor."""
+    rope_original_max_seq_len: int | None = None
+    """llama3 RoPE scaling original_max_position_embeddings."""
+    init_from: str | None = None
+    """A Hugging Face LlamaForCausalLM directory (config.json + model.safetensors, or sharded with
+    model.safetensors.index.json) to start from: its config.json gives the shape (a shape key set
+    here too must agree), its weights replace the random init, and the data must use its tokenizer
+    (docs/continued-pretraining.md). The preset then only supplies init_std, document_mask etc."""
     float8: bool | None = None
     """Train the transformer blocks' linears with torchao float8 matmuls (dynamic tensorwise
     scaling; CUDA sm89+ and the torchao package). The embeddings, the LM head and the norms stay in

@@ -15,6 +15,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from training.config import (
     TRACKERS,
@@ -397,6 +398,23 @@ def seq_lens_of(cfg: TrainConfig) -> list[tuple[str, int]]:
     ]
 
 
+def _base_overrides(init_from: str, overrides: dict) -> dict:
+    """[model] overrides with the base's config.json shape on top: a key set in both must agree."""
+    # torch-heavy, like training.model below: imported when a run starts
+    from training.checkpoint.hf_import import base_model_fields, base_sha256
+
+    base = Path(init_from).resolve()
+    fields = base_model_fields(base)
+    for key, value in fields.items():
+        if key in overrides and overrides[key] != value:
+            raise ConfigError(
+                f"model.{key} = {json.dumps(overrides[key])} disagrees with the base model's "
+                f"{json.dumps(value)} ({base / 'config.json'}); remove model.{key} (the base decides it)",
+                f"model.{key}",
+            )
+    return overrides | fields | {"init_from": str(base), "init_from_sha256": base_sha256(base)}
+
+
 def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: list[tuple[str, int]]):
     """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
     and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it."""
@@ -409,19 +427,23 @@ def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: li
     overrides = {}
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
-        if f.name == "preset" or value is None:
+        if f.name in ("preset", "init_from") or value is None:
             continue
         if f.name not in names:  # the model grew or lost a field; keep the two in step
             raise ConfigError(f"model.{f.name} is not a field of training.model.ModelConfig")
         overrides[f.name] = value
     data_vocab = int(dataset_info["vocab_size"])
-    if section.vocab_size is None and section.preset in VOCAB_FROM_DATASET_PRESETS:
+    if section.init_from:
+        overrides = _base_overrides(section.init_from, overrides)
+    elif section.vocab_size is None and section.preset in VOCAB_FROM_DATASET_PRESETS:
         overrides["vocab_size"] = data_vocab
     try:
         mcfg = dataclasses.replace(base, **overrides)
     except ValueError as e:  # ModelConfig checks its own shape (heads divide dim, ...)
         raise ConfigError(f"model: {e}") from None
-    if mcfg.vocab_size != data_vocab:
+    # With init_from a smaller data vocabulary is fine: check_base_data refuses a larger one, naming
+    # both files, before step 1.
+    if not section.init_from and mcfg.vocab_size != data_vocab:
         raise ConfigError(
             f"the model's vocab_size {mcfg.vocab_size} (preset {section.preset!r}) differs from the "
             f"dataset's {data_vocab} (dataset.json of data.dataset); set model.vocab_size = {data_vocab} or "

@@ -57,6 +57,7 @@ __all__ = [
     "flops_per_token",
     "num_params",
     "rope_cos_sin",
+    "rope_inv_freq",
 ]
 
 
@@ -91,6 +92,25 @@ class ModelConfig:
     loss_chunk: int = 0
     """0 = plain loss; >0 = chunked cross-entropy over this many tokens per chunk (never holds the
     full [tokens, vocab] logits)."""
+    rope_type: str = "default"
+    """RoPE frequencies: "default" (theta ** (-2i/head_dim)) or "llama3" (Llama 3.1's frequency
+    scaling with the four rope_* fields below; HF `rope_scaling` / `rope_parameters`)."""
+    rope_factor: float = 8.0
+    """llama3 scaling: low frequencies are divided by this (HF `factor`)."""
+    rope_low_freq_factor: float = 1.0
+    """llama3 scaling: wavelengths above original_max_seq_len / this are fully scaled (HF
+    `low_freq_factor`)."""
+    rope_high_freq_factor: float = 4.0
+    """llama3 scaling: wavelengths below original_max_seq_len / this are kept (HF `high_freq_factor`)."""
+    rope_original_max_seq_len: int = 8192
+    """llama3 scaling: the context length of the original pretraining (HF
+    `original_max_position_embeddings`)."""
+    init_from: str = ""
+    """The Hugging Face base directory the weights were loaded from ([model] init_from; "" = random
+    init). Recorded in each checkpoint's COMPLETE; informative (the checks use init_from_sha256)."""
+    init_from_sha256: str = ""
+    """Identity of the base: sha256 over its config.json and its weights index (see
+    training/checkpoint/hf_import.py); a resume with another base is refused."""
     float8: bool = False
     """Float8 matmuls for the blocks' linears (torchao; training/parallelize.py converts them, this
     module never reads it). Compute only: the weights stay as they are, so checkpoints and exports
@@ -105,6 +125,17 @@ class ModelConfig:
             raise ValueError(f"head_dim {self.dim // self.n_heads} must be even for RoPE")
         if self.loss_chunk < 0:
             raise ValueError(f"loss_chunk must be >= 0, got {self.loss_chunk}")
+        if self.rope_type not in ("default", "llama3"):
+            raise ValueError(f"rope_type must be default or llama3, got {self.rope_type!r}")
+        if self.rope_type == "llama3" and not (
+            self.rope_factor > 0 and 0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_max_seq_len > 0
+        ):  # fmt: skip
+            raise ValueError(
+                "llama3 RoPE scaling needs rope_factor > 0, 0 < rope_low_freq_factor < "
+                f"rope_high_freq_factor and rope_original_max_seq_len > 0; got {self.rope_factor}, "
+                f"{self.rope_low_freq_factor}, {self.rope_high_freq_factor}, {self.rope_original_max_seq_len}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -162,16 +193,41 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def rope_inv_freq(cfg: ModelConfig, device: torch.device | None = None) -> torch.Tensor:
+    """[head_dim/2] float32 inverse frequencies, op for op as transformers computes them
+    (`_compute_default_rope_parameters`, and `_compute_llama3_parameters` for rope_type "llama3").
+
+    default: inv_freq[i] = theta ** (-2i / head_dim). llama3: wavelengths 2π/inv_freq longer than
+    original_max_seq_len / low_freq_factor are divided by factor, shorter than
+    original_max_seq_len / high_freq_factor kept, and the ones between interpolated smoothly.
+    """
+    head_dim = cfg.head_dim
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (cfg.rope_theta**exponents)
+    if cfg.rope_type == "default":
+        return inv_freq
+    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    old_context_len = cfg.rope_original_max_seq_len
+    low_freq_wavelen = old_context_len / low
+    high_freq_wavelen = old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
 def rope_cos_sin(
-    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+    position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype, inv_freq=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [B, T, head_dim] for integer positions [B, T], computed in float32 like HF.
 
-    inv_freq[i] = theta ** (-2i / head_dim); angles = position * inv_freq, duplicated over the two
-    halves of the head dimension (rotate-half layout).
+    inv_freq[i] = theta ** (-2i / head_dim) unless `inv_freq` is given (`rope_inv_freq`); angles =
+    position * inv_freq, duplicated over the two halves of the head dimension (rotate-half layout).
     """
-    exponents = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.int64).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)
+    if inv_freq is None:
+        inv_freq = rope_inv_freq(ModelConfig(head_dim, 1, 1, 1, 1, 1, rope_theta=theta), position_ids.device)
     with torch.autocast(device_type=position_ids.device.type, enabled=False):
         freqs = position_ids.float()[..., None] * inv_freq  # [B, T, head_dim/2], float32
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -402,7 +458,8 @@ class Transformer(nn.Module):
             rope_pos = position_ids
         else:
             rope_pos = torch.arange(T, device=input_ids.device).expand(B, T)
-        cos, sin = rope_cos_sin(rope_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype)
+        inv_freq = rope_inv_freq(self.cfg, input_ids.device)
+        cos, sin = rope_cos_sin(rope_pos, self.cfg.head_dim, self.cfg.rope_theta, h.dtype, inv_freq)
         attn = self._attention_mask(input_ids, position_ids)
         for block in self.layers.values():
             h = block(h, cos, sin, attn)

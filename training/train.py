@@ -38,6 +38,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.hf_import import check_base_data, load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
 from training.config_checks import BatchShape, check_config, resolve_model_config, seq_lens_of, sources_of
@@ -233,12 +234,16 @@ def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> n
         torch.manual_seed(cfg.run.seed)
         with torch.no_grad():
             model.init_weights()
+        if model_config.init_from:  # each rank reads its own shards (training/checkpoint/hf_import.py)
+            load_base_weights(model, model_config.init_from)
     else:  # whole model on every rank, then shard: identical weights whatever the world size
         torch.manual_seed(cfg.run.seed)
         with torch.device(device):
             model = Transformer(model_config)
         with torch.no_grad():
             model.init_weights()
+        if model_config.init_from:  # the base's weights replace the random ones (the seed no longer matters)
+            load_base_weights(model, model_config.init_from)
         model = parallelize(model, mesh, cfg.parallel)
     model.train()
     return model
@@ -304,6 +309,11 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
     model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg))
+    if model_config.init_from:  # the data must match the base model, before any work
+        dataset = sources_of(cfg)[0].dataset  # every source of a mixture shares one tokenizer
+        notes = check_base_data(model_config.init_from, dataset, info, model_config.vocab_size)
+        for note in notes if env.rank == 0 else ():
+            print(note, flush=True)
     device = pick_device(cfg.run.device, env.local_rank)
     if cfg.optim.name == "adamw8bit":
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
@@ -497,7 +507,9 @@ def setup(
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
-    data, tables, notes = open_plan(cfg, expect_vocab_size=model_config.vocab_size)
+    # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
+    data_vocab = read_dataset_info(sources_of(cfg)[0].dataset)["vocab_size"]
+    data, tables, notes = open_plan(cfg, expect_vocab_size=data_vocab)
     loader = TokenLoader(
         data,
         tables,
@@ -506,7 +518,7 @@ def setup(
     )
     validation = None
     if cfg.run.val_every > 0:
-        validation = Validation(cfg, shapes, data, env, device, model_config.vocab_size)
+        validation = Validation(cfg, shapes, data, env, device, data_vocab)
         if not validation.sources:
             validation = None
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from training.checkpoint.hf_export import hf_name, hf_state_dict_names
+from training.checkpoint.hf_names import hf_name, hf_state_dict_names
 from training.config import ParallelConfig
 from training.loss import chunked_linear_cross_entropy, linear_cross_entropy
 from training.model import (

@@ -391,6 +391,18 @@ class Checkpointer:
         if recorded is None or self.model_config is None:
             return []
         diffs = model_differences(recorded, self.model_config)
+        base = [d for d in diffs if d[0] == "init_from_sha256"]
+        if "init_from_sha256" not in recorded and self.model_config.get("init_from_sha256"):
+            base = [("init_from_sha256", "", self.model_config["init_from_sha256"])]  # older: random init
+        if base:  # continued pretraining from another base ([model] init_from): other weights entirely
+            was = recorded.get("init_from") or "random initialisation"
+            now = self.model_config.get("init_from") or "random initialisation"
+            raise CheckpointError(
+                f"cannot resume from {path}: it continues from another base model ({was}, sha256 "
+                f"{base[0][1] or '-'}; this config: {now}, sha256 {base[0][2] or '-'}); set model.init_from "
+                "to the run's base, or start a new run directory (another run.output_dir)"
+            )
+        diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
         shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]
         if shape:
             sets = " ".join(f"model.{k}={json.dumps(a)}" for k, a, _ in shape)

@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import Any
 
 import torch
 
+from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
+from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
     CheckpointError,
     describe_differences,
@@ -63,62 +64,9 @@ EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
 EXPORT_CHECKSUMS = "gristmill_checksums.json"
 
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
-
 
 class ExportError(GristmillError):
     """An export that cannot be made; the message names the run/checkpoint and the fix."""
-
-
-# --- HF LlamaForCausalLM names ----------------------------------------------------------------
-
-HF_NAME_MAP: dict[str, str] = {
-    r"^tok_embeddings\.weight$": "model.embed_tokens.weight",
-    r"^layers\.(\d+)\.attention_norm\.weight$": r"model.layers.\1.input_layernorm.weight",
-    r"^layers\.(\d+)\.attention\.wq\.weight$": r"model.layers.\1.self_attn.q_proj.weight",
-    r"^layers\.(\d+)\.attention\.wk\.weight$": r"model.layers.\1.self_attn.k_proj.weight",
-    r"^layers\.(\d+)\.attention\.wv\.weight$": r"model.layers.\1.self_attn.v_proj.weight",
-    r"^layers\.(\d+)\.attention\.wo\.weight$": r"model.layers.\1.self_attn.o_proj.weight",
-    r"^layers\.(\d+)\.ffn_norm\.weight$": r"model.layers.\1.post_attention_layernorm.weight",
-    r"^layers\.(\d+)\.feed_forward\.w1\.weight$": r"model.layers.\1.mlp.gate_proj.weight",
-    r"^layers\.(\d+)\.feed_forward\.w2\.weight$": r"model.layers.\1.mlp.down_proj.weight",
-    r"^layers\.(\d+)\.feed_forward\.w3\.weight$": r"model.layers.\1.mlp.up_proj.weight",
-    r"^norm\.weight$": "model.norm.weight",
-    r"^output\.weight$": "lm_head.weight",
-}
-"""Regex (over our state-dict key) -> HF LlamaForCausalLM key. Tensors need no reshaping: the
-Linear weights are [out, in] like HF's and RoPE already uses HF's rotate-half layout."""
-
-_WRAPPER_PARTS = re.compile(r"(_checkpoint_wrapped_module|_orig_mod|_fsdp_wrapped_module)\.")
-
-
-def hf_name(name: str) -> str:
-    """Our parameter name (wrapper prefixes tolerated) -> the HF LlamaForCausalLM name."""
-    clean = _WRAPPER_PARTS.sub("", name)
-    for pattern, repl in HF_NAME_MAP.items():
-        new, n = re.subn(pattern, repl, clean)
-        if n:
-            return new
-    raise KeyError(f"no HF name for parameter {name!r}")
-
-
-def hf_state_dict_names(cfg: ModelConfig) -> dict[str, str]:
-    """Every state-dict key of Transformer(cfg) -> its HF name, in model order.
-
-    With tied embeddings `output.weight` is omitted: HF stores only `model.embed_tokens.weight`
-    and ties `lm_head.weight` to it when `tie_word_embeddings` is true.
-    """
-    names = ["tok_embeddings.weight"]
-    for i in range(cfg.n_layers):
-        p = f"layers.{i}."
-        names += [p + "attention_norm.weight"]
-        names += [p + f"attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
-        names += [p + "ffn_norm.weight"]
-        names += [p + f"feed_forward.{w}.weight" for w in ("w1", "w2", "w3")]
-    names.append("norm.weight")
-    if not cfg.tie_embeddings:
-        names.append("output.weight")
-    return {n: hf_name(n) for n in names}
 
 
 def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
@@ -150,8 +98,20 @@ def write_safetensors(tensors: Mapping[str, torch.Tensor], path: Path, metadata:
 
 def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[str, Any]:
     """config.json for LlamaForCausalLM. `rope_theta` is written at the top level and under
-    `rope_parameters`: transformers 5 reads only the latter, 4.x only the former."""
+    `rope_parameters`: transformers 5 reads only the latter, 4.x only the former; llama3 RoPE
+    scaling likewise under `rope_parameters` (5) and `rope_scaling` (4)."""
     dtype_name = str(dtype).removeprefix("torch.")
+    rope: dict[str, Any] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta}
+    scaling = None
+    if cfg.rope_type == "llama3":
+        scaling = {
+            "rope_type": "llama3",
+            "factor": cfg.rope_factor,
+            "low_freq_factor": cfg.rope_low_freq_factor,
+            "high_freq_factor": cfg.rope_high_freq_factor,
+            "original_max_position_embeddings": cfg.rope_original_max_seq_len,
+        }
+        rope |= scaling
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -165,8 +125,8 @@ def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[s
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "rope_scaling": None,
+        "rope_parameters": rope,
+        "rope_scaling": scaling,
         "tie_word_embeddings": cfg.tie_embeddings,
         "hidden_act": "silu",
         "attention_bias": False,

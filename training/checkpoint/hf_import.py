@@ -1,0 +1,369 @@
+"""Start a run from a Hugging Face `LlamaForCausalLM` directory: `[model] init_from = "DIR"`.
+
+    DIR/  config.json  model.safetensors                       (one file)
+          config.json  model.safetensors.index.json  model-0000N-of-0000M.safetensors  (sharded)
+          tokenizer.json                                       (optional; checked against the data)
+
+Three steps, each checked rather than trusted:
+
+- `base_model_fields` turns config.json into ModelConfig fields. Everything gristmill's model
+  computes exactly is accepted (GQA, tied or untied embeddings, rms_norm_eps, rope_theta, RoPE
+  scaling "default" and "llama3" in the transformers-4 `rope_scaling` and transformers-5
+  `rope_parameters` spellings); anything else (biases, another rope type, a sliding window, QK-norm,
+  another architecture, a head_dim other than hidden_size / num_attention_heads) is one ConfigError
+  naming the key and its value: never an approximate model.
+- `load_base_weights` copies the tensors into a built model, upcast to its fp32 master weights,
+  unsharded or as FSDP2 DTensor shards. How: every rank memory-maps the safetensors files (numpy,
+  copy-on-write) and copies only the rows of its own shard (the Shard(0) chunk FSDP2 keeps, per mesh
+  dimension), one tensor at a time. No process group traffic, no rank holds the full model (the
+  page cache shares the file between the ranks of a node), and the peak per rank is its shard plus
+  one shard-sized fp32 temporary. Rank 0 reading and scattering would need the full model to pass
+  through one process and a collective per tensor, for nothing: every rank can read the files.
+- `check_base_data` refuses, before step 1, a dataset that does not match the base: another
+  tokenizer.json (by a normalised hash), a vocabulary larger than the model's, or a separator that
+  is not one of the base's special tokens.
+
+`base_sha256` is the base's identity (config.json and the weights index: names, dtypes, shapes,
+offsets and file sizes, not the bytes of the weights, which would take a minute to hash on an 8B);
+it is recorded in every checkpoint, and a resume with another base is refused.
+
+Reads with numpy, torch and json only (training/ imports no safetensors or transformers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.checkpoint.hf_names import SAFETENSORS_DTYPES, hf_name
+from training.contract.config_loader import ConfigError, json_sha256
+from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_sha256
+from training.contract.errors import GristmillError
+
+__all__ = [
+    "BaseModelError",
+    "base_model_fields",
+    "base_sha256",
+    "check_base_data",
+    "load_base_weights",
+    "weights_index",
+]
+
+CONFIG_JSON = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_JSON = "model.safetensors.index.json"
+_NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.int16, "F64": np.float64}
+_TORCH = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()} | {"F64": torch.float64}
+# Tensors some LlamaForCausalLM files carry that hold nothing to load (RoPE's buffer is recomputed).
+_IGNORED = ("rotary_emb.inv_freq",)
+
+
+class BaseModelError(GristmillError):
+    """A base model directory whose files cannot be loaded as they claim; names the file."""
+
+
+# --------------------------------------------------------------------------------------------------
+# config.json
+
+
+def read_base_config(base: str | Path) -> dict[str, Any]:
+    """The parsed config.json of `base` (a ConfigError naming model.init_from when it is missing)."""
+    path = Path(base) / CONFIG_JSON
+    if not Path(base).is_dir():
+        raise ConfigError(
+            f"model.init_from = {str(base)!r} is not a directory; give a Hugging Face LlamaForCausalLM "
+            "directory (config.json + model.safetensors)",
+            "model.init_from",
+        )
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(
+            f"model.init_from: {path} not found; the base directory needs the model's config.json",
+            "model.init_from",
+        ) from None
+    except ValueError as e:
+        raise ConfigError(f"model.init_from: {path} is not valid JSON ({e})", "model.init_from") from None
+
+
+def _refuse(path: Path, key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(
+        f"{path}: {key} = {json.dumps(value)} is not supported by gristmill's model ({why}); "
+        "gristmill loads only what it computes exactly",
+        "model.init_from",
+    )
+
+
+def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
+    """RoPE fields from `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (4)."""
+    key = "rope_parameters" if isinstance(c.get("rope_parameters"), dict) else "rope_scaling"
+    params = c.get(key) or {}
+    if not isinstance(params, dict):
+        raise _refuse(path, key, params, "expected a table of RoPE parameters")
+    if any(isinstance(v, dict) for v in params.values()):
+        raise _refuse(path, key, params, "per-layer-type RoPE parameters")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta", c.get("rope_theta", 10000.0))  # LlamaConfig's default θ
+    if params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise _refuse(path, "partial_rotary_factor", params.get("partial_rotary_factor"), "partial RoPE")
+    fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
+    if rope_type == "default":
+        return fields
+    if rope_type != "llama3":
+        raise _refuse(path, f"{key}.rope_type", rope_type, 'only "default" and "llama3" RoPE')
+    for name in ("factor", "low_freq_factor", "high_freq_factor"):
+        if not isinstance(params.get(name), int | float):
+            raise ConfigError(
+                f"{path}: {key}.{name} is missing or not a number (llama3 RoPE scaling needs it)",
+                "model.init_from",
+            )
+    # As transformers: without original_max_position_embeddings, max_position_embeddings.
+    original = params.get("original_max_position_embeddings", c.get("max_position_embeddings", 2048))
+    return fields | {
+        "rope_factor": float(params["factor"]),
+        "rope_low_freq_factor": float(params["low_freq_factor"]),
+        "rope_high_freq_factor": float(params["high_freq_factor"]),
+        "rope_original_max_seq_len": int(original),
+    }
+
+
+def base_model_fields(base: str | Path) -> dict[str, Any]:
+    """ModelConfig fields of the base's config.json; a ConfigError naming the key for anything
+    gristmill's model cannot compute exactly. Defaults for absent keys are LlamaConfig's."""
+    path = Path(base) / CONFIG_JSON
+    c = read_base_config(base)
+    arch = c.get("architectures", ["LlamaForCausalLM"])
+    if arch != ["LlamaForCausalLM"]:
+        raise _refuse(path, "architectures", arch, "only LlamaForCausalLM")
+    if c.get("model_type", "llama") != "llama":
+        raise _refuse(path, "model_type", c["model_type"], 'only "llama"')
+    for key, ok in (("attention_bias", False), ("mlp_bias", False), ("hidden_act", "silu"),
+                    ("sliding_window", None), ("use_sliding_window", False), ("qk_norm", False),
+                    ("use_qk_norm", False), ("attention_dropout", 0.0), ("pretraining_tp", 1)):  # fmt: skip
+        if key in c and c[key] != ok:
+            raise _refuse(path, key, c[key], f"it computes {key} = {json.dumps(ok)}")
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"):
+        if not isinstance(c.get(key), int) or c[key] < 1:
+            raise ConfigError(f"{path}: {key} is missing or not a positive integer", "model.init_from")
+    dim, heads = c["hidden_size"], c["num_attention_heads"]
+    head_dim = c.get("head_dim")
+    if head_dim is not None and (dim % heads or head_dim != dim // heads):
+        why = f"it uses hidden_size / num_attention_heads = {dim / heads:g}"
+        raise _refuse(path, "head_dim", head_dim, why)
+    return {
+        "dim": dim,
+        "n_layers": c["num_hidden_layers"],
+        "n_heads": heads,
+        "n_kv_heads": c.get("num_key_value_heads") or heads,
+        "ffn_dim": c["intermediate_size"],
+        "vocab_size": c["vocab_size"],
+        "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
+        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "max_seq_len": int(c.get("max_position_embeddings", 2048)),
+        **_rope_fields(c, path),
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# safetensors
+
+
+def _header(path: Path) -> tuple[dict[str, Any], int]:
+    """(the JSON header of a safetensors file, the byte offset its data section starts at)."""
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n <= 100_000_000:
+                raise ValueError(f"header length {n}")
+            header = json.loads(f.read(n))
+    except FileNotFoundError:
+        raise BaseModelError(f"{path} not found (named by the base's weights index)") from None
+    except (OSError, ValueError) as e:
+        raise BaseModelError(f"{path} is not a readable safetensors file ({e})") from None
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
+    """{HF tensor name: {"file", "dtype", "shape", "start", "end"}} over the base's safetensors
+    file(s); start/end are absolute byte offsets in "file"."""
+    base = Path(base)
+    if (base / INDEX_JSON).is_file():
+        try:
+            weight_map = json.loads((base / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise BaseModelError(f"{base / INDEX_JSON} is damaged ({type(e).__name__}: {e})") from None
+        files = sorted(set(weight_map.values()))
+    elif (base / SINGLE_FILE).is_file():
+        weight_map, files = None, [SINGLE_FILE]
+    else:
+        raise ConfigError(
+            f"model.init_from: {base} holds neither {SINGLE_FILE} nor {INDEX_JSON} (only safetensors "
+            "weights are read)",
+            "model.init_from",
+        )
+    index: dict[str, dict[str, Any]] = {}
+    for name in files:
+        header, data = _header(base / name)
+        for tensor, h in header.items():
+            if weight_map is not None and weight_map.get(tensor) != name:
+                continue  # the index names another file for it: that one is the tensor
+            begin, end = h["data_offsets"]
+            index[tensor] = {"file": name, "dtype": h["dtype"], "shape": h["shape"],
+                             "start": data + begin, "end": data + end}  # fmt: skip
+    missing = sorted(set(weight_map or ()) - set(index))
+    if missing:
+        raise BaseModelError(f"{base / INDEX_JSON} names {missing[:3]} but their files do not hold them")
+    return index
+
+
+def base_sha256(base: str | Path) -> str:
+    """The base's identity: config.json and the weights index (names, dtypes, shapes, offsets and
+    the sizes of the files); not the weight bytes themselves."""
+    base = Path(base)
+    index = weights_index(base)
+    sizes = {f: (base / f).stat().st_size for f in sorted({t["file"] for t in index.values()})}
+    return json_sha256({"config": read_base_config(base), "weights": index, "sizes": sizes})
+
+
+def _read(base: Path, entry: dict[str, Any], name: str) -> torch.Tensor:
+    """The tensor `entry` describes, memory-mapped (copy-on-write: nothing is read until used)."""
+    code, shape = entry["dtype"], entry["shape"]
+    if code not in _NUMPY:
+        raise BaseModelError(f"{base / entry['file']}: {name} has dtype {code}; gristmill reads F32/F16/BF16")
+    count = math.prod(shape)
+    itemsize = np.dtype(_NUMPY[code]).itemsize
+    if entry["end"] - entry["start"] != count * itemsize:
+        raise BaseModelError(f"{base / entry['file']}: {name}'s offsets do not match its shape {shape}")
+    arr = np.memmap(base / entry["file"], dtype=_NUMPY[code], mode="c", offset=entry["start"], shape=(count,))
+    # int16 view for bf16 (numpy has none); safetensors data is little-endian like x86/ARM.
+    return torch.from_numpy(arr).view(_TORCH[code]).view(shape)
+
+
+def _local_chunk(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """The part of `full` a (DTensor) parameter holds on this rank: torch.chunk per Shard(d) mesh
+    dimension, as FSDP2 shards; the whole tensor for a plain parameter."""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return full
+    mesh, coord = param.device_mesh, param.device_mesh.get_coordinate()
+    part = full
+    for i, placement in enumerate(placements):
+        if placement.is_shard():
+            chunks = torch.chunk(part, mesh.size(i), dim=placement.dim)
+            part = chunks[coord[i]] if coord[i] < len(chunks) else part.narrow(placement.dim, 0, 0)
+        elif not placement.is_replicate():
+            raise BaseModelError(f"cannot load into a parameter placed as {placement}")
+    return part
+
+
+@torch.no_grad()
+def load_base_weights(model: torch.nn.Module, base: str | Path) -> None:
+    """Copy the base's weights into `model` (built, not on meta; plain or FSDP2-sharded): every
+    parameter from its HF tensor, upcast to the parameter's dtype. A missing tensor, a shape that
+    differs or a tensor the model has no place for is one line naming the file."""
+    base = Path(base)
+    index = weights_index(base)
+    used = set()
+    for name, param in model.named_parameters():  # a tied LM head is listed once, as the embedding
+        hf = hf_name(name)
+        entry = index.get(hf)
+        if entry is None:
+            raise BaseModelError(
+                f"{base}: the weights hold no {hf} (gristmill's {name}); is it a LlamaForCausalLM?"
+            )
+        shape = tuple(getattr(param, "shape", ()))
+        if tuple(entry["shape"]) != shape:
+            raise BaseModelError(
+                f"{base / entry['file']}: {hf} has shape {entry['shape']}, the model's {name} {list(shape)}"
+            )
+        local = param.to_local() if hasattr(param, "to_local") else param
+        part = _local_chunk(_read(base, entry, hf), param)
+        if part.shape != local.shape:
+            raise BaseModelError(f"{hf}: shard of shape {list(part.shape)} for a local {list(local.shape)}")
+        local.copy_(part)
+        used.add(hf)
+    tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
+    spare = {"lm_head.weight"} if tied else set()  # a tied checkpoint may store the head anyway
+    left = sorted(n for n in set(index) - used - spare if not n.endswith(_IGNORED))
+    if left:
+        raise BaseModelError(
+            f"{base}: the weights hold {len(left)} tensors gristmill's model has no place for, e.g. "
+            f"{left[:3]}; loading would drop them"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# The data must match the model
+
+
+def _tokenizer_hash(path: Path) -> str:
+    """sha256 of tokenizer.json as canonical JSON (keys sorted, compact), so a re-saved copy with
+    other whitespace or key order is the same tokenizer."""
+    try:
+        return json_sha256(json.loads(path.read_text(encoding="utf-8")))
+    except ValueError as e:
+        raise BaseModelError(f"{path} is not valid JSON ({e})") from None
+
+
+def _special_tokens(tokenizer: Path) -> dict[int, str]:
+    added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
+    return {int(t["id"]): t.get("content", "") for t in added if t.get("special")}
+
+
+def _ids(value: Any) -> set[int]:
+    return {int(v) for v in (value if isinstance(value, list) else [value]) if v is not None}
+
+
+def check_base_data(
+    base: str | Path, dataset: str | Path, info: dict[str, Any], vocab_size: int
+) -> list[str]:
+    """Refuse, in one line naming both files, a dataset the base model cannot train on: another
+    tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
+    base. Returns notes (a base without tokenizer.json; a separator that is special but neither the
+    base's bos nor eos)."""
+    base, dataset = Path(base), Path(dataset)
+    where, config = dataset / DATASET_JSON, base / CONFIG_JSON
+    data_vocab = int(info["vocab_size"])
+    if data_vocab > vocab_size:
+        raise BaseModelError(
+            f"{where} has vocab_size {data_vocab}, more than the base model's {vocab_size} ({config}): "
+            "build the dataset with the base model's tokenizer"
+        )
+    base_tok, data_tok = base / TOKENIZER_JSON, dataset / TOKENIZER_JSON
+    if not base_tok.is_file():
+        return [f"note: {base} has no {TOKENIZER_JSON}: the dataset's tokenizer cannot be checked against it"]
+    if not data_tok.is_file() and info["tokenizer_sha256"] == "none":
+        raise BaseModelError(
+            f"{where} records no tokenizer (a dataset written without tokenizer.json), so it cannot be "
+            f"checked against {base_tok}: build the dataset with the base model's tokenizer.json"
+        )
+    if data_tok.is_file():
+        same = file_sha256(data_tok) == file_sha256(base_tok)
+        same = same or _tokenizer_hash(data_tok) == _tokenizer_hash(base_tok)
+    else:  # the dataset records the hash of the tokenizer it was built with
+        same = info["tokenizer_sha256"] == file_sha256(base_tok)
+    if not same:
+        raise BaseModelError(
+            f"{data_tok} (dataset) differs from {base_tok} (base model): the data was tokenized with another "
+            "tokenizer; rebuild the dataset with the base model's tokenizer.json"
+        )
+    sep, notes = int(info["separator"]["id"]), []
+    special = _special_tokens(base_tok)
+    if sep not in special:
+        raise BaseModelError(
+            f"{where}: separator id {sep} ({info['separator'].get('token')!r}) is not a special token of "
+            f"{base_tok}: build the dataset with one of the base's, e.g. its bos or eos token"
+        )
+    c = read_base_config(base)
+    if sep not in _ids(c.get("bos_token_id")) | _ids(c.get("eos_token_id")):
+        notes.append(
+            f"note: the separator {special[sep]!r} (id {sep}) of {where} is a special token of the base but "
+            f"neither its bos nor eos ({config})"
+        )
+    return notes
