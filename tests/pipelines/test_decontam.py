@@ -387,6 +387,18 @@ def test_marks_for_versions_mixtures_and_groups():
     assert two["grp"]["mark"] == "partly checked (1 of 4 task-dataset pairs)"
 
 
+def _fineweb_corpus(corpus: Path, texts: dict[str, str]) -> Path:
+    """A one-file FineWeb-Edu-shaped parquet corpus of `texts` (id → text), every filter passed."""
+    corpus.mkdir()
+    rows = [
+        {"text": t, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10", "score": 3.5,
+         "int_score": 3, "language": "en", "language_score": 0.9, "token_count": 0}
+        for rid, t in texts.items()
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-00.parquet")
+    return corpus
+
+
 def test_a_contaminated_page_is_never_the_copy_dedup_keeps(decontam, build_fixture, tmp_path):
     """Decontamination runs with the filters, before dedup: a page with a planted task question is
     dropped as contaminated, and its clean near-copy later in the input stays (with dedup first,
@@ -395,14 +407,7 @@ def test_a_contaminated_page_is_never_the_copy_dedup_keeps(decontam, build_fixtu
     _, tokenizer, _ = build_fixture
     page = fixture_texts(40)[9]
     texts = {"contaminated": _page(9, QA[2][0]), "clean-near-copy": page}
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rows = [
-        {"text": t, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10", "score": 3.5,
-         "int_score": 3, "language": "en", "language_score": 0.9, "token_count": 0}
-        for rid, t in texts.items()
-    ]  # fmt: skip
-    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-00.parquet")
+    corpus = _fineweb_corpus(tmp_path / "corpus", texts)
     config = tmp_path / "data.toml"
     config.write_text(
         fixture_config_text(corpus, tokenizer, tmp_path / "dataset")
@@ -428,14 +433,9 @@ def test_a_damaged_index_copy_is_never_trusted(decontam, build_fixture, tmp_path
     _, tokenizer, _ = build_fixture
     index = tmp_path / "index"
     shutil.copytree(out / "decontam", index)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    rows = [
-        {"text": t, "id": rid, "url": f"https://example.org/{rid}", "dump": "CC-MAIN-2024-10", "score": 3.5,
-         "int_score": 3, "language": "en", "language_score": 0.9, "token_count": 0}
-        for rid, t in {"contaminated": _page(9, QA[2][0]), "clean": fixture_texts(40)[3]}.items()
-    ]  # fmt: skip
-    pq.write_table(pa.Table.from_pylist(rows, schema=FINEWEB_EDU_SCHEMA), corpus / "part-00.parquet")
+    corpus = _fineweb_corpus(
+        tmp_path / "corpus", {"contaminated": _page(9, QA[2][0]), "clean": fixture_texts(40)[3]}
+    )
     config = tmp_path / "data.toml"
     config.write_text(
         fixture_config_text(corpus, tokenizer, tmp_path / "dataset")

@@ -33,16 +33,6 @@ from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("sources")
-    return {
-        "web": make_dataset(root / "web", n_docs=240, seed=1),
-        "code": make_dataset(root / "code", n_docs=160, seed=2),
-        "math": make_dataset(root / "math", n_docs=100, seed=3),
-    }
-
-
 def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
     return load_config(TrainConfig, write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", **kw))
 

@@ -14,13 +14,10 @@ from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("sources")
-    return {
-        "web": make_dataset(root / "web", n_docs=240, seed=1),
-        "code": make_dataset(root / "code", n_docs=160, seed=2),
-    }
+@pytest.fixture
+def sources(sources: dict[str, Path]) -> dict[str, Path]:
+    """Two of the data tests' sources (tests/training/data/conftest.py): web and code."""
+    return {name: sources[name] for name in ("web", "code")}
 
 
 def both(config: Path, sets: list[str], capsys) -> list[str]:
