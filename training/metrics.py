@@ -215,8 +215,8 @@ class TrainingMetrics:
         throughput window starts over after them."""
         step = row["step"]
         row.update(checkpoint_timings)  # checkpoint_stage_s/_wait_s of the saves since the last row
-        consumed = self.plan.consumed(step) if self.writer is not None else []
         if self.writer is not None:
+            consumed = self.plan.consumed(step)
             row.update(data_row(self.plan, step, consumed))
         if validate is not None:
             row.update(validate())

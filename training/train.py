@@ -273,7 +273,7 @@ def _header(
         "  data    " + ", ".join(f"{src.name} = {src.dataset}" for src in sources_of(cfg)),
         *(
             f"  batch   {'' if len(shapes) == 1 else f'{s.name}: '}{s.global_batch} seqs × {s.seq_len} = "
-            f"{s.tokens_per_step:,} tokens/step = {s.dp_size} rank{'s' * (s.dp_size != 1)} × "
+            f"{s.tokens_per_step:,} tokens/step = {_count(s.dp_size, 'rank')} × "
             f"{s.micro_batch} micro × {s.grad_accum} accumulation"
             for s in shapes
         ),

@@ -91,11 +91,6 @@ class BatchBuilder:
         self.block_docs, self.group_blocks = tables[0].blocks.block_docs, epoch_order.GROUP_BLOCKS
         self._orders: dict[tuple[int, int], epoch_order.EpochOrder] = {}
 
-    @property
-    def docs(self) -> DocumentTable:
-        """The first source's table (the only one of a single-dataset loader)."""
-        return self.tables[0]
-
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
         return {**self.__dict__, "_orders": {}}
 
@@ -326,10 +321,6 @@ class TokenLoader:
             raise LoaderConfigError("steps per epoch are defined for a one-source, one-phase plan only")
         ph = self.plan.phases[0]
         return epoch_order.epoch_steps(self.plan.sources[0].tokens, ph.seq_len, ph.global_batch)
-
-    @property
-    def documents(self) -> DocumentTable:
-        return self._builder.docs
 
     @property
     def builder(self) -> BatchBuilder:

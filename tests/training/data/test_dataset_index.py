@@ -184,7 +184,7 @@ def test_training_path_never_reads_the_manifest(corpus, tmp_path):
     loader = _loader(root, val_fraction=0.2)
     assert _hashes(loader, 3) == want
     # Workers get the index by path, not a pickled copy of the arrays.
-    index = loader.documents.index
+    index = loader.builder.tables[0].index
     assert isinstance(index.tokens, np.memmap)
     clone = pickle.loads(pickle.dumps(index))
     assert len(pickle.dumps(index)) < 2000 and np.array_equal(clone.offsets, index.offsets)
@@ -212,7 +212,7 @@ def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, cap
     monkeypatch.setenv("GRISTMILL_CACHE", str(tmp_path / "cache"))
     first = _loader(root, **kw)
     second = _loader(root, **kw)
-    assert isinstance(second.documents.blocks.block_tokens, np.memmap)
+    assert isinstance(second.builder.tables[0].blocks.block_tokens, np.memmap)
     assert _hashes(first, 3) == _hashes(second, 3) == want
     assert isinstance(second.builder.order(0).block_order, np.memmap)
     entries = sorted(p.name.split("-")[0] for p in (tmp_path / "cache").iterdir() if p.is_dir())
@@ -289,9 +289,9 @@ def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
     builder.batch(0)  # plans epoch 0: the plan must not travel either
     blob = pickle.dumps(builder)
     clone = pickle.loads(blob)
-    assert np.asarray(loader.documents.lengths).tobytes() not in blob  # no copy of the lengths
-    assert np.asarray(loader.documents.index.offsets).tobytes() not in blob
+    assert np.asarray(loader.builder.tables[0].lengths).tobytes() not in blob  # no copy of the lengths
+    assert np.asarray(loader.builder.tables[0].index.offsets).tobytes() not in blob
     if cached:  # cached tables travel as paths too
         assert np.asarray(builder.order(0).block_order).tobytes() not in blob
-    assert isinstance(clone.docs.lengths, np.memmap) and clone.docs.lengths.filename
+    assert isinstance(clone.tables[0].lengths, np.memmap) and clone.tables[0].lengths.filename
     assert batch_sha256(clone.batch(5)) == batch_sha256(builder.batch(5))
