@@ -357,6 +357,8 @@ class TokenLoader:
             )
         except data_plan.PlanError as e:
             raise LoaderStateError(str(e)) from None
+        # The rewinds' skips are the run's history, not its config: the checkpoint's are the run's.
+        self.plan.skips[:] = data_plan.skips_from(saved)
         self._step = step
         self._generation += 1
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
 
@@ -97,6 +97,26 @@ class Phase:
     lr: LRPiece | None = None
 
 
+@dataclass(frozen=True)
+class Skip:
+    """Steps a rewind past a loss spike did not train (training/rewind.py): part of the run's
+    history, not of its config, so a plan built from the config has none and a resume adopts the
+    checkpoint's. The steps keep their numbers, windows and LR; their windows are never fed."""
+
+    rewind: int  # 1 for the run's first rewind, 2 for the next, ...
+    first_step: int  # global steps first_step..last_step (from 1, inclusive) were skipped
+    last_step: int
+    spike_step: int  # the step whose loss called for the rewind
+    checkpoint_step: int  # the checkpoint the rewind restored (first_step - 1)
+    reason: str  # the loss and the rule it broke, as the rewind's line said it
+
+
+def skips_from(description: dict[str, Any]) -> list[Skip]:
+    """The rewinds' skips a plan description (a checkpoint's, RUN/data_plan.json) records."""
+    names = [f.name for f in fields(Skip)]
+    return [Skip(**{k: s[k] for k in names}) for s in description.get("skips", [])]
+
+
 @dataclass
 class _Crossing:
     """Source i enters `epoch` at local step `step` of a phase, its stream at token `offset`, having
@@ -120,6 +140,8 @@ class Plan:
     # Per phase, the config key each field came from ("peak" -> "optim.lr", "steps" -> "schedule.steps"):
     # a refused resume names what the user wrote (recipe.build_plan fills it; not part of the plan).
     keys: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
+    # The rewinds' skipped steps so far, oldest first (history: see Skip).
+    skips: list[Skip] = field(default_factory=list, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sources or not self.phases:
@@ -272,6 +294,10 @@ class Plan:
         sizes = np.minimum(PLACE_RUN, counts[run_src] - nth * PLACE_RUN)
         return np.repeat(run_src, sizes)
 
+    def skip_of(self, step: int) -> Skip | None:
+        """The skip global step `step` (from 1) lies in, or None when it is (to be) trained."""
+        return next((s for s in self.skips if s.first_step <= step <= s.last_step), None)
+
     # -- learning rate --
     def lr(self, step: int) -> float:
         """The learning rate of 0-based global step `step`."""
@@ -397,6 +423,7 @@ class Plan:
                 }
                 for ph in self.phases
             ],
+            **({"skips": [asdict(s) for s in self.skips]} if self.skips else {}),
         }
 
     def to_json(self) -> str:
