@@ -225,6 +225,22 @@ class ParallelConfig:
 
 
 @dataclass
+class RewindSection:
+    """`[run.rewind]`: how a rewind past a loss spike (run.on_spike / on_nonfinite = "rewind") goes
+    back and what it skips (training/rewind.py, docs/divergence.md)."""
+
+    skip_steps: int = 200
+    """Global steps of data skipped after the checkpoint rewound to: rewound to step 1,100 with 300,
+    steps 1,101–1,400 are not trained (their windows are never fed; the LR and the phases advance
+    over them) and training goes on at step 1,401. Reach past the spike (see margin_steps)."""
+    margin_steps: int = 100
+    """The checkpoint rewound to lies at least this many steps before the spike: the newest
+    complete one that verifies at or before step spike − margin_steps."""
+    max_rewinds: int = 3
+    """Rewinds per run; the next spike then stops the run (exit 3) naming every rewind so far."""
+
+
+@dataclass
 class RunSection:
     output_dir: str = "runs/train/tiny"
     """Run directory: config.toml, metrics.jsonl, tensorboard events, loss.png (checkpoints later)."""
@@ -247,17 +263,24 @@ class RunSection:
     "auto": meta on CUDA, full on CPU (DTensor's sharded random init is CUDA-only)."""
     threads: int = 0
     """torch intra-op threads per process on CPU (0: torch's default)."""
-    on_nonfinite: Literal["stop", "skip"] = "stop"
+    on_nonfinite: Literal["stop", "skip", "rewind"] = "stop"
     """A step whose loss or gradient norm is NaN/inf is never applied (training.divergence). "stop":
     end the run when the host hears of it (next logged step or save) with exit 3, saving nothing
-    new; "skip": go on, count it as `skipped_steps` in metrics.jsonl, stop after max_skipped in a row."""
+    new; "skip": go on, count it as `skipped_steps` in metrics.jsonl, stop after max_skipped in a
+    row; "rewind": at that step, go back to a checkpoint and skip data as [run.rewind] says."""
     max_skipped: int = 10
     """With on_nonfinite = "skip": stop after this many consecutive non-finite steps."""
     spike_window: int = 20
-    """Loss-spike report: compare each logged loss with the previous this-many logged losses."""
+    """Loss spikes: compare each loss with the previous this-many (logged losses with on_spike =
+    "report", every step's with "rewind")."""
     spike_sigma: float = 6.0
-    """A logged loss above mean + spike_sigma · std of that window is reported as an event in
-    metrics.jsonl and on the terminal (never acted on); 0 turns the report off."""
+    """A loss above mean + spike_sigma · std of that window is a spike: an event in metrics.jsonl
+    and on the terminal; 0 turns spike detection off."""
+    on_spike: Literal["report", "rewind"] = "report"
+    """What a spike does. "report": the event only. "rewind": go back to a checkpoint before it and
+    skip data ([run.rewind]); the host then reads every step's loss (one sync per step)."""
+    rewind: RewindSection = field(default_factory=RewindSection)
+    """`[run.rewind]`: what a rewind skips and where it goes back to."""
 
 
 # The experiment trackers; wandb and trackio need the package (and gristmill extra) of that name.

@@ -352,7 +352,8 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
         raise ConfigError(
             f"need run.max_skipped ≥ 1 and run.spike_window ≥ 2; got {r.max_skipped}, {r.spike_window}"
         )
-    check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike report)")
+    check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike detection)")
+    check_rewind(cfg)
     if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
         raise ConfigError(
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
@@ -463,3 +464,29 @@ def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: li
                 key,
             )
     return mcfg
+
+
+def check_rewind(cfg: TrainConfig) -> None:
+    """A rewind needs checkpoints to go back to and a spike rule to act on."""
+    r, w = cfg.run, cfg.run.rewind
+    for key, value, least in (("skip_steps", w.skip_steps, 1), ("margin_steps", w.margin_steps, 0),
+                              ("max_rewinds", w.max_rewinds, 1)):  # fmt: skip
+        if not isinstance(value, int) or value < least:
+            raise ConfigError(
+                f"run.rewind.{key} = {value!r} must be an integer ≥ {least}", f"run.rewind.{key}"
+            )
+    rewinds = [k for k, v in (("on_spike", r.on_spike), ("on_nonfinite", r.on_nonfinite)) if v == "rewind"]
+    if rewinds and cfg.checkpoint.interval < 1:
+        other = "report" if rewinds[0] == "on_spike" else "stop"
+        raise ConfigError(
+            f"run.{rewinds[0]} = 'rewind' goes back to a checkpoint, but checkpoint.interval = "
+            f"{cfg.checkpoint.interval} saves none during the run; set checkpoint.interval (e.g. "
+            f"{max(1, w.margin_steps)}) or run.{rewinds[0]} = '{other}'",
+            "checkpoint.interval",
+        )
+    if r.on_spike == "rewind" and r.spike_sigma <= 0:
+        raise ConfigError(
+            "run.on_spike = 'rewind' acts on spikes, but run.spike_sigma = 0 detects none; set "
+            "run.spike_sigma (e.g. 6)",
+            "run.spike_sigma",
+        )

@@ -12,14 +12,14 @@ batch is consumed, as if it had been trained on.
 
 Then `run.on_nonfinite = "stop"` ends the run (NonFiniteError, exit 3) naming the step, the value
 and the last complete checkpoint; `"skip"` logs `skipped_steps` and stops after
-`run.max_skipped` consecutive ones. A loss above mean + k·std of the last logged losses is an
-event in metrics.jsonl and a warning, never acted on.
+`run.max_skipped` consecutive ones; `"rewind"` goes back to a checkpoint (training/rewind.py). A
+loss above mean + k·std of the previous losses is a spike: an event in metrics.jsonl and a warning,
+and with `run.on_spike = "rewind"` a rewind.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,6 +94,12 @@ class NonFiniteGuard:
             self.unlogged["skipped"] += skipped
         return report
 
+    def reset(self) -> None:
+        """Forget every tally (a rewind went back to a checkpoint from before them)."""
+        for t in (self.skipped, self.consecutive, self.first_step, self.first_code, self.longest):
+            t.zero_()
+        self.unlogged = {}
+
     def take_unlogged(self) -> dict[str, Any]:
         """What `read` saw since the last call (skipped steps, the first one and why), for a metrics row."""
         out, self.unlogged = self.unlogged or {"skipped": 0}, {}
@@ -122,6 +128,8 @@ class DivergencePolicy:
         self.config_path, self.checkpointer, self.plot, self.say = config_path, checkpointer, plot, say
 
     def fatal(self, report: dict[str, Any]) -> bool:
+        if self.on_nonfinite == "rewind":  # training/rewind.py acts at the step itself
+            return False
         return report["skipped"] > 0 and (
             self.on_nonfinite == "stop" or report["consecutive"] >= self.max_skipped
         )
@@ -152,18 +160,19 @@ class DivergencePolicy:
 
 
 class SpikeDetector:
-    """A logged loss above mean + sigma·std of the previous `window` logged losses (at least half a
-    window of them) is a spike; returns its description, or None. Non-finite losses are not its job."""
+    """A loss above mean + sigma·std of the previous `window` losses it was shown (at least half a
+    window of them) is a spike; returns its description, or None. Non-finite losses are not its job.
+    The window is `recent` (TrainState.recent_losses: checkpointed, so a resumed run decides the same)."""
 
-    def __init__(self, window: int, sigma: float):
-        self.sigma = sigma
-        self.recent: deque[float] = deque(maxlen=max(window, 1))
+    def __init__(self, window: int, sigma: float, recent: list[float] | None = None):
+        self.sigma, self.window = sigma, max(window, 1)
+        self.recent = recent if recent is not None else []
 
     def check(self, loss: float) -> dict[str, float] | None:
         if self.sigma <= 0 or not math.isfinite(loss):
             return None
         spike = None
-        if len(self.recent) >= max(2, self.recent.maxlen // 2):
+        if len(self.recent) >= max(2, self.window // 2):
             mean = sum(self.recent) / len(self.recent)
             std = math.sqrt(sum((x - mean) ** 2 for x in self.recent) / len(self.recent))
             if loss > mean + self.sigma * std and std > 0:
@@ -175,4 +184,5 @@ class SpikeDetector:
                     "window": len(self.recent),
                 }
         self.recent.append(loss)
+        del self.recent[: -self.window]
         return spike

@@ -3,32 +3,64 @@
 GRISTMILL_FAULT_NAN_LOSS="STEP[,STEP…][@RANK]": the training loss of those steps (on that rank
 only, or on every rank) is multiplied by NaN before backward, so the loss and every gradient are
 NaN — what a diverged run produces, at a chosen step.
+
+GRISTMILL_FAULT_SPIKE_WINDOW="SOURCE:EPOCH:TOKEN[*FACTOR][,…]": the training loss of every step
+whose windows include that data window (source name, 0-based epoch, first stream token: what
+training/data/plan.Plan.step_windows names) is multiplied by FACTOR (default 100) on every rank —
+a loss spike tied to data, not to a step number, so a run that rewinds past it and skips its
+window never meets it again, and one that trains the window again does.
+
+GRISTMILL_FAULT_KILL="POINT": the process kills itself with SIGKILL when it reaches that point
+(`kill_point`): "rewind-start" (a rewind decided, nothing restored), "rewind-restored" (the
+checkpoint loaded and the skip recorded, not yet saved), "rewind-saved" (the skip's checkpoint
+complete). A kill -9 at a known place, for the resume tests.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 import torch.nn as nn
 
 NAN_LOSS = "GRISTMILL_FAULT_NAN_LOSS"
+SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
+KILL = "GRISTMILL_FAULT_KILL"
 
 
-class NanLoss:
-    """Arms a forward hook on the model that turns its loss into NaN at the chosen steps."""
+def kill_point(point: str) -> None:
+    """SIGKILL this process if GRISTMILL_FAULT_KILL names `point`."""
+    if os.environ.get(KILL) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    def __init__(self, model: nn.Module, rank: int):
+
+class LossFaults:
+    """Arms a forward hook on the model that multiplies its loss at the chosen steps or windows."""
+
+    def __init__(self, model: nn.Module, rank: int, plan=None):
+        """`plan`: the run's training/data/plan.Plan (to find the spike windows' steps)."""
         spec = os.environ.get(NAN_LOSS, "")
         steps, _, on_rank = spec.partition("@")
-        self.steps = {int(s) for s in steps.split(",") if s.strip()}
+        self.nan_steps = {int(s) for s in steps.split(",") if s.strip()}
         if on_rank and int(on_rank) != rank:
-            self.steps = set()
-        self.armed = False
-        if self.steps:
+            self.nan_steps = set()
+        self.windows: dict[tuple[int, int, int], float] = {}
+        for item in filter(None, os.environ.get(SPIKE_WINDOW, "").split(",")):
+            where, _, factor = item.partition("*")
+            name, epoch, token = where.split(":")
+            source = [s.name for s in plan.sources].index(name)
+            self.windows[(source, int(epoch), int(token))] = float(factor or 100)
+        self.plan = plan
+        self.factor = 1.0
+        if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 
     def arm(self, step: int) -> None:
-        self.armed = step in self.steps
+        """Before global step `step` (from 1) trains: the factor its loss gets (1: none)."""
+        self.factor = float("nan") if step in self.nan_steps else 1.0
+        if self.windows:
+            for window in zip(*(a.tolist() for a in self.plan.step_windows(step - 1))):
+                self.factor *= self.windows.get(window, 1.0)
 
     def _hook(self, module: nn.Module, args, output):
-        return output * float("nan") if self.armed and module.training else output
+        return output * self.factor if self.factor != 1.0 and module.training else output

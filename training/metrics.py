@@ -133,7 +133,7 @@ def step_row(
         "loss": loss,
         "lr": res["lr"],
         "grad_norm": res["grad_norm"].item(),
-        "update_ratio": res["update_ratio"],
+        "update_ratio": res.get("update_ratio"),  # None: not measured (a row a rewind asked for)
         "tokens_per_s": tokens_per_s,
         "tokens_seen": tokens_seen,
         "skipped_steps": skipped["skipped"],
@@ -150,7 +150,7 @@ def step_row(
     if spike is not None:
         events.append(
             f"loss spike: {loss:.4f} > mean {spike['mean']:.4f} + {spike['sigma']:g}·std "
-            f"({spike['std']:.4f}) of the last {spike['window']} logged losses"
+            f"({spike['std']:.4f}) of the previous {spike['window']} losses"
         )
     if events:
         m["events"] = events
@@ -280,7 +280,7 @@ def format_line(m: dict[str, Any]) -> str:
         f"loss {m['loss']:.4f}",
         f"lr {m['lr']:.3e}",
         f"gnorm {m['grad_norm']:.3f}",
-        f"upd/param {m['update_ratio']:.2e}",
+        f"upd/param {m['update_ratio']:.2e}" if m["update_ratio"] is not None else "upd/param -",
         f"tok/s {m['tokens_per_s']:,.0f}",
     ]
     if m.get("skipped_steps"):
@@ -316,9 +316,11 @@ class MetricsWriter:
         datasets: dict[str, str] | None = None,
         out=None,
         resume_step: int | None = None,
+        resume_rewinds: int = 0,
     ):
         """`config`: the resolved recipe (to_dict), `datasets`: source name -> dataset directory;
-        both go to the wandb/trackio run once, with the code's git commit."""
+        both go to the wandb/trackio run once, with the code's git commit. `resume_rewinds`: the
+        rewinds the resumed checkpoint had made (their discarded rows stay)."""
         self.run_dir = Path(run_dir)
         self.out = out or sys.stdout
         self.history: list[dict[str, Any]] = []
@@ -331,7 +333,11 @@ class MetricsWriter:
             if note:
                 self.print(note)
             logged_through = max((r["step"] for r in rows), default=None)
-            self.history = [r for r in rows if r["step"] <= resume_step]
+            # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
+            known = resume_rewinds + 1
+            self.history = [
+                r for r in rows if r["step"] <= resume_step or r.get("discarded_by_rewind", known) < known
+            ]
             write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
         elif path.exists():  # a fresh run into the same directory starts the log over
             self.print(f"note: {path} exists from an earlier run; starting it over")
@@ -417,6 +423,17 @@ class MetricsWriter:
             if step > self.skip_through.get(name, -1):
                 tracker.log(scalars, step)
 
+    def discard(self, after: int, rewind: int) -> None:
+        """Mark the rows of steps after `after` that no rewind discarded yet as discarded by rewind
+        number `rewind` (the loss plot draws them apart); metrics.jsonl is rewritten whole."""
+        for r in self.history:
+            if r["step"] > after and "discarded_by_rewind" not in r:
+                r["discarded_by_rewind"] = rewind
+        path = self.run_dir / METRICS_JSONL
+        os.close(self.jsonl)  # the descriptor would keep appending to the replaced file
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
+        self.jsonl = os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
+
     def close(self) -> None:
         """Close the log and finish the trackers; called in a `finally`, so an exception on its way
         out marks the wandb run failed. One tracker failing to finish does not keep the others open."""
@@ -494,9 +511,16 @@ def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    train = [(m["step"], m["loss"]) for m in history]
-    val = [(m["step"], m["val_loss"]) for m in history if m.get("val_loss") is not None]
+    kept = [m for m in history if "discarded_by_rewind" not in m]
+    train = [(m["step"], m["loss"]) for m in kept]
+    val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
     ax.plot(*zip(*train), label="train")
+    rewinds = sorted({m["discarded_by_rewind"] for m in history if "discarded_by_rewind" in m})
+    for i, n in enumerate(rewinds):  # each rewind's discarded steps, from the checkpoint it went back to
+        rows = [m for m in history if m.get("discarded_by_rewind") == n]
+        back = [m for m in kept if m["step"] < rows[0]["step"]][-1:]
+        ax.plot(*zip(*[(m["step"], m["loss"]) for m in back + rows]), color="grey", linestyle="--",
+                label="discarded by rewinds" if i == 0 else None)  # fmt: skip
     if val:
         ax.plot(*zip(*val), marker="o", label="validation")
     for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):

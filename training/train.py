@@ -64,7 +64,7 @@ from training.divergence import (
     guarded_step,
     nonfinite_code,
 )
-from training.faults import NanLoss
+from training.faults import LossFaults
 from training.metrics import (
     MetricsWriter,
     ReaderSafeOut,
@@ -86,6 +86,7 @@ from training.optim import (
     plan_scheduler,
 )
 from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
+from training.rewind import Rewinder
 from training.run_lock import RunLock
 from training.shutdown import GracefulStop, exit_with_parent
 from training.worker_reply import report_to_launcher
@@ -487,7 +488,8 @@ class Run:
     guard: NonFiniteGuard  # device-side tally of the steps not applied
     divergence: DivergencePolicy  # when those steps stop the run
     spikes: SpikeDetector
-    fault: NanLoss  # tests only: GRISTMILL_FAULT_NAN_LOSS
+    rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/rewind.py)
+    fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
     last_step: int  # the last step of this invocation
     flops_per_token: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
     peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
@@ -570,6 +572,7 @@ def setup(
             datasets={src.name: src.dataset for src in sources_of(cfg)},
             out=out,
             resume_step=resumed,
+            resume_rewinds=len(data.skips),
         )
         for line in _header(cfg, model_config, shapes, env, device, mesh, model, flops[0], peak):
             writer.print(line)
@@ -580,6 +583,8 @@ def setup(
     if resumed is not None:
         _say_resumed(loader, state, resumed, last_step, say)
     metrics = TrainingMetrics(writer, data, run_dir, plot=cfg.metrics.plot)
+    guard = NonFiniteGuard(device)
+    spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma, state.recent_losses)
     return Run(
         cfg=cfg,
         shapes=shapes,
@@ -599,7 +604,7 @@ def setup(
         checkpointer=checkpointer,
         writer=writer,
         metrics=metrics,
-        guard=NonFiniteGuard(device),
+        guard=guard,
         divergence=DivergencePolicy(
             on_nonfinite=cfg.run.on_nonfinite,
             max_skipped=cfg.run.max_skipped,
@@ -609,8 +614,23 @@ def setup(
             plot=metrics.plot_loss,
             say=say,
         ),
-        spikes=SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma),
-        fault=NanLoss(model, env.rank),
+        spikes=spikes,
+        rewinder=Rewinder(
+            cfg.run,
+            plan=data,
+            loader=loader,
+            scheduler=scheduler,
+            state=state,
+            checkpointer=checkpointer,
+            guard=guard,
+            spikes=spikes,
+            run_dir=run_dir,
+            last_step=last_step,
+            writer=writer,
+            plot=metrics.plot_loss,
+            say=say,
+        ),
+        fault=LossFaults(model, env.rank, data),
         last_step=last_step,
         flops_per_token=flops,
         peak_flops=peak,
@@ -656,31 +676,37 @@ def _changes_since(path: Path, cfg: TrainConfig, step: int) -> list[str]:
     return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Due:
     """What a step does besides training."""
 
     validate: bool
     evaluate: bool
     log: bool
+    loss: float | None = None  # the step's loss when already read (rewinds on)
 
 
 def loop(run: Run) -> dict[str, Any]:
     """Train from the state's step to `run.last_step`: step, log (with validation and eval), save,
-    stop on a signal or divergence. Returns the summary (rank 0's view)."""
+    rewind past a spike, stop on a signal or divergence. Returns the summary (rank 0's view)."""
     state, checkpointer = run.state, run.checkpointer
     start = state.step  # a resumed run's summary covers its own steps, not the whole run's
     stopped_by = None
     run.metrics.start()
     batches = iter(run.loader)
+    phase = None
     try:
         with GracefulStop(run.env.world_size) as shutdown:
-            for step in range(state.step + 1, run.last_step + 1):
+            while state.step < run.last_step:
+                step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
                 micro_batches = [_to_device(mb, run.device) for mb in next(batches)]
                 due = _due(run, step)
-                phase = _enter_phase(run, step)
+                phase = _enter_phase(run, step, phase)
                 result = _train(run, step, phase, micro_batches, measure_update=due.log)
+                if run.rewinder.every_step and _rewound(run, step, phase, result, due):
+                    batches = iter(run.loader)  # continues after the skip
+                    continue
                 stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
                 save = bool(stop) or checkpointer.due(step)
                 if save and due.evaluate and not run.divergence.fatal(run.guard.read()):
@@ -710,6 +736,9 @@ def loop(run: Run) -> dict[str, Any]:
         if run.writer is not None:
             run.writer.close()
     seconds = run.metrics.elapsed()
+    rewinds = run.rewinder.summary()
+    if rewinds and run.writer is not None:
+        run.writer.print(rewinds)
     run.metrics.summarize(start, state.step, seconds)
     return {
         "run_dir": str(run.run_dir),
@@ -718,9 +747,28 @@ def loop(run: Run) -> dict[str, Any]:
         "first_loss": run.metrics.first_loss,
         "final_loss": run.metrics.last_loss,
         "val_loss": run.metrics.val_loss,
+        "rewinds": len(run.data.skips),
         "seconds": seconds,
         "states": run.checkpointables,
     }
+
+
+def _rewound(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due) -> bool:
+    """With rewinds on, every step's loss is read: a step that calls for a rewind gets its metrics
+    row (the spike and the rewind as events), then the run goes back (training/rewind.py).
+    Returns whether it did (the state is then at the skip's last step)."""
+    loss = _mean_loss(run, result)
+    due.loss = loss  # read once: a logged row reuses it
+    cause = run.rewinder.cause(step, loss, int(result["nonfinite"].item()))
+    if cause is None:
+        return False
+    _log(run, step, phase, result, _Due(validate=False, evaluate=False, log=True, loss=loss), cause["spike"])
+    if run.rewinder.rewind(step, cause) is not None:
+        return True
+    # No checkpoint to go back to: the run goes on; the step's row is written (no second one, so no
+    # validation or eval at this step).
+    due.log = due.validate = due.evaluate = False
+    return False
 
 
 def _due(run: Run, step: int) -> _Due:
@@ -731,10 +779,11 @@ def _due(run: Run, step: int) -> _Due:
     return _Due(validate=validate, evaluate=evaluate, log=log)
 
 
-def _enter_phase(run: Run, step: int) -> int:
-    """The phase `step` belongs to, announced at the first step of every phase after the first."""
+def _enter_phase(run: Run, step: int, previous: int | None) -> int:
+    """The phase `step` belongs to, announced when it is not the phase of the previous step trained
+    by this invocation (a rewind's skip may jump over a phase's first steps)."""
     phase, index = run.data.locate(step - 1)
-    if index == 0 and phase > 0:
+    if phase > 0 and (index == 0 if previous is None else phase != previous):
         spec = run.data.phases[phase]
         run.say(
             f"phase {spec.name!r} begins at step {step}: seq_len {spec.seq_len}, {spec.global_batch} "
@@ -765,13 +814,24 @@ def _train(
     return result
 
 
-def _log(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due) -> dict[str, Any]:
+def _mean_loss(run: Run, result: dict[str, Any]) -> float:
+    """The step's loss, the mean over ranks: the same value on every rank (one host sync)."""
+    env = run.env
+    return _all_sum(result["loss"].double(), env.world_size, run.device).item() / env.world_size
+
+
+def _log(
+    run: Run, step: int, phase: int, result: dict[str, Any], due: _Due, spike: dict | None = None
+) -> dict[str, Any]:
     """The metrics row of a logged step (validation and eval too when due and the weights are
-    finite); returns the non-finite guard's report for the divergence check."""
+    finite); returns the non-finite guard's report for the divergence check. `spike`: what the
+    rewinder found (with rewinds on it judges every step; otherwise the logged losses are judged here)."""
     env, device = run.env, run.device
     report = run.guard.read()
     skipped = run.guard.take_unlogged()
-    loss = _all_sum(result["loss"].double(), env.world_size, device).item() / env.world_size
+    loss = due.loss if due.loss is not None else _mean_loss(run, result)
+    if run.cfg.run.on_spike != "rewind":
+        spike = run.spikes.check(loss)
     tokens_per_s = run.metrics.tokens_per_s()  # the loss all-reduce synchronised the step
     row = step_row(
         step,
@@ -780,10 +840,12 @@ def _log(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due) -> 
         tokens_per_s=tokens_per_s,
         tokens_seen=run.state.tokens_seen,
         skipped=skipped,
-        spike=run.spikes.check(loss),
+        spike=spike,
         mfu=mfu(tokens_per_s, env.world_size, run.flops_per_token[phase], run.peak_flops),
         peak_memory_bytes=int(_all_max(peak_memory_bytes(device), env.world_size, device)),
     )
+    if run.rewinder.every_step:  # 1, then 2 after the first rewind (rewind n discards attempt n)
+        row["attempt"] = len(run.data.skips) + 1
     finite = not run.divergence.fatal(report)  # skipped updates left the weights finite
     run.metrics.log(
         row,

@@ -210,17 +210,26 @@ def delete_checkpoint(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def prune(run_dir: str | Path, keep_last: int, log=print, *, saved: int) -> list[int]:
+def prune(
+    run_dir: str | Path, keep_last: int, log=print, *, saved: int, rewind: tuple[int, int] | None = None
+) -> list[int]:
     """Retention, called after checkpoint `saved` became complete: delete complete checkpoints older
     than the newest `keep_last` (0: keep all) and incomplete leftovers older than `saved`. Only steps
     up to `saved` are counted and only older ones deleted: `saved` itself always stays, and a higher
-    step (a save in flight, or no checkpoint of this timeline) is never touched. Returns the deleted
-    steps."""
+    step (a save in flight, or no checkpoint of this timeline) is never touched. `rewind` =
+    (oldest, margin) keeps what a rewind from a later step may need (training/rewind.py): the
+    newest complete checkpoint at or before saved + 1 − margin, and every one after it, none older
+    than `oldest`. Returns the deleted steps."""
     complete = [s for s in complete_steps(run_dir) if s <= saved]
     if saved not in complete:  # retention runs only after a save completed; nothing to measure against
         return []
     keep = set(complete[-keep_last:]) if keep_last else set(complete)
     keep.add(saved)
+    if rewind is not None:
+        oldest, margin = rewind
+        candidates = [s for s in complete if s >= oldest]
+        back = [s for s in candidates if s <= saved + 1 - margin]
+        keep.update(s for s in candidates if s >= (back[-1] if back else saved + 2 - margin))
     deleted = []
     for step in list_steps(Path(run_dir) / CHECKPOINTS_DIR):
         if step < saved and step not in keep:
@@ -298,6 +307,8 @@ class Checkpointer:
         self._advised = False  # the "writes outlast the interval" note is printed once
         self._retention: threading.Thread | None = None  # rank 0's retention of the last save
         self._retention_error: BaseException | None = None
+        # (oldest, margin_steps) while rewinds are on: retention keeps what a rewind may go back to.
+        self.rewind_keep: tuple[int, int] | None = None
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -356,23 +367,7 @@ class Checkpointer:
         if value is None:
             return None
         path = Path(value)
-        train_state = self.states["train_state"]
-        keys = checkpoint_keys(path)
-        loader = self.states.get("dataloader")
-        if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
-            raise CheckpointError(foreign_state_message(str(path)))
-        try:
-            # A resume onto more ranks: ranks without a saved RNG stream keep their own.
-            train_state.rng_in_checkpoint = f"train_state.{train_state.rng_key}.torch_cpu" in keys
-            load_or_raise(self.states, path, CheckpointError, "resume from", no_dist=self.no_dist)
-        finally:
-            train_state.rng_in_checkpoint = True
-        bad = self._nonfinite_anywhere()
-        if bad is not None:
-            raise CheckpointError(
-                f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
-            )
-        step = train_state.step
+        step = self._load(path)
         if self.rank == 0:
             if record.get("config_sha256") != self.config_sha256:
                 self.log(
@@ -381,6 +376,46 @@ class Checkpointer:
             if path.parent.resolve() == self.root.resolve():
                 self._set_aside_newer(step)
         return step
+
+    def rewind(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
+        """Restore the newest complete checkpoint that verifies between steps `oldest` and `newest`
+        (rank 0 chooses, every rank loads; a save in flight finishes first) and set the newer ones
+        aside (`abandoned-step-N`). Returns its step and the checkpoints passed over, or None when
+        there is none (nothing changed)."""
+        if self.pending is not None:
+            self._finish_pending()
+        self._join_retention()
+        choice = None
+        if self.rank == 0:
+            path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest))
+            choice = (None if path is None else str(path), [f"{p.name}: {why}" for p, why in passed_over])
+        value, passed = self._from_rank0(choice)
+        if value is None:
+            return None
+        step = self._load(Path(value))
+        if self.rank == 0:
+            self._set_aside_newer(step)
+        return step, passed
+
+    def _load(self, path: Path) -> int:
+        """Every rank loads checkpoint `path` into the run's states; returns its step."""
+        train_state = self.states["train_state"]
+        keys = checkpoint_keys(path)
+        loader = self.states.get("dataloader")
+        if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
+            raise CheckpointError(foreign_state_message(str(path)))
+        try:
+            # A resume onto more ranks: ranks without a saved RNG stream keep their own.
+            train_state.expect(keys)
+            load_or_raise(self.states, path, CheckpointError, "resume from", no_dist=self.no_dist)
+        finally:
+            train_state.expect(None)
+        bad = self._nonfinite_anywhere()
+        if bad is not None:
+            raise CheckpointError(
+                f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
+            )
+        return train_state.step
 
     def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
         """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line
@@ -475,7 +510,7 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                prune(self.run_dir, self.cfg.keep_last, log=self.log, saved=saved)
+                prune(self.run_dir, self.cfg.keep_last, log=self.log, saved=saved, rewind=self.rewind_keep)
             except BaseException as e:  # raised in the training thread at the next save or close
                 self._retention_error = e
 

@@ -181,12 +181,17 @@ def verify_checkpoint(path: str | Path) -> str | None:
     return None
 
 
-def newest_verified(run_dir: str | Path) -> tuple[Path | None, str | None, list[tuple[Path, str]]]:
+def newest_verified(
+    run_dir: str | Path, within: tuple[int, int] | None = None
+) -> tuple[Path | None, str | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint of a run whose files match their COMPLETE record (None if
     there is none), its verification note (checkpoints without checksums), and every newer
-    checkpoint passed over with the reason. Used by --resume auto and by the export."""
+    checkpoint passed over with the reason. Used by --resume auto, by the export and, with
+    `within` = (oldest, newest) steps, by a rewind."""
     passed_over = []
     for step in reversed(list_steps(Path(run_dir) / CHECKPOINTS_DIR)):
+        if within is not None and not within[0] <= step <= within[1]:
+            continue
         path = checkpoint_dir(run_dir, step)
         reason = incomplete_reason(path)
         if reason is None:

@@ -9,6 +9,7 @@ tensors in a single process, with fully qualified parameter names in both cases.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -25,34 +26,51 @@ from torch.distributed.checkpoint.state_dict import (
 
 
 class TrainState:
-    """Step counter, tokens seen, and this process's RNG streams (Python, numpy, torch CPU and CUDA).
+    """Step counter, tokens seen, the spike detector's window of recent losses and this process's RNG
+    streams (Python, numpy, torch CPU and CUDA).
 
     The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
-    DCP keeps one copy of values that have the same key on every rank. Everything is a tensor or
-    a plain number, so loading needs no unpickling (see training.checkpoint.checkpointer). A rank that has no
-    stream in the checkpoint (a resume onto more ranks) keeps its own: set `rng_in_checkpoint`
-    False before loading so it does not ask for one.
+    DCP keeps one copy of values that have the same key on every rank. Everything is a tensor, a
+    plain number or a string, so loading needs no unpickling (see training.checkpoint.checkpointer).
+    The losses are there because a rewind (training/rewind.py) acts on what the detector decides:
+    a resume must decide the same. Before loading, `expect(keys)` with the checkpoint's keys: an
+    entry the checkpoint lacks is not asked for and keeps its value (a resume onto more ranks keeps
+    the new ranks' own RNG streams; an older checkpoint has no losses).
     """
 
     def __init__(self, rank: int = 0) -> None:
         self.step = 0
         self.tokens_seen = 0
+        self.recent_losses: list[float] = []  # training/divergence.SpikeDetector's window
         self.rank = rank
-        self.rng_in_checkpoint = True
+        self._saved_keys: set[str] | None = None  # None: every entry (a save)
 
     @property
     def rng_key(self) -> str:
         return f"rng_rank{self.rank}"
 
+    def expect(self, keys: set[str] | None) -> None:
+        """Load only the entries among `keys` (the checkpoint's, "train_state.…"); None: all of them."""
+        self._saved_keys = keys
+
+    def _has(self, entry: str) -> bool:
+        key = f"train_state.{entry}"
+        return self._saved_keys is None or any(k == key or k.startswith(key + ".") for k in self._saved_keys)
+
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"step": self.step, "tokens_seen": self.tokens_seen}
-        if self.rng_in_checkpoint:
+        if self._has("recent_losses"):
+            # json keeps every float exactly (shortest round-trip repr); a list would change shape.
+            state["recent_losses"] = json.dumps(self.recent_losses)
+        if self._has(self.rng_key):
             state[self.rng_key] = rng_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.tokens_seen = int(state["tokens_seen"])
+        if "recent_losses" in state:
+            self.recent_losses[:] = json.loads(state["recent_losses"])
         if self.rng_key in state:
             set_rng_state(state[self.rng_key])
 

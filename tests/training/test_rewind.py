@@ -1,0 +1,200 @@
+"""Rewinding past a loss spike (issue 31, training/rewind.py): a spike injected at a data window
+(training/faults.py) sends the run back to the right checkpoint, the next steps' data is skipped and
+recorded, and the run finishes; kill -9 before, during and after the rewind resumes to the same
+weights; 2 ranks equal one process; max_rewinds ends the run (exit 3); retention with keep_last 1
+keeps what a rewind needs; a non-finite step rewinds with on_nonfinite = "rewind"; a spike with no
+checkpoint to go back to is said, not guessed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    assert_same_weights,
+    metrics,
+    one_error_line,
+    overrides,
+    torchrun_cmd,
+)
+from training.config import load_train_config
+from training.data.recipe import open_plan
+from training.faults import KILL, NAN_LOSS, SPIKE_WINDOW
+from training.train import main
+
+STEPS, SPIKE = 30, 17
+
+
+def rewind_sets(dataset: Path, run: Path, *extra: str) -> list[str]:
+    """30 steps, a checkpoint every 5 and only the newest kept; a spike at step 17 goes back to step
+    10 (17 − margin 4 = 13: not 15), skipping 8 steps (11–18)."""
+    return overrides(
+        dataset, run, f"schedule.steps={STEPS}", "run.log_every=5", "run.on_spike=rewind",
+        "run.spike_window=8", "run.spike_sigma=4", "run.rewind.skip_steps=8", "run.rewind.margin_steps=4",
+        "checkpoint.interval=5", "checkpoint.keep_last=1", *extra,
+    )  # fmt: skip
+
+
+def window_of(sets: list[str], step: int, slot: int = 0) -> str:
+    """The fault spec of one data window of `step` (from 1): source:epoch:first token."""
+    plan, _, _ = open_plan(load_train_config(TINY, sets), expect_vocab_size=256)
+    labels, epoch, first = plan.step_windows(step - 1)
+    return f"{plan.sources[labels[slot]].name}:{epoch[slot]}:{first[slot]}*50"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("rewind") / "data")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, dataset):
+    """The uninterrupted run with the spike; returns (run dir, its stdout)."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    sets = rewind_sets(dataset, run)
+    env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
+    done = subprocess.run(_train_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run, done.stdout
+
+
+def _train_cmd(sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+
+
+def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
+    run, out = reference
+    line = next(x for x in out.splitlines() if x.startswith("rewind 1/3"))
+    assert f"at step {SPIKE}" in line and "back to step 10 (checkpoint verified)" in line
+    assert "skipping 8 steps (11–18) of data (8.19k tokens)" in line, line
+    # The skip is the run's history: in RUN/data_plan.json and in the final checkpoint's plan.
+    skips = json.loads((run / "data_plan.json").read_text())["skips"]
+    assert [
+        (s["rewind"], s["first_step"], s["last_step"], s["spike_step"], s["checkpoint_step"]) for s in skips
+    ] == [(1, 11, 18, SPIKE, 10)]
+    rows = metrics(run)
+    spike = next(r for r in rows if r["step"] == SPIKE)
+    assert spike["discarded_by_rewind"] == 1 and spike["attempt"] == 1 and spike["loss"] > 50
+    assert any("loss spike" in e for e in spike["events"])
+    # Rows 11–17 of the first attempt are discarded; from step 20 on the second attempt trains.
+    assert [r["step"] for r in rows if "discarded_by_rewind" in r] == [15, SPIKE]
+    kept = [r for r in rows if "discarded_by_rewind" not in r]
+    assert [r["step"] for r in kept] == [1, 5, 10, 20, 25, 30] and {r["attempt"] for r in kept[3:]} == {2}
+    # Tokens trained: 30 steps less the 8 skipped, each 16 × 64 tokens.
+    assert kept[-1]["tokens_seen"] == (STEPS - 8) * 1024
+    assert max(r["loss"] for r in kept) < 10
+    assert "rewinds: 1 — rewind 1 at step 17 → back to 10, skipped 8 steps (11–18)" in out
+
+
+def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
+    """One run killed at each point of the rewind in turn, resumed each time with --resume auto; the
+    last resume also changes the rewind settings, which only future rewinds would use."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run)
+    env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
+    resume = ["--resume", "auto"]
+    for i, point in enumerate(["rewind-start", "rewind-restored", "rewind-saved"]):
+        cmd = _train_cmd(sets) + (resume if i else [])
+        done = subprocess.run(
+            cmd, cwd=ROOT, env={**env, KILL: point}, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == -9, (point, done.stderr[-2000:])
+    done = subprocess.run(
+        _train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed at step 18" in done.stdout
+    assert json.loads((run / "data_plan.json").read_text())["skips"][0]["last_step"] == 18
+    assert_same_weights(reference[0], run, STEPS)
+    ours = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(run)]
+    theirs = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(reference[0])]
+    assert ours == theirs
+
+
+def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
+    """The same rewind, skip and rows as one process; losses within summation order (1e-5, as in
+    test_train.py's FSDP comparison)."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "parallel.shard=2")
+    env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
+    done = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("rewind 1/3"))
+    assert line == next(x for x in reference[1].splitlines() if x.startswith("rewind 1/3"))
+    assert (run / "data_plan.json").read_text() == (reference[0] / "data_plan.json").read_text()
+    ours, theirs = metrics(run), metrics(reference[0])
+    assert [(r["step"], r.get("discarded_by_rewind")) for r in ours] == [
+        (r["step"], r.get("discarded_by_rewind")) for r in theirs
+    ]
+    for a, b in zip(ours, theirs):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-5), (a["step"], a["loss"], b["loss"])
+
+
+def test_max_rewinds_ends_the_run_naming_every_rewind(tmp_path, dataset, monkeypatch, capsys):
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.rewind.max_rewinds=1", "run.rewind.skip_steps=2")
+    monkeypatch.setenv(SPIKE_WINDOW, f"{window_of(sets, SPIKE)},{window_of(sets, 24)}")
+    assert main(["--config", TINY, "--set", *sets]) == 3
+    line = one_error_line(capsys.readouterr().err)
+    assert "past run.rewind.max_rewinds = 1" in line
+    assert "(so far: rewind 1 at step 17 → back to 10, skipped 2 steps (11–12))" in line
+
+
+def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, monkeypatch, capsys):
+    run = tmp_path / "run"
+    sets = rewind_sets(
+        dataset, run, "run.on_spike=report", "run.on_nonfinite=rewind", "run.rewind.margin_steps=1"
+    )
+    monkeypatch.setenv(NAN_LOSS, "13")
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "rewind 1/3: non-finite loss or gradient (loss NaN); back to step 10" in out, out
+    assert metrics(run)[-1]["step"] == STEPS
+
+
+def test_a_spike_before_any_checkpoint_is_said_and_the_run_goes_on(tmp_path, dataset, monkeypatch, capsys):
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.spike_window=4", "schedule.steps=8")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 6))
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "WARNING step 6: loss" in out
+        and "no complete checkpoint that verifies between step 0 and step 2 (step 6 − "
+        "run.rewind.margin_steps 4) to rewind to: not rewinding, the run goes on"
+        in out
+    ), out
+    assert not (run / "data_plan.json").read_text().count("skips")
+
+
+def test_rewind_settings_are_checked(tmp_path, dataset, capsys):
+    sets = rewind_sets(dataset, tmp_path / "run", "checkpoint.interval=0")
+    assert main(["--config", TINY, "--set", *sets]) == 2
+    assert (
+        "run.on_spike = 'rewind' goes back to a checkpoint, but checkpoint.interval = 0"
+        in capsys.readouterr().err
+    )
+
+
+def test_the_spike_rule_window_is_checkpointed(tmp_path, dataset, capsys):
+    """A resume judges the next loss against the same window as the uninterrupted run: the
+    checkpoint holds the detector's last spike_window losses, exactly."""
+    import torch.distributed.checkpoint as dcp
+
+    from training.checkpoint.state import TrainState
+
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "schedule.steps=12", "run.log_every=1")
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    state = TrainState()
+    dcp.load({"train_state": state}, checkpoint_id=str(run / "checkpoints/step-000012"))
+    assert state.step == 12 and state.recent_losses == [r["loss"] for r in metrics(run)][-8:]
