@@ -238,7 +238,7 @@ class TrainingMetrics:
         """RUN/loss.png on rank 0 when metrics.plot is on; a note instead when matplotlib is missing."""
         if self.writer is None or not self.plot:
             return None
-        return plot_loss(self.writer.history, self.run_dir / "loss.png")
+        return plot_loss(self.writer.history, self.run_dir / "loss.png", self.plan.skips)
 
     def summarize(self, start: int, end: int, seconds: float) -> None:
         """Rank 0's last line (none when no step was logged): the loss over this invocation's steps
@@ -505,8 +505,10 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
 
 
-def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
-    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is missing."""
+def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None:
+    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is
+    missing. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
+    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
@@ -515,12 +517,23 @@ def plot_loss(history: list[dict[str, Any]], path: Path) -> str | None:
     train = [(m["step"], m["loss"]) for m in kept]
     val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
     ax.plot(*zip(*train), label="train")
-    rewinds = sorted({m["discarded_by_rewind"] for m in history if "discarded_by_rewind" in m})
-    for i, n in enumerate(rewinds):  # each rewind's discarded steps, from the checkpoint it went back to
-        rows = [m for m in history if m.get("discarded_by_rewind") == n]
-        back = [m for m in kept if m["step"] < rows[0]["step"]][-1:]
-        ax.plot(*zip(*[(m["step"], m["loss"]) for m in back + rows]), color="grey", linestyle="--",
-                label="discarded by rewinds" if i == 0 else None)  # fmt: skip
+    finite = [loss for _, loss in train if math.isfinite(loss)]
+    top = max(finite) * 1.15 if finite and skips else None
+    for i, s in enumerate(skips):  # each rewind's discarded steps, from the checkpoint it went back to
+        rows = [m for m in history if m.get("discarded_by_rewind") == s.rewind]
+        back = [m for m in kept if m["step"] <= s.checkpoint_step][-1:]
+        if rows:
+            curve = [(m["step"], min(m["loss"], top or m["loss"])) for m in back + rows]
+            label = "discarded by a rewind" if i == 0 else None
+            ax.plot(*zip(*curve), color="grey", linestyle="--", label=label)
+            spike = max(rows, key=lambda m: m["loss"])
+            where = (spike["step"], top or spike["loss"])
+            text = f"loss {spike['loss']:.3g} (rewind {s.rewind}) "
+            ax.annotate(text, where, fontsize=8, va="top", ha="right")
+        ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="orange", alpha=0.2,
+                   label="steps skipped" if i == 0 else None)  # fmt: skip
+    if top is not None:
+        ax.set_ylim(top=top)
     if val:
         ax.plot(*zip(*val), marker="o", label="validation")
     for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):
