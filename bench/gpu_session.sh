@@ -18,7 +18,7 @@
 # is asked for by name), then attention.
 set -uo pipefail
 part=${1:-}
-case $part in stall | rest | attention | train | muon) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention|train|muon" >&2; exit 2 ;; esac
+case $part in stall | rest | attention | train | muon | rewind) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention|train|muon|rewind" >&2; exit 2 ;; esac
 PY=${PYTHON:-python3}
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -116,6 +116,13 @@ case $part in
       "$PY" -m bench.train_e2e $E2E --no-model-only --json "$rows/e2e-adamw.json"
     row 230 "gristmill train, optim.name = muon, 200 steps" -- \
       "$PY" -m bench.train_e2e $E2E --optim muon --no-model-only --json "$rows/e2e-muon.json"
+    ;;
+  rewind)  # issue 31: what reading every step's loss costs (run.on_spike = rewind vs report, no spike)
+    row 230 "gristmill train, on_spike = report, 200 steps" -- \
+      "$PY" -m bench.train_e2e $E2E --no-model-only --json "$rows/e2e-report.json"
+    row 230 "gristmill train, on_spike = rewind, 200 steps (goal: >= 0.99x report)" -- \
+      "$PY" -m bench.train_e2e $E2E --no-model-only --set run.on_spike=rewind --label rewind \
+      --json "$rows/e2e-rewind.json"
     ;;
   attention)
     mfu 110 "baseline (torch's SDPA choice)"

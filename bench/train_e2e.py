@@ -4,6 +4,7 @@
     python -m bench.train_e2e --float8 --steps 200    # float8 block linears (model.float8)
     python -m bench.train_e2e --optim muon            # optim.name = "muon" (when the trainer has it)
     python -m bench.train_e2e --smoke                 # CPU: the tiny preset end to end (no MFU)
+    python -m bench.train_e2e --set run.on_spike=rewind --label rewind   # any other override
 
 Every MFU figure of bench/train_mfu is one model-and-optimizer step on random tokens. What a user
 sees is what `gristmill train` logs with everything around that step: the loader reading real
@@ -104,6 +105,7 @@ def run_train(args, dataset: Path, run_dir: Path) -> list[dict]:
         sets.append("model.float8=true")
     if args.optim != "adamw":
         sets.append(f"optim.name={args.optim}")
+    sets += args.sets
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config), "--set", *sets]
     print("$ " + " ".join(cmd[2:]), flush=True)
     t0 = time.perf_counter()
@@ -145,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--float8", action="store_true")
     ap.add_argument("--optim", default="adamw")
     ap.add_argument("--no-model-only", action="store_true", help="skip the bench/train_mfu figure")
+    ap.add_argument("--set", nargs="*", default=[], dest="sets", help="more overrides for the run")
+    ap.add_argument("--label", default="", help="added to the run's label (run directory, json)")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny preset: the script end to end")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     total = int((train_tokens + val_tokens) * 1.1)
     args.val_fraction = round(val_tokens / total * 1.1, 4)
     dataset = write_dataset(args.dir / f"data-v{args.vocab}", args.vocab, total)
-    label = "-".join(["float8" if args.float8 else "bf16", args.optim])
+    label = "-".join(["float8" if args.float8 else "bf16", args.optim, *([args.label] if args.label else [])])
     run_dir = args.dir / f"run-{label}-{int(time.time())}"
     rows = run_train(args, dataset, run_dir)
     timed = [r for r in rows if r["step"] > args.skip]

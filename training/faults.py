@@ -4,11 +4,12 @@ GRISTMILL_FAULT_NAN_LOSS="STEP[,STEP…][@RANK]": the training loss of those ste
 only, or on every rank) is multiplied by NaN before backward, so the loss and every gradient are
 NaN — what a diverged run produces, at a chosen step.
 
-GRISTMILL_FAULT_SPIKE_WINDOW="SOURCE:EPOCH:TOKEN[*FACTOR][,…]": the training loss of every step
-whose windows include that data window (source name, 0-based epoch, first stream token: what
-training/data/plan.Plan.step_windows names) is multiplied by FACTOR (default 100) on every rank —
-a loss spike tied to data, not to a step number, so a run that rewinds past it and skips its
-window never meets it again, and one that trains the window again does.
+GRISTMILL_FAULT_SPIKE_WINDOW="WINDOW[*FACTOR][,…]": the training loss of every step whose windows
+include that data window is multiplied by FACTOR (default 100) on every rank — a loss spike tied to
+data, not to a step number, so a run that rewinds past it and skips its window never meets it
+again, and one that trains the window again does. WINDOW is SOURCE:EPOCH:TOKEN (source name,
+0-based epoch, first stream token: what training/data/plan.Plan.step_windows names) or step:N, the
+first window of global step N in the run's plan.
 
 GRISTMILL_FAULT_KILL="POINT": the process kills itself with SIGKILL when it reaches that point
 (`kill_point`): "rewind-start" (a rewind decided, nothing restored), "rewind-restored" (the
@@ -47,9 +48,7 @@ class LossFaults:
         self.windows: dict[tuple[int, int, int], float] = {}
         for item in filter(None, os.environ.get(SPIKE_WINDOW, "").split(",")):
             where, _, factor = item.partition("*")
-            name, epoch, token = where.split(":")
-            source = [s.name for s in plan.sources].index(name)
-            self.windows[(source, int(epoch), int(token))] = float(factor or 100)
+            self.windows[_window(where, plan)] = float(factor or 100)
         self.plan = plan
         self.factor = 1.0
         if self.nan_steps or self.windows:
@@ -64,3 +63,12 @@ class LossFaults:
 
     def _hook(self, module: nn.Module, args, output):
         return output * self.factor if self.factor != 1.0 and module.training else output
+
+
+def _window(spec: str, plan) -> tuple[int, int, int]:
+    """(source index, epoch, first stream token) of "SOURCE:EPOCH:TOKEN" or "step:N"."""
+    if spec.startswith("step:"):
+        labels, epoch, first = plan.step_windows(int(spec[5:]) - 1)
+        return int(labels[0]), int(epoch[0]), int(first[0])
+    name, epoch, token = spec.split(":")
+    return [s.name for s in plan.sources].index(name), int(epoch), int(token)
