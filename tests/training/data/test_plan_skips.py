@@ -1,0 +1,129 @@
+"""The ledger of a rewind's skipped steps (training/data/plan.py Skip): the plan's accounting, the
+final timeline, the description and resume, the loader state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.train_data import make_dataset
+from training.data import plan as data_plan
+from training.data.loader import dataset_loader
+from training.data.plan import LRPiece, Phase, Plan, Skip, Source
+
+
+def small_plan(*skips: Skip) -> Plan:
+    """Two sources read for several epochs over two phases: web enters epoch 2 at step 7 and epoch 3
+    at step 14, code enters epoch 2 at step 14 (global steps from 1); phase 'long' starts at step 13."""
+    plan = Plan(
+        [Source("web", "", "w", 700, 1, None), Source("code", "", "c", 500, 1, None)],
+        [
+            Phase("main", 12, 16, 8, (3, 1), LRPiece(1e-3, 1e-3, "constant")),
+            Phase("long", 10, 32, 4, (1, 1), LRPiece(1e-3, 1e-4, "linear")),
+        ],
+        seed=7,
+    )
+    plan.skips.extend(skips)
+    return plan
+
+
+ACROSS_EPOCH = Skip(1, 5, 8, 9, 4, "loss 9.1 at step 9")  # web's first epoch crossing inside
+ACROSS_PHASE = Skip(2, 11, 14, 15, 10, "loss 8.7 at step 15")  # the phase boundary and two crossings
+
+
+def counted(plan: Plan, steps: list[int]) -> dict[tuple[int, int], int]:
+    """Windows per (phase, source) of the given global steps (from 1), counted slot by slot."""
+    out: dict[tuple[int, int], int] = {}
+    for s in steps:
+        labels, _, _ = plan.step_windows(s - 1)
+        p = plan.locate(s - 1)[0]
+        for i in labels.tolist():
+            out[(p, i)] = out.get((p, i), 0) + 1
+    return out
+
+
+def test_consumed_splits_each_row_into_trained_and_skipped_windows():
+    plain, plan = small_plan(), small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    skipped_steps = [*range(5, 9), *range(11, 15)]
+    assert plan.skip_of(7) == ACROSS_EPOCH and plan.skip_of(13) == ACROSS_PHASE and plan.skip_of(9) is None
+    for step in (4, 6, 12, 13, 22):  # before, inside and after the skips
+        want = counted(plan, [s for s in skipped_steps if s <= step])
+        for a, b in zip(plain.consumed(step), plan.consumed(step), strict=True):
+            key = (b["phase_index"], b["source_index"])
+            assert b["windows"] + b["skipped_windows"] == a["windows"], (step, key)
+            assert b["skipped_windows"] == want.get(key, 0), (step, key)
+            assert b["tokens"] == b["windows"] * b["seq_len"]
+            assert b["skipped_tokens"] == b["skipped_windows"] * b["seq_len"]
+            # the stream was read past the skipped windows: position and share are the plain plan's
+            assert (b["stream_tokens"], b["epoch"], b["fraction"]) == (
+                a["stream_tokens"], a["epoch"], a["fraction"]
+            )  # fmt: skip
+    rows = {(r["phase"], r["source"]): r for r in plan.consumed(22)}
+    assert {k: r["rewinds"] for k, r in rows.items()} == {
+        ("main", "web"): [1, 2], ("main", "code"): [1, 2], ("long", "web"): [2], ("long", "code"): [2]
+    }  # fmt: skip
+    # Two rewinds skipping one step count its windows once.
+    again = small_plan(ACROSS_EPOCH, ACROSS_PHASE, Skip(3, 12, 13, 16, 11, "again"))
+    for a, b in zip(plan.consumed(22), again.consumed(22), strict=True):
+        assert b["skipped_windows"] == a["skipped_windows"] and b["rewinds"] == sorted({*a["rewinds"], 3})
+    with pytest.raises(data_plan.PlanError, match="no such range"):
+        Skip(1, 9, 8, 9, 8, "")
+
+
+def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_steps():
+    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    spans: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (source, epoch) -> (first, end, step)
+    windows: dict[int, list[tuple[int, int, int, int]]] = {}  # step -> (source, epoch, first, end)
+    for s in range(1, plan.total_steps + 1):
+        labels, epochs, first = plan.step_windows(s - 1)
+        w = plan.phases[plan.locate(s - 1)[0]].seq_len + 1
+        windows[s] = [(i, e, f, f + w) for i, e, f in zip(labels.tolist(), epochs.tolist(), first.tolist())]
+        for i, e, f, end in windows[s]:
+            spans.setdefault((i, e), []).append((f, end, s))
+    for key, got in spans.items():  # trained and skipped alike: no stream token in two windows
+        got.sort()
+        assert all(a[1] <= b[0] for a, b in zip(got, got[1:])), key
+    for skip in plan.skips:
+        steps = range(skip.first_step, skip.last_step + 1)
+        detail = {d["source"]: d for d in plan.skip_detail(skip)}
+        for i, src in enumerate(plan.sources):
+            d = detail[src.name]
+            lo, hi = (d["from_epoch"] - 1, d["from_token"]), (d["to_epoch"] - 1, d["to_token"])
+            mine = [(e, f, end) for s in steps for j, e, f, end in windows[s] if j == i]
+            assert d["windows"] == len(mine) and d["tokens"] == sum(end - f - 1 for _, f, end in mine)
+            # every skipped window lies between the recorded positions, and no trained window does
+            assert all(lo <= (e, f) and (e, end) <= hi for e, f, end in mine)
+            trained = [
+                (e, f) for s in windows if plan.skip_of(s) is None for j, e, f, _ in windows[s] if j == i
+            ]
+            assert not [t for t in trained if lo <= t < hi], (skip.rewind, src.name)
+    # the cases this plan is built for: the skips cross an epoch end and a phase boundary
+    web = {s.rewind: plan.skip_detail(s)[0] for s in plan.skips}
+    assert [(web[n]["from_epoch"], web[n]["to_epoch"]) for n in (1, 2)] == [(1, 2), (2, 3)]
+    assert [plan.locate(s - 1)[0] for s in (ACROSS_PHASE.first_step, ACROSS_PHASE.last_step)] == [0, 1]
+    total = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps))
+    assert total == sum(d["tokens"] for s in plan.skips for d in plan.skip_detail(s))
+
+
+def test_the_description_carries_the_skips_and_a_resume_accepts_them():
+    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    saved = json.loads(plan.to_json())
+    assert data_plan.skips_from(saved) == plan.skips
+    assert saved["skips"][1]["sources"] == plan.skip_detail(ACROSS_PHASE)
+    assert "skips" not in json.loads(small_plan().to_json())  # a run without rewinds: as before
+    # The config's plan has no history: the checkpoint's skips are not a change of its past.
+    assert data_plan.check_resume(saved, small_plan(), 16, lambda a, b: a == b) == []
+
+
+def test_the_loader_adopts_the_checkpoints_skips(tmp_path):
+    root = make_dataset(tmp_path / "d", n_docs=60)
+    kw = {"seq_len": 16, "global_batch": 4, "micro_batch": 4, "seed": 1}
+    ran = dataset_loader(root, **kw)
+    ran.plan.skips.append(Skip(1, 3, 4, 5, 2, "loss 9 at step 5"))
+    ran.seek(4)
+    resumed = dataset_loader(root, **kw)
+    resumed.load_state_dict(ran.state_dict())
+    assert resumed.plan.skips == ran.plan.skips and resumed.step == 4
+    resumed.load_state_dict(dataset_loader(root, **kw).state_dict())  # one from before the rewind
+    assert resumed.plan.skips == []
