@@ -198,6 +198,9 @@ CONSUMPTION_SCHEMA = pa.schema(
         ("steps", pa.int64()),
         ("windows", pa.int64()),
         ("tokens", pa.int64()),
+        ("skipped_windows", pa.int64()),
+        ("skipped_tokens", pa.int64()),
+        ("rewinds", pa.list_(pa.int64())),
         ("stream_tokens", pa.int64()),
         ("epoch", pa.int64()),
         ("dataset_tokens", pa.int64()),
@@ -208,9 +211,10 @@ CONSUMPTION_SCHEMA = pa.schema(
 
 def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, Any]], path: Path) -> None:
     """RUN/consumption.parquet after `step` steps (`consumed`: the plan's `consumed(step)`): per
-    (phase, source) the steps, windows, tokens trained (windows × seq_len), stream tokens read
-    (windows × (seq_len + 1)), the source's epoch and the fraction of one epoch of its training
-    split read. The audit's `consumption` view."""
+    (phase, source) the steps, windows and tokens trained (windows × seq_len), the windows and
+    tokens of steps a rewind skipped and those rewinds' numbers, stream tokens read ((trained +
+    skipped windows) × (seq_len + 1)), the source's epoch and the fraction of one epoch of its
+    training split read. The audit's `consumption` view."""
     rows = []
     for r in consumed:
         src = plan.sources[r["source_index"]]

@@ -1,16 +1,22 @@
 """The ledger of a rewind's skipped steps (training/data/plan.py Skip): the plan's accounting, the
-final timeline, the description and resume, the loader state."""
+final timeline, the description and resume, the loader state, consumption.parquet through the
+audit and the metrics row."""
 
 from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers.train_data import make_dataset
 from training.data import plan as data_plan
 from training.data.loader import dataset_loader
 from training.data.plan import LRPiece, Phase, Plan, Skip, Source
+from training.data.recipe import CONSUMPTION_SCHEMA, record_plan, write_consumption
+from training.metrics import data_row
+from validation.audit_views import connect
 
 
 def small_plan(*skips: Skip) -> Plan:
@@ -127,3 +133,39 @@ def test_the_loader_adopts_the_checkpoints_skips(tmp_path):
     assert resumed.plan.skips == ran.plan.skips and resumed.step == 4
     resumed.load_state_dict(dataset_loader(root, **kw).state_dict())  # one from before the rewind
     assert resumed.plan.skips == []
+
+
+def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
+    plan, plain = small_plan(ACROSS_EPOCH, ACROSS_PHASE), small_plan()
+    run, old = tmp_path / "run", tmp_path / "old"
+    run.mkdir(), old.mkdir()
+    write_consumption(plan, 22, plan.consumed(22), run / "consumption.parquet")
+    record_plan(plan, run)
+    # A file written before the skip columns existed (a run with no rewinds).
+    legacy = pa.schema(
+        [f for f in CONSUMPTION_SCHEMA if f.name not in ("skipped_windows", "skipped_tokens", "rewinds")]
+    )
+    rows = [{**r, "step": 22, "dataset": "", "dataset_tokens": 1} for r in plain.consumed(22)]
+    pq.write_table(pa.Table.from_pylist(rows, schema=legacy), old / "consumption.parquet")
+    con, _ = connect([run, old])
+    cols = "phase, source, windows, skipped_windows, skipped_tokens, rewinds"
+    got = con.execute(f"SELECT dataset_name, {cols} FROM consumption").fetchall()
+    want = [("run", *(r[c] for c in cols.split(", "))) for r in plan.consumed(22)]
+    want += [("old", r["phase"], r["source"], r["windows"], 0, 0, []) for r in plain.consumed(22)]
+    assert sorted(got) == sorted(want)
+    assert con.execute("SELECT count(*) FROM consumption WHERE list_contains(rewinds, 1)").fetchone() == (2,)
+    skips = con.execute("SELECT rewind, source, windows, tokens, from_epoch, to_epoch FROM skips").fetchall()
+    assert sorted(skips) == sorted(
+        (s.rewind, d["source"], d["windows"], d["tokens"], d["from_epoch"], d["to_epoch"])
+        for s in plan.skips for d in plan.skip_detail(s)
+    )  # fmt: skip
+    # metrics.jsonl: tokens/NAME trained (they add up to tokens_seen), skipped_tokens/NAME beside them
+    row = data_row(plan, 22, plan.consumed(22))
+    for name in ("web", "code"):
+        mine = [r for r in plan.consumed(22) if r["source"] == name]
+        assert row[f"tokens/{name}"] == sum(r["tokens"] for r in mine)
+        assert row[f"skipped_tokens/{name}"] == sum(r["skipped_tokens"] for r in mine) > 0
+    per_step = 128  # G × seq_len in both phases: 8 × 16, 4 × 32
+    trained_steps = [s for s in range(1, 23) if plan.skip_of(s) is None]
+    assert row["tokens/web"] + row["tokens/code"] == per_step * len(trained_steps) == per_step * 14
+    assert not any(k.startswith("skipped_tokens/") for k in data_row(plain, 22, plain.consumed(22)))
