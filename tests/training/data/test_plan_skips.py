@@ -1,6 +1,6 @@
 """The ledger of a rewind's skipped steps (training/data/plan.py Skip): the plan's accounting, the
 final timeline, the description and resume, the loader state, consumption.parquet through the
-audit and the metrics row."""
+audit, the metrics row, the printed plan and `gristmill data inspect RUN` on a skipped step."""
 
 from __future__ import annotations
 
@@ -10,11 +10,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.cli import main as gristmill
+from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
+from training.config import TrainConfig
+from training.contract.config_loader import load_config
 from training.data import plan as data_plan
-from training.data.loader import dataset_loader
+from training.data.loader import TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import LRPiece, Phase, Plan, Skip, Source
-from training.data.recipe import CONSUMPTION_SCHEMA, record_plan, write_consumption
+from training.data.recipe import (
+    CONSUMPTION_SCHEMA,
+    format_plan,
+    open_plan,
+    plan_rows,
+    plot_plan,
+    record_plan,
+    write_consumption,
+)
 from training.metrics import data_row
 from validation.audit_views import connect
 
@@ -169,3 +181,65 @@ def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
     trained_steps = [s for s in range(1, 23) if plan.skip_of(s) is None]
     assert row["tokens/web"] + row["tokens/code"] == per_step * len(trained_steps) == per_step * 14
     assert not any(k.startswith("skipped_tokens/") for k in data_row(plain, 22, plain.consumed(22)))
+
+
+def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
+    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    rows = {r["phase"]: r for r in plan_rows(plan)}
+    ends = {(r["phase"], r["source"]): r for r in plan.consumed(22)}
+    for (phase, source), r in ends.items():
+        assert (
+            rows[phase][source].startswith(f"{r['tokens']:,} (")
+            and f"{r['skipped_tokens']:,} skipped" in rows[phase][source]
+        )
+    lines = format_plan(plan, [])
+    per = {name: 0 for name in ("web", "code")}  # rewind 2's tokens, counted slot by slot
+    for (p, i), n in counted(plan, list(range(11, 15))).items():
+        per[plan.sources[i].name] += n * plan.phases[p].seq_len
+    assert (
+        f"rewind 2: steps 11-14 skipped (loss 8.7 at step 15; back to step 10): {sum(per.values()):,} tokens "
+        f"not trained on (web {per['web']:,}, code {per['code']:,})"
+    ) in lines
+    assert plot_plan(plan, tmp_path / "plan.png") in (None, "plan.png skipped: matplotlib is not installed")
+    assert "skipped" not in "\n".join(format_plan(small_plan(), []))
+
+
+@pytest.fixture(scope="module")
+def run_with_a_rewind(tmp_path_factory):
+    """A real run directory (two training steps of the two-source phased recipe) whose
+    RUN/data_plan.json then records a rewind as the trainer writes it: steps 5-8 skipped."""
+    root = tmp_path_factory.mktemp("rewound")
+    sources = {
+        "web": make_dataset(root / "web", n_docs=240, seed=1),
+        "code": make_dataset(root / "code", n_docs=160, seed=2),
+    }
+    config = write_recipe(root / "recipe.toml", sources, root / "run")
+    sets = ["run.max_steps=2", "checkpoint.interval=0", "metrics.plot=false", "run.val_every=0"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    run_dir = root / "run"
+    plan, tables, _ = open_plan(load_config(TrainConfig, run_dir / "config.toml"))
+    plan.skips.append(Skip(1, 5, 8, 9, 4, "loss 9.81 at step 9 (mean 3.12 + 6σ)"))
+    record_plan(plan, run_dir)
+    loader = TokenLoader(plan, tables, micro_batch=(16, 8), rank=0, world_size=1, check_separators=True)
+    return run_dir, plan, loader
+
+
+def test_inspect_says_a_step_was_skipped_and_lists_its_windows(run_with_a_rewind, capsys):
+    run_dir, plan, loader = run_with_a_rewind
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "8", "--max-rows", "0"]) == 0
+    out = capsys.readouterr().out
+    skipped = sum(d["tokens"] for d in plan.skip_detail(plan.skips[0]))
+    assert f"# 1 rewind(s), {skipped:,} tokens skipped (read, never trained):" in out
+    assert "#   rewind 1: steps 5-8 skipped (loss 9.81 at step 9 (mean 3.12 + 6σ); back to step 4): " in out
+    assert (
+        "step 8 = phase 'long' step 2 of 5; SKIPPED by rewind 1 (loss 9.81 at step 9 (mean 3.12 + 6σ); "
+        "back to step 4): these windows were not trained on; sha256 "
+        f"{batch_sha256(loader.builder.batch(7))}" in out
+    )
+    assert out.count("\nrow ") == plan.phases[1].global_batch  # the batch it did not train on, all rows
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "9"]) == 0
+    assert "step 9 = phase 'long' step 3 of 5; sha256 " in capsys.readouterr().out
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "3", "--end", "11", "--hash"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    marked = {int(line.split()[0]) for line in lines if line.endswith(" skipped (rewind 1)")}
+    assert len(lines) == 8 and marked == {5, 6, 7, 8}
