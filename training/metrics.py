@@ -160,13 +160,18 @@ def step_row(
 def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
     """What the data plan says of the first `step` steps (training/data/plan.Plan; `consumed` is its
     `consumed(step)`): the current phase and seq_len, the tokens trained from each source so far
-    (they add up to tokens_seen), and the epoch of each source that may be read more than once."""
+    (they add up to tokens_seen), once a rewind skipped steps the tokens of each source those steps
+    held (read, never trained), and the epoch of each source that may be read more than once."""
     p, _ = plan.locate(step - 1)
     row: dict[str, Any] = {"phase": plan.phases[p].name, "seq_len": plan.phases[p].seq_len}
     for src in plan.sources:
         row[f"tokens/{src.name}"] = 0
+        if plan.skips:
+            row[f"skipped_tokens/{src.name}"] = 0
     for r in consumed:
         row[f"tokens/{r['source']}"] += r["tokens"]
+        if plan.skips:
+            row[f"skipped_tokens/{r['source']}"] += r["skipped_tokens"]
         if r["phase_index"] == p and plan.sources[r["source_index"]].max_epochs != 1:
             row[f"epoch/{r['source']}"] = r["epoch"]
     return row

@@ -141,9 +141,10 @@ FROM dataset d LEFT JOIN validation v USING (dataset_name)
 ORDER BY d.dataset_name
 """,
     # A training run's data so far (RUN/consumption.parquet, rewritten at every logged step): per
-    # phase and source the tokens trained, the stream tokens read and the share of the dataset.
+    # phase and source the tokens trained, those of steps a rewind skipped (and which rewinds), the
+    # stream tokens read and the share of the dataset.
     "consumption": """
-SELECT dataset_name, phase, source, seq_len, steps, tokens, stream_tokens, epoch,
+SELECT dataset_name, phase, source, seq_len, steps, tokens, skipped_tokens, rewinds, stream_tokens, epoch,
        round(100 * fraction, 2) AS pct_of_dataset, step AS after_step
 FROM consumption
 ORDER BY dataset_name, phase_index, source_index

@@ -37,7 +37,7 @@ from training.contract.dataset_format import (
     DatasetError,
     manifest_files,
 )
-from training.contract.run_layout import CONSUMPTION_PARQUET
+from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON
 from training.data.recipe import CONSUMPTION_SCHEMA
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
@@ -119,6 +119,27 @@ SELECT p.key::INTEGER AS n, p.value->>'shard' AS file, p.value->>'key' AS key, p
 FROM {src} f, json_each(f.content::JSON->'problems') p
 """
 
+# A run's consumption.parquet written before rewinds existed has no skip columns: it skipped nothing.
+CONSUMPTION_SQL = """
+SELECT * REPLACE (coalesce(skipped_windows, 0) AS skipped_windows,
+                  coalesce(skipped_tokens, 0) AS skipped_tokens, coalesce(rewinds, []::BIGINT[]) AS rewinds)
+FROM {src}
+"""
+
+# A training run's rewinds (RUN/data_plan.json's "skips", training/data/plan.py Skip): one row per
+# rewind and source it skipped windows of, with the stream positions (epoch from 1, token) between
+# which every window of that source was skipped.
+SKIPS_SQL = """
+SELECT (s.value->>'rewind')::BIGINT AS rewind, (s.value->>'first_step')::BIGINT AS first_step,
+       (s.value->>'last_step')::BIGINT AS last_step, (s.value->>'spike_step')::BIGINT AS spike_step,
+       (s.value->>'checkpoint_step')::BIGINT AS checkpoint_step, s.value->>'reason' AS reason,
+       d.value->>'source' AS source, (d.value->>'windows')::BIGINT AS windows,
+       (d.value->>'tokens')::BIGINT AS tokens,
+       (d.value->>'from_epoch')::BIGINT AS from_epoch, (d.value->>'from_token')::BIGINT AS from_token,
+       (d.value->>'to_epoch')::BIGINT AS to_epoch, (d.value->>'to_token')::BIGINT AS to_token
+FROM {src} f, json_each(f.content::JSON->'skips') s, json_each(s.value->'sources') d
+"""
+
 # name -> files of each dataset. The build writes datatrove's logging dir under DIR/logs/: one
 # stats/NNNNN.json per task (the merged logs/stats.json only covers the tasks of the last run, so
 # after a resume it undercounts; the per-task files are the truth).
@@ -132,8 +153,10 @@ FILE_VIEWS: dict[str, FileView] = {
     "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
     # A training run directory's lm-eval results (`gristmill eval RUN`): step, task, metric, value …
     "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA),
-    # A training run directory's data plan so far: tokens per (phase, source), epochs, share read.
-    "consumption": FileView(CONSUMPTION_PARQUET, "SELECT * FROM {src}", "parquet", CONSUMPTION_SCHEMA),
+    # A training run directory's data plan so far: tokens per (phase, source) trained and skipped by
+    # rewinds, epochs, share read.
+    "consumption": FileView(CONSUMPTION_PARQUET, CONSUMPTION_SQL, "parquet", CONSUMPTION_SCHEMA),
+    "skips": FileView(DATA_PLAN_JSON, SKIPS_SQL),
 }
 
 # name -> SQL over the views above (already carrying dataset_name).
@@ -150,7 +173,13 @@ DERIVED_VIEWS: dict[str, str] = {
     """,
 }
 
-_DUCK_TYPES = {pa.string(): "VARCHAR", pa.int64(): "BIGINT", pa.float64(): "DOUBLE", pa.bool_(): "BOOLEAN"}
+_DUCK_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    pa.list_(pa.int64()): "BIGINT[]",
+}
 _EMPTY_TEXT = "(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS content WHERE false)"
 _CONFIG = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}
 

@@ -6,8 +6,9 @@ steps [--step, --end), equal to `training.data.loader.batch_sha256` of the batch
 
 Given a training run directory (`gristmill data inspect RUN --step 12000`), the plan comes from
 RUN/config.toml (every source and phase), checked against the datasets the run recorded
-(RUN/data_plan.json); given a dataset directory, the geometry comes from the flags. Either way steps
-count as the trainer logs them in metrics.jsonl, from 1.
+(RUN/data_plan.json), whose rewinds' skips mark the steps never trained on; given a dataset
+directory, the geometry comes from the flags. Either way steps count as the trainer logs them in
+metrics.jsonl, from 1.
 `tokenizers` is imported inside run() only: training code must import without it.
 """
 
@@ -125,7 +126,14 @@ def _steps(args: argparse.Namespace, total: int | None) -> tuple[int, int]:
 def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
     from training.contract.config_loader import load_config
-    from training.data.recipe import build_plan, check_recorded_plan, open_sources
+    from training.data.recipe import (
+        build_plan,
+        check_recorded_plan,
+        open_sources,
+        recorded_skips,
+        skip_cause,
+        skip_lines,
+    )
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
     check_config(cfg, args.world_size)
@@ -134,6 +142,8 @@ def _run_mode(args: argparse.Namespace) -> int:
     note = check_recorded_plan(Path(args.dataset), plan, tables)  # a rebuilt source: refused here
     if note:
         print(f"note: {note}", file=sys.stderr)
+    # The rewinds are the run's history, not its config: the recorded plan has them.
+    plan.skips[:] = recorded_skips(Path(args.dataset))
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,
@@ -149,14 +159,28 @@ def _run_mode(args: argparse.Namespace) -> int:
         + ", ".join(f"{s.name} = {s.dataset}" for s in plan.sources)
         + f"; seed {plan.seed}; rank {args.rank}/{args.world_size}"
     )
+    if plan.skips:
+        skipped = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps))
+        print(f"# {len(plan.skips)} rewind(s), {skipped:,} tokens skipped (read, never trained):")
+        for line in skip_lines(plan):
+            print(f"#   {line}")
     if args.hash:
         for s, micro in zip(range(step, end), loader):
-            print(f"{s} {batch_sha256(micro)}")
+            skip = plan.skip_of(s)
+            print(f"{s} {batch_sha256(micro)}" + (f" skipped (rewind {skip.rewind})" if skip else ""))
         return 0
     micro = next(iter(loader))
     p, k = plan.locate(step - 1)
     ph = plan.phases[p]
-    print(f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps}; sha256 {batch_sha256(micro)}")
+    skip = plan.skip_of(step)
+    skipped = (
+        f"; SKIPPED by rewind {skip.rewind} ({skip_cause(skip)}): these windows were not trained on"
+        if skip
+        else ""
+    )
+    print(
+        f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps}{skipped}; sha256 {batch_sha256(micro)}"
+    )
     _print_batch(loader, step - 1, args, micro)
     return 0
 

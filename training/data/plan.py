@@ -110,6 +110,12 @@ class Skip:
     checkpoint_step: int  # the checkpoint the rewind restored (first_step - 1)
     reason: str  # the loss and the rule it broke, as the rewind's line said it
 
+    def __post_init__(self) -> None:
+        if not 1 <= self.first_step <= self.last_step:
+            raise PlanError(
+                f"rewind {self.rewind} skips steps {self.first_step}..{self.last_step}: no such range"
+            )
+
 
 def skips_from(description: dict[str, Any]) -> list[Skip]:
     """The rewinds' skips a plan description (a checkpoint's, RUN/data_plan.json) records."""
@@ -326,9 +332,45 @@ class Plan:
         return self.lr(self.first_step[p] + self.phases[p].steps - 1)
 
     # -- accounting --
+    def windows_between(self, a: int, b: int) -> list[tuple[int, int, int, np.ndarray]]:
+        """0-based global steps [a, b) per phase they touch: (phase, first and end local step, windows
+        of each source), differences of `cumulative` (no replay; epoch crossings change no count)."""
+        out = []
+        for p, ph in enumerate(self.phases):
+            first = self.first_step[p]
+            lo, hi = max(a, first), b if ph.steps is None else min(b, first + ph.steps)
+            if lo < hi:
+                ka, kb = lo - first, hi - first
+                out.append((p, ka, kb, self.cumulative(p, kb) - self.cumulative(p, ka)))
+        return out
+
+    def _skipped_ranges(self, step: int) -> list[tuple[int, int]]:
+        """The skipped steps among the first `step`, as disjoint 0-based ranges [a, b) (two rewinds
+        may skip one step: it counts once)."""
+        merged: list[list[int]] = []
+        for a, b in sorted((s.first_step - 1, min(s.last_step, step)) for s in self.skips):
+            if a >= b:
+                continue
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return [(a, b) for a, b in merged]
+
     def consumed(self, step: int) -> list[dict[str, Any]]:
-        """After `step` global steps: per (phase, source) the steps, windows, trained tokens (windows ×
-        seq_len) and stream tokens (windows × (seq_len + 1)) used, and the source's epoch."""
+        """After `step` global steps: per (phase, source) the steps, the windows trained and their
+        tokens (windows × seq_len), the windows of skipped steps (`skips`) and their tokens, the
+        stream tokens read ((trained + skipped windows) × (seq_len + 1): a skipped window is read
+        past, never fed), the rewinds that skipped some of them, and the source's epoch."""
+        skipped = np.zeros((len(self.phases), len(self.sources)), np.int64)
+        for a, b in self._skipped_ranges(step):
+            for p, _, _, n in self.windows_between(a, b):
+                skipped[p] += n
+        rewinds: dict[tuple[int, int], set[int]] = {}
+        for s in self.skips:
+            for p, _, _, n in self.windows_between(s.first_step - 1, min(s.last_step, step)):
+                for i in np.flatnonzero(n).tolist():
+                    rewinds.setdefault((p, i), set()).add(s.rewind)
         rows = []
         for p, ph in enumerate(self.phases):
             first = self.first_step[p]
@@ -338,6 +380,7 @@ class Plan:
             cum = self.cumulative(p, k)
             for i, src in enumerate(self.sources):
                 e, _ = self.position(i, p, k)
+                read, skip = int(cum[i]), int(skipped[p, i])
                 rows.append(
                     {
                         "phase": ph.name,
@@ -346,15 +389,41 @@ class Plan:
                         "source_index": i,
                         "steps": k,
                         "seq_len": ph.seq_len,
-                        "windows": int(cum[i]),
-                        "tokens": int(cum[i]) * ph.seq_len,
-                        "stream_tokens": int(cum[i]) * (ph.seq_len + 1),
+                        "windows": read - skip,
+                        "tokens": (read - skip) * ph.seq_len,
+                        "skipped_windows": skip,
+                        "skipped_tokens": skip * ph.seq_len,
+                        "rewinds": sorted(rewinds.get((p, i), ())),
+                        "stream_tokens": read * (ph.seq_len + 1),
                         "epoch": e + 1,
                         # the share of one epoch of the source's training split read
-                        "fraction": int(cum[i]) * (ph.seq_len + 1) / src.tokens if src.tokens else 0.0,
+                        "fraction": read * (ph.seq_len + 1) / src.tokens if src.tokens else 0.0,
                     }
                 )
         return rows
+
+    def skip_detail(self, skip: Skip) -> list[dict[str, Any]]:
+        """Per source the skip took windows from: the windows and their tokens, and the stream
+        positions (epoch from 1, token offset) before its first skipped step and after its last —
+        every window of that source between them is skipped (an epoch's dropped tail between them
+        was never a window)."""
+        out = []
+        parts = self.windows_between(skip.first_step - 1, skip.last_step)
+        for i, src in enumerate(self.sources):
+            mine = [(p, ka, kb, int(n[i])) for p, ka, kb, n in parts if n[i]]
+            if not mine:
+                continue
+            (e0, o0), (e1, o1) = (
+                self.position(i, mine[0][0], mine[0][1]),
+                self.position(i, mine[-1][0], mine[-1][2]),
+            )
+            windows = sum(n for _, _, _, n in mine)
+            tokens = sum(n * self.phases[p].seq_len for p, _, _, n in mine)
+            out.append(
+                {"source": src.name, "windows": windows, "tokens": tokens,
+                 "from_epoch": e0 + 1, "from_token": o0, "to_epoch": e1 + 1, "to_token": o1}
+            )  # fmt: skip
+        return out
 
     def check_supply(self) -> list[str]:
         """Refuse (PlanError) a source the plan would take past its max_epochs; returns a note for
@@ -423,7 +492,12 @@ class Plan:
                 }
                 for ph in self.phases
             ],
-            **({"skips": [asdict(s) for s in self.skips]} if self.skips else {}),
+            # history, with each source's windows and stream positions for readers without torch
+            **(
+                {"skips": [{**asdict(s), "sources": self.skip_detail(s)} for s in self.skips]}
+                if self.skips
+                else {}
+            ),
         }
 
     def to_json(self) -> str:

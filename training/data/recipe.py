@@ -149,9 +149,37 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     return None
 
 
+def recorded_skips(run_dir: Path) -> list[data_plan.Skip]:
+    """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
+    when the run recorded no plan."""
+    path = run_dir / DATA_PLAN_JSON
+    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else []
+
+
+def skip_cause(skip: data_plan.Skip) -> str:
+    """Why and from where a rewind skipped: `<its reason>; back to step 35` (the reason names the
+    loss and its step, as the rewind's line said it)."""
+    return f"{skip.reason or f'step {skip.spike_step:,}'}; back to step {skip.checkpoint_step:,}"
+
+
+def skip_lines(plan: data_plan.Plan) -> list[str]:
+    """One line per rewind of the plan: the steps it skipped, why, and the tokens not trained on."""
+    lines = []
+    for s in plan.skips:
+        detail = plan.skip_detail(s)
+        tokens = sum(d["tokens"] for d in detail)
+        per = ", ".join(f"{d['source']} {d['tokens']:,}" for d in detail)
+        lines.append(
+            f"rewind {s.rewind}: steps {s.first_step:,}-{s.last_step:,} skipped ({skip_cause(s)}): "
+            f"{tokens:,} tokens not trained on ({per})"
+        )
+    return lines
+
+
 def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
     """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
-    and the share of its dataset (stream tokens / one epoch of its training split) read."""
+    and the share of its dataset (stream tokens / one epoch of its training split) read, and the
+    tokens of steps the rewinds skipped (read, not trained) when there are any."""
     rows = []
     end_rows = plan.consumed(plan.total_steps)
     for p, ph in enumerate(plan.phases):
@@ -165,7 +193,8 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
         }
         for r in end_rows:
             if r["phase_index"] == p:
-                row[r["source"]] = f"{r['tokens']:,} ({100 * r['fraction']:.1f}%)"
+                skipped = f"; {r['skipped_tokens']:,} skipped" if r["skipped_tokens"] else ""
+                row[r["source"]] = f"{r['tokens']:,} ({100 * r['fraction']:.1f}%{skipped})"
         rows.append(row)
     return rows
 
@@ -180,10 +209,12 @@ def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
         *("  ".join(str(r.get(c, "")).ljust(width[c]) for c in cols) for r in rows),
     ]
     lines.append(
-        "per source: tokens trained (share of one epoch of its training split read); sources: "
+        "per source: tokens trained (share of one epoch of its training split read"
+        + ("; tokens of the steps a rewind skipped: read, not trained" if plan.skips else "")
+        + "); sources: "
         + ", ".join(f"{s.name} = {s.dataset} ({s.tokens:,} tokens)" for s in plan.sources)
     )
-    return lines + [f"note: {n}" for n in notes]
+    return lines + skip_lines(plan) + [f"note: {n}" for n in notes]
 
 
 CONSUMPTION_SCHEMA = pa.schema(
@@ -198,6 +229,9 @@ CONSUMPTION_SCHEMA = pa.schema(
         ("steps", pa.int64()),
         ("windows", pa.int64()),
         ("tokens", pa.int64()),
+        ("skipped_windows", pa.int64()),
+        ("skipped_tokens", pa.int64()),
+        ("rewinds", pa.list_(pa.int64())),
         ("stream_tokens", pa.int64()),
         ("epoch", pa.int64()),
         ("dataset_tokens", pa.int64()),
@@ -208,9 +242,10 @@ CONSUMPTION_SCHEMA = pa.schema(
 
 def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, Any]], path: Path) -> None:
     """RUN/consumption.parquet after `step` steps (`consumed`: the plan's `consumed(step)`): per
-    (phase, source) the steps, windows, tokens trained (windows × seq_len), stream tokens read
-    (windows × (seq_len + 1)), the source's epoch and the fraction of one epoch of its training
-    split read. The audit's `consumption` view."""
+    (phase, source) the steps, windows and tokens trained (windows × seq_len), the windows and
+    tokens of steps a rewind skipped and those rewinds' numbers, stream tokens read ((trained +
+    skipped windows) × (seq_len + 1)), the source's epoch and the fraction of one epoch of its
+    training split read. The audit's `consumption` view."""
     rows = []
     for r in consumed:
         src = plan.sources[r["source_index"]]
@@ -243,6 +278,9 @@ def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
     ax_mix.set_xlabel("step")
     ax_mix.set_ylim(0, 1)
     ax_mix.legend(loc="upper left", fontsize=8)
+    for s in plan.skips:  # steps a rewind skipped: their windows were read, not trained
+        for ax in (ax_lr, ax_mix):
+            ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="red", alpha=0.15, linewidth=0)
     for p, ph in enumerate(plan.phases):
         for ax in (ax_lr, ax_mix):
             ax.axvline(plan.first_step[p] + 0.5, color="grey", linestyle=":", linewidth=1)
