@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.io import CheckpointError
 from training.checkpoint.state import TrainState
@@ -168,15 +166,9 @@ class Rewinder:
 
 def skipped_tokens(plan: Plan, skip: Skip) -> str:
     """'2.46M tokens: prose 1.84M, code 0.62M' — the tokens of the skip's windows per source."""
-    per = {s.name: 0 for s in plan.sources}
-    for step in range(skip.first_step - 1, skip.last_step):
-        labels, _, _ = plan.step_windows(step)
-        seq_len = plan.phases[plan.locate(step)[0]].seq_len
-        for i, count in enumerate(torch.bincount(torch.from_numpy(labels), minlength=len(per)).tolist()):
-            per[plan.sources[i].name] += count * seq_len
-    total = sum(per.values())
-    shown = ", ".join(f"{name} {_si(v)}" for name, v in per.items() if v)
-    return f"{_si(total)} tokens" + (f": {shown}" if len(plan.sources) > 1 else "")
+    per = {d["source"]: d["tokens"] for d in plan.skip_detail(skip)}
+    shown = ", ".join(f"{name} {_si(v)}" for name, v in per.items())
+    return f"{_si(sum(per.values()))} tokens" + (f": {shown}" if len(plan.sources) > 1 else "")
 
 
 def _history(s: Skip) -> str:

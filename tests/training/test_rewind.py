@@ -8,12 +8,14 @@ checkpoint to go back to is said, not guessed."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from pipelines.cli import main as gristmill
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
@@ -198,3 +200,43 @@ def test_the_spike_rule_window_is_checkpointed(tmp_path, dataset, capsys):
     state = TrainState()
     dcp.load({"train_state": state}, checkpoint_id=str(run / "checkpoints/step-000012"))
     assert state.step == 12 and state.recent_losses == [r["loss"] for r in metrics(run)][-8:]
+
+
+PIECE = re.compile(r"^\s+(\S+) \(id .+?\) tokens \[(\d+), (\d+)\) of \d+")
+
+
+def _pieces(run: Path, step: int, capsys) -> tuple[str, list[tuple[str, int, int]]]:
+    """`gristmill data inspect RUN --step N --max-rows 0`: its step line and every document piece."""
+    assert gristmill(["data", "inspect", str(run), "--step", str(step), "--max-rows", "0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(line for line in out if line.startswith(f"step {step} "))
+    return head, [(m[1], int(m[2]), int(m[3])) for m in map(PIECE.match, out) if m]
+
+
+def test_the_ledger_through_inspect_and_the_audit(reference, capsys):
+    """What the final timeline trained and skipped, read back through `gristmill data inspect` and
+    the audit's consumption view, not through the trainer's counters: no document token trained
+    twice, the skipped steps' windows never trained, and their count in consumption."""
+    run, _ = reference
+    trained: dict[str, list[tuple[int, int]]] = {}
+    skipped_tokens = 0
+    for step in range(1, STEPS + 1):
+        head, pieces = _pieces(run, step, capsys)
+        is_skipped = 11 <= step <= 18
+        assert ("SKIPPED by rewind 1" in head) == is_skipped, head
+        for key, a, b in pieces:
+            if is_skipped:
+                skipped_tokens += b - a
+            else:
+                trained.setdefault(key, []).append((a, b))
+    for key, spans in trained.items():  # no token of a document in two trained windows
+        spans.sort()
+        assert all(b <= c for (_, b), (c, _) in zip(spans, spans[1:])), key
+    for step in range(11, 19):  # and no skipped window was trained
+        for key, a, b in _pieces(run, step, capsys)[1]:
+            assert all(b <= c or d <= a for c, d in trained.get(key, [])), (step, key)
+    assert skipped_tokens == 8 * 16 * 65  # 8 steps × 16 windows of seq_len + 1 stream tokens
+    sql = "SELECT sum(tokens) AS t, sum(skipped_tokens) AS s, any_value(rewinds) AS r FROM consumption"
+    assert gristmill(["data", "audit", str(run), "--sql", sql]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1].split()
+    assert row[-3:] == [f"{(STEPS - 8) * 1024:,}", f"{8 * 1024:,}", "[1]"], row
