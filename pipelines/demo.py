@@ -5,13 +5,15 @@ so the demo is an end-to-end check as well as a tour: build two datasets, prose 
 validated) → audit → train on their mixture in two phases (the plan printed first; stopped inside
 the first phase as if preempted, then resumed across the phase boundary; lm-eval scores the
 weights at steps 60, 100 and 150 as it trains) → export to HF format and verify every checkpoint
-and export against its checksums → the offline eval of the last export.
+and export against its checksums → the offline eval of the last export → a loss spike (injected)
+rewound past, its skipped data shown by inspect and the audit.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import tomllib
 from pathlib import Path
@@ -27,12 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
     parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
+    parser.add_argument(
+        "--rewind-config", default="configs/train/demo-rewind.toml", help="the rewind stage's training recipe"
+    )
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
 STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the phase boundary
+# The rewind stage: a loss spike injected into one data window of step 27 (training/faults.py, a
+# test fault: never set in real runs); the recipe rewinds to step 25 and skips steps 26-33.
+SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
+SKIPPED_STEP = 30
+REWIND_SQL = "SELECT phase, source, tokens, skipped_tokens, rewinds FROM consumption"
 
 
 def train_output_dir(config: str) -> Path:
@@ -75,9 +85,10 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 6
+    total = 3 if args.skip_train else 7
     configs = (args.data_config, args.code_config)
-    for path in (*configs, *(() if args.skip_train else (args.train_config, args.eval_config))):
+    trains = (args.train_config, args.eval_config, args.rewind_config)
+    for path in (*configs, *(() if args.skip_train else trains)):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
@@ -155,4 +166,31 @@ def run(args: argparse.Namespace) -> int:
     if rc := gristmill(["data", "audit", str(run_dir), "--sql", EVAL_SQL]):
         return rc
     print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}")
+    return rewind_stage(args.rewind_config, 7, total, gristmill)
+
+
+def rewind_stage(config: str, n: int, total: int, gristmill) -> int:
+    """A loss spike, rewound past: the run goes back to a checkpoint before it, skips the data after
+    that checkpoint and finishes; then the ledger: what a skipped step did not train on, and the
+    skipped tokens in the consumption audit (docs/divergence.md)."""
+    run_dir = train_output_dir(config)
+    key, value = SPIKE
+    t0 = _stage(n, total, "a loss spike (injected into one data window of step 27), rewound past: back to a "
+                "checkpoint before it, its data skipped, every token accounted for",
+                f"{key}={value} gristmill train --config {config} --resume auto\n"
+                f"    $ gristmill data inspect {run_dir} --step {SKIPPED_STEP} --max-rows 1\n"
+                f"    $ gristmill data audit {run_dir} --sql \"{REWIND_SQL}\"")  # fmt: skip
+    os.environ[key] = value  # the trainer's processes inherit it
+    try:
+        if rc := gristmill(["train", "--config", config, "--resume", "auto"]):
+            return rc
+    finally:
+        del os.environ[key]
+    for command in (
+        ["data", "inspect", str(run_dir), "--step", str(SKIPPED_STEP), "--max-rows", "1"],
+        ["data", "audit", str(run_dir), "--sql", REWIND_SQL],
+    ):
+        if rc := gristmill(command):
+            return rc
+    print(f"    rewind stage took {time.time() - t0:.0f} s; curve: {run_dir / 'loss.png'}")
     return 0
