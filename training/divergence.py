@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -138,18 +138,13 @@ class DivergencePolicy:
         """Stop (NonFiniteError) if the skipped steps the host just heard of call for it."""
         if not self.fatal(report):
             return
-        try:
-            self.checkpointer.close()  # a save still in flight holds finite weights from before: let it end
-        except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
-            self.say(f"error: {e}")
-        self.plot()
         why = (
             f"step {report['first_step']}: the {report['what']} is not finite (NaN or inf)"
             if self.on_nonfinite == "stop"
             else f"{report['consecutive']} consecutive steps up to step {step} had a non-finite loss or "
             f"gradient (run.max_skipped = {self.max_skipped}; the last: {report['what']})"
         )
-        raise NonFiniteError(
+        self.stop(
             f"{why}; no update of a non-finite step was applied and nothing was saved after it. Last "
             f"complete checkpoint: {self.checkpointer.newest_complete()}. A resume keeps the learning rate "
             "of the steps already trained, so start a new run with a lower learning rate (gristmill train "
@@ -157,6 +152,16 @@ class DivergencePolicy:
             "check the data and resume skipping such steps (gristmill train --config "
             f"{self.config_path} --resume auto --set run.on_nonfinite=skip)"
         )
+
+    def stop(self, message: str, error: type[NonFiniteError] = NonFiniteError) -> NoReturn:
+        """End the run (exit 3): a save still in flight ends first (it holds finite weights from
+        before), the loss curve is drawn, then `error(message)`."""
+        try:
+            self.checkpointer.close()
+        except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
+            self.say(f"error: {e}")
+        self.plot()
+        raise error(message)
 
 
 class SpikeDetector:

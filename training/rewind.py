@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.io import CheckpointError
@@ -55,15 +55,15 @@ class Rewinder:
         run_dir: Path,
         last_step: int,
         writer: Any,
-        plot: Callable[[], object],
+        stop: Callable[..., NoReturn],
         say: Callable[[str], None],
     ):
-        """`writer`: rank 0's MetricsWriter (None elsewhere); `plot`: draws RUN/loss.png;
-        `say`: prints on rank 0."""
+        """`writer`: rank 0's MetricsWriter (None elsewhere); `stop(message, error)`: ends the run
+        (training.divergence.DivergencePolicy.stop); `say`: prints on rank 0."""
         self.on_spike, self.on_nonfinite, self.cfg = run.on_spike, run.on_nonfinite, run.rewind
         self.plan, self.loader, self.scheduler, self.state = plan, loader, scheduler, state
         self.checkpointer, self.guard, self.spikes = checkpointer, guard, spikes
-        self.run_dir, self.last_step, self.writer, self.plot, self.say = run_dir, last_step, writer, plot, say
+        self.run_dir, self.last_step, self.writer, self.stop, self.say = run_dir, last_step, writer, stop, say
         # Spikes are judged on every step's loss only when they rewind; a report looks at logged losses.
         self.every_step = "rewind" in (self.on_spike, self.on_nonfinite)
         if self.every_step:
@@ -97,11 +97,11 @@ class Rewinder:
         done = self.plan.skips
         n = len(done) + 1
         if n > self.cfg.max_rewinds:
-            self._stop(
-                RewindLimitError,
+            self.stop(
                 f"{cause['text']}: a rewind would be the run's rewind {n}, past run.rewind.max_rewinds = "
                 f"{self.cfg.max_rewinds} (so far: {'; '.join(_history(s) for s in done)}); the data or the "
                 "settings need a look: gristmill data inspect RUN --step N shows what a step trained on",
+                RewindLimitError,
             )
         kill_point("rewind-start")
         oldest = done[-1].last_step if done else 0
@@ -113,7 +113,7 @@ class Rewinder:
                 f"(step {step} − run.rewind.margin_steps {self.cfg.margin_steps}) to rewind to"
             )
             if cause["spike"] is None:  # a non-finite step cannot be trained past
-                self._stop(NonFiniteError, f"step {step}: {cause['text']}; {missing}; stopping")
+                self.stop(f"step {step}: {cause['text']}; {missing}; stopping")
             self.say(f"WARNING step {step}: {cause['text']}; {missing}: not rewinding, the run goes on")
             return None
         back, passed = found
@@ -146,14 +146,6 @@ class Rewinder:
         self.checkpointer.save(last, self.state.tokens_seen, blocking=True)
         kill_point("rewind-saved")
         return last
-
-    def _stop(self, error: type[NonFiniteError], message: str) -> None:
-        try:
-            self.checkpointer.close()  # a save in flight holds finite weights from before
-        except CheckpointError as e:
-            self.say(f"error: {e}")
-        self.plot()
-        raise error(message)
 
     def summary(self) -> str | None:
         """The end-of-run line of the rewinds, or None when there were none."""

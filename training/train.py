@@ -585,6 +585,15 @@ def setup(
     metrics = TrainingMetrics(writer, data, run_dir, plot=cfg.metrics.plot)
     guard = NonFiniteGuard(device)
     spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma, state.recent_losses)
+    divergence = DivergencePolicy(
+        on_nonfinite=cfg.run.on_nonfinite,
+        max_skipped=cfg.run.max_skipped,
+        lr=cfg.optim.lr,
+        config_path=run_dir / CONFIG_TOML,
+        checkpointer=checkpointer,
+        plot=metrics.plot_loss,
+        say=say,
+    )
     return Run(
         cfg=cfg,
         shapes=shapes,
@@ -605,15 +614,7 @@ def setup(
         writer=writer,
         metrics=metrics,
         guard=guard,
-        divergence=DivergencePolicy(
-            on_nonfinite=cfg.run.on_nonfinite,
-            max_skipped=cfg.run.max_skipped,
-            lr=cfg.optim.lr,
-            config_path=run_dir / CONFIG_TOML,
-            checkpointer=checkpointer,
-            plot=metrics.plot_loss,
-            say=say,
-        ),
+        divergence=divergence,
         spikes=spikes,
         rewinder=Rewinder(
             cfg.run,
@@ -627,7 +628,7 @@ def setup(
             run_dir=run_dir,
             last_step=last_step,
             writer=writer,
-            plot=metrics.plot_loss,
+            stop=divergence.stop,
             say=say,
         ),
         fault=LossFaults(model, env.rank, data),
