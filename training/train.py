@@ -3,12 +3,14 @@
     torchrun --standalone --nproc_per_node=2 -m training.train --config configs/train/demo.toml \
         --set parallel.shard=2
 
-Order of work: parse and check the whole config (batch arithmetic, mesh shape, model vs dataset
-vocabulary) → process group (gloo on CPU, nccl on CUDA) → device mesh → model on the meta device
-(or materialised, see run.init_device) → parallelize (AC, compile, FSDP2) → weights initialised
-with the same seed on every rank → loader for this data-parallel rank → optimizer and schedule →
-the loop. `train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step)
-is separate from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
+Order of work: parse the config → process group (gloo on CPU, nccl on CUDA) → check the whole
+config (batch arithmetic, mesh shape, model vs dataset vocabulary; a `[model] init_from` base
+located, a hub id downloaded by rank 0 while the others wait) → device mesh → model on the meta
+device (or materialised, see run.init_device) → parallelize (AC, compile, FSDP2) → weights
+initialised with the same seed on every rank → loader for this data-parallel rank → optimizer and
+schedule → the resume, or the base's weights → (init_from with [eval]: step 0's eval) → the loop.
+`train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step) is separate
+from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
 checkpoint needs are grouped by training.checkpoint.state.checkpointables and saved/restored by
 training.checkpoint.checkpointer.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
 and return normally (exit 0).
