@@ -5,14 +5,16 @@ so the demo is an end-to-end check as well as a tour: build two datasets, prose 
 validated) → audit → train on their mixture in two phases (the plan printed first; stopped inside
 the first phase as if preempted, then resumed across the phase boundary; lm-eval scores the
 weights at steps 60, 100 and 150 as it trains) → export to HF format and verify every checkpoint
-and export against its checksums → the offline eval of the last export → a loss spike (injected)
-rewound past, its skipped data shown by inspect and the audit.
+and export against its checksums → the offline eval of the last export → continued pretraining
+from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss spike
+(injected) rewound past, its skipped data shown by inspect and the audit.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 import tomllib
@@ -29,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--train-config", default="configs/train/demo.toml", help="training recipe")
     parser.add_argument("--eval-config", default="configs/eval/demo.toml", help="eval recipe (local tasks)")
+    parser.add_argument(
+        "--continue-config",
+        default="configs/train/demo-continued.toml",
+        help="continued-pretraining recipe (model.init_from = the step-150 export)",
+    )
     parser.add_argument(
         "--rewind-config", default="configs/train/demo-rewind.toml", help="the rewind stage's training recipe"
     )
@@ -85,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 7
+    total = 3 if args.skip_train else 8
     configs = (args.data_config, args.code_config)
-    trains = (args.train_config, args.eval_config, args.rewind_config)
-    for path in (*configs, *(() if args.skip_train else trains)):
+    later = (args.train_config, args.eval_config, args.continue_config, args.rewind_config)
+    for path in (*configs, *(() if args.skip_train else later)):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
@@ -166,7 +173,23 @@ def run(args: argparse.Namespace) -> int:
     if rc := gristmill(["data", "audit", str(run_dir), "--sql", EVAL_SQL]):
         return rc
     print(f"    eval stage took {time.time() - t0:.0f} s; plot: {run_dir / 'eval.png'}")
-    return rewind_stage(args.rewind_config, 7, total, gristmill)
+
+    # The step-150 export is a Hugging Face Llama directory like any published base: a run that
+    # starts from it (docs/continued-pretraining.md) takes its shape from its config.json, checks the
+    # data's tokenizer against its tokenizer.json, and trains on from its weights.
+    cont_dir = train_output_dir(args.continue_config)
+    t0 = _stage(7, total, "continue pretraining from the step-150 export as a Hugging Face base "
+                "(model.init_from), 10 steps on the prose source",
+                f"gristmill train --config {args.continue_config} --resume auto")  # fmt: skip
+    if rc := gristmill(["train", "--config", args.continue_config, "--resume", "auto"]):
+        return rc
+    first, val = _logged(cont_dir, 1, "loss"), _logged(cont_dir, 10, "val_loss")
+    base = _logged(run_dir, 150, "val/prose")
+    if None not in (first, val, base):  # a random init would start near ln(8192) = 9.0
+        print(f"    step 1 loss {first:.4f}, where the base left off; held-out prose loss {val:.4f} at "
+              f"step 10 (the base's, at the demo's step 150: {base:.4f})")  # fmt: skip
+    print(f"    continued-pretraining stage took {time.time() - t0:.0f} s")
+    return rewind_stage(args.rewind_config, 8, total, gristmill)
 
 
 def rewind_stage(config: str, n: int, total: int, gristmill) -> int:
@@ -194,3 +217,14 @@ def rewind_stage(config: str, n: int, total: int, gristmill) -> int:
             return rc
     print(f"    rewind stage took {time.time() - t0:.0f} s; curve: {run_dir / 'loss.png'}")
     return 0
+
+
+def _logged(run_dir: Path, step: int, key: str) -> float | None:
+    """The value of `key` in a run's metrics row of `step` (metrics.jsonl), or None."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.endswith("}") and (row := json.loads(line)).get("step") == step:
+            return row.get(key)
+    return None

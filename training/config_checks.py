@@ -15,7 +15,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from training.config import (
     TRACKERS,
@@ -399,26 +398,37 @@ def seq_lens_of(cfg: TrainConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _base_overrides(init_from: str, overrides: dict) -> dict:
-    """[model] overrides with the base's config.json shape on top: a key set in both must agree."""
+def _base_overrides(base, overrides: dict) -> dict:
+    """[model] overrides with the base's shape on top: a key set in both must agree. The shape is the
+    base's config.json, or on a resume that does not read the base again the checkpoint's record
+    (`base`: a training.checkpoint.base_source.BaseSource)."""
     # torch-heavy, like training.model below: imported when a run starts
-    from training.checkpoint.hf_import import base_model_fields, base_sha256
+    from training.checkpoint.hf_import import BASE_FIELDS, LLAMA3_FIELDS, base_model_fields, base_sha256
 
-    base = Path(init_from).resolve()
-    fields = base_model_fields(base)
+    if base.directory is None:
+        record = base.recorded
+        keys = BASE_FIELDS + (LLAMA3_FIELDS if record.get("rope_type") == "llama3" else ())
+        fields = {k: record[k] for k in keys if k in record}
+        where, sha = "recorded in the checkpoint resumed", record["init_from_sha256"]
+    else:
+        fields = base_model_fields(base.directory)
+        where, sha = base.directory / "config.json", base_sha256(base.directory)
     for key, value in fields.items():
         if key in overrides and overrides[key] != value:
             raise ConfigError(
                 f"model.{key} = {json.dumps(overrides[key])} disagrees with the base model's "
-                f"{json.dumps(value)} ({base / 'config.json'}); remove model.{key} (the base decides it)",
+                f"{json.dumps(value)} ({where}); remove model.{key} (the base decides it)",
                 f"model.{key}",
             )
-    return overrides | fields | {"init_from": str(base), "init_from_sha256": base_sha256(base)}
+    return overrides | fields | {"init_from": base.identity, "init_from_sha256": sha}
 
 
-def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: list[tuple[str, int]]):
+def resolve_model_config(
+    section: ModelSection, dataset_info: dict, seq_lens: list[tuple[str, int]], source=None
+):
     """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
-    and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it."""
+    and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it. `source`: where
+    model.init_from was located (training.checkpoint.base_source.locate_base; located here when None)."""
     from training.model import PRESETS  # the model module is heavier; import when a run starts
 
     if section.preset not in PRESETS:
@@ -435,7 +445,11 @@ def resolve_model_config(section: ModelSection, dataset_info: dict, seq_lens: li
         overrides[f.name] = value
     data_vocab = int(dataset_info["vocab_size"])
     if section.init_from:
-        overrides = _base_overrides(section.init_from, overrides)
+        if source is None:
+            from training.checkpoint.base_source import locate_base
+
+            source = locate_base(section.init_from)
+        overrides = _base_overrides(source, overrides)
     elif section.vocab_size is None and section.preset in VOCAB_FROM_DATASET_PRESETS:
         overrides["vocab_size"] = data_vocab
     try:

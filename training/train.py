@@ -3,12 +3,14 @@
     torchrun --standalone --nproc_per_node=2 -m training.train --config configs/train/demo.toml \
         --set parallel.shard=2
 
-Order of work: parse and check the whole config (batch arithmetic, mesh shape, model vs dataset
-vocabulary) → process group (gloo on CPU, nccl on CUDA) → device mesh → model on the meta device
-(or materialised, see run.init_device) → parallelize (AC, compile, FSDP2) → weights initialised
-with the same seed on every rank → loader for this data-parallel rank → optimizer and schedule →
-the loop. `train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step)
-is separate from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
+Order of work: parse the config → process group (gloo on CPU, nccl on CUDA) → check the whole
+config (batch arithmetic, mesh shape, model vs dataset vocabulary; a `[model] init_from` base
+located, a hub id downloaded by rank 0 while the others wait) → device mesh → model on the meta
+device (or materialised, see run.init_device) → parallelize (AC, compile, FSDP2) → weights
+initialised with the same seed on every rank → loader for this data-parallel rank → optimizer and
+schedule → the resume, or the base's weights → (init_from with [eval]: step 0's eval) → the loop.
+`train_step` (one optimizer step: zero grads, accumulate micro-batches, clip, step) is separate
+from `forward_backward_step` (one micro-batch), torchtitan style. The objects a
 checkpoint needs are grouped by training.checkpoint.state.checkpointables and saved/restored by
 training.checkpoint.checkpointer.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
 and return normally (exit 0).
@@ -37,8 +39,10 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
+from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import check_base_data, load_base_weights
+from training.checkpoint.io import resume_model_record
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
 from training.config_checks import BatchShape, check_config, resolve_model_config, seq_lens_of, sources_of
@@ -223,7 +227,8 @@ def _all_max(value: float, world_size: int, device: torch.device) -> float:
 
 
 def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
-    """Model → parallelize → weights, seeded identically on every rank (see run.init_device)."""
+    """Model → parallelize → weights, seeded identically on every rank (see run.init_device). A
+    base model's weights ([model] init_from) replace them in `setup`, unless a resume loads a checkpoint."""
     mode = cfg.run.init_device
     if mode == "auto":
         mode = "meta" if device.type == "cuda" else "full"
@@ -235,16 +240,12 @@ def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> n
         torch.manual_seed(cfg.run.seed)
         with torch.no_grad():
             model.init_weights()
-        if model_config.init_from:  # each rank reads its own shards (training/checkpoint/hf_import.py)
-            load_base_weights(model, model_config.init_from)
     else:  # whole model on every rank, then shard: identical weights whatever the world size
         torch.manual_seed(cfg.run.seed)
         with torch.device(device):
             model = Transformer(model_config)
         with torch.no_grad():
             model.init_weights()
-        if model_config.init_from:  # the base's weights replace the random ones (the seed no longer matters)
-            load_base_weights(model, model_config.init_from)
         model = parallelize(model, mesh, cfg.parallel)
     model.train()
     return model
@@ -269,7 +270,8 @@ def _header(
         f"gristmill train → {cfg.run.output_dir}",
         f"  model   preset {cfg.model.preset}: {params:,} params ({params_without_embeddings:,} without "
         f"embeddings), dim {model_config.dim}, {model_config.n_layers} layers, "
-        f"{model_config.n_heads}/{model_config.n_kv_heads} heads, vocab {model_config.vocab_size}",
+        f"{model_config.n_heads}/{model_config.n_kv_heads} heads, vocab {model_config.vocab_size}"
+        + (f", from the base {model_config.init_from}" if model_config.init_from else ""),
         # data.dataset has a default (runs/data/demo): name what is trained on, whichever way it came.
         "  data    " + ", ".join(f"{src.name} = {src.dataset}" for src in sources_of(cfg)),
         *(
@@ -302,17 +304,18 @@ def _count(n: int, one: str, many: str = "") -> str:
 
 
 def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, torch.device]:
-    """Every check that needs no process group, model or GPU memory: batch arithmetic, the mesh
-    shape, the model against the dataset (vocabulary, separator, sequence length), the device and
-    the optimizer.
+    """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
+    against the dataset (vocabulary, separator, sequence length), the base model of init_from
+    against the data, the device and the optimizer.
     Raises GristmillError with the numbers; returns (batch plan per phase, ModelConfig, device)."""
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
-    model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg))
-    if model_config.init_from:  # the data must match the base model, before any work
+    source = _locate_base(cfg, env) if cfg.model.init_from else None
+    model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+    if source is not None and source.directory is not None:  # the data must match the base, before any work
         dataset = sources_of(cfg)[0].dataset  # every source of a mixture shares one tokenizer
-        notes = check_base_data(model_config.init_from, dataset, info, model_config.vocab_size)
+        notes = check_base_data(source.directory, dataset, info, model_config.vocab_size)
         for note in notes if env.rank == 0 else ():
             print(note, flush=True)
     device = pick_device(cfg.run.device, env.local_rank)
@@ -321,6 +324,34 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     if model_config.float8:
         float8_or_refuse(device)
     return shapes, model_config, device
+
+
+def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
+    """model.init_from located (training/checkpoint/base_source.py), a resume's recorded base where
+    the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
+    wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
+    cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
+    recorded = resume_model_record(cfg.run.output_dir, cfg.checkpoint.resume)
+    say = print if env.rank == 0 else None
+    together = env.world_size > 1 and dist.is_initialized()
+    if not together:
+        source = locate_base(cfg.model.init_from, recorded, say)
+    else:
+        problem, source = None, None
+        if env.rank == 0:
+            try:
+                source = locate_base(cfg.model.init_from, recorded, say)
+            except GristmillError as e:
+                problem = str(e)
+        box = [problem, None if source is None else source.identity]
+        dist.broadcast_object_list(box, src=0)  # the others wait here for rank 0's download
+        if box[0] is not None:
+            raise GristmillError(box[0])
+        if source is None:
+            source = locate_base(box[1], recorded)
+    if source.note and env.rank == 0:
+        print(source.note, flush=True)
+    return source
 
 
 def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict[str, Any]:
@@ -334,9 +365,8 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             "`-m training.train` never imports: start the run with `gristmill train` (it does the "
             "next thing for you) or `torchrun … -m validation.train_eval --config …`, or set eval.interval=0"
         )
-    shapes, model_config, device = preflight(cfg, env)
+    device = pick_device(cfg.run.device, env.local_rank)
     out = out if out is not None else ReaderSafeOut(sys.stdout)  # a closed stdout never costs the run
-    # --- checks done; from here on the run does work ---
     threads = torch.get_num_threads()
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
@@ -348,12 +378,25 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
         pg_started = True
     try:
+        # The checks, once the process group is up: rank 0 alone downloads a hub base (_locate_base).
+        shapes, model_config, device = preflight(cfg, env)
+        # --- checks done; from here on the run does work ---
         with _own_run_dir(Path(cfg.run.output_dir), env, out):
-            return loop(setup(cfg, model_config, shapes, env, device, out, evaluator))
+            run = setup(cfg, model_config, shapes, env, device, out, evaluator)
+            evaluate_base(run)
+            return loop(run)
     finally:
         if pg_started:
             dist.destroy_process_group()
         torch.set_num_threads(threads)  # an in-process caller (gristmill demo, tests) keeps its setting
+
+
+def evaluate_base(run: Run) -> None:
+    """Step 0 of a run from a base model ([model] init_from) with [eval]: the base's scores before
+    any update, so the first rows of eval.parquet are the baseline (RUN/eval/step-000000; no
+    metrics.jsonl row: no step was trained). Not on a resume: they are there already."""
+    if run.evaluator is not None and run.model.cfg.init_from and run.state.step == 0:
+        run.evaluator(run.model, 0)
 
 
 def raise_rank0_problem(problem: str | None, world_size: int) -> None:
@@ -538,8 +581,12 @@ def setup(
         if is_main:
             print(text, file=out or sys.stdout, flush=True)
 
+    # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
+    resolved = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
+    )
     # --resume is how a run started, not what it trains: it is left out of the config hash.
-    unresumed = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume=""))
+    unresumed = dataclasses.replace(resolved, checkpoint=dataclasses.replace(cfg.checkpoint, resume=""))
     checkpointer = Checkpointer(
         cfg.checkpoint,
         run_dir,
@@ -553,9 +600,12 @@ def setup(
         log=say,
     )
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
+    if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
+        # Each rank copies its own shards from the files (training/checkpoint/hf_import.py).
+        load_base_weights(model, locate_base(model_config.init_from).directory)
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
-        _save_run_config(cfg, run_dir, resumed, say)
+        _save_run_config(resolved, run_dir, resumed, say)
         record_plan(data, run_dir)  # the sources' fingerprints, for `data inspect RUN`
         if cfg.metrics.plot:
             note = plot_plan(data, run_dir / PLAN_PNG)

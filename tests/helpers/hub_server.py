@@ -15,8 +15,8 @@ Implemented (datasets under /api/datasets and /datasets/, models under /api/mode
   POST /api/{type}s/{repo}/paths-info/{rev}        form `paths`: entries of the existing ones
   HEAD/GET {prefix}{repo}/resolve/{rev}/{path}     bytes, `Range: bytes=a-[b]` (206/416), with
                                                    ETag, X-Repo-Commit and, for LFS files (the
-                                                   *.parquet ones, as on the hub), X-Linked-Etag
-                                                   = sha256 and X-Linked-Size
+                                                   *.parquet and *.safetensors ones, as on the
+                                                   hub), X-Linked-Etag = sha256 and X-Linked-Size
   GET  /api/agent-harnesses                        an empty registry (huggingface_hub asks daily)
 A revision is a branch name or a commit sha; `push` makes a new commit and moves `main` to it.
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound), which is how
@@ -32,13 +32,48 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-LFS_SUFFIXES = (".parquet",)  # stored in LFS on the hub: ETag/X-Linked-Etag is their sha256
+LFS_SUFFIXES = (".parquet", ".safetensors")  # stored in LFS on the hub: ETag/X-Linked-Etag is their sha256
 COMMIT_DATE = "2025-01-01T00:00:00.000Z"
+
+
+def point_hub_at(hub: HubServer, monkeypatch, home) -> dict[str, str]:
+    """Points this process's huggingface_hub at `hub` (pytest's `monkeypatch` undoes it), with an
+    empty cache under `home` and no token; returns the environment that does the same for a
+    subprocess."""
+    import huggingface_hub.constants as hf_constants
+
+    env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": str(home),
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    for key in (
+        "HF_TOKEN",
+        "HUGGING_FACE_HUB_TOKEN",
+        "HF_TOKEN_PATH",
+        "HF_HUB_CACHE",
+        "HUGGINGFACE_HUB_CACHE",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    # huggingface_hub reads these from the environment at import; HfApi, HfFileSystem and
+    # hf_hub_url read them from its constants at each call (the URL template too: not ENDPOINT).
+    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(
+        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    )
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # another test may have set it
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(home / "token"))
+    return dict(os.environ)
 
 
 def _git_blob_oid(data: bytes) -> str:

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
-import huggingface_hub.constants as hf_constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -33,7 +31,7 @@ from pipelines.config import DataConfig
 from pipelines.download import PART, RECORD, list_remote
 from pipelines.sources import SourceError, list_source_files, make_reader
 from tests.helpers.corpus import fixture_config_text, write_fixture_corpus
-from tests.helpers.hub_server import HubServer
+from tests.helpers.hub_server import HubServer, point_hub_at
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
@@ -96,33 +94,7 @@ def hub(corpus):
 def hub_env(hub, monkeypatch, tmp_path):
     """Points this process's huggingface_hub at `hub`, with an empty cache and no token, and
     returns the environment that does the same for a subprocess."""
-    home = tmp_path / "hf-home"
-    env = {
-        "HF_ENDPOINT": hub.url,
-        "HF_HOME": str(home),
-        "HF_HUB_OFFLINE": "0",
-        "HF_HUB_DISABLE_TELEMETRY": "1",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    for key in (
-        "HF_TOKEN",
-        "HUGGING_FACE_HUB_TOKEN",
-        "HF_TOKEN_PATH",
-        "HF_HUB_CACHE",
-        "HUGGINGFACE_HUB_CACHE",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    # huggingface_hub reads these from the environment at import; HfApi, HfFileSystem and
-    # hf_hub_url read them from its constants at each call (the URL template too: not ENDPOINT).
-    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(
-        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
-    )
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # another test may have set it
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(home / "hub"))
-    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(home / "token"))
-    yield dict(os.environ)
+    yield point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
     hub.heal()  # a drop a failed test left behind must not reach the next one
 
 

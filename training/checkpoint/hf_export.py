@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from training.checkpoint.base_source import locate_base
+from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
@@ -40,6 +42,7 @@ from training.checkpoint.io import (
     nonfinite_tensor,
     read_complete_record,
     recorded_model,
+    resume_model_record,
     verify_checkpoint,
 )
 from training.checkpoint.state import ModelState
@@ -268,12 +271,17 @@ def run_config(run_dir: str | Path):
 
 
 def run_model_config(run_dir: str | Path):
-    """(TrainConfig, the dataset directory whose tokenizer it trained with, ModelConfig) of a run."""
+    """(TrainConfig, the dataset directory whose tokenizer it trained with, ModelConfig) of a run.
+    A run from a base model (model.init_from) that has a checkpoint takes the base's shape from the
+    checkpoint's record: its checkpoints never need the base again."""
     cfg = run_config(run_dir)
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
     dataset = Path(sources_of(cfg)[0].dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
-    return cfg, dataset, resolve_model_config(cfg.model, info, seq_lens_of(cfg))
+    source = None
+    if cfg.model.init_from:
+        source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"))
+    return cfg, dataset, resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
 
 
 def checkpoint_model_config(
@@ -344,6 +352,8 @@ def export_checkpoint(
     exists is verified and returned as is. `verified`: the caller has just checked the
     checkpoint's files (the trainer, which hashed them as it wrote them)."""
     run_dir = Path(run_dir)
+    if step == 0:
+        return export_base(run_dir, log)
     if step is None:
         path, _, passed_over = newest_verified(run_dir)
         for skipped, reason in passed_over if log is not None else ():
@@ -369,10 +379,55 @@ def export_checkpoint(
     )
 
 
+def export_base(run_dir: str | Path, log=None) -> Path:
+    """Step 0 of a run from a base model ([model] init_from): the base itself, exported like any
+    step (fp32, the base's bf16/fp16 upcast exactly) from the base's files, which must still be the
+    base the run's checkpoints record (init_from_sha256). No step-0 checkpoint is kept: the base
+    is step 0, so only this export needs it; every checkpoint holds its own weights."""
+    run_dir = Path(run_dir)
+    out = export_dir(run_dir, 0)
+    if out.is_dir():
+        note = verify_export(out)
+        if note and log is not None:
+            log(note)
+        return out
+    cfg = run_config(run_dir)
+    if not cfg.model.init_from:
+        raise ExportError(
+            f"{run_dir} has no step 0 to export: it started from random initialisation (step 0 is a run's "
+            "base model, model.init_from); export a checkpoint's step"
+        )
+    dataset = Path(sources_of(cfg)[0].dataset)
+    info = read_dataset_info(dataset)
+    source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
+    try:
+        mcfg = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+    except GristmillError as e:
+        raise ExportError(f"step 0 of {run_dir} is its base model, which cannot be read: {e}") from None
+    recorded = resume_model_record(run_dir, "auto")
+    want = (recorded or {}).get("init_from_sha256", mcfg.init_from_sha256)
+    if want != mcfg.init_from_sha256:
+        raise ExportError(
+            f"{source.directory} is not the base {run_dir} started from (init_from_sha256 "
+            f"{mcfg.init_from_sha256[:12]}…, its checkpoints record {want[:12]}…); restore that base to "
+            "export step 0"
+        )
+    model = Transformer(mcfg)
+    load_base_weights(model, source.directory)
+    if log is not None:
+        log(f"exporting step 0: the base model {mcfg.init_from} (no update applied)")
+    base = {"base": mcfg.init_from, "init_from_sha256": mcfg.init_from_sha256}
+    return export_hf(model.state_dict(), mcfg, dataset, out, meta={"step": 0, **base})
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
     parser.add_argument(
-        "--step", type=int, default=None, help="checkpoint step to export (default: the newest complete one)"
+        "--step",
+        type=int,
+        default=None,
+        help="checkpoint step to export (default: the newest complete one; 0: a run's base model, "
+        "model.init_from)",
     )
 
 

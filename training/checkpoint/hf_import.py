@@ -46,6 +46,8 @@ from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_
 from training.contract.errors import GristmillError
 
 __all__ = [
+    "BASE_FIELDS",
+    "LLAMA3_FIELDS",
     "BaseModelError",
     "base_model_fields",
     "base_sha256",
@@ -59,6 +61,11 @@ SINGLE_FILE = "model.safetensors"
 INDEX_JSON = "model.safetensors.index.json"
 _NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.int16, "F64": np.float64}
 _TORCH = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()} | {"F64": torch.float64}
+BASE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps",
+               "tie_embeddings", "max_seq_len", "rope_theta", "rope_type")  # fmt: skip
+"""The ModelConfig fields a base's config.json decides (`base_model_fields`), with LLAMA3_FIELDS
+when its RoPE is "llama3"."""
+LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len")
 # Tensors some LlamaForCausalLM files carry that hold nothing to load (RoPE's buffer is recomputed).
 _IGNORED = ("rotary_emb.inv_freq",)
 

@@ -36,6 +36,7 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     DCP_METADATA,
     checkpoint_dir,
+    complete_steps,
     incomplete_reason,
     list_steps,
 )
@@ -147,6 +148,29 @@ def recorded_model(record: dict[str, Any]) -> dict[str, Any] | None:
     """The model config in a checkpoint's COMPLETE `record`, or None (an older checkpoint)."""
     model = record.get(MODEL_RECORD)
     return model if isinstance(model, dict) else None
+
+
+def resume_model_record(run_dir: str | Path, spec: str = "auto") -> dict[str, Any] | None:
+    """The model record of the checkpoint `--resume spec` continues from ("auto": the run's newest
+    complete one, unverified; a path: that checkpoint; "": none), or None (no such checkpoint, or
+    one without a record). Every checkpoint of a run holds one model (a resume with another is
+    refused), so this is the run's model and base, known without reading the base. The
+    checkpointer still verifies and checks the checkpoint it really loads."""
+    if not spec:
+        return None
+    if spec == "auto":
+        complete = complete_steps(run_dir)
+        if not complete:
+            return None
+        path = checkpoint_dir(run_dir, complete[-1])
+    else:
+        path = Path(spec)
+        if incomplete_reason(path) is not None:
+            return None
+    try:
+        return recorded_model(read_complete_record(path))
+    except CheckpointError:
+        return None  # the checkpointer names the unreadable record when it gets there
 
 
 def model_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -1,0 +1,153 @@
+"""Where `[model] init_from` has its files: a local directory, or a Hugging Face hub repository
+pinned to the commit its revision resolved to; on a resume, the base the checkpoint recorded.
+
+    init_from = "/models/Llama-3.2-1B"            a directory (config.json + safetensors)
+    init_from = "meta-llama/Llama-3.2-1B"         a hub id: its main branch, pinned when the run starts
+    init_from = "meta-llama/Llama-3.2-1B@REV"     a branch, tag or commit
+
+Anything that is not an existing directory and reads as `org/name[@revision]` is a hub id. It is
+fetched with huggingface_hub's `snapshot_download` into the usual cache (HF_HOME; HF_TOKEN for a
+gated model), only the files a base needs (`HUB_FILES`), and named by the commit it resolved to:
+`BaseSource.identity` = "org/name@<40-hex commit>" is what the run records (ModelConfig.init_from in
+COMPLETE, model.init_from in RUN/config.toml), so every later read of the run (export, eval, rank
+k of the job) reads that commit, whatever the branch says by then.
+
+A resume continues from the checkpoint, which holds the weights: the base is not needed again.
+With the model record of the checkpoint (`recorded`), a directory that is gone, or a hub id of the
+recorded repository without a revision (or with the recorded commit), gives the recorded base (its
+shape and identity) and a note; the hub is not asked. A directory that is present is read as at
+the start, so a resume with another base (another init_from_sha256) is still refused by the
+checkpointer; `org/name@REV` with another revision is resolved and must be the recorded commit.
+
+huggingface_hub is imported only for a hub id (training/ runs without it otherwise).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.contract.config_loader import ConfigError
+
+__all__ = ["HUB_FILES", "BaseSource", "fetch_hub_base", "hub_id", "locate_base"]
+
+HUB_FILES = [
+    "config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+]
+"""What a hub base is fetched with (snapshot_download's allow_patterns): never .bin pickles, never
+another format's copy of the weights (original/*.pth)."""
+
+# The hub's repository names: letters, digits, '-', '_', '.'; a revision is a branch (which may
+# hold '/'), a tag or a commit.
+_HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[^\s@]+))?")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class BaseSource:
+    """A located base model."""
+
+    identity: str
+    """What the run records as model.init_from: the resolved directory, or "org/name@<commit>"."""
+    directory: Path | None
+    """The directory holding its files; None when a resume takes the checkpoint's `recorded` base."""
+    recorded: dict[str, Any] | None = None
+    """The checkpoint's model record (COMPLETE's "model") standing in for the files (directory None)."""
+    note: str = ""
+    """A line for the log (the base was not read again), or ""."""
+
+
+def hub_id(init_from: str) -> tuple[str, str | None] | None:
+    """(repository, revision or None) when `init_from` names a hub repository (not an existing
+    directory, `org/name[@revision]`); None for a local path."""
+    match = _HUB_ID.fullmatch(init_from)
+    if match is None or Path(init_from).expanduser().is_dir():
+        return None
+    return match["repo"], match["revision"]
+
+
+def locate_base(init_from: str, recorded: dict[str, Any] | None = None, say=None) -> BaseSource:
+    """Where the base `init_from` names has its files, a hub id fetched and pinned (see the module).
+    `recorded`: the model record of the checkpoint a resume continues from, if any. `say`: where a
+    line announcing a download goes."""
+    known = recorded if recorded and recorded.get("init_from_sha256") else None
+    hub = hub_id(init_from)
+    if hub is None:
+        path = Path(init_from).expanduser().resolve()
+        if known is not None and not path.is_dir():
+            note = (
+                f"note: the base directory {path} is not at hand; resuming from the checkpoint, which holds "
+                f"the weights (the run's base: {known.get('init_from')}, init_from_sha256 "
+                f"{known['init_from_sha256'][:12]}…)"
+            )
+            return BaseSource(str(known.get("init_from")), None, known, note)
+        return BaseSource(str(path), path)
+    repo, revision = hub
+    if known is not None:
+        was = hub_id(str(known.get("init_from", "")))
+        if was is not None and was[0] == repo and revision in (None, was[1]):
+            note = (
+                f"note: the base is {repo} at commit {was[1]}, recorded when the run started; resuming from "
+                "the checkpoint, the hub is not asked again"
+            )
+            return BaseSource(str(known["init_from"]), None, known, note)
+    directory, commit = fetch_hub_base(repo, revision, say)
+    return BaseSource(f"{repo}@{commit}", directory)
+
+
+def fetch_hub_base(repo: str, revision: str | None, say=None) -> tuple[Path, str]:
+    """snapshot_download of `HUB_FILES` of hub model `repo` at `revision` (None: main); returns the
+    snapshot directory and its commit. A missing repository, revision or config.json, or a hub that
+    cannot be reached with nothing cached, is one ConfigError naming model.init_from."""
+    name = f"{repo}@{revision}" if revision else repo
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    except ImportError:
+        raise ConfigError(
+            f"model.init_from = {name!r} is a hub id, which needs the huggingface_hub package (pip install "
+            "huggingface_hub); or download the model and set model.init_from to its directory",
+            "model.init_from",
+        ) from None
+    if say is not None and not (revision and _COMMIT.fullmatch(revision)):
+        say(f"model.init_from: fetching {name} from the Hugging Face hub (config, tokenizer, safetensors)")
+    try:
+        path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
+    except RevisionNotFoundError:
+        raise ConfigError(
+            f"model.init_from = {name!r}: the hub repository {repo} has no revision {revision!r} (a branch, "
+            "tag or commit)",
+            "model.init_from",
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"model.init_from = {name!r} is not a local directory, and the Hugging Face hub has no model "
+            f"repository {repo!r} you can read (missing, private or gated: `hf auth login` or HF_TOKEN)",
+            "model.init_from",
+        ) from None
+    except Exception as e:  # offline with nothing cached, a timeout, a full disk: one line all the same
+        first = (str(e).splitlines() or [""])[0]
+        raise ConfigError(
+            f"model.init_from = {name!r}: cannot fetch it from the Hugging Face hub ({type(e).__name__}: "
+            f"{first}); on a machine without network, download it elsewhere (`hf download {repo}`) and set "
+            "model.init_from to that directory",
+            "model.init_from",
+        ) from None
+    commit = path.name  # the cache's snapshots/<commit>
+    if not _COMMIT.fullmatch(commit):
+        raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model.init_from = {name!r}: the hub repository {repo} holds no config.json at commit {commit} "
+            "(not a transformers model)",
+            "model.init_from",
+        )
+    return path, commit
