@@ -61,8 +61,9 @@ class ModelSection:
     rope_original_max_seq_len: int | None = None
     """llama3 RoPE scaling original_max_position_embeddings."""
     init_from: str | None = None
-    """A Hugging Face LlamaForCausalLM directory (config.json + model.safetensors, or sharded with
-    model.safetensors.index.json) to start from: its config.json gives the shape (a shape key set
+    """A Hugging Face LlamaForCausalLM to start from: a directory (config.json + model.safetensors,
+    or sharded with model.safetensors.index.json) or a hub id "org/name[@revision]", pinned to the
+    commit it resolves to when the run starts. Its config.json gives the shape (a shape key set
     here too must agree), its weights replace the random init, and the data must use its tokenizer
     (docs/continued-pretraining.md). The preset then only supplies init_std, document_mask etc."""
     float8: bool | None = None

@@ -15,6 +15,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from training.config import (
     TRACKERS,
@@ -29,6 +30,9 @@ from training.config import (
     TrainConfig,
 )
 from training.contract.config_loader import ConfigError, override_of
+
+if TYPE_CHECKING:
+    from training.checkpoint.base_source import BaseSource
 
 # Presets whose vocabulary is the dataset's own (a tokenizer trained for the demo corpus); the real
 # presets keep their published vocab size so their parameter count matches the reference runs.
@@ -398,10 +402,10 @@ def seq_lens_of(cfg: TrainConfig) -> list[tuple[str, int]]:
     ]
 
 
-def _base_overrides(base, overrides: dict) -> dict:
+def _base_overrides(base: BaseSource, overrides: dict) -> dict:
     """[model] overrides with the base's shape on top: a key set in both must agree. The shape is the
     base's config.json, or on a resume that does not read the base again the checkpoint's record
-    (`base`: a training.checkpoint.base_source.BaseSource)."""
+    (`base`: where model.init_from was located)."""
     # torch-heavy, like training.model below: imported when a run starts
     from training.checkpoint.hf_import import BASE_FIELDS, LLAMA3_FIELDS, base_model_fields, base_sha256
 
@@ -424,7 +428,10 @@ def _base_overrides(base, overrides: dict) -> dict:
 
 
 def resolve_model_config(
-    section: ModelSection, dataset_info: dict, seq_lens: list[tuple[str, int]], source=None
+    section: ModelSection,
+    dataset_info: dict,
+    seq_lens: list[tuple[str, int]],
+    source: BaseSource | None = None,
 ):
     """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
     and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it. `source`: where

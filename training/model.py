@@ -106,8 +106,9 @@ class ModelConfig:
     """llama3 scaling: the context length of the original pretraining (HF
     `original_max_position_embeddings`)."""
     init_from: str = ""
-    """The Hugging Face base directory the weights were loaded from ([model] init_from; "" = random
-    init). Recorded in each checkpoint's COMPLETE; informative (the checks use init_from_sha256)."""
+    """The Hugging Face base the weights were loaded from ([model] init_from; "" = random init): its
+    resolved directory, or "org/name@<commit>" for a hub id. Recorded in each checkpoint's COMPLETE;
+    a resume that does not read the base again takes it from there (the checks use init_from_sha256)."""
     init_from_sha256: str = ""
     """Identity of the base: sha256 over its config.json and its weights index (see
     training/checkpoint/hf_import.py); a resume with another base is refused."""

@@ -631,7 +631,7 @@ def run(args: argparse.Namespace) -> int:
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif step not in steps:
+    elif step not in steps and step != 0:  # step 0 of a run from a base model: the base, exported now
         raise EvalError(
             f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
             f"{', '.join(map(str, steps)) or 'none'}"

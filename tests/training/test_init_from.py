@@ -50,7 +50,7 @@ from training.config import ModelSection
 from training.config_checks import resolve_model_config
 from training.contract.config_loader import ConfigError
 from training.contract.dataset_format import file_sha256, read_dataset_info
-from training.contract.run_layout import complete_steps, eval_dir
+from training.contract.run_layout import complete_steps, eval_dir, export_dir
 from training.model import ModelConfig, Transformer
 from training.train import load_train_config, train
 from training.train import main as train_main
@@ -467,7 +467,7 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     import pyarrow.parquet as pq
     from safetensors.torch import load_file
 
-    from validation.eval import EvalConfig, evaluate_step
+    from pipelines.cli import main as gristmill
     from validation.eval_results import read_step_results, rows_of
     from validation.train_eval import TrainingEval, metric_key
 
@@ -491,7 +491,15 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     train(cfg, evaluator=TrainingEval(cfg))
     assert "[eval] step 0:" not in capsys.readouterr().out  # a resume does not score the base again
 
-    exported = load_file(export_checkpoint(run, 0) / "model.safetensors")
+    # `gristmill eval RUN --step 0`: exports step 0 (the base, rebuilt from its files), then scores it
+    shutil.rmtree(eval_dir(run, 0))
+    assert gristmill(["eval", str(run), "--step", "0", "--tasks", ",".join(tasks), "--set", f"limit={limit}",
+                      "device=cpu"]) == 0  # fmt: skip
+    offline = {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))}
+    assert offline.keys() == in_training.keys() and offline
+    for key, value in offline.items():  # HF's Llama on the export against gristmill's model on the base
+        assert value == pytest.approx(in_training[key], rel=1e-6), key
+    exported = load_file(export_dir(run, 0) / "model.safetensors")
     want = load_file(base / "model.safetensors")
     assert set(want) <= set(exported)
     for name, tensor in want.items():
@@ -500,9 +508,4 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
             name
         )
         assert torch.equal(exported[name], tensor.float()), name
-    shutil.rmtree(eval_dir(run, 0))
-    evaluate_step(run, 0, EvalConfig(tasks=tasks, limit=limit, device="cpu"))
-    offline = {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))}
-    assert offline.keys() == in_training.keys() and offline
-    for key, value in offline.items():  # HF's Llama on the export against gristmill's model on the base
-        assert value == pytest.approx(in_training[key], rel=1e-6), key
+    assert export_checkpoint(run, 0) == export_dir(run, 0)  # `gristmill export RUN --step 0`: that export

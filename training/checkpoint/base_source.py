@@ -25,6 +25,7 @@ huggingface_hub is imported only for a hub id (training/ runs without it otherwi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,9 @@ def hub_id(init_from: str) -> tuple[str, str | None] | None:
     return match["repo"], match["revision"]
 
 
-def locate_base(init_from: str, recorded: dict[str, Any] | None = None, say=None) -> BaseSource:
+def locate_base(
+    init_from: str, recorded: dict[str, Any] | None = None, say: Callable[[str], None] | None = None
+) -> BaseSource:
     """Where the base `init_from` names has its files, a hub id fetched and pinned (see the module).
     `recorded`: the model record of the checkpoint a resume continues from, if any. `say`: where a
     line announcing a download goes."""
@@ -103,7 +106,9 @@ def locate_base(init_from: str, recorded: dict[str, Any] | None = None, say=None
     return BaseSource(f"{repo}@{commit}", directory)
 
 
-def fetch_hub_base(repo: str, revision: str | None, say=None) -> tuple[Path, str]:
+def fetch_hub_base(
+    repo: str, revision: str | None, say: Callable[[str], None] | None = None
+) -> tuple[Path, str]:
     """snapshot_download of `HUB_FILES` of hub model `repo` at `revision` (None: main); returns the
     snapshot directory and its commit. A missing repository, revision or config.json, or a hub that
     cannot be reached with nothing cached, is one ConfigError naming model.init_from."""
@@ -136,9 +141,9 @@ def fetch_hub_base(repo: str, revision: str | None, say=None) -> tuple[Path, str
     except Exception as e:  # offline with nothing cached, a timeout, a full disk: one line all the same
         first = (str(e).splitlines() or [""])[0]
         raise ConfigError(
-            f"model.init_from = {name!r}: cannot fetch it from the Hugging Face hub ({type(e).__name__}: "
-            f"{first}); on a machine without network, download it elsewhere (`hf download {repo}`) and set "
-            "model.init_from to that directory",
+            f"model.init_from = {name!r} is not a local directory, and fetching it from the Hugging Face hub "
+            f"failed ({type(e).__name__}: {first}); on a machine without network, download it elsewhere "
+            f"(`hf download {repo}`) and set model.init_from to that directory",
             "model.init_from",
         ) from None
     commit = path.name  # the cache's snapshots/<commit>
