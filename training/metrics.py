@@ -239,6 +239,12 @@ class TrainingMetrics:
         self.window_started, self.window_tokens = time.perf_counter(), 0
         return row
 
+    def rewound(self) -> None:
+        """After a rewind the run's last loss is its last kept row's, not the discarded spike's."""
+        if self.writer is not None:
+            kept = [r for r in self.writer.history if "discarded_by_rewind" not in r]
+            self.last_loss = kept[-1]["loss"] if kept else None
+
     def plot_loss(self) -> str | None:
         """RUN/loss.png on rank 0 when metrics.plot is on; a note instead when matplotlib is missing."""
         if self.writer is None or not self.plot:

@@ -815,6 +815,7 @@ def _rewound(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due)
         return False
     _log(run, step, phase, result, _Due(validate=False, evaluate=False, log=True, loss=loss), cause["spike"])
     if run.rewinder.rewind(step, cause) is not None:
+        run.metrics.rewound()
         return True
     # No checkpoint to go back to: the run goes on; the step's row is written (no second one, so no
     # validation or eval at this step).

@@ -240,3 +240,19 @@ def test_the_ledger_through_inspect_and_the_audit(reference, capsys):
     assert gristmill(["data", "audit", str(run), "--sql", sql]) == 0
     row = capsys.readouterr().out.strip().splitlines()[-1].split()
     assert row[-3:] == [f"{(STEPS - 8) * 1024:,}", f"{8 * 1024:,}", "[1]"], row
+
+
+def test_a_skip_that_reaches_the_last_step_ends_the_run_with_its_checkpoint(
+    tmp_path, dataset, monkeypatch, capsys
+):
+    """Rewound to step 25 with 8 steps to skip and 30 in the plan: steps 26–30 are skipped, the
+    rewind's checkpoint is the run's last, and the summary's last loss is step 25's, not the spike's."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.rewind.margin_steps=2")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 27))
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "skipping 5 steps (26–30) of data" in out, out
+    step25 = next(r["loss"] for r in metrics(run) if r["step"] == 25)
+    assert f"→ {step25:.4f}" in out.splitlines()[-1]
+    assert (run / "checkpoints/step-000030/COMPLETE").exists()
