@@ -257,7 +257,7 @@ class TrainingMetrics:
         if self.writer is None or self.last_loss is None:
             return
         note = self.plot_loss()
-        rows = [r for r in self.writer.history if r["step"] > start]
+        rows = [r for r in self.writer.history if r["step"] > start and "discarded_by_rewind" not in r]
         first, last = (rows[0]["step"], rows[-1]["step"]) if rows else (start + 1, end)
         steps = f"{end - start} steps{' since the resume' if start else ''}"
         # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
@@ -441,9 +441,9 @@ class MetricsWriter:
             if r["step"] > after and "discarded_by_rewind" not in r:
                 r["discarded_by_rewind"] = rewind
         path = self.run_dir / METRICS_JSONL
-        os.close(self.jsonl)  # the descriptor would keep appending to the replaced file
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
-        self.jsonl = os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
+        old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
+        os.close(old)  # it would keep appending to the replaced file
 
     def close(self) -> None:
         """Close the log and finish the trackers; called in a `finally`, so an exception on its way

@@ -27,6 +27,7 @@ from training.checkpoint.io import CheckpointError
 from training.checkpoint.state import TrainState
 from training.config import RunSection
 from training.contract.errors import NonFiniteError
+from training.contract.run_layout import EVAL_DIR, abandoned_name, list_steps, step_name
 from training.data.plan import Plan, Skip
 from training.data.recipe import record_plan
 from training.divergence import NonFiniteGuard, SpikeDetector
@@ -121,7 +122,9 @@ class Rewinder:
             raise CheckpointError(
                 f"the checkpoint of step {back} records {len(self.plan.skips)} rewinds, not {n - 1}"
             )
-        last = min(back + self.cfg.skip_steps, self.last_step)
+        # The plan's end, not this invocation's (run.max_steps): a later resume trains no step an
+        # uninterrupted run would have skipped.
+        last = min(back + self.cfg.skip_steps, self.plan.total_steps or back + self.cfg.skip_steps)
         skip = Skip(n, back + 1, last, step, back, cause["text"])
         self.plan.skips.append(skip)
         self.loader.seek(last)
@@ -133,6 +136,7 @@ class Rewinder:
         if self.writer is not None:
             record_plan(self.plan, self.run_dir)
             self.writer.discard(after=back, rewind=n)
+            set_aside_evals(self.run_dir, after=back)
         line = (
             f"rewind {n}/{self.cfg.max_rewinds}: {cause['text']}; back to step {back:,} (checkpoint "
             f"verified{'; passed over ' + ', '.join(passed) if passed else ''}), skipping "
@@ -154,6 +158,16 @@ class Rewinder:
         return f"rewinds: {len(self.plan.skips)} — " + "; ".join(
             f"{_history(s)} ({skipped_tokens(self.plan, s)})" for s in self.plan.skips
         )
+
+
+def set_aside_evals(run_dir: Path, after: int) -> None:
+    """RUN/eval/step-N of the discarded attempt (N > `after`) renamed abandoned-step-N: eval.parquet
+    and eval.png, rebuilt from the step-N results at the next eval, then hold the final timeline's."""
+    root = run_dir / EVAL_DIR
+    for step in list_steps(root):
+        if step > after:
+            path = root / step_name(step)
+            path.rename(abandoned_name(path))
 
 
 def skipped_tokens(plan: Plan, skip: Skip) -> str:

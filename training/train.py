@@ -813,12 +813,14 @@ def _rewound(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due)
     cause = run.rewinder.cause(step, loss, int(result["nonfinite"].item()))
     if cause is None:
         return False
-    _log(run, step, phase, result, _Due(validate=False, evaluate=False, log=True, loss=loss), cause["spike"])
+    row_only = _Due(validate=False, evaluate=False, log=True, loss=loss)
+    report = _log(run, step, phase, result, row_only, cause["spike"])
     if run.rewinder.rewind(step, cause) is not None:
         run.metrics.rewound()
         return True
     # No checkpoint to go back to: the run goes on; the step's row is written (no second one, so no
-    # validation or eval at this step).
+    # validation or eval at this step), and the non-finite steps that row read are judged as always.
+    run.divergence.check(report, step)
     due.log = due.validate = due.evaluate = False
     return False
 

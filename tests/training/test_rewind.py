@@ -256,3 +256,28 @@ def test_a_skip_that_reaches_the_last_step_ends_the_run_with_its_checkpoint(
     step25 = next(r["loss"] for r in metrics(run) if r["step"] == 25)
     assert f"→ {step25:.4f}" in out.splitlines()[-1]
     assert (run / "checkpoints/step-000030/COMPLETE").exists()
+
+
+def test_a_skip_is_the_plans_not_this_invocations(tmp_path, dataset, monkeypatch):
+    """run.max_steps stops this invocation, not the plan: a skip past it is recorded whole, so a
+    later resume trains no step an uninterrupted run would have skipped."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.max_steps=15")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 14))
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    skip = json.loads((run / "data_plan.json").read_text())["skips"][0]
+    assert (skip["first_step"], skip["last_step"]) == (11, 18)
+    assert (run / "checkpoints/step-000018/COMPLETE").exists()
+
+
+def test_a_spike_that_cannot_rewind_still_stops_on_an_earlier_nonfinite_step(
+    tmp_path, dataset, monkeypatch, capsys
+):
+    """Step 3's loss is NaN (on_nonfinite = "stop"), step 4 spikes with no checkpoint to go back to:
+    the row the spike wrote read step 3's tally, and the run stops on it (exit 3)."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.spike_window=4")
+    monkeypatch.setenv(NAN_LOSS, "3")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 4))
+    assert main(["--config", TINY, "--set", *sets]) == 3
+    assert "step 3: the loss and gradient norm is not finite" in one_error_line(capsys.readouterr().err)

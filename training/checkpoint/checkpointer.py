@@ -85,6 +85,7 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
+    abandoned_name,
     checkpoint_dir,
     complete_steps,
     incomplete_reason,
@@ -387,14 +388,27 @@ class Checkpointer:
         self._join_retention()
         choice = None
         if self.rank == 0:
-            path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest))
-            choice = (None if path is None else str(path), [f"{p.name}: {why}" for p, why in passed_over])
-        value, passed = self._from_rank0(choice)
+            try:
+                path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest))
+                passed = [f"{p.name}: {why}" for p, why in passed_over]
+                choice = ("path", None if path is None else str(path), passed)
+            except Exception as e:  # every rank waits on rank 0's choice: it gets the error instead
+                choice = ("error", f"cannot choose a checkpoint to rewind to: {type(e).__name__}: {e}", [])
+        kind, value, passed = self._from_rank0(choice)
+        if kind == "error":
+            raise CheckpointError(value)
         if value is None:
             return None
         step = self._load(Path(value))
+        problem = None
         if self.rank == 0:
-            self._set_aside_newer(step)
+            try:
+                self._set_aside_newer(step)
+            except OSError as e:
+                problem = f"cannot set aside the checkpoints after step {step} in {self.root}: {e}"
+        problem = self._from_rank0(problem)
+        if problem is not None:
+            raise CheckpointError(problem)
         return step, passed
 
     def _load(self, path: Path) -> int:
@@ -460,8 +474,7 @@ class Checkpointer:
                 continue
             path = checkpoint_dir(self.run_dir, s)
             if is_complete_checkpoint(path):
-                target = path.with_name(f"abandoned-{path.name}")
-                shutil.rmtree(target, ignore_errors=True)
+                target = abandoned_name(path)
                 path.rename(target)
                 self.log(
                     f"note: {path.name} is newer than the resumed step {step}; moved it to {target.name}"

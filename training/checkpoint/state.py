@@ -69,8 +69,8 @@ class TrainState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         self.tokens_seen = int(state["tokens_seen"])
-        if "recent_losses" in state:
-            self.recent_losses[:] = json.loads(state["recent_losses"])
+        # A checkpoint from before the window was saved restores an empty one (what a resume starts with).
+        self.recent_losses[:] = json.loads(state["recent_losses"]) if "recent_losses" in state else []
         if self.rng_key in state:
             set_rng_state(state[self.rng_key])
 

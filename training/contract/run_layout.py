@@ -39,6 +39,16 @@ def step_name(step: int) -> str:
     return f"step-{int(step):06d}"
 
 
+def abandoned_name(path: Path) -> Path:
+    """Where a step-N directory of a discarded timeline goes: abandoned-step-N beside it, or
+    abandoned-step-N.2, .3, … when an earlier one holds that name (never overwritten)."""
+    target, n = path.with_name(f"abandoned-{path.name}"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"abandoned-{path.name}.{n}")
+    return target
+
+
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR / step_name(step)
 
