@@ -54,7 +54,6 @@ class Rewinder:
         guard: NonFiniteGuard,
         spikes: SpikeDetector,
         run_dir: Path,
-        last_step: int,
         writer: Any,
         stop: Callable[..., NoReturn],
         say: Callable[[str], None],
@@ -64,16 +63,22 @@ class Rewinder:
         self.on_spike, self.on_nonfinite, self.cfg = run.on_spike, run.on_nonfinite, run.rewind
         self.plan, self.loader, self.scheduler, self.state = plan, loader, scheduler, state
         self.checkpointer, self.guard, self.spikes = checkpointer, guard, spikes
-        self.run_dir, self.last_step, self.writer, self.stop, self.say = run_dir, last_step, writer, stop, say
-        # Spikes are judged on every step's loss only when they rewind; a report looks at logged losses.
-        self.every_step = "rewind" in (self.on_spike, self.on_nonfinite)
+        self.run_dir, self.writer, self.stop, self.say = run_dir, writer, stop, say
+        self.every_step = "rewind" in (self.on_spike, self.on_nonfinite)  # the host reads each step's loss
+        # Spikes are judged here, on every step's loss, only when they rewind; a report judges the
+        # logged losses where they are logged (train._log).
+        self.judges_spikes = self.on_spike == "rewind"
         if self.every_step:
             checkpointer.rewind_keep = self._keep()
 
+    @property
+    def _oldest(self) -> int:
+        """The oldest step a rewind may go back to: the end of the last skip (before it would undo it)."""
+        return self.plan.skips[-1].last_step if self.plan.skips else 0
+
     def _keep(self) -> tuple[int, int]:
         """Retention keeps what a later rewind may go back to: (oldest, margin_steps)."""
-        oldest = self.plan.skips[-1].last_step if self.plan.skips else 0
-        return oldest, self.cfg.margin_steps
+        return self._oldest, self.cfg.margin_steps
 
     def cause(self, step: int, loss: float, nonfinite: int) -> dict[str, Any] | None:
         """What makes step `step` rewind (its loss, all-reduced; `nonfinite`: training.divergence's
@@ -81,7 +86,7 @@ class Rewinder:
         reports it)."""
         if nonfinite and self.on_nonfinite == "rewind":
             return {"text": f"non-finite loss or gradient ({_fmt(loss)})", "loss": loss, "spike": None}
-        if self.on_spike != "rewind":
+        if not self.judges_spikes:
             return None
         spike = self.spikes.check(loss)
         if spike is None:
@@ -105,7 +110,7 @@ class Rewinder:
                 RewindLimitError,
             )
         kill_point("rewind-start")
-        oldest = done[-1].last_step if done else 0
+        oldest = self._oldest
         newest = step - self.cfg.margin_steps
         found = self.checkpointer.rewind(oldest=oldest, newest=newest) if newest >= oldest else None
         if found is None:

@@ -303,11 +303,12 @@ def _count(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, torch.device]:
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, torch.device, Path | None]:
     """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
     against the dataset (vocabulary, separator, sequence length), the base model of init_from
     against the data, the device and the optimizer.
-    Raises GristmillError with the numbers; returns (batch plan per phase, ModelConfig, device)."""
+    Raises GristmillError with the numbers; returns (batch plan per phase, ModelConfig, device, the
+    base's directory: None without init_from or when a resume's checkpoint stands for it)."""
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     info = read_dataset_info(sources_of(cfg)[0].dataset)
@@ -323,7 +324,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
         bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
     if model_config.float8:
         float8_or_refuse(device)
-    return shapes, model_config, device
+    return shapes, model_config, device, None if source is None else source.directory
 
 
 def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
@@ -379,10 +380,10 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         pg_started = True
     try:
         # The checks, once the process group is up: rank 0 alone downloads a hub base (_locate_base).
-        shapes, model_config, device = preflight(cfg, env)
+        shapes, model_config, device, base_dir = preflight(cfg, env)
         # --- checks done; from here on the run does work ---
         with _own_run_dir(Path(cfg.run.output_dir), env, out):
-            run = setup(cfg, model_config, shapes, env, device, out, evaluator)
+            run = setup(cfg, model_config, shapes, env, device, out, evaluator, base_dir)
             evaluate_base(run)
             return loop(run)
     finally:
@@ -547,8 +548,10 @@ def setup(
     device: torch.device,
     out,
     evaluator: StepEval | None = None,
+    base_dir: Path | None = None,
 ) -> Run:
-    """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume), metrics writer."""
+    """Mesh, loaders, model, optimizer, schedule, checkpointer (and the resume, or the base's weights
+    from `base_dir`, where preflight located [model] init_from), metrics writer."""
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
@@ -602,7 +605,11 @@ def setup(
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
     if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
         # Each rank copies its own shards from the files (training/checkpoint/hf_import.py).
-        load_base_weights(model, locate_base(model_config.init_from).directory)
+        if base_dir is None:  # preflight took a checkpoint's record for it, and that checkpoint did not load
+            raise GristmillError(
+                f"model.init_from = {model_config.init_from}: the base's files are not at hand"
+            )
+        load_base_weights(model, base_dir)
     # Only now, with the resume checks passed: a refused resume leaves the run's config.toml as it was.
     if is_main:
         _save_run_config(resolved, run_dir, resumed, say)
@@ -676,7 +683,6 @@ def setup(
             guard=guard,
             spikes=spikes,
             run_dir=run_dir,
-            last_step=last_step,
             writer=writer,
             stop=divergence.stop,
             say=say,
@@ -884,7 +890,7 @@ def _log(
     report = run.guard.read()
     skipped = run.guard.take_unlogged()
     loss = due.loss if due.loss is not None else _mean_loss(run, result)
-    if run.cfg.run.on_spike != "rewind":
+    if not run.rewinder.judges_spikes:
         spike = run.spikes.check(loss)
     tokens_per_s = run.metrics.tokens_per_s()  # the loss all-reduce synchronised the step
     row = step_row(
