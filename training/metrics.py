@@ -242,7 +242,7 @@ class TrainingMetrics:
     def rewound(self) -> None:
         """After a rewind the run's last loss is its last kept row's, not the discarded spike's."""
         if self.writer is not None:
-            kept = [r for r in self.writer.history if "discarded_by_rewind" not in r]
+            kept = kept_rows(self.writer.history)
             self.last_loss = kept[-1]["loss"] if kept else None
 
     def plot_loss(self) -> str | None:
@@ -257,7 +257,7 @@ class TrainingMetrics:
         if self.writer is None or self.last_loss is None:
             return
         note = self.plot_loss()
-        rows = [r for r in self.writer.history if r["step"] > start and "discarded_by_rewind" not in r]
+        rows = [r for r in kept_rows(self.writer.history) if r["step"] > start]
         first, last = (rows[0]["step"], rows[-1]["step"]) if rows else (start + 1, end)
         steps = f"{end - start} steps{' since the resume' if start else ''}"
         # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
@@ -349,7 +349,7 @@ class MetricsWriter:
             self.history = [
                 r for r in rows if r["step"] <= resume_step or r.get("discarded_by_rewind", known) < known
             ]
-            write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
+            self._rewrite()
         elif path.exists():  # a fresh run into the same directory starts the log over
             self.print(f"note: {path} exists from an earlier run; starting it over")
         # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
@@ -440,10 +440,15 @@ class MetricsWriter:
         for r in self.history:
             if r["step"] > after and "discarded_by_rewind" not in r:
                 r["discarded_by_rewind"] = rewind
-        path = self.run_dir / METRICS_JSONL
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
+        path = self._rewrite()
         old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
         os.close(old)  # it would keep appending to the replaced file
+
+    def _rewrite(self) -> Path:
+        """metrics.jsonl replaced, atomically, by `history`."""
+        path = self.run_dir / METRICS_JSONL
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
+        return path
 
     def close(self) -> None:
         """Close the log and finish the trackers; called in a `finally`, so an exception on its way
@@ -516,6 +521,11 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
 
 
+def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the run's final timeline: those no rewind discarded (training/rewind.py)."""
+    return [r for r in history if "discarded_by_rewind" not in r]
+
+
 def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None:
     """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is
     missing. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
@@ -524,7 +534,7 @@ def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    kept = [m for m in history if "discarded_by_rewind" not in m]
+    kept = kept_rows(history)
     train = [(m["step"], m["loss"]) for m in kept]
     val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
     ax.plot(*zip(*train), label="train")
