@@ -38,7 +38,7 @@ def kill_point(point: str) -> None:
 class LossFaults:
     """Arms a forward hook on the model that multiplies its loss at the chosen steps or windows."""
 
-    def __init__(self, model: nn.Module, rank: int, plan=None):
+    def __init__(self, model: nn.Module, rank: int, plan):
         """`plan`: the run's training/data/plan.Plan (to find the spike windows' steps)."""
         spec = os.environ.get(NAN_LOSS, "")
         steps, _, on_rank = spec.partition("@")

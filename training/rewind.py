@@ -81,11 +81,12 @@ class Rewinder:
         return self._oldest, self.cfg.margin_steps
 
     def cause(self, step: int, loss: float, nonfinite: int) -> dict[str, Any] | None:
-        """What makes step `step` rewind (its loss, all-reduced; `nonfinite`: training.divergence's
-        code), or None. A spike found while on_spike = "report" is not a cause (the metrics row
+        """What makes step `step` rewind — {"text": its line, "spike": the spike rule's finding or
+        None for a non-finite step} — or None (`loss`: the step's, all-reduced; `nonfinite`:
+        training.divergence's code). A spike found while on_spike = "report" is not a cause (the metrics row
         reports it)."""
         if nonfinite and self.on_nonfinite == "rewind":
-            return {"text": f"non-finite loss or gradient ({_fmt(loss)})", "loss": loss, "spike": None}
+            return {"text": f"non-finite loss or gradient ({_fmt(loss)})", "spike": None}
         if not self.judges_spikes:
             return None
         spike = self.spikes.check(loss)
@@ -95,7 +96,7 @@ class Rewinder:
             f"loss {loss:.4g} at step {step:,} (mean {spike['mean']:.4g} + {spike['sigma']:g}σ, "
             f"σ {spike['std']:.3g} over the previous {spike['window']} steps)"
         )
-        return {"text": text, "loss": loss, "spike": spike}
+        return {"text": text, "spike": spike}
 
     def rewind(self, step: int, cause: dict[str, Any]) -> int | None:
         """Go back past the spike at `step` (every rank); returns the step training continues
@@ -129,7 +130,9 @@ class Rewinder:
             )
         # The plan's end, not this invocation's (run.max_steps): a later resume trains no step an
         # uninterrupted run would have skipped.
-        last = min(back + self.cfg.skip_steps, self.plan.total_steps or back + self.cfg.skip_steps)
+        last = back + self.cfg.skip_steps
+        if self.plan.total_steps is not None:
+            last = min(last, self.plan.total_steps)
         skip = Skip(n, back + 1, last, step, back, cause["text"])
         self.plan.skips.append(skip)
         self.loader.seek(last)
