@@ -2,7 +2,10 @@
 
     training/           torch, numpy, pyarrow and the standard library only; runs on a GPU box that has
                         none of datatrove, duckdb, lm-eval, tokenizers or transformers
-    training/contract/  standard library, numpy and pyarrow only (nothing from training/ outside it)
+    training/contract/  standard library, numpy and pyarrow only (nothing from training/ outside it);
+                        the one exception is the S3 client, boto3, imported inside the functions of
+                        training/contract/object_store.py and nowhere else in the project, so that
+                        training/ imports (and trains on local datasets) without it
     pipelines/, tokenization/  import from training/ only training.contract
     tokenization/       stands below pipelines/ (the tokenize-and-shard step uses it), so it never
                         imports pipelines/ or validation/
@@ -53,6 +56,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("pipelines", "tokenization", "training", "validation")
 DATA_STACK = ("datatrove", "duckdb", "lm_eval", "tokenizers", "transformers")
+OBJECT_STORE_CLIENT = (
+    "boto3",
+    "botocore",
+)  # imported only inside training/contract/object_store.py's functions
+OBJECT_STORE_MODULE = "training.contract.object_store"
 CONTRACT_THIRD_PARTY = {"numpy", "pyarrow"}
 TRAINING_ENTRY_MODULES = ("training.train", "training.data.loader", "training.checkpoint.checkpointer")
 BLOCK_MARK = "blocked by tests/test_layering.py"
@@ -386,8 +394,8 @@ CONTRACT_MODULES = contract_modules()
 def probes() -> dict[str, dict]:
     """Both import probes, run side by side (each pays for its own interpreter start)."""
     running = {
-        "no data stack": _start_probe(DATA_STACK, TRAINING_ENTRY_MODULES),
-        "no torch": _start_probe({"torch", *DATA_STACK}, CONTRACT_MODULES),
+        "no data stack": _start_probe({*DATA_STACK, *OBJECT_STORE_CLIENT}, TRAINING_ENTRY_MODULES),
+        "no torch": _start_probe({"torch", *DATA_STACK, *OBJECT_STORE_CLIENT}, CONTRACT_MODULES),
     }
     return {name: _finish_probe(proc) for name, proc in running.items()}
 
@@ -398,13 +406,14 @@ def test_the_block_really_blocks(probes, probe):
     assert not result["preloaded"], f"already imported at interpreter start: {result['preloaded']}"
     not_blocked = {k: v for k, v in result["block_works"].items() if v != "blocked"}
     assert not not_blocked, f"the meta_path block did not stop these imports: {not_blocked}"
-    assert "datatrove" in result["block_works"]
+    assert "datatrove" in result["block_works"] and "boto3" in result["block_works"]
     assert probe != "no torch" or "torch" in result["block_works"]
 
 
 @pytest.mark.parametrize("module", TRAINING_ENTRY_MODULES)
 def test_training_imports_without_the_data_stack(probes, module):
-    """training/ must run on a GPU box without datatrove, duckdb, lm-eval, tokenizers, transformers."""
+    """training/ must run on a GPU box without datatrove, duckdb, lm-eval, tokenizers, transformers
+    (and without boto3, when it trains on local datasets)."""
     result = probes["no data stack"]
     loaded = result["loaded_from"].get(module) or ""
     assert result["results"][module] is None, (
@@ -456,8 +465,29 @@ def test_contract_imports_only_stdlib_numpy_pyarrow():
         if _within(imp.src, "training.contract")
         and not _within(imp.target, "training.contract")
         and (_top(imp.target) in PROJECT or _top(imp.target) not in allowed)
+        and not _object_store_client(imp)
     ]
     rule = "training/contract/ may import only the standard library, numpy, pyarrow and training.contract"
+    assert not bad, _report(rule, bad)
+
+
+def _object_store_client(imp: Import) -> bool:
+    """boto3 (botocore) imported inside a function of training/contract/object_store.py: the S3 client."""
+    return (
+        imp.src == OBJECT_STORE_MODULE
+        and _top(imp.target) in OBJECT_STORE_CLIENT
+        and imp.where == "in a function"
+    )
+
+
+def test_only_object_store_imports_the_s3_client():
+    """Every other module reaches S3 through training/contract/object_store.py (one client, its retries
+    counted), and it imports boto3 only inside functions."""
+    _, imports = _project_scan()
+    bad = [
+        imp for imp in imports if _top(imp.target) in OBJECT_STORE_CLIENT and not _object_store_client(imp)
+    ]
+    rule = "boto3/botocore are imported only inside functions of training/contract/object_store.py"
     assert not bad, _report(rule, bad)
 
 

@@ -1,0 +1,414 @@
+"""Datasets in S3-compatible object storage: `s3://bucket/prefix` URLs and the one client that reads and
+writes them (docs/object-storage.md).
+
+The client is boto3, configured from the standard AWS environment only (AWS_ENDPOINT_URL,
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_DEFAULT_REGION, AWS_PROFILE, and the rest of the AWS
+credential chain: config files, SSO, instance roles). Why boto3 and not pyarrow.fs, s3fs or obstore
+is docs/object-storage.md's "The client"; in short, every request here is one HTTP request we chose
+(a shard is one GET, an object one PUT, never a multipart upload), its retries are ours and counted,
+a stalled read times out on Linux too, and it is fork-safe (a client per process).
+
+boto3 is imported inside functions only (tests/test_layering.py allows it here and nowhere else in
+training/): `training/` imports without it, and a machine that trains on local datasets needs none.
+
+Integrity is ours, not the transport's: botocore ≥ 1.36 adds CRC checksums to every request by
+default, which several S3-compatible stores reject, so requests carry only what the operation
+requires (`when_required`), uploads carry Content-MD5 (every store checks it), and what is read is
+checked against the sha256 dataset.json records before it is used (training/data/shard_cache.py).
+
+Retries: a throttled (503 SlowDown), failed (5xx), reset or cut-off request is retried with bounded
+exponential backoff, up to ATTEMPTS tries; a cut-off download resumes with a range request. Every
+request, retry and byte is counted in COUNTS, shared with the processes forked from this one (the
+loader's DataLoader workers), which the run's metrics report.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import mmap
+import multiprocessing
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from training.contract.errors import GristmillError
+
+SCHEME = "s3://"
+ATTEMPTS = 10  # tries per request: at a 13% fault rate all ten fail about once in 10^9 requests
+CONNECT_ATTEMPTS = 3  # tries of a refused connection: an endpoint that is not there says so in a second
+BACKOFF_S = 0.1  # first wait; doubled per retry, capped, jittered
+BACKOFF_CAP_S = 5.0
+CHUNK = 1 << 20  # download buffer
+MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; above it only multipart, which we never start
+T = TypeVar("T")
+
+
+class ObjectStoreError(GristmillError):
+    """A bucket that cannot be used (unknown, no credentials, unreachable, refusing): one line naming
+    the URL and the fix."""
+
+
+class ObjectMissing(ObjectStoreError):
+    """The bucket exists but the object does not."""
+
+
+def user_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/gristmill, else ~/.cache/gristmill: where the bucket's datasets are cached
+    and an s3:// build's work directory is, by default."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gristmill"
+
+
+def is_url(location: str | Path) -> bool:
+    """Whether a dataset location is an object-store URL (s3://, or gs://, which is refused with its fix)."""
+    return isinstance(location, str) and location.startswith((SCHEME, "gs://"))
+
+
+@dataclass(frozen=True)
+class ObjectURL:
+    """`s3://bucket/prefix`: a dataset's objects are `prefix/<path inside the dataset directory>`."""
+
+    bucket: str
+    prefix: str  # without leading or trailing slash; "" for a bucket's root
+
+    @classmethod
+    def parse(cls, text: str) -> ObjectURL:
+        if text.startswith("gs://"):
+            raise ObjectStoreError(
+                f"{text}: gs:// URLs are not read directly; use Google Cloud Storage through its "
+                "S3-compatible API: AWS_ENDPOINT_URL=https://storage.googleapis.com, an HMAC key as "
+                f"AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, and s3://{text[5:]} (docs/object-storage.md)"
+            )
+        rest = text.removeprefix(SCHEME)
+        bucket, _, prefix = rest.partition("/")
+        if not text.startswith(SCHEME) or not bucket or "//" in prefix:
+            raise ObjectStoreError(f"{text!r} is not an s3://BUCKET/PREFIX URL")
+        return cls(bucket, prefix.strip("/"))
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def child(self, rel: str) -> str:
+        """The URL of `rel` inside the dataset (for messages)."""
+        return f"{self}/{rel}"
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}".rstrip("/")
+
+
+class Counts:
+    """Requests, retries, bytes and verification refetches of this process and the processes forked
+    from it after import (a shared anonymous memory map: DataLoader workers add into their rank's).
+    A process started by spawn counts for itself."""
+
+    FIELDS = ("requests", "retries", "bytes", "refetches")
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, 8 * len(self.FIELDS))
+        try:
+            self._lock = multiprocessing.Lock()
+        except OSError:  # no shared semaphores here (no /dev/shm): exact within this process only
+            self._lock = threading.Lock()
+
+    def add(self, field: str, n: int = 1) -> None:
+        at = 8 * self.FIELDS.index(field)
+        with self._lock:
+            value = int.from_bytes(self._map[at : at + 8], "little") + n
+            self._map[at : at + 8] = value.to_bytes(8, "little")
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                f: int.from_bytes(self._map[8 * i : 8 * i + 8], "little") for i, f in enumerate(self.FIELDS)
+            }
+
+    def __getstate__(self) -> dict[str, Any]:  # a spawned process starts its own
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+
+COUNTS = Counts()
+
+
+def _botocore():
+    try:
+        import boto3
+        import botocore.exceptions
+    except ImportError:
+        raise ObjectStoreError(
+            "s3:// datasets need boto3, which is not installed here: pip install 'boto3>=1.36'"
+        ) from None
+    return boto3, botocore.exceptions
+
+
+_clients: dict[tuple, Any] = {}  # (pid, the AWS environment) -> client: one per process
+_clients_lock = threading.Lock()
+
+
+def _after_fork() -> None:
+    # A child forked while another thread (the loader's prefetcher) held the lock would wait forever.
+    global _clients_lock
+    _clients_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def _client():
+    """This process's S3 client: boto3's own retries off (ours are counted), checksums only where an
+    operation requires one, path-style addressing for a custom endpoint (MinIO, moto)."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    key = (os.getpid(), *sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _clients_lock:
+        client = _clients.get(key)
+        if client is None:
+            boto3, _ = _botocore()
+            from botocore.config import Config
+
+            config = Config(
+                retries={"total_max_attempts": 1},
+                connect_timeout=10,
+                read_timeout=60,
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+                s3={"addressing_style": "path"} if endpoint else {},
+                max_pool_connections=16,
+            )
+            session = boto3.session.Session()
+            if session.get_credentials() is None:
+                raise ObjectStoreError(
+                    "no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                    "AWS_PROFILE, "
+                    "or run where an instance role provides them); docs/object-storage.md"
+                )
+            region = session.region_name or "us-east-1"
+            client = _clients[key] = session.client("s3", region_name=region, config=config)
+    return client
+
+
+def endpoint() -> str:
+    """Where requests go: AWS_ENDPOINT_URL, or AWS's regional endpoint."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+
+
+class ObjectStore:
+    """The objects under one s3:// URL. Every method is one request per attempt (a listing: per page)."""
+
+    def __init__(self, url: str | ObjectURL, *, attempts: int = ATTEMPTS, counts: Counts = COUNTS):
+        self.url = url if isinstance(url, ObjectURL) else ObjectURL.parse(url)
+        self.attempts = attempts
+        self.counts = counts
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "attempts": self.attempts}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], attempts=state["attempts"])
+
+    # ----------------------------------------------------------------------------------------
+    # requests, each retried on transient failures
+
+    def _call(self, what: str, rel: str | None, fn: Callable[[Any], T]) -> T:
+        """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object)."""
+        _, exc = _botocore()
+        for attempt in range(self.attempts):
+            self.counts.add("requests")
+            try:
+                return fn(_client())
+            except exc.ClientError as e:
+                if not self._transient_code(e) or attempt + 1 == self.attempts:
+                    raise self._error(what, rel, e, attempt + 1) from None
+            except (
+                exc.HTTPClientError,
+                exc.ConnectionError,
+                exc.IncompleteReadError,
+            ) as e:  # reset, cut, refused
+                refused = isinstance(e, exc.EndpointConnectionError)
+                if attempt + 1 == (min(self.attempts, CONNECT_ATTEMPTS) if refused else self.attempts):
+                    raise self._error(what, rel, e, attempt + 1) from None
+            self.counts.add("retries")
+            time.sleep(backoff(attempt))
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _transient_code(e: Any) -> bool:
+        status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        code = e.response.get("Error", {}).get("Code", "")
+        return status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout", "RequestTimeTooSkewed")
+
+    def _error(self, what: str, rel: str | None, e: Exception, tries: int) -> ObjectStoreError:
+        _, exc = _botocore()
+        where = self.url.child(rel) if rel else str(self.url)
+        if isinstance(e, exc.ClientError):
+            code = e.response.get("Error", {}).get("Code", "")
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            if code == "NoSuchBucket" or (code in ("404", "NotFound") and rel is None):
+                return ObjectStoreError(
+                    f"bucket {self.url.bucket!r} does not exist at {endpoint()} ({where}): create it, or fix "
+                    "the URL (or AWS_ENDPOINT_URL, if the bucket is on another store)"
+                )
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectMissing(f"{where} does not exist")
+            if status in (401, 403) or code in (
+                "AccessDenied",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            ):
+                return ObjectStoreError(
+                    f"{where}: {what} refused ({code or status}: "
+                    f"{e.response.get('Error', {}).get('Message', '')}); "
+                    "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's "
+                    "permissions for them"
+                )
+            return ObjectStoreError(
+                f"{where}: {what} failed {tries} time(s), last with {code or status}: "
+                f"{e.response.get('Error', {}).get('Message', '')}; retry later"
+            )
+        if isinstance(e, (exc.EndpointConnectionError, exc.ConnectTimeoutError)):
+            return ObjectStoreError(
+                f"cannot reach {endpoint()} for {where} ({tries} tries: {e}); check AWS_ENDPOINT_URL and the "
+                "network"
+            )
+        return ObjectStoreError(f"{where}: {what} failed {tries} time(s), last with {e}; retry later")
+
+    def check_bucket(self) -> None:
+        """One request that proves the endpoint, the credentials and the bucket (the preflight)."""
+        self._call("HeadBucket", None, lambda c: c.head_bucket(Bucket=self.url.bucket))
+
+    def get(self, rel: str) -> bytes:
+        """The whole object `rel` (small files: dataset.json, a manifest)."""
+
+        def get(c):
+            body = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel))["Body"].read()
+            self.counts.add("bytes", len(body))
+            return body
+
+        return self._call("GET", rel, get)
+
+    def download(self, rel: str, dest: Path, size: int) -> str:
+        """Object `rel` into the new file `dest`, which must end up `size` bytes; returns its sha256.
+
+        One GET; an attempt cut off mid-body (reset, truncated) continues with a range GET from the
+        byte reached. A body shorter than `size` is such a cut; one longer is not the object
+        dataset.json describes and is returned as it is (its hash tells the caller)."""
+        h = hashlib.sha256()
+        with open(dest, "wb") as out:
+
+            def fetch(c):
+                done = out.tell()
+                if done == size and size > 0:
+                    return
+                args = {"Bucket": self.url.bucket, "Key": self.url.key(rel)}
+                if done:
+                    args["Range"] = f"bytes={done}-"
+                resp = c.get_object(**args)
+                if done and resp.get("ContentRange") is None:  # the store ignored the range: start over
+                    out.seek(0)
+                    out.truncate()
+                    h.__init__()
+                for block in resp["Body"].iter_chunks(CHUNK):
+                    out.write(block)
+                    h.update(block)
+                    self.counts.add("bytes", len(block))
+                if out.tell() < size:
+                    raise _short_read_error(self.url.child(rel), out.tell(), size)
+
+            self._call("GET", rel, fetch)
+        return h.hexdigest()
+
+    def head(self, rel: str) -> dict[str, Any] | None:
+        """{"bytes", "sha256" (our metadata, None if absent)} of object `rel`, None if there is none."""
+        try:
+            r = self._call(
+                "HEAD", rel, lambda c: c.head_object(Bucket=self.url.bucket, Key=self.url.key(rel))
+            )
+        except ObjectMissing:
+            return None
+        return {"bytes": r["ContentLength"], "sha256": r.get("Metadata", {}).get("sha256")}
+
+    def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
+        """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
+        part), with Content-MD5 and the sha256 in the object's metadata; returns the sha256. A file
+        whose sha256 is not `expect_sha256` is not uploaded (ValueError)."""
+        size = path.stat().st_size
+        if size > MAX_PUT_BYTES:
+            raise ObjectStoreError(
+                f"{path} is {size:,} bytes, more than one PUT takes (5 GiB): lower shards.target_mb"
+            )
+        md5, sha = hashlib.md5(), hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(CHUNK):
+                md5.update(block)
+                sha.update(block)
+        if expect_sha256 is not None and sha.hexdigest() != expect_sha256:
+            raise ValueError(f"{path} has sha256 {sha.hexdigest()}, not {expect_sha256}")
+        digest = base64.b64encode(md5.digest()).decode()
+
+        def put(c):
+            with open(path, "rb") as f:
+                c.put_object(
+                    Bucket=self.url.bucket,
+                    Key=self.url.key(rel),
+                    Body=f,
+                    ContentLength=size,
+                    ContentMD5=digest,
+                    Metadata={"sha256": sha.hexdigest()},
+                )
+            self.counts.add("bytes", size)
+
+        self._call("PUT", rel, put)
+        return sha.hexdigest()
+
+    def list(self, rel_prefix: str = "") -> dict[str, int]:
+        """{path inside the dataset: bytes} of every object under the URL (and `rel_prefix`)."""
+        out: dict[str, int] = {}
+        base = self.url.key("")
+        token: str | None = None
+        while True:
+            args = {"Bucket": self.url.bucket, "Prefix": self.url.key(rel_prefix)}
+            if token:
+                args["ContinuationToken"] = token
+            page = self._call("LIST", rel_prefix or None, lambda c, a=args: c.list_objects_v2(**a))
+            for obj in page.get("Contents", []):
+                out[obj["Key"][len(base) :]] = obj["Size"]
+            token = page.get("NextContinuationToken")
+            if not token:
+                return out
+
+    def delete(self, rel: str) -> None:
+        self._call("DELETE", rel, lambda c: c.delete_object(Bucket=self.url.bucket, Key=self.url.key(rel)))
+
+    def multipart_uploads(self) -> Iterator[tuple[str, str]]:
+        """(key, upload id) of the unfinished multipart uploads under the URL."""
+        page = self._call(
+            "LIST uploads",
+            None,
+            lambda c: c.list_multipart_uploads(Bucket=self.url.bucket, Prefix=self.url.key("")),
+        )
+        for u in page.get("Uploads", []):
+            yield u["Key"], u["UploadId"]
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        self._call(
+            "ABORT upload",
+            None,
+            lambda c: c.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload_id),
+        )
+
+
+def backoff(attempt: int) -> float:
+    """Seconds before retry `attempt + 1`: exponential from BACKOFF_S, capped, with jitter so that
+    the ranks of a node retrying together do not hit the store together again."""
+    return min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt) * (0.5 + random.random() / 2)
+
+
+def _short_read_error(where: str, got: int, size: int) -> Exception:
+    _, exc = _botocore()
+    return exc.ResponseStreamingError(error=f"{where}: {got} of {size} bytes before the body ended")
