@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 from pipelines.build_identity import (
     BUILD_JSON,
-    CONFIG_TOML,
     BuildError,
     changed_shards_message,
     check_output,
@@ -68,11 +67,13 @@ from pipelines.slurm_executor import submit_slurm
 from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns, source_folder
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
+from pipelines.upload import upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import add_config_arguments, load_config, save_config
 from training.contract.dataset_format import (
+    CONFIG_TOML,  # the resolved config; what a finalize-only run (Slurm) reads back
     DATASET_JSON,
     EXCLUDED_DIR,
     LOGS_DIR,
@@ -80,6 +81,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
 )
 from training.contract.errors import GristmillError, unwritable
+from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url, user_cache_dir
 from validation.validate import format_report, validate_dataset
 
 LOCK = ".build.lock"
@@ -168,8 +170,20 @@ def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
     )
 
 
+def output_dir(cfg: DataConfig) -> Path:
+    """Where the tasks write: `output`, or for an s3:// output the work directory it is uploaded from."""
+    if not is_url(cfg.output):
+        return Path(cfg.output).expanduser().resolve()
+    if cfg.build.workdir:
+        return Path(cfg.build.workdir).expanduser().resolve()
+    url = ObjectURL.parse(cfg.output)
+    return user_cache_dir() / "builds" / url.bucket / (url.prefix or "_bucket_root")
+
+
 def prepare(cfg: DataConfig, log=print) -> Prepared:
-    out = Path(cfg.output).expanduser().resolve()
+    if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
+        ObjectStore(cfg.output).check_bucket()
+    out = output_dir(cfg)
     ensure_demo_corpus(cfg.source)
     resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
     pinned = pinned_folder(read_build_json(out), cfg.source) if resumed else None
@@ -366,6 +380,8 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
     on the terminal too, not only under OUTPUT/logs/."""
     p = prepare(cfg, log)
+    if is_url(p.cfg.output) and _complete_in_bucket(p, log):
+        return BuildResult(p.out, "complete")
     with discard_staged(p.decontam), _locked(p.out):
         previous = check_output(p.out, p.sha, p.identity, log)
         # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
@@ -375,7 +391,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
             log(f"{p.out} is already complete (same config); validated it again:")
-            return _validate(p.cfg, p.out, info, log)
+            return _upload(p.cfg, _validate(p.cfg, p.out, info, log), log)
         finished = finished_tasks(p.out)
         check_free_space(
             p.out,
@@ -405,7 +421,46 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         else:
             stages.append(Stage("build", pipeline, p.cfg.build.tasks, p.out / LOGS_DIR, True))
             (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, stages, log, verbose)
-        return _finish(p.cfg, p.out, record, p.encoder, log)
+        return _upload(p.cfg, _finish(p.cfg, p.out, record, p.encoder, log), log)
+
+
+def _complete_in_bucket(p: Prepared, log) -> bool:
+    """Whether the s3:// output already holds this build's dataset (then there is nothing to do). A
+    bucket holding another config's dataset is refused; its build.json, from an upload cut short,
+    is brought into a fresh work directory so that check_output compares with it as with a local
+    output's (and names the keys that changed)."""
+    store = ObjectStore(p.cfg.output)
+    try:
+        info = json.loads(store.get(DATASET_JSON))
+    except ObjectMissing:
+        info = None
+    if info is not None:
+        if info.get("config_sha256") == p.sha and info.get("status") == "complete":
+            log(
+                f"{p.cfg.output} is already complete (same config): nothing to do; `gristmill data validate "
+                f"{p.cfg.output}` checks every shard again"
+            )
+            return True
+        raise BuildError(
+            f"{p.cfg.output} holds a dataset built from another config (config sha256 "
+            f"{str(info.get('config_sha256'))[:12]}…, this one {p.sha[:12]}…): build into another prefix, or "
+            "delete that dataset first"
+        )
+    if not (p.out / BUILD_JSON).is_file():
+        try:
+            record = store.get(BUILD_JSON)
+        except ObjectMissing:
+            return False
+        p.out.mkdir(parents=True, exist_ok=True)
+        write_atomic(p.out / BUILD_JSON, record)
+    return False
+
+
+def _upload(cfg: DataConfig, result: BuildResult, log) -> BuildResult:
+    """An s3:// output's last step: the finished, validated dataset into the bucket (pipelines/upload.py)."""
+    if is_url(cfg.output) and result.status == "complete" and result.ok:
+        upload_dataset(result.output, cfg.output, log)
+    return result
 
 
 def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> None:
@@ -509,7 +564,7 @@ def _failed_message(out: Path, tasks: int, err: BaseException | None = None, st:
 
 def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     """Used by the Slurm finalize job: no source listing (compute nodes may have no network)."""
-    out = Path(cfg.output).expanduser().resolve()
+    out = output_dir(cfg)
     bj = out / BUILD_JSON
     if not bj.is_file():
         raise BuildError(f"{bj} not found: {out} was never started by `gristmill data build`")
@@ -519,7 +574,7 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
     with _locked(out):
-        return _finish(saved, out, record, encoder, log)
+        return _upload(cfg, _finish(saved, out, record, encoder, log), log)
 
 
 def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: DocumentEncoder, log) -> BuildResult:

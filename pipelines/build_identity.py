@@ -30,8 +30,6 @@ from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
 from training.contract.errors import GristmillError
 
-CONFIG_TOML = "config.toml"  # the resolved config; what a finalize-only run (Slurm) reads back
-
 
 class BuildError(GristmillError):
     """A build that cannot start or did not finish; the message says what to do."""

@@ -28,6 +28,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "pipelines.download",
         "pre-fetch a FineWeb-Edu subset's parquet files (resumable, checksummed) for offline builds",
     ),
+    ("data", "upload"): (
+        "pipelines.upload",
+        "copy a built dataset into an s3:// bucket: every file checked by sha256, dataset.json last",
+    ),
     ("data", "validate"): (
         "validation.validate",
         "re-read every shard and check separators, ids, manifest, hashes and fingerprint",

@@ -213,6 +213,12 @@ class BuildConfig:
     less than this many GB free."""
     validate: bool = True
     """Run `gristmill data validate` on the finished dataset (the build fails if it fails)."""
+    workdir: str = ""
+    """With an s3:// `output`: the local directory the tasks build into; the finished, validated
+    dataset is then uploaded from it (dataset.json last). "": ~/.cache/gristmill/builds/BUCKET/PREFIX
+    (under $XDG_CACHE_HOME if set). Every task must see it, as a local output (Slurm, Ray: a shared
+    path). Keep it for reruns (a rerun of a finished build only checks the upload), or delete it
+    once the bucket holds the dataset."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Used when executor = "slurm"."""
     ray: RayConfig = field(default_factory=RayConfig)
@@ -222,7 +228,8 @@ class BuildConfig:
 @dataclass
 class DataConfig:
     output: str = "runs/data/dataset"
-    """The dataset directory to create (see docs/design.md); a rerun with the same config resumes it."""
+    """The dataset directory to create (see docs/design.md), or an s3://BUCKET/PREFIX URL (built in
+    build.workdir, then uploaded; docs/object-storage.md); a rerun with the same config resumes it."""
     source: SourceConfig = field(default_factory=SourceConfig)
     """Input documents."""
     filters: FiltersConfig = field(default_factory=FiltersConfig)

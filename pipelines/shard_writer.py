@@ -35,6 +35,7 @@ from training.contract.dataset_format import (
     file_sha256,
     fingerprint,
     manifest_files,
+    record_files,
     shard_name,
     source_columns,
     write_dataset_info,
@@ -261,6 +262,7 @@ def finalize_dataset(
         **(extra or {}),
     }
     info["index"] = write_index(root, info)
+    info["files"] = record_files(root)  # what a copy in a bucket or a cache is checked against
     info["fingerprint"] = fingerprint(info)
     info["status"] = "complete"
     write_dataset_info(root, info)

@@ -25,11 +25,11 @@ from typing import Literal
 import datatrove.executor.slurm as dt_slurm
 from datatrove.executor import SlurmPipelineExecutor
 
-from pipelines.build_identity import CONFIG_TOML, BuildError
+from pipelines.build_identity import BuildError
 from pipelines.config import DataConfig
 from pipelines.dedup import Stage
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import LOGS_DIR
+from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
 
 
 def submit_slurm(

@@ -77,7 +77,8 @@ class ModelSection:
 @dataclass
 class DataSection:
     dataset: str = "runs/data/demo"
-    """Dataset directory written by `gristmill data build` (holds dataset.json)."""
+    """Dataset directory written by `gristmill data build` (holds dataset.json), or an
+    s3://BUCKET/PREFIX URL of one in a bucket (read through data.cache_dir; docs/object-storage.md)."""
     seq_len: int = 256
     """Tokens per training sequence."""
     global_batch_tokens: int = 16384
@@ -99,6 +100,17 @@ class DataSection:
     """Verify on the fly that every window keeps one separator per document and ids < vocab (on by
     default: it costs a fraction of a loader that outruns any GPU, and catches corrupted shards
     before they become gradients)."""
+    cache_dir: str = ""
+    """Where the shards of s3:// datasets are kept on this node, each checked against its sha256
+    before first use; the ranks of a node share it (use a local disk, not NFS). "": the user's cache
+    directory, ~/.cache/gristmill/datasets (under $XDG_CACHE_HOME if set). Local datasets are read in
+    place and never copied here."""
+    cache_gb: float = 100.0
+    """The bound on the cached shards' size in GB (1e9 bytes); exceeded by at most the shard being
+    downloaded. Shards the plan reads next are fetched ahead as far as it allows; the least recently
+    used ones that no loader on the node needs next are evicted. A bound below the sources' shards is
+    correct but fetches shards more than once per epoch (the order reads every shard throughout an
+    epoch; the plan's printout says how much)."""
 
 
 @dataclass
@@ -109,8 +121,8 @@ class SourceSection:
     """The source's name in phase mixes, metrics (tokens/NAME, val/NAME) and the audit's
     `consumption` view: letters, digits, `_` and `-`."""
     dataset: str = ""
-    """Dataset directory written by `gristmill data build`. Every source of a run must share one
-    tokenizer (the same tokenizer.json hash)."""
+    """Dataset directory written by `gristmill data build`, or an s3://BUCKET/PREFIX URL (as
+    data.dataset). Every source of a run must share one tokenizer (the same tokenizer.json hash)."""
     max_epochs: int | None = 1
     """Epochs of this source the plan may read. A plan that needs more is refused before step 1,
     naming the source and both token counts; > 1 repeats it, each epoch reshuffled. (data.dataset

@@ -30,6 +30,7 @@ from training.config import (
     TrainConfig,
 )
 from training.contract.config_loader import ConfigError, override_of
+from training.data.remote import CacheSettings
 
 if TYPE_CHECKING:
     from training.checkpoint.base_source import BaseSource
@@ -223,6 +224,20 @@ def check_number(key: str, value: float, *, above_zero: bool = False, note: str 
     )
 
 
+def cache_of(cfg: TrainConfig) -> CacheSettings:
+    """Where this run caches the shards of s3:// sources, and the bound ([data] cache_dir, cache_gb)."""
+    d = cfg.data
+    check_number("data.cache_gb", d.cache_gb, above_zero=True)
+    cache = CacheSettings.of(d.cache_dir, d.cache_gb)
+    if cache.dir.exists() and not cache.dir.is_dir():
+        raise ConfigError(
+            f"data.cache_dir = {d.cache_dir!r} is a file, not a directory; name a directory (it is created "
+            "if missing)",
+            "data.cache_dir",
+        )
+    return cache
+
+
 # [model] overrides that must be positive numbers when set (None: the preset's value).
 _MODEL_POSITIVE_INTS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")
 _MODEL_POSITIVE_FLOATS = ("rope_theta", "norm_eps", "init_std")
@@ -322,6 +337,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
     for src in sources_of(cfg):
         if not 0.0 <= src.val_fraction < 1.0:
             raise ConfigError(f"val_fraction = {src.val_fraction} of source {src.name!r} must be in [0, 1)")
+    cache_of(cfg)
     if d.num_workers < 0 or r.threads < 0:
         raise ConfigError(
             f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "

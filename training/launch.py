@@ -62,14 +62,14 @@ def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
-    from training.data.recipe import build_plan, format_plan, mix_notes, open_sources, plot_plan
+    from training.data.recipe import build_plan, cache_notes, format_plan, mix_notes, open_sources, plot_plan
 
     check_config(cfg, nproc)
     tables = open_sources(cfg)
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, seq_lens_of(cfg))
     plan = build_plan(cfg, tables)
-    for line in format_plan(plan, mix_notes(cfg)):
+    for line in format_plan(plan, mix_notes(cfg) + cache_notes(cfg, tables)):
         print(line)
     path = Path(cfg.run.output_dir) / PLAN_PNG
     print(plot_plan(plan, path) or f"plot: {path}")

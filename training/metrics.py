@@ -33,6 +33,7 @@ from training.config import MetricsSection
 from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
+from training.contract.object_store import COUNTS, is_url
 from training.contract.run_layout import CONSUMPTION_PARQUET, METRICS_JSONL
 from training.data.recipe import write_consumption
 from training.plotting import agg_pyplot
@@ -177,6 +178,22 @@ def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
     return row
 
 
+def fetch_row(plan, since: dict[str, int]) -> dict[str, int]:
+    """With a source in a bucket: the object-store requests, retries (throttled, failed, cut-off
+    requests tried again), bytes downloaded and shards fetched again after a failed sha256 check, of
+    every rank and its loader workers since `since` (a snapshot of object_store.COUNTS), summed over
+    ranks; {} for local sources. Every rank must call it (an all-reduce)."""
+    if not any(is_url(src.dataset) for src in plan.sources):
+        return {}
+    counts = {k: v - since[k] for k, v in COUNTS.snapshot().items()}
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        on_gpu = dist.get_backend() == "nccl"
+        t = torch.tensor(list(counts.values()), dtype=torch.int64, device="cuda" if on_gpu else "cpu")
+        dist.all_reduce(t)
+        counts = dict(zip(counts, t.tolist()))
+    return {f"fetch/{k}": v for k, v in counts.items()}
+
+
 class TrainingMetrics:
     """The training loop's metrics: the throughput window, the row of a logged step (step_row, then
     the checkpoint timings, the data plan's row, validation, eval and the elapsed time), where it
@@ -186,6 +203,7 @@ class TrainingMetrics:
     def __init__(self, writer: MetricsWriter | None, plan, run_dir: Path, *, plot: bool):
         """`plan`: the run's training/data/plan.Plan; `plot`: metrics.plot (RUN/loss.png)."""
         self.writer, self.plan, self.run_dir, self.plot = writer, plan, Path(run_dir), plot
+        self.fetch_base = COUNTS.snapshot()  # fetch/* counts start with this invocation's training
         self.first_loss: float | None = None
         self.last_loss: float | None = None
         self.val_loss: float | None = None
@@ -220,9 +238,11 @@ class TrainingMetrics:
         throughput window starts over after them."""
         step = row["step"]
         row.update(checkpoint_timings)  # checkpoint_stage_s/_wait_s of the saves since the last row
+        fetched = fetch_row(self.plan, self.fetch_base)  # a collective: every rank logs the row
         if self.writer is not None:
             consumed = self.plan.consumed(step)
             row.update(data_row(self.plan, step, consumed))
+            row.update(fetched)
         if validate is not None:
             row.update(validate())
             self.val_loss = row["val_loss"]

@@ -45,7 +45,14 @@ from training.checkpoint.hf_import import check_base_data, load_base_weights
 from training.checkpoint.io import resume_model_record
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
-from training.config_checks import BatchShape, check_config, resolve_model_config, seq_lens_of, sources_of
+from training.config_checks import (
+    BatchShape,
+    cache_of,
+    check_config,
+    resolve_model_config,
+    seq_lens_of,
+    sources_of,
+)
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
     add_resume_argument,
@@ -55,12 +62,12 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     to_dict,
     with_resume,
 )
-from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, PLAN_PNG
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, dataset_loader
 from training.data.recipe import format_plan, open_plan, plot_plan, record_plan
+from training.data.remote import dataset_info, tokenizer_dir
 from training.divergence import (
     DivergencePolicy,
     NonFiniteGuard,
@@ -311,11 +318,11 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     base's directory: None without init_from or when a resume's checkpoint stands for it)."""
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
-    info = read_dataset_info(sources_of(cfg)[0].dataset)
+    info = dataset_info(sources_of(cfg)[0].dataset, cache_of(cfg))
     source = _locate_base(cfg, env) if cfg.model.init_from else None
     model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
     if source is not None and source.directory is not None:  # the data must match the base, before any work
-        dataset = sources_of(cfg)[0].dataset  # every source of a mixture shares one tokenizer
+        dataset = tokenizer_dir(sources_of(cfg)[0].dataset, cache_of(cfg))  # every source shares one
         notes = check_base_data(source.directory, dataset, info, model_config.vocab_size)
         for note in notes if env.rank == 0 else ():
             print(note, flush=True)
@@ -483,6 +490,7 @@ class Validation:
                     seed=self.cfg.data.seed,
                     val_fraction=src.val_fraction,
                     expect_vocab_size=self.vocab_size,
+                    cache=cache_of(self.cfg),
                     **loader_settings(self.cfg, shape, self.env, self.device),
                 )
                 self._loaders[key] = (loader, loader.state_dict())
@@ -556,7 +564,7 @@ def setup(
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
-    data_vocab = read_dataset_info(sources_of(cfg)[0].dataset)["vocab_size"]
+    data_vocab = dataset_info(sources_of(cfg)[0].dataset, cache_of(cfg))["vocab_size"]
     data, tables, notes = open_plan(cfg, expect_vocab_size=data_vocab)
     loader = TokenLoader(
         data,

@@ -32,10 +32,12 @@ import duckdb
 
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
+from training.contract.object_store import ObjectStore, is_url
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
     Damaged,
+    bucket_copy,
     connect,
     describe_views,
     find_damaged,
@@ -408,7 +410,9 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "presets: " + ", ".join(PRESETS) + "\nviews: see `--sql 'SHOW ALL TABLES'` or the README"
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="dataset directories (several: compare them)")
+    parser.add_argument(
+        "dirs", nargs="+", metavar="DIR", help="dataset directories or s3:// URLs (several: compare them)"
+    )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--report", choices=[*PRESETS, "all"], help="print one preset report (all: every preset)"
@@ -421,6 +425,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
+        ObjectStore(url).check_bucket()
+    # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
+    args.dirs = [str(bucket_copy(d)) if is_url(d) else d for d in args.dirs]
     with _damaged_files_named(args.dirs):
         return _run(args)
 

@@ -25,20 +25,26 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
     EXCLUDED_DIR,
     EXCLUDED_SCHEMA,
+    INDEX_DIR,
     LOGS_DIR,
     MANIFEST_DIR,
     MANIFEST_SCHEMA,
     SHARDS_DIR,
     DatasetError,
+    dataset_files,
     manifest_files,
+    read_dataset_info,
 )
+from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON
 from training.data.recipe import CONSUMPTION_SCHEMA
+from training.data.remote import ensure, local_root, origin
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
@@ -189,13 +195,33 @@ def sql_str(s: str) -> str:
 
 
 def dataset_names(roots: list[Path]) -> list[str]:
-    """Directory names, lengthened with parent directories until they are unique."""
+    """Directory names, lengthened with parent directories until they are unique; a bucket's
+    dataset is named by its URL."""
     parts = [r.resolve().parts for r in roots]
     for depth in range(1, max(len(p) for p in parts) + 1):
         names = ["/".join(p[-depth:]) for p in parts]
         if len(set(names)) == len(names):
-            return names
+            return [origin(r) or name for r, name in zip(roots, names)]
     return [f"{p[-1]}#{i}" for i, p in enumerate(parts)]  # the same directory twice
+
+
+def bucket_copy(url: str) -> Path:
+    """The cache's copy of a bucket's dataset with what the views read: every file dataset.json records
+    but the shards and the index (each checked against its sha256), and the last validation.json."""
+    root = local_root(url)
+    ensure(
+        root,
+        [
+            r
+            for r in dataset_files(read_dataset_info(root))
+            if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)
+        ],
+    )
+    try:
+        write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data
+    except ObjectMissing:
+        (root / VALIDATION_JSON).unlink(missing_ok=True)
+    return root
 
 
 def check_roots(roots: list[str | Path]) -> list[Path]:

@@ -40,9 +40,8 @@ from typing import Any
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import nonfinite_tensor
 from training.config import TrainConfig
-from training.config_checks import phases_of, sources_of
+from training.config_checks import cache_of, phases_of, sources_of
 from training.contract.config_loader import load_config, save_config
-from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     EVAL_DIR,
@@ -51,6 +50,7 @@ from training.contract.run_layout import (
     eval_dir,
     list_steps,
 )
+from training.data.remote import CacheSettings, dataset_info
 from validation.eval_data import (
     RENAMED,
     EvalError,
@@ -130,9 +130,10 @@ def available_steps(run_dir: str | Path) -> list[int]:
 @dataclass(frozen=True)
 class RunData:
     source: str  # the source whose held-out documents the local tasks are made of
-    dataset: str  # its dataset directory
+    dataset: str  # its dataset directory, or s3:// URL
     val_fraction: float
     seq_len: int  # the sequence length the run trained on last
+    cache: CacheSettings | None = None  # where a bucket's dataset is cached (the run's data.cache_*)
 
     def heldout(self) -> dict[str, str]:
         """Which documents the local tasks score: results.json's gristmill.heldout."""
@@ -146,7 +147,7 @@ def run_data(cfg: TrainConfig) -> RunData:
     training length; a longer context would score positions it was not last trained on)."""
     sources = sources_of(cfg)
     src = next((s for s in sources if s.val_fraction > 0), sources[0])
-    return RunData(src.name, str(src.dataset), src.val_fraction, phases_of(cfg)[-1].seq_len)
+    return RunData(src.name, str(src.dataset), src.val_fraction, phases_of(cfg)[-1].seq_len, cache_of(cfg))
 
 
 def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -156,7 +157,7 @@ def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
     checks = []
     for src in sources_of(cfg):
         try:
-            entry = read_dataset_info(src.dataset).get("decontaminate")
+            entry = dataset_info(src.dataset, cache_of(cfg)).get("decontaminate")
         except GristmillError:
             entry = None
         checks.append({"source": src.name, "dataset": str(src.dataset), "decontaminate": entry})
@@ -198,7 +199,14 @@ class TaskPlan:
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
         if self.local:
-            build_task_data(self.data.dataset, self.data.val_fraction, self.data_dir, cfg.docs, log or _log)
+            build_task_data(
+                self.data.dataset,
+                self.data.val_fraction,
+                self.data_dir,
+                cfg.docs,
+                log or _log,
+                self.data.cache,
+            )
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
 
     def heldout_note(self) -> str:

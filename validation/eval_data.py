@@ -32,9 +32,11 @@ import yaml
 from tokenizers import Tokenizer
 
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import TOKENIZER_JSON, file_sha256, read_dataset_info
+from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
+from training.contract.object_store import is_url
 from training.data.reader import DocumentTable
+from training.data.remote import CacheSettings, dataset_info, ensure
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
 DATA_VERSION = 3  # 3: the tasks renamed heldout_*, each file's sha256 recorded
@@ -72,7 +74,9 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
 # data of the local tasks
 
 
-def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> list[str]:
+def heldout_texts(
+    dataset_dir: str | Path, val_fraction: float, max_docs: int, cache: CacheSettings | None = None
+) -> list[str]:
     """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator).
 
     The held-out documents are the dataset's val split (training/data/reader.py), in its order.
@@ -82,8 +86,9 @@ def heldout_texts(dataset_dir: str | Path, val_fraction: float, max_docs: int) -
             "the run holds out no documents (data.val_fraction = 0), and the local tasks are built from "
             "held-out documents; train with data.val_fraction > 0 (the demo uses 0.02) or evaluate hub tasks"
         )
-    table = DocumentTable(dataset_dir, split="val", val_fraction=val_fraction)
-    tok = Tokenizer.from_file(str(Path(dataset_dir) / TOKENIZER_JSON))
+    table = DocumentTable(dataset_dir, split="val", val_fraction=val_fraction, cache=cache)
+    ensure(table.root, [TOKENIZER_JSON])  # a bucket's dataset: fetched and checked
+    tok = Tokenizer.from_file(str(table.root / TOKENIZER_JSON))
     rows = table.split_rows(np.arange(min(max_docs, table.documents)))
     texts = []
     for r in rows.tolist():
@@ -161,6 +166,7 @@ def build_task_data(
     out_dir: str | Path,
     max_docs: int = 40,
     log: Callable[[str], None] | None = None,
+    cache: CacheSettings | None = None,
 ) -> Path:
     """Write heldout_ppl.jsonl and heldout_cloze.jsonl from the held-out documents into `out_dir`; an
     up-to-date directory (same dataset fingerprint, val_fraction, max_docs, every file as built) is
@@ -169,8 +175,8 @@ def build_task_data(
     out_dir = Path(out_dir)
     meta: dict[str, Any] = {
         "version": DATA_VERSION,
-        "dataset": str(Path(dataset_dir).resolve()),
-        "dataset_fingerprint": read_dataset_info(dataset_dir)["fingerprint"],
+        "dataset": str(dataset_dir) if is_url(dataset_dir) else str(Path(dataset_dir).resolve()),
+        "dataset_fingerprint": dataset_info(dataset_dir, cache)["fingerprint"],
         "val_fraction": val_fraction,
         "max_docs": max_docs,
     }
@@ -188,7 +194,7 @@ def build_task_data(
                 f"note: {', '.join(map(str, damaged))}: not as {meta_path} recorded (changed or deleted "
                 "since it was built); rebuilt from the run's held-out documents"
             )
-    texts = heldout_texts(dataset_dir, val_fraction, max_docs)
+    texts = heldout_texts(dataset_dir, val_fraction, max_docs, cache)
     files = {
         task_file("heldout_ppl"): [{"text": t} for t in texts],
         task_file("heldout_cloze"): cloze_items(texts),

@@ -30,6 +30,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import socket
 import sys
 import tarfile
 import time
@@ -53,6 +54,7 @@ from training.contract.dataset_format import (
     SHARDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
+    dataset_files,
     decontam_sha256,
     file_sha256,
     fingerprint,
@@ -63,7 +65,10 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
+from training.contract.errors import GristmillError
+from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
+from training.data.remote import CacheSettings, ensure, local_root
 
 VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
@@ -142,15 +147,24 @@ class _ShardSpec:
     # manifest rows of this shard: key -> (offset, nbytes, n_tokens)
     manifest: dict[str, tuple[int, int, int]]
     expected: dict[str, Any] | None  # dataset.json["shard_files"][name]
+    size: int = 0  # bytes (a bucket's listing says; on disk, the file does)
+    url: str | None = (
+        None  # a bucket's dataset: `path` is where the object is downloaded to, checked, deleted
+    )
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
     """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard."""
     res = ShardResult(spec.name)
     try:
+        if spec.url is not None:  # as it is in the bucket, unverified: its hash is one of the checks
+            ObjectStore(spec.url).download(f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size)
         _check_shard(spec, res)
     except Exception as e:  # noqa: BLE001 - a validator reports, it does not crash
         res.add(f"could not be checked: {type(e).__name__}: {e}")
+    finally:
+        if spec.url is not None:
+            Path(spec.path).unlink(missing_ok=True)
     return res
 
 
@@ -385,21 +399,33 @@ def _load_manifest(root: Path, problems: list[Problem]) -> dict[str, dict[str, t
 
 
 def validate_dataset(
-    root: str | Path, *, progress: bool = True, workers: int | None = None, write: bool = True
+    location: str | Path,
+    *,
+    progress: bool = True,
+    workers: int | None = None,
+    write: bool = True,
+    cache: CacheSettings | None = None,
 ) -> ValidationReport:
-    """Check everything DIR promises (module docstring); never raises for a broken dataset.
+    """Check everything DIR (or an s3:// URL) promises (module docstring); never raises for a broken
+    dataset.
 
     `workers` > 1 checks shards in that many processes; None picks one per CPU (at most 8) for
     datasets over PARALLEL_BYTES and 1 below, where starting processes costs more than it saves.
-    With `write`, the report is also saved as DIR/validation.json for the audit.
+    With `write`, the report is also saved as DIR/validation.json for the audit. A dataset in a
+    bucket is checked as it is there: its objects listed, every shard downloaded (one at a time per
+    worker, deleted once checked), the other files copied into `cache` and checked against the
+    sha256 dataset.json records; its validation.json is uploaded.
     """
-    root = Path(root)
     t0 = time.perf_counter()
     problems: list[Problem] = []
     results: list[ShardResult] = []
     info: dict[str, Any] | None = None
     shape: str | None = None
+    url = str(location) if is_url(location) else None
+    root, listing = Path(location), None
     try:
+        if url is not None:
+            root, listing = _bucket_copy(url, cache, problems)
         info = read_dataset_info(root)
         shape = _shape_problem(info)
     except DatasetError as e:
@@ -412,16 +438,22 @@ def validate_dataset(
         info = None
 
     shards_dir = root / SHARDS_DIR
-    shard_entries = sorted(p.name for p in shards_dir.iterdir()) if shards_dir.is_dir() else []
+    if listing is not None:  # the bucket's objects
+        sizes = {rel.split("/", 1)[1]: n for rel, n in listing.items() if rel.startswith(SHARDS_DIR + "/")}
+        leftovers = sorted(rel for rel in listing if rel.endswith(".tmp"))
+    else:
+        sizes = {p.name: p.stat().st_size for p in shards_dir.iterdir()} if shards_dir.is_dir() else {}
+        # Our own leftover, from a validation killed between writing and renaming its report: it is
+        # rewritten below, so it is no problem of the dataset.
+        own_tmp = root / (VALIDATION_JSON + ".tmp")
+        leftovers = [str(t.relative_to(root)) for t in sorted(set(root.rglob("*.tmp")) - {own_tmp})]
+    shard_entries = sorted(sizes)
     on_disk = [name for name in shard_entries if name.endswith(".tar")]
-    # Our own leftover, from a validation killed between writing and renaming its report: it is
-    # rewritten below, so it is no problem of the dataset.
-    own_tmp = root / (VALIDATION_JSON + ".tmp")
-    for tmp in sorted(set(root.rglob("*.tmp")) - {own_tmp}):
+    for tmp in leftovers:
         problems.append(
             Problem(
                 "stray temporary file: a write that did not finish; a finished dataset needs none: delete it",
-                str(tmp.relative_to(root)),
+                tmp,
             )
         )
     for other in shard_entries:
@@ -465,9 +497,15 @@ def validate_dataset(
                     f"{SHARDS_DIR}/{name}",
                 )
             )
+        if url is not None:
+            shards_dir.mkdir(parents=True, exist_ok=True)
         specs = [
             _ShardSpec(
-                str(shards_dir / name),
+                # a bucket's shard is downloaded beside the cache's, under a name no reader opens
+                str(
+                    shards_dir
+                    / (name if url is None else f".validate-{name}.{socket.gethostname()}.{os.getpid()}.tmp")
+                ),
                 name,
                 info["dtype"],
                 int(info["vocab_size"]),
@@ -475,6 +513,8 @@ def validate_dataset(
                 sep["position"],
                 manifest.get(name, {}),
                 listed.get(name),
+                sizes[name],
+                url,
             )
             for name in on_disk
         ]
@@ -484,10 +524,11 @@ def validate_dataset(
         _check_dataset_json(root, info, results, problems)
         _check_index(root, info, problems)
         _check_decontam(root, info, problems)
+        _check_recorded_files(root, info, problems)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
-        root=str(root),
+        root=url or str(root),
         ok=n_problems == 0,
         shards=len(results),
         documents=sum(r.documents for r in results),
@@ -502,10 +543,46 @@ def validate_dataset(
     if write and root.is_dir():
         try:
             text = json.dumps(report.to_dict(), indent=2) + "\n"
-            write_atomic(root / VALIDATION_JSON, text, tmp_name=own_tmp.name)
-        except OSError as e:
-            print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
+            write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
+            if url is not None:
+                ObjectStore(url).put_file(root / VALIDATION_JSON, VALIDATION_JSON)
+        except (OSError, GristmillError) as e:
+            where = f"{url}/" if url else root / ""
+            print(f"warning: could not write {where}{VALIDATION_JSON}: {e}", file=sys.stderr)
     return report
+
+
+def _bucket_copy(
+    url: str, cache: CacheSettings | None, problems: list[Problem]
+) -> tuple[Path, dict[str, int]]:
+    """(the cache's copy of the bucket's dataset with every recorded file but the shards in it, the
+    bucket's objects {path: bytes}); a recorded file that does not hash as recorded is a problem."""
+    root = local_root(url, cache)
+    listing = ObjectStore(url).list()
+    for rel in sorted(dataset_files(read_dataset_info(root))):
+        if rel.split("/", 1)[0] == SHARDS_DIR:
+            continue
+        if rel not in listing:
+            problems.append(Problem("missing in the bucket, but dataset.json records it", rel))
+            continue
+        try:
+            ensure(root, [rel])
+        except DatasetError as e:
+            problems.append(Problem(str(e), rel))
+    return root, listing
+
+
+def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+    """The files dataset.json's "files" entry records (manifest, excluded, stats, build records): each
+    there with its sha256 (a dataset built before the entry has none to check)."""
+    for rel, spec in sorted((info.get("files") or {}).items()):
+        path = root / rel
+        if not path.is_file():
+            problems.append(Problem("missing, but dataset.json records it", rel))
+        elif file_sha256(path) != spec.get("sha256"):
+            problems.append(
+                Problem("sha256 differs from dataset.json's record (changed since the build)", rel)
+            )
 
 
 def _shape_problem(info: dict[str, Any]) -> str | None:
@@ -522,7 +599,7 @@ def _shape_problem(info: dict[str, Any]) -> str | None:
 
 def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:
     if workers is None:
-        total = sum(os.path.getsize(s.path) for s in specs)
+        total = sum(s.size for s in specs)
         workers = min(8, os.cpu_count() or 1) if total > PARALLEL_BYTES else 1
     workers = max(1, min(workers, len(specs)))
     bar = tqdm(
@@ -689,7 +766,9 @@ def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="dataset directory (holds dataset.json, shards/, manifest/)")
+    parser.add_argument(
+        "dir", help="dataset directory (holds dataset.json, shards/, manifest/), or its s3:// URL"
+    )
     parser.add_argument(
         "--workers",
         type=int,
@@ -702,12 +781,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
-    if not root.is_dir():
+    if not is_url(args.dir) and not root.is_dir():
         raise DatasetError(
-            f"{root} is not a directory; pass a dataset directory built by `gristmill data build`"
+            f"{root} is not a directory; pass a dataset directory built by `gristmill data build`, or an "
+            "s3:// URL of one"
         )
+    if is_url(args.dir):  # an unknown bucket, no credentials, no endpoint: one line before any work
+        ObjectStore(args.dir).check_bucket()
     report = validate_dataset(
-        root,
+        args.dir,
         progress=not args.no_progress and sys.stderr.isatty(),
         workers=args.workers,
         write=not args.no_write,

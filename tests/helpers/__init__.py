@@ -8,6 +8,7 @@ hub_server              a local stand-in for the Hugging Face hub's HTTP API
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
+s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights
 """

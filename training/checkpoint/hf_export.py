@@ -47,7 +47,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.config_checks import resolve_model_config, seq_lens_of, sources_of
+from training.config_checks import cache_of, resolve_model_config, seq_lens_of, sources_of
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
@@ -61,6 +61,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     step_of,
 )
+from training.data.remote import tokenizer_dir
 from training.model import ModelConfig, Transformer
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
@@ -276,7 +277,7 @@ def run_model_config(run_dir: str | Path):
     checkpoint's record: its checkpoints never need the base again."""
     cfg = run_config(run_dir)
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
-    dataset = Path(sources_of(cfg)[0].dataset)
+    dataset = tokenizer_dir(sources_of(cfg)[0].dataset, cache_of(cfg))
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
     source = None
     if cfg.model.init_from:
@@ -397,7 +398,7 @@ def export_base(run_dir: str | Path, log=None) -> Path:
             f"{run_dir} has no step 0 to export: it started from random initialisation (step 0 is a run's "
             "base model, model.init_from); export a checkpoint's step"
         )
-    dataset = Path(sources_of(cfg)[0].dataset)
+    dataset = tokenizer_dir(sources_of(cfg)[0].dataset, cache_of(cfg))
     info = read_dataset_info(dataset)
     source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
     try:

@@ -32,6 +32,20 @@ EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
 DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
 DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
+INDEX_DIR = "index"  # the loader index (training/contract/dataset_index.py)
+CONFIG_TOML = "config.toml"  # the build's resolved recipe (a run directory's is run_layout's)
+# The files besides shards, index and tokenizer that a copy of the dataset carries (a bucket's, a
+# cache's): what the audit, `data inspect` and `data validate` read. dataset.json's "files" entry
+# records each one's bytes and sha256 (not part of the fingerprint: they describe the token stream,
+# they are not it), so a copy is checked before it is used.
+RECORDED_FILES = (
+    "manifest/*.parquet",
+    "excluded/**/*.parquet",
+    "logs/**/stats/*.json",
+    "decontam/*",
+    BUILD_JSON,
+    CONFIG_TOML,
+)
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
 META_EXT = "json"  # tar member `<key>.json`: source metadata
 
@@ -221,10 +235,18 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
         raise DatasetError(
             f"{path} not found: {root} is not a gristmill dataset (build one with `gristmill data build`)"
         )
+    return parse_dataset_info(path.read_bytes(), path)
+
+
+def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
+    """dataset.json's content checked as read_dataset_info checks it; `path` names it in errors (a
+    file, or the object of a dataset in a bucket)."""
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+        info = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
+    if not isinstance(info, dict):
+        raise DatasetError(f"{path} is not a JSON object; rebuild the dataset")
     if info.get("format") != FORMAT:
         raise DatasetError(
             f"{path}: format {info.get('format')!r} is not {FORMAT!r}; rebuild with this version"
@@ -245,6 +267,31 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
 def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     """Replace dataset.json atomically (the commit point of a build or `gristmill data index`)."""
     write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+def record_files(root: str | Path) -> dict[str, dict[str, Any]]:
+    """{path inside the dataset: {"bytes", "sha256"}} of its RECORDED_FILES, for dataset.json's "files"."""
+    root = Path(root)
+    found = sorted({p for pattern in RECORDED_FILES for p in root.glob(pattern) if p.is_file()})
+    return {
+        p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in found
+    }
+
+
+def dataset_files(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every file of a complete dataset that dataset.json records a sha256 for, by its path inside the
+    dataset: the shards, the index, tokenizer.json ("bytes" None: only its hash is recorded) and the
+    "files" entry. dataset.json itself, validation.json and the build's logs are not among them."""
+    out: dict[str, dict[str, Any]] = {
+        f"{SHARDS_DIR}/{name}": {"bytes": f["bytes"], "sha256": f["sha256"]}
+        for name, f in info["shard_files"].items()
+    }
+    for name, f in (info.get("index") or {}).get("files", {}).items():
+        out[f"{INDEX_DIR}/{name}"] = {"bytes": f["bytes"], "sha256": f["sha256"]}
+    if info.get("tokenizer_sha256") not in (None, "none"):
+        out[TOKENIZER_JSON] = {"bytes": None, "sha256": info["tokenizer_sha256"]}
+    out.update(info.get("files") or {})
+    return out
 
 
 def manifest_files(root: str | Path) -> list[Path]:

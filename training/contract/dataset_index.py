@@ -30,13 +30,13 @@ import pyarrow.parquet as pq
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    INDEX_DIR,
     DatasetError,
     file_sha256,
     manifest_files,
     numpy_dtype,
 )
 
-INDEX_DIR = "index"
 INDEX_FORMAT = "gristmill-index/1"
 DOC_TOKENS = "doc_tokens.bin"
 DOC_OFFSETS = "doc_offsets.bin"
@@ -109,6 +109,19 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     first = np.zeros(len(names) + 1, "<u8")
     np.cumsum(per_shard, out=first[1:])
     yield SHARD_ROWS, first
+
+
+def shard_rows_of(info: dict[str, Any]) -> np.ndarray | None:
+    """SHARD_ROWS's array from dataset.json alone (each shard's "documents", in name order), or None
+    when it lacks them: a copy of the dataset checks it against the index's hash instead of fetching
+    the file."""
+    try:
+        counts = [int(info["shard_files"][n]["documents"]) for n in sorted(info["shard_files"])]
+    except (KeyError, TypeError, ValueError):
+        return None
+    first = np.zeros(len(counts) + 1, "<u8")
+    np.cumsum(counts, out=first[1:])
+    return first
 
 
 def offsets_dtype(info: dict[str, Any]) -> np.dtype:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from training.contract.config_loader import json_sha256
+from training.contract.object_store import user_cache_dir
 
 log = logging.getLogger("training.data.loader")
 T = TypeVar("T")
@@ -30,7 +31,7 @@ def cache_dir() -> Path:
     """$GRISTMILL_CACHE, else $XDG_CACHE_HOME/gristmill/loader, else ~/.cache/gristmill/loader."""
     if os.environ.get("GRISTMILL_CACHE"):
         return Path(os.environ["GRISTMILL_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gristmill" / "loader"
+    return user_cache_dir() / "loader"
 
 
 def shared(

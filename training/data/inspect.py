@@ -23,9 +23,11 @@ import pyarrow.parquet as pq
 
 from training.config import TrainConfig
 from training.config_checks import check_config
-from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
+from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
+from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
+from training.data.remote import ensure_dirs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,18 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     world = args.world_size
     root = Path(args.dataset)
-    if not root.is_dir():
-        raise LoaderConfigError(
-            f"{root} does not exist: pass a training run directory (holds {CONFIG_TOML}) or a dataset "
-            f"directory (holds {DATASET_JSON})"
-        )
-    if is_training_run(root):
-        return _run_mode(args)
-    if not (root / DATASET_JSON).is_file():
-        raise LoaderConfigError(
-            f"{root} holds neither {CONFIG_TOML} nor {DATASET_JSON}: pass a training run directory or a "
-            "dataset directory"
-        )
+    if not is_url(args.dataset):  # a dataset in a bucket; a run directory is always local
+        if not root.is_dir():
+            raise LoaderConfigError(
+                f"{root} does not exist: pass a training run directory (holds {CONFIG_TOML}) or a dataset "
+                f"directory (holds {DATASET_JSON})"
+            )
+        if is_training_run(root):
+            return _run_mode(args)
+        if not (root / DATASET_JSON).is_file():
+            raise LoaderConfigError(
+                f"{root} holds neither {CONFIG_TOML} nor {DATASET_JSON}: pass a training run directory or a "
+                "dataset directory"
+            )
     missing = [f for f in ("seq_len", "global_batch", "seed") if getattr(args, f) is None]
     if missing:
         raise LoaderConfigError(
@@ -201,6 +204,7 @@ def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro
     tables = loader.builder.tables
     decoders, keys = {}, {}
     for i in np.unique(src).tolist():
+        ensure_dirs(tables[i].root, TOKENIZER_JSON, MANIFEST_DIR)  # a bucket's dataset: fetched, checked
         decoders[i], why_not = _tokenizer(tables[i].root)
         if decoders[i] is None:
             print(f"({plan.sources[i].name}: {why_not}: ids only)")

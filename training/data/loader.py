@@ -22,6 +22,7 @@ The dataset directory is opened, checked and read by training/data/reader.py (`D
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -39,6 +40,8 @@ from training.contract.errors import GristmillError
 from training.data import order as epoch_order
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable, check_separators
+from training.data.remote import CacheSettings
+from training.data.shard_cache import CachedShards, Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,26 @@ class BatchBuilder:
 
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
         return {**self.__dict__, "_orders": {}}
+
+    def global_view(self) -> BatchBuilder:
+        """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own:
+        the shard prefetcher's, in its own thread (training/data/shard_cache.py)."""
+        view = copy.copy(self)
+        view.rank, view.world_size, view._orders = 0, 1, {}
+        return view
+
+    def shards_read(self, step: int) -> list[tuple[int, int]]:
+        """(source, shard) pairs this builder's slots of step `step` read, each source's in the order
+        it first reads them (of every rank's slots, on a global_view)."""
+        src, docs, _, _ = self.segments(step)
+        out: dict[tuple[int, int], None] = {}
+        for i in np.unique(src).tolist():
+            sel = src == i
+            shards = self.tables[i].index.shard_of(docs[sel])
+            _, first = np.unique(shards, return_index=True)
+            for k in shards[np.sort(first)].tolist():
+                out[(i, k)] = None
+        return list(out)
 
     def order(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
         hit = self._orders.get((source, epoch))
@@ -379,16 +402,33 @@ class TokenLoader:
             # An explicit generator: worker seeding must not draw from (and so shift) the global RNG.
             generator=torch.Generator(),
         )
-        for item in loader:
-            if generation != self._generation:
-                raise RuntimeError(
-                    "stale loader iterator: the loader was iterated again or load_state_dict was called "
-                    "since; take a new iterator"
-                )
-            if isinstance(item, _WorkerError):
-                item.reraise()
-            self._step += 1
-            yield item
+        items = iter(loader)  # its workers start here: before the prefetcher's thread, not forked with it
+        prefetcher = self._prefetcher()
+        try:
+            for item in items:
+                if generation != self._generation:
+                    raise RuntimeError(
+                        "stale loader iterator: the loader was iterated again or load_state_dict was called "
+                        "since; take a new iterator"
+                    )
+                if isinstance(item, _WorkerError):
+                    item.reraise()
+                if prefetcher is not None:
+                    prefetcher.check()  # a shard it could not fetch ends the run before a step reads it
+                self._step += 1
+                if prefetcher is not None:
+                    prefetcher.advance(self._step)
+                yield item
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+
+    def _prefetcher(self) -> Prefetcher | None:
+        """For sources in a bucket: their shards fetched ahead in the plan's order (shard_cache.py)."""
+        caches = [t.shards if isinstance(t.shards, CachedShards) else None for t in self._builder.tables]
+        if not any(caches):
+            return None
+        return Prefetcher(caches, self._builder.global_view().shards_read, self._step, self.plan.total_steps)
 
 
 def dataset_loader(
@@ -402,11 +442,13 @@ def dataset_loader(
     val_fraction: float = 0.0,
     expect_vocab_size: int | None = None,
     expect_tokenizer_sha256: str | None = None,
+    cache: CacheSettings | None = None,
     **settings: Any,
 ) -> TokenLoader:
     """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
-    without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `settings`:
-    TokenLoader's rank, world_size, num_workers, check_separators, pin_memory."""
+    without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `cache`: where a
+    bucket's dataset is cached (default: CacheSettings.of()). `settings`: TokenLoader's rank,
+    world_size, num_workers, check_separators, pin_memory."""
     _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
     if split not in SPLITS:
         raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
@@ -420,6 +462,7 @@ def dataset_loader(
         val_fraction=val_fraction,
         expect_vocab_size=expect_vocab_size,
         expect_tokenizer_sha256=expect_tokenizer_sha256,
+        cache=cache,
     )
     steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
     if steps == 0:

@@ -71,7 +71,7 @@ class Source:
         one epoch of `table.tokens` tokens."""
         fingerprint = table.info["fingerprint"]
         return cls(
-            name, str(table.root), fingerprint, table.tokens, table.documents, max_epochs, table.val_fraction
+            name, table.location, fingerprint, table.tokens, table.documents, max_epochs, table.val_fraction
         )
 
 

@@ -35,8 +35,8 @@ from training.contract.dataset_format import (
 from training.contract.dataset_index import INDEX_DIR, DocIndex
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
-
-MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
+from training.data.remote import CacheSettings, describe, ensure, local_root
+from training.data.shard_cache import shard_source
 
 
 class DocumentTable:
@@ -62,11 +62,13 @@ class DocumentTable:
         val_fraction: float = 0.0,
         expect_vocab_size: int | None = None,
         expect_tokenizer_sha256: str | None = None,
+        cache: CacheSettings | None = None,
     ):
-        self.root = Path(root)
+        self.location = str(root)  # as the user named it: a directory or an s3:// URL
+        self.root = local_root(root, cache)  # a bucket's dataset: its directory in the cache
         self.split, self.val_fraction = split, val_fraction
         self.info = info = read_dataset_info(self.root)
-        where = self.root / DATASET_JSON
+        where = describe(self.root, DATASET_JSON)
         check_fingerprint(self.root, info)
         if expect_vocab_size is not None and expect_vocab_size != info["vocab_size"]:
             raise DatasetError(
@@ -91,7 +93,13 @@ class DocumentTable:
         self.vocab_size = int(info["vocab_size"])
         self.separator_position = info["separator"]["position"]
         self.shard_names = sorted(info["shard_files"])
-        self._check_shard_sizes()
+        # Shards in place are checked cheaply here (sizes; sample tar headers below); a cached shard
+        # is checked whole, against its sha256, when it is fetched.
+        self.shards = shard_source(self.root, info, cache)
+        if self.shards.in_place:
+            self._check_shard_sizes()
+        if "index" in info:
+            ensure(self.root, [f"{INDEX_DIR}/{name}" for name in sorted(info["index"]["files"])])
         self.index = DocIndex(self.root, info)
         self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
         # The split's block table, shared between the processes of a node (training/data/cache.py).
@@ -109,7 +117,8 @@ class DocumentTable:
                 f"{self.root}` says which (rebuild the dataset, or rerun `gristmill data index` for a "
                 "damaged index)"
             )
-        self._check_members()
+        if self.shards.in_place:
+            self._check_members()
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
@@ -179,9 +188,13 @@ class DocumentTable:
         512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
         m = self._maps.get(shard)
         if m is None:
-            if len(self._maps) >= MAX_OPEN_SHARDS:
+            if len(self._maps) >= self.shards.max_open:
                 self._maps.popitem(last=False)
-            with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
+            try:
+                f = open(self.shards.path(shard), "rb")
+            except FileNotFoundError:  # a cached shard evicted since `path` found it: fetched again
+                f = open(self.shards.path(shard), "rb")
+            with f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
             self._maps[shard] = m
@@ -259,7 +272,7 @@ def check_separators(
         table, doc, _ = piece_at(i)
         raise DatasetError(
             f"id check failed at {where}: {table._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
-            f"{table.vocab_size}; the shard is corrupt — run `gristmill data validate {table.root}`"
+            f"{table.vocab_size}; the shard is corrupt — run `gristmill data validate {table.location}`"
         )
     bad = misplaced_separators(tokens, ref.separator_id, ref.separator_position, lengths, starts, counts)
     if len(bad) == 0:
@@ -273,5 +286,5 @@ def check_separators(
         f"separator policy (id {table.separator_id}, position {table.separator_position!r}) puts exactly "
         "one separator at each document's "
         f"{'end' if table.separator_position == 'after' else 'start'}; the shard is corrupt or was "
-        f"built under another policy — run `gristmill data validate {table.root}`"
+        f"built under another policy — run `gristmill data validate {table.location}`"
     )

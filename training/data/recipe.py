@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import phases_of, sources_of
+from training.config_checks import cache_of, phases_of, sources_of
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import DATA_PLAN_JSON
@@ -29,9 +29,14 @@ from training.plotting import agg_pyplot
 def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:
     """Each source's training split (in sources_of order); one tokenizer across them, or a DatasetError."""
     sources = sources_of(cfg)
+    cache = cache_of(cfg)
     tables = [
         DocumentTable(
-            s.dataset, split="train", val_fraction=s.val_fraction, expect_vocab_size=expect_vocab_size
+            s.dataset,
+            split="train",
+            val_fraction=s.val_fraction,
+            expect_vocab_size=expect_vocab_size,
+            cache=cache,
         )
         for s in sources
     ]
@@ -44,7 +49,8 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
             if key in seen:
                 name, other = seen[key]
                 raise DatasetError(
-                    f"sources {name!r} and {src.name!r} are the same dataset ({other.root} and {t.root}"
+                    f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
+                    f"{t.location}"
                     f"{', one directory' if isinstance(key, Path) else ', one fingerprint'}); a mixture "
                     "reads each dataset once: give one source that dataset and raise its mix weight"
                 )
@@ -55,9 +61,10 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
         for key in ("tokenizer_sha256", "separator", "vocab_size"):
             if t.info[key] != first.info[key]:
                 raise DatasetError(
-                    f"{t.root / DATASET_JSON}: source {name!r} has {key} {t.info[key]!r} but source "
-                    f"{first_name!r} ({first.root}) has {first.info[key]!r}; every source of a run must be "
-                    "built with the same tokenizer and separator (rebuild it with the other's tokenizer.json)"
+                    f"{t.location}/{DATASET_JSON}: source {name!r} has {key} {t.info[key]!r} but source "
+                    f"{first_name!r} ({first.location}) has {first.info[key]!r}; every source of a run must "
+                    "be built with the same tokenizer and separator (rebuild it with the other's "
+                    "tokenizer.json)"
                 )
     return tables
 
@@ -122,7 +129,23 @@ def open_plan(
     is a PlanError before any work); the notes are mix_notes and the supply's."""
     tables = open_sources(cfg, expect_vocab_size)
     plan = build_plan(cfg, tables)
-    return plan, tables, mix_notes(cfg) + plan.check_supply()
+    return plan, tables, mix_notes(cfg) + plan.check_supply() + cache_notes(cfg, tables)
+
+
+def cache_notes(cfg: TrainConfig, tables: list[DocumentTable]) -> list[str]:
+    """A line when the sources in buckets hold more shard bytes than data.cache_gb: the epoch order
+    permutes blocks of documents over the whole dataset, so every group of steps reads from nearly
+    every shard, and a cache that cannot hold them all fetches some again."""
+    remote = [t for t in tables if not t.shards.in_place]
+    need = sum(f["bytes"] for t in remote for f in t.info["shard_files"].values())
+    bound = cache_of(cfg).max_bytes
+    if not remote or need <= bound:
+        return []
+    return [
+        f"the shards of {', '.join(t.location for t in remote)} take {need / 1e9:.3g} GB, more than "
+        f"data.cache_gb = {cfg.data.cache_gb:g}: they are read throughout each epoch, so some will be "
+        f"fetched more than once; data.cache_gb = {math.ceil(need / 1e9 * 1.05)} fetches each once"
+    ]
 
 
 def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:

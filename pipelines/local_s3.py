@@ -1,0 +1,76 @@
+"""A real S3 server on this machine, for the demo's bucket stage and bench/object_store.py (the tests
+start it too): moto's server (`moto[server]`, in the dev extra) in its own process on 127.0.0.1, on a
+free port, with a bucket; `env()` is the standard AWS environment that points a client at it.
+Nothing here is used when training on a real bucket.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+from training.contract.errors import GristmillError
+
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def aws_env(endpoint: str) -> dict[str, str]:
+    """The standard AWS variables for a client of `endpoint` (moto accepts any credentials)."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": REGION,
+    }
+
+
+class LocalS3:
+    """moto's S3 server on a free loopback port (state in its process); `stop()` ends it."""
+
+    def __init__(self, *buckets: str) -> None:
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise GristmillError(
+                "a local S3 server needs moto: pip install 'moto[server]' (in gristmill's dev extra)"
+            ) from None
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.2).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise GristmillError("moto's S3 server did not start") from None
+                time.sleep(0.05)
+        for bucket in buckets:  # moto checks no signature: a bare PUT makes a bucket
+            urllib.request.urlopen(urllib.request.Request(f"{self.url}/{bucket}", method="PUT"), timeout=30)
+
+    def env(self) -> dict[str, str]:
+        return aws_env(self.url)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

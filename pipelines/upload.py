@@ -1,0 +1,130 @@
+"""`gristmill data upload DIR s3://BUCKET/PREFIX`: a complete local dataset into a bucket, dataset.json
+last. The build's last step for an s3:// output is the same call (pipelines/build.py).
+
+What goes up is what dataset.json records a sha256 for (training/contract/dataset_format.py's
+`dataset_files`: shards, the loader index, tokenizer.json, manifest, excluded, the build's stats,
+build.json and config.toml), each file hashed here first and refused if it is not what dataset.json
+says (a file damaged on disk never reaches the bucket). Each is one PUT (a reader sees the old object
+or the whole new one, never a part) carrying Content-MD5, which the store checks, and its sha256 in
+the object's metadata. An object already there with the recorded size and sha256 is skipped, so a
+rerun after a kill uploads only the rest. Then dataset.json, the commit point: a reader that finds it
+finds every object it lists. No multipart upload is ever started (one PUT takes 5 GiB, more than any
+shard); one left under the prefix by another tool is aborted before anything is uploaded.
+
+A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset
+does not have, is refused: the upload never mixes two datasets.
+"""
+
+from __future__ import annotations
+
+import argparse
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    DatasetError,
+    check_fingerprint,
+    dataset_files,
+    parse_dataset_info,
+    read_dataset_info,
+    record_files,
+    write_dataset_info,
+)
+from training.contract.object_store import COUNTS, ObjectMissing, ObjectStore, ObjectURL
+from validation.validate import VALIDATION_JSON  # the validator's report: uploaded after the commit point
+
+THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limits
+
+
+@dataclass
+class Uploaded:
+    objects: int  # uploaded now
+    skipped: int  # already in the bucket with the recorded size and sha256
+    bytes: int  # uploaded now
+
+
+def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
+    """Put the complete dataset at `root` under `url` (module docstring); returns what was done."""
+    root = Path(root)
+    info = read_dataset_info(root)
+    check_fingerprint(root, info)
+    if "files" not in info:  # built before dataset.json recorded them: the fingerprint stays the same
+        info["files"] = record_files(root)
+        write_dataset_info(root, info)
+        log(
+            f"{root / DATASET_JSON}: recorded the sha256 of {len(info['files'])} more files "
+            "(fingerprint unchanged)"
+        )
+    target = ObjectURL.parse(url)
+    store = ObjectStore(target)
+    store.check_bucket()
+    before = COUNTS.snapshot()
+    _refuse_other_dataset(store, info)
+    for key, upload_id in store.multipart_uploads():
+        store.abort_upload(key, upload_id)
+        log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
+    files = dataset_files(info)
+    there = store.list()
+    strays = sorted(set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON})
+    if strays and DATASET_JSON not in there:
+        raise DatasetError(
+            f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
+            "upload into an empty prefix, or delete them first"
+        )
+
+    def one(rel: str) -> tuple[int, int]:
+        spec, path = files[rel], root / rel
+        if not path.is_file():
+            raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
+        if rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]):
+            head = store.head(rel)
+            if head is not None and head["sha256"] == spec["sha256"]:
+                return 0, 0
+        try:
+            store.put_file(path, rel, expect_sha256=spec["sha256"])
+        except ValueError:  # hashed before the PUT: a file damaged after the build stays here
+            raise DatasetError(
+                f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
+                f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
+            ) from None
+        return 1, path.stat().st_size
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        done = list(pool.map(one, sorted(files)))
+    store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
+    if (root / VALIDATION_JSON).is_file():
+        store.put_file(root / VALIDATION_JSON, VALIDATION_JSON)
+    result = Uploaded(sum(n for n, _ in done), sum(1 for n, _ in done if n == 0), sum(b for _, b in done))
+    counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
+    log(
+        f"uploaded {root} to {target}: {result.objects} objects ({result.bytes / 1e6:,.1f} MB), "
+        f"{result.skipped} already there, then {DATASET_JSON}; {counts['requests']} requests, "
+        f"{counts['retries']} retried"
+    )
+    return result
+
+
+def _refuse_other_dataset(store: ObjectStore, info: dict) -> None:
+    try:
+        raw = store.get(DATASET_JSON)
+    except ObjectMissing:
+        return
+    theirs = parse_dataset_info(raw, store.url.child(DATASET_JSON))
+    if theirs.get("fingerprint") != info["fingerprint"]:
+        raise DatasetError(
+            f"{store.url} holds another dataset (fingerprint {str(theirs.get('fingerprint'))[:12]}…, "
+            "this one "
+            f"{info['fingerprint'][:12]}…): upload to another prefix, or delete that one first"
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", help="a complete dataset directory (holds dataset.json)")
+    parser.add_argument("url", help="s3://BUCKET/PREFIX (endpoint and credentials: the AWS_* environment)")
+
+
+def run(args: argparse.Namespace) -> int:
+    upload_dataset(args.dir, args.url)
+    return 0

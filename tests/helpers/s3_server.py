@@ -1,0 +1,198 @@
+"""A real S3 server on loopback for the object-storage tests: moto's server in its own process, and
+a seeded fault-injecting proxy in front of it.
+
+`MotoServer` is pipelines/local_s3.py's server (`python -m moto.server` on 127.0.0.1 on a free
+port, no docker; its state lives in that process) with a boto3 client for the tests' own setup and
+damage. `FaultProxy` is a stdlib HTTP server in a
+thread that forwards every request to it and, drawn from a seeded RNG per request, answers
+503 SlowDown instead (10%), sends the response's full headers but only part of its body, then closes
+the connection (2%, "truncated"), or resets the connection before answering (1%). The proxy logs
+every request in order (`counts.log`) and can answer slowly (`latency`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from pipelines.local_s3 import REGION, LocalS3, free_port
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
+
+
+class MotoServer(LocalS3):
+    """pipelines/local_s3.py's moto server, plus a plain boto3 client to set up or damage objects."""
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name=REGION,
+        )
+
+
+@dataclass
+class FaultMix:
+    """Per-request probabilities; the draws come from one RNG seeded with `seed`."""
+
+    slow_down: float = 0.10
+    truncated: float = 0.02
+    reset: float = 0.01
+    seed: int = 0
+
+
+@dataclass
+class ProxyCounts:
+    requests: dict[str, int] = field(default_factory=dict)  # by method
+    slow_down: int = 0
+    truncated: int = 0
+    reset: int = 0
+    log: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request, in order
+
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+    def gets(self, suffix: str = "") -> list[str]:
+        """Paths of the GET requests (whatever their fate) that end with `suffix`, in order."""
+        return [path for method, path in self.log if method == "GET" and path.split("?")[0].endswith(suffix)]
+
+
+class FaultProxy:
+    """Forwards to `upstream` ("http://127.0.0.1:PORT"), injecting `mix`'s faults (None: none)."""
+
+    def __init__(self, upstream: str, mix: FaultMix | None = None):
+        host, _, port = upstream.removeprefix("http://").partition(":")
+        self.upstream = (host, int(port))
+        self.latency = 0.0  # seconds added to every request (a slow store)
+        self.counts = ProxyCounts()
+        self._lock = threading.Lock()
+        self.set_faults(mix)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    out = b""
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            return out
+                        out += self.rfile.read(size)
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+            def _handle(self) -> None:
+                body = self._body()
+                fault = proxy._draw(self.command, self.path)
+                if proxy.latency:
+                    time.sleep(proxy.latency)
+                if fault == "reset":
+                    # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                if fault == "slow_down":
+                    self.send_response(503, "Slow Down")
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(SLOW_DOWN)))
+                    self.end_headers()
+                    self.wfile.write(SLOW_DOWN)
+                    return
+                conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+                    headers["Content-Length"] = str(len(body))
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    resp_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
+                finally:
+                    conn.close()
+                if proxy.latency:  # done at the store, answered late
+                    time.sleep(proxy.latency)
+                self.send_response(resp.status, resp.reason)
+                length = None
+                for k, v in resp_headers:
+                    if k.lower() == "content-length":
+                        length = v
+                        continue
+                    self.send_header(k, v)
+                if self.command == "HEAD":
+                    self.send_header("Content-Length", length or "0")
+                    self.end_headers()
+                    return
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if fault == "truncated" and len(data) > 1:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _handle
+
+        class Server(ThreadingHTTPServer):
+            def handle_error(self, request, client_address) -> None:  # a client that hung up: its affair
+                pass
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def set_faults(self, mix: FaultMix | None) -> None:
+        """Start (or stop, with None) injecting faults; the RNG restarts from the mix's seed."""
+        with self._lock:
+            self.mix = mix
+            self.rng = random.Random(mix.seed if mix else 0)
+
+    def _draw(self, method: str, path: str) -> str | None:
+        with self._lock:
+            self.counts.requests[method] = self.counts.requests.get(method, 0) + 1
+            self.counts.log.append((method, path))
+            if self.mix is None:
+                return None
+            r, m = self.rng.random(), self.mix
+            for name, p in (("slow_down", m.slow_down), ("truncated", m.truncated), ("reset", m.reset)):
+                if r < p:
+                    setattr(self.counts, name, getattr(self.counts, name) + 1)
+                    return name
+                r -= p
+            return None
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self.counts = ProxyCounts()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port_url() -> str:
+    """An endpoint on loopback where nothing listens: connections are refused at once."""
+    return f"http://127.0.0.1:{free_port()}"

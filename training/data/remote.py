@@ -1,0 +1,248 @@
+"""A dataset in a bucket, read through a local directory in the cache (docs/object-storage.md).
+
+`local_root(location, cache)` is where every reader opens a dataset: a local dataset's own directory
+(read in place, as ever), or for an s3:// URL the cache's directory of its fingerprint. There
+dataset.json is fetched at every open (one GET: the bucket's commit point says which dataset the URL
+holds now), and every other file on first need (`ensure`): downloaded under a temporary name,
+checked against the sha256 dataset.json records (fetched once more if it differs, then refused in
+one line naming the object), then renamed into place, so no reader ever opens a file that is not
+the dataset's. The shards go through the bounded cache of training/data/shard_cache.py, which uses
+the same verified fetch under the same node-wide lock.
+
+    CACHE/                       [data] cache_dir (default ~/.cache/gristmill/datasets)
+      .lock                      one download (or eviction) at a time on this node
+      <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
+                                 index/, tokenizer.json, manifest/ … as needed, shards/ (bounded)
+      keep/                      what each live loader reads next (shard_cache.py)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.contract.atomic_write import move_into_place, write_atomic
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    TOKENIZER_JSON,
+    DatasetError,
+    check_fingerprint,
+    dataset_files,
+    parse_dataset_info,
+    read_dataset_info,
+)
+from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
+from training.contract.object_store import (
+    COUNTS,
+    ObjectMissing,
+    ObjectStore,
+    ObjectURL,
+    is_url,
+    user_cache_dir,
+)
+
+ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
+VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
+LOCK = ".lock"
+DEFAULT_CACHE_GB = 100.0
+
+
+def default_cache_dir() -> Path:
+    """$XDG_CACHE_HOME/gristmill/datasets, else ~/.cache/gristmill/datasets."""
+    return user_cache_dir() / "datasets"
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Where datasets from buckets are cached on this node, and the bound on their shards' bytes."""
+
+    dir: Path
+    max_bytes: int
+
+    @classmethod
+    def of(cls, cache_dir: str = "", cache_gb: float = DEFAULT_CACHE_GB) -> CacheSettings:
+        """From `[data] cache_dir` ("" for the default) and `cache_gb`."""
+        return cls(Path(cache_dir).expanduser() if cache_dir else default_cache_dir(), int(cache_gb * 1e9))
+
+
+@contextlib.contextmanager
+def node_lock(cache_dir: Path) -> Iterator[None]:
+    """The cache's one lock: downloads and evictions of every process on the node take turns, so no
+    file is downloaded twice and the bound is checked against a size nobody else is changing.
+    (flock: released by the kernel when its holder dies.)"""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir / LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def origin(root: Path) -> str | None:
+    """The URL a cache directory copies, or None for a local dataset."""
+    try:
+        return json.loads((Path(root) / ORIGIN).read_text())["url"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def describe(root: Path, rel: str) -> str:
+    """How to name file `rel` of the dataset at `root` to the user: its URL for a bucket's dataset."""
+    url = origin(root)
+    return f"{url}/{rel}" if url else str(Path(root) / rel)
+
+
+def location_of(root: Path) -> str:
+    """The dataset's name as the user gave it: its URL, or its directory."""
+    return origin(root) or str(root)
+
+
+def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path:
+    """The directory readers open for `location`: the dataset itself, or a bucket's dataset's cache
+    directory, with the bucket's current dataset.json (checked like a local one) in it."""
+    if not is_url(location):
+        return Path(location)
+    cache = cache or CacheSettings.of()
+    url = ObjectURL.parse(str(location))
+    store = ObjectStore(url)
+    try:
+        raw = store.get(DATASET_JSON)
+    except ObjectMissing:
+        raise DatasetError(
+            f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
+            f"there with `gristmill data build … --set output={url}`, or upload one with "
+            f"`gristmill data upload DIR {url}`)"
+        ) from None
+    where = url.child(DATASET_JSON)
+    info = parse_dataset_info(raw, where)
+    check_fingerprint(str(url), info)
+    root = cache.dir / info["fingerprint"]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if origin(root) != str(url):
+            write_atomic(root / ORIGIN, json.dumps({"url": str(url)}) + "\n")
+        path = root / DATASET_JSON
+        if not path.is_file() or path.read_bytes() != raw:
+            write_atomic(path, raw)
+    except OSError as e:
+        raise DatasetError(
+            f"cannot write the cache {cache.dir} ({e.strerror or e}); set data.cache_dir to a writable "
+            "directory"
+        ) from None
+    return root
+
+
+def dataset_info(location: str | Path, cache: CacheSettings | None = None) -> dict[str, Any]:
+    """read_dataset_info of a dataset wherever it is (a bucket's: one GET)."""
+    return read_dataset_info(local_root(location, cache))
+
+
+def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> Path:
+    """The dataset's directory with its tokenizer.json (a bucket's: the copy, the file fetched and
+    checked; a dataset written without one has none either way)."""
+    root = local_root(location, cache)
+    if read_dataset_info(root).get("tokenizer_sha256") not in (None, "none"):
+        ensure(root, [TOKENIZER_JSON])
+    return root
+
+
+def ensure(root: Path, rels: Iterable[str]) -> None:
+    """Files `rels` of the dataset at `root` are there: for a bucket's dataset, each missing one is
+    fetched and verified against dataset.json's sha256; a local dataset is read in place (nothing to
+    do). A file dataset.json does not record cannot be checked and is refused.
+
+    The copy is named by the fingerprint, which covers the shards, the index and the tokenizer; the
+    other recorded files (manifest, build records) may differ between two uploads of one token stream,
+    so the hash each was fetched for is kept in VERIFIED and a copy of another one is fetched again."""
+    url = origin(root)
+    if url is None:
+        return
+    info = read_dataset_info(root)
+    others = info.get("files") or {}
+
+    def present(rel: str, verified: dict[str, str]) -> bool:
+        return (root / rel).is_file() and (rel not in others or verified.get(rel) == others[rel]["sha256"])
+
+    missing = [rel for rel in rels if not present(rel, _verified(root))]
+    if not missing:
+        return
+    recorded = dataset_files(info)
+    store = ObjectStore(url)
+    with node_lock(root.parent):
+        verified = _verified(root)
+        for rel in missing:
+            if present(rel, verified):  # another process fetched it while this one waited for the lock
+                continue
+            spec = recorded.get(rel)
+            if spec is None:
+                raise DatasetError(
+                    f"{url}/{DATASET_JSON} records no sha256 for {rel}, so its copy cannot be checked: "
+                    f"upload the dataset again with this version (`gristmill data upload DIR {url}` records "
+                    "every file)"
+                )
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if rel == f"{INDEX_DIR}/{SHARD_ROWS}" and _write_derived_shard_rows(info, dest, spec["sha256"]):
+                continue
+            fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
+            if rel in others:
+                verified[rel] = spec["sha256"]
+                write_atomic(root / VERIFIED, json.dumps(verified, sort_keys=True))
+
+
+def _verified(root: Path) -> dict[str, str]:
+    try:
+        return json.loads((root / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def ensure_dirs(root: Path, *dirs: str) -> None:
+    """Every recorded file under `dirs` (e.g. manifest/) is there: `ensure` of each (a local dataset:
+    nothing to do)."""
+    if origin(root) is None:
+        return
+    recorded = dataset_files(read_dataset_info(root))
+    ensure(root, [rel for rel in recorded if rel.split("/", 1)[0] in dirs])
+
+
+def _write_derived_shard_rows(info: dict[str, Any], dest: Path, sha256: str) -> bool:
+    """The shard table is each shard's document count, which dataset.json holds: derived here (and
+    checked against the index's hash) it costs no request."""
+    import hashlib
+
+    rows = shard_rows_of(info)
+    if rows is None or hashlib.sha256(rows.tobytes()).hexdigest() != sha256:
+        return False
+    write_atomic(dest, rows.tobytes())
+    return True
+
+
+def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, sha256: str) -> None:
+    """Object `rel` into `dest` only if it hashes to `sha256` (and is `size` bytes): downloaded under a
+    temporary name, fetched once more when it differs (a damaged transfer), then refused naming the
+    object; the rename is the only way a file gets its final name. The caller holds node_lock."""
+    tmp = dest.with_name(f".{dest.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    for attempt in (1, 2):
+        try:
+            got = store.download(rel, tmp, size if size is not None else 0)
+            got_size = tmp.stat().st_size
+            if got == sha256 and (size is None or got_size == size):
+                move_into_place(tmp, dest)
+                return
+        finally:
+            tmp.unlink(missing_ok=True)  # gone already when it was moved into place
+        if attempt == 1:
+            COUNTS.add("refetches")
+    raise DatasetError(
+        f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {got[:16]}… each time, but "
+        f"{DATASET_JSON} records {'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…: "
+        "the object in "
+        "the bucket is damaged or was replaced, and nothing was trained on it; upload the dataset again "
+        f"(`gristmill data upload DIR {store.url}`) or rebuild it"
+    )
