@@ -85,6 +85,7 @@ from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL
 from validation.validate import format_report, validate_dataset
 
 LOCK = ".build.lock"
+MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
 
 
 @dataclass
@@ -209,6 +210,11 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         raise BuildError(
             f"shards.target_mb = {cfg.shards.target_mb} would write one shard per document; "
             "set it > 0 (256 for FineWeb-Edu scale, 1 for the demo)"
+        )
+    if is_url(cfg.output) and cfg.shards.target_mb > MAX_SHARD_MB_IN_A_BUCKET:
+        raise BuildError(
+            f"shards.target_mb = {cfg.shards.target_mb:g} with output {cfg.output}: a shard goes into the "
+            f"bucket as one PUT, at most 5 GiB; set it ≤ {MAX_SHARD_MB_IN_A_BUCKET}"
         )
     cfg = replace(cfg, build=replace(cfg.build, tasks=cfg.build.tasks or len(source.files)))
     if cfg.build.tasks > len(source.files):

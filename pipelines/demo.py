@@ -7,13 +7,17 @@ the first phase as if preempted, then resumed across the phase boundary; lm-eval
 weights at steps 60, 100 and 150 as it trains) → export to HF format and verify every checkpoint
 and export against its checksums → the offline eval of the last export → continued pretraining
 from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss spike
-(injected) rewound past, its skipped data shown by inspect and the audit.
+(injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
+uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket through the
+verified cache, and its per-step hashes equal to the local copy's.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import time
@@ -39,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rewind-config", default="configs/train/demo-rewind.toml", help="the rewind stage's training recipe"
     )
+    parser.add_argument(
+        "--bucket-config",
+        default="configs/train/demo-bucket.toml",
+        help="the bucket stage's training recipe (data.dataset = s3://gristmill-demo/demo)",
+    )
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
@@ -50,6 +59,21 @@ STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the p
 SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
 SKIPPED_STEP = 30
 REWIND_SQL = "SELECT phase, source, tokens, skipped_tokens, rewinds FROM consumption"
+# The bucket stage: a local S3 server (moto, pipelines/local_s3.py) holding the prose dataset.
+BUCKET, BUCKET_URL = "gristmill-demo", "s3://gristmill-demo/demo"
+HASH_ARGS = [
+    "--seq-len",
+    "64",
+    "--global-batch",
+    "16",
+    "--seed",
+    "1234",
+    "--hash",
+    "--step",
+    "1",
+    "--end",
+    "6",
+]
 
 
 def train_output_dir(config: str) -> Path:
@@ -92,9 +116,15 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 8
+    total = 3 if args.skip_train else 9
     configs = (args.data_config, args.code_config)
-    later = (args.train_config, args.eval_config, args.continue_config, args.rewind_config)
+    later = (
+        args.train_config,
+        args.eval_config,
+        args.continue_config,
+        args.rewind_config,
+        args.bucket_config,
+    )
     for path in (*configs, *(() if args.skip_train else later)):
         if not Path(path).is_file():
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
@@ -189,7 +219,65 @@ def run(args: argparse.Namespace) -> int:
         print(f"    step 1 loss {first:.4f}, where the base left off; held-out prose loss {val:.4f} at "
               f"step 10 (the base's, at the demo's step 150: {base:.4f})")  # fmt: skip
     print(f"    continued-pretraining stage took {time.time() - t0:.0f} s")
-    return rewind_stage(args.rewind_config, 8, total, gristmill)
+    if rc := rewind_stage(args.rewind_config, 8, total, gristmill):
+        return rc
+    return bucket_stage(data_dir, args.bucket_config, 9, total, gristmill)
+
+
+def bucket_stage(data_dir: Path, config: str, n: int, total: int, gristmill) -> int:
+    """The prose dataset in an S3 bucket: a local moto server (the endpoint and credentials reach the
+    commands as the standard AWS variables), the upload (every file checked by sha256, dataset.json
+    last), a few steps trained from the bucket through the verified shard cache, and inspect --hash of
+    the bucket equal to the local copy's (docs/object-storage.md)."""
+    from pipelines.local_s3 import LocalS3
+
+    run_dir = train_output_dir(config)
+    hashes = " ".join(HASH_ARGS)
+    t0 = _stage(n, total, "datasets on object storage: the prose dataset uploaded to an S3 bucket (a moto "
+                "server on loopback), 10 steps trained from it through the verified cache, the batches' "
+                "hashes equal to the local copy's",
+                f"gristmill data upload {data_dir} {BUCKET_URL}        # AWS_ENDPOINT_URL=http://127.0.0.1:…\n"
+                f"    $ gristmill train --config {config} --resume auto\n"
+                f"    $ gristmill data inspect {BUCKET_URL} {hashes}\n"
+                f"    $ gristmill data inspect {data_dir} {hashes}")  # fmt: skip
+    s3 = LocalS3(BUCKET)
+    saved = {k: os.environ.get(k) for k in s3.env()}
+    os.environ.update(s3.env())  # the trainer and the commands read the standard AWS variables
+    try:
+        for command in (
+            ["data", "upload", str(data_dir), BUCKET_URL],
+            ["train", "--config", config, "--resume", "auto"],
+        ):
+            if rc := gristmill(command):
+                return rc
+        outputs = []
+        for where in (BUCKET_URL, str(data_dir)):
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rc = gristmill(["data", "inspect", where, *HASH_ARGS, "--cache-dir", "runs/cache/datasets"])
+            if rc:
+                return rc
+            outputs.append(out.getvalue().splitlines()[1:])  # the header names the location
+        print("\n".join(f"    {line}" for line in outputs[0]))
+        same = "equal" if outputs[0] == outputs[1] else "DIFFERENT"
+        print(f"    the {len(outputs[0])} hashes of {BUCKET_URL} and of {data_dir} are {same}")
+        fetched = {k: _logged(run_dir, 10, k) for k in ("fetch/requests", "fetch/retries", "fetch/bytes")}
+        if None not in fetched.values():
+            print(
+                f"    training fetched {fetched['fetch/bytes']:,} bytes in {fetched['fetch/requests']} "
+                f"requests ({fetched['fetch/retries']} retried): metrics.jsonl's fetch/* columns"
+            )
+        if outputs[0] != outputs[1]:
+            return 1
+    finally:
+        s3.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    print(f"    bucket stage took {time.time() - t0:.0f} s")
+    return 0
 
 
 def rewind_stage(config: str, n: int, total: int, gristmill) -> int:

@@ -108,7 +108,7 @@ class DataSection:
     cache_gb: float = 100.0
     """The bound on the cached shards' size in GB (1e9 bytes); exceeded by at most the shard being
     downloaded. Shards the plan reads next are fetched ahead as far as it allows; the least recently
-    used ones that no loader on the node needs next are evicted. A bound below the sources' shards is
+    needed ones that no loader on the node needs next are evicted. A bound below the sources' shards is
     correct but fetches shards more than once per epoch (the order reads every shard throughout an
     epoch; the plan's printout says how much)."""
 

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
+from training.data.remote import dataset_info
 
 TRACKERS_JSON = "trackers.json"  # in the run directory: the wandb/trackio runs a resume continues
 
@@ -104,7 +104,7 @@ def provenance(datasets: dict[str, str]) -> dict[str, Any]:
     its dataset directory with dataset.json's content `fingerprint` and build `config_sha256`."""
     sources = {}
     for name, path in datasets.items():
-        info = read_dataset_info(path)
+        info = dataset_info(path)  # a bucket's: one GET
         sources[name] = {
             "dataset": str(path),
             "fingerprint": info["fingerprint"],

@@ -318,7 +318,7 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[list[BatchShape], Any, to
     base's directory: None without init_from or when a resume's checkpoint stands for it)."""
     shapes = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
-    info = dataset_info(sources_of(cfg)[0].dataset, cache_of(cfg))
+    info = dataset_info(sources_of(cfg)[0].dataset)
     source = _locate_base(cfg, env) if cfg.model.init_from else None
     model_config = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
     if source is not None and source.directory is not None:  # the data must match the base, before any work
@@ -564,7 +564,7 @@ def setup(
     # Loaders before the model: a dataset too small for one global batch, or a source the plan
     # would run out of, fails before the big allocations.
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
-    data_vocab = dataset_info(sources_of(cfg)[0].dataset, cache_of(cfg))["vocab_size"]
+    data_vocab = dataset_info(sources_of(cfg)[0].dataset)["vocab_size"]
     data, tables, notes = open_plan(cfg, expect_vocab_size=data_vocab)
     loader = TokenLoader(
         data,

@@ -33,6 +33,7 @@ import duckdb
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectStore, is_url
+from training.data.remote import CacheSettings, add_cache_argument
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
@@ -422,13 +423,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rows", type=int, default=50, help="rows per table in --format table (0: all)")
     parser.add_argument("--plots", metavar="OUT_DIR", help="also write PNG charts of the presets there")
     parser.add_argument("--db", metavar="FILE", help="also write the views into this duckdb database file")
+    add_cache_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
-    args.dirs = [str(bucket_copy(d)) if is_url(d) else d for d in args.dirs]
+    cache = CacheSettings.of(args.cache_dir)
+    args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
     with _damaged_files_named(args.dirs):
         return _run(args)
 

@@ -44,7 +44,7 @@ from training.contract.dataset_format import (
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON
 from training.data.recipe import CONSUMPTION_SCHEMA
-from training.data.remote import ensure, local_root, origin
+from training.data.remote import CacheSettings, ensure, local_root, origin
 from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
@@ -205,18 +205,12 @@ def dataset_names(roots: list[Path]) -> list[str]:
     return [f"{p[-1]}#{i}" for i, p in enumerate(parts)]  # the same directory twice
 
 
-def bucket_copy(url: str) -> Path:
+def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     """The cache's copy of a bucket's dataset with what the views read: every file dataset.json records
     but the shards and the index (each checked against its sha256), and the last validation.json."""
-    root = local_root(url)
-    ensure(
-        root,
-        [
-            r
-            for r in dataset_files(read_dataset_info(root))
-            if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)
-        ],
-    )
+    root = local_root(url, cache)
+    recorded = dataset_files(read_dataset_info(root))
+    ensure(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
     try:
         write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data
     except ObjectMissing:

@@ -157,7 +157,7 @@ def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
     checks = []
     for src in sources_of(cfg):
         try:
-            entry = dataset_info(src.dataset, cache_of(cfg)).get("decontaminate")
+            entry = dataset_info(src.dataset).get("decontaminate")
         except GristmillError:
             entry = None
         checks.append({"source": src.name, "dataset": str(src.dataset), "decontaminate": entry})

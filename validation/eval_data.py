@@ -176,7 +176,7 @@ def build_task_data(
     meta: dict[str, Any] = {
         "version": DATA_VERSION,
         "dataset": str(dataset_dir) if is_url(dataset_dir) else str(Path(dataset_dir).resolve()),
-        "dataset_fingerprint": dataset_info(dataset_dir, cache)["fingerprint"],
+        "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
         "val_fraction": val_fraction,
         "max_docs": max_docs,
     }

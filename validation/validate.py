@@ -68,7 +68,7 @@ from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_i
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
-from training.data.remote import CacheSettings, ensure, local_root
+from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root
 
 VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
@@ -777,6 +777,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--no-write", action="store_true", help=f"do not write DIR/{VALIDATION_JSON}")
+    add_cache_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -793,6 +794,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         workers=args.workers,
         write=not args.no_write,
+        cache=CacheSettings.of(args.cache_dir),
     )
     print(format_report(report))
     return 0 if report.ok else 1

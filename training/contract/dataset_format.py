@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -208,9 +209,9 @@ def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:
     """Refuse a dataset.json whose recorded fingerprint is not the one its fields give (edited)."""
     if fingerprint(info) != info["fingerprint"]:
         raise DatasetError(
-            f"{Path(root) / DATASET_JSON}: the recorded fingerprint does not match the file's contents "
-            f"({info['fingerprint'][:12]}… recorded, {fingerprint(info)[:12]}… computed): dataset.json was "
-            "edited; rebuild the dataset"
+            f"{os.path.join(root, DATASET_JSON)}: the recorded fingerprint does not match the file's "
+            f"contents ({info['fingerprint'][:12]}… recorded, {fingerprint(info)[:12]}… computed): "
+            "dataset.json was edited; rebuild the dataset"
         )
 
 

@@ -27,7 +27,7 @@ from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZ
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
-from training.data.remote import ensure_dirs
+from training.data.remote import CacheSettings, add_cache_argument, ensure_dirs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,6 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--val-fraction", type=float, default=0.0, help="dataset mode: the run's data.val_fraction"
     )
     p.add_argument("--max-rows", type=int, default=8, help="sequences to print (0: all); default 8")
+    add_cache_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
         val_fraction=args.val_fraction,
         check_separators=True,
+        cache=CacheSettings.of(args.cache_dir),
     )
     spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
     step, end = _steps(args, None)

@@ -38,6 +38,8 @@ from training.data import order as epoch_order
 from training.data.remote import CacheSettings, describe, ensure, local_root
 from training.data.shard_cache import shard_source
 
+MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
+
 
 class DocumentTable:
     """One split of a dataset directory: where each document's tokens are, and reading them.
@@ -122,6 +124,7 @@ class DocumentTable:
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
+        self._downloads = self.shards.downloads
 
     def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
@@ -186,14 +189,20 @@ class DocumentTable:
     def _map(self, shard: int) -> np.ndarray:
         """Shard `shard` as a read-only token array over its memory map (the tar's members are
         512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
+        if self.shards.downloads != self._downloads:  # a download here may have evicted mapped shards:
+            self._downloads = self.shards.downloads  # let go of those, so their disk space returns
+            for gone in [s for s in self._maps if not self.shards.path(s).exists()]:
+                del self._maps[gone]
         m = self._maps.get(shard)
         if m is None:
-            if len(self._maps) >= self.shards.max_open:
+            if len(self._maps) >= MAX_OPEN_SHARDS:
                 self._maps.popitem(last=False)
+            path = self.shards.path(shard)
             try:
-                f = open(self.shards.path(shard), "rb")
-            except FileNotFoundError:  # a cached shard evicted since `path` found it: fetched again
-                f = open(self.shards.path(shard), "rb")
+                f = open(path, "rb")
+            except FileNotFoundError:  # a bucket's shard not in the cache (yet, or any more): fetched
+                self.shards.fetch(shard)
+                f = open(path, "rb")
             with f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)

@@ -72,6 +72,18 @@ class CacheSettings:
         return cls(Path(cache_dir).expanduser() if cache_dir else default_cache_dir(), int(cache_gb * 1e9))
 
 
+def add_cache_argument(parser) -> None:
+    """`--cache-dir` of the commands that read a dataset without a training config (inspect,
+    validate, audit): where an s3:// dataset's copy goes (data.cache_dir's role)."""
+    parser.add_argument(
+        "--cache-dir",
+        default="",
+        metavar="DIR",
+        help="where an s3:// dataset's files are cached, each checked by sha256 (default: "
+        "~/.cache/gristmill/datasets, under $XDG_CACHE_HOME if set)",
+    )
+
+
 @contextlib.contextmanager
 def node_lock(cache_dir: Path) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
@@ -108,24 +120,12 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     if not is_url(location):
         return Path(location)
     cache = cache or CacheSettings.of()
-    url = ObjectURL.parse(str(location))
-    store = ObjectStore(url)
-    try:
-        raw = store.get(DATASET_JSON)
-    except ObjectMissing:
-        raise DatasetError(
-            f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
-            f"there with `gristmill data build … --set output={url}`, or upload one with "
-            f"`gristmill data upload DIR {url}`)"
-        ) from None
-    where = url.child(DATASET_JSON)
-    info = parse_dataset_info(raw, where)
-    check_fingerprint(str(url), info)
+    raw, info = _fetch_dataset_json(str(location))
     root = cache.dir / info["fingerprint"]
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if origin(root) != str(url):
-            write_atomic(root / ORIGIN, json.dumps({"url": str(url)}) + "\n")
+        if origin(root) != str(location):
+            write_atomic(root / ORIGIN, json.dumps({"url": str(location)}) + "\n")
         path = root / DATASET_JSON
         if not path.is_file() or path.read_bytes() != raw:
             write_atomic(path, raw)
@@ -137,9 +137,25 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     return root
 
 
-def dataset_info(location: str | Path, cache: CacheSettings | None = None) -> dict[str, Any]:
-    """read_dataset_info of a dataset wherever it is (a bucket's: one GET)."""
-    return read_dataset_info(local_root(location, cache))
+def dataset_info(location: str | Path) -> dict[str, Any]:
+    """read_dataset_info of a dataset wherever it is (a bucket's: one GET, nothing cached)."""
+    return _fetch_dataset_json(str(location))[1] if is_url(location) else read_dataset_info(location)
+
+
+def _fetch_dataset_json(location: str) -> tuple[bytes, dict[str, Any]]:
+    """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file."""
+    url = ObjectURL.parse(location)
+    try:
+        raw = ObjectStore(url).get(DATASET_JSON)
+    except ObjectMissing:
+        raise DatasetError(
+            f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
+            f"there with `gristmill data build … --set output={url}`, or upload one with "
+            f"`gristmill data upload DIR {url}`)"
+        ) from None
+    info = parse_dataset_info(raw, url.child(DATASET_JSON))
+    check_fingerprint(str(url), info)
+    return raw, info
 
 
 def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> Path:

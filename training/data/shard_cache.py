@@ -13,22 +13,25 @@
 
 Eviction (`make_room`) deletes only the cache's own shard files (`<fingerprint>/shards/*.tar` in a
 directory with remote.ORIGIN) and the temporary files of dead processes; it spares every file in a
-live loader's keep list, then goes least recently used first, until the new shard fits
+live loader's keep list, then goes least recently needed first, until the new shard fits
 `[data] cache_gb`. With downloads one at a time and the keep lists sized to leave room for one
 shard, the cache exceeds its bound by at most the shard being downloaded.
 
 `Prefetcher` runs in each rank's loader (training/data/loader.py): it walks the plan from the step
 being consumed, fetches the shards of the next steps in the order the plan first reads them, as
 far as the bound allows, and publishes them (with those of the last few steps, for ranks a step
-behind) as this process's keep list.
+behind) as this process's keep list. Once the cache holds every shard of its datasets it stops
+planning (it would cost as much as building the batches) and keeps them all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,9 +41,8 @@ from training.contract.dataset_format import SHARDS_DIR, DatasetError
 from training.contract.object_store import ObjectStore
 from training.data.remote import ORIGIN, CacheSettings, fetch_verified, node_lock, origin
 
-MAX_OPEN_LOCAL = 256  # memory maps a reader keeps open per process (each holds a file descriptor)
-MAX_OPEN_CACHED = 16  # fewer for cached shards: an evicted shard's space returns once unmapped
 KEEP_DIR = "keep"
+_DOWNLOADS = [0]  # shards this process downloaded (CachedShards.downloads)
 LAG_STEPS = 2  # steps behind the consumer whose shards stay protected (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 
@@ -49,7 +51,7 @@ class LocalShards:
     """A local dataset's shards, read in place."""
 
     in_place = True
-    max_open = MAX_OPEN_LOCAL
+    downloads = 0  # never: see CachedShards.downloads
 
     def __init__(self, root: Path, names: list[str]):
         self.root, self.names = root, names
@@ -57,12 +59,16 @@ class LocalShards:
     def path(self, shard: int) -> Path:
         return self.root / SHARDS_DIR / self.names[shard]
 
+    def fetch(self, shard: int) -> bool:
+        return False  # read in place: a missing shard stays missing (the reader's open says so)
+
 
 class CachedShards:
-    """A bucket's dataset's shards, through the node's bounded cache (the module docstring)."""
+    """A bucket's dataset's shards, through the node's bounded cache (the module docstring).
+    `downloads` counts this process's downloads of any cache: after one (which may have evicted
+    shards), a reader lets go of its maps of shards no longer in the cache."""
 
     in_place = False
-    max_open = MAX_OPEN_CACHED
 
     def __init__(self, root: Path, info: dict[str, Any], cache: CacheSettings):
         self.root, self.cache, self.url = root, cache, origin(root)
@@ -73,22 +79,20 @@ class CachedShards:
         # Shards that failed their check twice: not fetched again by this process.
         self.refused: dict[int, DatasetError] = {}
 
-    def file(self, shard: int) -> Path:
-        return self.root / SHARDS_DIR / self.names[shard]
+    @property
+    def downloads(self) -> int:
+        return _DOWNLOADS[0]
 
     def path(self, shard: int) -> Path:
-        """The shard's verified file, fetched first if the cache lacks it."""
-        p = self.file(shard)
-        try:
-            os.utime(p)  # recently used: the last to be evicted among the unprotected
-            return p
-        except FileNotFoundError:
-            self.fetch(shard)
-            return p
+        """Where the shard's verified file is once fetched (no I/O: the reader opens it, and calls
+        `fetch` when it is not there)."""
+        return self.root / SHARDS_DIR / self.names[shard]
 
     def fetch(self, shard: int) -> bool:
         """Download the shard unless the cache has it (True if it was downloaded here)."""
-        p = self.file(shard)
+        p = self.path(shard)
+        if p.is_file() and shard not in self.refused:
+            return False
         with node_lock(self.cache.dir):
             if shard in self.refused:  # the prefetcher's verdict: the reader gets the same line
                 raise self.refused[shard]
@@ -102,6 +106,7 @@ class CachedShards:
             except DatasetError as e:
                 self.refused[shard] = e
                 raise
+            _DOWNLOADS[0] += 1
             return True
 
 
@@ -140,7 +145,8 @@ def cache_files(cache_dir: Path) -> list[Path]:
 def make_room(cache: CacheSettings, incoming: int, protect: set[Path]) -> None:
     """Evict cache shards until `incoming` more bytes fit the bound: first those no live loader keeps,
     then those only another loader on the node keeps (it fetches them again: slower, never wrong),
-    least recently used first; never `protect` nor this process's (or its parent's: a DataLoader
+    least recently needed first (the prefetchers mark what their window needs); never `protect`
+    nor this process's (or its parent's: a DataLoader
     worker's rank) keep list. The caller holds node_lock."""
     _remove_dead_tmp(cache.dir)
     ours, theirs = live_keep(cache.dir)
@@ -219,6 +225,7 @@ class Prefetcher:
         self._cond = threading.Condition()
         self.error: BaseException | None = None
         self._memo: dict[int, list[tuple[int, int]]] = {}
+        self._listed, self._complete, self._keeping_all = -1.0, False, False
         self.keep_file = self.cache.dir / KEEP_DIR / f"{socket.gethostname()}-{os.getpid()}_{id(self)}.json"
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
         self._thread.start()
@@ -240,6 +247,20 @@ class Prefetcher:
             self._cond.notify()
         self._thread.join(timeout=60)
         self.keep_file.unlink(missing_ok=True)
+
+    def _all_cached(self) -> bool:
+        """Whether the cache holds every shard of these datasets (a listing at most once a second)."""
+        now = time.monotonic()
+        if now - self._listed < 1.0:
+            return self._complete
+        self._listed = now
+        try:
+            self._complete = all(
+                c is None or set(c.names) <= set(os.listdir(c.root / SHARDS_DIR)) for c in self.caches
+            )
+        except FileNotFoundError:
+            self._complete = False
+        return self._complete
 
     def _step_needs(self, step: int) -> list[tuple[int, int]]:
         hit = self._memo.get(step)
@@ -287,8 +308,16 @@ class Prefetcher:
             fetch += new
         return fetch, list(keep)
 
+    def _touch(self, keep: list[tuple[int, int]]) -> None:
+        """Mark the cached shards of the window as just used: eviction goes least recently needed
+        first (the reader's hot path touches no file; this thread runs only while the cache lacks
+        shards)."""
+        for t, k in keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.caches[t].path(k))
+
     def _publish(self, keep: list[tuple[int, int]]) -> None:
-        files = [str(self.caches[t].file(k)) for t, k in keep]
+        files = [str(self.caches[t].path(k)) for t, k in keep]
         write_atomic(self.keep_file, json.dumps({"files": files}), fsync=False)
 
     def _run(self) -> None:
@@ -299,12 +328,22 @@ class Prefetcher:
                     if self._stop:
                         return
                     step = self._step
-                fetch, keep = self.window(step)
-                self._publish(keep)
+                if self._all_cached():  # nothing to fetch: no planning, and all of it kept
+                    if not self._keeping_all:
+                        self._publish(
+                            [(t, k) for t, c in enumerate(self.caches) if c for k in range(len(c.names))]
+                        )
+                        self._keeping_all = True
+                    fetch = []
+                else:
+                    self._keeping_all = False
+                    fetch, keep = self.window(step)
+                    self._publish(keep)
+                    self._touch(keep)
                 for t, k in fetch:
                     if self._stop or self._step > step + LAG_STEPS:
                         break  # the consumer moved on: plan again from where it is
-                    self.caches[t].path(k)
+                    self.caches[t].fetch(k)
                 with self._cond:
                     if not self._stop and self._step == step:
                         self._cond.wait(timeout=1.0)
