@@ -29,7 +29,7 @@ from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides
 from training.contract.dataset_format import DATASET_JSON, DatasetError, read_dataset_info
 from training.contract.object_store import COUNTS
 from training.data.loader import batch_sha256, dataset_loader
-from training.data.remote import CacheSettings
+from training.data.remote import CacheSettings, tmp_name
 from training.data.shard_cache import cache_usage
 from training.train import load_train_config, train
 
@@ -211,9 +211,14 @@ def test_loader_through_faults_and_a_small_cache_gives_the_local_batches(s3, syn
     info = read_dataset_info(local)
     biggest = max(f["bytes"] for f in info["shard_files"].values())
     settings = CacheSettings(tmp_path / "cache", 8 * biggest)  # 8 of the 10 shards (a step reads ≤ 5)
-    # Files the cache did not write: eviction must leave them alone.
-    foreign = [settings.dir / "notes.tar", settings.dir / "mine" / "shards" / "x.tar"]
-    for f in foreign:
+    # Files the cache did not write, and a live process's download: eviction leaves them alone; a
+    # dead process's download is removed.
+    shards = settings.dir / info["fingerprint"] / "shards"
+    gone = 4_194_305  # above the kernel's largest pid (2**22): no such process
+    dead = shards / tmp_name("00000_00001.tar").replace(f".{os.getpid()}.", f".{gone}.")
+    live = shards / tmp_name("00000_00002.tar").replace(f".{os.getpid()}.", f".{os.getppid()}.")
+    foreign = [settings.dir / "notes.tar", settings.dir / "mine" / "shards" / "x.tar", live]
+    for f in [*foreign, dead]:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"not the cache's")
     peak, stop = [0], threading.Event()
@@ -248,7 +253,7 @@ def test_loader_through_faults_and_a_small_cache_gives_the_local_batches(s3, syn
     )
     assert peak[0] <= settings.max_bytes + biggest, (peak[0], settings.max_bytes)
     assert sum(size for _, size, _ in cache_usage(settings.dir)) <= settings.max_bytes
-    assert all(f.read_bytes() == b"not the cache's" for f in foreign)
+    assert all(f.read_bytes() == b"not the cache's" for f in foreign) and not dead.exists()
 
 
 def test_shards_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, tmp_path):
@@ -266,6 +271,9 @@ def test_shards_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic,
     assert sorted(fetched) == sorted(first_step)  # each shard the 40 steps read, once
     order = [first_step[name] for name in fetched]
     assert order == sorted(order), order  # ahead of need, in the plan's order
+    # DataLoader workers (forked) fetch into the same cache, checked the same way.
+    workers = hashes(url, 40, cache=cache(tmp_path / "workers"), num_workers=2)
+    assert workers == hashes(synthetic[0], 40)
 
 
 def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, tmp_path, capsys):

@@ -30,7 +30,6 @@ import json
 import mmap
 import multiprocessing
 import os
-import socket
 import sys
 import tarfile
 import time
@@ -68,7 +67,7 @@ from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_i
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
-from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root
+from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root, tmp_name
 
 VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
@@ -502,10 +501,7 @@ def validate_dataset(
         specs = [
             _ShardSpec(
                 # a bucket's shard is downloaded beside the cache's, under a name no reader opens
-                str(
-                    shards_dir
-                    / (name if url is None else f".validate-{name}.{socket.gethostname()}.{os.getpid()}.tmp")
-                ),
+                str(shards_dir / (name if url is None else tmp_name(f"validate-{name}"))),
                 name,
                 info["dtype"],
                 int(info["vocab_size"]),

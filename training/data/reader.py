@@ -33,6 +33,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training.contract.object_store import is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
 from training.data.remote import CacheSettings, describe, ensure, local_root
@@ -66,7 +67,7 @@ class DocumentTable:
         expect_tokenizer_sha256: str | None = None,
         cache: CacheSettings | None = None,
     ):
-        self.location = str(root)  # as the user named it: a directory or an s3:// URL
+        self.location = str(root) if is_url(root) else str(Path(root))  # as named: a directory or a URL
         self.root = local_root(root, cache)  # a bucket's dataset: its directory in the cache
         self.split, self.val_fraction = split, val_fraction
         self.info = info = read_dataset_info(self.root)

@@ -54,6 +54,16 @@ LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 
 
+def tmp_name(name: str) -> str:
+    """A download's temporary name beside `name`: `.NAME.HOST.PID.tmp` (the host without dots), so
+    that the cache can tell a dead process's leftover (shard_cache._remove_dead_tmp)."""
+    return f".{name}.{host()}.{os.getpid()}.tmp"
+
+
+def host() -> str:
+    return socket.gethostname().replace(".", "_")
+
+
 def default_cache_dir() -> Path:
     """$XDG_CACHE_HOME/gristmill/datasets, else ~/.cache/gristmill/datasets."""
     return user_cache_dir() / "datasets"
@@ -243,7 +253,7 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
     """Object `rel` into `dest` only if it hashes to `sha256` (and is `size` bytes): downloaded under a
     temporary name, fetched once more when it differs (a damaged transfer), then refused naming the
     object; the rename is the only way a file gets its final name. The caller holds node_lock."""
-    tmp = dest.with_name(f".{dest.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp = dest.with_name(tmp_name(dest.name))
     for attempt in (1, 2):
         try:
             got = store.download(rel, tmp, size if size is not None else 0)

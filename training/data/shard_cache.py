@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +38,7 @@ from typing import Any
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import SHARDS_DIR, DatasetError
 from training.contract.object_store import ObjectStore
-from training.data.remote import ORIGIN, CacheSettings, fetch_verified, node_lock, origin
+from training.data.remote import ORIGIN, CacheSettings, fetch_verified, host, node_lock, origin
 
 KEEP_DIR = "keep"
 _DOWNLOADS = [0]  # shards this process downloaded (CachedShards.downloads)
@@ -173,27 +172,27 @@ def _pid_alive(pid: int) -> bool:
 
 def _remove_dead_tmp(cache_dir: Path) -> None:
     """Temporary files `.NAME.HOST.PID.tmp` of this host's dead processes (a download killed midway)."""
-    host = socket.gethostname()
+    here = host()
     for d in cache_dir.glob(f"*/{ORIGIN}"):
         for tmp in d.parent.rglob(".*.tmp"):
             parts = tmp.name.rsplit(".", 3)
-            if len(parts) == 4 and parts[1] == host and parts[2].isdigit() and not _pid_alive(int(parts[2])):
+            if len(parts) == 4 and parts[1] == here and parts[2].isdigit() and not _pid_alive(int(parts[2])):
                 tmp.unlink(missing_ok=True)
 
 
 def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
     """The files in the keep lists of live loaders: (this process's and its parent's, the others');
     a dead process's list on this host is removed."""
-    host = socket.gethostname()
+    here = host()
     ours: set[Path] = set()
     theirs: set[Path] = set()
     for path in (cache_dir / KEEP_DIR).glob("*.json"):
         name_host, _, rest = path.stem.rpartition("-")
         pid = rest.partition("_")[0]
-        if name_host == host and pid.isdigit() and not _pid_alive(int(pid)):
+        if name_host == here and pid.isdigit() and not _pid_alive(int(pid)):
             path.unlink(missing_ok=True)
             continue
-        own = name_host == host and pid in (str(os.getpid()), str(os.getppid()))
+        own = name_host == here and pid in (str(os.getpid()), str(os.getppid()))
         try:
             (ours if own else theirs).update(Path(p) for p in json.loads(path.read_text())["files"])
         except (OSError, ValueError, KeyError):
@@ -226,7 +225,7 @@ class Prefetcher:
         self.error: BaseException | None = None
         self._memo: dict[int, list[tuple[int, int]]] = {}
         self._listed, self._complete, self._keeping_all = -1.0, False, False
-        self.keep_file = self.cache.dir / KEEP_DIR / f"{socket.gethostname()}-{os.getpid()}_{id(self)}.json"
+        self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
         self._thread.start()
 
