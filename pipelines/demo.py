@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
 STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the phase boundary
-# The rewind stage: a loss spike injected into one data window of step 27 (training/faults.py, a
+# The rewind stage: a loss spike injected into one data window of step 27 (training/run/faults.py, a
 # test fault: never set in real runs); the recipe rewinds to step 25 and skips steps 26-33.
 SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
 SKIPPED_STEP = 30

@@ -35,8 +35,8 @@ from training.config import load_train_config
 from training.config_checks import check_config, resolve_model_config, seq_lens_of
 from training.contract.config_loader import add_config_arguments, add_resume_argument, with_resume
 from training.contract.errors import GristmillError
-from training.run_lock import check_unlocked
-from training.worker_reply import REPLY_KEY
+from training.run.lock import check_unlocked
+from training.run.worker_reply import REPLY_KEY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         return show_plan(cfg, args.nproc_per_node)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
-    from training.shutdown import launcher_child_preexec
+    from training.run.shutdown import launcher_child_preexec
     from training.train import DistEnv, preflight, train
 
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     module = EVAL_ENTRY if with_eval else "training.train"
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
     print("+ " + " ".join(cmd), flush=True)
-    # torchrun dies with this launcher, and its workers with torchrun (training.shutdown). So the
+    # torchrun dies with this launcher, and its workers with torchrun (training.run.shutdown). So the
     # launcher must not die of a preemption signal or a Ctrl-C itself: it only waits, and passes
     # SIGTERM (a scheduler's preemption) and SIGINT straight to the workers, which finish the step,
     # save and exit 0 (a second SIGINT: at once, 130); torchrun then ends with their status. torchrun
@@ -167,7 +167,7 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
         if f.exitcode < 0 and (rank == first or f.exitcode != -signal.SIGTERM)
     ]
     # A rank's own error that rank 0, which alone prints errors, did not stop on (its shard, its
-    # disk): its message is in the reply file train.py left (training/worker_reply.py).
+    # disk): its message is in the reply file train.py left (training/run/worker_reply.py).
     replies = [f for f in failures.values() if REPLY_KEY in f.error_file_data]
     if replies and not any(f.error_file_data[REPLY_KEY] == "printed" for f in replies):
         lines.insert(0, f"error: {min(replies, key=lambda f: f.timestamp).message}")

@@ -522,7 +522,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the run's final timeline: those no rewind discarded (training/rewind.py)."""
+    """The rows of the run's final timeline: those no rewind discarded (training/run/rewind.py)."""
     return [r for r in history if "discarded_by_rewind" not in r]
 
 

@@ -70,7 +70,7 @@ def build_optimizer(
         bnb = bitsandbytes_or_refuse(device_type, sharded)
         return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     # Fused by default on every device (CUDA, and CPU since torch 2.4): it is the fastest, and it
-    # takes the non-finite flag on the device (training.divergence). fused and foreach are mutually
+    # takes the non-finite flag on the device (training.run.verdict). fused and foreach are mutually
     # exclusive; foreach (None → torch picks) otherwise.
     fused = cfg.fused is not False
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused or None)

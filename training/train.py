@@ -15,10 +15,10 @@ checkpoint needs are grouped by training.checkpoint.state.checkpointables and sa
 training.checkpoint.checkpointer.Checkpointer (`--resume auto|PATH`); SIGTERM/SIGINT finish the step, save
 and return normally (exit 0).
 
-A run owns its directory: rank 0 holds RUN/.gristmill.lock for the whole run (training.run_lock),
+A run owns its directory: rank 0 holds RUN/.gristmill.lock for the whole run (training.run.lock),
 config.toml is written only once the resume checks passed, and under torchrun every worker exits
-when its launcher dies (training.shutdown.exit_with_parent). A non-finite loss or gradient is
-never applied (training.divergence) and stops the run with exit 3 by default.
+when its launcher dies (training.run.shutdown.exit_with_parent). A non-finite loss or gradient is
+never applied (training.run.verdict) and stops the run with exit 3 by default.
 """
 
 from __future__ import annotations
@@ -61,14 +61,6 @@ from training.contract.run_layout import CONFIG_TOML, PLAN_PNG
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, dataset_loader
 from training.data.recipe import format_plan, open_plan, plot_plan, record_plan
-from training.divergence import (
-    DivergencePolicy,
-    NonFiniteGuard,
-    SpikeDetector,
-    guarded_step,
-    nonfinite_code,
-)
-from training.faults import LossFaults
 from training.metrics import (
     MetricsWriter,
     ReaderSafeOut,
@@ -90,10 +82,18 @@ from training.optim import (
     plan_scheduler,
 )
 from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
-from training.rewind import Rewinder
-from training.run_lock import RunLock
-from training.shutdown import GracefulStop, exit_with_parent
-from training.worker_reply import report_to_launcher
+from training.run.faults import LossFaults
+from training.run.lock import RunLock
+from training.run.rewind import Rewinder
+from training.run.shutdown import GracefulStop, exit_with_parent
+from training.run.verdict import (
+    DivergencePolicy,
+    NonFiniteGuard,
+    SpikeDetector,
+    guarded_step,
+    nonfinite_code,
+)
+from training.run.worker_reply import report_to_launcher
 
 
 class StepEval(Protocol):
@@ -156,7 +156,7 @@ def train_step(
     world_size: int = 1,
 ) -> dict[str, Any]:
     """One optimizer step over this rank's micro-batches, not applied when the loss or gradient norm
-    is not finite (`nonfinite` in the result: 0, or a code for training.divergence). Values stay on
+    is not finite (`nonfinite` in the result: 0, or a code for training.run.verdict). Values stay on
     the device (no host sync) except the update ratio, which is only measured when asked (it copies
     the parameter shards)."""
     optimizer.zero_grad(set_to_none=True)
@@ -532,7 +532,7 @@ class Run:
     guard: NonFiniteGuard  # device-side tally of the steps not applied
     divergence: DivergencePolicy  # when those steps stop the run
     spikes: SpikeDetector
-    rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/rewind.py)
+    rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/run/rewind.py)
     fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
     last_step: int  # the last step of this invocation
     flops_per_token: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
@@ -812,7 +812,7 @@ def loop(run: Run) -> dict[str, Any]:
 
 def _rewound(run: Run, step: int, phase: int, result: dict[str, Any], due: _Due) -> bool:
     """With rewinds on, every step's loss is read: a step that calls for a rewind gets its metrics
-    row (the spike and the rewind as events), then the run goes back (training/rewind.py).
+    row (the spike and the rewind as events), then the run goes back (training/run/rewind.py).
     Returns whether it did (the state is then at the skip's last step)."""
     loss = _mean_loss(run, result)
     due.loss = loss  # read once: a logged row reuses it
@@ -938,7 +938,7 @@ def main(
     except GristmillError as e:
         # Config and data errors are the same on every rank: said once, by rank 0. Every rank also
         # leaves it for the launcher, which prints it when no rank printed (an error that only
-        # this rank met: its shard, its disk; training/worker_reply.py).
+        # this rank met: its shard, its disk; training/run/worker_reply.py).
         rank = DistEnv.from_environ().rank
         report_to_launcher(f"rank {rank}: {e}", printed=rank == 0)
         if rank == 0:

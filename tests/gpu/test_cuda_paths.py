@@ -262,8 +262,8 @@ def test_train_step_has_no_host_sync():
     """After warm-up, a non-logging train_step (compiled blocks, chunked loss, fused AdamW, clip)
     never synchronises the host with the GPU: torch raises on any synchronising call."""
     from training.config import OptimSection
-    from training.divergence import NonFiniteGuard
     from training.optim import ScheduledLR, build_optimizer
+    from training.run.verdict import NonFiniteGuard
     from training.train import train_step
 
     cfg = SMALL.replace(loss_chunk=512)

@@ -153,7 +153,7 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     """train.py prints a GristmillError on rank 0 only (every rank has a config error: said once);
     an error only rank 1 met (its shard, its disk) reached the user as a bare exit 2. Rank 1 leaves
     it in torchrun's reply file, and the launcher prints it when rank 0 did not stop on its own."""
-    from training.worker_reply import report_to_launcher
+    from training.run.worker_reply import report_to_launcher
 
     def reply(rank: int, message: str, exitcode: int) -> ProcessFailure:
         path = tmp_path / f"error-{rank}.json"

@@ -1,5 +1,5 @@
-"""Rewinding past a loss spike (issue 31, training/rewind.py): a spike injected at a data window
-(training/faults.py) sends the run back to the right checkpoint, the next steps' data is skipped and
+"""Rewinding past a loss spike (issue 31, training/run/rewind.py): a spike injected at a data window
+(training/run/faults.py) sends the run back to the right checkpoint, the next steps' data is skipped and
 recorded, and the run finishes; kill -9 before, during and after the rewind resumes to the same
 weights; 2 ranks equal one process; max_rewinds ends the run (exit 3); retention with keep_last 1
 keeps what a rewind needs; a non-finite step rewinds with on_nonfinite = "rewind"; a spike with no
@@ -29,7 +29,7 @@ from tests.helpers.train_runs import (
 )
 from training.config import load_train_config
 from training.data.recipe import open_plan
-from training.faults import KILL, NAN_LOSS, SPIKE_WINDOW
+from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
 
 STEPS, SPIKE = 30, 17

@@ -262,7 +262,7 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
 
 
 def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
-    from training.run_lock import RunLock, RunLockedError, check_unlocked
+    from training.run.lock import RunLock, RunLockedError, check_unlocked
 
     run = tmp_path / "run"
     run.mkdir()

@@ -104,7 +104,7 @@ def test_adamw8bit_refused_on_cpu_and_fused_is_the_default():
     model = tiny_model()
     with pytest.raises(GristmillError, match="'adamw8bit' needs a CUDA GPU"):
         build_optimizer(model, OptimSection(name="adamw8bit"), "cpu")
-    # fused on CPU too: its kernel takes the non-finite flag on the device (training.divergence)
+    # fused on CPU too: its kernel takes the non-finite flag on the device (training.run.verdict)
     assert build_optimizer(model, OptimSection(), "cpu").defaults["fused"]
     assert not build_optimizer(model, OptimSection(fused=False), "cpu").defaults["fused"]
 

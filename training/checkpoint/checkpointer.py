@@ -218,7 +218,7 @@ def prune(
     than the newest `keep_last` (0: keep all) and incomplete leftovers older than `saved`. Only steps
     up to `saved` are counted and only older ones deleted: `saved` itself always stays, and a higher
     step (a save in flight, or no checkpoint of this timeline) is never touched. `rewind` =
-    (oldest, margin) keeps what a rewind from a later step may need (training/rewind.py): the
+    (oldest, margin) keeps what a rewind from a later step may need (training/run/rewind.py): the
     newest complete checkpoint at or before saved + 1 − margin, and every one after it, none older
     than `oldest`. Returns the deleted steps."""
     complete = [s for s in complete_steps(run_dir) if s <= saved]

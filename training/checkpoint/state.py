@@ -32,7 +32,7 @@ class TrainState:
     The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
     DCP keeps one copy of values that have the same key on every rank. Everything is a tensor, a
     plain number or a string, so loading needs no unpickling (see training.checkpoint.checkpointer).
-    The losses are there because a rewind (training/rewind.py) acts on what the detector decides:
+    The losses are there because a rewind (training/run/rewind.py) acts on what the detector decides:
     a resume must decide the same. Before loading, `expect(keys)` with the checkpoint's keys: an
     entry the checkpoint lacks is not asked for and keeps its value (a resume onto more ranks keeps
     the new ranks' own RNG streams; an older checkpoint has no losses).

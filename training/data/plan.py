@@ -99,7 +99,7 @@ class Phase:
 
 @dataclass(frozen=True)
 class Skip:
-    """Steps a rewind past a loss spike did not train (training/rewind.py): part of the run's
+    """Steps a rewind past a loss spike did not train (training/run/rewind.py): part of the run's
     history, not of its config, so a plan built from the config has none and a resume adopts the
     checkpoint's. The steps keep their numbers, windows and LR; their windows are never fed."""
 

@@ -12,7 +12,7 @@ batch is consumed, as if it had been trained on.
 
 Then `run.on_nonfinite = "stop"` ends the run (NonFiniteError, exit 3) naming the step, the value
 and the last complete checkpoint; `"skip"` logs `skipped_steps` and stops after
-`run.max_skipped` consecutive ones; `"rewind"` goes back to a checkpoint (training/rewind.py). A
+`run.max_skipped` consecutive ones; `"rewind"` goes back to a checkpoint (training/run/rewind.py). A
 loss above mean + k·std of the previous losses is a spike: an event in metrics.jsonl and a warning,
 and with `run.on_spike = "rewind"` a rewind.
 """
@@ -128,7 +128,7 @@ class DivergencePolicy:
         self.config_path, self.checkpointer, self.plot, self.say = config_path, checkpointer, plot, say
 
     def fatal(self, report: dict[str, Any]) -> bool:
-        if self.on_nonfinite == "rewind":  # training/rewind.py acts at the step itself
+        if self.on_nonfinite == "rewind":  # training/run/rewind.py acts at the step itself
             return False
         return report["skipped"] > 0 and (
             self.on_nonfinite == "stop" or report["consecutive"] >= self.max_skipped

@@ -3,7 +3,7 @@ go on — every token still accounted for (docs/divergence.md).
 
 With `run.on_spike = "rewind"` (or `run.on_nonfinite = "rewind"`) the host reads every step's loss
 (all-reduced, so every rank holds the same value and takes the same decision without another
-collective) and the spike rule (training.divergence.SpikeDetector) looks at each one. At a spike
+collective) and the spike rule (training.run.verdict.SpikeDetector) looks at each one. At a spike
 at step S, rank 0 picks the newest complete checkpoint that verifies at or before S −
 margin_steps and not before the previous rewind's skip (restoring an older one would undo that
 rewind's history); every rank loads it (model, optimizer, schedule, RNG, loader, the detector's
@@ -30,9 +30,9 @@ from training.contract.errors import NonFiniteError
 from training.contract.run_layout import EVAL_DIR, abandoned_name, list_steps, step_name
 from training.data.plan import Plan, Skip
 from training.data.recipe import record_plan
-from training.divergence import NonFiniteGuard, SpikeDetector
-from training.faults import kill_point
 from training.optim import ScheduledLR
+from training.run.faults import kill_point
+from training.run.verdict import NonFiniteGuard, SpikeDetector
 
 
 class RewindLimitError(NonFiniteError):
@@ -59,7 +59,7 @@ class Rewinder:
         say: Callable[[str], None],
     ):
         """`writer`: rank 0's MetricsWriter (None elsewhere); `stop(message, error)`: ends the run
-        (training.divergence.DivergencePolicy.stop); `say`: prints on rank 0."""
+        (training.run.verdict.DivergencePolicy.stop); `say`: prints on rank 0."""
         self.on_spike, self.on_nonfinite, self.cfg = run.on_spike, run.on_nonfinite, run.rewind
         self.plan, self.loader, self.scheduler, self.state = plan, loader, scheduler, state
         self.checkpointer, self.guard, self.spikes = checkpointer, guard, spikes
@@ -83,7 +83,7 @@ class Rewinder:
     def cause(self, step: int, loss: float, nonfinite: int) -> dict[str, Any] | None:
         """What makes step `step` rewind — {"text": its line, "spike": the spike rule's finding or
         None for a non-finite step} — or None (`loss`: the step's, all-reduced; `nonfinite`:
-        training.divergence's code). A spike found while on_spike = "report" is not a cause (the metrics row
+        training.run.verdict's code). A spike found while on_spike = "report" is not a cause (the metrics row
         reports it)."""
         if nonfinite and self.on_nonfinite == "rewind":
             return {"text": f"non-finite loss or gradient ({_fmt(loss)})", "spike": None}

@@ -1,0 +1,9 @@
+"""The run's own machinery: what happens around each training step, and what guards the run.
+
+- verdict.py       one verdict per step: the non-finite tally, the loss, the spike finding, the action
+- rewind.py        going back past a loss spike: a checkpoint restored, the next steps' data skipped
+- faults.py        faults tests inject into a real run through the environment (tests only)
+- lock.py          one process tree writes a run directory at a time (RUN/.gristmill.lock)
+- shutdown.py      SIGTERM/SIGINT finish the step and save; no worker outlives its launcher
+- worker_reply.py  a worker's one-line error, handed to the launcher that prints it
+"""
