@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from training.config import load_train_config
-from training.config_checks import check_config, resolve_model_config, seq_lens_of
+from training.config_checks import check_config, resolve_model_config
 from training.contract.config_loader import add_config_arguments, add_resume_argument, with_resume
 from training.contract.errors import GristmillError
 from training.run.lock import check_unlocked
@@ -64,12 +64,12 @@ def show_plan(cfg, nproc: int) -> int:
     from training.contract.run_layout import PLAN_PNG
     from training.data.recipe import build_plan, format_plan, mix_notes, open_sources, plot_plan
 
-    check_config(cfg, nproc)
-    tables = open_sources(cfg)
+    spec = check_config(cfg, nproc)
+    tables = open_sources(spec)
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
-    resolve_model_config(cfg.model, tables[0].info, seq_lens_of(cfg))
-    plan = build_plan(cfg, tables)
-    for line in format_plan(plan, mix_notes(cfg)):
+    resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
+    plan = build_plan(cfg, spec, tables)
+    for line in format_plan(plan, mix_notes(spec)):
         print(line)
     path = Path(cfg.run.output_dir) / PLAN_PNG
     print(plot_plan(plan, path) or f"plot: {path}")
@@ -101,8 +101,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         return show_plan(cfg, args.nproc_per_node)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
+    from training.run.setup import DistEnv, preflight
     from training.run.shutdown import launcher_child_preexec
-    from training.train import DistEnv, preflight, train
+    from training.train import train
 
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:

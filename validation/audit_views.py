@@ -37,9 +37,9 @@ from training.contract.dataset_format import (
     DatasetError,
     manifest_files,
 )
-from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON
+from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET
 from training.data.recipe import CONSUMPTION_SCHEMA
-from validation.eval_results import EVAL_PARQUET, EVAL_SCHEMA
+from validation.eval_results import EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
 

@@ -40,12 +40,14 @@ from typing import Any
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import nonfinite_tensor
 from training.config import TrainConfig
-from training.config_checks import phases_of, sources_of
+from training.config_checks import resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     EVAL_DIR,
+    EVAL_PARQUET,
+    EVAL_PLOT,
     EXPORTS_DIR,
     complete_steps,
     eval_dir,
@@ -63,8 +65,6 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 from validation.eval_results import (
     EVAL_LOG,
-    EVAL_PARQUET,
-    EVAL_PLOT,
     GRISTMILL_TASKS,
     RESULTS_JSON,
     decontamination_marks,
@@ -144,9 +144,9 @@ def run_data(cfg: TrainConfig) -> RunData:
     holds some out (of its only one without [[data.sources]]: one source of a mixture is scored, and
     named wherever its scores are shown), and the seq_len of its last phase (the model's last
     training length; a longer context would score positions it was not last trained on)."""
-    sources = sources_of(cfg)
-    src = next((s for s in sources if s.val_fraction > 0), sources[0])
-    return RunData(src.name, str(src.dataset), src.val_fraction, phases_of(cfg)[-1].seq_len)
+    spec = resolve(cfg)
+    src = next((s for s in spec.sources if s.val_fraction > 0), spec.sources[0])
+    return RunData(src.name, str(src.dataset), src.val_fraction, spec.phases[-1].seq_len)
 
 
 def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -154,7 +154,7 @@ def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
     is gone and cannot tell)."""
     checks = []
-    for src in sources_of(cfg):
+    for src in resolve(cfg).sources:
         try:
             entry = read_dataset_info(src.dataset).get("decontaminate")
         except GristmillError:

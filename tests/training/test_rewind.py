@@ -28,6 +28,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.config import load_train_config
+from training.config_checks import resolve
 from training.data.recipe import open_plan
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
@@ -47,7 +48,8 @@ def rewind_sets(dataset: Path, run: Path, *extra: str) -> list[str]:
 
 def window_of(sets: list[str], step: int, slot: int = 0) -> str:
     """The fault spec of one data window of `step` (from 1): source:epoch:first token."""
-    plan, _, _ = open_plan(load_train_config(TINY, sets), expect_vocab_size=256)
+    cfg = load_train_config(TINY, sets)
+    plan, _, _ = open_plan(cfg, resolve(cfg), expect_vocab_size=256)
     labels, epoch, first = plan.step_windows(step - 1)
     return f"{plan.sources[labels[slot]].name}:{epoch[slot]}:{first[slot]}*50"
 

@@ -83,7 +83,8 @@ def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
     )
     summary = train(cfg)
     states = summary["states"]
-    assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state", "timeline"]
+    assert states["timeline"].state_dict() == {"skips": "[]"}  # no rewind
     assert states["train_state"].state_dict()["step"] == 2
     assert states["lr_scheduler"].state_dict()["last_step"] == 2
     assert states["dataloader"].state_dict()["step"] == 2  # the one-source plan's state

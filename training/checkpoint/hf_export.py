@@ -47,7 +47,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.config_checks import resolve_model_config, seq_lens_of, sources_of
+from training.config_checks import resolve, resolve_model_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
@@ -275,13 +275,14 @@ def run_model_config(run_dir: str | Path):
     A run from a base model (model.init_from) that has a checkpoint takes the base's shape from the
     checkpoint's record: its checkpoints never need the base again."""
     cfg = run_config(run_dir)
+    spec = resolve(cfg)
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
-    dataset = Path(sources_of(cfg)[0].dataset)
+    dataset = Path(spec.sources[0].dataset)
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
     source = None
     if cfg.model.init_from:
         source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"))
-    return cfg, dataset, resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+    return cfg, dataset, resolve_model_config(cfg.model, info, spec.seq_lens, source)
 
 
 def checkpoint_model_config(
@@ -397,11 +398,12 @@ def export_base(run_dir: str | Path, log=None) -> Path:
             f"{run_dir} has no step 0 to export: it started from random initialisation (step 0 is a run's "
             "base model, model.init_from); export a checkpoint's step"
         )
-    dataset = Path(sources_of(cfg)[0].dataset)
+    spec = resolve(cfg)
+    dataset = Path(spec.sources[0].dataset)
     info = read_dataset_info(dataset)
     source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
     try:
-        mcfg = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+        mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     except GristmillError as e:
         raise ExportError(f"step 0 of {run_dir} is its base model, which cannot be read: {e}") from None
     recorded = resume_model_record(run_dir, "auto")

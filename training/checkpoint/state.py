@@ -1,6 +1,7 @@
 """Everything a checkpoint must capture, as `Stateful` objects grouped in one dict.
 
-`checkpointables(...)` returns {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"};
+`checkpointables(...)` returns {"model", "optimizer", "lr_scheduler", "dataloader", "train_state",
+"timeline"};
 each value has state_dict()/load_state_dict(), so a DCP checkpointer can be handed the dict as is
 (`dcp.save(states, ...)` / `dcp.load(states, ...)`). Model and optimizer go through
 torch.distributed.checkpoint.state_dict, which yields sharded (DTensor) state under FSDP2 and plain
@@ -143,12 +144,14 @@ class OptimizerState:
             group.update(own)
 
 
-def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState) -> dict[str, Any]:
-    """The one dict the checkpoint code saves and restores."""
+def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState, timeline) -> dict[str, Any]:
+    """The one dict the checkpoint code saves and restores (`timeline`: training/run/timeline.Timeline,
+    the run's rewinds)."""
     return {
         "model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer),
         "lr_scheduler": scheduler,
         "dataloader": loader,
         "train_state": train_state,
+        "timeline": timeline,
     }

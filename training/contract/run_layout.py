@@ -20,9 +20,12 @@ DCP_METADATA = ".metadata"
 COMPLETE_FILE = "COMPLETE"
 LOCK_FILE = ".gristmill.lock"  # training.run.lock: one writer per run directory
 METRICS_JSONL = "metrics.jsonl"
+LOSS_PNG = "loss.png"  # train and validation loss against step, the timeline's rewinds marked
 PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
 CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
-DATA_PLAN_JSON = "data_plan.json"  # the plan as the run started (sources' fingerprints), read without torch
+DATA_PLAN_JSON = "data_plan.json"  # the plan and its skips (sources' fingerprints), read without torch
+EVAL_PARQUET = "eval.parquet"  # every RUN/eval/step-N/results.json as rows (validation/eval_results.py)
+EVAL_PLOT = "eval.png"
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -47,6 +50,19 @@ def abandoned_name(path: Path) -> Path:
         n += 1
         target = path.with_name(f"abandoned-{path.name}.{n}")
     return target
+
+
+def set_aside_after(parent: str | Path, after: int) -> list[tuple[Path, Path]]:
+    """Every `step-N` directory under `parent` with N > `after` renamed abandoned-step-N (a discarded
+    timeline's: kept, never overwritten, out of every step listing); returns (old, new) paths."""
+    moved = []
+    for step in list_steps(parent):
+        if step > after:
+            path = Path(parent) / step_name(step)
+            target = abandoned_name(path)
+            path.rename(target)
+            moved.append((path, target))
+    return moved
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:

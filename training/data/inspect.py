@@ -26,6 +26,7 @@ from training.config_checks import check_config
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, manifest_files
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
+from training.data.plan import skip_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -136,14 +137,14 @@ def _run_mode(args: argparse.Namespace) -> int:
     )
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
-    check_config(cfg, args.world_size)
-    tables = open_sources(cfg)
-    plan = build_plan(cfg, tables)
+    spec = check_config(cfg, args.world_size)
+    tables = open_sources(spec)
+    plan = build_plan(cfg, spec, tables)
     note = check_recorded_plan(Path(args.dataset), plan, tables)  # a rebuilt source: refused here
     if note:
         print(f"note: {note}", file=sys.stderr)
-    # The rewinds are the run's history, not its config: the recorded plan has them.
-    plan.skips[:] = recorded_skips(Path(args.dataset))
+    # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.
+    skips = recorded_skips(Path(args.dataset))
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,
@@ -159,20 +160,20 @@ def _run_mode(args: argparse.Namespace) -> int:
         + ", ".join(f"{s.name} = {s.dataset}" for s in plan.sources)
         + f"; seed {plan.seed}; rank {args.rank}/{args.world_size}"
     )
-    if plan.skips:
-        skipped = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps))
-        print(f"# {len(plan.skips)} rewind(s), {skipped:,} tokens skipped (read, never trained):")
-        for line in skip_lines(plan):
+    if skips:
+        skipped = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps, skips))
+        print(f"# {len(skips)} rewind(s), {skipped:,} tokens skipped (read, never trained):")
+        for line in skip_lines(plan, skips):
             print(f"#   {line}")
     if args.hash:
         for s, micro in zip(range(step, end), loader):
-            skip = plan.skip_of(s)
+            skip = skip_of(skips, s)
             print(f"{s} {batch_sha256(micro)}" + (f" skipped (rewind {skip.rewind})" if skip else ""))
         return 0
     micro = next(iter(loader))
     p, k = plan.locate(step - 1)
     ph = plan.phases[p]
-    skip = plan.skip_of(step)
+    skip = skip_of(skips, step)
     skipped = (
         f"; SKIPPED by rewind {skip.rewind} ({skip_cause(skip)}): these windows were not trained on"
         if skip

@@ -303,6 +303,7 @@ class TokenLoader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.resume_notes: list[str] = []
+        self.saved_skips: tuple[data_plan.Skip, ...] = ()
         self._step = 0  # global steps handed to the consumer
         self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
 
@@ -357,8 +358,9 @@ class TokenLoader:
             )
         except data_plan.PlanError as e:
             raise LoaderStateError(str(e)) from None
-        # The rewinds' skips are the run's history, not its config: the checkpoint's are the run's.
-        self.plan.skips[:] = data_plan.skips_from(saved)
+        # A checkpoint from before the run's timeline was saved on its own kept the rewinds' skips in
+        # the plan's description: read here, adopted by the timeline (checkpointer._load).
+        self.saved_skips = data_plan.skips_from(saved)
         self._step = step
         self._generation += 1
 

@@ -1,15 +1,17 @@
 """A training recipe's data plan: its sources opened and checked, the Plan built, shown as a table.
 
-`open_plan(cfg)` is what the trainer, `gristmill train --plan`, `gristmill data inspect RUN` and the
-audit's `consumption` view share: each source's training split opened (training/data/reader.py),
-the sources checked to share one tokenizer, and the recipe's phases turned into a
-training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
+`open_plan(cfg, spec)` is what the trainer, `gristmill train --plan` and `gristmill data inspect
+RUN` share: each source of the resolved recipe (training/config_checks.RunSpec) has its training
+split opened (training/data/reader.py), the sources checked to share one tokenizer, and the
+recipe's phases turned into a training/data/plan.Plan. Needs no torch, so `--plan` answers in
+about a second.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import phases_of, sources_of
+from training.config_checks import RunSpec
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import DATA_PLAN_JSON
@@ -26,9 +28,9 @@ from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
 
 
-def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:
-    """Each source's training split (in sources_of order); one tokenizer across them, or a DatasetError."""
-    sources = sources_of(cfg)
+def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[DocumentTable]:
+    """Each source's training split (in the spec's order); one tokenizer across them, or a DatasetError."""
+    sources = spec.sources
     tables = [
         DocumentTable(
             s.dataset, split="train", val_fraction=s.val_fraction, expect_vocab_size=expect_vocab_size
@@ -62,15 +64,15 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
     return tables
 
 
-def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
-    """The recipe's plan over the sources' training splits (`tables`, in sources_of order).
+def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> data_plan.Plan:
+    """The recipe's plan over the sources' training splits (`tables`, in the spec's order).
 
-    Each source is read at most its max_epochs times (sources_of: unlimited for data.dataset with
-    [schedule], once under [[phase]]).
+    Each source is read at most its max_epochs times (unlimited for data.dataset with [schedule],
+    once under [[phase]]: training/config_checks.resolve).
     """
-    sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(sources_of(cfg), tables)]
+    sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(spec.sources, tables)]
     phases, prev_end = [], 0.0
-    for p, ph in enumerate(phases_of(cfg)):
+    for p, ph in enumerate(spec.phases):
         lr = ph.lr
         peak = lr.peak if lr.peak is not None else (cfg.optim.lr if p == 0 else prev_end)
         end = peak if lr.shape == "constant" else (cfg.optim.min_lr if lr.to is None else lr.to)
@@ -85,7 +87,7 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
 def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
-    if not cfg.phase:  # the one-phase [schedule] form (config_checks.phases_of)
+    if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources"}
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
@@ -104,10 +106,10 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     return out
 
 
-def mix_notes(cfg: TrainConfig) -> list[str]:
+def mix_notes(spec: RunSpec) -> list[str]:
     """A line per phase whose mix weights do not sum to 1: the plan trains their shares, so say them."""
     notes = []
-    for ph in phases_of(cfg):
+    for ph in spec.phases:
         total = sum(ph.mix.values())
         if not math.isclose(total, 1.0, rel_tol=1e-9):
             shares = ", ".join(f"{name} {w:g}→{w / total:.3g}" for name, w in ph.mix.items())
@@ -116,19 +118,20 @@ def mix_notes(cfg: TrainConfig) -> list[str]:
 
 
 def open_plan(
-    cfg: TrainConfig, expect_vocab_size: int | None = None
+    cfg: TrainConfig, spec: RunSpec, expect_vocab_size: int | None = None
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
     is a PlanError before any work); the notes are mix_notes and the supply's."""
-    tables = open_sources(cfg, expect_vocab_size)
-    plan = build_plan(cfg, tables)
-    return plan, tables, mix_notes(cfg) + plan.check_supply()
+    tables = open_sources(spec, expect_vocab_size)
+    plan = build_plan(cfg, spec, tables)
+    return plan, tables, mix_notes(spec) + plan.check_supply()
 
 
-def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:
-    """RUN/data_plan.json: the plan the run trains (each source's fingerprint), readable without torch
-    (the checkpoints' copy is DCP): `data inspect RUN` checks the datasets against it."""
-    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json())
+def record_plan(plan: data_plan.Plan, run_dir: Path, skips: Sequence[data_plan.Skip] = ()) -> None:
+    """RUN/data_plan.json: the plan the run trains (each source's fingerprint) and its timeline's
+    skips, readable without torch: `data inspect RUN` checks the datasets against it and marks the
+    skipped steps, the audit's `skips` view reads it."""
+    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json(skips))
 
 
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
@@ -149,11 +152,11 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     return None
 
 
-def recorded_skips(run_dir: Path) -> list[data_plan.Skip]:
+def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:
     """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
     when the run recorded no plan."""
     path = run_dir / DATA_PLAN_JSON
-    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else []
+    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else ()
 
 
 def skip_cause(skip: data_plan.Skip) -> str:
@@ -162,10 +165,10 @@ def skip_cause(skip: data_plan.Skip) -> str:
     return f"{skip.reason or f'step {skip.spike_step:,}'}; back to step {skip.checkpoint_step:,}"
 
 
-def skip_lines(plan: data_plan.Plan) -> list[str]:
-    """One line per rewind of the plan: the steps it skipped, why, and the tokens not trained on."""
+def skip_lines(plan: data_plan.Plan, skips: Sequence[data_plan.Skip]) -> list[str]:
+    """One line per rewind: the steps it skipped, why, and the tokens not trained on."""
     lines = []
-    for s in plan.skips:
+    for s in skips:
         detail = plan.skip_detail(s)
         tokens = sum(d["tokens"] for d in detail)
         per = ", ".join(f"{d['source']} {d['tokens']:,}" for d in detail)
@@ -176,12 +179,12 @@ def skip_lines(plan: data_plan.Plan) -> list[str]:
     return lines
 
 
-def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
+def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> list[dict[str, Any]]:
     """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
     and the share of its dataset (stream tokens / one epoch of its training split) read, and the
     tokens of steps the rewinds skipped (read, not trained) when there are any."""
     rows = []
-    end_rows = plan.consumed(plan.total_steps)
+    end_rows = plan.consumed(plan.total_steps, skips)
     for p, ph in enumerate(plan.phases):
         first = plan.first_step[p]
         row: dict[str, Any] = {
@@ -199,9 +202,10 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
     return rows
 
 
-def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
-    """The plan as printed by `gristmill train --plan` and at the top of a run."""
-    rows = plan_rows(plan)
+def format_plan(plan: data_plan.Plan, notes: list[str], skips: Sequence[data_plan.Skip] = ()) -> list[str]:
+    """The plan as printed by `gristmill train --plan` and at the top of a run (a resumed run's with
+    its timeline's `skips`)."""
+    rows = plan_rows(plan, skips)
     cols = list(rows[0])
     width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     lines = [
@@ -210,11 +214,11 @@ def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
     ]
     lines.append(
         "per source: tokens trained (share of one epoch of its training split read"
-        + ("; tokens of the steps a rewind skipped: read, not trained" if plan.skips else "")
+        + ("; tokens of the steps a rewind skipped: read, not trained" if skips else "")
         + "); sources: "
         + ", ".join(f"{s.name} = {s.dataset} ({s.tokens:,} tokens)" for s in plan.sources)
     )
-    return lines + skip_lines(plan) + [f"note: {n}" for n in notes]
+    return lines + skip_lines(plan, skips) + [f"note: {n}" for n in notes]
 
 
 CONSUMPTION_SCHEMA = pa.schema(
@@ -255,9 +259,9 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
         pq.write_table(table, tmp)
 
 
-def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
-    """plan.png: the LR curve with phase boundaries, and each source's share of every step.
-    Returns a note instead when matplotlib is missing."""
+def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
+    """plan.png: the LR curve with phase boundaries, each source's share of every step and the
+    steps the rewinds skipped (`skips`). Returns a note instead when matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "plan.png skipped: matplotlib is not installed"
@@ -278,7 +282,7 @@ def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
     ax_mix.set_xlabel("step")
     ax_mix.set_ylim(0, 1)
     ax_mix.legend(loc="upper left", fontsize=8)
-    for s in plan.skips:  # steps a rewind skipped: their windows were read, not trained
+    for s in skips:  # steps a rewind skipped: their windows were read, not trained
         for ax in (ax_lr, ax_mix):
             ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="red", alpha=0.15, linewidth=0)
     for p, ph in enumerate(plan.phases):
