@@ -58,6 +58,7 @@ from training.contract.errors import GristmillError
 from training.metrics import mfu, no_step_row, peak_memory_bytes, snapshot, step_row, update_ratio
 from training.optim import ScheduledLR, clip_grad_norm
 from training.run.console import console, say
+from training.run.faults import kill_point
 from training.run.rewind import RewindTarget
 from training.run.setup import DistEnv, Run, StepEval, own_run_dir, pick_device, preflight, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
@@ -179,12 +180,13 @@ def loop(run: Run) -> dict[str, Any]:
     docstring. Returns the summary (rank 0's view)."""
     state, checkpointer = run.state, run.checkpointer
     start = state.step  # a resumed run's summary covers its own steps, not the whole run's
-    stopped_by, scored = None, start  # scored: the last step whose weights were validated/evaluated
+    stopped_by = None
     run.metrics.start()
     batches = iter(run.loader)
     phase = None
     try:
         with GracefulStop(run.env.world_size) as shutdown:
+            _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
@@ -197,26 +199,26 @@ def loop(run: Run) -> dict[str, Any]:
                     step, result, look=due.save or due.log or bool(stop), logged=due.log
                 )
                 if verdict.action == STOP:
-                    _row(run, step, phase, result, verdict)
+                    run.metrics.log(_row(run, step, phase, result, verdict))
                     _stop(run, verdict)
                 if verdict.action == REWIND:
-                    _row(run, step, phase, result, verdict)
+                    run.metrics.log(_row(run, step, phase, result, verdict))
                     _rewind(run, verdict.rewind)
                     batches = iter(run.loader)  # continues after the skip
                     continue
                 if verdict.warning:
                     say(verdict.warning)
+                row = _row(run, step, phase, result, verdict) if due.log else None
+                # The row waits in the state (and so in a checkpoint saved now) until it is written.
+                state.pending = row and {"row": row, "validate": due.validate, "evaluate": due.evaluate}
                 if due.save or stop:  # first: a validation or an eval that fails then costs no training
                     checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
-                if due.log:
-                    _row(run, step, phase, result, verdict, validate=due.validate, evaluate=due.evaluate)
-                    scored = step if due.validate or due.evaluate else scored
+                    kill_point(f"saved:{step}")
+                _write_pending(run)
                 if stop:
                     stopped_by = stop
                     say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
                     break
-            if stopped_by is None and state.step > scored:
-                _score_final(run)
             checkpointer.close()  # waits for an async save in flight
     except BaseException:
         checkpointer.abandon()  # the lock and the process group outlive no background write
@@ -275,18 +277,9 @@ def _train(
     return result
 
 
-def _row(
-    run: Run,
-    step: int,
-    phase: int,
-    result: dict[str, Any],
-    verdict: Verdict,
-    *,
-    validate: bool = False,
-    evaluate: bool = False,
-) -> None:
-    """The metrics row of step `step` (its verdict's loss, non-finite tally and spike), with its
-    validation and eval when `validate` / `evaluate` (collectives)."""
+def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+    """The metrics row of step `step`: its verdict's loss, non-finite tally and spike (collective:
+    the peak memory's maximum over ranks). Written by `run.metrics.log`, with validation and eval."""
     env, device = run.env, run.device
     tokens_per_s = run.metrics.tokens_per_s()  # the verdict's loss all-reduce synchronised the step
     peak = torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device)
@@ -305,11 +298,22 @@ def _row(
     )
     if run.judge.every_step:  # 1, then 2 after the first rewind (rewind n discards attempt n)
         row["attempt"] = run.timeline.attempt
+    return row
+
+
+def _write_pending(run: Run) -> None:
+    """The state's pending row written, after its step's validation and eval when due (collectives):
+    a step's own, after its checkpoint; the final weights' after a rewind's skip reached the run's
+    last step; or, on a resume, the checkpoint's step whose row a kill cut off."""
+    pending, run.state.pending = run.state.pending, None
+    if pending is None:
+        return
+    step = pending["row"]["step"]
     run.metrics.log(
-        row,
+        pending["row"],
         checkpoint_timings=run.checkpointer.take_timings(),
-        validate=functools.partial(run.validation, run.model, step, run.amp) if validate else None,
-        evaluate=functools.partial(run.evaluator, run.model, step) if evaluate else None,
+        validate=functools.partial(run.validation, run.model, step, run.amp) if pending["validate"] else None,
+        evaluate=functools.partial(run.evaluator, run.model, step) if pending["evaluate"] else None,
     )
 
 
@@ -328,32 +332,27 @@ def _stop(run: Run, verdict: Verdict) -> None:
 def _rewind(run: Run, target: RewindTarget) -> None:
     """Back past the spike (every rank): the checkpoint restored and the skip recorded, the discarded
     attempt's rows marked and its exports and evals set aside, then the skip's checkpoint saved, so
-    a kill from here on resumes after it."""
+    a kill from here on resumes after it. A skip that reaches the run's last step leaves the final
+    weights (the checkpoint's it went back to) to validate and evaluate: a row without a trained
+    step, pending in that checkpoint until written."""
     skip = target.skip
     run.rewinder.rewind(target)
     run.metrics.discard(after=skip.checkpoint_step, rewind=skip.rewind)
     run.record.rewound(skip)
+    if skip.last_step >= run.last_step and (run.validation is not None or run.evaluator is not None):
+        note = (
+            f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
+            f"{skip.rewind}; the final weights are step {skip.checkpoint_step}'s"
+        )
+        row = no_step_row(skip.last_step, note)
+        run.state.pending = {
+            "row": row,
+            "validate": run.validation is not None,
+            "evaluate": run.evaluator is not None,
+        }
     run.checkpointer.save(skip.last_step, run.state.tokens_seen, blocking=True)
     run.rewinder.saved()
-
-
-def _score_final(run: Run) -> None:
-    """The final weights validated and evaluated where a rewind's skip, not a trained step, reached
-    the run's last step (a row without a trained step: the weights are the checkpoint's it went back to)."""
-    if run.validation is None and run.evaluator is None:
-        return
-    step, skip = run.state.step, run.timeline.skips[-1]
-    note = (
-        f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind {skip.rewind}; "
-        f"the final weights are step {skip.checkpoint_step}'s"
-    )
-    run.metrics.log(
-        no_step_row(step, note),
-        validate=None
-        if run.validation is None
-        else functools.partial(run.validation, run.model, step, run.amp),
-        evaluate=None if run.evaluator is None else functools.partial(run.evaluator, run.model, step),
-    )
+    _write_pending(run)
 
 
 def main(

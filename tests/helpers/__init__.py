@@ -7,6 +7,7 @@ dup_corpus              the dedup tests' corpus of planted duplicates and its bu
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
+phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights

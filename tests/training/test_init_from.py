@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -271,7 +272,9 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     assert "has no tokenizer.json" in done.stdout  # the base has none: a note, not a refusal
     record = json.loads((run / "checkpoints" / "step-000004" / "COMPLETE").read_text())["model"]
     assert record["init_from"] == str(base.resolve()) and len(record["init_from_sha256"]) == 64
-    assert "init_from" in (run / "config.toml").read_text()
+    saved = tomllib.loads((run / "config.toml").read_text())["model"]
+    assert saved["init_from"] == str(base.resolve()) and "preset" not in saved  # the base, not the preset
+    assert f"  model   the base {base.resolve()}: " in done.stdout
     assert losses(run)[0][1] < 6.0  # ln(256) = 5.55: a random-init base starts near uniform
     sets = overrides(data, run, "schedule.steps=8", "checkpoint.resume=auto")
     line = one_error_line(_run([*sets, f"model.init_from={json.dumps(str(other))}"]).stderr)

@@ -29,7 +29,7 @@ from tests.helpers.train_runs import (
 )
 from training.config import load_train_config
 from training.config_checks import resolve
-from training.data.recipe import open_plan
+from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
 
@@ -63,7 +63,7 @@ def dataset(tmp_path_factory):
 def reference(tmp_path_factory, dataset):
     """The uninterrupted run with the spike; returns (run dir, its stdout)."""
     run = tmp_path_factory.mktemp("reference") / "run"
-    sets = rewind_sets(dataset, run)
+    sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
     env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
     done = subprocess.run(_train_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -96,6 +96,14 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
     assert kept[-1]["tokens_seen"] == (STEPS - 8) * 1024
     assert max(r["loss"] for r in kept) < 10
     assert "rewinds: 1 — rewind 1 at step 17 → back to 10, skipped 8 steps (11–18)" in out
+    # plan.png drawn again at the rewind: the skipped steps shaded (what a resume would draw)
+    cfg = load_train_config(str(run / "config.toml"), [])
+    plan, _, _ = open_plan(cfg, resolve(cfg))
+    plot_plan(plan, run / "fresh.png", recorded_skips(run))
+    plot_plan(plan, run / "plain.png")
+    drawn = (run / "plan.png").read_bytes()
+    assert drawn == (run / "fresh.png").read_bytes() != (run / "plain.png").read_bytes()
+    assert f"curve: {run / 'loss.png'}" in out and (run / "loss.png").is_file()
 
 
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):

@@ -83,7 +83,7 @@ class BatchBuilder:
         world_size: int,
         check_separators: bool,
     ):
-        self.data_plan, self.tables = plan, tables
+        self.plan, self.tables = plan, tables
         self.micro_batch = per_phase(micro_batch, len(plan.phases))
         self.seed, self.rank, self.world_size = plan.seed, rank, world_size
         self.check = check_separators
@@ -109,11 +109,11 @@ class BatchBuilder:
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """This rank's part of global step `step` as (source, manifest row, first token, count)
         pieces, in batch order."""
-        labels, epochs, first = self.data_plan.step_windows(step)
+        labels, epochs, first = self.plan.step_windows(step)
         rows = len(labels) // self.world_size
         cut = slice(self.rank * rows, (self.rank + 1) * rows)
         labels, epochs, first = labels[cut], epochs[cut], first[cut]
-        window = self.data_plan.phases[self.data_plan.locate(step)[0]].seq_len + 1
+        window = self.plan.phases[self.plan.locate(step)[0]].seq_len + 1
         # Runs of slots that are consecutive windows of one stream: one range each.
         brk = np.ones(rows, bool)
         brk[1:] = (
@@ -158,8 +158,8 @@ class BatchBuilder:
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:
         _, _, starts, counts, tokens = self.read(step)
-        p = self.data_plan.locate(step)[0]
-        return micro_batches(tokens, starts, counts, self.data_plan.phases[p].seq_len, self.micro_batch[p])
+        p = self.plan.locate(step)[0]
+        return micro_batches(tokens, starts, counts, self.plan.phases[p].seq_len, self.micro_batch[p])
 
 
 def per_phase(micro_batch: int | tuple[int, ...], phases: int) -> tuple[int, ...]:
@@ -329,7 +329,7 @@ class TokenLoader:
 
     @property
     def plan(self) -> data_plan.Plan:
-        return self._builder.data_plan
+        return self._builder.plan
 
     @property
     def step(self) -> int:

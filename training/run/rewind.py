@@ -92,6 +92,7 @@ class Rewinder:
         skip = target.skip
         kill_point("rewind-start")
         self.checkpointer.restore(skip.checkpoint_step)
+        self.state.pending = None  # the checkpoint's own row: written, the run went on past it
         if len(self.timeline.skips) != skip.rewind - 1:  # the checkpoint's own history: the same by choice
             raise CheckpointError(
                 f"the checkpoint of step {skip.checkpoint_step} records {len(self.timeline.skips)} rewinds, "

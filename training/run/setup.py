@@ -48,7 +48,7 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import TokenLoader
 from training.data.recipe import format_plan, open_plan
-from training.metrics import MetricsWriter, TrainingMetrics, device_name, peak_flops
+from training.metrics import MetricsWriter, TrainingMetrics, device_name, kept_rows, peak_flops
 from training.model import Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, bitsandbytes_or_refuse, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
@@ -258,6 +258,11 @@ def setup(
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
     writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes)
+    if state.pending is not None:  # the resumed step's row, unless it was written before the run stopped
+        step = state.pending["row"]["step"]
+        written = writer is not None and any(r["step"] == step for r in kept_rows(writer.history))
+        if from_rank0(written, env.world_size):
+            state.pending = None
     flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
     if writer is not None:
@@ -447,13 +452,19 @@ def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
     return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
 
 
+def from_rank0(value: Any, world_size: int) -> Any:
+    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
+    if world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def raise_rank0_problem(problem: str | None, world_size: int) -> None:
     """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
     world_size > 1): a check only rank 0 makes stops the whole job with its message."""
-    if world_size > 1:
-        box = [problem]
-        dist.broadcast_object_list(box, src=0)
-        problem = box[0]
+    problem = from_rank0(problem, world_size)
     if problem is not None:
         raise GristmillError(problem)
 

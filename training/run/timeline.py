@@ -30,6 +30,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path
@@ -147,7 +148,6 @@ def _drop_eval_rows(run_dir: Path, after: int) -> None:
     path = run_dir / EVAL_PARQUET
     if path.is_file():
         table = pq.read_table(path)
-        keep = [i for i, s in enumerate(table.column("step").to_pylist()) if s <= after]
         with atomic_path(path) as tmp:
-            pq.write_table(table.take(keep), tmp)
+            pq.write_table(table.filter(pc.less_equal(table["step"], after)), tmp)
     (run_dir / EVAL_PLOT).unlink(missing_ok=True)

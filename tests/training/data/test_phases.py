@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -330,6 +331,21 @@ def test_the_run_reports_phases_sources_and_validation(reference):
     assert {"val_loss", "val/web", "val/code", "val/math"} <= rows[5].keys()
     assert (run_dir / "plan.png").stat().st_size > 0
     assert [r["lr"] for r in rows][5:7] == [3e-3, 3e-3]  # constant, then the linear piece starts there
+
+
+def test_the_run_config_holds_what_applies_and_trains_the_run_again(reference, tmp_path):
+    """RUN/config.toml is the resolved config of what applies: no data.dataset (or its default) beside
+    [[data.sources]], no [schedule] beside [[phase]], each source's own val_fraction, no --resume;
+    a run from it alone (into another directory) trains the same steps."""
+    run_dir, _ = reference
+    saved = tomllib.loads((run_dir / "config.toml").read_text())
+    assert "dataset" not in saved["data"] and "val_fraction" not in saved["data"]
+    assert [s["val_fraction"] for s in saved["data"]["sources"]] == [0.1, 0.1, 0.1]
+    assert "schedule" not in saved and "resume" not in saved["checkpoint"]
+    again = tmp_path / "again"
+    sets = [f"run.output_dir={json.dumps(str(again))}", "run.max_steps=3", "checkpoint.interval=0"]
+    assert gristmill(["train", "--config", str(run_dir / "config.toml"), "--set", *sets]) == 0
+    assert _losses(again) == {s: v for s, v in _losses(run_dir).items() if s <= 3}
 
 
 @pytest.mark.parametrize("at", [5, 6, 7])  # the last step of "main" is 6
