@@ -107,7 +107,7 @@ def config(built_dataset, tmp_path_factory) -> Path:
 def run_here(config: Path, run: Path, *sets: str) -> dict:
     """The recipe trained in this process, with lm-eval during training."""
     cfg = load_train_config(str(config), [f"run.output_dir={json.dumps(str(run))}", *sets])
-    return train(cfg, evaluator=TrainingEval(cfg))
+    return train(cfg, evaluator=TrainingEval(cfg) if cfg.eval.interval else None)
 
 
 def run_child(config: Path, run: Path, *sets: str, env: dict | None = None, resume: bool = False):
@@ -234,6 +234,19 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(config, tmp_path, monkey
     # the summary's losses are kept rows' (never the spike's)
     assert summary["final_loss"] == kept_rows(rows(run))[-1].get("loss", summary["final_loss"])
     assert all(r["loss"] < 20 for r in kept_rows(rows(run)) if "loss" in r)
+
+
+def test_a_skip_to_the_end_with_nothing_to_score_leaves_consumption_to_the_timeline(
+    config, tmp_path, monkeypatch
+):
+    """No validation, no eval: no row follows the rewind, and consumption.parquet (the audit's
+    `consumption` view) still counts the steps trained and skipped, and the rewind."""
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{LAST}*50")
+    run = tmp_path / "run"
+    run_here(config, run, "run.on_spike='rewind'", "run.val_every=0", "eval.interval=0")
+    assert check_timeline(run) == LAST
+    consumed = pq.read_table(run / "consumption.parquet").to_pylist()
+    assert sum(r["skipped_windows"] for r in consumed) > 0 and [1] in [r["rewinds"] for r in consumed]
 
 
 def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_evaluated(
