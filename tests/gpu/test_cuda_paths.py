@@ -422,7 +422,7 @@ def three_async_saves(tmp_path, device: torch.device, mesh=None) -> None:
     }
     cfg = CheckpointSection(interval=1, async_=True, keep_last=0)
     ckpt = Checkpointer(cfg, tmp_path, states, rank=0, world_size=1, last_step=3, config_sha256="gpu",
-                        estimate_bytes=0, log=lambda *_: None)  # fmt: skip
+                        estimate_bytes=0)  # fmt: skip
     x, y, _ = tokens(SMALL, 4, 128, seed=10)
     expected, buffers = {}, []
     for step in (1, 2, 3):

@@ -489,6 +489,13 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     steps = pq.read_table(run / "eval.parquet").column("step").to_pylist()
     assert steps[0] == 0 and sorted(set(steps)) == [0, 2], steps
     in_training = {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))}
+    # …and in metrics.jsonl (so the trackers) as step 0: a row without a trained step
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert (
+        first["step"] == 0
+        and "loss" not in first
+        and first[next(iter(in_training))] == next(iter(in_training.values()))
+    )
 
     cfg = load_train_config(TINY, [*sets, "checkpoint.resume=auto"])
     train(cfg, evaluator=TrainingEval(cfg))

@@ -314,6 +314,7 @@ class Checkpointer:
         self._retention: threading.Thread | None = None  # rank 0's retention of the last save
         self._retention_error: BaseException | None = None
         self.rewind_keep = rewind_keep
+        self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -373,6 +374,7 @@ class Checkpointer:
             return None
         path = Path(value)
         step = self._load(path)
+        self.resumed_here = path.parent.resolve() == self.root.resolve()
         if self.rank == 0:
             if record.get("config_sha256") != self.config_sha256:
                 self.log(

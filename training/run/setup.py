@@ -258,10 +258,12 @@ def setup(
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
     writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes)
-    if state.pending is not None:  # the resumed step's row, unless it was written before the run stopped
+    # The resumed step's row, unless it was written before the run stopped (or it is another run
+    # directory's checkpoint: that run's row, not this one's).
+    if state.pending is not None:
         step = state.pending["row"]["step"]
         written = writer is not None and any(r["step"] == step for r in kept_rows(writer.history))
-        if from_rank0(written, env.world_size):
+        if from_rank0(written, env.world_size) or not checkpointer.resumed_here:
             state.pending = None
     flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
