@@ -205,19 +205,20 @@ def loop(run: Run) -> dict[str, Any]:
                     run.metrics.log(_row(run, step, phase, result, verdict))
                     _rewind(run, verdict.rewind)
                     batches = iter(run.loader)  # continues after the skip
-                    continue
-                if verdict.warning:
-                    say(verdict.warning)
-                row = _row(run, step, phase, result, verdict) if due.log else None
-                # The row waits in the state (and so in a checkpoint saved now) until it is written.
-                state.pending = row and {"row": row, "validate": due.validate, "evaluate": due.evaluate}
-                if due.save or stop:  # first: a validation or an eval that fails then costs no training
-                    checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
-                    kill_point(f"saved:{step}")
-                _write_pending(run)
-                if stop:
+                else:
+                    if verdict.warning:
+                        say(verdict.warning)
+                    row = _row(run, step, phase, result, verdict) if due.log else None
+                    # The row waits in the state (and so in a checkpoint saved now) until it is written.
+                    state.pending = row and {"row": row, "validate": due.validate, "evaluate": due.evaluate}
+                    if due.save or stop:  # first: a validation or eval that fails then costs no training
+                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                        kill_point(f"saved:{step}")
+                    _write_pending(run)
+                if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
-                    say(f"stopping after step {step} on {stop}: checkpoint saved; resume with --resume auto")
+                    saved = "checkpoint saved; resume with --resume auto"
+                    say(f"stopping after step {state.step} on {stop}: {saved}")
                     break
             checkpointer.close()  # waits for an async save in flight
     except BaseException:

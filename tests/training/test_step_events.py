@@ -282,6 +282,24 @@ def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(
     assert_same_weights(reference, run, LAST)
 
 
+def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_exactly(
+    config, tmp_path, monkeypatch
+):
+    """A spike and SIGTERM on one step: the rewind goes first, its checkpoint (at the skip's last
+    step) is the stop's; the resume then trains as the uninterrupted rewound run does."""
+    monkeypatch.setenv(SPIKE_WINDOW, "step:5*50")
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_here(config, straight, "run.on_spike='rewind'")
+    monkeypatch.setenv(SIGTERM, "5")
+    stopped = run_here(config, run, "run.on_spike='rewind'")
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == 4 and stopped["rewinds"] == 1
+    monkeypatch.delenv(SIGTERM)
+    run_here(config, run, "run.on_spike='rewind'", "checkpoint.resume='auto'")
+    check_final(run, check_timeline(run))
+    assert scores(run) == scores(straight)
+    assert_same_weights(straight, run, LAST)
+
+
 def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterrupted_run(
     config, tmp_path, reference
 ):
