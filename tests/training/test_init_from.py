@@ -156,6 +156,86 @@ def test_what_gristmill_cannot_compute_is_one_line(tmp_path, edit, key):
     assert "\n" not in msg and key in msg and "config.json" in msg, msg
 
 
+def _edit_config(path: Path, **edit) -> None:
+    c = json.loads((path / "config.json").read_text()) | edit
+    (path / "config.json").write_text(json.dumps(c))
+
+
+def test_rope_spellings_that_disagree_are_refused_naming_both(tmp_path):
+    """Issue 37 item 1: rope_parameters and rope_scaling (or a top-level rope_theta) that disagree are
+    refused naming both values (transformers versions differ in which one they read); spellings
+    that agree, as gristmill's own exports write them, load; a string rope_parameters is refused."""
+    hf = make_base(tmp_path, rope=LLAMA3)
+    v5 = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
+    scaling = {k: v for k, v in v5.items() if k != "rope_theta"}
+    _edit_config(tmp_path, rope_scaling=scaling, rope_theta=v5["rope_theta"])  # both spellings, agreeing
+    assert_same_logits(gristmill_model(tmp_path), hf, seq=120)
+    conflicts = [
+        ({"rope_scaling": None}, "rope_scaling = null"),  # transformers 4 would read no scaling
+        ({"rope_scaling": scaling | {"factor": 4.0}}, '"factor": 4.0'),
+        ({"rope_theta": 500000.0}, "rope_theta = 500000.0"),
+    ]
+    for edit, want in conflicts:
+        _edit_config(tmp_path, **({"rope_scaling": scaling, "rope_theta": v5["rope_theta"]} | edit))
+        with pytest.raises(ConfigError) as e:
+            base_model_fields(tmp_path)
+        msg = str(e.value)
+        assert (
+            "\n" not in msg and "rope_parameters = {" in msg and want in msg and "describe different" in msg
+        ), msg
+    _edit_config(tmp_path, rope_parameters="llama3")
+    with pytest.raises(ConfigError, match='rope_parameters = "llama3" is not supported.*expected a table'):
+        base_model_fields(tmp_path)
+
+
+def test_partial_rope_names_its_value(tmp_path):
+    """Item 10: partial_rotary_factor is named with the value the config holds, wherever it is."""
+    make_base(tmp_path)
+    v5 = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    for edit in ({"partial_rotary_factor": 0.5}, {"rope_parameters": v5}):
+        _edit_config(tmp_path, **edit)
+        with pytest.raises(ConfigError, match=r"partial_rotary_factor = 0\.5 is not supported"):
+            base_model_fields(tmp_path)
+
+
+def test_tied_config_over_a_different_stored_head_is_refused(tmp_path):
+    """Item 2: tie_word_embeddings = true over weights holding an lm_head.weight unlike the embedding
+    is two models (transformers 5 keeps the head, 4 ties it): refused naming both keys. A stored head
+    equal to the embedding is the tied model written in full: accepted, and the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    untied = make_base(tmp_path / "untied")
+    _edit_config(tmp_path / "untied", tie_word_embeddings=True)
+    with pytest.raises(ConfigError) as e:
+        base_model_fields(tmp_path / "untied")
+    msg = str(e.value)
+    assert "tie_word_embeddings = true" in msg and "lm_head.weight unlike model.embed_tokens.weight" in msg, (
+        msg
+    )
+    assert "\n" not in msg and "config.json" in msg
+    tied = make_base(tmp_path / "tied", tie_word_embeddings=True)
+    tensors = load_file(tmp_path / "tied" / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, tmp_path / "tied" / "model.safetensors", metadata={"format": "pt"})
+    assert_same_logits(gristmill_model(tmp_path / "tied"), tied)
+    assert untied is not None
+
+
+def test_a_truncated_weights_file_is_one_line_naming_it(tmp_path):
+    """Item 5: a safetensors file cut short (the single file, or one shard of several) is one line
+    naming the file before anything is read, not numpy's "mmap length is greater than file size"."""
+    for shard in (False, True):
+        base = tmp_path / f"shard-{shard}"
+        make_base(base, shard=shard)
+        victim = sorted(base.glob("*.safetensors"))[-1]
+        with open(victim, "r+b") as f:
+            f.truncate(victim.stat().st_size - 100)
+        with pytest.raises(BaseModelError) as e:
+            gristmill_model(base)
+        msg = str(e.value)
+        assert str(victim) in msg and "is truncated" in msg and "\n" not in msg, msg
+
+
 def test_shape_key_must_agree_with_the_base(tmp_path):
     make_base(tmp_path)
     info = {"vocab_size": 256, "separator": {"id": 0}}
@@ -208,7 +288,10 @@ def test_the_data_must_match_the_base(tmp_path):
     info = _dataset(tmp_path / "d2") | {"tokenizer_sha256": file_sha256(base / "tokenizer.json")}
     assert check_base_data(base, tmp_path / "d2", info, 256) == []
     refusals = [
-        (_dataset(tmp_path / "d3", tok | {"x": "other"}), "tokenizer.json (dataset) differs from"),
+        (
+            _dataset(tmp_path / "d3", tok | {"model": {"vocab": {"a": 1}}}),
+            "tokenizer.json (dataset) differs from",
+        ),
         (_dataset(tmp_path / "d4", tok, vocab=300), "vocab_size 300, more than the base model's 256"),
         (_dataset(tmp_path / "d5", tok, sep=9), "separator id 9 ('<s>') is not a special token of"),
     ]
@@ -219,6 +302,17 @@ def test_the_data_must_match_the_base(tmp_path):
         assert want in msg and "\n" not in msg and str(base) in msg and f"d{i}" in msg, msg
     with pytest.raises(BaseModelError, match="d7/dataset.json records no tokenizer"):
         check_base_data(base, tmp_path / "d7", _dataset(tmp_path / "d7"), 256)
+    # Item 11: a dataset without tokenizer.json has only the hash of its bytes; against a re-saved
+    # copy of the base's tokenizer the refusal names what exists (dataset.json's record) and why
+    # bytes are all it can compare.
+    info = _dataset(tmp_path / "d8") | {"tokenizer_sha256": file_sha256(base / "tokenizer.json")}
+    (base / "tokenizer.json").write_text(json.dumps(tok, indent=1))  # the same tokenizer, re-saved
+    assert check_base_data(base, tmp_path / "d1", _dataset(tmp_path / "d1", tok), 256) == []
+    with pytest.raises(BaseModelError) as e:
+        check_base_data(base, tmp_path / "d8", info, 256)
+    msg = str(e.value)
+    assert f"{tmp_path / 'd8' / 'dataset.json'} records tokenizer_sha256" in msg and "\n" not in msg, msg
+    assert "d8/tokenizer.json" not in msg and "no tokenizer.json to compare by content" in msg, msg
     notes = check_base_data(base, tmp_path / "d6", _dataset(tmp_path / "d6", tok, sep=3), 256)
     assert len(notes) == 1 and "neither its bos nor eos" in notes[0]
     (base / "tokenizer.json").unlink()
@@ -291,6 +385,24 @@ def test_init_from_refuses_a_larger_vocabulary_before_step_1(tmp_path, data):
     line = one_error_line(done.stderr)
     assert "vocab_size 256, more than the base model's 128" in line and "dataset.json" in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_base_with_nan_weights_is_refused_before_step_1(tmp_path, data, capsys):
+    """Item 7: a NaN in the base is the base's fault, named with its file and tensor before step 1
+    (exit 2), not a divergence at step 1 (exit 3, "lower the LR")."""
+    from safetensors.torch import load_file, save_file
+
+    base = tmp_path / "base"
+    make_base(base, max_position_embeddings=64)
+    tensors = load_file(base / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert train_main(["--config", TINY, "--set", *overrides(data, run, _init(base))]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{base / 'model.safetensors'}: model.layers.1.mlp.up_proj.weight holds 1 NaN" in line, line
+    assert not (run / "metrics.jsonl").exists()
 
 
 def test_fsdp_two_ranks_equal_one_process(tmp_path, data):
