@@ -246,6 +246,16 @@ def test_shape_key_must_agree_with_the_base(tmp_path):
     with pytest.raises(ConfigError) as e:
         resolve_model_config(ModelSection(init_from=str(tmp_path), n_layers=3), info, [("data.seq_len", 64)])
     assert "model.n_layers = 3" in str(e.value) and "base model's 2" in str(e.value), str(e.value)
+    # Item 9: a seq_len past the base's context names the base's limit and the real options (not
+    # model.max_seq_len, which the base decides), for data.seq_len and a phase's seq_len alike.
+    for key in ("data.seq_len", "phase[1].seq_len"):
+        with pytest.raises(ConfigError) as e:
+            resolve_model_config(
+                ModelSection(init_from=str(tmp_path)), info, [("data.seq_len", 64), (key, 512)]
+            )
+        msg = str(e.value)
+        assert f"{key} = 512 exceeds the base model's max_position_embeddings = 256" in msg, msg
+        assert f"lower {key} to ≤ 256" in msg and "model.max_seq_len" not in msg and "config.json" in msg, msg
 
 
 def test_weights_that_do_not_fit_are_named(tmp_path):
