@@ -453,6 +453,42 @@ def test_llama3_rope_survives_the_export(tmp_path):
     assert_same_logits(ours, hf, seq=120)
 
 
+def test_export_dtype_and_out(tmp_path, straight, capsys):
+    """Issue 37 item 20: `export RUN --step N --dtype bf16 --out DIR` writes a bf16 copy (each tensor
+    the fp32 export's, rounded once) from the checkpoint, or from RUN/exports/step-N once the
+    checkpoint is gone; RUN/exports/step-N stays the run's fp32 export, so bf16 without --out is
+    refused; fp32 stays the default."""
+    from safetensors.torch import load_file
+
+    from pipelines.cli import main as gristmill
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    assert gristmill(["export", str(run), "--step", "8", "--dtype", "bf16"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "fp32 exports (eval scores them): give --out DIR for a bf16 copy" in line, line
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--dtype", "bf16", "--out", str(tmp_path / "a")]) == 0
+    )
+    assert gristmill(["export", str(run), "--step", "8"]) == 0
+    fp32 = load_file(export_dir(run, 8) / "model.safetensors")
+    shutil.rmtree(run / "checkpoints" / "step-000008")  # retention: only the export is left
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--dtype", "bf16", "--out", str(tmp_path / "b")]) == 0
+    )
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--out", str(tmp_path / "a")]) == 2
+    )  # never overwritten
+    for out in ("a", "b"):
+        bf16 = load_file(tmp_path / out / "model.safetensors")
+        assert bf16.keys() == fp32.keys() and json.loads((tmp_path / out / "config.json").read_text())[
+            "torch_dtype"] == "bfloat16"  # fmt: skip
+        for name, tensor in fp32.items():
+            assert tensor.dtype == torch.float32 and torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float32)
+    assert torch.equal(hf.model.embed_tokens.weight, fp32["model.embed_tokens.weight"].bfloat16().float())
+
+
 def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, base, straight, capsys):
     """kill -9 after a checkpoint, the base directory deleted, `--resume auto`: the checkpoint holds
     everything (shape and base identity in COMPLETE, the weights), the run finishes bit-identical to

@@ -37,6 +37,7 @@ from training.checkpoint.io import (
     CheckpointError,
     describe_differences,
     load_or_raise,
+    missing_step_reason,
     model_differences,
     newest_verified,
     nonfinite_tensor,
@@ -55,6 +56,7 @@ from training.contract.integrity import damaged_files, file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     CONFIG_TOML,
+    EXPORTS_DIR,
     checkpoint_dir,
     complete_steps,
     export_dir,
@@ -318,12 +320,11 @@ def load_checkpoint_model(
     did: `verified`) and every weight must be finite after loading."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
-    reason = incomplete_reason(ckpt)
-    if reason is not None:
+    if incomplete_reason(ckpt) is not None:
         have = complete_steps(run_dir)
         raise ExportError(
-            f"{ckpt} is not a complete checkpoint ({reason}); complete steps in "
-            f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
+            f"{run_dir} has no complete checkpoint of step {step}: {missing_step_reason(run_dir, step)}; "
+            f"complete checkpoints: {', '.join(map(str, have)) or 'none'}"
         )
     if not verified:
         try:
@@ -345,15 +346,33 @@ def load_checkpoint_model(
 
 
 def export_checkpoint(
-    run_dir: str | Path, step: int | None = None, log=None, *, verified: bool = False
+    run_dir: str | Path,
+    step: int | None = None,
+    log=None,
+    *,
+    verified: bool = False,
+    out: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Export checkpoint `step` (None: the newest complete one that verifies, saying which and what
     newer ones were passed over through `log`) to RUN/exports/step-N; an export that already
     exists is verified and returned as is. `verified`: the caller has just checked the
-    checkpoint's files (the trainer, which hashed them as it wrote them)."""
+    checkpoint's files (the trainer, which hashed them as it wrote them). `out`, `dtype`: a copy
+    in another directory, e.g. bf16 to publish; RUN/exports/step-N stays the run's fp32 export (eval
+    scores it), and where the checkpoint is gone the copy is made from that export."""
     run_dir = Path(run_dir)
+    if out is None and dtype != torch.float32:
+        raise ExportError(
+            f"{run_dir / EXPORTS_DIR}/step-N are the run's fp32 exports (eval scores them): give --out DIR "
+            f"for a {_dtype_name(dtype)} copy"
+        )
+    out = None if out is None else Path(out)
+    if out is not None and out.exists():
+        raise ExportError(f"{out} already exists; choose another --out or remove it")
+    if step is not None and step < 0:
+        raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step)}")
     if step == 0:
-        return export_base(run_dir, log)
+        return export_base(run_dir, log, out=out, dtype=dtype)
     if step is None:
         path, _, passed_over = newest_verified(run_dir)
         for skipped, reason in passed_over if log is not None else ():
@@ -363,40 +382,57 @@ def export_checkpoint(
         step, verified = step_of(path), True
         if log is not None:
             log(f"exporting step {step}, the newest complete checkpoint that verifies")
-    out = export_dir(run_dir, step)
-    if out.is_dir():
-        note = verify_export(out)
+    run_export = export_dir(run_dir, step)
+    if run_export.is_dir() and (out is None or incomplete_reason(checkpoint_dir(run_dir, step)) is not None):
+        note = verify_export(run_export)
         if note and log is not None:
             log(note)
-        return out
+        if out is None:
+            return run_export
+        _, dataset, _ = run_model_config(run_dir)
+        model, mcfg = export_model(run_export)
+        meta = {"step": step, "copied_from": str(run_export.resolve())}
+        return export_hf(model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype)
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
-    return export_hf(
-        model.state_dict(),
-        mcfg,
-        dataset,
-        out,
-        meta={"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())},
-    )
+    meta = {"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())}
+    return export_hf(model.state_dict(), mcfg, dataset, out or run_export, meta=meta, dtype=dtype)
 
 
-def export_base(run_dir: str | Path, log=None) -> Path:
+def export_model(export: Path) -> tuple[Transformer, ModelConfig]:
+    """The model of a (verified) export, read back through init_from's loading path, and its config."""
+    try:
+        recorded = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))["model_config"]
+        mcfg = ModelConfig(**recorded)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExportError(
+            f"{export / EXPORT_META} is unusable ({type(e).__name__}: {e}); re-export the step"
+        ) from None
+    model = Transformer(mcfg)
+    load_base_weights(model, export)
+    return model, mcfg
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+
+
+def export_base(
+    run_dir: str | Path, log=None, *, out: Path | None = None, dtype: torch.dtype = torch.float32
+) -> Path:
     """Step 0 of a run from a base model ([model] init_from): the base itself, exported like any
     step (fp32, the base's bf16/fp16 upcast exactly) from the base's files, which must still be the
     base the run's checkpoints record (init_from_sha256). No step-0 checkpoint is kept: the base
     is step 0, so only this export needs it; every checkpoint holds its own weights."""
     run_dir = Path(run_dir)
-    out = export_dir(run_dir, 0)
-    if out.is_dir():
+    cfg = run_config(run_dir)
+    if not cfg.model.init_from:
+        raise ExportError(f"{run_dir} has no step 0 to export: {missing_step_reason(run_dir, 0)}")
+    if out is None and export_dir(run_dir, 0).is_dir():
+        out = export_dir(run_dir, 0)
         note = verify_export(out)
         if note and log is not None:
             log(note)
         return out
-    cfg = run_config(run_dir)
-    if not cfg.model.init_from:
-        raise ExportError(
-            f"{run_dir} has no step 0 to export: it started from random initialisation (step 0 is a run's "
-            "base model, model.init_from); export a checkpoint's step"
-        )
     dataset = Path(sources_of(cfg)[0].dataset)
     info = read_dataset_info(dataset)
     source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
@@ -417,7 +453,8 @@ def export_base(run_dir: str | Path, log=None) -> Path:
     if log is not None:
         log(f"exporting step 0: the base model {mcfg.init_from} (no update applied)")
     base = {"base": mcfg.init_from, "init_from_sha256": mcfg.init_from_sha256}
-    return export_hf(model.state_dict(), mcfg, dataset, out, meta={"step": 0, **base})
+    target = export_dir(run_dir, 0) if out is None else out
+    return export_hf(model.state_dict(), mcfg, dataset, target, meta={"step": 0, **base}, dtype=dtype)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -429,9 +466,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint step to export (default: the newest complete one; 0: a run's base model, "
         "model.init_from)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights' dtype (default fp32, the master weights; bf16 halves the size: needs --out)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the export to DIR (a new directory) instead of RUN/exports/step-N; made from the "
+        "checkpoint, or from RUN/exports/step-N when the checkpoint is gone",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_checkpoint(args.run, args.step, log=print)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype)
     print(f"export: {out}")
     return 0
