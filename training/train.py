@@ -39,6 +39,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
+from training.checkpoint.base_record import record_base
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import check_base_data, load_base_weights
@@ -614,6 +615,8 @@ def setup(
     if is_main:
         _save_run_config(resolved, run_dir, resumed, say)
         record_plan(data, run_dir)  # the sources' fingerprints, for `data inspect RUN`
+        if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
+            record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
         if cfg.metrics.plot:
             note = plot_plan(data, run_dir / PLAN_PNG)
             if note:

@@ -38,6 +38,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
     wait_for_step,
 )
+from training.checkpoint.base_record import record_base
 from training.checkpoint.hf_export import ExportError, export_checkpoint
 from training.checkpoint.hf_import import (
     BaseModelError,
@@ -632,6 +633,12 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     base = tmp_path / "base"
     make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"], dtype=torch.bfloat16)
     shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")  # the data's own tokenizer
+    # Its users' special tokens: bos is not the separator the data was built with (<|endoftext|>, id 0).
+    _edit_config(base, bos_token_id=1, eos_token_id=0, pad_token_id=0)
+    special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+    (base / "tokenizer_config.json").write_text(
+        json.dumps(special | {"tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     run = tmp_path / "run"
     tasks, limit = ["heldout_ppl"], 4
     sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
@@ -667,3 +674,44 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
         )
         assert torch.equal(exported[name], tensor.float()), name
     assert export_checkpoint(run, 0) == export_dir(run, 0)  # `gristmill export RUN --step 0`: that export
+
+    # Issue 37 item 4: the export keeps the base's tokenizer files and special tokens (bos <|begin_of_text|>,
+    # eos and pad <|endoftext|>), for step 0 as for a trained step; gristmill's eval still frames each
+    # document with the data's separator (id 0), held in gristmill_export.json, not with bos.
+    from validation.eval_model import GristmillHFLM
+
+    export_checkpoint(run, 2)
+    for step in (0, 2):
+        out = export_dir(run, step)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+        assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == tuple(special.values())
+        config = json.loads((out / "config.json").read_text())
+        assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 0, 0)
+        assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    lm = GristmillHFLM(pretrained=str(export_dir(run, 2)), device="cpu", dtype="float32", batch_size=1)
+    assert (
+        lm.separator_id
+        == read_dataset_info(built_dataset)["separator"]["id"]
+        == 0
+        != lm.tokenizer.bos_token_id
+    )
+
+    # Item 3: the base's weight bytes are part of step 0's identity. Edited in place (same shapes, so
+    # config.json and the weights index hash alike), it is refused, naming the file...
+    original = (base / "model.safetensors").read_bytes()
+    edited = bytearray(original)
+    edited[-2:] = bytes([edited[-2] ^ 1, edited[-1]])  # one bit of the last bf16 value
+    (base / "model.safetensors").write_bytes(bytes(edited))
+    shutil.rmtree(export_dir(run, 0))
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert f"{base / 'model.safetensors'} is not the file {run} started from" in msg and "\n" not in msg, msg
+    # ... and a step-0 export of another base than the run's record (a run started over from the
+    # edited base: the trainer's record_base) is not returned as the run's step 0.
+    (base / "model.safetensors").write_bytes(original)
+    assert export_checkpoint(run, 0) == export_dir(run, 0)
+    (base / "model.safetensors").write_bytes(bytes(edited))
+    record_base(run, base, str(base.resolve()), base_sha256(base))
+    with pytest.raises(ExportError, match="holds another base than .* started from .*base_weights_sha256"):
+        export_checkpoint(run, 0)

@@ -1,6 +1,6 @@
 """Names inside a training run directory (docs/design.md "Training run directory"), in one place.
 
-    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/
+    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/  base/
 
 Step directories are zero-padded to six digits so a plain sort is a step sort; steps past 999,999
 simply grow a digit (`step_of` parses either). A checkpoint directory is complete only when DCP's
@@ -23,6 +23,7 @@ METRICS_JSONL = "metrics.jsonl"
 PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
 CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
 DATA_PLAN_JSON = "data_plan.json"  # the plan as the run started (sources' fingerprints), read without torch
+BASE_DIR = "base"  # a run from a base model: its identity and small files (checkpoint/base_record.py)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
