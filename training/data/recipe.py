@@ -177,7 +177,7 @@ def skip_lines(plan: data_plan.Plan) -> list[str]:
 
 
 def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
-    """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
+    """One row per phase: steps, seq_len, G, the LR piece's shape, and per source the tokens trained
     and the share of its dataset (stream tokens / one epoch of its training split) read, and the
     tokens of steps the rewinds skipped (read, not trained) when there are any."""
     rows = []
@@ -189,7 +189,7 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
             "steps": f"{first + 1}-{first + ph.steps}",
             "seq_len": ph.seq_len,
             "G": ph.global_batch,
-            "lr": f"{plan.lr(first):.3g} → {plan.lr(first + ph.steps - 1):.3g}",
+            "lr": lr_shape(ph.lr),
         }
         for r in end_rows:
             if r["phase_index"] == p:
@@ -197,6 +197,21 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
                 row[r["source"]] = f"{r['tokens']:,} ({100 * r['fraction']:.1f}%{skipped})"
         rows.append(row)
     return rows
+
+
+def lr_shape(piece: data_plan.LRPiece | None) -> str:
+    """A phase's LR piece as its shape: `warmup 5 → 0.001, cosine → 0.0001`, `linear 0.003 → 0.0003`,
+    `constant 0.003` (the LR of its first and last step would hide a warmup's peak)."""
+    if piece is None:
+        return "-"
+    warmup = f"warmup {piece.warmup_steps} → {piece.peak:.3g}" if piece.warmup_steps else ""
+    if piece.shape == "constant":
+        return f"{warmup}, constant" if warmup else f"constant {piece.peak:.3g}"
+    return (
+        f"{warmup}, {piece.shape} → {piece.end:.3g}"
+        if warmup
+        else f"{piece.shape} {piece.peak:.3g} → {piece.end:.3g}"
+    )
 
 
 def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
