@@ -32,6 +32,8 @@ import duckdb
 
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
+from training.contract.run_layout import DATA_PLAN_JSON, is_training_run
+from training.data.recipe import recorded_plan_fix
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
@@ -96,6 +98,8 @@ def _damaged_fix(damaged: Damaged) -> str:
         )
     if rel == Path(VALIDATION_JSON):
         return f"rerun `gristmill data validate {damaged.root}`, which writes it again"
+    if rel == Path(DATA_PLAN_JSON) and is_training_run(damaged.root):  # a run's, not a dataset's
+        return recorded_plan_fix(damaged.root)
     return (
         f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
         "`gristmill data build`) if it is damaged"

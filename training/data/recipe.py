@@ -20,7 +20,7 @@ from training.config import TrainConfig
 from training.config_checks import phases_of, sources_of
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
-from training.contract.run_layout import DATA_PLAN_JSON
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
@@ -131,13 +131,40 @@ def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:
     write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json())
 
 
+def recorded_plan_fix(run_dir: Path) -> str:
+    """What rewrites a run's data_plan.json: the trainer writes it at every start, from the plan
+    the run's newest checkpoint holds (its rewinds' skips included)."""
+    return (
+        f"the trainer writes it again from the run's newest checkpoint: gristmill train --config "
+        f"{run_dir / CONFIG_TOML} --resume auto (a finished run trains nothing)"
+    )
+
+
+def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
+    """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
+    damaged one is a DatasetError naming it and what rewrites it."""
+    path = run_dir / DATA_PLAN_JSON
+    if not path.is_file():
+        return None
+    try:
+        description = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(description, dict) or not isinstance(description.get("sources"), list):
+            raise ValueError("not a data plan (no sources)")
+        return description
+    except (OSError, ValueError) as e:
+        raise DatasetError(
+            f"{path} is damaged ({type(e).__name__}: {e}); {recorded_plan_fix(run_dir)}"
+        ) from None
+
+
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
     """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
     run recorded nothing (started before data_plan.json)."""
     path = run_dir / DATA_PLAN_JSON
-    if not path.is_file():
+    description = recorded_plan(run_dir)
+    if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
-    recorded = {s["name"]: s["fingerprint"] for s in json.loads(path.read_text())["sources"]}
+    recorded = {s["name"]: s["fingerprint"] for s in description["sources"]}
     for src, t in zip(plan.sources, tables):
         if src.name in recorded and not same_data(recorded[src.name], t.info):
             raise DatasetError(
@@ -152,8 +179,8 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
 def recorded_skips(run_dir: Path) -> list[data_plan.Skip]:
     """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
     when the run recorded no plan."""
-    path = run_dir / DATA_PLAN_JSON
-    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else []
+    description = recorded_plan(run_dir)
+    return [] if description is None else data_plan.skips_from(description)
 
 
 def skip_cause(skip: data_plan.Skip) -> str:
