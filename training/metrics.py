@@ -183,9 +183,13 @@ class TrainingMetrics:
     goes (rank 0's `writer`; None on the other ranks, which only keep the losses) and the
     end-of-run summary line."""
 
-    def __init__(self, writer: MetricsWriter | None, plan, run_dir: Path, *, plot: bool):
-        """`plan`: the run's training/data/plan.Plan; `plot`: metrics.plot (RUN/loss.png)."""
+    def __init__(
+        self, writer: MetricsWriter | None, plan, run_dir: Path, *, plot: bool, last_step: int | None = None
+    ):
+        """`plan`: the run's training/data/plan.Plan; `plot`: metrics.plot (RUN/loss.png); `last_step`:
+        where this invocation stops (run.max_steps, else the plan's end), for the rows' ETA."""
         self.writer, self.plan, self.run_dir, self.plot = writer, plan, Path(run_dir), plot
+        self.last_step = last_step
         self.first_loss: float | None = None
         self.last_loss: float | None = None
         self.val_loss: float | None = None
@@ -195,10 +199,12 @@ class TrainingMetrics:
         """Start the run's clock and the throughput window (at the loop's first step)."""
         self.started = self.window_started = time.perf_counter()
         self.window_tokens = 0
+        self.steps_trained = 0  # by this invocation, for the ETA
 
     def count(self, tokens: int) -> None:
         """Tokens of a step just trained, towards the throughput of the next logged row."""
         self.window_tokens += tokens
+        self.steps_trained += 1
 
     def tokens_per_s(self) -> float:
         """Throughput since the last logged row (once the step is synchronised: its loss all-reduced)."""
@@ -229,6 +235,10 @@ class TrainingMetrics:
         if evaluate is not None:
             row.update(evaluate())
         row["elapsed_s"] = self.elapsed()
+        if self.last_step is not None:
+            row["last_step"] = self.last_step
+            if self.steps_trained:  # this invocation's pace so far, evals and validation included
+                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - step, 0)
         self.first_loss = row["loss"] if self.first_loss is None else self.first_loss
         self.last_loss = row["loss"]
         if self.writer is not None:
@@ -284,10 +294,20 @@ def _whole_run(history: list[dict[str, Any]], start: int) -> str:
     )
 
 
+def _duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: an ETA's precision."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def format_line(m: dict[str, Any]) -> str:
-    """The one stdout line of a logged step."""
+    """The one stdout line of a logged step: `step N/last | loss … | … | eta 3m05s`."""
     parts = [
-        f"step {m['step']:>6d}",
+        f"step {m['step']:>6d}" + (f"/{m['last_step']}" if m.get("last_step") else ""),
         f"loss {m['loss']:.4f}",
         f"lr {m['lr']:.3e}",
         f"gnorm {m['grad_norm']:.3f}",
@@ -303,6 +323,8 @@ def format_line(m: dict[str, Any]) -> str:
         parts.append(f"val {m['val_loss']:.4f}")
     if m.get("phase") is not None:
         parts.append(f"{m['phase']} seq {m['seq_len']}")
+    if m.get("eta_s") is not None and m["step"] < m.get("last_step", 0):
+        parts.append(f"eta {_duration(m['eta_s'])}")
     return " | ".join(parts)
 
 
@@ -430,6 +452,7 @@ class MetricsWriter:
         # Numbers only (not `events` or `phase`; a bool is an int but no metric); the step is the axis.
         scalars = {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         del scalars["step"]
+        scalars.pop("last_step", None)  # a setting, not a metric
         for name, tracker in self.trackers.items():
             if step > self.skip_through.get(name, -1):
                 tracker.log(scalars, step)

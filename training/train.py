@@ -642,7 +642,7 @@ def setup(
         evaluator.prepare(run_dir, say)  # needs RUN/config.toml (the tasks' held-out documents)
     if resumed is not None:
         _say_resumed(loader, state, resumed, last_step, say)
-    metrics = TrainingMetrics(writer, data, run_dir, plot=cfg.metrics.plot)
+    metrics = TrainingMetrics(writer, data, run_dir, plot=cfg.metrics.plot, last_step=last_step)
     guard = NonFiniteGuard(device)
     spikes = SpikeDetector(cfg.run.spike_window, cfg.run.spike_sigma, state.recent_losses)
     divergence = DivergencePolicy(

@@ -80,7 +80,7 @@ def wait_for_step(proc: subprocess.Popen, step: int) -> list[str]:
         line = proc.stdout.readline()
         assert line, f"the run ended before step {step}: {''.join(seen)[-2000:]} {proc.communicate()}"
         seen.append(line)
-        if line.startswith(f"step {step:6d} |"):
+        if line.startswith(f"step {step:6d}/"):
             return seen
     raise AssertionError(f"no step {step} within 240 s")
 
