@@ -259,7 +259,8 @@ class TrainingMetrics:
         """RUN/loss.png on rank 0 when metrics.plot is on; a note instead when matplotlib is missing."""
         if self.writer is None or not self.plot:
             return None
-        return plot_loss(self.writer.history, self.run_dir / "loss.png", self.plan.skips)
+        phases = [(self.plan.first_step[p], ph.name) for p, ph in enumerate(self.plan.phases)]
+        return plot_loss(self.writer.history, self.run_dir / "loss.png", self.plan.skips, phases)
 
     def summarize(self, start: int, end: int, seconds: float) -> None:
         """Rank 0's last line (none when no step was logged): the loss over this invocation's steps
@@ -549,17 +550,29 @@ def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in history if "discarded_by_rewind" not in r]
 
 
-def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None:
-    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is
-    missing. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
-    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
+def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:
+    """Train and validation loss against step as a PNG (`loss_figure`); returns a note instead if
+    matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
+    fig = loss_figure(plt, history, skips, phases)
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):
+    """The loss plot of a run's rows: train loss, the validation loss (mix-weighted) and, for a
+    mixture, each source's (`val/<source>`: the weighted curve moves at a phase change only because
+    the weights do), with `phases` ((first step, 0-based; name) of each phase) marked where one
+    starts. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
+    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     kept = kept_rows(history)
     train = [(m["step"], m["loss"]) for m in kept]
     val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
+    sources = sorted({k.removeprefix("val/") for m in kept for k in m if k.startswith("val/")})
     ax.plot(*zip(*train), label="train")
     finite = [loss for _, loss in train if math.isfinite(loss)]
     top = max(finite) * 1.15 if finite and skips else None
@@ -579,14 +592,18 @@ def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None
     if top is not None:
         ax.set_ylim(top=top)
     if val:
-        ax.plot(*zip(*val), marker="o", label="validation")
+        ax.plot(*zip(*val), marker="o", label="validation (mix-weighted)" if sources else "validation")
+    for name in sources:
+        curve = [(m["step"], m[f"val/{name}"]) for m in kept if m.get(f"val/{name}") is not None]
+        ax.plot(*zip(*curve), marker=".", linestyle=":", label=f"validation: {name}")
     for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):
         ax.axvline(step, color="red", alpha=0.4, label="non-finite step(s) skipped" if i == 0 else None)
+    for first, name in list(phases)[1:]:  # where each phase after the first starts
+        ax.axvline(first + 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f" {name}", (first + 0.5, 1), xycoords=("data", "axes fraction"), va="top", fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy, nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return None
+    return fig

@@ -133,3 +133,28 @@ def test_the_summary_quotes_only_logged_steps(tmp_path):
         assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in out.getvalue()
     finally:
         writer.close()
+
+
+def test_a_mixtures_loss_plot_shows_each_sources_validation_and_the_phase_boundaries(tmp_path):
+    """Issue 37 item 21: with several sources, loss.png draws each source's validation loss
+    (val/<source>) beside the mix-weighted one, whose move at a phase change is only the weights',
+    and marks where each phase after the first starts."""
+    from training.metrics import loss_figure, plot_loss
+    from training.plotting import agg_pyplot
+
+    history = [{"step": s, "loss": 3 - s / 10} for s in range(1, 11)]
+    for row in history[1::2]:
+        row.update({"val_loss": 2.5, "val/web": 2.0 + row["step"] / 100, "val/code": 3.0})
+    plt = agg_pyplot()
+    fig = loss_figure(plt, history, phases=[(0, "main"), (6, "anneal")])
+    try:
+        ax = fig.axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert {"validation (mix-weighted)", "validation: web", "validation: code"} <= lines.keys(), lines
+        assert list(lines["validation: web"].get_ydata()) == [r["val/web"] for r in history[1::2]]
+        assert any(list(line.get_xdata()) == [6.5, 6.5] for line in ax.get_lines())  # between steps 6 and 7
+        assert [t.get_text().strip() for t in ax.texts] == ["anneal"]
+    finally:
+        plt.close(fig)
+    assert plot_loss(history, tmp_path / "loss.png", phases=[(0, "main"), (6, "anneal")]) is None
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
