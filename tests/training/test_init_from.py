@@ -568,6 +568,34 @@ def test_twenty_steps_equal_transformers_with_torch_adamw(tmp_path, data):
         assert a[2] == pytest.approx(b[2], rel=1e-5), (a, b)
 
 
+CONTINUED_LOCAL = str(ROOT / "configs" / "train" / "continued-local.toml")
+
+
+def test_the_continued_local_recipe_is_the_newcomers_day():
+    """Issue 37 item 18: configs/train/continued-local.toml is the whole day in one file: a local base,
+    rewind on, eval of the base (step 0) and after, exports; its data build command (the base's own
+    tokenizer, never a new one) is valid for configs/data/local-parquet.toml. The scaled-down run is
+    test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit."""
+    import shlex
+
+    from pipelines.config import DataConfig
+    from training.config_checks import check_config
+    from training.contract.config_loader import load_config
+
+    cfg = load_train_config(CONTINUED_LOCAL, [])
+    assert Path(cfg.model.init_from).is_absolute() and cfg.run.on_spike == "rewind" and cfg.eval.interval > 0
+    assert cfg.checkpoint.export_interval and cfg.checkpoint.interval <= cfg.checkpoint.export_interval
+    assert check_config(cfg, 1)[0].steps == cfg.schedule.steps
+    text = Path(CONTINUED_LOCAL).read_text()
+    build = text.split("gristmill data build", 1)[1].split("\n# 2.")[0].replace("\\\n#", " ")
+    args = shlex.split(build)
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert args[:2] == ["--config", "configs/data/local-parquet.toml"] and len(sets) == 5, args
+    data = load_config(DataConfig, ROOT / args[1], sets)
+    assert data.tokenizer.path.endswith("tokenizer.json") and not data.tokenizer.train.if_missing
+    assert data.output == cfg.data.dataset
+
+
 REPO = "gristmill-test/tiny-llama"  # made up: a request that escaped to the real hub would fail
 
 
@@ -641,18 +669,21 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     )
     run = tmp_path / "run"
     tasks, limit = ["heldout_ppl"], 4
+    # The newcomer's recipe (issue 37 item 18), scaled down: a local base, rewind on, eval before and after.
     sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
             "data.global_batch_tokens=512", "data.micro_batch=2", "data.val_fraction=0.1", "schedule.steps=2",
             "schedule.warmup_steps=1", "run.val_every=0", "metrics.plot=false", "checkpoint.interval=2",
-            "eval.interval=2", f"eval.limit={limit}", f"eval.tasks={json.dumps(tasks)}"]  # fmt: skip
-    cfg = load_train_config(TINY, sets)
+            "eval.interval=2", f"eval.limit={limit}", f"eval.tasks={json.dumps(tasks)}", "run.threads=1",
+            "parallel.param_dtype=float32", "run.device=cpu", "metrics.tensorboard=false"]  # fmt: skip
+    cfg = load_train_config(CONTINUED_LOCAL, sets)
+    assert cfg.run.on_spike == "rewind" and cfg.checkpoint.export_interval > 0
     train(cfg, evaluator=TrainingEval(cfg))
     assert "[eval] step 0:" in capsys.readouterr().out
     steps = pq.read_table(run / "eval.parquet").column("step").to_pylist()
     assert steps[0] == 0 and sorted(set(steps)) == [0, 2], steps
     in_training = {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))}
 
-    cfg = load_train_config(TINY, [*sets, "checkpoint.resume=auto"])
+    cfg = load_train_config(CONTINUED_LOCAL, [*sets, "checkpoint.resume=auto"])
     train(cfg, evaluator=TrainingEval(cfg))
     assert "[eval] step 0:" not in capsys.readouterr().out  # a resume does not score the base again
 
