@@ -28,7 +28,7 @@ from training.checkpoint.hf_import import CONFIG_JSON, INDEX_JSON, weights_index
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
-from training.contract.run_layout import BASE_DIR
+from training.contract.run_layout import BASE_DIR, read_json_record
 
 __all__ = ["BASE_JSON", "TOKENIZER_FILES", "base_files", "read_base_record", "record_base", "weights_sha256"]
 
@@ -67,17 +67,12 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
 def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
     """RUN/base/base.json, or None (a run from scratch, or one started before gristmill kept it)."""
     path = Path(run_dir) / BASE_DIR / BASE_JSON
-    if not path.is_file():
-        return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(record, dict) or not isinstance(record.get("files"), list):
-            raise ValueError("not a base record")
-        return record
-    except (OSError, ValueError) as e:
+        return read_json_record(path, "files")
+    except ValueError as e:
         raise GristmillError(
-            f"{path} is unreadable ({type(e).__name__}: {e}); it is written again when the run starts "
-            "over from its base (a new run directory)"
+            f"{path} is unreadable ({e}); it is written again when the run starts over from its base "
+            "(a new run directory)"
         ) from None
 
 

@@ -9,8 +9,10 @@ simply grow a digit (`step_of` parses either). A checkpoint directory is complet
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 CONFIG_TOML = "config.toml"
 CHECKPOINTS_DIR = "checkpoints"
@@ -34,6 +36,21 @@ def is_training_run(path: str | Path) -> bool:
     from training.contract.dataset_format import DATASET_JSON  # numpy/pyarrow: only when asked
 
     return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
+
+
+def read_json_record(path: Path, list_key: str) -> dict[str, Any] | None:
+    """The JSON object in `path` that holds a list under `list_key` (RUN/data_plan.json's sources,
+    RUN/base/base.json's files), or None when `path` does not exist; a file that is unreadable or
+    not such an object is a ValueError saying what is wrong (the caller names the file's fix)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
+        raise ValueError(f"not a JSON object with a {list_key!r} list")
+    return data
 
 
 def step_name(step: int) -> str:

@@ -8,7 +8,6 @@ training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from training.config import TrainConfig
 from training.config_checks import phases_of, sources_of
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
-from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
@@ -144,17 +143,10 @@ def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
     """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
     damaged one is a DatasetError naming it and what rewrites it."""
     path = run_dir / DATA_PLAN_JSON
-    if not path.is_file():
-        return None
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(description, dict) or not isinstance(description.get("sources"), list):
-            raise ValueError("not a data plan (no sources)")
-        return description
-    except (OSError, ValueError) as e:
-        raise DatasetError(
-            f"{path} is damaged ({type(e).__name__}: {e}); {recorded_plan_fix(run_dir)}"
-        ) from None
+        return read_json_record(path, "sources")
+    except ValueError as e:
+        raise DatasetError(f"{path} is damaged ({e}); {recorded_plan_fix(run_dir)}") from None
 
 
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
