@@ -734,6 +734,8 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     edited[-2:] = bytes([edited[-2] ^ 1, edited[-1]])  # one bit of the last bf16 value
     (base / "model.safetensors").write_bytes(bytes(edited))
     shutil.rmtree(export_dir(run, 0))
+    assert gristmill(["verify", str(run), "--step", "0"]) == 2  # item 12: no checkpoint holds step 0
+    assert "step 0 is the run's base model, which no checkpoint holds" in capsys.readouterr().err
     with pytest.raises(ExportError) as e:
         export_checkpoint(run, 0)
     msg = str(e.value)

@@ -296,6 +296,7 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
         20: "checkpoint was deleted by retention: checkpoint.keep_last = 1",
         31: "is past the run's last step, 30",
         -1: "step -1 is no step: steps count from 1",
+        0: "started from random initialisation",
     }
     for step, why in want.items():
         for command in (["export", str(run), "--step", str(step)], ["verify", str(run), "--step", str(step)],

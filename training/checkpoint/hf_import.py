@@ -20,8 +20,11 @@ Three steps, each checked rather than trusted:
   one shard-sized fp32 temporary. Rank 0 reading and scattering would need the full model to pass
   through one process and a collective per tensor, for nothing: every rank can read the files.
 - `check_base_data` refuses, before step 1, a dataset that does not match the base: another
-  tokenizer.json (by a normalised hash), a vocabulary larger than the model's, or a separator that
-  is not one of the base's special tokens.
+  tokenizer.json (by what decides the ids, so a re-saved copy matches), a vocabulary larger than
+  the model's, or a separator that is not one of the base's special tokens.
+
+Refused in one line too: RoPE spellings that disagree, a tied config over a different stored head,
+a weights file shorter than its header, a NaN or inf in the weights.
 
 `base_sha256` is the base's identity (config.json and the weights index: names, dtypes, shapes,
 offsets and file sizes, not the bytes of the weights, which would take a minute to hash on an 8B);

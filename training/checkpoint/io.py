@@ -309,6 +309,11 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
         last = cfg.run.max_steps or sum(ph.steps for ph in phases_of(cfg))
     except (GristmillError, OSError):
         cfg, last = None, None
+    if step == 0 and cfg is not None and cfg.model.init_from:
+        return (
+            "step 0 is the run's base model, which no checkpoint holds: `gristmill export RUN --step 0` "
+            "writes it from the base's files"
+        )
     if step == 0:
         return (
             f"step 0 is a run's base model (model.init_from), and {run_dir} started from random "
