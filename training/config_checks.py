@@ -522,12 +522,23 @@ def resolve_model_config(
             f"(vocab_size {mcfg.vocab_size})"
         )
     for key, seq_len in seq_lens:
-        if seq_len > mcfg.max_seq_len:
+        if seq_len <= mcfg.max_seq_len:
+            continue
+        if not section.init_from:
             raise ConfigError(
                 f"{key} = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
                 f"{section.preset!r}); lower {key} or set model.max_seq_len ≥ {seq_len}",
                 key,
             )
+        # The base decides max_seq_len (model.max_seq_len may only repeat it): the options are the data's.
+        where = "recorded in the checkpoint" if source.directory is None else source.directory / "config.json"
+        raise ConfigError(
+            f"{key} = {seq_len} exceeds the base model's max_position_embeddings = {mcfg.max_seq_len} "
+            f"({where}); lower {key} to ≤ {mcfg.max_seq_len}, or start from a base trained for "
+            f"{seq_len} positions (raising max_position_embeddings in a copy of the base's config.json makes "
+            "the run train positions the base never saw)",
+            key,
+        )
     return mcfg
 
 

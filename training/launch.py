@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan",
         action="store_true",
         help="print the data plan (phases, seq_len, tokens per source, LR) from the config and the datasets, "
-        "write RUN/plan.png, and exit without training",
+        "redraw RUN/plan.png if the run exists (nothing is created), and exit without training",
     )
 
 
@@ -62,17 +63,28 @@ def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
-    from training.data.recipe import build_plan, format_plan, mix_notes, open_sources, plot_plan
+    from training.data.recipe import (
+        build_plan,
+        format_plan,
+        mix_notes,
+        open_sources,
+        plot_plan,
+        recorded_skips,
+    )
 
     spec = check_config(cfg, nproc)
     tables = open_sources(spec)
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)
-    for line in format_plan(plan, mix_notes(spec)):
+    run_dir = Path(cfg.run.output_dir)
+    skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
+    for line in format_plan(plan, mix_notes(spec), skips):
         print(line)
-    path = Path(cfg.run.output_dir) / PLAN_PNG
-    print(plot_plan(plan, path) or f"plot: {path}")
+    if run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
+        print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")
+    else:  # --plan creates nothing: a run that never starts leaves no directory behind
+        print(f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts)")
     for note in plan.check_supply():
         print(f"note: {note}")
     return 0
@@ -113,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     module = EVAL_ENTRY if with_eval else "training.train"
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
-    print("+ " + " ".join(cmd), flush=True)
+    print("+ " + shlex.join(cmd), flush=True)  # pasted back into a shell, it runs the same
     # torchrun dies with this launcher, and its workers with torchrun (training.run.shutdown). So the
     # launcher must not die of a preemption signal or a Ctrl-C itself: it only waits, and passes
     # SIGTERM (a scheduler's preemption) and SIGINT straight to the workers, which finish the step,

@@ -193,10 +193,11 @@ class TrainingMetrics:
         *,
         plot: bool,
         log_every: int = 1,
-        last_step: int = 0,
+        last_step: int | None = None,
     ):
         """`timeline`: the run's training/run/timeline.Timeline; `plot`: metrics.plot (RUN/loss.png);
-        `log_every` (run.log_every) and `last_step` (this invocation's): the rows' cadence."""
+        `log_every` (run.log_every) and `last_step` (where this invocation stops: run.max_steps, else
+        the plan's end): the rows' cadence, and their ETA."""
         self.writer, self.timeline, self.run_dir, self.plot = writer, timeline, Path(run_dir), plot
         self.log_every, self.last_step = log_every, last_step
         # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
@@ -212,10 +213,12 @@ class TrainingMetrics:
         """Start the run's clock and the throughput window (at the loop's first step)."""
         self.started = self.window_started = time.perf_counter()
         self.window_tokens = 0
+        self.steps_trained = 0  # by this invocation, for the ETA
 
     def count(self, tokens: int) -> None:
         """Tokens of a step just trained, towards the throughput of the next logged row."""
         self.window_tokens += tokens
+        self.steps_trained += 1
 
     def tokens_per_s(self) -> float:
         """Throughput since the last logged row (once the step is synchronised: its loss all-reduced)."""
@@ -246,6 +249,10 @@ class TrainingMetrics:
         if evaluate is not None:
             row.update(evaluate())
         row["elapsed_s"] = self.elapsed()
+        if self.last_step is not None:
+            row["last_step"] = self.last_step
+            if self.steps_trained:  # this invocation's pace so far, evals and validation included
+                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - step, 0)
         if self.writer is None:
             self.history.append(row)
         else:
@@ -286,8 +293,9 @@ class TrainingMetrics:
         is missing, None when not drawn."""
         if self.writer is None or not self.plot:
             return None
-        path = self.run_dir / LOSS_PNG
-        return plot_loss(self.history, path, self.timeline.skips) or f"curve: {path}"
+        plan, path = self.timeline.plan, self.run_dir / LOSS_PNG
+        phases = [(plan.first_step[p], ph.name) for p, ph in enumerate(plan.phases)]
+        return plot_loss(self.history, path, self.timeline.skips, phases) or f"curve: {path}"
 
     def summarize(self, start: int, end: int, seconds: float) -> None:
         """Rank 0's last line (none when no kept step was logged): the loss over this invocation's
@@ -325,13 +333,25 @@ def _whole_run(rows: list[dict[str, Any]], start: int) -> str:
     return f"; the whole run: {rows[0]['loss']:.4f} at step {rows[0]['step']} → {rows[-1]['loss']:.4f}"
 
 
+def _duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: an ETA's precision."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def format_line(m: dict[str, Any]) -> str:
-    """The one stdout line of a logged step (a row without a trained step: its note and validation)."""
+    """The one stdout line of a logged step: `step N/last | loss … | … | eta 3m05s` (a row without
+    a trained step: its note and validation)."""
+    head = f"step {m['step']:>6d}" + (f"/{m['last_step']}" if m.get("last_step") else "")
     if "loss" not in m:
         val = f" | val {m['val_loss']:.4f}" if m.get("val_loss") is not None else ""
-        return f"step {m['step']:>6d} | {m['note']}{val}"
+        return f"{head} | {m['note']}{val}"
     parts = [
-        f"step {m['step']:>6d}",
+        head,
         f"loss {m['loss']:.4f}",
         f"lr {m['lr']:.3e}",
         f"gnorm {m['grad_norm']:.3f}",
@@ -347,6 +367,8 @@ def format_line(m: dict[str, Any]) -> str:
         parts.append(f"val {m['val_loss']:.4f}")
     if m.get("phase") is not None:
         parts.append(f"{m['phase']} seq {m['seq_len']}")
+    if m.get("eta_s") is not None and m["step"] < m.get("last_step", 0):
+        parts.append(f"eta {_duration(m['eta_s'])}")
     return " | ".join(parts)
 
 
@@ -467,6 +489,7 @@ class MetricsWriter:
         # Numbers only (not `events` or `phase`; a bool is an int but no metric); the step is the axis.
         scalars = {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         del scalars["step"]
+        scalars.pop("last_step", None)  # a setting, not a metric
         for name, tracker in self.trackers.items():
             if step > self.skip_through.get(name, -1):
                 tracker.log(scalars, step)
@@ -525,17 +548,29 @@ def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in history if "discarded_by_rewind" not in r]
 
 
-def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None:
-    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is
-    missing. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
-    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
+def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:
+    """Train and validation loss against step as a PNG (`loss_figure`); returns a note instead if
+    matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
+    fig = loss_figure(plt, history, skips, phases)
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):
+    """The loss plot of a run's rows: train loss, the validation loss (mix-weighted) and, for a
+    mixture, each source's (`val/<source>`: the weighted curve moves at a phase change only because
+    the weights do), with `phases` ((first step, 0-based; name) of each phase) marked where one
+    starts. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
+    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    kept = kept_rows(history)
-    val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
-    kept = [m for m in kept if "loss" in m]  # rows of trained steps (not a base's or a skip's eval)
+    scored = kept_rows(history)  # validation: a row without a trained step (the final weights') too
+    val = [(m["step"], m["val_loss"]) for m in scored if m.get("val_loss") is not None]
+    sources = sorted({k.removeprefix("val/") for m in scored for k in m if k.startswith("val/")})
+    kept = [m for m in scored if "loss" in m]  # rows of trained steps (not a base's or a skip's eval)
     train = [(m["step"], m["loss"]) for m in kept]
     if train:
         ax.plot(*zip(*train), label="train")
@@ -557,14 +592,18 @@ def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None
     if top is not None:
         ax.set_ylim(top=top)
     if val:
-        ax.plot(*zip(*val), marker="o", label="validation")
+        ax.plot(*zip(*val), marker="o", label="validation (mix-weighted)" if sources else "validation")
+    for name in sources:
+        curve = [(m["step"], m[f"val/{name}"]) for m in scored if m.get(f"val/{name}") is not None]
+        ax.plot(*zip(*curve), marker=".", linestyle=":", label=f"validation: {name}")
     for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):
         ax.axvline(step, color="red", alpha=0.4, label="non-finite step(s) skipped" if i == 0 else None)
+    for first, name in list(phases)[1:]:  # where each phase after the first starts
+        ax.axvline(first + 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f" {name}", (first + 0.5, 1), xycoords=("data", "axes fraction"), va="top", fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy, nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return None
+    return fig

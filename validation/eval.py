@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
-from training.checkpoint.io import nonfinite_tensor
+from training.checkpoint.io import missing_step_reason, nonfinite_tensor
 from training.config import TrainConfig
 from training.config_checks import resolve
 from training.contract.config_loader import load_config, save_config
@@ -631,10 +631,11 @@ def run(args: argparse.Namespace) -> int:
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif step not in steps and step != 0:  # step 0 of a run from a base model: the base, exported now
+    elif step not in steps and (step != 0 or not run_config(run_dir).model.init_from):
+        # (step 0 of a run from a base model: the base, exported now)
         raise EvalError(
-            f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
-            f"{', '.join(map(str, steps)) or 'none'}"
+            f"{run_dir} has no export or complete checkpoint of step {step}: "
+            f"{missing_step_reason(run_dir, step)}; steps: {', '.join(map(str, steps)) or 'none'}"
         )
     try:
         evaluate_step(run_dir, step, cfg, verbose=args.verbose)

@@ -44,9 +44,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from training.checkpoint.base_record import base_files
 from training.checkpoint.hf_export import run_model_config, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
+from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import Transformer
@@ -88,6 +90,7 @@ class TrainingEval:
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
         self.max_length = 0
         self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
+        self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
         self.tasks_left = True  # every rank: whether an eval still has tasks (rank 0 decides)
 
     def _say(self, text: str) -> None:
@@ -105,8 +108,9 @@ class TrainingEval:
                 _, dataset, mcfg = run_model_config(self.run_dir)
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
-                write_tokenizer(dataset, mcfg, tok_dir)
+                write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files
                 self.tokenizer = _load_tokenizer(tok_dir)
+                self.separator_id = int(read_dataset_info(dataset)["separator"]["id"])
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
@@ -175,7 +179,13 @@ class TrainingEval:
         saved = rng_state()
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`
             with eval_output(eval_dir(self.run_dir, step) / EVAL_LOG):
-                lm = in_process_lm(self.copy, self.tokenizer, self.cfg.batch_size, self.max_length)
+                lm = in_process_lm(
+                    self.copy,
+                    self.tokenizer,
+                    self.cfg.batch_size,
+                    self.max_length,
+                    separator_id=self.separator_id,
+                )
                 results = evaluate_lm(lm, self.plan, self.cfg, failed=failed)
         finally:
             set_rng_state(saved)

@@ -291,3 +291,27 @@ def test_a_spike_that_cannot_rewind_still_stops_on_an_earlier_nonfinite_step(
     monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 4))
     assert main(["--config", TINY, "--set", *sets]) == 3
     assert "step 3: the loss and gradient norm is not finite" in one_error_line(capsys.readouterr().err)
+
+
+def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(reference, capsys):
+    """Issue 37 item 12: `export --step N` (and `eval --step N`, `verify --step N`) for a step
+    without a checkpoint says why (one home: training.checkpoint.io.missing_step_reason): set aside
+    by the rewind, skipped by it, never saved, deleted by retention, past the end; --step -1 is
+    refused, not printed as step--00001."""
+    run, _ = reference
+    want = {
+        15: "was set aside (checkpoints/abandoned-step-000015): a rewind",
+        12: "was never trained: rewind 1 skipped steps 11–18",
+        22: "was never saved: checkpoint.interval = 5 saves every 5 steps and the last (30)",
+        20: "checkpoint was deleted by retention: checkpoint.keep_last = 1",
+        31: "is past the run's last step, 30",
+        -1: "step -1 is no step: steps count from 1",
+        0: "started from random initialisation",
+    }
+    for step, why in want.items():
+        for command in (["export", str(run), "--step", str(step)], ["verify", str(run), "--step", str(step)],
+                        ["eval", str(run), "--step", str(step), "--tasks", "heldout_ppl"]):  # fmt: skip
+            assert gristmill(command) == 2, (command, capsys.readouterr())
+            line = one_error_line(capsys.readouterr().err)
+            assert why in line and "step--" not in line, (command, line)
+    assert not (run / "exports" / "step--00001").exists()

@@ -95,6 +95,7 @@ from training.contract.run_layout import (
     step_of,
 )
 from training.data.loader import foreign_state_message
+from training.optim import optimizer_name, saved_optimizer
 from training.run.console import say
 
 # --- what is on disk ---------------------------------------------------------------------------
@@ -360,6 +361,7 @@ class Checkpointer:
                 if path is not None:
                     record = read_complete_record(path)
                     notes += self._model_notes(path, record)  # another model is refused before any load
+                    self._check_optimizer(path)
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
                     self.log(line)
@@ -443,6 +445,20 @@ class Checkpointer:
                 f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
             )
         return train_state.step
+
+    def _check_optimizer(self, path: Path) -> None:
+        """Another optim.name than the checkpoint's is refused in one line before any load: the
+        state of one optimizer does not fit the other (DCP would stop on a missing momentum_buffer)."""
+        optimizer = getattr(self.states.get("optimizer"), "optimizer", None)
+        saved = saved_optimizer(checkpoint_keys(path))
+        if optimizer is None or saved is None or saved == optimizer_name(optimizer):
+            return
+        now = optimizer_name(optimizer)
+        raise CheckpointError(
+            f"cannot resume from {path}: it holds the state of optim.name = '{saved}', and this config has "
+            f"optim.name = '{now}'; resume with --set optim.name={saved}, or train with {now} in a new run "
+            "directory (another run.output_dir)"
+        )
 
     def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
         """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line

@@ -225,11 +225,38 @@ def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro
             where = f"{plan.sources[i].name} row {doc} " if many else ""
             line = f"  {where}{key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
             if decoders[i] is not None:
-                text = decoders[i].decode(tokens[a:b].tolist(), skip_special_tokens=False)
+                text = piece_text(decoders[i], tables[i], doc, first, b - a)
                 line += f": {text[:160] + ('…' if len(text) > 160 else '')!r}"
             print(line)
     if show < nrows:
         print(f"… {nrows - show} more rows (--max-rows 0 prints all)")
+
+
+# A character is at most 4 UTF-8 bytes and a token at least 1: 3 tokens on either side of a cut hold
+# the rest of any character the cut splits.
+_CONTEXT = 3
+
+
+def piece_text(decoder, table, doc: int, first: int, count: int) -> str:
+    """The text of tokens [first, first + count) of document `doc` (manifest row) of `table`, less
+    the parts of characters the window's edges cut: a token may hold some of the bytes of a
+    multi-byte character, which alone decode as U+FFFD. Decoded with up to 3 tokens of the document
+    on either side; what the context before decodes to is cut off the front (a character it
+    completes included), and a trailing U+FFFD that the context after completes is dropped. A U+FFFD
+    that is in the document stays."""
+    lo, hi = max(0, first - _CONTEXT), min(int(table.lengths[doc]), first + count + _CONTEXT)
+    ids = table.read(np.array([doc]), np.array([lo]), np.array([hi - lo])).tolist()
+    a, b = first - lo, first - lo + count
+
+    def decode(part: list[int]) -> str:
+        return decoder.decode(part, skip_special_tokens=False)
+
+    upto_b = decode(ids[:b])
+    text = upto_b[len(decode(ids[:a])) :]
+    whole = decode(ids)
+    if text.endswith("\ufffd") and whole[len(upto_b) - 1 : len(upto_b)] != "\ufffd":
+        text = text[:-1]  # the start of a character the context after completes
+    return text
 
 
 def _tokenizer(root: Path):

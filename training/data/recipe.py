@@ -9,7 +9,6 @@ about a second.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from training.config import TrainConfig
 from training.config_checks import RunSpec
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
-from training.contract.run_layout import DATA_PLAN_JSON
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
@@ -134,13 +133,33 @@ def record_plan(plan: data_plan.Plan, run_dir: Path, skips: Sequence[data_plan.S
     write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json(skips))
 
 
+def recorded_plan_fix(run_dir: Path) -> str:
+    """What rewrites a run's data_plan.json: the trainer writes it at every start, from the plan
+    the run's newest checkpoint holds (its rewinds' skips included)."""
+    return (
+        f"the trainer writes it again from the run's newest checkpoint: gristmill train --config "
+        f"{run_dir / CONFIG_TOML} --resume auto (a finished run trains nothing)"
+    )
+
+
+def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
+    """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
+    damaged one is a DatasetError naming it and what rewrites it."""
+    path = run_dir / DATA_PLAN_JSON
+    try:
+        return read_json_record(path, "sources")
+    except ValueError as e:
+        raise DatasetError(f"{path} is damaged ({e}); {recorded_plan_fix(run_dir)}") from None
+
+
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
     """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
     run recorded nothing (started before data_plan.json)."""
     path = run_dir / DATA_PLAN_JSON
-    if not path.is_file():
+    description = recorded_plan(run_dir)
+    if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
-    recorded = {s["name"]: s["fingerprint"] for s in json.loads(path.read_text())["sources"]}
+    recorded = {s["name"]: s["fingerprint"] for s in description["sources"]}
     for src, t in zip(plan.sources, tables):
         if src.name in recorded and not same_data(recorded[src.name], t.info):
             raise DatasetError(
@@ -155,8 +174,8 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
 def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:
     """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
     when the run recorded no plan."""
-    path = run_dir / DATA_PLAN_JSON
-    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else ()
+    description = recorded_plan(run_dir)
+    return () if description is None else data_plan.skips_from(description)
 
 
 def skip_cause(skip: data_plan.Skip) -> str:
@@ -180,7 +199,7 @@ def skip_lines(plan: data_plan.Plan, skips: Sequence[data_plan.Skip]) -> list[st
 
 
 def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> list[dict[str, Any]]:
-    """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
+    """One row per phase: steps, seq_len, G, the LR piece's shape, and per source the tokens trained
     and the share of its dataset (stream tokens / one epoch of its training split) read, and the
     tokens of steps the rewinds skipped (read, not trained) when there are any."""
     rows = []
@@ -192,7 +211,7 @@ def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> lis
             "steps": f"{first + 1}-{first + ph.steps}",
             "seq_len": ph.seq_len,
             "G": ph.global_batch,
-            "lr": f"{plan.lr(first):.3g} → {plan.lr(first + ph.steps - 1):.3g}",
+            "lr": lr_shape(ph.lr),
         }
         for r in end_rows:
             if r["phase_index"] == p:
@@ -200,6 +219,21 @@ def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> lis
                 row[r["source"]] = f"{r['tokens']:,} ({100 * r['fraction']:.1f}%{skipped})"
         rows.append(row)
     return rows
+
+
+def lr_shape(piece: data_plan.LRPiece | None) -> str:
+    """A phase's LR piece as its shape: `warmup 5 → 0.001, cosine → 0.0001`, `linear 0.003 → 0.0003`,
+    `constant 0.003` (the LR of its first and last step would hide a warmup's peak)."""
+    if piece is None:
+        return "-"
+    warmup = f"warmup {piece.warmup_steps} → {piece.peak:.3g}" if piece.warmup_steps else ""
+    if piece.shape == "constant":
+        return f"{warmup}, constant" if warmup else f"constant {piece.peak:.3g}"
+    return (
+        f"{warmup}, {piece.shape} → {piece.end:.3g}"
+        if warmup
+        else f"{piece.shape} {piece.peak:.3g} → {piece.end:.3g}"
+    )
 
 
 def format_plan(plan: data_plan.Plan, notes: list[str], skips: Sequence[data_plan.Skip] = ()) -> list[str]:

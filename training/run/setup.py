@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from training.checkpoint.base_record import record_base
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import check_base_data, load_base_weights
@@ -257,7 +258,7 @@ def setup(
         load_base_weights(model, base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
-    writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes)
+    writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes, base_dir)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
     if state.pending is not None:
@@ -352,10 +353,12 @@ def _outputs(
     timeline: Timeline,
     record: RunRecord,
     notes: list[str],
+    base_dir: Path | None,
 ) -> MetricsWriter | None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     RUN/config.toml (after a resume's note of what changed), the plan's record and plot, what a
-    discarded future left set aside; the metrics writer. None on the other ranks."""
+    discarded future left set aside, a new run's base (RUN/base/: the base as loaded from
+    `base_dir`, for its exports); the metrics writer. None on the other ranks."""
     if env.rank != 0:
         return None
     applied = applied_config(resolved, spec)
@@ -367,6 +370,8 @@ def _outputs(
     except OSError as e:
         raise unwritable(run_dir, e) from None
     record.started(resumed)
+    if resumed is None and spec.model.init_from:  # RUN/base/: the base as loaded, for its exports
+        record_base(run_dir, base_dir, spec.model.init_from, spec.model.init_from_sha256)
     return MetricsWriter(
         run_dir,
         metrics=resolved.metrics,
