@@ -18,6 +18,9 @@ import sys
 
 from training.contract.errors import GristmillError
 
+# The stages `gristmill demo` runs, in order (pipelines/demo.py numbers its stages by this tuple).
+DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket")
+
 # (command words) -> (module implementing it, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("data", "build"): (
@@ -74,7 +77,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("demo",): (
         "pipelines.demo",
-        "run the whole system offline on the demo corpus: build → validate → audit → train → export → eval",
+        "run the whole system offline on the demo corpus: " + " → ".join(DEMO_STAGES),
     ),
 }
 

@@ -24,6 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from pipelines.cli import DEMO_STAGES
 from training.contract.errors import GristmillError
 from training.contract.run_layout import complete_steps
 
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
 STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the phase boundary
-# The rewind stage: a loss spike injected into one data window of step 27 (training/faults.py, a
+# The rewind stage: a loss spike injected into one data window of step 27 (training/run/faults.py, a
 # test fault: never set in real runs); the recipe rewinds to step 25 and skips steps 26-33.
 SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
 SKIPPED_STEP = 30
@@ -85,8 +86,9 @@ def train_output_dir(config: str) -> Path:
     return Path(out)
 
 
-def _stage(n: int, total: int, title: str, command: str) -> float:
-    print(f"\n=== [{n}/{total}] {title}\n    $ {command}", flush=True)
+def _stage(name: str, total: int, title: str, command: str) -> float:
+    """Announce stage `name` (one of DEMO_STAGES, the order `gristmill --help` lists) and its command."""
+    print(f"\n=== [{DEMO_STAGES.index(name) + 1}/{total}] {title}\n    $ {command}", flush=True)
     return time.time()
 
 
@@ -116,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     from validation.audit import print_summary, write_plots
     from validation.audit_views import connect
 
-    total = 3 if args.skip_train else 9
+    total = DEMO_STAGES.index("audit") + 1 if args.skip_train else len(DEMO_STAGES)
     configs = (args.data_config, args.code_config)
     later = (
         args.train_config,
@@ -130,8 +132,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {path} not found; run `gristmill demo` from the repository root (or `make demo`)")
             return 2
 
-    t0 = _stage(1, total, "build the two datasets: prose (writes the demo corpus and trains the tokenizer on "
-                "first use), then code with the same tokenizer",
+    t0 = _stage("build", total, "build the two datasets: prose (writes the demo corpus and trains the "
+                "tokenizer on first use), then code with the same tokenizer",
                 "\n    $ ".join(f"gristmill data build --config {c}" for c in configs))  # fmt: skip
     results = []
     for config in configs:
@@ -144,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
     data_dirs = [r.output for r in results]
     data_dir = data_dirs[0]
 
-    _stage(2, total, "validate (already run by the build; rerun any time)",
+    _stage("validate", total, "validate (already run by the build; rerun any time)",
            "\n    $ ".join(f"gristmill data validate {d}" for d in data_dirs))  # fmt: skip
     for d, result in zip(data_dirs, results):
         print(f"    {d}: {'ok' if result.report is None or result.report.ok else 'FAILED'}")
 
-    _stage(3, total, "audit the datasets", f"gristmill data audit {' '.join(map(str, data_dirs))} "
+    _stage("audit", total, "audit the datasets", f"gristmill data audit {' '.join(map(str, data_dirs))} "
            f"--plots {data_dir}/audit")  # fmt: skip
     print_summary(data_dirs)
     con, _ = connect([data_dir])
@@ -170,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     # and crosses into phase "decay" (`--resume auto` also makes a rerun of the demo continue).
     run_dir = train_output_dir(args.train_config)
     stop = f"--resume auto --set run.max_steps={STOP_STEP}"
-    t0 = _stage(4, total, f"train a small Llama on the mixture (CPU) in two phases, stop at step "
+    t0 = _stage("train", total, f"train a small Llama on the mixture (CPU) in two phases, stop at step "
                 f"{STOP_STEP}, resume from the checkpoint",
                 f"gristmill train --config {args.train_config} --plan\n"
                 f"    $ gristmill train --config {args.train_config} {stop}\n"
@@ -185,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
 
-    _stage(5, total, "export the step-100 checkpoint (HF format), then check every file against its checksum",
+    _stage("export", total, "export the step-100 checkpoint (HF format), then check every file against its "
+           "checksum",
            f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
     print("    (step 150 was exported during training: checkpoint.export_interval)")
     for command in (["export", str(run_dir), "--step", "100"], ["verify", str(run_dir)]):
@@ -194,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Training evaluated steps 60, 100 and 150 as it went ([eval] interval); the offline eval of
     # the step-150 export gives the same scores from the HF model (and replaces that step's row).
-    t0 = _stage(6, total, "evaluate the step-150 export with lm-eval on held-out documents (offline); "
+    t0 = _stage("eval", total, "evaluate the step-150 export with lm-eval on held-out documents (offline); "
                 "training evaluated steps 60, 100 and 150 as it went",
                 f"gristmill eval {run_dir} --config {args.eval_config} --step 150\n"
                 f"    $ gristmill data audit {run_dir} --sql \"{EVAL_SQL}\"")  # fmt: skip
@@ -208,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
     # starts from it (docs/continued-pretraining.md) takes its shape from its config.json, checks the
     # data's tokenizer against its tokenizer.json, and trains on from its weights.
     cont_dir = train_output_dir(args.continue_config)
-    t0 = _stage(7, total, "continue pretraining from the step-150 export as a Hugging Face base "
+    t0 = _stage("continue", total, "continue pretraining from the step-150 export as a Hugging Face base "
                 "(model.init_from), 10 steps on the prose source",
                 f"gristmill train --config {args.continue_config} --resume auto")  # fmt: skip
     if rc := gristmill(["train", "--config", args.continue_config, "--resume", "auto"]):
@@ -219,12 +222,39 @@ def run(args: argparse.Namespace) -> int:
         print(f"    step 1 loss {first:.4f}, where the base left off; held-out prose loss {val:.4f} at "
               f"step 10 (the base's, at the demo's step 150: {base:.4f})")  # fmt: skip
     print(f"    continued-pretraining stage took {time.time() - t0:.0f} s")
-    if rc := rewind_stage(args.rewind_config, 8, total, gristmill):
+    if rc := rewind_stage(args.rewind_config, total, gristmill):
         return rc
-    return bucket_stage(data_dir, args.bucket_config, 9, total, gristmill)
+    return bucket_stage(data_dir, args.bucket_config, total, gristmill)
 
 
-def bucket_stage(data_dir: Path, config: str, n: int, total: int, gristmill) -> int:
+def rewind_stage(config: str, total: int, gristmill) -> int:
+    """A loss spike, rewound past: the run goes back to a checkpoint before it, skips the data after
+    that checkpoint and finishes; then the ledger: what a skipped step did not train on, and the
+    skipped tokens in the consumption audit (docs/divergence.md)."""
+    run_dir = train_output_dir(config)
+    key, value = SPIKE
+    t0 = _stage("rewind", total, "a loss spike (injected into one data window of step 27), rewound past: "
+                "back to a checkpoint before it, its data skipped, every token accounted for",
+                f"{key}={value} gristmill train --config {config} --resume auto\n"
+                f"    $ gristmill data inspect {run_dir} --step {SKIPPED_STEP} --max-rows 1\n"
+                f"    $ gristmill data audit {run_dir} --sql \"{REWIND_SQL}\"")  # fmt: skip
+    os.environ[key] = value  # the trainer's processes inherit it
+    try:
+        if rc := gristmill(["train", "--config", config, "--resume", "auto"]):
+            return rc
+    finally:
+        del os.environ[key]
+    for command in (
+        ["data", "inspect", str(run_dir), "--step", str(SKIPPED_STEP), "--max-rows", "1"],
+        ["data", "audit", str(run_dir), "--sql", REWIND_SQL],
+    ):
+        if rc := gristmill(command):
+            return rc
+    print(f"    rewind stage took {time.time() - t0:.0f} s; curve: {run_dir / 'loss.png'}")
+    return 0
+
+
+def bucket_stage(data_dir: Path, config: str, total: int, gristmill) -> int:
     """The prose dataset in an S3 bucket: a local moto server (the endpoint and credentials reach the
     commands as the standard AWS variables), the upload (every file checked by sha256, dataset.json
     last), a few steps trained from the bucket through the verified shard cache, and inspect --hash of
@@ -233,9 +263,9 @@ def bucket_stage(data_dir: Path, config: str, n: int, total: int, gristmill) -> 
 
     run_dir = train_output_dir(config)
     hashes = " ".join(HASH_ARGS)
-    t0 = _stage(n, total, "datasets on object storage: the prose dataset uploaded to an S3 bucket (a moto "
-                "server on loopback), 10 steps trained from it through the verified cache, the batches' "
-                "hashes equal to the local copy's",
+    t0 = _stage("bucket", total, "datasets on object storage: the prose dataset uploaded to an S3 bucket "
+                "(a moto server on loopback), 10 steps trained from it through the verified cache, the "
+                "batches' hashes equal to the local copy's",
                 f"gristmill data upload {data_dir} {BUCKET_URL}        # AWS_ENDPOINT_URL=http://127.0.0.1:…\n"
                 f"    $ gristmill train --config {config} --resume auto\n"
                 f"    $ gristmill data inspect {BUCKET_URL} {hashes}\n"
@@ -277,33 +307,6 @@ def bucket_stage(data_dir: Path, config: str, n: int, total: int, gristmill) -> 
             else:
                 os.environ[key] = value
     print(f"    bucket stage took {time.time() - t0:.0f} s")
-    return 0
-
-
-def rewind_stage(config: str, n: int, total: int, gristmill) -> int:
-    """A loss spike, rewound past: the run goes back to a checkpoint before it, skips the data after
-    that checkpoint and finishes; then the ledger: what a skipped step did not train on, and the
-    skipped tokens in the consumption audit (docs/divergence.md)."""
-    run_dir = train_output_dir(config)
-    key, value = SPIKE
-    t0 = _stage(n, total, "a loss spike (injected into one data window of step 27), rewound past: back to a "
-                "checkpoint before it, its data skipped, every token accounted for",
-                f"{key}={value} gristmill train --config {config} --resume auto\n"
-                f"    $ gristmill data inspect {run_dir} --step {SKIPPED_STEP} --max-rows 1\n"
-                f"    $ gristmill data audit {run_dir} --sql \"{REWIND_SQL}\"")  # fmt: skip
-    os.environ[key] = value  # the trainer's processes inherit it
-    try:
-        if rc := gristmill(["train", "--config", config, "--resume", "auto"]):
-            return rc
-    finally:
-        del os.environ[key]
-    for command in (
-        ["data", "inspect", str(run_dir), "--step", str(SKIPPED_STEP), "--max-rows", "1"],
-        ["data", "audit", str(run_dir), "--sql", REWIND_SQL],
-    ):
-        if rc := gristmill(command):
-            return rc
-    print(f"    rewind stage took {time.time() - t0:.0f} s; curve: {run_dir / 'loss.png'}")
     return 0
 
 

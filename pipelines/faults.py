@@ -15,7 +15,7 @@ environment lookup. The points:
     dedup_clusters in dedup's clusters stage (rank 0), once task 0's drop table is written and
                    the others are not
 
-The trainer has its own, training/faults.py.
+The trainer has its own, training/run/faults.py.
 """
 
 from __future__ import annotations

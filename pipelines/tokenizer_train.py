@@ -144,10 +144,12 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
         rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
         source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
     except (OSError, ValueError, KeyError, TypeError):
+        # Not trained here (a base model's tokenizer, a copy): never suggest deleting it.
         dated = _utc(tok.stat().st_mtime)
         return (
             f"tokenizer {tok} exists: using it as is; what it was trained on is not recorded "
-            f"(file dated {dated}); {fix}"
+            f"(file dated {dated}); to train one on this source instead, set tokenizer.path to a path that "
+            "does not exist yet"
         )
     here = source_folder(cfg.source)
     if source == here:

@@ -1,0 +1,20 @@
+"""The trainer: a Llama-3-style model trained on the data plan with FSDP2, checkpointed and checked.
+It imports only torch, numpy, pyarrow and the standard library (tests/test_layering.py).
+
+- train.py          `python -m training.train`: setup / train_step / the loop (the step's order)
+- launch.py         `gristmill train`: in this process or through torchrun, the config checked first
+- config.py         the recipe's schema: `TrainConfig`, one documented field each
+- config_checks.py  the recipe resolved once (`RunSpec`) and checked before any work; RUN/config.toml
+- model.py          the Llama-3 transformer, its presets and FLOPs per token
+- loss.py           cross-entropy of the LM head, chunked
+- optim.py          AdamW (and 8-bit), the plan's LR schedule, gradient clipping
+- muon.py           Muon for the blocks' matrices, AdamW for the rest
+- parallelize.py    activation checkpointing, torch.compile, FSDP2 / HSDP, float8
+- metrics.py        MFU, the update ratio, metrics rows, metrics.jsonl and loss.png, the summary
+- trackers.py       tensorboard, Weights & Biases, trackio
+- plotting.py       matplotlib for the PNGs gristmill writes
+- run/              the run's own machinery: setup, the step's verdict, the timeline, rewind, …
+- checkpoint/       DCP checkpoints, the train state, HF import and export
+- data/             the dataset reader, sample order, the data plan, the loader
+- contract/         what every package shares: errors, config loading, the formats, the run layout
+"""

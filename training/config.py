@@ -191,7 +191,7 @@ class OptimSection:
     """Apply weight decay to embedding tables too (a tied LM head shares the embedding's setting)."""
     fused: bool | None = None
     """Fused AdamW kernel (CUDA and CPU); None: on. Off, a skipped non-finite step costs a host sync
-    every step (the fused kernel takes the skip flag on the device: training.divergence)."""
+    every step (the fused kernel takes the skip flag on the device: training.run.verdict)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables clipping; the norm is still logged)."""
     muon_momentum: float = 0.95
@@ -240,7 +240,7 @@ class ParallelConfig:
 @dataclass
 class RewindSection:
     """`[run.rewind]`: how a rewind past a loss spike (run.on_spike / on_nonfinite = "rewind") goes
-    back and what it skips (training/rewind.py, docs/divergence.md)."""
+    back and what it skips (training/run/rewind.py, docs/divergence.md)."""
 
     skip_steps: int = 200
     """Global steps of data skipped after the checkpoint rewound to: rewound to step 1,100 with 300,
@@ -277,7 +277,7 @@ class RunSection:
     threads: int = 0
     """torch intra-op threads per process on CPU (0: torch's default)."""
     on_nonfinite: Literal["stop", "skip", "rewind"] = "stop"
-    """A step whose loss or gradient norm is NaN/inf is never applied (training.divergence). "stop":
+    """A step whose loss or gradient norm is NaN/inf is never applied (training.run.verdict). "stop":
     end the run when the host hears of it (next logged step or save) with exit 3, saving nothing
     new; "skip": go on, count it as `skipped_steps` in metrics.jsonl, stop after max_skipped in a
     row; "rewind": at that step, go back to a checkpoint and skip data as [run.rewind] says."""

@@ -1,10 +1,14 @@
 """What a run derives from its `TrainConfig` and checks before any work (split from the schema in
 training/config.py, which holds only what the keys mean).
 
-`check_config` does all the arithmetic that can be done without touching a GPU, a process group or
-the model (batch sizes, mesh shape, schedule), so an impossible recipe fails in the first second
-with the numbers in the message; `sources_of`, `phases_of`, `trackers_of` and `resolve_model_config`
-turn sections into what the trainer uses.
+The recipe is resolved once, into a frozen `RunSpec` (its sources, phases, seq_lens and, for a
+world size, each phase's batch shape; the model once resolved) that preflight, `gristmill train
+--plan`, `data inspect`, export, eval and the training loop all share: `resolve(cfg)` derives it
+from the config alone (export and eval: no world size), `check_config(cfg, world_size)` adds every
+check that can be made without touching a GPU, a process group or the model (batch sizes, mesh
+shape, schedule), so an impossible recipe fails in the first second with the numbers in the
+message. `resolve_model_config` adds the model (it needs the dataset and the base), and
+`applied_config` is the config RUN/config.toml records: only the keys that apply.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import importlib.util
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from training.config import (
     TRACKERS,
@@ -29,7 +34,7 @@ from training.config import (
     SourceSection,
     TrainConfig,
 )
-from training.contract.config_loader import ConfigError, override_of
+from training.contract.config_loader import ConfigError, override_of, to_dict
 from training.data.remote import CacheSettings
 
 if TYPE_CHECKING:
@@ -57,10 +62,41 @@ class BatchShape:
         return self.global_batch * self.seq_len
 
 
+@dataclass(frozen=True)
+class RunSpec:
+    """A recipe resolved once: what preflight, --plan, inspect, export, eval and the loop share."""
+
+    sources: tuple[SourceSection, ...]  # [[data.sources]], or data.dataset as the one source "data"
+    phases: tuple[PhaseSection, ...]  # [[phase]], or the one phase "main" of [schedule]; filled in
+    seq_lens: tuple[tuple[str, int], ...]  # per phase: (the key that sets it, seq_len)
+    shapes: tuple[BatchShape, ...] = ()  # per phase, for a world size (check_config)
+    model: Any = None  # training.model.ModelConfig once resolved (resolve_model_config)
+    cache: CacheSettings | None = None  # where s3:// sources are cached ([data] cache_dir, cache_gb)
+
+    @property
+    def last_step(self) -> int:
+        """The plan's last step: the sum of the phases' budgets."""
+        return sum(ph.steps for ph in self.phases)
+
+
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def sources_of(cfg: TrainConfig) -> list[SourceSection]:
+def resolve(cfg: TrainConfig) -> RunSpec:
+    """The recipe's sources, phases and seq_lens, each checked (ConfigError naming the key)."""
+    sources = _sources(cfg)
+    phases = _phases(cfg, [src.name for src in sources])
+    seq_lens = tuple(
+        (
+            f"phase[{i}].seq_len" if cfg.phase and cfg.phase[i].seq_len is not None else "data.seq_len",
+            ph.seq_len,
+        )
+        for i, ph in enumerate(phases)
+    )
+    return RunSpec(tuple(sources), tuple(phases), seq_lens, cache=cache_of(cfg))
+
+
+def _sources(cfg: TrainConfig) -> list[SourceSection]:
     """The run's sources: `[[data.sources]]`, or data.dataset as the one source "data"."""
     d = cfg.data
     if not d.sources:
@@ -95,11 +131,10 @@ def sources_of(cfg: TrainConfig) -> list[SourceSection]:
     ]
 
 
-def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
+def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
     """The run's phases with steps, seq_len, micro_batch and mix filled in: `[[phase]]`, or one
-    phase "main" of schedule.steps built from data.* and [schedule]."""
+    phase "main" of schedule.steps built from data.* and [schedule]. `names`: the sources'."""
     d, gbt = cfg.data, cfg.data.global_batch_tokens
-    names = [src.name for src in sources_of(cfg)]
     if not cfg.phase:
         if len(names) > 1:
             raise ConfigError(
@@ -175,6 +210,26 @@ def phases_of(cfg: TrainConfig) -> list[PhaseSection]:
     if len({ph.name for ph in out}) < len(out):
         raise ConfigError(f"phase names must be unique, got {[ph.name for ph in out]}", "phase")
     return out
+
+
+def applied_config(cfg: TrainConfig, spec: RunSpec) -> dict[str, Any]:
+    """What RUN/config.toml records: the config as it applies, so that `gristmill train --config
+    RUN/config.toml` (into another run.output_dir) reproduces the run and no key in it is one a
+    fresh run would refuse. Left out: data.dataset and data.val_fraction beside [[data.sources]]
+    (each source gets its own val_fraction written), [schedule] beside [[phase]], the default preset
+    of a run from a base model (model.init_from gives its shape), and checkpoint.resume (how a run
+    was started, not what it trains)."""
+    d = to_dict(cfg)
+    if cfg.data.sources:
+        del d["data"]["dataset"], d["data"]["val_fraction"]
+        for raw, src in zip(d["data"]["sources"], spec.sources):
+            raw["val_fraction"] = src.val_fraction
+    if cfg.phase:
+        del d["schedule"]
+    if cfg.model.init_from and cfg.model.preset == ModelSection.preset:
+        del d["model"]["preset"]
+    del d["checkpoint"]["resume"]
+    return d
 
 
 def trackers_of(m: MetricsSection) -> tuple[list[str], str, list[str]]:
@@ -285,9 +340,9 @@ def check_parallel_section(p: ParallelConfig) -> None:
         )
 
 
-def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
-    """Everything about the recipe that can be checked before any work; returns the batch plan of
-    each phase (one for a recipe without [[phase]])."""
+def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
+    """Everything about the recipe that can be checked before any work; returns the resolved recipe
+    with the batch shape of each phase for `world_size` ranks."""
     d, o, r = cfg.data, cfg.optim, cfg.run
     check_model_section(cfg.model)
     check_parallel_section(cfg.parallel)
@@ -315,9 +370,10 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
             f"need schedule.steps ≥ 1 and 0 ≤ schedule.warmup_steps ≤ schedule.steps; got steps {s.steps}, "
             f"warmup_steps {s.warmup_steps}"
         )
+    spec = resolve(cfg)
     dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
     plans = []
-    for i, ph in enumerate(phases_of(cfg)):
+    for i, ph in enumerate(spec.phases):
         g = d.global_batch_tokens // ph.seq_len
         what = (
             "data.micro_batch"
@@ -334,10 +390,9 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
         plans.append(
             BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
         )
-    for src in sources_of(cfg):
+    for src in spec.sources:
         if not 0.0 <= src.val_fraction < 1.0:
             raise ConfigError(f"val_fraction = {src.val_fraction} of source {src.name!r} must be in [0, 1)")
-    cache_of(cfg)
     if d.num_workers < 0 or r.threads < 0:
         raise ConfigError(
             f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
@@ -404,18 +459,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> list[BatchShape]:
             "not installed: pip install 'gristmill[eval]', or set eval.interval=0",
             "eval.interval",
         )
-    return plans
-
-
-def seq_lens_of(cfg: TrainConfig) -> list[tuple[str, int]]:
-    """(the key that sets it, seq_len) per phase: `phase[i].seq_len` where the phase sets its own."""
-    return [
-        (
-            f"phase[{i}].seq_len" if cfg.phase and cfg.phase[i].seq_len is not None else "data.seq_len",
-            ph.seq_len,
-        )
-        for i, ph in enumerate(phases_of(cfg))
-    ]
+    return dataclasses.replace(spec, shapes=tuple(plans))
 
 
 def _base_overrides(base: BaseSource, overrides: dict) -> dict:
@@ -446,11 +490,11 @@ def _base_overrides(base: BaseSource, overrides: dict) -> dict:
 def resolve_model_config(
     section: ModelSection,
     dataset_info: dict,
-    seq_lens: list[tuple[str, int]],
+    seq_lens: Sequence[tuple[str, int]],
     source: BaseSource | None = None,
 ):
     """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
-    and every phase's seq_len (`seq_lens_of`). `--plan` and the trainer both call it. `source`: where
+    and every phase's seq_len (RunSpec.seq_lens). `--plan` and the trainer both call it. `source`: where
     model.init_from was located (training.checkpoint.base_source.locate_base; located here when None)."""
     from training.model import PRESETS  # the model module is heavier; import when a run starts
 
@@ -494,12 +538,23 @@ def resolve_model_config(
             f"(vocab_size {mcfg.vocab_size})"
         )
     for key, seq_len in seq_lens:
-        if seq_len > mcfg.max_seq_len:
+        if seq_len <= mcfg.max_seq_len:
+            continue
+        if not section.init_from:
             raise ConfigError(
                 f"{key} = {seq_len} exceeds the model's max_seq_len = {mcfg.max_seq_len} (preset "
                 f"{section.preset!r}); lower {key} or set model.max_seq_len ≥ {seq_len}",
                 key,
             )
+        # The base decides max_seq_len (model.max_seq_len may only repeat it): the options are the data's.
+        where = "recorded in the checkpoint" if source.directory is None else source.directory / "config.json"
+        raise ConfigError(
+            f"{key} = {seq_len} exceeds the base model's max_position_embeddings = {mcfg.max_seq_len} "
+            f"({where}); lower {key} to ≤ {mcfg.max_seq_len}, or start from a base trained for "
+            f"{seq_len} positions (raising max_position_embeddings in a copy of the base's config.json makes "
+            "the run train positions the base never saw)",
+            key,
+        )
     return mcfg
 
 

@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -32,11 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from training.config import load_train_config
-from training.config_checks import check_config, resolve_model_config, seq_lens_of
+from training.config_checks import check_config, resolve_model_config
 from training.contract.config_loader import add_config_arguments, add_resume_argument, with_resume
 from training.contract.errors import GristmillError
-from training.run_lock import check_unlocked
-from training.worker_reply import REPLY_KEY
+from training.run.lock import check_unlocked
+from training.run.worker_reply import REPLY_KEY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan",
         action="store_true",
         help="print the data plan (phases, seq_len, tokens per source, LR) from the config and the datasets, "
-        "write RUN/plan.png, and exit without training",
+        "redraw RUN/plan.png if the run exists (nothing is created), and exit without training",
     )
 
 
@@ -62,17 +63,29 @@ def show_plan(cfg, nproc: int) -> int:
     """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
     the error it would be at step 1 (after the table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
-    from training.data.recipe import build_plan, cache_notes, format_plan, mix_notes, open_sources, plot_plan
+    from training.data.recipe import (
+        build_plan,
+        cache_notes,
+        format_plan,
+        mix_notes,
+        open_sources,
+        plot_plan,
+        recorded_skips,
+    )
 
-    check_config(cfg, nproc)
-    tables = open_sources(cfg)
+    spec = check_config(cfg, nproc)
+    tables = open_sources(spec)
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
-    resolve_model_config(cfg.model, tables[0].info, seq_lens_of(cfg))
-    plan = build_plan(cfg, tables)
-    for line in format_plan(plan, mix_notes(cfg) + cache_notes(cfg, tables)):
+    resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
+    plan = build_plan(cfg, spec, tables)
+    run_dir = Path(cfg.run.output_dir)
+    skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
+    for line in format_plan(plan, mix_notes(spec) + cache_notes(spec, tables), skips):
         print(line)
-    path = Path(cfg.run.output_dir) / PLAN_PNG
-    print(plot_plan(plan, path) or f"plot: {path}")
+    if run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
+        print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")
+    else:  # --plan creates nothing: a run that never starts leaves no directory behind
+        print(f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts)")
     for note in plan.check_supply():
         print(f"note: {note}")
     return 0
@@ -101,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         return show_plan(cfg, args.nproc_per_node)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
-    from training.shutdown import launcher_child_preexec
-    from training.train import DistEnv, preflight, train
+    from training.run.setup import DistEnv, preflight
+    from training.run.shutdown import launcher_child_preexec
+    from training.train import train
 
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:
@@ -112,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     module = EVAL_ENTRY if with_eval else "training.train"
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
-    print("+ " + " ".join(cmd), flush=True)
-    # torchrun dies with this launcher, and its workers with torchrun (training.shutdown). So the
+    print("+ " + shlex.join(cmd), flush=True)  # pasted back into a shell, it runs the same
+    # torchrun dies with this launcher, and its workers with torchrun (training.run.shutdown). So the
     # launcher must not die of a preemption signal or a Ctrl-C itself: it only waits, and passes
     # SIGTERM (a scheduler's preemption) and SIGINT straight to the workers, which finish the step,
     # save and exit 0 (a second SIGINT: at once, 130); torchrun then ends with their status. torchrun
@@ -167,7 +181,7 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
         if f.exitcode < 0 and (rank == first or f.exitcode != -signal.SIGTERM)
     ]
     # A rank's own error that rank 0, which alone prints errors, did not stop on (its shard, its
-    # disk): its message is in the reply file train.py left (training/worker_reply.py).
+    # disk): its message is in the reply file train.py left (training/run/worker_reply.py).
     replies = [f for f in failures.values() if REPLY_KEY in f.error_file_data]
     if replies and not any(f.error_file_data[REPLY_KEY] == "printed" for f in replies):
         lines.insert(0, f"error: {min(replies, key=lambda f: f.timestamp).message}")

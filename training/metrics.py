@@ -34,9 +34,10 @@ from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import COUNTS, is_url
-from training.contract.run_layout import CONSUMPTION_PARQUET, METRICS_JSONL
+from training.contract.run_layout import CONSUMPTION_PARQUET, LOSS_PNG, METRICS_JSONL
 from training.data.recipe import write_consumption
 from training.plotting import agg_pyplot
+from training.run.console import say
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.
@@ -158,20 +159,21 @@ def step_row(
     return m
 
 
-def data_row(plan, step: int, consumed: list[dict[str, Any]]) -> dict[str, Any]:
+def data_row(plan, step: int, consumed: list[dict[str, Any]], skips=()) -> dict[str, Any]:
     """What the data plan says of the first `step` steps (training/data/plan.Plan; `consumed` is its
     `consumed(step)`): the current phase and seq_len, the tokens trained from each source so far
-    (they add up to tokens_seen), once a rewind skipped steps the tokens of each source those steps
-    held (read, never trained), and the epoch of each source that may be read more than once."""
+    (they add up to tokens_seen), once a rewind skipped steps (`skips`, the timeline's) the tokens
+    of each source those steps held (read, never trained), and the epoch of each source that may be
+    read more than once."""
     p, _ = plan.locate(step - 1)
     row: dict[str, Any] = {"phase": plan.phases[p].name, "seq_len": plan.phases[p].seq_len}
     for src in plan.sources:
         row[f"tokens/{src.name}"] = 0
-        if plan.skips:
+        if skips:
             row[f"skipped_tokens/{src.name}"] = 0
     for r in consumed:
         row[f"tokens/{r['source']}"] += r["tokens"]
-        if plan.skips:
+        if skips:
             row[f"skipped_tokens/{r['source']}"] += r["skipped_tokens"]
         if r["phase_index"] == p and plan.sources[r["source_index"]].max_epochs != 1:
             row[f"epoch/{r['source']}"] = r["epoch"]
@@ -197,26 +199,44 @@ def fetch_row(plan, since: dict[str, int]) -> dict[str, int]:
 class TrainingMetrics:
     """The training loop's metrics: the throughput window, the row of a logged step (step_row, then
     the checkpoint timings, the data plan's row, validation, eval and the elapsed time), where it
-    goes (rank 0's `writer`; None on the other ranks, which only keep the losses) and the
-    end-of-run summary line."""
+    goes (rank 0's `writer`; None on the other ranks, which keep the rows but write nothing) and
+    the end-of-run summary, read from the rows of the final timeline only (training/run/timeline.py)."""
 
-    def __init__(self, writer: MetricsWriter | None, plan, run_dir: Path, *, plot: bool):
-        """`plan`: the run's training/data/plan.Plan; `plot`: metrics.plot (RUN/loss.png)."""
-        self.writer, self.plan, self.run_dir, self.plot = writer, plan, Path(run_dir), plot
+    def __init__(
+        self,
+        writer: MetricsWriter | None,
+        timeline,
+        run_dir: Path,
+        *,
+        plot: bool,
+        log_every: int = 1,
+        last_step: int | None = None,
+    ):
+        """`timeline`: the run's training/run/timeline.Timeline; `plot`: metrics.plot (RUN/loss.png);
+        `log_every` (run.log_every) and `last_step` (where this invocation stops: run.max_steps, else
+        the plan's end): the rows' cadence, and their ETA."""
+        self.writer, self.timeline, self.run_dir, self.plot = writer, timeline, Path(run_dir), plot
+        self.log_every, self.last_step = log_every, last_step
         self.fetch_base = COUNTS.snapshot()  # fetch/* counts start with this invocation's training
-        self.first_loss: float | None = None
-        self.last_loss: float | None = None
-        self.val_loss: float | None = None
+        # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
+        self.history: list[dict[str, Any]] = writer.history if writer is not None else []
         self.start()
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` gets a row on its own account: every log_every steps, the first and
+        the last (validation and eval add theirs: their values need a row)."""
+        return step % self.log_every == 0 or step == 1 or step == self.last_step
 
     def start(self) -> None:
         """Start the run's clock and the throughput window (at the loop's first step)."""
         self.started = self.window_started = time.perf_counter()
         self.window_tokens = 0
+        self.steps_trained = 0  # by this invocation, for the ETA
 
     def count(self, tokens: int) -> None:
         """Tokens of a step just trained, towards the throughput of the next logged row."""
         self.window_tokens += tokens
+        self.steps_trained += 1
 
     def tokens_per_s(self) -> float:
         """Throughput since the last logged row (once the step is synchronised: its loss all-reduced)."""
@@ -229,85 +249,129 @@ class TrainingMetrics:
         self,
         row: dict[str, Any],
         *,
-        checkpoint_timings: dict[str, float],
+        checkpoint_timings: dict[str, float] | None = None,
         validate: Callable[[], dict[str, float]] | None = None,
         evaluate: Callable[[], dict[str, float | str]] | None = None,
     ) -> dict[str, Any]:
-        """Complete a step_row (`validate`, `evaluate`: collectives that score the model, None when
-        not due) and write it on rank 0; validation and eval are not training time, so the
-        throughput window starts over after them."""
+        """Complete a row (`validate`, `evaluate`: collectives that score the model, None when not
+        due) and write it on rank 0: a step_row, or a row without a trained step (`no_step_row`).
+        Validation and eval are not training time, so the throughput window starts over after them."""
         step = row["step"]
-        row.update(checkpoint_timings)  # checkpoint_stage_s/_wait_s of the saves since the last row
-        fetched = fetch_row(self.plan, self.fetch_base)  # a collective: every rank logs the row
-        if self.writer is not None:
-            consumed = self.plan.consumed(step)
-            row.update(data_row(self.plan, step, consumed))
+        row.update(checkpoint_timings or {})  # checkpoint_stage_s/_wait_s of the saves since the last row
+        consumed = None
+        fetched = fetch_row(self.timeline.plan, self.fetch_base)  # a collective: every rank logs the row
+        if self.writer is not None and step > 0:
+            consumed = self.timeline.consumed(step)
+            row.update(data_row(self.timeline.plan, step, consumed, self.timeline.skips))
             row.update(fetched)
         if validate is not None:
             row.update(validate())
-            self.val_loss = row["val_loss"]
         if evaluate is not None:
             row.update(evaluate())
         row["elapsed_s"] = self.elapsed()
-        self.first_loss = row["loss"] if self.first_loss is None else self.first_loss
-        self.last_loss = row["loss"]
-        if self.writer is not None:
+        if self.last_step is not None:
+            row["last_step"] = self.last_step
+            if self.steps_trained:  # this invocation's pace so far, evals and validation included
+                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - step, 0)
+        if self.writer is None:
+            self.history.append(row)
+        else:
             self.writer.log(row)
-            write_consumption(self.plan, step, consumed, self.run_dir / CONSUMPTION_PARQUET)
+            if consumed is not None:
+                write_consumption(self.timeline.plan, step, consumed, self.run_dir / CONSUMPTION_PARQUET)
             for event in row.get("events", []):
-                self.writer.print(f"WARNING step {step}: {event}")
+                say(f"WARNING step {step}: {event}")
         self.window_started, self.window_tokens = time.perf_counter(), 0
         return row
 
-    def rewound(self) -> None:
-        """After a rewind the run's last loss is its last kept row's, not the discarded spike's."""
+    def discard(self, after: int, rewind: int) -> None:
+        """A rewind went back to step `after`: the rows of later steps that no rewind discarded yet
+        are marked discarded by rewind number `rewind` (metrics.jsonl rewritten whole on rank 0)."""
+        for r in self.history:
+            if r["step"] > after and "discarded_by_rewind" not in r:
+                r["discarded_by_rewind"] = rewind
         if self.writer is not None:
-            kept = kept_rows(self.writer.history)
-            self.last_loss = kept[-1]["loss"] if kept else None
+            self.writer.rewrite()
+
+    def losses(self, after: int = 0) -> list[dict[str, Any]]:
+        """The final timeline's rows of trained steps after step `after` (discarded rows and rows
+        without a trained step left out)."""
+        return [r for r in kept_rows(self.history) if "loss" in r and r["step"] > after]
+
+    def summary(self, start: int) -> dict[str, float | None]:
+        """This invocation's first and last kept loss (steps after `start`) and its last validation loss."""
+        rows = self.losses(after=start)
+        val = [r["val_loss"] for r in kept_rows(self.history) if r["step"] > start and "val_loss" in r]
+        return {
+            "first_loss": rows[0]["loss"] if rows else None,
+            "final_loss": rows[-1]["loss"] if rows else None,
+            "val_loss": val[-1] if val else None,
+        }
 
     def plot_loss(self) -> str | None:
-        """RUN/loss.png on rank 0 when metrics.plot is on; a note instead when matplotlib is missing."""
+        """RUN/loss.png on rank 0 when metrics.plot is on: its path, a note instead when matplotlib
+        is missing, None when not drawn."""
         if self.writer is None or not self.plot:
             return None
-        return plot_loss(self.writer.history, self.run_dir / "loss.png", self.plan.skips)
+        plan, path = self.timeline.plan, self.run_dir / LOSS_PNG
+        phases = [(plan.first_step[p], ph.name) for p, ph in enumerate(plan.phases)]
+        return plot_loss(self.history, path, self.timeline.skips, phases) or f"curve: {path}"
 
     def summarize(self, start: int, end: int, seconds: float) -> None:
-        """Rank 0's last line (none when no step was logged): the loss over this invocation's steps
-        `start`+1…`end` and, after a resume, over the whole run; the curve's place."""
-        if self.writer is None or self.last_loss is None:
+        """Rank 0's last line (none when no kept step was logged): the loss over this invocation's
+        steps `start`+1…`end` and, after a resume, over the whole run; the curve's place when drawn."""
+        rows = self.losses(after=start)
+        if self.writer is None or not rows:
             return
-        note = self.plot_loss()
-        rows = [r for r in kept_rows(self.writer.history) if r["step"] > start]
-        first, last = (rows[0]["step"], rows[-1]["step"]) if rows else (start + 1, end)
+        first, last = rows[0], rows[-1]
         steps = f"{end - start} steps{' since the resume' if start else ''}"
         # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
         # which steps the two losses are of.
         losses = (
-            f"{self.first_loss:.4f} → {self.last_loss:.4f} over steps {start + 1}–{end} ({steps})"
-            if (first, last) == (start + 1, end)
-            else f"{self.first_loss:.4f} at step {first} → {self.last_loss:.4f} at step {last} (logged, of "
-            f"steps {start + 1}–{end}; {steps})"
+            f"{first['loss']:.4f} → {last['loss']:.4f} over steps {start + 1}–{end} ({steps})"
+            if (first["step"], last["step"]) == (start + 1, end)
+            else f"{first['loss']:.4f} at step {first['step']} → {last['loss']:.4f} at step {last['step']} "
+            f"(logged, of steps {start + 1}–{end}; {steps})"
         )
-        self.writer.print(
-            note
-            or f"loss {losses}, {seconds:.0f} s{_whole_run(self.writer.history, start)}; "
-            f"curve: {self.run_dir / 'loss.png'}"
+        curve = self.plot_loss()
+        say(
+            f"loss {losses}, {seconds:.0f} s{_whole_run(self.losses(), start)}"
+            + (f"; {curve}" if curve else "")
         )
 
 
-def _whole_run(history: list[dict[str, Any]], start: int) -> str:
+def no_step_row(step: int, note: str) -> dict[str, Any]:
+    """A metrics row of validation and eval without a trained step: the base's scores at step 0 of
+    an init_from run, the final weights when a rewind's skip reached the run's last step."""
+    return {"step": step, "note": note}
+
+
+def _whole_run(rows: list[dict[str, Any]], start: int) -> str:
     """After a resume, the whole run's first logged loss too (metrics.jsonl keeps the rows before it)."""
-    if not start or not history or history[0]["step"] > start:
+    if not start or not rows or rows[0]["step"] > start:
         return ""
-    return (
-        f"; the whole run: {history[0]['loss']:.4f} at step {history[0]['step']} → {history[-1]['loss']:.4f}"
-    )
+    return f"; the whole run: {rows[0]['loss']:.4f} at step {rows[0]['step']} → {rows[-1]['loss']:.4f}"
+
+
+def _duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`: an ETA's precision."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def format_line(m: dict[str, Any]) -> str:
-    """The one stdout line of a logged step."""
+    """The one stdout line of a logged step: `step N/last | loss … | … | eta 3m05s` (a row without
+    a trained step: its note and validation)."""
+    head = f"step {m['step']:>6d}" + (f"/{m['last_step']}" if m.get("last_step") else "")
+    if "loss" not in m:
+        val = f" | val {m['val_loss']:.4f}" if m.get("val_loss") is not None else ""
+        return f"{head} | {m['note']}{val}"
     parts = [
-        f"step {m['step']:>6d}",
+        head,
         f"loss {m['loss']:.4f}",
         f"lr {m['lr']:.3e}",
         f"gnorm {m['grad_norm']:.3f}",
@@ -323,6 +387,8 @@ def format_line(m: dict[str, Any]) -> str:
         parts.append(f"val {m['val_loss']:.4f}")
     if m.get("phase") is not None:
         parts.append(f"{m['phase']} seq {m['seq_len']}")
+    if m.get("eta_s") is not None and m["step"] < m.get("last_step", 0):
+        parts.append(f"eta {_duration(m['eta_s'])}")
     return " | ".join(parts)
 
 
@@ -345,7 +411,6 @@ class MetricsWriter:
         metrics: MetricsSection | None = None,
         config: dict | None = None,
         datasets: dict[str, str] | None = None,
-        out=None,
         resume_step: int | None = None,
         resume_rewinds: int = 0,
     ):
@@ -353,7 +418,6 @@ class MetricsWriter:
         both go to the wandb/trackio run once, with the code's git commit. `resume_rewinds`: the
         rewinds the resumed checkpoint had made (their discarded rows stay)."""
         self.run_dir = Path(run_dir)
-        self.out = out or sys.stdout
         self.history: list[dict[str, Any]] = []
         path = self.run_dir / METRICS_JSONL
         logged_through = None  # the last step the interrupted invocation logged
@@ -362,16 +426,16 @@ class MetricsWriter:
             # will redo (written after the checkpoint by the interrupted run).
             rows, note = read_metrics(path)
             if note:
-                self.print(note)
+                say(note)
             logged_through = max((r["step"] for r in rows), default=None)
             # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
             known = resume_rewinds + 1
             self.history = [
                 r for r in rows if r["step"] <= resume_step or r.get("discarded_by_rewind", known) < known
             ]
-            self._rewrite()
+            write_atomic(path, _jsonl(self.history))
         elif path.exists():  # a fresh run into the same directory starts the log over
-            self.print(f"note: {path} exists from an earlier run; starting it over")
+            say(f"note: {path} exists from an earlier run; starting it over")
         # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
         # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resume_step is not None else os.O_TRUNC)
@@ -385,9 +449,6 @@ class MetricsWriter:
             self.close()
             raise
 
-    def print(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
-
     def _open_trackers(
         self,
         m: MetricsSection,
@@ -398,7 +459,7 @@ class MetricsWriter:
     ) -> None:
         names, project, notes = trackers_of(m)
         for note in notes:
-            self.print(note)
+            say(note)
         info = trackers.provenance(datasets) if names else {}
         old = trackers.read_state(self.run_dir, names, project) if resume_step is not None else {}
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
@@ -412,7 +473,7 @@ class MetricsWriter:
                 try:
                     self.trackers[name] = trackers.Tensorboard(self.run_dir, resume_step, info)
                 except ImportError:
-                    self.print("note: tensorboard is not installed; no event files (pip install tensorboard)")
+                    say("note: tensorboard is not installed; no event files (pip install tensorboard)")
                 continue
             if name == "wandb":
                 t = trackers.Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
@@ -423,12 +484,10 @@ class MetricsWriter:
                 t = trackers.Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
                 state[name] = {"id": t.id, "name": t.name, "project": project}
                 if t.note:
-                    self.print(t.note)
+                    say(t.note)
             self.trackers[name] = t
             how = "continued" if prev else "new"
-            self.print(
-                f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}"
-            )
+            say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}")
             if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
                 self.skip_through[name] = logged_through
         if state or (self.run_dir / trackers.TRACKERS_JSON).exists():
@@ -436,7 +495,7 @@ class MetricsWriter:
         if self.skip_through:
             last = max(self.skip_through.values())
             steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
-            self.print(
+            say(
                 f"note: {' and '.join(self.skip_through)} already "
                 f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
                 "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
@@ -445,30 +504,23 @@ class MetricsWriter:
     def log(self, m: dict[str, Any]) -> None:
         self.history.append(m)
         os.write(self.jsonl, (json.dumps(m) + "\n").encode())
-        self.print(format_line(m))
+        say(format_line(m))
         step = m["step"]
         # Numbers only (not `events` or `phase`; a bool is an int but no metric); the step is the axis.
         scalars = {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         del scalars["step"]
+        scalars.pop("last_step", None)  # a setting, not a metric
         for name, tracker in self.trackers.items():
             if step > self.skip_through.get(name, -1):
                 tracker.log(scalars, step)
 
-    def discard(self, after: int, rewind: int) -> None:
-        """Mark the rows of steps after `after` that no rewind discarded yet as discarded by rewind
-        number `rewind` (the loss plot draws them apart); metrics.jsonl is rewritten whole."""
-        for r in self.history:
-            if r["step"] > after and "discarded_by_rewind" not in r:
-                r["discarded_by_rewind"] = rewind
-        path = self._rewrite()
+    def rewrite(self) -> None:
+        """metrics.jsonl replaced, atomically, by `history` (a rewind marked rows); appends go on into
+        the new file (the old descriptor is swapped only once it is in place)."""
+        path = self.run_dir / METRICS_JSONL
+        write_atomic(path, _jsonl(self.history))
         old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
         os.close(old)  # it would keep appending to the replaced file
-
-    def _rewrite(self) -> Path:
-        """metrics.jsonl replaced, atomically, by `history`."""
-        path = self.run_dir / METRICS_JSONL
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in self.history))
-        return path
 
     def close(self) -> None:
         """Close the log and finish the trackers; called in a `finally`, so an exception on its way
@@ -481,42 +533,8 @@ class MetricsWriter:
             try:
                 tracker.finish(failed)
             except Exception as e:
-                self.print(f"note: {name} did not finish cleanly: {e}")
+                say(f"note: {name} did not finish cleanly: {e}")
         self.trackers = {}
-
-
-class ReaderSafeOut:
-    """The trainer's stdout when its reader may go away (`gristmill train … | head -3`, a closed
-    terminal): the first BrokenPipeError stops printing, never the run, which goes on writing
-    metrics.jsonl and checkpoints. fd 1 then points at /dev/null, so the exit flush is quiet too."""
-
-    def __init__(self, stream: Any):
-        self.stream = stream
-        self.gone = False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                self.stream.write(text)
-            except BrokenPipeError:
-                self._reader_gone()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                self._reader_gone()
-
-    def _reader_gone(self) -> None:
-        self.gone = True
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
-            pass
 
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
@@ -541,27 +559,45 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
 
 
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
 def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the run's final timeline: those no rewind discarded (training/rewind.py)."""
+    """The rows of the run's final timeline: those no rewind discarded (training/run/rewind.py)."""
     return [r for r in history if "discarded_by_rewind" not in r]
 
 
-def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None:
-    """Train (and validation) loss against step as a PNG; returns a note instead if matplotlib is
-    missing. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
-    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
+def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:
+    """Train and validation loss against step as a PNG (`loss_figure`); returns a note instead if
+    matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
+    fig = loss_figure(plt, history, skips, phases)
+    fig.savefig(path)
+    plt.close(fig)
+    return None
+
+
+def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):
+    """The loss plot of a run's rows: train loss, the validation loss (mix-weighted) and, for a
+    mixture, each source's (`val/<source>`: the weighted curve moves at a phase change only because
+    the weights do), with `phases` ((first step, 0-based; name) of each phase) marked where one
+    starts. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
+    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    kept = kept_rows(history)
+    scored = kept_rows(history)  # validation: a row without a trained step (the final weights') too
+    val = [(m["step"], m["val_loss"]) for m in scored if m.get("val_loss") is not None]
+    sources = sorted({k.removeprefix("val/") for m in scored for k in m if k.startswith("val/")})
+    kept = [m for m in scored if "loss" in m]  # rows of trained steps (not a base's or a skip's eval)
     train = [(m["step"], m["loss"]) for m in kept]
-    val = [(m["step"], m["val_loss"]) for m in kept if m.get("val_loss") is not None]
-    ax.plot(*zip(*train), label="train")
+    if train:
+        ax.plot(*zip(*train), label="train")
     finite = [loss for _, loss in train if math.isfinite(loss)]
     top = max(finite) * 1.15 if finite and skips else None
     for i, s in enumerate(skips):  # each rewind's discarded steps, from the checkpoint it went back to
-        rows = [m for m in history if m.get("discarded_by_rewind") == s.rewind]
+        rows = [m for m in history if m.get("discarded_by_rewind") == s.rewind and "loss" in m]
         back = [m for m in kept if m["step"] <= s.checkpoint_step][-1:]
         if rows:
             curve = [(m["step"], min(m["loss"], top or m["loss"])) for m in back + rows]
@@ -576,14 +612,18 @@ def plot_loss(history: list[dict[str, Any]], path: Path, skips=()) -> str | None
     if top is not None:
         ax.set_ylim(top=top)
     if val:
-        ax.plot(*zip(*val), marker="o", label="validation")
+        ax.plot(*zip(*val), marker="o", label="validation (mix-weighted)" if sources else "validation")
+    for name in sources:
+        curve = [(m["step"], m[f"val/{name}"]) for m in scored if m.get(f"val/{name}") is not None]
+        ax.plot(*zip(*curve), marker=".", linestyle=":", label=f"validation: {name}")
     for i, step in enumerate(m["step"] for m in history if m.get("skipped_steps")):
         ax.axvline(step, color="red", alpha=0.4, label="non-finite step(s) skipped" if i == 0 else None)
+    for first, name in list(phases)[1:]:  # where each phase after the first starts
+        ax.axvline(first + 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(f" {name}", (first + 0.5, 1), xycoords=("data", "axes fraction"), va="top", fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (cross-entropy, nats/token)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return None
+    return fig

@@ -89,7 +89,7 @@ def transformer_block_matrices(model: nn.Module) -> set[int]:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others (see the module docstring).
 
-    The host decides whether a step runs (training.divergence.guarded_step reads the non-finite flag
+    The host decides whether a step runs (training.run.verdict.guarded_step reads the non-finite flag
     for optimizers other than fused AdamW): this class takes no `found_inf`."""
 
     def __init__(

@@ -70,10 +70,31 @@ def build_optimizer(
         bnb = bitsandbytes_or_refuse(device_type, sharded)
         return bnb.optim.AdamW8bit(groups, lr=cfg.lr, betas=betas, eps=cfg.eps)
     # Fused by default on every device (CUDA, and CPU since torch 2.4): it is the fastest, and it
-    # takes the non-finite flag on the device (training.divergence). fused and foreach are mutually
+    # takes the non-finite flag on the device (training.run.verdict). fused and foreach are mutually
     # exclusive; foreach (None → torch picks) otherwise.
     fused = cfg.fused is not False
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=fused or None)
+
+
+# The state each optimizer keeps per parameter (a checkpoint's keys end with it): Muon's momentum,
+# bitsandbytes' 8-bit moments, AdamW's moments. Muon keeps AdamW's for the parameters it does not
+# orthogonalise, so it is looked for first.
+_STATE_OF = (("muon", ".momentum_buffer"), ("adamw8bit", ".state1"), ("adamw", ".exp_avg"))
+
+
+def optimizer_name(optimizer: torch.optim.Optimizer) -> str:
+    """The optim.name that built `optimizer`."""
+    if isinstance(optimizer, MuonAdamW):
+        return "muon"
+    return "adamw8bit" if type(optimizer).__name__ == "AdamW8bit" else "adamw"
+
+
+def saved_optimizer(keys: set[str]) -> str | None:
+    """The optim.name whose state a checkpoint's flattened keys hold, or None (no optimizer state)."""
+    for name, suffix in _STATE_OF:
+        if any(k.startswith("optimizer.") and k.endswith(suffix) for k in keys):
+            return name
+    return None
 
 
 def bitsandbytes_or_refuse(device_type: str, sharded: bool):

@@ -33,10 +33,14 @@ import duckdb
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectStore, is_url
+from training.contract.run_layout import DATA_PLAN_JSON, is_training_run
+from training.data.recipe import recorded_plan_fix
 from training.data.remote import CacheSettings, add_cache_argument
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
+    DERIVED_VIEWS,
+    FILE_VIEWS,
     Damaged,
     bucket_copy,
     connect,
@@ -46,6 +50,8 @@ from validation.audit_views import (
     unfinished_builds,
 )
 from validation.validate import VALIDATION_JSON
+
+AUDIT_DOC = "docs/audit.md"  # the views' columns and the presets, for a user
 
 READ_ONLY = {duckdb.StatementType.SELECT}
 
@@ -99,6 +105,8 @@ def _damaged_fix(damaged: Damaged) -> str:
         )
     if rel == Path(VALIDATION_JSON):
         return f"rerun `gristmill data validate {damaged.root}`, which writes it again"
+    if rel == Path(DATA_PLAN_JSON) and is_training_run(damaged.root):  # a run's, not a dataset's
+        return recorded_plan_fix(damaged.root)
     return (
         f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
         "`gristmill data build`) if it is damaged"
@@ -410,7 +418,12 @@ def print_summary(roots: list[str | Path], out: TextIO | None = None) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = "presets: " + ", ".join(PRESETS) + "\nviews: see `--sql 'SHOW ALL TABLES'` or the README"
+    parser.epilog = (
+        "presets: "
+        + ", ".join(PRESETS)
+        + f"\nviews: {', '.join([*FILE_VIEWS, *DERIVED_VIEWS])}; their columns in "
+        f"{AUDIT_DOC}#views (or --sql 'SHOW ALL TABLES')"
+    )
     parser.add_argument(
         "dirs", nargs="+", metavar="DIR", help="dataset directories or s3:// URLs (several: compare them)"
     )

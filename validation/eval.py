@@ -38,13 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
-from training.checkpoint.io import nonfinite_tensor
+from training.checkpoint.io import missing_step_reason, nonfinite_tensor
 from training.config import TrainConfig
-from training.config_checks import cache_of, phases_of, sources_of
+from training.config_checks import resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     EVAL_DIR,
+    EVAL_PARQUET,
+    EVAL_PLOT,
     EXPORTS_DIR,
     complete_steps,
     eval_dir,
@@ -63,8 +65,6 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 from validation.eval_results import (
     EVAL_LOG,
-    EVAL_PARQUET,
-    EVAL_PLOT,
     GRISTMILL_TASKS,
     RESULTS_JSON,
     decontamination_marks,
@@ -145,9 +145,9 @@ def run_data(cfg: TrainConfig) -> RunData:
     holds some out (of its only one without [[data.sources]]: one source of a mixture is scored, and
     named wherever its scores are shown), and the seq_len of its last phase (the model's last
     training length; a longer context would score positions it was not last trained on)."""
-    sources = sources_of(cfg)
-    src = next((s for s in sources if s.val_fraction > 0), sources[0])
-    return RunData(src.name, str(src.dataset), src.val_fraction, phases_of(cfg)[-1].seq_len, cache_of(cfg))
+    spec = resolve(cfg)
+    src = next((s for s in spec.sources if s.val_fraction > 0), spec.sources[0])
+    return RunData(src.name, str(src.dataset), src.val_fraction, spec.phases[-1].seq_len, spec.cache)
 
 
 def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -155,7 +155,7 @@ def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
     is gone and cannot tell)."""
     checks = []
-    for src in sources_of(cfg):
+    for src in resolve(cfg).sources:
         try:
             entry = dataset_info(src.dataset).get("decontaminate")
         except GristmillError:
@@ -639,10 +639,11 @@ def run(args: argparse.Namespace) -> int:
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif step not in steps and step != 0:  # step 0 of a run from a base model: the base, exported now
+    elif step not in steps and (step != 0 or not run_config(run_dir).model.init_from):
+        # (step 0 of a run from a base model: the base, exported now)
         raise EvalError(
-            f"{run_dir} has no export or complete checkpoint for step {step}; steps: "
-            f"{', '.join(map(str, steps)) or 'none'}"
+            f"{run_dir} has no export or complete checkpoint of step {step}: "
+            f"{missing_step_reason(run_dir, step)}; steps: {', '.join(map(str, steps)) or 'none'}"
         )
     try:
         evaluate_step(run_dir, step, cfg, verbose=args.verbose)

@@ -35,6 +35,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from training.checkpoint.hf_export import export_separator_id
 from validation.eval_data import EvalError
 
 
@@ -65,11 +66,15 @@ class TaskRequests:
 class GristmillHFLM(HFLM):
     """lm-eval's HFLM with the training framing: [separator] + text tokens, for every request.
 
-    The separator is the tokenizer's bos token (gristmill exports set bos = eos = separator);
-    `prefix_token_id=` overrides it for other models.
+    The separator is the one a gristmill export records (gristmill_export.json), held explicitly:
+    an export of a run from a base model keeps the base's bos, which need not be the separator the
+    run was trained with. `prefix_token_id=` sets it; for other models it is the tokenizer's bos.
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
+        pretrained = kwargs.get("pretrained")
+        if kwargs.get("prefix_token_id") is None and isinstance(pretrained, str | Path):
+            kwargs["prefix_token_id"] = export_separator_id(pretrained)
         self.requests_seen: dict[str, TaskRequests] = {}  # task name -> its requests; cleared by the caller
         self._owners: list[tuple[str, int]] | None = None  # (task, doc) of the requests being encoded
         self._prompt_owners: dict[str, tuple[str, int]] = {}  # generation prompt -> (task, doc)
@@ -179,12 +184,17 @@ class _InProcessCausalLM(torch.nn.Module):
 
 
 def in_process_lm(
-    model: torch.nn.Module, tokenizer: str | Path | Any, batch_size: int = 8, max_length: int | None = None
+    model: torch.nn.Module,
+    tokenizer: str | Path | Any,
+    batch_size: int = 8,
+    max_length: int | None = None,
+    *,
+    separator_id: int,
 ) -> GristmillHFLM:
     """An lm-eval LM over a gristmill `Transformer` in memory (loglikelihood and rolling tasks).
 
-    `tokenizer` is an HF tokenizer or a directory holding one (an export has one); its bos token
-    must be the separator, as in gristmill exports.
+    `tokenizer` is an HF tokenizer or a directory holding one (an export has one); `separator_id`
+    the separator the model was trained with (the dataset's), put before every request once.
     """
     from transformers import AutoTokenizer
 
@@ -197,4 +207,5 @@ def in_process_lm(
         backend="causal",
         batch_size=batch_size,
         max_length=max_length,
+        prefix_token_id=separator_id,
     )

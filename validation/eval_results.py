@@ -24,12 +24,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.run_layout import EVAL_DIR, eval_dir, list_steps
+from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, EVAL_PLOT, eval_dir, list_steps
 from training.plotting import agg_pyplot
 
 RESULTS_JSON = "results.json"
-EVAL_PARQUET = "eval.parquet"
-EVAL_PLOT = "eval.png"
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
 

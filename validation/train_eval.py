@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +44,17 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from training.checkpoint.base_record import base_files
 from training.checkpoint.hf_export import run_model_config, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
+from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import Transformer
+from training.run.console import say
+from training.run.setup import raise_rank0_problem
 from training.train import main as train_main
-from training.train import raise_rank0_problem
 from validation.eval import (
     EvalConfig,
     TaskPlan,
@@ -77,27 +79,28 @@ def metric_key(row: dict[str, Any]) -> str:
 class TrainingEval:
     """The trainer's `StepEval`: lm-eval on the current weights at eval.interval (see the module)."""
 
-    def __init__(self, cfg: TrainConfig, out=None):
+    def __init__(self, cfg: TrainConfig):
         e = cfg.eval
         self.interval = e.interval
         # `gristmill eval`'s defaults for everything else: the later offline eval matches.
         self.cfg = EvalConfig(tasks=list(e.tasks), limit=e.limit, batch_size=e.batch_size, dtype="float32")
-        self.out = out or sys.stdout
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
         self.max_length = 0
+        self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
+        self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
         self.tasks_left = True  # every rank: whether an eval still has tasks (rank 0 decides)
 
     def _say(self, text: str) -> None:
-        print(f"[eval] {text}", file=self.out, flush=True)
+        say(f"[eval] {text}")
 
-    def prepare(self, run_dir: Path, say: Callable[[str], None]) -> None:
+    def prepare(self, run_dir: Path, last_step: int) -> None:
         """Rank 0 resolves the tasks and builds the local tasks' data and the tokenizer files; a
         problem (unknown task, hub data offline) stops every rank before step 1."""
         self.rank = dist.get_rank() if dist.is_initialized() else 0
-        self.run_dir = Path(run_dir)
+        self.run_dir, self.last_step = Path(run_dir), last_step
         problem = None
         if self.rank == 0:
             try:
@@ -105,8 +108,9 @@ class TrainingEval:
                 _, dataset, mcfg = run_model_config(self.run_dir)
                 tok_dir = self.run_dir / EVAL_DIR / TOKENIZER_SUBDIR
                 tok_dir.mkdir(parents=True, exist_ok=True)
-                write_tokenizer(dataset, mcfg, tok_dir)
+                write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files
                 self.tokenizer = _load_tokenizer(tok_dir)
+                self.separator_id = int(read_dataset_info(dataset)["separator"]["id"])
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
@@ -116,6 +120,9 @@ class TrainingEval:
             except GristmillError as e:
                 problem = str(e)
         raise_rank0_problem(problem, dist.get_world_size() if dist.is_initialized() else 1)
+
+    def due(self, step: int) -> bool:
+        return step % self.interval == 0 or step == self.last_step
 
     def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
         if not self.tasks_left:
@@ -172,7 +179,13 @@ class TrainingEval:
         saved = rng_state()
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`
             with eval_output(eval_dir(self.run_dir, step) / EVAL_LOG):
-                lm = in_process_lm(self.copy, self.tokenizer, self.cfg.batch_size, self.max_length)
+                lm = in_process_lm(
+                    self.copy,
+                    self.tokenizer,
+                    self.cfg.batch_size,
+                    self.max_length,
+                    separator_id=self.separator_id,
+                )
                 results = evaluate_lm(lm, self.plan, self.cfg, failed=failed)
         finally:
             set_rng_state(saved)
@@ -193,7 +206,7 @@ class TrainingEval:
             metrics.update(self._failed(step, "", failed))
         for line in task_lines(step, results):  # the truncation warnings (not the per-task lines)
             if line.startswith("warning:"):
-                print(line, file=self.out, flush=True)
+                say(line)
         return metrics
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import ExportError, verify_export
-from training.checkpoint.io import CheckpointError, verify_checkpoint
+from training.checkpoint.io import CheckpointError, missing_step_reason, verify_checkpoint
 from training.contract.dataset_format import DATASET_JSON
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
@@ -26,6 +26,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     is_training_run,
     list_steps,
+    step_name,
 )
 from validation.audit import Result, format_table
 
@@ -36,14 +37,16 @@ def _size(path: Path) -> tuple[int, str]:
     return sum(p.is_file() for p in path.iterdir()), fmt_bytes(dir_size(path))
 
 
-def verify_run(run_dir: str | Path) -> list[tuple]:
+def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     """Rows (kind, step, status, files, size, detail); status is ok, unchecked (no checksums
-    recorded), incomplete or DAMAGED."""
+    recorded), incomplete or DAMAGED. `only`: that step's checkpoint and export alone."""
     run_dir = Path(run_dir)
     rows = []
     for kind, sub in (("checkpoint", CHECKPOINTS_DIR), ("export", EXPORTS_DIR)):
         for step in list_steps(run_dir / sub):
-            path = run_dir / sub / f"step-{step:06d}"
+            if only is not None and step != only:
+                continue
+            path = run_dir / sub / step_name(step)
             reason = incomplete_reason(path) if kind == "checkpoint" else None
             if reason is not None:
                 rows.append((kind, step, "incomplete", *_size(path), reason))
@@ -59,6 +62,9 @@ def verify_run(run_dir: str | Path) -> list[tuple]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
+    parser.add_argument(
+        "--step", type=int, help="check only this step's checkpoint and export (and say why it has none)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -69,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
             f"{run_dir} {what}, not a training run: pass the run directory (run.output_dir) of "
             "`gristmill train`; `gristmill data validate` checks a dataset"
         )
-    rows = verify_run(run_dir)
+    rows = verify_run(run_dir, args.step)
+    if not rows and args.step is not None:
+        why = missing_step_reason(run_dir, args.step)
+        raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
     if not rows:
         print(f"{run_dir} has no checkpoints or exports yet")
         return 0

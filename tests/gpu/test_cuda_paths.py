@@ -262,8 +262,8 @@ def test_train_step_has_no_host_sync():
     """After warm-up, a non-logging train_step (compiled blocks, chunked loss, fused AdamW, clip)
     never synchronises the host with the GPU: torch raises on any synchronising call."""
     from training.config import OptimSection
-    from training.divergence import NonFiniteGuard
     from training.optim import ScheduledLR, build_optimizer
+    from training.run.verdict import NonFiniteGuard
     from training.train import train_step
 
     cfg = SMALL.replace(loss_chunk=512)
@@ -422,7 +422,7 @@ def three_async_saves(tmp_path, device: torch.device, mesh=None) -> None:
     }
     cfg = CheckpointSection(interval=1, async_=True, keep_last=0)
     ckpt = Checkpointer(cfg, tmp_path, states, rank=0, world_size=1, last_step=3, config_sha256="gpu",
-                        estimate_bytes=0, log=lambda *_: None)  # fmt: skip
+                        estimate_bytes=0)  # fmt: skip
     x, y, _ = tokens(SMALL, 4, 128, seed=10)
     expected, buffers = {}, []
     for step in (1, 2, 3):

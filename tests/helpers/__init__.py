@@ -7,6 +7,7 @@ dup_corpus              the dedup tests' corpus of planted duplicates and its bu
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
+phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
 train_data              a small learnable synthetic dataset for trainer tests

@@ -85,3 +85,25 @@ def test_a_reader_that_goes_away_is_not_a_traceback(built_dataset):
     assert proc.stdout.strip() and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, (
         proc.stderr
     )
+
+
+def test_the_help_texts_match_what_they_describe(capsys):
+    """Issue 37 item 16: `gristmill --help` lists the stages the demo runs, in its order;
+    `data audit --help` names every view and the page that documents them (docs/audit.md, not the
+    README); docs/divergence.md describes the spike fault the demo sets."""
+    import re
+
+    from pipelines.demo import SPIKE
+
+    assert main(["--help"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("demo "))
+    announced = re.findall(r'_stage\("(\w+)"', (ROOT / "pipelines" / "demo.py").read_text())
+    assert line.split(": ", 1)[1].split(" → ") == announced and len(announced) == len(set(announced)) > 6
+    with pytest.raises(SystemExit):
+        main(["data", "audit", "--help"])
+    help_text = capsys.readouterr().out
+    views = help_text.split("views: ", 1)[1].split(";")[0].split(", ")
+    doc = (ROOT / "docs" / "audit.md").read_text()
+    assert "docs/audit.md#views" in help_text and "README" not in help_text
+    assert views and all(f"| `{v}` |" in doc for v in views), views
+    assert f"{SPIKE[0]}={SPIKE[1]}" in (ROOT / "docs" / "divergence.md").read_text()

@@ -118,4 +118,11 @@ def test_a_reused_tokenizer_file_is_named_with_what_it_was_trained_on(tmp_path):
     cfg = load_config(DataConfig, RECIPE, [f"source.path={second}", f"tokenizer.path={plain}"])
     lines.clear()
     resolve_tokenizer(cfg, list_source_files(cfg.source), log=lines.append)
-    assert any(str(plain) in line and "not recorded" in line for line in lines), lines
+    said = [line for line in lines if str(plain) in line and "not recorded" in line]
+    # Issue 37 item 16: a file gristmill did not train (a base model's tokenizer.json, the
+    # continued-pretraining path) is never to be deleted: the note says how to train another instead.
+    assert (
+        len(said) == 1
+        and "delete" not in said[0]
+        and "set tokenizer.path to a path that does not exist" in said[0]
+    )

@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers.models import tiny_model
 from training.config import OptimSection
-from training.divergence import NonFiniteGuard, SpikeDetector
 from training.optim import ScheduledLR, build_optimizer
+from training.run.verdict import NonFiniteGuard, SpikeDetector
 from training.train import train_step
 
 SYNCS = ("item", "tolist", "__bool__", "__float__", "__int__")

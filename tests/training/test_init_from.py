@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
     wait_for_step,
 )
+from training.checkpoint.base_record import record_base
 from training.checkpoint.hf_export import ExportError, export_checkpoint
 from training.checkpoint.hf_import import (
     BaseModelError,
@@ -156,6 +158,86 @@ def test_what_gristmill_cannot_compute_is_one_line(tmp_path, edit, key):
     assert "\n" not in msg and key in msg and "config.json" in msg, msg
 
 
+def _edit_config(path: Path, **edit) -> None:
+    c = json.loads((path / "config.json").read_text()) | edit
+    (path / "config.json").write_text(json.dumps(c))
+
+
+def test_rope_spellings_that_disagree_are_refused_naming_both(tmp_path):
+    """Issue 37 item 1: rope_parameters and rope_scaling (or a top-level rope_theta) that disagree are
+    refused naming both values (transformers versions differ in which one they read); spellings
+    that agree, as gristmill's own exports write them, load; a string rope_parameters is refused."""
+    hf = make_base(tmp_path, rope=LLAMA3)
+    v5 = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
+    scaling = {k: v for k, v in v5.items() if k != "rope_theta"}
+    _edit_config(tmp_path, rope_scaling=scaling, rope_theta=v5["rope_theta"])  # both spellings, agreeing
+    assert_same_logits(gristmill_model(tmp_path), hf, seq=120)
+    conflicts = [
+        ({"rope_scaling": None}, "rope_scaling = null"),  # transformers 4 would read no scaling
+        ({"rope_scaling": scaling | {"factor": 4.0}}, '"factor": 4.0'),
+        ({"rope_theta": 500000.0}, "rope_theta = 500000.0"),
+    ]
+    for edit, want in conflicts:
+        _edit_config(tmp_path, **({"rope_scaling": scaling, "rope_theta": v5["rope_theta"]} | edit))
+        with pytest.raises(ConfigError) as e:
+            base_model_fields(tmp_path)
+        msg = str(e.value)
+        assert (
+            "\n" not in msg and "rope_parameters = {" in msg and want in msg and "describe different" in msg
+        ), msg
+    _edit_config(tmp_path, rope_parameters="llama3")
+    with pytest.raises(ConfigError, match='rope_parameters = "llama3" is not supported.*expected a table'):
+        base_model_fields(tmp_path)
+
+
+def test_partial_rope_names_its_value(tmp_path):
+    """Item 10: partial_rotary_factor is named with the value the config holds, wherever it is."""
+    make_base(tmp_path)
+    v5 = {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}
+    for edit in ({"partial_rotary_factor": 0.5}, {"rope_parameters": v5}):
+        _edit_config(tmp_path, **edit)
+        with pytest.raises(ConfigError, match=r"partial_rotary_factor = 0\.5 is not supported"):
+            base_model_fields(tmp_path)
+
+
+def test_tied_config_over_a_different_stored_head_is_refused(tmp_path):
+    """Item 2: tie_word_embeddings = true over weights holding an lm_head.weight unlike the embedding
+    is two models (transformers 5 keeps the head, 4 ties it): refused naming both keys. A stored head
+    equal to the embedding is the tied model written in full: accepted, and the same logits."""
+    from safetensors.torch import load_file, save_file
+
+    untied = make_base(tmp_path / "untied")
+    _edit_config(tmp_path / "untied", tie_word_embeddings=True)
+    with pytest.raises(ConfigError) as e:
+        base_model_fields(tmp_path / "untied")
+    msg = str(e.value)
+    assert "tie_word_embeddings = true" in msg and "lm_head.weight unlike model.embed_tokens.weight" in msg, (
+        msg
+    )
+    assert "\n" not in msg and "config.json" in msg
+    tied = make_base(tmp_path / "tied", tie_word_embeddings=True)
+    tensors = load_file(tmp_path / "tied" / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, tmp_path / "tied" / "model.safetensors", metadata={"format": "pt"})
+    assert_same_logits(gristmill_model(tmp_path / "tied"), tied)
+    assert untied is not None
+
+
+def test_a_truncated_weights_file_is_one_line_naming_it(tmp_path):
+    """Item 5: a safetensors file cut short (the single file, or one shard of several) is one line
+    naming the file before anything is read, not numpy's "mmap length is greater than file size"."""
+    for shard in (False, True):
+        base = tmp_path / f"shard-{shard}"
+        make_base(base, shard=shard)
+        victim = sorted(base.glob("*.safetensors"))[-1]
+        with open(victim, "r+b") as f:
+            f.truncate(victim.stat().st_size - 100)
+        with pytest.raises(BaseModelError) as e:
+            gristmill_model(base)
+        msg = str(e.value)
+        assert str(victim) in msg and "is truncated" in msg and "\n" not in msg, msg
+
+
 def test_shape_key_must_agree_with_the_base(tmp_path):
     make_base(tmp_path)
     info = {"vocab_size": 256, "separator": {"id": 0}}
@@ -166,6 +248,16 @@ def test_shape_key_must_agree_with_the_base(tmp_path):
     with pytest.raises(ConfigError) as e:
         resolve_model_config(ModelSection(init_from=str(tmp_path), n_layers=3), info, [("data.seq_len", 64)])
     assert "model.n_layers = 3" in str(e.value) and "base model's 2" in str(e.value), str(e.value)
+    # Item 9: a seq_len past the base's context names the base's limit and the real options (not
+    # model.max_seq_len, which the base decides), for data.seq_len and a phase's seq_len alike.
+    for key in ("data.seq_len", "phase[1].seq_len"):
+        with pytest.raises(ConfigError) as e:
+            resolve_model_config(
+                ModelSection(init_from=str(tmp_path)), info, [("data.seq_len", 64), (key, 512)]
+            )
+        msg = str(e.value)
+        assert f"{key} = 512 exceeds the base model's max_position_embeddings = 256" in msg, msg
+        assert f"lower {key} to ≤ 256" in msg and "model.max_seq_len" not in msg and "config.json" in msg, msg
 
 
 def test_weights_that_do_not_fit_are_named(tmp_path):
@@ -208,7 +300,10 @@ def test_the_data_must_match_the_base(tmp_path):
     info = _dataset(tmp_path / "d2") | {"tokenizer_sha256": file_sha256(base / "tokenizer.json")}
     assert check_base_data(base, tmp_path / "d2", info, 256) == []
     refusals = [
-        (_dataset(tmp_path / "d3", tok | {"x": "other"}), "tokenizer.json (dataset) differs from"),
+        (
+            _dataset(tmp_path / "d3", tok | {"model": {"vocab": {"a": 1}}}),
+            "tokenizer.json (dataset) differs from",
+        ),
         (_dataset(tmp_path / "d4", tok, vocab=300), "vocab_size 300, more than the base model's 256"),
         (_dataset(tmp_path / "d5", tok, sep=9), "separator id 9 ('<s>') is not a special token of"),
     ]
@@ -219,6 +314,17 @@ def test_the_data_must_match_the_base(tmp_path):
         assert want in msg and "\n" not in msg and str(base) in msg and f"d{i}" in msg, msg
     with pytest.raises(BaseModelError, match="d7/dataset.json records no tokenizer"):
         check_base_data(base, tmp_path / "d7", _dataset(tmp_path / "d7"), 256)
+    # Item 11: a dataset without tokenizer.json has only the hash of its bytes; against a re-saved
+    # copy of the base's tokenizer the refusal names what exists (dataset.json's record) and why
+    # bytes are all it can compare.
+    info = _dataset(tmp_path / "d8") | {"tokenizer_sha256": file_sha256(base / "tokenizer.json")}
+    (base / "tokenizer.json").write_text(json.dumps(tok, indent=1))  # the same tokenizer, re-saved
+    assert check_base_data(base, tmp_path / "d1", _dataset(tmp_path / "d1", tok), 256) == []
+    with pytest.raises(BaseModelError) as e:
+        check_base_data(base, tmp_path / "d8", info, 256)
+    msg = str(e.value)
+    assert f"{tmp_path / 'd8' / 'dataset.json'} records tokenizer_sha256" in msg and "\n" not in msg, msg
+    assert "d8/tokenizer.json" not in msg and "no tokenizer.json to compare by content" in msg, msg
     notes = check_base_data(base, tmp_path / "d6", _dataset(tmp_path / "d6", tok, sep=3), 256)
     assert len(notes) == 1 and "neither its bos nor eos" in notes[0]
     (base / "tokenizer.json").unlink()
@@ -271,7 +377,9 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     assert "has no tokenizer.json" in done.stdout  # the base has none: a note, not a refusal
     record = json.loads((run / "checkpoints" / "step-000004" / "COMPLETE").read_text())["model"]
     assert record["init_from"] == str(base.resolve()) and len(record["init_from_sha256"]) == 64
-    assert "init_from" in (run / "config.toml").read_text()
+    saved = tomllib.loads((run / "config.toml").read_text())["model"]
+    assert saved["init_from"] == str(base.resolve()) and "preset" not in saved  # the base, not the preset
+    assert f"  model   the base {base.resolve()}: " in done.stdout
     assert losses(run)[0][1] < 6.0  # ln(256) = 5.55: a random-init base starts near uniform
     sets = overrides(data, run, "schedule.steps=8", "checkpoint.resume=auto")
     line = one_error_line(_run([*sets, f"model.init_from={json.dumps(str(other))}"]).stderr)
@@ -291,6 +399,24 @@ def test_init_from_refuses_a_larger_vocabulary_before_step_1(tmp_path, data):
     line = one_error_line(done.stderr)
     assert "vocab_size 256, more than the base model's 128" in line and "dataset.json" in line, line
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_base_with_nan_weights_is_refused_before_step_1(tmp_path, data, capsys):
+    """Item 7: a NaN in the base is the base's fault, named with its file and tensor before step 1
+    (exit 2), not a divergence at step 1 (exit 3, "lower the LR")."""
+    from safetensors.torch import load_file, save_file
+
+    base = tmp_path / "base"
+    make_base(base, max_position_embeddings=64)
+    tensors = load_file(base / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, base / "model.safetensors", metadata={"format": "pt"})
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert train_main(["--config", TINY, "--set", *overrides(data, run, _init(base))]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{base / 'model.safetensors'}: model.layers.1.mlp.up_proj.weight holds 1 NaN" in line, line
+    assert not (run / "metrics.jsonl").exists()
 
 
 def test_fsdp_two_ranks_equal_one_process(tmp_path, data):
@@ -329,6 +455,42 @@ def test_llama3_rope_survives_the_export(tmp_path):
     assert ModelConfig(**base_model_fields(out)) == ours.cfg.replace(init_from="", init_from_sha256="")
     hf = transformers.LlamaForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     assert_same_logits(ours, hf, seq=120)
+
+
+def test_export_dtype_and_out(tmp_path, straight, capsys):
+    """Issue 37 item 20: `export RUN --step N --dtype bf16 --out DIR` writes a bf16 copy (each tensor
+    the fp32 export's, rounded once) from the checkpoint, or from RUN/exports/step-N once the
+    checkpoint is gone; RUN/exports/step-N stays the run's fp32 export, so bf16 without --out is
+    refused; fp32 stays the default."""
+    from safetensors.torch import load_file
+
+    from pipelines.cli import main as gristmill
+
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    assert gristmill(["export", str(run), "--step", "8", "--dtype", "bf16"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "fp32 exports (eval scores them): give --out DIR for a bf16 copy" in line, line
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--dtype", "bf16", "--out", str(tmp_path / "a")]) == 0
+    )
+    assert gristmill(["export", str(run), "--step", "8"]) == 0
+    fp32 = load_file(export_dir(run, 8) / "model.safetensors")
+    shutil.rmtree(run / "checkpoints" / "step-000008")  # retention: only the export is left
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--dtype", "bf16", "--out", str(tmp_path / "b")]) == 0
+    )
+    assert (
+        gristmill(["export", str(run), "--step", "8", "--out", str(tmp_path / "a")]) == 2
+    )  # never overwritten
+    for out in ("a", "b"):
+        bf16 = load_file(tmp_path / out / "model.safetensors")
+        assert bf16.keys() == fp32.keys() and json.loads((tmp_path / out / "config.json").read_text())[
+            "torch_dtype"] == "bfloat16"  # fmt: skip
+        for name, tensor in fp32.items():
+            assert tensor.dtype == torch.float32 and torch.equal(bf16[name], tensor.to(torch.bfloat16)), name
+    hf = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "b", dtype=torch.float32)
+    assert torch.equal(hf.model.embed_tokens.weight, fp32["model.embed_tokens.weight"].bfloat16().float())
 
 
 def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, base, straight, capsys):
@@ -409,6 +571,34 @@ def test_twenty_steps_equal_transformers_with_torch_adamw(tmp_path, data):
         assert a[2] == pytest.approx(b[2], rel=1e-5), (a, b)
 
 
+CONTINUED_LOCAL = str(ROOT / "configs" / "train" / "continued-local.toml")
+
+
+def test_the_continued_local_recipe_is_the_newcomers_day():
+    """Issue 37 item 18: configs/train/continued-local.toml is the whole day in one file: a local base,
+    rewind on, eval of the base (step 0) and after, exports; its data build command (the base's own
+    tokenizer, never a new one) is valid for configs/data/local-parquet.toml. The scaled-down run is
+    test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit."""
+    import shlex
+
+    from pipelines.config import DataConfig
+    from training.config_checks import check_config
+    from training.contract.config_loader import load_config
+
+    cfg = load_train_config(CONTINUED_LOCAL, [])
+    assert Path(cfg.model.init_from).is_absolute() and cfg.run.on_spike == "rewind" and cfg.eval.interval > 0
+    assert cfg.checkpoint.export_interval and cfg.checkpoint.interval <= cfg.checkpoint.export_interval
+    assert check_config(cfg, 1)[0].steps == cfg.schedule.steps
+    text = Path(CONTINUED_LOCAL).read_text()
+    build = text.split("gristmill data build", 1)[1].split("\n# 2.")[0].replace("\\\n#", " ")
+    args = shlex.split(build)
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    assert args[:2] == ["--config", "configs/data/local-parquet.toml"] and len(sets) == 5, args
+    data = load_config(DataConfig, ROOT / args[1], sets)
+    assert data.tokenizer.path.endswith("tokenizer.json") and not data.tokenizer.train.if_missing
+    assert data.output == cfg.data.dataset
+
+
 REPO = "gristmill-test/tiny-llama"  # made up: a request that escaped to the real hub would fail
 
 
@@ -474,20 +664,36 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     base = tmp_path / "base"
     make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"], dtype=torch.bfloat16)
     shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")  # the data's own tokenizer
+    # Its users' special tokens: bos is not the separator the data was built with (<|endoftext|>, id 0).
+    _edit_config(base, bos_token_id=1, eos_token_id=0, pad_token_id=0)
+    special = {"bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+    (base / "tokenizer_config.json").write_text(
+        json.dumps(special | {"tokenizer_class": "PreTrainedTokenizerFast"})
+    )
     run = tmp_path / "run"
     tasks, limit = ["heldout_ppl"], 4
+    # The newcomer's recipe (issue 37 item 18), scaled down: a local base, rewind on, eval before and after.
     sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
             "data.global_batch_tokens=512", "data.micro_batch=2", "data.val_fraction=0.1", "schedule.steps=2",
             "schedule.warmup_steps=1", "run.val_every=0", "metrics.plot=false", "checkpoint.interval=2",
-            "eval.interval=2", f"eval.limit={limit}", f"eval.tasks={json.dumps(tasks)}"]  # fmt: skip
-    cfg = load_train_config(TINY, sets)
+            "eval.interval=2", f"eval.limit={limit}", f"eval.tasks={json.dumps(tasks)}", "run.threads=1",
+            "parallel.param_dtype=float32", "run.device=cpu", "metrics.tensorboard=false"]  # fmt: skip
+    cfg = load_train_config(CONTINUED_LOCAL, sets)
+    assert cfg.run.on_spike == "rewind" and cfg.checkpoint.export_interval > 0
     train(cfg, evaluator=TrainingEval(cfg))
     assert "[eval] step 0:" in capsys.readouterr().out
     steps = pq.read_table(run / "eval.parquet").column("step").to_pylist()
     assert steps[0] == 0 and sorted(set(steps)) == [0, 2], steps
     in_training = {metric_key(r): r["value"] for r in rows_of(0, read_step_results(run, 0))}
+    # …and in metrics.jsonl (so the trackers) as step 0: a row without a trained step
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert (
+        first["step"] == 0
+        and "loss" not in first
+        and first[next(iter(in_training))] == next(iter(in_training.values()))
+    )
 
-    cfg = load_train_config(TINY, [*sets, "checkpoint.resume=auto"])
+    cfg = load_train_config(CONTINUED_LOCAL, [*sets, "checkpoint.resume=auto"])
     train(cfg, evaluator=TrainingEval(cfg))
     assert "[eval] step 0:" not in capsys.readouterr().out  # a resume does not score the base again
 
@@ -509,3 +715,46 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
         )
         assert torch.equal(exported[name], tensor.float()), name
     assert export_checkpoint(run, 0) == export_dir(run, 0)  # `gristmill export RUN --step 0`: that export
+
+    # Issue 37 item 4: the export keeps the base's tokenizer files and special tokens (bos <|begin_of_text|>,
+    # eos and pad <|endoftext|>), for step 0 as for a trained step; gristmill's eval still frames each
+    # document with the data's separator (id 0), held in gristmill_export.json, not with bos.
+    from validation.eval_model import GristmillHFLM
+
+    export_checkpoint(run, 2)
+    for step in (0, 2):
+        out = export_dir(run, step)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+        assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == tuple(special.values())
+        config = json.loads((out / "config.json").read_text())
+        assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 0, 0)
+        assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    lm = GristmillHFLM(pretrained=str(export_dir(run, 2)), device="cpu", dtype="float32", batch_size=1)
+    assert (
+        lm.separator_id
+        == read_dataset_info(built_dataset)["separator"]["id"]
+        == 0
+        != lm.tokenizer.bos_token_id
+    )
+
+    # Item 3: the base's weight bytes are part of step 0's identity. Edited in place (same shapes, so
+    # config.json and the weights index hash alike), it is refused, naming the file...
+    original = (base / "model.safetensors").read_bytes()
+    edited = bytearray(original)
+    edited[-2:] = bytes([edited[-2] ^ 1, edited[-1]])  # one bit of the last bf16 value
+    (base / "model.safetensors").write_bytes(bytes(edited))
+    shutil.rmtree(export_dir(run, 0))
+    assert gristmill(["verify", str(run), "--step", "0"]) == 2  # item 12: no checkpoint holds step 0
+    assert "step 0 is the run's base model, which no checkpoint holds" in capsys.readouterr().err
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert f"{base / 'model.safetensors'} is not the file {run} started from" in msg and "\n" not in msg, msg
+    # ... and a step-0 export of another base than the run's record (a run started over from the
+    # edited base: the trainer's record_base) is not returned as the run's step 0.
+    (base / "model.safetensors").write_bytes(original)
+    assert export_checkpoint(run, 0) == export_dir(run, 0)
+    (base / "model.safetensors").write_bytes(bytes(edited))
+    record_base(run, base, str(base.resolve()), base_sha256(base))
+    with pytest.raises(ExportError, match="holds another base than .* started from .*base_weights_sha256"):
+        export_checkpoint(run, 0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def wait_for_step(proc: subprocess.Popen, step: int) -> list[str]:
         line = proc.stdout.readline()
         assert line, f"the run ended before step {step}: {''.join(seen)[-2000:]} {proc.communicate()}"
         seen.append(line)
-        if line.startswith(f"step {step:6d} |"):
+        if line.startswith(f"step {step:6d}/"):
             return seen
     raise AssertionError(f"no step {step} within 240 s")
 
@@ -109,12 +110,16 @@ def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path
     through `validation.train_eval` (eval during training goes through torchrun even for one
     process); the 2-rank `training.train` path is the non-finite test above (CI time)."""
     pytest.importorskip("lm_eval")
-    missing = tmp_path / "nope"
+    missing = tmp_path / "no such 'dir'"  # a space and a quote: the echoed command quotes them (issue 37)
     proc = launch(1, sets(dataset, tmp_path / "run", "eval.interval=20"), "--resume", str(missing))
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 2, out[-2000:] + err[-3000:]
-    assert "-m validation.train_eval" in out
     assert the_one_line(err) == f"error: --resume {missing}: no such checkpoint directory"
+    # The echoed torchrun command, pasted back into a shell, gives the same arguments.
+    echo = next(line for line in out.splitlines() if line.startswith("+ "))
+    argv = shlex.split(echo[2:])
+    assert argv[argv.index("-m", 2) + 1] == "validation.train_eval", echo
+    assert f"checkpoint.resume={json.dumps(str(missing))}" in argv, echo
 
 
 def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, tmp_path):
@@ -153,7 +158,7 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     """train.py prints a GristmillError on rank 0 only (every rank has a config error: said once);
     an error only rank 1 met (its shard, its disk) reached the user as a bare exit 2. Rank 1 leaves
     it in torchrun's reply file, and the launcher prints it when rank 0 did not stop on its own."""
-    from training.worker_reply import report_to_launcher
+    from training.run.worker_reply import report_to_launcher
 
     def reply(rank: int, message: str, exitcode: int) -> ProcessFailure:
         path = tmp_path / f"error-{rank}.json"

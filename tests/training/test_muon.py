@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 
@@ -21,6 +22,7 @@ from tests.helpers.train_runs import (
     TINY,
     assert_same_weights,
     losses,
+    one_error_line,
     overrides,
     torchrun_cmd,
     wait_for_step,
@@ -30,6 +32,7 @@ from training.contract.config_loader import ConfigError
 from training.launch import child_pids
 from training.optim import ScheduledLR, build_optimizer
 from training.train import load_train_config, train, train_step
+from training.train import main as train_main
 
 MUON = OptimSection(name="muon", lr=3e-3, weight_decay=0.1, decay_embeddings=False)
 
@@ -198,3 +201,23 @@ def test_sigterm_then_resume_auto_is_bit_identical(fsdp_reference, dataset, tmp_
     assert "resuming from" in proc.stdout
     assert losses(run_dir) == losses(fsdp_reference), f"stopped at step {stopped}"
     assert_same_weights(run_dir, fsdp_reference, 12)
+
+
+def test_switching_optimizer_on_resume_is_one_line(fsdp_reference, dataset, tmp_path, capsys):
+    """Issue 37 item 8: muon ↔ adamw on a resume is refused naming optim.name with the old and new
+    values, before any load (DCP's own error was `Missing key … momentum_buffer`)."""
+    muon_run = tmp_path / "muon"
+    shutil.copytree(fsdp_reference, muon_run)
+    adamw_run = tmp_path / "adamw"
+    train(load_train_config(TINY, overrides(dataset, adamw_run, "schedule.steps=4")))
+    capsys.readouterr()
+    for run_dir, sets, old, new in (
+        (muon_run, muon_sets(dataset, muon_run, "optim.name='adamw'"), "muon", "adamw"),
+        (adamw_run, muon_sets(dataset, adamw_run, "schedule.steps=4"), "adamw", "muon"),
+    ):
+        before = (run_dir / "config.toml").read_text()
+        assert train_main(["--config", TINY, "--set", *sets, "checkpoint.resume=auto"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"holds the state of optim.name = '{old}', and this config has optim.name = '{new}'" in line
+        assert f"--set optim.name={old}" in line and "momentum_buffer" not in line, line
+        assert (run_dir / "config.toml").read_text() == before  # a refused resume changes nothing

@@ -1,5 +1,5 @@
-"""Rewinding past a loss spike (issue 31, training/rewind.py): a spike injected at a data window
-(training/faults.py) sends the run back to the right checkpoint, the next steps' data is skipped and
+"""Rewinding past a loss spike (issue 31, training/run/rewind.py): a spike injected at a data window
+(training/run/faults.py) sends the run back to the right checkpoint, the next steps' data is skipped and
 recorded, and the run finishes; kill -9 before, during and after the rewind resumes to the same
 weights; 2 ranks equal one process; max_rewinds ends the run (exit 3); retention with keep_last 1
 keeps what a rewind needs; a non-finite step rewinds with on_nonfinite = "rewind"; a spike with no
@@ -28,8 +28,9 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.config import load_train_config
-from training.data.recipe import open_plan
-from training.faults import KILL, NAN_LOSS, SPIKE_WINDOW
+from training.config_checks import resolve
+from training.data.recipe import open_plan, plot_plan, recorded_skips
+from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
 
 STEPS, SPIKE = 30, 17
@@ -47,7 +48,8 @@ def rewind_sets(dataset: Path, run: Path, *extra: str) -> list[str]:
 
 def window_of(sets: list[str], step: int, slot: int = 0) -> str:
     """The fault spec of one data window of `step` (from 1): source:epoch:first token."""
-    plan, _, _ = open_plan(load_train_config(TINY, sets), expect_vocab_size=256)
+    cfg = load_train_config(TINY, sets)
+    plan, _, _ = open_plan(cfg, resolve(cfg), expect_vocab_size=256)
     labels, epoch, first = plan.step_windows(step - 1)
     return f"{plan.sources[labels[slot]].name}:{epoch[slot]}:{first[slot]}*50"
 
@@ -61,7 +63,7 @@ def dataset(tmp_path_factory):
 def reference(tmp_path_factory, dataset):
     """The uninterrupted run with the spike; returns (run dir, its stdout)."""
     run = tmp_path_factory.mktemp("reference") / "run"
-    sets = rewind_sets(dataset, run)
+    sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
     env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
     done = subprocess.run(_train_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -94,6 +96,14 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
     assert kept[-1]["tokens_seen"] == (STEPS - 8) * 1024
     assert max(r["loss"] for r in kept) < 10
     assert "rewinds: 1 — rewind 1 at step 17 → back to 10, skipped 8 steps (11–18)" in out
+    # plan.png drawn again at the rewind: the skipped steps shaded (what a resume would draw)
+    cfg = load_train_config(str(run / "config.toml"), [])
+    plan, _, _ = open_plan(cfg, resolve(cfg))
+    plot_plan(plan, run / "fresh.png", recorded_skips(run))
+    plot_plan(plan, run / "plain.png")
+    drawn = (run / "plan.png").read_bytes()
+    assert drawn == (run / "fresh.png").read_bytes() != (run / "plain.png").read_bytes()
+    assert f"curve: {run / 'loss.png'}" in out and (run / "loss.png").is_file()
 
 
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
@@ -281,3 +291,27 @@ def test_a_spike_that_cannot_rewind_still_stops_on_an_earlier_nonfinite_step(
     monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 4))
     assert main(["--config", TINY, "--set", *sets]) == 3
     assert "step 3: the loss and gradient norm is not finite" in one_error_line(capsys.readouterr().err)
+
+
+def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(reference, capsys):
+    """Issue 37 item 12: `export --step N` (and `eval --step N`, `verify --step N`) for a step
+    without a checkpoint says why (one home: training.checkpoint.io.missing_step_reason): set aside
+    by the rewind, skipped by it, never saved, deleted by retention, past the end; --step -1 is
+    refused, not printed as step--00001."""
+    run, _ = reference
+    want = {
+        15: "was set aside (checkpoints/abandoned-step-000015): a rewind",
+        12: "was never trained: rewind 1 skipped steps 11–18",
+        22: "was never saved: checkpoint.interval = 5 saves every 5 steps and the last (30)",
+        20: "checkpoint was deleted by retention: checkpoint.keep_last = 1",
+        31: "is past the run's last step, 30",
+        -1: "step -1 is no step: steps count from 1",
+        0: "started from random initialisation",
+    }
+    for step, why in want.items():
+        for command in (["export", str(run), "--step", str(step)], ["verify", str(run), "--step", str(step)],
+                        ["eval", str(run), "--step", str(step), "--tasks", "heldout_ppl"]):  # fmt: skip
+            assert gristmill(command) == 2, (command, capsys.readouterr())
+            line = one_error_line(capsys.readouterr().err)
+            assert why in line and "step--" not in line, (command, line)
+    assert not (run / "exports" / "step--00001").exists()

@@ -262,7 +262,7 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
 
 
 def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
-    from training.run_lock import RunLock, RunLockedError, check_unlocked
+    from training.run.lock import RunLock, RunLockedError, check_unlocked
 
     run = tmp_path / "run"
     run.mkdir()
@@ -296,3 +296,26 @@ def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path):
     assert "Traceback" not in err.decode()
     assert [r["step"] for r in metrics(run)] == list(range(1, 13))
     assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
+
+
+def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_path, capsys):
+    """Issue 37 item 6: a truncated RUN/data_plan.json is one line from `data inspect RUN` and `data
+    audit RUN` naming the file and what rewrites it (not a JSONDecodeError, not `data validate`,
+    which refuses a training run), and that advice, followed as written, repairs it."""
+    run = tmp_path / "run"
+    train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=4")))
+    plan = run / "data_plan.json"
+    good = json.loads(plan.read_text())
+    plan.write_text(plan.read_text()[:100])
+    capsys.readouterr()
+    fix = f"gristmill train --config {run / CONFIG_TOML} --resume auto"
+    for command in (
+        ["data", "inspect", str(run), "--step", "2"],
+        ["data", "audit", str(run), "--sql", "FROM skips"],
+    ):
+        assert gristmill(command) == 2, command
+        line = one_error_line(capsys.readouterr().err)
+        assert str(plan) in line and fix in line and "data validate" not in line, line
+    assert gristmill(fix.split()[1:]) == 0
+    assert json.loads(plan.read_text()) == good
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0

@@ -83,7 +83,8 @@ def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
     )
     summary = train(cfg)
     states = summary["states"]
-    assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state"]
+    assert list(states) == ["model", "optimizer", "lr_scheduler", "dataloader", "train_state", "timeline"]
+    assert states["timeline"].state_dict() == {"skips": "[]"}  # no rewind
     assert states["train_state"].state_dict()["step"] == 2
     assert states["lr_scheduler"].state_dict()["last_step"] == 2
     assert states["dataloader"].state_dict()["step"] == 2  # the one-source plan's state
@@ -273,5 +274,13 @@ def test_the_header_says_where_run_max_steps_stops(dataset, tmp_path, capsys):
     sets = recipe(dataset, tmp_path / "run", "schedule.steps=8", "schedule.warmup_steps=2", "run.max_steps=2",
                   "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false")  # fmt: skip
     train(load_train_config(TINY, sets))
-    run_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("  run "))
+    out = capsys.readouterr().out.splitlines()
+    run_line = next(line for line in out if line.startswith("  run "))
     assert run_line.endswith("8 steps in 1 phase, stopping at step 2 (run.max_steps) (plan below)"), run_line
+    # Issue 37 item 19: each step's line says where the invocation is (step N/its last step) and, before
+    # the last, when it ends at this invocation's pace so far (the row's eta_s).
+    lines = [line for line in out if line.startswith("step ")]
+    rows = read_metrics(tmp_path / "run")
+    assert lines[0].startswith("step      1/2 | ") and lines[1].startswith("step      2/2 | "), lines
+    assert rows[0]["eta_s"] == pytest.approx(rows[0]["elapsed_s"]) and rows[1]["eta_s"] == 0
+    assert lines[0].endswith(f" | eta {round(rows[0]['eta_s'])}s") and " eta " not in lines[1], lines

@@ -104,7 +104,7 @@ def test_adamw8bit_refused_on_cpu_and_fused_is_the_default():
     model = tiny_model()
     with pytest.raises(GristmillError, match="'adamw8bit' needs a CUDA GPU"):
         build_optimizer(model, OptimSection(name="adamw8bit"), "cpu")
-    # fused on CPU too: its kernel takes the non-finite flag on the device (training.divergence)
+    # fused on CPU too: its kernel takes the non-finite flag on the device (training.run.verdict)
     assert build_optimizer(model, OptimSection(), "cpu").defaults["fused"]
     assert not build_optimizer(model, OptimSection(fused=False), "cpu").defaults["fused"]
 
@@ -115,21 +115,22 @@ def test_the_summary_quotes_only_logged_steps(tmp_path):
     import io
 
     from training.metrics import MetricsWriter, TrainingMetrics
+    from training.run.console import console
 
     out = io.StringIO()
-    writer = MetricsWriter(tmp_path, out=out)
-    try:
-        metrics = TrainingMetrics(writer, None, tmp_path, plot=False)
-        writer.history = [{"step": 1, "loss": 9.0255}, {"step": 25, "loss": 6.7533}]
-        metrics.first_loss, metrics.last_loss = 9.0255, 6.7533
-        metrics.summarize(0, 27, 3.0)
-        assert (
-            "loss 9.0255 at step 1 → 6.7533 at step 25 (logged, of steps 1–27; 27 steps), 3 s"
-            in out.getvalue()
-        )
-        writer.history.append({"step": 27, "loss": 6.7})
-        metrics.last_loss = 6.7
-        metrics.summarize(0, 27, 3.0)
-        assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in out.getvalue()
-    finally:
-        writer.close()
+    with console.bound(0, out):
+        writer = MetricsWriter(tmp_path)
+        try:
+            metrics = TrainingMetrics(writer, None, tmp_path, plot=False)
+            writer.history += [{"step": 1, "loss": 9.0255}, {"step": 25, "loss": 6.7533}]
+            metrics.summarize(0, 27, 3.0)
+            assert (
+                "loss 9.0255 at step 1 → 6.7533 at step 25 (logged, of steps 1–27; 27 steps), 3 s"
+                in out.getvalue()
+            )
+            writer.history.append({"step": 27, "loss": 6.7})
+            metrics.summarize(0, 27, 3.0)
+            assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in out.getvalue()
+            assert "curve:" not in out.getvalue()  # metrics.plot = false: no loss.png, so none named
+        finally:
+            writer.close()

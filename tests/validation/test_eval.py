@@ -24,7 +24,7 @@ from tests.helpers.mounts import sh_quote, unshare_works
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
-from training.checkpoint.hf_export import export_hf  # noqa: E402
+from training.checkpoint.hf_export import export_hf, export_separator_id  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
 from training.contract.config_loader import load_config, save_config  # noqa: E402
 from training.contract.dataset_format import read_dataset_info  # noqa: E402
@@ -101,7 +101,10 @@ def test_export_via_hf_and_in_process_model_give_the_same_loglikelihoods(eval_ru
         log_samples=True,
     )
     in_process = evaluate_lm(
-        in_process_lm(models[5], export, batch_size=3, max_length=SEQ_LEN), plan, CFG, True
+        in_process_lm(models[5], export, 3, SEQ_LEN, separator_id=export_separator_id(export)),
+        plan,
+        CFG,
+        True,
     )
     for task in ("heldout_ppl", "heldout_cloze"):
         a, b = _sample_lls(via_export, task), _sample_lls(in_process, task)

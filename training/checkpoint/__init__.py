@@ -6,4 +6,8 @@
 - state.py         the `Stateful` objects a checkpoint holds (`checkpointables`), the train state
 - hf_export.py     a checkpoint as a Hugging Face `LlamaForCausalLM` directory (and back into the
                    model for eval); beside the checkpoints it reads
+- hf_import.py     a Hugging Face Llama as a run's start (`[model] init_from`): its shape, its weights
+- hf_names.py      the gristmill ↔ Hugging Face tensor names and safetensors dtype codes
+- base_source.py   where init_from's files are: a directory, or a hub id pinned to its commit
+- base_record.py   RUN/base/: the base a run started from (identity, weights' sha256, small files)
 """

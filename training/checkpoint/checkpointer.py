@@ -48,6 +48,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,14 +86,17 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
-    abandoned_name,
     checkpoint_dir,
     complete_steps,
     incomplete_reason,
     is_complete_checkpoint,
     list_steps,
+    set_aside_after,
+    step_of,
 )
 from training.data.loader import foreign_state_message
+from training.optim import optimizer_name, saved_optimizer
+from training.run.console import say
 
 # --- what is on disk ---------------------------------------------------------------------------
 
@@ -212,13 +216,13 @@ def delete_checkpoint(path: Path) -> None:
 
 
 def prune(
-    run_dir: str | Path, keep_last: int, log=print, *, saved: int, rewind: tuple[int, int] | None = None
+    run_dir: str | Path, keep_last: int, log=say, *, saved: int, rewind: tuple[int, int] | None = None
 ) -> list[int]:
     """Retention, called after checkpoint `saved` became complete: delete complete checkpoints older
     than the newest `keep_last` (0: keep all) and incomplete leftovers older than `saved`. Only steps
     up to `saved` are counted and only older ones deleted: `saved` itself always stays, and a higher
     step (a save in flight, or no checkpoint of this timeline) is never touched. `rewind` =
-    (oldest, margin) keeps what a rewind from a later step may need (training/rewind.py): the
+    (oldest, margin) keeps what a rewind from a later step may need (training/run/rewind.py): the
     newest complete checkpoint at or before saved + 1 − margin, and every one after it, none older
     than `oldest`. Returns the deleted steps."""
     complete = [s for s in complete_steps(run_dir) if s <= saved]
@@ -280,8 +284,10 @@ class Checkpointer:
         config_sha256: str,
         estimate_bytes: int,
         model_config: dict[str, Any] | None = None,
-        log=print,
+        rewind_keep: Callable[[], tuple[int, int]] | None = None,
     ):
+        """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
+        (training/run/rewind.Rewinder.keep); `states`: checkpointables(...)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
@@ -290,7 +296,7 @@ class Checkpointer:
         # checkpoint's own model from it) and checked before a resume loads anything.
         self.model_config = model_config
         self.estimate_bytes, self.estimate_basis = estimate_bytes, "estimated from the parameter count"
-        self.log = log if rank == 0 else (lambda *a, **k: None)
+        self.log = say if rank == 0 else (lambda *a, **k: None)
         self.root = self.run_dir / CHECKPOINTS_DIR
         distributed = dist.is_initialized()
         self.no_dist = not distributed  # one process: DCP skips its collectives (and its warning)
@@ -308,8 +314,8 @@ class Checkpointer:
         self._advised = False  # the "writes outlast the interval" note is printed once
         self._retention: threading.Thread | None = None  # rank 0's retention of the last save
         self._retention_error: BaseException | None = None
-        # (oldest, margin_steps) while rewinds are on: retention keeps what a rewind may go back to.
-        self.rewind_keep: tuple[int, int] | None = None
+        self.rewind_keep = rewind_keep
+        self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -355,6 +361,7 @@ class Checkpointer:
                 if path is not None:
                     record = read_complete_record(path)
                     notes += self._model_notes(path, record)  # another model is refused before any load
+                    self._check_optimizer(path)
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
                     self.log(line)
@@ -369,6 +376,7 @@ class Checkpointer:
             return None
         path = Path(value)
         step = self._load(path)
+        self.resumed_here = path.parent.resolve() == self.root.resolve()
         if self.rank == 0:
             if record.get("config_sha256") != self.config_sha256:
                 self.log(
@@ -378,11 +386,10 @@ class Checkpointer:
                 self._set_aside_newer(step)
         return step
 
-    def rewind(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
-        """Restore the newest complete checkpoint that verifies between steps `oldest` and `newest`
-        (rank 0 chooses, every rank loads; a save in flight finishes first) and set the newer ones
-        aside (`abandoned-step-N`). Returns its step and the checkpoints passed over, or None when
-        there is none (nothing changed)."""
+    def rewind_target(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
+        """The newest complete checkpoint that verifies between steps `oldest` and `newest` (rank 0
+        chooses, every rank gets its choice; a save in flight finishes first, retention waits) and the
+        newer ones passed over, each with why; None when there is none."""
         if self.pending is not None:
             self._finish_pending()
         self._join_retention()
@@ -391,15 +398,18 @@ class Checkpointer:
             try:
                 path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest))
                 passed = [f"{p.name}: {why}" for p, why in passed_over]
-                choice = ("path", None if path is None else str(path), passed)
+                choice = ("path", None if path is None else step_of(path), passed)
             except Exception as e:  # every rank waits on rank 0's choice: it gets the error instead
                 choice = ("error", f"cannot choose a checkpoint to rewind to: {type(e).__name__}: {e}", [])
         kind, value, passed = self._from_rank0(choice)
         if kind == "error":
             raise CheckpointError(value)
-        if value is None:
-            return None
-        step = self._load(Path(value))
+        return None if value is None else (value, passed)
+
+    def restore(self, step: int) -> None:
+        """Every rank loads this run's checkpoint of `step` (a rewind_target) and the newer ones are
+        set aside (`abandoned-step-N`)."""
+        self._load(checkpoint_dir(self.run_dir, step))
         problem = None
         if self.rank == 0:
             try:
@@ -409,7 +419,6 @@ class Checkpointer:
         problem = self._from_rank0(problem)
         if problem is not None:
             raise CheckpointError(problem)
-        return step, passed
 
     def _load(self, path: Path) -> int:
         """Every rank loads checkpoint `path` into the run's states; returns its step."""
@@ -418,18 +427,38 @@ class Checkpointer:
         loader = self.states.get("dataloader")
         if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
             raise CheckpointError(foreign_state_message(str(path)))
+        states, timeline = self.states, self.states.get("timeline")
+        older = timeline is not None and not any(k.startswith("timeline.") for k in keys)
+        if older:  # written before the timeline was saved on its own: the loader's plan held its skips
+            states = {k: v for k, v in states.items() if k != "timeline"}
         try:
             # A resume onto more ranks: ranks without a saved RNG stream keep their own.
             train_state.expect(keys)
-            load_or_raise(self.states, path, CheckpointError, "resume from", no_dist=self.no_dist)
+            load_or_raise(states, path, CheckpointError, "resume from", no_dist=self.no_dist)
         finally:
             train_state.expect(None)
+        if older:
+            timeline.adopt(loader.saved_skips)
         bad = self._nonfinite_anywhere()
         if bad is not None:
             raise CheckpointError(
                 f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
             )
         return train_state.step
+
+    def _check_optimizer(self, path: Path) -> None:
+        """Another optim.name than the checkpoint's is refused in one line before any load: the
+        state of one optimizer does not fit the other (DCP would stop on a missing momentum_buffer)."""
+        optimizer = getattr(self.states.get("optimizer"), "optimizer", None)
+        saved = saved_optimizer(checkpoint_keys(path))
+        if optimizer is None or saved is None or saved == optimizer_name(optimizer):
+            return
+        now = optimizer_name(optimizer)
+        raise CheckpointError(
+            f"cannot resume from {path}: it holds the state of optim.name = '{saved}', and this config has "
+            f"optim.name = '{now}'; resume with --set optim.name={saved}, or train with {now} in a new run "
+            "directory (another run.output_dir)"
+        )
 
     def _model_notes(self, path: Path, record: dict[str, Any]) -> list[str]:
         """Rank 0, before loading `path`: a checkpoint of another model shape is refused in one line
@@ -470,17 +499,11 @@ class Checkpointer:
         """Checkpoints newer than the resumed one belong to an abandoned timeline: incomplete ones
         are deleted, complete ones renamed `abandoned-step-N` (never deleted)."""
         for s in list_steps(self.root):
-            if s <= step:
-                continue
             path = checkpoint_dir(self.run_dir, s)
-            if is_complete_checkpoint(path):
-                target = abandoned_name(path)
-                path.rename(target)
-                self.log(
-                    f"note: {path.name} is newer than the resumed step {step}; moved it to {target.name}"
-                )
-            else:
+            if s > step and not is_complete_checkpoint(path):
                 shutil.rmtree(path)
+        for path, target in set_aside_after(self.root, step):
+            self.log(f"note: {path.name} is newer than the resumed step {step}; moved it to {target.name}")
 
     # -- save --
     def poll(self) -> None:
@@ -523,7 +546,8 @@ class Checkpointer:
 
         def run() -> None:
             try:
-                prune(self.run_dir, self.cfg.keep_last, log=self.log, saved=saved, rewind=self.rewind_keep)
+                keep = self.rewind_keep() if self.rewind_keep is not None else None
+                prune(self.run_dir, self.cfg.keep_last, log=self.log, saved=saved, rewind=keep)
             except BaseException as e:  # raised in the training thread at the next save or close
                 self._retention_error = e
 

@@ -9,9 +9,13 @@ permutation: the model already uses HF's rotate-half RoPE layout. Only torch and
 the trainer can write exports on a GPU box without `safetensors` or `transformers`; the
 safetensors file is written by hand (8-byte header length, JSON header, raw little-endian data).
 
-The tokenizer is the dataset's exact tokenizer.json; bos/eos are the dataset's separator token,
-because that is the one token the model saw between documents (eval prepends it once, see
-validation/). `gristmill_export.json` records where the weights came from and the separator policy;
+A run from scratch: the tokenizer is the dataset's exact tokenizer.json, bos = eos = the dataset's
+separator token (the one token the model saw between documents), no pad token. A run from a base
+model ([model] init_from): the base's tokenizer files and bos/eos/pad ids (RUN/base/,
+training/checkpoint/base_record.py), as the base's users expect them. Either way gristmill's eval
+frames each document with the separator `gristmill_export.json` records, once (validation/
+eval_model.py), whatever bos says. `gristmill_export.json` records where the weights came from and
+the separator policy;
 `gristmill_checksums.json`, written last, the size and SHA-256 of every other file, checked by
 `verify_export` before eval (or anything else here) trusts the weights.
 """
@@ -29,14 +33,22 @@ from typing import Any
 
 import torch
 
-from training.checkpoint.base_source import locate_base
-from training.checkpoint.hf_import import load_base_weights
+from training.checkpoint.base_record import (
+    BASE_JSON,
+    TOKENIZER_FILES,
+    base_files,
+    read_base_record,
+    weights_sha256,
+)
+from training.checkpoint.base_source import hub_id, locate_base
+from training.checkpoint.hf_import import CONFIG_JSON, load_base_weights
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
     CheckpointError,
     describe_differences,
     load_or_raise,
+    missing_step_reason,
     model_differences,
     newest_verified,
     nonfinite_tensor,
@@ -47,14 +59,16 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.config_checks import cache_of, resolve_model_config, seq_lens_of, sources_of
+from training.config_checks import resolve, resolve_model_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
 from training.contract.integrity import damaged_files, file_records
 from training.contract.run_layout import (
+    BASE_DIR,
     CHECKPOINTS_DIR,
     CONFIG_TOML,
+    EXPORTS_DIR,
     checkpoint_dir,
     complete_steps,
     export_dir,
@@ -67,6 +81,8 @@ from training.model import ModelConfig, Transformer
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
 EXPORT_CHECKSUMS = "gristmill_checksums.json"
+GENERATION_CONFIG = "generation_config.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
 class ExportError(GristmillError):
@@ -149,7 +165,7 @@ def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[s
 def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     sep = info["separator"]["token"]
     return {
-        "tokenizer_config.json": {
+        TOKENIZER_CONFIG: {
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": sep,
             "eos_token": sep,
@@ -160,14 +176,35 @@ def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     }
 
 
-def write_tokenizer(dataset_dir: str | Path, model_cfg: ModelConfig, out_dir: str | Path) -> None:
-    """The HF tokenizer files of an export (tokenizer.json, its config with bos = eos = the
-    separator) into `out_dir`; the trainer's in-process eval loads its tokenizer from the same files."""
-    dataset_dir, out_dir = Path(dataset_dir), Path(out_dir)
-    for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg).items():
-        (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-    if (dataset_dir / TOKENIZER_JSON).is_file():  # synthetic test datasets have none
+def write_tokenizer(
+    dataset_dir: str | Path, model_cfg: ModelConfig, out_dir: str | Path, base: dict[str, Path] | None = None
+) -> None:
+    """The HF tokenizer files of an export into `out_dir`: those of the run's base model where it
+    has them (`base`: base_record.base_files; its special tokens as its users expect), else the
+    dataset's tokenizer.json with bos = eos = the separator. The trainer's in-process eval loads
+    its tokenizer from the same files; the separator it frames documents with is the dataset's,
+    whatever bos says."""
+    dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), base or {}
+    # A base with its own tokenizer_config.json: its files alone (a derived special_tokens_map.json
+    # would override the bos it sets).
+    if TOKENIZER_CONFIG not in base:
+        for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg).items():
+            (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+    for name in TOKENIZER_FILES:
+        if name in base:
+            shutil.copyfile(base[name], out_dir / name)
+    if (
+        TOKENIZER_JSON not in base and (dataset_dir / TOKENIZER_JSON).is_file()
+    ):  # synthetic test datasets have none
         shutil.copyfile(dataset_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
+
+
+def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
+    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export."""
+    if CONFIG_JSON not in base:
+        return {}
+    c = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
+    return {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
 def export_hf(
@@ -178,8 +215,11 @@ def export_hf(
     *,
     meta: dict[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
+    base: dict[str, Path] | None = None,
 ) -> Path:
-    """Write the HF directory for `state_dict` (full, unsharded, gristmill names) to `out_dir`.
+    """Write the HF directory for `state_dict` (full, unsharded, gristmill names) to `out_dir`;
+    `base`: the files of a run's base model (base_record.base_files), whose tokenizer files and
+    special token ids the export keeps.
 
     Everything goes into a temporary sibling directory that is renamed at the end, so an export
     under its final name is always whole. An existing `out_dir` is an error (exports are permanent).
@@ -202,10 +242,14 @@ def export_hf(
         raise unwritable(out_dir.parent, e) from None
     try:
         write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
-        sep_id = int(info["separator"]["id"])
+        base = base or {}
+        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | _token_ids(base)
         files: dict[str, Any] = {
-            "config.json": hf_config(model_cfg, sep_id, dtype),
-            "generation_config.json": {"bos_token_id": sep_id, "eos_token_id": sep_id},
+            CONFIG_JSON: config,
+            GENERATION_CONFIG: {
+                "bos_token_id": config["bos_token_id"],
+                "eos_token_id": config["eos_token_id"],
+            },
             EXPORT_META: {
                 "format": EXPORT_FORMAT,
                 **(meta or {}),
@@ -217,7 +261,9 @@ def export_hf(
         }
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        write_tokenizer(dataset_dir, model_cfg, tmp)
+        if GENERATION_CONFIG in base:
+            shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
+        write_tokenizer(dataset_dir, model_cfg, tmp, base)
         checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
         (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, out_dir)
@@ -229,6 +275,16 @@ def export_hf(
             raise unwritable(out_dir.parent, e) from None
         raise
     return out_dir
+
+
+def export_separator_id(export: str | Path) -> int | None:
+    """The separator id the model was trained with, as an export records it (gristmill_export.json):
+    the one token eval frames each document with, whatever the tokenizer's bos is. None for a
+    directory gristmill did not export."""
+    try:
+        return int(json.loads((Path(export) / EXPORT_META).read_text(encoding="utf-8"))["separator"]["id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def verify_export(path: str | Path) -> str | None:
@@ -276,13 +332,14 @@ def run_model_config(run_dir: str | Path):
     A run from a base model (model.init_from) that has a checkpoint takes the base's shape from the
     checkpoint's record: its checkpoints never need the base again."""
     cfg = run_config(run_dir)
+    spec = resolve(cfg)
     # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
-    dataset = tokenizer_dir(sources_of(cfg)[0].dataset, cache_of(cfg))
+    dataset = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
     source = None
     if cfg.model.init_from:
         source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"))
-    return cfg, dataset, resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+    return cfg, dataset, resolve_model_config(cfg.model, info, spec.seq_lens, source)
 
 
 def checkpoint_model_config(
@@ -319,12 +376,11 @@ def load_checkpoint_model(
     did: `verified`) and every weight must be finite after loading."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
-    reason = incomplete_reason(ckpt)
-    if reason is not None:
+    if incomplete_reason(ckpt) is not None:
         have = complete_steps(run_dir)
         raise ExportError(
-            f"{ckpt} is not a complete checkpoint ({reason}); complete steps in "
-            f"{run_dir}: {', '.join(map(str, have)) or 'none'}"
+            f"{run_dir} has no complete checkpoint of step {step}: {missing_step_reason(run_dir, step)}; "
+            f"complete checkpoints: {', '.join(map(str, have)) or 'none'}"
         )
     if not verified:
         try:
@@ -346,15 +402,33 @@ def load_checkpoint_model(
 
 
 def export_checkpoint(
-    run_dir: str | Path, step: int | None = None, log=None, *, verified: bool = False
+    run_dir: str | Path,
+    step: int | None = None,
+    log=None,
+    *,
+    verified: bool = False,
+    out: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Path:
     """Export checkpoint `step` (None: the newest complete one that verifies, saying which and what
     newer ones were passed over through `log`) to RUN/exports/step-N; an export that already
     exists is verified and returned as is. `verified`: the caller has just checked the
-    checkpoint's files (the trainer, which hashed them as it wrote them)."""
+    checkpoint's files (the trainer, which hashed them as it wrote them). `out`, `dtype`: a copy
+    in another directory, e.g. bf16 to publish; RUN/exports/step-N stays the run's fp32 export (eval
+    scores it), and where the checkpoint is gone the copy is made from that export."""
     run_dir = Path(run_dir)
+    if out is None and dtype != torch.float32:
+        raise ExportError(
+            f"{run_dir / EXPORTS_DIR}/step-N are the run's fp32 exports (eval scores them): give --out DIR "
+            f"for a {_dtype_name(dtype)} copy"
+        )
+    out = None if out is None else Path(out)
+    if out is not None and out.exists():
+        raise ExportError(f"{out} already exists; choose another --out or remove it")
+    if step is not None and step < 0:
+        raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step)}")
     if step == 0:
-        return export_base(run_dir, log)
+        return export_base(run_dir, log, out=out, dtype=dtype)
     if step is None:
         path, _, passed_over = newest_verified(run_dir)
         for skipped, reason in passed_over if log is not None else ():
@@ -364,61 +438,133 @@ def export_checkpoint(
         step, verified = step_of(path), True
         if log is not None:
             log(f"exporting step {step}, the newest complete checkpoint that verifies")
-    out = export_dir(run_dir, step)
-    if out.is_dir():
-        note = verify_export(out)
+    run_export = export_dir(run_dir, step)
+    if run_export.is_dir() and (out is None or incomplete_reason(checkpoint_dir(run_dir, step)) is not None):
+        note = verify_export(run_export)
         if note and log is not None:
             log(note)
-        return out
+        if out is None:
+            return run_export
+        _, dataset, _ = run_model_config(run_dir)
+        model, mcfg = export_model(run_export)
+        meta = {"step": step, "copied_from": str(run_export.resolve())}
+        return export_hf(
+            model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype, base=base_files(run_dir)
+        )
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
+    meta = {"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())}
+    target = out or run_export
     return export_hf(
-        model.state_dict(),
-        mcfg,
-        dataset,
-        out,
-        meta={"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())},
+        model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
     )
 
 
-def export_base(run_dir: str | Path, log=None) -> Path:
+def export_model(export: Path) -> tuple[Transformer, ModelConfig]:
+    """The model of a (verified) export, read back through init_from's loading path, and its config."""
+    try:
+        recorded = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))["model_config"]
+        mcfg = ModelConfig(**recorded)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExportError(
+            f"{export / EXPORT_META} is unusable ({type(e).__name__}: {e}); re-export the step"
+        ) from None
+    model = Transformer(mcfg)
+    load_base_weights(model, export)
+    return model, mcfg
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, str(dtype))
+
+
+def export_base(
+    run_dir: str | Path, log=None, *, out: Path | None = None, dtype: torch.dtype = torch.float32
+) -> Path:
     """Step 0 of a run from a base model ([model] init_from): the base itself, exported like any
     step (fp32, the base's bf16/fp16 upcast exactly) from the base's files, which must still be the
-    base the run's checkpoints record (init_from_sha256). No step-0 checkpoint is kept: the base
-    is step 0, so only this export needs it; every checkpoint holds its own weights."""
+    base the run started from: its identity (init_from_sha256, which the checkpoints record too)
+    and the bytes of its weights (RUN/base/base.json). No step-0 checkpoint is kept: the base is
+    step 0, so only this export needs it; every checkpoint holds its own weights."""
     run_dir = Path(run_dir)
-    out = export_dir(run_dir, 0)
-    if out.is_dir():
+    cfg = run_config(run_dir)
+    if not cfg.model.init_from:
+        raise ExportError(f"{run_dir} has no step 0 to export: {missing_step_reason(run_dir, 0)}")
+    record = read_base_record(run_dir)
+    if out is None and export_dir(run_dir, 0).is_dir():
+        out = export_dir(run_dir, 0)
         note = verify_export(out)
         if note and log is not None:
             log(note)
+        _check_base_export(out, run_dir, record)
         return out
-    cfg = run_config(run_dir)
-    if not cfg.model.init_from:
-        raise ExportError(
-            f"{run_dir} has no step 0 to export: it started from random initialisation (step 0 is a run's "
-            "base model, model.init_from); export a checkpoint's step"
-        )
-    dataset = tokenizer_dir(sources_of(cfg)[0].dataset, cache_of(cfg))
+    spec = resolve(cfg)
+    dataset = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
     info = read_dataset_info(dataset)
     source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
     try:
-        mcfg = resolve_model_config(cfg.model, info, seq_lens_of(cfg), source)
+        mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     except GristmillError as e:
         raise ExportError(f"step 0 of {run_dir} is its base model, which cannot be read: {e}") from None
-    recorded = resume_model_record(run_dir, "auto")
-    want = (recorded or {}).get("init_from_sha256", mcfg.init_from_sha256)
+    recorded = resume_model_record(run_dir, "auto") or record or {}
+    want = recorded.get("init_from_sha256", mcfg.init_from_sha256)
     if want != mcfg.init_from_sha256:
         raise ExportError(
             f"{source.directory} is not the base {run_dir} started from (init_from_sha256 "
-            f"{mcfg.init_from_sha256[:12]}…, its checkpoints record {want[:12]}…); restore that base to "
-            "export step 0"
+            f"{mcfg.init_from_sha256[:12]}…, the run records {want[:12]}…); restore that base to export "
+            "step 0"
+        )
+    weights = None if record is None else record.get("weights_sha256")
+    if weights is not None:
+        now = weights_sha256(source.directory)
+        for name in sorted(set(now) | set(weights)):
+            if now.get(name) != weights.get(name):
+                raise ExportError(
+                    f"{source.directory / name} is not the file {run_dir} started from (sha256 "
+                    f"{str(now.get(name))[:12]}… now, {str(weights.get(name))[:12]}… in "
+                    f"{run_dir / BASE_DIR / BASE_JSON}): the base was changed since; restore it as it was "
+                    "to export step 0"
+                )
+    elif log is not None and record is None and hub_id(mcfg.init_from) is None:
+        log(
+            f"note: {run_dir} started before gristmill recorded its base's weights (RUN/base/): the weight "
+            "bytes are not checked, only the base's config and weights index"
         )
     model = Transformer(mcfg)
     load_base_weights(model, source.directory)
     if log is not None:
         log(f"exporting step 0: the base model {mcfg.init_from} (no update applied)")
-    base = {"base": mcfg.init_from, "init_from_sha256": mcfg.init_from_sha256}
-    return export_hf(model.state_dict(), mcfg, dataset, out, meta={"step": 0, **base})
+    meta = {
+        "step": 0,
+        "base": mcfg.init_from,
+        "init_from_sha256": mcfg.init_from_sha256,
+        "base_weights_sha256": weights,
+    }
+    target = export_dir(run_dir, 0) if out is None else out
+    return export_hf(
+        model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
+    )
+
+
+def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | None) -> None:
+    """An existing exports/step-000000 must hold the base the run started from (RUN/base/base.json):
+    a run started over from an edited or other base keeps no stale step 0."""
+    if record is None:
+        return
+    try:
+        meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ExportError(
+            f"{export / EXPORT_META} is unreadable ({e}); delete {export} and export step 0 again"
+        ) from None
+    for key, want in (
+        ("init_from_sha256", record["init_from_sha256"]),
+        ("base_weights_sha256", record["weights_sha256"]),
+    ):
+        if meta.get(key) != want:
+            raise ExportError(
+                f"{export} holds another base than {run_dir} started from ({key} differs from "
+                f"{run_dir / BASE_DIR / BASE_JSON}); delete it and export step 0 again"
+            )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -430,9 +576,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint step to export (default: the newest complete one; 0: a run's base model, "
         "model.init_from)",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights' dtype (default fp32, the master weights; bf16 halves the size: needs --out)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write the export to DIR (a new directory) instead of RUN/exports/step-N; made from the "
+        "checkpoint, or from RUN/exports/step-N when the checkpoint is gone",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    out = export_checkpoint(args.run, args.step, log=print)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype)
     print(f"export: {out}")
     return 0

@@ -20,8 +20,11 @@ Three steps, each checked rather than trusted:
   one shard-sized fp32 temporary. Rank 0 reading and scattering would need the full model to pass
   through one process and a collective per tensor, for nothing: every rank can read the files.
 - `check_base_data` refuses, before step 1, a dataset that does not match the base: another
-  tokenizer.json (by a normalised hash), a vocabulary larger than the model's, or a separator that
-  is not one of the base's special tokens.
+  tokenizer.json (by what decides the ids, so a re-saved copy matches), a vocabulary larger than
+  the model's, or a separator that is not one of the base's special tokens.
+
+Refused in one line too: RoPE spellings that disagree, a tied config over a different stored head,
+a weights file shorter than its header, a NaN or inf in the weights.
 
 `base_sha256` is the base's identity (config.json and the weights index: names, dtypes, shapes,
 offsets and file sizes, not the bytes of the weights, which would take a minute to hash on an 8B);
@@ -66,6 +69,7 @@ BASE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_siz
 """The ModelConfig fields a base's config.json decides (`base_model_fields`), with LLAMA3_FIELDS
 when its RoPE is "llama3"."""
 LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len")
+HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 # Tensors some LlamaForCausalLM files carry that hold nothing to load (RoPE's buffer is recomputed).
 _IGNORED = ("rotary_emb.inv_freq",)
 
@@ -106,18 +110,19 @@ def _refuse(path: Path, key: str, value: Any, why: str) -> ConfigError:
     )
 
 
-def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
-    """RoPE fields from `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (4)."""
-    key = "rope_parameters" if isinstance(c.get("rope_parameters"), dict) else "rope_scaling"
-    params = c.get(key) or {}
+def _rope_spelling(c: dict[str, Any], path: Path, key: str, params: Any, theta: Any) -> dict[str, Any]:
+    """RoPE fields from one spelling: `params` (the table under `key`) and its θ."""
     if not isinstance(params, dict):
-        raise _refuse(path, key, params, "expected a table of RoPE parameters")
+        raise _refuse(path, key, params, "expected a table of RoPE parameters, as transformers requires")
     if any(isinstance(v, dict) for v in params.values()):
         raise _refuse(path, key, params, "per-layer-type RoPE parameters")
     rope_type = params.get("rope_type", params.get("type", "default"))
-    theta = params.get("rope_theta", c.get("rope_theta", 10000.0))  # LlamaConfig's default θ
-    if params.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise _refuse(path, "partial_rotary_factor", params.get("partial_rotary_factor"), "partial RoPE")
+    # transformers 5 moved partial_rotary_factor under rope_parameters; 4 reads it at the top level.
+    where = params if "partial_rotary_factor" in params else c
+    partial = where.get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        name = f"{key}.partial_rotary_factor" if where is params else "partial_rotary_factor"
+        raise _refuse(path, name, partial, "partial RoPE")
     fields: dict[str, Any] = {"rope_theta": float(theta), "rope_type": rope_type}
     if rope_type == "default":
         return fields
@@ -137,6 +142,33 @@ def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
         "rope_high_freq_factor": float(params["high_freq_factor"]),
         "rope_original_max_seq_len": int(original),
     }
+
+
+def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
+    """RoPE fields from `rope_parameters` (transformers 5) or `rope_scaling` + `rope_theta` (4).
+    A config that holds both spellings must say the same in both: which one wins differs between
+    transformers versions, so a disagreement is refused rather than resolved by a guess."""
+    top_theta = c.get("rope_theta", 10000.0)  # LlamaConfig's default θ
+    if c.get("rope_parameters") is None:
+        return _rope_spelling(c, path, "rope_scaling", c.get("rope_scaling") or {}, top_theta)
+    v5 = c["rope_parameters"]
+    theta = v5.get("rope_theta", top_theta) if isinstance(v5, dict) else top_theta
+    fields = _rope_spelling(c, path, "rope_parameters", v5, theta)
+    other = None
+    if "rope_scaling" in c:
+        if _rope_spelling(c, path, "rope_scaling", c["rope_scaling"] or {}, top_theta) != fields:
+            other = f"rope_scaling = {json.dumps(c['rope_scaling'])}"
+            other += f" with rope_theta = {json.dumps(c['rope_theta'])}" if "rope_theta" in c else ""
+    elif "rope_theta" in c and float(c["rope_theta"]) != fields["rope_theta"]:
+        other = f"rope_theta = {json.dumps(c['rope_theta'])}"
+    if other is not None:
+        raise ConfigError(
+            f"{path}: rope_parameters = {json.dumps(v5)} and {other} describe different RoPE; "
+            "transformers versions differ in which one they read, so gristmill reads neither: keep the one "
+            "the base was trained with and delete the other",
+            "model.init_from",
+        )
+    return fields
 
 
 def base_model_fields(base: str | Path) -> dict[str, Any]:
@@ -162,6 +194,9 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
     if head_dim is not None and (dim % heads or head_dim != dim // heads):
         why = f"it uses hidden_size / num_attention_heads = {dim / heads:g}"
         raise _refuse(path, "head_dim", head_dim, why)
+    tie = bool(c.get("tie_word_embeddings", False))
+    if tie:
+        _check_tied_head(Path(base), path)
     return {
         "dim": dim,
         "n_layers": c["num_hidden_layers"],
@@ -170,10 +205,32 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
         "ffn_dim": c["intermediate_size"],
         "vocab_size": c["vocab_size"],
         "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
-        "tie_embeddings": bool(c.get("tie_word_embeddings", False)),
+        "tie_embeddings": tie,
         "max_seq_len": int(c.get("max_position_embeddings", 2048)),
         **_rope_fields(c, path),
     }
+
+
+def _check_tied_head(base: Path, config: Path) -> None:
+    """tie_word_embeddings = true over weights that store an lm_head.weight unlike the embedding:
+    transformers 5 then keeps the two apart (with a warning), older versions tie them and drop the
+    head, so the same files are two different models. Refused; a stored head equal to the
+    embedding is the tied model written out in full, and fine."""
+    index = weights_index(base)
+    if HEAD not in index or EMBEDDING not in index:
+        return
+    head, embedding = _read(base, index[HEAD], HEAD), _read(base, index[EMBEDDING], EMBEDDING)
+    if head.dtype != embedding.dtype:  # a copy upcast only where the files disagree
+        head, embedding = head.float(), embedding.float()
+    if head.shape == embedding.shape and torch.equal(head, embedding):
+        return
+    raise ConfigError(
+        f"{config}: tie_word_embeddings = true, but {base / index[HEAD]['file']} holds an {HEAD} unlike "
+        f"{EMBEDDING} (transformers 5 keeps the two apart, older versions tie them: two different "
+        "models); set tie_word_embeddings = false to train both as stored, or remove lm_head.weight from "
+        "the weights to tie the head to the embedding",
+        "model.init_from",
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -223,6 +280,15 @@ def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
             begin, end = h["data_offsets"]
             index[tensor] = {"file": name, "dtype": h["dtype"], "shape": h["shape"],
                              "start": data + begin, "end": data + end}  # fmt: skip
+        # A cut-off download or copy: numpy's memory map would fail later with "mmap length is
+        # greater than file size", naming neither file nor fix.
+        need = data + max((h["data_offsets"][1] for h in header.values()), default=0)
+        size = (base / name).stat().st_size
+        if size < need:
+            raise BaseModelError(
+                f"{base / name} is truncated: its header describes {need:,} bytes, the file holds {size:,}; "
+                "download or copy it again"
+            )
     missing = sorted(set(weight_map or ()) - set(index))
     if missing:
         raise BaseModelError(f"{base / INDEX_JSON} names {missing[:3]} but their files do not hold them")
@@ -294,9 +360,17 @@ def load_base_weights(model: torch.nn.Module, base: str | Path) -> None:
         if part.shape != local.shape:
             raise BaseModelError(f"{hf}: shard of shape {list(part.shape)} for a local {list(local.shape)}")
         local.copy_(part)
+        # A NaN or inf in the base would make step 1 non-finite, read as a divergence (lower the
+        # LR) when the files are at fault. Each rank checks the rows it copied; the sum is one pass.
+        if not torch.isfinite(local.sum(dtype=torch.float32)) and not bool(torch.isfinite(local).all()):
+            nan, inf = int(local.isnan().sum()), int(local.isinf().sum())
+            raise BaseModelError(
+                f"{base / entry['file']}: {hf} holds {nan:,} NaN and {inf:,} inf values; the base model's "
+                "weights must be finite to train from: use an intact copy of the base"
+            )
         used.add(hf)
     tied = getattr(getattr(model, "cfg", None), "tie_embeddings", False)
-    spare = {"lm_head.weight"} if tied else set()  # a tied checkpoint may store the head anyway
+    spare = {HEAD} if tied else set()  # a tied checkpoint may store the head anyway
     left = sorted(n for n in set(index) - used - spare if not n.endswith(_IGNORED))
     if left:
         raise BaseModelError(
@@ -309,13 +383,26 @@ def load_base_weights(model: torch.nn.Module, base: str | Path) -> None:
 # The data must match the model
 
 
+# The parts of a tokenizer.json that decide which ids a text becomes (the build encodes without the
+# post-processor; the decoder only turns ids back into text; truncation and padding are unused).
+_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
+
+
 def _tokenizer_hash(path: Path) -> str:
-    """sha256 of tokenizer.json as canonical JSON (keys sorted, compact), so a re-saved copy with
-    other whitespace or key order is the same tokenizer."""
+    """sha256 of what decides the ids (`_ID_SECTIONS`: special tokens, normalizer, pre-tokenizer,
+    vocabulary and merges) as canonical JSON (keys sorted, compact), so a copy re-saved by another
+    version of `tokenizers` (other whitespace, key order, merges as "a b" or ["a", "b"]) is the same
+    tokenizer."""
     try:
-        return json_sha256(json.loads(path.read_text(encoding="utf-8")))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise BaseModelError(f"{path} is not valid JSON ({e})") from None
+    content = {k: data.get(k) for k in _ID_SECTIONS}
+    model = content["model"]
+    if isinstance(model, dict) and isinstance(model.get("merges"), list):
+        merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
+        content["model"] = model | {"merges": merges}
+    return json_sha256(content)
 
 
 def _special_tokens(tokenizer: Path) -> dict[int, str]:
@@ -350,15 +437,25 @@ def check_base_data(
             f"{where} records no tokenizer (a dataset written without tokenizer.json), so it cannot be "
             f"checked against {base_tok}: build the dataset with the base model's tokenizer.json"
         )
-    if data_tok.is_file():
-        same = file_sha256(data_tok) == file_sha256(base_tok)
-        same = same or _tokenizer_hash(data_tok) == _tokenizer_hash(base_tok)
-    else:  # the dataset records the hash of the tokenizer it was built with
-        same = info["tokenizer_sha256"] == file_sha256(base_tok)
-    if not same:
+    if not data_tok.is_file():
+        # All there is to compare: the sha256 of the bytes the dataset was built with.
+        recorded = str(info["tokenizer_sha256"])
+        if recorded != file_sha256(base_tok):
+            raise BaseModelError(
+                f"{where} records tokenizer_sha256 {recorded[:12]}…, the bytes of the tokenizer.json the "
+                f"dataset was built with, and {base_tok} (base model) hashes to "
+                f"{file_sha256(base_tok)[:12]}…; {dataset} has no tokenizer.json to compare by content (a "
+                "re-saved copy of the same tokenizer differs in bytes): put the dataset's tokenizer.json "
+                "back, or rebuild the dataset with the base model's tokenizer.json"
+            )
+    elif file_sha256(data_tok) != file_sha256(base_tok) and _tokenizer_hash(data_tok) != _tokenizer_hash(
+        base_tok
+    ):
         raise BaseModelError(
-            f"{data_tok} (dataset) differs from {base_tok} (base model): the data was tokenized with another "
-            "tokenizer; rebuild the dataset with the base model's tokenizer.json"
+            f"{data_tok} (dataset) differs from {base_tok} (base model) in content (special tokens, "
+            "normalizer, pre-tokenizer, vocabulary or merges: what decides the ids, compared so that a "
+            "re-saved copy matches): the data was tokenized with another tokenizer; rebuild the dataset "
+            "with the base model's tokenizer.json"
         )
     sep, notes = int(info["separator"]["id"]), []
     special = _special_tokens(base_tok)

@@ -34,11 +34,16 @@ from training.contract.integrity import damaged_files
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
+    CONFIG_TOML,
     DCP_METADATA,
+    EVAL_DIR,
+    EXPORTS_DIR,
+    METRICS_JSONL,
     checkpoint_dir,
     complete_steps,
     incomplete_reason,
     list_steps,
+    step_name,
 )
 
 
@@ -279,3 +284,83 @@ def load_or_raise(
         if isinstance(e, KeyboardInterrupt | SystemExit):
             raise
         raise error(f"cannot {what} {path}: {checkpoint_error_cause(e)}") from None
+
+
+def missing_step_reason(run_dir: str | Path, step: int) -> str:
+    """Why run `run_dir` holds no checkpoint of `step` (the one answer `gristmill export`, `eval
+    --step` and `verify --step` give): not a step, past the run's end, set aside by a rewind (or a
+    resume from an earlier checkpoint), skipped by a rewind, an incomplete save, not trained yet,
+    never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). A clause
+    that starts with "step N"."""
+    from training.config import TrainConfig
+    from training.config_checks import phases_of
+    from training.contract.config_loader import load_config
+    from training.data.recipe import recorded_skips
+    from training.metrics import kept_rows, read_metrics
+
+    run_dir = Path(run_dir)
+    if step < 0:
+        return (
+            f"step {step} is no step: steps count from 1, the first trained (0: the base model of a run "
+            "with model.init_from)"
+        )
+    try:
+        cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
+        last = cfg.run.max_steps or sum(ph.steps for ph in phases_of(cfg))
+    except (GristmillError, OSError):
+        cfg, last = None, None
+    if step == 0 and cfg is not None and cfg.model.init_from:
+        return (
+            "step 0 is the run's base model, which no checkpoint holds: `gristmill export RUN --step 0` "
+            "writes it from the base's files"
+        )
+    if step == 0:
+        return (
+            f"step 0 is a run's base model (model.init_from), and {run_dir} started from random "
+            "initialisation; its first checkpoint is a trained step"
+        )
+    if last is not None and step > last:
+        return f"step {step} is past the run's last step, {last}"
+    name = step_name(step)
+    aside = sorted(
+        p.relative_to(run_dir)
+        for sub in (CHECKPOINTS_DIR, EXPORTS_DIR, EVAL_DIR)
+        for p in (run_dir / sub).glob(f"abandoned-{name}*")
+        if p.name == f"abandoned-{name}" or p.name.startswith(f"abandoned-{name}.")
+    )
+    skip = next((s for s in recorded_skips(run_dir) if s.first_step <= step <= s.last_step), None)
+    skipped = f"rewind {skip.rewind} skipped steps {skip.first_step}–{skip.last_step}" if skip else ""
+    if aside:
+        return (
+            f"step {step} was set aside ({', '.join(map(str, aside))}): a rewind, or a resume from an "
+            f"earlier checkpoint, discarded the timeline that held it{f'; then {skipped}' if skip else ''}"
+        )
+    if skip:
+        return f"step {step} was never trained: {skipped} (their data is never trained on)"
+    reason = incomplete_reason(checkpoint_dir(run_dir, step))
+    if (checkpoint_dir(run_dir, step)).is_dir() and reason is not None:
+        return f"step {step}'s checkpoint is incomplete: {reason}"
+    metrics = run_dir / METRICS_JSONL
+    trained = [r["step"] for r in kept_rows(read_metrics(metrics)[0])] if metrics.is_file() else []
+    reached = max([*trained, *complete_steps(run_dir)], default=0)
+    if step > reached:
+        return f"step {step} is not trained yet: the run has reached step {reached}"
+    if cfg is None:
+        return f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}"
+    c = cfg.checkpoint
+    if not c.interval:
+        return f"step {step} was never saved: checkpoint.interval = 0 saves only on SIGTERM or Ctrl-C"
+    if step % c.interval and step != last:
+        return (
+            f"step {step} was never saved: checkpoint.interval = {c.interval} saves every {c.interval} steps "
+            f"and the last ({last})"
+        )
+    return (
+        f"step {step}'s checkpoint was deleted by retention: checkpoint.keep_last = {c.keep_last} keeps the "
+        "newest complete ones"
+        + (
+            f" (exports every checkpoint.export_interval = {c.export_interval} steps stay)"
+            if c.export_interval
+            else ""
+        )
+    )

@@ -1,6 +1,7 @@
 """Everything a checkpoint must capture, as `Stateful` objects grouped in one dict.
 
-`checkpointables(...)` returns {"model", "optimizer", "lr_scheduler", "dataloader", "train_state"};
+`checkpointables(...)` returns {"model", "optimizer", "lr_scheduler", "dataloader", "train_state",
+"timeline"};
 each value has state_dict()/load_state_dict(), so a DCP checkpointer can be handed the dict as is
 (`dcp.save(states, ...)` / `dcp.load(states, ...)`). Model and optimizer go through
 torch.distributed.checkpoint.state_dict, which yields sharded (DTensor) state under FSDP2 and plain
@@ -26,22 +27,27 @@ from torch.distributed.checkpoint.state_dict import (
 
 
 class TrainState:
-    """Step counter, tokens seen, the spike detector's window of recent losses and this process's RNG
-    streams (Python, numpy, torch CPU and CUDA).
+    """Step counter, tokens seen, the spike detector's window of recent losses, the step's metrics row
+    still to be written, and this process's RNG streams (Python, numpy, torch CPU and CUDA).
 
     The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
     DCP keeps one copy of values that have the same key on every rank. Everything is a tensor, a
     plain number or a string, so loading needs no unpickling (see training.checkpoint.checkpointer).
-    The losses are there because a rewind (training/rewind.py) acts on what the detector decides:
-    a resume must decide the same. Before loading, `expect(keys)` with the checkpoint's keys: an
-    entry the checkpoint lacks is not asked for and keeps its value (a resume onto more ranks keeps
-    the new ranks' own RNG streams; an older checkpoint has no losses).
+    The losses are there because a rewind (training/run/rewind.py) acts on what the detector decides:
+    a resume must decide the same. `pending` is there because a step's checkpoint is saved before its
+    validation, eval and metrics row (so that an eval that dies costs no training): a kill in between
+    leaves a checkpoint whose step has no row, which a resume then finishes (training/train.py).
+    Before loading, `expect(keys)` with the checkpoint's keys: an entry the checkpoint lacks is not
+    asked for and keeps its value (a resume onto more ranks keeps the new ranks' own RNG streams; an
+    older checkpoint has no losses and no pending row).
     """
 
     def __init__(self, rank: int = 0) -> None:
         self.step = 0
         self.tokens_seen = 0
-        self.recent_losses: list[float] = []  # training/divergence.SpikeDetector's window
+        self.recent_losses: list[float] = []  # training/run/verdict.SpikeDetector's window
+        # {"row": the metrics row of the step being saved, "validate": bool, "evaluate": bool}, or None
+        self.pending: dict[str, Any] | None = None
         self.rank = rank
         self._saved_keys: set[str] | None = None  # None: every entry (a save)
 
@@ -62,6 +68,8 @@ class TrainState:
         if self._has("recent_losses"):
             # json keeps every float exactly (shortest round-trip repr); a list would change shape.
             state["recent_losses"] = json.dumps(self.recent_losses)
+        if self._has("pending"):
+            state["pending"] = json.dumps(self.pending)  # NaN losses too (json's NaN)
         if self._has(self.rng_key):
             state[self.rng_key] = rng_state()
         return state
@@ -71,6 +79,7 @@ class TrainState:
         self.tokens_seen = int(state["tokens_seen"])
         # A checkpoint from before the window was saved restores an empty one (what a resume starts with).
         self.recent_losses[:] = json.loads(state["recent_losses"]) if "recent_losses" in state else []
+        self.pending = json.loads(state["pending"]) if "pending" in state else None
         if self.rng_key in state:
             set_rng_state(state[self.rng_key])
 
@@ -143,12 +152,14 @@ class OptimizerState:
             group.update(own)
 
 
-def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState) -> dict[str, Any]:
-    """The one dict the checkpoint code saves and restores."""
+def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState, timeline) -> dict[str, Any]:
+    """The one dict the checkpoint code saves and restores (`timeline`: training/run/timeline.Timeline,
+    the run's rewinds)."""
     return {
         "model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer),
         "lr_scheduler": scheduler,
         "dataloader": loader,
         "train_state": train_state,
+        "timeline": timeline,
     }

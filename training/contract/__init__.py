@@ -10,6 +10,7 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     atomic_write   write_atomic / atomic_path: a file is replaced whole (temporary name, fsync, rename)
     disk_space     free_bytes, the free-disk check (DiskFullError) and fmt_bytes, for build, download
                    and checkpoints
+    separator_check the separator rule (one per document, first or last), for tokenizer, validator, loader
 
 The rule, enforced by tests/test_layering.py: standard library, numpy and pyarrow only — nothing
 from torch, datatrove, duckdb, tokenizers or lm-eval, and nothing from training/ outside

@@ -1,6 +1,6 @@
 """Names inside a training run directory (docs/design.md "Training run directory"), in one place.
 
-    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/
+    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/  base/
 
 Step directories are zero-padded to six digits so a plain sort is a step sort; steps past 999,999
 simply grow a digit (`step_of` parses either). A checkpoint directory is complete only when DCP's
@@ -9,8 +9,10 @@ simply grow a digit (`step_of` parses either). A checkpoint directory is complet
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 CONFIG_TOML = "config.toml"
 CHECKPOINTS_DIR = "checkpoints"
@@ -18,11 +20,15 @@ EXPORTS_DIR = "exports"
 EVAL_DIR = "eval"
 DCP_METADATA = ".metadata"
 COMPLETE_FILE = "COMPLETE"
-LOCK_FILE = ".gristmill.lock"  # training.run_lock: one writer per run directory
+LOCK_FILE = ".gristmill.lock"  # training.run.lock: one writer per run directory
 METRICS_JSONL = "metrics.jsonl"
+LOSS_PNG = "loss.png"  # train and validation loss against step, the timeline's rewinds marked
 PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
 CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
-DATA_PLAN_JSON = "data_plan.json"  # the plan as the run started (sources' fingerprints), read without torch
+DATA_PLAN_JSON = "data_plan.json"  # the plan and its skips (sources' fingerprints), read without torch
+EVAL_PARQUET = "eval.parquet"  # every RUN/eval/step-N/results.json as rows (validation/eval_results.py)
+EVAL_PLOT = "eval.png"
+BASE_DIR = "base"  # a run from a base model: its identity and small files (checkpoint/base_record.py)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -33,6 +39,21 @@ def is_training_run(path: str | Path) -> bool:
     from training.contract.dataset_format import DATASET_JSON  # numpy/pyarrow: only when asked
 
     return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
+
+
+def read_json_record(path: Path, list_key: str) -> dict[str, Any] | None:
+    """The JSON object in `path` that holds a list under `list_key` (RUN/data_plan.json's sources,
+    RUN/base/base.json's files), or None when `path` does not exist; a file that is unreadable or
+    not such an object is a ValueError saying what is wrong (the caller names the file's fix)."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get(list_key), list):
+        raise ValueError(f"not a JSON object with a {list_key!r} list")
+    return data
 
 
 def step_name(step: int) -> str:
@@ -47,6 +68,19 @@ def abandoned_name(path: Path) -> Path:
         n += 1
         target = path.with_name(f"abandoned-{path.name}.{n}")
     return target
+
+
+def set_aside_after(parent: str | Path, after: int) -> list[tuple[Path, Path]]:
+    """Every `step-N` directory under `parent` with N > `after` renamed abandoned-step-N (a discarded
+    timeline's: kept, never overwritten, out of every step listing); returns (old, new) paths."""
+    moved = []
+    for step in list_steps(parent):
+        if step > after:
+            path = Path(parent) / step_name(step)
+            target = abandoned_name(path)
+            path.rename(target)
+            moved.append((path, target))
+    return moved
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:

@@ -27,6 +27,7 @@ from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZ
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
+from training.data.plan import skip_of
 from training.data.remote import CacheSettings, add_cache_argument, ensure_dirs
 
 
@@ -141,14 +142,14 @@ def _run_mode(args: argparse.Namespace) -> int:
     )
 
     cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
-    check_config(cfg, args.world_size)
-    tables = open_sources(cfg)
-    plan = build_plan(cfg, tables)
+    spec = check_config(cfg, args.world_size)
+    tables = open_sources(spec)
+    plan = build_plan(cfg, spec, tables)
     note = check_recorded_plan(Path(args.dataset), plan, tables)  # a rebuilt source: refused here
     if note:
         print(f"note: {note}", file=sys.stderr)
-    # The rewinds are the run's history, not its config: the recorded plan has them.
-    plan.skips[:] = recorded_skips(Path(args.dataset))
+    # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.
+    skips = recorded_skips(Path(args.dataset))
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,
@@ -164,20 +165,20 @@ def _run_mode(args: argparse.Namespace) -> int:
         + ", ".join(f"{s.name} = {s.dataset}" for s in plan.sources)
         + f"; seed {plan.seed}; rank {args.rank}/{args.world_size}"
     )
-    if plan.skips:
-        skipped = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps))
-        print(f"# {len(plan.skips)} rewind(s), {skipped:,} tokens skipped (read, never trained):")
-        for line in skip_lines(plan):
+    if skips:
+        skipped = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps, skips))
+        print(f"# {len(skips)} rewind(s), {skipped:,} tokens skipped (read, never trained):")
+        for line in skip_lines(plan, skips):
             print(f"#   {line}")
     if args.hash:
         for s, micro in zip(range(step, end), loader):
-            skip = plan.skip_of(s)
+            skip = skip_of(skips, s)
             print(f"{s} {batch_sha256(micro)}" + (f" skipped (rewind {skip.rewind})" if skip else ""))
         return 0
     micro = next(iter(loader))
     p, k = plan.locate(step - 1)
     ph = plan.phases[p]
-    skip = plan.skip_of(step)
+    skip = skip_of(skips, step)
     skipped = (
         f"; SKIPPED by rewind {skip.rewind} ({skip_cause(skip)}): these windows were not trained on"
         if skip
@@ -230,11 +231,38 @@ def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro
             where = f"{plan.sources[i].name} row {doc} " if many else ""
             line = f"  {where}{key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
             if decoders[i] is not None:
-                text = decoders[i].decode(tokens[a:b].tolist(), skip_special_tokens=False)
+                text = piece_text(decoders[i], tables[i], doc, first, b - a)
                 line += f": {text[:160] + ('…' if len(text) > 160 else '')!r}"
             print(line)
     if show < nrows:
         print(f"… {nrows - show} more rows (--max-rows 0 prints all)")
+
+
+# A character is at most 4 UTF-8 bytes and a token at least 1: 3 tokens on either side of a cut hold
+# the rest of any character the cut splits.
+_CONTEXT = 3
+
+
+def piece_text(decoder, table, doc: int, first: int, count: int) -> str:
+    """The text of tokens [first, first + count) of document `doc` (manifest row) of `table`, less
+    the parts of characters the window's edges cut: a token may hold some of the bytes of a
+    multi-byte character, which alone decode as U+FFFD. Decoded with up to 3 tokens of the document
+    on either side; what the context before decodes to is cut off the front (a character it
+    completes included), and a trailing U+FFFD that the context after completes is dropped. A U+FFFD
+    that is in the document stays."""
+    lo, hi = max(0, first - _CONTEXT), min(int(table.lengths[doc]), first + count + _CONTEXT)
+    ids = table.read(np.array([doc]), np.array([lo]), np.array([hi - lo])).tolist()
+    a, b = first - lo, first - lo + count
+
+    def decode(part: list[int]) -> str:
+        return decoder.decode(part, skip_special_tokens=False)
+
+    upto_b = decode(ids[:b])
+    text = upto_b[len(decode(ids[:a])) :]
+    whole = decode(ids)
+    if text.endswith("\ufffd") and whole[len(upto_b) - 1 : len(upto_b)] != "\ufffd":
+        text = text[:-1]  # the start of a character the context after completes
+    return text
 
 
 def _tokenizer(root: Path):

@@ -86,7 +86,7 @@ class BatchBuilder:
         world_size: int,
         check_separators: bool,
     ):
-        self.data_plan, self.tables = plan, tables
+        self.plan, self.tables = plan, tables
         self.micro_batch = per_phase(micro_batch, len(plan.phases))
         self.seed, self.rank, self.world_size = plan.seed, rank, world_size
         self.check = check_separators
@@ -132,11 +132,11 @@ class BatchBuilder:
     def segments(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """This rank's part of global step `step` as (source, manifest row, first token, count)
         pieces, in batch order."""
-        labels, epochs, first = self.data_plan.step_windows(step)
+        labels, epochs, first = self.plan.step_windows(step)
         rows = len(labels) // self.world_size
         cut = slice(self.rank * rows, (self.rank + 1) * rows)
         labels, epochs, first = labels[cut], epochs[cut], first[cut]
-        window = self.data_plan.phases[self.data_plan.locate(step)[0]].seq_len + 1
+        window = self.plan.phases[self.plan.locate(step)[0]].seq_len + 1
         # Runs of slots that are consecutive windows of one stream: one range each.
         brk = np.ones(rows, bool)
         brk[1:] = (
@@ -181,8 +181,8 @@ class BatchBuilder:
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:
         _, _, starts, counts, tokens = self.read(step)
-        p = self.data_plan.locate(step)[0]
-        return micro_batches(tokens, starts, counts, self.data_plan.phases[p].seq_len, self.micro_batch[p])
+        p = self.plan.locate(step)[0]
+        return micro_batches(tokens, starts, counts, self.plan.phases[p].seq_len, self.micro_batch[p])
 
 
 def per_phase(micro_batch: int | tuple[int, ...], phases: int) -> tuple[int, ...]:
@@ -326,6 +326,7 @@ class TokenLoader:
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.resume_notes: list[str] = []
+        self.saved_skips: tuple[data_plan.Skip, ...] = ()
         self._step = 0  # global steps handed to the consumer
         self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
 
@@ -351,7 +352,7 @@ class TokenLoader:
 
     @property
     def plan(self) -> data_plan.Plan:
-        return self._builder.data_plan
+        return self._builder.plan
 
     @property
     def step(self) -> int:
@@ -380,8 +381,9 @@ class TokenLoader:
             )
         except data_plan.PlanError as e:
             raise LoaderStateError(str(e)) from None
-        # The rewinds' skips are the run's history, not its config: the checkpoint's are the run's.
-        self.plan.skips[:] = data_plan.skips_from(saved)
+        # A checkpoint from before the run's timeline was saved on its own kept the rewinds' skips in
+        # the plan's description: read here, adopted by the timeline (checkpointer._load).
+        self.saved_skips = data_plan.skips_from(saved)
         self._step = step
         self._generation += 1
 

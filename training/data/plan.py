@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 from typing import Any
@@ -99,7 +100,7 @@ class Phase:
 
 @dataclass(frozen=True)
 class Skip:
-    """Steps a rewind past a loss spike did not train (training/rewind.py): part of the run's
+    """Steps a rewind past a loss spike did not train (training/run/rewind.py): part of the run's
     history, not of its config, so a plan built from the config has none and a resume adopts the
     checkpoint's. The steps keep their numbers, windows and LR; their windows are never fed."""
 
@@ -117,10 +118,29 @@ class Skip:
             )
 
 
-def skips_from(description: dict[str, Any]) -> list[Skip]:
-    """The rewinds' skips a plan description (a checkpoint's, RUN/data_plan.json) records."""
+def skips_from(description: dict[str, Any]) -> tuple[Skip, ...]:
+    """The rewinds' skips a plan description (RUN/data_plan.json, an older checkpoint's) records."""
     names = [f.name for f in fields(Skip)]
-    return [Skip(**{k: s[k] for k in names}) for s in description.get("skips", [])]
+    return tuple(Skip(**{k: s[k] for k in names}) for s in description.get("skips", []))
+
+
+def skip_of(skips: Sequence[Skip], step: int) -> Skip | None:
+    """The skip global step `step` (from 1) lies in, or None when it is (to be) trained."""
+    return next((s for s in skips if s.first_step <= step <= s.last_step), None)
+
+
+def _skipped_ranges(skips: Sequence[Skip], step: int) -> list[tuple[int, int]]:
+    """The skipped steps among the first `step`, as disjoint 0-based ranges [a, b) (two rewinds
+    may skip one step: it counts once)."""
+    merged: list[list[int]] = []
+    for a, b in sorted((s.first_step - 1, min(s.last_step, step)) for s in skips):
+        if a >= b:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged]
 
 
 @dataclass
@@ -146,8 +166,6 @@ class Plan:
     # Per phase, the config key each field came from ("peak" -> "optim.lr", "steps" -> "schedule.steps"):
     # a refused resume names what the user wrote (recipe.build_plan fills it; not part of the plan).
     keys: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
-    # The rewinds' skipped steps so far, oldest first (history: see Skip).
-    skips: list[Skip] = field(default_factory=list, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sources or not self.phases:
@@ -300,10 +318,6 @@ class Plan:
         sizes = np.minimum(PLACE_RUN, counts[run_src] - nth * PLACE_RUN)
         return np.repeat(run_src, sizes)
 
-    def skip_of(self, step: int) -> Skip | None:
-        """The skip global step `step` (from 1) lies in, or None when it is (to be) trained."""
-        return next((s for s in self.skips if s.first_step <= step <= s.last_step), None)
-
     # -- learning rate --
     def lr(self, step: int) -> float:
         """The learning rate of 0-based global step `step`."""
@@ -344,30 +358,18 @@ class Plan:
                 out.append((p, ka, kb, self.cumulative(p, kb) - self.cumulative(p, ka)))
         return out
 
-    def _skipped_ranges(self, step: int) -> list[tuple[int, int]]:
-        """The skipped steps among the first `step`, as disjoint 0-based ranges [a, b) (two rewinds
-        may skip one step: it counts once)."""
-        merged: list[list[int]] = []
-        for a, b in sorted((s.first_step - 1, min(s.last_step, step)) for s in self.skips):
-            if a >= b:
-                continue
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        return [(a, b) for a, b in merged]
-
-    def consumed(self, step: int) -> list[dict[str, Any]]:
-        """After `step` global steps: per (phase, source) the steps, the windows trained and their
-        tokens (windows × seq_len), the windows of skipped steps (`skips`) and their tokens, the
-        stream tokens read ((trained + skipped windows) × (seq_len + 1): a skipped window is read
-        past, never fed), the rewinds that skipped some of them, and the source's epoch."""
+    def consumed(self, step: int, skips: Sequence[Skip] = ()) -> list[dict[str, Any]]:
+        """After `step` global steps of a timeline whose rewinds skipped `skips`: per (phase, source)
+        the steps, the windows trained and their tokens (windows × seq_len), the windows of skipped
+        steps and their tokens, the stream tokens read ((trained + skipped windows) × (seq_len + 1): a
+        skipped window is read past, never fed), the rewinds that skipped some of them, and the
+        source's epoch."""
         skipped = np.zeros((len(self.phases), len(self.sources)), np.int64)
-        for a, b in self._skipped_ranges(step):
+        for a, b in _skipped_ranges(skips, step):
             for p, _, _, n in self.windows_between(a, b):
                 skipped[p] += n
         rewinds: dict[tuple[int, int], set[int]] = {}
-        for s in self.skips:
+        for s in skips:
             for p, _, _, n in self.windows_between(s.first_step - 1, min(s.last_step, step)):
                 for i in np.flatnonzero(n).tolist():
                     rewinds.setdefault((p, i), set()).add(s.rewind)
@@ -466,8 +468,9 @@ class Plan:
         return dropped
 
     # -- identity and resume --
-    def describe(self) -> dict[str, Any]:
-        """Everything the batches and the learning rate depend on: what a checkpoint stores."""
+    def describe(self, skips: Sequence[Skip] = ()) -> dict[str, Any]:
+        """Everything the batches and the learning rate depend on (what a checkpoint stores), and the
+        timeline's `skips` when it has some (RUN/data_plan.json: history for readers without torch)."""
         return {
             "format": PLAN_FORMAT,
             "seed": self.seed,
@@ -493,15 +496,11 @@ class Plan:
                 for ph in self.phases
             ],
             # history, with each source's windows and stream positions for readers without torch
-            **(
-                {"skips": [{**asdict(s), "sources": self.skip_detail(s)} for s in self.skips]}
-                if self.skips
-                else {}
-            ),
+            **({"skips": [{**asdict(s), "sources": self.skip_detail(s)} for s in skips]} if skips else {}),
         }
 
-    def to_json(self) -> str:
-        return json.dumps(self.describe(), sort_keys=True, separators=(",", ":"))
+    def to_json(self, skips: Sequence[Skip] = ()) -> str:
+        return json.dumps(self.describe(skips), sort_keys=True, separators=(",", ":"))
 
 
 def integer_weights(weights: list[float]) -> tuple[int, ...]:

@@ -1,15 +1,16 @@
 """A training recipe's data plan: its sources opened and checked, the Plan built, shown as a table.
 
-`open_plan(cfg)` is what the trainer, `gristmill train --plan`, `gristmill data inspect RUN` and the
-audit's `consumption` view share: each source's training split opened (training/data/reader.py),
-the sources checked to share one tokenizer, and the recipe's phases turned into a
-training/data/plan.Plan. Needs no torch, so `--plan` answers in about a second.
+`open_plan(cfg, spec)` is what the trainer, `gristmill train --plan` and `gristmill data inspect
+RUN` share: each source of the resolved recipe (training/config_checks.RunSpec) has its training
+split opened (training/data/reader.py), the sources checked to share one tokenizer, and the
+recipe's phases turned into a training/data/plan.Plan. Needs no torch, so `--plan` answers in
+about a second.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import cache_of, phases_of, sources_of
+from training.config_checks import RunSpec
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
-from training.contract.run_layout import DATA_PLAN_JSON
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
 from training.plotting import agg_pyplot
 
 
-def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list[DocumentTable]:
-    """Each source's training split (in sources_of order); one tokenizer across them, or a DatasetError."""
-    sources = sources_of(cfg)
-    cache = cache_of(cfg)
+def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[DocumentTable]:
+    """Each source's training split (in the spec's order); one tokenizer across them, or a DatasetError.
+    Sources in a bucket are read through the spec's cache."""
+    sources = spec.sources
+    cache = spec.cache
     tables = [
         DocumentTable(
             s.dataset,
@@ -69,15 +71,15 @@ def open_sources(cfg: TrainConfig, expect_vocab_size: int | None = None) -> list
     return tables
 
 
-def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
-    """The recipe's plan over the sources' training splits (`tables`, in sources_of order).
+def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> data_plan.Plan:
+    """The recipe's plan over the sources' training splits (`tables`, in the spec's order).
 
-    Each source is read at most its max_epochs times (sources_of: unlimited for data.dataset with
-    [schedule], once under [[phase]]).
+    Each source is read at most its max_epochs times (unlimited for data.dataset with [schedule],
+    once under [[phase]]: training/config_checks.resolve).
     """
-    sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(sources_of(cfg), tables)]
+    sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(spec.sources, tables)]
     phases, prev_end = [], 0.0
-    for p, ph in enumerate(phases_of(cfg)):
+    for p, ph in enumerate(spec.phases):
         lr = ph.lr
         peak = lr.peak if lr.peak is not None else (cfg.optim.lr if p == 0 else prev_end)
         end = peak if lr.shape == "constant" else (cfg.optim.min_lr if lr.to is None else lr.to)
@@ -92,7 +94,7 @@ def build_plan(cfg: TrainConfig, tables: list[DocumentTable]) -> data_plan.Plan:
 def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
-    if not cfg.phase:  # the one-phase [schedule] form (config_checks.phases_of)
+    if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources"}
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
@@ -111,10 +113,10 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     return out
 
 
-def mix_notes(cfg: TrainConfig) -> list[str]:
+def mix_notes(spec: RunSpec) -> list[str]:
     """A line per phase whose mix weights do not sum to 1: the plan trains their shares, so say them."""
     notes = []
-    for ph in phases_of(cfg):
+    for ph in spec.phases:
         total = sum(ph.mix.values())
         if not math.isclose(total, 1.0, rel_tol=1e-9):
             shares = ", ".join(f"{name} {w:g}→{w / total:.3g}" for name, w in ph.mix.items())
@@ -123,44 +125,64 @@ def mix_notes(cfg: TrainConfig) -> list[str]:
 
 
 def open_plan(
-    cfg: TrainConfig, expect_vocab_size: int | None = None
+    cfg: TrainConfig, spec: RunSpec, expect_vocab_size: int | None = None
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
     is a PlanError before any work); the notes are mix_notes and the supply's."""
-    tables = open_sources(cfg, expect_vocab_size)
-    plan = build_plan(cfg, tables)
-    return plan, tables, mix_notes(cfg) + plan.check_supply() + cache_notes(cfg, tables)
+    tables = open_sources(spec, expect_vocab_size)
+    plan = build_plan(cfg, spec, tables)
+    return plan, tables, mix_notes(spec) + plan.check_supply() + cache_notes(spec, tables)
 
 
-def cache_notes(cfg: TrainConfig, tables: list[DocumentTable]) -> list[str]:
+def cache_notes(spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
     """A line when the sources in buckets hold more shard bytes than data.cache_gb: the epoch order
     permutes blocks of documents over the whole dataset, so every group of steps reads from nearly
     every shard, and a cache that cannot hold them all fetches some again."""
     remote = [t for t in tables if not t.shards.in_place]
     need = sum(f["bytes"] for t in remote for f in t.info["shard_files"].values())
-    bound = cache_of(cfg).max_bytes
-    if not remote or need <= bound:
+    if not remote or spec.cache is None or need <= spec.cache.max_bytes:
         return []
     return [
         f"the shards of {', '.join(t.location for t in remote)} take {need / 1e9:.3g} GB, more than "
-        f"data.cache_gb = {cfg.data.cache_gb:g}: they are read throughout each epoch, so some will be "
-        f"fetched more than once; data.cache_gb = {math.ceil(need / 1e9 * 1.05)} fetches each once"
+        f"data.cache_gb = {spec.cache.max_bytes / 1e9:g}: they are read throughout each epoch, so some "
+        f"will be fetched more than once; data.cache_gb = {math.ceil(need / 1e9 * 1.05)} fetches each once"
     ]
 
 
-def record_plan(plan: data_plan.Plan, run_dir: Path) -> None:
-    """RUN/data_plan.json: the plan the run trains (each source's fingerprint), readable without torch
-    (the checkpoints' copy is DCP): `data inspect RUN` checks the datasets against it."""
-    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json())
+def record_plan(plan: data_plan.Plan, run_dir: Path, skips: Sequence[data_plan.Skip] = ()) -> None:
+    """RUN/data_plan.json: the plan the run trains (each source's fingerprint) and its timeline's
+    skips, readable without torch: `data inspect RUN` checks the datasets against it and marks the
+    skipped steps, the audit's `skips` view reads it."""
+    write_atomic(run_dir / DATA_PLAN_JSON, plan.to_json(skips))
+
+
+def recorded_plan_fix(run_dir: Path) -> str:
+    """What rewrites a run's data_plan.json: the trainer writes it at every start, from the plan
+    the run's newest checkpoint holds (its rewinds' skips included)."""
+    return (
+        f"the trainer writes it again from the run's newest checkpoint: gristmill train --config "
+        f"{run_dir / CONFIG_TOML} --resume auto (a finished run trains nothing)"
+    )
+
+
+def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
+    """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
+    damaged one is a DatasetError naming it and what rewrites it."""
+    path = run_dir / DATA_PLAN_JSON
+    try:
+        return read_json_record(path, "sources")
+    except ValueError as e:
+        raise DatasetError(f"{path} is damaged ({e}); {recorded_plan_fix(run_dir)}") from None
 
 
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
     """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
     run recorded nothing (started before data_plan.json)."""
     path = run_dir / DATA_PLAN_JSON
-    if not path.is_file():
+    description = recorded_plan(run_dir)
+    if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
-    recorded = {s["name"]: s["fingerprint"] for s in json.loads(path.read_text())["sources"]}
+    recorded = {s["name"]: s["fingerprint"] for s in description["sources"]}
     for src, t in zip(plan.sources, tables):
         if src.name in recorded and not same_data(recorded[src.name], t.info):
             raise DatasetError(
@@ -172,11 +194,11 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     return None
 
 
-def recorded_skips(run_dir: Path) -> list[data_plan.Skip]:
+def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:
     """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
     when the run recorded no plan."""
-    path = run_dir / DATA_PLAN_JSON
-    return data_plan.skips_from(json.loads(path.read_text())) if path.is_file() else []
+    description = recorded_plan(run_dir)
+    return () if description is None else data_plan.skips_from(description)
 
 
 def skip_cause(skip: data_plan.Skip) -> str:
@@ -185,10 +207,10 @@ def skip_cause(skip: data_plan.Skip) -> str:
     return f"{skip.reason or f'step {skip.spike_step:,}'}; back to step {skip.checkpoint_step:,}"
 
 
-def skip_lines(plan: data_plan.Plan) -> list[str]:
-    """One line per rewind of the plan: the steps it skipped, why, and the tokens not trained on."""
+def skip_lines(plan: data_plan.Plan, skips: Sequence[data_plan.Skip]) -> list[str]:
+    """One line per rewind: the steps it skipped, why, and the tokens not trained on."""
     lines = []
-    for s in plan.skips:
+    for s in skips:
         detail = plan.skip_detail(s)
         tokens = sum(d["tokens"] for d in detail)
         per = ", ".join(f"{d['source']} {d['tokens']:,}" for d in detail)
@@ -199,12 +221,12 @@ def skip_lines(plan: data_plan.Plan) -> list[str]:
     return lines
 
 
-def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
-    """One row per phase: steps, seq_len, G, LR at start and end, and per source the tokens trained
+def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> list[dict[str, Any]]:
+    """One row per phase: steps, seq_len, G, the LR piece's shape, and per source the tokens trained
     and the share of its dataset (stream tokens / one epoch of its training split) read, and the
     tokens of steps the rewinds skipped (read, not trained) when there are any."""
     rows = []
-    end_rows = plan.consumed(plan.total_steps)
+    end_rows = plan.consumed(plan.total_steps, skips)
     for p, ph in enumerate(plan.phases):
         first = plan.first_step[p]
         row: dict[str, Any] = {
@@ -212,7 +234,7 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
             "steps": f"{first + 1}-{first + ph.steps}",
             "seq_len": ph.seq_len,
             "G": ph.global_batch,
-            "lr": f"{plan.lr(first):.3g} → {plan.lr(first + ph.steps - 1):.3g}",
+            "lr": lr_shape(ph.lr),
         }
         for r in end_rows:
             if r["phase_index"] == p:
@@ -222,9 +244,25 @@ def plan_rows(plan: data_plan.Plan) -> list[dict[str, Any]]:
     return rows
 
 
-def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
-    """The plan as printed by `gristmill train --plan` and at the top of a run."""
-    rows = plan_rows(plan)
+def lr_shape(piece: data_plan.LRPiece | None) -> str:
+    """A phase's LR piece as its shape: `warmup 5 → 0.001, cosine → 0.0001`, `linear 0.003 → 0.0003`,
+    `constant 0.003` (the LR of its first and last step would hide a warmup's peak)."""
+    if piece is None:
+        return "-"
+    warmup = f"warmup {piece.warmup_steps} → {piece.peak:.3g}" if piece.warmup_steps else ""
+    if piece.shape == "constant":
+        return f"{warmup}, constant" if warmup else f"constant {piece.peak:.3g}"
+    return (
+        f"{warmup}, {piece.shape} → {piece.end:.3g}"
+        if warmup
+        else f"{piece.shape} {piece.peak:.3g} → {piece.end:.3g}"
+    )
+
+
+def format_plan(plan: data_plan.Plan, notes: list[str], skips: Sequence[data_plan.Skip] = ()) -> list[str]:
+    """The plan as printed by `gristmill train --plan` and at the top of a run (a resumed run's with
+    its timeline's `skips`)."""
+    rows = plan_rows(plan, skips)
     cols = list(rows[0])
     width = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in cols}
     lines = [
@@ -233,11 +271,11 @@ def format_plan(plan: data_plan.Plan, notes: list[str]) -> list[str]:
     ]
     lines.append(
         "per source: tokens trained (share of one epoch of its training split read"
-        + ("; tokens of the steps a rewind skipped: read, not trained" if plan.skips else "")
+        + ("; tokens of the steps a rewind skipped: read, not trained" if skips else "")
         + "); sources: "
         + ", ".join(f"{s.name} = {s.dataset} ({s.tokens:,} tokens)" for s in plan.sources)
     )
-    return lines + skip_lines(plan) + [f"note: {n}" for n in notes]
+    return lines + skip_lines(plan, skips) + [f"note: {n}" for n in notes]
 
 
 CONSUMPTION_SCHEMA = pa.schema(
@@ -278,9 +316,9 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
         pq.write_table(table, tmp)
 
 
-def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
-    """plan.png: the LR curve with phase boundaries, and each source's share of every step.
-    Returns a note instead when matplotlib is missing."""
+def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
+    """plan.png: the LR curve with phase boundaries, each source's share of every step and the
+    steps the rewinds skipped (`skips`). Returns a note instead when matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "plan.png skipped: matplotlib is not installed"
@@ -301,7 +339,7 @@ def plot_plan(plan: data_plan.Plan, path: Path) -> str | None:
     ax_mix.set_xlabel("step")
     ax_mix.set_ylim(0, 1)
     ax_mix.legend(loc="upper left", fontsize=8)
-    for s in plan.skips:  # steps a rewind skipped: their windows were read, not trained
+    for s in skips:  # steps a rewind skipped: their windows were read, not trained
         for ax in (ax_lr, ax_mix):
             ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="red", alpha=0.15, linewidth=0)
     for p, ph in enumerate(plan.phases):

@@ -4,12 +4,13 @@
 
 - `LocalShards`: a local dataset's shards/ directory, read in place (the trivial fetch);
 - `CachedShards`: a bucket's dataset (training/data/remote.py). `path(s)` is the shard's file in the
-  cache, fetched the first time any process on the node needs it: under the node lock (so a shard is
+  cache; a reader that does not find it there calls `fetch(s)`: under the node lock (so a shard is
   downloaded once however many ranks and DataLoader workers ask for it), room is made first, then
   the object is downloaded under a temporary name, checked against dataset.json's sha256 (fetched
   once more if it differs, then refused naming the shard) and renamed into place — a reader maps
   only whole, verified files. A file evicted while a process has it mapped stays readable to that
-  process (the inode lives until unmapped), so eviction never tears a read.
+  process (the inode lives until unmapped), so eviction never tears a read; a process lets go of
+  such maps after its next download, so their disk space returns.
 
 Eviction (`make_room`) deletes only the cache's own shard files (`<fingerprint>/shards/*.tar` in a
 directory with remote.ORIGIN) and the temporary files of dead processes; it spares every file in a
@@ -121,7 +122,7 @@ def shard_source(root: Path, info: dict[str, Any], cache: CacheSettings | None) 
 
 
 def cache_usage(cache_dir: Path) -> list[tuple[Path, int, float]]:
-    """(file, bytes, last use) of every shard file the cache holds (only its own: see cache_files)."""
+    """(file, bytes, last needed) of every shard file the cache holds (only its own: cache_files)."""
     out = []
     for path in cache_files(cache_dir):
         try:
@@ -145,8 +146,8 @@ def make_room(cache: CacheSettings, incoming: int, protect: set[Path]) -> None:
     """Evict cache shards until `incoming` more bytes fit the bound: first those no live loader keeps,
     then those only another loader on the node keeps (it fetches them again: slower, never wrong),
     least recently needed first (the prefetchers mark what their window needs); never `protect`
-    nor this process's (or its parent's: a DataLoader
-    worker's rank) keep list. The caller holds node_lock."""
+    nor this process's (or its parent's: a DataLoader worker's rank) keep list. The caller holds
+    node_lock."""
     _remove_dead_tmp(cache.dir)
     ours, theirs = live_keep(cache.dir)
     files = cache_usage(cache.dir)

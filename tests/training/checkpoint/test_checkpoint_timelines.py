@@ -108,7 +108,7 @@ def test_retention_keeps_the_save_it_follows_and_counts_only_its_timeline(tmp_pa
 
     def checkpointer() -> Checkpointer:
         return Checkpointer(cfg, tmp_path, states, rank=0, world_size=1, last_step=40, config_sha256="t",
-                            estimate_bytes=0, log=lambda *_: None)  # fmt: skip
+                            estimate_bytes=0)  # fmt: skip
 
     old = checkpointer()
     old.save(40, 0)

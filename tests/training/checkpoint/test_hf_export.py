@@ -87,7 +87,7 @@ def test_export_checkpoint_takes_the_newest_complete_step(built_dataset, tmp_pat
     assert export_checkpoint(run, 20) == out  # an existing export is returned, not rewritten
 
     with pytest.raises(
-        ExportError, match=r"step-000030 is not a complete checkpoint.*complete steps.*10, 20"
+        ExportError, match=r"no complete checkpoint of step 30: step 30's checkpoint is incomplete.*: 10, 20$"
     ):
         export_checkpoint(run, 30)
     assert not export_dir(run, 30).exists()

@@ -506,3 +506,37 @@ def test_real_build_output(built_dataset, capsys):
     args = ("--seq-len", 63, "--global-batch", 32, "--seed", 0, "--step", 1, "--max-rows", 0)
     rc, out = inspect(capsys, built_dataset, *args)  # 32 × 64 tokens: several documents
     assert rc == 0 and "(id <urn:uuid:fixture-" in out and "<|endoftext|>" in out
+
+
+def test_inspect_trims_the_parts_of_characters_a_window_cuts(tmp_path, capsys):
+    """Issue 37 item 17: a window edge inside a multi-byte character (a byte-level BPE splits é, €
+    and 😀 into byte tokens) printed U+FFFD; the excerpt now drops the partial character at a cut
+    and keeps what is in the document, a U+FFFD of its own included."""
+    from pipelines.synthetic_dataset import write_synthetic_dataset
+    from tokenization.tokenizer_io import train_bpe
+    from training.data.inspect import piece_text
+    from training.data.reader import DocumentTable
+
+    texts = [f"Le café {i} coûte 3 € 😀 — naïve señor {i * 7}, déjà vu. " * 3 for i in range(40)]
+    texts[5] = "A replacement character \ufffd is text too: \ufffd\ufffd. " * 3
+    tok = train_bpe(["plain ascii words only"] * 20, vocab_size=300, special_tokens=["<|endoftext|>"])
+    docs = [np.array([*tok.encode(t).ids, SEPARATOR_ID]) for t in texts]
+    (tmp_path / "ds").mkdir()
+    tok.save(str(tmp_path / "ds" / "tokenizer.json"))  # before the writer: dataset.json records it
+    write_synthetic_dataset(tmp_path / "ds", docs, vocab_size=tok.get_vocab_size())
+    table = DocumentTable(tmp_path / "ds")
+    doc = int(np.flatnonzero(table.lengths == len(docs[5]))[0])
+    for row in (doc, (doc + 1) % len(docs)):
+        text = tok.decode(table.document(row).tolist(), skip_special_tokens=False)
+        n = int(table.lengths[row])
+        for first in range(0, n - 1, 3):
+            piece = piece_text(tok, table, row, first, min(7, n - first))
+            assert piece in text, (row, first, piece)
+            assert "\ufffd" not in piece or row == doc, (row, first, piece)
+    assert "\ufffd" in piece_text(tok, table, doc, 0, 40)  # the document's own U+FFFD stays
+    for step in (1, 2, 3):
+        rc, out = inspect(capsys, tmp_path / "ds", "--seq-len", 15, "--global-batch", 8, "--seed", 1,
+                          "--step", step, "--max-rows", 0)  # fmt: skip
+        pieces = [line for line in out.splitlines() if ") tokens [" in line and "(id doc-5)" not in line]
+        assert rc == 0 and len(pieces) >= 8 and any("€" in p or "é" in p for p in pieces), out
+        assert not [p for p in pieces if "\ufffd" in p], out

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from tests.helpers.phased_recipe import GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
 from training.config import TrainConfig
-from training.config_checks import check_config
+from training.config_checks import check_config, resolve
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
 from training.data import plan as data_plan
@@ -38,7 +39,7 @@ def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
 
 
 def loader_for(cfg: TrainConfig, rank: int = 0, world: int = 1, workers: int = 0) -> TokenLoader:
-    plan, tables, _ = open_plan(cfg)
+    plan, tables, _ = open_plan(cfg, resolve(cfg))
     return TokenLoader(
         plan,
         tables,
@@ -258,7 +259,7 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     config = write_recipe(tmp_path / "r.toml", small, tmp_path / "run", phases=heavy)
     cfg = load_config(TrainConfig, config)
     with pytest.raises(PlanError) as e:
-        open_plan(cfg)
+        open_plan(cfg, resolve(cfg))
     msg = str(e.value)
     math_tokens = DocumentTable(small["math"], val_fraction=0.1).tokens
     asked = round(24 * 16 * 0.4) * 33  # 6–7 windows of 33 tokens per step, 6.4 on average
@@ -271,7 +272,8 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     sets = ["data.sources[1].max_epochs=2", "run.val_every=0", "metrics.plot=false"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
     assert "source 'math' is read 2 epochs (max_epochs 2); " in capsys.readouterr().out
-    plan = open_plan(load_config(TrainConfig, tmp_path / "run" / "config.toml"))[0]
+    saved = load_config(TrainConfig, tmp_path / "run" / "config.toml")
+    plan = open_plan(saved, resolve(saved))[0]
     tail = plan.dropped_tail(1)  # the first epoch's end that could not hold a step's math windows
     assert 0 < tail < 7 * 33 + 33
     assert _rows(tmp_path / "run")[-1]["epoch/math"] == 2
@@ -295,7 +297,7 @@ def test_sources_must_share_a_tokenizer(sources, tmp_path):
     other = make_dataset(tmp_path / "other", n_docs=60, vocab_size=300)
     cfg = cfg_of({"web": sources["web"], "other": other}, tmp_path)
     with pytest.raises(GristmillError, match="source 'other' has vocab_size 300 but source 'web'"):
-        open_plan(cfg)
+        open_plan(cfg, resolve(cfg))
 
 
 # -- the trainer --
@@ -329,6 +331,21 @@ def test_the_run_reports_phases_sources_and_validation(reference):
     assert {"val_loss", "val/web", "val/code", "val/math"} <= rows[5].keys()
     assert (run_dir / "plan.png").stat().st_size > 0
     assert [r["lr"] for r in rows][5:7] == [3e-3, 3e-3]  # constant, then the linear piece starts there
+
+
+def test_the_run_config_holds_what_applies_and_trains_the_run_again(reference, tmp_path):
+    """RUN/config.toml is the resolved config of what applies: no data.dataset (or its default) beside
+    [[data.sources]], no [schedule] beside [[phase]], each source's own val_fraction, no --resume;
+    a run from it alone (into another directory) trains the same steps."""
+    run_dir, _ = reference
+    saved = tomllib.loads((run_dir / "config.toml").read_text())
+    assert "dataset" not in saved["data"] and "val_fraction" not in saved["data"]
+    assert [s["val_fraction"] for s in saved["data"]["sources"]] == [0.1, 0.1, 0.1]
+    assert "schedule" not in saved and "resume" not in saved["checkpoint"]
+    again = tmp_path / "again"
+    sets = [f"run.output_dir={json.dumps(str(again))}", "run.max_steps=3", "checkpoint.interval=0"]
+    assert gristmill(["train", "--config", str(run_dir / "config.toml"), "--set", *sets]) == 0
+    assert _losses(again) == {s: v for s, v in _losses(run_dir).items() if s <= 3}
 
 
 @pytest.mark.parametrize("at", [5, 6, 7])  # the last step of "main" is 6
@@ -385,7 +402,7 @@ def test_plan_inspect_and_consumption(reference, capsys):
     sql = "SELECT phase, source, tokens FROM consumption ORDER BY phase DESC, source"
     assert gristmill(["data", "audit", str(run_dir), "--sql", sql, "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    plan = open_plan(cfg)[0]
+    plan = open_plan(cfg, resolve(cfg))[0]
     want = {(r["phase"], r["source"]): r["tokens"] for r in plan.consumed(11)}
     got = {(p, s): int(t) for p, s, t in (line.split(",") for line in lines[1:])}
     assert got == want
@@ -476,7 +493,7 @@ def test_review_edges_of_the_config(sources, tmp_path):
     phases = '[[phase]]\nname = "a"\ntokens = 5000\nseq_len = 32\nmix = { web = 1.0 }\n'
     phases += "lr = { warmup_tokens = 5000 }\n"
     path = write_recipe(tmp_path / "r.toml", two, tmp_path / "run", phases=phases)
-    assert check_config(load_config(TrainConfig, path), 1)[0].steps == 9  # 5000 // 512; warmup clamped
+    assert check_config(load_config(TrainConfig, path), 1).shapes[0].steps == 9  # 5000 // 512; warmup clamped
 
 
 def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources, tmp_path):

@@ -127,3 +127,22 @@ def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_p
     assert gristmill(["verify", str(built)]) != 0
     err = capsys.readouterr().err
     assert "is a dataset directory, not a training run" in err, err
+
+
+def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sources, tmp_path, capsys):
+    """Issue 37 items 13, 14: `--plan` prints the shape of each phase's LR (a 5-step warmup to 1e-3
+    then a cosine to 1e-4 was `0.0002 → 0.0001`: the peak hidden), and leaves no directory behind
+    for a run that never starts."""
+    run = tmp_path / "never" / "run"
+    phases = (
+        '[[phase]]\nname = "main"\nsteps = 8\nseq_len = 32\nmix = { web = 1.0 }\n'
+        'lr = { warmup_steps = 5, shape = "cosine", peak = 1e-3, to = 1e-4 }\n\n'
+        '[[phase]]\nname = "anneal"\nsteps = 4\nseq_len = 32\nmix = { web = 0.5, code = 0.5 }\n'
+        'lr = { shape = "linear", to = 1e-5 }\n\n'
+    )
+    config = write_recipe(tmp_path / "r.toml", sources, run, phases=phases)
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "warmup 5 → 0.001, cosine → 0.0001" in out and "linear 0.0001 → 1e-05" in out, out
+    assert f"plot: none yet ({run} does not exist" in out
+    assert not (tmp_path / "never").exists()

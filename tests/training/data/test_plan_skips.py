@@ -14,10 +14,11 @@ from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
 from training.config import TrainConfig
+from training.config_checks import resolve
 from training.contract.config_loader import load_config
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, batch_sha256, dataset_loader
-from training.data.plan import LRPiece, Phase, Plan, Skip, Source
+from training.data.plan import LRPiece, Phase, Plan, Skip, Source, skip_of
 from training.data.recipe import (
     CONSUMPTION_SCHEMA,
     format_plan,
@@ -28,13 +29,14 @@ from training.data.recipe import (
     write_consumption,
 )
 from training.metrics import data_row
+from training.run.timeline import Timeline
 from validation.audit_views import connect
 
 
-def small_plan(*skips: Skip) -> Plan:
+def small_plan() -> Plan:
     """Two sources read for several epochs over two phases: web enters epoch 2 at step 7 and epoch 3
     at step 14, code enters epoch 2 at step 14 (global steps from 1); phase 'long' starts at step 13."""
-    plan = Plan(
+    return Plan(
         [Source("web", "", "w", 700, 1, None), Source("code", "", "c", 500, 1, None)],
         [
             Phase("main", 12, 16, 8, (3, 1), LRPiece(1e-3, 1e-3, "constant")),
@@ -42,12 +44,11 @@ def small_plan(*skips: Skip) -> Plan:
         ],
         seed=7,
     )
-    plan.skips.extend(skips)
-    return plan
 
 
 ACROSS_EPOCH = Skip(1, 5, 8, 9, 4, "loss 9.1 at step 9")  # web's first epoch crossing inside
 ACROSS_PHASE = Skip(2, 11, 14, 15, 10, "loss 8.7 at step 15")  # the phase boundary and two crossings
+SKIPS = (ACROSS_EPOCH, ACROSS_PHASE)  # a timeline's: the plan itself has none (a pure function of the config)
 
 
 def counted(plan: Plan, steps: list[int]) -> dict[tuple[int, int], int]:
@@ -62,12 +63,14 @@ def counted(plan: Plan, steps: list[int]) -> dict[tuple[int, int], int]:
 
 
 def test_consumed_splits_each_row_into_trained_and_skipped_windows():
-    plain, plan = small_plan(), small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    plan = small_plan()
     skipped_steps = [*range(5, 9), *range(11, 15)]
-    assert plan.skip_of(7) == ACROSS_EPOCH and plan.skip_of(13) == ACROSS_PHASE and plan.skip_of(9) is None
+    assert (
+        skip_of(SKIPS, 7) == ACROSS_EPOCH and skip_of(SKIPS, 13) == ACROSS_PHASE and skip_of(SKIPS, 9) is None
+    )
     for step in (4, 6, 12, 13, 22):  # before, inside and after the skips
         want = counted(plan, [s for s in skipped_steps if s <= step])
-        for a, b in zip(plain.consumed(step), plan.consumed(step), strict=True):
+        for a, b in zip(plan.consumed(step), plan.consumed(step, SKIPS), strict=True):
             key = (b["phase_index"], b["source_index"])
             assert b["windows"] + b["skipped_windows"] == a["windows"], (step, key)
             assert b["skipped_windows"] == want.get(key, 0), (step, key)
@@ -77,20 +80,20 @@ def test_consumed_splits_each_row_into_trained_and_skipped_windows():
             assert (b["stream_tokens"], b["epoch"], b["fraction"]) == (
                 a["stream_tokens"], a["epoch"], a["fraction"]
             )  # fmt: skip
-    rows = {(r["phase"], r["source"]): r for r in plan.consumed(22)}
+    rows = {(r["phase"], r["source"]): r for r in plan.consumed(22, SKIPS)}
     assert {k: r["rewinds"] for k, r in rows.items()} == {
         ("main", "web"): [1, 2], ("main", "code"): [1, 2], ("long", "web"): [2], ("long", "code"): [2]
     }  # fmt: skip
     # Two rewinds skipping one step count its windows once.
-    again = small_plan(ACROSS_EPOCH, ACROSS_PHASE, Skip(3, 12, 13, 16, 11, "again"))
-    for a, b in zip(plan.consumed(22), again.consumed(22), strict=True):
+    again = (*SKIPS, Skip(3, 12, 13, 16, 11, "again"))
+    for a, b in zip(plan.consumed(22, SKIPS), plan.consumed(22, again), strict=True):
         assert b["skipped_windows"] == a["skipped_windows"] and b["rewinds"] == sorted({*a["rewinds"], 3})
     with pytest.raises(data_plan.PlanError, match="no such range"):
         Skip(1, 9, 8, 9, 8, "")
 
 
 def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_steps():
-    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
+    plan = small_plan()
     spans: dict[tuple[int, int], list[tuple[int, int, int]]] = {}  # (source, epoch) -> (first, end, step)
     windows: dict[int, list[tuple[int, int, int, int]]] = {}  # step -> (source, epoch, first, end)
     for s in range(1, plan.total_steps + 1):
@@ -102,7 +105,7 @@ def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_s
     for key, got in spans.items():  # trained and skipped alike: no stream token in two windows
         got.sort()
         assert all(a[1] <= b[0] for a, b in zip(got, got[1:])), key
-    for skip in plan.skips:
+    for skip in SKIPS:
         steps = range(skip.first_step, skip.last_step + 1)
         detail = {d["source"]: d for d in plan.skip_detail(skip)}
         for i, src in enumerate(plan.sources):
@@ -113,46 +116,57 @@ def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_s
             # every skipped window lies between the recorded positions, and no trained window does
             assert all(lo <= (e, f) and (e, end) <= hi for e, f, end in mine)
             trained = [
-                (e, f) for s in windows if plan.skip_of(s) is None for j, e, f, _ in windows[s] if j == i
+                (e, f) for s in windows if skip_of(SKIPS, s) is None for j, e, f, _ in windows[s] if j == i
             ]
             assert not [t for t in trained if lo <= t < hi], (skip.rewind, src.name)
     # the cases this plan is built for: the skips cross an epoch end and a phase boundary
-    web = {s.rewind: plan.skip_detail(s)[0] for s in plan.skips}
+    web = {s.rewind: plan.skip_detail(s)[0] for s in SKIPS}
     assert [(web[n]["from_epoch"], web[n]["to_epoch"]) for n in (1, 2)] == [(1, 2), (2, 3)]
     assert [plan.locate(s - 1)[0] for s in (ACROSS_PHASE.first_step, ACROSS_PHASE.last_step)] == [0, 1]
-    total = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps))
-    assert total == sum(d["tokens"] for s in plan.skips for d in plan.skip_detail(s))
+    total = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps, SKIPS))
+    assert total == sum(d["tokens"] for s in SKIPS for d in plan.skip_detail(s))
 
 
 def test_the_description_carries_the_skips_and_a_resume_accepts_them():
-    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
-    saved = json.loads(plan.to_json())
-    assert data_plan.skips_from(saved) == plan.skips
+    plan = small_plan()
+    saved = json.loads(plan.to_json(SKIPS))
+    assert data_plan.skips_from(saved) == SKIPS
     assert saved["skips"][1]["sources"] == plan.skip_detail(ACROSS_PHASE)
-    assert "skips" not in json.loads(small_plan().to_json())  # a run without rewinds: as before
-    # The config's plan has no history: the checkpoint's skips are not a change of its past.
+    assert "skips" not in json.loads(plan.to_json())  # a run without rewinds: as before
+    # The config's plan has no history: a description with skips is not a change of its past.
     assert data_plan.check_resume(saved, small_plan(), 16, lambda a, b: a == b) == []
 
 
-def test_the_loader_adopts_the_checkpoints_skips(tmp_path):
+def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
+    """The timeline holds the skips (its own state, one JSON string); the loader's state is the plan
+    and the step only. A checkpoint from before the timeline kept the skips in the loader's plan:
+    the loader reads them (`saved_skips`) for the timeline to adopt (training/checkpoint/checkpointer)."""
     root = make_dataset(tmp_path / "d", n_docs=60)
     kw = {"seq_len": 16, "global_batch": 4, "micro_batch": 4, "seed": 1}
     ran = dataset_loader(root, **kw)
-    ran.plan.skips.append(Skip(1, 3, 4, 5, 2, "loss 9 at step 5"))
+    timeline = Timeline(ran.plan)
+    timeline.rewound(Skip(1, 3, 4, 5, 2, "loss 9 at step 5"))
+    with pytest.raises(ValueError, match="rewind 1 recorded as the timeline's rewind 2"):
+        timeline.rewound(Skip(1, 5, 6, 7, 4, "again"))
+    again = Timeline(ran.plan)
+    again.load_state_dict(timeline.state_dict())
+    assert again.skips == timeline.skips and again.attempt == 2 and again.oldest_target == 4
     ran.seek(4)
+    assert "skips" not in json.loads(ran.state_dict()["data_plan"])
     resumed = dataset_loader(root, **kw)
+    older = {**ran.state_dict(), "data_plan": ran.plan.to_json(timeline.skips)}  # as checkpoints kept it
+    resumed.load_state_dict(older)
+    assert resumed.saved_skips == timeline.skips and resumed.step == 4
     resumed.load_state_dict(ran.state_dict())
-    assert resumed.plan.skips == ran.plan.skips and resumed.step == 4
-    resumed.load_state_dict(dataset_loader(root, **kw).state_dict())  # one from before the rewind
-    assert resumed.plan.skips == []
+    assert resumed.saved_skips == ()
 
 
 def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
-    plan, plain = small_plan(ACROSS_EPOCH, ACROSS_PHASE), small_plan()
+    plan = plain = small_plan()
     run, old = tmp_path / "run", tmp_path / "old"
     run.mkdir(), old.mkdir()
-    write_consumption(plan, 22, plan.consumed(22), run / "consumption.parquet")
-    record_plan(plan, run)
+    write_consumption(plan, 22, plan.consumed(22, SKIPS), run / "consumption.parquet")
+    record_plan(plan, run, SKIPS)
     # A file written before the skip columns existed (a run with no rewinds).
     legacy = pa.schema(
         [f for f in CONSUMPTION_SCHEMA if f.name not in ("skipped_windows", "skipped_tokens", "rewinds")]
@@ -162,37 +176,37 @@ def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
     con, _ = connect([run, old])
     cols = "phase, source, windows, skipped_windows, skipped_tokens, rewinds"
     got = con.execute(f"SELECT dataset_name, {cols} FROM consumption").fetchall()
-    want = [("run", *(r[c] for c in cols.split(", "))) for r in plan.consumed(22)]
+    want = [("run", *(r[c] for c in cols.split(", "))) for r in plan.consumed(22, SKIPS)]
     want += [("old", r["phase"], r["source"], r["windows"], 0, 0, []) for r in plain.consumed(22)]
     assert sorted(got) == sorted(want)
     assert con.execute("SELECT count(*) FROM consumption WHERE list_contains(rewinds, 1)").fetchone() == (2,)
     skips = con.execute("SELECT rewind, source, windows, tokens, from_epoch, to_epoch FROM skips").fetchall()
     assert sorted(skips) == sorted(
         (s.rewind, d["source"], d["windows"], d["tokens"], d["from_epoch"], d["to_epoch"])
-        for s in plan.skips for d in plan.skip_detail(s)
+        for s in SKIPS for d in plan.skip_detail(s)
     )  # fmt: skip
     # metrics.jsonl: tokens/NAME trained (they add up to tokens_seen), skipped_tokens/NAME beside them
-    row = data_row(plan, 22, plan.consumed(22))
+    row = data_row(plan, 22, plan.consumed(22, SKIPS), SKIPS)
     for name in ("web", "code"):
-        mine = [r for r in plan.consumed(22) if r["source"] == name]
+        mine = [r for r in plan.consumed(22, SKIPS) if r["source"] == name]
         assert row[f"tokens/{name}"] == sum(r["tokens"] for r in mine)
         assert row[f"skipped_tokens/{name}"] == sum(r["skipped_tokens"] for r in mine) > 0
     per_step = 128  # G × seq_len in both phases: 8 × 16, 4 × 32
-    trained_steps = [s for s in range(1, 23) if plan.skip_of(s) is None]
+    trained_steps = [s for s in range(1, 23) if skip_of(SKIPS, s) is None]
     assert row["tokens/web"] + row["tokens/code"] == per_step * len(trained_steps) == per_step * 14
     assert not any(k.startswith("skipped_tokens/") for k in data_row(plain, 22, plain.consumed(22)))
 
 
 def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
-    plan = small_plan(ACROSS_EPOCH, ACROSS_PHASE)
-    rows = {r["phase"]: r for r in plan_rows(plan)}
-    ends = {(r["phase"], r["source"]): r for r in plan.consumed(22)}
+    plan = small_plan()
+    rows = {r["phase"]: r for r in plan_rows(plan, SKIPS)}
+    ends = {(r["phase"], r["source"]): r for r in plan.consumed(22, SKIPS)}
     for (phase, source), r in ends.items():
         assert (
             rows[phase][source].startswith(f"{r['tokens']:,} (")
             and f"{r['skipped_tokens']:,} skipped" in rows[phase][source]
         )
-    lines = format_plan(plan, [])
+    lines = format_plan(plan, [], SKIPS)
     per = {name: 0 for name in ("web", "code")}  # rewind 2's tokens, counted slot by slot
     for (p, i), n in counted(plan, list(range(11, 15))).items():
         per[plan.sources[i].name] += n * plan.phases[p].seq_len
@@ -200,7 +214,10 @@ def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
         f"rewind 2: steps 11-14 skipped (loss 8.7 at step 15; back to step 10): {sum(per.values()):,} tokens "
         f"not trained on (web {per['web']:,}, code {per['code']:,})"
     ) in lines
-    assert plot_plan(plan, tmp_path / "plan.png") in (None, "plan.png skipped: matplotlib is not installed")
+    assert plot_plan(plan, tmp_path / "plan.png", SKIPS) in (
+        None,
+        "plan.png skipped: matplotlib is not installed",
+    )
     assert "skipped" not in "\n".join(format_plan(small_plan(), []))
 
 
@@ -217,18 +234,19 @@ def run_with_a_rewind(tmp_path_factory):
     sets = ["run.max_steps=2", "checkpoint.interval=0", "metrics.plot=false", "run.val_every=0"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
     run_dir = root / "run"
-    plan, tables, _ = open_plan(load_config(TrainConfig, run_dir / "config.toml"))
-    plan.skips.append(Skip(1, 5, 8, 9, 4, "loss 9.81 at step 9 (mean 3.12 + 6σ)"))
-    record_plan(plan, run_dir)
+    cfg = load_config(TrainConfig, run_dir / "config.toml")
+    plan, tables, _ = open_plan(cfg, resolve(cfg))
+    skip = Skip(1, 5, 8, 9, 4, "loss 9.81 at step 9 (mean 3.12 + 6σ)")
+    record_plan(plan, run_dir, (skip,))
     loader = TokenLoader(plan, tables, micro_batch=(16, 8), rank=0, world_size=1, check_separators=True)
-    return run_dir, plan, loader
+    return run_dir, plan, loader, skip
 
 
 def test_inspect_says_a_step_was_skipped_and_lists_its_windows(run_with_a_rewind, capsys):
-    run_dir, plan, loader = run_with_a_rewind
+    run_dir, plan, loader, skip = run_with_a_rewind
     assert gristmill(["data", "inspect", str(run_dir), "--step", "8", "--max-rows", "0"]) == 0
     out = capsys.readouterr().out
-    skipped = sum(d["tokens"] for d in plan.skip_detail(plan.skips[0]))
+    skipped = sum(d["tokens"] for d in plan.skip_detail(skip))
     assert f"# 1 rewind(s), {skipped:,} tokens skipped (read, never trained):" in out
     assert "#   rewind 1: steps 5-8 skipped (loss 9.81 at step 9 (mean 3.12 + 6σ); back to step 4): " in out
     assert (

@@ -14,7 +14,11 @@ first window of global step N in the run's plan.
 GRISTMILL_FAULT_KILL="POINT": the process kills itself with SIGKILL when it reaches that point
 (`kill_point`): "rewind-start" (a rewind decided, nothing restored), "rewind-restored" (the
 checkpoint loaded and the skip recorded, not yet saved), "rewind-saved" (the skip's checkpoint
-complete). A kill -9 at a known place, for the resume tests.
+complete), "saved:N" (step N's checkpoint saved, its validation, eval and metrics row not yet
+done). A kill -9 at a known place, for the resume tests.
+
+GRISTMILL_FAULT_SIGTERM="STEP": the process sends itself SIGTERM as step STEP starts (a preemption
+at a known step: the run finishes that step, saves and stops).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch.nn as nn
 NAN_LOSS = "GRISTMILL_FAULT_NAN_LOSS"
 SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
 KILL = "GRISTMILL_FAULT_KILL"
+SIGTERM = "GRISTMILL_FAULT_SIGTERM"
 
 
 def kill_point(point: str) -> None:
@@ -51,11 +56,14 @@ class LossFaults:
             self.windows[_window(where, plan)] = float(factor or 100)
         self.plan = plan
         self.factor = 1.0
+        self.sigterm_step = int(os.environ.get(SIGTERM) or 0)
         if self.nan_steps or self.windows:
             model.register_forward_hook(self._hook)
 
     def arm(self, step: int) -> None:
         """Before global step `step` (from 1) trains: the factor its loss gets (1: none)."""
+        if step == self.sigterm_step:
+            os.kill(os.getpid(), signal.SIGTERM)
         self.factor = float("nan") if step in self.nan_steps else 1.0
         if self.windows:
             for window in zip(*(a.tolist() for a in self.plan.step_windows(step - 1))):

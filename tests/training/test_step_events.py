@@ -1,0 +1,369 @@
+"""Events that meet on one step (issue 36): what happens there — a NaN under stop, skip or rewind, a
+loss spike under report or rewind, SIGTERM, kill -9 and a resume — where a metrics row, validation,
+an eval, a checkpoint, an export, a phase boundary or the run's last step fall due.
+
+The recipe: the tiny model on the shared real build (lm-eval needs its tokenizer), 8 steps in two
+phases (a: 1–3 at seq 64; b: 4–8 at seq 128), a row and a checkpoint every 2 steps, validation, an
+eval and an export every 4. So step 4 is the phase boundary with every side activity due, step 8 the
+last step with every one due, and step 3 a quiet step (nothing due, the host does not look). A
+rewind goes back to the newest checkpoint at least 2 steps before the spike and skips 2 steps.
+
+After every run, the invariants (`check_timeline`):
+- no artifact lists a discarded or skipped step as the run's: the kept metrics rows, checkpoints/,
+  exports/ and eval/ (a rewind's own checkpoint at its skip's last step, and the final weights' row
+  and eval there, excepted), eval.parquet as eval/;
+- consumption.parquet equals the timeline (the plan's consumption with RUN/data_plan.json's skips);
+- a run that ends has its final weights validated and evaluated (`check_final`);
+- a stop under on_nonfinite = "stop" is exit 3 with nothing saved, evaluated or exported at or
+  after the bad step;
+- a killed (or stopped) and resumed run equals the uninterrupted one: every kept row's loss,
+  validation and eval score, and the final weights.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights  # noqa: E402
+from training.config import TrainConfig, load_train_config  # noqa: E402
+from training.config_checks import resolve  # noqa: E402
+from training.contract.config_loader import load_config  # noqa: E402
+from training.contract.errors import NonFiniteError  # noqa: E402
+from training.contract.run_layout import list_steps  # noqa: E402
+from training.data.recipe import build_plan, open_sources, recorded_skips  # noqa: E402
+from training.metrics import kept_rows  # noqa: E402
+from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
+from training.train import train  # noqa: E402
+from validation.train_eval import TrainingEval  # noqa: E402
+
+STEPS, QUIET, ALL_DUE, LAST = 8, 3, 4, 8
+EVAL_KEY = "eval/heldout_ppl/bits_per_byte"
+
+
+def recipe(dataset: Path) -> str:
+    return f"""
+[model]
+preset = "tiny"
+[data]
+dataset = {json.dumps(str(dataset))}
+global_batch_tokens = 512
+micro_batch = 4
+val_fraction = 0.1
+[[phase]]
+name = "a"
+steps = 3
+seq_len = 64
+lr = {{ warmup_steps = 1, shape = "constant" }}
+[[phase]]
+name = "b"
+steps = 5
+seq_len = 128
+lr = {{ shape = "linear", to = 3e-4 }}
+[optim]
+lr = 3e-3
+[parallel]
+param_dtype = "float32"
+[run]
+log_every = 2
+val_every = 4
+val_batches = 1
+device = "cpu"
+threads = 1
+spike_window = 4
+spike_sigma = 4.0
+[run.rewind]
+skip_steps = 2
+margin_steps = 2
+max_rewinds = 2
+[checkpoint]
+interval = 2
+keep_last = 0
+export_interval = 4
+[eval]
+interval = 4
+tasks = ["heldout_ppl"]
+limit = 1
+[metrics]
+tensorboard = false
+plot = false
+"""
+
+
+@pytest.fixture(scope="module")
+def config(built_dataset, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("step-events") / "recipe.toml"
+    path.write_text(recipe(built_dataset))
+    return path
+
+
+def run_here(config: Path, run: Path, *sets: str) -> dict:
+    """The recipe trained in this process, with lm-eval during training."""
+    cfg = load_train_config(str(config), [f"run.output_dir={json.dumps(str(run))}", *sets])
+    return train(cfg, evaluator=TrainingEval(cfg) if cfg.eval.interval else None)
+
+
+def run_child(config: Path, run: Path, *sets: str, env: dict | None = None, resume: bool = False):
+    """The recipe in a process of its own, without eval (lm-eval's import alone takes seconds)."""
+    cmd = [sys.executable, "-m", "training.train", "--config", str(config)]
+    cmd += ["--resume", "auto"] if resume else []
+    cmd += ["--set", "eval.interval=0", f"run.output_dir={json.dumps(str(run))}", *sets]
+    return subprocess.run(
+        cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=300
+    )
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def reference(config, tmp_path_factory) -> Path:
+    """The uninterrupted run, no fault."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    run_here(config, run)
+    check_final(run, check_timeline(run))
+    return run
+
+
+def check_timeline(run: Path) -> int:
+    """The invariants every run keeps (the module's docstring); returns the step consumption.parquet
+    describes (where the run's timeline ended)."""
+    cfg = load_config(TrainConfig, run / "config.toml")
+    spec = resolve(cfg)
+    plan = build_plan(cfg, spec, open_sources(spec))
+    skips = recorded_skips(run)
+    all_rows = rows(run)
+    kept = kept_rows(all_rows)
+    assert [r["step"] for r in kept] == sorted({r["step"] for r in kept}), "one kept row per step"
+    assert {r["discarded_by_rewind"] for r in all_rows if "discarded_by_rewind" in r} <= {
+        s.rewind for s in skips
+    }
+    skipped = {step for s in skips for step in range(s.first_step, s.last_step)}
+    for where in ("checkpoints", "exports", "eval"):
+        assert not set(list_steps(run / where)) & skipped, (where, skipped)
+    assert not {r["step"] for r in kept} & skipped
+    evals = list_steps(run / "eval")
+    if (run / "eval.parquet").is_file():
+        assert sorted({r["step"] for r in pq.read_table(run / "eval.parquet").to_pylist()}) == evals
+    consumed = pq.read_table(run / "consumption.parquet").to_pylist()
+    step = consumed[0]["step"]
+    fields = ("phase", "source", "windows", "tokens", "skipped_windows", "skipped_tokens", "rewinds")
+    assert [tuple(r[k] for k in fields) for r in consumed] == [
+        tuple(r[k] for k in fields) for r in plan.consumed(step, skips)
+    ]
+    return step
+
+
+def check_final(run: Path, step: int) -> None:
+    """A run that reached its last step: its final weights validated and evaluated."""
+    assert step == LAST
+    last = kept_rows(rows(run))[-1]
+    assert last["step"] == LAST and "val_loss" in last and EVAL_KEY in last, last
+    assert LAST in list_steps(run / "eval") and LAST in list_steps(run / "checkpoints")
+
+
+def scores(run: Path, keys: tuple[str, ...] = ("loss", "val_loss", EVAL_KEY)) -> list[tuple]:
+    return [(r["step"], *(r.get(k) for k in keys)) for r in kept_rows(rows(run))]
+
+
+@pytest.mark.parametrize("bad", [QUIET, ALL_DUE, LAST])
+def test_a_nan_under_stop_stops_before_anything_at_or_after_it(config, tmp_path, monkeypatch, bad):
+    """The default on_nonfinite = "stop": exit 3 at the first step the host reads (the bad step, or
+    the next one anything is due at), whatever else falls due there — nothing saved, validated,
+    evaluated or exported at or after the bad step."""
+    monkeypatch.setenv(NAN_LOSS, str(bad))
+    run = tmp_path / "run"
+    with pytest.raises(NonFiniteError) as stopped:
+        run_here(config, run)
+    assert stopped.value.exit_code == 3 and f"step {bad}: the loss" in str(stopped.value)
+    for where in ("checkpoints", "exports", "eval"):
+        assert all(s < bad for s in list_steps(run / where)), where
+    heard = check_timeline(run)
+    assert heard == (ALL_DUE if bad == QUIET else bad)  # the stop's row is the step that heard of it
+    assert not any("val_loss" in r or EVAL_KEY in r for r in rows(run) if r["step"] >= bad)
+
+
+def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evaluated(
+    config, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(NAN_LOSS, str(ALL_DUE))
+    run = tmp_path / "run"
+    run_here(config, run, "run.on_nonfinite='skip'")
+    check_final(run, check_timeline(run))
+    row = next(r for r in rows(run) if r["step"] == ALL_DUE)
+    assert row["skipped_steps"] == 1 and "val_loss" in row and EVAL_KEY in row  # finite weights: scored
+    assert ALL_DUE in list_steps(run / "exports")
+
+
+@pytest.mark.parametrize(
+    "fault, sets, back",
+    [
+        # a NaN where the phase boundary, a checkpoint, an export and an eval fall due: back to 2
+        (f"{NAN_LOSS}={ALL_DUE}", ["run.on_nonfinite='rewind'"], 2),
+        # a spike the step after them: step 4's checkpoint, export and eval are the discarded
+        # attempt's (back to 2, steps 3–4 skipped): set aside, not the run's
+        (f"{SPIKE_WINDOW}=step:5*50", ["run.on_spike='rewind'"], 2),
+        # a spike on the last step: back to 6, the skip (7–8) reaches the end: the final weights
+        # (step 6's) validated and evaluated as step 8, consumption counts the skip
+        (f"{SPIKE_WINDOW}=step:{LAST}*50", ["run.on_spike='rewind'"], 6),
+    ],
+    ids=["nan-on-the-busiest-step", "spike-after-an-export", "spike-on-the-last-step"],
+)
+def test_a_rewind_leaves_every_artifact_to_the_timeline(config, tmp_path, monkeypatch, fault, sets, back):
+    name, value = fault.split("=", 1)
+    monkeypatch.setenv(name, value)
+    run = tmp_path / "run"
+    summary = run_here(config, run, *sets)
+    assert summary["rewinds"] == 1
+    check_final(run, check_timeline(run))
+    (skip,) = recorded_skips(run)
+    assert skip.checkpoint_step == back and (skip.first_step, skip.last_step) == (back + 1, back + 2)
+    discarded = [r for r in rows(run) if "discarded_by_rewind" in r]
+    assert discarded and all(r["step"] > back for r in discarded)
+    for where in ("checkpoints", "exports", "eval"):  # what the discarded attempt wrote, set aside
+        made = {s for s in (ALL_DUE,) if back < s < skip.spike_step}  # the spike step's own never ran
+        assert made <= {int(p.name.split("-")[-1]) for p in (run / where).glob("abandoned-step-*")}, where
+    # the summary's losses are kept rows' (never the spike's)
+    assert summary["final_loss"] == kept_rows(rows(run))[-1].get("loss", summary["final_loss"])
+    assert all(r["loss"] < 20 for r in kept_rows(rows(run)) if "loss" in r)
+
+
+def test_a_skip_to_the_end_with_nothing_to_score_leaves_consumption_to_the_timeline(
+    config, tmp_path, monkeypatch
+):
+    """No validation, no eval: no row follows the rewind, and consumption.parquet (the audit's
+    `consumption` view) still counts the steps trained and skipped, and the rewind."""
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{LAST}*50")
+    run = tmp_path / "run"
+    run_here(config, run, "run.on_spike='rewind'", "run.val_every=0", "eval.interval=0")
+    assert check_timeline(run) == LAST
+    consumed = pq.read_table(run / "consumption.parquet").to_pylist()
+    assert sum(r["skipped_windows"] for r in consumed) > 0 and [1] in [r["rewinds"] for r in consumed]
+
+
+def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_evaluated(
+    config, tmp_path, monkeypatch
+):
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{LAST}*50")
+    run = tmp_path / "run"
+    run_here(config, run, "run.on_spike='rewind'", f"run.rewind.margin_steps={LAST}")  # none that old
+    check_final(run, check_timeline(run))
+    assert recorded_skips(run) == () and kept_rows(rows(run))[-1]["loss"] > 20  # the spike is the run's
+
+
+def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(config, tmp_path, monkeypatch):
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
+    run = tmp_path / "run"
+    run_here(config, run)
+    check_final(run, check_timeline(run))
+    (row,) = [r for r in rows(run) if r["step"] == ALL_DUE]
+    assert any("loss spike" in e for e in row["events"]) and "val_loss" in row and EVAL_KEY in row
+
+
+def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(
+    config, tmp_path, monkeypatch, reference
+):
+    monkeypatch.setenv(SIGTERM, str(ALL_DUE))
+    run = tmp_path / "run"
+    stopped = run_here(config, run)
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == ALL_DUE
+    monkeypatch.delenv(SIGTERM)
+    run_here(config, run, "checkpoint.resume='auto'")
+    check_final(run, check_timeline(run))
+    assert scores(run) == scores(reference)
+    assert_same_weights(reference, run, LAST)
+
+
+def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_exactly(
+    config, tmp_path, monkeypatch
+):
+    """A spike and SIGTERM on one step: the rewind goes first, its checkpoint (at the skip's last
+    step) is the stop's; the resume then trains as the uninterrupted rewound run does."""
+    monkeypatch.setenv(SPIKE_WINDOW, "step:5*50")
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    run_here(config, straight, "run.on_spike='rewind'")
+    monkeypatch.setenv(SIGTERM, "5")
+    stopped = run_here(config, run, "run.on_spike='rewind'")
+    assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == 4 and stopped["rewinds"] == 1
+    monkeypatch.delenv(SIGTERM)
+    run_here(config, run, "run.on_spike='rewind'", "checkpoint.resume='auto'")
+    check_final(run, check_timeline(run))
+    assert scores(run) == scores(straight)
+    assert_same_weights(straight, run, LAST)
+
+
+def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterrupted_run(
+    config, tmp_path, reference
+):
+    """Killed once step 4's checkpoint is complete and before its validation and row (and its eval:
+    the in-process tests have it; these processes of their own leave lm-eval out, its import alone
+    takes seconds): the checkpoint holds the row still to write, and the resume writes it,
+    validated, before step 5."""
+    run = tmp_path / "run"
+    killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert ALL_DUE in list_steps(run / "checkpoints") and ALL_DUE not in {r["step"] for r in rows(run)}
+    done = run_child(config, run, resume=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_timeline(run)
+    assert scores(run, ("loss", "val_loss")) == scores(reference, ("loss", "val_loss"))
+    assert "val_loss" in next(r for r in rows(run) if r["step"] == ALL_DUE)
+    assert_same_weights(reference, run, LAST)
+
+
+def test_the_summary_after_a_resume_reads_only_kept_rows(config, tmp_path, monkeypatch, capsys):
+    """Stopped at step 4, resumed; the resumed invocation's first logged row (step 6, a spike) is
+    discarded by the rewind it causes: the summary and the returned losses are kept rows'."""
+    run = tmp_path / "run"
+    monkeypatch.setenv(SIGTERM, str(ALL_DUE))
+    run_here(config, run, "run.on_spike='rewind'")
+    monkeypatch.delenv(SIGTERM)
+    monkeypatch.setenv(SPIKE_WINDOW, "step:6*50")
+    capsys.readouterr()
+    summary = run_here(config, run, "run.on_spike='rewind'", "checkpoint.resume='auto'")
+    out = capsys.readouterr().out
+    spike = next(r for r in rows(run) if r["step"] == 6 and "discarded_by_rewind" in r)
+    line = next(x for x in out.splitlines() if x.startswith("loss "))
+    assert f"{spike['loss']:.4f}" not in line and summary["first_loss"] != spike["loss"]
+    kept = [r for r in kept_rows(rows(run)) if r["step"] > ALL_DUE and "loss" in r]
+    assert (
+        summary["first_loss"] == kept[0]["loss"]
+        and f"{kept[0]['loss']:.4f} at step {kept[0]['step']}" in line
+    )
+    check_final(run, check_timeline(run))
+
+
+HAPPENINGS = {
+    "nan-stop": (NAN_LOSS, "{step}", []),
+    "nan-skip": (NAN_LOSS, "{step}", ["run.on_nonfinite='skip'"]),
+    "nan-rewind": (NAN_LOSS, "{step}", ["run.on_nonfinite='rewind'"]),
+    "spike-report": (SPIKE_WINDOW, "step:{step}*50", []),
+    "spike-rewind": (SPIKE_WINDOW, "step:{step}*50", ["run.on_spike='rewind'"]),
+}
+
+
+@pytest.mark.sweep
+@pytest.mark.parametrize("step", range(1, STEPS + 1))
+@pytest.mark.parametrize("happening", list(HAPPENINGS))
+def test_sweep_every_step(config, tmp_path, monkeypatch, happening, step):
+    """The wider sweep (`pytest -m sweep`, not in the default suite): each happening on each step,
+    the invariants after each run."""
+    name, value, sets = HAPPENINGS[happening]
+    monkeypatch.setenv(name, value.format(step=step))
+    run = tmp_path / "run"
+    try:
+        run_here(config, run, *sets)
+    except NonFiniteError:
+        assert happening in ("nan-stop", "nan-rewind")  # a rewind with nowhere to go stops too
+        assert all(s < step for w in ("checkpoints", "exports", "eval") for s in list_steps(run / w))
+        check_timeline(run)
+        return
+    check_final(run, check_timeline(run))

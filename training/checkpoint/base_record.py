@@ -1,0 +1,83 @@
+"""RUN/base/: what a run from a base model ([model] init_from) keeps of it, written once when the
+run starts from the base (not on a resume, which never reads the base).
+
+    RUN/base/  base.json  config.json  tokenizer.json  tokenizer_config.json
+               special_tokens_map.json  generation_config.json          (those the base has)
+
+- The base's identity covers config.json and the weights index, not the weight bytes (a minute to
+  hash on an 8B, on every resume). base.json adds the sha256 of every weights file, hashed once
+  here, so an export of step 0 (the base itself, rebuilt from its files) refuses a base edited in
+  place since the run started. A hub base needs none: the pinned commit names its bytes.
+- The export of any step of the run carries the base's tokenizer files and special tokens (bos,
+  eos, pad as the base's users expect them), read from here: the base itself may be gone by then.
+  gristmill's own eval does not take its framing from them but from the dataset's separator
+  (gristmill_export.json), exactly one per document as in training.
+
+base.json is written last and lists the files kept, so a start cut short leaves no record that
+names files of another base.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from training.checkpoint.base_source import hub_id
+from training.checkpoint.hf_import import CONFIG_JSON, INDEX_JSON, weights_index
+from training.contract.atomic_write import write_atomic
+from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
+from training.contract.errors import GristmillError
+from training.contract.run_layout import BASE_DIR, read_json_record
+
+__all__ = ["BASE_JSON", "TOKENIZER_FILES", "base_files", "read_base_record", "record_base", "weights_sha256"]
+
+BASE_JSON = "base.json"
+TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
+_KEPT = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
+
+
+def weights_sha256(directory: str | Path) -> dict[str, str]:
+    """{file: sha256} of a base's weights files (the safetensors and their index)."""
+    directory = Path(directory)
+    names = sorted({entry["file"] for entry in weights_index(directory).values()})
+    names += [INDEX_JSON] if (directory / INDEX_JSON).is_file() else []
+    return {name: file_sha256(directory / name) for name in names}
+
+
+def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
+    """Keep the base's small files in RUN/base/ and write base.json: its identity and, for a local
+    directory, the sha256 of its weights files."""
+    target, directory = Path(run_dir) / BASE_DIR, Path(directory)
+    target.mkdir(parents=True, exist_ok=True)
+    kept = [name for name in _KEPT if (directory / name).is_file()]
+    for name in kept:
+        write_atomic(target / name, (directory / name).read_bytes())
+    for stale in set(_KEPT) - set(kept):  # a record of an earlier start, from another base
+        (target / stale).unlink(missing_ok=True)
+    record = {
+        "init_from": identity,
+        "init_from_sha256": init_from_sha256,
+        "weights_sha256": None if hub_id(identity) is not None else weights_sha256(directory),
+        "files": kept,
+    }
+    write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
+
+
+def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """RUN/base/base.json, or None (a run from scratch, or one started before gristmill kept it)."""
+    path = Path(run_dir) / BASE_DIR / BASE_JSON
+    try:
+        return read_json_record(path, "files")
+    except ValueError as e:
+        raise GristmillError(
+            f"{path} is unreadable ({e}); it is written again when the run starts over from its base "
+            "(a new run directory)"
+        ) from None
+
+
+def base_files(run_dir: str | Path) -> dict[str, Path]:
+    """{name: path} of the base's files RUN/base/ keeps (none for a run from scratch)."""
+    record = read_base_record(run_dir)
+    folder = Path(run_dir) / BASE_DIR
+    return {} if record is None else {name: folder / name for name in record["files"]}

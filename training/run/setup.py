@@ -1,0 +1,498 @@
+"""Setting a run up: the checks before any work (`preflight`), then the run's parts, built in order
+by a few named builders (`setup`), into the `Run` the loop trains with (training/train.py).
+
+Order of work: the config resolved and checked once (training/config_checks.RunSpec: batch
+arithmetic, the mesh shape, the model against the dataset's vocabulary, separator and sequence
+lengths; a `[model] init_from` base located, a hub id downloaded by rank 0 while the others wait) →
+device mesh → the data (the plan, the sources opened, this rank's loader, the held-out loaders:
+before the model, so a dataset too small fails before the big allocations) → the model (on the
+meta device or materialised, see run.init_device; parallelized: AC, compile, FSDP2; weights
+initialised with the same seed on every rank), the optimizer and the LR schedule → the
+checkpointer and the resume, or the base's weights → what rank 0 writes and prints (RUN/config.toml
+once the resume checks passed, the plan's record, the metrics writer, the header) → the judge of
+every step and the rewinder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from training.checkpoint.base_record import record_base
+from training.checkpoint.base_source import BaseSource, locate_base
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.hf_import import check_base_data, load_base_weights
+from training.checkpoint.io import resume_model_record
+from training.checkpoint.state import TrainState, checkpointables
+from training.config import TrainConfig, load_train_config
+from training.config_checks import (
+    BatchShape,
+    RunSpec,
+    applied_config,
+    check_config,
+    resolve,
+    resolve_model_config,
+)
+from training.contract.config_loader import config_changes, config_sha256, save_config
+from training.contract.errors import GristmillError, unwritable
+from training.contract.run_layout import CONFIG_TOML
+from training.data.loader import TokenLoader
+from training.data.recipe import format_plan, open_plan
+from training.data.remote import dataset_info, tokenizer_dir
+from training.metrics import MetricsWriter, TrainingMetrics, device_name, kept_rows, peak_flops
+from training.model import Transformer, flops_per_token, num_params
+from training.optim import ScheduledLR, bitsandbytes_or_refuse, build_optimizer, plan_scheduler
+from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
+from training.run.console import say
+from training.run.faults import LossFaults
+from training.run.lock import RunLock
+from training.run.rewind import Rewinder
+from training.run.timeline import RunRecord, Timeline
+from training.run.validation import Validation
+from training.run.verdict import Judge
+
+
+class StepEval(Protocol):
+    """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
+    validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
+
+    def prepare(self, run_dir: Path, last_step: int) -> None:
+        """On every rank once the run directory is owned and RUN/config.toml written: check the
+        tasks and build their data before step 1 (a GristmillError on every rank when it fails);
+        `last_step`: this invocation's last step (always evaluated)."""
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` is evaluated: every eval.interval steps and the last step."""
+
+    def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
+        """On every rank at an eval step (collective): rank 0's scores as metrics-row entries
+        (`eval/<task>/<metric>`, `eval_s`; `eval_error`, a line, when it failed: never raises), {}
+        on the other ranks. Called after the step's checkpoint, when one is due, is saved."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, from torchrun's environment (1 process when absent)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise GristmillError(
+            "run.device = 'cuda' but torch sees no CUDA device; use run.device = 'auto' or 'cpu'"
+        )
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+@dataclass
+class Run:
+    """What `setup` builds and the loop trains with."""
+
+    cfg: TrainConfig
+    spec: RunSpec  # the recipe resolved once: sources, phases, batch shapes, the model
+    env: DistEnv
+    device: torch.device
+    run_dir: Path
+    plan: Any  # training/data/plan.Plan: which tokens of which source every step takes, and the LR
+    model: nn.Module
+    amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
+    loader: TokenLoader
+    validation: Validation | None  # held-out loss at run.val_every (None: off)
+    evaluator: StepEval | None  # lm-eval at eval.interval (None: off)
+    optimizer: torch.optim.Optimizer
+    scheduler: ScheduledLR
+    state: TrainState  # the step and token counters, the spike rule's window, the RNG streams
+    timeline: Timeline  # the rewinds' skips: the run's history
+    checkpointables: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
+    checkpointer: Checkpointer
+    metrics: TrainingMetrics  # the rows and the summary (written on rank 0)
+    record: RunRecord  # the run directory's artifacts, kept in agreement with the timeline
+    judge: Judge  # each step's one verdict
+    rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/run/rewind.py)
+    fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
+    last_step: int  # the last step of this invocation
+    flops_per_token: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
+    peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
+
+
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[RunSpec, torch.device, Path | None]:
+    """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
+    against the dataset (vocabulary, separator, sequence length), the base model of init_from
+    against the data, the device and the optimizer. Raises GristmillError with the numbers; returns
+    (the resolved recipe with its model, the device, the base's directory: None without init_from
+    or when a resume's checkpoint stands for it)."""
+    spec = check_config(cfg, env.world_size)
+    mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
+    dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
+    info = dataset_info(dataset)  # a bucket's: one GET
+    source = _locate_base(cfg, env) if cfg.model.init_from else None
+    model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
+    if source is not None and source.directory is not None:  # the data must match the base, before any work
+        data_dir = tokenizer_dir(dataset, spec.cache)  # a bucket's: its tokenizer.json fetched, checked
+        for note in check_base_data(source.directory, data_dir, info, model_config.vocab_size):
+            if env.rank == 0:
+                say(note)
+    device = pick_device(cfg.run.device, env.local_rank)
+    if cfg.optim.name == "adamw8bit":
+        bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
+    if model_config.float8:
+        float8_or_refuse(device)
+    spec = dataclasses.replace(spec, model=model_config)
+    return spec, device, None if source is None else source.directory
+
+
+def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
+    """model.init_from located (training/checkpoint/base_source.py), a resume's recorded base where
+    the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
+    wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
+    cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
+    recorded = resume_model_record(cfg.run.output_dir, cfg.checkpoint.resume)
+    printer = say if env.rank == 0 else None
+    if env.world_size == 1 or not dist.is_initialized():
+        source = locate_base(cfg.model.init_from, recorded, printer)
+    else:
+        problem, source = None, None
+        if env.rank == 0:
+            try:
+                source = locate_base(cfg.model.init_from, recorded, printer)
+            except GristmillError as e:
+                problem = str(e)
+        box = [problem, None if source is None else source.identity]
+        dist.broadcast_object_list(box, src=0)  # the others wait here for rank 0's download
+        if box[0] is not None:
+            raise GristmillError(box[0])
+        if source is None:
+            source = locate_base(box[1], recorded)
+    if source.note and env.rank == 0:
+        say(source.note)
+    return source
+
+
+def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
+    """Model → parallelize → weights, seeded identically on every rank (see run.init_device). A
+    base model's weights ([model] init_from) replace them in `setup`, unless a resume loads a checkpoint."""
+    mode = cfg.run.init_device
+    if mode == "auto":
+        mode = "meta" if device.type == "cuda" else "full"
+    if mode == "meta":
+        with torch.device("meta"):
+            model = Transformer(model_config)
+        model = parallelize(model, mesh, cfg.parallel)
+        model.to_empty(device=device)
+        torch.manual_seed(cfg.run.seed)
+        with torch.no_grad():
+            model.init_weights()
+    else:  # whole model on every rank, then shard: identical weights whatever the world size
+        torch.manual_seed(cfg.run.seed)
+        with torch.device(device):
+            model = Transformer(model_config)
+        with torch.no_grad():
+            model.init_weights()
+        model = parallelize(model, mesh, cfg.parallel)
+    model.train()
+    return model
+
+
+def loader_settings(
+    cfg: TrainConfig, shape: BatchShape, env: DistEnv, device: torch.device
+) -> dict[str, Any]:
+    """What every loader of the run shares: this data-parallel rank, workers, checks, pinning."""
+    return dict(
+        rank=env.rank,  # every rank is a data-parallel rank
+        world_size=shape.dp_size,
+        num_workers=cfg.data.num_workers,
+        check_separators=cfg.data.check_separators,
+        pin_memory=device.type == "cuda",
+    )
+
+
+def setup(
+    cfg: TrainConfig,
+    spec: RunSpec,
+    env: DistEnv,
+    device: torch.device,
+    evaluator: StepEval | None = None,
+    base_dir: Path | None = None,
+) -> Run:
+    """The run's parts, in the order of the module's docstring (`base_dir`: where preflight located
+    [model] init_from, whose weights replace the random init unless a checkpoint is resumed)."""
+    mesh = build_mesh(cfg.parallel, env.world_size, device.type)
+    last_step = cfg.run.max_steps or spec.last_step
+    plan, loader, validation, notes = _data(cfg, spec, env, device, last_step)
+    model = build_model(spec.model, cfg, mesh, device)
+    amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
+    optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
+    scheduler = plan_scheduler(optimizer, plan)
+    state, timeline = TrainState(rank=env.rank), Timeline(plan)
+    states = checkpointables(model, optimizer, scheduler, loader, state, timeline)
+    # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
+    resolved = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, init_from=spec.model.init_from or None)
+    )
+    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, spec.model, num_params(model))
+    resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
+    if resumed is None and spec.model.init_from:  # a resume's checkpoint holds the weights: no base read
+        if base_dir is None:  # preflight took a checkpoint's record for it, and that checkpoint did not load
+            raise GristmillError(
+                f"model.init_from = {spec.model.init_from}: the base's files are not at hand"
+            )
+        load_base_weights(model, base_dir)  # each rank copies its own shards from the files
+    run_dir = Path(cfg.run.output_dir)
+    record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
+    writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes, base_dir)
+    # The resumed step's row, unless it was written before the run stopped (or it is another run
+    # directory's checkpoint: that run's row, not this one's).
+    if state.pending is not None:
+        step = state.pending["row"]["step"]
+        written = writer is not None and any(r["step"] == step for r in kept_rows(writer.history))
+        if from_rank0(written, env.world_size) or not checkpointer.resumed_here:
+            state.pending = None
+    flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
+    peak = peak_flops(device_name(device)) if device.type == "cuda" else None
+    if writer is not None:
+        for line in _header(cfg, spec, env, device, mesh, model, flops[0], peak):
+            say(line)
+        for line in format_plan(plan, notes, timeline.skips):
+            say(f"  plan    {line}")
+    if evaluator is not None:
+        evaluator.prepare(run_dir, last_step)  # needs RUN/config.toml (the tasks' held-out documents)
+    if resumed is not None:
+        _say_resumed(loader, state, resumed, last_step)
+    rewinder = Rewinder(
+        cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
+        state=state,
+    )  # fmt: skip
+    judge = Judge(
+        cfg.run, lr=cfg.optim.lr, config_path=run_dir / CONFIG_TOML, device=device,
+        world_size=env.world_size, recent_losses=state.recent_losses, rewinder=rewinder,
+    )  # fmt: skip
+    return Run(
+        cfg=cfg, spec=spec, env=env, device=device, run_dir=run_dir, plan=plan, model=model, amp=amp,
+        loader=loader, validation=validation, evaluator=evaluator, optimizer=optimizer,
+        scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
+        checkpointer=checkpointer,
+        metrics=TrainingMetrics(
+            writer, timeline, run_dir, plot=cfg.metrics.plot, log_every=cfg.run.log_every, last_step=last_step
+        ),
+        record=record, judge=judge, rewinder=rewinder, fault=LossFaults(model, env.rank, plan),
+        last_step=last_step, flops_per_token=flops, peak_flops=peak,
+    )  # fmt: skip
+
+
+def _data(cfg: TrainConfig, spec: RunSpec, env: DistEnv, device: torch.device, last_step: int):
+    """(plan, this rank's loader, the held-out loaders or None, the plan's notes). A dataset too
+    small for one global batch, or a source the plan would run out of, fails here."""
+    # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
+    vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
+    plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab)
+    settings = loader_settings(cfg, spec.shapes[0], env, device)
+    micro = tuple(shape.micro_batch for shape in spec.shapes)
+    loader = TokenLoader(plan, tables, micro_batch=micro, **settings)
+    validation = None
+    if cfg.run.val_every > 0 and any(s.val_fraction > 0 for s in spec.sources):
+        validation = Validation(
+            cfg, spec, plan, last_step=last_step, vocab_size=vocab, device=device,
+            world_size=env.world_size, settings=settings,
+        )  # fmt: skip
+    return plan, loader, validation, notes
+
+
+def _checkpointer(
+    resolved: TrainConfig,
+    env: DistEnv,
+    states: dict,
+    timeline: Timeline,
+    last_step: int,
+    model_config,
+    params: int,
+) -> Checkpointer:
+    run = resolved.run
+    rewinds = "rewind" in (run.on_spike, run.on_nonfinite)
+    # --resume is how a run started, not what it trains: it is left out of the config hash.
+    unresumed = dataclasses.replace(resolved, checkpoint=dataclasses.replace(resolved.checkpoint, resume=""))
+    return Checkpointer(
+        resolved.checkpoint,
+        run.output_dir,
+        states,
+        rank=env.rank,
+        world_size=env.world_size,
+        last_step=last_step,
+        config_sha256=config_sha256(unresumed),
+        estimate_bytes=params * 4 * 3,  # fp32 weights + AdamW's two moments
+        model_config=dataclasses.asdict(model_config),  # recorded in COMPLETE, checked before a resume loads
+        # Retention keeps what a later rewind may go back to (checkpointer.prune).
+        rewind_keep=(lambda: (timeline.oldest_target, run.rewind.margin_steps)) if rewinds else None,
+    )
+
+
+def _outputs(
+    resolved: TrainConfig,
+    spec: RunSpec,
+    env: DistEnv,
+    run_dir: Path,
+    resumed: int | None,
+    timeline: Timeline,
+    record: RunRecord,
+    notes: list[str],
+    base_dir: Path | None,
+) -> MetricsWriter | None:
+    """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
+    RUN/config.toml (after a resume's note of what changed), the plan's record and plot, what a
+    discarded future left set aside, a new run's base (RUN/base/: the base as loaded from
+    `base_dir`, for its exports); the metrics writer. None on the other ranks."""
+    if env.rank != 0:
+        return None
+    applied = applied_config(resolved, spec)
+    if resumed is not None:
+        for line in _changes_since(run_dir / CONFIG_TOML, applied, resumed):
+            say(line)
+    try:
+        save_config(applied, run_dir / CONFIG_TOML)
+    except OSError as e:
+        raise unwritable(run_dir, e) from None
+    record.started(resumed)
+    if resumed is None and spec.model.init_from:  # RUN/base/: the base as loaded, for its exports
+        record_base(run_dir, base_dir, spec.model.init_from, spec.model.init_from_sha256)
+    return MetricsWriter(
+        run_dir,
+        metrics=resolved.metrics,
+        config=applied,
+        datasets={src.name: src.dataset for src in spec.sources},
+        resume_step=resumed,
+        resume_rewinds=len(timeline.skips),
+    )
+
+
+def _header(
+    cfg: TrainConfig, spec: RunSpec, env: DistEnv, device, mesh, model, flops: int, peak: float | None
+) -> list[str]:
+    """The run's header lines: model, each source's dataset, batch per phase, processes and mesh,
+    FLOPs per token and MFU."""
+    mcfg, shapes = spec.model, spec.shapes
+    params = num_params(model)
+    params_without_embeddings = num_params(model, exclude_embeddings=True)
+    mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
+    amp = (
+        "bf16 autocast"
+        if (mesh is None and cfg.parallel.param_dtype == "bfloat16")
+        else cfg.parallel.param_dtype
+    )
+    if mcfg.float8:
+        amp += " + float8 block linears (torchao)"
+    # A run from a base model says the base, which gives its shape; the preset only fills the rest.
+    origin = f"the base {mcfg.init_from}" if mcfg.init_from else f"preset {cfg.model.preset}"
+    return [
+        f"gristmill train → {cfg.run.output_dir}",
+        f"  model   {origin}: {params:,} params ({params_without_embeddings:,} without "
+        f"embeddings), dim {mcfg.dim}, {mcfg.n_layers} layers, "
+        f"{mcfg.n_heads}/{mcfg.n_kv_heads} heads, vocab {mcfg.vocab_size}",
+        "  data    " + ", ".join(f"{src.name} = {src.dataset}" for src in spec.sources),
+        *(
+            f"  batch   {'' if len(shapes) == 1 else f'{s.name}: '}{s.global_batch} seqs × {s.seq_len} = "
+            f"{s.tokens_per_step:,} tokens/step = {_count(s.dp_size, 'rank')} × "
+            f"{s.micro_batch} micro × {s.grad_accum} accumulation"
+            for s in shapes
+        ),
+        f"  run     {_count(env.world_size, 'process', 'processes')} on {device_name(device)}, "
+        f"mesh {mesh_txt}, compute {amp}, "
+        + f"{spec.last_step} steps in {_count(len(shapes), 'phase')}"
+        + (f", stopping at step {cfg.run.max_steps} (run.max_steps)" if cfg.run.max_steps else "")
+        + " (plan below)",
+        f"  flops   {flops:,} FLOPs/token = 6·N_matmul + 12·L·d·T, LM head counted in N_matmul; "
+        + (
+            f"MFU vs {peak / 1e12:.0f} TFLOP/s dense bf16 peak per device"
+            + (
+                " (a float8 run: against the bf16 peak, as the reference runs report it)"
+                if mcfg.float8
+                else ""
+            )
+            if peak
+            else f"MFU not reported (no known peak for {device_name(device)!r})"
+        ),
+    ]
+
+
+def _count(n: int, one: str, many: str = "") -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def _say_resumed(loader: TokenLoader, state: TrainState, resumed: int, last_step: int) -> None:
+    for note in loader.resume_notes:
+        say(f"note: {note}")
+    say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
+    if resumed >= last_step:
+        say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
+
+
+def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
+    """A resume's note of what differs from the run's saved config.toml (the optimizer, the schedule
+    and the run settings are this config's from the next step on; the data and the model are
+    checked apart and refused when they changed)."""
+    try:
+        before = load_train_config(path, [])
+        before_applied = applied_config(before, resolve(before))
+    except (GristmillError, OSError):
+        return []  # no or an unreadable earlier config: nothing to compare with
+    changes = config_changes(before_applied, applied, ignore=("checkpoint.resume",))
+    if not changes:
+        return []
+    shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
+    return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
+
+
+def from_rank0(value: Any, world_size: int) -> Any:
+    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
+    if world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def raise_rank0_problem(problem: str | None, world_size: int) -> None:
+    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
+    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
+    problem = from_rank0(problem, world_size)
+    if problem is not None:
+        raise GristmillError(problem)
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: Path, env: DistEnv) -> Iterator[None]:
+    """Rank 0 holds the run directory's lock for the run; every rank stops if it could not."""
+    lock, problem = None, None
+    if env.rank == 0:
+        try:
+            lock = RunLock(run_dir).acquire()
+            if lock.note:
+                say(lock.note)
+        except GristmillError as e:
+            problem = str(e)
+        except OSError as e:
+            problem = str(unwritable(run_dir, e))
+    raise_rank0_problem(problem, env.world_size)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()

@@ -1,0 +1,124 @@
+"""Held-out loss during training (`run.val_every`, `run.val_batches`): `Validation`, one of the
+loop's side activities, which owns its cadence (`due`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+from training.config import TrainConfig
+from training.config_checks import RunSpec
+from training.data.loader import TokenLoader, dataset_loader
+from training.data.plan import Plan
+
+
+class Validation:
+    """Held-out loss per source: the first `val_batches` global batches of each source's held-out
+    split (the same ones every time), at the current phase's seq_len and batch; a phase with
+    another seq_len gets loaders of its own. The total (`val_loss`) weights the sources by the
+    current phase's mix (equally where the phase uses none of them)."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        spec: RunSpec,
+        plan: Plan,
+        *,
+        last_step: int,
+        vocab_size: int,
+        device: torch.device,
+        world_size: int,
+        settings: dict[str, Any],
+    ):
+        """`last_step`: this invocation's (validated too); `settings`: the loaders' rank, world
+        size, workers and checks (the training loader's)."""
+        self.cfg, self.spec, self.plan, self.last_step = cfg, spec, plan, last_step
+        self.vocab_size, self.device, self.world_size, self.settings = (
+            vocab_size,
+            device,
+            world_size,
+            settings,
+        )
+        self.sources = [s for s in spec.sources if s.val_fraction > 0]
+        self._loaders: dict[tuple[str, int, int], tuple[TokenLoader, dict]] = {}
+        for phase in range(len(spec.shapes) if self.sources else 0):
+            self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
+
+    def due(self, step: int) -> bool:
+        return step % self.cfg.run.val_every == 0 or step == self.last_step
+
+    def loaders(self, phase: int) -> list[tuple[str, TokenLoader, dict]]:
+        shape = self.spec.shapes[phase]
+        out = []
+        for src in self.sources:
+            key = (src.name, shape.seq_len, shape.micro_batch)
+            if key not in self._loaders:
+                loader = dataset_loader(
+                    src.dataset,
+                    split="val",
+                    seq_len=shape.seq_len,
+                    global_batch=shape.global_batch,
+                    micro_batch=shape.micro_batch,
+                    seed=self.cfg.data.seed,
+                    val_fraction=src.val_fraction,
+                    expect_vocab_size=self.vocab_size,
+                    cache=self.spec.cache,
+                    **self.settings,
+                )
+                self._loaders[key] = (loader, loader.state_dict())
+            out.append((src.name, *self._loaders[key]))
+        return out
+
+    def __call__(self, model: nn.Module, step: int, amp) -> dict[str, float]:
+        phase, _ = self.plan.locate(step - 1)
+        losses = {
+            name: evaluate(model, loader, start, self.cfg.run.val_batches, amp, self.device, self.world_size)
+            for name, loader, start in self.loaders(phase)
+        }
+        names = [s.name for s in self.plan.sources]
+        weights = {n: self.plan.phases[phase].weights[names.index(n)] for n in losses}
+        if not sum(weights.values()):
+            weights = dict.fromkeys(losses, 1)
+        out = {"val_loss": sum(weights[n] * v for n, v in losses.items()) / sum(weights.values())}
+        if len(self.plan.sources) > 1:
+            out.update({f"val/{n}": v for n, v in losses.items()})
+        return out
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, loader, start_state: dict, n_batches: int, amp, device, world_size: int
+) -> float:
+    """Mean loss over the first `n_batches` global batches of the held-out split (the same ones each time)."""
+    loader.load_state_dict(start_state)
+    model.eval()
+    losses = []
+    it = iter(loader)
+    for _ in range(n_batches):
+        for mb in next(it):
+            mb = to_device(mb, device)
+            with amp():
+                losses.append(
+                    model(mb["input_ids"], labels=mb["labels"], position_ids=mb.get("position_ids"))
+                )
+    del it
+    for module in model.modules():  # FSDP2 keeps the root unsharded after a forward without backward
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    model.train()
+    # Every rank evaluated the same number of equal-sized micro-batches: the mean of means is exact.
+    total = torch.stack(losses).double().sum()
+    if world_size > 1:
+        total = total.to(device)
+        dist.all_reduce(total)
+    return total.item() / (len(losses) * world_size)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    if device.type == "cpu":
+        return batch
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}

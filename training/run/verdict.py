@@ -1,0 +1,290 @@
+"""One verdict per step: what a step did, read once, and what the run does about it.
+
+A step whose loss or gradient norm is not finite is never applied, and the host need not look at
+every step to make sure of it: the flag (loss or gradient norm non-finite on any rank: one MAX
+all-reduce, identical everywhere) is decided on the device and handed to fused AdamW as
+`found_inf`, which then leaves weights, moments and step counts untouched (torch's own mechanism
+for AMP's skipped steps). Other optimizers (optim.fused = false, adamw8bit, muon) cannot take the
+flag, so for them `guarded_step` reads it before every step: one sync per step. The LR schedule
+and the data position advance over a skipped step: its batch is consumed, as if trained on.
+
+`Judge.judge` is the one reader of what a step did. On a step where anything else is due (a
+metrics row, a checkpoint, validation, an eval, a stop signal, the last step), and on every step
+while a rewind is on, it reads once: the loss (the mean over ranks: every rank holds the same
+value and takes the same decision), the non-finite tally since it last looked (`NonFiniteGuard`,
+counted on the device in between), the spike rule's finding (`SpikeDetector`: on logged losses
+with run.on_spike = "report", on every step's with "rewind"); and from them one frozen `Verdict`:
+
+- GO_ON: train on (a spike under "report" is an event of the step's row);
+- SKIPPED: non-finite updates were left out and run.on_nonfinite = "skip" lets the run go on (they
+  are counted in the next metrics row; run.max_skipped in a row stop it);
+- STOP: run.on_nonfinite = "stop" (the default), max_skipped reached, a non-finite step with no
+  checkpoint to rewind to, or a rewind past run.rewind.max_rewinds: exit 3, nothing saved at or
+  after the bad step whatever else falls due on it (the loop acts on the verdict before any of it);
+- REWIND: go back to the checkpoint the verdict names and skip data (training/run/rewind.py). A
+  spike with no checkpoint to go back to is a GO_ON with a warning.
+
+Nothing else reads or clears the guard. A step with nothing due and no rewind on is not read
+(no host sync): its tally waits for the next read, which comes before any save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from training.config import RunSection
+from training.contract.errors import NonFiniteError
+from training.run.rewind import Rewinder, RewindLimitError, RewindTarget, history
+
+GO_ON, SKIPPED, STOP, REWIND = "go on", "skipped", "stop", "rewind"
+_WHAT = {1: "loss", 2: "gradient norm", 3: "loss and gradient norm"}
+
+
+def nonfinite_code(loss: torch.Tensor, grad_norm: torch.Tensor, world_size: int) -> torch.Tensor:
+    """0 when this step may be applied; 1 loss, 2 gradient norm, 3 both non-finite (on some rank).
+    Stays on the device; under several ranks every rank gets the same value."""
+    code = (~torch.isfinite(loss)).long() + 2 * (~torch.isfinite(grad_norm.to(loss.device))).long()
+    if world_size > 1:
+        dist.all_reduce(code, op=dist.ReduceOp.MAX)  # async on NCCL: no host sync
+    return code
+
+
+def guarded_step(optimizer: torch.optim.Optimizer, code: torch.Tensor) -> None:
+    """optimizer.step() unless `code` says the step is not finite."""
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and optimizer.defaults.get("fused"):
+        # Fused Adam(W) skips the update (and undoes its step count) where found_inf is 1.
+        optimizer.found_inf = (code > 0).to(torch.float32)
+        optimizer.step()
+    elif not code.item():
+        optimizer.step()
+
+
+class NonFiniteGuard:
+    """Device-side tally of skipped steps since the host last looked (no sync until `read`); the
+    Judge's alone."""
+
+    def __init__(self, device: torch.device):
+        zero = lambda: torch.zeros((), dtype=torch.int64, device=device)  # noqa: E731
+        self.skipped, self.consecutive, self.first_step, self.first_code = zero(), zero(), zero(), zero()
+        self.longest = zero()  # the longest run of non-finite steps since the host last looked
+        self.unlogged: dict[str, Any] = {}
+
+    def record(self, step: int, code: torch.Tensor) -> None:
+        bad = (code > 0).long()
+        self.skipped += bad
+        self.consecutive = (self.consecutive + bad) * bad
+        self.longest = torch.maximum(self.longest, self.consecutive)
+        first = (self.first_step == 0) & (bad > 0)
+        self.first_step = torch.where(first, step, self.first_step)
+        self.first_code = torch.where(first, code, self.first_code)
+
+    def read(self) -> dict[str, Any]:
+        """One host sync: {"skipped": n since the last read, "consecutive": the longest run of
+        consecutive non-finite steps since the last read (a run may have ended before it), "first_step":
+        the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
+        skipped, consecutive, first, code = torch.stack(
+            [self.skipped, self.longest, self.first_step, self.first_code]
+        ).tolist()
+        self.skipped.zero_()
+        self.first_step.zero_()
+        self.longest.copy_(self.consecutive)  # a run still going on counts on from here
+        report = {
+            "skipped": skipped,
+            "consecutive": consecutive,
+            "first_step": first,
+            "what": _WHAT.get(code),
+        }
+        if skipped:
+            self.unlogged = self.unlogged or {"skipped": 0, "first_step": first, "what": report["what"]}
+            self.unlogged["skipped"] += skipped
+        return report
+
+    def reset(self) -> None:
+        """Forget every tally (a rewind went back to a checkpoint from before them)."""
+        for t in (self.skipped, self.consecutive, self.first_step, self.first_code, self.longest):
+            t.zero_()
+        self.unlogged = {}
+
+    def take_unlogged(self) -> dict[str, Any]:
+        """What `read` saw since the last call (skipped steps, the first one and why), for a metrics row."""
+        out, self.unlogged = self.unlogged or {"skipped": 0}, {}
+        return out
+
+
+class SpikeDetector:
+    """A loss above mean + sigma·std of the previous `window` losses it was shown (at least half a
+    window of them) is a spike; returns its description, or None. Non-finite losses are not its job.
+    The window is `recent` (TrainState.recent_losses: checkpointed, so a resumed run decides the same)."""
+
+    def __init__(self, window: int, sigma: float, recent: list[float] | None = None):
+        self.sigma, self.window = sigma, max(window, 1)
+        self.recent = recent if recent is not None else []
+
+    def check(self, loss: float) -> dict[str, float] | None:
+        if self.sigma <= 0 or not math.isfinite(loss):
+            return None
+        spike = None
+        if len(self.recent) >= max(2, self.window // 2):
+            mean = sum(self.recent) / len(self.recent)
+            std = math.sqrt(sum((x - mean) ** 2 for x in self.recent) / len(self.recent))
+            if loss > mean + self.sigma * std and std > 0:
+                spike = {
+                    "loss": loss,
+                    "mean": mean,
+                    "std": std,
+                    "sigma": self.sigma,
+                    "window": len(self.recent),
+                }
+        self.recent.append(loss)
+        del self.recent[: -self.window]
+        return spike
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What step `step` did and what the run does about it (see the module), decided once."""
+
+    step: int
+    action: str  # GO_ON, SKIPPED, STOP or REWIND
+    read: bool = False  # whether the host looked at this step (False: nothing due, no rewind on)
+    loss: float | None = None  # the step's loss, the mean over ranks (when read)
+    # Non-finite steps not applied since the last metrics row (a logged, stopped or rewound step's
+    # row counts them): {"skipped": n, "first_step": …, "what": "loss" | …}; None on other steps.
+    unlogged: dict[str, Any] | None = None
+    spike: dict[str, float] | None = None  # the spike rule's finding
+    rewind: RewindTarget | None = None  # where a REWIND goes back to, and what it skips
+    cause: str = ""  # why a STOP or REWIND: the loss, the step and the rule
+    advice: str = ""  # a non-finite STOP's next steps (a lower LR, or skipping such steps)
+    warning: str = ""  # a line to print (a spike that could not rewind)
+    error: type[NonFiniteError] = field(default=NonFiniteError)  # what a STOP raises
+
+    def message(self, last_checkpoint: str) -> str:
+        """The STOP's one line, naming the last complete checkpoint once the saves have ended."""
+        if not self.advice:
+            return self.cause
+        return (
+            f"{self.cause}; no update of a non-finite step was applied and nothing was saved after it. "
+            f"Last complete checkpoint: {last_checkpoint}. {self.advice}"
+        )
+
+
+class Judge:
+    """Reads what each step did, once, and decides the step's Verdict (see the module)."""
+
+    def __init__(
+        self,
+        run: RunSection,
+        *,
+        lr: float,
+        config_path: Path,
+        device: torch.device,
+        world_size: int,
+        recent_losses: list[float],
+        rewinder: Rewinder,
+    ):
+        """`run`: the [run] section (on_nonfinite, max_skipped, spike_*, on_spike, [run.rewind]);
+        `lr` (optim.lr) and `config_path` (RUN/config.toml): named in a STOP's advice;
+        `recent_losses`: the spike rule's window (TrainState.recent_losses: checkpointed)."""
+        self.run, self.lr, self.config_path = run, lr, config_path
+        self.device, self.world_size = device, world_size
+        self.guard = NonFiniteGuard(device)
+        self.spikes = SpikeDetector(run.spike_window, run.spike_sigma, recent_losses)
+        self.rewinder = rewinder
+        # With a rewind on, every step is read: a rewind acts at the step itself.
+        self.every_step = "rewind" in (run.on_spike, run.on_nonfinite)
+
+    def judge(self, step: int, result: dict[str, Any], *, look: bool, logged: bool) -> Verdict:
+        """The verdict of step `step` (`result`: train_step's). `look`: something besides training
+        is due at this step (the host reads it then); `logged`: its metrics row is due (the row's
+        loss is judged for spikes under on_spike = "report")."""
+        self.guard.record(step, result["nonfinite"])
+        if not (look or self.every_step):
+            return Verdict(step, GO_ON)
+        loss = _mean(result["loss"], self.world_size, self.device)
+        tally = self.guard.read()
+        judged = logged or self.run.on_spike == "rewind"
+        spike = self.spikes.check(loss) if judged else None
+        verdict = self._decide(step, loss, tally, spike)
+        if logged or verdict.action in (STOP, REWIND):  # these steps write a row
+            verdict = _with(verdict, unlogged=self.guard.take_unlogged())
+        if verdict.action == REWIND:
+            self.guard.reset()  # its tallies belong to the attempt the rewind discards
+        return verdict
+
+    def _decide(self, step: int, loss: float, tally: dict[str, Any], spike: dict | None) -> Verdict:
+        on_nonfinite, seen = self.run.on_nonfinite, Verdict(step, GO_ON, True, loss, spike=spike)
+        if tally["skipped"]:
+            if on_nonfinite == "rewind":
+                return self._rewind(seen, f"non-finite loss or gradient ({_fmt(loss)})")
+            if on_nonfinite == "stop" or tally["consecutive"] >= self.run.max_skipped:
+                why = (
+                    f"step {tally['first_step']}: the {tally['what']} is not finite (NaN or inf)"
+                    if on_nonfinite == "stop"
+                    else f"{tally['consecutive']} consecutive steps up to step {step} had a non-finite loss "
+                    f"or gradient (run.max_skipped = {self.run.max_skipped}; the last: {tally['what']})"
+                )
+                return _with(seen, action=STOP, cause=why, advice=self._advice())
+            seen = _with(seen, action=SKIPPED)
+        if spike is not None and self.run.on_spike == "rewind":
+            rule = (
+                f"loss {loss:.4g} at step {step:,} (mean {spike['mean']:.4g} + {spike['sigma']:g}σ, "
+                f"σ {spike['std']:.3g} over the previous {spike['window']} steps)"
+            )
+            return self._rewind(seen, rule)
+        return seen
+
+    def _rewind(self, seen: Verdict, cause: str) -> Verdict:
+        """A REWIND to the checkpoint the rewinder finds; a STOP past max_rewinds or for a
+        non-finite step with none; a GO_ON with a warning for a spike with none."""
+        limit = self.run.rewind.max_rewinds
+        done = self.rewinder.timeline.skips
+        if len(done) >= limit:
+            return _with(
+                seen,
+                action=STOP,
+                error=RewindLimitError,
+                cause=f"{cause}: a rewind would be the run's rewind {len(done) + 1}, past "
+                f"run.rewind.max_rewinds = {limit} (so far: {'; '.join(history(s) for s in done)}); the "
+                "data or the settings need a look: gristmill data inspect RUN --step N shows what a step "
+                "trained on",
+            )
+        target = self.rewinder.target(seen.step, cause)
+        if isinstance(target, RewindTarget):
+            return _with(seen, action=REWIND, rewind=target, cause=cause)
+        if seen.spike is None:  # a non-finite step cannot be trained past
+            return _with(seen, action=STOP, cause=f"step {seen.step}: {cause}; {target}; stopping")
+        return _with(
+            seen, warning=f"WARNING step {seen.step}: {cause}; {target}: not rewinding, the run goes on"
+        )
+
+    def _advice(self) -> str:
+        return (
+            "A resume keeps the learning rate of the steps already trained, so start a new run with a lower "
+            f"learning rate (gristmill train --config {self.config_path} --set optim.lr={self.lr / 10:g} "
+            "run.output_dir=NEW_DIR); or check the data and resume skipping such steps (gristmill train "
+            f"--config {self.config_path} --resume auto --set run.on_nonfinite=skip)"
+        )
+
+
+def _with(verdict: Verdict, **changes: Any) -> Verdict:
+    return dataclasses.replace(verdict, **changes)
+
+
+def _mean(loss: torch.Tensor, world_size: int, device: torch.device) -> float:
+    """The step's loss, the mean over ranks: the same value on every rank (one host sync)."""
+    total = loss.double()
+    if world_size > 1:
+        total = total.to(device)
+        dist.all_reduce(total)
+    return total.item() / world_size
+
+
+def _fmt(loss: float) -> str:
+    return "loss NaN" if math.isnan(loss) else f"loss {loss}"
