@@ -19,6 +19,9 @@
 - tokenize_shard.py     the tokenize-and-shard step: kept documents → token ids → shuffled tars
 - shard_writer.py       the only writer of the dataset contract: tar shards, manifest rows, dataset.json
 - data_index.py         `gristmill data index`: the loader index of a dataset built without one
+- upload.py             `gristmill data upload` and an s3:// build's last step: every file checked by
+                        sha256, one PUT each, dataset.json last
+- local_s3.py           moto's S3 server on loopback, for the demo's bucket stage, the bench and tests
 - tokenizer_train.py    `gristmill tokenizer train`: a byte-level BPE on a sample of the source
 - synthetic_dataset.py  a dataset of given token sequences, through the build's own writer (tests, bench)
 - local_executor.py     datatrove's local executor, watched: a dead worker stops the stage

@@ -199,10 +199,28 @@ def test_edited_manifest(ds, column, delta):
     rows[4][column] += delta
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
     found = problems(ds)
-    # The shard's problem, and the loader index (derived from the manifest) no longer matching.
-    assert len(found) == 2, found
+    # The shard's problem, the loader index (derived from the manifest) no longer matching, and the
+    # manifest file not the one dataset.json recorded.
+    assert len(found) == 3, found
     assert found[0].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
     assert found[1].startswith("index") and "rebuild" in found[1]
+    assert (
+        found[2]
+        == f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+    )
+
+
+def test_edited_manifest_metadata(ds):
+    """A column no structural check reads (a document's url) edited: dataset.json's record of the
+    manifest's sha256 says so (issue 38: what a copy in a bucket is checked against)."""
+    path = manifest_files(ds)[0]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[0]["url"] = "https://example.com/not-the-source"
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    assert problems(ds) == [
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+    ]
 
 
 def test_manifest_row_missing(ds):
@@ -216,10 +234,12 @@ def test_manifest_row_missing(ds):
     assert found[0] == (
         f"shards/{row['shard']}: document {row['key']}: in the tar but has no manifest row for this shard"
     )
-    # and the index derived from the manifest no longer matches dataset.json's totals
+    # and the index derived from the manifest no longer matches dataset.json's totals, nor the manifest
+    # the sha256 dataset.json records
     assert found[1:] == [
         f"index: cannot derive the index from the manifest: {ds}: the manifests hold {n - 1} documents / "
-        f"{t - row['n_tokens']} tokens but dataset.json records {n} / {t}; rebuild the dataset"
+        f"{t - row['n_tokens']} tokens but dataset.json records {n} / {t}; rebuild the dataset",
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)",
     ]
 
 

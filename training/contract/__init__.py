@@ -11,8 +11,11 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     disk_space     free_bytes, the free-disk check (DiskFullError) and fmt_bytes, for build, download
                    and checkpoints
     separator_check the separator rule (one per document, first or last), for tokenizer, validator, loader
+    object_store   s3:// URLs and the one S3 client (boto3, imported inside its functions): one request
+                   per call, retries with backoff, counted (COUNTS)
 
-The rule, enforced by tests/test_layering.py: standard library, numpy and pyarrow only — nothing
+The rule, enforced by tests/test_layering.py: standard library, numpy and pyarrow only (boto3 only
+inside object_store's functions) — nothing
 from torch, datatrove, duckdb, tokenizers or lm-eval, and nothing from training/ outside
 contract/ — so the data pipeline, the validator and a GPU box's trainer can all stand on it.
 """

@@ -10,5 +10,9 @@
 - recipe.py   the plan of a train config: sources opened, the plan built, printed, plotted, and
               consumption.parquet
 - loader.py   `TokenLoader`: the plan's steps read and cut into this rank's micro-batches
+- remote.py   a dataset in an s3:// bucket read through its copy in the cache: dataset.json fetched at
+              each open, every other file on need, each checked by sha256 before it gets its name
+- shard_cache.py  shards read in place (local) or through the node's bounded, shared, verified
+              cache, fetched ahead in the plan's order (`Prefetcher`)
 - inspect.py  `gristmill data inspect`: what the model saw at a step, rebuilt from the config
 """
