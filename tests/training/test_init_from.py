@@ -588,7 +588,7 @@ def test_the_continued_local_recipe_is_the_newcomers_day():
     cfg = load_train_config(CONTINUED_LOCAL, [])
     assert Path(cfg.model.init_from).is_absolute() and cfg.run.on_spike == "rewind" and cfg.eval.interval > 0
     assert cfg.checkpoint.export_interval and cfg.checkpoint.interval <= cfg.checkpoint.export_interval
-    assert check_config(cfg, 1)[0].steps == cfg.schedule.steps
+    assert check_config(cfg, 1).shapes[0].steps == cfg.schedule.steps
     text = Path(CONTINUED_LOCAL).read_text()
     build = text.split("gristmill data build", 1)[1].split("\n# 2.")[0].replace("\\\n#", " ")
     args = shlex.split(build)

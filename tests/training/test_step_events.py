@@ -32,7 +32,8 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights  # noqa: E402
+from pipelines.cli import main as gristmill  # noqa: E402
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.config_checks import resolve  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
@@ -204,20 +205,22 @@ def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evalua
 
 
 @pytest.mark.parametrize(
-    "fault, sets, back",
+    "fault, sets, back, skipped",
     [
         # a NaN where the phase boundary, a checkpoint, an export and an eval fall due: back to 2
-        (f"{NAN_LOSS}={ALL_DUE}", ["run.on_nonfinite='rewind'"], 2),
+        (f"{NAN_LOSS}={ALL_DUE}", ["run.on_nonfinite='rewind'"], 2, 2),
         # a spike the step after them: step 4's checkpoint, export and eval are the discarded
-        # attempt's (back to 2, steps 3–4 skipped): set aside, not the run's
-        (f"{SPIKE_WINDOW}=step:5*50", ["run.on_spike='rewind'"], 2),
+        # attempt's (back to 2, steps 3–5 skipped): set aside, nobody's step any more
+        (f"{SPIKE_WINDOW}=step:5*50", ["run.on_spike='rewind'", "run.rewind.skip_steps=3"], 2, 3),
         # a spike on the last step: back to 6, the skip (7–8) reaches the end: the final weights
         # (step 6's) validated and evaluated as step 8, consumption counts the skip
-        (f"{SPIKE_WINDOW}=step:{LAST}*50", ["run.on_spike='rewind'"], 6),
+        (f"{SPIKE_WINDOW}=step:{LAST}*50", ["run.on_spike='rewind'"], 6, 2),
     ],
     ids=["nan-on-the-busiest-step", "spike-after-an-export", "spike-on-the-last-step"],
 )
-def test_a_rewind_leaves_every_artifact_to_the_timeline(config, tmp_path, monkeypatch, fault, sets, back):
+def test_a_rewind_leaves_every_artifact_to_the_timeline(
+    config, tmp_path, monkeypatch, capsys, fault, sets, back, skipped
+):
     name, value = fault.split("=", 1)
     monkeypatch.setenv(name, value)
     run = tmp_path / "run"
@@ -225,12 +228,20 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(config, tmp_path, monkey
     assert summary["rewinds"] == 1
     check_final(run, check_timeline(run))
     (skip,) = recorded_skips(run)
-    assert skip.checkpoint_step == back and (skip.first_step, skip.last_step) == (back + 1, back + 2)
+    assert skip.checkpoint_step == back and (skip.first_step, skip.last_step) == (back + 1, back + skipped)
     discarded = [r for r in rows(run) if "discarded_by_rewind" in r]
     assert discarded and all(r["step"] > back for r in discarded)
     for where in ("checkpoints", "exports", "eval"):  # what the discarded attempt wrote, set aside
         made = {s for s in (ALL_DUE,) if back < s < skip.spike_step}  # the spike step's own never ran
         assert made <= {int(p.name.split("-")[-1]) for p in (run / where).glob("abandoned-step-*")}, where
+    # what the discarded attempt exported and evaluated is nobody's step: export, eval and verify of
+    # it say why in one line (before: the export was returned, scored and verified ok)
+    for step in made:
+        for command in (["export", str(run), "--step", str(step)], ["verify", str(run), "--step", str(step)],
+                        ["eval", str(run), "--step", str(step), "--tasks", "heldout_ppl"]):  # fmt: skip
+            assert gristmill(command) == 2, command
+            line = one_error_line(capsys.readouterr().err)
+            assert f"exports/abandoned-step-{step:06d}" in line and "set aside" in line, line
     # the summary's losses are kept rows' (never the spike's)
     assert summary["final_loss"] == kept_rows(rows(run))[-1].get("loss", summary["final_loss"])
     assert all(r["loss"] < 20 for r in kept_rows(rows(run)) if "loss" in r)

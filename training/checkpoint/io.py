@@ -293,7 +293,7 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
     never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). A clause
     that starts with "step N"."""
     from training.config import TrainConfig
-    from training.config_checks import phases_of
+    from training.config_checks import resolve
     from training.contract.config_loader import load_config
     from training.data.recipe import recorded_skips
     from training.metrics import kept_rows, read_metrics
@@ -306,7 +306,7 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
         )
     try:
         cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
-        last = cfg.run.max_steps or sum(ph.steps for ph in phases_of(cfg))
+        last = cfg.run.max_steps or resolve(cfg).last_step
     except (GristmillError, OSError):
         cfg, last = None, None
     if step == 0 and cfg is not None and cfg.model.init_from:
