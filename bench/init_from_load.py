@@ -89,7 +89,8 @@ def child(base: Path, warm: bool) -> None:
     from training.config import TrainConfig
     from training.model import ModelConfig, num_params
     from training.parallelize import build_mesh
-    from training.run.setup import DistEnv, build_model
+    from training.run.preflight import DistEnv
+    from training.run.setup import build_model
 
     env = DistEnv.from_environ()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.world_size))

@@ -35,6 +35,7 @@ from training.config import (
     TrainConfig,
 )
 from training.contract.config_loader import ConfigError, override_of, to_dict
+from training.contract.errors import GristmillError
 from training.data.remote import CacheSettings
 
 if TYPE_CHECKING:
@@ -338,6 +339,34 @@ def check_parallel_section(p: ParallelConfig) -> None:
         raise ConfigError(
             f"parallel.shard = {p.shard} must be ≥ 1 or -1 (= world_size // replicate)", "parallel.shard"
         )
+
+
+def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
+    """(replicate, shard) for `world_size` ranks, or None for a single process; checked, no process
+    group needed (the trainer calls it before any work, `build_mesh` again on every rank)."""
+    check_parallel_section(cfg)  # replicate ≥ 1 and shard ≥ 1 or -1, also for a ParallelConfig built in code
+    if world_size == 1:
+        if cfg.replicate != 1 or cfg.shard not in (-1, 1):
+            raise GristmillError(
+                f"parallel.replicate={cfg.replicate} x parallel.shard={cfg.shard} needs that many ranks, "
+                "but this is a single process; launch with torchrun --nproc_per_node=N or use the defaults"
+            )
+        return None
+    shard = cfg.shard
+    if shard == -1:
+        if world_size % cfg.replicate:
+            raise GristmillError(
+                f"world size {world_size} is not divisible by parallel.replicate={cfg.replicate}; "
+                "choose a replicate count that divides the number of ranks"
+            )
+        shard = world_size // cfg.replicate
+    if cfg.replicate * shard != world_size:
+        raise GristmillError(
+            f"parallel.replicate={cfg.replicate} x parallel.shard={shard} = {cfg.replicate * shard} ranks, "
+            f"but the world size is {world_size}; make the product equal the number of ranks "
+            "(or set shard = -1)"
+        )
+    return cfg.replicate, shard
 
 
 def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:

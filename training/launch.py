@@ -114,14 +114,16 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         return show_plan(cfg, args.nproc_per_node)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
-    from training.run.setup import DistEnv, preflight
-    from training.run.shutdown import launcher_child_preexec
-    from training.train import train
-
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:
+        from training.train import train
+
         train(cfg)
         return 0
+    # the launcher's checks import none of the trainer (training/run/preflight.py): torchrun starts sooner
+    from training.run.preflight import DistEnv, preflight
+    from training.run.shutdown import launcher_child_preexec
+
     preflight(cfg, DistEnv(world_size=args.nproc_per_node))
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     module = EVAL_ENTRY if with_eval else "training.train"

@@ -43,7 +43,7 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from training.config import ParallelConfig
-from training.config_checks import check_parallel_section
+from training.config_checks import check_parallel_section, mesh_shape
 from training.contract.errors import GristmillError
 from training.model import Transformer
 
@@ -59,39 +59,10 @@ __all__ = [
     "build_mesh",
     "convert_to_float8",
     "float8_or_refuse",
-    "mesh_shape",
     "parallelize",
 ]
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
-    """(replicate, shard) for `world_size` ranks, or None for a single process; checked, no process
-    group needed (the trainer calls it before any work, `build_mesh` again on every rank)."""
-    check_parallel_section(cfg)  # replicate ≥ 1 and shard ≥ 1 or -1, also for a ParallelConfig built in code
-    if world_size == 1:
-        if cfg.replicate != 1 or cfg.shard not in (-1, 1):
-            raise GristmillError(
-                f"parallel.replicate={cfg.replicate} x parallel.shard={cfg.shard} needs that many ranks, "
-                "but this is a single process; launch with torchrun --nproc_per_node=N or use the defaults"
-            )
-        return None
-    shard = cfg.shard
-    if shard == -1:
-        if world_size % cfg.replicate:
-            raise GristmillError(
-                f"world size {world_size} is not divisible by parallel.replicate={cfg.replicate}; "
-                "choose a replicate count that divides the number of ranks"
-            )
-        shard = world_size // cfg.replicate
-    if cfg.replicate * shard != world_size:
-        raise GristmillError(
-            f"parallel.replicate={cfg.replicate} x parallel.shard={shard} = {cfg.replicate * shard} ranks, "
-            f"but the world size is {world_size}; make the product equal the number of ranks "
-            "(or set shard = -1)"
-        )
-    return cfg.replicate, shard
 
 
 def build_mesh(cfg: ParallelConfig, world_size: int, device_type: str) -> DeviceMesh | None:

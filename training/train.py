@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from training.checkpoint.io import CheckpointError
+from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
@@ -59,8 +59,9 @@ from training.metrics import mfu, no_step_row, peak_memory_bytes, snapshot, step
 from training.optim import ScheduledLR, clip_grad_norm
 from training.run.console import console, say
 from training.run.faults import kill_point
+from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.rewind import RewindTarget
-from training.run.setup import DistEnv, Run, StepEval, own_run_dir, pick_device, preflight, setup
+from training.run.setup import Run, StepEval, own_run_dir, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code

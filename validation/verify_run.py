@@ -15,7 +15,8 @@ from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import ExportError, verify_export
-from training.checkpoint.io import CheckpointError, missing_step_reason, verify_checkpoint
+from training.checkpoint.io import missing_step_reason, verify_checkpoint
+from training.checkpoint.record import CheckpointError
 from training.contract.dataset_format import DATASET_JSON
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError

@@ -85,3 +85,18 @@ def test_the_nproc_help_says_when_one_process_still_goes_through_torchrun(capsys
         gristmill(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "1 runs in this process (through torchrun when eval.interval > 0: " in text, text
+
+
+def test_the_launcher_checks_without_importing_the_trainer():
+    """`gristmill train --nproc-per-node N` runs preflight before torchrun starts; importing the
+    trainer there (its model, FSDP, DCP, optimizers) would cost every launch about 2 s first."""
+    heavy = ["training.train", "training.run.setup", "training.parallelize", "training.optim",
+             "torch.distributed.checkpoint", "torch.distributed.fsdp"]  # fmt: skip
+    code = (
+        "import sys, training.launch, training.run.preflight, training.run.shutdown\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

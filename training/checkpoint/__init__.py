@@ -2,6 +2,7 @@
 
 - checkpointer.py  `Checkpointer`: DCP saves (sync or async), COMPLETE records, retention, resume
 - io.py            reading a DCP checkpoint safely; DCP failures as gristmill errors
+- record.py        a checkpoint's COMPLETE record read back, and the model it holds (no DCP import)
 - staging.py       the host buffers an async save copies the state into
 - state.py         the `Stateful` objects a checkpoint holds (`checkpointables`), the train state
 - hf_export.py     a checkpoint as a Hugging Face `LlamaForCausalLM` directory (and back into the

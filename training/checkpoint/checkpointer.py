@@ -59,21 +59,23 @@ import torch.distributed.checkpoint as dcp
 
 from training.checkpoint.hf_export import export_checkpoint
 from training.checkpoint.io import (
-    ARCHITECTURE_FIELDS,
-    MODEL_RECORD,
-    CheckpointError,
     _single_process_quiet,
     checkpoint_error_cause,
     checkpoint_keys,
-    describe_differences,
     load_or_raise,
-    model_differences,
     newest_verified,
     nonfinite_tensor,
-    read_complete_record,
-    recorded_model,
     state_tensors,
     verify_checkpoint,
+)
+from training.checkpoint.record import (
+    ARCHITECTURE_FIELDS,
+    MODEL_RECORD,
+    CheckpointError,
+    describe_differences,
+    model_differences,
+    read_complete_record,
+    recorded_model,
 )
 from training.checkpoint.staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection

@@ -45,17 +45,19 @@ from training.checkpoint.hf_import import CONFIG_JSON, load_base_weights
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
-    CheckpointError,
-    describe_differences,
     load_or_raise,
     missing_step_reason,
-    model_differences,
     newest_verified,
     nonfinite_tensor,
+    verify_checkpoint,
+)
+from training.checkpoint.record import (
+    CheckpointError,
+    describe_differences,
+    model_differences,
     read_complete_record,
     recorded_model,
     resume_model_record,
-    verify_checkpoint,
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import pickle
 import warnings
 from collections.abc import Iterable
@@ -29,11 +28,11 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
+from training.checkpoint.record import CheckpointError, read_complete_record
 from training.contract.errors import GristmillError
 from training.contract.integrity import damaged_files
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
-    COMPLETE_FILE,
     CONFIG_TOML,
     DCP_METADATA,
     EVAL_DIR,
@@ -55,10 +54,6 @@ def _single_process_quiet():
     which warns after this block has ended. (filterwarnings drops an identical older entry.)"""
     warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable")
     yield
-
-
-class CheckpointError(GristmillError):
-    """A checkpoint that cannot be written or read; names the path and the last complete one."""
 
 
 _TORCH_VALUE_TYPES = (torch.dtype, torch.layout, torch.memory_format)
@@ -124,72 +119,6 @@ def load(states: dict[str, Any], path: str | Path, *, no_dist: bool = False) -> 
 def checkpoint_keys(path: str | Path) -> set[str]:
     """Flattened keys stored in a checkpoint (e.g. 'train_state.rng_rank1.torch_cpu')."""
     return set(SafeFileSystemReader(str(path)).read_metadata().state_dict_metadata)
-
-
-def read_complete_record(path: str | Path) -> dict[str, Any]:
-    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable)."""
-    record = Path(path) / COMPLETE_FILE
-    try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return data
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
-
-
-MODEL_RECORD = "model"
-"""COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
-training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""
-
-ARCHITECTURE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tie_embeddings")
-"""ModelConfig fields that decide what the saved weights mean: a resume with any of them changed is
-refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk,
-float8) are
-settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
-
-
-def recorded_model(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The model config in a checkpoint's COMPLETE `record`, or None (an older checkpoint)."""
-    model = record.get(MODEL_RECORD)
-    return model if isinstance(model, dict) else None
-
-
-def resume_model_record(run_dir: str | Path, spec: str = "auto") -> dict[str, Any] | None:
-    """The model record of the checkpoint `--resume spec` continues from ("auto": the run's newest
-    complete one, unverified; a path: that checkpoint; "": none), or None (no such checkpoint, or
-    one without a record). Every checkpoint of a run holds one model (a resume with another is
-    refused), so this is the run's model and base, known without reading the base. The
-    checkpointer still verifies and checks the checkpoint it really loads."""
-    if not spec:
-        return None
-    if spec == "auto":
-        complete = complete_steps(run_dir)
-        if not complete:
-            return None
-        path = checkpoint_dir(run_dir, complete[-1])
-    else:
-        path = Path(spec)
-        if incomplete_reason(path) is not None:
-            return None
-    try:
-        return recorded_model(read_complete_record(path))
-    except CheckpointError:
-        return None  # the checkpointer names the unreadable record when it gets there
-
-
-def model_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(field, recorded value, current value) for every field both hold with different values."""
-    return [(k, recorded[k], v) for k, v in current.items() if k in recorded and recorded[k] != v]
-
-
-def _value(v: Any) -> str:
-    return json.dumps(v)  # TOML-like: true, 10000.0, "x"
-
-
-def describe_differences(diffs: list[tuple[str, Any, Any]], first: str, second: str) -> str:
-    """'model.n_layers = 2 in the checkpoint, 1 in this config; …'"""
-    return "; ".join(f"model.{k} = {_value(a)} {first}, {_value(b)} {second}" for k, a, b in diffs)
 
 
 def verify_checkpoint(path: str | Path) -> str | None:

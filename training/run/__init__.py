@@ -1,6 +1,7 @@
 """The run's own machinery: what happens around each training step, and what guards the run.
 
-- setup.py         the checks before any work (preflight), then the run's parts built in order (`Run`)
+- preflight.py     the checks before any work, also the launcher's before torchrun (imports no trainer)
+- setup.py         the run's parts built in order (`Run`)
 - verdict.py       one verdict per step: the non-finite tally, the loss, the spike finding, the action
 - timeline.py      the run's history (kept, skipped, discarded steps) and the artifacts that answer to it
 - validation.py    held-out loss during training, with its own cadence

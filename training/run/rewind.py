@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.io import CheckpointError
+from training.checkpoint.record import CheckpointError
 from training.checkpoint.state import TrainState
 from training.config import RewindSection
 from training.contract.errors import NonFiniteError

@@ -1,5 +1,6 @@
-"""Setting a run up: the checks before any work (`preflight`), then the run's parts, built in order
-by a few named builders (`setup`), into the `Run` the loop trains with (training/train.py).
+"""Setting a run up: after the checks before any work (training/run/preflight.py), the run's parts,
+built in order by a few named builders (`setup`), into the `Run` the loop trains with
+(training/train.py).
 
 Order of work: the config resolved and checked once (training/config_checks.RunSpec: batch
 arithmetic, the mesh shape, the model against the dataset's vocabulary, separator and sequence
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,33 +29,30 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from training.checkpoint.base_record import record_base
-from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.hf_import import check_base_data, load_base_weights
-from training.checkpoint.io import resume_model_record
+from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
 from training.config_checks import (
     BatchShape,
     RunSpec,
     applied_config,
-    check_config,
     resolve,
-    resolve_model_config,
 )
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import TokenLoader
 from training.data.recipe import format_plan, open_plan
-from training.data.remote import dataset_info, tokenizer_dir
+from training.data.remote import dataset_info
 from training.metrics import MetricsWriter, TrainingMetrics, device_name, kept_rows, peak_flops
 from training.model import Transformer, flops_per_token, num_params
-from training.optim import ScheduledLR, bitsandbytes_or_refuse, build_optimizer, plan_scheduler
-from training.parallelize import autocast_context, build_mesh, float8_or_refuse, mesh_shape, parallelize
+from training.optim import ScheduledLR, build_optimizer, plan_scheduler
+from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.console import say
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
+from training.run.preflight import DistEnv
 from training.run.rewind import Rewinder
 from training.run.timeline import RunRecord, Timeline
 from training.run.validation import Validation
@@ -78,30 +75,6 @@ class StepEval(Protocol):
         """On every rank at an eval step (collective): rank 0's scores as metrics-row entries
         (`eval/<task>/<metric>`, `eval_s`; `eval_error`, a line, when it failed: never raises), {}
         on the other ranks. Called after the step's checkpoint, when one is due, is saved."""
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This process's place in the job, from torchrun's environment (1 process when absent)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_environ(cls) -> DistEnv:
-        env = os.environ
-        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
-
-
-def pick_device(choice: str, local_rank: int) -> torch.device:
-    if choice == "cuda" and not torch.cuda.is_available():
-        raise GristmillError(
-            "run.device = 'cuda' but torch sees no CUDA device; use run.device = 'auto' or 'cpu'"
-        )
-    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 @dataclass
@@ -133,59 +106,6 @@ class Run:
     last_step: int  # the last step of this invocation
     flops_per_token: list[int]  # model FLOPs per token in each phase (attention grows with seq_len), for MFU
     peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
-
-
-def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[RunSpec, torch.device, Path | None]:
-    """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
-    against the dataset (vocabulary, separator, sequence length), the base model of init_from
-    against the data, the device and the optimizer. Raises GristmillError with the numbers; returns
-    (the resolved recipe with its model, the device, the base's directory: None without init_from
-    or when a resume's checkpoint stands for it)."""
-    spec = check_config(cfg, env.world_size)
-    mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
-    dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
-    info = dataset_info(dataset)  # a bucket's: one GET
-    source = _locate_base(cfg, env) if cfg.model.init_from else None
-    model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
-    if source is not None and source.directory is not None:  # the data must match the base, before any work
-        data_dir = tokenizer_dir(dataset, spec.cache)  # a bucket's: its tokenizer.json fetched, checked
-        for note in check_base_data(source.directory, data_dir, info, model_config.vocab_size):
-            if env.rank == 0:
-                say(note)
-    device = pick_device(cfg.run.device, env.local_rank)
-    if cfg.optim.name == "adamw8bit":
-        bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
-    if model_config.float8:
-        float8_or_refuse(device)
-    spec = dataclasses.replace(spec, model=model_config)
-    return spec, device, None if source is None else source.directory
-
-
-def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
-    """model.init_from located (training/checkpoint/base_source.py), a resume's recorded base where
-    the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
-    wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
-    cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
-    recorded = resume_model_record(cfg.run.output_dir, cfg.checkpoint.resume)
-    printer = say if env.rank == 0 else None
-    if env.world_size == 1 or not dist.is_initialized():
-        source = locate_base(cfg.model.init_from, recorded, printer)
-    else:
-        problem, source = None, None
-        if env.rank == 0:
-            try:
-                source = locate_base(cfg.model.init_from, recorded, printer)
-            except GristmillError as e:
-                problem = str(e)
-        box = [problem, None if source is None else source.identity]
-        dist.broadcast_object_list(box, src=0)  # the others wait here for rank 0's download
-        if box[0] is not None:
-            raise GristmillError(box[0])
-        if source is None:
-            source = locate_base(box[1], recorded)
-    if source.note and env.rank == 0:
-        say(source.note)
-    return source
 
 
 def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:

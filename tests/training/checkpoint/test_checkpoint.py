@@ -38,7 +38,8 @@ from tests.helpers.train_runs import (
 from tests.helpers.train_runs import SHORT_STEPS as STEPS
 from training.checkpoint.checkpointer import complete_steps, dir_size, find_resume, prune
 from training.checkpoint.hf_export import load_checkpoint_model
-from training.checkpoint.io import CheckpointError, checkpoint_keys
+from training.checkpoint.io import checkpoint_keys
+from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config, to_toml
 from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir, export_dir

@@ -1,0 +1,85 @@
+"""A checkpoint's COMPLETE record read back: the record itself and the model it holds.
+
+Apart from training/checkpoint/io.py (DCP's reader) so that what only reads records, the
+launcher's preflight among them, starts without importing torch.distributed.checkpoint (1.5 s of
+every `gristmill train --nproc-per-node N` before torchrun starts).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from training.contract.errors import GristmillError
+from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, incomplete_reason
+
+
+class CheckpointError(GristmillError):
+    """A checkpoint that cannot be written or read; names the path and the last complete one."""
+
+
+def read_complete_record(path: str | Path) -> dict[str, Any]:
+    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable)."""
+    record = Path(path) / COMPLETE_FILE
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return data
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
+
+
+MODEL_RECORD = "model"
+"""COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
+training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""
+
+ARCHITECTURE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tie_embeddings")
+"""ModelConfig fields that decide what the saved weights mean: a resume with any of them changed is
+refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk,
+float8) are
+settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
+
+
+def recorded_model(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The model config in a checkpoint's COMPLETE `record`, or None (an older checkpoint)."""
+    model = record.get(MODEL_RECORD)
+    return model if isinstance(model, dict) else None
+
+
+def resume_model_record(run_dir: str | Path, spec: str = "auto") -> dict[str, Any] | None:
+    """The model record of the checkpoint `--resume spec` continues from ("auto": the run's newest
+    complete one, unverified; a path: that checkpoint; "": none), or None (no such checkpoint, or
+    one without a record). Every checkpoint of a run holds one model (a resume with another is
+    refused), so this is the run's model and base, known without reading the base. The
+    checkpointer still verifies and checks the checkpoint it really loads."""
+    if not spec:
+        return None
+    if spec == "auto":
+        complete = complete_steps(run_dir)
+        if not complete:
+            return None
+        path = checkpoint_dir(run_dir, complete[-1])
+    else:
+        path = Path(spec)
+        if incomplete_reason(path) is not None:
+            return None
+    try:
+        return recorded_model(read_complete_record(path))
+    except CheckpointError:
+        return None  # the checkpointer names the unreadable record when it gets there
+
+
+def model_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(field, recorded value, current value) for every field both hold with different values."""
+    return [(k, recorded[k], v) for k, v in current.items() if k in recorded and recorded[k] != v]
+
+
+def _value(v: Any) -> str:
+    return json.dumps(v)  # TOML-like: true, 10000.0, "x"
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]], first: str, second: str) -> str:
+    """'model.n_layers = 2 in the checkpoint, 1 in this config; …'"""
+    return "; ".join(f"model.{k} = {_value(a)} {first}, {_value(b)} {second}" for k, a, b in diffs)

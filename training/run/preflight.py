@@ -1,0 +1,107 @@
+"""The checks before any work (`preflight`): in every worker before setup, and in `gristmill train`'s
+launcher before torchrun starts, so a bad recipe is one line from the launcher.
+
+Light on purpose: the launcher imports this module and not the trainer (its model, FSDP, DCP,
+optimizers), which saves about 2 s before torchrun can start its workers; the checks that need those
+(adamw8bit, float8) import them where they run. tests/training/test_launch.py keeps it so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from training.checkpoint.base_source import BaseSource, locate_base
+from training.checkpoint.hf_import import check_base_data
+from training.checkpoint.record import resume_model_record
+from training.config import TrainConfig
+from training.config_checks import RunSpec, check_config, mesh_shape, resolve_model_config
+from training.contract.errors import GristmillError
+from training.data.remote import dataset_info, tokenizer_dir
+from training.run.console import say
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job, from torchrun's environment (1 process when absent)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise GristmillError(
+            "run.device = 'cuda' but torch sees no CUDA device; use run.device = 'auto' or 'cpu'"
+        )
+    if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[RunSpec, torch.device, Path | None]:
+    """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
+    against the dataset (vocabulary, separator, sequence length), the base model of init_from
+    against the data, the device and the optimizer. Raises GristmillError with the numbers; returns
+    (the resolved recipe with its model, the device, the base's directory: None without init_from
+    or when a resume's checkpoint stands for it)."""
+    spec = check_config(cfg, env.world_size)
+    mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
+    dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
+    info = dataset_info(dataset)  # a bucket's: one GET
+    source = _locate_base(cfg, env) if cfg.model.init_from else None
+    model_config = resolve_model_config(cfg.model, info, spec.seq_lens, source)
+    if source is not None and source.directory is not None:  # the data must match the base, before any work
+        data_dir = tokenizer_dir(dataset, spec.cache)  # a bucket's: its tokenizer.json fetched, checked
+        for note in check_base_data(source.directory, data_dir, info, model_config.vocab_size):
+            if env.rank == 0:
+                say(note)
+    device = pick_device(cfg.run.device, env.local_rank)
+    if cfg.optim.name == "adamw8bit":
+        from training.optim import bitsandbytes_or_refuse  # imported here: see the module's docstring
+
+        bitsandbytes_or_refuse(device.type, sharded=env.world_size > 1)
+    if model_config.float8:
+        from training.parallelize import float8_or_refuse
+
+        float8_or_refuse(device)
+    spec = dataclasses.replace(spec, model=model_config)
+    return spec, device, None if source is None else source.directory
+
+
+def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
+    """model.init_from located (training/checkpoint/base_source.py), a resume's recorded base where
+    the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
+    wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
+    cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
+    recorded = resume_model_record(cfg.run.output_dir, cfg.checkpoint.resume)
+    printer = say if env.rank == 0 else None
+    if env.world_size == 1 or not dist.is_initialized():
+        source = locate_base(cfg.model.init_from, recorded, printer)
+    else:
+        problem, source = None, None
+        if env.rank == 0:
+            try:
+                source = locate_base(cfg.model.init_from, recorded, printer)
+            except GristmillError as e:
+                problem = str(e)
+        box = [problem, None if source is None else source.identity]
+        dist.broadcast_object_list(box, src=0)  # the others wait here for rank 0's download
+        if box[0] is not None:
+            raise GristmillError(box[0])
+        if source is None:
+            source = locate_base(box[1], recorded)
+    if source.note and env.rank == 0:
+        say(source.note)
+    return source
