@@ -116,7 +116,8 @@ def loader_rate(open_loader, steps: int) -> tuple[float, float, float]:
     t0 = time.perf_counter()
     for _ in range(steps):
         next(it)
-    return steps * loader.tokens_per_step / (time.perf_counter() - t0), opened, first
+    phase = loader.plan.phases[0]  # the bench's loaders are one-phase plans
+    return steps * phase.global_batch * phase.seq_len / (time.perf_counter() - t0), opened, first
 
 
 def warm(root: Path) -> None:

@@ -83,7 +83,8 @@ class DataSection:
     """Tokens per training sequence."""
     global_batch_tokens: int = 16384
     """Tokens per optimizer step over all ranks; a multiple of seq_len. The global batch is
-    G = global_batch_tokens // seq_len sequences (≈1M tokens for the real recipes)."""
+    G = global_batch_tokens // seq_len sequences (≈1M tokens for the real recipes). A phase may set
+    its own (`[[phase]] global_batch_tokens`: a batch schedule)."""
     micro_batch: int = 8
     """Sequences per forward/backward on one rank; G must be divisible by ranks × micro_batch, and
     the quotient is the number of gradient-accumulation steps."""
@@ -147,7 +148,7 @@ class LRSection:
     """Linear warmup over this many steps, from the previous phase's last LR (0 in the first
     phase) to `peak`; later phases use it to re-warm. None: 0 (or warmup_tokens)."""
     warmup_tokens: float | None = None
-    """Warmup given in tokens (rounded up to whole steps of data.global_batch_tokens)."""
+    """Warmup given in tokens (rounded up to whole steps of the phase's global_batch_tokens)."""
 
 
 @dataclass
@@ -159,7 +160,11 @@ class PhaseSection:
     steps: int | None = None
     """Budget in optimizer steps (this or `tokens`)."""
     tokens: float | None = None
-    """Budget in tokens (e.g. 18e9): steps = tokens // data.global_batch_tokens."""
+    """Budget in tokens (e.g. 18e9): steps = tokens // the phase's global_batch_tokens."""
+    global_batch_tokens: int | None = None
+    """Tokens per optimizer step in this phase (None: data.global_batch_tokens), any ratio to the
+    other phases': a batch schedule (docs/loader-and-phases.md). The LR follows it only as
+    optim.batch_lr_scaling says. Fixed once the phase has trained a step (a resume refuses a change)."""
     seq_len: int | None = None
     """Sequence length of the phase (None: data.seq_len). A change re-cuts every source's stream
     from its current token: no token is read twice or skipped."""
@@ -205,6 +210,11 @@ class OptimSection:
     the update's RMS is AdamW's and optim.lr / weight_decay tuned for AdamW carry over. "original"
     (Keller Jordan, torch's default): lr·√max(1, A/B), an update ~10× smaller than AdamW's that
     wants a Muon-sized lr (~0.02) — which the AdamW parameters, on the same lr, would get too."""
+    batch_lr_scaling: Literal["none", "sqrt", "linear"] = "none"
+    """How each phase's LR piece follows its global batch, measured against the first phase's: "none"
+    (the LRs as written), "sqrt" (× √(batch / first batch)) or "linear" (× batch / first batch). Each
+    optimizer supports the rules with evidence for it (training.config_checks.BATCH_LR_RULES); another
+    combination is refused."""
 
 
 @dataclass

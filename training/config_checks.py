@@ -28,6 +28,7 @@ from training.config import (
     LRSection,
     MetricsSection,
     ModelSection,
+    OptimSection,
     ParallelConfig,
     PhaseSection,
     ScheduleSection,
@@ -78,6 +79,41 @@ class RunSpec:
     def last_step(self) -> int:
         """The plan's last step: the sum of the phases' budgets."""
         return sum(ph.steps for ph in self.phases)
+
+
+BATCH_LR_RULES: dict[str, dict[str, str]] = {
+    # optim.name → the optim.batch_lr_scaling rules it supports, each with its evidence
+    "adamw": {
+        "none": "the LRs as written",
+        "sqrt": "Adam's square-root scaling rule (Malladi et al., NeurIPS 2022, 'On the SDEs and Scaling "
+        "Rules for Adaptive Gradient Algorithms'; OLMo-core's batch-size warmup scales Adam's LR by √ratio)",
+    },
+    "muon": {"none": "the LRs as written (no published batch-size rule for Muon that we know of)"},
+}
+BATCH_LR_RULES["adamw8bit"] = BATCH_LR_RULES["adamw"]  # Adam's update rule, 8-bit moments
+_LINEAR_RULE = "linear scaling is SGD's rule (Goyal et al. 2017, 'Accurate, Large Minibatch SGD')"
+
+
+def batch_lr_factor(rule: str, batch: int, first_batch: int) -> float:
+    """The factor optim.batch_lr_scaling `rule` puts on the LR piece of a phase of `batch` tokens per
+    step, measured against the first phase's `first_batch` (exactly 1.0 for the same batch)."""
+    if rule == "none" or batch == first_batch:
+        return 1.0
+    return math.sqrt(batch / first_batch) if rule == "sqrt" else batch / first_batch
+
+
+def check_batch_lr_scaling(optim: OptimSection) -> None:
+    """optim.batch_lr_scaling must be a rule optim.name has evidence for (BATCH_LR_RULES)."""
+    rule, rules = optim.batch_lr_scaling, BATCH_LR_RULES.get(optim.name, {"none": ""})
+    if rule in rules:
+        return
+    why = _LINEAR_RULE if rule == "linear" else f"{rule!r} is not a rule gristmill knows"
+    raise ConfigError(
+        f"optim.batch_lr_scaling = {rule!r} is not supported with optim.name = {optim.name!r} ({why}); "
+        f"{optim.name} supports {' or '.join(repr(r) for r in rules)} — set optim.batch_lr_scaling to one "
+        "of them, or give each phase its lr.peak",
+        "optim.batch_lr_scaling",
+    )
 
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -145,7 +181,10 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
             )
         s = cfg.schedule
         lr = LRSection(shape="cosine", peak=cfg.optim.lr, to=cfg.optim.min_lr, warmup_steps=s.warmup_steps)
-        return [PhaseSection("main", s.steps, None, d.seq_len, d.micro_batch, {names[0]: 1.0}, lr)]
+        return [
+            PhaseSection(name="main", steps=s.steps, global_batch_tokens=gbt, seq_len=d.seq_len,
+                         micro_batch=d.micro_batch, mix={names[0]: 1.0}, lr=lr)
+        ]  # fmt: skip
     if cfg.schedule != ScheduleSection():
         raise ConfigError(
             "[schedule] is the one-phase form; with [[phase]] each phase sets its own budget (steps or "
@@ -163,16 +202,20 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
         if ph.lr.warmup_tokens is not None:
             check_number(f"{key}.lr.warmup_tokens", ph.lr.warmup_tokens)
         seq_len = d.seq_len if ph.seq_len is None else ph.seq_len
-        if seq_len < 1 or gbt % seq_len:
+        batch, batch_key = gbt, "data.global_batch_tokens"
+        if ph.global_batch_tokens is not None:
+            batch, batch_key = ph.global_batch_tokens, f"{key}.global_batch_tokens"
+            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+                raise ConfigError(f"{batch_key} = {batch!r} must be a whole number of tokens ≥ 1", batch_key)
+        if seq_len < 1 or batch % seq_len:
             raise ConfigError(
-                f"{key}.seq_len = {seq_len} must divide data.global_batch_tokens = {gbt} (tokens per step "
-                "stay the same in every phase; the number of sequences changes)",
-                f"{key}.seq_len",
+                f"{key}.seq_len = {seq_len} must divide {batch_key} = {batch} (a step holds whole sequences)",
+                f"{key}.seq_len" if ph.seq_len is not None else batch_key,
             )
-        steps = ph.steps if ph.steps is not None else int(ph.tokens // gbt)
+        steps = ph.steps if ph.steps is not None else int(ph.tokens // batch)
         if steps < 1:
             raise ConfigError(
-                f"{key} ({name}) has a budget of {steps} steps; it needs ≥ 1 step of {gbt} tokens", key
+                f"{key} ({name}) has a budget of {steps} steps; it needs ≥ 1 step of {batch} tokens", key
             )
         mix = dict(ph.mix) or ({names[0]: 1.0} if len(names) == 1 else {})
         if not mix:
@@ -192,7 +235,8 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
         if lr.warmup_steps is not None and lr.warmup_tokens is not None:
             raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
         # Tokens round up to whole steps, but never past the phase (whose budget rounds down).
-        warmup = lr.warmup_steps or (min(math.ceil(lr.warmup_tokens / gbt), steps) if lr.warmup_tokens else 0)
+        by_tokens = min(math.ceil(lr.warmup_tokens / batch), steps) if lr.warmup_tokens else 0
+        warmup = lr.warmup_steps or by_tokens
         if not 0 <= warmup <= steps:
             raise ConfigError(
                 f"{key}.lr warmup of {warmup} steps is outside the phase's {steps}", f"{key}.lr"
@@ -206,8 +250,8 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
                 check_number(f"{key}.lr.{k}", getattr(lr, k))
         lr = dataclasses.replace(lr, warmup_steps=warmup, warmup_tokens=None)
         micro = d.micro_batch if ph.micro_batch is None else ph.micro_batch
-        out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, seq_len=seq_len,
-                                       micro_batch=micro, mix=mix, lr=lr))  # fmt: skip
+        out.append(dataclasses.replace(ph, name=name, steps=steps, tokens=None, global_batch_tokens=batch,
+                                       seq_len=seq_len, micro_batch=micro, mix=mix, lr=lr))  # fmt: skip
     if len({ph.name for ph in out}) < len(out):
         raise ConfigError(f"phase names must be unique, got {[ph.name for ph in out]}", "phase")
     return out
@@ -403,18 +447,23 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     dp = world_size  # every rank is data-parallel (FSDP/HSDP); mesh_shape checks replicate × shard
     plans = []
     for i, ph in enumerate(spec.phases):
-        g = d.global_batch_tokens // ph.seq_len
+        g = ph.global_batch_tokens // ph.seq_len
         what = (
             "data.micro_batch"
             if not cfg.phase or cfg.phase[i].micro_batch is None
             else f"phase[{i}].micro_batch"
         )
+        batch_key = (
+            f"phase[{i}].global_batch_tokens"
+            if cfg.phase and cfg.phase[i].global_batch_tokens is not None
+            else "data.global_batch_tokens"
+        )
         if ph.micro_batch < 1 or g % (dp * ph.micro_batch):
             raise ConfigError(
-                f"the global batch of {g} sequences (data.global_batch_tokens {d.global_batch_tokens} / "
+                f"the global batch of {g} sequences ({batch_key} {ph.global_batch_tokens} / "
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
                 f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
-                f"{what}, data.global_batch_tokens or the number of ranks"
+                f"{what}, {batch_key} or the number of ranks"
             )
         plans.append(
             BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)
@@ -430,6 +479,7 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
     if len(o.betas) != 2 or not all(0.0 <= b < 1.0 for b in o.betas):
         raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     check_number("optim.lr", o.lr, above_zero=True)
+    check_batch_lr_scaling(o)
     if not 0 <= o.min_lr <= o.lr:
         raise ConfigError(
             f"need 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}", "optim.min_lr"

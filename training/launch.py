@@ -65,11 +65,10 @@ def show_plan(cfg, nproc: int) -> int:
     from training.contract.run_layout import PLAN_PNG
     from training.data.recipe import (
         build_plan,
-        cache_notes,
         format_plan,
-        mix_notes,
         open_sources,
         plot_plan,
+        recipe_notes,
         recorded_skips,
     )
 
@@ -80,7 +79,7 @@ def show_plan(cfg, nproc: int) -> int:
     plan = build_plan(cfg, spec, tables)
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    for line in format_plan(plan, mix_notes(spec) + cache_notes(spec, tables), skips):
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables), skips):
         print(line)
     if run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
         print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")

@@ -252,7 +252,7 @@ def _enter_phase(run: Run, step: int, previous: int | None) -> int:
         spec = run.plan.phases[phase]
         say(
             f"phase {spec.name!r} begins at step {step}: seq_len {spec.seq_len}, {spec.global_batch} "
-            f"sequences per step, {spec.steps} steps"
+            f"sequences ({spec.global_batch * spec.seq_len:,} tokens) per step, {spec.steps} steps"
         )
     return phase
 

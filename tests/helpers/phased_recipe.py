@@ -7,6 +7,33 @@ from pathlib import Path
 
 GBT = 512  # tokens per step: 16 × 32, then 8 × 64
 
+# 512 tokens per step (16 × 32), then 1,024 (32 × 32: 2×), then 768 at seq 64 (12 × 64: 0.75× that)
+BATCH_SCHEDULE = """
+[[phase]]
+name = "small"
+steps = 4
+seq_len = 32
+mix = { web = 0.6, code = 0.3, math = 0.1 }
+lr = { warmup_steps = 2, shape = "constant" }
+
+[[phase]]
+name = "big"
+steps = 3
+global_batch_tokens = 1024
+seq_len = 32
+mix = { web = 0.6, code = 0.3, math = 0.1 }
+lr = { shape = "constant" }
+
+[[phase]]
+name = "long"
+tokens = 3500
+global_batch_tokens = 768
+seq_len = 64
+micro_batch = 2
+mix = { web = 0.4, code = 0.4, math = 0.2 }
+lr = { shape = "linear", to = 3e-4 }
+"""
+
 
 def recipe_toml(sources: dict[str, Path], run_dir: Path, *, phases: str = "", extra: str = "") -> str:
     """A 3-source (or fewer), 2-phase tiny recipe: 6 steps at seq 32, then 5 at seq 64."""

@@ -185,7 +185,8 @@ def _run_mode(args: argparse.Namespace) -> int:
         else ""
     )
     print(
-        f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps}{skipped}; sha256 {batch_sha256(micro)}"
+        f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps} ({ph.global_batch} sequences × "
+        f"{ph.seq_len} = {ph.global_batch * ph.seq_len:,} tokens){skipped}; sha256 {batch_sha256(micro)}"
     )
     _print_batch(loader, step - 1, args, micro)
     return 0

@@ -321,8 +321,6 @@ class TokenLoader:
             world_size=world_size,
             check_separators=check_separators,
         )
-        # Tokens the model trains on per global step (every phase: G·seq_len = global_batch_tokens).
-        self.tokens_per_step = plan.phases[0].global_batch * plan.phases[0].seq_len
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.resume_notes: list[str] = []

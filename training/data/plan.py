@@ -613,9 +613,16 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         where = f"phase[{p}]"
         if b is None:
             raise refuse(f"{where} ({a.name!r})", a.name, None, "keep the phases already trained")
-        for key in ("name", "seq_len", "global_batch"):
+        for key in ("name", "seq_len"):
             if getattr(a, key) != getattr(b, key):
                 raise refuse(f"{where}.{key}", getattr(a, key), getattr(b, key))
+        if a.global_batch != b.global_batch:
+            key = key_of(p, "global_batch")
+            if key.endswith("global_batch_tokens"):  # the recipe's key, in its unit (same seq_len by now)
+                raise refuse(
+                    f"{key} (phase {a.name!r})", a.global_batch * a.seq_len, b.global_batch * b.seq_len
+                )
+            raise refuse(f"{where}.global_batch", a.global_batch, b.global_batch)  # a plan without a recipe
         mix_old = _mix(old, a)
         mix_new = _mix(plan, b)
         if mix_old != mix_new:

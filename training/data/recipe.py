@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import RunSpec
+from training.config_checks import RunSpec, batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
@@ -81,11 +81,15 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
     phases, prev_end = [], 0.0
     for p, ph in enumerate(spec.phases):
         lr = ph.lr
+        # the LRs as written (a phase without a peak continues the previous one's written curve),
+        # then scaled by the phase's batch rule: the plan holds the LR each step really gets
         peak = lr.peak if lr.peak is not None else (cfg.optim.lr if p == 0 else prev_end)
         end = peak if lr.shape == "constant" else (cfg.optim.min_lr if lr.to is None else lr.to)
         weights = data_plan.integer_weights([ph.mix.get(s.name, 0.0) for s in sources])
-        gb = cfg.data.global_batch_tokens // ph.seq_len
-        piece = data_plan.LRPiece(peak, end, lr.shape, lr.warmup_steps or 0)
+        gb = ph.global_batch_tokens // ph.seq_len
+        first = spec.phases[0].global_batch_tokens
+        scale = batch_lr_factor(cfg.optim.batch_lr_scaling, ph.global_batch_tokens, first)
+        piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
     return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg))
@@ -95,7 +99,8 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
     if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
-        sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources"}
+        sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
+                 "global_batch": "data.global_batch_tokens"}  # fmt: skip
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
@@ -109,6 +114,8 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
             "start": out[-1]["end"] if out else f"{k}.lr.peak",
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
+            "global_batch": f"{k}.global_batch_tokens" if ph.global_batch_tokens is not None
+            else "data.global_batch_tokens",
         })  # fmt: skip
     return out
 
@@ -124,14 +131,36 @@ def mix_notes(spec: RunSpec) -> list[str]:
     return notes
 
 
+def batch_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
+    """A line per phase whose batch differs from the first phase's: the ratio, and what the LR does
+    about it (optim.batch_lr_scaling)."""
+    rule, first = cfg.optim.batch_lr_scaling, spec.phases[0].global_batch_tokens
+    notes = []
+    for ph in spec.phases[1:]:
+        if ph.global_batch_tokens != first:
+            ratio = ph.global_batch_tokens / first
+            factor = batch_lr_factor(rule, ph.global_batch_tokens, first)
+            lr = f"its LR pieces × {factor:.4g}" if rule != "none" else "its LRs as written"
+            notes.append(
+                f"phase {ph.name!r} trains {ph.global_batch_tokens:,} tokens per step, {ratio:.4g}× the "
+                f"first phase's; optim.batch_lr_scaling = {rule!r}: {lr}"
+            )
+    return notes
+
+
 def open_plan(
     cfg: TrainConfig, spec: RunSpec, expect_vocab_size: int | None = None
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
-    is a PlanError before any work); the notes are mix_notes and the supply's."""
+    is a PlanError before any work); the notes are recipe_notes and the supply's."""
     tables = open_sources(spec, expect_vocab_size)
     plan = build_plan(cfg, spec, tables)
-    return plan, tables, mix_notes(spec) + plan.check_supply() + cache_notes(spec, tables)
+    return plan, tables, recipe_notes(cfg, spec, tables) + plan.check_supply()
+
+
+def recipe_notes(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
+    """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache."""
+    return mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables)
 
 
 def cache_notes(spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
@@ -234,6 +263,7 @@ def plan_rows(plan: data_plan.Plan, skips: Sequence[data_plan.Skip] = ()) -> lis
             "steps": f"{first + 1}-{first + ph.steps}",
             "seq_len": ph.seq_len,
             "G": ph.global_batch,
+            "tokens/step": f"{ph.global_batch * ph.seq_len:,}",
             "lr": lr_shape(ph.lr),
         }
         for r in end_rows:

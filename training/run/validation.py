@@ -19,7 +19,8 @@ from training.data.plan import Plan
 class Validation:
     """Held-out loss per source: the first `val_batches` global batches of each source's held-out
     split (the same ones every time), at the current phase's seq_len and batch; a phase with
-    another seq_len gets loaders of its own. The total (`val_loss`) weights the sources by the
+    another seq_len or batch gets loaders of its own (a bigger batch: more of the same held-out
+    windows, from the first). The total (`val_loss`) weights the sources by the
     current phase's mix (equally where the phase uses none of them)."""
 
     def __init__(
@@ -44,7 +45,7 @@ class Validation:
             settings,
         )
         self.sources = [s for s in spec.sources if s.val_fraction > 0]
-        self._loaders: dict[tuple[str, int, int], tuple[TokenLoader, dict]] = {}
+        self._loaders: dict[tuple[str, int, int, int], tuple[TokenLoader, dict]] = {}
         for phase in range(len(spec.shapes) if self.sources else 0):
             self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
 
@@ -55,7 +56,7 @@ class Validation:
         shape = self.spec.shapes[phase]
         out = []
         for src in self.sources:
-            key = (src.name, shape.seq_len, shape.micro_batch)
+            key = (src.name, shape.seq_len, shape.global_batch, shape.micro_batch)
             if key not in self._loaders:
                 loader = dataset_loader(
                     src.dataset,

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
-from tests.helpers.phased_recipe import GBT, recipe_toml, write_recipe
+from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
 from training.config import TrainConfig
@@ -129,10 +129,13 @@ def test_the_lr_pieces_join_and_the_one_phase_case_is_warmup_cosine():
 # -- batches over real datasets --
 
 
-def test_mixture_batches_are_the_plan_for_any_ranks_and_workers_and_use_no_token_twice(sources, tmp_path):
-    cfg = cfg_of(sources, tmp_path)
+@pytest.mark.parametrize("phases", ["", BATCH_SCHEDULE], ids=["seq-len-switch", "batch-schedule"])
+def test_mixture_batches_are_the_plan_for_any_ranks_and_workers_and_use_no_token_twice(
+    sources, tmp_path, phases
+):
+    cfg = cfg_of(sources, tmp_path, phases=phases)
     reference = step_hashes(cfg, 1)
-    assert len(reference) == 11 and len(set(reference)) == 11
+    assert len(reference) == 11 and len(set(reference)) == len(reference)
     assert step_hashes(cfg, 2, workers=2) == reference
     assert step_hashes(cfg, 4) == reference
 

@@ -250,13 +250,17 @@ def test_inspect_says_a_step_was_skipped_and_lists_its_windows(run_with_a_rewind
     assert f"# 1 rewind(s), {skipped:,} tokens skipped (read, never trained):" in out
     assert "#   rewind 1: steps 5-8 skipped (loss 9.81 at step 9 (mean 3.12 + 6σ); back to step 4): " in out
     assert (
-        "step 8 = phase 'long' step 2 of 5; SKIPPED by rewind 1 (loss 9.81 at step 9 (mean 3.12 + 6σ); "
+        "step 8 = phase 'long' step 2 of 5 (8 sequences × 64 = 512 tokens); SKIPPED by rewind 1 "
+        "(loss 9.81 at step 9 (mean 3.12 + 6σ); "
         "back to step 4): these windows were not trained on; sha256 "
         f"{batch_sha256(loader.builder.batch(7))}" in out
     )
     assert out.count("\nrow ") == plan.phases[1].global_batch  # the batch it did not train on, all rows
     assert gristmill(["data", "inspect", str(run_dir), "--step", "9"]) == 0
-    assert "step 9 = phase 'long' step 3 of 5; sha256 " in capsys.readouterr().out
+    assert (
+        "step 9 = phase 'long' step 3 of 5 (8 sequences × 64 = 512 tokens); sha256 "
+        in capsys.readouterr().out
+    )
     assert gristmill(["data", "inspect", str(run_dir), "--step", "3", "--end", "11", "--hash"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     marked = {int(line.split()[0]) for line in lines if line.endswith(" skipped (rewind 1)")}

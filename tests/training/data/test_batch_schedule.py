@@ -1,0 +1,224 @@
+"""Batch schedules: `[[phase]] global_batch_tokens` changes the global batch from one phase to the
+next (by any ratio), and everything follows it — the plan, the loader, the metrics rows, the
+ledger (consumption), `data inspect`, `--plan`; the LR follows it only as optim.batch_lr_scaling
+says; a resume keeps the past's batches (refused in the user's keys otherwise), a kill -9 in any
+phase resumes bit-identical, and a resume on another number of ranks keeps the global batches.
+Every (source, document, token) at most once across the batch changes: test_phases.py's
+independent decode runs on this schedule too."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main as gristmill
+from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
+from tests.helpers.phased_recipe import write_recipe
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line
+from training.config import TrainConfig
+from training.config_checks import check_config, resolve
+from training.contract.config_loader import ConfigError, load_config
+from training.data.recipe import open_plan
+from training.run.faults import KILL
+
+BATCHES = [512] * 4 + [1024] * 3 + [768] * 4  # tokens per step; "long": 3500 // 768 = 4 steps
+LAST = len(BATCHES)
+SQRT = "batch_lr_scaling = 'sqrt'\n"  # [optim] lines
+
+
+def write(
+    sources, path: Path, run_dir: Path, schedule: str = SCHEDULE, optim: str = SQRT, extra: str = ""
+) -> Path:
+    """The schedule's recipe, `optim` added to its [optim] table (the sqrt rule unless told)."""
+    write_recipe(path, sources, run_dir, phases=schedule, extra=extra)
+    text = path.read_text().replace("[optim]\n", f"[optim]\n{optim}", 1)
+    # validation takes the phase's batch: "big"'s 32 × 33 tokens need more of math's held-out split
+    path.write_text(text.replace("val_fraction = 0.1", "val_fraction = 0.3", 1))
+    return path
+
+
+def rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows(run_dir)}
+
+
+# -- the recipe --
+
+
+def test_a_phase_batch_sets_its_steps_shapes_and_refusals(sources, tmp_path):
+    cfg = load_config(TrainConfig, write(sources, tmp_path / "r.toml", tmp_path / "run"))
+    spec = check_config(cfg, 2)
+    assert [ph.global_batch_tokens for ph in spec.phases] == [512, 1024, 768]
+    assert [ph.steps for ph in spec.phases] == [4, 3, 4]  # long: tokens // its own batch
+    assert [(s.global_batch, s.grad_accum) for s in spec.shapes] == [(16, 2), (32, 4), (12, 3)]
+
+    def refused(schedule: str, world: int = 1) -> str:
+        path = write(sources, tmp_path / "bad.toml", tmp_path / "run", schedule)
+        with pytest.raises(ConfigError) as e:
+            check_config(load_config(TrainConfig, path), world)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    assert "phase[1].seq_len = 32 must divide phase[1].global_batch_tokens = 1000 (a step holds whole" in (
+        refused(SCHEDULE.replace("global_batch_tokens = 1024", "global_batch_tokens = 1000"))
+    )
+    odd = refused(SCHEDULE.replace("global_batch_tokens = 1024", "global_batch_tokens = 96"), world=2)
+    assert (
+        "the global batch of 3 sequences (phase[1].global_batch_tokens 96 / seq_len 32 of phase 'big') is "
+        "not divisible by 2 data-parallel rank(s) × data.micro_batch 4 = 8" in odd
+    )
+    assert "change data.micro_batch, phase[1].global_batch_tokens or the number of ranks" in odd
+    assert "phase[1].global_batch_tokens = -1024 must be a whole number of tokens ≥ 1" in refused(
+        SCHEDULE.replace("global_batch_tokens = 1024", "global_batch_tokens = -1024")
+    )
+
+
+def test_the_lr_rule_is_explicit_and_refused_without_evidence(sources, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    plans = {}
+    for rule in ("none", "sqrt"):
+        path = write(sources, tmp_path / f"{rule}.toml", run_dir, optim=f"batch_lr_scaling = '{rule}'\n")
+        cfg = load_config(TrainConfig, path)
+        plans[rule] = open_plan(cfg, resolve(cfg))[0]
+    none, sqrt = plans["none"], plans["sqrt"]
+    as_written = [1.5e-3, *[3e-3] * 7, 2.1e-3, 1.2e-3, 3e-4]  # warmup, constant ×2, linear
+    assert [none.lr(s) for s in range(LAST)] == pytest.approx(as_written, rel=1e-12)
+    for s in range(LAST):  # each phase's piece × √(its batch / the first phase's)
+        assert sqrt.lr(s) == pytest.approx(none.lr(s) * math.sqrt(BATCHES[s] / 512), rel=1e-12)
+    assert sqrt.lr(3) == none.lr(3)  # the first phase's batch: exactly as written
+
+    path = write(sources, tmp_path / "sqrt.toml", run_dir)
+    assert gristmill(["train", "--config", str(path), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/step" in out and "1,024" in out
+    assert f"constant {3e-3 * math.sqrt(2):.3g}" in out  # the effective peak of phase "big"
+    note = "phase 'big' trains 1,024 tokens per step, 2× the first phase's; optim.batch_lr_scaling = 'sqrt'"
+    assert f"{note}: its LR pieces × 1.414" in out
+
+    for optim, words in [
+        ("name = 'muon'\nbatch_lr_scaling = 'sqrt'\n", "optim.batch_lr_scaling = 'sqrt' is not "
+         "supported with optim.name = 'muon'"),
+        ("batch_lr_scaling = 'linear'\n", "linear scaling is SGD's rule (Goyal et al. 2017"),
+    ]:  # fmt: skip
+        path = write(sources, tmp_path / "refused.toml", run_dir, optim=optim)
+        assert gristmill(["train", "--config", str(path)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert words in line, line
+        assert not run_dir.exists()
+
+
+# -- the trainer --
+
+
+@pytest.fixture(scope="module")
+def reference(sources, tmp_path_factory):
+    """The schedule trained in this process with the sqrt rule, a checkpoint after every step."""
+    root = tmp_path_factory.mktemp("batch-schedule")
+    extra = "[checkpoint]\ninterval = 1\nkeep_last = 0\n"
+    config = write(sources, root / "recipe.toml", root / "run", extra=extra)
+    assert gristmill(["train", "--config", str(config)]) == 0
+    return root / "run", config
+
+
+def test_everything_follows_the_batch(reference, capsys):
+    run_dir, config = reference
+    got = rows(run_dir)
+    assert [r["phase"] for r in got] == ["small"] * 4 + ["big"] * 3 + ["long"] * 4
+    seen = [r["tokens_seen"] for r in got]
+    assert [b - a for a, b in zip([0, *seen], seen)] == BATCHES
+    for r in got:  # the sources' tokens add up to the tokens seen, and the row's LR is the plan's
+        assert sum(r[f"tokens/{n}"] for n in ("web", "code", "math")) == r["tokens_seen"]
+    cfg = load_config(TrainConfig, run_dir / "config.toml")
+    plan = open_plan(cfg, resolve(cfg))[0]
+    assert [r["lr"] for r in got] == [plan.lr(s) for s in range(LAST)]
+    assert [ph.global_batch for ph in plan.phases] == [16, 32, 12]
+
+    # the ledger: consumption.parquet through the audit equals the plan's, token for token
+    sql = "SELECT phase, source, tokens FROM consumption"
+    assert gristmill(["data", "audit", str(run_dir), "--sql", sql, "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()[1:]
+    want = {(r["phase"], r["source"]): r["tokens"] for r in plan.consumed(LAST)}
+    assert {(p, s): int(t) for p, s, t in (line.split(",") for line in lines)} == want
+    assert sum(want.values()) == sum(BATCHES)
+    # data inspect reads the step's own batch back
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "6", "--max-rows", "0"]) == 0
+    assert "step 6 = phase 'big' step 2 of 3 (32 sequences × 32 = 1,024 tokens)" in capsys.readouterr().out
+    assert (run_dir / "plan.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("step", [3, 6, 9])  # one kill inside each phase
+def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path, step):
+    run_dir, config = reference
+    killed = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set",
+           f"run.output_dir={json.dumps(str(killed))}", "metrics.plot=false"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, KILL: f"saved:{step}"}, capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(killed))}",
+                      "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
+    assert losses(killed) == losses(run_dir)
+    assert_same_weights(run_dir, killed, LAST)
+
+
+def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, sources, tmp_path, capsys):
+    run_dir, _ = reference
+    for step, old, new, key in [
+        (5, "global_batch_tokens = 1024", "global_batch_tokens = 2048", "phase[1].global_batch_tokens"),
+        (6, "steps = 4\nseq_len = 32", "steps = 4\nglobal_batch_tokens = 1024\nseq_len = 32",
+         "phase[0].global_batch_tokens"),
+    ]:  # fmt: skip
+        copy = tmp_path / f"copy{step}"
+        changed = write(sources, tmp_path / "changed.toml", copy, SCHEDULE.replace(old, new))
+        resume = str(run_dir / "checkpoints" / f"step-{step:06d}")
+        assert gristmill(["train", "--config", str(changed), "--resume", resume]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        was = "1024" if key.startswith("phase[1]") else "512"
+        assert f"{key} (phase '{'big' if was == '1024' else 'small'}') = {was} but this run has " in line, (
+            line
+        )
+        assert "the plan's past is immutable" in line
+    # a phase not yet begun may take another batch: the run goes on, saying so
+    later = SCHEDULE.replace("global_batch_tokens = 768", "global_batch_tokens = 384")
+    copy = tmp_path / "future"
+    changed = write(sources, tmp_path / "future.toml", copy, later)
+    resume = str(run_dir / "checkpoints" / "step-000006")
+    assert (
+        gristmill(["train", "--config", str(changed), "--resume", resume, "--set", "metrics.plot=false"]) == 0
+    )
+    assert "the plan's future changed since the checkpoint" in capsys.readouterr().out
+    assert [r["tokens_seen"] for r in rows(copy)][-1] == sum(BATCHES[:7]) + 9 * 384  # 3500 // 384 = 9 steps
+
+
+def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
+    """2 ranks (FSDP) train into phase "big", one process resumes: the same global batches, so the
+    losses match the one-process run up to summation order and the tokens exactly."""
+    run_dir, config = reference
+    two = tmp_path / "two"
+    sets = [
+        f"run.output_dir={json.dumps(str(two))}",
+        "parallel.shard=2",
+        "run.max_steps=6",
+        "metrics.plot=false",
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(two))}",
+                      "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
+    ref, got = rows(run_dir), rows(two)
+    assert [r["step"] for r in got] == list(range(1, LAST + 1))
+    for a, b in zip(ref, got):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), a["step"]
+        assert (b["tokens_seen"], b["lr"]) == (a["tokens_seen"], a["lr"])
+        assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
+            k: v for k, v in a.items() if k.startswith("tokens/")
+        }
