@@ -2,12 +2,12 @@
 
 Each stage is the same code path a user runs by hand (the commands are printed before each stage),
 so the demo is an end-to-end check as well as a tour: build two datasets, prose and code (each
-validated) → audit → train on their mixture in two phases (the plan printed first; stopped inside
-the first phase as if preempted, then resumed across the phase boundary; lm-eval scores the
-weights at steps 60, 100 and 150 as it trains) → export to HF format and verify every checkpoint
-and export against its checksums → the offline eval of the last export → continued pretraining
-from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss spike
-(injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
+validated) → audit → train on their mixture in three phases, the first at half the batch (the plan
+printed first; stopped inside phase "main" as if preempted, then resumed across the phase boundary;
+lm-eval scores the weights at steps 60, 100 and 150 as it trains) → export to HF format and verify
+every checkpoint and export against its checksums → the offline eval of the last export → continued
+pretraining from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss
+spike (injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
 uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket through the
 verified cache, and its per-step hashes equal to the local copy's.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
-STOP_STEP = 60  # inside the first phase (steps 1-100): the resume crosses the phase boundary
+STOP_STEP = 60  # inside phase "main" (steps 51-100): the resume crosses into "decay"
 # The rewind stage: a loss spike injected into one data window of step 27 (training/run/faults.py, a
 # test fault: never set in real runs); the recipe rewinds to step 25 and skips steps 26-33.
 SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     # and crosses into phase "decay" (`--resume auto` also makes a rerun of the demo continue).
     run_dir = train_output_dir(args.train_config)
     stop = f"--resume auto --set run.max_steps={STOP_STEP}"
-    t0 = _stage("train", total, f"train a small Llama on the mixture (CPU) in two phases, stop at step "
+    t0 = _stage("train", total, f"train a small Llama on the mixture (CPU) in three phases, stop at step "
                 f"{STOP_STEP}, resume from the checkpoint",
                 f"gristmill train --config {args.train_config} --plan\n"
                 f"    $ gristmill train --config {args.train_config} {stop}\n"
