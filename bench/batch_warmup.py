@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,8 +42,7 @@ def recipe(
         f"seq_len = {SEQ}\nlr = {lr}\n\n"
         for i, (share, f, lr) in enumerate(zip(shares, factors, lrs))
     )
-    last = batch * factors[-1] // SEQ  # sequences per step in the last phase
-    val_batches = 8 * batch // SEQ // last  # the same 8 × batch held-out tokens at the end
+    val_batches = 8 // factors[-1]  # the same 8 × batch held-out tokens at the end
     return f"""
 [model]
 preset = "demo"
@@ -103,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for name, factors in schedules.items():
             run_dir = args.dir / f"{name}-seed{seed}"
-            if run_dir.exists():
-                subprocess.run(["rm", "-rf", str(run_dir)], check=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
             run_dir.parent.mkdir(parents=True, exist_ok=True)
             config = args.dir / f"{name}-seed{seed}.toml"
             config.write_text(recipe(args.data.resolve(), run_dir, seed, args.tokens, args.batch, factors))

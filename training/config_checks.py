@@ -94,6 +94,12 @@ BATCH_LR_RULES["adamw8bit"] = BATCH_LR_RULES["adamw"]  # Adam's update rule, 8-b
 _LINEAR_RULE = "linear scaling is SGD's rule (Goyal et al. 2017, 'Accurate, Large Minibatch SGD')"
 
 
+def batch_key(cfg: TrainConfig, phase: int) -> str:
+    """The config key that sets phase `phase`'s tokens per step (its own, or [data]'s)."""
+    own = cfg.phase and cfg.phase[phase].global_batch_tokens is not None
+    return f"phase[{phase}].global_batch_tokens" if own else "data.global_batch_tokens"
+
+
 def batch_lr_factor(rule: str, batch: int, first_batch: int) -> float:
     """The factor optim.batch_lr_scaling `rule` puts on the LR piece of a phase of `batch` tokens per
     step, measured against the first phase's `first_batch` (exactly 1.0 for the same batch)."""
@@ -202,15 +208,14 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
         if ph.lr.warmup_tokens is not None:
             check_number(f"{key}.lr.warmup_tokens", ph.lr.warmup_tokens)
         seq_len = d.seq_len if ph.seq_len is None else ph.seq_len
-        batch, batch_key = gbt, "data.global_batch_tokens"
-        if ph.global_batch_tokens is not None:
-            batch, batch_key = ph.global_batch_tokens, f"{key}.global_batch_tokens"
-            if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-                raise ConfigError(f"{batch_key} = {batch!r} must be a whole number of tokens ≥ 1", batch_key)
+        own = ph.global_batch_tokens
+        batch, batch_at = (gbt if own is None else own), batch_key(cfg, i)
+        if own is not None and (isinstance(own, bool) or not isinstance(own, int) or own < 1):
+            raise ConfigError(f"{batch_at} = {batch!r} must be a whole number of tokens ≥ 1", batch_at)
         if seq_len < 1 or batch % seq_len:
             raise ConfigError(
-                f"{key}.seq_len = {seq_len} must divide {batch_key} = {batch} (a step holds whole sequences)",
-                f"{key}.seq_len" if ph.seq_len is not None else batch_key,
+                f"{key}.seq_len = {seq_len} must divide {batch_at} = {batch} (a step holds whole sequences)",
+                f"{key}.seq_len" if ph.seq_len is not None else batch_at,
             )
         steps = ph.steps if ph.steps is not None else int(ph.tokens // batch)
         if steps < 1:
@@ -453,17 +458,13 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
             if not cfg.phase or cfg.phase[i].micro_batch is None
             else f"phase[{i}].micro_batch"
         )
-        batch_key = (
-            f"phase[{i}].global_batch_tokens"
-            if cfg.phase and cfg.phase[i].global_batch_tokens is not None
-            else "data.global_batch_tokens"
-        )
+        batch_at = batch_key(cfg, i)
         if ph.micro_batch < 1 or g % (dp * ph.micro_batch):
             raise ConfigError(
-                f"the global batch of {g} sequences ({batch_key} {ph.global_batch_tokens} / "
+                f"the global batch of {g} sequences ({batch_at} {ph.global_batch_tokens} / "
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
                 f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
-                f"{what}, {batch_key} or the number of ranks"
+                f"{what}, {batch_at} or the number of ranks"
             )
         plans.append(
             BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)

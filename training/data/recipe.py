@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import RunSpec, batch_lr_factor
+from training.config_checks import RunSpec, batch_key, batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
@@ -78,7 +78,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
     once under [[phase]]: training/config_checks.resolve).
     """
     sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(spec.sources, tables)]
-    phases, prev_end = [], 0.0
+    phases, prev_end, first_batch = [], 0.0, spec.phases[0].global_batch_tokens
     for p, ph in enumerate(spec.phases):
         lr = ph.lr
         # the LRs as written (a phase without a peak continues the previous one's written curve),
@@ -87,8 +87,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
         end = peak if lr.shape == "constant" else (cfg.optim.min_lr if lr.to is None else lr.to)
         weights = data_plan.integer_weights([ph.mix.get(s.name, 0.0) for s in sources])
         gb = ph.global_batch_tokens // ph.seq_len
-        first = spec.phases[0].global_batch_tokens
-        scale = batch_lr_factor(cfg.optim.batch_lr_scaling, ph.global_batch_tokens, first)
+        scale = batch_lr_factor(cfg.optim.batch_lr_scaling, ph.global_batch_tokens, first_batch)
         piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
@@ -100,7 +99,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
     if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
-                 "global_batch": "data.global_batch_tokens"}  # fmt: skip
+                 "global_batch": batch_key(cfg, 0)}  # fmt: skip
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
@@ -114,8 +113,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
             "start": out[-1]["end"] if out else f"{k}.lr.peak",
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
-            "global_batch": f"{k}.global_batch_tokens" if ph.global_batch_tokens is not None
-            else "data.global_batch_tokens",
+            "global_batch": batch_key(cfg, p),
         })  # fmt: skip
     return out
 
