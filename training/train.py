@@ -229,8 +229,9 @@ def loop(run: Run) -> dict[str, Any]:
         if run.metrics.writer is not None:
             run.metrics.writer.close()
     seconds = run.metrics.elapsed()
-    if run.rewinder.summary() is not None:
-        say(run.rewinder.summary())
+    rewinds = run.rewinder.summary()
+    if rewinds is not None:
+        say(rewinds)
     run.record.consumption(state.step)
     run.metrics.summarize(start, state.step, seconds)
     return {
@@ -321,12 +322,12 @@ def _write_pending(run: Run) -> None:
 
 def _stop(run: Run, verdict: Verdict) -> None:
     """The one way a diverged run ends (exit 3): a save in flight finishes (it holds finite weights
-    from before), consumption and the loss curve are drawn, then the verdict's error."""
+    from before), the loss curve is drawn (consumption came with the stopped step's row), then the
+    verdict's error."""
     try:
         run.checkpointer.close()
     except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
         say(f"error: {e}")
-    run.record.consumption(run.state.step)
     run.metrics.plot_loss()
     raise verdict.error(verdict.message(run.checkpointer.newest_complete()))
 

@@ -289,7 +289,7 @@ class Checkpointer:
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
     ):
         """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
-        (training/run/rewind.Rewinder.keep); `states`: checkpointables(...)."""
+        (the timeline's oldest rewind target and run.rewind.margin_steps); `states`: checkpointables(...)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step

@@ -224,6 +224,7 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
     from training.config import TrainConfig
     from training.config_checks import resolve
     from training.contract.config_loader import load_config
+    from training.data.plan import skip_of
     from training.data.recipe import recorded_skips
     from training.metrics import kept_rows, read_metrics
 
@@ -257,7 +258,7 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
         for p in (run_dir / sub).glob(f"abandoned-{name}*")
         if p.name == f"abandoned-{name}" or p.name.startswith(f"abandoned-{name}.")
     )
-    skip = next((s for s in recorded_skips(run_dir) if s.first_step <= step <= s.last_step), None)
+    skip = skip_of(recorded_skips(run_dir), step)
     skipped = f"rewind {skip.rewind} skipped steps {skip.first_step}–{skip.last_step}" if skip else ""
     if aside:
         return (

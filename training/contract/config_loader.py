@@ -295,14 +295,14 @@ def config_sha256(cfg: Any) -> str:
     return json_sha256(to_dict(cfg), default=str)
 
 
-def config_changes(old: Any, new: Any, ignore: tuple[str, ...] = ()) -> list[str]:
+def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs (lists compare
-    whole); keys in `ignore` are left out."""
+    whole)."""
     flat_old, flat_new = _flatten(to_dict(old)), _flatten(to_dict(new))
     return [
         f"{k} {flat_old.get(k)!r} → {flat_new.get(k)!r}"
         for k in sorted(flat_old.keys() | flat_new.keys())
-        if k not in ignore and flat_old.get(k) != flat_new.get(k)
+        if flat_old.get(k) != flat_new.get(k)
     ]
 
 

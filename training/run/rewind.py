@@ -61,11 +61,6 @@ class Rewinder:
         self.cfg, self.timeline, self.checkpointer = settings, timeline, checkpointer
         self.loader, self.scheduler, self.state = loader, scheduler, state
 
-    def keep(self) -> tuple[int, int]:
-        """What retention keeps for a later rewind (training/checkpoint/checkpointer.prune): the
-        oldest step a rewind may go back to, and margin_steps."""
-        return self.timeline.oldest_target, self.cfg.margin_steps
-
     def target(self, step: int, cause: str) -> RewindTarget | str:
         """Where a rewind of step `step` goes back to (rank 0 chooses, every rank gets its choice; a
         save in flight finishes first), or why there is nowhere to go. `cause`: the rewind's reason."""

@@ -373,7 +373,7 @@ def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
         before_applied = applied_config(before, resolve(before))
     except (GristmillError, OSError):
         return []  # no or an unreadable earlier config: nothing to compare with
-    changes = config_changes(before_applied, applied, ignore=("checkpoint.resume",))
+    changes = config_changes(before_applied, applied)  # applied_config leaves checkpoint.resume out
     if not changes:
         return []
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")

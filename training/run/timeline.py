@@ -43,7 +43,7 @@ from training.contract.run_layout import (
     PLAN_PNG,
     set_aside_after,
 )
-from training.data.plan import Plan, Skip, skip_of
+from training.data.plan import Plan, Skip
 from training.data.recipe import plot_plan, record_plan, write_consumption
 from training.run.console import say
 
@@ -65,9 +65,6 @@ class Timeline:
         """The oldest step a rewind may go back to: the end of the last skip (an older checkpoint
         would undo that rewind's history)."""
         return self.skips[-1].last_step if self.skips else 0
-
-    def skip_of(self, step: int) -> Skip | None:
-        return skip_of(self.skips, step)
 
     def consumed(self, step: int) -> list[dict[str, Any]]:
         return self.plan.consumed(step, self.skips)

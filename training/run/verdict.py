@@ -153,8 +153,7 @@ class Verdict:
 
     step: int
     action: str  # GO_ON, SKIPPED, STOP or REWIND
-    read: bool = False  # whether the host looked at this step (False: nothing due, no rewind on)
-    loss: float | None = None  # the step's loss, the mean over ranks (when read)
+    loss: float | None = None  # the step's loss, the mean over ranks (None: the host did not read the step)
     # Non-finite steps not applied since the last metrics row (a logged, stopped or rewound step's
     # row counts them): {"skipped": n, "first_step": …, "what": "loss" | …}; None on other steps.
     unlogged: dict[str, Any] | None = None
@@ -219,7 +218,7 @@ class Judge:
         return verdict
 
     def _decide(self, step: int, loss: float, tally: dict[str, Any], spike: dict | None) -> Verdict:
-        on_nonfinite, seen = self.run.on_nonfinite, Verdict(step, GO_ON, True, loss, spike=spike)
+        on_nonfinite, seen = self.run.on_nonfinite, Verdict(step, GO_ON, loss=loss, spike=spike)
         if tally["skipped"]:
             if on_nonfinite == "rewind":
                 return self._rewind(seen, f"non-finite loss or gradient ({_fmt(loss)})")
