@@ -156,9 +156,10 @@ def check_shard(spec: _ShardSpec) -> ShardResult:
     """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard."""
     res = ShardResult(spec.name)
     try:
+        sha256 = None  # a download hashes what it writes: the check does not read the file again for it
         if spec.url is not None:  # as it is in the bucket, unverified: its hash is one of the checks
-            ObjectStore(spec.url).download(f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size)
-        _check_shard(spec, res)
+            sha256 = ObjectStore(spec.url).download(f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size)
+        _check_shard(spec, res, sha256)
     except Exception as e:  # noqa: BLE001 - a validator reports, it does not crash
         res.add(f"could not be checked: {type(e).__name__}: {e}")
     finally:
@@ -167,7 +168,7 @@ def check_shard(spec: _ShardSpec) -> ShardResult:
     return res
 
 
-def _check_shard(spec: _ShardSpec, res: ShardResult) -> None:
+def _check_shard(spec: _ShardSpec, res: ShardResult, sha256: str | None = None) -> None:
     dtype = numpy_dtype(spec.dtype)
     size = os.path.getsize(spec.path)
     res.bytes = size
@@ -179,7 +180,7 @@ def _check_shard(spec: _ShardSpec, res: ShardResult) -> None:
     with open(spec.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         # One read of the file: hashing it pulls it into the page cache, the tar walk below then
         # touches only headers and the token bytes (zero-copy views into the map).
-        res.sha256 = hashlib.sha256(mm).hexdigest()
+        res.sha256 = sha256 or hashlib.sha256(mm).hexdigest()
         _check_expected(spec, res)
         members = _walk_tar(mm, size, res)
         _check_documents(spec, res, mm, members, dtype)

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pipelines.local_s3 import REGION, LocalS3, free_port
+from pipelines.local_s3 import LocalS3, free_port
 
 SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -36,12 +36,13 @@ class MotoServer(LocalS3):
     def client(self):
         import boto3
 
+        env = self.env()  # pipelines/local_s3.aws_env: the demo's and the trainer's credentials
         return boto3.client(
             "s3",
-            endpoint_url=self.url,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name=REGION,
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            region_name=env["AWS_DEFAULT_REGION"],
         )
 
 

@@ -161,10 +161,15 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def _endpoint_url() -> str | None:
+    """AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (the SDK's own order), None for AWS itself."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
 def _client():
     """This process's S3 client: boto3's own retries off (ours are counted), checksums only where an
     operation requires one, path-style addressing for a custom endpoint (MinIO, moto)."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    endpoint = _endpoint_url()
     key = (os.getpid(), *sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
     with _clients_lock:
         client = _clients.get(key)
@@ -195,7 +200,7 @@ def _client():
 
 def endpoint() -> str:
     """Where requests go: AWS_ENDPOINT_URL, or AWS's regional endpoint."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS S3"
+    return _endpoint_url() or "AWS S3"
 
 
 class ObjectStore:
@@ -381,9 +386,6 @@ class ObjectStore:
             token = page.get("NextContinuationToken")
             if not token:
                 return out
-
-    def delete(self, rel: str) -> None:
-        self._call("DELETE", rel, lambda c: c.delete_object(Bucket=self.url.bucket, Key=self.url.key(rel)))
 
     def multipart_uploads(self) -> Iterator[tuple[str, str]]:
         """(key, upload id) of the unfinished multipart uploads under the URL."""

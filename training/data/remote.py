@@ -119,11 +119,6 @@ def describe(root: Path, rel: str) -> str:
     return f"{url}/{rel}" if url else str(Path(root) / rel)
 
 
-def location_of(root: Path) -> str:
-    """The dataset's name as the user gave it: its URL, or its directory."""
-    return origin(root) or str(root)
-
-
 def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path:
     """The directory readers open for `location`: the dataset itself, or a bucket's dataset's cache
     directory, with the bucket's current dataset.json (checked like a local one) in it."""
@@ -194,7 +189,8 @@ def ensure(root: Path, rels: Iterable[str]) -> None:
     def present(rel: str, verified: dict[str, str]) -> bool:
         return (root / rel).is_file() and (rel not in others or verified.get(rel) == others[rel]["sha256"])
 
-    missing = [rel for rel in rels if not present(rel, _verified(root))]
+    verified = _verified(root)
+    missing = [rel for rel in rels if not present(rel, verified)]
     if not missing:
         return
     recorded = dataset_files(info)

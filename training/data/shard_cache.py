@@ -220,6 +220,7 @@ class Prefetcher:
     ):
         self.caches, self.needs, self.last_step = caches, needs, last_step
         self.cache = next(c for c in caches if c is not None).cache
+        self._biggest = max(max(c.sizes) for c in caches if c is not None)  # room kept for one download
         self._step = start
         self._stop = False
         self._cond = threading.Condition()
@@ -274,7 +275,7 @@ class Prefetcher:
         ahead as far as they fit the bound with room for one more shard (the one downloading)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
-        biggest = max(max(c.sizes) for c in self.caches if c is not None)
+        biggest = self._biggest
         budget = self.cache.max_bytes - biggest
         fetch = list(dict.fromkeys(self._step_needs(step)))
         keep = dict.fromkeys(fetch)
