@@ -39,8 +39,7 @@ from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import missing_step_reason, nonfinite_tensor
-from training.config import TrainConfig
-from training.config_checks import resolve
+from training.config_checks import RunSpec, resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
@@ -140,22 +139,21 @@ class RunData:
         return {"source": self.source, "dataset": self.dataset}
 
 
-def run_data(cfg: TrainConfig) -> RunData:
-    """From a run's config (RUN/config.toml): the held-out documents of the run's first source that
+def run_data(spec: RunSpec) -> RunData:
+    """From a run's resolved config (RUN/config.toml): the held-out documents of the run's first source that
     holds some out (of its only one without [[data.sources]]: one source of a mixture is scored, and
     named wherever its scores are shown), and the seq_len of its last phase (the model's last
     training length; a longer context would score positions it was not last trained on)."""
-    spec = resolve(cfg)
     src = next((s for s in spec.sources if s.val_fraction > 0), spec.sources[0])
     return RunData(src.name, str(src.dataset), src.val_fraction, spec.phases[-1].seq_len, spec.cache)
 
 
-def training_data_checks(cfg: TrainConfig) -> list[dict[str, Any]]:
+def training_data_checks(spec: RunSpec) -> list[dict[str, Any]]:
     """Per source dataset of the run: {"source", "dataset", "decontaminate"}, the last being
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
     is gone and cannot tell)."""
     checks = []
-    for src in resolve(cfg).sources:
+    for src in spec.sources:
         try:
             entry = dataset_info(src.dataset).get("decontaminate")
         except GristmillError:
@@ -193,8 +191,9 @@ class TaskPlan:
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)
         )
         train_cfg = run_config(run_dir)
-        self.training_data = training_data_checks(train_cfg)
-        self.data = run_data(train_cfg)
+        spec = resolve(train_cfg)  # once: both read the run's sources
+        self.training_data = training_data_checks(spec)
+        self.data = run_data(spec)
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR

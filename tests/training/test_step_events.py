@@ -33,7 +33,7 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from pipelines.cli import main as gristmill  # noqa: E402
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line  # noqa: E402
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.config_checks import resolve  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
@@ -121,10 +121,6 @@ def run_child(config: Path, run: Path, *sets: str, env: dict | None = None):
     )
 
 
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def reference(config, tmp_path_factory) -> Path:
     """The uninterrupted run, no fault."""
@@ -141,7 +137,7 @@ def check_timeline(run: Path) -> int:
     spec = resolve(cfg)
     plan = build_plan(cfg, spec, open_sources(spec))
     skips = recorded_skips(run)
-    all_rows = rows(run)
+    all_rows = read_metrics(run)
     kept = kept_rows(all_rows)
     assert [r["step"] for r in kept] == sorted({r["step"] for r in kept}), "one kept row per step"
     assert {r["discarded_by_rewind"] for r in all_rows if "discarded_by_rewind" in r} <= {
@@ -166,13 +162,13 @@ def check_timeline(run: Path) -> int:
 def check_final(run: Path, step: int) -> None:
     """A run that reached its last step: its final weights validated and evaluated."""
     assert step == LAST
-    last = kept_rows(rows(run))[-1]
+    last = kept_rows(read_metrics(run))[-1]
     assert last["step"] == LAST and "val_loss" in last and EVAL_KEY in last, last
     assert LAST in list_steps(run / "eval") and LAST in list_steps(run / "checkpoints")
 
 
 def scores(run: Path, keys: tuple[str, ...] = ("loss", "val_loss", EVAL_KEY)) -> list[tuple]:
-    return [(r["step"], *(r.get(k) for k in keys)) for r in kept_rows(rows(run))]
+    return [(r["step"], *(r.get(k) for k in keys)) for r in kept_rows(read_metrics(run))]
 
 
 @pytest.mark.parametrize("bad", [QUIET, ALL_DUE, LAST])
@@ -189,7 +185,7 @@ def test_a_nan_under_stop_stops_before_anything_at_or_after_it(config, tmp_path,
         assert all(s < bad for s in list_steps(run / where)), where
     heard = check_timeline(run)
     assert heard == (ALL_DUE if bad == QUIET else bad)  # the stop's row is the step that heard of it
-    assert not any("val_loss" in r or EVAL_KEY in r for r in rows(run) if r["step"] >= bad)
+    assert not any("val_loss" in r or EVAL_KEY in r for r in read_metrics(run) if r["step"] >= bad)
 
 
 def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evaluated(
@@ -199,7 +195,7 @@ def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evalua
     run = tmp_path / "run"
     run_here(config, run, "run.on_nonfinite='skip'")
     check_final(run, check_timeline(run))
-    row = next(r for r in rows(run) if r["step"] == ALL_DUE)
+    row = next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
     assert row["skipped_steps"] == 1 and "val_loss" in row and EVAL_KEY in row  # finite weights: scored
     assert ALL_DUE in list_steps(run / "exports")
 
@@ -229,7 +225,7 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(
     check_final(run, check_timeline(run))
     (skip,) = recorded_skips(run)
     assert skip.checkpoint_step == back and (skip.first_step, skip.last_step) == (back + 1, back + skipped)
-    discarded = [r for r in rows(run) if "discarded_by_rewind" in r]
+    discarded = [r for r in read_metrics(run) if "discarded_by_rewind" in r]
     assert discarded and all(r["step"] > back for r in discarded)
     for where in ("checkpoints", "exports", "eval"):  # what the discarded attempt wrote, set aside
         made = {s for s in (ALL_DUE,) if back < s < skip.spike_step}  # the spike step's own never ran
@@ -243,8 +239,8 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(
             line = one_error_line(capsys.readouterr().err)
             assert f"exports/abandoned-step-{step:06d}" in line and "set aside" in line, line
     # the summary's losses are kept rows' (never the spike's)
-    assert summary["final_loss"] == kept_rows(rows(run))[-1].get("loss", summary["final_loss"])
-    assert all(r["loss"] < 20 for r in kept_rows(rows(run)) if "loss" in r)
+    assert summary["final_loss"] == kept_rows(read_metrics(run))[-1].get("loss", summary["final_loss"])
+    assert all(r["loss"] < 20 for r in kept_rows(read_metrics(run)) if "loss" in r)
 
 
 def test_a_skip_to_the_end_with_nothing_to_score_leaves_consumption_to_the_timeline(
@@ -267,7 +263,9 @@ def test_a_spike_on_the_last_step_that_cannot_rewind_still_ends_validated_and_ev
     run = tmp_path / "run"
     run_here(config, run, "run.on_spike='rewind'", f"run.rewind.margin_steps={LAST}")  # none that old
     check_final(run, check_timeline(run))
-    assert recorded_skips(run) == () and kept_rows(rows(run))[-1]["loss"] > 20  # the spike is the run's
+    assert (
+        recorded_skips(run) == () and kept_rows(read_metrics(run))[-1]["loss"] > 20
+    )  # the spike is the run's
 
 
 def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(config, tmp_path, monkeypatch):
@@ -275,7 +273,7 @@ def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(con
     run = tmp_path / "run"
     run_here(config, run)
     check_final(run, check_timeline(run))
-    (row,) = [r for r in rows(run) if r["step"] == ALL_DUE]
+    (row,) = [r for r in read_metrics(run) if r["step"] == ALL_DUE]
     assert any("loss spike" in e for e in row["events"]) and "val_loss" in row and EVAL_KEY in row
 
 
@@ -321,11 +319,13 @@ def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterr
     run = tmp_path / "run"
     killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert ALL_DUE in list_steps(run / "checkpoints") and ALL_DUE not in {r["step"] for r in rows(run)}
+    assert ALL_DUE in list_steps(run / "checkpoints") and ALL_DUE not in {
+        r["step"] for r in read_metrics(run)
+    }
     run_here(config, run, "eval.interval=0", "checkpoint.resume='auto'")  # the resume: in this process
     check_timeline(run)
     assert scores(run, ("loss", "val_loss")) == scores(reference, ("loss", "val_loss"))
-    assert "val_loss" in next(r for r in rows(run) if r["step"] == ALL_DUE)
+    assert "val_loss" in next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
     assert_same_weights(reference, run, LAST)
 
 
@@ -340,10 +340,10 @@ def test_the_summary_after_a_resume_reads_only_kept_rows(config, tmp_path, monke
     capsys.readouterr()
     summary = run_here(config, run, "run.on_spike='rewind'", "checkpoint.resume='auto'")
     out = capsys.readouterr().out
-    spike = next(r for r in rows(run) if r["step"] == 6 and "discarded_by_rewind" in r)
+    spike = next(r for r in read_metrics(run) if r["step"] == 6 and "discarded_by_rewind" in r)
     line = next(x for x in out.splitlines() if x.startswith("loss "))
     assert f"{spike['loss']:.4f}" not in line and summary["first_loss"] != spike["loss"]
-    kept = [r for r in kept_rows(rows(run)) if r["step"] > ALL_DUE and "loss" in r]
+    kept = [r for r in kept_rows(read_metrics(run)) if r["step"] > ALL_DUE and "loss" in r]
     assert (
         summary["first_loss"] == kept[0]["loss"]
         and f"{kept[0]['loss']:.4f} at step {kept[0]['step']}" in line

@@ -19,7 +19,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
 from tests.helpers.phased_recipe import write_recipe
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics
 from training.config import TrainConfig
 from training.config_checks import check_config, resolve
 from training.contract.config_loader import ConfigError, load_config
@@ -42,12 +42,8 @@ def write(
     return path
 
 
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in rows(run_dir)}
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir)}
 
 
 # -- the recipe --
@@ -130,7 +126,7 @@ def reference(sources, tmp_path_factory):
 
 def test_everything_follows_the_batch(reference, capsys):
     run_dir, config = reference
-    got = rows(run_dir)
+    got = read_metrics(run_dir)
     assert [r["phase"] for r in got] == ["small"] * 4 + ["big"] * 3 + ["long"] * 4
     seen = [r["tokens_seen"] for r in got]
     assert [b - a for a, b in zip([0, *seen], seen)] == BATCHES
@@ -194,7 +190,9 @@ def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, source
         gristmill(["train", "--config", str(changed), "--resume", resume, "--set", "metrics.plot=false"]) == 0
     )
     assert "the plan's future changed since the checkpoint" in capsys.readouterr().out
-    assert [r["tokens_seen"] for r in rows(copy)][-1] == sum(BATCHES[:7]) + 9 * 384  # 3500 // 384 = 9 steps
+    assert [r["tokens_seen"] for r in read_metrics(copy)][-1] == sum(
+        BATCHES[:7]
+    ) + 9 * 384  # 3500 // 384 = 9 steps
 
 
 def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
@@ -214,7 +212,7 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(two))}",
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
-    ref, got = rows(run_dir), rows(two)
+    ref, got = read_metrics(run_dir), read_metrics(two)
     assert [r["step"] for r in got] == list(range(1, LAST + 1))
     for a, b in zip(ref, got):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5), a["step"]
