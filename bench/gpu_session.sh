@@ -10,6 +10,8 @@
 #                 bash bench/gpu_session.sh attention            # SDPA backends, FA3, loss chunk
 #                 bash bench/gpu_session.sh train                # issue 32: gristmill train e2e + float8
 #                 bash bench/gpu_session.sh muon                 # issue 32: Muon vs AdamW, 200 steps
+#                 bash bench/gpu_session.sh lent                 # train + rewind + muon + init_from in one
+#                                                                # call (E2E_STEPS=80): a 15-minute lease
 #   (device tool: carry [".whl"]; what lands in $OUT comes back: PART.log and PART.json)
 #   on CPU:       GPU_SESSION_SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_session.sh stall
 #                 (the tiny preset on CPU: checks the script end to end; CUDA-only rows refuse in a line)
@@ -18,7 +20,7 @@
 # is asked for by name), then attention.
 set -uo pipefail
 part=${1:-}
-case $part in stall | rest | attention | train | muon | rewind) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention|train|muon|rewind" >&2; exit 2 ;; esac
+case $part in stall | rest | attention | train | muon | rewind | lent) ;; *) echo "usage: bash bench/gpu_session.sh stall|rest|attention|train|muon|rewind|lent" >&2; exit 2 ;; esac
 PY=${PYTHON:-python3}
 OUT=${OUT:-runs/gpu-session}
 mkdir -p "$OUT"
@@ -41,7 +43,7 @@ else
   MODEL=""  # the 1.24B Llama-3 shape, seq 2048, bf16: train_mfu's defaults
   STALL="--preset llama3-1b --device cuda --seq 2048 --batch 8 --saves 3"
   MFU="--quick --no-peer --micro-batch 16"
-  E2E="--steps 200 --dir /tmp/gristmill-e2e"  # the 1.24B recipe through gristmill train, mbs 16
+  E2E="--steps ${E2E_STEPS:-200} --dir /tmp/gristmill-e2e"  # the 1.24B recipe through gristmill train, mbs 16
 fi
 
 # The part's own deadline, under the call's 600 s: a row gets what is left of it at most, and a
@@ -123,6 +125,21 @@ case $part in
     row 230 "gristmill train, on_spike = rewind, 200 steps (goal: >= 0.99x report)" -- \
       "$PY" -m bench.train_e2e $E2E --no-model-only --set run.on_spike=rewind --label rewind \
       --json "$rows/e2e-rewind.json"
+    ;;
+  lent)  # what a 15-minute lease can hold, most wanted first: each run's steps after 20 are measured,
+    # and the bf16 row is the baseline of float8, rewind (on_spike defaults to report) and muon
+    row 200 "gristmill train, bf16 + model-only (goal: ratio >= 0.97)" -- \
+      "$PY" -m bench.train_e2e $E2E --json "$rows/e2e-bf16.json"
+    row 120 "gristmill train, model.float8 (goal: >= 1.12x bf16)" -- \
+      "$PY" -m bench.train_e2e $E2E --float8 --no-model-only --json "$rows/e2e-float8.json"
+    row 110 "gristmill train, on_spike = rewind (goal: >= 0.99x bf16's report)" -- \
+      "$PY" -m bench.train_e2e $E2E --no-model-only --set run.on_spike=rewind --label rewind \
+      --json "$rows/e2e-rewind.json"
+    # the init_from load is host-only (CPU, disk): it shares the host with the muon row, not the GPU
+    timeout 240 "$PY" -m bench.init_from_load --shape 1b >"$OUT/init_from.log" 2>&1 &
+    row 120 "gristmill train, optim.name = muon" -- \
+      "$PY" -m bench.train_e2e $E2E --optim muon --no-model-only --json "$rows/e2e-muon.json"
+    wait
     ;;
   attention)
     mfu 110 "baseline (torch's SDPA choice)"

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -114,6 +115,9 @@ def run_train(args, dataset: Path, run_dir: Path) -> list[dict]:
         raise SystemExit(f"gristmill train exited {proc.returncode}")
     print(f"gristmill train: {time.perf_counter() - t0:.0f} s", flush=True)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # The figures come from metrics.jsonl; a 1.24B checkpoint is 15 GiB and a lent GPU's disk holds
+    # 64 GiB, so a session's fourth run would stop at the trainer's free-space check.
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return [r for r in rows if "loss" in r]
 
 
