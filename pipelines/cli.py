@@ -19,7 +19,7 @@ import sys
 from training.contract.errors import GristmillError
 
 # The stages `gristmill demo` runs, in order (pipelines/demo.py numbers its stages by this tuple).
-DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket")
+DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket", "mix")
 
 # (command words) -> (module implementing it, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -62,6 +62,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train",): (
         "training.launch",
         "train a model on a built dataset (one node; wraps torchrun)",
+    ),
+    ("mix", "propose"): (
+        "training.mix.propose",
+        "choose a data mixture from small proxy training runs, gated against uniform and token-proportional",
     ),
     ("export",): (
         "training.checkpoint.hf_export",

@@ -16,5 +16,6 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - run/              the run's own machinery: setup, the step's verdict, the timeline, rewind, …
 - checkpoint/       DCP checkpoints, the train state, HF import and export
 - data/             the dataset reader, sample order, the data plan, the loader
+- mix/              `gristmill mix propose`: a mixture chosen from proxy training runs, gated
 - contract/         what every package shares: errors, config loading, the formats, the run layout
 """

@@ -51,6 +51,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
         source = str(path)
+    return config_from(cls, raw, overrides, source)
+
+
+def config_from(
+    cls: type[T], raw: dict[str, Any], overrides: list[str] | None, source: str, flag: str = "--set"
+) -> T:
+    """`cls` from a parsed table plus `a.b=value` overrides (`flag` names where they were given)."""
     parsed = []
     for item in overrides or []:
         key, value = parse_override(item)
@@ -59,10 +66,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     try:
         cfg = from_dict(cls, raw, source=source)
     except ConfigError as e:
-        # The bad key first, then where it came from: the one --set that names it, else the file.
+        # The bad key first, then where it came from: the one override that names it, else the file.
         body = str(e).removeprefix(f"{source}: ")
         culprit = next((item for item, key in reversed(parsed) if _covers(key, e.key)), None)
-        raise ConfigError(f"{body} ({f'--set {culprit}' if culprit else source})", e.key) from None
+        raise ConfigError(f"{body} ({f'{flag} {culprit}' if culprit else source})", e.key) from None
     # Not a field: a --set equal to a default is otherwise indistinguishable from no --set at all.
     cfg.__dict__[_OVERRIDES] = {key: item for item, key in parsed}
     return cfg

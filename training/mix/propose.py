@@ -1,0 +1,371 @@
+"""`gristmill mix propose --config configs/mix/demo.toml --out DIR`: a mixture from proxy runs.
+
+    prior (token-proportional) → swarm (Dirichlet around it) → proxies (real training runs) → the
+    held-out losses → the fit (cross-validated) → the proposal (its argmin under the constraints)
+    → validation (proposal, uniform, token-proportional on every seed) → the gate → DIR/report.json,
+    DIR/proposal.toml, DIR/mix.png
+
+Every step resumes: a rerun reuses each proxy whose run recorded this recipe on these datasets
+(training/mix/proxies.py). With --write-commands the missing proxies are written as `gristmill
+train` lines for a cluster's scheduler instead of trained here; rerun once they are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.config import TrainConfig
+from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import ConfigError, add_config_arguments, save_config
+from training.contract.errors import GristmillError
+from training.mix import fit as mix_fit
+from training.mix import simplex
+from training.mix.proxies import (
+    Evidence,
+    Pool,
+    Proxy,
+    check_supply,
+    clear,
+    find_stale,
+    parallelism,
+    proxy_key,
+    read_evidence,
+    run_dir_of,
+    sources_info,
+    train_config,
+)
+from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, target_weights
+from training.plotting import agg_pyplot
+
+REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH = "report.json", "proposal.toml", "mix.png", "commands.sh"
+BASELINES = ("uniform", "proportional")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "configs/mix/demo.toml", "proxy.tokens=50000 swarm.size=9")
+    parser.add_argument(
+        "--out", required=True, help="the search's directory: proxies, report.json, proposal.toml, mix.png"
+    )
+    parser.add_argument(
+        "--write-commands",
+        action="store_true",
+        help=f"write the proxies still missing as `gristmill train` lines to OUT/{COMMANDS_SH} "
+        "(for a cluster's "
+        "scheduler) instead of training them here; rerun once they have run",
+    )
+
+
+def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Each source's weight range: constraints.min/max_weight, at least one sequence of a proxy's
+    step, and at most what its max_epochs allows in a proxy (proxy.tokens) and in the run the
+    proposal is for (constraints.run_tokens)."""
+    c, p = cfg.constraints, cfg.proxy
+    # a proxy reads windows of seq_len + 1 tokens; 2% room for the plan's whole windows per step
+    proxy_read = (
+        (p.tokens // p.global_batch_tokens) * p.global_batch_tokens * (p.seq_len + 1) / p.seq_len * 1.02
+    )
+    # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
+    lo = np.full(len(tokens), max(c.min_weight, np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4))
+    hi = np.full(len(tokens), c.max_weight)
+    for budget, key in ((proxy_read, "proxy.tokens"), (c.run_tokens, "constraints.run_tokens")):
+        if not budget:
+            continue
+        for i, src in enumerate(cfg.data.sources):
+            if src.max_epochs is not None:
+                hi[i] = min(hi[i], np.floor(src.max_epochs * tokens[src.name] / budget * 1e4) / 1e4)
+        value = cfg.proxy.tokens if key == "proxy.tokens" else c.run_tokens
+        fits = ", ".join(
+            f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"
+            for s, h in zip(cfg.data.sources, hi)
+        )
+        if hi.sum() < 1.0 or (hi < lo).any():
+            raise ConfigError(
+                f"{key} = {value:g} would read a source past its max_epochs in every mixture "
+                f"(weights that fit: {fits}; constraints.min_weight {c.min_weight}); lower {key}, "
+                "add data, or raise a source's max_epochs",
+                key=key,
+            )
+    return lo, hi
+
+
+def run(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    cfg = load_mix_config(args.config, args.overrides)
+    out = Path(args.out)
+    sources = names(cfg)
+    w = np.array(target_weights(cfg))
+    tokens, fingerprints = sources_info(cfg)
+    lo, hi = bounds(cfg, tokens)
+    prior = simplex.rounded(simplex.prior([tokens[n] for n in sources], lo, hi), lo, hi)
+    say = _say
+    target_text = ", ".join(f"{n} {x:g}" for n, x in zip(sources, w) if x)
+    say(
+        f"gristmill mix propose → {out}: target {target_text}; {len(sources)} sources: "
+        + ", ".join(f"{n} {tokens[n]:,} tokens ({fingerprints[n][:12]}…)" for n in sources)
+    )
+    say(f"prior (token-proportional): {_mix_text(sources, prior)}")
+    points = simplex.swarm(prior, swarm_size(cfg), cfg.swarm.seed, cfg.swarm.concentration, lo, hi)
+    swarm = [
+        Proxy("swarm", f"p{i:02d}", tuple(float(x) for x in r), cfg.data.seed) for i, r in enumerate(points)
+    ]
+    for proxy in swarm:  # every proxy's plan checked before the first trains
+        check_supply(cfg, proxy)
+    out.mkdir(parents=True, exist_ok=True)
+    # The outputs are a function of this recipe and its evidence: none of an earlier search's stays
+    # beside this recipe (a rerun rewrites them from the reused proxies in seconds).
+    for name in (REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH):
+        (out / name).unlink(missing_ok=True)
+    save_config(cfg, out / "config.toml")
+    workers = parallelism(cfg, len(swarm) + 3 * len(cfg.validation.seeds))
+    with Pool(workers) as pool:
+        say(
+            f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({cfg.proxy.preset}), "
+            f"{workers} at a time"
+        )
+        found = _gather(cfg, out, swarm, fingerprints, w, pool, args.write_commands)
+        if found is None:
+            return 0
+        X = np.array([p.mix for p in swarm])
+        Y = np.array([[found[p].losses[n] for n in sources] for p in swarm])
+        fitted = mix_fit.fit(X, Y, w)
+        proposal = simplex.rounded(mix_fit.argmin(fitted.predict, lo, hi, cfg.swarm.seed), lo, hi)
+        predicted = float(fitted.predict(proposal)[0])
+        say(
+            f"fit: {fitted.kind} (leave-one-out error {fitted.cv_error:.4f}); "
+            f"proposal {_mix_text(sources, proposal)}, "
+            f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
+        )
+        mixes = {
+            "proposal": proposal,
+            "uniform": simplex.rounded(simplex.uniform(len(sources), lo, hi), lo, hi),
+            "proportional": prior,
+        }
+        validation = [
+            Proxy("validation", f"s{seed}-{name}", tuple(float(x) for x in mixes[name]), seed)
+            for seed in cfg.validation.seeds
+            for name in mixes
+        ]
+        for proxy in validation:
+            check_supply(cfg, proxy)
+        say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
+        checked = _gather(cfg, out, validation, fingerprints, w, pool, args.write_commands)
+        if checked is None:
+            return 0
+    losses = {
+        name: [_target(checked[p], sources, w) for p in validation if p.slot.endswith("-" + name)]
+        for name in mixes
+    }
+    passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
+    report = {
+        "sources": sources,
+        "prior": dict(zip(sources, prior.tolist())),
+        "proposal": dict(zip(sources, proposal.tolist())),
+        "swarm": [
+            {
+                "mix": dict(zip(sources, p.mix)),
+                "run_dir": str(found[p].run_dir),
+                "target_loss": _target(found[p], sources, w),
+                "per_source_loss": found[p].losses,
+                "reused": found[p].reused,
+            }
+            for p in swarm
+        ],
+        "fit": {"kind": fitted.kind, "cv_error": fitted.cv_error},
+        "predicted": predicted,
+        "validation": {"seeds": list(cfg.validation.seeds), **losses},
+        "gate_returned_prior": not passed,
+        "fingerprints": fingerprints,
+    }
+    write_atomic(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
+    write_atomic(
+        out / PROPOSAL_TOML,
+        _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed),
+    )
+    for line in _validation_table(losses, cfg.validation.seeds):
+        say(line)
+    note = plot_search(report, fitted, w, out / MIX_PNG)
+    chosen = proposal if passed else prior
+    say(
+        (
+            "gate: the proposal beats uniform and token-proportional on every seed"
+            if passed
+            else "gate: the proposal did not beat both baselines on every seed; returning the prior"
+        )
+        + f" → mix = {_toml_mix(sources, chosen)} ({out / PROPOSAL_TOML}; {out / REPORT_JSON}; "
+        + (note or str(out / MIX_PNG))
+        + f"; {time.monotonic() - t0:.0f} s)"
+    )
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _mix_text(sources: list[str], mix) -> str:
+    return ", ".join(f"{n} {float(x):.4f}" for n, x in zip(sources, mix))
+
+
+def _toml_mix(sources: list[str], mix) -> str:
+    return "{ " + ", ".join(f"{n} = {float(x):.4g}" for n, x in zip(sources, mix)) + " }"
+
+
+def _target(ev: Evidence, sources: list[str], w: np.ndarray) -> float:
+    return float(sum(wi * ev.losses[n] for n, wi in zip(sources, w)))
+
+
+def _gather(
+    cfg: MixConfig,
+    out: Path,
+    proxies: list[Proxy],
+    fingerprints: dict[str, str],
+    w: np.ndarray,
+    pool: Pool,
+    write_commands: bool,
+) -> dict[Proxy, Evidence] | None:
+    """Each proxy's evidence: reused where its run recorded it, trained (or, with --write-commands,
+    written as a command) where not. None when commands were written instead."""
+    sources = names(cfg)
+    planned: dict[Proxy, tuple[TrainConfig, Path]] = {}
+    found: dict[Proxy, Evidence] = {}
+    jobs: dict[Path, tuple[str, TrainConfig, Path]] = {}  # one run per directory: equal mixtures share it
+    for proxy in proxies:
+        key = proxy_key(train_config(cfg, proxy), fingerprints)
+        run_dir = run_dir_of(out, proxy, key)
+        tc = train_config(cfg, proxy, run_dir)
+        planned[proxy] = (tc, run_dir)
+        losses, why = read_evidence(run_dir, tc, fingerprints)
+        if losses is not None:
+            found[proxy] = Evidence(run_dir, losses, reused=True)
+            continue
+        for line in find_stale(out, proxy, tc, fingerprints, key):
+            _say(line)
+        if run_dir not in jobs:
+            if why != "no run there":
+                _say(f"{proxy.group}/{proxy.slot}: {why} in {run_dir}; training it again")
+                clear(run_dir)
+            jobs[run_dir] = (proxy.label(sources), tc, run_dir)
+    if found:
+        _say(f"  {len(found)} of {len(proxies)} reused (their runs recorded this recipe on these datasets)")
+    todo = list(jobs.values())
+    if write_commands and todo:
+        _write_commands(out, todo)
+        return None
+
+    def describe(i: int) -> str:
+        losses, why = read_evidence(todo[i][2], todo[i][1], fingerprints)
+        if losses is None:
+            return why
+        return f"target {sum(wi * losses[n] for n, wi in zip(sources, w)):.4f}"
+
+    pool.train(todo, _say, describe)
+    for proxy, (tc, run_dir) in planned.items():
+        if proxy in found:
+            continue
+        losses, why = read_evidence(run_dir, tc, fingerprints)
+        if losses is None:  # a run stopped early (SIGTERM, Ctrl-C) returns without its last row
+            raise GristmillError(
+                f"proxy {proxy.label(sources)} did not finish ({why}; {run_dir / 'train.log'}); "
+                "rerun to go on"
+            )
+        found[proxy] = Evidence(run_dir, losses, reused=False)
+    return found
+
+
+def _write_commands(out: Path, todo: list[tuple[str, TrainConfig, Path]]) -> None:
+    lines = [
+        "#!/usr/bin/env bash",
+        "# One `gristmill train` per missing proxy (any order, any machine that sees these paths);",
+        "# then rerun `gristmill mix propose` with the same --config and --out.",
+        "set -euo pipefail",
+    ]
+    for label, tc, run_dir in todo:
+        recipe = run_dir.with_suffix(".toml")
+        save_config(tc, recipe)
+        lines.append(f"gristmill train --config {shlex.quote(str(recipe))}  # {label}")
+    write_atomic(out / COMMANDS_SH, "\n".join(lines) + "\n")
+    _say(
+        f"wrote {len(todo)} proxy runs to {out / COMMANDS_SH} (a Slurm array: one line per task); "
+        "rerun when they are done"
+    )
+
+
+def _validation_table(losses: dict[str, list[float]], seeds: list[int]) -> list[str]:
+    lines = [f"  {'seed':>6} " + " ".join(f"{name:>13}" for name in losses)]
+    for k, seed in enumerate(seeds):
+        lines.append(f"  {seed:>6} " + " ".join(f"{losses[name][k]:>13.4f}" for name in losses))
+    return ["validation (target loss per seed):", *lines]
+
+
+def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool) -> str:
+    runs = "; ".join(
+        f"seed {s}: proposal {losses['proposal'][k]:.4f}, uniform {losses['uniform'][k]:.4f}, "
+        f"proportional {losses['proportional'][k]:.4f}"
+        for k, s in enumerate(seeds)
+    )
+    head = f"# gristmill mix propose --config {args.config} --out {args.out}\n# validation: {runs}\n"
+    if passed:
+        return (
+            head + f"# the proposal beat both baselines on every seed\nmix = {_toml_mix(sources, proposal)}\n"
+        )
+    return head + (
+        "# the gate returned the prior (token-proportional): "
+        f"the proposal {_toml_mix(sources, proposal)} did not "
+        f"beat both baselines on every seed\nmix = {_toml_mix(sources, prior)}\n"
+    )
+
+
+def plot_search(report: dict[str, Any], fitted: mix_fit.Fit, w: np.ndarray, path: Path) -> str | None:
+    """mix.png: left, the swarm's target losses against the fit (two sources: along the second
+    source's weight, the fitted curve through them; more: each proxy's observed loss against the
+    fit's leave-one-out prediction); right, the validation runs per seed. A note instead of the path
+    when matplotlib is missing."""
+    plt = agg_pyplot(required=False)
+    if plt is None:
+        return "note: matplotlib is not installed; no mix.png (pip install matplotlib)"
+    sources = report["sources"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    X = np.array([[e["mix"][n] for n in sources] for e in report["swarm"]])
+    t = np.array([e["target_loss"] for e in report["swarm"]])
+    proposal = np.array([report["proposal"][n] for n in sources])
+    prior = np.array([report["prior"][n] for n in sources])
+    if len(sources) == 2:
+        name = sources[1]
+        grid = np.linspace(0, 1, 201)
+        R = np.stack([1 - grid, grid], axis=1)
+        ax.plot(grid, fitted.predict(R), color="C0", label=f"fit ({report['fit']['kind']})")
+        ax.scatter(X[:, 1], t, color="k", s=18, zorder=3, label="swarm proxies")
+        ax.axvline(proposal[1], color="C3", ls="--", label=f"proposal ({name} {proposal[1]:.3f})")
+        ax.axvline(prior[1], color="C2", ls=":", label=f"prior ({name} {prior[1]:.3f})")
+        ax.scatter([proposal[1]], [report["predicted"]], color="C3", marker="*", s=120, zorder=4)
+        ax.set_xlabel(f"weight of {name}")
+    else:
+        ax.scatter(fitted.loo, t, color="k", s=18, label="swarm proxies")
+        lim = [min(t.min(), fitted.loo.min()), max(t.max(), fitted.loo.max())]
+        ax.plot(lim, lim, color="C0", label=f"y = x ({report['fit']['kind']})")
+        ax.set_xlabel("leave-one-out predicted target loss")
+    ax.set_ylabel("target loss (held-out)")
+    ax.set_title(f"swarm and fit (leave-one-out error {report['fit']['cv_error']:.4f})")
+    ax.legend(fontsize=8)
+    v = report["validation"]
+    for j in range(len(v["seeds"])):  # one seed's three runs joined: the gate compares within a seed
+        bx.plot(range(3), [v[name][j] for name in ("proposal", *BASELINES)], color="0.75", lw=1, zorder=1)
+    for k, name in enumerate(("proposal", *BASELINES)):
+        bx.scatter([k] * len(v[name]), v[name], color=f"C{[3, 1, 2][k]}", s=30)
+        for seed, y in zip(v["seeds"], v[name]):
+            bx.annotate(f"seed {seed}", (k, y), fontsize=7, xytext=(4, 0), textcoords="offset points")
+    bx.set_xticks(range(3), ["proposal", "uniform", "proportional"])
+    bx.set_ylabel("target loss (held-out)")
+    verdict = "prior returned" if report["gate_returned_prior"] else "proposal kept"
+    bx.set_title(f"validation per seed: {verdict}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return None

@@ -1,0 +1,261 @@
+"""Each proxy is a real `gristmill train` run (training.train.train, in a worker process), and its
+evidence is what that run recorded, checked before it is used.
+
+A proxy's run directory is DIR/GROUP/SLOT-KEY: KEY hashes its whole training recipe and every
+source's dataset fingerprint, so a proxy of a rebuilt source (or another proxy recipe) is another
+run, never the old one. A directory counts as evidence only when the run's own records agree: its
+config.toml is this recipe, its data_plan.json names these fingerprints, and metrics.jsonl has the
+last step's row with every source's held-out loss. Anything else there (a run killed half-way) is
+trained again. A run under the same SLOT whose recipe matches but whose fingerprints do not is
+named ("source 'code' was rebuilt since …") and kept aside, never read.
+
+Workers: a spawn-context process pool, proxy.parallel of them, each importing torch once and then
+training proxy after proxy in process, each with run.threads torch threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.config import TrainConfig, load_train_config
+from training.config_checks import applied_config, check_config, resolve
+from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
+from training.contract.errors import GristmillError
+from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL
+from training.data.plan import PlanError
+from training.data.recipe import build_plan, open_sources, recorded_plan
+from training.metrics import kept_rows, read_metrics
+from training.mix.recipe import MixConfig, names
+from training.run.shutdown import exit_with_parent
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """One proxy run: where it goes and what it trains."""
+
+    group: str  # "swarm" or "validation"
+    slot: str  # "p03", "s1-proposal": the same slot keeps its name across reruns
+    mix: tuple[float, ...]  # one weight per source, in the sources' order
+    seed: int  # data.seed and run.seed
+
+    def label(self, sources: list[str]) -> str:
+        return (
+            f"{self.group}/{self.slot} (" + ", ".join(f"{n} {w:.3f}" for n, w in zip(sources, self.mix)) + ")"
+        )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    run_dir: Path
+    losses: dict[str, float]  # held-out loss per source at the last step
+    reused: bool
+
+
+def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> TrainConfig:
+    """The proxy's training recipe: one phase of proxy.tokens on this mixture, validation at its last
+    step, no checkpoints (a proxy is minutes: a killed one is trained again), then proxy.set."""
+    p = cfg.proxy
+    steps = int(p.tokens // p.global_batch_tokens)
+    raw: dict[str, Any] = {
+        "model": {"preset": p.preset},
+        "data": {
+            "sources": [to_dict(s) for s in cfg.data.sources],
+            "val_fraction": cfg.data.val_fraction,
+            "seed": proxy.seed,
+            "global_batch_tokens": p.global_batch_tokens,
+            "micro_batch": p.micro_batch,
+        },
+        "phase": [
+            {
+                "name": "proxy",
+                "steps": steps,
+                "seq_len": p.seq_len,
+                "mix": dict(zip(names(cfg), proxy.mix)),
+                "lr": {"warmup_steps": min(p.warmup_steps, steps), "shape": "cosine"},
+            }
+        ],
+        "optim": {"lr": p.lr, "min_lr": p.min_lr},
+        "run": {
+            "output_dir": str(run_dir),
+            "seed": proxy.seed,
+            "threads": p.threads,
+            "log_every": steps,
+            "val_every": steps,
+            "val_batches": p.val_batches,
+        },
+        "checkpoint": {"interval": 0},
+        "metrics": {"plot": False, "tensorboard": False},
+    }
+    return config_from(TrainConfig, raw, p.set, "the proxy recipe", flag="proxy.set")
+
+
+def _recipe(tc: TrainConfig) -> dict[str, Any]:
+    """What a proxy trains, wherever its directory is: the applied recipe without run.output_dir."""
+    d = applied_config(tc, resolve(tc))
+    del d["run"]["output_dir"]
+    return d
+
+
+def proxy_key(tc: TrainConfig, fingerprints: dict[str, str]) -> str:
+    return json_sha256({"recipe": _recipe(tc), "fingerprints": fingerprints})[:12]
+
+
+def run_dir_of(out: Path, proxy: Proxy, key: str) -> Path:
+    return out / proxy.group / f"{proxy.slot}-{key}"
+
+
+def sources_info(cfg: MixConfig) -> tuple[dict[str, int], dict[str, str]]:
+    """Each source's training tokens (one epoch) and its dataset fingerprint, read from dataset.json
+    as the trainer reads them (one tokenizer across them, no dataset twice)."""
+    probe = train_config(
+        cfg, Proxy("swarm", "probe", tuple([1.0 / len(cfg.data.sources)] * len(cfg.data.sources)), 0)
+    )
+    tables = open_sources(check_config(probe, 1))
+    tokens = {n: t.tokens for n, t in zip(names(cfg), tables)}
+    fingerprints = {n: str(t.info.get("fingerprint", "")) for n, t in zip(names(cfg), tables)}
+    return tokens, fingerprints
+
+
+def check_supply(cfg: MixConfig, proxy: Proxy) -> None:
+    """The trainer's own rule (the plan's max_epochs check), before any proxy trains; its refusal
+    said in the search's keys."""
+    tc = train_config(cfg, proxy)
+    spec = check_config(tc, 1)
+    try:
+        build_plan(tc, spec, open_sources(spec)).check_supply()
+    except PlanError as e:
+        raise ConfigError(
+            f"proxy.tokens = {cfg.proxy.tokens:g} at the mixture of {proxy.label(names(cfg))}: {e}",
+            key="proxy.tokens",
+        ) from None
+
+
+def read_evidence(
+    run_dir: Path, tc: TrainConfig, fingerprints: dict[str, str]
+) -> tuple[dict[str, float] | None, str]:
+    """The run's held-out losses at its last step if its records show it trained this recipe on these
+    datasets to the end; else None and why not."""
+    if not (run_dir / CONFIG_TOML).is_file():
+        return None, "no run there"
+    try:
+        saved = load_train_config(str(run_dir / CONFIG_TOML), [])
+        same = _recipe(saved) == _recipe(tc)
+    except GristmillError as e:
+        return None, f"its config.toml does not load ({e})"
+    if not same:
+        return None, "its config.toml is another recipe"
+    plan = recorded_plan(run_dir)
+    recorded = {s["name"]: s.get("fingerprint") for s in (plan or {}).get("sources", [])}
+    if recorded != fingerprints:
+        changed = [n for n in fingerprints if recorded.get(n) != fingerprints[n]]
+        return None, "rebuilt: " + ", ".join(
+            f"source {n!r} was rebuilt since ({str(recorded.get(n))[:12]}… then, {fingerprints[n][:12]}… now)"
+            for n in changed
+        )
+    metrics = run_dir / METRICS_JSONL
+    if not metrics.is_file():
+        return None, "unfinished: no metrics.jsonl"
+    rows = kept_rows(read_metrics(metrics)[0])
+    steps = tc.phase[0].steps
+    last = [r for r in rows if r["step"] == steps]
+    wanted = [f"val/{n}" for n in fingerprints]
+    if not last or any(k not in last[-1] for k in wanted):
+        return None, f"unfinished: no row of its last step ({steps}) with every source's held-out loss"
+    return {n: float(last[-1][f"val/{n}"]) for n in fingerprints}, ""
+
+
+def find_stale(out: Path, proxy: Proxy, tc: TrainConfig, fingerprints: dict[str, str], key: str) -> list[str]:
+    """Lines for runs of this slot trained on datasets since rebuilt (kept aside, never read)."""
+    lines = []
+    for other in sorted((out / proxy.group).glob(f"{proxy.slot}-*")):
+        if other.name == f"{proxy.slot}-{key}" or not other.is_dir():
+            continue
+        _, why = read_evidence(other, tc, fingerprints)
+        if why.startswith("rebuilt: "):
+            lines.append(f"{proxy.group}/{proxy.slot}: {why[9:]}: {other} is not used; training it again")
+    return lines
+
+
+def _train_in_worker(tc: TrainConfig, log: str) -> str | None:
+    """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log;
+    the one-line error of a run that refused (None when it ran)."""
+    from training.train import train  # the worker's first job imports torch; the next ones reuse it
+
+    with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        try:
+            train(tc, out=f)
+        except GristmillError as e:
+            print(f"error: {e}", file=f)
+            return str(e)
+    return None
+
+
+class Pool:
+    """Trains proxies, proxy.parallel at a time, in spawned workers kept for the whole search."""
+
+    def __init__(self, parallel: int):
+        self.parallel = parallel
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=exc[0] is None, cancel_futures=True)
+
+    def train(
+        self,
+        jobs: list[tuple[str, TrainConfig, Path]],
+        say: Callable[[str], None],
+        describe: Callable[[int], str],
+    ) -> None:
+        """Train every job (label, recipe, run directory); a line as each one ends, with the time left."""
+        if not jobs:
+            return
+        if self._executor is None:
+            # a worker outlives no `mix propose` (killed, or its terminal closed): it would train on
+            # for nothing, holding cores (training.run.shutdown.exit_with_parent)
+            self._executor = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.parallel,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=exit_with_parent,
+            )
+        t0 = time.monotonic()
+        futures = {}
+        for i, (_, tc, run_dir) in enumerate(jobs):
+            run_dir.mkdir(parents=True, exist_ok=True)
+            futures[self._executor.submit(_train_in_worker, tc, str(run_dir / "train.log"))] = i
+        done = 0
+        for fut in concurrent.futures.as_completed(futures):
+            i = futures[fut]
+            error = fut.result()
+            label, _, run_dir = jobs[i]
+            if error is not None:
+                raise GristmillError(f"proxy {label} ({run_dir}) refused to train: {error}")
+            done += 1
+            elapsed = time.monotonic() - t0
+            left = elapsed / done * (len(jobs) - done)
+            say(
+                f"  {done}/{len(jobs)} {label}: {describe(i)} ({elapsed:.0f} s"
+                + (f", ~{left:.0f} s to go)" if left else ")")
+            )
+
+
+def parallelism(cfg: MixConfig, jobs: int) -> int:
+    workers = cfg.proxy.parallel or max(1, (os.cpu_count() or 1) // cfg.proxy.threads)
+    return max(1, min(workers, jobs))
+
+
+def clear(run_dir: Path) -> None:
+    """A proxy directory that is not evidence (an unfinished run): emptied for a fresh run."""
+    shutil.rmtree(run_dir, ignore_errors=True)
