@@ -34,7 +34,7 @@ from training.config_checks import trackers_of
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import COUNTS, is_url
-from training.contract.run_layout import CONSUMPTION_PARQUET, LOSS_PNG, METRICS_JSONL
+from training.contract.run_layout import CONSUMPTION_PARQUET, LOSS_PNG, METRICS_JSONL, kept_rows, read_metrics
 from training.data.recipe import write_consumption
 from training.plotting import agg_pyplot
 from training.run.console import say
@@ -537,35 +537,8 @@ class MetricsWriter:
         self.trackers = {}
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
-    line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""
-    rows, bad = [], []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-                raise ValueError("not a metrics row")
-            rows.append(row)
-        except ValueError:
-            bad.append(i)
-    if not bad:
-        return rows, None
-    if bad == [len(lines)]:
-        return rows, f"note: cut off the torn last line of {path} (line {bad[0]}: a write was interrupted)"
-    return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
-
-
 def _jsonl(rows: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r) + "\n" for r in rows)
-
-
-def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows of the run's final timeline: those no rewind discarded (training/run/rewind.py)."""
-    return [r for r in history if "discarded_by_rewind" not in r]
 
 
 def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:

@@ -38,9 +38,11 @@ from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.config_checks import resolve  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
 from training.contract.errors import NonFiniteError  # noqa: E402
-from training.contract.run_layout import list_steps  # noqa: E402
+from training.contract.run_layout import (
+    kept_rows,  # noqa: E402
+    list_steps,  # noqa: E402
+)
 from training.data.recipe import build_plan, open_sources, recorded_skips  # noqa: E402
-from training.metrics import kept_rows  # noqa: E402
 from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.train_eval import TrainingEval  # noqa: E402

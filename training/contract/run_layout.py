@@ -132,3 +132,31 @@ def complete_steps(run_dir: str | Path) -> list[int]:
         for s in list_steps(Path(run_dir) / CHECKPOINTS_DIR)
         if is_complete_checkpoint(checkpoint_dir(run_dir, s))
     ]
+
+
+# metrics.jsonl's rows, read without torch (checkpoint io, `mix propose`)
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
+    line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""
+    rows, bad = [], []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+            rows.append(row)
+        except ValueError:
+            bad.append(i)
+    if not bad:
+        return rows, None
+    if bad == [len(lines)]:
+        return rows, f"note: cut off the torn last line of {path} (line {bad[0]}: a write was interrupted)"
+    return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
+
+
+def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of the run's final timeline: those no rewind discarded (training/run/rewind.py)."""
+    return [r for r in history if "discarded_by_rewind" not in r]

@@ -30,12 +30,10 @@ from training.config import TrainConfig, load_train_config
 from training.config_checks import applied_config, check_config, resolve
 from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
 from training.contract.errors import GristmillError
-from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL
+from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.plan import PlanError
 from training.data.recipe import build_plan, open_sources, recorded_plan
-from training.metrics import kept_rows, read_metrics
 from training.mix.recipe import MixConfig, names
-from training.run.shutdown import exit_with_parent
 
 
 @dataclass(frozen=True)
@@ -95,7 +93,19 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
         "checkpoint": {"interval": 0},
         "metrics": {"plot": False, "tensorboard": False},
     }
+    for item in p.set:
+        key = item.split("=", 1)[0].strip()
+        if key.startswith(OWNED):
+            raise ConfigError(
+                f"proxy.set {item!r}: {key} is the search's own (each proxy's directory, data, mixture and "
+                "seeds); set the [proxy], [data], [swarm] or [validation] key instead",
+                key="proxy.set",
+            )
     return config_from(TrainConfig, raw, p.set, "the proxy recipe", flag="proxy.set")
+
+
+# Keys of a proxy's recipe that the search sets per proxy: proxy.set may not change them.
+OWNED = ("run.output_dir", "run.seed", "data.seed", "data.sources", "data.val_fraction", "phase")
 
 
 def _recipe(tc: TrainConfig) -> dict[str, Any]:
@@ -185,6 +195,14 @@ def find_stale(out: Path, proxy: Proxy, tc: TrainConfig, fingerprints: dict[str,
     return lines
 
 
+def _worker_start() -> None:
+    """A pool worker's first act: end with the search (imported here: the search itself never
+    imports torch, which training.run.shutdown does)."""
+    from training.run.shutdown import exit_with_parent
+
+    exit_with_parent()
+
+
 def _train_in_worker(tc: TrainConfig, log: str) -> str | None:
     """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log;
     the one-line error of a run that refused (None when it ran)."""
@@ -228,7 +246,7 @@ class Pool:
             self._executor = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.parallel,
                 mp_context=multiprocessing.get_context("spawn"),
-                initializer=exit_with_parent,
+                initializer=_worker_start,
             )
         t0 = time.monotonic()
         futures = {}

@@ -41,11 +41,11 @@ from training.config_checks import (
 )
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.run_layout import CONFIG_TOML
+from training.contract.run_layout import CONFIG_TOML, kept_rows
 from training.data.loader import TokenLoader
 from training.data.recipe import format_plan, open_plan
 from training.data.remote import dataset_info
-from training.metrics import MetricsWriter, TrainingMetrics, device_name, kept_rows, peak_flops
+from training.metrics import MetricsWriter, TrainingMetrics, device_name, peak_flops
 from training.model import Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize

@@ -185,6 +185,7 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "constraints.run_tokens = 1e+06 would read a source past its max_epochs",
         ),
         (["proxy.set=['optim.lrr=1']"], "optim.lrr"),
+        (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
         (["target.source=code"], "[target]: give one of target.mix"),
         (["swarm.sizes=3"], "swarm.sizes"),
     ],
