@@ -34,11 +34,11 @@ from training.mix.proxies import (
     check_supply,
     clear,
     find_stale,
+    open_mix_sources,
     parallelism,
     proxy_key,
     read_evidence,
     run_dir_of,
-    sources_info,
     train_config,
 )
 from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, target_weights
@@ -74,18 +74,20 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
     # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
     lo = np.full(len(tokens), max(c.min_weight, np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4))
     hi = np.full(len(tokens), c.max_weight)
-    for budget, key in ((proxy_read, "proxy.tokens"), (c.run_tokens, "constraints.run_tokens")):
+    for budget, key, value in (
+        (proxy_read, "proxy.tokens", p.tokens),
+        (c.run_tokens, "constraints.run_tokens", c.run_tokens),
+    ):
         if not budget:
             continue
         for i, src in enumerate(cfg.data.sources):
             if src.max_epochs is not None:
                 hi[i] = min(hi[i], np.floor(src.max_epochs * tokens[src.name] / budget * 1e4) / 1e4)
-        value = cfg.proxy.tokens if key == "proxy.tokens" else c.run_tokens
-        fits = ", ".join(
-            f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"
-            for s, h in zip(cfg.data.sources, hi)
-        )
         if hi.sum() < 1.0 or (hi < lo).any():
+            fits = ", ".join(
+                f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"
+                for s, h in zip(cfg.data.sources, hi)
+            )
             raise ConfigError(
                 f"{key} = {value:g} would read a source past its max_epochs in every mixture "
                 f"(weights that fit: {fits}; constraints.min_weight {c.min_weight}); lower {key}, "
@@ -101,22 +103,23 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     sources = names(cfg)
     w = np.array(target_weights(cfg))
-    tokens, fingerprints = sources_info(cfg)
+    tables = open_mix_sources(cfg)
+    tokens = {n: t.tokens for n, t in zip(sources, tables)}
+    fingerprints = {n: str(t.info.get("fingerprint", "")) for n, t in zip(sources, tables)}
     lo, hi = bounds(cfg, tokens)
-    prior = simplex.rounded(simplex.prior([tokens[n] for n in sources], lo, hi), lo, hi)
-    say = _say
+    prior = simplex.prior([tokens[n] for n in sources], lo, hi)
     target_text = ", ".join(f"{n} {x:g}" for n, x in zip(sources, w) if x)
-    say(
+    _say(
         f"gristmill mix propose → {out}: target {target_text}; {len(sources)} sources: "
         + ", ".join(f"{n} {tokens[n]:,} tokens ({fingerprints[n][:12]}…)" for n in sources)
     )
-    say(f"prior (token-proportional): {_mix_text(sources, prior)}")
+    _say(f"prior (token-proportional): {_mix_text(sources, prior)}")
     points = simplex.swarm(prior, swarm_size(cfg), cfg.swarm.seed, cfg.swarm.concentration, lo, hi)
     swarm = [
         Proxy("swarm", f"p{i:02d}", tuple(float(x) for x in r), cfg.data.seed) for i, r in enumerate(points)
     ]
     for proxy in swarm:  # every proxy's plan checked before the first trains
-        check_supply(cfg, proxy)
+        check_supply(cfg, proxy, tables)
     out.mkdir(parents=True, exist_ok=True)
     # The outputs are a function of this recipe and its evidence: none of an earlier search's stays
     # beside this recipe (a rerun rewrites them from the reused proxies in seconds).
@@ -125,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     save_config(cfg, out / "config.toml")
     workers = parallelism(cfg, len(swarm) + 3 * len(cfg.validation.seeds))
     with Pool(workers) as pool:
-        say(
+        _say(
             f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({cfg.proxy.preset}), "
             f"{workers} at a time"
         )
@@ -137,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
         fitted = mix_fit.fit(X, Y, w)
         proposal = simplex.rounded(mix_fit.argmin(fitted.predict, lo, hi, cfg.swarm.seed), lo, hi)
         predicted = float(fitted.predict(proposal)[0])
-        say(
+        _say(
             f"fit: {fitted.kind} (leave-one-out error {fitted.cv_error:.4f}); "
             f"proposal {_mix_text(sources, proposal)}, "
             f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
         )
         mixes = {
             "proposal": proposal,
-            "uniform": simplex.rounded(simplex.uniform(len(sources), lo, hi), lo, hi),
+            "uniform": simplex.uniform(len(sources), lo, hi),
             "proportional": prior,
         }
         validation = [
@@ -153,13 +156,13 @@ def run(args: argparse.Namespace) -> int:
             for name in mixes
         ]
         for proxy in validation:
-            check_supply(cfg, proxy)
-        say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
+            check_supply(cfg, proxy, tables)
+        _say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
         checked = _gather(cfg, out, validation, fingerprints, w, pool, args.write_commands)
         if checked is None:
             return 0
     losses = {
-        name: [_target(checked[p], sources, w) for p in validation if p.slot.endswith("-" + name)]
+        name: [_target(checked[p].losses, sources, w) for p in validation if p.slot.endswith("-" + name)]
         for name in mixes
     }
     passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
             {
                 "mix": dict(zip(sources, p.mix)),
                 "run_dir": str(found[p].run_dir),
-                "target_loss": _target(found[p], sources, w),
+                "target_loss": _target(found[p].losses, sources, w),
                 "per_source_loss": found[p].losses,
                 "reused": found[p].reused,
             }
@@ -189,10 +192,10 @@ def run(args: argparse.Namespace) -> int:
         _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed),
     )
     for line in _validation_table(losses, cfg.validation.seeds):
-        say(line)
+        _say(line)
     note = plot_search(report, fitted, w, out / MIX_PNG)
     chosen = proposal if passed else prior
-    say(
+    _say(
         (
             "gate: the proposal beats uniform and token-proportional on every seed"
             if passed
@@ -217,8 +220,9 @@ def _toml_mix(sources: list[str], mix) -> str:
     return "{ " + ", ".join(f"{n} = {float(x):.4g}" for n, x in zip(sources, mix)) + " }"
 
 
-def _target(ev: Evidence, sources: list[str], w: np.ndarray) -> float:
-    return float(sum(wi * ev.losses[n] for n, wi in zip(sources, w)))
+def _target(losses: dict[str, float], sources: list[str], w: np.ndarray) -> float:
+    """The target loss of one run: its held-out losses weighted as [target] says."""
+    return float(sum(wi * losses[n] for n, wi in zip(sources, w)))
 
 
 def _gather(
@@ -259,23 +263,27 @@ def _gather(
         _write_commands(out, todo)
         return None
 
-    def describe(i: int) -> str:
-        losses, why = read_evidence(todo[i][2], todo[i][1], fingerprints)
+    trained: dict[Path, dict[str, float]] = {}
+
+    def describe(i: int) -> str:  # read once, as each run ends: its line, and its evidence below
+        _, tc, run_dir = todo[i]
+        losses, why = read_evidence(run_dir, tc, fingerprints)
         if losses is None:
             return why
-        return f"target {sum(wi * losses[n] for n, wi in zip(sources, w)):.4f}"
+        trained[run_dir] = losses
+        return f"target {_target(losses, sources, w):.4f}"
 
     pool.train(todo, _say, describe)
     for proxy, (tc, run_dir) in planned.items():
         if proxy in found:
             continue
-        losses, why = read_evidence(run_dir, tc, fingerprints)
-        if losses is None:  # a run stopped early (SIGTERM, Ctrl-C) returns without its last row
+        if run_dir not in trained:  # a run stopped early (SIGTERM, Ctrl-C) returns without its last row
+            _, why = read_evidence(run_dir, tc, fingerprints)
             raise GristmillError(
                 f"proxy {proxy.label(sources)} did not finish ({why}; {run_dir / 'train.log'}); "
                 "rerun to go on"
             )
-        found[proxy] = Evidence(run_dir, losses, reused=False)
+        found[proxy] = Evidence(run_dir, trained[run_dir], reused=False)
     return found
 
 

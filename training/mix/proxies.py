@@ -32,6 +32,7 @@ from training.contract.config_loader import ConfigError, config_from, json_sha25
 from training.contract.errors import GristmillError
 from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.plan import PlanError
+from training.data.reader import DocumentTable
 from training.data.recipe import build_plan, open_sources, recorded_plan
 from training.mix.recipe import MixConfig, names
 
@@ -123,30 +124,27 @@ def run_dir_of(out: Path, proxy: Proxy, key: str) -> Path:
     return out / proxy.group / f"{proxy.slot}-{key}"
 
 
-def sources_info(cfg: MixConfig) -> tuple[dict[str, int], dict[str, str]]:
-    """Each source's training tokens (one epoch) and its dataset fingerprint, read from dataset.json
-    as the trainer reads them (one tokenizer across them, no dataset twice)."""
-    probe = train_config(
-        cfg, Proxy("swarm", "probe", tuple([1.0 / len(cfg.data.sources)] * len(cfg.data.sources)), 0)
-    )
-    tables = open_sources(check_config(probe, 1))
-    tokens = {n: t.tokens for n, t in zip(names(cfg), tables)}
-    fingerprints = {n: str(t.info.get("fingerprint", "")) for n, t in zip(names(cfg), tables)}
-    return tokens, fingerprints
+def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
+    """Each source's training split, opened once for the whole search as the trainer opens it (one
+    tokenizer across them, no dataset twice): its tokens and fingerprint, and every proxy's plan."""
+    n = len(cfg.data.sources)
+    return open_sources(check_config(train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0)), 1))
 
 
-def check_supply(cfg: MixConfig, proxy: Proxy) -> None:
+def check_supply(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) -> None:
     """The trainer's own rule (the plan's max_epochs check), before any proxy trains; its refusal
     said in the search's keys."""
     tc = train_config(cfg, proxy)
-    spec = check_config(tc, 1)
     try:
-        build_plan(tc, spec, open_sources(spec)).check_supply()
+        build_plan(tc, check_config(tc, 1), tables).check_supply()
     except PlanError as e:
         raise ConfigError(
             f"proxy.tokens = {cfg.proxy.tokens:g} at the mixture of {proxy.label(names(cfg))}: {e}",
             key="proxy.tokens",
         ) from None
+
+
+REBUILT = "rebuilt: "  # read_evidence's reason for a run of datasets since rebuilt (find_stale names them)
 
 
 def read_evidence(
@@ -167,7 +165,7 @@ def read_evidence(
     recorded = {s["name"]: s.get("fingerprint") for s in (plan or {}).get("sources", [])}
     if recorded != fingerprints:
         changed = [n for n in fingerprints if recorded.get(n) != fingerprints[n]]
-        return None, "rebuilt: " + ", ".join(
+        return None, REBUILT + ", ".join(
             f"source {n!r} was rebuilt since ({str(recorded.get(n))[:12]}… then, {fingerprints[n][:12]}… now)"
             for n in changed
         )
@@ -190,8 +188,9 @@ def find_stale(out: Path, proxy: Proxy, tc: TrainConfig, fingerprints: dict[str,
         if other.name == f"{proxy.slot}-{key}" or not other.is_dir():
             continue
         _, why = read_evidence(other, tc, fingerprints)
-        if why.startswith("rebuilt: "):
-            lines.append(f"{proxy.group}/{proxy.slot}: {why[9:]}: {other} is not used; training it again")
+        if why.startswith(REBUILT):
+            reason = why.removeprefix(REBUILT)
+            lines.append(f"{proxy.group}/{proxy.slot}: {reason}: {other} is not used; training it again")
     return lines
 
 

@@ -23,13 +23,14 @@ def project(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def prior(tokens: list[int], lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Token-proportional (each source at its share of the training tokens), inside the bounds."""
+    """Token-proportional (each source at its share of the training tokens), inside the bounds,
+    rounded as a recipe's mix line holds it."""
     t = np.asarray(tokens, dtype=np.float64)
-    return project(t / t.sum(), lo, hi)
+    return rounded(project(t / t.sum(), lo, hi), lo, hi)
 
 
 def uniform(n: int, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return project(np.full(n, 1.0 / n), lo, hi)
+    return rounded(project(np.full(n, 1.0 / n), lo, hi), lo, hi)
 
 
 def swarm(
