@@ -13,6 +13,7 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - metrics.py        MFU, the update ratio, metrics rows, metrics.jsonl and loss.png, the summary
 - trackers.py       tensorboard, Weights & Biases, trackio
 - plotting.py       matplotlib for the PNGs gristmill writes
+- console.py        the run's one printer: rank 0's lines, safe against a reader that goes away
 - run/              the run's own machinery: setup, the step's verdict, the timeline, rewind, …
 - checkpoint/       DCP checkpoints, the train state, HF import and export
 - data/             the dataset reader, sample order, the data plan, the loader

@@ -31,13 +31,13 @@ from torch.distributed.tensor.placement_types import Shard
 from training import trackers
 from training.config import MetricsSection
 from training.config_checks import trackers_of
+from training.console import say
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import COUNTS, is_url
 from training.contract.run_layout import CONSUMPTION_PARQUET, LOSS_PNG, METRICS_JSONL, kept_rows, read_metrics
 from training.data.recipe import write_consumption
 from training.plotting import agg_pyplot
-from training.run.console import say
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.

@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
+from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
     add_resume_argument,
@@ -57,7 +58,6 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
 from training.contract.errors import GristmillError
 from training.metrics import mfu, no_step_row, peak_memory_bytes, snapshot, step_row, update_ratio
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.console import console, say
 from training.run.faults import kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.rewind import RewindTarget

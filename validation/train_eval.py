@@ -48,11 +48,11 @@ from training.checkpoint.base_record import base_files
 from training.checkpoint.hf_export import run_model_config, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
+from training.console import say
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import Transformer
-from training.run.console import say
 from training.run.setup import raise_rank0_problem
 from training.train import main as train_main
 from validation.eval import (

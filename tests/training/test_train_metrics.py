@@ -114,8 +114,8 @@ def test_the_summary_quotes_only_logged_steps(tmp_path):
     and 25, so it says so, not 'over steps 1–27'."""
     import io
 
+    from training.console import console
     from training.metrics import MetricsWriter, TrainingMetrics
-    from training.run.console import console
 
     out = io.StringIO()
     with console.bound(0, out):

@@ -21,9 +21,9 @@ from training.checkpoint.hf_import import check_base_data
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
 from training.config_checks import RunSpec, check_config, mesh_shape, resolve_model_config
+from training.console import say
 from training.contract.errors import GristmillError
 from training.data.remote import dataset_info, tokenizer_dir
-from training.run.console import say
 
 
 @dataclass(frozen=True)

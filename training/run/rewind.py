@@ -23,10 +23,10 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.record import CheckpointError
 from training.checkpoint.state import TrainState
 from training.config import RewindSection
+from training.console import say
 from training.contract.errors import NonFiniteError
 from training.data.plan import Plan, Skip
 from training.optim import ScheduledLR
-from training.run.console import say
 from training.run.faults import kill_point
 from training.run.timeline import Timeline
 

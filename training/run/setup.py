@@ -39,6 +39,7 @@ from training.config_checks import (
     applied_config,
     resolve,
 )
+from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, kept_rows
@@ -49,7 +50,6 @@ from training.metrics import MetricsWriter, TrainingMetrics, device_name, peak_f
 from training.model import Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
-from training.run.console import say
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
 from training.run.preflight import DistEnv

@@ -33,6 +33,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from training.console import say
 from training.contract.atomic_write import atomic_path
 from training.contract.run_layout import (
     CONSUMPTION_PARQUET,
@@ -45,7 +46,6 @@ from training.contract.run_layout import (
 )
 from training.data.plan import Plan, Skip
 from training.data.recipe import plot_plan, record_plan, write_consumption
-from training.run.console import say
 
 
 class Timeline:

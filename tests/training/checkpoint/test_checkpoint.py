@@ -250,7 +250,7 @@ def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_p
     from training.checkpoint.checkpointer import Checkpointer
     from training.checkpoint.state import ModelState
     from training.config import CheckpointSection
-    from training.run.console import console
+    from training.console import console
 
     out = io.StringIO()
     cfg, states = (
