@@ -42,6 +42,7 @@ from training.checkpoint.io import missing_step_reason, nonfinite_tensor
 from training.config_checks import RunSpec, resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
+from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -64,14 +65,11 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 from validation.eval_results import (
     EVAL_LOG,
-    GRISTMILL_TASKS,
-    RESULTS_JSON,
     decontamination_marks,
     describe_metric,
     merge_results,
     metric_order,
     nonfinite_metrics,
-    read_step_results,
     write_plot,
     write_step_results,
 )

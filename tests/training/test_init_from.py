@@ -658,7 +658,7 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     from safetensors.torch import load_file
 
     from pipelines.cli import main as gristmill
-    from validation.eval_results import read_step_results, rows_of
+    from training.contract.eval_table import read_step_results, rows_of
     from validation.train_eval import TrainingEval, metric_key
 
     base = tmp_path / "base"

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,23 @@ class DistEnv:
     def from_environ(cls) -> DistEnv:
         env = os.environ
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def from_rank0(value: Any, world_size: int) -> Any:
+    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
+    if world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def raise_rank0_problem(problem: str | None, world_size: int) -> None:
+    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
+    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
+    problem = from_rank0(problem, world_size)
+    if problem is not None:
+        raise GristmillError(problem)
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:

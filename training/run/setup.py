@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from training.checkpoint.base_record import record_base
@@ -42,19 +41,20 @@ from training.config_checks import (
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.run_layout import CONFIG_TOML, kept_rows
+from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import TokenLoader
 from training.data.recipe import format_plan, open_plan
 from training.data.remote import dataset_info
-from training.metrics import MetricsWriter, TrainingMetrics, device_name, peak_flops
+from training.metrics import TrainingMetrics, device_name, peak_flops
 from training.model import Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
-from training.run.preflight import DistEnv
+from training.run.preflight import DistEnv, raise_rank0_problem
+from training.run.record import RunRecord
 from training.run.rewind import Rewinder
-from training.run.timeline import RunRecord, Timeline
+from training.run.timeline import Timeline
 from training.run.validation import Validation
 from training.run.verdict import Judge
 
@@ -63,10 +63,11 @@ class StepEval(Protocol):
     """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
     validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
 
-    def prepare(self, run_dir: Path, last_step: int) -> None:
+    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int) -> None:
         """On every rank once the run directory is owned and RUN/config.toml written: check the
         tasks and build their data before step 1 (a GristmillError on every rank when it fails);
-        `last_step`: this invocation's last step (always evaluated)."""
+        `last_step`: this invocation's last step (always evaluated); `rank`, `world_size`: this
+        process's place in the job (rank 0 scores)."""
 
     def due(self, step: int) -> bool:
         """Whether step `step` is evaluated: every eval.interval steps and the last step."""
@@ -98,8 +99,8 @@ class Run:
     timeline: Timeline  # the rewinds' skips: the run's history
     checkpointables: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
     checkpointer: Checkpointer
-    metrics: TrainingMetrics  # the rows and the summary (written on rank 0)
-    record: RunRecord  # the run directory's artifacts, kept in agreement with the timeline
+    metrics: TrainingMetrics  # the throughput window and what a row measures
+    record: RunRecord  # the rows and the run directory's artifacts, in agreement with the timeline
     judge: Judge  # each step's one verdict
     rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/run/rewind.py)
     fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
@@ -178,29 +179,27 @@ def setup(
             )
         load_base_weights(model, base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
-    record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
-    writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes, base_dir)
+    record = RunRecord(run_dir, timeline, state, rank=env.rank, plot=cfg.metrics.plot)
+    _outputs(resolved, spec, env, run_dir, resumed, record, base_dir)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
-    if state.pending is not None:
-        step = state.pending["row"]["step"]
-        written = writer is not None and any(r["step"] == step for r in kept_rows(writer.history))
-        if from_rank0(written, env.world_size) or not checkpointer.resumed_here:
-            state.pending = None
+    record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
     flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
-    if writer is not None:
+    if env.rank == 0:
         for line in _header(cfg, spec, env, device, mesh, model, flops[0], peak):
             say(line)
         for line in format_plan(plan, notes, timeline.skips):
             say(f"  plan    {line}")
     if evaluator is not None:
-        evaluator.prepare(run_dir, last_step)  # needs RUN/config.toml (the tasks' held-out documents)
+        # needs RUN/config.toml (the tasks' held-out documents)
+        evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
         _say_resumed(loader, state, resumed, last_step)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
-        state=state,
+        state=state, record=record, last_step=last_step, validates=validation is not None,
+        evaluates=evaluator is not None,
     )  # fmt: skip
     judge = Judge(
         cfg.run, lr=cfg.optim.lr, config_path=run_dir / CONFIG_TOML, device=device,
@@ -211,9 +210,7 @@ def setup(
         loader=loader, validation=validation, evaluator=evaluator, optimizer=optimizer,
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
-        metrics=TrainingMetrics(
-            writer, timeline, run_dir, plot=cfg.metrics.plot, log_every=cfg.run.log_every, last_step=last_step
-        ),
+        metrics=TrainingMetrics(timeline, log_every=cfg.run.log_every, last_step=last_step),
         record=record, judge=judge, rewinder=rewinder, fault=LossFaults(model, env.rank, plan),
         last_step=last_step, flops_per_token=flops, peak_flops=peak,
     )  # fmt: skip
@@ -271,17 +268,15 @@ def _outputs(
     env: DistEnv,
     run_dir: Path,
     resumed: int | None,
-    timeline: Timeline,
     record: RunRecord,
-    notes: list[str],
     base_dir: Path | None,
-) -> MetricsWriter | None:
+) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
-    RUN/config.toml (after a resume's note of what changed), the plan's record and plot, what a
-    discarded future left set aside, a new run's base (RUN/base/: the base as loaded from
-    `base_dir`, for its exports); the metrics writer. None on the other ranks."""
+    RUN/config.toml (after a resume's note of what changed), a new run's base (RUN/base/: the base as
+    loaded from `base_dir`, for its exports), the run record started (what a discarded future left
+    set aside, the plan's record and plot, metrics.jsonl, the trackers)."""
     if env.rank != 0:
-        return None
+        return
     applied = applied_config(resolved, spec)
     if resumed is not None:
         for line in _changes_since(run_dir / CONFIG_TOML, applied, resumed):
@@ -290,17 +285,10 @@ def _outputs(
         save_config(applied, run_dir / CONFIG_TOML)
     except OSError as e:
         raise unwritable(run_dir, e) from None
-    record.started(resumed)
     if resumed is None and spec.model.init_from:  # RUN/base/: the base as loaded, for its exports
         record_base(run_dir, base_dir, spec.model.init_from, spec.model.init_from_sha256)
-    return MetricsWriter(
-        run_dir,
-        metrics=resolved.metrics,
-        config=applied,
-        datasets={src.name: src.dataset for src in spec.sources},
-        resume_step=resumed,
-        resume_rewinds=len(timeline.skips),
-    )
+    datasets = {src.name: src.dataset for src in spec.sources}
+    record.started(resumed, metrics=resolved.metrics, config=applied, datasets=datasets)
 
 
 def _header(
@@ -378,23 +366,6 @@ def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
         return []
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
     return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
-
-
-def from_rank0(value: Any, world_size: int) -> Any:
-    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
-    if world_size == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def raise_rank0_problem(problem: str | None, world_size: int) -> None:
-    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
-    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
-    problem = from_rank0(problem, world_size)
-    if problem is not None:
-        raise GristmillError(problem)
 
 
 @contextlib.contextmanager
