@@ -4,7 +4,7 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - train.py          `python -m training.train`: setup / train_step / the loop (the step's order)
 - launch.py         `gristmill train`: in this process or through torchrun, the config checked first
 - config.py         the recipe's schema: `TrainConfig`, one documented field each
-- config_checks.py  the recipe resolved once (`RunSpec`) and checked before any work; RUN/config.toml
+- config_checks.py  each section's checks that need only the config ([model], [parallel], [optim], …)
 - model.py          the Llama-3 transformer, its presets and FLOPs per token
 - loss.py           cross-entropy of the LM head, chunked
 - optim.py          AdamW (and 8-bit), the plan's LR schedule, gradient clipping

@@ -146,10 +146,10 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
     try:
         with console.bound(env.rank, out):
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
-            spec, device, base_dir = preflight(cfg, env)
+            checked = preflight(cfg, env)
             # --- checks done; from here on the run does work ---
             with own_run_dir(Path(cfg.run.output_dir), env):
-                run = setup(cfg, spec, env, device, evaluator, base_dir)
+                run = setup(cfg, checked, env, evaluator)
                 evaluate_base(run)
                 return loop(run)
     finally:
@@ -162,7 +162,7 @@ def evaluate_base(run: Run) -> None:
     """Step 0 of a run from a base model ([model] init_from) with [eval]: the base's scores before
     any update (RUN/eval/step-000000, the first rows of eval.parquet, and a metrics row at step 0
     for metrics.jsonl and the trackers). Not on a resume: they are there already."""
-    if run.evaluator is not None and run.spec.model.init_from and run.state.step == 0:
+    if run.evaluator is not None and run.model_config.init_from and run.state.step == 0:
         _log(run, no_step_row(0, "no step trained: the base model, before any update"), evaluate=True)
 
 
@@ -284,7 +284,7 @@ def _train(
         measure_update=measure_update,
         world_size=run.env.world_size,
     )
-    tokens = run.spec.shapes[phase].tokens_per_step
+    tokens = run.shapes[phase].tokens_per_step
     run.state.step = step
     run.state.tokens_seen += tokens
     run.metrics.count(tokens)

@@ -39,7 +39,6 @@ from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import missing_step_reason, nonfinite_tensor
-from training.config_checks import RunSpec, resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
@@ -53,6 +52,7 @@ from training.contract.run_layout import (
     list_steps,
 )
 from training.data.remote import CacheSettings, dataset_info
+from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
     RENAMED,
     EvalError,

@@ -154,7 +154,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
 def test_eval_section_errors(bad, built_dataset, tmp_path):
-    from training.config_checks import check_config
+    from training.data.spec import check_config
 
     cfg = load_train_config(TINY, [*_sets(built_dataset, tmp_path), bad])
     with pytest.raises(GristmillError, match="eval.interval ≥ 0"):

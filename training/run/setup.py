@@ -2,7 +2,7 @@
 built in order by a few named builders (`setup`), into the `Run` the loop trains with
 (training/train.py).
 
-Order of work: the config resolved and checked once (training/config_checks.RunSpec: batch
+Order of work: the config resolved and checked once (preflight's `Checked`: the recipe, its batch
 arithmetic, the mesh shape, the model against the dataset's vocabulary, separator and sequence
 lengths; a `[model] init_from` base located, a hub id downloaded by rank 0 while the others wait) →
 device mesh → the data (the plan, the sources opened, this rank's loader, the held-out loaders:
@@ -10,8 +10,8 @@ before the model, so a dataset too small fails before the big allocations) → t
 meta device or materialised, see run.init_device; parallelized: AC, compile, FSDP2; weights
 initialised with the same seed on every rank), the optimizer and the LR schedule → the
 checkpointer and the resume, or the base's weights → what rank 0 writes and prints (RUN/config.toml
-once the resume checks passed, the plan's record, the metrics writer, the header) → the judge of
-every step and the rewinder.
+once the resume checks passed, the run record: the plan, metrics.jsonl, the trackers; the header) →
+the judge of every step and the rewinder.
 """
 
 from __future__ import annotations
@@ -32,26 +32,22 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
-from training.config_checks import (
-    BatchShape,
-    RunSpec,
-    applied_config,
-    resolve,
-)
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import TokenLoader
+from training.data.plan import Plan
 from training.data.recipe import format_plan, open_plan
 from training.data.remote import dataset_info
+from training.data.spec import BatchShape, RunSpec, applied_config, resolve
 from training.metrics import TrainingMetrics, device_name, peak_flops
-from training.model import Transformer, flops_per_token, num_params
+from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
-from training.run.preflight import DistEnv, raise_rank0_problem
+from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
 from training.run.rewind import Rewinder
 from training.run.timeline import Timeline
@@ -83,11 +79,13 @@ class Run:
     """What `setup` builds and the loop trains with."""
 
     cfg: TrainConfig
-    spec: RunSpec  # the recipe resolved once: sources, phases, batch shapes, the model
+    spec: RunSpec  # the recipe resolved once: sources, phases, seq_lens, cache
+    shapes: tuple[BatchShape, ...]  # each phase's batch arithmetic for this world size
+    model_config: ModelConfig  # the model built: preset, overrides, a base's shape
     env: DistEnv
     device: torch.device
     run_dir: Path
-    plan: Any  # training/data/plan.Plan: which tokens of which source every step takes, and the LR
+    plan: Plan  # which tokens of which source every step takes, and the LR
     model: nn.Module
     amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
     loader: TokenLoader
@@ -109,7 +107,7 @@ class Run:
     peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
 
 
-def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
+def build_model(model_config: ModelConfig, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
     """Model → parallelize → weights, seeded identically on every rank (see run.init_device). A
     base model's weights ([model] init_from) replace them in `setup`, unless a resume loads a checkpoint."""
     mode = cfg.run.init_device
@@ -147,20 +145,14 @@ def loader_settings(
     )
 
 
-def setup(
-    cfg: TrainConfig,
-    spec: RunSpec,
-    env: DistEnv,
-    device: torch.device,
-    evaluator: StepEval | None = None,
-    base_dir: Path | None = None,
-) -> Run:
-    """The run's parts, in the order of the module's docstring (`base_dir`: where preflight located
-    [model] init_from, whose weights replace the random init unless a checkpoint is resumed)."""
+def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval | None = None) -> Run:
+    """The run's parts, in the order of the module's docstring (`checked.base_dir`: where preflight
+    located [model] init_from, whose weights replace the random init unless a checkpoint is resumed)."""
+    spec, shapes, model_config, device = checked.spec, checked.shapes, checked.model, checked.device
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     last_step = cfg.run.max_steps or spec.last_step
-    plan, loader, validation, notes = _data(cfg, spec, env, device, last_step)
-    model = build_model(spec.model, cfg, mesh, device)
+    plan, loader, validation, notes = _data(cfg, spec, shapes, env, device, last_step)
+    model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = plan_scheduler(optimizer, plan)
@@ -168,26 +160,27 @@ def setup(
     states = checkpointables(model, optimizer, scheduler, loader, state, timeline)
     # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
     resolved = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, init_from=spec.model.init_from or None)
+        cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
     )
-    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, spec.model, num_params(model))
+    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, model_config, num_params(model))
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
-    if resumed is None and spec.model.init_from:  # a resume's checkpoint holds the weights: no base read
-        if base_dir is None:  # preflight took a checkpoint's record for it, and that checkpoint did not load
+    if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
+        # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
+        if checked.base_dir is None:
             raise GristmillError(
-                f"model.init_from = {spec.model.init_from}: the base's files are not at hand"
+                f"model.init_from = {model_config.init_from}: the base's files are not at hand"
             )
-        load_base_weights(model, base_dir)  # each rank copies its own shards from the files
+        load_base_weights(model, checked.base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, state, rank=env.rank, plot=cfg.metrics.plot)
-    _outputs(resolved, spec, env, run_dir, resumed, record, base_dir)
+    _outputs(resolved, spec, model_config, env, run_dir, resumed, record, checked.base_dir)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
     record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
-    flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
+    flops = [flops_per_token(model_config, shape.seq_len, include_lm_head=True) for shape in shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
     if env.rank == 0:
-        for line in _header(cfg, spec, env, device, mesh, model, flops[0], peak):
+        for line in _header(cfg, spec, shapes, model_config, env, device, mesh, model, flops[0], peak):
             say(line)
         for line in format_plan(plan, notes, timeline.skips):
             say(f"  plan    {line}")
@@ -206,7 +199,8 @@ def setup(
         world_size=env.world_size, recent_losses=state.recent_losses, rewinder=rewinder,
     )  # fmt: skip
     return Run(
-        cfg=cfg, spec=spec, env=env, device=device, run_dir=run_dir, plan=plan, model=model, amp=amp,
+        cfg=cfg, spec=spec, shapes=shapes, model_config=model_config, env=env, device=device,
+        run_dir=run_dir, plan=plan, model=model, amp=amp,
         loader=loader, validation=validation, evaluator=evaluator, optimizer=optimizer,
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
@@ -216,19 +210,26 @@ def setup(
     )  # fmt: skip
 
 
-def _data(cfg: TrainConfig, spec: RunSpec, env: DistEnv, device: torch.device, last_step: int):
+def _data(
+    cfg: TrainConfig,
+    spec: RunSpec,
+    shapes: tuple[BatchShape, ...],
+    env: DistEnv,
+    device: torch.device,
+    last_step: int,
+) -> tuple[Plan, TokenLoader, Validation | None, list[str]]:
     """(plan, this rank's loader, the held-out loaders or None, the plan's notes). A dataset too
     small for one global batch, or a source the plan would run out of, fails here."""
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
     vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
     plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab)
-    settings = loader_settings(cfg, spec.shapes[0], env, device)
-    micro = tuple(shape.micro_batch for shape in spec.shapes)
+    settings = loader_settings(cfg, shapes[0], env, device)
+    micro = tuple(shape.micro_batch for shape in shapes)
     loader = TokenLoader(plan, tables, micro_batch=micro, **settings)
     validation = None
     if cfg.run.val_every > 0 and any(s.val_fraction > 0 for s in spec.sources):
         validation = Validation(
-            cfg, spec, plan, last_step=last_step, vocab_size=vocab, device=device,
+            cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
             world_size=env.world_size, settings=settings,
         )  # fmt: skip
     return plan, loader, validation, notes
@@ -265,6 +266,7 @@ def _checkpointer(
 def _outputs(
     resolved: TrainConfig,
     spec: RunSpec,
+    model_config: ModelConfig,
     env: DistEnv,
     run_dir: Path,
     resumed: int | None,
@@ -285,18 +287,26 @@ def _outputs(
         save_config(applied, run_dir / CONFIG_TOML)
     except OSError as e:
         raise unwritable(run_dir, e) from None
-    if resumed is None and spec.model.init_from:  # RUN/base/: the base as loaded, for its exports
-        record_base(run_dir, base_dir, spec.model.init_from, spec.model.init_from_sha256)
+    if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
+        record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, metrics=resolved.metrics, config=applied, datasets=datasets)
 
 
 def _header(
-    cfg: TrainConfig, spec: RunSpec, env: DistEnv, device, mesh, model, flops: int, peak: float | None
+    cfg: TrainConfig,
+    spec: RunSpec,
+    shapes: tuple[BatchShape, ...],
+    mcfg: ModelConfig,
+    env: DistEnv,
+    device,
+    mesh,
+    model,
+    flops: int,
+    peak: float | None,
 ) -> list[str]:
     """The run's header lines: model, each source's dataset, batch per phase, processes and mesh,
     FLOPs per token and MFU."""
-    mcfg, shapes = spec.model, spec.shapes
     params = num_params(model)
     params_without_embeddings = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"

@@ -374,7 +374,7 @@ def test_checkpoint_config_keys():
     with pytest.raises(
         ConfigError, match="export_interval = 7 must be a multiple of checkpoint.interval = 5"
     ):
-        from training.config_checks import check_config
+        from training.data.spec import check_config
 
         check_config(
             load_config(TrainConfig, None, ["checkpoint.interval=5", "checkpoint.export_interval=7"]), 1
