@@ -622,6 +622,12 @@ def test_training_stands_on_at_most_9_layers():
     )
 
 
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def test_folder_members_loops_and_layers(tmp_path):
     """The folder rules themselves: two folders whose files import each other's other files have no
     file circle but a folder loop; the layers are the longest chain's members."""
@@ -636,9 +642,7 @@ def test_folder_members_loops_and_layers(tmp_path):
         "training/b/y.py": "from training import low\n",
         "training/b/z.py": "def f():\n    from training.a import w\n",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_tree(tmp_path, files)
     modules, imports = scan(tmp_path, ("training",))
     assert not [c for c in strongly_connected(graph_of(modules, imports)) if len(c) > 1]
     graph = members_graph(modules, imports, "training")
@@ -665,9 +669,7 @@ def test_scanner_resolves_relative_and_submodule_imports(tmp_path):
         "training/__init__.py": "",
         "training/model.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_tree(tmp_path, files)
     modules, imports = scan(tmp_path)
     edges = {(i.src, i.target, i.where) for i in imports}
     assert edges == {
