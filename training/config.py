@@ -387,6 +387,33 @@ class EvalSection:
 
 
 @dataclass
+class MergeSection:
+    """`[merge]`: weights averaged in the loop and scored beside the raw ones (training/merge.py,
+    docs/merging.md). The average is taken in fp32 from the master weights after each trained step
+    of the run's kept timeline (a step a rewind skipped or discarded adds nothing), kept in every
+    checkpoint (one fp32 copy of the parameters, sharded like the optimizer state), and read at each
+    merge point: every `every` steps and at the last step. There, when validation or an eval is due,
+    the merged weights are scored too (`merged/val_loss`, `merged/val/<source>`,
+    `merged/eval/<task>/<metric>`); `gristmill export RUN --step N --merged` writes them as an HF
+    directory."""
+
+    kind: Literal["none", "window", "ema"] = "none"
+    """"window": at each merge point N the mean of the weights after each trained step of the last
+    `window` steps (N − window < k ≤ N); "ema": an exponential moving average (`decay`), started at
+    the weights after the run's first trained step; "none": no merge."""
+    every: int = 0
+    """Steps between merge points (the last step is one too)."""
+    window: int = 0
+    """kind = "window": the steps averaged at each merge point, 1 to `every`."""
+    decay: float = 0.0
+    """kind = "ema": after each trained step ema ← decay · ema + (1 − decay) · weights; in (0, 1)
+    (0.999: an average over the last ~1,000 steps)."""
+    export: bool = False
+    """Write RUN/exports/merged-step-N (an HF directory, like RUN/exports/step-N) at each merge
+    point, from its checkpoint: merge.every must then be a multiple of checkpoint.interval."""
+
+
+@dataclass
 class TrainConfig:
     model: ModelSection = field(default_factory=ModelSection)
     """Model shape."""
@@ -409,6 +436,8 @@ class TrainConfig:
     """Checkpoints, resuming, retention, exports, disk guard."""
     eval: EvalSection = field(default_factory=EvalSection)
     """lm-eval during training (off unless eval.interval > 0)."""
+    merge: MergeSection = field(default_factory=MergeSection)
+    """Weights averaged in the loop (off unless merge.kind is "window" or "ema")."""
 
 
 def load_train_config(config: str, overrides: list[str]) -> TrainConfig:

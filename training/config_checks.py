@@ -1,7 +1,7 @@
 """The checks of each section of a `TrainConfig` that need nothing but the config (split from the
 schema in training/config.py, which holds only what the keys mean): [model], [parallel] and the mesh
 shape, [optim] and its batch-size LR rules, [run] and [run.rewind], [metrics]' trackers,
-[checkpoint], [eval]. The recipe's data side (sources, phases, batch shapes) is resolved and checked
+[checkpoint], [eval], [merge]. The recipe's data side (sources, phases, batch shapes) is resolved and checked
 in training/data/spec.py, whose `check_config` runs every check before any work.
 """
 
@@ -13,6 +13,7 @@ import math
 
 from training.config import (
     TRACKERS,
+    MergeSection,
     MetricsSection,
     ModelSection,
     OptimSection,
@@ -207,6 +208,70 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"eval.interval = {e.interval} runs lm-eval during training, and lm-eval is "
             "not installed: pip install 'gristmill[eval]', or set eval.interval=0",
             "eval.interval",
+        )
+    check_merge(cfg.merge, c.interval)
+
+
+def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
+    """[merge]: a kind with its one setting (window for "window", decay for "ema"), merge points at
+    least one step apart, windows that do not overlap, and a checkpoint at every merge point when the
+    merged weights are exported (an export is made from the checkpoint of its step)."""
+    if m.kind == "none":
+        for key, value in (
+            ("every", m.every),
+            ("window", m.window),
+            ("decay", m.decay),
+            ("export", m.export),
+        ):
+            if value != getattr(MergeSection, key):
+                raise ConfigError(
+                    f"merge.{key} = {json.dumps(value)} is set but merge.kind = 'none' merges nothing: set "
+                    "merge.kind = 'window' or 'ema' (or remove it)",
+                    f"merge.{key}",
+                )
+        return
+    if not isinstance(m.every, int) or m.every < 1:
+        raise ConfigError(
+            f"merge.every = {m.every!r} must be an integer ≥ 1 (steps between merge points)", "merge.every"
+        )
+    if m.kind == "window":
+        if m.decay != MergeSection.decay:
+            raise ConfigError(
+                f"merge.decay = {m.decay} is the EMA's, and merge.kind = 'window' averages merge.window "
+                "steps: remove merge.decay, or set merge.kind = 'ema'",
+                "merge.decay",
+            )
+        if m.window < 1:
+            raise ConfigError(
+                f"merge.window = {m.window} must be ≥ 1: the steps averaged at each merge point (1 to "
+                f"merge.every = {m.every})",
+                "merge.window",
+            )
+        if m.window > m.every:
+            raise ConfigError(
+                f"merge.window = {m.window} is more than merge.every = {m.every}: each merge point averages "
+                f"the steps since the one before at most; set merge.window ≤ {m.every} or raise merge.every",
+                "merge.window",
+            )
+    else:
+        if m.window != MergeSection.window:
+            raise ConfigError(
+                f"merge.window = {m.window} is the window's, and merge.kind = 'ema' averages with "
+                "merge.decay: remove merge.window, or set merge.kind = 'window'",
+                "merge.window",
+            )
+        if not (math.isfinite(m.decay) and 0.0 < m.decay < 1.0):
+            raise ConfigError(
+                f"merge.decay = {m.decay} must be in (0, 1): after each step ema ← decay · ema + "
+                "(1 − decay) · weights (e.g. 0.999)",
+                "merge.decay",
+            )
+    if m.export and (checkpoint_interval < 1 or m.every % checkpoint_interval):
+        raise ConfigError(
+            f"merge.export = true exports each merge point's checkpoint, but merge.every = {m.every} is "
+            f"not a multiple of checkpoint.interval = {checkpoint_interval}: make it one (or set "
+            "merge.export = false and export later with `gristmill export RUN --step N --merged`)",
+            "merge.export",
         )
 
 

@@ -316,6 +316,8 @@ def format_line(m: dict[str, Any]) -> str:
     head = f"step {m['step']:>6d}" + (f"/{m['last_step']}" if m.get("last_step") else "")
     if "loss" not in m:
         val = f" | val {m['val_loss']:.4f}" if m.get("val_loss") is not None else ""
+        if m.get("merged/val_loss") is not None:
+            val += f" | merged val {m['merged/val_loss']:.4f}"
         return f"{head} | {m['note']}{val}"
     parts = [
         head,
@@ -332,6 +334,8 @@ def format_line(m: dict[str, Any]) -> str:
     parts.append(f"mem {fmt_bytes(m['peak_memory_bytes'])}")
     if m.get("val_loss") is not None:
         parts.append(f"val {m['val_loss']:.4f}")
+    if m.get("merged/val_loss") is not None:
+        parts.append(f"merged val {m['merged/val_loss']:.4f}")
     if m.get("phase") is not None:
         parts.append(f"{m['phase']} seq {m['seq_len']}")
     if m.get("eta_s") is not None and m["step"] < m.get("last_step", 0):
@@ -352,11 +356,12 @@ def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) ->
 
 
 def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):
-    """The loss plot of a run's rows: train loss, the validation loss (mix-weighted) and, for a
-    mixture, each source's (`val/<source>`: the weighted curve moves at a phase change only because
-    the weights do), with `phases` ((first step, 0-based; name) of each phase) marked where one
-    starts. `skips`: the rewinds' (training/data/plan.Skip): their discarded rows dashed, their
-    skipped steps shaded, the y axis kept to the trained curve (a spike's value written at the top)."""
+    """The loss plot of a run's rows: train loss, the validation loss (mix-weighted), the merged
+    weights' (`merged/val_loss`, [merge]) and, for a mixture, each source's (`val/<source>`: the
+    weighted curve moves at a phase change only because the weights do), with `phases` ((first
+    step, 0-based; name) of each phase) marked where one starts. `skips`: the rewinds'
+    (training/data/plan.Skip): their discarded rows dashed, their skipped steps shaded, the y axis
+    kept to the trained curve (a spike's value written at the top)."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     scored = kept_rows(history)  # validation: a row without a trained step (the final weights') too
     val = [(m["step"], m["val_loss"]) for m in scored if m.get("val_loss") is not None]
@@ -384,6 +389,9 @@ def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):
         ax.set_ylim(top=top)
     if val:
         ax.plot(*zip(*val), marker="o", label="validation (mix-weighted)" if sources else "validation")
+    merged = [(m["step"], m["merged/val_loss"]) for m in scored if m.get("merged/val_loss") is not None]
+    if merged:
+        ax.plot(*zip(*merged), marker="s", linestyle="--", label="validation, merged weights ([merge])")
     for name in sources:
         curve = [(m["step"], m[f"val/{name}"]) for m in scored if m.get(f"val/{name}") is not None]
         ax.plot(*zip(*curve), marker=".", linestyle=":", label=f"validation: {name}")

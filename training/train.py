@@ -20,10 +20,12 @@ One step of the loop, in this order (`loop`):
    skip, the run's artifacts brought into line with it, the skip's checkpoint saved), then goes on
    after the skip;
 3. the side activities of a step that goes on, each component deciding whether it is due
-   (`Due.at`): the checkpoint first (when due, and on SIGTERM/SIGINT), so that a validation or an
-   eval that fails or dies costs no training; then validation and the eval of the weights just
-   saved, which go into the step's metrics row; then the row, handed to the run's one writer
-   (training/run/record.RunRecord: stdout, metrics.jsonl, trackers, consumption.parquet);
+   (`Due.at`): its weights join [merge]'s average (training/merge.py); the checkpoint first (when
+   due, and on SIGTERM/SIGINT), so that a validation or an eval that fails or dies costs no
+   training; then validation and the eval of the weights just saved (at a merge point, of the
+   merged weights too: `merged/…`), which go into the step's metrics row; then the row, handed to
+   the run's one writer (training/run/record.RunRecord: stdout, metrics.jsonl, trackers,
+   consumption.parquet);
 4. a stop signal ends the loop there (the step saved, exit 0; resume with --resume auto).
 
 At the end the final weights are validated and evaluated even when a rewind's skip, not a trained
@@ -216,6 +218,9 @@ def loop(run: Run) -> dict[str, Any]:
                     _write_pending(run)  # the final weights' row, when the skip reached the last step
                     batches = iter(run.loader)  # continues after the skip
                 else:
+                    if run.merge is not None:  # a step the run goes on from: its weights join the merge
+                        run.merge.trained(step)
+                    kill_point(f"trained:{step}")
                     if verdict.warning:
                         say(verdict.warning)
                     if due.log:  # waits in the state (and so in a checkpoint saved now) until written
@@ -344,8 +349,27 @@ def _log(
         row.update(run.validation(run.model, step, run.amp))
     if evaluate:
         row.update(run.evaluator(run.model, step))
+    if run.merge is not None and run.merge.merged_at(step):
+        row.update(_merged(run, step, validate=validate, evaluate=evaluate))
     run.record.log(run.metrics.timed(row), evaluated=evaluate, ledger=ledger)
     run.metrics.restart_window()
+
+
+def _merged(run: Run, step: int, *, validate: bool, evaluate: bool) -> dict[str, Any]:
+    """A merge point's row entries (every rank; collectives): the steps merged and, when validation
+    or an eval is due there, the merged weights' scores as `merged/…`, from the model with the merged
+    weights swapped in for them (then back, exactly)."""
+    out = run.merge.row()
+    if validate or evaluate:
+        run.checkpointer.staged()  # an async save's copy of the weights is done before they move
+        scores: dict[str, Any] = {}
+        with run.merge.swapped():
+            if validate:
+                scores.update(run.validation(run.model, step, run.amp))
+            if evaluate:
+                scores.update(run.evaluator(run.model, step, merged=True))
+        out.update({f"merged/{key}": value for key, value in scores.items()})
+    return out
 
 
 def _stop(run: Run, verdict: Verdict) -> None:

@@ -3,6 +3,7 @@
     gristmill eval runs/train/demo --step 150 --tasks heldout_ppl,heldout_cloze   # local tasks, offline
     gristmill eval RUN --tasks hellaswag,arc_easy,piqa,lambada_openai       # hub tasks, need network
     gristmill eval RUN --watch --tasks heldout_ppl                             # each new export as it appears
+    gristmill eval RUN --step 150 --merged                                   # [merge]'s weights at 150
 
 A step is evaluated from RUN/exports/step-N (exported on demand from a complete DCP checkpoint when
 there is none yet) with `GristmillHFLM` (validation/eval_model.py: the training framing, exactly
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
-from training.checkpoint.io import missing_step_reason, nonfinite_tensor
+from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
@@ -47,6 +48,7 @@ from training.contract.run_layout import (
     EVAL_PARQUET,
     EVAL_PLOT,
     EXPORTS_DIR,
+    checkpoint_dir,
     complete_steps,
     eval_dir,
     list_steps,
@@ -118,10 +120,16 @@ class EvalConfig:
     dataset was decontaminated against with [decontaminate] include_path."""
 
 
-def available_steps(run_dir: str | Path) -> list[int]:
-    """Steps with an export or a complete checkpoint, ascending."""
+def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
+    """Steps with an export or a complete checkpoint, ascending (`merged`: with a merged export, or a
+    complete checkpoint that holds its step's merged weights)."""
     run_dir = Path(run_dir)
-    return sorted(set(list_steps(run_dir / EXPORTS_DIR)) | set(complete_steps(run_dir)))
+    exports = set(list_steps(run_dir / EXPORTS_DIR, merged))
+    if not merged:
+        return sorted(exports | set(complete_steps(run_dir)))
+    return sorted(
+        exports | {s for s in complete_steps(run_dir) if merged_step(checkpoint_dir(run_dir, s)) == s}
+    )
 
 
 @dataclass(frozen=True)
@@ -442,21 +450,27 @@ def model_max_length(export: Path) -> int:
 
 
 def evaluate_step(
-    run_dir: str | Path, step: int, cfg: EvalConfig, plan: TaskPlan | None = None, verbose: bool = False
+    run_dir: str | Path,
+    step: int,
+    cfg: EvalConfig,
+    plan: TaskPlan | None = None,
+    verbose: bool = False,
+    merged: bool = False,
 ) -> Path:
     """Evaluate one step; returns RUN/eval/step-N/results.json. Raises NonFiniteMetricsError after
     writing everything when some task has no finite metric. The libraries' own output goes to
-    RUN/eval/step-N/eval.log (`verbose`: to the terminal as well)."""
+    RUN/eval/step-N/eval.log (`verbose`: to the terminal as well). `merged`: the merged weights of
+    [merge] at that step (RUN/exports/merged-step-N, results in RUN/eval/merged-step-N)."""
     from validation.eval_model import GristmillHFLM
 
     run_dir = Path(run_dir)
     plan = plan or TaskPlan(run_dir, cfg)
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
-    export = export_checkpoint(run_dir, step, log=_log)
+    export = export_checkpoint(run_dir, step, log=_log, merged=merged)
     _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}")
     t0 = time.time()
-    log_file = eval_dir(run_dir, step) / EVAL_LOG
+    log_file = eval_dir(run_dir, step, merged) / EVAL_LOG
     max_length = cfg.max_length or model_max_length(export)
     with eval_output(log_file, verbose) as terminal:
         try:
@@ -485,8 +499,8 @@ def evaluate_step(
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
     if plan.local:
         results["gristmill"]["heldout"] = plan.data.heldout()
-    out = write_step_results(run_dir, step, dict(results))
-    save_config(cfg, eval_dir(run_dir, step) / "config.toml")
+    out = write_step_results(run_dir, step, dict(results), merged)
+    save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
     write_plot(run_dir)
     _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
     error = nonfinite_error(run_dir, step, results)
@@ -564,10 +578,11 @@ def watch(
     return 0
 
 
-def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -> None:
+def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, merged: bool = False) -> None:
     """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr,
     samples and, on a task's first row, whether the training data was decontaminated against it;
-    bits per byte first (comparable across tokenizers), then the perplexities, then accuracies."""
+    bits per byte first (comparable across tokenizers), then the perplexities, then accuracies.
+    `merged`: the rows of [merge]'s merged weights instead of the raw ones."""
     import pyarrow.parquet as pq
 
     from validation.audit import Result, format_table
@@ -575,7 +590,7 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None) -
     rows = [
         r
         for r in pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
-        if steps is None or r["step"] in steps
+        if (steps is None or r["step"] in steps) and bool(r.get("merged")) == merged
     ]
     cols = ["step", "task", "metric", "value", "stderr", "samples", "decontamination"]
     picked, shown = [], set()
@@ -603,6 +618,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument(
         "--watch", action="store_true", help="evaluate every step, and each new one as it appears"
     )
+    parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="evaluate the merged weights of [merge] at --step (default: the newest step that has them), "
+        "from RUN/exports/merged-step-N or exported from its checkpoint; results in RUN/eval/merged-step-N",
+    )
     parser.add_argument("--poll", type=float, default=30.0, help="--watch: seconds between looks")
     parser.add_argument(
         "--idle-exit", type=float, default=0.0, help="--watch: stop after this many seconds with nothing new"
@@ -625,29 +646,40 @@ def run(args: argparse.Namespace) -> int:
     run_config(run_dir)  # refuses a directory that is not a training run, before any task work
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     check_writable(run_dir)
+    merged = args.merged
     if args.watch:
+        if merged:
+            raise EvalError(
+                "--watch evaluates each step's raw weights; evaluate merged weights with --step N --merged"
+            )
         return watch(run_dir, cfg, args.poll, args.idle_exit, args.verbose)
-    steps = available_steps(run_dir)
+    steps = available_steps(run_dir, merged)
+    weights = "merged weights" if merged else "export or complete checkpoint"
     step = args.step
     if step is None:
+        if not steps and merged:
+            raise EvalError(
+                f"{run_dir} has no merged weights to evaluate (no exports/merged-step-N, and no checkpoint "
+                "holds its step's merged weights); train with [merge] first"
+            )
         if not steps:
             raise EvalError(
                 f"{run_dir} has neither exports/step-N nor a complete checkpoint to evaluate; train first "
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif step not in steps and (step != 0 or not run_config(run_dir).model.init_from):
+    elif step not in steps and (merged or step != 0 or not run_config(run_dir).model.init_from):
         # (step 0 of a run from a base model: the base, exported now)
         raise EvalError(
-            f"{run_dir} has no export or complete checkpoint of step {step}: "
-            f"{missing_step_reason(run_dir, step)}; steps: {', '.join(map(str, steps)) or 'none'}"
+            f"{run_dir} has no {weights} of step {step}: "
+            f"{missing_step_reason(run_dir, step, merged)}; steps: {', '.join(map(str, steps)) or 'none'}"
         )
     try:
-        evaluate_step(run_dir, step, cfg, verbose=args.verbose)
+        evaluate_step(run_dir, step, cfg, verbose=args.verbose, merged=merged)
     except NonFiniteMetricsError:
-        print_table(run_dir, [step])  # the NaN/inf rows too, then the one error line
+        print_table(run_dir, [step], merged=merged)  # the NaN/inf rows too, then the one error line
         raise
-    print_table(run_dir, [step])
+    print_table(run_dir, [step], merged=merged)
     print(f"all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql \"FROM eval\"), "
           f"plot: {run_dir / EVAL_PLOT}")  # fmt: skip
     return 0

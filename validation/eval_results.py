@@ -1,5 +1,5 @@
-"""Eval results on disk: RUN/eval/step-N/results.json (lm-eval's own) written and merged, the
-decontamination marks, and RUN/eval.png.
+"""Eval results on disk: RUN/eval/step-N/results.json (lm-eval's own; eval/merged-step-N for
+[merge]'s merged weights) written and merged, the decontamination marks, and RUN/eval.png.
 
 eval.parquet has one row per (step, task, metric, filter) and is rebuilt from every results.json
 (training/contract/eval_table.py: its schema and rows, read without lm-eval) after each evaluation,
@@ -17,7 +17,7 @@ import json
 import math
 import numbers
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -165,22 +165,25 @@ def metric_order(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], tuple
     first: dict[str, int] = {}
     for r in rows:
         first[r["task"]] = min(first.get(r["task"], len(METRIC_ORDER)), rank(r["metric"]))
-    return lambda r: (r["step"], first[r["task"]], r["task"], rank(r["metric"]), r["metric"], r["filter"])
+    return lambda r: (
+        r["step"], first[r["task"]], r["task"], rank(r["metric"]), r["metric"], r["filter"],
+        bool(r.get("merged")),
+    )  # fmt: skip
 
 
-def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
+def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any], merged: bool = False) -> Path:
     """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet (`gristmill
     eval`; during training the run's record rebuilds it: training/run/record.py)."""
-    out = write_step_json(run_dir, step, results)
+    out = write_step_json(run_dir, step, results, merged)
     write_eval_table(run_dir)
     return out
 
 
-def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
-    """Write (or merge into) RUN/eval/step-N/results.json."""
-    out = eval_dir(run_dir, step) / RESULTS_JSON
+def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any], merged: bool = False) -> Path:
+    """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's)."""
+    out = eval_dir(run_dir, step, merged) / RESULTS_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
-    old = read_step_results(run_dir, step)
+    old = read_step_results(run_dir, step, merged)
     if old:
         results = merge_results(old, results)
     # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
@@ -192,7 +195,8 @@ def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any]) -> 
 @dataclass(frozen=True)
 class Panel:
     """One (task, metric, filter) of eval.png: its finite values over steps, their stderrs (None:
-    none computed) and, for an accuracy of a multiple-choice task, the chance level."""
+    none computed), the merged weights' finite values ([merge]) and, for an accuracy of a
+    multiple-choice task, the chance level."""
 
     task: str
     metric: str
@@ -202,6 +206,7 @@ class Panel:
     stderrs: list[float | None]
     chance: float | None
     nonfinite: int  # NaN/inf values left out of the plot (the table and eval.parquet keep them)
+    merged: list[tuple[int, float]] = field(default_factory=list)  # (step, value) of the merged weights
 
     @property
     def title(self) -> str:
@@ -227,13 +232,16 @@ def chance_levels(results_by_step: dict[int, dict[str, Any]]) -> dict[str, float
 
 def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]) -> list[Panel]:
     """What eval.png draws, from eval.parquet's rows and the steps' results dicts: one Panel per
-    (task, metric, filter), in the table's order; the chance line on accuracies (acc, acc_norm, …)."""
+    (task, metric, filter), in the table's order, the merged weights' rows (`merged`) beside the raw
+    ones; the chance line on accuracies (acc, acc_norm, …)."""
     chance = chance_levels(results_by_step)
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in sorted(rows, key=metric_order(rows)):
         groups.setdefault((r["task"], r["metric"], r["filter"]), []).append(r)
     panels = []
-    for (task, metric, filt), group in groups.items():
+    for (task, metric, filt), both in groups.items():
+        group = [r for r in both if not r.get("merged")]
+        merged = [(r["step"], r["value"]) for r in both if r.get("merged") and math.isfinite(r["value"])]
         finite = [r for r in group if math.isfinite(r["value"])]
         panels.append(
             Panel(
@@ -247,7 +255,8 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
                     for r in finite
                 ],
                 chance=chance.get(task) if metric.startswith("acc") else None,
-                nonfinite=len(group) - len(finite),
+                nonfinite=len(both) - len(finite) - len(merged),
+                merged=merged,
             )
         )
     return panels
@@ -259,20 +268,23 @@ def _label(value: float, stderr: float | None) -> str:
 
 def write_plot(run_dir: str | Path) -> Path:
     """RUN/eval.png: one panel per (task, metric), value over steps with stderr bars and the values
-    written next to the points (readable with a single step), the chance level of a multiple-choice
-    task's accuracy dashed, perplexities on a log scale. NaN/inf values are left out of the lines
-    (the table and eval.parquet keep them), a panel with none finite says so."""
+    written next to the points (readable with a single step), the merged weights' values ([merge])
+    as a dashed line beside them, the chance level of a multiple-choice task's accuracy dashed,
+    perplexities on a log scale. NaN/inf values are left out of the lines (the table and
+    eval.parquet keep them), a panel with none finite says so."""
     plt = agg_pyplot()
 
-    results = read_results(run_dir)  # eval.parquet's rows, read from their files
-    panels = plot_panels(result_rows(results), results)
+    raw, merged = read_results(run_dir), read_results(run_dir, merged=True)  # eval.parquet's rows' files
+    rows = result_rows(raw) + result_rows(merged, merged=True)
+    panels = plot_panels(rows, {**merged, **raw})
     n = max(1, len(panels))
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)
     for ax, p in zip(axes.flat, panels):
         if p.values:
             bars = [e or 0.0 for e in p.stderrs]
-            ax.errorbar(p.steps, p.values, yerr=bars if any(bars) else None, marker="o", capsize=4)
+            ax.errorbar(p.steps, p.values, yerr=bars if any(bars) else None, marker="o", capsize=4,
+                        label="raw weights" if p.merged else None)  # fmt: skip
             labelled = range(len(p.values)) if len(p.values) <= 6 else [len(p.values) - 1]
             for i in labelled:
                 ax.annotate(_label(p.values[i], p.stderrs[i]), (p.steps[i], p.values[i]),
@@ -281,10 +293,13 @@ def write_plot(run_dir: str | Path) -> Path:
                 ax.set_xticks(sorted(set(p.steps)))
             if len(set(p.steps)) == 1:  # room for the label right of a lone point
                 ax.set_xlim(p.steps[0] - 1, p.steps[0] + 2)
-            if p.metric.endswith("perplexity") and min(p.values) > 0:
+            if p.metric.endswith("perplexity") and min(p.values + [v for _, v in p.merged]) > 0:
                 ax.set_yscale("log")
-        else:
+        elif not p.merged:
             ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes)
+        if p.merged:
+            ax.plot(*zip(*p.merged), marker="s", linestyle="--", label="merged weights")
+            ax.legend(fontsize=8, loc="best")
         if p.chance is not None:
             ax.axhline(p.chance, linestyle="--", color="gray", linewidth=1, label=f"chance {p.chance:.3g}")
             ax.legend(fontsize=8, loc="best")

@@ -18,6 +18,10 @@ because one process scoring every request in the offline order gives the offline
 Llama, this runs gristmill's model on the same weights). Long evals on big models belong on another
 GPU with `gristmill eval RUN --watch`.
 
+At a merge point of [merge] the trainer calls it again with the merged weights in the model
+(`merged=True`): their results go to RUN/eval/merged-step-N, their entries into the row as
+`merged/eval/<task>/<metric>` (training/train.py).
+
 Results go where `gristmill eval` puts them (RUN/eval/step-N/results.json and eval.png here;
 eval.parquet, rebuilt from the results, is the run's record's: training/run/record.py) and into the
 step's metrics row as `eval/<task>/<metric>` (metrics.jsonl, tensorboard, trackers),
@@ -126,7 +130,7 @@ class TrainingEval:
     def due(self, step: int) -> bool:
         return step % self.interval == 0 or step == self.last_step
 
-    def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
+    def __call__(self, model: nn.Module, step: int, merged: bool = False) -> dict[str, float | str]:
         if not self.tasks_left:
             return {}
         t0 = time.perf_counter()
@@ -135,9 +139,10 @@ class TrainingEval:
         metrics: dict[str, float | str] = {}
         if self.rank == 0:
             try:
-                metrics = self._evaluate(model, full, step, t0)
+                metrics = self._evaluate(model, full, step, t0, merged)
             except Exception as e:  # e.g. a full disk under RUN/eval: this eval is lost, not the run
-                metrics = self._failed(step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+                why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+                metrics = self._failed(step, why, merged=merged)
             self.tasks_left = bool(self.plan.names)
         if self.world_size > 1:
             # Every rank waits for rank 0's scores, and learns whether a task is left to evaluate.
@@ -146,21 +151,24 @@ class TrainingEval:
             self.tasks_left = box[0]
         return metrics
 
-    def _failed(self, step: int, why: str, tasks: dict[str, str] | None = None) -> dict[str, float | str]:
+    def _failed(
+        self, step: int, why: str, tasks: dict[str, str] | None = None, merged: bool = False
+    ) -> dict[str, float | str]:
         """The one line of a failed eval (of `tasks`: {name: why}, dropped from the plan) and its
         metrics entry."""
         if tasks:
             self.plan.drop(list(tasks))
-            later = f"gristmill eval {self.run_dir} --step {step} --tasks {','.join(tasks)}"
+            which = f"--step {step}" + (" --merged" if merged else "")
+            later = f"gristmill eval {self.run_dir} {which} --tasks {','.join(tasks)}"
             why = "; ".join(f"task {n} failed ({w})" for n, w in tasks.items())
             line = f"{why}; training goes on without it (evaluate it later: `{later}`)"
         else:
             line = f"failed ({why}); training goes on, the eval is tried again at the next interval"
-        self._say(f"step {step}: {line}")
+        self._say(f"step {step}{' (merged weights)' if merged else ''}: {line}")
         return {"eval_error": line}
 
     def _evaluate(
-        self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float
+        self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float, merged: bool
     ) -> dict[str, float | str]:
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
         failed = {
@@ -169,7 +177,7 @@ class TrainingEval:
         }
         self.plan.drop(list(failed))
         if not self.plan.names:
-            return self._failed(step, "", failed)
+            return self._failed(step, "", failed, merged)
         if self.copy is None:
             with torch.device("meta"):
                 self.copy = Transformer(model.cfg)
@@ -180,7 +188,7 @@ class TrainingEval:
         # lm-eval reseeds python, numpy and torch: keep the training's random state as it was.
         saved = rng_state()
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`
-            with eval_output(eval_dir(self.run_dir, step) / EVAL_LOG):
+            with eval_output(eval_dir(self.run_dir, step, merged) / EVAL_LOG):
                 lm = in_process_lm(
                     self.copy,
                     self.tokenizer,
@@ -192,20 +200,23 @@ class TrainingEval:
         finally:
             set_rng_state(saved)
         if failed and not set(self.plan.names) - set(failed):
-            return self._failed(step, "", failed)
-        results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": "in-training"}
+            return self._failed(step, "", failed, merged)
+        export = "in-training (merged weights)" if merged else "in-training"
+        results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": export}
         if self.plan.local:
             results["gristmill"]["heldout"] = self.plan.data.heldout()
-        write_step_json(self.run_dir, step, dict(results))  # eval.parquet: the run's record rebuilds it
+        write_step_json(
+            self.run_dir, step, dict(results), merged
+        )  # eval.parquet: the run's record rebuilds it
         write_plot(self.run_dir)
         nonfinite_error(self.run_dir, step, results)  # warning lines; the trainer decides about the run
-        rows = rows_of(step, results)
+        rows = rows_of(step, results, merged)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds
-        self._say(f"step {step}: {_summary(rows)} ({seconds:.1f} s)")
+        self._say(f"step {step}{' (merged weights)' if merged else ''}: {_summary(rows)} ({seconds:.1f} s)")
         if failed:
-            metrics.update(self._failed(step, "", failed))
+            metrics.update(self._failed(step, "", failed, merged))
         for line in task_lines(step, results):  # the truncation warnings (not the per-task lines)
             if line.startswith("warning:"):
                 say(line)

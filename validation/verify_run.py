@@ -2,10 +2,11 @@
 
     gristmill verify runs/train/demo
 
-Checkpoints are checked against the sizes and CRC-32s in their COMPLETE record, exports against
-gristmill_checksums.json (SHA-256), the same checks a resume, an export and an eval make before
-they trust a file. Prints one row per checkpoint or export; exits 1 if any is damaged (an
-incomplete checkpoint, an interrupted save, is reported but is not damage).
+Checkpoints are checked against the sizes and CRC-32s in their COMPLETE record, exports (and the
+merged weights' of [merge], exports/merged-step-N) against gristmill_checksums.json (SHA-256), the
+same checks a resume, an export and an eval make before they trust a file. Prints one row per
+checkpoint or export; exits 1 if any is damaged (an incomplete checkpoint, an interrupted save, is
+reported but is not damage).
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     recorded), incomplete or DAMAGED. `only`: that step's checkpoint and export alone."""
     run_dir = Path(run_dir)
     rows = []
-    for kind, sub in (("checkpoint", CHECKPOINTS_DIR), ("export", EXPORTS_DIR)):
-        for step in list_steps(run_dir / sub):
+    kinds = (("checkpoint", CHECKPOINTS_DIR, False), ("export", EXPORTS_DIR, False),
+             ("merged export", EXPORTS_DIR, True))  # fmt: skip
+    for kind, sub, merged in kinds:
+        for step in list_steps(run_dir / sub, merged):
             if only is not None and step != only:
                 continue
-            path = run_dir / sub / step_name(step)
+            path = run_dir / sub / step_name(step, merged)
             reason = incomplete_reason(path) if kind == "checkpoint" else None
             if reason is not None:
                 rows.append((kind, step, "incomplete", *_size(path), reason))

@@ -261,6 +261,7 @@ class _Pending:
 
     step: int
     tokens: int
+    merged: bool  # the state saved holds the merged weights of its step, to export ([merge] export)
     future: Future
     t0: float
     write_start: float
@@ -287,9 +288,12 @@ class Checkpointer:
         estimate_bytes: int,
         model_config: dict[str, Any] | None = None,
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
+        merged_export: Callable[[int], bool] | None = None,
     ):
         """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
-        (the timeline's oldest rewind target and run.rewind.margin_steps); `states`: checkpointables(...)."""
+        (the timeline's oldest rewind target and run.rewind.margin_steps); `merged_export`: with
+        [merge] export = true, whether the state saved at a step holds that step's merged weights
+        (asked at the save; exported with the checkpoint); `states`: checkpointables(...)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
@@ -317,6 +321,7 @@ class Checkpointer:
         self._retention: threading.Thread | None = None  # rank 0's retention of the last save
         self._retention_error: BaseException | None = None
         self.rewind_keep = rewind_keep
+        self.merged_export = merged_export
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
 
     # -- decisions shared by all ranks --
@@ -344,6 +349,13 @@ class Checkpointer:
             else nonfinite_tensor(state_tensors(model.model, getattr(optim, "optimizer", None)))
         )
         return self._anywhere(bad)
+
+    def staged(self) -> None:
+        """Before the state changes other than by an optimizer step (the merged weights swapped into
+        the model to be scored): the device waits for an async save's copy of it (a no-op on CPU,
+        where the copy is done when `save` returns)."""
+        if self.staging is not None:
+            self.staging.order_after_copy()
 
     def due(self, step: int) -> bool:
         return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
@@ -424,7 +436,6 @@ class Checkpointer:
 
     def _load(self, path: Path) -> int:
         """Every rank loads checkpoint `path` into the run's states; returns its step."""
-        train_state = self.states["train_state"]
         keys = checkpoint_keys(path)
         loader = self.states.get("dataloader")
         if loader is not None and not {f"dataloader.{k}" for k in loader.state_dict()} <= keys:
@@ -433,12 +444,16 @@ class Checkpointer:
         older = timeline is not None and not any(k.startswith("timeline.") for k in keys)
         if older:  # written before the timeline was saved on its own: the loader's plan held its skips
             states = {k: v for k, v in states.items() if k != "timeline"}
+        # Told the checkpoint's keys first: a resume onto more ranks keeps the new ranks' own RNG
+        # streams (TrainState), a merge refuses a checkpoint of a run without one (training/merge.py).
+        expecting = [v for v in states.values() if hasattr(v, "expect")]
         try:
-            # A resume onto more ranks: ranks without a saved RNG stream keep their own.
-            train_state.expect(keys)
+            for state in expecting:
+                state.expect(keys)
             load_or_raise(states, path, CheckpointError, "resume from", no_dist=self.no_dist)
         finally:
-            train_state.expect(None)
+            for state in expecting:
+                state.expect(None)
         if older:
             timeline.adopt(loader.saved_skips)
         bad = self._nonfinite_anywhere()
@@ -446,7 +461,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"{path} holds non-finite values ({bad}); resume from an earlier one with --resume PATH"
             )
-        return train_state.step
+        return self.states["train_state"].step
 
     def _check_optimizer(self, path: Path) -> None:
         """Another optim.name than the checkpoint's is refused in one line before any load: the
@@ -600,6 +615,7 @@ class Checkpointer:
         if unfinished:
             self._advise(step, requested)
         self._last_request = (step, requested)
+        merged = self.merged_export is not None and self.merged_export(step)  # the state as saved
         staged = self.cfg.async_ and not blocking
         state = state_dict_of(self.states) if staged else None
         bad = self._nonfinite_anywhere()  # the trainer's guard should make this impossible: the last line
@@ -645,7 +661,7 @@ class Checkpointer:
                         async_stager=PreStaged(),
                     )
                     fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                    pending = _Pending(step, tokens, fut, t0, write_start)
+                    pending = _Pending(step, tokens, merged, fut, t0, write_start)
                     pending.future = self._then_record(fut, path, pending)
                     self.pending = pending
                     return True
@@ -653,7 +669,7 @@ class Checkpointer:
             self._record_own_files(path)
         except BaseException as e:
             self._failed(step, e)
-        self._complete(step, tokens, t0)
+        self._complete(step, tokens, t0, merged)
         return True
 
     def _then_record(self, fut: Future, path: Path, pending: _Pending) -> Future:
@@ -727,7 +743,7 @@ class Checkpointer:
         except BaseException as e:
             self._failed(p.step, e)
         self.last_write_s = (p.write_end or time.perf_counter()) - p.write_start
-        self._complete(p.step, p.tokens, p.t0)
+        self._complete(p.step, p.tokens, p.t0, p.merged)
 
     def _failed(self, step: int, exc: BaseException):
         if isinstance(exc, KeyboardInterrupt | SystemExit):
@@ -739,9 +755,9 @@ class Checkpointer:
             f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with --resume auto"
         ) from None
 
-    def _complete(self, step: int, tokens: int, t0: float) -> None:
+    def _complete(self, step: int, tokens: int, t0: float, merged: bool) -> None:
         """Rank 0 after DCP's .metadata: the COMPLETE record (with every rank's file checksums), an
-        export if due, then retention."""
+        export if due (and the merged weights' when the state held them, `merged`), then retention."""
         if self.rank != 0:
             return
         path = checkpoint_dir(self.run_dir, step)
@@ -772,4 +788,7 @@ class Checkpointer:
         if self.cfg.export_interval and step % self.cfg.export_interval == 0:
             out = export_checkpoint(self.run_dir, step, verified=True)  # hashed as written, just now
             self.log(f"export {out} written (permanent: HF LlamaForCausalLM + tokenizer)")
+        if merged:
+            out = export_checkpoint(self.run_dir, step, verified=True, merged=True)
+            self.log(f"export {out} written (the merged weights of step {step}; permanent)")
         self._retain(step)

@@ -46,6 +46,7 @@ from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYP
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
     load_or_raise,
+    merged_step,
     missing_step_reason,
     newest_verified,
     nonfinite_tensor,
@@ -79,6 +80,7 @@ from training.contract.run_layout import (
 )
 from training.data.remote import tokenizer_dir
 from training.data.spec import resolve
+from training.merge import MergedWeights
 from training.model import ModelConfig, Transformer
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
@@ -412,37 +414,35 @@ def export_checkpoint(
     verified: bool = False,
     out: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
+    merged: bool = False,
 ) -> Path:
     """Export checkpoint `step` (None: the newest complete one that verifies, saying which and what
     newer ones were passed over through `log`) to RUN/exports/step-N; an export that already
     exists is verified and returned as is. `verified`: the caller has just checked the
     checkpoint's files (the trainer, which hashed them as it wrote them). `out`, `dtype`: a copy
     in another directory, e.g. bf16 to publish; RUN/exports/step-N stays the run's fp32 export (eval
-    scores it), and where the checkpoint is gone the copy is made from that export."""
+    scores it), and where the checkpoint is gone the copy is made from that export. `merged`: the
+    merged weights of [merge] that checkpoint `step` holds (training/merge.py), to
+    RUN/exports/merged-step-N (None: the newest checkpoint that holds some)."""
     run_dir = Path(run_dir)
+    kind = "merged-step-N" if merged else "step-N"
     if out is None and dtype != torch.float32:
         raise ExportError(
-            f"{run_dir / EXPORTS_DIR}/step-N are the run's fp32 exports (eval scores them): give --out DIR "
+            f"{run_dir / EXPORTS_DIR}/{kind} are the run's fp32 exports (eval scores them): give --out DIR "
             f"for a {_dtype_name(dtype)} copy"
         )
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
-    if step is not None and step < 0:
-        raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step)}")
+    if step is not None and (step < 0 or (merged and step == 0)):
+        raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")
     if step == 0:
         return export_base(run_dir, log, out=out, dtype=dtype)
     if step is None:
-        path, _, passed_over = newest_verified(run_dir)
-        for skipped, reason in passed_over if log is not None else ():
-            log(f"skipped step {step_of(skipped)}: {reason}")
-        if path is None:
-            raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint to export")
-        step, verified = step_of(path), True
-        if log is not None:
-            log(f"exporting step {step}, the newest complete checkpoint that verifies")
-    run_export = export_dir(run_dir, step)
-    if run_export.is_dir() and (out is None or incomplete_reason(checkpoint_dir(run_dir, step)) is not None):
+        step, verified = _newest_to_export(run_dir, log, merged), True
+    run_export = export_dir(run_dir, step, merged)
+    ckpt = checkpoint_dir(run_dir, step)
+    if run_export.is_dir() and (out is None or incomplete_reason(ckpt) is not None):
         note = verify_export(run_export)
         if note and log is not None:
             log(note)
@@ -451,15 +451,64 @@ def export_checkpoint(
         _, dataset, _ = run_model_config(run_dir)
         model, mcfg = export_model(run_export)
         meta = {"step": step, "copied_from": str(run_export.resolve())}
+        if merged:
+            meta["merged"] = json.loads((run_export / EXPORT_META).read_text(encoding="utf-8")).get("merged")
         return export_hf(
             model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype, base=base_files(run_dir)
         )
+    if merged and incomplete_reason(ckpt) is not None:
+        raise ExportError(
+            f"{run_dir} has no merged weights of step {step}: {missing_step_reason(run_dir, step, True)}"
+        )
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
-    meta = {"step": step, "checkpoint": str(checkpoint_dir(run_dir, step).resolve())}
+    meta = {"step": step, "checkpoint": str(ckpt.resolve())}
+    if merged:
+        meta["merged"] = apply_merged(run_dir, step, model)
     target = out or run_export
     return export_hf(
         model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
     )
+
+
+def _newest_to_export(run_dir: Path, log, merged: bool) -> int:
+    """The newest complete checkpoint that verifies (`merged`: of those, holding its step's merged
+    weights), saying which and what newer ones were passed over."""
+    passed_over: list[tuple[Path, str]] = []
+    within = None
+    while True:
+        path, _, passed = newest_verified(run_dir, within)
+        passed_over += passed
+        if path is None or not merged or merged_step(path) == step_of(path):
+            break
+        passed_over.append((path, missing_step_reason(run_dir, step_of(path), merged=True)))
+        within = (0, step_of(path) - 1)
+    for skipped, reason in passed_over if log is not None else ():
+        log(f"skipped step {step_of(skipped)}: {reason}")
+    if path is None:
+        what = "that holds merged weights" if merged else "to export"
+        raise ExportError(f"{run_dir / CHECKPOINTS_DIR} holds no complete checkpoint {what}")
+    if log is not None:
+        what = " holding its merged weights" if merged else ""
+        log(f"exporting step {step_of(path)}, the newest complete checkpoint{what} that verifies")
+    return step_of(path)
+
+
+def apply_merged(run_dir: Path, step: int, model: Transformer) -> dict[str, Any]:
+    """The merged weights checkpoint `step` holds, copied into `model` (read from that checkpoint);
+    returns what they are (kind, settings, the steps averaged). One line naming why when it holds
+    none of that step."""
+    ckpt = checkpoint_dir(run_dir, step)
+    if merged_step(ckpt) != step:
+        raise ExportError(
+            f"{run_dir} has no merged weights of step {step}: {missing_step_reason(run_dir, step, True)}"
+        )
+    reader = MergedWeights(model)
+    load_or_raise({"merge": reader}, ckpt, ExportError, "read the merged weights from", no_dist=True)
+    reader.apply(model)
+    bad = nonfinite_tensor(model.state_dict().items())
+    if bad is not None:
+        raise ExportError(f"{ckpt} holds non-finite merged weights ({bad})")
+    return reader.record()
 
 
 def export_model(export: Path) -> tuple[Transformer, ModelConfig]:
@@ -586,6 +635,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weights' dtype (default fp32, the master weights; bf16 halves the size: needs --out)",
     )
     parser.add_argument(
+        "--merged",
+        action="store_true",
+        help="export the merged weights of [merge] that the checkpoint of --step holds (default: the newest "
+        "checkpoint holding some) to RUN/exports/merged-step-N",
+    )
+    parser.add_argument(
         "--out",
         metavar="DIR",
         help="write the export to DIR (a new directory) instead of RUN/exports/step-N; made from the "
@@ -595,6 +650,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype)
+    out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype, merged=args.merged)
     print(f"export: {out}")
     return 0

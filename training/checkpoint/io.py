@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import pickle
 import warnings
 from collections.abc import Iterable
@@ -37,6 +38,7 @@ from training.contract.run_layout import (
     DCP_METADATA,
     EVAL_DIR,
     EXPORTS_DIR,
+    MERGED_PREFIX,
     METRICS_JSONL,
     checkpoint_dir,
     complete_steps,
@@ -215,12 +217,24 @@ def load_or_raise(
         raise error(f"cannot {what} {path}: {checkpoint_error_cause(e)}") from None
 
 
-def missing_step_reason(run_dir: str | Path, step: int) -> str:
+def merged_step(path: str | Path) -> int | None:
+    """The merge point whose merged weights checkpoint `path` holds ([merge], training/merge.py: 0 for
+    none at its step), or None when it holds no merge state (a run without [merge])."""
+    if "merge.meta" not in checkpoint_keys(path):
+        return None
+    box = {"merge": {"meta": ""}}
+    load_or_raise(box, path, CheckpointError, "read the merge state of", no_dist=True)
+    return int(json.loads(box["merge"]["meta"])["merged"])
+
+
+def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) -> str:
     """Why run `run_dir` holds no checkpoint of `step` (the one answer `gristmill export`, `eval
     --step` and `verify --step` give): not a step, past the run's end, set aside by a rewind (or a
     resume from an earlier checkpoint), skipped by a rewind, an incomplete save, not trained yet,
-    never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). A clause
-    that starts with "step N"."""
+    never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). `merged`: why
+    it holds no merged weights of `step` (`export --merged`, `eval --merged`): also a run without
+    [merge], a step that is no merge point, a window a rewind skipped whole. A clause that starts
+    with "step N"."""
     from training.config import TrainConfig
     from training.contract.config_loader import load_config
     from training.contract.run_layout import kept_rows, read_metrics
@@ -229,6 +243,10 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
     from training.data.spec import resolve
 
     run_dir = Path(run_dir)
+    if merged:
+        reason = _missing_merged_reason(run_dir, step)
+        if reason is not None:
+            return reason
     if step < 0:
         return (
             f"step {step} is no step: steps count from 1, the first trained (0: the base model of a run "
@@ -255,8 +273,9 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
     aside = sorted(
         p.relative_to(run_dir)
         for sub in (CHECKPOINTS_DIR, EXPORTS_DIR, EVAL_DIR)
-        for p in (run_dir / sub).glob(f"abandoned-{name}*")
-        if p.name == f"abandoned-{name}" or p.name.startswith(f"abandoned-{name}.")
+        for pattern in (f"abandoned-{name}", f"abandoned-{MERGED_PREFIX}{name}")
+        for p in (run_dir / sub).glob(f"{pattern}*")
+        if p.name == pattern or p.name.startswith(f"{pattern}.")
     )
     skip = skip_of(recorded_skips(run_dir), step)
     skipped = f"rewind {skip.rewind} skipped steps {skip.first_step}–{skip.last_step}" if skip else ""
@@ -294,3 +313,41 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
             else ""
         )
     )
+
+
+def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
+    """What only merged weights can lack (see missing_step_reason), or None: then the checkpoint of
+    `step` is what is missing, and missing_step_reason says why."""
+    from training.config import TrainConfig
+    from training.contract.config_loader import load_config
+    from training.data.spec import resolve
+    from training.merge import MergePoints
+
+    if step == 0:
+        return "step 0 is the base model, before any trained step: merged weights average trained steps"
+    try:
+        cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
+        m, last = cfg.merge, resolve(cfg).last_step
+    except (GristmillError, OSError):
+        return None
+    ckpt = checkpoint_dir(run_dir, step)
+    held = merged_step(ckpt) if incomplete_reason(ckpt) is None else None
+    if m.kind == "none" and held is None:
+        return (
+            f"step {step} has no merged weights: {run_dir} has no [merge] (merge.kind = 'none' in its "
+            f"{CONFIG_TOML})"
+        )
+    if held == step:
+        return None
+    points = MergePoints(m.every, (last, cfg.run.max_steps or last)) if m.kind != "none" else None
+    if points is not None and step not in points:
+        return (
+            f"step {step} is not a merge point: merge.every = {m.every} reads the merged weights at its "
+            f"multiples and at the last step ({cfg.run.max_steps or last})"
+        )
+    if held is not None:
+        return (
+            f"step {step}'s checkpoint holds no merged weights of it: no step of its window was trained "
+            "(a rewind skipped them)"
+        )
+    return None

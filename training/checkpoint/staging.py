@@ -191,8 +191,12 @@ class HostStaging:
         )
 
     def _before_optimizer_step(self, *_: Any) -> None:
-        """The training stream waits for the checkpoint copy before the state changes (on the
-        device: the host does not block); once waited for, later steps pay nothing."""
+        self.order_after_copy()
+
+    def order_after_copy(self) -> None:
+        """The training stream waits for the checkpoint copy before the state changes (the optimizer
+        step's hook, and the caller of any other change: on the device, the host does not block);
+        once waited for, later steps pay nothing."""
         if self.copied is not None and self.device is not None:
             torch.cuda.current_stream(self.device).wait_event(self.copied)
 

@@ -1,7 +1,7 @@
 """Everything a checkpoint must capture, as `Stateful` objects grouped in one dict.
 
 `checkpointables(...)` returns {"model", "optimizer", "lr_scheduler", "dataloader", "train_state",
-"timeline"};
+"timeline"} and, with [merge], "merge" (training/merge.MergedWeights);
 each value has state_dict()/load_state_dict(), so a DCP checkpointer can be handed the dict as is
 (`dcp.save(states, ...)` / `dcp.load(states, ...)`). Model and optimizer go through
 torch.distributed.checkpoint.state_dict, which yields sharded (DTensor) state under FSDP2 and plain
@@ -164,10 +164,12 @@ class OptimizerState:
             group.update(own)
 
 
-def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState, timeline) -> dict[str, Any]:
+def checkpointables(
+    model, optimizer, scheduler, loader, train_state: TrainState, timeline, merge=None
+) -> dict[str, Any]:
     """The one dict the checkpoint code saves and restores (`timeline`: training/run/timeline.Timeline,
-    the run's rewinds)."""
-    return {
+    the run's rewinds; `merge`: training/merge.MergedWeights, the merged weights' accumulator, or None)."""
+    states = {
         "model": ModelState(model),
         "optimizer": OptimizerState(model, optimizer),
         "lr_scheduler": scheduler,
@@ -175,3 +177,6 @@ def checkpointables(model, optimizer, scheduler, loader, train_state: TrainState
         "train_state": train_state,
         "timeline": timeline,
     }
+    if merge is not None:
+        states["merge"] = merge
+    return states

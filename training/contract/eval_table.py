@@ -1,6 +1,7 @@
 """The eval results of a run directory, read without lm-eval: RUN/eval/step-N/results.json (lm-eval's
-own, written by the evaluator) and RUN/eval.parquet, one row per (step, task, metric, filter), built
-from every results.json there, so it can never disagree with them. eval.parquet is the `eval` view
+own, written by the evaluator; RUN/eval/merged-step-N/results.json for [merge]'s merged weights) and
+RUN/eval.parquet, one row per (step, task, metric, filter, merged), built from every results.json
+there, so it can never disagree with them. eval.parquet is the `eval` view
 of `gristmill data audit RUN`; `gristmill eval` writes it after each evaluation, and during training
 the run's one writer does (training/run/record.py: after each eval, and when a rewind sets a
 discarded step's eval/ aside).
@@ -37,6 +38,7 @@ EVAL_SCHEMA = pa.schema(
         ("samples", pa.int64()),
         ("model", pa.string()),
         ("decontamination", pa.string()),  # the task's mark (decontamination_marks); null before it
+        ("merged", pa.bool_()),  # the merged weights of [merge] at that step (training/merge.py), not the raw
     ]
 )
 
@@ -47,8 +49,9 @@ def metric_number(v: Any) -> float | None:
     return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
 
 
-def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """eval.parquet rows of one lm-eval results dict (keys "metric,filter", stderr "metric_stderr,filter")."""
+def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[dict[str, Any]]:
+    """eval.parquet rows of one lm-eval results dict (keys "metric,filter", stderr "metric_stderr,filter");
+    `merged`: the results of the merged weights of the step."""
     rows = []
     samples = results.get("n-samples", {})
     model = str(results.get("gristmill", {}).get("export") or results.get("config", {}).get("model", ""))
@@ -68,6 +71,7 @@ def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
                     "samples": (samples.get(task) or {}).get("effective"),
                     "model": model,
                     "decontamination": mark_of(results, task),
+                    "merged": merged,
                 }
             )
     return rows
@@ -79,26 +83,27 @@ def mark_of(results: dict[str, Any], task: str) -> str | None:
     return ((info or {}).get("decontamination") or {}).get("mark") if isinstance(info, dict) else None
 
 
-def read_step_results(run_dir: str | Path, step: int) -> dict[str, Any]:
-    """RUN/eval/step-N/results.json, or {} when that step has none."""
-    path = eval_dir(run_dir, step) / RESULTS_JSON
+def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> dict[str, Any]:
+    """RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's), or {} when that step has none."""
+    path = eval_dir(run_dir, step, merged) / RESULTS_JSON
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def read_results(run_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """{step: results dict} of every RUN/eval/step-N/results.json."""
-    steps = list_steps(Path(run_dir) / EVAL_DIR)
-    return {s: res for s in steps if (res := read_step_results(run_dir, s))}
+def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[str, Any]]:
+    """{step: results dict} of every RUN/eval/step-N/results.json (`merged`: merged-step-N's)."""
+    steps = list_steps(Path(run_dir) / EVAL_DIR, merged)
+    return {s: res for s in steps if (res := read_step_results(run_dir, s, merged))}
 
 
-def result_rows(results_by_step: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+def result_rows(results_by_step: dict[int, dict[str, Any]], merged: bool = False) -> list[dict[str, Any]]:
     """eval.parquet's rows of every step's results dict (`read_results`)."""
-    return [r for step, res in results_by_step.items() for r in rows_of(step, res)]
+    return [r for step, res in results_by_step.items() for r in rows_of(step, res, merged)]
 
 
 def write_eval_table(run_dir: str | Path) -> Path:
-    """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json."""
+    """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json and merged-step-N/results.json."""
     path = Path(run_dir) / EVAL_PARQUET
+    rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
     with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(result_rows(read_results(run_dir)), schema=EVAL_SCHEMA), tmp)
+        pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
     return path

@@ -1,10 +1,13 @@
 """Names inside a training run directory (docs/design.md "Training run directory"), in one place.
 
     RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/  base/
+        exports/merged-step-000150/  eval/merged-step-000150/    ([merge]'s weights: training/merge.py)
 
 Step directories are zero-padded to six digits so a plain sort is a step sort; steps past 999,999
-simply grow a digit (`step_of` parses either). A checkpoint directory is complete only when DCP's
-`.metadata` exists and the trainer's `COMPLETE` record was written after it.
+simply grow a digit (`step_of` parses either). A merged step's directories are named apart
+(`merged=True`): they are never a step's own, and every listing asks for one kind. A checkpoint
+directory is complete only when DCP's `.metadata` exists and the trainer's `COMPLETE` record was
+written after it.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ EVAL_PLOT = "eval.png"
 BASE_DIR = "base"  # a run from a base model: its identity and small files (checkpoint/base_record.py)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_MERGED_DIR = re.compile(r"^merged-step-(\d+)$")
+MERGED_PREFIX = "merged-"
 
 
 def is_training_run(path: str | Path) -> bool:
@@ -56,8 +61,9 @@ def read_json_record(path: Path, list_key: str) -> dict[str, Any] | None:
     return data
 
 
-def step_name(step: int) -> str:
-    return f"step-{int(step):06d}"
+def step_name(step: int, merged: bool = False) -> str:
+    """`step-000150`; `merged-step-000150` for the merged weights of that step."""
+    return f"{MERGED_PREFIX if merged else ''}step-{int(step):06d}"
 
 
 def abandoned_name(path: Path) -> Path:
@@ -71,15 +77,17 @@ def abandoned_name(path: Path) -> Path:
 
 
 def set_aside_after(parent: str | Path, after: int) -> list[tuple[Path, Path]]:
-    """Every `step-N` directory under `parent` with N > `after` renamed abandoned-step-N (a discarded
-    timeline's: kept, never overwritten, out of every step listing); returns (old, new) paths."""
+    """Every `step-N` and `merged-step-N` directory under `parent` with N > `after` renamed
+    abandoned-step-N, abandoned-merged-step-N (a discarded timeline's: kept, never overwritten, out
+    of every step listing); returns (old, new) paths."""
     moved = []
-    for step in list_steps(parent):
-        if step > after:
-            path = Path(parent) / step_name(step)
-            target = abandoned_name(path)
-            path.rename(target)
-            moved.append((path, target))
+    for merged in (False, True):
+        for step in list_steps(parent, merged):
+            if step > after:
+                path = Path(parent) / step_name(step, merged)
+                target = abandoned_name(path)
+                path.rename(target)
+                moved.append((path, target))
     return moved
 
 
@@ -87,12 +95,12 @@ def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR / step_name(step)
 
 
-def export_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / EXPORTS_DIR / step_name(step)
+def export_dir(run_dir: str | Path, step: int, merged: bool = False) -> Path:
+    return Path(run_dir) / EXPORTS_DIR / step_name(step, merged)
 
 
-def eval_dir(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / EVAL_DIR / step_name(step)
+def eval_dir(run_dir: str | Path, step: int, merged: bool = False) -> Path:
+    return Path(run_dir) / EVAL_DIR / step_name(step, merged)
 
 
 def step_of(path: str | Path) -> int:
@@ -103,12 +111,13 @@ def step_of(path: str | Path) -> int:
     return int(m.group(1))
 
 
-def list_steps(parent: str | Path) -> list[int]:
-    """Steps of the `step-N` directories directly under `parent`, ascending (temporary names ignored)."""
-    parent = Path(parent)
+def list_steps(parent: str | Path, merged: bool = False) -> list[int]:
+    """Steps of the `step-N` directories directly under `parent` (`merged`: of the `merged-step-N`
+    ones), ascending (temporary names ignored)."""
+    parent, pattern = Path(parent), _MERGED_DIR if merged else _STEP_DIR
     if not parent.is_dir():
         return []
-    return sorted(int(m.group(1)) for p in parent.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name)))
+    return sorted(int(m.group(1)) for p in parent.iterdir() if p.is_dir() and (m := pattern.match(p.name)))
 
 
 def incomplete_reason(path: str | Path) -> str | None:

@@ -11,11 +11,12 @@ artifact lists a discarded step as the run's and none is written twice for one f
 - consumption.parquet: at each row of a kept step (after step 0), at a rewind and at the end, never
   twice unchanged (not at the row of a step a rewind is about to discard).
 - data_plan.json and plan.png: at the start or resume and at each rewind, with the timeline's skips.
-- exports/ and eval/: a step-N directory newer than the step the timeline went back to is set aside
-  as abandoned-step-N (training/contract/run_layout.set_aside_after; checkpoints/ are the
-  checkpointer's own), so `export`, `eval` and `verify` of that step say why it is gone;
+- exports/ and eval/: a step-N (and merged-step-N) directory newer than the step the timeline went
+  back to is set aside as abandoned-step-N (training/contract/run_layout.set_aside_after; checkpoints/
+  are the checkpointer's own), so `export`, `eval` and `verify` of that step say why it is gone;
   eval.parquet loses those steps' rows and eval.png is drawn again at the next eval.
-- loss.png: at the end (and at a stop), discarded rows dashed, skipped steps shaded.
+- loss.png: at the end (and at a stop), discarded rows dashed, skipped steps shaded, the merged
+  weights' validation ([merge]) beside the raw.
 
 It also holds the pending row: a step's row from its checkpoint's save until it is written
 (training/checkpoint/state.PendingRow, in TrainState so that a checkpoint carries it); the record is
@@ -106,8 +107,10 @@ class RunRecord:
         os.write(self.jsonl, (json.dumps(row) + "\n").encode())
         say(format_line(row))
         self.trackers.log(row)
-        if evaluated and (eval_dir(self.run_dir, row["step"]) / RESULTS_JSON).is_file():
-            write_eval_table(self.run_dir)
+        if evaluated and any(
+            (eval_dir(self.run_dir, row["step"], m) / RESULTS_JSON).is_file() for m in (0, 1)
+        ):
+            write_eval_table(self.run_dir)  # the raw weights' results, and at a merge point the merged ones
         step = row["step"]
         if ledger and step > 0:
             self._consumption(step)

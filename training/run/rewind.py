@@ -29,6 +29,7 @@ from training.config import RewindSection
 from training.console import say
 from training.contract.errors import NonFiniteError
 from training.data.plan import Plan, Skip
+from training.merge import MergedWeights
 from training.metrics import no_step_row
 from training.optim import ScheduledLR
 from training.run.faults import kill_point
@@ -62,15 +63,18 @@ class Rewinder:
         scheduler: ScheduledLR,
         state: TrainState,
         record: RunRecord,
+        merge: MergedWeights | None,
         last_step: int,
         validates: bool,
         evaluates: bool,
     ):
         """`settings`: [run.rewind]; the timeline records each rewind's skip (its one writer);
         `last_step`: this invocation's; `validates`, `evaluates`: the run has validation, an eval
-        (the final weights get them when a skip reaches the last step)."""
+        (the final weights get them when a skip reaches the last step); `merge`: [merge]'s
+        accumulator (the checkpoint restores it; the skip reaches the merge points it covers)."""
         self.cfg, self.timeline, self.checkpointer = settings, timeline, checkpointer
         self.loader, self.scheduler, self.state, self.record = loader, scheduler, state, record
+        self.merge = merge
         self.last_step, self.validates, self.evaluates = last_step, validates, evaluates
 
     def target(self, step: int, cause: str) -> RewindTarget | str:
@@ -112,6 +116,8 @@ class Rewinder:
         for _ in range(skip.last_step - skip.checkpoint_step):  # their LR passes, as over a non-finite step
             self.scheduler.step()
         self.state.step = skip.last_step
+        if self.merge is not None:  # restored as the checkpoint held it: the discarded attempt added nothing
+            self.merge.reached(skip.last_step)
         passed = "; passed over " + ", ".join(target.passed) if target.passed else ""
         line = (
             f"rewind {skip.rewind}/{self.cfg.max_rewinds}: {skip.reason}; back to step "

@@ -8,10 +8,10 @@ lengths; a `[model] init_from` base located, a hub id downloaded by rank 0 while
 device mesh → the data (the plan, the sources opened, this rank's loader, the held-out loaders:
 before the model, so a dataset too small fails before the big allocations) → the model (on the
 meta device or materialised, see run.init_device; parallelized: AC, compile, FSDP2; weights
-initialised with the same seed on every rank), the optimizer and the LR schedule → the
-checkpointer and the resume, or the base's weights → what rank 0 writes and prints (RUN/config.toml
-once the resume checks passed, the run record: the plan, metrics.jsonl, the trackers; the header) →
-the judge of every step and the rewinder.
+initialised with the same seed on every rank), the optimizer and the LR schedule, [merge]'s
+accumulator (training/merge.py) → the checkpointer and the resume, or the base's weights → what
+rank 0 writes and prints (RUN/config.toml once the resume checks passed, the run record: the plan,
+metrics.jsonl, the trackers; the header) → the judge of every step and the rewinder.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from training.data.plan import Plan
 from training.data.recipe import format_plan, open_plan
 from training.data.remote import dataset_info
 from training.data.spec import BatchShape, RunSpec, applied_config, resolve
+from training.merge import MergedWeights, MergePoints
 from training.metrics import TrainingMetrics, device_name, peak_flops
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
@@ -68,10 +69,11 @@ class StepEval(Protocol):
     def due(self, step: int) -> bool:
         """Whether step `step` is evaluated: every eval.interval steps and the last step."""
 
-    def __call__(self, model: nn.Module, step: int) -> dict[str, float | str]:
+    def __call__(self, model: nn.Module, step: int, merged: bool = False) -> dict[str, float | str]:
         """On every rank at an eval step (collective): rank 0's scores as metrics-row entries
         (`eval/<task>/<metric>`, `eval_s`; `eval_error`, a line, when it failed: never raises), {}
-        on the other ranks. Called after the step's checkpoint, when one is due, is saved."""
+        on the other ranks. Called after the step's checkpoint, when one is due, is saved.
+        `merged`: the model holds [merge]'s merged weights of the step (RUN/eval/merged-step-N)."""
 
 
 @dataclass
@@ -91,6 +93,7 @@ class Run:
     loader: TokenLoader
     validation: Validation | None  # held-out loss at run.val_every (None: off)
     evaluator: StepEval | None  # lm-eval at eval.interval (None: off)
+    merge: MergedWeights | None  # [merge]'s accumulator, read at its merge points (None: off)
     optimizer: torch.optim.Optimizer
     scheduler: ScheduledLR
     state: TrainState  # the step and token counters, the spike rule's window, the RNG streams
@@ -157,12 +160,17 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = plan_scheduler(optimizer, plan)
     state, timeline = TrainState(rank=env.rank), Timeline(plan)
-    states = checkpointables(model, optimizer, scheduler, loader, state, timeline)
+    merge = None
+    if cfg.merge.kind != "none":  # merged weights read every merge.every steps, at the plan's end and here's
+        merge = MergedWeights(model, cfg.merge, MergePoints(cfg.merge.every, (spec.last_step, last_step)))
+    states = checkpointables(model, optimizer, scheduler, loader, state, timeline, merge)
     # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
     resolved = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
     )
-    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, model_config, num_params(model))
+    checkpointer = _checkpointer(
+        resolved, env, states, timeline, last_step, model_config, num_params(model), merge
+    )
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
     if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
         # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
@@ -182,6 +190,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     if env.rank == 0:
         for line in _header(cfg, spec, shapes, model_config, env, device, mesh, model, flops[0], peak):
             say(line)
+        if merge is not None:
+            say(f"  merge   {merge.header()}")
         for line in format_plan(plan, notes, timeline.skips):
             say(f"  plan    {line}")
     if evaluator is not None:
@@ -191,7 +201,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         _say_resumed(loader, state, resumed, last_step)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
-        state=state, record=record, last_step=last_step, validates=validation is not None,
+        state=state, record=record, merge=merge, last_step=last_step, validates=validation is not None,
         evaluates=evaluator is not None,
     )  # fmt: skip
     judge = Judge(
@@ -201,7 +211,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     return Run(
         cfg=cfg, spec=spec, shapes=shapes, model_config=model_config, env=env, device=device,
         run_dir=run_dir, plan=plan, model=model, amp=amp,
-        loader=loader, validation=validation, evaluator=evaluator, optimizer=optimizer,
+        loader=loader, validation=validation, evaluator=evaluator, merge=merge, optimizer=optimizer,
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
         metrics=TrainingMetrics(timeline, log_every=cfg.run.log_every, last_step=last_step),
@@ -243,6 +253,7 @@ def _checkpointer(
     last_step: int,
     model_config,
     params: int,
+    merge: MergedWeights | None,
 ) -> Checkpointer:
     run = resolved.run
     rewinds = "rewind" in (run.on_spike, run.on_nonfinite)
@@ -256,10 +267,12 @@ def _checkpointer(
         world_size=env.world_size,
         last_step=last_step,
         config_sha256=config_sha256(unresumed),
-        estimate_bytes=params * 4 * 3,  # fp32 weights + AdamW's two moments
+        # fp32 weights + AdamW's two moments (+ the merge's accumulator)
+        estimate_bytes=params * 4 * (3 if merge is None else 4),
         model_config=dataclasses.asdict(model_config),  # recorded in COMPLETE, checked before a resume loads
         # Retention keeps what a later rewind may go back to (checkpointer.prune).
         rewind_keep=(lambda: (timeline.oldest_target, run.rewind.margin_steps)) if rewinds else None,
+        merged_export=merge.merged_at if merge is not None and resolved.merge.export else None,
     )
 
 
