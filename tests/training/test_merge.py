@@ -1,0 +1,329 @@
+"""[merge] (issue 46): weights averaged in the loop, checked against the per-step exports of the same
+run, through a kill -9 inside a window, a rewind inside one, 2 FSDP ranks, the refusals, the rows,
+the trackers and the exports.
+
+The recipe: the tiny model on a synthetic dataset, 8 steps, a checkpoint and an HF export after
+every step (the weights after each step, to rebuild the averages from), validation every 4. The
+merged weights are rebuilt here with the same fp32 operations the trainer uses (a window: the first
+step's weights, += each later one's, ÷ the count; an EMA: the first step's weights, then lerp towards
+each later one's by 1 − decay), so they must be equal bit for bit, not close.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from pipelines.cli import main as gristmill
+from tests.helpers.train_data import make_dataset
+from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, overrides, read_metrics, torchrun_cmd
+from training.contract.config_loader import ConfigError
+from training.contract.run_layout import export_dir, list_steps
+from training.merge import MergedWeights, master_tensor
+from training.run.faults import KILL, SPIKE_WINDOW
+from training.train import load_train_config, main, train
+
+WINDOW = ("merge.kind='window'", "merge.every=4", "merge.window=3", "merge.export=true")
+EMA = ("merge.kind='ema'", "merge.every=4", "merge.decay=0.7", "merge.export=true")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("merge-data") / "ds", n_docs=300)
+
+
+def sets(dataset: Path, run: Path, *extra: str) -> list[str]:
+    """8 steps, a checkpoint and an export after each, validation at 4 and 8."""
+    per_step = [
+        "schedule.steps=8",
+        "checkpoint.interval=1",
+        "checkpoint.keep_last=0",
+        "checkpoint.export_interval=1",
+    ]
+    return overrides(dataset, run, *per_step, "run.val_every=4", *extra)
+
+
+def run_here(dataset: Path, run: Path, *extra: str) -> dict:
+    return train(load_train_config(TINY, sets(dataset, run, *extra)))
+
+
+@pytest.fixture(scope="module")
+def runs(dataset, tmp_path_factory) -> dict[str, Path]:
+    """The same 8 steps without [merge], with a window (and tensorboard), and with an EMA under Muon."""
+    root = tmp_path_factory.mktemp("merge-runs")
+    out = {name: root / name for name in ("plain", "window", "ema")}
+    run_here(dataset, out["plain"])
+    run_here(dataset, out["window"], *WINDOW, "metrics.tensorboard=true")
+    run_here(dataset, out["ema"], *EMA, "optim.name='muon'")
+    return out
+
+
+def weights(run: Path, step: int, merged: bool = False) -> dict[str, torch.Tensor]:
+    return load_file(str(export_dir(run, step, merged) / "model.safetensors"))
+
+
+def window_mean(run: Path, steps: list[int]) -> dict[str, torch.Tensor]:
+    first, *rest = [weights(run, s) for s in steps]
+    acc = {k: v.clone() for k, v in first.items()}
+    for w in rest:
+        for k in acc:
+            acc[k].add_(w[k])
+    return {k: v.div_(float(len(steps))) for k, v in acc.items()}
+
+
+def ema(run: Path, steps: list[int], decay: float) -> dict[str, torch.Tensor]:
+    first, *rest = [weights(run, s) for s in steps]
+    acc = {k: v.clone() for k, v in first.items()}
+    for w in rest:
+        for k in acc:
+            acc[k].lerp_(w[k], 1.0 - decay)
+    return acc
+
+
+def assert_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), (k, (got[k] - want[k]).abs().max())
+
+
+def merged_rows(run: Path) -> dict[int, dict]:
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("merged/")} for r in read_metrics(run)}
+
+
+def test_the_merged_weights_are_the_mean_and_the_ema_of_the_per_step_exports(runs):
+    """At each merge point (4 and 8): the window's mean of the last 3 steps, the EMA of every step
+    from the first (under Muon); training itself is untouched (the window run's losses and weights
+    are the plain run's)."""
+    window, ema_run = runs["window"], runs["ema"]
+    for point in (4, 8):
+        assert_equal(weights(window, point, merged=True), window_mean(window, [point - 2, point - 1, point]))
+        assert_equal(weights(ema_run, point, merged=True), ema(ema_run, list(range(1, point + 1)), 0.7))
+    assert [r["loss"] for r in read_metrics(window)] == [r["loss"] for r in read_metrics(runs["plain"])]
+    assert_equal(weights(window, 8), weights(runs["plain"], 8))
+    # the merged weights differ from the raw ones (the test would pass on a copy of them otherwise)
+    assert not torch.equal(
+        weights(window, 8, merged=True)["model.norm.weight"], weights(window, 8)["model.norm.weight"]
+    )
+    meta = json.loads((export_dir(window, 8, merged=True) / "gristmill_export.json").read_text())["merged"]
+    assert meta == {"kind": "window", "every": 4, "window": 3, "steps": 3, "first": 6, "last": 8}
+
+
+def test_the_rows_the_step_line_the_trackers_and_the_loss_curve_carry_the_merged_scores(runs, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.metrics import format_line, loss_figure
+    from training.plotting import agg_pyplot
+
+    rows = merged_rows(runs["window"])
+    assert {s for s, r in rows.items() if r} == {4, 8}  # merge points only
+    for step in (4, 8):
+        assert rows[step]["merged/steps"] == 3 and 0 < rows[step]["merged/val_loss"] < 10
+    raw = {r["step"]: r for r in read_metrics(runs["window"])}
+    assert rows[8]["merged/val_loss"] != raw[8]["val_loss"]
+    assert f"| val {raw[8]['val_loss']:.4f} | merged val {rows[8]['merged/val_loss']:.4f} |" in format_line(
+        raw[8]
+    )
+    assert not any(merged_rows(runs["plain"]).values())
+    events = EventAccumulator(str(runs["window"] / "tensorboard")).Reload()
+    logged = events.Scalars("merged/val_loss")
+    assert [e.step for e in logged] == [4, 8]
+    assert [e.value for e in logged] == pytest.approx([rows[s]["merged/val_loss"] for s in (4, 8)])
+    plt = agg_pyplot()
+    fig = loss_figure(plt, read_metrics(runs["window"]))
+    curves = {line.get_label(): line.get_xydata().tolist() for line in fig.axes[0].get_lines()}
+    plt.close(fig)
+    assert curves["validation, merged weights ([merge])"] == [[s, rows[s]["merged/val_loss"]] for s in (4, 8)]
+
+
+def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_path):
+    """Killed once step 7 is trained and folded into the window (steps 6–8), before its checkpoint:
+    the resume goes back to step 6's checkpoint, whose accumulator holds step 6 alone, and trains 7
+    and 8 again; the merged weights and every row equal the uninterrupted run's."""
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets(dataset, run, *WINDOW)]
+    killed = subprocess.run(
+        cmd, cwd=ROOT, env={**ENV, KILL: "trained:7"}, capture_output=True, text=True, timeout=300
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert list_steps(run / "checkpoints")[-1] == 6 and list_steps(run / "exports", merged=True) == [4]
+    run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
+    assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
+    scores = ("loss", "val_loss", "merged/val_loss", "merged/steps")
+    assert [[r.get(k) for k in scores] for r in read_metrics(run)] == [
+        [r.get(k) for k in scores] for r in read_metrics(runs["window"])
+    ]
+
+
+@pytest.mark.parametrize("kind", [WINDOW, EMA], ids=["window", "ema"])
+def test_a_rewind_inside_a_window_leaves_out_the_discarded_steps(
+    dataset, tmp_path, monkeypatch, capsys, kind
+):
+    """Merge points every 3 steps (and at 8). A spike at step 7 goes back to step 5's checkpoint and
+    skips 6–7: the discarded attempt's merge at 6 is set aside with its exports, and the final
+    timeline's merged weights hold no discarded or skipped step: at 8 the window (7–8, 7 skipped) is
+    step 8 alone, the EMA folds in 1–5 then 8."""
+    monkeypatch.setenv(SPIKE_WINDOW, "step:7*50")
+    run = tmp_path / "run"
+    every3 = [s for s in kind if "every" not in s] + ["merge.every=3"]
+    rewind = ["run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0",
+              "run.rewind.margin_steps=2", "run.rewind.skip_steps=2"]  # fmt: skip
+    summary = run_here(dataset, run, *every3, *rewind)
+    assert summary["rewinds"] == 1
+    assert (run / "exports" / "abandoned-merged-step-000006").is_dir()
+    assert list_steps(run / "exports", merged=True) == [3, 8]
+    if kind is WINDOW:
+        assert_equal(weights(run, 3, merged=True), window_mean(run, [1, 2, 3]))
+        assert_equal(weights(run, 8, merged=True), window_mean(run, [8]))
+        assert merged_rows(run)[8]["merged/steps"] == 1
+    else:
+        assert_equal(weights(run, 8, merged=True), ema(run, [1, 2, 3, 4, 5, 8], 0.7))
+        assert merged_rows(run)[8]["merged/steps"] == 6
+    capsys.readouterr()
+    assert gristmill(["export", str(run), "--step", "6", "--merged"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "exports/abandoned-merged-step-000006" in line and "set aside" in line, line
+
+
+def test_two_fsdp_ranks_match_one_process(dataset, runs, tmp_path):
+    """torchrun, 2 ranks (gloo), parallel.shard = 2: each rank accumulates its shard; the merged
+    weights DCP reassembles are the mean of that run's own per-step weights exactly, and the
+    single process's to its summation order (the losses' tolerance, tests/training/test_train.py)."""
+    run = tmp_path / "run"
+    proc = subprocess.run(torchrun_cmd(sets(dataset, run, *WINDOW, "parallel.shard=2")), cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 ranks × 4 micro" in proc.stdout and "  merge   mean of the last 3 steps" in proc.stdout
+    for point in (4, 8):
+        got = weights(run, point, merged=True)
+        assert_equal(got, window_mean(run, [point - 2, point - 1, point]))
+        for k, want in weights(runs["window"], point, merged=True).items():
+            torch.testing.assert_close(got[k], want, rtol=0, atol=1e-5)
+    one, two = merged_rows(runs["window"]), merged_rows(run)
+    assert two[8]["merged/val_loss"] == pytest.approx(one[8]["merged/val_loss"], abs=1e-5)
+
+
+def test_init_from_a_base_merges_the_trained_steps_only(runs, dataset, tmp_path):
+    """From a base model ([model] init_from: the plain run's export of step 4), the EMA starts at the
+    weights after the run's first trained step, never the base's."""
+    run = tmp_path / "run"
+    base = f"model.init_from={json.dumps(str(export_dir(runs['plain'], 4)))}"
+    run_here(dataset, run, base, "schedule.steps=4", *EMA)
+    assert_equal(weights(run, 4, merged=True), ema(run, [1, 2, 3, 4], 0.7))
+    assert merged_rows(run)[4]["merged/steps"] == 4
+
+
+W4, E4 = ("merge.kind='window'", "merge.every=4"), ("merge.kind='ema'", "merge.every=4")
+EVERY3 = (
+    "checkpoint.interval=3",
+    "checkpoint.export_interval=3",
+)  # checkpoints merge.every = 4 does not meet
+
+
+@pytest.mark.parametrize(
+    "bad, key, message",
+    [
+        ((*W4, "merge.window=0"), "merge.window", "merge.window = 0 must be ≥ 1"),
+        ((*W4, "merge.window=5"), "merge.window", "merge.window = 5 is more than merge.every = 4"),
+        ((*E4, "merge.decay=1.0"), "merge.decay", "merge.decay = 1.0 must be in (0, 1)"),
+        (E4, "merge.decay", "merge.decay = 0.0 must be in (0, 1)"),
+        (("merge.kind='ema'", "merge.every=0", "merge.decay=0.9"), "merge.every", "merge.every = 0 must be"),
+        (("merge.every=4",), "merge.every", "merge.every = 4 is set but merge.kind = 'none'"),
+        ((*W4, "merge.window=2", "merge.decay=0.5"), "merge.decay", "merge.decay = 0.5 is the EMA's"),
+        ((*E4, "merge.decay=0.9", "merge.export=true", *EVERY3),
+         "merge.export", "merge.every = 4 is not a multiple of checkpoint.interval = 3"),
+    ],
+)  # fmt: skip
+def test_bad_merge_settings_are_refused_before_any_work(dataset, tmp_path, bad, key, message):
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError) as refused:
+        run_here(dataset, run, *bad)
+    assert refused.value.key == key and message in str(refused.value), str(refused.value)
+    assert not run.exists()
+
+
+def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path, capsys):
+    plain, window = tmp_path / "plain", tmp_path / "window"
+    shutil.copytree(runs["plain"], plain)
+    shutil.copytree(runs["window"], window)
+    for run, extra, want in (
+        (
+            plain,
+            WINDOW,
+            "merge.kind = 'window': [merge] was added on resume, and the checkpoint holds no merged",
+        ),
+        (window, (*WINDOW, "merge.window=2"), "merge.window = 2 differs from the 3 the run merged with"),
+        (window, EMA, 'merge.kind = "ema" differs from the "window" the run merged with'),
+    ):
+        before = (run / "config.toml").read_text()
+        capsys.readouterr()
+        assert main(["--config", TINY, "--set", *sets(dataset, run, *extra), "checkpoint.resume='auto'"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert want in line, line
+        assert (run / "config.toml").read_text() == before
+
+
+def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):
+    """`gristmill export RUN --step N --merged` (the run's export, or a copy made from the checkpoint:
+    the same bytes of weights), a bf16 copy transformers loads, and one line for a step without
+    merged weights."""
+    transformers = pytest.importorskip("transformers")
+    window = runs["window"]
+    assert gristmill(["export", str(window), "--step", "8", "--merged"]) == 0
+    assert f"export: {export_dir(window, 8, merged=True)}" in capsys.readouterr().out
+    copy = tmp_path / "copy"
+    assert gristmill(["export", str(window), "--step", "4", "--merged", "--out", str(copy)]) == 0
+    assert_equal(load_file(str(copy / "model.safetensors")), weights(window, 4, merged=True))
+    half = tmp_path / "bf16"
+    assert gristmill(["export", str(window), "--merged", "--out", str(half), "--dtype", "bf16"]) == 0
+    assert (
+        "exporting step 8, the newest complete checkpoint holding its merged weights"
+        in capsys.readouterr().out
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(half))
+    want = weights(window, 8, merged=True)["model.norm.weight"].to(torch.bfloat16)
+    assert torch.equal(model.state_dict()["model.norm.weight"], want)
+    for run, step, why in (
+        (window, 5, "step 5 is not a merge point: merge.every = 4 reads the merged weights at its multiples"),
+        (runs["plain"], 4, "has no [merge] (merge.kind = 'none'"),
+        (window, 0, "step 0 is the base model, before any trained step"),
+    ):
+        capsys.readouterr()
+        assert gristmill(["export", str(run), "--step", str(step), "--merged"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert why in line, line
+    capsys.readouterr()
+    assert gristmill(["verify", str(window)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("merged export") == 2 and "0 damaged" in out
+
+
+def test_the_swap_for_scoring_is_exact_and_float8_weights_are_read_inside_their_wrapper():
+    """Scoring swaps the merged weights into the model and back through copies: the raw weights and
+    the accumulator come back bit for bit. torchao's float8 FSDP wrapper (how model.float8 keeps a
+    weight under FSDP2) is read at its high-precision tensor, the one the optimizer updates."""
+    from tests.helpers.models import tiny_model
+
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = tiny_model()
+    raw = {k: v.clone() for k, v in model.state_dict().items()}
+    merged = MergedWeights(model)
+    for a in merged.acc.values():
+        a.normal_()
+    acc = {k: v.clone() for k, v in merged.acc.items()}
+    with merged.swapped():
+        assert all(torch.equal(p, acc[n]) for n, p in model.named_parameters())
+    assert all(torch.equal(v, raw[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(v, acc[k]) for k, v in merged.acc.items())
+    inner = torch.randn(4, 4)
+    wrapped = WeightWithDynamicFloat8CastTensor(inner, LinearMMConfig(), torch.float8_e4m3fn)
+    assert master_tensor(wrapped) is inner and master_tensor(inner) is inner
