@@ -17,7 +17,9 @@ After every run, the invariants (`check_timeline`):
 - a stop under on_nonfinite = "stop" is exit 3 with nothing saved, evaluated or exported at or
   after the bad step;
 - a killed (or stopped) and resumed run equals the uninterrupted one: every kept row's loss,
-  validation and eval score, and the final weights.
+  validation and eval score, and the final weights;
+- with [merge] (issue 46), its outputs answer to the timeline too: merged-step-N exports and evals
+  only of the timeline's steps, merged scores only in rows of merge points.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import load_file
 
 pytest.importorskip("lm_eval")
 
@@ -148,10 +152,16 @@ def check_timeline(run: Path) -> int:
     skipped = {step for s in skips for step in range(s.first_step, s.last_step)}
     for where in ("checkpoints", "exports", "eval"):
         assert not set(list_steps(run / where)) & skipped, (where, skipped)
+        assert not set(list_steps(run / where, merged=True)) & skipped, (where, "merged", skipped)
     assert not {r["step"] for r in kept} & skipped
-    evals = list_steps(run / "eval")
     if (run / "eval.parquet").is_file():
-        assert sorted({r["step"] for r in pq.read_table(run / "eval.parquet").to_pylist()}) == evals
+        table = pq.read_table(run / "eval.parquet").to_pylist()
+        for merged in (False, True):
+            evals = list_steps(run / "eval", merged)
+            assert sorted({r["step"] for r in table if r["merged"] == merged}) == evals, merged
+    if cfg.merge.kind != "none":  # merged scores at merge points only
+        last = cfg.run.max_steps or spec.last_step
+        assert all(r["step"] % cfg.merge.every == 0 or r["step"] == last for r in kept if "merged/steps" in r)
     consumed = pq.read_table(run / "consumption.parquet").to_pylist()
     step = consumed[0]["step"]
     fields = ("phase", "source", "windows", "tokens", "skipped_windows", "skipped_tokens", "rewinds")
@@ -277,6 +287,49 @@ def test_a_spike_under_report_on_the_busiest_step_is_an_event_of_its_one_row(con
     check_final(run, check_timeline(run))
     (row,) = [r for r in read_metrics(run) if r["step"] == ALL_DUE]
     assert any("loss spike" in e for e in row["events"]) and "val_loss" in row and EVAL_KEY in row
+
+
+MERGE = ("merge.kind='window'", "merge.every=4", "merge.window=3", "merge.export=true")
+MERGED_EVAL = f"merged/{EVAL_KEY}"
+
+
+@pytest.mark.parametrize("on_spike", ["report", "rewind"])
+def test_a_merge_point_where_a_checkpoint_an_eval_a_phase_change_and_a_spike_meet(
+    config, tmp_path, monkeypatch, capsys, on_spike
+):
+    """[merge] every 4 steps (a window of 3) and a spike on step 4, the busiest step. Reported: the
+    spike is an event of step 4's one row, which carries the raw and the merged weights' validation
+    and eval; the merged export and eval of 4 and 8 are written, and `gristmill eval --merged`
+    offline scores the in-training merged eval's numbers. Rewound: back to step 2, 3–4 skipped; the
+    skip reaches merge point 4, whose window holds step 2 alone (the rewind's checkpoint at 4 holds
+    it, exported beside step 4's raw export, the same weights), no row or eval of step 4 remains, and
+    step 8 merges steps 6–8."""
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
+    run = tmp_path / "run"
+    run_here(config, run, *MERGE, f"run.on_spike='{on_spike}'")
+    check_final(run, check_timeline(run))
+    rows = {r["step"]: r for r in kept_rows(read_metrics(run))}
+    assert rows[LAST]["merged/steps"] == 3 and "merged/val_loss" in rows[LAST] and MERGED_EVAL in rows[LAST]
+    assert list_steps(run / "exports", merged=True) == [ALL_DUE, LAST]
+    if on_spike == "report":
+        row = rows[ALL_DUE]
+        assert any("loss spike" in e for e in row["events"]) and row["phase"] == "b"  # its first step
+        assert {"val_loss", EVAL_KEY, "merged/val_loss", MERGED_EVAL} <= set(row) and row["merged/steps"] == 3
+        assert list_steps(run / "eval", merged=True) == [ALL_DUE, LAST]
+        capsys.readouterr()
+        assert gristmill(["eval", str(run), "--step", str(LAST), "--merged", "--tasks", "heldout_ppl",
+                          "--set", "limit=1"]) == 0  # fmt: skip
+        results = json.loads((run / "eval" / f"merged-step-{LAST:06d}" / "results.json").read_text())
+        offline = results["results"]["heldout_ppl"]["bits_per_byte,none"]
+        assert offline == pytest.approx(rows[LAST][MERGED_EVAL], rel=1e-6)
+        assert results["gristmill"]["export"].endswith(f"exports/merged-step-{LAST:06d}")
+    else:
+        (skip,) = recorded_skips(run)
+        assert (skip.checkpoint_step, skip.first_step, skip.last_step) == (2, 3, ALL_DUE)
+        assert ALL_DUE not in rows and list_steps(run / "eval", merged=True) == [LAST]
+        merged, raw = (load_file(str(run / "exports" / f"{n}-{ALL_DUE:06d}" / "model.safetensors"))
+                       for n in ("merged-step", "step"))  # fmt: skip
+        assert merged.keys() == raw.keys() and all(torch.equal(merged[k], raw[k]) for k in raw)
 
 
 def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(
