@@ -10,8 +10,8 @@
 #                 bash bench/gpu_session.sh attention            # SDPA backends, FA3, loss chunk
 #                 bash bench/gpu_session.sh train                # issue 32: gristmill train e2e + float8
 #                 bash bench/gpu_session.sh muon                 # issue 32: Muon vs AdamW, 200 steps
-#                 bash bench/gpu_session.sh lent                 # train + rewind + muon + init_from in one
-#                                                                # call (E2E_STEPS=80): a 15-minute lease
+#                 bash bench/gpu_session.sh lent                 # train + rewind + merge + muon + init_from
+#                                                                # in one call (E2E_STEPS=80): a 15-minute lease
 #   (device tool: carry [".whl"]; what lands in $OUT comes back: PART.log and PART.json)
 #   on CPU:       GPU_SESSION_SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_session.sh stall
 #                 (the tiny preset on CPU: checks the script end to end; CUDA-only rows refuse in a line)
@@ -135,6 +135,11 @@ case $part in
     row 110 "gristmill train, on_spike = rewind (goal: >= 0.99x bf16's report)" -- \
       "$PY" -m bench.train_e2e $E2E --no-model-only --set run.on_spike=rewind --label rewind \
       --json "$rows/e2e-rewind.json"
+    # issue 46: an EMA folds the weights in after every step (a foreach lerp over the fp32 shard), the
+    # most [merge] costs a step; the Muon row (measured 2026-11-27) comes after it, with what is left
+    row 110 "gristmill train, [merge] ema (goal: >= 0.99x bf16)" -- \
+      "$PY" -m bench.train_e2e $E2E --no-model-only --set merge.kind=ema merge.every=40 merge.decay=0.999 \
+      --label merge --json "$rows/e2e-merge.json"
     # the init_from load is host-only (CPU, disk): it shares the host with the muon row, not the GPU
     timeout 240 "$PY" -m bench.init_from_load --shape 1b >"$OUT/init_from.log" 2>&1 &
     row 120 "gristmill train, optim.name = muon" -- \

@@ -161,30 +161,38 @@ def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_
     ]
 
 
-@pytest.mark.parametrize("kind", [WINDOW, EMA], ids=["window", "ema"])
+REWIND = ("run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0", "run.rewind.margin_steps=2",
+          "run.rewind.skip_steps=2")  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["window", "ema"])
 def test_a_rewind_inside_a_window_leaves_out_the_discarded_steps(
     dataset, tmp_path, monkeypatch, capsys, kind
 ):
-    """Merge points every 3 steps (and at 8). A spike at step 7 goes back to step 5's checkpoint and
-    skips 6–7: the discarded attempt's merge at 6 is set aside with its exports, and the final
-    timeline's merged weights hold no discarded or skipped step: at 8 the window (7–8, 7 skipped) is
-    step 8 alone, the EMA folds in 1–5 then 8."""
+    """A spike at step 7 goes back to step 5's checkpoint and skips 6–7; the merged weights hold no
+    discarded or skipped step. A window of 4 every 4: step 8's window (5–8) is steps 5 and 8, step 5
+    from before the checkpoint (its accumulator restored), the attempt's step 6 left out. An EMA read
+    every 3 steps: the attempt's merge point 6 is set aside with its exports (export --merged of it
+    says so), and the EMA folds in 1–5 then 8."""
     monkeypatch.setenv(SPIKE_WINDOW, "step:7*50")
     run = tmp_path / "run"
-    every3 = [s for s in kind if "every" not in s] + ["merge.every=3"]
-    rewind = ["run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0",
-              "run.rewind.margin_steps=2", "run.rewind.skip_steps=2"]  # fmt: skip
-    summary = run_here(dataset, run, *every3, *rewind)
+    merge = (
+        (*WINDOW[:2], "merge.window=4", *WINDOW[3:])
+        if kind == "window"
+        else (*EMA[:1], "merge.every=3", *EMA[2:])
+    )
+    summary = run_here(dataset, run, *merge, *REWIND)
     assert summary["rewinds"] == 1
-    assert (run / "exports" / "abandoned-merged-step-000006").is_dir()
+    if kind == "window":
+        assert list_steps(run / "exports", merged=True) == [4, 8]
+        assert_equal(weights(run, 4, merged=True), window_mean(run, [1, 2, 3, 4]))
+        assert_equal(weights(run, 8, merged=True), window_mean(run, [5, 8]))
+        assert merged_rows(run)[8]["merged/steps"] == 2
+        return
     assert list_steps(run / "exports", merged=True) == [3, 8]
-    if kind is WINDOW:
-        assert_equal(weights(run, 3, merged=True), window_mean(run, [1, 2, 3]))
-        assert_equal(weights(run, 8, merged=True), window_mean(run, [8]))
-        assert merged_rows(run)[8]["merged/steps"] == 1
-    else:
-        assert_equal(weights(run, 8, merged=True), ema(run, [1, 2, 3, 4, 5, 8], 0.7))
-        assert merged_rows(run)[8]["merged/steps"] == 6
+    assert (run / "exports" / "abandoned-merged-step-000006").is_dir()
+    assert_equal(weights(run, 8, merged=True), ema(run, [1, 2, 3, 4, 5, 8], 0.7))
+    assert merged_rows(run)[8]["merged/steps"] == 6
     capsys.readouterr()
     assert gristmill(["export", str(run), "--step", "6", "--merged"]) == 2
     line = one_error_line(capsys.readouterr().err)

@@ -1,0 +1,175 @@
+"""[merge] at the demo's scale (issue 46): what it costs a step, and whether merged weights score better
+than the raw ones. CPU; needs the demo datasets (`make demo`, or the two `gristmill data build`s of
+configs/train/demo.toml's header).
+
+    python -m bench.merge cost [--rounds 3 --steps 60]     # tokens/s with [merge] against without
+    python -m bench.merge evidence [--seeds 0 1 2]         # merged vs raw held-out loss; WSM vs the decay
+
+`cost`: the demo recipe through `gristmill train` three ways, alternating (none, window, ema, none, …)
+so drift on a shared machine hits all of them: no [merge]; a window of 50 every 50 steps (every step is
+added: the most a window costs); an EMA (decay 0.99; a lerp every step). Each run's figure is the
+median logged tokens/s after step `--skip`; the result is the ratio of the medians over runs. No
+validation (the merged weights' scoring is validation's cost, not the step's).
+
+`evidence`: the demo model and data, its three phases at equal tokens (150 steps), validation every
+50 steps (the held-out loss, `val_loss`, mix-weighted, of the raw and the merged weights):
+1. a constant-LR run (the demo with its decay phase's LR held at the peak: warmup-stable only) with
+   [merge] windows of 10, 25 and 50 steps every 50: merged against raw held-out loss at steps 50, 100
+   and 150 (the raw curve is the same run three times: merging does not change training);
+2. WSM (that constant-LR run, merged over the last 50 steps) against the demo's own decay (linear to
+   optim.min_lr over the last 50 steps), over `--seeds` (run.seed and data.seed): the held-out loss at
+   step 150 of the merged constant run, the decayed run and the raw constant run.
+It prints what it sees, whichever way it goes. A benchmark, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.rewind_cost import run as tokens_per_s
+from training.config import MergeSection, load_train_config
+from training.contract.config_loader import save_config
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs/train/demo.toml"
+MERGES = {  # the cost's modes: overrides of each
+    "none": [],
+    "window": ["merge.kind=window", "merge.every=50", "merge.window=50"],
+    "ema": ["merge.kind=ema", "merge.every=50", "merge.decay=0.99"],
+}
+WINDOWS = (10, 25, 50)
+POINTS = (50, 100, 150)
+
+
+def cost(args: argparse.Namespace) -> dict:
+    common = [f"run.max_steps={args.steps}", "run.val_every=0", "run.log_every=5", "eval.interval=0",
+              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1"]  # fmt: skip
+    figures: dict[str, list[float]] = {m: [] for m in MERGES}
+    stamp = int(time.time())
+    for r in range(args.rounds):
+        for mode, sets in MERGES.items():
+            run_dir = args.dir / f"{stamp}-{mode}-{r}"
+            figures[mode].append(tokens_per_s(DEMO, common + sets, run_dir, args.skip))
+            shutil.rmtree(run_dir, ignore_errors=True)
+    medians = {m: statistics.median(v) for m, v in figures.items()}
+    for mode in ("window", "ema"):
+        print(f"[merge] {mode}: {medians[mode]:,.0f} tokens/s vs none {medians['none']:,.0f}: ratio "
+              f"{medians[mode] / medians['none']:.3f}", flush=True)  # fmt: skip
+    return {"runs": figures, "medians": medians, "steps": args.steps,
+            "ratios": {m: medians[m] / medians["none"] for m in ("window", "ema")}}  # fmt: skip
+
+
+def recipe(path: Path, run_dir: Path, seed: int, *, decay: bool, merge: MergeSection) -> Path:
+    """The demo recipe as is (`decay`) or with its decay phase's LR constant, at `seed`, with `merge`,
+    validated every 50 steps, no eval, no checkpoints: a full recipe file for `gristmill train`."""
+    cfg = load_train_config(str(DEMO), [])
+    phases = [dataclasses.replace(p, lr=dataclasses.replace(p.lr, shape="constant")) for p in cfg.phase]
+    cfg = dataclasses.replace(
+        cfg,
+        phase=cfg.phase if decay else phases,
+        data=dataclasses.replace(cfg.data, seed=seed),
+        run=dataclasses.replace(cfg.run, seed=seed, output_dir=str(run_dir), val_every=50, log_every=10),
+        checkpoint=dataclasses.replace(cfg.checkpoint, interval=0, export_interval=0, async_=False),
+        eval=dataclasses.replace(cfg.eval, interval=0),
+        metrics=dataclasses.replace(cfg.metrics, tensorboard=False, plot=False),
+        merge=merge,
+    )
+    save_config(cfg, path)
+    return path
+
+
+def train(config: Path, run_dir: Path) -> dict[int, dict]:
+    """One `gristmill train`; its rows at the validation steps."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"gristmill train exited {proc.returncode}: {proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print(f"  {run_dir.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    return {r["step"]: r for r in rows if "val_loss" in r}
+
+
+def evidence(args: argparse.Namespace) -> dict:
+    out: dict = {"windows": {}, "seeds": {}}
+    work = args.dir / f"evidence-{int(time.time())}"
+    for seed in args.seeds:
+        windows = WINDOWS if seed == args.seeds[0] else (max(WINDOWS),)
+        runs = {}
+        for w in windows:
+            name = f"seed{seed}-constant-window{w}"
+            merge = MergeSection(kind="window", every=50, window=w)
+            runs[w] = train(
+                recipe(work / f"{name}.toml", work / name, seed, decay=False, merge=merge), work / name
+            )
+        name = f"seed{seed}-decay"
+        decayed = train(
+            recipe(work / f"{name}.toml", work / name, seed, decay=True, merge=MergeSection()), work / name
+        )
+        if seed == args.seeds[0]:
+            raws = {tuple(r[s]["val_loss"] for s in POINTS) for r in runs.values()}
+            out["raw_identical"] = len(raws) == 1  # merging never changes training
+            same = "yes" if len(raws) == 1 else "NO"
+            print(f"  the raw curve is the same in the {len(runs)} window runs: {same}")
+            for w, rows in runs.items():
+                out["windows"][w] = {
+                    s: {"raw": rows[s]["val_loss"], "merged": rows[s]["merged/val_loss"]} for s in POINTS
+                }
+        last = runs[max(WINDOWS)][POINTS[-1]]
+        out["seeds"][seed] = {"wsm": last["merged/val_loss"], "constant": last["val_loss"],
+                              "decay": decayed[POINTS[-1]]["val_loss"]}  # fmt: skip
+        seen = out["seeds"][seed]
+        print(f"  seed {seed}: WSM {seen['wsm']:.4f}, decay {seen['decay']:.4f}, "
+              f"constant {seen['constant']:.4f}", flush=True)  # fmt: skip
+    print("held-out loss, constant LR: raw and merged (window W, read every 50 steps)")
+    for w, points in out["windows"].items():
+        cells = ", ".join(f"step {s}: {p['raw']:.4f} → {p['merged']:.4f} ({p['merged'] - p['raw']:+.4f})"
+                          for s, p in points.items())  # fmt: skip
+        print(f"  window {w:3d}: {cells}")
+    seeds = out["seeds"].values()
+    for what in ("wsm", "constant"):
+        diffs = [s[what] - s["decay"] for s in seeds]
+        spread = f" ± {statistics.stdev(diffs):.4f}" if len(diffs) > 1 else ""
+        mean = statistics.mean(diffs)
+        print(f"{what} − decay at step {POINTS[-1]}: {mean:+.4f}{spread} over {len(diffs)} seeds")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("part", choices=["cost", "evidence"])
+    ap.add_argument("--steps", type=int, default=60, help="cost: run.max_steps of each run")
+    ap.add_argument("--rounds", type=int, default=3, help="cost: runs of each mode")
+    ap.add_argument("--skip", type=int, default=10, help="cost: logged rows up to this step are warm-up")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="evidence: the seeds")
+    ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-merge")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if (
+        not (ROOT / "runs/data/demo/dataset.json").exists()
+        or not (ROOT / "runs/data/demo-code/dataset.json").exists()
+    ):
+        raise SystemExit("the demo datasets are missing: run `make demo` first")
+    t0 = time.perf_counter()
+    result = cost(args) if args.part == "cost" else evidence(args)
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
