@@ -23,7 +23,9 @@ import numpy as np
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    FORMAT,
     IDS_EXT,
+    SAMPLE_DOCS,
     SHARDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
@@ -145,20 +147,24 @@ class DocumentTable:
                 )
 
     def _check_members(self) -> None:
-        """Spot-check the tar header of each shard's first and last `.ids` member in the index.
+        """Spot-check the tar header of each shard's first and last sample in the index.
 
-        Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its members rarely keep
+        Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its samples rarely keep
         their places too. Two 512-byte reads per shard; the sha256 of every shard is `gristmill
-        data validate`'s job.
+        data validate`'s job. A sample is SAMPLE_DOCS documents (one under the legacy layout).
         """
+        per = SAMPLE_DOCS if self.info["format"] == FORMAT else 1
         first, end = self.index.shard_rows[:-1], self.index.shard_rows[1:]
         nonempty = np.flatnonzero(end > first)
+        last = first + (end - 1 - first) // per * per  # the first row of each shard's last sample
         for s, row in zip(
             np.concatenate([nonempty, nonempty]).tolist(),
-            np.concatenate([first[nonempty], end[nonempty] - 1]).tolist(),
+            np.concatenate([first[nonempty], last[nonempty]]).tolist(),
         ):
             path = self.root / SHARDS_DIR / self.shard_names[s]
-            offset, nbytes = int(self.index.offsets[row]), int(self.lengths[row]) * self.dtype.itemsize
+            rows = np.arange(row, min(row + per, int(end[s])))
+            offset = int(self.index.offsets_of(rows[:1])[0])
+            nbytes = int(self.lengths[rows].sum()) * self.dtype.itemsize
             with open(path, "rb") as f:
                 f.seek(max(offset - 512, 0))
                 header = f.read(512)
@@ -243,7 +249,7 @@ class DocumentTable:
     def _locate(self, doc: int) -> str:
         return (
             f"manifest row {doc} (shards/{self.shard_names[int(self.index.shard_of(doc))]}, "
-            f".ids at byte {int(self.index.offsets[doc])})"
+            f"ids at byte {int(self.index.offsets_of(np.array([doc]))[0])})"
         )
 
     def check_separators(
