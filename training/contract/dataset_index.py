@@ -64,6 +64,8 @@ def index_files(info: dict[str, Any]) -> tuple[str, ...]:
     """The files of the index of a dataset of dataset.json `info`."""
     base = (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS)
     return base + (DOC_HASHES,) if index_format(info) == INDEX_FORMAT else base
+
+
 _TMP = INDEX_DIR + ".tmp"  # built here, then renamed over index/ (validate flags it if left over)
 
 
