@@ -107,7 +107,7 @@ class DataSection:
     user's cache directory, ~/.cache/gristmill/datasets (under $XDG_CACHE_HOME if set). Local datasets
     are read in place and never copied here."""
     cache_gb: float = 100.0
-    """The bound on the cached blocks' size in GB (1e9 bytes); exceeded by at most the blocks in flight.
+    """The bound on the cached blocks' size in GB (1e9 bytes); blocks in flight are held in memory.
     It must hold the loader's working set, two epoch groups of 4,096 blocks per bucket source (about
     2 GB per source at FineWeb-Edu's lengths, whatever the dataset's size): a smaller value is refused
     before any work with the figure (docs/object-storage.md). Blocks the plan reads next are fetched

@@ -60,7 +60,23 @@ MAGIC = b"gristmill-block/1\n"
 MERGE_GAP = 64 << 10  # a block's documents up to this many bytes apart come in one range request
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
+LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
 MAX_OPEN_BLOCKS = 8192  # cached blocks whose header part a process keeps (~3 KB each): two groups
+
+
+_HELD: set[int] = set()  # lock files this process has open: a forked child must not hold them on
+
+
+def _release_in_child() -> None:
+    """A process forked while a fetch held a lock (DataLoader workers of another loader) closes its
+    copy, which would otherwise hold the flock for as long as the child lives."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_release_in_child)
 
 
 def refuse_legacy(location: str) -> DatasetError:
@@ -103,18 +119,13 @@ class CachedBlocks:
         # The held-out split's documents lie apart in the shards: each is its own unit.
         self.per_doc = blocks.split == "val"
         self.nunits = blocks.n if self.per_doc else len(blocks.block_tokens)
+        self._head = len(self._header(0, 0))
         self._metas: OrderedDict[int, _Meta] = OrderedDict()
-        self._locks: dict[int, threading.Lock] = {}
-        self._guard = threading.Lock()
         self.refused: dict[int, DatasetError] = {}  # blocks that failed their check twice
 
-    # Pickled for DataLoader workers: what it read and its locks are the process's own.
+    # Pickled for DataLoader workers: what it read is the process's own.
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_metas": OrderedDict(), "_locks": {}, "_guard": None}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._guard = threading.Lock()
+        return {**self.__dict__, "_metas": OrderedDict()}
 
     # -- sizes ----------------------------------------------------------------------------------
 
@@ -135,18 +146,30 @@ class CachedBlocks:
         )
         return docs[docs < self.nunits]
 
+    def _overhead(self, docs: int, units: int) -> int:
+        """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
+        row number and a sha256 per document."""
+        return (8 + HASH_BYTES) * docs + units * (self._head + 24)
+
     def unit_bytes(self, u: int) -> int:
-        """The ids bytes of unit `u` (its cache file is that plus 40 bytes a document)."""
+        """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
         if self.per_doc:
-            return int(self.index.tokens[int(self.blocks.doc_rows(np.array([u]))[0])]) * self.itemsize
-        return int(self.blocks.block_tokens[u]) * self.itemsize
+            tokens = int(self.index.tokens[int(self.blocks.doc_rows(np.array([u]))[0])])
+            return tokens * self.itemsize + self._overhead(1, 1)
+        docs = min(self.blocks.block_docs, self.blocks.n - u * self.blocks.block_docs)
+        return int(self.blocks.block_tokens[u]) * self.itemsize + self._overhead(docs, 1)
+
+    def _block_sizes(self) -> np.ndarray:
+        """Every block's cache bytes, at most (a held-out block's documents are units of their own)."""
+        bd = self.blocks.block_docs
+        per_block = self._overhead(bd, bd if self.per_doc else 1)
+        return np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize + per_block
 
     def biggest_unit(self) -> int:
         if self.per_doc:
-            return (
-                int(np.max(self.index.tokens[self.blocks.doc_rows(np.arange(self.nunits))])) * self.itemsize
-            )
-        return int(np.max(self.blocks.block_tokens)) * self.itemsize
+            rows = self.blocks.doc_rows(np.arange(self.nunits))
+            return int(np.max(self.index.tokens[rows])) * self.itemsize + self._overhead(1, 1)
+        return int(self._block_sizes().max())
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
@@ -154,7 +177,7 @@ class CachedBlocks:
         current one and the next read (a group is read until it ends), each at most the GROUP_BLOCKS
         largest blocks' bytes, plus one group for an epoch's short last group; all of them when the
         split has no more groups than that (the next epoch's groups are the same blocks)."""
-        sizes = np.sort(np.asarray(self.blocks.block_tokens, np.int64))[::-1] * self.itemsize
+        sizes = np.sort(self._block_sizes())[::-1]
         group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
         span = (LAG_STEPS + 2) * step_tokens * self.itemsize
@@ -166,22 +189,19 @@ class CachedBlocks:
 
     # -- fetching -------------------------------------------------------------------------------
 
-    def _lock(self, b: int) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(b, threading.Lock())
-
     @contextlib.contextmanager
-    def _block_lock(self, b: int):
-        """Block `b` is fetched by one thread of one process on the node at a time: a thread lock, and
-        a byte-range lock on the split's lock file for the node's other processes."""
-        with self._lock(b):
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.dir / ".lock", "a") as f:
-                fcntl.lockf(f, fcntl.LOCK_EX, 1, b)
-                try:
-                    yield
-                finally:
-                    fcntl.lockf(f, fcntl.LOCK_UN, 1, b)
+    def _unit_lock(self, u: int):
+        """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
+        LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
+        process exclude each other too, and closing one file releases no other thread's lock)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f".lock-{u % LOCK_STRIPES}", "a") as f:
+            _HELD.add(f.fileno())
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                yield
+            finally:
+                _HELD.discard(f.fileno())
 
     def fetch(self, b: int) -> bool:
         """Make sure the cache holds block `b` (True if it was fetched here)."""
@@ -189,21 +209,20 @@ class CachedBlocks:
             raise self.refused[b]
         if self.path(b).is_file():
             return False
-        with self._block_lock(b):
+        with self._unit_lock(b):
             if b in self.refused:
                 raise self.refused[b]
             if self.path(b).is_file():  # another process or thread fetched it meanwhile
                 return False
             rows = self.unit_rows(b)
-            incoming = self.unit_bytes(b) + (8 + HASH_BYTES) * len(rows)
-            with node_lock(self.cache.dir):
-                make_room(self.cache, incoming)
             try:
-                sha, ids = self._download(b, rows)
+                sha, ids = self._download(b, rows)  # into memory: the blocks in flight take no disk
             except DatasetError as e:
                 self.refused[b] = e
                 raise
-            self._write(b, rows, sha, ids)
+            with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
+                make_room(self.cache, self.unit_bytes(b))
+                self._write(b, rows, sha, ids)
             return True
 
     def _spans(self, rows: np.ndarray) -> list[tuple[int, int, int]]:
@@ -348,7 +367,8 @@ class CachedBlocks:
         """Pieces (manifest row, first token, count) of this split's documents into `out[at[k]:]`, each
         document read checked against its sha256 first (DocumentTable.read)."""
         blocks = self.units_of_rows(docs)
-        for b in np.unique(blocks).tolist():
+        _, first = np.unique(blocks, return_index=True)
+        for b in blocks[np.sort(first)].tolist():  # in the order the pieces need them, as the prefetcher
             sel = np.flatnonzero(blocks == b)
             pieces = self._read_block(b, docs[sel], starts[sel], counts[sel])
             for piece, pos in zip(pieces, at[sel].tolist()):
@@ -381,17 +401,14 @@ def block_source(
 
 def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> None:
     """Refuse, before any work, a data.cache_gb below what the loaders reading these bucket splits keep
-    at once (`needs`: each split's working set, TokenLoader.cache_need) plus the blocks in flight."""
-    if not needs:
-        return
-    need = sum(n for _, n in needs) + cache.requests * max(c.biggest_unit() for c, _ in needs)
+    at once (`needs`: each split's working set, TokenLoader.cache_need)."""
+    need = sum(n for _, n in needs)
     if need > cache.max_bytes:
         raise DatasetError(
             f"data.cache_gb = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
             f"{', '.join(sorted({c.url for c, _ in needs}))}: {need / 1e9:.3g} GB (the epoch groups of "
-            f"4,096 blocks that the loaders read at once, and {cache.requests} blocks in flight: "
-            "docs/object-storage.md, The cache); set data.cache_gb to at least "
-            f"{np.ceil(need / 1e7) / 100:g}"
+            "4,096 blocks that its loaders read at once: docs/object-storage.md, The cache); set "
+            f"data.cache_gb to at least {np.ceil(need / 1e7) / 100:g}"
         )
 
 
@@ -554,7 +571,7 @@ class Prefetcher:
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
         """(to fetch: `step`'s blocks and the next steps', in the order the plan first reads them; to
         keep: those and every block of the groups the last LAG_STEPS steps and this one read). The
-        steps ahead go as far as they fit the bound, leaving room for the blocks in flight."""
+        steps ahead go as far as they fit the bound (blocks in flight are in memory)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
@@ -567,17 +584,17 @@ class Prefetcher:
             for s in range(max(0, step - LAG_STEPS), step + 1):
                 keep |= self._step_groups(s)
         fetch = list(dict.fromkeys(self._step_needs(step)))
+        queued = set(fetch)
         keep.update(fetch)
-        biggest = max(c.biggest_unit() for c in self.caches if c)
-        budget = self.cache.max_bytes - self.requests * biggest
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
-            new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in keep]
-            cost = self._bytes(new)
-            if used + cost > budget:
+            new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
+            cost = self._bytes(n for n in new if n not in keep)  # a kept group's blocks are counted
+            if used + cost > self.cache.max_bytes:
                 break
             keep.update(new)
+            queued.update(new)
             fetch += new
             used += cost
         return fetch, keep
