@@ -31,6 +31,7 @@ import mmap
 import multiprocessing
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -384,14 +385,36 @@ class ObjectStore:
         return bytes(got[: end - start])
 
     def head(self, rel: str) -> dict[str, Any] | None:
-        """{"bytes", "sha256" (our metadata, None if absent)} of object `rel`, None if there is none."""
+        """{"bytes", "etag", "sha256" (our metadata: a claim, not the content)} of object `rel`, None
+        if there is none."""
         try:
             r = self._call(
                 "HEAD", rel, lambda c: c.head_object(Bucket=self.url.bucket, Key=self.url.key(rel))
             )
         except ObjectMissing:
             return None
-        return {"bytes": r["ContentLength"], "sha256": r.get("Metadata", {}).get("sha256")}
+        return {
+            "bytes": r["ContentLength"],
+            "etag": r.get("ETag", "").strip('"'),
+            "sha256": r.get("Metadata", {}).get("sha256"),
+        }
+
+    def holds(self, rel: str, path: Path) -> bool:
+        """Whether object `rel` has the content of file `path`, by the content, never by the sha256 our
+        metadata claims (an object replaced with other bytes may keep it): the store's ETag of a single
+        PUT is the MD5 of the bytes it stored, compared with the file's; another ETag (a multipart
+        upload, an encrypting store) means downloading the object and comparing sha256."""
+        head = self.head(rel)
+        if head is None or head["bytes"] != path.stat().st_size:
+            return False
+        if re.fullmatch(r"[0-9a-f]{32}", head["etag"]):
+            return head["etag"] == _file_digest(path, hashlib.md5)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
+        try:
+            got = self.download(rel, tmp, head["bytes"])
+        finally:
+            tmp.unlink(missing_ok=True)
+        return got == _file_digest(path, hashlib.sha256)
 
     def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
@@ -426,6 +449,10 @@ class ObjectStore:
         self._call("PUT", rel, put)
         return sha.hexdigest()
 
+    def delete(self, rel: str) -> None:
+        """Remove object `rel` (gone already: nothing to do)."""
+        self._call("DELETE", rel, lambda c: c.delete_object(Bucket=self.url.bucket, Key=self.url.key(rel)))
+
     def list(self, rel_prefix: str = "") -> dict[str, int]:
         """{path inside the dataset: bytes} of every object under the URL (and `rel_prefix`)."""
         out: dict[str, int] = {}
@@ -458,6 +485,14 @@ class ObjectStore:
             None,
             lambda c: c.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload_id),
         )
+
+
+def _file_digest(path: Path, algorithm) -> str:
+    h = algorithm()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
 
 
 def backoff(attempt: int) -> float:
