@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_por
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
 from training.contract.dataset_format import DATASET_JSON, DatasetError, read_dataset_info
+from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
 from training.data.block_cache import MAX_AHEAD_STEPS, cache_usage
 from training.data.loader import batch_sha256, dataset_loader
@@ -538,3 +540,138 @@ def test_bucket_config_keys_are_checked(s3, synthetic, build_fixture, tmp_path, 
         "shards.target_mb = 5000 with output s3://gristmill-test/big: a shard goes into the bucket as one PUT"
         in (capsys.readouterr().err)
     )
+
+
+# --------------------------------------------------------------------------------------------
+# what the hostile trial found in the bucket path, and bad input of the range reader
+
+
+def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, tmp_path, capsys):
+    """A shard replaced in the bucket by other bytes under the old sha256 metadata: the upload must not
+    trust the metadata's claim (it repairs the object), and the bucket's validation record comes only
+    from validating the bucket."""
+    local, _ = synthetic
+    url = s3.url("repair")
+    upload_dataset(local, url, log=lambda *a: None)
+    (local / "validation.json").write_text('{"ok": true, "note": "the local copy\'s"}')
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    key = f"repair/shards/{name}"
+    good = (local / "shards" / name).read_bytes()
+    meta = s3.client.head_object(Bucket=BUCKET, Key=key)["Metadata"]
+    bad = bytearray(good)
+    bad[600] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(bad), Metadata=meta)  # the claim kept
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1  # the bucket says what it holds
+    capsys.readouterr()
+    assert not json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())[
+        "ok"
+    ]
+    done = upload_dataset(local, url, log=lambda *a: None)
+    assert done.objects == 1  # that shard, by its content
+    assert s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
+    assert "validation.json" not in s3.keys("repair")  # it described the damaged bytes: removed, not copied
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())["ok"]
+    (local / "validation.json").unlink()
+
+
+def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
+    from pipelines.convert import convert_dataset
+    from tests.helpers.legacy_dataset import write_legacy_dataset
+    from tests.helpers.train_data import affine_documents
+
+    old = tmp_path / "old"
+    write_legacy_dataset(old, affine_documents(200), vocab_size=256, target_bytes=32 << 10)
+    url, new_url = s3.url("legacy"), s3.url("legacy-converted")
+    upload_dataset(old, url, log=lambda *a: None)
+    geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
+    assert gristmill(["data", "inspect", url, *geometry]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {url} is a gristmill-shards/1 dataset"), err
+    assert f"gristmill data convert {url} NEW" in err[0]
+    convert_dataset(url, new_url, CacheSettings(tmp_path / "cache", int(1e9)), log=lambda *a: None)
+    outs = []
+    for where in (str(old), new_url):
+        assert gristmill(["data", "inspect", where, *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 11
+
+
+def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):
+    local, url = synthetic
+    plan = ["train", "--config", TINY, "--plan", "--set", f"data.dataset={json.dumps(url)}"]
+    # a cache directory that cannot be written (under a file: the tests run as root, whom modes
+    # do not stop)
+    locked = tmp_path / "a-file"
+    locked.write_text("")
+    assert gristmill([*plan, f"data.cache_dir={json.dumps(str(locked / 'c'))}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
+    # a cache_gb below the working set: refused with the figure
+    assert gristmill([*plan, "data.cache_gb=1e-6", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data.cache_gb = 1e-06 is below the working set"), err
+    assert "set data.cache_gb to at least 0." in err[0]
+    assert not list((tmp_path / "c").rglob("*.blk"))  # nothing fetched
+    # an index that does not match the shards: the index object replaced in the bucket
+    bad = s3.url("bad-index")
+    upload_dataset(local, bad, log=lambda *a: None)
+    tokens = bytearray((local / "index" / "doc_tokens.bin").read_bytes())
+    tokens[0] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key="bad-index/index/doc_tokens.bin", Body=bytes(tokens))
+    argv = ["data", "inspect", bad, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--cache-dir"]
+    assert gristmill([*argv, str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}/index/doc_tokens.bin: fetched twice"), err
+    # shards that do not match the index: a shard replaced by another dataset's
+    swapped = s3.url("bad-shards")
+    upload_dataset(local, swapped, log=lambda *a: None)
+    other = make_dataset(tmp_path / "other", n_docs=300, seed=7)
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    s3.client.put_object(
+        Bucket=BUCKET, Key=f"bad-shards/shards/{name}", Body=(other / "shards" / name).read_bytes()
+    )
+    argv = ["data", "inspect", swapped, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    assert gristmill([*argv, "--end", "40", "--cache-dir", str(tmp_path / "c3")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {swapped}/shards/{name}: bytes "), err
+    assert "nothing was trained on it" in err[0]
+
+
+def test_a_data_stall_saves_the_last_trained_step_then_stops(s3, synthetic, small_blocks, tmp_path, capsys):
+    """The store goes away mid-run for longer than data.fetch_timeout_s: the run saves the step it
+    trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses."""
+    local, url = synthetic
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    cache_sets = [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", "data.fetch_timeout_s=2"]
+    train(load_train_config(TINY, overrides(local, reference)))  # small blocks: its own reference
+    sets = overrides(url, run_dir, *cache_sets)
+    stop = threading.Event()
+
+    def take_the_store_down() -> None:  # once step 6 is logged, every request is reset
+        while not stop.is_set():
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            if rows and rows[-1]["step"] >= 6:
+                s3.proxy.down = True
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=take_the_store_down, daemon=True)
+    watcher.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # fetch a step ahead: it runs into it
+            with pytest.raises(
+                GristmillError, match=r"kept failing for 2 s \(\d+ tries, data.fetch_timeout_s\)"
+            ):
+                train(load_train_config(TINY, sets))
+    finally:
+        stop.set()
+        watcher.join()
+        s3.proxy.down = False
+    out = capsys.readouterr().out
+    saved = metrics(run_dir)[-1]["step"]
+    assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
+    assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
+    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
+    assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated

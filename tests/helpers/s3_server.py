@@ -87,6 +87,7 @@ class FaultProxy:
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
         self.latency = 0.0  # seconds added to every request (a slow store)
+        self.down = False  # every request reset (a store that went away)
         self.counts = ProxyCounts()
         self._lock = threading.Lock()
         self.set_faults(mix)
@@ -118,7 +119,7 @@ class FaultProxy:
                         proxy.counts.ranges.append((self.path, self.headers.get("Range")))
                 if proxy.latency:
                     time.sleep(proxy.latency)
-                if fault == "reset":
+                if fault == "reset" or proxy.down:
                     # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
