@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -37,6 +38,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
+    dataset_files,
     fingerprint_before_index,
     index_hashes,
     manifest_files,
@@ -45,7 +47,6 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import DOC_TOKENS
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
-from training.data.remote import CacheSettings, add_cache_argument, ensure, ensure_dirs, local_root
 from validation.validate import format_report, validate_dataset
 
 # dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
@@ -57,31 +58,58 @@ _DERIVED = {
 TARGET_BYTES = 256 << 20  # the build's default shard size
 
 
-def convert_dataset(old: str, new: str, cache: CacheSettings | None = None, log=print) -> dict[str, Any]:
+def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
     """Rewrite the legacy dataset at `old` (a directory or s3:// URL) as `new` (module docstring);
     returns NEW's dataset.json."""
-    if is_url(new):
-        ObjectStore(ObjectURL.parse(new)).check_bucket()  # a wrong bucket is one line before any work
-        with tempfile.TemporaryDirectory(prefix="gristmill-convert-") as work:
-            info = _convert(old, Path(work) / "dataset", cache, log)
-            upload_dataset(Path(work) / "dataset", new, log)
-        return info
-    if Path(new).exists() and any(Path(new).iterdir()):
+    for where in (old, new):
+        if is_url(where):  # a wrong bucket is one line before any work
+            ObjectStore(ObjectURL.parse(where)).check_bucket()
+    if not is_url(new) and Path(new).exists() and any(Path(new).iterdir()):
         raise DatasetError(
             f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
         )
-    return _convert(old, Path(new), cache, log)
+    with tempfile.TemporaryDirectory(prefix="gristmill-convert-") as work:
+        root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
+        # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
+        out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
+        shutil.rmtree(out, ignore_errors=True)
+        info = _convert(old, root, out, log)
+        if is_url(new):
+            upload_dataset(out, new, log)
+        else:
+            if Path(new).exists():
+                Path(new).rmdir()  # empty (checked above)
+            os.replace(out, new)
+        return info
 
 
-def _convert(old: str, out: Path, cache: CacheSettings | None, log) -> dict[str, Any]:
-    root = local_root(old, cache)
+def _bucket_copy(url: str, dest: Path) -> Path:
+    """A bucket dataset's dataset.json and recorded files but its shards and index, each checked
+    against the sha256 dataset.json records (the shards are read one at a time, `_shard_bytes`)."""
+    store = ObjectStore(ObjectURL.parse(url))
+    dest.mkdir(parents=True)
+    (dest / DATASET_JSON).write_bytes(store.get(DATASET_JSON))
+    info = read_dataset_info(dest)
+    for rel, spec in dataset_files(info).items():
+        if rel.split("/")[0] in (SHARDS_DIR, "index"):
+            continue
+        data = store.get(rel)
+        if hashlib.sha256(data).hexdigest() != spec["sha256"]:
+            raise DatasetError(
+                f"{url}/{rel}: not the file {DATASET_JSON} records (its sha256 differs): damaged or "
+                "replaced; nothing was converted"
+            )
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    return dest
+
+
+def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
+    """OLD (its files, but a bucket's shards, at `root`) rewritten into the new directory `out`."""
     info = read_dataset_info(root)
     check_fingerprint(old, info)
     if info["format"] == FORMAT:
         raise DatasetError(f"{old} is already a {FORMAT} dataset: nothing to convert")
-    assert info["format"] == LEGACY_FORMAT
-    ensure_dirs(root, "manifest", "excluded", "logs", "decontam")
-    ensure(root, [rel for rel in (TOKENIZER_JSON, "build.json", "config.toml") if _recorded(info, rel)])
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
@@ -180,9 +208,8 @@ def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", help=f"a {LEGACY_FORMAT} dataset: a directory or s3://BUCKET/PREFIX")
     parser.add_argument("new", help="where the converted dataset goes: a new directory or s3://BUCKET/PREFIX")
-    add_cache_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    convert_dataset(args.old, args.new, CacheSettings.of(args.cache_dir))
+    convert_dataset(args.old, args.new)
     return 0

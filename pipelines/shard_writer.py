@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines import faults
 from training.contract.atomic_write import atomic_path, move_into_place
 from training.contract.dataset_format import (
     DOC_SHA256,
@@ -131,8 +132,11 @@ class ShardWriter:
         pieces = [data] if isinstance(data, bytes) else data
         size = sum(len(p) for p in pieces)
         self._write(_header(name.encode(), size))
-        for p in pieces:
+        for i, p in enumerate(pieces):
             self._write(p)
+            if i == len(pieces) // 2 and self.shard_index == 1:  # the first shard renamed, this one half
+                self.tar.flush()  # written: what a kill there leaves behind (tests)
+                faults.maybe_kill(self.task, "second_shard")
         pad = -size % tarfile.BLOCKSIZE
         if pad:
             self._write(bytes(pad))

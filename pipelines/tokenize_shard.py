@@ -24,7 +24,6 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 
-from pipelines import faults
 from pipelines.dedup import text_hash_hex
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
@@ -213,8 +212,6 @@ class TokenizeShard(PipelineStep):
                     ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
                     meta_bytes = spill[b : b + meta_len[j]]
                     writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), provenance[j])
-                    if writer.shard_index == 1 and writer.tar is not None:
-                        faults.maybe_kill(rank, "second_shard")  # one shard renamed, the next half written
                 ids = None  # release the last view before the map closes
             finally:
                 if spill is not None:

@@ -589,7 +589,7 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {url} is a gristmill-shards/1 dataset"), err
     assert f"gristmill data convert {url} NEW" in err[0]
-    convert_dataset(url, new_url, CacheSettings(tmp_path / "cache", int(1e9)), log=lambda *a: None)
+    convert_dataset(url, new_url, log=lambda *a: None)
     outs = []
     for where in (str(old), new_url):
         assert gristmill(["data", "inspect", where, *geometry]) == 0

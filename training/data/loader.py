@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,10 +99,17 @@ class BatchBuilder:
         return {**self.__dict__, "_orders": {}}
 
     def global_view(self) -> BatchBuilder:
-        """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own:
-        the block prefetcher's, in its own thread (training/data/block_cache.py)."""
+        """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own."""
+        return self.node_view(self.world_size)
+
+    def node_view(self, local_world_size: int) -> BatchBuilder:
+        """A copy that builds the slots of every rank on this rank's node (torchrun numbers a node's
+        ranks consecutively: node k holds ranks k·L … k·L+L-1, whose slots are contiguous), with an
+        order cache of its own: the block prefetcher's, in its own thread (block_cache.py); the
+        node's cache fetches what its ranks read, not what other nodes' ranks do."""
         view = copy.copy(self)
-        view.rank, view.world_size, view._orders = 0, 1, {}
+        nodes = max(1, self.world_size // max(1, local_world_size))
+        view.rank, view.world_size, view._orders = self.rank * nodes // self.world_size, nodes, {}
         return view
 
     def units_read(self, step: int) -> list[tuple[int, int]]:
@@ -456,8 +464,12 @@ class TokenLoader:
         caches = [t.cache for t in self._builder.tables]
         if not any(caches):
             return None
-        view = self._builder.global_view()
+        view = self._node_view()
         return Prefetcher(caches, view.units_read, view.groups_read, self._step, self.plan.total_steps)
+
+    def _node_view(self) -> BatchBuilder:
+        """The builder of this node's ranks' slots (torchrun sets LOCAL_WORLD_SIZE; unset: one node)."""
+        return self._builder.node_view(int(os.environ.get("LOCAL_WORLD_SIZE", self._builder.world_size)))
 
     def cache_need(self) -> list[tuple[CachedBlocks, int]]:
         """(cache, bytes) per source in a bucket: the most its cache keeps at once for this loader from
@@ -465,7 +477,7 @@ class TokenLoader:
         its remaining steps read; otherwise the source's epoch groups (CachedBlocks.group_need) for the
         most tokens a step of the plan takes of it, over every phase."""
         out = []
-        view = self._builder.global_view()
+        view = self._node_view()
         total = self.plan.total_steps
         short = total is not None and total - self._step <= MAX_AHEAD_STEPS
         for i, t in enumerate(self._builder.tables):
