@@ -238,23 +238,24 @@ class CachedBlocks:
 
     def _download(self, b: int, rows: np.ndarray) -> tuple[bytes, bytes]:
         """Block `b`'s hashes and ids, every document checked; fetched once more when one differs,
-        then refused naming the shard, the bytes and the block."""
+        then refused naming the shard, the bytes and the block. Its rows are consecutive in the index
+        (a held-out row between them comes along): one range request for their hashes, one per span
+        of the shards for their ids."""
         lengths = np.asarray(self.index.tokens[rows], np.int64) * self.itemsize
         off = self.index.offsets_of(rows)
+        first = int(rows[0])
         for attempt in (1, 2):
+            hashes = self.store.get_range(
+                f"{INDEX_DIR}/{DOC_HASHES}", first * HASH_BYTES, (int(rows[-1]) + 1) * HASH_BYTES
+            )
             sha_parts, id_parts, bad = [], [], None
             for shard, a, z in self._spans(rows):
                 lo, hi = int(off[a]), int(off[z] + lengths[z])
                 data = self.store.get_range(f"{SHARDS_DIR}/{self.names[shard]}", lo, hi)
-                first, last = int(rows[a]), int(rows[z])
-                hashes = self.store.get_range(
-                    f"{INDEX_DIR}/{DOC_HASHES}", first * HASH_BYTES, (last + 1) * HASH_BYTES
-                )
                 for k in range(a, z + 1):
                     piece = data[int(off[k]) - lo : int(off[k] + lengths[k]) - lo]
-                    want = hashes[
-                        (int(rows[k]) - first) * HASH_BYTES : (int(rows[k]) - first + 1) * HASH_BYTES
-                    ]
+                    at = (int(rows[k]) - first) * HASH_BYTES
+                    want = hashes[at : at + HASH_BYTES]
                     if hashlib.sha256(piece).digest() != want and bad is None:
                         bad = (shard, lo, hi, int(rows[k]), hashlib.sha256(piece).hexdigest(), want.hex())
                     sha_parts.append(want)
