@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,6 +61,8 @@ MAGIC = b"gristmill-block/1\n"
 MERGE_GAP = 64 << 10  # a block's documents up to this many bytes apart come in one range request
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
+USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
+EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
 MAX_OPEN_BLOCKS = 8192  # cached blocks whose header part a process keeps (~3 KB each): two groups
 
@@ -120,6 +123,7 @@ class CachedBlocks:
         self.per_doc = blocks.split == "val"
         self.nunits = blocks.n if self.per_doc else len(blocks.block_tokens)
         self._head = len(self._header(0, 0))
+        self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._metas: OrderedDict[int, _Meta] = OrderedDict()
         self.refused: dict[int, DatasetError] = {}  # blocks that failed their check twice
 
@@ -158,6 +162,15 @@ class CachedBlocks:
             return tokens * self.itemsize + self._overhead(1, 1)
         docs = min(self.blocks.block_docs, self.blocks.n - u * self.blocks.block_docs)
         return int(self.blocks.block_tokens[u]) * self.itemsize + self._overhead(docs, 1)
+
+    def units_bytes(self, units: np.ndarray) -> int:
+        """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's at each
+        step)."""
+        if self.per_doc:
+            tokens = int(self.index.tokens[self.blocks.doc_rows(units)].astype(np.int64).sum())
+            return tokens * self.itemsize + len(units) * self._overhead(1, 1)
+        tokens = int(np.asarray(self.blocks.block_tokens)[units].astype(np.int64).sum())
+        return tokens * self.itemsize + len(units) * self._overhead(self.blocks.block_docs, 1)
 
     def _block_sizes(self) -> np.ndarray:
         """Every block's cache bytes, at most (a held-out block's documents are units of their own)."""
@@ -332,8 +345,10 @@ class CachedBlocks:
     ) -> list[np.ndarray]:
         """The pieces (row, first token, count) of block `b`, each whole document read checked against
         its hash first. A cache file that is not the block, or whose bytes fail the check, is removed
-        and fetched again (never read); failing again just after a fetch, the cache is named."""
-        for attempt in (1, 2):
+        and fetched again (never read); failing again just after a fetch, the cache is named. A block
+        evicted meanwhile (another loader of the node needed the room) is fetched again, no failure."""
+        failures, evicted = 0, 0
+        while True:
             self.fetch(b)
             try:
                 with open(self.path(b), "rb") as f:
@@ -349,18 +364,25 @@ class CachedBlocks:
                 return [
                     docs[k][s : s + n] for k, s, n in zip(k_of.tolist(), starts.tolist(), counts.tolist())
                 ]
+            except FileNotFoundError:
+                evicted += 1
+                if evicted > 100:  # not a race any more: the cache is thrashing
+                    raise DatasetError(
+                        f"{self.path(b)}: block {b} of {self.url} was evicted 100 times before it could be "
+                        "read: the loaders sharing data.cache_dir need more room; raise data.cache_gb"
+                    ) from None
             except (OSError, ValueError) as e:
                 self._metas.pop(b, None)
                 self.path(b).unlink(missing_ok=True)
                 COUNTS.add("refetches")
-                if attempt == 2:
+                failures += 1
+                if failures == 2:
                     raise DatasetError(
                         f"{self.path(b)}: the cache's copy of block {b} of {self.url} failed its check ({e}) "
                         "twice, the second time just after it was fetched and checked: something damages "
                         "or replaces what is written to data.cache_dir; give the run a cache directory of "
                         "its own on another disk"
                     ) from None
-        raise AssertionError("unreachable")
 
     def read_into(
         self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray, at: np.ndarray
@@ -382,10 +404,15 @@ class CachedBlocks:
         return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{shard}, block {b}, cached at {self.path(b)})"
 
     def all_cached(self) -> bool:
-        try:
-            return sum(1 for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT)) >= self.nunits
-        except FileNotFoundError:
-            return False
+        """Whether the cache holds every unit of the split (a listing at most once a second)."""
+        now = time.monotonic()
+        if now - self._listed[0] >= 1.0:
+            try:
+                n = sum(1 for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT))
+            except FileNotFoundError:
+                n = 0
+            self._listed = (now, n >= self.nunits)
+        return self._listed[1]
 
 
 def block_source(
@@ -439,20 +466,34 @@ def cache_files(cache_dir: Path) -> list[Path]:
 
 
 def make_room(cache: CacheSettings, incoming: int) -> None:
-    """Evict cache blocks until `incoming` more bytes fit the bound: those no live loader keeps, least
-    recently needed first; then those only another loader on the node keeps (it fetches them again:
-    slower, never wrong); never this process's (or its parent's: a DataLoader worker's rank) keep
-    list. The caller holds node_lock."""
-    _remove_dead_tmp(cache.dir)
-    ours, theirs = live_keep(cache.dir)
-    files = cache_usage(cache.dir)
-    used = sum(size for _, size, _ in files)
-    victims = sorted((f for f in files if f[0] not in ours), key=lambda f: (f[0] in theirs, f[2]))
-    for path, size, _ in victims:
-        if used + incoming <= cache.max_bytes:
-            break
-        path.unlink(missing_ok=True)
-        used -= size
+    """Make room for `incoming` more bytes within the bound, and count them. The cache's usage is a
+    count in USAGE, kept under node_lock by every write and eviction (a block deleted otherwise only
+    makes it high: safe); when it says the bytes do not fit, the cache is listed and blocks are
+    evicted down to EVICT_TO of the bound (so a full cache is listed once per many fetches, not at
+    each): those no live loader keeps, least recently needed first; then those only another loader
+    on the node keeps (it fetches them again: slower, never wrong); never this process's (or its
+    parent's: a DataLoader worker's rank) keep list. The caller holds node_lock."""
+    used = _usage(cache.dir)
+    if used is None or used + incoming > cache.max_bytes:
+        _remove_dead_tmp(cache.dir)
+        ours, theirs = live_keep(cache.dir)
+        files = cache_usage(cache.dir)
+        used = sum(size for _, size, _ in files)
+        goal = min(cache.max_bytes, int(cache.max_bytes * EVICT_TO))
+        victims = sorted((f for f in files if f[0] not in ours), key=lambda f: (f[0] in theirs, f[2]))
+        for path, size, _ in victims:
+            if used + incoming <= goal:
+                break
+            path.unlink(missing_ok=True)
+            used -= size
+    write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False)
+
+
+def _usage(cache_dir: Path) -> int | None:
+    try:
+        return int((cache_dir / USAGE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -567,7 +608,10 @@ class Prefetcher:
         return hit
 
     def _bytes(self, pairs: Iterable[tuple[int, int]]) -> int:
-        return sum(self.caches[t].unit_bytes(b) for t, b in pairs)
+        by_table: dict[int, list[int]] = {}
+        for t, u in pairs:
+            by_table.setdefault(t, []).append(u)
+        return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
 
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
         """(to fetch: `step`'s blocks and the next steps', in the order the plan first reads them; to
