@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import threading
 import time
@@ -64,7 +65,7 @@ MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
 EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
-MAX_OPEN_BLOCKS = 8192  # cached blocks whose header part a process keeps (~3 KB each): two groups
+MAX_OPEN_BLOCKS = 512  # cached blocks a process keeps mapped (a file descriptor each)
 
 
 _HELD: set[int] = set()  # lock files this process has open: a forked child must not hold them on
@@ -82,6 +83,13 @@ def _release_in_child() -> None:
 os.register_at_fork(after_in_child=_release_in_child)
 
 
+class _BadCopy(Exception):
+    """A cached block's document that fails its sha256 (read_into)."""
+
+    def __init__(self, unit: int, row: int):
+        self.unit, self.row = unit, row
+
+
 def refuse_legacy(location: str) -> DatasetError:
     """Why a gristmill-shards/1 dataset is not read from a bucket, and the command that fixes it."""
     return DatasetError(
@@ -93,15 +101,15 @@ def refuse_legacy(location: str) -> DatasetError:
 
 
 @dataclass
-class _Meta:
-    """What a cached block's file says before its ids: its rows, their hashes, where each row's ids
-    start (in tokens: start[-1] is all of them) and where the ids begin in the file."""
+class _Mapped:
+    """A cached block's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): where each of
+    its rows' ids lie, their sha256, and the ids."""
 
-    rows: np.ndarray
-    sha: bytes
-    start: np.ndarray
-    data: int
-    inode: int
+    at: dict[int, int]  # manifest row → its index k in the block
+    sha: bytes  # HASH_BYTES per row
+    start: list[int]  # per row, where its ids start (in tokens); start[k + 1] where they end
+    raw: memoryview  # the ids' bytes, for hashing
+    ids: np.ndarray  # the ids, over the same map
 
 
 class CachedBlocks:
@@ -124,12 +132,14 @@ class CachedBlocks:
         self.nunits = blocks.n if self.per_doc else len(blocks.block_tokens)
         self._head = len(self._header(0, 0))
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
-        self._metas: OrderedDict[int, _Meta] = OrderedDict()
+        self._maps: OrderedDict[int, _Mapped] = OrderedDict()
+        self._failures: dict[int, int] = {}  # units whose copy failed since the last clean read
+        self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # blocks that failed their check twice
 
-    # Pickled for DataLoader workers: what it read is the process's own.
+    # Pickled for DataLoader workers: its maps are the process's own.
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_metas": OrderedDict()}
+        return {**self.__dict__, "_maps": OrderedDict()}
 
     # -- sizes ----------------------------------------------------------------------------------
 
@@ -312,90 +322,95 @@ class CachedBlocks:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _meta(self, b: int, f) -> _Meta:
-        """The header part of block `b`'s open cache file `f` (kept per process while the file is the
-        same inode); ValueError for a file that is not this block's (another block's, another
-        dataset's, cut short)."""
-        inode = os.fstat(f.fileno()).st_ino
-        hit = self._metas.get(b)
-        if hit is not None and hit.inode == inode:
-            self._metas.move_to_end(b)
-            return hit
+    def _open(self, b: int) -> _Mapped:
+        """Block `b`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
+        file that is not this block's (another block's, another dataset's, cut short)."""
         rows = self.unit_rows(b)
-        head_want = self._header(b, len(rows))
-        n_rows = 8 * len(rows)
-        fixed = f.read(len(head_want) + n_rows + HASH_BYTES * len(rows))
-        if fixed[: len(head_want)] != head_want:
-            raise ValueError(f"{self.path(b)} is not block {b} of this dataset")
-        if not np.array_equal(np.frombuffer(fixed[len(head_want) : len(head_want) + n_rows], "<i8"), rows):
-            raise ValueError(f"{self.path(b)} holds other rows")
-        start = np.zeros(len(rows) + 1, np.int64)
+        head = self._header(b, len(rows))
+        with open(f"{self._dir}/{b}{BLOCK_EXT}", "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        n = len(rows)
+        data = len(head) + (8 + HASH_BYTES) * n
+        start = np.zeros(n + 1, np.int64)
         np.cumsum(np.asarray(self.index.tokens[rows], np.int64), out=start[1:])
-        data = len(fixed)
-        if os.fstat(f.fileno()).st_size != data + int(start[-1]) * self.itemsize:
-            raise ValueError(f"{self.path(b)} is cut short")
-        meta = _Meta(rows, fixed[len(head_want) + n_rows :], start, data, inode)
-        if len(self._metas) >= MAX_OPEN_BLOCKS:
-            self._metas.popitem(last=False)
-        self._metas[b] = meta
-        return meta
+        if (
+            len(mm) != data + int(start[-1]) * self.itemsize
+            or mm[: len(head)] != head
+            or not np.array_equal(np.frombuffer(mm, "<i8", n, len(head)), rows)
+        ):
+            raise ValueError(f"{self.path(b)} is not block {b} of this dataset")
+        raw = memoryview(mm)[data:]
+        ids = np.frombuffer(mm, self.dtype, int(start[-1]), data)
+        sha = mm[len(head) + 8 * n : data]
+        return _Mapped(dict(zip(rows.tolist(), range(n))), sha, start.tolist(), raw, ids)
 
-    def _read_block(
-        self, b: int, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray
-    ) -> list[np.ndarray]:
-        """The pieces (row, first token, count) of block `b`, each whole document read checked against
-        its hash first. A cache file that is not the block, or whose bytes fail the check, is removed
-        and fetched again (never read); failing again just after a fetch, the cache is named. A block
-        evicted meanwhile (another loader of the node needed the room) is fetched again, no failure."""
-        failures, evicted = 0, 0
-        while True:
-            self.fetch(b)
+    def _mapped(self, b: int) -> _Mapped:
+        """Block `b` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
+        loader of the node needed the room); a copy that is not the block is removed and fetched again."""
+        hit = self._maps.get(b)
+        if hit is not None:
+            self._maps.move_to_end(b)
+            return hit
+        for _ in range(100):
             try:
-                with open(self.path(b), "rb") as f:
-                    meta = self._meta(b, f)
-                    k_of = np.searchsorted(meta.rows, rows)
-                    docs: dict[int, np.ndarray] = {}
-                    for k in np.unique(k_of).tolist():
-                        a, z = int(meta.start[k]), int(meta.start[k + 1])
-                        raw = os.pread(f.fileno(), (z - a) * self.itemsize, meta.data + a * self.itemsize)
-                        if hashlib.sha256(raw).digest() != meta.sha[k * HASH_BYTES : (k + 1) * HASH_BYTES]:
-                            raise ValueError(f"manifest row {int(meta.rows[k])} fails its sha256")
-                        docs[k] = np.frombuffer(raw, self.dtype)
-                return [
-                    docs[k][s : s + n] for k, s, n in zip(k_of.tolist(), starts.tolist(), counts.tolist())
-                ]
+                m = self._open(b)
+                break
             except FileNotFoundError:
-                evicted += 1
-                if evicted > 100:  # not a race any more: the cache is thrashing
-                    raise DatasetError(
-                        f"{self.path(b)}: block {b} of {self.url} was evicted 100 times before it could be "
-                        "read: the loaders sharing data.cache_dir need more room; raise data.cache_gb"
-                    ) from None
-            except (OSError, ValueError) as e:
-                self._metas.pop(b, None)
-                self.path(b).unlink(missing_ok=True)
-                COUNTS.add("refetches")
-                failures += 1
-                if failures == 2:
-                    raise DatasetError(
-                        f"{self.path(b)}: the cache's copy of block {b} of {self.url} failed its check ({e}) "
-                        "twice, the second time just after it was fetched and checked: something damages "
-                        "or replaces what is written to data.cache_dir; give the run a cache directory of "
-                        "its own on another disk"
-                    ) from None
+                self.fetch(b)
+            except ValueError:
+                self._failed(b, "the file is not this block")
+        else:
+            raise DatasetError(
+                f"{self.path(b)}: block {b} of {self.url} was evicted 100 times before it could be read: "
+                "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
+            )
+        if len(self._maps) >= MAX_OPEN_BLOCKS:
+            self._maps.popitem(last=False)
+        self._maps[b] = m
+        return m
+
+    def _failed(self, b: int, why: str) -> None:
+        """Block `b`'s cached copy failed its check: removed, to be fetched again; a second failure of a
+        copy fetched just before names the cache."""
+        self._maps.pop(b, None)
+        self.path(b).unlink(missing_ok=True)
+        COUNTS.add("refetches")
+        self._failures[b] = self._failures.get(b, 0) + 1
+        if self._failures[b] >= 2:
+            raise DatasetError(
+                f"{self.path(b)}: the cache's copy of block {b} of {self.url} failed its check ({why}) "
+                "twice, the second time just after it was fetched and checked: something damages or "
+                "replaces what is written to data.cache_dir; give the run a cache directory of its own on "
+                "another disk"
+            )
 
     def read_into(
         self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray, at: np.ndarray
     ) -> None:
         """Pieces (manifest row, first token, count) of this split's documents into `out[at[k]:]`, each
-        document read checked against its sha256 first (DocumentTable.read)."""
-        blocks = self.units_of_rows(docs)
-        _, first = np.unique(blocks, return_index=True)
-        for b in blocks[np.sort(first)].tolist():  # in the order the pieces need them, as the prefetcher
-            sel = np.flatnonzero(blocks == b)
-            pieces = self._read_block(b, docs[sel], starts[sel], counts[sel])
-            for piece, pos in zip(pieces, at[sel].tolist()):
-                out[pos : pos + len(piece)] = piece
+        document read checked against its sha256 first, in the cache's copy as it is on disk now
+        (DocumentTable.read). A copy that fails is removed and fetched again, never read."""
+        units = self.units_of_rows(docs).tolist()
+        pieces = list(zip(units, docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
+        item = self.itemsize
+        for _ in range(3):
+            checked: set[tuple[int, int]] = set()
+            try:
+                for u, row, first, n, pos in pieces:  # in the order the batch needs them, as fetched
+                    m = self._mapped(u)
+                    k = m.at[row]
+                    if (u, k) not in checked:
+                        a, z = m.start[k], m.start[k + 1]
+                        if hashlib.sha256(m.raw[a * item : z * item]).digest() != m.sha[k * 32 : k * 32 + 32]:
+                            raise _BadCopy(u, row)
+                        checked.add((u, k))
+                    a = m.start[k] + first
+                    out[pos : pos + n] = m.ids[a : a + n]
+                self._failures.clear()
+                return
+            except _BadCopy as bad:
+                self._failed(bad.unit, f"manifest row {bad.row} fails its sha256")
+        raise AssertionError("unreachable")  # _failed raises on the second failure of a unit
 
     def locate(self, row: int) -> str:
         """Where row `row`'s ids come from, for error messages."""
