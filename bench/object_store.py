@@ -195,7 +195,7 @@ def main() -> None:
             print(f"[{what}] requests to open: {cold} cold, {warm} with the lengths cached")
             proxy.reset_counts()
             before = COUNTS.snapshot()
-            seconds = run_steps(url, args, working, steps, **vf)
+            seconds = run_steps(url, args, working, steps, last_step=steps, **vf)  # no lookahead past it
             got = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
             trained_tokens = steps * args.global_batch * (args.seq_len + 1)
             trained = trained_tokens * 2

@@ -317,10 +317,14 @@ def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic,
     assert workers == hashes(local, 40)
 
 
-def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path):
+def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path, monkeypatch):
     """Bytes the store sends over an epoch, counted by the proxy, ÷ the token bytes the epoch trains,
     with a cache of the loader's working set: FineWeb-Edu-like lengths (lognormal, mean ~900 tokens)
-    and 0.1% held out, as the real recipes."""
+    and 0.1% held out, as the real recipes; groups of 4 blocks, so the epoch has 8 and the cache holds
+    a part of the dataset."""
+    from training.data import order as epoch_order
+
+    monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 4)
     rng = np.random.default_rng(0)
 
     def documents():
@@ -335,10 +339,12 @@ def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path):
     url = s3.url("lognormal")
     upload_dataset(local, url, log=lambda *a: None)
     seq, batch = 2048, 4
-    loader = dataset_loader(url, seq_len=seq, global_batch=batch, micro_batch=batch, seed=1,
-                            val_fraction=0.001, cache=cache(tmp_path / "c"))  # fmt: skip
+    geometry = dict(seq_len=seq, global_batch=batch, micro_batch=batch, seed=1, val_fraction=0.001)
+    steps = dataset_loader(local, **geometry).steps_per_epoch
+    loader = dataset_loader(
+        url, **geometry, last_step=steps, cache=cache(tmp_path / "c")
+    )  # no lookahead past it
     s3.proxy.reset_counts()
-    steps = loader.steps_per_epoch
     for _, _ in zip(range(steps), loader):
         pass
     trained = steps * batch * (seq + 1) * 2
