@@ -311,12 +311,23 @@ def _check_documents(
         keys.append(key)
         arrays.append(np.frombuffer(mm, dtype=dtype, count=n // item, offset=off))
 
+    _check_documents_read(spec, res, keys, arrays)
+    _check_manifest(spec, res, members, item)
+    _check_counts(spec, res)
+
+
+def _check_documents_read(
+    spec: _ShardSpec, res: ShardResult, keys: list[str], arrays: list[np.ndarray]
+) -> None:
+    """The documents a shard holds (their keys and ids, in order): counted, and their ids checked."""
     res.documents = len(keys)
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     res.tokens = int(lengths.sum())
     if arrays:
         _check_ids(spec, res, keys, np.concatenate(arrays), lengths)
-    _check_manifest(spec, res, members, item)
+
+
+def _check_counts(spec: _ShardSpec, res: ShardResult) -> None:
     exp = spec.expected
     if exp is not None:
         for what, got in (("documents", res.documents), ("tokens", res.tokens)):
@@ -371,16 +382,8 @@ def _check_samples(
             )
     for key, (off, *_rest) in rows[at:]:
         res.add(f"in the manifest at byte {off}, where no sample of this tar has a document", key)
-    res.documents = len(keys)
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    res.tokens = int(lengths.sum())
-    if arrays:
-        _check_ids(spec, res, keys, np.concatenate(arrays), lengths)
-    exp = spec.expected
-    if exp is not None:
-        for what, got in (("documents", res.documents), ("tokens", res.tokens)):
-            if exp.get(what) != got:
-                res.add(f"holds {got} {what}, dataset.json says {exp.get(what)}")
+    _check_documents_read(spec, res, keys, arrays)
+    _check_counts(spec, res)
 
 
 def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndarray, lengths: np.ndarray):

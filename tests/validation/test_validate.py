@@ -58,14 +58,6 @@ def clean(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def ds(clean, tmp_path) -> Path:
-    """A private copy of the clean dataset to damage."""
-    root = tmp_path / "ds"
-    shutil.copytree(clean, root)
-    return root
-
-
 @pytest.fixture(scope="module")
 def clean_legacy(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("clean-legacy") / "ds"
@@ -73,12 +65,20 @@ def clean_legacy(tmp_path_factory) -> Path:
     return root
 
 
+def private_copy(clean: Path, tmp_path: Path) -> Path:
+    """A copy of a clean dataset for a test to damage."""
+    shutil.copytree(clean, tmp_path / "ds")
+    return tmp_path / "ds"
+
+
+@pytest.fixture
+def ds(clean, tmp_path) -> Path:
+    return private_copy(clean, tmp_path)
+
+
 @pytest.fixture
 def legacy_ds(clean_legacy, tmp_path) -> Path:
-    """A private copy of the clean /1 dataset to damage."""
-    root = tmp_path / "ds"
-    shutil.copytree(clean_legacy, root)
-    return root
+    return private_copy(clean_legacy, tmp_path)
 
 
 def problems(root: Path) -> list[str]:
@@ -87,6 +87,24 @@ def problems(root: Path) -> list[str]:
     saved = json.loads((root / VALIDATION_JSON).read_text())
     assert saved["ok"] is False and saved["n_problems"] == report.n_problems
     return [str(p) for p in report.problems]
+
+
+def rewrite_tar(shard: Path, edit, extra: tuple[str, bytes]) -> list[tuple[tarfile.TarInfo, bytes]]:
+    """Write `shard` again with each member's data `edit(name, data)` and one `extra` (name, data)
+    member at the end; returns the original members and their data."""
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for m, data in members:
+            new = tarfile.TarInfo(m.name)
+            data = edit(m.name, data)
+            new.size = len(data)
+            tf.addfile(new, io.BytesIO(data))
+        name, data = extra
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return members
 
 
 def row_of(root: Path, key: str) -> dict:
@@ -356,19 +374,9 @@ def test_member_level_problems_legacy(legacy_ds):
     ds = legacy_ds
     shard = shard_files(ds)[0]
     with tarfile.open(shard) as tf:
-        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
-    keys = sorted({m.name.split(".")[0] for m, _ in members})
-    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for m, data in members:
-            if m.name == f"{keys[0]}.ids":
-                data = data[:-1]
-            if m.name == f"{keys[1]}.json":
-                data = b'{"id": "\xff\xfe"}'
-            m.size = len(data)
-            tf.addfile(m, io.BytesIO(data))
-        extra = tarfile.TarInfo(f"{keys[1]}.txt")
-        extra.size = 2
-        tf.addfile(extra, io.BytesIO(b"hi"))
+        keys = sorted({m.name.split(".")[0] for m in tf.getmembers()})
+    bad = {f"{keys[0]}.ids": lambda d: d[:-1], f"{keys[1]}.json": lambda d: b'{"id": "\xff\xfe"}'}
+    members = rewrite_tar(shard, lambda name, d: bad.get(name, lambda d: d)(d), (f"{keys[1]}.txt", b"hi"))
     found = problems(ds)
     where = f"shards/{shard.name}: document"
     assert (
@@ -511,16 +519,8 @@ def test_sample_level_problems(ds):
     """An odd .ids length and a member of another kind: each named with its sample."""
     shard = shard_files(ds)[0]
     with tarfile.open(shard) as tf:
-        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
-    key = members[0][0].name.split(".")[0]
-    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for m, data in members:
-            data = data[:-1]
-            m.size = len(data)
-            tf.addfile(m, io.BytesIO(data))
-        extra = tarfile.TarInfo(f"{key}.json")
-        extra.size = 2
-        tf.addfile(extra, io.BytesIO(b"{}"))
+        key = tf.getmembers()[0].name.split(".")[0]
+    members = rewrite_tar(shard, lambda name, d: d[:-1], (f"{key}.json", b"{}"))
     found = problems(ds)
     where = f"shards/{shard.name}: sample {key}"
     assert f"{where}: .ids has {len(members[0][1]) - 1} bytes, not a multiple of the uint16 size 2" in found
