@@ -5,6 +5,7 @@ corpus                  the shared fixture corpus: texts, separator constants, t
 dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (test_parallelize runs it)
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
+legacy_dataset          datasets in the legacy shard layout (gristmill-shards/1), for data convert's tests
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
