@@ -40,6 +40,7 @@ from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
+from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
 from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
@@ -127,9 +128,15 @@ def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
     exports = set(list_steps(run_dir / EXPORTS_DIR, merged))
     if not merged:
         return sorted(exports | set(complete_steps(run_dir)))
-    return sorted(
-        exports | {s for s in complete_steps(run_dir) if merged_step(checkpoint_dir(run_dir, s)) == s}
-    )
+    return sorted(exports | {s for s in complete_steps(run_dir) if _holds_merged(run_dir, s)})
+
+
+def _holds_merged(run_dir: Path, step: int) -> bool:
+    """Whether checkpoint `step` holds its step's merged weights (one it cannot read does not)."""
+    try:
+        return merged_step(checkpoint_dir(run_dir, step)) == step
+    except CheckpointError:
+        return False
 
 
 @dataclass(frozen=True)

@@ -142,17 +142,22 @@ def test_the_rows_the_step_line_the_trackers_and_the_loss_curve_carry_the_merged
     assert curves["validation, merged weights ([merge])"] == [[s, rows[s]["merged/val_loss"]] for s in (4, 8)]
 
 
-def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_path):
+@pytest.mark.parametrize("point", ["trained:7", "saved:4"])
+def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_path, point):
     """Killed once step 7 is trained and folded into the window (steps 6–8), before its checkpoint:
     the resume goes back to step 6's checkpoint, whose accumulator holds step 6 alone, and trains 7
-    and 8 again; the merged weights and every row equal the uninterrupted run's."""
+    and 8 again. Killed once merge point 4's checkpoint is complete, before its row: the resume
+    validates the merged weights that checkpoint holds for the row. Either way the merged weights
+    and every row equal the uninterrupted run's."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets(dataset, run, *WINDOW)]
     killed = subprocess.run(
-        cmd, cwd=ROOT, env={**ENV, KILL: "trained:7"}, capture_output=True, text=True, timeout=300
+        cmd, cwd=ROOT, env={**ENV, KILL: point}, capture_output=True, text=True, timeout=300
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert list_steps(run / "checkpoints")[-1] == 6 and list_steps(run / "exports", merged=True) == [4]
+    saved = 6 if point == "trained:7" else 4
+    assert list_steps(run / "checkpoints")[-1] == saved and list_steps(run / "exports", merged=True) == [4]
+    assert saved not in [r["step"] for r in read_metrics(run)] or point == "trained:7"
     run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
     assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
     scores = ("loss", "val_loss", "merged/val_loss", "merged/steps")

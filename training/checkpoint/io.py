@@ -331,7 +331,10 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
     except (GristmillError, OSError):
         return None
     ckpt = checkpoint_dir(run_dir, step)
-    held = merged_step(ckpt) if incomplete_reason(ckpt) is None else None
+    try:
+        held = merged_step(ckpt) if incomplete_reason(ckpt) is None else None
+    except CheckpointError as e:
+        return f"step {step}'s checkpoint cannot be read: {e}"
     if m.kind == "none" and held is None:
         return (
             f"step {step} has no merged weights: {run_dir} has no [merge] (merge.kind = 'none' in its "
