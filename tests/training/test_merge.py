@@ -340,3 +340,18 @@ def test_the_swap_for_scoring_is_exact_and_float8_weights_are_read_inside_their_
     inner = torch.randn(4, 4)
     wrapped = WeightWithDynamicFloat8CastTensor(inner, LinearMMConfig(), torch.float8_e4m3fn)
     assert master_tensor(wrapped) is inner and master_tensor(inner) is inner
+
+
+def test_eval_png_draws_the_merged_scores_beside_the_raw_ones():
+    """eval.png's panel of a (task, metric) holds the raw weights' values and, apart, the merged
+    weights' (eval.parquet's `merged` rows); a merged NaN is left out and counted like a raw one."""
+    from validation.eval_results import plot_panels
+
+    def row(step, value, merged):
+        return {"step": step, "task": "heldout_ppl", "metric": "bits_per_byte", "filter": "none",
+                "value": value, "stderr": None, "merged": merged}  # fmt: skip
+
+    rows = [row(4, 4.4, False), row(4, 4.3, True), row(8, 4.2, False), row(8, float("nan"), True)]
+    (panel,) = plot_panels(rows, {})
+    assert (panel.steps, panel.values) == ([4, 8], [4.4, 4.2])
+    assert panel.merged == [(4, 4.3)] and panel.nonfinite == 1
