@@ -73,8 +73,8 @@ plot = false
 """
 
 
-def train(config: Path, run_dir: Path) -> dict:
-    """One `gristmill train` in a process of its own: its steps, wall seconds and final held-out loss."""
+def gristmill_train(config: Path, run_dir: Path) -> tuple[list[dict], float]:
+    """One `gristmill train` in a process of its own: its metrics.jsonl rows and wall seconds."""
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
     proc = subprocess.run(
@@ -83,7 +83,13 @@ def train(config: Path, run_dir: Path) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"gristmill train exited {proc.returncode}: {proc.stderr[-2000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"steps": rows[-1]["step"], "seconds": time.perf_counter() - t0, "val_loss": rows[-1]["val_loss"],
+    return rows, time.perf_counter() - t0
+
+
+def train(config: Path, run_dir: Path) -> dict:
+    """One `gristmill train`: its steps, wall seconds and final held-out loss."""
+    rows, seconds = gristmill_train(config, run_dir)
+    return {"steps": rows[-1]["step"], "seconds": seconds, "val_loss": rows[-1]["val_loss"],
             "tokens": rows[-1]["tokens_seen"]}  # fmt: skip
 
 

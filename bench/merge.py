@@ -29,14 +29,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shutil
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from bench.batch_warmup import gristmill_train
 from bench.rewind_cost import run as tokens_per_s
 from training.config import MergeSection, load_train_config
 from training.contract.config_loader import save_config
@@ -95,15 +93,8 @@ def recipe(path: Path, run_dir: Path, seed: int, *, decay: bool, merge: MergeSec
 def train(config: Path, run_dir: Path) -> dict[int, dict]:
     """One `gristmill train`; its rows at the validation steps."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    t0 = time.perf_counter()
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", str(config)]
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"gristmill train exited {proc.returncode}: {proc.stderr[-2000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    print(f"  {run_dir.name}: {time.perf_counter() - t0:.0f} s", flush=True)
+    rows, seconds = gristmill_train(config, run_dir)
+    print(f"  {run_dir.name}: {seconds:.0f} s", flush=True)
     return {r["step"]: r for r in rows if "val_loss" in r}
 
 
