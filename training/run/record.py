@@ -107,10 +107,10 @@ class RunRecord:
         os.write(self.jsonl, (json.dumps(row) + "\n").encode())
         say(format_line(row))
         self.trackers.log(row)
-        if evaluated and any(
-            (eval_dir(self.run_dir, row["step"], m) / RESULTS_JSON).is_file() for m in (0, 1)
-        ):
-            write_eval_table(self.run_dir)  # the raw weights' results, and at a merge point the merged ones
+        # the raw weights' results, and at a merge point the merged ones'
+        results = [eval_dir(self.run_dir, row["step"], merged) / RESULTS_JSON for merged in (False, True)]
+        if evaluated and any(path.is_file() for path in results):
+            write_eval_table(self.run_dir)
         step = row["step"]
         if ledger and step > 0:
             self._consumption(step)
