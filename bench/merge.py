@@ -8,7 +8,8 @@ configs/train/demo.toml's header).
 `cost`: the demo recipe through `gristmill train` three ways, alternating (none, window, ema, none, …)
 so drift on a shared machine hits all of them: no [merge]; a window of 50 every 50 steps (every step is
 added: the most a window costs); an EMA (decay 0.99; a lerp every step). Each run's figure is the
-median logged tokens/s after step `--skip`; the result is the ratio of the medians over runs. No
+median logged tokens/s after step `--skip`; the result is the ratio of the medians over runs, and
+beside it what folding one step in costs, timed alone on the demo model (`fold_seconds`). No
 validation (the merged weights' scoring is validation's cost, not the step's). One torch thread
 per run (`--threads`, for both parts): on the shared 2-core VM (load 11) the demo trained 2,150
 tokens/s with one thread and 170 with torch's two, which spin against each other.
@@ -62,11 +63,38 @@ def cost(args: argparse.Namespace) -> dict:
             figures[mode].append(tokens_per_s(DEMO, common + sets, run_dir, args.skip))
             shutil.rmtree(run_dir, ignore_errors=True)
     medians = {m: statistics.median(v) for m, v in figures.items()}
+    fold = fold_seconds(args.threads)
+    step_s = 4096 / medians["none"]  # the demo's main and decay phases: 4,096 tokens a step
     for mode in ("window", "ema"):
         print(f"[merge] {mode}: {medians[mode]:,.0f} tokens/s vs none {medians['none']:,.0f}: ratio "
-              f"{medians[mode] / medians['none']:.3f}", flush=True)  # fmt: skip
-    return {"runs": figures, "medians": medians, "steps": args.steps,
+              f"{medians[mode] / medians['none']:.3f}; folding a step in takes {fold[mode] * 1e3:.2f} ms, "
+              f"{fold[mode] / step_s:.2%} of a 4,096-token step", flush=True)  # fmt: skip
+    return {"runs": figures, "medians": medians, "steps": args.steps, "fold_seconds": fold,
             "ratios": {m: medians[m] / medians["none"] for m in ("window", "ema")}}  # fmt: skip
+
+
+def fold_seconds(threads: int, calls: int = 200) -> dict[str, float]:
+    """What `MergedWeights.trained` costs per step on the demo model, timed in this process (the
+    median of `calls`): the window's foreach add and the EMA's foreach lerp over every parameter."""
+    import torch
+
+    from training.merge import MergedWeights, MergePoints
+    from training.model import PRESETS, Transformer
+
+    if threads:
+        torch.set_num_threads(threads)
+    model = Transformer(PRESETS["demo"].replace(vocab_size=8192))
+    out = {}
+    for kind, settings in (("window", MergeSection("window", every=10**9, window=10**9)),
+                           ("ema", MergeSection("ema", every=10**9, decay=0.99))):  # fmt: skip
+        merge = MergedWeights(model, settings, MergePoints(settings.every, (10**9,)))
+        times = []
+        for step in range(1, calls + 1):
+            t0 = time.perf_counter()
+            merge.trained(step)
+            times.append(time.perf_counter() - t0)
+        out[kind] = statistics.median(times[1:])  # the first is a copy, not a fold
+    return out
 
 
 def recipe(path: Path, run_dir: Path, seed: int, *, decay: bool, merge: MergeSection, threads: int) -> Path:
