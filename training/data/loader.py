@@ -443,12 +443,15 @@ def dataset_loader(
     expect_vocab_size: int | None = None,
     expect_tokenizer_sha256: str | None = None,
     cache: CacheSettings | None = None,
+    batches: int = 1,
     **settings: Any,
 ) -> TokenLoader:
     """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
     without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `cache`: where a
-    bucket's dataset is cached (default: CacheSettings.of()). `settings`: TokenLoader's rank,
-    world_size, num_workers, check_separators, pin_memory."""
+    bucket's dataset is cached (default: CacheSettings.of()). `batches`: the global batches the
+    caller reads from the split's start; a split whose epoch holds fewer is refused (they would
+    repeat its windows). `settings`: TokenLoader's rank, world_size, num_workers, check_separators,
+    pin_memory."""
     _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
     if split not in SPLITS:
         raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
@@ -465,12 +468,17 @@ def dataset_loader(
         cache=cache,
     )
     steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
-    if steps == 0:
+    if steps < batches:
+        batch = f"{global_batch} × (seq_len {seq_len} + 1)"
+        wanted = (
+            f"one global batch of {batch} = {global_batch * (seq_len + 1):,}"
+            if batches == 1
+            else f"{batches} global batches of {batch} tokens: {batches * global_batch * (seq_len + 1):,}"
+        )
         raise LoaderConfigError(
-            f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
-            f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
+            f"split {split!r} of {dataset_dir} has {docs.tokens:,} tokens, fewer than {wanted}; "
             + (
-                f"raise val_fraction (now {val_fraction}) or turn validation off"
+                f"raise val_fraction (now {val_fraction}), read fewer batches, or turn validation off"
                 if split == "val"
                 else "lower global_batch or seq_len, or use a bigger dataset"
             )

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from training.config import TrainConfig
 from training.config_checks import RunSpec
-from training.data.loader import TokenLoader, dataset_loader
+from training.data.loader import LoaderConfigError, TokenLoader, dataset_loader
 from training.data.plan import Plan
 
 
@@ -47,7 +47,7 @@ class Validation:
         self.sources = [s for s in spec.sources if s.val_fraction > 0]
         self._loaders: dict[tuple[str, int, int, int], tuple[TokenLoader, dict]] = {}
         for phase in range(len(spec.shapes) if self.sources else 0):
-            self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
+            self.loaders(phase)  # a held-out split too small for val_batches of a phase's batch: refused
 
     def due(self, step: int) -> bool:
         return step % self.cfg.run.val_every == 0 or step == self.last_step
@@ -58,18 +58,26 @@ class Validation:
         for src in self.sources:
             key = (src.name, shape.seq_len, shape.global_batch, shape.micro_batch)
             if key not in self._loaders:
-                loader = dataset_loader(
-                    src.dataset,
-                    split="val",
-                    seq_len=shape.seq_len,
-                    global_batch=shape.global_batch,
-                    micro_batch=shape.micro_batch,
-                    seed=self.cfg.data.seed,
-                    val_fraction=src.val_fraction,
-                    expect_vocab_size=self.vocab_size,
-                    cache=self.spec.cache,
-                    **self.settings,
-                )
+                try:
+                    loader = dataset_loader(
+                        src.dataset,
+                        split="val",
+                        seq_len=shape.seq_len,
+                        global_batch=shape.global_batch,
+                        micro_batch=shape.micro_batch,
+                        seed=self.cfg.data.seed,
+                        val_fraction=src.val_fraction,
+                        expect_vocab_size=self.vocab_size,
+                        cache=self.spec.cache,
+                        batches=self.cfg.run.val_batches,  # more would repeat held-out windows
+                        **self.settings,
+                    )
+                except LoaderConfigError as e:
+                    name = self.plan.phases[phase].name
+                    where = f", phase {name!r}" if len(self.plan.phases) > 1 else ""
+                    raise LoaderConfigError(
+                        f"source {src.name!r}{where}: run.val_batches = {self.cfg.run.val_batches}: {e}"
+                    ) from None
                 self._loaders[key] = (loader, loader.state_dict())
             out.append((src.name, *self._loaders[key]))
         return out

@@ -220,3 +220,31 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
         assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
             k: v for k, v in a.items() if k.startswith("tokens/")
         }
+
+
+def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refused(sources, tmp_path, capsys):
+    """Validation reads run.val_batches global batches of the current phase's batch from the start
+    of each held-out split: a split whose epoch holds fewer would repeat held-out windows. Refused
+    before step 1, naming the source, the phase and the figures (issue 47: it trained on)."""
+    from training.data.order import epoch_steps
+    from training.data.reader import DocumentTable
+
+    held = {  # held-out global batches per (source, phase) at the recipe's val_fraction 0.3
+        (name, phase): epoch_steps(DocumentTable(path, split="val", val_fraction=0.3).tokens, seq, g)[0]
+        for name, path in sources.items()
+        for phase, seq, g in (("small", 32, 16), ("big", 32, 32), ("long", 64, 12))
+    }
+    (source, phase), fits = min(held.items(), key=lambda kv: kv[1])
+    assert phase == "big" and fits < held[source, "small"]  # the bigger batch is the one refused
+    run_dir = tmp_path / "run"
+    path = write(sources, tmp_path / "r.toml", run_dir)
+    assert gristmill(["train", "--config", str(path), "--set", f"run.val_batches={fits + 1}"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    tokens = DocumentTable(sources[source], split="val", val_fraction=0.3).tokens
+    assert f"source {source!r}, phase 'big': run.val_batches = {fits + 1}: split 'val' of" in line, line
+    assert f"has {tokens:,} tokens, fewer than {fits + 1} global batches of 32 × (seq_len 32 + 1)" in line
+    assert [p.name for p in run_dir.iterdir()] == [".gristmill.lock"]  # no step, no record
+    # val_batches the split holds: the run starts (one step, validated at its end)
+    sets = [f"run.val_batches={fits}", "run.max_steps=1", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(path), "--set", *sets]) == 0
+    assert "val_loss" in read_metrics(run_dir)[-1]
