@@ -23,6 +23,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from pipelines.local_s3 import aws_env
 from pipelines.upload import upload_dataset
+from tests.helpers.build_runs import assert_kill_9_leaves_no_process
 from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
@@ -163,6 +164,15 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
+
+
+def test_kill_9_of_a_bucket_build_leaves_no_process_behind(s3, build_fixture, tmp_path):
+    """As for a local output (tests/pipelines/test_build_signals.py): every process the build started
+    ends with it (issue 47)."""
+    _, _, config = build_fixture
+    work = tmp_path / "work"
+    sets = [f"output={json.dumps(s3.url('killed-build'))}", f"build.workdir={json.dumps(str(work))}"]
+    assert_kill_9_leaves_no_process(config, work, run_env(s3, tmp_path), *sets)
 
 
 def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_path):
