@@ -338,7 +338,9 @@ def local_run(synthetic, tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(s3, synthetic, local_run, tmp_path):
+def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(
+    s3, synthetic, local_run, tmp_path, capsys
+):
     _, url = synthetic
     run_dir = tmp_path / "run"
     sets = overrides(url, run_dir, f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}")
@@ -370,6 +372,14 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(s3, sy
     )
     assert any(r["fetch/retries"] > 0 for r in rows) and s3.proxy.counts.slow_down > 0
     assert "fetch/requests" not in metrics(local_run)[0]  # a local dataset is read in place
+    # the run's own view names the bucket's URL as the user wrote it, not the cache's path (issue 47)
+    capsys.readouterr()
+    assert gristmill(["data", "inspect", str(run_dir), "--step", "1", "--max-rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith(f"# run {run_dir}: 1 source(s) data = {url}; ") and str(tmp_path / "cache") not in out
+    )
+    assert url.replace("s3://", "s3:/") + "/" not in out.replace(url, "")  # no URL with one slash
 
 
 def test_two_ranks_share_the_cache_and_fetch_each_shard_once(s3, synthetic, local_run, tmp_path):
@@ -409,7 +419,7 @@ def test_bad_bucket_input_is_one_line_before_any_work(
         monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     if problem == "unreachable endpoint":
         monkeypatch.setenv("AWS_ENDPOINT_URL", closed_port_url())
-    want = {
+    want = {  # a missing bucket: one line saying to create it (issue 47)
         "unknown bucket": f"error: bucket 'no-such-bucket' does not exist at {s3.proxy.url} ({url}",
         "no credentials": "error: no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
         "unreachable endpoint": "error: cannot reach http://127.0.0.1:",
@@ -443,6 +453,7 @@ def test_bad_bucket_input_is_one_line_before_any_work(
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(want), (argv, err)
         assert url in err[0] or problem == "no credentials", err
+        assert ": create it, or fix the URL" in err[0] or problem != "unknown bucket", err
     assert not work.exists() and not (tmp_path / "run").exists()
 
 
