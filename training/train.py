@@ -55,6 +55,7 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     with_resume,
 )
 from training.contract.errors import GristmillError
+from training.data.plan import trained_step
 from training.metrics import mfu, no_step_row, peak_memory_bytes, snapshot, step_row, update_ratio
 from training.optim import ScheduledLR, clip_grad_norm
 from training.run.console import console, say
@@ -343,9 +344,10 @@ def _rewind(run: Run, target: RewindTarget) -> None:
     run.metrics.discard(after=skip.checkpoint_step, rewind=skip.rewind)
     run.record.rewound(skip)
     if skip.last_step >= run.last_step and (run.validation is not None or run.evaluator is not None):
+        weights = trained_step(run.timeline.skips, skip.checkpoint_step)  # an earlier skip's: not trained
         note = (
             f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
-            f"{skip.rewind}; the final weights are step {skip.checkpoint_step}'s"
+            f"{skip.rewind}; the final weights are step {weights}'s"
         )
         row = no_step_row(skip.last_step, note)
         run.state.pending = {

@@ -88,7 +88,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
         weights = data_plan.integer_weights([ph.mix.get(s.name, 0.0) for s in sources])
         gb = ph.global_batch_tokens // ph.seq_len
         scale = batch_lr_factor(cfg.optim.batch_lr_scaling, ph.global_batch_tokens, first_batch)
-        piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0)
+        piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0, scale=scale)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
     return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg))
@@ -99,7 +99,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
     if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
-                 "global_batch": batch_key(cfg, 0)}  # fmt: skip
+                 "global_batch": batch_key(cfg, 0), "scale": "optim.batch_lr_scaling"}  # fmt: skip
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
@@ -113,7 +113,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
             "start": out[-1]["end"] if out else f"{k}.lr.peak",
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
-            "global_batch": batch_key(cfg, p),
+            "global_batch": batch_key(cfg, p), "scale": "optim.batch_lr_scaling",
         })  # fmt: skip
     return out
 

@@ -243,7 +243,7 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
     path.write_text(future)
     longer = loader_for(load_config(TrainConfig, path))
     longer.load_state_dict(state)
-    assert longer.resume_notes and "anneal: 3 steps" in longer.resume_notes[0]
+    assert longer.resume_notes and "phase 'anneal' added: 3 steps" in longer.resume_notes[0]
     assert longer.step == 4
     # The batches of the past and of the unchanged present are the same under both plans.
     assert step_hashes(cfg, 1)[:6] == step_hashes(load_config(TrainConfig, path), 1)[:6]
