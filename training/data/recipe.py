@@ -345,8 +345,9 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
 
 
 def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
-    """plan.png: the LR curve with phase boundaries, each source's share of every step and the
-    steps the rewinds skipped (`skips`). Returns a note instead when matplotlib is missing."""
+    """plan.png: the LR curve, the tokens of every step (the batch schedule) and each source's share
+    of it, with the phase boundaries and the steps the rewinds skipped (`skips`). Returns a note
+    instead when matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "plan.png skipped: matplotlib is not installed"
@@ -354,9 +355,18 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
 
     total = plan.total_steps
     steps = np.unique(np.linspace(0, total - 1, min(total, 2000)).astype(int))
-    fig, (ax_lr, ax_mix) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    fig, (ax_lr, ax_batch, ax_mix) = plt.subplots(
+        3, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2, 3]}
+    )
     ax_lr.plot(steps + 1, [plan.lr(int(s)) for s in steps], color="black")
     ax_lr.set_ylabel("learning rate")
+    # tokens per step: each phase's global batch × seq_len, a step function over the phases
+    edges = [*plan.first_step, total]
+    batch = [ph.global_batch * ph.seq_len for ph in plan.phases]
+    ax_batch.stairs(batch, np.array(edges) + 0.5, baseline=None, color="C0", linewidth=1.5)
+    ax_batch.set_ylim(0, max(batch) * 1.15)
+    ax_batch.set_ylabel("tokens per step")
+    ax_batch.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     shares = np.zeros((len(plan.sources), len(steps)))
     for j, s in enumerate(steps.tolist()):
         p, k = plan.locate(s)
@@ -368,10 +378,10 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
     ax_mix.set_ylim(0, 1)
     ax_mix.legend(loc="upper left", fontsize=8)
     for s in skips:  # steps a rewind skipped: their windows were read, not trained
-        for ax in (ax_lr, ax_mix):
+        for ax in (ax_lr, ax_batch, ax_mix):
             ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="red", alpha=0.15, linewidth=0)
     for p, ph in enumerate(plan.phases):
-        for ax in (ax_lr, ax_mix):
+        for ax in (ax_lr, ax_batch, ax_mix):
             ax.axvline(plan.first_step[p] + 0.5, color="grey", linestyle=":", linewidth=1)
         ax_lr.text(plan.first_step[p] + 1, ax_lr.get_ylim()[1], f" {ph.name} (seq {ph.seq_len})",
                    va="top", fontsize=8)  # fmt: skip
