@@ -536,6 +536,13 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
             f"eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size {e.batch_size}, "
             f"tasks {e.tasks}"
         )
+    held_out = [src.name for src in spec.sources if src.val_fraction > 0]
+    if e.source and e.source not in held_out:
+        raise ConfigError(
+            f"eval.source = {e.source!r}: not a source with held-out documents; the sources with some are "
+            f"{', '.join(held_out) or 'none (set a val_fraction)'}",
+            "eval.source",
+        )
     if e.interval and importlib.util.find_spec("lm_eval") is None:  # found without importing it
         raise ConfigError(
             f"eval.interval = {e.interval} runs lm-eval during training, and lm-eval is "
