@@ -170,10 +170,11 @@ def source_changes(sources: list[tuple[str, str]], fingerprints: dict[str, str])
     changed = []
     for name, dataset in sources:
         try:
-            now = f"{str(dataset_info(dataset).get('fingerprint'))[:12]}… now"
+            fingerprint = str(dataset_info(dataset).get("fingerprint"))
+            now, same = f"{fingerprint[:12]}… now", fingerprint == fingerprints[name]
         except GristmillError as e:
-            now = f"none readable now ({e})"
-        if not now.startswith(fingerprints[name][:12]):
+            now, same = f"none readable now ({e})", False
+        if not same:
             changed.append(f"source {name!r} ({dataset}) changed during the search: fingerprint "
                            f"{fingerprints[name][:12]}… at its start, {now}")  # fmt: skip
     if not changed:
