@@ -65,7 +65,14 @@ from validation.eval import (
 from validation.eval_data import damaged_task_files
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
-from validation.eval_results import EVAL_LOG, metric_order, rows_of, write_plot, write_step_results
+from validation.eval_results import (
+    EVAL_LOG,
+    chance_levels,
+    metric_order,
+    rows_of,
+    write_plot,
+    write_step_results,
+)
 
 TOKENIZER_SUBDIR = "tokenizer"  # RUN/eval/tokenizer: the export's tokenizer files, for in-process eval
 
@@ -207,7 +214,7 @@ class TrainingEval:
             if self.plan.local
             else f"step {step}: {_summary(rows)} ({seconds:.1f} s)"
         )
-        for line in _noise(step, rows):
+        for line in _noise(step, rows, chance_levels({step: results})):
             say(line)
         if failed:
             metrics.update(self._failed(step, "", failed))
@@ -223,8 +230,8 @@ def _load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-# A task scored on fewer items than this gets a warning: its score is noise at that size (on 9
-# held-out documents, a cloze accuracy of 0.333 ± 0.17 cannot be told from chance, 0.25).
+# A multiple-choice accuracy scored on fewer items than this gets a warning: it is noise at that size
+# (on 9 held-out documents, a cloze accuracy of 0.333 ± 0.17 cannot be told from chance, 0.25).
 MIN_SCORED = 20
 
 
@@ -248,15 +255,26 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{t} {_figure(r)}" for t, r in _headlines(rows).items())
 
 
-def _noise(step: int, rows: list[dict[str, Any]]) -> list[str]:
-    """A warning per task scored on fewer than MIN_SCORED items."""
-    return [
-        f"warning: step {step}: {t} {_figure(r)} is noise at that size (fewer than {MIN_SCORED} items): "
-        "score more held-out documents (a larger val_fraction of the source, another eval.source) or set "
-        "eval.limit = 0"
-        for t, r in _headlines(rows).items()
-        if r.get("samples") is not None and r["samples"] < MIN_SCORED
-    ]
+def _noise(step: int, rows: list[dict[str, Any]], chance: dict[str, float]) -> list[str]:
+    """A warning per multiple-choice task (one with a `chance` accuracy) whose headline accuracy is
+    noise: scored on fewer than MIN_SCORED items, or within two stderrs of chance."""
+    out = []
+    for t, r in _headlines(rows).items():
+        if t not in chance or not r["metric"].startswith("acc") or r.get("samples") is None:
+            continue
+        few = r["samples"] < MIN_SCORED
+        near = bool(r.get("stderr")) and abs(r["value"] - chance[t]) < 2 * r["stderr"]
+        if few or near:
+            what = (
+                f"is noise at that size (fewer than {MIN_SCORED} items)"
+                if few
+                else f"cannot be told from chance ({chance[t]:.3g}, within two stderrs) at that size"
+            )
+            out.append(
+                f"warning: step {step}: {t} {_figure(r)} {what}: score more held-out documents (a larger "
+                "val_fraction of the source, another eval.source) or set eval.limit = 0"
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
