@@ -9,9 +9,9 @@ import torch
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import TINY, overrides
 from training.config import load_train_config
-from training.config_checks import check_config
 from training.data.loader import batch_sha256
 from training.data.recipe import open_plan
+from training.data.spec import batch_shapes, check_config
 from training.run.validation import Validation
 
 
@@ -20,8 +20,9 @@ def held_out_batches(dataset, run, seed: int) -> list[str]:
     spec = check_config(cfg, 1)
     plan, _, _ = open_plan(cfg, spec)
     validation = Validation(
-        cfg, spec, plan, last_step=12, vocab_size=256, device=torch.device("cpu"), world_size=1, settings={}
-    )
+        cfg, spec, batch_shapes(cfg, spec, 1), plan, last_step=12, vocab_size=256, device=torch.device("cpu"),
+        world_size=1, settings={},
+    )  # fmt: skip
     ((_, loader, start),) = validation.loaders(0)
     loader.load_state_dict(start)
     it = iter(loader)
