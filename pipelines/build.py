@@ -303,8 +303,9 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
     elif local_like and not path.exists():
         raise BuildError(
             f"tokenizer {path} not found, and this recipe does not train one (tokenizer.train.if_missing "
-            "is false: it shares another dataset's tokenizer): build the dataset that trains it first "
-            "(e.g. configs/data/local-parquet.toml), or point tokenizer.path at that dataset's tokenizer.json"
+            "is false): when it is another dataset's (the sources of a mixture share one), build that "
+            "dataset first (e.g. configs/data/local-parquet.toml) or point tokenizer.path at its "
+            "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
         )
     tok = load_tokenizer(spec)
     if path.is_dir():
