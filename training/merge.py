@@ -205,7 +205,7 @@ class MergedWeights:
             raise ConfigError(
                 f"merge.kind = '{self.kind}': [merge] was added on resume, and the checkpoint holds no "
                 "merged weights (the run trained without [merge], so its windows and EMA would miss the "
-                "steps before it); resume without [merge] (--set merge.kind=none), or start a new run "
+                "steps before it); remove [merge] from the recipe to resume this run, or start a new run "
                 "directory with it",
                 "merge.kind",
             )

@@ -36,7 +36,7 @@ EMA = ("merge.kind='ema'", "merge.every=4", "merge.decay=0.7", "merge.export=tru
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("merge-data") / "ds", n_docs=300)
+    return make_dataset(tmp_path_factory.mktemp("merge-data") / "ds")
 
 
 def sets(dataset: Path, run: Path, *extra: str) -> list[str]:
