@@ -3,7 +3,7 @@ than the raw ones. CPU; needs the demo datasets (`make demo`, or the two `gristm
 configs/train/demo.toml's header).
 
     python -m bench.merge cost [--rounds 3 --steps 60]     # tokens/s with [merge] against without
-    python -m bench.merge evidence [--seeds 0 1 2]         # merged vs raw held-out loss; WSM vs the decay
+    python -m bench.merge evidence [--seeds 0 1 2 --jobs 2] # merged vs raw held-out loss; WSM vs the decay
 
 `cost`: the demo recipe through `gristmill train` three ways, alternating (none, window, ema, none, …)
 so drift on a shared machine hits all of them: no [merge]; a window of 50 every 50 steps (every step is
@@ -33,6 +33,7 @@ import json
 import shutil
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.batch_warmup import gristmill_train
@@ -42,10 +43,10 @@ from training.contract.config_loader import save_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs/train/demo.toml"
-MERGES = {  # the cost's modes: overrides of each
-    "none": [],
+MERGES = {  # the cost's modes: overrides of each (the demo recipe's own [merge] replaced)
+    "none": ["merge.kind=none", "merge.every=0", "merge.window=0"],
     "window": ["merge.kind=window", "merge.every=50", "merge.window=50"],
-    "ema": ["merge.kind=ema", "merge.every=50", "merge.decay=0.99"],
+    "ema": ["merge.kind=ema", "merge.every=50", "merge.window=0", "merge.decay=0.99"],
 }
 WINDOWS = (10, 25, 50)
 POINTS = (50, 100, 150)
@@ -129,30 +130,27 @@ def train(config: Path, run_dir: Path) -> dict[int, dict]:
 def evidence(args: argparse.Namespace) -> dict:
     out: dict = {"windows": {}, "seeds": {}}
     work = args.dir / f"evidence-{int(time.time())}"
+    configs: dict[str, Path] = {}  # every run, by name: independent, so `--jobs` of them at a time
     for seed in args.seeds:
-        windows = WINDOWS if seed == args.seeds[0] else (max(WINDOWS),)
-        runs = {}
-        for w in windows:
+        for w in WINDOWS if seed == args.seeds[0] else (max(WINDOWS),):
             name = f"seed{seed}-constant-window{w}"
             merge = MergeSection(kind="window", every=50, window=w)
-            runs[w] = train(
-                recipe(
-                    work / f"{name}.toml", work / name, seed, decay=False, merge=merge, threads=args.threads
-                ),
-                work / name,
+            configs[name] = recipe(
+                work / f"{name}.toml", work / name, seed, decay=False, merge=merge, threads=args.threads
             )
         name = f"seed{seed}-decay"
-        decayed = train(
-            recipe(
-                work / f"{name}.toml",
-                work / name,
-                seed,
-                decay=True,
-                merge=MergeSection(),
-                threads=args.threads,
-            ),
-            work / name,
+        configs[name] = recipe(
+            work / f"{name}.toml", work / name, seed, decay=True, merge=MergeSection(), threads=args.threads
         )
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        done = dict(zip(configs, pool.map(lambda n: train(configs[n], work / n), configs)))
+    for seed in args.seeds:
+        runs = {
+            w: done[f"seed{seed}-constant-window{w}"]
+            for w in WINDOWS
+            if f"seed{seed}-constant-window{w}" in done
+        }
+        decayed = done[f"seed{seed}-decay"]
         if seed == args.seeds[0]:
             raws = {tuple(r[s]["val_loss"] for s in POINTS) for r in runs.values()}
             out["raw_identical"] = len(raws) == 1  # merging never changes training
@@ -189,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="cost: runs of each mode")
     ap.add_argument("--skip", type=int, default=10, help="cost: logged rows up to this step are warm-up")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="evidence: the seeds")
+    ap.add_argument("--jobs", type=int, default=1, help="evidence: runs at a time (each its own process)")
     ap.add_argument("--threads", type=int, default=1, help="run.threads: torch threads per run (0: torch's)")
     ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-merge")
     ap.add_argument("--json", type=Path)
