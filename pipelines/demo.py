@@ -4,12 +4,14 @@ Each stage is the same code path a user runs by hand (the commands are printed b
 so the demo is an end-to-end check as well as a tour: build two datasets, prose and code (each
 validated) → audit → train on their mixture in three phases, the first at half the batch (the plan
 printed first; stopped inside phase "main" as if preempted, then resumed across the phase boundary;
-lm-eval scores the weights at steps 60, 100 and 150 as it trains) → export to HF format and verify
-every checkpoint and export against its checksums → the offline eval of the last export → continued
-pretraining from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss
-spike (injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
-uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket through the
-verified cache, and its per-step hashes equal to the local copy's.
+lm-eval scores the weights at steps 60, 100 and 150 as it trains; `[merge]` keeps a window's mean of
+the weights, validated and evaluated beside the raw ones) → export to HF format (the raw and the
+merged weights of step 100) and verify every checkpoint and export against its checksums → the
+offline eval of the last export → continued pretraining from that export as a Hugging Face base
+(`[model] init_from`) for a few steps → a loss spike (injected) rewound past, its skipped data shown
+by inspect and the audit → the prose dataset uploaded to an S3 bucket (a local moto server), 10
+steps trained from the bucket through the verified cache, and its per-step hashes equal to the local
+copy's.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
 
@@ -52,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-train", action="store_true", help="stop after the audit")
 
 
-EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
+EVAL_SQL = "SELECT step, merged, task, metric, value, stderr FROM eval ORDER BY step, merged, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
 STOP_STEP = 60  # inside phase "main" (steps 51-100): the resume crosses into "decay"
 # The rewind stage: a loss spike injected into one data window of step 27 (training/run/faults.py, a
@@ -185,13 +187,23 @@ def run(args: argparse.Namespace) -> int:
     for command in commands:
         if rc := gristmill(command):
             return rc
+    for step in (100, 150):  # [merge] in the recipe: the window's mean, validated beside the raw weights
+        raw, merged = _logged(run_dir, step, "val_loss"), _logged(run_dir, step, "merged/val_loss")
+        if None not in (raw, merged):
+            print(f"    step {step}: held-out loss {raw:.4f}, merged weights (mean of the last 25 steps) "
+                  f"{merged:.4f}")  # fmt: skip
     print(f"    training stage took {time.time() - t0:.0f} s")
 
-    _stage("export", total, "export the step-100 checkpoint (HF format), then check every file against its "
-           "checksum",
-           f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
+    _stage("export", total, "export the step-100 checkpoint (HF format) and its merged weights ([merge]), "
+           "then check every file against its checksum",
+           f"gristmill export {run_dir} --step 100\n    $ gristmill export {run_dir} --step 100 --merged\n"
+           f"    $ gristmill verify {run_dir}")  # fmt: skip
     print("    (step 150 was exported during training: checkpoint.export_interval)")
-    for command in (["export", str(run_dir), "--step", "100"], ["verify", str(run_dir)]):
+    for command in (
+        ["export", str(run_dir), "--step", "100"],
+        ["export", str(run_dir), "--step", "100", "--merged"],
+        ["verify", str(run_dir)],
+    ):
         if rc := gristmill(command):
             return rc
 
