@@ -25,7 +25,7 @@ from pipelines.cli import main as gristmill
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, overrides, read_metrics, torchrun_cmd
 from training.contract.config_loader import ConfigError
-from training.contract.run_layout import export_dir, list_steps
+from training.contract.run_layout import checkpoint_dir, export_dir, list_steps
 from training.merge import MergedWeights, master_tensor
 from training.run.faults import KILL, SPIKE_WINDOW
 from training.train import load_train_config, main, train
@@ -280,6 +280,12 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         line = one_error_line(capsys.readouterr().err)
         assert want in line, line
         assert (run / "config.toml").read_text() == before
+    # removing [merge] is allowed: the checkpoint's average is no longer read (steps 7-8 trained again)
+    for step in (7, 8):
+        shutil.rmtree(checkpoint_dir(window, step))
+    assert main(["--config", TINY, "--set", *sets(dataset, window), "checkpoint.resume='auto'"]) == 0
+    rows = read_metrics(window)
+    assert [r["step"] for r in rows][-2:] == [7, 8] and not any(k.startswith("merged/") for k in rows[-1])
 
 
 def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):
