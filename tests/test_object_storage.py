@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from pipelines.cli import main as gristmill
 from pipelines.local_s3 import aws_env
 from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
+from tests.helpers.build_runs import run_build
 from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
@@ -99,10 +102,26 @@ def run_env(s3: S3, cache_dir: Path) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------
-# item 2: the build writes to the bucket; uploads are whole, resumable, dataset.json last
+# the build writes to the bucket from every task; uploads are whole, resumable, dataset.json last
 
 
-def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
+def bucket_objects(s3: S3, prefix: str) -> dict[str, str]:
+    """{path: ETag} of the objects under `prefix`, listed past the fault proxy."""
+    page = s3.server.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
+    return {o["Key"][len(prefix) + 1 :]: o["ETag"].strip('"') for o in page.get("Contents", [])}
+
+
+def puts(s3: S3, prefix: str) -> set[str]:
+    """The objects under `prefix` PUT since the proxy's counts were reset."""
+    base = f"/{BUCKET}/{prefix}/"
+    return {
+        path.split("?")[0][len(base) :]
+        for m, path in s3.proxy.counts.log
+        if m == "PUT" and path.startswith(base)
+    }
+
+
+def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_bytes(
     s3, build_fixture, built_dataset, tmp_path, capsys
 ):
     from pipelines.build import build
@@ -110,11 +129,20 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
-    url = s3.url("built")
-    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(tmp_path / 'work'))}"]
-    cfg = load_config(DataConfig, config, sets)
-    result = build(cfg, log=lambda *a: None)
-    assert result.ok and result.status == "complete"
+    url, work = s3.url("built"), tmp_path / "work"
+    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(work))}"]
+    # A process of its own, as `gristmill data build`: its worker pool starts with the AWS environment.
+    s3.proxy.set_faults(FaultMix(seed=3))
+    try:
+        built = run_build(config, url, s3.env, "--set", sets[1])
+    finally:
+        s3.proxy.set_faults(None)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert re.search(
+        r"^  validation +OK +\S+ separators in \S+ documents, each shard checked by its task$",
+        built.stdout,
+        re.M,
+    )
     info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"built/{DATASET_JSON}")["Body"].read())
     local = read_dataset_info(built_dataset)
     assert info["fingerprint"] == local["fingerprint"]  # the same shards, index and tokenizer
@@ -123,6 +151,16 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
         body = s3.client.get_object(Bucket=BUCKET, Key=f"built/shards/{name}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == f["sha256"] == local["shard_files"][name]["sha256"]
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    # Each task uploaded its own output, recorded it, and deleted it here: the driver never had it.
+    for rank in (0, 1):
+        record = json.loads(
+            s3.client.get_object(Bucket=BUCKET, Key=f"built/build/tasks/{rank:05d}.json")["Body"].read()
+        )
+        assert (
+            f"manifest/{rank:05d}.parquet" in record["objects"]
+            and f"logs/stats/{rank:05d}.json" in record["objects"]
+        )
+    assert list((work / "tasks").iterdir()) == []  # each task's own folder, removed once uploaded
 
     # A rerun finds it complete in the bucket: nothing is built or uploaded again.
     s3.proxy.reset_counts()
@@ -130,6 +168,27 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
     assert any("already complete (same config): nothing to do" in line for line in lines), lines
     assert "PUT" not in s3.proxy.counts.requests
+
+    # A driver elsewhere (no work directory) finishes a dataset whose tasks all finished from the bucket
+    # alone: each task finds its record and returns without reading its input, nothing is uploaded
+    # again but what the driver writes, and dataset.json is the same.
+    for rel in [DATASET_JSON, *(k for k in bucket_objects(s3, "built") if k.startswith("index/"))]:
+        s3.client.delete_object(Bucket=BUCKET, Key=f"built/{rel}")
+    shutil.rmtree(work)
+    s3.proxy.reset_counts()
+    again = run_build(config, url, s3.env, "--set", sets[1])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert puts(s3, "built") == {"dataset.json"} | {
+        k for k in bucket_objects(s3, "built") if k.startswith("index/")
+    }
+    for rank in (0, 1):
+        assert "nothing to do" in (work / "logs" / "logs" / f"task_{rank:05d}.log").read_text()
+        reader = json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text())[0]
+        assert "documents" not in reader["stats"], reader  # the reader never ran
+    again_info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"built/{DATASET_JSON}")["Body"].read())
+    assert {k: v for k, v in again_info.items() if k != "created"} == {
+        k: v for k, v in info.items() if k != "created"
+    }
 
     # Readers: inspect --hash, validate and audit of the URL say what they say of the local copy.
     capsys.readouterr()
@@ -167,6 +226,80 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
+
+
+def damage(s3: S3, key: str) -> None:
+    """Object `key` replaced by as many other bytes, its metadata (the sha256 claim) kept."""
+    obj = s3.client.get_object(Bucket=BUCKET, Key=key)
+    body = bytearray(obj["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body), Metadata=obj["Metadata"])
+
+
+def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
+    s3, build_fixture, built_dataset, tmp_path
+):
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    _, _, config = build_fixture
+    url, work = s3.url("killed-build"), tmp_path / "work"
+    # One worker: task 0 finishes (and commits its record) before task 1 is killed, once its first
+    # shard is uploaded and its second half written (pipelines/faults.py).
+    sets = [f"build.workdir={json.dumps(str(work))}", "build.workers=1"]
+    s3.proxy.set_faults(FaultMix(seed=11))
+    try:
+        killed = run_build(config, url, {**s3.env, "GRISTMILL_TEST_KILL": "1:second_shard"}, "--set", *sets)
+    finally:
+        s3.proxy.set_faults(None)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    before = bucket_objects(s3, "killed-build")
+    assert {"build.json", "build/tasks/00000.json", "shards/00001_00000.tar"} <= before.keys(), before
+    assert "build/tasks/00001.json" not in before and DATASET_JSON not in before
+    # One of task 0's shards is replaced in the bucket by other bytes under the old sha256 claim.
+    damaged = "shards/00000_00001.tar"
+    damage(s3, f"killed-build/{damaged}")
+
+    s3.proxy.reset_counts()
+    cfg = load_config(DataConfig, config, [f"output={json.dumps(url)}", *sets])
+    lines: list[str] = []
+    assert build(cfg, log=lines.append).ok, lines
+    after = bucket_objects(s3, "killed-build")
+    # Task 0 is redone for its damaged shard (and writes new stats: they hold timings), task 1 uploads
+    # all but the shard it had uploaded, the driver its own files; nothing else.
+    task1 = json.loads(
+        s3.client.get_object(Bucket=BUCKET, Key="killed-build/build/tasks/00001.json")["Body"].read()
+    )
+    assert puts(s3, "killed-build") == (
+        {damaged, "logs/stats/00000.json", "build/tasks/00000.json"}
+        | (task1["objects"].keys() - {"shards/00001_00000.tar"} | {"build/tasks/00001.json"})
+        | {"tokenizer.json", "config.toml", DATASET_JSON}
+        | {k for k in after if k.startswith("index/")}
+    )
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+    # Damaged once the dataset is complete: a rerun says so and how to repair it, and changes nothing;
+    # the repair redoes that task alone.
+    damage(s3, f"killed-build/{damaged}")
+    s3.proxy.reset_counts()
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lines.append)
+    assert f"{url}/{damaged} is not the object its task uploaded" in str(e.value)
+    assert f"delete {url}/{DATASET_JSON} and rerun the same command: the task(s) 0 are redone" in str(e.value)
+    assert "PUT" not in s3.proxy.counts.requests
+    s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
+    s3.proxy.reset_counts()
+    assert build(cfg, log=lines.append).ok
+    assert puts(s3, "killed-build") == {
+        damaged,
+        "logs/stats/00000.json",
+        "build/tasks/00000.json",
+        DATASET_JSON,
+    }
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
 def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_path):
