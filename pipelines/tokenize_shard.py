@@ -252,17 +252,14 @@ class TokenizeShard(PipelineStep):
             try:
                 for i, j in enumerate(order):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
-                    ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
+                    # A copy, not a view of the map: a frame kept alive by an exception caught deeper
+                    # down (a retried request) would keep a view, and the map could not be closed.
+                    ids = np.frombuffer(spill[a:b], dtype)
                     meta_bytes = spill[b : b + meta_len[j]]
                     writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), provenance[j])
-                ids = None  # release the last view before the map closes
-            except BaseException:
-                if spill is not None:  # the exception's frames still hold a view: the map goes with them
-                    with contextlib.suppress(BufferError):
-                        spill.close()
-                raise
-            if spill is not None:
-                spill.close()
+            finally:
+                if spill is not None:
+                    spill.close()
         writer.close()
         os.remove(spill_path)
         if uploader is not None:
