@@ -25,11 +25,19 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main as gristmill
-from pipelines.local_s3 import aws_env
 from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
 from tests.helpers.build_runs import run_build
-from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
+from tests.helpers.s3_server import (
+    BUCKET,
+    S3,
+    FaultMix,
+    bucket_objects,
+    closed_port_url,
+    damage,
+    puts,
+    s3_bucket,
+)
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
 from training.contract.dataset_format import DATASET_JSON, DatasetError, read_dataset_info
@@ -40,44 +48,13 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.remote import CacheSettings, tmp_name
 from training.train import load_train_config, train
 
-BUCKET = "gristmill-test"
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
-
-
-class S3:
-    def __init__(self, server: MotoServer, proxy: FaultProxy):
-        self.server, self.proxy, self.client = server, proxy, server.client()
-        self.env = {**aws_env(proxy.url), "AWS_EC2_METADATA_DISABLED": "true"}
-
-    def url(self, prefix: str) -> str:
-        return f"s3://{BUCKET}/{prefix}"
-
-    def keys(self, prefix: str) -> list[str]:
-        page = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
-        return sorted(o["Key"][len(prefix) + 1 :] for o in page.get("Contents", []))
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = MotoServer()
-    server.client().create_bucket(Bucket=BUCKET)
-    proxy = FaultProxy(server.url)
-    s3 = S3(server, proxy)
-    with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("AWS_")]:
-            mp.delenv(key)
-        home = tmp_path_factory.mktemp("home")
-        # No ~/.aws files count; the default cache (data inspect/validate/audit of a URL) is the test's.
-        s3.env.update(
-            AWS_CONFIG_FILE=str(home / "none"),
-            AWS_SHARED_CREDENTIALS_FILE=str(home / "none"),
-            XDG_CACHE_HOME=str(home / "cache"),
-        )
-        for key, value in s3.env.items():
-            mp.setenv(key, value)
+    with s3_bucket(tmp_path_factory.mktemp("home")) as s3:
         yield s3
-    proxy.stop()
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -103,22 +80,6 @@ def run_env(s3: S3, cache_dir: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------------------
 # the build writes to the bucket from every task; uploads are whole, resumable, dataset.json last
-
-
-def bucket_objects(s3: S3, prefix: str) -> dict[str, str]:
-    """{path: ETag} of the objects under `prefix`, listed past the fault proxy."""
-    page = s3.server.client().list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
-    return {o["Key"][len(prefix) + 1 :]: o["ETag"].strip('"') for o in page.get("Contents", [])}
-
-
-def puts(s3: S3, prefix: str) -> set[str]:
-    """The objects under `prefix` PUT since the proxy's counts were reset."""
-    base = f"/{BUCKET}/{prefix}/"
-    return {
-        path.split("?")[0][len(base) :]
-        for m, path in s3.proxy.counts.log
-        if m == "PUT" and path.startswith(base)
-    }
 
 
 def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_bytes(
@@ -226,14 +187,6 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
-
-
-def damage(s3: S3, key: str) -> None:
-    """Object `key` replaced by as many other bytes, its metadata (the sha256 claim) kept."""
-    obj = s3.client.get_object(Bucket=BUCKET, Key=key)
-    body = bytearray(obj["Body"].read())
-    body[len(body) // 2] ^= 0xFF
-    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body), Metadata=obj["Metadata"])
 
 
 def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
