@@ -489,7 +489,8 @@ def _say_what_needs_a_shared_workdir(p: Prepared, log) -> None:
 
 def _recorded_tasks(store: ObjectStore, tasks: int) -> set[int]:
     """The tasks whose record is in the bucket (any config: check_output compares the configs)."""
-    return {r for r in range(tasks) if record_rel(r) in store.list(RECORDS_DIR + "/")}
+    listed = store.list(RECORDS_DIR + "/")
+    return {r for r in range(tasks) if record_rel(r) in listed}
 
 
 def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
@@ -687,9 +688,14 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
     if kept == 0:
         # An empty dataset would validate (nothing to violate) and fail only at training time.
         by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
+        where, drops = (
+            (out, f"see `gristmill data audit {out} --report drops`")
+            if bucket is None
+            else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
+        )
         raise BuildError(
-            f"{out}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
-            f"loosen [filters] or check source.text_key, see `gristmill data audit {out} --report drops`"
+            f"{where}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
+            f"loosen [filters] or check source.text_key, {drops}"
         )
     try:
         info = finalize_dataset(

@@ -187,6 +187,11 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
+    # The funnel is the local build's: the tasks uploaded their datatrove stats, every step's.
+    funnel = lambda where: [
+        line.split()[1:] for line in out("data", "audit", where, "--report", "summary").splitlines()[3:]
+    ]
+    assert funnel(url) == funnel(str(built_dataset)) and "read" in funnel(url)[0], funnel(url)
 
 
 def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
