@@ -4,6 +4,7 @@ configs/train/demo.toml's header).
 
     python -m bench.merge cost [--rounds 3 --steps 60]     # tokens/s with [merge] against without
     python -m bench.merge evidence [--seeds 0 1 2 --jobs 2] # merged vs raw held-out loss; WSM vs the decay
+    python -m bench.merge evidence --reuse runs/bench-merge/evidence-N   # its finished runs read again
 
 `cost`: the demo recipe through `gristmill train` three ways, alternating (none, window, ema, none, …)
 so drift on a shared machine hits all of them: no [merge]; a window of 50 every 50 steps (every step is
@@ -119,8 +120,15 @@ def recipe(path: Path, run_dir: Path, seed: int, *, decay: bool, merge: MergeSec
     return path
 
 
-def train(config: Path, run_dir: Path) -> dict[int, dict]:
-    """One `gristmill train`; its rows at the validation steps."""
+def train(config: Path, run_dir: Path, reuse: bool = False) -> dict[int, dict]:
+    """One `gristmill train`; its rows at the validation steps. `reuse`: a run directory whose
+    metrics.jsonl validated the last step already is read, not trained again."""
+    done = run_dir / "metrics.jsonl"
+    if reuse and done.is_file():
+        rows = {r["step"]: r for r in map(json.loads, done.read_text().splitlines()) if "val_loss" in r}
+        if POINTS[-1] in rows:
+            print(f"  {run_dir.name}: reused", flush=True)
+            return rows
     shutil.rmtree(run_dir, ignore_errors=True)
     rows, seconds = gristmill_train(config, run_dir)
     print(f"  {run_dir.name}: {seconds:.0f} s", flush=True)
@@ -129,7 +137,7 @@ def train(config: Path, run_dir: Path) -> dict[int, dict]:
 
 def evidence(args: argparse.Namespace) -> dict:
     out: dict = {"windows": {}, "seeds": {}}
-    work = args.dir / f"evidence-{int(time.time())}"
+    work = args.reuse or args.dir / f"evidence-{int(time.time())}"
     configs: dict[str, Path] = {}  # every run, by name: independent, so `--jobs` of them at a time
     for seed in args.seeds:
         for w in WINDOWS if seed == args.seeds[0] else (max(WINDOWS),):
@@ -143,7 +151,7 @@ def evidence(args: argparse.Namespace) -> dict:
             work / f"{name}.toml", work / name, seed, decay=True, merge=MergeSection(), threads=args.threads
         )
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        done = dict(zip(configs, pool.map(lambda n: train(configs[n], work / n), configs)))
+        done = dict(zip(configs, pool.map(lambda n: train(configs[n], work / n, bool(args.reuse)), configs)))
     for seed in args.seeds:
         runs = {
             w: done[f"seed{seed}-constant-window{w}"]
@@ -187,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="cost: runs of each mode")
     ap.add_argument("--skip", type=int, default=10, help="cost: logged rows up to this step are warm-up")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="evidence: the seeds")
+    ap.add_argument(
+        "--reuse", type=Path, help="evidence: an earlier evidence-N directory; its finished runs are read"
+    )
     ap.add_argument("--jobs", type=int, default=1, help="evidence: runs at a time (each its own process)")
     ap.add_argument("--threads", type=int, default=1, help="run.threads: torch threads per run (0: torch's)")
     ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-merge")
