@@ -16,7 +16,14 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import RECIPE_STEPS as STEPS
-from tests.helpers.train_runs import ROOT, TINY, read_metrics, recipe
+from tests.helpers.train_runs import (
+    ROOT,
+    TINY,
+    assert_batches_as_inspected,
+    read_metrics,
+    recipe,
+    recorded_batches,
+)
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
@@ -29,6 +36,7 @@ FIELDS = {
     "update_ratio",
     "tokens_per_s",
     "tokens_seen",
+    "batch_sha256",
     "peak_memory_bytes",
 }
 
@@ -75,6 +83,17 @@ def test_end_to_end_artifacts_and_learning(single_run, capfd):
     assert width >= 300 and height >= 200 and len(png) > 5000
     saved = load_config(TrainConfig, run_dir / "config.toml")
     assert to_dict(saved) == to_dict(cfg)
+
+
+def test_every_step_records_the_batch_inspect_prints(single_run):
+    """Issue 47: each row's batch_sha256 and RUN/batches.bin's record of every step (one per step,
+    not only the logged ones) are the digests `gristmill data inspect RUN --hash` prints; verify
+    checks them and says nothing."""
+    run_dir, _ = single_run
+    planned = assert_batches_as_inspected(run_dir)
+    assert recorded_batches(run_dir) == [(s, 1, planned[s]) for s in range(1, STEPS + 1)]
+    assert len(set(planned.values())) == STEPS
+    assert not (run_dir / "batches-discarded.bin").exists()
 
 
 def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
@@ -151,6 +170,9 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         assert b["update_ratio"] == pytest.approx(a["update_ratio"], rel=1e-4)
         assert b["lr"] == a["lr"]
     assert got[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
+    # Each rank hashed its own rows; the global digests are one process's (issue 47).
+    assert [r["batch_sha256"] for r in got] == [r["batch_sha256"] for r in ref]
+    assert recorded_batches(run_dir) == recorded_batches(ref_dir)[:10]
 
 
 @pytest.mark.parametrize(

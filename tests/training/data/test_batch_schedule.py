@@ -19,7 +19,15 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
 from tests.helpers.phased_recipe import write_recipe
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    assert_batches_as_inspected,
+    assert_same_weights,
+    one_error_line,
+    read_metrics,
+    recorded_batches,
+)
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
@@ -148,6 +156,9 @@ def test_everything_follows_the_batch(reference, capsys):
     assert gristmill(["data", "inspect", str(run_dir), "--step", "6", "--max-rows", "0"]) == 0
     assert "step 6 = phase 'big' step 2 of 3 (32 sequences × 32 = 1,024 tokens)" in capsys.readouterr().out
     assert (run_dir / "plan.png").stat().st_size > 0
+    # what each step was fed, across both batch changes: the batches inspect prints (issue 47)
+    planned = assert_batches_as_inspected(run_dir)
+    assert recorded_batches(run_dir) == [(s, 1, planned[s]) for s in range(1, LAST + 1)]
 
 
 @pytest.mark.parametrize("step", [3, 6, 9])  # one kill inside each phase
@@ -162,6 +173,11 @@ def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path, ste
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
     assert losses(killed) == losses(run_dir)
     assert_same_weights(run_dir, killed, LAST)
+    # The record the killed and resumed run kept is the uninterrupted run's, byte for byte (issue 47).
+    assert (killed / "batches.bin").read_bytes() == (run_dir / "batches.bin").read_bytes()
+    assert [r["batch_sha256"] for r in read_metrics(killed)] == [
+        r["batch_sha256"] for r in read_metrics(run_dir)
+    ]
 
 
 def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, sources, tmp_path, capsys):
@@ -262,6 +278,9 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
         assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
             k: v for k, v in a.items() if k.startswith("tokens/")
         }
+        assert b["batch_sha256"] == a["batch_sha256"]
+    # 2 ranks' records, then one process's: the one-process run's record (issue 47)
+    assert (two / "batches.bin").read_bytes() == (run_dir / "batches.bin").read_bytes()
 
 
 def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refused(sources, tmp_path, capsys):

@@ -178,10 +178,18 @@ def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
 
     ds = make_dataset(tmp_path / "ds")
 
+    def mains_sha256(micro) -> str:
+        """The batch hash these were recorded with (main's batch_sha256 then, before rows were hashed
+        apart for the trainer's record): every row's input_ids, then labels, then position_ids."""
+        h = hashlib.sha256()
+        for key in ("input_ids", "labels", "position_ids"):
+            h.update(torch.cat([mb[key] for mb in micro]).numpy().astype("<i8", copy=False).tobytes())
+        return h.hexdigest()
+
     def digest(loader: TokenLoader, steps: int) -> str:
         h = hashlib.sha256()
         for _, b in zip(range(steps), loader):
-            h.update(batch_sha256(b).encode())
+            h.update(mains_sha256(b).encode())
         return h.hexdigest()
 
     common = dict(seq_len=64, global_batch=16, micro_batch=4, seed=1234)

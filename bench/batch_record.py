@@ -1,0 +1,149 @@
+"""What recording each trained step's batch costs a step (issue 47; docs/loader-and-phases.md, "What
+the model was fed"): the demo recipe on CPU, runs with the record (as shipped) alternating with runs
+without it, and inside each recorded run the time it spent on the record.
+
+    python -m bench.batch_record                     # the demo recipe on the demo datasets (make demo)
+    python -m bench.batch_record --rounds 3 --steps 60
+
+Each run is one process (`--child`) that trains the recipe in-process through training.train.train:
+- "record": as shipped; the time spent in the three pieces of the record is summed
+  (BatchDigests.add: every row of every step hashed; BatchDigests.gather: the steps' digests combined,
+  a collective under torchrun; RunRecord.batches: the records appended to RUN/batches.bin) and
+  divided by the loop's time (the summary's `seconds`): the in-run share, which a shared machine's
+  drift cannot move much;
+- "none": the same run with those three replaced by stubs that hash, gather and write nothing (the
+  rows then carry a dummy digest): the baseline.
+Runs alternate (none, record, none, record, …) so drift hits both; each run's figure is the median
+logged tokens/s after step `--skip` (warm-up) and its loop seconds per step; the result is the ratio
+of the medians over runs. No validation, no eval (not the step's cost). A benchmark, never a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs/train/demo.toml"
+MODES = ("none", "record")
+
+
+def child(mode: str, config: str, sets: list[str], out: Path) -> None:
+    """One run in this process: `mode` "record" (timed) or "none" (stubbed); its figures to `out`."""
+    from training.run.batch_digests import BatchDigests
+    from training.run.record import RunRecord
+    from training.train import load_train_config, train
+
+    spent = {"add": 0.0, "gather": 0.0, "write": 0.0}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    if mode == "record":
+        BatchDigests.add = timed("add", BatchDigests.add)
+        BatchDigests.gather = timed("gather", BatchDigests.gather)
+        RunRecord.batches = timed("write", RunRecord.batches)
+    else:  # nothing hashed, gathered or written; the rows get a dummy digest
+        BatchDigests.add = lambda self, step, micro_batches: self.pending.append((step, b""))
+
+        def gather(self):
+            pending, self.pending = self.pending, []
+            return [(step, "0" * 64) for step, _ in pending]
+
+        BatchDigests.gather = gather
+        RunRecord.batches = lambda self, digests: None
+    cfg = load_train_config(config, sets)
+    summary = train(cfg)
+    rows = [
+        json.loads(line) for line in (Path(cfg.run.output_dir) / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = summary["steps"]
+    out.write_text(json.dumps({"seconds": summary["seconds"], "steps": steps, "spent": spent, "rows": rows}))
+
+
+def one_run(mode: str, config: Path, sets: list[str], run_dir: Path, skip: int) -> dict:
+    """A child process of `mode`; its tokens/s (median of the logged rows after step `skip`), loop
+    seconds per step and, recorded, the record's share of the loop."""
+    out = run_dir.with_suffix(".json")
+    cmd = [sys.executable, "-m", "bench.batch_record", "--child", mode, "--config", str(config),
+           "--out", str(out), "--set", *sets, f"run.output_dir={json.dumps(str(run_dir))}"]  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"the {mode} run exited {proc.returncode}: {proc.stderr[-2000:]}")
+    got = json.loads(out.read_text())
+    tokens_per_s = statistics.median(r["tokens_per_s"] for r in got["rows"] if r["step"] > skip)
+    figure = {"tokens_per_s": tokens_per_s, "s_per_step": got["seconds"] / got["steps"]}
+    if mode == "record":
+        figure["spent_s"] = sum(got["spent"].values())
+        figure["share"] = figure["spent_s"] / got["seconds"]
+        figure["spent"] = got["spent"]
+    said = f", the record {100 * figure['share']:.3f}% of the loop" if "share" in figure else ""
+    print(f"  {run_dir.name}: {tokens_per_s:,.0f} tokens/s, {1000 * figure['s_per_step']:.1f} ms/step{said}",
+          flush=True)  # fmt: skip
+    return figure
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", type=Path, default=DEMO)
+    ap.add_argument("--set", nargs="*", default=[], dest="sets", help="more overrides for every run")
+    ap.add_argument("--steps", type=int, default=60, help="run.max_steps of each run")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--skip", type=int, default=10, help="logged rows up to this step are warm-up")
+    ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-batch-record")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        child(args.child, str(args.config), args.sets, args.out)
+        return 0
+    if args.config == DEMO and not (ROOT / "runs/data/demo/dataset.json").exists():
+        raise SystemExit("the demo datasets are missing: run `make demo` first (or pass --config and --set)")
+    common = [f"run.max_steps={args.steps}", "run.val_every=0", "run.log_every=5", "eval.interval=0",
+              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1",
+              *args.sets]  # fmt: skip
+    figures: dict[str, list[dict]] = {m: [] for m in MODES}
+    stamp = int(time.time())
+    for r in range(args.rounds):
+        for mode in MODES:
+            figures[mode].append(
+                one_run(mode, args.config, common, args.dir / f"{stamp}-{mode}-{r}", args.skip)
+            )
+    med = {
+        m: {k: statistics.median(f[k] for f in figures[m]) for k in ("tokens_per_s", "s_per_step")}
+        for m in MODES
+    }
+    share = statistics.median(f["share"] for f in figures["record"])
+    ratio = med["record"]["tokens_per_s"] / med["none"]["tokens_per_s"]
+    step_ratio = med["record"]["s_per_step"] / med["none"]["s_per_step"]
+    print(
+        f"batch record: {med['record']['tokens_per_s']:,.0f} tokens/s vs none "
+        f"{med['none']['tokens_per_s']:,.0f}: "
+        f"ratio {ratio:.4f}; seconds per step ratio {step_ratio:.4f}; the record's share of the loop "
+        f"{100 * share:.3f}% (median of {args.rounds} runs)"
+    )
+    result = {"medians": med, "ratio_tokens_per_s": ratio, "ratio_s_per_step": step_ratio, "share": share,
+              "runs": figures, "config": str(args.config), "steps": args.steps}  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
