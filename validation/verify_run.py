@@ -146,8 +146,9 @@ def _timeline_problems(
     entries: list[BatchEntry], plan: Plan, skips: tuple[Skip, ...], rows: dict[int, dict], saved: list[int]
 ) -> list[tuple[int, str]]:
     """(step, what is wrong) of the record against the run's timeline: steps in order, within the plan,
-    none a rewind skipped, none missing between two recorded steps or before a checkpoint, and the
-    metrics rows' batch_sha256 equal to the records'."""
+    none a rewind skipped, each of the attempt that trained it in the final timeline (1 + the rewinds
+    that went back to before it), none missing between two recorded steps or before a checkpoint,
+    and the metrics rows' batch_sha256 equal to the records'."""
     problems = []
     recorded: dict[int, str] = {}
     previous = None
@@ -156,6 +157,10 @@ def _timeline_problems(
             problems.append((e.step, f"is not a step of the plan (1–{plan.total_steps})"))
         elif (skip := skip_of(skips, e.step)) is not None:
             problems.append((e.step, f"is recorded as trained, but rewind {skip.rewind} skipped it"))
+        elif e.attempt != (attempt := 1 + sum(s.checkpoint_step < e.step for s in skips)):
+            problems.append(
+                (e.step, f"is recorded as attempt {e.attempt}'s, but the timeline's is attempt {attempt}")
+            )
         if previous is not None and e.step <= previous:
             problems.append((e.step, f"is recorded again after step {previous}"))
         elif previous is not None:

@@ -155,6 +155,9 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
         1,
         [f"batches: step 12 is recorded as trained, but rewind 1 skipped it {where}"],
     )
+    first_attempt = [(s, 1, h) if s == 20 else (s, a, h) for s, a, h in kept]  # as if the discarded one's
+    line = f"batches: step 20 is recorded as attempt 1's, but the timeline's is attempt 2 {where}"
+    assert verify(first_attempt) == (1, [line])
     gap = [e for e in kept if e[0] != 20]
     assert verify(gap) == (1, [f"batches: step 20 is not recorded (steps 19 and 21 are) {where}"])
     rc, lines = verify(kept[:-1])  # the last record cut: its checkpoint and its row say it was trained
