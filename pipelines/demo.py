@@ -5,7 +5,8 @@ so the demo is an end-to-end check as well as a tour: build two datasets, prose 
 validated) → audit → train on their mixture in three phases, the first at half the batch (the plan
 printed first; stopped inside phase "main" as if preempted, then resumed across the phase boundary;
 lm-eval scores the weights at steps 60, 100 and 150 as it trains) → export to HF format and verify
-every checkpoint and export against its checksums → the offline eval of the last export → continued
+every checkpoint and export against its checksums and every trained step's recorded batch against
+the plan (and a tampered copy of the record caught) → the offline eval of the last export → continued
 pretraining from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss
 spike (injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
 uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket through the
@@ -20,13 +21,22 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import time
 import tomllib
 from pathlib import Path
 
 from pipelines.cli import DEMO_STAGES
+from training.contract.batch_record import BatchEntry, batch_file, read_batches
 from training.contract.errors import GristmillError
-from training.contract.run_layout import complete_steps
+from training.contract.run_layout import (
+    BATCHES_BIN,
+    CONFIG_TOML,
+    DATA_PLAN_JSON,
+    DISCARDED_BATCHES_BIN,
+    METRICS_JSONL,
+    complete_steps,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 EVAL_SQL = "SELECT step, task, metric, value, stderr FROM eval ORDER BY step, task, metric"
 CONSUMPTION_SQL = "SELECT phase, source, seq_len, tokens, round(100 * fraction, 1) AS pct FROM consumption"
 STOP_STEP = 60  # inside phase "main" (steps 51-100): the resume crosses into "decay"
+TAMPERED_STEP = 77  # the export stage's tampered copy: this step's record given the next step's batch
 # The rewind stage: a loss spike injected into one data window of step 27 (training/run/faults.py, a
 # test fault: never set in real runs); the recipe rewinds to step 25 and skips steps 26-33.
 SPIKE = ("GRISTMILL_FAULT_SPIKE_WINDOW", "step:27*20")
@@ -187,13 +198,18 @@ def run(args: argparse.Namespace) -> int:
             return rc
     print(f"    training stage took {time.time() - t0:.0f} s")
 
+    tampered = run_dir.with_name(f"{run_dir.name}-tampered")
     _stage("export", total, "export the step-100 checkpoint (HF format), then check every file against its "
-           "checksum",
-           f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}")  # fmt: skip
+           "checksum and every step's recorded batch against the plan; then a copy of the record with "
+           f"step {TAMPERED_STEP}'s batch swapped, which verify must catch",
+           f"gristmill export {run_dir} --step 100\n    $ gristmill verify {run_dir}\n"
+           f"    $ gristmill verify {tampered}")  # fmt: skip
     print("    (step 150 was exported during training: checkpoint.export_interval)")
     for command in (["export", str(run_dir), "--step", "100"], ["verify", str(run_dir)]):
         if rc := gristmill(command):
             return rc
+    if rc := batch_check_shown(run_dir, tampered, gristmill):
+        return rc
 
     # Training evaluated steps 60, 100 and 150 as it went ([eval] interval); the offline eval of
     # the step-150 export gives the same scores from the HF model (and replaces that step's row).
@@ -239,7 +255,8 @@ def rewind_stage(config: str, total: int, gristmill) -> int:
                 "back to a checkpoint before it, its data skipped, every token accounted for",
                 f"{key}={value} gristmill train --config {config} --resume auto\n"
                 f"    $ gristmill data inspect {run_dir} --step {SKIPPED_STEP} --max-rows 1\n"
-                f"    $ gristmill data audit {run_dir} --sql \"{REWIND_SQL}\"")  # fmt: skip
+                f"    $ gristmill data audit {run_dir} --sql \"{REWIND_SQL}\"\n"
+                f"    $ gristmill verify {run_dir}")  # fmt: skip
     os.environ[key] = value  # the trainer's processes inherit it
     try:
         if rc := gristmill(["train", "--config", config, "--resume", "auto"]):
@@ -249,11 +266,63 @@ def rewind_stage(config: str, total: int, gristmill) -> int:
     for command in (
         ["data", "inspect", str(run_dir), "--step", str(SKIPPED_STEP), "--max-rows", "1"],
         ["data", "audit", str(run_dir), "--sql", REWIND_SQL],
+        ["verify", str(run_dir)],
     ):
         if rc := gristmill(command):
             return rc
+    kept, _ = read_batches(run_dir / BATCHES_BIN)
+    discarded, _ = read_batches(run_dir / DISCARDED_BATCHES_BIN)
+    trained, apart = _spans([e.step for e in kept]), _spans([e.step for e in discarded])
+    print(f"    {BATCHES_BIN}: the {len(kept)} trained steps ({trained}), each the plan's batch (verify said "
+          f"nothing of them); {DISCARDED_BATCHES_BIN}: step(s) {apart} of the attempt rewind 1 discarded, "
+          "kept apart, not the run's")  # fmt: skip
     print(f"    rewind stage took {time.time() - t0:.0f} s; curve: {run_dir / 'loss.png'}")
     return 0
+
+
+def batch_check_shown(run_dir: Path, tampered: Path, gristmill, step: int = TAMPERED_STEP) -> int:
+    """What `gristmill verify RUN` checked of the batches (it says nothing when all agree), then the
+    same check on a copy of the run's record files with `step`'s record given the next step's batch
+    (a real batch at the wrong step): verify must name that step first and exit 1. 1 if it did not."""
+    entries, _ = read_batches(run_dir / BATCHES_BIN)
+    sha = {e.step: e.sha256 for e in entries}
+    if step not in sha or step + 1 not in sha:
+        print(f"error: {run_dir / BATCHES_BIN} does not record steps {step} and {step + 1}")
+        return 1
+    print(f"    verify compared the {len(entries)} steps recorded in {run_dir / BATCHES_BIN} (steps "
+          f"{_spans(list(sha))}) with the batches the plan gives them: all agree, so it said nothing of "
+          "them; no reference run needed")  # fmt: skip
+    shutil.rmtree(tampered, ignore_errors=True)
+    tampered.mkdir(parents=True)
+    for name in (CONFIG_TOML, DATA_PLAN_JSON, METRICS_JSONL):
+        shutil.copy(run_dir / name, tampered / name)
+    swapped = [BatchEntry(e.step, e.attempt, sha[step + 1]) if e.step == step else e for e in entries]
+    (tampered / BATCHES_BIN).write_bytes(batch_file(swapped))
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            rc = gristmill(["verify", str(tampered)])
+    finally:
+        shutil.rmtree(tampered)
+    print("\n".join(f"    {line}" for line in out.getvalue().splitlines()))
+    named = any(line.startswith(f"batches: step {step} ") for line in out.getvalue().splitlines())
+    if rc != 1 or not named:
+        print(f"error: verify of the tampered copy exited {rc} and {'named' if named else 'did not name'} "
+              f"step {step}: it must name it and exit 1")  # fmt: skip
+        return 1
+    print(f"    exit 1, step {step} named: the copy's record is not what the plan fed (the copy is removed)")
+    return 0
+
+
+def _spans(steps: list[int]) -> str:
+    """`1–25, 34–40`: sorted steps as runs."""
+    runs: list[list[int]] = []
+    for s in sorted(steps):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}–{b}" for a, b in runs) or "none"
 
 
 def bucket_stage(data_dir: Path, config: str, total: int, gristmill) -> int:
