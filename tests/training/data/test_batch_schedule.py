@@ -32,7 +32,7 @@ from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
 from training.data.spec import batch_shapes, check_config, resolve
-from training.run.faults import KILL
+from training.run.faults import KILL, SPIKE_WINDOW
 
 BATCHES = [512] * 4 + [1024] * 3 + [768] * 4  # tokens per step; "long": 3500 // 768 = 4 steps
 LAST = len(BATCHES)
@@ -178,6 +178,58 @@ def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path, ste
     assert [r["batch_sha256"] for r in read_metrics(killed)] == [
         r["batch_sha256"] for r in read_metrics(run_dir)
     ]
+
+
+# A rewind back to the phase boundary: step 4 is the last of "small" (512 tokens a step), step 5 the
+# first of "big" (1,024). A spike injected at step 6 (≥ 4 losses before it: half the window) goes back
+# to the newest checkpoint at or before 6 − 2 = 4 and skips steps 5–6, saving step 6's checkpoint.
+MEETING = ["checkpoint.interval=2", "checkpoint.keep_last=0", "metrics.plot=false", "run.on_spike=rewind",
+           "run.spike_window=8", "run.spike_sigma=4", "run.rewind.skip_steps=2",
+           "run.rewind.margin_steps=2"]  # fmt: skip
+
+
+def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what_ran(sources, tmp_path):
+    """Issue 47, events meeting on one step: a checkpoint, a phase (and batch) change, a rewind's
+    target and a resume, all at step 4; then a resume at the skip's checkpoint (step 6, the next
+    phase's). A run killed as the rewind restored step 4, resumed there (it trains 5–6 again and
+    rewinds again), killed as the skip's checkpoint was saved and resumed from it keeps the
+    uninterrupted run's records byte for byte: batches.bin steps 1–4 of attempt 1 and 7–11 of
+    attempt 2 (never a skipped step, never twice), batches-discarded.bin steps 5–6 of attempt 1,
+    each the batch `data inspect RUN --hash` gives it, and verify is silent."""
+    config = write(sources, tmp_path / "recipe.toml", tmp_path / "unused")
+
+    def train(run: Path, kill: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
+        env = {**ENV, SPIKE_WINDOW: "step:6*50", **({KILL: kill} if kill else {})}
+        cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *MEETING,
+               f"run.output_dir={json.dumps(str(run))}", *(["--resume", "auto"] * resume)]  # fmt: skip
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    reference = tmp_path / "reference"
+    done = train(reference)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rewind 1/" in done.stdout
+    killed = tmp_path / "killed"
+    assert train(killed, kill="rewind-restored").returncode == -9
+    again = train(killed, kill="rewind-saved", resume=True)
+    assert again.returncode == -9 and "resumed at step 4" in again.stdout, again.stdout[-2000:]
+    done = train(killed, resume=True)
+    assert done.returncode == 0 and "resumed at step 6" in done.stdout, done.stderr[-3000:]
+
+    planned = assert_batches_as_inspected(killed)
+    assert recorded_batches(killed) == [(s, 1, planned[s]) for s in range(1, 5)] + [
+        (s, 2, planned[s]) for s in range(7, LAST + 1)
+    ]
+    assert recorded_batches(killed, "batches-discarded.bin") == [(5, 1, planned[5]), (6, 1, planned[6])]
+    for name in ("batches.bin", "batches-discarded.bin"):
+        assert (killed / name).read_bytes() == (reference / name).read_bytes(), name
+
+    def rows(run: Path) -> list[tuple]:
+        return [(r["step"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in read_metrics(run)]
+
+    assert rows(killed) == rows(reference)
+    phases = [r["phase"] for r in read_metrics(killed) if "discarded_by_rewind" not in r]
+    assert phases == ["small"] * 4 + ["big"] + ["long"] * 4
+    assert_same_weights(reference, killed, LAST)
 
 
 def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, sources, tmp_path, capsys):
