@@ -243,10 +243,10 @@ class RunRecord:
             write_atomic(path, batch_file([]))
             apart.unlink(missing_ok=True)
         else:
-            known = len(self.timeline.skips) + 1  # the attempt the checkpoint trains in
             kept = [e for e in self._read_batches(path) if e.step <= resumed]
             write_atomic(path, batch_file(kept))
-            if apart.exists():
+            if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
+                known = self.timeline.attempt
                 write_atomic(apart, batch_file(e for e in self._read_batches(apart) if e.attempt < known))
         self.batches_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
 

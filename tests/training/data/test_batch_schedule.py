@@ -191,9 +191,10 @@ MEETING = ["checkpoint.interval=2", "checkpoint.keep_last=0", "metrics.plot=fals
 def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what_ran(sources, tmp_path):
     """Issue 47, events meeting on one step: a checkpoint, a phase (and batch) change, a rewind's
     target and a resume, all at step 4; then a resume at the skip's checkpoint (step 6, the next
-    phase's). A run killed as the rewind restored step 4, resumed there (it trains 5–6 again and
-    rewinds again), killed as the skip's checkpoint was saved and resumed from it keeps the
-    uninterrupted run's records byte for byte: batches.bin steps 1–4 of attempt 1 and 7–11 of
+    phase's). A run killed once its rewind had moved steps 5–6's records apart, before the skip's
+    checkpoint existed, resumed at step 4 (it drops them, trains 5–6 again and rewinds again),
+    killed as the skip's checkpoint was saved and resumed from it keeps the uninterrupted run's
+    records byte for byte: batches.bin steps 1–4 of attempt 1 and 7–11 of
     attempt 2 (never a skipped step, never twice), batches-discarded.bin steps 5–6 of attempt 1,
     each the batch `data inspect RUN --hash` gives it, and verify is silent."""
     config = write(sources, tmp_path / "recipe.toml", tmp_path / "unused")
@@ -209,7 +210,7 @@ def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rewind 1/" in done.stdout
     killed = tmp_path / "killed"
-    assert train(killed, kill="rewind-restored").returncode == -9
+    assert train(killed, kill="rewind-recorded").returncode == -9
     again = train(killed, kill="rewind-saved", resume=True)
     assert again.returncode == -9 and "resumed at step 4" in again.stdout, again.stdout[-2000:]
     done = train(killed, resume=True)
