@@ -30,7 +30,7 @@ from tests.helpers.build_runs import assert_kill_9_leaves_no_process
 from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
-from training.contract.dataset_format import DATASET_JSON, DatasetError, read_dataset_info
+from training.contract.dataset_format import DATASET_JSON, DatasetError, dataset_files, read_dataset_info
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
 from training.data.block_cache import MAX_AHEAD_STEPS, cache_usage
@@ -204,7 +204,10 @@ def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_p
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
     done = upload_dataset(local, url, log=lambda *a: None)
-    assert done.skipped >= len(uploaded) - 1 and done.objects + done.skipped == len(uploaded) + done.objects
+    # What the killed upload finished is skipped by its content; a PUT cut off by the kill may have left
+    # an object the store took short (this proxy forwards what it got): that one is uploaded again.
+    assert done.skipped >= len(uploaded) - 1
+    assert done.objects + done.skipped == len(dataset_files(read_dataset_info(local)))
     assert hashes(url, 30, cache=cache(tmp_path)) == hashes(local, 30)
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
