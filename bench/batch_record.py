@@ -13,9 +13,17 @@ Each run is one process (`--child`) that trains the recipe in-process through tr
   drift cannot move much;
 - "none": the same run with those three replaced by stubs that hash, gather and write nothing (the
   rows then carry a dummy digest): the baseline.
-Runs alternate (none, record, none, record, …) so drift hits both; each run's figure is the median
-logged tokens/s after step `--skip` (warm-up) and its loop seconds per step; the result is the ratio
-of the medians over runs. No validation, no eval (not the step's cost). A benchmark, never a test.
+Runs alternate in mirrored pairs (none, record, record, none, …: a load that rises or falls during
+the bench hits both modes alike; none-first in every round gave "record" the later, busier slot
+each time on a shared machine); each run's figure is the median logged tokens/s after step `--skip`
+(warm-up) and its loop seconds per step; the result is the ratio of the medians over runs, printed
+beside the baseline runs' own spread (what the ratio can resolve). No validation, no eval (not the
+step's cost).
+
+The demo's steps are small (4,096 tokens), so it also prints what hashing costs at scale: one rank's
+rows of the 1.24B recipe's step on one H100 (bench/RESULTS.md: 16 × 4 micro-batches of 2048 tokens,
+131,072 tokens per step at 65,763 tokens/s = 1.99 s), hashed on this machine's CPU, against that
+step's time. A benchmark, never a test.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs/train/demo.toml"
 MODES = ("none", "record")
+H100_ROWS, H100_SEQ, H100_TOKENS_PER_S = 64, 2048, 65_763  # bench/RESULTS.md's headline, mbs 16 × 4
 
 
 def child(mode: str, config: str, sets: list[str], out: Path) -> None:
@@ -98,6 +107,37 @@ def one_run(mode: str, config: Path, sets: list[str], run_dir: Path, skip: int) 
     return figure
 
 
+def hashing_at_scale(repeats: int = 20) -> dict:
+    """The time row_digests takes for one rank's rows of the H100 headline's step (median of `repeats`):
+    wall seconds, and the process's CPU seconds (what it costs where the host has a core to itself, as
+    a GPU box's training process does), and their shares of that step's time."""
+    import torch
+
+    from training.data.loader import row_digests
+
+    g = torch.Generator().manual_seed(0)
+    keys = ("input_ids", "labels", "position_ids")
+    micro = [
+        {k: torch.randint(0, 131072, (16, H100_SEQ), generator=g) for k in keys}
+        for _ in range(H100_ROWS // 16)
+    ]
+    wall, cpu = [], []
+    for _ in range(repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        row_digests(micro)
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    seconds, cpu_seconds = statistics.median(wall), statistics.median(cpu)
+    step = H100_ROWS * H100_SEQ / H100_TOKENS_PER_S
+    mb = H100_ROWS * H100_SEQ * 24 / 1e6
+    print(f"at scale: one rank's {H100_ROWS} × {H100_SEQ} tokens ({mb:.1f} MB of int64 ids, labels, "
+          f"positions) hashed in {1000 * seconds:.2f} ms wall, {1000 * cpu_seconds:.2f} ms CPU "
+          f"({mb / cpu_seconds:,.0f} MB/s of CPU time): {100 * seconds / step:.3f}% (wall), "
+          f"{100 * cpu_seconds / step:.3f}% (CPU) of the H100 step ({step:.2f} s)")  # fmt: skip
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "step_seconds": step, "share": seconds / step,
+            "cpu_share": cpu_seconds / step}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", type=Path, default=DEMO)
@@ -109,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--at-scale", action="store_true", help="only the hashing at the H100 step's scale")
     args = ap.parse_args(argv)
     if args.child:
         child(args.child, str(args.config), args.sets, args.out)
+        return 0
+    if args.at_scale:
+        hashing_at_scale()
         return 0
     if args.config == DEMO and not (ROOT / "runs/data/demo/dataset.json").exists():
         raise SystemExit("the demo datasets are missing: run `make demo` first (or pass --config and --set)")
@@ -121,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     figures: dict[str, list[dict]] = {m: [] for m in MODES}
     stamp = int(time.time())
     for r in range(args.rounds):
-        for mode in MODES:
+        for mode in MODES if r % 2 == 0 else MODES[::-1]:
             figures[mode].append(
                 one_run(mode, args.config, common, args.dir / f"{stamp}-{mode}-{r}", args.skip)
             )
@@ -138,8 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         f"ratio {ratio:.4f}; seconds per step ratio {step_ratio:.4f}; the record's share of the loop "
         f"{100 * share:.3f}% (median of {args.rounds} runs)"
     )
+    base = [f["s_per_step"] for f in figures["none"]]
+    spread = (max(base) - min(base)) / 2 / med["none"]["s_per_step"]
+    print(f"the baseline's own runs: {1000 * min(base):.1f}–{1000 * max(base):.1f} ms/step (a ratio "
+          f"within ±{100 * spread:.0f}% of 1 is that noise)")  # fmt: skip
+    scale = hashing_at_scale()
     result = {"medians": med, "ratio_tokens_per_s": ratio, "ratio_s_per_step": step_ratio, "share": share,
-              "runs": figures, "config": str(args.config), "steps": args.steps}  # fmt: skip
+              "runs": figures, "config": str(args.config), "steps": args.steps,
+              "at_scale": scale}  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
