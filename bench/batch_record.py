@@ -1,6 +1,6 @@
 """What recording each trained step's batch costs a step (issue 47; docs/loader-and-phases.md, "What
-the model was fed"): the demo recipe on CPU, runs with the record (as shipped) alternating with runs
-without it, and inside each recorded run the time it spent on the record.
+the model was fed"): the demo recipe on CPU, runs with the record (as shipped) beside runs without
+it, and inside each recorded run the time it spent on the record.
 
     python -m bench.batch_record                     # the demo recipe on the demo datasets (make demo)
     python -m bench.batch_record --rounds 3 --steps 60
@@ -13,12 +13,14 @@ Each run is one process (`--child`) that trains the recipe in-process through tr
   drift cannot move much;
 - "none": the same run with those three replaced by stubs that hash, gather and write nothing (the
   rows then carry a dummy digest): the baseline.
-Runs alternate in mirrored pairs (none, record, record, none, …: a load that rises or falls during
-the bench hits both modes alike; none-first in every round gave "record" the later, busier slot
-each time on a shared machine); each run's figure is the median logged tokens/s after step `--skip`
-(warm-up) and its loop seconds per step; the result is the ratio of the medians over runs, printed
-beside the baseline runs' own spread (what the ratio can resolve). No validation, no eval (not the
-step's cost).
+Each round runs the two modes side by side, at the same time, one torch thread each (run.threads =
+1; --set overrides it): whatever else loads a shared machine loads both alike. Run one after the
+other, the pairs on the 2-core VM shared with other engineers differed by up to 3× from one
+minute to the next, and "record" came out slower in all 7 pairs (0.50–0.81×) while its own timed
+share of the loop was 0.02%: the load, not the record. Each run's figure is the median logged
+tokens/s after step `--skip` (warm-up) and its loop seconds per step; the result is the ratio of
+the medians over rounds, printed beside the baseline runs' own spread (what the ratio can
+resolve). No validation, no eval (not the step's cost).
 
 The demo's steps are small (4,096 tokens), so it also prints what hashing costs at scale: one rank's
 rows of the 1.24B recipe's step on one H100 (bench/RESULTS.md: 16 × 4 micro-batches of 2048 tokens,
@@ -83,18 +85,24 @@ def child(mode: str, config: str, sets: list[str], out: Path) -> None:
     out.write_text(json.dumps({"seconds": summary["seconds"], "steps": steps, "spent": spent, "rows": rows}))
 
 
-def one_run(mode: str, config: Path, sets: list[str], run_dir: Path, skip: int) -> dict:
-    """A child process of `mode`; its tokens/s (median of the logged rows after step `skip`), loop
-    seconds per step and, recorded, the record's share of the loop."""
-    out = run_dir.with_suffix(".json")
+def start(mode: str, config: Path, sets: list[str], run_dir: Path) -> subprocess.Popen:
+    """A child process training the recipe in `mode` into `run_dir` (its figures to run_dir.json)."""
     cmd = [sys.executable, "-m", "bench.batch_record", "--child", mode, "--config", str(config),
-           "--out", str(out), "--set", *sets, f"run.output_dir={json.dumps(str(run_dir))}"]  # fmt: skip
-    proc = subprocess.run(
-        cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"the {mode} run exited {proc.returncode}: {proc.stderr[-2000:]}")
-    got = json.loads(out.read_text())
+           "--out", str(run_dir.with_suffix(".json")), "--set", *sets,
+           f"run.output_dir={json.dumps(str(run_dir))}"]  # fmt: skip
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.with_suffix(".log"), "w") as log:  # its output, for when it fails
+        return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def figure_of(mode: str, proc: subprocess.Popen, run_dir: Path, skip: int) -> dict:
+    """A finished child's tokens/s (median of the logged rows after step `skip`), loop seconds per
+    step and, recorded, the record's share of the loop."""
+    if proc.wait() != 0:
+        log = run_dir.with_suffix(".log").read_text()
+        raise SystemExit(f"the {mode} run exited {proc.returncode}: {log[-2000:]}")
+    got = json.loads(run_dir.with_suffix(".json").read_text())
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in got["rows"] if r["step"] > skip)
     figure = {"tokens_per_s": tokens_per_s, "s_per_step": got["seconds"] / got["steps"]}
     if mode == "record":
@@ -160,15 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.config == DEMO and not (ROOT / "runs/data/demo/dataset.json").exists():
         raise SystemExit("the demo datasets are missing: run `make demo` first (or pass --config and --set)")
     common = [f"run.max_steps={args.steps}", "run.val_every=0", "run.log_every=5", "eval.interval=0",
-              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1",
+              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1", "run.threads=1",
               *args.sets]  # fmt: skip
     figures: dict[str, list[dict]] = {m: [] for m in MODES}
     stamp = int(time.time())
-    for r in range(args.rounds):
-        for mode in MODES if r % 2 == 0 else MODES[::-1]:
-            figures[mode].append(
-                one_run(mode, args.config, common, args.dir / f"{stamp}-{mode}-{r}", args.skip)
-            )
+    for r in range(args.rounds):  # both modes at once: whatever else loads the machine loads both
+        dirs = {mode: args.dir / f"{stamp}-{mode}-{r}" for mode in MODES}
+        procs = {mode: start(mode, args.config, common, dirs[mode]) for mode in MODES}
+        for mode in MODES:
+            figures[mode].append(figure_of(mode, procs[mode], dirs[mode], args.skip))
     med = {
         m: {k: statistics.median(f[k] for f in figures[m]) for k in ("tokens_per_s", "s_per_step")}
         for m in MODES
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         f"batch record: {med['record']['tokens_per_s']:,.0f} tokens/s vs none "
         f"{med['none']['tokens_per_s']:,.0f}: "
         f"ratio {ratio:.4f}; seconds per step ratio {step_ratio:.4f}; the record's share of the loop "
-        f"{100 * share:.3f}% (median of {args.rounds} runs)"
+        f"{100 * share:.3f}% (medians of {args.rounds} rounds)"
     )
     base = [f["s_per_step"] for f in figures["none"]]
     spread = (max(base) - min(base)) / 2 / med["none"]["s_per_step"]
