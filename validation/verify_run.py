@@ -187,7 +187,9 @@ def _timeline_problems(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
     parser.add_argument(
-        "--step", type=int, help="check only this step's checkpoint and export (and say why it has none)"
+        "--step",
+        type=int,
+        help="check only this step's checkpoint, export and recorded batch (and why it has no checkpoint)",
     )
 
 
