@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import forked
 from tests.helpers.corpus import (
     fixture_config_text,
     fixture_texts,
@@ -43,3 +44,7 @@ def built_dataset(build_fixture) -> Path:
     result = build(cfg, log=lambda *a: None)
     assert result.ok, result.report
     return Path(cfg.output)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    forked.stop_server()  # reaped here: its children's CPU time counts in `time make test`
