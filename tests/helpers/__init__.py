@@ -4,7 +4,7 @@ build_runs              runs of the data build: run_build, build_argv, one_error
 corpus                  the shared fixture corpus: texts, separator constants, tokenizer, build recipe
 dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (test_parallelize runs it)
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
-forked                  `python -m MODULE` as a process forked from a server that imported torch and the trainer
+forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
