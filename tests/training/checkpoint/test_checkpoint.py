@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
@@ -48,7 +49,7 @@ from training.train import load_train_config, main, train, with_resume
 
 
 def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -133,8 +134,7 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.async=true", "checkpoint.keep_last=1",
                      "checkpoint.interval=2")  # fmt: skip
     stop_at = random.randint(2, STEPS - 3)
-    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = forked.popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, stop_at)
     os.kill(child_pids(proc.pid)[-1], signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
