@@ -23,6 +23,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from pipelines.local_s3 import aws_env
 from pipelines.upload import upload_dataset
+from tests.helpers import forked
 from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
@@ -335,14 +336,7 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(s3, sy
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
     s3.proxy.set_faults(FaultMix(seed=1))
     try:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=run_env(s3, tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = forked.popen(cmd, cwd=ROOT, env=run_env(s3, tmp_path), stderr=subprocess.STDOUT)
         try:
             wait_for_step(proc, run_dir, 6)  # past the checkpoint of step 4
         finally:
@@ -374,9 +368,7 @@ def test_two_ranks_share_the_cache_and_fetch_each_shard_once(s3, synthetic, loca
         "run.max_steps=6",  # the reference's first 6 steps (the schedule is the same)
         f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
     )
-    proc = subprocess.run(
-        torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), capture_output=True, text=True, timeout=300
-    )
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     gets = s3.proxy.counts.gets(".tar")
     assert gets and len(gets) == len(set(gets)), "a shard was downloaded twice"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, read_metrics, recipe
 from training.config import MetricsSection, TrainConfig
@@ -244,7 +245,7 @@ def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(e
         sets += ["metrics.plot=false", "checkpoint.interval=4"]
         sets += [f"metrics.trackers={json.dumps(trackers)}", 'metrics.project="gm-test"', *extra]
         cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-        return subprocess.run(cmd, cwd=ROOT, env=shell, capture_output=True, text=True, timeout=240)
+        return forked.run(cmd, cwd=ROOT, env=shell, timeout=240)
 
     done = cli(run_dir, ["wandb"], 'checkpoint.resume="auto"')
     assert done.returncode == 0, done.stderr[-2000:]
