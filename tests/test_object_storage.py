@@ -75,9 +75,9 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def synthetic(s3, tmp_path_factory) -> tuple[Path, str]:
+def synthetic(s3, synthetic_dataset) -> tuple[Path, str]:
     """The trainer tests' synthetic dataset (10 shards), locally and uploaded."""
-    local = make_dataset(tmp_path_factory.mktemp("synthetic") / "ds", n_docs=300)
+    local = synthetic_dataset(n_docs=300)
     upload_dataset(local, s3.url("synthetic"), log=lambda *a: None)
     return local, s3.url("synthetic")
 

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 
 from tests.helpers import forked
 from tests.helpers.hub_server import HubServer, point_hub_at
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -347,8 +346,8 @@ def _init(base: Path | str) -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data") / "ds")
+def data(synthetic_dataset):
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from tests.helpers import light_trainer
-from tests.helpers.train_data import make_dataset
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
 
@@ -43,8 +42,8 @@ NOISE = (
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 def sets(dataset: Path, run_dir: Path, *extra: str) -> list[str]:

@@ -147,8 +147,8 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("muon-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset):
+    return synthetic_dataset(n_docs=300)
 
 
 def muon_sets(dataset, run_dir, *extra: str) -> list[str]:

@@ -16,7 +16,6 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -55,8 +54,8 @@ def window_of(sets: list[str], step: int, slot: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("rewind") / "data")
+def dataset(synthetic_dataset):
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -49,8 +48,8 @@ from training.train import load_train_config, main, train
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("integrity-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=300)
 
 
 def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, tmp_path, capsys):

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import forked
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, read_metrics, recipe
 from training.config import MetricsSection, TrainConfig
 from training.config_checks import trackers_of
@@ -52,8 +51,8 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds", n_docs=200)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=200)
 
 
 def run_training(dataset: Path, run_dir: Path, trackers: list[str], *extra: str) -> str:

@@ -13,7 +13,6 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, read_metrics, recipe, torchrun_cmd
 from tests.helpers.train_runs import RECIPE_STEPS as STEPS
 from training.config import TrainConfig
@@ -33,8 +32,8 @@ FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ import torch
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -63,8 +62,8 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("ckpt-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=300)
 
 
 @pytest.fixture(scope="module")

@@ -89,8 +89,8 @@ def make_sources(root: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def shared_sources(tmp_path_factory) -> dict[str, Path]:
-    return make_sources(tmp_path_factory.mktemp("sources"))
+def shared_sources(synthetic_dataset) -> dict[str, Path]:
+    return {"web": synthetic_dataset(n_docs=240, seed=1), "code": synthetic_dataset(n_docs=200, seed=2)}
 
 
 def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path):
