@@ -34,6 +34,8 @@ from training.data.remote import CacheSettings, tmp_name
 from training.data.shard_cache import cache_usage
 from training.train import load_train_config, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 BUCKET = "gristmill-test"
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
 

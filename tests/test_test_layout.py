@@ -5,6 +5,7 @@ tests happen to sit beside it, and a move of one test module breaks the others).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,3 +41,32 @@ def bad_imports(path: Path) -> list[str]:
 def test_no_test_module_imports_another_test_module_or_a_conftest():
     bad = [line for path in sorted((ROOT / "tests").rglob("test_*.py")) for line in bad_imports(path)]
     assert not bad, "shared test code belongs in tests/helpers/ (see its __init__.py):\n" + "\n".join(bad)
+
+
+# What starts processes: a subprocess, a forked trainer, torchrun, a data build (its workers), a
+# mixture search. A module that does is in the process tier (`make test` runs it second).
+STARTS_PROCESSES = re.compile(
+    r"\bsubprocess\.(run|Popen|check_call|check_output)\(|\bforked\.(run|popen)\(|\btorchrun_cmd\(|"
+    r"(?<![\w.])build\(|\brun_build\(|\bpropose\("
+)
+
+
+def marks_process(tree: ast.Module) -> bool:
+    """The module sets `pytestmark` (its last assignment) to (a list holding) `pytest.mark.process`."""
+    values = [
+        node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+    ]
+    return bool(values) and "pytest.mark.process" in ast.unparse(values[-1])
+
+
+def test_a_module_that_starts_processes_is_in_the_process_tier():
+    unmarked = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        if STARTS_PROCESSES.search(path.read_text()) and not marks_process(ast.parse(path.read_text()))
+    ]
+    assert not unmarked, "these start processes: set `pytestmark = pytest.mark.process`:\n" + "\n".join(
+        unmarked
+    )

@@ -3,8 +3,8 @@ file lock, in a folder all workers of the run share, and every other test reads 
 
 Each artifact's folder is named by what it is built from (a synthetic dataset by its documents,
 vocabulary and seed), so two modules asking for the same thing share it, and different things never
-collide. The folder lives under this run's pytest temporary root: nothing outlives the run, so a
-change to the code that builds an artifact is always built again.
+collide. The folder lives only as long as the run (`make test`'s two tiers share one): a change to
+the code that builds an artifact is always built again.
 
 Shared artifacts are read-only. Each is fingerprinted (every file's path, size and sha256) when
 built, and `Shared.check_unchanged` compares the fingerprints at the end of the session: a test that
@@ -64,7 +64,13 @@ class Shared:
         assert not changed, "a test wrote into a shared artifact (copy it first):\n" + "\n".join(changed)
 
 
+SHARED_ENV = "GRISTMILL_TEST_SHARED"
+
+
 def shared_root(basetemp: Path) -> Path:
-    """The folder every worker of this run shares: pytest-xdist gives each worker basetemp/popen-gwN
-    under the run's own temporary root."""
+    """The folder every worker of this run shares: $GRISTMILL_TEST_SHARED when set (`make test`
+    sets it to a fresh folder for its two tiers, removed after them), else under the run's own
+    temporary root (pytest-xdist gives each worker basetemp/popen-gwN there)."""
+    if os.environ.get(SHARED_ENV):
+        return Path(os.environ[SHARED_ENV])
     return (basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp) / "shared"

@@ -21,6 +21,8 @@ from tests.helpers.corpus import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 QUIET = dict(log=lambda *a: None)
 
 

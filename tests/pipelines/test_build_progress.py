@@ -9,12 +9,16 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from pipelines.build import build
 from pipelines.config import DataConfig
 from pipelines.progress import Monitor, TaskProgress
 from training.contract.config_loader import load_config
 from validation.audit_reports import PRESETS
 from validation.audit_views import connect
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 
 def test_task_progress_and_monitor_line(tmp_path):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import dill
+import pytest
 
 from pipelines.build import build
 from pipelines.config import DataConfig
@@ -24,6 +25,8 @@ from tests.helpers.build_runs import assert_same_dataset
 from tests.helpers.dup_corpus import write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 FAKE_SRUN = """#!/bin/bash
 while [[ "$1" == -* ]]; do case "$1" in -n|-N) shift 2;; *) shift;; esac; done

@@ -12,6 +12,8 @@ import pytest
 
 from pipelines.cli import COMMANDS, main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "datatrove", "duckdb", "lm_eval", "transformers")
 

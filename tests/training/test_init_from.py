@@ -57,6 +57,8 @@ from training.model import ModelConfig, Transformer
 from training.train import load_train_config, train
 from training.train import main as train_main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 transformers = pytest.importorskip("transformers")
 
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

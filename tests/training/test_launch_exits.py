@@ -26,6 +26,8 @@ from tests.helpers import light_trainer
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -35,6 +35,8 @@ from training.optim import ScheduledLR, build_optimizer
 from training.train import load_train_config, train, train_step
 from training.train import main as train_main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 MUON = OptimSection(name="muon", lr=3e-3, weight_decay=0.1, decay_embeddings=False)
 
 

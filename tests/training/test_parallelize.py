@@ -17,6 +17,8 @@ from training.contract.config_loader import ConfigError
 from training.contract.errors import GristmillError
 from training.parallelize import build_mesh, parallelize
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -32,6 +32,8 @@ from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 STEPS, SPIKE = 30, 17
 
 

@@ -46,6 +46,8 @@ from training.contract.run_layout import (
 )
 from training.train import load_train_config, main, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 @pytest.fixture(scope="module")
 def dataset(synthetic_dataset) -> Path:

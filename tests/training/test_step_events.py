@@ -47,6 +47,8 @@ from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E
 from training.train import train  # noqa: E402
 from validation.train_eval import TrainingEval  # noqa: E402
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 STEPS, QUIET, ALL_DUE, LAST = 8, 3, 4, 8
 EVAL_KEY = "eval/heldout_ppl/bits_per_byte"
 

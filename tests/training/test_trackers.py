@@ -26,6 +26,8 @@ from training.contract.run_layout import checkpoint_dir
 from training.trackers import git_commit
 from training.train import main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):

@@ -19,6 +19,8 @@ from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 FIELDS = {
     "step",
     "loss",

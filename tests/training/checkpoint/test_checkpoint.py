@@ -46,6 +46,8 @@ from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint
 from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
     proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)

@@ -26,6 +26,8 @@ from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
 from training.run.faults import KILL
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 BATCHES = [512] * 4 + [1024] * 3 + [768] * 4  # tokens per step; "long": 3500 // 768 = 4 steps
 LAST = len(BATCHES)
 SQRT = "batch_lr_scaling = 'sqrt'\n"  # [optim] lines

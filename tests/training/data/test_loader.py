@@ -36,7 +36,10 @@ from training.data.loader import (
     dataset_loader,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 SEQ, G = 15, 8  # windows of 16 tokens, 8 sequences per global step
 

@@ -34,6 +34,8 @@ from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
 from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
     return load_config(TrainConfig, write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", **kw))

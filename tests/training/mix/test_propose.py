@@ -19,6 +19,8 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.train_data import make_dataset
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[3]
 REPORT_FIELDS = {
     *("sources", "prior", "proposal", "swarm", "fit", "predicted", "validation", "gate_returned_prior"),
