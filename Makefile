@@ -30,17 +30,17 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gristmill demo
 
-# Two tiers, the in-process tests first (a minute or two: a failure there stops before the rest),
-# then the tests that start processes (pytest -m process). Both share the artifacts built once per
-# run (tests/helpers/shared.py) in a fresh folder, removed after them; each lists its slowest tests.
+# Two tiers (tests/helpers/tiers.py): the in-process tests first (a failure there stops before the
+# rest), then the modules that start processes. Both share the artifacts built once per run
+# (tests/helpers/shared.py) in a fresh folder, removed after them; each lists its slowest tests.
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && export GRISTMILL_TEST_SHARED="$$shared" && \
-	  echo "== in-process tier" && $(PYTEST) -m "not process and not sweep" && \
-	  echo "== process tier" && $(PYTEST) -m "process and not sweep"
+	  echo "== in-process tier" && $(PYTEST) --tier in-process && \
+	  echo "== process tier" && $(PYTEST) --tier process
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

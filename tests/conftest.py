@@ -22,6 +22,23 @@ from tests.helpers.corpus import (
     write_fixture_corpus,
 )
 from tests.helpers.shared import Shared, shared_root
+from tests.helpers.tiers import TIERS, tier_of
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier",
+        choices=TIERS,
+        help="run one tier of the suite (tests/helpers/tiers.py): the modules that start no process, or "
+        "those that do (pytest.mark.process); the other tier's modules are not even imported",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    tier = config.getoption("--tier")
+    if tier and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True if tier_of(collection_path) != tier else None
+    return None
 
 
 @pytest.fixture(scope="session")

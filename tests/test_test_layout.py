@@ -8,6 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from tests.helpers.tiers import tier_of
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,21 +53,11 @@ STARTS_PROCESSES = re.compile(
 )
 
 
-def marks_process(tree: ast.Module) -> bool:
-    """The module sets `pytestmark` (its last assignment) to (a list holding) `pytest.mark.process`."""
-    values = [
-        node.value
-        for node in tree.body
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
-    ]
-    return bool(values) and "pytest.mark.process" in ast.unparse(values[-1])
-
-
 def test_a_module_that_starts_processes_is_in_the_process_tier():
     unmarked = [
         str(path.relative_to(ROOT))
         for path in sorted((ROOT / "tests").rglob("test_*.py"))
-        if STARTS_PROCESSES.search(path.read_text()) and not marks_process(ast.parse(path.read_text()))
+        if STARTS_PROCESSES.search(path.read_text()) and tier_of(path) != "process"
     ]
     assert not unmarked, "these start processes: set `pytestmark = pytest.mark.process`:\n" + "\n".join(
         unmarked
