@@ -13,7 +13,10 @@
                         the demo runs the audit, the decontamination index reads tasks through
                         validation's lm-eval helpers; validation/ never imports pipelines/
     pipelines/          lm-eval only inside functions: build workers import pipelines/ without it
-    everything          no import circles among the project's own modules
+    everything          no import circles among the project's own modules, and none among the
+                        members of any folder (its modules, and its subfolders taken whole)
+    training/           stands on at most 9 layers: its longest chain of imports among its members
+                        (issue 48: it stood on 12, with a folder-level loop through seven members)
 
 Two kinds of check:
 - import checks, in a fresh interpreter whose `sys.meta_path` starts with a finder that raises
@@ -293,10 +296,10 @@ def shortest_cycle(graph, component: list[str]) -> list[str]:
     return component
 
 
-def describe_cycles(graph, sccs: list[list[str]]) -> str:
+def describe_cycles(graph, sccs: list[list[str]], what: str = "modules") -> str:
     lines = []
     for component in sccs:
-        lines.append(f"circle of {len(component)} modules: " + " -> ".join(shortest_cycle(graph, component)))
+        lines.append(f"circle of {len(component)} {what}: " + " -> ".join(shortest_cycle(graph, component)))
         members = set(component)
         for src in component:
             for dst, imps in sorted(graph[src].items()):
@@ -543,6 +546,119 @@ def test_no_import_circles():
     )
 
 
+# --------------------------------------------------------------------------------------------
+# Folders: a package's members are its modules and its subpackages, each subpackage taken whole
+
+TRAINING_LAYERS = 9
+
+
+def packages_of(modules: dict[str, Path]) -> list[str]:
+    """Every package (a folder with __init__.py), and "" for the project's top level."""
+    return ["", *sorted(m for m, path in modules.items() if path.name == "__init__.py")]
+
+
+def members_graph(modules, imports, package: str) -> dict[str, dict[str, list[Import]]]:
+    """The import graph among `package`'s members ("": the project's top packages): each of its
+    modules, and each of its subpackages taken whole (an import of any module under one is an edge of
+    that member). The package's own __init__.py is no member (every one is import-free)."""
+
+    def member(name: str) -> str | None:
+        if package and (name == package or not _within(name, package)):
+            return None
+        rest = name[len(package) + 1 :] if package else name
+        return (f"{package}." if package else "") + rest.partition(".")[0]
+
+    graph: dict[str, dict[str, list[Import]]] = {}
+    for src, targets in graph_of(modules, imports).items():
+        a = member(src)
+        if a is None:
+            continue
+        edges = graph.setdefault(a, defaultdict(list))
+        for dst, imps in targets.items():
+            b = member(dst)
+            if b is not None and b != a:
+                edges[b] += imps
+    return graph
+
+
+def longest_chain(graph: dict[str, dict[str, list]]) -> list[str]:
+    """The longest chain of imports of an acyclic graph, from its top member down: as many members as
+    the graph has layers (a member stands one layer above the highest it imports)."""
+    below: dict[str, list[str]] = {}  # member -> the longest chain from it down
+    for node in sorted(graph):
+        stack = [node]
+        while stack:
+            top = stack[-1]
+            pending = [c for c in sorted(graph[top]) if c in graph and c not in below]
+            if pending:
+                stack += pending[:1]
+                continue
+            stack.pop()
+            chains = [below[c] for c in graph[top] if c in below]
+            below[top] = [top, *max(chains, key=len, default=[])]
+    return max(below.values(), key=len, default=[])
+
+
+def test_no_folder_level_loops():
+    """At every folder, its modules and subfolders (each taken whole) import each other without a
+    loop: a module of a lower folder never needs one of a higher folder, even without a file circle."""
+    modules, imports = _project_scan()
+    found = []
+    for package in packages_of(modules):
+        graph = members_graph(modules, imports, package)
+        loops = [c for c in strongly_connected(graph) if len(c) > 1]
+        if loops:
+            found.append(f"in {package or 'the project'}:" + describe_cycles(graph, loops, "members"))
+    assert not found, "folder-level import loops (imports anywhere in a file count):\n" + "\n".join(found)
+
+
+def test_training_stands_on_at_most_9_layers():
+    """training/'s members stand on at most TRAINING_LAYERS layers: the longest chain of imports among
+    its modules and folders has at most that many members (issue 48 untied one of 12)."""
+    modules, imports = _project_scan()
+    graph = members_graph(modules, imports, "training")
+    assert not [c for c in strongly_connected(graph) if len(c) > 1], "a loop: see test_no_folder_level_loops"
+    chain = longest_chain(graph)
+    assert len(chain) <= TRAINING_LAYERS, (
+        f"training/ stands on {len(chain)} layers (at most {TRAINING_LAYERS}): " + " -> ".join(chain)
+    )
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def test_folder_members_loops_and_layers(tmp_path):
+    """The folder rules themselves: two folders whose files import each other's other files have no
+    file circle but a folder loop; the layers are the longest chain's members."""
+    files = {
+        "training/__init__.py": "",
+        "training/top.py": "from training.a import x\n",
+        "training/low.py": "",
+        "training/a/__init__.py": "",
+        "training/a/x.py": "from training.b import y\n",
+        "training/a/w.py": "from training import low\n",
+        "training/b/__init__.py": "",
+        "training/b/y.py": "from training import low\n",
+        "training/b/z.py": "def f():\n    from training.a import w\n",
+    }
+    write_tree(tmp_path, files)
+    modules, imports = scan(tmp_path, ("training",))
+    assert not [c for c in strongly_connected(graph_of(modules, imports)) if len(c) > 1]
+    graph = members_graph(modules, imports, "training")
+    assert set(graph) == {"training.top", "training.low", "training.a", "training.b"}
+    assert [c for c in strongly_connected(graph) if len(c) > 1] == [["training.a", "training.b"]]
+    assert members_graph(modules, imports, "training.a") == {"training.a.x": {}, "training.a.w": {}}
+    (tmp_path / "training/b/z.py").write_text("")  # the loop untied: top -> a -> b -> low, a -> low
+    modules, imports = scan(tmp_path, ("training",))
+    graph = members_graph(modules, imports, "training")
+    assert not [c for c in strongly_connected(graph) if len(c) > 1]
+    assert longest_chain(graph) == ["training.top", "training.a", "training.b", "training.low"]
+    assert packages_of(modules) == ["", "training", "training.a", "training.b"]
+
+
 def test_scanner_resolves_relative_and_submodule_imports(tmp_path):
     """The scan itself: relative imports, `from pkg import submodule`, local imports, SCCs."""
     files = {
@@ -555,9 +671,7 @@ def test_scanner_resolves_relative_and_submodule_imports(tmp_path):
         "training/__init__.py": "",
         "training/model.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_tree(tmp_path, files)
     modules, imports = scan(tmp_path)
     edges = {(i.src, i.target, i.where) for i in imports}
     assert edges == {

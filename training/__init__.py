@@ -4,7 +4,7 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - train.py          `python -m training.train`: setup / train_step / the loop (the step's order)
 - launch.py         `gristmill train`: in this process or through torchrun, the config checked first
 - config.py         the recipe's schema: `TrainConfig`, one documented field each
-- config_checks.py  the recipe resolved once (`RunSpec`) and checked before any work; RUN/config.toml
+- config_checks.py  each section's checks that need only the config ([model], [parallel], [optim], …)
 - model.py          the Llama-3 transformer, its presets and FLOPs per token
 - loss.py           cross-entropy of the LM head, chunked
 - optim.py          AdamW (and 8-bit), the plan's LR schedule, gradient clipping
@@ -13,6 +13,7 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - metrics.py        MFU, the update ratio, metrics rows, metrics.jsonl and loss.png, the summary
 - trackers.py       tensorboard, Weights & Biases, trackio
 - plotting.py       matplotlib for the PNGs gristmill writes
+- console.py        the run's one printer: rank 0's lines, safe against a reader that goes away
 - run/              the run's own machinery: setup, the step's verdict, the timeline, rewind, …
 - checkpoint/       DCP checkpoints, the train state, HF import and export
 - data/             the dataset reader, sample order, the data plan, the loader

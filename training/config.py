@@ -1,8 +1,10 @@
 """The training recipe's schema: a `TrainConfig` tree of dataclasses, one documented field each.
 
-What a run derives from it and checks about it lives in training/config_checks.py, so this module
-reads as the reference of the keys. `load_train_config` stays here: it only fills the schema
-(`training.contract.config_loader.load_config`), checking nothing beyond keys and types.
+What a run derives from it and checks about it lives in training/data/spec.py (the recipe resolved,
+its batch shapes, `check_config`), training/config_checks.py (each section's checks) and
+training/checkpoint/model_config.py (the model), so this module reads as the reference of the keys.
+`load_train_config` stays here: it only fills the schema (`training.contract.config_loader.load_config`),
+checking nothing beyond keys and types.
 """
 
 from __future__ import annotations

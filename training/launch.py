@@ -32,10 +32,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from training.checkpoint.model_config import resolve_model_config
 from training.config import load_train_config
-from training.config_checks import check_config, resolve_model_config
 from training.contract.config_loader import add_config_arguments, add_resume_argument, with_resume
 from training.contract.errors import GristmillError
+from training.data.spec import check_config
 from training.run.lock import check_unlocked
 from training.run.worker_reply import REPLY_KEY
 

@@ -1,25 +1,22 @@
-"""Training metrics: MFU, update/param ratio, peak memory, and where the numbers go.
+"""Training metrics: MFU, update/param ratio, peak memory, a metrics row's columns, the summary.
 
 MFU convention: model FLOPs per token = 6·N_matmul + 12·L·d·T (training.model.flops_per_token;
 the run header says whether the LM head is in N_matmul), achieved FLOP/s per device =
 tokens/s ÷ devices × FLOPs per token, MFU = achieved ÷ the device's dense bf16 peak. The peak is
 looked up by GPU model name; any other device (CPU included) gets no MFU rather than a guess.
 
-Sinks: stdout (one line per logged step), RUN/metrics.jsonl and the trackers of [metrics]
-(tensorboard by default; Weights & Biases, trackio: training/trackers.py); RUN/loss.png at the
-end. tensorboard, wandb, trackio and matplotlib are imported lazily so the trainer runs without them.
+The rows go to stdout (`format_line`), RUN/metrics.jsonl and the trackers of [metrics], and the
+loss curve to RUN/loss.png (`plot_loss`), all written by the run's one writer,
+training/run/record.RunRecord; matplotlib is imported lazily so the trainer runs without it.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import resource
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +25,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
-from training import trackers
-from training.config import MetricsSection
-from training.config_checks import trackers_of
-from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import COUNTS, is_url
-from training.contract.run_layout import CONSUMPTION_PARQUET, LOSS_PNG, METRICS_JSONL, kept_rows, read_metrics
-from training.data.recipe import write_consumption
+from training.contract.run_layout import kept_rows
 from training.plotting import agg_pyplot
-from training.run.console import say
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.
@@ -197,29 +188,17 @@ def fetch_row(plan, since: dict[str, int]) -> dict[str, int]:
 
 
 class TrainingMetrics:
-    """The training loop's metrics: the throughput window, the row of a logged step (step_row, then
-    the checkpoint timings, the data plan's row, validation, eval and the elapsed time), where it
-    goes (rank 0's `writer`; None on the other ranks, which keep the rows but write nothing) and
-    the end-of-run summary, read from the rows of the final timeline only (training/run/timeline.py)."""
+    """The training loop's metrics: the throughput window, and what a row measures besides its step
+    (the checkpoint timings, the data plan's columns, the object-store fetches, the elapsed time and
+    the ETA). The loop adds the step's validation and eval between `measure` and `timed`; the row is
+    then written by training/run/record.RunRecord, which holds the rows."""
 
-    def __init__(
-        self,
-        writer: MetricsWriter | None,
-        timeline,
-        run_dir: Path,
-        *,
-        plot: bool,
-        log_every: int = 1,
-        last_step: int | None = None,
-    ):
-        """`timeline`: the run's training/run/timeline.Timeline; `plot`: metrics.plot (RUN/loss.png);
-        `log_every` (run.log_every) and `last_step` (where this invocation stops: run.max_steps, else
-        the plan's end): the rows' cadence, and their ETA."""
-        self.writer, self.timeline, self.run_dir, self.plot = writer, timeline, Path(run_dir), plot
-        self.log_every, self.last_step = log_every, last_step
+    def __init__(self, timeline, *, log_every: int = 1, last_step: int | None = None):
+        """`timeline`: the run's training/run/timeline.Timeline; `log_every` (run.log_every) and
+        `last_step` (where this invocation stops: run.max_steps, else the plan's end): the rows'
+        cadence, and their ETA."""
+        self.timeline, self.log_every, self.last_step = timeline, log_every, last_step
         self.fetch_base = COUNTS.snapshot()  # fetch/* counts start with this invocation's training
-        # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
-        self.history: list[dict[str, Any]] = writer.history if writer is not None else []
         self.start()
 
     def due(self, step: int) -> bool:
@@ -245,99 +224,67 @@ class TrainingMetrics:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def log(
-        self,
-        row: dict[str, Any],
-        *,
-        checkpoint_timings: dict[str, float] | None = None,
-        validate: Callable[[], dict[str, float]] | None = None,
-        evaluate: Callable[[], dict[str, float | str]] | None = None,
-    ) -> dict[str, Any]:
-        """Complete a row (`validate`, `evaluate`: collectives that score the model, None when not
-        due) and write it on rank 0: a step_row, or a row without a trained step (`no_step_row`).
-        Validation and eval are not training time, so the throughput window starts over after them."""
+    def measure(self, row: dict[str, Any], checkpoint_timings: dict[str, float] | None) -> dict[str, Any]:
+        """A row's measures before its validation and eval (a collective: every rank measures every
+        row): checkpoint_stage_s/_wait_s of the saves since the last row, and after step 0 the data
+        plan's columns and the object-store fetches so far."""
         step = row["step"]
-        row.update(checkpoint_timings or {})  # checkpoint_stage_s/_wait_s of the saves since the last row
-        consumed = None
-        fetched = fetch_row(self.timeline.plan, self.fetch_base)  # a collective: every rank logs the row
-        if self.writer is not None and step > 0:
-            consumed = self.timeline.consumed(step)
-            row.update(data_row(self.timeline.plan, step, consumed, self.timeline.skips))
+        row.update(checkpoint_timings or {})
+        fetched = fetch_row(self.timeline.plan, self.fetch_base)
+        if step > 0:
+            row.update(data_row(self.timeline.plan, step, self.timeline.consumed(step), self.timeline.skips))
             row.update(fetched)
-        if validate is not None:
-            row.update(validate())
-        if evaluate is not None:
-            row.update(evaluate())
+        return row
+
+    def timed(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A row's elapsed time and, with a last step, the ETA at this invocation's pace so far
+        (evals and validation included)."""
         row["elapsed_s"] = self.elapsed()
         if self.last_step is not None:
             row["last_step"] = self.last_step
-            if self.steps_trained:  # this invocation's pace so far, evals and validation included
-                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - step, 0)
-        if self.writer is None:
-            self.history.append(row)
-        else:
-            self.writer.log(row)
-            if consumed is not None:
-                write_consumption(self.timeline.plan, step, consumed, self.run_dir / CONSUMPTION_PARQUET)
-            for event in row.get("events", []):
-                say(f"WARNING step {step}: {event}")
-        self.window_started, self.window_tokens = time.perf_counter(), 0
+            if self.steps_trained:
+                row["eta_s"] = row["elapsed_s"] / self.steps_trained * max(self.last_step - row["step"], 0)
         return row
 
-    def discard(self, after: int, rewind: int) -> None:
-        """A rewind went back to step `after`: the rows of later steps that no rewind discarded yet
-        are marked discarded by rewind number `rewind` (metrics.jsonl rewritten whole on rank 0)."""
-        for r in self.history:
-            if r["step"] > after and "discarded_by_rewind" not in r:
-                r["discarded_by_rewind"] = rewind
-        if self.writer is not None:
-            self.writer.rewrite()
+    def restart_window(self) -> None:
+        """After a row is written: validation, eval and the writes are not training time."""
+        self.window_started, self.window_tokens = time.perf_counter(), 0
 
-    def losses(self, after: int = 0) -> list[dict[str, Any]]:
-        """The final timeline's rows of trained steps after step `after` (discarded rows and rows
-        without a trained step left out)."""
-        return [r for r in kept_rows(self.history) if "loss" in r and r["step"] > after]
 
-    def summary(self, start: int) -> dict[str, float | None]:
-        """This invocation's first and last kept loss (steps after `start`) and its last validation loss."""
-        rows = self.losses(after=start)
-        val = [r["val_loss"] for r in kept_rows(self.history) if r["step"] > start and "val_loss" in r]
-        return {
-            "first_loss": rows[0]["loss"] if rows else None,
-            "final_loss": rows[-1]["loss"] if rows else None,
-            "val_loss": val[-1] if val else None,
-        }
+def kept_losses(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
+    """The final timeline's rows of trained steps after step `after` (discarded rows and rows
+    without a trained step left out)."""
+    return [r for r in kept_rows(rows) if "loss" in r and r["step"] > after]
 
-    def plot_loss(self) -> str | None:
-        """RUN/loss.png on rank 0 when metrics.plot is on: its path, a note instead when matplotlib
-        is missing, None when not drawn."""
-        if self.writer is None or not self.plot:
-            return None
-        plan, path = self.timeline.plan, self.run_dir / LOSS_PNG
-        phases = [(plan.first_step[p], ph.name) for p, ph in enumerate(plan.phases)]
-        return plot_loss(self.history, path, self.timeline.skips, phases) or f"curve: {path}"
 
-    def summarize(self, start: int, end: int, seconds: float) -> None:
-        """Rank 0's last line (none when no kept step was logged): the loss over this invocation's
-        steps `start`+1…`end` and, after a resume, over the whole run; the curve's place when drawn."""
-        rows = self.losses(after=start)
-        if self.writer is None or not rows:
-            return
-        first, last = rows[0], rows[-1]
-        steps = f"{end - start} steps{' since the resume' if start else ''}"
-        # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
-        # which steps the two losses are of.
-        losses = (
-            f"{first['loss']:.4f} → {last['loss']:.4f} over steps {start + 1}–{end} ({steps})"
-            if (first["step"], last["step"]) == (start + 1, end)
-            else f"{first['loss']:.4f} at step {first['step']} → {last['loss']:.4f} at step {last['step']} "
-            f"(logged, of steps {start + 1}–{end}; {steps})"
-        )
-        curve = self.plot_loss()
-        say(
-            f"loss {losses}, {seconds:.0f} s{_whole_run(self.losses(), start)}"
-            + (f"; {curve}" if curve else "")
-        )
+def run_summary(rows: list[dict[str, Any]], start: int) -> dict[str, float | None]:
+    """This invocation's first and last kept loss (steps after `start`) and its last validation loss."""
+    losses = kept_losses(rows, after=start)
+    val = [r["val_loss"] for r in kept_rows(rows) if r["step"] > start and "val_loss" in r]
+    return {
+        "first_loss": losses[0]["loss"] if losses else None,
+        "final_loss": losses[-1]["loss"] if losses else None,
+        "val_loss": val[-1] if val else None,
+    }
+
+
+def summary_line(rows: list[dict[str, Any]], start: int, end: int, seconds: float) -> str | None:
+    """The run's last line (None when no kept step was logged since `start`): the loss over this
+    invocation's steps `start`+1…`end` and, after a resume, over the whole run."""
+    losses = kept_losses(rows, after=start)
+    if not losses:
+        return None
+    first, last = losses[0], losses[-1]
+    steps = f"{end - start} steps{' since the resume' if start else ''}"
+    # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
+    # which steps the two losses are of.
+    said = (
+        f"{first['loss']:.4f} → {last['loss']:.4f} over steps {start + 1}–{end} ({steps})"
+        if (first["step"], last["step"]) == (start + 1, end)
+        else f"{first['loss']:.4f} at step {first['step']} → {last['loss']:.4f} at step {last['step']} "
+        f"(logged, of steps {start + 1}–{end}; {steps})"
+    )
+    return f"loss {said}, {seconds:.0f} s{_whole_run(kept_losses(rows), start)}"
 
 
 def no_step_row(step: int, note: str) -> dict[str, Any]:
@@ -390,155 +337,6 @@ def format_line(m: dict[str, Any]) -> str:
     if m.get("eta_s") is not None and m["step"] < m.get("last_step", 0):
         parts.append(f"eta {_duration(m['eta_s'])}")
     return " | ".join(parts)
-
-
-class MetricsWriter:
-    """Rank 0's sinks: stdout, RUN/metrics.jsonl and the trackers of [metrics] (training/trackers.py).
-    Other ranks build none.
-
-    A resumed run (`resume_step`) keeps metrics.jsonl's rows up to its checkpoint and continues the
-    wandb/trackio runs recorded in RUN/trackers.json. Their steps after the checkpoint were logged
-    by the interrupted invocation and are redone now; wandb drops steps below its last one, so no
-    tracker gets them again: wandb and trackio keep the first attempt's values of those steps (the
-    same losses, as a resume is exact; timings differ), metrics.jsonl and tensorboard the redone ones
-    (tensorboard purges the interrupted invocation's events after the checkpoint).
-    """
-
-    def __init__(
-        self,
-        run_dir: Path,
-        *,
-        metrics: MetricsSection | None = None,
-        config: dict | None = None,
-        datasets: dict[str, str] | None = None,
-        resume_step: int | None = None,
-        resume_rewinds: int = 0,
-    ):
-        """`config`: the resolved recipe (to_dict), `datasets`: source name -> dataset directory;
-        both go to the wandb/trackio run once, with the code's git commit. `resume_rewinds`: the
-        rewinds the resumed checkpoint had made (their discarded rows stay)."""
-        self.run_dir = Path(run_dir)
-        self.history: list[dict[str, Any]] = []
-        path = self.run_dir / METRICS_JSONL
-        logged_through = None  # the last step the interrupted invocation logged
-        if resume_step is not None and path.exists():
-            # A resumed run keeps the rows up to its checkpoint and drops those of the steps it
-            # will redo (written after the checkpoint by the interrupted run).
-            rows, note = read_metrics(path)
-            if note:
-                say(note)
-            logged_through = max((r["step"] for r in rows), default=None)
-            # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
-            known = resume_rewinds + 1
-            self.history = [
-                r for r in rows if r["step"] <= resume_step or r.get("discarded_by_rewind", known) < known
-            ]
-            write_atomic(path, _jsonl(self.history))
-        elif path.exists():  # a fresh run into the same directory starts the log over
-            say(f"note: {path} exists from an earlier run; starting it over")
-        # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
-        # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resume_step is not None else os.O_TRUNC)
-        self.jsonl = os.open(path, flags, 0o644)
-        self.trackers: dict[str, Any] = {}
-        self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
-        try:
-            self._open_trackers(metrics or MetricsSection(), config or {}, datasets or {}, resume_step,
-                                logged_through)  # fmt: skip
-        except BaseException:
-            self.close()
-            raise
-
-    def _open_trackers(
-        self,
-        m: MetricsSection,
-        config: dict,
-        datasets: dict[str, str],
-        resume_step: int | None,
-        logged_through: int | None,
-    ) -> None:
-        names, project, notes = trackers_of(m)
-        for note in notes:
-            say(note)
-        info = trackers.provenance(datasets) if names else {}
-        old = trackers.read_state(self.run_dir, names, project) if resume_step is not None else {}
-        state = dict(old)  # a resume keeps the record of a tracker it does not use this time
-        run_name = m.run_name or self.run_dir.resolve().name
-        tracker_config = {**config, "provenance": info}
-        # tensorboard last: a tracker that fails to start leaves no empty event file behind
-        for name in sorted(names, key=lambda n: n == "tensorboard"):
-            prev = old.get(name) if isinstance(old.get(name), dict) else None
-            prev = prev if prev and prev.get("project") == project else None
-            if name == "tensorboard":
-                try:
-                    self.trackers[name] = trackers.Tensorboard(self.run_dir, resume_step, info)
-                except ImportError:
-                    say("note: tensorboard is not installed; no event files (pip install tensorboard)")
-                continue
-            if name == "wandb":
-                t = trackers.Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
-                                   config=tracker_config, resume_id=prev and prev.get("id"),
-                                   mode=prev and prev.get("mode"))  # fmt: skip
-                state[name] = {"id": t.id, "project": project, "mode": t.mode}
-            else:
-                t = trackers.Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
-                state[name] = {"id": t.id, "name": t.name, "project": project}
-                if t.note:
-                    say(t.note)
-            self.trackers[name] = t
-            how = "continued" if prev else "new"
-            say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}")
-            if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
-                self.skip_through[name] = logged_through
-        if state or (self.run_dir / trackers.TRACKERS_JSON).exists():
-            trackers.write_state(self.run_dir, state)
-        if self.skip_through:
-            last = max(self.skip_through.values())
-            steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
-            say(
-                f"note: {' and '.join(self.skip_through)} already "
-                f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
-                "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
-            )
-
-    def log(self, m: dict[str, Any]) -> None:
-        self.history.append(m)
-        os.write(self.jsonl, (json.dumps(m) + "\n").encode())
-        say(format_line(m))
-        step = m["step"]
-        # Numbers only (not `events` or `phase`; a bool is an int but no metric); the step is the axis.
-        scalars = {k: v for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-        del scalars["step"]
-        scalars.pop("last_step", None)  # a setting, not a metric
-        for name, tracker in self.trackers.items():
-            if step > self.skip_through.get(name, -1):
-                tracker.log(scalars, step)
-
-    def rewrite(self) -> None:
-        """metrics.jsonl replaced, atomically, by `history` (a rewind marked rows); appends go on into
-        the new file (the old descriptor is swapped only once it is in place)."""
-        path = self.run_dir / METRICS_JSONL
-        write_atomic(path, _jsonl(self.history))
-        old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
-        os.close(old)  # it would keep appending to the replaced file
-
-    def close(self) -> None:
-        """Close the log and finish the trackers; called in a `finally`, so an exception on its way
-        out marks the wandb run failed. One tracker failing to finish does not keep the others open."""
-        failed = sys.exc_info()[0] is not None
-        if self.jsonl is not None:
-            os.close(self.jsonl)
-            self.jsonl = None
-        for name, tracker in self.trackers.items():
-            try:
-                tracker.finish(failed)
-            except Exception as e:
-                say(f"note: {name} did not finish cleanly: {e}")
-        self.trackers = {}
-
-
-def _jsonl(rows: list[dict[str, Any]]) -> str:
-    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:

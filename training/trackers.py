@@ -1,9 +1,11 @@
 """Experiment trackers: tensorboard, Weights & Biases, trackio; one small adapter class each.
 
-Each adapter has `log(scalars, step)` and `finish(failed)`. The packages are imported inside the
-adapters only, so the trainer runs without them (training/ imports only torch, numpy and pyarrow
-at module level). Which trackers a recipe names, and whether their packages are installed, is
-checked with the config (training.config_checks.trackers_of), before any work.
+Each adapter has `log(scalars, step)` and `finish(failed)`; `Trackers` holds those [metrics]
+names and hands each metrics row to them (training/run/record.py, rank 0's writer, calls it). The
+packages are imported inside the adapters only, so the trainer runs without them (training/ imports
+only torch, numpy and pyarrow at module level). Which trackers a recipe names, and whether their
+packages are installed, is checked with the config (training.config_checks.trackers_of), before
+any work.
 
 Resuming: RUN/trackers.json records the wandb run id (and mode) and the trackio run (name, id) with
 their project. A resumed invocation (`--resume`) continues those runs (an unreadable file is an error
@@ -20,14 +22,124 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+from training.config import MetricsSection
+from training.config_checks import trackers_of
+from training.console import say
 from training.contract.atomic_write import write_atomic
 from training.contract.errors import GristmillError
 from training.data.remote import dataset_info
 
 TRACKERS_JSON = "trackers.json"  # in the run directory: the wandb/trackio runs a resume continues
+
+
+class Trackers:
+    """The trackers of [metrics], opened on rank 0 (tensorboard by default; wandb, trackio), each
+    metrics row handed to them (`log`) and finished at the end (`close`).
+
+    A resumed run (`resume_step`) continues the wandb/trackio runs recorded in RUN/trackers.json.
+    Their steps after the checkpoint were logged by the interrupted invocation (`logged_through`: the
+    last step metrics.jsonl held) and are redone now; wandb drops steps below its last one, so no
+    tracker gets them again: wandb and trackio keep the first attempt's values of those steps (the
+    same losses, as a resume is exact; timings differ), metrics.jsonl and tensorboard the redone ones
+    (tensorboard purges the interrupted invocation's events after the checkpoint).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        m: MetricsSection,
+        *,
+        config: dict,
+        datasets: dict[str, str],
+        resume_step: int | None,
+        logged_through: int | None,
+    ):
+        """`config`: the resolved recipe (to_dict), `datasets`: source name -> dataset directory;
+        both go to the wandb/trackio run once, with the code's git commit."""
+        self.run_dir = Path(run_dir)
+        self.trackers: dict[str, Any] = {}
+        self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
+        try:
+            self._open(m, config, datasets, resume_step, logged_through)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(
+        self,
+        m: MetricsSection,
+        config: dict,
+        datasets: dict[str, str],
+        resume_step: int | None,
+        logged_through: int | None,
+    ) -> None:
+        names, project, notes = trackers_of(m)
+        for note in notes:
+            say(note)
+        info = provenance(datasets) if names else {}
+        old = read_state(self.run_dir, names, project) if resume_step is not None else {}
+        state = dict(old)  # a resume keeps the record of a tracker it does not use this time
+        run_name = m.run_name or self.run_dir.resolve().name
+        tracker_config = {**config, "provenance": info}
+        # tensorboard last: a tracker that fails to start leaves no empty event file behind
+        for name in sorted(names, key=lambda n: n == "tensorboard"):
+            prev = old.get(name) if isinstance(old.get(name), dict) else None
+            prev = prev if prev and prev.get("project") == project else None
+            if name == "tensorboard":
+                try:
+                    self.trackers[name] = Tensorboard(self.run_dir, resume_step, info)
+                except ImportError:
+                    say("note: tensorboard is not installed; no event files (pip install tensorboard)")
+                continue
+            if name == "wandb":
+                t = Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
+                          config=tracker_config, resume_id=prev and prev.get("id"),
+                          mode=prev and prev.get("mode"))  # fmt: skip
+                state[name] = {"id": t.id, "project": project, "mode": t.mode}
+            else:
+                t = Trackio(project=project, name=run_name, config=tracker_config, resume=prev)
+                state[name] = {"id": t.id, "name": t.name, "project": project}
+                if t.note:
+                    say(t.note)
+            self.trackers[name] = t
+            how = "continued" if prev else "new"
+            say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}")
+            if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
+                self.skip_through[name] = logged_through
+        if state or (self.run_dir / TRACKERS_JSON).exists():
+            write_state(self.run_dir, state)
+        if self.skip_through:
+            last = max(self.skip_through.values())
+            steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
+            say(
+                f"note: {' and '.join(self.skip_through)} already "
+                f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
+                "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
+            )
+
+    def log(self, row: dict[str, Any]) -> None:
+        """A metrics row's numbers (not `events` or `phase`; a bool is an int but no metric) at its step."""
+        scalars = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        step = scalars.pop("step")
+        scalars.pop("last_step", None)  # a setting, not a metric
+        for name, tracker in self.trackers.items():
+            if step > self.skip_through.get(name, -1):
+                tracker.log(scalars, step)
+
+    def close(self) -> None:
+        """Finish the trackers; called in a `finally`, so an exception on its way out marks the wandb
+        run failed. One tracker failing to finish does not keep the others open."""
+        failed = sys.exc_info()[0] is not None
+        for name, tracker in self.trackers.items():
+            try:
+                tracker.finish(failed)
+            except Exception as e:
+                say(f"note: {name} did not finish cleanly: {e}")
+        self.trackers = {}
 
 
 def git_commit(where: Path = Path(__file__).parent) -> str | None:

@@ -16,13 +16,14 @@ One step of the loop, in this order (`loop`):
    once, whenever anything below is due or a rewind is on) — and the loop acts on it before
    anything else: STOP writes the step's row and ends the run (exit 3: nothing is saved, validated
    or evaluated at or after the bad step, whatever else falls due there); REWIND writes the step's
-   row, goes back (training/run/rewind.py), saves the skip's checkpoint, brings the run's artifacts
-   into line with the timeline (training/run/timeline.RunRecord) and goes on after the skip;
+   row and goes back (training/run/rewind.Rewinder.rewind: the checkpoint restored, the timeline's
+   skip, the run's artifacts brought into line with it, the skip's checkpoint saved), then goes on
+   after the skip;
 3. the side activities of a step that goes on, each component deciding whether it is due
    (`Due.at`): the checkpoint first (when due, and on SIGTERM/SIGINT), so that a validation or an
    eval that fails or dies costs no training; then validation and the eval of the weights just
-   saved, which go into the step's metrics row; then the row (stdout, metrics.jsonl, trackers,
-   consumption.parquet);
+   saved, which go into the step's metrics row; then the row, handed to the run's one writer
+   (training/run/record.RunRecord: stdout, metrics.jsonl, trackers, consumption.parquet);
 4. a stop signal ends the loop there (the step saved, exit 0; resume with --resume auto).
 
 At the end the final weights are validated and evaluated even when a rewind's skip, not a trained
@@ -35,7 +36,6 @@ whole run (training/run/lock.py), and under torchrun every worker exits when its
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 from collections.abc import Callable
@@ -49,18 +49,26 @@ import torch.nn as nn
 
 from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
+from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
     add_config_arguments,
     add_resume_argument,
     with_resume,
 )
 from training.contract.errors import GristmillError
-from training.metrics import mfu, no_step_row, peak_memory_bytes, snapshot, step_row, update_ratio
+from training.metrics import (
+    mfu,
+    no_step_row,
+    peak_memory_bytes,
+    run_summary,
+    snapshot,
+    step_row,
+    summary_line,
+    update_ratio,
+)
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.console import console, say
 from training.run.faults import kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
-from training.run.rewind import RewindTarget
 from training.run.setup import Run, StepEval, own_run_dir, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
 from training.run.validation import to_device
@@ -138,10 +146,10 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
     try:
         with console.bound(env.rank, out):
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
-            spec, device, base_dir = preflight(cfg, env)
+            checked = preflight(cfg, env)
             # --- checks done; from here on the run does work ---
             with own_run_dir(Path(cfg.run.output_dir), env):
-                run = setup(cfg, spec, env, device, evaluator, base_dir)
+                run = setup(cfg, checked, env, evaluator)
                 evaluate_base(run)
                 return loop(run)
     finally:
@@ -154,9 +162,8 @@ def evaluate_base(run: Run) -> None:
     """Step 0 of a run from a base model ([model] init_from) with [eval]: the base's scores before
     any update (RUN/eval/step-000000, the first rows of eval.parquet, and a metrics row at step 0
     for metrics.jsonl and the trackers). Not on a resume: they are there already."""
-    if run.evaluator is not None and run.spec.model.init_from and run.state.step == 0:
-        row = no_step_row(0, "no step trained: the base model, before any update")
-        run.metrics.log(row, evaluate=functools.partial(run.evaluator, run.model, 0))
+    if run.evaluator is not None and run.model_config.init_from and run.state.step == 0:
+        _log(run, no_step_row(0, "no step trained: the base model, before any update"), evaluate=True)
 
 
 @dataclass(frozen=True)
@@ -186,7 +193,7 @@ def loop(run: Run) -> dict[str, Any]:
     batches = iter(run.loader)
     phase = None
     try:
-        with GracefulStop(run.env.world_size) as shutdown:
+        with GracefulStop(run.env.rank, run.env.world_size) as shutdown:
             _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
             while state.step < run.last_step:
                 step = state.step + 1
@@ -200,18 +207,20 @@ def loop(run: Run) -> dict[str, Any]:
                     step, result, look=due.save or due.log or bool(stop), logged=due.log
                 )
                 if verdict.action == STOP:
-                    run.metrics.log(_row(run, step, phase, result, verdict))
+                    _log(run, _row(run, step, phase, result, verdict))
                     _stop(run, verdict)
                 if verdict.action == REWIND:
-                    run.metrics.log(_row(run, step, phase, result, verdict))
-                    _rewind(run, verdict.rewind)
+                    # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
+                    _log(run, _row(run, step, phase, result, verdict), ledger=False)
+                    run.rewinder.rewind(verdict.rewind)
+                    _write_pending(run)  # the final weights' row, when the skip reached the last step
                     batches = iter(run.loader)  # continues after the skip
                 else:
                     if verdict.warning:
                         say(verdict.warning)
-                    row = _row(run, step, phase, result, verdict) if due.log else None
-                    # The row waits in the state (and so in a checkpoint saved now) until it is written.
-                    state.pending = row and {"row": row, "validate": due.validate, "evaluate": due.evaluate}
+                    if due.log:  # waits in the state (and so in a checkpoint saved now) until written
+                        row = _row(run, step, phase, result, verdict)
+                        run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
                         checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
                         kill_point(f"saved:{step}")
@@ -226,19 +235,21 @@ def loop(run: Run) -> dict[str, Any]:
         checkpointer.abandon()  # the lock and the process group outlive no background write
         raise
     finally:
-        if run.metrics.writer is not None:
-            run.metrics.writer.close()
+        run.record.close()
     seconds = run.metrics.elapsed()
     rewinds = run.rewinder.summary()
     if rewinds is not None:
         say(rewinds)
-    run.record.consumption(state.step)
-    run.metrics.summarize(start, state.step, seconds)
+    run.record.finished(state.step)
+    line = summary_line(run.record.rows, start, state.step, seconds)
+    if line is not None:  # the curve is drawn when the run logged a kept loss
+        curve = run.record.draw_loss()
+        say(line + (f"; {curve}" if curve else ""))
     return {
         "run_dir": str(run.run_dir),
         "steps": state.step,
         "stopped_by": stopped_by,
-        **run.metrics.summary(start),
+        **run_summary(run.record.rows, start),
         "rewinds": len(run.timeline.skips),
         "seconds": seconds,
         "states": run.checkpointables,
@@ -273,7 +284,7 @@ def _train(
         measure_update=measure_update,
         world_size=run.env.world_size,
     )
-    tokens = run.spec.shapes[phase].tokens_per_step
+    tokens = run.shapes[phase].tokens_per_step
     run.state.step = step
     run.state.tokens_seen += tokens
     run.metrics.count(tokens)
@@ -282,7 +293,7 @@ def _train(
 
 def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
     """The metrics row of step `step`: its verdict's loss, non-finite tally and spike (collective:
-    the peak memory's maximum over ranks). Written by `run.metrics.log`, with validation and eval."""
+    the peak memory's maximum over ranks). Completed and written by `_log`."""
     env, device = run.env, run.device
     tokens_per_s = run.metrics.tokens_per_s()  # the verdict's loss all-reduce synchronised the step
     peak = torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device)
@@ -305,19 +316,36 @@ def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdi
 
 
 def _write_pending(run: Run) -> None:
-    """The state's pending row written, after its step's validation and eval when due (collectives):
-    a step's own, after its checkpoint; the final weights' after a rewind's skip reached the run's
+    """The pending row written, after its step's validation and eval when due (collectives): a
+    step's own, after its checkpoint; the final weights' after a rewind's skip reached the run's
     last step; or, on a resume, the checkpoint's step whose row a kill cut off."""
-    pending, run.state.pending = run.state.pending, None
-    if pending is None:
-        return
-    step = pending["row"]["step"]
-    run.metrics.log(
-        pending["row"],
-        checkpoint_timings=run.checkpointer.take_timings(),
-        validate=functools.partial(run.validation, run.model, step, run.amp) if pending["validate"] else None,
-        evaluate=functools.partial(run.evaluator, run.model, step) if pending["evaluate"] else None,
-    )
+    pending = run.record.take_pending()
+    if pending is not None:
+        checkpoint_timings = run.checkpointer.take_timings()
+        _log(run, pending.row, checkpoint_timings, validate=pending.validate, evaluate=pending.evaluate)
+
+
+def _log(
+    run: Run,
+    row: dict[str, Any],
+    checkpoint_timings: dict[str, float] | None = None,
+    *,
+    validate: bool = False,
+    evaluate: bool = False,
+    ledger: bool = True,
+) -> None:
+    """A row completed and handed to the record (every rank: the measures, validation and eval are
+    collectives): its measures, then the step's validation and eval when due, then its time.
+    `ledger`: see RunRecord.log. Validation and eval are not training time, so the throughput window
+    starts over after them."""
+    step = row["step"]
+    run.metrics.measure(row, checkpoint_timings)
+    if validate:
+        row.update(run.validation(run.model, step, run.amp))
+    if evaluate:
+        row.update(run.evaluator(run.model, step))
+    run.record.log(run.metrics.timed(row), evaluated=evaluate, ledger=ledger)
+    run.metrics.restart_window()
 
 
 def _stop(run: Run, verdict: Verdict) -> None:
@@ -328,34 +356,8 @@ def _stop(run: Run, verdict: Verdict) -> None:
         run.checkpointer.close()
     except CheckpointError as e:  # said, but the divergence stays the error (exit 3)
         say(f"error: {e}")
-    run.metrics.plot_loss()
+    run.record.draw_loss()
     raise verdict.error(verdict.message(run.checkpointer.newest_complete()))
-
-
-def _rewind(run: Run, target: RewindTarget) -> None:
-    """Back past the spike (every rank): the checkpoint restored and the skip recorded, the discarded
-    attempt's rows marked and its exports and evals set aside, then the skip's checkpoint saved, so
-    a kill from here on resumes after it. A skip that reaches the run's last step leaves the final
-    weights (the checkpoint's it went back to) to validate and evaluate: a row without a trained
-    step, pending in that checkpoint until written."""
-    skip = target.skip
-    run.rewinder.rewind(target)
-    run.metrics.discard(after=skip.checkpoint_step, rewind=skip.rewind)
-    run.record.rewound(skip)
-    if skip.last_step >= run.last_step and (run.validation is not None or run.evaluator is not None):
-        note = (
-            f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
-            f"{skip.rewind}; the final weights are step {skip.checkpoint_step}'s"
-        )
-        row = no_step_row(skip.last_step, note)
-        run.state.pending = {
-            "row": row,
-            "validate": run.validation is not None,
-            "evaluate": run.evaluator is not None,
-        }
-    run.checkpointer.save(skip.last_step, run.state.tokens_seen, blocking=True)
-    run.rewinder.saved()
-    _write_pending(run)
 
 
 def main(

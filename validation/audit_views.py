@@ -41,11 +41,11 @@ from training.contract.dataset_format import (
     manifest_files,
     read_dataset_info,
 )
+from training.contract.eval_table import EVAL_SCHEMA
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET
 from training.data.recipe import CONSUMPTION_SCHEMA
 from training.data.remote import CacheSettings, ensure, local_root, origin
-from validation.eval_results import EVAL_SCHEMA
 from validation.validate import VALIDATION_JSON
 
 

@@ -39,9 +39,9 @@ from typing import Any
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import missing_step_reason, nonfinite_tensor
-from training.config_checks import RunSpec, resolve
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
+from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -52,6 +52,7 @@ from training.contract.run_layout import (
     list_steps,
 )
 from training.data.remote import CacheSettings, dataset_info
+from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
     RENAMED,
     EvalError,
@@ -64,14 +65,11 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 from validation.eval_results import (
     EVAL_LOG,
-    GRISTMILL_TASKS,
-    RESULTS_JSON,
     decontamination_marks,
     describe_metric,
     merge_results,
     metric_order,
     nonfinite_metrics,
-    read_step_results,
     write_plot,
     write_step_results,
 )

@@ -1,8 +1,9 @@
-"""Eval results on disk: RUN/eval/step-N/results.json (lm-eval's own) and RUN/eval.parquet.
+"""Eval results on disk: RUN/eval/step-N/results.json (lm-eval's own) written and merged, the
+decontamination marks, and RUN/eval.png.
 
 eval.parquet has one row per (step, task, metric, filter) and is rebuilt from every results.json
-after each evaluation, so it can never disagree with them. It is the `eval` view of
-`gristmill data audit RUN`. Only pyarrow and json here: the audit imports EVAL_SCHEMA.
+(training/contract/eval_table.py: its schema and rows, read without lm-eval) after each evaluation,
+so it can never disagree with them. It is the `eval` view of `gristmill data audit RUN`.
 
 No number is hidden: a NaN or infinite metric (a model whose log-likelihoods overflow) is kept in
 results.json (Python's json writes and reads `NaN`/`Infinity`), in eval.parquet and in the printed
@@ -20,30 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, EVAL_PLOT, eval_dir, list_steps
+from training.contract.atomic_write import write_atomic
+from training.contract.eval_table import (
+    GRISTMILL_TASKS,
+    RESULTS_JSON,
+    metric_number,
+    read_results,
+    read_step_results,
+    result_rows,
+    rows_of,
+    write_eval_table,
+)
+from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot
 
-RESULTS_JSON = "results.json"
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
-GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
-
-EVAL_SCHEMA = pa.schema(
-    [
-        ("step", pa.int64()),
-        ("task", pa.string()),
-        ("metric", pa.string()),
-        ("filter", pa.string()),
-        ("value", pa.float64()),
-        ("stderr", pa.float64()),
-        ("samples", pa.int64()),
-        ("model", pa.string()),
-        ("decontamination", pa.string()),  # the task's mark (decontamination_marks); null before it
-    ]
-)
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
 _PER_TASK_KEYS = (
     "results",
@@ -62,12 +54,6 @@ _PER_TASK_KEYS = (
 METRIC_ORDER = ("bits_per_byte", "byte_perplexity", "word_perplexity", "acc", "acc_norm")
 
 
-def _number(v: Any) -> float | None:
-    """`v` as a float when it is a number (NaN and ±inf included: they say the model is broken), else
-    None ("N/A", aliases, booleans). numpy scalars count as numbers."""
-    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
-
-
 def _json_default(v: Any) -> Any:
     """json.dumps fallback: numpy scalars as the numbers they are (a float32 NaN must stay a number,
     not become the string "nan"), anything else as its str()."""
@@ -76,32 +62,6 @@ def _json_default(v: Any) -> Any:
     if isinstance(v, numbers.Real) and not isinstance(v, bool):
         return float(v)
     return str(v)
-
-
-def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
-    """eval.parquet rows of one lm-eval results dict (keys "metric,filter", stderr "metric_stderr,filter")."""
-    rows = []
-    samples = results.get("n-samples", {})
-    model = str(results.get("gristmill", {}).get("export") or results.get("config", {}).get("model", ""))
-    for task, metrics in sorted(results.get("results", {}).items()):
-        for key, value in sorted(metrics.items()):
-            metric, comma, filt = key.partition(",")
-            if not comma or metric.endswith("_stderr") or _number(value) is None:
-                continue  # alias, sample_len (no filter: not metrics), stderr columns, "N/A"
-            rows.append(
-                {
-                    "step": step,
-                    "task": task,
-                    "metric": metric,
-                    "filter": filt,
-                    "value": float(value),
-                    "stderr": _number(metrics.get(f"{metric}_stderr,{filt}")),
-                    "samples": (samples.get(task) or {}).get("effective"),
-                    "model": model,
-                    "decontamination": mark_of(results, task),
-                }
-            )
-    return rows
 
 
 def _same_version(a: Any, b: Any) -> bool:
@@ -165,12 +125,6 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
     return marks
 
 
-def mark_of(results: dict[str, Any], task: str) -> str | None:
-    """The decontamination mark results.json records for `task` (None: evaluated before marks)."""
-    info = results.get(GRISTMILL_TASKS, {}).get(task)
-    return ((info or {}).get("decontamination") or {}).get("mark") if isinstance(info, dict) else None
-
-
 def nonfinite_metrics(step: int, results: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], bool]]:
     """{task: (its eval.parquet rows whose value is NaN or inf, whether no metric of it is finite)}
     of one lm-eval results dict, for the tasks with at least one such row."""
@@ -215,7 +169,15 @@ def metric_order(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], tuple
 
 
 def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
-    """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet."""
+    """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet (`gristmill
+    eval`; during training the run's record rebuilds it: training/run/record.py)."""
+    out = write_step_json(run_dir, step, results)
+    write_eval_table(run_dir)
+    return out
+
+
+def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
+    """Write (or merge into) RUN/eval/step-N/results.json."""
     out = eval_dir(run_dir, step) / RESULTS_JSON
     out.parent.mkdir(parents=True, exist_ok=True)
     old = read_step_results(run_dir, step)
@@ -224,28 +186,7 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any]) 
     # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
     text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
     write_atomic(out, text + "\n")
-    write_parquet(run_dir)
     return out
-
-
-def read_step_results(run_dir: str | Path, step: int) -> dict[str, Any]:
-    """RUN/eval/step-N/results.json, or {} when that step has none."""
-    path = eval_dir(run_dir, step) / RESULTS_JSON
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def read_results(run_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """{step: results dict} of every RUN/eval/step-N/results.json."""
-    steps = list_steps(Path(run_dir) / EVAL_DIR)
-    return {s: res for s in steps if (res := read_step_results(run_dir, s))}
-
-
-def write_parquet(run_dir: str | Path) -> Path:
-    rows = [r for step, res in read_results(run_dir).items() for r in rows_of(step, res)]
-    path = Path(run_dir) / EVAL_PARQUET
-    with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
-    return path
 
 
 @dataclass(frozen=True)
@@ -279,7 +220,7 @@ def chance_levels(results_by_step: dict[int, dict[str, Any]]) -> dict[str, float
             if config.get("output_type") == "multiple_choice" and isinstance(choices, list) and choices:
                 out.setdefault(task, 1 / len(choices))
         for task, info in res.get(GRISTMILL_TASKS, {}).items():
-            if isinstance(info, dict) and _number(info.get("chance")) is not None:
+            if isinstance(info, dict) and metric_number(info.get("chance")) is not None:
                 out[task] = float(info["chance"])
     return out
 
@@ -323,8 +264,8 @@ def write_plot(run_dir: str | Path) -> Path:
     (the table and eval.parquet keep them), a panel with none finite says so."""
     plt = agg_pyplot()
 
-    rows = pq.read_table(Path(run_dir) / EVAL_PARQUET).to_pylist()
-    panels = plot_panels(rows, read_results(run_dir))
+    results = read_results(run_dir)  # eval.parquet's rows, read from their files
+    panels = plot_panels(result_rows(results), results)
     n = max(1, len(panels))
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)

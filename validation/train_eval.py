@@ -18,8 +18,9 @@ because one process scoring every request in the offline order gives the offline
 Llama, this runs gristmill's model on the same weights). Long evals on big models belong on another
 GPU with `gristmill eval RUN --watch`.
 
-Results go where `gristmill eval` puts them (RUN/eval/step-N/results.json, eval.parquet, eval.png)
-and into the step's metrics row as `eval/<task>/<metric>` (metrics.jsonl, tensorboard, trackers),
+Results go where `gristmill eval` puts them (RUN/eval/step-N/results.json and eval.png here;
+eval.parquet, rebuilt from the results, is the run's record's: training/run/record.py) and into the
+step's metrics row as `eval/<task>/<metric>` (metrics.jsonl, tensorboard, trackers),
 with `eval_s`, the eval's wall time, which the training throughput does not count. A NaN metric is
 a warning line, not a stop: the trainer's own divergence checks decide about the run.
 
@@ -48,12 +49,13 @@ from training.checkpoint.base_record import base_files
 from training.checkpoint.hf_export import run_model_config, write_tokenizer
 from training.checkpoint.state import rng_state, set_rng_state
 from training.config import TrainConfig
+from training.console import say
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
+from training.contract.eval_table import rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import Transformer
-from training.run.console import say
-from training.run.setup import raise_rank0_problem
+from training.run.preflight import raise_rank0_problem
 from training.train import main as train_main
 from validation.eval import (
     EvalConfig,
@@ -65,7 +67,7 @@ from validation.eval import (
 from validation.eval_data import damaged_task_files
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
-from validation.eval_results import EVAL_LOG, metric_order, rows_of, write_plot, write_step_results
+from validation.eval_results import EVAL_LOG, metric_order, write_plot, write_step_json
 
 TOKENIZER_SUBDIR = "tokenizer"  # RUN/eval/tokenizer: the export's tokenizer files, for in-process eval
 
@@ -84,7 +86,7 @@ class TrainingEval:
         self.interval = e.interval
         # `gristmill eval`'s defaults for everything else: the later offline eval matches.
         self.cfg = EvalConfig(tasks=list(e.tasks), limit=e.limit, batch_size=e.batch_size, dtype="float32")
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
@@ -96,10 +98,10 @@ class TrainingEval:
     def _say(self, text: str) -> None:
         say(f"[eval] {text}")
 
-    def prepare(self, run_dir: Path, last_step: int) -> None:
+    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int) -> None:
         """Rank 0 resolves the tasks and builds the local tasks' data and the tokenizer files; a
         problem (unknown task, hub data offline) stops every rank before step 1."""
-        self.rank = dist.get_rank() if dist.is_initialized() else 0
+        self.rank, self.world_size = rank, world_size
         self.run_dir, self.last_step = Path(run_dir), last_step
         problem = None
         if self.rank == 0:
@@ -119,7 +121,7 @@ class TrainingEval:
                 )
             except GristmillError as e:
                 problem = str(e)
-        raise_rank0_problem(problem, dist.get_world_size() if dist.is_initialized() else 1)
+        raise_rank0_problem(problem, self.world_size)
 
     def due(self, step: int) -> bool:
         return step % self.interval == 0 or step == self.last_step
@@ -137,7 +139,7 @@ class TrainingEval:
             except Exception as e:  # e.g. a full disk under RUN/eval: this eval is lost, not the run
                 metrics = self._failed(step, f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
             self.tasks_left = bool(self.plan.names)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        if self.world_size > 1:
             # Every rank waits for rank 0's scores, and learns whether a task is left to evaluate.
             box = [self.tasks_left]
             dist.broadcast_object_list(box, src=0)
@@ -194,7 +196,7 @@ class TrainingEval:
         results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": "in-training"}
         if self.plan.local:
             results["gristmill"]["heldout"] = self.plan.data.heldout()
-        write_step_results(self.run_dir, step, dict(results))
+        write_step_json(self.run_dir, step, dict(results))  # eval.parquet: the run's record rebuilds it
         write_plot(self.run_dir)
         nonfinite_error(self.run_dir, step, results)  # warning lines; the trainer decides about the run
         rows = rows_of(step, results)

@@ -327,9 +327,9 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     from training.checkpoint.hf_export import export_hf
     from training.config import TrainConfig
     from training.contract.config_loader import save_config
+    from training.contract.eval_table import read_results
     from training.contract.run_layout import export_dir
     from training.model import PRESETS, Transformer
-    from validation.eval_results import read_results
 
     _, out, tasks, _, _ = decontam
     run = tmp_path / "run"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from training.config import load_train_config
-from training.config_checks import check_config
 from training.contract.config_loader import ConfigError
+from training.data.spec import check_config
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 

@@ -48,8 +48,8 @@ from training.checkpoint.hf_import import (
     check_base_data,
     load_base_weights,
 )
+from training.checkpoint.model_config import resolve_model_config
 from training.config import ModelSection
-from training.config_checks import resolve_model_config
 from training.contract.config_loader import ConfigError
 from training.contract.dataset_format import file_sha256, read_dataset_info
 from training.contract.run_layout import complete_steps, eval_dir, export_dir
@@ -582,13 +582,13 @@ def test_the_continued_local_recipe_is_the_newcomers_day():
     import shlex
 
     from pipelines.config import DataConfig
-    from training.config_checks import check_config
     from training.contract.config_loader import load_config
+    from training.data.spec import batch_shapes, check_config
 
     cfg = load_train_config(CONTINUED_LOCAL, [])
     assert Path(cfg.model.init_from).is_absolute() and cfg.run.on_spike == "rewind" and cfg.eval.interval > 0
     assert cfg.checkpoint.export_interval and cfg.checkpoint.interval <= cfg.checkpoint.export_interval
-    assert check_config(cfg, 1).shapes[0].steps == cfg.schedule.steps
+    assert batch_shapes(cfg, check_config(cfg, 1), 1)[0].steps == cfg.schedule.steps
     text = Path(CONTINUED_LOCAL).read_text()
     build = text.split("gristmill data build", 1)[1].split("\n# 2.")[0].replace("\\\n#", " ")
     args = shlex.split(build)
@@ -658,7 +658,7 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     from safetensors.torch import load_file
 
     from pipelines.cli import main as gristmill
-    from validation.eval_results import read_step_results, rows_of
+    from training.contract.eval_table import read_step_results, rows_of
     from validation.train_eval import TrainingEval, metric_key
 
     base = tmp_path / "base"

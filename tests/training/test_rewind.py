@@ -27,8 +27,8 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.config import load_train_config
-from training.config_checks import resolve
 from training.data.recipe import open_plan, plot_plan, recorded_skips
+from training.data.spec import resolve
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
 

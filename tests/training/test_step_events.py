@@ -35,7 +35,6 @@ from pipelines.cli import main as gristmill  # noqa: E402
 from tests.helpers import forked  # noqa: E402
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
-from training.config_checks import resolve  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
 from training.contract.errors import NonFiniteError  # noqa: E402
 from training.contract.run_layout import (
@@ -43,6 +42,7 @@ from training.contract.run_layout import (
     list_steps,  # noqa: E402
 )
 from training.data.recipe import build_plan, open_sources, recorded_skips  # noqa: E402
+from training.data.spec import resolve  # noqa: E402
 from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.train_eval import TrainingEval  # noqa: E402

@@ -112,25 +112,14 @@ def test_adamw8bit_refused_on_cpu_and_fused_is_the_default():
 def test_the_summary_quotes_only_logged_steps(tmp_path):
     """A run stopped at step 27 with rows every 5 steps: the summary's losses are those of steps 1
     and 25, so it says so, not 'over steps 1–27'."""
-    import io
+    from training.checkpoint.state import TrainState
+    from training.metrics import summary_line
+    from training.run.record import RunRecord
 
-    from training.metrics import MetricsWriter, TrainingMetrics
-    from training.run.console import console
-
-    out = io.StringIO()
-    with console.bound(0, out):
-        writer = MetricsWriter(tmp_path)
-        try:
-            metrics = TrainingMetrics(writer, None, tmp_path, plot=False)
-            writer.history += [{"step": 1, "loss": 9.0255}, {"step": 25, "loss": 6.7533}]
-            metrics.summarize(0, 27, 3.0)
-            assert (
-                "loss 9.0255 at step 1 → 6.7533 at step 25 (logged, of steps 1–27; 27 steps), 3 s"
-                in out.getvalue()
-            )
-            writer.history.append({"step": 27, "loss": 6.7})
-            metrics.summarize(0, 27, 3.0)
-            assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in out.getvalue()
-            assert "curve:" not in out.getvalue()  # metrics.plot = false: no loss.png, so none named
-        finally:
-            writer.close()
+    rows = [{"step": 1, "loss": 9.0255}, {"step": 25, "loss": 6.7533}]
+    line = summary_line(rows, 0, 27, 3.0)
+    assert "loss 9.0255 at step 1 → 6.7533 at step 25 (logged, of steps 1–27; 27 steps), 3 s" in line
+    rows.append({"step": 27, "loss": 6.7})
+    assert "loss 9.0255 → 6.7000 over steps 1–27 (27 steps)" in summary_line(rows, 0, 27, 3.0)
+    # metrics.plot = false: no loss.png, so none named
+    assert RunRecord(tmp_path, None, TrainState(), rank=0, plot=False).draw_loss() is None

@@ -331,7 +331,8 @@ def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
     "N/A" stderrs and aliases stay out; nonfinite_metrics says which task has no finite metric."""
     import pyarrow.parquet as pq
 
-    from validation.eval_results import nonfinite_metrics, read_step_results, write_step_results
+    from training.contract.eval_table import read_step_results
+    from validation.eval_results import nonfinite_metrics, write_step_results
 
     results = {
         "results": {
@@ -489,8 +490,9 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
     from transformers import AutoTokenizer
 
     from pipelines.cli import main
+    from training.contract.eval_table import read_results
     from validation.eval_data import build_task_data
-    from validation.eval_results import plot_panels, read_results
+    from validation.eval_results import plot_panels
 
     src, _ = eval_run
     run = _copy_run(src, tmp_path / "run")
@@ -562,7 +564,7 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
 def _plot_inputs(run: Path) -> tuple[list[dict], dict]:
     import pyarrow.parquet as pq
 
-    from validation.eval_results import read_results
+    from training.contract.eval_table import read_results
 
     return pq.read_table(run / "eval.parquet").to_pylist(), read_results(run)
 

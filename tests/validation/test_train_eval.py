@@ -18,11 +18,11 @@ pytest.importorskip("transformers")
 
 from training.config import load_train_config  # noqa: E402
 from training.contract.errors import GristmillError  # noqa: E402
+from training.contract.eval_table import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
 from training.contract.run_layout import complete_steps, eval_dir  # noqa: E402
 from training.train import main as train_main  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.eval import EvalConfig, evaluate_step  # noqa: E402
-from validation.eval_results import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
 from validation.train_eval import TrainingEval, metric_key  # noqa: E402
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -156,7 +156,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
 def test_eval_section_errors(bad, built_dataset, tmp_path):
-    from training.config_checks import check_config
+    from training.data.spec import check_config
 
     cfg = load_train_config(TINY, [*_sets(built_dataset, tmp_path), bad])
     with pytest.raises(GristmillError, match="eval.interval ≥ 0"):

@@ -9,6 +9,7 @@
                    model for eval); beside the checkpoints it reads
 - hf_import.py     a Hugging Face Llama as a run's start (`[model] init_from`): its shape, its weights
 - hf_names.py      the gristmill ↔ Hugging Face tensor names and safetensors dtype codes
+- model_config.py  the model a run builds: preset, [model] overrides, a base's shape, the vocabulary
 - base_source.py   where init_from's files are: a directory, or a hub id pinned to its commit
 - base_record.py   RUN/base/: the base a run started from (identity, weights' sha256, small files)
 """

@@ -79,6 +79,7 @@ from training.checkpoint.record import (
 )
 from training.checkpoint.staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection
+from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
 from training.contract.errors import NonFiniteError
@@ -98,7 +99,6 @@ from training.contract.run_layout import (
 )
 from training.data.loader import foreign_state_message
 from training.optim import optimizer_name, saved_optimizer
-from training.run.console import say
 
 # --- what is on disk ---------------------------------------------------------------------------
 

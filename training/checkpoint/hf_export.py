@@ -51,6 +51,7 @@ from training.checkpoint.io import (
     nonfinite_tensor,
     verify_checkpoint,
 )
+from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import (
     CheckpointError,
     describe_differences,
@@ -61,7 +62,6 @@ from training.checkpoint.record import (
 )
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
-from training.config_checks import resolve, resolve_model_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info
 from training.contract.errors import GristmillError, unwritable
@@ -78,6 +78,7 @@ from training.contract.run_layout import (
     step_of,
 )
 from training.data.remote import tokenizer_dir
+from training.data.spec import resolve
 from training.model import ModelConfig, Transformer
 
 EXPORT_FORMAT = "gristmill-hf-export/1"

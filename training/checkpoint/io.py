@@ -222,11 +222,11 @@ def missing_step_reason(run_dir: str | Path, step: int) -> str:
     never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). A clause
     that starts with "step N"."""
     from training.config import TrainConfig
-    from training.config_checks import resolve
     from training.contract.config_loader import load_config
     from training.contract.run_layout import kept_rows, read_metrics
     from training.data.plan import skip_of
     from training.data.recipe import recorded_skips
+    from training.data.spec import resolve
 
     run_dir = Path(run_dir)
     if step < 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+
+
+@dataclass(frozen=True)
+class PendingRow:
+    """A step's metrics row waiting, in the state (and so in a checkpoint saved now), until it is
+    written after the step's validation and eval (training/run/record.RunRecord holds and takes it)."""
+
+    row: dict[str, Any]  # the row so far: training/metrics.step_row, or a row without a trained step
+    validate: bool  # the held-out loss is due at this row
+    evaluate: bool  # the lm-eval scores are due at this row
 
 
 class TrainState:
@@ -46,8 +57,7 @@ class TrainState:
         self.step = 0
         self.tokens_seen = 0
         self.recent_losses: list[float] = []  # training/run/verdict.SpikeDetector's window
-        # {"row": the metrics row of the step being saved, "validate": bool, "evaluate": bool}, or None
-        self.pending: dict[str, Any] | None = None
+        self.pending: PendingRow | None = None  # the row of the step being saved, until it is written
         self.rank = rank
         self._saved_keys: set[str] | None = None  # None: every entry (a save)
 
@@ -69,7 +79,8 @@ class TrainState:
             # json keeps every float exactly (shortest round-trip repr); a list would change shape.
             state["recent_losses"] = json.dumps(self.recent_losses)
         if self._has("pending"):
-            state["pending"] = json.dumps(self.pending)  # NaN losses too (json's NaN)
+            # {"row", "validate", "evaluate"} or null; NaN losses too (json's NaN)
+            state["pending"] = json.dumps(None if self.pending is None else asdict(self.pending))
         if self._has(self.rng_key):
             state[self.rng_key] = rng_state()
         return state
@@ -79,7 +90,8 @@ class TrainState:
         self.tokens_seen = int(state["tokens_seen"])
         # A checkpoint from before the window was saved restores an empty one (what a resume starts with).
         self.recent_losses[:] = json.loads(state["recent_losses"]) if "recent_losses" in state else []
-        self.pending = json.loads(state["pending"]) if "pending" in state else None
+        pending = json.loads(state["pending"]) if "pending" in state else None
+        self.pending = None if pending is None else PendingRow(**pending)
         if self.rng_key in state:
             set_rng_state(state[self.rng_key])
 

@@ -7,6 +7,8 @@
 - cache.py    tables every rank derives identically, computed once per node and memory-mapped
 - plan.py     the data plan (`Plan`: sources, phases, mix, LR pieces): which windows each global
               step takes; its resume rules
+- spec.py     the recipe resolved once (`RunSpec`: sources, phases, seq_lens, cache), each phase's
+              batch shape, every check before any work (`check_config`); what config.toml records
 - recipe.py   the plan of a train config: sources opened, the plan built, printed, plotted, and
               consumption.parquet
 - loader.py   `TokenLoader`: the plan's steps read and cut into this rank's micro-batches

@@ -22,13 +22,13 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import check_config
 from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import skip_of
 from training.data.remote import CacheSettings, add_cache_argument, ensure_dirs
+from training.data.spec import check_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

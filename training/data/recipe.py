@@ -1,7 +1,7 @@
 """A training recipe's data plan: its sources opened and checked, the Plan built, shown as a table.
 
 `open_plan(cfg, spec)` is what the trainer, `gristmill train --plan` and `gristmill data inspect
-RUN` share: each source of the resolved recipe (training/config_checks.RunSpec) has its training
+RUN` share: each source of the resolved recipe (training/data/spec.RunSpec) has its training
 split opened (training/data/reader.py), the sources checked to share one tokenizer, and the
 recipe's phases turned into a training/data/plan.Plan. Needs no torch, so `--plan` answers in
 about a second.
@@ -18,12 +18,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import TrainConfig
-from training.config_checks import RunSpec, batch_key, batch_lr_factor
+from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
 from training.data.reader import DocumentTable
+from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot
 
 
@@ -75,7 +76,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
     """The recipe's plan over the sources' training splits (`tables`, in the spec's order).
 
     Each source is read at most its max_epochs times (unlimited for data.dataset with [schedule],
-    once under [[phase]]: training/config_checks.resolve).
+    once under [[phase]]: training/data/spec.resolve).
     """
     sources = [data_plan.Source.of(t, s.name, s.max_epochs) for s, t in zip(spec.sources, tables)]
     phases, prev_end, first_batch = [], 0.0, spec.phases[0].global_batch_tokens
@@ -97,7 +98,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
 def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
-    if not cfg.phase:  # the one-phase [schedule] form (config_checks.resolve)
+    if not cfg.phase:  # the one-phase [schedule] form (data/spec.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
                  "global_batch": batch_key(cfg, 0)}  # fmt: skip
         return [

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from training.config import TrainConfig, load_train_config
-from training.config_checks import applied_config, check_config, resolve
 from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
 from training.contract.errors import GristmillError
 from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.plan import PlanError
 from training.data.reader import DocumentTable
 from training.data.recipe import build_plan, open_sources, recorded_plan
+from training.data.spec import applied_config, check_config, resolve
 from training.mix.recipe import MixConfig, names
 
 

@@ -8,22 +8,27 @@ optimizers), which saves about 2 s before torchrun can start its workers; the ch
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.hf_import import check_base_data
+from training.checkpoint.model_config import resolve_model_config
 from training.checkpoint.record import resume_model_record
 from training.config import TrainConfig
-from training.config_checks import RunSpec, check_config, mesh_shape, resolve_model_config
+from training.config_checks import mesh_shape
+from training.console import say
 from training.contract.errors import GristmillError
 from training.data.remote import dataset_info, tokenizer_dir
-from training.run.console import say
+from training.data.spec import BatchShape, RunSpec, batch_shapes, check_config
+
+if TYPE_CHECKING:
+    from training.model import ModelConfig  # torch-heavy: named, not imported (see the module)
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,23 @@ class DistEnv:
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
+def from_rank0(value: Any, world_size: int) -> Any:
+    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
+    if world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def raise_rank0_problem(problem: str | None, world_size: int) -> None:
+    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
+    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
+    problem = from_rank0(problem, world_size)
+    if problem is not None:
+        raise GristmillError(problem)
+
+
 def pick_device(choice: str, local_rank: int) -> torch.device:
     if choice == "cuda" and not torch.cuda.is_available():
         raise GristmillError(
@@ -50,12 +72,22 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[RunSpec, torch.device, Path | None]:
+@dataclass(frozen=True)
+class Checked:
+    """What preflight resolved and checked, for the run's setup."""
+
+    spec: RunSpec  # the recipe resolved: sources, phases, seq_lens, cache
+    shapes: tuple[BatchShape, ...]  # each phase's batch arithmetic for this world size
+    model: ModelConfig  # the model to build: preset, overrides, a base's shape, the data's vocabulary
+    device: torch.device
+    base_dir: Path | None  # the base's files (None without init_from, or when a resume's checkpoint
+    # stands for them)
+
+
+def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
     against the dataset (vocabulary, separator, sequence length), the base model of init_from
-    against the data, the device and the optimizer. Raises GristmillError with the numbers; returns
-    (the resolved recipe with its model, the device, the base's directory: None without init_from
-    or when a resume's checkpoint stands for it)."""
+    against the data, the device and the optimizer. Raises GristmillError with the numbers."""
     spec = check_config(cfg, env.world_size)
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
@@ -76,8 +108,8 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> tuple[RunSpec, torch.device, Pa
         from training.parallelize import float8_or_refuse
 
         float8_or_refuse(device)
-    spec = dataclasses.replace(spec, model=model_config)
-    return spec, device, None if source is None else source.directory
+    base_dir = None if source is None else source.directory
+    return Checked(spec, batch_shapes(cfg, spec, env.world_size), model_config, device, base_dir)
 
 
 def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:

@@ -5,13 +5,16 @@ With `run.on_spike = "rewind"` (or `run.on_nonfinite = "rewind"`) the step's Jud
 (training/run/verdict.py) reads every step. At a spike at step S it asks `Rewinder.target`: rank 0
 picks the newest complete checkpoint that verifies at or before S − margin_steps and not before the
 previous rewind's skip (restoring an older one would undo that rewind's history), and every rank
-gets its choice. The loop then writes the spike's metrics row and calls `rewind`: every rank loads
-that checkpoint (model, optimizer, schedule, RNG, loader, the spike rule's window), the checkpoints
-after it are set aside (`abandoned-step-N`), the next `skip_steps` steps become a `Skip` of the
-run's timeline (training/run/timeline.py: checkpointed, and in RUN/data_plan.json), and a
-checkpoint is saved at the skip's last step, so a kill at any point resumes to the same timeline.
-Skipped steps keep their numbers: the step counter, the LR schedule and the phases advance over
-them, and training goes on with the windows of the step after the skip.
+gets its choice. The loop then writes the spike's metrics row and calls `rewind`, which owns the
+whole rewind, on every rank: that checkpoint loaded (model, optimizer, schedule, RNG, loader, the
+spike rule's window) and the checkpoints after it set aside (`abandoned-step-N`), the next
+`skip_steps` steps made a `Skip` of the run's timeline (training/run/timeline.py: checkpointed, and
+in RUN/data_plan.json), the run directory brought into line with it (training/run/record.py: the
+attempt's rows marked discarded, its exports and evals set aside), the final weights' row held when
+the skip reaches the run's last step, and a checkpoint saved at the skip's last step, so a kill at
+any point resumes to the same timeline. Skipped steps keep their numbers: the step counter, the LR
+schedule and the phases advance over them, and training goes on with the windows of the step
+after the skip.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.record import CheckpointError
 from training.checkpoint.state import TrainState
 from training.config import RewindSection
+from training.console import say
 from training.contract.errors import NonFiniteError
 from training.data.plan import Plan, Skip
+from training.metrics import no_step_row
 from training.optim import ScheduledLR
-from training.run.console import say
 from training.run.faults import kill_point
+from training.run.record import RunRecord
 from training.run.timeline import Timeline
 
 
@@ -56,10 +61,17 @@ class Rewinder:
         loader: Any,
         scheduler: ScheduledLR,
         state: TrainState,
+        record: RunRecord,
+        last_step: int,
+        validates: bool,
+        evaluates: bool,
     ):
-        """`settings`: [run.rewind]; the timeline records each rewind's skip (its one writer)."""
+        """`settings`: [run.rewind]; the timeline records each rewind's skip (its one writer);
+        `last_step`: this invocation's; `validates`, `evaluates`: the run has validation, an eval
+        (the final weights get them when a skip reaches the last step)."""
         self.cfg, self.timeline, self.checkpointer = settings, timeline, checkpointer
-        self.loader, self.scheduler, self.state = loader, scheduler, state
+        self.loader, self.scheduler, self.state, self.record = loader, scheduler, state, record
+        self.last_step, self.validates, self.evaluates = last_step, validates, evaluates
 
     def target(self, step: int, cause: str) -> RewindTarget | str:
         """Where a rewind of step `step` goes back to (rank 0 chooses, every rank gets its choice; a
@@ -82,12 +94,14 @@ class Rewinder:
 
     def rewind(self, target: RewindTarget) -> None:
         """Go back (every rank): the checkpoint restored, the skip recorded in the timeline, the loader
-        past it, the LR schedule and the step counter over it. The state is then at the skip's last
-        step, which the caller saves (`saved` after)."""
+        past it, the LR schedule and the step counter over it; the run directory brought into line
+        with the timeline; the final weights' row held when the skip reaches the last step (a row
+        without a trained step, pending in the skip's checkpoint until the loop writes it); then the
+        skip's checkpoint saved, so a kill from here on resumes after it."""
         skip = target.skip
         kill_point("rewind-start")
         self.checkpointer.restore(skip.checkpoint_step)
-        self.state.pending = None  # the checkpoint's own row: written, the run went on past it
+        self.record.drop_pending()
         if len(self.timeline.skips) != skip.rewind - 1:  # the checkpoint's own history: the same by choice
             raise CheckpointError(
                 f"the checkpoint of step {skip.checkpoint_step} records {len(self.timeline.skips)} rewinds, "
@@ -108,9 +122,15 @@ class Rewinder:
             line += f"; note: the skip ends before step {skip.spike_step}, so its data will be trained again"
         say(line)
         kill_point("rewind-restored")
-
-    def saved(self) -> None:
-        """The rewind made durable (the skip's checkpoint saved): a kill from here resumes after it."""
+        self.record.rewound(skip)
+        if skip.last_step >= self.last_step and (self.validates or self.evaluates):
+            note = (
+                f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
+                f"{skip.rewind}; the final weights are step {skip.checkpoint_step}'s"
+            )
+            row = no_step_row(skip.last_step, note)
+            self.record.hold(row, validate=self.validates, evaluate=self.evaluates)
+        self.checkpointer.save(skip.last_step, self.state.tokens_seen, blocking=True)
         kill_point("rewind-saved")
 
     def summary(self) -> str | None:

@@ -2,7 +2,7 @@
 built in order by a few named builders (`setup`), into the `Run` the loop trains with
 (training/train.py).
 
-Order of work: the config resolved and checked once (training/config_checks.RunSpec: batch
+Order of work: the config resolved and checked once (preflight's `Checked`: the recipe, its batch
 arithmetic, the mesh shape, the model against the dataset's vocabulary, separator and sequence
 lengths; a `[model] init_from` base located, a hub id downloaded by rank 0 while the others wait) →
 device mesh → the data (the plan, the sources opened, this rank's loader, the held-out loaders:
@@ -10,8 +10,8 @@ before the model, so a dataset too small fails before the big allocations) → t
 meta device or materialised, see run.init_device; parallelized: AC, compile, FSDP2; weights
 initialised with the same seed on every rank), the optimizer and the LR schedule → the
 checkpointer and the resume, or the base's weights → what rank 0 writes and prints (RUN/config.toml
-once the resume checks passed, the plan's record, the metrics writer, the header) → the judge of
-every step and the rewinder.
+once the resume checks passed, the run record: the plan, metrics.jsonl, the trackers; the header) →
+the judge of every step and the rewinder.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from training.checkpoint.base_record import record_base
@@ -33,28 +32,25 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
-from training.config_checks import (
-    BatchShape,
-    RunSpec,
-    applied_config,
-    resolve,
-)
+from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.run_layout import CONFIG_TOML, kept_rows
+from training.contract.run_layout import CONFIG_TOML
 from training.data.loader import TokenLoader
+from training.data.plan import Plan
 from training.data.recipe import format_plan, open_plan
 from training.data.remote import dataset_info
-from training.metrics import MetricsWriter, TrainingMetrics, device_name, peak_flops
-from training.model import Transformer, flops_per_token, num_params
+from training.data.spec import BatchShape, RunSpec, applied_config, resolve
+from training.metrics import TrainingMetrics, device_name, peak_flops
+from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
-from training.run.console import say
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
-from training.run.preflight import DistEnv
+from training.run.preflight import Checked, DistEnv, raise_rank0_problem
+from training.run.record import RunRecord
 from training.run.rewind import Rewinder
-from training.run.timeline import RunRecord, Timeline
+from training.run.timeline import Timeline
 from training.run.validation import Validation
 from training.run.verdict import Judge
 
@@ -63,10 +59,11 @@ class StepEval(Protocol):
     """Eval during training (`[eval] interval`), supplied by the caller of `train`: lm-eval lives in
     validation/train_eval.py, which runs this trainer with one, so training/ never imports it."""
 
-    def prepare(self, run_dir: Path, last_step: int) -> None:
+    def prepare(self, run_dir: Path, last_step: int, rank: int, world_size: int) -> None:
         """On every rank once the run directory is owned and RUN/config.toml written: check the
         tasks and build their data before step 1 (a GristmillError on every rank when it fails);
-        `last_step`: this invocation's last step (always evaluated)."""
+        `last_step`: this invocation's last step (always evaluated); `rank`, `world_size`: this
+        process's place in the job (rank 0 scores)."""
 
     def due(self, step: int) -> bool:
         """Whether step `step` is evaluated: every eval.interval steps and the last step."""
@@ -82,11 +79,13 @@ class Run:
     """What `setup` builds and the loop trains with."""
 
     cfg: TrainConfig
-    spec: RunSpec  # the recipe resolved once: sources, phases, batch shapes, the model
+    spec: RunSpec  # the recipe resolved once: sources, phases, seq_lens, cache
+    shapes: tuple[BatchShape, ...]  # each phase's batch arithmetic for this world size
+    model_config: ModelConfig  # the model built: preset, overrides, a base's shape
     env: DistEnv
     device: torch.device
     run_dir: Path
-    plan: Any  # training/data/plan.Plan: which tokens of which source every step takes, and the LR
+    plan: Plan  # which tokens of which source every step takes, and the LR
     model: nn.Module
     amp: Any  # a context factory: bf16 autocast in one process, nothing under FSDP
     loader: TokenLoader
@@ -98,8 +97,8 @@ class Run:
     timeline: Timeline  # the rewinds' skips: the run's history
     checkpointables: dict[str, Any]  # checkpointables(...): what a checkpoint saves and restores
     checkpointer: Checkpointer
-    metrics: TrainingMetrics  # the rows and the summary (written on rank 0)
-    record: RunRecord  # the run directory's artifacts, kept in agreement with the timeline
+    metrics: TrainingMetrics  # the throughput window and what a row measures
+    record: RunRecord  # the rows and the run directory's artifacts, in agreement with the timeline
     judge: Judge  # each step's one verdict
     rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/run/rewind.py)
     fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
@@ -108,7 +107,7 @@ class Run:
     peak_flops: float | None  # the device's dense bf16 peak FLOP/s, None where unknown
 
 
-def build_model(model_config, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
+def build_model(model_config: ModelConfig, cfg: TrainConfig, mesh, device: torch.device) -> nn.Module:
     """Model → parallelize → weights, seeded identically on every rank (see run.init_device). A
     base model's weights ([model] init_from) replace them in `setup`, unless a resume loads a checkpoint."""
     mode = cfg.run.init_device
@@ -146,20 +145,14 @@ def loader_settings(
     )
 
 
-def setup(
-    cfg: TrainConfig,
-    spec: RunSpec,
-    env: DistEnv,
-    device: torch.device,
-    evaluator: StepEval | None = None,
-    base_dir: Path | None = None,
-) -> Run:
-    """The run's parts, in the order of the module's docstring (`base_dir`: where preflight located
-    [model] init_from, whose weights replace the random init unless a checkpoint is resumed)."""
+def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval | None = None) -> Run:
+    """The run's parts, in the order of the module's docstring (`checked.base_dir`: where preflight
+    located [model] init_from, whose weights replace the random init unless a checkpoint is resumed)."""
+    spec, shapes, model_config, device = checked.spec, checked.shapes, checked.model, checked.device
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     last_step = cfg.run.max_steps or spec.last_step
-    plan, loader, validation, notes = _data(cfg, spec, env, device, last_step)
-    model = build_model(spec.model, cfg, mesh, device)
+    plan, loader, validation, notes = _data(cfg, spec, shapes, env, device, last_step)
+    model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
     optimizer = build_optimizer(model, cfg.optim, device.type, sharded=mesh is not None)
     scheduler = plan_scheduler(optimizer, plan)
@@ -167,71 +160,76 @@ def setup(
     states = checkpointables(model, optimizer, scheduler, loader, state, timeline)
     # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
     resolved = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, init_from=spec.model.init_from or None)
+        cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
     )
-    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, spec.model, num_params(model))
+    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, model_config, num_params(model))
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
-    if resumed is None and spec.model.init_from:  # a resume's checkpoint holds the weights: no base read
-        if base_dir is None:  # preflight took a checkpoint's record for it, and that checkpoint did not load
+    if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
+        # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
+        if checked.base_dir is None:
             raise GristmillError(
-                f"model.init_from = {spec.model.init_from}: the base's files are not at hand"
+                f"model.init_from = {model_config.init_from}: the base's files are not at hand"
             )
-        load_base_weights(model, base_dir)  # each rank copies its own shards from the files
+        load_base_weights(model, checked.base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
-    record = RunRecord(run_dir, timeline, writes=env.rank == 0, plot=cfg.metrics.plot)
-    writer = _outputs(resolved, spec, env, run_dir, resumed, timeline, record, notes, base_dir)
+    record = RunRecord(run_dir, timeline, state, rank=env.rank, plot=cfg.metrics.plot)
+    _outputs(resolved, spec, model_config, env, run_dir, resumed, record, checked.base_dir)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
-    if state.pending is not None:
-        step = state.pending["row"]["step"]
-        written = writer is not None and any(r["step"] == step for r in kept_rows(writer.history))
-        if from_rank0(written, env.world_size) or not checkpointer.resumed_here:
-            state.pending = None
-    flops = [flops_per_token(spec.model, shape.seq_len, include_lm_head=True) for shape in spec.shapes]
+    record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
+    flops = [flops_per_token(model_config, shape.seq_len, include_lm_head=True) for shape in shapes]
     peak = peak_flops(device_name(device)) if device.type == "cuda" else None
-    if writer is not None:
-        for line in _header(cfg, spec, env, device, mesh, model, flops[0], peak):
+    if env.rank == 0:
+        for line in _header(cfg, spec, shapes, model_config, env, device, mesh, model, flops[0], peak):
             say(line)
         for line in format_plan(plan, notes, timeline.skips):
             say(f"  plan    {line}")
     if evaluator is not None:
-        evaluator.prepare(run_dir, last_step)  # needs RUN/config.toml (the tasks' held-out documents)
+        # needs RUN/config.toml (the tasks' held-out documents)
+        evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
         _say_resumed(loader, state, resumed, last_step)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
-        state=state,
+        state=state, record=record, last_step=last_step, validates=validation is not None,
+        evaluates=evaluator is not None,
     )  # fmt: skip
     judge = Judge(
         cfg.run, lr=cfg.optim.lr, config_path=run_dir / CONFIG_TOML, device=device,
         world_size=env.world_size, recent_losses=state.recent_losses, rewinder=rewinder,
     )  # fmt: skip
     return Run(
-        cfg=cfg, spec=spec, env=env, device=device, run_dir=run_dir, plan=plan, model=model, amp=amp,
+        cfg=cfg, spec=spec, shapes=shapes, model_config=model_config, env=env, device=device,
+        run_dir=run_dir, plan=plan, model=model, amp=amp,
         loader=loader, validation=validation, evaluator=evaluator, optimizer=optimizer,
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
-        metrics=TrainingMetrics(
-            writer, timeline, run_dir, plot=cfg.metrics.plot, log_every=cfg.run.log_every, last_step=last_step
-        ),
+        metrics=TrainingMetrics(timeline, log_every=cfg.run.log_every, last_step=last_step),
         record=record, judge=judge, rewinder=rewinder, fault=LossFaults(model, env.rank, plan),
         last_step=last_step, flops_per_token=flops, peak_flops=peak,
     )  # fmt: skip
 
 
-def _data(cfg: TrainConfig, spec: RunSpec, env: DistEnv, device: torch.device, last_step: int):
+def _data(
+    cfg: TrainConfig,
+    spec: RunSpec,
+    shapes: tuple[BatchShape, ...],
+    env: DistEnv,
+    device: torch.device,
+    last_step: int,
+) -> tuple[Plan, TokenLoader, Validation | None, list[str]]:
     """(plan, this rank's loader, the held-out loaders or None, the plan's notes). A dataset too
     small for one global batch, or a source the plan would run out of, fails here."""
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
     vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
     plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab)
-    settings = loader_settings(cfg, spec.shapes[0], env, device)
-    micro = tuple(shape.micro_batch for shape in spec.shapes)
+    settings = loader_settings(cfg, shapes[0], env, device)
+    micro = tuple(shape.micro_batch for shape in shapes)
     loader = TokenLoader(plan, tables, micro_batch=micro, **settings)
     validation = None
     if cfg.run.val_every > 0 and any(s.val_fraction > 0 for s in spec.sources):
         validation = Validation(
-            cfg, spec, plan, last_step=last_step, vocab_size=vocab, device=device,
+            cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
             world_size=env.world_size, settings=settings,
         )  # fmt: skip
     return plan, loader, validation, notes
@@ -268,20 +266,19 @@ def _checkpointer(
 def _outputs(
     resolved: TrainConfig,
     spec: RunSpec,
+    model_config: ModelConfig,
     env: DistEnv,
     run_dir: Path,
     resumed: int | None,
-    timeline: Timeline,
     record: RunRecord,
-    notes: list[str],
     base_dir: Path | None,
-) -> MetricsWriter | None:
+) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
-    RUN/config.toml (after a resume's note of what changed), the plan's record and plot, what a
-    discarded future left set aside, a new run's base (RUN/base/: the base as loaded from
-    `base_dir`, for its exports); the metrics writer. None on the other ranks."""
+    RUN/config.toml (after a resume's note of what changed), a new run's base (RUN/base/: the base as
+    loaded from `base_dir`, for its exports), the run record started (what a discarded future left
+    set aside, the plan's record and plot, metrics.jsonl, the trackers)."""
     if env.rank != 0:
-        return None
+        return
     applied = applied_config(resolved, spec)
     if resumed is not None:
         for line in _changes_since(run_dir / CONFIG_TOML, applied, resumed):
@@ -290,25 +287,26 @@ def _outputs(
         save_config(applied, run_dir / CONFIG_TOML)
     except OSError as e:
         raise unwritable(run_dir, e) from None
-    record.started(resumed)
-    if resumed is None and spec.model.init_from:  # RUN/base/: the base as loaded, for its exports
-        record_base(run_dir, base_dir, spec.model.init_from, spec.model.init_from_sha256)
-    return MetricsWriter(
-        run_dir,
-        metrics=resolved.metrics,
-        config=applied,
-        datasets={src.name: src.dataset for src in spec.sources},
-        resume_step=resumed,
-        resume_rewinds=len(timeline.skips),
-    )
+    if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
+        record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
+    datasets = {src.name: src.dataset for src in spec.sources}
+    record.started(resumed, metrics=resolved.metrics, config=applied, datasets=datasets)
 
 
 def _header(
-    cfg: TrainConfig, spec: RunSpec, env: DistEnv, device, mesh, model, flops: int, peak: float | None
+    cfg: TrainConfig,
+    spec: RunSpec,
+    shapes: tuple[BatchShape, ...],
+    mcfg: ModelConfig,
+    env: DistEnv,
+    device,
+    mesh,
+    model,
+    flops: int,
+    peak: float | None,
 ) -> list[str]:
     """The run's header lines: model, each source's dataset, batch per phase, processes and mesh,
     FLOPs per token and MFU."""
-    mcfg, shapes = spec.model, spec.shapes
     params = num_params(model)
     params_without_embeddings = num_params(model, exclude_embeddings=True)
     mesh_txt = "none (1 process)" if mesh is None else f"{tuple(mesh.shape)} {mesh.mesh_dim_names}"
@@ -378,23 +376,6 @@ def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
         return []
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
     return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
-
-
-def from_rank0(value: Any, world_size: int) -> Any:
-    """Rank 0's `value` on every rank (collective when world_size > 1): what only rank 0 can tell."""
-    if world_size == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def raise_rank0_problem(problem: str | None, world_size: int) -> None:
-    """Every rank raises rank 0's problem as a GristmillError, or none does (collective when
-    world_size > 1): a check only rank 0 makes stops the whole job with its message."""
-    problem = from_rank0(problem, world_size)
-    if problem is not None:
-        raise GristmillError(problem)
 
 
 @contextlib.contextmanager

@@ -39,11 +39,11 @@ INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130: a second Ctrl-C, as a shell repor
 
 
 class GracefulStop:
-    def __init__(self, world_size: int):
+    def __init__(self, rank: int, world_size: int):
         self.received: int = 0  # the signal number, 0 while none arrived
         distributed = world_size > 1 and dist.is_initialized()
         self.group = dist.new_group(backend="gloo") if distributed else None
-        self.rank = dist.get_rank() if distributed else 0
+        self.rank = rank
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> GracefulStop:

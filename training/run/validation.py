@@ -11,9 +11,9 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.config import TrainConfig
-from training.config_checks import RunSpec
 from training.data.loader import TokenLoader, dataset_loader
 from training.data.plan import Plan
+from training.data.spec import BatchShape, RunSpec
 
 
 class Validation:
@@ -27,6 +27,7 @@ class Validation:
         self,
         cfg: TrainConfig,
         spec: RunSpec,
+        shapes: tuple[BatchShape, ...],
         plan: Plan,
         *,
         last_step: int,
@@ -37,7 +38,7 @@ class Validation:
     ):
         """`last_step`: this invocation's (validated too); `settings`: the loaders' rank, world
         size, workers and checks (the training loader's)."""
-        self.cfg, self.spec, self.plan, self.last_step = cfg, spec, plan, last_step
+        self.cfg, self.spec, self.shapes, self.plan, self.last_step = cfg, spec, shapes, plan, last_step
         self.vocab_size, self.device, self.world_size, self.settings = (
             vocab_size,
             device,
@@ -46,14 +47,14 @@ class Validation:
         )
         self.sources = [s for s in spec.sources if s.val_fraction > 0]
         self._loaders: dict[tuple[str, int, int, int], tuple[TokenLoader, dict]] = {}
-        for phase in range(len(spec.shapes) if self.sources else 0):
+        for phase in range(len(shapes) if self.sources else 0):
             self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
 
     def due(self, step: int) -> bool:
         return step % self.cfg.run.val_every == 0 or step == self.last_step
 
     def loaders(self, phase: int) -> list[tuple[str, TokenLoader, dict]]:
-        shape = self.spec.shapes[phase]
+        shape = self.shapes[phase]
         out = []
         for src in self.sources:
             key = (src.name, shape.seq_len, shape.global_batch, shape.micro_batch)

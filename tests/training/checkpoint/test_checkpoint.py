@@ -251,7 +251,7 @@ def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_p
     from training.checkpoint.checkpointer import Checkpointer
     from training.checkpoint.state import ModelState
     from training.config import CheckpointSection
-    from training.run.console import console
+    from training.console import console
 
     out = io.StringIO()
     cfg, states = (
@@ -375,7 +375,7 @@ def test_checkpoint_config_keys():
     with pytest.raises(
         ConfigError, match="export_interval = 7 must be a multiple of checkpoint.interval = 5"
     ):
-        from training.config_checks import check_config
+        from training.data.spec import check_config
 
         check_config(
             load_config(TrainConfig, None, ["checkpoint.interval=5", "checkpoint.export_interval=7"]), 1

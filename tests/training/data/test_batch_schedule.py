@@ -21,9 +21,9 @@ from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics
 from training.config import TrainConfig
-from training.config_checks import check_config, resolve
 from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
+from training.data.spec import batch_shapes, check_config, resolve
 from training.run.faults import KILL
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -56,7 +56,7 @@ def test_a_phase_batch_sets_its_steps_shapes_and_refusals(sources, tmp_path):
     spec = check_config(cfg, 2)
     assert [ph.global_batch_tokens for ph in spec.phases] == [512, 1024, 768]
     assert [ph.steps for ph in spec.phases] == [4, 3, 4]  # long: tokens // its own batch
-    assert [(s.global_batch, s.grad_accum) for s in spec.shapes] == [(16, 2), (32, 4), (12, 3)]
+    assert [(s.global_batch, s.grad_accum) for s in batch_shapes(cfg, spec, 2)] == [(16, 2), (32, 4), (12, 3)]
 
     def refused(schedule: str, world: int = 1) -> str:
         path = write(sources, tmp_path / "bad.toml", tmp_path / "run", schedule)

@@ -25,7 +25,6 @@ from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
 from training.config import TrainConfig
-from training.config_checks import check_config, resolve
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
 from training.data import plan as data_plan
@@ -33,6 +32,7 @@ from training.data.loader import LoaderStateError, TokenLoader, batch_sha256, da
 from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
 from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
+from training.data.spec import batch_shapes, check_config, resolve
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -498,7 +498,8 @@ def test_review_edges_of_the_config(sources, tmp_path):
     phases = '[[phase]]\nname = "a"\ntokens = 5000\nseq_len = 32\nmix = { web = 1.0 }\n'
     phases += "lr = { warmup_tokens = 5000 }\n"
     path = write_recipe(tmp_path / "r.toml", two, tmp_path / "run", phases=phases)
-    assert check_config(load_config(TrainConfig, path), 1).shapes[0].steps == 9  # 5000 // 512; warmup clamped
+    cfg = load_config(TrainConfig, path)
+    assert batch_shapes(cfg, check_config(cfg, 1), 1)[0].steps == 9  # 5000 // 512; warmup clamped
 
 
 def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources, tmp_path):

@@ -14,7 +14,6 @@ from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
 from training.config import TrainConfig
-from training.config_checks import resolve
 from training.contract.config_loader import load_config
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, batch_sha256, dataset_loader
@@ -28,6 +27,7 @@ from training.data.recipe import (
     record_plan,
     write_consumption,
 )
+from training.data.spec import resolve
 from training.metrics import data_row
 from training.run.timeline import Timeline
 from validation.audit_views import connect

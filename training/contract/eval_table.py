@@ -1,0 +1,104 @@
+"""The eval results of a run directory, read without lm-eval: RUN/eval/step-N/results.json (lm-eval's
+own, written by the evaluator) and RUN/eval.parquet, one row per (step, task, metric, filter), built
+from every results.json there, so it can never disagree with them. eval.parquet is the `eval` view
+of `gristmill data audit RUN`; `gristmill eval` writes it after each evaluation, and during training
+the run's one writer does (training/run/record.py: after each eval, and when a rewind sets a
+discarded step's eval/ aside).
+
+No number is hidden: a NaN or infinite metric (a model whose log-likelihoods overflow) is kept in
+results.json (Python's json writes and reads `NaN`/`Infinity`) and in eval.parquet as NaN/inf. Only
+what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parquet.
+"""
+
+from __future__ import annotations
+
+import json
+import numbers
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from training.contract.atomic_write import atomic_path
+from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
+
+RESULTS_JSON = "results.json"
+GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
+
+EVAL_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("task", pa.string()),
+        ("metric", pa.string()),
+        ("filter", pa.string()),
+        ("value", pa.float64()),
+        ("stderr", pa.float64()),
+        ("samples", pa.int64()),
+        ("model", pa.string()),
+        ("decontamination", pa.string()),  # the task's mark (decontamination_marks); null before it
+    ]
+)
+
+
+def metric_number(v: Any) -> float | None:
+    """`v` as a float when it is a number (NaN and ±inf included: they say the model is broken), else
+    None ("N/A", aliases, booleans). numpy scalars count as numbers."""
+    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else None
+
+
+def rows_of(step: int, results: dict[str, Any]) -> list[dict[str, Any]]:
+    """eval.parquet rows of one lm-eval results dict (keys "metric,filter", stderr "metric_stderr,filter")."""
+    rows = []
+    samples = results.get("n-samples", {})
+    model = str(results.get("gristmill", {}).get("export") or results.get("config", {}).get("model", ""))
+    for task, metrics in sorted(results.get("results", {}).items()):
+        for key, value in sorted(metrics.items()):
+            metric, comma, filt = key.partition(",")
+            if not comma or metric.endswith("_stderr") or metric_number(value) is None:
+                continue  # alias, sample_len (no filter: not metrics), stderr columns, "N/A"
+            rows.append(
+                {
+                    "step": step,
+                    "task": task,
+                    "metric": metric,
+                    "filter": filt,
+                    "value": float(value),
+                    "stderr": metric_number(metrics.get(f"{metric}_stderr,{filt}")),
+                    "samples": (samples.get(task) or {}).get("effective"),
+                    "model": model,
+                    "decontamination": mark_of(results, task),
+                }
+            )
+    return rows
+
+
+def mark_of(results: dict[str, Any], task: str) -> str | None:
+    """The decontamination mark results.json records for `task` (None: evaluated before marks)."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return ((info or {}).get("decontamination") or {}).get("mark") if isinstance(info, dict) else None
+
+
+def read_step_results(run_dir: str | Path, step: int) -> dict[str, Any]:
+    """RUN/eval/step-N/results.json, or {} when that step has none."""
+    path = eval_dir(run_dir, step) / RESULTS_JSON
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def read_results(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """{step: results dict} of every RUN/eval/step-N/results.json."""
+    steps = list_steps(Path(run_dir) / EVAL_DIR)
+    return {s: res for s in steps if (res := read_step_results(run_dir, s))}
+
+
+def result_rows(results_by_step: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """eval.parquet's rows of every step's results dict (`read_results`)."""
+    return [r for step, res in results_by_step.items() for r in rows_of(step, res)]
+
+
+def write_eval_table(run_dir: str | Path) -> Path:
+    """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json."""
+    path = Path(run_dir) / EVAL_PARQUET
+    with atomic_path(path) as tmp:
+        pq.write_table(pa.Table.from_pylist(result_rows(read_results(run_dir)), schema=EVAL_SCHEMA), tmp)
+    return path

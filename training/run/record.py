@@ -1,0 +1,245 @@
+"""The run directory's account of the run's timeline, with one writer (docs/divergence.md, "The
+timeline").
+
+`RunRecord` writes every file of RUN/ that describes the timeline, on rank 0, from the facts the
+other components hand it (a completed metrics row, a rewind's skip, the start, the end), so that no
+artifact lists a discarded step as the run's and none is written twice for one fact:
+
+- metrics.jsonl: one row per logged step (`log`; also the row's stdout line and the trackers'). A
+  rewind marks the discarded attempt's rows `discarded_by_rewind: N` (kept, as history) and the file
+  is rewritten whole; a resume keeps the rows up to its checkpoint. The summary reads kept rows only.
+- consumption.parquet: at each row of a kept step (after step 0), at a rewind and at the end, never
+  twice unchanged (not at the row of a step a rewind is about to discard).
+- data_plan.json and plan.png: at the start or resume and at each rewind, with the timeline's skips.
+- exports/ and eval/: a step-N directory newer than the step the timeline went back to is set aside
+  as abandoned-step-N (training/contract/run_layout.set_aside_after; checkpoints/ are the
+  checkpointer's own), so `export`, `eval` and `verify` of that step say why it is gone;
+  eval.parquet loses those steps' rows and eval.png is drawn again at the next eval.
+- loss.png: at the end (and at a stop), discarded rows dashed, skipped steps shaded.
+
+It also holds the pending row: a step's row from its checkpoint's save until it is written
+(training/checkpoint/state.PendingRow, in TrainState so that a checkpoint carries it); the record is
+its one writer (`hold`, `take_pending`, `drop_pending`, `resumed`). Every rank holds a RunRecord
+and keeps the rows (the summary reads them); only rank 0's writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from training.checkpoint.state import PendingRow, TrainState
+from training.config import MetricsSection
+from training.console import say
+from training.contract.atomic_write import write_atomic
+from training.contract.eval_table import RESULTS_JSON, write_eval_table
+from training.contract.run_layout import (
+    CONSUMPTION_PARQUET,
+    EVAL_DIR,
+    EVAL_PARQUET,
+    EVAL_PLOT,
+    EXPORTS_DIR,
+    LOSS_PNG,
+    METRICS_JSONL,
+    PLAN_PNG,
+    eval_dir,
+    kept_rows,
+    read_metrics,
+    set_aside_after,
+)
+from training.data.plan import Skip
+from training.data.recipe import plot_plan, record_plan, write_consumption
+from training.metrics import format_line, plot_loss
+from training.run.preflight import from_rank0
+from training.run.timeline import Timeline
+from training.trackers import Trackers
+
+
+class RunRecord:
+    """The run directory's timeline artifacts and the pending row (see the module)."""
+
+    def __init__(self, run_dir: Path, timeline: Timeline, state: TrainState, *, rank: int, plot: bool):
+        """`state`: the run's TrainState (its pending row); `rank`: this process's, rank 0 writes;
+        `plot`: metrics.plot (plan.png, loss.png)."""
+        self.run_dir, self.timeline, self.state = Path(run_dir), timeline, state
+        self.rank, self.plot = rank, plot
+        # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
+        self.rows: list[dict[str, Any]] = []
+        self.jsonl: int | None = None  # rank 0's metrics.jsonl, open for appending
+        self.trackers: Trackers | None = None
+        self.ledger: tuple[int, int] | None = None  # (step, rewinds) of the last consumption.parquet
+
+    # -- the timeline's moments --
+    def started(
+        self, resumed: int | None, *, metrics: MetricsSection, config: dict, datasets: dict[str, str]
+    ) -> None:
+        """The run starts or resumes (at checkpoint `resumed`), on rank 0: what a discarded or redone
+        future left (steps after `resumed`) set aside; the plan recorded and drawn with the timeline's
+        skips; metrics.jsonl kept up to the checkpoint (or started over); the trackers of [metrics]
+        opened (`config`: the resolved recipe, `datasets`: source name -> dataset, for their runs)."""
+        if self.rank != 0:
+            return
+        if resumed is not None:
+            self._set_aside(after=resumed)
+        self._record_plan()
+        logged_through = self._open_log(resumed)
+        try:
+            self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
+                                     resume_step=resumed, logged_through=logged_through)  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    def log(self, row: dict[str, Any], *, evaluated: bool = False, ledger: bool = True) -> None:
+        """A completed metrics row (training/metrics.py), kept by every rank. Rank 0 appends it to
+        metrics.jsonl, prints its line, hands it to the trackers, rebuilds eval.parquet when the step
+        was `evaluated` and the evaluator wrote its results.json, and, after step 0, writes
+        consumption.parquet at its step (`ledger` False: the row of a step a rewind discards next,
+        whose rewind writes it), then says the row's events."""
+        self.rows.append(row)
+        if self.rank != 0:
+            return
+        # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
+        # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
+        os.write(self.jsonl, (json.dumps(row) + "\n").encode())
+        say(format_line(row))
+        self.trackers.log(row)
+        if evaluated and (eval_dir(self.run_dir, row["step"]) / RESULTS_JSON).is_file():
+            write_eval_table(self.run_dir)
+        step = row["step"]
+        if ledger and step > 0:
+            self._consumption(step)
+        for event in row.get("events", []):
+            say(f"WARNING step {step}: {event}")
+
+    def rewound(self, skip: Skip) -> None:
+        """After a rewind (the timeline holds `skip`), on every rank: the rows of steps after the
+        checkpoint gone back to that no rewind discarded yet are marked discarded by this one. On
+        rank 0: metrics.jsonl rewritten, the attempt's exports and evals set aside, the plan recorded
+        and drawn, consumption.parquet at the skip's last step."""
+        for r in self.rows:
+            if r["step"] > skip.checkpoint_step and "discarded_by_rewind" not in r:
+                r["discarded_by_rewind"] = skip.rewind
+        if self.rank != 0:
+            return
+        self._rewrite_log()
+        self._set_aside(after=skip.checkpoint_step)
+        self._record_plan()
+        self._consumption(skip.last_step)
+
+    def finished(self, step: int) -> None:
+        """The loop ended at `step` (the last step, or a stop signal's): consumption.parquet there,
+        unless the step's row wrote it already."""
+        if self.rank == 0:
+            self._consumption(step)
+
+    def draw_loss(self) -> str | None:
+        """RUN/loss.png on rank 0 when metrics.plot is on (at the end, and at a stop): its place as
+        `curve: PATH`, a note instead when matplotlib is missing, None when not drawn."""
+        if self.rank != 0 or not self.plot:
+            return None
+        plan, path = self.timeline.plan, self.run_dir / LOSS_PNG
+        phases = [(plan.first_step[p], ph.name) for p, ph in enumerate(plan.phases)]
+        return plot_loss(self.rows, path, self.timeline.skips, phases) or f"curve: {path}"
+
+    def close(self) -> None:
+        """Close metrics.jsonl and finish the trackers (in a `finally`: an exception on its way out
+        marks a wandb run failed)."""
+        if self.jsonl is not None:
+            os.close(self.jsonl)
+            self.jsonl = None
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
+
+    # -- the pending row (TrainState.pending: its one writer) --
+    def hold(self, row: dict[str, Any], *, validate: bool, evaluate: bool) -> None:
+        """A row that waits in the state, and so in a checkpoint saved now, until it is written
+        (`take_pending`) after its validation and eval, when due."""
+        self.state.pending = PendingRow(row, validate, evaluate)
+
+    def take_pending(self) -> PendingRow | None:
+        """The pending row, to be written now; the state holds none after."""
+        pending, self.state.pending = self.state.pending, None
+        return pending
+
+    def drop_pending(self) -> None:
+        """A rewind restored a checkpoint: its own pending row was written, the run went on past it."""
+        self.state.pending = None
+
+    def resumed(self, *, own: bool, world_size: int) -> None:
+        """On a resume (every rank; collective): the checkpoint's pending row is dropped when rank 0's
+        metrics.jsonl holds it already (written before the run stopped) or when the checkpoint is
+        not this run directory's (`own` False: that run's row, not this one's)."""
+        if self.state.pending is None:
+            return
+        step = self.state.pending.row["step"]
+        written = self.rank == 0 and any(r["step"] == step for r in kept_rows(self.rows))
+        if from_rank0(written, world_size) or not own:
+            self.state.pending = None
+
+    # -- the files --
+    def _open_log(self, resumed: int | None) -> int | None:
+        """metrics.jsonl opened for appending; a resume keeps the rows up to its checkpoint and drops
+        those of the steps it will redo (written after the checkpoint by the interrupted run). Returns
+        the last step the interrupted invocation logged (None: none, or a fresh run)."""
+        path = self.run_dir / METRICS_JSONL
+        logged_through = None
+        if resumed is not None and path.exists():
+            rows, note = read_metrics(path)
+            if note:
+                say(note)
+            logged_through = max((r["step"] for r in rows), default=None)
+            # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
+            known = len(self.timeline.skips) + 1
+            self.rows = [
+                r for r in rows if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
+            ]
+            write_atomic(path, _jsonl(self.rows))
+        elif path.exists():  # a fresh run into the same directory starts the log over
+            say(f"note: {path} exists from an earlier run; starting it over")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resumed is not None else os.O_TRUNC)
+        self.jsonl = os.open(path, flags, 0o644)
+        return logged_through
+
+    def _rewrite_log(self) -> None:
+        """metrics.jsonl replaced, atomically, by the rows (a rewind marked some); appends go on into
+        the new file (the old descriptor is swapped only once it is in place)."""
+        path = self.run_dir / METRICS_JSONL
+        write_atomic(path, _jsonl(self.rows))
+        old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
+        os.close(old)  # it would keep appending to the replaced file
+
+    def _consumption(self, step: int) -> None:
+        """RUN/consumption.parquet after `step` steps of the timeline, unless it holds that already."""
+        at = (step, len(self.timeline.skips))
+        if at == self.ledger:
+            return
+        plan, path = self.timeline.plan, self.run_dir / CONSUMPTION_PARQUET
+        write_consumption(plan, step, self.timeline.consumed(step), path)
+        self.ledger = at
+
+    def _record_plan(self) -> None:
+        record_plan(self.timeline.plan, self.run_dir, self.timeline.skips)
+        if self.plot:
+            note = plot_plan(self.timeline.plan, self.run_dir / PLAN_PNG, self.timeline.skips)
+            if note:
+                say(note)
+
+    def _set_aside(self, after: int) -> None:
+        """exports/ and eval/ of steps after `after` set aside, eval.parquet rebuilt without them,
+        eval.png removed until the next eval draws it."""
+        moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
+        evals = set_aside_after(self.run_dir / EVAL_DIR, after)
+        for old, new in moved + evals:
+            say(f"note: {old.parent.name}/{old.name} is from a discarded timeline; moved it to {new.name}")
+        if evals:
+            if (self.run_dir / EVAL_PARQUET).is_file():
+                write_eval_table(self.run_dir)
+            (self.run_dir / EVAL_PLOT).unlink(missing_ok=True)
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
