@@ -21,6 +21,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,22 +32,25 @@ from pathlib import Path
 PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run"]
 
 _context = None
+_outputs: Path | None = None  # the children's stdout and stderr files, removed with the server
 
 
 def _server():
-    global _context
+    global _context, _outputs
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload([*PRELOAD, __name__])
+        _outputs = Path(tempfile.mkdtemp(prefix="forked-"))
     return _context
 
 
 def stop_server() -> None:
-    """End the server (it ends on its own with this process too) and reap it."""
+    """End the server (it ends on its own with this process too), reap it, remove the outputs."""
     if _context is not None:
         from multiprocessing import forkserver
 
         forkserver._forkserver._stop()
+        shutil.rmtree(_outputs, ignore_errors=True)
 
 
 def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str, session: bool):
@@ -82,12 +86,13 @@ class Forked:
         if list(args[:2]) != [sys.executable, "-m"]:
             raise ValueError(f"forked.popen runs `{sys.executable} -m MODULE ...`, not {args[:3]}")
         self.args = list(args)
-        folder = Path(tempfile.mkdtemp(prefix="forked-"))
+        server = _server()
+        folder = Path(tempfile.mkdtemp(dir=_outputs))
         self._out = folder / "stdout"
         self._err = self._out if stderr == subprocess.STDOUT else folder / "stderr"
         for path in {self._out, self._err}:
             path.touch()
-        self._process = _server().Process(
+        self._process = server.Process(
             target=_child,
             args=(args[2], list(args[3:]), dict(os.environ if env is None else env), str(cwd or os.getcwd()),
                   str(self._out), str(self._err), start_new_session),
