@@ -35,6 +35,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "pipelines.upload",
         "copy a built dataset into an s3:// bucket: every file checked by sha256, dataset.json last",
     ),
+    ("data", "convert"): (
+        "pipelines.convert",
+        "rewrite a dataset of the legacy shard layout in the current one (same documents, same batches)",
+    ),
     ("data", "validate"): (
         "validation.validate",
         "re-read every shard and check separators, ids, manifest, hashes and fingerprint",

@@ -8,8 +8,8 @@ tests/pipelines/test_dedup.py). `RANK:POINT:self` kills only the task's own proc
 `RANK:POINT:hang` parks it (tests/pipelines/test_build_signals.py). Unset, every call is one
 environment lookup. The points:
 
-    second_shard   in the tokenize-and-shard step, once the task's first shard was renamed and
-                   its second is half written
+    second_shard   in the shard writer (pipelines/shard_writer.py), once the task's first shard
+                   was renamed and its second is half written
     dedup_pass1    in dedup's first pass (exact: hashes, minhash: signatures), once the task has
                    passed 10 documents on (its signature files half written, its ids not yet)
     dedup_clusters in dedup's clusters stage (rank 0), once task 0's drop table is written and

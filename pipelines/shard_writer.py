@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
 import tarfile
@@ -20,14 +19,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines import faults
 from training.contract.atomic_write import atomic_path, move_into_place
 from training.contract.dataset_format import (
+    DOC_SHA256,
     FORMAT,
     IDS_EXT,
     MANIFEST_DIR,
     MANIFEST_FIELDS,
     MANIFEST_SCHEMA,
-    META_EXT,
+    SAMPLE_DOCS,
     SHARDS_DIR,
     TOKENIZER_JSON,
     dtype_for_vocab,
@@ -36,6 +37,7 @@ from training.contract.dataset_format import (
     fingerprint,
     manifest_files,
     record_files,
+    sample_key,
     shard_name,
     source_columns,
     write_dataset_info,
@@ -80,17 +82,16 @@ def _header(name: bytes, size: int) -> bytes:
     return bytes(h)
 
 
-def meta_json_bytes(meta: dict[str, Any]) -> bytes:
-    """The `.json` member's bytes: sorted keys, UTF-8 (deterministic, so reruns are byte-identical)."""
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False).encode("utf-8")
-
-
 class ShardWriter:
     """Writes one task's documents into tars of about `target_bytes`, then its manifest parquet.
 
-    Shards are written as `NAME.tar.tmp` and moved into place (fsynced, renamed) when closed, so a
-    partial shard is never visible under its final name. Manifest rows are kept in memory (a few
-    dozen bytes each) and written once at `close()`, also via a temporary name.
+    The gristmill-shards/2 layout (training/contract/dataset_format.py): documents are gathered
+    SAMPLE_DOCS at a time into one tar sample, `<key>.ids`, their ids back to back, so the documents a
+    loader block reads are one byte range; a shard closes after a whole sample. Each document's
+    manifest row records where its ids lie and their sha256. Shards are written as `NAME.tar.tmp` and
+    moved into place (fsynced, renamed) when closed, so a partial shard is never visible under its
+    final name. Manifest rows are kept in memory (~100 bytes each) and written once at `close()`, also
+    via a temporary name.
     """
 
     def __init__(self, root: str | Path, task: int, vocab_size: int, target_bytes: int = 256 << 20):
@@ -103,6 +104,8 @@ class ShardWriter:
         (self.root / MANIFEST_DIR).mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
         self.shard_index = 0
+        self.sample_index = 0  # samples written by this task (their keys)
+        self._pending: list[bytes] = []  # the ids of the sample being gathered, one entry per document
         self.tar: io.BufferedWriter | None = None  # the open NAME.tar.tmp
         self.tar_path: Path | None = None
         self.offset = 0  # bytes written to the open shard
@@ -123,15 +126,22 @@ class ShardWriter:
         self.tar.write(data)
         self._sha.update(data)
 
-    def _write_member(self, name: str, data: bytes) -> int:
-        """Header, data, zero padding to the next block; returns the data's offset."""
-        self._write(_header(name.encode(), len(data)))
-        self._write(data)
-        pad = -len(data) % tarfile.BLOCKSIZE
+    def _write_member(self, name: str, data: bytes | list[bytes]) -> int:
+        """Header, data (one piece or several back to back), zero padding to the next block; returns
+        the data's offset."""
+        pieces = [data] if isinstance(data, bytes) else data
+        size = sum(len(p) for p in pieces)
+        self._write(_header(name.encode(), size))
+        for i, p in enumerate(pieces):
+            self._write(p)
+            if i == len(pieces) // 2 and self.shard_index == 1:  # the first shard renamed, this one half
+                self.tar.flush()  # written: what a kill there leaves behind (tests)
+                faults.maybe_kill(self.task, "second_shard")
+        pad = -size % tarfile.BLOCKSIZE
         if pad:
             self._write(bytes(pad))
         start = self.offset + tarfile.BLOCKSIZE
-        self.offset = start + len(data) + pad
+        self.offset = start + size + pad
         return start
 
     def _finish_shard(self) -> None:
@@ -153,36 +163,46 @@ class ShardWriter:
         key: str,
         ids: np.ndarray,
         meta: dict[str, Any],
-        meta_json: bytes | None = None,
         provenance: dict[str, Any] | None = None,
     ) -> None:
-        """Append one document: `<key>.ids` then `<key>.json`; records its manifest row.
-
-        `meta_json` is `meta` already serialised with `meta_json_bytes` (the build spills it that
-        way), so it is not encoded a second time; `provenance`: the row's PROVENANCE_COLUMNS."""
+        """Append one document (`key` names it in the manifest); written with its sample's other
+        documents. `provenance`: the row's PROVENANCE_COLUMNS."""
         if "." in key:
             raise ValueError(f"webdataset key {key!r} contains a dot")
-        if self.tar is None:
-            self._open()
-        assert self.tar is not None and self.tar_path is not None
         data = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
-        offset = self._write_member(f"{key}.{IDS_EXT}", data)
-        self._write_member(f"{key}.{META_EXT}", meta_json if meta_json is not None else meta_json_bytes(meta))
         self.rows.append(
             {
-                "shard": self.tar_path.name,
+                "shard": None,  # set when its sample is written
                 "key": key,
-                "offset": offset,
+                "offset": None,
                 "nbytes": len(data),
                 "n_tokens": int(len(ids)),
                 **source_columns(meta, MANIFEST_FIELDS),
                 **(provenance or {}),
+                DOC_SHA256: hashlib.sha256(data).digest(),
             }
         )
+        self._pending.append(data)
+        if len(self._pending) == SAMPLE_DOCS:
+            self._write_sample()
+
+    def _write_sample(self) -> None:
+        """The gathered documents as one `<key>.ids` member; their rows get shard and offset."""
+        if self.tar is None:
+            self._open()
+        assert self.tar_path is not None
+        start = self._write_member(f"{sample_key(self.task, self.sample_index)}.{IDS_EXT}", self._pending)
+        for row in self.rows[len(self.rows) - len(self._pending) :]:
+            row["shard"], row["offset"] = self.tar_path.name, start
+            start += row["nbytes"]
+        self._pending = []
+        self.sample_index += 1
         if self.offset >= self.target_bytes:
             self._finish_shard()
 
     def close(self) -> list[dict[str, Any]]:
+        if self._pending:
+            self._write_sample()
         if self.tar is not None:
             self._finish_shard()
         path = self.root / MANIFEST_DIR / f"{self.task:05d}.parquet"

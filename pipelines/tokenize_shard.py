@@ -24,10 +24,9 @@ from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
 
-from pipelines import faults
 from pipelines.dedup import text_hash_hex
 from pipelines.progress import TaskProgress
-from pipelines.shard_writer import ShardWriter, meta_json_bytes
+from pipelines.shard_writer import ShardWriter
 from pipelines.sources import META_KEYS
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import load_tokenizer
@@ -45,8 +44,8 @@ from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
-# Tar overhead per document: two 512-byte headers plus padding of two members.
-TAR_OVERHEAD_PER_DOC = 2048
+# Tar overhead per document, at most: its sample's header and padding (a sample of one).
+TAR_OVERHEAD_PER_DOC = 1024
 
 
 def _no_traceback_for_gristmill_errors(record) -> None:
@@ -163,7 +162,7 @@ class TokenizeShard(PipelineStep):
                     m = doc.metadata
                     meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
                     meta["id"] = doc.id
-                    meta_bytes = meta_json_bytes(meta)
+                    meta_bytes = json.dumps(meta, ensure_ascii=False).encode()  # spilled beside the ids
                     provenance.append(
                         {
                             SOURCE_FILE: m.get(SOURCE_FILE),
@@ -212,9 +211,7 @@ class TokenizeShard(PipelineStep):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
                     ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
                     meta_bytes = spill[b : b + meta_len[j]]
-                    writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), meta_bytes, provenance[j])
-                    if writer.shard_index == 1 and writer.tar is not None:
-                        faults.maybe_kill(rank, "second_shard")  # one shard renamed, the next half written
+                    writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), provenance[j])
                 ids = None  # release the last view before the map closes
             finally:
                 if spill is not None:

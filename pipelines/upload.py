@@ -6,10 +6,13 @@ What goes up is what dataset.json records a sha256 for (training/contract/datase
 build.json and config.toml), each file hashed here first and refused if it is not what dataset.json
 says (a file damaged on disk never reaches the bucket). Each is one PUT (a reader sees the old object
 or the whole new one, never a part) carrying Content-MD5, which the store checks, and its sha256 in
-the object's metadata. An object already there with the recorded size and sha256 is skipped, so a
-rerun after a kill uploads only the rest. Then dataset.json, the commit point: a reader that finds it
-finds every object it lists. No multipart upload is ever started (one PUT takes 5 GiB, more than any
-shard); one left under the prefix by another tool is aborted before anything is uploaded.
+the object's metadata. An object already there is skipped only when its content is the file's
+(`ObjectStore.holds`: the store's MD5 of what it stored, never the sha256 the metadata claims), so a
+rerun after a kill uploads only the rest, and one over a damaged object repairs it. Then
+dataset.json, the commit point: a reader that finds it finds every object it lists. No multipart
+upload is ever started (one PUT takes 5 GiB, more than any shard); one left under the prefix by
+another tool is aborted before anything is uploaded. The local validation.json stays local: the
+bucket's comes only from validating the bucket (`gristmill data validate s3://…`).
 
 A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset
 does not have, is refused: the upload never mixes two datasets.
@@ -33,7 +36,7 @@ from training.contract.dataset_format import (
     write_dataset_info,
 )
 from training.contract.object_store import COUNTS, ObjectMissing, ObjectStore, ObjectURL
-from validation.validate import VALIDATION_JSON  # the validator's report: uploaded after the commit point
+from validation.validate import VALIDATION_JSON  # a bucket's own validation report: never uploaded
 
 THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limits
 
@@ -41,7 +44,7 @@ THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limi
 @dataclass
 class Uploaded:
     objects: int  # uploaded now
-    skipped: int  # already in the bucket with the recorded size and sha256
+    skipped: int  # already in the bucket with the file's content
     bytes: int  # uploaded now
 
 
@@ -78,10 +81,8 @@ def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
         spec, path = files[rel], root / rel
         if not path.is_file():
             raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
-        if rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]):
-            head = store.head(rel)
-            if head is not None and head["sha256"] == spec["sha256"]:
-                return 0, 0
+        if rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]) and store.holds(rel, path):
+            return 0, 0
         try:
             store.put_file(path, rel, expect_sha256=spec["sha256"])
         except ValueError:  # hashed before the PUT: a file damaged after the build stays here
@@ -94,8 +95,9 @@ def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
     with ThreadPoolExecutor(THREADS) as pool:
         done = list(pool.map(one, sorted(files)))
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
-    if (root / VALIDATION_JSON).is_file():
-        store.put_file(root / VALIDATION_JSON, VALIDATION_JSON)
+    if any(n for n, _ in done) and VALIDATION_JSON in there:  # it validated other bytes: not these
+        store.delete(VALIDATION_JSON)
+        log(f"removed {target}/{VALIDATION_JSON}: it described objects this upload replaced")
     result = Uploaded(sum(n for n, _ in done), sum(1 for n, _ in done if n == 0), sum(b for _, b in done))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
     log(

@@ -16,22 +16,26 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main as gristmill
 from pipelines.local_s3 import aws_env
+from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
 from training.contract.dataset_format import DATASET_JSON, DatasetError, read_dataset_info
+from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
+from training.data.block_cache import MAX_AHEAD_STEPS, cache_usage
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.remote import CacheSettings, tmp_name
-from training.data.shard_cache import cache_usage
 from training.train import load_train_config, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -206,30 +210,62 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
-# items 3-5: the loader through a bounded, verified cache, under faults
+# the loader reads by range through a cache of its working set, every document checked when read
 
 
-def test_loader_through_faults_and_a_small_cache_gives_the_local_batches(s3, synthetic, tmp_path):
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 4 documents, groups of 3 blocks: the synthetic dataset's 300 documents make 25 groups
+    (the real sizes, 64 and 4,096, need a dataset of ~300k documents for two)."""
+    from training.data import order as epoch_order
+
+    monkeypatch.setattr(epoch_order, "BLOCK_DOCS", 4)
+    monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 3)
+
+
+def unit_of_range(table, path: str, rng: str) -> int:
+    """The block a range request of a shard (its URL path) reads: the one whose document it starts at
+    (a block that straddles two shards is two ranges)."""
+    start = int(rng.removeprefix("bytes=").split("-")[0])
+    cache = table.cache
+    rows = np.arange(len(table.lengths))
+    at = dict(
+        zip(zip(cache.index.shard_of(rows).tolist(), cache.index.offsets_of(rows).tolist()), rows.tolist())
+    )
+    row = at[(cache.names.index(path.split("?")[0].rsplit("/", 1)[1]), start)]
+    return int(cache.units_of_rows(np.array([row]))[0])
+
+
+def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
+    s3, synthetic, small_blocks, tmp_path
+):
     local, url = synthetic
-    info = read_dataset_info(local)
-    biggest = max(f["bytes"] for f in info["shard_files"].values())
-    settings = CacheSettings(tmp_path / "cache", 8 * biggest)  # 8 of the 10 shards (a step reads ≤ 5)
+    probe = dataset_loader(
+        url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=cache(tmp_path / "p")
+    )
+    (table,) = probe.builder.tables
+    settings = CacheSettings(tmp_path / "cache", sum(n for _, n in probe.cache_need()))  # the working set
+    ids_bytes = sum(table.cache.unit_bytes(u) for u in range(table.cache.nunits))
+    assert settings.max_bytes < ids_bytes / 2  # most of the dataset is evicted along the way
+    with pytest.raises(DatasetError) as refused:  # a byte less is refused before any work, with the figure
+        hashes(url, 1, cache=CacheSettings(settings.dir, settings.max_bytes - 1))
+    assert f"set data.cache_gb to at least {np.ceil(settings.max_bytes / 1e7) / 100:g}" in str(refused.value)
     # Files the cache did not write, and a live process's download: eviction leaves them alone; a
     # dead process's download is removed.
-    shards = settings.dir / info["fingerprint"] / "shards"
+    blocks = settings.dir / read_dataset_info(local)["fingerprint"] / "blocks" / table.cache.tag
     gone = 4_194_305  # above the kernel's largest pid (2**22): no such process
-    dead = shards / tmp_name("00000_00001.tar").replace(f".{os.getpid()}.", f".{gone}.")
-    live = shards / tmp_name("00000_00002.tar").replace(f".{os.getpid()}.", f".{os.getppid()}.")
-    foreign = [settings.dir / "notes.tar", settings.dir / "mine" / "shards" / "x.tar", live]
+    dead = blocks / tmp_name("1.blk").replace(f".{os.getpid()}.", f".{gone}.")
+    live = blocks / tmp_name("2.blk").replace(f".{os.getpid()}.", f".{os.getppid()}.")
+    foreign = [settings.dir / "notes.blk", settings.dir / "mine" / "blocks" / "x" / "1.blk", live]
     for f in [*foreign, dead]:
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_bytes(b"not the cache's")
     peak, stop = [0], threading.Event()
 
-    def sample() -> None:  # the cache's bytes (shards and downloads in flight), as often as possible
+    def sample() -> None:  # the cache's bytes (blocks and downloads in flight), as often as possible
         while not stop.is_set():
             total = 0
-            for p in settings.dir.rglob("*.tar*"):
+            for p in settings.dir.rglob("*.blk*"):
                 try:
                     total += p.stat().st_size if p not in foreign else 0
                 except FileNotFoundError:  # evicted, or renamed into place, since the listing
@@ -237,13 +273,12 @@ def test_loader_through_faults_and_a_small_cache_gives_the_local_batches(s3, syn
             peak[0] = max(peak[0], total)
 
     sampler = threading.Thread(target=sample, daemon=True)
-    s3.proxy.set_faults(FaultMix(seed=395))  # a seed whose first requests meet all three faults
+    s3.proxy.set_faults(FaultMix(seed=395))
+    s3.proxy.reset_counts()
     before = COUNTS.snapshot()
     sampler.start()
     try:
-        got = hashes(
-            url, 110, cache=settings
-        )  # across the end of the epoch (102 steps): shards fetched again
+        got = hashes(url, 110, cache=settings)  # across the end of the epoch (102 steps)
     finally:
         stop.set()
         sampler.join()
@@ -254,68 +289,126 @@ def test_loader_through_faults_and_a_small_cache_gives_the_local_batches(s3, syn
     assert (
         COUNTS.snapshot()["retries"] - before["retries"] == faults.slow_down + faults.truncated + faults.reset
     )
-    assert peak[0] <= settings.max_bytes + biggest, (peak[0], settings.max_bytes)
+    assert peak[0] <= settings.max_bytes, (peak[0], settings.max_bytes)  # blocks in flight are in memory
     assert sum(size for _, size, _ in cache_usage(settings.dir)) <= settings.max_bytes
     assert all(f.read_bytes() == b"not the cache's" for f in foreign) and not dead.exists()
 
 
-def test_shards_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, tmp_path):
-    _, url = synthetic
-    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=cache(tmp_path))
+def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, small_blocks, tmp_path):
+    local, url = synthetic
+    settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1)  # one at a time: the order shows
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
     view = loader.builder.global_view()
-    first_step: dict[str, int] = {}
-    for step in range(40):
-        for _, shard in view.shards_read(step):
-            first_step.setdefault(view.tables[0].shard_names[shard], step)
+    first_step: dict[int, int] = {}
+    for step in range(40 + MAX_AHEAD_STEPS):  # the prefetcher reads ahead at most this far
+        for _, unit in view.units_read(step):
+            first_step.setdefault(unit, step)
     s3.proxy.reset_counts()
     for _, _ in zip(range(40), loader):
         pass
-    fetched = [p.rsplit("/", 1)[1] for p in s3.proxy.counts.gets(".tar")]
-    assert sorted(fetched) == sorted(first_step)  # each shard the 40 steps read, once
-    order = [first_step[name] for name in fetched]
+    ranges = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
+    assert ranges and all(r is not None for _, r in ranges)  # range requests, never a whole shard
+    assert len(ranges) == len(set(ranges))  # no range fetched twice
+    fetched = list(dict.fromkeys(unit_of_range(view.tables[0], p, r) for p, r in ranges))
+    assert set(fetched) <= set(first_step)  # blocks the plan reads
+    assert {u for u, s in first_step.items() if s < 40} <= set(fetched)  # every one the 40 steps read
+    order = [first_step[u] for u in fetched]
     assert order == sorted(order), order  # ahead of need, in the plan's order
-    # DataLoader workers (forked) fetch into the same cache, checked the same way.
+    assert len(s3.proxy.counts.range_gets("doc_sha256.bin")) == len(fetched)  # its hashes: one range each
+    # DataLoader workers (forked) read the same cache, checked the same way; 8 requests in flight.
     workers = hashes(url, 40, cache=cache(tmp_path / "workers"), num_workers=2)
-    assert workers == hashes(synthetic[0], 40)
+    assert workers == hashes(local, 40)
+
+
+def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path, monkeypatch):
+    """Bytes the store sends over an epoch, counted by the proxy, ÷ the token bytes the epoch trains,
+    with a cache of the loader's working set: FineWeb-Edu-like lengths (lognormal, mean ~900 tokens)
+    and 0.1% held out, as the real recipes; groups of 4 blocks, so the epoch has 8 and the cache holds
+    a part of the dataset."""
+    from training.data import order as epoch_order
+
+    monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 4)
+    rng = np.random.default_rng(0)
+
+    def documents():
+        for _ in range(2000):
+            n = max(2, int(rng.lognormal(6.3, 1.0)))
+            ids = rng.integers(1, 30000, n + 1)
+            ids[-1] = 0
+            yield ids
+
+    local = tmp_path / "ds"
+    write_synthetic_dataset(local, documents(), vocab_size=32768, target_bytes=1 << 20)
+    url = s3.url("lognormal")
+    upload_dataset(local, url, log=lambda *a: None)
+    seq, batch = 2048, 4
+    geometry = dict(seq_len=seq, global_batch=batch, micro_batch=batch, seed=1, val_fraction=0.001)
+    steps = dataset_loader(local, **geometry).steps_per_epoch
+    loader = dataset_loader(
+        url, **geometry, last_step=steps, cache=cache(tmp_path / "c")
+    )  # no lookahead past it
+    s3.proxy.reset_counts()
+    for _, _ in zip(range(steps), loader):
+        pass
+    trained = steps * batch * (seq + 1) * 2
+    ratio = s3.proxy.counts.body_bytes / trained
+    assert ratio <= 1.05, ratio
 
 
 def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, tmp_path, capsys):
     local, _ = synthetic
     url = s3.url("flipped")
     upload_dataset(local, url, log=lambda *a: None)
-    name = sorted(read_dataset_info(local)["shard_files"])[3]
+    info = read_dataset_info(local)
+    name = sorted(info["shard_files"])[1]
     body = bytearray((local / "shards" / name).read_bytes())
-    body[1000] ^= 0x10
+    body[1000] ^= 0x10  # inside the shard's first sample: its first documents
     s3.client.put_object(Bucket=BUCKET, Key=f"flipped/shards/{name}", Body=bytes(body))
     s3.proxy.reset_counts()
     env = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        code = gristmill(
-            [
-                "data",
-                "inspect",
-                url,
-                "--seq-len",
-                "64",
-                "--global-batch",
-                "8",
-                "--seed",
-                "3",
-                "--hash",
-                "--end",
-                "40",
-            ]
-        )
+        code = gristmill([*argv, "--end", "40"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
-    assert (
-        err[0].startswith(f"error: {url}/shards/{name}: fetched twice")
-        and "nothing was trained on it" in err[0]
-    )
-    assert len(s3.proxy.counts.gets(f"/flipped/shards/{name}")) == 2
-    assert not list((tmp_path / "xdg").rglob(name))  # never under its name in the cache
+    assert err[0].startswith(f"error: {url}/shards/{name}: bytes 512–") and " (block " in err[0], err[0]
+    assert "fetched twice" in err[0] and "nothing was trained on it" in err[0], err[0]
+    fetched = [r for p, r in s3.proxy.counts.range_gets(f"/flipped/shards/{name}")]
+    damaged = [r for r in fetched if r.startswith("bytes=512-")]
+    assert len(damaged) == 2 and len(set(fetched)) == len(fetched) - 1  # that block's range twice, no other
+    first_row = sum(info["shard_files"][n]["documents"] for n in sorted(info["shard_files"])[:1])
+    assert not list((tmp_path / "xdg").rglob(f"{first_row // 64}.blk"))  # nothing of it in the cache
+
+
+def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthetic, small_blocks, tmp_path):
+    local, url = synthetic
+    settings = cache(tmp_path)
+    want = hashes(local, 30)
+    assert hashes(url, 30, cache=settings) == want  # every block the 30 steps read is cached now
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+    table = loader.builder.tables[0]
+    (_, row, *_), *_ = zip(*loader.builder.segments(0))  # step 1's first document
+    unit = int(table.cache.units_of_rows(np.array([row]))[0])
+    rows = table.cache.unit_rows(unit)
+    ids_bytes = int(table.lengths[rows].sum()) * 2
+    before_row = int(table.lengths[rows[rows < row]].sum()) * 2
+    damaged = table.cache.path(unit)
+    flipped = bytearray(damaged.read_bytes())
+    flipped[len(flipped) - ids_bytes + before_row] ^= 0x01  # the first token of step 1's first document
+    damaged.write_bytes(bytes(flipped))
+    (_, other, *_), *_ = zip(*loader.builder.segments(1))
+    swapped = table.cache.path(int(table.cache.units_of_rows(np.array([other]))[0]))
+    donor = next(p for p in damaged.parent.glob("*.blk") if p not in (damaged, swapped))
+    swapped.write_bytes(donor.read_bytes())  # another block's copy under this one's name
+    s3.proxy.reset_counts()
+    before = COUNTS.snapshot()["refetches"]
+    assert hashes(url, 30, cache=settings) == want  # the same batches: the bad copies are not read
+    assert COUNTS.snapshot()["refetches"] - before == 2
+    refetched = [unit_of_range(table, p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
+    assert {int(damaged.stem), int(swapped.stem)} <= set(refetched)  # (and blocks the lookahead reaches)
+    assert len(refetched) == len(set(refetched))
 
 
 # --------------------------------------------------------------------------------------------
@@ -358,7 +451,7 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(s3, sy
     assert "fetch/requests" not in metrics(local_run)[0]  # a local dataset is read in place
 
 
-def test_two_ranks_share_the_cache_and_fetch_each_shard_once(s3, synthetic, local_run, tmp_path):
+def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, local_run, tmp_path):
     local, url = synthetic
     run_dir = tmp_path / "run"
     s3.proxy.reset_counts()
@@ -372,8 +465,8 @@ def test_two_ranks_share_the_cache_and_fetch_each_shard_once(s3, synthetic, loca
     )
     proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    gets = s3.proxy.counts.gets(".tar")
-    assert gets and len(gets) == len(set(gets)), "a shard was downloaded twice"
+    gets = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
+    assert gets and len(gets) == len(set(gets)), "a range was fetched twice"
     ref = {r[0]: r for r in losses(local_run)}
     for step, loss, _, lr, tokens in losses(run_dir):  # the same batches, summed in another order
         assert loss == pytest.approx(ref[step][1], abs=1e-5) and (lr, tokens) == (ref[step][3], ref[step][4])
@@ -450,3 +543,138 @@ def test_bucket_config_keys_are_checked(s3, synthetic, build_fixture, tmp_path, 
         "shards.target_mb = 5000 with output s3://gristmill-test/big: a shard goes into the bucket as one PUT"
         in (capsys.readouterr().err)
     )
+
+
+# --------------------------------------------------------------------------------------------
+# what the hostile trial found in the bucket path, and bad input of the range reader
+
+
+def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, tmp_path, capsys):
+    """A shard replaced in the bucket by other bytes under the old sha256 metadata: the upload must not
+    trust the metadata's claim (it repairs the object), and the bucket's validation record comes only
+    from validating the bucket."""
+    local, _ = synthetic
+    url = s3.url("repair")
+    upload_dataset(local, url, log=lambda *a: None)
+    (local / "validation.json").write_text('{"ok": true, "note": "the local copy\'s"}')
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    key = f"repair/shards/{name}"
+    good = (local / "shards" / name).read_bytes()
+    meta = s3.client.head_object(Bucket=BUCKET, Key=key)["Metadata"]
+    bad = bytearray(good)
+    bad[600] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(bad), Metadata=meta)  # the claim kept
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1  # the bucket says what it holds
+    capsys.readouterr()
+    assert not json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())[
+        "ok"
+    ]
+    done = upload_dataset(local, url, log=lambda *a: None)
+    assert done.objects == 1  # that shard, by its content
+    assert s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
+    assert "validation.json" not in s3.keys("repair")  # it described the damaged bytes: removed, not copied
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())["ok"]
+    (local / "validation.json").unlink()
+
+
+def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
+    from pipelines.convert import convert_dataset
+    from tests.helpers.legacy_dataset import write_legacy_dataset
+    from tests.helpers.train_data import affine_documents
+
+    old = tmp_path / "old"
+    write_legacy_dataset(old, affine_documents(200), vocab_size=256, target_bytes=32 << 10)
+    url, new_url = s3.url("legacy"), s3.url("legacy-converted")
+    upload_dataset(old, url, log=lambda *a: None)
+    geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
+    assert gristmill(["data", "inspect", url, *geometry]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {url} is a gristmill-shards/1 dataset"), err
+    assert f"gristmill data convert {url} NEW" in err[0]
+    convert_dataset(url, new_url, log=lambda *a: None)
+    outs = []
+    for where in (str(old), new_url):
+        assert gristmill(["data", "inspect", where, *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 11
+
+
+def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):
+    local, url = synthetic
+    plan = ["train", "--config", TINY, "--plan", "--set", f"data.dataset={json.dumps(url)}"]
+    # a cache directory that cannot be written (under a file: the tests run as root, whom modes
+    # do not stop)
+    locked = tmp_path / "a-file"
+    locked.write_text("")
+    assert gristmill([*plan, f"data.cache_dir={json.dumps(str(locked / 'c'))}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
+    # a cache_gb below the working set: refused with the figure
+    assert gristmill([*plan, "data.cache_gb=1e-6", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: data.cache_gb = 1e-06 is below the working set"), err
+    assert "set data.cache_gb to at least 0." in err[0]
+    assert not list((tmp_path / "c").rglob("*.blk"))  # nothing fetched
+    # an index that does not match the shards: the index object replaced in the bucket
+    bad = s3.url("bad-index")
+    upload_dataset(local, bad, log=lambda *a: None)
+    tokens = bytearray((local / "index" / "doc_tokens.bin").read_bytes())
+    tokens[0] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key="bad-index/index/doc_tokens.bin", Body=bytes(tokens))
+    argv = ["data", "inspect", bad, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--cache-dir"]
+    assert gristmill([*argv, str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}/index/doc_tokens.bin: fetched twice"), err
+    # shards that do not match the index: a shard replaced by another dataset's
+    swapped = s3.url("bad-shards")
+    upload_dataset(local, swapped, log=lambda *a: None)
+    other = make_dataset(tmp_path / "other", n_docs=300, seed=7)
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    s3.client.put_object(
+        Bucket=BUCKET, Key=f"bad-shards/shards/{name}", Body=(other / "shards" / name).read_bytes()
+    )
+    argv = ["data", "inspect", swapped, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    assert gristmill([*argv, "--end", "40", "--cache-dir", str(tmp_path / "c3")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {swapped}/shards/{name}: bytes "), err
+    assert "nothing was trained on it" in err[0]
+
+
+def test_a_data_stall_saves_the_last_trained_step_then_stops(s3, synthetic, small_blocks, tmp_path, capsys):
+    """The store goes away mid-run for longer than data.fetch_timeout_s: the run saves the step it
+    trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses."""
+    local, url = synthetic
+    reference, run_dir = tmp_path / "reference", tmp_path / "run"
+    cache_sets = [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", "data.fetch_timeout_s=2"]
+    train(load_train_config(TINY, overrides(local, reference)))  # small blocks: its own reference
+    sets = overrides(url, run_dir, *cache_sets)
+    stop = threading.Event()
+
+    def take_the_store_down() -> None:  # once step 6 is logged, every request is reset
+        while not stop.is_set():
+            rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+            if rows and rows[-1]["step"] >= 6:
+                s3.proxy.down = True
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=take_the_store_down, daemon=True)
+    watcher.start()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # fetch a step ahead: it runs into it
+            with pytest.raises(
+                GristmillError, match=r"kept failing for 2 s \(\d+ tries, data.fetch_timeout_s\)"
+            ):
+                train(load_train_config(TINY, sets))
+    finally:
+        stop.set()
+        watcher.join()
+        s3.proxy.down = False
+    out = capsys.readouterr().out
+    saved = metrics(run_dir)[-1]["step"]
+    assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
+    assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
+    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
+    assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated

@@ -104,16 +104,23 @@ class DataSection:
     default: it costs a fraction of a loader that outruns any GPU, and catches corrupted shards
     before they become gradients)."""
     cache_dir: str = ""
-    """Where the shards of s3:// datasets are kept on this node, each checked against its sha256
-    before first use; the ranks of a node share it (use a local disk, not NFS). "": the user's cache
-    directory, ~/.cache/gristmill/datasets (under $XDG_CACHE_HOME if set). Local datasets are read in
-    place and never copied here."""
+    """Where the blocks read from s3:// datasets are kept on this node, each document checked against
+    its sha256 whenever it is read; the ranks of a node share it (use a local disk, not NFS). "": the
+    user's cache directory, ~/.cache/gristmill/datasets (under $XDG_CACHE_HOME if set). Local datasets
+    are read in place and never copied here."""
     cache_gb: float = 100.0
-    """The bound on the cached shards' size in GB (1e9 bytes); exceeded by at most the shard being
-    downloaded. Shards the plan reads next are fetched ahead as far as it allows; the least recently
-    needed ones that no loader on the node needs next are evicted. A bound below the sources' shards is
-    correct but fetches shards more than once per epoch (the order reads every shard throughout an
-    epoch; the plan's printout says how much)."""
+    """The bound on the cached blocks' size in GB (1e9 bytes); blocks in flight are held in memory.
+    It must hold the loader's working set, two epoch groups of 4,096 blocks per bucket source (about
+    2 GB per source at FineWeb-Edu's lengths, whatever the dataset's size): a smaller value is refused
+    before any work with the figure (docs/object-storage.md). Blocks the plan reads next are fetched
+    ahead as far as it allows; blocks of epoch groups no loader on the node reads any more are
+    evicted."""
+    fetch_requests: int = 8
+    """Range requests in flight per loader while fetching a bucket's blocks ahead."""
+    fetch_timeout_s: float = 300.0
+    """How long a fetch from a bucket keeps retrying (throttling, 5xx, resets, an endpoint that is
+    down), with backoff, before the run stops; it stops as SIGTERM stops it, saving its last trained
+    step first."""
 
 
 @dataclass

@@ -80,7 +80,7 @@ def show_plan(cfg, nproc: int) -> int:
     plan = build_plan(cfg, spec, tables)
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    for line in format_plan(plan, recipe_notes(cfg, spec, tables), skips):
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):
         print(line)
     if run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
         print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")

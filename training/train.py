@@ -198,7 +198,7 @@ def loop(run: Run) -> dict[str, Any]:
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
-                micro_batches = [to_device(mb, run.device) for mb in next(batches)]
+                micro_batches = _next_batch(run, batches, shutdown, start)
                 phase = _enter_phase(run, step, phase)
                 due = Due.at(run, step)
                 result = _train(run, step, phase, micro_batches, measure_update=due.log)
@@ -254,6 +254,28 @@ def loop(run: Run) -> dict[str, Any]:
         "seconds": seconds,
         "states": run.checkpointables,
     }
+
+
+def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:
+    """This rank's micro-batches of the next step. Data that cannot be had (a bucket unreachable for
+    data.fetch_timeout_s, an object refused after its second fetch) stops the run as SIGTERM does:
+    every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
+    alone), the last trained step is saved, then the error is raised (one line)."""
+    try:
+        batch, error = next(batches), None
+    except GristmillError as e:
+        batch, error = None, e
+    agreed = run.loader.reads_buckets  # ranks of a local dataset fail together or not at all
+    if agreed and shutdown.any_rank(error is not None) and error is None:
+        error = GristmillError("another rank could not read its data for this step (its error is above)")
+    if error is None:
+        return [to_device(mb, run.device) for mb in batch]
+    state = run.state
+    can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
+    if can_save and state.step > start and run.checkpointer.requested_step != state.step:
+        say(f"the data of step {state.step + 1} cannot be read: saving step {state.step} before stopping")
+        run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
+    raise error
 
 
 def _enter_phase(run: Run, step: int, previous: int | None) -> int:

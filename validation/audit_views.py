@@ -185,6 +185,7 @@ _DUCK_TYPES = {
     pa.float64(): "DOUBLE",
     pa.bool_(): "BOOLEAN",
     pa.list_(pa.int64()): "BIGINT[]",
+    pa.binary(32): "BLOB",
 }
 _EMPTY_TEXT = "(SELECT NULL::VARCHAR AS filename, NULL::VARCHAR AS content WHERE false)"
 _CONFIG = {"autoinstall_known_extensions": "false", "autoload_known_extensions": "false"}

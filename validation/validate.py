@@ -4,12 +4,16 @@ The validator trusts nothing the build wrote about itself. It walks every tar th
 headers (Python's `tarfile`, not the manifest), hashes each shard in the same single read, and
 checks:
 
-- every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON), `.ids` length
-  is a multiple of the dtype size and every id is below `vocab_size`;
+- the layout (gristmill-shards/2): every tar member is a sample `<key>.ids`; the manifest's rows of
+  the shard split the samples' data exactly, in order, each document's ids hashing to the sha256
+  its row records (what a bucket's range reads are checked against); under the legacy layout /1,
+  every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON);
+- `.ids` lengths are a multiple of the dtype size and every id is below `vocab_size`;
 - exactly one separator per document, at the position dataset.json names ("after": last token,
   "before": first token), and none anywhere else;
-- the manifest agrees with the tars: same keys in the same shard, `offset`/`nbytes` equal to the
-  tar header's data offset and size, `n_tokens` equal to the member's token count;
+- the manifest agrees with the tars: every row's document in its shard, `offset`/`nbytes` where the
+  tar headers put it (/1: equal to its member's data offset and size), `n_tokens` equal to its
+  token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
   the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
 - the loader index (index/, training/contract/dataset_index.py): each file's sha256 as dataset.json records
@@ -47,6 +51,8 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DECONTAM_DIR,
     DECONTAM_FILES,
+    DOC_SHA256,
+    FORMAT,
     IDS_EXT,
     MANIFEST_DIR,
     META_EXT,
@@ -79,14 +85,16 @@ PARALLEL_BYTES = 512 << 20
 
 @dataclass
 class Problem:
-    """One broken promise. `shard` is a path relative to the dataset root, `key` a document key."""
+    """One broken promise. `shard` is a path relative to the dataset root, `key` a document's key (or
+    a tar sample's, `kind` "sample")."""
 
     message: str
     shard: str | None = None
     key: str | None = None
+    kind: str = "document"
 
     def __str__(self) -> str:
-        where = ": ".join(p for p in (self.shard, f"document {self.key}" if self.key else None) if p)
+        where = ": ".join(p for p in (self.shard, f"{self.kind} {self.key}" if self.key else None) if p)
         return f"{where}: {self.message}" if where else self.message
 
 
@@ -101,9 +109,9 @@ class ShardResult:
     problems: list[Problem] = field(default_factory=list)
     more_problems: int = 0  # problems past MAX_PROBLEMS_PER_SHARD, counted only
 
-    def add(self, message: str, key: str | None = None) -> None:
+    def add(self, message: str, key: str | None = None, kind: str = "document") -> None:
         if len(self.problems) < MAX_PROBLEMS_PER_SHARD:
-            self.problems.append(Problem(message, f"{SHARDS_DIR}/{self.name}", key))
+            self.problems.append(Problem(message, f"{SHARDS_DIR}/{self.name}", key, kind))
         else:
             self.more_problems += 1
 
@@ -143,13 +151,14 @@ class _ShardSpec:
     vocab_size: int
     sep_id: int
     position: str
-    # manifest rows of this shard: key -> (offset, nbytes, n_tokens)
-    manifest: dict[str, tuple[int, int, int]]
+    # manifest rows of this shard: key -> (offset, nbytes, n_tokens, sha256 or None)
+    manifest: dict[str, tuple[int, int, int, bytes | None]]
     expected: dict[str, Any] | None  # dataset.json["shard_files"][name]
     size: int = 0  # bytes (a bucket's listing says; on disk, the file does)
     url: str | None = (
         None  # a bucket's dataset: `path` is where the object is downloaded to, checked, deleted
     )
+    layout: str = FORMAT  # dataset.json's "format": a sample of documents (/2) or one per document (/1)
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
@@ -182,8 +191,12 @@ def _check_shard(spec: _ShardSpec, res: ShardResult, sha256: str | None = None) 
         # touches only headers and the token bytes (zero-copy views into the map).
         res.sha256 = sha256 or hashlib.sha256(mm).hexdigest()
         _check_expected(spec, res)
-        members = _walk_tar(mm, size, res)
-        _check_documents(spec, res, mm, members, dtype)
+        if spec.layout == FORMAT:
+            members = _walk_tar(mm, size, res, (IDS_EXT,), "sample")
+            _check_samples(spec, res, mm, members, dtype)
+        else:
+            members = _walk_tar(mm, size, res, (IDS_EXT, META_EXT), "document")
+            _check_documents(spec, res, mm, members, dtype)
 
 
 def _check_expected(spec: _ShardSpec, res: ShardResult) -> None:
@@ -198,8 +211,11 @@ def _check_expected(spec: _ShardSpec, res: ShardResult) -> None:
         res.add(f"sha256 {res.sha256[:16]}… differs from dataset.json ({str(exp.get('sha256'))[:16]}…)")
 
 
-def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str, tuple[int, int]]]:
-    """key -> {ext: (data offset, size)} from the tar headers; structural problems go to `res`."""
+def _walk_tar(
+    mm: mmap.mmap, size: int, res: ShardResult, exts_allowed: tuple[str, ...], kind: str
+) -> dict[str, dict[str, tuple[int, int]]]:
+    """key -> {ext: (data offset, size)} from the tar headers; structural problems go to `res`, naming
+    the `kind` of thing a key names (a document, or a sample of documents)."""
     members: dict[str, dict[str, tuple[int, int]]] = {}
     last_key: str | None = None
     try:
@@ -212,8 +228,8 @@ def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str,
         try:
             m = tf.next()
         except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError) as e:
-            after = ", after this document's members" if last_key else ""
-            res.add(f"corrupt tar header at byte {pos}{after} ({e}); the shard is damaged", last_key)
+            after = f", after this {kind}'s members" if last_key else ""
+            res.add(f"corrupt tar header at byte {pos}{after} ({e}); the shard is damaged", last_key, kind)
             return members
         if m is None:
             break
@@ -222,6 +238,7 @@ def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str,
             res.add(
                 f"member {m.name} is truncated: data ends at byte {m.offset_data + m.size}, file has {size}",
                 m.name.split(".", 1)[0],
+                kind,
             )
             return members
         if not m.isreg():
@@ -229,12 +246,13 @@ def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str,
             continue
         base = m.name.rsplit("/", 1)[-1]
         key, dot, ext = base.partition(".")
-        if not dot or ext not in (IDS_EXT, META_EXT):
-            res.add(f"unexpected tar member {m.name!r} (expected <key>.{IDS_EXT} or <key>.{META_EXT})", key)
+        if not dot or ext not in exts_allowed:
+            expected = " or ".join(f"<key>.{e}" for e in exts_allowed)
+            res.add(f"unexpected tar member {m.name!r} (expected {expected})", key, kind)
             continue
         exts = members.setdefault(key, {})
         if ext in exts:
-            res.add(f"duplicate member {m.name}", key)
+            res.add(f"duplicate member {m.name}", key, kind)
             continue
         exts[ext] = (m.offset_data, m.size)
         last_key = key
@@ -242,10 +260,12 @@ def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str,
     # a member boundary would look complete: check the two zero blocks ourselves.
     end = tf.offset
     tail = mm[end : end + 1024]
-    after = ", after this document's members" if last_key else ""
+    after = f", after this {kind}'s members" if last_key else ""
     if len(tail) < 1024:
         res.add(
-            f"truncated: the file ends at byte {size}{after}, without the tar end-of-archive marker", last_key
+            f"truncated: the file ends at byte {size}{after}, without the tar end-of-archive marker",
+            last_key,
+            kind,
         )
     elif tail.count(0) != len(tail):
         # tarfile also stops quietly at an invalid header after the first: name the damage
@@ -254,7 +274,7 @@ def _walk_tar(mm: mmap.mmap, size: int, res: ShardResult) -> dict[str, dict[str,
             why = "neither a member nor the end-of-archive marker"
         except tarfile.HeaderError as e:
             why = str(e)
-        res.add(f"corrupt tar header at byte {end}{after} ({why}); the shard is damaged", last_key)
+        res.add(f"corrupt tar header at byte {end}{after} ({why}); the shard is damaged", last_key, kind)
     return members
 
 
@@ -291,17 +311,79 @@ def _check_documents(
         keys.append(key)
         arrays.append(np.frombuffer(mm, dtype=dtype, count=n // item, offset=off))
 
+    _check_documents_read(spec, res, keys, arrays)
+    _check_manifest(spec, res, members, item)
+    _check_counts(spec, res)
+
+
+def _check_documents_read(
+    spec: _ShardSpec, res: ShardResult, keys: list[str], arrays: list[np.ndarray]
+) -> None:
+    """The documents a shard holds (their keys and ids, in order): counted, and their ids checked."""
     res.documents = len(keys)
     lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     res.tokens = int(lengths.sum())
     if arrays:
         _check_ids(spec, res, keys, np.concatenate(arrays), lengths)
-    _check_manifest(spec, res, members, item)
+
+
+def _check_counts(spec: _ShardSpec, res: ShardResult) -> None:
     exp = spec.expected
     if exp is not None:
         for what, got in (("documents", res.documents), ("tokens", res.tokens)):
             if exp.get(what) != got:
                 res.add(f"holds {got} {what}, dataset.json says {exp.get(what)}")
+
+
+def _check_samples(
+    spec: _ShardSpec,
+    res: ShardResult,
+    mm: mmap.mmap,
+    members: dict[str, dict[str, tuple[int, int]]],
+    dtype: np.dtype,
+) -> None:
+    """A gristmill-shards/2 shard: the manifest's rows split its samples' data exactly (each sample's
+    documents back to back, in offset order, nothing left over), each document's ids hash to its
+    row's sha256; then the documents' ids are checked as the legacy layout's are."""
+    item = dtype.itemsize
+    rows = sorted(spec.manifest.items(), key=lambda kv: kv[1][0])
+    at = 0  # the next row to place
+    keys: list[str] = []
+    arrays: list[np.ndarray] = []
+    for sample, exts in members.items():
+        off, n = exts[IDS_EXT]
+        if n % item:
+            why = f".{IDS_EXT} has {n} bytes, not a multiple of the {spec.dtype} size {item}"
+            res.add(why, sample, "sample")
+            continue
+        pos, end = off, off + n
+        while pos < end and at < len(rows) and rows[at][1][0] == pos:
+            key, (_, nbytes, ntok, sha) = rows[at]
+            if nbytes != ntok * item or pos + nbytes > end:
+                res.add(
+                    f"manifest says nbytes {nbytes} for {ntok} tokens at byte {pos}, which does not fit "
+                    f"sample {sample} (its data is bytes {off}–{end})",
+                    key,
+                )
+                break
+            data = mm[pos : pos + nbytes]
+            if sha is None or hashlib.sha256(data).digest() != sha:
+                res.add(f"its ids do not hash to the manifest's {DOC_SHA256} (damaged or replaced)", key)
+            keys.append(key)
+            arrays.append(np.frombuffer(mm, dtype=dtype, count=ntok, offset=pos))
+            pos += nbytes
+            at += 1
+        if pos != end:
+            res.add(
+                f"bytes {pos}–{end} of the sample's data belong to no manifest row (the manifest's rows of "
+                "this shard do not describe it: rebuilt, or the manifest was edited)",
+                sample,
+                "sample",
+            )
+    for key, (off, *_rest) in rows[at:]:
+        res.add(f"in the manifest at byte {off}, where no sample of this tar has a document", key)
+    _check_documents_read(spec, res, keys, arrays)
+    _check_counts(spec, res)
 
 
 def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndarray, lengths: np.ndarray):
@@ -352,7 +434,7 @@ def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndar
 def _check_manifest(
     spec: _ShardSpec, res: ShardResult, members: dict[str, dict[str, tuple[int, int]]], item: int
 ) -> None:
-    for key, (m_off, m_nbytes, m_ntok) in spec.manifest.items():
+    for key, (m_off, m_nbytes, m_ntok, _) in spec.manifest.items():
         ids = members.get(key, {}).get(IDS_EXT)
         if ids is None:
             res.add(f"in the manifest but has no .{IDS_EXT} member in this tar", key)
@@ -375,11 +457,14 @@ def _check_manifest(
 # the dataset
 
 
-def _load_manifest(root: Path, problems: list[Problem]) -> dict[str, dict[str, tuple[int, int, int]]]:
-    """shard -> key -> (offset, nbytes, n_tokens); duplicate keys and unreadable files are problems."""
-    by_shard: dict[str, dict[str, tuple[int, int, int]]] = {}
+def _load_manifest(
+    root: Path, problems: list[Problem], layout: str
+) -> dict[str, dict[str, tuple[int, int, int, bytes | None]]]:
+    """shard -> key -> (offset, nbytes, n_tokens, sha256: a /2 dataset's, else None); duplicate keys
+    and unreadable files are problems."""
+    by_shard: dict[str, dict[str, tuple[int, int, int, bytes | None]]] = {}
     seen: dict[str, str] = {}
-    cols = ["shard", "key", "offset", "nbytes", "n_tokens"]
+    cols = ["shard", "key", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if layout == FORMAT else [])
     for path in manifest_files(root):
         rel = f"{MANIFEST_DIR}/{path.name}"
         try:
@@ -388,13 +473,14 @@ def _load_manifest(root: Path, problems: list[Problem]) -> dict[str, dict[str, t
             problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
             continue
         shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
-        off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:])
-        for s, k, o, b, n in zip(shard, key, off, nb, nt):
+        off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:5])
+        sha = t.column(DOC_SHA256).to_pylist() if layout == FORMAT else [None] * len(key)
+        for s, k, o, b, n, h in zip(shard, key, off, nb, nt, sha):
             if k in seen:
                 problems.append(Problem(f"duplicate manifest key (also in shard {seen[k]})", rel, k))
                 continue
             seen[k] = s
-            by_shard.setdefault(s, {})[k] = (o, b, n)
+            by_shard.setdefault(s, {})[k] = (o, b, n, h)
     return by_shard
 
 
@@ -487,7 +573,7 @@ def validate_dataset(
                 problems.append(
                     Problem("missing shard: listed in dataset.json but not on disk", f"{SHARDS_DIR}/{name}")
                 )
-        manifest = _load_manifest(root, problems)
+        manifest = _load_manifest(root, problems, info["format"])
         if not manifest and listed:
             problems.append(Problem("no manifest rows: manifest/*.parquet is missing or empty", MANIFEST_DIR))
         for name in sorted(set(manifest) - set(on_disk)):
@@ -512,6 +598,7 @@ def validate_dataset(
                 listed.get(name),
                 sizes[name],
                 url,
+                info["format"],
             )
             for name in on_disk
         ]

@@ -6,6 +6,7 @@ dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (t
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
 forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
+legacy_dataset          datasets in the legacy shard layout (gristmill-shards/1), for data convert's tests
 light_trainer           torchrun workers without torch: what the launcher sees of exits, messages, signals
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts

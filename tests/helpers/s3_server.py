@@ -7,7 +7,9 @@ damage. `FaultProxy` is a stdlib HTTP server in a
 thread that forwards every request to it and, drawn from a seeded RNG per request, answers
 503 SlowDown instead (10%), sends the response's full headers but only part of its body, then closes
 the connection (2%, "truncated"), or resets the connection before answering (1%). The proxy logs
-every request in order (`counts.log`) and can answer slowly (`latency`).
+every request in order (`counts.log`, with each GET's Range header in `counts.ranges`), counts the
+body bytes it sends (`counts.body_bytes`: our own count of egress, not the client's) and can answer
+slowly (`latency`).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ class ProxyCounts:
     truncated: int = 0
     reset: int = 0
     log: list[tuple[str, str]] = field(default_factory=list)  # (method, path) of every request, in order
+    ranges: list[tuple[str, str | None]] = field(default_factory=list)  # (path, Range header) of each GET
+    body_bytes: int = 0  # response body bytes sent to clients (what a store bills as egress)
 
     def total(self) -> int:
         return sum(self.requests.values())
@@ -70,6 +74,10 @@ class ProxyCounts:
     def gets(self, suffix: str = "") -> list[str]:
         """Paths of the GET requests (whatever their fate) that end with `suffix`, in order."""
         return [path for method, path in self.log if method == "GET" and path.split("?")[0].endswith(suffix)]
+
+    def range_gets(self, suffix: str = "") -> list[tuple[str, str | None]]:
+        """(path, Range header or None) of the GET requests whose path ends with `suffix`, in order."""
+        return [(p, r) for p, r in self.ranges if p.split("?")[0].endswith(suffix)]
 
 
 class FaultProxy:
@@ -79,6 +87,7 @@ class FaultProxy:
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
         self.latency = 0.0  # seconds added to every request (a slow store)
+        self.down = False  # every request reset (a store that went away)
         self.counts = ProxyCounts()
         self._lock = threading.Lock()
         self.set_faults(mix)
@@ -105,9 +114,12 @@ class FaultProxy:
             def _handle(self) -> None:
                 body = self._body()
                 fault = proxy._draw(self.command, self.path)
+                if self.command == "GET":
+                    with proxy._lock:
+                        proxy.counts.ranges.append((self.path, self.headers.get("Range")))
                 if proxy.latency:
                     time.sleep(proxy.latency)
-                if fault == "reset":
+                if fault == "reset" or proxy.down:
                     # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
@@ -145,6 +157,8 @@ class FaultProxy:
                     return
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                with proxy._lock:
+                    proxy.counts.body_bytes += len(data) // 2 if fault == "truncated" else len(data)
                 if fault == "truncated" and len(data) > 1:
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import mmap
 import shutil
 from pathlib import Path
@@ -49,12 +48,19 @@ def read_by_manifest(root: Path, dtype) -> dict[str, np.ndarray]:
 
 
 def read_by_webdataset(root: Path, dtype) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
+    """Each document's ids as a stock webdataset client reads them: a sample's `.ids` holds its
+    documents back to back, each ending with the separator (id 0), in the manifest's order of the
+    shard; the metadata is the manifest's (a /2 shard carries none)."""
     urls = [str(p) for p in sorted((root / "shards").glob("*.tar"))]
-    ids, metas = {}, {}
+    docs = []
     for sample in wds.WebDataset(urls, shardshuffle=False):
-        ids[sample["__key__"]] = np.frombuffer(sample["ids"], dtype=dtype)
-        metas[sample["__key__"]] = json.loads(sample["json"])
-    return ids, metas
+        block = np.frombuffer(sample["ids"], dtype=dtype)
+        ends = np.flatnonzero(block == 0) + 1
+        docs += np.split(block, ends[:-1])
+        assert ends[-1] == len(block)  # the sample ends with a document's separator
+    rows = sorted(read_manifest(root).to_pylist(), key=lambda r: (r["shard"], r["offset"]))
+    assert len(rows) == len(docs)
+    return {r["key"]: d for r, d in zip(rows, docs)}, {r["key"]: r for r in rows}
 
 
 def source_rows(corpus: Path) -> list[dict]:
@@ -77,7 +83,7 @@ def test_end_to_end_webdataset_and_manifest_agree(built_dataset, build_fixture):
         assert np.count_nonzero(ids == 0) == 1 and ids[-1] == 0  # exactly one separator, at the end
     assert sum(len(v) for v in by_wds.values()) == info["tokens"]
 
-    # .json members carry the source metadata; the text round-trips through the tokenizer.
+    # The manifest carries the source metadata; the text round-trips through the tokenizer.
     tok = Tokenizer.from_file(str(tokenizer_path))
     source = {r["id"]: r for r in source_rows(corpus)}
     for key, meta in metas.items():

@@ -4,8 +4,8 @@ the ones datasets were built with."""
 
 from __future__ import annotations
 
+import hashlib
 import io
-import json
 import tarfile
 
 import numpy as np
@@ -15,7 +15,15 @@ import webdataset as wds
 
 from pipelines.shard_writer import ShardWriter, _header, _member
 from pipelines.sources import FINEWEB_EDU_SCHEMA, META_KEYS, NUMERIC_META_KEYS
-from training.contract.dataset_format import EXCLUDED_SCHEMA, MANIFEST_SCHEMA, PROVENANCE_COLUMNS
+from training.contract.dataset_format import (
+    DOC_SHA256,
+    EXCLUDED_SCHEMA,
+    MANIFEST_SCHEMA,
+    PROVENANCE_COLUMNS,
+    SAMPLE_DOCS,
+    layout_offsets,
+    sample_key,
+)
 
 # The schemas as they were spelled out before SOURCE_FIELDS (datasets on disk carry these).
 OLD_MANIFEST_SCHEMA = pa.schema(
@@ -69,30 +77,35 @@ def tarfile_reference(members: list[tuple[str, bytes]]) -> bytes:
 def test_shards_are_byte_identical_to_tarfile(tmp_path):
     rng = np.random.default_rng(0)
     docs = []
-    for i, n in enumerate([0, 1, 255, 256, 257, 700, 4096, 9999]):
+    sizes = [0, 1, 255, 256, 257, 700, 4096, 9999] + rng.integers(1, 300, 150).tolist()
+    for i, n in enumerate(sizes):
         meta = {"id": f"doc-{i}", "url": "https://ex/ü", "score": 3.25, "int_score": 3}
         docs.append((f"t00003d{i:09d}", rng.integers(0, 50000, n).astype(np.uint16), meta))
-    w = ShardWriter(tmp_path, 3, vocab_size=50000, target_bytes=12_000)
+    w = ShardWriter(tmp_path, 3, vocab_size=50000, target_bytes=30_000)
     for key, ids, meta in docs:
         w.add(key, ids, meta)
     rows = w.close()
     shards = sorted((tmp_path / "shards").glob("*.tar"))
     assert len(shards) > 1
+    # A sample per SAMPLE_DOCS documents, their ids back to back; a shard closes after a whole sample.
     expected: dict[str, list] = {}
-    for (key, ids, meta), row in zip(docs, rows):
-        meta_bytes = json.dumps(meta, sort_keys=True, ensure_ascii=False).encode()
-        expected.setdefault(row["shard"], []).extend(
-            [(f"{key}.ids", ids.tobytes()), (f"{key}.json", meta_bytes)]
-        )
+    for k in range(0, len(docs), SAMPLE_DOCS):
+        shard = rows[k]["shard"]
+        assert {r["shard"] for r in rows[k : k + SAMPLE_DOCS]} == {shard}
+        data = b"".join(ids.tobytes() for _, ids, _ in docs[k : k + SAMPLE_DOCS])
+        expected.setdefault(shard, []).append((f"{sample_key(3, k // SAMPLE_DOCS)}.ids", data))
     for shard in shards:
         assert shard.read_bytes() == tarfile_reference(expected[shard.name])
-    # Offsets in the manifest point at the .ids data; stock webdataset reads the same bytes.
-    by_key = {r["key"]: r for r in rows}
-    for sample in wds.WebDataset([str(s) for s in shards], shardshuffle=False):
-        r = by_key[sample["__key__"]]
+    # Offsets in the manifest point at each document's ids, where the layout puts them; their sha256
+    # is recorded; stock webdataset reads the samples' bytes.
+    for (_, ids, _), r in zip(docs, rows):
         data = (tmp_path / "shards" / r["shard"]).read_bytes()[r["offset"] : r["offset"] + r["nbytes"]]
-        assert data == sample["ids"]
-    assert len(by_key) == len(docs)
+        assert data == ids.tobytes() and r["sha256"] == hashlib.sha256(data).digest()
+    for shard in shards:
+        mine = [r for r in rows if r["shard"] == shard.name]
+        assert [r["offset"] for r in mine] == layout_offsets([r["nbytes"] for r in mine]).tolist()
+    samples = list(wds.WebDataset([str(s) for s in shards], shardshuffle=False))
+    assert [s["ids"] for s in samples] == [data for m in expected.values() for _, data in m]
 
 
 def test_headers_match_tarfile():
@@ -103,9 +116,15 @@ def test_headers_match_tarfile():
 
 
 def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
-    # The manifest gained the provenance columns at its end (issue 29); the old ones are unchanged.
+    # The manifest gained the provenance columns (issue 29), then the source's token_count (a /1
+    # shard's .json member had it) and each document's sha256 (/2), at its end; the old ones are
+    # unchanged.
     n_old = len(OLD_MANIFEST_SCHEMA)
-    assert [(f.name, f.type) for f in MANIFEST_SCHEMA][n_old:] == list(PROVENANCE_COLUMNS)
+    assert [(f.name, f.type) for f in MANIFEST_SCHEMA][n_old:] == [
+        ("token_count", pa.int64()),
+        *PROVENANCE_COLUMNS,
+        (DOC_SHA256, pa.binary(32)),
+    ]
     for new, old in (
         (pa.schema(list(MANIFEST_SCHEMA)[:n_old]), OLD_MANIFEST_SCHEMA),
         (EXCLUDED_SCHEMA, OLD_EXCLUDED_SCHEMA),
@@ -132,7 +151,9 @@ def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
     }
     old_row |= {"id": "7", "url": "https://ex/ü", "dump": "CC-MAIN-2024-10", "score": 3.0, "int_score": 3}
     old_row |= {"language": "en", "language_score": 0.5}
-    assert row == old_row and [type(v) for v in row.values()] == [type(v) for v in old_row.values()]
+    old = {k: row[k] for k in old_row}
+    assert old == old_row and [type(v) for v in old.values()] == [type(v) for v in old_row.values()]
+    assert row["token_count"] == 99
     pq.write_table(pa.Table.from_pylist([old_row], schema=OLD_MANIFEST_SCHEMA), tmp_path / "old.parquet")
     # the old columns' values, byte for byte; the provenance columns null when not given
     written = pq.read_table(tmp_path / "manifest" / "00000.parquet")

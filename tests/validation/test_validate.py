@@ -1,4 +1,5 @@
-"""`gristmill data validate`: a clean dataset passes; every kind of damage fails naming shard and document."""
+"""`gristmill data validate`: a clean dataset passes; every kind of damage fails naming shard and document
+(or the tar sample holding it), in the current layout (gristmill-shards/2) and the legacy one (/1)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
-from training.contract.dataset_format import manifest_files, shard_files
+from tests.helpers.legacy_dataset import LegacyShardWriter, finalize_legacy
+from training.contract.dataset_format import SAMPLE_DOCS, manifest_files, sample_key, shard_files
 from validation.validate import VALIDATION_JSON, validate_dataset
 
 VOCAB = 1000
 SEP = 0
+DOCS = 150  # per task: 3 samples (/2), several shards each
 
 
 def doc_ids(rng: np.random.Generator, position: str = "after") -> np.ndarray:
@@ -26,11 +29,15 @@ def doc_ids(rng: np.random.Generator, position: str = "after") -> np.ndarray:
     return np.concatenate([ids, [SEP]] if position == "after" else [[SEP], ids]).astype(np.uint16)
 
 
-def make_dataset(root: Path, *, tasks: int = 2, docs: int = 25, position: str = "after", edit=None) -> dict:
-    """A small multi-shard dataset written by the real ShardWriter; `edit(task, i, ids)` may damage a doc."""
+def make_dataset(
+    root: Path, *, tasks: int = 2, docs: int = DOCS, position: str = "after", edit=None, legacy: bool = False
+) -> dict:
+    """A small multi-shard dataset written by the real ShardWriter (or, `legacy`, the /1 layout's);
+    `edit(task, i, ids)` may damage a doc."""
     rng = np.random.default_rng(0)
     for t in range(tasks):
-        w = ShardWriter(root, t, vocab_size=VOCAB, target_bytes=4096)
+        writer = LegacyShardWriter if legacy else ShardWriter
+        w = writer(root, t, vocab_size=VOCAB, target_bytes=4096 if not legacy else 4096 * 6)
         for i in range(docs):
             ids = doc_ids(rng, position)
             if edit is not None:
@@ -39,7 +46,9 @@ def make_dataset(root: Path, *, tasks: int = 2, docs: int = 25, position: str = 
         w.close()
     (root / "tokenizer.json").write_text('{"fake": "tokenizer"}')
     sep = {"token": "<|endoftext|>", "id": SEP, "position": position}
-    return finalize_dataset(root, vocab_size=VOCAB, separator=sep, config_sha256="test")
+    return (finalize_legacy if legacy else finalize_dataset)(
+        root, vocab_size=VOCAB, separator=sep, config_sha256="test"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +58,27 @@ def clean(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def clean_legacy(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("clean-legacy") / "ds"
+    make_dataset(root, legacy=True)
+    return root
+
+
+def private_copy(clean: Path, tmp_path: Path) -> Path:
+    """A copy of a clean dataset for a test to damage."""
+    shutil.copytree(clean, tmp_path / "ds")
+    return tmp_path / "ds"
+
+
 @pytest.fixture
 def ds(clean, tmp_path) -> Path:
-    """A private copy of the clean dataset to damage."""
-    root = tmp_path / "ds"
-    shutil.copytree(clean, root)
-    return root
+    return private_copy(clean, tmp_path)
+
+
+@pytest.fixture
+def legacy_ds(clean_legacy, tmp_path) -> Path:
+    return private_copy(clean_legacy, tmp_path)
 
 
 def problems(root: Path) -> list[str]:
@@ -63,6 +87,24 @@ def problems(root: Path) -> list[str]:
     saved = json.loads((root / VALIDATION_JSON).read_text())
     assert saved["ok"] is False and saved["n_problems"] == report.n_problems
     return [str(p) for p in report.problems]
+
+
+def rewrite_tar(shard: Path, edit, extra: tuple[str, bytes]) -> list[tuple[tarfile.TarInfo, bytes]]:
+    """Write `shard` again with each member's data `edit(name, data)` and one `extra` (name, data)
+    member at the end; returns the original members and their data."""
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for m, data in members:
+            new = tarfile.TarInfo(m.name)
+            data = edit(m.name, data)
+            new.size = len(data)
+            tf.addfile(new, io.BytesIO(data))
+        name, data = extra
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    return members
 
 
 def row_of(root: Path, key: str) -> dict:
@@ -77,10 +119,11 @@ def test_clean_dataset_passes_and_writes_validation_json(clean, capsys):
     report = validate_dataset(clean, progress=False)
     info = json.loads((clean / "dataset.json").read_text())
     assert report.ok, report.problems
-    assert (report.shards, report.documents, report.tokens) == (info["shards"], 50, info["tokens"])
-    assert report.shards > 2 and report.separators == 50
+    assert (report.shards, report.documents, report.tokens) == (info["shards"], 2 * DOCS, info["tokens"])
+    assert report.shards > 2 and report.separators == 2 * DOCS
     saved = json.loads((clean / VALIDATION_JSON).read_text())
-    assert saved["ok"] is True and saved["documents"] == 50 and saved["fingerprint"] == info["fingerprint"]
+    assert saved["ok"] is True and saved["documents"] == 2 * DOCS
+    assert saved["fingerprint"] == info["fingerprint"]
 
     assert main(["data", "validate", str(clean), "--no-progress"]) == 0
     out = capsys.readouterr().out
@@ -125,7 +168,8 @@ def test_separator_checked_against_before_policy(tmp_path):
     ]
 
 
-def test_truncated_tar(ds):
+def test_truncated_tar_legacy(legacy_ds):
+    ds = legacy_ds
     row = row_of(ds, "t1d1")
     shard = ds / "shards" / row["shard"]
     shard.write_bytes(shard.read_bytes()[: row["offset"] + row["nbytes"] // 2])  # cut inside t1d1's tokens
@@ -135,7 +179,8 @@ def test_truncated_tar(ds):
     assert any(p.startswith(f"shards/{row['shard']}: sha256") for p in found)
 
 
-def test_truncated_at_member_boundary(ds):
+def test_truncated_at_member_boundary_legacy(legacy_ds):
+    ds = legacy_ds
     # tarfile itself ends quietly when a tar stops right after a member: we must not
     shard = shard_files(ds)[0]
     row = pq.read_table(manifest_files(ds)[0]).to_pylist()[0]
@@ -163,7 +208,8 @@ def test_corrupt_ids_bytes(ds):
     assert any("fingerprint recomputed" in p for p in found)
 
 
-def test_corrupt_tar_header(ds):
+def test_corrupt_tar_header_legacy(legacy_ds):
+    ds = legacy_ds
     rows = pq.read_table(manifest_files(ds)[0]).to_pylist()
     row, prev = next(
         (r, p) for p, r in zip(rows, rows[1:]) if r["shard"] == p["shard"]
@@ -192,7 +238,8 @@ def test_garbage_shard_is_a_problem_not_a_traceback(ds):
 
 
 @pytest.mark.parametrize("column, delta", [("offset", 512), ("n_tokens", 1), ("nbytes", -2)])
-def test_edited_manifest(ds, column, delta):
+def test_edited_manifest_legacy(legacy_ds, column, delta):
+    ds = legacy_ds
     path = manifest_files(ds)[1]
     table = pq.read_table(path)
     rows = table.to_pylist()
@@ -223,7 +270,8 @@ def test_edited_manifest_metadata(ds):
     ]
 
 
-def test_manifest_row_missing(ds):
+def test_manifest_row_missing_legacy(legacy_ds):
+    ds = legacy_ds
     path = manifest_files(ds)[0]
     table = pq.read_table(path)
     pq.write_table(table.slice(1), path)
@@ -321,23 +369,14 @@ def test_parallel_workers_agree(ds):
     assert [str(p) for p in one.problems] == [str(p) for p in two.problems] and not two.ok
 
 
-def test_member_level_problems(ds):
+def test_member_level_problems_legacy(legacy_ds):
     """Odd .ids length, invalid .json, a member of another kind: each named with its document."""
+    ds = legacy_ds
     shard = shard_files(ds)[0]
     with tarfile.open(shard) as tf:
-        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
-    keys = sorted({m.name.split(".")[0] for m, _ in members})
-    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
-        for m, data in members:
-            if m.name == f"{keys[0]}.ids":
-                data = data[:-1]
-            if m.name == f"{keys[1]}.json":
-                data = b'{"id": "\xff\xfe"}'
-            m.size = len(data)
-            tf.addfile(m, io.BytesIO(data))
-        extra = tarfile.TarInfo(f"{keys[1]}.txt")
-        extra.size = 2
-        tf.addfile(extra, io.BytesIO(b"hi"))
+        keys = sorted({m.name.split(".")[0] for m in tf.getmembers()})
+    bad = {f"{keys[0]}.ids": lambda d: d[:-1], f"{keys[1]}.json": lambda d: b'{"id": "\xff\xfe"}'}
+    members = rewrite_tar(shard, lambda name, d: bad.get(name, lambda d: d)(d), (f"{keys[1]}.txt", b"hi"))
     found = problems(ds)
     where = f"shards/{shard.name}: document"
     assert (
@@ -378,3 +417,117 @@ def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, ex
     (ds / "dataset.json").write_text(json.dumps(info))
     found = problems(ds)
     assert f"dataset.json: {expect}" in found[0] and "rebuild the dataset" in found[0], found
+
+
+# --------------------------------------------------------------------------------------------
+# the current layout's own damage: samples of documents back to back, a sha256 per document
+
+
+def sample_of(row: dict) -> str:
+    """The key of the tar sample holding a manifest row's document (SAMPLE_DOCS per sample)."""
+    task, i = int(row["key"][1:].split("d")[0]), int(row["key"].split("d")[1])
+    return sample_key(task, i // SAMPLE_DOCS)
+
+
+def test_truncated_tar(ds):
+    row = row_of(ds, "t1d70")  # inside the second sample of task 1
+    shard = ds / "shards" / row["shard"]
+    shard.write_bytes(shard.read_bytes()[: row["offset"] + row["nbytes"] // 2])  # cut inside its tokens
+    found = " | ".join(problems(ds))
+    where = f"shards/{row['shard']}: sample {sample_of(row)}"
+    assert f"{where}: member {sample_of(row)}.ids is truncated" in found, found
+    assert (
+        f"shards/{row['shard']}: document t1d70: in the manifest at byte {row['offset']}, where no " in found
+    )
+    assert f"shards/{row['shard']}: size" in found and f"shards/{row['shard']}: sha256" in found
+
+
+def test_truncated_at_sample_boundary(ds):
+    # tarfile itself ends quietly when a tar stops right after a member: we must not
+    shard = shard_files(ds)[0]
+    rows = pq.read_table(manifest_files(ds)[0]).to_pylist()
+    first = [r for r in rows if r["shard"] == shard.name][:SAMPLE_DOCS]
+    end = first[-1]["offset"] + first[-1]["nbytes"]
+    cut = end + -end % 512  # the end of the first sample's data
+    shard.write_bytes(shard.read_bytes()[:cut])
+    found = problems(ds)
+    assert (
+        f"shards/{shard.name}: sample {sample_of(first[0])}: truncated: the file ends at byte {cut}, after "
+        "this sample's members, without the tar end-of-archive marker" in found
+    ), found
+
+
+def test_corrupt_sample_header(ds):
+    rows = pq.read_table(manifest_files(ds)[0]).to_pylist()
+    row = rows[SAMPLE_DOCS]  # the first document of task 0's second sample
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] - 512 + 130] ^= 0xFF  # inside the sample's header (uid field): bad checksum
+    shard.write_bytes(bytes(data))
+    found = " | ".join(problems(ds))
+    assert f"corrupt tar header at byte {row['offset'] - 512}" in found, found
+    assert f"document {row['key']}: in the manifest at byte {row['offset']}, where no sample" in found
+
+
+@pytest.mark.parametrize("column, delta", [("offset", 2), ("n_tokens", 1), ("nbytes", -2)])
+def test_edited_manifest(ds, column, delta):
+    path = manifest_files(ds)[1]
+    table = pq.read_table(path)
+    rows = table.to_pylist()
+    rows[4][column] += delta
+    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    found = problems(ds)
+    # The shard's problem (the rows no longer split its samples), the loader index (derived from the
+    # manifest) no longer derivable or matching, and the manifest not the one dataset.json recorded.
+    assert any(p.startswith(f"shards/{rows[4]['shard']}: ") for p in found), found
+    assert any(p.startswith("index") for p in found), found
+    assert (
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+        in found
+    )
+
+
+def test_manifest_row_missing(ds):
+    path = manifest_files(ds)[0]
+    table = pq.read_table(path)
+    pq.write_table(table.slice(1), path)
+    row, last = (table.slice(i, 1).to_pylist()[0] for i in (0, SAMPLE_DOCS - 1))
+    found = problems(ds)
+    assert found[0] == (
+        f"shards/{row['shard']}: sample {sample_of(row)}: bytes {row['offset']}–"
+        f"{last['offset'] + last['nbytes']} of the sample's data belong to no manifest row (the "
+        "manifest's rows of this shard do not describe it: rebuilt, or the manifest was edited)"
+    ), found
+    assert any(p.startswith("index: cannot derive the index from the manifest") for p in found), found
+
+
+def test_document_hash_names_the_document(ds):
+    """A flipped byte in a document's ids (separator untouched): its sha256 says which document."""
+    row = row_of(ds, "t0d100")
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"]] ^= 0x01
+    shard.write_bytes(bytes(data))
+    found = problems(ds)
+    assert (
+        f"shards/{row['shard']}: document t0d100: its ids do not hash to the manifest's sha256 (damaged or "
+        "replaced)" in found
+    ), found
+
+
+def test_sample_level_problems(ds):
+    """An odd .ids length and a member of another kind: each named with its sample."""
+    shard = shard_files(ds)[0]
+    with tarfile.open(shard) as tf:
+        key = tf.getmembers()[0].name.split(".")[0]
+    members = rewrite_tar(shard, lambda name, d: d[:-1], (f"{key}.json", b"{}"))
+    found = problems(ds)
+    where = f"shards/{shard.name}: sample {key}"
+    assert f"{where}: .ids has {len(members[0][1]) - 1} bytes, not a multiple of the uint16 size 2" in found
+    assert f"{where}: unexpected tar member '{key}.json' (expected <key>.ids)" in found, found
+
+
+def test_legacy_dataset_validates(clean_legacy):
+    report = validate_dataset(clean_legacy, progress=False, write=False)
+    assert report.ok, report.problems
+    assert report.documents == 2 * DOCS and report.shards > 2

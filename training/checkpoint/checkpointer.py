@@ -345,6 +345,11 @@ class Checkpointer:
         )
         return self._anywhere(bad)
 
+    @property
+    def requested_step(self) -> int | None:
+        """The step of the last save this run asked for (None: none yet)."""
+        return None if self._last_request is None else self._last_request[0]
+
     def due(self, step: int) -> bool:
         return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
 

@@ -23,7 +23,17 @@ from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
 from training.contract.errors import GristmillError
 
-FORMAT = "gristmill-shards/1"
+# The shard layout (docs/design.md, "The dataset directory"). /2, what builds write: a tar sample per
+# run of SAMPLE_DOCS consecutive documents, its `<key>.ids` their ids back to back (each with its
+# separator), metadata in the manifest only, so the documents the loader reads together are one byte
+# range, and each document's sha256 in the manifest and the index (every range read is checked).
+# /1: a sample per document (`.ids` + `.json`); still read in place, refused in a bucket (converted
+# by `gristmill data convert`).
+FORMAT = "gristmill-shards/2"
+LEGACY_FORMAT = "gristmill-shards/1"
+FORMATS = (LEGACY_FORMAT, FORMAT)
+SAMPLE_DOCS = 64  # documents per tar sample of a /2 shard (the loader's blocks are 64 documents too)
+TAR_BLOCK = 512  # tar headers and member data are 512-byte aligned
 DATASET_JSON = "dataset.json"
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
 TOKENIZER_JSON = "tokenizer.json"
@@ -48,7 +58,7 @@ RECORDED_FILES = (
     CONFIG_TOML,
 )
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
-META_EXT = "json"  # tar member `<key>.json`: source metadata
+META_EXT = "json"  # a /1 shard's tar member `<key>.json`: source metadata (/2: the manifest only)
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ SOURCE_FIELDS: tuple[SourceField, ...] = (
     SourceField("int_score", pa.int64()),
     SourceField("language", pa.string()),
     SourceField("language_score", pa.float64()),
-    SourceField("token_count", pa.int64(), manifest=False),  # in the .json member only
+    SourceField("token_count", pa.int64()),  # a /1 shard's .json member had it, not its manifest
 )
 MANIFEST_FIELDS = tuple(f for f in SOURCE_FIELDS if f.manifest)
 EXCLUDED_FIELDS = tuple(f for f in SOURCE_FIELDS if f.excluded)
@@ -104,8 +114,11 @@ SOURCE_ROW = "source_row"  # its row (parquet, from 0) or line (jsonl, from 1)
 TEXT_HASH = "text_hash"  # hex of the 128-bit hash of the normalised text (pipelines/dedup.py)
 PROVENANCE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()), (TEXT_HASH, pa.string()))
 
-# One manifest row per kept document. `offset`/`nbytes` locate the `.ids` member's data inside
-# the tar, so the loader can memory-map shards and never parse tar headers on the hot path.
+# One manifest row per kept document. `offset`/`nbytes` locate the document's ids inside the tar (its
+# `.ids` member's data under /1, its place in its sample's `.ids` under /2), so the loader can
+# memory-map shards and never parse tar headers on the hot path. DOC_SHA256 (/2): the sha256 of those
+# bytes, what every range read from a bucket is checked against.
+DOC_SHA256 = "sha256"
 MANIFEST_SCHEMA = pa.schema(
     [
         ("shard", pa.string()),  # file name under shards/
@@ -115,6 +128,7 @@ MANIFEST_SCHEMA = pa.schema(
         ("n_tokens", pa.int64()),  # tokens including the one separator
         *((f.name, f.type) for f in MANIFEST_FIELDS),
         *PROVENANCE_COLUMNS,
+        (DOC_SHA256, pa.binary(32)),
     ]
 )
 
@@ -154,6 +168,28 @@ def shard_name(task: int, index: int) -> str:
 def doc_key(task: int, index: int) -> str:
     # webdataset splits member names at the first dot, so keys never contain one.
     return f"t{task:05d}d{index:09d}"
+
+
+def sample_key(task: int, index: int) -> str:
+    """The webdataset key of a /2 shard's sample `index` of task `task` (unique in the dataset)."""
+    return f"t{task:05d}s{index:07d}"
+
+
+def layout_offsets(nbytes: np.ndarray) -> np.ndarray:
+    """Where a /2 shard puts its documents, from their byte lengths alone (in shard order): the data
+    offset of each inside the tar. Samples of SAMPLE_DOCS documents follow each other, each a 512-byte
+    header then its documents back to back, padded to 512 bytes. The writer lays shards out so; the
+    index derivation checks the manifest against it; a bucket's reader computes byte ranges with it
+    (the per-document offsets need not be fetched)."""
+    nbytes = np.asarray(nbytes, np.int64)
+    n = len(nbytes)
+    within = np.cumsum(nbytes) - nbytes  # from the shard's first document's data
+    sample = np.arange(n) // SAMPLE_DOCS
+    first = np.arange(0, n, SAMPLE_DOCS)
+    sizes = np.add.reduceat(nbytes, first) if n else np.zeros(0, np.int64)
+    padded = -(-sizes // TAR_BLOCK) * TAR_BLOCK
+    start = TAR_BLOCK * (np.arange(len(sizes)) + 1) + (np.cumsum(padded) - padded)  # each sample's data
+    return start[sample] + within - within[first][sample] if n else np.zeros(0, np.int64)
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -202,6 +238,8 @@ def fingerprint(info: dict[str, Any]) -> str:
         ident["index"] = index_hashes(info["index"])
     if "decontaminate" in info:  # the eval-task index its documents were filtered against
         ident["decontaminate"] = {k: info["decontaminate"][k] for k in ("index_sha256", "ngram")}
+    if "converted_from" in info:  # `gristmill data convert`: the same documents as that dataset
+        ident["converted_from"] = sorted(info["converted_from"]["fingerprints"])
     return json_sha256(ident, compact=False)
 
 
@@ -224,8 +262,11 @@ def fingerprint_before_index(info: dict[str, Any]) -> str | None:
 
 
 def same_data(recorded: str | None, info: dict[str, Any]) -> bool:
-    """Whether a fingerprint a run recorded is this dataset's (as built, or before `data index`)."""
-    return recorded in ({info["fingerprint"], fingerprint_before_index(info)} - {None})
+    """Whether a fingerprint a run recorded is this dataset's: as built, before `data index`, or of the
+    dataset `gristmill data convert` rewrote into this one (the same documents in the same rows, so the
+    same batches; the fingerprint covers that record, so it cannot be edited in)."""
+    converted = set((info.get("converted_from") or {}).get("fingerprints", ()))
+    return recorded in ({info["fingerprint"], fingerprint_before_index(info)} | converted) - {None}
 
 
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
@@ -248,9 +289,10 @@ def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
         raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
     if not isinstance(info, dict):
         raise DatasetError(f"{path} is not a JSON object; rebuild the dataset")
-    if info.get("format") != FORMAT:
+    if info.get("format") not in FORMATS:
         raise DatasetError(
-            f"{path}: format {info.get('format')!r} is not {FORMAT!r}; rebuild with this version"
+            f"{path}: format {info.get('format')!r} is not one of {', '.join(map(repr, FORMATS))}; rebuild "
+            "with this version"
         )
     if info.get("status") != "complete":
         raise DatasetError(

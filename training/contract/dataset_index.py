@@ -5,6 +5,9 @@
                            member's data inside its shard
     index/shard_rows.bin   uint64, one per shard (dataset.json's sorted names) plus one: the shard's
                            first manifest row; shard s holds rows [shard_rows[s], shard_rows[s+1])
+    index/doc_sha256.bin   32 bytes per row (a gristmill-shards/2 dataset, index format /2): the
+                           sha256 of the document's ids, what a bucket's range reads are checked
+                           against (read by range, with the documents that need it)
 
 dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
 covers those hashes. The arrays are derived from the manifest alone (`derive_index`), so the
@@ -30,18 +33,39 @@ import pyarrow.parquet as pq
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    DOC_SHA256,
+    FORMAT,
     INDEX_DIR,
     DatasetError,
     file_sha256,
+    layout_offsets,
     manifest_files,
     numpy_dtype,
 )
 
-INDEX_FORMAT = "gristmill-index/1"
+LEGACY_INDEX_FORMAT = "gristmill-index/1"  # a gristmill-shards/1 dataset's: no per-document sha256
+INDEX_FORMAT = "gristmill-index/2"
 DOC_TOKENS = "doc_tokens.bin"
 DOC_OFFSETS = "doc_offsets.bin"
 SHARD_ROWS = "shard_rows.bin"
-_DTYPES = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}  # dataset.json name → on disk
+DOC_HASHES = "doc_sha256.bin"
+HASH_BYTES = 32
+# dataset.json name → on disk; "sha256": HASH_BYTES raw bytes per row
+_DTYPES = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8"), "sha256": np.dtype(("V", HASH_BYTES))}
+
+
+def index_format(info: dict[str, Any]) -> str:
+    """The index format a dataset of dataset.json `info` has: /2 (with the per-document sha256) for the
+    current shard layout, /1 for the legacy one."""
+    return INDEX_FORMAT if info["format"] == FORMAT else LEGACY_INDEX_FORMAT
+
+
+def index_files(info: dict[str, Any]) -> tuple[str, ...]:
+    """The files of the index of a dataset of dataset.json `info`."""
+    base = (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS)
+    return base + (DOC_HASHES,) if index_format(info) == INDEX_FORMAT else base
+
+
 _TMP = INDEX_DIR + ".tmp"  # built here, then renamed over index/ (validate flags it if left over)
 
 
@@ -51,7 +75,8 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     Checks what the loader relies on and raises DatasetError naming the manifest otherwise: every
     row names a listed shard, rows of one shard are contiguous and shards come in name order,
     n_tokens in (0, 2³²), nbytes = n_tokens × itemsize, the member lies inside its shard, and the
-    totals equal dataset.json's documents / tokens.
+    totals equal dataset.json's documents / tokens; for a gristmill-shards/2 dataset also that each
+    shard's offsets are the layout's (dataset_format.layout_offsets) and every row has its sha256.
     """
     root = Path(root)
     names = sorted(info["shard_files"])
@@ -61,12 +86,14 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     value_set = pa.array(names, pa.string())
     per_shard = np.zeros(len(names), np.int64)
     last_shard, rows, tokens = -1, 0, 0
+    hashed = index_format(info) == INDEX_FORMAT
     files = manifest_files(root)
     if not files:
         raise DatasetError(f"{root / 'manifest'} holds no *.parquet files; rebuild the dataset")
     for path in files:
         try:
-            t = pq.read_table(path, columns=["shard", "offset", "nbytes", "n_tokens"])
+            cols = ["shard", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if hashed else [])
+            t = pq.read_table(path, columns=cols)
         except (pa.ArrowInvalid, KeyError, OSError) as e:
             raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
         shard = pc.index_in(t.column("shard"), value_set=value_set)
@@ -95,12 +122,26 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
                 f"{path}: rows with n_tokens ≤ 0, nbytes ≠ n_tokens × {itemsize}, or an .ids member "
                 "beyond its shard's end; the manifest does not describe these shards — rebuild"
             )
+        if hashed:
+            starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+            for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
+                if shard[a] == last_shard or not np.array_equal(offset[a:b], layout_offsets(nbytes[a:b])):
+                    raise DatasetError(
+                        f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {FORMAT} shard "
+                        "lays out its documents (a sample per 64, back to back): the manifest does not "
+                        "describe these shards — rebuild"
+                    )
+            sha = t.column(DOC_SHA256)
+            if sha.null_count:
+                raise DatasetError(f"{path}: rows without a {DOC_SHA256}; rebuild the dataset")
         last_shard = int(shard[-1])
         per_shard += np.bincount(shard, minlength=len(names))
         rows += len(ntok)
         tokens += int(ntok.sum())
         yield DOC_TOKENS, ntok.astype("<u4")
         yield DOC_OFFSETS, offset.astype(offset_dtype)
+        if hashed:
+            yield DOC_HASHES, _hash_rows(sha)
     if (rows, tokens) != (info.get("documents"), info.get("tokens")):
         raise DatasetError(
             f"{root}: the manifests hold {rows} documents / {tokens} tokens but {DATASET_JSON} records "
@@ -109,6 +150,13 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     first = np.zeros(len(names) + 1, "<u8")
     np.cumsum(per_shard, out=first[1:])
     yield SHARD_ROWS, first
+
+
+def _hash_rows(column: pa.ChunkedArray) -> np.ndarray:
+    """A manifest's binary(32) sha256 column as one HASH_BYTES-byte record per row."""
+    dtype = _DTYPES["sha256"]
+    parts = [np.frombuffer(c.buffers()[1], dtype, len(c), c.offset * HASH_BYTES) for c in column.chunks]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
 
 
 def shard_rows_of(info: dict[str, Any]) -> np.ndarray | None:
@@ -129,7 +177,7 @@ def offsets_dtype(info: dict[str, Any]) -> np.dtype:
     return np.dtype("<u4") if biggest < 1 << 32 else np.dtype("<u8")
 
 
-def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None) -> dict[str, Any]:
+def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: str) -> dict[str, Any]:
     """Hash (and, with `out`, write) the derived arrays; returns dataset.json's "index" entry."""
     files: dict[str, dict[str, Any]] = {}
     hashes: dict[str, Any] = {}
@@ -155,7 +203,7 @@ def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None) -> dic
             f.close()
     for name, h in hashes.items():
         files[name]["sha256"] = h.hexdigest()
-    return {"format": INDEX_FORMAT, "files": files}
+    return {"format": fmt, "files": files}
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -175,7 +223,7 @@ def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(old, ignore_errors=True)  # left by a crash between the two renames below
     try:
         tmp.mkdir()
-        entry = _describe(derive_index(root, info), tmp)
+        entry = _describe(derive_index(root, info), tmp, index_format(info))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -202,18 +250,21 @@ def damaged_files(root: str | Path, entry: dict[str, Any]) -> dict[str, str]:
 
 def expected_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     """The "index" entry the manifest implies (hashes only, nothing written): for validation."""
-    return _describe(derive_index(root, info), None)
+    return _describe(derive_index(root, info), None, index_format(info))
 
 
 class DocIndex:
     """The index of a dataset, memory-mapped read-only.
 
-    `tokens[row]`, `offsets[row]` are per manifest row; `shard_of(rows)` uses the per-shard table.
-    Opening checks the files against dataset.json's sizes and the shard table's shape (cheap);
-    the hashes are `gristmill data validate`'s job.
+    `tokens[row]` is per manifest row, `offsets_of(rows)` where the rows' ids lie in their shards,
+    `shard_of(rows)` uses the per-shard table. Opening checks the files against dataset.json's sizes
+    and the shard table's shape (cheap); the hashes are `gristmill data validate`'s job (and a
+    bucket's copy's, when it is fetched). `with_offsets=False` (a bucket's dataset: the per-document
+    offsets are not fetched) computes a gristmill-shards/2 shard's offsets from its rows' lengths by
+    its layout (dataset_format.layout_offsets), a shard at a time.
     """
 
-    def __init__(self, root: str | Path, info: dict[str, Any]):
+    def __init__(self, root: str | Path, info: dict[str, Any], *, with_offsets: bool = True):
         root = Path(root)
         where = root / DATASET_JSON
         entry = info.get("index")
@@ -223,13 +274,14 @@ class DocIndex:
                 f"read one; run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates "
                 "dataset.json; runs that trained on this dataset resume unchanged)"
             )
-        if entry.get("format") != INDEX_FORMAT:
+        if entry.get("format") != index_format(info):
             raise DatasetError(
-                f"{where}: index format {entry.get('format')!r} is not {INDEX_FORMAT!r}; rerun "
+                f"{where}: index format {entry.get('format')!r} is not {index_format(info)!r}; rerun "
                 f"`gristmill data index {root}`"
             )
+        self.itemsize = numpy_dtype(info["dtype"]).itemsize
         self._files: dict[str, tuple[Path, np.dtype]] = {}
-        for name in (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS):
+        for name in (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS) if with_offsets else (DOC_TOKENS, SHARD_ROWS):
             spec = entry["files"].get(name)
             path = root / INDEX_DIR / name
             if spec is None:
@@ -251,10 +303,11 @@ class DocIndex:
             self._files[name] = (path, _DTYPES[spec["dtype"]])
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
+        self._layout: dict[int, np.ndarray] = {}  # shard → its rows' offsets (with_offsets=False)
         n = int(info["documents"])
         if (
             len(self.tokens) != n
-            or len(self.offsets) != n
+            or (self.offsets is not None and len(self.offsets) != n)
             or len(self.shard_rows) != len(info["shard_files"]) + 1
             or self.shard_rows[0] != 0
             or self.shard_rows[-1] != n
@@ -268,13 +321,32 @@ class DocIndex:
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.shard_rows, rows, side="right") - 1
 
+    def offsets_of(self, rows: np.ndarray) -> np.ndarray:
+        """Byte offsets of rows' ids inside their shards (int64)."""
+        rows = np.asarray(rows, np.int64)
+        if self.offsets is not None:
+            return self.offsets[rows].astype(np.int64)
+        shards = self.shard_of(rows)
+        out = np.empty(len(rows), np.int64)
+        for s in np.unique(shards).tolist():
+            laid = self._layout.get(s)
+            if laid is None:
+                if len(self._layout) >= 64:  # bounded: a few shards are read at a time
+                    self._layout.pop(next(iter(self._layout)))
+                a, b = int(self.shard_rows[s]), int(self.shard_rows[s + 1])
+                nbytes = np.asarray(self.tokens[a:b], np.int64) * self.itemsize
+                laid = self._layout[s] = layout_offsets(nbytes)
+            sel = shards == s
+            out[sel] = laid[rows[sel] - int(self.shard_rows[s])]
+        return out
+
     def _map(self) -> None:
         self.tokens = _mapped(*self._files[DOC_TOKENS])
-        self.offsets = _mapped(*self._files[DOC_OFFSETS])
+        self.offsets = _mapped(*self._files[DOC_OFFSETS]) if DOC_OFFSETS in self._files else None
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("tokens", "offsets")}
+        return {**{k: v for k, v in self.__dict__.items() if k not in ("tokens", "offsets")}, "_layout": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -14,7 +14,7 @@ training/): `training/` imports without it, and a machine that trains on local d
 Integrity is ours, not the transport's: botocore ≥ 1.36 adds CRC checksums to every request by
 default, which several S3-compatible stores reject, so requests carry only what the operation
 requires (`when_required`), uploads carry Content-MD5 (every store checks it), and what is read is
-checked against the sha256 dataset.json records before it is used (training/data/shard_cache.py).
+checked against the sha256 the dataset records before it is used (training/data/block_cache.py).
 
 Retries: a throttled (503 SlowDown), failed (5xx), reset or cut-off request is retried with bounded
 exponential backoff, up to ATTEMPTS tries; a cut-off download resumes with a range request. Every
@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import mmap
 import multiprocessing
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -206,16 +208,27 @@ def endpoint() -> str:
 class ObjectStore:
     """The objects under one s3:// URL. Every method is one request per attempt (a listing: per page)."""
 
-    def __init__(self, url: str | ObjectURL, *, attempts: int = ATTEMPTS, counts: Counts = COUNTS):
+    def __init__(
+        self,
+        url: str | ObjectURL,
+        *,
+        attempts: int = ATTEMPTS,
+        retry_for_s: float | None = None,
+        counts: Counts = COUNTS,
+    ):
+        """`attempts` tries per request (a refused connection: CONNECT_ATTEMPTS), or with `retry_for_s`
+        as many as fit that many seconds, refused connections included (a training's fetches: an
+        endpoint down for a while is waited out, up to data.fetch_timeout_s)."""
         self.url = url if isinstance(url, ObjectURL) else ObjectURL.parse(url)
         self.attempts = attempts
+        self.retry_for_s = retry_for_s
         self.counts = counts
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "attempts": self.attempts}
+        return {"url": self.url, "attempts": self.attempts, "retry_for_s": self.retry_for_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["url"], attempts=state["attempts"])
+        self.__init__(state["url"], attempts=state["attempts"], retry_for_s=state["retry_for_s"])
 
     # ----------------------------------------------------------------------------------------
     # requests, each retried on transient failures
@@ -223,24 +236,39 @@ class ObjectStore:
     def _call(self, what: str, rel: str | None, fn: Callable[[Any], T]) -> T:
         """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object)."""
         _, exc = _botocore()
-        for attempt in range(self.attempts):
+        deadline = None if self.retry_for_s is None else time.monotonic() + self.retry_for_s
+        for attempt in itertools.count():
             self.counts.add("requests")
+            wait = backoff(attempt)
             try:
                 return fn(_client())
             except exc.ClientError as e:
-                if not self._transient_code(e) or attempt + 1 == self.attempts:
+                last = e if self._transient_code(e) else None
+                if last is None or (deadline is None and attempt + 1 == self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
                 exc.HTTPClientError,
                 exc.ConnectionError,
                 exc.IncompleteReadError,
             ) as e:  # reset, cut, refused
+                last = e
                 refused = isinstance(e, exc.EndpointConnectionError)
-                if attempt + 1 == (min(self.attempts, CONNECT_ATTEMPTS) if refused else self.attempts):
+                tries = min(self.attempts, CONNECT_ATTEMPTS) if refused else self.attempts
+                if deadline is None and attempt + 1 == tries:
                     raise self._error(what, rel, e, attempt + 1) from None
+            if deadline is not None and time.monotonic() + wait > deadline:
+                raise self._error(what, rel, last, attempt + 1, self.retry_for_s) from None
             self.counts.add("retries")
-            time.sleep(backoff(attempt))
+            time.sleep(wait)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _cause(e: Exception) -> str:
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            err = response.get("Error", {})
+            return f"{err.get('Code', '')}: {err.get('Message', '')}".strip(": ")
+        return str(e)
 
     @staticmethod
     def _transient_code(e: Any) -> bool:
@@ -248,9 +276,17 @@ class ObjectStore:
         code = e.response.get("Error", {}).get("Code", "")
         return status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout", "RequestTimeTooSkewed")
 
-    def _error(self, what: str, rel: str | None, e: Exception, tries: int) -> ObjectStoreError:
+    def _error(
+        self, what: str, rel: str | None, e: Exception, tries: int, seconds: float | None = None
+    ) -> ObjectStoreError:
         _, exc = _botocore()
         where = self.url.child(rel) if rel else str(self.url)
+        if seconds is not None:  # a training's fetch that kept failing for data.fetch_timeout_s
+            return ObjectStoreError(
+                f"{where}: {what} kept failing for {seconds:g} s ({tries} tries, data.fetch_timeout_s), last "
+                f"with {self._cause(e)}; check the store and the network (AWS_ENDPOINT_URL = {endpoint()}), "
+                "then resume the run (--resume auto), or raise data.fetch_timeout_s"
+            )
         if isinstance(e, exc.ClientError):
             code = e.response.get("Error", {}).get("Code", "")
             status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
@@ -328,15 +364,57 @@ class ObjectStore:
             self._call("GET", rel, fetch)
         return h.hexdigest()
 
+    def get_range(self, rel: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of object `rel`: one range GET; an attempt cut off mid-body continues from
+        the byte reached. What comes back is unverified: the caller checks it against its hashes."""
+        got = bytearray()
+
+        def fetch(c):
+            at = start + len(got)
+            resp = c.get_object(Bucket=self.url.bucket, Key=self.url.key(rel), Range=f"bytes={at}-{end - 1}")
+            if resp.get("ContentRange") is None and at > 0:  # a store that ignores ranges: not one we read
+                raise ObjectStoreError(f"{self.url.child(rel)}: the store ignored a range request")
+            for block in resp["Body"].iter_chunks(CHUNK):
+                got.extend(block)
+                self.counts.add("bytes", len(block))
+            if start + len(got) < end:
+                raise _short_read_error(self.url.child(rel), len(got), end - start)
+
+        if end > start:
+            self._call("GET range", rel, fetch)
+        return bytes(got[: end - start])
+
     def head(self, rel: str) -> dict[str, Any] | None:
-        """{"bytes", "sha256" (our metadata, None if absent)} of object `rel`, None if there is none."""
+        """{"bytes", "etag", "sha256" (our metadata: a claim, not the content)} of object `rel`, None
+        if there is none."""
         try:
             r = self._call(
                 "HEAD", rel, lambda c: c.head_object(Bucket=self.url.bucket, Key=self.url.key(rel))
             )
         except ObjectMissing:
             return None
-        return {"bytes": r["ContentLength"], "sha256": r.get("Metadata", {}).get("sha256")}
+        return {
+            "bytes": r["ContentLength"],
+            "etag": r.get("ETag", "").strip('"'),
+            "sha256": r.get("Metadata", {}).get("sha256"),
+        }
+
+    def holds(self, rel: str, path: Path) -> bool:
+        """Whether object `rel` has the content of file `path`, by the content, never by the sha256 our
+        metadata claims (an object replaced with other bytes may keep it): the store's ETag of a single
+        PUT is the MD5 of the bytes it stored, compared with the file's; another ETag (a multipart
+        upload, an encrypting store) means downloading the object and comparing sha256."""
+        head = self.head(rel)
+        if head is None or head["bytes"] != path.stat().st_size:
+            return False
+        if re.fullmatch(r"[0-9a-f]{32}", head["etag"]):
+            return head["etag"] == _file_digest(path, hashlib.md5)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
+        try:
+            got = self.download(rel, tmp, head["bytes"])
+        finally:
+            tmp.unlink(missing_ok=True)
+        return got == _file_digest(path, hashlib.sha256)
 
     def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
@@ -371,6 +449,10 @@ class ObjectStore:
         self._call("PUT", rel, put)
         return sha.hexdigest()
 
+    def delete(self, rel: str) -> None:
+        """Remove object `rel` (gone already: nothing to do)."""
+        self._call("DELETE", rel, lambda c: c.delete_object(Bucket=self.url.bucket, Key=self.url.key(rel)))
+
     def list(self, rel_prefix: str = "") -> dict[str, int]:
         """{path inside the dataset: bytes} of every object under the URL (and `rel_prefix`)."""
         out: dict[str, int] = {}
@@ -403,6 +485,14 @@ class ObjectStore:
             None,
             lambda c: c.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload_id),
         )
+
+
+def _file_digest(path: Path, algorithm) -> str:
+    h = algorithm()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
 
 
 def backoff(attempt: int) -> float:

@@ -14,7 +14,8 @@
 - loader.py   `TokenLoader`: the plan's steps read and cut into this rank's micro-batches
 - remote.py   a dataset in an s3:// bucket read through its copy in the cache: dataset.json fetched at
               each open, every other file on need, each checked by sha256 before it gets its name
-- shard_cache.py  shards read in place (local) or through the node's bounded, shared, verified
-              cache, fetched ahead in the plan's order (`Prefetcher`)
+- block_cache.py  a bucket's dataset read by range: the loader's blocks fetched in the plan's order
+              (`Prefetcher`) into the node's bounded, shared cache, every document checked by sha256
+              whenever it is read
 - inspect.py  `gristmill data inspect`: what the model saw at a step, rebuilt from the config
 """

@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,9 @@ from training.contract.dataset_format import same_data
 from training.contract.errors import GristmillError
 from training.data import order as epoch_order
 from training.data import plan as data_plan
+from training.data.block_cache import MAX_AHEAD_STEPS, CachedBlocks, Prefetcher, check_room
 from training.data.reader import DocumentTable, check_separators
 from training.data.remote import CacheSettings
-from training.data.shard_cache import CachedShards, Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -98,24 +99,54 @@ class BatchBuilder:
         return {**self.__dict__, "_orders": {}}
 
     def global_view(self) -> BatchBuilder:
-        """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own:
-        the shard prefetcher's, in its own thread (training/data/shard_cache.py)."""
+        """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own."""
+        return self.node_view(self.world_size)
+
+    def node_view(self, local_world_size: int) -> BatchBuilder:
+        """A copy that builds the slots of every rank on this rank's node (torchrun numbers a node's
+        ranks consecutively: node k holds ranks k·L … k·L+L-1, whose slots are contiguous), with an
+        order cache of its own: the block prefetcher's, in its own thread (block_cache.py); the
+        node's cache fetches what its ranks read, not what other nodes' ranks do."""
         view = copy.copy(self)
-        view.rank, view.world_size, view._orders = 0, 1, {}
+        nodes = max(1, self.world_size // max(1, local_world_size))
+        view.rank, view.world_size, view._orders = self.rank * nodes // self.world_size, nodes, {}
         return view
 
-    def shards_read(self, step: int) -> list[tuple[int, int]]:
-        """(source, shard) pairs this builder's slots of step `step` read, each source's in the order
-        it first reads them (of every rank's slots, on a global_view)."""
+    def units_read(self, step: int) -> list[tuple[int, int]]:
+        """(source, cache unit) pairs this builder's slots of step `step` read from sources in a bucket,
+        each source's in the order it first reads them (of every rank's slots, on a global_view): what
+        their caches fetch (training/data/block_cache.py)."""
         src, docs, _, _ = self.segments(step)
         out: dict[tuple[int, int], None] = {}
         for i in np.unique(src).tolist():
-            sel = src == i
-            shards = self.tables[i].index.shard_of(docs[sel])
-            _, first = np.unique(shards, return_index=True)
-            for k in shards[np.sort(first)].tolist():
-                out[(i, k)] = None
+            cache = self.tables[i].cache
+            if cache is None:
+                continue
+            units = cache.units_of_rows(docs[src == i])
+            _, first = np.unique(units, return_index=True)
+            for u in units[np.sort(first)].tolist():
+                out[(i, u)] = None
         return list(out)
+
+    def groups_read(self, step: int) -> set[tuple[int, int]]:
+        """(source, cache unit) pairs of every epoch group step `step` reads from a source in a bucket
+        (of every rank's slots, on a global_view): a block is read until its group ends, so the cache
+        keeps them."""
+        labels, epochs, first = self.plan.step_windows(step)
+        window = self.plan.phases[self.plan.locate(step)[0]].seq_len + 1
+        out: set[tuple[int, int]] = set()
+        for i, ep in {(int(a), int(b)) for a, b in zip(labels.tolist(), epochs.tolist())}:
+            cache = self.tables[i].cache
+            if cache is None:
+                continue
+            order = self.order(ep, i)
+            sel = (labels == i) & (epochs == ep)
+            lo, hi = int(first[sel].min()), int(first[sel].max()) + window - 1
+            g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (lo, hi))
+            gb = order.group_blocks
+            blocks = order.block_order[g0 * gb : (g1 + 1) * gb]
+            out.update((i, int(u)) for u in cache.units_of_blocks(blocks))
+        return out
 
     def order(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
         hit = self._orders.get((source, epoch))
@@ -345,6 +376,11 @@ class TokenLoader:
         return epoch_order.epoch_steps(self.plan.sources[0].tokens, ph.seq_len, ph.global_batch)
 
     @property
+    def reads_buckets(self) -> bool:
+        """Whether a source is read from a bucket (its fetches may fail on one rank alone)."""
+        return any(t.cache is not None for t in self._builder.tables)
+
+    @property
     def builder(self) -> BatchBuilder:
         return self._builder
 
@@ -424,11 +460,35 @@ class TokenLoader:
                 prefetcher.close()
 
     def _prefetcher(self) -> Prefetcher | None:
-        """For sources in a bucket: their shards fetched ahead in the plan's order (shard_cache.py)."""
-        caches = [t.shards if isinstance(t.shards, CachedShards) else None for t in self._builder.tables]
+        """For sources in a bucket: their blocks fetched ahead in the plan's order (block_cache.py)."""
+        caches = [t.cache for t in self._builder.tables]
         if not any(caches):
             return None
-        return Prefetcher(caches, self._builder.global_view().shards_read, self._step, self.plan.total_steps)
+        view = self._node_view()
+        return Prefetcher(caches, view.units_read, view.groups_read, self._step, self.plan.total_steps)
+
+    def _node_view(self) -> BatchBuilder:
+        """The builder of this node's ranks' slots (torchrun sets LOCAL_WORLD_SIZE; unset: one node)."""
+        return self._builder.node_view(int(os.environ.get("LOCAL_WORLD_SIZE", self._builder.world_size)))
+
+    def cache_need(self) -> list[tuple[CachedBlocks, int]]:
+        """(cache, bytes) per source in a bucket: the most its cache keeps at once for this loader from
+        its current step. A plan that ends within MAX_AHEAD_STEPS (validation's few batches): the units
+        its remaining steps read; otherwise the source's epoch groups (CachedBlocks.group_need) for the
+        most tokens a step of the plan takes of it, over every phase."""
+        out = []
+        view = self._node_view()
+        total = self.plan.total_steps
+        short = total is not None and total - self._step <= MAX_AHEAD_STEPS
+        for i, t in enumerate(self._builder.tables):
+            if t.cache is None:
+                continue
+            if short:
+                units = {u for s in range(self._step, total) for j, u in view.units_read(s) if j == i}
+                out.append((t.cache, sum(t.cache.unit_bytes(u) for u in units)))
+            else:
+                out.append((t.cache, t.cache.group_need(self.plan.step_tokens(i))))
+        return out
 
 
 def dataset_loader(
@@ -443,12 +503,14 @@ def dataset_loader(
     expect_vocab_size: int | None = None,
     expect_tokenizer_sha256: str | None = None,
     cache: CacheSettings | None = None,
+    last_step: int | None = None,
     **settings: Any,
 ) -> TokenLoader:
     """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
-    without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `cache`: where a
-    bucket's dataset is cached (default: CacheSettings.of()). `settings`: TokenLoader's rank,
-    world_size, num_workers, check_separators, pin_memory."""
+    without end, or `last_step` steps; no LR), for validation, `gristmill data inspect DATASET` and tests.
+    `cache`: where a bucket's dataset is cached (default: CacheSettings.of()); one too small for what
+    the loader reads at once is refused here. `settings`: TokenLoader's rank, world_size, num_workers,
+    check_separators, pin_memory."""
     _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
     if split not in SPLITS:
         raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
@@ -487,7 +549,10 @@ def dataset_loader(
     )
     plan = data_plan.Plan(
         [data_plan.Source.of(docs, "data", max_epochs=None)],
-        [data_plan.Phase("main", None, seq_len, global_batch, (1,))],
+        [data_plan.Phase("main", last_step, seq_len, global_batch, (1,))],
         seed,
     )
-    return TokenLoader(plan, [docs], micro_batch=micro_batch, **settings)
+    loader = TokenLoader(plan, [docs], micro_batch=micro_batch, **settings)
+    if docs.cache is not None:
+        check_room(loader.cache_need(), docs.cache.cache)
+    return loader

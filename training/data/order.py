@@ -359,6 +359,21 @@ class DocBlocks:
         )
         return cand[~heldout_rows(cand, self.val_fraction)]
 
+    def val_docs(self, rows: np.ndarray) -> np.ndarray:
+        """The held-out split's document numbers of manifest rows `rows` (each a row of this split)."""
+        if self._val_rows is None:
+            raise ValueError("val_docs is the held-out split's")
+        return np.searchsorted(self._val_rows, np.asarray(rows, np.int64))
+
+    def block_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The blocks holding manifest rows `rows` (each a row of this split)."""
+        rows = np.asarray(rows, np.int64)
+        if self._val_rows is not None:  # the held-out split: its documents are its own list's entries
+            return np.searchsorted(self._val_rows, rows) // self.block_docs
+        if self._first_row is None:
+            return rows // self.block_docs
+        return np.searchsorted(self._first_row, rows, side="right") - 1
+
     def doc_rows(self, docs: np.ndarray) -> np.ndarray:
         """Manifest rows of split documents `docs` (indices in the split's manifest order)."""
         docs = np.asarray(docs, np.int64)

@@ -190,6 +190,12 @@ class Plan:
                     )
         self._start: list[list[tuple[int, int]]] = []  # per phase, per source: (epoch, offset)
 
+    def step_tokens(self, i: int) -> int:
+        """The most stream tokens one step of the plan takes of source i, over its phases."""
+        return max(
+            -(-ph.global_batch * ph.weights[i] // sum(ph.weights)) * (ph.seq_len + 1) for ph in self.phases
+        )
+
     # -- where a global step is --
     def locate(self, step: int) -> tuple[int, int]:
         """(phase index, step within the phase) of 0-based global step `step`."""

@@ -23,7 +23,9 @@ import numpy as np
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    FORMAT,
     IDS_EXT,
+    SAMPLE_DOCS,
     SHARDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
@@ -32,12 +34,12 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
-from training.contract.dataset_index import INDEX_DIR, DocIndex
+from training.contract.dataset_index import DOC_TOKENS, INDEX_DIR, SHARD_ROWS, DocIndex
 from training.contract.object_store import is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
-from training.data.remote import CacheSettings, describe, ensure, local_root
-from training.data.shard_cache import shard_source
+from training.data.block_cache import block_source, refuse_legacy
+from training.data.remote import CacheSettings, describe, ensure, local_root, origin
 
 MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
 
@@ -96,14 +98,17 @@ class DocumentTable:
         self.vocab_size = int(info["vocab_size"])
         self.separator_position = info["separator"]["position"]
         self.shard_names = sorted(info["shard_files"])
-        # Shards in place are checked cheaply here (sizes; sample tar headers below); a cached shard
-        # is checked whole, against its sha256, when it is fetched.
-        self.shards = shard_source(self.root, info, cache)
-        if self.shards.in_place:
+        # A dataset in place is checked cheaply here (shard sizes; sample tar headers below); a bucket's
+        # is read by range, every document checked against its sha256 whenever it is read
+        # (training/data/block_cache.py), so only the lengths the order needs are fetched now.
+        self.in_place = origin(self.root) is None
+        if not self.in_place and info["format"] != FORMAT:
+            raise refuse_legacy(self.location)
+        if self.in_place:
             self._check_shard_sizes()
         if "index" in info:
-            ensure(self.root, [f"{INDEX_DIR}/{name}" for name in sorted(info["index"]["files"])])
-        self.index = DocIndex(self.root, info)
+            ensure(self.root, [f"{INDEX_DIR}/{name}" for name in (DOC_TOKENS, SHARD_ROWS)])
+        self.index = DocIndex(self.root, info, with_offsets=self.in_place)
         self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
         # The split's block table, shared between the processes of a node (training/data/cache.py).
         self.blocks = epoch_order.DocBlocks.shared(
@@ -120,12 +125,12 @@ class DocumentTable:
                 f"{self.root}` says which (rebuild the dataset, or rerun `gristmill data index` for a "
                 "damaged index)"
             )
-        if self.shards.in_place:
+        if self.in_place:
             self._check_members()
+        self.cache = block_source(self.root, info, self.index, self.blocks, cache)
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
-        self._downloads = self.shards.downloads
 
     def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
@@ -145,20 +150,24 @@ class DocumentTable:
                 )
 
     def _check_members(self) -> None:
-        """Spot-check the tar header of each shard's first and last `.ids` member in the index.
+        """Spot-check the tar header of each shard's first and last sample in the index.
 
-        Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its members rarely keep
+        Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its samples rarely keep
         their places too. Two 512-byte reads per shard; the sha256 of every shard is `gristmill
-        data validate`'s job.
+        data validate`'s job. A sample is SAMPLE_DOCS documents (one under the legacy layout).
         """
+        per = SAMPLE_DOCS if self.info["format"] == FORMAT else 1
         first, end = self.index.shard_rows[:-1], self.index.shard_rows[1:]
         nonempty = np.flatnonzero(end > first)
+        last = first + (end - 1 - first) // per * per  # the first row of each shard's last sample
         for s, row in zip(
             np.concatenate([nonempty, nonempty]).tolist(),
-            np.concatenate([first[nonempty], end[nonempty] - 1]).tolist(),
+            np.concatenate([first[nonempty], last[nonempty]]).tolist(),
         ):
             path = self.root / SHARDS_DIR / self.shard_names[s]
-            offset, nbytes = int(self.index.offsets[row]), int(self.lengths[row]) * self.dtype.itemsize
+            rows = np.arange(row, min(row + per, int(end[s])))
+            offset = int(self.index.offsets_of(rows[:1])[0])
+            nbytes = int(self.lengths[rows].sum()) * self.dtype.itemsize
             with open(path, "rb") as f:
                 f.seek(max(offset - 512, 0))
                 header = f.read(512)
@@ -190,21 +199,11 @@ class DocumentTable:
     def _map(self, shard: int) -> np.ndarray:
         """Shard `shard` as a read-only token array over its memory map (the tar's members are
         512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
-        if self.shards.downloads != self._downloads:  # a download here may have evicted mapped shards:
-            self._downloads = self.shards.downloads  # let go of those, so their disk space returns
-            for gone in [s for s in self._maps if not self.shards.path(s).exists()]:
-                del self._maps[gone]
         m = self._maps.get(shard)
         if m is None:
             if len(self._maps) >= MAX_OPEN_SHARDS:
                 self._maps.popitem(last=False)
-            path = self.shards.path(shard)
-            try:
-                f = open(path, "rb")
-            except FileNotFoundError:  # a bucket's shard not in the cache (yet, or any more): fetched
-                self.shards.fetch(shard)
-                f = open(path, "rb")
-            with f:
+            with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
             self._maps[shard] = m
@@ -220,12 +219,16 @@ class DocumentTable:
         out: np.ndarray | None = None,
         at: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Tokens of the pieces (manifest row, first token, count), copied out of the maps: one after
-        the other into a new array, or piece k into `out[at[k] : at[k] + counts[k]]` (a batch whose
-        pieces of several sources interleave: each source writes its own in place)."""
+        """Tokens of the pieces (manifest row, first token, count), copied out of the shards' maps (a
+        bucket's: out of the cache's blocks): one after the other into a new array, or piece k into
+        `out[at[k] : at[k] + counts[k]]` (a batch whose pieces of several sources interleave: each
+        source writes its own in place)."""
         if out is None:
             out = np.empty(int(counts.sum()), self.dtype)
             at = np.cumsum(counts) - counts
+        if self.cache is not None:
+            self.cache.read_into(docs, starts, counts, out, at)
+            return out
         first = self.index.offsets[docs].astype(np.int64) // self.dtype.itemsize + starts
         shards = self.index.shard_of(docs).tolist()
         maps: dict[int, np.ndarray] = {}  # the batch's shards, looked up once each
@@ -241,9 +244,11 @@ class DocumentTable:
         return self.read(np.array([row]), np.array([0]), self.lengths[row : row + 1].astype(np.int64))
 
     def _locate(self, doc: int) -> str:
+        if self.cache is not None:
+            return self.cache.locate(doc)
         return (
             f"manifest row {doc} (shards/{self.shard_names[int(self.index.shard_of(doc))]}, "
-            f".ids at byte {int(self.index.offsets[doc])})"
+            f"ids at byte {int(self.index.offsets_of(np.array([doc]))[0])})"
         )
 
     def check_separators(

@@ -23,6 +23,7 @@ from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
+from training.data.block_cache import check_room
 from training.data.reader import DocumentTable
 from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot
@@ -154,26 +155,27 @@ def open_plan(
     is a PlanError before any work); the notes are recipe_notes and the supply's."""
     tables = open_sources(spec, expect_vocab_size)
     plan = build_plan(cfg, spec, tables)
-    return plan, tables, recipe_notes(cfg, spec, tables) + plan.check_supply()
+    return plan, tables, recipe_notes(cfg, spec, tables, plan) + plan.check_supply()
 
 
-def recipe_notes(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
+def recipe_notes(
+    cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan
+) -> list[str]:
     """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache."""
-    return mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables)
+    return mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables, plan)
 
 
-def cache_notes(spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
-    """A line when the sources in buckets hold more shard bytes than data.cache_gb: the epoch order
-    permutes blocks of documents over the whole dataset, so every group of steps reads from nearly
-    every shard, and a cache that cannot hold them all fetches some again."""
-    remote = [t for t in tables if not t.shards.in_place]
-    need = sum(f["bytes"] for t in remote for f in t.info["shard_files"].values())
-    if not remote or spec.cache is None or need <= spec.cache.max_bytes:
+def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
+    """Refuse (DatasetError) a data.cache_gb below the working set the plan's training reads from
+    buckets at once (block_cache.check_room: every phase and batch, any epoch; the trainer checks it
+    again with its validation loaders); a line saying what it is otherwise."""
+    needs = [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
+    if not needs:
         return []
+    check_room(needs, spec.cache)
     return [
-        f"the shards of {', '.join(t.location for t in remote)} take {need / 1e9:.3g} GB, more than "
-        f"data.cache_gb = {spec.cache.max_bytes / 1e9:g}: they are read throughout each epoch, so some "
-        f"will be fetched more than once; data.cache_gb = {math.ceil(need / 1e9 * 1.05)} fetches each once"
+        f"the bucket sources are read by range through data.cache_gb = {spec.cache.max_bytes / 1e9:g} on "
+        f"this node; the training keeps {sum(n for _, n in needs) / 1e9:.3g} GB of them at most"
     ]
 
 

@@ -6,14 +6,14 @@ dataset.json is fetched at every open (one GET: the bucket's commit point says w
 holds now), and every other file on first need (`ensure`): downloaded under a temporary name,
 checked against the sha256 dataset.json records (fetched once more if it differs, then refused in
 one line naming the object), then renamed into place, so no reader ever opens a file that is not
-the dataset's. The shards go through the bounded cache of training/data/shard_cache.py, which uses
-the same verified fetch under the same node-wide lock.
+the dataset's. The documents are read by range, a loader block at a time, through the bounded cache
+of training/data/block_cache.py, each checked against the index's per-document sha256.
 
     CACHE/                       [data] cache_dir (default ~/.cache/gristmill/datasets)
       .lock                      one download (or eviction) at a time on this node
       <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
-                                 index/, tokenizer.json, manifest/ … as needed, shards/ (bounded)
-      keep/                      what each live loader reads next (shard_cache.py)
+                                 index/, tokenizer.json, manifest/ … as needed, blocks/ (bounded)
+      keep/                      what each live loader reads next (block_cache.py)
 """
 
 from __future__ import annotations
@@ -52,11 +52,13 @@ ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local d
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
 LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
+DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
+DEFAULT_FETCH_TIMEOUT_S = 300.0  # how long a fetch keeps retrying before the run stops
 
 
 def tmp_name(name: str) -> str:
     """A download's temporary name beside `name`: `.NAME.HOST.PID.tmp` (the host without dots), so
-    that the cache can tell a dead process's leftover (shard_cache._remove_dead_tmp)."""
+    that the cache can tell a dead process's leftover (block_cache._remove_dead_tmp)."""
     return f".{name}.{host()}.{os.getpid()}.tmp"
 
 
@@ -71,15 +73,25 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class CacheSettings:
-    """Where datasets from buckets are cached on this node, and the bound on their shards' bytes."""
+    """Where datasets from buckets are cached on this node, the bound on their blocks' bytes, and how
+    they are fetched ([data] cache_dir, cache_gb, fetch_requests)."""
 
     dir: Path
     max_bytes: int
+    requests: int = DEFAULT_FETCH_REQUESTS
+    timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
 
     @classmethod
-    def of(cls, cache_dir: str = "", cache_gb: float = DEFAULT_CACHE_GB) -> CacheSettings:
-        """From `[data] cache_dir` ("" for the default) and `cache_gb`."""
-        return cls(Path(cache_dir).expanduser() if cache_dir else default_cache_dir(), int(cache_gb * 1e9))
+    def of(
+        cls,
+        cache_dir: str = "",
+        cache_gb: float = DEFAULT_CACHE_GB,
+        requests: int = DEFAULT_FETCH_REQUESTS,
+        timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
+    ) -> CacheSettings:
+        """From `[data] cache_dir` ("" for the default), `cache_gb`, `fetch_requests`, `fetch_timeout_s`."""
+        where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        return cls(where, int(cache_gb * 1e9), requests, timeout_s)
 
 
 def add_cache_argument(parser) -> None:

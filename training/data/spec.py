@@ -219,10 +219,16 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
 
 
 def cache_of(cfg: TrainConfig) -> CacheSettings:
-    """Where this run caches the shards of s3:// sources, and the bound ([data] cache_dir, cache_gb)."""
+    """Where this run caches the blocks of s3:// sources, the bound, and how they are fetched ([data]
+    cache_dir, cache_gb, fetch_requests, fetch_timeout_s)."""
     d = cfg.data
     check_number("data.cache_gb", d.cache_gb, above_zero=True)
-    cache = CacheSettings.of(d.cache_dir, d.cache_gb)
+    check_number("data.fetch_timeout_s", d.fetch_timeout_s, above_zero=True)
+    if d.fetch_requests < 1:
+        raise ConfigError(
+            f"data.fetch_requests = {d.fetch_requests} is not allowed: it must be ≥ 1", "data.fetch_requests"
+        )
+    cache = CacheSettings.of(d.cache_dir, d.cache_gb, d.fetch_requests, d.fetch_timeout_s)
     if cache.dir.exists() and not cache.dir.is_dir():
         raise ConfigError(
             f"data.cache_dir = {d.cache_dir!r} is a file, not a directory; name a directory (it is created "

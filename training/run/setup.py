@@ -36,6 +36,7 @@ from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML
+from training.data.block_cache import check_room
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
 from training.data.recipe import format_plan, open_plan
@@ -232,6 +233,9 @@ def _data(
             cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
             world_size=env.world_size, settings=settings,
         )  # fmt: skip
+    # The training's and the validation's reads from buckets share the node's cache.
+    held_out = [n for v, _ in (validation.all_loaders() if validation else []) for n in v.cache_need()]
+    check_room(loader.cache_need() + held_out, spec.cache)
     return plan, loader, validation, notes
 
 

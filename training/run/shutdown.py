@@ -77,6 +77,14 @@ class GracefulStop:
             sys.stdout.flush()
         os._exit(INTERRUPTED_EXIT)
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (a collective when distributed)."""
+        if self.group is None:
+            return flag
+        t = torch.tensor([int(flag)], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(t.item())
+
     def should_stop(self) -> str | None:
         """The signal's name on every rank if any rank received one (a collective when distributed)."""
         signum = self.received

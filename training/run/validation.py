@@ -50,6 +50,10 @@ class Validation:
         for phase in range(len(shapes) if self.sources else 0):
             self.loaders(phase)  # a held-out split too small for a phase's batch fails before any work
 
+    def all_loaders(self) -> list[tuple[TokenLoader, dict]]:
+        """Every held-out loader (with its start state), of every phase's shape."""
+        return list(self._loaders.values())
+
     def due(self, step: int) -> bool:
         return step % self.cfg.run.val_every == 0 or step == self.last_step
 
@@ -69,6 +73,7 @@ class Validation:
                     val_fraction=src.val_fraction,
                     expect_vocab_size=self.vocab_size,
                     cache=self.spec.cache,
+                    last_step=self.cfg.run.val_batches,  # the same first batches every time: all it reads
                     **self.settings,
                 )
                 self._loaders[key] = (loader, loader.state_dict())

@@ -1,0 +1,215 @@
+"""`gristmill data convert OLD NEW`: a dataset of the legacy shard layout (gristmill-shards/1, a tar sample
+per document) rewritten in the current one (gristmill-shards/2: documents back to back, a sha256
+each, what a bucket is read by range with), with the same documents in the same manifest rows.
+
+The loader's order is a function of the documents' lengths in manifest order (training/data/order.py),
+so NEW gives OLD's batches bit for bit (`gristmill data inspect --hash` equal, checked here on the
+index: the per-document token counts are the same bytes), and NEW's dataset.json records OLD's
+fingerprint (`converted_from`, covered by NEW's own), so a run trained on OLD resumes on NEW. OLD or
+NEW may be an s3:// URL: OLD's files are fetched into the cache (each checked by sha256), NEW is
+written in a local work directory and uploaded (`gristmill data upload`'s code), dataset.json last.
+NEW is validated before it counts as done. OLD is never changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from pipelines.shard_writer import ShardWriter, finalize_dataset
+from pipelines.upload import upload_dataset
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    FORMAT,
+    LEGACY_FORMAT,
+    MANIFEST_FIELDS,
+    PROVENANCE_COLUMNS,
+    RECORDED_FILES,
+    SHARDS_DIR,
+    TOKENIZER_JSON,
+    DatasetError,
+    check_fingerprint,
+    dataset_files,
+    fingerprint_before_index,
+    index_hashes,
+    manifest_files,
+    numpy_dtype,
+    read_dataset_info,
+)
+from training.contract.dataset_index import DOC_TOKENS
+from training.contract.object_store import ObjectStore, ObjectURL, is_url
+from validation.validate import format_report, validate_dataset
+
+# dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
+_DERIVED = {
+    "format", "tokenizer_sha256", "vocab_size", "dtype", "separator", "config_sha256", "documents",
+    "tokens", "shards", "shard_files", "created", "index", "files", "fingerprint", "status",
+    "fingerprint_before_index", "converted_from",
+}  # fmt: skip
+TARGET_BYTES = 256 << 20  # the build's default shard size
+
+
+def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
+    """Rewrite the legacy dataset at `old` (a directory or s3:// URL) as `new` (module docstring);
+    returns NEW's dataset.json."""
+    for where in (old, new):
+        if is_url(where):  # a wrong bucket is one line before any work
+            ObjectStore(ObjectURL.parse(where)).check_bucket()
+    if not is_url(new) and Path(new).exists() and any(Path(new).iterdir()):
+        raise DatasetError(
+            f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
+        )
+    with tempfile.TemporaryDirectory(prefix="gristmill-convert-") as work:
+        root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
+        # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
+        out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
+        shutil.rmtree(out, ignore_errors=True)
+        info = _convert(old, root, out, log)
+        if is_url(new):
+            upload_dataset(out, new, log)
+        else:
+            if Path(new).exists():
+                Path(new).rmdir()  # empty (checked above)
+            os.replace(out, new)
+        return info
+
+
+def _bucket_copy(url: str, dest: Path) -> Path:
+    """A bucket dataset's dataset.json and recorded files but its shards and index, each checked
+    against the sha256 dataset.json records (the shards are read one at a time, `_shard_bytes`)."""
+    store = ObjectStore(ObjectURL.parse(url))
+    dest.mkdir(parents=True)
+    (dest / DATASET_JSON).write_bytes(store.get(DATASET_JSON))
+    info = read_dataset_info(dest)
+    for rel, spec in dataset_files(info).items():
+        if rel.split("/")[0] in (SHARDS_DIR, "index"):
+            continue
+        data = store.get(rel)
+        if hashlib.sha256(data).hexdigest() != spec["sha256"]:
+            raise DatasetError(
+                f"{url}/{rel}: not the file {DATASET_JSON} records (its sha256 differs): damaged or "
+                "replaced; nothing was converted"
+            )
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    return dest
+
+
+def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
+    """OLD (its files, but a bucket's shards, at `root`) rewritten into the new directory `out`."""
+    info = read_dataset_info(root)
+    check_fingerprint(old, info)
+    if info["format"] == FORMAT:
+        raise DatasetError(f"{old} is already a {FORMAT} dataset: nothing to convert")
+    dtype = numpy_dtype(info["dtype"])
+    fields = [f.name for f in MANIFEST_FIELDS]
+    out.mkdir(parents=True, exist_ok=True)
+    shards = sorted(info["shard_files"])
+    done = 0
+    for path in manifest_files(root):
+        rows = pq.read_table(path).to_pylist()
+        writer = ShardWriter(out, int(path.stem), info["vocab_size"], target_bytes=TARGET_BYTES)
+        for shard, members in _by_shard(rows):
+            data = _shard_bytes(old, root, shard, info)
+            for r in members:
+                ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
+                meta = {k: r.get(k) for k in fields}
+                meta.setdefault("token_count", None)
+                if meta["token_count"] is None:  # the /1 layout kept it in the .json member only
+                    meta["token_count"] = _member_json(data, r).get("token_count")
+                provenance = {name: r.get(name) for name, _ in PROVENANCE_COLUMNS}
+                writer.add(r["key"], ids, {k: v for k, v in meta.items() if v is not None}, provenance)
+            done += 1
+            log(f"converted {shard} ({done}/{len(shards)} shards)")
+        writer.close()
+    for pattern in RECORDED_FILES:
+        for p in root.glob(pattern):
+            if p.is_file() and not p.match("manifest/*.parquet"):
+                dest = out / p.relative_to(root)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(p, dest)
+    was = [info["fingerprint"]] + (
+        [fingerprint_before_index(info)] if "fingerprint_before_index" in info else []
+    )
+    kept = {k: v for k, v in info.items() if k not in _DERIVED}
+    tokenizer = root / TOKENIZER_JSON
+    new = finalize_dataset(
+        out,
+        vocab_size=info["vocab_size"],
+        separator=info["separator"],
+        config_sha256=info["config_sha256"],
+        tokenizer_path=tokenizer if tokenizer.is_file() else None,
+        extra={**kept, "converted_from": {"format": LEGACY_FORMAT, "fingerprints": was}},
+    )
+    # The order is a function of the lengths in manifest order: the same bytes, the same batches.
+    if "index" in info and index_hashes(new["index"])[DOC_TOKENS] != index_hashes(info["index"])[DOC_TOKENS]:
+        raise DatasetError(f"{out}: the converted documents' lengths differ from {old}'s; nothing was kept")
+    report = validate_dataset(out, progress=False)
+    if not report.ok:
+        raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
+    log(
+        f"converted {old} ({LEGACY_FORMAT}) into {out} ({FORMAT}): {new['documents']:,} documents in "
+        f"{new['shards']} shards, the same batches (runs trained on it resume on this one); validated"
+    )
+    return new
+
+
+def _recorded(info: dict[str, Any], rel: str) -> bool:
+    return rel in (info.get("files") or {}) or (
+        rel == TOKENIZER_JSON and info.get("tokenizer_sha256") != "none"
+    )
+
+
+def _by_shard(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """A task's manifest rows grouped by shard, in manifest order (the build writes them so)."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for r in rows:
+        if not out or out[-1][0] != r["shard"]:
+            out.append((r["shard"], []))
+        out[-1][1].append(r)
+    return out
+
+
+def _shard_bytes(old: str, root: Path, name: str, info: dict[str, Any]) -> bytes:
+    """A shard's bytes (read in place, or a bucket's downloaded), checked against the sha256 dataset.json
+    records: what is converted is OLD as it was built."""
+    rel = f"{SHARDS_DIR}/{name}"
+    data = ObjectStore(ObjectURL.parse(old)).get(rel) if is_url(old) else (root / rel).read_bytes()
+    spec = info["shard_files"][name]
+    if len(data) != spec["bytes"] or hashlib.sha256(data).hexdigest() != spec["sha256"]:
+        where = f"{old}/{rel}" if is_url(old) else str(root / rel)
+        raise DatasetError(
+            f"{where}: not the shard {DATASET_JSON} records (size or sha256 differ): damaged or replaced "
+            f"since the build; nothing was converted (`gristmill data validate {old}` says more)"
+        )
+    return data
+
+
+def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:
+    """A /1 document's `.json` member: the tar member after its `.ids` member."""
+    start = row["offset"] + -(-row["nbytes"] // 512) * 512 + 512
+    header = data[start - 512 : start]
+    size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+    try:
+        return json.loads(data[start : start + size])
+    except ValueError:
+        return {}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("old", help=f"a {LEGACY_FORMAT} dataset: a directory or s3://BUCKET/PREFIX")
+    parser.add_argument("new", help="where the converted dataset goes: a new directory or s3://BUCKET/PREFIX")
+
+
+def run(args: argparse.Namespace) -> int:
+    convert_dataset(args.old, args.new)
+    return 0

@@ -1,0 +1,715 @@
+"""A bucket's dataset read by range: the loader's blocks, fetched in the plan's order into the node's
+bounded, verified cache (docs/object-storage.md, "Training from a bucket").
+
+The unit is the loader's block of the training split (training/data/order.py: 64 documents,
+consecutive in the manifest), the unit the epoch order moves around: in a gristmill-shards/2 shard
+those documents lie back to back, so a block is one range GET of its shard (two when it straddles
+shards) and one of the index's per-document sha256 (`index/doc_sha256.bin`), wherever the block sits
+in the dataset. The held-out split's documents lie apart (one in 1/val_fraction), so there the unit
+is the document. Its
+documents are checked against those hashes, fetched once more if one differs, then refused in one
+line naming the shard, the bytes and the block; only then is the block written into the cache, as
+`<fingerprint>/blocks/<split>/<block>.blk` (its identity, rows and hashes, then the ids). Every use
+of a cached block checks the documents it reads against the hashes again (a cached copy is a copy,
+not a proof): a copy that differs is fetched again, never trained on.
+
+`CachedBlocks` is one split's blocks (DocumentTable.blocks) of one bucket dataset; `Prefetcher` runs
+in each rank's loader, fetches the blocks the next steps read in the order they first read them, with
+several requests in flight, and publishes what its process keeps: every block of the epoch groups its
+current steps read (a group is 4,096 blocks whose documents are shuffled together, so a block is read
+until its group ends), and the blocks fetched ahead. Eviction (`make_room`) removes blocks no live
+loader keeps, least recently needed first. The cache therefore holds the loader's working set, one to
+two groups per source (`working_set_bytes`, checked against data.cache_gb before any work), whatever
+the dataset's size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.contract.atomic_write import move_into_place, write_atomic
+from training.contract.dataset_format import (
+    FORMAT,
+    LEGACY_FORMAT,
+    SHARDS_DIR,
+    DatasetError,
+)
+from training.contract.dataset_index import DOC_HASHES, HASH_BYTES, INDEX_DIR, DocIndex
+from training.contract.object_store import COUNTS, ObjectStore
+from training.data import order as epoch_order
+from training.data.order import DocBlocks
+from training.data.remote import ORIGIN, CacheSettings, host, node_lock, origin, tmp_name
+
+BLOCKS_DIR = "blocks"
+KEEP_DIR = "keep"
+BLOCK_EXT = ".blk"
+MAGIC = b"gristmill-block/1\n"
+MERGE_GAP = 64 << 10  # a block's documents up to this many bytes apart come in one range request
+LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
+MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
+USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
+EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
+LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
+MAX_OPEN_BLOCKS = 512  # cached blocks a process keeps mapped (a file descriptor each)
+
+
+_HELD: set[int] = set()  # lock files this process has open: a forked child must not hold them on
+
+
+def _release_in_child() -> None:
+    """A process forked while a fetch held a lock (DataLoader workers of another loader) closes its
+    copy, which would otherwise hold the flock for as long as the child lives."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_release_in_child)
+
+
+class _BadCopy(Exception):
+    """A cached block's document that fails its sha256 (read_into)."""
+
+    def __init__(self, unit: int, row: int):
+        self.unit, self.row = unit, row
+
+
+def refuse_legacy(location: str) -> DatasetError:
+    """Why a gristmill-shards/1 dataset is not read from a bucket, and the command that fixes it."""
+    return DatasetError(
+        f"{location} is a {LEGACY_FORMAT} dataset (a tar sample per document), which a bucket serves only "
+        f"in the {FORMAT} layout (documents back to back, a sha256 each: read by range, checked piece by "
+        f"piece): convert it with `gristmill data convert {location} NEW` (same documents, same batches; "
+        "a run trained on it resumes on NEW), then train from NEW"
+    )
+
+
+@dataclass
+class _Mapped:
+    """A cached block's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): where each of
+    its rows' ids lie, their sha256, and the ids."""
+
+    at: dict[int, int]  # manifest row → its index k in the block
+    sha: bytes  # HASH_BYTES per row
+    start: list[int]  # per row, where its ids start (in tokens); start[k + 1] where they end
+    raw: memoryview  # the ids' bytes, for hashing
+    ids: np.ndarray  # the ids, over the same map
+
+
+class CachedBlocks:
+    """One split's blocks (`blocks`) of the bucket dataset opened at `root` (remote.local_root), read
+    through the node's cache (module docstring)."""
+
+    def __init__(
+        self, root: Path, info: dict[str, Any], index: DocIndex, blocks: DocBlocks, cache: CacheSettings
+    ):
+        self.root, self.info, self.index, self.blocks, self.cache = root, info, index, blocks, cache
+        self.url = origin(root)
+        self.store = ObjectStore(self.url, retry_for_s=cache.timeout_s)
+        self.itemsize = index.itemsize
+        self.dtype = np.dtype(f"<u{self.itemsize}")
+        self.names = sorted(info["shard_files"])
+        self.tag = f"{blocks.split}-vf{blocks.val_fraction!r}-b{blocks.block_docs}"
+        self.dir = root / BLOCKS_DIR / self.tag
+        # The held-out split's documents lie apart in the shards: each is its own unit.
+        self.per_doc = blocks.split == "val"
+        self.nunits = blocks.n if self.per_doc else len(blocks.block_tokens)
+        self._head = len(self._header(0, 0))
+        self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
+        self._maps: OrderedDict[int, _Mapped] = OrderedDict()
+        self._failures: dict[int, int] = {}  # units whose copy failed since the last clean read
+        self._dir = str(self.dir)
+        self.refused: dict[int, DatasetError] = {}  # blocks that failed their check twice
+
+    # Pickled for DataLoader workers: its maps are the process's own.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_maps": OrderedDict()}
+
+    # -- sizes ----------------------------------------------------------------------------------
+
+    # -- units: a block of the training split, a document of the held-out one ------------------
+
+    def units_of_rows(self, rows: np.ndarray) -> np.ndarray:
+        return self.blocks.val_docs(rows) if self.per_doc else self.blocks.block_of_rows(rows)
+
+    def unit_rows(self, u: int) -> np.ndarray:
+        return self.blocks.doc_rows(np.array([u])) if self.per_doc else self.blocks.rows(np.array([u]))
+
+    def units_of_blocks(self, blocks: np.ndarray) -> np.ndarray:
+        """The units of the split's blocks `blocks` (the epoch order's unit)."""
+        if not self.per_doc:
+            return np.asarray(blocks, np.int64)
+        docs = np.asarray(blocks, np.int64)[:, None] * self.blocks.block_docs + np.arange(
+            self.blocks.block_docs
+        )
+        return docs[docs < self.nunits]
+
+    def _overhead(self, docs: int, units: int) -> int:
+        """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
+        row number and a sha256 per document."""
+        return (8 + HASH_BYTES) * docs + units * (self._head + 24)
+
+    def unit_bytes(self, u: int) -> int:
+        """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
+        if self.per_doc:
+            tokens = int(self.index.tokens[int(self.blocks.doc_rows(np.array([u]))[0])])
+            return tokens * self.itemsize + self._overhead(1, 1)
+        docs = min(self.blocks.block_docs, self.blocks.n - u * self.blocks.block_docs)
+        return int(self.blocks.block_tokens[u]) * self.itemsize + self._overhead(docs, 1)
+
+    def units_bytes(self, units: np.ndarray) -> int:
+        """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's at each
+        step)."""
+        if self.per_doc:
+            tokens = int(self.index.tokens[self.blocks.doc_rows(units)].astype(np.int64).sum())
+            return tokens * self.itemsize + len(units) * self._overhead(1, 1)
+        tokens = int(np.asarray(self.blocks.block_tokens)[units].astype(np.int64).sum())
+        return tokens * self.itemsize + len(units) * self._overhead(self.blocks.block_docs, 1)
+
+    def _block_sizes(self) -> np.ndarray:
+        """Every block's cache bytes, at most (a held-out block's documents are units of their own)."""
+        bd = self.blocks.block_docs
+        per_block = self._overhead(bd, bd if self.per_doc else 1)
+        return np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize + per_block
+
+    def biggest_unit(self) -> int:
+        if self.per_doc:
+            rows = self.blocks.doc_rows(np.arange(self.nunits))
+            return int(np.max(self.index.tokens[rows])) * self.itemsize + self._overhead(1, 1)
+        return int(self._block_sizes().max())
+
+    def group_need(self, step_tokens: int) -> int:
+        """The most this split's loader keeps at once over an unbounded plan reading up to
+        `step_tokens` of it per step: the blocks of the epoch groups its last LAG_STEPS steps, the
+        current one and the next read (a group is read until it ends), each at most the GROUP_BLOCKS
+        largest blocks' bytes, plus one group for an epoch's short last group; all of them when the
+        split has no more groups than that (the next epoch's groups are the same blocks)."""
+        sizes = np.sort(self._block_sizes())[::-1]
+        group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
+        smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
+        span = (LAG_STEPS + 2) * step_tokens * self.itemsize
+        groups = 2 + -(-span // smallest)
+        return int(sizes[: groups * group].sum())
+
+    def path(self, u: int) -> Path:
+        return self.dir / f"{u}{BLOCK_EXT}"
+
+    # -- fetching -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _unit_lock(self, u: int):
+        """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
+        LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
+        process exclude each other too, and closing one file releases no other thread's lock)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / f".lock-{u % LOCK_STRIPES}", "a") as f:
+            _HELD.add(f.fileno())
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                yield
+            finally:
+                _HELD.discard(f.fileno())
+
+    def fetch(self, b: int) -> bool:
+        """Make sure the cache holds block `b` (True if it was fetched here)."""
+        if b in self.refused:
+            raise self.refused[b]
+        if self.path(b).is_file():
+            return False
+        with self._unit_lock(b):
+            if b in self.refused:
+                raise self.refused[b]
+            if self.path(b).is_file():  # another process or thread fetched it meanwhile
+                return False
+            rows = self.unit_rows(b)
+            try:
+                sha, ids = self._download(b, rows)  # into memory: the blocks in flight take no disk
+            except DatasetError as e:
+                self.refused[b] = e
+                raise
+            with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
+                make_room(self.cache, self.unit_bytes(b))
+                self._write(b, rows, sha, ids)
+            return True
+
+    def _spans(self, rows: np.ndarray) -> list[tuple[int, int, int]]:
+        """(shard, first, last) index ranges into `rows`: a range request each (rows of one shard up to
+        MERGE_GAP bytes apart share one; a held-out document between two comes along)."""
+        shard = self.index.shard_of(rows)
+        off = self.index.offsets_of(rows)
+        end = off + np.asarray(self.index.tokens[rows], np.int64) * self.itemsize
+        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (off[1:] - end[:-1] > MERGE_GAP)) + 1
+        firsts = np.r_[0, cut]
+        lasts = np.r_[cut - 1, len(rows) - 1]
+        return [(int(shard[a]), int(a), int(z)) for a, z in zip(firsts, lasts)]
+
+    def _download(self, b: int, rows: np.ndarray) -> tuple[bytes, bytes]:
+        """Block `b`'s hashes and ids, every document checked; fetched once more when one differs,
+        then refused naming the shard, the bytes and the block. Its rows are consecutive in the index
+        (a held-out row between them comes along): one range request for their hashes, one per span
+        of the shards for their ids."""
+        lengths = np.asarray(self.index.tokens[rows], np.int64) * self.itemsize
+        off = self.index.offsets_of(rows)
+        first = int(rows[0])
+        for attempt in (1, 2):
+            hashes = self.store.get_range(
+                f"{INDEX_DIR}/{DOC_HASHES}", first * HASH_BYTES, (int(rows[-1]) + 1) * HASH_BYTES
+            )
+            sha_parts, id_parts, bad = [], [], None
+            for shard, a, z in self._spans(rows):
+                lo, hi = int(off[a]), int(off[z] + lengths[z])
+                data = self.store.get_range(f"{SHARDS_DIR}/{self.names[shard]}", lo, hi)
+                for k in range(a, z + 1):
+                    piece = data[int(off[k]) - lo : int(off[k] + lengths[k]) - lo]
+                    at = (int(rows[k]) - first) * HASH_BYTES
+                    want = hashes[at : at + HASH_BYTES]
+                    if hashlib.sha256(piece).digest() != want and bad is None:
+                        bad = (shard, lo, hi, int(rows[k]), hashlib.sha256(piece).hexdigest(), want.hex())
+                    sha_parts.append(want)
+                    id_parts.append(piece)
+            if bad is None:
+                return b"".join(sha_parts), b"".join(id_parts)
+            if attempt == 1:
+                COUNTS.add("refetches")
+        shard, lo, hi, row, got, want = bad
+        raise DatasetError(
+            f"{self.url}/{SHARDS_DIR}/{self.names[shard]}: bytes {lo:,}–{hi:,} (block {b} of the "
+            f"{self.blocks.split} split) fetched twice, and manifest row {row}'s ids hash to {got[:16]}… "
+            f"each time, but {INDEX_DIR}/{DOC_HASHES} records {want[:16]}…: the object in the bucket is "
+            "damaged or was replaced, and nothing was trained on it; upload the dataset again "
+            f"(`gristmill data upload DIR {self.url}`) or rebuild it"
+        )
+
+    def _header(self, b: int, n: int) -> bytes:
+        head = json.dumps(
+            {"fingerprint": self.info["fingerprint"], "split": self.tag, "block": b, "documents": n},
+            sort_keys=True,
+        ).encode()
+        return MAGIC + len(head).to_bytes(4, "little") + head
+
+    def _write(self, b: int, rows: np.ndarray, sha: bytes, ids: bytes) -> None:
+        dest = self.path(b)
+        tmp = dest.with_name(tmp_name(dest.name))
+        try:
+            with open(tmp, "wb") as f:
+                f.write(self._header(b, len(rows)))
+                f.write(np.asarray(rows, "<i8").tobytes())
+                f.write(sha)
+                f.write(ids)
+            move_into_place(tmp, dest)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise DatasetError(
+                f"cannot write the cache {self.cache.dir} ({e.strerror or e}); set data.cache_dir to a "
+                "writable directory with room for data.cache_gb"
+            ) from None
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _open(self, b: int) -> _Mapped:
+        """Block `b`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
+        file that is not this block's (another block's, another dataset's, cut short)."""
+        rows = self.unit_rows(b)
+        head = self._header(b, len(rows))
+        with open(f"{self._dir}/{b}{BLOCK_EXT}", "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        n = len(rows)
+        data = len(head) + (8 + HASH_BYTES) * n
+        start = np.zeros(n + 1, np.int64)
+        np.cumsum(np.asarray(self.index.tokens[rows], np.int64), out=start[1:])
+        if (
+            len(mm) != data + int(start[-1]) * self.itemsize
+            or mm[: len(head)] != head
+            or not np.array_equal(np.frombuffer(mm, "<i8", n, len(head)), rows)
+        ):
+            raise ValueError(f"{self.path(b)} is not block {b} of this dataset")
+        raw = memoryview(mm)[data:]
+        ids = np.frombuffer(mm, self.dtype, int(start[-1]), data)
+        sha = mm[len(head) + 8 * n : data]
+        return _Mapped(dict(zip(rows.tolist(), range(n))), sha, start.tolist(), raw, ids)
+
+    def _mapped(self, b: int) -> _Mapped:
+        """Block `b` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
+        loader of the node needed the room); a copy that is not the block is removed and fetched again."""
+        hit = self._maps.get(b)
+        if hit is not None:
+            self._maps.move_to_end(b)
+            return hit
+        for _ in range(100):
+            try:
+                m = self._open(b)
+                break
+            except FileNotFoundError:
+                self.fetch(b)
+            except ValueError:
+                self._failed(b, "the file is not this block")
+        else:
+            raise DatasetError(
+                f"{self.path(b)}: block {b} of {self.url} was evicted 100 times before it could be read: "
+                "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
+            )
+        if len(self._maps) >= MAX_OPEN_BLOCKS:
+            self._maps.popitem(last=False)
+        self._maps[b] = m
+        return m
+
+    def _failed(self, b: int, why: str) -> None:
+        """Block `b`'s cached copy failed its check: removed, to be fetched again; a second failure of a
+        copy fetched just before names the cache."""
+        self._maps.pop(b, None)
+        self.path(b).unlink(missing_ok=True)
+        COUNTS.add("refetches")
+        self._failures[b] = self._failures.get(b, 0) + 1
+        if self._failures[b] >= 2:
+            raise DatasetError(
+                f"{self.path(b)}: the cache's copy of block {b} of {self.url} failed its check ({why}) "
+                "twice, the second time just after it was fetched and checked: something damages or "
+                "replaces what is written to data.cache_dir; give the run a cache directory of its own on "
+                "another disk"
+            )
+
+    def read_into(
+        self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray, at: np.ndarray
+    ) -> None:
+        """Pieces (manifest row, first token, count) of this split's documents into `out[at[k]:]`, each
+        document read checked against its sha256 first, in the cache's copy as it is on disk now
+        (DocumentTable.read). A copy that fails is removed and fetched again, never read."""
+        units = self.units_of_rows(docs).tolist()
+        pieces = list(zip(units, docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
+        item = self.itemsize
+        for _ in range(3):
+            checked: set[tuple[int, int]] = set()
+            try:
+                for u, row, first, n, pos in pieces:  # in the order the batch needs them, as fetched
+                    m = self._mapped(u)
+                    k = m.at[row]
+                    if (u, k) not in checked:
+                        a, z = m.start[k], m.start[k + 1]
+                        if hashlib.sha256(m.raw[a * item : z * item]).digest() != m.sha[k * 32 : k * 32 + 32]:
+                            raise _BadCopy(u, row)
+                        checked.add((u, k))
+                    a = m.start[k] + first
+                    out[pos : pos + n] = m.ids[a : a + n]
+                self._failures.clear()
+                return
+            except _BadCopy as bad:
+                self._failed(bad.unit, f"manifest row {bad.row} fails its sha256")
+        raise AssertionError("unreachable")  # _failed raises on the second failure of a unit
+
+    def locate(self, row: int) -> str:
+        """Where row `row`'s ids come from, for error messages."""
+        b = int(self.units_of_rows(np.array([row]))[0])
+        shard = self.names[int(self.index.shard_of(np.array([row]))[0])]
+        return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{shard}, block {b}, cached at {self.path(b)})"
+
+    def all_cached(self) -> bool:
+        """Whether the cache holds every unit of the split (a listing at most once a second)."""
+        now = time.monotonic()
+        if now - self._listed[0] >= 1.0:
+            try:
+                n = sum(1 for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT))
+            except FileNotFoundError:
+                n = 0
+            self._listed = (now, n >= self.nunits)
+        return self._listed[1]
+
+
+def block_source(
+    root: Path, info: dict[str, Any], index: DocIndex, blocks: DocBlocks, cache: CacheSettings | None
+) -> CachedBlocks | None:
+    """The cache a bucket's dataset (opened at `root`, remote.local_root) is read through; None for a
+    local dataset, which is read in place."""
+    if origin(root) is None:
+        return None
+    if info["format"] != FORMAT:
+        raise refuse_legacy(origin(root))
+    return CachedBlocks(root, info, index, blocks, cache or CacheSettings.of())
+
+
+def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> None:
+    """Refuse, before any work, a data.cache_gb below what the loaders reading these bucket splits keep
+    at once (`needs`: each split's working set, TokenLoader.cache_need)."""
+    need = sum(n for _, n in needs)
+    if need > cache.max_bytes:
+        raise DatasetError(
+            f"data.cache_gb = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
+            f"{', '.join(sorted({c.url for c, _ in needs}))}: {need / 1e9:.3g} GB (the epoch groups of "
+            "4,096 blocks that its loaders read at once: docs/object-storage.md, The cache); set "
+            f"data.cache_gb to at least {np.ceil(need / 1e7) / 100:g}"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# eviction
+
+
+def cache_usage(cache_dir: Path) -> list[tuple[Path, int, float]]:
+    """(file, bytes, last needed) of every block file the cache holds (only its own: cache_files)."""
+    out = []
+    for path in cache_files(cache_dir):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        out.append((path, st.st_size, st.st_mtime))
+    return out
+
+
+def cache_files(cache_dir: Path) -> list[Path]:
+    """The cache's block files: `<dir>/blocks/*/*.blk` of the dataset directories it made (ORIGIN)."""
+    return [
+        p
+        for d in sorted(cache_dir.glob(f"*/{ORIGIN}"))
+        for p in sorted((d.parent / BLOCKS_DIR).glob(f"*/*{BLOCK_EXT}"))
+    ]
+
+
+def make_room(cache: CacheSettings, incoming: int) -> None:
+    """Make room for `incoming` more bytes within the bound, and count them. The cache's usage is a
+    count in USAGE, kept under node_lock by every write and eviction (a block deleted otherwise only
+    makes it high: safe); when it says the bytes do not fit, the cache is listed and blocks are
+    evicted down to EVICT_TO of the bound (so a full cache is listed once per many fetches, not at
+    each): those no live loader keeps, least recently needed first; then those only another loader
+    on the node keeps (it fetches them again: slower, never wrong); never this process's (or its
+    parent's: a DataLoader worker's rank) keep list. The caller holds node_lock."""
+    used = _usage(cache.dir)
+    if used is None or used + incoming > cache.max_bytes:
+        _remove_dead_tmp(cache.dir)
+        ours, theirs = live_keep(cache.dir)
+        files = cache_usage(cache.dir)
+        used = sum(size for _, size, _ in files)
+        goal = min(cache.max_bytes, int(cache.max_bytes * EVICT_TO))
+        victims = sorted((f for f in files if f[0] not in ours), key=lambda f: (f[0] in theirs, f[2]))
+        for path, size, _ in victims:
+            if used + incoming <= goal:
+                break
+            path.unlink(missing_ok=True)
+            used -= size
+    write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False)
+
+
+def _usage(cache_dir: Path) -> int | None:
+    try:
+        return int((cache_dir / USAGE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_tmp(cache_dir: Path) -> None:
+    """Temporary files `.NAME.HOST.PID.tmp` of this host's dead processes (a download killed midway)."""
+    here = host()
+    for d in cache_dir.glob(f"*/{ORIGIN}"):
+        for tmp in d.parent.rglob(".*.tmp"):
+            parts = tmp.name.rsplit(".", 3)
+            if len(parts) == 4 and parts[1] == here and parts[2].isdigit() and not _pid_alive(int(parts[2])):
+                tmp.unlink(missing_ok=True)
+
+
+def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
+    """The block files in the keep lists of live loaders: (this process's and its parent's, the
+    others'); a dead process's list on this host is removed."""
+    here = host()
+    ours: set[Path] = set()
+    theirs: set[Path] = set()
+    for path in (cache_dir / KEEP_DIR).glob("*.json"):
+        name_host, _, rest = path.stem.rpartition("-")
+        pid = rest.partition("_")[0]
+        if name_host == here and pid.isdigit() and not _pid_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            continue
+        own = name_host == here and pid in (str(os.getpid()), str(os.getppid()))
+        try:
+            kept = json.loads(path.read_text())["blocks"]
+        except (OSError, ValueError, KeyError):
+            continue
+        target = ours if own else theirs
+        for d, ids in kept.items():
+            target.update(Path(d) / f"{b}{BLOCK_EXT}" for b in ids)
+    return ours, theirs
+
+
+# --------------------------------------------------------------------------------------------
+# prefetching in the plan's order
+
+
+class Prefetcher:
+    """Fetches ahead the blocks the plan reads next, in the order it reads them, `requests` at a time
+    (threads in the loader's process); `needs(step)` names the (table, block) pairs global step `step`
+    reads, `groups(step)` the (table, block) pairs of the epoch groups it reads (kept until those
+    groups end). An error (a damaged object, an unreachable store) is kept and raised by `check()` at
+    the next step the consumer takes, before any step reads the block."""
+
+    def __init__(
+        self,
+        caches: list[CachedBlocks | None],
+        needs: Callable[[int], list[tuple[int, int]]],
+        groups: Callable[[int], set[tuple[int, int]]],
+        start: int,
+        last_step: int | None,
+    ):
+        self.caches, self.needs, self.groups, self.last_step = caches, needs, groups, last_step
+        self.cache = next(c for c in caches if c is not None).cache
+        self.requests = requests = self.cache.requests
+        self._step = start
+        self._stop = False
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+        self._memo: dict[int, list[tuple[int, int]]] = {}
+        self._group_memo: dict[int, set[tuple[int, int]]] = {}
+        self._published: object = None
+        self._keeping_all = False
+        self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
+        self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
+        self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
+        self._thread.start()
+
+    def advance(self, step: int) -> None:
+        """The consumer's next step is `step` (0-based)."""
+        with self._cond:
+            self._step = step
+            self._cond.notify()
+
+    def check(self) -> None:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=60)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.keep_file.unlink(missing_ok=True)
+
+    def _step_needs(self, step: int) -> list[tuple[int, int]]:
+        hit = self._memo.get(step)
+        if hit is None:
+            hit = self._memo[step] = [(t, b) for t, b in self.needs(step) if self.caches[t] is not None]
+        return hit
+
+    def _step_groups(self, step: int) -> set[tuple[int, int]]:
+        hit = self._group_memo.get(step)
+        if hit is None:
+            hit = self._group_memo[step] = {
+                (t, b) for t, b in self.groups(step) if self.caches[t] is not None
+            }
+        return hit
+
+    def _bytes(self, pairs: Iterable[tuple[int, int]]) -> int:
+        by_table: dict[int, list[int]] = {}
+        for t, u in pairs:
+            by_table.setdefault(t, []).append(u)
+        return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
+
+    def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
+        """(to fetch: `step`'s blocks and the next steps', in the order the plan first reads them; to
+        keep: those and every block of the groups the last LAG_STEPS steps and this one read). The
+        steps ahead go as far as they fit the bound (blocks in flight are in memory)."""
+        for old in [s for s in self._memo if s < step - LAG_STEPS]:
+            del self._memo[old]
+        for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
+            del self._group_memo[old]
+        keep: set[tuple[int, int]] = set()
+        if self.last_step is not None and self.last_step - step <= MAX_AHEAD_STEPS:
+            for s in range(max(0, step - LAG_STEPS), self.last_step):  # the plan's end is near: exactly
+                keep.update(self._step_needs(s))
+        else:
+            for s in range(max(0, step - LAG_STEPS), step + 1):
+                keep |= self._step_groups(s)
+        fetch = list(dict.fromkeys(self._step_needs(step)))
+        queued = set(fetch)
+        keep.update(fetch)
+        used = self._bytes(keep)
+        end = step + MAX_AHEAD_STEPS
+        for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
+            new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
+            cost = self._bytes(n for n in new if n not in keep)  # a kept group's blocks are counted
+            if used + cost > self.cache.max_bytes:
+                break
+            keep.update(new)
+            queued.update(new)
+            fetch += new
+            used += cost
+        return fetch, keep
+
+    def _publish(self, keep: Iterable[tuple[int, int]]) -> None:
+        by_dir: dict[str, list[int]] = {}
+        for t, b in keep:
+            by_dir.setdefault(str(self.caches[t].dir), []).append(b)
+        payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
+        if payload != self._published:
+            write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
+            self._published = payload
+
+    def _touch(self, fetch: list[tuple[int, int]]) -> None:
+        """Mark the cached blocks the next steps read as just needed: eviction goes least recently
+        needed first (the reader's hot path touches no file)."""
+        for t, b in fetch:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(self.caches[t].path(b))
+
+    def _run(self) -> None:
+        try:
+            self.keep_file.parent.mkdir(parents=True, exist_ok=True)
+            while True:
+                with self._cond:
+                    if self._stop:
+                        return
+                    step = self._step
+                if all(c is None or c.all_cached() for c in self.caches):  # nothing to fetch: keep it all
+                    if not self._keeping_all:
+                        self._publish((t, b) for t, c in enumerate(self.caches) if c for b in range(c.nunits))
+                        self._keeping_all = True
+                    fetch: list[tuple[int, int]] = []
+                else:
+                    self._keeping_all = False
+                    fetch, keep = self.window(step)
+                    self._publish(keep)
+                    self._touch(fetch)
+                self._fetch_all(fetch, step)
+                with self._cond:
+                    if not self._stop and self._step == step:
+                        self._cond.wait(timeout=1.0)
+        except BaseException as e:  # kept for the consumer's next step
+            self.error = e
+
+    def _fetch_all(self, fetch: list[tuple[int, int]], step: int) -> None:
+        """Fetch in order, `requests` in flight; stop submitting when the consumer moved on."""
+        inflight: list[Future] = []
+        for t, b in fetch:
+            if self._stop or self._step > step + LAG_STEPS:
+                break
+            if self.caches[t].path(b).is_file():
+                continue
+            while len(inflight) >= self.requests:
+                inflight.pop(0).result()
+            inflight.append(self._pool.submit(self.caches[t].fetch, b))
+        for f in inflight:
+            f.result()
