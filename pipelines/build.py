@@ -300,6 +300,13 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             f"tokenizer {path} not found; the code demo shares the prose demo's tokenizer: build "
             "configs/data/demo.toml first (gristmill data build --config configs/data/demo.toml)"
         )
+    elif local_like and not path.exists():
+        raise BuildError(
+            f"tokenizer {path} not found, and this recipe does not train one (tokenizer.train.if_missing "
+            "is false): when it is another dataset's (the sources of a mixture share one), build that "
+            "dataset first (e.g. configs/data/local-parquet.toml) or point tokenizer.path at its "
+            "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
+        )
     tok = load_tokenizer(spec)
     if path.is_dir():
         path = path / "tokenizer.json"

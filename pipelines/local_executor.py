@@ -7,18 +7,26 @@ pool's worker processes: the pool starts exactly `workers` of them and only repl
 so a pid beyond those is a death. The stage then stops with one line; the pool's context
 terminates the other workers, and the tasks that finished keep their completion markers (a rerun
 redoes only the rest). Everything else is datatrove's `run()`, unchanged.
+
+Every process it starts ends with the build, also after a kill -9 of the build that runs none of
+its cleanup (training/contract/lifetime.py): the pool's workers (forked by multiprocess's
+forkserver, so they watch the build's pid, not their parent) and datatrove's manager process. The
+forkserver and multiprocess's resource tracker then end by themselves (their pipes close).
 """
 
 from __future__ import annotations
 
+import os
 from functools import partial
 
 import multiprocess
 from datatrove.executor import LocalPipelineExecutor
 from datatrove.utils.logging import logger
 from datatrove.utils.stats import PipelineStats
+from multiprocess.managers import SyncManager
 
 from pipelines.build_identity import BuildError
+from training.contract.lifetime import exit_with
 
 POLL_S = 1.0  # how often the wait for the next result looks at the workers
 
@@ -37,7 +45,9 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             logger.info(f"Not doing anything as all {self.local_tasks} tasks have already been completed.")
             return None
         self.save_executor_as_json()
-        mg = multiprocess.Manager()
+        build = os.getpid()
+        mg = SyncManager(ctx=multiprocess.get_context())  # multiprocess.Manager(), ending with the build
+        mg.start(exit_with, (build,))
         try:
             ranks_q = mg.Queue()
             for i in range(self.workers):
@@ -47,7 +57,7 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             completed = mg.Value("i", skipped)
             completed_lock = mg.Lock()
             ctx = multiprocess.get_context(self.start_method)
-            with ctx.Pool(self.workers) as pool:
+            with ctx.Pool(self.workers, initializer=exit_with, initargs=(build,)) as pool:
                 run_rank = partial(
                     self._launch_run_for_rank,
                     ranks_q=ranks_q,

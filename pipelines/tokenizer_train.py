@@ -138,8 +138,13 @@ def _utc(t: float) -> str:
 
 def reuse_line(tok: Path, cfg: DataConfig) -> str:
     """One line for a build that finds tokenizer.path already there and uses it as is: which
-    file, trained on what and when (a reused file may come from another corpus entirely)."""
-    fix = "delete it (or set tokenizer.path to a new file) to train one on this source"
+    file, trained on what and when (a reused file may come from another corpus entirely). It never
+    says to delete the file: another dataset may have been built with it (a mixture's sources
+    share one tokenizer, configs/data/local-parquet-shared.toml), and a base model's is its own."""
+    own = (
+        "to train one on this source alone, set tokenizer.path to a path that does not exist yet "
+        "(a dataset of its own vocabulary cannot be mixed with those of this one)"
+    )
     try:
         rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
         source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
@@ -148,15 +153,14 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
         dated = _utc(tok.stat().st_mtime)
         return (
             f"tokenizer {tok} exists: using it as is; what it was trained on is not recorded "
-            f"(file dated {dated}); to train one on this source instead, set tokenizer.path to a path that "
-            "does not exist yet"
+            f"(file dated {dated}); {own}"
         )
     here = source_folder(cfg.source)
     if source == here:
         return f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}"
     return (
-        f"tokenizer {tok} exists: using it, trained on {source} ({docs:,} documents) at {at}, "
-        f"not this source; {fix}"
+        f"tokenizer {tok} exists: using it, trained on {source} ({docs:,} documents) at {at}, not this "
+        f"source: shared, as the sources of one mixture must share one tokenizer; {own}"
     )
 
 

@@ -391,6 +391,9 @@ class EvalSection:
     """At most this many documents per task (0: all); a cheap signal, not a reported number."""
     batch_size: int = 8
     """Requests per forward pass."""
+    source: str = ""
+    """The source ([[data.sources]] name) whose held-out documents the local tasks score; empty:
+    the first with held-out documents. `gristmill eval RUN` scores the same one."""
 
 
 @dataclass

@@ -58,11 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="print the data plan (phases, seq_len, tokens per source, LR) from the config and the datasets, "
         "redraw RUN/plan.png if the run exists (nothing is created), and exit without training",
     )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="with --plan: draw the plan (LR, tokens per step, each source's share) to FILE, creating no run",
+    )
 
 
-def show_plan(cfg, nproc: int) -> int:
-    """`gristmill train --plan`: the plan table and plan.png; a source the plan would run out of is
-    the error it would be at step 1 (after the table, so the numbers are on screen)."""
+def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
+    """`gristmill train --plan`: the plan table and plan.png (RUN/plan.png of a run that exists, or
+    `plot`); a source the plan would run out of is the error it would be at step 1 (after the
+    table, so the numbers are on screen)."""
     from training.contract.run_layout import PLAN_PNG
     from training.data.recipe import (
         build_plan,
@@ -82,10 +88,15 @@ def show_plan(cfg, nproc: int) -> int:
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):
         print(line)
-    if run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
+    if plot:  # where the user asked: no run directory is created or touched
+        print(plot_plan(plan, Path(plot), skips) or f"plot: {plot}")
+    elif run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
         print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")
     else:  # --plan creates nothing: a run that never starts leaves no directory behind
-        print(f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts)")
+        print(
+            f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts; "
+            "--plot FILE draws it now)"
+        )
     for note in plan.check_supply():
         print(f"note: {note}")
     return 0
@@ -110,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)
+    if args.plot and not args.plan:
+        raise GristmillError(f"--plot {args.plot} draws the plan: use it with --plan")
     cfg = load_train_config(args.config, overrides)
     if args.plan:
-        return show_plan(cfg, args.nproc_per_node)
+        return show_plan(cfg, args.nproc_per_node, args.plot)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported
     with_eval = cfg.eval.interval > 0  # check_config refused it above when lm-eval is missing
     if args.nproc_per_node == 1 and not with_eval:

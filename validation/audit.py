@@ -340,44 +340,60 @@ def write_results(
 
 
 def write_plots(con: duckdb.DuckDBPyConnection, out_dir: str | Path) -> list[Path]:
-    """One PNG per plottable preset (PLOTS), a bar series per dataset; returns the files."""
+    """One PNG per plottable preset (PLOTS), a bar series per dataset; returns the files. A table of
+    a column no document has (FINEWEB_ONLY: own files without `dump`, `url` or `int_score`) is not
+    drawn: its one bar would be "None"."""
     plt = agg_pyplot()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, (xcol, ycol, kind) in PLOTS.items():
-        res = run_preset(con, name)
-        recs = res.records()
-        datasets = list(dict.fromkeys(r["dataset_name"] for r in recs))
-        labels = list(dict.fromkeys(str(r[xcol]) for r in recs))
+    for name, (_, ycol, kind, words) in PLOTS.items():
+        if name in FINEWEB_ONLY and not _has_values(con, FINEWEB_ONLY[name]):
+            continue
+        labels, series = plot_series(con, name)
         fig, ax = plt.subplots(figsize=(9, max(4.0, 0.3 * len(labels)) if kind == "barh" else 4.5))
-        width = 0.8 / max(1, len(datasets))
-        for k, ds in enumerate(datasets):
-            vals = {str(r[xcol]): r[ycol] or 0 for r in recs if r["dataset_name"] == ds}
-            pos = [i + (k - (len(datasets) - 1) / 2) * width for i in range(len(labels))]
-            heights = [float(vals.get(lbl, 0)) for lbl in labels]
+        width = 0.8 / max(1, len(series))
+        for k, (ds, heights) in enumerate(series.items()):
+            pos = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
             (ax.barh if kind == "barh" else ax.bar)(pos, heights, width, label=ds)
         ticks = list(range(len(labels)))
         if kind == "barh":
             ax.set_yticks(ticks, labels, fontsize=8)
             ax.invert_yaxis()
             ax.set_xlabel(ycol)
+            ax.set_ylabel(words)
         else:
             ax.set_xticks(ticks, labels, rotation=45 if len(labels) > 6 else 0, ha="right", fontsize=8)
-            ax.set_xlabel(xcol)
+            ax.set_xlabel(words)
             ax.set_ylabel(ycol)
         if not labels:
             ax.text(0.5, 0.5, "no rows", ha="center", va="center", transform=ax.transAxes)
-        if len(datasets) > 1:
+        if len(series) > 1:
             ax.legend()
-        ax.set_title(f"{name}: {ycol} by {xcol}")
+        ax.set_title(f"{name}: {ycol} by {words}")
         fig.tight_layout()
         path = out_dir / f"{name}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_series(con: duckdb.DuckDBPyConnection, name: str) -> tuple[list[str], dict[str, list[float]]]:
+    """A plotted preset's x labels (numeric ones in numeric order: 8 before 16 before 1024, whichever
+    dataset has them) and, per dataset, the bar heights at them (0 where it has no row)."""
+    xcol, ycol, _, _ = PLOTS[name]
+    recs = run_preset(con, name).records()
+    xs = list(dict.fromkeys(r[xcol] for r in recs))
+    if xs and all(isinstance(x, int | float) for x in xs):
+        xs.sort()
+    labels = [f"{x:,}" if isinstance(x, int | float) else str(x) for x in xs]
+    series = {}
+    for ds in dict.fromkeys(r["dataset_name"] for r in recs):
+        vals = {r[xcol]: r[ycol] or 0 for r in recs if r["dataset_name"] == ds}
+        series[ds] = [float(vals.get(x, 0)) for x in xs]
+    return labels, series
 
 
 # --------------------------------------------------------------------------------------------

@@ -159,11 +159,12 @@ FINEWEB_ONLY = {"tokens_by_dump": "dump", "top_domains": "url", "scores": "int_s
 # ... and for training run directories (no dataset.json among the roots).
 RUN_REPORTS = ["consumption"]
 
-# Presets drawn by --plots: preset -> (x column, y column, kind); one PNG each, a series per dataset.
-PLOTS: dict[str, tuple[str, str, str]] = {
-    "lengths": ("tokens_from", "documents", "bar"),
-    "tokens_by_dump": ("dump", "tokens", "bar"),
-    "top_domains": ("domain", "tokens", "barh"),
-    "scores": ("int_score", "documents", "bar"),
-    "drops": ("reason", "documents", "barh"),
+# Presets drawn by --plots: preset -> (x column, y column, kind, the x axis in words); one PNG each,
+# a series per dataset. A FINEWEB_ONLY preset is drawn only when some document has its column.
+PLOTS: dict[str, tuple[str, str, str, str]] = {
+    "lengths": ("tokens_from", "documents", "bar", "document length in tokens (each bin: from n to 2n)"),
+    "tokens_by_dump": ("dump", "tokens", "bar", "Common Crawl dump"),
+    "top_domains": ("domain", "tokens", "barh", "domain"),
+    "scores": ("int_score", "documents", "bar", "FineWeb-Edu int_score"),
+    "drops": ("reason", "documents", "barh", "why dropped"),
 }

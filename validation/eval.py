@@ -137,12 +137,14 @@ class RunData:
         return {"source": self.source, "dataset": self.dataset}
 
 
-def run_data(spec: RunSpec) -> RunData:
-    """From a run's resolved config (RUN/config.toml): the held-out documents of the run's first source that
-    holds some out (of its only one without [[data.sources]]: one source of a mixture is scored, and
-    named wherever its scores are shown), and the seq_len of its last phase (the model's last
-    training length; a longer context would score positions it was not last trained on)."""
-    src = next((s for s in spec.sources if s.val_fraction > 0), spec.sources[0])
+def run_data(spec: RunSpec, source: str = "") -> RunData:
+    """From a run's resolved config (RUN/config.toml): the held-out documents of `source` (its
+    eval.source), else of the run's first source that holds some out (of its only one without
+    [[data.sources]]: one source of a mixture is scored, and named wherever its scores are shown),
+    and the seq_len of its last phase (the model's last training length; a longer context would
+    score positions it was not last trained on)."""
+    src = next((s for s in spec.sources if s.name == source or (not source and s.val_fraction > 0)), None)
+    src = src or spec.sources[0]
     return RunData(src.name, str(src.dataset), src.val_fraction, spec.phases[-1].seq_len, spec.cache)
 
 
@@ -191,7 +193,7 @@ class TaskPlan:
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
         self.training_data = training_data_checks(spec)
-        self.data = run_data(spec)
+        self.data = run_data(spec, train_cfg.eval.source)
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
@@ -205,11 +207,19 @@ class TaskPlan:
                 self.data.cache,
             )
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
+        # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
+        self.documents = (
+            len((self.data_dir / task_file("heldout_ppl")).read_text(encoding="utf-8").splitlines())
+            if self.local
+            else None
+        )
 
     def heldout_note(self) -> str:
-        """` (held-out documents of source S (DATASET))` when local tasks are planned, else ""."""
+        """` (N held-out documents of source S (DATASET))` when local tasks are planned, else ""."""
         d = self.data
-        return f" (held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
+        return (
+            f" ({self.documents} held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
+        )
 
     def drop(self, names: Sequence[str]) -> None:
         """Evaluate without tasks `names` from now on (in-training: a task whose eval failed)."""

@@ -67,7 +67,7 @@ from validation.eval import (
 from validation.eval_data import damaged_task_files
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
-from validation.eval_results import EVAL_LOG, metric_order, write_plot, write_step_json
+from validation.eval_results import EVAL_LOG, chance_levels, metric_order, write_plot, write_step_json
 
 TOKENIZER_SUBDIR = "tokenizer"  # RUN/eval/tokenizer: the export's tokenizer files, for in-process eval
 
@@ -203,7 +203,14 @@ class TrainingEval:
         seconds = time.perf_counter() - t0
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds
-        self._say(f"step {step}: {_summary(rows)} ({seconds:.1f} s)")
+        documents = "" if self.plan.documents is None else f"{self.plan.documents} held-out documents of "
+        self._say(
+            f"step {step}: {_summary(rows)} ({documents}source {self.plan.data.source}; {seconds:.1f} s)"
+            if self.plan.local
+            else f"step {step}: {_summary(rows)} ({seconds:.1f} s)"
+        )
+        for line in _noise(step, rows, chance_levels({step: results})):
+            say(line)
         if failed:
             metrics.update(self._failed(step, "", failed))
         for line in task_lines(step, results):  # the truncation warnings (not the per-task lines)
@@ -218,13 +225,51 @@ def _load_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def _summary(rows: list[dict[str, Any]]) -> str:
-    """One headline figure per task, its first metric in the eval table's order (bits per byte for
+# A multiple-choice accuracy scored on fewer items than this gets a warning: it is noise at that size
+# (on 9 held-out documents, a cloze accuracy of 0.333 ± 0.17 cannot be told from chance, 0.25).
+MIN_SCORED = 20
+
+
+def _headlines(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each task's headline row, its first metric in the eval table's order (bits per byte for
     perplexity tasks, acc for multiple choice)."""
     first: dict[str, dict[str, Any]] = {}
     for r in sorted(rows, key=metric_order(rows)):
         first.setdefault(r["task"], r)
-    return ", ".join(f"{t} {r['metric']} {r['value']:.4g}" for t, r in first.items())
+    return first
+
+
+def _figure(r: dict[str, Any]) -> str:
+    """`acc 0.333 ± 0.17 on 18 items`: the headline, its stderr and how many items it scored."""
+    stderr = f" ± {r['stderr']:.2g}" if r.get("stderr") else ""
+    scored = f" on {r['samples']} items" if r.get("samples") is not None else ""
+    return f"{r['metric']} {r['value']:.4g}{stderr}{scored}"
+
+
+def _summary(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{t} {_figure(r)}" for t, r in _headlines(rows).items())
+
+
+def _noise(step: int, rows: list[dict[str, Any]], chance: dict[str, float]) -> list[str]:
+    """A warning per multiple-choice task (one with a `chance` accuracy) whose headline accuracy is
+    noise: scored on fewer than MIN_SCORED items, or within two stderrs of chance."""
+    out = []
+    for t, r in _headlines(rows).items():
+        if t not in chance or not r["metric"].startswith("acc") or r.get("samples") is None:
+            continue
+        few = r["samples"] < MIN_SCORED
+        near = bool(r.get("stderr")) and abs(r["value"] - chance[t]) < 2 * r["stderr"]
+        if few or near:
+            what = (
+                f"is noise at that size (fewer than {MIN_SCORED} items)"
+                if few
+                else f"cannot be told from chance ({chance[t]:.3g}, within two stderrs) at that size"
+            )
+            out.append(
+                f"warning: step {step}: {t} {_figure(r)} {what}: score more held-out documents (a larger "
+                "val_fraction of the source, another eval.source) or set eval.limit = 0"
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,16 @@
 """Runs of the data build for the pipeline tests: `python -m pipelines.build` in its own process
 group, the `gristmill data build` argv and its one error line, a task failure that must end in one
-error line, and two builds' outputs compared file by file."""
+error line, two builds' outputs compared file by file, and a build killed with kill -9 whose
+processes must all end with it."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import zstandard
@@ -105,3 +108,49 @@ def assert_same_dataset(a: Path, b: Path) -> None:
             assert got == want, name
         else:
             assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes of session `sid`."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def assert_kill_9_leaves_no_process(config: Path, staging: Path, env: dict[str, str], *sets: str) -> None:
+    """`python -m pipelines.build` (in a session of its own) is killed with SIGKILL, itself alone,
+    while task 1 is parked mid-shard in `staging` (the output, or a bucket build's workdir): every
+    process it had started (pool workers, datatrove's manager, the forkserver, the resource tracker)
+    is gone within 5 s, checked by PID."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.build", "--config", str(config), "--set", *sets],
+        cwd=ROOT,
+        env={**env, "GRISTMILL_TEST_KILL": "1:second_shard:hang"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 90
+        while not list(staging.rglob("00001_*.tar.tmp")):  # task 1 is parked mid-shard
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        started = [pid for pid in session_processes(proc.pid) if pid != proc.pid]
+        assert len(started) >= 3, started  # at least the manager, the forkserver and a worker
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while alive := set(started) & set(session_processes(proc.pid)):  # zombies count as ended
+            assert time.monotonic() < deadline, f"still running 5 s after kill -9 of the build: {alive}"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        for pid in session_processes(proc.pid):
+            os.kill(pid, signal.SIGKILL)

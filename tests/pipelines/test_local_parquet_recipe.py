@@ -115,6 +115,12 @@ def test_a_reused_tokenizer_file_is_named_with_what_it_was_trained_on(tmp_path):
     said = [line for line in lines if str(tok_path) in line]
     assert len(said) == 1, lines
     assert f"trained on {first} " in said[0] and "not this source" in said[0] and " UTC" in said[0], said
+    # Issue 47: a tokenizer trained on another source may be shared on purpose (a mixture needs one):
+    # never "delete it", which would orphan the first dataset's vocabulary.
+    assert (
+        "shared, as the sources of one mixture must share one tokenizer" in said[0]
+        and "delete" not in said[0]
+    )
 
     plain = tmp_path / "plain.json"
     plain.write_bytes(tok_path.read_bytes())  # e.g. copied from elsewhere: nothing recorded
@@ -129,3 +135,40 @@ def test_a_reused_tokenizer_file_is_named_with_what_it_was_trained_on(tmp_path):
         and "delete" not in said[0]
         and "set tokenizer.path to a path that does not exist" in said[0]
     )
+
+
+def test_two_own_sources_share_one_tokenizer(tmp_path, capsys):
+    """configs/data/local-parquet-shared.toml (docs/data-build.md, "Two of your own sources, one
+    tokenizer"): the second corpus is built with the tokenizer the first one's build trained, and
+    the two datasets make one mixture; without the first, one line says to build it."""
+    from pipelines.cli import main as gristmill
+
+    shared = RECIPE.with_name("local-parquet-shared.toml")
+    tok = tmp_path / "tok" / "bpe.json"
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_folder(first)
+    write_folder(second)
+    code = [
+        f"def f{i}(x):\n    return x * {i}  # the second corpus: its own documents\n" * 3 for i in range(40)
+    ]
+    pq.write_table(pa.table({"text": code}), second / "code.parquet")
+    missing = [f"source.path={second}", f"output={tmp_path / 'b'}", f"tokenizer.path={tok}"]
+    assert gristmill(["data", "build", "--config", str(shared), "--set", *missing]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"error: tokenizer {tok} not found, and this recipe does not train one")
+        and "\n" not in err
+    )
+    for recipe, folder, out in ((RECIPE, first, tmp_path / "a"), (shared, second, tmp_path / "b")):
+        sets = [f"source.path={folder}", f"output={out}", f"tokenizer.path={tok}", "build.workers=1"]
+        assert gristmill(["data", "build", "--config", str(recipe), "--set", *sets]) == 0
+    a, b = read_dataset_info(tmp_path / "a"), read_dataset_info(tmp_path / "b")
+    assert a["tokenizer_sha256"] == b["tokenizer_sha256"] and a["fingerprint"] != b["fingerprint"]
+    mixture = tmp_path / "mix.toml"
+    mixture.write_text(
+        f'[[data.sources]]\nname = "a"\ndataset = "{tmp_path / "a"}"\n\n'
+        f'[[data.sources]]\nname = "b"\ndataset = "{tmp_path / "b"}"\n\n'
+        '[[phase]]\nname = "main"\nsteps = 2\nseq_len = 32\nmix = { a = 0.5, b = 0.5 }\n\n'
+        f'[data]\nglobal_batch_tokens = 512\nmicro_batch = 4\n\n[run]\noutput_dir = "{tmp_path / "run"}"\n'
+    )
+    assert gristmill(["train", "--config", str(mixture), "--plan"]) == 0  # one vocabulary: mixable

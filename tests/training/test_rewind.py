@@ -264,6 +264,29 @@ def test_a_skip_that_reaches_the_last_step_ends_the_run_with_its_checkpoint(
     assert (run / "checkpoints/step-000030/COMPLETE").exists()
 
 
+def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
+    tmp_path, dataset, monkeypatch, capsys
+):
+    """Rewind 1 (spike 17) skips 11–22 and saves step 22's checkpoint, holding step 10's weights;
+    rewind 2 (spike 26) goes back to that checkpoint and skips to the end. The final row names step
+    10, the last step trained (issue 47: it named step 22, never trained)."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.rewind.skip_steps=12", "run.val_every=10")
+    monkeypatch.setenv(SPIKE_WINDOW, f"{window_of(sets, SPIKE)},{window_of(sets, 26)}")
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    skips = json.loads((run / "data_plan.json").read_text())["skips"]
+    assert [(s["first_step"], s["last_step"], s["checkpoint_step"]) for s in skips] == [
+        (11, 22, 10),
+        (23, 30, 22),
+    ]
+    final = metrics(run)[-1]
+    assert final["step"] == STEPS and "val_loss" in final, final
+    assert (
+        final["note"]
+        == "no step trained: steps 23–30 were skipped by rewind 2; the final weights are step 10's"
+    )
+
+
 def test_a_skip_is_the_plans_not_this_invocations(tmp_path, dataset, monkeypatch):
     """run.max_steps stops this invocation, not the plan: a skip past it is recorded whole, so a
     later resume trains no step an uninterrupted run would have skipped."""

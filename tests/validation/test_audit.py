@@ -21,6 +21,7 @@ from training.contract.dataset_format import EXCLUDED_SCHEMA, manifest_files
 from validation.audit import (
     Result,
     format_table,
+    plot_series,
     print_summary,
     run_preset,
     run_sql,
@@ -176,6 +177,27 @@ def test_malformed_query_prints_error_and_views(built_dataset, capsys):
     assert "docs(dataset_name VARCHAR, shard VARCHAR" in err and "  stats(" in err
     assert main(["data", "audit", str(built_dataset), "--sql", "SELEC 1"]) == 2
     assert "syntax error" in capsys.readouterr().err
+
+
+def test_plots_skip_columns_a_dataset_lacks_and_order_lengths_numerically(built_dataset, tmp_path):
+    """Issue 47: own files without FineWeb's columns drew a single "None" bar per plot, and
+    lengths.png's bins were in the order the datasets listed them, labelled `tokens_from`."""
+    from tests.helpers.train_data import make_dataset
+
+    own = make_dataset(tmp_path / "own", n_docs=120)  # synthetic: no dump, url or int_score
+    con, _ = connect([own])
+    assert sorted(p.name for p in write_plots(con, tmp_path / "plots")) == ["drops.png", "lengths.png"]
+    con, _ = connect([built_dataset, own])
+    labels, series = plot_series(con, "lengths")
+    bins = [int(label.replace(",", "")) for label in labels]
+    assert bins == sorted(set(bins))
+    low = "(2 ** floor(log2(greatest(n_tokens, 1))))::BIGINT"
+    counted = con.execute(f"SELECT dataset_name, {low}, count(*) FROM docs GROUP BY ALL").fetchall()
+    assert sum(map(len, series.values())) == 2 * len(bins)
+    for name, low, documents in counted:  # each dataset's bar at its bin, 0 where it has none
+        assert series[name][bins.index(low)] == documents
+    assert sum(sum(v) for v in series.values()) == sum(n for _, _, n in counted)
+    assert PLOTS["lengths"][3] == "document length in tokens (each bin: from n to 2n)"
 
 
 def test_plots_are_png(built_dataset, tmp_path):

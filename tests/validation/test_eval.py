@@ -662,17 +662,31 @@ def test_mixture_eval_names_the_source_scored_and_its_context_is_the_models(eval
     dataset = read_dataset_info_path(eval_run[0])
     (run / "config.toml").write_text(
         "[model]\npreset = 'tiny'\n"
-        f"[[data.sources]]\nname = 'first'\ndataset = '{dataset}'\nval_fraction = 0.0\n"
+        f"[[data.sources]]\nname = 'first'\ndataset = '{dataset}'\nval_fraction = 0.1\n"
         f"[[data.sources]]\nname = 'second'\ndataset = '{dataset}'\nval_fraction = 0.1\n"
         "[[phase]]\nsteps = 3\nseq_len = 128\nmix = { first = 0.5, second = 0.5 }\n"
         "[[phase]]\nsteps = 2\nseq_len = 64\nmix = { first = 0.5, second = 0.5 }\n"
+        "[eval]\nsource = 'second'\n"  # both hold documents out: the run's eval.source chooses (issue 47)
     )
     assert main(["eval", str(run), "--step", "5", *QUICK, "--tasks", "heldout_cloze"]) == 0
     err = capsys.readouterr().err
     (head,) = [line for line in err.splitlines() if line.startswith("[eval] step 5: heldout_cloze")]
-    assert f"held-out documents of source second ({dataset})" in head, head
+    documents = len((run / "eval" / "data" / "heldout_ppl.jsonl").read_text().splitlines())
+    assert f"({documents} held-out documents of source second ({dataset}))" in head, head
     res = json.loads((eval_dir(run, 5) / "results.json").read_text())
     assert res["gristmill"]["heldout"] == {"source": "second", "dataset": str(dataset)}
     assert res["gristmill_tasks"]["heldout_cloze"]["max_length"] == 256
     assert main(["eval", str(run), "--step", "5", "--tasks", "demo_ppl"]) == 2  # the old name: renamed
     assert "task demo_ppl is now called heldout_ppl" in capsys.readouterr().err
+
+
+def test_eval_source_must_name_a_source_with_held_out_documents(capsys):
+    """eval.source (issue 47): refused before any work unless it names a source that holds some out."""
+    from pipelines.cli import main
+
+    tiny = str(Path(__file__).resolve().parents[2] / "configs/train/tiny.toml")
+    assert main(["train", "--config", tiny, "--plan", "--set", "eval.source=nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: eval.source = 'nope': not a source with held-out documents; the sources with some are data"
+    ), err

@@ -72,11 +72,26 @@ def _assert_equal_scores(in_training: dict, offline: dict) -> None:
         assert in_training[k] == pytest.approx(offline[k], rel=1e-6), k
 
 
-def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(built_dataset, tmp_path):
+def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(built_dataset, tmp_path, capsys):
     run = tmp_path / "run"
     cfg = load_train_config(TINY, _sets(built_dataset, run))
     train(cfg, evaluator=TrainingEval(cfg))
     rows = _rows(run)
+    # its line: each task's score ± stderr on how many items, from how many held-out documents of
+    # which source; a warning for a score on too few to mean anything (issue 47)
+    out = capsys.readouterr().out.splitlines()
+    documents = len((run / "eval" / "data" / "heldout_ppl.jsonl").read_text().splitlines())
+    results = read_step_results(run, 4)
+    (line,) = [x for x in out if x.startswith("[eval] step 4: ")]
+    for r in rows_of(4, results):
+        if (r["task"], r["metric"]) in (("heldout_ppl", "bits_per_byte"), ("heldout_cloze", "acc")):
+            pm = f" ± {r['stderr']:.2g}" if r["stderr"] else ""
+            figure = f"{r['task']} {r['metric']} {r['value']:.4g}{pm} on {LIMIT} items"
+            assert figure in line, line
+            warning = f"warning: step 4: {figure} is noise at that size (fewer than 20 items)"
+            # an accuracy of a multiple-choice task, not a perplexity over all of a document's tokens
+            assert any(x.startswith(warning) for x in out) == (r["task"] == "heldout_cloze"), out
+    assert f"({documents} held-out documents of source data; " in line, line
     for step in (2, 4):  # every interval and the last step: results where `gristmill eval` puts them
         assert (eval_dir(run, step) / RESULTS_JSON).is_file()
         assert rows[step]["eval_s"] > 0 and 0 <= rows[step]["eval/heldout_cloze/acc"] <= 1

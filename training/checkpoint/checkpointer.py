@@ -318,6 +318,9 @@ class Checkpointer:
         self._retention_error: BaseException | None = None
         self.rewind_keep = rewind_keep
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
+        # rank 0, after a resume: the checkpoint and the config hash its COMPLETE records (the run's
+        # resume note compares configs: training/run/setup.py)
+        self.resumed_from: tuple[Path, str | None] | None = None
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -385,10 +388,7 @@ class Checkpointer:
         step = self._load(path)
         self.resumed_here = path.parent.resolve() == self.root.resolve()
         if self.rank == 0:
-            if record.get("config_sha256") != self.config_sha256:
-                self.log(
-                    f"note: the config differs from the one {path.name} was saved with (its hash in COMPLETE)"
-                )
+            self.resumed_from = (path, record.get("config_sha256"))
             if path.parent.resolve() == self.root.resolve():
                 self._set_aside_newer(step)
         return step

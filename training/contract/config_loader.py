@@ -303,8 +303,9 @@ def config_sha256(cfg: Any) -> str:
 
 
 def config_changes(old: Any, new: Any) -> list[str]:
-    """`key old → new` for every dotted key whose value differs between two configs (lists compare
-    whole)."""
+    """`key old → new` for every dotted key whose value differs between two configs: a list of
+    tables by entry (`phase[2].global_batch_tokens 768 → 384`, an entry added or gone as None), other
+    lists whole."""
     flat_old, flat_new = _flatten(to_dict(old)), _flatten(to_dict(new))
     return [
         f"{k} {flat_old.get(k)!r} → {flat_new.get(k)!r}"
@@ -318,6 +319,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for k, v in d.items():
         if isinstance(v, dict):
             out.update(_flatten(v, f"{prefix}{k}."))
+        elif _is_table_array(v):
+            for i, entry in enumerate(v):
+                out.update(_flatten(entry, f"{prefix}{k}[{i}]."))
         else:
             out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
     return out

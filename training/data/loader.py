@@ -507,10 +507,12 @@ def dataset_loader(
     **settings: Any,
 ) -> TokenLoader:
     """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
-    without end, or `last_step` steps; no LR), for validation, `gristmill data inspect DATASET` and tests.
-    `cache`: where a bucket's dataset is cached (default: CacheSettings.of()); one too small for what
-    the loader reads at once is refused here. `settings`: TokenLoader's rank, world_size, num_workers,
-    check_separators, pin_memory."""
+    without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `cache`: where a
+    bucket's dataset is cached (default: CacheSettings.of()); one too small for what the loader reads
+    at once is refused here. `last_step`: the caller reads only the first `last_step` global batches
+    of the split (validation's): the plan ends there (a bucket's prefetcher fetches nothing more), and
+    a split whose epoch holds fewer is refused (they would repeat its windows). `settings`:
+    TokenLoader's rank, world_size, num_workers, check_separators, pin_memory."""
     _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
     if split not in SPLITS:
         raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
@@ -527,12 +529,18 @@ def dataset_loader(
         cache=cache,
     )
     steps, tail = epoch_order.epoch_steps(docs.tokens, seq_len, global_batch)
-    if steps == 0:
+    batches = last_step or 1
+    if steps < batches:
+        batch = f"{global_batch} × (seq_len {seq_len} + 1)"
+        wanted = (
+            f"one global batch of {batch} = {global_batch * (seq_len + 1):,}"
+            if batches == 1
+            else f"{batches} global batches of {batch} tokens: {batches * global_batch * (seq_len + 1):,}"
+        )
         raise LoaderConfigError(
-            f"split {split!r} of {dataset_dir} has {docs.tokens} tokens, fewer than one global batch of "
-            f"{global_batch} × (seq_len {seq_len} + 1) = {global_batch * (seq_len + 1)}; "
+            f"split {split!r} of {dataset_dir} has {docs.tokens:,} tokens, fewer than {wanted}; "
             + (
-                f"raise val_fraction (now {val_fraction}) or turn validation off"
+                f"raise val_fraction (now {val_fraction}), read fewer batches, or turn validation off"
                 if split == "val"
                 else "lower global_batch or seq_len, or use a bigger dataset"
             )

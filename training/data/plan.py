@@ -79,13 +79,16 @@ class Source:
 @dataclass(frozen=True)
 class LRPiece:
     """A phase's learning rate: warmup from `start` to `peak`, then `shape` from `peak` to `end`.
-    `start` None: where the previous phase ended (0 for the first phase)."""
+    `start` None: where the previous phase ended (0 for the first phase). `peak` and `end` are the
+    LRs the steps get; `scale` is the factor optim.batch_lr_scaling put on the written ones (a record
+    for a refused resume to name the key: not compared, a plan is its LRs)."""
 
     peak: float
     end: float
     shape: str = "cosine"
     warmup_steps: int = 0
     start: float | None = None
+    scale: float = field(default=1.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,14 @@ def skips_from(description: dict[str, Any]) -> tuple[Skip, ...]:
 def skip_of(skips: Sequence[Skip], step: int) -> Skip | None:
     """The skip global step `step` (from 1) lies in, or None when it is (to be) trained."""
     return next((s for s in skips if s.first_step <= step <= s.last_step), None)
+
+
+def trained_step(skips: Sequence[Skip], step: int) -> int:
+    """The step whose weights the run holds after global step `step`: `step` itself, or for a step a
+    rewind skipped, the step that rewind went back to (itself perhaps inside an earlier skip)."""
+    while (skip := skip_of(skips, step)) is not None:
+        step = skip.checkpoint_step
+    return step
 
 
 def _skipped_ranges(skips: Sequence[Skip], step: int) -> list[tuple[int, int]]:
@@ -497,7 +508,7 @@ class Plan:
                     "seq_len": ph.seq_len,
                     "global_batch": ph.global_batch,
                     "weights": list(ph.weights),
-                    "lr": None if ph.lr is None else asdict(ph.lr),
+                    "lr": None if ph.lr is None else _lr_record(ph.lr),
                 }
                 for ph in self.phases
             ],
@@ -558,14 +569,24 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
 
     def lr_changes(upto: int) -> list[str]:
-        """`key old → new` for the step budgets and LR pieces of phases 0..upto that differ."""
+        """`key old → new` for the step budgets and LR pieces of phases 0..upto that differ: the LRs
+        as written, and the batch rule's factor on them (optim.batch_lr_scaling) where that moved."""
         out = []
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
             if a.steps != b.steps:
                 out.append(f"{key_of(p, 'steps')} {a.steps} → {b.steps}")
+            scale = [ph.lr.scale if ph.lr else 1.0 for ph in (a, b)]
+            if not math.isclose(*scale, rel_tol=1e-12):
+                out.append(
+                    f"{key_of(p, 'scale')} (phase {b.name!r}: its LRs × {scale[0]:.4g} → × {scale[1]:.4g})"
+                )
             for name in ("peak", "end", "shape", "warmup_steps", "start"):
                 x, y = (getattr(ph.lr, name) if ph.lr else None for ph in (a, b))
+                if name in ("peak", "end", "start") and None not in (x, y):
+                    x, y = x / scale[0], y / scale[1]  # as written
+                    if math.isclose(x, y, rel_tol=1e-12):
+                        continue
                 if x != y:
                     out.append(f"{key_of(p, name)} {_shown(x)} → {_shown(y)}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
@@ -577,6 +598,32 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             f"past is immutable — set {'it' if len(changes) == 1 else 'them'} back, or start a new run "
             "(only phases after the current one may change)"
         )
+
+    def future(p: int) -> str | None:
+        """What changed in phase p (the current one: its budget; later ones: anything), in the
+        recipe's keys; None when nothing did."""
+        a = old.phases[p] if p < len(old.phases) else None
+        b = plan.phases[p] if p < len(plan.phases) else None
+        if b is None:
+            return None if a is None else f"phase {a.name!r} dropped"
+        if a is None:
+            return (
+                f"phase {b.name!r} added: {b.steps} steps at seq_len {b.seq_len}, "
+                f"{b.global_batch * b.seq_len:,} tokens per step"
+            )
+        what = [] if a.name == b.name else [f"renamed from {a.name!r}"]
+        if a.steps != b.steps:
+            what.append(f"{a.steps} → {b.steps} steps")
+        if a.seq_len != b.seq_len:
+            what.append(f"phase[{p}].seq_len {a.seq_len} → {b.seq_len}")
+        if a.global_batch * a.seq_len != b.global_batch * b.seq_len:
+            what.append(f"{key_of(p, 'global_batch')} {a.global_batch * a.seq_len:,} → "
+                        f"{b.global_batch * b.seq_len:,} tokens per step")  # fmt: skip
+        if _mix(old, a) != _mix(plan, b):
+            what.append(f"{key_of(p, 'mix')} {_mix_shown(_mix(old, a))} → {_mix_shown(_mix(plan, b))}")
+        if a.lr != b.lr:
+            what.append(f"its LR {_lr_text(a.lr)} → {_lr_text(b.lr)}")
+        return f"phase {b.name!r}: " + ", ".join(what) if what else None
 
     if old.seed != plan.seed:
         raise refuse("data.seed", old.seed, plan.seed)
@@ -664,15 +711,8 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
                 _shown(old.lr(s)),
                 _shown(plan.lr(s)),
             )
-    notes = []
-    if old.describe()["phases"][p_old + 1 :] != plan.describe()["phases"][p_old + 1 :] or (
-        old.phases[p_old].steps != plan.phases[p_old].steps
-    ):
-        notes.append(
-            "the plan's future changed since the checkpoint: "
-            + "; ".join(_phase_line(ph) for ph in plan.phases[p_old:])
-        )
-    return notes
+    changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
+    return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:
@@ -691,5 +731,18 @@ def _shown(v: Any) -> str:
     return f"{float(v):.6g}" if isinstance(v, float | Fraction) else str(v)
 
 
-def _phase_line(ph: Phase) -> str:
-    return f"{ph.name}: {ph.steps} steps at seq_len {ph.seq_len}"
+def _lr_text(piece: LRPiece | None) -> str:
+    if piece is None:
+        return "none"
+    warmup = f"warmup {piece.warmup_steps} steps, " if piece.warmup_steps else ""
+    scaled = f" (× {piece.scale:.4g}: optim.batch_lr_scaling)" if piece.scale != 1.0 else ""
+    return f"[{warmup}{piece.shape} from {_shown(piece.peak)} to {_shown(piece.end)}{scaled}]"
+
+
+def _lr_record(piece: LRPiece) -> dict[str, Any]:
+    """A piece as a plan description holds it: `scale` only where a batch rule set one (a plan of
+    LRs as written describes itself as before the rule existed)."""
+    d = asdict(piece)
+    if d["scale"] == 1.0:
+        del d["scale"]
+    return d

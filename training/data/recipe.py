@@ -90,7 +90,7 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
         weights = data_plan.integer_weights([ph.mix.get(s.name, 0.0) for s in sources])
         gb = ph.global_batch_tokens // ph.seq_len
         scale = batch_lr_factor(cfg.optim.batch_lr_scaling, ph.global_batch_tokens, first_batch)
-        piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0)
+        piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0, scale=scale)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
     return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg))
@@ -101,7 +101,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
     if not cfg.phase:  # the one-phase [schedule] form (data/spec.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
-                 "global_batch": batch_key(cfg, 0)}  # fmt: skip
+                 "global_batch": batch_key(cfg, 0), "scale": "optim.batch_lr_scaling"}  # fmt: skip
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
@@ -115,7 +115,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
             "start": out[-1]["end"] if out else f"{k}.lr.peak",
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
-            "global_batch": batch_key(cfg, p),
+            "global_batch": batch_key(cfg, p), "scale": "optim.batch_lr_scaling",
         })  # fmt: skip
     return out
 
@@ -348,8 +348,9 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
 
 
 def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
-    """plan.png: the LR curve with phase boundaries, each source's share of every step and the
-    steps the rewinds skipped (`skips`). Returns a note instead when matplotlib is missing."""
+    """plan.png: the LR curve, the tokens of every step (the batch schedule) and each source's share
+    of it, with the phase boundaries and the steps the rewinds skipped (`skips`). Returns a note
+    instead when matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "plan.png skipped: matplotlib is not installed"
@@ -357,9 +358,18 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
 
     total = plan.total_steps
     steps = np.unique(np.linspace(0, total - 1, min(total, 2000)).astype(int))
-    fig, (ax_lr, ax_mix) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    fig, (ax_lr, ax_batch, ax_mix) = plt.subplots(
+        3, 1, figsize=(8, 7), sharex=True, gridspec_kw={"height_ratios": [3, 2, 3]}
+    )
     ax_lr.plot(steps + 1, [plan.lr(int(s)) for s in steps], color="black")
     ax_lr.set_ylabel("learning rate")
+    # tokens per step: each phase's global batch × seq_len, a step function over the phases
+    edges = [*plan.first_step, total]
+    batch = [ph.global_batch * ph.seq_len for ph in plan.phases]
+    ax_batch.stairs(batch, np.array(edges) + 0.5, baseline=None, color="C0", linewidth=1.5)
+    ax_batch.set_ylim(0, max(batch) * 1.15)
+    ax_batch.set_ylabel("tokens per step")
+    ax_batch.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     shares = np.zeros((len(plan.sources), len(steps)))
     for j, s in enumerate(steps.tolist()):
         p, k = plan.locate(s)
@@ -371,10 +381,10 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
     ax_mix.set_ylim(0, 1)
     ax_mix.legend(loc="upper left", fontsize=8)
     for s in skips:  # steps a rewind skipped: their windows were read, not trained
-        for ax in (ax_lr, ax_mix):
+        for ax in (ax_lr, ax_batch, ax_mix):
             ax.axvspan(s.first_step - 0.5, s.last_step + 0.5, color="red", alpha=0.15, linewidth=0)
     for p, ph in enumerate(plan.phases):
-        for ax in (ax_lr, ax_mix):
+        for ax in (ax_lr, ax_batch, ax_mix):
             ax.axvline(plan.first_step[p] + 0.5, color="grey", linestyle=":", linewidth=1)
         ax_lr.text(plan.first_step[p] + 1, ax_lr.get_ylim()[1], f" {ph.name} (seq {ph.seq_len})",
                    va="top", fontsize=8)  # fmt: skip

@@ -304,6 +304,13 @@ def check_config(cfg: TrainConfig, world_size: int) -> RunSpec:
             f"data.num_workers ({d.num_workers}) and run.threads ({r.threads}) must be ≥ 0 (0: read in the "
             "training process / torch's default thread count)"
         )
+    held_out = [src.name for src in spec.sources if src.val_fraction > 0]
+    if cfg.eval.source and cfg.eval.source not in held_out:
+        raise ConfigError(
+            f"eval.source = {cfg.eval.source!r}: not a source with held-out documents; the sources with some "
+            f"are {', '.join(held_out) or 'none (set a val_fraction)'}",
+            "eval.source",
+        )
     check_training(cfg, spec.last_step)
     return spec
 
@@ -312,16 +319,19 @@ def applied_config(cfg: TrainConfig, spec: RunSpec) -> dict[str, Any]:
     """What RUN/config.toml records: the config as it applies, so that `gristmill train --config
     RUN/config.toml` (into another run.output_dir) reproduces the run and no key in it is one a
     fresh run would refuse. Left out: data.dataset and data.val_fraction beside [[data.sources]]
-    (each source gets its own val_fraction written), [schedule] beside [[phase]], the default preset
-    of a run from a base model (model.init_from gives its shape), and checkpoint.resume (how a run
-    was started, not what it trains)."""
+    (each source gets its own val_fraction written), [schedule] and data.seq_len beside [[phase]]
+    (each phase gets its own seq_len written), the default preset of a run from a base model
+    (model.init_from gives its shape), and checkpoint.resume (how a run was started, not what it
+    trains)."""
     d = to_dict(cfg)
     if cfg.data.sources:
         del d["data"]["dataset"], d["data"]["val_fraction"]
         for raw, src in zip(d["data"]["sources"], spec.sources):
             raw["val_fraction"] = src.val_fraction
     if cfg.phase:
-        del d["schedule"]
+        del d["schedule"], d["data"]["seq_len"]
+        for raw, ph in zip(d["phase"], spec.phases):
+            raw["seq_len"] = ph.seq_len
     if cfg.model.init_from and cfg.model.preset == ModelSection.preset:
         del d["model"]["preset"]
     del d["checkpoint"]["resume"]

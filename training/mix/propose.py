@@ -7,7 +7,13 @@
 
 Every step resumes: a rerun reuses each proxy whose run recorded this recipe on these datasets
 (training/mix/proxies.py). With --write-commands the missing proxies are written as `gristmill
-train` lines for a cluster's scheduler instead of trained here; rerun once they are done.
+train` lines for a cluster's scheduler instead of trained here; rerun once they are done. An
+earlier search's outputs in DIR are moved to DIR/earlier/N/, never overwritten.
+
+Honest about noise: the report's `warnings` (each also said in the terminal) name what makes a
+proposal weak — one validation seed, a proposal on a constraint bound, a proposal outside the
+swarm's range — and its `noise` puts the validation seeds' spread beside the fit's leave-one-out
+error and explains the gap between the predicted and the validated loss.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, t
 from training.plotting import agg_pyplot
 
 REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH = "report.json", "proposal.toml", "mix.png", "commands.sh"
+EARLIER = "earlier"  # DIR/earlier/N/: an earlier search's outputs, with the config.toml they answer to
 BASELINES = ("uniform", "proportional")
 
 
@@ -121,18 +128,19 @@ def run(args: argparse.Namespace) -> int:
     for proxy in swarm:  # every proxy's plan checked before the first trains
         check_supply(cfg, proxy, tables)
     out.mkdir(parents=True, exist_ok=True)
-    # The outputs are a function of this recipe and its evidence: none of an earlier search's stays
-    # beside this recipe (a rerun rewrites them from the reused proxies in seconds).
-    for name in (REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH):
-        (out / name).unlink(missing_ok=True)
+    _keep_earlier(out)  # none of an earlier search's outputs stays beside this recipe, none is lost
     save_config(cfg, out / "config.toml")
-    workers = parallelism(cfg, len(swarm) + 3 * len(cfg.validation.seeds))
-    with Pool(workers) as pool:
+    warnings = []
+    if len(cfg.validation.seeds) == 1:  # said now: the search can still be stopped and rerun
+        warnings.append(_warn(ONE_SEED.format(seeds=cfg.validation.seeds)))
+    runs = len(swarm) + 3 * len(cfg.validation.seeds)
+    workers = parallelism(cfg, runs)
+    with Pool(workers, cfg, fingerprints) as pool:
         _say(
             f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({cfg.proxy.preset}), "
-            f"{workers} at a time"
+            f"{workers} at a time; then {runs - len(swarm)} validation runs"
         )
-        found = _gather(cfg, out, swarm, fingerprints, w, pool, args.write_commands)
+        found = _gather(cfg, out, swarm, fingerprints, w, pool, args.write_commands, runs - len(swarm))
         if found is None:
             return 0
         X = np.array([p.mix for p in swarm])
@@ -145,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
             f"proposal {_mix_text(sources, proposal)}, "
             f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
         )
+        outside = _outside_swarm(sources, proposal, X)
+        warnings += [_warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi), outside) if line]
         mixes = {
             "proposal": proposal,
             "uniform": simplex.uniform(len(sources), lo, hi),
@@ -166,6 +176,7 @@ def run(args: argparse.Namespace) -> int:
         for name in mixes
     }
     passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
+    noise = _noise(fitted, mixes, losses, outside is not None)
     report = {
         "sources": sources,
         "prior": dict(zip(sources, prior.tolist())),
@@ -185,14 +196,17 @@ def run(args: argparse.Namespace) -> int:
         "validation": {"seeds": list(cfg.validation.seeds), **losses},
         "gate_returned_prior": not passed,
         "fingerprints": fingerprints,
+        "noise": noise,
+        "warnings": warnings,
     }
     write_atomic(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
     write_atomic(
         out / PROPOSAL_TOML,
-        _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed),
+        _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed, warnings),
     )
     for line in _validation_table(losses, cfg.validation.seeds):
         _say(line)
+    _say(f"noise: {noise['explanation']}")
     note = plot_search(report, fitted, w, out / MIX_PNG)
     chosen = proposal if passed else prior
     _say(
@@ -204,8 +218,116 @@ def run(args: argparse.Namespace) -> int:
         + f" → mix = {_toml_mix(sources, chosen)} ({out / PROPOSAL_TOML}; {out / REPORT_JSON}; "
         + (note or str(out / MIX_PNG))
         + f"; {time.monotonic() - t0:.0f} s)"
+        + (f"; {len(warnings)} warning{'s' * (len(warnings) > 1)} above" if warnings else "")
     )
     return 0
+
+
+ONE_SEED = (
+    "validation.seeds = {seeds} has one seed: one seed cannot measure seed noise, so the gate's verdict "
+    "is weak; use ≥ 2 (e.g. validation.seeds = [1, 2])"
+)
+
+
+def _warn(line: str) -> str:
+    _say(f"warning: {line}")
+    return line
+
+
+def _keep_earlier(out: Path) -> None:
+    """An earlier search's outputs (report.json, proposal.toml, mix.png), with the config.toml they
+    answer to, moved to OUT/earlier/N/ (N = 1, 2, …): a rerun never overwrites them. commands.sh is
+    a to-do list, not a result: removed (a rerun writes what is still missing)."""
+    (out / COMMANDS_SH).unlink(missing_ok=True)
+    kept = [out / name for name in (REPORT_JSON, PROPOSAL_TOML, MIX_PNG) if (out / name).exists()]
+    if not kept:
+        return
+    taken = [int(d.name) for d in (out / EARLIER).glob("*") if d.name.isdigit()]
+    dest = out / EARLIER / str(max(taken, default=0) + 1)
+    dest.mkdir(parents=True)
+    for path in [*kept, out / "config.toml"]:
+        if path.exists():
+            path.rename(dest / path.name)
+    _say(f"the earlier search's {', '.join(p.name for p in kept)} moved to {dest}/ (with its config.toml)")
+
+
+def _on_bound(cfg: MixConfig, sources: list[str], proposal, lo: np.ndarray, hi: np.ndarray) -> str | None:
+    """The warning for a proposal on a bound of the constrained simplex, each bound by its key."""
+    c, at = cfg.constraints, []
+    for i, name in enumerate(sources):
+        x = float(proposal[i])
+        if x >= hi[i] - 1e-9:
+            why = (
+                f"constraints.max_weight = {c.max_weight:g}"
+                if np.isclose(hi[i], c.max_weight)
+                else "the most its max_epochs allows at proxy.tokens or constraints.run_tokens"
+            )
+            at.append(f"{name} = {x:.4g} ({why})")
+        elif x <= lo[i] + 1e-9:
+            why = (
+                f"constraints.min_weight = {c.min_weight:g}"
+                if np.isclose(lo[i], c.min_weight)
+                else "one sequence of a proxy's step, the least a source of a mixture gets"
+            )
+            at.append(f"{name} = {x:.4g} ({why})")
+    if not at:
+        return None
+    return (
+        f"the proposal sits on a constraint bound: {', '.join(at)}; the fit's best may lie beyond it, "
+        "where no proxy trained"
+    )
+
+
+def _outside_swarm(sources: list[str], proposal, X: np.ndarray) -> str | None:
+    """The warning for a proposal outside the range of weights the swarm's proxies trained."""
+    out = [
+        f"{name} = {float(proposal[i]):.4g} (the swarm's {X[:, i].min():.4g}–{X[:, i].max():.4g})"
+        for i, name in enumerate(sources)
+        if not X[:, i].min() - 1e-9 <= proposal[i] <= X[:, i].max() + 1e-9
+    ]
+    if not out:
+        return None
+    return (
+        f"the proposal lies outside the swarm's range: {', '.join(out)}; its predicted loss is an "
+        "extrapolation (a larger swarm.size, or a lower swarm.concentration, spreads the proxies further)"
+    )
+
+
+def _noise(
+    fitted: mix_fit.Fit, mixes: dict[str, np.ndarray], losses: dict[str, list[float]], outside: bool
+) -> dict[str, Any]:
+    """The validation seeds' spread beside the fit's leave-one-out error, and the gap between each
+    mixture's predicted and validated loss, explained: the baselines' gap is the validation seeds'
+    shift from the swarm's seed (every mixture moves with it), the proposal's gap beyond it the
+    fit's own miss at the proposal."""
+    predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
+    gap = {name: float(np.mean(losses[name])) - predicted[name] for name in mixes}
+    spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
+    shift = float(np.mean([gap[b] for b in BASELINES]))
+    miss = gap["proposal"] - shift
+    text = (
+        f"the proposal validated {gap['proposal']:+.4f} from its predicted {predicted['proposal']:.4f}, "
+        f"uniform {gap['uniform']:+.4f} and proportional {gap['proportional']:+.4f} from theirs: "
+        f"{shift:+.4f} is the validation seeds' shift from the swarm's seed (data order and "
+        f"initialisation; every mixture moves with it) and {miss:+.4f} the fit's own miss at the "
+        f"proposal{' (an extrapolation)' if outside else ''}, beside its leave-one-out error "
+        f"{fitted.cv_error:.4f}; "
+    )
+    means = [float(np.mean(v)) for v in losses.values()]
+    if spread["proposal"] is None:
+        text += "one validation seed: the seeds' spread is not measured"
+    else:
+        text += (
+            f"the seeds spread a mixture's loss by up to {max(spread.values()):.4f}, the mixtures' mean "
+            f"losses differ by {max(means) - min(means):.4f}"
+        )
+    return {
+        "cv_error": fitted.cv_error,
+        "seed_spread": spread,
+        "predicted": predicted,
+        "gap": gap,
+        "explanation": text,
+    }
 
 
 def _say(line: str) -> None:
@@ -233,9 +355,11 @@ def _gather(
     w: np.ndarray,
     pool: Pool,
     write_commands: bool,
+    later: int = 0,
 ) -> dict[Proxy, Evidence] | None:
     """Each proxy's evidence: reused where its run recorded it, trained (or, with --write-commands,
-    written as a command) where not. None when commands were written instead."""
+    written as a command) where not. None when commands were written instead. `later`: the runs
+    still to come after these (the time left counts them)."""
     sources = names(cfg)
     planned: dict[Proxy, tuple[TrainConfig, Path]] = {}
     found: dict[Proxy, Evidence] = {}
@@ -273,7 +397,7 @@ def _gather(
         trained[run_dir] = losses
         return f"target {_target(losses, sources, w):.4f}"
 
-    pool.train(todo, _say, describe)
+    pool.train(todo, _say, describe, later)
     for proxy, (tc, run_dir) in planned.items():
         if proxy in found:
             continue
@@ -312,13 +436,16 @@ def _validation_table(losses: dict[str, list[float]], seeds: list[int]) -> list[
     return ["validation (target loss per seed):", *lines]
 
 
-def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool) -> str:
+def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool, warnings: list[str]) -> str:
     runs = "; ".join(
         f"seed {s}: proposal {losses['proposal'][k]:.4f}, uniform {losses['uniform'][k]:.4f}, "
         f"proportional {losses['proportional'][k]:.4f}"
         for k, s in enumerate(seeds)
     )
-    head = f"# gristmill mix propose --config {args.config} --out {args.out}\n# validation: {runs}\n"
+    command = ["gristmill", "mix", "propose", "--config", args.config, "--out", args.out]
+    if args.overrides:
+        command += ["--set", *args.overrides]
+    head = f"# {shlex.join(command)}\n# validation: {runs}\n" + "".join(f"# warning: {x}\n" for x in warnings)
     if passed:
         return (
             head + f"# the proposal beat both baselines on every seed\nmix = {_toml_mix(sources, proposal)}\n"
@@ -333,13 +460,14 @@ def _proposal_toml(args, sources, prior, proposal, losses, seeds, passed: bool) 
 def plot_search(report: dict[str, Any], fitted: mix_fit.Fit, w: np.ndarray, path: Path) -> str | None:
     """mix.png: left, the swarm's target losses against the fit (two sources: along the second
     source's weight, the fitted curve through them; more: each proxy's observed loss against the
-    fit's leave-one-out prediction); right, the validation runs per seed. A note instead of the path
-    when matplotlib is missing."""
+    fit's leave-one-out prediction); right, on the same loss axis (so a difference between mixtures
+    looks as large as it is next to the swarm's), each mixture's validation runs per seed, the fit's
+    prediction for it and the seeds' spread. A note instead of the path when matplotlib is missing."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no mix.png (pip install matplotlib)"
     sources = report["sources"]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     X = np.array([[e["mix"][n] for n in sources] for e in report["swarm"]])
     t = np.array([e["target_loss"] for e in report["swarm"]])
     proposal = np.array([report["proposal"][n] for n in sources])
@@ -362,17 +490,33 @@ def plot_search(report: dict[str, Any], fitted: mix_fit.Fit, w: np.ndarray, path
     ax.set_ylabel("target loss (held-out)")
     ax.set_title(f"swarm and fit (leave-one-out error {report['fit']['cv_error']:.4f})")
     ax.legend(fontsize=8)
-    v = report["validation"]
+    v, noise = report["validation"], report["noise"]
+    names = ("proposal", *BASELINES)
     for j in range(len(v["seeds"])):  # one seed's three runs joined: the gate compares within a seed
-        bx.plot(range(3), [v[name][j] for name in ("proposal", *BASELINES)], color="0.75", lw=1, zorder=1)
-    for k, name in enumerate(("proposal", *BASELINES)):
-        bx.scatter([k] * len(v[name]), v[name], color=f"C{[3, 1, 2][k]}", s=30)
+        bx.plot(range(3), [v[name][j] for name in names], color="0.75", lw=1, zorder=1)
+    for k, name in enumerate(names):
+        color = f"C{[3, 1, 2][k]}"
+        bx.scatter(
+            [k] * len(v[name]), v[name], color=color, s=30, label="validated, per seed" if k == 0 else None
+        )
+        bx.scatter(
+            [k], [noise["predicted"][name]], marker="D", facecolors="none", edgecolors=color, s=60,
+            label="predicted by the fit" if k == 0 else None,
+        )  # fmt: skip
+        if len(v[name]) > 1:  # the seeds' spread of this mixture
+            bx.vlines(
+                k - 0.12, min(v[name]), max(v[name]), color=color, lw=3, alpha=0.5,
+                label="the seeds' spread" if k == 0 else None,
+            )  # fmt: skip
         for seed, y in zip(v["seeds"], v[name]):
             bx.annotate(f"seed {seed}", (k, y), fontsize=7, xytext=(4, 0), textcoords="offset points")
-    bx.set_xticks(range(3), ["proposal", "uniform", "proportional"])
-    bx.set_ylabel("target loss (held-out)")
+    bx.set_xticks(range(3), list(names))
+    bx.set_xlim(-0.5, 2.7)
+    bx.legend(fontsize=8)
     verdict = "prior returned" if report["gate_returned_prior"] else "proposal kept"
-    bx.set_title(f"validation per seed: {verdict}")
+    spread = [x for x in noise["seed_spread"].values() if x is not None]
+    seeds = f"seed spread ≤ {max(spread):.4f}" if spread else "one seed: spread not measured"
+    bx.set_title(f"validation: {verdict} ({seeds})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

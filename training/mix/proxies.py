@@ -10,7 +10,10 @@ trained again. A run under the same SLOT whose recipe matches but whose fingerpr
 named ("source 'code' was rebuilt since …") and kept aside, never read.
 
 Workers: a spawn-context process pool, proxy.parallel of them, each importing torch once and then
-training proxy after proxy in process, each with run.threads torch threads.
+training proxy after proxy in process, each with run.threads torch threads. A worker checks every
+source's fingerprint against the search's before and after each proxy (and when the proxy failed):
+a source replaced during the search ends it with one line naming the source and both fingerprints,
+and a proxy that ran while it changed is cleared, never evidence (it may have read both datasets).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import concurrent.futures
 import contextlib
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -33,6 +37,7 @@ from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL, kept_rows, 
 from training.data.plan import PlanError
 from training.data.reader import DocumentTable
 from training.data.recipe import build_plan, open_sources, recorded_plan
+from training.data.remote import dataset_info
 from training.data.spec import applied_config, check_config, resolve
 from training.mix.recipe import MixConfig, names
 
@@ -124,11 +129,61 @@ def run_dir_of(out: Path, proxy: Proxy, key: str) -> Path:
     return out / proxy.group / f"{proxy.slot}-{key}"
 
 
+# The proxy recipe's keys that [proxy] sets: a refusal of that recipe is said in the search's keys
+# (unless proxy.set set the key itself).
+FROM_PROXY = {
+    "data.global_batch_tokens": "proxy.global_batch_tokens",
+    "data.micro_batch": "proxy.micro_batch",
+    "phase[0].seq_len": "proxy.seq_len",
+    "phase[0].lr warmup": "proxy.warmup_steps",
+    "model.preset": "proxy.preset",
+    "optim.lr": "proxy.lr",
+    "optim.min_lr": "proxy.min_lr",
+    "run.val_batches": "proxy.val_batches",
+    "run.threads": "proxy.threads",
+}
+
+
+def in_search_keys(message: str, cfg: MixConfig) -> str:
+    """A refusal of the proxies' training recipe, its keys named as the search's recipe sets them."""
+    own = {item.split("=", 1)[0].strip() for item in cfg.proxy.set}
+    for train_key, key in FROM_PROXY.items():
+        if train_key.split(" ")[0] not in own:
+            message = re.sub(rf"(?<![\w.\[]){re.escape(train_key)}(?!\w)", key, message)
+    return message
+
+
 def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
     """Each source's training split, opened once for the whole search as the trainer opens it (one
     tokenizer across them, no dataset twice): its tokens and fingerprint, and every proxy's plan."""
     n = len(cfg.data.sources)
-    return open_sources(check_config(train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0)), 1))
+    try:
+        spec = check_config(train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0)), 1)
+    except ConfigError as e:
+        raise ConfigError(in_search_keys(str(e), cfg), key=e.key) from None
+    return open_sources(spec)
+
+
+def source_changes(sources: list[tuple[str, str]], fingerprints: dict[str, str]) -> str | None:
+    """One line naming each source (name, dataset) whose dataset is no longer the one the search
+    started on (another fingerprint, or none readable now); None when every one is."""
+    changed = []
+    for name, dataset in sources:
+        try:
+            fingerprint = str(dataset_info(dataset).get("fingerprint"))
+            now, same = f"{fingerprint[:12]}… now", fingerprint == fingerprints[name]
+        except GristmillError as e:
+            now, same = f"none readable now ({e})", False
+        if not same:
+            changed.append(f"source {name!r} ({dataset}) changed during the search: fingerprint "
+                           f"{fingerprints[name][:12]}… at its start, {now}")  # fmt: skip
+    if not changed:
+        return None
+    return (
+        "; ".join(changed) + ". No proxy's evidence mixes the two datasets (a proxy that ran while it "
+        "changed was cleared); rerun once the source is as it should be: proxies of the new data are "
+        "other runs"
+    )
 
 
 def check_supply(cfg: MixConfig, proxy: Proxy, tables: list[DocumentTable]) -> None:
@@ -202,25 +257,48 @@ def _worker_start() -> None:
     exit_with_parent()
 
 
-def _train_in_worker(tc: TrainConfig, log: str) -> str | None:
-    """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log;
-    the one-line error of a run that refused (None when it ran)."""
+CHANGED, REFUSED = "changed", "refused"  # a worker's reply: a source changed, or the run refused
+
+
+def _train_in_worker(
+    tc: TrainConfig, log: str, sources: list[tuple[str, str]], fingerprints: dict[str, str]
+) -> tuple[str, str] | None:
+    """A pool worker's job: one `gristmill train` run in this process, its console in RUN/train.log,
+    on the datasets the search started on (checked before and after: source_changes). None when it
+    ran; else (CHANGED, the line) or (REFUSED, the run's one-line error)."""
     from training.train import train  # the worker's first job imports torch; the next ones reuse it
 
-    with open(log, "w", encoding="utf-8") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        try:
-            train(tc, out=f)
-        except GristmillError as e:
-            print(f"error: {e}", file=f)
-            return str(e)
-    return None
+    if changed := source_changes(sources, fingerprints):
+        return CHANGED, changed
+    refused = None
+    try:
+        with (
+            open(log, "w", encoding="utf-8") as f,
+            contextlib.redirect_stdout(f),
+            contextlib.redirect_stderr(f),
+        ):
+            try:
+                train(tc, out=f)
+            except GristmillError as e:
+                print(f"error: {e}", file=f)
+                refused = str(e)
+    except Exception:  # a dataset replaced under the reader fails anyhow; said as what it is
+        if changed := source_changes(sources, fingerprints):
+            clear(Path(tc.run.output_dir))
+            return CHANGED, changed
+        raise
+    if changed := source_changes(sources, fingerprints):  # it may have read either dataset
+        clear(Path(tc.run.output_dir))
+        return CHANGED, changed
+    return None if refused is None else (REFUSED, refused)
 
 
 class Pool:
-    """Trains proxies, proxy.parallel at a time, in spawned workers kept for the whole search."""
+    """Trains proxies, proxy.parallel at a time, in spawned workers kept for the whole search, on the
+    search's sources (`cfg`) as `fingerprints` identify them."""
 
-    def __init__(self, parallel: int):
-        self.parallel = parallel
+    def __init__(self, parallel: int, cfg: MixConfig, fingerprints: dict[str, str]):
+        self.parallel, self.cfg, self.fingerprints = parallel, cfg, fingerprints
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
 
     def __enter__(self) -> Pool:
@@ -235,8 +313,10 @@ class Pool:
         jobs: list[tuple[str, TrainConfig, Path]],
         say: Callable[[str], None],
         describe: Callable[[int], str],
+        later: int = 0,
     ) -> None:
-        """Train every job (label, recipe, run directory); a line as each one ends, with the time left."""
+        """Train every job (label, recipe, run directory): a line as the first ones start, then one
+        as each ends, with the time left for these and the `later` runs still to come after them."""
         if not jobs:
             return
         if self._executor is None:
@@ -249,23 +329,36 @@ class Pool:
             )
         t0 = time.monotonic()
         futures = {}
+        sources = [(s.name, s.dataset) for s in self.cfg.data.sources]
         for i, (_, tc, run_dir) in enumerate(jobs):
             run_dir.mkdir(parents=True, exist_ok=True)
-            futures[self._executor.submit(_train_in_worker, tc, str(run_dir / "train.log"))] = i
+            log = str(run_dir / "train.log")
+            futures[self._executor.submit(_train_in_worker, tc, log, sources, self.fingerprints)] = i
+        first = [label for label, _, _ in jobs[: self.parallel]]
+        say(f"  training {len(jobs)}, {self.parallel} at a time; started {', '.join(first)}")
         done = 0
         for fut in concurrent.futures.as_completed(futures):
             i = futures[fut]
-            error = fut.result()
+            reply = fut.result()
             label, _, run_dir = jobs[i]
-            if error is not None:
-                raise GristmillError(f"proxy {label} ({run_dir}) refused to train: {error}")
+            if reply is not None and reply[0] == CHANGED:
+                raise GristmillError(reply[1])
+            if reply is not None:
+                raise GristmillError(
+                    f"proxy {label} ({run_dir}) refused to train: {in_search_keys(reply[1], self.cfg)}"
+                )
             done += 1
             elapsed = time.monotonic() - t0
-            left = elapsed / done * (len(jobs) - done)
+            left = elapsed / done * (len(jobs) - done + later)
+            then = f" with the {later} validation runs" if later else ""
             say(
-                f"  {done}/{len(jobs)} {label}: {describe(i)} ({elapsed:.0f} s"
-                + (f", ~{left:.0f} s to go)" if left else ")")
+                f"  {done}/{len(jobs)} {label}: {describe(i)} ({_duration(elapsed)}"
+                + (f", ~{_duration(left)} to go{then})" if left else ")")
             )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def parallelism(cfg: MixConfig, jobs: int) -> int:

@@ -28,7 +28,7 @@ from training.checkpoint.state import TrainState
 from training.config import RewindSection
 from training.console import say
 from training.contract.errors import NonFiniteError
-from training.data.plan import Plan, Skip
+from training.data.plan import Plan, Skip, trained_step
 from training.metrics import no_step_row
 from training.optim import ScheduledLR
 from training.run.faults import kill_point
@@ -124,9 +124,11 @@ class Rewinder:
         kill_point("rewind-restored")
         self.record.rewound(skip)
         if skip.last_step >= self.last_step and (self.validates or self.evaluates):
+            # the step whose weights they are: the checkpoint may be an earlier skip's, never trained
+            weights = trained_step(self.timeline.skips, skip.checkpoint_step)
             note = (
                 f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
-                f"{skip.rewind}; the final weights are step {skip.checkpoint_step}'s"
+                f"{skip.rewind}; the final weights are step {weights}'s"
             )
             row = no_step_row(skip.last_step, note)
             self.record.hold(row, validate=self.validates, evaluate=self.evaluates)

@@ -163,7 +163,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     resolved = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
     )
-    checkpointer = _checkpointer(resolved, env, states, timeline, last_step, model_config, num_params(model))
+    identity = run_identity(applied_config(resolved, spec))
+    checkpointer = _checkpointer(
+        resolved, env, states, timeline, last_step, model_config, num_params(model), identity
+    )
     resumed = checkpointer.resume(cfg.checkpoint.resume)  # before iter(loader): restores its position
     if resumed is None and model_config.init_from:  # a resume's checkpoint holds the weights: no base read
         # No files when preflight took a checkpoint's record for the base, and that checkpoint did not load.
@@ -174,7 +177,17 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         load_base_weights(model, checked.base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, state, rank=env.rank, plot=cfg.metrics.plot)
-    _outputs(resolved, spec, model_config, env, run_dir, resumed, record, checked.base_dir)
+    _outputs(
+        resolved,
+        spec,
+        model_config,
+        env,
+        run_dir,
+        resumed,
+        record,
+        checked.base_dir,
+        checkpointer.resumed_from,
+    )
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
     record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
@@ -247,11 +260,11 @@ def _checkpointer(
     last_step: int,
     model_config,
     params: int,
+    identity: str,
 ) -> Checkpointer:
+    """`identity`: the config hash each COMPLETE records (run_identity)."""
     run = resolved.run
     rewinds = "rewind" in (run.on_spike, run.on_nonfinite)
-    # --resume is how a run started, not what it trains: it is left out of the config hash.
-    unresumed = dataclasses.replace(resolved, checkpoint=dataclasses.replace(resolved.checkpoint, resume=""))
     return Checkpointer(
         resolved.checkpoint,
         run.output_dir,
@@ -259,7 +272,7 @@ def _checkpointer(
         rank=env.rank,
         world_size=env.world_size,
         last_step=last_step,
-        config_sha256=config_sha256(unresumed),
+        config_sha256=identity,
         estimate_bytes=params * 4 * 3,  # fp32 weights + AdamW's two moments
         model_config=dataclasses.asdict(model_config),  # recorded in COMPLETE, checked before a resume loads
         # Retention keeps what a later rewind may go back to (checkpointer.prune).
@@ -276,16 +289,18 @@ def _outputs(
     resumed: int | None,
     record: RunRecord,
     base_dir: Path | None,
+    resumed_from: tuple[Path, str | None] | None,
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     RUN/config.toml (after a resume's note of what changed), a new run's base (RUN/base/: the base as
     loaded from `base_dir`, for its exports), the run record started (what a discarded future left
-    set aside, the plan's record and plot, metrics.jsonl, the trackers)."""
+    set aside, the plan's record and plot, metrics.jsonl, the trackers). `resumed_from`: the
+    checkpoint resumed and the config hash it records (Checkpointer.resumed_from)."""
     if env.rank != 0:
         return
     applied = applied_config(resolved, spec)
-    if resumed is not None:
-        for line in _changes_since(run_dir / CONFIG_TOML, applied, resumed):
+    if resumed is not None and resumed_from is not None:
+        for line in _changes_since(*resumed_from, applied, resumed):
             say(line)
     try:
         save_config(applied, run_dir / CONFIG_TOML)
@@ -366,20 +381,38 @@ def _say_resumed(loader: TokenLoader, state: TrainState, resumed: int, last_step
         say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
 
 
-def _changes_since(path: Path, applied: dict[str, Any], step: int) -> list[str]:
-    """A resume's note of what differs from the run's saved config.toml (the optimizer, the schedule
-    and the run settings are this config's from the next step on; the data and the model are
-    checked apart and refused when they changed)."""
+def run_identity(applied: dict[str, Any]) -> str:
+    """The hash of what a run trains, which every checkpoint's COMPLETE records: the applied config
+    (checkpoint.resume is not in it) without run.output_dir, so a resume with the run's own
+    config.toml, or into another directory, is the same run's."""
+    return config_sha256({**applied, "run": {k: v for k, v in applied["run"].items() if k != "output_dir"}})
+
+
+def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, Any], step: int) -> list[str]:
+    """A resume's note of what differs from the config `checkpoint` was saved with (the optimizer,
+    the schedule and the run settings are this config's from the next step on; the data and the model
+    are checked apart and refused when they changed): nothing when COMPLETE's hash (`recorded`) is
+    this config's, else the keys that differ from its run's config.toml, which that hash says is the
+    checkpoint's config or not (a later resume rewrote it)."""
+    if recorded == run_identity(applied):
+        return []
+    path = checkpoint.parent.parent / CONFIG_TOML
     try:
         before = load_train_config(path, [])
         before_applied = applied_config(before, resolve(before))
     except (GristmillError, OSError):
-        return []  # no or an unreadable earlier config: nothing to compare with
-    changes = config_changes(before_applied, applied)  # applied_config leaves checkpoint.resume out
-    if not changes:
-        return []
+        before_applied = None  # no or an unreadable config.toml there: nothing to name the keys from
+    changes = [
+        c for c in config_changes(before_applied or {}, applied) if not c.startswith("run.output_dir ")
+    ]
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
-    return [f"note: changed since {path} was written: {shown}; in effect from step {step + 1}"]
+    when = f"; in effect from step {step + 1}"
+    if before_applied is not None and recorded in (None, run_identity(before_applied)):
+        return [f"note: changed since {checkpoint.name} was saved ({path}): {shown}{when}"] if changes else []
+    return [
+        f"note: the config differs from the one {checkpoint.name} was saved with (its hash in COMPLETE)"
+        + (f"; changed since {path} was written: {shown}{when}" if before_applied and changes else "")
+    ]
 
 
 @contextlib.contextmanager

@@ -14,11 +14,10 @@ is written a line at a time.
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
-next resume. `exit_with_parent` makes each worker kill itself once its parent is gone: a watchdog
-thread sees the parent PID change (the orphan is re-parented) within `poll_s`. It is a watchdog, not
-PR_SET_PDEATHSIG, because that signal fires when the parent *thread* that started the child ends,
-which in torchrun need not be the agent's lifetime. `launcher_child_preexec` is that signal for the
-launcher's own child (torchrun), started from the launcher's main thread.
+next resume. `exit_with_parent` makes each worker kill itself once its parent is gone
+(training/contract/lifetime.py: a watchdog thread, not PR_SET_PDEATHSIG, which fires when the parent
+*thread* that started the child ends, in torchrun not the agent's lifetime). `launcher_child_preexec`
+is that signal for the launcher's own child (torchrun), started from the launcher's main thread.
 """
 
 from __future__ import annotations
@@ -29,10 +28,11 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import torch
 import torch.distributed as dist
+
+from training.contract.lifetime import exit_with
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130: a second Ctrl-C, as a shell reports a Ctrl-C'd command
@@ -95,19 +95,9 @@ class GracefulStop:
         return signal.Signals(signum).name if signum else None
 
 
-def exit_with_parent(poll_s: float = 0.05) -> None:
-    """Kill this process (SIGKILL: nothing more is written) within `poll_s` of its parent's death."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        # torchrun makes each worker a session (and group) leader: its DataLoader children go too.
-        if os.getpgid(0) == os.getpid():
-            os.killpg(0, signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="gristmill-exit-with-parent", daemon=True).start()
+def exit_with_parent() -> None:
+    """Kill this process (SIGKILL: nothing more is written) within a moment of its parent's death."""
+    exit_with()
 
 
 def launcher_child_preexec() -> None:

@@ -191,10 +191,52 @@ def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, source
     assert (
         gristmill(["train", "--config", str(changed), "--resume", resume, "--set", "metrics.plot=false"]) == 0
     )
-    assert "the plan's future changed since the checkpoint" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    # the notes name the batch that changed, in the recipe's keys, not every phase (issue 47)
+    future = next(
+        line for line in out.splitlines() if "the plan's future changed since the checkpoint" in line
+    )
+    a, b = math.sqrt(768 / 512), math.sqrt(384 / 512)  # the sqrt rule's factors of "long", then and now
+    was, now = (
+        f"[linear from {3e-3 * f:.6g} to {3e-4 * f:.6g} (× {f:.4g}: optim.batch_lr_scaling)]" for f in (a, b)
+    )
+    batch = "phase[2].global_batch_tokens 768 → 384 tokens per step"
+    tail = f": phase 'long': 4 → 9 steps, {batch}, its LR {was} → {now}"
+    assert future.endswith(tail), future
+    changed_line = next(line for line in out.splitlines() if line.startswith("note: changed since"))
+    assert "phase[2].global_batch_tokens 768 → 384" in changed_line and "{" not in changed_line, changed_line
     assert [r["tokens_seen"] for r in read_metrics(copy)][-1] == sum(
         BATCHES[:7]
     ) + 9 * 384  # 3500 // 384 = 9 steps
+
+
+def test_a_changed_batch_rule_is_refused_naming_it(reference, sources, tmp_path, capsys):
+    """Phase "big" trained with the sqrt rule's LRs: the rule changed is refused naming
+    optim.batch_lr_scaling (issue 47: it named optim.lr, which did not change)."""
+    run_dir, _ = reference
+    changed = write(sources, tmp_path / "none.toml", tmp_path / "copy", optim="batch_lr_scaling = 'none'\n")
+    resume = str(run_dir / "checkpoints" / "step-000006")
+    assert gristmill(["train", "--config", str(changed), "--resume", resume]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "already trained: optim.batch_lr_scaling (phase 'big': its LRs × 1.414 → × 1); " in line, line
+    assert "optim.lr" not in line
+
+
+def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, capsys):
+    """The documented resume (`--config RUN/config.toml`), into another run.output_dir: no note when
+    nothing else differs; the changed keys, named, when something does (issue 47: "the config
+    differs from the one step-N was saved with", naming nothing, on the documented path)."""
+    run_dir, _ = reference
+    resume = str(run_dir / "checkpoints" / "step-000006")
+    for sets, said in [([], None), (["optim.weight_decay=0.05"], "optim.weight_decay 0.1 → 0.05")]:
+        copy = tmp_path / f"copy{len(sets)}"
+        argv = ["train", "--config", str(run_dir / "config.toml"), "--resume", resume, "--set",
+                f"run.output_dir={json.dumps(str(copy))}", *sets]  # fmt: skip
+        assert gristmill(argv) == 0
+        notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+        saved = f"note: changed since step-000006 was saved ({run_dir / 'config.toml'})"
+        want = [] if said is None else [f"{saved}: {said}; in effect from step 7"]
+        assert [n for n in notes if "config" in n or "changed since" in n] == want, notes
 
 
 def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
@@ -222,3 +264,31 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
         assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
             k: v for k, v in a.items() if k.startswith("tokens/")
         }
+
+
+def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refused(sources, tmp_path, capsys):
+    """Validation reads run.val_batches global batches of the current phase's batch from the start
+    of each held-out split: a split whose epoch holds fewer would repeat held-out windows. Refused
+    before step 1, naming the source, the phase and the figures (issue 47: it trained on)."""
+    from training.data.order import epoch_steps
+    from training.data.reader import DocumentTable
+
+    held = {  # held-out global batches per (source, phase) at the recipe's val_fraction 0.3
+        (name, phase): epoch_steps(DocumentTable(path, split="val", val_fraction=0.3).tokens, seq, g)[0]
+        for name, path in sources.items()
+        for phase, seq, g in (("small", 32, 16), ("big", 32, 32), ("long", 64, 12))
+    }
+    (source, phase), fits = min(held.items(), key=lambda kv: kv[1])
+    assert phase == "big" and fits < held[source, "small"]  # the bigger batch is the one refused
+    run_dir = tmp_path / "run"
+    path = write(sources, tmp_path / "r.toml", run_dir)
+    assert gristmill(["train", "--config", str(path), "--set", f"run.val_batches={fits + 1}"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    tokens = DocumentTable(sources[source], split="val", val_fraction=0.3).tokens
+    assert f"source {source!r}, phase 'big': run.val_batches = {fits + 1}: split 'val' of" in line, line
+    assert f"has {tokens:,} tokens, fewer than {fits + 1} global batches of 32 × (seq_len 32 + 1)" in line
+    assert [p.name for p in run_dir.iterdir()] == [".gristmill.lock"]  # no step, no record
+    # val_batches the split holds: the run starts (one step, validated at its end)
+    sets = [f"run.val_batches={fits}", "run.max_steps=1", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(path), "--set", *sets]) == 0
+    assert "val_loss" in read_metrics(run_dir)[-1]

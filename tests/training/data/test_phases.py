@@ -246,7 +246,7 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
     path.write_text(future)
     longer = loader_for(load_config(TrainConfig, path))
     longer.load_state_dict(state)
-    assert longer.resume_notes and "anneal: 3 steps" in longer.resume_notes[0]
+    assert longer.resume_notes and "phase 'anneal' added: 3 steps" in longer.resume_notes[0]
     assert longer.step == 4
     # The batches of the past and of the unchanged present are the same under both plans.
     assert step_hashes(cfg, 1)[:6] == step_hashes(load_config(TrainConfig, path), 1)[:6]
@@ -341,13 +341,15 @@ def test_the_run_reports_phases_sources_and_validation(reference):
 
 def test_the_run_config_holds_what_applies_and_trains_the_run_again(reference, tmp_path):
     """RUN/config.toml is the resolved config of what applies: no data.dataset (or its default) beside
-    [[data.sources]], no [schedule] beside [[phase]], each source's own val_fraction, no --resume;
-    a run from it alone (into another directory) trains the same steps."""
+    [[data.sources]], no [schedule] and no data.seq_len beside [[phase]] (issue 47: a seq_len the
+    run never used), each source's own val_fraction and each phase's own seq_len, no --resume; a
+    run from it alone (into another directory) trains the same steps."""
     run_dir, _ = reference
     saved = tomllib.loads((run_dir / "config.toml").read_text())
     assert "dataset" not in saved["data"] and "val_fraction" not in saved["data"]
     assert [s["val_fraction"] for s in saved["data"]["sources"]] == [0.1, 0.1, 0.1]
     assert "schedule" not in saved and "resume" not in saved["checkpoint"]
+    assert "seq_len" not in saved["data"] and [ph["seq_len"] for ph in saved["phase"]] == [32, 64]
     again = tmp_path / "again"
     sets = [f"run.output_dir={json.dumps(str(again))}", "run.max_steps=3", "checkpoint.interval=0"]
     assert gristmill(["train", "--config", str(run_dir / "config.toml"), "--set", *sets]) == 0

@@ -146,3 +146,12 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     assert "warmup 5 → 0.001, cosine → 0.0001" in out and "linear 0.0001 → 1e-05" in out, out
     assert f"plot: none yet ({run} does not exist" in out
     assert not (tmp_path / "never").exists()
+    # --plot FILE draws it anyway (LR, tokens per step, shares: three panels), still creating no run
+    plot = tmp_path / "plan.png"
+    assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(plot)]) == 0
+    assert f"plot: {plot}" in capsys.readouterr().out and not (tmp_path / "never").exists()
+    import matplotlib.image
+
+    assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
+    assert gristmill(["train", "--config", str(config), "--plot", str(plot)]) == 2
+    assert "--plot" in capsys.readouterr().err and not (tmp_path / "never").exists()

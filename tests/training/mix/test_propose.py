@@ -18,14 +18,16 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from tests.helpers.train_data import make_dataset
+from training.contract.dataset_format import read_dataset_info
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORT_FIELDS = {
     *("sources", "prior", "proposal", "swarm", "fit", "predicted", "validation", "gate_returned_prior"),
-    "fingerprints",
+    *("fingerprints", "noise", "warnings"),
 }
+ONE_SEED = "validation.seeds = [1] has one seed: one seed cannot measure seed noise"
 
 
 def recipe(tmp: Path, sources: dict[str, Path]) -> Path:
@@ -118,13 +120,30 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path)
     mix = tomllib.loads((out / "proposal.toml").read_text())["mix"]
     assert mix == pytest.approx(returned, abs=1e-4)
     assert (out / "mix.png").stat().st_size > 10_000
+    assert_honest_about_noise(report, first.stdout)
+    # the progress: a line as the first proxy starts, and the swarm's time left counts the validation
+    lines = first.stdout.splitlines()
+    started = lines.index("  training 4, 1 at a time; started " + report_label(report, 0))
+    assert lines[started + 1].startswith("  1/4 swarm/p00 ")
+    swarm_lines = [line for line in lines if line.startswith(tuple(f"  {k}/4 swarm/" for k in (1, 2, 3, 4)))]
+    assert len(swarm_lines) == 4 and all(
+        line.endswith("to go with the 3 validation runs)") for line in swarm_lines
+    )
+    assert (
+        (out / "proposal.toml")
+        .read_text()
+        .startswith(f"# gristmill mix propose --config {config} --out {out}\n")
+    )
 
     # A rerun trains only what is missing: one run left unfinished (no last row), the rest reused.
     gone = Path(report["swarm"][1]["run_dir"])
     (gone / "metrics.jsonl").unlink()
     kept = Path(report["swarm"][0]["run_dir"]) / "metrics.jsonl"
     stamp = kept.stat().st_mtime_ns
-    second = propose(config, out)
+    earlier = {
+        name: (out / name).read_bytes() for name in ("report.json", "proposal.toml", "mix.png", "config.toml")
+    }
+    second = propose(config, out, "--set", "swarm.concentration=1.0", "validation.seeds=[1]")
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"swarm/p01: unfinished: no metrics.jsonl in {gone}; training it again" in second.stdout
     assert "3 of 4 reused" in second.stdout and "3 of 3 reused" in second.stdout
@@ -132,6 +151,15 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path)
     assert [e["reused"] for e in again["swarm"]] == [True, False, True, True]
     assert kept.stat().st_mtime_ns == stamp
     assert [e["run_dir"] for e in again["swarm"]] == [e["run_dir"] for e in report["swarm"]]
+    # the first search's outputs kept, with the recipe they answer to; the reproduce line has the --set
+    assert {name: (out / "earlier/1" / name).read_bytes() for name in earlier} == earlier
+    assert (
+        f"the earlier search's report.json, proposal.toml, mix.png moved to {out / 'earlier/1'}/"
+        in second.stdout
+    )
+    sets = "--set swarm.concentration=1.0 'validation.seeds=[1]'"
+    reproduce = f"# gristmill mix propose --config {config} --out {out} {sets}"
+    assert (out / "proposal.toml").read_text().splitlines()[0] == reproduce
 
     # The code source rebuilt (other documents): no run of the old datasets counts, each slot whose
     # recipe is unchanged says why it trains again, and the old runs stay on disk. --write-commands
@@ -147,7 +175,8 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path)
     old_dirs = {e["run_dir"] for e in report["swarm"]}
     assert (
         not (out / "report.json").exists() and not (out / "proposal.toml").exists()
-    )  # none outlives its data
+    )  # none outlives its data beside the recipe, and none is lost
+    assert json.loads((out / "earlier/2/report.json").read_text()) == again
     for line in trains:
         recipe_path = Path(line.split()[3])
         assert recipe_path.is_file() and str(recipe_path.with_suffix("")) not in old_dirs
@@ -157,6 +186,44 @@ def test_propose_runs_reuses_and_never_mixes_evidence_across_a_rebuild(tmp_path)
             assert f"swarm/{slot}: source 'code' was rebuilt since" in third.stdout
     assert "swarm/p03: source 'code' was rebuilt since" in third.stdout  # at the bound: the same mixture
     assert all(Path(d).is_dir() for d in old_dirs)
+
+
+def report_label(report: dict, k: int) -> str:
+    mix = report["swarm"][k]["mix"]
+    return f"swarm/p{k:02d} (" + ", ".join(f"{n} {w:.3f}" for n, w in mix.items()) + ")"
+
+
+def assert_honest_about_noise(report: dict, stdout: str) -> None:
+    """report.json's warnings (each said in the terminal) are the ones its own figures call for; its
+    noise holds the seeds' spread beside the fit's error and the gap between predicted and validated."""
+    sources, proposal = report["sources"], report["proposal"]
+    on_bound = [n for n in sources if proposal[n] in (pytest.approx(0.1), pytest.approx(0.9))]
+    swarm = {n: [e["mix"][n] for e in report["swarm"]] for n in sources}
+    outside = [n for n in sources if not min(swarm[n]) - 1e-9 <= proposal[n] <= max(swarm[n]) + 1e-9]
+    want = [ONE_SEED, *(["the proposal sits on a constraint bound"] * bool(on_bound))]
+    want += ["the proposal lies outside the swarm's range"] * bool(outside)
+    assert [w[: len(x)] for w, x in zip(report["warnings"], want)] == want and len(report["warnings"]) == len(
+        want
+    )
+    for w in report["warnings"]:
+        assert f"warning: {w}" in stdout.splitlines()
+    for n in on_bound:
+        bound = "max_weight = 0.9" if proposal[n] > 0.5 else "min_weight = 0.1"
+        assert f"{n} = {proposal[n]:.4g} (constraints.{bound})" in report["warnings"][1]
+    noise, v = report["noise"], report["validation"]
+    assert (
+        noise["cv_error"] == report["fit"]["cv_error"]
+        and noise["predicted"]["proposal"] == report["predicted"]
+    )
+    assert noise["seed_spread"] == {"proposal": None, "uniform": None, "proportional": None}  # one seed
+    for name in ("proposal", "uniform", "proportional"):
+        assert noise["gap"][name] == pytest.approx(v[name][0] - noise["predicted"][name])
+    shift = (noise["gap"]["uniform"] + noise["gap"]["proportional"]) / 2
+    assert f"{shift:+.4f} is the validation seeds' shift from the swarm's seed" in noise["explanation"]
+    assert (
+        f"{noise['gap']['proposal'] - shift:+.4f} the fit's own miss at the proposal" in noise["explanation"]
+    )
+    assert f"noise: {noise['explanation']}" in stdout.splitlines()
 
 
 def _same_mix(recipe_path: Path, old_run: Path) -> bool:
@@ -190,6 +257,18 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
         (["target.source=code"], "[target]: give one of target.mix"),
         (["swarm.sizes=3"], "swarm.sizes"),
+        # the proxies' training recipe refused in the search's keys (issue 47), the user's own kept
+        (
+            ["proxy.global_batch_tokens=1000"],
+            "proxy.seq_len = 32 must divide proxy.global_batch_tokens = 1000",
+        ),
+        (
+            ["proxy.micro_batch=3"],
+            "change proxy.micro_batch, proxy.global_batch_tokens or the number of ranks",
+        ),
+        (["proxy.lr=-1"], "proxy.lr = -1.0 is not allowed"),
+        (["proxy.min_lr=1"], "need 0 ≤ proxy.min_lr ≤ proxy.lr; got lr 0.003, min_lr 1.0"),
+        (["proxy.set=['optim.lr=-1']"], "optim.lr = -1.0 is not allowed"),
     ],
 )
 def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsys, sets, says):
@@ -244,3 +323,66 @@ def test_a_killed_search_leaves_no_worker_training(tmp_path):
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
     assert not alive, "a worker outlived its search"
+
+
+def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, shared_sources, capsys):
+    """What only the trainer checks (the preset) refuses the first proxy, in [proxy]'s keys."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    assert (
+        gristmill(
+            ["mix", "propose", "--config", str(config), "--out", str(out), "--set", "proxy.preset=nope"]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "refused to train: proxy.preset = 'nope' is not one of" in err, err
+
+
+def test_a_source_replaced_during_the_search_is_one_line_and_never_evidence(tmp_path):
+    """Issue 47: a source replaced while the proxies trained gave a ValueError traceback, and one
+    proxy trained on the new data under the old fingerprint's name. Now the proxy that ran while it
+    changed is cleared and the search ends in one line naming the source and both fingerprints."""
+    sources = {
+        "web": make_dataset(tmp_path / "web", n_docs=1500, seed=1),
+        "code": make_dataset(tmp_path / "code", n_docs=1500, seed=2),
+    }
+    config, out = recipe(tmp_path, sources), tmp_path / "search"
+    old = read_dataset_info(sources["code"])["fingerprint"]
+    replacement = make_dataset(tmp_path / "new-code", n_docs=1500, seed=7)
+    new = read_dataset_info(replacement)["fingerprint"]
+    proc = subprocess.Popen(
+        [*command(config, out), "--set", "proxy.tokens=150000"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any("step " in p.read_text() for p in out.glob("swarm/*/train.log")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no proxy started training"
+            time.sleep(0.2)
+        shutil.rmtree(sources["code"])  # replaced under the first proxy, as a rebuild would
+        replacement.rename(sources["code"])
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, stdout[-3000:] + stderr[-3000:]
+    line = stderr.strip()
+    assert "\n" not in line and "Traceback" not in stderr, stderr
+    assert line.startswith(
+        f"error: source 'code' ({sources['code']}) changed during the search: fingerprint {old[:12]}… at "
+        "its start, "
+    ), line
+    assert f"{new[:12]}… now" in line or "none readable now" in line, line
+    # no run directory is evidence of the search's datasets unless its records say it trained them
+    for run_dir in out.glob("swarm/p*-*"):
+        assert not (run_dir / "metrics.jsonl").is_file(), f"{run_dir} kept a run of the changed source"
+
+
+@pytest.mark.parametrize("name", ["demo", "quick"])
+def test_the_shipped_recipes_load(name):
+    from training.mix.recipe import load_mix_config
+
+    cfg = load_mix_config(str(ROOT / "configs/mix" / f"{name}.toml"), [])
+    assert [s.dataset for s in cfg.data.sources] == ["runs/data/demo", "runs/data/demo-code"]

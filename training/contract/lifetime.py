@@ -1,0 +1,50 @@
+"""No process outlives the command that started it: `exit_with(pid)` makes the calling process
+kill itself (SIGKILL: nothing more is written) within a moment of the death of process `pid`, by
+default its parent. A kill -9 of the command (a scheduler, the OOM killer, a closed terminal) runs
+none of its cleanup, so each process it started watches it instead: the trainer's torchrun workers
+(training/run/shutdown.py), `mix propose`'s pool workers, and every process of `gristmill data
+build` — its datatrove pool's workers (children of multiprocess's forkserver, not of the build: they
+are given the build's pid) and the manager process datatrove forks.
+
+A watchdog thread, not PR_SET_PDEATHSIG: that signal fires when the parent *thread* that started
+the child ends (in torchrun, not the agent's lifetime), and it cannot name a grandparent. The
+parent is watched by its PID changing (the orphan is re-parented); another process through a pidfd,
+which becomes readable when the process ends, zombie or not.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+
+
+def exit_with(pid: int | None = None, poll_s: float = 0.05) -> None:
+    """Kill this process (and its process group when it leads one: torchrun makes each worker a
+    group leader, and its DataLoader workers go with it) once process `pid` (None: the parent) ends."""
+    if pid is None:
+        parent = os.getppid()
+
+        def wait() -> None:
+            while os.getppid() == parent:
+                time.sleep(poll_s)
+
+    else:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:  # already gone
+            fd = None
+
+        def wait() -> None:
+            if fd is not None:
+                select.select([fd], [], [])
+
+    def watch() -> None:
+        wait()
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="gristmill-exit-with", daemon=True).start()
