@@ -22,6 +22,8 @@
 - convert.py            `gristmill data convert`: a legacy-layout dataset rewritten in the current one
 - upload.py             `gristmill data upload` and an s3:// build's last step: every file checked by
                         sha256, one PUT each, dataset.json last
+- task_upload.py        an s3:// build's tasks upload their own output, each committed by a record in
+                        the bucket; the driver's check of every object against the records
 - local_s3.py           moto's S3 server on loopback, for the demo's bucket stage, the bench and tests
 - tokenizer_train.py    `gristmill tokenizer train`: a byte-level BPE on a sample of the source
 - synthetic_dataset.py  a dataset of given token sequences, through the build's own writer (tests, bench)

@@ -28,6 +28,7 @@ import shutil
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ from pipelines.cli import main as cli_main
 from pipelines.config import DataConfig, SourceConfig, content_identity, dedup_settings, identity_sha256
 from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
+from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
@@ -65,11 +67,20 @@ from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
 from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns, source_folder
+from pipelines.task_upload import (
+    RECORDS_DIR,
+    TASK_DIRS,
+    TaskUpload,
+    damaged_objects,
+    read_records,
+    record_rel,
+    stray_objects,
+)
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from pipelines.upload import upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
-from tokenization.tokenizer_io import load_tokenizer
+from tokenization.tokenizer_io import TokenizerFile, load_tokenizer
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import add_config_arguments, load_config, save_config
 from training.contract.dataset_format import (
@@ -78,6 +89,8 @@ from training.contract.dataset_format import (
     EXCLUDED_DIR,
     LOGS_DIR,
     MANIFEST_DIR,
+    RECORDED_FILES,
+    SHARDS_DIR,
     TOKENIZER_JSON,
 )
 from training.contract.errors import GristmillError, unwritable
@@ -86,6 +99,9 @@ from validation.validate import format_report, validate_dataset
 
 LOCK = ".build.lock"
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
+# An s3:// build's driver assembles here, in build.workdir, the dataset but its shards (which the tasks
+# uploaded): their other files fetched from the bucket, its own, then the index and dataset.json.
+FROM_BUCKET_DIR = "finalize"
 
 
 @dataclass
@@ -172,7 +188,8 @@ def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
 
 
 def output_dir(cfg: DataConfig) -> Path:
-    """Where the tasks write: `output`, or for an s3:// output the work directory it is uploaded from."""
+    """Where the tasks write: `output`, or for an s3:// output the work directory (each task's output
+    until it is uploaded, the driver's files and datatrove's logs)."""
     if not is_url(cfg.output):
         return Path(cfg.output).expanduser().resolve()
     if cfg.build.workdir:
@@ -353,22 +370,30 @@ def make_filter_steps(p: Prepared, record: bool) -> list:
     among those that passed; DedupFilter checks it)."""
     # Decontamination is one of them: a contaminated page must not be the copy dedup keeps (its clean
     # near-copies would go as its duplicates, then it as contaminated).
+    per_task = is_url(p.cfg.output)  # into a bucket, each task writes in its own folder
     return [
-        *make_filters(p.cfg.filters, p.out if record else None),
-        *decontam_filter(p.cfg.decontaminate, p.out, p.decontam and p.decontam.manifest["sha256"], record),
+        *make_filters(p.cfg.filters, p.out if record else None, per_task),
+        *decontam_filter(
+            p.cfg.decontaminate, p.out, p.decontam and p.decontam.manifest["sha256"], record, per_task
+        ),
     ]
 
 
 def make_pipeline(p: Prepared) -> list:
     cfg = p.cfg
     progress = TaskProgress(p.out / LOGS_DIR / "progress", cfg.build.progress_interval)
-    return [
+    steps = [
         make_reader(cfg.source, p.source, progress),
         *make_filter_steps(p, record=True),
-        *dedup_filter(cfg.dedup, p.out),
+        *dedup_filter(cfg.dedup, p.out, per_task=is_url(cfg.output)),
+    ]
+    # Into a bucket, every task uploads its own output (pipelines/task_upload.py).
+    upload = TaskUpload(cfg.output, p.sha, cfg.build.validate) if is_url(cfg.output) else None
+    return [
+        *steps,
         TokenizeShard(
             p.out,
-            p.out / TOKENIZER_JSON,
+            TokenizerFile(p.tokenizer_bytes, cfg.tokenizer.path),  # no path shared with the tasks
             SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position),
             target_bytes=int(cfg.shards.target_mb * (1 << 20)),
             shuffle=cfg.shards.shuffle,
@@ -376,6 +401,8 @@ def make_pipeline(p: Prepared) -> list:
             batch_chars=cfg.shards.encode_batch_chars,
             min_free_gb=cfg.build.min_free_gb,
             progress=progress,
+            upload=upload,
+            stats_of=steps if upload else None,
         ),
     ]
 
@@ -393,10 +420,14 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
     on the terminal too, not only under OUTPUT/logs/."""
     p = prepare(cfg, log)
-    if is_url(p.cfg.output) and _complete_in_bucket(p, log):
+    store = ObjectStore(p.cfg.output) if is_url(p.cfg.output) else None
+    if store is not None and _complete_in_bucket(p, store, log):
         return BuildResult(p.out, "complete")
     with discard_staged(p.decontam), _locked(p.out):
-        previous = check_output(p.out, p.sha, p.identity, log)
+        # Into a bucket, a task is finished when its record is there (the work directory's
+        # completion markers say nothing of the bucket, and nothing of other nodes).
+        finished = _recorded_tasks(store, p.cfg.build.tasks) if store else finished_tasks(p.out)
+        previous = check_output(p.out, p.sha, p.identity, log, finished)
         # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
         # replaced by the (checked) index of this identity, so a rerun is its repair
         install_index(p.decontam, p.out, log)
@@ -404,8 +435,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
             log(f"{p.out} is already complete (same config); validated it again:")
-            return _upload(p.cfg, _validate(p.cfg, p.out, info, log), log)
-        finished = finished_tasks(p.out)
+            return _validate(p.cfg, p.out, info, log)
         check_free_space(
             p.out,
             0,
@@ -423,7 +453,15 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
             record = write_build_json(p.out, p.sha, p.identity, source)
         else:
-            log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
+            where = p.cfg.output if store else p.out
+            log(f"resuming {where}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
+        if store is not None:
+            if not store.holds(BUILD_JSON, p.out / BUILD_JSON):  # the prefix is this build's from now on
+                store.put_file(p.out / BUILD_JSON, BUILD_JSON)
+            _say_what_needs_a_shared_workdir(p, log)
+            # The bucket's records decide which tasks are done; markers of an earlier run would only
+            # count them twice in the progress line.
+            shutil.rmtree(p.out / LOGS_DIR / "completions", ignore_errors=True)
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
@@ -434,21 +472,56 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         else:
             stages.append(Stage("build", pipeline, p.cfg.build.tasks, p.out / LOGS_DIR, True))
             (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, stages, log, verbose)
-        return _upload(p.cfg, _finish(p.cfg, p.out, record, p.encoder, log), log)
+        return _finish(p.cfg, p.out, record, p.encoder, log)
 
 
-def _complete_in_bucket(p: Prepared, log) -> bool:
-    """Whether the s3:// output already holds this build's dataset (then there is nothing to do). A
-    bucket holding another config's dataset is refused; its build.json, from an upload cut short,
-    is brought into a fresh work directory so that check_output compares with it as with a local
-    output's (and names the keys that changed)."""
-    store = ObjectStore(p.cfg.output)
+def _say_what_needs_a_shared_workdir(p: Prepared, log) -> None:
+    """An s3:// build's tasks upload their own output, but on Slurm or Ray some of its parts still go
+    through build.workdir: one line, before any task runs, naming them."""
+    if p.cfg.build.executor == "local":
+        return
+    needs = []
+    if p.cfg.build.executor == "slurm":
+        needs.append("Slurm's jobs read their scripts and pipeline from its logs/")
+    if p.cfg.dedup.kind != "none":
+        needs.append("[dedup]'s stages exchange files between tasks there")
+    if decontaminates(p.cfg.decontaminate):
+        needs.append("every task reads [decontaminate]'s index from it")
+    if needs:
+        log(
+            f"note: build.workdir = {p.out} must be the same folder on every node ({'; '.join(needs)}); "
+            "the shards, manifests and exclusions go from each task to the bucket"
+        )
+
+
+def _recorded_tasks(store: ObjectStore, tasks: int) -> set[int]:
+    """The tasks whose record is in the bucket (any config: check_output compares the configs)."""
+    listed = store.list(RECORDS_DIR + "/")
+    return {r for r in range(tasks) if record_rel(r) in listed}
+
+
+def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
+    """Whether the s3:// output already holds this build's dataset (then there is nothing to do, once
+    the listing shows every task's objects as its record lists them). A bucket holding another
+    config's dataset, or objects and no build.json, is refused; the bucket's build.json (which the
+    build puts there before its first task) is brought into the work directory, so that check_output
+    compares with it as with a local output's (and names the keys that changed)."""
     try:
         info = json.loads(store.get(DATASET_JSON))
     except ObjectMissing:
         info = None
     if info is not None:
         if info.get("config_sha256") == p.sha and info.get("status") == "complete":
+            records = read_records(store, p.cfg.build.tasks, p.sha)
+            damaged = damaged_objects(records, store.list_etags())
+            if damaged:
+                _, rel, what = damaged[0]
+                raise BuildError(
+                    f"{store.url.child(rel)} {what}{_more(damaged)}: the dataset in the bucket is damaged. "
+                    f"To repair it, delete {store.url.child(DATASET_JSON)} and rerun the same command: the "
+                    f"task(s) {_tasks(damaged)} are redone, and only their objects that are not as recorded "
+                    "are uploaded again"
+                )
             log(
                 f"{p.cfg.output} is already complete (same config): nothing to do; `gristmill data validate "
                 f"{p.cfg.output}` checks every shard again"
@@ -459,21 +532,28 @@ def _complete_in_bucket(p: Prepared, log) -> bool:
             f"{str(info.get('config_sha256'))[:12]}…, this one {p.sha[:12]}…): build into another prefix, or "
             "delete that dataset first"
         )
-    if not (p.out / BUILD_JSON).is_file():
-        try:
-            record = store.get(BUILD_JSON)
-        except ObjectMissing:
-            return False
-        p.out.mkdir(parents=True, exist_ok=True)
+    try:
+        record = store.get(BUILD_JSON)
+    except ObjectMissing:
+        there = store.list()
+        if there:
+            raise BuildError(
+                f"{p.cfg.output} already holds {len(there)} object(s) but no {BUILD_JSON} (e.g. "
+                f"{sorted(there)[0]}): not a gristmill build's; build into an empty prefix, or delete them"
+            ) from None
+        return False
+    p.out.mkdir(parents=True, exist_ok=True)
+    if not (p.out / BUILD_JSON).is_file() or (p.out / BUILD_JSON).read_bytes() != record:
         write_atomic(p.out / BUILD_JSON, record)
     return False
 
 
-def _upload(cfg: DataConfig, result: BuildResult, log) -> BuildResult:
-    """An s3:// output's last step: the finished, validated dataset into the bucket (pipelines/upload.py)."""
-    if is_url(cfg.output) and result.status == "complete" and result.ok:
-        upload_dataset(result.output, cfg.output, log)
-    return result
+def _more(items: list) -> str:
+    return f" (and {len(items) - 1} more)" if len(items) > 1 else ""
+
+
+def _tasks(damaged: list[tuple[int, str, str]]) -> str:
+    return ", ".join(str(t) for t in sorted({rank for rank, _, _ in damaged}))
 
 
 def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> None:
@@ -488,7 +568,7 @@ def _run_local(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> 
             tasks=st.tasks,
             workers=workers(st.tasks),
             logging_dir=str(st.logs),
-            skip_completed=True,
+            skip_completed=_skip_completed(p, st),
         )
         _run_executor(p, st, executor, f"on {_count(workers(st.tasks), 'worker')}", log, verbose)
 
@@ -502,12 +582,18 @@ def _run_ray(p: Prepared, stages: list[Stage], log, verbose: bool = False) -> No
                 tasks=st.tasks,
                 workers=p.cfg.build.workers or -1,
                 logging_dir=str(st.logs),
-                skip_completed=True,
+                skip_completed=_skip_completed(p, st),
                 cpus_per_task=rc.cpus_per_task,
                 mem_per_cpu_gb=rc.mem_per_cpu_gb,
                 verbose=verbose,
             )
             _run_executor(p, st, executor, where, log, verbose)
+
+
+def _skip_completed(p: Prepared, st: Stage) -> bool:
+    """datatrove skips the tasks its completion markers name, except an s3:// build's own pass: its
+    tasks are done when the bucket holds their record, which each task checks before it reads."""
+    return not (st.name == "build" and is_url(p.cfg.output))
 
 
 def _run_executor(p: Prepared, st: Stage, make_executor, where: str, log, verbose: bool) -> None:
@@ -587,30 +673,40 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
     with _locked(out):
-        return _upload(cfg, _finish(saved, out, record, encoder, log), log)
+        return _finish(saved, out, record, encoder, log)
 
 
 def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: DocumentEncoder, log) -> BuildResult:
-    """dataset.json (`record`: the output's build.json), then validation."""
+    """dataset.json (`record`: the output's build.json), then validation. For an s3:// output the
+    tasks uploaded and checked their output: dataset.json is written from the bucket (_from_bucket),
+    then uploaded last with the driver's files."""
     tasks = cfg.build.tasks
-    if set(range(tasks)) - finished_tasks(out):
-        raise BuildError(_failed_message(out, tasks))
-    for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
-        shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()  # index.tmp/: a killed finalize
-    excluded = _excluded_counts(out)
+    bucket = _from_bucket(cfg, out, record) if is_url(cfg.output) else None
+    if bucket is None:
+        if set(range(tasks)) - finished_tasks(out):
+            raise BuildError(_failed_message(out, tasks))
+        for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
+            shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()  # index.tmp/: a killed finalize
+    root = out if bucket is None else bucket.root
+    excluded = _excluded_counts(root)
     if cfg.dedup.kind != "none":  # a dedup that found nothing says so in the end table
         excluded.setdefault(DEDUP_FILTER, 0)
-    kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((out / MANIFEST_DIR).glob("*.parquet")))
+    kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((root / MANIFEST_DIR).glob("*.parquet")))
     if kept == 0:
         # An empty dataset would validate (nothing to violate) and fail only at training time.
         by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
+        where, drops = (
+            (out, f"see `gristmill data audit {out} --report drops`")
+            if bucket is None
+            else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
+        )
         raise BuildError(
-            f"{out}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
-            f"loosen [filters] or check source.text_key, see `gristmill data audit {out} --report drops`"
+            f"{where}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
+            f"loosen [filters] or check source.text_key, {drops}"
         )
     try:
         info = finalize_dataset(
-            out,
+            root,
             vocab_size=encoder.vocab_size,
             separator=encoder.separator_info(),
             config_sha256=record.get("config_sha256"),
@@ -628,14 +724,112 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
                 "documents_read": kept + sum(excluded.values()),
                 "excluded_by_filter": excluded,
                 **({"dedup": dedup} if (dedup := dedup_settings(cfg.dedup)) else {}),
-                **({"decontaminate": dc} if (dc := decontam_entry(cfg.decontaminate, out)) else {}),
+                **({"decontaminate": dc} if (dc := decontam_entry(cfg.decontaminate, root)) else {}),
             },
-            recorded=recorded_shards(out),
+            recorded=recorded_shards(out) if bucket is None else bucket.shards,
+            shards_on_disk=bucket is None,
         )
     except ShardChangedError as e:
         raise BuildError(changed_shards_message(out, e.changed)) from None
-    log(f"built {out}:")
-    return _validate(cfg, out, info, log)
+    if bucket is None:
+        log(f"built {out}:")
+        return _validate(cfg, out, info, log)
+    upload_dataset(root, cfg.output, log, in_bucket=bucket.objects)
+    log(f"built {cfg.output}:")
+    log(build_table(info, bucket.validation_row(info), _filter_order(cfg)))
+    return BuildResult(root, "complete", info)
+
+
+@dataclass
+class FromBucket:
+    """What an s3:// build's driver found in the bucket, every object checked against its task's record."""
+
+    root: Path  # build.workdir/finalize: the dataset's files but its shards
+    shards: dict[str, dict[str, Any]]  # name -> {bytes, sha256, task}, from the records
+    objects: dict[str, dict[str, Any]]  # every object the tasks uploaded, as their records list them
+    checked: tuple[int, int] | None  # (documents, separators) the tasks checked; None: build.validate = false
+
+    def validation_row(self, info: dict[str, Any]) -> tuple[str, str]:
+        if self.checked is None:
+            return ("skipped", "(build.validate = false)")
+        documents, separators = self.checked
+        if documents != info["documents"]:  # every shard's documents, each checked by its task
+            raise BuildError(
+                f"the tasks checked {documents:,} documents but their manifests hold {info['documents']:,}; "
+                "report this as a bug"
+            )
+        return ("OK", f"{separators:,} separators in {documents:,} documents, each shard checked by its task")
+
+
+def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBucket:
+    """Check every task's uploads (its record, then one listing of the bucket: each object's size and
+    ETag as recorded, no object where tasks write unrecorded) and fetch what dataset.json is written
+    from into build.workdir/finalize: the manifests, exclusions and stats (never the shards), and the
+    driver's own files. An object not as recorded removes its task's record: the rerun redoes it."""
+    store = ObjectStore(cfg.output)
+    tasks = cfg.build.tasks
+    records = read_records(store, tasks, record["config_sha256"])
+    missing = sorted(set(range(tasks)) - set(records))
+    if missing:
+        which = ", ".join(map(str, missing[:10])) + (", …" if len(missing) > 10 else "")
+        raise BuildError(
+            f"{len(missing)} of {tasks} tasks did not finish: the bucket has no record of task(s) "
+            f"{which} ({store.url.child(RECORDS_DIR)}/); their logs are in {out / LOGS_DIR / 'logs'} on "
+            f"the node that ran them. Fix the cause and rerun the same command: the "
+            f"{tasks - len(missing)} finished tasks are kept, the others are redone."
+        )
+    listing = store.list_etags()
+    damaged = damaged_objects(records, listing)
+    if damaged:
+        for rank in sorted({rank for rank, _, _ in damaged}):
+            store.delete(record_rel(rank))
+        _, rel, what = damaged[0]
+        raise BuildError(
+            f"{store.url.child(rel)} {what}{_more(damaged)}; the record of task(s) {_tasks(damaged)} was "
+            "removed: rerun the same command to redo them (what is in the bucket as they write it stays)"
+        )
+    strays = stray_objects(records, listing)
+    if strays:
+        raise BuildError(
+            f"{store.url} holds {len(strays)} object(s) where only this build's tasks write, which none of "
+            f"them uploaded (e.g. {strays[0]}): not this build's; delete them, then rerun the same command"
+        )
+    root = out / FROM_BUCKET_DIR
+    shutil.rmtree(root, ignore_errors=True)
+    owner = {rel: rank for rank, rec in records.items() for rel in rec["objects"]}
+    objects = {rel: records[rank]["objects"][rel] for rel, rank in owner.items()}
+
+    def fetch(rel: str) -> None:
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if store.download(rel, dest, objects[rel]["bytes"]) != objects[rel]["sha256"]:
+            raise BuildError(
+                f"{store.url.child(rel)} does not hash as task {owner[rel]} recorded, though its ETag is the "
+                f"recorded one; delete {store.url.child(record_rel(owner[rel]))} and rerun the same command"
+            )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(fetch, sorted(rel for rel in objects if not rel.startswith(SHARDS_DIR + "/"))))
+    # The driver's own files (build.json, config.toml, the tokenizer, [decontaminate]'s index, the
+    # dedup stages' stats): what a local build's dataset holds beside its tasks' output.
+    own = {path for pattern in RECORDED_FILES for path in out.glob(pattern)} | {out / TOKENIZER_JSON}
+    for path in sorted(own):
+        rel = path.relative_to(out)
+        if path.is_file() and rel.parts[0] != FROM_BUCKET_DIR and rel.parent.as_posix() not in TASK_DIRS:
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, root / rel)
+    shards = {
+        rel.split("/", 1)[1]: {"bytes": spec["bytes"], "sha256": spec["sha256"], "task": owner[rel]}
+        for rel, spec in objects.items()
+        if rel.startswith(SHARDS_DIR + "/")
+    }
+    checks = [rec.get("checked") for rec in records.values()]
+    checked = (
+        None
+        if any(c is None for c in checks)
+        else (sum(c["documents"] for c in checks), sum(c["separators"] for c in checks))
+    )
+    return FromBucket(root, shards, objects, checked)
 
 
 def _excluded_counts(out: Path) -> dict[str, int]:
@@ -647,9 +841,14 @@ def _excluded_counts(out: Path) -> dict[str, int]:
     return counts
 
 
+def _filter_order(cfg: DataConfig) -> list[str]:
+    """The end table's exclusion rows, in pipeline order."""
+    return [f.name for f in make_filters(cfg.filters, None)] + [DEDUP_FILTER]
+
+
 def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildResult:
     """Validate (unless build.validate = false) and print the end table; problems below it."""
-    order = [f.name for f in make_filters(cfg.filters, None)] + [DEDUP_FILTER]
+    order = _filter_order(cfg)
     if not cfg.build.validate:
         log(build_table(info, ("skipped", "(build.validate = false)"), order))
         return BuildResult(out, "complete", info)

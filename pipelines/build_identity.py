@@ -70,14 +70,18 @@ def write_build_json(
     return record
 
 
-def check_output(out: Path, sha: str, identity: dict[str, Any], log=print) -> dict[str, Any] | None:
+def check_output(
+    out: Path, sha: str, identity: dict[str, Any], log=print, finished: set[int] | None = None
+) -> dict[str, Any] | None:
     """Refuse a changed config or a foreign directory; return build.json if resuming.
 
-    `sha` and `identity` are this run's (identity_sha256 of content_identity)."""
+    `sha` and `identity` are this run's (identity_sha256 of content_identity); `finished`: the tasks
+    whose output is kept (default: those datatrove marked complete in `out`; an s3:// build's are
+    those whose record is in the bucket)."""
     if (out / BUILD_JSON).is_file():
         old = read_build_json(out)
         if old.get("config_sha256") != sha:
-            finished = finished_tasks(out)
+            finished = finished_tasks(out) if finished is None else finished
             was = dict(old.get("identity", {}))
             old_files, new_files = was.get("input_files") or [], identity["input_files"]
             changes = _diff(

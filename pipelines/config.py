@@ -184,8 +184,8 @@ class RayConfig:
     to one (ray.init() before it). "local": a Ray instance started on this machine for the build
     (all its CPUs, no dashboard, listening on 127.0.0.1 only) and stopped after it; "auto": the
     cluster started on this machine with `ray start` (or named by RAY_ADDRESS); "HOST:PORT": a
-    running cluster's head node. Every node must see the output directory (and a local source) at
-    the same path, and have gristmill."""
+    running cluster's head node. Every node must have gristmill and see a local source at the same
+    path, and a local output directory too (an s3:// output needs none: each task uploads its own)."""
     cpus_per_task: int = 1
     """CPUs Ray reserves per task (the tokenizer uses them: RAYON_NUM_THREADS is set to this)."""
     mem_per_cpu_gb: float = 2.0
@@ -212,13 +212,14 @@ class BuildConfig:
     """Refuse to start, or to write a task's shards, when the output filesystem would be left with
     less than this many GB free."""
     validate: bool = True
-    """Run `gristmill data validate` on the finished dataset (the build fails if it fails)."""
+    """Run `gristmill data validate` on the finished dataset (the build fails if it fails); with an
+    s3:// `output`, each task checks each of its shards before it uploads it."""
     workdir: str = ""
-    """With an s3:// `output`: the local directory the tasks build into; the finished, validated
-    dataset is then uploaded from it (dataset.json last). "": ~/.cache/gristmill/builds/BUCKET/PREFIX
-    (under $XDG_CACHE_HOME if set). Every task must see it, as a local output (Slurm, Ray: a shared
-    path). Keep it for reruns (a rerun of a finished build only checks the upload), or delete it
-    once the bucket holds the dataset."""
+    """With an s3:// `output`: the local work directory, on each node, of the driver (its files,
+    datatrove's logs) and of each task (tasks/NNNNN/: its output until it is uploaded, then removed).
+    "": ~/.cache/gristmill/builds/BUCKET/PREFIX (under $XDG_CACHE_HOME if set). It need not be shared
+    by the nodes, except for what Slurm, [dedup] and [decontaminate] keep in it (the build says so
+    before any work); it may be deleted at any time: the bucket holds what a rerun needs."""
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     """Used when executor = "slurm"."""
     ray: RayConfig = field(default_factory=RayConfig)
@@ -228,8 +229,9 @@ class BuildConfig:
 @dataclass
 class DataConfig:
     output: str = "runs/data/dataset"
-    """The dataset directory to create (see docs/design.md), or an s3://BUCKET/PREFIX URL (built in
-    build.workdir, then uploaded; docs/object-storage.md); a rerun with the same config resumes it."""
+    """The dataset directory to create (see docs/design.md), or an s3://BUCKET/PREFIX URL (each task
+    uploads its own output, dataset.json last; docs/object-storage.md); a rerun with the same config
+    resumes it."""
     source: SourceConfig = field(default_factory=SourceConfig)
     """Input documents."""
     filters: FiltersConfig = field(default_factory=FiltersConfig)

@@ -376,8 +376,8 @@ def dedup_stages(
     return []
 
 
-def dedup_filter(cfg: DedupConfig, out: Path) -> list[BaseFilter]:
-    """The build pass's step ([] when dedup is off)."""
+def dedup_filter(cfg: DedupConfig, out: Path, per_task: bool = False) -> list[BaseFilter]:
+    """The build pass's step ([] when dedup is off; `per_task`: see ExcludedWriter)."""
     if cfg.kind == "none":
         return []
-    return [DedupFilter(out / DEDUP_DIR, cfg.kind, ExcludedWriter(out, FILTER_NAME))]
+    return [DedupFilter(out / DEDUP_DIR, cfg.kind, ExcludedWriter(out, FILTER_NAME, per_task=per_task))]

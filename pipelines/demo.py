@@ -8,8 +8,8 @@ lm-eval scores the weights at steps 60, 100 and 150 as it trains) → export to 
 every checkpoint and export against its checksums → the offline eval of the last export → continued
 pretraining from that export as a Hugging Face base (`[model] init_from`) for a few steps → a loss
 spike (injected) rewound past, its skipped data shown by inspect and the audit → the prose dataset
-uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket through the
-verified cache, and its per-step hashes equal to the local copy's → a mixture search's quick
+uploaded to an S3 bucket (a local moto server), 10 steps trained from the bucket by range reads into the
+hash-checked block cache, and its per-step hashes equal to the local copy's → a mixture search's quick
 version. It closes with each stage's seconds (`Stages.summary`), the one place it states them.
 Everything lands under runs/; rerunning resumes or reuses what is already complete.
 """
@@ -290,15 +290,16 @@ def rewind_stage(config: str, stages: Stages, gristmill) -> int:
 def bucket_stage(data_dir: Path, config: str, stages: Stages, gristmill) -> int:
     """The prose dataset in an S3 bucket: a local moto server (the endpoint and credentials reach the
     commands as the standard AWS variables), the upload (every file checked by sha256, dataset.json
-    last), a few steps trained from the bucket through the verified shard cache, and inspect --hash of
-    the bucket equal to the local copy's (docs/object-storage.md)."""
+    last), a few steps trained from the bucket through the block cache (each loader block read by
+    range, its ids checked against the documents' sha256), and inspect --hash of the bucket equal to
+    the local copy's (docs/object-storage.md)."""
     from pipelines.local_s3 import LocalS3
 
     run_dir = train_output_dir(config)
     hashes = " ".join(HASH_ARGS)
     stages.start("bucket", "datasets on object storage: the prose dataset uploaded to an S3 bucket "
-                 "(a moto server on loopback), 10 steps trained from it through the verified cache, the "
-                 "batches' hashes equal to the local copy's",
+                 "(a moto server on loopback), 10 steps trained from it by range reads into the hash-checked "
+                 "block cache, the batches' hashes equal to the local copy's",
                  f"gristmill data upload {data_dir} {BUCKET_URL}        # AWS_ENDPOINT_URL=http://127.0.0.1:…\n"
                  f"    $ gristmill train --config {config} --resume auto\n"
                  f"    $ gristmill data inspect {BUCKET_URL} {hashes}\n"

@@ -22,6 +22,7 @@ from datatrove.utils.word_tokenizers import WordTokenizer
 
 from pipelines.config import FiltersConfig
 from pipelines.sources import READ_ERROR
+from pipelines.task_upload import task_root
 from training.contract.atomic_write import move_into_place
 from training.contract.dataset_format import EXCLUDED_DIR, EXCLUDED_FIELDS, EXCLUDED_SCHEMA, source_columns
 from training.contract.errors import GristmillError
@@ -42,11 +43,13 @@ class ExcludedWriter:
 
     Rows are buffered and flushed every `flush_rows` into a temporary parquet file, moved into place
     as `excluded/NNNNN_<filter>.parquet` (fsynced, renamed) when the filter finishes; a killed task
-    leaves only the temporary name, which its rerun overwrites.
+    leaves only the temporary name, which its rerun overwrites. `per_task`: under the task's own folder
+    of `root` (an s3:// build's, pipelines/task_upload.task_root), not under `root` itself.
     """
 
-    def __init__(self, root: str | Path, filter_name: str, flush_rows: int = 50_000):
+    def __init__(self, root: str | Path, filter_name: str, flush_rows: int = 50_000, per_task: bool = False):
         self.root = str(root)
+        self.per_task = per_task
         self.filter_name = filter_name
         self.flush_rows = flush_rows
         self._rows: list[dict[str, Any]] = []
@@ -66,7 +69,7 @@ class ExcludedWriter:
 
     def write(self, doc: Document, rank: int = 0) -> None:
         if self._path is None:
-            folder = os.path.join(self.root, EXCLUDED_DIR)
+            folder = os.path.join(task_root(self.root, rank) if self.per_task else self.root, EXCLUDED_DIR)
             os.makedirs(folder, exist_ok=True)
             self._path = os.path.join(folder, f"{rank:05d}_{self.filter_name}.parquet")
         m = doc.metadata
@@ -194,12 +197,12 @@ def _word_tokenizer(cfg: FiltersConfig):
     return RegexWordTokenizer()
 
 
-def make_filters(cfg: FiltersConfig, output: str | Path | None) -> list[BaseFilter]:
+def make_filters(cfg: FiltersConfig, output: str | Path | None, per_task: bool = False) -> list[BaseFilter]:
     """The configured filter steps, in order, each recording its drops under OUTPUT/excluded/
-    (`output` None: no recording, for sampling the source)."""
+    (`output` None: no recording, for sampling the source; `per_task`: see ExcludedWriter)."""
 
     def excluded(name: str) -> ExcludedWriter | None:
-        return ExcludedWriter(output, name) if output is not None else None
+        return ExcludedWriter(output, name, per_task=per_task) if output is not None else None
 
     steps: list[BaseFilter] = [TextFilter(excluded("text"))]
     for key, minimum in (

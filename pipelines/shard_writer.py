@@ -12,6 +12,7 @@ import os
 import shutil
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +95,18 @@ class ShardWriter:
     via a temporary name.
     """
 
-    def __init__(self, root: str | Path, task: int, vocab_size: int, target_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        root: str | Path,
+        task: int,
+        vocab_size: int,
+        target_bytes: int = 256 << 20,
+        on_shard: Callable[[Path, list[dict[str, Any]]], None] | None = None,
+    ):
+        """`on_shard(path, rows)`: called with each shard once it is in place, and its manifest rows (an
+        s3:// build's task checks, uploads and deletes it there)."""
         self.root = Path(root)
+        self.on_shard = on_shard
         self.task = task
         self.dtype = dtype_for_vocab(vocab_size)
         self.vocab_size = vocab_size
@@ -113,6 +124,7 @@ class ShardWriter:
         # records it per task, so a shard changed after its task finished is caught at finalize.
         self.written: dict[str, dict[str, Any]] = {}
         self._sha = hashlib.sha256()
+        self._first_row = 0
 
     def _open(self) -> None:
         name = shard_name(self.task, self.shard_index)
@@ -120,6 +132,7 @@ class ShardWriter:
         self.tar = open(str(self.tar_path) + TMP_SUFFIX, "wb", buffering=1 << 20)
         self.offset = 0
         self._sha = hashlib.sha256()
+        self._first_row = len(self.rows) - len(self._pending)  # the shard's first manifest row
 
     def _write(self, data: bytes) -> None:
         assert self.tar is not None
@@ -157,6 +170,8 @@ class ShardWriter:
         move_into_place(str(self.tar_path) + TMP_SUFFIX, self.tar_path)
         self.tar = None
         self.shard_index += 1
+        if self.on_shard is not None:
+            self.on_shard(self.tar_path, self.rows[self._first_row :])
 
     def add(
         self,
@@ -229,12 +244,16 @@ def finalize_dataset(
     tokenizer_path: str | Path | None = None,
     extra: dict[str, Any] | None = None,
     recorded: dict[str, dict[str, Any]] | None = None,
+    shards_on_disk: bool = True,
 ) -> dict[str, Any]:
     """Hash every shard, total the manifests and write dataset.json with status "complete".
 
     Called once after all tasks finished. `separator` is {"token", "id", "position"}. `recorded`
     maps shard names to the {"bytes", "sha256"} their task wrote; a shard that differs (or is
-    gone) raises ShardChangedError before dataset.json is written.
+    gone) raises ShardChangedError before dataset.json is written. `shards_on_disk` False: the
+    shards are not under `root` but in a bucket, each checked there against `recorded` by the caller
+    (an s3:// build's driver), whose sizes and hashes dataset.json then records; the manifests and
+    everything else are under `root`.
     """
     root = Path(root)
     tok_dst = root / TOKENIZER_JSON
@@ -258,9 +277,12 @@ def finalize_dataset(
     shard_files = {}
     changed = []
     for name in sorted(set(per_shard) | set(recorded or {})):
-        path = root / SHARDS_DIR / name
-        now = {"bytes": path.stat().st_size, "sha256": file_sha256(path)} if path.is_file() else None
         want = (recorded or {}).get(name)
+        path = root / SHARDS_DIR / name
+        if not shards_on_disk:
+            now = None if want is None else {"bytes": want["bytes"], "sha256": want["sha256"]}
+        else:
+            now = {"bytes": path.stat().st_size, "sha256": file_sha256(path)} if path.is_file() else None
         if want is not None and now != {"bytes": want["bytes"], "sha256": want["sha256"]}:
             changed.append((name, want, now))
         if name in per_shard and now is not None:

@@ -30,6 +30,7 @@ from pipelines.config import DataConfig
 from pipelines.dedup import Stage
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
+from training.contract.object_store import is_url
 
 
 def submit_slurm(
@@ -50,7 +51,7 @@ def submit_slurm(
         env.append(f"source {sc.venv_path}")
 
     def executor_for(
-        steps: list, tasks: int, logging_dir: Path, job_name: str, depends=None
+        steps: list, tasks: int, logging_dir: Path, job_name: str, depends=None, skip_completed=True
     ) -> SlurmPipelineExecutor:
         return SlurmPipelineExecutor(
             steps,
@@ -65,7 +66,7 @@ def submit_slurm(
             env_command=" && ".join(env),  # one line: datatrove dedents the script template
             sbatch_args=dict(sc.sbatch_args),
             logging_dir=str(logging_dir),
-            skip_completed=True,
+            skip_completed=skip_completed,
             depends=depends,
         )
 
@@ -75,7 +76,10 @@ def submit_slurm(
         chain.append(
             (st, executor_for(st.pipeline, st.tasks, st.logs, f"{sc.job_name}-dedup-{st.name}", dep))
         )
-    executor = executor_for(pipeline, cfg.build.tasks, logs, sc.job_name, chain[-1][1] if chain else None)
+    # Into a bucket, a task is done when the bucket holds its record, which it checks itself.
+    executor = executor_for(
+        pipeline, cfg.build.tasks, logs, sc.job_name, chain[-1][1] if chain else None, not is_url(cfg.output)
+    )
     # Without an environment command the job runs this very interpreter (shared filesystems).
     python = "python" if sc.env_command or sc.venv_path else sys.executable
     finalize = executor.get_launch_file_contents(
@@ -88,7 +92,8 @@ def submit_slurm(
             "error": str(logs / "slurm_logs" / "finalize_%j.out"),
         },
         f"cd {Path.cwd()} && {python} -m pipelines.build --config {out / CONFIG_TOML} "
-        f"--set output={out} --finalize-only",
+        + (f"--set output={cfg.output} build.workdir={out}" if is_url(cfg.output) else f"--set output={out}")
+        + " --finalize-only",
     )
     finalize = "".join(line for line in finalize.splitlines(True) if line.strip() != "#SBATCH --array")
     logs.mkdir(parents=True, exist_ok=True)

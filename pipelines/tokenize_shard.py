@@ -7,6 +7,10 @@ permuted by a seeded RNG (seed, task) and written through `pipelines.shard_write
 (temporary name → rename), so the full shuffle costs one sequential write and one read of the
 task's tokens instead of holding them in memory. Output is a pure function of the task's input
 and the config: a killed task rerun writes byte-identical shards.
+
+In a build into a bucket (`upload`), the task checks, uploads and deletes each shard as it closes
+it, then uploads the rest of its output and its record (pipelines/task_upload.py); a task whose
+record is in the bucket with every object as it lists returns before reading its input.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import errno
 import json
 import mmap
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,21 +28,27 @@ import numpy as np
 from datatrove.data import DocumentsPipeline
 from datatrove.pipeline.base import PipelineStep
 from datatrove.utils.logging import logger
+from datatrove.utils.stats import PipelineStats
 
 from pipelines.dedup import text_hash_hex
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
 from pipelines.sources import META_KEYS
+from pipelines.task_upload import TaskUpload, TaskUploader, task_root
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
-from tokenization.tokenizer_io import load_tokenizer
+from tokenization.tokenizer_io import TokenizerFile
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
+    EXCLUDED_DIR,
+    MANIFEST_DIR,
+    SAMPLE_DOCS,
     SHARDS_DIR,
     SOURCE_FILE,
     SOURCE_ROW,
     TEXT_HASH,
     doc_key,
     dtype_for_vocab,
+    dtype_name,
 )
 from training.contract.disk_space import DiskFullError, check_free
 from training.contract.errors import GristmillError
@@ -89,7 +100,7 @@ class TokenizeShard(PipelineStep):
     def __init__(
         self,
         output: str | Path,
-        tokenizer_path: str | Path,
+        tokenizer: TokenizerFile,
         policy: SeparatorPolicy,
         target_bytes: int,
         shuffle: bool = True,
@@ -97,10 +108,17 @@ class TokenizeShard(PipelineStep):
         batch_chars: int = 4_000_000,
         min_free_gb: float = 1.0,
         progress: TaskProgress | None = None,
+        upload: TaskUpload | None = None,
+        stats_of: list[PipelineStep] | None = None,
     ):
+        """`upload`: the bucket this task uploads its output to (an s3:// build), None for a local
+        build; `stats_of`: the steps before this one, whose datatrove stats an uploading task sends
+        with its own (datatrove writes them only after the last step, on the node that ran it)."""
         super().__init__()
         self.output = str(output)
-        self.tokenizer_path = str(tokenizer_path)
+        self.tokenizer = tokenizer
+        self.upload = upload
+        self.stats_of = list(stats_of or [])
         self.policy = policy
         self.target_bytes = target_bytes
         self.shuffle = shuffle
@@ -110,6 +128,12 @@ class TokenizeShard(PipelineStep):
         self.progress = progress
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
+        if self.upload is not None and self.upload.committed(rank):
+            # `data` is never iterated, so no step before this one runs: the input is not read.
+            logger.info(
+                f"task {rank}: its record and every object it lists are in {self.upload.url}; nothing to do"
+            )
+            return
         try:
             self._build(data, rank)
         except DiskFullError:
@@ -127,21 +151,27 @@ class TokenizeShard(PipelineStep):
         return
         yield  # a generator step that forwards nothing
 
+    def _root(self, rank: int) -> Path:
+        """Where the task writes: the dataset directory, or an uploading task's own folder."""
+        return task_root(self.output, rank) if self.upload is not None else Path(self.output)
+
     def _remove_partial(self, rank: int) -> None:
         """Free what a task that ran out of disk holds: its spill (as large as its shards) and its
         half-written shard; the rerun starts the task over anyway."""
-        shards = Path(self.output) / SHARDS_DIR
+        shards = self._root(rank) / SHARDS_DIR
         for path in [shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{rank:05d}_*.tar.tmp")]:
             with contextlib.suppress(OSError):
                 path.unlink()
 
     def _build(self, data: DocumentsPipeline, rank: int) -> None:
-        encoder = DocumentEncoder(
-            load_tokenizer(self.tokenizer_path), self.policy, source=self.tokenizer_path
-        )
+        encoder = DocumentEncoder(self.tokenizer.load(), self.policy, source=self.tokenizer.source)
         dtype = dtype_for_vocab(encoder.vocab_size)
         progress = self.progress
-        shards = os.path.join(self.output, SHARDS_DIR)
+        uploader = TaskUploader(self.upload, rank) if self.upload is not None else None
+        root = self._root(rank)
+        if uploader is not None:  # what an earlier attempt left: this one uploads only what it writes
+            shutil.rmtree(root, ignore_errors=True)
+        shards = os.path.join(root, SHARDS_DIR)
         os.makedirs(shards, exist_ok=True)
         spill_path = os.path.join(shards, f"{SPILL_PREFIX}{rank:05d}.tmp")
         # Per document: where its ids and its metadata JSON sit in the spill file.
@@ -199,30 +229,68 @@ class TokenizeShard(PipelineStep):
         if progress:
             progress.phase = "writing shards"
             progress.flush()
-        check_free_space(
-            self.output, pos + n * TAR_OVERHEAD_PER_DOC, self.min_free_gb, f"write the shards of task {rank}"
-        )
+        need = pos + n * TAR_OVERHEAD_PER_DOC
+        if uploader is not None and n:  # each shard is deleted once uploaded: one at a time on disk
+            need = min(need, self.target_bytes + SAMPLE_DOCS * (max(ids_len) + TAR_OVERHEAD_PER_DOC))
+        check_free_space(root, need, self.min_free_gb, f"write the shards of task {rank}")
         order = np.random.default_rng([self.seed, rank]).permutation(n) if self.shuffle else np.arange(n)
-        writer = ShardWriter(self.output, rank, encoder.vocab_size, target_bytes=self.target_bytes)
+
+        def upload_shard(path: Path, rows: list[dict[str, Any]]) -> None:
+            assert uploader is not None
+            info = (encoder.vocab_size, dtype_name(encoder.vocab_size), encoder.separator_info())
+            uploader.shard(path, rows, writer.written[path.name], *info)
+
+        writer = ShardWriter(
+            root,
+            rank,
+            encoder.vocab_size,
+            target_bytes=self.target_bytes,
+            on_shard=upload_shard if uploader is not None else None,
+        )
         with open(spill_path, "rb") as spill_file:
             spill = mmap.mmap(spill_file.fileno(), 0, access=mmap.ACCESS_READ) if pos else None
             try:
                 for i, j in enumerate(order):
                     a, b = ids_off[j], ids_off[j] + ids_len[j]
-                    ids = np.frombuffer(spill, dtype, count=ids_len[j] // dtype.itemsize, offset=a)
+                    # A copy, not a view of the map: a frame kept alive by an exception caught deeper
+                    # down (a retried request) would keep a view, and the map could not be closed.
+                    ids = np.frombuffer(spill[a:b], dtype)
                     meta_bytes = spill[b : b + meta_len[j]]
                     writer.add(doc_key(rank, i), ids, json.loads(meta_bytes), provenance[j])
-                ids = None  # release the last view before the map closes
             finally:
                 if spill is not None:
                     spill.close()
         writer.close()
-        # What this task wrote, recorded before datatrove marks it complete: finalize checks the
-        # shards against it, so one damaged later is caught even when dataset.json is rewritten.
-        record = Path(self.output) / SHARD_RECORDS / f"{rank:05d}.json"
-        record.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(record, json.dumps(writer.written, indent=1, sort_keys=True))
         os.remove(spill_path)
+        if uploader is not None:
+            self._upload_rest(uploader, root)
+        else:
+            # What this task wrote, recorded before datatrove marks it complete: finalize checks the
+            # shards against it, so one damaged later is caught even when dataset.json is rewritten.
+            record = Path(self.output) / SHARD_RECORDS / f"{rank:05d}.json"
+            record.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(record, json.dumps(writer.written, indent=1, sort_keys=True))
         if progress:
             progress.phase = "done"
             progress.flush()
+
+    def _upload_rest(self, uploader: TaskUploader, root: Path) -> None:
+        """After the shards: the task's manifest part, its excluded parts (the filters closed them when
+        this step consumed its input), its stats, then its record; its local files go."""
+        if self.progress:
+            self.progress.phase = "uploading"
+            self.progress.flush()
+        rank = uploader.rank
+        files = [
+            root / MANIFEST_DIR / f"{rank:05d}.parquet",
+            *sorted((root / EXCLUDED_DIR).glob(f"{rank:05d}_*.parquet")),
+        ]
+        for path in files:
+            uploader.put(path, f"{path.parent.name}/{path.name}")
+        uploader.put_stats(PipelineStats([*self.stats_of, self]).to_json().encode())
+        uploader.commit()
+        shutil.rmtree(root)
+        logger.info(
+            f"task {rank}: {len(uploader.objects)} objects in {uploader.spec.url}, "
+            f"{uploader.uploaded} uploaded now"
+        )

@@ -1,5 +1,7 @@
 """`gristmill data upload DIR s3://BUCKET/PREFIX`: a complete local dataset into a bucket, dataset.json
-last. The build's last step for an s3:// output is the same call (pipelines/build.py).
+last. The build's last step for an s3:// output is the same call (pipelines/build.py), for the files
+its driver writes (index, tokenizer.json, build records): its tasks uploaded the rest themselves
+(pipelines/task_upload.py), and their records are allowed beside the dataset.
 
 What goes up is what dataset.json records a sha256 for (training/contract/dataset_format.py's
 `dataset_files`: shards, the loader index, tokenizer.json, manifest, excluded, the build's stats,
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.task_upload import is_task_record
 from training.contract.dataset_format import (
     DATASET_JSON,
     DatasetError,
@@ -48,8 +51,13 @@ class Uploaded:
     bytes: int  # uploaded now
 
 
-def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
-    """Put the complete dataset at `root` under `url` (module docstring); returns what was done."""
+def upload_dataset(
+    root: str | Path, url: str, log=print, in_bucket: dict[str, dict] | None = None
+) -> Uploaded:
+    """Put the complete dataset at `root` under `url` (module docstring); returns what was done.
+    `in_bucket`: objects the caller found in the bucket as their uploader recorded them (an s3://
+    build's tasks' output, pipelines/task_upload.py), which need no local file and are not uploaded."""
+    in_bucket = in_bucket or {}
     root = Path(root)
     info = read_dataset_info(root)
     check_fingerprint(root, info)
@@ -70,7 +78,9 @@ def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
         log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
     files = dataset_files(info)
     there = store.list()
-    strays = sorted(set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON})
+    strays = sorted(
+        rel for rel in set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(rel)
+    )
     if strays and DATASET_JSON not in there:
         raise DatasetError(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
@@ -79,6 +89,8 @@ def upload_dataset(root: str | Path, url: str, log=print) -> Uploaded:
 
     def one(rel: str) -> tuple[int, int]:
         spec, path = files[rel], root / rel
+        if rel in in_bucket:
+            return 0, 0
         if not path.is_file():
             raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
         if rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]) and store.holds(rel, path):

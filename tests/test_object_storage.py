@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,12 +25,20 @@ import numpy as np
 import pytest
 
 from pipelines.cli import main as gristmill
-from pipelines.local_s3 import aws_env
 from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
-from tests.helpers.build_runs import assert_kill_9_leaves_no_process
-from tests.helpers.s3_server import FaultMix, FaultProxy, MotoServer, closed_port_url
+from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
+from tests.helpers.s3_server import (
+    BUCKET,
+    S3,
+    FaultMix,
+    bucket_objects,
+    closed_port_url,
+    damage,
+    puts,
+    s3_bucket,
+)
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
 from training.contract.dataset_format import DATASET_JSON, DatasetError, dataset_files, read_dataset_info
@@ -41,44 +51,13 @@ from training.train import load_train_config, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
-BUCKET = "gristmill-test"
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
-
-
-class S3:
-    def __init__(self, server: MotoServer, proxy: FaultProxy):
-        self.server, self.proxy, self.client = server, proxy, server.client()
-        self.env = {**aws_env(proxy.url), "AWS_EC2_METADATA_DISABLED": "true"}
-
-    def url(self, prefix: str) -> str:
-        return f"s3://{BUCKET}/{prefix}"
-
-    def keys(self, prefix: str) -> list[str]:
-        page = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
-        return sorted(o["Key"][len(prefix) + 1 :] for o in page.get("Contents", []))
 
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
-    server = MotoServer()
-    server.client().create_bucket(Bucket=BUCKET)
-    proxy = FaultProxy(server.url)
-    s3 = S3(server, proxy)
-    with pytest.MonkeyPatch.context() as mp:
-        for key in [k for k in os.environ if k.startswith("AWS_")]:
-            mp.delenv(key)
-        home = tmp_path_factory.mktemp("home")
-        # No ~/.aws files count; the default cache (data inspect/validate/audit of a URL) is the test's.
-        s3.env.update(
-            AWS_CONFIG_FILE=str(home / "none"),
-            AWS_SHARED_CREDENTIALS_FILE=str(home / "none"),
-            XDG_CACHE_HOME=str(home / "cache"),
-        )
-        for key, value in s3.env.items():
-            mp.setenv(key, value)
+    with s3_bucket(tmp_path_factory.mktemp("home")) as s3:
         yield s3
-    proxy.stop()
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +82,10 @@ def run_env(s3: S3, cache_dir: Path) -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------------------------
-# item 2: the build writes to the bucket; uploads are whole, resumable, dataset.json last
+# the build writes to the bucket from every task; uploads are whole, resumable, dataset.json last
 
 
-def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
+def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_bytes(
     s3, build_fixture, built_dataset, tmp_path, capsys
 ):
     from pipelines.build import build
@@ -114,11 +93,20 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     from training.contract.config_loader import load_config
 
     _, _, config = build_fixture
-    url = s3.url("built")
-    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(tmp_path / 'work'))}"]
-    cfg = load_config(DataConfig, config, sets)
-    result = build(cfg, log=lambda *a: None)
-    assert result.ok and result.status == "complete"
+    url, work = s3.url("built"), tmp_path / "work"
+    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(work))}"]
+    # A process of its own, as `gristmill data build`: its worker pool starts with the AWS environment.
+    s3.proxy.set_faults(FaultMix(seed=3))
+    try:
+        built = run_build(config, url, s3.env, "--set", sets[1])
+    finally:
+        s3.proxy.set_faults(None)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert re.search(
+        r"^  validation +OK +\S+ separators in \S+ documents, each shard checked by its task$",
+        built.stdout,
+        re.M,
+    )
     info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"built/{DATASET_JSON}")["Body"].read())
     local = read_dataset_info(built_dataset)
     assert info["fingerprint"] == local["fingerprint"]  # the same shards, index and tokenizer
@@ -127,6 +115,16 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
         body = s3.client.get_object(Bucket=BUCKET, Key=f"built/shards/{name}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == f["sha256"] == local["shard_files"][name]["sha256"]
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    # Each task uploaded its own output, recorded it, and deleted it here: the driver never had it.
+    for rank in (0, 1):
+        record = json.loads(
+            s3.client.get_object(Bucket=BUCKET, Key=f"built/build/tasks/{rank:05d}.json")["Body"].read()
+        )
+        assert (
+            f"manifest/{rank:05d}.parquet" in record["objects"]
+            and f"logs/stats/{rank:05d}.json" in record["objects"]
+        )
+    assert list((work / "tasks").iterdir()) == []  # each task's own folder, removed once uploaded
 
     # A rerun finds it complete in the bucket: nothing is built or uploaded again.
     s3.proxy.reset_counts()
@@ -134,6 +132,27 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
     assert any("already complete (same config): nothing to do" in line for line in lines), lines
     assert "PUT" not in s3.proxy.counts.requests
+
+    # A driver elsewhere (no work directory) finishes a dataset whose tasks all finished from the bucket
+    # alone: each task finds its record and returns without reading its input, nothing is uploaded
+    # again but what the driver writes, and dataset.json is the same.
+    for rel in [DATASET_JSON, *(k for k in bucket_objects(s3, "built") if k.startswith("index/"))]:
+        s3.client.delete_object(Bucket=BUCKET, Key=f"built/{rel}")
+    shutil.rmtree(work)
+    s3.proxy.reset_counts()
+    # One worker: the tasks run in this process, which has the AWS environment (config.toml records it).
+    assert build(load_config(DataConfig, config, [*sets, "build.workers=1"]), log=lines.append).ok, lines
+    assert puts(s3, "built") == {"dataset.json", "config.toml"} | {
+        k for k in bucket_objects(s3, "built") if k.startswith("index/")
+    }
+    for rank in (0, 1):
+        assert "nothing to do" in (work / "logs" / "logs" / f"task_{rank:05d}.log").read_text()
+        reader = json.loads((work / "logs" / "stats" / f"{rank:05d}.json").read_text())[0]
+        assert "documents" not in reader["stats"], reader  # the reader never ran
+    again_info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"built/{DATASET_JSON}")["Body"].read())
+    for i in (again_info, info):
+        del i["created"], i["files"]["config.toml"]
+    assert again_info == info
 
     # Readers: inspect --hash, validate and audit of the URL say what they say of the local copy.
     capsys.readouterr()
@@ -171,6 +190,77 @@ def test_build_writes_to_the_bucket_and_readers_get_the_local_bytes(
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
+    # The funnel is the local build's: the tasks uploaded their datatrove stats, every step's.
+    funnel = lambda where: [
+        line.split()[1:] for line in out("data", "audit", where, "--report", "summary").splitlines()[3:]
+    ]
+    assert funnel(url) == funnel(str(built_dataset)) and "read" in funnel(url)[0], funnel(url)
+
+
+def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
+    s3, build_fixture, built_dataset, tmp_path
+):
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    _, _, config = build_fixture
+    url, work = s3.url("killed-build"), tmp_path / "work"
+    # One worker: task 0 finishes (and commits its record) before task 1 is killed, once its first
+    # shard is uploaded and its second half written (pipelines/faults.py).
+    sets = [f"build.workdir={json.dumps(str(work))}", "build.workers=1"]
+    s3.proxy.set_faults(FaultMix(seed=11))
+    try:
+        killed = run_build(config, url, {**s3.env, "GRISTMILL_TEST_KILL": "1:second_shard"}, "--set", *sets)
+    finally:
+        s3.proxy.set_faults(None)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    before = bucket_objects(s3, "killed-build")
+    assert {"build.json", "build/tasks/00000.json", "shards/00001_00000.tar"} <= before.keys(), before
+    assert "build/tasks/00001.json" not in before and DATASET_JSON not in before
+    # One of task 0's shards is replaced in the bucket by other bytes under the old sha256 claim.
+    damaged = "shards/00000_00001.tar"
+    damage(s3, f"killed-build/{damaged}")
+
+    s3.proxy.reset_counts()
+    cfg = load_config(DataConfig, config, [f"output={json.dumps(url)}", *sets])
+    lines: list[str] = []
+    assert build(cfg, log=lines.append).ok, lines
+    after = bucket_objects(s3, "killed-build")
+    # Task 0 is redone for its damaged shard (and writes new stats: they hold timings), task 1 uploads
+    # all but the shard it had uploaded, the driver its own files; nothing else.
+    task1 = json.loads(
+        s3.client.get_object(Bucket=BUCKET, Key="killed-build/build/tasks/00001.json")["Body"].read()
+    )
+    assert puts(s3, "killed-build") == (
+        {damaged, "logs/stats/00000.json", "build/tasks/00000.json"}
+        | (task1["objects"].keys() - {"shards/00001_00000.tar"} | {"build/tasks/00001.json"})
+        | {"tokenizer.json", "config.toml", DATASET_JSON}
+        | {k for k in after if k.startswith("index/")}
+    )
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+    # Damaged once the dataset is complete: a rerun says so and how to repair it, and changes nothing;
+    # the repair redoes that task alone.
+    damage(s3, f"killed-build/{damaged}")
+    s3.proxy.reset_counts()
+    with pytest.raises(BuildError) as e:
+        build(cfg, log=lines.append)
+    assert f"{url}/{damaged} is not the object its task uploaded" in str(e.value)
+    assert f"delete {url}/{DATASET_JSON} and rerun the same command: the task(s) 0 are redone" in str(e.value)
+    assert "PUT" not in s3.proxy.counts.requests
+    s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
+    s3.proxy.reset_counts()
+    assert build(cfg, log=lines.append).ok
+    assert puts(s3, "killed-build") == {
+        damaged,
+        "logs/stats/00000.json",
+        "build/tasks/00000.json",
+        DATASET_JSON,
+    }
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
 def test_kill_9_of_a_bucket_build_leaves_no_process_behind(s3, build_fixture, tmp_path):
@@ -178,7 +268,7 @@ def test_kill_9_of_a_bucket_build_leaves_no_process_behind(s3, build_fixture, tm
     ends with it (issue 47)."""
     _, _, config = build_fixture
     work = tmp_path / "work"
-    sets = [f"output={json.dumps(s3.url('killed-build'))}", f"build.workdir={json.dumps(str(work))}"]
+    sets = [f"output={json.dumps(s3.url('orphans'))}", f"build.workdir={json.dumps(str(work))}"]
     assert_kill_9_leaves_no_process(config, work, run_env(s3, tmp_path), *sets)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,6 +39,23 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
             "or train one with `gristmill tokenizer train --config CONFIG`"
         )
     return _load_from_hub(str(spec))
+
+
+class TokenizerFile:
+    """A tokenizer.json's bytes, carried inside a build's pipeline to wherever a task runs (a Ray or
+    Slurm node needs no path shared with the driver). Printed by its source and sha256 only: datatrove
+    writes the pipeline's attributes into logs/executor.json."""
+
+    def __init__(self, data: bytes, source: str):
+        self.data = data
+        self.source = source  # where the driver read it: for messages
+        self.sha256 = hashlib.sha256(data).hexdigest()
+
+    def load(self) -> Tokenizer:
+        return Tokenizer.from_str(self.data.decode("utf-8"))
+
+    def __str__(self) -> str:
+        return f"{self.source} (sha256 {self.sha256[:12]}…)"
 
 
 def _load_from_hub(repo_id: str) -> Tokenizer:

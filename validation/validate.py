@@ -199,6 +199,35 @@ def _check_shard(spec: _ShardSpec, res: ShardResult, sha256: str | None = None) 
             _check_documents(spec, res, mm, members, dtype)
 
 
+def check_written_shard(
+    path: Path,
+    *,
+    dtype: str,
+    vocab_size: int,
+    separator: dict[str, Any],
+    rows: list[dict[str, Any]],
+    expected: dict[str, Any],
+) -> ShardResult:
+    """One gristmill-shards/2 shard as its build task just wrote it, before the task uploads it (an
+    s3:// build): every check `validate_dataset` makes of a shard, against the task's manifest `rows`
+    of it (and the documents and tokens they count) and the {bytes, sha256} the task hashed while
+    writing (`expected`)."""
+    rows_by_key = {r["key"]: (r["offset"], r["nbytes"], r["n_tokens"], r[DOC_SHA256]) for r in rows}
+    expected = {**expected, "documents": len(rows), "tokens": sum(r["n_tokens"] for r in rows)}
+    spec = _ShardSpec(
+        str(path),
+        path.name,
+        dtype,
+        vocab_size,
+        separator["id"],
+        separator["position"],
+        rows_by_key,
+        expected,
+        path.stat().st_size,
+    )
+    return check_shard(spec)
+
+
 def _check_expected(spec: _ShardSpec, res: ShardResult) -> None:
     exp = spec.expected
     if exp is None:

@@ -98,13 +98,14 @@ def enabled(cfg: DecontaminateConfig) -> bool:
 
 
 def decontam_filter(
-    cfg: DecontaminateConfig, out: Path, sha256: str | None, record: bool = True
+    cfg: DecontaminateConfig, out: Path, sha256: str | None, record: bool = True, per_task: bool = False
 ) -> list[BaseFilter]:
     """The filter step reading OUTPUT/decontam/ ([] without [decontaminate]), which must hold the
-    index of `sha256`; `record`: its drops go to OUTPUT/excluded/ (dedup's first pass runs it without)."""
+    index of `sha256`; `record`: its drops go to OUTPUT/excluded/ (dedup's first pass runs it without;
+    `per_task`: see ExcludedWriter)."""
     if not enabled(cfg):
         return []
-    writer = ExcludedWriter(out, FILTER_NAME) if record else None
+    writer = ExcludedWriter(out, FILTER_NAME, per_task=per_task) if record else None
     return [DecontaminationFilter(out / INDEX_DIR, writer, sha256=sha256)]
 
 

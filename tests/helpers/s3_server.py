@@ -9,21 +9,28 @@ thread that forwards every request to it and, drawn from a seeded RNG per reques
 the connection (2%, "truncated"), or resets the connection before answering (1%). The proxy logs
 every request in order (`counts.log`, with each GET's Range header in `counts.ranges`), counts the
 body bytes it sends (`counts.body_bytes`: our own count of egress, not the client's) and can answer
-slowly (`latency`).
+slowly (`latency`). `s3_bucket` is a test module's bucket behind them, with the environment that
+points gristmill there; `bucket_objects`, `puts` and `damage` look at and spoil its objects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import os
 import random
 import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
-from pipelines.local_s3 import LocalS3, free_port
+import pytest
+
+from pipelines.local_s3 import LocalS3, aws_env, free_port
 
 SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -211,3 +218,72 @@ class FaultProxy:
 def closed_port_url() -> str:
     """An endpoint on loopback where nothing listens: connections are refused at once."""
     return f"http://127.0.0.1:{free_port()}"
+
+
+BUCKET = "gristmill-test"
+
+
+class S3:
+    """The test's bucket: moto's server, the fault proxy in front of it, a client straight to the
+    server (the tests' own setup and damage) and the AWS environment that points gristmill at the proxy."""
+
+    def __init__(self, server: MotoServer, proxy: FaultProxy):
+        self.server, self.proxy, self.client = server, proxy, server.client()
+        self.env = {**aws_env(proxy.url), "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def url(self, prefix: str) -> str:
+        return f"s3://{BUCKET}/{prefix}"
+
+    def keys(self, prefix: str) -> list[str]:
+        page = self.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
+        return sorted(o["Key"][len(prefix) + 1 :] for o in page.get("Contents", []))
+
+
+@contextlib.contextmanager
+def s3_bucket(home: Path) -> Iterator[S3]:
+    """A module's bucket (a module-scoped fixture's body): the server, the proxy, and the AWS
+    environment of this process pointing at the proxy while it lasts; `home` holds the default
+    cache, and no ~/.aws file counts."""
+    server = MotoServer()
+    server.client().create_bucket(Bucket=BUCKET)
+    proxy = FaultProxy(server.url)
+    s3 = S3(server, proxy)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for key in [k for k in os.environ if k.startswith("AWS_")]:
+                mp.delenv(key)
+            s3.env.update(
+                AWS_CONFIG_FILE=str(home / "none"),
+                AWS_SHARED_CREDENTIALS_FILE=str(home / "none"),
+                XDG_CACHE_HOME=str(home / "cache"),
+            )
+            for key, value in s3.env.items():
+                mp.setenv(key, value)
+            yield s3
+    finally:
+        proxy.stop()
+        server.stop()
+
+
+def bucket_objects(s3: S3, prefix: str) -> dict[str, str]:
+    """{path: ETag} of the objects under `prefix`, listed past the fault proxy."""
+    page = s3.client.list_objects_v2(Bucket=BUCKET, Prefix=prefix + "/")
+    return {o["Key"][len(prefix) + 1 :]: o["ETag"].strip('"') for o in page.get("Contents", [])}
+
+
+def puts(s3: S3, prefix: str) -> set[str]:
+    """The objects under `prefix` PUT (whatever their fate) since the proxy's counts were reset."""
+    base = f"/{BUCKET}/{prefix}/"
+    return {
+        path.split("?")[0][len(base) :]
+        for m, path in s3.proxy.counts.log
+        if m == "PUT" and path.startswith(base)
+    }
+
+
+def damage(s3: S3, key: str) -> None:
+    """Object `key` replaced by as many other bytes, its metadata (the sha256 claim) kept."""
+    obj = s3.client.get_object(Bucket=BUCKET, Key=key)
+    body = bytearray(obj["Body"].read())
+    body[len(body) // 2] ^= 0xFF
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(body), Metadata=obj["Metadata"])

@@ -22,7 +22,7 @@ from pipelines.tokenize_shard import DiskFullError, TokenizeShard
 from tests.helpers.build_runs import assert_task_failure_is_one_error, build_argv, one_error
 from tests.helpers.corpus import SEP, fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
-from tokenization.tokenizer_io import load_tokenizer, train_bpe
+from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, train_bpe
 from training.contract.config_loader import load_config
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -182,7 +182,8 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
     # shards) must not stay behind on the disk the user is asked to free.
     _, tokenizer, _ = build_fixture
     reserve_gb = (shutil.disk_usage(tmp_path).free + 10e9) / 1e9  # more than there is: always fails
-    step = TokenizeShard(tmp_path / "o", tokenizer, SeparatorPolicy(SEP), 1 << 20, min_free_gb=reserve_gb)
+    tok = TokenizerFile(tokenizer.read_bytes(), str(tokenizer))
+    step = TokenizeShard(tmp_path / "o", tok, SeparatorPolicy(SEP), 1 << 20, min_free_gb=reserve_gb)
     docs = [Document(text=t, id=f"d{i}") for i, t in enumerate(fixture_texts(30))]
     with pytest.raises(DiskFullError, match="not enough free disk .* to write the shards of task 2") as e:
         list(step.run(iter(docs), rank=2))

@@ -3,12 +3,14 @@
 Its dataset is the local executor's byte for byte; a resume redoes only the tasks without a
 completion marker (whichever executor ran the others); a task's bad input is the same one-line
 error as with the local executor; a Ray instance started here (the build's or the tests') listens
-on loopback only. Skipped where ray is not installed (`pip install 'gristmill[ray]'`).
+on loopback only; a build into a bucket (moto's server behind the fault proxy) needs no folder that
+its tasks and its driver share. Skipped where ray is not installed (`pip install 'gristmill[ray]'`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -22,7 +24,9 @@ from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from tests.helpers.build_runs import assert_same_dataset, assert_task_failure_is_one_error
 from tests.helpers.dup_corpus import write_dup_config
+from tests.helpers.s3_server import BUCKET, s3_bucket
 from training.contract.config_loader import load_config
+from training.contract.dataset_format import DATASET_JSON, read_dataset_info
 
 QUIET = {"log": lambda *a: None}
 # datatrove 0.10 passes placement_group= to Ray's .options(), deprecated since Ray 2.x; not ours to fix.
@@ -131,7 +135,15 @@ def test_cli_build_on_its_own_ray_instance_equals_local(built_dataset, build_fix
 
 
 @pytest.fixture(scope="module")
-def ray_instance():
+def s3(tmp_path_factory):
+    """A bucket for the build into s3:// below; its AWS environment is there before Ray starts, so
+    that Ray's workers have it, as on a cluster."""
+    with s3_bucket(tmp_path_factory.mktemp("home")) as s3:
+        yield s3
+
+
+@pytest.fixture(scope="module")
+def ray_instance(s3):
     """One Ray instance for the in-process builds below; build() uses it as it is connected. Started
     as the build starts its own: loopback only, which is checked once the builds ran their tasks."""
     ray = pytest.importorskip("ray")
@@ -207,3 +219,21 @@ def test_minhash_dedup_stages_on_ray_equal_local(ray_instance, build_fixture, tm
         assert result.ok and result.info["excluded_by_filter"]["dedup"] >= 4
     assert (outs["ray"] / "logs" / "dedup" / "buckets" / "completions" / "00001").is_file()
     assert_same_dataset(outs["ray"], outs["local"])
+
+
+def test_a_ray_build_into_a_bucket_needs_no_disk_shared_by_its_tasks_and_driver(
+    s3, ray_instance, build_fixture, built_dataset, tmp_path
+):
+    # Ray on loopback: each task writes in its own folder of the work directory, uploads it and
+    # removes it; the driver finalizes from the bucket alone.
+    _, _, config = build_fixture
+    url, work = s3.url("ray"), tmp_path / "work"
+    sets = [f"output={json.dumps(url)}", f"build.workdir={json.dumps(str(work))}", "build.executor=ray"]
+    lines: list[str] = []
+    result = build(load_config(DataConfig, config, sets), log=lines.append)
+    assert result.ok and result.status == "complete", lines
+    assert list((work / "tasks").iterdir()) == []  # every task's folder was gone before the driver ran
+    for rank in (0, 1):
+        assert "objects in s3://" in (work / "logs" / "logs" / f"task_{rank:05d}.log").read_text()
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"ray/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]

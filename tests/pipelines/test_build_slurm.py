@@ -23,8 +23,9 @@ from pipelines.config import DataConfig
 from pipelines.tokenize_shard import TokenizeShard
 from tests.helpers.build_runs import assert_same_dataset
 from tests.helpers.dup_corpus import write_dup_config
+from tests.helpers.s3_server import BUCKET, s3_bucket
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import read_dataset_info
+from training.contract.dataset_format import DATASET_JSON, read_dataset_info
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -149,3 +150,44 @@ def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
     local = tmp_path / "local"
     assert build(load_config(DataConfig, config, [*overrides, f"output={local}"]), log=lambda *a: None).ok
     assert_same_dataset(out, local)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    with s3_bucket(tmp_path_factory.mktemp("home")) as s3:
+        yield s3
+
+
+def test_slurm_build_into_a_bucket_uploads_from_every_array_task(s3, built_dataset, build_fixture, tmp_path):
+    # Each array task uploads its own output; the finalize job (given the URL and the work directory)
+    # writes dataset.json from the bucket. What Slurm still needs shared is said before any work.
+    _, _, config = build_fixture
+    url, work = s3.url("slurm"), tmp_path / "work"
+    overrides = [f"output={url}", f"build.workdir={work}", "build.executor=slurm", "build.slurm.submit=false"]
+    lines: list[str] = []
+    assert build(load_config(DataConfig, config, overrides), log=lines.append).status == "written"
+    assert lines[0] == (
+        f"note: build.workdir = {work} must be the same folder on every node (Slurm's jobs read their "
+        "scripts and pipeline from its logs/); the shards, manifests and exclusions go from each task to "
+        "the bucket"
+    ), lines
+    logs = work / "logs"
+    assert f"--set output={url} build.workdir={work} --finalize-only" in (logs / "finalize.slurm").read_text()
+    env = fake_slurm_env(tmp_path)
+    run_array(logs / "launch_script.slurm", 2, env)
+    assert list((work / "tasks").iterdir()) == []  # each task's folder, gone once uploaded
+    table = run_finalize(logs, env)
+    assert re.search(r"^  validation +OK .* each shard checked by its task$", table, re.M), table
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"slurm/{DATASET_JSON}")["Body"].read())
+    assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+    # [dedup] keeps its stages in the work directory: that is said too.
+    lines.clear()
+    dedup = [
+        *overrides[2:],
+        f"output={s3.url('slurm-dedup')}",
+        f"build.workdir={tmp_path / 'w2'}",
+        "dedup.kind=exact",
+    ]
+    assert build(load_config(DataConfig, config, dedup), log=lines.append).status == "written"
+    assert "; [dedup]'s stages exchange files between tasks there)" in lines[0], lines

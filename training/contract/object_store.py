@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import itertools
 import mmap
 import multiprocessing
@@ -407,7 +408,7 @@ class ObjectStore:
         head = self.head(rel)
         if head is None or head["bytes"] != path.stat().st_size:
             return False
-        if re.fullmatch(r"[0-9a-f]{32}", head["etag"]):
+        if etag_is_md5(head["etag"]):
             return head["etag"] == _file_digest(path, hashlib.md5)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
         try:
@@ -418,36 +419,41 @@ class ObjectStore:
 
     def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a
-        part), with Content-MD5 and the sha256 in the object's metadata; returns the sha256. A file
-        whose sha256 is not `expect_sha256` is not uploaded (ValueError)."""
+        part), with Content-MD5 and the sha256 in the object's metadata; returns the ETag the store gave
+        the object (the MD5 of the bytes it stored, on a store that does not encrypt with its own keys).
+        A file whose sha256 is not `expect_sha256` is not uploaded (ValueError)."""
         size = path.stat().st_size
         if size > MAX_PUT_BYTES:
             raise ObjectStoreError(
                 f"{path} is {size:,} bytes, more than one PUT takes (5 GiB): lower shards.target_mb"
             )
-        md5, sha = hashlib.md5(), hashlib.sha256()
-        with open(path, "rb") as f:
-            while block := f.read(CHUNK):
-                md5.update(block)
-                sha.update(block)
-        if expect_sha256 is not None and sha.hexdigest() != expect_sha256:
-            raise ValueError(f"{path} has sha256 {sha.hexdigest()}, not {expect_sha256}")
-        digest = base64.b64encode(md5.digest()).decode()
+        md5, sha = file_digests(path)
+        if expect_sha256 is not None and sha != expect_sha256:
+            raise ValueError(f"{path} has sha256 {sha}, not {expect_sha256}")
+        return self._put(rel, lambda: open(path, "rb"), size, md5, sha)
+
+    def put_bytes(self, data: bytes, rel: str) -> str:
+        """`data` as object `rel`, as put_file uploads a file (a small object: a record); returns the ETag."""
+        md5, sha = hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest()
+        return self._put(rel, lambda: io.BytesIO(data), len(data), md5, sha)
+
+    def _put(self, rel: str, open_body: Callable[[], Any], size: int, md5: str, sha: str) -> str:
+        digest = base64.b64encode(bytes.fromhex(md5)).decode()
 
         def put(c):
-            with open(path, "rb") as f:
-                c.put_object(
+            with open_body() as body:
+                resp = c.put_object(
                     Bucket=self.url.bucket,
                     Key=self.url.key(rel),
-                    Body=f,
+                    Body=body,
                     ContentLength=size,
                     ContentMD5=digest,
-                    Metadata={"sha256": sha.hexdigest()},
+                    Metadata={"sha256": sha},
                 )
             self.counts.add("bytes", size)
+            return resp.get("ETag", "").strip('"')
 
-        self._call("PUT", rel, put)
-        return sha.hexdigest()
+        return self._call("PUT", rel, put)
 
     def delete(self, rel: str) -> None:
         """Remove object `rel` (gone already: nothing to do)."""
@@ -455,7 +461,12 @@ class ObjectStore:
 
     def list(self, rel_prefix: str = "") -> dict[str, int]:
         """{path inside the dataset: bytes} of every object under the URL (and `rel_prefix`)."""
-        out: dict[str, int] = {}
+        return {rel: size for rel, (size, _) in self.list_etags(rel_prefix).items()}
+
+    def list_etags(self, rel_prefix: str = "") -> dict[str, tuple[int, str]]:
+        """{path inside the dataset: (bytes, ETag)} of every object under the URL (and `rel_prefix`): a
+        HEAD's size and ETag for a thousand objects per request."""
+        out: dict[str, tuple[int, str]] = {}
         base = self.url.key("")
         token: str | None = None
         while True:
@@ -464,7 +475,7 @@ class ObjectStore:
                 args["ContinuationToken"] = token
             page = self._call("LIST", rel_prefix or None, lambda c, a=args: c.list_objects_v2(**a))
             for obj in page.get("Contents", []):
-                out[obj["Key"][len(base) :]] = obj["Size"]
+                out[obj["Key"][len(base) :]] = (obj["Size"], obj.get("ETag", "").strip('"'))
             token = page.get("NextContinuationToken")
             if not token:
                 return out
@@ -485,6 +496,23 @@ class ObjectStore:
             None,
             lambda c: c.abort_multipart_upload(Bucket=self.url.bucket, Key=key, UploadId=upload_id),
         )
+
+
+def etag_is_md5(etag: str) -> bool:
+    """Whether an ETag can be the MD5 of the object's bytes: a single PUT's is, on every store that does
+    not encrypt with its own keys (a multipart upload's, or SSE-KMS's, is not)."""
+    return re.fullmatch(r"[0-9a-f]{32}", etag) is not None
+
+
+def file_digests(path: Path) -> tuple[str, str]:
+    """(MD5, sha256) of file `path`, hex, in one read: what a PUT carries (Content-MD5) and what the
+    dataset records."""
+    md5, sha = hashlib.md5(), hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            md5.update(block)
+            sha.update(block)
+    return md5.hexdigest(), sha.hexdigest()
 
 
 def _file_digest(path: Path, algorithm) -> str:
