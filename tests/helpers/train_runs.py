@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pipelines.cli import main as gristmill
+from tests.helpers.forked import Forked
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.batch_record import read_batches
 
@@ -76,10 +77,10 @@ def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
         assert torch.equal(ta, tb), name
 
 
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+def wait_for_step(proc: subprocess.Popen | Forked, run_dir: Path, step: int) -> None:
     deadline = time.time() + 240
     while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()[-2000:]}"
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[0][-2000:]}"
         assert time.time() < deadline
         time.sleep(0.005)
 

@@ -17,6 +17,8 @@ from pipelines.config import DataConfig
 from pipelines.demo_corpus import CODE_MAX_FILE_CHARS, SCHEMA, write_code_corpus
 from training.contract.config_loader import load_config
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "data" / "demo-code.toml"
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main as gristmill
-from tests.helpers.train_data import make_dataset
+from tests.helpers import forked
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -37,6 +36,8 @@ from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.data.spec import resolve
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 STEPS, SPIKE = 30, 17
 
@@ -60,8 +61,8 @@ def window_of(sets: list[str], step: int, slot: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("rewind") / "data")
+def dataset(synthetic_dataset):
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,7 @@ def reference(tmp_path_factory, dataset):
     run = tmp_path_factory.mktemp("reference") / "run"
     sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
     env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
-    done = subprocess.run(_train_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = forked.run(_train_cmd(sets), cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return run, done.stdout
 
@@ -184,14 +185,9 @@ def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_p
     resume = ["--resume", "auto"]
     for i, point in enumerate(["rewind-start", "rewind-restored", "rewind-saved"]):
         cmd = _train_cmd(sets) + (resume if i else [])
-        done = subprocess.run(
-            cmd, cwd=ROOT, env={**env, KILL: point}, capture_output=True, text=True, timeout=300
-        )
+        done = forked.run(cmd, cwd=ROOT, env={**env, KILL: point}, timeout=300)
         assert done.returncode == -9, (point, done.stderr[-2000:])
-    done = subprocess.run(
-        _train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume,
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = forked.run(_train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed at step 18" in done.stdout
     assert json.loads((run / "data_plan.json").read_text())["skips"][0]["last_step"] == 18
@@ -211,7 +207,7 @@ def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
     run = tmp_path / "run"
     sets = rewind_sets(dataset, run, "parallel.shard=2")
     env = {**ENV, SPIKE_WINDOW: f"step:{SPIKE}*50"}  # the reference's window, named by its step
-    done = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = forked.run(torchrun_cmd(sets), cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("rewind 1/3"))
     assert line == next(x for x in reference[1].splitlines() if x.startswith("rewind 1/3"))

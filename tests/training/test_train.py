@@ -4,29 +4,31 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main as gristmill
-from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import RECIPE_STEPS as STEPS
+from tests.helpers import forked
 from tests.helpers.train_runs import (
+    ENV,
     ROOT,
     TINY,
     assert_batches_as_inspected,
     read_metrics,
     recipe,
     recorded_batches,
+    torchrun_cmd,
 )
+from tests.helpers.train_runs import RECIPE_STEPS as STEPS
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 FIELDS = {
     "step",
@@ -42,8 +44,8 @@ FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")
@@ -140,10 +142,7 @@ def test_trains_on_a_dataset_from_the_real_build(built_dataset, tmp_path):
 
 
 def torchrun(overrides: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "training.train", "--config", TINY, "--set", *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return forked.run(torchrun_cmd(overrides, nproc), cwd=ROOT, env=ENV, timeout=240)
 
 
 @pytest.mark.parametrize(

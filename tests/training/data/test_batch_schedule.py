@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_runs import (
@@ -33,6 +34,8 @@ from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
 from training.data.spec import batch_shapes, check_config, resolve
 from training.run.faults import KILL, SPIKE_WINDOW
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 BATCHES = [512] * 4 + [1024] * 3 + [768] * 4  # tokens per step; "long": 3500 // 768 = 4 steps
 LAST = len(BATCHES)
@@ -167,7 +170,7 @@ def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path, ste
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set",
            f"run.output_dir={json.dumps(str(killed))}", "metrics.plot=false"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, KILL: f"saved:{step}"}, capture_output=True, timeout=300)
+    proc = forked.run(cmd, cwd=ROOT, env={**ENV, KILL: f"saved:{step}"}, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(killed))}",
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
@@ -319,7 +322,7 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
     ]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forked.run(cmd, cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(two))}",
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
