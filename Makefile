@@ -4,8 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
-# Test processes (pytest-xdist): most tests wait on subprocesses, torchrun rendezvous and imports as
-# much as they compute, so two workers on CI's 2 cores finish the suite well before one does.
+# Test processes (pytest-xdist): many tests wait on subprocesses and torchrun rendezvous as much as
+# they compute, so two workers on CI's 2 cores finish the suite well before one does.
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint clean
@@ -30,10 +30,17 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gristmill demo
 
+# Two tiers (tests/helpers/tiers.py): the in-process tests first (a failure there stops before the
+# rest), then the modules that start processes. Both share the artifacts built once per run
+# (tests/helpers/shared.py) in a fresh folder, removed after them; each lists its slowest tests.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	@shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && export GRISTMILL_TEST_SHARED="$$shared" && \
+	  echo "== in-process tier" && $(PYTEST) --tier in-process && \
+	  echo "== process tier" && $(PYTEST) --tier process
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -109,7 +109,7 @@ class Bench:
             if line.startswith(("note:", "checkpoint staging:", "WARNING")):
                 self.notes.append(line)
 
-        return Checkpointer(
+        ckpt = Checkpointer(
             CheckpointSection(keep_last=1, async_=async_, min_free_factor=1.0, interval=1),
             run_dir,
             self.states,
@@ -118,8 +118,9 @@ class Bench:
             last_step=10**9,
             config_sha256="bench",
             estimate_bytes=num_params(self.model) * 12,
-            log=log,
         )
+        ckpt.log = log  # its rank-0 lines (the console's `say` since the timeline) kept as the row's notes
+        return ckpt
 
     def sync_save(self) -> tuple[float, int]:
         """One synchronous save after a step: (seconds, checkpoint bytes)."""

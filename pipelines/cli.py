@@ -77,7 +77,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("verify",): (
         "validation.verify_run",
-        "check every checkpoint and export of a training run against its recorded sizes and checksums",
+        "check every checkpoint and export of a training run against its checksums, and every trained "
+        "step's recorded batch against the plan",
     ),
     ("eval",): (
         "validation.eval",

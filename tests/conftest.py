@@ -1,45 +1,99 @@
 """Shared fixtures: a small real corpus, a small trained tokenizer, and `built_dataset`.
 
 `built_dataset` is a dataset directory produced by the real build (`gristmill data build`: real
-datatrove LocalPipelineExecutor with 2 tasks in 2 worker processes, real tars, validated), shared
-by the whole session. Treat it as read-only; copy it (`shutil.copytree`) to damage it.
+datatrove LocalPipelineExecutor with 2 tasks in 2 worker processes, real tars, validated), built
+once per test run and shared by every worker (`shared`). It is read-only, and checked to be at the
+end: copy it (`shutil.copytree`) to damage it.
 The corpus, tokenizer and recipe come from tests/helpers/corpus.py.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import forked
 from tests.helpers.corpus import (
     fixture_config_text,
     fixture_texts,
     train_fixture_tokenizer,
     write_fixture_corpus,
 )
+from tests.helpers.shared import Shared, shared_root
+from tests.helpers.tiers import TIERS, tier_of
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--tier",
+        choices=TIERS,
+        help="run one tier of the suite (tests/helpers/tiers.py): the modules that start no process, or "
+        "those that do (pytest.mark.process); the other tier's modules are not even imported",
+    )
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    tier = config.getoption("--tier")
+    if tier and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return True if tier_of(collection_path) != tier else None
+    return None
 
 
 @pytest.fixture(scope="session")
-def build_fixture(tmp_path_factory):
-    """(corpus dir, tokenizer.json, config.toml) of the shared small build; output under it."""
-    root = tmp_path_factory.mktemp("build-fixture")
-    corpus = write_fixture_corpus(root / "corpus")
-    tokenizer = train_fixture_tokenizer(root / "tokenizer.json", fixture_texts())
-    config = root / "data.toml"
-    config.write_text(fixture_config_text(corpus, tokenizer, root / "dataset"))
-    return corpus, tokenizer, config
+def shared(tmp_path_factory) -> Iterator[Shared]:
+    """Artifacts built once per test run, whichever worker asks first (tests/helpers/shared.py);
+    at the end of the session, each one this worker used must be unchanged."""
+    store = Shared(shared_root(tmp_path_factory.getbasetemp()))
+    yield store
+    store.check_unchanged()
 
 
 @pytest.fixture(scope="session")
-def built_dataset(build_fixture) -> Path:
+def build_fixture(shared) -> tuple[Path, Path, Path]:
+    """(corpus dir, tokenizer.json, config.toml) of the shared small build; its output is `built_dataset`."""
+
+    def make(root: Path) -> None:
+        corpus = write_fixture_corpus(root / "corpus")
+        tokenizer = train_fixture_tokenizer(root / "tokenizer.json", fixture_texts())
+        (root / "data.toml").write_text(fixture_config_text(corpus, tokenizer, shared.root / "built-dataset"))
+
+    root = shared.get("build-fixture", make)
+    return root / "corpus", root / "tokenizer.json", root / "data.toml"
+
+
+@pytest.fixture(scope="session")
+def built_dataset(build_fixture, shared) -> Path:
     """A real, validated dataset (2 tasks, several shards each, uint16, separator after)."""
     from pipelines.build import build
     from pipelines.config import DataConfig
     from training.contract.config_loader import load_config
 
-    _, _, config = build_fixture
-    cfg = load_config(DataConfig, config)
-    result = build(cfg, log=lambda *a: None)
-    assert result.ok, result.report
-    return Path(cfg.output)
+    cfg = load_config(DataConfig, build_fixture[2])
+
+    def make(path: Path) -> None:
+        assert Path(cfg.output) == path
+        result = build(cfg, log=lambda *a: None)
+        assert result.ok, result.report
+
+    return shared.get("built-dataset", make)
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(shared) -> Callable[..., Path]:
+    """`synthetic_dataset(n_docs=600, vocab_size=256, seed=0)`: tests/helpers/train_data.py's
+    learnable dataset, built once per test run for each set of arguments (read-only)."""
+    from tests.helpers.train_data import make_dataset
+
+    def get(n_docs: int = 600, vocab_size: int = 256, seed: int = 0) -> Path:
+        key = f"synthetic-{n_docs}docs-{vocab_size}vocab-seed{seed}"
+        return shared.get(
+            key, lambda path: make_dataset(path, n_docs=n_docs, vocab_size=vocab_size, seed=seed)
+        )
+
+    return get
+
+
+def pytest_sessionfinish(session, exitstatus):
+    forked.stop_server()  # reaped here: its children's CPU time counts in `time make test`

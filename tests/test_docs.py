@@ -8,8 +8,17 @@
 4. every repository path in backticks (pipelines/ tokenization/ training/ validation/ configs/
    bench/ tests/ docs/, ending .py/.toml/.md/.sh) exists.
 
+And the README is a front page one can scan, with each list in one place:
+5. no paragraph longer than 12 lines;
+6. the demo's table has one row per stage of `gristmill demo`, in its order, whose seconds add up
+   to the total the table quotes (the demo's closing summary);
+7. the command list is the README's table of commands: COMMANDS' keys, in their order;
+8. docs/design.md's layout is the one listing of the folders: every package (a folder with an
+   `__init__.py`, whose docstring is its index of modules) has its entry, every entry exists, and
+   every module an entry names is in the package it is listed under.
+
 Each failure names the file, the line and the link or path. Pure text; no network, no imports of
-the packages (COMMANDS is read from pipelines/cli.py's source).
+the packages (COMMANDS and DEMO_STAGES are read from pipelines/cli.py's source).
 """
 
 from __future__ import annotations
@@ -100,16 +109,28 @@ def anchors(path: Path) -> frozenset[str]:
 
 
 @cache
-def commands() -> frozenset[tuple[str, ...]]:
-    """The keys of COMMANDS in pipelines/cli.py, read from the source (tuples of words)."""
+def cli_constant(name: str) -> ast.expr:
+    """The value of the module-level constant `name` in pipelines/cli.py, as a syntax tree."""
     tree = ast.parse((ROOT / "pipelines" / "cli.py").read_text(encoding="utf-8"))
-    for node in ast.walk(tree):
+    for node in tree.body:
         target = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-        if isinstance(target, ast.Name) and target.id == "COMMANDS" and isinstance(node.value, ast.Dict):
-            return frozenset(ast.literal_eval(k) for k in node.value.keys)
-    raise AssertionError("pipelines/cli.py has no COMMANDS dict")
+        if isinstance(target, ast.Name) and target.id == name:
+            return node.value
+    raise AssertionError(f"pipelines/cli.py has no {name}")
+
+
+@cache
+def command_list() -> tuple[tuple[str, ...], ...]:
+    """The keys of COMMANDS in pipelines/cli.py, in order (tuples of words)."""
+    table = cli_constant("COMMANDS")
+    assert isinstance(table, ast.Dict), "COMMANDS is not a dict literal"
+    return tuple(ast.literal_eval(k) for k in table.keys)
+
+
+def commands() -> frozenset[tuple[str, ...]]:
+    return frozenset(command_list())
 
 
 def is_argument(word: str) -> bool:
@@ -203,3 +224,102 @@ def test_slug_rules():
     assert slug("On a GPU: speed, and the CUDA test suite") == "on-a-gpu-speed-and-the-cuda-test-suite"
     assert slug("`--sql` is read-only") == "--sql-is-read-only"
     assert slug("snake_case and **bold**") == "snake_case-and-bold"
+
+
+def paragraphs(text: str) -> list[tuple[int, int]]:
+    """(first line, number of lines) of each paragraph of a markdown text: runs of prose lines
+    outside code blocks, each list item its own, headings and table rows none."""
+    prose, _ = split_code(text)
+    found, start, count = [], 0, 0
+    for n, line in enumerate(prose.split("\n") + [""], start=1):
+        stripped = line.strip()
+        item = re.match(r"^\s*([-*+]|\d+[.)])\s", line)
+        if not stripped or stripped.startswith("|") or HEADING.match(line) or item:
+            if count:
+                found.append((start, count))
+            start, count = (n, 1) if item else (0, 0)
+        else:
+            start, count = (start or n), count + 1
+    return found
+
+
+def test_no_readme_paragraph_is_longer_than_12_lines():
+    long = [(n, c) for n, c in paragraphs((ROOT / "README.md").read_text(encoding="utf-8")) if c > 12]
+    assert not long, (
+        "README.md: paragraphs of more than 12 lines (make a table or a list, or move it to docs/): "
+        + (", ".join(f"line {n} ({c} lines)" for n, c in long))
+    )
+
+
+def test_paragraphs_are_counted_as_rendered():
+    text = "a\nb\n\n```\nc\nd\n```\n- e\n  f\n- g\n\n| h |\n| --- |\n## i\nj\n"
+    assert paragraphs(text) == [(1, 2), (8, 2), (10, 1), (15, 1)]
+
+
+def table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of each body row of the first table under `heading` (a '## ' heading)."""
+    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[2:]]
+
+
+def test_the_demo_table_is_the_demos_stages_with_the_seconds_of_its_summary():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = table_rows(text, "Two commands")
+    stages = ast.literal_eval(cli_constant("DEMO_STAGES"))
+    assert [r[0] for r in rows] == list(stages), (
+        "README.md's demo table: one row per DEMO_STAGES entry, in order"
+    )
+    seconds = [int(r[3]) for r in rows]
+    total = int(re.search(r"its stages took (\d+) s", text).group(1))
+    # each row is the summary's figure rounded to a second: their sum is the total within rounding
+    assert abs(sum(seconds) - total) <= len(seconds) // 2 + 1, (seconds, total)
+
+
+def test_the_command_list_is_the_readmes_table_of_commands():
+    rows = table_rows((ROOT / "README.md").read_text(encoding="utf-8"), "Commands")
+    listed = [tuple(r[0].strip("`").split()[1:]) for r in rows]
+    assert listed == list(command_list()), "README.md's command table: COMMANDS' keys, in their order"
+
+
+PACKAGE_ROOTS = ("pipelines", "tokenization", "training", "validation")
+ENTRY = re.compile(r"^( {0,2})([\w.-]+)/ {2,}(.*)$")
+
+
+def design_layout() -> tuple[list[str], dict[str, str]]:
+    """docs/design.md's layout block: (the files of its first line, {folder: its entry's text})."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = text.split("\n## Layout\n", 1)[1].split("```\n", 1)[1].split("\n```", 1)[0].splitlines()
+    entries: dict[str, str] = {}
+    parent = current = ""
+    for line in block[1:]:
+        m = ENTRY.match(line)
+        if m:
+            indent, name, rest = m.groups()
+            current = f"{parent}/{name}" if indent else name
+            parent = parent if indent else name
+            entries[current] = rest
+        else:
+            assert current and line.startswith(" " * 15), (
+                f"docs/design.md layout: a line of no entry: {line!r}"
+            )
+            entries[current] += " " + line.strip()
+    return block[0].split(), entries
+
+
+def test_the_design_layout_is_the_one_listing_of_the_folders():
+    files, entries = design_layout()
+    problems = [f"{f} does not exist" for f in files if not (ROOT / f).exists()]
+    packages = sorted(
+        str(p.parent.relative_to(ROOT)) for top in PACKAGE_ROOTS for p in (ROOT / top).rglob("__init__.py")
+    )
+    problems += [f"{p}/ (a package) has no entry" for p in packages if p not in entries]
+    for folder, text in entries.items():
+        if not (ROOT / folder).is_dir():
+            problems.append(f"{folder}/ does not exist")
+            continue
+        for name in re.findall(r"(?<![\w./-])([\w/]+\.py)\b", text):
+            path = ROOT / name if "/" in name else ROOT / folder / name
+            if not path.is_file():
+                problems.append(f"{folder}/: {name} is not {'a file' if '/' in name else 'a module of it'}")
+    assert not problems, "docs/design.md's layout against the packages:\n" + "\n".join(problems)

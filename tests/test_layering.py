@@ -56,6 +56,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("pipelines", "tokenization", "training", "validation")
 DATA_STACK = ("datatrove", "duckdb", "lm_eval", "tokenizers", "transformers")

@@ -27,6 +27,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
+from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
 from tests.helpers.s3_server import (
     BUCKET,
@@ -48,6 +49,8 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.remote import CacheSettings, tmp_name
 from training.train import load_train_config, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
 
 
@@ -58,9 +61,9 @@ def s3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def synthetic(s3, tmp_path_factory) -> tuple[Path, str]:
+def synthetic(s3, synthetic_dataset) -> tuple[Path, str]:
     """The trainer tests' synthetic dataset (10 shards), locally and uploaded."""
-    local = make_dataset(tmp_path_factory.mktemp("synthetic") / "ds", n_docs=300)
+    local = synthetic_dataset(n_docs=300)
     upload_dataset(local, s3.url("synthetic"), log=lambda *a: None)
     return local, s3.url("synthetic")
 
@@ -533,14 +536,7 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
     s3.proxy.set_faults(FaultMix(seed=1))
     try:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=run_env(s3, tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = forked.popen(cmd, cwd=ROOT, env=run_env(s3, tmp_path), stderr=subprocess.STDOUT)
         try:
             wait_for_step(proc, run_dir, 6)  # past the checkpoint of step 4
         finally:
@@ -580,9 +576,7 @@ def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, loca
         "run.max_steps=6",  # the reference's first 6 steps (the schedule is the same)
         f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
     )
-    proc = subprocess.run(
-        torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), capture_output=True, text=True, timeout=300
-    )
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     gets = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert gets and len(gets) == len(set(gets)), "a range was fetched twice"

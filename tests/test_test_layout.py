@@ -5,7 +5,10 @@ tests happen to sit beside it, and a move of one test module breaks the others).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from tests.helpers.tiers import tier_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,3 +43,22 @@ def bad_imports(path: Path) -> list[str]:
 def test_no_test_module_imports_another_test_module_or_a_conftest():
     bad = [line for path in sorted((ROOT / "tests").rglob("test_*.py")) for line in bad_imports(path)]
     assert not bad, "shared test code belongs in tests/helpers/ (see its __init__.py):\n" + "\n".join(bad)
+
+
+# What starts processes: a subprocess, a forked trainer, torchrun, a data build (its workers), a
+# mixture search. A module that does is in the process tier (`make test` runs it second).
+STARTS_PROCESSES = re.compile(
+    r"\bsubprocess\.(run|Popen|check_call|check_output)\(|\bforked\.(run|popen)\(|\btorchrun_cmd\(|"
+    r"(?<![\w.])build\(|\brun_build\(|\bpropose\("
+)
+
+
+def test_a_module_that_starts_processes_is_in_the_process_tier():
+    unmarked = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "tests").rglob("test_*.py"))
+        if STARTS_PROCESSES.search(path.read_text()) and tier_of(path) != "process"
+    ]
+    assert not unmarked, "these start processes: set `pytestmark = pytest.mark.process`:\n" + "\n".join(
+        unmarked
+    )

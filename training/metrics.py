@@ -114,12 +114,14 @@ def step_row(
     *,
     tokens_per_s: float,
     tokens_seen: int,
+    batch_sha256: str,
     skipped: dict[str, Any],
     spike: dict[str, float] | None,
     mfu: float | None,
     peak_memory_bytes: int,
 ) -> dict[str, Any]:
-    """The metrics.jsonl row of a logged step (`res`: train_step's result; `skipped`: the non-finite
+    """The metrics.jsonl row of a logged step (`res`: train_step's result; `batch_sha256`: the digest
+    of the global batch it trained, training/data/loader.batch_sha256; `skipped`: the non-finite
     guard's tally since the last log; `spike`: the spike detector's finding), events included."""
     m: dict[str, Any] = {
         "step": step,
@@ -129,6 +131,7 @@ def step_row(
         "update_ratio": res.get("update_ratio"),  # None: not measured (a row a rewind asked for)
         "tokens_per_s": tokens_per_s,
         "tokens_seen": tokens_seen,
+        "batch_sha256": batch_sha256,
         "skipped_steps": skipped["skipped"],
     }
     if mfu is not None:

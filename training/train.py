@@ -25,7 +25,9 @@ One step of the loop, in this order (`loop`):
    training; then validation and the eval of the weights just saved (at a merge point, of the
    merged weights too: `merged/…`), which go into the step's metrics row; then the row, handed to
    the run's one writer (training/run/record.RunRecord: stdout, metrics.jsonl, trackers,
-   consumption.parquet);
+   consumption.parquet). The digests of the batches trained since the last row or save
+   (training/run/batch_digests.py) go to the record at each row (the row carries its step's:
+   `batch_sha256`) and before each save;
 4. a stop signal ends the loop there (the step saved, exit 0; resume with --resume auto).
 
 At the end the final weights are validated and evaluated even when a rewind's skip, not a trained
@@ -227,6 +229,7 @@ def loop(run: Run) -> dict[str, Any]:
                         row = _row(run, step, phase, result, verdict)
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
+                        _record_batches(run)  # a checkpoint's steps are recorded before it exists
                         checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
                         kill_point(f"saved:{step}")
                     _write_pending(run)
@@ -262,7 +265,8 @@ def loop(run: Run) -> dict[str, Any]:
 
 
 def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:
-    """This rank's micro-batches of the next step. Data that cannot be had (a bucket unreachable for
+    """This rank's micro-batches of the next step, their rows hashed for the record (on the host, as
+    the loader gave them: training/run/batch_digests.py). Data that cannot be had (a bucket unreachable for
     data.fetch_timeout_s, an object refused after its second fetch) stops the run as SIGTERM does:
     every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
     alone), the last trained step is saved, then the error is raised (one line)."""
@@ -273,12 +277,14 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     agreed = run.loader.reads_buckets  # ranks of a local dataset fail together or not at all
     if agreed and shutdown.any_rank(error is not None) and error is None:
         error = GristmillError("another rank could not read its data for this step (its error is above)")
-    if error is None:
-        return [to_device(mb, run.device) for mb in batch]
     state = run.state
+    if error is None:
+        run.batches.add(state.step + 1, batch)
+        return [to_device(mb, run.device) for mb in batch]
     can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
     if can_save and state.step > start and run.checkpointer.requested_step != state.step:
         say(f"the data of step {state.step + 1} cannot be read: saving step {state.step} before stopping")
+        _record_batches(run)
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
     raise error
 
@@ -319,9 +325,11 @@ def _train(
 
 
 def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdict) -> dict[str, Any]:
-    """The metrics row of step `step`: its verdict's loss, non-finite tally and spike (collective:
-    the peak memory's maximum over ranks). Completed and written by `_log`."""
+    """The metrics row of step `step`: its verdict's loss, non-finite tally and spike, the digest of
+    its batch (collectives: the batch digests since the last row or save, recorded now; the peak
+    memory's maximum over ranks). Completed and written by `_log`."""
     env, device = run.env, run.device
+    digests = _record_batches(run)  # inside the throughput window: the record's cost is the step's
     tokens_per_s = run.metrics.tokens_per_s()  # the verdict's loss all-reduce synchronised the step
     peak = torch.tensor([float(peak_memory_bytes(device))], dtype=torch.float64, device=device)
     if env.world_size > 1:
@@ -332,6 +340,7 @@ def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdi
         result,
         tokens_per_s=tokens_per_s,
         tokens_seen=run.state.tokens_seen,
+        batch_sha256=digests[step],
         skipped=verdict.unlogged or {"skipped": 0},
         spike=verdict.spike,
         mfu=mfu(tokens_per_s, env.world_size, run.flops_per_token[phase], run.peak_flops),
@@ -340,6 +349,14 @@ def _row(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdi
     if run.judge.every_step:  # 1, then 2 after the first rewind (rewind n discards attempt n)
         row["attempt"] = run.timeline.attempt
     return row
+
+
+def _record_batches(run: Run) -> dict[int, str]:
+    """The digests of the batches trained since the last call, gathered from every rank (collective)
+    and handed to the record (RUN/batches.bin); {step: sha256}."""
+    digests = run.batches.gather()
+    run.record.batches(digests)
+    return dict(digests)
 
 
 def _write_pending(run: Run) -> None:

@@ -1,4 +1,5 @@
-"""`gristmill verify RUN`: every checkpoint and export of a run against its recorded checksums.
+"""`gristmill verify RUN`: every checkpoint and export of a run against its recorded checksums, and
+every step's recorded batch against the plan.
 
     gristmill verify runs/train/demo
 
@@ -7,29 +8,48 @@ merged weights' of [merge], exports/merged-step-N) against gristmill_checksums.j
 same checks a resume, an export and an eval make before they trust a file. Prints one row per
 checkpoint or export; exits 1 if any is damaged (an incomplete checkpoint, an interrupted save, is
 reported but is not damage).
+
+The batches (`verify_batches`): RUN/batches.bin holds the digest of every step the run trained, as
+the trainer was fed it (training/contract/batch_record.py); each is compared with the batch the
+plan gives that step, rebuilt from RUN/config.toml and the datasets RUN/data_plan.json recorded
+(the digest `gristmill data inspect RUN --hash` prints), the recorded steps with the run's timeline
+(none of a rewind's skipped steps, none missing in between or before a checkpoint) and the metrics
+rows' `batch_sha256` with the records. Silent when all agree; otherwise one line naming the first
+step that differs, and exit 1. It needs no reference run: this is what proves that a killed and
+resumed run trained the batches an uninterrupted one would have (docs/loader-and-phases.md).
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
 from training.checkpoint.hf_export import ExportError, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
+from training.contract.batch_record import BatchEntry, read_batches
 from training.contract.dataset_format import DATASET_JSON
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
+    BATCHES_BIN,
     CHECKPOINTS_DIR,
     CONFIG_TOML,
     EXPORTS_DIR,
+    METRICS_JSONL,
+    complete_steps,
     incomplete_reason,
     is_training_run,
+    kept_rows,
     list_steps,
+    read_metrics,
     step_name,
 )
+from training.data.loader import BatchBuilder, batch_sha256
+from training.data.plan import Plan, Skip, skip_of
+from training.data.recipe import run_plan
 from validation.audit import Result, format_table
 
 COLUMNS = ["kind", "step", "status", "files", "size", "detail"]
@@ -64,10 +84,115 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
     return rows
 
 
+@dataclass
+class BatchCheck:
+    """What `verify_batches` found: the first step that differs (None: all agree) and notes."""
+
+    problem: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
+    """Every step recorded in RUN/batches.bin against the plan (see the module); `only`: that step's
+    record and row alone."""
+    run_dir = Path(run_dir)
+    path = run_dir / BATCHES_BIN
+    if not path.is_file():
+        return BatchCheck(
+            notes=[f"note: no {path}: the run predates the batch record; its batches are unchecked"]
+        )
+    try:
+        entries, torn = read_batches(path)
+    except ValueError as e:
+        return BatchCheck(f"batches: {e}")
+    check = BatchCheck(notes=[torn] if torn else [])
+    try:
+        plan, tables, skips, note = run_plan(run_dir)
+    except GristmillError as e:
+        check.problem = f"batches: the {len(entries)} recorded steps cannot be checked against the plan: {e}"
+        return check
+    if note:
+        check.notes.append(f"note: {note}")
+    rows, _ = read_metrics(run_dir / METRICS_JSONL) if (run_dir / METRICS_JSONL).is_file() else ([], None)
+    trained = {r["step"]: r for r in kept_rows(rows) if "loss" in r and "batch_sha256" in r}
+    saved = [s for s in complete_steps(run_dir) if not skip_of(skips, s)]
+    # The plan's batch of each recorded step, as `data inspect RUN --hash` builds it: the global batch.
+    whole = tuple(ph.global_batch for ph in plan.phases)
+    builder = BatchBuilder(plan, tables, micro_batch=whole, rank=0, world_size=1, check_separators=True)
+    problems: list[tuple[int, str]] = []  # (step, what); a step's difference from the plan said first
+    for e in entries:
+        if (only is None or e.step == only) and 1 <= e.step <= plan.total_steps:
+            planned = batch_sha256(builder.batch(e.step - 1))
+            if planned != e.sha256:
+                problems.append(
+                    (e.step, f"differs from the plan: recorded {e.sha256[:16]}…, planned {planned[:16]}…")
+                )
+    problems += _timeline_problems(entries, plan, skips, trained, saved)
+    if only is not None:
+        problems = [(step, what) for step, what in problems if step == only]
+    first = min((e.step for e in entries), default=None)
+    if only is None and first is not None and first > 1 and not any(s < first for s in trained):
+        check.notes.append(
+            f"note: steps 1–{first - 1} are not recorded in {path} (the run resumed from another run "
+            "directory's checkpoint, or from one saved before gristmill recorded batches)"
+        )
+    if problems:
+        step, what = min(problems, key=lambda p: p[0])
+        others = len({s for s, _ in problems}) - 1
+        check.problem = f"batches: step {step} {what} ({path})" + (
+            f"; {others} more step(s) disagree" if others else ""
+        )
+    return check
+
+
+def _timeline_problems(
+    entries: list[BatchEntry], plan: Plan, skips: tuple[Skip, ...], rows: dict[int, dict], saved: list[int]
+) -> list[tuple[int, str]]:
+    """(step, what is wrong) of the record against the run's timeline: steps in order, within the plan,
+    none a rewind skipped, each of the attempt that trained it in the final timeline (1 + the rewinds
+    that went back to before it), none missing between two recorded steps or before a checkpoint,
+    and the metrics rows' batch_sha256 equal to the records'."""
+    problems = []
+    recorded: dict[int, str] = {}
+    previous = None
+    for e in entries:
+        if not 1 <= e.step <= plan.total_steps:
+            problems.append((e.step, f"is not a step of the plan (1–{plan.total_steps})"))
+        elif (skip := skip_of(skips, e.step)) is not None:
+            problems.append((e.step, f"is recorded as trained, but rewind {skip.rewind} skipped it"))
+        elif e.attempt != (attempt := 1 + sum(s.checkpoint_step < e.step for s in skips)):
+            problems.append(
+                (e.step, f"is recorded as attempt {e.attempt}'s, but the timeline's is attempt {attempt}")
+            )
+        if previous is not None and e.step <= previous:
+            problems.append((e.step, f"is recorded again after step {previous}"))
+        elif previous is not None:
+            missing = [s for s in range(previous + 1, e.step) if skip_of(skips, s) is None]
+            if missing:
+                problems.append((missing[0], f"is not recorded (steps {previous} and {e.step} are)"))
+        recorded[e.step] = e.sha256
+        previous = e.step
+    last = max(recorded, default=0)
+    for step in saved if recorded else []:  # none: a run from before the record, resumed (a note says so)
+        if step > last:
+            problems.append((step, f"has a checkpoint but is not recorded (the record ends at step {last})"))
+    for step, row in rows.items():
+        if step not in recorded:
+            problems.append(
+                (step, f"has a metrics row (batch_sha256 {row['batch_sha256'][:16]}…) but no record")
+            )
+        elif row["batch_sha256"] != recorded[step]:
+            ours, theirs = row["batch_sha256"][:16], recorded[step][:16]
+            problems.append((step, f"has batch_sha256 {ours}… in {METRICS_JSONL}, {theirs}… recorded"))
+    return problems
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", metavar="RUN", help="training run directory (holds config.toml, checkpoints/)")
     parser.add_argument(
-        "--step", type=int, help="check only this step's checkpoint and export (and say why it has none)"
+        "--step",
+        type=int,
+        help="check only this step's checkpoint, export and recorded batch (and why it has no checkpoint)",
     )
 
 
@@ -83,10 +208,13 @@ def run(args: argparse.Namespace) -> int:
     if not rows and args.step is not None:
         why = missing_step_reason(run_dir, args.step)
         raise GristmillError(f"{run_dir} has no checkpoint or export of step {args.step}: {why}")
-    if not rows:
-        print(f"{run_dir} has no checkpoints or exports yet")
-        return 0
-    print(format_table(Result("verify", COLUMNS, rows), max_rows=None, max_width=200))
+    batches = verify_batches(run_dir, args.step)
     damaged = [r for r in rows if r[2] == "DAMAGED"]
-    print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
-    return 1 if damaged else 0
+    if rows:
+        print(format_table(Result("verify", COLUMNS, rows), max_rows=None, max_width=200))
+        print(f"{len(rows)} checked: {len(damaged)} damaged" + (" (see detail)" if damaged else ""))
+    else:
+        print(f"{run_dir} has no checkpoints or exports yet")
+    for line in batches.notes + ([batches.problem] if batches.problem else []):
+        print(line)
+    return 1 if damaged or batches.problem else 0

@@ -4,13 +4,17 @@ build_runs              runs of the data build: run_build, build_argv, one_error
 corpus                  the shared fixture corpus: texts, separator constants, tokenizer, build recipe
 dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (test_parallelize runs it)
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
+forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 legacy_dataset          datasets in the legacy shard layout (gristmill-shards/1), for data convert's tests
+light_trainer           torchrun workers without torch: what the launcher sees of exits, messages, signals
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
+shared                  artifacts built once per test run under a file lock, read by all workers, unchanged
+tiers                   the suite's two tiers: in-process modules, and those marked pytest.mark.process
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights
 """

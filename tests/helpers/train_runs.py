@@ -1,9 +1,12 @@
 """Runs of the tiny training recipe (configs/train/tiny.toml) for trainer and checkpoint tests: the
 shared overrides, reading metrics.jsonl, the torchrun command, waiting for a step, comparing two
-runs' checkpointed weights, and checking a run's one error line."""
+runs' checkpointed weights, a run's recorded batches against `data inspect --hash` and `verify`, and
+checking a run's one error line."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -13,7 +16,10 @@ from pathlib import Path
 
 import torch
 
+from pipelines.cli import main as gristmill
+from tests.helpers.forked import Forked
 from training.checkpoint.hf_export import load_checkpoint_model
+from training.contract.batch_record import read_batches
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
@@ -71,10 +77,10 @@ def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
         assert torch.equal(ta, tb), name
 
 
-def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+def wait_for_step(proc: subprocess.Popen | Forked, run_dir: Path, step: int) -> None:
     deadline = time.time() + 240
     while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
-        assert proc.poll() is None, f"the run ended before step {step}: {proc.stdout.read()[-2000:]}"
+        assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[0][-2000:]}"
         assert time.time() < deadline
         time.sleep(0.005)
 
@@ -90,3 +96,42 @@ def damage(path: Path, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
+
+
+def recorded_batches(run_dir: Path, name: str = "batches.bin") -> list[tuple[int, int, str]]:
+    """RUN/batches.bin (or batches-discarded.bin) as (step, attempt, sha256), whole records only."""
+    entries, note = read_batches(run_dir / name)
+    assert note is None, note
+    return [(e.step, e.attempt, e.sha256) for e in entries]
+
+
+def command_output(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stdout) of a gristmill command run in this process."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = gristmill(argv)
+    return rc, out.getvalue()
+
+
+def inspected_hashes(run_dir: Path, first: int, end: int) -> dict[int, str]:
+    """`gristmill data inspect RUN --hash --step first --end end`: {step: sha256}, one process."""
+    rc, out = command_output(
+        ["data", "inspect", str(run_dir), "--hash", "--step", str(first), "--end", str(end)]
+    )
+    assert rc == 0, out
+    return {int(line.split()[0]): line.split()[1] for line in out.splitlines() if not line.startswith("#")}
+
+
+def assert_batches_as_inspected(run_dir: Path) -> dict[int, str]:
+    """Every trained step's digest, in metrics.jsonl's rows (kept and discarded) and in both batch
+    records, is the one `data inspect RUN --hash` prints for that step; `gristmill verify RUN`
+    agrees and says nothing of the batches. Returns inspect's {step: sha256}."""
+    rows = [r for r in metrics(run_dir) if "loss" in r]
+    records = recorded_batches(run_dir) + recorded_batches(run_dir, "batches-discarded.bin")
+    last = max([s for s, _, _ in records] + [r["step"] for r in rows])
+    planned = inspected_hashes(run_dir, 1, last + 1)
+    assert [(r["step"], r["batch_sha256"]) for r in rows] == [(r["step"], planned[r["step"]]) for r in rows]
+    assert [(s, sha) for s, _, sha in records] == [(s, planned[s]) for s, _, _ in records]
+    rc, out = command_output(["verify", str(run_dir)])
+    assert rc == 0 and "batch" not in out, out
+    return planned

@@ -20,6 +20,8 @@ from tests.helpers.corpus import BAD_ROWS, BOS, LITERAL_SEP_TEXT, SEP
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 QUIET = dict(log=lambda *a: None)
 
 
@@ -130,12 +132,14 @@ def test_every_drop_is_recorded(built_dataset, build_fixture):
     assert info["excluded"] == len(excluded) and info["documents_read"] == len(read_ids)
 
 
-def test_rerun_same_config_is_a_no_op(built_dataset, build_fixture):
-    before = {p: p.stat().st_mtime_ns for p in (built_dataset / "shards").iterdir()}
-    cfg = load_config(DataConfig, build_fixture[2], ["build.workers=1"])  # workers may change
+def test_rerun_same_config_is_a_no_op(built_dataset, build_fixture, tmp_path):
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)  # the shared one is read-only: a rerun revalidates it
+    before = {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()}
+    cfg = load_config(DataConfig, build_fixture[2], [f"output={out}", "build.workers=1"])  # may change
     result = build(cfg, **QUIET)
     assert result.ok
-    assert {p: p.stat().st_mtime_ns for p in (built_dataset / "shards").iterdir()} == before
+    assert {p: p.stat().st_mtime_ns for p in (out / "shards").iterdir()} == before
 
 
 def test_changed_config_is_refused(built_dataset, build_fixture):

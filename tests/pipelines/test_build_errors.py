@@ -25,6 +25,8 @@ from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, train_bpe
 from training.contract.config_loader import load_config
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from pipelines.build import build
 from pipelines.config import DataConfig
@@ -14,6 +17,8 @@ from pipelines.progress import Monitor, TaskProgress
 from training.contract.config_loader import load_config
 from validation.audit_reports import PRESETS
 from validation.audit_views import connect
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 
 def test_task_progress_and_monitor_line(tmp_path):
@@ -56,14 +61,16 @@ def test_resumed_monitor_counts_tasks_finished_earlier(tmp_path):
     assert "3.2k tokens" in line and "53% of input" in line, line
 
 
-def test_end_table_gives_the_audit_summary_numbers(built_dataset, build_fixture):
+def test_end_table_gives_the_audit_summary_numbers(built_dataset, build_fixture, tmp_path):
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)  # the shared one is read-only: a rerun revalidates
     lines: list[str] = []
-    assert build(load_config(DataConfig, build_fixture[2]), log=lines.append).ok  # complete: revalidated
+    assert build(load_config(DataConfig, build_fixture[2], [f"output={out}"]), log=lines.append).ok
     table = {}
     for row in "\n".join(lines).splitlines()[1:]:
         label, value = re.match(r"  (\S.*?) {2,}(\S+)", row).groups()
         table[label] = value
-    con, _ = connect([built_dataset])
+    con, _ = connect([out])
     summary = {r[1]: r[2:] for r in con.execute(PRESETS["summary"]).fetchall()}
     con.close()
     assert int(table["read"].replace(",", "")) == summary["read"][0]

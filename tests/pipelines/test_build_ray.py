@@ -30,7 +30,10 @@ from training.contract.dataset_format import DATASET_JSON, read_dataset_info
 
 QUIET = {"log": lambda *a: None}
 # datatrove 0.10 passes placement_group= to Ray's .options(), deprecated since Ray 2.x; not ours to fix.
-pytestmark = pytest.mark.filterwarnings("ignore:placement_group.* parameter is deprecated:DeprecationWarning")
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.filterwarnings("ignore:placement_group.* parameter is deprecated:DeprecationWarning"),
+]
 
 
 def listening_sockets(root_pid: int) -> set[tuple[str, int, int]]:

@@ -18,6 +18,8 @@ from tests.helpers.build_runs import run_build
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_path):
     _, _, config = build_fixture

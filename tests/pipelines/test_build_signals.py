@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.build_runs import ROOT, assert_kill_9_leaves_no_process, run_build, session_processes
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 
 def same_shards(a: Path, b: Path) -> None:

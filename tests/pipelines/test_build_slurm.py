@@ -27,6 +27,8 @@ from tests.helpers.s3_server import BUCKET, s3_bucket
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import DATASET_JSON, read_dataset_info
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 FAKE_SRUN = """#!/bin/bash
 while [[ "$1" == -* ]]; do case "$1" in -n|-N) shift 2;; *) shift;; esac; done
 exec "$@"

@@ -12,6 +12,8 @@ import pytest
 
 from pipelines.cli import COMMANDS, main
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "datatrove", "duckdb", "lm_eval", "transformers")
 
@@ -97,7 +99,7 @@ def test_the_help_texts_match_what_they_describe(capsys):
 
     assert main(["--help"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("demo "))
-    announced = re.findall(r'_stage\("(\w+)"', (ROOT / "pipelines" / "demo.py").read_text())
+    announced = re.findall(r'stages\.start\("(\w+)"', (ROOT / "pipelines" / "demo.py").read_text())
     assert line.split(": ", 1)[1].split(" → ") == announced and len(announced) == len(set(announced)) > 6
     with pytest.raises(SystemExit):
         main(["data", "audit", "--help"])
@@ -107,3 +109,18 @@ def test_the_help_texts_match_what_they_describe(capsys):
     assert "docs/audit.md#views" in help_text and "README" not in help_text
     assert views and all(f"| `{v}` |" in doc for v in views), views
     assert f"{SPIKE[0]}={SPIKE[1]}" in (ROOT / "docs" / "divergence.md").read_text()
+
+
+def test_the_demo_closes_with_each_stages_seconds(capsys):
+    """The demo's closing table is the one place it says how long a stage took (the README's demo
+    table quotes it): each stage from its announcement to the next one's, then their sum."""
+    from pipelines.demo import Stages
+
+    clock = iter([0.0, 18.4, 18.5, 19.1])  # build 18.4 s, validate 0.6 s
+    stages = Stages(3, clock=lambda: next(clock))
+    stages.start("build", "build the datasets", "gristmill data build --config configs/data/demo.toml")
+    stages.start("validate", "validate", "gristmill data validate runs/data/demo")
+    out = capsys.readouterr().out
+    assert "=== [1/3] build the datasets\n    $ gristmill data build" in out and "=== [2/3] validate" in out
+    want = ["\n=== the demo's stages took 19 s:", "    build         18 s", "    validate       1 s"]
+    assert stages.summary() == want

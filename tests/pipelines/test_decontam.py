@@ -35,6 +35,8 @@ from training.contract.config_loader import load_config
 from training.contract.dataset_format import fingerprint, read_dataset_info
 from training.contract.errors import GristmillError
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 pytest.importorskip("lm_eval")
 
 QUIET = dict(log=lambda *a: None)

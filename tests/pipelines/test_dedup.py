@@ -26,6 +26,8 @@ from tests.helpers.dup_corpus import N_BASE, write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 QUIET = {"log": lambda *a: None}
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -15,6 +16,8 @@ from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import CODE_MAX_FILE_CHARS, SCHEMA, write_code_corpus
 from training.contract.config_loader import load_config
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "data" / "demo-code.toml"
 VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -90,3 +93,28 @@ def test_a_demo_rerun_skips_the_stop_its_run_is_already_past(tmp_path):
     train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))  # a checkpoint at step 4
     assert stops(2) == [] and stops(4) == [] and len(stops(8)) == 1
     assert train_commands(cfg, run, 2)[-3] == ["train", "--config", cfg, "--resume", "auto"]
+
+
+def test_the_demo_shows_the_batch_record_verified_and_a_tampered_copy_caught(tmp_path, capsys):
+    """Issue 47: the demo's export stage says what `verify` checked of the recorded batches (it is
+    silent when they agree), then runs verify on a copy of the record with one step's batch swapped
+    for the next step's: verify's own line names that step and it exits 1; the copy is removed. A
+    step the record cannot swap (the last) is an error, not a pass."""
+    from pipelines.cli import main as gristmill
+    from pipelines.demo import batch_check_shown
+    from tests.helpers.train_data import make_dataset
+    from tests.helpers.train_runs import TINY, overrides
+    from training.train import load_train_config, train
+
+    run, tampered = tmp_path / "run", tmp_path / "run-tampered"
+    dataset = make_dataset(tmp_path / "ds", n_docs=200)
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=8")))
+    capsys.readouterr()
+    assert batch_check_shown(run, tampered, gristmill, step=5) == 0
+    out = capsys.readouterr().out
+    assert f"verify compared the 8 steps recorded in {run / 'batches.bin'} (steps 1–8)" in out
+    said = r"^    batches: step 5 differs from the plan: recorded \w{16}…, planned \w{16}…"
+    assert re.search(said, out, re.M), out
+    assert "exit 1, step 5 named" in out and not tampered.exists()
+    assert batch_check_shown(run, tampered, gristmill, step=8) == 1
+    assert "does not record steps 8 and 9" in capsys.readouterr().out

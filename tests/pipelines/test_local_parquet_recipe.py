@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from tokenizers import Tokenizer
 
 from pipelines.build import build, resolve_tokenizer
@@ -19,6 +20,8 @@ from pipelines.tokenizer_train import train_tokenizer
 from tests.helpers.corpus import SEP, fixture_texts
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "data" / "local-parquet.toml"
 

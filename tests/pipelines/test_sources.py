@@ -16,6 +16,8 @@ from pipelines.demo_corpus import BAD_DOCS, SCHEMA, _metadata, write_demo_corpus
 from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader
 from training.contract.config_loader import load_config
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def read_all(cfg: SourceConfig) -> list:
     source = list_source_files(cfg)

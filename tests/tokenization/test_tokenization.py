@@ -15,6 +15,8 @@ from tests.helpers.corpus import fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer, train_bpe
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 SEP = "<|endoftext|>"
 BOS = "<|begin_of_text|>"
 TEXTS = [

@@ -19,6 +19,8 @@ from tests.helpers.corpus import SEP, fixture_texts, train_fixture_tokenizer
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer
 from training.contract.config_loader import load_config
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -16,6 +16,8 @@ from training.config import load_train_config
 from training.contract.config_loader import ConfigError
 from training.data.spec import check_config
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
 PHASED = ["schedule.steps=1000", "schedule.warmup_steps=100"]  # [[phase]] needs [schedule] at its defaults

@@ -25,8 +25,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import forked
 from tests.helpers.hub_server import HubServer, point_hub_at
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -56,6 +56,8 @@ from training.contract.run_layout import complete_steps, eval_dir, export_dir
 from training.model import ModelConfig, Transformer
 from training.train import load_train_config, train
 from training.train import main as train_main
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 transformers = pytest.importorskip("transformers")
 
@@ -338,7 +340,7 @@ def test_the_data_must_match_the_base(tmp_path):
 
 def _run(sets: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    return forked.run(cmd, cwd=ROOT, env=ENV, timeout=300)
 
 
 def _init(base: Path | str) -> str:
@@ -346,8 +348,8 @@ def _init(base: Path | str) -> str:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("data") / "ds")
+def data(synthetic_dataset):
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")
@@ -429,8 +431,7 @@ def test_fsdp_two_ranks_equal_one_process(tmp_path, data):
     # The 2 ranks build on meta and each reads its own shards (the GPU path); another run.seed: the
     # base's weights replace the random init, so the seed no longer matters for them.
     sets = overrides(data, two, init, "schedule.steps=4", "checkpoint.interval=0", "run.init_device=meta")
-    cmd = torchrun_cmd([*sets, "run.seed=999"])
-    done = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    done = forked.run(torchrun_cmd([*sets, "run.seed=999"]), cwd=ROOT, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = losses(one), losses(two)
     assert len(a) == 4 and [r[0] for r in a] == [r[0] for r in b]
@@ -502,8 +503,7 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     run = tmp_path / "run"
     sets = overrides(data, run, _init(copy), "schedule.steps=8", "checkpoint.interval=2")
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_step(proc, run, random.randint(3, 5))
     finally:
@@ -612,8 +612,8 @@ def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
         env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1"}
         run = tmp_path / "run"
         sets = overrides(data, run, _init(REPO), "schedule.steps=8")
-        done = subprocess.run(torchrun_cmd([*sets, "run.max_steps=4", "parallel.shard=2"]), cwd=ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        done = forked.run(torchrun_cmd([*sets, "run.max_steps=4", "parallel.shard=2"]), cwd=ROOT, env=env,
+                          timeout=300)  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         # Rank 0 resolved main and downloaded while rank 1 waited; rank 1 then read that commit's
         # snapshot from the cache: no request twice, only the base's files.

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training.launch import torchrun_command
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[2]
 SBATCH = ROOT / "configs/slurm/train.sbatch"

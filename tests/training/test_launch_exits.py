@@ -1,7 +1,12 @@
 """How `gristmill train` ends: under torchrun with the workers' own exit status and one-line message
 (never torchrun's exit 1 and ChildFailedError report), on Ctrl-C once (save, exit 0) or twice (at
 once, exit 130, one line, no traceback), in one process as through torchrun. Real processes and a
-real torchrun throughout: each test starts `gristmill train` as a user would."""
+real torchrun throughout: each test starts `gristmill train` as a user would.
+
+One 2-rank launch trains for real (the non-finite stop: the trainer's own message and status through
+torchrun); the others check what the launcher and torchrun do with a worker's status, message and
+signals, with light workers (tests/helpers/light_trainer.py: no torch import, no model), and the
+trainer's side of those exits with the real trainer in one process."""
 
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from tests.helpers.train_data import make_dataset
+from tests.helpers import light_trainer
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
@@ -37,8 +44,8 @@ NOISE = (
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 def sets(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
@@ -53,11 +60,19 @@ def sets(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def launch(nproc: int, overrides: list[str], *args: str, **kw) -> subprocess.Popen:
+@pytest.fixture(scope="module")
+def light(tmp_path_factory) -> dict[str, str]:
+    """The environment of a launch whose torchrun workers are the light trainer (PYTHON_EXEC)."""
+    folder = tmp_path_factory.mktemp("light-trainer")
+    light_trainer.install(folder)
+    return {**ENV, "PATH": f"{folder}{os.pathsep}{ENV['PATH']}", "PYTHON_EXEC": "training.train"}
+
+
+def launch(nproc: int, overrides: list[str], *args: str, env: dict[str, str] = ENV, **kw) -> subprocess.Popen:
     """`gristmill train --config tiny.toml --nproc-per-node N [args] --set overrides`."""
     cmd = [*LAUNCHER, "--nproc-per-node", str(nproc), *args, "--set", *overrides]
     return subprocess.Popen(
-        cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw
     )
 
 
@@ -105,13 +120,20 @@ def test_a_nonfinite_stop_under_torchrun_exits_3_with_the_workers_line(dataset, 
     assert f"Last complete checkpoint: {run / 'checkpoints'}" in line
 
 
-def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path):
+def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path, light, capsys):
     """An error (here a missing --resume path) under torchrun: exit 2 and the worker's one line. Run
     through `validation.train_eval` (eval during training goes through torchrun even for one
-    process); the 2-rank `training.train` path is the non-finite test above (CI time)."""
+    process); the 2-rank `training.train` path is the non-finite test above (CI time). The worker
+    here is light, so its line is first checked as the real entry point says it, in this process."""
     pytest.importorskip("lm_eval")
+    from validation.train_eval import main as train_eval_main
+
     missing = tmp_path / "no such 'dir'"  # a space and a quote: the echoed command quotes them (issue 37)
-    proc = launch(1, sets(dataset, tmp_path / "run", "eval.interval=20"), "--resume", str(missing))
+    run_sets = sets(dataset, tmp_path / "run", "eval.interval=20")
+    assert train_eval_main(["--config", TINY, "--resume", str(missing), "--set", *run_sets]) == 2
+    assert the_one_line(capsys.readouterr().err) == f"error: --resume {missing}: no such checkpoint directory"
+    said = {**light, "LIGHT_TRAINER": f"exit:2:error: --resume {missing}: no such checkpoint directory"}
+    proc = launch(1, run_sets, "--resume", str(missing), env=said)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 2, out[-2000:] + err[-3000:]
     assert the_one_line(err) == f"error: --resume {missing}: no such checkpoint directory"
@@ -122,11 +144,13 @@ def test_an_error_under_torchrun_exits_2_with_the_workers_line(dataset, tmp_path
     assert f"checkpoint.resume={json.dumps(str(missing))}" in argv, echo
 
 
-def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, tmp_path):
+def test_a_worker_killed_by_a_signal_is_named_with_128_plus_the_signal(dataset, tmp_path, light):
     """A worker killed by SIGKILL (the OOM killer) says nothing itself: the launcher's one line
-    names it, and the status is the shell's for a killed process, 137."""
+    names it, and the status is the shell's for a killed process, 137 (light workers)."""
     proc = launch(
-        2, sets(dataset, tmp_path / "run", "schedule.steps=400", "run.log_every=1", "parallel.shard=2")
+        2,
+        sets(dataset, tmp_path / "run", "schedule.steps=400", "run.log_every=1", "parallel.shard=2"),
+        env=light,
     )
     wait_for_step(proc, 2)
     workers = [w for agent in child_pids(proc.pid) for w in child_pids(agent)]  # launcher → torchrun → 2
@@ -186,11 +210,13 @@ def ctrl_c(proc: subprocess.Popen, times: int) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, nproc):
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, light, nproc):
+    """With 1 process the trainer itself answers; with 2 the launcher relays both Ctrl-Cs through
+    torchrun to (light) workers, and every process of the tree is gone."""
     run = tmp_path / "run"
     extra = ["parallel.shard=2"] if nproc == 2 else []
     long = ["schedule.steps=400", "run.log_every=1", "checkpoint.interval=2", *extra]
-    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True)
+    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV)
     wait_for_step(proc, 3)
     processes = [proc.pid, *all_descendants(proc.pid)]  # the launcher, torchrun and its workers
     out, err = ctrl_c(proc, 2)
@@ -207,12 +233,14 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, 
     assert not [p for p in processes if alive(p)], "a process outlived the second Ctrl-C"
 
 
-def test_one_ctrl_c_under_torchrun_saves_and_exits_0(dataset, tmp_path):
-    """Ctrl-C reaches the workers through the launcher (torchrun, in a group of its own, does not
-    see it and so does not end with its SignalException traceback and exit 1)."""
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_one_ctrl_c_saves_and_exits_0(dataset, tmp_path, light, nproc):
+    """With 1 process the trainer itself finishes the step, saves and exits 0. With 2, Ctrl-C reaches
+    the (light) workers through the launcher (torchrun, in a group of its own, does not see it and
+    so does not end with its SignalException traceback and exit 1)."""
     run = tmp_path / "run"
-    long = ["schedule.steps=400", "run.log_every=1", "parallel.shard=2"]
-    proc = launch(2, sets(dataset, run, *long), start_new_session=True)
+    long = ["schedule.steps=400", "run.log_every=1", *(["parallel.shard=2"] if nproc == 2 else [])]
+    proc = launch(nproc, sets(dataset, run, *long), start_new_session=True, env=light if nproc == 2 else ENV)
     wait_for_step(proc, 2)
     out, err = ctrl_c(proc, 1)
     assert proc.returncode == 0, out[-2000:] + err[-3000:]
@@ -220,8 +248,9 @@ def test_one_ctrl_c_under_torchrun_saves_and_exits_0(dataset, tmp_path):
         assert noise not in err, err
     stopped = [line for line in out.splitlines() if line.startswith("stopping after step ")]
     assert len(stopped) == 1 and stopped[0].endswith("on SIGINT: checkpoint saved; resume with --resume auto")
-    step = int(stopped[0].split()[3])
-    assert (checkpoint_dir(run, step) / COMPLETE_FILE).is_file()
+    if nproc == 1:  # the real trainer's save (light workers write nothing)
+        step = int(stopped[0].split()[3])
+        assert (checkpoint_dir(run, step) / COMPLETE_FILE).is_file()
 
 
 def alive(pid: int) -> bool:

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.helpers import forked
 from tests.helpers.models import tiny_model
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
@@ -33,6 +34,8 @@ from training.launch import child_pids
 from training.optim import ScheduledLR, build_optimizer
 from training.train import load_train_config, train, train_step
 from training.train import main as train_main
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 MUON = OptimSection(name="muon", lr=3e-3, weight_decay=0.1, decay_embeddings=False)
 
@@ -146,8 +149,8 @@ needs_gloo = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("muon-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset):
+    return synthetic_dataset(n_docs=300)
 
 
 def muon_sets(dataset, run_dir, *extra: str) -> list[str]:
@@ -158,8 +161,8 @@ def muon_sets(dataset, run_dir, *extra: str) -> list[str]:
 def fsdp_reference(dataset, tmp_path_factory):
     """An uninterrupted 2-rank FSDP run (gloo, parallel.shard=2)."""
     run_dir = tmp_path_factory.mktemp("muon-fsdp") / "run"
-    proc = subprocess.run(torchrun_cmd(muon_sets(dataset, run_dir, "parallel.shard=2")), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = forked.run(torchrun_cmd(muon_sets(dataset, run_dir, "parallel.shard=2")), cwd=ROOT, env=ENV,
+                      timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
 
@@ -187,16 +190,14 @@ def test_sigterm_then_resume_auto_is_bit_identical(fsdp_reference, dataset, tmp_
     `checkpoint.resume = "auto"`: losses, norms and the final weights equal the uninterrupted run's."""
     run_dir = tmp_path / "run"
     sets = muon_sets(dataset, run_dir, "parallel.shard=2")
-    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = forked.popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, 5)
     os.kill(child_pids(proc.pid)[-1], signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     stopped = losses(run_dir)[-1][0]
     assert stopped < 12 and f"stopping after step {stopped} on SIGTERM" in out
-    proc = subprocess.run(torchrun_cmd([*sets, 'checkpoint.resume="auto"']), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = forked.run(torchrun_cmd([*sets, 'checkpoint.resume="auto"']), cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming from" in proc.stdout
     assert losses(run_dir) == losses(fsdp_reference), f"stopped at step {stopped}"

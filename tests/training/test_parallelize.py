@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,11 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.helpers import forked
 from training.config import ParallelConfig
 from training.config_checks import check_parallel_section
 from training.contract.config_loader import ConfigError
 from training.contract.errors import GristmillError
 from training.parallelize import build_mesh, parallelize
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +28,7 @@ def test_fsdp_and_hsdp_match_single_process_training():
     env.pop("GRISTMILL_SKIP_NEGATIVE_CONTROL", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "tests" / "helpers" / "dist_parallelize_check.py")]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    proc = forked.run(cmd, cwd=ROOT, env=env, timeout=240)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "ALL CHECKS PASSED" in proc.stdout, out[-6000:]

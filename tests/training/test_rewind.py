@@ -9,29 +9,35 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main as gristmill
-from tests.helpers.train_data import make_dataset
+from tests.helpers import forked
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
     TINY,
+    assert_batches_as_inspected,
     assert_same_weights,
+    command_output,
     metrics,
     one_error_line,
     overrides,
+    recorded_batches,
     torchrun_cmd,
 )
 from training.config import load_train_config
+from training.contract.batch_record import BatchEntry, batch_file
 from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.data.spec import resolve
 from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import main
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 STEPS, SPIKE = 30, 17
 
@@ -55,8 +61,8 @@ def window_of(sets: list[str], step: int, slot: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_dataset(tmp_path_factory.mktemp("rewind") / "data")
+def dataset(synthetic_dataset):
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +71,7 @@ def reference(tmp_path_factory, dataset):
     run = tmp_path_factory.mktemp("reference") / "run"
     sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
     env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
-    done = subprocess.run(_train_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = forked.run(_train_cmd(sets), cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return run, done.stdout
 
@@ -106,6 +112,70 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
     assert f"curve: {run / 'loss.png'}" in out and (run / "loss.png").is_file()
 
 
+def test_what_each_step_was_fed_is_recorded_and_the_discarded_attempt_kept_apart(reference):
+    """Issue 47: RUN/batches.bin lists the final timeline's steps (1–10 of attempt 1, 19–30 of
+    attempt 2: never a skipped step), batches-discarded.bin the steps rewind 1 discarded (11–17 of
+    attempt 1), each with the digest `data inspect RUN --hash` prints; the rows carry the same."""
+    run, _ = reference
+    planned = assert_batches_as_inspected(run)
+    kept = [(s, 1, planned[s]) for s in range(1, 11)] + [(s, 2, planned[s]) for s in range(19, STEPS + 1)]
+    assert recorded_batches(run) == kept
+    assert recorded_batches(run, "batches-discarded.bin") == [
+        (s, 1, planned[s]) for s in range(11, SPIKE + 1)
+    ]
+
+
+def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, tmp_path):
+    """`gristmill verify RUN` against a tampered copy of the rewound run, one change at a time: the
+    first step that differs is named, exit 1; the discarded attempt is not checked as the run's; a
+    torn last record is a note."""
+    run = tmp_path / "run"
+    shutil.copytree(reference[0], run)
+    kept = recorded_batches(run)
+    sha = {s: h for s, _, h in kept + recorded_batches(run, "batches-discarded.bin")}
+    rows = (run / "metrics.jsonl").read_text()
+
+    def verify(entries, discarded=None, metrics_text=rows) -> tuple[int, str]:
+        (run / "batches.bin").write_bytes(batch_file(BatchEntry(*e) for e in entries))
+        if discarded is not None:
+            (run / "batches-discarded.bin").write_bytes(batch_file(BatchEntry(*e) for e in discarded))
+        (run / "metrics.jsonl").write_text(metrics_text)
+        rc, out = command_output(["verify", str(run)])
+        return rc, [line for line in out.splitlines() if "batch" in line]
+
+    def swapped(*steps):  # each step's record given the next step's batch
+        return [(s, a, sha[s + 1] if s in steps else h) for s, a, h in kept]
+
+    assert verify(kept) == (0, [])
+    rc, lines = verify(swapped(25, 22))
+    where = f"({run / 'batches.bin'})"
+    first = f"step 22 differs from the plan: recorded {sha[23][:16]}…, planned {sha[22][:16]}…"
+    assert (rc, lines) == (1, [f"batches: {first} {where}; 1 more step(s) disagree"])
+    in_skip = sorted(kept + [(12, 1, sha[12])])
+    assert verify(in_skip) == (
+        1,
+        [f"batches: step 12 is recorded as trained, but rewind 1 skipped it {where}"],
+    )
+    first_attempt = [(s, 1, h) if s == 20 else (s, a, h) for s, a, h in kept]  # as if the discarded one's
+    line = f"batches: step 20 is recorded as attempt 1's, but the timeline's is attempt 2 {where}"
+    assert verify(first_attempt) == (1, [line])
+    gap = [e for e in kept if e[0] != 20]
+    assert verify(gap) == (1, [f"batches: step 20 is not recorded (steps 19 and 21 are) {where}"])
+    rc, lines = verify(kept[:-1])  # the last record cut: its checkpoint and its row say it was trained
+    assert rc == 1 and lines[0].startswith("batches: step 30 has a checkpoint but is not recorded"), lines
+    row = json.dumps(next(r for r in metrics(run) if r["step"] == 25))
+    rc, lines = verify(kept, metrics_text=rows.replace(row, row.replace(sha[25], sha[26])))
+    assert rc == 1 and lines[0].startswith(
+        f"batches: step 25 has batch_sha256 {sha[26][:16]}… in metrics.jsonl"
+    )
+    # the discarded attempt's records are history, not the run's: not checked against the plan
+    assert verify(kept, discarded=[(s, 1, "00" * 32) for s in range(11, SPIKE + 1)]) == (0, [])
+    with open(run / "batches.bin", "ab") as f:  # a record torn by a kill mid-write
+        f.write(b"\x13" * 10)
+    rc, out = command_output(["verify", str(run)])
+    assert rc == 0 and "note: cut off the torn last record" in out, out
+
+
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
     """One run killed at each point of the rewind in turn, resumed each time with --resume auto; the
     last resume also changes the rewind settings, which only future rewinds would use."""
@@ -115,21 +185,20 @@ def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_p
     resume = ["--resume", "auto"]
     for i, point in enumerate(["rewind-start", "rewind-restored", "rewind-saved"]):
         cmd = _train_cmd(sets) + (resume if i else [])
-        done = subprocess.run(
-            cmd, cwd=ROOT, env={**env, KILL: point}, capture_output=True, text=True, timeout=300
-        )
+        done = forked.run(cmd, cwd=ROOT, env={**env, KILL: point}, timeout=300)
         assert done.returncode == -9, (point, done.stderr[-2000:])
-    done = subprocess.run(
-        _train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume,
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = forked.run(_train_cmd([*sets, "run.rewind.skip_steps=3"]) + resume, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed at step 18" in done.stdout
     assert json.loads((run / "data_plan.json").read_text())["skips"][0]["last_step"] == 18
     assert_same_weights(reference[0], run, STEPS)
-    ours = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(run)]
-    theirs = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(reference[0])]
+    ours = [(r["step"], r["loss"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in metrics(run)]
+    theirs = [
+        (r["step"], r["loss"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in metrics(reference[0])
+    ]
     assert ours == theirs
+    for name in ("batches.bin", "batches-discarded.bin"):  # the kept and the discarded records (issue 47)
+        assert (run / name).read_bytes() == (reference[0] / name).read_bytes(), name
 
 
 def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
@@ -138,7 +207,7 @@ def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
     run = tmp_path / "run"
     sets = rewind_sets(dataset, run, "parallel.shard=2")
     env = {**ENV, SPIKE_WINDOW: f"step:{SPIKE}*50"}  # the reference's window, named by its step
-    done = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = forked.run(torchrun_cmd(sets), cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("rewind 1/3"))
     assert line == next(x for x in reference[1].splitlines() if x.startswith("rewind 1/3"))
@@ -149,6 +218,9 @@ def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):
     ]
     for a, b in zip(ours, theirs):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-5), (a["step"], a["loss"], b["loss"])
+        assert a["batch_sha256"] == b["batch_sha256"]
+    for name in ("batches.bin", "batches-discarded.bin"):  # each rank hashed its rows (issue 47)
+        assert (run / name).read_bytes() == (reference[0] / name).read_bytes(), name
 
 
 def test_max_rewinds_ends_the_run_naming_every_rewind(tmp_path, dataset, monkeypatch, capsys):

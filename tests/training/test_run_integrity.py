@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -46,15 +47,12 @@ from training.contract.run_layout import (
 )
 from training.train import load_train_config, main, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("integrity-data") / "ds", n_docs=300)
-
-
-def cli(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pipelines.cli", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=300)
 
 
 def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, tmp_path, capsys):
@@ -89,7 +87,7 @@ def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
     sets = overrides(dataset, run, "parallel.shard=2", 'run.on_nonfinite="skip"', "run.max_steps=4",
                      "checkpoint.interval=1", "checkpoint.keep_last=0", "run.log_every=1")  # fmt: skip
     env = {**ENV, "GRISTMILL_FAULT_NAN_LOSS": "3@1"}
-    proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["step"]: r for r in metrics(run)}
     assert [rows[s]["skipped_steps"] for s in (1, 2, 3, 4)] == [0, 0, 1, 0]
@@ -202,9 +200,7 @@ def test_one_writer_per_run_directory(dataset, tmp_path):
     run = tmp_path / "run"
     sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75")
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-    first = subprocess.Popen(
-        cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    first = forked.popen(cmd, cwd=ROOT, env=ENV)
     try:
         deadline = time.time() + 120
         while not metrics(run) or metrics(run)[-1]["step"] < 3:
@@ -212,8 +208,7 @@ def test_one_writer_per_run_directory(dataset, tmp_path):
             time.sleep(0.05)
         # a second trainer, and a launcher of two (refused before torchrun starts), side by side
         two = [*cmd[:4], "--nproc-per-node", "2", *cmd[4:], "parallel.shard=2"]
-        pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-        others = [subprocess.Popen(c, cwd=ROOT, env=ENV, **pipes) for c in (cmd, two)]
+        others = [forked.popen(c, cwd=ROOT, env=ENV) for c in (cmd, two)]
         (out2, err2), (out3, err3) = (p.communicate(timeout=120) for p in others)
         assert [p.returncode for p in others] == [2, 2], err2 + err3
         line = one_error_line(err2)
@@ -221,17 +216,21 @@ def test_one_writer_per_run_directory(dataset, tmp_path):
         assert "is in use by another gristmill train" in one_error_line(err3)
         assert "torch.distributed.run" not in out3
         assert first.poll() is None, "the second trainer stopped the first"
+        first.send_signal(signal.SIGTERM)  # the rest of its 150 steps would add nothing (CI time)
         out, err = first.communicate(timeout=240)
         assert first.returncode == 0, out[-2000:] + err[-2000:]
     finally:
         first.kill()
     lines = (run / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(line)["step"] for line in lines] == list(range(1, 151))  # whole, in order
+    stopped = len(lines)
+    assert f"stopping after step {stopped} on SIGTERM" in out
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, stopped + 1))  # whole, in order
 
     # a lock left by a dead holder is taken over with a note
     (run / LOCK_FILE).write_text(json.dumps({"pid": 4_000_000, "host": "elsewhere", "started": "then"}))
     out = io.StringIO()
-    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']), out=out)
+    resume = [*sets, 'checkpoint.resume="auto"', f"run.max_steps={stopped + 1}"]
+    train(load_train_config(TINY, resume), out=out)
     assert "took over the lock of pid 4000000 on elsewhere, started then" in out.getvalue()
 
 

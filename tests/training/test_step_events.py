@@ -25,7 +25,6 @@ After every run, the invariants (`check_timeline`):
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from safetensors.torch import load_file
 pytest.importorskip("lm_eval")
 
 from pipelines.cli import main as gristmill  # noqa: E402
+from tests.helpers import forked  # noqa: E402
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
@@ -50,6 +50,8 @@ from training.data.spec import resolve  # noqa: E402
 from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.train_eval import TrainingEval  # noqa: E402
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 STEPS, QUIET, ALL_DUE, LAST = 8, 3, 4, 8
 EVAL_KEY = "eval/heldout_ppl/bits_per_byte"
@@ -122,9 +124,7 @@ def run_child(config: Path, run: Path, *sets: str, env: dict | None = None):
     seconds)."""
     cmd = [sys.executable, "-m", "training.train", "--config", str(config)]
     cmd += ["--set", "eval.interval=0", f"run.output_dir={json.dumps(str(run))}", *sets]
-    return subprocess.run(
-        cmd, cwd=ROOT, env={**ENV, **(env or {})}, capture_output=True, text=True, timeout=300
-    )
+    return forked.run(cmd, cwd=ROOT, env={**ENV, **(env or {})}, timeout=300)
 
 
 @pytest.fixture(scope="module")

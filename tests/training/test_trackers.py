@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.train_data import make_dataset
+from tests.helpers import forked
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, read_metrics, recipe
 from training.config import MetricsSection, TrainConfig
 from training.config_checks import trackers_of
@@ -25,6 +25,8 @@ from training.contract.config_loader import ConfigError, load_config
 from training.contract.run_layout import checkpoint_dir
 from training.trackers import git_commit
 from training.train import main
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +53,8 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds", n_docs=200)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=200)
 
 
 def run_training(dataset: Path, run_dir: Path, trackers: list[str], *extra: str) -> str:
@@ -244,7 +246,7 @@ def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(e
         sets += ["metrics.plot=false", "checkpoint.interval=4"]
         sets += [f"metrics.trackers={json.dumps(trackers)}", 'metrics.project="gm-test"', *extra]
         cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-        return subprocess.run(cmd, cwd=ROOT, env=shell, capture_output=True, text=True, timeout=240)
+        return forked.run(cmd, cwd=ROOT, env=shell, timeout=240)
 
     done = cli(run_dir, ["wandb"], 'checkpoint.resume="auto"')
     assert done.returncode == 0, done.stderr[-2000:]

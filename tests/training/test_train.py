@@ -4,22 +4,31 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from pipelines.cli import main as gristmill
-from tests.helpers.train_data import make_dataset
+from tests.helpers import forked
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    assert_batches_as_inspected,
+    read_metrics,
+    recipe,
+    recorded_batches,
+    torchrun_cmd,
+)
 from tests.helpers.train_runs import RECIPE_STEPS as STEPS
-from tests.helpers.train_runs import ROOT, TINY, read_metrics, recipe
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
 from training.train import load_train_config, main, train
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 FIELDS = {
     "step",
@@ -29,13 +38,14 @@ FIELDS = {
     "update_ratio",
     "tokens_per_s",
     "tokens_seen",
+    "batch_sha256",
     "peak_memory_bytes",
 }
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("synthetic") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +85,17 @@ def test_end_to_end_artifacts_and_learning(single_run, capfd):
     assert width >= 300 and height >= 200 and len(png) > 5000
     saved = load_config(TrainConfig, run_dir / "config.toml")
     assert to_dict(saved) == to_dict(cfg)
+
+
+def test_every_step_records_the_batch_inspect_prints(single_run):
+    """Issue 47: each row's batch_sha256 and RUN/batches.bin's record of every step (one per step,
+    not only the logged ones) are the digests `gristmill data inspect RUN --hash` prints; verify
+    checks them and says nothing."""
+    run_dir, _ = single_run
+    planned = assert_batches_as_inspected(run_dir)
+    assert recorded_batches(run_dir) == [(s, 1, planned[s]) for s in range(1, STEPS + 1)]
+    assert len(set(planned.values())) == STEPS
+    assert not (run_dir / "batches-discarded.bin").exists()
 
 
 def test_checkpointable_state_is_grouped_and_stateful(dataset, tmp_path):
@@ -121,10 +142,7 @@ def test_trains_on_a_dataset_from_the_real_build(built_dataset, tmp_path):
 
 
 def torchrun(overrides: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "training.train", "--config", TINY, "--set", *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    return forked.run(torchrun_cmd(overrides, nproc), cwd=ROOT, env=ENV, timeout=240)
 
 
 @pytest.mark.parametrize(
@@ -151,6 +169,9 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         assert b["update_ratio"] == pytest.approx(a["update_ratio"], rel=1e-4)
         assert b["lr"] == a["lr"]
     assert got[-1]["val_loss"] == pytest.approx(ref[-1]["val_loss"], abs=1e-5)
+    # Each rank hashed its own rows; the global digests are one process's (issue 47).
+    assert [r["batch_sha256"] for r in got] == [r["batch_sha256"] for r in ref]
+    assert recorded_batches(run_dir) == recorded_batches(ref_dir)[:10]
 
 
 @pytest.mark.parametrize(

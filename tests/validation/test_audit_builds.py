@@ -11,10 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from pipelines.build import build
 from pipelines.cli import main
 from pipelines.config import DataConfig
 from training.contract.config_loader import load_config
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -34,6 +34,8 @@ from training.model import PRESETS, Transformer  # noqa: E402
 from validation.eval import EvalConfig, TaskPlan, evaluate_lm  # noqa: E402
 from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
 ROOT = Path(__file__).resolve().parents[2]

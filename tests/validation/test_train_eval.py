@@ -25,6 +25,8 @@ from training.train import train  # noqa: E402
 from validation.eval import EvalConfig, evaluate_step  # noqa: E402
 from validation.train_eval import TrainingEval, metric_key  # noqa: E402
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
 TASKS = ["heldout_ppl", "heldout_cloze"]

@@ -7,6 +7,7 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     dataset_index  the loader index (index/*.bin): its derivation from the manifest, writer, reader
     run_layout     names inside a training run directory (checkpoints/, exports/, eval/, COMPLETE …)
     eval_table     RUN/eval/step-N/results.json read and RUN/eval.parquet built from them
+    batch_record   RUN/batches.bin: each trained step's batch digest, 44 bytes a step (verify reads it)
     integrity      file checksums (CRC-32 for checkpoints, SHA-256 for exports) and their check
     atomic_write   write_atomic / atomic_path: a file is replaced whole (temporary name, fsync, rename)
     disk_space     free_bytes, the free-disk check (DiskFullError) and fmt_bytes, for build, download

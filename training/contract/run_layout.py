@@ -1,6 +1,7 @@
 """Names inside a training run directory (docs/design.md "Training run directory"), in one place.
 
-    RUN/config.toml  metrics.jsonl  checkpoints/step-000150/  exports/step-000150/  eval/step-000150/  base/
+    RUN/config.toml  metrics.jsonl  batches.bin  checkpoints/step-000150/  exports/step-000150/
+        eval/step-000150/  base/
         exports/merged-step-000150/  eval/merged-step-000150/    ([merge]'s weights: training/merge.py)
 
 Step directories are zero-padded to six digits so a plain sort is a step sort; steps past 999,999
@@ -29,6 +30,8 @@ LOSS_PNG = "loss.png"  # train and validation loss against step, the timeline's 
 PLAN_PNG = "plan.png"  # the data plan: LR curve with phase boundaries, each source's share
 CONSUMPTION_PARQUET = "consumption.parquet"  # tokens read per (phase, source) so far: the audit's view
 DATA_PLAN_JSON = "data_plan.json"  # the plan and its skips (sources' fingerprints), read without torch
+BATCHES_BIN = "batches.bin"  # each trained step's batch digest, the run's (training/contract/batch_record.py)
+DISCARDED_BATCHES_BIN = "batches-discarded.bin"  # the steps rewinds discarded, kept apart
 EVAL_PARQUET = "eval.parquet"  # every RUN/eval/step-N/results.json as rows (validation/eval_results.py)
 EVAL_PLOT = "eval.png"
 BASE_DIR = "base"  # a run from a base model: its identity and small files (checkpoint/base_record.py)

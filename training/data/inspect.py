@@ -21,14 +21,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.config import TrainConfig
 from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import skip_of
 from training.data.remote import CacheSettings, add_cache_argument, ensure_dirs
-from training.data.spec import check_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -131,25 +129,11 @@ def _steps(args: argparse.Namespace, total: int | None) -> tuple[int, int]:
 
 def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
-    from training.contract.config_loader import load_config
-    from training.data.recipe import (
-        build_plan,
-        check_recorded_plan,
-        open_sources,
-        recorded_skips,
-        skip_cause,
-        skip_lines,
-    )
+    from training.data.recipe import run_plan, skip_cause, skip_lines
 
-    cfg = load_config(TrainConfig, Path(args.dataset) / CONFIG_TOML)
-    spec = check_config(cfg, args.world_size)
-    tables = open_sources(spec)
-    plan = build_plan(cfg, spec, tables)
-    note = check_recorded_plan(Path(args.dataset), plan, tables)  # a rebuilt source: refused here
+    plan, tables, skips, note = run_plan(Path(args.dataset), args.world_size)  # a rebuilt source: refused
     if note:
         print(f"note: {note}", file=sys.stderr)
-    # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.
-    skips = recorded_skips(Path(args.dataset))
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,

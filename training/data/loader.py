@@ -245,16 +245,40 @@ def micro_batches(
     ]
 
 
-def batch_sha256(micro: list[dict[str, torch.Tensor]]) -> str:
-    """sha256 of a batch: input_ids, labels, position_ids of all its rows as little-endian int64.
+_HASHED = ("input_ids", "labels", "position_ids")
 
-    Independent of how the rows are cut into micro-batches, so the hashes of a global batch and of
-    the rank slices concatenated in rank order agree (`gristmill data inspect --hash`).
+
+def row_digests(micro: list[dict[str, torch.Tensor]]) -> bytes:
+    """The sha256 of each row of a batch, in batch order, concatenated (32 bytes a row): the row's
+    input_ids, then its labels, then its position_ids, as little-endian int64.
+
+    A row is hashed whole wherever it is, so a rank hashes its slice of a global batch alone and the
+    ranks' row digests, in rank order, are those of the global batch (training/run/batch_digests.py
+    gathers them: 32 bytes a row, never the tokens)."""
+    out = []
+    for mb in micro:
+        parts = [np.ascontiguousarray(mb[k].numpy(), dtype="<i8") for k in _HASHED]
+        for inputs, labels, positions in zip(*parts):
+            h = hashlib.sha256(inputs)
+            h.update(labels)
+            h.update(positions)
+            out.append(h.digest())
+    return b"".join(out)
+
+
+def combined_sha256(rows: bytes) -> str:
+    """A batch's digest from its rows' (`row_digests`, in batch order): the sha256 of their concatenation."""
+    return hashlib.sha256(rows).hexdigest()
+
+
+def batch_sha256(micro: list[dict[str, torch.Tensor]]) -> str:
+    """sha256 of a batch: of its rows' sha256s in order (`row_digests`, `combined_sha256`).
+
+    Independent of how the rows are cut into micro-batches and ranks: the hash of a global batch and
+    of the rank slices concatenated in rank order agree (`gristmill data inspect --hash`), and so does
+    the `batch_sha256` the trainer records for each step (RUN/metrics.jsonl, RUN/batches.bin).
     """
-    h = hashlib.sha256()
-    for key in ("input_ids", "labels", "position_ids"):
-        h.update(torch.cat([mb[key] for mb in micro]).numpy().astype("<i8", copy=False).tobytes())
-    return h.hexdigest()
+    return combined_sha256(row_digests(micro))
 
 
 class _WorkerError:

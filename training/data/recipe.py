@@ -231,6 +231,25 @@ def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:
     return () if description is None else data_plan.skips_from(description)
 
 
+def run_plan(
+    run_dir: Path, world_size: int = 1
+) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...], str | None]:
+    """What a run directory trained, from its files alone (`data inspect RUN`, `verify RUN`): the plan
+    of RUN/config.toml (every source and phase; checked for `world_size` ranks), its sources' training
+    splits, refused (DatasetError) when one is not the dataset RUN/data_plan.json recorded, the
+    timeline's skips recorded there, and a note when the run recorded no plan."""
+    from training.contract.config_loader import load_config
+    from training.data.spec import check_config
+
+    cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
+    spec = check_config(cfg, world_size)
+    tables = open_sources(spec)
+    plan = build_plan(cfg, spec, tables)
+    note = check_recorded_plan(run_dir, plan, tables)
+    # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.
+    return plan, tables, recorded_skips(run_dir), note
+
+
 def skip_cause(skip: data_plan.Skip) -> str:
     """Why and from where a rewind skipped: `<its reason>; back to step 35` (the reason names the
     loss and its step, as the rewind's line said it)."""

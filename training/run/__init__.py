@@ -5,6 +5,7 @@
 - verdict.py       one verdict per step: the non-finite tally, the loss, the spike finding, the action
 - timeline.py      the run's history: kept, skipped and discarded steps
 - record.py        the run directory's one writer of what describes the timeline; the pending row
+- batch_digests.py each step's global-batch digest from the ranks' row digests, gathered at rows and saves
 - validation.py    held-out loss during training, with its own cadence
 - rewind.py        going back past a loss spike: a checkpoint restored, the next steps' data skipped
 - faults.py        faults tests inject into a real run through the environment (tests only)

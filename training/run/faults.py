@@ -13,10 +13,11 @@ first window of global step N in the run's plan.
 
 GRISTMILL_FAULT_KILL="POINT": the process kills itself with SIGKILL when it reaches that point
 (`kill_point`): "rewind-start" (a rewind decided, nothing restored), "rewind-restored" (the
-checkpoint loaded and the skip recorded, not yet saved), "rewind-saved" (the skip's checkpoint
-complete), "saved:N" (step N's checkpoint saved, its validation, eval and metrics row not yet
-done), "trained:N" (step N trained and folded into [merge]'s average, nothing of it saved or
-written). A kill -9 at a known place, for the resume tests.
+checkpoint loaded and the skip recorded in the timeline), "rewind-recorded" (the run directory
+brought into line with it: rows marked, batch records moved; the skip's checkpoint not yet saved),
+"rewind-saved" (the skip's checkpoint complete), "saved:N" (step N's checkpoint saved, its
+validation, eval and metrics row not yet done), "trained:N" (step N trained and folded into
+[merge]'s average, nothing of it saved or written). A kill -9 at a known place, for the resume tests.
 
 GRISTMILL_FAULT_SIGTERM="STEP": the process sends itself SIGTERM as step STEP starts (a preemption
 at a known step: the run finishes that step, saves and stops).

@@ -10,6 +10,10 @@ artifact lists a discarded step as the run's and none is written twice for one f
   is rewritten whole; a resume keeps the rows up to its checkpoint. The summary reads kept rows only.
 - consumption.parquet: at each row of a kept step (after step 0), at a rewind and at the end, never
   twice unchanged (not at the row of a step a rewind is about to discard).
+- batches.bin: each trained step's global-batch digest (training/contract/batch_record.py), handed
+  over by the loop at each row and before each save (training/run/batch_digests.py); a rewind moves
+  the records of the steps it discards to batches-discarded.bin; a resume keeps the records up to its
+  checkpoint (and the discarded ones of the rewinds the checkpoint knows).
 - data_plan.json and plan.png: at the start or resume and at each rewind, with the timeline's skips.
 - exports/ and eval/: a step-N (and merged-step-N) directory newer than the step the timeline went
   back to is set aside as abandoned-step-N (training/contract/run_layout.set_aside_after; checkpoints/
@@ -35,9 +39,12 @@ from training.checkpoint.state import PendingRow, TrainState
 from training.config import MetricsSection
 from training.console import say
 from training.contract.atomic_write import write_atomic
+from training.contract.batch_record import BatchEntry, batch_file, encode, read_batches
 from training.contract.eval_table import RESULTS_JSON, write_eval_table
 from training.contract.run_layout import (
+    BATCHES_BIN,
     CONSUMPTION_PARQUET,
+    DISCARDED_BATCHES_BIN,
     EVAL_DIR,
     EVAL_PARQUET,
     EVAL_PLOT,
@@ -69,6 +76,7 @@ class RunRecord:
         # Rank 0: metrics.jsonl's rows (a resume's earlier ones too); elsewhere this invocation's.
         self.rows: list[dict[str, Any]] = []
         self.jsonl: int | None = None  # rank 0's metrics.jsonl, open for appending
+        self.batches_fd: int | None = None  # rank 0's batches.bin, open for appending
         self.trackers: Trackers | None = None
         self.ledger: tuple[int, int] | None = None  # (step, rewinds) of the last consumption.parquet
 
@@ -86,6 +94,7 @@ class RunRecord:
             self._set_aside(after=resumed)
         self._record_plan()
         logged_through = self._open_log(resumed)
+        self._open_batches(resumed)
         try:
             self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
                                      resume_step=resumed, logged_through=logged_through)  # fmt: skip
@@ -117,17 +126,28 @@ class RunRecord:
         for event in row.get("events", []):
             say(f"WARNING step {step}: {event}")
 
+    def batches(self, digests: list[tuple[int, str]]) -> None:
+        """Trained steps' global-batch digests, (step, sha256) in step order (training/run/
+        batch_digests.py), appended to batches.bin by rank 0 as the timeline's current attempt's."""
+        if self.rank != 0 or not digests:
+            return
+        attempt = self.timeline.attempt
+        # One os.write for them all on an O_APPEND descriptor, as metrics.jsonl's rows.
+        os.write(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
+
     def rewound(self, skip: Skip) -> None:
         """After a rewind (the timeline holds `skip`), on every rank: the rows of steps after the
         checkpoint gone back to that no rewind discarded yet are marked discarded by this one. On
-        rank 0: metrics.jsonl rewritten, the attempt's exports and evals set aside, the plan recorded
-        and drawn, consumption.parquet at the skip's last step."""
+        rank 0: metrics.jsonl rewritten, the attempt's batch records moved to batches-discarded.bin,
+        its exports and evals set aside, the plan recorded and drawn, consumption.parquet at the
+        skip's last step."""
         for r in self.rows:
             if r["step"] > skip.checkpoint_step and "discarded_by_rewind" not in r:
                 r["discarded_by_rewind"] = skip.rewind
         if self.rank != 0:
             return
         self._rewrite_log()
+        self._discard_batches(after=skip.checkpoint_step)
         self._set_aside(after=skip.checkpoint_step)
         self._record_plan()
         self._consumption(skip.last_step)
@@ -150,9 +170,10 @@ class RunRecord:
     def close(self) -> None:
         """Close metrics.jsonl and finish the trackers (in a `finally`: an exception on its way out
         marks a wandb run failed)."""
-        if self.jsonl is not None:
-            os.close(self.jsonl)
-            self.jsonl = None
+        for fd in (self.jsonl, self.batches_fd):
+            if fd is not None:
+                os.close(fd)
+        self.jsonl = self.batches_fd = None
         if self.trackers is not None:
             self.trackers.close()
             self.trackers = None
@@ -214,6 +235,51 @@ class RunRecord:
         write_atomic(path, _jsonl(self.rows))
         old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
         os.close(old)  # it would keep appending to the replaced file
+
+    def _open_batches(self, resumed: int | None) -> None:
+        """batches.bin opened for appending. A resume keeps the records up to its checkpoint (the steps
+        it redoes were recorded by the interrupted run) and, in batches-discarded.bin, those of the
+        rewinds the checkpoint knows (a later rewind it does not know is redone); a fresh run starts
+        both over."""
+        path, apart = self.run_dir / BATCHES_BIN, self.run_dir / DISCARDED_BATCHES_BIN
+        if resumed is None:
+            write_atomic(path, batch_file([]))
+            apart.unlink(missing_ok=True)
+        else:
+            kept = [e for e in self._read_batches(path) if e.step <= resumed]
+            write_atomic(path, batch_file(kept))
+            if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
+                known = self.timeline.attempt
+                write_atomic(apart, batch_file(e for e in self._read_batches(apart) if e.attempt < known))
+        self.batches_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def _discard_batches(self, after: int) -> None:
+        """The records of steps after `after` (a rewind's discarded attempt) moved from batches.bin to
+        batches-discarded.bin: appended there first, so a kill in between loses none (the resume
+        keeps each file's own, by the checkpoint's timeline)."""
+        path, apart = self.run_dir / BATCHES_BIN, self.run_dir / DISCARDED_BATCHES_BIN
+        entries = self._read_batches(path)
+        moved = [e for e in entries if e.step > after]
+        if moved:
+            old = self._read_batches(apart)
+            write_atomic(apart, batch_file(old + moved))
+        write_atomic(path, batch_file(e for e in entries if e.step <= after))
+        old_fd, self.batches_fd = self.batches_fd, os.open(path, os.O_WRONLY | os.O_APPEND)
+        os.close(old_fd)  # it would keep appending to the replaced file
+
+    def _read_batches(self, path: Path) -> list[BatchEntry]:
+        """A batch record's entries; one that is not a batch record is set aside (renamed, named in a
+        note: the evidence kept) and read as empty."""
+        try:
+            entries, note = read_batches(path)
+        except ValueError as e:
+            aside = path.with_name(f"{path.name}.unreadable")
+            path.rename(aside)
+            say(f"note: {e}; moved it to {aside.name}, its steps are not recorded")
+            return []
+        if note:
+            say(note)
+        return entries
 
     def _consumption(self, step: int) -> None:
         """RUN/consumption.parquet after `step` steps of the timeline, unless it holds that already."""

@@ -129,6 +129,7 @@ class Rewinder:
         say(line)
         kill_point("rewind-restored")
         self.record.rewound(skip)
+        kill_point("rewind-recorded")
         if skip.last_step >= self.last_step and (self.validates or self.evaluates):
             # the step whose weights they are: the checkpoint may be an earlier skip's, never trained
             weights = trained_step(self.timeline.skips, skip.checkpoint_step)

@@ -47,6 +47,7 @@ from training.metrics import TrainingMetrics, device_name, peak_flops
 from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
+from training.run.batch_digests import BatchDigests
 from training.run.faults import LossFaults
 from training.run.lock import RunLock
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
@@ -103,6 +104,7 @@ class Run:
     checkpointer: Checkpointer
     metrics: TrainingMetrics  # the throughput window and what a row measures
     record: RunRecord  # the rows and the run directory's artifacts, in agreement with the timeline
+    batches: BatchDigests  # each trained step's global-batch digest, gathered for the record
     judge: Judge  # each step's one verdict
     rewinder: Rewinder  # run.on_spike / on_nonfinite = "rewind" (training/run/rewind.py)
     fault: LossFaults  # tests only: GRISTMILL_FAULT_NAN_LOSS, GRISTMILL_FAULT_SPIKE_WINDOW
@@ -227,7 +229,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
         metrics=TrainingMetrics(timeline, log_every=cfg.run.log_every, last_step=last_step),
-        record=record, judge=judge, rewinder=rewinder, fault=LossFaults(model, env.rank, plan),
+        record=record, batches=BatchDigests(env.world_size), judge=judge, rewinder=rewinder,
+        fault=LossFaults(model, env.rank, plan),
         last_step=last_step, flops_per_token=flops, peak_flops=peak,
     )  # fmt: skip
 

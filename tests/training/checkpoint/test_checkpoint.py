@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -46,9 +46,11 @@ from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint
 from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -62,8 +64,8 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("ckpt-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=300)
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +135,7 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.async=true", "checkpoint.keep_last=1",
                      "checkpoint.interval=2")  # fmt: skip
     stop_at = random.randint(2, STEPS - 3)
-    proc = subprocess.Popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = forked.popen(torchrun_cmd(sets), cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, stop_at)
     os.kill(child_pids(proc.pid)[-1], signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import TINY, damage, metrics, one_error_line, overrides
 from training.checkpoint.checkpointer import Checkpointer, complete_steps
 from training.checkpoint.state import ModelState
@@ -24,8 +23,8 @@ from training.train import main
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("timeline-data") / "ds", n_docs=300)
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset(n_docs=300)
 
 
 def run(dataset: Path, run_dir: Path, *sets: str) -> int:

@@ -17,14 +17,25 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
 from tests.helpers.phased_recipe import write_recipe
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    assert_batches_as_inspected,
+    assert_same_weights,
+    one_error_line,
+    read_metrics,
+    recorded_batches,
+)
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
 from training.data.recipe import open_plan
 from training.data.spec import batch_shapes, check_config, resolve
-from training.run.faults import KILL
+from training.run.faults import KILL, SPIKE_WINDOW
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 BATCHES = [512] * 4 + [1024] * 3 + [768] * 4  # tokens per step; "long": 3500 // 768 = 4 steps
 LAST = len(BATCHES)
@@ -148,6 +159,9 @@ def test_everything_follows_the_batch(reference, capsys):
     assert gristmill(["data", "inspect", str(run_dir), "--step", "6", "--max-rows", "0"]) == 0
     assert "step 6 = phase 'big' step 2 of 3 (32 sequences × 32 = 1,024 tokens)" in capsys.readouterr().out
     assert (run_dir / "plan.png").stat().st_size > 0
+    # what each step was fed, across both batch changes: the batches inspect prints (issue 47)
+    planned = assert_batches_as_inspected(run_dir)
+    assert recorded_batches(run_dir) == [(s, 1, planned[s]) for s in range(1, LAST + 1)]
 
 
 @pytest.mark.parametrize("step", [3, 6, 9])  # one kill inside each phase
@@ -156,12 +170,70 @@ def test_kill_9_inside_each_phase_resumes_bit_identical(reference, tmp_path, ste
     killed = tmp_path / "killed"
     cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set",
            f"run.output_dir={json.dumps(str(killed))}", "metrics.plot=false"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, KILL: f"saved:{step}"}, capture_output=True, timeout=300)
+    proc = forked.run(cmd, cwd=ROOT, env={**ENV, KILL: f"saved:{step}"}, timeout=300)
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(killed))}",
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
     assert losses(killed) == losses(run_dir)
     assert_same_weights(run_dir, killed, LAST)
+    # The record the killed and resumed run kept is the uninterrupted run's, byte for byte (issue 47).
+    assert (killed / "batches.bin").read_bytes() == (run_dir / "batches.bin").read_bytes()
+    assert [r["batch_sha256"] for r in read_metrics(killed)] == [
+        r["batch_sha256"] for r in read_metrics(run_dir)
+    ]
+
+
+# A rewind back to the phase boundary: step 4 is the last of "small" (512 tokens a step), step 5 the
+# first of "big" (1,024). A spike injected at step 6 (≥ 4 losses before it: half the window) goes back
+# to the newest checkpoint at or before 6 − 2 = 4 and skips steps 5–6, saving step 6's checkpoint.
+MEETING = ["checkpoint.interval=2", "checkpoint.keep_last=0", "metrics.plot=false", "run.on_spike=rewind",
+           "run.spike_window=8", "run.spike_sigma=4", "run.rewind.skip_steps=2",
+           "run.rewind.margin_steps=2"]  # fmt: skip
+
+
+def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what_ran(sources, tmp_path):
+    """Issue 47, events meeting on one step: a checkpoint, a phase (and batch) change, a rewind's
+    target and a resume, all at step 4; then a resume at the skip's checkpoint (step 6, the next
+    phase's). A run killed once its rewind had moved steps 5–6's records apart, before the skip's
+    checkpoint existed, resumed at step 4 (it drops them, trains 5–6 again and rewinds again),
+    killed as the skip's checkpoint was saved and resumed from it keeps the uninterrupted run's
+    records byte for byte: batches.bin steps 1–4 of attempt 1 and 7–11 of
+    attempt 2 (never a skipped step, never twice), batches-discarded.bin steps 5–6 of attempt 1,
+    each the batch `data inspect RUN --hash` gives it, and verify is silent."""
+    config = write(sources, tmp_path / "recipe.toml", tmp_path / "unused")
+
+    def train(run: Path, kill: str | None = None, resume: bool = False) -> subprocess.CompletedProcess:
+        env = {**ENV, SPIKE_WINDOW: "step:6*50", **({KILL: kill} if kill else {})}
+        cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *MEETING,
+               f"run.output_dir={json.dumps(str(run))}", *(["--resume", "auto"] * resume)]  # fmt: skip
+        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    reference = tmp_path / "reference"
+    done = train(reference)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rewind 1/" in done.stdout
+    killed = tmp_path / "killed"
+    assert train(killed, kill="rewind-recorded").returncode == -9
+    again = train(killed, kill="rewind-saved", resume=True)
+    assert again.returncode == -9 and "resumed at step 4" in again.stdout, again.stdout[-2000:]
+    done = train(killed, resume=True)
+    assert done.returncode == 0 and "resumed at step 6" in done.stdout, done.stderr[-3000:]
+
+    planned = assert_batches_as_inspected(killed)
+    assert recorded_batches(killed) == [(s, 1, planned[s]) for s in range(1, 5)] + [
+        (s, 2, planned[s]) for s in range(7, LAST + 1)
+    ]
+    assert recorded_batches(killed, "batches-discarded.bin") == [(5, 1, planned[5]), (6, 1, planned[6])]
+    for name in ("batches.bin", "batches-discarded.bin"):
+        assert (killed / name).read_bytes() == (reference / name).read_bytes(), name
+
+    def rows(run: Path) -> list[tuple]:
+        return [(r["step"], r.get("discarded_by_rewind"), r["batch_sha256"]) for r in read_metrics(run)]
+
+    assert rows(killed) == rows(reference)
+    phases = [r["phase"] for r in read_metrics(killed) if "discarded_by_rewind" not in r]
+    assert phases == ["small"] * 4 + ["big"] + ["long"] * 4
+    assert_same_weights(reference, killed, LAST)
 
 
 def test_a_past_batch_is_immutable_and_a_future_one_may_change(reference, sources, tmp_path, capsys):
@@ -250,7 +322,7 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
     ]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forked.run(cmd, cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert gristmill(["train", "--config", str(config), "--set", f"run.output_dir={json.dumps(str(two))}",
                       "metrics.plot=false", "--resume", "auto"]) == 0  # fmt: skip
@@ -262,6 +334,9 @@ def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
         assert {k: v for k, v in b.items() if k.startswith("tokens/")} == {
             k: v for k, v in a.items() if k.startswith("tokens/")
         }
+        assert b["batch_sha256"] == a["batch_sha256"]
+    # 2 ranks' records, then one process's: the one-process run's record (issue 47)
+    assert (two / "batches.bin").read_bytes() == (run_dir / "batches.bin").read_bytes()
 
 
 def test_a_held_out_split_too_small_for_val_batches_of_any_phase_batch_is_refused(sources, tmp_path, capsys):

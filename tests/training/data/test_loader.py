@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pipelines.cli import main as cli
 from pipelines.shard_writer import finalize_dataset
+from tests.helpers import forked
 from tests.helpers.position_corpus import KEYS, SEP, decode, doc_tokens, epoch_stream, make_dataset, rows
 from tests.helpers.train_data import SEPARATOR_ID
 from tests.helpers.train_data import make_dataset as make_train_dataset
@@ -36,7 +36,10 @@ from training.data.loader import (
     dataset_loader,
 )
 
-pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning"),
+]
 
 SEQ, G = 15, 8  # windows of 16 tokens, 8 sequences per global step
 
@@ -394,11 +397,8 @@ def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path
     for row in task0_manifest(dataset):  # a double separator in every document: step 0 hits one
         overwrite_token(dataset, row, 2, SEPARATOR_ID)
     overrides = recipe(dataset, tmp_path / "run", "data.num_workers=2", "data.check_separators=true")
-    proc = subprocess.run(
-        [sys.executable, "-m", "training.train", "--config", TINY, "--set", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = forked.run(
+        [sys.executable, "-m", "training.train", "--config", TINY, "--set", *overrides], timeout=120
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
@@ -32,6 +33,8 @@ from training.data.plan import LRPiece, Phase, Plan, PlanError, Source
 from training.data.reader import DocumentTable
 from training.data.recipe import open_plan
 from training.data.spec import batch_shapes, check_config, resolve
+
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 
 def cfg_of(sources, tmp_path, **kw) -> TrainConfig:
@@ -178,10 +181,18 @@ def test_the_single_dataset_loader_gives_mains_batches(tmp_path):
 
     ds = make_dataset(tmp_path / "ds")
 
+    def mains_sha256(micro) -> str:
+        """The batch hash these were recorded with (main's batch_sha256 then, before rows were hashed
+        apart for the trainer's record): every row's input_ids, then labels, then position_ids."""
+        h = hashlib.sha256()
+        for key in ("input_ids", "labels", "position_ids"):
+            h.update(torch.cat([mb[key] for mb in micro]).numpy().astype("<i8", copy=False).tobytes())
+        return h.hexdigest()
+
     def digest(loader: TokenLoader, steps: int) -> str:
         h = hashlib.sha256()
         for _, b in zip(range(steps), loader):
-            h.update(batch_sha256(b).encode())
+            h.update(mains_sha256(b).encode())
         return h.hexdigest()
 
     common = dict(seq_len=64, global_batch=16, micro_batch=4, seed=1234)
@@ -370,8 +381,7 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     killed = tmp_path / "killed"
     sets = [f'run.output_dir="{killed}"', "checkpoint.keep_last=2"]
     cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *sets]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_step(proc, killed, 6)
     finally:
@@ -450,7 +460,7 @@ def test_two_ranks_under_torchrun_train_the_same_plan(reference, tmp_path):
     sets = [f'run.output_dir="{two}"', "parallel.shard=2", "checkpoint.interval=0"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     cmd += ["-m", "training.train", "--config", str(config), "--set", *sets]
-    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    proc = forked.run(cmd, cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     ref, got = _rows(run_dir), _rows(two)
     assert [r["step"] for r in got] == [r["step"] for r in ref]

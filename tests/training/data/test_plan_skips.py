@@ -222,14 +222,11 @@ def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def run_with_a_rewind(tmp_path_factory):
+def run_with_a_rewind(tmp_path_factory, synthetic_dataset):
     """A real run directory (two training steps of the two-source phased recipe) whose
     RUN/data_plan.json then records a rewind as the trainer writes it: steps 5-8 skipped."""
     root = tmp_path_factory.mktemp("rewound")
-    sources = {
-        "web": make_dataset(root / "web", n_docs=240, seed=1),
-        "code": make_dataset(root / "code", n_docs=160, seed=2),
-    }
+    sources = {"web": synthetic_dataset(n_docs=240, seed=1), "code": synthetic_dataset(n_docs=160, seed=2)}
     config = write_recipe(root / "recipe.toml", sources, root / "run")
     sets = ["run.max_steps=2", "checkpoint.interval=0", "metrics.plot=false", "run.val_every=0"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0

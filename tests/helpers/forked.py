@@ -1,0 +1,152 @@
+"""`python -m MODULE ARGS` as a real process of its own that skips the interpreter's start-up: forked
+from a server that imported torch and the trainer once per test worker (multiprocessing's
+forkserver with those modules preloaded).
+
+The child is a separate OS process (its own pid, signals, kill -9, exit status, a new session when
+asked) that runs MODULE as `python -m` does (runpy, `__name__ == "__main__"`, sys.argv), with the
+command's environment and working directory; only the 3-4 s a fresh interpreter spends importing
+torch are gone. Its stdout and stderr go to files, read back by `communicate` as text. `popen` and
+`run` take the arguments of subprocess.Popen and subprocess.run that the tests use, so a test
+switches by swapping the call; commands that are not `sys.executable -m MODULE …` are refused.
+
+What stays a fresh interpreter on purpose: everything torchrun starts (its workers are started by
+torchrun itself), and tests of what a command imports or how it starts.
+
+The server's children are reaped by the server, and the server by this process at the end of the
+session (`stop_server`), so their CPU time counts in `time make test` like any subprocess's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Imported once by the server; what a child then imports itself costs what it always did.
+PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run"]
+
+_context = None
+_outputs: Path | None = None  # the children's stdout and stderr files, removed with the server
+
+
+def _server():
+    global _context, _outputs
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload([*PRELOAD, __name__])
+        _outputs = Path(tempfile.mkdtemp(prefix="forked-"))
+    return _context
+
+
+def stop_server() -> None:
+    """End the server (it ends on its own with this process too), reap it, remove the outputs."""
+    if _context is not None:
+        from multiprocessing import forkserver
+
+        forkserver._forkserver._stop()
+        shutil.rmtree(_outputs, ignore_errors=True)
+
+
+def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str, err: str, session: bool):
+    if session:
+        os.setsid()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        os.dup2(target, fd)
+        os.close(target)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)
+    if "OMP_NUM_THREADS" in env:  # what a fresh interpreter's torch would have read at start-up
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    sys.argv = [module, *args]
+    # `python -m` runs the module's code as __main__ beside any import of it by name: so here too
+    # (the preloaded copy leaves sys.modules; a later import of it imports it anew, as there).
+    sys.modules.pop(module, None)
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+class Forked:
+    """The subprocess.Popen methods the tests use, for a forked child (text output only)."""
+
+    def __init__(self, args, *, cwd=None, env=None, stdout=None, stderr=None, start_new_session=False, **kw):
+        unsupported = set(kw) - {"text", "universal_newlines"}
+        if unsupported:
+            raise TypeError(f"forked.popen does not take {sorted(unsupported)}")
+        if list(args[:2]) != [sys.executable, "-m"]:
+            raise ValueError(f"forked.popen runs `{sys.executable} -m MODULE ...`, not {args[:3]}")
+        self.args = list(args)
+        server = _server()
+        folder = Path(tempfile.mkdtemp(dir=_outputs))
+        self._out = folder / "stdout"
+        self._err = self._out if stderr == subprocess.STDOUT else folder / "stderr"
+        for path in {self._out, self._err}:
+            path.touch()
+        self._process = server.Process(
+            target=_child,
+            args=(args[2], list(args[3:]), dict(os.environ if env is None else env), str(cwd or os.getcwd()),
+                  str(self._out), str(self._err), start_new_session),
+        )  # fmt: skip
+        self._process.start()
+        self.pid = self._process.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self._process.join()
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def output(self) -> tuple[str, str]:
+        """(stdout, stderr) written so far; stderr is '' when it went to stdout."""
+        out = self._out.read_text(errors="replace")
+        return out, "" if self._err == self._out else self._err.read_text(errors="replace")
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        return self.output()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def popen(args, **kw) -> Forked:
+    return Forked(args, **kw)
+
+
+def run(args, *, timeout: float | None = None, capture_output: bool = False, check: bool = False, **kw):
+    """subprocess.run for a forked child: the output is always captured (text)."""
+    proc = Forked(args, **kw)
+    try:
+        out, err = proc.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    done = subprocess.CompletedProcess(args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
