@@ -9,6 +9,7 @@ It imports only torch, numpy, pyarrow and the standard library (tests/test_layer
 - loss.py           cross-entropy of the LM head, chunked
 - optim.py          AdamW (and 8-bit), the plan's LR schedule, gradient clipping
 - muon.py           Muon for the blocks' matrices, AdamW for the rest
+- merge.py          weights averaged in the loop ([merge]): a window's mean or an EMA, checkpointed
 - parallelize.py    activation checkpointing, torch.compile, FSDP2 / HSDP, float8
 - metrics.py        MFU, the update ratio, metrics rows, metrics.jsonl and loss.png, the summary
 - trackers.py       tensorboard, Weights & Biases, trackio

@@ -30,6 +30,8 @@ from training.merge import MergedWeights, master_tensor
 from training.run.faults import KILL, SPIKE_WINDOW
 from training.train import load_train_config, main, train
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 WINDOW = ("merge.kind='window'", "merge.every=4", "merge.window=3", "merge.export=true")
 EMA = ("merge.kind='ema'", "merge.every=4", "merge.decay=0.7", "merge.export=true")
 
