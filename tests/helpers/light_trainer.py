@@ -34,7 +34,10 @@ def install(folder: Path) -> Path:
     """Write `folder/training.train`, running this file with this interpreter (`-S`: no site)."""
     folder.mkdir(parents=True, exist_ok=True)
     stub = folder / "training.train"
-    stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "{Path(__file__).resolve()}" "$@"\n')
+    stub.write_text(
+        f'#!/bin/sh\nLIGHT_TRAINER_READY="{folder / "ready"}" exec "{sys.executable}" -S '
+        f'"{Path(__file__).resolve()}" "$@"\n'
+    )
     stub.chmod(0o755)
     return stub
 
@@ -54,9 +57,22 @@ def say(line: str, stream=sys.stdout) -> None:
         print(line, file=stream, flush=True)
 
 
+def all_ranks_ready(timeout_s: float = 120) -> None:
+    """Each rank says it answers signals; rank 0 prints no step before every rank does. The real
+    ranks meet in init_process_group before step 1: without this, a test's Ctrl-C after rank 0's
+    step 2 could reach a rank still starting its interpreter (KeyboardInterrupt, exit 130)."""
+    folder = Path(os.environ["LIGHT_TRAINER_READY"]) / os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / str(RANK)).touch()
+    world, deadline = int(os.environ.get("WORLD_SIZE", "1")), time.monotonic() + timeout_s
+    while RANK == 0 and len(list(folder.iterdir())) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def main() -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _handle)
+    all_ranks_ready()
     parent = os.getppid()
     what = os.environ.get("LIGHT_TRAINER", "train")
     step = 0
