@@ -237,14 +237,20 @@ def test_garbage_shard_is_a_problem_not_a_traceback(ds):
     assert any(p.startswith(f"shards/{shard.name}: corrupt tar header at byte 0 (") for p in found), found
 
 
-@pytest.mark.parametrize("column, delta", [("offset", 512), ("n_tokens", 1), ("nbytes", -2)])
-def test_edited_manifest_legacy(legacy_ds, column, delta):
-    ds = legacy_ds
-    path = manifest_files(ds)[1]
+def edit_manifest_row(path: Path, column: str, delta: int) -> list[dict]:
+    """Row 4 of the manifest file `path` with `delta` added to `column`, written back; its rows."""
     table = pq.read_table(path)
     rows = table.to_pylist()
     rows[4][column] += delta
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    return rows
+
+
+@pytest.mark.parametrize("column, delta", [("offset", 512), ("n_tokens", 1), ("nbytes", -2)])
+def test_edited_manifest_legacy(legacy_ds, column, delta):
+    ds = legacy_ds
+    path = manifest_files(ds)[1]
+    rows = edit_manifest_row(path, column, delta)
     found = problems(ds)
     # The shard's problem, the loader index (derived from the manifest) no longer matching, and the
     # manifest file not the one dataset.json recorded.
@@ -472,10 +478,7 @@ def test_corrupt_sample_header(ds):
 @pytest.mark.parametrize("column, delta", [("offset", 2), ("n_tokens", 1), ("nbytes", -2)])
 def test_edited_manifest(ds, column, delta):
     path = manifest_files(ds)[1]
-    table = pq.read_table(path)
-    rows = table.to_pylist()
-    rows[4][column] += delta
-    pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+    rows = edit_manifest_row(path, column, delta)
     found = problems(ds)
     # The shard's problem (the rows no longer split its samples), the loader index (derived from the
     # manifest) no longer derivable or matching, and the manifest not the one dataset.json recorded.
