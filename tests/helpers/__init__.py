@@ -5,6 +5,7 @@ corpus                  the shared fixture corpus: texts, separator constants, t
 dist_parallelize_check  torchrun script: FSDP2 / HSDP parity with one process (test_parallelize runs it)
 dup_corpus              the dedup tests' corpus of planted duplicates and its build recipe
 forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
+forked_workers          the forked commands' torchrun workers, forked too (a second server; PYTHON_EXEC stub)
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 legacy_dataset          datasets in the legacy shard layout (gristmill-shards/1), for data convert's tests
 light_trainer           torchrun workers without torch: what the launcher sees of exits, messages, signals
@@ -17,4 +18,6 @@ shared                  artifacts built once per test run under a file lock, rea
 tiers                   the suite's two tiers: in-process modules, and those marked pytest.mark.process
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights
+worker_probe            torchrun script: what a worker sees of its start, then an exit, a death or signals
+worker_stub             torchrun's PYTHON_EXEC in forked commands: asks forked_workers' server for the worker
 """

@@ -9,20 +9,25 @@ torch are gone. Its stdout and stderr go to files, read back by `communicate` as
 `run` take the arguments of subprocess.Popen and subprocess.run that the tests use, so a test
 switches by swapping the call; commands that are not `sys.executable -m MODULE …` are refused.
 
-What stays a fresh interpreter on purpose: everything torchrun starts (its workers are started by
-torchrun itself), and tests of what a command imports or how it starts.
+A forked command's torchrun forks its workers too: each command gets PYTHON_EXEC and the address
+of a second server, forked from the first (tests/helpers/forked_workers.py), unless its
+environment names a PYTHON_EXEC of its own. What stays a fresh interpreter on purpose: commands
+the tests start with plain `subprocess` (tests of what a command imports or how it starts, and of
+how real workers die with their launcher).
 
-The server's children are reaped by the server, and the server by this process at the end of the
+The servers' children are reaped by the servers, and the servers by this process at the end of the
 session (`stop_server`), so their CPU time counts in `time make test` like any subprocess's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,22 +35,53 @@ from pathlib import Path
 
 # Imported once by the server; what a child then imports itself costs what it always did.
 PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run"]
+WORKERS = "tests.helpers.forked_workers"
 
 _context = None
 _outputs: Path | None = None  # the children's stdout and stderr files, removed with the server
+_workers: tuple[multiprocessing.process.BaseProcess, str, str] | None = None  # (server, address, stub)
 
 
 def _server():
     global _context, _outputs
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload([*PRELOAD, __name__])
+        _context.set_forkserver_preload([*PRELOAD, __name__, WORKERS])
         _outputs = Path(tempfile.mkdtemp(prefix="forked-"))
     return _context
 
 
+def workers_env() -> dict[str, str]:
+    """PYTHON_EXEC and the address of this process's worker server (started at the first call): a
+    torchrun whose environment has them forks its workers from that server."""
+    from tests.helpers import forked_workers as workers  # it imports this module
+
+    global _workers
+    if _workers is None:
+        server = _server()
+        address = str(_outputs / "workers.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(address)
+        listener.listen(64)
+        process = server.Process(target=workers.serve, args=(listener, os.getpid()))
+        process.start()
+        listener.close()
+        _workers = (process, address, str(workers.install(_outputs)))
+    _, address, stub = _workers
+    return {"PYTHON_EXEC": stub, workers.ADDRESS: address}
+
+
 def stop_server() -> None:
-    """End the server (it ends on its own with this process too), reap it, remove the outputs."""
+    """End the servers (they end on their own with this process too), reap them (the worker
+    server first: the forkserver reaps it), remove the outputs."""
+    if _workers is not None:
+        from tests.helpers.forked_workers import STOP
+
+        process, address, _ = _workers
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as stop:
+            stop.connect(address)
+            stop.send(STOP)
+        process.join(60)
     if _context is not None:
         from multiprocessing import forkserver
 
@@ -65,15 +101,29 @@ def _child(module: str, args: list[str], env: dict[str, str], cwd: str, out: str
         os.close(target)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)
+    become(module, args, env, cwd)
+
+
+def become(target: str, args: list[str], env: dict[str, str], cwd: str, *, script: bool = False) -> None:
+    """Run `python -m TARGET ARGS` (script: `python TARGET ARGS`) in this process as a fresh
+    interpreter would: the command's directory, environment, sys.argv and sys.path[0]."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
     if "OMP_NUM_THREADS" in env:  # what a fresh interpreter's torch would have read at start-up
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    sys.argv = [module, *args]
+    sys.argv = [target, *args]
+    if script:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+        runpy.run_path(target, run_name="__main__")
+        return
+    sys.path.insert(0, os.getcwd())
     # `python -m` runs the module's code as __main__ beside any import of it by name: so here too
     # (the preloaded copy leaves sys.modules; a later import of it imports it anew, as there).
-    sys.modules.pop(module, None)
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    sys.modules.pop(target, None)
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
 
 
 class Forked:
@@ -87,6 +137,9 @@ class Forked:
             raise ValueError(f"forked.popen runs `{sys.executable} -m MODULE ...`, not {args[:3]}")
         self.args = list(args)
         server = _server()
+        env = dict(os.environ if env is None else env)
+        if "PYTHON_EXEC" not in env:  # a torchrun it starts forks its workers too
+            env.update(workers_env())
         folder = Path(tempfile.mkdtemp(dir=_outputs))
         self._out = folder / "stdout"
         self._err = self._out if stderr == subprocess.STDOUT else folder / "stderr"
@@ -94,7 +147,7 @@ class Forked:
             path.touch()
         self._process = server.Process(
             target=_child,
-            args=(args[2], list(args[3:]), dict(os.environ if env is None else env), str(cwd or os.getcwd()),
+            args=(args[2], list(args[3:]), env, str(cwd or os.getcwd()),
                   str(self._out), str(self._err), start_new_session),
         )  # fmt: skip
         self._process.start()
