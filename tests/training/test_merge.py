@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, overrides, read_metrics, torchrun_cmd
 from training.contract.config_loader import ConfigError
@@ -211,8 +212,9 @@ def test_two_fsdp_ranks_match_one_process(dataset, runs, tmp_path):
     weights DCP reassembles are the mean of that run's own per-step weights exactly, and the
     single process's to its summation order (the losses' tolerance, tests/training/test_train.py)."""
     run = tmp_path / "run"
-    proc = subprocess.run(torchrun_cmd(sets(dataset, run, *WINDOW, "parallel.shard=2")), cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = forked.run(
+        torchrun_cmd(sets(dataset, run, *WINDOW, "parallel.shard=2")), cwd=ROOT, env=ENV, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 ranks × 4 micro" in proc.stdout and "  merge   mean of the last 3 steps" in proc.stdout
     for point in (4, 8):

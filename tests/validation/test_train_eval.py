@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
+from tests.helpers import forked  # noqa: E402
 from training.config import load_train_config  # noqa: E402
 from training.contract.errors import GristmillError  # noqa: E402
 from training.contract.eval_table import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
@@ -113,7 +113,7 @@ def test_eval_during_training_under_torchrun_fsdp_equals_the_offline_eval(built_
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2",
            "--set", *_sets(built_dataset, run, steps=2), "parallel.shard=2"]  # fmt: skip
-    out = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = forked.run(cmd, env=env, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "-m validation.train_eval" in out.stdout
     assert "[eval] step 2:" in out.stdout
