@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import forked, worker_probe
-from tests.helpers.forked_workers import ADDRESS
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -130,7 +129,6 @@ def test_a_forked_torchrun_forks_its_workers_and_ends_with_their_status(tmp_path
     env = {**os.environ, "PROBE": "here", "OMP_NUM_THREADS": "1"}
     done = forked.run([*cmd, PROBE, "exit:3"], cwd=tmp_path, env=env, timeout=120)
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
-    assert ADDRESS not in done.stdout
     for rank in (0, 1):
         assert f"rank {rank} run True" in done.stdout
     assert done.stderr.count("preloaded torch True") == 2, done.stderr[-3000:]
