@@ -77,7 +77,7 @@ def reference(dataset, shared) -> Path:
         "torchrun-2",
         lambda run_dir: overrides(
             dataset, run_dir, "parallel.shard=2", "checkpoint.keep_last=2", "checkpoint.export_interval=8"
-        ),  # fmt: skip
+        ),
         lambda sets, _: run_torchrun(sets).stdout,
     )
 
