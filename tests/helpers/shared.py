@@ -6,6 +6,10 @@ vocabulary and seed), so two modules asking for the same thing share it, and dif
 collide. The folder lives only as long as the run (`make test`'s two tiers share one): a change to
 the code that builds an artifact is always built again.
 
+Training runs are artifacts too (`Shared.run`): a reference run several tests (or modules) compare
+against is trained once per test run, keyed by everything that defines it, not once per module and
+xdist worker.
+
 Shared artifacts are read-only. Each is fingerprinted (every file's path, size and sha256) when
 built, and `Shared.check_unchanged` compares the fingerprints at the end of the session: a test that
 wrote into one fails the run there, naming the artifact and the files (copy one before damaging it).
@@ -19,8 +23,12 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from filelock import FileLock
+
+D = TypeVar("D")
+PLACEHOLDER_RUN = Path("/RUN")  # the run directory a run's key is computed with
 
 
 def fingerprint(folder: Path) -> dict[str, str]:
@@ -51,6 +59,24 @@ class Shared:
         self.used[key] = path
         return path
 
+    def run(self, label: str, define: Callable[[Path], D], train: Callable[[D, Path], object]) -> Path:
+        """The directory of a training run trained once per test run: `define(run_dir)` is all that
+        defines it (its overrides or recipe text, and any fault's environment), `train(definition,
+        run_dir)` trains it; text it returns (its output) is kept beside it (`run_output`). Keyed by
+        `label` (how it is launched: "1-process", "torchrun-2") and the definition written for a
+        placeholder directory, so two tests share a run only when theirs are the same run."""
+        digest = hashlib.sha256(
+            json.dumps([label, define(PLACEHOLDER_RUN)], default=str).encode()
+        ).hexdigest()
+
+        def build(folder: Path) -> None:
+            folder.mkdir(parents=True)
+            out = train(define(folder / "run"), folder / "run")
+            if isinstance(out, str):
+                (folder / "output.txt").write_text(out)
+
+        return self.get(f"run-{label}-{digest[:16]}", build) / "run"
+
     def check_unchanged(self) -> None:
         """Every artifact this worker used is still what it was built as."""
         changed = []
@@ -62,6 +88,11 @@ class Shared:
                 files = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
                 changed.append(f"{path}: {', '.join(files[:5])}{' …' if len(files) > 5 else ''}")
         assert not changed, "a test wrote into a shared artifact (copy it first):\n" + "\n".join(changed)
+
+
+def run_output(run_dir: Path) -> str:
+    """What a shared run's `train` returned (its stdout, say)."""
+    return (run_dir.parent / "output.txt").read_text()
 
 
 SHARED_ENV = "GRISTMILL_TEST_SHARED"

@@ -43,6 +43,14 @@ def recipe(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+def train_recipe(text: str, run_dir: Path) -> None:
+    """Train the recipe `text` in this process from recipe.toml beside `run_dir` (the run directory
+    it names): a shared run's `train` (tests/helpers/shared.py)."""
+    config = run_dir.with_name("recipe.toml")
+    config.write_text(text)
+    assert gristmill(["train", "--config", str(config)]) == 0
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 

@@ -353,20 +353,25 @@ def data(synthetic_dataset):
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    """The runs' base: a tied LlamaForCausalLM (random init, float32, 64 positions)."""
-    path = tmp_path_factory.mktemp("base") / "base"
-    make_base(path, max_position_embeddings=64, tie_word_embeddings=True)
-    return path
+def base(shared) -> Path:
+    """The runs' base: a tied LlamaForCausalLM (random init, float32, 64 positions); made once per
+    test run (read-only)."""
+    return shared.get(
+        "init-from-base-tied-64",
+        lambda path: make_base(path, max_position_embeddings=64, tie_word_embeddings=True),
+    )
+
+
+def _train(sets: list[str], _) -> None:
+    done = _run(sets)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
-def straight(base, data, tmp_path_factory) -> Path:
-    """An uninterrupted 8-step run from `base`: checkpoints at steps 4 and 8."""
-    run = tmp_path_factory.mktemp("straight") / "run"
-    done = _run(overrides(data, run, _init(base), "schedule.steps=8"))
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run
+def straight(base, data, shared) -> Path:
+    """An uninterrupted 8-step run from `base`: checkpoints at steps 4 and 8; trained once per test
+    run (read-only: copy it to write into it)."""
+    return shared.run("1-process", lambda run: overrides(data, run, _init(base), "schedule.steps=8"), _train)
 
 
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):

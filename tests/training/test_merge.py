@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from safetensors.torch import load_file
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, overrides, read_metrics, torchrun_cmd
 from training.contract.config_loader import ConfigError
 from training.contract.run_layout import checkpoint_dir, export_dir, list_steps
@@ -38,8 +36,8 @@ EMA = ("merge.kind='ema'", "merge.every=4", "merge.decay=0.7", "merge.export=tru
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return make_dataset(tmp_path_factory.mktemp("merge-data") / "ds")
+def dataset(synthetic_dataset) -> Path:
+    return synthetic_dataset()
 
 
 def sets(dataset: Path, run: Path, *extra: str) -> list[str]:
@@ -58,14 +56,22 @@ def run_here(dataset: Path, run: Path, *extra: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(dataset, tmp_path_factory) -> dict[str, Path]:
-    """The same 8 steps without [merge], with a window (and tensorboard), and with an EMA under Muon."""
-    root = tmp_path_factory.mktemp("merge-runs")
-    out = {name: root / name for name in ("plain", "window", "ema")}
-    run_here(dataset, out["plain"])
-    run_here(dataset, out["window"], *WINDOW, "metrics.tensorboard=true")
-    run_here(dataset, out["ema"], *EMA, "optim.name='muon'")
-    return out
+def runs(dataset, shared) -> dict[str, Path]:
+    """The same 8 steps without [merge], with a window (and tensorboard), and with an EMA under Muon;
+    each trained once per test run (read-only: copy one to write into it)."""
+    extras = {
+        "plain": (),
+        "window": (*WINDOW, "metrics.tensorboard=true"),
+        "ema": (*EMA, "optim.name='muon'"),
+    }
+    return {
+        name: shared.run(
+            "1-process",
+            lambda run, extra=extra: sets(dataset, run, *extra),
+            lambda s, _: train(load_train_config(TINY, s)),
+        )
+        for name, extra in extras.items()
+    }
 
 
 def weights(run: Path, step: int, merged: bool = False) -> dict[str, torch.Tensor]:
@@ -154,9 +160,7 @@ def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_
     and every row equal the uninterrupted run's."""
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets(dataset, run, *WINDOW)]
-    killed = subprocess.run(
-        cmd, cwd=ROOT, env={**ENV, KILL: point}, capture_output=True, text=True, timeout=300
-    )
+    killed = forked.run(cmd, cwd=ROOT, env={**ENV, KILL: point}, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     saved = 6 if point == "trained:7" else 4
     assert list_steps(run / "checkpoints")[-1] == saved and list_steps(run / "exports", merged=True) == [4]
@@ -297,7 +301,7 @@ def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):
     the same bytes of weights), a bf16 copy transformers loads, and one line for a step without
     merged weights."""
     transformers = pytest.importorskip("transformers")
-    window = runs["window"]
+    window = shutil.copytree(runs["window"], tmp_path / "window")  # the export below writes into it
     assert gristmill(["export", str(window), "--step", "8", "--merged"]) == 0
     assert f"export: {export_dir(window, 8, merged=True)}" in capsys.readouterr().out
     copy = tmp_path / "copy"

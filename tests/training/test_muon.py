@@ -157,14 +157,20 @@ def muon_sets(dataset, run_dir, *extra: str) -> list[str]:
     return overrides(dataset, run_dir, "optim.name='muon'", "optim.lr=3e-3", *extra)
 
 
-@pytest.fixture(scope="module")
-def fsdp_reference(dataset, tmp_path_factory):
-    """An uninterrupted 2-rank FSDP run (gloo, parallel.shard=2)."""
-    run_dir = tmp_path_factory.mktemp("muon-fsdp") / "run"
-    proc = forked.run(torchrun_cmd(muon_sets(dataset, run_dir, "parallel.shard=2")), cwd=ROOT, env=ENV,
-                      timeout=300)  # fmt: skip
+def run_torchrun(sets: list[str]) -> None:
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run_dir
+
+
+@pytest.fixture(scope="module")
+def fsdp_reference(dataset, shared):
+    """An uninterrupted 2-rank FSDP run (gloo, parallel.shard=2), trained once per test run
+    (read-only: copy it to write into it)."""
+    return shared.run(
+        "torchrun-2",
+        lambda run_dir: muon_sets(dataset, run_dir, "parallel.shard=2"),
+        lambda sets, _: run_torchrun(sets),
+    )
 
 
 @needs_gloo

@@ -17,6 +17,7 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
+from tests.helpers.shared import run_output
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -66,21 +67,29 @@ def dataset(synthetic_dataset):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, dataset):
-    """The uninterrupted run with the spike; returns (run dir, its stdout)."""
-    run = tmp_path_factory.mktemp("reference") / "run"
-    sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
-    env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
-    done = forked.run(_train_cmd(sets), cwd=ROOT, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run, done.stdout
+def reference(shared, dataset):
+    """The uninterrupted run with the spike, trained once per test run (read-only: copy it to write
+    into it); returns (run dir, its stdout)."""
+
+    def define(run: Path) -> tuple[list[str], dict[str, str]]:
+        sets = rewind_sets(dataset, run, "metrics.plot=true")  # plan.png and loss.png drawn
+        return sets, {SPIKE_WINDOW: window_of(sets, SPIKE)}
+
+    def train(definition: tuple[list[str], dict[str, str]], _) -> str:
+        sets, fault = definition
+        done = forked.run(_train_cmd(sets), cwd=ROOT, env={**ENV, **fault}, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    run = shared.run("1-process", define, train)
+    return run, run_output(run)
 
 
 def _train_cmd(sets: list[str]) -> list[str]:
     return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
 
 
-def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
+def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference, tmp_path):
     run, out = reference
     line = next(x for x in out.splitlines() if x.startswith("rewind 1/3"))
     assert f"at step {SPIKE}" in line and "back to step 10 (checkpoint verified)" in line
@@ -105,10 +114,10 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference):
     # plan.png drawn again at the rewind: the skipped steps shaded (what a resume would draw)
     cfg = load_train_config(str(run / "config.toml"), [])
     plan, _, _ = open_plan(cfg, resolve(cfg))
-    plot_plan(plan, run / "fresh.png", recorded_skips(run))
-    plot_plan(plan, run / "plain.png")
+    plot_plan(plan, tmp_path / "fresh.png", recorded_skips(run))
+    plot_plan(plan, tmp_path / "plain.png")
     drawn = (run / "plan.png").read_bytes()
-    assert drawn == (run / "fresh.png").read_bytes() != (run / "plain.png").read_bytes()
+    assert drawn == (tmp_path / "fresh.png").read_bytes() != (tmp_path / "plain.png").read_bytes()
     assert f"curve: {run / 'loss.png'}" in out and (run / "loss.png").is_file()
 
 

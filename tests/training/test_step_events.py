@@ -128,12 +128,16 @@ def run_child(config: Path, run: Path, *sets: str, env: dict | None = None):
 
 
 @pytest.fixture(scope="module")
-def reference(config, tmp_path_factory) -> Path:
-    """The uninterrupted run, no fault."""
-    run = tmp_path_factory.mktemp("reference") / "run"
-    run_here(config, run)
-    check_final(run, check_timeline(run))
-    return run
+def reference(built_dataset, shared) -> Path:
+    """The uninterrupted run, no fault; trained once per test run (read-only)."""
+
+    def train_checked(text: str, run: Path) -> None:
+        config = run.with_name("recipe.toml")
+        config.write_text(text)
+        run_here(config, run)
+        check_final(run, check_timeline(run))
+
+    return shared.run("1-process-eval", lambda _: recipe(built_dataset), train_checked)
 
 
 def check_timeline(run: Path) -> int:

@@ -49,12 +49,15 @@ def dataset(synthetic_dataset) -> Path:
 
 
 @pytest.fixture(scope="module")
-def single_run(dataset, tmp_path_factory):
-    """`gristmill train` of the tiny recipe in this process (the reference for the distributed runs)."""
-    run_dir = tmp_path_factory.mktemp("single") / "run"
-    overrides = recipe(dataset, run_dir)
-    assert gristmill(["train", "--config", TINY, "--set", *overrides]) == 0
-    return run_dir, overrides
+def single_run(dataset, shared):
+    """`gristmill train` of the tiny recipe in this process (the reference for the distributed runs),
+    trained once per test run (read-only); (run dir, its overrides)."""
+
+    def train_here(overrides: list[str], _) -> None:
+        assert gristmill(["train", "--config", TINY, "--set", *overrides]) == 0
+
+    run_dir = shared.run("1-process", lambda run: recipe(dataset, run), train_here)
+    return run_dir, recipe(dataset, run_dir)
 
 
 def test_end_to_end_artifacts_and_learning(single_run, capfd):

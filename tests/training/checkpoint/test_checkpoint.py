@@ -12,6 +12,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,12 +70,16 @@ def dataset(synthetic_dataset) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(dataset, tmp_path_factory) -> Path:
-    """An uninterrupted 2-rank run: checkpoints every 4 steps (keep 2), an export at step 8."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    run_torchrun(overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.keep_last=2",
-                           "checkpoint.export_interval=8"))  # fmt: skip
-    return run_dir
+def reference(dataset, shared) -> Path:
+    """An uninterrupted 2-rank run: checkpoints every 4 steps (keep 2), an export at step 8. Trained
+    once per test run (read-only: copy it to write into it)."""
+    return shared.run(
+        "torchrun-2",
+        lambda run_dir: overrides(
+            dataset, run_dir, "parallel.shard=2", "checkpoint.keep_last=2", "checkpoint.export_interval=8"
+        ),
+        lambda sets, _: run_torchrun(sets).stdout,
+    )
 
 
 def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, dataset, tmp_path):
@@ -89,8 +94,8 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
     sets = overrides(dataset, run_dir, "parallel.shard=2", "checkpoint.interval=2", "checkpoint.keep_last=1")
     kill_at = random.randint(3, STEPS - 3)
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
-    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stderr=subprocess.STDOUT,
+                        start_new_session=True)  # fmt: skip
     try:
         wait_for_step(proc, run_dir, kill_at)
         workers = [w for t in child_pids(proc.pid) for w in child_pids(t)]  # launcher → torchrun → 2
@@ -156,8 +161,7 @@ def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path)
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
     sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=200", "checkpoint.interval=100")
-    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -166,8 +170,9 @@ def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path)
     assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
 
 
-def test_export_matches_the_trained_model(reference):
+def test_export_matches_the_trained_model(reference, tmp_path):
     tr = pytest.importorskip("transformers")
+    reference = shutil.copytree(reference, tmp_path / "run")  # the export below writes into it
     out = export_dir(reference, 8)
     config = json.loads((out / "config.json").read_text())
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]

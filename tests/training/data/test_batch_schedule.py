@@ -19,7 +19,7 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE as SCHEDULE
-from tests.helpers.phased_recipe import write_recipe
+from tests.helpers.phased_recipe import recipe_toml
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -28,6 +28,7 @@ from tests.helpers.train_runs import (
     one_error_line,
     read_metrics,
     recorded_batches,
+    train_recipe,
 )
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
@@ -42,14 +43,19 @@ LAST = len(BATCHES)
 SQRT = "batch_lr_scaling = 'sqrt'\n"  # [optim] lines
 
 
-def write(
-    sources, path: Path, run_dir: Path, schedule: str = SCHEDULE, optim: str = SQRT, extra: str = ""
-) -> Path:
+def schedule_toml(
+    sources, run_dir: Path, schedule: str = SCHEDULE, optim: str = SQRT, extra: str = ""
+) -> str:
     """The schedule's recipe, `optim` added to its [optim] table (the sqrt rule unless told)."""
-    write_recipe(path, sources, run_dir, phases=schedule, extra=extra)
-    text = path.read_text().replace("[optim]\n", f"[optim]\n{optim}", 1)
+    text = recipe_toml(sources, run_dir, phases=schedule, extra=extra).replace(
+        "[optim]\n", f"[optim]\n{optim}", 1
+    )
     # validation takes the phase's batch: "big"'s 32 × 33 tokens need more of math's held-out split
-    path.write_text(text.replace("val_fraction = 0.1", "val_fraction = 0.3", 1))
+    return text.replace("val_fraction = 0.1", "val_fraction = 0.3", 1)
+
+
+def write(sources, path: Path, run_dir: Path, *args: str, **kw: str) -> Path:
+    path.write_text(schedule_toml(sources, run_dir, *args, **kw))
     return path
 
 
@@ -126,13 +132,12 @@ def test_the_lr_rule_is_explicit_and_refused_without_evidence(sources, tmp_path,
 
 
 @pytest.fixture(scope="module")
-def reference(sources, tmp_path_factory):
-    """The schedule trained in this process with the sqrt rule, a checkpoint after every step."""
-    root = tmp_path_factory.mktemp("batch-schedule")
+def reference(sources, shared):
+    """The schedule trained in this process with the sqrt rule, a checkpoint after every step;
+    trained once per test run (read-only: copy it to write into it). (run dir, its recipe)"""
     extra = "[checkpoint]\ninterval = 1\nkeep_last = 0\n"
-    config = write(sources, root / "recipe.toml", root / "run", extra=extra)
-    assert gristmill(["train", "--config", str(config)]) == 0
-    return root / "run", config
+    run_dir = shared.run("1-process", lambda run: schedule_toml(sources, run, extra=extra), train_recipe)
+    return run_dir, run_dir.with_name("recipe.toml")
 
 
 def test_everything_follows_the_batch(reference, capsys):
@@ -206,7 +211,7 @@ def test_a_rewind_and_a_resume_at_a_checkpoint_on_the_phase_boundary_record_what
         env = {**ENV, SPIKE_WINDOW: "step:6*50", **({KILL: kill} if kill else {})}
         cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *MEETING,
                f"run.output_dir={json.dumps(str(run))}", *(["--resume", "auto"] * resume)]  # fmt: skip
-        return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        return forked.run(cmd, cwd=ROOT, env=env, timeout=300)
 
     reference = tmp_path / "reference"
     done = train(reference)

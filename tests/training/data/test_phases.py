@@ -23,7 +23,7 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, wait_for_step
+from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, train_recipe, wait_for_step
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
@@ -318,13 +318,12 @@ def test_sources_must_share_a_tokenizer(sources, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def reference(sources, tmp_path_factory):
-    """An uninterrupted phased run in this process, a checkpoint after every step (all kept)."""
-    root = tmp_path_factory.mktemp("phased")
+def reference(sources, shared):
+    """An uninterrupted phased run in this process, a checkpoint after every step (all kept); trained
+    once per test run (read-only: copy it to write into it). (run dir, its recipe)"""
     extra = "[checkpoint]\ninterval = 1\nkeep_last = 0\n"
-    config = write_recipe(root / "recipe.toml", sources, root / "run", extra=extra)
-    assert gristmill(["train", "--config", str(config)]) == 0
-    return root / "run", config
+    run_dir = shared.run("1-process", lambda run: recipe_toml(sources, run, extra=extra), train_recipe)
+    return run_dir, run_dir.with_name("recipe.toml")
 
 
 def _rows(run_dir: Path) -> list[dict]:
