@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from pipelines.cli import main as gristmill
+from tests.helpers import forked
 from tests.helpers.forked import Forked
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.batch_record import read_batches
@@ -64,6 +65,13 @@ def overrides(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
 def torchrun_cmd(sets: list[str], nproc: int = 2) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     return cmd + ["-m", "training.train", "--config", TINY, "--set", *sets]
+
+
+def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
+    """A 2-rank tiny run, forked (its workers too), that must exit 0; its output for the caller."""
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
 
 
 def metrics(run_dir: Path) -> list[dict]:

@@ -25,6 +25,7 @@ from tests.helpers.train_runs import (
     losses,
     one_error_line,
     overrides,
+    run_torchrun,
     torchrun_cmd,
     wait_for_step,
 )
@@ -155,11 +156,6 @@ def dataset(synthetic_dataset):
 
 def muon_sets(dataset, run_dir, *extra: str) -> list[str]:
     return overrides(dataset, run_dir, "optim.name='muon'", "optim.lr=3e-3", *extra)
-
-
-def run_torchrun(sets: list[str]) -> None:
-    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")

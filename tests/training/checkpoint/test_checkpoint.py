@@ -33,6 +33,7 @@ from tests.helpers.train_runs import (
     losses,
     metrics,
     overrides,
+    run_torchrun,
     torchrun_cmd,
     wait_for_step,
 )
@@ -48,12 +49,6 @@ from training.launch import child_pids, torchrun_command
 from training.train import load_train_config, main, train, with_resume
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
-
-
-def run_torchrun(sets: list[str]) -> subprocess.CompletedProcess:
-    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=ENV, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 def alive(pid: int) -> bool:
