@@ -9,6 +9,7 @@ The corpus, tokenizer and recipe come from tests/helpers/corpus.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +24,13 @@ from tests.helpers.corpus import (
 )
 from tests.helpers.shared import Shared, shared_root
 from tests.helpers.tiers import TIERS, tier_of
+
+# One torch (OpenMP) thread per test process unless the caller says otherwise: `make test` runs two
+# pytest-xdist workers on two cores, where a second intra-op thread per worker only spin-waits for
+# a core (tests/validation/test_eval.py: 63 CPU s with torch's default, 35 with one thread, about
+# the same wall). Set before any test module imports torch; subprocesses inherit it, and a test
+# that wants more threads asks for them (run.threads, torch.set_num_threads).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser):
