@@ -26,7 +26,10 @@ from tests.helpers.dup_corpus import N_BASE, write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("dedup"),  # the uninterrupted builds made once: every test on one worker
+]
 
 QUIET = {"log": lambda *a: None}
 
