@@ -26,10 +26,10 @@ from tests.helpers.shared import Shared, shared_root
 from tests.helpers.tiers import TIERS, tier_of
 
 # One torch (OpenMP) thread per test process unless the caller says otherwise: `make test` runs two
-# pytest-xdist workers on two cores, where a second intra-op thread per worker only spin-waits for
-# a core (tests/validation/test_eval.py: 63 CPU s with torch's default, 35 with one thread, about
-# the same wall). Set before any test module imports torch; subprocesses inherit it, and a test
-# that wants more threads asks for them (run.threads, torch.set_num_threads).
+# pytest-xdist workers on two cores, where a second intra-op thread per worker only waits for a
+# core (the in-process tier: 75 CPU s with torch's default, 57 with one thread, less wall too).
+# Set before any test module imports torch; subprocesses inherit it, and a test that wants more
+# threads asks for them (run.threads, torch.set_num_threads).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
