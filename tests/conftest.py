@@ -9,6 +9,7 @@ The corpus, tokenizer and recipe come from tests/helpers/corpus.py.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +23,14 @@ from tests.helpers.corpus import (
     write_fixture_corpus,
 )
 from tests.helpers.shared import Shared, shared_root
-from tests.helpers.tiers import TIERS, tier_of
+from tests.helpers.tiers import TIERS, group_of, tier_of
+
+# One torch (OpenMP) thread per test process unless the caller says otherwise: `make test` runs two
+# pytest-xdist workers on two cores, where a second intra-op thread per worker only waits for a
+# core (the in-process tier: 75 CPU s with torch's default, 57 with one thread, less wall too).
+# Set before any test module imports torch; subprocesses inherit it, and a test that wants more
+# threads asks for them (run.threads, torch.set_num_threads).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_addoption(parser):
@@ -32,6 +40,22 @@ def pytest_addoption(parser):
         help="run one tier of the suite (tests/helpers/tiers.py): the modules that start no process, or "
         "those that do (pytest.mark.process); the other tier's modules are not even imported",
     )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup (pyproject.toml) by module: the tests of a module marked
+    pytest.mark.xdist_group("NAME") go to one worker as one unit, every other test alone. xdist 3.8's
+    own loadgroup renames each marked item's `_nodeid`, which pytest 9 no longer reads: it scheduled
+    every test alone, so each worker started the module's servers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(config.rootpath / nodeid.split("::")[0]) or nodeid
+
+    return ModuleGroups(config, log)
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:

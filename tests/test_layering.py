@@ -56,7 +56,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("layering"),  # the two import probes run once: every test on one worker
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("pipelines", "tokenization", "training", "validation")

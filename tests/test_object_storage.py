@@ -49,7 +49,10 @@ from training.data.loader import batch_sha256, dataset_loader
 from training.data.remote import CacheSettings, tmp_name
 from training.train import load_train_config, train
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("object_storage"),  # one server, upload and local run: all on one worker
+]
 
 STEPS = 12  # overrides(): 12 steps, a checkpoint every 4
 

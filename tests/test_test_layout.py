@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-from tests.helpers.tiers import tier_of
+from tests.helpers.tiers import group_of, tier_of
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,3 +62,15 @@ def test_a_module_that_starts_processes_is_in_the_process_tier():
     assert not unmarked, "these start processes: set `pytestmark = pytest.mark.process`:\n" + "\n".join(
         unmarked
     )
+
+
+def test_a_module_marked_xdist_group_is_read_as_one_group():
+    """tests/conftest.py's scheduler reads the group from the module's source (the xdist controller
+    imports no test module): a mark it cannot read would spread the module over both workers again,
+    silently."""
+    modules = set((ROOT / "tests").rglob("test_*.py")) - {Path(__file__)}
+    marked = sorted(p for p in modules if "xdist_group(" in p.read_text())
+    assert marked and group_of(ROOT / "tests" / "pipelines" / "test_build_ray.py") == "ray"
+    unread = [str(p.relative_to(ROOT)) for p in marked if group_of(p) is None]
+    assert not unread, "write pytestmark = [..., pytest.mark.xdist_group('NAME')] in:\n" + "\n".join(unread)
+    assert group_of(ROOT / "tests" / "test_docs.py") is None

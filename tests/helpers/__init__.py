@@ -15,7 +15,7 @@ phased_recipe           a two-source, two-phase training recipe written for a te
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
 shared                  artifacts built once per run under a file lock (datasets, reference runs), unchanged
-tiers                   the suite's two tiers: in-process modules, and those marked pytest.mark.process
+tiers                   the two tiers (pytest.mark.process); modules kept on one worker (xdist_group)
 train_data              a small learnable synthetic dataset for trainer tests
 train_runs              runs of the tiny training recipe: overrides, metrics, waiting, comparing weights
 worker_probe            torchrun script: what a worker sees of its start, then an exit, a death or signals

@@ -32,6 +32,7 @@ QUIET = {"log": lambda *a: None}
 # datatrove 0.10 passes placement_group= to Ray's .options(), deprecated since Ray 2.x; not ours to fix.
 pytestmark = [
     pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("ray"),  # one Ray instance and moto server: every test on one worker
     pytest.mark.filterwarnings("ignore:placement_group.* parameter is deprecated:DeprecationWarning"),
 ]
 

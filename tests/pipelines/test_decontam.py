@@ -35,7 +35,10 @@ from training.contract.config_loader import load_config
 from training.contract.dataset_format import fingerprint, read_dataset_info
 from training.contract.errors import GristmillError
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("decontam"),  # the decontaminated build made once: every test on one worker
+]
 
 pytest.importorskip("lm_eval")
 

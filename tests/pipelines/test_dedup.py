@@ -26,7 +26,10 @@ from tests.helpers.dup_corpus import N_BASE, write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("dedup"),  # the uninterrupted builds made once: every test on one worker
+]
 
 QUIET = {"log": lambda *a: None}
 
@@ -97,14 +100,18 @@ def test_killed_in_dedup_stages_resumes_byte_identical(built, dup_fixture, tmp_p
         if point == "1:dedup_pass1":
             assert (out / "logs/dedup/signatures/completions/00000").is_file()
             assert not (out / "logs/dedup/signatures/completions/00001").exists()
-    resumed = run_build(config, out, None, *args)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    lines: list[str] = []  # the rerun to the end, in this process: its output is what is compared
+    resumed = build(
+        load_config(DataConfig, config, [f"output={out}", "dedup.kind=minhash"]), log=lines.append
+    )
+    assert resumed.ok, lines[-20:]
+    printed = "\n".join(lines)
     for line in (
         "[dedup signatures] already complete",
         "[dedup buckets] already complete",
         "[dedup clusters] 1 task",
     ):
-        assert line in resumed.stdout, resumed.stdout
+        assert line in printed, printed
     assert not list(out.rglob("*.tmp"))
     want = built["minhash"]
     for sub in ("shards", "manifest", "excluded", "dedup"):

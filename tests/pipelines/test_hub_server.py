@@ -35,7 +35,10 @@ from tests.helpers.hub_server import HubServer, point_hub_at
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("hub_server"),  # one hub server and one local build: every test on one worker
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "gristmill-test/fineweb-edu"  # made up: a request that escaped to the real hub would fail

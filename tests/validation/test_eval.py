@@ -34,7 +34,10 @@ from training.model import PRESETS, Transformer  # noqa: E402
 from validation.eval import EvalConfig, TaskPlan, evaluate_lm  # noqa: E402
 from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 
-pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+pytestmark = [
+    pytest.mark.process,  # starts processes: the second tier of `make test`
+    pytest.mark.xdist_group("eval"),  # one run of exports: every test on one worker
+]
 
 SEQ_LEN = 256  # the tiny preset's max_seq_len; the fixture's cloze requests fit in it
 CFG = EvalConfig(docs=5, batch_size=4, bootstrap_iters=0)
