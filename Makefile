@@ -33,7 +33,11 @@ demo: $(STAMP)
 # Two tiers (tests/helpers/tiers.py): the in-process tests first (a failure there stops before the
 # rest), then the modules that start processes. Both share the artifacts built once per run
 # (tests/helpers/shared.py) in a fresh folder, removed after them; each lists its slowest tests.
-PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS)
+# --dist loadgroup (tests/conftest.py's scheduler): a module marked pytest.mark.xdist_group("NAME")
+# runs on one worker, so its module-scoped servers and builds (a Ray instance, moto, a hub) start
+# once; every other test is spread one by one. Here, not in pyproject's addopts: a pytest without
+# xdist (the GPU image's, for tests/gpu) would refuse the option.
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -43,7 +43,7 @@ def pytest_addoption(parser):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadgroup (pyproject.toml) by module: the tests of a module marked
+    """--dist loadgroup (the Makefile's) by module: the tests of a module marked
     pytest.mark.xdist_group("NAME") go to one worker as one unit, every other test alone. xdist 3.8's
     own loadgroup renames each marked item's `_nodeid`, which pytest 9 no longer reads: it scheduled
     every test alone, so each worker started the module's servers."""

@@ -5,7 +5,7 @@ tier and imports none of the other's modules (tests/conftest.py); tests/test_tes
 that a module that starts processes carries the mark.
 
 A module whose pytestmark also holds `pytest.mark.xdist_group("NAME")` runs all its tests on one
-xdist worker (`group_of`; `--dist loadgroup`, set in pyproject.toml), so that its module-scoped
+xdist worker (`group_of`; `--dist loadgroup`, given by the Makefile), so that its module-scoped
 servers and builds start once per run, not once per worker."""
 
 from __future__ import annotations
