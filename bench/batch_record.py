@@ -39,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "configs/train/demo.toml"
+from bench.demo_runs import DEMO, ROOT, require_demo_datasets, timed_overrides
+
 MODES = ("none", "record")
 H100_ROWS, H100_SEQ, H100_TOKENS_PER_S = 64, 2048, 65_763  # bench/RESULTS.md's headline, mbs 16 × 4
 
@@ -165,11 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.at_scale:
         hashing_at_scale()
         return 0
-    if args.config == DEMO and not (ROOT / "runs/data/demo/dataset.json").exists():
-        raise SystemExit("the demo datasets are missing: run `make demo` first (or pass --config and --set)")
-    common = [f"run.max_steps={args.steps}", "run.val_every=0", "run.log_every=5", "eval.interval=0",
-              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1", "run.threads=1",
-              *args.sets]  # fmt: skip
+    require_demo_datasets(args.config)
+    common = [*timed_overrides(args.steps), "eval.interval=0", "run.threads=1", *args.sets]
     figures: dict[str, list[dict]] = {m: [] for m in MODES}
     stamp = int(time.time())
     for r in range(args.rounds):  # both modes at once: whatever else loads the machine loads both

@@ -38,12 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench.batch_warmup import gristmill_train
+from bench.demo_runs import DEMO, ROOT, require_demo_datasets, timed_overrides
 from bench.rewind_cost import run as tokens_per_s
 from training.config import MergeSection, load_train_config
 from training.contract.config_loader import save_config
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "configs/train/demo.toml"
 MERGES = {  # the cost's modes: overrides of each (the demo recipe's own [merge] replaced)
     "none": ["merge.kind=none", "merge.every=0", "merge.window=0"],
     "window": ["merge.kind=window", "merge.every=50", "merge.window=50"],
@@ -54,9 +53,7 @@ POINTS = (50, 100, 150)
 
 
 def cost(args: argparse.Namespace) -> dict:
-    common = [f"run.max_steps={args.steps}", "run.val_every=0", "run.log_every=5", "eval.interval=0",
-              "metrics.tensorboard=false", "metrics.plot=false", "checkpoint.keep_last=1",
-              f"run.threads={args.threads}"]  # fmt: skip
+    common = [*timed_overrides(args.steps), "eval.interval=0", f"run.threads={args.threads}"]
     figures: dict[str, list[float]] = {m: [] for m in MERGES}
     stamp = int(time.time())
     for r in range(args.rounds):
@@ -203,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-merge")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if (
-        not (ROOT / "runs/data/demo/dataset.json").exists()
-        or not (ROOT / "runs/data/demo-code/dataset.json").exists()
-    ):
-        raise SystemExit("the demo datasets are missing: run `make demo` first")
+    require_demo_datasets()
     t0 = time.perf_counter()
     result = cost(args) if args.part == "cost" else evidence(args)
     print(f"({time.perf_counter() - t0:.0f} s)")

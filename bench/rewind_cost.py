@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEMO = ROOT / "configs/train/demo.toml"
+from bench.demo_runs import DEMO, ROOT, require_demo_datasets, timed_overrides
 
 
 def run(config: Path, sets: list[str], run_dir: Path, skip: int) -> float:
@@ -55,17 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=ROOT / "runs/bench-rewind")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    if args.config == DEMO and not (ROOT / "runs/data/demo/dataset.json").exists():
-        raise SystemExit("the demo datasets are missing: run `make demo` first (or pass --config and --set)")
-    common = [
-        f"run.max_steps={args.steps}",
-        "run.val_every=0",
-        "run.log_every=5",
-        "metrics.tensorboard=false",
-        "metrics.plot=false",
-        "checkpoint.keep_last=1",
-        *args.sets,
-    ]
+    require_demo_datasets(args.config)
+    common = [*timed_overrides(args.steps), *args.sets]
     modes = {"report": ["run.on_spike=report"], "rewind": ["run.on_spike=rewind"]}
     figures: dict[str, list[float]] = {m: [] for m in modes}
     stamp = int(time.time())
