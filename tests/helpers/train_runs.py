@@ -18,7 +18,6 @@ import torch
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.forked import Forked
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.batch_record import read_batches
 
@@ -93,7 +92,7 @@ def assert_same_weights(run_a: Path, run_b: Path, step: int) -> None:
         assert torch.equal(ta, tb), name
 
 
-def wait_for_step(proc: subprocess.Popen | Forked, run_dir: Path, step: int) -> None:
+def wait_for_step(proc: subprocess.Popen | forked.Forked, run_dir: Path, step: int) -> None:
     deadline = time.time() + 240
     while not metrics(run_dir) or metrics(run_dir)[-1]["step"] < step:
         assert proc.poll() is None, f"the run ended before step {step}: {proc.communicate()[0][-2000:]}"
