@@ -258,7 +258,7 @@ def run_baseline(args) -> dict:
     with PeakAnon() as peak:
         lengths = np.fromfile(Path(args.dir) / INDEX_DIR / DOC_TOKENS, np.uint32)  # what the old open held
         t1 = time.perf_counter()
-        epoch_order.EpochOrder(epoch_order.DocBlocks(lengths), seed=0, epoch=0)
+        epoch_order.EpochOrder(epoch_order.DocBlocks.of_lengths(lengths), seed=0, epoch=0)
         t2 = time.perf_counter()
     return {
         "read_s": t1 - t0,

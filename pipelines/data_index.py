@@ -19,7 +19,14 @@ from training.contract.dataset_format import (
     read_dataset_info,
     write_dataset_info,
 )
-from training.contract.dataset_index import DOC_TOKENS, INDEX_DIR, damaged_files, expected_index, write_index
+from training.contract.dataset_index import (
+    DOC_TOKENS,
+    INDEX_DIR,
+    damaged_files,
+    expected_index,
+    index_format,
+    write_index,
+)
 
 
 def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
@@ -35,6 +42,19 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     info = read_dataset_info(root)
     check_fingerprint(root, info)
     entry = info.get("index")
+    if entry is not None and entry.get("format") != index_format(info):
+        # An index of an older format: derived again in this one. The fingerprint covers the index, so
+        # it changes; a run that trained on the old index planned its epochs another way (its loader
+        # state names the older plan and is refused), so no fingerprint is kept for it.
+        info = {**info, "index": write_index(root, info)}
+        info["fingerprint"] = fingerprint(info)
+        write_dataset_info(root, info)
+        log(
+            f"{root / INDEX_DIR}: index format {entry.get('format')!r} upgraded to {index_format(info)!r} "
+            f"(the sample totals and held-out rows epochs are planned from); fingerprint now "
+            f"{info['fingerprint'][:12]}…"
+        )
+        return info
     if entry is not None:
         bad = damaged_files(root, entry)
         if not bad:

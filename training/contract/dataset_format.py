@@ -192,6 +192,32 @@ def layout_offsets(nbytes: np.ndarray) -> np.ndarray:
     return start[sample] + within - within[first][sample] if n else np.zeros(0, np.int64)
 
 
+DOC_RECORD = 36  # a /3 sample's `.docs` member: per document, uint32 tokens then its ids' sha256
+DOC_RECORD_DTYPE = np.dtype([("tokens", "<u4"), ("sha256", "V32")])
+
+
+def layout_samples(doc_counts: np.ndarray, ids_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where a /3 shard puts its samples, from each one's document count and ids bytes (in shard
+    order): (each sample's `.docs` data offset, its `.ids` data offset). A sample is a 512-byte header,
+    its DOC_RECORD-byte records padded to 512, a header, its ids padded to 512."""
+    docs = -(-np.asarray(doc_counts, np.int64) * DOC_RECORD // TAR_BLOCK) * TAR_BLOCK
+    ids = -(-np.asarray(ids_bytes, np.int64) // TAR_BLOCK) * TAR_BLOCK
+    size = 2 * TAR_BLOCK + docs + ids
+    start = np.cumsum(size) - size
+    return start + TAR_BLOCK, start + 2 * TAR_BLOCK + docs
+
+
+def sample_starts(shard_rows: np.ndarray) -> np.ndarray:
+    """The first manifest row of every sample, then the row count: a shard's rows (shard s holds
+    [shard_rows[s], shard_rows[s+1])) are cut into runs of SAMPLE_DOCS, its last run maybe shorter. What
+    a /2 shard's tar samples are; for a /1 dataset the same runs, unwritten. The epoch order's blocks
+    (training/data/order.py) and a bucket's cache units are these samples."""
+    shard_rows = np.asarray(shard_rows, np.int64)
+    counts = -(-np.diff(shard_rows) // SAMPLE_DOCS)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.r_[np.repeat(shard_rows[:-1], counts) + within * SAMPLE_DOCS, shard_rows[-1:]].astype(np.int64)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -5,9 +5,20 @@
                            member's data inside its shard
     index/shard_rows.bin   uint64, one per shard (dataset.json's sorted names) plus one: the shard's
                            first manifest row; shard s holds rows [shard_rows[s], shard_rows[s+1])
-    index/doc_sha256.bin   32 bytes per row (a gristmill-shards/2 dataset, index format /2): the
-                           sha256 of the document's ids, what a bucket's range reads are checked
-                           against (read by range, with the documents that need it)
+    index/doc_sha256.bin   32 bytes per row (a dataset whose shards record each document's sha256):
+                           the sha256 of the document's ids
+    index/sample_tokens.bin  uint64 per sample (SAMPLE_DOCS consecutive rows of one shard, the last of a
+                           shard maybe fewer; samples in row order): its tokens. The epoch order's
+                           blocks are the samples (training/data/order.py), so this, not the
+                           per-row lengths, is what planning an epoch reads
+    index/heldout.bin      12 bytes per row, (row uint64, tokens uint32), sorted by the held-out hash
+                           (training/contract/heldout.py): the rows held out at any val_fraction are a
+                           prefix of it
+    index/heldout_sha256.bin  32 bytes per heldout.CHUNK entries of heldout.bin: a prefix read by
+                           range is checked piece by piece
+
+A reader of a bucket fetches shard_rows, sample_tokens, heldout_sha256 and a prefix of heldout.bin:
+O(samples) plus O(held-out rows), never a per-document file of the whole corpus.
 
 dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
 covers those hashes. The arrays are derived from the manifest alone (`derive_index`), so the
@@ -22,7 +33,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,33 +48,47 @@ from training.contract.dataset_format import (
     DOC_SHA256,
     FORMAT,
     INDEX_DIR,
+    LEGACY_FORMAT,
+    SAMPLE_DOCS,
     DatasetError,
     file_sha256,
     layout_offsets,
     manifest_files,
     numpy_dtype,
+    sample_starts,
 )
+from training.contract.heldout import ENTRY, PrefixError, SortedWriter, read_prefix
 
-LEGACY_INDEX_FORMAT = "gristmill-index/1"  # a gristmill-shards/1 dataset's: no per-document sha256
-INDEX_FORMAT = "gristmill-index/2"
+# /3 added the sample totals and the held-out file (what planning reads); "-nosha": a dataset of
+# gristmill-shards/1, whose manifest records no per-document sha256.
+INDEX_FORMAT = "gristmill-index/3"
+LEGACY_INDEX_FORMAT = "gristmill-index/3-nosha"
 DOC_TOKENS = "doc_tokens.bin"
 DOC_OFFSETS = "doc_offsets.bin"
 SHARD_ROWS = "shard_rows.bin"
 DOC_HASHES = "doc_sha256.bin"
+SAMPLE_TOKENS = "sample_tokens.bin"
+HELDOUT = "heldout.bin"
+HELDOUT_SHA = "heldout_sha256.bin"
 HASH_BYTES = 32
 # dataset.json name → on disk; "sha256": HASH_BYTES raw bytes per row
-_DTYPES = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8"), "sha256": np.dtype(("V", HASH_BYTES))}
+_DTYPES = {
+    "uint32": np.dtype("<u4"),
+    "uint64": np.dtype("<u8"),
+    "sha256": np.dtype(("V", HASH_BYTES)),
+    "heldout": ENTRY,
+}
 
 
 def index_format(info: dict[str, Any]) -> str:
-    """The index format a dataset of dataset.json `info` has: /2 (with the per-document sha256) for the
-    current shard layout, /1 for the legacy one."""
-    return INDEX_FORMAT if info["format"] == FORMAT else LEGACY_INDEX_FORMAT
+    """The index format a dataset of dataset.json `info` has: with the per-document sha256 for the
+    layouts that record it, without for the legacy one."""
+    return LEGACY_INDEX_FORMAT if info["format"] == LEGACY_FORMAT else INDEX_FORMAT
 
 
 def index_files(info: dict[str, Any]) -> tuple[str, ...]:
     """The files of the index of a dataset of dataset.json `info`."""
-    base = (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS)
+    base = (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT, HELDOUT_SHA)
     return base + (DOC_HASHES,) if index_format(info) == INDEX_FORMAT else base
 
 
@@ -85,63 +111,80 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     itemsize = numpy_dtype(info["dtype"]).itemsize
     value_set = pa.array(names, pa.string())
     per_shard = np.zeros(len(names), np.int64)
-    last_shard, rows, tokens = -1, 0, 0
     hashed = index_format(info) == INDEX_FORMAT
     files = manifest_files(root)
     if not files:
         raise DatasetError(f"{root / 'manifest'} holds no *.parquet files; rebuild the dataset")
-    for path in files:
-        try:
-            cols = ["shard", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if hashed else [])
-            t = pq.read_table(path, columns=cols)
-        except (pa.ArrowInvalid, KeyError, OSError) as e:
-            raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
-        shard = pc.index_in(t.column("shard"), value_set=value_set)
-        if shard.null_count:
-            bad = t.column("shard").filter(pc.is_null(shard))[0].as_py()
-            raise DatasetError(f"{path} names shard {bad!r}, which dataset.json does not list; rebuild")
-        shard = shard.to_numpy().astype(np.int64)
-        offset = t.column("offset").to_numpy()
-        nbytes = t.column("nbytes").to_numpy()
-        ntok = t.column("n_tokens").to_numpy()
-        if len(ntok) == 0:
-            continue
-        if shard[0] < last_shard or (np.diff(shard) < 0).any():
-            raise DatasetError(
-                f"{path}: manifest rows are not grouped by shard in name order (the build writes them so); "
-                "the manifest was edited or merged by hand — rebuild the dataset"
-            )
-        if (
-            ntok.min() <= 0
-            or ntok.max() >= 1 << 32
-            or offset.min() < 0
-            or (nbytes != ntok * itemsize).any()
-            or (offset + nbytes > shard_bytes[shard]).any()
-        ):
-            raise DatasetError(
-                f"{path}: rows with n_tokens ≤ 0, nbytes ≠ n_tokens × {itemsize}, or an .ids member "
-                "beyond its shard's end; the manifest does not describe these shards — rebuild"
-            )
-        if hashed:
-            starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
-            for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
-                if shard[a] == last_shard or not np.array_equal(offset[a:b], layout_offsets(nbytes[a:b])):
-                    raise DatasetError(
-                        f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {FORMAT} shard "
-                        "lays out its documents (a sample per 64, back to back): the manifest does not "
-                        "describe these shards — rebuild"
-                    )
-            sha = t.column(DOC_SHA256)
-            if sha.null_count:
-                raise DatasetError(f"{path}: rows without a {DOC_SHA256}; rebuild the dataset")
-        last_shard = int(shard[-1])
-        per_shard += np.bincount(shard, minlength=len(names))
-        rows += len(ntok)
-        tokens += int(ntok.sum())
-        yield DOC_TOKENS, ntok.astype("<u4")
-        yield DOC_OFFSETS, offset.astype(offset_dtype)
-        if hashed:
-            yield DOC_HASHES, _hash_rows(sha)
+    samples = _SampleTotals()
+
+    def per_row(held: SortedWriter) -> Iterator[tuple[str, np.ndarray]]:
+        """The per-row files, a manifest at a time; the sample totals and held-out rows on the side."""
+        last_shard, rows = -1, 0
+        for path in files:
+            try:
+                cols = ["shard", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if hashed else [])
+                t = pq.read_table(path, columns=cols)
+            except (pa.ArrowInvalid, KeyError, OSError) as e:
+                raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
+            shard = pc.index_in(t.column("shard"), value_set=value_set)
+            if shard.null_count:
+                bad = t.column("shard").filter(pc.is_null(shard))[0].as_py()
+                raise DatasetError(f"{path} names shard {bad!r}, which dataset.json does not list; rebuild")
+            shard = shard.to_numpy().astype(np.int64)
+            offset = t.column("offset").to_numpy()
+            nbytes = t.column("nbytes").to_numpy()
+            ntok = t.column("n_tokens").to_numpy()
+            if len(ntok) == 0:
+                continue
+            if shard[0] < last_shard or (np.diff(shard) < 0).any():
+                raise DatasetError(
+                    f"{path}: manifest rows are not grouped by shard in name order (the build writes them "
+                    "so); the manifest was edited or merged by hand — rebuild the dataset"
+                )
+            if (
+                ntok.min() <= 0
+                or ntok.max() >= 1 << 32
+                or offset.min() < 0
+                or (nbytes != ntok * itemsize).any()
+                or (offset + nbytes > shard_bytes[shard]).any()
+            ):
+                raise DatasetError(
+                    f"{path}: rows with n_tokens ≤ 0, nbytes ≠ n_tokens × {itemsize}, or an .ids member "
+                    "beyond its shard's end; the manifest does not describe these shards — rebuild"
+                )
+            if hashed:
+                starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+                for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
+                    if shard[a] == last_shard or not np.array_equal(offset[a:b], layout_offsets(nbytes[a:b])):
+                        raise DatasetError(
+                            f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {FORMAT} "
+                            "shard lays out its documents (a sample per 64, back to back): the manifest does "
+                            "not describe these shards — rebuild"
+                        )
+                sha = t.column(DOC_SHA256)
+                if sha.null_count:
+                    raise DatasetError(f"{path}: rows without a {DOC_SHA256}; rebuild the dataset")
+            last_shard = int(shard[-1])
+            np.add(per_shard, np.bincount(shard, minlength=len(names)), out=per_shard)
+            samples.add(shard, ntok)
+            held.add(np.arange(rows, rows + len(ntok), dtype=np.uint64), ntok)
+            rows += len(ntok)
+            yield DOC_TOKENS, ntok.astype("<u4")
+            yield DOC_OFFSETS, offset.astype(offset_dtype)
+            if hashed:
+                yield DOC_HASHES, _hash_rows(sha)
+
+    with tempfile.TemporaryDirectory(prefix="gristmill-heldout-") as scratch:
+        held = SortedWriter(scratch)
+        yield from per_row(held)
+        yield SAMPLE_TOKENS, samples.finish()
+        sums = []
+        yield HELDOUT, np.zeros(0, ENTRY)  # the file exists when no row does
+        for chunk in held.chunks():  # after every row: heldout.bin is sorted by hash, not by row
+            sums.append(hashlib.sha256(chunk.tobytes()).digest())
+            yield HELDOUT, chunk
+        yield HELDOUT_SHA, np.frombuffer(b"".join(sums), _DTYPES["sha256"])
+    rows, tokens = int(per_shard.sum()), samples.tokens
     if (rows, tokens) != (info.get("documents"), info.get("tokens")):
         raise DatasetError(
             f"{root}: the manifests hold {rows} documents / {tokens} tokens but {DATASET_JSON} records "
@@ -150,6 +193,35 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     first = np.zeros(len(names) + 1, "<u8")
     np.cumsum(per_shard, out=first[1:])
     yield SHARD_ROWS, first
+
+
+class _SampleTotals:
+    """sample_tokens.bin from rows given a manifest at a time: each shard's rows are cut into samples
+    once the shard is complete (a later shard appears, or the end), as sample_starts cuts them."""
+
+    def __init__(self):
+        self.shard, self.pending = -1, np.zeros(0, np.int64)
+        self.parts: list[np.ndarray] = []
+        self.tokens = 0
+
+    def add(self, shard: np.ndarray, ntok: np.ndarray) -> None:
+        ntok = np.asarray(ntok, np.int64)
+        self.tokens += int(ntok.sum())
+        starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+        for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
+            if int(shard[a]) != self.shard:
+                self._close()
+                self.shard = int(shard[a])
+            self.pending = np.concatenate([self.pending, ntok[a:b]])
+
+    def _close(self) -> None:
+        if len(self.pending):
+            self.parts.append(np.add.reduceat(self.pending, np.arange(0, len(self.pending), SAMPLE_DOCS)))
+        self.pending = np.zeros(0, np.int64)
+
+    def finish(self) -> np.ndarray:
+        self._close()
+        return (np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)).astype("<u8")
 
 
 def _hash_rows(column: pa.ChunkedArray) -> np.ndarray:
@@ -257,56 +329,49 @@ class DocIndex:
     """The index of a dataset, memory-mapped read-only.
 
     `tokens[row]` is per manifest row, `offsets_of(rows)` where the rows' ids lie in their shards,
-    `shard_of(rows)` uses the per-shard table. Opening checks the files against dataset.json's sizes
-    and the shard table's shape (cheap); the hashes are `gristmill data validate`'s job (and a
-    bucket's copy's, when it is fetched). `with_offsets=False` (a bucket's dataset: the per-document
-    offsets are not fetched) computes a gristmill-shards/2 shard's offsets from its rows' lengths by
-    its layout (dataset_format.layout_offsets), a shard at a time.
+    `shard_of(rows)` uses the per-shard table, `sample_first`/`sample_tokens` are the samples (the
+    epoch order's blocks) and `heldout(val_fraction)` the held-out rows. Opening checks the files
+    against dataset.json's sizes and the shard table's shape (cheap); the hashes are `gristmill data
+    validate`'s job (and a bucket's copy's, when it is fetched). `per_document=False` (a bucket's
+    dataset) maps no per-row file: `tokens` and `offsets` are None, and `heldout` reads a prefix of
+    heldout.bin through `read_range(file name, lo, hi)`.
     """
 
-    def __init__(self, root: str | Path, info: dict[str, Any], *, with_offsets: bool = True):
+    def __init__(
+        self,
+        root: str | Path,
+        info: dict[str, Any],
+        *,
+        per_document: bool = True,
+        read_range: Callable[[str, int, int], bytes] | None = None,
+    ):
         root = Path(root)
-        where = root / DATASET_JSON
+        self.root, self.where, self.read_range = root, root / DATASET_JSON, read_range
         entry = info.get("index")
         if entry is None:
             raise DatasetError(
-                f"{where} describes no loader index ({INDEX_DIR}/): the dataset was built before the loader "
-                f"read one; run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates "
-                "dataset.json; runs that trained on this dataset resume unchanged)"
+                f"{self.where} describes no loader index ({INDEX_DIR}/): the dataset was built before the "
+                f"loader read one; run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates "
+                "dataset.json)"
             )
         if entry.get("format") != index_format(info):
             raise DatasetError(
-                f"{where}: index format {entry.get('format')!r} is not {index_format(info)!r}; rerun "
-                f"`gristmill data index {root}`"
+                f"{self.where}: index format {entry.get('format')!r} is not {index_format(info)!r} (this "
+                f"version plans epochs from the index's sample totals); rerun `gristmill data index {root}`"
             )
+        self.entry = entry
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
+        self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
-        for name in (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS) if with_offsets else (DOC_TOKENS, SHARD_ROWS):
-            spec = entry["files"].get(name)
-            path = root / INDEX_DIR / name
-            if spec is None:
-                raise DatasetError(
-                    f"{where}: the index entry lacks {name}; rerun `gristmill data index {root}`"
-                )
-            size = path.stat().st_size if path.is_file() else None
-            if size != spec["bytes"]:
-                raise DatasetError(
-                    f"{path} is {'missing' if size is None else f'{size} bytes'} but {where} records "
-                    f"{spec['bytes']} bytes: the index was damaged or replaced; rerun "
-                    f"`gristmill data index {root}`"
-                )
-            if spec.get("dtype") not in _DTYPES:
-                raise DatasetError(
-                    f"{where}: index file {name} has dtype {spec.get('dtype')!r}, not one of "
-                    f"{sorted(_DTYPES)}; rerun `gristmill data index {root}`"
-                )
-            self._files[name] = (path, _DTYPES[spec["dtype"]])
+        names = (DOC_TOKENS, DOC_OFFSETS) if per_document else ()
+        for name in (*names, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA):
+            self._files[name] = (root / INDEX_DIR / name, self._check_file(name, present=True))
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
-        self._layout: dict[int, np.ndarray] = {}  # shard → its rows' offsets (with_offsets=False)
         n = int(info["documents"])
+        self.n_rows = n
         if (
-            len(self.tokens) != n
+            (self.tokens is not None and len(self.tokens) != n)
             or (self.offsets is not None and len(self.offsets) != n)
             or len(self.shard_rows) != len(info["shard_files"]) + 1
             or self.shard_rows[0] != 0
@@ -315,38 +380,85 @@ class DocIndex:
         ):
             raise DatasetError(
                 f"{root / INDEX_DIR}: the index does not describe {n} documents in "
-                f"{len(info['shard_files'])} shards as {where} does; rerun `gristmill data index {root}`"
+                f"{len(info['shard_files'])} shards as {self.where} does; rerun `gristmill data index {root}`"
             )
+        self.sample_first = sample_starts(self.shard_rows)
+        if len(self.sample_first) != len(self.sample_tokens) + 1:
+            raise DatasetError(
+                f"{root / INDEX_DIR / SAMPLE_TOKENS}: {len(self.sample_tokens)} sample totals, but the "
+                f"shards hold {len(self.sample_first) - 1} samples; rerun `gristmill data index {root}`"
+            )
+
+    def _check_file(self, name: str, present: bool) -> np.dtype:
+        """The dtype of index file `name` as dataset.json records it; with `present`, the file must be
+        on disk with the recorded size."""
+        spec = self.entry["files"].get(name)
+        path = self.root / INDEX_DIR / name
+        fix = f"rerun `gristmill data index {self.root}`"
+        if spec is None:
+            raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
+        if spec.get("dtype") not in _DTYPES:
+            raise DatasetError(
+                f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not one of "
+                f"{sorted(_DTYPES)}; {fix}"
+            )
+        size = path.stat().st_size if path.is_file() else None
+        if present and size != spec["bytes"]:
+            raise DatasetError(
+                f"{path} is {'missing' if size is None else f'{size} bytes'} but {self.where} records "
+                f"{spec['bytes']} bytes: the index was damaged or replaced; {fix}"
+            )
+        return _DTYPES[spec["dtype"]]
+
+    def heldout(self, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        """The rows held out at `val_fraction`, in row order, and their tokens: heldout.bin's prefix
+        (training/contract/heldout.py), read from the file in place or by range (`read_range`), each
+        chunk checked against heldout_sha256.bin."""
+        self._check_file(HELDOUT, present=self.read_range is None)
+        path = self.root / INDEX_DIR / HELDOUT
+        if self.read_range is None:
+            with open(path, "rb") as f:
+
+                def read(lo: int, hi: int) -> bytes:
+                    f.seek(lo)
+                    return f.read(hi - lo)
+
+                return self._prefix(read, val_fraction)
+        return self._prefix(lambda lo, hi: self.read_range(HELDOUT, lo, hi), val_fraction)
+
+    def _prefix(
+        self, read: Callable[[int, int], bytes], val_fraction: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        hashes = self._files[HELDOUT_SHA][0].read_bytes()
+        try:
+            return read_prefix(read, hashes, self.n_rows, val_fraction)
+        except PrefixError as e:
+            raise DatasetError(
+                f"{self.root / INDEX_DIR / HELDOUT}: {e}, twice: the file was damaged or replaced; rerun "
+                f"`gristmill data index` on the dataset (a bucket's: upload it again)"
+            ) from None
 
     def shard_of(self, rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(self.shard_rows, rows, side="right") - 1
 
+    def sample_of(self, rows: np.ndarray) -> np.ndarray:
+        """The samples holding manifest rows `rows`."""
+        return np.searchsorted(self.sample_first, rows, side="right") - 1
+
     def offsets_of(self, rows: np.ndarray) -> np.ndarray:
         """Byte offsets of rows' ids inside their shards (int64)."""
-        rows = np.asarray(rows, np.int64)
-        if self.offsets is not None:
-            return self.offsets[rows].astype(np.int64)
-        shards = self.shard_of(rows)
-        out = np.empty(len(rows), np.int64)
-        for s in np.unique(shards).tolist():
-            laid = self._layout.get(s)
-            if laid is None:
-                if len(self._layout) >= 64:  # bounded: a few shards are read at a time
-                    self._layout.pop(next(iter(self._layout)))
-                a, b = int(self.shard_rows[s]), int(self.shard_rows[s + 1])
-                nbytes = np.asarray(self.tokens[a:b], np.int64) * self.itemsize
-                laid = self._layout[s] = layout_offsets(nbytes)
-            sel = shards == s
-            out[sel] = laid[rows[sel] - int(self.shard_rows[s])]
-        return out
+        return self.offsets[np.asarray(rows, np.int64)].astype(np.int64)
 
     def _map(self) -> None:
-        self.tokens = _mapped(*self._files[DOC_TOKENS])
-        self.offsets = _mapped(*self._files[DOC_OFFSETS]) if DOC_OFFSETS in self._files else None
+        files = self._files
+        self.tokens = _mapped(*files[DOC_TOKENS]) if DOC_TOKENS in files else None
+        self.offsets = _mapped(*files[DOC_OFFSETS]) if DOC_OFFSETS in files else None
+        self.sample_tokens = _mapped(*files[SAMPLE_TOKENS])
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
     def __getstate__(self) -> dict[str, Any]:
-        return {**{k: v for k, v in self.__dict__.items() if k not in ("tokens", "offsets")}, "_layout": {}}
+        skip = ("tokens", "offsets", "sample_tokens", "read_range")  # a worker never reads the prefix
+        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "read_range": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

@@ -44,12 +44,14 @@ import numpy as np
 
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
+    DOC_RECORD_DTYPE,
     FORMAT,
-    LEGACY_FORMAT,
+    SAMPLE_DOCS,
     SHARDS_DIR,
     DatasetError,
+    layout_samples,
 )
-from training.contract.dataset_index import DOC_HASHES, HASH_BYTES, INDEX_DIR, DocIndex
+from training.contract.dataset_index import HASH_BYTES, DocIndex
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.order import DocBlocks
@@ -58,8 +60,7 @@ from training.data.remote import ORIGIN, CacheSettings, host, node_lock, origin,
 BLOCKS_DIR = "blocks"
 KEEP_DIR = "keep"
 BLOCK_EXT = ".blk"
-MAGIC = b"gristmill-block/1\n"
-MERGE_GAP = 64 << 10  # a block's documents up to this many bytes apart come in one range request
+MAGIC = b"gristmill-sample/1\n"
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
@@ -90,31 +91,32 @@ class _BadCopy(Exception):
         self.unit, self.row = unit, row
 
 
-def refuse_legacy(location: str) -> DatasetError:
-    """Why a gristmill-shards/1 dataset is not read from a bucket, and the command that fixes it."""
+def refuse_legacy(location: str, fmt: str) -> DatasetError:
+    """Why a dataset of an older layout is not read from a bucket, and the command that fixes it."""
     return DatasetError(
-        f"{location} is a {LEGACY_FORMAT} dataset (a tar sample per document), which a bucket serves only "
-        f"in the {FORMAT} layout (documents back to back, a sha256 each: read by range, checked piece by "
-        f"piece): convert it with `gristmill data convert {location} NEW` (same documents, same batches; "
-        "a run trained on it resumes on NEW), then train from NEW"
+        f"{location} is a {fmt} dataset, which a bucket does not serve: it reads the {FORMAT} layout, where "
+        "one range request brings a sample's lengths, sha256s and ids; convert it with `gristmill data "
+        f"convert {location} NEW` (same documents, same batches), then train from NEW"
     )
 
 
 @dataclass
 class _Mapped:
-    """A cached block's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): where each of
-    its rows' ids lie, their sha256, and the ids."""
+    """A cached sample's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): its
+    documents' lengths, sha256s and ids."""
 
-    at: dict[int, int]  # manifest row → its index k in the block
-    sha: bytes  # HASH_BYTES per row
-    start: list[int]  # per row, where its ids start (in tokens); start[k + 1] where they end
+    first: int  # its first manifest row
+    lengths: np.ndarray  # per document, tokens
+    sha: bytes  # HASH_BYTES per document
+    start: list[int]  # per document, where its ids start (in tokens); start[k + 1] where they end
     raw: memoryview  # the ids' bytes, for hashing
     ids: np.ndarray  # the ids, over the same map
 
 
 class CachedBlocks:
-    """One split's blocks (`blocks`) of the bucket dataset opened at `root` (remote.local_root), read
-    through the node's cache (module docstring)."""
+    """One split (`blocks`) of the bucket dataset opened at `root` (remote.local_root), read through the
+    node's cache a sample at a time (module docstring). The cache's unit is the build's sample, for both
+    splits: a training block is one sample; a held-out block's documents lie in several."""
 
     def __init__(
         self, root: Path, info: dict[str, Any], index: DocIndex, blocks: DocBlocks, cache: CacheSettings
@@ -125,83 +127,64 @@ class CachedBlocks:
         self.itemsize = index.itemsize
         self.dtype = np.dtype(f"<u{self.itemsize}")
         self.names = sorted(info["shard_files"])
-        self.tag = f"{blocks.split}-vf{blocks.val_fraction!r}-b{blocks.block_docs}"
-        self.dir = root / BLOCKS_DIR / self.tag
-        # The held-out split's documents lie apart in the shards: each is its own unit.
-        self.per_doc = blocks.split == "val"
-        self.nunits = blocks.n if self.per_doc else len(blocks.block_tokens)
-        self._head = len(self._header(0, 0))
+        self.dir = root / BLOCKS_DIR
+        self.first = np.asarray(index.sample_first, np.int64)
+        self.totals = np.asarray(index.sample_tokens, np.int64)
+        self.nunits = len(self.totals)
+        self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._maps: OrderedDict[int, _Mapped] = OrderedDict()
         self._failures: dict[int, int] = {}  # units whose copy failed since the last clean read
         self._dir = str(self.dir)
-        self.refused: dict[int, DatasetError] = {}  # blocks that failed their check twice
+        self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
+        self.lengths = SampleLengths(self)
 
     # Pickled for DataLoader workers: its maps are the process's own.
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": OrderedDict()}
+        return {**self.__dict__, "_maps": OrderedDict(), "_ranges": {}}
 
-    # -- sizes ----------------------------------------------------------------------------------
-
-    # -- units: a block of the training split, a document of the held-out one ------------------
+    # -- units: the build's samples ------------------------------------------------------------
 
     def units_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        return self.blocks.val_docs(rows) if self.per_doc else self.blocks.block_of_rows(rows)
-
-    def unit_rows(self, u: int) -> np.ndarray:
-        return self.blocks.doc_rows(np.array([u])) if self.per_doc else self.blocks.rows(np.array([u]))
+        return np.searchsorted(self.first, np.asarray(rows, np.int64), side="right") - 1
 
     def units_of_blocks(self, blocks: np.ndarray) -> np.ndarray:
-        """The units of the split's blocks `blocks` (the epoch order's unit)."""
-        if not self.per_doc:
+        """The samples of the split's blocks `blocks` (the epoch order's unit), in first-read order."""
+        if self.blocks.split == "train":
             return np.asarray(blocks, np.int64)
-        docs = np.asarray(blocks, np.int64)[:, None] * self.blocks.block_docs + np.arange(
-            self.blocks.block_docs
-        )
-        return docs[docs < self.nunits]
+        units = self.units_of_rows(self.blocks.rows(blocks))
+        _, first = np.unique(units, return_index=True)
+        return units[np.sort(first)]
+
+    def docs(self, u: int) -> int:
+        return int(self.first[u + 1] - self.first[u])
 
     def _overhead(self, docs: int, units: int) -> int:
         """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
-        row number and a sha256 per document."""
-        return (8 + HASH_BYTES) * docs + units * (self._head + 24)
+        length and a sha256 per document."""
+        return (4 + HASH_BYTES) * docs + units * (len(self._header(0, 0)) + 24)
 
     def unit_bytes(self, u: int) -> int:
-        """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
-        if self.per_doc:
-            tokens = int(self.index.tokens[int(self.blocks.doc_rows(np.array([u]))[0])])
-            return tokens * self.itemsize + self._overhead(1, 1)
-        docs = min(self.blocks.block_docs, self.blocks.n - u * self.blocks.block_docs)
-        return int(self.blocks.block_tokens[u]) * self.itemsize + self._overhead(docs, 1)
+        """The bytes of sample `u`'s cache file, at most (what the bound counts)."""
+        return int(self.totals[u]) * self.itemsize + self._overhead(self.docs(u), 1)
 
     def units_bytes(self, units: np.ndarray) -> int:
-        """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's at each
-        step)."""
-        if self.per_doc:
-            tokens = int(self.index.tokens[self.blocks.doc_rows(units)].astype(np.int64).sum())
-            return tokens * self.itemsize + len(units) * self._overhead(1, 1)
-        tokens = int(np.asarray(self.blocks.block_tokens)[units].astype(np.int64).sum())
-        return tokens * self.itemsize + len(units) * self._overhead(self.blocks.block_docs, 1)
-
-    def _block_sizes(self) -> np.ndarray:
-        """Every block's cache bytes, at most (a held-out block's documents are units of their own)."""
-        bd = self.blocks.block_docs
-        per_block = self._overhead(bd, bd if self.per_doc else 1)
-        return np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize + per_block
-
-    def biggest_unit(self) -> int:
-        if self.per_doc:
-            rows = self.blocks.doc_rows(np.arange(self.nunits))
-            return int(np.max(self.index.tokens[rows])) * self.itemsize + self._overhead(1, 1)
-        return int(self._block_sizes().max())
+        """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's)."""
+        units = np.asarray(units, np.int64)
+        docs = int((self.first[units + 1] - self.first[units]).sum())
+        return int(self.totals[units].sum()) * self.itemsize + self._overhead(docs, len(units))
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
-        `step_tokens` of it per step: the blocks of the epoch groups its last LAG_STEPS steps, the
-        current one and the next read (a group is read until it ends), each at most the GROUP_BLOCKS
-        largest blocks' bytes, plus one group for an epoch's short last group; all of them when the
-        split has no more groups than that (the next epoch's groups are the same blocks)."""
-        sizes = np.sort(self._block_sizes())[::-1]
+        `step_tokens` of it per step: the samples of the epoch groups its last LAG_STEPS steps, the
+        current one and the next read (a group is fetched whole before its first step: its plan needs
+        its documents' lengths), each at most the GROUP_BLOCKS largest samples' bytes, plus one group
+        for an epoch's short last group; all of them when the dataset has no more samples than that.
+        The held-out split's blocks each touch up to block_docs samples."""
+        sizes = np.sort(self.totals * self.itemsize + self._overhead(SAMPLE_DOCS, 1))[::-1]
         group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
+        if self.blocks.split == "val":
+            group *= self.blocks.block_docs
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
         span = (LAG_STEPS + 2) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
@@ -226,90 +209,105 @@ class CachedBlocks:
             finally:
                 _HELD.discard(f.fileno())
 
-    def fetch(self, b: int) -> bool:
-        """Make sure the cache holds block `b` (True if it was fetched here)."""
-        if b in self.refused:
-            raise self.refused[b]
-        if self.path(b).is_file():
+    def fetch(self, u: int) -> bool:
+        """Make sure the cache holds sample `u` (True if it was fetched here)."""
+        if u in self.refused:
+            raise self.refused[u]
+        if self.path(u).is_file():
             return False
-        with self._unit_lock(b):
-            if b in self.refused:
-                raise self.refused[b]
-            if self.path(b).is_file():  # another process or thread fetched it meanwhile
+        with self._unit_lock(u):
+            if u in self.refused:
+                raise self.refused[u]
+            if self.path(u).is_file():  # another process or thread fetched it meanwhile
                 return False
-            rows = self.unit_rows(b)
             try:
-                sha, ids = self._download(b, rows)  # into memory: the blocks in flight take no disk
+                lengths, sha, ids = self._download(u)  # into memory: the samples in flight take no disk
             except DatasetError as e:
-                self.refused[b] = e
+                self.refused[u] = e
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
-                make_room(self.cache, self.unit_bytes(b))
-                self._write(b, rows, sha, ids)
+                make_room(self.cache, self.unit_bytes(u))
+                self._write(u, lengths, sha, ids)
             return True
 
-    def _spans(self, rows: np.ndarray) -> list[tuple[int, int, int]]:
-        """(shard, first, last) index ranges into `rows`: a range request each (rows of one shard up to
-        MERGE_GAP bytes apart share one; a held-out document between two comes along)."""
-        shard = self.index.shard_of(rows)
-        off = self.index.offsets_of(rows)
-        end = off + np.asarray(self.index.tokens[rows], np.int64) * self.itemsize
-        cut = np.flatnonzero((shard[1:] != shard[:-1]) | (off[1:] - end[:-1] > MERGE_GAP)) + 1
-        firsts = np.r_[0, cut]
-        lasts = np.r_[cut - 1, len(rows) - 1]
-        return [(int(shard[a]), int(a), int(z)) for a, z in zip(firsts, lasts)]
+    def fetch_all(self, units: Iterable[int]) -> None:
+        """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight."""
+        missing = [u for u in dict.fromkeys(int(u) for u in units) if not self.path(u).is_file()]
+        if len(missing) <= 1:
+            for u in missing:
+                self.fetch(u)
+            return
+        with ThreadPoolExecutor(
+            min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
+        ) as pool:
+            for f in [pool.submit(self.fetch, u) for u in missing]:
+                f.result()
 
-    def _download(self, b: int, rows: np.ndarray) -> tuple[bytes, bytes]:
-        """Block `b`'s hashes and ids, every document checked; fetched once more when one differs,
-        then refused naming the shard, the bytes and the block. Its rows are consecutive in the index
-        (a held-out row between them comes along): one range request for their hashes, one per span
-        of the shards for their ids."""
-        lengths = np.asarray(self.index.tokens[rows], np.int64) * self.itemsize
-        off = self.index.offsets_of(rows)
-        first = int(rows[0])
-        for attempt in (1, 2):
-            hashes = self.store.get_range(
-                f"{INDEX_DIR}/{DOC_HASHES}", first * HASH_BYTES, (int(rows[-1]) + 1) * HASH_BYTES
+    def _range(self, u: int) -> tuple[str, int, int, int]:
+        """Sample `u`'s shard, and the bytes of its one range request: from its `.docs` records to the end
+        of its ids (dataset_format.layout_samples), and where its ids start."""
+        shard = int(self.index.shard_of(self.first[u : u + 1])[0])
+        hit = self._ranges.get(shard)
+        a = int(np.searchsorted(self.first, self.index.shard_rows[shard]))
+        if hit is None:
+            if len(self._ranges) >= 64:  # bounded: a few shards are read at a time
+                self._ranges.pop(next(iter(self._ranges)))
+            b = int(np.searchsorted(self.first, self.index.shard_rows[shard + 1]))
+            hit = self._ranges[shard] = layout_samples(
+                np.diff(self.first[a : b + 1]), self.totals[a:b] * self.itemsize
             )
-            sha_parts, id_parts, bad = [], [], None
-            for shard, a, z in self._spans(rows):
-                lo, hi = int(off[a]), int(off[z] + lengths[z])
-                data = self.store.get_range(f"{SHARDS_DIR}/{self.names[shard]}", lo, hi)
-                for k in range(a, z + 1):
-                    piece = data[int(off[k]) - lo : int(off[k] + lengths[k]) - lo]
-                    at = (int(rows[k]) - first) * HASH_BYTES
-                    want = hashes[at : at + HASH_BYTES]
-                    if hashlib.sha256(piece).digest() != want and bad is None:
-                        bad = (shard, lo, hi, int(rows[k]), hashlib.sha256(piece).hexdigest(), want.hex())
-                    sha_parts.append(want)
-                    id_parts.append(piece)
+        docs_at, ids_at = int(hit[0][u - a]), int(hit[1][u - a])
+        return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
+
+    def _download(self, u: int) -> tuple[np.ndarray, bytes, bytes]:
+        """Sample `u`'s lengths, hashes and ids in one range request, every document checked: the
+        lengths against the index's sample total, each document's ids against its sha256; fetched once
+        more when one differs, then refused naming the shard, the bytes and the sample."""
+        name, lo, hi, ids_at = self._range(u)
+        n, total = self.docs(u), int(self.totals[u])
+        for attempt in (1, 2):
+            data = self.store.get_range(f"{SHARDS_DIR}/{name}", lo, hi)
+            rec = np.frombuffer(data, DOC_RECORD_DTYPE, n)
+            lengths = rec["tokens"].astype(np.int64)
+            sha = rec["sha256"].tobytes()
+            ids = data[ids_at - lo :]
+            bad = None
+            if int(lengths.sum()) != total:
+                bad = f"its .docs records add up to {int(lengths.sum())} tokens, its index total to {total}"
+            else:
+                ends = np.cumsum(lengths) * self.itemsize
+                for k, (a, z) in enumerate(zip((ends - lengths * self.itemsize).tolist(), ends.tolist())):
+                    got = hashlib.sha256(ids[a:z]).digest()
+                    if got != sha[k * HASH_BYTES : (k + 1) * HASH_BYTES]:
+                        bad = (
+                            f"manifest row {int(self.first[u]) + k}'s ids hash to {got.hex()[:16]}… but its "
+                            f"record says {sha[k * HASH_BYTES : (k + 1) * HASH_BYTES].hex()[:16]}…"
+                        )
+                        break
             if bad is None:
-                return b"".join(sha_parts), b"".join(id_parts)
+                return lengths, sha, ids
             if attempt == 1:
                 COUNTS.add("refetches")
-        shard, lo, hi, row, got, want = bad
         raise DatasetError(
-            f"{self.url}/{SHARDS_DIR}/{self.names[shard]}: bytes {lo:,}–{hi:,} (block {b} of the "
-            f"{self.blocks.split} split) fetched twice, and manifest row {row}'s ids hash to {got[:16]}… "
-            f"each time, but {INDEX_DIR}/{DOC_HASHES} records {want[:16]}…: the object in the bucket is "
-            "damaged or was replaced, and nothing was trained on it; upload the dataset again "
-            f"(`gristmill data upload DIR {self.url}`) or rebuild it"
+            f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {u}, manifest rows "
+            f"{int(self.first[u])}–{int(self.first[u + 1]) - 1}) fetched twice, and each time {bad}: the "
+            "object in the bucket is damaged or was replaced, and nothing was trained on it; upload the "
+            f"dataset again (`gristmill data upload DIR {self.url}`) or rebuild it"
         )
 
-    def _header(self, b: int, n: int) -> bytes:
+    def _header(self, u: int, n: int) -> bytes:
         head = json.dumps(
-            {"fingerprint": self.info["fingerprint"], "split": self.tag, "block": b, "documents": n},
-            sort_keys=True,
+            {"fingerprint": self.info["fingerprint"], "sample": u, "documents": n}, sort_keys=True
         ).encode()
         return MAGIC + len(head).to_bytes(4, "little") + head
 
-    def _write(self, b: int, rows: np.ndarray, sha: bytes, ids: bytes) -> None:
-        dest = self.path(b)
+    def _write(self, u: int, lengths: np.ndarray, sha: bytes, ids: bytes) -> None:
+        dest = self.path(u)
         tmp = dest.with_name(tmp_name(dest.name))
         try:
             with open(tmp, "wb") as f:
-                f.write(self._header(b, len(rows)))
-                f.write(np.asarray(rows, "<i8").tobytes())
+                f.write(self._header(u, len(lengths)))
+                f.write(np.asarray(lengths, "<u4").tobytes())
                 f.write(sha)
                 f.write(ids)
             move_into_place(tmp, dest)
@@ -322,63 +320,61 @@ class CachedBlocks:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _open(self, b: int) -> _Mapped:
-        """Block `b`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
-        file that is not this block's (another block's, another dataset's, cut short)."""
-        rows = self.unit_rows(b)
-        head = self._header(b, len(rows))
-        with open(f"{self._dir}/{b}{BLOCK_EXT}", "rb") as f:
+    def _open(self, u: int) -> _Mapped:
+        """Sample `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
+        file that is not this sample's (another sample's, another dataset's, cut short)."""
+        n = self.docs(u)
+        head = self._header(u, n)
+        with open(f"{self._dir}/{u}{BLOCK_EXT}", "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        n = len(rows)
-        data = len(head) + (8 + HASH_BYTES) * n
+        data = len(head) + (4 + HASH_BYTES) * n
+        if len(mm) < data or mm[: len(head)] != head:
+            raise ValueError(f"{self.path(u)} is not sample {u} of this dataset")
+        lengths = np.frombuffer(mm, "<u4", n, len(head)).astype(np.int64)
         start = np.zeros(n + 1, np.int64)
-        np.cumsum(np.asarray(self.index.tokens[rows], np.int64), out=start[1:])
-        if (
-            len(mm) != data + int(start[-1]) * self.itemsize
-            or mm[: len(head)] != head
-            or not np.array_equal(np.frombuffer(mm, "<i8", n, len(head)), rows)
-        ):
-            raise ValueError(f"{self.path(b)} is not block {b} of this dataset")
+        np.cumsum(lengths, out=start[1:])
+        if int(start[-1]) != int(self.totals[u]) or len(mm) != data + int(start[-1]) * self.itemsize:
+            raise ValueError(f"{self.path(u)} is not sample {u} of this dataset")
         raw = memoryview(mm)[data:]
         ids = np.frombuffer(mm, self.dtype, int(start[-1]), data)
-        sha = mm[len(head) + 8 * n : data]
-        return _Mapped(dict(zip(rows.tolist(), range(n))), sha, start.tolist(), raw, ids)
+        sha = mm[len(head) + 4 * n : data]
+        return _Mapped(int(self.first[u]), lengths, sha, start.tolist(), raw, ids)
 
-    def _mapped(self, b: int) -> _Mapped:
-        """Block `b` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
-        loader of the node needed the room); a copy that is not the block is removed and fetched again."""
-        hit = self._maps.get(b)
+    def _mapped(self, u: int) -> _Mapped:
+        """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
+        loader of the node needed the room); a copy that is not the sample is removed and fetched again."""
+        hit = self._maps.get(u)
         if hit is not None:
-            self._maps.move_to_end(b)
+            self._maps.move_to_end(u)
             return hit
         for _ in range(100):
             try:
-                m = self._open(b)
+                m = self._open(u)
                 break
             except FileNotFoundError:
-                self.fetch(b)
+                self.fetch(u)
             except ValueError:
-                self._failed(b, "the file is not this block")
+                self._failed(u, "the file is not this sample")
         else:
             raise DatasetError(
-                f"{self.path(b)}: block {b} of {self.url} was evicted 100 times before it could be read: "
+                f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
                 "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
             )
         if len(self._maps) >= MAX_OPEN_BLOCKS:
             self._maps.popitem(last=False)
-        self._maps[b] = m
+        self._maps[u] = m
         return m
 
-    def _failed(self, b: int, why: str) -> None:
-        """Block `b`'s cached copy failed its check: removed, to be fetched again; a second failure of a
+    def _failed(self, u: int, why: str) -> None:
+        """Sample `u`'s cached copy failed its check: removed, to be fetched again; a second failure of a
         copy fetched just before names the cache."""
-        self._maps.pop(b, None)
-        self.path(b).unlink(missing_ok=True)
+        self._maps.pop(u, None)
+        self.path(u).unlink(missing_ok=True)
         COUNTS.add("refetches")
-        self._failures[b] = self._failures.get(b, 0) + 1
-        if self._failures[b] >= 2:
+        self._failures[u] = self._failures.get(u, 0) + 1
+        if self._failures[u] >= 2:
             raise DatasetError(
-                f"{self.path(b)}: the cache's copy of block {b} of {self.url} failed its check ({why}) "
+                f"{self.path(u)}: the cache's copy of sample {u} of {self.url} failed its check ({why}) "
                 "twice, the second time just after it was fetched and checked: something damages or "
                 "replaces what is written to data.cache_dir; give the run a cache directory of its own on "
                 "another disk"
@@ -398,7 +394,7 @@ class CachedBlocks:
             try:
                 for u, row, first, n, pos in pieces:  # in the order the batch needs them, as fetched
                     m = self._mapped(u)
-                    k = m.at[row]
+                    k = row - m.first
                     if (u, k) not in checked:
                         a, z = m.start[k], m.start[k + 1]
                         if hashlib.sha256(m.raw[a * item : z * item]).digest() != m.sha[k * 32 : k * 32 + 32]:
@@ -412,14 +408,29 @@ class CachedBlocks:
                 self._failed(bad.unit, f"manifest row {bad.row} fails its sha256")
         raise AssertionError("unreachable")  # _failed raises on the second failure of a unit
 
+    def row_lengths(self, rows: np.ndarray) -> np.ndarray:
+        """Token counts of manifest rows `rows`, from their samples' cached copies: the samples missing
+        are fetched first, all together (an epoch group's plan asks for a whole group's)."""
+        rows = np.asarray(rows, np.int64)
+        units = self.units_of_rows(rows)
+        self.fetch_all(np.unique(units).tolist())
+        out = np.empty(len(rows), np.int64)
+        order = np.argsort(units, kind="stable")
+        cuts = np.flatnonzero(np.r_[True, units[order][1:] != units[order][:-1], True])
+        for a, z in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+            sel = order[a:z]
+            m = self._mapped(int(units[sel[0]]))
+            out[sel] = m.lengths[rows[sel] - m.first]
+        return out
+
     def locate(self, row: int) -> str:
         """Where row `row`'s ids come from, for error messages."""
-        b = int(self.units_of_rows(np.array([row]))[0])
-        shard = self.names[int(self.index.shard_of(np.array([row]))[0])]
-        return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{shard}, block {b}, cached at {self.path(b)})"
+        u = int(self.units_of_rows(np.array([row]))[0])
+        name = self._range(u)[0]
+        return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{name}, sample {u}, cached at {self.path(u)})"
 
     def all_cached(self) -> bool:
-        """Whether the cache holds every unit of the split (a listing at most once a second)."""
+        """Whether the cache holds every sample of the dataset (a listing at most once a second)."""
         now = time.monotonic()
         if now - self._listed[0] >= 1.0:
             try:
@@ -430,6 +441,21 @@ class CachedBlocks:
         return self._listed[1]
 
 
+class SampleLengths:
+    """`lengths[rows]` of a bucket's dataset: its documents' token counts, read from their samples'
+    cached copies (CachedBlocks.row_lengths); what DocBlocks.lengths is for the training split."""
+
+    def __init__(self, cache: CachedBlocks):
+        self.cache = cache
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        if isinstance(rows, slice):
+            rows = np.arange(rows.start, rows.stop)
+        elif np.isscalar(rows):
+            return self.cache.row_lengths(np.array([rows]))[0]
+        return self.cache.row_lengths(rows)
+
+
 def block_source(
     root: Path, info: dict[str, Any], index: DocIndex, blocks: DocBlocks, cache: CacheSettings | None
 ) -> CachedBlocks | None:
@@ -438,7 +464,7 @@ def block_source(
     if origin(root) is None:
         return None
     if info["format"] != FORMAT:
-        raise refuse_legacy(origin(root))
+        raise refuse_legacy(origin(root), info["format"])
     return CachedBlocks(root, info, index, blocks, cache or CacheSettings.of())
 
 
@@ -629,15 +655,17 @@ class Prefetcher:
         return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
 
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
-        """(to fetch: `step`'s blocks and the next steps', in the order the plan first reads them; to
-        keep: those and every block of the groups the last LAG_STEPS steps and this one read). The
-        steps ahead go as far as they fit the bound (blocks in flight are in memory)."""
+        """(to fetch: `step`'s samples and the next steps', in the order the plan first reads them; to
+        keep: those and every sample of the groups the last LAG_STEPS steps and this one read). The
+        steps ahead go as far as their groups fit the bound: a step's group is counted before the step
+        is planned, since planning it fetches the whole group (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
             del self._group_memo[old]
         keep: set[tuple[int, int]] = set()
-        if self.last_step is not None and self.last_step - step <= MAX_AHEAD_STEPS:
+        exact = self.last_step is not None and self.last_step - step <= MAX_AHEAD_STEPS
+        if exact:
             for s in range(max(0, step - LAG_STEPS), self.last_step):  # the plan's end is near: exactly
                 keep.update(self._step_needs(s))
         else:
@@ -649,14 +677,22 @@ class Prefetcher:
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
+            if not exact:
+                grown = self._step_groups(s) - keep
+                cost = self._bytes(grown)
+                if used + cost > self.cache.max_bytes:
+                    break
+                keep |= grown
+                used += cost
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
-            cost = self._bytes(n for n in new if n not in keep)  # a kept group's blocks are counted
-            if used + cost > self.cache.max_bytes:
-                break
-            keep.update(new)
+            if exact:
+                cost = self._bytes(n for n in new if n not in keep)
+                if used + cost > self.cache.max_bytes:
+                    break
+                keep.update(new)
+                used += cost
             queued.update(new)
             fetch += new
-            used += cost
         return fetch, keep
 
     def _publish(self, keep: Iterable[tuple[int, int]]) -> None:

@@ -424,6 +424,17 @@ class TokenLoader:
         if "data_plan" not in sd or "step" not in sd:
             raise LoaderStateError(foreign_state_message(f"a loader state with keys {sorted(sd)}"))
         saved = json.loads(sd["data_plan"])
+        if saved.get("format") == data_plan.PLAN_FORMAT_1:
+            differ = [t.location for t in self._builder.tables if not t.blocks.same_as_plan_1()]
+            if differ:
+                raise LoaderStateError(
+                    f"the checkpoint's data order is {data_plan.PLAN_FORMAT_1!r}, which cut the training "
+                    f"documents of {', '.join(differ)} into other blocks than this version's "
+                    f"{data_plan.PLAN_FORMAT!r} (the build's samples): resuming would read other batches. "
+                    "Finish the run with the gristmill that started it, or start a new run from its "
+                    "weights (train.init_from)"
+                )
+            saved["format"] = data_plan.PLAN_FORMAT  # the same order: the run goes on
         if saved.get("format") != data_plan.PLAN_FORMAT:
             raise LoaderStateError(
                 f"the checkpoint's plan has format {saved.get('format')!r}, not {data_plan.PLAN_FORMAT!r}"

@@ -1,11 +1,14 @@
-"""The sample order: which tokens form window w of epoch e, as a pure function of the lengths.
+"""The sample order: which tokens form window w of epoch e, as a pure function of the index.
 
-Inputs are only the split's document lengths (manifest order), the seed and the epoch; no tar is
-read here, so a benchmark can plan a 1.5B-document corpus from a lengths array alone.
+Inputs are the split's block totals (the build's sample totals, less the held-out rows'), the seed
+and the epoch, and a group's document lengths when a window first needs the group; no tar is read
+here, so a benchmark can plan a 1.5B-document corpus from a lengths array alone.
 
 The order is a hierarchical shuffle that never materialises a per-document permutation:
 
-1. Documents are cut into blocks of `BLOCK_DOCS` consecutive documents (manifest order).
+1. The training split's blocks are the build's samples (SAMPLE_DOCS consecutive documents of a
+   shard) without their held-out documents; the held-out split's are its documents `BLOCK_DOCS`
+   at a time.
 2. The blocks are permuted (per seed and epoch) and the permuted blocks grouped `GROUP_BLOCKS` at
    a time. Only per-block and per-group token totals are kept: O(blocks) memory.
 3. Inside a group the documents are permuted again, lazily, when a window first needs the group.
@@ -33,39 +36,21 @@ from typing import Any
 
 import numpy as np
 
+from training.contract.dataset_format import DatasetError, sample_starts
+from training.contract.heldout import heldout_rows, mix64, mix64_inplace
 from training.data import cache as order_cache
 
-BLOCK_DOCS = 64
+BLOCK_DOCS = 64  # the held-out split's blocks (the training split's are the build's samples)
 GROUP_BLOCKS = 4096
 
 _M64 = (1 << 64) - 1
 _GAMMA_INT = 0x9E3779B97F4A7C15
-_GAMMA = np.uint64(_GAMMA_INT)
-_VAL_SALT = 0x6772697374766C31  # "gristvl1": held-out selection is independent of the seed
 
 
 def plan_version(block_docs: int = BLOCK_DOCS, group_blocks: int = GROUP_BLOCKS) -> str:
-    """Names the ordering algorithm; stored in loader state so a changed algorithm is refused."""
-    return f"splitmix64-blocks/1 block_docs={block_docs} group_blocks={group_blocks}"
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser on a uint64 array (a bijection of uint64; wraps silently)."""
-    x = np.array(x, dtype=np.uint64, ndmin=1)  # a copy; arrays (not scalars) wrap without warnings
-    return _mix64_inplace(x, np.empty_like(x))
-
-
-def _mix64_inplace(x: np.ndarray, tmp: np.ndarray) -> np.ndarray:
-    # In place with one scratch buffer: on cache-sized chunks this is ~3x faster than fresh arrays.
-    np.right_shift(x, np.uint64(30), out=tmp)
-    x ^= tmp
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    np.right_shift(x, np.uint64(27), out=tmp)
-    x ^= tmp
-    x *= np.uint64(0x94D049BB133111EB)
-    np.right_shift(x, np.uint64(31), out=tmp)
-    x ^= tmp
-    return x
+    """Names the ordering algorithm: /2 took the training split's blocks from the build's samples (/1
+    cut them from the training documents, so they depended on val_fraction and needed every length)."""
+    return f"splitmix64-samples/2 block_docs={block_docs} group_blocks={group_blocks}"
 
 
 def derive_key(*parts: int) -> np.uint64:
@@ -91,7 +76,7 @@ def hashed_order(n: int, key: np.uint64, dtype: type = np.int64, low_bits: int |
     bits = max(1, (n - 1).bit_length(), low_bits or 0)
     keys = np.arange(n, dtype=np.uint64)
     keys ^= key
-    _mix64_inplace(keys, np.empty_like(keys))
+    mix64_inplace(keys, np.empty_like(keys))
     low = np.uint64((1 << bits) - 1)
     keys &= ~low
     keys |= np.arange(n, dtype=np.uint64)
@@ -112,55 +97,39 @@ def hashed_order(n: int, key: np.uint64, dtype: type = np.int64, low_bits: int |
     return order
 
 
-def _threshold(val_fraction: float) -> np.uint64:
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction {val_fraction} must be in [0, 1)")
-    return np.uint64(int(val_fraction * 2.0**64))
-
-
 def heldout_mask(first_row: int, n: int, val_fraction: float) -> np.ndarray:
-    """Which of manifest rows [first_row, first_row+n) are held out for validation.
-
-    Row i is held out iff mix64(i ^ salt) < val_fraction·2⁶⁴: a fixed, seed-independent subset of
-    about `val_fraction` of the documents, spread evenly over the corpus.
-    """
+    """Which of manifest rows [first_row, first_row+n) are held out for validation
+    (training/contract/heldout.py: a fixed, seed-independent subset of about `val_fraction`)."""
     return heldout_rows(np.arange(first_row, first_row + n, dtype=np.uint64), val_fraction)
 
 
-def heldout_rows(rows: np.ndarray, val_fraction: float) -> np.ndarray:
-    """heldout_mask for an arbitrary array of manifest rows."""
-    x = np.array(rows, dtype=np.uint64, ndmin=1)
-    return _held_inplace(x, np.empty_like(x), _threshold(val_fraction), np.empty(len(x), bool))
-
-
-def _held_inplace(rows: np.ndarray, tmp: np.ndarray, threshold: np.uint64, out: np.ndarray) -> np.ndarray:
-    """The held-out test on uint64 `rows`, overwriting them (and `tmp`); the mask lands in `out`."""
-    rows ^= np.uint64(_VAL_SALT)
-    return np.less(_mix64_inplace(rows, tmp), threshold, out=out)
-
-
-SCAN_ROWS = 1 << 18  # rows per step of the split scan: its buffers stay in the CPU's L2/L3 cache
-
-
 class DocBlocks:
-    """One split's documents cut into blocks of `block_docs` consecutive documents (manifest order).
+    """One split's documents cut into the blocks the epoch order moves around.
 
-    `lengths` holds the token count of every manifest row (a read-only memory map of the dataset
-    index, shared by all processes; or any array). Opening scans it once and keeps per *block*
-    the token total and, when documents are held out, the manifest row where the block starts:
-    no per-document array is made for the training split, so a 1.5B-document corpus costs a few
-    hundred MB per process instead of 6 GB. The held-out split (small) keeps its row numbers.
-    `rows(blocks)` gives the manifest rows of the given blocks' documents, block by block.
+    The training split's block k is sample k of the build (SAMPLE_DOCS consecutive rows of one shard,
+    dataset_format.sample_starts) without its held-out rows; the held-out split's blocks are its own
+    rows, `block_docs` at a time, in row order. So a training block's token total is the sample's total
+    less its held-out rows' tokens: what planning needs is the index's sample totals and the held-out
+    rows (a prefix of heldout.bin), never a per-document array of the corpus, and a training block is
+    one byte range of its shard (a bucket's cache unit, training/data/block_cache.py).
+
+    `rows(blocks)` gives the manifest rows of the given blocks' documents, block by block;
+    `row_lengths(rows)` their token counts: the held-out split keeps its rows' own, the training split
+    reads `lengths` (set by the table's owner: the index in place, or a bucket's cached blocks).
 
     `shared` opens the table of a named dataset through the node's cache; its `cache_key` (None
     for a table built directly) is what the table and the epoch plans over it depend on.
     """
 
     cache_key: dict[str, Any] | None = None
+    lengths: Any = None  # per manifest row: lengths[rows] → their tokens (the training split's)
 
     def __init__(
         self,
-        lengths: np.ndarray,
+        sample_first: np.ndarray,
+        sample_tokens: np.ndarray,
+        held_rows: np.ndarray,
+        held_tokens: np.ndarray,
         *,
         split: str = "train",
         val_fraction: float = 0.0,
@@ -168,101 +137,65 @@ class DocBlocks:
     ):
         if split not in ("train", "val"):
             raise ValueError(f"split {split!r} is not train or val")
-        self.lengths, self.split, self.val_fraction = lengths, split, val_fraction
-        self.block_docs = block_docs
-        self.n_rows = len(lengths)
-        self.total_tokens = 0  # over every row, both splits: checked against dataset.json
-        self._first_row: np.ndarray | None = None  # per block, train split with held-out rows
-        self._val_rows: np.ndarray | None = None  # per document, the held-out split
-        if val_fraction == 0.0 and split == "train":
-            self._scan_all()
+        self.split, self.val_fraction, self.block_docs = split, val_fraction, block_docs
+        sample_first = np.asarray(sample_first, np.int64)
+        sample_tokens = np.asarray(sample_tokens, np.int64)
+        held_rows, held_tokens = np.asarray(held_rows, np.int64), np.asarray(held_tokens, np.int64)
+        self.n_rows = int(sample_first[-1])
+        self.total_tokens = int(
+            sample_tokens.sum()
+        )  # over every row, both splits: checked against dataset.json
+        self._val_rows = self._val_lengths = self._sample_first = self._doc_start = None
+        if split == "val":
+            self._val_rows, self._val_lengths, self.n = held_rows, held_tokens, len(held_rows)
+            pad = np.zeros(-(-self.n // block_docs) * block_docs, np.int64)
+            pad[: self.n] = held_tokens
+            self.block_tokens = _narrow(pad.reshape(-1, block_docs).sum(1))
         else:
-            self._scan_split(_threshold(val_fraction))
+            sample = np.searchsorted(sample_first, held_rows, side="right") - 1
+            nsamples = len(sample_tokens)
+            held_in = np.bincount(sample, minlength=nsamples)
+            held_tok = np.zeros(nsamples, np.int64)
+            np.add.at(held_tok, sample, held_tokens)
+            kept = np.diff(sample_first) - held_in
+            self._sample_first = sample_first
+            self._doc_start = np.r_[0, np.cumsum(kept)]  # the split's first document of each block
+            self.n = int(self._doc_start[-1])
+            self.block_tokens = _narrow(sample_tokens - held_tok)
         self.tokens = int(self.block_tokens.sum(dtype=np.int64))
 
-    def _scan_all(self) -> None:
-        bd, n = self.block_docs, self.n_rows
-        self.n = n
-        self.block_tokens = np.zeros(-(-n // bd), np.int64)
-        step = max(1, SCAN_ROWS // bd) * bd
-        for a in range(0, n, step):
-            chunk = np.asarray(self.lengths[a : a + step])
-            full = len(chunk) // bd * bd
-            self.block_tokens[a // bd : (a + full) // bd] = (
-                chunk[:full].reshape(-1, bd).sum(1, dtype=np.int64)
-            )
-            if full < len(chunk):
-                self.block_tokens[-1] = chunk[full:].sum(dtype=np.int64)
-        self.total_tokens = int(self.block_tokens.sum())
-        self.block_tokens = _narrow(self.block_tokens)
+    @classmethod
+    def of_index(cls, index: Any, *, split: str, val_fraction: float, block_docs: int) -> DocBlocks:
+        """The table of a dataset's index (training/contract/dataset_index.DocIndex): its samples and
+        the rows held out at `val_fraction`."""
+        held = index.heldout(val_fraction) if val_fraction > 0 else (np.zeros(0, np.int64),) * 2
+        return cls(
+            index.sample_first, index.sample_tokens, *held,
+            split=split, val_fraction=val_fraction, block_docs=block_docs,
+        )  # fmt: skip
 
-    def _scan_split(self, threshold: np.uint64) -> None:
-        """One pass over all rows: the held-out mask, then per block its first row and token total.
-
-        Per chunk the work is the hash (7 in-place passes over a cache-sized buffer) and one
-        segmented sum of the lengths; the few held-out rows of the training split are handled by position
-        (kept document j of a chunk sits at row j + #held rows before it), never by fancy-indexing
-        all rows: this pass is most of a rank's open time at 1.5B documents.
-        """
-        bd, n = self.block_docs, self.n_rows
-        keep_val = self.split == "val"
-        row_dtype = np.uint32 if n < 1 << 32 else np.int64
-        cap = -(-n // bd) if not keep_val else 0  # upper bound for the train split, trimmed at the end
-        first_row = np.zeros(cap, row_dtype)
-        block_tokens = np.zeros(cap, np.int64)
-        val_rows: list[np.ndarray] = []
-        val_lengths: list[np.ndarray] = []
-        iota = np.arange(SCAN_ROWS, dtype=np.uint64)
-        buf, tmp = np.empty(SCAN_ROWS, np.uint64), np.empty(SCAN_ROWS, np.uint64)
-        held = np.empty(SCAN_ROWS, bool)
-        count = 0  # training documents seen so far
-        for a in range(0, n, SCAN_ROWS):
-            m = min(SCAN_ROWS, n - a)
-            chunk = np.asarray(self.lengths[a : a + m])
-            x = np.add(iota[:m], np.uint64(a), out=buf[:m])
-            held_rows = np.flatnonzero(_held_inplace(x, tmp[:m], threshold, held[:m]))
-            if keep_val:
-                self.total_tokens += int(chunk.sum(dtype=np.int64))
-                val_rows.append(held_rows + a)
-                val_lengths.append(chunk[held_rows])
-                continue
-            kept = m - len(held_rows)
-            # Training documents count, count+1, …; blocks start at those ≡ 0 (mod bd).
-            first = (-count) % bd
-            starts = np.arange(first, kept, bd)
-            start_rows = starts + np.searchsorted(held_rows - np.arange(len(held_rows)), starts, side="right")
-            # Row segments [edges[i], edges[i+1]): the first finishes the block begun in an earlier
-            # chunk (only held rows when first == 0), each other is one block's part in this chunk.
-            edges = np.r_[0, start_rows, m]
-            sums = np.add.reduceat(chunk, edges[:-1], dtype=np.int64)
-            sums[edges[:-1] == edges[1:]] = 0  # reduceat gives chunk[i], not 0, for an empty segment
-            self.total_tokens += int(sums.sum())
-            if len(held_rows):
-                np.subtract.at(sums, np.searchsorted(edges, held_rows, side="right") - 1, chunk[held_rows])
-            b0 = (count + first) // bd
-            if first:
-                block_tokens[b0 - 1] += sums[0]
-            block_tokens[b0 : b0 + len(starts)] = sums[1:]
-            first_row[b0 : b0 + len(starts)] = start_rows + a
-            count += kept
-        if keep_val:
-            rows = np.concatenate(val_rows) if val_rows else np.zeros(0, np.int64)
-            lens = np.concatenate(val_lengths) if val_lengths else np.zeros(0, np.int64)
-            self._val_rows, self.n = rows, len(rows)
-            pad = np.zeros(-(-len(lens) // bd) * bd, np.int64)
-            pad[: len(lens)] = lens
-            self.block_tokens = _narrow(pad.reshape(-1, bd).sum(1))
-        else:
-            nblocks = -(-count // bd)
-            self.n = count
-            self._first_row = first_row[:nblocks]
-            self.block_tokens = _narrow(block_tokens[:nblocks])
+    @classmethod
+    def of_lengths(
+        cls, lengths: np.ndarray, shard_rows: np.ndarray | None = None, *, split: str = "train",
+        val_fraction: float = 0.0, block_docs: int = BLOCK_DOCS,
+    ) -> DocBlocks:  # fmt: skip
+        """The table of rows with token counts `lengths` in shards of `shard_rows` (one shard when
+        None), computed here in memory: for benchmarks and tests that plan without a dataset."""
+        lengths = np.asarray(lengths, np.int64)
+        first = sample_starts(np.array([0, len(lengths)]) if shard_rows is None else shard_rows)
+        totals = np.add.reduceat(lengths, first[:-1]) if len(lengths) else np.zeros(0, np.int64)
+        held = np.flatnonzero(heldout_mask(0, len(lengths), val_fraction)) if val_fraction > 0 else []
+        held = np.asarray(held, np.int64)
+        blocks = cls(first, totals, held, lengths[held], split=split, val_fraction=val_fraction,
+                     block_docs=block_docs)  # fmt: skip
+        blocks.lengths = lengths
+        return blocks
 
     @classmethod
     def shared(
-        cls, lengths: np.ndarray, *, fingerprint: str, split: str, val_fraction: float, block_docs: int
+        cls, index: Any, *, fingerprint: str, split: str, val_fraction: float, block_docs: int
     ) -> DocBlocks:
-        """The table of split `split` of the dataset with `fingerprint` (whose rows have `lengths`),
+        """The table of split `split` of the dataset with `fingerprint` (whose index is `index`),
         computed once per node and memory-mapped by its other processes (training/data/cache.py)."""
         args = dict(split=split, val_fraction=val_fraction, block_docs=block_docs)
         # Everything the split's tables depend on; the epoch plan's key adds seed, epoch, group size.
@@ -270,16 +203,16 @@ class DocBlocks:
         blocks = order_cache.shared(
             "blocks",
             {**key, "plan": plan_version(block_docs)},
-            lambda: cls(lengths, **args),
+            lambda: cls.of_index(index, **args),
             cls.save,
-            lambda path: cls.load(path, lengths, **args),
-            docs=len(lengths),
+            lambda path: cls.load(path, index.n_rows, **args),
+            docs=index.n_rows,
         )
         blocks.cache_key = key
         return blocks
 
     # -- a computed table is the same for every rank: saved once, memory-mapped by the others --
-    _ARRAYS = ("block_tokens", "_first_row", "_val_rows")
+    _ARRAYS = ("block_tokens", "_sample_first", "_doc_start", "_val_rows", "_val_lengths")
     _META = ("split", "val_fraction", "block_docs", "n_rows", "n", "tokens", "total_tokens")
 
     def save(self, path: Path) -> None:
@@ -290,32 +223,26 @@ class DocBlocks:
         (path / "meta.json").write_text(json.dumps({k: getattr(self, k) for k in self._META}))
 
     @classmethod
-    def load(
-        cls, path: Path, lengths: np.ndarray, split: str, val_fraction: float, block_docs: int
-    ) -> DocBlocks:
-        """A saved table, its arrays memory-mapped; ValueError/OSError if it does not fit `lengths`."""
+    def load(cls, path: Path, n_rows: int, split: str, val_fraction: float, block_docs: int) -> DocBlocks:
+        """A saved table, its arrays memory-mapped; ValueError/OSError if it does not fit."""
         meta = json.loads((path / "meta.json").read_text())
-        want = {
-            "split": split,
-            "val_fraction": val_fraction,
-            "block_docs": block_docs,
-            "n_rows": len(lengths),
-        }
+        want = {"split": split, "val_fraction": val_fraction, "block_docs": block_docs, "n_rows": n_rows}
         if any(meta.get(k) != v for k, v in want.items()):
             raise ValueError(f"{path} was computed for {meta}, not {want}")
         self = cls.__new__(cls)
-        self.lengths = lengths
         self.__dict__.update(meta)
         for name in cls._ARRAYS:
             f = path / f"{name}.npy"
             setattr(self, name, np.load(f, mmap_mode="r") if f.is_file() else None)
-        # Exactly the arrays this split needs, of the right lengths: a missing _first_row would
-        # otherwise read as "nothing held out" and put held-out documents into training.
-        nblocks = -(-self.n // block_docs)
+        # Exactly the arrays this split needs, of the right lengths: a missing array would otherwise
+        # read as another split's table.
+        nblocks = len(self.block_tokens)
+        train = split == "train"
         need = {
-            "block_tokens": nblocks,
-            "_first_row": nblocks if split == "train" and val_fraction > 0 else None,
-            "_val_rows": self.n if split == "val" else None,
+            "_sample_first": nblocks + 1 if train else None,
+            "_doc_start": nblocks + 1 if train else None,
+            "_val_rows": None if train else self.n,
+            "_val_lengths": None if train else self.n,
         }
         for name, length in need.items():
             arr = getattr(self, name)
@@ -325,10 +252,11 @@ class DocBlocks:
             raise ValueError(f"{path}: block totals do not add up to the split's {self.tokens} tokens")
         return self
 
-    # Pickled for spawn/forkserver workers: the owner re-points `lengths` at the index; arrays
-    # loaded from the cache travel as their .npy paths, not as copies.
+    # Pickled for spawn/forkserver workers: the owner re-points `lengths`; arrays loaded from the
+    # cache travel as their .npy paths, not as copies.
     def __getstate__(self) -> dict[str, Any]:
-        state = {**self.__dict__, "lengths": None}
+        state = {**self.__dict__}
+        state.pop("lengths", None)
         for name in self._ARRAYS:
             if isinstance(state[name], np.memmap):
                 state[name] = ("npy", state[name].filename)
@@ -340,24 +268,33 @@ class DocBlocks:
                 state[name] = np.load(state[name][1], mmap_mode="r")
         self.__dict__.update(state)
 
+    def same_as_plan_1(self) -> bool:
+        """Whether the order of plan /1 (training blocks of BLOCK_DOCS consecutive training documents)
+        had the same blocks: the held-out split's are unchanged; the training split's are where nothing
+        is held out and every sample starts at a multiple of 64 rows."""
+        if self._val_rows is not None:
+            return True
+        return self.val_fraction == 0 and not (np.asarray(self._sample_first[:-1]) % 64).any()
+
     def rows(self, blocks: np.ndarray) -> np.ndarray:
         """Manifest rows of the documents of `blocks`, block after block, each in manifest order."""
-        bd = self.block_docs
         blocks = np.asarray(blocks, np.int64)
-        if self._first_row is None:  # no held-out rows (train), or the held-out split's own list
-            docs = (blocks[:, None] * bd + np.arange(bd)).ravel()
-            docs = docs[docs < self.n]  # the split's last block may be short
-            return docs if self._val_rows is None else self._val_rows[docs]
-        # Train split with held-out rows: block b spans rows [first_row[b], first_row[b+1]).
-        nb = len(self._first_row)
-        first = self._first_row[blocks].astype(np.int64)
-        nxt = np.where(blocks + 1 < nb, self._first_row[np.minimum(blocks + 1, nb - 1)], self.n_rows)
-        nxt = nxt.astype(np.int64)
-        spans = nxt - first
+        if self._val_rows is not None:  # the held-out split: its own list, block_docs at a time
+            docs = (blocks[:, None] * self.block_docs + np.arange(self.block_docs)).ravel()
+            return self._val_rows[docs[docs < self.n]]
+        # Block b is sample b's rows [first[b], first[b+1]) less the held-out ones.
+        first = self._sample_first[blocks].astype(np.int64)
+        spans = self._sample_first[blocks + 1].astype(np.int64) - first
         cand = np.arange(int(spans.sum()), dtype=np.int64) + np.repeat(
             first - (np.cumsum(spans) - spans), spans
         )
-        return cand[~heldout_rows(cand, self.val_fraction)]
+        return cand[~heldout_rows(cand, self.val_fraction)] if self.val_fraction > 0 else cand
+
+    def row_lengths(self, rows: np.ndarray) -> np.ndarray:
+        """Token counts of manifest rows `rows` (each a row of this split), int64."""
+        if self._val_rows is not None:
+            return np.asarray(self._val_lengths)[self.val_docs(rows)].astype(np.int64)
+        return np.asarray(self.lengths[np.asarray(rows, np.int64)], np.int64)
 
     def val_docs(self, rows: np.ndarray) -> np.ndarray:
         """The held-out split's document numbers of manifest rows `rows` (each a row of this split)."""
@@ -368,22 +305,20 @@ class DocBlocks:
     def block_of_rows(self, rows: np.ndarray) -> np.ndarray:
         """The blocks holding manifest rows `rows` (each a row of this split)."""
         rows = np.asarray(rows, np.int64)
-        if self._val_rows is not None:  # the held-out split: its documents are its own list's entries
+        if self._val_rows is not None:
             return np.searchsorted(self._val_rows, rows) // self.block_docs
-        if self._first_row is None:
-            return rows // self.block_docs
-        return np.searchsorted(self._first_row, rows, side="right") - 1
+        return np.searchsorted(self._sample_first, rows, side="right") - 1
 
     def doc_rows(self, docs: np.ndarray) -> np.ndarray:
         """Manifest rows of split documents `docs` (indices in the split's manifest order)."""
         docs = np.asarray(docs, np.int64)
-        if self._first_row is None:
-            return docs if self._val_rows is None else self._val_rows[docs]
-        blocks, inside = np.divmod(docs, self.block_docs)
+        if self._val_rows is not None:
+            return self._val_rows[docs]
+        blocks = np.searchsorted(self._doc_start, docs, side="right") - 1
         out = np.empty(len(docs), np.int64)
         for b in np.unique(blocks).tolist():
             sel = blocks == b
-            out[sel] = self.rows(np.array([b]))[inside[sel]]
+            out[sel] = self.rows(np.array([b]))[docs[sel] - int(self._doc_start[b])]
         return out
 
 
@@ -473,7 +408,13 @@ class EpochOrder:
         docs = self.blocks.rows(self.block_order[g * self.group_blocks : (g + 1) * self.group_blocks])
         docs = docs[hashed_order(len(docs), derive_key(self.seed, self.epoch, 1, g))]
         cum = np.zeros(len(docs) + 1, np.int64)
-        np.cumsum(self.blocks.lengths[docs], out=cum[1:])
+        np.cumsum(self.blocks.row_lengths(docs), out=cum[1:])
+        want = int(self.group_start[g + 1] - self.group_start[g])
+        if int(cum[-1]) != want:  # the documents' lengths against the index's block totals
+            raise DatasetError(
+                f"epoch group {g}: its documents hold {int(cum[-1])} tokens but the index's sample totals "
+                f"say {want}: the dataset's index does not match its shards; run `gristmill data validate`"
+            )
         if len(self._groups) >= 2:  # a worker walks the stream forward: keep current and next
             self._groups.pop(next(iter(self._groups)))
         self._groups[g] = (docs, cum)

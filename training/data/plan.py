@@ -44,7 +44,10 @@ import numpy as np
 from training.contract.errors import GristmillError
 from training.data.order import derive_key, hashed_order
 
-PLAN_FORMAT = "gristmill-plan/1"
+# /2: the epoch order's training blocks are the build's samples (training/data/order.py, plan_version);
+# a /1 state resumes only where both orders are the same (DocBlocks.same_as_plan_1).
+PLAN_FORMAT = "gristmill-plan/2"
+PLAN_FORMAT_1 = "gristmill-plan/1"
 PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
 SHAPES = ("constant", "cosine", "linear", "1-sqrt")
 

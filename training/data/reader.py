@@ -34,8 +34,8 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
-from training.contract.dataset_index import DOC_TOKENS, INDEX_DIR, SHARD_ROWS, DocIndex
-from training.contract.object_store import is_url
+from training.contract.dataset_index import HELDOUT_SHA, INDEX_DIR, SAMPLE_TOKENS, SHARD_ROWS, DocIndex
+from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
 from training.data.block_cache import block_source, refuse_legacy
@@ -99,20 +99,29 @@ class DocumentTable:
         self.separator_position = info["separator"]["position"]
         self.shard_names = sorted(info["shard_files"])
         # A dataset in place is checked cheaply here (shard sizes; sample tar headers below); a bucket's
-        # is read by range, every document checked against its sha256 whenever it is read
-        # (training/data/block_cache.py), so only the lengths the order needs are fetched now.
+        # is read by range, a sample at a time, every document checked against its sha256 whenever it is
+        # read (training/data/block_cache.py), so only what planning needs is fetched now: the shard
+        # table, the sample totals and the held-out prefix.
         self.in_place = origin(self.root) is None
         if not self.in_place and info["format"] != FORMAT:
-            raise refuse_legacy(self.location)
+            raise refuse_legacy(self.location, info["format"])
         if self.in_place:
             self._check_shard_sizes()
-        if "index" in info:
-            ensure(self.root, [f"{INDEX_DIR}/{name}" for name in (DOC_TOKENS, SHARD_ROWS)])
-        self.index = DocIndex(self.root, info, with_offsets=self.in_place)
-        self.lengths = self.index.tokens  # per manifest row, memory-mapped: shared page cache
+        read_range = None
+        if not self.in_place:
+            if "index" in info:
+                ensure(
+                    self.root, [f"{INDEX_DIR}/{name}" for name in (SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA)]
+                )
+            store = ObjectStore(origin(self.root), retry_for_s=(cache or CacheSettings.of()).timeout_s)
+
+            def read_range(name: str, lo: int, hi: int) -> bytes:
+                return store.get_range(f"{INDEX_DIR}/{name}", lo, hi)
+
+        self.index = DocIndex(self.root, info, per_document=self.in_place, read_range=read_range)
         # The split's block table, shared between the processes of a node (training/data/cache.py).
         self.blocks = epoch_order.DocBlocks.shared(
-            self.lengths,
+            self.index,
             fingerprint=info["fingerprint"],
             split=split,
             val_fraction=val_fraction,
@@ -128,6 +137,9 @@ class DocumentTable:
         if self.in_place:
             self._check_members()
         self.cache = block_source(self.root, info, self.index, self.blocks, cache)
+        # Per manifest row, its tokens: the index's memory map (shared page cache) in place, the cached
+        # samples' records from a bucket.
+        self.lengths = self.blocks.lengths = self.index.tokens if self.cache is None else self.cache.lengths
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
@@ -167,7 +179,7 @@ class DocumentTable:
             path = self.root / SHARDS_DIR / self.shard_names[s]
             rows = np.arange(row, min(row + per, int(end[s])))
             offset = int(self.index.offsets_of(rows[:1])[0])
-            nbytes = int(self.lengths[rows].sum()) * self.dtype.itemsize
+            nbytes = int(self.index.tokens[rows].sum()) * self.dtype.itemsize
             with open(path, "rb") as f:
                 f.seek(max(offset - 512, 0))
                 header = f.read(512)
@@ -194,7 +206,7 @@ class DocumentTable:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.lengths = self.blocks.lengths = self.index.tokens
+        self.lengths = self.blocks.lengths = self.index.tokens if self.cache is None else self.cache.lengths
 
     def _map(self, shard: int) -> np.ndarray:
         """Shard `shard` as a read-only token array over its memory map (the tar's members are
