@@ -5,7 +5,7 @@
                            member's data inside its shard
     index/shard_rows.bin   uint64, one per shard (dataset.json's sorted names) plus one: the shard's
                            first manifest row; shard s holds rows [shard_rows[s], shard_rows[s+1])
-    index/doc_sha256.bin   32 bytes per row (a gristmill-shards/2 dataset, index format /2): the
+    index/doc_sha256.bin   32 bytes per row (gristmill-shards/2 and /3, index format /2): the
                            sha256 of the document's ids, what a bucket's range reads are checked
                            against (read by range, with the documents that need it)
 
@@ -34,8 +34,8 @@ import pyarrow.parquet as pq
 from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_SHA256,
-    FORMAT,
     INDEX_DIR,
+    LEGACY_FORMAT,
     DatasetError,
     file_sha256,
     layout_offsets,
@@ -44,7 +44,7 @@ from training.contract.dataset_format import (
 )
 
 LEGACY_INDEX_FORMAT = "gristmill-index/1"  # a gristmill-shards/1 dataset's: no per-document sha256
-INDEX_FORMAT = "gristmill-index/2"
+INDEX_FORMAT = "gristmill-index/2"  # a gristmill-shards/2 or /3 dataset's
 DOC_TOKENS = "doc_tokens.bin"
 DOC_OFFSETS = "doc_offsets.bin"
 SHARD_ROWS = "shard_rows.bin"
@@ -56,8 +56,8 @@ _DTYPES = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8"), "sha256": np.dt
 
 def index_format(info: dict[str, Any]) -> str:
     """The index format a dataset of dataset.json `info` has: /2 (with the per-document sha256) for the
-    current shard layout, /1 for the legacy one."""
-    return INDEX_FORMAT if info["format"] == FORMAT else LEGACY_INDEX_FORMAT
+    shard layouts /2 and /3, /1 for the legacy one."""
+    return LEGACY_INDEX_FORMAT if info["format"] == LEGACY_FORMAT else INDEX_FORMAT
 
 
 def index_files(info: dict[str, Any]) -> tuple[str, ...]:
@@ -75,7 +75,7 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     Checks what the loader relies on and raises DatasetError naming the manifest otherwise: every
     row names a listed shard, rows of one shard are contiguous and shards come in name order,
     n_tokens in (0, 2³²), nbytes = n_tokens × itemsize, the member lies inside its shard, and the
-    totals equal dataset.json's documents / tokens; for a gristmill-shards/2 dataset also that each
+    totals equal dataset.json's documents / tokens; for a gristmill-shards/2 or /3 dataset also that each
     shard's offsets are the layout's (dataset_format.layout_offsets) and every row has its sha256.
     """
     root = Path(root)
@@ -125,10 +125,11 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
         if hashed:
             starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
             for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
-                if shard[a] == last_shard or not np.array_equal(offset[a:b], layout_offsets(nbytes[a:b])):
+                laid = layout_offsets(nbytes[a:b], info["format"])
+                if shard[a] == last_shard or not np.array_equal(offset[a:b], laid):
                     raise DatasetError(
-                        f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {FORMAT} shard "
-                        "lays out its documents (a sample per 64, back to back): the manifest does not "
+                        f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {info['format']} "
+                        "shard lays out its documents (a sample per 64, back to back): the manifest does not "
                         "describe these shards — rebuild"
                     )
             sha = t.column(DOC_SHA256)
@@ -260,7 +261,7 @@ class DocIndex:
     `shard_of(rows)` uses the per-shard table. Opening checks the files against dataset.json's sizes
     and the shard table's shape (cheap); the hashes are `gristmill data validate`'s job (and a
     bucket's copy's, when it is fetched). `with_offsets=False` (a bucket's dataset: the per-document
-    offsets are not fetched) computes a gristmill-shards/2 shard's offsets from its rows' lengths by
+    offsets are not fetched) computes a gristmill-shards/2 or /3 shard's offsets from its rows' lengths by
     its layout (dataset_format.layout_offsets), a shard at a time.
     """
 
@@ -280,6 +281,7 @@ class DocIndex:
                 f"`gristmill data index {root}`"
             )
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
+        self.format = info["format"]  # the shard layout (offsets_of without the offsets)
         self._files: dict[str, tuple[Path, np.dtype]] = {}
         for name in (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS) if with_offsets else (DOC_TOKENS, SHARD_ROWS):
             spec = entry["files"].get(name)
@@ -335,7 +337,7 @@ class DocIndex:
                     self._layout.pop(next(iter(self._layout)))
                 a, b = int(self.shard_rows[s]), int(self.shard_rows[s + 1])
                 nbytes = np.asarray(self.tokens[a:b], np.int64) * self.itemsize
-                laid = self._layout[s] = layout_offsets(nbytes)
+                laid = self._layout[s] = layout_offsets(nbytes, self.format)
             sel = shards == s
             out[sel] = laid[rows[sel] - int(self.shard_rows[s])]
         return out
