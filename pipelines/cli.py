@@ -37,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("data", "convert"): (
         "pipelines.convert",
-        "rewrite a dataset of the legacy shard layout in the current one (same documents, same batches)",
+        "rewrite a dataset of an older shard layout in the current one (same documents, same batches)",
     ),
     ("data", "validate"): (
         "validation.validate",

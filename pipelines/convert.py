@@ -1,6 +1,7 @@
-"""`gristmill data convert OLD NEW`: a dataset of the legacy shard layout (gristmill-shards/1, a tar sample
-per document) rewritten in the current one (gristmill-shards/2: documents back to back, a sha256
-each, what a bucket is read by range with), with the same documents in the same manifest rows.
+"""`gristmill data convert OLD NEW`: a dataset of an older shard layout (gristmill-shards/1, a tar sample
+per document; /2, samples of 64 documents' ids) rewritten in the current one (gristmill-shards/3: a
+sample per 64 documents, their lengths and sha256 then their ids, what a bucket is read by range
+with), with the same documents in the same manifest rows and the same shards.
 
 The loader's order is a function of the documents' lengths in manifest order (training/data/order.py),
 so NEW gives OLD's batches bit for bit (`gristmill data inspect --hash` equal, checked here on the
@@ -44,8 +45,9 @@ from training.contract.dataset_format import (
     manifest_files,
     numpy_dtype,
     read_dataset_info,
+    shard_name,
 )
-from training.contract.dataset_index import DOC_TOKENS
+from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import format_report, validate_dataset
 
@@ -55,11 +57,11 @@ _DERIVED = {
     "tokens", "shards", "shard_files", "created", "index", "files", "fingerprint", "status",
     "fingerprint_before_index", "converted_from",
 }  # fmt: skip
-TARGET_BYTES = 256 << 20  # the build's default shard size
+NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
 def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
-    """Rewrite the legacy dataset at `old` (a directory or s3:// URL) as `new` (module docstring);
+    """Rewrite the older-layout dataset at `old` (a directory or s3:// URL) as `new` (module docstring);
     returns NEW's dataset.json."""
     for where in (old, new):
         if is_url(where):  # a wrong bucket is one line before any work
@@ -109,7 +111,7 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
     info = read_dataset_info(root)
     check_fingerprint(old, info)
     if info["format"] == FORMAT:
-        raise DatasetError(f"{old} is already a {FORMAT} dataset: nothing to convert")
+        raise DatasetError(f"{old} is already a {FORMAT} dataset, the current layout: nothing to convert")
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
@@ -117,17 +119,24 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
     done = 0
     for path in manifest_files(root):
         rows = pq.read_table(path).to_pylist()
-        writer = ShardWriter(out, int(path.stem), info["vocab_size"], target_bytes=TARGET_BYTES)
-        for shard, members in _by_shard(rows):
+        writer = ShardWriter(out, int(path.stem), info["vocab_size"], target_bytes=NO_TARGET)
+        groups = _by_shard(rows)
+        if [shard for shard, _ in groups] != [shard_name(writer.task, i) for i in range(len(groups))]:
+            raise DatasetError(  # the writer names task t's shards so: NEW keeps OLD's names
+                f"{path}: its rows' shards are not {shard_name(writer.task, 0)}, … in order, as builds name "
+                "them: the manifest was edited by hand; nothing was converted"
+            )
+        for shard, members in groups:
             data = _shard_bytes(old, root, shard, info)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
                 meta = {k: r.get(k) for k in fields}
                 meta.setdefault("token_count", None)
-                if meta["token_count"] is None:  # the /1 layout kept it in the .json member only
-                    meta["token_count"] = _member_json(data, r).get("token_count")
+                if meta["token_count"] is None and info["format"] == LEGACY_FORMAT:
+                    meta["token_count"] = _member_json(data, r).get("token_count")  # /1 kept it there
                 provenance = {name: r.get(name) for name, _ in PROVENANCE_COLUMNS}
                 writer.add(r["key"], ids, {k: v for k, v in meta.items() if v is not None}, provenance)
+            writer.end_shard()  # OLD's shard, and only its documents (a last sample of fewer than 64)
             done += 1
             log(f"converted {shard} ({done}/{len(shards)} shards)")
         writer.close()
@@ -148,16 +157,19 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         separator=info["separator"],
         config_sha256=info["config_sha256"],
         tokenizer_path=tokenizer if tokenizer.is_file() else None,
-        extra={**kept, "converted_from": {"format": LEGACY_FORMAT, "fingerprints": was}},
+        extra={**kept, "converted_from": {"format": info["format"], "fingerprints": was}},
     )
-    # The order is a function of the lengths in manifest order: the same bytes, the same batches.
-    if "index" in info and index_hashes(new["index"])[DOC_TOKENS] != index_hashes(info["index"])[DOC_TOKENS]:
-        raise DatasetError(f"{out}: the converted documents' lengths differ from {old}'s; nothing was kept")
+    # The order is a function of the lengths in manifest order: the same bytes, the same batches (and,
+    # from a /2 dataset, the same ids: the same sha256 per row).
+    if "index" in info:
+        before, after = index_hashes(info["index"]), index_hashes(new["index"])
+        if any(before[name] != after[name] for name in (DOC_TOKENS, DOC_HASHES) if name in before):
+            raise DatasetError(f"{out}: the converted documents differ from {old}'s; nothing was kept")
     report = validate_dataset(out, progress=False)
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
     log(
-        f"converted {old} ({LEGACY_FORMAT}) into {out} ({FORMAT}): {new['documents']:,} documents in "
+        f"converted {old} ({info['format']}) into {out} ({FORMAT}): {new['documents']:,} documents in "
         f"{new['shards']} shards, the same batches (runs trained on it resume on this one); validated"
     )
     return new
@@ -206,7 +218,7 @@ def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("old", help=f"a {LEGACY_FORMAT} dataset: a directory or s3://BUCKET/PREFIX")
+    parser.add_argument("old", help="a dataset of an older layout: a directory or s3://BUCKET/PREFIX")
     parser.add_argument("new", help="where the converted dataset goes: a new directory or s3://BUCKET/PREFIX")
 
 

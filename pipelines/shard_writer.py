@@ -24,7 +24,9 @@ from pipelines import faults
 from training.contract.atomic_write import atomic_path, move_into_place
 from training.contract.dataset_format import (
     DOC_SHA256,
+    DOCS_EXT,
     FORMAT,
+    FORMAT_V2,
     IDS_EXT,
     MANIFEST_DIR,
     MANIFEST_FIELDS,
@@ -32,6 +34,7 @@ from training.contract.dataset_format import (
     SAMPLE_DOCS,
     SHARDS_DIR,
     TOKENIZER_JSON,
+    doc_records,
     dtype_for_vocab,
     dtype_name,
     file_sha256,
@@ -86,10 +89,12 @@ def _header(name: bytes, size: int) -> bytes:
 class ShardWriter:
     """Writes one task's documents into tars of about `target_bytes`, then its manifest parquet.
 
-    The gristmill-shards/2 layout (training/contract/dataset_format.py): documents are gathered
-    SAMPLE_DOCS at a time into one tar sample, `<key>.ids`, their ids back to back, so the documents a
-    loader block reads are one byte range; a shard closes after a whole sample. Each document's
-    manifest row records where its ids lie and their sha256. Shards are written as `NAME.tar.tmp` and
+    The gristmill-shards/3 layout (training/contract/dataset_format.py): documents are gathered
+    SAMPLE_DOCS at a time into one tar sample, `<key>.docs` (each document's n_tokens and sha256) then
+    `<key>.ids` (their ids back to back), so a loader block's lengths, hashes and ids are one byte
+    range; a shard closes after a whole sample. Each document's manifest row records where its ids lie
+    and their sha256. `fmt` FORMAT_V2 writes /2 samples (no `.docs` member): for tests of reading and
+    converting /2 datasets only; builds write /3. Shards are written as `NAME.tar.tmp` and
     moved into place (fsynced, renamed) when closed, so a partial shard is never visible under its
     final name. Manifest rows are kept in memory (~100 bytes each) and written once at `close()`, also
     via a temporary name.
@@ -102,9 +107,13 @@ class ShardWriter:
         vocab_size: int,
         target_bytes: int = 256 << 20,
         on_shard: Callable[[Path, list[dict[str, Any]]], None] | None = None,
+        fmt: str = FORMAT,
     ):
         """`on_shard(path, rows)`: called with each shard once it is in place, and its manifest rows (an
         s3:// build's task checks, uploads and deletes it there)."""
+        if fmt not in (FORMAT, FORMAT_V2):
+            raise ValueError(f"ShardWriter writes {FORMAT} (or {FORMAT_V2}), not {fmt}")
+        self.fmt = fmt
         self.root = Path(root)
         self.on_shard = on_shard
         self.task = task
@@ -202,12 +211,18 @@ class ShardWriter:
             self._write_sample()
 
     def _write_sample(self) -> None:
-        """The gathered documents as one `<key>.ids` member; their rows get shard and offset."""
+        """The gathered documents as one sample (`<key>.docs`, then `<key>.ids`); their rows get shard
+        and offset."""
         if self.tar is None:
             self._open()
         assert self.tar_path is not None
-        start = self._write_member(f"{sample_key(self.task, self.sample_index)}.{IDS_EXT}", self._pending)
-        for row in self.rows[len(self.rows) - len(self._pending) :]:
+        key = sample_key(self.task, self.sample_index)
+        rows = self.rows[len(self.rows) - len(self._pending) :]
+        if self.fmt == FORMAT:
+            records = doc_records([r["n_tokens"] for r in rows], [r[DOC_SHA256] for r in rows])
+            self._write_member(f"{key}.{DOCS_EXT}", records)
+        start = self._write_member(f"{key}.{IDS_EXT}", self._pending)
+        for row in rows:
             row["shard"], row["offset"] = self.tar_path.name, start
             start += row["nbytes"]
         self._pending = []
@@ -215,11 +230,16 @@ class ShardWriter:
         if self.offset >= self.target_bytes:
             self._finish_shard()
 
-    def close(self) -> list[dict[str, Any]]:
+    def end_shard(self) -> None:
+        """Close the open shard after the documents added so far (their last sample may have fewer than
+        SAMPLE_DOCS): `gristmill data convert` keeps each shard's documents in that shard."""
         if self._pending:
             self._write_sample()
         if self.tar is not None:
             self._finish_shard()
+
+    def close(self) -> list[dict[str, Any]]:
+        self.end_shard()
         path = self.root / MANIFEST_DIR / f"{self.task:05d}.parquet"
         table = pa.Table.from_pylist(self.rows, schema=MANIFEST_SCHEMA)
         with atomic_path(path) as tmp:

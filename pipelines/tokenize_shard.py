@@ -55,8 +55,9 @@ from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
-# Tar overhead per document, at most: its sample's header and padding (a sample of one).
-TAR_OVERHEAD_PER_DOC = 1024
+# Tar overhead per document, at most: its sample's two headers, its DOC_RECORD-byte `.docs` record
+# and both members' padding (a sample of one: 512 + 512 + 512 + 511 bytes).
+TAR_OVERHEAD_PER_DOC = 2048
 
 
 def _no_traceback_for_gristmill_errors(record) -> None:

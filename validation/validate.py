@@ -4,9 +4,11 @@ The validator trusts nothing the build wrote about itself. It walks every tar th
 headers (Python's `tarfile`, not the manifest), hashes each shard in the same single read, and
 checks:
 
-- the layout (gristmill-shards/2): every tar member is a sample `<key>.ids`; the manifest's rows of
-  the shard split the samples' data exactly, in order, each document's ids hashing to the sha256
-  its row records (what a bucket's range reads are checked against); under the legacy layout /1,
+- the layout (gristmill-shards/3): every tar sample is `<key>.docs` then `<key>.ids`, nothing
+  else; the manifest's rows of the shard split the samples' ids exactly, in order, each document's
+  ids hashing to the sha256 its row records (what a bucket's range reads are checked against); the
+  `.docs` member holds one DOC_RECORD-byte record per document of the sample, equal to its row's
+  n_tokens and sha256; under /2 the same without `.docs` members; under the legacy layout /1,
   every document has exactly one `.ids` and one `.json` member (valid UTF-8 JSON);
 - `.ids` lengths are a multiple of the dtype size and every id is below `vocab_size`;
 - exactly one separator per document, at the position dataset.json names ("after": last token,
@@ -51,9 +53,13 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DECONTAM_DIR,
     DECONTAM_FILES,
+    DOC_RECORD,
+    DOC_RECORDS,
     DOC_SHA256,
+    DOCS_EXT,
     FORMAT,
     IDS_EXT,
+    LEGACY_FORMAT,
     MANIFEST_DIR,
     META_EXT,
     SHARDS_DIR,
@@ -158,7 +164,7 @@ class _ShardSpec:
     url: str | None = (
         None  # a bucket's dataset: `path` is where the object is downloaded to, checked, deleted
     )
-    layout: str = FORMAT  # dataset.json's "format": a sample of documents (/2) or one per document (/1)
+    layout: str = FORMAT  # dataset.json's "format": a sample of documents (/2, /3) or one per document (/1)
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
@@ -191,12 +197,13 @@ def _check_shard(spec: _ShardSpec, res: ShardResult, sha256: str | None = None) 
         # touches only headers and the token bytes (zero-copy views into the map).
         res.sha256 = sha256 or hashlib.sha256(mm).hexdigest()
         _check_expected(spec, res)
-        if spec.layout == FORMAT:
-            members = _walk_tar(mm, size, res, (IDS_EXT,), "sample")
-            _check_samples(spec, res, mm, members, dtype)
-        else:
+        if spec.layout == LEGACY_FORMAT:
             members = _walk_tar(mm, size, res, (IDS_EXT, META_EXT), "document")
             _check_documents(spec, res, mm, members, dtype)
+        else:
+            exts = (DOCS_EXT, IDS_EXT) if spec.layout == FORMAT else (IDS_EXT,)
+            members = _walk_tar(mm, size, res, exts, "sample")
+            _check_samples(spec, res, mm, members, dtype)
 
 
 def check_written_shard(
@@ -208,7 +215,7 @@ def check_written_shard(
     rows: list[dict[str, Any]],
     expected: dict[str, Any],
 ) -> ShardResult:
-    """One gristmill-shards/2 shard as its build task just wrote it, before the task uploads it (an
+    """One gristmill-shards/3 shard as its build task just wrote it, before the task uploads it (an
     s3:// build): every check `validate_dataset` makes of a shard, against the task's manifest `rows`
     of it (and the documents and tokens they count) and the {bytes, sha256} the task hashed while
     writing (`expected`)."""
@@ -371,21 +378,25 @@ def _check_samples(
     members: dict[str, dict[str, tuple[int, int]]],
     dtype: np.dtype,
 ) -> None:
-    """A gristmill-shards/2 shard: the manifest's rows split its samples' data exactly (each sample's
-    documents back to back, in offset order, nothing left over), each document's ids hash to its
-    row's sha256; then the documents' ids are checked as the legacy layout's are."""
+    """A gristmill-shards/2 or /3 shard: the manifest's rows split its samples' ids exactly (each
+    sample's documents back to back, in offset order, nothing left over), each document's ids hash to
+    its row's sha256, a /3 sample's `.docs` records equal its rows (_check_records); then the
+    documents' ids are checked as the legacy layout's are."""
     item = dtype.itemsize
     rows = sorted(spec.manifest.items(), key=lambda kv: kv[1][0])
     at = 0  # the next row to place
     keys: list[str] = []
     arrays: list[np.ndarray] = []
     for sample, exts in members.items():
+        if IDS_EXT not in exts:
+            res.add(f"has a .{DOCS_EXT} member but no .{IDS_EXT} member", sample, "sample")
+            continue
         off, n = exts[IDS_EXT]
         if n % item:
             why = f".{IDS_EXT} has {n} bytes, not a multiple of the {spec.dtype} size {item}"
             res.add(why, sample, "sample")
             continue
-        pos, end = off, off + n
+        pos, end, placed = off, off + n, at
         while pos < end and at < len(rows) and rows[at][1][0] == pos:
             key, (_, nbytes, ntok, sha) = rows[at]
             if nbytes != ntok * item or pos + nbytes > end:
@@ -409,10 +420,54 @@ def _check_samples(
                 sample,
                 "sample",
             )
+        if spec.layout == FORMAT:
+            _check_records(spec, res, mm, sample, exts, rows[placed:at])
     for key, (off, *_rest) in rows[at:]:
         res.add(f"in the manifest at byte {off}, where no sample of this tar has a document", key)
     _check_documents_read(spec, res, keys, arrays)
     _check_counts(spec, res)
+
+
+def _check_records(
+    spec: _ShardSpec,
+    res: ShardResult,
+    mm: mmap.mmap,
+    sample: str,
+    exts: dict[str, tuple[int, int]],
+    rows: list[tuple[str, tuple[int, int, int, bytes | None]]],
+) -> None:
+    """A /3 sample's `.docs` member: right before its `.ids` member, one DOC_RECORD-byte record per
+    document the manifest places in the sample, each equal to the row's n_tokens and sha256 (what a
+    bucket's reader checks the sample's ids against). Each problem is one line naming the sample and,
+    for a record, its manifest row."""
+    if DOCS_EXT not in exts:
+        why = f"has no .{DOCS_EXT} member (a {FORMAT} sample is <key>.{DOCS_EXT} then <key>.{IDS_EXT})"
+        res.add(why, sample, "sample")
+        return
+    (docs_off, docs_n), (ids_off, _) = exts[DOCS_EXT], exts[IDS_EXT]
+    if docs_off + -(-docs_n // 512) * 512 + 512 != ids_off:
+        res.add(f"its .{DOCS_EXT} member does not come right before its .{IDS_EXT} member", sample, "sample")
+        return
+    if docs_n != DOC_RECORD * len(rows):
+        placed = f"rows {rows[0][0]}…{rows[-1][0]}" if rows else "no rows"
+        res.add(
+            f".{DOCS_EXT} has {docs_n} bytes, not {DOC_RECORD} × the {len(rows)} documents the manifest "
+            f"places in the sample ({placed}): its records do not describe its documents",
+            sample,
+            "sample",
+        )
+        return
+    records = np.frombuffer(mm, DOC_RECORDS, len(rows), docs_off)
+    for i, (key, (_, _, ntok, sha)) in enumerate(rows):
+        got_n, got_sha = int(records["n_tokens"][i]), records["sha256"][i].tobytes()
+        if (got_n, got_sha) != (ntok, sha):
+            res.add(
+                f".{DOCS_EXT} record {i} (n_tokens {got_n}, {DOC_SHA256} {got_sha.hex()[:16]}…) is not "
+                f"manifest row {key} (n_tokens {ntok}, {DOC_SHA256} {(sha or b'').hex()[:16]}…): the "
+                "records were damaged or the manifest edited",
+                sample,
+                "sample",
+            )
 
 
 def _check_ids(spec: _ShardSpec, res: ShardResult, keys: list[str], ids: np.ndarray, lengths: np.ndarray):
@@ -489,11 +544,12 @@ def _check_manifest(
 def _load_manifest(
     root: Path, problems: list[Problem], layout: str
 ) -> dict[str, dict[str, tuple[int, int, int, bytes | None]]]:
-    """shard -> key -> (offset, nbytes, n_tokens, sha256: a /2 dataset's, else None); duplicate keys
+    """shard -> key -> (offset, nbytes, n_tokens, sha256: a /2 or /3 dataset's, else None); duplicate keys
     and unreadable files are problems."""
     by_shard: dict[str, dict[str, tuple[int, int, int, bytes | None]]] = {}
     seen: dict[str, str] = {}
-    cols = ["shard", "key", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if layout == FORMAT else [])
+    hashed = layout != LEGACY_FORMAT
+    cols = ["shard", "key", "offset", "nbytes", "n_tokens"] + ([DOC_SHA256] if hashed else [])
     for path in manifest_files(root):
         rel = f"{MANIFEST_DIR}/{path.name}"
         try:
@@ -503,7 +559,7 @@ def _load_manifest(
             continue
         shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
         off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:5])
-        sha = t.column(DOC_SHA256).to_pylist() if layout == FORMAT else [None] * len(key)
+        sha = t.column(DOC_SHA256).to_pylist() if hashed else [None] * len(key)
         for s, k, o, b, n, h in zip(shard, key, off, nb, nt, sha):
             if k in seen:
                 problems.append(Problem(f"duplicate manifest key (also in shard {seen[k]})", rel, k))

@@ -7,7 +7,7 @@ dup_corpus              the dedup tests' corpus of planted duplicates and its bu
 forked                  `python -m MODULE` as a process forked from a server that imported torch, the trainer
 forked_workers          the forked commands' torchrun workers, forked too (a second server; PYTHON_EXEC stub)
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
-legacy_dataset          datasets in the legacy shard layout (gristmill-shards/1), for data convert's tests
+legacy_dataset          datasets in the shard layouts before /3 (/1, /2), for data convert's tests
 light_trainer           torchrun workers without torch: what the launcher sees of exits, messages, signals
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts

@@ -1,7 +1,8 @@
-"""A dataset in the legacy layout, gristmill-shards/1: a tar sample per document (`<key>.ids`, then
-`<key>.json` with its metadata), no per-document sha256. Builds no longer write it; datasets built
-before /2 are still read in place and converted by `gristmill data convert`, which the tests check
-against datasets written here, byte for byte as the /1 writer wrote them."""
+"""Datasets in the layouts before the current one, which builds no longer write: /1 (a tar sample per
+document: `<key>.ids`, then `<key>.json` with its metadata; no per-document sha256), byte for byte as
+the /1 writer wrote them, and /2 (samples of 64 documents' ids, no `.docs` member: the ShardWriter's
+`fmt`). Datasets built before /3 are still read in place and converted by `gristmill data convert`,
+which the tests check against datasets written here."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.shard_writer import _header, finalize_dataset
+from pipelines.shard_writer import ShardWriter, _header, finalize_dataset
 from pipelines.synthetic_dataset import SEPARATOR
 from training.contract.dataset_format import (
     DOC_SHA256,
+    FORMAT_V2,
     LEGACY_FORMAT,
     MANIFEST_DIR,
     MANIFEST_FIELDS,
@@ -94,3 +96,20 @@ def write_legacy_dataset(
         writer.add(f"t00000d{i:09d}", ids, {"id": f"doc-{i}"})
     writer.close()
     return finalize_legacy(root, vocab_size=vocab_size, separator=SEPARATOR, config_sha256="synthetic")
+
+
+def write_v2_dataset(
+    root: str | Path, documents: Iterable[np.ndarray], *, vocab_size: int, target_bytes: int = 64 << 20
+) -> dict[str, Any]:
+    """write_synthetic_dataset's documents in the /2 layout (task 0); returns dataset.json."""
+    writer = ShardWriter(root, 0, vocab_size, target_bytes, fmt=FORMAT_V2)
+    for i, ids in enumerate(documents):
+        writer.add(f"t00000d{i:09d}", ids, {"id": f"doc-{i}"})
+    writer.close()
+    return finalize_dataset(
+        root,
+        vocab_size=vocab_size,
+        separator=SEPARATOR,
+        config_sha256="synthetic",
+        extra={"format": FORMAT_V2},
+    )

@@ -1,6 +1,6 @@
-"""`gristmill data convert OLD NEW`: a legacy-layout dataset (gristmill-shards/1) rewritten in the
-current one with the same documents in the same rows, so the same batches; a run trained on OLD
-resumes on NEW; OLD is never changed."""
+"""`gristmill data convert OLD NEW`: a dataset of an older layout (gristmill-shards/1 or /2) rewritten in
+the current one (/3) with the same documents in the same rows and shards, so the same batches; a run
+trained on OLD resumes on NEW; OLD is never changed."""
 
 from __future__ import annotations
 
@@ -12,10 +12,17 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from pipelines.convert import convert_dataset
-from tests.helpers.legacy_dataset import write_legacy_dataset
+from tests.helpers.legacy_dataset import write_legacy_dataset, write_v2_dataset
 from tests.helpers.train_data import affine_documents
 from tests.helpers.train_runs import TINY, losses, overrides
-from training.contract.dataset_format import FORMAT, LEGACY_FORMAT, DatasetError, read_dataset_info
+from training.contract.dataset_format import (
+    FORMAT,
+    FORMAT_V2,
+    LEGACY_FORMAT,
+    DatasetError,
+    layout_offsets,
+    read_dataset_info,
+)
 from training.data.loader import batch_sha256, dataset_loader
 from training.train import load_train_config, train
 
@@ -27,15 +34,32 @@ def legacy(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def converted(legacy, tmp_path_factory):
-    before = {p: p.read_bytes() for p in legacy.rglob("*") if p.is_file()}
+def convert(old, tmp_path_factory):
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
     new = tmp_path_factory.mktemp("converted") / "new"
     lines: list[str] = []
-    convert_dataset(str(legacy), str(new), log=lines.append)
-    assert {p: p.read_bytes() for p in legacy.rglob("*") if p.is_file()} == before  # OLD untouched
+    convert_dataset(str(old), str(new), log=lines.append)
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before  # OLD untouched
     assert "the same batches" in lines[-1] and "validated" in lines[-1]
     return new
+
+
+@pytest.fixture(scope="module")
+def converted(legacy, tmp_path_factory):
+    return convert(legacy, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def v2(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v2") / "old"
+    # 300 documents in shards of a few samples, the last one short
+    write_v2_dataset(root, affine_documents(300), vocab_size=256, target_bytes=24 << 10)
+    return root
+
+
+@pytest.fixture(scope="module")
+def converted_v2(v2, tmp_path_factory):
+    return convert(v2, tmp_path_factory)
 
 
 def hashes(location, n: int = 60, **kw) -> list[str]:
@@ -82,7 +106,9 @@ def test_a_run_on_the_old_dataset_resumes_on_the_converted_one(legacy, converted
 
 
 def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
-    with pytest.raises(DatasetError, match="is already a gristmill-shards/2 dataset: nothing to convert"):
+    with pytest.raises(
+        DatasetError, match="is already a gristmill-shards/3 dataset, the current layout: nothing"
+    ):
         convert_dataset(str(converted), str(tmp_path / "again"), log=lambda *a: None)
     with pytest.raises(DatasetError, match="exists and is not empty"):
         convert_dataset(str(legacy), str(converted), log=lambda *a: None)
@@ -109,3 +135,49 @@ def test_converted_documents_are_the_old_ones(legacy, converted):
     old, new = DocumentTable(legacy), DocumentTable(converted)
     for row in np.linspace(0, old.documents - 1, 25).astype(int).tolist():
         assert np.array_equal(old.document(row), new.document(row))
+
+
+def manifest(root) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return [r for p in sorted((root / "manifest").glob("*.parquet")) for r in pq.read_table(p).to_pylist()]
+
+
+def test_a_v2_dataset_converts_with_the_same_rows_shards_and_batches(v2, converted_v2, capsys):
+    old, new = read_dataset_info(v2), read_dataset_info(converted_v2)
+    assert (old["format"], new["format"]) == (FORMAT_V2, FORMAT)
+    assert new["converted_from"] == {"format": FORMAT_V2, "fingerprints": [old["fingerprint"]]}
+    # The same shards, each with the same documents; every manifest column the same but where the ids
+    # now lie (after each sample's .docs member), which is /3's layout of the same lengths.
+    assert {k: (f["documents"], f["tokens"]) for k, f in old["shard_files"].items()} == {
+        k: (f["documents"], f["tokens"]) for k, f in new["shard_files"].items()
+    }
+    assert len(old["shard_files"]) > 2
+    before, after = manifest(v2), manifest(converted_v2)
+    assert [{**r, "offset": None} for r in before] == [{**r, "offset": None} for r in after]
+    for shard in sorted(new["shard_files"]):
+        rows = [r for r in after if r["shard"] == shard]
+        assert [r["offset"] for r in rows] == layout_offsets([r["nbytes"] for r in rows], FORMAT).tolist()
+    assert len(rows) % 64  # the last shard ends with a short sample
+    assert hashes(converted_v2, 120, val_fraction=0.05) == hashes(v2, 120, val_fraction=0.05)
+    geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "20"]
+    outs = []
+    for root in (v2, converted_v2):
+        assert gristmill(["data", "inspect", str(root), *geometry]) == 0
+        outs.append(capsys.readouterr().out.splitlines()[1:])
+    assert outs[0] == outs[1] and len(outs[0]) == 19
+    # A /3 dataset given to convert: one line, the current layout.
+    assert gristmill(["data", "convert", str(converted_v2), str(v2.parent / "again")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {converted_v2} is already a {FORMAT} dataset, the current layout: nothing to convert"
+    ]
+
+
+def test_a_legacy_dataset_keeps_its_shards(legacy, converted):
+    old, new = read_dataset_info(legacy), read_dataset_info(converted)
+    assert len(old["shard_files"]) > 2
+    assert {k: f["documents"] for k, f in old["shard_files"].items()} == {
+        k: f["documents"] for k, f in new["shard_files"].items()
+    }
+    assert [r["shard"] for r in manifest(legacy)] == [r["shard"] for r in manifest(converted)]

@@ -1,5 +1,6 @@
 """`gristmill data validate`: a clean dataset passes; every kind of damage fails naming shard and document
-(or the tar sample holding it), in the current layout (gristmill-shards/2) and the legacy one (/1)."""
+(or the tar sample holding it), in the current layout (gristmill-shards/3), the one before (/2) and the
+legacy one (/1)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ import pytest
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from tests.helpers.legacy_dataset import LegacyShardWriter, finalize_legacy
-from training.contract.dataset_format import SAMPLE_DOCS, manifest_files, sample_key, shard_files
+from training.contract.dataset_format import (
+    DOC_RECORD,
+    FORMAT,
+    FORMAT_V2,
+    LEGACY_FORMAT,
+    SAMPLE_DOCS,
+    manifest_files,
+    sample_key,
+    shard_files,
+)
 from validation.validate import VALIDATION_JSON, validate_dataset
 
 VOCAB = 1000
 SEP = 0
-DOCS = 150  # per task: 3 samples (/2), several shards each
+DOCS = 150  # per task: 3 samples (/2, /3), several shards each
 
 
 def doc_ids(rng: np.random.Generator, position: str = "after") -> np.ndarray:
@@ -30,14 +40,17 @@ def doc_ids(rng: np.random.Generator, position: str = "after") -> np.ndarray:
 
 
 def make_dataset(
-    root: Path, *, tasks: int = 2, docs: int = DOCS, position: str = "after", edit=None, legacy: bool = False
+    root: Path, *, tasks: int = 2, docs: int = DOCS, position: str = "after", edit=None, fmt: str = FORMAT
 ) -> dict:
-    """A small multi-shard dataset written by the real ShardWriter (or, `legacy`, the /1 layout's);
-    `edit(task, i, ids)` may damage a doc."""
+    """A small multi-shard dataset written by the real ShardWriter in layout `fmt` (/1: the legacy
+    layout's writer); `edit(task, i, ids)` may damage a doc."""
     rng = np.random.default_rng(0)
+    legacy = fmt == LEGACY_FORMAT
     for t in range(tasks):
-        writer = LegacyShardWriter if legacy else ShardWriter
-        w = writer(root, t, vocab_size=VOCAB, target_bytes=4096 if not legacy else 4096 * 6)
+        if legacy:
+            w = LegacyShardWriter(root, t, vocab_size=VOCAB, target_bytes=4096 * 6)
+        else:
+            w = ShardWriter(root, t, vocab_size=VOCAB, target_bytes=4096, fmt=fmt)
         for i in range(docs):
             ids = doc_ids(rng, position)
             if edit is not None:
@@ -46,8 +59,10 @@ def make_dataset(
         w.close()
     (root / "tokenizer.json").write_text('{"fake": "tokenizer"}')
     sep = {"token": "<|endoftext|>", "id": SEP, "position": position}
-    return (finalize_legacy if legacy else finalize_dataset)(
-        root, vocab_size=VOCAB, separator=sep, config_sha256="test"
+    if legacy:
+        return finalize_legacy(root, vocab_size=VOCAB, separator=sep, config_sha256="test")
+    return finalize_dataset(
+        root, vocab_size=VOCAB, separator=sep, config_sha256="test", extra={"format": fmt}
     )
 
 
@@ -61,7 +76,7 @@ def clean(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def clean_legacy(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("clean-legacy") / "ds"
-    make_dataset(root, legacy=True)
+    make_dataset(root, fmt=LEGACY_FORMAT)
     return root
 
 
@@ -89,9 +104,11 @@ def problems(root: Path) -> list[str]:
     return [str(p) for p in report.problems]
 
 
-def rewrite_tar(shard: Path, edit, extra: tuple[str, bytes]) -> list[tuple[tarfile.TarInfo, bytes]]:
+def rewrite_tar(
+    shard: Path, edit, extra: tuple[str, bytes] | None = None
+) -> list[tuple[tarfile.TarInfo, bytes]]:
     """Write `shard` again with each member's data `edit(name, data)` and one `extra` (name, data)
-    member at the end; returns the original members and their data."""
+    member at the end, if given; returns the original members and their data."""
     with tarfile.open(shard) as tf:
         members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
     with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
@@ -100,10 +117,11 @@ def rewrite_tar(shard: Path, edit, extra: tuple[str, bytes]) -> list[tuple[tarfi
             data = edit(m.name, data)
             new.size = len(data)
             tf.addfile(new, io.BytesIO(data))
-        name, data = extra
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tf.addfile(info, io.BytesIO(data))
+        if extra is not None:
+            name, data = extra
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
     return members
 
 
@@ -523,14 +541,118 @@ def test_sample_level_problems(ds):
     shard = shard_files(ds)[0]
     with tarfile.open(shard) as tf:
         key = tf.getmembers()[0].name.split(".")[0]
-    members = rewrite_tar(shard, lambda name, d: d[:-1], (f"{key}.json", b"{}"))
+    members = rewrite_tar(
+        shard, lambda name, d: d[:-1] if name.endswith(".ids") else d, (f"{key}.json", b"{}")
+    )
     found = problems(ds)
     where = f"shards/{shard.name}: sample {key}"
-    assert f"{where}: .ids has {len(members[0][1]) - 1} bytes, not a multiple of the uint16 size 2" in found
-    assert f"{where}: unexpected tar member '{key}.json' (expected <key>.ids)" in found, found
+    assert f"{where}: .ids has {len(members[1][1]) - 1} bytes, not a multiple of the uint16 size 2" in found
+    assert f"{where}: unexpected tar member '{key}.json' (expected <key>.docs or <key>.ids)" in found, found
 
 
 def test_legacy_dataset_validates(clean_legacy):
     report = validate_dataset(clean_legacy, progress=False, write=False)
     assert report.ok, report.problems
     assert report.documents == 2 * DOCS and report.shards > 2
+
+
+# --------------------------------------------------------------------------------------------
+# /3's `.docs` records: each document's n_tokens and sha256 in front of its sample's ids
+
+
+def docs_member(shard: Path, row: dict) -> tuple[str, int, int]:
+    """(sample key, data offset, size) of the `.docs` member of the sample holding `row`, by tarfile."""
+    key = sample_of(row)
+    with tarfile.open(shard) as tf:
+        m = tf.getmember(f"{key}.docs")
+    return key, m.offset_data, m.size
+
+
+def flip(shard: Path, at: int) -> None:
+    data = bytearray(shard.read_bytes())
+    data[at] ^= 0x01
+    shard.write_bytes(bytes(data))
+
+
+def doc_problems(found: list[str]) -> list[str]:
+    """The lines but the shard's size and sha256 against dataset.json's, and the fingerprint recomputed
+    from them (any edit of a shard changes those)."""
+    return [p for p in found if not p.startswith("dataset.json: fingerprint") and not _shard_hash_line(p)]
+
+
+def _shard_hash_line(line: str) -> bool:
+    return line.startswith("shards/") and line.split(": ", 1)[1].startswith(("sha256 ", "size "))
+
+
+@pytest.mark.parametrize("field, at", [("n_tokens", 0), ("sha256", 4 + 17)])
+def test_docs_record_damage_names_shard_sample_and_row(ds, field, at):
+    """A flipped byte in a record's length or hash (the ids untouched): one line naming the shard, the
+    sample and the manifest row."""
+    row = row_of(ds, "t1d70")  # the 7th document of task 1's second sample
+    shard = ds / "shards" / row["shard"]
+    key, offset, size = docs_member(shard, row)
+    assert size == DOC_RECORD * SAMPLE_DOCS
+    flip(shard, offset + DOC_RECORD * 6 + at)
+    (line,) = doc_problems(problems(ds))
+    n, sha = row["n_tokens"], row["sha256"].hex()[:16]
+    bad_n = n ^ 1 if field == "n_tokens" else n
+    bad_sha = bytearray(row["sha256"])
+    if field == "sha256":
+        bad_sha[17] ^= 0x01
+    assert line == (
+        f"shards/{row['shard']}: sample {key}: .docs record 6 (n_tokens {bad_n}, sha256 "
+        f"{bytes(bad_sha).hex()[:16]}…) is not manifest row t1d70 (n_tokens {n}, sha256 {sha}…): the "
+        "records were damaged or the manifest edited"
+    )
+
+
+def test_docs_member_of_the_wrong_size(ds):
+    """A record short: (still inside the member's padding, so every offset stays) one line naming the
+    shard, the sample and its manifest rows."""
+    row = row_of(ds, "t0d64")  # the first document of task 0's second sample
+    shard = ds / "shards" / row["shard"]
+    key, _, size = docs_member(shard, row)
+    rewrite_tar(shard, lambda name, d: d[:-DOC_RECORD] if name == f"{key}.docs" else d)
+    (line,) = doc_problems(problems(ds))
+    assert line == (
+        f"shards/{row['shard']}: sample {key}: .docs has {size - DOC_RECORD} bytes, not 36 × the 64 "
+        "documents the manifest places in the sample (rows t0d64…t0d127): its records do not describe "
+        "its documents"
+    )
+
+
+def test_docs_member_must_come_right_before_its_ids(ds):
+    shard = shard_files(ds)[0]
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]
+    key = members[0][0].name.split(".")[0]
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for m, data in [members[1], members[0], *members[2:]]:  # .ids, then .docs
+            tf.addfile(m, io.BytesIO(data))
+    found = doc_problems(problems(ds))
+    assert (
+        f"shards/{shard.name}: sample {key}: its .docs member does not come right before its .ids member"
+        in found
+    )
+
+
+@pytest.fixture(scope="module")
+def clean_v2(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("clean-v2") / "ds"
+    make_dataset(root, fmt=FORMAT_V2)
+    return root
+
+
+def test_v2_dataset_validates_and_its_damage_is_found(clean_v2, tmp_path):
+    report = validate_dataset(clean_v2, progress=False, write=False)
+    assert report.ok, report.problems
+    assert report.documents == report.separators == 2 * DOCS and report.shards > 2
+    with tarfile.open(shard_files(clean_v2)[0]) as tf:
+        assert all(m.name.endswith(".ids") for m in tf.getmembers())  # no .docs members
+    ds = private_copy(clean_v2, tmp_path)
+    row = row_of(ds, "t0d100")
+    flip(ds / "shards" / row["shard"], row["offset"])
+    assert (
+        f"shards/{row['shard']}: document t0d100: its ids do not hash to the manifest's sha256 (damaged or "
+        "replaced)" in problems(ds)
+    )

@@ -23,16 +23,25 @@ from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
 from training.contract.errors import GristmillError
 
-# The shard layout (docs/design.md, "The dataset directory"). /2, what builds write: a tar sample per
-# run of SAMPLE_DOCS consecutive documents, its `<key>.ids` their ids back to back (each with its
-# separator), metadata in the manifest only, so the documents the loader reads together are one byte
-# range, and each document's sha256 in the manifest and the index (every range read is checked).
-# /1: a sample per document (`.ids` + `.json`); still read in place, refused in a bucket (converted
-# by `gristmill data convert`).
-FORMAT = "gristmill-shards/2"
+# The shard layout (docs/design.md, "The dataset directory"). /3, what builds write: a tar sample per
+# run of SAMPLE_DOCS consecutive documents of a shard, two members: `<key>.docs`, a DOC_RECORD-byte
+# record per document (uint32 little-endian n_tokens, then the raw sha256 of its ids), then
+# `<key>.ids`, their ids back to back (each with its separator); metadata in the manifest only. So one
+# byte range of a shard holds a loader block's lengths, hashes and ids (layout_samples), and every
+# range read is checked against the hashes it carries (also in the manifest and the index).
+# /2: the same samples without the `.docs` member (the hashes in the manifest and the index only).
+# /1: a sample per document (`.ids` + `.json`). /1 and /2 are still read in place, refused in a bucket
+# (converted by `gristmill data convert`).
+FORMAT = "gristmill-shards/3"
+FORMAT_V2 = "gristmill-shards/2"
 LEGACY_FORMAT = "gristmill-shards/1"
-FORMATS = (LEGACY_FORMAT, FORMAT)
-SAMPLE_DOCS = 64  # documents per tar sample of a /2 shard (the loader's blocks are 64 documents too)
+FORMATS = (LEGACY_FORMAT, FORMAT_V2, FORMAT)
+SAMPLE_DOCS = 64  # documents per tar sample of a /2 or /3 shard (the loader's blocks are 64 documents too)
+# A /3 sample's `.docs` member: per document, uint32 little-endian n_tokens (separator included),
+# then the raw sha256 of its ids bytes (the manifest's DOC_SHA256).
+DOC_RECORDS = np.dtype([("n_tokens", "<u4"), ("sha256", "V32")])
+DOC_RECORD = 36  # bytes per document in a `.docs` member
+assert DOC_RECORDS.itemsize == DOC_RECORD
 TAR_BLOCK = 512  # tar headers and member data are 512-byte aligned
 DATASET_JSON = "dataset.json"
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
@@ -58,7 +67,8 @@ RECORDED_FILES = (
     CONFIG_TOML,
 )
 IDS_EXT = "ids"  # tar member `<key>.ids`: raw little-endian token ids
-META_EXT = "json"  # a /1 shard's tar member `<key>.json`: source metadata (/2: the manifest only)
+DOCS_EXT = "docs"  # a /3 sample's tar member `<key>.docs`: its documents' DOC_RECORD records
+META_EXT = "json"  # a /1 shard's tar member `<key>.json`: source metadata (/2, /3: the manifest only)
 
 
 @dataclass(frozen=True)
@@ -115,8 +125,8 @@ TEXT_HASH = "text_hash"  # hex of the 128-bit hash of the normalised text (pipel
 PROVENANCE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()), (TEXT_HASH, pa.string()))
 
 # One manifest row per kept document. `offset`/`nbytes` locate the document's ids inside the tar (its
-# `.ids` member's data under /1, its place in its sample's `.ids` under /2), so the loader can
-# memory-map shards and never parse tar headers on the hot path. DOC_SHA256 (/2): the sha256 of those
+# `.ids` member's data under /1, its place in its sample's `.ids` under /2 and /3), so the loader can
+# memory-map shards and never parse tar headers on the hot path. DOC_SHA256 (/2, /3): the sha256 of those
 # bytes, what every range read from a bucket is checked against.
 DOC_SHA256 = "sha256"
 MANIFEST_SCHEMA = pa.schema(
@@ -171,40 +181,59 @@ def doc_key(task: int, index: int) -> str:
 
 
 def sample_key(task: int, index: int) -> str:
-    """The webdataset key of a /2 shard's sample `index` of task `task` (unique in the dataset)."""
+    """The webdataset key of a /2 or /3 shard's sample `index` of task `task` (unique in the dataset)."""
     return f"t{task:05d}s{index:07d}"
 
 
-def layout_offsets(nbytes: np.ndarray) -> np.ndarray:
-    """Where a /2 shard puts its documents, from their byte lengths alone (in shard order): the data
-    offset of each inside the tar. Samples of SAMPLE_DOCS documents follow each other, each a 512-byte
-    header then its documents back to back, padded to 512 bytes. The writer lays shards out so; the
-    index derivation checks the manifest against it; a bucket's reader computes byte ranges with it
-    (the per-document offsets need not be fetched)."""
+def doc_records(n_tokens: np.ndarray, sha256: list[bytes]) -> bytes:
+    """A /3 sample's `.docs` data: its documents' DOC_RECORDS records, in order."""
+    records = np.zeros(len(sha256), DOC_RECORDS)
+    records["n_tokens"] = n_tokens
+    records["sha256"] = sha256
+    return records.tobytes()
+
+
+def layout_samples(
+    doc_counts: np.ndarray, ids_bytes: np.ndarray, fmt: str = FORMAT
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where a shard puts its samples, from each one's document count and ids byte size (in shard
+    order): (the data offset of each sample's `.docs` member, that of its `.ids` member) inside the
+    tar. A /3 sample is a 512-byte header, its documents' DOC_RECORD-byte records padded to 512
+    bytes, a 512-byte header, then its ids padded to 512 bytes: bytes [docs, ids + ids_bytes) are one
+    range holding the sample's lengths, hashes and ids. A /2 sample has no `.docs` member: its `.docs`
+    offset is its `.ids` one (no records)."""
+    if fmt not in (FORMAT, FORMAT_V2):
+        raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
+    counts = np.asarray(doc_counts, np.int64)
+    docs_member = TAR_BLOCK + _padded(counts * DOC_RECORD) if fmt == FORMAT else np.zeros_like(counts)
+    sizes = docs_member + TAR_BLOCK + _padded(np.asarray(ids_bytes, np.int64))
+    start = np.cumsum(sizes) - sizes  # each sample's first header
+    ids = start + docs_member + TAR_BLOCK
+    return (start + TAR_BLOCK if fmt == FORMAT else ids), ids
+
+
+def _padded(n: np.ndarray) -> np.ndarray:
+    return -(-n // TAR_BLOCK) * TAR_BLOCK
+
+
+def layout_offsets(nbytes: np.ndarray, fmt: str) -> np.ndarray:
+    """Where a /2 or /3 shard puts its documents, from their byte lengths alone (in shard order): the
+    data offset of each one's ids inside the tar. Its samples are SAMPLE_DOCS documents each (the last
+    may have fewer), laid out by layout_samples, each sample's ids back to back. The writer lays shards
+    out so; the index derivation checks the manifest against it; a bucket's reader computes byte
+    ranges with it (the per-document offsets need not be fetched)."""
     nbytes = np.asarray(nbytes, np.int64)
     n = len(nbytes)
-    within = np.cumsum(nbytes) - nbytes  # from the shard's first document's data
+    if fmt not in (FORMAT, FORMAT_V2):
+        raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
+    if not n:
+        return np.zeros(0, np.int64)
+    within = np.cumsum(nbytes) - nbytes  # from the shard's first document's ids
     sample = np.arange(n) // SAMPLE_DOCS
     first = np.arange(0, n, SAMPLE_DOCS)
-    sizes = np.add.reduceat(nbytes, first) if n else np.zeros(0, np.int64)
-    padded = -(-sizes // TAR_BLOCK) * TAR_BLOCK
-    start = TAR_BLOCK * (np.arange(len(sizes)) + 1) + (np.cumsum(padded) - padded)  # each sample's data
-    return start[sample] + within - within[first][sample] if n else np.zeros(0, np.int64)
-
-
-DOC_RECORD = 36  # a /3 sample's `.docs` member: per document, uint32 tokens then its ids' sha256
-DOC_RECORD_DTYPE = np.dtype([("tokens", "<u4"), ("sha256", "V32")])
-
-
-def layout_samples(doc_counts: np.ndarray, ids_bytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where a /3 shard puts its samples, from each one's document count and ids bytes (in shard
-    order): (each sample's `.docs` data offset, its `.ids` data offset). A sample is a 512-byte header,
-    its DOC_RECORD-byte records padded to 512, a header, its ids padded to 512."""
-    docs = -(-np.asarray(doc_counts, np.int64) * DOC_RECORD // TAR_BLOCK) * TAR_BLOCK
-    ids = -(-np.asarray(ids_bytes, np.int64) // TAR_BLOCK) * TAR_BLOCK
-    size = 2 * TAR_BLOCK + docs + ids
-    start = np.cumsum(size) - size
-    return start + TAR_BLOCK, start + 2 * TAR_BLOCK + docs
+    counts = np.diff(np.r_[first, n])
+    _, ids = layout_samples(counts, np.add.reduceat(nbytes, first), fmt)
+    return ids[sample] + within - within[first][sample]
 
 
 def sample_starts(shard_rows: np.ndarray) -> np.ndarray:

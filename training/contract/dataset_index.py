@@ -46,7 +46,6 @@ import pyarrow.parquet as pq
 from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_SHA256,
-    FORMAT,
     INDEX_DIR,
     LEGACY_FORMAT,
     SAMPLE_DOCS,
@@ -101,7 +100,7 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     Checks what the loader relies on and raises DatasetError naming the manifest otherwise: every
     row names a listed shard, rows of one shard are contiguous and shards come in name order,
     n_tokens in (0, 2³²), nbytes = n_tokens × itemsize, the member lies inside its shard, and the
-    totals equal dataset.json's documents / tokens; for a gristmill-shards/2 dataset also that each
+    totals equal dataset.json's documents / tokens; for a gristmill-shards/2 or /3 dataset also that each
     shard's offsets are the layout's (dataset_format.layout_offsets) and every row has its sha256.
     """
     root = Path(root)
@@ -155,11 +154,12 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
             if hashed:
                 starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
                 for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
-                    if shard[a] == last_shard or not np.array_equal(offset[a:b], layout_offsets(nbytes[a:b])):
+                    laid = layout_offsets(nbytes[a:b], info["format"])
+                    if shard[a] == last_shard or not np.array_equal(offset[a:b], laid):
                         raise DatasetError(
-                            f"{path}: the rows of shard {names[shard[a]]} are not laid out as a {FORMAT} "
-                            "shard lays out its documents (a sample per 64, back to back): the manifest does "
-                            "not describe these shards — rebuild"
+                            f"{path}: the rows of shard {names[shard[a]]} are not laid out as a "
+                            f"{info['format']} shard lays out its documents (a sample per 64, back to back): "
+                            "the manifest does not describe these shards — rebuild"
                         )
                 sha = t.column(DOC_SHA256)
                 if sha.null_count:

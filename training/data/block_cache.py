@@ -44,7 +44,7 @@ import numpy as np
 
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
-    DOC_RECORD_DTYPE,
+    DOC_RECORDS,
     FORMAT,
     SAMPLE_DOCS,
     SHARDS_DIR,
@@ -267,8 +267,8 @@ class CachedBlocks:
         n, total = self.docs(u), int(self.totals[u])
         for attempt in (1, 2):
             data = self.store.get_range(f"{SHARDS_DIR}/{name}", lo, hi)
-            rec = np.frombuffer(data, DOC_RECORD_DTYPE, n)
-            lengths = rec["tokens"].astype(np.int64)
+            rec = np.frombuffer(data, DOC_RECORDS, n)
+            lengths = rec["n_tokens"].astype(np.int64)
             sha = rec["sha256"].tobytes()
             ids = data[ids_at - lo :]
             bad = None

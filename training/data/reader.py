@@ -23,10 +23,14 @@ import numpy as np
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    DOC_RECORD,
+    DOCS_EXT,
     FORMAT,
     IDS_EXT,
+    LEGACY_FORMAT,
     SAMPLE_DOCS,
     SHARDS_DIR,
+    TAR_BLOCK,
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
@@ -162,13 +166,14 @@ class DocumentTable:
                 )
 
     def _check_members(self) -> None:
-        """Spot-check the tar header of each shard's first and last sample in the index.
+        """Spot-check the tar headers of each shard's first and last sample in the index.
 
         Tars pad to 10 KiB records, so a rebuilt shard can keep its size; its samples rarely keep
-        their places too. Two 512-byte reads per shard; the sha256 of every shard is `gristmill
-        data validate`'s job. A sample is SAMPLE_DOCS documents (one under the legacy layout).
+        their places too. Two 512-byte reads per sample (one under /1 and /2: no `.docs` member);
+        the sha256 of every shard is `gristmill data validate`'s job. A sample is SAMPLE_DOCS
+        documents (one under the legacy layout); a /3 sample's `.docs` member precedes its `.ids`.
         """
-        per = SAMPLE_DOCS if self.info["format"] == FORMAT else 1
+        per = 1 if self.info["format"] == LEGACY_FORMAT else SAMPLE_DOCS
         first, end = self.index.shard_rows[:-1], self.index.shard_rows[1:]
         nonempty = np.flatnonzero(end > first)
         last = first + (end - 1 - first) // per * per  # the first row of each shard's last sample
@@ -179,21 +184,27 @@ class DocumentTable:
             path = self.root / SHARDS_DIR / self.shard_names[s]
             rows = np.arange(row, min(row + per, int(end[s])))
             offset = int(self.index.offsets_of(rows[:1])[0])
-            nbytes = int(self.index.tokens[rows].sum()) * self.dtype.itemsize
+            members = [(IDS_EXT, offset, int(self.index.tokens[rows].sum()) * self.dtype.itemsize)]
+            if self.info["format"] == FORMAT:
+                records = len(rows) * DOC_RECORD
+                docs_at = offset - TAR_BLOCK - -(-records // TAR_BLOCK) * TAR_BLOCK
+                members.append((DOCS_EXT, docs_at, records))
             with open(path, "rb") as f:
-                f.seek(max(offset - 512, 0))
-                header = f.read(512)
-            name = header[:100].split(b"\0")[0]
-            try:
-                size = int(header[124:136].strip(b"\0 "), 8)
-            except ValueError:
-                size = -1
-            if offset < 512 or not name.endswith(b"." + IDS_EXT.encode()) or size != nbytes:
-                raise DatasetError(
-                    f"{path}: no {nbytes}-byte .ids member at byte {offset} where the index puts manifest "
-                    f"row {row} (the tar header there reads {name!r}, {size} bytes): the shard was rebuilt "
-                    "after the manifest and dataset.json were written; rebuild the dataset"
-                )
+                for ext, at, nbytes in members:
+                    f.seek(max(at - TAR_BLOCK, 0))
+                    header = f.read(TAR_BLOCK)
+                    name = header[:100].split(b"\0")[0]
+                    try:
+                        size = int(header[124:136].strip(b"\0 "), 8)
+                    except ValueError:
+                        size = -1
+                    if at < TAR_BLOCK or not name.endswith(b"." + ext.encode()) or size != nbytes:
+                        raise DatasetError(
+                            f"{path}: no {nbytes}-byte .{ext} member at byte {at} where the index puts "
+                            f"manifest row {row}'s sample (the tar header there reads {name!r}, {size} "
+                            "bytes): the shard was rebuilt after the manifest and dataset.json were "
+                            "written; rebuild the dataset"
+                        )
 
     def split_rows(self, docs: np.ndarray) -> np.ndarray:
         """Manifest rows of this split's documents number `docs` (0 = the split's first)."""

@@ -11,6 +11,7 @@ import json
 import re
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -266,10 +267,25 @@ def copy_task(src: Path, dst: Path, task: int) -> None:
     shutil.copyfile(src / "manifest" / f"{task:05d}.parquet", dst / "manifest" / f"{task:05d}.parquet")
 
 
+def test_a_docs_member_not_as_the_index_says_is_refused(tmp_path):
+    # A /3 sample's .docs header spot-checked too: one record short (the same padding, so the same
+    # size and offsets) is refused at open.
+    make_dataset(tmp_path / "a", seed=0)
+    shard = sorted((tmp_path / "a" / "shards").glob("*.tar"))[0]
+    data = bytearray(shard.read_bytes())
+    header = tarfile.TarInfo.frombuf(bytes(data[:512]), "utf-8", "surrogateescape")
+    assert header.name.endswith(".docs")
+    header.size -= 36
+    data[:512] = header.tobuf(tarfile.USTAR_FORMAT)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=rf"{shard}: no {header.size + 36}-byte .docs member at byte 512"):
+        make_loader(tmp_path / "a")
+
+
 def test_rebuilt_shard_is_refused(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     make_dataset(a, seed=0)
-    make_dataset(b, seed=5, shard_bytes=40_000)  # other documents, bigger shards
+    make_dataset(b, seed=5, shard_bytes=40_000, n_docs=400)  # other documents, bigger shards
     loader = make_loader(a)
     take(loader, 3)
     state = loader.state_dict()
