@@ -196,12 +196,15 @@ class TrainingMetrics:
     the ETA). The loop adds the step's validation and eval between `measure` and `timed`; the row is
     then written by training/run/record.RunRecord, which holds the rows."""
 
-    def __init__(self, timeline, *, log_every: int = 1, last_step: int | None = None):
+    def __init__(
+        self, timeline, *, log_every: int = 1, last_step: int | None = None, fetch_base: dict | None = None
+    ):
         """`timeline`: the run's training/run/timeline.Timeline; `log_every` (run.log_every) and
         `last_step` (where this invocation stops: run.max_steps, else the plan's end): the rows'
-        cadence, and their ETA."""
+        cadence, and their ETA; `fetch_base`: object_store.COUNTS when the invocation began (its
+        setup's fetches, a bucket's cold start, count in its first row)."""
         self.timeline, self.log_every, self.last_step = timeline, log_every, last_step
-        self.fetch_base = COUNTS.snapshot()  # fetch/* counts start with this invocation's training
+        self.fetch_base = fetch_base or COUNTS.snapshot()  # fetch/* counts start with this invocation
         self.start()
 
     def due(self, step: int) -> bool:

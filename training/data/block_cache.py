@@ -280,8 +280,8 @@ class CachedBlocks:
                     got = hashlib.sha256(ids[a:z]).digest()
                     if got != sha[k * HASH_BYTES : (k + 1) * HASH_BYTES]:
                         bad = (
-                            f"manifest row {int(self.first[u]) + k}'s ids hash to {got.hex()[:16]}… but its "
-                            f"record says {sha[k * HASH_BYTES : (k + 1) * HASH_BYTES].hex()[:16]}…"
+                            f"manifest row {int(self.first[u]) + k}'s ids hash to {got.hex()} but its .docs "
+                            f"record says {sha[k * HASH_BYTES : (k + 1) * HASH_BYTES].hex()}"
                         )
                         break
             if bad is None:
@@ -498,11 +498,11 @@ def cache_usage(cache_dir: Path) -> list[tuple[Path, int, float]]:
 
 
 def cache_files(cache_dir: Path) -> list[Path]:
-    """The cache's block files: `<dir>/blocks/*/*.blk` of the dataset directories it made (ORIGIN)."""
+    """The cache's sample files: `<dir>/blocks/*.blk` of the dataset directories it made (ORIGIN)."""
     return [
         p
         for d in sorted(cache_dir.glob(f"*/{ORIGIN}"))
-        for p in sorted((d.parent / BLOCKS_DIR).glob(f"*/*{BLOCK_EXT}"))
+        for p in sorted((d.parent / BLOCKS_DIR).glob(f"*{BLOCK_EXT}"))
     ]
 
 

@@ -35,6 +35,7 @@ from training.config import TrainConfig, load_train_config
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
+from training.contract.object_store import COUNTS
 from training.contract.run_layout import CONFIG_TOML
 from training.data.block_cache import check_room
 from training.data.loader import TokenLoader
@@ -157,6 +158,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     spec, shapes, model_config, device = checked.spec, checked.shapes, checked.model, checked.device
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     last_step = cfg.run.max_steps or spec.last_step
+    fetched_before = COUNTS.snapshot()  # step 1's fetch/* counts include the setup's (a cold start)
     plan, loader, validation, notes = _data(cfg, spec, shapes, env, device, last_step)
     model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
@@ -228,7 +230,9 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         loader=loader, validation=validation, evaluator=evaluator, merge=merge, optimizer=optimizer,
         scheduler=scheduler, state=state, timeline=timeline, checkpointables=states,
         checkpointer=checkpointer,
-        metrics=TrainingMetrics(timeline, log_every=cfg.run.log_every, last_step=last_step),
+        metrics=TrainingMetrics(
+            timeline, log_every=cfg.run.log_every, last_step=last_step, fetch_base=fetched_before
+        ),
         record=record, batches=BatchDigests(env.world_size), judge=judge, rewinder=rewinder,
         fault=LossFaults(model, env.rank, plan),
         last_step=last_step, flops_per_token=flops, peak_flops=peak,
