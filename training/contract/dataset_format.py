@@ -202,14 +202,18 @@ def layout_samples(
     bytes, a 512-byte header, then its ids padded to 512 bytes: bytes [docs, ids + ids_bytes) are one
     range holding the sample's lengths, hashes and ids. A /2 sample has no `.docs` member: its `.docs`
     offset is its `.ids` one (no records)."""
-    if fmt not in (FORMAT, FORMAT_V2):
-        raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
+    _check_layout(fmt)
     counts = np.asarray(doc_counts, np.int64)
     docs_member = TAR_BLOCK + _padded(counts * DOC_RECORD) if fmt == FORMAT else np.zeros_like(counts)
     sizes = docs_member + TAR_BLOCK + _padded(np.asarray(ids_bytes, np.int64))
     start = np.cumsum(sizes) - sizes  # each sample's first header
     ids = start + docs_member + TAR_BLOCK
     return (start + TAR_BLOCK if fmt == FORMAT else ids), ids
+
+
+def _check_layout(fmt: str) -> None:
+    if fmt not in (FORMAT, FORMAT_V2):
+        raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
 
 
 def _padded(n: np.ndarray) -> np.ndarray:
@@ -224,8 +228,7 @@ def layout_offsets(nbytes: np.ndarray, fmt: str) -> np.ndarray:
     ranges with it (the per-document offsets need not be fetched)."""
     nbytes = np.asarray(nbytes, np.int64)
     n = len(nbytes)
-    if fmt not in (FORMAT, FORMAT_V2):
-        raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
+    _check_layout(fmt)
     if not n:
         return np.zeros(0, np.int64)
     within = np.cumsum(nbytes) - nbytes  # from the shard's first document's ids
