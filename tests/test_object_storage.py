@@ -398,25 +398,32 @@ def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
 
 
 def test_blocks_are_fetched_once_in_the_order_the_plan_reads_them(s3, synthetic, small_blocks, tmp_path):
+    """Each sample is one range request, fetched once; an epoch group's samples all come before the
+    group's first step (its plan needs their lengths), the groups in the plan's order."""
     local, url = synthetic
     settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1)  # one at a time: the order shows
-    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
-    view = loader.builder.global_view()
+    # The plan, read off the local copy (planning the bucket's would fetch what it plans).
+    view = dataset_loader(local, seq_len=64, global_batch=8, micro_batch=4, seed=3).builder.global_view()
+    first = view.tables[0].index.sample_first
+    order = view.order(0)
+    group_of = {int(b): i // order.group_blocks for i, b in enumerate(np.asarray(order.block_order))}
     first_step: dict[int, int] = {}
     for step in range(40 + MAX_AHEAD_STEPS):  # the prefetcher reads ahead at most this far
-        for _, unit in view.units_read(step):
-            first_step.setdefault(unit, step)
+        for u in (np.searchsorted(first, view.segments(step)[1], side="right") - 1).tolist():
+            first_step.setdefault(u, step)
     s3.proxy.reset_counts()
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
     for _, _ in zip(range(40), loader):
         pass
     ranges = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert ranges and all(r is not None for _, r in ranges)  # range requests, never a whole shard
     assert len(ranges) == len(set(ranges))  # no range fetched twice
-    fetched = list(dict.fromkeys(unit_of_range(view.tables[0], p, r) for p, r in ranges))
-    assert set(fetched) <= set(first_step)  # blocks the plan reads
+    fetched = list(dict.fromkeys(unit_of_range(loader.builder.tables[0], p, r) for p, r in ranges))
+    assert len(fetched) == len(ranges)  # one range per sample
+    assert set(fetched) <= set(first_step)  # samples the plan reads
     assert {u for u, s in first_step.items() if s < 40} <= set(fetched)  # every one the 40 steps read
-    order = [first_step[u] for u in fetched]
-    assert order == sorted(order), order  # ahead of need, in the plan's order
+    groups = [group_of[u] for u in fetched]
+    assert groups == sorted(groups), groups  # a group at a time, in the plan's order
     assert not s3.proxy.counts.range_gets("doc_sha256.bin")  # a sample's hashes come in its one range
     # DataLoader workers (forked) read the same cache, checked the same way; 8 requests in flight.
     workers = hashes(url, 40, cache=cache(tmp_path / "workers"), num_workers=2)

@@ -671,6 +671,9 @@ class Prefetcher:
         else:
             for s in range(max(0, step - LAG_STEPS), step + 1):
                 keep |= self._step_groups(s)
+        # Planning a step fetches its groups' samples (their lengths): the keep list is published
+        # before each, so what the previous window kept and this one does not can make room.
+        self._publish(keep)
         fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
         keep.update(fetch)
@@ -684,6 +687,7 @@ class Prefetcher:
                     break
                 keep |= grown
                 used += cost
+                self._publish(keep)
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
             if exact:
                 cost = self._bytes(n for n in new if n not in keep)
