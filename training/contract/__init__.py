@@ -5,6 +5,7 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     config_loader  dataclass configs from TOML + dotted --set overrides; unknown keys are errors
     dataset_format dataset.json, the fingerprint, shard and manifest names, the dtype rule
     dataset_index  the loader index (index/*.bin): its derivation from the manifest, writer, reader
+    heldout        which rows are held out (the seed-independent hash) and heldout.bin, sorted by it
     run_layout     names inside a training run directory (checkpoints/, exports/, eval/, COMPLETE …)
     eval_table     RUN/eval/step-N/results.json read and RUN/eval.parquet built from them
     batch_record   RUN/batches.bin: each trained step's batch digest, 44 bytes a step (verify reads it)
