@@ -44,6 +44,7 @@ import numpy as np
 
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
+    DOC_RECORD,
     DOC_RECORDS,
     FORMAT,
     SAMPLE_DOCS,
@@ -58,6 +59,7 @@ from training.data.order import DocBlocks
 from training.data.remote import ORIGIN, CacheSettings, host, node_lock, origin, tmp_name
 
 BLOCKS_DIR = "blocks"
+HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
 KEEP_DIR = "keep"
 BLOCK_EXT = ".blk"
 MAGIC = b"gristmill-sample/1\n"
@@ -127,10 +129,14 @@ class CachedBlocks:
         self.itemsize = index.itemsize
         self.dtype = np.dtype(f"<u{self.itemsize}")
         self.names = sorted(info["shard_files"])
-        self.dir = root / BLOCKS_DIR
         self.first = np.asarray(index.sample_first, np.int64)
         self.totals = np.asarray(index.sample_tokens, np.int64)
-        self.nunits = len(self.totals)
+        # The held-out split's documents lie one in 1/val_fraction of a sample: each is its own unit,
+        # fetched as its sample's records, then its own ids (two small ranges, not the sample's bytes).
+        self.per_doc = blocks.split == "val"
+        self.dir = root / BLOCKS_DIR / HELDOUT_DIR if self.per_doc else root / BLOCKS_DIR
+        self._val_tokens = np.asarray(blocks._val_lengths, np.int64) if self.per_doc else None
+        self.nunits = blocks.n if self.per_doc else len(self.totals)
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._maps: OrderedDict[int, _Mapped] = OrderedDict()
@@ -143,21 +149,28 @@ class CachedBlocks:
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_maps": OrderedDict(), "_ranges": {}}
 
-    # -- units: the build's samples ------------------------------------------------------------
+    # -- units: a training block is a sample; a held-out document is a unit of its own ----------
 
     def units_of_rows(self, rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self.first, np.asarray(rows, np.int64), side="right") - 1
+        rows = np.asarray(rows, np.int64)
+        if self.per_doc:
+            return self.blocks.val_docs(rows)
+        return np.searchsorted(self.first, rows, side="right") - 1
 
     def units_of_blocks(self, blocks: np.ndarray) -> np.ndarray:
-        """The samples of the split's blocks `blocks` (the epoch order's unit), in first-read order."""
-        if self.blocks.split == "train":
+        """The units of the split's blocks `blocks` (the epoch order's unit)."""
+        if not self.per_doc:
             return np.asarray(blocks, np.int64)
-        units = self.units_of_rows(self.blocks.rows(blocks))
-        _, first = np.unique(units, return_index=True)
-        return units[np.sort(first)]
+        docs = np.asarray(blocks, np.int64)[:, None] * self.blocks.block_docs + np.arange(
+            self.blocks.block_docs
+        )
+        return docs[docs < self.nunits]
 
-    def docs(self, u: int) -> int:
-        return int(self.first[u + 1] - self.first[u])
+    def _unit(self, u: int) -> tuple[int, int, int]:
+        """Unit `u`'s first manifest row, its documents and its tokens."""
+        if self.per_doc:
+            return int(self.blocks.doc_rows(np.array([u]))[0]), 1, int(self._val_tokens[u])
+        return int(self.first[u]), int(self.first[u + 1] - self.first[u]), int(self.totals[u])
 
     def _overhead(self, docs: int, units: int) -> int:
         """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
@@ -165,26 +178,35 @@ class CachedBlocks:
         return (4 + HASH_BYTES) * docs + units * (len(self._header(0, 0)) + 24)
 
     def unit_bytes(self, u: int) -> int:
-        """The bytes of sample `u`'s cache file, at most (what the bound counts)."""
-        return int(self.totals[u]) * self.itemsize + self._overhead(self.docs(u), 1)
+        """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
+        _, docs, tokens = self._unit(u)
+        return tokens * self.itemsize + self._overhead(docs, 1)
 
     def units_bytes(self, units: np.ndarray) -> int:
         """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's)."""
         units = np.asarray(units, np.int64)
-        docs = int((self.first[units + 1] - self.first[units]).sum())
-        return int(self.totals[units].sum()) * self.itemsize + self._overhead(docs, len(units))
+        if self.per_doc:
+            docs, tokens = len(units), int(self._val_tokens[units].sum())
+        else:
+            docs, tokens = (
+                int((self.first[units + 1] - self.first[units]).sum()),
+                int(self.totals[units].sum()),
+            )
+        return tokens * self.itemsize + self._overhead(docs, len(units))
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
-        `step_tokens` of it per step: the samples of the epoch groups its last LAG_STEPS steps, the
-        current one and the next read (a group is fetched whole before its first step: its plan needs
-        its documents' lengths), each at most the GROUP_BLOCKS largest samples' bytes, plus one group
-        for an epoch's short last group; all of them when the dataset has no more samples than that.
-        The held-out split's blocks each touch up to block_docs samples."""
-        sizes = np.sort(self.totals * self.itemsize + self._overhead(SAMPLE_DOCS, 1))[::-1]
+        `step_tokens` of it per step: the units of the epoch groups its last LAG_STEPS steps, the
+        current one and the next read (a training group is fetched whole before its first step: its
+        plan needs its documents' lengths), each at most the GROUP_BLOCKS largest blocks' bytes, plus
+        one group for an epoch's short last group; all of them when the split has no more blocks."""
+        if self.per_doc:
+            bd = self.blocks.block_docs
+            per_block = np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize
+            sizes = np.sort(per_block + self._overhead(bd, bd))[::-1]
+        else:
+            sizes = np.sort(self.totals * self.itemsize + self._overhead(SAMPLE_DOCS, 1))[::-1]
         group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
-        if self.blocks.split == "val":
-            group *= self.blocks.block_docs
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
         span = (LAG_STEPS + 2) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
@@ -260,44 +282,63 @@ class CachedBlocks:
         return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
 
     def _download(self, u: int) -> tuple[np.ndarray, bytes, bytes]:
-        """Sample `u`'s lengths, hashes and ids in one range request, every document checked: the
-        lengths against the index's sample total, each document's ids against its sha256; fetched once
-        more when one differs, then refused naming the shard, the bytes and the sample."""
-        name, lo, hi, ids_at = self._range(u)
-        n, total = self.docs(u), int(self.totals[u])
+        """Unit `u`'s lengths, hashes and ids, every document checked: the records' lengths against the
+        index's sample total, each document's ids against its record's sha256; fetched once more when
+        one differs, then refused naming the shard, the bytes and the sample. A sample is one range
+        request (its records, then its ids); a held-out document two (its sample's records, then its
+        own ids, whose length must also be heldout.bin's)."""
+        row, _, tokens = self._unit(u)
+        s = int(np.searchsorted(self.first, row, side="right")) - 1
+        name, lo, hi, ids_at = self._range(s)
+        n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
+        k = row - int(self.first[s])
         for attempt in (1, 2):
-            data = self.store.get_range(f"{SHARDS_DIR}/{name}", lo, hi)
+            data = self.store.get_range(
+                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD
+            )
             rec = np.frombuffer(data, DOC_RECORDS, n)
             lengths = rec["n_tokens"].astype(np.int64)
             sha = rec["sha256"].tobytes()
-            ids = data[ids_at - lo :]
+            ends = np.cumsum(lengths) * self.itemsize
+            starts = ends - lengths * self.itemsize
+            docs = range(n) if not self.per_doc else [k]
             bad = None
-            if int(lengths.sum()) != total:
+            if int(lengths.sum()) != total or (self.per_doc and int(lengths[k]) != tokens):
                 bad = f"its .docs records add up to {int(lengths.sum())} tokens, its index total to {total}"
+                if self.per_doc and int(lengths.sum()) == total:
+                    bad = f"its .docs record of row {row} says {int(lengths[k])} tokens, heldout.bin {tokens}"
             else:
-                ends = np.cumsum(lengths) * self.itemsize
-                for k, (a, z) in enumerate(zip((ends - lengths * self.itemsize).tolist(), ends.tolist())):
+                if self.per_doc:
+                    a = ids_at + int(starts[k])
+                    ids = self.store.get_range(f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize)
+                    spans = [(0, len(ids))]
+                else:
+                    ids = data[ids_at - lo :]
+                    spans = list(zip(starts.tolist(), ends.tolist()))
+                for j, (a, z) in zip(docs, spans):
                     got = hashlib.sha256(ids[a:z]).digest()
-                    if got != sha[k * HASH_BYTES : (k + 1) * HASH_BYTES]:
+                    if got != sha[j * HASH_BYTES : (j + 1) * HASH_BYTES]:
                         bad = (
-                            f"manifest row {int(self.first[u]) + k}'s ids hash to {got.hex()} but its .docs "
-                            f"record says {sha[k * HASH_BYTES : (k + 1) * HASH_BYTES].hex()}"
+                            f"manifest row {int(self.first[s]) + j}'s ids hash to {got.hex()} but its .docs "
+                            f"record says {sha[j * HASH_BYTES : (j + 1) * HASH_BYTES].hex()}"
                         )
                         break
             if bad is None:
+                if self.per_doc:
+                    return lengths[k : k + 1], sha[k * HASH_BYTES : (k + 1) * HASH_BYTES], ids
                 return lengths, sha, ids
             if attempt == 1:
                 COUNTS.add("refetches")
         raise DatasetError(
-            f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {u}, manifest rows "
-            f"{int(self.first[u])}–{int(self.first[u + 1]) - 1}) fetched twice, and each time {bad}: the "
+            f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {s}, manifest rows "
+            f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice, and each time {bad}: the "
             "object in the bucket is damaged or was replaced, and nothing was trained on it; upload the "
             f"dataset again (`gristmill data upload DIR {self.url}`) or rebuild it"
         )
 
     def _header(self, u: int, n: int) -> bytes:
         head = json.dumps(
-            {"fingerprint": self.info["fingerprint"], "sample": u, "documents": n}, sort_keys=True
+            {"fingerprint": self.info["fingerprint"], "unit": u, "documents": n}, sort_keys=True
         ).encode()
         return MAGIC + len(head).to_bytes(4, "little") + head
 
@@ -321,24 +362,24 @@ class CachedBlocks:
     # -- reading --------------------------------------------------------------------------------
 
     def _open(self, u: int) -> _Mapped:
-        """Sample `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
-        file that is not this sample's (another sample's, another dataset's, cut short)."""
-        n = self.docs(u)
+        """Unit `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
+        file that is not this unit's (another unit's, another dataset's, cut short)."""
+        first, n, tokens = self._unit(u)
         head = self._header(u, n)
         with open(f"{self._dir}/{u}{BLOCK_EXT}", "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         data = len(head) + (4 + HASH_BYTES) * n
         if len(mm) < data or mm[: len(head)] != head:
-            raise ValueError(f"{self.path(u)} is not sample {u} of this dataset")
+            raise ValueError(f"{self.path(u)} is not unit {u} of this dataset")
         lengths = np.frombuffer(mm, "<u4", n, len(head)).astype(np.int64)
         start = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=start[1:])
-        if int(start[-1]) != int(self.totals[u]) or len(mm) != data + int(start[-1]) * self.itemsize:
-            raise ValueError(f"{self.path(u)} is not sample {u} of this dataset")
+        if int(start[-1]) != tokens or len(mm) != data + int(start[-1]) * self.itemsize:
+            raise ValueError(f"{self.path(u)} is not unit {u} of this dataset")
         raw = memoryview(mm)[data:]
         ids = np.frombuffer(mm, self.dtype, int(start[-1]), data)
         sha = mm[len(head) + 4 * n : data]
-        return _Mapped(int(self.first[u]), lengths, sha, start.tolist(), raw, ids)
+        return _Mapped(first, lengths, sha, start.tolist(), raw, ids)
 
     def _mapped(self, u: int) -> _Mapped:
         """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
@@ -426,11 +467,12 @@ class CachedBlocks:
     def locate(self, row: int) -> str:
         """Where row `row`'s ids come from, for error messages."""
         u = int(self.units_of_rows(np.array([row]))[0])
-        name = self._range(u)[0]
-        return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{name}, sample {u}, cached at {self.path(u)})"
+        s = int(np.searchsorted(self.first, row, side="right")) - 1
+        name = self._range(s)[0]
+        return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{name}, sample {s}, cached at {self.path(u)})"
 
     def all_cached(self) -> bool:
-        """Whether the cache holds every sample of the dataset (a listing at most once a second)."""
+        """Whether the cache holds every unit of the split (a listing at most once a second)."""
         now = time.monotonic()
         if now - self._listed[0] >= 1.0:
             try:
@@ -498,11 +540,13 @@ def cache_usage(cache_dir: Path) -> list[tuple[Path, int, float]]:
 
 
 def cache_files(cache_dir: Path) -> list[Path]:
-    """The cache's sample files: `<dir>/blocks/*.blk` of the dataset directories it made (ORIGIN)."""
+    """The cache's unit files: `<dir>/blocks/*.blk` (samples) and `<dir>/blocks/heldout/*.blk` (held-out
+    documents) of the dataset directories it made (ORIGIN)."""
     return [
         p
         for d in sorted(cache_dir.glob(f"*/{ORIGIN}"))
-        for p in sorted((d.parent / BLOCKS_DIR).glob(f"*{BLOCK_EXT}"))
+        for pattern in (f"*{BLOCK_EXT}", f"{HELDOUT_DIR}/*{BLOCK_EXT}")
+        for p in sorted((d.parent / BLOCKS_DIR).glob(pattern))
     ]
 
 
@@ -655,46 +699,34 @@ class Prefetcher:
         return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
 
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
-        """(to fetch: `step`'s samples and the next steps', in the order the plan first reads them; to
-        keep: those and every sample of the groups the last LAG_STEPS steps and this one read). The
-        steps ahead go as far as their groups fit the bound: a step's group is counted before the step
-        is planned, since planning it fetches the whole group (its documents' lengths)."""
+        """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
+        keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
+        read). The steps ahead go as far as their groups fit the bound (and the plan goes): a step's
+        groups are counted before the step is planned, since planning it fetches a training group
+        whole (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
             del self._group_memo[old]
         keep: set[tuple[int, int]] = set()
-        exact = self.last_step is not None and self.last_step - step <= MAX_AHEAD_STEPS
-        if exact:
-            for s in range(max(0, step - LAG_STEPS), self.last_step):  # the plan's end is near: exactly
-                keep.update(self._step_needs(s))
-        else:
-            for s in range(max(0, step - LAG_STEPS), step + 1):
-                keep |= self._step_groups(s)
-        # Planning a step fetches its groups' samples (their lengths): the keep list is published
-        # before each, so what the previous window kept and this one does not can make room.
+        for s in range(max(0, step - LAG_STEPS), step + 1):
+            keep |= self._step_groups(s)
+        # What the previous window kept and this one does not can make room before anything is
+        # fetched: the keep list is published before each step is planned.
         self._publish(keep)
         fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
-        keep.update(fetch)
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
-            if not exact:
-                grown = self._step_groups(s) - keep
-                cost = self._bytes(grown)
-                if used + cost > self.cache.max_bytes:
-                    break
-                keep |= grown
-                used += cost
-                self._publish(keep)
+            grown = self._step_groups(s) - keep
+            cost = self._bytes(grown)
+            if used + cost > self.cache.max_bytes:
+                break
+            keep |= grown
+            used += cost
+            self._publish(keep)
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
-            if exact:
-                cost = self._bytes(n for n in new if n not in keep)
-                if used + cost > self.cache.max_bytes:
-                    break
-                keep.update(new)
-                used += cost
             queued.update(new)
             fetch += new
         return fetch, keep

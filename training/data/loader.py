@@ -509,7 +509,9 @@ class TokenLoader:
     def cache_need(self) -> list[tuple[CachedBlocks, int]]:
         """(cache, bytes) per source in a bucket: the most its cache keeps at once for this loader from
         its current step. A plan that ends within MAX_AHEAD_STEPS (validation's few batches): the units
-        its remaining steps read; otherwise the source's epoch groups (CachedBlocks.group_need) for the
+        its remaining steps read; for a training split, whose plan fetches its epoch groups whole, the
+        units of those groups (read off the plan's group table: planning the steps would fetch them);
+        otherwise the source's epoch groups (CachedBlocks.group_need) for the
         most tokens a step of the plan takes of it, over every phase."""
         out = []
         view = self._node_view()
@@ -519,8 +521,9 @@ class TokenLoader:
             if t.cache is None:
                 continue
             if short:
-                units = {u for s in range(self._step, total) for j, u in view.units_read(s) if j == i}
-                out.append((t.cache, sum(t.cache.unit_bytes(u) for u in units)))
+                read = view.units_read if t.cache.per_doc else view.groups_read
+                units = {u for s in range(self._step, total) for j, u in read(s) if j == i}
+                out.append((t.cache, t.cache.units_bytes(np.array(sorted(units), np.int64))))
             else:
                 out.append((t.cache, t.cache.group_need(self.plan.step_tokens(i))))
         return out
