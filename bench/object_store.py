@@ -2,29 +2,31 @@
 warm loader speed, and the local loader of the new layout against the old one.
 
     python -m bench.object_store [--dir /tmp/gristmill-s3-bench] [--shards 1000] [--shard-kb 128]
-                                 [--seq-len 2048] [--global-batch 32] [--group-blocks 64]
+                                 [--seq-len 2048] [--global-batch 32] [--group-blocks 16]
                                  [--val-fraction 0.001] [--cold-shards 40] [--warm-steps 200]
                                  [--repeats 3]
 
 Against moto's S3 server on loopback (pipelines/local_s3.py), reached through the tests' seeded
 fault-injecting proxy (tests/helpers/s3_server.py), which also counts the requests and the body bytes
-it sends (our own count of egress, beside the client's). Writes a synthetic gristmill-shards/2
+it sends (our own count of egress, beside the client's). Writes a synthetic gristmill-shards/3
 dataset of --shards shards (FineWeb-Edu-like lognormal document lengths; reused when present),
 uploads it with `gristmill data upload`'s code, then measures, without and with the fault mix (10%
 503 SlowDown, 2% truncated bodies, 1% connection resets):
 
-  - requests to open the dataset from an empty cache (dataset.json, the lengths, the derived shard
-    table; no shard is read) and with the lengths cached;
+  - requests to open the dataset from an empty cache (dataset.json, the sample totals, the held-out
+    file's hashes and prefix; the shard table is derived; no per-document file, no shard) and with
+    that cached;
   - one epoch through a cache of exactly the loader's working set (TokenLoader.cache_need: epoch
-    groups of --group-blocks blocks; 4,096 in real runs, fewer here so that this dataset holds many
+    groups of --group-blocks samples; 4,096 in real runs, fewer here so that this dataset holds many
     groups and the cache a fraction of it), --val-fraction held out as the real recipes do: bytes
     fetched ÷ token bytes trained (goal ≤ 1.05), requests per 1B tokens (aim ≤ 20k);
   - the cold start: bytes and seconds from an empty cache to the first step's batch, for datasets of
-    1×, 10× and 100× --cold-shards shards (goal: flat);
+    1×, 10× and 100× --cold-shards shards (goal: flat; the 1× dataset should hold more than one
+    group: the first step fetches its group whole);
   - warm tokens/s: the loader from the bucket, its working set cached, ÷ the loader of the local copy
     over the same steps (goal ≥ 0.95), best of --repeats alternating runs;
-  - local: the loader of the dataset in place, gristmill-shards/2 ÷ the same documents in the legacy
-    layout /1 (goal ≥ 0.95: the new layout costs local datasets nothing);
+  - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
+    /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
     list prices, bytes before the first step), from the formulas the measurements check.
 
@@ -45,7 +47,7 @@ import numpy as np
 from pipelines.local_s3 import LocalS3
 from pipelines.synthetic_dataset import write_synthetic_dataset
 from pipelines.upload import upload_dataset
-from tests.helpers.legacy_dataset import write_legacy_dataset
+from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.s3_server import FaultMix, FaultProxy
 from training.contract.dataset_format import read_dataset_info
 from training.contract.object_store import COUNTS
@@ -58,12 +60,12 @@ BUCKET = "bench"
 SEED = 3
 
 
-def make_dataset(root: Path, shards: int, shard_kb: int, legacy: bool = False) -> dict:
+def make_dataset(root: Path, shards: int, shard_kb: int, v2: bool = False) -> dict:
     params = {
         "shards": shards,
         "shard_kb": shard_kb,
         "lengths": "lognormal(6.3, 1.0), min 2",
-        "legacy": legacy,
+        "v2": v2,
     }
     try:
         info = read_dataset_info(root)
@@ -84,8 +86,8 @@ def make_dataset(root: Path, shards: int, shard_kb: int, legacy: bool = False) -
             written += 2 * (n + 1)
             yield ids
 
-    if legacy:
-        info = write_legacy_dataset(root, documents(), vocab_size=32768, target_bytes=target)
+    if v2:
+        info = write_v2_dataset(root, documents(), vocab_size=32768, target_bytes=target)
         info["bench"] = params
         (root / "dataset.json").write_text(
             json.dumps(info, indent=2, sort_keys=True) + "\n"
@@ -146,7 +148,7 @@ def main() -> None:
     p.add_argument("--shard-kb", type=int, default=128)
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--group-blocks", type=int, default=64, help="blocks per epoch group (real runs: 4096)")
+    p.add_argument("--group-blocks", type=int, default=16, help="samples per epoch group (real runs: 4096)")
     p.add_argument("--val-fraction", type=float, default=0.001)
     p.add_argument("--cold-shards", type=int, default=40, help="the cold start's 1× dataset")
     p.add_argument("--cold-batch", type=int, default=8, help="the cold start's global batch")
@@ -192,7 +194,7 @@ def main() -> None:
             proxy.reset_counts()
             DocumentTable(url, cache=working)
             warm = proxy.counts.total()
-            print(f"[{what}] requests to open: {cold} cold, {warm} with the lengths cached")
+            print(f"[{what}] requests to open: {cold} cold, {warm} with the index cached")
             proxy.reset_counts()
             before = COUNTS.snapshot()
             seconds = run_steps(url, args, working, steps, last_step=steps, **vf)  # no lookahead past it
@@ -212,8 +214,9 @@ def main() -> None:
         for r in cold:
             print(
                 f"cold start, {r['scale']:>3}× ({r['shards']:,} shards, {r['documents']:,} documents): "
-                f"{r['bytes'] / 1e6:.2f} MB ({r['open_bytes'] / 1e6:.2f} MB of it the open: dataset.json and "
-                f"the lengths), {r['requests']} requests, {r['seconds']:.2f} s to the first step's batch"
+                f"{r['bytes'] / 1e6:.2f} MB ({r['open_bytes'] / 1e6:.3f} MB of it the open: dataset.json, "
+                f"sample totals, held-out prefix), {r['requests']} requests, {r['seconds']:.2f} s to the "
+                "first step's batch"
             )
         working = CacheSettings(args.dir / "cache", int(100e9))
         n = min(args.warm_steps, steps)
@@ -228,15 +231,15 @@ def main() -> None:
             f"warm loader, {n} steps: bucket {rate['bucket'] / 1e6:.2f}M tokens/s, local "
             f"{rate['local'] / 1e6:.2f}M tokens/s: ratio {rate['bucket'] / rate['local']:.3f}"
         )
-        legacy = args.dir / "dataset-legacy"
-        make_dataset(legacy, args.shards, args.shard_kb, legacy=True)
+        older = args.dir / "dataset-v2"
+        make_dataset(older, args.shards, args.shard_kb, v2=True)
         runs = {"new": [], "old": []}
         for _ in range(args.repeats):
             runs["new"].append(run_steps(local, args, None, n, **vf))
-            runs["old"].append(run_steps(legacy, args, None, n, **vf))
+            runs["old"].append(run_steps(older, args, None, n, **vf))
         rate = {k: tokens / min(v) for k, v in runs.items()}
         print(
-            f"local loader, {n} steps: gristmill-shards/2 {rate['new'] / 1e6:.2f}M tokens/s, /1 "
+            f"local loader, {n} steps: gristmill-shards/3 {rate['new'] / 1e6:.2f}M tokens/s, /2 "
             f"{rate['old'] / 1e6:.2f}M tokens/s: ratio {rate['new'] / rate['old']:.3f}"
         )
         print()
@@ -246,41 +249,42 @@ def main() -> None:
         s3.stop()
 
 
-def projection(nodes: int = 64) -> None:
+def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
     """FineWeb-Edu on `nodes` nodes, from the layout's and the loader's formulas (docs/object-storage.md)."""
     docs, tokens, itemsize = 1.5e9, 1.3e12, 4  # ~870 tokens a document; vocab 131072: uint32 ids
-    block_docs, group_blocks = 64, 4096
-    block_bytes = block_docs * tokens / docs * itemsize + 40 * block_docs
-    blocks = docs / block_docs
-    per_node = 3 * group_blocks * block_bytes  # TokenLoader.cache_need: three groups at these sizes
-    share = 1 - (1 - 1 / nodes) ** block_docs  # of the blocks a node's ranks read a document of
-    fetched_node = share * blocks * block_bytes
-    requests = nodes * share * blocks * 2  # a range of the shard and one of the hashes per block
-    egress = nodes * fetched_node
+    sample_docs, group_blocks = 64, 4096
+    # A sample's one range: its .docs header and records (36 bytes a document, padded), the .ids
+    # header, its ids (padded: half a tar block on average).
+    sample_bytes = sample_docs * tokens / docs * itemsize + 36 * sample_docs + 512 + 256
+    samples = docs / sample_docs
+    group = group_blocks * sample_bytes
+    per_node = 3 * group  # TokenLoader.cache_need: three groups at these sizes
+    index_open = 8 * samples + 12 * val_fraction * docs  # sample totals, the held-out prefix
     print(
         f"on paper, FineWeb-Edu (~{tokens / 1e12:.1f}T tokens, {docs / 1e9:.1f}B documents, uint32) "
         f"on {nodes} nodes:"
     )
     print(
-        f"  ids {tokens * itemsize / 1e12:.1f} TB; a block {block_bytes / 1e3:.0f} kB; "
-        f"{blocks / 1e6:.1f}M blocks"
+        f"  ids {tokens * itemsize / 1e12:.1f} TB; a sample (one range request) {sample_bytes / 1e3:.0f} kB; "
+        f"{samples / 1e6:.1f}M samples"
     )
     print(f"  cache per node: {per_node / 1e9:.1f} GB (data.cache_gb ≥ that), whatever the dataset's size")
-    print(f"  lengths fetched once per node: {4 * docs / 1e9:.1f} GB (4 bytes a document)")
     print(
-        f"  per epoch: each node reads a document of {share:.0%} of the blocks, so fetches "
-        f"{fetched_node / 1e12:.2f} TB; "
-        f"all nodes {egress / 1e12:.0f} TB, {requests / 1e9:.2f}B requests "
-        f"(${requests / 1e3 * 0.0004:,.0f} of GETs at $0.0004/1,000; egress free in-region, "
-        f"${egress / 1e9 * 0.09:,.0f} at $0.09/GB across the internet)"
+        f"  before the first step, per node: {(index_open + group) / 1e9:.2f} GB: the sample totals and the "
+        f"held-out prefix ({index_open / 1e6:.0f} MB at val_fraction {val_fraction:g}), then the first "
+        f"epoch group whole ({group / 1e9:.2f} GB, {group_blocks:,} requests)"
     )
+    # Every node plans every group, so it fetches every group whole: the dataset once per epoch.
+    per_epoch = samples * sample_bytes
+    requests = nodes * samples
     print(
-        f"  on one node: {blocks * block_bytes / 1e12:.2f} TB per epoch "
-        f"({blocks * block_bytes / (tokens * itemsize):.3f} × "
-        f"the token bytes), {2 * blocks / (tokens / 1e9):,.0f} requests per 1B tokens"
+        f"  per epoch: each node fetches every group whole, {per_epoch / 1e12:.2f} TB "
+        f"({per_epoch / (tokens * itemsize):.3f} × the token bytes); all nodes "
+        f"{nodes * per_epoch / 1e12:.0f} TB, "
+        f"{requests / 1e9:.2f}B requests (${requests / 1e3 * 0.0004:,.0f} of GETs at $0.0004/1,000; "
+        f"egress free in-region, ${nodes * per_epoch / 1e9 * 0.09:,.0f} at $0.09/GB across the internet)"
     )
-    first = 2 * 1100 * block_bytes + 4 * docs  # a 1M-token step reads ~1,100 documents, a block each
-    print(f"  before the first step: {first / 1e9:.1f} GB (the lengths, then ~1,100 blocks)")
+    print(f"  requests per 1B tokens, one node: {samples / (tokens / 1e9):,.0f}")
 
 
 if __name__ == "__main__":
