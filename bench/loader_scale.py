@@ -6,7 +6,8 @@
 1. Writes (once; reused when the parameters match) a synthetic dataset directory of --docs
    documents with FineWeb-Edu's mean length (uniform 1..1734 tokens, mean 867 → ~1.3T tokens,
    uint32 ids): the real loader index (index/doc_tokens.bin, doc_offsets.bin, shard_rows.bin,
-   ~12 GB at 1.5B), dataset.json, and shards as *sparse* files of the recorded sizes (~7.7 TB
+   sample_tokens.bin, heldout.bin and its hashes, ~30 GB at 1.5B), dataset.json (the /1 layout: a
+   tar sample per document), and shards as *sparse* files of the recorded sizes (~7.7 TB
    apparent, a few MB on disk) with real tar headers where the loader's open-time spot check
    looks. No manifest parquet is written at all: the training path must not need it. Hashes in
    dataset.json are placeholders (the loader does not hash; `validate` would flag them).
@@ -35,6 +36,7 @@ baseline (and, for the mixture, to the single source).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -47,8 +49,18 @@ from pathlib import Path
 
 import numpy as np
 
-from training.contract.dataset_format import DATASET_JSON, FORMAT, SHARDS_DIR, fingerprint
-from training.contract.dataset_index import DOC_OFFSETS, DOC_TOKENS, INDEX_DIR, INDEX_FORMAT, SHARD_ROWS
+from training.contract.dataset_format import DATASET_JSON, LEGACY_FORMAT, SAMPLE_DOCS, SHARDS_DIR, fingerprint
+from training.contract.dataset_index import (
+    DOC_OFFSETS,
+    DOC_TOKENS,
+    HELDOUT,
+    HELDOUT_SHA,
+    INDEX_DIR,
+    LEGACY_INDEX_FORMAT,
+    SAMPLE_TOKENS,
+    SHARD_ROWS,
+)
+from training.contract.heldout import SortedWriter
 
 MEAN_MAX = 1734  # uniform 1..1734: mean 867 tokens, FineWeb-Edu's 1.3T tokens / 1.5B documents
 SHARD_CAP = 3 << 30  # a shard starts a new one past 3 GiB, so in-shard offsets stay uint32
@@ -87,7 +99,13 @@ def source_dirs(args, sources: int | None = None) -> list[Path]:
 
 
 def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
-    params = {"docs": docs, "lengths": f"uniform 1..{MEAN_MAX}", "seed": seed, "shard_cap": SHARD_CAP}
+    params = {
+        "docs": docs,
+        "lengths": f"uniform 1..{MEAN_MAX}",
+        "seed": seed,
+        "shard_cap": SHARD_CAP,
+        "index": LEGACY_INDEX_FORMAT,
+    }
     try:
         info = json.loads((root / DATASET_JSON).read_text())
         if info.get("bench") == params:
@@ -140,11 +158,35 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
                 f.seek(int(offsets[row]) - 512)
                 f.write(tar_header(f"t{s:05d}d{row:09d}.ids", int(lengths[row]) * 4))
     np.array(shard_first + [docs], "<u8").tofile(root / INDEX_DIR / SHARD_ROWS)
+    # What planning reads (training/contract/dataset_index.py): each shard's 64-row samples' totals,
+    # and every row sorted by the held-out hash (binned on disk: memory of one bin).
+    bounds = shard_first + [docs]
+    samples = 0
+    with open(root / INDEX_DIR / SAMPLE_TOKENS, "wb") as f:
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            totals = np.add.reduceat(np.asarray(lengths[a:b], np.int64), np.arange(0, b - a, SAMPLE_DOCS))
+            f.write(totals.astype("<u8").tobytes())
+            samples += len(totals)
+    scratch = root / "heldout-scratch"
+    scratch.mkdir(exist_ok=True)
+    held = SortedWriter(str(scratch))
+    for a in range(0, docs, CHUNK):
+        held.add(np.arange(a, min(a + CHUNK, docs), dtype=np.uint64), lengths[a : a + CHUNK])
+    sums = []
+    with open(root / INDEX_DIR / HELDOUT, "wb") as f:
+        for chunk in held.chunks():
+            sums.append(hashlib.sha256(chunk.tobytes()).digest())
+            f.write(chunk.tobytes())
+    (root / INDEX_DIR / HELDOUT_SHA).write_bytes(b"".join(sums))
+    shutil.rmtree(scratch)
     files = {}
     for name, dtype, count in (
         (DOC_TOKENS, "uint32", docs),
         (DOC_OFFSETS, "uint32", docs),
         (SHARD_ROWS, "uint64", len(names) + 1),
+        (SAMPLE_TOKENS, "uint64", samples),
+        (HELDOUT, "heldout", docs),
+        (HELDOUT_SHA, "sha256", len(sums)),
     ):
         files[name] = {
             "dtype": dtype,
@@ -153,7 +195,7 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
             "sha256": "synthetic",
         }
     info = {
-        "format": FORMAT,
+        "format": LEGACY_FORMAT,  # a sample per document (.ids + .json), as written above
         "tokenizer_sha256": "synthetic",
         "vocab_size": 131072,
         "dtype": "uint32",
@@ -163,7 +205,7 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
         "tokens": tokens,
         "shards": len(names),
         "shard_files": {n: {"bytes": ends[s], "sha256": "synthetic"} for s, n in enumerate(names)},
-        "index": {"format": INDEX_FORMAT, "files": files},
+        "index": {"format": LEGACY_INDEX_FORMAT, "files": files},
         "bench": params,
     }
     info["fingerprint"] = fingerprint(info)
