@@ -19,8 +19,9 @@ import pytest
 from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
 from tests.helpers.position_corpus import SEP, doc_tokens, epoch_stream, make_dataset
+from training.contract import heldout
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
-from training.contract.dataset_index import DOC_OFFSETS, INDEX_DIR, DocIndex
+from training.contract.dataset_index import DOC_OFFSETS, HELDOUT, INDEX_DIR, DocIndex, write_index
 from training.data import cache as order_cache
 from training.data import order as epoch_order
 from training.data.loader import LoaderStateError, batch_sha256, dataset_loader
@@ -214,6 +215,60 @@ def test_index_files_are_what_dataset_json_says(corpus):
     assert SEP == 0
 
 
+@pytest.mark.parametrize("chunk", [16384, 7])
+def test_the_held_out_rows_are_a_prefix_of_heldout_bin(corpus, tmp_path, monkeypatch, chunk):
+    """heldout.bin's prefix at any val_fraction is exactly the rows the hash holds out, with their
+    lengths; read in chunks of 7 entries too (each checked against its sha256); a flipped byte in the
+    file is one line naming it."""
+    root, lengths = corpus
+    copy = tmp_path / "ds"
+    shutil.copytree(root, copy)
+    monkeypatch.setattr(heldout, "CHUNK", chunk)
+    write_index(copy, read_dataset_info(copy))  # same bytes at the default chunk; 7: many chunks
+    idx = DocIndex(copy, read_dataset_info(copy) | {"index": index_entry(copy)})
+    n = len(lengths)
+    for vf in (0.0, 0.001, 0.05, 0.2, 0.5, 0.99):
+        rows, tokens = idx.heldout(vf) if vf else (np.zeros(0, np.int64),) * 2
+        want = np.flatnonzero(epoch_order.heldout_mask(0, n, vf))
+        assert np.array_equal(rows, want) and tokens.tolist() == [lengths[r] for r in want.tolist()], vf
+    body = bytearray((copy / INDEX_DIR / HELDOUT).read_bytes())
+    body[3] ^= 1
+    (copy / INDEX_DIR / HELDOUT).write_bytes(bytes(body))
+    with pytest.raises(DatasetError, match=r"heldout.bin: chunk 0 .* does not hash as heldout_sha256.bin"):
+        idx.heldout(0.2)
+
+
+def index_entry(root: Path) -> dict:
+    """The "index" entry of the files now in root/index/ (what write_index returned)."""
+    from training.contract.dataset_index import expected_index
+
+    return expected_index(root, read_dataset_info(root))
+
+
+def test_a_plan_1_state_resumes_only_where_the_blocks_are_the_same(corpus):
+    """Plan /1 cut training blocks from the training documents: its state resumes where that gives
+    the build's samples (nothing held out, samples at multiples of 64 rows), and is refused in one
+    line otherwise."""
+    lengths = np.full(256, 5)
+    assert epoch_order.DocBlocks.of_lengths(lengths, np.array([0, 128, 256])).same_as_plan_1()
+    assert not epoch_order.DocBlocks.of_lengths(lengths, np.array([0, 100, 256])).same_as_plan_1()
+    assert not epoch_order.DocBlocks.of_lengths(
+        lengths, np.array([0, 128, 256]), val_fraction=0.1
+    ).same_as_plan_1()
+    assert epoch_order.DocBlocks.of_lengths(lengths, split="val", val_fraction=0.1).same_as_plan_1()
+    root, _ = corpus
+    loader = _loader(root, val_fraction=0.2)
+    state = loader.state_dict()
+    old = {**state, "data_plan": state["data_plan"].replace("gristmill-plan/2", "gristmill-plan/1")}
+    with pytest.raises(LoaderStateError, match=r"data order is 'gristmill-plan/1'.* start a new run"):
+        _loader(root, val_fraction=0.2).load_state_dict(old)
+    val = _loader(root, split="val", val_fraction=0.2)
+    state = val.state_dict()
+    val.load_state_dict(
+        {**state, "data_plan": state["data_plan"].replace("gristmill-plan/2", "gristmill-plan/1")}
+    )
+
+
 @pytest.mark.parametrize("vf,split", [(0.0, "train"), (0.2, "train"), (0.2, "val")])
 def test_block_table_shared_through_the_cache(corpus, tmp_path, monkeypatch, caplog, vf, split):
     """The first process saves the split's block table, later ones memory-map it and read the same
@@ -308,3 +363,16 @@ def test_workers_get_paths_not_copies(corpus, tmp_path, monkeypatch, cached):
         assert np.asarray(builder.order(0).block_order).tobytes() not in blob
     assert isinstance(clone.tables[0].lengths, np.memmap) and clone.tables[0].lengths.filename
     assert batch_sha256(clone.batch(5)) == batch_sha256(builder.batch(5))
+
+
+def test_a_group_whose_lengths_differ_from_the_index_totals_is_refused():
+    """A group's documents must hold the tokens the sample totals give it: lengths that disagree (an
+    index that does not describe the shards) stop the plan instead of cutting other windows."""
+    lengths = np.arange(1, 301)
+    blocks = epoch_order.DocBlocks.of_lengths(lengths, np.array([0, 150, 300]))
+    order = epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=2)
+    order.segments(0, order.tokens)  # as the index says: fine
+    blocks.lengths = lengths.copy()
+    blocks.lengths[7] += 1
+    with pytest.raises(DatasetError, match=r"epoch group \d: its documents hold \d+ tokens but the index"):
+        epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=2).segments(0, order.tokens)
