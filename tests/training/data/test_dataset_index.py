@@ -376,3 +376,24 @@ def test_a_group_whose_lengths_differ_from_the_index_totals_is_refused():
     blocks.lengths[7] += 1
     with pytest.raises(DatasetError, match=r"epoch group \d: its documents hold \d+ tokens but the index"):
         epoch_order.EpochOrder(blocks, seed=1, epoch=0, group_blocks=2).segments(0, order.tokens)
+
+
+def test_an_index_of_an_older_format_is_refused_then_upgraded(corpus, tmp_path, capsys):
+    """A dataset indexed before the sample totals existed: opening it is one line naming `gristmill
+    data index`, which derives the index again in this format; then the loader reads it."""
+    root, _ = corpus
+    copy = tmp_path / "ds"
+    shutil.copytree(root, copy)
+    info = read_dataset_info(copy)
+    old = {k: v for k, v in info["index"]["files"].items() if k in ("doc_tokens.bin", "doc_offsets.bin")}
+    info["index"] = {
+        "format": "gristmill-index/1",
+        "files": {**old, "shard_rows.bin": info["index"]["files"]["shard_rows.bin"]},
+    }
+    info["fingerprint"] = fingerprint(info)
+    (copy / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    with pytest.raises(DatasetError, match=r"index format 'gristmill-index/1' is not .*gristmill data index"):
+        _loader(copy)
+    index_dataset(copy, log=print)
+    assert "upgraded to 'gristmill-index/3" in capsys.readouterr().out
+    assert _hashes(_loader(copy, val_fraction=0.2), 3) == _hashes(_loader(root, val_fraction=0.2), 3)
