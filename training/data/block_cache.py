@@ -175,7 +175,7 @@ class CachedBlocks:
     def _overhead(self, docs: int, units: int) -> int:
         """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
         length and a sha256 per document."""
-        return (4 + HASH_BYTES) * docs + units * (len(self._header(0, 0)) + 24)
+        return (4 + HASH_BYTES) * docs + units * (len(self._header(None, 0)) + 24)
 
     def unit_bytes(self, u: int) -> int:
         """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
@@ -212,8 +212,14 @@ class CachedBlocks:
         groups = 2 + -(-span // smallest)
         return int(sizes[: groups * group].sum())
 
+    def key(self, u: int) -> int:
+        """The name of unit `u`'s cache file: a sample's number; a held-out document's manifest row (its
+        number in the split depends on val_fraction, its row does not: a node's cache serves readers of
+        any val_fraction, and another fraction's document n is another document)."""
+        return int(self.blocks._val_rows[u]) if self.per_doc else u
+
     def path(self, u: int) -> Path:
-        return self.dir / f"{u}{BLOCK_EXT}"
+        return self.dir / f"{self.key(u)}{BLOCK_EXT}"
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -336,10 +342,12 @@ class CachedBlocks:
             f"dataset again (`gristmill data upload DIR {self.url}`) or rebuild it"
         )
 
-    def _header(self, u: int, n: int) -> bytes:
-        head = json.dumps(
-            {"fingerprint": self.info["fingerprint"], "unit": u, "documents": n}, sort_keys=True
-        ).encode()
+    def _header(self, u: int | None, n: int) -> bytes:
+        # A held-out document's file names its row ("row", not "unit": a file an earlier version named
+        # by the document's number in its split is another document's). u None: the longest name's size.
+        name = {"unit": 0} if u is None else {"row": self.key(u)} if self.per_doc else {"unit": u}
+        head = json.dumps({"fingerprint": self.info["fingerprint"], **name, "documents": n}, sort_keys=True)
+        head = head.encode()
         return MAGIC + len(head).to_bytes(4, "little") + head
 
     def _write(self, u: int, lengths: np.ndarray, sha: bytes, ids: bytes) -> None:
@@ -366,7 +374,7 @@ class CachedBlocks:
         file that is not this unit's (another unit's, another dataset's, cut short)."""
         first, n, tokens = self._unit(u)
         head = self._header(u, n)
-        with open(f"{self._dir}/{u}{BLOCK_EXT}", "rb") as f:
+        with open(f"{self._dir}/{self.key(u)}{BLOCK_EXT}", "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         data = len(head) + (4 + HASH_BYTES) * n
         if len(mm) < data or mm[: len(head)] != head:
@@ -476,9 +484,18 @@ class CachedBlocks:
         now = time.monotonic()
         if now - self._listed[0] >= 1.0:
             try:
-                n = sum(1 for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT))
+                names = [
+                    p.name[: -len(BLOCK_EXT)] for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT)
+                ]
             except FileNotFoundError:
-                n = 0
+                names = []
+            n = len(names)
+            if self.per_doc:  # files are rows: count this val_fraction's (another's lie there too)
+                n = int(
+                    np.isin(
+                        np.array([int(x) for x in names if x.isdigit()], np.int64), self.blocks._val_rows
+                    ).sum()
+                )
             self._listed = (now, n >= self.nunits)
         return self._listed[1]
 
@@ -747,7 +764,7 @@ class Prefetcher:
     def _publish(self, keep: Iterable[tuple[int, int]]) -> None:
         by_dir: dict[str, list[int]] = {}
         for t, b in keep:
-            by_dir.setdefault(str(self.caches[t].dir), []).append(b)
+            by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
         payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
         if payload != self._published:
             write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
