@@ -439,16 +439,19 @@ class CachedBlocks:
         pieces = list(zip(units, docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
         item = self.itemsize
         for _ in range(3):
-            checked: set[tuple[int, int]] = set()
+            checked: set[int] = set()  # rows hashed in this call: a document is checked once per read
+            maps: dict[int, _Mapped] = {}  # this call's units, mapped once each
             try:
                 for u, row, first, n, pos in pieces:  # in the order the batch needs them, as fetched
-                    m = self._mapped(u)
+                    m = maps.get(u)
+                    if m is None:
+                        m = maps[u] = self._mapped(u)
                     k = row - m.first
-                    if (u, k) not in checked:
+                    if row not in checked:
                         a, z = m.start[k], m.start[k + 1]
                         if hashlib.sha256(m.raw[a * item : z * item]).digest() != m.sha[k * 32 : k * 32 + 32]:
                             raise _BadCopy(u, row)
-                        checked.add((u, k))
+                        checked.add(row)
                     a = m.start[k] + first
                     out[pos : pos + n] = m.ids[a : a + n]
                 self._failures.clear()
