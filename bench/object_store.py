@@ -13,9 +13,9 @@ dataset of --shards shards (FineWeb-Edu-like lognormal document lengths; reused 
 uploads it with `gristmill data upload`'s code, then measures, without and with the fault mix (10%
 503 SlowDown, 2% truncated bodies, 1% connection resets):
 
-  - requests to open the dataset from an empty cache (dataset.json, the sample totals, the held-out
-    file's hashes and prefix; the shard table is derived; no per-document file, no shard) and with
-    that cached;
+  - requests to open the dataset from an empty cache (dataset.json, the sample totals and digests,
+    the held-out file's hashes and prefix; the shard table is derived; no per-document file, no
+    shard) and with that cached;
   - one epoch through a cache of exactly the loader's working set (TokenLoader.cache_need: epoch
     groups of --group-blocks samples; 4,096 in real runs, fewer here so that this dataset holds many
     groups and the cache a fraction of it), --val-fraction held out as the real recipes do: bytes
@@ -215,8 +215,8 @@ def main() -> None:
             print(
                 f"cold start, {r['scale']:>3}× ({r['shards']:,} shards, {r['documents']:,} documents): "
                 f"{r['bytes'] / 1e6:.2f} MB ({r['open_bytes'] / 1e6:.3f} MB of it the open: dataset.json, "
-                f"sample totals, held-out prefix), {r['requests']} requests, {r['seconds']:.2f} s to the "
-                "first step's batch"
+                f"sample totals and digests, held-out prefix), {r['requests']} requests, "
+                f"{r['seconds']:.2f} s to the first step's batch"
             )
         working = CacheSettings(args.dir / "cache", int(100e9))
         n = min(args.warm_steps, steps)
@@ -259,7 +259,7 @@ def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
     samples = docs / sample_docs
     group = group_blocks * sample_bytes
     per_node = 3 * group  # TokenLoader.cache_need: three groups at these sizes
-    index_open = 8 * samples + 12 * val_fraction * docs  # sample totals, the held-out prefix
+    index_open = 16 * samples + 12 * val_fraction * docs  # sample totals and digests, held-out prefix
     print(
         f"on paper, FineWeb-Edu (~{tokens / 1e12:.1f}T tokens, {docs / 1e9:.1f}B documents, uint32) "
         f"on {nodes} nodes:"
@@ -270,9 +270,9 @@ def projection(nodes: int = 64, val_fraction: float = 0.001) -> None:
     )
     print(f"  cache per node: {per_node / 1e9:.1f} GB (data.cache_gb ≥ that), whatever the dataset's size")
     print(
-        f"  before the first step, per node: {(index_open + group) / 1e9:.2f} GB: the sample totals and the "
-        f"held-out prefix ({index_open / 1e6:.0f} MB at val_fraction {val_fraction:g}), then the first "
-        f"epoch group whole ({group / 1e9:.2f} GB, {group_blocks:,} requests)"
+        f"  before the first step, per node: {(index_open + group) / 1e9:.2f} GB: the sample totals and "
+        f"digests and the held-out prefix ({index_open / 1e6:.0f} MB at val_fraction {val_fraction:g}), "
+        f"then the first epoch group whole ({group / 1e9:.2f} GB, {group_blocks:,} requests)"
     )
     # Every node plans every group, so it fetches every group whole: the dataset once per epoch.
     per_epoch = samples * sample_bytes

@@ -465,6 +465,29 @@ def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path, monkeypatch):
     assert ratio <= 1.05, ratio
 
 
+def test_a_shard_object_replaced_by_another_of_the_same_sizes_is_refused(s3, tmp_path):
+    """Documents of one length make every sample's total the same: a shard object overwritten by
+    another shard's bytes passes the lengths and the documents' own hashes, and only the index's
+    per-sample digest of the records tells it (it trained 256 documents twice, 256 never, before)."""
+    rng = np.random.default_rng(0)
+    docs = [np.append(rng.integers(1, 30000, 19), 0) for _ in range(640)]  # every document 20 tokens
+    local = tmp_path / "ds"
+    write_synthetic_dataset(local, docs, vocab_size=32768, target_bytes=1 << 15)
+    names = sorted(read_dataset_info(local)["shard_files"])
+    assert len(names) >= 2
+    url = s3.url("swapped-shard")
+    upload_dataset(local, url, log=lambda *a: None)
+    body = (local / "shards" / names[0]).read_bytes()
+    info = read_dataset_info(local)
+    # shard 1's samples lie where shard 0's do (the same lengths), so its ranges read shard 0's
+    assert info["shard_files"][names[0]]["documents"] >= info["shard_files"][names[1]]["documents"]
+    s3.client.put_object(Bucket=BUCKET, Key=f"swapped-shard/shards/{names[1]}", Body=body)
+    loader = dataset_loader(url, seq_len=19, global_batch=4, micro_batch=4, seed=3, cache=cache(tmp_path))
+    with pytest.raises(DatasetError, match=rf"shards/{names[1]}: bytes .*index/sample_digest.bin records"):
+        for _, _ in zip(range(loader.steps_per_epoch), loader):
+            pass
+
+
 def test_a_bit_flipped_object_is_fetched_once_more_then_refused(s3, synthetic, tmp_path, capsys):
     local, _ = synthetic
     url = s3.url("flipped")

@@ -11,6 +11,9 @@
                            shard maybe fewer; samples in row order): its tokens. The epoch order's
                            blocks are the samples (training/data/order.py), so this, not the
                            per-row lengths, is what planning an epoch reads
+    index/sample_digest.bin  uint64 per sample (a dataset whose manifest records each document's
+                           sha256): the first 8 bytes of the sha256 of its `.docs` records, what a
+                           bucket's range read of the sample is tied to the index by
     index/heldout.bin      12 bytes per row, (row uint64, tokens uint32), sorted by the held-out hash
                            (training/contract/heldout.py): the rows held out at any val_fraction are a
                            prefix of it
@@ -45,6 +48,7 @@ import pyarrow.parquet as pq
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    DOC_RECORDS,
     DOC_SHA256,
     INDEX_DIR,
     LEGACY_FORMAT,
@@ -67,6 +71,7 @@ DOC_OFFSETS = "doc_offsets.bin"
 SHARD_ROWS = "shard_rows.bin"
 DOC_HASHES = "doc_sha256.bin"
 SAMPLE_TOKENS = "sample_tokens.bin"
+SAMPLE_DIGEST = "sample_digest.bin"
 HELDOUT = "heldout.bin"
 HELDOUT_SHA = "heldout_sha256.bin"
 HASH_BYTES = 32
@@ -88,7 +93,7 @@ def index_format(info: dict[str, Any]) -> str:
 def index_files(info: dict[str, Any]) -> tuple[str, ...]:
     """The files of the index of a dataset of dataset.json `info`."""
     base = (DOC_TOKENS, DOC_OFFSETS, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT, HELDOUT_SHA)
-    return base + (DOC_HASHES,) if index_format(info) == INDEX_FORMAT else base
+    return base + (DOC_HASHES, SAMPLE_DIGEST) if index_format(info) == INDEX_FORMAT else base
 
 
 _TMP = INDEX_DIR + ".tmp"  # built here, then renamed over index/ (validate flags it if left over)
@@ -114,7 +119,7 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     files = manifest_files(root)
     if not files:
         raise DatasetError(f"{root / 'manifest'} holds no *.parquet files; rebuild the dataset")
-    samples = _SampleTotals()
+    samples = _SampleTotals(hashed)
 
     def per_row(held: SortedWriter) -> Iterator[tuple[str, np.ndarray]]:
         """The per-row files, a manifest at a time; the sample totals and held-out rows on the side."""
@@ -166,7 +171,7 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
                     raise DatasetError(f"{path}: rows without a {DOC_SHA256}; rebuild the dataset")
             last_shard = int(shard[-1])
             np.add(per_shard, np.bincount(shard, minlength=len(names)), out=per_shard)
-            samples.add(shard, ntok)
+            samples.add(shard, ntok, _hash_rows(sha) if hashed else None)
             held.add(np.arange(rows, rows + len(ntok), dtype=np.uint64), ntok)
             rows += len(ntok)
             yield DOC_TOKENS, ntok.astype("<u4")
@@ -177,7 +182,10 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
     with tempfile.TemporaryDirectory(prefix="gristmill-heldout-") as scratch:
         held = SortedWriter(scratch)
         yield from per_row(held)
-        yield SAMPLE_TOKENS, samples.finish()
+        totals, digests = samples.finish()
+        yield SAMPLE_TOKENS, totals
+        if hashed:
+            yield SAMPLE_DIGEST, digests
         sums = []
         yield HELDOUT, np.zeros(0, ENTRY)  # the file exists when no row does
         for chunk in held.chunks():  # after every row: heldout.bin is sorted by hash, not by row
@@ -196,32 +204,58 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
 
 
 class _SampleTotals:
-    """sample_tokens.bin from rows given a manifest at a time: each shard's rows are cut into samples
-    once the shard is complete (a later shard appears, or the end), as sample_starts cuts them."""
+    """sample_tokens.bin (and, with the documents' sha256s, sample_digest.bin) from rows given a
+    manifest at a time: each shard's rows are cut into samples once the shard is complete (a later
+    shard appears, or the end), as sample_starts cuts them."""
 
-    def __init__(self):
-        self.shard, self.pending = -1, np.zeros(0, np.int64)
-        self.parts: list[np.ndarray] = []
+    def __init__(self, hashed: bool):
+        self.hashed = hashed
+        self.shard, self.pending = -1, np.zeros(0, DOC_RECORDS)
+        self.totals: list[np.ndarray] = []
+        self.digests: list[np.ndarray] = []
         self.tokens = 0
 
-    def add(self, shard: np.ndarray, ntok: np.ndarray) -> None:
-        ntok = np.asarray(ntok, np.int64)
-        self.tokens += int(ntok.sum())
+    def add(self, shard: np.ndarray, ntok: np.ndarray, sha: np.ndarray | None) -> None:
+        records = np.zeros(len(ntok), DOC_RECORDS)  # a /3 sample's .docs data, row by row
+        records["n_tokens"] = ntok
+        if sha is not None:
+            records["sha256"] = sha
+        self.tokens += int(np.asarray(ntok, np.int64).sum())
         starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
         for a, b in zip(starts.tolist(), np.r_[starts[1:], len(shard)].tolist()):
             if int(shard[a]) != self.shard:
                 self._close()
                 self.shard = int(shard[a])
-            self.pending = np.concatenate([self.pending, ntok[a:b]])
+            self.pending = np.concatenate([self.pending, records[a:b]])
 
     def _close(self) -> None:
-        if len(self.pending):
-            self.parts.append(np.add.reduceat(self.pending, np.arange(0, len(self.pending), SAMPLE_DOCS)))
-        self.pending = np.zeros(0, np.int64)
+        if not len(self.pending):
+            return
+        firsts = np.arange(0, len(self.pending), SAMPLE_DOCS)
+        self.totals.append(np.add.reduceat(self.pending["n_tokens"].astype(np.int64), firsts))
+        if self.hashed:
+            self.digests.append(
+                np.array(
+                    [sample_digest(self.pending[a : a + SAMPLE_DOCS].tobytes()) for a in firsts.tolist()],
+                    "<u8",
+                )
+            )
+        self.pending = np.zeros(0, DOC_RECORDS)
 
-    def finish(self) -> np.ndarray:
+    def finish(self) -> tuple[np.ndarray, np.ndarray]:
+        """(sample_tokens.bin's array, sample_digest.bin's)."""
         self._close()
-        return (np.concatenate(self.parts) if self.parts else np.zeros(0, np.int64)).astype("<u8")
+        totals = np.concatenate(self.totals) if self.totals else np.zeros(0, np.int64)
+        digests = np.concatenate(self.digests) if self.digests else np.zeros(0, "<u8")
+        return totals.astype("<u8"), digests
+
+
+def sample_digest(records: bytes) -> int:
+    """A sample's digest in sample_digest.bin: the first 8 bytes (little-endian) of the sha256 of its
+    `.docs` records. It ties a range read from a bucket to the index: the records name each document's
+    sha256, and the index's file is checked whole, so another sample's bytes (a shard object replaced
+    by another of the same sizes) are refused even where every length agrees."""
+    return int.from_bytes(hashlib.sha256(records).digest()[:8], "little")
 
 
 def _hash_rows(column: pa.ChunkedArray) -> np.ndarray:
@@ -364,7 +398,8 @@ class DocIndex:
         self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
         names = (DOC_TOKENS, DOC_OFFSETS) if per_document else ()
-        for name in (*names, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA):
+        hashed = (SAMPLE_DIGEST,) if index_format(info) == INDEX_FORMAT else ()
+        for name in (*names, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA, *hashed):
             self._files[name] = (root / INDEX_DIR / name, self._check_file(name, present=True))
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
@@ -454,15 +489,19 @@ class DocIndex:
         self.tokens = _mapped(*files[DOC_TOKENS]) if DOC_TOKENS in files else None
         self.offsets = _mapped(*files[DOC_OFFSETS]) if DOC_OFFSETS in files else None
         self.sample_tokens = _mapped(*files[SAMPLE_TOKENS])
+        self.sample_digest = _mapped(*files[SAMPLE_DIGEST]) if SAMPLE_DIGEST in files else None
 
     # Pickling a np.memmap copies its data: DataLoader workers get the paths and map them again.
     def __getstate__(self) -> dict[str, Any]:
-        skip = ("tokens", "offsets", "sample_tokens", "read_range")  # a worker never reads the prefix
+        # Maps travel as paths; sample_first (8 bytes a sample: 188 MB at FineWeb-Edu) is derived
+        # again from the shard table; a worker never reads the held-out prefix.
+        skip = ("tokens", "offsets", "sample_tokens", "sample_digest", "sample_first", "read_range")
         return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "read_range": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._map()
+        self.sample_first = sample_starts(self.shard_rows)
 
 
 def _mapped(path: Path, dtype: np.dtype) -> np.ndarray:

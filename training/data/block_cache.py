@@ -52,7 +52,7 @@ from training.contract.dataset_format import (
     DatasetError,
     layout_samples,
 )
-from training.contract.dataset_index import HASH_BYTES, DocIndex
+from training.contract.dataset_index import HASH_BYTES, INDEX_DIR, SAMPLE_DIGEST, DocIndex, sample_digest
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.order import DocBlocks
@@ -129,8 +129,7 @@ class CachedBlocks:
         self.itemsize = index.itemsize
         self.dtype = np.dtype(f"<u{self.itemsize}")
         self.names = sorted(info["shard_files"])
-        self.first = np.asarray(index.sample_first, np.int64)
-        self.totals = np.asarray(index.sample_tokens, np.int64)
+        self._index_arrays()
         # The held-out split's documents lie one in 1/val_fraction of a sample: each is its own unit,
         # fetched as its sample's records, then its own ids (two small ranges, not the sample's bytes).
         self.per_doc = blocks.split == "val"
@@ -145,9 +144,26 @@ class CachedBlocks:
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         self.lengths = SampleLengths(self)
 
-    # Pickled for DataLoader workers: its maps are the process's own.
+    def _index_arrays(self) -> None:
+        """Per sample, from the index (memory maps: shared page cache, never private copies): its
+        first row, its tokens and the digest of its records, checked at every fetch."""
+        self.first = self.index.sample_first
+        self.totals = self.index.sample_tokens
+        self.digests = self.index.sample_digest
+
+    # Pickled for DataLoader workers: its maps are the process's own; the index's arrays travel with
+    # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": OrderedDict(), "_ranges": {}}
+        skip = ("first", "totals", "digests")
+        return {
+            **{k: v for k, v in self.__dict__.items() if k not in skip},
+            "_maps": OrderedDict(),
+            "_ranges": {},
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._index_arrays()
 
     # -- units: a training block is a sample; a held-out document is a unit of its own ----------
 
@@ -309,7 +325,9 @@ class CachedBlocks:
             starts = ends - lengths * self.itemsize
             docs = range(n) if not self.per_doc else [k]
             bad = None
-            if int(lengths.sum()) != total or (self.per_doc and int(lengths[k]) != tokens):
+            if sample_digest(data[: n * DOC_RECORD]) != int(self.digests[s]):
+                bad = f"its .docs records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} records for it"
+            elif int(lengths.sum()) != total or (self.per_doc and int(lengths[k]) != tokens):
                 bad = f"its .docs records add up to {int(lengths.sum())} tokens, its index total to {total}"
                 if self.per_doc and int(lengths.sum()) == total:
                     bad = f"its .docs record of row {row} says {int(lengths[k])} tokens, heldout.bin {tokens}"

@@ -38,7 +38,14 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
 )
-from training.contract.dataset_index import HELDOUT_SHA, INDEX_DIR, SAMPLE_TOKENS, SHARD_ROWS, DocIndex
+from training.contract.dataset_index import (
+    HELDOUT_SHA,
+    INDEX_DIR,
+    SAMPLE_DIGEST,
+    SAMPLE_TOKENS,
+    SHARD_ROWS,
+    DocIndex,
+)
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
@@ -114,9 +121,8 @@ class DocumentTable:
         read_range = None
         if not self.in_place:
             if "index" in info:
-                ensure(
-                    self.root, [f"{INDEX_DIR}/{name}" for name in (SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA)]
-                )
+                planning = (SHARD_ROWS, SAMPLE_TOKENS, SAMPLE_DIGEST, HELDOUT_SHA)
+                ensure(self.root, [f"{INDEX_DIR}/{name}" for name in planning])
             store = ObjectStore(origin(self.root), retry_for_s=(cache or CacheSettings.of()).timeout_s)
 
             def read_range(name: str, lo: int, hi: int) -> bytes:
