@@ -1,26 +1,27 @@
-"""A bucket's dataset read by range: the loader's blocks, fetched in the plan's order into the node's
-bounded, verified cache (docs/object-storage.md, "Training from a bucket").
+"""A bucket's dataset read by range: the build's samples, fetched a group at a time in the plan's
+order into the node's bounded, verified cache (docs/object-storage.md, "Training from a bucket").
 
-The unit is the loader's block of the training split (training/data/order.py: 64 documents,
-consecutive in the manifest), the unit the epoch order moves around: in a gristmill-shards/2 shard
-those documents lie back to back, so a block is one range GET of its shard (two when it straddles
-shards) and one of the index's per-document sha256 (`index/doc_sha256.bin`), wherever the block sits
-in the dataset. The held-out split's documents lie apart (one in 1/val_fraction), so there the unit
-is the document. Its
-documents are checked against those hashes, fetched once more if one differs, then refused in one
-line naming the shard, the bytes and the block; only then is the block written into the cache, as
-`<fingerprint>/blocks/<split>/<block>.blk` (its identity, rows and hashes, then the ids). Every use
-of a cached block checks the documents it reads against the hashes again (a cached copy is a copy,
-not a proof): a copy that differs is fetched again, never trained on.
+The unit is the build's sample (64 consecutive documents of a shard: dataset_format.sample_starts),
+which is the training split's block in the epoch order (training/data/order.py): in a
+gristmill-shards/3 shard a sample's `.docs` records (each document's tokens and sha256) lie just
+before its ids, so one range GET brings all of it. The records must hash to the index's digest of the
+sample (`index/sample_digest.bin`, checked whole) and add up to its total, and every document's ids
+must hash to its record; a range that fails is fetched once more, then refused in one line naming the
+shard, the bytes and the sample. Only then is the sample written into the cache, as
+`<fingerprint>/blocks/<sample>.blk` (its identity, lengths and hashes, then the ids). The held-out
+split's documents lie one in 1/val_fraction: each is a unit of its own (its sample's records, then
+its ids), `<fingerprint>/blocks/heldout/<row>.blk`. Every use of a cached unit checks the documents it
+reads against the hashes again (a cached copy is a copy, not a proof): a copy that differs is fetched
+again, never trained on.
 
-`CachedBlocks` is one split's blocks (DocumentTable.blocks) of one bucket dataset; `Prefetcher` runs
-in each rank's loader, fetches the blocks the next steps read in the order they first read them, with
-several requests in flight, and publishes what its process keeps: every block of the epoch groups its
-current steps read (a group is 4,096 blocks whose documents are shuffled together, so a block is read
-until its group ends), and the blocks fetched ahead. Eviction (`make_room`) removes blocks no live
-loader keeps, least recently needed first. The cache therefore holds the loader's working set, one to
-two groups per source (`working_set_bytes`, checked against data.cache_gb before any work), whatever
-the dataset's size.
+`CachedBlocks` is one split's units of one bucket dataset; a training group's plan asks for its
+documents' lengths (`SampleLengths`), which fetches the group's samples together, several requests in
+flight. `Prefetcher` runs in each rank's loader, walks the plan ahead, has the next groups fetched
+before their first steps, and publishes what its process keeps: every unit of the epoch groups its
+current and next steps read (a sample is read until its group ends). Eviction (`make_room`) removes
+units no live loader keeps, least recently needed first. The cache therefore holds the loader's
+working set, two to three groups per source (`group_need`, checked against data.cache_gb before any
+work), whatever the dataset's size.
 """
 
 from __future__ import annotations
