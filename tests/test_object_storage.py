@@ -465,6 +465,24 @@ def test_an_epoch_fetches_the_token_bytes_once(s3, tmp_path, monkeypatch):
     assert ratio <= 1.05, ratio
 
 
+def test_a_damaged_cached_index_file_is_fetched_again(s3, synthetic, tmp_path):
+    """The index's per-sample files are trusted whole at every open: the cache's copy is hashed again
+    then, and one that differs is fetched again, never used (it would refuse every sample as the
+    bucket's fault, or plan another order)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    want = hashes(local, 5)
+    assert hashes(url, 5, cache=settings) == want
+    (digests,) = settings.dir.glob("*/index/sample_digest.bin")
+    body = bytearray(digests.read_bytes())
+    body[0] ^= 1
+    digests.write_bytes(bytes(body))
+    before = COUNTS.snapshot()["refetches"]
+    assert hashes(url, 5, cache=settings) == want
+    assert COUNTS.snapshot()["refetches"] - before == 1
+    assert digests.read_bytes() != bytes(body)
+
+
 def test_a_shard_object_replaced_by_another_of_the_same_sizes_is_refused(s3, tmp_path):
     """Documents of one length make every sample's total the same: a shard object overwritten by
     another shard's bytes passes the lengths and the documents' own hashes, and only the index's

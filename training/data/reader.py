@@ -50,7 +50,7 @@ from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
 from training.data.block_cache import block_source, refuse_legacy
-from training.data.remote import CacheSettings, describe, ensure, local_root, origin
+from training.data.remote import CacheSettings, describe, ensure_checked, local_root, origin
 
 MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
 
@@ -122,7 +122,7 @@ class DocumentTable:
         if not self.in_place:
             if "index" in info:
                 planning = (SHARD_ROWS, SAMPLE_TOKENS, SAMPLE_DIGEST, HELDOUT_SHA)
-                ensure(self.root, [f"{INDEX_DIR}/{name}" for name in planning])
+                ensure_checked(self.root, [f"{INDEX_DIR}/{name}" for name in planning])
             store = ObjectStore(origin(self.root), retry_for_s=(cache or CacheSettings.of()).timeout_s)
 
             def read_range(name: str, lo: int, hi: int) -> bytes:

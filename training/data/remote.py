@@ -35,6 +35,7 @@ from training.contract.dataset_format import (
     DatasetError,
     check_fingerprint,
     dataset_files,
+    file_sha256,
     parse_dataset_info,
     read_dataset_info,
 )
@@ -227,6 +228,23 @@ def ensure(root: Path, rels: Iterable[str]) -> None:
             if rel in others:
                 verified[rel] = spec["sha256"]
                 write_atomic(root / VERIFIED, json.dumps(verified, sort_keys=True))
+
+
+def ensure_checked(root: Path, rels: list[str]) -> None:
+    """`ensure`, then each copy hashed again now, against dataset.json (a cached copy is a copy, not a
+    proof): one that differs is fetched again. For the few files a bucket's reader trusts whole at
+    every open (the index's per-sample files: a damaged copy would refuse every sample as the
+    bucket's fault)."""
+    ensure(root, rels)
+    if origin(root) is None:
+        return
+    recorded = dataset_files(read_dataset_info(root))
+    stale = [rel for rel in rels if file_sha256(root / rel) != recorded[rel]["sha256"]]
+    for rel in stale:
+        (root / rel).unlink(missing_ok=True)  # a reader that has it open keeps its inode
+        COUNTS.add("refetches")
+    if stale:
+        ensure(root, stale)
 
 
 def _verified(root: Path) -> dict[str, str]:
