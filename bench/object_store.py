@@ -4,7 +4,7 @@ warm loader speed, and the local loader of the new layout against the old one.
     python -m bench.object_store [--dir /tmp/gristmill-s3-bench] [--shards 1000] [--shard-kb 128]
                                  [--seq-len 2048] [--global-batch 32] [--group-blocks 16]
                                  [--val-fraction 0.001] [--cold-shards 40] [--warm-steps 200]
-                                 [--repeats 3]
+                                 [--repeats 3] [--warm-workers 0,2]
 
 Against moto's S3 server on loopback (pipelines/local_s3.py), reached through the tests' seeded
 fault-injecting proxy (tests/helpers/s3_server.py), which also counts the requests and the body bytes
@@ -24,7 +24,8 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     1×, 10× and 100× --cold-shards shards (goal: flat; the 1× dataset should hold more than one
     group: the first step fetches its group whole);
   - warm tokens/s: the loader from the bucket, its working set cached, ÷ the loader of the local copy
-    over the same steps (goal ≥ 0.95), best of --repeats alternating runs;
+    over the same steps (goal ≥ 0.95), best of --repeats alternating runs, in the loop's process and
+    with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read);
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -154,6 +155,12 @@ def main() -> None:
     p.add_argument("--cold-batch", type=int, default=8, help="the cold start's global batch")
     p.add_argument("--warm-steps", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--warm-workers",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[0, 2],
+        help="data.num_workers of the warm runs, comma-separated (the FineWeb-Edu recipes read with 2)",
+    )
     args = p.parse_args()
     epoch_order.GROUP_BLOCKS = args.group_blocks  # before any loader is built: many groups at bench scale
 
@@ -221,16 +228,18 @@ def main() -> None:
         working = CacheSettings(args.dir / "cache", int(100e9))
         n = min(args.warm_steps, steps)
         run_steps(url, args, working, n, **vf)  # every block of those steps in the cache
-        runs = {"bucket": [], "local": []}
-        for _ in range(args.repeats):
-            runs["bucket"].append(run_steps(url, args, working, n, **vf))
-            runs["local"].append(run_steps(local, args, None, n, **vf))
         tokens = n * args.global_batch * args.seq_len
-        rate = {k: tokens / min(v) for k, v in runs.items()}
-        print(
-            f"warm loader, {n} steps: bucket {rate['bucket'] / 1e6:.2f}M tokens/s, local "
-            f"{rate['local'] / 1e6:.2f}M tokens/s: ratio {rate['bucket'] / rate['local']:.3f}"
-        )
+        for workers in args.warm_workers:
+            runs = {"bucket": [], "local": []}
+            for _ in range(args.repeats):
+                runs["bucket"].append(run_steps(url, args, working, n, num_workers=workers, **vf))
+                runs["local"].append(run_steps(local, args, None, n, num_workers=workers, **vf))
+            rate = {k: tokens / min(v) for k, v in runs.items()}
+            print(
+                f"warm loader, {n} steps, data.num_workers = {workers}: bucket "
+                f"{rate['bucket'] / 1e6:.2f}M tokens/s, local {rate['local'] / 1e6:.2f}M tokens/s: "
+                f"ratio {rate['bucket'] / rate['local']:.3f}"
+            )
         older = args.dir / "dataset-v2"
         make_dataset(older, args.shards, args.shard_kb, v2=True)
         runs = {"new": [], "old": []}
