@@ -36,7 +36,6 @@ baseline (and, for the mixture, to the single source).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -49,7 +48,13 @@ from pathlib import Path
 
 import numpy as np
 
-from training.contract.dataset_format import DATASET_JSON, LEGACY_FORMAT, SAMPLE_DOCS, SHARDS_DIR, fingerprint
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    LEGACY_FORMAT,
+    SHARDS_DIR,
+    fingerprint,
+    sample_totals,
+)
 from training.contract.dataset_index import (
     DOC_OFFSETS,
     DOC_TOKENS,
@@ -164,7 +169,7 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
     samples = 0
     with open(root / INDEX_DIR / SAMPLE_TOKENS, "wb") as f:
         for a, b in zip(bounds[:-1], bounds[1:]):
-            totals = np.add.reduceat(np.asarray(lengths[a:b], np.int64), np.arange(0, b - a, SAMPLE_DOCS))
+            totals = sample_totals(lengths[a:b], np.array([0, b - a]))
             f.write(totals.astype("<u8").tobytes())
             samples += len(totals)
     scratch = root / "heldout-scratch"
@@ -172,12 +177,10 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
     held = SortedWriter(str(scratch))
     for a in range(0, docs, CHUNK):
         held.add(np.arange(a, min(a + CHUNK, docs), dtype=np.uint64), lengths[a : a + CHUNK])
-    sums = []
     with open(root / INDEX_DIR / HELDOUT, "wb") as f:
         for chunk in held.chunks():
-            sums.append(hashlib.sha256(chunk.tobytes()).digest())
             f.write(chunk.tobytes())
-    (root / INDEX_DIR / HELDOUT_SHA).write_bytes(b"".join(sums))
+    (root / INDEX_DIR / HELDOUT_SHA).write_bytes(b"".join(held.digests))
     shutil.rmtree(scratch)
     files = {}
     for name, dtype, count in (
@@ -186,7 +189,7 @@ def make_dataset(root: Path, docs: int, seed: int = 0) -> dict:
         (SHARD_ROWS, "uint64", len(names) + 1),
         (SAMPLE_TOKENS, "uint64", samples),
         (HELDOUT, "heldout", docs),
-        (HELDOUT_SHA, "sha256", len(sums)),
+        (HELDOUT_SHA, "sha256", len(held.digests)),
     ):
         files[name] = {
             "dtype": dtype,

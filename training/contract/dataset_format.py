@@ -250,6 +250,12 @@ def sample_starts(shard_rows: np.ndarray) -> np.ndarray:
     return np.r_[np.repeat(shard_rows[:-1], counts) + within * SAMPLE_DOCS, shard_rows[-1:]].astype(np.int64)
 
 
+def sample_totals(tokens: np.ndarray, shard_rows: np.ndarray) -> np.ndarray:
+    """Each sample's tokens (int64): the rows' `tokens` summed over the samples sample_starts cuts."""
+    tokens = np.asarray(tokens, np.int64)
+    return np.add.reduceat(tokens, sample_starts(shard_rows)[:-1]) if len(tokens) else np.zeros(0, np.int64)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

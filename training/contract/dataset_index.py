@@ -59,6 +59,7 @@ from training.contract.dataset_format import (
     manifest_files,
     numpy_dtype,
     sample_starts,
+    sample_totals,
 )
 from training.contract.heldout import ENTRY, PrefixError, SortedWriter, read_prefix
 
@@ -186,12 +187,10 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
         yield SAMPLE_TOKENS, totals
         if hashed:
             yield SAMPLE_DIGEST, digests
-        sums = []
         yield HELDOUT, np.zeros(0, ENTRY)  # the file exists when no row does
         for chunk in held.chunks():  # after every row: heldout.bin is sorted by hash, not by row
-            sums.append(hashlib.sha256(chunk.tobytes()).digest())
             yield HELDOUT, chunk
-        yield HELDOUT_SHA, np.frombuffer(b"".join(sums), _DTYPES["sha256"])
+        yield HELDOUT_SHA, np.frombuffer(b"".join(held.digests), _DTYPES["sha256"])
     rows, tokens = int(per_shard.sum()), samples.tokens
     if (rows, tokens) != (info.get("documents"), info.get("tokens")):
         raise DatasetError(
@@ -231,8 +230,9 @@ class _SampleTotals:
     def _close(self) -> None:
         if not len(self.pending):
             return
-        firsts = np.arange(0, len(self.pending), SAMPLE_DOCS)
-        self.totals.append(np.add.reduceat(self.pending["n_tokens"].astype(np.int64), firsts))
+        one_shard = np.array([0, len(self.pending)])
+        self.totals.append(sample_totals(self.pending["n_tokens"], one_shard))
+        firsts = sample_starts(one_shard)[:-1]
         if self.hashed:
             self.digests.append(
                 np.array(

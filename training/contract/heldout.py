@@ -82,8 +82,8 @@ class SortedWriter:
     BINS = 256
 
     def __init__(self, scratch: str):
-        self.scratch = scratch
         self._files = [open(f"{scratch}/bin{b:03d}", "w+b") for b in range(self.BINS)]  # noqa: SIM115
+        self.digests: list[bytes] = []  # heldout_sha256.bin: each chunk's, as `chunks` yields it
 
     def add(self, rows: np.ndarray, tokens: np.ndarray) -> None:
         top = (row_hash(rows) >> np.uint64(56)).astype(np.int64)
@@ -95,19 +95,18 @@ class SortedWriter:
             self._files[b].write(entries[cuts[b] : cuts[b + 1]].tobytes())
 
     def chunks(self) -> Iterator[np.ndarray]:
-        """The sorted entries, CHUNK at a time (the last chunk may be short); closes the bins."""
+        """The sorted entries, CHUNK at a time (the last chunk may be short), each one's sha256 added
+        to `digests`; closes the bins."""
         pending = np.zeros(0, ENTRY)
         try:
             for f in self._files:
                 f.seek(0)
                 entries = np.frombuffer(f.read(), ENTRY)
-                part = sorted_entries(entries["row"], entries["tokens"])
-                pending = np.concatenate([pending, part])
-                while len(pending) >= CHUNK:
-                    yield pending[:CHUNK]
-                    pending = pending[CHUNK:]
-            if len(pending):
-                yield pending
+                pending = np.concatenate([pending, sorted_entries(entries["row"], entries["tokens"])])
+                while len(pending) >= CHUNK or (f is self._files[-1] and len(pending)):
+                    chunk, pending = pending[:CHUNK], pending[CHUNK:]
+                    self.digests.append(hashlib.sha256(chunk.tobytes()).digest())
+                    yield chunk
         finally:
             for f in self._files:
                 f.close()

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from training.contract.dataset_format import DatasetError, sample_starts
+from training.contract.dataset_format import DatasetError, sample_starts, sample_totals
 from training.contract.heldout import heldout_rows, mix64, mix64_inplace
 from training.data import cache as order_cache
 
@@ -142,9 +142,8 @@ class DocBlocks:
         sample_tokens = np.asarray(sample_tokens, np.int64)
         held_rows, held_tokens = np.asarray(held_rows, np.int64), np.asarray(held_tokens, np.int64)
         self.n_rows = int(sample_first[-1])
-        self.total_tokens = int(
-            sample_tokens.sum()
-        )  # over every row, both splits: checked against dataset.json
+        # Over every row, both splits: checked against dataset.json.
+        self.total_tokens = int(sample_tokens.sum())
         self._val_rows = self._val_lengths = self._sample_first = self._doc_start = None
         if split == "val":
             self._val_rows, self._val_lengths, self.n = held_rows, held_tokens, len(held_rows)
@@ -182,8 +181,8 @@ class DocBlocks:
         """The table of rows with token counts `lengths` in shards of `shard_rows` (one shard when
         None), computed here in memory: for benchmarks and tests that plan without a dataset."""
         lengths = np.asarray(lengths, np.int64)
-        first = sample_starts(np.array([0, len(lengths)]) if shard_rows is None else shard_rows)
-        totals = np.add.reduceat(lengths, first[:-1]) if len(lengths) else np.zeros(0, np.int64)
+        shard_rows = np.array([0, len(lengths)]) if shard_rows is None else shard_rows
+        first, totals = sample_starts(shard_rows), sample_totals(lengths, shard_rows)
         held = np.flatnonzero(heldout_mask(0, len(lengths), val_fraction)) if val_fraction > 0 else []
         held = np.asarray(held, np.int64)
         blocks = cls(first, totals, held, lengths[held], split=split, val_fraction=val_fraction,
