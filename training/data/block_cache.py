@@ -170,9 +170,7 @@ class CachedBlocks:
 
     def units_of_rows(self, rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(rows, np.int64)
-        if self.per_doc:
-            return self.blocks.val_docs(rows)
-        return np.searchsorted(self.first, rows, side="right") - 1
+        return self.blocks.val_docs(rows) if self.per_doc else self.index.sample_of(rows)
 
     def units_of_blocks(self, blocks: np.ndarray) -> np.ndarray:
         """The units of the split's blocks `blocks` (the epoch order's unit)."""
@@ -186,7 +184,7 @@ class CachedBlocks:
     def _unit(self, u: int) -> tuple[int, int, int]:
         """Unit `u`'s first manifest row, its documents and its tokens."""
         if self.per_doc:
-            return int(self.blocks.doc_rows(np.array([u]))[0]), 1, int(self._val_tokens[u])
+            return self.key(u), 1, int(self._val_tokens[u])
         return int(self.first[u]), int(self.first[u + 1] - self.first[u]), int(self.totals[u])
 
     def _overhead(self, docs: int, units: int) -> int:
@@ -311,7 +309,7 @@ class CachedBlocks:
         request (its records, then its ids); a held-out document two (its sample's records, then its
         own ids, whose length must also be heldout.bin's)."""
         row, _, tokens = self._unit(u)
-        s = int(np.searchsorted(self.first, row, side="right")) - 1
+        s = int(self.index.sample_of(np.array([row]))[0])
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
         k = row - int(self.first[s])
@@ -328,10 +326,10 @@ class CachedBlocks:
             bad = None
             if sample_digest(data[: n * DOC_RECORD]) != int(self.digests[s]):
                 bad = f"its .docs records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} records for it"
-            elif int(lengths.sum()) != total or (self.per_doc and int(lengths[k]) != tokens):
+            elif int(lengths.sum()) != total:
                 bad = f"its .docs records add up to {int(lengths.sum())} tokens, its index total to {total}"
-                if self.per_doc and int(lengths.sum()) == total:
-                    bad = f"its .docs record of row {row} says {int(lengths[k])} tokens, heldout.bin {tokens}"
+            elif self.per_doc and int(lengths[k]) != tokens:
+                bad = f"its .docs record of row {row} says {int(lengths[k])} tokens, heldout.bin {tokens}"
             else:
                 if self.per_doc:
                     a = ids_at + int(starts[k])
@@ -497,7 +495,7 @@ class CachedBlocks:
     def locate(self, row: int) -> str:
         """Where row `row`'s ids come from, for error messages."""
         u = int(self.units_of_rows(np.array([row]))[0])
-        s = int(np.searchsorted(self.first, row, side="right")) - 1
+        s = int(self.index.sample_of(np.array([row]))[0])
         name = self._range(s)[0]
         return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{name}, sample {s}, cached at {self.path(u)})"
 
@@ -773,8 +771,8 @@ class Prefetcher:
             self._horizon = s
             keep |= grown
             used += cost
-            fetching = [(t, u) for t, u in grown if not self.caches[t].path(u).is_file()]
-            if fetching:  # a group not cached: this step's plan fetches it, into room made first
+            if any(not self.caches[t].path(u).is_file() for t, u in grown):
+                # a group not cached: this step's plan fetches it, into room made first
                 self._publish(keep)
             elif not self._per_doc:
                 continue  # a training step inside groups already planned: their samples are fetched
