@@ -36,6 +36,7 @@ from training.contract.dataset_format import (
     PROVENANCE_COLUMNS,
     RECORDED_FILES,
     SHARDS_DIR,
+    TAR_BLOCK,
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
@@ -46,6 +47,7 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
     shard_name,
+    tar_padded,
 )
 from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
@@ -208,8 +210,8 @@ def _shard_bytes(old: str, root: Path, name: str, info: dict[str, Any]) -> bytes
 
 def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:
     """A /1 document's `.json` member: the tar member after its `.ids` member."""
-    start = row["offset"] + -(-row["nbytes"] // 512) * 512 + 512
-    header = data[start - 512 : start]
+    start = row["offset"] + tar_padded(row["nbytes"]) + TAR_BLOCK
+    header = data[start - TAR_BLOCK : start]
     size = int(header[124:136].strip(b"\0 ") or b"0", 8)
     try:
         return json.loads(data[start : start + size])

@@ -63,6 +63,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     META_EXT,
     SHARDS_DIR,
+    TAR_BLOCK,
     TOKENIZER_JSON,
     DatasetError,
     dataset_files,
@@ -74,6 +75,7 @@ from training.contract.dataset_format import (
     manifest_files,
     numpy_dtype,
     read_dataset_info,
+    tar_padded,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
@@ -445,7 +447,7 @@ def _check_records(
         res.add(why, sample, "sample")
         return
     (docs_off, docs_n), (ids_off, _) = exts[DOCS_EXT], exts[IDS_EXT]
-    if docs_off + -(-docs_n // 512) * 512 + 512 != ids_off:
+    if docs_off + tar_padded(docs_n) + TAR_BLOCK != ids_off:
         res.add(f"its .{DOCS_EXT} member does not come right before its .{IDS_EXT} member", sample, "sample")
         return
     if docs_n != DOC_RECORD * len(rows):

@@ -204,8 +204,8 @@ def layout_samples(
     offset is its `.ids` one (no records)."""
     _check_layout(fmt)
     counts = np.asarray(doc_counts, np.int64)
-    docs_member = TAR_BLOCK + _padded(counts * DOC_RECORD) if fmt == FORMAT else np.zeros_like(counts)
-    sizes = docs_member + TAR_BLOCK + _padded(np.asarray(ids_bytes, np.int64))
+    docs_member = TAR_BLOCK + tar_padded(counts * DOC_RECORD) if fmt == FORMAT else np.zeros_like(counts)
+    sizes = docs_member + TAR_BLOCK + tar_padded(np.asarray(ids_bytes, np.int64))
     start = np.cumsum(sizes) - sizes  # each sample's first header
     ids = start + docs_member + TAR_BLOCK
     return (start + TAR_BLOCK if fmt == FORMAT else ids), ids
@@ -216,7 +216,8 @@ def _check_layout(fmt: str) -> None:
         raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
 
 
-def _padded(n: np.ndarray) -> np.ndarray:
+def tar_padded(n):
+    """A tar member's data size `n` (an int or an array) rounded up to TAR_BLOCK, as tar stores it."""
     return -(-n // TAR_BLOCK) * TAR_BLOCK
 
 

@@ -37,6 +37,7 @@ from training.contract.dataset_format import (
     file_sha256,
     numpy_dtype,
     read_dataset_info,
+    tar_padded,
 )
 from training.contract.dataset_index import (
     HELDOUT_SHA,
@@ -193,7 +194,7 @@ class DocumentTable:
             members = [(IDS_EXT, offset, int(self.index.tokens[rows].sum()) * self.dtype.itemsize)]
             if self.info["format"] == FORMAT:
                 records = len(rows) * DOC_RECORD
-                docs_at = offset - TAR_BLOCK - -(-records // TAR_BLOCK) * TAR_BLOCK
+                docs_at = offset - TAR_BLOCK - tar_padded(records)
                 members.append((DOCS_EXT, docs_at, records))
             with open(path, "rb") as f:
                 for ext, at, nbytes in members:
