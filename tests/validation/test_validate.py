@@ -66,18 +66,21 @@ def make_dataset(
     )
 
 
+def clean_dataset(tmp_path_factory, fmt: str) -> Path:
+    """An undamaged dataset of layout `fmt`, for a module's tests to read (or copy, to damage)."""
+    root = tmp_path_factory.mktemp(f"clean-{fmt.rpartition('/')[2]}") / "ds"
+    make_dataset(root, fmt=fmt)
+    return root
+
+
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("clean") / "ds"
-    make_dataset(root)
-    return root
+    return clean_dataset(tmp_path_factory, FORMAT)
 
 
 @pytest.fixture(scope="module")
 def clean_legacy(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("clean-legacy") / "ds"
-    make_dataset(root, fmt=LEGACY_FORMAT)
-    return root
+    return clean_dataset(tmp_path_factory, LEGACY_FORMAT)
 
 
 def private_copy(clean: Path, tmp_path: Path) -> Path:
@@ -638,9 +641,7 @@ def test_docs_member_must_come_right_before_its_ids(ds):
 
 @pytest.fixture(scope="module")
 def clean_v2(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("clean-v2") / "ds"
-    make_dataset(root, fmt=FORMAT_V2)
-    return root
+    return clean_dataset(tmp_path_factory, FORMAT_V2)
 
 
 def test_v2_dataset_validates_and_its_damage_is_found(clean_v2, tmp_path):
