@@ -148,9 +148,7 @@ class DocumentTable:
         if self.in_place:
             self._check_members()
         self.cache = block_source(self.root, info, self.index, self.blocks, cache)
-        # Per manifest row, its tokens: the index's memory map (shared page cache) in place, the cached
-        # samples' records from a bucket.
-        self.lengths = self.blocks.lengths = self.index.tokens if self.cache is None else self.cache.lengths
+        self._point_lengths()
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
         self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
@@ -224,6 +222,11 @@ class DocumentTable:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._point_lengths()
+
+    def _point_lengths(self) -> None:
+        """Per manifest row, its tokens (for this table and its block table's plans): the index's
+        memory map in place (shared page cache), the cached samples' records from a bucket."""
         self.lengths = self.blocks.lengths = self.index.tokens if self.cache is None else self.cache.lengths
 
     def _map(self, shard: int) -> np.ndarray:
