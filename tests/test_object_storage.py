@@ -41,10 +41,16 @@ from tests.helpers.s3_server import (
 )
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
-from training.contract.dataset_format import DATASET_JSON, DatasetError, dataset_files, read_dataset_info
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    DOC_RECORDS,
+    DatasetError,
+    dataset_files,
+    read_dataset_info,
+)
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
-from training.data.block_cache import MAX_AHEAD_STEPS, cache_usage
+from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, _BadCopy, cache_usage
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.remote import CacheSettings, tmp_name
 from training.train import load_train_config, train
@@ -560,6 +566,71 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     refetched = [unit_of_range(table, p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert {int(damaged.stem), int(swapped.stem)} <= set(refetched)  # (and blocks the lookahead reaches)
     assert len(refetched) == len(set(refetched))
+
+
+def test_cached_records_that_are_not_the_index_s_are_fetched_again_before_a_plan_reads_them(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A group's plan reads its documents' lengths from the cached copies' records: two of a sample's
+    records swapped (the same total, the ids untouched) planned another order, so the records are
+    held to the index's digest of the sample at every open, and such a copy is fetched again."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    want = hashes(local, 30)
+    assert hashes(url, 30, cache=settings) == want
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+    table = loader.builder.tables[0]
+    unit = int(table.cache.units_of_rows(loader.builder.segments(0)[1][:1])[0])  # step 1's sample
+    path = table.cache.path(unit)
+    body = bytearray(path.read_bytes())
+    at = len(MAGIC) + 4 + int.from_bytes(body[len(MAGIC) : len(MAGIC) + 4], "little")  # its records
+    records = np.frombuffer(body, DOC_RECORDS, int(table.cache.first[unit + 1] - table.cache.first[unit]), at)
+    i, j = 0, int(np.flatnonzero(records["n_tokens"] != records["n_tokens"][0])[0])
+    tokens = records["n_tokens"].copy()
+    tokens[[i, j]] = tokens[[j, i]]
+    swapped = records.copy()
+    swapped["n_tokens"] = tokens
+    body[at : at + records.nbytes] = swapped.tobytes()
+    path.write_bytes(bytes(body))
+    before = COUNTS.snapshot()["refetches"]
+    assert hashes(url, 30, cache=settings) == want
+    assert COUNTS.snapshot()["refetches"] - before == 1
+
+
+def test_a_cache_an_older_version_wrote_is_fetched_again_each_copy_once(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """Every cached copy of an older version (another MAGIC) fails its check and is fetched again, and
+    the batches are the same. The loop and the prefetcher's plan may both open such a copy before
+    either removes it: it counts once (counted per sighting, the second one called the cache broken,
+    as a copy that failed again just after its fetch)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    want = hashes(local, 30)
+    assert hashes(url, 30, cache=settings) == want
+    files = sorted(settings.dir.glob("*/blocks/*.blk"))
+    for path in files:
+        path.write_bytes(b"gristmill-sample/1\n" + path.read_bytes()[len(MAGIC) :])
+    before = COUNTS.snapshot()["refetches"]
+    assert hashes(url, 30, cache=settings) == want
+    assert 0 < COUNTS.snapshot()["refetches"] - before <= len(files)
+
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+    blocks = loader.builder.tables[0].cache
+    old = next(p for p in files if p.exists() and p.read_bytes().startswith(b"gristmill-sample/1"))
+    unit = int(old.stem)
+    sightings = []
+    for _ in range(2):  # two threads open the copy before either removes it
+        with pytest.raises(_BadCopy) as seen:
+            blocks._open(unit)
+        sightings.append(seen.value)
+    before = COUNTS.snapshot()["refetches"]
+    for bad in sightings:
+        blocks._failed(bad)  # the second sighting: the same copy, no error
+    assert COUNTS.snapshot()["refetches"] - before == 1 and not old.exists()
+    rows = np.arange(blocks.first[unit], blocks.first[unit + 1])
+    here = dataset_loader(local, seq_len=64, global_batch=8, micro_batch=4, seed=3).builder.tables[0]
+    assert (blocks.row_lengths(rows) == here.lengths[rows]).all()  # fetched again, and read
 
 
 def test_held_out_documents_cached_at_another_val_fraction_are_never_read_as_others(s3, tmp_path):

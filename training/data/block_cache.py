@@ -8,11 +8,18 @@ before its ids, so one range GET brings all of it. The records must hash to the 
 sample (`index/sample_digest.bin`, checked whole) and add up to its total, and every document's ids
 must hash to its record; a range that fails is fetched once more, then refused in one line naming the
 shard, the bytes and the sample. Only then is the sample written into the cache, as
-`<fingerprint>/blocks/<sample>.blk` (its identity, lengths and hashes, then the ids). The held-out
-split's documents lie one in 1/val_fraction: each is a unit of its own (its sample's records, then
-its ids), `<fingerprint>/blocks/heldout/<row>.blk`. Every use of a cached unit checks the documents it
-reads against the hashes again (a cached copy is a copy, not a proof): a copy that differs is fetched
-again, never trained on.
+`<fingerprint>/blocks/<sample>.blk`. The held-out split's documents lie one in 1/val_fraction: each is
+a unit of its own (its sample's records, then its ids), `<fingerprint>/blocks/heldout/<row>.blk`.
+
+A cached copy is a copy, not a proof, so it is checked where it is used. A unit's file holds its
+identity, its sample's `.docs` records as the bucket sent them, an xxh3-64 of each of its documents'
+ids (computed at the fetch, from ids that had just matched their sha256), then the ids. Opening it
+checks the records against the index's digest of the sample (so the lengths a plan reads from it are
+the index's), and every read of a document checks its ids against its xxh3 first: a copy that differs
+is removed and fetched again, never trained on. The check at the read is xxh3, not sha256, because it
+runs on every token the loop reads (~30× the speed at a document's size); the records' sha256 is what
+the bucket's bytes are held to, at the fetch. Either detects a damaged or swapped copy; neither stops
+someone who rewrites a file on purpose together with its checks (a hash in the same file cannot).
 
 `CachedBlocks` is one split's units of one bucket dataset; a training group's plan asks for its
 documents' lengths (`SampleLengths`), which fetches the group's samples together, several requests in
@@ -63,7 +70,7 @@ BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
 KEEP_DIR = "keep"
 BLOCK_EXT = ".blk"
-MAGIC = b"gristmill-sample/1\n"
+MAGIC = b"gristmill-sample/2\n"  # /1 (no records digest, no xxh3) is a copy to fetch again
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
@@ -88,10 +95,15 @@ os.register_at_fork(after_in_child=_release_in_child)
 
 
 class _BadCopy(Exception):
-    """A cached block's document that fails its sha256 (read_into)."""
+    """A cached unit's copy that fails a check: at the open, or a document's xxh3 at a read."""
 
-    def __init__(self, unit: int, row: int):
-        self.unit, self.row = unit, row
+    def __init__(self, unit: int, why: str, copy: tuple[int, ...]):
+        self.unit, self.why, self.copy = unit, why, copy  # copy: the file's identity (_identity)
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """One cache file as written (a copy fetched again is a new file: a new inode or a later mtime)."""
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def refuse_legacy(location: str, fmt: str) -> DatasetError:
@@ -103,17 +115,27 @@ def refuse_legacy(location: str, fmt: str) -> DatasetError:
     )
 
 
+def _xxh3(data: Any) -> int:
+    """The cache's check of a document's ids at every read (module docstring): xxh3-64, imported here
+    so that the GPU image, which reads no bucket, needs no xxhash."""
+    import xxhash
+
+    global _xxh3
+    _xxh3 = xxhash.xxh3_64_intdigest
+    return _xxh3(data)
+
+
 @dataclass
 class _Mapped:
-    """A cached sample's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): its
-    documents' lengths, sha256s and ids."""
+    """A cached unit's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): its documents'
+    lengths (a private copy, checked at the open), their xxh3s, and their ids over the map."""
 
     first: int  # its first manifest row
     lengths: np.ndarray  # per document, tokens
-    sha: bytes  # HASH_BYTES per document
+    check: list[int]  # per document, the xxh3-64 of its ids
     start: list[int]  # per document, where its ids start (in tokens); start[k + 1] where they end
-    raw: memoryview  # the ids' bytes, for hashing
-    ids: np.ndarray  # the ids, over the same map
+    ids: np.ndarray  # the ids, over the map
+    copy: tuple[int, ...]  # the file's identity (_identity)
 
 
 class CachedBlocks:
@@ -140,7 +162,7 @@ class CachedBlocks:
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._maps: OrderedDict[int, _Mapped] = OrderedDict()
-        self._failures: dict[int, int] = {}  # units whose copy failed since the last clean read
+        self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         self.lengths = SampleLengths(self)
@@ -148,9 +170,10 @@ class CachedBlocks:
     def _index_arrays(self) -> None:
         """Per sample, from the index (memory maps: shared page cache, never private copies): its
         first row, its tokens and the digest of its records, checked at every fetch."""
-        self.first = self.index.sample_first
-        self.totals = self.index.sample_tokens
-        self.digests = self.index.sample_digest
+        # plain views of the maps: an np.memmap's element costs ~1 µs more, several per unit opened
+        self.first = np.asarray(self.index.sample_first)
+        self.totals = np.asarray(self.index.sample_tokens)
+        self.digests = np.asarray(self.index.sample_digest)
 
     # Pickled for DataLoader workers: its maps are the process's own; the index's arrays travel with
     # the index (as paths) and are taken from it again.
@@ -188,9 +211,9 @@ class CachedBlocks:
         return int(self.first[u]), int(self.first[u + 1] - self.first[u]), int(self.totals[u])
 
     def _overhead(self, docs: int, units: int) -> int:
-        """A cache file's bytes besides its ids: the header (with room for the numbers' digits), and a
-        length and a sha256 per document."""
-        return (4 + HASH_BYTES) * docs + units * (len(self._header(None, 0)) + 24)
+        """A cache file's bytes besides its ids: the header (with room for the numbers' digits), its
+        sample's records (at most SAMPLE_DOCS) and an xxh3 per document."""
+        return 8 * docs + units * (len(self._header(None, 0, SAMPLE_DOCS)) + 24 + DOC_RECORD * SAMPLE_DOCS)
 
     def unit_bytes(self, u: int) -> int:
         """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
@@ -236,6 +259,10 @@ class CachedBlocks:
     def path(self, u: int) -> Path:
         return self.dir / f"{self.key(u)}{BLOCK_EXT}"
 
+    def cached(self, u: int) -> bool:
+        """Whether the cache holds a copy of unit `u` (checked when it is opened)."""
+        return os.path.isfile(f"{self._dir}/{self.key(u)}{BLOCK_EXT}")
+
     # -- fetching -------------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -256,26 +283,26 @@ class CachedBlocks:
         """Make sure the cache holds sample `u` (True if it was fetched here)."""
         if u in self.refused:
             raise self.refused[u]
-        if self.path(u).is_file():
+        if self.cached(u):
             return False
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
-            if self.path(u).is_file():  # another process or thread fetched it meanwhile
+            if self.cached(u):  # another process or thread fetched it meanwhile
                 return False
             try:
-                lengths, sha, ids = self._download(u)  # into memory: the samples in flight take no disk
+                records, checks, ids = self._download(u)  # into memory: the units in flight take no disk
             except DatasetError as e:
                 self.refused[u] = e
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 make_room(self.cache, self.unit_bytes(u))
-                self._write(u, lengths, sha, ids)
+                self._write(u, records, checks, ids)
             return True
 
     def fetch_all(self, units: Iterable[int]) -> None:
         """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight."""
-        missing = [u for u in dict.fromkeys(int(u) for u in units) if not self.path(u).is_file()]
+        missing = [u for u in dict.fromkeys(int(u) for u in units) if not self.cached(u)]
         if len(missing) <= 1:
             for u in missing:
                 self.fetch(u)
@@ -302,12 +329,12 @@ class CachedBlocks:
         docs_at, ids_at = int(hit[0][u - a]), int(hit[1][u - a])
         return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
 
-    def _download(self, u: int) -> tuple[np.ndarray, bytes, bytes]:
-        """Unit `u`'s lengths, hashes and ids, every document checked: the records' lengths against the
-        index's sample total, each document's ids against its record's sha256; fetched once more when
-        one differs, then refused naming the shard, the bytes and the sample. A sample is one range
-        request (its records, then its ids); a held-out document two (its sample's records, then its
-        own ids, whose length must also be heldout.bin's)."""
+    def _download(self, u: int) -> tuple[bytes, list[int], bytes]:
+        """Unit `u`'s sample's records, the xxh3 of each of its documents' ids, and their ids, every
+        document checked: the records against the index's digest and sample total, each document's ids
+        against its record's sha256; fetched once more when one differs, then refused naming the shard,
+        the bytes and the sample. A sample is one range request (its records, then its ids); a held-out
+        document two (its sample's records, then its own ids, whose length must also be heldout.bin's)."""
         row, _, tokens = self._unit(u)
         s = int(self.index.sample_of(np.array([row]))[0])
         name, lo, hi, ids_at = self._range(s)
@@ -338,7 +365,9 @@ class CachedBlocks:
                 else:
                     ids = data[ids_at - lo :]
                     spans = list(zip(starts.tolist(), ends.tolist()))
+                checks = []
                 for j, (a, z) in zip(docs, spans):
+                    checks.append(_xxh3(ids[a:z]))
                     got = hashlib.sha256(ids[a:z]).digest()
                     if got != sha[j * HASH_BYTES : (j + 1) * HASH_BYTES]:
                         bad = (
@@ -347,9 +376,7 @@ class CachedBlocks:
                         )
                         break
             if bad is None:
-                if self.per_doc:
-                    return lengths[k : k + 1], sha[k * HASH_BYTES : (k + 1) * HASH_BYTES], ids
-                return lengths, sha, ids
+                return data[: n * DOC_RECORD], checks, ids
             if attempt == 1:
                 COUNTS.add("refetches")
         raise DatasetError(
@@ -359,22 +386,22 @@ class CachedBlocks:
             f"dataset again (`gristmill data upload DIR {self.url}`) or rebuild it"
         )
 
-    def _header(self, u: int | None, n: int) -> bytes:
+    def _header(self, u: int | None, n: int, records: int) -> bytes:
         # A held-out document's file names its row ("row", not "unit": a file an earlier version named
         # by the document's number in its split is another document's). u None: the longest name's size.
-        name = {"unit": 0} if u is None else {"row": self.key(u)} if self.per_doc else {"unit": u}
-        head = json.dumps({"fingerprint": self.info["fingerprint"], **name, "documents": n}, sort_keys=True)
-        head = head.encode()
-        return MAGIC + len(head).to_bytes(4, "little") + head
+        name = ("unit", 0) if u is None else ("row", self.key(u)) if self.per_doc else ("unit", u)
+        fp = self.info["fingerprint"]
+        head = f'{{"documents": {n}, "fingerprint": "{fp}", "records": {records}, "{name[0]}": {name[1]}}}'
+        return MAGIC + len(head).to_bytes(4, "little") + head.encode()  # JSON (built by hand: ~6 µs less)
 
-    def _write(self, u: int, lengths: np.ndarray, sha: bytes, ids: bytes) -> None:
+    def _write(self, u: int, records: bytes, checks: list[int], ids: bytes) -> None:
         dest = self.path(u)
         tmp = dest.with_name(tmp_name(dest.name))
         try:
             with open(tmp, "wb") as f:
-                f.write(self._header(u, len(lengths)))
-                f.write(np.asarray(lengths, "<u4").tobytes())
-                f.write(sha)
+                f.write(self._header(u, len(checks), len(records) // DOC_RECORD))
+                f.write(records)
+                f.write(np.asarray(checks, "<u8").tobytes())
                 f.write(ids)
             move_into_place(tmp, dest)
         except OSError as e:
@@ -387,24 +414,32 @@ class CachedBlocks:
     # -- reading --------------------------------------------------------------------------------
 
     def _open(self, u: int) -> _Mapped:
-        """Unit `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, ValueError for a
-        file that is not this unit's (another unit's, another dataset's, cut short)."""
-        first, n, tokens = self._unit(u)
-        head = self._header(u, n)
+        """Unit `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, _BadCopy for a file
+        that is not this unit's (another unit's, another dataset's, an older version's, cut short, with
+        records that are not the index's)."""
+        row, n, tokens = self._unit(u)
+        s = int(self.index.sample_of(np.array([row]))[0]) if self.per_doc else u
+        records = int(self.first[s + 1] - self.first[s])
+        head = self._header(u, n, records)
         with open(f"{self._dir}/{self.key(u)}{BLOCK_EXT}", "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        data = len(head) + (4 + HASH_BYTES) * n
-        if len(mm) < data or mm[: len(head)] != head:
-            raise ValueError(f"{self.path(u)} is not unit {u} of this dataset")
-        lengths = np.frombuffer(mm, "<u4", n, len(head)).astype(np.int64)
+            copy = _identity(os.fstat(f.fileno()))
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if copy[-1] else b""
+        data = len(head) + DOC_RECORD * records + 8 * n
+        if len(mm) != data + tokens * self.itemsize or mm[: len(head)] != head:
+            raise _BadCopy(u, "the file is not this unit's", copy)
+        if sample_digest(mm[len(head) : len(head) + DOC_RECORD * records]) != int(self.digests[s]):
+            why = f"its records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} gives sample {s}"
+            raise _BadCopy(u, why, copy)
+        k = row - int(self.first[s])  # the unit's first document in its sample
+        rec = np.frombuffer(mm, DOC_RECORDS, records, len(head))[k : k + n]
+        lengths = rec["n_tokens"].astype(np.int64)
         start = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=start[1:])
-        if int(start[-1]) != tokens or len(mm) != data + int(start[-1]) * self.itemsize:
-            raise ValueError(f"{self.path(u)} is not unit {u} of this dataset")
-        raw = memoryview(mm)[data:]
-        ids = np.frombuffer(mm, self.dtype, int(start[-1]), data)
-        sha = mm[len(head) + 4 * n : data]
-        return _Mapped(first, lengths, sha, start.tolist(), raw, ids)
+        if int(start[-1]) != tokens:
+            raise _BadCopy(u, "the file is not this unit's", copy)
+        checks = np.frombuffer(mm, "<u8", n, len(head) + DOC_RECORD * records).tolist()
+        ids = np.frombuffer(mm, self.dtype, tokens, data)
+        return _Mapped(row, lengths, checks, start.tolist(), ids, copy)
 
     def _mapped(self, u: int) -> _Mapped:
         """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
@@ -419,8 +454,8 @@ class CachedBlocks:
                 break
             except FileNotFoundError:
                 self.fetch(u)
-            except ValueError:
-                self._failed(u, "the file is not this sample")
+            except _BadCopy as bad:
+                self._failed(bad)
         else:
             raise DatasetError(
                 f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
@@ -431,16 +466,23 @@ class CachedBlocks:
         self._maps[u] = m
         return m
 
-    def _failed(self, u: int, why: str) -> None:
-        """Sample `u`'s cached copy failed its check: removed, to be fetched again; a second failure of a
-        copy fetched just before names the cache."""
+    def _failed(self, bad: _BadCopy) -> None:
+        """A unit's cached copy failed its check: removed, to be fetched again; a second copy that fails
+        (fetched just before) names the cache. A copy is counted once, however many threads saw it fail
+        (the prefetcher's plan and the loop open the same files)."""
+        u, path = bad.unit, self.path(bad.unit)
         self._maps.pop(u, None)
-        self.path(u).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            if _identity(path.stat()) == bad.copy:  # not a copy fetched again meanwhile
+                path.unlink()
+        failed = self._failures.setdefault(u, set())
+        if bad.copy in failed:
+            return
+        failed.add(bad.copy)
         COUNTS.add("refetches")
-        self._failures[u] = self._failures.get(u, 0) + 1
-        if self._failures[u] >= 2:
+        if len(failed) >= 2:
             raise DatasetError(
-                f"{self.path(u)}: the cache's copy of sample {u} of {self.url} failed its check ({why}) "
+                f"{path}: the cache's copy of sample {u} of {self.url} failed its check ({bad.why}) "
                 "twice, the second time just after it was fetched and checked: something damages or "
                 "replaces what is written to data.cache_dir; give the run a cache directory of its own on "
                 "another disk"
@@ -454,9 +496,8 @@ class CachedBlocks:
         (DocumentTable.read). A copy that fails is removed and fetched again, never read."""
         units = self.units_of_rows(docs).tolist()
         pieces = list(zip(units, docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
-        item = self.itemsize
         for _ in range(3):
-            checked: set[int] = set()  # rows hashed in this call: a document is checked once per read
+            checked: set[int] = set()  # rows checked in this call: a document is checked once per read
             maps: dict[int, _Mapped] = {}  # this call's units, mapped once each
             try:
                 for u, row, first, n, pos in pieces:  # in the order the batch needs them, as fetched
@@ -464,17 +505,17 @@ class CachedBlocks:
                     if m is None:
                         m = maps[u] = self._mapped(u)
                     k = row - m.first
+                    a = m.start[k]
                     if row not in checked:
-                        a, z = m.start[k], m.start[k + 1]
-                        if hashlib.sha256(m.raw[a * item : z * item]).digest() != m.sha[k * 32 : k * 32 + 32]:
-                            raise _BadCopy(u, row)
+                        if _xxh3(m.ids[a : m.start[k + 1]]) != m.check[k]:
+                            raise _BadCopy(u, f"manifest row {row} fails its xxh3", m.copy)
                         checked.add(row)
-                    a = m.start[k] + first
+                    a += first
                     out[pos : pos + n] = m.ids[a : a + n]
                 self._failures.clear()
                 return
             except _BadCopy as bad:
-                self._failed(bad.unit, f"manifest row {bad.row} fails its sha256")
+                self._failed(bad)
         raise AssertionError("unreachable")  # _failed raises on the second failure of a unit
 
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
@@ -771,7 +812,7 @@ class Prefetcher:
             self._horizon = s
             keep |= grown
             used += cost
-            if any(not self.caches[t].path(u).is_file() for t, u in grown):
+            if any(not self.caches[t].cached(u) for t, u in grown):
                 # a group not cached: this step's plan fetches it, into room made first
                 self._publish(keep)
             elif not self._per_doc:
@@ -834,7 +875,7 @@ class Prefetcher:
         for t, b in fetch:
             if self._stop or self._step > step + LAG_STEPS:
                 break
-            if self.caches[t].path(b).is_file():
+            if self.caches[t].cached(b):
                 continue
             while len(inflight) >= self.requests:
                 inflight.pop(0).result()
