@@ -33,8 +33,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Imported once by the server; what a child then imports itself costs what it always did.
-PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run"]
+# Imported once by the server; what a child then imports itself costs what it always did. The last
+# three are what the forked children of a `make test` imported most after the fork (counted over the
+# process tier, 89 children): torch._dynamo, which the optimizer's constructor imports (0.7 CPU s; 54
+# children: every training run), pandas (pyarrow's parquet paths; 0.2 s, 29) and matplotlib's pyplot
+# (the plots; 0.7 s, 8).
+PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run",
+           "torch._dynamo", "pandas", "matplotlib.pyplot"]  # fmt: skip
 WORKERS = "tests.helpers.forked_workers"
 
 _context = None
