@@ -14,7 +14,6 @@ import json
 
 import pytest
 import torch
-from torchao.float8.float8_linear import Float8Linear
 
 from tests.helpers.models import tiny_model
 from tests.helpers.train_data import make_dataset
@@ -41,6 +40,8 @@ def test_a_float8_run_on_cpu_is_one_line_before_any_work(tmp_path, capsys):
 
 
 def test_conversion_keeps_the_weights_and_converts_only_the_block_linears():
+    from torchao.float8.float8_linear import Float8Linear  # here: 1.1 s to import, one test
+
     plain = tiny_model(dim=64, ffn_dim=192)
     model = tiny_model(dim=64, ffn_dim=192)
     convert_to_float8(model, sharded=False)
