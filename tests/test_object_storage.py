@@ -568,6 +568,36 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     assert len(refetched) == len(set(refetched))
 
 
+def test_a_cached_copy_damaged_in_place_after_it_was_mapped_is_fetched_again_once(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A copy this process has mapped, then damaged on disk in place (the same file: new bytes, a new
+    mtime): the read refuses it, removes it and reads the copy fetched again. It is one bad copy,
+    not two (taken for two, the file was kept as "fetched again meanwhile" and the run stopped
+    naming the cache)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    assert hashes(url, 30, cache=settings) == hashes(local, 30)
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+    table = loader.builder.tables[0]
+    _, docs, starts, counts = loader.builder.segments(0)
+    want = table.read(docs, starts, counts).copy()  # step 1's samples mapped now
+    unit = int(table.cache.units_of_rows(docs[:1])[0])
+    rows = np.arange(table.cache.first[unit], table.cache.first[unit + 1])
+    item = table.cache.itemsize
+    path = table.cache.path(unit)
+    at = path.stat().st_size - int(table.lengths[rows].sum()) * item  # where the ids start
+    at += int(table.lengths[rows[rows < docs[0]]].sum()) * item  # step 1's first document
+    with open(path, "r+b") as f:  # in place: the mapped file itself
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ 1]))
+    before = COUNTS.snapshot()["refetches"]
+    assert (table.read(docs, starts, counts) == want).all()
+    assert COUNTS.snapshot()["refetches"] - before == 1 and path.exists()
+
+
 def test_cached_records_that_are_not_the_index_s_are_fetched_again_before_a_plan_reads_them(
     s3, synthetic, small_blocks, tmp_path
 ):

@@ -472,13 +472,19 @@ class CachedBlocks:
         (the prefetcher's plan and the loop open the same files)."""
         u, path = bad.unit, self.path(bad.unit)
         self._maps.pop(u, None)
+        copy = bad.copy
         with contextlib.suppress(FileNotFoundError):
-            if _identity(path.stat()) == bad.copy:  # not a copy fetched again meanwhile
+            now = path.stat()
+            # The same file (its inode: the failing copy's map holds it, so no new file can have its
+            # number), perhaps written in place since it was opened: that copy, as it is now. Another
+            # inode is a copy fetched again meanwhile, which stays.
+            if (now.st_dev, now.st_ino) == bad.copy[:2]:
+                copy = _identity(now)
                 path.unlink()
         failed = self._failures.setdefault(u, set())
-        if bad.copy in failed:
+        if copy in failed:
             return
-        failed.add(bad.copy)
+        failed.add(copy)
         COUNTS.add("refetches")
         if len(failed) >= 2:
             raise DatasetError(
