@@ -593,9 +593,16 @@ def test_a_cached_copy_damaged_in_place_after_it_was_mapped_is_fetched_again_onc
         byte = f.read(1)[0]
         f.seek(at)
         f.write(bytes([byte ^ 1]))
+    stale = table.cache._maps[unit]  # the damaged copy's map, as another thread may hold it
     before = COUNTS.snapshot()["refetches"]
     assert (table.read(docs, starts, counts) == want).all()
     assert COUNTS.snapshot()["refetches"] - before == 1 and path.exists()
+    # That thread puts its map back after the loop removed the copy (it had opened it just before):
+    # the map of a copy that failed is never read again.
+    fresh = table.cache._maps[unit]
+    table.cache._failures[unit] = {(*stale.copy[:2], 0, 0)}  # as the failure left them
+    table.cache._maps[unit] = stale
+    assert table.cache._mapped(unit) is not stale and table.cache._mapped(unit).copy == fresh.copy
 
 
 def test_cached_records_that_are_not_the_index_s_are_fetched_again_before_a_plan_reads_them(

@@ -445,6 +445,9 @@ class CachedBlocks:
         """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
         loader of the node needed the room); a copy that is not the sample is removed and fetched again."""
         hit = self._maps.get(u)
+        failed = self._failures.get(u)
+        if hit is not None and failed and any(c[:2] == hit.copy[:2] for c in failed):
+            hit = None  # a map of a copy that failed, put back by another thread that had opened it
         if hit is not None:
             self._maps.move_to_end(u)
             return hit
