@@ -210,6 +210,15 @@ class CachedBlocks:
             return self.key(u), 1, int(self._val_tokens[u])
         return int(self.first[u]), int(self.first[u + 1] - self.first[u]), int(self.totals[u])
 
+    def _in_sample(self, u: int) -> tuple[int, int]:
+        """The sample holding unit `u`, and where in it the unit's first document lies (a training unit
+        is its sample, from its first document)."""
+        if not self.per_doc:
+            return u, 0
+        row = self.key(u)
+        s = int(self.index.sample_of(np.array([row]))[0])
+        return s, row - int(self.first[s])
+
     def _overhead(self, docs: int, units: int) -> int:
         """A cache file's bytes besides its ids: the header (with room for the numbers' digits), its
         sample's records (at most SAMPLE_DOCS) and an xxh3 per document."""
@@ -336,10 +345,9 @@ class CachedBlocks:
         the bytes and the sample. A sample is one range request (its records, then its ids); a held-out
         document two (its sample's records, then its own ids, whose length must also be heldout.bin's)."""
         row, _, tokens = self._unit(u)
-        s = int(self.index.sample_of(np.array([row]))[0])
+        s, k = self._in_sample(u)
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
-        k = row - int(self.first[s])
         for attempt in (1, 2):
             data = self.store.get_range(
                 f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD
@@ -418,7 +426,7 @@ class CachedBlocks:
         that is not this unit's (another unit's, another dataset's, an older version's, cut short, with
         records that are not the index's)."""
         row, n, tokens = self._unit(u)
-        s = int(self.index.sample_of(np.array([row]))[0]) if self.per_doc else u
+        s, k = self._in_sample(u)
         records = int(self.first[s + 1] - self.first[s])
         head = self._header(u, n, records)
         with open(f"{self._dir}/{self.key(u)}{BLOCK_EXT}", "rb") as f:
@@ -430,7 +438,6 @@ class CachedBlocks:
         if sample_digest(mm[len(head) : len(head) + DOC_RECORD * records]) != int(self.digests[s]):
             why = f"its records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} gives sample {s}"
             raise _BadCopy(u, why, copy)
-        k = row - int(self.first[s])  # the unit's first document in its sample
         rec = np.frombuffer(mm, DOC_RECORDS, records, len(head))[k : k + n]
         lengths = rec["n_tokens"].astype(np.int64)
         start = np.zeros(n + 1, np.int64)
