@@ -345,6 +345,18 @@ def unit_of_range(table, path: str, rng: str) -> int:
     return at[(path.split("?")[0].rsplit("/", 1)[1], start)]
 
 
+def first_token_at(table, row: int) -> tuple[int, Path, int]:
+    """The sample holding training row `row`, its cache file, and the byte of the row's first token in
+    that file (a unit's ids end its file)."""
+    blocks = table.cache
+    unit = int(blocks.units_of_rows(np.array([row]))[0])
+    rows = np.arange(blocks.first[unit], blocks.first[unit + 1])
+    path = blocks.path(unit)
+    ids = int(table.lengths[rows].sum()) * blocks.itemsize
+    before = int(table.lengths[rows[rows < row]].sum()) * blocks.itemsize
+    return unit, path, path.stat().st_size - ids + before
+
+
 def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
     s3, synthetic, small_blocks, tmp_path
 ):
@@ -547,13 +559,9 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
     table = loader.builder.tables[0]
     (_, row, *_), *_ = zip(*loader.builder.segments(0))  # step 1's first document
-    unit = int(table.cache.units_of_rows(np.array([row]))[0])
-    rows = np.arange(table.cache.first[unit], table.cache.first[unit + 1])
-    ids_bytes = int(table.lengths[rows].sum()) * 2
-    before_row = int(table.lengths[rows[rows < row]].sum()) * 2
-    damaged = table.cache.path(unit)
+    unit, damaged, at = first_token_at(table, row)
     flipped = bytearray(damaged.read_bytes())
-    flipped[len(flipped) - ids_bytes + before_row] ^= 0x01  # the first token of step 1's first document
+    flipped[at] ^= 0x01  # the first token of step 1's first document
     damaged.write_bytes(bytes(flipped))
     others = (int(table.cache.units_of_rows(loader.builder.segments(s)[1][:1])[0]) for s in range(1, 30))
     swapped = table.cache.path(next(u for u in others if u != unit))  # a later step's other sample
@@ -582,12 +590,7 @@ def test_a_cached_copy_damaged_in_place_after_it_was_mapped_is_fetched_again_onc
     table = loader.builder.tables[0]
     _, docs, starts, counts = loader.builder.segments(0)
     want = table.read(docs, starts, counts).copy()  # step 1's samples mapped now
-    unit = int(table.cache.units_of_rows(docs[:1])[0])
-    rows = np.arange(table.cache.first[unit], table.cache.first[unit + 1])
-    item = table.cache.itemsize
-    path = table.cache.path(unit)
-    at = path.stat().st_size - int(table.lengths[rows].sum()) * item  # where the ids start
-    at += int(table.lengths[rows[rows < docs[0]]].sum()) * item  # step 1's first document
+    unit, path, at = first_token_at(table, int(docs[0]))  # step 1's first document
     with open(path, "r+b") as f:  # in place: the mapped file itself
         f.seek(at)
         byte = f.read(1)[0]
