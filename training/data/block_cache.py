@@ -41,7 +41,6 @@ import mmap
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from training.contract.dataset_format import (
 from training.contract.dataset_index import HASH_BYTES, INDEX_DIR, SAMPLE_DIGEST, DocIndex, sample_digest
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
+from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
 from training.data.remote import ORIGIN, CacheSettings, host, node_lock, origin, tmp_name
 
@@ -76,7 +76,6 @@ MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
 EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
-MAX_OPEN_BLOCKS = 512  # cached blocks a process keeps mapped (a file descriptor each)
 
 
 _HELD: set[int] = set()  # lock files this process has open: a forked child must not hold them on
@@ -161,7 +160,7 @@ class CachedBlocks:
         self.nunits = blocks.n if self.per_doc else len(self.totals)
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
-        self._maps: OrderedDict[int, _Mapped] = OrderedDict()
+        self._owner = OPEN_MAPS.register(self)  # its units' maps (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
@@ -179,14 +178,11 @@ class CachedBlocks:
     # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
         skip = ("first", "totals", "digests")
-        return {
-            **{k: v for k, v in self.__dict__.items() if k not in skip},
-            "_maps": OrderedDict(),
-            "_ranges": {},
-        }
+        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        OPEN_MAPS.register(self, self._owner)
         self._index_arrays()
 
     # -- units: a training block is a sample; a held-out document is a unit of its own ----------
@@ -450,13 +446,14 @@ class CachedBlocks:
 
     def _mapped(self, u: int) -> _Mapped:
         """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
-        loader of the node needed the room); a copy that is not the sample is removed and fetched again."""
-        hit = self._maps.get(u)
+        loader of the node needed the room); a copy that is not the sample is removed and fetched again.
+        A reader keeps an epoch group's units mapped (and a margin: the next group's plan opens it while
+        the last steps of this one read), within the process's budget (training/data/open_maps.py)."""
+        hit = OPEN_MAPS.get(self._owner, u)
         failed = self._failures.get(u)
         if hit is not None and failed and any(c[:2] == hit.copy[:2] for c in failed):
             hit = None  # a map of a copy that failed, put back by another thread that had opened it
         if hit is not None:
-            self._maps.move_to_end(u)
             return hit
         for _ in range(100):
             try:
@@ -471,9 +468,8 @@ class CachedBlocks:
                 f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
                 "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
             )
-        if len(self._maps) >= MAX_OPEN_BLOCKS:
-            self._maps.popitem(last=False)
-        self._maps[u] = m
+        per_group = epoch_order.GROUP_BLOCKS * (self.blocks.block_docs if self.per_doc else 1)
+        OPEN_MAPS.put(self._owner, u, m, most=min(self.nunits, per_group + per_group // 4))
         return m
 
     def _failed(self, bad: _BadCopy) -> None:
@@ -481,7 +477,7 @@ class CachedBlocks:
         (fetched just before) names the cache. A copy is counted once, however many threads saw it fail
         (the prefetcher's plan and the loop open the same files)."""
         u, path = bad.unit, self.path(bad.unit)
-        self._maps.pop(u, None)
+        OPEN_MAPS.pop(self._owner, u)
         copy = bad.copy
         with contextlib.suppress(FileNotFoundError):
             now = path.stat()
@@ -539,7 +535,7 @@ class CachedBlocks:
         are fetched first, all together (an epoch group's plan asks for a whole group's)."""
         rows = np.asarray(rows, np.int64)
         units = self.units_of_rows(rows)
-        self.fetch_all(u for u in np.unique(units).tolist() if u not in self._maps)  # mapped: cached
+        self.fetch_all(u for u in np.unique(units).tolist() if OPEN_MAPS.get(self._owner, u) is None)
         out = np.empty(len(rows), np.int64)
         order = np.argsort(units, kind="stable")
         cuts = np.flatnonzero(np.r_[True, units[order][1:] != units[order][:-1], True])

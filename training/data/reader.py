@@ -15,7 +15,6 @@ only: reading documents needs no torch.
 from __future__ import annotations
 
 import mmap
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +50,8 @@ from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data import order as epoch_order
 from training.data.block_cache import block_source, refuse_legacy
+from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, describe, ensure_checked, local_root, origin
-
-MAX_OPEN_SHARDS = 256  # memory maps kept open per process (each holds a file descriptor)
 
 
 class DocumentTable:
@@ -151,7 +149,7 @@ class DocumentTable:
         self._point_lengths()
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
-        self._maps: OrderedDict[int, np.ndarray] = OrderedDict()  # token views of memory-mapped shards
+        self._owner = OPEN_MAPS.register(self)  # its shards' maps (training/data/open_maps.py)
 
     def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
@@ -218,10 +216,11 @@ class DocumentTable:
     # Pickled for spawn/forkserver DataLoader workers: memory maps travel as paths, never as data
     # (pickling an np.memmap copies it: 6 GB per worker at 1.5B documents).
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_maps": OrderedDict(), "lengths": None}
+        return {**self.__dict__, "lengths": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        OPEN_MAPS.register(self, self._owner)
         self._point_lengths()
 
     def _point_lengths(self) -> None:
@@ -232,16 +231,12 @@ class DocumentTable:
     def _map(self, shard: int) -> np.ndarray:
         """Shard `shard` as a read-only token array over its memory map (the tar's members are
         512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
-        m = self._maps.get(shard)
+        m = OPEN_MAPS.get(self._owner, shard)
         if m is None:
-            if len(self._maps) >= MAX_OPEN_SHARDS:
-                self._maps.popitem(last=False)
             with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
                 mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
-            self._maps[shard] = m
-        else:
-            self._maps.move_to_end(shard)
+            OPEN_MAPS.put(self._owner, shard, m, most=len(self.shard_names))
         return m
 
     def read(

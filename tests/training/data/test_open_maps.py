@@ -1,0 +1,66 @@
+"""The process's budget of memory maps (training/data/open_maps.py): each reader keeps at most what it
+asked for, the process at most its budget (the biggest reader gives way), a reader's maps close with
+it, and the open-file limit is raised before a reader opens anything. The readers' side, with real
+datasets at a low open-file limit: tests/test_object_storage.py."""
+
+from __future__ import annotations
+
+import gc
+import resource
+
+from training.data.open_maps import RESERVE, OpenMaps
+
+
+class Reader:
+    pass
+
+
+def test_a_reader_keeps_at_most_what_it_asked_for_least_recently_used_first():
+    maps = OpenMaps(max_maps=100)
+    reader = Reader()
+    owner = maps.register(reader)
+    for k in range(3):
+        maps.put(owner, k, f"map {k}", most=2)
+    assert maps.count(owner) == 2 and maps.get(owner, 0) is None
+    assert maps.get(owner, 1) == "map 1"  # now the most recent: 2 goes next
+    maps.put(owner, 3, "map 3", most=2)
+    assert (maps.get(owner, 1), maps.get(owner, 2), maps.get(owner, 3)) == ("map 1", None, "map 3")
+
+
+def test_past_the_budget_the_biggest_reader_gives_way():
+    maps = OpenMaps(max_maps=4)
+    readers = [Reader(), Reader()]
+    big, small = (maps.register(r) for r in readers)
+    for k in range(4):
+        maps.put(big, k, k, most=10)
+    maps.put(small, "a", "a", most=10)
+    maps.put(small, "b", "b", most=10)
+    assert (maps.count(big), maps.count(small), maps.count()) == (2, 2, 4)
+    assert maps.get(big, 0) is None and maps.get(big, 1) is None and maps.get(big, 3) == 3
+    maps.pop(small, "a")
+    assert maps.count() == 3
+
+
+def test_a_reader_s_maps_close_with_it():
+    maps = OpenMaps()
+    reader = Reader()
+    owner = maps.register(reader)
+    maps.put(owner, 0, bytearray(8), most=4)
+    assert maps.count() == 1
+    del reader
+    gc.collect()
+    assert maps.count() == 0 and maps.get(owner, 0) is None
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_one_when_a_reader_registers():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        low = min(soft, hard, 1024) - 1
+        resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+        maps = OpenMaps(max_maps=2000)
+        maps.register(Reader())
+        now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        assert now == (2000 + RESERVE if hard == resource.RLIM_INFINITY else min(hard, 2000 + RESERVE))
+        assert maps.budget() == min(2000, now - RESERVE)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

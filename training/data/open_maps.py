@@ -1,0 +1,112 @@
+"""The memory maps this process's readers keep open, all of them within one budget.
+
+A reader keeps the files it reads mapped: a local dataset's shards, a bucket dataset's cached samples
+(training/data/block_cache.py). An epoch group spreads its reads over its 4,096 blocks (each a cached
+sample of a bucket's dataset, or part of a local shard), so a reader is only as fast as the local
+loader while a group's files stay mapped: opening a cached sample again costs ~70 µs, and a reader
+that kept an eighth of its group mapped ran at ~0.2× (bench/object_store.py). CPython's mmap keeps
+a duplicate of its file's descriptor, so each map kept is an open file, and a common soft limit is
+1,024 per process, shared by every dataset of a mixture.
+
+Hence one budget per process: the soft open-file limit is raised to the hard one when a reader
+registers, and RESERVE descriptors are left to everything else. A reader keeps at most what it asks
+for (its `most`); past the budget, the least recently used map of the reader holding the most closes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any
+
+RESERVE = 256  # descriptors left to the rest of the process: sockets, pipes, logs, checkpoints
+MAX_MAPS = 32_768  # maps at most, whatever the limit: vm.max_map_count's default is 65,530 areas
+
+_tokens = itertools.count()
+
+
+class OpenMaps:
+    """Maps by (owner, key), least recently used first, within the process's budget (thread-safe: a
+    prefetcher plans in a thread of its own)."""
+
+    def __init__(self, max_maps: int = MAX_MAPS) -> None:
+        self.max_maps = max_maps
+        self._owners: dict[Hashable, OrderedDict[Hashable, Any]] = {}
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def register(self, reader: object, owner: Hashable | None = None) -> Hashable:
+        """The name of `reader`'s maps (a new one, unique across processes, unless it has one: a
+        DataLoader worker's copy of a reader keeps its parent's), closed once the reader is garbage;
+        the open-file limit is raised now, before the reader opens anything."""
+        owner = (os.getpid(), next(_tokens)) if owner is None else owner
+        weakref.finalize(reader, self.drop, owner)
+        self.budget()
+        return owner
+
+    def budget(self) -> int:
+        """Maps this process may keep: its soft open-file limit, raised to the hard one (read each time:
+        a library may have lowered it), less RESERVE."""
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = self.max_maps + RESERVE
+        if soft != resource.RLIM_INFINITY and soft < want:
+            raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+            if raised > soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+        limit = want if soft == resource.RLIM_INFINITY else soft
+        return max(1, min(self.max_maps, limit - RESERVE))
+
+    def get(self, owner: Hashable, key: Hashable) -> Any:
+        """The owner's map named `key`, None when it has none open (a hit becomes the most recent)."""
+        with self._lock:
+            mine = self._owners.get(owner)
+            hit = None if mine is None else mine.get(key)
+            if hit is not None:
+                mine.move_to_end(key)
+            return hit
+
+    def put(self, owner: Hashable, key: Hashable, value: Any, most: int) -> None:
+        """Keep `value` as the owner's map `key`: the owner's least recently used one is closed when it
+        holds `most`, the biggest owner's when the process holds its budget."""
+        budget = self.budget()
+        with self._lock:
+            mine = self._owners.setdefault(owner, OrderedDict())
+            if key in mine:
+                mine[key] = value
+                mine.move_to_end(key)
+                return
+            if len(mine) >= max(1, most):
+                mine.popitem(last=False)
+                self._open -= 1
+            elif self._open >= budget:
+                biggest = max(self._owners.values(), key=len)
+                if biggest:
+                    biggest.popitem(last=False)
+                    self._open -= 1
+            mine[key] = value
+            self._open += 1
+
+    def pop(self, owner: Hashable, key: Hashable) -> None:
+        with self._lock:
+            mine = self._owners.get(owner)
+            if mine is not None and mine.pop(key, None) is not None:
+                self._open -= 1
+
+    def drop(self, owner: Hashable) -> None:
+        """Close every map of an owner (its reader is gone)."""
+        with self._lock:
+            self._open -= len(self._owners.pop(owner, {}))
+
+    def count(self, owner: Hashable | None = None) -> int:
+        """Maps open: the owner's, or the process's."""
+        with self._lock:
+            return self._open if owner is None else len(self._owners.get(owner, ()))
+
+
+OPEN_MAPS = OpenMaps()
