@@ -25,7 +25,10 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     group: the first step fetches its group whole);
   - warm tokens/s: the loader from the bucket, its working set cached, ÷ the loader of the local copy
     over the same steps (goal ≥ 0.95), best of --repeats alternating runs, in the loop's process and
-    with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read);
+    with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read); then with
+    one group of every sample (FineWeb-Edu's groups of 4,096 samples are far more than these), the
+    group's samples mapped ÷ an eighth of them mapped (512 of 4,096: what a reader kept before
+    training/data/open_maps.py);
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -54,6 +57,7 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.object_store import COUNTS
 from training.data import order as epoch_order
 from training.data.loader import dataset_loader
+from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings
 
@@ -240,6 +244,29 @@ def main() -> None:
                 f"{rate['bucket'] / 1e6:.2f}M tokens/s, local {rate['local'] / 1e6:.2f}M tokens/s: "
                 f"ratio {rate['bucket'] / rate['local']:.3f}"
             )
+        # FineWeb-Edu's groups are 4,096 samples, far more than the groups above: here one group of
+        # every sample, read with the maps a group needs, then with an eighth of them (512 maps of a
+        # 4,096-sample group: what a reader kept before training/data/open_maps.py).
+        epoch_order.GROUP_BLOCKS, budget = 1 << 30, OPEN_MAPS.max_maps
+        samples = DocumentTable(url, cache=working, **vf).cache.nunits
+        run_steps(url, args, working, n, **vf)
+        rate = {}
+        for label, maps in (("a group's maps", budget), ("an eighth of them", samples // 8)):
+            OPEN_MAPS.max_maps = maps
+            runs = {"bucket": [], "local": []}
+            for _ in range(args.repeats):
+                runs["bucket"].append(run_steps(url, args, working, n, **vf))
+                runs["local"].append(run_steps(local, args, None, n, **vf))
+            rate[label] = tokens / min(runs["bucket"])
+            print(
+                f"warm loader, {n} steps, one group of all {samples} samples, {label} "
+                f"({min(maps, samples)}): bucket {rate[label] / 1e6:.2f}M tokens/s, local "
+                f"{tokens / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
+                f"{rate[label] * min(runs['local']) / tokens:.3f}"
+            )
+        OPEN_MAPS.max_maps, epoch_order.GROUP_BLOCKS = budget, args.group_blocks
+        full, eighth = rate["a group's maps"], rate["an eighth of them"]
+        print(f"a group's maps ÷ an eighth of them: {full / eighth:.2f}×")
         older = args.dir / "dataset-v2"
         make_dataset(older, args.shards, args.shard_kb, v2=True)
         runs = {"new": [], "old": []}
