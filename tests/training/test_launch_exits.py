@@ -4,7 +4,8 @@ once, exit 130, one line, no traceback), in one process as through torchrun. Rea
 real torchrun throughout: each test starts `gristmill train` as a user would.
 
 One 2-rank launch trains for real (the non-finite stop: the trainer's own message and status through
-torchrun); the others check what the launcher and torchrun do with a worker's status, message and
+torchrun; its workers forked from the tests' server, tests/helpers/forked_workers.py, which saves two
+interpreters' start-up); the others check what the launcher and torchrun do with a worker's status, message and
 signals, with light workers (tests/helpers/light_trainer.py: no torch import, no model), and the
 trainer's side of those exits with the real trainer in one process."""
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from tests.helpers import light_trainer
+from tests.helpers import forked, light_trainer
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir
 from training.launch import child_pids, exit_status
 
@@ -109,7 +110,7 @@ def test_a_nonfinite_stop_under_torchrun_exits_3_with_the_workers_line(dataset, 
     lines came while it trained."""
     run = tmp_path / "run"
     nan = ["optim.lr=1e3", "checkpoint.interval=4", "run.log_every=1", "parallel.shard=2"]
-    proc = launch(2, sets(dataset, run, *nan))
+    proc = launch(2, sets(dataset, run, *nan), env={**ENV, **forked.workers_env()})  # workers forked
     early = wait_for_step(proc, 1)  # live: step 1 arrives before the run ends
     assert proc.poll() is None
     out, err = proc.communicate(timeout=240)
