@@ -4,10 +4,10 @@ once, exit 130, one line, no traceback), in one process as through torchrun. Rea
 real torchrun throughout: each test starts `gristmill train` as a user would.
 
 One 2-rank launch trains for real (the non-finite stop: the trainer's own message and status through
-torchrun; its workers forked from the tests' server, tests/helpers/forked_workers.py, which saves two
-interpreters' start-up); the others check what the launcher and torchrun do with a worker's status, message and
-signals, with light workers (tests/helpers/light_trainer.py: no torch import, no model), and the
-trainer's side of those exits with the real trainer in one process."""
+torchrun; its workers forked from the tests' server, tests/helpers/forked_workers.py: two
+interpreters' start-up less); the others check what the launcher and torchrun do with a worker's
+status, message and signals, with light workers (tests/helpers/light_trainer.py: no torch import,
+no model), and the trainer's side of those exits with the real trainer in one process."""
 
 from __future__ import annotations
 

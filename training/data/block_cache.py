@@ -182,7 +182,7 @@ class CachedBlocks:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        OPEN_MAPS.register(self, self._owner)
+        self._owner = OPEN_MAPS.register(self)
         self._index_arrays()
 
     # -- units: a training block is a sample; a held-out document is a unit of its own ----------
@@ -468,8 +468,8 @@ class CachedBlocks:
                 f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
                 "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
             )
-        per_group = epoch_order.GROUP_BLOCKS * (self.blocks.block_docs if self.per_doc else 1)
-        OPEN_MAPS.put(self._owner, u, m, most=min(self.nunits, per_group + per_group // 4))
+        group = epoch_order.GROUP_BLOCKS  # units: validation reads far fewer held-out documents
+        OPEN_MAPS.put(self._owner, u, m, most=min(self.nunits, group + group // 4))
         return m
 
     def _failed(self, bad: _BadCopy) -> None:

@@ -11,10 +11,13 @@ a duplicate of its file's descriptor, so each map kept is an open file, and a co
 Hence one budget per process: the soft open-file limit is raised to the hard one when a reader
 registers, and RESERVE descriptors are left to everything else. A reader keeps at most what it asks
 for (its `most`); past the budget, the least recently used map of the reader holding the most closes.
+(Maps hold the low descriptor numbers, so a process's later sockets may be numbered past 1,024:
+select.select refuses those; poll and epoll, which the libraries here use, do not.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import resource
@@ -39,27 +42,32 @@ class OpenMaps:
         self._owners: dict[Hashable, OrderedDict[Hashable, Any]] = {}
         self._open = 0
         self._lock = threading.Lock()
+        # A process forked while another thread held the lock (a prefetcher planning as DataLoader
+        # workers start) would wait on it forever: the child takes a lock of its own.
+        os.register_at_fork(after_in_child=self._after_fork)
 
-    def register(self, reader: object, owner: Hashable | None = None) -> Hashable:
-        """The name of `reader`'s maps (a new one, unique across processes, unless it has one: a
-        DataLoader worker's copy of a reader keeps its parent's), closed once the reader is garbage;
-        the open-file limit is raised now, before the reader opens anything."""
-        owner = (os.getpid(), next(_tokens)) if owner is None else owner
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
+
+    def register(self, reader: object) -> Hashable:
+        """A new name for `reader`'s maps (unique across processes: a copy of a reader, unpickled in a
+        DataLoader worker or here, gets its own), closed once the reader is garbage; the soft open-file
+        limit is raised to the hard one now, before the reader opens anything."""
+        owner = (os.getpid(), next(_tokens))
         weakref.finalize(reader, self.drop, owner)
-        self.budget()
-        return owner
-
-    def budget(self) -> int:
-        """Maps this process may keep: its soft open-file limit, raised to the hard one (read each time:
-        a library may have lowered it), less RESERVE."""
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = self.max_maps + RESERVE
         if soft != resource.RLIM_INFINITY and soft < want:
             raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
-            if raised > soft:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-                soft = raised
-        limit = want if soft == resource.RLIM_INFINITY else soft
+            with contextlib.suppress(ValueError, OSError):  # a platform's cap below its hard limit
+                if raised > soft:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        return owner
+
+    def budget(self) -> int:
+        """Maps this process may keep: its soft open-file limit less RESERVE, at most max_maps."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        limit = self.max_maps + RESERVE if soft == resource.RLIM_INFINITY else soft
         return max(1, min(self.max_maps, limit - RESERVE))
 
     def get(self, owner: Hashable, key: Hashable) -> Any:
@@ -81,14 +89,15 @@ class OpenMaps:
                 mine[key] = value
                 mine.move_to_end(key)
                 return
-            if len(mine) >= max(1, most):
+            while len(mine) >= max(1, most):
                 mine.popitem(last=False)
                 self._open -= 1
-            elif self._open >= budget:
+            while self._open >= budget:
                 biggest = max(self._owners.values(), key=len)
-                if biggest:
-                    biggest.popitem(last=False)
-                    self._open -= 1
+                if not biggest:
+                    break
+                biggest.popitem(last=False)
+                self._open -= 1
             mine[key] = value
             self._open += 1
 

@@ -220,7 +220,7 @@ class DocumentTable:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        OPEN_MAPS.register(self, self._owner)
+        self._owner = OPEN_MAPS.register(self)
         self._point_lengths()
 
     def _point_lengths(self) -> None:

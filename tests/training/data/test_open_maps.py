@@ -6,7 +6,10 @@ datasets at a low open-file limit: tests/test_object_storage.py."""
 from __future__ import annotations
 
 import gc
+import os
 import resource
+import signal
+import time
 
 from training.data.open_maps import RESERVE, OpenMaps
 
@@ -64,3 +67,23 @@ def test_the_soft_open_file_limit_is_raised_to_the_hard_one_when_a_reader_regist
         assert maps.budget() == min(2000, now - RESERVE)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_process_forked_while_another_thread_holds_the_lock_can_use_its_maps():
+    """A prefetcher thread plans (taking the lock) while DataLoader workers fork: a child must not
+    inherit the lock held."""
+    maps = OpenMaps()
+    reader = Reader()
+    owner = maps.register(reader)
+    maps.put(owner, 0, "map 0", most=4)
+    with maps._lock:  # as the other thread holds it at the fork
+        pid = os.fork()
+        if pid == 0:  # the child: its own lock, the maps it inherited
+            os._exit(0 if maps.get(owner, 0) == "map 0" else 1)
+    deadline = time.monotonic() + 20
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child waited on the lock"
