@@ -16,6 +16,8 @@
               each open, every other file on need, each checked by sha256 before it gets its name
 - block_cache.py  a bucket's dataset read by range: the loader's blocks fetched in the plan's order
               (`Prefetcher`) into the node's bounded, shared cache, every document checked by sha256
-              whenever it is read
+              when fetched and by xxh3 whenever it is read
+- open_maps.py  the memory maps a process's readers keep (an epoch group's files), within one budget
+              under the open-file limit, raised to the hard one
 - inspect.py  `gristmill data inspect`: what the model saw at a step, rebuilt from the config
 """
