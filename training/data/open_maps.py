@@ -4,9 +4,9 @@ A reader keeps the files it reads mapped: a local dataset's shards, a bucket dat
 (training/data/block_cache.py). An epoch group spreads its reads over its 4,096 blocks (each a cached
 sample of a bucket's dataset, or part of a local shard), so a reader is only as fast as the local
 loader while a group's files stay mapped: opening a cached sample again costs ~70 µs, and a reader
-that kept an eighth of its group mapped ran at ~0.2× (bench/object_store.py). CPython's mmap keeps
-a duplicate of its file's descriptor, so each map kept is an open file, and a common soft limit is
-1,024 per process, shared by every dataset of a mixture.
+that kept an eighth of its group mapped ran at 0.34× the local loader (bench/object_store.py).
+CPython's mmap keeps a duplicate of its file's descriptor, so each map kept is an open file, and a
+common soft limit is 1,024 per process, shared by every dataset of a mixture.
 
 Hence one budget per process: the soft open-file limit is raised to the hard one when a reader
 registers, and RESERVE descriptors are left to everything else. A reader keeps at most what it asks
