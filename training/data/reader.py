@@ -79,6 +79,8 @@ class DocumentTable:
         expect_tokenizer_sha256: str | None = None,
         cache: CacheSettings | None = None,
     ):
+        # Its shards' maps (training/data/open_maps.py); the open-file limit is raised before any opens.
+        self._owner = OPEN_MAPS.register(self)
         self.location = str(root) if is_url(root) else str(Path(root))  # as named: a directory or a URL
         self.root = local_root(root, cache)  # a bucket's dataset: its directory in the cache
         self.split, self.val_fraction = split, val_fraction
@@ -149,7 +151,6 @@ class DocumentTable:
         self._point_lengths()
         self.documents = self.blocks.n  # in this split
         self.tokens = self.blocks.tokens
-        self._owner = OPEN_MAPS.register(self)  # its shards' maps (training/data/open_maps.py)
 
     def _check_shard_sizes(self) -> None:
         """Shard sizes against dataset.json: catches a rebuilt shard under an old dataset.json."""
