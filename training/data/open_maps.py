@@ -41,6 +41,7 @@ class OpenMaps:
         self.max_maps = max_maps
         self._owners: dict[Hashable, OrderedDict[Hashable, Any]] = {}
         self._open = 0
+        self._gone: list[Hashable] = []  # owners whose reader is garbage, their maps to close
         self._lock = threading.Lock()
         # A process forked while another thread held the lock (a prefetcher planning as DataLoader
         # workers start) would wait on it forever: the child takes a lock of its own.
@@ -54,7 +55,8 @@ class OpenMaps:
         DataLoader worker or here, gets its own), closed once the reader is garbage; the soft open-file
         limit is raised to the hard one now, before the reader opens anything."""
         owner = (os.getpid(), next(_tokens))
-        weakref.finalize(reader, self.drop, owner)
+        # Only noted here: the collector may run this inside a put that holds the lock.
+        weakref.finalize(reader, self._gone.append, owner)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = self.max_maps + RESERVE
         if soft != resource.RLIM_INFINITY and soft < want:
@@ -70,6 +72,11 @@ class OpenMaps:
         limit = self.max_maps + RESERVE if soft == resource.RLIM_INFINITY else soft
         return max(1, min(self.max_maps, limit - RESERVE))
 
+    def _close_gone(self) -> None:
+        """Close the maps of readers that are garbage (with the lock held)."""
+        while self._gone:
+            self._open -= len(self._owners.pop(self._gone.pop(), {}))
+
     def get(self, owner: Hashable, key: Hashable) -> Any:
         """The owner's map named `key`, None when it has none open (a hit becomes the most recent)."""
         with self._lock:
@@ -84,6 +91,7 @@ class OpenMaps:
         holds `most`, the biggest owner's when the process holds its budget."""
         budget = self.budget()
         with self._lock:
+            self._close_gone()
             mine = self._owners.setdefault(owner, OrderedDict())
             if key in mine:
                 mine[key] = value
@@ -107,14 +115,10 @@ class OpenMaps:
             if mine is not None and mine.pop(key, None) is not None:
                 self._open -= 1
 
-    def drop(self, owner: Hashable) -> None:
-        """Close every map of an owner (its reader is gone)."""
-        with self._lock:
-            self._open -= len(self._owners.pop(owner, {}))
-
     def count(self, owner: Hashable | None = None) -> int:
         """Maps open: the owner's, or the process's."""
         with self._lock:
+            self._close_gone()
             return self._open if owner is None else len(self._owners.get(owner, ()))
 
 

@@ -9,6 +9,7 @@ import gc
 import os
 import resource
 import signal
+import threading
 import time
 
 from training.data.open_maps import RESERVE, OpenMaps
@@ -87,3 +88,24 @@ def test_a_process_forked_while_another_thread_holds_the_lock_can_use_its_maps()
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child waited on the lock"
+
+
+def test_a_reader_collected_while_the_lock_is_held_has_its_maps_closed_after():
+    """The cyclic collector may run a reader's finalizer in a thread that holds the lock (inside a
+    put): the finalizer only notes the reader, and the next call closes its maps."""
+    maps = OpenMaps()
+    reader = Reader()
+    reader.me = reader  # a cycle: only the collector frees it (a table and its lengths view are one)
+    owner = maps.register(reader)
+    maps.put(owner, 0, "map 0", most=4)
+    del reader
+
+    def collect_holding_the_lock():
+        with maps._lock:
+            gc.collect()
+
+    thread = threading.Thread(target=collect_holding_the_lock, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "the finalizer waited on the lock its own thread held"
+    assert maps.count() == 0 and maps.get(owner, 0) is None
