@@ -45,15 +45,17 @@ class OpenMaps:
         self._lock = threading.Lock()
         # A process forked while another thread held the lock (a prefetcher planning as DataLoader
         # workers start) would wait on it forever: the child takes a lock of its own.
-        os.register_at_fork(after_in_child=self._after_fork)
+        after_fork = weakref.WeakMethod(self._after_fork)
+        os.register_at_fork(after_in_child=lambda: (method := after_fork()) and method())
 
     def _after_fork(self) -> None:
         self._lock = threading.Lock()
 
     def register(self, reader: object) -> Hashable:
         """A new name for `reader`'s maps (unique across processes: a copy of a reader, unpickled in a
-        DataLoader worker or here, gets its own), closed once the reader is garbage; the soft open-file
-        limit is raised to the hard one now, before the reader opens anything."""
+        DataLoader worker or here, gets its own), closed at the process's next lookup once the reader
+        is garbage; the soft open-file limit is raised to the hard one now, before the reader opens
+        anything."""
         owner = (os.getpid(), next(_tokens))
         # Only noted here: the collector may run this inside a put that holds the lock.
         weakref.finalize(reader, self._gone.append, owner)
@@ -80,6 +82,7 @@ class OpenMaps:
     def get(self, owner: Hashable, key: Hashable) -> Any:
         """The owner's map named `key`, None when it has none open (a hit becomes the most recent)."""
         with self._lock:
+            self._close_gone()
             mine = self._owners.get(owner)
             hit = None if mine is None else mine.get(key)
             if hit is not None:

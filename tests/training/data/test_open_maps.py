@@ -98,14 +98,18 @@ def test_a_reader_collected_while_the_lock_is_held_has_its_maps_closed_after():
     reader.me = reader  # a cycle: only the collector frees it (a table and its lengths view are one)
     owner = maps.register(reader)
     maps.put(owner, 0, "map 0", most=4)
-    del reader
 
     def collect_holding_the_lock():
         with maps._lock:
             gc.collect()
 
-    thread = threading.Thread(target=collect_holding_the_lock, daemon=True)
-    thread.start()
-    thread.join(10)
+    gc.disable()  # the reader is collected in the thread, with the lock held, not before
+    try:
+        del reader
+        thread = threading.Thread(target=collect_holding_the_lock, daemon=True)
+        thread.start()
+        thread.join(10)
+    finally:
+        gc.enable()
     assert not thread.is_alive(), "the finalizer waited on the lock its own thread held"
     assert maps.count() == 0 and maps.get(owner, 0) is None
