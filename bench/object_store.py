@@ -40,6 +40,7 @@ Benches are not tests: it prints figures, it asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -111,6 +112,7 @@ def loader(location, args, cache: CacheSettings | None = None, global_batch: int
 
 
 def run_steps(location, args, cache: CacheSettings | None, steps: int, **kw) -> float:
+    gc.collect()  # the loaders of earlier runs gone, with their maps: a run keeps only its own
     t0 = time.perf_counter()
     for _, _ in zip(range(steps), loader(location, args, cache, **kw)):
         pass

@@ -4,7 +4,7 @@ A reader keeps the files it reads mapped: a local dataset's shards, a bucket dat
 (training/data/block_cache.py). An epoch group spreads its reads over its 4,096 blocks (each a cached
 sample of a bucket's dataset, or part of a local shard), so a reader is only as fast as the local
 loader while a group's files stay mapped: opening a cached sample again costs ~70 µs, and a reader
-that kept an eighth of its group mapped ran at 0.34× the local loader (bench/object_store.py).
+that kept an eighth of its group mapped ran at 0.16× the local loader (bench/object_store.py).
 CPython's mmap keeps a duplicate of its file's descriptor, so each map kept is an open file, and a
 common soft limit is 1,024 per process, shared by every dataset of a mixture.
 
