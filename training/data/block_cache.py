@@ -262,11 +262,15 @@ class CachedBlocks:
         return int(self.blocks._val_rows[u]) if self.per_doc else u
 
     def path(self, u: int) -> Path:
-        return self.dir / f"{self.key(u)}{BLOCK_EXT}"
+        return Path(self._file(u))
+
+    def _file(self, u: int) -> str:
+        """path(u) as a string (the read path opens and tests it per unit: no Path object on the way)."""
+        return f"{self._dir}/{self.key(u)}{BLOCK_EXT}"
 
     def cached(self, u: int) -> bool:
         """Whether the cache holds a copy of unit `u` (checked when it is opened)."""
-        return os.path.isfile(f"{self._dir}/{self.key(u)}{BLOCK_EXT}")
+        return os.path.isfile(self._file(u))
 
     # -- fetching -------------------------------------------------------------------------------
 
@@ -425,7 +429,7 @@ class CachedBlocks:
         s, k = self._in_sample(u)
         records = int(self.first[s + 1] - self.first[s])
         head = self._header(u, n, records)
-        with open(f"{self._dir}/{self.key(u)}{BLOCK_EXT}", "rb") as f:
+        with open(self._file(u), "rb") as f:
             copy = _identity(os.fstat(f.fileno()))
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if copy[-1] else b""
         data = len(head) + DOC_RECORD * records + 8 * n

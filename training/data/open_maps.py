@@ -54,8 +54,8 @@ class OpenMaps:
     def register(self, reader: object) -> Hashable:
         """A new name for `reader`'s maps (unique across processes: a copy of a reader, unpickled in a
         DataLoader worker or here, gets its own), closed at the process's next lookup once the reader
-        is garbage; the soft open-file limit is raised to the hard one now, before the reader opens
-        anything."""
+        is garbage; the soft open-file limit is raised now, before the reader opens anything: to the
+        hard one, or to max_maps + RESERVE when the hard one is higher."""
         owner = (os.getpid(), next(_tokens))
         # Only noted here: the collector may run this inside a put that holds the lock.
         weakref.finalize(reader, self._gone.append, owner)
