@@ -24,7 +24,7 @@ import resource
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 RESERVE = 256  # descriptors left to the rest of the process: sockets, pipes, logs, checkpoints
@@ -81,13 +81,23 @@ class OpenMaps:
 
     def get(self, owner: Hashable, key: Hashable) -> Any:
         """The owner's map named `key`, None when it has none open (a hit becomes the most recent)."""
+        return self.get_many(owner, (key,)).get(key)
+
+    def get_many(self, owner: Hashable, keys: Iterable[Hashable]) -> dict[Hashable, Any]:
+        """The owner's maps of `keys` that are open, by key (hits become the most recent, in the order
+        of `keys`): a batch's files under one acquisition of the lock, not one each (~70 per step)."""
         with self._lock:
             self._close_gone()
             mine = self._owners.get(owner)
-            hit = None if mine is None else mine.get(key)
-            if hit is not None:
-                mine.move_to_end(key)
-            return hit
+            if mine is None:
+                return {}
+            hits = {}
+            for key in keys:
+                hit = mine.get(key)
+                if hit is not None:
+                    mine.move_to_end(key)
+                    hits[key] = hit
+            return hits
 
     def put(self, owner: Hashable, key: Hashable, value: Any, most: int) -> None:
         """Keep `value` as the owner's map `key`: the owner's least recently used one is closed when it

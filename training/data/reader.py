@@ -229,16 +229,17 @@ class DocumentTable:
         memory map in place (shared page cache), the cached samples' records from a bucket."""
         self.lengths = self.blocks.lengths = self.index.tokens if self.cache is None else self.cache.lengths
 
-    def _map(self, shard: int) -> np.ndarray:
-        """Shard `shard` as a read-only token array over its memory map (the tar's members are
-        512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
-        m = OPEN_MAPS.get(self._owner, shard)
-        if m is None:
-            with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            m = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
-            OPEN_MAPS.put(self._owner, shard, m, most=len(self.shard_names))
-        return m
+    def _maps(self, shards: list[int]) -> dict[int, np.ndarray]:
+        """Shards `shards` (distinct) as read-only token arrays over their memory maps (the tar's
+        members are 512-byte aligned, so every `.ids` offset is a whole number of tokens)."""
+        maps = OPEN_MAPS.get_many(self._owner, shards)
+        for shard in shards:
+            if shard not in maps:
+                with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                m = maps[shard] = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
+                OPEN_MAPS.put(self._owner, shard, m, most=len(self.shard_names))
+        return maps
 
     def read(
         self,
@@ -259,13 +260,10 @@ class DocumentTable:
             self.cache.read_into(docs, starts, counts, out, at)
             return out
         first = self.index.offsets[docs].astype(np.int64) // self.dtype.itemsize + starts
-        shards = self.index.shard_of(docs).tolist()
-        maps: dict[int, np.ndarray] = {}  # the batch's shards, looked up once each
-        for shard, a, n, pos in zip(shards, first.tolist(), counts.tolist(), at.tolist()):
-            m = maps.get(shard)
-            if m is None:
-                m = maps[shard] = self._map(shard)
-            out[pos : pos + n] = m[a : a + n]
+        shards = self.index.shard_of(docs)
+        maps = self._maps(np.unique(shards).tolist())  # the batch's shards, looked up at once
+        for shard, a, n, pos in zip(shards.tolist(), first.tolist(), counts.tolist(), at.tolist()):
+            out[pos : pos + n] = maps[shard][a : a + n]
         return out
 
     def document(self, row: int) -> np.ndarray:

@@ -29,6 +29,10 @@ def test_a_reader_keeps_at_most_what_it_asked_for_least_recently_used_first():
     assert maps.get(owner, 1) == "map 1"  # now the most recent: 2 goes next
     maps.put(owner, 3, "map 3", most=2)
     assert (maps.get(owner, 1), maps.get(owner, 2), maps.get(owner, 3)) == ("map 1", None, "map 3")
+    # A batch's lookup (one lock for all its files): the open ones, each now the most recent.
+    assert maps.get_many(owner, [1, 2, 0]) == {1: "map 1"} and maps.get_many(Reader, [1]) == {}
+    maps.put(owner, 4, "map 4", most=2)  # 3 goes: 1 was used after it
+    assert maps.get_many(owner, [3, 1, 4]) == {1: "map 1", 4: "map 4"}
 
 
 def test_past_the_budget_the_biggest_reader_gives_way():
