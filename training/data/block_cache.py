@@ -552,13 +552,13 @@ class CachedBlocks:
         distinct = np.unique(units).tolist()
         mapped = OPEN_MAPS.get_many(self._owner, distinct)
         self.fetch_all(u for u in distinct if u not in mapped)
-        maps = self._mapped_all(distinct)
+        del mapped  # a group may hold more units than the process's budget of maps: one at a time below
         out = np.empty(len(rows), np.int64)
         order = np.argsort(units, kind="stable")
         cuts = np.flatnonzero(np.r_[True, units[order][1:] != units[order][:-1], True])
         for a, z in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             sel = order[a:z]
-            m = maps[int(units[sel[0]])]
+            m = self._mapped(int(units[sel[0]]))
             out[sel] = m.lengths[rows[sel] - m.first]
         return out
 
