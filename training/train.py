@@ -71,7 +71,7 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.faults import kill_point
+from training.run.faults import data_fault, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.setup import Run, StepEval, own_run_dir, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
@@ -217,6 +217,7 @@ def loop(run: Run) -> dict[str, Any]:
                     # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
                     _log(run, _row(run, step, phase, result, verdict), ledger=False)
                     run.rewinder.rewind(verdict.rewind)
+                    run.judge.rewound()
                     _write_pending(run)  # the final weights' row, when the skip reached the last step
                     batches = iter(run.loader)  # continues after the skip
                 else:
@@ -271,6 +272,7 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
     alone), the last trained step is saved, then the error is raised (one line)."""
     try:
+        data_fault(run.state.step + 1)
         batch, error = next(batches), None
     except GristmillError as e:
         batch, error = None, e
@@ -283,6 +285,10 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         return [to_device(mb, run.device) for mb in batch]
     can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
     if can_save and state.step > start and run.checkpointer.requested_step != state.step:
+        verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
+        if verdict.action == STOP:
+            say(f"the data of step {state.step + 1} cannot be read ({error}); and before it:")
+            _stop(run, verdict)
         say(f"the data of step {state.step + 1} cannot be read: saving step {state.step} before stopping")
         _record_batches(run)
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
@@ -365,8 +371,20 @@ def _write_pending(run: Run) -> None:
     last step; or, on a resume, the checkpoint's step whose row a kill cut off."""
     pending = run.record.take_pending()
     if pending is not None:
+        # A resume may turn validation or eval off (run.val_every = 0, eval.interval = 0 without lm-eval):
+        # the row is then written without what was due at its step, and says where to get it.
+        validate = pending.validate and run.validation is not None
+        evaluate = pending.evaluate and run.evaluator is not None
+        step = pending.row["step"]
+        if pending.validate and not validate:
+            say(f"step {step}'s validation was due when the run stopped; validation is off now: no val_loss")
+        if pending.evaluate and not evaluate:
+            say(
+                f"step {step}'s eval was due when the run stopped; eval is off now: its row has none "
+                f"(`gristmill eval {run.run_dir} --step {step}` scores its checkpoint)"
+            )
         checkpoint_timings = run.checkpointer.take_timings()
-        _log(run, pending.row, checkpoint_timings, validate=pending.validate, evaluate=pending.evaluate)
+        _log(run, pending.row, checkpoint_timings, validate=validate, evaluate=evaluate)
 
 
 def _log(

@@ -40,14 +40,14 @@ from tests.helpers import forked  # noqa: E402
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
-from training.contract.errors import NonFiniteError  # noqa: E402
+from training.contract.errors import GristmillError, NonFiniteError  # noqa: E402
 from training.contract.run_layout import (
     kept_rows,  # noqa: E402
     list_steps,  # noqa: E402
 )
 from training.data.recipe import build_plan, open_sources, recorded_skips  # noqa: E402
 from training.data.spec import resolve  # noqa: E402
-from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
+from training.run.faults import DATA, KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW  # noqa: E402
 from training.train import train  # noqa: E402
 from validation.train_eval import TrainingEval  # noqa: E402
 
@@ -202,6 +202,67 @@ def test_a_nan_under_stop_stops_before_anything_at_or_after_it(config, tmp_path,
     heard = check_timeline(run)
     assert heard == (ALL_DUE if bad == QUIET else bad)  # the stop's row is the step that heard of it
     assert not any("val_loss" in r or EVAL_KEY in r for r in read_metrics(run) if r["step"] >= bad)
+
+
+def test_unreadable_data_after_a_nan_on_a_quiet_step_saves_nothing_at_or_after_it(
+    config, tmp_path, monkeypatch, capsys
+):
+    """The data of step 4 cannot be read (a bucket down past data.fetch_timeout_s): the run saves the
+    step it trained last, then stops with the data's error. But step 3, quiet, was trained unread,
+    and its loss was NaN: exit 3 then, nothing saved at or after step 3 (a resume from such a save
+    would go on as if step 3 had been fine)."""
+    monkeypatch.setenv(DATA, str(ALL_DUE))
+    clean = tmp_path / "clean"
+    with pytest.raises(GristmillError, match=f"the data of step {ALL_DUE} cannot be read") as error:
+        run_here(config, clean, "eval.interval=0")
+    assert not isinstance(error.value, NonFiniteError) and list_steps(clean / "checkpoints")[-1] == QUIET
+    monkeypatch.setenv(NAN_LOSS, str(QUIET))
+    run = tmp_path / "run"
+    capsys.readouterr()
+    with pytest.raises(NonFiniteError) as stopped:
+        run_here(config, run, "eval.interval=0")
+    assert stopped.value.exit_code == 3 and f"step {QUIET}: the loss" in str(stopped.value)
+    assert f"the data of step {ALL_DUE} cannot be read" in capsys.readouterr().out
+    assert all(s < QUIET for s in list_steps(run / "checkpoints"))
+    check_timeline(run)
+
+
+@pytest.mark.parametrize(
+    "nan, sets",
+    [
+        (str(QUIET), []),  # the step-4 row counts it, and says where
+        (f"{QUIET},{ALL_DUE}", ["run.max_skipped=2"]),  # two in a row, across the stop: exit 3 at step 4
+    ],
+    ids=["counted-in-the-next-row", "max-skipped-counts-across-a-resume"],
+)
+def test_sigterm_after_a_skipped_step_then_resume_counts_it_as_the_uninterrupted_run(
+    config, tmp_path, monkeypatch, nan, sets
+):
+    """on_nonfinite = "skip", step 3's update not finite (skipped), SIGTERM there: the checkpoint of
+    step 3 keeps the tally no row has counted yet and the run of non-finite steps going on, so the
+    resumed run writes the rows and makes the stop the uninterrupted run does."""
+    sets = ["run.on_nonfinite='skip'", "eval.interval=0", *sets]
+    monkeypatch.setenv(NAN_LOSS, nan)
+
+    def outcome(run: Path, *more: str) -> str:
+        try:
+            run_here(config, run, *sets, *more)
+            return "finished"
+        except NonFiniteError as e:
+            return str(e).split(";")[0]  # the cause (the advice names the run's own config)
+
+    def rows(run: Path) -> str:
+        keys = ("step", "loss", "skipped_steps", "events")
+        return json.dumps([[r.get(k) for k in keys] for r in kept_rows(read_metrics(run))])
+
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    expected = outcome(straight)
+    monkeypatch.setenv(SIGTERM, str(QUIET))
+    assert run_here(config, run, *sets)["stopped_by"] == "SIGTERM"
+    monkeypatch.delenv(SIGTERM)
+    assert outcome(run, "checkpoint.resume='auto'") == expected
+    assert rows(run) == rows(straight)
+    assert any(r.get("skipped_steps") for r in read_metrics(straight))  # a tally to compare
 
 
 def test_a_nan_under_skip_on_the_busiest_step_is_counted_and_the_run_ends_evaluated(
@@ -386,6 +447,22 @@ def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterr
     assert scores(run, ("loss", "val_loss")) == scores(reference, ("loss", "val_loss"))
     assert "val_loss" in next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
     assert_same_weights(reference, run, LAST)
+
+
+def test_a_resume_that_turns_validation_off_writes_the_row_a_kill_cut_off(config, tmp_path, capsys):
+    """Killed between step 4's checkpoint and its row (validation due there), resumed with
+    run.val_every = 0 (a setting a resume may change): the row is written without val_loss, and says
+    so, instead of the resume failing on every try."""
+    run = tmp_path / "run"
+    killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    capsys.readouterr()
+    run_here(config, run, "eval.interval=0", "run.val_every=0", "checkpoint.resume='auto'")
+    out = capsys.readouterr().out
+    row = next(r for r in read_metrics(run) if r["step"] == ALL_DUE)
+    assert "val_loss" not in row and "loss" in row
+    assert f"step {ALL_DUE}'s validation was due when the run stopped; validation is off now" in out
+    assert kept_rows(read_metrics(run))[-1]["step"] == LAST
 
 
 def test_the_summary_after_a_resume_reads_only_kept_rows(config, tmp_path, monkeypatch, capsys):

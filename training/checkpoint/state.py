@@ -38,16 +38,19 @@ class PendingRow:
 
 
 class TrainState:
-    """Step counter, tokens seen, the spike detector's window of recent losses, the step's metrics row
-    still to be written, and this process's RNG streams (Python, numpy, torch CPU and CUDA).
+    """Step counter, tokens seen, the spike detector's window of recent losses, the non-finite tally
+    not yet in a row, the step's metrics row still to be written, and this process's RNG streams
+    (Python, numpy, torch CPU and CUDA).
 
     The RNG streams differ per rank, so they are saved under a per-rank key (`rng_rank0`, ...):
     DCP keeps one copy of values that have the same key on every rank. Everything is a tensor, a
     plain number or a string, so loading needs no unpickling (see training.checkpoint.checkpointer).
     The losses are there because a rewind (training/run/rewind.py) acts on what the detector decides:
-    a resume must decide the same. `pending` is there because a step's checkpoint is saved before its
-    validation, eval and metrics row (so that an eval that dies costs no training): a kill in between
-    leaves a checkpoint whose step has no row, which a resume then finishes (training/train.py).
+    a resume must decide the same; so is the non-finite tally (run.max_skipped counts a run of
+    non-finite steps across a save, and the next row counts the skipped steps before it). `pending`
+    is there because a step's checkpoint is saved before its validation, eval and metrics row (so
+    that an eval that dies costs no training): a kill in between leaves a checkpoint whose step has
+    no row, which a resume then finishes (training/train.py).
     Before loading, `expect(keys)` with the checkpoint's keys: an entry the checkpoint lacks is not
     asked for and keeps its value (a resume onto more ranks keeps the new ranks' own RNG streams; an
     older checkpoint has no losses and no pending row).
@@ -57,6 +60,9 @@ class TrainState:
         self.step = 0
         self.tokens_seen = 0
         self.recent_losses: list[float] = []  # training/run/verdict.SpikeDetector's window
+        # training/run/verdict.NonFiniteGuard's tally as of its last read: the skipped steps no row has
+        # counted yet ("unlogged") and the run of non-finite steps going on ("consecutive")
+        self.nonfinite: dict[str, Any] = {}
         self.pending: PendingRow | None = None  # the row of the step being saved, until it is written
         self.rank = rank
         self._saved_keys: set[str] | None = None  # None: every entry (a save)
@@ -78,6 +84,8 @@ class TrainState:
         if self._has("recent_losses"):
             # json keeps every float exactly (shortest round-trip repr); a list would change shape.
             state["recent_losses"] = json.dumps(self.recent_losses)
+        if self._has("nonfinite"):
+            state["nonfinite"] = json.dumps(self.nonfinite)
         if self._has("pending"):
             # {"row", "validate", "evaluate"} or null; NaN losses too (json's NaN)
             state["pending"] = json.dumps(None if self.pending is None else asdict(self.pending))
@@ -90,6 +98,10 @@ class TrainState:
         self.tokens_seen = int(state["tokens_seen"])
         # A checkpoint from before the window was saved restores an empty one (what a resume starts with).
         self.recent_losses[:] = json.loads(state["recent_losses"]) if "recent_losses" in state else []
+        # In place (the guard holds this dict); a checkpoint from before it was saved: nothing counted.
+        nonfinite = json.loads(state["nonfinite"]) if "nonfinite" in state else {}
+        self.nonfinite.clear()
+        self.nonfinite.update(nonfinite)
         pending = json.loads(state["pending"]) if "pending" in state else None
         self.pending = None if pending is None else PendingRow(**pending)
         if self.rng_key in state:

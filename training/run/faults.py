@@ -21,6 +21,9 @@ validation, eval and metrics row not yet done), "trained:N" (step N trained and 
 
 GRISTMILL_FAULT_SIGTERM="STEP": the process sends itself SIGTERM as step STEP starts (a preemption
 at a known step: the run finishes that step, saves and stops).
+
+GRISTMILL_FAULT_DATA="STEP": the data of step STEP cannot be read (`data_fault`): the loop meets the
+error a bucket that stays down past data.fetch_timeout_s gives, at a known step.
 """
 
 from __future__ import annotations
@@ -30,16 +33,25 @@ import signal
 
 import torch.nn as nn
 
+from training.contract.errors import GristmillError
+
 NAN_LOSS = "GRISTMILL_FAULT_NAN_LOSS"
 SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
 KILL = "GRISTMILL_FAULT_KILL"
 SIGTERM = "GRISTMILL_FAULT_SIGTERM"
+DATA = "GRISTMILL_FAULT_DATA"
 
 
 def kill_point(point: str) -> None:
     """SIGKILL this process if GRISTMILL_FAULT_KILL names `point`."""
     if os.environ.get(KILL) == point:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def data_fault(step: int) -> None:
+    """Raise the error of data that cannot be had if GRISTMILL_FAULT_DATA names step `step`."""
+    if os.environ.get(DATA) == str(step):
+        raise GristmillError(f"the data of step {step} cannot be read ({DATA}={step})")
 
 
 class LossFaults:

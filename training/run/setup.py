@@ -222,7 +222,8 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     )  # fmt: skip
     judge = Judge(
         cfg.run, lr=cfg.optim.lr, config_path=run_dir / CONFIG_TOML, device=device,
-        world_size=env.world_size, recent_losses=state.recent_losses, rewinder=rewinder,
+        world_size=env.world_size, recent_losses=state.recent_losses, nonfinite=state.nonfinite,
+        rewinder=rewinder,
     )  # fmt: skip
     return Run(
         cfg=cfg, spec=spec, shapes=shapes, model_config=model_config, env=env, device=device,

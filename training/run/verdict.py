@@ -25,7 +25,8 @@ with run.on_spike = "report", on every step's with "rewind"); and from them one 
   spike with no checkpoint to go back to is a GO_ON with a warning.
 
 Nothing else reads or clears the guard. A step with nothing due and no rewind on is not read
-(no host sync): its tally waits for the next read, which comes before any save.
+(no host sync): its tally waits for the next read, which comes before any save (`settle`, for the
+save before data that cannot be had). The tally read is kept in TrainState: a resumed run counts on.
 """
 
 from __future__ import annotations
@@ -68,13 +69,33 @@ def guarded_step(optimizer: torch.optim.Optimizer, code: torch.Tensor) -> None:
 
 class NonFiniteGuard:
     """Device-side tally of skipped steps since the host last looked (no sync until `read`); the
-    Judge's alone."""
+    Judge's alone. What the host knows after a read lives in `kept` (TrainState.nonfinite: saved with
+    every checkpoint, so a resume counts the same skips and the same run of non-finite steps)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, kept: dict[str, Any] | None = None):
         zero = lambda: torch.zeros((), dtype=torch.int64, device=device)  # noqa: E731
         self.skipped, self.consecutive, self.first_step, self.first_code = zero(), zero(), zero(), zero()
         self.longest = zero()  # the longest run of non-finite steps since the host last looked
-        self.unlogged: dict[str, Any] = {}
+        self.kept = {} if kept is None else kept
+        self.restore()
+
+    @property
+    def unlogged(self) -> dict[str, Any]:
+        """Skipped steps `read` saw that no metrics row has counted yet (take_unlogged)."""
+        return self.kept.setdefault("unlogged", {})
+
+    @unlogged.setter
+    def unlogged(self, value: dict[str, Any]) -> None:
+        self.kept["unlogged"] = value
+
+    def restore(self) -> None:
+        """The tally as `kept` holds it (a resumed or rewound-to checkpoint's): its unlogged skips, and
+        its run of non-finite steps going on, which the next steps extend; nothing unread."""
+        for t in (self.skipped, self.first_step, self.first_code):
+            t.zero_()
+        going_on = int(self.kept.get("consecutive", 0))
+        self.consecutive.fill_(going_on)
+        self.longest.fill_(going_on)
 
     def record(self, step: int, code: torch.Tensor) -> None:
         bad = (code > 0).long()
@@ -89,12 +110,13 @@ class NonFiniteGuard:
         """One host sync: {"skipped": n since the last read, "consecutive": the longest run of
         consecutive non-finite steps since the last read (a run may have ended before it), "first_step":
         the first of them (0: none), "what": "loss" | "gradient norm" | …}."""
-        skipped, consecutive, first, code = torch.stack(
-            [self.skipped, self.longest, self.first_step, self.first_code]
+        skipped, consecutive, first, code, going_on = torch.stack(
+            [self.skipped, self.longest, self.first_step, self.first_code, self.consecutive]
         ).tolist()
         self.skipped.zero_()
         self.first_step.zero_()
         self.longest.copy_(self.consecutive)  # a run still going on counts on from here
+        self.kept["consecutive"] = going_on
         report = {
             "skipped": skipped,
             "consecutive": consecutive,
@@ -105,12 +127,6 @@ class NonFiniteGuard:
             self.unlogged = self.unlogged or {"skipped": 0, "first_step": first, "what": report["what"]}
             self.unlogged["skipped"] += skipped
         return report
-
-    def reset(self) -> None:
-        """Forget every tally (a rewind went back to a checkpoint from before them)."""
-        for t in (self.skipped, self.consecutive, self.first_step, self.first_code, self.longest):
-            t.zero_()
-        self.unlogged = {}
 
     def take_unlogged(self) -> dict[str, Any]:
         """What `read` saw since the last call (skipped steps, the first one and why), for a metrics row."""
@@ -186,14 +202,17 @@ class Judge:
         device: torch.device,
         world_size: int,
         recent_losses: list[float],
+        nonfinite: dict[str, Any],
         rewinder: Rewinder,
     ):
         """`run`: the [run] section (on_nonfinite, max_skipped, spike_*, on_spike, [run.rewind]);
         `lr` (optim.lr) and `config_path` (RUN/config.toml): named in a STOP's advice;
-        `recent_losses`: the spike rule's window (TrainState.recent_losses: checkpointed)."""
+        `recent_losses`, `nonfinite`: the spike rule's window and the non-finite tally
+        (TrainState's: checkpointed)."""
         self.run, self.lr, self.config_path = run, lr, config_path
         self.device, self.world_size = device, world_size
-        self.guard = NonFiniteGuard(device)
+        self.guard = NonFiniteGuard(device, nonfinite)
+        self.read_step: int | None = None  # the last step the host read (its tally and the steps' before)
         self.spikes = SpikeDetector(run.spike_window, run.spike_sigma, recent_losses)
         self.rewinder = rewinder
         # With a rewind on, every step is read: a rewind acts at the step itself.
@@ -208,16 +227,31 @@ class Judge:
             return Verdict(step, GO_ON)
         loss = _mean(result["loss"], self.world_size, self.device)
         tally = self.guard.read()
+        self.read_step = step
         judged = logged or self.run.on_spike == "rewind"
         spike = self.spikes.check(loss) if judged else None
         verdict = self._decide(step, loss, tally, spike)
         if logged or verdict.action in (STOP, REWIND):  # these steps write a row
             verdict = _with(verdict, unlogged=self.guard.take_unlogged())
-        if verdict.action == REWIND:
-            self.guard.reset()  # its tallies belong to the attempt the rewind discards
         return verdict
 
-    def _decide(self, step: int, loss: float, tally: dict[str, Any], spike: dict | None) -> Verdict:
+    def rewound(self) -> None:
+        """After a REWIND's checkpoint is restored: the tally as that checkpoint kept it (the discarded
+        attempt's skips are nobody's)."""
+        self.guard.restore()
+
+    def settle(self, step: int) -> Verdict:
+        """The verdict on the steps up to `step` that trained unread (no host sync while nothing was
+        due), for a save the loop did not plan: data that cannot be had stops the run after saving the
+        last step trained, and a STOP here means nothing may be saved at or after its bad step. A
+        GO_ON when the host read `step` already (every step is read while a rewind is on)."""
+        if self.read_step == step:
+            return Verdict(step, GO_ON)
+        tally = self.guard.read()  # identical on every rank: each step's flag was all-reduced
+        self.read_step = step
+        return self._decide(step, None, tally, None)
+
+    def _decide(self, step: int, loss: float | None, tally: dict[str, Any], spike: dict | None) -> Verdict:
         on_nonfinite, seen = self.run.on_nonfinite, Verdict(step, GO_ON, loss=loss, spike=spike)
         if tally["skipped"]:
             if on_nonfinite == "rewind":
@@ -285,5 +319,7 @@ def _mean(loss: torch.Tensor, world_size: int, device: torch.device) -> float:
     return total.item() / world_size
 
 
-def _fmt(loss: float) -> str:
+def _fmt(loss: float | None) -> str:
+    if loss is None:
+        return "loss not read"
     return "loss NaN" if math.isnan(loss) else f"loss {loss}"
