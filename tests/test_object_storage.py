@@ -50,7 +50,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS
-from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, _BadCopy, cache_usage
+from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, Prefetcher, _BadCopy, cache_usage
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, tmp_name
@@ -673,6 +673,62 @@ def test_a_damaged_or_swapped_cache_copy_is_fetched_again_never_read(s3, synthet
     refetched = [unit_of_range(table, p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert {int(damaged.stem), int(swapped.stem)} <= set(refetched)  # (and blocks the lookahead reaches)
     assert len(refetched) == len(set(refetched))
+
+
+def test_a_read_over_several_damaged_copies_fetches_each_again(s3, synthetic, tmp_path):
+    """Three samples one read needs, each cached copy damaged (bit rot on the cache's disk): each is
+    fetched again and the read gives the local tokens (it ended in AssertionError('unreachable')
+    when more than two of a read's copies failed)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    assert hashes(url, 30, cache=settings) == hashes(local, 30)  # the samples cached
+    table = dataset_loader(
+        url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings
+    ).builder.tables[0]
+    blocks = table.cache
+    units = [u for u in range(blocks.nunits) if blocks.cached(u)][:3]
+    assert len(units) == 3
+    rows = np.concatenate([np.arange(blocks.first[u], blocks.first[u + 1]) for u in units])
+    for u in units:
+        _, path, at = first_token_at(table, int(blocks.first[u]))
+        flipped = bytearray(path.read_bytes())
+        flipped[at] ^= 0x01
+        path.write_bytes(bytes(flipped))
+    here = dataset_loader(local, seq_len=64, global_batch=8, micro_batch=4, seed=3).builder.tables[0]
+    counts, starts = here.lengths[rows].astype(np.int64), np.zeros(len(rows), np.int64)
+    before = COUNTS.snapshot()["refetches"]
+    assert np.array_equal(table.read(rows, starts, counts), here.read(rows, starts, counts))
+    assert COUNTS.snapshot()["refetches"] - before == 3
+
+
+def test_a_bad_copy_two_threads_saw_before_a_touch_is_one_bad_copy(s3, synthetic, tmp_path):
+    """The loop and the prefetcher's plan both open a bad cached copy, and the prefetcher marks it as
+    needed (Prefetcher._touch) before either removes it: one bad copy, fetched again (counted as two,
+    the touched and the untouched, it stopped the run blaming the cache)."""
+    from types import SimpleNamespace
+
+    local, url = synthetic
+    settings = cache(tmp_path)
+    assert hashes(url, 10, cache=settings) == hashes(local, 10)  # the samples cached
+    blocks = (
+        dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+        .builder.tables[0]
+        .cache
+    )
+    unit = next(u for u in range(blocks.nunits) if blocks.cached(u))
+    path = blocks.path(unit)
+    path.write_bytes(b"gristmill-sample/1\n" + path.read_bytes()[len(MAGIC) :])  # an older version's copy
+    sightings = []
+    for _ in ("the loop", "the prefetcher's plan"):
+        with pytest.raises(_BadCopy) as bad:
+            blocks._open(unit)
+        sightings.append(bad.value)
+    time.sleep(0.01)  # a touch's time differs from the copy's own
+    Prefetcher._touch(SimpleNamespace(caches=[blocks]), [(0, unit)])
+    for bad in sightings:
+        blocks._failed(bad)
+    assert blocks._mapped(unit).copy[:2] != sightings[0].copy[:2]  # the copy fetched again
+    assert hashes(url, 10, cache=settings) == hashes(local, 10)
 
 
 def test_a_cached_copy_damaged_in_place_after_it_was_mapped_is_fetched_again_once(

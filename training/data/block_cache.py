@@ -34,7 +34,6 @@ work), whatever the dataset's size.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import mmap
@@ -64,7 +63,7 @@ from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
-from training.data.remote import ORIGIN, CacheSettings, host, node_lock, origin, tmp_name
+from training.data.remote import ORIGIN, CacheSettings, file_lock, host, node_lock, origin, tmp_name
 
 BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
@@ -76,21 +75,6 @@ MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
 EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
-
-
-_HELD: set[int] = set()  # lock files this process has open: a forked child must not hold them on
-
-
-def _release_in_child() -> None:
-    """A process forked while a fetch held a lock (DataLoader workers of another loader) closes its
-    copy, which would otherwise hold the flock for as long as the child lives."""
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_release_in_child)
 
 
 class _BadCopy(Exception):
@@ -280,13 +264,8 @@ class CachedBlocks:
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
         process exclude each other too, and closing one file releases no other thread's lock)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / f".lock-{u % LOCK_STRIPES}", "a") as f:
-            _HELD.add(f.fileno())
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX)
-                yield
-            finally:
-                _HELD.discard(f.fileno())
+        with file_lock(self.dir / f".lock-{u % LOCK_STRIPES}"):
+            yield
 
     def fetch(self, u: int) -> bool:
         """Make sure the cache holds sample `u` (True if it was fetched here)."""
@@ -524,7 +503,7 @@ class CachedBlocks:
         units = self.units_of_rows(docs)
         distinct = np.unique(units).tolist()
         pieces = list(zip(units.tolist(), docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
-        for _ in range(3):
+        for _ in range(2 * len(distinct) + 1):  # each unit's copy may fail once (_failed raises the second)
             checked: set[int] = set()  # rows checked in this call: a document is checked once per read
             try:
                 maps = self._mapped_all(distinct)  # this call's units, mapped once each
@@ -548,6 +527,8 @@ class CachedBlocks:
         """Token counts of manifest rows `rows`, from their samples' cached copies: the samples missing
         are fetched first, all together (an epoch group's plan asks for a whole group's)."""
         rows = np.asarray(rows, np.int64)
+        if not len(rows):
+            return np.empty(0, np.int64)
         units = self.units_of_rows(rows)
         distinct = np.unique(units).tolist()
         mapped = OPEN_MAPS.get_many(self._owner, distinct)
@@ -642,7 +623,7 @@ def cache_usage(cache_dir: Path) -> list[tuple[Path, int, float]]:
             st = path.stat()
         except FileNotFoundError:
             continue
-        out.append((path, st.st_size, st.st_mtime))
+        out.append((path, st.st_size, st.st_atime))  # Prefetcher._touch sets it; so does a read
     return out
 
 
@@ -861,11 +842,13 @@ class Prefetcher:
             self._published = payload
 
     def _touch(self, fetch: list[tuple[int, int]]) -> None:
-        """Mark the cached blocks the next steps read as just needed: eviction goes least recently
-        needed first (the reader's hot path touches no file)."""
+        """Mark the cached blocks the next steps read as just needed (their access time): eviction goes
+        least recently needed first (the reader's hot path touches no file). The modification time
+        stays the copy's: it is part of a copy's identity (_identity), which a touch must not change."""
         for t, b in fetch:
+            path = self.caches[t].path(b)
             with contextlib.suppress(FileNotFoundError):
-                os.utime(self.caches[t].path(b))
+                os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
 
     def _run(self) -> None:
         try:

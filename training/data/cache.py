@@ -11,7 +11,7 @@ computing in-process, with a warning: the cache can make an open slower, never w
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import logging
 import os
 import shutil
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from training.contract.config_loader import json_sha256
 from training.contract.object_store import user_cache_dir
+from training.data.remote import file_lock
 
 log = logging.getLogger("training.data.loader")
 T = TypeVar("T")
@@ -52,10 +53,10 @@ def shared(
         return compute()
     digest = json_sha256({"kind": kind, **key}, compact=False)[:24]
     path = cache_dir() / f"{kind}-{digest}"
+    lock = contextlib.ExitStack()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_suffix(".lock"), "w")
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        lock.enter_context(file_lock(path.with_suffix(".lock")))
     except OSError as e:
         log.warning("loader: cannot share %s through %s (%s); computing it here", kind, path, e)
         return compute()
