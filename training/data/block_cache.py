@@ -730,9 +730,15 @@ class Prefetcher:
         groups: Callable[[int], set[tuple[int, int]]],
         start: int,
         last_step: int | None,
+        keep_bytes: int,
     ):
+        """`keep_bytes`: the most this loader keeps (its working set, TokenLoader.cache_need, which
+        data.cache_gb was checked against together with the other loaders'): the steps ahead are
+        planned within it, never within the whole bound (which would leave a validation loader of the
+        same process no room but past the bound: it cannot evict its own process's keep list)."""
         self.caches, self.needs, self.groups, self.last_step = caches, needs, groups, last_step
         self.cache = next(c for c in caches if c is not None).cache
+        self.keep_bytes = min(keep_bytes, self.cache.max_bytes)
         self.requests = requests = self.cache.requests
         self._step = start
         self._stop = False
@@ -796,7 +802,7 @@ class Prefetcher:
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
         """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
         keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
-        read). The steps ahead go as far as their groups fit the bound (and the plan goes): a step's
+        read). The steps ahead go as far as their groups fit keep_bytes (and the plan goes): a step's
         groups are counted before the step is planned, since planning it fetches a training group
         whole (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
@@ -817,7 +823,7 @@ class Prefetcher:
         for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
             grown = self._step_groups(s) - keep
             cost = self._bytes(grown)
-            if used + cost > self.cache.max_bytes:
+            if used + cost > self.keep_bytes:
                 break
             self._horizon = s
             keep |= grown

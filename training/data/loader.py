@@ -500,7 +500,8 @@ class TokenLoader:
         if not any(caches):
             return None
         view = self._node_view()
-        return Prefetcher(caches, view.units_read, view.groups_read, self._step, self.plan.total_steps)
+        keep = sum(n for _, n in self.cache_need())
+        return Prefetcher(caches, view.units_read, view.groups_read, self._step, self.plan.total_steps, keep)
 
     def _node_view(self) -> BatchBuilder:
         """The builder of this node's ranks' slots (torchrun sets LOCAL_WORLD_SIZE; unset: one node)."""
