@@ -87,13 +87,29 @@ def upload_dataset(
             "upload into an empty prefix, or delete them first"
         )
 
-    def one(rel: str) -> tuple[int, int]:
+    def needed(rel: str) -> bool:
         spec, path = files[rel], root / rel
         if rel in in_bucket:
-            return 0, 0
+            return False
         if not path.is_file():
             raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
-        if rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]) and store.holds(rel, path):
+        return not (
+            rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]) and store.holds(rel, path)
+        )
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
+    # The bucket's validation record describes the objects and the dataset.json it validated: it goes
+    # before anything changes (a kill midway leaves no record, never a stale one), whoever changed them
+    # (this upload, or a build's tasks: `in_bucket`).
+    committed = store.get(DATASET_JSON) if DATASET_JSON in there else None
+    if VALIDATION_JSON in there and (todo or in_bucket or committed != (root / DATASET_JSON).read_bytes()):
+        store.delete(VALIDATION_JSON)
+        log(f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces")
+
+    def one(rel: str) -> tuple[int, int]:
+        spec, path = files[rel], root / rel
+        if rel not in todo:
             return 0, 0
         try:
             store.put_file(path, rel, expect_sha256=spec["sha256"])
@@ -107,9 +123,6 @@ def upload_dataset(
     with ThreadPoolExecutor(THREADS) as pool:
         done = list(pool.map(one, sorted(files)))
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
-    if any(n for n, _ in done) and VALIDATION_JSON in there:  # it validated other bytes: not these
-        store.delete(VALIDATION_JSON)
-        log(f"removed {target}/{VALIDATION_JSON}: it described objects this upload replaced")
     result = Uploaded(sum(n for n, _ in done), sum(1 for n, _ in done if n == 0), sum(b for _, b in done))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
     log(

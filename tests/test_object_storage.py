@@ -1071,6 +1071,31 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     (local / "validation.json").unlink()
 
 
+def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(s3, synthetic, capsys):
+    """`data validate s3://…` checks the bucket's objects, not the cache's copies an earlier validate
+    (or training) left: a manifest replaced in the bucket by other bytes of its size is a problem
+    (it passed, and the bucket's record said ok). A build's tasks that put the object right again
+    leave the driver's upload to remove the record that described the damage (it stayed: FAILED over
+    a good bucket), before anything else changes."""
+    local, _ = synthetic
+    url = s3.url("revalidate")
+    upload_dataset(local, url, log=lambda *a: None)
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0  # the cache holds checked copies now
+    rel = "manifest/00000.parquet"
+    key = f"revalidate/{rel}"
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes([good[0] ^ 1]) + good[1:])
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    assert f"{url}/{rel}: fetched twice" in capsys.readouterr().out
+    record = json.loads(s3.client.get_object(Bucket=BUCKET, Key="revalidate/validation.json")["Body"].read())
+    assert not record["ok"] and [p["shard"] for p in record["problems"]] == [rel]
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=good)  # a build task's upload put it right
+    upload_dataset(local, url, log=lambda *a: None, in_bucket={rel: {}})  # the build driver's commit
+    assert "validation.json" not in s3.keys("revalidate")
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+
+
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
     from pipelines.convert import convert_dataset
     from tests.helpers.legacy_dataset import write_legacy_dataset

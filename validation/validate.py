@@ -726,8 +726,9 @@ def validate_dataset(
 def _bucket_copy(
     url: str, cache: CacheSettings | None, problems: list[Problem]
 ) -> tuple[Path, dict[str, int]]:
-    """(the cache's copy of the bucket's dataset with every recorded file but the shards in it, the
-    bucket's objects {path: bytes}); a recorded file that does not hash as recorded is a problem."""
+    """(the cache's copy of the bucket's dataset with every recorded file but the shards in it, each
+    fetched from the bucket now, the bucket's objects {path: bytes}); a recorded file whose object
+    does not hash as recorded is a problem (the cache's earlier copy is not the bucket)."""
     root = local_root(url, cache)
     listing = ObjectStore(url).list()
     for rel in sorted(dataset_files(read_dataset_info(root))):
@@ -737,7 +738,7 @@ def _bucket_copy(
             problems.append(Problem("missing in the bucket, but dataset.json records it", rel))
             continue
         try:
-            ensure(root, [rel])
+            ensure(root, [rel], fresh=True)
         except DatasetError as e:
             problems.append(Problem(str(e), rel))
     return root, listing

@@ -213,10 +213,12 @@ def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> P
     return root
 
 
-def ensure(root: Path, rels: Iterable[str]) -> None:
+def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
     """Files `rels` of the dataset at `root` are there: for a bucket's dataset, each missing one is
     fetched and verified against dataset.json's sha256; a local dataset is read in place (nothing to
-    do). A file dataset.json does not record cannot be checked and is refused.
+    do). A file dataset.json does not record cannot be checked and is refused. `fresh`: each is
+    fetched and verified again even when a checked copy is there (`data validate` of a bucket checks
+    the bucket's objects, not the cache's copies of them).
 
     The copy is named by the fingerprint, which covers the shards, the index and the tokenizer; the
     other recorded files (manifest, build records) may differ between two uploads of one token stream,
@@ -231,7 +233,7 @@ def ensure(root: Path, rels: Iterable[str]) -> None:
         return (root / rel).is_file() and (rel not in others or verified.get(rel) == others[rel]["sha256"])
 
     verified = _verified(root)
-    missing = [rel for rel in rels if not present(rel, verified)]
+    missing = [rel for rel in rels if fresh or not present(rel, verified)]
     if not missing:
         return
     recorded = dataset_files(info)
@@ -239,7 +241,7 @@ def ensure(root: Path, rels: Iterable[str]) -> None:
     with node_lock(root.parent):
         verified = _verified(root)
         for rel in missing:
-            if present(rel, verified):  # another process fetched it while this one waited for the lock
+            if not fresh and present(rel, verified):  # another process fetched it while this one waited
                 continue
             spec = recorded.get(rel)
             if spec is None:
