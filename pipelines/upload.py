@@ -72,7 +72,7 @@ def upload_dataset(
     store = ObjectStore(target)
     store.check_bucket()
     before = COUNTS.snapshot()
-    _refuse_other_dataset(store, info)
+    committed = _refuse_other_dataset(store, info)
     for key, upload_id in store.multipart_uploads():
         store.abort_upload(key, upload_id)
         log(f"aborted an unfinished multipart upload of s3://{target.bucket}/{key}")
@@ -102,15 +102,12 @@ def upload_dataset(
     # The bucket's validation record describes the objects and the dataset.json it validated: it goes
     # before anything changes (a kill midway leaves no record, never a stale one), whoever changed them
     # (this upload, or a build's tasks: `in_bucket`).
-    committed = store.get(DATASET_JSON) if DATASET_JSON in there else None
     if VALIDATION_JSON in there and (todo or in_bucket or committed != (root / DATASET_JSON).read_bytes()):
         store.delete(VALIDATION_JSON)
         log(f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces")
 
-    def one(rel: str) -> tuple[int, int]:
+    def put(rel: str) -> int:
         spec, path = files[rel], root / rel
-        if rel not in todo:
-            return 0, 0
         try:
             store.put_file(path, rel, expect_sha256=spec["sha256"])
         except ValueError:  # hashed before the PUT: a file damaged after the build stays here
@@ -118,12 +115,12 @@ def upload_dataset(
                 f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
                 f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
             ) from None
-        return 1, path.stat().st_size
+        return path.stat().st_size
 
     with ThreadPoolExecutor(THREADS) as pool:
-        done = list(pool.map(one, sorted(files)))
+        sizes = list(pool.map(put, sorted(todo)))
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
-    result = Uploaded(sum(n for n, _ in done), sum(1 for n, _ in done if n == 0), sum(b for _, b in done))
+    result = Uploaded(len(todo), len(files) - len(todo), sum(sizes))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
     log(
         f"uploaded {root} to {target}: {result.objects} objects ({result.bytes / 1e6:,.1f} MB), "
@@ -133,11 +130,12 @@ def upload_dataset(
     return result
 
 
-def _refuse_other_dataset(store: ObjectStore, info: dict) -> None:
+def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:
+    """The bucket's dataset.json (None: none there), refused when it is another dataset's."""
     try:
         raw = store.get(DATASET_JSON)
     except ObjectMissing:
-        return
+        return None
     theirs = parse_dataset_info(raw, store.url.child(DATASET_JSON))
     if theirs.get("fingerprint") != info["fingerprint"]:
         raise DatasetError(
@@ -145,6 +143,7 @@ def _refuse_other_dataset(store: ObjectStore, info: dict) -> None:
             "this one "
             f"{info['fingerprint'][:12]}…): upload to another prefix, or delete that one first"
         )
+    return raw
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -143,6 +143,7 @@ class CachedBlocks:
         self._val_tokens = np.asarray(blocks._val_lengths, np.int64) if self.per_doc else None
         self.nunits = blocks.n if self.per_doc else len(self.totals)
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
+        self._needs: dict[tuple[int, int], int] = {}  # group_need by (step tokens, GROUP_BLOCKS)
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._owner = OPEN_MAPS.register(self)  # its units' maps (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
@@ -226,14 +227,22 @@ class CachedBlocks:
         `step_tokens` of it per step: the units of the epoch groups its last LAG_STEPS steps, the
         current one and the next read (a training group is fetched whole before its first step: its
         plan needs its documents' lengths), each at most the GROUP_BLOCKS largest blocks' bytes, plus
-        one group for an epoch's short last group; all of them when the split has no more blocks."""
+        one group for an epoch's short last group; all of them when the split has no more blocks.
+        Computed once per step size (a sort of every sample: the setup's check and each loader's
+        prefetcher ask)."""
+        group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
+        key = (step_tokens, group)
+        if key not in self._needs:
+            self._needs[key] = self._group_need(step_tokens, group)
+        return self._needs[key]
+
+    def _group_need(self, step_tokens: int, group: int) -> int:
         if self.per_doc:
             bd = self.blocks.block_docs
             per_block = np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize
             sizes = np.sort(per_block + self._overhead(bd, bd))[::-1]
         else:
             sizes = np.sort(self.totals * self.itemsize + self._overhead(SAMPLE_DOCS, 1))[::-1]
-        group = epoch_order.GROUP_BLOCKS  # read now: tests shrink it to exercise many groups
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
         span = (LAG_STEPS + 2) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
@@ -531,9 +540,10 @@ class CachedBlocks:
             return np.empty(0, np.int64)
         units = self.units_of_rows(rows)
         distinct = np.unique(units).tolist()
-        mapped = OPEN_MAPS.get_many(self._owner, distinct)
+        # Only which are mapped: a group may hold more units than the process's budget of maps, so
+        # below they are mapped one at a time, none held past its lengths.
+        mapped = set(OPEN_MAPS.get_many(self._owner, distinct))
         self.fetch_all(u for u in distinct if u not in mapped)
-        del mapped  # a group may hold more units than the process's budget of maps: one at a time below
         out = np.empty(len(rows), np.int64)
         order = np.argsort(units, kind="stable")
         cuts = np.flatnonzero(np.r_[True, units[order][1:] != units[order][:-1], True])
