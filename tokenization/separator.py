@@ -52,7 +52,11 @@ class DocumentEncoder:
         self.tokenizer.encode_special_tokens = True
         self.policy = policy
         self.source = str(source)
-        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        # The highest id + 1, not the number of tokens: a tokenizer's ids may have gaps, and the
+        # shards' dtype (uint16 up to 65,536) is chosen from this; counting tokens, an id past 65,535
+        # in a tokenizer of fewer tokens was stored modulo 65,536, as another real token.
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self.vocab_size = max(len(vocab), max(vocab.values(), default=-1) + 1)
         added = self.tokenizer.get_added_tokens_decoder()
         specials = [t.content for _, t in sorted(added.items()) if t.special]
         sep = self.tokenizer.token_to_id(policy.token)

@@ -14,6 +14,7 @@ from tokenizers import AddedToken, Tokenizer, processors
 from tests.helpers.corpus import fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerError, load_tokenizer, train_bpe
+from training.contract.dataset_format import dtype_for_vocab
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -184,3 +185,18 @@ def test_hub_name_offline_gives_clear_error():
     last = proc.stderr.strip().splitlines()[-1]
     assert "cannot fetch tokenizer.json of 'some-org/some-tokenizer'" in last
     assert "set tokenizer.path to the local tokenizer.json" in last
+
+
+def test_ids_past_the_token_count_set_the_vocab_size_and_survive_the_shard_dtype(prose_tokenizer):
+    """A tokenizer of 512 tokens whose "Ġthe" has id 65,602: the vocab size is the highest id + 1, so
+    the shards' dtype holds every id (counting tokens chose uint16, which stored 65,602 as 66: "a")."""
+    spec = json.loads(prose_tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    vocab["Ġthe"] = 65536 + vocab["a"]
+    gapped = Tokenizer.from_str(json.dumps(spec))
+    enc = DocumentEncoder(gapped, SeparatorPolicy(SEP))
+    assert enc.vocab_size == 65536 + vocab["a"] + 1
+    ids = enc.encode("the cat and the dog")
+    assert 65536 + vocab["a"] in ids.tolist()
+    stored = ids.astype(dtype_for_vocab(enc.vocab_size))
+    assert stored.tolist() == ids.tolist()
