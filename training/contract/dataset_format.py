@@ -326,12 +326,18 @@ def fingerprint_before_index(info: dict[str, Any]) -> str | None:
     return fingerprint({k: v for k, v in info.items() if k != "index"})
 
 
-def same_data(recorded: str | None, info: dict[str, Any]) -> bool:
-    """Whether a fingerprint a run recorded is this dataset's: as built, before `data index`, or of the
+def data_identities(info: dict[str, Any]) -> set[str]:
+    """Every fingerprint this dataset's documents have had: as built, before `data index`, and of the
     dataset `gristmill data convert` rewrote into this one (the same documents in the same rows, so the
-    same batches; the fingerprint covers that record, so it cannot be edited in)."""
+    same batches; the fingerprint covers that record, so it cannot be edited in). Two datasets sharing
+    one are the same data."""
     converted = set((info.get("converted_from") or {}).get("fingerprints", ()))
-    return recorded in ({info["fingerprint"], fingerprint_before_index(info)} | converted) - {None}
+    return ({info.get("fingerprint"), fingerprint_before_index(info)} | converted) - {None}
+
+
+def same_data(recorded: str | None, info: dict[str, Any]) -> bool:
+    """Whether a fingerprint a run recorded is this dataset's (data_identities)."""
+    return recorded in data_identities(info)
 
 
 def read_dataset_info(root: str | Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from training.config import TrainConfig
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import DATASET_JSON, DatasetError, same_data
+from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
 from training.data.block_cache import check_room
@@ -46,17 +46,16 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
     ]
     seen: dict[object, tuple[str, DocumentTable]] = {}
     for src, t in zip(sources, tables):
-        # One directory (or a link to it, or a byte copy) under two names: every window trained twice.
-        for key in (t.root.resolve(), t.info.get("fingerprint")):
-            if key is None:  # a dataset built before fingerprints: its directory alone
-                continue
+        # One directory (or a link to it, a byte copy, or a copy `data convert` rewrote) under two
+        # names: every window trained twice, and one source's held-out documents trained in the other.
+        for key in (t.root.resolve(), *sorted(data_identities(t.info))):
             if key in seen:
                 name, other = seen[key]
+                how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
                 raise DatasetError(
                     f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
-                    f"{t.location}"
-                    f"{', one directory' if isinstance(key, Path) else ', one fingerprint'}); a mixture "
-                    "reads each dataset once: give one source that dataset and raise its mix weight"
+                    f"{t.location}, {how}); a mixture reads each dataset once: give one source that "
+                    "dataset and raise its mix weight"
                 )
             seen[key] = (src.name, t)
     first_name, first = sources[0].name, tables[0]

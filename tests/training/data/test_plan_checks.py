@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main as gristmill
+from pipelines.convert import convert_dataset
+from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.phased_recipe import write_recipe
-from tests.helpers.train_data import make_dataset
+from tests.helpers.train_data import affine_documents, make_dataset
 
 
 @pytest.fixture
@@ -48,6 +50,20 @@ def test_one_dataset_under_two_source_names_is_refused(sources, tmp_path, capsys
     for err in both(config, [f'run.output_dir="{run}"'], capsys):
         assert "sources 'web' and 'code' are the same dataset" in err, err
         assert str(sources["web"]) in err and str(twin) in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_dataset_and_its_converted_copy_are_one_dataset(tmp_path, capsys):
+    """`data convert` writes the same documents under a new fingerprint that records the old one: as two
+    sources, every window trained twice (and with val_fraction 0 on the copy, the original's held-out
+    documents trained)."""
+    old, new = tmp_path / "web", tmp_path / "web-converted"
+    write_v2_dataset(old, affine_documents(200), vocab_size=256, target_bytes=24 << 10)
+    convert_dataset(str(old), str(new), log=lambda *a: None)
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {"web": old, "code": new}, run)
+    for err in both(config, [f'run.output_dir="{run}"'], capsys):
+        assert "sources 'web' and 'code' are the same dataset" in err and "one fingerprint" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
