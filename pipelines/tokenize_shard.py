@@ -156,6 +156,20 @@ class TokenizeShard(PipelineStep):
         """Where the task writes: the dataset directory, or an uploading task's own folder."""
         return task_root(self.output, rank) if self.upload is not None else Path(self.output)
 
+    def _remove_earlier_attempt(self, rank: int) -> None:
+        """What an earlier attempt of this unfinished task wrote (it starts over): an uploading task's
+        own folder, or this task's shards, manifest part and record in the dataset directory. Kept, a
+        shard of a killed attempt whose input then shrank (re-downloaded: accepted for an unfinished
+        task) stayed on disk, listed nowhere, and failed validation at every rerun."""
+        if self.upload is not None:  # this attempt uploads only what it writes
+            shutil.rmtree(self._root(rank), ignore_errors=True)
+            return
+        root = Path(self.output)
+        earlier = [root / MANIFEST_DIR / f"{rank:05d}.parquet", root / SHARD_RECORDS / f"{rank:05d}.json"]
+        for path in [*earlier, *(root / SHARDS_DIR).glob(f"{rank:05d}_*")]:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
     def _remove_partial(self, rank: int) -> None:
         """Free what a task that ran out of disk holds: its spill (as large as its shards) and its
         half-written shard; the rerun starts the task over anyway."""
@@ -170,8 +184,7 @@ class TokenizeShard(PipelineStep):
         progress = self.progress
         uploader = TaskUploader(self.upload, rank) if self.upload is not None else None
         root = self._root(rank)
-        if uploader is not None:  # what an earlier attempt left: this one uploads only what it writes
-            shutil.rmtree(root, ignore_errors=True)
+        self._remove_earlier_attempt(rank)
         shards = os.path.join(root, SHARDS_DIR)
         os.makedirs(shards, exist_ok=True)
         spill_path = os.path.join(shards, f"{SPILL_PREFIX}{rank:05d}.tmp")

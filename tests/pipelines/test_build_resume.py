@@ -83,10 +83,13 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
         build(cfg, log=lambda *a: None)  # task 0 (a) finishes, task 1 (b) fails
     assert (out / "logs" / "completions" / "00000").is_file()
 
+    # What a killed earlier attempt of task 1 could have left: more shards than its rerun writes.
+    shutil.copy(out / "shards" / "00000_00000.tar", out / "shards" / "00001_00007.tar")
     (src / "b.jsonl.zst").write_bytes(full["b"])  # "re-downloaded"
     lines = []
     result = build(cfg, log=lines.append)
-    assert result.ok and result.info["documents"] == 120
+    assert result.ok and result.info["documents"] == 120, lines
+    assert not (out / "shards" / "00001_00007.tar").exists()
     assert any("b.jsonl.zst" in line and "its task had not finished" in line for line in lines), lines
 
     (src / "a.jsonl.zst").write_bytes(full["a"][:-10])  # task 0's input changes after it finished
