@@ -54,6 +54,7 @@ from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, Prefetcher, _BadCo
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, tmp_name
+from training.run.faults import DATA
 from training.train import load_train_config, train
 
 pytestmark = [
@@ -944,6 +945,8 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(
 
 
 def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, local_run, tmp_path):
+    """Two ranks on one node's cache; the data of step 4 cannot be read on rank 0 alone (rank 1 has
+    taken its batch): step 3 is saved, and the resume trains steps 4-6 on their own batches."""
     local, url = synthetic
     run_dir = tmp_path / "run"
     s3.proxy.reset_counts()
@@ -955,7 +958,10 @@ def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, loca
         "run.max_steps=6",  # the reference's first 6 steps (the schedule is the same)
         f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
     )
-    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env=run_env(s3, tmp_path), timeout=300)
+    env = run_env(s3, tmp_path)
+    proc = forked.run(torchrun_cmd(sets), cwd=ROOT, env={**env, DATA: "4@0"}, timeout=300)
+    assert proc.returncode != 0 and "saving step 3 before stopping" in proc.stdout, proc.stdout[-3000:]
+    proc = forked.run(torchrun_cmd([*sets, 'checkpoint.resume="auto"']), cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     gets = [(p, r) for p, r in s3.proxy.counts.range_gets() if "/shards/" in p]
     assert gets and len(gets) == len(set(gets)), "a range was fetched twice"

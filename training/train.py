@@ -273,7 +273,7 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     alone), the last trained step is saved, then the error is raised (one line); unless a step trained
     since the host last looked was not finite and the run stops for it (exit 3, nothing saved)."""
     try:
-        data_fault(run.state.step + 1)
+        data_fault(run.state.step + 1, run.env.rank)
         batch, error = next(batches), None
     except GristmillError as e:
         batch, error = None, e
@@ -291,6 +291,10 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
             say(f"the data of step {state.step + 1} cannot be read ({error}); and before it:")
             _stop(run, verdict)
         say(f"the data of step {state.step + 1} cannot be read: saving step {state.step} before stopping")
+        # The ranks whose read succeeded have counted step state.step + 1 as handed out; the checkpoint
+        # of step state.step continues at that step's batch on every rank (else, on resume, each step
+        # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
+        run.loader.seek(state.step)
         _record_batches(run)
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
     raise error

@@ -22,8 +22,9 @@ validation, eval and metrics row not yet done), "trained:N" (step N trained and 
 GRISTMILL_FAULT_SIGTERM="STEP": the process sends itself SIGTERM as step STEP starts (a preemption
 at a known step: the run finishes that step, saves and stops).
 
-GRISTMILL_FAULT_DATA="STEP": the data of step STEP cannot be read (`data_fault`): the loop meets the
-error a bucket that stays down past data.fetch_timeout_s gives, at a known step.
+GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
+only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
+gives, at a known step (on one rank: the others have taken that step's batch).
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ def kill_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def data_fault(step: int) -> None:
-    """Raise the error of data that cannot be had if GRISTMILL_FAULT_DATA names step `step`."""
-    if os.environ.get(DATA) == str(step):
-        raise GristmillError(f"the data of step {step} cannot be read ({DATA}={step})")
+def data_fault(step: int, rank: int) -> None:
+    """Raise the error of data that cannot be had if GRISTMILL_FAULT_DATA names step `step` (and, when
+    it names a rank, `rank`)."""
+    at, _, on_rank = os.environ.get(DATA, "").partition("@")
+    if at == str(step) and on_rank in ("", str(rank)):
+        raise GristmillError(f"the data of step {step} cannot be read ({DATA}={os.environ[DATA]})")
 
 
 class LossFaults:
