@@ -461,6 +461,15 @@ class Checkpointer:
                 state.expect(None)
         if older:
             timeline.adopt(loader.saved_skips)
+        trained = self.states["train_state"].step
+        if loader is not None and loader.step != trained:
+            # Saved by gristmill before 2026-11-29 after a data error on one rank of several: the loader
+            # had counted the batch of a step not trained. What was trained is the train state's step.
+            say(
+                f"note: {path} holds the loader at step {loader.step}, not at its trained step {trained}; "
+                f"continuing with step {trained + 1}'s batch"
+            )
+            loader.seek(trained)
         bad = self._nonfinite_anywhere()
         if bad is not None:
             raise CheckpointError(

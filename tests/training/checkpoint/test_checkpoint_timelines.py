@@ -177,3 +177,25 @@ def test_the_checkpoint_records_its_model_and_resume_and_export_use_it(dataset, 
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
     assert run(dataset, r, "run.max_steps=5", resume) == 0
     assert [m["step"] for m in metrics(r)][-1] == 5
+
+
+def test_a_checkpoint_whose_loader_is_a_step_ahead_resumes_at_its_trained_step(
+    dataset, tmp_path, capsys, monkeypatch
+):
+    """What gristmill saved after a data error on one rank of several (the ranks that read had counted
+    the next step's batch, and the save kept one of their counts): a resume continues with the batch of
+    the step after the trained one, and the run equals the uninterrupted one."""
+    from training.data.loader import TokenLoader
+
+    reference, r = tmp_path / "reference", tmp_path / "run"
+    assert run(dataset, reference) == 0
+    ahead = TokenLoader.state_dict
+    with monkeypatch.context() as m:
+        m.setattr(TokenLoader, "state_dict", lambda self: {**ahead(self), "step": self.step + 1})
+        assert run(dataset, r, "run.max_steps=4") == 0
+    capsys.readouterr()
+    assert run(dataset, r, 'checkpoint.resume="auto"') == 0
+    assert "holds the loader at step 5, not at its trained step 4; continuing with step 5's batch" in (
+        capsys.readouterr().out
+    )
+    assert [row["loss"] for row in metrics(r)] == [row["loss"] for row in metrics(reference)]
