@@ -13,8 +13,9 @@ node's work directory as a local build does, and:
   in the bucket as listed.
 
 An object is uploaded only when the store does not hold its content already (its ETag, which the store
-computes from the bytes it stored, equal to the file's MD5; never the sha256 the metadata claims), so a
-task redone after a kill uploads only what is missing or wrong. A task whose record is there for this
+computes from the bytes it stored, equal to the file's MD5, or the bytes themselves where the ETag is not
+an MD5: SSE-KMS, SSE-C; never the sha256 the metadata claims), so a task redone after a kill uploads
+only what is missing or wrong. A task whose record is there for this
 config, with every object matching it, returns before reading its input (datatrove's steps are lazy:
 nothing upstream runs). The driver (pipelines/build.py) checks every object of every record against one
 listing of the bucket (size and ETag) before it writes dataset.json, from the small files it downloads;
@@ -32,7 +33,7 @@ from typing import Any
 
 from training.contract.dataset_format import EXCLUDED_DIR, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
 from training.contract.errors import GristmillError
-from training.contract.object_store import ObjectMissing, ObjectStore, etag_is_md5, file_digests
+from training.contract.object_store import ObjectMissing, ObjectStore, file_digests
 
 RECORDS_DIR = "build/tasks"  # NNNNN.json per task: its commit point in the bucket
 TASKS_DIR = "tasks"  # build.workdir/tasks/NNNNN/: a task's own folder until its output is uploaded
@@ -128,15 +129,11 @@ class TaskUploader:
         size = path.stat().st_size
         head = self.store.head(rel)
         same = head is not None and head["bytes"] == size
-        if same and etag_is_md5(head["etag"]):
-            same = head["etag"] == md5
-        elif same:  # an ETag that is no MD5 (a store encrypting with its own keys): compare the bytes
+        if same and head["md5"] is not None:
+            same = head["md5"] == md5
+        elif same:  # an ETag that is no MD5 (an object encrypted with KMS or customer keys): the bytes
             same = self.store.holds(rel, path)
         etag = head["etag"] if same else self.store.put_file(path, rel, expect_sha256=sha)
-        if etag_is_md5(etag) and etag != md5:  # the store would check Content-MD5: never seen
-            raise TaskUploadError(
-                f"{self.store.url.child(rel)}: the store's ETag {etag} is not the MD5 of {path}"
-            )
         self.uploaded += not same
         self.objects[rel] = {"bytes": size, "sha256": sha, "md5": md5, "etag": etag}
 

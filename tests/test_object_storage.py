@@ -26,6 +26,7 @@ import pytest
 
 from pipelines.cli import main as gristmill
 from pipelines.synthetic_dataset import write_synthetic_dataset
+from pipelines.task_upload import TaskUpload, TaskUploader
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
@@ -49,7 +50,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.errors import GristmillError
-from training.contract.object_store import COUNTS
+from training.contract.object_store import COUNTS, ObjectStore
 from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, Prefetcher, _BadCopy, cache_usage
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
@@ -1075,6 +1076,33 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())["ok"]
     (local / "validation.json").unlink()
+
+
+def test_a_bucket_encrypting_with_kms_keys_uploads_and_compares_by_content(s3, synthetic, tmp_path):
+    """SSE-KMS objects have ETags of 32 hex digits that are not the MD5 of their bytes: a build task's
+    upload refused the first object it put ("the store's ETag is not the MD5"), and `data upload` took
+    every object in the bucket for other bytes. Both compare the bytes instead; a damaged object is
+    still found by its content."""
+    local, _ = synthetic
+    url = s3.url("kms")
+    s3.proxy.kms = True
+    try:
+        assert ObjectStore(url).head("nothing") is None
+        assert upload_dataset(local, url, log=lambda *a: None).objects > 0
+        head = ObjectStore(url).head("dataset.json")
+        assert head["md5"] is None and len(head["etag"]) == 32  # what the store says about SSE-KMS
+        assert upload_dataset(local, url, log=lambda *a: None).objects == 0  # the content is there
+        name = sorted(read_dataset_info(local)["shard_files"])[0]
+        bad = bytearray((local / "shards" / name).read_bytes())
+        bad[600] ^= 1
+        s3.client.put_object(Bucket=BUCKET, Key=f"kms/shards/{name}", Body=bytes(bad))
+        assert upload_dataset(local, url, log=lambda *a: None).objects == 1
+        uploader = TaskUploader(TaskUpload(s3.url("kms-build"), "config-sha"), 0)
+        for _ in range(2):
+            uploader.put(local / "shards" / name, f"shards/{name}")
+        assert uploader.uploaded == 1  # the second time, the bucket held the content
+    finally:
+        s3.proxy.kms = False
 
 
 def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(s3, synthetic, capsys):

@@ -16,9 +16,11 @@ points gristmill there; `bucket_objects`, `puts` and `damage` look at and spoil 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
 import os
 import random
+import re
 import socket
 import struct
 import threading
@@ -87,6 +89,24 @@ class ProxyCounts:
         return [(p, r) for p, r in self.ranges if p.split("?")[0].endswith(suffix)]
 
 
+def _kms_etag(etag: str) -> str:
+    return hashlib.md5(f"kms:{etag}".encode()).hexdigest()
+
+
+def kms_view(headers: list[tuple[str, str]], body: bytes) -> tuple[list[tuple[str, str]], bytes]:
+    """A response as a bucket with SSE-KMS default encryption gives it: the encryption header, and every
+    ETag (headers and listings) 32 hex digits that are not the MD5 of the bytes (AWS: "objects encrypted
+    by SSE-C or SSE-KMS have ETags that are not an MD5 digest of their object data"), one per object."""
+    out = [(k, f'"{_kms_etag(v.strip(chr(34)))}"' if k.lower() == "etag" else v) for k, v in headers]
+    out.append(("x-amz-server-side-encryption", "aws:kms"))
+    listed = re.sub(
+        rb"<ETag>(&quot;|\")([0-9a-f]{32})(&quot;|\")</ETag>",
+        lambda m: b"<ETag>" + m[1] + _kms_etag(m[2].decode()).encode() + m[3] + b"</ETag>",
+        body,
+    )
+    return out, listed
+
+
 class FaultProxy:
     """Forwards to `upstream` ("http://127.0.0.1:PORT"), injecting `mix`'s faults (None: none)."""
 
@@ -95,6 +115,9 @@ class FaultProxy:
         self.upstream = (host, int(port))
         self.latency = 0.0  # seconds added to every request (a slow store)
         self.down = False  # every request reset (a store that went away)
+        self.kms = (
+            False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
+        )
         self.counts = ProxyCounts()
         self._lock = threading.Lock()
         self.set_faults(mix)
@@ -149,6 +172,8 @@ class FaultProxy:
                     resp_headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
                 finally:
                     conn.close()
+                if proxy.kms:
+                    resp_headers, data = kms_view(resp_headers, data)
                 if proxy.latency:  # done at the store, answered late
                     time.sleep(proxy.latency)
                 self.send_response(resp.status, resp.reason)

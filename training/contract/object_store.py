@@ -386,7 +386,8 @@ class ObjectStore:
         return bytes(got[: end - start])
 
     def head(self, rel: str) -> dict[str, Any] | None:
-        """{"bytes", "etag", "sha256" (our metadata: a claim, not the content)} of object `rel`, None
+        """{"bytes", "etag", "md5" (the ETag when it is the MD5 of the bytes: md5_etag), "sha256" (our
+        metadata: a claim, not the content)} of object `rel`, None
         if there is none."""
         try:
             r = self._call(
@@ -396,7 +397,8 @@ class ObjectStore:
             return None
         return {
             "bytes": r["ContentLength"],
-            "etag": r.get("ETag", "").strip('"'),
+            "etag": (etag := r.get("ETag", "").strip('"')),
+            "md5": md5_etag(etag, r),
             "sha256": r.get("Metadata", {}).get("sha256"),
         }
 
@@ -408,8 +410,8 @@ class ObjectStore:
         head = self.head(rel)
         if head is None or head["bytes"] != path.stat().st_size:
             return False
-        if etag_is_md5(head["etag"]):
-            return head["etag"] == _file_digest(path, hashlib.md5)
+        if head["md5"] is not None:
+            return head["md5"] == _file_digest(path, hashlib.md5)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
         try:
             got = self.download(rel, tmp, head["bytes"])
@@ -451,7 +453,12 @@ class ObjectStore:
                     Metadata={"sha256": sha},
                 )
             self.counts.add("bytes", size)
-            return resp.get("ETag", "").strip('"')
+            etag = resp.get("ETag", "").strip('"')
+            if md5_etag(etag, resp) not in (None, md5):  # the store checks Content-MD5: never seen
+                raise ObjectStoreError(
+                    f"{self.url.child(rel)}: the store's ETag {etag} is not the MD5 of what was sent"
+                )
+            return etag
 
         return self._call("PUT", rel, put)
 
@@ -498,10 +505,16 @@ class ObjectStore:
         )
 
 
-def etag_is_md5(etag: str) -> bool:
-    """Whether an ETag can be the MD5 of the object's bytes: a single PUT's is, on every store that does
-    not encrypt with its own keys (a multipart upload's, or SSE-KMS's, is not)."""
-    return re.fullmatch(r"[0-9a-f]{32}", etag) is not None
+def md5_etag(etag: str, response: dict[str, Any]) -> str | None:
+    """`etag`, of a HEAD or PUT `response`, when it is the MD5 of the object's bytes, else None. A single
+    PUT's is, unless the object is encrypted with KMS keys (SSE-KMS, DSSE-KMS) or the customer's
+    (SSE-C): AWS documents those ETags as not the MD5, though they look like one (32 hex digits). A
+    multipart upload's ("…-N") never is."""
+    if str(response.get("ServerSideEncryption", "")).startswith("aws:kms") or response.get(
+        "SSECustomerAlgorithm"
+    ):
+        return None
+    return etag if re.fullmatch(r"[0-9a-f]{32}", etag) else None
 
 
 def file_digests(path: Path) -> tuple[str, str]:
