@@ -90,8 +90,10 @@ class RunRecord:
         opened (`config`: the resolved recipe, `datasets`: source name -> dataset, for their runs)."""
         if self.rank != 0:
             return
-        if resumed is not None:
-            self._set_aside(after=resumed)
+        # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
+        # with checkpoints/ deleted to start over) sets aside every step's: an earlier run's exports
+        # and evals, kept, were listed, scored and verified as this run's.
+        self._set_aside(after=-1 if resumed is None else resumed, earlier_run=resumed is None)
         self._record_plan()
         logged_through = self._open_log(resumed)
         self._open_batches(resumed)
@@ -297,13 +299,15 @@ class RunRecord:
             if note:
                 say(note)
 
-    def _set_aside(self, after: int) -> None:
-        """exports/ and eval/ of steps after `after` set aside, eval.parquet rebuilt without them,
-        eval.png removed until the next eval draws it."""
+    def _set_aside(self, after: int, earlier_run: bool = False) -> None:
+        """exports/ and eval/ of steps after `after` set aside (those of a discarded timeline, or of
+        an `earlier_run` in this directory), eval.parquet rebuilt without them, eval.png removed until
+        the next eval draws it."""
         moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
         evals = set_aside_after(self.run_dir / EVAL_DIR, after)
+        whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
         for old, new in moved + evals:
-            say(f"note: {old.parent.name}/{old.name} is from a discarded timeline; moved it to {new.name}")
+            say(f"note: {old.parent.name}/{old.name} is from {whose}; moved it to {new.name}")
         if evals:
             if (self.run_dir / EVAL_PARQUET).is_file():
                 write_eval_table(self.run_dir)

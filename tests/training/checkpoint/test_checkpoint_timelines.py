@@ -199,3 +199,21 @@ def test_a_checkpoint_whose_loader_is_a_step_ahead_resumes_at_its_trained_step(
         capsys.readouterr().out
     )
     assert [row["loss"] for row in metrics(r)] == [row["loss"] for row in metrics(reference)]
+
+
+def test_a_fresh_run_sets_aside_an_earlier_runs_exports(dataset, tmp_path, capsys):
+    """checkpoints/ deleted to start over (the refusals' advice): the new run's export of step 4 was
+    the earlier run's, kept because it verified, then scored and verified as the new run's."""
+    from safetensors.torch import load_file
+
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.export_interval=4") == 0
+    earlier = load_file(export_dir(r, 4) / "model.safetensors")
+    (r / "checkpoints").rename(tmp_path / "deleted")
+    capsys.readouterr()
+    assert run(dataset, r, "run.max_steps=4", "checkpoint.export_interval=4", "run.seed=7") == 0
+    assert "exports/step-000004 is from an earlier run in this directory" in capsys.readouterr().out
+    kept = load_file(r / "exports" / "abandoned-step-000004" / "model.safetensors")
+    now = load_file(export_dir(r, 4) / "model.safetensors")
+    assert all(torch.equal(kept[k], earlier[k]) for k in earlier)
+    assert not all(torch.equal(now[k], earlier[k]) for k in earlier)
