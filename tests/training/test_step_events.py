@@ -38,6 +38,7 @@ pytest.importorskip("lm_eval")
 from pipelines.cli import main as gristmill  # noqa: E402
 from tests.helpers import forked  # noqa: E402
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
+from training.checkpoint.checkpointer import complete_steps  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
 from training.contract.errors import GristmillError, NonFiniteError  # noqa: E402
@@ -225,6 +226,16 @@ def test_unreadable_data_after_a_nan_on_a_quiet_step_saves_nothing_at_or_after_i
     assert f"the data of step {ALL_DUE} cannot be read" in capsys.readouterr().out
     assert all(s < QUIET for s in list_steps(run / "checkpoints"))
     check_timeline(run)
+
+
+def test_unreadable_data_just_after_an_async_save_completes_that_save(config, tmp_path, monkeypatch):
+    """Step 4's async save is still writing when step 5's data cannot be read: it is completed before
+    the run stops (it was left without COMPLETE, and --resume auto went back to step 2)."""
+    monkeypatch.setenv(DATA, str(ALL_DUE + 1))
+    run = tmp_path / "run"
+    with pytest.raises(GristmillError, match=f"the data of step {ALL_DUE + 1} cannot be read"):
+        run_here(config, run, "eval.interval=0", "checkpoint.async=true")
+    assert complete_steps(run)[-1] == ALL_DUE
 
 
 @pytest.mark.parametrize(

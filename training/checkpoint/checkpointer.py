@@ -557,12 +557,17 @@ class Checkpointer:
         with contextlib.suppress(BaseException):
             fut.result(timeout=timeout_s)
 
+    def finish(self) -> None:
+        """Wait for an async save in flight and complete it (raising if it failed): its state is a trained,
+        finite step's, so a run that stops on an error that is not the save's keeps it."""
+        if self.pending is not None:
+            self._finish_pending()
+
     def close(self) -> None:
         """Wait for an async save in flight (raising if it failed) and for retention, and free the
         staging buffers."""
         try:
-            if self.pending is not None:
-                self._finish_pending()
+            self.finish()
             self._join_retention()
         finally:
             if self.staging is not None:
