@@ -91,6 +91,7 @@ from training.contract.run_layout import (
     DCP_METADATA,
     checkpoint_dir,
     complete_steps,
+    export_dir,
     incomplete_reason,
     is_complete_checkpoint,
     list_steps,
@@ -403,6 +404,8 @@ class Checkpointer:
             self.resumed_from = (path, record.get("config_sha256"))
             if path.parent.resolve() == self.root.resolve():
                 self._set_aside_newer(step)
+                merged = self.merged_export is not None and self.merged_export(step)
+                self._export(step, merged, verified=False, missed=True)  # before retention deletes it
         return step
 
     def rewind_target(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
@@ -804,10 +807,26 @@ class Checkpointer:
         seconds = time.perf_counter() - t0
         self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         self.log(f"checkpoint {path} complete ({fmt_bytes(self.estimate_bytes)}, {seconds:.1f} s)")
-        if self.cfg.export_interval and step % self.cfg.export_interval == 0:
-            out = export_checkpoint(self.run_dir, step, verified=True)  # hashed as written, just now
-            self.log(f"export {out} written (permanent: HF LlamaForCausalLM + tokenizer)")
-        if merged:
-            out = export_checkpoint(self.run_dir, step, verified=True, merged=True)
-            self.log(f"export {out} written (the merged weights of step {step}; permanent)")
+        self._export(step, merged, verified=True)  # hashed as written, just now
         self._retain(step)
+
+    def _export(self, step: int, merged: bool, *, verified: bool, missed: bool = False) -> None:
+        """Rank 0: the exports due at complete checkpoint `step`: every checkpoint.export_interval
+        steps, and its merged weights when it holds them (`merged`). `missed`: only those not there
+        (the process stopped between the checkpoint's COMPLETE and its exports)."""
+        due = [False] if self.cfg.export_interval and step % self.cfg.export_interval == 0 else []
+        for kind in due + ([True] if merged else []):
+            if missed and export_dir(self.run_dir, step, kind).is_dir():
+                continue
+            out = export_checkpoint(self.run_dir, step, verified=verified, merged=kind)
+            what = (
+                f"the merged weights of step {step}; permanent"
+                if kind
+                else "permanent: HF LlamaForCausalLM + tokenizer"
+            )
+            late = (
+                f"; missed when step {step}'s checkpoint completed: the process stopped first"
+                if missed
+                else ""
+            )
+            self.log(f"export {out} written ({what}{late})")

@@ -217,3 +217,23 @@ def test_a_fresh_run_sets_aside_an_earlier_runs_exports(dataset, tmp_path, capsy
     now = load_file(export_dir(r, 4) / "model.safetensors")
     assert all(torch.equal(kept[k], earlier[k]) for k in earlier)
     assert not all(torch.equal(now[k], earlier[k]) for k in earlier)
+
+
+def test_exports_missed_at_a_checkpoint_are_written_when_a_resume_starts_from_it(dataset, tmp_path, capsys):
+    """The process stopped between step 4's COMPLETE and its exports (a kill, a full disk): the resume
+    from step 4 writes them before retention (keep_last 1) deletes the checkpoint, the merged
+    weights' too, which lived nowhere else."""
+    import shutil
+
+    r = tmp_path / "run"
+    sets = ["checkpoint.keep_last=1", "checkpoint.export_interval=4", 'merge.kind="window"', "merge.every=4",
+            "merge.window=2", "merge.export=true"]  # fmt: skip
+    assert run(dataset, r, "run.max_steps=4", *sets) == 0
+    for merged in (False, True):
+        shutil.rmtree(export_dir(r, 4, merged))
+    capsys.readouterr()
+    assert run(dataset, r, "run.max_steps=8", 'checkpoint.resume="auto"', *sets) == 0
+    assert "missed when step 4's checkpoint completed" in capsys.readouterr().out
+    assert complete_steps(r) == [8]
+    assert export_dir(r, 4).is_dir() and export_dir(r, 4, merged=True).is_dir()
+    assert gristmill(["verify", str(r)]) == 0  # every export against its checksums
