@@ -183,6 +183,10 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
         f.write(b"\x13" * 10)
     rc, out = command_output(["verify", str(run)])
     assert rc == 0 and "note: cut off the torn last record" in out, out
+    (run / "batches.bin").unlink()  # lost, or not copied with the run: its rows say it was recorded
+    rc, out = command_output(["verify", str(run)])
+    assert rc == 1 and "though metrics.jsonl's rows carry batch digests" in out, out
+    assert "batches: step 1 has a metrics row" in out, out
 
 
 def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_path, dataset, reference):
