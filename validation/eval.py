@@ -144,7 +144,6 @@ class RunData:
     source: str  # the source whose held-out documents the local tasks are made of
     dataset: str  # its dataset directory, or s3:// URL
     val_fraction: float
-    seq_len: int  # the sequence length the run trained on last
     cache: CacheSettings | None = None  # where a bucket's dataset is cached (the run's data.cache_*)
 
     def heldout(self) -> dict[str, str]:
@@ -155,12 +154,10 @@ class RunData:
 def run_data(spec: RunSpec, source: str = "") -> RunData:
     """From a run's resolved config (RUN/config.toml): the held-out documents of `source` (its
     eval.source), else of the run's first source that holds some out (of its only one without
-    [[data.sources]]: one source of a mixture is scored, and named wherever its scores are shown),
-    and the seq_len of its last phase (the model's last training length; a longer context would
-    score positions it was not last trained on)."""
+    [[data.sources]]: one source of a mixture is scored, and named wherever its scores are shown)."""
     src = next((s for s in spec.sources if s.name == source or (not source and s.val_fraction > 0)), None)
     src = src or spec.sources[0]
-    return RunData(src.name, str(src.dataset), src.val_fraction, spec.phases[-1].seq_len, spec.cache)
+    return RunData(src.name, str(src.dataset), src.val_fraction, spec.cache)
 
 
 def training_data_checks(spec: RunSpec) -> list[dict[str, Any]]:
@@ -184,7 +181,7 @@ class TaskPlan:
     are looked up in cfg.include_path and lm-eval's registry (only the task families that define
     them), registry tasks refused up front when offline without a cached copy. `training_data`: what
     each of the run's datasets says about decontamination, for the marks (`decontamination_marks`);
-    `data`: the run's held-out documents and longest seq_len (`run_data`), from the one read of
+    `data`: the run's held-out documents (`run_data`), from the one read of
     RUN/config.toml.
     """
 
