@@ -140,6 +140,8 @@ class MinMetadataFilter(BaseFilter):
         value = doc.metadata.get(self.key)
         if value is None:
             return drop(doc, "missing", f"no {self.key} in the source")
+        if value != value:  # NaN (parquet from polars or Spark, a jsonl NaN): no score, and `<` passes it
+            return drop(doc, "missing", f"{self.key} is NaN in the source")
         if value < self.minimum:
             return drop(doc, "below", f"{self.key} {value} < {self.minimum}")
         return True

@@ -69,6 +69,9 @@ def source_folder(cfg: SourceConfig) -> str:
     return str(Path(cfg.path).expanduser().resolve())
 
 
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz")  # what the reader opens
+
+
 def default_glob(cfg: SourceConfig) -> str:
     if cfg.glob:
         return cfg.glob
@@ -152,6 +155,16 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
     found = sorted(p for p in path.glob(pattern) if p.is_file() and not p.name.startswith("."))
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
+    # The default `*.jsonl*` also matches a backup, an editor's or a download's leftover beside the
+    # file (data.jsonl.bak, data.jsonl~, data.jsonl.gz.part): read, each would add its documents again.
+    odd = [p for p in found if not cfg.glob and cfg.kind == "jsonl" and not p.name.endswith(JSONL_SUFFIXES)]
+    if odd:
+        more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
+        raise SourceError(
+            f"source.path {path} holds {odd[0].relative_to(path)}{more}, which is not a "
+            f"{', '.join(JSONL_SUFFIXES)} file: move it out of the folder, or set source.glob to the "
+            "files to read"
+        )
     files = [str(p.relative_to(path)) for p in found]
     return SourceFiles(str(path), files, [p.stat().st_size for p in found])
 
@@ -292,6 +305,8 @@ class JsonlSource(_Reader):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"
+                if li == 1:  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON
+                    line = line.removeprefix(b"\xef\xbb\xbf")
                 try:
                     data = orjson.loads(line)
                 except orjson.JSONDecodeError:

@@ -54,6 +54,7 @@ def test_threshold_and_length_filters(tmp_path):
         doc("a" * 50, 1, int_score=3),
         doc("a" * 50, 2),
         doc("a" * 5, 3, int_score=4),
+        doc("a" * 50, 5, int_score=float("nan")),  # polars', Spark's NaN: `nan < 3` is False
     ]
     kept = run(MinMetadataFilter("int_score", 3, ExcludedWriter(tmp_path, "int_score")), docs, rank=1)
     kept = run(LengthFilter(10, 40, ExcludedWriter(tmp_path, "length")), kept + [doc("b" * 41, 4)], rank=1)
@@ -66,6 +67,7 @@ def test_threshold_and_length_filters(tmp_path):
     assert got == {
         "d0": ("int_score", "int_score 2 < 3"),
         "d2": ("int_score", "no int_score in the source"),
+        "d5": ("int_score", "int_score is NaN in the source"),
         "d3": ("length", "5 chars < min_chars 10"),
         "d1": ("length", "50 chars > max_chars 40"),
         "d4": ("length", "41 chars > max_chars 40"),

@@ -125,6 +125,29 @@ def test_listing_local_sources(tmp_path):
     assert src.files == ["sub/a.parquet"]
     with pytest.raises(SourceError, match="holds no files matching"):
         list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    # a backup or a partial download beside a jsonl file would be read as another input: refused
+    for name in ("sub/c.jsonl.zst", "d.jsonl", "d.jsonl.bak", "d.jsonl.gz.part"):
+        (tmp_path / name).write_bytes(b"{}\n")
+    with pytest.raises(SourceError, match=r"holds d\.jsonl\.bak \(and 1 more\), which is not a \.jsonl,"):
+        list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    src = list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob="**/*.jsonl*"))
+    assert src.files == ["d.jsonl", "d.jsonl.bak", "d.jsonl.gz.part", "sub/c.jsonl.zst"]  # as the user says
+    (tmp_path / "d.jsonl.bak").unlink()
+    (tmp_path / "d.jsonl.gz.part").unlink()
+    assert list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path))).files == [
+        "d.jsonl",
+        "sub/c.jsonl.zst",
+    ]
+
+
+def test_a_jsonl_file_that_starts_with_a_byte_order_mark_loses_no_document(tmp_path):
+    lines = [json.dumps({"text": f"page {i}", "id": f"p{i}"}) for i in range(2)]
+    (tmp_path / "a.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())  # as Notepad writes it
+    docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
+    assert [(d.id, d.text, READ_ERROR in d.metadata) for d in docs] == [
+        ("p0", "page 0", False),
+        ("p1", "page 1", False),
+    ]
 
 
 def test_demo_corpus(tmp_path):
