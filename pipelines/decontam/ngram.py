@@ -11,8 +11,10 @@ reads the tasks through lm-eval) writes an index with `write_index`, and the bui
 build workers on a cluster never import lm-eval; and one normaliser, so a text hashes the same on
 both sides.
 
-Normalising: lowercase, then every run of letters and digits is a word; punctuation, underscores and
-whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the
+Normalising: lowercase and NFKC (a page in decomposed Unicode, with ligatures or fullwidth letters,
+renders as the eval item and must hash as it does), invisible format characters (soft hyphens,
+zero-width spaces) removed, then every run of letters and digits is a word; punctuation, underscores
+and whitespace only separate words ("The cat's-paw!" → the, cat, s, paw). `normalize_words` is the
 definition (a regex); `Words.of` is the same split done with numpy (a per-codepoint table of
 str.isalnum, which is what the regex tests), since the filter sees every training document and a
 Python step per word would cost as much as the tokenizer.
@@ -27,8 +29,10 @@ otherwise a false match is as likely as for random 64-bit values: about 0.5 expe
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,7 @@ from training.contract.dataset_format import DECONTAM_FILES, decontam_sha256
 from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-decontam/1"
-NORMALIZER = "lower-alnum-words/1"  # change it with _WORDS/normalize_words: old indexes are refused
+NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: old indexes are refused
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = "manifest.json"
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
@@ -57,9 +61,24 @@ class DecontamIndexError(GristmillError):
     """A decontamination index that cannot be used; the message names the file and the fix."""
 
 
+@functools.cache
+def _invisible() -> re.Pattern:
+    """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
+    mark…): they split a word where a reader sees none."""
+    cf = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
+    return re.compile("[" + "".join(map(re.escape, cf)) + "]")
+
+
+def normal_form(text: str) -> str:
+    """`text` as both sides of decontamination hash it (the module docstring): lowercased, NFKC, no
+    format characters."""
+    text = unicodedata.normalize("NFKC", text.lower())
+    return _invisible().sub("", text) if _invisible().search(text) else text
+
+
 def normalize_words(text: str) -> list[str]:
     """The words of `text` as both sides of decontamination see them (see the module docstring)."""
-    return _WORDS.findall(text.lower())
+    return _WORDS.findall(normal_form(text))
 
 
 def _word_table() -> np.ndarray:
@@ -105,14 +124,14 @@ def _mix(x: np.ndarray) -> np.ndarray:
 class Words:
     """A text's normalised words as codepoint spans: word i is chars[starts[i]:ends[i]]."""
 
-    chars: np.ndarray  # uint32 codepoints of text.lower()
+    chars: np.ndarray  # uint32 codepoints of normal_form(text)
     starts: np.ndarray
     ends: np.ndarray
 
     @classmethod
-    def of(cls, text: str, lowered: bool = False) -> Words:
-        """`lowered`: the caller already lowercased `text` (lower() is idempotent, but not free)."""
-        text = text if lowered else text.lower()
+    def of(cls, text: str, normal: bool = False) -> Words:
+        """`normal`: the caller already put `text` in normal_form (idempotent, but not free)."""
+        text = text if normal else normal_form(text)
         chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word
         np.take(_word_table(), chars, out=inside[1:-1])
@@ -147,9 +166,9 @@ def text_ngram_hashes(text: str, n: int) -> np.ndarray:
 def many_ngram_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     """(hashes, text of each) of every n-gram of `texts`, none spanning two texts: the same hashes as
     text_ngram_hashes of each, in one pass (numpy's per-call overhead paid once, not per text)."""
-    lowered = [t.lower() for t in texts]  # lower() may change a text's length: offsets from these
-    offsets = np.cumsum([0] + [len(t) + 1 for t in lowered])[:-1]  # texts joined by "\n"
-    words = Words.of("\n".join(lowered), lowered=True)
+    normal = [normal_form(t) for t in texts]  # it may change a text's length: offsets from these
+    offsets = np.cumsum([0] + [len(t) + 1 for t in normal])[:-1]  # texts joined by "\n"
+    words = Words.of("\n".join(normal), normal=True)
     m = len(words) - n + 1
     if m <= 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)

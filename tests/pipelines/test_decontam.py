@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -249,6 +250,14 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(decont
     words = question.split()
     assert idx.first_match(" ".join(words[:12])) is None
     assert idx.first_match(" ".join(words[1:14])) is not None
+    # what renders as the item matches it: fullwidth letters, soft hyphens inside words, a ligature,
+    # decomposed accents (each hashed as other words before: the page was kept)
+    wide = "".join(chr(ord(c) + 0xFEE0) if c.isascii() and c.isalnum() else c for c in question)
+    assert idx.first_match(f"Intro. {wide} Outro.").doc == 1
+    assert idx.first_match(" ".join(w[:2] + "\u00ad" + w[2:] if len(w) > 4 else w for w in words)).doc == 1
+    assert normalize_words("the \ufb01rst \ufb02oor") == ["the", "first", "floor"]  # ligatures ﬁ, ﬂ
+    nfc = "the naïve café owner in zürich reopened the façade"
+    assert normalize_words(unicodedata.normalize("NFD", nfc)) == normalize_words(nfc) == nfc.split()
     # the vectorised split equals the regex definition on Unicode text, and so do the hashes
     text = "Ünïcode — “quoted” text_with_underscores, ß İstanbul 42nd 日本語 über-cool x"
     w = Words.of(text)
