@@ -9,6 +9,7 @@ separator id is added exactly once, and the count is asserted for every document
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,8 +48,15 @@ class DocumentEncoder:
 
     def __init__(self, tokenizer: Tokenizer, policy: SeparatorPolicy, source: str = "the tokenizer"):
         # Private copy: encode_special_tokens is a mutable flag on the object, and callers may
-        # use their tokenizer elsewhere with the default behaviour.
-        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())
+        # use their tokenizer elsewhere with the default behaviour. Without what a tokenizer.json may
+        # carry for other uses, which would change the dataset and pass validation: truncation (every
+        # document cut to max_length), padding (pad ids inside documents) and BPE dropout (random
+        # merges: a task's shards no longer a function of its input).
+        spec = json.loads(tokenizer.to_str())
+        spec["truncation"] = spec["padding"] = None
+        if isinstance(spec.get("model"), dict) and spec["model"].get("dropout") is not None:
+            spec["model"]["dropout"] = None
+        self.tokenizer = Tokenizer.from_str(json.dumps(spec))
         self.tokenizer.encode_special_tokens = True
         self.policy = policy
         self.source = str(source)

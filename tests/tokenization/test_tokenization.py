@@ -200,3 +200,22 @@ def test_ids_past_the_token_count_set_the_vocab_size_and_survive_the_shard_dtype
     assert 65536 + vocab["a"] in ids.tolist()
     stored = ids.astype(dtype_for_vocab(enc.vocab_size))
     assert stored.tolist() == ids.tolist()
+
+
+def test_a_tokenizer_saved_with_truncation_padding_or_dropout_encodes_whole_documents(prose_tokenizer):
+    """A tokenizer.json can carry settings for other uses (enable_truncation/enable_padding, BPE
+    dropout): documents were cut to max_length, padded with pad ids, or merged at random, and
+    validation (one separator per document) passed."""
+    texts = [" ".join(fixture_texts()[:3]), "the cat"]
+    plain = [
+        ids.tolist() for ids in DocumentEncoder(prose_tokenizer, SeparatorPolicy(SEP)).encode_batch(texts)
+    ]
+    assert len(plain[0]) > 40
+    spec = json.loads(prose_tokenizer.to_str())
+    spec["model"]["dropout"] = 0.5
+    carrying = Tokenizer.from_str(json.dumps(spec))
+    carrying.enable_truncation(16)
+    carrying.enable_padding(pad_id=prose_tokenizer.token_to_id(BOS), pad_token=BOS)
+    enc = DocumentEncoder(carrying, SeparatorPolicy(SEP))
+    for _ in range(3):  # dropout would draw other merges each time
+        assert [ids.tolist() for ids in enc.encode_batch(texts)] == plain
