@@ -8,7 +8,8 @@ Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.p
 streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
 file under its final name is always complete. Interrupted? Run the same command again: finished
 files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
-continues from where it stopped (ranged reads). The transfer works on any fsspec URL (`--from`).
+continues from where it stopped (ranged reads). Files an earlier download recorded that the listing no
+longer has (the subset re-sharded upstream) are removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
 a local stand-in for the hub's HTTP API.
 """
@@ -58,6 +59,7 @@ class DownloadReport:
     resumed: int = 0
     bytes_fetched: int = 0
     failed: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)  # an earlier download's files no longer listed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,6 +88,12 @@ def run(args: argparse.Namespace) -> int:
         f"{report.files} files: {report.downloaded} downloaded ({report.resumed} resumed), "
         f"{report.skipped} already complete, {fmt_bytes(report.bytes_fetched)} fetched → {args.to}"
     )
+    if report.removed:
+        print(
+            f"removed {len(report.removed)} file(s) an earlier download put there that {args.subset} no "
+            f"longer lists (re-sharded or removed upstream): {', '.join(report.removed[:3])}"
+            f"{' …' if len(report.removed) > 3 else ''}"
+        )
     return 0
 
 
@@ -125,7 +133,28 @@ def download(
 ) -> DownloadReport:
     fs, _ = url_to_fs(root)
     files = list_remote(fs, root, subset, pattern)
-    return fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
+    report = fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
+    report.removed = _remove_unlisted(Path(dest), subset, pattern, files)
+    return report
+
+
+def _remove_unlisted(dest: Path, subset: str, pattern: str, files: list[RemoteFile]) -> list[str]:
+    """The files an earlier download of `subset` put in `dest` that the listing no longer has (the
+    hub re-sharded the subset, or removed documents): removed, with their records. Kept, a build of
+    the folder read them beside the new files, every document twice. Files the record does not
+    name (the user's) are never touched."""
+    record = _Record(dest / RECORD)
+    listed = {f.path for f in files}
+    prefix = f"{subset.strip('/')}/" if subset.strip("/") else ""
+    stale = [
+        rel
+        for rel in sorted(record.data["files"])
+        if rel.startswith(prefix) and fnmatch(rel.rsplit("/", 1)[-1], pattern) and rel not in listed
+    ]
+    for rel in stale:
+        (dest / rel).unlink(missing_ok=True)
+        record.drop(rel)
+    return stale
 
 
 def fetch_files(
@@ -258,4 +287,9 @@ class _Record:
     def set(self, rel: str, size: int, sha256: str) -> None:
         with self.lock:
             self.data["files"][rel] = {"size": size, "sha256": sha256}
+            write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
+
+    def drop(self, rel: str) -> None:
+        with self.lock:
+            self.data["files"].pop(rel, None)
             write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))

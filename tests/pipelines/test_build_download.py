@@ -61,6 +61,17 @@ def test_download_resume_and_skip(remote, tmp_path):
     rep = download(str(remote), "sample/10BT", dest, verify=True, progress=False)
     assert rep.downloaded == 1 and target.read_bytes() == data
 
+    # The subset re-sharded upstream (same documents, new names): the old files go, the user's stay;
+    # kept, a build of the folder read every document twice.
+    (dest / "sample" / "10BT" / "mine.parquet").write_bytes(b"the user's")
+    (remote / files[1]).rename(remote / "sample" / "10BT" / "009_00000.parquet")
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert rep.removed == [str(files[1])] and not (dest / files[1]).exists()
+    assert sorted(p.name for p in (dest / "sample" / "10BT").iterdir()) == [
+        "000_00000.parquet", "002_00000.parquet", "009_00000.parquet", "mine.parquet"
+    ]  # fmt: skip
+    assert str(files[1]) not in json.loads((dest / RECORD).read_text())["files"]
+
 
 def test_checksums_as_the_hub_gives_them(remote, tmp_path):
     fs, root, dest = LocalFileSystem(), str(remote), tmp_path / "dest"
