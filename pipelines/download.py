@@ -8,8 +8,9 @@ Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.p
 streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
 file under its final name is always complete. Interrupted? Run the same command again: finished
 files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
-continues from where it stopped (ranged reads). Files an earlier download recorded that the listing no
-longer has (the subset re-sharded upstream) are removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
+continues from where it stopped (ranged reads). Files an earlier download recorded that the listing
+no longer has (the subset re-sharded upstream) are removed: a build of the folder would read them
+too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
 a local stand-in for the hub's HTTP API.
 """
