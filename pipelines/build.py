@@ -80,7 +80,7 @@ from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from pipelines.upload import upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
-from tokenization.tokenizer_io import TokenizerFile, load_tokenizer
+from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, tokenizer_file
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import add_config_arguments, load_config, save_config
 from training.contract.dataset_format import (
@@ -324,10 +324,8 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             "dataset first (e.g. configs/data/local-parquet.toml) or point tokenizer.path at its "
             "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
         )
-    tok = load_tokenizer(spec)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    tok_bytes = path.read_bytes() if path.is_file() else tok.to_str(pretty=True).encode()
+    path = tokenizer_file(spec)
+    tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
     encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}")
     return tok_bytes, encoder

@@ -17,6 +17,18 @@ class TokenizerError(GristmillError):
 
 def load_tokenizer(spec: str | Path) -> Tokenizer:
     """`spec` is a tokenizer.json file, a directory holding one, or a hub repo id (needs network)."""
+    path = tokenizer_file(spec)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
+        raise TokenizerError(f"{path} is not a valid tokenizer.json ({e}); re-export it") from None
+
+
+def tokenizer_file(spec: str | Path) -> Path:
+    """The tokenizer.json `spec` names, as a local file: the file, the one in a directory, or a hub
+    repo's (fetched into the hub's cache). Its bytes are what a dataset records: a re-serialisation by
+    another `tokenizers` version differs (a key added), and a base model's own tokenizer was then
+    refused as another one."""
     path = Path(spec)
     if path.is_dir():
         # An existing local directory is never a hub name, even when it is relative and holds
@@ -29,16 +41,13 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
             )
         path = path / "tokenizer.json"
     if path.is_file():
-        try:
-            return Tokenizer.from_file(str(path))
-        except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
-            raise TokenizerError(f"{path} is not a valid tokenizer.json ({e}); re-export it") from None
+        return path
     if str(spec).endswith(".json") or path.exists() or str(spec).startswith((".", "/")):
         raise TokenizerError(
             f"tokenizer file {spec} not found; set tokenizer.path to an existing tokenizer.json "
             "or train one with `gristmill tokenizer train --config CONFIG`"
         )
-    return _load_from_hub(str(spec))
+    return _fetch_from_hub(str(spec))
 
 
 class TokenizerFile:
@@ -58,7 +67,7 @@ class TokenizerFile:
         return f"{self.source} (sha256 {self.sha256[:12]}…)"
 
 
-def _load_from_hub(repo_id: str) -> Tokenizer:
+def _fetch_from_hub(repo_id: str) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.
     from huggingface_hub import hf_hub_download
@@ -71,7 +80,7 @@ def _load_from_hub(repo_id: str) -> Tokenizer:
             f"{str(e).splitlines()[0] if str(e) else ''}); on a machine without network, download it "
             "elsewhere and set tokenizer.path to the local tokenizer.json"
         ) from None
-    return Tokenizer.from_file(local)
+    return Path(local)
 
 
 def train_bpe(

@@ -25,7 +25,7 @@ from fsspec.core import url_to_fs
 from huggingface_hub.utils import http_backoff
 
 from pipelines import download
-from pipelines.build import build
+from pipelines.build import build, resolve_tokenizer
 from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.download import PART, RECORD, list_remote
@@ -43,6 +43,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "gristmill-test/fineweb-edu"  # made up: a request that escaped to the real hub would fail
 TOKENIZER_REPO = "gristmill-test/tokenizer"
+OLDER_TOKENIZER_REPO = "gristmill-test/older-tokenizer"
 SUBSET = "sample/10BT"
 NAMES = [f"{SUBSET}/{i:03d}_00000.parquet" for i in range(3)]
 DROPPED = NAMES[1]
@@ -92,7 +93,18 @@ def hub(corpus):
     with HubServer(page_size=2) as server:  # 2 entries a page: the listings follow `Link` headers
         server.add_repo(REPO, dataset)
         server.add_repo(TOKENIZER_REPO, {"tokenizer.json": corpus.tokenizer.read_bytes()}, repo_type="model")
+        server.add_repo(
+            OLDER_TOKENIZER_REPO, {"tokenizer.json": older_serialisation(corpus.tokenizer)}, "model"
+        )
         yield server
+
+
+def older_serialisation(tokenizer: Path) -> bytes:
+    """The tokenizer as tokenizers < 0.19.1 wrote it (no model.ignore_merges), compact: what many hub
+    repos hold. Loaded and saved again, it gains the key: other bytes, the same tokenizer."""
+    spec = json.loads(tokenizer.read_text())
+    spec["model"].pop("ignore_merges", None)
+    return json.dumps(spec).encode()
 
 
 @pytest.fixture
@@ -266,3 +278,13 @@ def test_tasks_read_the_commit_the_driver_listed(hub, hub_env, corpus):
         list_source_files(replace(cfg, subset="sample/350BT"))
     with pytest.raises(SourceError, match="hf://datasets/gristmill-test/missing/sample/10BT does not exist"):
         list_source_files(replace(cfg, path="hf://datasets/gristmill-test/missing"))
+
+
+def test_a_hub_tokenizer_is_recorded_as_the_hub_serves_it(hub, hub_env, corpus):
+    """The dataset's tokenizer.json is the hub file's bytes, not tokenizers' re-serialisation of it:
+    a base model's own tokenizer (train.init_from = ORG/BASE beside tokenizer.path = ORG/BASE) was
+    refused as another one when an older `tokenizers` wrote the hub's file."""
+    cfg = load_config(DataConfig, corpus.config, [f"tokenizer.path={OLDER_TOKENIZER_REPO}"])
+    tok_bytes, encoder = resolve_tokenizer(cfg, None, log=lambda *a: None)
+    assert tok_bytes == older_serialisation(corpus.tokenizer)
+    assert encoder.separator_id is not None
