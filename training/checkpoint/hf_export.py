@@ -88,6 +88,7 @@ EXPORT_META = "gristmill_export.json"
 EXPORT_CHECKSUMS = "gristmill_checksums.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+FAST_TOKENIZER = "PreTrainedTokenizerFast"  # transformers' class that encodes with tokenizer.json as it is
 
 
 class ExportError(GristmillError):
@@ -171,7 +172,7 @@ def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
     sep = info["separator"]["token"]
     return {
         TOKENIZER_CONFIG: {
-            "tokenizer_class": "PreTrainedTokenizerFast",
+            "tokenizer_class": FAST_TOKENIZER,
             "bos_token": sep,
             "eos_token": sep,
             "model_max_length": cfg.max_seq_len,
@@ -202,6 +203,15 @@ def write_tokenizer(
         TOKENIZER_JSON not in base and (dataset_dir / TOKENIZER_JSON).is_file()
     ):  # synthetic test datasets have none
         shutil.copyfile(dataset_dir / TOKENIZER_JSON, out_dir / TOKENIZER_JSON)
+    config = out_dir / TOKENIZER_CONFIG
+    if config.is_file() and (out_dir / TOKENIZER_JSON).is_file():
+        # The data was encoded by tokenizer.json itself. A base's class (GPT2Tokenizer, LlamaTokenizer)
+        # makes AutoTokenizer rebuild the tokenizer from its vocabulary and drop tokenizer.json's
+        # pre-tokenizer or normaliser: eval then scored the model on ids it never trained on.
+        spec = json.loads(config.read_text(encoding="utf-8"))
+        if spec.get("tokenizer_class") != FAST_TOKENIZER:
+            spec["tokenizer_class"] = FAST_TOKENIZER
+            config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:

@@ -107,3 +107,37 @@ def test_export_is_whole_or_absent(built_dataset, tmp_path):
     export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
     with pytest.raises(ExportError, match="already exists"):
         export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+
+
+def test_an_export_from_a_base_encodes_with_the_tokenizer_json_the_data_was_built_with(tmp_path):
+    """A base whose tokenizer_config.json names GPT2Tokenizer (GPT-2-family repos) over a tokenizer.json
+    that splits digits: AutoTokenizer rebuilt the tokenizer from the vocabulary and lost the split, so
+    eval scored the model on ids the dataset never held."""
+    from tokenizers import pre_tokenizers
+
+    from tokenization.separator import DocumentEncoder, SeparatorPolicy
+    from tokenization.tokenizer_io import train_bpe
+    from training.checkpoint.hf_export import write_tokenizer
+
+    base = tmp_path / "base"
+    base.mkdir()
+    tok = train_bpe(
+        ["The year 2024 had 365 days and 12345 visitors. hello world"] * 200, 600, ["<|endoftext|>"]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.save(str(base / "tokenizer.json"))
+    sep = "<|endoftext|>"
+    config = {"tokenizer_class": "GPT2Tokenizer", "add_prefix_space": False, "bos_token": sep,
+              "eos_token": sep, "unk_token": sep, "model_max_length": 2048}  # fmt: skip
+    (base / "tokenizer_config.json").write_text(json.dumps(config))
+    out = tmp_path / "export"
+    out.mkdir()
+    files = {name: base / name for name in ("tokenizer.json", "tokenizer_config.json")}
+    write_tokenizer(tmp_path / "no-dataset", None, out, files)
+    text = "In 2024, 12345 people visited."
+    trained = DocumentEncoder(tok, SeparatorPolicy("<|endoftext|>")).encode(text).tolist()[:-1]
+    assert tr.AutoTokenizer.from_pretrained(str(out))(text, add_special_tokens=False)["input_ids"] == trained
+    kept = json.loads((out / "tokenizer_config.json").read_text())
+    assert kept["model_max_length"] == 2048 and kept["bos_token"] == "<|endoftext|>"  # the base's own
