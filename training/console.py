@@ -4,8 +4,8 @@ Every part of a run (setup, the loop, the checkpointer, metrics rows, the rewind
 has to say through `say`; none is handed a printer. `train()` binds the console to its rank and its
 output for the run (`console.bound`); outside a run (export, eval, a test calling a component) it
 prints to standard output. Its stream survives a reader that goes away (`gristmill train … | head
--3`, a closed terminal): the first BrokenPipeError stops the printing, never the run, which goes on
-writing metrics.jsonl and checkpoints.
+-3`, a closed terminal): the first BrokenPipeError, or other error of the stream (EIO from a tty
+that hung up), stops the printing, never the run, which goes on writing metrics.jsonl and checkpoints.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any, TextIO
 
 
 class ReaderSafeOut:
-    """A text stream whose reader may go away: after the first BrokenPipeError it drops what it is
-    given, and fd 1 points at /dev/null so the interpreter's exit flush is quiet too."""
+    """A text stream whose reader may go away: after the first error writing to it (BrokenPipeError;
+    EIO from a terminal that hung up without a SIGHUP: a disowned job, a killed tmux pane) it drops
+    what it is given, and fd 1 points at /dev/null so the interpreter's exit flush is quiet too."""
 
     def __init__(self, stream: Any):
         self.stream = stream
@@ -29,7 +30,7 @@ class ReaderSafeOut:
         if not self.gone:
             try:
                 self.stream.write(text)
-            except BrokenPipeError:
+            except OSError:
                 self._reader_gone()
         return len(text)
 
@@ -37,7 +38,7 @@ class ReaderSafeOut:
         if not self.gone:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
+            except OSError:
                 self._reader_gone()
 
     def _reader_gone(self) -> None:

@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         _signal_workers(proc, signum)
 
     previous = {sig: signal.signal(sig, relay) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: train on
     try:
         code = proc.wait()
     finally:
@@ -248,6 +249,16 @@ def agent_main(argv: list[str]) -> int:
 
     _plain_logs()
     held = _HeldLogs()
+    # A scheduler that signals every process of the job (Slurm's cancel or time limit, a systemd
+    # stop) reaches this agent too. torchrun's own handler then stops the workers and SIGKILLs them
+    # 30 s later, mid step or mid save at 1-8B, and ends 143 after a clean save. Here SIGTERM and
+    # SIGINT are passed to the workers, which finish the step, save and exit (0), and a terminal's
+    # SIGHUP is ignored, as the workers do; torchrun handles only SIGQUIT.
+    os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun's --signals-to-handle
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # what it sets, read where it has no option
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: _signal_children(os.getpid(), signum))
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         torchrun(parse_args(argv))
     except ChildFailedError as e:
@@ -277,15 +288,20 @@ def child_pids(pid: int) -> list[int]:
     return children
 
 
+def _signal_children(pid: int, signum: int) -> list[int]:
+    """Send `signum` to the processes `pid` started (torchrun's: its workers); returns them."""
+    children = []
+    with contextlib.suppress(OSError):
+        children = child_pids(pid)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+    return children
+
+
 def _signal_workers(torchrun: subprocess.Popen, signum: int) -> None:
     """Send `signum` to torchrun's workers, or to torchrun where they cannot be listed."""
-    workers = []
-    with contextlib.suppress(OSError):
-        workers = child_pids(torchrun.pid)
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signum)
-    if not workers:
+    if not _signal_children(torchrun.pid, signum):
         torchrun.send_signal(signum)
 
 

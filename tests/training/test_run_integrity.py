@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
 import shutil
 import signal
 import subprocess
@@ -277,17 +278,31 @@ def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
             check_unlocked(run)
 
 
-def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path):
+@pytest.mark.parametrize("reader", ["head -3", "a terminal closed"])
+def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path, reader):
     """`gristmill train … | head -3`: the reader goes away after three lines; printing stops, the
-    run trains on to its last step, writing metrics.jsonl and its checkpoints, and exits 0."""
+    run trains on to its last step, writing metrics.jsonl and its checkpoints, and exits 0. The same
+    in a terminal that closes: SIGHUP, then EIO on every write (each ended the run, nothing saved)."""
     run = tmp_path / "run"
     sets = overrides(dataset, run, "run.log_every=1")
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if reader == "head -3":
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    else:
+        terminal, tty = pty.openpty()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=tty, stderr=subprocess.PIPE)
+        os.close(tty)
     try:
-        for _ in range(3):
-            proc.stdout.readline()
-        proc.stdout.close()  # as head does after its three lines
+        if reader == "head -3":
+            for _ in range(3):
+                proc.stdout.readline()
+            proc.stdout.close()  # as head does after its three lines
+        else:
+            seen = b""
+            while seen.count(b"step ") < 3:
+                seen += os.read(terminal, 4096)
+            os.close(terminal)  # the terminal goes: writes to it fail with EIO
+            proc.send_signal(signal.SIGHUP)
         _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()

@@ -1,5 +1,5 @@
 """Clean shutdown on SIGTERM/SIGINT (Slurm preemption, Ctrl-C): finish the step, save, exit 0;
-and no worker outlives its launcher.
+a closed terminal's SIGHUP ignored (the run trains on); and no worker outlives its launcher.
 
 The handler only records the signal. After each step `should_stop()` lets every rank agree,
 since the scheduler may signal only some of them and all ranks must take the same last step and
@@ -50,6 +50,9 @@ class GracefulStop:
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            # A closed terminal (SIGHUP) only stops the printing (training/console.py): the run
+            # trains on to its last step. Its default action ended the process, nothing saved.
+            self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return self
 
     def __exit__(self, *exc) -> None:

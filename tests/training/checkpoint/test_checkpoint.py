@@ -149,20 +149,36 @@ def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, 
     assert_same_weights(run_dir, reference, STEPS)
 
 
-def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path):
+@pytest.mark.parametrize("to", ["the launcher", "every process"])
+def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path, to):
     """A scheduler's SIGTERM to `gristmill train --nproc-per-node 2` (the launcher, not a worker):
     passed on to torchrun, relayed to the workers, which finish the step, save and exit 0 — not
-    killed with their launcher."""
+    killed with their launcher. To every process of the job (Slurm's cancel or time limit), after a
+    closed terminal's SIGHUP: the SIGHUP changes nothing (it killed the launcher, and so the run,
+    nothing saved), and torchrun's agent passes the SIGTERM on rather than stopping the workers
+    itself (SIGKILL 30 s later, and exit 143 after a clean save)."""
     run_dir = tmp_path / "run"
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
     sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=200", "checkpoint.interval=100")
     proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, stderr=subprocess.STDOUT)
     wait_for_step(proc, run_dir, 2)
-    proc.send_signal(signal.SIGTERM)
+    job = [proc.pid]
+    if to == "every process":
+        job += descendants(proc.pid)  # the launcher, torchrun's agent, its workers
+        for pid in job:
+            os.kill(pid, signal.SIGHUP)
+        wait_for_step(proc, run_dir, metrics(run_dir)[-1]["step"] + 2)  # trains on
+    for pid in job:
+        os.kill(pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     stopped = metrics(run_dir)[-1]["step"]
     assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
+
+
+def descendants(pid: int) -> list[int]:
+    children = child_pids(pid)
+    return children + [d for c in children for d in descendants(c)]
 
 
 def test_export_matches_the_trained_model(reference, tmp_path):
