@@ -126,9 +126,18 @@ class Trackers:
         scalars = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         step = scalars.pop("step")
         scalars.pop("last_step", None)  # a setting, not a metric
-        for name, tracker in self.trackers.items():
+        for name, tracker in list(self.trackers.items()):
             if step > self.skip_through.get(name, -1):
-                tracker.log(scalars, step)
+                try:
+                    tracker.log(scalars, step)
+                except Exception as e:  # a side activity: it never costs training (wandb's service killed)
+                    say(
+                        f"WARNING: {name} failed at step {step} ({type(e).__name__}: {e}); it gets no more "
+                        "rows this run, training goes on (metrics.jsonl has every row)"
+                    )
+                    self.trackers.pop(name)
+                    with contextlib.suppress(Exception):
+                        tracker.finish(True)
 
     def close(self) -> None:
         """Finish the trackers; called in a `finally`, so an exception on its way out marks the wandb

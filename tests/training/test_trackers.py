@@ -258,3 +258,32 @@ def test_a_resume_keeps_the_wandb_mode_and_a_failed_start_leaves_no_event_file(e
     failed = cli(fresh, ["tensorboard", "wandb"], "run.max_steps=2")
     assert failed.returncode == 2 and "wandb could not start a run" in one_error_line(failed.stderr)
     assert not list(fresh.rglob("events.out.tfevents*"))
+
+
+def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, capsys):
+    """wandb's service process (wandb-core) killed after step 3, as the OOM killer would: the next
+    row's log raised, and the run ended with a traceback and everything since its last checkpoint
+    lost. A tracker is a side activity: a warning, no more rows to it, training to its last step."""
+    import os
+    import signal
+    import threading
+    import time
+
+    run = tmp_path / "run"
+    metrics = run / "metrics.jsonl"
+
+    def kill_wandb_core() -> None:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.01)
+        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+            for pid in (task / "children").read_text().split():
+                if "wandb" in Path(f"/proc/{pid}/comm").read_text():
+                    os.kill(int(pid), signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_wandb_core, daemon=True)
+    killer.start()
+    assert run_training(dataset, run, ["wandb"], "schedule.steps=40", "checkpoint.interval=20") == 0
+    killer.join(timeout=60)
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert "WARNING: wandb failed at step" in capsys.readouterr().out
