@@ -16,7 +16,7 @@ import io
 import os
 import sys
 
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, print_error
 
 # The stages `gristmill demo` runs, in order (pipelines/demo.py numbers its stages by this tuple).
 DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket", "mix")
@@ -114,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 return int(module.run(parser.parse_args(argv[len(words) :])) or 0)
             except GristmillError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return e.exit_code
+                return print_error(e)
             except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
                 print("interrupted (Ctrl-C): nothing after the last line above was done", file=sys.stderr)
                 return 130

@@ -59,7 +59,7 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, print_error
 from training.metrics import (
     mfu,
     no_step_row,
@@ -472,9 +472,7 @@ def main(
         # this rank met: its shard, its disk; training/run/worker_reply.py).
         rank = DistEnv.from_environ().rank
         report_to_launcher(f"rank {rank}: {e}", printed=rank == 0)
-        if rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return print_error(e) if rank == 0 else e.exit_code
     return 0
 
 

@@ -333,3 +333,15 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
+
+
+def test_a_closed_stderr_keeps_the_exit_status_of_a_diverged_run(dataset, tmp_path, monkeypatch):
+    """`gristmill train … 2>&1 | head -3` of a run that diverges: its error line meets a closed pipe.
+    The status stays 3 (it was 1: the print raised inside the CLI's handler)."""
+    read, write = os.pipe()
+    os.close(read)
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "3")
+    sets = overrides(dataset, tmp_path / "run", 'run.on_nonfinite="stop"')
+    with open(write, "w") as closed:
+        monkeypatch.setattr(sys, "stderr", closed)
+        assert gristmill(["train", "--config", TINY, "--set", *sets]) == 3

@@ -1,5 +1,8 @@
 """User-facing errors: every stage raises a subclass, and the CLI prints it as one line, no traceback."""
 
+import contextlib
+import os
+import sys
 from pathlib import Path
 
 
@@ -22,3 +25,18 @@ class NonFiniteError(GristmillError):
     The CLI exits with `exit_code` so a scheduler can tell divergence from bad input."""
 
     exit_code = 3
+
+
+def print_error(error: GristmillError) -> int:
+    """`error: MESSAGE` on standard error; returns the error's exit status. A reader that went away
+    (`… 2>&1 | head`, a terminal that hung up) loses the line, never the status it comes with (the
+    print raised inside the caller's handler: exit 1, where a diverged run is 3); the stream's
+    descriptor then points at /dev/null, so the interpreter's exit flush is quiet too."""
+    try:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+    except OSError:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stderr.fileno())
+            os.close(devnull)
+    return error.exit_code
