@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, print_error
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import DATA_PLAN_JSON, is_training_run
 from training.data.recipe import recorded_plan_fix
@@ -492,8 +492,7 @@ def _run(args: argparse.Namespace) -> int:
                 damaged = _damaged_error(args.dirs) if e.__cause__ is not None else None
                 if damaged is not None:
                     raise damaged from None
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+                return print_error(e)
         else:
             names = (
                 list(PRESETS)
