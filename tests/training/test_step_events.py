@@ -238,6 +238,20 @@ def test_unreadable_data_just_after_an_async_save_completes_that_save(config, tm
     assert complete_steps(run)[-1] == ALL_DUE
 
 
+def test_an_unreadable_eval_result_costs_no_training(config, tmp_path, capsys):
+    """Step 4's results.json damaged (a disk, an edit) before a resume: the eval of step 8 rebuilt
+    eval.parquet from every results.json and the run died on step 4's, nothing of 5-8 saved. The
+    table is a side activity: a warning, training to the end."""
+    run = tmp_path / "run"
+    run_here(config, run, "run.max_steps=4")
+    results = run / "eval" / "step-000004" / "results.json"
+    results.write_text(results.read_text()[:50])
+    capsys.readouterr()
+    run_here(config, run, 'checkpoint.resume="auto"')
+    assert "eval.parquet not rebuilt: a results.json under" in capsys.readouterr().out
+    assert complete_steps(run)[-1] == LAST
+
+
 @pytest.mark.parametrize(
     "nan, sets",
     [

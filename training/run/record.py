@@ -121,7 +121,13 @@ class RunRecord:
         # the raw weights' results, and at a merge point the merged ones'
         results = [eval_dir(self.run_dir, row["step"], merged) / RESULTS_JSON for merged in (False, True)]
         if evaluated and any(path.is_file() for path in results):
-            write_eval_table(self.run_dir)
+            try:
+                write_eval_table(self.run_dir)
+            except Exception as e:  # a side activity: one unreadable results.json must not end the run
+                say(
+                    f"WARNING: {self.run_dir / EVAL_PARQUET} not rebuilt: a results.json under "
+                    f"{self.run_dir / EVAL_DIR} cannot be read ({type(e).__name__}: {e}); training goes on"
+                )
         step = row["step"]
         if ledger and step > 0:
             self._consumption(step)
