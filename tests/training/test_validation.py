@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import TINY, overrides
+from tests.helpers.train_runs import TINY, overrides, read_metrics
 from training.config import load_train_config
 from training.data.loader import batch_sha256
 from training.data.recipe import open_plan
@@ -34,3 +34,28 @@ def test_the_held_out_batches_do_not_depend_on_the_data_seed(tmp_path):
     `mix propose` compared its validation runs' losses with the swarm's on other windows."""
     dataset = make_dataset(tmp_path / "data", n_docs=400)
     assert held_out_batches(dataset, tmp_path / "a", 1) == held_out_batches(dataset, tmp_path / "b", 2)
+
+
+def test_held_out_data_that_cannot_be_read_costs_no_training(tmp_path, capsys):
+    """Every held-out document damaged (its ids zeroed: separators only): the run's validation raised
+    and the run ended, everything since its last checkpoint lost. Validation is a side activity: a
+    warning at each of its steps, training to the end."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from training.contract.heldout import heldout_rows
+    from training.train import train
+
+    dataset = make_dataset(tmp_path / "data", n_docs=400)
+    rows = pq.read_table(dataset / "manifest" / "00000.parquet").to_pylist()
+    held = np.flatnonzero(heldout_rows(np.arange(len(rows), dtype=np.uint64), 0.1))
+    for r in held.tolist():
+        with open(dataset / "shards" / rows[r]["shard"], "r+b") as f:
+            f.seek(rows[r]["offset"])
+            f.write(b"\x00" * rows[r]["nbytes"])
+    run = tmp_path / "run"
+    sets = ["run.val_every=4", "data.val_fraction=0.1", "checkpoint.interval=0"]
+    train(load_train_config(TINY, overrides(dataset, run, *sets)))
+    out = capsys.readouterr().out
+    assert out.count("WARNING: validation of step") == 3 and "separator check failed" in out, out[-2000:]
+    assert [r["step"] for r in read_metrics(run) if "loss" in r][-1] == 12

@@ -3,6 +3,8 @@ loop's side activities, which owns its cadence (`due`)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Any
 
 import torch
@@ -11,6 +13,8 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from training.config import TrainConfig
+from training.console import say
+from training.contract.errors import GristmillError
 from training.data.loader import LoaderConfigError, TokenLoader, dataset_loader
 from training.data.plan import Plan
 from training.data.spec import BatchShape, RunSpec
@@ -56,6 +60,14 @@ class Validation:
         for phase in range(len(shapes) if self.sources else 0):
             self.loaders(phase)  # a held-out split too small for val_batches of a phase's batch: refused
 
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank (on the default group: NCCL's tensors on the GPU)."""
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def all_loaders(self) -> list[tuple[TokenLoader, dict]]:
         """Every held-out loader (with its start state), of every phase's shape."""
         return list(self._loaders.values())
@@ -94,10 +106,27 @@ class Validation:
         return out
 
     def __call__(self, model: nn.Module, step: int, amp) -> dict[str, float]:
+        """The step's row entries (every rank: the forwards are collectives); none, with a warning,
+        when some rank cannot read its held-out batches (a damaged document, a bucket down): a side
+        activity, it costs no training. The batches are read before any forward, and the ranks agree
+        on them, so a rank's error never leaves the others waiting inside a forward."""
         phase, _ = self.plan.locate(step - 1)
+        n, error = self.cfg.run.val_batches, None
+        try:
+            held_out = {name: read_batches(loader, start, n) for name, loader, start in self.loaders(phase)}
+        except GristmillError as e:
+            held_out, error = {}, e
+        if self._any_rank(error is not None):
+            rank = self.settings.get("rank", 0)
+            if error is not None and rank:  # the console prints rank 0's lines only
+                with contextlib.suppress(OSError):
+                    print(f"rank {rank}: validation of step {step}: {error}", file=sys.stderr, flush=True)
+            why = error if error is not None and not rank else "another rank could not read its held-out data"
+            say(f"WARNING: validation of step {step} skipped: {why}; training goes on")
+            return {}
         losses = {
-            name: evaluate(model, loader, start, self.cfg.run.val_batches, amp, self.device, self.world_size)
-            for name, loader, start in self.loaders(phase)
+            name: evaluate(model, batches, amp, self.device, self.world_size)
+            for name, batches in held_out.items()
         }
         names = [s.name for s in self.plan.sources]
         weights = {n: self.plan.phases[phase].weights[names.index(n)] for n in losses}
@@ -109,23 +138,30 @@ class Validation:
         return out
 
 
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, loader, start_state: dict, n_batches: int, amp, device, world_size: int
-) -> float:
-    """Mean loss over the first `n_batches` global batches of the held-out split (the same ones each time)."""
+def read_batches(
+    loader: TokenLoader, start_state: dict, n_batches: int
+) -> list[list[dict[str, torch.Tensor]]]:
+    """The first `n_batches` global batches of the held-out split (the same ones each time): this
+    rank's micro-batches of each, on the host."""
     loader.load_state_dict(start_state)
+    it = iter(loader)
+    batches = [next(it) for _ in range(n_batches)]
+    del it
+    return batches
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list, amp, device, world_size: int) -> float:
+    """Mean loss over held-out `batches` (read_batches), every rank's."""
     model.eval()
     losses = []
-    it = iter(loader)
-    for _ in range(n_batches):
-        for mb in next(it):
+    for batch in batches:
+        for mb in batch:
             mb = to_device(mb, device)
             with amp():
                 losses.append(
                     model(mb["input_ids"], labels=mb["labels"], position_ids=mb.get("position_ids"))
                 )
-    del it
     for module in model.modules():  # FSDP2 keeps the root unsharded after a forward without backward
         if isinstance(module, FSDPModule):
             module.reshard()
