@@ -21,6 +21,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,22 +136,31 @@ def download(
     fs, _ = url_to_fs(root)
     files = list_remote(fs, root, subset, pattern)
     report = fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
-    report.removed = _remove_unlisted(Path(dest), subset, pattern, files)
+    report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
     return report
 
 
-def _remove_unlisted(dest: Path, subset: str, pattern: str, files: list[RemoteFile]) -> list[str]:
-    """The files an earlier download of `subset` put in `dest` that the listing no longer has (the
-    hub re-sharded the subset, or removed documents): removed, with their records. Kept, a build of
-    the folder read them beside the new files, every document twice. Files the record does not
-    name (the user's) are never touched."""
+def source_of(root: str) -> str:
+    """Where files come from, whatever revision: a hub dataset's URL without its `@REV`."""
+    return re.sub(r"^(hf://[^/]+/[^/]+/[^/@]+)@[^/]*", r"\1", root.rstrip("/"))
+
+
+def _remove_unlisted(dest: Path, root: str, subset: str, pattern: str, files: list[RemoteFile]) -> list[str]:
+    """The files an earlier download of `subset` from the same source put in `dest` that the listing
+    no longer has (the hub re-sharded the subset, or removed documents): removed, with their
+    records. Kept, a build of the folder read them beside the new files, every document twice.
+    Files the record does not name (the user's), or names from another source (another dataset
+    downloaded into the same folder) or from before sources were recorded, are never touched."""
     record = _Record(dest / RECORD)
     listed = {f.path for f in files}
     prefix = f"{subset.strip('/')}/" if subset.strip("/") else ""
     stale = [
         rel
-        for rel in sorted(record.data["files"])
-        if rel.startswith(prefix) and fnmatch(rel.rsplit("/", 1)[-1], pattern) and rel not in listed
+        for rel, rec in sorted(record.data["files"].items())
+        if rec.get("source") == source_of(root)
+        and rel.startswith(prefix)
+        and fnmatch(rel.rsplit("/", 1)[-1], pattern)
+        and rel not in listed
     ]
     for rel in stale:
         (dest / rel).unlink(missing_ok=True)
@@ -184,7 +194,7 @@ def fetch_files(
         final = dest / f.path
         digest = _complete(final, f, record.get(f.path), verify)
         if digest:
-            record.set(f.path, f.size, digest)
+            record.set(f.path, f.size, digest, source_of(root))
             with lock:
                 report.skipped += 1
             bar.update(f.size)
@@ -210,7 +220,7 @@ def fetch_files(
                 "the partial file was removed, run the command again to refetch it"
             )
         os.replace(final.with_name(final.name + PART), final)
-        record.set(f.path, f.size, digest)
+        record.set(f.path, f.size, digest, source_of(root))
         with lock:
             report.downloaded += 1
             report.resumed += int(resumed)
@@ -285,9 +295,9 @@ class _Record:
     def get(self, rel: str) -> dict | None:
         return self.data["files"].get(rel)
 
-    def set(self, rel: str, size: int, sha256: str) -> None:
+    def set(self, rel: str, size: int, sha256: str, source: str) -> None:
         with self.lock:
-            self.data["files"][rel] = {"size": size, "sha256": sha256}
+            self.data["files"][rel] = {"size": size, "sha256": sha256, "source": source}
             write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
 
     def drop(self, rel: str) -> None:

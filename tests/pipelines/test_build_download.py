@@ -71,6 +71,12 @@ def test_download_resume_and_skip(remote, tmp_path):
         "000_00000.parquet", "002_00000.parquet", "009_00000.parquet", "mine.parquet"
     ]  # fmt: skip
     assert str(files[1]) not in json.loads((dest / RECORD).read_text())["files"]
+    # another dataset downloaded into the same folder and subset removes nothing of the first's
+    other = tmp_path / "other"
+    (other / "sample" / "10BT").mkdir(parents=True)
+    (other / "sample" / "10BT" / "part-0.parquet").write_bytes(b"another dataset")
+    assert download(str(other), "sample/10BT", dest, progress=False).removed == []
+    assert (dest / files[0]).is_file() and (dest / "sample" / "10BT" / "part-0.parquet").is_file()
 
 
 def test_checksums_as_the_hub_gives_them(remote, tmp_path):
