@@ -254,10 +254,21 @@ def agent_main(argv: list[str]) -> int:
     # 30 s later, mid step or mid save at 1-8B, and ends 143 after a clean save. Here SIGTERM and
     # SIGINT are passed to the workers, which finish the step, save and exit (0), and a terminal's
     # SIGHUP is ignored, as the workers do; torchrun handles only SIGQUIT.
+    # Before the workers start, and at a second SIGTERM (a worker hung in a step never reaches its
+    # save), torchrun's own stop remains: SIGTERM to the workers, SIGKILL 30 s later.
     os.environ["PET_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # torchrun's --signals-to-handle
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = "SIGQUIT"  # what it sets, read where it has no option
+    relayed: set[int] = set()
+
+    def relay(signum: int, frame) -> None:
+        again = signum == signal.SIGTERM and signum in relayed
+        if again or not _signal_children(os.getpid(), signum):
+            sigval = signal.Signals(signum)
+            raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+        relayed.add(signum)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: _signal_children(os.getpid(), signum))
+        signal.signal(sig, relay)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         torchrun(parse_args(argv))

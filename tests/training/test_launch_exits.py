@@ -267,3 +267,20 @@ def all_descendants(pid: int) -> list[int]:
     except OSError:
         return []
     return children + [d for c in children for d in all_descendants(c)]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_before_the_workers_start_stops_the_agent(tmp_path, sig):
+    """The agent passes SIGTERM and SIGINT to its workers; one that arrives before there are any (a
+    Slurm cancel or a Ctrl-C during rendezvous) is torchrun's to handle, as before: the run stops,
+    128 + the signal, no worker ever started (it was dropped, and the job trained on)."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    code = (
+        "import os, signal, sys\nimport torch.distributed.run as tr\nfrom training.launch import agent_main\n"
+        f"real = tr.run\ndef run(args):\n    os.kill(os.getpid(), signal.{sig})\n    return real(args)\n"
+        f"tr.run = run\nsys.exit(agent_main(['--standalone', '--nproc_per_node=1', {str(worker)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, timeout=120)
+    assert done.returncode == 128 + getattr(signal, sig), done.stderr[-2000:]
+    assert not (tmp_path / "ran").exists()
