@@ -64,15 +64,26 @@ class DecontamIndexError(GristmillError):
 @functools.cache
 def _invisible() -> re.Pattern:
     """Unicode's format characters (category Cf: soft hyphen, zero-width space and joiners, byte order
-    mark…): they split a word where a reader sees none."""
-    cf = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) == "Cf"]
-    return re.compile("[" + "".join(map(re.escape, cf)) + "]")
+    mark…): they split a word where a reader sees none. As ranges (21 of them): a class of the 163
+    single characters scanned at ~110 ns a character, the ranges at ~14."""
+    spans: list[list[int]] = []
+    for c in range(0x110000):
+        if unicodedata.category(chr(c)) == "Cf":
+            if spans and spans[-1][1] == c - 1:
+                spans[-1][1] = c
+            else:
+                spans.append([c, c])
+    return re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in spans) + "]")
 
 
 def normal_form(text: str) -> str:
-    """`text` as both sides of decontamination hash it (the module docstring): lowercased, NFKC, no
-    format characters."""
-    text = unicodedata.normalize("NFKC", text.lower())
+    """`text` as both sides of decontamination hash it (the module docstring): NFKC, lowercased (and
+    NFKC again: lowercasing can undo it, İ → i + a combining dot), no format characters. NFKC comes
+    first: it maps letters that have no lowercase of their own (mathematical 𝐓, ℍ) to ASCII capitals.
+    ASCII text (most pages) is its lowercase: NFKC keeps it and it holds no format character."""
+    if text.isascii():
+        return text.lower()
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).lower())
     return _invisible().sub("", text) if _invisible().search(text) else text
 
 
@@ -130,7 +141,7 @@ class Words:
 
     @classmethod
     def of(cls, text: str, normal: bool = False) -> Words:
-        """`normal`: the caller already put `text` in normal_form (idempotent, but not free)."""
+        """`normal`: the caller already put `text` in normal_form (not free)."""
         text = text if normal else normal_form(text)
         chars = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
         inside = np.zeros(len(chars) + 2, bool)  # word character or not, padded with a non-word

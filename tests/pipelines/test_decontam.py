@@ -256,6 +256,8 @@ def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(decont
     assert idx.first_match(f"Intro. {wide} Outro.").doc == 1
     assert idx.first_match(" ".join(w[:2] + "\u00ad" + w[2:] if len(w) > 4 else w for w in words)).doc == 1
     assert normalize_words("the \ufb01rst \ufb02oor") == ["the", "first", "floor"]  # ligatures ﬁ, ﬂ
+    math = "\U0001d413\U0001d407\U0001d404 \u210d\U0001d556llo"  # 𝐓𝐇𝐄 ℍ𝕖llo: no lowercase of their own
+    assert normalize_words(math) == ["the", "hello"]
     nfc = "the naïve café owner in zürich reopened the façade"
     assert normalize_words(unicodedata.normalize("NFD", nfc)) == normalize_words(nfc) == nfc.split()
     # the vectorised split equals the regex definition on Unicode text, and so do the hashes
