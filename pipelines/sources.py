@@ -69,7 +69,8 @@ def source_folder(cfg: SourceConfig) -> str:
     return str(Path(cfg.path).expanduser().resolve())
 
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz")  # what the reader opens
+# What the jsonl reader opens (fsspec infers the compression from the suffix).
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".jsonl.bz2", ".jsonl.xz", ".jsonl.lzma")
 
 
 def default_glob(cfg: SourceConfig) -> str:

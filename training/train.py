@@ -286,7 +286,10 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         return [to_device(mb, run.device) for mb in batch]
     # An async save still writing (of the step just trained, or before): completed, not abandoned with
     # the error (it had its files and no COMPLETE, and --resume auto went back past it).
-    run.checkpointer.finish()
+    try:
+        run.checkpointer.finish()
+    except CheckpointError as e:  # said; the data's error stays the run's (it is what stopped it)
+        say(f"error: {e}")
     can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
     if can_save and state.step > start and run.checkpointer.requested_step != state.step:
         verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
