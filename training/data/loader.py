@@ -207,7 +207,10 @@ class BatchBuilder:
                 sel = src == i
                 self.tables[i].read(docs[sel], starts[sel], counts[sel], out=tokens, at=at[sel])
         if self.check:
-            check_separators(self.tables, src, tokens, docs, starts, counts, f"step {step} rank {self.rank}")
+            # As the step line counts (from 1); a held-out split's batches are not training steps.
+            what = "held-out batch" if self.tables[0].split == "val" else "step"
+            where = f"{what} {step + 1} rank {self.rank}"
+            check_separators(self.tables, src, tokens, docs, starts, counts, where)
         return src, docs, starts, counts, tokens
 
     def batch(self, step: int) -> list[dict[str, torch.Tensor]]:

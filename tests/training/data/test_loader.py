@@ -418,7 +418,7 @@ def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path
     )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
-    assert lines[0].startswith("error: separator check failed at "), lines[0]
+    assert lines[0].startswith("error: separator check failed at step 1 rank 0: "), lines[0]  # 1-based
     shard = re.search(r"\(shards/(\d{5}_\d{5}\.tar), ", lines[0])
     assert shard and (dataset / "shards" / shard[1]).is_file(), lines[0]
 
