@@ -11,6 +11,7 @@ that hung up), stops the printing, never the run, which goes on writing metrics.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -30,19 +31,23 @@ class ReaderSafeOut:
         if not self.gone:
             try:
                 self.stream.write(text)
-            except OSError:
-                self._reader_gone()
+            except OSError as e:
+                self._reader_gone(e)
         return len(text)
 
     def flush(self) -> None:
         if not self.gone:
             try:
                 self.stream.flush()
-            except OSError:
-                self._reader_gone()
+            except OSError as e:
+                self._reader_gone(e)
 
-    def _reader_gone(self) -> None:
+    def _reader_gone(self, error: OSError) -> None:
         self.gone = True
+        if error.errno not in (errno.EPIPE, errno.EIO):  # not a reader gone (a full disk under a log): say so
+            with contextlib.suppress(OSError):
+                line = f"note: printing stopped ({error}); the run goes on, metrics.jsonl has every row\n"
+                os.write(2, line.encode())
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, self.stream.fileno())

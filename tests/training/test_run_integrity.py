@@ -345,3 +345,17 @@ def test_a_closed_stderr_keeps_the_exit_status_of_a_diverged_run(dataset, tmp_pa
     with open(write, "w") as closed:
         monkeypatch.setattr(sys, "stderr", closed)
         assert gristmill(["train", "--config", TINY, "--set", *sets]) == 3
+
+
+def test_a_full_disk_under_the_console_stops_its_printing_with_a_note(capfd):
+    """stdout redirected to a log on a disk that fills (/dev/full: ENOSPC): printing stops, as for a
+    reader gone, but with a note on stderr (a pipe or a terminal gone says nothing: nobody reads)."""
+    from training.console import ReaderSafeOut
+
+    with open("/dev/full", "w") as full:
+        out = ReaderSafeOut(full)
+        out.write("step 1 | …\n")
+        out.flush()
+        assert out.gone
+        out.write("step 2 | …\n")  # dropped
+    assert "note: printing stopped ([Errno 28] No space left on device)" in capfd.readouterr().err
