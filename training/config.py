@@ -292,7 +292,8 @@ class RunSection:
     """How weights are materialised. "meta": build on the meta device, shard, then initialise the
     shards (needed for models that do not fit one device). "full": build and initialise the whole
     model on every rank, then shard it, which gives bit-identical weights for any world size.
-    "auto": meta on CUDA, full on CPU (DTensor's sharded random init is CUDA-only)."""
+    "auto": meta on CUDA, full on CPU (DTensor's sharded random init is CUDA-only: "meta" on CPU with
+    several processes is refused)."""
     threads: int = 0
     """torch intra-op threads per process on CPU (0: torch's default)."""
     on_nonfinite: Literal["stop", "skip", "rewind"] = "stop"

@@ -72,3 +72,22 @@ def test_autocast_context_only_without_mesh():
         assert not torch.is_autocast_enabled("cpu")
     with autocast_context(ParallelConfig(), object(), "cpu"):  # any mesh: FSDP does mixed precision
         assert not torch.is_autocast_enabled("cpu")
+
+
+def test_meta_init_on_cpu_with_several_processes_is_one_line_before_torchrun(tmp_path, capsys):
+    """DTensor's sharded random init is CUDA-only: run.init_device = "meta" on CPU gave every rank the
+    same random shard (each weight copies of one block; token i and i + V/2 one embedding)."""
+    import json
+
+    from pipelines.cli import main
+    from tests.helpers.train_data import make_dataset
+    from tests.helpers.train_runs import TINY
+
+    dataset = make_dataset(tmp_path / "data", n_docs=50)
+    run_dir = tmp_path / "run"
+    sets = [f"data.dataset={json.dumps(str(dataset))}", f"run.output_dir={json.dumps(str(run_dir))}"]
+    argv = ["train", "--config", TINY, "--nproc-per-node", "2", "--set", *sets, 'run.init_device="meta"']
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith('error: run.init_device = "meta" on cpu with 2 processes would give'), err
+    assert len(err.splitlines()) == 1 and not run_dir.exists()

@@ -100,6 +100,13 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
             if env.rank == 0:
                 say(note)
     device = pick_device(cfg.run.device, env.local_rank)
+    if cfg.run.init_device == "meta" and device.type != "cuda" and env.world_size > 1:
+        # DTensor's sharded random init is CUDA-only: on CPU every rank draws its shard from one
+        # stream, and each weight came out as copies of one block (training/run/setup.build_model).
+        raise GristmillError(
+            f'run.init_device = "meta" on {device.type} with {env.world_size} processes would give every '
+            'rank the same random shard (sharded init is CUDA-only): set run.init_device = "full" (or "auto")'
+        )
     if cfg.optim.name == "adamw8bit":
         from training.optim import bitsandbytes_or_refuse  # imported here: see the module's docstring
 
