@@ -100,9 +100,10 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
             if env.rank == 0:
                 say(note)
     device = pick_device(cfg.run.device, env.local_rank)
-    if cfg.run.init_device == "meta" and device.type != "cuda" and env.world_size > 1:
+    if cfg.run.init_device == "meta" and device.type != "cuda" and env.world_size > 1 and not source:
         # DTensor's sharded random init is CUDA-only: on CPU every rank draws its shard from one
         # stream, and each weight came out as copies of one block (training/run/setup.build_model).
+        # A base's weights ([model] init_from) replace that init: meta is fine there.
         raise GristmillError(
             f'run.init_device = "meta" on {device.type} with {env.world_size} processes would give every '
             'rank the same random shard (sharded init is CUDA-only): set run.init_device = "full" (or "auto")'
