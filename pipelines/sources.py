@@ -158,8 +158,8 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
     # The default `*.jsonl*` also matches a backup, an editor's or a download's leftover beside the
     # file (data.jsonl.bak, data.jsonl~, data.jsonl.gz.part): read, each would add its documents again.
-    odd = [p for p in found if not cfg.glob and cfg.kind == "jsonl" and not p.name.endswith(JSONL_SUFFIXES)]
-    if odd:
+    odd = [p for p in found if not p.name.endswith(JSONL_SUFFIXES)] if cfg.kind == "jsonl" else []
+    if odd and not cfg.glob:
         more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
         raise SourceError(
             f"source.path {path} holds {odd[0].relative_to(path)}{more}, which is not a "

@@ -138,12 +138,12 @@ class TokenizeShard(PipelineStep):
         try:
             self._build(data, rank)
         except DiskFullError:
-            self._remove_partial(rank)
+            self._remove_own_output(rank)
             raise
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
-            self._remove_partial(rank)
+            self._remove_own_output(rank)
             raise DiskFullError(
                 f"the disk under {self.output} filled up while task {rank} was writing ({e}); free "
                 "some space or point `output` at a larger filesystem, then rerun the same command "
@@ -156,25 +156,18 @@ class TokenizeShard(PipelineStep):
         """Where the task writes: the dataset directory, or an uploading task's own folder."""
         return task_root(self.output, rank) if self.upload is not None else Path(self.output)
 
-    def _remove_earlier_attempt(self, rank: int) -> None:
-        """What an earlier attempt of this unfinished task wrote (it starts over): an uploading task's
-        own folder, or this task's shards, manifest part and record in the dataset directory. Kept, a
-        shard of a killed attempt whose input then shrank (re-downloaded: accepted for an unfinished
-        task) stayed on disk, listed nowhere, and failed validation at every rerun."""
+    def _remove_own_output(self, rank: int) -> None:
+        """Everything this unfinished task wrote: an uploading task's own folder, or its spill, shards,
+        manifest part and record in the dataset directory. At its start, what an earlier attempt left
+        (kept, a shard of a killed attempt whose input then shrank, re-downloaded: accepted for an
+        unfinished task, stayed on disk, listed nowhere, and failed validation at every rerun); when
+        the disk fills, the room it holds (the rerun starts the task over anyway)."""
         if self.upload is not None:  # this attempt uploads only what it writes
             shutil.rmtree(self._root(rank), ignore_errors=True)
             return
-        root = Path(self.output)
-        earlier = [root / MANIFEST_DIR / f"{rank:05d}.parquet", root / SHARD_RECORDS / f"{rank:05d}.json"]
-        for path in [*earlier, *(root / SHARDS_DIR).glob(f"{rank:05d}_*")]:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-
-    def _remove_partial(self, rank: int) -> None:
-        """Free what a task that ran out of disk holds: its spill (as large as its shards) and its
-        half-written shard; the rerun starts the task over anyway."""
-        shards = self._root(rank) / SHARDS_DIR
-        for path in [shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{rank:05d}_*.tar.tmp")]:
+        root, shards = Path(self.output), Path(self.output) / SHARDS_DIR
+        own = [root / MANIFEST_DIR / f"{rank:05d}.parquet", root / SHARD_RECORDS / f"{rank:05d}.json"]
+        for path in [*own, shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{rank:05d}_*")]:
             with contextlib.suppress(OSError):
                 path.unlink()
 
@@ -184,7 +177,7 @@ class TokenizeShard(PipelineStep):
         progress = self.progress
         uploader = TaskUploader(self.upload, rank) if self.upload is not None else None
         root = self._root(rank)
-        self._remove_earlier_attempt(rank)
+        self._remove_own_output(rank)
         shards = os.path.join(root, SHARDS_DIR)
         os.makedirs(shards, exist_ok=True)
         spill_path = os.path.join(shards, f"{SPILL_PREFIX}{rank:05d}.tmp")

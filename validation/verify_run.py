@@ -105,13 +105,13 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
             )
         # Rows with digests: the run recorded its batches, and the record is gone (or was not copied
         # with the run). Checked as an empty record: every such row is a step without one.
-        entries, torn = [], f"note: no {path}, though metrics.jsonl's rows carry batch digests"
+        entries, record_note = [], f"note: no {path}, though metrics.jsonl's rows carry batch digests"
     else:
         try:
-            entries, torn = read_batches(path)
+            entries, record_note = read_batches(path)  # its note: a torn last record cut off
         except ValueError as e:
             return BatchCheck(f"batches: {e}")
-    check = BatchCheck(notes=[torn] if torn else [])
+    check = BatchCheck(notes=[record_note] if record_note else [])
     try:
         plan, tables, skips, note = run_plan(run_dir)
     except GristmillError as e:

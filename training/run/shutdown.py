@@ -81,12 +81,8 @@ class GracefulStop:
         os._exit(INTERRUPTED_EXIT)
 
     def any_rank(self, flag: bool) -> bool:
-        """Whether `flag` holds on any rank (a collective when distributed)."""
-        if self.group is None:
-            return flag
-        t = torch.tensor([int(flag)], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        """Whether `flag` holds on any rank (a collective on the stop's gloo group when distributed)."""
+        return flag if self.group is None else any_rank(flag, self.group)
 
     def should_stop(self) -> str | None:
         """The signal's name on every rank if any rank received one (a collective when distributed)."""
@@ -96,6 +92,14 @@ class GracefulStop:
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
             signum = int(t.item())
         return signal.Signals(signum).name if signum else None
+
+
+def any_rank(flag: bool, group=None, device: torch.device | None = None) -> bool:
+    """Whether `flag` holds on any rank: a MAX all-reduce on `group` (None: the default group, whose
+    NCCL takes its tensors on the GPU: `device`). Every rank must call it."""
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
 
 
 def exit_with_parent() -> None:

@@ -18,6 +18,7 @@ from training.contract.errors import GristmillError
 from training.data.loader import LoaderConfigError, TokenLoader, dataset_loader
 from training.data.plan import Plan
 from training.data.spec import BatchShape, RunSpec
+from training.run.shutdown import any_rank
 
 # The held-out split's order, whatever data.seed: runs of other seeds (a seed sweep, `mix propose`'s
 # proxies and its validation runs) are scored on the same held-out windows. (With data.seed, the
@@ -59,14 +60,6 @@ class Validation:
         self._loaders: dict[tuple[str, int, int, int], tuple[TokenLoader, dict]] = {}
         for phase in range(len(shapes) if self.sources else 0):
             self.loaders(phase)  # a held-out split too small for val_batches of a phase's batch: refused
-
-    def _any_rank(self, flag: bool) -> bool:
-        """Whether `flag` holds on any rank (on the default group: NCCL's tensors on the GPU)."""
-        if self.world_size == 1:
-            return flag
-        t = torch.tensor([int(flag)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
 
     def all_loaders(self) -> list[tuple[TokenLoader, dict]]:
         """Every held-out loader (with its start state), of every phase's shape."""
@@ -116,7 +109,8 @@ class Validation:
             held_out = {name: read_batches(loader, start, n) for name, loader, start in self.loaders(phase)}
         except GristmillError as e:
             held_out, error = {}, e
-        if self._any_rank(error is not None):
+        failed = error is not None
+        if failed if self.world_size == 1 else any_rank(failed, device=self.device):
             rank = self.settings.get("rank", 0)
             if error is not None and rank:  # the console prints rank 0's lines only
                 with contextlib.suppress(OSError):
