@@ -37,6 +37,7 @@ class WorkerDied(BuildError):
 
 class WatchedLocalExecutor(LocalPipelineExecutor):
     def run(self):
+        preload_task_modules(self)
         if self.workers == 1 or self.depends:  # in-process tasks (no pool), or datatrove's dependency wait
             return super().run()
         self._launched = True
@@ -86,6 +87,19 @@ class WatchedLocalExecutor(LocalPipelineExecutor):
             except multiprocess.TimeoutError:
                 continue
         return out
+
+
+def preload_task_modules(executor: LocalPipelineExecutor) -> None:
+    """What a task imports, imported once by the forkserver that forks the build's workers, not by
+    every worker: unpickling a task imports the executor's module and each step's (~1 s of datatrove,
+    the tokenizer and pyarrow), and pyarrow imports pandas at its first parquet write (~0.4 s). The
+    forkserver starts with the build's first pool and serves every later stage (a list set after
+    that is ignored); '__main__' stays first, as multiprocess has it by default."""
+    if executor.start_method != "forkserver":
+        return
+    steps = [type(step).__module__ for step in executor.pipeline if hasattr(step, "run")]  # not functions
+    modules = dict.fromkeys(["__main__", type(executor).__module__, *steps, "pandas"])
+    multiprocess.get_context("forkserver").set_forkserver_preload(list(modules))
 
 
 def _death_message(workers, started: int) -> str:

@@ -3,6 +3,7 @@ running; the rerun finishes to the same shards. A kill -9 of the build leaves no
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from pipelines.build import build
 from pipelines.config import DataConfig
+from tests.helpers import forked
 from tests.helpers.build_runs import ROOT, assert_kill_9_leaves_no_process, run_build, session_processes
 from training.contract.config_loader import load_config
 
@@ -47,6 +49,16 @@ def test_a_dead_worker_stops_the_build_instead_of_hanging(built_dataset, build_f
     assert "rerun the same command" in err and "Traceback" not in died.stderr
     rerun(config, out)
     same_shards(out, built_dataset)
+
+
+def test_a_stage_s_workers_find_its_steps_imported_by_the_forkserver(tmp_path):
+    """A task's modules (datatrove, the tokenizer, pyarrow: ~1 s) are imported once per build, by
+    the forkserver the workers are forked from, not again by every worker as it unpickles its task."""
+    probe = [sys.executable, "-m", "tests.helpers.preload_probe", str(tmp_path)]
+    proc = forked.run(probe, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    assert all(t["imported_in"] != t["worker"] for t in tasks), tasks
 
 
 def test_sigterm_stops_the_build_and_its_workers_and_frees_the_lock(built_dataset, build_fixture, tmp_path):
