@@ -8,9 +8,11 @@ Files keep their path inside the dataset repository (DIR/sample/10BT/000_00000.p
 streamed into `NAME.part` and renamed only after its SHA-256 matches the hub's LFS checksum, so a
 file under its final name is always complete. Interrupted? Run the same command again: finished
 files are skipped (size and recorded checksum, or --verify to re-hash them) and a `.part` file
-continues from where it stopped (ranged reads). Files an earlier download recorded that the listing
-no longer has (the subset re-sharded upstream) are removed: a build of the folder would read them
-too. The transfer works on any fsspec URL (`--from`).
+continues from where it stopped (ranged reads). A file with no LFS checksum is known by what the
+listing names its content by (the hub's git blob id; an object's ETag, a file's mtime): changed
+upstream, at the same size too, it is fetched again, and its `.part` is not continued. Files an
+earlier download recorded that the listing no longer has (the subset re-sharded upstream) are
+removed: a build of the folder would read them too. The transfer works on any fsspec URL (`--from`).
 Tests have no network: they run it against a local directory and against tests/helpers/hub_server.py,
 a local stand-in for the hub's HTTP API.
 """
@@ -51,6 +53,10 @@ class RemoteFile:
     path: str  # relative to the source root, kept in the destination
     size: int
     sha256: str | None = None  # the hub's LFS checksum; None: recorded after download
+    # Without a sha256, what the listing names this content by (the hub's git blob id, an object's
+    # ETag, a file's mtime), recorded with the download: a file changed upstream at the same size is
+    # fetched again, and a `.part` of the earlier content is not continued with the new one's bytes.
+    version: str | None = None
 
 
 @dataclass
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
 def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
     base = f"{root.rstrip('/')}/{subset.strip('/')}" if subset else root.rstrip("/")
+    fs.invalidate_cache()  # fsspec keeps one instance per URL, with its listings: list what is there now
     try:
         entries = fs.find(base, detail=True)
     except FileNotFoundError:
@@ -117,10 +124,20 @@ def list_remote(fs, root: str, subset: str, pattern: str) -> list[RemoteFile]:
         if info.get("type") == "directory" or not fnmatch(name.rsplit("/", 1)[-1], pattern):
             continue
         rel = name[len(prefix) :] if name.startswith(prefix) else name
-        files.append(RemoteFile(rel, int(info.get("size") or 0), (info.get("lfs") or {}).get("sha256")))
+        lfs = (info.get("lfs") or {}).get("sha256")
+        files.append(RemoteFile(rel, int(info.get("size") or 0), lfs, None if lfs else _version(info)))
     if not files:
         raise DownloadError(f"{base} holds no files matching {pattern!r}")
     return files
+
+
+def _version(info: dict) -> str | None:
+    """RemoteFile.version from a listing's entry: the first of the keys fsspec's filesystems name a
+    file's content or its last change by (the hub, S3 and GCS, local and SFTP files)."""
+    for key in ("blob_id", "ETag", "etag", "md5Hash", "mtime", "LastModified", "last_modified"):
+        if info.get(key) not in (None, ""):
+            return f"{key} {info[key]}"
+    return None
 
 
 def download(
@@ -194,11 +211,15 @@ def fetch_files(
         final = dest / f.path
         digest = _complete(final, f, record.get(f.path), verify)
         if digest:
-            record.set(f.path, f.size, digest, source_of(root))
+            record.set(f.path, f.size, digest, source_of(root), f.version)
             with lock:
                 report.skipped += 1
             bar.update(f.size)
             return
+        part = final.with_name(final.name + PART)
+        if f.version != record.part_version(f.path):  # a .part of other content (or of no record)
+            part.unlink(missing_ok=True)
+            record.start_part(f.path, f.version)
         fetched, resumed = _fetch_one(fs, root, f, final, bar)
         digest = _sha256(final.with_name(final.name + PART))
         if f.sha256 and digest != f.sha256 and resumed:
@@ -220,7 +241,7 @@ def fetch_files(
                 "the partial file was removed, run the command again to refetch it"
             )
         os.replace(final.with_name(final.name + PART), final)
-        record.set(f.path, f.size, digest, source_of(root))
+        record.set(f.path, f.size, digest, source_of(root), f.version)
         with lock:
             report.downloaded += 1
             report.resumed += int(resumed)
@@ -239,6 +260,8 @@ def _complete(final: Path, f: RemoteFile, rec: dict | None, verify: bool) -> str
     """The sha256 of an already complete FINAL, or None if it must be (re)fetched."""
     if not final.is_file() or final.stat().st_size != f.size:
         return None
+    if f.version and (rec or {}).get("version") not in (None, f.version):
+        return None  # changed upstream since it was fetched
     expected = f.sha256 or (rec or {}).get("sha256")
     if rec and not verify and rec.get("size") == f.size and rec.get("sha256") == expected:
         return expected  # recorded when it was downloaded and checked
@@ -295,12 +318,25 @@ class _Record:
     def get(self, rel: str) -> dict | None:
         return self.data["files"].get(rel)
 
-    def set(self, rel: str, size: int, sha256: str, source: str) -> None:
+    def set(self, rel: str, size: int, sha256: str, source: str, version: str | None) -> None:
         with self.lock:
-            self.data["files"][rel] = {"size": size, "sha256": sha256, "source": source}
-            write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
+            self.data["files"][rel] = {"size": size, "sha256": sha256, "source": source, "version": version}
+            self.data.get("parts", {}).pop(rel, None)
+            self._write()
+
+    def part_version(self, rel: str) -> str | None:
+        """The version of the content REL's `.part` holds the start of (RemoteFile.version)."""
+        return self.data.get("parts", {}).get(rel)
+
+    def start_part(self, rel: str, version: str | None) -> None:
+        with self.lock:
+            self.data.setdefault("parts", {})[rel] = version
+            self._write()
+
+    def _write(self) -> None:
+        write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
 
     def drop(self, rel: str) -> None:
         with self.lock:
             self.data["files"].pop(rel, None)
-            write_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
+            self._write()

@@ -4,8 +4,10 @@ itself is only exercised for its offline error."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import os
 
 import huggingface_hub.constants
 import numpy as np
@@ -45,11 +47,12 @@ def test_download_resume_and_skip(remote, tmp_path):
     rep = download(str(remote), "sample/10BT", dest, progress=False)  # everything there: nothing fetched
     assert (rep.skipped, rep.bytes_fetched) == (3, 0)
 
-    # Interrupted transfer: half of file 0 in its .part, final name absent.
+    # Interrupted transfer: half of file 0 in its .part, final name absent. (A transfer cut short
+    # records which content its .part holds: here one that ends early, its .part then cut to half.)
     target = dest / files[0]
     data = (remote / files[0]).read_bytes()
     target.unlink()
-    target.with_name(target.name + PART).write_bytes(data[: len(data) // 2])
+    cut_short(remote, str(files[0]), dest, len(data) // 2)
     rep = download(str(remote), "sample/10BT", dest, progress=False)
     assert (rep.downloaded, rep.resumed, rep.skipped) == (1, 1, 2)
     assert rep.bytes_fetched == len(data) - len(data) // 2  # only the missing half
@@ -77,6 +80,42 @@ def test_download_resume_and_skip(remote, tmp_path):
     (other / "sample" / "10BT" / "part-0.parquet").write_bytes(b"another dataset")
     assert download(str(other), "sample/10BT", dest, progress=False).removed == []
     assert (dest / files[0]).is_file() and (dest / "sample" / "10BT" / "part-0.parquet").is_file()
+
+
+def cut_short(remote, rel: str, dest, keep: int) -> None:
+    """A transfer of `rel` that stops after `keep` bytes, its .part left in `dest`: it ends early
+    (the listing says one byte more), then its .part is cut to `keep` bytes."""
+    fs = LocalFileSystem()
+    (f,) = [f for f in list_remote(fs, str(remote), "sample/10BT", "*.parquet") if f.path == rel]
+    with pytest.raises(DownloadError, match="the transfer ended at"):
+        fetch_files(fs, str(remote), [dataclasses.replace(f, size=f.size + 1)], dest, progress=False)
+    os.truncate(dest / (rel + PART), keep)
+
+
+def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_path):
+    """No sha256 to check it by (not an LFS file): what the listing names its content by (a file's
+    mtime here, the hub's git blob id there) is recorded with it. The same size with other bytes
+    upstream is fetched again, not kept; a .part of the old bytes is not continued with the new."""
+    dest, rel = tmp_path / "dest", "sample/10BT/002_00000.parquet"
+    download(str(remote), "sample/10BT", dest, progress=False)
+    upstream = remote / rel
+
+    def change() -> bytes:
+        new = os.urandom(upstream.stat().st_size)
+        later = upstream.stat().st_mtime_ns + 10**9
+        upstream.write_bytes(new)
+        os.utime(upstream, ns=(later, later))
+        return new
+
+    new = change()
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert (rep.downloaded, rep.skipped) == (1, 2) and (dest / rel).read_bytes() == new
+
+    (dest / rel).unlink()
+    cut_short(remote, rel, dest, 5000)  # 5,000 bytes of `new` in the .part
+    newer = change()
+    download(str(remote), "sample/10BT", dest, progress=False)
+    assert (dest / rel).read_bytes() == newer
 
 
 def test_checksums_as_the_hub_gives_them(remote, tmp_path):

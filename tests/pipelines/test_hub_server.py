@@ -253,6 +253,20 @@ def test_a_connection_that_keeps_dropping_fails_its_task_in_one_line_and_the_rer
     assert read_dataset_info(out)["source"]["read_from"] == f"hf://datasets/{REPO}@{started}/{SUBSET}"
 
 
+def test_a_file_outside_lfs_changed_at_the_same_size_is_downloaded_again(hub, hub_env, tmp_path, capsys):
+    """A file the hub keeps in git, not LFS (a .jsonl), has no sha256 in the listing: its git blob id
+    is recorded with it, and a push that changes its bytes, not its size, is fetched again."""
+    repo, rel = "gristmill-test/jsonl-pushed", f"{SUBSET}/000.jsonl"
+    hub.add_repo(repo, {rel: b'{"text": "one"}\n'})
+    dest = tmp_path / "dl"
+    argv = ["data", "download", "--repo", repo, "--subset", SUBSET, "--pattern", "*.jsonl", "--to", str(dest)]
+    assert main(argv) == 0
+    hub.push(repo, {rel: b'{"text": "two"}\n'})
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "1 downloaded" in capsys.readouterr().out and (dest / rel).read_bytes() == b'{"text": "two"}\n'
+
+
 def test_tasks_read_the_commit_the_driver_listed(hub, hub_env, corpus):
     repo = "gristmill-test/fineweb-edu-pushed"
     first = hub.add_repo(repo, corpus.files)
