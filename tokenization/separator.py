@@ -36,6 +36,14 @@ def _pick_special(specials: list[str], other: bool = False) -> str:
     return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {specials}"
 
 
+def vocab_size_of(tokenizer: Tokenizer) -> int:
+    """The highest id + 1, not the number of tokens: a tokenizer's ids may have gaps, and the shards'
+    dtype (uint16 up to 65,536) is chosen from this; counting tokens, an id past 65,535 in a tokenizer
+    of fewer tokens was stored modulo 65,536, as another real token."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return max(len(vocab), max(vocab.values(), default=-1) + 1)
+
+
 class DocumentEncoder:
     """Encodes documents under the separator contract; checks the tokenizer at construction.
 
@@ -60,11 +68,7 @@ class DocumentEncoder:
         self.tokenizer.encode_special_tokens = True
         self.policy = policy
         self.source = str(source)
-        # The highest id + 1, not the number of tokens: a tokenizer's ids may have gaps, and the
-        # shards' dtype (uint16 up to 65,536) is chosen from this; counting tokens, an id past 65,535
-        # in a tokenizer of fewer tokens was stored modulo 65,536, as another real token.
-        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
-        self.vocab_size = max(len(vocab), max(vocab.values(), default=-1) + 1)
+        self.vocab_size = vocab_size_of(self.tokenizer)
         added = self.tokenizer.get_added_tokens_decoder()
         specials = [t.content for _, t in sorted(added.items()) if t.special]
         sep = self.tokenizer.token_to_id(policy.token)

@@ -17,7 +17,8 @@ checks:
   tar headers put it (/1: equal to its member's data offset and size), `n_tokens` equal to its
   token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
-  the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256;
+  the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256, and
+  vocab_size and dtype against that tokenizer's highest id + 1;
 - the loader index (index/, training/contract/dataset_index.py): each file's sha256 as dataset.json records
   it, and equal to the index derived again from the manifest;
 - no stray `*.tmp` files (but its own validation.json.tmp, left by a killed run), nothing in
@@ -46,8 +47,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from tokenization.separator import vocab_size_of
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
@@ -68,6 +71,7 @@ from training.contract.dataset_format import (
     DatasetError,
     dataset_files,
     decontam_sha256,
+    dtype_name,
     file_sha256,
     fingerprint,
     fingerprint_before_index,
@@ -855,6 +859,37 @@ def _check_dataset_json(
             )
     elif want not in (None, "none"):
         problems.append(Problem("missing, but dataset.json records a tokenizer_sha256", TOKENIZER_JSON))
+    if tok.is_file() and got == want:
+        _check_vocab_size(tok, info, problems)
+
+
+def _check_vocab_size(tok: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+    """dataset.json's vocab_size and dtype against the tokenizer the dataset was built with: every
+    id check above trusts vocab_size (an edit there widens it), and a build that counted the
+    tokenizer's tokens rather than taking its highest id (before 2026-11-29) chose uint16 for ids past
+    65,535 and stored them modulo 65,536, as other real tokens, which no check of the ids can see.
+    (Called with a tokenizer.json whose sha256 is the one recorded: the one the build used.)"""
+    try:
+        want = vocab_size_of(Tokenizer.from_file(str(tok)))
+    except Exception:  # noqa: BLE001 - not a `tokenizers` file (a synthetic dataset's stand-in), as built
+        return
+    if info["vocab_size"] != want:
+        problems.append(
+            Problem(
+                f"says vocab_size = {info['vocab_size']}, but {TOKENIZER_JSON}'s highest id + 1 is {want}; "
+                "rebuild the dataset (a dataset built before 2026-11-29 from a tokenizer whose ids have "
+                "gaps may hold wrapped ids)",
+                DATASET_JSON,
+            )
+        )
+    elif info["dtype"] != dtype_name(want):
+        problems.append(
+            Problem(
+                f"says dtype = {info['dtype']}, but ids up to {want - 1:,} need {dtype_name(want)}; rebuild "
+                "the dataset",
+                DATASET_JSON,
+            )
+        )
 
 
 def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:

@@ -430,6 +430,22 @@ def test_built_dataset_validates(built_dataset):
     assert report.separators == report.documents
 
 
+def test_a_vocab_size_other_than_the_tokenizer_s_is_a_problem(built_dataset, tmp_path):
+    """Every id check trusts dataset.json's vocab_size, which the fingerprint does not cover: it is
+    held to the tokenizer the dataset was built with (highest id + 1). A build that counted tokens
+    instead (before 2026-11-29) recorded too small a size, and under uint16 wrapped the ids past it."""
+    ds = tmp_path / "ds"
+    shutil.copytree(built_dataset, ds)
+    info = json.loads((ds / "dataset.json").read_text())
+    real = info["vocab_size"]
+    (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real + 1000}))
+    assert problems(ds) == [
+        f"dataset.json: says vocab_size = {real + 1000}, but tokenizer.json's highest id + 1 is {real}; "
+        "rebuild the dataset (a dataset built before 2026-11-29 from a tokenizer whose ids have gaps may "
+        "hold wrapped ids)"
+    ]
+
+
 @pytest.mark.parametrize(
     "field, value, expect",
     [
