@@ -49,9 +49,9 @@ class DocumentEncoder:
 
     Construction fails (TokenizerError) when the separator is missing, its id is outside the
     vocabulary, it is not a special added token (an ordinary vocabulary token such as "." or an
-    added token with special=False), or its literal text in any of several positions (alone,
-    between spaces, glued to words, doubled) would encode to the separator id — all before any
-    document is processed.
+    added token with special=False), it is the model's unknown token, or its literal text in any of
+    several positions (alone, between spaces, glued to words, doubled) would encode to the separator
+    id — all before any document is processed.
     """
 
     def __init__(self, tokenizer: Tokenizer, policy: SeparatorPolicy, source: str = "the tokenizer"):
@@ -97,6 +97,18 @@ class DocumentEncoder:
                 f"{source}: tokenizer.separator {policy.token!r} is {kind} (id {sep}), not a special "
                 f"token, so plain text may encode to it; {_pick_special(specials)}, or "
                 f'add {policy.token!r} to the tokenizer\'s added_tokens with "special": true'
+            )
+        # Nor may text the vocabulary cannot spell: a model whose unknown token is the separator (some
+        # GPT-2-era configs name <|endoftext|> as unk) gives it to every character it lacks.
+        model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+        unk = model.get("unk_token")
+        if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
+            unk = model["vocab"][model["unk_id"]][0]
+        if unk == policy.token:
+            raise TokenizerError(
+                f"{source}: its model's unknown token is tokenizer.separator {policy.token!r}, so every "
+                "character outside its vocabulary encodes to the separator; set the model's unk_token to "
+                "another token, or use a byte-level tokenizer (it has none)"
             )
         # And literal separator text, wherever it stands in a page, must stay text (a special
         # token whose string the vocabulary can also spell, e.g. a special "." is caught here).

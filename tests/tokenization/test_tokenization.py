@@ -141,6 +141,31 @@ def test_special_separator_that_text_can_spell_is_refused(prose_tokenizer):
         assert_one_separator(enc, enc.encode(text), "after")
 
 
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_a_separator_that_is_the_unknown_token_is_refused(kind):
+    """A model whose unknown token is the separator (GPT-2-era configs name <|endoftext|> as unk)
+    gives it to every character it cannot spell: refused at start-up, not mid-build at the first
+    such document with a fix that names the separator it already has."""
+    from tokenizers import models, pre_tokenizers, trainers
+
+    model, trainer = {
+        "bpe": (models.BPE(unk_token=SEP), trainers.BpeTrainer),
+        "unigram": (models.Unigram(), trainers.UnigramTrainer),
+    }[kind]
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    extra = {"unk_token": SEP} if kind == "unigram" else {}
+    tok.train_from_iterator(fixture_texts(60), trainer(vocab_size=300, special_tokens=[SEP, BOS], **extra))
+    assert tok.token_to_id(SEP) in tok.encode("a ☃ b", add_special_tokens=False).ids
+    with pytest.raises(TokenizerError) as err:
+        DocumentEncoder(tok, SeparatorPolicy(SEP), source="tok.json")
+    assert str(err.value) == (
+        f"tok.json: its model's unknown token is tokenizer.separator '{SEP}', so every character outside "
+        "its vocabulary encodes to the separator; set the model's unk_token to another token, or use a "
+        "byte-level tokenizer (it has none)"
+    )
+
+
 def test_separator_count_error_names_the_key_and_tokenizer(prose_tokenizer):
     enc = DocumentEncoder(prose_tokenizer, SeparatorPolicy(SEP), source="tokenizer out/tokenizer.json")
     with pytest.raises(TokenizerError) as err:
