@@ -216,8 +216,29 @@ class _Reader(BaseDiskReader):
         if bad is not None and READ_ERROR not in meta:
             # e.g. "int_score": "4" in a jsonl line: excluded with its reason, not a TypeError in a filter
             meta[READ_ERROR] = f"{where}: {bad} not a number: {meta[bad]!r}"
+        for k, v in [(self.id_key, doc_id), *meta.items()]:
+            if isinstance(v, str) and not is_unicode(v):
+                # A lone surrogate (a jsonl line's "\ud800"): no UTF-8 file can hold it (the manifest,
+                # the excluded parquet), so it is kept visible as its escape and the document excluded.
+                v = v.encode("utf-8", "backslashreplace").decode()
+                if k == self.id_key:
+                    doc_id = v
+                else:
+                    meta[k] = v
+                meta.setdefault(READ_ERROR, f"{where}: {k} is not valid Unicode (a lone surrogate): {v}")
         meta[SOURCE_FILE], meta[SOURCE_ROW] = file, row  # the manifest's provenance columns
         return Document(text=text, id=str(doc_id) if doc_id is not None else where, metadata=meta)
+
+
+def is_unicode(s: str) -> bool:
+    """Whether `s` can be written as UTF-8 (no lone surrogates)."""
+    if s.isascii():
+        return True
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_number(v: Any) -> bool:

@@ -64,6 +64,8 @@ JSONL_LINES = [
     ).encode(),
     b'{"text": "bytes \xff\xfe that are not UTF-8", "id": "badbytes", "int_score": 4}',
     b'{"text": "a lone \\ud800 surrogate escape", "id": "surrogate", "int_score": 4}',
+    b'{"text": "A fine text whose url is not Unicode.", "id": "bad-url", "url": "https://a.org/\\ud800"}',
+    b'{"text": "A fine text whose id is not Unicode, it has a lone surrogate.", "id": "id-\\udc80"}',
     b'{"text": "unterminated',
     b"[1, 2, 3]",
     b'{"text": null, "id": "null-text"}',
@@ -79,11 +81,11 @@ def test_jsonl_zst_reader_turns_bad_lines_into_records(tmp_path):
     write_jsonl_zst(tmp_path / "a.jsonl.zst", JSONL_LINES)
     docs = read_all(SourceConfig(kind="jsonl", path=str(tmp_path)))
     by_id = {d.id: d for d in docs}
-    assert len(docs) == 8  # every non-blank line
+    assert len(docs) == 10  # every non-blank line
     assert by_id["badbytes"].text == "bytes \udcff\udcfe that are not UTF-8"
     assert by_id["surrogate"].text == "a lone \ud800 surrogate escape"
-    assert "malformed JSON" in by_id["a.jsonl.zst:4"].metadata[READ_ERROR]
-    assert by_id["a.jsonl.zst:5"].metadata[READ_ERROR] == "a.jsonl.zst:5: line is not a JSON object"
+    assert "malformed JSON" in by_id["a.jsonl.zst:6"].metadata[READ_ERROR]
+    assert by_id["a.jsonl.zst:7"].metadata[READ_ERROR] == "a.jsonl.zst:7: line is not a JSON object"
     assert by_id["null-text"].text == "" and READ_ERROR not in by_id["null-text"].metadata
     assert "'text' is int, not a string" in by_id["number-text"].metadata[READ_ERROR]
     assert by_id["good"].metadata == {"int_score": 4, "source_file": "a.jsonl.zst", "source_row": 1}
@@ -104,14 +106,25 @@ def test_jsonl_build_loses_nothing(build_fixture, tmp_path):
     assert set(excluded) == {
         "badbytes",
         "surrogate",
-        "a.jsonl.zst:4",
-        "a.jsonl.zst:5",
+        "bad-url",
+        "id-\\udc80",
+        "a.jsonl.zst:6",
+        "a.jsonl.zst:7",
         "null-text",
         "number-text",
     }
     assert excluded["badbytes"]["reason"] == "invalid UTF-8: bytes that are not UTF-8 at character 6"
     assert excluded["surrogate"]["reason"] == "invalid UTF-8: a lone surrogate at character 7"
     assert excluded["null-text"]["reason"] == "empty or whitespace-only text"
+    # No UTF-8 file holds a lone surrogate: such metadata (the task failed writing it) is kept as its
+    # escape, the document excluded with the field named
+    assert excluded["bad-url"]["url"] == "https://a.org/\\ud800"
+    assert excluded["bad-url"]["reason"] == (
+        "a.jsonl.zst:4: url is not valid Unicode (a lone surrogate): https://a.org/\\ud800"
+    )
+    assert excluded["id-\\udc80"]["reason"] == (
+        "a.jsonl.zst:5: id is not valid Unicode (a lone surrogate): id-\\udc80"
+    )
     assert all(r["filter"] == "text" for r in excluded.values())
 
 
