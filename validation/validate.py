@@ -770,8 +770,12 @@ def _shape_problem(info: dict[str, Any]) -> str | None:
     if not isinstance(info["vocab_size"], int) or isinstance(info["vocab_size"], bool):
         return f"vocab_size {info['vocab_size']!r} is not an integer"
     files = info["shard_files"]
+    counts = ("bytes", "documents", "tokens")
     if not isinstance(files, dict) or not all(
-        isinstance(f, dict) and isinstance(f.get("sha256"), str) for f in files.values()
+        isinstance(f, dict)
+        and isinstance(f.get("sha256"), str)
+        and all(isinstance(f.get(k), int) and not isinstance(f.get(k), bool) for k in counts)
+        for f in files.values()
     ):
         return "shard_files must map each shard name to {bytes, sha256, documents, tokens}"
     return None

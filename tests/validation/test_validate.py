@@ -462,6 +462,17 @@ def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, ex
     assert f"dataset.json: {expect}" in found[0] and "rebuild the dataset" in found[0], found
 
 
+@pytest.mark.parametrize("key", ["bytes", "documents", "tokens"])
+def test_a_shard_entry_without_its_counts_is_a_problem_not_a_traceback(ds, key):
+    """The fingerprint covers each shard's sha256 only: an entry that lost a count was a KeyError."""
+    info = json.loads((ds / "dataset.json").read_text())
+    name = sorted(info["shard_files"])[0]
+    del info["shard_files"][name][key]
+    (ds / "dataset.json").write_text(json.dumps(info))
+    found = problems(ds)
+    assert found[0].startswith("dataset.json: shard_files must map each shard name"), found
+
+
 # --------------------------------------------------------------------------------------------
 # the current layout's own damage: samples of documents back to back, a sha256 per document
 
