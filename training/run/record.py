@@ -82,24 +82,35 @@ class RunRecord:
 
     # -- the timeline's moments --
     def started(
-        self, resumed: int | None, *, metrics: MetricsSection, config: dict, datasets: dict[str, str]
+        self,
+        resumed: int | None,
+        *,
+        own: bool,
+        metrics: MetricsSection,
+        config: dict,
+        datasets: dict[str, str],
     ) -> None:
-        """The run starts or resumes (at checkpoint `resumed`), on rank 0: what a discarded or redone
-        future left (steps after `resumed`) set aside; the plan recorded and drawn with the timeline's
-        skips; metrics.jsonl kept up to the checkpoint (or started over); the trackers of [metrics]
-        opened (`config`: the resolved recipe, `datasets`: source name -> dataset, for their runs)."""
+        """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
+        what a discarded or redone future left (steps after `resumed`) set aside; the plan recorded and
+        drawn with the timeline's skips; metrics.jsonl kept up to the checkpoint (or started over); the
+        trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name -> dataset,
+        for their runs)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
         # with checkpoints/ deleted to start over) sets aside every step's: an earlier run's exports
-        # and evals, kept, were listed, scored and verified as this run's.
-        self._set_aside(after=-1 if resumed is None else resumed, earlier_run=resumed is None)
+        # and evals, kept, were listed, scored and verified as this run's. So does a run resumed from
+        # another directory's checkpoint: what this directory holds is an earlier run's, whose rows and
+        # batch records up to the checkpoint were kept as this run's (other losses, another lr), its
+        # trackers' runs continued.
+        mine = resumed if own else None
+        self._set_aside(after=-1 if mine is None else mine, earlier_run=mine is None)
         self._record_plan()
-        logged_through = self._open_log(resumed)
-        self._open_batches(resumed)
+        logged_through = self._open_log(mine)
+        self._open_batches(mine)
         try:
             self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
-                                     resume_step=resumed, logged_through=logged_through)  # fmt: skip
+                                     resume_step=mine, logged_through=logged_through)  # fmt: skip
         except BaseException:
             self.close()
             raise

@@ -197,6 +197,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         record,
         checked.base_dir,
         checkpointer.resumed_from,
+        checkpointer.resumed_here,
     )
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
@@ -309,12 +310,14 @@ def _outputs(
     record: RunRecord,
     base_dir: Path | None,
     resumed_from: tuple[Path, str | None] | None,
+    own: bool,
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     RUN/config.toml (after a resume's note of what changed), a new run's base (RUN/base/: the base as
     loaded from `base_dir`, for its exports), the run record started (what a discarded future left
     set aside, the plan's record and plot, metrics.jsonl, the trackers). `resumed_from`: the
-    checkpoint resumed and the config hash it records (Checkpointer.resumed_from)."""
+    checkpoint resumed and the config hash it records (Checkpointer.resumed_from); `own`: it is this
+    run directory's (Checkpointer.resumed_here)."""
     if env.rank != 0:
         return
     applied = applied_config(resolved, spec)
@@ -328,7 +331,7 @@ def _outputs(
     if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
         record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
     datasets = {src.name: src.dataset for src in spec.sources}
-    record.started(resumed, metrics=resolved.metrics, config=applied, datasets=datasets)
+    record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
 
 
 def _header(

@@ -18,6 +18,7 @@ from tests.helpers.train_runs import TINY, damage, metrics, one_error_line, over
 from training.checkpoint.checkpointer import Checkpointer, complete_steps
 from training.checkpoint.state import ModelState
 from training.config import CheckpointSection
+from training.contract.batch_record import read_batches
 from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir
 from training.train import main
 
@@ -96,6 +97,30 @@ def test_a_new_run_into_a_directory_with_checkpoints_is_refused(dataset, tmp_pat
     (checkpoint_dir(r, 4) / COMPLETE_FILE).unlink()
     assert run(dataset, r, "run.max_steps=4", "checkpoint.keep_last=1") == 0
     assert complete_steps(r) == [4] and [m["step"] for m in metrics(r)] == [1, 2, 3, 4]
+
+
+def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_over(
+    dataset, tmp_path, capsys
+):
+    """Into a directory whose earlier run kept no checkpoint (checkpoint.interval = 0, or checkpoints/
+    deleted as the refusal above suggests), a resume from another run's step 4 kept that earlier
+    run's metrics rows and batch records of steps 1-4 as this run's (another lr, other losses), and
+    `verify` passed. What the directory holds is an earlier run's: started over, as for a fresh run."""
+    r, other = tmp_path / "run", tmp_path / "other"
+    assert run(dataset, other, "run.max_steps=8") == 0
+    assert run(dataset, r, "run.max_steps=8", "optim.lr=1e-2", "checkpoint.interval=0") == 0
+    capsys.readouterr()
+    foreign = checkpoint_dir(other, 4)
+    assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}") == 0
+    assert (
+        f"note: {r / 'metrics.jsonl'} exists from an earlier run; starting it over" in capsys.readouterr().out
+    )
+    assert [(m["step"], m["loss"]) for m in metrics(r)] == [
+        (m["step"], m["loss"]) for m in metrics(other)[4:]
+    ]
+    assert [e.step for e in read_batches(r / "batches.bin")[0]] == [5, 6, 7, 8]
+    capsys.readouterr()
+    assert gristmill(["verify", str(r)]) == 0
 
 
 def test_retention_keeps_the_save_it_follows_and_counts_only_its_timeline(tmp_path):
