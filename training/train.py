@@ -231,7 +231,8 @@ def loop(run: Run) -> dict[str, Any]:
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
                         _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                        blocking, only = stop is not None, checkpointer.resume_only(step)
+                        checkpointer.save(step, state.tokens_seen, blocking=blocking, resume_only=only)
                         kill_point(f"saved:{step}")
                     _write_pending(run)
                 if stop:  # after this step's save, or the rewind's
@@ -302,7 +303,8 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
         run.loader.seek(state.step)
         _record_batches(run)
-        run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
+        only = run.checkpointer.resume_only(state.step)
+        run.checkpointer.save(state.step, state.tokens_seen, blocking=True, resume_only=only)
     raise error
 
 

@@ -33,9 +33,10 @@ from tests.helpers.train_runs import (
 )
 from training.config import load_train_config
 from training.contract.batch_record import BatchEntry, batch_file
+from training.contract.run_layout import complete_steps
 from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.data.spec import resolve
-from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
+from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW
 from training.train import main
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -212,6 +213,30 @@ def test_kill_9_before_during_and_after_the_rewind_resumes_bit_identically(tmp_p
     assert ours == theirs
     for name in ("batches.bin", "batches-discarded.bin"):  # the kept and the discarded records (issue 47)
         assert (run / name).read_bytes() == (reference[0] / name).read_bytes(), name
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM at step 13", "run.max_steps=13"])
+def test_a_run_stopped_off_the_checkpoint_grid_rewinds_later_as_the_uninterrupted_run(
+    tmp_path, dataset, reference, stop
+):
+    """A stop saves a checkpoint a run never stopped does not have (step 13, between the grid's 10
+    and 15): a later spike at 17 went back to it, not to 10, and the run trained another timeline;
+    with keep_last = 1 it also took step 10's place. A resume-only save is neither."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run)
+    env = {**ENV, SPIKE_WINDOW: window_of(sets, SPIKE)}
+    first = [*sets, "run.max_steps=13"] if stop.startswith("run.") else sets
+    fault = {SIGTERM: "13"} if "SIGTERM" in stop else {}
+    done = forked.run(_train_cmd(first), cwd=ROOT, env={**env, **fault}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert complete_steps(run) in ([10, 12], [10, 13])  # the stop's, and step 10 kept (keep_last = 1)
+    done = forked.run(_train_cmd(sets) + ["--resume", "auto"], cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "back to step 10 (checkpoint verified)" in done.stdout, done.stdout[-3000:]
+    assert_same_weights(reference[0], run, STEPS)
+    # the rows, but for the one a run.max_steps chunk logs at its last step (13)
+    ours = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(run) if r["step"] != 13]
+    assert ours == [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(reference[0])]
 
 
 def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):

@@ -71,8 +71,10 @@ from training.checkpoint.io import (
 from training.checkpoint.record import (
     ARCHITECTURE_FIELDS,
     MODEL_RECORD,
+    RESUME_ONLY,
     CheckpointError,
     describe_differences,
+    is_resume_only,
     model_differences,
     read_complete_record,
     recorded_model,
@@ -227,15 +229,20 @@ def prune(
     step (a save in flight, or no checkpoint of this timeline) is never touched. `rewind` =
     (oldest, margin) keeps what a rewind from a later step may need (training/run/rewind.py): the
     newest complete checkpoint at or before saved + 1 − margin, and every one after it, none older
-    than `oldest`. Returns the deleted steps."""
+    than `oldest`. A resume-only checkpoint older than `saved` is deleted, and counted in neither.
+    Returns the deleted steps."""
     complete = [s for s in complete_steps(run_dir) if s <= saved]
     if saved not in complete:  # retention runs only after a save completed; nothing to measure against
         return []
-    keep = set(complete[-keep_last:]) if keep_last else set(complete)
+    # A resume-only save (a stop's, a run.max_steps chunk's) is kept only while it is the newest:
+    # counted in keep_last it would delete what a run never stopped keeps, and a rewind would go back
+    # to it (Checkpointer.resume_only).
+    regular = [s for s in complete if not is_resume_only(checkpoint_dir(run_dir, s))]
+    keep = set(regular[-keep_last:]) if keep_last else set(regular)
     keep.add(saved)
     if rewind is not None:
         oldest, margin = rewind
-        candidates = [s for s in complete if s >= oldest]
+        candidates = [s for s in regular if s >= oldest]
         back = [s for s in candidates if s <= saved + 1 - margin]
         keep.update(s for s in candidates if s >= (back[-1] if back else saved + 2 - margin))
     deleted = []
@@ -263,6 +270,7 @@ class _Pending:
     step: int
     tokens: int
     merged: bool  # the state saved holds the merged weights of its step, to export ([merge] export)
+    resume_only: bool  # Checkpointer.resume_only
     future: Future
     t0: float
     write_start: float
@@ -287,6 +295,7 @@ class Checkpointer:
         last_step: int,
         config_sha256: str,
         estimate_bytes: int,
+        plan_last_step: int | None = None,
         model_config: dict[str, Any] | None = None,
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
         merged_export: Callable[[int], bool] | None = None,
@@ -294,10 +303,12 @@ class Checkpointer:
         """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
         (the timeline's oldest rewind target and run.rewind.margin_steps); `merged_export`: with
         [merge] export = true, whether the state saved at a step holds that step's merged weights
-        (asked at the save; exported with the checkpoint); `states`: checkpointables(...)."""
+        (asked at the save; exported with the checkpoint); `states`: checkpointables(...);
+        `plan_last_step`: the plan's last step, saved by every run (resume_only)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
+        self.plan_last_step = plan_last_step  # the plan's last step (last_step: this invocation's)
         self.config_sha256 = config_sha256
         # dataclasses.asdict of the run's ModelConfig: recorded in COMPLETE (the export builds the
         # checkpoint's own model from it) and checked before a resume loads anything.
@@ -368,6 +379,15 @@ class Checkpointer:
 
     def due(self, step: int) -> bool:
         return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
+
+    def resume_only(self, step: int) -> bool:
+        """Whether a save of `step` is one a run that was never stopped does not make: at a stop
+        (SIGTERM, data that cannot be read) or at a run.max_steps off the interval's grid. It resumes
+        the run, but it is no rewind's target and counts in no keep_last, so that a later spike
+        rewinds, and retention keeps, as in that run (COMPLETE records it; prune deletes it once a
+        later save completes)."""
+        on_grid = self.cfg.interval > 0 and step % self.cfg.interval == 0
+        return not (on_grid or step == self.plan_last_step)
 
     def newest_complete(self) -> str:
         steps = complete_steps(self.run_dir)
@@ -624,8 +644,9 @@ class Checkpointer:
             f"({self.last_wait_s:.1f} s at step {step}); raise checkpoint.interval"
         )
 
-    def save(self, step: int, tokens: int, *, blocking: bool = False) -> bool:
-        """Save the state of `step`; returns False if the disk guard skipped it (on_low_disk=skip)."""
+    def save(self, step: int, tokens: int, *, blocking: bool = False, resume_only: bool = False) -> bool:
+        """Save the state of `step` (`resume_only`: see resume_only()); returns False if the disk guard
+        skipped it (on_low_disk=skip)."""
         requested = time.perf_counter()
         self.last_stage_s = 0.0
         unfinished = self.pending is not None and not self.pending.future.done()
@@ -683,7 +704,7 @@ class Checkpointer:
                         async_stager=PreStaged(),
                     )
                     fut = getattr(fut, "upload_completion", fut)  # an AsyncSaveResponse on newer torch
-                    pending = _Pending(step, tokens, merged, fut, t0, write_start)
+                    pending = _Pending(step, tokens, merged, resume_only, fut, t0, write_start)
                     pending.future = self._then_record(fut, path, pending)
                     self.pending = pending
                     return True
@@ -691,7 +712,7 @@ class Checkpointer:
             self._record_own_files(path)
         except BaseException as e:
             self._failed(step, e)
-        self._complete(step, tokens, t0, merged)
+        self._complete(step, tokens, t0, merged, resume_only)
         return True
 
     def _then_record(self, fut: Future, path: Path, pending: _Pending) -> Future:
@@ -765,7 +786,7 @@ class Checkpointer:
         except BaseException as e:
             self._failed(p.step, e)
         self.last_write_s = (p.write_end or time.perf_counter()) - p.write_start
-        self._complete(p.step, p.tokens, p.t0, p.merged)
+        self._complete(p.step, p.tokens, p.t0, p.merged, p.resume_only)
 
     def _failed(self, step: int, exc: BaseException):
         if isinstance(exc, KeyboardInterrupt | SystemExit):
@@ -777,7 +798,7 @@ class Checkpointer:
             f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with --resume auto"
         ) from None
 
-    def _complete(self, step: int, tokens: int, t0: float, merged: bool) -> None:
+    def _complete(self, step: int, tokens: int, t0: float, merged: bool, resume_only: bool) -> None:
         """Rank 0 after DCP's .metadata: the COMPLETE record (with every rank's file checksums), an
         export if due (and the merged weights' when the state held them, `merged`), then retention."""
         if self.rank != 0:
@@ -796,6 +817,7 @@ class Checkpointer:
                     "save_seconds": round(time.perf_counter() - t0, 3),
                     "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "world_size": self.world_size,
+                    **({RESUME_ONLY: True} if resume_only else {}),
                     **({MODEL_RECORD: self.model_config} if self.model_config is not None else {}),
                     "files": files,
                 },

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.tensor import DTensor
 
-from training.checkpoint.record import CheckpointError, read_complete_record
+from training.checkpoint.record import CheckpointError, is_resume_only, read_complete_record
 from training.contract.errors import GristmillError
 from training.contract.integrity import damaged_files
 from training.contract.run_layout import (
@@ -147,13 +147,15 @@ def newest_verified(
     """The newest complete checkpoint of a run whose files match their COMPLETE record (None if
     there is none), its verification note (checkpoints without checksums), and every newer
     checkpoint passed over with the reason. Used by --resume auto, by the export and, with
-    `within` = (oldest, newest) steps, by a rewind."""
+    `within` = (oldest, newest) steps, by a rewind (which never goes back to a resume-only save)."""
     passed_over = []
     for step in reversed(list_steps(Path(run_dir) / CHECKPOINTS_DIR)):
         if within is not None and not within[0] <= step <= within[1]:
             continue
         path = checkpoint_dir(run_dir, step)
         reason = incomplete_reason(path)
+        if within is not None and reason is None and is_resume_only(path):
+            continue  # a stop's save: a run that was never stopped has none to go back to
         if reason is None:
             try:
                 return path, verify_checkpoint(path), passed_over

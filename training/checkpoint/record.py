@@ -31,6 +31,20 @@ def read_complete_record(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
 
 
+RESUME_ONLY = "resume_only"
+"""COMPLETE's key, true for a save a run that was never stopped does not make (Checkpointer.resume_only):
+a resume's starting point, never a rewind's target, counted in no keep_last."""
+
+
+def is_resume_only(path: str | Path) -> bool:
+    """Whether complete checkpoint `path` is a resume-only save (RESUME_ONLY); an unreadable record
+    says no (such a checkpoint fails verification wherever it would be used)."""
+    try:
+        return read_complete_record(path).get(RESUME_ONLY) is True
+    except CheckpointError:
+        return False
+
+
 MODEL_RECORD = "model"
 """COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
 training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""

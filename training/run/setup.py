@@ -290,6 +290,7 @@ def _checkpointer(
         rank=env.rank,
         world_size=env.world_size,
         last_step=last_step,
+        plan_last_step=timeline.plan.total_steps,
         config_sha256=identity,
         # fp32 weights + AdamW's two moments (+ the merge's accumulator)
         estimate_bytes=params * 4 * (3 if merge is None else 4),
