@@ -79,8 +79,18 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
         (p.tokens // p.global_batch_tokens) * p.global_batch_tokens * (p.seq_len + 1) / p.seq_len * 1.02
     )
     # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
-    lo = np.full(len(tokens), max(c.min_weight, np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4))
+    one_sequence = np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4
+    lo = np.full(len(tokens), max(c.min_weight, one_sequence))
     hi = np.full(len(tokens), c.max_weight)
+    n = len(tokens)
+    if one_sequence > c.min_weight and one_sequence * n > 1.0 - 1e-9:
+        raise ConfigError(
+            f"proxy.global_batch_tokens = {p.global_batch_tokens} holds {p.global_batch_tokens // p.seq_len} "
+            f"sequences of proxy.seq_len = {p.seq_len} a step and each of the {n} sources takes at least "
+            f"one, which leaves no mixture to search; raise proxy.global_batch_tokens well above "
+            f"{n * p.seq_len} (e.g. {4 * n * p.seq_len}) or lower proxy.seq_len",
+            key="proxy.global_batch_tokens",
+        )
     for budget, key, value in (
         (proxy_read, "proxy.tokens", p.tokens),
         (c.run_tokens, "constraints.run_tokens", c.run_tokens),
@@ -121,7 +131,16 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(f"{n} {tokens[n]:,} tokens ({fingerprints[n][:12]}…)" for n in sources)
     )
     _say(f"prior (token-proportional): {_mix_text(sources, prior)}")
-    points = simplex.swarm(prior, swarm_size(cfg), cfg.swarm.seed, cfg.swarm.concentration, lo, hi)
+    try:
+        points = simplex.swarm(prior, swarm_size(cfg), cfg.swarm.seed, cfg.swarm.concentration, lo, hi)
+    except simplex.TooFewMixtures as e:
+        ranges = ", ".join(f"{n} {a:.4g}–{b:.4g}" for n, a, b in zip(sources, lo, hi))
+        raise ConfigError(
+            f"swarm.size = {swarm_size(cfg)}: only {e.found} distinct mixture(s) (at 4 decimals) were found "
+            f"within the weights' bounds ({ranges}: constraints.min_weight/max_weight, one sequence of a "
+            "proxy step each, max_epochs); widen the bounds or lower swarm.size",
+            key="swarm.size",
+        ) from None
     swarm = [
         Proxy("swarm", f"p{i:02d}", tuple(float(x) for x in r), cfg.data.seed) for i, r in enumerate(points)
     ]

@@ -159,6 +159,13 @@ def check_mix_config(cfg: MixConfig) -> None:
             "set it in (0, 1), e.g. 0.02",
             key="data.val_fraction",
         )
+    for i, src in enumerate(cfg.data.sources):  # a source's own wins; a proxy is scored on every one
+        if src.val_fraction is not None and not 0.0 < src.val_fraction < 1.0:
+            raise ConfigError(
+                f"data.sources[{i}].val_fraction = {src.val_fraction} (source {src.name!r}): every source's "
+                "held-out loss is the search's evidence; set it in (0, 1) or leave it to data.val_fraction",
+                key=f"data.sources[{i}].val_fraction",
+            )
     t = cfg.target
     if bool(t.mix) == bool(t.source):
         raise ConfigError(

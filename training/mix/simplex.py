@@ -38,15 +38,33 @@ def swarm(
 ) -> list[np.ndarray]:
     """`size` mixtures drawn from Dirichlet(concentration × n × center), each projected into the
     bounds and rounded to 4 decimals. Drawn one at a time from one seeded stream, so a larger size
-    keeps the smaller one's points as its first ones (their proxies are reused)."""
+    keeps the smaller one's points as its first ones (their proxies are reused). TooFewMixtures when
+    the draws stop finding new ones (bounds that fit fewer than `size`)."""
     rng = np.random.default_rng(seed)
     alpha = np.maximum(concentration * len(center) * center, 1e-3)
     points: list[np.ndarray] = []
+    misses = 0
     while len(points) < size:
         r = rounded(project(rng.dirichlet(alpha), lo, hi), lo, hi)
-        if not any(np.array_equal(r, p) for p in points):  # a duplicate would add no evidence
-            points.append(r)
+        if any(np.array_equal(r, p) for p in points):  # a duplicate would add no evidence
+            misses += 1
+            if misses > GIVE_UP * size:  # bounds so tight that few mixtures (at 4 decimals) fit them
+                raise TooFewMixtures(len(points))
+            continue
+        points.append(r)
+        misses = 0
     return points
+
+
+GIVE_UP = 200  # draws per point of the swarm that bring nothing new, before the swarm says so
+
+
+class TooFewMixtures(ValueError):
+    """The bounds hold fewer distinct mixtures (at 4 decimals) than the swarm's size: `found` of them."""
+
+    def __init__(self, found: int):
+        super().__init__(found)
+        self.found = found
 
 
 def rounded(r: np.ndarray, lo: np.ndarray, hi: np.ndarray, digits: int = 4) -> np.ndarray:

@@ -271,6 +271,13 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.lr=-1"], "proxy.lr = -1.0 is not allowed"),
         (["proxy.min_lr=1"], "need 0 ≤ proxy.min_lr ≤ proxy.lr; got lr 0.003, min_lr 1.0"),
         (["proxy.set=['optim.lr=-1']"], "optim.lr = -1.0 is not allowed"),
+        # bounds that fit one mixture, or a handful: the swarm drew forever, silently
+        (
+            ["proxy.global_batch_tokens=64", "proxy.micro_batch=1"],
+            "proxy.global_batch_tokens = 64 holds 2 sequences of proxy.seq_len = 32 a step and each of "
+            "the 2 sources takes at least one, which leaves no mixture to search",
+        ),
+        (["constraints.min_weight=0.4999"], "swarm.size = 4: only 2 distinct mixture(s) (at 4 decimals)"),
     ],
 )
 def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsys, sets, says):
@@ -279,6 +286,19 @@ def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsy
     err = capsys.readouterr().err.strip()
     assert says in err and err.startswith("error: ") and "\n" not in err, err
     assert not (out / "swarm").exists()
+
+
+def test_a_source_without_held_out_documents_is_one_line_before_any_run(tmp_path, shared_sources, capsys):
+    """Every proxy is scored on every source's held-out loss: with a source's own val_fraction = 0
+    each one trained to its end, was then found unfinished, and the rerun trained them all again."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    config.write_text(config.read_text().replace('name = "code"\n', 'name = "code"\nval_fraction = 0.0\n'))
+    assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: data.sources[1].val_fraction = 0.0 (source 'code'): every source's held-out loss is the "
+        "search's evidence; set it in (0, 1) or leave it to data.val_fraction"
+    )
 
 
 def _children(pid: int) -> list[int]:
