@@ -1,7 +1,7 @@
 """The config system: TOML + dotted overrides, unknown keys and wrong types are errors naming the key."""
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -87,6 +87,33 @@ def test_round_trip_and_hash(tmp_path):
     assert again == cfg
     assert config_sha256(again) == config_sha256(cfg)
     assert config_sha256(load_config(Outer, None, ["optim.lr=0.25"])) != config_sha256(cfg)
+
+
+def test_strings_of_any_character_round_trip(tmp_path):
+    """json.dumps wrote a character past U+FFFF as a surrogate pair (\\ud83d\\ude80), which TOML
+    refuses: a run named with an emoji trained, and its config.toml could not be read back (resume,
+    export, eval, verify). DEL and the other control characters TOML forbids raw are escaped."""
+    for name in ("loss 🚀 test", "é ü 中", "tab\there, new\nline", "del\x7f and \x01", 'a "q" \\ b'):
+        cfg = Outer(name=name)
+        assert load_config(Outer, write(tmp_path, to_toml(cfg))) == cfg
+
+
+def test_a_key_set_inside_a_table_takes_its_value(tmp_path):
+    """`--set build.slurm.sbatch_args.account=myacct`: the value, not the wrapper a --set scalar
+    travels in (sbatch got `--account=_OneValue(value='myacct')`, the saved config a table of it),
+    and a typed table's value as its type says."""
+
+    @dataclass
+    class Tables:
+        args: dict[str, Any] = field(default_factory=dict)
+        mix: dict[str, float] = field(default_factory=dict)
+
+    cfg = load_config(Tables, None, ["args.account=myacct", "args.nodes=2", "mix.web=1"])
+    assert cfg.args == {"account": "myacct", "nodes": 2} and cfg.mix == {"web": 1.0}
+    assert isinstance(cfg.mix["web"], float)
+    assert load_config(Tables, write(tmp_path, to_toml(cfg))) == cfg
+    with pytest.raises(ConfigError, match=r"^mix.code must be a number, got 'x' \(--set"):
+        load_config(Tables, None, ['mix.code="x"'])
 
 
 def test_missing_file_and_bad_toml(tmp_path):

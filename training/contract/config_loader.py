@@ -166,6 +166,17 @@ class _OneValue:
     value: Any
 
 
+def _plain(value: Any) -> Any:
+    """`value` with every _OneValue inside it unwrapped (a value of type Any keeps its shape)."""
+    if isinstance(value, _OneValue):
+        return _plain(value.value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def _indexed(part: str, key: str) -> tuple[str, int | None]:
     """ "phase[1]" -> ("phase", 1); "data" -> ("data", None)."""
     if not part.endswith("]") or "[" not in part:
@@ -243,9 +254,11 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {key} must be a table, got {value!r}", key)
-        return dict(value)
+        # each value as its type says (a `--set KEY.NAME=V` into the table arrives wrapped: _OneValue)
+        _, value_tp = typing.get_args(tp) or (str, Any)
+        return {k: _coerce(value_tp, v, f"{key}.{k}", source) for k, v in value.items()}
     if tp is Any:
-        return value
+        return _plain(value)
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{source}: {key} must be true or false, got {value!r}", key)
@@ -363,7 +376,23 @@ def _is_table_array(v: Any) -> bool:
 
 
 def _toml_key(k: str) -> str:
-    return k if k and all(c.isalnum() or c in "_-" for c in k) else json.dumps(k)
+    return k if k and all(c.isalnum() or c in "_-" for c in k) else _toml_string(k)
+
+
+def _toml_string(v: str) -> str:
+    """A TOML basic string: `"` and `\\` escaped and the control characters TOML forbids raw (U+0000–
+    U+001F but tab, and DEL), every other character as itself. (json.dumps escaped a character past
+    U+FFFF as a UTF-16 surrogate pair, which TOML refuses: a run's config.toml that could not be read
+    back, for an emoji in metrics.run_name.)"""
+    out = []
+    for c in v:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif (c < " " and c != "\t") or c == "\x7f":
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
 
 
 def _toml_value(v: Any) -> str:
@@ -372,7 +401,7 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)  # JSON string escapes are valid TOML basic-string escapes
+        return _toml_string(v)
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):  # an inline table (a phase's mix and lr)
