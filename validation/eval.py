@@ -42,9 +42,11 @@ from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
+from training.contract.dataset_format import same_data
 from training.contract.errors import GristmillError
 from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
 from training.contract.run_layout import (
+    DATA_PLAN_JSON,
     EVAL_DIR,
     EVAL_PARQUET,
     EVAL_PLOT,
@@ -54,6 +56,7 @@ from training.contract.run_layout import (
     eval_dir,
     list_steps,
 )
+from training.data.recipe import recorded_plan
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
@@ -160,6 +163,29 @@ def run_data(spec: RunSpec, source: str = "") -> RunData:
     return RunData(src.name, str(src.dataset), src.val_fraction, spec.cache)
 
 
+def check_trained_on(run_dir: Path, data: RunData) -> None:
+    """The held-out documents' dataset is the one the run trained on (RUN/data_plan.json's fingerprint
+    of the source; a run that recorded none is not checked): RUN/config.toml names it as it was given,
+    a path relative to where the run started, and an eval started elsewhere scored whatever dataset
+    that path led to there."""
+    try:
+        description = recorded_plan(run_dir)
+        recorded = {s["name"]: s["fingerprint"] for s in (description or {}).get("sources", [])}
+        if data.source not in recorded:
+            return
+        info = dataset_info(data.dataset)
+    except GristmillError as e:
+        raise EvalError(str(e)) from None
+    if not same_data(recorded[data.source], info):
+        raise EvalError(
+            f"source {data.source!r}: {data.dataset} is not the dataset this run trained on (fingerprint "
+            f"{str(info.get('fingerprint'))[:12]}… there, {str(recorded[data.source])[:12]}… in "
+            f"{run_dir / DATA_PLAN_JSON}): its held-out documents would be another dataset's; run the "
+            "eval from the directory the run was started in, or point the source's dataset at the one it "
+            "trained on"
+        )
+
+
 def training_data_checks(spec: RunSpec) -> list[dict[str, Any]]:
     """Per source dataset of the run: {"source", "dataset", "decontaminate"}, the last being
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
@@ -210,6 +236,7 @@ class TaskPlan:
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
         if self.local:
+            check_trained_on(run_dir, self.data)
             build_task_data(
                 self.data.dataset,
                 self.data.val_fraction,

@@ -655,6 +655,24 @@ def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tm
     assert {p.name: p.read_bytes() for p in data.glob("*.jsonl")} == built
 
 
+def test_held_out_documents_of_another_dataset_than_the_run_trained_on_are_refused(
+    eval_run, tmp_path, capsys
+):
+    """RUN/config.toml names the dataset as given, often relative to where the run started: an eval
+    from elsewhere scored whatever dataset that path led to there (other documents, other scores,
+    results.json none the wiser). The run's data_plan.json fingerprint decides, as for inspect."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    # the run's record: it trained on another dataset than the one its config's path leads to now
+    (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "data", "fingerprint": "f" * 64}]}))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "is not the dataset this run trained on (fingerprint " in err and "ffffffffffff… in " in err, err
+    assert not (run / "eval" / "step-000005" / "results.json").exists()
+
+
 def test_mixture_eval_names_the_source_scored_and_its_context_is_the_models(eval_run, tmp_path, capsys):
     """A mixture run: the local tasks are built from one source's held-out documents, and every
     place the scores go says which (the `[eval]` line, results.json); the context defaults to the
