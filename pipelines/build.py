@@ -22,6 +22,7 @@ import fcntl
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -199,6 +200,10 @@ def output_dir(cfg: DataConfig) -> Path:
 
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:
+    if not cfg.output.strip():  # "" resolved to the working directory, which got the dataset's files
+        raise BuildError(
+            'output = "": name the dataset\'s directory (or s3:// URL), e.g. output = "runs/data/mine"'
+        )
     if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
         ObjectStore(cfg.output).check_bucket()
     out = output_dir(cfg)
@@ -223,10 +228,15 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
     check_dedup_config(cfg.dedup)
-    if not cfg.shards.target_mb > 0:
+    if not 0 < cfg.build.progress_interval < math.inf:  # 0 or nan: a busy loop, a line per turn
         raise BuildError(
-            f"shards.target_mb = {cfg.shards.target_mb} would write one shard per document; "
-            "set it > 0 (256 for FineWeb-Edu scale, 1 for the demo)"
+            f"build.progress_interval = {cfg.build.progress_interval}: seconds between progress lines; set "
+            "it > 0 (10 by default)"
+        )
+    if not 0 < cfg.shards.target_mb < math.inf:
+        raise BuildError(
+            f"shards.target_mb = {cfg.shards.target_mb}: a shard is closed at this size (0: one shard per "
+            "document); set it > 0 and finite (256 for FineWeb-Edu scale, 1 for the demo)"
         )
     if is_url(cfg.output) and cfg.shards.target_mb > MAX_SHARD_MB_IN_A_BUCKET:
         raise BuildError(

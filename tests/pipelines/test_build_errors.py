@@ -43,6 +43,27 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("build.progress_interval=0", "build.progress_interval = 0.0: seconds between progress lines"),
+        ("build.progress_interval=nan", "build.progress_interval = nan: seconds between progress lines"),
+        ("shards.target_mb=inf", "shards.target_mb = inf: a shard is closed at this size"),
+        ('output=""', 'output = "": name the dataset\'s directory (or s3:// URL)'),
+    ],
+)
+def test_values_that_cannot_build_are_one_line_first(
+    build_fixture, tmp_path, monkeypatch, capsys, override, says
+):
+    """progress_interval 0 or nan: a busy loop printing a line per turn (929 lines in a 5 s build);
+    target_mb inf: a traceback; output "": the working directory got the dataset's files."""
+    _, _, config = build_fixture
+    monkeypatch.chdir(tmp_path)  # where output = "" went
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", override))  # a later output= wins
+    assert says in msg, msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_missing_source(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'nowhere'}"))

@@ -59,6 +59,10 @@ def refusal(*overrides: str) -> str:
         ("optim.betas=[0.9, nan]", "optim.betas = [0.9, nan] must be two numbers in [0, 1)"),
         ("parallel.shard=0", "parallel.shard = 0 must be ≥ 1 or -1 (= world_size // replicate)"),
         ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
+        # a traceback mid-setup (torch.manual_seed), a lock file left behind
+        ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
+        # the working directory got the run's checkpoints, config and metrics
+        ('run.output_dir=""', 'run.output_dir = "": name the run\'s directory'),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):
