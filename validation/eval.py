@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
@@ -102,8 +104,8 @@ class EvalConfig:
     """Requests per forward pass."""
     device: str = "auto"
     """"cpu", "cuda", "cuda:1" …; "auto" takes cuda when there is one."""
-    dtype: str = "float32"
-    """Weights' dtype for the forward passes (float32, bfloat16, float16)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype for the forward passes."""
     limit: int = 0
     """At most this many documents per task (0: all); for smoke tests, not for reported numbers."""
     num_fewshot: int = 0
@@ -679,7 +681,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_eval_config(path: str | None, overrides: list[str], tasks: str | None = None) -> EvalConfig:
     if tasks:
         overrides = [*overrides, f"tasks={[t for t in tasks.split(',') if t]!r}".replace("'", '"')]
-    return load_config(EvalConfig, path, overrides)
+    cfg = load_config(EvalConfig, path, overrides)
+    check_eval_config(cfg)
+    return cfg
+
+
+def check_eval_config(cfg: EvalConfig) -> None:
+    """Values no eval can use, refused in one line before any export or model is loaded (they were
+    tracebacks from lm-eval, or a message to delete a good export)."""
+    at_least = {
+        "batch_size": 1,
+        "docs": 1,
+        "limit": 0,
+        "num_fewshot": 0,
+        "bootstrap_iters": 0,
+        "max_length": 0,
+    }
+    for key, low in at_least.items():
+        if getattr(cfg, key) < low:
+            raise EvalError(f"{key} = {getattr(cfg, key)} must be ≥ {low}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
+        raise EvalError(f'device = "{cfg.device}" is not a device: "auto", "cpu", "cuda" or "cuda:N"')
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EvalError(f'device = "{cfg.device}", but torch sees no CUDA GPU here; use "cpu" or "auto"')
 
 
 def run(args: argparse.Namespace) -> int:
@@ -693,6 +720,8 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError(
                 "--watch evaluates each step's raw weights; evaluate merged weights with --step N --merged"
             )
+        if not 0 < args.poll < math.inf:
+            raise EvalError(f"--poll {args.poll}: seconds between looks at the run; give a number > 0")
         return watch(run_dir, cfg, args.poll, args.idle_exit, args.verbose)
     steps = available_steps(run_dir, merged)
     weights = "merged weights" if merged else "export or complete checkpoint"

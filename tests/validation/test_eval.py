@@ -673,6 +673,28 @@ def test_held_out_documents_of_another_dataset_than_the_run_trained_on_are_refus
     assert not (run / "eval" / "step-000005" / "results.json").exists()
 
 
+@pytest.mark.parametrize(
+    "sets, says",
+    [
+        (["limit=-1"], "limit = -1 must be ≥ 0"),  # a traceback from lm-eval, after the model loaded
+        (["batch_size=0"], "batch_size = 0 must be ≥ 1"),
+        (["max_length=-5"], "max_length = -5 must be ≥ 0"),
+        (["num_fewshot=-1"], "num_fewshot = -1 must be ≥ 0"),  # accepted silently
+        (["docs=0"], "docs = 0 must be ≥ 1"),
+        (['dtype="fp8"'], "dtype = 'fp8' is not allowed"),  # "delete the export and re-export it"
+        (['device="gpu"'], 'device = "gpu" is not a device'),
+    ],
+)
+def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_path, capsys, sets, says):
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--step", "5", "--set", *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and err.startswith("error: ") and "\n" not in err, err
+
+
 def test_mixture_eval_names_the_source_scored_and_its_context_is_the_models(eval_run, tmp_path, capsys):
     """A mixture run: the local tasks are built from one source's held-out documents, and every
     place the scores go says which (the `[eval]` line, results.json); the context defaults to the
