@@ -167,10 +167,6 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         raise ConfigError(
             f"optim.muon_ns_steps = {o.muon_ns_steps} must be ≥ 1, e.g. 5", "optim.muon_ns_steps"
         )
-    if not r.output_dir.strip():  # "" resolved to the working directory, which got the run's files
-        raise ConfigError(
-            'run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"', "run.output_dir"
-        )
     if not -(2**63) <= r.seed < 2**64:  # what torch.manual_seed takes (past it, an OverflowError mid-setup)
         raise ConfigError(f"run.seed = {r.seed} does not fit in 64 bits; use a smaller seed", "run.seed")
     if r.max_steps is not None and not 1 <= r.max_steps <= last_step:

@@ -116,6 +116,13 @@ def test_a_key_set_inside_a_table_takes_its_value(tmp_path):
         load_config(Tables, None, ['mix.code="x"'])
 
 
+def test_a_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    path = tmp_path / "latin.toml"
+    path.write_bytes('name = "café"\n'.encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin.toml: not UTF-8 \(byte 11 is 0xe9\); save it as UTF-8$"):
+        load_config(Outer, path)
+
+
 def test_missing_file_and_bad_toml(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(Outer, tmp_path / "nope.toml")

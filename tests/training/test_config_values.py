@@ -61,8 +61,6 @@ def refusal(*overrides: str) -> str:
         ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
         # a traceback mid-setup (torch.manual_seed), a lock file left behind
         ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
-        # the working directory got the run's checkpoints, config and metrics
-        ('run.output_dir=""', 'run.output_dir = "": name the run\'s directory'),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):
@@ -119,3 +117,18 @@ def test_gristmill_train_refuses_it_in_one_line_before_torch(override):
     key = override.split("=")[0]
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: {key} = ") and "is not allowed" in line, line
+
+
+def test_an_empty_run_output_dir_is_one_line_not_the_working_directory(
+    synthetic_dataset, tmp_path, monkeypatch, capsys
+):
+    """run.output_dir = "" resolved to the working directory, which got the run's checkpoints,
+    config.toml, metrics.jsonl and lock."""
+    from pipelines.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    sets = [f"data.dataset={json.dumps(str(synthetic_dataset()))}", 'run.output_dir=""', "run.threads=1"]
+    assert main(["train", "--config", TINY, "--set", *sets]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == 'error: run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"', err
+    assert list(tmp_path.iterdir()) == []

@@ -50,6 +50,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: invalid TOML ({e}); fix the syntax at that line") from None
+        except UnicodeDecodeError as e:  # TOML files are UTF-8
+            raise ConfigError(
+                f"{path}: not UTF-8 (byte {e.start} is 0x{e.object[e.start]:02x}); save it as UTF-8"
+            ) from None
         source = str(path)
     return config_from(cls, raw, overrides, source)
 

@@ -193,9 +193,10 @@ def check_mix_config(cfg: MixConfig) -> None:
             f"sources fits (need min_weight ≤ {1 / n:.4g} ≤ max_weight)",
             key="constraints",
         )
-    if c.run_tokens < 0:
+    if not 0 <= c.run_tokens < math.inf:  # nan compared false everywhere: the cap was dropped
         raise ConfigError(
-            f"constraints.run_tokens = {c.run_tokens}: must be ≥ 0 (0: no cap)", key="constraints.run_tokens"
+            f"constraints.run_tokens = {c.run_tokens}: must be a finite number ≥ 0 (0: no cap)",
+            key="constraints.run_tokens",
         )
     if cfg.swarm.size and cfg.swarm.size < n + 2:
         raise ConfigError(
@@ -203,9 +204,10 @@ def check_mix_config(cfg: MixConfig) -> None:
             "needs points to spare); 0 gives 3 × sources + 5",
             key="swarm.size",
         )
-    if cfg.swarm.concentration <= 0:
+    if not 0 < cfg.swarm.concentration < math.inf:
         raise ConfigError(
-            f"swarm.concentration = {cfg.swarm.concentration}: must be > 0", key="swarm.concentration"
+            f"swarm.concentration = {cfg.swarm.concentration}: must be a finite number > 0",
+            key="swarm.concentration",
         )
     if not cfg.validation.seeds or len(set(cfg.validation.seeds)) != len(cfg.validation.seeds):
         raise ConfigError(
@@ -214,6 +216,8 @@ def check_mix_config(cfg: MixConfig) -> None:
             key="validation.seeds",
         )
     p = cfg.proxy
+    if not p.tokens < math.inf:  # nan or inf: a traceback converting it to steps
+        raise ConfigError(f"proxy.tokens = {p.tokens}: must be a finite number", key="proxy.tokens")
     if p.tokens < p.global_batch_tokens:
         raise ConfigError(
             f"proxy.tokens = {p.tokens:g}: less than one step of "

@@ -89,6 +89,8 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     against the dataset (vocabulary, separator, sequence length), the base model of init_from
     against the data, the device and the optimizer. Raises GristmillError with the numbers."""
     spec = check_config(cfg, env.world_size)
+    if not cfg.run.output_dir.strip():  # "" resolved to the working directory, which got the run's files
+        raise GristmillError('run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"')
     mesh_shape(cfg.parallel, env.world_size)  # replicate × shard = world size
     dataset = spec.sources[0].dataset  # every source of a mixture shares one tokenizer
     info = dataset_info(dataset)  # a bucket's: one GET

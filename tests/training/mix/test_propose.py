@@ -278,6 +278,10 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "the 2 sources takes at least one, which leaves no mixture to search",
         ),
         (["constraints.min_weight=0.4999"], "swarm.size = 4: only 2 distinct mixture(s) (at 4 decimals)"),
+        # nan compares false everywhere: a traceback, a cap silently dropped, an internal key named
+        (["proxy.tokens=nan"], "proxy.tokens = nan: must be a finite number"),
+        (["constraints.run_tokens=nan"], "constraints.run_tokens = nan: must be a finite number ≥ 0"),
+        (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
     ],
 )
 def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsys, sets, says):
