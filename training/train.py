@@ -226,7 +226,8 @@ def loop(run: Run) -> dict[str, Any]:
                     kill_point(f"trained:{step}")
                     if verdict.warning:
                         say(verdict.warning)
-                    if due.log:  # waits in the state (and so in a checkpoint saved now) until written
+                    # a spike that could not rewind was trained: its row records it, logged step or not
+                    if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
                         row = _row(run, step, phase, result, verdict)
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training

@@ -296,6 +296,11 @@ def test_a_spike_before_any_checkpoint_is_said_and_the_run_goes_on(tmp_path, dat
         in out
     ), out
     assert not (run / "data_plan.json").read_text().count("skips")
+    # the spike it trained is in the run's record: the row of its step (log_every 5: not a logged
+    # one), with the spike as its event, as "report" records every spike it sees
+    (row,) = [r for r in metrics(run) if r["step"] == 6]
+    assert row["loss"] > 50 and any("loss spike" in e for e in row["events"]), row
+    assert "discarded_by_rewind" not in row
 
 
 def test_rewind_settings_are_checked(tmp_path, dataset, capsys):
