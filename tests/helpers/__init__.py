@@ -13,7 +13,7 @@ models                  small seeded models for tests that need real parameters 
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)
-preload_probe           a datatrove step saying which process imported its module (a build's forkserver preload)
+preload_probe           a datatrove step saying which process imported its module (forkserver preload)
 s3_server               moto's S3 server on loopback with a boto3 client, and the seeded fault-injecting proxy
 shared                  artifacts built once per run under a file lock (datasets, reference runs), unchanged
 tiers                   the two tiers (pytest.mark.process); modules kept on one worker (xdist_group)
