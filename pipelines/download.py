@@ -260,8 +260,8 @@ def _complete(final: Path, f: RemoteFile, rec: dict | None, verify: bool) -> str
     """The sha256 of an already complete FINAL, or None if it must be (re)fetched."""
     if not final.is_file() or final.stat().st_size != f.size:
         return None
-    if f.version and (rec or {}).get("version") not in (None, f.version):
-        return None  # changed upstream since it was fetched
+    if f.version and (rec or {}).get("version") != f.version:
+        return None  # changed upstream since it was fetched, or fetched before versions were recorded
     expected = f.sha256 or (rec or {}).get("sha256")
     if rec and not verify and rec.get("size") == f.size and rec.get("sha256") == expected:
         return expected  # recorded when it was downloaded and checked

@@ -243,12 +243,15 @@ def _init_failed(tracker: str, e: Exception, fix: str) -> GristmillError:
 
 class Tensorboard:
     """Event files in RUN/tensorboard. On a resume, events of steps after the checkpoint (written by
-    the interrupted invocation, about to be redone) are purged, so the curves have no doubled steps."""
+    the interrupted invocation, about to be redone) are purged, so the curves have no doubled steps;
+    a new run purges all of an earlier run's."""
 
     def __init__(self, run_dir: Path, resume_step: int | None, info: dict[str, Any]):
         from torch.utils.tensorboard import SummaryWriter  # ImportError: the caller's note
 
-        purge = None if resume_step is None else resume_step + 1
+        # A new run (or one resumed from another run's checkpoint) purges every step an earlier run left
+        # in RUN/tensorboard: its curve, another lr's, stayed under this run's, steps doubled.
+        purge = 0 if resume_step is None else resume_step + 1
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge)
         if resume_step is None:
             self.writer.add_text("provenance", f"```\n{json.dumps(info, indent=2)}\n```", 0)

@@ -117,6 +117,15 @@ def test_a_file_changed_upstream_at_the_same_size_is_fetched_again(remote, tmp_p
     download(str(remote), "sample/10BT", dest, progress=False)
     assert (dest / rel).read_bytes() == newer
 
+    # a file an earlier gristmill downloaded records no version: fetched again, not taken as current
+    record = json.loads((dest / RECORD).read_text())
+    (dest / RECORD).write_text(
+        json.dumps({"files": {k: {**v, "version": None} for k, v in record["files"].items()}})
+    )
+    newest = change()
+    rep = download(str(remote), "sample/10BT", dest, progress=False)
+    assert (dest / rel).read_bytes() == newest and rep.downloaded == 3
+
 
 def test_checksums_as_the_hub_gives_them(remote, tmp_path):
     fs, root, dest = LocalFileSystem(), str(remote), tmp_path / "dest"

@@ -258,9 +258,13 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: {key} must be a table, got {value!r}", key)
-        # each value as its type says (a `--set KEY.NAME=V` into the table arrives wrapped: _OneValue)
+        # Each value checked against the table's value type and kept as written (a mix's 3 stays 3:
+        # the run's config hash is of what was given); a `--set KEY.NAME=V` arrives wrapped: unwrapped.
         _, value_tp = typing.get_args(tp) or (str, Any)
-        return {k: _coerce(value_tp, v, f"{key}.{k}", source) for k, v in value.items()}
+        table = {k: _plain(v) for k, v in value.items()}
+        for k, v in table.items():
+            _coerce(value_tp, v, f"{key}.{k}", source)
+        return table
     if tp is Any:
         return _plain(value)
     if tp is bool:

@@ -106,12 +106,15 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
     deleted as the refusal above suggests), a resume from another run's step 4 kept that earlier
     run's metrics rows and batch records of steps 1-4 as this run's (another lr, other losses), and
     `verify` passed. What the directory holds is an earlier run's: started over, as for a fresh run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     r, other = tmp_path / "run", tmp_path / "other"
+    tb = "metrics.tensorboard=true"
     assert run(dataset, other, "run.max_steps=8") == 0
-    assert run(dataset, r, "run.max_steps=8", "optim.lr=1e-2", "checkpoint.interval=0") == 0
+    assert run(dataset, r, "run.max_steps=8", "optim.lr=1e-2", "checkpoint.interval=0", tb) == 0
     capsys.readouterr()
     foreign = checkpoint_dir(other, 4)
-    assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}") == 0
+    assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}", tb) == 0
     assert (
         f"note: {r / 'metrics.jsonl'} exists from an earlier run; starting it over" in capsys.readouterr().out
     )
@@ -119,6 +122,11 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
         (m["step"], m["loss"]) for m in metrics(other)[4:]
     ]
     assert [e.step for e in read_batches(r / "batches.bin")[0]] == [5, 6, 7, 8]
+    # tensorboard's curve too (the earlier run's steps 1-8 stayed beside this run's 5-8)
+    logged = EventAccumulator(str(r / "tensorboard")).Reload().Scalars("loss")
+    assert [(e.step, round(e.value, 4)) for e in logged] == [
+        (m["step"], round(m["loss"], 4)) for m in metrics(r)
+    ]
     capsys.readouterr()
     assert gristmill(["verify", str(r)]) == 0
 
