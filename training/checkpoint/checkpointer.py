@@ -438,7 +438,7 @@ class Checkpointer:
         choice = None
         if self.rank == 0:
             try:
-                path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest))
+                path, _, passed_over = newest_verified(self.run_dir, within=(oldest, newest), rewind=True)
                 passed = [f"{p.name}: {why}" for p, why in passed_over]
                 choice = ("path", None if path is None else step_of(path), passed)
             except Exception as e:  # every rank waits on rank 0's choice: it gets the error instead

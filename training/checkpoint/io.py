@@ -142,19 +142,20 @@ def verify_checkpoint(path: str | Path) -> str | None:
 
 
 def newest_verified(
-    run_dir: str | Path, within: tuple[int, int] | None = None
+    run_dir: str | Path, within: tuple[int, int] | None = None, *, rewind: bool = False
 ) -> tuple[Path | None, str | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint of a run whose files match their COMPLETE record (None if
     there is none), its verification note (checkpoints without checksums), and every newer
     checkpoint passed over with the reason. Used by --resume auto, by the export and, with
-    `within` = (oldest, newest) steps, by a rewind (which never goes back to a resume-only save)."""
+    `within` = (oldest, newest) steps and `rewind`, by a rewind (which never goes back to a
+    resume-only save)."""
     passed_over = []
     for step in reversed(list_steps(Path(run_dir) / CHECKPOINTS_DIR)):
         if within is not None and not within[0] <= step <= within[1]:
             continue
         path = checkpoint_dir(run_dir, step)
         reason = incomplete_reason(path)
-        if within is not None and reason is None and is_resume_only(path):
+        if rewind and reason is None and is_resume_only(path):
             continue  # a stop's save: a run that was never stopped has none to go back to
         if reason is None:
             try:
