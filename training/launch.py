@@ -102,6 +102,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     return 0
 
 
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what --plot draws in (matplotlib's savefig, by the suffix)
+
 # With [eval] interval > 0 the workers run this entry point instead: the trainer plus lm-eval, which
 # training/ itself never imports (named here as a module to start, not imported).
 EVAL_ENTRY = "validation.train_eval"
@@ -123,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = with_resume(args.overrides, args.resume)
     if args.plot and not args.plan:
         raise GristmillError(f"--plot {args.plot} draws the plan: use it with --plan")
+    # another suffix was matplotlib's traceback; a directory or a bare name was drawn to NAME.png
+    if args.plot and Path(args.plot).suffix.lower() not in PLOT_SUFFIXES:
+        kinds = ", ".join(PLOT_SUFFIXES)
+        raise GristmillError(f"--plot {args.plot}: name a {kinds} file to draw the plan in")
     cfg = load_train_config(args.config, overrides)
     if args.plan:
         return show_plan(cfg, args.nproc_per_node, args.plot)

@@ -166,6 +166,10 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     plot = tmp_path / "plan.png"
     assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(plot)]) == 0
     assert f"plot: {plot}" in capsys.readouterr().out and not (tmp_path / "never").exists()
+    for wrong in (tmp_path / "plan.xyz", tmp_path / "plan", tmp_path):  # a traceback; drawn to plan.png
+        assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(wrong)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"error: --plot {wrong}: name a .png, .svg, .pdf file to draw the plan in", err
     import matplotlib.image
 
     assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
