@@ -40,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
+    check_training_values(cfg, args.out)
     out = Path(args.out or cfg.tokenizer.path)
     if out.exists() and not args.force:
         raise TokenizerError(
@@ -47,6 +48,19 @@ def run(args: argparse.Namespace) -> int:
         )
     train_tokenizer(cfg, out=out, force=args.force)
     return 0
+
+
+def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
+    """What no training can use, in one line: an empty tokenizer.path (Path("") is ".", which
+    "already exists") and counts below their least."""
+    if not str(out or cfg.tokenizer.path).strip():
+        raise TokenizerError(
+            "tokenizer.path is empty; set it (or pass --out) to say where to write the tokenizer"
+        )
+    tc = cfg.tokenizer.train
+    for key, low in (("sample_docs", 1), ("sample_chars", 1), ("min_frequency", 0)):
+        if getattr(tc, key) < low:  # min_frequency -1 was the tokenizers library's OverflowError
+            raise TokenizerError(f"tokenizer.train.{key} = {getattr(tc, key)} must be ≥ {low}")
 
 
 def train_tokenizer(
@@ -62,11 +76,8 @@ def train_tokenizer(
     appeared at `out` during training (another build training the same tokenizer.path) is used
     when it holds the same bytes, and is a TokenizerError otherwise."""
     tc = cfg.tokenizer.train
+    check_training_values(cfg, out)
     out = Path(out or cfg.tokenizer.path)
-    if not str(out):
-        raise TokenizerError(
-            "tokenizer.path is empty; set it (or pass --out) to say where to write the tokenizer"
-        )
     if out.suffix != ".json":
         out = out / "tokenizer.json"
     if cfg.tokenizer.separator not in tc.special_tokens:

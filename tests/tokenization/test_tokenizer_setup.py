@@ -49,6 +49,26 @@ def test_local_directory_without_tokenizer_json_is_one_line(build_fixture, tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("tokenizer.train.min_frequency=-1", "tokenizer.train.min_frequency = -1 must be ≥ 0"),  # a traceback
+        ("tokenizer.train.sample_docs=0", "tokenizer.train.sample_docs = 0 must be ≥ 1"),
+        ('tokenizer.path=""', "tokenizer.path is empty; set it"),  # "error: . already exists"
+    ],
+)
+def test_tokenizer_training_values_that_cannot_train_are_one_line(
+    build_fixture, tmp_path, capsys, override, says
+):
+    from pipelines.cli import main
+
+    _, _, config = build_fixture
+    capsys.readouterr()
+    assert main(["tokenizer", "train", "--config", str(config), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "\n" not in err, err
+
+
 def train_config(config: Path, out: Path, vocab_size: int = 400, source: Path | None = None) -> DataConfig:
     overrides = [f"tokenizer.path={out}", f"tokenizer.train.vocab_size={vocab_size}"]
     if source is not None:
