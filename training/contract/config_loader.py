@@ -170,6 +170,14 @@ class _OneValue:
     value: Any
 
 
+def _shown(value: Any) -> str:
+    """A value in a message as the user's TOML spells it (["x"], "two", 2024-01-01), not Python's repr."""
+    try:
+        return _toml_value(_plain(value))
+    except TypeError:  # a TOML date or time: its own text
+        return str(_plain(value))
+
+
 def _plain(value: Any) -> Any:
     """`value` with every _OneValue inside it unwrapped (a value of type Any keeps its shape)."""
     if isinstance(value, _OneValue):
@@ -197,7 +205,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], source: str = "config", prefix:
     raw = raw.value if isinstance(raw, _OneValue) else raw
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{source}: [{prefix.rstrip('.')}] must be a table, got {raw!r}", prefix.rstrip(".")
+            f"{source}: [{prefix.rstrip('.')}] must be a table, got {_shown(raw)}", prefix.rstrip(".")
         )
     fields = {toml_key(f.name): f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -251,13 +259,13 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
         return value
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
-            raise ConfigError(f"{source}: {key} must be a list, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be a list, got {_shown(value)}", key)
         (item_tp, *_) = typing.get_args(tp) or (Any,)
         items = [_coerce(item_tp, v, f"{key}[{i}]", source) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: {key} must be a table, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be a table, got {_shown(value)}", key)
         # Each value checked against the table's value type and kept as written (a mix's 3 stays 3:
         # the run's config hash is of what was given); a `--set KEY.NAME=V` arrives wrapped: unwrapped.
         _, value_tp = typing.get_args(tp) or (str, Any)
@@ -269,19 +277,19 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
         return _plain(value)
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{source}: {key} must be true or false, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be true or false, got {_shown(value)}", key)
         return value
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: {key} must be an integer, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be an integer, got {_shown(value)}", key)
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{source}: {key} must be a number, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be a number, got {_shown(value)}", key)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{source}: {key} must be a string, got {value!r}", key)
+            raise ConfigError(f"{source}: {key} must be a string, got {_shown(value)}", key)
         return value
     raise ConfigError(f"{source}: {key} has unsupported type {tp}")  # a bug in the dataclass, not the user
 
