@@ -274,14 +274,20 @@ def run_summary(rows: list[dict[str, Any]], start: int) -> dict[str, float | Non
     }
 
 
-def summary_line(rows: list[dict[str, Any]], start: int, end: int, seconds: float) -> str | None:
+def summary_line(
+    rows: list[dict[str, Any]], start: int, end: int, seconds: float, skipped: int = 0
+) -> str | None:
     """The run's last line (None when no kept step was logged since `start`): the loss over this
-    invocation's steps `start`+1…`end` and, after a resume, over the whole run."""
+    invocation's steps `start`+1…`end` (`skipped` of them by rewinds: not trained) and, after a
+    resume, over the whole run."""
     losses = kept_losses(rows, after=start)
     if not losses:
         return None
     first, last = losses[0], losses[-1]
-    steps = f"{end - start} steps{' since the resume' if start else ''}"
+    trained = f"{end - start - skipped} steps" + (
+        f" trained, {skipped} skipped by rewinds" if skipped else ""
+    )
+    steps = f"{trained}{' since the resume' if start else ''}"
     # Only logged steps have a loss: a stop between rows (Ctrl-C at step 27, rows every 5) says
     # which steps the two losses are of.
     said = (

@@ -252,7 +252,10 @@ def loop(run: Run) -> dict[str, Any]:
     if rewinds is not None:
         say(rewinds)
     run.record.finished(state.step)
-    line = summary_line(run.record.rows, start, state.step, seconds)
+    skipped = sum(
+        max(0, min(s.last_step, state.step) - max(s.first_step, start + 1) + 1) for s in run.timeline.skips
+    )
+    line = summary_line(run.record.rows, start, state.step, seconds, skipped)
     if line is not None:  # the curve is drawn when the run logged a kept loss
         curve = run.record.draw_loss()
         say(line + (f"; {curve}" if curve else ""))

@@ -112,6 +112,8 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference, t
     assert kept[-1]["tokens_seen"] == (STEPS - 8) * 1024
     assert max(r["loss"] for r in kept) < 10
     assert "rewinds: 1 — rewind 1 at step 17 → back to 10, skipped 8 steps (11–18)" in out
+    # the run's last line counts the steps it trained, not the skipped ones with them
+    assert f"over steps 1–{STEPS} ({STEPS - 8} steps trained, 8 skipped by rewinds)" in out, out[-500:]
     # plan.png drawn again at the rewind: the skipped steps shaded (what a resume would draw)
     cfg = load_train_config(str(run / "config.toml"), [])
     plan, _, _ = open_plan(cfg, resolve(cfg))
