@@ -56,8 +56,9 @@ SETTINGS = ("kind", "every", "window", "decay")  # what a resume may not change
 
 @dataclass(frozen=True)
 class MergePoints:
-    """Where merged weights are read: the multiples of `every` and the `ends` (the plan's last step,
-    this invocation's)."""
+    """Where merged weights are read: the multiples of `every` and the `ends` (the plan's last step;
+    not a run.max_steps chunk's: reading a window closes it, and the merged weights would depend on
+    where the run was cut)."""
 
     every: int
     ends: tuple[int, ...]

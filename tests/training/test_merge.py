@@ -173,6 +173,19 @@ def test_kill_9_inside_a_window_then_resume_is_bit_identical(dataset, runs, tmp_
     ]
 
 
+def test_a_run_cut_by_max_steps_inside_a_window_merges_as_the_run_trained_at_once(dataset, runs, tmp_path):
+    """Cut at step 7 (run.max_steps) inside merge point 8's window (steps 6–8), then resumed: the cut
+    read the window as a merge point, closed it, and step 8 averaged step 8 alone; the merged weights
+    a run ships depended on how it was cut into jobs. A cut is no merge point."""
+    run = tmp_path / "run"
+    run_here(dataset, run, *WINDOW, "run.max_steps=7")
+    assert list_steps(run / "exports", merged=True) == [4]
+    run_here(dataset, run, *WINDOW, "checkpoint.resume='auto'")
+    assert list_steps(run / "exports", merged=True) == [4, 8]
+    assert_equal(weights(run, 8, merged=True), weights(runs["window"], 8, merged=True))
+    assert merged_rows(run)[8] == merged_rows(runs["window"])[8] and merged_rows(run)[8]["merged/steps"] == 3
+
+
 REWIND = ("run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0", "run.rewind.margin_steps=2",
           "run.rewind.skip_steps=2")  # fmt: skip
 

@@ -345,11 +345,11 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
         )
     if held == step:
         return None
-    points = MergePoints(m.every, (last, cfg.run.max_steps or last)) if m.kind != "none" else None
+    points = MergePoints(m.every, (last,)) if m.kind != "none" else None
     if points is not None and step not in points:
         return (
             f"step {step} is not a merge point: merge.every = {m.every} reads the merged weights at its "
-            f"multiples and at the last step ({cfg.run.max_steps or last})"
+            f"multiples and at the plan's last step ({last})"
         )
     if held is not None:
         return (

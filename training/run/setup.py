@@ -166,8 +166,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     scheduler = plan_scheduler(optimizer, plan)
     state, timeline = TrainState(rank=env.rank), Timeline(plan)
     merge = None
-    if cfg.merge.kind != "none":  # merged weights read every merge.every steps, at the plan's end and here's
-        merge = MergedWeights(model, cfg.merge, MergePoints(cfg.merge.every, (spec.last_step, last_step)))
+    # Merged weights read every merge.every steps and at the plan's end; not at a run.max_steps chunk's
+    # end: reading a window there closed it, and the merged weights depended on how the run was cut.
+    if cfg.merge.kind != "none":
+        merge = MergedWeights(model, cfg.merge, MergePoints(cfg.merge.every, (spec.last_step,)))
     states = checkpointables(model, optimizer, scheduler, loader, state, timeline, merge)
     # RUN/config.toml and the config hash name the base the run resolved (a hub id: at its commit).
     resolved = dataclasses.replace(
