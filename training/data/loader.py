@@ -22,12 +22,15 @@ The dataset directory is opened, checked and read by training/data/reader.py (`D
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import itertools
 import json
 import logging
 import os
+import signal
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -301,6 +304,37 @@ class _WorkerError:
         raise error
 
 
+def _worker_start(_: int) -> None:
+    """A DataLoader worker's first act: SIGTERM is its trainer's to act on. A scheduler signals every
+    process of a job (Slurm's preemption, scancel), torch's handler let the worker die by it, and the
+    trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated") instead of
+    saving and exiting 0 (SIGINT torch ignores in workers already). The worker still ends at the
+    loader's shutdown (its queue's sentinel) and with its trainer (torch's watchdog)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _end_workers(items: Any) -> None:
+    """A DataLoader iterator's workers ended now: the loader's own shutdown (each worker gets its
+    queue's sentinel, 5 s each to go), then SIGKILL for one still running. A worker ignores SIGTERM
+    (_worker_start), which is how both torch's shutdown and multiprocessing's exit stop a late one:
+    multiprocessing would wait on it forever."""
+    shutdown = getattr(items, "_shutdown_workers", None)
+    if shutdown is None:  # no worker processes
+        return
+    shutdown()
+    for worker in getattr(items, "_workers", ()):
+        if worker.is_alive():
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.join()
+
+
+# The iterators whose workers run: ended before multiprocessing's own exit handler (registered when
+# torch imported multiprocessing, so it runs after this one) would join them, whatever ended the
+# process: an error raised out of the loop keeps its iterator alive in the traceback until then.
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+atexit.register(lambda: [_end_workers(items) for items in list(_LIVE)])
+
+
 class _StepStream(IterableDataset):
     """Steps start, start+1, … with worker k of K building steps start+k, start+k+K, …
 
@@ -475,8 +509,11 @@ class TokenLoader:
             pin_memory=self.pin_memory and torch.cuda.is_available(),
             # An explicit generator: worker seeding must not draw from (and so shift) the global RNG.
             generator=torch.Generator(),
+            worker_init_fn=_worker_start,
         )
         items = iter(loader)  # its workers start here: before the prefetcher's thread, not forked with it
+        if self.num_workers:
+            _LIVE.add(items)
         prefetcher = self._prefetcher()
         try:
             for item in items:
@@ -496,6 +533,7 @@ class TokenLoader:
         finally:
             if prefetcher is not None:
                 prefetcher.close()
+            _end_workers(items)
 
     def _prefetcher(self) -> Prefetcher | None:
         """For sources in a bucket: their blocks fetched ahead in the plan's order (block_cache.py)."""

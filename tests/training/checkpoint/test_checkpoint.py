@@ -176,6 +176,25 @@ def test_sigterm_to_the_launcher_reaches_the_workers_who_save(dataset, tmp_path,
     assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
 
 
+def test_sigterm_to_the_whole_job_with_loader_workers_saves_and_exits_0(dataset, tmp_path):
+    """Slurm's preemption and scancel signal every process of the job, the DataLoader workers too:
+    torch's handler let a worker die by it, and the trainer raised mid-step ("DataLoader worker …
+    is killed by signal: Terminated"), rc 1, the steps since the last checkpoint lost. A worker
+    leaves SIGTERM to its trainer, which saves and exits 0."""
+    run_dir = tmp_path / "run"
+    sets = overrides(dataset, run_dir, "data.num_workers=2", "schedule.steps=200", "checkpoint.interval=100")
+    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for_step(proc, run_dir, 3)
+    workers = descendants(proc.pid)
+    assert len(workers) >= 2, workers
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = metrics(run_dir)[-1]["step"]
+    assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
+
+
 def descendants(pid: int) -> list[int]:
     children = child_pids(pid)
     return children + [d for c in children for d in descendants(c)]
