@@ -51,7 +51,15 @@ from training.contract.dataset_format import (
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS, ObjectStore
-from training.data.block_cache import MAGIC, MAX_AHEAD_STEPS, Prefetcher, _BadCopy, cache_usage
+from training.data.block_cache import (
+    MAGIC,
+    MAX_AHEAD_STEPS,
+    USAGE,
+    Prefetcher,
+    _BadCopy,
+    cache_usage,
+    make_room,
+)
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, tmp_name
@@ -1150,6 +1158,20 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         assert gristmill(["data", "inspect", where, *geometry]) == 0
         outs.append(capsys.readouterr().out.splitlines()[1:])
     assert outs[0] == outs[1] and len(outs[0]) == 11
+
+
+def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):
+    """The count of the cache's bytes and a loader's keep list are written as the run goes: on a
+    disk that filled meanwhile they were a bare OSError, which no handler took for the data's (a
+    traceback, the steps since the last checkpoint lost), not the cache's one line the trainer saves
+    its last step on."""
+    cache = CacheSettings(tmp_path / "c", 10**6)
+    cache.dir.mkdir()
+    make_room(cache, 100)
+    (cache.dir / USAGE).unlink()
+    (cache.dir / USAGE).mkdir()  # the count cannot be replaced, as on a full disk
+    with pytest.raises(DatasetError, match=rf"^cannot write the cache {re.escape(str(cache.dir))} \("):
+        make_room(cache, 100)
 
 
 def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):

@@ -89,6 +89,15 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
+def unwritable_cache(cache_dir: Path, e: OSError) -> DatasetError:
+    """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
+    stops on after saving its last step (a bare OSError was a traceback, nothing saved)."""
+    return DatasetError(
+        f"cannot write the cache {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable "
+        "directory with room for data.cache_gb"
+    )
+
+
 def refuse_legacy(location: str, fmt: str) -> DatasetError:
     """Why a dataset of an older layout is not read from a bucket, and the command that fixes it."""
     return DatasetError(
@@ -402,10 +411,7 @@ class CachedBlocks:
             move_into_place(tmp, dest)
         except OSError as e:
             tmp.unlink(missing_ok=True)
-            raise DatasetError(
-                f"cannot write the cache {self.cache.dir} ({e.strerror or e}); set data.cache_dir to a "
-                "writable directory with room for data.cache_gb"
-            ) from None
+            raise unwritable_cache(self.cache.dir, e) from None
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -669,7 +675,10 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
                 break
             path.unlink(missing_ok=True)
             used -= size
-    write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False)
+    try:
+        write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False)
+    except OSError as e:
+        raise unwritable_cache(cache.dir, e) from None
 
 
 def _usage(cache_dir: Path) -> int | None:
@@ -854,7 +863,10 @@ class Prefetcher:
             by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
         payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
         if payload != self._published:
-            write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
+            try:
+                write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
+            except OSError as e:
+                raise unwritable_cache(self.cache.dir, e) from None
             self._published = payload
 
     def _touch(self, fetch: list[tuple[int, int]]) -> None:
