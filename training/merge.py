@@ -248,7 +248,7 @@ class MergedWeights:
         return max(point - self.settings.window, self.closed)
 
     def _adopt(self, point: int, step: int) -> None:
-        """A resume whose merge points differ from the checkpoint's (another run.max_steps): a partial
+        """A resume whose merge points differ from the checkpoint's (the plan's last step moved): a partial
         window that began where `point`'s begins is `point`'s; another is dropped, said once."""
         if self.point == point or self.mean or not self.count:
             return
@@ -257,7 +257,7 @@ class MergedWeights:
             return
         say(
             f"note: [merge] the checkpoint's partial window for step {self.point} (steps {self.first}–"
-            f"{self.last}) is not a window of this run's merge points (run.max_steps changed): step "
+            f"{self.last}) is not a window of this run's merge points (the plan's length changed): step "
             f"{point}'s merged weights average the steps from {step} on"
         )
 

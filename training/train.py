@@ -232,8 +232,7 @@ def loop(run: Run) -> dict[str, Any]:
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
                         _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        blocking, only = stop is not None, checkpointer.resume_only(step)
-                        checkpointer.save(step, state.tokens_seen, blocking=blocking, resume_only=only)
+                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
                         kill_point(f"saved:{step}")
                     _write_pending(run)
                 if stop:  # after this step's save, or the rewind's
@@ -252,9 +251,7 @@ def loop(run: Run) -> dict[str, Any]:
     if rewinds is not None:
         say(rewinds)
     run.record.finished(state.step)
-    skipped = sum(
-        max(0, min(s.last_step, state.step) - max(s.first_step, start + 1) + 1) for s in run.timeline.skips
-    )
+    skipped = run.timeline.skipped(start, state.step)
     line = summary_line(run.record.rows, start, state.step, seconds, skipped)
     if line is not None:  # the curve is drawn when the run logged a kept loss
         curve = run.record.draw_loss()
@@ -307,8 +304,7 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
         run.loader.seek(state.step)
         _record_batches(run)
-        only = run.checkpointer.resume_only(state.step)
-        run.checkpointer.save(state.step, state.tokens_seen, blocking=True, resume_only=only)
+        run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
     raise error
 
 

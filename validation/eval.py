@@ -44,11 +44,9 @@ from training.checkpoint.hf_export import export_checkpoint, run_config
 from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
-from training.contract.dataset_format import same_data
 from training.contract.errors import GristmillError
 from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
 from training.contract.run_layout import (
-    DATA_PLAN_JSON,
     EVAL_DIR,
     EVAL_PARQUET,
     EVAL_PLOT,
@@ -58,7 +56,7 @@ from training.contract.run_layout import (
     eval_dir,
     list_steps,
 )
-from training.data.recipe import recorded_plan
+from training.data.recipe import check_trained_on
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
@@ -165,27 +163,18 @@ def run_data(spec: RunSpec, source: str = "") -> RunData:
     return RunData(src.name, str(src.dataset), src.val_fraction, spec.cache)
 
 
-def check_trained_on(run_dir: Path, data: RunData) -> None:
-    """The held-out documents' dataset is the one the run trained on (RUN/data_plan.json's fingerprint
-    of the source; a run that recorded none is not checked): RUN/config.toml names it as it was given,
-    a path relative to where the run started, and an eval started elsewhere scored whatever dataset
-    that path led to there."""
+def check_heldout_dataset(run_dir: Path, data: RunData) -> None:
+    """The held-out documents' dataset is the one the run trained on (recipe.check_trained_on): RUN/
+    config.toml names it as it was given, a path relative to where the run started, and an eval
+    started elsewhere scored whatever dataset that path led to there."""
     try:
-        description = recorded_plan(run_dir)
-        recorded = {s["name"]: s["fingerprint"] for s in (description or {}).get("sources", [])}
-        if data.source not in recorded:
-            return
-        info = dataset_info(data.dataset)
+        check_trained_on(
+            run_dir, data.source, data.dataset, dataset_info(data.dataset), "its held-out documents would "
+            "be another dataset's: run the eval from the directory the run was started in, or point the "
+            "source's dataset at the one it trained on"
+        )  # fmt: skip
     except GristmillError as e:
         raise EvalError(str(e)) from None
-    if not same_data(recorded[data.source], info):
-        raise EvalError(
-            f"source {data.source!r}: {data.dataset} is not the dataset this run trained on (fingerprint "
-            f"{str(info.get('fingerprint'))[:12]}… there, {str(recorded[data.source])[:12]}… in "
-            f"{run_dir / DATA_PLAN_JSON}): its held-out documents would be another dataset's; run the "
-            "eval from the directory the run was started in, or point the source's dataset at the one it "
-            "trained on"
-        )
 
 
 def training_data_checks(spec: RunSpec) -> list[dict[str, Any]]:
@@ -238,7 +227,7 @@ class TaskPlan:
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
         if self.local:
-            check_trained_on(run_dir, self.data)
+            check_heldout_dataset(run_dir, self.data)
             build_task_data(
                 self.data.dataset,
                 self.data.val_fraction,

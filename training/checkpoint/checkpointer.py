@@ -644,9 +644,11 @@ class Checkpointer:
             f"({self.last_wait_s:.1f} s at step {step}); raise checkpoint.interval"
         )
 
-    def save(self, step: int, tokens: int, *, blocking: bool = False, resume_only: bool = False) -> bool:
-        """Save the state of `step` (`resume_only`: see resume_only()); returns False if the disk guard
-        skipped it (on_low_disk=skip)."""
+    def save(self, step: int, tokens: int, *, blocking: bool = False, on_timeline: bool = False) -> bool:
+        """Save the state of `step`, resume-only when off the grid (resume_only) unless `on_timeline`
+        (a save every run makes at that step: a rewind's); returns False if the disk guard skipped it
+        (on_low_disk=skip)."""
+        resume_only = not on_timeline and self.resume_only(step)
         requested = time.perf_counter()
         self.last_stage_s = 0.0
         unfinished = self.pending is not None and not self.pending.future.done()

@@ -211,16 +211,33 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     description = recorded_plan(run_dir)
     if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
-    recorded = {s["name"]: s["fingerprint"] for s in description["sources"]}
     for src, t in zip(plan.sources, tables):
-        if src.name in recorded and not same_data(recorded[src.name], t.info):
-            raise DatasetError(
-                f"source {src.name!r}: {t.root} is not the dataset this run trained on (fingerprint "
-                f"{str(t.info['fingerprint'])[:12]}… now, {str(recorded[src.name])[:12]}… in {path}); it was "
-                "rebuilt or replaced, so its batches are not what the model saw: point the source back "
-                "at the dataset the run trained on"
-            )
+        check_trained_on(
+            run_dir, src.name, t.root, t.info, "it was rebuilt or replaced, so its batches are not what the "
+            "model saw: point the source back at the dataset the run trained on", description
+        )  # fmt: skip
     return None
+
+
+def check_trained_on(
+    run_dir: Path,
+    source: str,
+    location: Any,
+    info: dict[str, Any],
+    consequence: str,
+    description: dict[str, Any] | None = None,
+) -> None:
+    """Refuse (DatasetError) the dataset at `location` (its dataset.json: `info`) as source `source`
+    of the run when it is not the one RUN/data_plan.json records (`description`, read when not
+    given); the message ends with `consequence`. A source the run recorded nothing of passes."""
+    description = recorded_plan(run_dir) if description is None else description
+    recorded = {s["name"]: s["fingerprint"] for s in (description or {}).get("sources", [])}
+    if source in recorded and not same_data(recorded[source], info):
+        raise DatasetError(
+            f"source {source!r}: {location} is not the dataset this run trained on (fingerprint "
+            f"{str(info.get('fingerprint'))[:12]}… now, {str(recorded[source])[:12]}… in "
+            f"{run_dir / DATA_PLAN_JSON}); {consequence}"
+        )
 
 
 def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:

@@ -139,7 +139,7 @@ class Rewinder:
             )
             row = no_step_row(skip.last_step, note)
             self.record.hold(row, validate=self.validates, evaluate=self.evaluates)
-        self.checkpointer.save(skip.last_step, self.state.tokens_seen, blocking=True)
+        self.checkpointer.save(skip.last_step, self.state.tokens_seen, blocking=True, on_timeline=True)
         kill_point("rewind-saved")
 
     def summary(self) -> str | None:

@@ -38,6 +38,10 @@ class Timeline:
         would undo that rewind's history)."""
         return self.skips[-1].last_step if self.skips else 0
 
+    def skipped(self, after: int, through: int) -> int:
+        """How many of steps `after`+1…`through` a rewind skipped (not trained)."""
+        return sum(max(0, min(k.last_step, through) - max(k.first_step, after + 1) + 1) for k in self.skips)
+
     def consumed(self, step: int) -> list[dict[str, Any]]:
         return self.plan.consumed(step, self.skips)
 
