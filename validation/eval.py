@@ -164,14 +164,15 @@ def run_data(spec: RunSpec, source: str = "") -> RunData:
 
 
 def check_heldout_dataset(run_dir: Path, data: RunData) -> None:
-    """The held-out documents' dataset is the one the run trained on (recipe.check_trained_on): RUN/
-    config.toml names it as it was given, a path relative to where the run started, and an eval
-    started elsewhere scored whatever dataset that path led to there."""
+    """The held-out documents are the ones the run held out (recipe.check_trained_on): its dataset, as
+    RUN/config.toml names it (a path relative to where the run started: an eval started elsewhere
+    scored whatever dataset that path led to there), and its val_fraction (an edited one scored
+    documents the run trained on)."""
     try:
         check_trained_on(
             run_dir, data.source, data.dataset, dataset_info(data.dataset), "its held-out documents would "
             "be another dataset's: run the eval from the directory the run was started in, or point the "
-            "source's dataset at the one it trained on"
+            "source's dataset at the one it trained on", val_fraction=data.val_fraction,
         )  # fmt: skip
     except GristmillError as e:
         raise EvalError(str(e)) from None
@@ -312,6 +313,7 @@ def evaluate_lm(
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
+                settings=score_settings(cfg),
             )
             for task, mark in decontamination_marks(results, plan.training_data).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -541,9 +543,22 @@ def evaluate_step(
     return out
 
 
-def evaluated(run_dir: str | Path, step: int, names: list[str]) -> bool:
-    res = read_step_results(run_dir, step).get("results", {})
-    return all(n in res for n in names)
+SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed")
+
+
+def score_settings(cfg: EvalConfig) -> dict[str, Any]:
+    """What a task's scores depend on besides the weights (results.json records it per task, as
+    given: max_length 0 is the model's own), so a step scored under other settings (the in-training
+    eval's limit, an earlier `--set`) is not taken for done."""
+    return {key: getattr(cfg, key) for key in SCORE_SETTINGS}
+
+
+def evaluated(run_dir: str | Path, step: int, names: list[str], cfg: EvalConfig) -> bool:
+    """Whether step `step` has scores of every task of `names` under `cfg`'s score settings (a task
+    recorded before they were counts as done under any)."""
+    results = read_step_results(run_dir, step)
+    scored, tasks, want = results.get("results", {}), results.get(GRISTMILL_TASKS, {}), score_settings(cfg)
+    return all(n in scored and tasks.get(n, {}).get("settings", want) == want for n in names)
 
 
 def evaluate_missing(
@@ -554,13 +569,13 @@ def evaluate_missing(
     failures: list[NonFiniteMetricsError] | None = None,
     verbose: bool = False,
 ) -> list[int]:
-    """Evaluate every available step that has no results for the plan's tasks yet; returns them.
+    """Evaluate every available step without scores of the plan's tasks under `cfg`'s settings; returns them.
 
     A step with a task whose metrics are all NaN/inf does not stop the others: its error goes to
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
-        if not evaluated(run_dir, step, plan.names):
+        if not evaluated(run_dir, step, plan.names, cfg):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

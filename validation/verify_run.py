@@ -204,7 +204,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     if not is_training_run(run_dir):
-        what = "is a dataset directory" if (run_dir / DATASET_JSON).is_file() else f"has no {CONFIG_TOML}"
+        what = (
+            "does not exist"
+            if not run_dir.exists()
+            else "is a dataset directory"
+            if (run_dir / DATASET_JSON).is_file()
+            else f"has no {CONFIG_TOML}"
+        )
         raise GristmillError(
             f"{run_dir} {what}, not a training run: pass the run directory (run.output_dir) of "
             "`gristmill train`; `gristmill data validate` checks a dataset"

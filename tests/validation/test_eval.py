@@ -276,6 +276,28 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     assert len(rows) == len(expected)
 
 
+def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
+    """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
+    for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the
+    settings they depend on, and a step is done only under the same ones."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    results = eval_dir(run, 5) / "results.json"
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05"]
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0  # limit=3
+    first = json.loads(results.read_text())
+    assert first["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 3
+    assert main([*watch, *QUICK]) == 0  # the same settings: done
+    assert results.read_text() == json.dumps(first, indent=2, ensure_ascii=False) + "\n"
+    capsys.readouterr()
+    assert main([*watch, *[a for a in QUICK if a != "limit=3"]]) == 0  # every document: scored again
+    again = json.loads(results.read_text())
+    assert again["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 0
+    effective = [r["n-samples"]["heldout_ppl"]["effective"] for r in (first, again)]
+    assert effective == [3, 5]
+
+
 def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, monkeypatch, capsys):
     from pipelines.cli import main
 
@@ -671,6 +693,27 @@ def test_held_out_documents_of_another_dataset_than_the_run_trained_on_are_refus
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "is not the dataset this run trained on (fingerprint " in err and "ffffffffffff… in " in err, err
     assert not (run / "eval" / "step-000005" / "results.json").exists()
+
+
+def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_refused(
+    eval_run, built_dataset, tmp_path, capsys
+):
+    """An edited val_fraction in RUN/config.toml (by hand, or one a refused resume left) scored
+    documents the run trained on as held-out, exit 0."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    fingerprint = read_dataset_info(built_dataset)["fingerprint"]
+    plan = {"sources": [{"name": "data", "fingerprint": fingerprint, "val_fraction": 0.05}]}
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    capsys.readouterr()
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{run / 'config.toml'} gives val_fraction 0.1, but the run held out 0.05" in err, err
+    assert not (run / "eval" / "step-000005" / "results.json").exists()
+    plan["sources"][0]["val_fraction"] = 0.1  # as the config says: scored
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
 
 
 @pytest.mark.parametrize(

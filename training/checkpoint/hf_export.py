@@ -78,8 +78,9 @@ from training.contract.run_layout import (
     incomplete_reason,
     step_of,
 )
+from training.data.recipe import check_trained_on
 from training.data.remote import tokenizer_dir
-from training.data.spec import resolve
+from training.data.spec import RunSpec, resolve
 from training.merge import MergedWeights
 from training.model import ModelConfig, Transformer
 
@@ -342,15 +343,32 @@ def run_config(run_dir: str | Path):
     return load_config(TrainConfig, path)
 
 
+def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dict[str, Any]]:
+    """The dataset directory whose tokenizer the run trained with, and its dataset.json: the first
+    source's (every source of a mixture shares one tokenizer, checked when the run started), refused
+    when it is not the dataset the run recorded (RUN/config.toml names it as given: a relative path
+    leads elsewhere from another working directory, and an export would ship another tokenizer)."""
+    src = spec.sources[0]
+    dataset = tokenizer_dir(src.dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
+    info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
+    try:
+        check_trained_on(
+            Path(run_dir), src.name, src.dataset, info, "its tokenizer is not the one the model was trained "
+            "with: run the command from the directory the run was started in, or point the source's "
+            "dataset at the one it trained on"
+        )  # fmt: skip
+    except GristmillError as e:
+        raise ExportError(str(e)) from None
+    return dataset, info
+
+
 def run_model_config(run_dir: str | Path):
     """(TrainConfig, the dataset directory whose tokenizer it trained with, ModelConfig) of a run.
     A run from a base model (model.init_from) that has a checkpoint takes the base's shape from the
     checkpoint's record: its checkpoints never need the base again."""
     cfg = run_config(run_dir)
     spec = resolve(cfg)
-    # Every source of a mixture shares one tokenizer (checked when the run started): the first's.
-    dataset = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
-    info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
+    dataset, info = run_tokenizer_dataset(run_dir, spec)
     source = None
     if cfg.model.init_from:
         source = locate_base(cfg.model.init_from, resume_model_record(run_dir, "auto"))
@@ -560,8 +578,7 @@ def export_base(
         _check_base_export(out, run_dir, record)
         return out
     spec = resolve(cfg)
-    dataset = tokenizer_dir(spec.sources[0].dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
-    info = read_dataset_info(dataset)
+    dataset, info = run_tokenizer_dataset(run_dir, spec)
     source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
     try:
         mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)

@@ -555,6 +555,41 @@ def from_description(d: dict[str, Any]) -> Plan:
     return Plan(sources, phases, d["seed"])
 
 
+def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any, Any] | None:
+    """The first field of `plan` that differs from `recorded`, the description the run wrote of its
+    plan (RUN/data_plan.json), as (its config key, the recorded value, `plan`'s); None when they
+    agree, or when `recorded` is of another format (an older run's: its fields differ). The sources'
+    datasets and held-out fractions are checked apart (recipe.check_trained_on); skips are history."""
+    if recorded.get("format") != PLAN_FORMAT:
+        return None
+    ours = plan.describe()
+
+    def key_of(p: int, name: str) -> str:
+        return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
+
+    if recorded["seed"] != ours["seed"]:
+        return "data.seed", recorded["seed"], ours["seed"]
+    for what, part in (("the sources (in order)", "sources"), ("the phases (in order)", "phases")):
+        names = [[x["name"] for x in d[part]] for d in (recorded, ours)]
+        if names[0] != names[1]:
+            return what, *names
+    for a, b in zip(recorded["sources"], ours["sources"]):
+        if a["max_epochs"] != b["max_epochs"]:
+            return f"the max_epochs of source {a['name']!r}", a["max_epochs"], b["max_epochs"]
+    for p, (a, b) in enumerate(zip(recorded["phases"], ours["phases"])):
+        if a["global_batch"] * a["seq_len"] != b["global_batch"] * b["seq_len"]:
+            tokens = [ph["global_batch"] * ph["seq_len"] for ph in (a, b)]
+            return f"{key_of(p, 'global_batch')} (phase {a['name']!r})", *tokens
+        for name, key in (("steps", "steps"), ("seq_len", "seq_len"), ("weights", "mix")):
+            if a[name] != b[name]:
+                return f"{key_of(p, key)} (phase {a['name']!r})", a[name], b[name]
+        lrs = [ph["lr"] or {} for ph in (a, b)]
+        for name in sorted(set(lrs[0]) | set(lrs[1])):
+            if lrs[0].get(name) != lrs[1].get(name):
+                return f"{key_of(p, name)} (phase {a['name']!r})", lrs[0].get(name), lrs[1].get(name)
+    return None
+
+
 def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint) -> list[str]:
     """Refuse (PlanError, naming the field and both values) a plan whose past differs from the
     checkpoint's `saved` plan at global step `step` (steps done); returns notes on future changes.

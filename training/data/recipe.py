@@ -100,7 +100,8 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
     resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
     if not cfg.phase:  # the one-phase [schedule] form (data/spec.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
-                 "global_batch": batch_key(cfg, 0), "scale": "optim.batch_lr_scaling"}  # fmt: skip
+                 "global_batch": batch_key(cfg, 0), "scale": "optim.batch_lr_scaling",
+                 "seq_len": "data.seq_len"}  # fmt: skip
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
@@ -115,6 +116,7 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
             "global_batch": batch_key(cfg, p), "scale": "optim.batch_lr_scaling",
+            "seq_len": f"{k}.seq_len" if ph.seq_len is not None else "data.seq_len",
         })  # fmt: skip
     return out
 
@@ -160,8 +162,25 @@ def open_plan(
 def recipe_notes(
     cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan
 ) -> list[str]:
-    """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache."""
-    return mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables, plan)
+    """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache,
+    validation asked for with nothing held out."""
+    return (
+        mix_notes(spec)
+        + batch_notes(cfg, spec)
+        + cache_notes(spec, tables, plan)
+        + validation_notes(cfg, spec)
+    )
+
+
+def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
+    """A line when run.val_every asks for validation but no source holds documents out: the run has
+    no val_loss, which nothing else would say."""
+    if cfg.run.val_every <= 0 or any(s.val_fraction > 0 for s in spec.sources):
+        return []
+    return [
+        f"no validation: run.val_every = {cfg.run.val_every}, but no source holds documents out "
+        "(data.val_fraction = 0); set it (e.g. 0.01) for a val_loss"
+    ]
 
 
 def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
@@ -205,8 +224,11 @@ def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
 
 
 def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
-    """Refuse (DatasetError) a source whose dataset is not the one the run recorded; a note when the
-    run recorded nothing (started before data_plan.json)."""
+    """Refuse (DatasetError) a plan rebuilt from RUN/config.toml that is not the one the run recorded
+    (RUN/data_plan.json): a source's dataset or held-out fraction, the seed, a phase's budget, batch,
+    seq_len, mix or LR. Every command after the run reads config.toml again, so a hand edit (or one a
+    refused resume left) would have them show batches the run never trained. A note when the run
+    recorded nothing (started before data_plan.json)."""
     path = run_dir / DATA_PLAN_JSON
     description = recorded_plan(run_dir)
     if description is None:
@@ -214,8 +236,17 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     for src, t in zip(plan.sources, tables):
         check_trained_on(
             run_dir, src.name, t.root, t.info, "it was rebuilt or replaced, so its batches are not what the "
-            "model saw: point the source back at the dataset the run trained on", description
+            "model saw: point the source back at the dataset the run trained on", description,
+            val_fraction=src.val_fraction,
         )  # fmt: skip
+    found = data_plan.recorded_difference(description, plan)
+    if found is not None:
+        key, recorded, now = found
+        raise DatasetError(
+            f"{run_dir / CONFIG_TOML} has {key} = {now!r}, but the run trained with {recorded!r} ({path}): "
+            "the config was edited after the run, so the batches read from it would not be the run's; "
+            "set it back"
+        )
     return None
 
 
@@ -226,17 +257,29 @@ def check_trained_on(
     info: dict[str, Any],
     consequence: str,
     description: dict[str, Any] | None = None,
+    *,
+    val_fraction: float | None = None,
 ) -> None:
     """Refuse (DatasetError) the dataset at `location` (its dataset.json: `info`) as source `source`
     of the run when it is not the one RUN/data_plan.json records (`description`, read when not
-    given); the message ends with `consequence`. A source the run recorded nothing of passes."""
+    given), or `val_fraction` (when given) is not the share it held out; the message ends with
+    `consequence`. A source the run recorded nothing of passes."""
     description = recorded_plan(run_dir) if description is None else description
-    recorded = {s["name"]: s["fingerprint"] for s in (description or {}).get("sources", [])}
-    if source in recorded and not same_data(recorded[source], info):
+    recorded = {s["name"]: s for s in (description or {}).get("sources", [])}
+    if source not in recorded:
+        return
+    if not same_data(recorded[source]["fingerprint"], info):
         raise DatasetError(
             f"source {source!r}: {location} is not the dataset this run trained on (fingerprint "
-            f"{str(info.get('fingerprint'))[:12]}… now, {str(recorded[source])[:12]}… in "
+            f"{str(info.get('fingerprint'))[:12]}… now, {str(recorded[source]['fingerprint'])[:12]}… in "
             f"{run_dir / DATA_PLAN_JSON}); {consequence}"
+        )
+    held_out = recorded[source].get("val_fraction")
+    if val_fraction is not None and held_out is not None and val_fraction != held_out:
+        raise DatasetError(
+            f"source {source!r}: {run_dir / CONFIG_TOML} gives val_fraction {val_fraction!r}, but the run "
+            f"held out {held_out!r} ({run_dir / DATA_PLAN_JSON}): the config was edited after the run, so "
+            "its held-out documents would not be the run's; set it back"
         )
 
 

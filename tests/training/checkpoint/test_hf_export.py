@@ -93,6 +93,23 @@ def test_export_checkpoint_takes_the_newest_complete_step(built_dataset, tmp_pat
     assert not export_dir(run, 30).exists()
 
 
+def test_an_export_refuses_a_dataset_the_run_did_not_train_on(built_dataset, tmp_path):
+    """The tokenizer an export ships is the dataset's RUN/config.toml names, as given: a relative path
+    led elsewhere from another working directory, and the export shipped another tokenizer, exit 0.
+    RUN/data_plan.json's fingerprint decides, as for inspect and eval."""
+    run = tmp_path / "run"
+    _run_with_checkpoints(run, built_dataset, {10: True})
+    plan = {"sources": [{"name": "data", "fingerprint": "f" * 64}]}  # the run trained on another dataset
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    with pytest.raises(ExportError, match=r"source 'data': .* is not the dataset this run trained on .*"
+                       r"its tokenizer is not the one the model was trained with"):  # fmt: skip
+        export_checkpoint(run, 10)
+    assert not export_dir(run, 10).exists()
+    plan["sources"][0]["fingerprint"] = read_dataset_info(built_dataset)["fingerprint"]
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert export_checkpoint(run, 10) == export_dir(run, 10)
+
+
 def test_export_is_whole_or_absent(built_dataset, tmp_path):
     model = _model(built_dataset, tied=True)
     state = model.state_dict()

@@ -115,6 +115,45 @@ def test_inspect_refuses_a_run_whose_source_was_rebuilt(tmp_path, capsys):
     assert "source 'web'" in err and str(srcs["web"]) in err and "not the dataset this run trained on" in err
 
 
+MAIN = "(phase 'main')"
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [  # fmt: skip
+        (("seed = 7", "seed = 8"), "has data.seed = 8, but the run trained with 7"),
+        (
+            ("val_fraction = 0.1", "val_fraction = 0.2"),
+            "RUN gives val_fraction 0.2, but the run held out 0.1",
+        ),
+        (("seq_len = 32", "seq_len = 16"), f"has phase[0].seq_len {MAIN} = 16, but the run trained with 32"),
+        (("steps = 6", "steps = 4"), f"has phase[0].steps {MAIN} = 4, but the run trained with 6"),
+        (("web = 0.6, code = 0.3", "web = 0.3, code = 0.6"), f"has phase[0].mix {MAIN} = [1, 2]"),
+    ],
+)
+def test_inspect_refuses_a_run_whose_config_toml_was_edited_after_it(sources, tmp_path, capsys, edit, says):
+    """Every command after the run rebuilds its plan from RUN/config.toml: an edit there (by hand, or
+    one a refused `--resume auto` left) showed batches and hashes the run never trained, exit 0.
+    RUN/data_plan.json records what it trained; the first field that differs is named."""
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)
+    sets = ["run.max_steps=1", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
+    assert gristmill(["data", "inspect", str(run), "--step", "3", "--hash"]) == 0
+    capsys.readouterr()
+    text = (run / "config.toml").read_text()
+    assert edit[0] in text
+    (run / "config.toml").write_text(text.replace(*edit, 1))  # the first: [data]'s, phase 0's, web's
+    assert gristmill(["data", "inspect", str(run), "--step", "3", "--hash"]) == 2
+    out, err = capsys.readouterr()
+    says = says.replace("RUN", str(run / "config.toml"))
+    assert out == "" and len(err.strip().splitlines()) == 1 and says in err, err
+    assert f"{run / 'config.toml'}" in err and "set it back" in err
+    assert gristmill(["verify", str(run)]) == 1  # verify's own report: the batches cannot be checked
+    out = capsys.readouterr().out
+    assert "batches: the 1 recorded steps cannot be checked against the plan: " in out and says in out, out
+
+
 def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_path, capsys):
     web = sources["web"]
     geometry = ["--seq-len", "32", "--global-batch", "16", "--seed", "7"]
@@ -143,6 +182,8 @@ def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_p
     assert gristmill(["verify", str(built)]) != 0
     err = capsys.readouterr().err
     assert "is a dataset directory, not a training run" in err, err
+    assert gristmill(["verify", str(tmp_path / "no-such-run")]) == 2  # not "has no config.toml"
+    assert f"{tmp_path / 'no-such-run'} does not exist, not a training run" in capsys.readouterr().err
 
 
 def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sources, tmp_path, capsys):
@@ -175,3 +216,14 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
     assert gristmill(["train", "--config", str(config), "--plot", str(plot)]) == 2
     assert "--plot" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def test_validation_asked_for_with_nothing_held_out_is_said(sources, tmp_path, capsys):
+    """run.val_every with data.val_fraction = 0 trained without any val_loss, and nothing said so."""
+    config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run")
+    note = "note: no validation: run.val_every = 6, but no source holds documents out (data.val_fraction = 0)"
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", "data.val_fraction=0"]) == 0
+    assert note in capsys.readouterr().out
+    for sets in (["data.val_fraction=0", "run.val_every=0"], ["run.val_every=6"]):  # not asked for; held out
+        assert gristmill(["train", "--config", str(config), "--plan", "--set", *sets]) == 0
+        assert "no validation" not in capsys.readouterr().out
