@@ -234,10 +234,10 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     """Why run `run_dir` holds no checkpoint of `step` (the one answer `gristmill export`, `eval
     --step` and `verify --step` give): not a step, past the run's end, set aside by a rewind (or a
     resume from an earlier checkpoint), skipped by a rewind, an incomplete save, not trained yet,
-    never saved (checkpoint.interval), or deleted by retention (checkpoint.keep_last). `merged`: why
-    it holds no merged weights of `step` (`export --merged`, `eval --merged`): also a run without
-    [merge], a step that is no merge point, a window a rewind skipped whole. A clause that starts
-    with "step N"."""
+    trained by another run (one this run started from), never saved (checkpoint.interval), or
+    deleted by retention (checkpoint.keep_last). `merged`: why it holds no merged weights of `step`
+    (`export --merged`, `eval --merged`): also a run without [merge], a step that is no merge point,
+    a window a rewind skipped whole. A clause that starts with "step N"."""
     from training.config import TrainConfig
     from training.contract.config_loader import load_config
     from training.contract.run_layout import kept_rows, read_metrics
@@ -297,6 +297,13 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     reached = max([*trained, *complete_steps(run_dir)], default=0)
     if step > reached:
         return f"step {step} is not trained yet: the run has reached step {reached}"
+    # Step 1 always has a row: a record that begins later is a run started from another run's
+    # checkpoint (checkpoint.resume), whose earlier steps this directory never held.
+    if trained and step < min(trained) > 1:
+        return (
+            f"step {step} was not trained in {run_dir}: its record begins at step {min(trained)}, the run "
+            "having started from another run's checkpoint (checkpoint.resume); that run holds it"
+        )
     if cfg is None:
         return f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}"
     c = cfg.checkpoint

@@ -49,6 +49,28 @@ def is_training_run(path: str | Path) -> bool:
     return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
 
 
+def saved_config_elsewhere(config: str | Path, output_dir: str, overrides: list[str]) -> str | None:
+    """The problem when `config` is a run's own saved RUN/config.toml (beside the run's record) whose
+    run.output_dir leads to another directory from here: the run was moved or copied, or its relative
+    output_dir was written from another working directory. `--resume auto` would then find no
+    checkpoint there and train another run from step 0 (or continue the original). None when it
+    leads back to the run, or a --set names run.output_dir (the user said which)."""
+    config = Path(config)
+    run = config.parent
+    if config.name != CONFIG_TOML or any(o.split("=", 1)[0].strip() == "run.output_dir" for o in overrides):
+        return None
+    recorded = any((run / name).exists() for name in (METRICS_JSONL, DATA_PLAN_JSON, CHECKPOINTS_DIR))
+    if not recorded or Path(output_dir).resolve() == run.resolve():
+        return None
+    return (
+        f"{config} is the saved config of the run in {run}, but its run.output_dir = "
+        f"{json.dumps(output_dir)} leads to {Path(output_dir).resolve()} from here (the run was moved or "
+        "copied, or started from another directory): to continue it where it is, add --set "
+        f"run.output_dir={json.dumps(str(run))} "
+        "(relative dataset paths also resolve against this directory)"
+    )
+
+
 def read_json_record(path: Path, list_key: str) -> dict[str, Any] | None:
     """The JSON object in `path` that holds a list under `list_key` (RUN/data_plan.json's sources,
     RUN/base/base.json's files), or None when `path` does not exist; a file that is unreadable or

@@ -129,6 +129,10 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
     ]
     capsys.readouterr()
     assert gristmill(["verify", str(r)]) == 0
+    # Step 4 was the other run's: said so, never "deleted by retention" (it never was here).
+    assert gristmill(["export", str(r), "--step", "4"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"step 4 was not trained in {r}: its record begins at step 5, the run having started " in line
 
 
 def test_retention_keeps_the_save_it_follows_and_counts_only_its_timeline(tmp_path):
@@ -270,3 +274,38 @@ def test_exports_missed_at_a_checkpoint_are_written_when_a_resume_starts_from_it
     assert complete_steps(r) == [8]
     assert export_dir(r, 4).is_dir() and export_dir(r, 4, merged=True).is_dir()
     assert gristmill(["verify", str(r)]) == 0  # every export against its checksums
+
+
+def test_a_moved_run_s_saved_config_is_refused_until_run_output_dir_says_where(
+    dataset, tmp_path, capsys, monkeypatch
+):
+    """`--config RUN/config.toml --resume auto` of a moved run, or from another working directory
+    for a relative run.output_dir, found no checkpoint where output_dir led and trained another run
+    from step 0 (or continued the original), with one note. Refused now, in one line naming the fix;
+    with that --set, the run continues where it is."""
+    orig = tmp_path / "orig"
+    assert run(dataset, orig, "run.max_steps=4") == 0
+    moved = tmp_path / "moved"
+    orig.rename(moved)
+    capsys.readouterr()
+    args = ["train", "--config", str(moved / CONFIG_TOML), "--resume", "auto"]
+    for entry in (gristmill, lambda a: main(a[1:])):  # the launcher, the trainer's own entry point
+        assert entry(args) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"{moved / CONFIG_TOML} is the saved config of the run in {moved}, but its " in line
+        assert f'run.output_dir = "{orig}" leads to {orig} from here' in line, line
+        assert f'add --set run.output_dir="{moved}"' in line
+        assert not orig.exists()
+    assert gristmill([*args, "--set", f'run.output_dir="{moved}"', "run.max_steps=6"]) == 0
+    assert "resumed at step 4" in capsys.readouterr().out
+    assert [r["step"] for r in metrics(moved)][-1] == 6
+
+    # A relative run.output_dir, from another working directory: the same refusal.
+    monkeypatch.chdir(tmp_path)
+    rel = "runs/rel"
+    assert run(dataset, Path(rel), "run.max_steps=4") == 0
+    monkeypatch.chdir(tmp_path / "runs")
+    assert gristmill(["train", "--config", str(tmp_path / rel / CONFIG_TOML), "--resume", "auto"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f'run.output_dir = "{rel}" leads to {tmp_path / "runs" / rel} from here' in line, line
+    assert not (tmp_path / "runs" / rel).exists()
