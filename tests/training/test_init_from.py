@@ -129,6 +129,21 @@ def test_logits_equal_transformers(tmp_path, case, kwargs):
     assert_same_logits(ours, hf, seq=120 if case.startswith("llama3") else 48)
 
 
+def test_a_base_with_a_single_file_and_shards_is_the_model_transformers_loads(tmp_path):
+    """A folder holding model.safetensors and a sharded copy (a hub repo with both is fetched whole;
+    a re-save beside an older one) is, to transformers, its model.safetensors: the run read the
+    shards' weights instead, and trained, exported and scored another model than users load."""
+    make_base(tmp_path / "shards", shard=True)
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SHAPE)).eval()
+    hf.save_pretrained(tmp_path / "single")
+    base = tmp_path / "shards"  # now both: its shards and index, and the other model's single file
+    shutil.copy(tmp_path / "single" / "model.safetensors", base / "model.safetensors")
+    loaded = transformers.LlamaForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    assert_same_logits(gristmill_model(tmp_path / "single"), loaded)  # transformers reads the single file
+    assert_same_logits(gristmill_model(base), loaded)
+
+
 def test_llama3_scaling_is_not_the_default_rope(tmp_path):
     """Negative control: the same weights with the scaling dropped give other logits."""
     hf = make_base(tmp_path, rope=LLAMA3)

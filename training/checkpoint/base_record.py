@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.base_source import hub_id
-from training.checkpoint.hf_import import CONFIG_JSON, INDEX_JSON, weights_index
+from training.checkpoint.hf_import import CONFIG_JSON, INDEX_JSON, SINGLE_FILE, weights_index
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
@@ -41,7 +41,7 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
     """{file: sha256} of a base's weights files (the safetensors and their index)."""
     directory = Path(directory)
     names = sorted({entry["file"] for entry in weights_index(directory).values()})
-    names += [INDEX_JSON] if (directory / INDEX_JSON).is_file() else []
+    names += [INDEX_JSON] if names != [SINGLE_FILE] and (directory / INDEX_JSON).is_file() else []
     return {name: file_sha256(directory / name) for name in names}
 
 

@@ -255,16 +255,19 @@ def _header(path: Path) -> tuple[dict[str, Any], int]:
 
 def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
     """{HF tensor name: {"file", "dtype", "shape", "start", "end"}} over the base's safetensors
-    file(s); start/end are absolute byte offsets in "file"."""
+    file(s): model.safetensors, else the files its index names; start/end are absolute byte offsets
+    in "file"."""
     base = Path(base)
-    if (base / INDEX_JSON).is_file():
+    # model.safetensors first, as transformers' from_pretrained reads a folder holding both (a hub repo
+    # with a single file and shards is fetched whole): the base is the model users load from it.
+    if (base / SINGLE_FILE).is_file():
+        weight_map, files = None, [SINGLE_FILE]
+    elif (base / INDEX_JSON).is_file():
         try:
             weight_map = json.loads((base / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise BaseModelError(f"{base / INDEX_JSON} is damaged ({type(e).__name__}: {e})") from None
         files = sorted(set(weight_map.values()))
-    elif (base / SINGLE_FILE).is_file():
-        weight_map, files = None, [SINGLE_FILE]
     else:
         raise ConfigError(
             f"model.init_from: {base} holds neither {SINGLE_FILE} nor {INDEX_JSON} (only safetensors "
