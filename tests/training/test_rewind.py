@@ -95,6 +95,8 @@ def test_a_spike_rewinds_to_the_right_checkpoint_skips_and_finishes(reference, t
     line = next(x for x in out.splitlines() if x.startswith("rewind 1/3"))
     assert f"at step {SPIKE}" in line and "back to step 10 (checkpoint verified)" in line
     assert "skipping 8 steps (11–18) of data (8.19k tokens)" in line, line
+    # the attempt's step 15 set aside, said as a rewind's (not "newer than the resumed step 10")
+    assert "note: step-000015 is newer than step 10, which the rewind goes back to; moved it to" in out, out
     # The skip is the run's history: in RUN/data_plan.json and in the final checkpoint's plan.
     skips = json.loads((run / "data_plan.json").read_text())["skips"]
     assert [
@@ -271,6 +273,23 @@ def test_max_rewinds_ends_the_run_naming_every_rewind(tmp_path, dataset, monkeyp
     line = one_error_line(capsys.readouterr().err)
     assert "past run.rewind.max_rewinds = 1" in line
     assert "(so far: rewind 1 at step 17 → back to 10, skipped 2 steps (11–12))" in line
+
+
+def test_a_spike_whose_margin_reaches_past_the_last_skip_says_why_it_cannot_rewind(
+    tmp_path, dataset, monkeypatch, capsys
+):
+    """Step 15 again after its rewind skipped 11–12: 15 − margin 4 = 11 is in the skip, so there is nowhere
+    to go back to; the warning said "between step 12 and step 11", an empty range, not why."""
+    run = tmp_path / "run"
+    sets = rewind_sets(dataset, run, "run.rewind.skip_steps=2")
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 15))  # back to 10, skips 11–12; at 15 again
+    assert main(["--config", TINY, "--set", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "back to step 10 (checkpoint verified), skipping 2 steps (11–12)" in out, out
+    assert (
+        "no checkpoint to rewind to: step 15 − run.rewind.margin_steps 4 is step 11, before step 12, where "
+        "rewind 1's skip ended (a rewind never goes back past an earlier one's skip): not rewinding" in out
+    ), out
 
 
 def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, monkeypatch, capsys):

@@ -423,7 +423,7 @@ class Checkpointer:
         if self.rank == 0:
             self.resumed_from = (path, record.get("config_sha256"))
             if path.parent.resolve() == self.root.resolve():
-                self._set_aside_newer(step)
+                self._set_aside_newer(step, f"the resumed step {step}")
                 merged = self.merged_export is not None and self.merged_export(step)
                 self._export(step, merged, verified=False, missed=True)  # before retention deletes it
         return step
@@ -455,7 +455,7 @@ class Checkpointer:
         problem = None
         if self.rank == 0:
             try:
-                self._set_aside_newer(step)
+                self._set_aside_newer(step, f"step {step}, which the rewind goes back to")
             except OSError as e:
                 problem = f"cannot set aside the checkpoints after step {step} in {self.root}: {e}"
         problem = self._from_rank0(problem)
@@ -549,15 +549,16 @@ class Checkpointer:
         changed = describe_differences(diffs, "in the checkpoint", "now")
         return [f"note: model settings differ from {path.name}'s ({changed}); continuing with this config's"]
 
-    def _set_aside_newer(self, step: int) -> None:
-        """Checkpoints newer than the resumed one belong to an abandoned timeline: incomplete ones
-        are deleted, complete ones renamed `abandoned-step-N` (never deleted)."""
+    def _set_aside_newer(self, step: int, what: str) -> None:
+        """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)
+        belong to an abandoned timeline: incomplete ones are deleted, complete ones renamed
+        `abandoned-step-N` (never deleted)."""
         for s in list_steps(self.root):
             path = checkpoint_dir(self.run_dir, s)
             if s > step and not is_complete_checkpoint(path):
                 shutil.rmtree(path)
         for path, target in set_aside_after(self.root, step):
-            self.log(f"note: {path.name} is newer than the resumed step {step}; moved it to {target.name}")
+            self.log(f"note: {path.name} is newer than {what}; moved it to {target.name}")
 
     # -- save --
     def poll(self) -> None:

@@ -334,10 +334,15 @@ def config_sha256(cfg: Any) -> str:
 def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs: a list of
     tables by entry (`phase[2].global_batch_tokens 768 → 384`, an entry added or gone as None), other
-    lists whole."""
+    lists whole; a key left unset (None: its value comes from elsewhere, a preset or a base) as
+    `unset`, not as a value it never had."""
     flat_old, flat_new = _flatten(to_dict(old)), _flatten(to_dict(new))
+
+    def shown(flat: dict[str, Any], k: str) -> str:
+        return "unset" if k in flat and flat[k] is None else repr(flat.get(k))
+
     return [
-        f"{k} {flat_old.get(k)!r} → {flat_new.get(k)!r}"
+        f"{k} {shown(flat_old, k)} → {shown(flat_new, k)}"
         for k in sorted(flat_old.keys() | flat_new.keys())
         if flat_old.get(k) != flat_new.get(k)
     ]

@@ -82,11 +82,18 @@ class Rewinder:
         save in flight finishes first), or why there is nowhere to go. `cause`: the rewind's reason."""
         oldest = self.timeline.oldest_target
         newest = step - self.cfg.margin_steps
-        found = self.checkpointer.rewind_target(oldest=oldest, newest=newest) if newest >= oldest else None
+        margin = f"step {step} − run.rewind.margin_steps {self.cfg.margin_steps}"
+        if newest < oldest:  # no range to look in: say why, not "between 12 and 11"
+            return (
+                f"no checkpoint to rewind to: {margin} is step {newest}, before step {oldest}, where "
+                f"rewind {len(self.timeline.skips)}'s skip ended (a rewind never goes back past an earlier "
+                "one's skip)"
+            )
+        found = self.checkpointer.rewind_target(oldest=oldest, newest=newest)
         if found is None:
             return (
-                f"no complete checkpoint that verifies between step {oldest} and step {newest} "
-                f"(step {step} − run.rewind.margin_steps {self.cfg.margin_steps}) to rewind to"
+                f"no complete checkpoint that verifies between step {oldest} and step {newest} ({margin}) "
+                "to rewind to"
             )
         back, passed = found
         # The plan's end, not this invocation's (run.max_steps): a later resume trains no step an

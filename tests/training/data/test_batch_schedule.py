@@ -303,15 +303,19 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
     differs from the one step-N was saved with", naming nothing, on the documented path)."""
     run_dir, _ = reference
     resume = str(run_dir / "checkpoints" / "step-000006")
-    for sets, said in [([], None), (["optim.weight_decay=0.05"], "optim.weight_decay 0.1 → 0.05")]:
-        copy = tmp_path / f"copy{len(sets)}"
+    for sets, said in [
+        ([], None),
+        (["optim.weight_decay=0.05"], "optim.weight_decay 0.1 → 0.05"),
+        (["model.rope_theta=5e5"], "model.rope_theta unset → 500000.0"),  # not "None": the preset's
+    ]:
+        copy = tmp_path / f"copy{len(sets)}{sets[:1]}"
         argv = ["train", "--config", str(run_dir / "config.toml"), "--resume", resume, "--set",
                 f"run.output_dir={json.dumps(str(copy))}", *sets]  # fmt: skip
         assert gristmill(argv) == 0
         notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
         saved = f"note: changed since step-000006 was saved ({run_dir / 'config.toml'})"
         want = [] if said is None else [f"{saved}: {said}; in effect from step 7"]
-        assert [n for n in notes if "config" in n or "changed since" in n] == want, notes
+        assert [n for n in notes if "config differs" in n or "changed since" in n] == want, notes
 
 
 def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
