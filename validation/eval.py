@@ -178,14 +178,17 @@ def check_heldout_dataset(run_dir: Path, data: RunData) -> None:
         raise EvalError(str(e)) from None
 
 
-def training_data_checks(spec: RunSpec) -> list[dict[str, Any]]:
+def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
     """Per source dataset of the run: {"source", "dataset", "decontaminate"}, the last being
     dataset.json's record of the eval tasks the build filtered against (None: none, or the dataset
-    is gone and cannot tell)."""
+    is gone, or is not the one the run trained on, which RUN/config.toml's path may lead to from
+    another directory: either cannot tell)."""
     checks = []
     for src in spec.sources:
         try:
-            entry = dataset_info(src.dataset).get("decontaminate")
+            info = dataset_info(src.dataset)
+            check_trained_on(run_dir, src.name, src.dataset, info, "its decontamination is not the run's")
+            entry = info.get("decontaminate")
         except GristmillError:
             entry = None
         checks.append({"source": src.name, "dataset": str(src.dataset), "decontaminate": entry})
@@ -222,7 +225,7 @@ class TaskPlan:
         )
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
-        self.training_data = training_data_checks(spec)
+        self.training_data = training_data_checks(spec, run_dir)
         self.data = run_data(spec, train_cfg.eval.source)
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]

@@ -378,6 +378,13 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     view = pq.read_table(run / "eval.parquet").to_pylist()
     assert {(r["task"], r["decontamination"]) for r in view} == {(t, m) for t, m in marks.items()}
 
+    # The run trained on another dataset than the one config.toml's path leads to now (a relative
+    # path, from another directory): that dataset's record says nothing of the run's data.
+    (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "data", "fingerprint": "f" * 64}]}))
+    assert main(["eval", str(run), "--step", "5", "--tasks", "gm_cloze", *args]) == 0
+    recorded = read_results(run)[5]["gristmill_tasks"]["gm_cloze"]["decontamination"]
+    assert recorded["mark"] == "not checked" and recorded["datasets"][0]["status"] == "not checked"
+
 
 def test_marks_for_versions_mixtures_and_groups():
     from validation.eval_results import decontamination_marks
