@@ -169,18 +169,40 @@ def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[s
     }
 
 
-def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig) -> dict[str, Any]:
+def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig, special: dict[str, str]) -> dict[str, Any]:
+    """tokenizer_config.json and special_tokens_map.json of an export whose base brought none: bos and
+    eos the separator, or `special`'s (the tokens of a base's config.json ids)."""
     sep = info["separator"]["token"]
+    tokens = {"bos_token": sep, "eos_token": sep} | special
     return {
         TOKENIZER_CONFIG: {
             "tokenizer_class": FAST_TOKENIZER,
-            "bos_token": sep,
-            "eos_token": sep,
+            **tokens,
             "model_max_length": cfg.max_seq_len,
             "clean_up_tokenization_spaces": False,
         },
-        "special_tokens_map.json": {"bos_token": sep, "eos_token": sep},
+        "special_tokens_map.json": tokens,
     }
+
+
+def _base_special_tokens(base: dict[str, Path], tokenizer_json: Path) -> dict[str, str]:
+    """{"bos_token", "eos_token"}: the tokens of the base's config.json ids in `tokenizer_json`'s
+    vocabulary (the first of a list), for a base without a tokenizer_config.json of its own: its
+    export keeps the base's ids in config.json, and the tokenizer must name the same tokens."""
+    ids = _token_ids(base)
+    if not ids or not tokenizer_json.is_file():
+        return {}
+    from tokenizers import Tokenizer
+
+    vocab = Tokenizer.from_file(str(tokenizer_json))
+    out = {}
+    for key in ("bos", "eos"):
+        i = ids.get(f"{key}_token_id")
+        i = i[0] if isinstance(i, list) and i else i
+        token = vocab.id_to_token(i) if isinstance(i, int) else None
+        if token is not None:
+            out[f"{key}_token"] = token
+    return out
 
 
 def write_tokenizer(
@@ -188,14 +210,16 @@ def write_tokenizer(
 ) -> None:
     """The HF tokenizer files of an export into `out_dir`: those of the run's base model where it
     has them (`base`: base_record.base_files; its special tokens as its users expect), else the
-    dataset's tokenizer.json with bos = eos = the separator. The trainer's in-process eval loads
-    its tokenizer from the same files; the separator it frames documents with is the dataset's,
-    whatever bos says."""
+    dataset's tokenizer.json with bos = eos = the separator (a base with a config.json but no
+    tokenizer_config.json: the tokens of its config's bos/eos ids, which the export keeps). The
+    trainer's in-process eval loads its tokenizer from the same files; the separator it frames
+    documents with is the dataset's, whatever bos says."""
     dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), base or {}
     # A base with its own tokenizer_config.json: its files alone (a derived special_tokens_map.json
     # would override the bos it sets).
     if TOKENIZER_CONFIG not in base:
-        for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg).items():
+        special = _base_special_tokens(base, base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON))
+        for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg, special).items():
             (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     for name in TOKENIZER_FILES:
         if name in base:

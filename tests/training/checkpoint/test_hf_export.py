@@ -158,3 +158,32 @@ def test_an_export_from_a_base_encodes_with_the_tokenizer_json_the_data_was_buil
     assert tr.AutoTokenizer.from_pretrained(str(out))(text, add_special_tokens=False)["input_ids"] == trained
     kept = json.loads((out / "tokenizer_config.json").read_text())
     assert kept["model_max_length"] == 2048 and kept["bos_token"] == "<|endoftext|>"  # the base's own
+
+
+def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(built_dataset, tmp_path):
+    """A base of config.json, weights and tokenizer.json only: its export kept the base's bos/eos ids
+    in config.json but named the separator as bos and eos in tokenizer_config.json, so the two
+    disagreed (review R3). The tokenizer now names the tokens of the base's ids."""
+    from tokenizers import Tokenizer
+
+    from training.checkpoint.hf_export import write_tokenizer
+
+    base = tmp_path / "base"
+    base.mkdir()
+    vocab = Tokenizer.from_file(str(built_dataset / "tokenizer.json"))
+    sep = read_dataset_info(built_dataset)["separator"]
+    bos, eos = [i for i in range(5) if i != sep["id"]][:2]
+    (base / "config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": [eos, sep["id"]]}))
+    out = tmp_path / "export"
+    out.mkdir()
+    files = {"config.json": base / "config.json", "tokenizer.json": built_dataset / "tokenizer.json"}
+    write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, out, files)
+    tok = tr.AutoTokenizer.from_pretrained(str(out))
+    assert (tok.bos_token_id, tok.eos_token_id) == (bos, eos)
+    assert (tok.bos_token, tok.eos_token) == (vocab.id_to_token(bos), vocab.id_to_token(eos))
+    # without a base: bos and eos are the separator, as before
+    write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, tmp_path, {})
+    assert json.loads((tmp_path / "special_tokens_map.json").read_text()) == {
+        "bos_token": sep["token"],
+        "eos_token": sep["token"],
+    }
