@@ -408,6 +408,13 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     assert "continues from another base model" in line and str(other.resolve()) in line, line
     line = one_error_line(_run(sets).stderr)  # a resume without init_from: another model too
     assert "continues from another base model" in line and "random initialisation" in line, line
+    config, original = base / "config.json", (base / "config.json").read_text()
+    try:  # the same base folder, changed since the start: said so, not "another base" named twice
+        config.write_text(json.dumps({**json.loads(original), "rms_norm_eps": 1e-3}))
+        line = one_error_line(_run([*sets, init]).stderr)
+    finally:
+        config.write_text(original)
+    assert f"the base {base.resolve()} reads as another model than the run started from" in line, line
     done = _run([*sets, init])
     assert done.returncode == 0, done.stderr[-3000:]
     assert losses(run) == losses(straight) and len(losses(run)) == 8

@@ -304,22 +304,34 @@ def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, mo
     assert metrics(run)[-1]["step"] == STEPS
 
 
-def test_a_spike_before_any_checkpoint_is_said_and_the_run_goes_on(tmp_path, dataset, monkeypatch, capsys):
+MARGIN = "run.rewind.margin_steps 4"
+
+
+@pytest.mark.parametrize(
+    "spike, says",
+    [
+        (
+            6,
+            f"no complete checkpoint that verifies between step 0 and step 2 (step 6 − {MARGIN}) to rewind",
+        ),
+        # earlier than the margin: it named "rewind 0's skip", a rewind that never happened
+        (3, f"no checkpoint to rewind to: step 3 − {MARGIN} is step -1, before the run's first step"),
+    ],
+)
+def test_a_spike_before_any_checkpoint_is_said_and_the_run_goes_on(
+    tmp_path, dataset, monkeypatch, capsys, spike, says
+):
     run = tmp_path / "run"
     sets = rewind_sets(dataset, run, "run.spike_window=4", "schedule.steps=8")
-    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, 6))
+    monkeypatch.setenv(SPIKE_WINDOW, window_of(sets, spike))
     assert main(["--config", TINY, "--set", *sets]) == 0
     out = capsys.readouterr().out
-    assert (
-        "WARNING step 6: loss" in out
-        and "no complete checkpoint that verifies between step 0 and step 2 (step 6 − "
-        "run.rewind.margin_steps 4) to rewind to: not rewinding, the run goes on"
-        in out
-    ), out
+    warning = next(line for line in out.splitlines() if line.startswith(f"WARNING step {spike}: loss "))
+    assert says in warning and warning.endswith(": not rewinding, the run goes on"), warning
     assert not (run / "data_plan.json").read_text().count("skips")
     # the spike it trained is in the run's record: the row of its step (log_every 5: not a logged
     # one), with the spike as its event, as "report" records every spike it sees
-    (row,) = [r for r in metrics(run) if r["step"] == 6]
+    (row,) = [r for r in metrics(run) if r["step"] == spike]
     assert row["loss"] > 50 and any("loss spike" in e for e in row["events"]), row
     assert "discarded_by_rewind" not in row
 

@@ -711,7 +711,11 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{run / 'config.toml'} gives val_fraction 0.1, but the run held out 0.05" in err, err
     assert not (run / "eval" / "step-000005" / "results.json").exists()
-    plan["sources"][0]["val_fraction"] = 0.1  # as the config says: scored
+    plan["sources"][0]["name"] = "web"  # a source renamed in config.toml since: not the run's
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 2
+    assert "source 'data' is not one this run trained on (" in capsys.readouterr().err
+    plan["sources"][0].update(name="data", val_fraction=0.1)  # as the config says: scored
     (run / "data_plan.json").write_text(json.dumps(plan))
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
 

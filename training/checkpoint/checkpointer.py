@@ -529,6 +529,13 @@ class Checkpointer:
         if base:  # continued pretraining from another base ([model] init_from): other weights entirely
             was = recorded.get("init_from") or "random initialisation"
             now = self.model_config.get("init_from") or "random initialisation"
+            if was == now:  # the same base, read as another model: its files changed since the start
+                raise CheckpointError(
+                    f"cannot resume from {path}: the base {now} reads as another model than the run started "
+                    f"from (sha256 {base[0][2] or '-'} now, {base[0][1] or '-'} then): its files changed "
+                    "since; restore them, or move the folder away (a resume reads the base's shape from the "
+                    "checkpoint, never its weights)"
+                )
             raise CheckpointError(
                 f"cannot resume from {path}: it continues from another base model ({was}, sha256 "
                 f"{base[0][1] or '-'}; this config: {now}, sha256 {base[0][2] or '-'}); set model.init_from "

@@ -370,16 +370,17 @@ def run_config(run_dir: str | Path):
 def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dict[str, Any]]:
     """The dataset directory whose tokenizer the run trained with, and its dataset.json: the first
     source's (every source of a mixture shares one tokenizer, checked when the run started), refused
-    when it is not the dataset the run recorded (RUN/config.toml names it as given: a relative path
-    leads elsewhere from another working directory, and an export would ship another tokenizer)."""
+    when its tokenizer is not the one the run recorded (RUN/config.toml names the dataset as given: a
+    relative path leads elsewhere from another working directory, and an export would ship another
+    tokenizer); a dataset rebuilt with the run's tokenizer is the same to an export."""
     src = spec.sources[0]
     dataset = tokenizer_dir(src.dataset, spec.cache)  # a bucket's: its copy, tokenizer fetched
     info = read_dataset_info(dataset)  # names the missing dataset.json and how to fix it
     try:
         check_trained_on(
-            Path(run_dir), src.name, src.dataset, info, "its tokenizer is not the one the model was trained "
-            "with: run the command from the directory the run was started in, or point the source's "
-            "dataset at the one it trained on"
+            Path(run_dir), src.name, src.dataset, info, "the export would ship another tokenizer than the "
+            "model was trained with: run the command from the directory the run was started in, or point "
+            "the source's dataset at one built with the run's tokenizer", tokenizer_only=True,
         )  # fmt: skip
     except GristmillError as e:
         raise ExportError(str(e)) from None

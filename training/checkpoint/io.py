@@ -302,7 +302,8 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     if trained and step < min(trained) > 1:
         return (
             f"step {step} was not trained in {run_dir}: its record begins at step {min(trained)}, the run "
-            "having started from another run's checkpoint (checkpoint.resume); that run holds it"
+            "having started from another run's checkpoint (checkpoint.resume): its earlier steps are that "
+            "run's"
         )
     if cfg is None:
         return f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}"

@@ -68,15 +68,17 @@ class Source:
     documents: int
     max_epochs: int | None = 1  # None: unlimited (the single-dataset recipe, as before phases)
     val_fraction: float = 0.0  # documents held out of its stream (they decide `tokens`)
+    tokenizer_sha256: str = ""  # its tokenizer.json's ("": not known), recorded for exports
 
     @classmethod
     def of(cls, table: Any, name: str, max_epochs: int | None = 1) -> Source:
         """The plan's view of one split of a dataset (a reader.DocumentTable): its stream is
         one epoch of `table.tokens` tokens."""
-        fingerprint = table.info["fingerprint"]
+        info = table.info
         return cls(
-            name, table.location, fingerprint, table.tokens, table.documents, max_epochs, table.val_fraction
-        )
+            name, table.location, info["fingerprint"], table.tokens, table.documents, max_epochs,
+            table.val_fraction, str(info.get("tokenizer_sha256") or ""),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -501,6 +503,8 @@ class Plan:
                     "tokens": s.tokens,
                     "max_epochs": s.max_epochs,
                     "val_fraction": s.val_fraction,
+                    # what an export ships (a dataset rebuilt with the same tokenizer has another fingerprint)
+                    **({"tokenizer_sha256": s.tokenizer_sha256} if s.tokenizer_sha256 else {}),
                 }
                 for s in self.sources
             ],
@@ -538,7 +542,16 @@ def integer_weights(weights: list[float]) -> tuple[int, ...]:
 def from_description(d: dict[str, Any]) -> Plan:
     """The plan a checkpoint described (its sources' names, fingerprints and sizes; no datasets)."""
     sources = [
-        Source(s["name"], "", s["fingerprint"], s["tokens"], 0, s["max_epochs"], s["val_fraction"])
+        Source(
+            s["name"],
+            "",
+            s["fingerprint"],
+            s["tokens"],
+            0,
+            s["max_epochs"],
+            s["val_fraction"],
+            s.get("tokenizer_sha256", ""),
+        )  # fmt: skip
         for s in d["sources"]
     ]
     phases = [
@@ -567,6 +580,10 @@ def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any,
     def key_of(p: int, name: str) -> str:
         return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
 
+    def where(p: int, name: str) -> str:  # a budget given in tokens is compared in the steps it makes
+        in_steps = name in ("steps", "warmup_steps") and key_of(p, name).endswith("tokens")
+        return f"{key_of(p, name)} (phase {ours['phases'][p]['name']!r}{', in steps' if in_steps else ''})"
+
     if recorded["seed"] != ours["seed"]:
         return "data.seed", recorded["seed"], ours["seed"]
     for what, part in (("the sources (in order)", "sources"), ("the phases (in order)", "phases")):
@@ -579,14 +596,14 @@ def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any,
     for p, (a, b) in enumerate(zip(recorded["phases"], ours["phases"])):
         if a["global_batch"] * a["seq_len"] != b["global_batch"] * b["seq_len"]:
             tokens = [ph["global_batch"] * ph["seq_len"] for ph in (a, b)]
-            return f"{key_of(p, 'global_batch')} (phase {a['name']!r})", *tokens
+            return where(p, "global_batch"), *tokens
         for name, key in (("steps", "steps"), ("seq_len", "seq_len"), ("weights", "mix")):
             if a[name] != b[name]:
-                return f"{key_of(p, key)} (phase {a['name']!r})", a[name], b[name]
+                return where(p, key), a[name], b[name]
         lrs = [ph["lr"] or {} for ph in (a, b)]
         for name in sorted(set(lrs[0]) | set(lrs[1])):
             if lrs[0].get(name) != lrs[1].get(name):
-                return f"{key_of(p, name)} (phase {a['name']!r})", lrs[0].get(name), lrs[1].get(name)
+                return where(p, name), lrs[0].get(name), lrs[1].get(name)
     return None
 
 

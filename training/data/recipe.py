@@ -178,8 +178,9 @@ def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
     if cfg.run.val_every <= 0 or any(s.val_fraction > 0 for s in spec.sources):
         return []
     return [
-        f"no validation: run.val_every = {cfg.run.val_every}, but no source holds documents out "
-        "(data.val_fraction = 0); set it (e.g. 0.01) for a val_loss"
+        f"no validation: run.val_every = {cfg.run.val_every}, but no source holds documents out (every "
+        "val_fraction is 0: data.val_fraction, or a [[data.sources]] entry's own); set one (e.g. 0.01) "
+        "for a val_loss"
     ]
 
 
@@ -259,26 +260,46 @@ def check_trained_on(
     description: dict[str, Any] | None = None,
     *,
     val_fraction: float | None = None,
+    tokenizer_only: bool = False,
 ) -> None:
     """Refuse (DatasetError) the dataset at `location` (its dataset.json: `info`) as source `source`
-    of the run when it is not the one RUN/data_plan.json records (`description`, read when not
-    given), or `val_fraction` (when given) is not the share it held out; the message ends with
-    `consequence`. A source the run recorded nothing of passes."""
+    of the run when RUN/data_plan.json (`description`, read when not given) records no such source or
+    another dataset, or `val_fraction` (when given) is not the share it held out; the message ends
+    with `consequence`. `tokenizer_only`: only its tokenizer need be the run's (an export), so a
+    dataset rebuilt with the recorded tokenizer passes. A run that recorded no plan passes."""
     description = recorded_plan(run_dir) if description is None else description
     recorded = {s["name"]: s for s in (description or {}).get("sources", [])}
-    if source not in recorded:
+    if not recorded:
         return
-    if not same_data(recorded[source]["fingerprint"], info):
+    path = run_dir / DATA_PLAN_JSON
+    if source not in recorded:
         raise DatasetError(
-            f"source {source!r}: {location} is not the dataset this run trained on (fingerprint "
-            f"{str(info.get('fingerprint'))[:12]}… now, {str(recorded[source]['fingerprint'])[:12]}… in "
-            f"{run_dir / DATA_PLAN_JSON}); {consequence}"
+            f"source {source!r} is not one this run trained on ({path} records "
+            f"{', '.join(map(repr, recorded))}); {consequence}"
         )
-    held_out = recorded[source].get("val_fraction")
+    trained = recorded[source]
+    tokenizer = trained.get("tokenizer_sha256")
+    if not same_data(trained["fingerprint"], info):
+        if tokenizer_only and tokenizer and tokenizer == info.get("tokenizer_sha256"):
+            pass  # rebuilt (other documents) with the run's tokenizer: what an export ships is the same
+        elif tokenizer_only and tokenizer:
+            raise DatasetError(
+                f"source {source!r}: {location} was tokenized with tokenizer sha256 "
+                f"{str(info.get('tokenizer_sha256'))[:12]}…, not the run's ({tokenizer[:12]}… in {path}); "
+                f"{consequence}"
+            )
+        else:
+            unknown = " (the run recorded no tokenizer hash to tell a rebuild by)" if tokenizer_only else ""
+            raise DatasetError(
+                f"source {source!r}: {location} is not the dataset this run trained on (fingerprint "
+                f"{str(info.get('fingerprint'))[:12]}… now, {str(trained['fingerprint'])[:12]}… in "
+                f"{path}){unknown}; {consequence}"
+            )
+    held_out = trained.get("val_fraction")
     if val_fraction is not None and held_out is not None and val_fraction != held_out:
         raise DatasetError(
             f"source {source!r}: {run_dir / CONFIG_TOML} gives val_fraction {val_fraction!r}, but the run "
-            f"held out {held_out!r} ({run_dir / DATA_PLAN_JSON}): the config was edited after the run, so "
+            f"held out {held_out!r} ({path}): the config was edited after the run, so "
             "its held-out documents would not be the run's; set it back"
         )
 

@@ -84,6 +84,8 @@ class Rewinder:
         newest = step - self.cfg.margin_steps
         margin = f"step {step} − run.rewind.margin_steps {self.cfg.margin_steps}"
         if newest < oldest:  # no range to look in: say why, not "between 12 and 11"
+            if not self.timeline.skips:
+                return f"no checkpoint to rewind to: {margin} is step {newest}, before the run's first step"
             return (
                 f"no checkpoint to rewind to: {margin} is step {newest}, before step {oldest}, where "
                 f"rewind {len(self.timeline.skips)}'s skip ended (a rewind never goes back past an earlier "

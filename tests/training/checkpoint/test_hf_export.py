@@ -93,21 +93,37 @@ def test_export_checkpoint_takes_the_newest_complete_step(built_dataset, tmp_pat
     assert not export_dir(run, 30).exists()
 
 
-def test_an_export_refuses_a_dataset_the_run_did_not_train_on(built_dataset, tmp_path):
+def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset, tmp_path):
     """The tokenizer an export ships is the dataset's RUN/config.toml names, as given: a relative path
     led elsewhere from another working directory, and the export shipped another tokenizer, exit 0.
-    RUN/data_plan.json's fingerprint decides, as for inspect and eval."""
+    RUN/data_plan.json decides: its tokenizer hash (a dataset rebuilt with the same tokenizer is the
+    same to an export), or for a run that recorded none, its fingerprint."""
     run = tmp_path / "run"
-    _run_with_checkpoints(run, built_dataset, {10: True})
-    plan = {"sources": [{"name": "data", "fingerprint": "f" * 64}]}  # the run trained on another dataset
-    (run / "data_plan.json").write_text(json.dumps(plan))
+    _run_with_checkpoints(run, built_dataset, {10: True, 20: True, 30: True})
+    info = read_dataset_info(built_dataset)
+
+    def recorded(**source) -> None:
+        (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "data", **source}]}))
+
+    recorded(fingerprint="f" * 64)  # another dataset, no tokenizer recorded (an older run)
     with pytest.raises(ExportError, match=r"source 'data': .* is not the dataset this run trained on .*"
-                       r"its tokenizer is not the one the model was trained with"):  # fmt: skip
+                       r"no tokenizer hash.*; the export would ship another tokenizer"):  # fmt: skip
         export_checkpoint(run, 10)
-    assert not export_dir(run, 10).exists()
-    plan["sources"][0]["fingerprint"] = read_dataset_info(built_dataset)["fingerprint"]
-    (run / "data_plan.json").write_text(json.dumps(plan))
+    recorded(fingerprint="f" * 64, tokenizer_sha256="e" * 64)  # another tokenizer
+    ours = info["tokenizer_sha256"][:12]
+    with pytest.raises(
+        ExportError, match=rf"tokenized with tokenizer sha256 {ours}…, not the run's \(eeeeeeeeeeee… in "
+    ):
+        export_checkpoint(run, 10)
+    recorded(fingerprint="f" * 64, tokenizer_sha256=info["tokenizer_sha256"])  # rebuilt, same tokenizer
     assert export_checkpoint(run, 10) == export_dir(run, 10)
+    recorded(fingerprint=info["fingerprint"])  # the dataset itself
+    assert export_checkpoint(run, 20) == export_dir(run, 20)
+    (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "web", "fingerprint": "f" * 64}]}))
+    with pytest.raises(
+        ExportError, match=r"source 'data' is not one this run trained on \(.* records 'web'\)"
+    ):
+        export_checkpoint(run, 30)  # a source renamed in config.toml
 
 
 def test_export_is_whole_or_absent(built_dataset, tmp_path):

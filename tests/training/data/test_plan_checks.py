@@ -4,6 +4,7 @@ the model, mixes that do not sum to 1; and the run header naming every source's 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from pipelines.convert import convert_dataset
 from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import affine_documents, make_dataset
+from training.contract.dataset_format import read_dataset_info
 
 
 @pytest.fixture
@@ -141,6 +143,10 @@ def test_inspect_refuses_a_run_whose_config_toml_was_edited_after_it(sources, tm
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0
     assert gristmill(["data", "inspect", str(run), "--step", "3", "--hash"]) == 0
     capsys.readouterr()
+    recorded = json.loads((run / "data_plan.json").read_text())["sources"]  # what an export checks
+    assert [s["tokenizer_sha256"] for s in recorded] == [
+        read_dataset_info(p)["tokenizer_sha256"] for p in sources.values()
+    ]
     text = (run / "config.toml").read_text()
     assert edit[0] in text
     (run / "config.toml").write_text(text.replace(*edit, 1))  # the first: [data]'s, phase 0's, web's
@@ -221,9 +227,33 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
 def test_validation_asked_for_with_nothing_held_out_is_said(sources, tmp_path, capsys):
     """run.val_every with data.val_fraction = 0 trained without any val_loss, and nothing said so."""
     config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run")
-    note = "note: no validation: run.val_every = 6, but no source holds documents out (data.val_fraction = 0)"
+    note = (
+        "note: no validation: run.val_every = 6, but no source holds documents out (every val_fraction is 0"
+    )
     assert gristmill(["train", "--config", str(config), "--plan", "--set", "data.val_fraction=0"]) == 0
+    assert note in capsys.readouterr().out
+    per_source = ["data.sources[0].val_fraction=0", "data.sources[1].val_fraction=0"]  # [data]'s is 0.1
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *per_source]) == 0
     assert note in capsys.readouterr().out
     for sets in (["data.val_fraction=0", "run.val_every=0"], ["run.val_every=6"]):  # not asked for; held out
         assert gristmill(["train", "--config", str(config), "--plan", "--set", *sets]) == 0
         assert "no validation" not in capsys.readouterr().out
+
+
+def test_an_edited_token_budget_is_named_in_the_steps_it_makes(sources, tmp_path, capsys):
+    """A phase budget given in tokens is compared in steps: the refusal said `phase[0].tokens = 8`."""
+    phases = (
+        '[[phase]]\nname = "main"\ntokens = 3072\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 2, shape = "constant" }\n\n'
+    )
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run, phases=phases)
+    assert (
+        gristmill(["train", "--config", str(config), "--set", "run.max_steps=1", "metrics.plot=false"]) == 0
+    )
+    text = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(text.replace("tokens = 3072", "tokens = 4096"))
+    capsys.readouterr()
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--hash"]) == 2
+    err = capsys.readouterr().err
+    assert "has phase[0].tokens (phase 'main', in steps) = 8, but the run trained with 6" in err, err
