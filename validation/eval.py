@@ -505,10 +505,16 @@ def evaluate_step(
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
+    most = model_max_length(export)
+    if cfg.max_length > most:  # transformers' RoPE takes any position: the scores would be of untrained ones
+        raise EvalError(
+            f"max_length = {cfg.max_length} is longer than the model's context, {most} tokens "
+            f"(max_position_embeddings in {export / 'config.json'}): set max_length ≤ {most} (0: the model's)"
+        )
     _log(f"step {step}: {', '.join(plan.names)} on {export}{plan.heldout_note()}")
     t0 = time.time()
     log_file = eval_dir(run_dir, step, merged) / EVAL_LOG
-    max_length = cfg.max_length or model_max_length(export)
+    max_length = cfg.max_length or most
     with eval_output(log_file, verbose) as terminal:
         try:
             lm = GristmillHFLM(

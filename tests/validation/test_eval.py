@@ -726,6 +726,7 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
         (["limit=-1"], "limit = -1 must be ≥ 0"),  # a traceback from lm-eval, after the model loaded
         (["batch_size=0"], "batch_size = 0 must be ≥ 1"),
         (["max_length=-5"], "max_length = -5 must be ≥ 0"),
+        (["max_length=100000"], "max_length = 100000 is longer than the model's context, 256 tokens"),
         (["num_fewshot=-1"], "num_fewshot = -1 must be ≥ 0"),  # accepted silently
         (["docs=0"], "docs = 0 must be ≥ 1"),
         (['dtype="fp8"'], "dtype = 'fp8' is not allowed"),  # "delete the export and re-export it"
