@@ -589,6 +589,16 @@ def evaluate_missing(
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
                 failed.append(e)
+            except GristmillError:
+                if step in available_steps(run_dir):
+                    raise
+                # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch
+                # goes on with the steps that are there.
+                _log(
+                    f"step {step} skipped: its checkpoint was deleted before it was evaluated (a running "
+                    "run's checkpoint.keep_last; checkpoint.export_interval keeps exports for a lagging eval)"
+                )
+                continue
             if show:
                 print_table(run_dir, [step])
             done.append(step)

@@ -298,6 +298,31 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert effective == [3, 5]
 
 
+def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
+    built_dataset, tmp_path, monkeypatch, capsys
+):
+    """`eval --watch` beside a running trainer: retention (checkpoint.keep_last) deleted a step it had
+    listed, and the watch stopped with the error while training went on (review R5)."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+
+    run = tmp_path / "run"
+    _make_run(run, built_dataset, [5, 10])
+    real = eval_module.evaluate_step
+
+    def deleted_first(run_dir, step, *args, **kwargs):  # the trainer's retention, just before
+        if step == 5:
+            shutil.rmtree(export_dir(run_dir, 5))
+        return real(run_dir, step, *args, **kwargs)
+
+    monkeypatch.setattr(eval_module, "evaluate_step", deleted_first)
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
+    assert main(watch) == 0
+    err = capsys.readouterr().err
+    assert "step 5 skipped: its checkpoint was deleted before it was evaluated" in err, err
+    assert (eval_dir(run, 10) / "results.json").is_file() and not eval_dir(run, 5).exists()
+
+
 def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, monkeypatch, capsys):
     from pipelines.cli import main
 

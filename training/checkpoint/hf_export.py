@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -262,11 +263,11 @@ def export_hf(
     special token ids the export keeps.
 
     Everything goes into a temporary sibling directory that is renamed at the end, so an export
-    under its final name is always whole. An existing `out_dir` is an error (exports are permanent).
+    under its final name is always whole. Exports are permanent: an `out_dir` that exists by then is
+    an error, unless it holds the very files written here (another process, eval --watch or the
+    trainer, exported the same weights meanwhile; callers return an existing export before any work).
     """
     out_dir, dataset_dir = Path(out_dir), Path(dataset_dir)
-    if out_dir.exists():
-        raise ExportError(f"{out_dir} already exists; exports are permanent, remove it by hand to redo it")
     info = read_dataset_info(dataset_dir)
     names = hf_state_dict_names(model_cfg)
     missing = sorted(set(names) - set(state_dict))
@@ -274,7 +275,7 @@ def export_hf(
         raise ExportError(f"the state dict lacks {len(missing)} model tensors, e.g. {missing[:3]}")
     tensors = {hf: state_dict[ours].to(dtype) for ours, hf in names.items()}
 
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    tmp, written = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}", None
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
@@ -306,15 +307,36 @@ def export_hf(
         write_tokenizer(dataset_dir, model_cfg, tmp, base)
         checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
         (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
+        written = checksums["files"]
+        if out_dir.exists():  # os.replace would take an empty directory's place
+            raise FileExistsError(errno.EEXIST, "exists", str(out_dir))
         os.replace(tmp, out_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and out_dir.is_dir() and verify_export(out_dir) is None:
-            return out_dir  # another process (eval --watch, the trainer) exported this step meanwhile
+        if isinstance(e, OSError) and out_dir.is_dir():
+            if _holds(out_dir, written):
+                return out_dir  # another process (eval --watch, the trainer) exported the same files
+            if written is not None:
+                raise ExportError(
+                    f"{out_dir} already exists with other contents; exports are permanent, remove it by hand "
+                    "to redo it"
+                ) from None
         if isinstance(e, OSError):
             raise unwritable(out_dir.parent, e) from None
         raise
     return out_dir
+
+
+def _holds(path: Path, files: dict[str, Any] | None) -> bool:
+    """`path` is a whole export (its files match its checksums) with `files`' records (None: any): one
+    another process wrote meanwhile."""
+    try:
+        if verify_export(path) is not None:  # no checksums: nothing to compare
+            return False
+        kept = json.loads((path / EXPORT_CHECKSUMS).read_text(encoding="utf-8"))["files"]
+    except (ExportError, OSError, ValueError, KeyError, TypeError):
+        return False
+    return files is None or kept == files
 
 
 def export_separator_id(export: str | Path) -> int | None:
@@ -434,25 +456,36 @@ def load_checkpoint_model(
     did: `verified`) and every weight must be finite after loading."""
     run_dir = Path(run_dir)
     ckpt = checkpoint_dir(run_dir, step)
-    if incomplete_reason(ckpt) is not None:
-        have = complete_steps(run_dir)
-        raise ExportError(
-            f"{run_dir} has no complete checkpoint of step {step}: {missing_step_reason(run_dir, step)}; "
+
+    def missing(how: str = "") -> ExportError:
+        have, why = complete_steps(run_dir), missing_step_reason(run_dir, step)
+        return ExportError(
+            f"{run_dir} has no complete checkpoint of step {step}{how}: {why}; "
             f"complete checkpoints: {', '.join(map(str, have)) or 'none'}"
         )
-    if not verified:
-        try:
-            verify_checkpoint(ckpt)
-        except CheckpointError as e:
-            raise ExportError(
-                f"{e}. Export another step (--step N; without --step: the newest that verifies), or "
-                "restore the damaged file from a copy"
-            ) from None
-    _, dataset, config_mcfg = run_model_config(run_dir)
-    mcfg = checkpoint_model_config(run_dir, ckpt, config_mcfg, log)
-    model = Transformer(mcfg)
-    # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
-    load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)
+
+    if incomplete_reason(ckpt) is not None:
+        raise missing()
+    try:
+        if not verified:
+            try:
+                verify_checkpoint(ckpt)
+            except CheckpointError as e:
+                raise ExportError(
+                    f"{e}. Export another step (--step N; without --step: the newest that verifies), or "
+                    "restore the damaged file from a copy"
+                ) from None
+        _, dataset, config_mcfg = run_model_config(run_dir)
+        mcfg = checkpoint_model_config(run_dir, ckpt, config_mcfg, log)
+        model = Transformer(mcfg)
+        # no_dist: the trainer's rank 0 exports alone while the other ranks train on.
+        load_or_raise({"model": ModelState(model)}, ckpt, ExportError, "read the model from", no_dist=True)
+    except (ExportError, CheckpointError):
+        # A running trainer's retention deletes checkpoints (checkpoint.keep_last): one that went while it
+        # was read is gone, not damaged.
+        if incomplete_reason(ckpt) is not None:
+            raise missing(" any more (deleted while it was read)") from None
+        raise
     bad = nonfinite_tensor(model.state_dict().items())
     if bad is not None:
         raise ExportError(f"{ckpt} holds non-finite weights ({bad}); export an earlier step")

@@ -137,9 +137,16 @@ def test_export_is_whole_or_absent(built_dataset, tmp_path):
         export_hf(state, model.cfg, built_dataset, tmp_path / "e", dtype=torch.int64)
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary directory
 
-    export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
-    with pytest.raises(ExportError, match="already exists"):
-        export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e")
+    files = {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()}
+    # The same weights exported again meanwhile (eval --watch, `gristmill export` and the trainer race
+    # for a step: the loser exited 2, "remove it by hand", beside a good export): the one there is it.
+    assert export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e") == out
+    other = _model(built_dataset, tied=True, seed=1)
+    with pytest.raises(ExportError, match="already exists with other contents; exports are permanent"):
+        export_hf(other.state_dict(), other.cfg, built_dataset, tmp_path / "e")
+    assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]  # no temporary directory left
 
 
 def test_an_export_from_a_base_encodes_with_the_tokenizer_json_the_data_was_built_with(tmp_path):
@@ -203,3 +210,28 @@ def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(bu
         "bos_token": sep["token"],
         "eos_token": sep["token"],
     }
+
+
+def test_a_checkpoint_retention_deletes_while_it_is_read_is_gone_not_damaged(
+    built_dataset, tmp_path, monkeypatch
+):
+    """`gristmill eval --watch` beside a running trainer: retention (checkpoint.keep_last) deleted the
+    checkpoint being read, and the export said it was damaged and to restore it from a copy."""
+    import shutil
+
+    from training.checkpoint import hf_export
+
+    run = tmp_path / "run"
+    _run_with_checkpoints(run, built_dataset, {10: True, 20: True})
+    verify = hf_export.verify_checkpoint
+
+    def deleted_meanwhile(ckpt):  # the trainer's retention, at the worst moment
+        shutil.rmtree(ckpt)
+        return verify(ckpt)
+
+    monkeypatch.setattr(hf_export, "verify_checkpoint", deleted_meanwhile)
+    gone = r"no complete checkpoint of step 10 any more \(deleted while it was read\): "
+    gone += r".*; complete checkpoints: 20$"
+    with pytest.raises(ExportError, match=gone) as e:
+        export_checkpoint(run, 10)
+    assert "damaged" not in str(e.value)
