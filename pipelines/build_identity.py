@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import progress
+from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
@@ -88,12 +89,17 @@ def check_output(
                 {k: v for k, v in was.items() if k != "input_files"}, {**identity, "input_files": None}
             )
             resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
+            tasks = {i % identity["tasks"] for i in resized}
+            dedup = identity.get("dedup")
+            stale = dedup is not None and decided_over(out, dedup["kind"], tasks)
             # A re-downloaded input whose task never finished is fine: that task reads the new file
-            # (a task reads files[rank::tasks]; an added or removed file would move later ones).
+            # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
+            # [dedup] already decided its duplicates on the old contents.
             if (
                 not changes
                 and [f["file"] for f in old_files] == [f["file"] for f in new_files]
-                and not any(i % identity["tasks"] in finished for i in resized)
+                and not tasks & finished
+                and not stale
             ):
                 replaced = [
                     f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
@@ -101,7 +107,7 @@ def check_output(
                 ]
                 log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
                 return write_build_json(out, sha, identity, old.get("source"))
-            changes += _input_changes(old_files, new_files, identity["tasks"], finished)
+            changes += _input_changes(old_files, new_files, identity["tasks"], finished, stale)
             raise BuildError(
                 f"{out} was built with a different config, refusing to mix the two (changed: "
                 f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
@@ -128,15 +134,24 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return []
 
 
-def _input_changes(old: list[dict], new: list[dict], tasks: int, finished: set[int]) -> list[str]:
-    """Each input file that was added, removed or changed size, by name."""
+def _input_changes(
+    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: bool = False
+) -> list[str]:
+    """Each input file that was added, removed or changed size, by name (`stale`: [dedup] decided
+    its duplicates over the old contents)."""
     was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
     now = {f["file"]: f["bytes"] for f in new}
     out = [f"input file {n} was removed" for n in was if n not in now]
     out += [f"input file {n} was added" for n in now if n not in was]
     for n, (i, size) in was.items():
         if n in now and now[n] != size:
-            done = " (its task finished: its shards hold the old file)" if i % tasks in finished else ""
+            done = (
+                " (its task finished: its shards hold the old file)"
+                if i % tasks in finished
+                else " ([dedup] decided its duplicates over the old file)"
+                if stale
+                else ""
+            )
             out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")
     return out
 

@@ -50,7 +50,7 @@ from datatrove.utils.hashing import HashConfig
 from pipelines import faults
 from pipelines.config import DedupConfig
 from pipelines.filters import ExcludedWriter, RegexWordTokenizer, drop
-from pipelines.progress import TaskProgress
+from pipelines.progress import TaskProgress, finished_tasks
 from training.contract.atomic_write import atomic_path
 from training.contract.dataset_format import LOGS_DIR
 from training.contract.errors import GristmillError
@@ -318,6 +318,17 @@ FIRST_PASS = {"exact": "hashes", "minhash": "signatures"}  # the stage that read
 def stage_logs(out: Path, name: str) -> Path:
     """A dedup stage's datatrove logging dir (completion markers, stats, task logs)."""
     return out / LOGS_DIR / DEDUP_DIR / name
+
+
+def decided_over(out: Path, kind: str, tasks: set[int]) -> bool:
+    """Whether the dedup stages in `out` already decided over the input of first-pass tasks `tasks`:
+    one of those tasks, or any later stage, completed. A changed input of theirs would then be
+    filtered by decisions made on its old contents (and finished tasks kept what those kept)."""
+    for stage in (out / LOGS_DIR / DEDUP_DIR).glob("*"):
+        done = finished_tasks(stage / "completions")
+        if done & tasks if stage.name == FIRST_PASS[kind] else done:
+            return True
+    return False
 
 
 def first_pass_logs(out: Path, cfg: DedupConfig) -> Path:

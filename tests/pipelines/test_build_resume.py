@@ -149,3 +149,42 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     lines.clear()
     assert not build(cfg, log=lines.append).ok
     assert lines[-1] == "fix: delete the stray temporary file(s) named above, then rerun to validate again"
+
+
+def test_a_replaced_input_is_refused_once_dedup_decided_over_its_old_contents(build_fixture, tmp_path):
+    """With [dedup], a re-downloaded input was accepted while its task had not finished, and the dedup
+    stages, already done, filtered its new text with decisions made on the old: a unique document
+    dropped, a duplicate kept, exit 0 (review R6). Before dedup decided over it, it still is accepted."""
+    _, _, config = build_fixture
+    src, out = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+
+    def write(name: str, salt: int = 1, cut: bool = False) -> None:
+        text = "Doc {i} of {name}: rivers {r} and seas {s}. "
+        lines = [
+            json.dumps(
+                {"text": text.format(i=i, name=name, r=i * 7919 % 1000, s=i * salt) * 8, "int_score": 4}
+            )
+            for i in range(60)
+        ]
+        data = zstandard.ZstdCompressor().compress("\n".join(lines).encode())
+        (src / f"{name}.jsonl.zst").write_bytes(data[: len(data) // 2] if cut else data)
+
+    write("a")
+    write("b", cut=True)
+    sets = [f"output={out}", "source.kind=jsonl", f"source.path={src}", "build.tasks=2", "build.workers=1"]
+    cfg = load_config(DataConfig, config, [*sets, 'dedup.kind="exact"'])
+    with pytest.raises(SourceError, match="re-download it under the same name"):
+        build(cfg, log=lambda *a: None)  # the dedup pass reads b first: nothing decided over it
+    write("b")
+    lines = []
+    assert build(cfg, log=lines.append).ok
+    assert any("b.jsonl.zst" in line and "its task had not finished" in line for line in lines), lines
+
+    write("b", salt=1001)  # as many documents, other text, and a task redone as `fix:` lines teach
+    (out / "dataset.json").unlink()
+    (out / "logs" / "completions" / "00001").unlink()
+    with pytest.raises(
+        BuildError, match=r"input file b\.jsonl\.zst: .* \(\[dedup\] decided its duplicates over"
+    ):
+        build(cfg, log=lambda *a: None)
