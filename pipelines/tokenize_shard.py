@@ -158,16 +158,19 @@ class TokenizeShard(PipelineStep):
 
     def _remove_own_output(self, rank: int) -> None:
         """Everything this unfinished task wrote: an uploading task's own folder, or its spill, shards,
-        manifest part and record in the dataset directory. At its start, what an earlier attempt left
-        (kept, a shard of a killed attempt whose input then shrank, re-downloaded: accepted for an
-        unfinished task, stayed on disk, listed nowhere, and failed validation at every rerun); when
-        the disk fills, the room it holds (the rerun starts the task over anyway)."""
+        manifest part, record and excluded rows in the dataset directory. At its start, what an earlier
+        attempt left (kept, a shard of a killed attempt whose input then shrank, re-downloaded: accepted
+        for an unfinished task, stayed on disk, listed nowhere, and failed validation at every rerun);
+        when the disk fills, the room it holds (the rerun starts the task over anyway)."""
         if self.upload is not None:  # this attempt uploads only what it writes
             shutil.rmtree(self._root(rank), ignore_errors=True)
             return
         root, shards = Path(self.output), Path(self.output) / SHARDS_DIR
         own = [root / MANIFEST_DIR / f"{rank:05d}.parquet", root / SHARD_RECORDS / f"{rank:05d}.json"]
-        for path in [*own, shards / f"{SPILL_PREFIX}{rank:05d}.tmp", *shards.glob(f"{rank:05d}_*")]:
+        # its exclusions too: a redo that excludes nothing writes no file, and an earlier attempt's rows
+        # (of an input since replaced) were counted as read and excluded
+        own += [*shards.glob(f"{rank:05d}_*"), *(root / EXCLUDED_DIR).glob(f"{rank:05d}_*")]
+        for path in [*own, shards / f"{SPILL_PREFIX}{rank:05d}.tmp"]:
             with contextlib.suppress(OSError):
                 path.unlink()
 

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import tarfile
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 
@@ -16,7 +18,7 @@ from pipelines.config import DataConfig
 from pipelines.sources import SourceError
 from tests.helpers.build_runs import run_build
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import read_dataset_info
+from training.contract.dataset_format import EXCLUDED_SCHEMA, read_dataset_info
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -83,13 +85,21 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
         build(cfg, log=lambda *a: None)  # task 0 (a) finishes, task 1 (b) fails
     assert (out / "logs" / "completions" / "00000").is_file()
 
-    # What a killed earlier attempt of task 1 could have left: more shards than its rerun writes.
+    # What a killed earlier attempt of task 1 could have left: more shards than its rerun writes, and
+    # rows it excluded (of the truncated file): counted as read and excluded, listed by the audit.
     shutil.copy(out / "shards" / "00000_00000.tar", out / "shards" / "00001_00007.tar")
+    stale = {f.name: None for f in EXCLUDED_SCHEMA} | {"id": "b:7", "filter": "text", "reason": "empty"}
+    (out / "excluded").mkdir(exist_ok=True)
+    pq.write_table(
+        pa.Table.from_pylist([stale], schema=EXCLUDED_SCHEMA), out / "excluded" / "00001_text.parquet"
+    )
     (src / "b.jsonl.zst").write_bytes(full["b"])  # "re-downloaded"
     lines = []
     result = build(cfg, log=lines.append)
     assert result.ok and result.info["documents"] == 120, lines
+    assert result.info["documents_read"] == 120 and not result.info.get("excluded_by_filter"), result.info
     assert not (out / "shards" / "00001_00007.tar").exists()
+    assert not (out / "excluded" / "00001_text.parquet").exists()
     assert any("b.jsonl.zst" in line and "its task had not finished" in line for line in lines), lines
 
     (src / "a.jsonl.zst").write_bytes(full["a"][:-10])  # task 0's input changes after it finished
