@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -37,6 +38,7 @@ from training.contract.errors import GristmillError
 META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.name != "id")
 # The ones filters compare with numbers and the manifest stores as numbers.
 NUMERIC_META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.numeric)
+INTEGER_META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.pytype is int)
 READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
 
 # FineWeb-Edu's parquet columns (the demo corpus and test fixtures are written with this schema).
@@ -212,10 +214,12 @@ class _Reader(BaseDiskReader):
         elif not isinstance(text, str):
             meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
             text = ""
-        bad = next((k for k in NUMERIC_META_KEYS if meta.get(k) is not None and not is_number(meta[k])), None)
+        problems = ((k, number_problem(meta[k], k)) for k in NUMERIC_META_KEYS if meta.get(k) is not None)
+        bad = next(((k, why) for k, why in problems if why), None)
         if bad is not None and READ_ERROR not in meta:
-            # e.g. "int_score": "4" in a jsonl line: excluded with its reason, not a TypeError in a filter
-            meta[READ_ERROR] = f"{where}: {bad} not a number: {meta[bad]!r}"
+            # e.g. "int_score": "4" in a jsonl line, or NaN (a parquet int column with a missing value
+            # reads as float): excluded with its reason, not a TypeError in a filter or the shard writer
+            meta[READ_ERROR] = f"{where}: {bad[0]} {bad[1]}: {meta[bad[0]]!r}"
         for k, v in [(self.id_key, doc_id), *meta.items()]:
             if isinstance(v, str) and not is_unicode(v):
                 # A lone surrogate (a jsonl line's "\ud800"): no UTF-8 file can hold it (the manifest,
@@ -241,8 +245,16 @@ def is_unicode(s: str) -> bool:
     return True
 
 
-def is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+def number_problem(v: Any, key: str) -> str | None:
+    """Why metadata value `v` cannot be what column `key` holds (None: it can): not a number, not
+    finite, or past int64 for an integer column (the manifest's)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "not a number"
+    if not math.isfinite(v):
+        return "not a finite number"
+    if key in INTEGER_META_KEYS and not -(2**63) <= v < 2**63:
+        return "out of an int64's range"
+    return None
 
 
 def non_numeric_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:

@@ -217,6 +217,10 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         {**good, "id": "good"},
         {**good, "id": "str-score", "int_score": "4"},
         {**good, "id": "bool-score", "score": True},
+        # a parquet int column with a missing value reads as float NaN: the task died in the shard writer
+        # ("cannot convert float NaN to integer", naming no file), and so did every rerun
+        {**good, "id": "nan-count", "token_count": float("nan")},
+        {**good, "id": "huge-count", "token_count": 1e20},
     ]
     (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "ds"
@@ -231,4 +235,6 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
     assert excluded == {
         "str-score": "a.jsonl:2: int_score not a number: '4'",
         "bool-score": "a.jsonl:3: score not a number: True",
+        "nan-count": "a.jsonl:4: token_count not a finite number: nan",
+        "huge-count": "a.jsonl:5: token_count out of an int64's range: 1e+20",
     }
