@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -155,7 +156,7 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
     if path.is_file():
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
-    found = sorted(p for p in path.glob(pattern) if p.is_file() and not p.name.startswith("."))
+    found = sorted(p for p in _glob(path, pattern) if p.is_file() and not p.name.startswith("."))
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
     # The default `*.jsonl*` also matches a backup, an editor's or a download's leftover beside the
@@ -168,8 +169,48 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
             f"{', '.join(JSONL_SUFFIXES)} file: move it out of the folder, or set source.glob to the "
             "files to read"
         )
+    # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
+    # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
+    seen: dict[Any, Path] = {}
+    for p in found:
+        stat = p.stat()
+        for key in ((stat.st_dev, stat.st_ino), p.parent / _uncompressed(p.name)):
+            if key in seen:
+                raise SourceError(
+                    f"source.path {path} holds {seen[key].relative_to(path)} and {p.relative_to(path)}, "
+                    "one file or one file and its compressed copy: both would be read; move one out of the "
+                    "folder, or set source.glob to the files to read"
+                )
+            seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
     return SourceFiles(str(path), files, [p.stat().st_size for p in found])
+
+
+def _uncompressed(name: str) -> str:
+    """`name` without a compression suffix (data.jsonl.zst → data.jsonl)."""
+    for suffix in (".gz", ".zst", ".bz2", ".xz", ".lzma"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _glob(root: Path, pattern: str) -> list[Path]:
+    """root.glob(pattern), into symlinked folders too: pathlib's `**` does not follow them (Python
+    3.11), so a data folder holding links to other disks was read without them, silently. Each
+    folder once, by its real path (a link back up is not followed again)."""
+    found = list(root.glob(pattern))
+    if not pattern.startswith("**/"):
+        return found
+    seen = {root.resolve()}
+    for folder, dirs, _ in os.walk(root, followlinks=True):
+        for name in list(dirs):
+            sub = Path(folder) / name
+            if sub.resolve() in seen:
+                dirs.remove(name)
+            elif sub.is_symlink():  # a linked folder: pathlib's `**` did not enter it
+                found += sub.glob(pattern)
+            seen.add(sub.resolve())
+    return found
 
 
 class _Reader(BaseDiskReader):

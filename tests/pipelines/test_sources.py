@@ -238,3 +238,32 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "nan-count": "a.jsonl:4: token_count not a finite number: nan",
         "huge-count": "a.jsonl:5: token_count out of an int64's range: 1e+20",
     }
+
+
+def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
+    """pathlib's `**` does not enter a symlinked folder: a data folder linking to another disk was read
+    without it, exit 0. And a file beside its compressed copy (zstd and gzip -k keep the original) or
+    a link to another input added every document again (review R6)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "part.jsonl").write_text(json.dumps({"text": "Far away rivers.", "id": "far"}) + "\n")
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "local.jsonl").write_text(json.dumps({"text": "Near rivers.", "id": "near"}) + "\n")
+    (src / "sub" / "more").symlink_to(elsewhere)
+    (src / "loop").symlink_to(src)  # a link back up: not followed again
+    docs = read_all(SourceConfig(kind="jsonl", path=str(src)))
+    assert sorted(d.id for d in docs) == ["far", "near"]
+
+    (src / "loop").unlink()
+    (src / "again.jsonl").symlink_to(src / "local.jsonl")
+    with pytest.raises(
+        SourceError, match=r"holds again\.jsonl and local\.jsonl, one file or one file and its"
+    ):
+        read_all(SourceConfig(kind="jsonl", path=str(src)))
+    (src / "again.jsonl").unlink()
+    (src / "local.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress((src / "local.jsonl").read_bytes())
+    )
+    with pytest.raises(SourceError, match=r"holds local\.jsonl and local\.jsonl\.zst, one file or one file"):
+        read_all(SourceConfig(kind="jsonl", path=str(src)))
