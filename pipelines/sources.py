@@ -399,6 +399,9 @@ class JsonlSource(_Reader):
                     )
                     continue
                 meta = {k: data[k] for k in META_KEYS if k in data}
+                if self.text_key not in data:  # not "empty text": the key missing, and those there
+                    keys = ", ".join(map(repr, list(data)[:8])) or "none"
+                    meta[READ_ERROR] = f"{where}: no {self.text_key!r} key (source.text_key; it has {keys})"
                 yield self.make_document(
                     data.get(self.text_key), data.get(self.id_key), meta, where, filepath, li
                 )

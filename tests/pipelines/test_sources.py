@@ -221,6 +221,7 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         # ("cannot convert float NaN to integer", naming no file), and so did every rerun
         {**good, "id": "nan-count", "token_count": float("nan")},
         {**good, "id": "huge-count", "token_count": 1e20},
+        {"content": "A document under another key.", "id": "no-text"},  # was "empty or whitespace-only"
     ]
     (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "ds"
@@ -237,6 +238,7 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "bool-score": "a.jsonl:3: score not a number: True",
         "nan-count": "a.jsonl:4: token_count not a finite number: nan",
         "huge-count": "a.jsonl:5: token_count out of an int64's range: 1e+20",
+        "no-text": "a.jsonl:6: no 'text' key (source.text_key; it has 'content', 'id')",
     }
 
 
