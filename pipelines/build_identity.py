@@ -84,6 +84,9 @@ def check_output(
         if old.get("config_sha256") != sha:
             finished = finished_tasks(out) if finished is None else finished
             was = dict(old.get("identity", {}))
+            spelled = _respelled_path(was.get("source", {}).get("path"), identity["source"].get("path"))
+            if spelled:  # `dir` and `dir/`, or relative and absolute: the same folder, not a new config
+                was["source"] = {**was["source"], "path": identity["source"]["path"]}
             old_files, new_files = was.get("input_files") or [], identity["input_files"]
             changes = _diff(
                 {k: v for k, v in was.items() if k != "input_files"}, {**identity, "input_files": None}
@@ -105,6 +108,10 @@ def check_output(
                     f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
                     for i in resized
                 ]
+                if spelled:
+                    log(f"source.path {spelled}: the same folder, written otherwise; resuming")
+                if not replaced:  # the same build: its record stays (dataset.json holds its sha256)
+                    return old
                 log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
                 return write_build_json(out, sha, identity, old.get("source"))
             changes += _input_changes(old_files, new_files, identity["tasks"], finished, stale)
@@ -121,6 +128,14 @@ def check_output(
             "build; pick an empty `output` directory"
         )
     return None
+
+
+def _respelled_path(old: Any, new: Any) -> str:
+    """'OLD → NEW' when two spellings of a local source.path name one folder (a trailing slash, a
+    relative and an absolute path), else ""."""
+    if not (isinstance(old, str) and isinstance(new, str)) or old == new or "://" in old + new:
+        return ""
+    return f"{old!r} → {new!r}" if Path(old).resolve() == Path(new).resolve() else ""
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -198,3 +198,27 @@ def test_a_replaced_input_is_refused_once_dedup_decided_over_its_old_contents(bu
         BuildError, match=r"input file b\.jsonl\.zst: .* \(\[dedup\] decided its duplicates over"
     ):
         build(cfg, log=lambda *a: None)
+
+
+def test_source_path_written_otherwise_is_the_same_build(build_fixture, tmp_path, monkeypatch):
+    """`DIR/` or a relative spelling of the same folder was refused as a changed config, with the advice
+    to `rm -rf` the build (review R6)."""
+    _, _, config = build_fixture
+    src, out = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+    lines = [
+        json.dumps({"text": f"Doc {i} about rivers, {i * i} of them. " * 8, "int_score": 4})
+        for i in range(30)
+    ]
+    (src / "a.jsonl").write_text("\n".join(lines) + "\n")
+    sets = [f"output={out}", "source.kind=jsonl", "build.tasks=1", "build.workers=1"]
+    assert build(load_config(DataConfig, config, [*sets, f"source.path={src}"]), log=lambda *a: None).ok
+    monkeypatch.chdir(tmp_path)
+    for spelled in (f"{src}/", "src", "./src/"):
+        said = []
+        assert build(load_config(DataConfig, config, [*sets, f"source.path={spelled}"]), log=said.append).ok
+        assert any("the same folder, written otherwise; resuming" in line for line in said), said
+    (tmp_path / "other").mkdir()
+    shutil.copy(src / "a.jsonl", tmp_path / "other" / "a.jsonl")
+    with pytest.raises(BuildError, match=r"changed: source\.path: "):  # another folder still is a change
+        build(load_config(DataConfig, config, [*sets, "source.path=other"]), log=lambda *a: None)
