@@ -94,7 +94,7 @@ def check_output(
             resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
             tasks = {i % identity["tasks"] for i in resized}
             dedup = identity.get("dedup")
-            stale = dedup is not None and decided_over(out, dedup["kind"], tasks)
+            stale = bool(tasks) and dedup is not None and decided_over(out, dedup["kind"], tasks)
             # A re-downloaded input whose task never finished is fine: that task reads the new file
             # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
             # [dedup] already decided its duplicates on the old contents.
@@ -131,11 +131,15 @@ def check_output(
 
 
 def _respelled_path(old: Any, new: Any) -> str:
-    """'OLD → NEW' when two spellings of a local source.path name one folder (a trailing slash, a
-    relative and an absolute path), else ""."""
-    if not (isinstance(old, str) and isinstance(new, str)) or old == new or "://" in old + new:
+    """'OLD → NEW' when two spellings of source.path name one folder (a trailing slash, a relative and
+    an absolute path, `~`; a URL's trailing slash), else ""."""
+    if not (isinstance(old, str) and isinstance(new, str)) or old == new:
         return ""
-    return f"{old!r} → {new!r}" if Path(old).resolve() == Path(new).resolve() else ""
+    if "://" in old or "://" in new:
+        same = old.rstrip("/") == new.rstrip("/")
+    else:
+        same = Path(old).expanduser().resolve() == Path(new).expanduser().resolve()
+    return f"{old!r} → {new!r}" if same else ""
 
 
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:

@@ -177,9 +177,9 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
         for key in ((stat.st_dev, stat.st_ino), p.parent / _uncompressed(p.name)):
             if key in seen:
                 raise SourceError(
-                    f"source.path {path} holds {seen[key].relative_to(path)} and {p.relative_to(path)}, "
-                    "one file or one file and its compressed copy: both would be read; move one out of the "
-                    "folder, or set source.glob to the files to read"
+                    f"source.path {path} holds {seen[key].relative_to(path)} and {p.relative_to(path)}: one "
+                    "file under two names, or a file and its compressed copy (or two files named alike): "
+                    "both would be read; move or rename one, or set source.glob to the files to read"
                 )
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
@@ -198,18 +198,24 @@ def _glob(root: Path, pattern: str) -> list[Path]:
     """root.glob(pattern), into symlinked folders too: pathlib's `**` does not follow them (Python
     3.11), so a data folder holding links to other disks was read without them, silently. Each
     folder once, by its real path (a link back up is not followed again)."""
-    found = list(root.glob(pattern))
-    if not pattern.startswith("**/"):
-        return found
-    seen = {root.resolve()}
-    for folder, dirs, _ in os.walk(root, followlinks=True):
-        for name in list(dirs):
-            sub = Path(folder) / name
-            if sub.resolve() in seen:
-                dirs.remove(name)
-            elif sub.is_symlink():  # a linked folder: pathlib's `**` did not enter it
-                found += sub.glob(pattern)
-            seen.add(sub.resolve())
+    parts = Path(pattern).parts
+    if "**" not in parts:
+        return list(root.glob(pattern))
+    cut = parts.index("**")  # `en/**/*.jsonl`: the folders `en` names, then `**/*.jsonl` under each
+    rest = str(Path(*parts[cut:]))
+    bases = list(root.glob(str(Path(*parts[:cut])))) if cut else [root]
+    found: list[Path] = []
+    for base in (b for b in bases if b.is_dir()):
+        found += base.glob(rest)
+        seen = {base.resolve()}
+        for folder, dirs, _ in os.walk(base, followlinks=True):
+            for name in list(dirs):
+                sub = Path(folder) / name
+                if sub.resolve() in seen:
+                    dirs.remove(name)
+                elif sub.is_symlink():  # a linked folder: pathlib's `**` did not enter it
+                    found += sub.glob(rest)
+                seen.add(sub.resolve())
     return found
 
 
@@ -287,13 +293,15 @@ def is_unicode(s: str) -> bool:
 
 
 def number_problem(v: Any, key: str) -> str | None:
-    """Why metadata value `v` cannot be what column `key` holds (None: it can): not a number, not
-    finite, or past int64 for an integer column (the manifest's)."""
+    """Why metadata value `v` cannot be what column `key` holds (None: it can): not a number; for an
+    integer column (the manifest's int64), not finite or past int64. A float column holds NaN."""
     if not isinstance(v, int | float) or isinstance(v, bool):
         return "not a number"
-    if not math.isfinite(v):
+    if key not in INTEGER_META_KEYS:
+        return None
+    if isinstance(v, float) and not math.isfinite(v):  # (an int too big for a float: isfinite overflows)
         return "not a finite number"
-    if key in INTEGER_META_KEYS and not -(2**63) <= v < 2**63:
+    if not -(2**63) <= v < 2**63:
         return "out of an int64's range"
     return None
 

@@ -211,10 +211,11 @@ def test_source_path_written_otherwise_is_the_same_build(build_fixture, tmp_path
         for i in range(30)
     ]
     (src / "a.jsonl").write_text("\n".join(lines) + "\n")
-    sets = [f"output={out}", "source.kind=jsonl", "build.tasks=1", "build.workers=1"]
+    sets = [f"output={out}", "source.kind=jsonl", "build.tasks=1", "build.workers=1", 'dedup.kind="exact"']
     assert build(load_config(DataConfig, config, [*sets, f"source.path={src}"]), log=lambda *a: None).ok
     monkeypatch.chdir(tmp_path)
-    for spelled in (f"{src}/", "src", "./src/"):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for spelled in (f"{src}/", "src", "./src/", "~/src"):  # [dedup] done: no input changed, nothing stale
         said = []
         assert build(load_config(DataConfig, config, [*sets, f"source.path={spelled}"]), log=said.append).ok
         assert any("the same folder, written otherwise; resuming" in line for line in said), said

@@ -221,7 +221,9 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         # ("cannot convert float NaN to integer", naming no file), and so did every rerun
         {**good, "id": "nan-count", "token_count": float("nan")},
         {**good, "id": "huge-count", "token_count": 1e20},
+        {**good, "id": "nan-language", "language_score": float("nan")},  # a float column holds NaN: kept
         {"content": "A document under another key.", "id": "no-text"},  # was "empty or whitespace-only"
+        {**good, "id": "bigger-than-a-float", "int_score": 10**400},  # isfinite overflowed: a crash
     ]
     (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "ds"
@@ -229,7 +231,10 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
     overrides += ["build.tasks=1", "build.workers=1", "filters.min_score=1.0"]
     result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
     assert result.ok
-    assert pq.read_table(out / "manifest" / "00000.parquet").column("id").to_pylist() == ["good"]
+    assert pq.read_table(out / "manifest" / "00000.parquet").column("id").to_pylist() == [
+        "good",
+        "nan-language",
+    ]
     excluded = {
         r["id"]: r["reason"] for r in pq.read_table(out / "excluded" / "00000_text.parquet").to_pylist()
     }
@@ -238,7 +243,8 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "bool-score": "a.jsonl:3: score not a number: True",
         "nan-count": "a.jsonl:4: token_count not a finite number: nan",
         "huge-count": "a.jsonl:5: token_count out of an int64's range: 1e+20",
-        "no-text": "a.jsonl:6: no 'text' key (source.text_key; it has 'content', 'id')",
+        "no-text": "a.jsonl:7: no 'text' key (source.text_key; it has 'content', 'id')",
+        "bigger-than-a-float": f"a.jsonl:8: int_score out of an int64's range: {10**400}",
     }
 
 
@@ -256,16 +262,21 @@ def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
     (src / "loop").symlink_to(src)  # a link back up: not followed again
     docs = read_all(SourceConfig(kind="jsonl", path=str(src)))
     assert sorted(d.id for d in docs) == ["far", "near"]
+    docs = read_all(SourceConfig(kind="jsonl", path=str(src), glob="sub/**/*.jsonl"))  # `**` after a folder
+    assert [d.id for d in docs] == ["far"]
 
     (src / "loop").unlink()
     (src / "again.jsonl").symlink_to(src / "local.jsonl")
     with pytest.raises(
-        SourceError, match=r"holds again\.jsonl and local\.jsonl, one file or one file and its"
+        SourceError, match=r"holds again\.jsonl and local\.jsonl: one file under two names, or a file and its"
     ):
         read_all(SourceConfig(kind="jsonl", path=str(src)))
     (src / "again.jsonl").unlink()
     (src / "local.jsonl.zst").write_bytes(
         zstandard.ZstdCompressor().compress((src / "local.jsonl").read_bytes())
     )
-    with pytest.raises(SourceError, match=r"holds local\.jsonl and local\.jsonl\.zst, one file or one file"):
+    with pytest.raises(
+        SourceError,
+        match=r"holds local\.jsonl and local\.jsonl\.zst: one file under two names, or a file and its",
+    ):
         read_all(SourceConfig(kind="jsonl", path=str(src)))

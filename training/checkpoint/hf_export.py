@@ -312,10 +312,11 @@ def export_hf(
             raise FileExistsError(errno.EEXIST, "exists", str(out_dir))
         os.replace(tmp, out_dir)
     except BaseException as e:
+        same = isinstance(e, OSError) and out_dir.is_dir() and _holds(out_dir, tmp if written else None)
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and out_dir.is_dir():
-            if _holds(out_dir, written):
-                return out_dir  # another process (eval --watch, the trainer) exported the same files
+            if same:
+                return out_dir  # another process (eval --watch, the trainer) exported the same model
             if written is not None:
                 raise ExportError(
                     f"{out_dir} already exists with other contents; exports are permanent, remove it by hand "
@@ -327,16 +328,26 @@ def export_hf(
     return out_dir
 
 
-def _holds(path: Path, files: dict[str, Any] | None) -> bool:
-    """`path` is a whole export (its files match its checksums) with `files`' records (None: any): one
-    another process wrote meanwhile."""
+def _holds(path: Path, ours: Path | None) -> bool:
+    """`path` is a whole export (its files match its checksums) of what export `ours` holds (None:
+    anything), one another process wrote meanwhile: the same files, and the same record in
+    gristmill_export.json but for where it was read from (a dataset or checkpoint path seen from
+    another working directory or cache)."""
+
+    def record(export: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        files = json.loads((export / EXPORT_CHECKSUMS).read_text(encoding="utf-8"))["files"]
+        meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
+        paths = ("dataset", "checkpoint", "copied_from")
+        return {k: v for k, v in files.items() if k != EXPORT_META}, {
+            k: meta.get(k) for k in meta if k not in paths
+        }
+
     try:
         if verify_export(path) is not None:  # no checksums: nothing to compare
             return False
-        kept = json.loads((path / EXPORT_CHECKSUMS).read_text(encoding="utf-8"))["files"]
+        return ours is None or record(path) == record(ours)
     except (ExportError, OSError, ValueError, KeyError, TypeError):
         return False
-    return files is None or kept == files
 
 
 def export_separator_id(export: str | Path) -> int | None:

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.config import TrainConfig
+from training.config import DataSection, TrainConfig
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
@@ -163,13 +163,21 @@ def recipe_notes(
     cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan
 ) -> list[str]:
     """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache,
-    validation asked for with nothing held out."""
-    return (
-        mix_notes(spec)
-        + batch_notes(cfg, spec)
-        + cache_notes(spec, tables, plan)
-        + validation_notes(cfg, spec)
-    )
+    validation asked for with nothing held out, a data.seq_len no phase uses."""
+    notes = mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables, plan)
+    return notes + validation_notes(cfg, spec) + unused_notes(cfg)
+
+
+def unused_notes(cfg: TrainConfig) -> list[str]:
+    """A line for a data.seq_len no phase uses (every [[phase]] sets its own): `--set data.seq_len=…`
+    changed nothing, and said nothing. A note, not a refusal: runs saved before config.toml dropped
+    the key hold it, and must still resume, export and evaluate."""
+    if cfg.phase and cfg.data.seq_len != DataSection().seq_len and all(ph.seq_len for ph in cfg.phase):
+        return [
+            f"data.seq_len = {cfg.data.seq_len} sets no phase: every [[phase]] sets its own seq_len "
+            "(phase[N].seq_len)"
+        ]
+    return []
 
 
 def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:

@@ -153,12 +153,6 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
             "tokens) and lr = { warmup_steps, shape, to }: remove [schedule]",
             "schedule",
         )
-    if d.seq_len != DataSection().seq_len and all(ph.seq_len is not None for ph in cfg.phase):
-        raise ConfigError(  # it would be silently ignored
-            f"data.seq_len = {d.seq_len} sets no phase: every [[phase]] sets its own seq_len; remove it, or "
-            "change the phases' (phase[N].seq_len)",
-            "data.seq_len",
-        )
     out = []
     for i, ph in enumerate(cfg.phase):
         key = f"phase[{i}]"

@@ -4,6 +4,7 @@ logits; a DCP checkpoint exports by step; exports are whole or absent."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -142,11 +143,13 @@ def test_export_is_whole_or_absent(built_dataset, tmp_path):
     # The same weights exported again meanwhile (eval --watch, `gristmill export` and the trainer race
     # for a step: the loser exited 2, "remove it by hand", beside a good export): the one there is it.
     assert export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "e") == out
+    shutil.copytree(built_dataset, tmp_path / "alias")  # the dataset at another path (a bucket's cache)
+    assert export_hf(model.state_dict(), model.cfg, tmp_path / "alias", tmp_path / "e") == out
     other = _model(built_dataset, tied=True, seed=1)
     with pytest.raises(ExportError, match="already exists with other contents; exports are permanent"):
         export_hf(other.state_dict(), other.cfg, built_dataset, tmp_path / "e")
     assert {f.name: (f.stat().st_mtime_ns, f.read_bytes()) for f in out.iterdir()} == files
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["e"]  # no temporary directory left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alias", "e"]  # no temporary directory left
 
 
 def test_an_export_from_a_base_encodes_with_the_tokenizer_json_the_data_was_built_with(tmp_path):
