@@ -62,7 +62,7 @@ from training.data.block_cache import (
 )
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
-from training.data.remote import CacheSettings, tmp_name
+from training.data.remote import CacheSettings, copy_dir, tmp_name
 from training.run.faults import DATA
 from training.train import load_train_config, train
 
@@ -429,7 +429,7 @@ def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
     assert f"set data.cache_gb to at least {np.ceil(settings.max_bytes / 1e7) / 100:g}" in str(refused.value)
     # Files the cache did not write, and a live process's download: eviction leaves them alone; a
     # dead process's download is removed.
-    blocks = settings.dir / read_dataset_info(local)["fingerprint"] / "blocks"
+    blocks = copy_dir(settings.dir, url, read_dataset_info(local)["fingerprint"]) / "blocks"
     gone = 4_194_305  # above the kernel's largest pid (2**22): no such process
     dead = blocks / tmp_name("1.blk").replace(f".{os.getpid()}.", f".{gone}.")
     live = blocks / tmp_name("2.blk").replace(f".{os.getpid()}.", f".{os.getppid()}.")
@@ -895,7 +895,7 @@ def test_held_out_documents_cached_at_another_val_fraction_are_never_read_as_oth
         local, 4, split="val", val_fraction=0.3
     )  # past an epoch (3 steps): every document of the split is cached
     fp = read_dataset_info(local)["fingerprint"]
-    assert len(list((settings.dir / fp / "blocks" / "heldout").glob("*.blk"))) >= 60
+    assert len(list((copy_dir(settings.dir, url, fp) / "blocks" / "heldout").glob("*.blk"))) >= 60
     assert hashes(url, 1, split="val", val_fraction=0.15, cache=settings) == hashes(
         local, 1, split="val", val_fraction=0.15
     )
@@ -1252,3 +1252,23 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(s3, synthetic, smal
     assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
     train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
+
+
+def test_two_urls_of_one_dataset_keep_their_own_cache_copies(s3, synthetic, tmp_path):
+    """A dataset at two prefixes (a backup, a second bucket), opened by two processes on one node with
+    one cache: the copy was the fingerprint's, and the last open named its URL, so this reader's
+    fetches went to the other bucket: `data validate` of a damaged bucket fetched the intact one's
+    file and wrote ok = true into it (review R8). Each URL has its own copy now."""
+    from training.data.remote import ensure, local_root, origin
+
+    local, a = synthetic
+    b = s3.url("synthetic-backup")
+    upload_dataset(local, b, log=lambda *args: None)
+    damage(s3, f"{a.split('/', 3)[3]}/manifest/00000.parquet")
+    settings = cache(tmp_path)
+    root_a = local_root(a, settings)
+    root_b = local_root(b, settings)  # another process's open of the backup
+    assert root_a != root_b and origin(root_a) == a and origin(root_b) == b
+    ensure(root_b, ["manifest/00000.parquet"], fresh=True)  # the backup's own file: intact
+    with pytest.raises(DatasetError, match=r"manifest/00000\.parquet"):
+        ensure(root_a, ["manifest/00000.parquet"], fresh=True)  # A's: damaged, and said so

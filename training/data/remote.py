@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -160,6 +161,14 @@ def describe(root: Path, rel: str) -> str:
     return f"{url}/{rel}" if url else str(Path(root) / rel)
 
 
+def copy_dir(cache_dir: Path, url: str, fingerprint: str) -> Path:
+    """The cache's directory for the dataset `fingerprint` at `url`: one per URL. Its reads go to the
+    URL in it (ORIGIN), so two URLs of one dataset (a backup, a second bucket) must not share one:
+    a process opening the other rewrote ORIGIN, and this one's fetches, and `data validate`'s check of
+    its bucket, went to the other bucket."""
+    return cache_dir / f"{fingerprint}-{hashlib.sha256(url.rstrip('/').encode()).hexdigest()[:12]}"
+
+
 def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path:
     """The directory readers open for `location`: the dataset itself, or a bucket's dataset's cache
     directory, with the bucket's current dataset.json (checked like a local one) in it."""
@@ -167,7 +176,7 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
         return Path(location)
     cache = cache or CacheSettings.of()
     raw, info = _fetch_dataset_json(str(location))
-    root = cache.dir / info["fingerprint"]
+    root = copy_dir(cache.dir, str(location), info["fingerprint"])
     try:
         root.mkdir(parents=True, exist_ok=True)
         if origin(root) != str(location):
