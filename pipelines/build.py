@@ -461,8 +461,13 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
             record = write_build_json(p.out, p.sha, p.identity, source)
         else:
-            where = p.cfg.output if store else p.out
-            log(f"resuming {where}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
+            if store is None:
+                log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
+            else:  # a record of another config (an input replaced since) is redone by its task
+                log(
+                    f"resuming {p.cfg.output}: {len(finished)}/{p.cfg.build.tasks} tasks have a record in "
+                    "the bucket (each kept if the record is of this config, redone otherwise)"
+                )
         if store is not None:
             if not store.holds(BUILD_JSON, p.out / BUILD_JSON):  # the prefix is this build's from now on
                 store.put_file(p.out / BUILD_JSON, BUILD_JSON)

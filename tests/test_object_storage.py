@@ -246,6 +246,8 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     cfg = load_config(DataConfig, config, [f"output={json.dumps(url)}", *sets])
     lines: list[str] = []
     assert build(cfg, log=lines.append).ok, lines
+    # task 0's record is there, but its task is redone for the damaged shard: "complete" it was not
+    assert any("1/2 tasks have a record in the bucket (each kept if the record is" in x for x in lines), lines
     after = bucket_objects(s3, "killed-build")
     # Task 0 is redone for its damaged shard (and writes new stats: they hold timings), task 1 uploads
     # all but the shard it had uploaded, the driver its own files; nothing else.
