@@ -56,8 +56,8 @@ from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
 from pipelines.decontam.index import StagedIndex, discard_staged, install_index, stage_index
+from pipelines.dedup import DEDUP_DIR, Stage, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
-from pipelines.dedup import Stage, dedup_filter, dedup_stages, first_pass_logs
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
@@ -478,6 +478,16 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
+        tasks = p.cfg.build.tasks
+        if stages and store is not None and len(read_records(store, tasks, p.sha)) == tasks:
+            # Every task's output is in the bucket (a driver elsewhere, or after the work directory was
+            # deleted): the dedup stages would read and hash the whole input again for nothing.
+            log("[dedup] every task's output is in the bucket already: its stages are not run again")
+            stages = []
+            for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():  # their stats, as run then
+                (p.out / rel).parent.mkdir(parents=True, exist_ok=True)
+                (p.out / rel).unlink(missing_ok=True)
+                store.download(rel, p.out / rel, size)
         if p.cfg.build.executor == "slurm":
             status = submit_slurm(p.cfg, p.out, pipeline, log, stages)
             if status != "complete":  # the tasks, then the finalize job, run under Slurm

@@ -1274,3 +1274,34 @@ def test_two_urls_of_one_dataset_keep_their_own_cache_copies(s3, synthetic, tmp_
     ensure(root_b, ["manifest/00000.parquet"], fresh=True)  # the backup's own file: intact
     with pytest.raises(DatasetError, match=r"manifest/00000\.parquet"):
         ensure(root_a, ["manifest/00000.parquet"], fresh=True)  # A's: damaged, and said so
+
+
+def test_a_dedup_build_finished_in_the_bucket_is_completed_elsewhere_without_its_dedup_stages(
+    s3, build_fixture, tmp_path
+):
+    """A driver elsewhere (or after build.workdir was deleted) finishing a [dedup] build whose every
+    task is in the bucket read and hashed the whole input again, then dropped the result (review R8)."""
+    from pipelines.build import build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    _, _, config = build_fixture
+    url = s3.url("dedup-elsewhere")
+    sets = [f"output={json.dumps(url)}", 'dedup.kind="exact"', "build.workers=1"]
+    first = [*sets, f"build.workdir={json.dumps(str(tmp_path / 'w1'))}"]
+    assert build(load_config(DataConfig, config, first), log=lambda *a: None).ok
+    info = s3.client.get_object(Bucket=BUCKET, Key=f"dedup-elsewhere/{DATASET_JSON}")["Body"].read()
+    s3.client.delete_object(Bucket=BUCKET, Key=f"dedup-elsewhere/{DATASET_JSON}")  # the driver died
+    lines: list[str] = []
+    again = [*sets, f"build.workdir={json.dumps(str(tmp_path / 'w2'))}"]
+    assert build(load_config(DataConfig, config, again), log=lines.append).ok, lines
+    assert "[dedup] every task's output is in the bucket already: its stages are not run again" in lines
+    assert not any(line.startswith("[dedup hashes]") for line in lines), lines
+    now = json.loads(
+        s3.client.get_object(Bucket=BUCKET, Key=f"dedup-elsewhere/{DATASET_JSON}")["Body"].read()
+    )
+    was = json.loads(info)
+    assert now["fingerprint"] == was["fingerprint"]  # the same dataset; its files too, the stages' stats
+    assert {k: v for k, v in now["files"].items() if k != "config.toml"} == {  # (build.workdir differs)
+        k: v for k, v in was["files"].items() if k != "config.toml"
+    }
