@@ -478,16 +478,8 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
 
         pipeline = make_pipeline(p)
         stages = make_dedup_stages(p)  # each runs to completion before the next, the build last
-        tasks = p.cfg.build.tasks
-        if stages and store is not None and len(read_records(store, tasks, p.sha)) == tasks:
-            # Every task's output is in the bucket (a driver elsewhere, or after the work directory was
-            # deleted): the dedup stages would read and hash the whole input again for nothing.
-            log("[dedup] every task's output is in the bucket already: its stages are not run again")
+        if stages and store is not None and _dedup_done_in_bucket(p, store, log):
             stages = []
-            for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():  # their stats, as run then
-                (p.out / rel).parent.mkdir(parents=True, exist_ok=True)
-                (p.out / rel).unlink(missing_ok=True)
-                store.download(rel, p.out / rel, size)
         if p.cfg.build.executor == "slurm":
             status = submit_slurm(p.cfg, p.out, pipeline, log, stages)
             if status != "complete":  # the tasks, then the finalize job, run under Slurm
@@ -496,6 +488,20 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
             stages.append(Stage("build", pipeline, p.cfg.build.tasks, p.out / LOGS_DIR, True))
             (_run_ray if p.cfg.build.executor == "ray" else _run_local)(p, stages, log, verbose)
         return _finish(p.cfg, p.out, record, p.encoder, log)
+
+
+def _dedup_done_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
+    """Whether every task's output of this config is in the bucket (a driver elsewhere, or after the
+    work directory was deleted): then the dedup stages would read and hash the whole input again for
+    nothing, and their stats are fetched from the bucket instead, as that run left them."""
+    if len(read_records(store, p.cfg.build.tasks, p.sha)) < p.cfg.build.tasks:
+        return False
+    log("[dedup] every task's output is in the bucket already: its stages are not run again")
+    for rel, size in store.list(f"{LOGS_DIR}/{DEDUP_DIR}/").items():
+        (p.out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (p.out / rel).unlink(missing_ok=True)  # download writes a new file
+        store.download(rel, p.out / rel, size)
+    return True
 
 
 def _say_what_needs_a_shared_workdir(p: Prepared, log) -> None:

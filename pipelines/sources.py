@@ -187,10 +187,11 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
 
 
 def _uncompressed(name: str) -> str:
-    """`name` without a compression suffix (data.jsonl.zst → data.jsonl)."""
-    for suffix in (".gz", ".zst", ".bz2", ".xz", ".lzma"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
+    """`name` without a compression suffix JSONL_SUFFIXES allows (data.jsonl.zst → data.jsonl)."""
+    for suffix in JSONL_SUFFIXES[1:]:
+        codec = suffix.removeprefix(".jsonl")
+        if name.endswith(codec):
+            return name.removesuffix(codec)
     return name
 
 
@@ -211,11 +212,13 @@ def _glob(root: Path, pattern: str) -> list[Path]:
         for folder, dirs, _ in os.walk(base, followlinks=True):
             for name in list(dirs):
                 sub = Path(folder) / name
-                if sub.resolve() in seen:
+                real = sub.resolve()
+                if real in seen:
                     dirs.remove(name)
-                elif sub.is_symlink():  # a linked folder: pathlib's `**` did not enter it
+                    continue
+                seen.add(real)
+                if sub.is_symlink():  # a linked folder: pathlib's `**` did not enter it
                     found += sub.glob(rest)
-                seen.add(sub.resolve())
     return found
 
 

@@ -35,13 +35,12 @@ from typing import Any
 from training.checkpoint.model_config import resolve_model_config
 from training.config import load_train_config
 from training.contract.config_loader import (
-    ConfigError,
     add_config_arguments,
     add_resume_argument,
     with_resume,
 )
 from training.contract.errors import GristmillError
-from training.contract.run_layout import saved_config_elsewhere
+from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
 from training.run.lock import check_unlocked
 from training.run.worker_reply import REPLY_KEY
@@ -136,9 +135,7 @@ def run(args: argparse.Namespace) -> int:
         kinds = ", ".join(PLOT_SUFFIXES)
         raise GristmillError(f"--plot {args.plot}: name a {kinds} file to draw the plan in")
     cfg = load_train_config(args.config, overrides)
-    elsewhere = saved_config_elsewhere(args.config, cfg.run.output_dir, overrides)
-    if elsewhere is not None:
-        raise ConfigError(elsewhere)
+    check_saved_config_place(args.config, cfg.run.output_dir, overrides)
     if args.plan:
         return show_plan(cfg, args.nproc_per_node, args.plot)
     check_config(cfg, args.nproc_per_node)  # a typo or impossible batch fails before torch is imported

@@ -55,13 +55,12 @@ from training.checkpoint.record import CheckpointError
 from training.config import TrainConfig, load_train_config  # re-exported: `from training.train import …`
 from training.console import console, say
 from training.contract.config_loader import (  # the CLI helpers are re-exported too
-    ConfigError,
     add_config_arguments,
     add_resume_argument,
     with_resume,
 )
 from training.contract.errors import GristmillError, print_error
-from training.contract.run_layout import saved_config_elsewhere
+from training.contract.run_layout import check_saved_config_place
 from training.metrics import (
     mfu,
     no_step_row,
@@ -472,9 +471,7 @@ def main(
     try:
         overrides = with_resume(args.overrides, args.resume)
         cfg = load_train_config(args.config, overrides)
-        elsewhere = saved_config_elsewhere(args.config, cfg.run.output_dir, overrides)
-        if elsewhere is not None:
-            raise ConfigError(elsewhere)
+        check_saved_config_place(args.config, cfg.run.output_dir, overrides)
         evaluator = make_evaluator(cfg) if make_evaluator is not None and cfg.eval.interval else None
         train(cfg, evaluator=evaluator)
     except GristmillError as e:

@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from training.contract.config_loader import ConfigError
+
 CONFIG_TOML = "config.toml"
 CHECKPOINTS_DIR = "checkpoints"
 EXPORTS_DIR = "exports"
@@ -49,25 +51,25 @@ def is_training_run(path: str | Path) -> bool:
     return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
 
 
-def saved_config_elsewhere(config: str | Path, output_dir: str, overrides: list[str]) -> str | None:
-    """The problem when `config` is a run's own saved RUN/config.toml (beside the run's record) whose
-    run.output_dir leads to another directory from here: the run was moved or copied, or its relative
-    output_dir was written from another working directory. `--resume auto` would then find no
-    checkpoint there and train another run from step 0 (or continue the original). None when it
-    leads back to the run, or a --set names run.output_dir (the user said which)."""
+def check_saved_config_place(config: str | Path, output_dir: str, overrides: list[str]) -> None:
+    """Refuse (ConfigError) `config` when it is a run's own saved RUN/config.toml (beside the run's
+    record) whose run.output_dir leads to another directory from here: the run was moved or copied,
+    or its relative output_dir was written from another working directory. `--resume auto` would then
+    find no checkpoint there and train another run from step 0 (or continue the original). Passes
+    when it leads back to the run, or a --set names run.output_dir (the user said which)."""
     config = Path(config)
     run = config.parent
     if config.name != CONFIG_TOML or any(o.split("=", 1)[0].strip() == "run.output_dir" for o in overrides):
-        return None
+        return
     recorded = any((run / name).exists() for name in (METRICS_JSONL, DATA_PLAN_JSON, CHECKPOINTS_DIR))
-    if not recorded or Path(output_dir).resolve() == run.resolve():
-        return None
-    return (
+    leads_to = Path(output_dir).resolve()
+    if not recorded or leads_to == run.resolve():
+        return
+    raise ConfigError(
         f"{config} is the saved config of the run in {run}, but its run.output_dir = "
-        f"{json.dumps(output_dir)} leads to {Path(output_dir).resolve()} from here (the run was moved or "
-        "copied, or started from another directory): to continue it where it is, add --set "
-        f"run.output_dir={json.dumps(str(run))} "
-        "(relative dataset paths also resolve against this directory)"
+        f"{json.dumps(output_dir)} leads to {leads_to} from here (the run was moved or copied, or started "
+        "from another directory): to continue it where it is, add --set "
+        f"run.output_dir={json.dumps(str(run))} (relative dataset paths also resolve against this directory)"
     )
 
 

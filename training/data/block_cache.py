@@ -63,7 +63,16 @@ from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
-from training.data.remote import ORIGIN, CacheSettings, file_lock, host, node_lock, origin, tmp_name
+from training.data.remote import (
+    ORIGIN,
+    CacheSettings,
+    file_lock,
+    host,
+    node_lock,
+    origin,
+    tmp_name,
+    unwritable_cache,
+)
 
 BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
@@ -87,15 +96,6 @@ class _BadCopy(Exception):
 def _identity(st: os.stat_result) -> tuple[int, ...]:
     """One cache file as written (a copy fetched again is a new file: a new inode or a later mtime)."""
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def unwritable_cache(cache_dir: Path, e: OSError) -> DatasetError:
-    """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
-    stops on after saving its last step (a bare OSError was a traceback, nothing saved)."""
-    return DatasetError(
-        f"cannot write the cache {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable "
-        "directory with room for data.cache_gb"
-    )
 
 
 def refuse_legacy(location: str, fmt: str) -> DatasetError:

@@ -161,6 +161,15 @@ def describe(root: Path, rel: str) -> str:
     return f"{url}/{rel}" if url else str(Path(root) / rel)
 
 
+def unwritable_cache(cache_dir: Path, e: OSError) -> DatasetError:
+    """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
+    stops on after saving its last step (a bare OSError was a traceback, nothing saved)."""
+    return DatasetError(
+        f"cannot write the cache {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable "
+        "directory with room for data.cache_gb"
+    )
+
+
 def copy_dir(cache_dir: Path, url: str, fingerprint: str) -> Path:
     """The cache's directory for the dataset `fingerprint` at `url`: one per URL. Its reads go to the
     URL in it (ORIGIN), so two URLs of one dataset (a backup, a second bucket) must not share one:
@@ -185,10 +194,7 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
         if not path.is_file() or path.read_bytes() != raw:
             write_atomic(path, raw)
     except OSError as e:
-        raise DatasetError(
-            f"cannot write the cache {cache.dir} ({e.strerror or e}); set data.cache_dir to a writable "
-            "directory"
-        ) from None
+        raise unwritable_cache(cache.dir, e) from None
     return root
 
 
