@@ -297,7 +297,8 @@ def is_unicode(s: str) -> bool:
 
 def number_problem(v: Any, key: str) -> str | None:
     """Why metadata value `v` cannot be what column `key` holds (None: it can): not a number; for an
-    integer column (the manifest's int64), not finite or past int64. A float column holds NaN."""
+    integer column (the manifest's int64), not finite, past int64 or not whole (4.0 is 4). A float
+    column holds NaN."""
     if not isinstance(v, int | float) or isinstance(v, bool):
         return "not a number"
     if key not in INTEGER_META_KEYS:
@@ -306,6 +307,8 @@ def number_problem(v: Any, key: str) -> str | None:
         return "not a finite number"
     if not -(2**63) <= v < 2**63:
         return "out of an int64's range"
+    if isinstance(v, float) and not v.is_integer():  # the int64 column would record 3.9 as 3
+        return "not a whole number"
     return None
 
 

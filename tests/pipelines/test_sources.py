@@ -224,6 +224,9 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         {**good, "id": "nan-language", "language_score": float("nan")},  # a float column holds NaN: kept
         {"content": "A document under another key.", "id": "no-text"},  # was "empty or whitespace-only"
         {**good, "id": "bigger-than-a-float", "int_score": 10**400},  # isfinite overflowed: a crash
+        # the manifest's int64 truncated it: 3.9 was recorded, filtered and audited as 3
+        {**good, "id": "fractional-int", "int_score": 3.9},
+        {**good, "id": "whole-float", "int_score": 4.0},  # a parquet int column with a null reads so: kept
     ]
     (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     out = tmp_path / "ds"
@@ -231,10 +234,9 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
     overrides += ["build.tasks=1", "build.workers=1", "filters.min_score=1.0"]
     result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
     assert result.ok
-    assert pq.read_table(out / "manifest" / "00000.parquet").column("id").to_pylist() == [
-        "good",
-        "nan-language",
-    ]
+    manifest = pq.read_table(out / "manifest" / "00000.parquet")
+    assert sorted(manifest.column("id").to_pylist()) == ["good", "nan-language", "whole-float"]
+    assert manifest.column("int_score").to_pylist() == [4, 4, 4]
     excluded = {
         r["id"]: r["reason"] for r in pq.read_table(out / "excluded" / "00000_text.parquet").to_pylist()
     }
@@ -245,6 +247,7 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "huge-count": "a.jsonl:5: token_count out of an int64's range: 1e+20",
         "no-text": "a.jsonl:7: no 'text' key (source.text_key; it has 'content', 'id')",
         "bigger-than-a-float": f"a.jsonl:8: int_score out of an int64's range: {10**400}",
+        "fractional-int": "a.jsonl:9: int_score not a whole number: 3.9",
     }
 
 
