@@ -79,6 +79,7 @@ from training.contract.dataset_format import (
     manifest_files,
     numpy_dtype,
     read_dataset_info,
+    recorded_paths,
     tar_padded,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
@@ -699,7 +700,7 @@ def validate_dataset(
         _check_dataset_json(root, info, results, problems)
         _check_index(root, info, problems)
         _check_decontam(root, info, problems)
-        _check_recorded_files(root, info, problems)
+        _check_recorded_files(root, info, problems, local=not url)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -748,12 +749,30 @@ def _bucket_copy(
     return root, listing
 
 
-def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Problem], local: bool) -> None:
     """The files dataset.json's "files" entry records (manifest, excluded, stats, build records): each
-    there with its sha256 (a dataset built before the entry has none to check). The decontamination
+    there with its sha256, and (`local`: not a bucket's cached copy, which holds what was fetched) no
+    other such file beside them, which the audit would read as the dataset's. Every gristmill-shards/3
+    dataset has the entry; one built before it existed has none to check. The decontamination
     index's files are _check_decontam's: named once."""
+    recorded = info.get("files")
+    if recorded is None:
+        if info["format"] == FORMAT:
+            problems.append(
+                Problem(
+                    'has no "files" entry, so its manifest, excluded documents and build records go '
+                    "unchecked (edited since the build?): restore it, or rebuild the dataset",
+                    DATASET_JSON,
+                )
+            )
+        return
+    if local:
+        for rel in sorted(set(recorded_paths(root)) - set(recorded)):
+            problems.append(
+                Problem("not recorded in dataset.json (added since the build?): the audit reads it", rel)
+            )
     covered = {f"{DECONTAM_DIR}/{name}" for name in DECONTAM_FILES}
-    for rel, spec in sorted((info.get("files") or {}).items()):
+    for rel, spec in sorted(recorded.items()):
         if rel in covered:
             continue
         path = root / rel

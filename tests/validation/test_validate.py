@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -294,6 +295,26 @@ def test_edited_manifest_metadata(ds):
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
     assert problems(ds) == [
         f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+    ]
+
+
+def test_a_file_dataset_json_does_not_record_or_its_record_deleted_is_a_problem(ds):
+    """An excluded-documents file dropped in beside the build's (or its stats) is read by the audit as
+    the dataset's; a dataset.json without its "files" entry checked none of them: both passed."""
+    extra = ds / "excluded" / "00000_copy.parquet"
+    extra.parent.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"id": ["a"], "reason": ["r"]}), extra)
+    assert problems(ds) == [
+        "excluded/00000_copy.parquet: not recorded in dataset.json (added since the build?): "
+        "the audit reads it"
+    ]
+    extra.unlink()
+    info = json.loads((ds / "dataset.json").read_text())
+    del info["files"]
+    (ds / "dataset.json").write_text(json.dumps(info))
+    assert problems(ds) == [
+        'dataset.json: has no "files" entry, so its manifest, excluded documents and build records go '
+        "unchecked (edited since the build?): restore it, or rebuild the dataset"
     ]
 
 

@@ -383,13 +383,17 @@ def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
+def recorded_paths(root: str | Path) -> list[str]:
+    """The paths inside the dataset at `root` of the files there that RECORDED_FILES names."""
+    root = Path(root)
+    found = {p for pattern in RECORDED_FILES for p in root.glob(pattern) if p.is_file()}
+    return sorted(p.relative_to(root).as_posix() for p in found)
+
+
 def record_files(root: str | Path) -> dict[str, dict[str, Any]]:
     """{path inside the dataset: {"bytes", "sha256"}} of its RECORDED_FILES, for dataset.json's "files"."""
-    root = Path(root)
-    found = sorted({p for pattern in RECORDED_FILES for p in root.glob(pattern) if p.is_file()})
-    return {
-        p.relative_to(root).as_posix(): {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in found
-    }
+    paths = {rel: Path(root) / rel for rel in recorded_paths(root)}
+    return {rel: {"bytes": p.stat().st_size, "sha256": file_sha256(p)} for rel, p in paths.items()}
 
 
 def dataset_files(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
