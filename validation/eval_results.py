@@ -25,6 +25,7 @@ from training.contract.atomic_write import write_atomic
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
     RESULTS_JSON,
+    eval_lock,
     metric_number,
     read_results,
     read_step_results,
@@ -182,13 +183,14 @@ def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any], 
 def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any], merged: bool = False) -> Path:
     """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's)."""
     out = eval_dir(run_dir, step, merged) / RESULTS_JSON
-    out.parent.mkdir(parents=True, exist_ok=True)
-    old = read_step_results(run_dir, step, merged)
-    if old:
-        results = merge_results(old, results)
-    # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
-    text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
-    write_atomic(out, text + "\n")
+    with eval_lock(run_dir):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        old = read_step_results(run_dir, step, merged)
+        if old:
+            results = merge_results(old, results)
+        # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
+        text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
+        write_atomic(out, text + "\n")
     return out
 
 

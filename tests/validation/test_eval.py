@@ -376,6 +376,40 @@ def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
     return dst
 
 
+def _write_tasks(run_dir: Path, tag: str) -> None:
+    """40 tasks' results, one write each, into step 8 (every writer's) and a step of the writer's own."""
+    from validation.eval_results import write_step_results
+
+    for i in range(40):
+        for step in (8, 100 + ord(tag)):
+            write_step_results(run_dir, step, {"results": {f"{tag}{i}": {"acc,none": i / 40}}})
+
+
+def test_two_writers_of_one_run_s_eval_results_lose_none(tmp_path):
+    """The trainer's eval and `gristmill eval --watch` beside it merge into one step's results.json and
+    rebuild eval.parquet: unlocked, each lost about half the other's tasks, exit 0."""
+    import multiprocessing
+
+    import pyarrow.parquet as pq
+
+    from training.contract.eval_table import read_step_results
+
+    writers = [
+        multiprocessing.get_context("fork").Process(target=_write_tasks, args=(tmp_path, t)) for t in "ab"
+    ]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    every = {f"{t}{i}" for t in "ab" for i in range(40)}
+    assert set(read_step_results(tmp_path, 8)["results"]) == every
+    rows = pq.read_table(tmp_path / "eval.parquet").to_pylist()
+    assert {(r["step"], r["task"]) for r in rows} == {
+        (step, task) for task in every for step in (8, 100 + ord(task[0]))
+    }
+
+
 def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
     """results.json round-trips NaN/inf (also numpy scalars), eval.parquet keeps them as NaN/inf,
     "N/A" stderrs and aliases stay out; nonfinite_metrics says which task has no finite metric."""

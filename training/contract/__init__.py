@@ -11,6 +11,7 @@ load, the errors every stage raises, and the checksums of the files a run trusts
     batch_record   RUN/batches.bin: each trained step's batch digest, 44 bytes a step (verify reads it)
     integrity      file checksums (CRC-32 for checkpoints, SHA-256 for exports) and their check
     atomic_write   write_atomic / atomic_path: a file is replaced whole (temporary name, fsync, rename)
+    file_lock      an exclusive flock for a node's processes and a process's threads (the cache, eval)
     disk_space     free_bytes, the free-disk check (DiskFullError) and fmt_bytes, for build, download
                    and checkpoints
     separator_check the separator rule (one per document, first or last), for tokenizer, validator, loader

@@ -22,10 +22,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path
+from training.contract.file_lock import file_lock
 from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
 RESULTS_JSON = "results.json"
 GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
+EVAL_LOCK = ".lock"  # in RUN/eval/: held by each writer of a results.json and of eval.parquet (eval_lock)
 
 EVAL_SCHEMA = pa.schema(
     [
@@ -100,10 +102,21 @@ def result_rows(results_by_step: dict[int, dict[str, Any]], merged: bool = False
     return [r for step, res in results_by_step.items() for r in rows_of(step, res, merged)]
 
 
+def eval_lock(run_dir: str | Path):
+    """The run's eval files, one writer at a time: the trainer's eval (rank 0) and `gristmill eval`
+    (--watch beside the run) each merge into a step's results.json and rebuild eval.parquet, and two
+    read-merge-writes at once lost one writer's tasks; a rebuild that read the files before another
+    writer's, and replaced the table after that writer's rebuild, left eval.parquet without them."""
+    lock = Path(run_dir) / EVAL_DIR / EVAL_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return file_lock(lock)
+
+
 def write_eval_table(run_dir: str | Path) -> Path:
     """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json and merged-step-N/results.json."""
     path = Path(run_dir) / EVAL_PARQUET
-    rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
-    with atomic_path(path) as tmp:
-        pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
+    with eval_lock(run_dir):
+        rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
     return path

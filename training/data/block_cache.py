@@ -59,6 +59,7 @@ from training.contract.dataset_format import (
     layout_samples,
 )
 from training.contract.dataset_index import HASH_BYTES, INDEX_DIR, SAMPLE_DIGEST, DocIndex, sample_digest
+from training.contract.file_lock import file_lock
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
@@ -66,7 +67,6 @@ from training.data.order import DocBlocks
 from training.data.remote import (
     ORIGIN,
     CacheSettings,
-    file_lock,
     host,
     node_lock,
     origin,

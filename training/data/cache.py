@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from training.contract.config_loader import json_sha256
+from training.contract.file_lock import file_lock
 from training.contract.object_store import user_cache_dir
-from training.data.remote import file_lock
 
 log = logging.getLogger("training.data.loader")
 T = TypeVar("T")

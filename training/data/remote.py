@@ -19,7 +19,6 @@ of training/data/block_cache.py, each checked against the index's per-document s
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
+from training.contract.file_lock import file_lock
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -115,36 +115,6 @@ def node_lock(cache_dir: Path) -> Iterator[None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
     with file_lock(cache_dir / LOCK):
         yield
-
-
-_HELD: set[int] = set()  # descriptors of the file locks this process holds (file_lock)
-
-
-def _close_held_in_child() -> None:
-    for fd in list(_HELD):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-os.register_at_fork(after_in_child=_close_held_in_child)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
-    take turns (flock holds per open file; the kernel releases it when its holder dies). A process
-    forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
-    lock through its copy of the descriptor: the lock is released explicitly on the way out, never
-    by closing (which would leave it to the copy for the child's life), and the child closes its copy."""
-    with open(path, "a") as f:
-        _HELD.add(f.fileno())
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            yield
-        finally:
-            _HELD.discard(f.fileno())
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def origin(root: Path) -> str | None:

@@ -1,4 +1,4 @@
-"""The cache's file locks (training/data/remote.py: `file_lock`, under `node_lock`, a unit's fetch and
+"""The cache's file locks (training/contract/file_lock.py: `file_lock`, under `node_lock`, a unit's fetch and
 the epoch order's cache): released on the way out even when a process forked meanwhile holds a copy
 of the descriptor. A DataLoader worker forked while the prefetcher thread fetched would otherwise
 hold the node's lock for its whole life, and every fetch on the node (its own loader's too) waits."""
