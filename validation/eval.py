@@ -45,7 +45,7 @@ from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_t
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
-from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results
+from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results, write_eval_table
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -77,8 +77,13 @@ from validation.eval_results import (
     metric_order,
     nonfinite_metrics,
     write_plot,
-    write_step_results,
+    write_step_json,
 )
+
+
+class DiscardedStepError(EvalError):
+    """The weights an eval scored were set aside by a rewind of the running training meanwhile: a
+    discarded timeline's, not the step's; nothing was recorded."""
 
 
 class NonFiniteMetricsError(EvalError):
@@ -486,6 +491,15 @@ def model_max_length(export: Path) -> int:
     return int(json.loads((Path(export) / "config.json").read_text())["max_position_embeddings"])
 
 
+def _dir_identity(path: Path) -> tuple[int, int] | None:
+    """A directory as created (a rename keeps it, a new one of that name is another), None if gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def evaluate_step(
     run_dir: str | Path,
     step: int,
@@ -505,6 +519,7 @@ def evaluate_step(
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
+    scored = _dir_identity(export)
     most = model_max_length(export)
     if cfg.max_length > most:  # transformers' RoPE takes any position: the scores would be of untrained ones
         raise EvalError(
@@ -542,7 +557,14 @@ def evaluate_step(
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
     if plan.local:
         results["gristmill"]["heldout"] = plan.data.heldout()
-    out = write_step_results(run_dir, step, dict(results), merged)
+    still = lambda: _dir_identity(export) == scored
+    out = write_step_json(run_dir, step, dict(results), merged, still=still)
+    if out is None:
+        raise DiscardedStepError(
+            f"step {step} was not recorded: a rewind of the running training set its export aside while it "
+            "was evaluated (a discarded timeline's weights); evaluate the step again once it is retrained"
+        )
+    write_eval_table(run_dir)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
     write_plot(run_dir)
     _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
@@ -589,6 +611,9 @@ def evaluate_missing(
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:
                 failed.append(e)
+            except DiscardedStepError as e:  # the watch scores the retrained step when it appears
+                _log(f"{e}; the watch goes on")
+                continue
             except GristmillError:
                 if step in available_steps(run_dir):
                     raise

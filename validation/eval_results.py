@@ -31,7 +31,6 @@ from training.contract.eval_table import (
     read_step_results,
     result_rows,
     rows_of,
-    write_eval_table,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot
@@ -172,18 +171,20 @@ def metric_order(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], tuple
     )  # fmt: skip
 
 
-def write_step_results(run_dir: str | Path, step: int, results: dict[str, Any], merged: bool = False) -> Path:
-    """Write (or merge into) RUN/eval/step-N/results.json, then rebuild RUN/eval.parquet (`gristmill
-    eval`; during training the run's record rebuilds it: training/run/record.py)."""
-    out = write_step_json(run_dir, step, results, merged)
-    write_eval_table(run_dir)
-    return out
-
-
-def write_step_json(run_dir: str | Path, step: int, results: dict[str, Any], merged: bool = False) -> Path:
-    """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's)."""
+def write_step_json(
+    run_dir: str | Path,
+    step: int,
+    results: dict[str, Any],
+    merged: bool = False,
+    still: Callable[[], bool] | None = None,
+) -> Path | None:
+    """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's). None,
+    nothing written, where `still()`, asked under the lock that a rewind sets eval/ aside under too,
+    is False: the weights scored were a discarded timeline's (training/run/record.py `_set_aside`)."""
     out = eval_dir(run_dir, step, merged) / RESULTS_JSON
     with eval_lock(run_dir):
+        if still is not None and not still():
+            return None
         out.parent.mkdir(parents=True, exist_ok=True)
         old = read_step_results(run_dir, step, merged)
         if old:

@@ -323,6 +323,37 @@ def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     assert (eval_dir(run, 10) / "results.json").is_file() and not eval_dir(run, 5).exists()
 
 
+def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
+    eval_run, tmp_path, monkeypatch, capsys
+):
+    """`eval --watch` beside a trainer that rewinds: the rewind set aside exports/step-N (a discarded
+    timeline's) while the watch scored it, and the scores were written as step N's all the same, so
+    the retrained step N was taken for done, never scored. The rewind here is the run's own set-aside
+    (RunRecord._set_aside), between the scoring and the writing."""
+    import validation.eval as eval_module
+    from pipelines.cli import main
+    from training.run.record import RunRecord
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    real = eval_module.evaluate_lm
+
+    def rewound_meanwhile(*args, **kwargs):
+        results = real(*args, **kwargs)
+        RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=4)
+        return results
+
+    monkeypatch.setattr(eval_module, "evaluate_lm", rewound_meanwhile)
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
+    assert main(watch) == 0
+    err = capsys.readouterr().err
+    assert "step 5 was not recorded: a rewind of the running training set its export aside" in err, err
+    assert not (eval_dir(run, 5) / "results.json").exists()
+    monkeypatch.setattr(eval_module, "evaluate_lm", real)
+    shutil.copytree(export_dir(eval_run[0], 5), export_dir(run, 5))  # the retrained step 5's export
+    assert main(watch) == 0
+    assert (eval_dir(run, 5) / "results.json").is_file()
+
+
 def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, monkeypatch, capsys):
     from pipelines.cli import main
 
@@ -378,11 +409,13 @@ def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
 
 def _write_tasks(run_dir: Path, tag: str) -> None:
     """40 tasks' results, one write each, into step 8 (every writer's) and a step of the writer's own."""
-    from validation.eval_results import write_step_results
+    from training.contract.eval_table import write_eval_table
+    from validation.eval_results import write_step_json
 
     for i in range(40):
         for step in (8, 100 + ord(tag)):
-            write_step_results(run_dir, step, {"results": {f"{tag}{i}": {"acc,none": i / 40}}})
+            write_step_json(run_dir, step, {"results": {f"{tag}{i}": {"acc,none": i / 40}}})
+            write_eval_table(run_dir)
 
 
 def test_two_writers_of_one_run_s_eval_results_lose_none(tmp_path):
@@ -415,8 +448,8 @@ def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
     "N/A" stderrs and aliases stay out; nonfinite_metrics says which task has no finite metric."""
     import pyarrow.parquet as pq
 
-    from training.contract.eval_table import read_step_results
-    from validation.eval_results import nonfinite_metrics, write_step_results
+    from training.contract.eval_table import read_step_results, write_eval_table
+    from validation.eval_results import nonfinite_metrics, write_step_json
 
     results = {
         "results": {
@@ -435,7 +468,8 @@ def test_results_keep_nan_and_inf_but_not_strings(tmp_path):
         },
         "n-samples": {"heldout_ppl": {"effective": 5}, "heldout_cloze": {"effective": 8}},
     }
-    write_step_results(tmp_path, 7, results)
+    write_step_json(tmp_path, 7, results)
+    write_eval_table(tmp_path)
     back = read_step_results(tmp_path, 7)
     ppl = back["results"]["heldout_ppl"]
     assert math.isnan(ppl["word_perplexity,none"]) and ppl["bits_per_byte,none"] == math.inf

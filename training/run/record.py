@@ -40,7 +40,7 @@ from training.config import MetricsSection
 from training.console import say
 from training.contract.atomic_write import write_atomic
 from training.contract.batch_record import BatchEntry, batch_file, encode, read_batches
-from training.contract.eval_table import RESULTS_JSON, write_eval_table
+from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
     CONSUMPTION_PARQUET,
@@ -320,8 +320,9 @@ class RunRecord:
         """exports/ and eval/ of steps after `after` set aside (those of a discarded timeline, or of
         an `earlier_run` in this directory), eval.parquet rebuilt without them, eval.png removed until
         the next eval draws it."""
-        moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
-        evals = set_aside_after(self.run_dir / EVAL_DIR, after)
+        with eval_lock(self.run_dir):  # an eval beside the run writes no discarded step's scores after
+            moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
+            evals = set_aside_after(self.run_dir / EVAL_DIR, after)
         whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
         for old, new in moved + evals:
             say(f"note: {old.parent.name}/{old.name} is from {whose}; moved it to {new.name}")
