@@ -107,11 +107,28 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
                 "seeds); set the [proxy], [data], [swarm] or [validation] key instead",
                 key="proxy.set",
             )
+        if key in LENGTH:
+            raise ConfigError(
+                f"proxy.set {item!r}: each proxy trains proxy.tokens at {LENGTH[key]} (its steps and its "
+                f"validation at the last one follow from them), so {key} would train another length or "
+                f"do nothing; set {LENGTH[key]} instead",
+                key="proxy.set",
+            )
     return config_from(TrainConfig, raw, p.set, "the proxy recipe", flag="proxy.set")
 
 
 # Keys of a proxy's recipe that the search sets per proxy: proxy.set may not change them.
 OWNED = ("run.output_dir", "run.seed", "data.seed", "data.sources", "data.val_fraction", "phase")
+# Keys that decide a proxy's length, which [proxy] owns: proxy.set's global_batch_tokens trained
+# steps × it (not proxy.tokens), its data.seq_len nothing (the phase's seq_len is proxy.seq_len), its
+# run.max_steps, val_every or log_every a proxy without its last step's validation (no evidence).
+LENGTH = {
+    "data.global_batch_tokens": "proxy.global_batch_tokens",
+    "data.seq_len": "proxy.seq_len",
+    "run.max_steps": "proxy.tokens",
+    "run.val_every": "proxy.tokens",
+    "run.log_every": "proxy.tokens",
+}
 
 
 def _recipe(tc: TrainConfig) -> dict[str, Any]:

@@ -257,6 +257,13 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         ),
         (["proxy.set=['optim.lrr=1']"], "optim.lrr"),
         (["proxy.set=['run.output_dir=\"x\"']"], "run.output_dir is the search's own"),
+        # proxy.tokens trained at a batch proxy.set changed: 4x the tokens, exit 0 (review R2)
+        (
+            ["proxy.set=['data.global_batch_tokens=2048']"],
+            "data.global_batch_tokens would train another length or do nothing; set "
+            "proxy.global_batch_tokens instead",
+        ),
+        (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
         (["target.source=code"], "[target]: give one of target.mix"),
         (["swarm.sizes=3"], "swarm.sizes"),
         # the proxies' training recipe refused in the search's keys (issue 47), the user's own kept
