@@ -277,6 +277,28 @@ def test_shape_key_must_agree_with_the_base(tmp_path):
         assert f"lower {key} to ≤ 256" in msg and "model.max_seq_len" not in msg and "config.json" in msg, msg
 
 
+def test_llama3_scaling_keys_under_another_rope_type_are_refused(tmp_path):
+    """model.rope_factor (or another llama3 scaling key) without rope_type "llama3" was accepted,
+    recorded in config.toml and ignored: the context trained unscaled (review R2)."""
+    info, seq = {"vocab_size": 256, "separator": {"id": 0}}, [("data.seq_len", 64)]
+    with pytest.raises(ConfigError) as e:
+        resolve_model_config(ModelSection(preset="tiny", rope_factor=64.0), info, seq)
+    assert str(e.value) == (
+        'model.rope_factor = 64.0 scales RoPE only with rope_type "llama3", and the model\'s is '
+        "'default' (preset 'tiny''s): set model.rope_type = \"llama3\" or remove model.rope_factor"
+    )
+    scaled = resolve_model_config(
+        ModelSection(preset="tiny", rope_type="llama3", rope_factor=64.0), info, seq
+    )
+    assert (scaled.rope_type, scaled.rope_factor) == ("llama3", 64.0)
+    make_base(tmp_path)  # default RoPE
+    with pytest.raises(ConfigError) as e:
+        resolve_model_config(ModelSection(init_from=str(tmp_path), rope_original_max_seq_len=16), info, seq)
+    assert str(e.value).endswith(
+        "(the base model's): remove model.rope_original_max_seq_len (the base decides RoPE)"
+    ), str(e.value)
+
+
 def test_weights_that_do_not_fit_are_named(tmp_path):
     make_base(tmp_path)
     model = Transformer(ModelConfig(**(base_model_fields(tmp_path) | {"n_layers": 1})))

@@ -56,6 +56,7 @@ def resolve_model_config(
     """The ModelConfig to build: preset + overrides + the vocabulary rule, checked against the dataset
     and every phase's seq_len (RunSpec.seq_lens). `--plan` and the trainer both call it. `source`: where
     model.init_from was located (training.checkpoint.base_source.locate_base; located here when None)."""
+    from training.checkpoint.hf_import import LLAMA3_FIELDS
     from training.model import PRESETS  # the model module is heavier; import when a run starts
 
     if section.preset not in PRESETS:
@@ -83,6 +84,28 @@ def resolve_model_config(
         mcfg = dataclasses.replace(base, **overrides)
     except ValueError as e:  # ModelConfig checks its own shape (heads divide dim, ...)
         raise ConfigError(f"model: {e}") from None
+    # The llama3 scaling keys under another rope_type were accepted, recorded in config.toml and
+    # ignored: a context stretched by rope_factor without rope_type = "llama3" trained unscaled.
+    scaling = [k for k in LLAMA3_FIELDS if getattr(section, k) is not None]
+    if scaling and mcfg.rope_type != "llama3":
+        key = f"model.{scaling[0]}"
+        fix = (
+            f"remove {key} (the base decides RoPE)"
+            if section.init_from
+            else f'set model.rope_type = "llama3" or remove {key}'
+        )
+        whose = (
+            "model.rope_type"
+            if section.rope_type
+            else "the base model's"
+            if section.init_from
+            else f"preset {section.preset!r}'s"
+        )
+        raise ConfigError(
+            f'{key} = {getattr(section, scaling[0])} scales RoPE only with rope_type "llama3", and the '
+            f"model's is {mcfg.rope_type!r} ({whose}): {fix}",
+            key,
+        )
     # With init_from a smaller data vocabulary is fine: check_base_data refuses a larger one, naming
     # both files, before step 1.
     if not section.init_from and mcfg.vocab_size != data_vocab:
