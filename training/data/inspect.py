@@ -43,12 +43,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hash", action="store_true", help="print one sha256 per step instead of the batch")
     p.add_argument("--rank", type=int, default=0, help="show this rank's slice (default 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (default 1)")
-    p.add_argument("--split", choices=["train", "val"], default="train", help="dataset mode: split")
-    p.add_argument(
-        "--val-fraction", type=float, default=0.0, help="dataset mode: the run's data.val_fraction"
-    )
+    p.add_argument("--split", choices=["train", "val"], help="dataset mode: split (default train)")
+    p.add_argument("--val-fraction", type=float, help="dataset mode: the run's data.val_fraction (default 0)")
     p.add_argument("--max-rows", type=int, default=8, help="sequences to print (0: all); default 8")
     add_cache_argument(p)
+
+
+# The options of dataset mode, which a run directory's config.toml answers itself.
+DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cache_dir")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
                 f"directory (holds {DATASET_JSON})"
             )
         if is_training_run(root):
+            # a run's config.toml decides them: given here, they changed nothing (--split val showed
+            # training batches)
+            given = [f"--{f.replace('_', '-')}" for f in DATASET_MODE if getattr(args, f) not in (None, "")]
+            if given:
+                raise LoaderConfigError(
+                    f"{root} is a training run, whose config.toml decides {', '.join(given)}: drop "
+                    f"{'them' if len(given) > 1 else 'it'}, or pass the dataset directory to inspect it so"
+                )
             return _run_mode(args)
         if not (root / DATASET_JSON).is_file():
             raise LoaderConfigError(
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             + ", ".join("--" + f.replace("_", "-") for f in missing)
             + " (or pass a training run directory, whose config.toml has them)"
         )
+    args.split, args.val_fraction = args.split or "train", args.val_fraction or 0.0
     if world < 1 or args.global_batch % world:
         raise LoaderConfigError(
             f"--global-batch {args.global_batch} is not divisible by --world-size {world}"

@@ -184,6 +184,20 @@ def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_p
     assert [line.split()[0] for line in lines] == ["1", "2"]
     assert gristmill(["data", "inspect", str(web), *geometry, "--step", "2", "--max-rows", "1"]) == 0
     assert f"step 2 = epoch 0 batch 1; sha256 {lines[1].split()[1]}" in capsys.readouterr().out
+    # A run's config.toml decides what dataset mode asks for: given there, they changed nothing
+    # (`--split val` showed training batches, exit 0; review R2). Refused before the run is read.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("# a run's saved config\n")
+    assert (
+        gristmill(["data", "inspect", str(run), "--split", "val", "--val-fraction", "0.5", "--seed", "7"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert (
+        f"{run} is a training run, whose config.toml decides --seed, --split, --val-fraction: drop them"
+        in err
+    )
     # gristmill verify: a dataset directory (even with its build config.toml) is not a training run.
     assert gristmill(["verify", str(built)]) != 0
     err = capsys.readouterr().err
