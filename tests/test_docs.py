@@ -190,6 +190,21 @@ def test_config_paths_exist(doc: Path):
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=rel)
+def test_toml_examples_parse(doc: Path):
+    """A TOML example a reader copies must load (two joined keys with `;`: review R2)."""
+    import tomllib
+
+    text = doc.read_text(encoding="utf-8")
+    problems = []
+    for m in re.finditer(r"^```toml\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+        try:
+            tomllib.loads(m.group(1))
+        except tomllib.TOMLDecodeError as e:
+            problems.append(f"{rel(doc)}:{line_of(text, m.start())}: {e}")
+    assert not problems, "TOML examples that do not load:\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=rel)
 def test_gristmill_commands_are_real(doc: Path):
     text = doc.read_text(encoding="utf-8")
     prose, code = split_code(text)
