@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.config import DataSection, TrainConfig
+from training.config import DataSection, OptimSection, TrainConfig
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
@@ -169,15 +169,29 @@ def recipe_notes(
 
 
 def unused_notes(cfg: TrainConfig) -> list[str]:
-    """A line for a data.seq_len no phase uses (every [[phase]] sets its own): `--set data.seq_len=…`
-    changed nothing, and said nothing. A note, not a refusal: runs saved before config.toml dropped
-    the key hold it, and must still resume, export and evaluate."""
-    if cfg.phase and cfg.data.seq_len != DataSection().seq_len and all(ph.seq_len for ph in cfg.phase):
-        return [
-            f"data.seq_len = {cfg.data.seq_len} sets no phase: every [[phase]] sets its own seq_len "
-            "(phase[N].seq_len)"
-        ]
-    return []
+    """A line for each default a [[phase]] list leaves unused, set to another value: `--set
+    data.seq_len=…` (every phase sets its own) or `--set optim.lr=…` (the first phase sets its peak)
+    changed nothing, and said nothing, while a resume's note listed the change as in effect. A note,
+    not a refusal: runs saved before config.toml dropped such keys hold them, and must still resume,
+    export and evaluate."""
+    if not cfg.phase:
+        return []
+    unused = [  # (key, its value, its default, what the phases set instead)
+        ("data.seq_len", cfg.data.seq_len, DataSection().seq_len,
+         "every [[phase]] sets its own seq_len", all(ph.seq_len for ph in cfg.phase)),
+        ("data.global_batch_tokens", cfg.data.global_batch_tokens, DataSection().global_batch_tokens,
+         "every [[phase]] sets its own global_batch_tokens", all(ph.global_batch_tokens for ph in cfg.phase)),
+        ("data.micro_batch", cfg.data.micro_batch, DataSection().micro_batch,
+         "every [[phase]] sets its own micro_batch", all(ph.micro_batch for ph in cfg.phase)),
+        ("optim.lr", cfg.optim.lr, OptimSection().lr,
+         "phase[0].lr.peak is the first peak (a later phase continues or sets its own)",
+         cfg.phase[0].lr.peak is not None),
+        ("optim.min_lr", cfg.optim.min_lr, OptimSection().min_lr,
+         "every [[phase]] ends where its lr.to says (or is constant)",
+         all(ph.lr.to is not None or ph.lr.shape == "constant" for ph in cfg.phase)),
+    ]  # fmt: skip
+    return [f"{key} = {value} sets no phase: {why}" for key, value, default, why, dead in unused
+            if dead and value != default]  # fmt: skip
 
 
 def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:

@@ -224,7 +224,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         evaluates=evaluator is not None,
     )  # fmt: skip
     judge = Judge(
-        cfg.run, lr=cfg.optim.lr, config_path=run_dir / CONFIG_TOML, device=device,
+        cfg.run, plan=plan, config_path=run_dir / CONFIG_TOML, device=device,
         world_size=env.world_size, recent_losses=state.recent_losses, nonfinite=state.nonfinite,
         rewinder=rewinder,
     )  # fmt: skip

@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from training.config import RunSection
 from training.contract.errors import NonFiniteError
+from training.data.plan import Plan
 from training.run.rewind import Rewinder, RewindLimitError, RewindTarget, history
 
 GO_ON, SKIPPED, STOP, REWIND = "go on", "skipped", "stop", "rewind"
@@ -197,7 +198,7 @@ class Judge:
         self,
         run: RunSection,
         *,
-        lr: float,
+        plan: Plan,
         config_path: Path,
         device: torch.device,
         world_size: int,
@@ -206,10 +207,11 @@ class Judge:
         rewinder: Rewinder,
     ):
         """`run`: the [run] section (on_nonfinite, max_skipped, spike_*, on_spike, [run.rewind]);
-        `lr` (optim.lr) and `config_path` (RUN/config.toml): named in a STOP's advice;
+        `plan` (the key each phase's LR peak comes from) and `config_path` (RUN/config.toml): named
+        in a STOP's advice;
         `recent_losses`, `nonfinite`: the spike rule's window and the non-finite tally
         (TrainState's: checkpointed)."""
-        self.run, self.lr, self.config_path = run, lr, config_path
+        self.run, self.plan, self.config_path = run, plan, config_path
         self.device, self.world_size = device, world_size
         self.guard = NonFiniteGuard(device, nonfinite)
         self.read_step: int | None = None  # the last step the host read (its tally and the steps' before)
@@ -263,7 +265,7 @@ class Judge:
                     else f"{tally['consecutive']} consecutive steps up to step {step} had a non-finite loss "
                     f"or gradient (run.max_skipped = {self.run.max_skipped}; the last: {tally['what']})"
                 )
-                return _with(seen, action=STOP, cause=why, advice=self._advice())
+                return _with(seen, action=STOP, cause=why, advice=self._advice(step))
             seen = _with(seen, action=SKIPPED)
         if spike is not None and self.run.on_spike == "rewind":
             rule = (
@@ -297,10 +299,16 @@ class Judge:
             seen, warning=f"WARNING step {seen.step}: {cause}; {target}: not rewinding, the run goes on"
         )
 
-    def _advice(self) -> str:
+    def _advice(self, step: int) -> str:
+        # The key the step's LR peak comes from: a phase's own lr.peak, else optim.lr (advising
+        # optim.lr where a phase sets its own peak trained the same LR again).
+        p, _ = self.plan.locate(step - 1)
+        key = (self.plan.keys[p] if p < len(self.plan.keys) else {}).get("peak", "optim.lr")
+        piece = self.plan.phases[p].lr
+        lower = piece.peak / piece.scale / 10  # as written: the batch rule's factor is the plan's
         return (
             "A resume keeps the learning rate of the steps already trained, so start a new run with a lower "
-            f"learning rate (gristmill train --config {self.config_path} --set optim.lr={self.lr / 10:g} "
+            f"learning rate (gristmill train --config {self.config_path} --set {key}={lower:g} "
             "run.output_dir=NEW_DIR); or check the data and resume skipping such steps (gristmill train "
             f"--config {self.config_path} --resume auto --set run.on_nonfinite=skip)"
         )

@@ -295,6 +295,29 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     assert _rows(tmp_path / "run")[-1]["epoch/math"] == 2
 
 
+def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
+    sources, tmp_path, monkeypatch, capsys
+):
+    """A NaN in a phase with its own lr.peak: the stop advised `--set optim.lr=…`, which a phase's peak
+    ignores, so the new run trained the same LR again (review R1)."""
+    phases = (
+        '[[phase]]\nname = "main"\nsteps = 3\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 1, shape = "constant" }\n\n'
+        '[[phase]]\nname = "long"\nsteps = 3\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { peak = 2e-3, shape = "linear", to = 3e-4 }\n\n'
+    )
+    config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases)
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "5")
+    quiet = ["run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *quiet]) == 3
+    err = capsys.readouterr().err
+    assert "--set phase[1].lr.peak=0.0002 run.output_dir=NEW_DIR" in err and "optim.lr" not in err, err
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "2")  # in the first phase: optim.lr (3e-3) is its peak
+    again = f"run.output_dir={json.dumps(str(tmp_path / 'again'))}"
+    assert gristmill(["train", "--config", str(config), "--set", *quiet, again]) == 3
+    assert "--set optim.lr=0.0003 run.output_dir=NEW_DIR" in capsys.readouterr().err
+
+
 def test_config_errors_name_the_key(sources, tmp_path):
     head = '[[phase]]\nname = "a"\n'
     for phases, extra, match in [

@@ -282,4 +282,11 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "note: data.seq_len = 128 sets no phase: every [[phase]] sets its own seq_len" in out, out
     assert gristmill(["train", "--config", str(config), "--plan"]) == 0
-    assert "sets no phase" not in capsys.readouterr().out
+    assert "data.seq_len" not in capsys.readouterr().out
+    # optim.lr where the first phase sets its peak: a resume's note called the change in effect, and a
+    # learning-rate sweep over it trained one LR (review R1)
+    peak = ["phase[0].lr.peak=2e-3", "optim.lr=1e-2"]
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *peak]) == 0
+    out = capsys.readouterr().out
+    assert "note: optim.lr = 0.01 sets no phase: phase[0].lr.peak is the first peak" in out, out
+    assert "note: optim.min_lr = 0.0003 sets no phase: every [[phase]] ends where its lr.to says" in out
