@@ -137,7 +137,9 @@ case $part in
       --json "$rows/e2e-rewind.json"
     # issue 46: an EMA folds the weights in after every step (a foreach lerp over the fp32 shard), the
     # most [merge] costs a step; the Muon row (measured 2026-11-27) comes after it, with what is left
-    row 110 "gristmill train, [merge] ema (goal: >= 0.99x bf16)" -- \
+    # 150 s: on 2026-11-29 its run took 105 s (the last step's save with the EMA copy: 42 s), and the
+    # bench's JSON came after the row's 110 s limit
+    row 150 "gristmill train, [merge] ema (goal: >= 0.99x bf16)" -- \
       "$PY" -m bench.train_e2e $E2E --no-model-only --set merge.kind=ema merge.every=40 merge.decay=0.999 \
       --label merge --json "$rows/e2e-merge.json"
     # the init_from load is host-only (CPU, disk): it shares the host with the muon row, not the GPU
