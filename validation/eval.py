@@ -584,12 +584,20 @@ def score_settings(cfg: EvalConfig) -> dict[str, Any]:
     return {key: getattr(cfg, key) for key in SCORE_SETTINGS}
 
 
-def evaluated(run_dir: str | Path, step: int, names: list[str], cfg: EvalConfig) -> bool:
+def evaluated(run_dir: str | Path, step: int, names: list[str], local: list[str], cfg: EvalConfig) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s score settings (a task
-    recorded before they were counts as done under any)."""
+    recorded before they were counts as done under any). `docs` (how many held-out documents the
+    `local` tasks score) is not a setting of the others: a hub task was scored again for it."""
     results = read_step_results(run_dir, step)
     scored, tasks, want = results.get("results", {}), results.get(GRISTMILL_TASKS, {}), score_settings(cfg)
-    return all(n in scored and tasks.get(n, {}).get("settings", want) == want for n in names)
+
+    def same(name: str) -> bool:
+        got = tasks.get(name, {}).get("settings", want)
+        if name in local:
+            return got == want
+        return {k: v for k, v in got.items() if k != "docs"} == {k: v for k, v in want.items() if k != "docs"}
+
+    return all(n in scored and same(n) for n in names)
 
 
 def evaluate_missing(
@@ -606,7 +614,7 @@ def evaluate_missing(
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
-        if not evaluated(run_dir, step, plan.names, cfg):
+        if not evaluated(run_dir, step, plan.names, plan.local, cfg):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

@@ -298,6 +298,22 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert effective == [3, 5]
 
 
+def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
+    """`docs` is how many held-out documents the local tasks score: a hub task scored under another
+    value was taken for not done and scored again (minutes of a GPU for the same numbers)."""
+    from validation.eval import evaluated, score_settings
+    from validation.eval_results import write_step_json
+
+    before = EvalConfig(docs=5)
+    tasks = {name: {"settings": score_settings(before)} for name in ("hellaswag", "heldout_ppl")}
+    write_step_json(tmp_path, 3, {"results": {"hellaswag": {}, "heldout_ppl": {}}, "gristmill_tasks": tasks})
+    names, local = ["hellaswag", "heldout_ppl"], ["heldout_ppl"]
+    assert evaluated(tmp_path, 3, names, local, before)
+    assert evaluated(tmp_path, 3, ["hellaswag"], local, EvalConfig(docs=50))
+    assert not evaluated(tmp_path, 3, names, local, EvalConfig(docs=50))  # heldout_ppl: other documents
+    assert not evaluated(tmp_path, 3, ["hellaswag"], local, EvalConfig(docs=5, limit=3))
+
+
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     built_dataset, tmp_path, monkeypatch, capsys
 ):
