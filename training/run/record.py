@@ -30,6 +30,7 @@ and keeps the rows (the summary reads them); only rank 0's writes files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -320,7 +321,12 @@ class RunRecord:
         """exports/ and eval/ of steps after `after` set aside (those of a discarded timeline, or of
         an `earlier_run` in this directory), eval.parquet rebuilt without them, eval.png removed until
         the next eval draws it."""
-        with eval_lock(self.run_dir):  # an eval beside the run writes no discarded step's scores after
+        # Under the eval lock, `gristmill eval --watch` beside the run writes no discarded step's scores
+        # after this (it checks its export under the lock). Without eval/ there is no lock to take and
+        # no step being scored (an eval makes eval/step-N/eval.log before it scores); one begun since
+        # finds its export moved when it writes. So a run without evals gets no eval/ directory.
+        evaluated = (self.run_dir / EVAL_DIR).is_dir()
+        with eval_lock(self.run_dir) if evaluated else contextlib.nullcontext():
             moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
             evals = set_aside_after(self.run_dir / EVAL_DIR, after)
         whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
