@@ -7,11 +7,9 @@ in training/data/spec.py, whose `check_config` runs every check before any work.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import math
-from typing import Any
 
 from training.config import (
     TRACKERS,
@@ -154,9 +152,6 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         raise ConfigError(f"optim.betas = {o.betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     check_number("optim.lr", o.lr, above_zero=True)
     check_batch_lr_scaling(o)
-    if o.name != "muon":
-        muon = tuple(f.name for f in dataclasses.fields(o) if f.name.startswith("muon_"))
-        refuse_unused("optim", o, muon, f"optim.name = {o.name!r}: set optim.name = 'muon' to use it")
     if not 0 <= o.min_lr <= o.lr:
         raise ConfigError(
             f"need 0 ≤ optim.min_lr ≤ optim.lr; got lr {o.lr}, min_lr {o.min_lr}", "optim.min_lr"
@@ -185,9 +180,6 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         )
     check_number("run.spike_sigma", r.spike_sigma, note=" (0: no spike detection)")
     check_rewind(cfg)
-    if r.on_nonfinite != "skip":
-        refuse_unused("run", r, ("max_skipped",), f"run.on_nonfinite = {r.on_nonfinite!r} skips no step: set "
-                      "run.on_nonfinite = 'skip' to use it")  # fmt: skip
     if r.log_every < 1 or r.val_every < 0 or r.val_batches < 1:
         raise ConfigError(
             f"need run.log_every ≥ 1, run.val_every ≥ 0, run.val_batches ≥ 1; got {r.log_every}, "
@@ -222,25 +214,23 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
     check_merge(cfg.merge, c.interval)
 
 
-def refuse_unused(prefix: str, section: Any, keys: tuple[str, ...], why: str) -> None:
-    """Keys of a feature that is off, set to other than their defaults: accepted, they would change
-    nothing (model.rope_factor's case: training/checkpoint/model_config.py). One line naming the
-    first, `why` says what is off and how to turn it on."""
-    for key in keys:
-        value = getattr(section, key)
-        if value != getattr(type(section), key):
-            raise ConfigError(
-                f"{prefix}.{key} = {json.dumps(value)} is set but {why} (or remove it)", f"{prefix}.{key}"
-            )
-
-
 def check_merge(m: MergeSection, checkpoint_interval: int) -> None:
     """[merge]: a kind with its one setting (window for "window", decay for "ema"), merge points at
     least one step apart, windows that do not overlap, and a checkpoint at every merge point when the
     merged weights are exported (an export is made from the checkpoint of its step)."""
     if m.kind == "none":
-        refuse_unused("merge", m, ("every", "window", "decay", "export"),
-                      "merge.kind = 'none' merges nothing: set merge.kind = 'window' or 'ema'")  # fmt: skip
+        for key, value in (
+            ("every", m.every),
+            ("window", m.window),
+            ("decay", m.decay),
+            ("export", m.export),
+        ):
+            if value != getattr(MergeSection, key):
+                raise ConfigError(
+                    f"merge.{key} = {json.dumps(value)} is set but merge.kind = 'none' merges nothing: set "
+                    "merge.kind = 'window' or 'ema' (or remove it)",
+                    f"merge.{key}",
+                )
         return
     if not isinstance(m.every, int) or m.every < 1:
         raise ConfigError(
@@ -297,9 +287,6 @@ def check_rewind(cfg: TrainConfig) -> None:
                 f"run.rewind.{key} = {value!r} must be an integer ≥ {least}", f"run.rewind.{key}"
             )
     rewinds = [k for k, v in (("on_spike", r.on_spike), ("on_nonfinite", r.on_nonfinite)) if v == "rewind"]
-    if not rewinds:
-        refuse_unused("run.rewind", w, ("skip_steps", "margin_steps", "max_rewinds"),
-                      "neither run.on_spike nor run.on_nonfinite is 'rewind': set one to use it")  # fmt: skip
     if rewinds and cfg.checkpoint.interval < 1:
         other = "report" if rewinds[0] == "on_spike" else "stop"
         raise ConfigError(

@@ -61,16 +61,6 @@ def refusal(*overrides: str) -> str:
         ("parallel.replicate=-1", "parallel.replicate = -1 must be ≥ 1"),
         # a traceback mid-setup (torch.manual_seed), a lock file left behind
         ("run.seed=100000000000000000000000", "run.seed = 100000000000000000000000 does not fit in 64 bits"),
-        # settings of a feature that is off: accepted and recorded, they changed nothing (review R2)
-        (
-            "optim.muon_momentum=0.5",
-            "optim.muon_momentum = 0.5 is set but optim.name = 'adamw': set optim.name = 'muon' to use it",
-        ),
-        (
-            "run.rewind.skip_steps=5",
-            "run.rewind.skip_steps = 5 is set but neither run.on_spike nor run.on_nonfinite is 'rewind'",
-        ),
-        ("run.max_skipped=3", "run.max_skipped = 3 is set but run.on_nonfinite = 'stop' skips no step"),
     ],
 )
 def test_a_number_the_run_cannot_use_is_one_config_error(override, message):

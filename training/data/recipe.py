@@ -9,6 +9,8 @@ about a second.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from training.config import DataSection, OptimSection, TrainConfig
+from training.config import DataSection, OptimSection, RewindSection, RunSection, TrainConfig
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
@@ -169,28 +171,38 @@ def recipe_notes(
 
 
 def unused_notes(cfg: TrainConfig) -> list[str]:
-    """A line for each default a [[phase]] list leaves unused, set to another value: `--set
-    data.seq_len=…` (every phase sets its own) or `--set optim.lr=…` (the first phase sets its peak)
-    changed nothing, and said nothing, while a resume's note listed the change as in effect. A note,
-    not a refusal: runs saved before config.toml dropped such keys hold them, and must still resume,
-    export and evaluate."""
-    if not cfg.phase:
-        return []
-    unused = [  # (key, its value, its default, what the phases set instead)
+    """A line for each setting that changes nothing here, set to other than its default: a default
+    every [[phase]] overrides (`--set data.seq_len=…` where each phase sets its own, `optim.lr` where
+    the first phase sets its peak), or a setting of a feature that is off (`run.max_skipped` without
+    on_nonfinite = "skip", `[run.rewind]` without a rewind, `optim.muon_*` without Muon). They were
+    accepted and said nothing, while a resume's note listed a change of them as in effect. Notes, not
+    refusals: `--set run.on_spike=report` turns a rewind recipe's rewinds off, a resume's advice may
+    be `--set optim.name=adamw`, and runs saved with such keys must still resume, export, evaluate."""
+    r, o, phases = cfg.run, cfg.optim, cfg.phase
+    rewinds = "rewind" in (r.on_spike, r.on_nonfinite)
+    unused = [  # (key, its value, its default, why it changes nothing, whether it does not)
         ("data.seq_len", cfg.data.seq_len, DataSection().seq_len,
-         "every [[phase]] sets its own seq_len", all(ph.seq_len for ph in cfg.phase)),
+         "every [[phase]] sets its own seq_len", bool(phases) and all(ph.seq_len for ph in phases)),
         ("data.global_batch_tokens", cfg.data.global_batch_tokens, DataSection().global_batch_tokens,
-         "every [[phase]] sets its own global_batch_tokens", all(ph.global_batch_tokens for ph in cfg.phase)),
+         "every [[phase]] sets its own global_batch_tokens",
+         bool(phases) and all(ph.global_batch_tokens for ph in phases)),
         ("data.micro_batch", cfg.data.micro_batch, DataSection().micro_batch,
-         "every [[phase]] sets its own micro_batch", all(ph.micro_batch for ph in cfg.phase)),
-        ("optim.lr", cfg.optim.lr, OptimSection().lr,
+         "every [[phase]] sets its own micro_batch", bool(phases) and all(ph.micro_batch for ph in phases)),
+        ("optim.lr", o.lr, OptimSection().lr,
          "phase[0].lr.peak is the first peak (a later phase continues or sets its own)",
-         cfg.phase[0].lr.peak is not None),
-        ("optim.min_lr", cfg.optim.min_lr, OptimSection().min_lr,
+         bool(phases) and phases[0].lr.peak is not None),
+        ("optim.min_lr", o.min_lr, OptimSection().min_lr,
          "every [[phase]] ends where its lr.to says (or is constant)",
-         all(ph.lr.to is not None or ph.lr.shape == "constant" for ph in cfg.phase)),
+         bool(phases) and all(ph.lr.to is not None or ph.lr.shape == "constant" for ph in phases)),
+        ("run.max_skipped", r.max_skipped, RunSection().max_skipped,
+         f"run.on_nonfinite = {r.on_nonfinite!r} skips no step", r.on_nonfinite != "skip"),
+        *((f"run.rewind.{f.name}", getattr(r.rewind, f.name), f.default,
+           "neither run.on_spike nor run.on_nonfinite is 'rewind'", not rewinds)
+          for f in dataclasses.fields(RewindSection)),
+        *((f"optim.{f.name}", getattr(o, f.name), f.default, f"optim.name = {o.name!r}", o.name != "muon")
+          for f in dataclasses.fields(OptimSection) if f.name.startswith("muon_")),
     ]  # fmt: skip
-    return [f"{key} = {value} sets no phase: {why}" for key, value, default, why, dead in unused
+    return [f"{key} = {json.dumps(value)} changes nothing: {why}" for key, value, default, why, dead in unused
             if dead and value != default]  # fmt: skip
 
 

@@ -280,7 +280,7 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run")
     assert gristmill(["train", "--config", str(config), "--plan", "--set", "data.seq_len=128"]) == 0
     out = capsys.readouterr().out
-    assert "note: data.seq_len = 128 sets no phase: every [[phase]] sets its own seq_len" in out, out
+    assert "note: data.seq_len = 128 changes nothing: every [[phase]] sets its own seq_len" in out, out
     assert gristmill(["train", "--config", str(config), "--plan"]) == 0
     assert "data.seq_len" not in capsys.readouterr().out
     # optim.lr where the first phase sets its peak: a resume's note called the change in effect, and a
@@ -288,5 +288,15 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     peak = ["phase[0].lr.peak=2e-3", "optim.lr=1e-2"]
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *peak]) == 0
     out = capsys.readouterr().out
-    assert "note: optim.lr = 0.01 sets no phase: phase[0].lr.peak is the first peak" in out, out
-    assert "note: optim.min_lr = 0.0003 sets no phase: every [[phase]] ends where its lr.to says" in out
+    assert "note: optim.lr = 0.01 changes nothing: phase[0].lr.peak is the first peak" in out, out
+    assert "note: optim.min_lr = 0.0003 changes nothing: every [[phase]] ends where its lr.to says" in out
+    # settings of a feature that is off: noted, not refused (a rewind recipe run with --set
+    # run.on_spike=report, a resume's advice --set optim.name=adamw, runs saved with them must work)
+    off = ["run.rewind.skip_steps=5", "optim.muon_momentum=0.5", "run.max_skipped=3"]
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *off]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: run.rewind.skip_steps = 5 changes nothing: neither run.on_spike nor run.on_nonfinite is" in out
+    )
+    assert "note: optim.muon_momentum = 0.5 changes nothing: optim.name = 'adamw'" in out
+    assert "note: run.max_skipped = 3 changes nothing: run.on_nonfinite = 'stop' skips no step" in out
