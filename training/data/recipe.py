@@ -94,12 +94,14 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
         piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0, scale=scale)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
-    return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg))
+    return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg, spec))
 
 
-def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
+def plan_keys(cfg: TrainConfig, spec: RunSpec) -> list[dict[str, str]]:
     """Per phase, the config key each plan field comes from (build_plan's rules above), so a refused
-    resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece."""
+    resume says `optim.lr 0.003 → 0.001`, not the plan's LR piece, and a non-finite stop's advice
+    names the key that sets the diverged phase's LR. `spec`: the phases resolved (their steps and
+    warmup_steps), for build_plan's rule that a phase all warmup ends at its peak."""
     if not cfg.phase:  # the one-phase [schedule] form (data/spec.resolve)
         sched = {"warmup_steps": "schedule.warmup_steps", "steps": "schedule.steps", "mix": "data.sources",
                  "global_batch": batch_key(cfg, 0), "scale": "optim.batch_lr_scaling",
@@ -107,19 +109,23 @@ def plan_keys(cfg: TrainConfig) -> list[dict[str, str]]:
         return [
             {"peak": "optim.lr", "end": "optim.min_lr", "shape": "schedule", "start": "optim.lr", **sched}
         ]
-    out = []
+    out: list[dict[str, str]] = []
+    ended = "optim.lr"  # the key of where the previous phase's LR ended (build_plan's prev_end)
     for p, ph in enumerate(cfg.phase):
         k = f"phase[{p}]"
         end = f"{k}.lr.to" if ph.lr.to is not None else "optim.min_lr"
-        peak = f"{k}.lr.peak" if ph.lr.peak is not None else ("optim.lr" if p == 0 else out[-1]["end"])
+        peak = f"{k}.lr.peak" if ph.lr.peak is not None else ended
         out.append({
             "peak": peak, "end": peak if ph.lr.shape == "constant" else end, "shape": f"{k}.lr.shape",
-            "start": out[-1]["end"] if out else f"{k}.lr.peak",
+            "start": ended if out else f"{k}.lr.peak",
             "warmup_steps": f"{k}.lr.warmup_{'tokens' if ph.lr.warmup_tokens is not None else 'steps'}",
             "steps": f"{k}.{'tokens' if ph.tokens is not None else 'steps'}", "mix": f"{k}.mix",
             "global_batch": batch_key(cfg, p), "scale": "optim.batch_lr_scaling",
             "seq_len": f"{k}.seq_len" if ph.seq_len is not None else "data.seq_len",
         })  # fmt: skip
+        resolved = spec.phases[p]  # a phase all warmup ends at its peak
+        all_warmup = resolved.steps is not None and (resolved.lr.warmup_steps or 0) >= resolved.steps
+        ended = peak if all_warmup else out[-1]["end"]
     return out
 
 

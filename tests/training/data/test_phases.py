@@ -316,6 +316,18 @@ def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
     again = f"run.output_dir={json.dumps(str(tmp_path / 'again'))}"
     assert gristmill(["train", "--config", str(config), "--set", *quiet, again]) == 3
     assert "--set optim.lr=0.0003 run.output_dir=NEW_DIR" in capsys.readouterr().err
+    # After a phase all warmup the next one starts at its peak (optim.lr), not at its end: the advice
+    # named optim.min_lr, which changed nothing (review R4)
+    warm = (
+        '[[phase]]\nname = "warm"\nsteps = 2\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 2, shape = "cosine" }\n\n'
+        '[[phase]]\nname = "main"\nsteps = 4\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { shape = "cosine" }\n\n'
+    )
+    config = write_recipe(tmp_path / "w.toml", sources, tmp_path / "warm", phases=warm)
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "4")
+    assert gristmill(["train", "--config", str(config), "--set", *quiet]) == 3
+    assert "--set optim.lr=0.0003 run.output_dir=NEW_DIR" in capsys.readouterr().err
 
 
 def test_config_errors_name_the_key(sources, tmp_path):
