@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -45,7 +46,13 @@ from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_t
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
-from training.contract.eval_table import GRISTMILL_TASKS, RESULTS_JSON, read_step_results, write_eval_table
+from training.contract.eval_table import (
+    GRISTMILL_TASKS,
+    RESULTS_JSON,
+    eval_lock,
+    read_step_results,
+    write_eval_table,
+)
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -54,6 +61,7 @@ from training.contract.run_layout import (
     checkpoint_dir,
     complete_steps,
     eval_dir,
+    export_dir,
     list_steps,
 )
 from training.data.recipe import check_trained_on
@@ -491,6 +499,21 @@ def model_max_length(export: Path) -> int:
     return int(json.loads((Path(export) / "config.json").read_text())["max_position_embeddings"])
 
 
+def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int, int] | None) -> None:
+    """Raise DiscardedStepError for step `step`, whose weights a rewind set aside while they were
+    evaluated; `made`: the export this eval wrote from the discarded checkpoint, removed (the
+    retrained step's own is written there), if it is still the one it wrote."""
+    if made is not None:
+        with eval_lock(run_dir):
+            if identity is not None and _dir_identity(made) == identity:
+                shutil.rmtree(made)
+    raise DiscardedStepError(
+        f"step {step} was not recorded: a rewind of the running training set its checkpoint or export "
+        "aside while it was evaluated (a discarded timeline's weights); evaluate the step again once it "
+        "is retrained"
+    )
+
+
 def _dir_identity(path: Path) -> tuple[int, int] | None:
     """A directory as created (a rename keeps it, a new one of that name is another), None if gone."""
     try:
@@ -518,8 +541,22 @@ def evaluate_step(
     plan = plan or TaskPlan(run_dir, cfg)
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
+    # What the scores are of, to check under the eval lock when they are written (a rewind of the
+    # running training sets both aside, as a discarded timeline's): the export, and where it is
+    # written here from the checkpoint, the checkpoint read (a rewind after the read left the new
+    # export a discarded timeline's).
+    ckpt = checkpoint_dir(run_dir, step)
+    made = _dir_identity(export_dir(run_dir, step, merged)) is None
+    read = _dir_identity(ckpt) if made else None
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
     scored = _dir_identity(export)
+
+    def still() -> bool:
+        same = scored is not None and _dir_identity(export) == scored
+        return same and (not made or _dir_identity(ckpt) == read)
+
+    if not still():
+        _discarded(run_dir, step, export if made else None, scored)
     most = model_max_length(export)
     if cfg.max_length > most:  # transformers' RoPE takes any position: the scores would be of untrained ones
         raise EvalError(
@@ -557,13 +594,9 @@ def evaluate_step(
     results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
     if plan.local:
         results["gristmill"]["heldout"] = plan.data.heldout()
-    still = lambda: _dir_identity(export) == scored
     out = write_step_json(run_dir, step, dict(results), merged, still=still)
     if out is None:
-        raise DiscardedStepError(
-            f"step {step} was not recorded: a rewind of the running training set its export aside while it "
-            "was evaluated (a discarded timeline's weights); evaluate the step again once it is retrained"
-        )
+        _discarded(run_dir, step, export if made else None, scored)
     write_eval_table(run_dir)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
     write_plot(run_dir)
@@ -628,8 +661,9 @@ def evaluate_missing(
                 # A running trainer's retention (checkpoint.keep_last) deleted it meanwhile: the watch
                 # goes on with the steps that are there.
                 _log(
-                    f"step {step} skipped: its checkpoint was deleted before it was evaluated (a running "
-                    "run's checkpoint.keep_last; checkpoint.export_interval keeps exports for a lagging eval)"
+                    f"step {step} skipped: its checkpoint went away before it was evaluated (a running "
+                    "run's checkpoint.keep_last, or a rewind that set it aside; checkpoint.export_interval "
+                    "keeps exports for a lagging eval)"
                 )
                 continue
             if show:

@@ -362,12 +362,46 @@ def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
     assert main(watch) == 0
     err = capsys.readouterr().err
-    assert "step 5 was not recorded: a rewind of the running training set its export aside" in err, err
+    assert "step 5 was not recorded: a rewind of the running training set its checkpoint or export" in err
     assert not (eval_dir(run, 5) / "results.json").exists()
     monkeypatch.setattr(eval_module, "evaluate_lm", real)
     shutil.copytree(export_dir(eval_run[0], 5), export_dir(run, 5))  # the retrained step 5's export
     assert main(watch) == 0
     assert (eval_dir(run, 5) / "results.json").is_file()
+
+
+def test_a_step_exported_from_a_checkpoint_a_rewind_set_aside_is_not_recorded(
+    built_dataset, tmp_path, monkeypatch, capsys
+):
+    """The watch exports a step that has no export yet from its checkpoint: a rewind after the
+    checkpoint was read found no export to set aside, the watch then wrote exports/step-N from the
+    discarded weights and recorded their scores as step N's, exit 0 (review R4). Now nothing is
+    recorded and the export it wrote is removed."""
+    import training.checkpoint.hf_export as hf_export
+    from pipelines.cli import main
+    from training.contract.run_layout import set_aside_after
+    from training.run.record import RunRecord
+
+    run = tmp_path / "run"
+    sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", "data.val_fraction=0.1",
+            f"data.seq_len={SEQ_LEN}", "schedule.steps=2", "schedule.warmup_steps=1", "checkpoint.interval=2",
+            "run.val_every=0", "metrics.plot=false", "run.threads=1"]  # fmt: skip
+    assert main(["train", "--config", str(ROOT / "configs/train/tiny.toml"), "--set", *sets]) == 0
+    assert not export_dir(run, 2).exists()
+    real = hf_export.load_checkpoint_model
+
+    def rewound_after_the_read(*args, **kwargs):
+        loaded = real(*args, **kwargs)
+        set_aside_after(run / "checkpoints", 0)  # what Checkpointer.restore and the record do
+        RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0)
+        return loaded
+
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", rewound_after_the_read)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]) == 0
+    err = capsys.readouterr().err
+    assert "step 2 was not recorded: a rewind of the running training set its checkpoint or export" in err
+    assert not (eval_dir(run, 2) / "results.json").exists() and not export_dir(run, 2).exists()
 
 
 def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, monkeypatch, capsys):
