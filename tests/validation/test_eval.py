@@ -335,7 +335,7 @@ def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]
     assert main(watch) == 0
     err = capsys.readouterr().err
-    assert "step 5 skipped: its checkpoint was deleted before it was evaluated" in err, err
+    assert "step 5 skipped: its checkpoint went away before it was evaluated" in err, err
     assert (eval_dir(run, 10) / "results.json").is_file() and not eval_dir(run, 5).exists()
 
 
