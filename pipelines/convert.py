@@ -34,18 +34,19 @@ from training.contract.dataset_format import (
     LEGACY_FORMAT,
     MANIFEST_FIELDS,
     PROVENANCE_COLUMNS,
-    RECORDED_FILES,
     SHARDS_DIR,
     TAR_BLOCK,
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
     dataset_files,
+    file_sha256,
     fingerprint_before_index,
     index_hashes,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
+    recorded_paths,
     shard_name,
     tar_padded,
 )
@@ -142,12 +143,22 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
             done += 1
             log(f"converted {shard} ({done}/{len(shards)} shards)")
         writer.close()
-    for pattern in RECORDED_FILES:
-        for p in root.glob(pattern):
-            if p.is_file() and not p.match("manifest/*.parquet"):
-                dest = out / p.relative_to(root)
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(p, dest)
+    # The files OLD's dataset.json records, each checked against its sha256 (NEW records them anew: a
+    # file dropped in beside OLD's, or changed since its build, would become NEW's own); a dataset
+    # from before the record, every such file it holds.
+    recorded = info.get("files")
+    for rel in sorted(recorded) if recorded is not None else recorded_paths(root):
+        if Path(rel).match("manifest/*.parquet"):
+            continue
+        src = root / rel
+        if recorded is not None and (not src.is_file() or file_sha256(src) != recorded[rel]["sha256"]):
+            raise DatasetError(
+                f"{src}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
+                f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
+            )
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
     was = [info["fingerprint"]] + (
         [fingerprint_before_index(info)] if "fingerprint_before_index" in info else []
     )

@@ -20,6 +20,7 @@ from training.contract.dataset_format import (
     FORMAT_V2,
     LEGACY_FORMAT,
     DatasetError,
+    file_sha256,
     layout_offsets,
     read_dataset_info,
 )
@@ -127,6 +128,33 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
     shard.write_bytes(bytes(body))
     with pytest.raises(DatasetError, match=f"{shard}: not the shard dataset.json records"):
         convert_dataset(str(damaged), str(tmp_path / "out2"), log=lambda *a: None)
+
+
+def test_convert_carries_the_files_old_records_and_checks_them(v2, tmp_path):
+    """A file dropped in beside OLD's (an excluded-documents file the audit reads) was copied into NEW
+    and recorded there as NEW's own, so NEW validated where OLD did not (review R4); a recorded file
+    changed since the build was carried over too. Only what OLD records, as it records it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old = tmp_path / "old"
+    shutil.copytree(v2, old)
+    (old / "excluded").mkdir()
+    pq.write_table(
+        pa.table({"id": ["x"], "reason": ["dropped in"]}), old / "excluded" / "99999_extra.parquet"
+    )
+    info = json.loads((old / "dataset.json").read_text())
+    (old / "build.json").write_text('{"a": "build record"}')
+    info["files"]["build.json"] = {"bytes": 22, "sha256": file_sha256(old / "build.json")}
+    (old / "dataset.json").write_text(json.dumps(info))
+    convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+    recorded = json.loads((tmp_path / "new" / "dataset.json").read_text())["files"]
+    assert "excluded/99999_extra.parquet" not in recorded and "build.json" in recorded
+    assert not (tmp_path / "new" / "excluded" / "99999_extra.parquet").exists()
+    (old / "build.json").write_text('{"a": "edited since"}')
+    with pytest.raises(DatasetError, match=f"{old / 'build.json'}: not the file dataset.json records"):
+        convert_dataset(str(old), str(tmp_path / "new2"), log=lambda *a: None)
+    assert not (tmp_path / "new2").exists()
 
 
 def test_converted_documents_are_the_old_ones(legacy, converted):
