@@ -101,6 +101,12 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
     }
     for item in p.set:
         key = item.split("=", 1)[0].strip()
+        if covered := [k for k in (*OWNED, *LENGTH) if k.startswith(f"{key}.")]:  # a whole table
+            raise ConfigError(
+                f"proxy.set {item!r}: a whole [{key}] would replace {', '.join(covered)}, which the search "
+                f"sets; set its keys one by one ({key}.KEY=…)",
+                key="proxy.set",
+            )
         if key.startswith(OWNED):
             raise ConfigError(
                 f"proxy.set {item!r}: {key} is the search's own (each proxy's directory, data, mixture and "

@@ -264,6 +264,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "proxy.global_batch_tokens instead",
         ),
         (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
+        # an inline table went around both checks (review R4)
+        (["proxy.set=['run={threads=1}']"], "a whole [run] would replace run.output_dir, run.seed"),
         (["target.source=code"], "[target]: give one of target.mix"),
         (["swarm.sizes=3"], "swarm.sizes"),
         # the proxies' training recipe refused in the search's keys (issue 47), the user's own kept
