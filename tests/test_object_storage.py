@@ -52,6 +52,8 @@ from training.contract.dataset_format import (
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data.block_cache import (
+    BLOCK_EXT,
+    BLOCKS_DIR,
     MAGIC,
     MAX_AHEAD_STEPS,
     USAGE,
@@ -62,6 +64,7 @@ from training.data.block_cache import (
 )
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
+from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings, copy_dir, tmp_name
 from training.run.faults import DATA
 from training.train import load_train_config, train
@@ -412,6 +415,41 @@ def test_training_and_validation_loaders_stay_within_the_cache_bound_checked_for
     ]
     assert got == want
     held = sum(size for _, size, _ in cache_usage(settings.dir))
+    assert held <= need, (held, need)
+
+
+def test_a_training_split_cached_whole_keeps_the_bound_for_validation(s3, synthetic, small_blocks, tmp_path):
+    """Once every training unit was cached, the training prefetcher kept all of them, more than its
+    working set, and validation in the same process, unable to evict its own process's keep list,
+    wrote past data.cache_gb without a word (review R3: 19% over). It keeps the whole split only
+    where it fits its working set."""
+    local, url = synthetic
+    geometry = dict(seq_len=64, global_batch=16, micro_batch=4, seed=3, val_fraction=0.2)
+    probe = cache(tmp_path / "probe")
+    loaders = (
+        dataset_loader(url, cache=probe, **geometry),
+        dataset_loader(url, split="val", last_step=4, cache=probe, **geometry),
+    )
+    need = sum(n for loader in loaders for _, n in loader.cache_need())
+    settings = CacheSettings(tmp_path / "cache", need)
+    units = DocumentTable(url, cache=probe, val_fraction=0.2).cache.nunits
+    train = iter(dataset_loader(url, cache=settings, **geometry))
+    blocks = lambda: list(settings.dir.glob(f"*/{BLOCKS_DIR}/*{BLOCK_EXT}"))  # noqa: E731
+    peak = 0
+    for _ in range(200):  # until every training unit was read (and so cached)
+        next(train)
+        peak = max(peak, sum(size for _, size, _ in cache_usage(settings.dir)))
+        if len(blocks()) == units:
+            break
+    assert len(blocks()) == units
+    time.sleep(1.5)  # the prefetcher looks at whether the split is cached whole once a second
+    val = dataset_loader(url, split="val", last_step=4, cache=settings, **geometry)
+    got = [batch_sha256(b) for _, b in zip(range(4), val)]
+    want = [
+        batch_sha256(b) for _, b in zip(range(4), dataset_loader(local, split="val", last_step=4, **geometry))
+    ]
+    assert got == want
+    held = max(peak, sum(size for _, size, _ in cache_usage(settings.dir)))
     assert held <= need, (held, need)
 
 

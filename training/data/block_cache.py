@@ -767,6 +767,8 @@ class Prefetcher:
         self._group_memo: dict[int, set[tuple[int, int]]] = {}
         self._published: object = None
         self._keeping_all = False
+        whole = sum(c.units_bytes(np.arange(c.nunits)) for c in caches if c is not None)
+        self._whole_fits = whole <= self.keep_bytes
         self._due: float = 0  # the step at which the thread walks the plan again
         # A held-out split's units are documents, fetched as steps read them (not a group at a time).
         self._per_doc = any(c.per_doc for c in caches if c is not None)
@@ -886,7 +888,9 @@ class Prefetcher:
                     if self._stop:
                         return
                     step = self._step
-                if all(c is None or c.all_cached() for c in self.caches):  # nothing to fetch: keep it all
+                # Nothing to fetch: keep it all, where it all fits this loader's working set (kept
+                # past it, a validation loader of this process found no room and wrote past the bound)
+                if self._whole_fits and all(c is None or c.all_cached() for c in self.caches):
                     if not self._keeping_all:
                         self._publish((t, b) for t, c in enumerate(self.caches) if c for b in range(c.nunits))
                         self._keeping_all = True
