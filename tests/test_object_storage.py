@@ -453,6 +453,24 @@ def test_a_training_split_cached_whole_keeps_the_bound_for_validation(s3, synthe
     assert held <= need, (held, need)
 
 
+def test_a_loader_resumed_near_its_plans_end_needs_no_more_room_than_at_its_start(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """The room is checked at the run's start; a loader resumed within its last MAX_AHEAD_STEPS steps
+    asked for the units of every group they read, more than that where a step reads much of a group,
+    and its prefetcher filled the cache past data.cache_gb (review R3: 13.8% over)."""
+    _, url = synthetic
+    loader = dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, last_step=100,
+                            cache=cache(tmp_path))  # fmt: skip
+    checked = sum(n for _, n in loader.cache_need())
+    needs = {}
+    for step in range(0, 100, 3):
+        loader.seek(step)
+        needs[step] = sum(n for _, n in loader.cache_need())
+    assert max(needs.values()) <= checked, needs
+    assert needs[99] < checked  # the end of a plan still needs less
+
+
 def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
     s3, synthetic, small_blocks, tmp_path
 ):

@@ -552,9 +552,9 @@ class TokenLoader:
         """(cache, bytes) per source in a bucket: the most its cache keeps at once for this loader from
         its current step. A plan that ends within MAX_AHEAD_STEPS (validation's few batches): the units
         its remaining steps read; for a training split, whose plan fetches its epoch groups whole, the
-        units of those groups (read off the plan's group table: planning the steps would fetch them);
-        otherwise the source's epoch groups (CachedBlocks.group_need) for the
-        most tokens a step of the plan takes of it, over every phase."""
+        units of those groups (read off the plan's group table: planning the steps would fetch them),
+        at most the groups' figure below; otherwise the source's epoch groups (CachedBlocks.group_need)
+        for the most tokens a step of the plan takes of it, over every phase."""
         out = []
         view = self._node_view()
         total = self.plan.total_steps
@@ -562,12 +562,16 @@ class TokenLoader:
         for i, t in enumerate(self._builder.tables):
             if t.cache is None:
                 continue
+            groups = None if t.cache.per_doc else t.cache.group_need(self.plan.step_tokens(i))
             if short:
                 read = view.units_read if t.cache.per_doc else view.groups_read
                 units = {u for s in range(self._step, total) for j, u in read(s) if j == i}
-                out.append((t.cache, t.cache.units_bytes(np.array(sorted(units), np.int64))))
+                need = t.cache.units_bytes(np.array(sorted(units), np.int64))
+                # never more than the groups' figure: what the room was checked for at step 0 (the
+                # last steps' groups, many where a step reads much of one, went past it on a resume)
+                out.append((t.cache, need if groups is None else min(need, groups)))
             else:
-                out.append((t.cache, t.cache.group_need(self.plan.step_tokens(i))))
+                out.append((t.cache, groups))
         return out
 
 
