@@ -562,14 +562,14 @@ class TokenLoader:
         for i, t in enumerate(self._builder.tables):
             if t.cache is None:
                 continue
-            groups = None if t.cache.per_doc else t.cache.group_need(self.plan.step_tokens(i))
+            groups = t.cache.group_need(self.plan.step_tokens(i))
             if short:
                 read = view.units_read if t.cache.per_doc else view.groups_read
                 units = {u for s in range(self._step, total) for j, u in read(s) if j == i}
                 need = t.cache.units_bytes(np.array(sorted(units), np.int64))
-                # never more than the groups' figure: what the room was checked for at step 0 (the
-                # last steps' groups, many where a step reads much of one, went past it on a resume)
-                out.append((t.cache, need if groups is None else min(need, groups)))
+                # a training split's: never more than the groups' figure, what the room was checked for
+                # at step 0 (the last steps' groups, many where a step reads much of one, went past it)
+                out.append((t.cache, need if t.cache.per_doc else min(need, groups)))
             else:
                 out.append((t.cache, groups))
         return out
