@@ -50,7 +50,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.errors import GristmillError
-from training.contract.object_store import COUNTS, ObjectStore
+from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError
 from training.data.block_cache import (
     BLOCK_EXT,
     BLOCKS_DIR,
@@ -1142,6 +1142,18 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())["ok"]
     (local / "validation.json").unlink()
+
+
+def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):
+    """A loader open on a URL where another dataset was uploaded since stopped with 'InvalidRange … retry
+    later' (review R3): no retry can help; the object is not the one dataset.json described."""
+    local, url = synthetic
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    size = (local / "shards" / name).stat().st_size
+    with pytest.raises(ObjectStoreError) as e:
+        ObjectStore(url).get_range(f"shards/{name}", size + 10, size + 20)
+    assert "is shorter than the dataset.json read when it was opened records" in str(e.value)
+    assert "the dataset at this URL was replaced since" in str(e.value) and "retry" not in str(e.value)
 
 
 def test_a_bucket_encrypting_with_kms_keys_uploads_and_compares_by_content(s3, synthetic, tmp_path):

@@ -309,6 +309,12 @@ class ObjectStore:
                     "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's "
                     "permissions for them"
                 )
+            if code == "InvalidRange" or status == 416:  # no retry later can help
+                return ObjectStoreError(
+                    f"{where} is shorter than the dataset.json read when it was opened records ({what}: "
+                    f"{code or status}): the dataset at this URL was replaced since, or the object cut "
+                    "short; nothing was read from it (a resume checks which dataset the URL holds now)"
+                )
             return ObjectStoreError(
                 f"{where}: {what} failed {tries} time(s), last with {code or status}: "
                 f"{e.response.get('Error', {}).get('Message', '')}; retry later"
