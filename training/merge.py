@@ -108,6 +108,7 @@ class MergedWeights:
         self.closed = 0  # window: the last merge point the timeline reached
         self.merged = 0  # the merge point whose merged weights the accumulator holds now (0: none)
         self.recorded: dict[str, Any] = {}  # a checkpoint's settings, once one is loaded
+        self._resumed = False  # loaded from a checkpoint, and no step trained or skipped since
 
     # -- the loop's --
     def trained(self, step: int) -> None:
@@ -130,6 +131,15 @@ class MergedWeights:
                         torch._foreach_add_(acc, weights)
                         self.count += 1
                     else:
+                        if self._resumed and step > self._start(point) + 1:
+                            # A resume whose plan ends (or merges) earlier than the checkpoint's: the
+                            # steps before it were trained when no merge point gathered them.
+                            say(
+                                f"note: [merge] step {point}'s window is steps {self._start(point) + 1}–"
+                                f"{point}, but those before step {step} were trained before this resume "
+                                "under a plan that merged elsewhere: its merged weights average the steps "
+                                f"from {step} on (merged/steps says how many)"
+                            )
                         torch._foreach_copy_(acc, weights)
                         self.point, self.count, self.first, self.mean = point, 1, step, False
                     self.last = step
@@ -138,6 +148,7 @@ class MergedWeights:
     def reached(self, step: int) -> None:
         """The timeline is at `step`: trained, or the last step of a rewind's skip. A window whose
         merge point is at or before it is closed (its mean taken)."""
+        self._resumed = False  # after a rewind's skip, the steps it skipped were never trained
         if self.kind == "ema":
             self.merged = step if self.count and step in self.points else 0
             return
@@ -221,6 +232,7 @@ class MergedWeights:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = json.loads(state[META])
+        self._resumed = True
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")

@@ -330,6 +330,28 @@ def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
     assert "--set optim.lr=0.0003 run.output_dir=NEW_DIR" in capsys.readouterr().err
 
 
+def test_a_resume_that_ends_the_phase_sooner_says_what_its_last_merge_window_averages(
+    sources, tmp_path, capsys
+):
+    """A resume that shortens the current phase moves the plan's last merge point into a window whose
+    first steps were trained before the resume, under a plan that merged elsewhere: the merged weights
+    averaged only the steps after it, and nothing said so (review R5)."""
+    phases = (
+        '[[phase]]\nname = "main"\nsteps = 8\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 2, shape = "constant" }\n\n'
+    )
+    merge = '[merge]\nkind = "window"\nevery = 4\nwindow = 3\n'
+    config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=merge)
+    quiet = ["run.val_every=0", "metrics.plot=false", "checkpoint.interval=1"]
+    assert gristmill(["train", "--config", str(config), "--set", *quiet, "run.max_steps=5"]) == 0
+    capsys.readouterr()
+    shorter = [*quiet, "phase[0].steps=6", 'checkpoint.resume="auto"']
+    assert gristmill(["train", "--config", str(config), "--set", *shorter]) == 0
+    out = capsys.readouterr().out
+    assert "note: [merge] step 6's window is steps 5–6, but those before step 6 were trained before" in out
+    assert _rows(tmp_path / "run")[-1]["merged/steps"] == 1
+
+
 def test_config_errors_name_the_key(sources, tmp_path):
     head = '[[phase]]\nname = "a"\n'
     for phases, extra, match in [
