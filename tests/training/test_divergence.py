@@ -111,6 +111,17 @@ def test_spike_detector_reports_a_jump_only():
     assert SpikeDetector(window=10, sigma=0).check(100.0) is None
 
 
+def test_a_smaller_spike_window_on_resume_judges_the_next_step_by_its_own_losses():
+    """A resume with run.spike_window 20 → 8 judged its first step against the checkpoint's 20 losses,
+    though its note said the 8-loss window was in effect: a spike of the last 8 went unseen (review
+    R5). The checkpoint's list (TrainState.recent_losses, shared) is cut to the window first."""
+    recent = [10.0 + (i % 2) * 4 for i in range(12)] + [3.0 + 0.01 * (i % 2) for i in range(8)]
+    spikes = SpikeDetector(window=8, sigma=6.0, recent=recent)
+    spike = spikes.check(3.5)
+    assert spike is not None and spike["window"] == 8
+    assert len(recent) == 8  # the state that is checkpointed next holds the window's losses
+
+
 def test_a_run_of_nonfinite_steps_that_ended_before_the_read_still_counts():
     guard = NonFiniteGuard(torch.device("cpu"))
     bad, good = torch.tensor(1), torch.tensor(0)

@@ -147,6 +147,9 @@ class SpikeDetector:
     def check(self, loss: float) -> dict[str, float] | None:
         if self.sigma <= 0 or not math.isfinite(loss):
             return None
+        # a checkpoint's window of a larger run.spike_window is cut to this one before it judges: the
+        # resume's note says the new window is in effect from the next step
+        del self.recent[: -self.window]
         spike = None
         if len(self.recent) >= max(2, self.window // 2):
             mean = sum(self.recent) / len(self.recent)
