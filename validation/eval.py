@@ -514,6 +514,14 @@ def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int,
     )
 
 
+def _set_aside(path: Path, identity: tuple[int, int] | None) -> bool:
+    """Whether the step directory `path` had when `identity` was taken now lies set aside as a
+    discarded timeline's (renamed abandoned-…: run_layout.abandoned_name), not deleted by retention."""
+    if identity is None or _dir_identity(path) == identity:
+        return False
+    return any(_dir_identity(p) == identity for p in path.parent.glob(f"abandoned-{path.name}*"))
+
+
 def _dir_identity(path: Path) -> tuple[int, int] | None:
     """A directory as created (a rename keeps it, a new one of that name is another), None if gone."""
     try:
@@ -544,7 +552,7 @@ def evaluate_step(
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is
     # written here from the checkpoint, the checkpoint read (a rewind after the read left the new
-    # export a discarded timeline's).
+    # export a discarded timeline's; retention deleting it, as checkpoint.keep_last does, did not).
     ckpt = checkpoint_dir(run_dir, step)
     made = _dir_identity(export_dir(run_dir, step, merged)) is None
     read = _dir_identity(ckpt) if made else None
@@ -553,7 +561,7 @@ def evaluate_step(
 
     def still() -> bool:
         same = scored is not None and _dir_identity(export) == scored
-        return same and (not made or _dir_identity(ckpt) == read)
+        return same and not (made and _set_aside(ckpt, read))
 
     if not still():
         _discarded(run_dir, step, export if made else None, scored)

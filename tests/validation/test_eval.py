@@ -370,16 +370,20 @@ def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     assert (eval_dir(run, 5) / "results.json").is_file()
 
 
-def test_a_step_exported_from_a_checkpoint_a_rewind_set_aside_is_not_recorded(
-    built_dataset, tmp_path, monkeypatch, capsys
+@pytest.mark.parametrize("meanwhile", ["a rewind", "retention"])
+def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_aside(
+    built_dataset, tmp_path, monkeypatch, capsys, meanwhile
 ):
-    """The watch exports a step that has no export yet from its checkpoint: a rewind after the
-    checkpoint was read found no export to set aside, the watch then wrote exports/step-N from the
-    discarded weights and recorded their scores as step N's, exit 0 (review R4). Now nothing is
-    recorded and the export it wrote is removed."""
+    """The watch exports a step that has no export yet from its checkpoint. A rewind after the
+    checkpoint was read found no export to set aside, and the watch wrote exports/step-N from the
+    discarded weights and recorded their scores as step N's, exit 0 (review R4): now nothing is
+    recorded and the export it wrote is removed. The running trainer's retention (keep_last)
+    deleting that checkpoint meanwhile changes nothing of the timeline: its scores are recorded
+    and its export kept (review R6: the first fix took it for a rewind and lost both)."""
     import training.checkpoint.hf_export as hf_export
     from pipelines.cli import main
-    from training.contract.run_layout import set_aside_after
+    from training.checkpoint.checkpointer import delete_checkpoint
+    from training.contract.run_layout import checkpoint_dir, set_aside_after
     from training.run.record import RunRecord
 
     run = tmp_path / "run"
@@ -390,18 +394,25 @@ def test_a_step_exported_from_a_checkpoint_a_rewind_set_aside_is_not_recorded(
     assert not export_dir(run, 2).exists()
     real = hf_export.load_checkpoint_model
 
-    def rewound_after_the_read(*args, **kwargs):
+    def after_the_read(*args, **kwargs):
         loaded = real(*args, **kwargs)
-        set_aside_after(run / "checkpoints", 0)  # what Checkpointer.restore and the record do
-        RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0)
+        if meanwhile == "a rewind":
+            set_aside_after(run / "checkpoints", 0)  # what Checkpointer.restore and the record do
+            RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0)
+        else:
+            delete_checkpoint(checkpoint_dir(run, 2))  # Checkpointer.prune's
         return loaded
 
-    monkeypatch.setattr(hf_export, "load_checkpoint_model", rewound_after_the_read)
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", after_the_read)
     capsys.readouterr()
     assert main(["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]) == 0
     err = capsys.readouterr().err
-    assert "step 2 was not recorded: a rewind of the running training set its checkpoint or export" in err
-    assert not (eval_dir(run, 2) / "results.json").exists() and not export_dir(run, 2).exists()
+    recorded = (eval_dir(run, 2) / "results.json").exists()
+    if meanwhile == "a rewind":
+        assert "step 2 was not recorded: a rewind of the running training set its checkpoint or export" in err
+        assert not recorded and not export_dir(run, 2).exists()
+    else:
+        assert recorded and export_dir(run, 2).is_dir() and "not recorded" not in err, err
 
 
 def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, monkeypatch, capsys):
