@@ -109,6 +109,8 @@ class MergedWeights:
         self.merged = 0  # the merge point whose merged weights the accumulator holds now (0: none)
         self.recorded: dict[str, Any] = {}  # a checkpoint's settings, once one is loaded
         self._resumed = False  # loaded from a checkpoint, and no step trained or skipped since
+        self._at = 0  # the last step the timeline reached
+        self._saved_next: int | None = None  # the checkpoint's next merge point, under its plan
 
     # -- the loop's --
     def trained(self, step: int) -> None:
@@ -131,7 +133,11 @@ class MergedWeights:
                         torch._foreach_add_(acc, weights)
                         self.count += 1
                     else:
-                        if self._resumed and step > self._start(point) + 1:
+                        if (
+                            self._resumed
+                            and self._saved_next not in (None, point)
+                            and step > self._start(point) + 1
+                        ):
                             # A resume whose plan ends (or merges) earlier than the checkpoint's: the
                             # steps before it were trained when no merge point gathered them.
                             say(
@@ -148,7 +154,7 @@ class MergedWeights:
     def reached(self, step: int) -> None:
         """The timeline is at `step`: trained, or the last step of a rewind's skip. A window whose
         merge point is at or before it is closed (its mean taken)."""
-        self._resumed = False  # after a rewind's skip, the steps it skipped were never trained
+        self._resumed, self._at = False, step
         if self.kind == "ema":
             self.merged = step if self.count and step in self.points else 0
             return
@@ -227,12 +233,14 @@ class MergedWeights:
             **{key: getattr(self.settings, key) for key in SETTINGS if self.settings is not None},
             "count": self.count, "first": self.first, "last": self.last, "point": self.point,
             "mean": self.mean, "closed": self.closed, "merged": self.merged,
+            # the next merge point under this plan: a resume whose plan merges elsewhere says so
+            "next": self.points.next_from(self._at + 1) if self.points is not None else None,
         }  # fmt: skip
         return {ACC: self.acc, META: json.dumps(meta)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = json.loads(state[META])
-        self._resumed = True
+        self._resumed, self._saved_next = True, meta.get("next")
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")
@@ -272,6 +280,7 @@ class MergedWeights:
             f"{self.last}) is not a window of this run's merge points (the plan's length changed): step "
             f"{point}'s merged weights average the steps from {step} on"
         )
+        self._resumed = False  # said: trained() says it no more
 
     def _weights(self) -> list[torch.Tensor]:
         out = [master_tensor(p) for _, p in self.params]

@@ -23,9 +23,10 @@ from safetensors.torch import load_file
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.train_runs import ENV, ROOT, TINY, one_error_line, overrides, read_metrics, torchrun_cmd
+from training.config import MergeSection
 from training.contract.config_loader import ConfigError
 from training.contract.run_layout import checkpoint_dir, export_dir, list_steps
-from training.merge import MergedWeights, master_tensor
+from training.merge import MergedWeights, MergePoints, master_tensor
 from training.run.faults import KILL, SPIKE_WINDOW
 from training.train import load_train_config, main, train
 
@@ -258,6 +259,56 @@ EVERY3 = (
     "checkpoint.interval=3",
     "checkpoint.export_interval=3",
 )  # checkpoints merge.every = 4 does not meet
+
+
+def _window(every: int, window: int, end: int) -> MergedWeights:
+    torch.manual_seed(0)
+    return MergedWeights(
+        torch.nn.Linear(2, 2),
+        MergeSection(kind="window", every=every, window=window),
+        MergePoints(every, (end,)),
+    )
+
+
+def _saved(merge: MergedWeights) -> dict:
+    return {k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v)
+            for k, v in merge.state_dict().items()}  # fmt: skip
+
+
+def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_moved(capsys):
+    """A resume whose plan ends sooner (40 → 38) puts the last merge point in a window whose first
+    steps were trained when no merge point gathered them: said once (review R5; _adopt's note, where
+    a partial window is dropped, is not said twice: review R6). A kill -9 after a rewind's skip,
+    resumed under the same plan, says nothing: the window's first steps were skipped, not trained,
+    as in the uninterrupted run (review R6)."""
+    merge = _window(100, 4, 40)
+    for s in range(1, 36):
+        merge.trained(s)
+    at35 = _saved(merge)
+    resumed = _window(100, 4, 38)
+    resumed.load_state_dict(at35)
+    resumed.trained(36)
+    out = capsys.readouterr().out
+    assert "note: [merge] step 38's window is steps 35–38, but those before step 36 were trained" in out
+    assert out.count("note: [merge]") == 1
+    merge = _window(100, 4, 40)
+    for s in range(1, 38):
+        merge.trained(s)
+    resumed = _window(100, 4, 38)
+    resumed.load_state_dict(_saved(merge))  # a partial window for 40, steps 37–37: _adopt drops it
+    resumed.trained(38)
+    assert capsys.readouterr().out.count("note: [merge]") == 1
+    merge = _window(10, 4, 40)
+    for s in range(1, 5):
+        merge.trained(s)
+    at4 = _saved(merge)
+    merge.trained(5)
+    merge.load_state_dict(at4)  # a rewind to step 4 that skips 5–8 (the window of 10 is 7–10)
+    merge.reached(8)
+    resumed = _window(10, 4, 40)
+    resumed.load_state_dict(_saved(merge))  # killed after the skip's save, resumed
+    resumed.trained(9)
+    assert "note: [merge]" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
