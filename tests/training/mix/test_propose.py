@@ -266,6 +266,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
         # an inline table went around both checks (review R4)
         (["proxy.set=['run={threads=1}']"], "a whole [run] would replace run.output_dir, run.seed"),
+        # … and so did one of a table [proxy] fills (optim.lr, model.preset …: review R6)
+        (["proxy.set=['optim={weight_decay=0.0}']"], "a whole [optim] would replace proxy.lr, proxy.min_lr"),
         (["target.source=code"], "[target]: give one of target.mix"),
         (["swarm.sizes=3"], "swarm.sizes"),
         # the proxies' training recipe refused in the search's keys (issue 47), the user's own kept
