@@ -111,10 +111,13 @@ class MergedWeights:
         self._resumed = False  # loaded from a checkpoint, and no step trained or skipped since
         self._at = 0  # the last step the timeline reached
         self._saved_next: int | None = None  # the checkpoint's next merge point, under its plan
+        self._trained = 0  # the last step trained (not a rewind's skip)
+        self._saved_trained: int | None = None  # the checkpoint's
 
     # -- the loop's --
     def trained(self, step: int) -> None:
         """The weights after trained step `step` of the kept timeline, folded in."""
+        self._trained = step
         weights, acc = self._weights(), list(self._acc_local())
         with torch.no_grad():
             if self.kind == "ema":
@@ -133,18 +136,20 @@ class MergedWeights:
                         torch._foreach_add_(acc, weights)
                         self.count += 1
                     else:
+                        trained = self._saved_trained or 0
                         if (
                             self._resumed
                             and self._saved_next not in (None, point)
-                            and step > self._start(point) + 1
+                            and trained > self._start(point)
                         ):
-                            # A resume whose plan ends (or merges) earlier than the checkpoint's: the
-                            # steps before it were trained when no merge point gathered them.
+                            # A resume whose plan ends (or merges) earlier than the checkpoint's: steps of
+                            # the window were trained before it, when no merge point gathered them (steps
+                            # a rewind skipped were never trained: nothing to say of them).
                             say(
                                 f"note: [merge] step {point}'s window is steps {self._start(point) + 1}–"
-                                f"{point}, but those before step {step} were trained before this resume "
-                                "under a plan that merged elsewhere: its merged weights average the steps "
-                                f"from {step} on (merged/steps says how many)"
+                                f"{point}, but steps {self._start(point) + 1}–{trained} were trained before "
+                                "this resume under a plan that merged elsewhere: its merged weights average "
+                                f"the steps from {step} on (merged/steps says how many)"
                             )
                         torch._foreach_copy_(acc, weights)
                         self.point, self.count, self.first, self.mean = point, 1, step, False
@@ -235,12 +240,14 @@ class MergedWeights:
             "mean": self.mean, "closed": self.closed, "merged": self.merged,
             # the next merge point under this plan: a resume whose plan merges elsewhere says so
             "next": self.points.next_from(self._at + 1) if self.points is not None else None,
+            "trained": self._trained,
         }  # fmt: skip
         return {ACC: self.acc, META: json.dumps(meta)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = json.loads(state[META])
-        self._resumed, self._saved_next = True, meta.get("next")
+        self._resumed, self._saved_next, self._saved_trained = True, meta.get("next"), meta.get("trained")
+        self._trained = meta.get("trained", 0)
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")

@@ -289,7 +289,7 @@ def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_m
     resumed.load_state_dict(at35)
     resumed.trained(36)
     out = capsys.readouterr().out
-    assert "note: [merge] step 38's window is steps 35–38, but those before step 36 were trained" in out
+    assert "note: [merge] step 38's window is steps 35–38, but steps 35–35 were trained before this" in out
     assert out.count("note: [merge]") == 1
     merge = _window(100, 4, 40)
     for s in range(1, 38):
@@ -308,6 +308,18 @@ def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_m
     resumed = _window(10, 4, 40)
     resumed.load_state_dict(_saved(merge))  # killed after the skip's save, resumed
     resumed.trained(9)
+    assert "note: [merge]" not in capsys.readouterr().out
+    # … nor where the plan moved too: the window's steps before the resume were skipped (review R7)
+    merge = _window(100, 4, 40)
+    for s in range(1, 35):
+        merge.trained(s)
+    at34 = _saved(merge)
+    merge.trained(35)
+    merge.load_state_dict(at34)  # a rewind to 34 that skips 35–36
+    merge.reached(36)
+    resumed = _window(100, 4, 38)
+    resumed.load_state_dict(_saved(merge))
+    resumed.trained(37)
     assert "note: [merge]" not in capsys.readouterr().out
 
 

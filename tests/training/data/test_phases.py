@@ -348,7 +348,7 @@ def test_a_resume_that_ends_the_phase_sooner_says_what_its_last_merge_window_ave
     shorter = [*quiet, "phase[0].steps=6", 'checkpoint.resume="auto"']
     assert gristmill(["train", "--config", str(config), "--set", *shorter]) == 0
     out = capsys.readouterr().out
-    assert "note: [merge] step 6's window is steps 5–6, but those before step 6 were trained before" in out
+    assert "note: [merge] step 6's window is steps 5–6, but steps 5–5 were trained before this resume" in out
     assert _rows(tmp_path / "run")[-1]["merged/steps"] == 1
 
 
