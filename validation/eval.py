@@ -64,7 +64,7 @@ from training.contract.run_layout import (
     export_dir,
     list_steps,
 )
-from training.data.recipe import check_trained_on
+from training.data.recipe import check_trained_on, recorded_skips
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
@@ -552,8 +552,11 @@ def evaluate_step(
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is
     # written here from the checkpoint, the checkpoint read (a rewind after the read left the new
-    # export a discarded timeline's; retention deleting it, as checkpoint.keep_last does, did not).
+    # export a discarded timeline's; retention deleting it, as checkpoint.keep_last does, did not),
+    # and the rewinds RUN/data_plan.json records (one back past the step discarded it, even where
+    # its abandoned-step-N was deleted since).
     ckpt = checkpoint_dir(run_dir, step)
+    rewinds = len(recorded_skips(run_dir))  # a rewind recorded since, back past `step`, discarded it
     made = _dir_identity(export_dir(run_dir, step, merged)) is None
     read = _dir_identity(ckpt) if made else None
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
@@ -561,7 +564,8 @@ def evaluate_step(
 
     def still() -> bool:
         same = scored is not None and _dir_identity(export) == scored
-        return same and not (made and _set_aside(ckpt, read))
+        rewound = any(s.checkpoint_step < step for s in recorded_skips(run_dir)[rewinds:])
+        return same and not rewound and not (made and _set_aside(ckpt, read))
 
     if not still():
         _discarded(run_dir, step, export if made else None, scored)

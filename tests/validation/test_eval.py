@@ -370,7 +370,7 @@ def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     assert (eval_dir(run, 5) / "results.json").is_file()
 
 
-@pytest.mark.parametrize("meanwhile", ["a rewind", "retention"])
+@pytest.mark.parametrize("meanwhile", ["a rewind", "retention", "a rewind, its abandoned copy deleted"])
 def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_aside(
     built_dataset, tmp_path, monkeypatch, capsys, meanwhile
 ):
@@ -396,9 +396,15 @@ def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_as
 
     def after_the_read(*args, **kwargs):
         loaded = real(*args, **kwargs)
-        if meanwhile == "a rewind":
+        if meanwhile.startswith("a rewind"):
             set_aside_after(run / "checkpoints", 0)  # what Checkpointer.restore and the record do
             RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0)
+            plan = json.loads((run / "data_plan.json").read_text())  # the record's plan, with the skip
+            plan["skips"] = [{"rewind": 1, "first_step": 1, "last_step": 2, "spike_step": 2,
+                              "checkpoint_step": 0, "reason": "a spike", "sources": []}]  # fmt: skip
+            (run / "data_plan.json").write_text(json.dumps(plan))
+            if meanwhile.endswith("deleted"):  # docs/divergence.md: abandoned-step-N are yours to delete
+                shutil.rmtree(run / "checkpoints" / "abandoned-step-000002")
         else:
             delete_checkpoint(checkpoint_dir(run, 2))  # Checkpointer.prune's
         return loaded
@@ -408,7 +414,7 @@ def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_as
     assert main(["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *QUICK]) == 0
     err = capsys.readouterr().err
     recorded = (eval_dir(run, 2) / "results.json").exists()
-    if meanwhile == "a rewind":
+    if meanwhile.startswith("a rewind"):
         assert "step 2 was not recorded: a rewind of the running training set its checkpoint or export" in err
         assert not recorded and not export_dir(run, 2).exists()
     else:
