@@ -519,7 +519,9 @@ def _set_aside(path: Path, identity: tuple[int, int] | None) -> bool:
     discarded timeline's (renamed abandoned-…: run_layout.abandoned_name), not deleted by retention."""
     if identity is None or _dir_identity(path) == identity:
         return False
-    return any(_dir_identity(p) == identity for p in path.parent.glob(f"abandoned-{path.name}*"))
+    name = f"abandoned-{path.name}"  # or abandoned-step-N.2, .3 … (never abandoned-step-N0: another step)
+    found = [p for p in path.parent.glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}.")]
+    return any(_dir_identity(p) == identity for p in found)
 
 
 def _dir_identity(path: Path) -> tuple[int, int] | None:
