@@ -64,7 +64,8 @@ from training.contract.run_layout import (
     export_dir,
     list_steps,
 )
-from training.data.recipe import check_trained_on, recorded_skips
+from training.data.plan import Skip
+from training.data.recipe import check_trained_on, recorded_plan, recorded_skips
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
@@ -514,6 +515,17 @@ def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int,
     )
 
 
+def _rewinds(run_dir: Path) -> set[Skip] | None:
+    """The rewinds RUN/data_plan.json records, compared as a set (a resume from an older checkpoint
+    rewrites them shorter); None where there is none to read (a run from before the file, whose
+    resume writes it with its past rewinds, all of which would look new; or one damaged since,
+    which the eval's own start refused): the identity checks alone then decide."""
+    try:
+        return None if recorded_plan(run_dir) is None else set(recorded_skips(run_dir))
+    except GristmillError:
+        return None
+
+
 def _set_aside(path: Path, identity: tuple[int, int] | None) -> bool:
     """Whether the step directory `path` had when `identity` was taken now lies set aside as a
     discarded timeline's (renamed abandoned-…: run_layout.abandoned_name), not deleted by retention."""
@@ -558,7 +570,7 @@ def evaluate_step(
     # and the rewinds RUN/data_plan.json records (one back past the step discarded it, even where
     # its abandoned-step-N was deleted since).
     ckpt = checkpoint_dir(run_dir, step)
-    rewinds = len(recorded_skips(run_dir))  # a rewind recorded since, back past `step`, discarded it
+    rewinds = _rewinds(run_dir)  # a rewind recorded since, back past `step`, discarded it
     made = _dir_identity(export_dir(run_dir, step, merged)) is None
     read = _dir_identity(ckpt) if made else None
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
@@ -566,7 +578,8 @@ def evaluate_step(
 
     def still() -> bool:
         same = scored is not None and _dir_identity(export) == scored
-        rewound = any(s.checkpoint_step < step for s in recorded_skips(run_dir)[rewinds:])
+        now = _rewinds(run_dir) if rewinds is not None else None
+        rewound = now is not None and any(s.checkpoint_step < step for s in now - rewinds)
         return same and not rewound and not (made and _set_aside(ckpt, read))
 
     if not still():

@@ -370,7 +370,11 @@ def test_a_step_a_rewind_set_aside_while_the_watch_scored_it_is_not_recorded(
     assert (eval_dir(run, 5) / "results.json").is_file()
 
 
-@pytest.mark.parametrize("meanwhile", ["a rewind", "retention", "a rewind, its abandoned copy deleted"])
+@pytest.mark.parametrize(
+    "meanwhile",
+    ["a rewind", "retention", "a rewind, its abandoned copy deleted", "a resume of an old run",
+     "a rewind after a resume from an older checkpoint, its copy deleted"],
+)  # fmt: skip
 def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_aside(
     built_dataset, tmp_path, monkeypatch, capsys, meanwhile
 ):
@@ -393,20 +397,26 @@ def test_a_step_exported_from_a_checkpoint_is_recorded_unless_a_rewind_set_it_as
     assert main(["train", "--config", str(ROOT / "configs/train/tiny.toml"), "--set", *sets]) == 0
     assert not export_dir(run, 2).exists()
     real = hf_export.load_checkpoint_model
+    plan = json.loads((run / "data_plan.json").read_text())
+    skip = {"rewind": 1, "first_step": 1, "last_step": 2, "spike_step": 2, "checkpoint_step": 0,
+            "reason": "a spike", "sources": []}  # fmt: skip
+    if meanwhile == "a resume of an old run":  # from before data_plan.json: its resume writes it
+        (run / "data_plan.json").unlink()
+    if meanwhile.startswith("a rewind after"):  # recorded before the eval: a rewind of another timeline
+        (run / "data_plan.json").write_text(json.dumps({**plan, "skips": [{**skip, "reason": "earlier"}]}))
 
     def after_the_read(*args, **kwargs):
         loaded = real(*args, **kwargs)
         if meanwhile.startswith("a rewind"):
             set_aside_after(run / "checkpoints", 0)  # what Checkpointer.restore and the record do
             RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0)
-            plan = json.loads((run / "data_plan.json").read_text())  # the record's plan, with the skip
-            plan["skips"] = [{"rewind": 1, "first_step": 1, "last_step": 2, "spike_step": 2,
-                              "checkpoint_step": 0, "reason": "a spike", "sources": []}]  # fmt: skip
-            (run / "data_plan.json").write_text(json.dumps(plan))
+            (run / "data_plan.json").write_text(json.dumps({**plan, "skips": [skip]}))  # the record's
             if meanwhile.endswith("deleted"):  # docs/divergence.md: abandoned-step-N are yours to delete
                 shutil.rmtree(run / "checkpoints" / "abandoned-step-000002")
-        else:
+        elif meanwhile == "retention":
             delete_checkpoint(checkpoint_dir(run, 2))  # Checkpointer.prune's
+        else:  # the resume writes data_plan.json with the run's past rewinds (here one that step 2 followed)
+            (run / "data_plan.json").write_text(json.dumps({**plan, "skips": [skip]}))
         return loaded
 
     monkeypatch.setattr(hf_export, "load_checkpoint_model", after_the_read)
