@@ -111,13 +111,12 @@ class MergedWeights:
         self._resumed = False  # loaded from a checkpoint, and no step trained or skipped since
         self._at = 0  # the last step the timeline reached
         self._saved_next: int | None = None  # the checkpoint's next merge point, under its plan
-        self._trained = 0  # the last step trained (not a rewind's skip)
-        self._saved_trained: int | None = None  # the checkpoint's
+        self._trained = 0  # the last step trained (not a rewind's skip): the checkpoint's after a load
 
     # -- the loop's --
     def trained(self, step: int) -> None:
         """The weights after trained step `step` of the kept timeline, folded in."""
-        self._trained = step
+        trained, self._trained = self._trained, step  # before: the checkpoint's, right after a resume
         weights, acc = self._weights(), list(self._acc_local())
         with torch.no_grad():
             if self.kind == "ema":
@@ -136,7 +135,6 @@ class MergedWeights:
                         torch._foreach_add_(acc, weights)
                         self.count += 1
                     else:
-                        trained = self._saved_trained or 0
                         if (
                             self._resumed
                             and self._saved_next not in (None, point)
@@ -246,8 +244,7 @@ class MergedWeights:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = json.loads(state[META])
-        self._resumed, self._saved_next, self._saved_trained = True, meta.get("next"), meta.get("trained")
-        self._trained = meta.get("trained", 0)
+        self._resumed, self._saved_next, self._trained = True, meta.get("next"), meta.get("trained", 0)
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")

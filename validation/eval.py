@@ -64,8 +64,8 @@ from training.contract.run_layout import (
     export_dir,
     list_steps,
 )
-from training.data.plan import Skip
-from training.data.recipe import check_trained_on, recorded_plan, recorded_skips
+from training.data.plan import Skip, skips_from
+from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
@@ -521,9 +521,10 @@ def _rewinds(run_dir: Path) -> set[Skip] | None:
     resume writes it with its past rewinds, all of which would look new; or one damaged since,
     which the eval's own start refused): the identity checks alone then decide."""
     try:
-        return None if recorded_plan(run_dir) is None else set(recorded_skips(run_dir))
+        description = recorded_plan(run_dir)
     except GristmillError:
         return None
+    return None if description is None else set(skips_from(description))
 
 
 def _set_aside(path: Path, identity: tuple[int, int] | None) -> bool:
@@ -561,8 +562,6 @@ def evaluate_step(
 
     run_dir = Path(run_dir)
     plan = plan or TaskPlan(run_dir, cfg)
-    # The existing export, its files verified against its checksums (a note for an old export without
-    # them), or one written from checkpoint N (whose files and weights are verified first).
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is
     # written here from the checkpoint, the checkpoint read (a rewind after the read left the new
@@ -570,9 +569,11 @@ def evaluate_step(
     # and the rewinds RUN/data_plan.json records (one back past the step discarded it, even where
     # its abandoned-step-N was deleted since).
     ckpt = checkpoint_dir(run_dir, step)
-    rewinds = _rewinds(run_dir)  # a rewind recorded since, back past `step`, discarded it
+    rewinds = _rewinds(run_dir)
     made = _dir_identity(export_dir(run_dir, step, merged)) is None
     read = _dir_identity(ckpt) if made else None
+    # The existing export, its files verified against its checksums (a note for an old export without
+    # them), or one written from checkpoint N (whose files and weights are verified first).
     export = export_checkpoint(run_dir, step, log=_log, merged=merged)
     scored = _dir_identity(export)
 

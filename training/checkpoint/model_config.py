@@ -89,18 +89,12 @@ def resolve_model_config(
     scaling = [k for k in LLAMA3_FIELDS if getattr(section, k) is not None]
     if scaling and mcfg.rope_type != "llama3":
         key = f"model.{scaling[0]}"
-        fix = (
-            f"remove {key} (the base decides RoPE)"
-            if section.init_from
-            else f'set model.rope_type = "llama3" or remove {key}'
-        )
-        whose = (
-            "model.rope_type"
-            if section.rope_type
-            else "the base model's"
-            if section.init_from
-            else f"preset {section.preset!r}'s"
-        )
+        if section.init_from:
+            whose, fix = "the base model's", f"remove {key} (the base decides RoPE)"
+        else:
+            whose, fix = f"preset {section.preset!r}'s", f'set model.rope_type = "llama3" or remove {key}'
+        if section.rope_type:
+            whose = "model.rope_type"
         raise ConfigError(
             f'{key} = {getattr(section, scaling[0])} scales RoPE only with rope_type "llama3", and the '
             f"model's is {mcfg.rope_type!r} ({whose}): {fix}",

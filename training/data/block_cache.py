@@ -34,6 +34,7 @@ work), whatever the dataset's size.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import mmap
@@ -767,8 +768,6 @@ class Prefetcher:
         self._group_memo: dict[int, set[tuple[int, int]]] = {}
         self._published: object = None
         self._keeping_all = False
-        whole = sum(c.units_bytes(np.arange(c.nunits)) for c in caches if c is not None)
-        self._whole_fits = whole <= self.keep_bytes
         self._due: float = 0  # the step at which the thread walks the plan again
         # A held-out split's units are documents, fetched as steps read them (not a group at a time).
         self._per_doc = any(c.per_doc for c in caches if c is not None)
@@ -859,6 +858,14 @@ class Prefetcher:
             fetch += new
         return fetch, keep
 
+    @functools.cached_property
+    def _whole_fits(self) -> bool:
+        """Whether every unit of the splits fits this loader's working set (asked once they are all
+        cached: a sum over every unit)."""
+        return (
+            sum(c.units_bytes(np.arange(c.nunits)) for c in self.caches if c is not None) <= self.keep_bytes
+        )
+
     def _publish(self, keep: Iterable[tuple[int, int]]) -> None:
         by_dir: dict[str, list[int]] = {}
         for t, b in keep:
@@ -890,7 +897,7 @@ class Prefetcher:
                     step = self._step
                 # Nothing to fetch: keep it all, where it all fits this loader's working set (kept
                 # past it, a validation loader of this process found no room and wrote past the bound)
-                if self._whole_fits and all(c is None or c.all_cached() for c in self.caches):
+                if all(c is None or c.all_cached() for c in self.caches) and self._whole_fits:
                     if not self._keeping_all:
                         self._publish((t, b) for t, c in enumerate(self.caches) if c for b in range(c.nunits))
                         self._keeping_all = True

@@ -562,16 +562,17 @@ class TokenLoader:
         for i, t in enumerate(self._builder.tables):
             if t.cache is None:
                 continue
-            groups = t.cache.group_need(self.plan.step_tokens(i))
             if short:
                 read = view.units_read if t.cache.per_doc else view.groups_read
                 units = {u for s in range(self._step, total) for j, u in read(s) if j == i}
                 need = t.cache.units_bytes(np.array(sorted(units), np.int64))
                 # a training split's: never more than the groups' figure, what the room was checked for
                 # at step 0 (the last steps' groups, many where a step reads much of one, went past it)
-                out.append((t.cache, need if t.cache.per_doc else min(need, groups)))
+                if not t.cache.per_doc:
+                    need = min(need, t.cache.group_need(self.plan.step_tokens(i)))
+                out.append((t.cache, need))
             else:
-                out.append((t.cache, groups))
+                out.append((t.cache, t.cache.group_need(self.plan.step_tokens(i))))
         return out
 
 

@@ -212,6 +212,10 @@ class Plan:
             -(-ph.global_batch * ph.weights[i] // sum(ph.weights)) * (ph.seq_len + 1) for ph in self.phases
         )
 
+    def key_of(self, p: int, name: str) -> str:
+        """The config key phase `p`'s field `name` came from (`keys`), or phase[p].name."""
+        return (self.keys[p] if p < len(self.keys) else {}).get(name, f"phase[{p}].{name}")
+
     # -- where a global step is --
     def locate(self, step: int) -> tuple[int, int]:
         """(phase index, step within the phase) of 0-based global step `step`."""
@@ -577,12 +581,11 @@ def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any,
         return None
     ours = plan.describe()
 
-    def key_of(p: int, name: str) -> str:
-        return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
-
     def where(p: int, name: str) -> str:  # a budget given in tokens is compared in the steps it makes
-        in_steps = name in ("steps", "warmup_steps") and key_of(p, name).endswith("tokens")
-        return f"{key_of(p, name)} (phase {ours['phases'][p]['name']!r}{', in steps' if in_steps else ''})"
+        in_steps = name in ("steps", "warmup_steps") and plan.key_of(p, name).endswith("tokens")
+        return (
+            f"{plan.key_of(p, name)} (phase {ours['phases'][p]['name']!r}{', in steps' if in_steps else ''})"
+        )
 
     if recorded["seed"] != ours["seed"]:
         return "data.seed", recorded["seed"], ours["seed"]
@@ -620,9 +623,6 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             "(only phases after the current one may change)"
         )
 
-    def key_of(p: int, name: str) -> str:
-        return (plan.keys[p] if p < len(plan.keys) else {}).get(name, f"phase[{p}].{name}")
-
     def lr_changes(upto: int) -> list[str]:
         """`key old → new` for the step budgets and LR pieces of phases 0..upto that differ: the LRs
         as written, and the batch rule's factor on them (optim.batch_lr_scaling) where that moved."""
@@ -630,11 +630,12 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
             if a.steps != b.steps:
-                out.append(f"{key_of(p, 'steps')} {a.steps} → {b.steps}")
+                out.append(f"{plan.key_of(p, 'steps')} {a.steps} → {b.steps}")
             scale = [ph.lr.scale if ph.lr else 1.0 for ph in (a, b)]
             if not math.isclose(*scale, rel_tol=1e-12):
                 out.append(
-                    f"{key_of(p, 'scale')} (phase {b.name!r}: its LRs × {scale[0]:.4g} → × {scale[1]:.4g})"
+                    f"{plan.key_of(p, 'scale')} (phase {b.name!r}: its LRs × {scale[0]:.4g} → "
+                    f"× {scale[1]:.4g})"
                 )
             for name in ("peak", "end", "shape", "warmup_steps", "start"):
                 x, y = (getattr(ph.lr, name) if ph.lr else None for ph in (a, b))
@@ -643,7 +644,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
                     if math.isclose(x, y, rel_tol=1e-12):
                         continue
                 if x != y:
-                    out.append(f"{key_of(p, name)} {_shown(x)} → {_shown(y)}")
+                    out.append(f"{plan.key_of(p, name)} {_shown(x)} → {_shown(y)}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
 
     def refuse_lr(what: str) -> PlanError:
@@ -672,10 +673,10 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         if a.seq_len != b.seq_len:
             what.append(f"phase[{p}].seq_len {a.seq_len} → {b.seq_len}")
         if a.global_batch * a.seq_len != b.global_batch * b.seq_len:
-            what.append(f"{key_of(p, 'global_batch')} {a.global_batch * a.seq_len:,} → "
+            what.append(f"{plan.key_of(p, 'global_batch')} {a.global_batch * a.seq_len:,} → "
                         f"{b.global_batch * b.seq_len:,} tokens per step")  # fmt: skip
         if _mix(old, a) != _mix(plan, b):
-            what.append(f"{key_of(p, 'mix')} {_mix_shown(_mix(old, a))} → {_mix_shown(_mix(plan, b))}")
+            what.append(f"{plan.key_of(p, 'mix')} {_mix_shown(_mix(old, a))} → {_mix_shown(_mix(plan, b))}")
         if a.lr != b.lr:
             what.append(f"its LR {_lr_text(a.lr)} → {_lr_text(b.lr)}")
         return f"phase {b.name!r}: " + ", ".join(what) if what else None
@@ -725,7 +726,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             if getattr(a, key) != getattr(b, key):
                 raise refuse(f"{where}.{key}", getattr(a, key), getattr(b, key))
         if a.global_batch != b.global_batch:
-            key = key_of(p, "global_batch")
+            key = plan.key_of(p, "global_batch")
             if key.endswith("global_batch_tokens"):  # the recipe's key, in its unit (same seq_len by now)
                 raise refuse(
                     f"{key} (phase {a.name!r})", a.global_batch * a.seq_len, b.global_batch * b.seq_len
@@ -735,7 +736,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         mix_new = _mix(plan, b)
         if mix_old != mix_new:
             raise PlanError(
-                f"the checkpoint's plan has {key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
+                f"the checkpoint's plan has {plan.key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
                 f"{_mix_shown(mix_new)}; the plan's past is immutable (step {step} was trained with it) — "
                 "set it back, or start a new run (only phases after the current one may change)"
             )

@@ -99,11 +99,12 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
         "checkpoint": {"interval": 0},
         "metrics": {"plot": False, "tensorboard": False},
     }
+    # a whole table (`optim={…}`) replaces every key of it the recipe above sets ([proxy]'s values)
+    sets = [f"{sec}.{k}" for sec, table in raw.items() if isinstance(table, dict) for k in table]
+    searched = list(dict.fromkeys((*OWNED, *LENGTH, *sets)))
     for item in p.set:
         key = item.split("=", 1)[0].strip()
-        # a whole table (`optim={…}`) replaces every key of it the recipe above sets ([proxy]'s values)
-        sets = [f"{sec}.{k}" for sec, table in raw.items() if isinstance(table, dict) for k in table]
-        if covered := [k for k in dict.fromkeys((*OWNED, *LENGTH, *sets)) if k.startswith(f"{key}.")]:
+        if covered := [k for k in searched if k.startswith(f"{key}.")]:
             raise ConfigError(
                 f"proxy.set {item!r}: a whole [{key}] would replace {', '.join(covered)}, which the search "
                 f"sets; set its keys one by one ({key}.KEY=…)",

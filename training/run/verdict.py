@@ -306,7 +306,7 @@ class Judge:
         # The key the step's LR peak comes from: a phase's own lr.peak, else optim.lr (advising
         # optim.lr where a phase sets its own peak trained the same LR again).
         p, _ = self.plan.locate(step - 1)
-        key = (self.plan.keys[p] if p < len(self.plan.keys) else {}).get("peak", "optim.lr")
+        key = self.plan.key_of(p, "peak")
         piece = self.plan.phases[p].lr
         lower = piece.peak / piece.scale / 10  # as written: the batch rule's factor is the plan's
         return (

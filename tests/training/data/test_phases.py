@@ -295,16 +295,21 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     assert _rows(tmp_path / "run")[-1]["epoch/math"] == 2
 
 
+def _phase(name: str, steps: int, lr: str) -> str:
+    """One [[phase]] of `steps` at seq 32 on web and code, with the inline table `lr`."""
+    return (
+        f'[[phase]]\nname = "{name}"\nsteps = {steps}\nseq_len = 32\nmix = {{ web = 0.6, code = 0.4 }}\n'
+        f"lr = {lr}\n\n"
+    )
+
+
 def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
     sources, tmp_path, monkeypatch, capsys
 ):
     """A NaN in a phase with its own lr.peak: the stop advised `--set optim.lr=…`, which a phase's peak
     ignores, so the new run trained the same LR again (review R1)."""
-    phases = (
-        '[[phase]]\nname = "main"\nsteps = 3\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { warmup_steps = 1, shape = "constant" }\n\n'
-        '[[phase]]\nname = "long"\nsteps = 3\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { peak = 2e-3, shape = "linear", to = 3e-4 }\n\n'
+    phases = _phase("main", 3, '{ warmup_steps = 1, shape = "constant" }') + _phase(
+        "long", 3, '{ peak = 2e-3, shape = "linear", to = 3e-4 }'
     )
     config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases)
     monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "5")
@@ -318,11 +323,8 @@ def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
     assert "--set optim.lr=0.0003 run.output_dir=NEW_DIR" in capsys.readouterr().err
     # After a phase all warmup the next one starts at its peak (optim.lr), not at its end: the advice
     # named optim.min_lr, which changed nothing (review R4)
-    warm = (
-        '[[phase]]\nname = "warm"\nsteps = 2\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { warmup_steps = 2, shape = "cosine" }\n\n'
-        '[[phase]]\nname = "main"\nsteps = 4\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { shape = "cosine" }\n\n'
+    warm = _phase("warm", 2, '{ warmup_steps = 2, shape = "cosine" }') + _phase(
+        "main", 4, '{ shape = "cosine" }'
     )
     config = write_recipe(tmp_path / "w.toml", sources, tmp_path / "warm", phases=warm)
     monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "4")
@@ -336,10 +338,7 @@ def test_a_resume_that_ends_the_phase_sooner_says_what_its_last_merge_window_ave
     """A resume that shortens the current phase moves the plan's last merge point into a window whose
     first steps were trained before the resume, under a plan that merged elsewhere: the merged weights
     averaged only the steps after it, and nothing said so (review R5)."""
-    phases = (
-        '[[phase]]\nname = "main"\nsteps = 8\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { warmup_steps = 2, shape = "constant" }\n\n'
-    )
+    phases = _phase("main", 8, '{ warmup_steps = 2, shape = "constant" }')
     merge = '[merge]\nkind = "window"\nevery = 4\nwindow = 3\n'
     config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=merge)
     quiet = ["run.val_every=0", "metrics.plot=false", "checkpoint.interval=1"]
