@@ -12,14 +12,19 @@ shard, the bytes and the sample. Only then is the sample written into the cache,
 a unit of its own (its sample's records, then its ids), `<fingerprint>/blocks/heldout/<row>.blk`.
 
 A cached copy is a copy, not a proof, so it is checked where it is used. A unit's file holds its
-identity, its sample's `.docs` records as the bucket sent them, an xxh3-64 of each of its documents'
-ids (computed at the fetch, from ids that had just matched their sha256), then the ids. Opening it
-checks the records against the index's digest of the sample (so the lengths a plan reads from it are
-the index's), and every read of a document checks its ids against its xxh3 first: a copy that differs
-is removed and fetched again, never trained on. The check at the read is xxh3, not sha256, because it
-runs on every token the loop reads (~30× the speed at a document's size); the records' sha256 is what
-the bucket's bytes are held to, at the fetch. Either detects a damaged or swapped copy; neither stops
-someone who rewrites a file on purpose together with its checks (a hash in the same file cannot).
+identity, its sample's `.docs` records as the bucket sent them, an xxh3-64 of its ids (computed at the
+fetch, from ids that had just matched their sha256s), then the ids. A reader reads the whole file into
+its own memory and checks it there, once: the identity, the records against the index's digest of the
+sample (so the lengths a plan reads are the index's) and the ids against their xxh3. What its steps
+then read is that checked copy, which nothing on the disk can change any more (a file damaged,
+rewritten or cut short later is caught at its next read from disk; a memory map would have shown such
+changes to every later read, and a file cut short under a map killed the process with SIGBUS). A copy
+that fails is removed and fetched again, never trained on. The check is xxh3, not sha256, because it
+runs on every token the loop reads (~30× the speed); the records' sha256s are what the bucket's bytes
+are held to, at the fetch. Either detects a damaged or swapped copy; neither stops someone who
+rewrites a file on purpose together with its checks (a hash in the same file cannot). A group's plan
+needs only its samples' lengths: it reads a file's identity and records (the first 2.4 kB), checked
+the same way, and leaves the ids to the reads.
 
 `CachedBlocks` is one split's units of one bucket dataset; a training group's plan asks for its
 documents' lengths (`SampleLengths`), which fetches the group's samples together, several requests in
@@ -37,7 +42,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import mmap
 import os
 import threading
 import time
@@ -79,7 +83,7 @@ BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
 KEEP_DIR = "keep"
 BLOCK_EXT = ".blk"
-MAGIC = b"gristmill-sample/2\n"  # /1 (no records digest, no xxh3) is a copy to fetch again
+MAGIC = b"gristmill-sample/3\n"  # /1 (no checks), /2 (an xxh3 per document): copies to fetch again
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
@@ -88,10 +92,11 @@ LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at on
 
 
 class _BadCopy(Exception):
-    """A cached unit's copy that fails a check: at the open, or a document's xxh3 at a read."""
+    """A cached unit's copy that fails a check when it is read from disk (CachedBlocks._open, _lengths)."""
 
     def __init__(self, unit: int, why: str, copy: tuple[int, ...]):
         self.unit, self.why, self.copy = unit, why, copy  # copy: the file's identity (_identity)
+        self.held: Any = None  # the file, open until _failed is done with it (CachedBlocks._reading)
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
@@ -119,15 +124,14 @@ def _xxh3(data: Any) -> int:
 
 
 @dataclass
-class _Mapped:
-    """A cached unit's file, memory-mapped (MAP_SHARED: a read sees what is on disk now): its documents'
-    lengths (a private copy, checked at the open), their xxh3s, and their ids over the map."""
+class _Loaded:
+    """A cached unit's file read into this process's memory and checked (CachedBlocks._open): its
+    documents' lengths and their ids, as they were when checked."""
 
     first: int  # its first manifest row
     lengths: np.ndarray  # per document, tokens
-    check: list[int]  # per document, the xxh3-64 of its ids
     start: list[int]  # per document, where its ids start (in tokens); start[k + 1] where they end
-    ids: np.ndarray  # the ids, over the map
+    ids: np.ndarray  # the ids (read-only, over the bytes read)
     copy: tuple[int, ...]  # the file's identity (_identity)
 
 
@@ -155,7 +159,7 @@ class CachedBlocks:
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._needs: dict[tuple[int, int], int] = {}  # group_need by (step tokens, GROUP_BLOCKS)
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
-        self._owner = OPEN_MAPS.register(self)  # its units' maps (training/data/open_maps.py)
+        self._owner = OPEN_MAPS.register(self)  # its units read (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
@@ -169,7 +173,7 @@ class CachedBlocks:
         self.totals = np.asarray(self.index.sample_tokens)
         self.digests = np.asarray(self.index.sample_digest)
 
-    # Pickled for DataLoader workers: its maps are the process's own; the index's arrays travel with
+    # Pickled for DataLoader workers: the units it holds are the process's own; the index's arrays travel with
     # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
         skip = ("first", "totals", "digests")
@@ -210,27 +214,20 @@ class CachedBlocks:
         s = int(self.index.sample_of(np.array([row]))[0])
         return s, row - int(self.first[s])
 
-    def _overhead(self, docs: int, units: int) -> int:
-        """A cache file's bytes besides its ids: the header (with room for the numbers' digits), its
-        sample's records (at most SAMPLE_DOCS) and an xxh3 per document."""
-        return 8 * docs + units * (len(self._header(None, 0, SAMPLE_DOCS)) + 24 + DOC_RECORD * SAMPLE_DOCS)
+    def _overhead(self, units: int) -> int:
+        """The bytes of `units` cache files besides their ids: each one's header (with room for the
+        numbers' digits), its sample's records (at most SAMPLE_DOCS) and the xxh3 of its ids."""
+        return units * (len(self._header(None, 0, SAMPLE_DOCS)) + 24 + DOC_RECORD * SAMPLE_DOCS + 8)
 
     def unit_bytes(self, u: int) -> int:
         """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
-        _, docs, tokens = self._unit(u)
-        return tokens * self.itemsize + self._overhead(docs, 1)
+        return self._unit(u)[2] * self.itemsize + self._overhead(1)
 
     def units_bytes(self, units: np.ndarray) -> int:
         """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's)."""
         units = np.asarray(units, np.int64)
-        if self.per_doc:
-            docs, tokens = len(units), int(self._val_tokens[units].sum())
-        else:
-            docs, tokens = (
-                int((self.first[units + 1] - self.first[units]).sum()),
-                int(self.totals[units].sum()),
-            )
-        return tokens * self.itemsize + self._overhead(docs, len(units))
+        tokens = int((self._val_tokens if self.per_doc else self.totals)[units].sum())
+        return tokens * self.itemsize + self._overhead(len(units))
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
@@ -250,9 +247,9 @@ class CachedBlocks:
         if self.per_doc:
             bd = self.blocks.block_docs
             per_block = np.asarray(self.blocks.block_tokens, np.int64) * self.itemsize
-            sizes = np.sort(per_block + self._overhead(bd, bd))[::-1]
+            sizes = np.sort(per_block + self._overhead(bd))[::-1]
         else:
-            sizes = np.sort(self.totals * self.itemsize + self._overhead(SAMPLE_DOCS, 1))[::-1]
+            sizes = np.sort(self.totals * self.itemsize + self._overhead(1))[::-1]
         smallest = int(sizes[-group:].sum()) or 1  # no full group has fewer bytes
         span = (LAG_STEPS + 2) * step_tokens * self.itemsize
         groups = 2 + -(-span // smallest)
@@ -298,13 +295,13 @@ class CachedBlocks:
             if self.cached(u):  # another process or thread fetched it meanwhile
                 return False
             try:
-                records, checks, ids = self._download(u)  # into memory: the units in flight take no disk
+                records, check, ids = self._download(u)  # into memory: the units in flight take no disk
             except DatasetError as e:
                 self.refused[u] = e
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 make_room(self.cache, self.unit_bytes(u))
-                self._write(u, records, checks, ids)
+                self._write(u, records, check, ids)
             return True
 
     def fetch_all(self, units: Iterable[int]) -> None:
@@ -336,8 +333,8 @@ class CachedBlocks:
         docs_at, ids_at = int(hit[0][u - a]), int(hit[1][u - a])
         return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
 
-    def _download(self, u: int) -> tuple[bytes, list[int], bytes]:
-        """Unit `u`'s sample's records, the xxh3 of each of its documents' ids, and their ids, every
+    def _download(self, u: int) -> tuple[bytes, int, bytes]:
+        """Unit `u`'s sample's records, the xxh3 of its ids, and its ids, every
         document checked: the records against the index's digest and sample total, each document's ids
         against its record's sha256; fetched once more when one differs, then refused naming the shard,
         the bytes and the sample. A sample is one range request (its records, then its ids); a held-out
@@ -371,9 +368,7 @@ class CachedBlocks:
                 else:
                     ids = data[ids_at - lo :]
                     spans = list(zip(starts.tolist(), ends.tolist()))
-                checks = []
                 for j, (a, z) in zip(docs, spans):
-                    checks.append(_xxh3(ids[a:z]))
                     got = hashlib.sha256(ids[a:z]).digest()
                     if got != sha[j * HASH_BYTES : (j + 1) * HASH_BYTES]:
                         bad = (
@@ -382,7 +377,7 @@ class CachedBlocks:
                         )
                         break
             if bad is None:
-                return data[: n * DOC_RECORD], checks, ids
+                return data[: n * DOC_RECORD], _xxh3(ids), ids
             if attempt == 1:
                 COUNTS.add("refetches")
         raise DatasetError(
@@ -400,14 +395,14 @@ class CachedBlocks:
         head = f'{{"documents": {n}, "fingerprint": "{fp}", "records": {records}, "{name[0]}": {name[1]}}}'
         return MAGIC + len(head).to_bytes(4, "little") + head.encode()  # JSON (built by hand: ~6 µs less)
 
-    def _write(self, u: int, records: bytes, checks: list[int], ids: bytes) -> None:
+    def _write(self, u: int, records: bytes, check: int, ids: bytes) -> None:
         dest = self.path(u)
         tmp = dest.with_name(tmp_name(dest.name))
         try:
             with open(tmp, "wb") as f:
-                f.write(self._header(u, len(checks), len(records) // DOC_RECORD))
+                f.write(self._header(u, self._unit(u)[1], len(records) // DOC_RECORD))
                 f.write(records)
-                f.write(np.asarray(checks, "<u8").tobytes())
+                f.write(check.to_bytes(8, "little"))
                 f.write(ids)
             move_into_place(tmp, dest)
         except OSError as e:
@@ -416,87 +411,128 @@ class CachedBlocks:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _open(self, u: int) -> _Mapped:
-        """Unit `u`'s cache file, mapped; FileNotFoundError when the cache lacks it, _BadCopy for a file
-        that is not this unit's (another unit's, another dataset's, an older version's, cut short, with
-        records that are not the index's)."""
+    def _layout(self, u: int) -> tuple[int, int, int, int, int, bytes, int, int]:
+        """Unit `u`'s file as it must be: the unit's first row, documents and tokens, its sample and the
+        unit's first document in it, the file's header, the sample's records, and where the ids start
+        (the records, then the xxh3 of the ids, come before them)."""
         row, n, tokens = self._unit(u)
         s, k = self._in_sample(u)
         records = int(self.first[s + 1] - self.first[s])
         head = self._header(u, n, records)
-        with open(self._file(u), "rb") as f:
-            copy = _identity(os.fstat(f.fileno()))
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if copy[-1] else b""
-        data = len(head) + DOC_RECORD * records + 8 * n
-        if len(mm) != data + tokens * self.itemsize or mm[: len(head)] != head:
+        return row, n, tokens, s, k, head, records, len(head) + DOC_RECORD * records + 8
+
+    def _checked_lengths(
+        self, u: int, layout: tuple, data: bytes, size: int, copy: tuple[int, ...]
+    ) -> np.ndarray:
+        """Unit `u`'s documents' lengths from the first bytes `data` (up to its ids at least) of its
+        cache file of `size` bytes (`layout`: _layout(u)): _BadCopy unless the file is this unit's (its
+        header, its size) and its records hash to the index's digest of the sample (so a plan reads the
+        index's lengths)."""
+        _, n, tokens, s, k, head, records, ids_at = layout
+        if size != ids_at + tokens * self.itemsize or data[: len(head)] != head:
             raise _BadCopy(u, "the file is not this unit's", copy)
-        if sample_digest(mm[len(head) : len(head) + DOC_RECORD * records]) != int(self.digests[s]):
-            why = f"its records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} gives sample {s}"
-            raise _BadCopy(u, why, copy)
-        rec = np.frombuffer(mm, DOC_RECORDS, records, len(head))[k : k + n]
-        lengths = rec["n_tokens"].astype(np.int64)
+        if sample_digest(data[len(head) : ids_at - 8]) != int(self.digests[s]):
+            raise _BadCopy(
+                u, f"its records are not the ones {INDEX_DIR}/{SAMPLE_DIGEST} gives sample {s}", copy
+            )
+        lengths = np.frombuffer(data, DOC_RECORDS, records, len(head))["n_tokens"][k : k + n].astype(np.int64)
+        if int(lengths.sum()) != tokens:
+            raise _BadCopy(u, "the file is not this unit's", copy)
+        return lengths
+
+    def _open(self, u: int) -> _Loaded:
+        """Unit `u`'s cache file read whole into this process's memory and checked there (module
+        docstring); FileNotFoundError when the cache lacks it, _BadCopy for a file that is not this
+        unit's (another unit's, another dataset's, an older version's, cut short, records that are not
+        the index's) or whose ids fail their xxh3."""
+        layout = self._layout(u)
+        row, n, tokens, *_, ids_at = layout
+        with self._reading(u) as (f, copy):
+            data = f.read()  # what was read is what is checked: the file may change meanwhile
+            lengths = self._checked_lengths(u, layout, data, len(data), copy)
+            if _xxh3(memoryview(data)[ids_at:]) != int.from_bytes(data[ids_at - 8 : ids_at], "little"):
+                raise _BadCopy(u, "its ids fail their xxh3", copy)
         start = np.zeros(n + 1, np.int64)
         np.cumsum(lengths, out=start[1:])
-        if int(start[-1]) != tokens:
-            raise _BadCopy(u, "the file is not this unit's", copy)
-        checks = np.frombuffer(mm, "<u8", n, len(head) + DOC_RECORD * records).tolist()
-        ids = np.frombuffer(mm, self.dtype, tokens, data)
-        return _Mapped(row, lengths, checks, start.tolist(), ids, copy)
+        return _Loaded(row, lengths, start.tolist(), np.frombuffer(data, self.dtype, tokens, ids_at), copy)
 
-    def _mapped(self, u: int) -> _Mapped:
-        """Sample `u` mapped, fetched first when the cache lacks it (or evicted it meanwhile: another
-        loader of the node needed the room); a copy that is not the sample is removed and fetched again.
-        A reader keeps an epoch group's units mapped (and a margin: the next group's plan opens it while
-        the last steps of this one read), within the process's budget (training/data/open_maps.py)."""
-        return self._mapped_all([u])[u]
+    def _lengths(self, u: int) -> np.ndarray:
+        """Unit `u`'s documents' lengths from its cache file's identity and records alone (a group's plan
+        needs no ids), checked as _open checks them; FileNotFoundError and _BadCopy as there."""
+        layout = self._layout(u)
+        with self._reading(u) as (f, copy):
+            return self._checked_lengths(u, layout, f.read(layout[-1]), copy[-1], copy)
 
-    def _mapped_all(self, units: list[int]) -> dict[int, _Mapped]:
-        """_mapped of each of `units` (distinct), by unit: the open ones under one lookup (a batch
-        reads ~70 units a step)."""
-        maps = OPEN_MAPS.get_many(self._owner, units)
-        for u, hit in list(maps.items()) if self._failures else ():
-            failed = self._failures.get(u)
-            if failed and any(c[:2] == hit.copy[:2] for c in failed):
-                del maps[u]  # a map of a copy that failed, put back by another thread that had opened it
-        for u in units:
-            if u not in maps:
-                maps[u] = self._open_or_fetch(u)
-        return maps
+    @contextlib.contextmanager
+    def _reading(self, u: int):
+        """Unit `u`'s cache file, open, and its identity. A _BadCopy raised inside keeps it open
+        (`held`) until _failed has compared it with the cache's file: while it is open, its inode's
+        number cannot be given to a copy fetched again meanwhile (which _failed would take for it)."""
+        f = open(self._file(u), "rb", buffering=0)
+        try:
+            yield f, _identity(os.fstat(f.fileno()))
+        except _BadCopy as bad:
+            bad.held = f
+            raise
+        except BaseException:
+            f.close()
+            raise
+        f.close()
 
-    def _open_or_fetch(self, u: int) -> _Mapped:
-        """Unit `u`'s file opened, fetched first when missing, and kept among the reader's maps."""
+    def _from_disk(self, u: int, read: Callable[[int], Any]) -> Any:
+        """`read(u)` of unit `u`'s cache file (_open or _lengths), fetched first when the cache lacks it
+        (or evicted it meanwhile: another loader of the node needed the room); a copy that fails its
+        check is removed and fetched again."""
         for _ in range(100):
             try:
-                m = self._open(u)
-                break
+                got = read(u)
             except FileNotFoundError:
                 self.fetch(u)
             except _BadCopy as bad:
                 self._failed(bad)
-        else:
-            raise DatasetError(
-                f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
-                "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
-            )
+            else:
+                self._failures.pop(u, None)
+                return got
+        raise DatasetError(
+            f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
+            "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
+        )
+
+    def _loaded(self, u: int) -> _Loaded:
+        return self._loaded_all([u])[u]
+
+    def _loaded_all(self, units: list[int]) -> dict[int, _Loaded]:
+        """Units `units` (distinct), read and checked, by unit: those this reader holds under one lookup
+        (a batch reads ~70 a step), the others from disk. A reader holds an epoch group's units and a
+        quarter more (the next group's first steps read while this one's last do), within the process's
+        budget (training/data/open_maps.py)."""
+        got = OPEN_MAPS.get_many(self._owner, units)
         group = epoch_order.GROUP_BLOCKS  # units: validation reads far fewer held-out documents
-        OPEN_MAPS.put(self._owner, u, m, most=min(self.nunits, group + group // 4))
-        return m
+        for u in units:
+            if u not in got:
+                got[u] = self._from_disk(u, self._open)
+                OPEN_MAPS.put(self._owner, u, got[u], most=min(self.nunits, group + group // 4))
+        return got
 
     def _failed(self, bad: _BadCopy) -> None:
         """A unit's cached copy failed its check: removed, to be fetched again; a second copy that fails
         (fetched just before) names the cache. A copy is counted once, however many threads saw it fail
-        (the prefetcher's plan and the loop open the same files)."""
+        (the prefetcher's plan and the loop read the same files)."""
         u, path = bad.unit, self.path(bad.unit)
-        OPEN_MAPS.pop(self._owner, u)
         copy = bad.copy
-        with contextlib.suppress(FileNotFoundError):
+        try:
             now = path.stat()
-            # The same file (its inode: the failing copy's map holds it, so no new file can have its
-            # number), perhaps written in place since it was opened: that copy, as it is now. Another
+            # The same file (its inode: the failing reader holds it open, so no new file has its
+            # number), perhaps written in place since it was read: that copy, as it is now. Another
             # inode is a copy fetched again meanwhile, which stays.
             if (now.st_dev, now.st_ino) == bad.copy[:2]:
                 copy = _identity(now)
                 path.unlink()
+        except FileNotFoundError:
+            pass
+        finally:
+            if bad.held is not None:
+                bad.held.close()
         failed = self._failures.setdefault(u, set())
         if copy in failed:
             return
@@ -513,51 +549,38 @@ class CachedBlocks:
     def read_into(
         self, docs: np.ndarray, starts: np.ndarray, counts: np.ndarray, out: np.ndarray, at: np.ndarray
     ) -> None:
-        """Pieces (manifest row, first token, count) of this split's documents into `out[at[k]:]`, each
-        document read checked against its sha256 first, in the cache's copy as it is on disk now
-        (DocumentTable.read). A copy that fails is removed and fetched again, never read."""
+        """Pieces (manifest row, first token, count) of this split's documents into `out[at[k]:]`, out of
+        their units' checked copies in this process's memory (DocumentTable.read)."""
         units = self.units_of_rows(docs)
-        distinct = np.unique(units).tolist()
-        pieces = list(zip(units.tolist(), docs.tolist(), starts.tolist(), counts.tolist(), at.tolist()))
-        for _ in range(2 * len(distinct) + 1):  # each unit's copy may fail once (_failed raises the second)
-            checked: set[int] = set()  # rows checked in this call: a document is checked once per read
-            try:
-                maps = self._mapped_all(distinct)  # this call's units, mapped once each
-                for u, row, first, n, pos in pieces:
-                    m = maps[u]
-                    k = row - m.first
-                    a = m.start[k]
-                    if row not in checked:
-                        if _xxh3(m.ids[a : m.start[k + 1]]) != m.check[k]:
-                            raise _BadCopy(u, f"manifest row {row} fails its xxh3", m.copy)
-                        checked.add(row)
-                    a += first
-                    out[pos : pos + n] = m.ids[a : a + n]
-                self._failures.clear()
-                return
-            except _BadCopy as bad:
-                self._failed(bad)
-        raise AssertionError("unreachable")  # _failed raises on the second failure of a unit
+        copies = self._loaded_all(np.unique(units).tolist())
+        pieces = zip(units.tolist(), docs.tolist(), starts.tolist(), counts.tolist(), at.tolist())
+        for u, row, first, n, pos in pieces:
+            c = copies[u]
+            a = c.start[row - c.first] + first
+            out[pos : pos + n] = c.ids[a : a + n]
 
     def row_lengths(self, rows: np.ndarray) -> np.ndarray:
-        """Token counts of manifest rows `rows`, from their samples' cached copies: the samples missing
-        are fetched first, all together (an epoch group's plan asks for a whole group's)."""
+        """Token counts of manifest rows `rows`, from the copies this reader holds, else from their
+        samples' cached records: the samples missing are fetched first, all together (an epoch group's
+        plan asks for a whole group's)."""
         rows = np.asarray(rows, np.int64)
         if not len(rows):
             return np.empty(0, np.int64)
         units = self.units_of_rows(rows)
         distinct = np.unique(units).tolist()
-        # Only which are mapped: a group may hold more units than the process's budget of maps, so
-        # below they are mapped one at a time, none held past its lengths.
-        mapped = set(OPEN_MAPS.get_many(self._owner, distinct))
-        self.fetch_all(u for u in distinct if u not in mapped)
+        held = OPEN_MAPS.get_many(self._owner, distinct)
+        self.fetch_all(u for u in distinct if u not in held)
         out = np.empty(len(rows), np.int64)
         order = np.argsort(units, kind="stable")
         cuts = np.flatnonzero(np.r_[True, units[order][1:] != units[order][:-1], True])
         for a, z in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             sel = order[a:z]
-            m = self._mapped(int(units[sel[0]]))
-            out[sel] = m.lengths[rows[sel] - m.first]
+            u = int(units[sel[0]])
+            hit = held.get(u)
+            first, lengths = (
+                (hit.first, hit.lengths) if hit else (self._unit(u)[0], self._from_disk(u, self._lengths))
+            )
+            out[sel] = lengths[rows[sel] - first]
         return out
 
     def locate(self, row: int) -> str:
@@ -747,7 +770,7 @@ class Prefetcher:
         self,
         caches: list[CachedBlocks | None],
         needs: Callable[[int], list[tuple[int, int]]],
-        groups: Callable[[int], set[tuple[int, int]]],
+        groups: Callable[[int], frozenset[tuple[int, int]]],
         start: int,
         last_step: int | None,
         keep_bytes: int,
@@ -765,13 +788,15 @@ class Prefetcher:
         self._cond = threading.Condition()
         self.error: BaseException | None = None
         self._memo: dict[int, list[tuple[int, int]]] = {}
-        self._group_memo: dict[int, set[tuple[int, int]]] = {}
+        self._group_memo: dict[int, frozenset[tuple[int, int]]] = {}
         self._published: object = None
         self._keeping_all = False
         self._due: float = 0  # the step at which the thread walks the plan again
         # A held-out split's units are documents, fetched as steps read them (not a group at a time).
         self._per_doc = any(c.per_doc for c in caches if c is not None)
         self._horizon = start
+        self._kept: set[tuple[int, int]] = set()  # what the last window kept
+        self._fresh: set[tuple[int, int]] = set()  # what this window added to it (_touch)
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
@@ -805,12 +830,10 @@ class Prefetcher:
             hit = self._memo[step] = [(t, b) for t, b in self.needs(step) if self.caches[t] is not None]
         return hit
 
-    def _step_groups(self, step: int) -> set[tuple[int, int]]:
+    def _step_groups(self, step: int) -> frozenset[tuple[int, int]]:
         hit = self._group_memo.get(step)
         if hit is None:
-            hit = self._group_memo[step] = {
-                (t, b) for t, b in self.groups(step) if self.caches[t] is not None
-            }
+            hit = self._group_memo[step] = self.groups(step)  # only sources in a bucket
         return hit
 
     def _bytes(self, pairs: Iterable[tuple[int, int]]) -> int:
@@ -832,11 +855,14 @@ class Prefetcher:
         keep: set[tuple[int, int]] = set()
         for s in range(max(0, step - LAG_STEPS), step + 1):
             keep |= self._step_groups(s)
-        # What the previous window kept and this one does not can make room before anything is
-        # fetched: the keep list is published before each step is planned.
-        self._publish(keep)
-        fetch = list(dict.fromkeys(self._step_needs(step)))
+        fetch: list[tuple[int, int]] = []
+        if self._per_doc or not self._all_cached(keep):
+            # What the previous window kept and this one does not can make room before anything is
+            # fetched: the keep list is published before each step is planned.
+            self._publish(keep)
+            fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
+        self._fresh = keep - self._kept  # marked as just needed (_touch), with the groups ahead's
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         self._horizon = step
@@ -847,8 +873,9 @@ class Prefetcher:
                 break
             self._horizon = s
             keep |= grown
+            self._fresh |= grown - self._kept
             used += cost
-            if any(not self.caches[t].cached(u) for t, u in grown):
+            if not self._all_cached(grown):
                 # a group not cached: this step's plan fetches it, into room made first
                 self._publish(keep)
             elif not self._per_doc:
@@ -856,7 +883,11 @@ class Prefetcher:
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
             queued.update(new)
             fetch += new
+        self._kept = keep
         return fetch, keep
+
+    def _all_cached(self, pairs: Iterable[tuple[int, int]]) -> bool:
+        return all(self.caches[t].cached(u) for t, u in pairs)
 
     @functools.cached_property
     def _whole_fits(self) -> bool:
@@ -878,14 +909,16 @@ class Prefetcher:
                 raise unwritable_cache(self.cache.dir, e) from None
             self._published = payload
 
-    def _touch(self, fetch: list[tuple[int, int]]) -> None:
-        """Mark the cached blocks the next steps read as just needed (their access time): eviction goes
-        least recently needed first (the reader's hot path touches no file). The modification time
-        stays the copy's: it is part of a copy's identity (_identity), which a touch must not change."""
-        for t, b in fetch:
-            path = self.caches[t].path(b)
+    def _touch(self, units: Iterable[tuple[int, int]]) -> None:
+        """Mark cached units as just needed (their access time): those a window added to what the
+        loader keeps, and those it fetches. Eviction goes least recently needed first among the units
+        no live loader keeps (the reader's hot path touches no file). The modification time stays the
+        copy's: it is part of a copy's identity (_identity), which a touch must not change."""
+        now = time.time_ns()
+        for t, b in units:
+            path = self.caches[t]._file(b)
             with contextlib.suppress(FileNotFoundError):
-                os.utime(path, ns=(time.time_ns(), os.stat(path).st_mtime_ns))
+                os.utime(path, ns=(now, os.stat(path).st_mtime_ns))
 
     def _run(self) -> None:
         try:
@@ -909,7 +942,7 @@ class Prefetcher:
                     self._keeping_all = False
                     fetch, keep = self.window(step)
                     self._publish(keep)
-                    self._touch(fetch)
+                    self._touch(self._fresh.union(fetch))
                     # Planned up to self._horizon: walk the plan again halfway there (every step, the
                     # walk held the GIL the consumer's hashing waits for).
                     self._due = step + max(1, (self._horizon - step) // 2)

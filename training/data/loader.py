@@ -97,9 +97,10 @@ class BatchBuilder:
         # Read when the loader is built (tests shrink them to exercise many groups).
         self.block_docs, self.group_blocks = tables[0].blocks.block_docs, epoch_order.GROUP_BLOCKS
         self._orders: dict[tuple[int, int], epoch_order.EpochOrder] = {}
+        self._groups: dict[tuple[int, int, int, int], frozenset[tuple[int, int]]] = {}  # _group_units
 
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
-        return {**self.__dict__, "_orders": {}}
+        return {**self.__dict__, "_orders": {}, "_groups": {}}
 
     def global_view(self) -> BatchBuilder:
         """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own."""
@@ -112,7 +113,12 @@ class BatchBuilder:
         node's cache fetches what its ranks read, not what other nodes' ranks do."""
         view = copy.copy(self)
         nodes = max(1, self.world_size // max(1, local_world_size))
-        view.rank, view.world_size, view._orders = self.rank * nodes // self.world_size, nodes, {}
+        view.rank, view.world_size, view._orders, view._groups = (
+            self.rank * nodes // self.world_size,
+            nodes,
+            {},
+            {},
+        )
         return view
 
     def units_read(self, step: int) -> list[tuple[int, int]]:
@@ -131,25 +137,33 @@ class BatchBuilder:
                 out[(i, u)] = None
         return list(out)
 
-    def groups_read(self, step: int) -> set[tuple[int, int]]:
+    def groups_read(self, step: int) -> frozenset[tuple[int, int]]:
         """(source, cache unit) pairs of every epoch group step `step` reads from a source in a bucket
         (of every rank's slots, on a global_view): a block is read until its group ends, so the cache
-        keeps them."""
-        labels, epochs, first = self.plan.step_windows(step)
-        window = self.plan.phases[self.plan.locate(step)[0]].seq_len + 1
-        out: set[tuple[int, int]] = set()
-        for i, ep in {(int(a), int(b)) for a, b in zip(labels.tolist(), epochs.tolist())}:
-            cache = self.tables[i].cache
-            if cache is None:
+        keeps them. Consecutive steps mostly read the same groups: the pairs of a source's groups are
+        built once (the prefetcher asks for every step)."""
+        parts = []
+        for i, ep, a, z in self.plan.step_spans(step):
+            if self.tables[i].cache is None:
                 continue
             order = self.order(ep, i)
-            sel = (labels == i) & (epochs == ep)
-            lo, hi = int(first[sel].min()), int(first[sel].max()) + window - 1
-            g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (lo, hi))
-            gb = order.group_blocks
-            blocks = order.block_order[g0 * gb : (g1 + 1) * gb]
-            out.update((i, int(u)) for u in cache.units_of_blocks(blocks))
-        return out
+            g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (a, z - 1))
+            parts.append(self._group_units(i, ep, g0, g1))
+        return parts[0] if len(parts) == 1 else frozenset().union(*parts)
+
+    def _group_units(self, i: int, ep: int, g0: int, g1: int) -> frozenset[tuple[int, int]]:
+        """(source, cache unit) pairs of source i's epoch-`ep` groups g0 … g1 (the last few asked)."""
+        key = (i, ep, g0, g1)
+        hit = self._groups.get(key)
+        if hit is None:
+            if len(self._groups) >= 16:
+                self._groups.clear()
+            order = self.order(ep, i)
+            blocks = order.block_order[g0 * order.group_blocks : (g1 + 1) * order.group_blocks]
+            hit = self._groups[key] = frozenset(
+                (i, u) for u in self.tables[i].cache.units_of_blocks(blocks).tolist()
+            )
+        return hit
 
     def order(self, epoch: int, source: int = 0) -> epoch_order.EpochOrder:
         hit = self._orders.get((source, epoch))

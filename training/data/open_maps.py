@@ -1,12 +1,12 @@
-"""The memory maps this process's readers keep open, all of them within one budget.
+"""The files this process's readers keep, all of them within one budget.
 
-A reader keeps the files it reads mapped: a local dataset's shards, a bucket dataset's cached samples
-(training/data/block_cache.py). An epoch group spreads its reads over its 4,096 blocks (each a cached
-sample of a bucket's dataset, or part of a local shard), so a reader is only as fast as the local
-loader while a group's files stay mapped: opening a cached sample again costs ~70 µs, and a reader
-that kept an eighth of its group mapped ran at 0.16× the local loader (bench/object_store.py).
-CPython's mmap keeps a duplicate of its file's descriptor, so each map kept is an open file, and a
-common soft limit is 1,024 per process, shared by every dataset of a mixture.
+A reader keeps the files it reads: a local dataset's shards as memory maps, a bucket dataset's cached
+samples as checked copies in memory (training/data/block_cache.py). An epoch group spreads its reads
+over its 4,096 blocks (each a cached sample of a bucket's dataset, or part of a local shard), so a
+reader is only as fast as the local loader while a group's files stay kept: reading a cached sample
+again costs ~45 µs, and a reader that kept an eighth of its group ran at 0.14× the local loader
+(bench/object_store.py). CPython's mmap keeps a duplicate of its file's descriptor, so each map kept
+is an open file, and a common soft limit is 1,024 per process, shared by every dataset of a mixture.
 
 Hence one budget per process: the soft open-file limit is raised to the hard one when a reader
 registers, and RESERVE descriptors are left to everything else. A reader keeps at most what it asks

@@ -313,8 +313,7 @@ class Plan:
         """Global step `step` (0-based) as G slots: (source, epoch, first stream token) per slot."""
         p, k = self.locate(step)
         ph = self.phases[p]
-        before, after = self.cumulative(p, k), self.cumulative(p, k + 1)
-        counts = after - before
+        counts = self.cumulative(p, k + 1) - self.cumulative(p, k)
         if np.count_nonzero(counts) > 1:
             labels = self._placement(counts, step)
         else:  # one source: identity placement (the single-dataset loader's batches)
@@ -322,12 +321,25 @@ class Plan:
         epoch = np.zeros(ph.global_batch, np.int64)
         first = np.zeros(ph.global_batch, np.int64)
         w = ph.seq_len + 1
-        for i in np.flatnonzero(counts).tolist():
+        for i, ep, a, _ in self.step_spans(step):
             slots = np.flatnonzero(labels == i)  # in slot order = this source's stream order
-            c = self._crossing_at(i, p, k)
-            epoch[slots] = c.epoch
-            first[slots] = c.offset + (int(before[i]) - c.base + np.arange(len(slots))) * w
+            epoch[slots] = ep
+            first[slots] = a + np.arange(len(slots)) * w
         return labels, epoch, first
+
+    def step_spans(self, step: int) -> list[tuple[int, int, int, int]]:
+        """The part of each source's stream global step `step` reads, as (source, epoch, first token,
+        end token): its windows there, back to back in one epoch (step_windows places them in the
+        batch; a bucket's prefetcher needs only where they lie, at every step ahead)."""
+        p, k = self.locate(step)
+        before, after = self.cumulative(p, k), self.cumulative(p, k + 1)
+        w = self._window(p)
+        out = []
+        for i in np.flatnonzero(after - before).tolist():
+            c = self._crossing_at(i, p, k)
+            a = c.offset + (int(before[i]) - c.base) * w
+            out.append((i, c.epoch, a, a + int(after[i] - before[i]) * w))
+        return out
 
     def _placement(self, counts: np.ndarray, step: int) -> np.ndarray:
         """Each slot's source: the sources' windows cut into runs of up to PLACE_RUN (a source's
