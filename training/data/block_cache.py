@@ -943,9 +943,11 @@ class Prefetcher:
                     fetch, keep = self.window(step)
                     self._publish(keep)
                     self._touch(self._fresh.union(fetch))
-                    # Planned up to self._horizon: walk the plan again halfway there (every step, the
-                    # walk held the GIL the consumer's hashing waits for).
-                    self._due = step + max(1, (self._horizon - step) // 2)
+                    # Planned up to self._horizon: walk the plan again halfway there, or three
+                    # quarters when it had nothing to fetch (every step, the walk held the GIL the
+                    # consumer waits for).
+                    ahead = self._horizon - step
+                    self._due = step + max(1, ahead // 2 if fetch else ahead * 3 // 4)
                 self._fetch_all(fetch, step)
                 with self._cond:
                     if not self._stop and self._step == step:
