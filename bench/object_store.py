@@ -26,9 +26,8 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
   - warm tokens/s: the loader from the bucket, its working set cached, ÷ the loader of the local copy
     over the same steps (goal ≥ 0.95), best of --repeats alternating runs, in the loop's process and
     with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read); then with
-    one group of every sample (FineWeb-Edu's groups of 4,096 samples are far more than these), the
-    group's samples mapped ÷ an eighth of them mapped (512 of 4,096: what a reader kept before
-    training/data/open_maps.py);
+    one group of every sample (FineWeb-Edu's groups of 4,096 samples are far more than these), its
+    ratio also after the first batch;
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -58,7 +57,6 @@ from training.contract.dataset_format import read_dataset_info
 from training.contract.object_store import COUNTS
 from training.data import order as epoch_order
 from training.data.loader import dataset_loader
-from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
 from training.data.remote import CacheSettings
 
@@ -252,33 +250,26 @@ def main() -> None:
                 f"ratio {rate['bucket'] / rate['local']:.3f}"
             )
         # FineWeb-Edu's groups are 4,096 samples, far more than the groups above: here one group of
-        # every sample, read with the maps a group needs, then with an eighth of them (512 maps of a
-        # 4,096-sample group: what a reader kept before training/data/open_maps.py).
-        epoch_order.GROUP_BLOCKS, budget = 1 << 30, OPEN_MAPS.max_maps
+        # every sample, each read from disk once (a reader keeps its group's checked copies).
+        epoch_order.GROUP_BLOCKS = 1 << 30
         samples = DocumentTable(url, cache=working, **vf).cache.nunits
         run_steps(url, args, working, n, **vf)
-        rate = {}
-        for label, maps in (("a group's maps", budget), ("an eighth of them", samples // 8)):
-            OPEN_MAPS.max_maps = maps
-            runs = {"bucket": [], "local": []}
-            firsts = {"bucket": [], "local": []}
-            for _ in range(args.repeats):
-                runs["bucket"].append(run_steps(url, args, working, n, firsts["bucket"], **vf))
-                runs["local"].append(run_steps(local, args, None, n, firsts["local"], **vf))
-            rate[label] = tokens / min(runs["bucket"])
-            # After the first batch: the steps alone, the next group's plan among them (an epoch here).
-            after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
-            print(
-                f"warm loader, {n} steps, one group of all {samples} samples, {label} "
-                f"({min(maps, samples)}): bucket {rate[label] / 1e6:.2f}M tokens/s, local "
-                f"{tokens / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
-                f"{rate[label] * min(runs['local']) / tokens:.3f}; after the first batch "
-                f"{after['local'] / after['bucket']:.3f} (to the first batch: bucket "
-                f"{min(firsts['bucket']) * 1e3:.0f} ms, local {min(firsts['local']) * 1e3:.0f} ms)"
-            )
-        OPEN_MAPS.max_maps, epoch_order.GROUP_BLOCKS = budget, args.group_blocks
-        full, eighth = rate["a group's maps"], rate["an eighth of them"]
-        print(f"a group's maps ÷ an eighth of them: {full / eighth:.2f}×")
+        runs = {"bucket": [], "local": []}
+        firsts = {"bucket": [], "local": []}
+        for _ in range(args.repeats):
+            runs["bucket"].append(run_steps(url, args, working, n, firsts["bucket"], **vf))
+            runs["local"].append(run_steps(local, args, None, n, firsts["local"], **vf))
+        # After the first batch: the steps alone, the next group's plan among them (an epoch here).
+        after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+        print(
+            f"warm loader, {n} steps, one group of all {samples} samples: bucket "
+            f"{tokens / min(runs['bucket']) / 1e6:.2f}M tokens/s, local "
+            f"{tokens / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
+            f"{min(runs['local']) / min(runs['bucket']):.3f}; after the first batch "
+            f"{after['local'] / after['bucket']:.3f} (to the first batch: bucket "
+            f"{min(firsts['bucket']) * 1e3:.0f} ms, local {min(firsts['local']) * 1e3:.0f} ms)"
+        )
+        epoch_order.GROUP_BLOCKS = args.group_blocks
         older = args.dir / "dataset-v2"
         make_dataset(older, args.shards, args.shard_kb, v2=True)
         runs = {"new": [], "old": []}

@@ -159,7 +159,7 @@ class CachedBlocks:
         self._ranges: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard → its samples' offsets
         self._needs: dict[tuple[int, int], int] = {}  # group_need by (step tokens, GROUP_BLOCKS)
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
-        self._owner = OPEN_MAPS.register(self)  # its units read (training/data/open_maps.py)
+        self._owner = OPEN_MAPS.register(self, descriptors=False)  # its copies (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
@@ -181,7 +181,7 @@ class CachedBlocks:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._owner = OPEN_MAPS.register(self)
+        self._owner = OPEN_MAPS.register(self, descriptors=False)
         self._index_arrays()
 
     # -- units: a training block is a sample; a held-out document is a unit of its own ----------
@@ -504,8 +504,8 @@ class CachedBlocks:
     def _loaded_all(self, units: list[int]) -> dict[int, _Loaded]:
         """Units `units` (distinct), read and checked, by unit: those this reader holds under one lookup
         (a batch reads ~70 a step), the others from disk. A reader holds an epoch group's units and a
-        quarter more (the next group's first steps read while this one's last do), within the process's
-        budget (training/data/open_maps.py)."""
+        quarter more (the next group's first steps read while this one's last do): memory, not files
+        (no descriptor: outside the process's budget of maps, training/data/open_maps.py)."""
         got = OPEN_MAPS.get_many(self._owner, units)
         group = epoch_order.GROUP_BLOCKS  # units: validation reads far fewer held-out documents
         for u in units:
