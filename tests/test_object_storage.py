@@ -812,6 +812,25 @@ def test_a_read_over_several_damaged_copies_fetches_each_again(s3, synthetic, tm
     assert COUNTS.snapshot()["refetches"] - before == 3
 
 
+def an_older_copy_seen_twice(url, settings, reads) -> tuple:
+    """A cached sample's copy made an older version's, read by `reads` (two threads' reads of it,
+    neither yet reported): (its cache, the unit, its path, the two _BadCopy sightings)."""
+    blocks = (
+        dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
+        .builder.tables[0]
+        .cache
+    )
+    unit = next(u for u in range(blocks.nunits) if blocks.cached(u))
+    path = blocks.path(unit)
+    path.write_bytes(b"gristmill-sample/1\n" + path.read_bytes()[len(MAGIC) :])
+    sightings = []
+    for read in reads(blocks):
+        with pytest.raises(_BadCopy) as bad:
+            read(unit)
+        sightings.append(bad.value)
+    return blocks, unit, path, sightings
+
+
 def test_a_bad_copy_two_threads_saw_before_a_touch_is_one_bad_copy(s3, synthetic, tmp_path):
     """The loop and the prefetcher's plan both open a bad cached copy, and the prefetcher marks it as
     needed (Prefetcher._touch) before either removes it: one bad copy, fetched again (counted as two,
@@ -821,27 +840,33 @@ def test_a_bad_copy_two_threads_saw_before_a_touch_is_one_bad_copy(s3, synthetic
     local, url = synthetic
     settings = cache(tmp_path)
     assert hashes(url, 10, cache=settings) == hashes(local, 10)  # the samples cached
-    blocks = (
-        dataset_loader(url, seq_len=64, global_batch=8, micro_batch=4, seed=3, cache=settings)
-        .builder.tables[0]
-        .cache
-    )
-    unit = next(u for u in range(blocks.nunits) if blocks.cached(u))
-    path = blocks.path(unit)
-    path.write_bytes(b"gristmill-sample/1\n" + path.read_bytes()[len(MAGIC) :])  # an older version's copy
-    sightings = []
-    for _ in ("the loop", "the prefetcher's plan"):
-        with pytest.raises(_BadCopy) as bad:
-            blocks._open(unit)
-        sightings.append(bad.value)
+    # the loop's read, the prefetcher's plan's
+    blocks, unit, _, sightings = an_older_copy_seen_twice(url, settings, lambda b: (b._open, b._open))
     time.sleep(0.01)  # a touch's time differs from the copy's own
     Prefetcher._touch(SimpleNamespace(caches=[blocks]), [(0, unit)])
     for bad in sightings:
         blocks._failed(bad)
-    assert (
-        blocks._loaded(unit).copy != sightings[0].copy
-    )  # the copy fetched again (its inode may be the old one's number)
+    fresh = blocks._loaded(unit)  # the copy fetched again (its inode may have the old one's number)
+    assert fresh.copy != sightings[0].copy
     assert hashes(url, 10, cache=settings) == hashes(local, 10)
+
+
+def test_a_bad_copy_the_loop_fetched_again_before_the_plan_said_so_is_one_bad_copy(s3, synthetic, tmp_path):
+    """The loop reads a bad copy whole, the prefetcher's plan reads its header; the loop removes it,
+    fetches it again and reads the new copy before the plan's thread reports the copy it saw: one bad
+    copy, one refetch (the good read had cleared what failed, and the late report counted again)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    assert hashes(url, 10, cache=settings) == hashes(local, 10)  # the samples cached
+    # the loop's read, the plan's
+    blocks, unit, path, sightings = an_older_copy_seen_twice(url, settings, lambda b: (b._open, b._lengths))
+    before = COUNTS.snapshot()["refetches"]
+    s3.proxy.reset_counts()
+    blocks._failed(sightings[0])  # the loop: removed
+    blocks._loaded(unit)  # fetched again and read
+    blocks._failed(sightings[1])  # the plan's thread, late
+    assert COUNTS.snapshot()["refetches"] - before == 1 and path.exists()
+    assert len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p]) == 1
 
 
 @pytest.mark.parametrize("change", ["a byte flipped", "cut short"])

@@ -161,6 +161,7 @@ class CachedBlocks:
         self._listed = (-1.0, False)  # (when, whether every unit was cached): all_cached
         self._owner = OPEN_MAPS.register(self, descriptors=False)  # its copies (training/data/open_maps.py)
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
+        self._failed_before: dict[int, set[tuple[int, ...]]] = {}  # per unit: those before its last good read
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         self.lengths = SampleLengths(self)
@@ -491,7 +492,8 @@ class CachedBlocks:
             except _BadCopy as bad:
                 self._failed(bad)
             else:
-                self._failures.pop(u, None)
+                if read == self._open:  # checked whole: a good copy, so the next failure is a first one
+                    self._failed_before.setdefault(u, set()).update(self._failures.pop(u, ()))
                 return got
         raise DatasetError(
             f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
@@ -534,8 +536,8 @@ class CachedBlocks:
             if bad.held is not None:
                 bad.held.close()
         failed = self._failures.setdefault(u, set())
-        if copy in failed:
-            return
+        if copy in failed or copy in self._failed_before.get(u, ()):
+            return  # a copy another thread saw fail first
         failed.add(copy)
         COUNTS.add("refetches")
         if len(failed) >= 2:
@@ -796,7 +798,7 @@ class Prefetcher:
         self._per_doc = any(c.per_doc for c in caches if c is not None)
         self._horizon = start
         self._kept: set[tuple[int, int]] = set()  # what the last window kept
-        self._fresh: set[tuple[int, int]] = set()  # what this window added to it (_touch)
+        self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
@@ -862,7 +864,10 @@ class Prefetcher:
             self._publish(keep)
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
-        self._fresh = keep - self._kept  # marked as just needed (_touch), with the groups ahead's
+        # Marked as just needed (_touch): the groups read now, and those the steps ahead add. (Touched
+        # only as they entered the keep list, the groups being read were the least recently needed of
+        # what a loader keeps: the first another loader of the node evicts when it must.)
+        self._fresh = set(keep)
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         self._horizon = step

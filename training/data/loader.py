@@ -156,7 +156,7 @@ class BatchBuilder:
         key = (i, ep, g0, g1)
         hit = self._groups.get(key)
         if hit is None:
-            if len(self._groups) >= 16:
+            if len(self._groups) >= 8 * len(self.tables):  # a few per source: the steps ahead's
                 self._groups.clear()
             order = self.order(ep, i)
             blocks = order.block_order[g0 * order.group_blocks : (g1 + 1) * order.group_blocks]
