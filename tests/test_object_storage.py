@@ -831,6 +831,22 @@ def an_older_copy_seen_twice(url, settings, reads) -> tuple:
     return blocks, unit, path, sightings
 
 
+def test_a_prefetcher_s_walk_finds_the_last_step_that_reads_the_same_groups():
+    """The walk asks for the epoch groups of a few steps, not of each (Prefetcher._same_groups_until):
+    the last step before `last` from which every step reads the groups step s reads, for every s and
+    every end of the walk."""
+    from types import SimpleNamespace
+
+    keys = (
+        [((0, 0, 0, 0),)] * 5 + [((0, 0, 0, 1),)] * 3 + [((0, 0, 1, 1), (1, 0, 4, 4))] * 9 + [((0, 1, 0, 0),)]
+    )
+    walk = SimpleNamespace(keys=keys.__getitem__)
+    for s in range(len(keys)):
+        for last in range(s + 1, len(keys) + 1):
+            same = [t for t in range(s, last) if keys[s : t + 1] == [keys[s]] * (t + 1 - s)]
+            assert Prefetcher._same_groups_until(walk, s, last) == same[-1], (s, last)
+
+
 def test_a_bad_copy_two_threads_saw_before_a_touch_is_one_bad_copy(s3, synthetic, tmp_path):
     """The loop and the prefetcher's plan both open a bad cached copy, and the prefetcher marks it as
     needed (Prefetcher._touch) before either removes it: one bad copy, fetched again (counted as two,

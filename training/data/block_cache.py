@@ -89,6 +89,7 @@ MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
 USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_room)
 EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
+TOUCH_EVERY_S = 10.0  # how often a prefetcher marks the groups being read as needed again (_touch)
 
 
 class _BadCopy(Exception):
@@ -592,23 +593,27 @@ class CachedBlocks:
         name = self._range(s)[0]
         return f"manifest row {row} ({self.url}/{SHARDS_DIR}/{name}, sample {s}, cached at {self.path(u)})"
 
+    def listing(self) -> set[int]:
+        """The names (key) of the units whose files the cache holds now: one directory listing, not a
+        stat per unit (the prefetcher asks at every walk, holding the GIL the loop waits for)."""
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:
+            return set()
+        return {
+            int(n[: -len(BLOCK_EXT)])
+            for n in names
+            if n.endswith(BLOCK_EXT) and n[: -len(BLOCK_EXT)].isdigit()
+        }
+
     def all_cached(self) -> bool:
         """Whether the cache holds every unit of the split (a listing at most once a second)."""
         now = time.monotonic()
         if now - self._listed[0] >= 1.0:
-            try:
-                names = [
-                    p.name[: -len(BLOCK_EXT)] for p in os.scandir(self.dir) if p.name.endswith(BLOCK_EXT)
-                ]
-            except FileNotFoundError:
-                names = []
-            n = len(names)
+            keys = self.listing()
+            n = len(keys)
             if self.per_doc:  # files are rows: count this val_fraction's (another's lie there too)
-                n = int(
-                    np.isin(
-                        np.array([int(x) for x in names if x.isdigit()], np.int64), self.blocks._val_rows
-                    ).sum()
-                )
+                n = int(np.isin(np.fromiter(keys, np.int64, len(keys)), self.blocks._val_rows).sum())
             self._listed = (now, n >= self.nunits)
         return self._listed[1]
 
@@ -773,6 +778,7 @@ class Prefetcher:
         caches: list[CachedBlocks | None],
         needs: Callable[[int], list[tuple[int, int]]],
         groups: Callable[[int], frozenset[tuple[int, int]]],
+        keys: Callable[[int], tuple],
         start: int,
         last_step: int | None,
         keep_bytes: int,
@@ -781,7 +787,13 @@ class Prefetcher:
         data.cache_gb was checked against together with the other loaders'): the steps ahead are
         planned within it, never within the whole bound (which would leave a validation loader of the
         same process no room but past the bound: it cannot evict its own process's keep list)."""
-        self.caches, self.needs, self.groups, self.last_step = caches, needs, groups, last_step
+        self.caches, self.needs, self.groups, self.keys, self.last_step = (
+            caches,
+            needs,
+            groups,
+            keys,
+            last_step,
+        )
         self.cache = next(c for c in caches if c is not None).cache
         self.keep_bytes = min(keep_bytes, self.cache.max_bytes)
         self.requests = requests = self.cache.requests
@@ -799,6 +811,8 @@ class Prefetcher:
         self._horizon = start
         self._kept: set[tuple[int, int]] = set()  # what the last window kept
         self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
+        self._touched_at = -float("inf")  # when the groups being read were last marked as needed
+        self._listings: dict[int, set[int]] = {}  # per table, the units a walk found cached
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
@@ -857,6 +871,7 @@ class Prefetcher:
         keep: set[tuple[int, int]] = set()
         for s in range(max(0, step - LAG_STEPS), step + 1):
             keep |= self._step_groups(s)
+        self._listings = {}  # listed again at each walk (_all_cached)
         fetch: list[tuple[int, int]] = []
         if self._per_doc or not self._all_cached(keep):
             # What the previous window kept and this one does not can make room before anything is
@@ -864,14 +879,20 @@ class Prefetcher:
             self._publish(keep)
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
-        # Marked as just needed (_touch): the groups read now, and those the steps ahead add. (Touched
-        # only as they entered the keep list, the groups being read were the least recently needed of
-        # what a loader keeps: the first another loader of the node evicts when it must.)
-        self._fresh = set(keep)
+        # Marked as just needed (_touch): what the steps ahead add, and the groups read now, again every
+        # TOUCH_EVERY_S (touched only as they entered the keep list, the groups being read were the
+        # least recently needed of what a loader keeps: the first another loader of the node evicts
+        # when it must; touched at every walk, a group of 4,096 is as many syscalls per walk).
+        self._fresh = keep - self._kept
+        if time.monotonic() - self._touched_at >= TOUCH_EVERY_S:
+            self._fresh |= keep
+            self._touched_at = time.monotonic()
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
         self._horizon = step
-        for s in range(step + 1, end if self.last_step is None else min(end, self.last_step)):
+        last = end if self.last_step is None else min(end, self.last_step)
+        s = step + 1
+        while s < last:
             grown = self._step_groups(s) - keep
             cost = self._bytes(grown)
             if used + cost > self.keep_bytes:
@@ -884,15 +905,42 @@ class Prefetcher:
                 # a group not cached: this step's plan fetches it, into room made first
                 self._publish(keep)
             elif not self._per_doc:
-                continue  # a training step inside groups already planned: their samples are fetched
+                # A training step inside groups already planned, their samples fetched; so are the
+                # steps after it that read the same groups.
+                s = self._horizon = self._same_groups_until(s, last)
+                s += 1
+                continue
             new = [n for n in dict.fromkeys(self._step_needs(s)) if n not in queued]
             queued.update(new)
             fetch += new
+            s += 1
         self._kept = keep
         return fetch, keep
 
+    def _same_groups_until(self, s: int, last: int) -> int:
+        """The last step before `last` that reads the epoch groups step `s` reads, found by doubling
+        then halving the distance (a few steps asked, not each: every source's stream only moves
+        forward, so the steps between two that read the same groups read those groups, or some of
+        them where a source reads nothing)."""
+        want = self.keys(s)
+        lo, d = s, 1
+        while lo + d < last and self.keys(lo + d) == want:
+            lo, d = lo + d, d * 2
+        hi = min(lo + d, last)  # reads other groups, or is past the walk's end
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.keys(mid) == want else (lo, mid)
+        return lo
+
     def _all_cached(self, pairs: Iterable[tuple[int, int]]) -> bool:
-        return all(self.caches[t].cached(u) for t, u in pairs)
+        """Whether the cache holds every one of `pairs`, as this walk's listings found it."""
+        for t, u in pairs:
+            listed = self._listings.get(t)
+            if listed is None:
+                listed = self._listings[t] = self.caches[t].listing()
+            if self.caches[t].key(u) not in listed:
+                return False
+        return True
 
     @functools.cached_property
     def _whole_fits(self) -> bool:

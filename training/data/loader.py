@@ -142,14 +142,20 @@ class BatchBuilder:
         (of every rank's slots, on a global_view): a block is read until its group ends, so the cache
         keeps them. Consecutive steps mostly read the same groups: the pairs of a source's groups are
         built once (the prefetcher asks for every step)."""
-        parts = []
+        parts = [self._group_units(*key) for key in self.group_keys(step)]
+        return parts[0] if len(parts) == 1 else frozenset().union(*parts)
+
+    def group_keys(self, step: int) -> tuple[tuple[int, int, int, int], ...]:
+        """(source, epoch, first group, last group) of each source in a bucket that step `step` reads,
+        in source order: the epoch groups groups_read names, without their units."""
+        keys = []
         for i, ep, a, z in self.plan.step_spans(step):
             if self.tables[i].cache is None:
                 continue
             order = self.order(ep, i)
             g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (a, z - 1))
-            parts.append(self._group_units(i, ep, g0, g1))
-        return parts[0] if len(parts) == 1 else frozenset().union(*parts)
+            keys.append((i, ep, g0, g1))
+        return tuple(keys)
 
     def _group_units(self, i: int, ep: int, g0: int, g1: int) -> frozenset[tuple[int, int]]:
         """(source, cache unit) pairs of source i's epoch-`ep` groups g0 … g1 (the last few asked)."""
@@ -556,7 +562,15 @@ class TokenLoader:
             return None
         view = self._node_view()
         keep = sum(n for _, n in self.cache_need())
-        return Prefetcher(caches, view.units_read, view.groups_read, self._step, self.plan.total_steps, keep)
+        return Prefetcher(
+            caches,
+            view.units_read,
+            view.groups_read,
+            view.group_keys,
+            self._step,
+            self.plan.total_steps,
+            keep,
+        )
 
     def _node_view(self) -> BatchBuilder:
         """The builder of this node's ranks' slots (torchrun sets LOCAL_WORLD_SIZE; unset: one node)."""

@@ -262,3 +262,24 @@ def test_inspect_says_a_step_was_skipped_and_lists_its_windows(run_with_a_rewind
     lines = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
     marked = {int(line.split()[0]) for line in lines if line.endswith(" skipped (rewind 1)")}
     assert len(lines) == 8 and marked == {5, 6, 7, 8}
+
+
+def test_step_spans_are_where_step_windows_put_each_source_and_only_move_forward():
+    """Plan.step_spans (what a bucket's prefetcher asks of every step ahead) names, per source, the
+    stream tokens step_windows gives its slots, back to back in one epoch; and each source's stream
+    only moves forward from step to step, across epochs and phases (the prefetcher's walk jumps over
+    steps between two that read the same epoch groups)."""
+    plan = small_plan()
+    reached: dict[int, tuple[int, int]] = {}
+    for step in range(plan.total_steps):
+        labels, epochs, first = plan.step_windows(step)
+        window = plan.phases[plan.locate(step)[0]].seq_len + 1
+        spans = plan.step_spans(step)
+        assert [i for i, *_ in spans] == sorted(set(labels.tolist()))
+        for i, epoch, a, z in spans:
+            mine = labels == i
+            assert set(epochs[mine].tolist()) == {epoch}
+            assert sorted(first[mine].tolist()) == list(range(a, z, window))
+            assert (epoch, a) >= reached.get(i, (0, 0)), (step, i)
+            reached[i] = (epoch, z)
+    assert {e for e, _ in reached.values()} != {0}  # the plan crossed epochs
