@@ -31,6 +31,7 @@ from datatrove.utils.logging import logger
 from datatrove.utils.stats import PipelineStats
 
 from pipelines.dedup import text_hash_hex
+from pipelines.filters import ExcludedWriter, drop
 from pipelines.progress import TaskProgress
 from pipelines.shard_writer import ShardWriter
 from pipelines.sources import META_KEYS
@@ -54,6 +55,7 @@ from training.contract.disk_space import DiskFullError, check_free
 from training.contract.errors import GristmillError
 
 SPILL_PREFIX = ".spill-"  # hidden: never matches shards/*.tar
+FILTER_NAME = "tokens"  # the excluded/ rows' filter of documents whose text encodes to no token
 SHARD_RECORDS = "logs/shard_sha256"  # NNNNN.json per task: {shard: {bytes, sha256}}
 # Tar overhead per document, at most: its sample's two headers, its DOC_RECORD-byte `.docs` record
 # and both members' padding (a sample of one: 512 + 512 + 512 + 511 bytes).
@@ -191,13 +193,26 @@ class TokenizeShard(PipelineStep):
         provenance: list[dict[str, Any]] = []  # its manifest's provenance columns
         pos = 0
         tokens = 0
-        with open(spill_path, "wb", buffering=1 << 20) as spill:
+        # A text the tokenizer encodes to no token (one its normalizer deletes whole: soft hyphens,
+        # zero-width spaces, control characters) would be a document of the separator alone: two
+        # separators back to back in the stream. Excluded, with its reason, like the filters' drops.
+        no_tokens = ExcludedWriter(self.output, FILTER_NAME, per_task=self.upload is not None)
+        with open(spill_path, "wb", buffering=1 << 20) as spill, no_tokens:
 
             def encode(batch: list) -> None:
                 nonlocal pos, tokens
                 with self.track_time("batch"):
                     encoded = encoder.encode_batch([d.text for d in batch])
+                kept = 0
                 for doc, ids in zip(batch, encoded):
+                    if len(ids) == 1:  # the separator alone
+                        drop(
+                            doc, FILTER_NAME, "the text encodes to no token (the tokenizer deletes all of it)"
+                        )
+                        no_tokens.write(doc, rank)
+                        self.stat_update("no_tokens")
+                        continue
+                    kept += 1
                     data_bytes = ids.astype(dtype, copy=False).tobytes()
                     m = doc.metadata
                     meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
@@ -217,10 +232,10 @@ class TokenizeShard(PipelineStep):
                     meta_len.append(len(meta_bytes))
                     pos += len(data_bytes) + len(meta_bytes)
                     tokens += len(ids)
-                self.stat_update("documents", value=len(batch))
-                self.stat_update("tokens", value=int(sum(len(i) for i in encoded)))
+                self.stat_update("documents", value=kept)
+                self.stat_update("tokens", value=int(sum(len(i) for i in encoded if len(i) > 1)))
                 if progress:
-                    progress.kept += len(batch)
+                    progress.kept += kept
                     progress.tokens = tokens
                     progress.tick()
 

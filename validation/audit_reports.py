@@ -8,7 +8,8 @@ from __future__ import annotations
 
 PRESETS: dict[str, str] = {
     # The funnel: documents read (datatrove's reader stats), dropped by each filter in pipeline
-    # order (datatrove's filter stats; `dedup` is the filter that drops duplicates), kept
+    # order (datatrove's filter stats; `dedup` is the filter that drops duplicates; the tokenize
+    # step's `no_tokens`: texts its tokenizer encodes to nothing), kept
     # (manifest rows) with their tokens, what the tokenize step itself counted, the excluded/ rows,
     # and the shards. Only the build's own pass (pipeline ''): dedup's first pass reads the input
     # too and runs the same filters (its stats are under logs/dedup/<stage>/).
@@ -21,6 +22,9 @@ WITH read AS (
     UNION ALL
     SELECT dataset_name, 2, step, 'dropped by ' || step_name, sum(value)::BIGINT, NULL FROM stats
     WHERE step_type = 'FILTER' AND metric = 'dropped' AND pipeline = '' GROUP BY ALL
+    UNION ALL
+    SELECT dataset_name, 2, step, 'dropped by tokens (encoded to no token)', sum(value)::BIGINT, NULL
+    FROM stats WHERE metric = 'no_tokens' AND pipeline = '' GROUP BY ALL
     UNION ALL
     SELECT dataset_name, 3, 0, 'kept (manifest)', count(*), sum(n_tokens) FROM docs GROUP BY ALL
     UNION ALL

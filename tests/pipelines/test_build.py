@@ -231,3 +231,45 @@ def test_finalize_only_describes_what_the_tasks_wrote(built_dataset, build_fixtu
     info = read_dataset_info(out)
     assert info["separator"]["position"] == "after"
     assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def test_a_text_the_tokenizer_encodes_to_nothing_is_excluded_not_a_lone_separator(build_fixture, tmp_path):
+    """A tokenizer whose normalizer deletes characters (here soft hyphens and zero-width spaces, as
+    BERT-style `clean_text` deletes control characters) encodes a text of only those to no token: it
+    was stored as a document of the separator alone, two separators back to back in the stream, and
+    the writer, `data validate` and the loader all passed it. It is excluded with its reason."""
+    from tokenizers import normalizers
+
+    corpus, tokenizer_path, config = build_fixture
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace("\u00ad", ""), normalizers.Replace("\u200b", "")]
+    )
+    tok_path = tmp_path / "deleting.json"
+    tok.save(str(tok_path))
+    folder = tmp_path / "corpus"
+    shutil.copytree(corpus, folder)
+    first = pq.read_table(sorted(folder.glob("*.parquet"))[0]).slice(0, 1).to_pylist()[0]
+    nothing = [
+        {**first, "id": f"nothing-{k}", "text": t} for k, t in enumerate(["\u00ad" * 30, "\u200b\u00ad" * 15])
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(nothing, schema=pq.read_schema(folder / "part-00.parquet")),
+        folder / "part-02.parquet",
+    )
+    out = tmp_path / "ds"
+    sets = [f"output={out}", f"source.path={folder}", f"tokenizer.path={tok_path}", "build.workers=1"]
+    result = build(load_config(DataConfig, config, sets), **QUIET)
+    assert result.ok
+    by_id = {e["id"]: e for e in read_excluded(out).to_pylist()}
+    assert {by_id[f"nothing-{k}"]["filter"] for k in (0, 1)} == {"tokens"}
+    assert "encodes to no token" in by_id["nothing-0"]["reason"]
+    assert result.info["excluded_by_filter"]["tokens"] == 2
+    docs = read_by_manifest(out, np.dtype("<u2"))
+    assert min(len(ids) for ids in docs.values()) > 1  # no document of the separator alone
+    assert "nothing-0" not in read_manifest(out).column("id").to_pylist()
+    from validation.audit import run_preset
+    from validation.audit_views import connect
+
+    funnel = {r["item"]: r["documents"] for r in run_preset(connect([out])[0], "summary").records()}
+    assert funnel["dropped by tokens (encoded to no token)"] == 2
