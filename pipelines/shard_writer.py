@@ -193,6 +193,14 @@ class ShardWriter:
         documents. `provenance`: the row's PROVENANCE_COLUMNS."""
         if "." in key:
             raise ValueError(f"webdataset key {key!r} contains a dot")
+        ids = np.asarray(ids)
+        if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) <= np.iinfo(self.dtype).max:
+            # the cast below would wrap it into another token, which no later check could tell (an id
+            # that fits but is ≥ vocab_size is the id checks' to find: validate's, the loader's)
+            raise ValueError(
+                f"document {key!r} has token ids from {int(ids.min())} to {int(ids.max())}, which "
+                f"{self.dtype.name} (vocab_size {self.vocab_size}) cannot hold"
+            )
         data = np.ascontiguousarray(ids, dtype=self.dtype).tobytes()
         self.rows.append(
             {

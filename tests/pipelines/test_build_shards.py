@@ -205,3 +205,16 @@ def test_derived_schemas_are_byte_identical_to_the_old_ones(tmp_path):
     assert written.select(OLD_MANIFEST_SCHEMA.names).equals(pq.read_table(tmp_path / "old.parquet"))
     names = [c for c, _ in PROVENANCE_COLUMNS]
     assert written.select(names).to_pylist() == [dict.fromkeys(names)]
+
+
+@pytest.mark.parametrize("vocab_size, bad", [(65536, 70000), (65536, 65536), (70000, -1)])
+def test_an_id_the_shards_cannot_hold_is_refused_not_wrapped(tmp_path, vocab_size, bad):
+    """uint16 shards hold ids below 65,536: an id of 70,000 was cast to 4,464 (another real token) and
+    65,536 to 0 (the separator), and nothing after the writer could tell. The build's encoder never
+    gives one; any other writer (a synthetic dataset, a conversion) is refused at the document."""
+    w = ShardWriter(tmp_path, 0, vocab_size=vocab_size)
+    with pytest.raises(
+        ValueError,
+        match=f"document 'd0' has token ids from .*, which uint.. .vocab_size {vocab_size}. cannot hold",
+    ):
+        w.add("d0", np.array([1, bad, 0], np.int64), {})
