@@ -467,6 +467,23 @@ def test_a_vocab_size_other_than_the_tokenizer_s_is_a_problem(built_dataset, tmp
     ]
 
 
+def test_a_vocab_size_other_than_the_tokenizer_s_is_refused_by_the_loader_too(built_dataset, tmp_path):
+    """Training sized its model from dataset.json and read the ids without a word (only `data validate`
+    held vocab_size to the tokenizer): a dataset whose ids may be wrapped trained, and its export
+    failed in transformers. The loader refuses it at the open, in one line naming both."""
+    from training.contract.dataset_format import DatasetError
+    from training.data.loader import dataset_loader
+
+    ds = tmp_path / "ds"
+    shutil.copytree(built_dataset, ds)
+    info = json.loads((ds / "dataset.json").read_text())
+    real = info["vocab_size"]
+    (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real + 1000}))
+    says = rf"says vocab_size = {real + 1000}, but .*tokenizer.json's highest id \+ 1 is {real}: the"
+    with pytest.raises(DatasetError, match=says):
+        dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+
+
 @pytest.mark.parametrize(
     "field, value, expect",
     [
