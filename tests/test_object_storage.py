@@ -831,15 +831,34 @@ def an_older_copy_seen_twice(url, settings, reads) -> tuple:
     return blocks, unit, path, sightings
 
 
-def test_a_prefetcher_s_walk_finds_the_last_step_that_reads_the_same_groups():
-    """The walk asks for the epoch groups of a few steps, not of each (Prefetcher._same_groups_until):
-    the last step before `last` from which every step reads the groups step s reads, for every s and
-    every end of the walk."""
+def test_a_prefetcher_s_walk_never_jumps_over_a_step_that_reads_other_groups(tmp_path, monkeypatch):
+    """The walk asks for the epoch groups of a few steps, not of each (Prefetcher._same_groups_until),
+    over a real plan's keys (BatchBuilder.group_keys): from every step and for every end of the walk,
+    it finds the last step up to which every step reads the groups step s reads. The plan's short
+    middle phase adds a source that the phases around it do not weigh: a walk that compared only
+    groups jumped from the first phase into the third, over the second's source (never fetched
+    ahead nor kept)."""
     from types import SimpleNamespace
 
-    keys = (
-        [((0, 0, 0, 0),)] * 5 + [((0, 0, 0, 1),)] * 3 + [((0, 0, 1, 1), (1, 0, 4, 4))] * 9 + [((0, 1, 0, 0),)]
-    )
+    from training.data import order as epoch_order
+    from training.data.loader import BatchBuilder
+    from training.data.plan import LRPiece, Phase, Plan, Source
+    from training.data.reader import DocumentTable
+
+    monkeypatch.setattr(epoch_order, "GROUP_BLOCKS", 4)  # many groups
+    tables = [DocumentTable(make_dataset(tmp_path / n, n_docs=600, seed=k)) for k, n in enumerate("ab")]
+    lr = LRPiece(1e-3, 1e-3, "constant")
+    phases = [
+        Phase("p1", 10, 16, 8, (1, 0), lr),
+        Phase("p2", 3, 16, 8, (1, 1), lr),
+        Phase("p3", 30, 16, 8, (1, 0), lr),
+    ]
+    plan = Plan([Source.of(tables[0], "a"), Source.of(tables[1], "b")], phases, seed=7)
+    builder = BatchBuilder(plan, tables, micro_batch=8, rank=0, world_size=1, check_separators=False)
+    for t in tables:
+        t.cache = object()  # group_keys asks only whether a source is read through a cache
+    keys = [builder.group_keys(s) for s in range(plan.total_steps)]
+    assert len({k[0] for k in keys}) == 3 and len({len(k[1]) for k in keys}) == 2
     walk = SimpleNamespace(keys=keys.__getitem__)
     for s in range(len(keys)):
         for last in range(s + 1, len(keys) + 1):

@@ -919,9 +919,10 @@ class Prefetcher:
 
     def _same_groups_until(self, s: int, last: int) -> int:
         """The last step before `last` that reads the epoch groups step `s` reads, found by doubling
-        then halving the distance (a few steps asked, not each: every source's stream only moves
-        forward, so the steps between two that read the same groups read those groups, or some of
-        them where a source reads nothing)."""
+        then halving the distance (a few steps asked, not each): `keys` (BatchBuilder.group_keys)
+        names a step's phase and groups, and since every source's stream only moves forward and reads
+        at every step of a phase that weighs it, the steps whose keys equal step s's are the ones from
+        s up to some step, and none after it."""
         want = self.keys(s)
         lo, d = s, 1
         while lo + d < last and self.keys(lo + d) == want:

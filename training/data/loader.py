@@ -142,12 +142,15 @@ class BatchBuilder:
         (of every rank's slots, on a global_view): a block is read until its group ends, so the cache
         keeps them. Consecutive steps mostly read the same groups: the pairs of a source's groups are
         built once (the prefetcher asks for every step)."""
-        parts = [self._group_units(*key) for key in self.group_keys(step)]
+        parts = [self._group_units(*key) for key in self.group_keys(step)[1]]
         return parts[0] if len(parts) == 1 else frozenset().union(*parts)
 
-    def group_keys(self, step: int) -> tuple[tuple[int, int, int, int], ...]:
-        """(source, epoch, first group, last group) of each source in a bucket that step `step` reads,
-        in source order: the epoch groups groups_read names, without their units."""
+    def group_keys(self, step: int) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
+        """Step `step`'s phase, and (source, epoch, first group, last group) of each source in a bucket
+        it reads, in source order: the epoch groups groups_read names, without their units. (Within a
+        phase every source of weight > 0 reads at every step, so two steps of one phase with the same
+        keys have the same keys at every step between them; a phase between two others may add a
+        source, hence the phase.)"""
         keys = []
         for i, ep, a, z in self.plan.step_spans(step):
             if self.tables[i].cache is None:
@@ -155,7 +158,7 @@ class BatchBuilder:
             order = self.order(ep, i)
             g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (a, z - 1))
             keys.append((i, ep, g0, g1))
-        return tuple(keys)
+        return self.plan.locate(step)[0], tuple(keys)
 
     def _group_units(self, i: int, ep: int, g0: int, g1: int) -> frozenset[tuple[int, int]]:
         """(source, cache unit) pairs of source i's epoch-`ep` groups g0 … g1 (the last few asked)."""
