@@ -47,8 +47,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
+from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from tokenization.separator import vocab_size_of
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
@@ -79,7 +81,6 @@ from training.contract.dataset_format import (
     read_dataset_info,
     recorded_paths,
     tar_padded,
-    tokenizer_id_span,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
@@ -891,8 +892,9 @@ def _check_vocab_size(tok: Path, info: dict[str, Any], problems: list[Problem]) 
     tokenizer's tokens rather than taking its highest id (before 2026-11-29) chose uint16 for ids past
     65,535 and stored them modulo 65,536, as other real tokens, which no check of the ids can see.
     (Called with a tokenizer.json whose sha256 is the one recorded: the one the build used.)"""
-    want = tokenizer_id_span(tok)
-    if want is None:  # not a tokenizer's file (a synthetic dataset's stand-in), as built
+    try:
+        want = vocab_size_of(Tokenizer.from_file(str(tok)))
+    except Exception:  # noqa: BLE001 - not a `tokenizers` file (a synthetic dataset's stand-in), as built
         return
     if info["vocab_size"] != want:
         problems.append(

@@ -467,10 +467,11 @@ def test_a_vocab_size_other_than_the_tokenizer_s_is_a_problem(built_dataset, tmp
     ]
 
 
-def test_a_vocab_size_other_than_the_tokenizer_s_is_refused_by_the_loader_too(built_dataset, tmp_path):
+def test_a_vocab_size_below_the_tokenizer_s_is_refused_by_the_loader_too(built_dataset, tmp_path):
     """Training sized its model from dataset.json and read the ids without a word (only `data validate`
-    held vocab_size to the tokenizer): a dataset whose ids may be wrapped trained, and its export
-    failed in transformers. The loader refuses it at the open, in one line naming both."""
+    held vocab_size to the tokenizer): a dataset whose ids may be wrapped (its vocab_size below its
+    tokenizer's ids) trained, and its export failed in transformers. The loader refuses it at the
+    open, in one line naming both; a vocab_size above them costs unused rows, not wrong ids."""
     from training.contract.dataset_format import DatasetError
     from training.data.loader import dataset_loader
 
@@ -478,10 +479,12 @@ def test_a_vocab_size_other_than_the_tokenizer_s_is_refused_by_the_loader_too(bu
     shutil.copytree(built_dataset, ds)
     info = json.loads((ds / "dataset.json").read_text())
     real = info["vocab_size"]
-    (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real + 1000}))
-    says = rf"says vocab_size = {real + 1000}, but .*tokenizer.json's highest id \+ 1 is {real}: the"
+    (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real // 2}))
+    says = rf"says vocab_size = {real // 2}, but .*tokenizer.json's vocabulary has ids up to {real - 1}: the"
     with pytest.raises(DatasetError, match=says):
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+    (ds / "dataset.json").write_text(json.dumps({**info, "vocab_size": real + 1000}))
+    dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
 
 
 @pytest.mark.parametrize(

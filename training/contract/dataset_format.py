@@ -257,21 +257,17 @@ def sample_totals(tokens: np.ndarray, shard_rows: np.ndarray) -> np.ndarray:
     return np.add.reduceat(tokens, sample_starts(shard_rows)[:-1]) if len(tokens) else np.zeros(0, np.int64)
 
 
-def tokenizer_id_span(path: str | Path) -> int | None:
-    """A tokenizer.json's highest id + 1 (or its number of tokens, if more), read as plain JSON (the
-    `tokenizers` library is not needed to train): its model's vocabulary (a token → id map, or
-    Unigram's list, ids by position) and its added tokens. None for a file that is not such a
-    tokenizer (a synthetic dataset's stand-in). What tokenization.separator.vocab_size_of gives the
-    build from the loaded tokenizer, and so what dataset.json's vocab_size must be."""
+def tokenizer_model_span(path: str | Path) -> int | None:
+    """The highest id + 1 of a tokenizer.json's model vocabulary (a token → id map, or Unigram's list,
+    ids by position), read as plain JSON (training needs no `tokenizers` library): the least
+    vocab_size a dataset encoded with it may have, since the model's ids are the ones `tokenizers`
+    uses. (Its added tokens are not counted: `tokenizers` may give one another id than its file
+    says.) None for a file that is not such a tokenizer (a synthetic dataset's stand-in)."""
     try:
-        doc = json.loads(Path(path).read_text())
-        vocab = doc["model"]["vocab"]
-        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))
-        added = [int(t["id"]) for t in doc.get("added_tokens") or []]
+        vocab = json.loads(Path(path).read_text())["model"]["vocab"]
+        return (max(vocab.values(), default=-1) + 1) if isinstance(vocab, dict) else len(vocab)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    tokens = {*ids, *added}
-    return max(len(tokens), max(tokens, default=-1) + 1)
 
 
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:

@@ -37,7 +37,7 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
     tar_padded,
-    tokenizer_id_span,
+    tokenizer_model_span,
 )
 from training.contract.dataset_index import (
     HELDOUT_SHA,
@@ -54,12 +54,12 @@ from training.data.block_cache import block_source, refuse_legacy
 from training.data.open_maps import OPEN_MAPS
 from training.data.remote import CacheSettings, describe, ensure_checked, local_root, origin
 
-_SPANS: dict[str, int | None] = {}  # tokenizer sha256 → tokenizer_id_span: parsed once per process
+_SPANS: dict[str, int | None] = {}  # tokenizer sha256 → tokenizer_model_span: parsed once per process
 
 
-def _id_span(tok: Path, sha256: str) -> int | None:
+def _model_span(tok: Path, sha256: str) -> int | None:
     if sha256 not in _SPANS:
-        _SPANS[sha256] = tokenizer_id_span(tok)
+        _SPANS[sha256] = tokenizer_model_span(tok)
     return _SPANS[sha256]
 
 
@@ -114,14 +114,20 @@ class DocumentTable:
                 f"{tok} has sha256 {file_sha256(tok)}, but {where} records {info['tokenizer_sha256']}: the "
                 "tokenizer was replaced after the build; restore it or rebuild the dataset"
             )
-        span = _id_span(tok, info["tokenizer_sha256"]) if tok.is_file() else None
-        if span is not None and span != info["vocab_size"]:
-            # every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
-            # tokenizer's tokens stored its ids past 65,535 modulo 65,536: as other real tokens
+        # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
+        # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens. Checked
+        # where the tokenizer is always beside the dataset (a bucket's is fetched only for an export
+        # or init_from: checked there, a dataset would be refused only once one had run).
+        floor = (
+            _model_span(tok, info["tokenizer_sha256"])
+            if origin(self.root) is None and tok.is_file()
+            else None
+        )
+        if floor is not None and info["vocab_size"] < floor:
             raise DatasetError(
-                f"{where} says vocab_size = {info['vocab_size']}, but {tok}'s highest id + 1 is {span}: the "
-                "dataset's ids may be wrapped into other tokens; rebuild it (`gristmill data validate "
-                f"{self.location}` says the same)"
+                f"{where} says vocab_size = {info['vocab_size']}, but {tok}'s vocabulary has ids up to "
+                f"{floor - 1}: the dataset's ids may be wrapped into other tokens; rebuild it (`gristmill "
+                f"data validate {self.location}` says the same)"
             )
         self.dtype = numpy_dtype(info["dtype"])
         self.separator_id = int(info["separator"]["id"])
