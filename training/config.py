@@ -392,6 +392,9 @@ class EvalSection:
     """At most this many documents per task (0: all); a cheap signal, not a reported number."""
     batch_size: int = 8
     """Requests per forward pass."""
+    max_length: int = 0
+    """Tokens per forward pass, as `gristmill eval --set max_length=N`; 0: the model's max_seq_len.
+    Above the run's longest seq_len the scores include positions it never trained at."""
     source: str = ""
     """The source ([[data.sources]] name) whose held-out documents the local tasks score; empty:
     the first with held-out documents. `gristmill eval RUN` scores the same one."""

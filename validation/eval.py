@@ -130,7 +130,8 @@ class EvalConfig:
     max_length: int = 0
     """Tokens per forward pass (rolling windows, truncated contexts); 0: the model's max_seq_len
     (the export's max_position_embeddings), the longest context it was built for. Set it to the
-    run's seq_len to score only lengths the model trained on."""
+    run's seq_len to score only lengths the model trained on (the eval says so when it scores
+    positions past them)."""
     seed: int = 1234
     """lm-eval's random seeds (few-shot sampling)."""
     include_path: list[str] = field(default_factory=list)
@@ -239,6 +240,9 @@ class TaskPlan:
         )
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
+        # the longest sequence the run trained on; a base model's (model.init_from) trained longer
+        self.trained_len = None if train_cfg.model.init_from else max(n for _, n in spec.seq_lens)
+        self._noted: set[int] = set()
         self.training_data = training_data_checks(spec, run_dir)
         self.data = run_data(spec, train_cfg.eval.source)
         self.specs: list[Any] = list(hub)
@@ -260,6 +264,19 @@ class TaskPlan:
             len((self.data_dir / task_file("heldout_ppl")).read_text(encoding="utf-8").splitlines())
             if self.local
             else None
+        )
+
+    def length_note(self, max_length: int, key: str = "max_length") -> str | None:
+        """A note when windows of `max_length` tokens score positions the run never trained at (its
+        longest seq_len is shorter): their losses are higher than at the trained lengths, and a
+        perplexity mixes them in (found 10% worse bits_per_byte at the tiny recipe's 64 of 256)."""
+        if self.trained_len is None or max_length <= self.trained_len or max_length in self._noted:
+            return None
+        self._noted.add(max_length)  # once per eval (a --watch evaluates many steps)
+        return (
+            f"note: max_length {max_length} scores positions {self.trained_len}–{max_length - 1}, which "
+            f"this run never trained at (its longest seq_len is {self.trained_len}); set {key} = "
+            f"{self.trained_len} to score only trained lengths"
         )
 
     def heldout_note(self) -> str:
@@ -595,6 +612,8 @@ def evaluate_step(
     t0 = time.time()
     log_file = eval_dir(run_dir, step, merged) / EVAL_LOG
     max_length = cfg.max_length or most
+    if note := plan.length_note(max_length):
+        _log(f"step {step}: {note}")
     with eval_output(log_file, verbose) as terminal:
         try:
             lm = GristmillHFLM(

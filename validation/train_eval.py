@@ -68,7 +68,7 @@ from validation.eval import (
     nonfinite_error,
     task_lines,
 )
-from validation.eval_data import damaged_task_files
+from validation.eval_data import EvalError, damaged_task_files
 from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
 from validation.eval_results import EVAL_LOG, chance_levels, metric_order, write_plot, write_step_json
@@ -89,7 +89,13 @@ class TrainingEval:
         e = cfg.eval
         self.interval = e.interval
         # `gristmill eval`'s defaults for everything else: the later offline eval matches.
-        self.cfg = EvalConfig(tasks=list(e.tasks), limit=e.limit, batch_size=e.batch_size, dtype="float32")
+        self.cfg = EvalConfig(
+            tasks=list(e.tasks),
+            limit=e.limit,
+            batch_size=e.batch_size,
+            max_length=e.max_length,
+            dtype="float32",
+        )
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
@@ -117,7 +123,15 @@ class TrainingEval:
                 write_tokenizer(dataset, mcfg, tok_dir, base_files(self.run_dir))  # the export's files
                 self.tokenizer = _load_tokenizer(tok_dir)
                 self.separator_id = int(read_dataset_info(dataset)["separator"]["id"])
+                if self.cfg.max_length > mcfg.max_seq_len:  # as `gristmill eval` refuses it
+                    raise EvalError(
+                        f"eval.max_length = {self.cfg.max_length} is longer than the model's context, "
+                        f"{mcfg.max_seq_len} tokens (model.max_seq_len): set eval.max_length ≤ "
+                        f"{mcfg.max_seq_len} (0: the model's)"
+                    )
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
+                if note := self.plan.length_note(self.max_length, "eval.max_length"):
+                    say(f"  eval    {note}")
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
                     f"  eval    {', '.join(self.plan.names)}{limit}{self.plan.heldout_note()} every "

@@ -176,3 +176,28 @@ def test_eval_section_errors(bad, built_dataset, tmp_path):
     cfg = load_train_config(TINY, [*_sets(built_dataset, tmp_path), bad])
     with pytest.raises(GristmillError, match="eval.interval ≥ 0"):
         check_config(cfg, 1)
+
+
+def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untrained_positions(
+    built_dataset, tmp_path, capsys
+):
+    """[eval] max_length, as `gristmill eval --set max_length=N`: above the model's context it is
+    refused before step 1; left at 0 (the model's 256) in a run of seq_len 128, the eval says once
+    that it scores positions the run never trained at, naming the key."""
+    from training.contract.config_loader import save_config
+
+    too_long = load_train_config(TINY, [*_sets(built_dataset, tmp_path / "long"), "eval.max_length=4096"])
+    with pytest.raises(
+        GristmillError, match="eval.max_length = 4096 is longer than the model's context, 256"
+    ):
+        train(too_long, evaluator=TrainingEval(too_long))
+    assert _rows(tmp_path / "long") == {}  # before step 1
+
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run), "data.seq_len=128"])
+    run.mkdir()
+    save_config(cfg, run / "config.toml")
+    TrainingEval(cfg).prepare(run, 4, 0, 1)
+    out = capsys.readouterr().out
+    assert out.count("note: max_length 256 scores positions 128–255, which this run never trained at") == 1
+    assert "set eval.max_length = 128 to score only trained lengths" in out
