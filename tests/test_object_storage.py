@@ -866,6 +866,30 @@ def test_a_prefetcher_s_walk_never_jumps_over_a_step_that_reads_other_groups(tmp
             assert Prefetcher._same_groups_until(walk, s, last) == same[-1], (s, last)
 
 
+def test_a_bad_copy_two_processes_saw_is_one_refetch(s3, synthetic, tmp_path):
+    """Two processes of a node (two ranks, or DataLoader workers) read the same damaged cached copy
+    before either removes it: the node's fetch/refetches (COUNTS, shared by its processes) counts it
+    once, where it is removed (each process counted it: 7 refetches for 5 samples fetched again)."""
+    local, url = synthetic
+    settings = cache(tmp_path)
+    assert hashes(url, 10, cache=settings) == hashes(local, 10)  # the samples cached
+    blocks, unit, path, (seen,) = an_older_copy_seen_twice(url, settings, lambda b: (b._open,))
+    before = COUNTS.snapshot()["refetches"]
+    s3.proxy.reset_counts()
+    pid = os.fork()
+    if pid == 0:  # another process of the node, which read the same copy (before the fork)
+        try:
+            blocks._failed(seen)
+            blocks._loaded(unit)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    blocks._failed(seen)  # this process's report of the copy it read: gone already
+    blocks._loaded(unit)
+    assert COUNTS.snapshot()["refetches"] - before == 1
+    assert len([p for p, _ in s3.proxy.counts.range_gets() if "/shards/" in p]) == 1  # fetched once
+
+
 def test_a_bad_copy_two_threads_saw_before_a_touch_is_one_bad_copy(s3, synthetic, tmp_path):
     """The loop and the prefetcher's plan both open a bad cached copy, and the prefetcher marks it as
     needed (Prefetcher._touch) before either removes it: one bad copy, fetched again (counted as two,
@@ -1058,15 +1082,20 @@ def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(
             proc.wait()
         killed_at = metrics(run_dir)[-1]["step"]
         assert 6 <= killed_at < STEPS
+        slowed = s3.proxy.counts.slow_down
+        s3.proxy.reset_counts()
         train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))  # this process: no torch import
     finally:
         s3.proxy.set_faults(None)
     assert losses(run_dir) == losses(local_run), f"killed at step {killed_at}"  # bit for bit
     rows = metrics(run_dir)
+    # the resume's rows count every request it made, its preflight's dataset.json among them (they
+    # were one short), faults and retries included: what the proxy saw
+    assert rows[-1]["fetch/requests"] == s3.proxy.counts.total(), (rows[-1], s3.proxy.counts)
     assert all(
         {"fetch/requests", "fetch/retries", "fetch/bytes", "fetch/refetches"} <= r.keys() for r in rows
     )
-    assert any(r["fetch/retries"] > 0 for r in rows) and s3.proxy.counts.slow_down > 0, [
+    assert any(r["fetch/retries"] > 0 for r in rows) and slowed + s3.proxy.counts.slow_down > 0, [
         {k: v for k, v in r.items() if k.startswith("fetch/") or k == "step"} for r in rows
     ]
     assert "fetch/requests" not in metrics(local_run)[0]  # a local dataset is read in place

@@ -522,7 +522,7 @@ class CachedBlocks:
         (fetched just before) names the cache. A copy is counted once, however many threads saw it fail
         (the prefetcher's plan and the loop read the same files)."""
         u, path = bad.unit, self.path(bad.unit)
-        copy = bad.copy
+        copy, removed = bad.copy, False
         try:
             now = path.stat()
             # The same file (its inode: the failing reader holds it open, so no new file has its
@@ -531,8 +531,9 @@ class CachedBlocks:
             if (now.st_dev, now.st_ino) == bad.copy[:2]:
                 copy = _identity(now)
                 path.unlink()
+                removed = True
         except FileNotFoundError:
-            pass
+            pass  # removed by another thread or process that saw it fail
         finally:
             if bad.held is not None:
                 bad.held.close()
@@ -540,7 +541,8 @@ class CachedBlocks:
         if copy in failed or copy in self._failed_before.get(u, ()):
             return  # a copy another thread saw fail first
         failed.add(copy)
-        COUNTS.add("refetches")
+        if removed:  # counted where it is removed: once on the node, however many processes saw it
+            COUNTS.add("refetches")
         if len(failed) >= 2:
             raise DatasetError(
                 f"{path}: the cache's copy of sample {u} of {self.url} failed its check ({bad.why}) "

@@ -24,6 +24,7 @@ from training.config import TrainConfig
 from training.config_checks import mesh_shape
 from training.console import say
 from training.contract.errors import GristmillError
+from training.contract.object_store import COUNTS
 from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, batch_shapes, check_config
 
@@ -82,12 +83,14 @@ class Checked:
     device: torch.device
     base_dir: Path | None  # the base's files (None without init_from, or when a resume's checkpoint
     # stands for them)
+    fetched_before: dict[str, int]  # COUNTS before preflight: step 1's fetch/* include its requests
 
 
 def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
     """Every check that needs no model or GPU memory: batch arithmetic, the mesh shape, the model
     against the dataset (vocabulary, separator, sequence length), the base model of init_from
     against the data, the device and the optimizer. Raises GristmillError with the numbers."""
+    fetched_before = COUNTS.snapshot()  # a bucket's dataset.json (and a base's tokenizer) are fetched here
     spec = check_config(cfg, env.world_size)
     if not cfg.run.output_dir.strip():  # "" resolved to the working directory, which got the run's files
         raise GristmillError('run.output_dir = "": name the run\'s directory, e.g. "runs/train/mine"')
@@ -119,7 +122,8 @@ def preflight(cfg: TrainConfig, env: DistEnv) -> Checked:
 
         float8_or_refuse(device)
     base_dir = None if source is None else source.directory
-    return Checked(spec, batch_shapes(cfg, spec, env.world_size), model_config, device, base_dir)
+    shapes = batch_shapes(cfg, spec, env.world_size)
+    return Checked(spec, shapes, model_config, device, base_dir, fetched_before)
 
 
 def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:

@@ -35,7 +35,6 @@ from training.config import TrainConfig, load_train_config
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.object_store import COUNTS
 from training.contract.run_layout import CONFIG_TOML
 from training.data.block_cache import check_room
 from training.data.loader import TokenLoader
@@ -158,7 +157,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     spec, shapes, model_config, device = checked.spec, checked.shapes, checked.model, checked.device
     mesh = build_mesh(cfg.parallel, env.world_size, device.type)
     last_step = cfg.run.max_steps or spec.last_step
-    fetched_before = COUNTS.snapshot()  # step 1's fetch/* counts include the setup's (a cold start)
+    fetched_before = checked.fetched_before  # step 1's fetch/*: preflight's and setup's too (a cold start)
     plan, loader, validation, notes = _data(cfg, spec, shapes, env, device, last_step)
     model = build_model(model_config, cfg, mesh, device)
     amp = functools.partial(autocast_context, cfg.parallel, mesh, device.type)  # bf16 autocast w/o FSDP
