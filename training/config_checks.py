@@ -199,11 +199,11 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"{c.interval} (an export is made from the checkpoint of its step)"
         )
     e = cfg.eval
-    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or (e.interval and not e.tasks):
+    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or e.max_length < 0 or (e.interval and not e.tasks):
         raise ConfigError(
-            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1 and, with an interval, some "
-            f"eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size {e.batch_size}, "
-            f"tasks {e.tasks}"
+            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1, eval.max_length ≥ 0 and, with an "
+            f"interval, some eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size "
+            f"{e.batch_size}, max_length {e.max_length}, tasks {e.tasks}"
         )
     if e.interval and importlib.util.find_spec("lm_eval") is None:  # found without importing it
         raise ConfigError(

@@ -240,8 +240,12 @@ class TaskPlan:
         )
         train_cfg = run_config(run_dir)
         spec = resolve(train_cfg)  # once: both read the run's sources
-        # the longest sequence the run trained on; a base model's (model.init_from) trained longer
-        self.trained_len = None if train_cfg.model.init_from else max(n for _, n in spec.seq_lens)
+        # Per phase, its first step and seq_len: the longest a step's weights trained on (None for a
+        # run from a base model, which trained longer).
+        starts = [1 + sum(ph.steps for ph in spec.phases[:p]) for p in range(len(spec.phases))]
+        self.phase_lens = (
+            None if train_cfg.model.init_from else [(a, n) for a, (_, n) in zip(starts, spec.seq_lens)]
+        )
         self._noted: set[int] = set()
         self.training_data = training_data_checks(spec, run_dir)
         self.data = run_data(spec, train_cfg.eval.source)
@@ -266,17 +270,21 @@ class TaskPlan:
             else None
         )
 
-    def length_note(self, max_length: int, key: str = "max_length") -> str | None:
-        """A note when windows of `max_length` tokens score positions the run never trained at (its
-        longest seq_len is shorter): their losses are higher than at the trained lengths, and a
-        perplexity mixes them in (found 10% worse bits_per_byte at the tiny recipe's 64 of 256)."""
-        if self.trained_len is None or max_length <= self.trained_len or max_length in self._noted:
+    def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
+        """A note when windows of `max_length` tokens score positions the weights of step `step` never
+        trained at (the longest seq_len of the phases up to it is shorter): their losses are higher
+        than at the trained lengths, and a perplexity mixes them in (found 10% worse bits_per_byte at
+        the tiny recipe's 64 of 256). Once per eval (a --watch or a run evaluates many steps)."""
+        if self.phase_lens is None or self._noted:
             return None
-        self._noted.add(max_length)  # once per eval (a --watch evaluates many steps)
+        trained = max(n for first, n in self.phase_lens if first <= max(step, 1))
+        if max_length <= trained:
+            return None
+        self._noted.add(max_length)
         return (
-            f"note: max_length {max_length} scores positions {self.trained_len}–{max_length - 1}, which "
-            f"this run never trained at (its longest seq_len is {self.trained_len}); set {key} = "
-            f"{self.trained_len} to score only trained lengths"
+            f"note: max_length {max_length} scores positions {trained}–{max_length - 1}, which step "
+            f"{step}'s weights never trained at (the longest seq_len up to it is {trained}); set {key} = "
+            f"{trained} to score only trained lengths"
         )
 
     def heldout_note(self) -> str:
@@ -612,7 +620,7 @@ def evaluate_step(
     t0 = time.time()
     log_file = eval_dir(run_dir, step, merged) / EVAL_LOG
     max_length = cfg.max_length or most
-    if note := plan.length_note(max_length):
+    if note := plan.length_note(max_length, step):
         _log(f"step {step}: {note}")
     with eval_output(log_file, verbose) as terminal:
         try:

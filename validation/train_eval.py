@@ -130,8 +130,6 @@ class TrainingEval:
                         f"{mcfg.max_seq_len} (0: the model's)"
                     )
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
-                if note := self.plan.length_note(self.max_length, "eval.max_length"):
-                    say(f"  eval    {note}")
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
                     f"  eval    {', '.join(self.plan.names)}{limit}{self.plan.heldout_note()} every "
@@ -192,6 +190,8 @@ class TrainingEval:
         self.plan.drop(list(failed))
         if not self.plan.names:
             return self._failed(step, "", failed, merged)
+        if note := self.plan.length_note(self.max_length, step, "eval.max_length"):
+            self._say(note)
         if self.copy is None:
             with torch.device("meta"):
                 self.copy = Transformer(model.cfg)

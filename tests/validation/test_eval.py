@@ -953,28 +953,41 @@ def test_eval_source_must_name_a_source_with_held_out_documents(capsys):
     ), err
 
 
-def test_an_eval_past_the_run_s_longest_seq_len_says_once_that_it_scores_untrained_positions(
+def test_an_eval_past_the_seq_len_a_step_trained_at_says_once_that_it_scores_untrained_positions(
     eval_run, tmp_path, capsys
 ):
-    """max_length defaults to the model's max_seq_len: for a run that trained shorter (the tiny
-    recipe, seq 64 of 256), the perplexities mixed in positions it never trained at (10% worse
-    bits_per_byte, measured by a review), and nothing said so. The eval says it once, naming the
-    setting; at the run's seq_len it says nothing."""
+    """max_length defaults to the model's max_seq_len: for weights that trained shorter (the tiny
+    recipe, seq 64 of 256; or a step before a long-context phase), the perplexities mixed in
+    positions they never trained at (10% worse bits_per_byte, measured by a review), and nothing
+    said so. The eval says it once, naming the setting; at the trained seq_len it says nothing."""
     from pipelines.cli import main
     from validation.eval import TaskPlan
 
     src, _ = eval_run
     run = _copy_run(src, tmp_path / "run")
-    cfg = (run / "config.toml").read_text().replace(f"seq_len = {SEQ_LEN}", "seq_len = 64")
+    phases = """
+[[phase]]
+name = "short"
+steps = 10
+seq_len = 64
+
+[[phase]]
+name = "long"
+steps = 10
+seq_len = 256
+"""
+    text = (run / "config.toml").read_text().replace(f"seq_len = {SEQ_LEN}", "seq_len = 64")
+    cfg = text.replace("phase = []\n", "") + phases  # the saved config lists no phases
     (run / "config.toml").write_text(cfg)
     plan = TaskPlan(run, EvalConfig(tasks=["heldout_ppl"], docs=5))
-    assert plan.length_note(64) is None
-    note = plan.length_note(SEQ_LEN, "eval.max_length")
+    assert plan.length_note(64, 5) is None and plan.length_note(256, 11) is None  # trained at both
+    note = plan.length_note(SEQ_LEN, 5, "eval.max_length")
     assert note == (
-        f"note: max_length {SEQ_LEN} scores positions 64–{SEQ_LEN - 1}, which this run never trained at (its "
-        "longest seq_len is 64); set eval.max_length = 64 to score only trained lengths"
+        f"note: max_length {SEQ_LEN} scores positions 64–{SEQ_LEN - 1}, which step 5's weights never "
+        "trained at (the longest seq_len up to it is 64); set eval.max_length = 64 to score only trained "
+        "lengths"
     )
-    assert plan.length_note(SEQ_LEN) is None  # once
+    assert plan.length_note(SEQ_LEN, 6) is None  # once
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
     err = capsys.readouterr().err
-    assert err.count("which this run never trained at") == 1 and "set max_length = 64" in err, err
+    assert err.count("never trained at") == 1 and "set max_length = 64" in err, err

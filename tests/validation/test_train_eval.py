@@ -169,7 +169,9 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
-@pytest.mark.parametrize("bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]"])
+@pytest.mark.parametrize(
+    "bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]", "eval.max_length=-8"]
+)
 def test_eval_section_errors(bad, built_dataset, tmp_path):
     from training.data.spec import check_config
 
@@ -184,8 +186,6 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     """[eval] max_length, as `gristmill eval --set max_length=N`: above the model's context it is
     refused before step 1; left at 0 (the model's 256) in a run of seq_len 128, the eval says once
     that it scores positions the run never trained at, naming the key."""
-    from training.contract.config_loader import save_config
-
     too_long = load_train_config(TINY, [*_sets(built_dataset, tmp_path / "long"), "eval.max_length=4096"])
     with pytest.raises(
         GristmillError, match="eval.max_length = 4096 is longer than the model's context, 256"
@@ -194,10 +194,12 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     assert _rows(tmp_path / "long") == {}  # before step 1
 
     run = tmp_path / "run"
-    cfg = load_train_config(TINY, [*_sets(built_dataset, run), "data.seq_len=128"])
-    run.mkdir()
-    save_config(cfg, run / "config.toml")
-    TrainingEval(cfg).prepare(run, 4, 0, 1)
+    sets = [*_sets(built_dataset, run, steps=2), "data.seq_len=128", 'eval.tasks=["heldout_ppl"]']
+    cfg = load_train_config(TINY, sets)
+    train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr().out
-    assert out.count("note: max_length 256 scores positions 128–255, which this run never trained at") == 1
-    assert "set eval.max_length = 128 to score only trained lengths" in out
+    assert out.count("never trained at") == 1, out
+    assert (
+        "[eval] note: max_length 256 scores positions 128–255, which step 2's weights never trained at "
+        "(the longest seq_len up to it is 128); set eval.max_length = 128 to score only trained lengths"
+    ) in out

@@ -920,11 +920,13 @@ class Prefetcher:
         return fetch, keep
 
     def _same_groups_until(self, s: int, last: int) -> int:
-        """The last step before `last` that reads the epoch groups step `s` reads, found by doubling
-        then halving the distance (a few steps asked, not each): `keys` (BatchBuilder.group_keys)
-        names a step's phase and groups, and since every source's stream only moves forward and reads
-        at every step of a phase that weighs it, the steps whose keys equal step s's are the ones from
-        s up to some step, and none after it."""
+        """The last step before `last` up to which every step reads no epoch group step `s` does not,
+        found by doubling then halving the distance over the steps whose keys (BatchBuilder.group_keys:
+        the phase, each source's groups) equal step s's. Each source's stream only moves forward, and
+        a source a phase weighs takes at least one window a step on average (the plan refuses less),
+        so the largest-remainder split never leaves it out of two steps in a row: a source step s
+        reads is read, between two steps with s's keys, in the same groups or not at all; one step s
+        does not read is read by step s + 1, whose keys differ, and the search stops there."""
         want = self.keys(s)
         lo, d = s, 1
         while lo + d < last and self.keys(lo + d) == want:

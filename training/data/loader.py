@@ -147,10 +147,8 @@ class BatchBuilder:
 
     def group_keys(self, step: int) -> tuple[int, tuple[tuple[int, int, int, int], ...]]:
         """Step `step`'s phase, and (source, epoch, first group, last group) of each source in a bucket
-        it reads, in source order: the epoch groups groups_read names, without their units. (Within a
-        phase every source of weight > 0 reads at every step, so two steps of one phase with the same
-        keys have the same keys at every step between them; a phase between two others may add a
-        source, hence the phase.)"""
+        it reads, in source order: the epoch groups groups_read names, without their units. (A phase
+        between two others may weigh another source, hence the phase: Prefetcher._same_groups_until.)"""
         keys = []
         for i, ep, a, z in self.plan.step_spans(step):
             if self.tables[i].cache is None:
