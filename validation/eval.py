@@ -274,13 +274,14 @@ class TaskPlan:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never
         trained at (the longest seq_len of the phases up to it is shorter): their losses are higher
         than at the trained lengths, and a perplexity mixes them in (found 10% worse bits_per_byte at
-        the tiny recipe's 64 of 256). Once per eval (a --watch or a run evaluates many steps)."""
-        if self.phase_lens is None or self._noted:
+        the tiny recipe's 64 of 256). Once per eval for each such length (a --watch or a run
+        evaluates many steps, phase after phase)."""
+        if self.phase_lens is None:
             return None
         trained = max(n for first, n in self.phase_lens if first <= max(step, 1))
-        if max_length <= trained:
+        if max_length <= trained or trained in self._noted:
             return None
-        self._noted.add(max_length)
+        self._noted.add(trained)  # once per trained length: a phase's steps share it
         return (
             f"note: max_length {max_length} scores positions {trained}–{max_length - 1}, which step "
             f"{step}'s weights never trained at (the longest seq_len up to it is {trained}); set {key} = "
@@ -429,10 +430,11 @@ def requests_summary(
     return out
 
 
-def task_lines(step: int, results: dict[str, Any]) -> list[str]:
+def task_lines(step: int, results: dict[str, Any], setting: str = "--set max_length=N") -> list[str]:
     """The terminal lines of evaluated tasks (evaluate_lm's results, or one task's from its
     `on_task`): `[eval] step 150 heldout_ppl: 40 docs, 3.1 s` per task, then one warning per task
-    whose inputs lm-eval cut from the left to fit the context, with the numbers."""
+    whose inputs lm-eval cut from the left to fit the context, with the numbers and `setting`, the
+    way to give it more (`gristmill eval`'s, or the training's eval.max_length)."""
     tasks = results.get(GRISTMILL_TASKS, {})
     lines = [
         f"[eval] step {step} {name}: {info['docs']} docs, {info['seconds']:.1f} s"
@@ -451,7 +453,7 @@ def task_lines(step: int, results: dict[str, Any]) -> list[str]:
                 f"warning: step {step} {task}: {info['cut_docs']} of {info['of_docs']} documents "
                 f"({info['cut_requests']} of {info['requests']} requests) are longer than {room} (longest "
                 f"{info['longest']}) and were cut from the left; scores at this length "
-                "measure a truncated task (--set max_length=N, up to the model's max_seq_len, evaluates more)"
+                f"measure a truncated task ({setting}, up to the model's max_seq_len, evaluates more)"
             )
     return lines
 

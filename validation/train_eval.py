@@ -239,7 +239,7 @@ class TrainingEval:
             say(line)
         if failed:
             metrics.update(self._failed(step, "", failed, merged))
-        for line in task_lines(step, results):  # the truncation warnings (not the per-task lines)
+        for line in task_lines(step, results, "eval.max_length"):  # the truncation warnings only
             if line.startswith("warning:"):
                 say(line)
         return metrics

@@ -972,6 +972,11 @@ steps = 10
 seq_len = 64
 
 [[phase]]
+name = "middle"
+steps = 10
+seq_len = 128
+
+[[phase]]
 name = "long"
 steps = 10
 seq_len = 256
@@ -980,14 +985,19 @@ seq_len = 256
     cfg = text.replace("phase = []\n", "") + phases  # the saved config lists no phases
     (run / "config.toml").write_text(cfg)
     plan = TaskPlan(run, EvalConfig(tasks=["heldout_ppl"], docs=5))
-    assert plan.length_note(64, 5) is None and plan.length_note(256, 11) is None  # trained at both
+    assert plan.length_note(64, 5) is None and plan.length_note(256, 21) is None  # trained at both
+    assert plan.length_note(SEQ_LEN, 15) == (  # steps scored in any order: each phase's length once
+        f"note: max_length {SEQ_LEN} scores positions 128–{SEQ_LEN - 1}, which step 15's weights never "
+        "trained at (the longest seq_len up to it is 128); set max_length = 128 to score only trained "
+        "lengths"
+    )
     note = plan.length_note(SEQ_LEN, 5, "eval.max_length")
     assert note == (
         f"note: max_length {SEQ_LEN} scores positions 64–{SEQ_LEN - 1}, which step 5's weights never "
         "trained at (the longest seq_len up to it is 64); set eval.max_length = 64 to score only trained "
         "lengths"
     )
-    assert plan.length_note(SEQ_LEN, 6) is None  # once
+    assert plan.length_note(SEQ_LEN, 6) is None and plan.length_note(SEQ_LEN, 16) is None  # once each
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
     err = capsys.readouterr().err
     assert err.count("never trained at") == 1 and "set max_length = 64" in err, err

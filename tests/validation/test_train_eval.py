@@ -184,8 +184,8 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     built_dataset, tmp_path, capsys
 ):
     """[eval] max_length, as `gristmill eval --set max_length=N`: above the model's context it is
-    refused before step 1; left at 0 (the model's 256) in a run of seq_len 128, the eval says once
-    that it scores positions the run never trained at, naming the key."""
+    refused before step 1; longer than the run's seq_len, the eval says once that it scores positions
+    the run never trained at, naming the key, as its warning about items cut to it does."""
     too_long = load_train_config(TINY, [*_sets(built_dataset, tmp_path / "long"), "eval.max_length=4096"])
     with pytest.raises(
         GristmillError, match="eval.max_length = 4096 is longer than the model's context, 256"
@@ -194,12 +194,15 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     assert _rows(tmp_path / "long") == {}  # before step 1
 
     run = tmp_path / "run"
-    sets = [*_sets(built_dataset, run, steps=2), "data.seq_len=128", 'eval.tasks=["heldout_ppl"]']
+    sets = [*_sets(built_dataset, run, steps=2), "data.seq_len=64", "eval.max_length=96"]
     cfg = load_train_config(TINY, sets)
     train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr().out
     assert out.count("never trained at") == 1, out
     assert (
-        "[eval] note: max_length 256 scores positions 128–255, which step 2's weights never trained at "
-        "(the longest seq_len up to it is 128); set eval.max_length = 128 to score only trained lengths"
+        "[eval] note: max_length 96 scores positions 64–95, which step 2's weights never trained at "
+        "(the longest seq_len up to it is 64); set eval.max_length = 64 to score only trained lengths"
     ) in out
+    # the cloze items cut to 96 tokens: the warning names the key a training takes (not --set max_length)
+    (cut,) = [line for line in out.splitlines() if "were cut from the left" in line]
+    assert cut.endswith("(eval.max_length, up to the model's max_seq_len, evaluates more)"), cut
