@@ -657,6 +657,7 @@ def dataset_loader(
                 f"raise val_fraction (now {val_fraction}), read fewer batches, or turn validation off"
                 if split == "val"
                 else "lower global_batch or seq_len, or use a bigger dataset"
+                + (f", or hold out less (val_fraction {val_fraction:g})" if val_fraction > 0 else "")
             )
         )
     log.info(

@@ -291,10 +291,14 @@ class Plan:
                     lo = mid + 1
             share, per_epoch = cum(lo + 1) - cum(lo), tokens // w
             if share > per_epoch:
+                src = self.sources[i]
+                held = (
+                    f", or hold out less (val_fraction {src.val_fraction:g})" if src.val_fraction > 0 else ""
+                )
                 raise PlanError(
-                    f"source {self.sources[i].name!r} ({self.sources[i].dataset}): one epoch holds "
-                    f"{per_epoch} windows of {w} tokens, fewer than the {share} one step of phase "
-                    f"{self.phases[p].name!r} takes from it; use a bigger dataset or a smaller weight"
+                    f"source {src.name!r} ({src.dataset}): one epoch holds {per_epoch} windows of {w} "
+                    f"tokens, fewer than the {share} one step of phase {self.phases[p].name!r} takes "
+                    f"from it; use a bigger dataset or a smaller weight{held}"
                 )
             found.append(_Crossing(lo, c.epoch + 1, 0, cum(lo)))
 

@@ -433,6 +433,9 @@ def test_bad_arguments_name_the_numbers(corpus):
         make_loader(root, expect_tokenizer_sha256="abc")
     with pytest.raises(LoaderConfigError, match="fewer than one global batch.*lower global_batch"):
         make_loader(root, global_batch=4096, micro_batch=1)
+    # a training split emptied by what is held out names val_fraction too (review R2)
+    with pytest.raises(LoaderConfigError, match=r"split 'train' .* or hold out less \(val_fraction 0.999\)$"):
+        make_loader(root, val_fraction=0.999)
     with pytest.raises(LoaderConfigError, match="split 'val' .* raise val_fraction \\(now 0.001\\)"):
         make_loader(root, split="val", val_fraction=0.001)
     make_loader(root, expect_vocab_size=1 << 20, expect_tokenizer_sha256="none")

@@ -283,3 +283,22 @@ def test_step_spans_are_where_step_windows_put_each_source_and_only_move_forward
             assert (epoch, a) >= reached.get(i, (0, 0)), (step, i)
             reached[i] = (epoch, z)
     assert {e for e, _ in reached.values()} != {0}  # the plan crossed epochs
+
+
+def test_a_source_too_small_for_one_step_names_what_it_holds_out():
+    """A source whose epoch holds fewer windows than one step takes: the refusal names a bigger dataset
+    or a smaller weight, and where the source holds documents out, val_fraction (review R2: a split
+    emptied by val_fraction was advised only the first two)."""
+    from training.data.plan import PlanError
+
+    for val_fraction, says in (
+        (0.5, r"smaller weight, or hold out less \(val_fraction 0\.5\)$"),
+        (0.0, r"smaller weight$"),
+    ):
+        plan = Plan(
+            [Source("web", "w-dir", "w", 100, 1, None, val_fraction)],
+            [Phase("main", 4, 16, 8, (1,), LRPiece(1e-3, 1e-3, "constant"))],
+            seed=7,
+        )
+        with pytest.raises(PlanError, match=says):
+            plan.step_windows(0)
