@@ -203,7 +203,7 @@ class TokenizeShard(PipelineStep):
                 nonlocal pos, tokens
                 with self.track_time("batch"):
                     encoded = encoder.encode_batch([d.text for d in batch])
-                kept = 0
+                docs_before, tokens_before = len(ids_off), tokens
                 for doc, ids in zip(batch, encoded):
                     if len(ids) == 1:  # the separator alone
                         drop(
@@ -212,7 +212,6 @@ class TokenizeShard(PipelineStep):
                         no_tokens.write(doc, rank)
                         self.stat_update("no_tokens")
                         continue
-                    kept += 1
                     data_bytes = ids.astype(dtype, copy=False).tobytes()
                     m = doc.metadata
                     meta = {k: m[k] for k in META_KEYS if m.get(k) is not None}
@@ -232,8 +231,9 @@ class TokenizeShard(PipelineStep):
                     meta_len.append(len(meta_bytes))
                     pos += len(data_bytes) + len(meta_bytes)
                     tokens += len(ids)
+                kept = len(ids_off) - docs_before
                 self.stat_update("documents", value=kept)
-                self.stat_update("tokens", value=int(sum(len(i) for i in encoded if len(i) > 1)))
+                self.stat_update("tokens", value=tokens - tokens_before)
                 if progress:
                     progress.kept += kept
                     progress.tokens = tokens

@@ -493,8 +493,6 @@ class CachedBlocks:
             except _BadCopy as bad:
                 self._failed(bad)
             else:
-                if read == self._open:  # checked whole: a good copy, so the next failure is a first one
-                    self._failed_before.setdefault(u, set()).update(self._failures.pop(u, ()))
                 return got
         raise DatasetError(
             f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
@@ -514,6 +512,8 @@ class CachedBlocks:
         for u in units:
             if u not in got:
                 got[u] = self._from_disk(u, self._open)
+                # checked whole: a good copy, so the unit's next failure is a first one
+                self._failed_before.setdefault(u, set()).update(self._failures.pop(u, ()))
                 OPEN_MAPS.put(self._owner, u, got[u], most=min(self.nunits, group + group // 4))
         return got
 
