@@ -33,6 +33,9 @@ demo: $(STAMP)
 # Two tiers (tests/helpers/tiers.py): the in-process tests first (a failure there stops before the
 # rest), then the modules that start processes. Both share the artifacts built once per run
 # (tests/helpers/shared.py) in a fresh folder, removed after them; each lists its slowest tests.
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, common in
+# containers): else every test process, fresh interpreter and forked run compiled the project's
+# modules again from source (~0.2 CPU s each, hundreds of processes).
 # --dist loadgroup (tests/conftest.py's scheduler): a module marked pytest.mark.xdist_group("NAME")
 # runs on one worker, so its module-scoped servers and builds (a Ray instance, moto, a hub) start
 # once; every other test is spread one by one. Here, not in pyproject's addopts: a pytest without
@@ -43,6 +46,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	@shared=$$(mktemp -d) && trap 'rm -rf "$$shared"' EXIT && export GRISTMILL_TEST_SHARED="$$shared" && \
+	  unset PYTHONDONTWRITEBYTECODE && \
 	  echo "== in-process tier" && $(PYTEST) --tier in-process && \
 	  echo "== process tier" && $(PYTEST) --tier process
 

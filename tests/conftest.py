@@ -9,6 +9,7 @@ The corpus, tokenizer and recipe come from tests/helpers/corpus.py.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +57,15 @@ def pytest_xdist_make_scheduler(config, log):
             return group_of(config.rootpath / nodeid.split("::")[0]) or nodeid
 
     return ModuleGroups(config, log)
+
+
+def pytest_collection_finish(session):
+    """What this worker imported to collect (torch, datatrove, the test modules: ~400k objects) lives
+    to the end of the session: frozen out of the garbage collector's reach, so that every later full
+    collection (the automatic ones, pytest's own forced ones at the end) walks only what tests made.
+    A process-tier worker spent ~13% of its CPU in those walks (gc.callbacks over test_rewind)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_ignore_collect(collection_path: Path, config) -> bool | None:

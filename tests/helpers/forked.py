@@ -41,6 +41,7 @@ from pathlib import Path
 PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run",
            "torch._dynamo", "pandas", "matplotlib.pyplot"]  # fmt: skip
 WORKERS = "tests.helpers.forked_workers"
+FROZEN = "tests.helpers.frozen_preload"  # last: freezes what the server imported
 
 _context = None
 _outputs: Path | None = None  # the children's stdout and stderr files, removed with the server
@@ -51,7 +52,7 @@ def _server():
     global _context, _outputs
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload([*PRELOAD, __name__, WORKERS])
+        _context.set_forkserver_preload([*PRELOAD, __name__, WORKERS, FROZEN])
         _outputs = Path(tempfile.mkdtemp(prefix="forked-"))
     return _context
 
