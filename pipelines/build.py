@@ -77,6 +77,7 @@ from pipelines.task_upload import (
     record_rel,
     stray_objects,
 )
+from pipelines.tokenize_shard import FILTER_NAME as TOKENS_FILTER
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from pipelines.upload import upload_dataset
@@ -729,9 +730,16 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             if bucket is None
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )
+        # Texts the tokenizer encodes to no token are its doing, not a filter's (tokenize_shard.py).
+        advice = (
+            f"check tokenizer.path {cfg.tokenizer.path}: {excluded[TOKENS_FILTER]:,} texts encoded to no "
+            "token with it (a normalizer that deletes their characters?)"
+            if excluded.get(TOKENS_FILTER)
+            else "loosen [filters] or check source.text_key"
+        )
         raise BuildError(
             f"{where}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
-            f"loosen [filters] or check source.text_key, {drops}"
+            f"{advice}, {drops}"
         )
     try:
         info = finalize_dataset(

@@ -227,6 +227,26 @@ def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path):
     assert list((out / "excluded").glob("*.parquet"))  # the reasons are kept for the audit
 
 
+def test_every_text_encoded_to_no_token_names_the_tokenizer(build_fixture, tmp_path):
+    """Every text excluded because the tokenizer encodes it to no token (its normalizer deletes every
+    character): the advice names tokenizer.path, not the filters or the text key."""
+    from tokenizers import Regex, Tokenizer, normalizers
+
+    _, tokenizer, config = build_fixture
+    tok = Tokenizer.from_file(str(tokenizer))
+    tok.normalizer = normalizers.Replace(Regex(r"[\s\S]"), "")
+    deleting = tmp_path / "deleting.json"
+    tok.save(str(deleting))
+    out = tmp_path / "o"
+    cfg = load_config(DataConfig, config, [f"output={out}", f"tokenizer.path={deleting}", "build.workers=1"])
+    with pytest.raises(BuildError) as err:
+        build(cfg, log=lambda *a: None)
+    msg = str(err.value)
+    assert "no document survived" in msg and re.search(r"excluded by: [^;]*tokens \d", msg), msg
+    assert f"check tokenizer.path {deleting}: " in msg and "texts encoded to no token with it" in msg, msg
+    assert "loosen [filters]" not in msg and not (out / "dataset.json").exists()
+
+
 def test_output_that_is_a_file(build_fixture, tmp_path, capsys):
     """An `output` naming a file (or a path through one): a FileExistsError/NotADirectoryError trace."""
     _, _, config = build_fixture
