@@ -305,7 +305,16 @@ class Wandb:
         self.run.log(scalars, step=step)
 
     def finish(self, failed: bool = False) -> None:
-        self.run.finish(exit_code=1 if failed else 0)
+        try:
+            self.run.finish(exit_code=1 if failed else 0)
+        except Exception:
+            # Its service is gone (killed): wandb's exit hook would fail the same way, printed as a
+            # traceback after the run's last line. Tearing down now unregisters that hook.
+            import wandb
+
+            with contextlib.suppress(Exception):
+                wandb.teardown()
+            raise
 
 
 class Trackio:
