@@ -17,6 +17,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tokenization.tokenizer_io import TokenizerError
+from training.contract.dataset_format import as_encoded
 from training.contract.separator_check import misplaced_separators
 
 
@@ -56,15 +57,11 @@ class DocumentEncoder:
 
     def __init__(self, tokenizer: Tokenizer, policy: SeparatorPolicy, source: str = "the tokenizer"):
         # Private copy: encode_special_tokens is a mutable flag on the object, and callers may
-        # use their tokenizer elsewhere with the default behaviour. Without what a tokenizer.json may
-        # carry for other uses, which would change the dataset and pass validation: truncation (every
-        # document cut to max_length), padding (pad ids inside documents) and BPE dropout (random
-        # merges: a task's shards no longer a function of its input).
-        spec = json.loads(tokenizer.to_str())
-        spec["truncation"] = spec["padding"] = None
-        if isinstance(spec.get("model"), dict) and spec["model"].get("dropout") is not None:
-            spec["model"]["dropout"] = None
-        self.tokenizer = Tokenizer.from_str(json.dumps(spec))
+        # use their tokenizer elsewhere with the default behaviour; as_encoded drops what would make a
+        # task's shards other than a function of its input (truncation, padding, BPE dropout).
+        encoded = as_encoded(tokenizer.to_str())
+        spec = json.loads(encoded)
+        self.tokenizer = Tokenizer.from_str(encoded)
         self.tokenizer.encode_special_tokens = True
         self.policy = policy
         self.source = str(source)

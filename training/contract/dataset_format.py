@@ -270,6 +270,23 @@ def tokenizer_model_span(path: str | Path) -> int | None:
         return None
 
 
+def as_encoded(tokenizer_json: str) -> str:
+    """A tokenizer.json's text as the build encodes with it: without what the file may carry for
+    other uses, each of which changes a text's ids and would pass validation — truncation (every
+    document cut to max_length), padding (pad ids inside documents) and BPE dropout (random merges).
+    What an export and an eval ship (training/checkpoint/hf_export.py) is this too: a tokenizer
+    with dropout there scored every eval request on ids of random merges, differing at each eval.
+    The text itself when it carries none of them (an export keeps a base's file byte for byte)."""
+    spec = json.loads(tokenizer_json)
+    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+    if spec.get("truncation") is None and spec.get("padding") is None and model.get("dropout") is None:
+        return tokenizer_json
+    spec["truncation"] = spec["padding"] = None
+    if model.get("dropout") is not None:
+        spec["model"]["dropout"] = None
+    return json.dumps(spec, ensure_ascii=False)
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -186,6 +186,34 @@ def test_an_export_from_a_base_encodes_with_the_tokenizer_json_the_data_was_buil
     assert kept["model_max_length"] == 2048 and kept["bos_token"] == "<|endoftext|>"  # the base's own
 
 
+def test_an_export_of_a_tokenizer_saved_with_bpe_dropout_encodes_as_the_build_did(built_dataset, tmp_path):
+    """A dataset whose tokenizer.json carries BPE dropout (saved from a training setup): the build
+    encodes without it, but the export and the in-training eval (the same files) copied it, so every
+    eval request was encoded with random merges, another way at each eval (review R11b)."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    from tokenization.separator import DocumentEncoder, SeparatorPolicy
+    from training.checkpoint.hf_export import write_tokenizer
+
+    dataset = tmp_path / "dataset"
+    shutil.copytree(built_dataset, dataset)
+    spec = json.loads((dataset / "tokenizer.json").read_text())
+    spec["model"]["dropout"] = 0.5
+    (dataset / "tokenizer.json").write_text(json.dumps(spec))
+    sep = read_dataset_info(dataset)["separator"]["token"]
+    text = "The quick brown fox jumps over the lazy dog, again and again, in 2024."
+    built = DocumentEncoder(Tokenizer.from_file(str(dataset / "tokenizer.json")), SeparatorPolicy(sep))
+    trained = built.encode(text).tolist()[:-1]
+    for base in ({}, {"tokenizer.json": dataset / "tokenizer.json"}):  # the dataset's, a base's
+        out = tmp_path / f"export-{len(base)}"
+        out.mkdir()
+        write_tokenizer(dataset, _model(built_dataset, tied=True).cfg, out, base)
+        tok = tr.AutoTokenizer.from_pretrained(str(out))
+        assert all(tok(text, add_special_tokens=False)["input_ids"] == trained for _ in range(5)), base
+
+
 def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(built_dataset, tmp_path):
     """A base of config.json, weights and tokenizer.json only: its export kept the base's bos/eos ids
     in config.json but named the separator as bos and eos in tokenizer_config.json, so the two
