@@ -23,6 +23,7 @@ from tests.helpers.train_runs import (
     TINY,
     assert_same_weights,
     losses,
+    metrics,
     one_error_line,
     overrides,
     run_torchrun,
@@ -224,3 +225,22 @@ def test_switching_optimizer_on_resume_is_one_line(fsdp_reference, dataset, tmp_
         assert f"holds the state of optim.name = '{old}', and this config has optim.name = '{new}'" in line
         assert f"--set optim.name={old}" in line and "momentum_buffer" not in line, line
         assert (run_dir / "config.toml").read_text() == before  # a refused resume changes nothing
+
+
+@pytest.mark.parametrize("optimizer", [("optim.name='muon'",), ("optim.name='adamw'", "optim.fused=false")])
+def test_a_checkpoint_saved_before_any_step_was_applied_resumes_exactly(
+    dataset, tmp_path, monkeypatch, optimizer
+):
+    """Steps 1 and 2 non-finite and skipped, a checkpoint at step 2: Muon (and unfused AdamW) create
+    their state at their first step, so the checkpoint held none, and resuming from it (or a rewind
+    to it) stopped on DCP's `Missing key … momentum_buffer` (review R11a). It resumes as an
+    optimizer that has taken no step, as the uninterrupted run had at step 2."""
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "1,2")
+    sets = [*optimizer, "run.on_nonfinite='skip'", "checkpoint.interval=2", "schedule.steps=6"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    train(load_train_config(TINY, muon_sets(dataset, whole, *sets)))
+    train(load_train_config(TINY, muon_sets(dataset, cut, *sets, "run.max_steps=2")))
+    train(load_train_config(TINY, muon_sets(dataset, cut, *sets, "checkpoint.resume=auto")))
+    assert [r["step"] for r in metrics(cut)] == [1, 2, 3, 4, 5, 6]
+    assert repr(losses(cut)) == repr(losses(whole))  # nan at steps 1 and 2 in both
+    assert_same_weights(cut, whole, 6)

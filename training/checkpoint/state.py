@@ -162,11 +162,25 @@ class OptimizerState:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
         self.model, self.optimizer = model, optimizer
+        self._none_saved = False  # the checkpoint being loaded holds no optimizer state (expect)
+
+    def expect(self, keys: set[str] | None) -> None:
+        """Told the checkpoint's keys before a load (Checkpointer._load; None after it). One saved
+        before any step was applied (every step so far skipped as non-finite, with an optimizer
+        whose first step creates its state: Muon, unfused AdamW) holds none, and loads as an
+        optimizer that has taken no step: DCP stopped on the missing moments, and such a checkpoint
+        could be neither resumed nor rewound to."""
+        self._none_saved = keys is not None and not any(k.startswith("optimizer.state.") for k in keys)
 
     def state_dict(self) -> dict[str, Any]:
+        if self._none_saved:  # nothing to read (nor to create: torch's lr=0 step would make state)
+            return {}
         return get_optimizer_state_dict(self.model, self.optimizer)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._none_saved:
+            self.optimizer.state.clear()  # as saved: no step taken (a rewind's later steps gone)
+            return
         # The checkpoint brings the moments and step counts; the hyperparameters (betas, eps, weight
         # decay, and the lr the schedule set) stay this config's. Loading them too made a resume
         # with a changed optim.* train on the old values while RUN/config.toml named the new ones.
