@@ -30,11 +30,35 @@ class SeparatorPolicy:
     """"after": EOS style, appended to each document; "before": BOS style, prepended."""
 
 
-def _pick_special(specials: list[str], other: bool = False) -> str:
-    """The advice for a separator that plain text can produce: which tokens to pick instead."""
+def _pick_special(specials: list[str], usable: list[str], other: bool = False) -> str:
+    """The advice for a separator that plain text can produce: which tokens to pick instead, among
+    `usable` (the `specials` that pass the same checks: _usable)."""
     if not specials:
         return "the tokenizer has no special tokens: train one with `gristmill tokenizer train`"
-    return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {specials}"
+    if not usable:
+        return (
+            f"none of its special tokens {specials} can be one (plain text spells each, or it is the "
+            'unknown token): add one to its added_tokens with "special": true'
+        )
+    return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {usable}"
+
+
+def _spelled(tokenizer: Tokenizer, token: str) -> str | None:
+    """A text quoting `token` literally (alone, between spaces, glued to words, doubled) that
+    `tokenizer` (encode_special_tokens set) encodes to the token's id, or None when none does."""
+    tid = tokenizer.token_to_id(token)
+    probes = [token, f"a {token} b", f"a{token}b", f"word{token}", f"{token}word", f"{token} at the start"]
+    probes += [f"at the end {token}", f"{token}{token}", f"\n{token}\n", f"a {token}{token} b"]
+    for text in probes:
+        if tid in tokenizer.encode(text, add_special_tokens=False).ids:
+            return text
+    return None
+
+
+def _usable(tokenizer: Tokenizer, specials: list[str], unk: str | None, separator: str) -> list[str]:
+    """The special tokens other than `separator` that could be the separator: not the model's unknown
+    token, and not spelled by plain text (_spelled)."""
+    return [t for t in specials if t not in (separator, unk) and _spelled(tokenizer, t) is None]
 
 
 def vocab_size_of(tokenizer: Tokenizer) -> int:
@@ -80,6 +104,10 @@ class DocumentEncoder:
                 "the tokenizer file is inconsistent — re-export it"
             )
         self.separator_id = int(sep)
+        model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
+        unk = model.get("unk_token")
+        if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
+            unk = model["vocab"][model["unk_id"]][0]
         # The separator must be one of the tokenizer's special added tokens: only those are kept
         # out of ordinary text by encode_special_tokens=True. An ordinary vocabulary token ("." or
         # "the"), or an added token with special=False, is what plain text encodes to.
@@ -92,15 +120,12 @@ class DocumentEncoder:
             )
             raise TokenizerError(
                 f"{source}: tokenizer.separator {policy.token!r} is {kind} (id {sep}), not a special "
-                f"token, so plain text may encode to it; {_pick_special(specials)}, or "
+                f"token, so plain text may encode to it; "
+                f"{_pick_special(specials, _usable(self.tokenizer, specials, unk, policy.token))}, or "
                 f'add {policy.token!r} to the tokenizer\'s added_tokens with "special": true'
             )
         # Nor may text the vocabulary cannot spell: a model whose unknown token is the separator (some
         # GPT-2-era configs name <|endoftext|> as unk) gives it to every character it lacks.
-        model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
-        unk = model.get("unk_token")
-        if model.get("unk_id") is not None and isinstance(model.get("vocab"), list):  # Unigram
-            unk = model["vocab"][model["unk_id"]][0]
         if unk == policy.token:
             raise TokenizerError(
                 f"{source}: its model's unknown token is tokenizer.separator {policy.token!r}, so every "
@@ -109,17 +134,15 @@ class DocumentEncoder:
             )
         # And literal separator text, wherever it stands in a page, must stay text (a special
         # token whose string the vocabulary can also spell, e.g. a special "." is caught here).
-        t = policy.token
-        probes = [t, f"a {t} b", f"a{t}b", f"word{t}", f"{t}word", f"{t} at the start", f"at the end {t}"]
-        probes += [f"{t}{t}", f"\n{t}\n", f"a {t}{t} b"]
-        for text in probes:
-            if self.separator_id in self.tokenizer.encode(text, add_special_tokens=False).ids:
-                raise TokenizerError(
-                    f"{source}: literal text {text!r} encodes to the separator id {sep} "
-                    f"(tokenizer.separator {policy.token!r}), so documents quoting it would gain extra "
-                    f"separators; {_pick_special(specials, other=True)}, or fix the tokenizer's "
-                    "added_tokens and vocabulary so no text spells it"
-                )
+        text = _spelled(self.tokenizer, policy.token)
+        if text is not None:
+            usable = _usable(self.tokenizer, specials, unk, policy.token)
+            raise TokenizerError(
+                f"{source}: literal text {text!r} encodes to the separator id {sep} "
+                f"(tokenizer.separator {policy.token!r}), so documents quoting it would gain extra "
+                f"separators; {_pick_special(specials, usable, other=True)}, or fix the tokenizer's "
+                "added_tokens and vocabulary so no text spells it"
+            )
 
     def separator_info(self) -> dict[str, Any]:
         return {"token": self.policy.token, "id": self.separator_id, "position": self.policy.position}

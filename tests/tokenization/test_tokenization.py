@@ -116,6 +116,38 @@ def test_ordinary_vocabulary_token_as_separator_is_refused(prose_tokenizer):
         assert f'add {token!r} to the tokenizer\'s added_tokens with "special": true' in msg
 
 
+def test_the_advice_names_only_special_tokens_that_could_be_the_separator():
+    """A sentencepiece-Unigram tokenizer (T5's, ALBERT's, converted): its special tokens are also
+    model pieces, so plain text spells each. The refusal advised picking among all of them, the
+    one refused included, and the unknown token (review R11b); none of them can be one."""
+    from tokenizers import models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()]
+    )
+    specials = ["<pad>", "</s>", "<unk>"]
+    trainer = trainers.UnigramTrainer(
+        vocab_size=400, special_tokens=specials, unk_token="<unk>", show_progress=False
+    )
+    tok.train_from_iterator(fixture_texts(120), trainer=trainer)
+    for sep in ("</s>", "<pad>"):
+        with pytest.raises(TokenizerError) as err:
+            DocumentEncoder(tok, SeparatorPolicy(sep), source="t5.json")
+        msg = str(err.value)
+        assert "encodes to the separator id" in msg and "set tokenizer.separator to" not in msg, msg
+        assert f"none of its special tokens {specials} can be one" in msg, msg
+    # With one special token added that text cannot spell, the advice names it, and only it.
+    tok.add_special_tokens([AddedToken("<|sep|>", special=True)])
+    with pytest.raises(TokenizerError) as err:
+        DocumentEncoder(tok, SeparatorPolicy("</s>"), source="t5.json")
+    assert "set tokenizer.separator to another of its special tokens ['<|sep|>']" in str(err.value)
+    assert DocumentEncoder(tok, SeparatorPolicy("<|sep|>")).encode("a </s> b")[-1] == tok.token_to_id(
+        "<|sep|>"
+    )
+
+
 def test_separator_removed_from_added_tokens_is_refused(prose_tokenizer):
     # A tokenizer.json edited by hand: <|endoftext|> gone from added_tokens, still in the vocabulary.
     raw = json.loads(prose_tokenizer.to_str())
