@@ -731,12 +731,15 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )
         # Texts the tokenizer encodes to no token are its doing, not a filter's (tokenize_shard.py).
-        advice = (
-            f"check tokenizer.path {cfg.tokenizer.path}: {excluded[TOKENS_FILTER]:,} texts encoded to no "
-            "token with it (a normalizer that deletes their characters?)"
-            if excluded.get(TOKENS_FILTER)
-            else "loosen [filters] or check source.text_key"
-        )
+        causes = []
+        if any(n for name, n in excluded.items() if name != TOKENS_FILTER) or not excluded.get(TOKENS_FILTER):
+            causes.append("loosen [filters] or check source.text_key")
+        if excluded.get(TOKENS_FILTER):
+            causes.append(
+                f"check tokenizer.path {cfg.tokenizer.path}: {excluded[TOKENS_FILTER]:,} texts encoded to "
+                "no token with it (a normalizer that deletes their characters?)"
+            )
+        advice = "; ".join(causes)
         raise BuildError(
             f"{where}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
             f"{advice}, {drops}"

@@ -227,14 +227,23 @@ def test_switching_optimizer_on_resume_is_one_line(fsdp_reference, dataset, tmp_
         assert (run_dir / "config.toml").read_text() == before  # a refused resume changes nothing
 
 
-@pytest.mark.parametrize("optimizer", [("optim.name='muon'",), ("optim.name='adamw'", "optim.fused=false")])
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        ("optim.name='muon'",),
+        ("optim.name='muon'", "checkpoint.async=true"),
+        ("optim.name='adamw'", "optim.fused=false"),
+    ],
+)
 def test_a_checkpoint_saved_before_any_step_was_applied_resumes_exactly(
     dataset, tmp_path, monkeypatch, optimizer
 ):
     """Steps 1 and 2 non-finite and skipped, a checkpoint at step 2: Muon (and unfused AdamW) create
     their state at their first step, so the checkpoint held none, and resuming from it (or a rewind
     to it) stopped on DCP's `Missing key … momentum_buffer` (review R11a). It resumes as an
-    optimizer that has taken no step, as the uninterrupted run had at step 2."""
+    optimizer that has taken no step, as the uninterrupted run had at step 2. With async saves, the
+    host buffers sized at that first save had no room for the state: the next save was refused and
+    the run stopped (review R11c); they are sized again."""
     monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "1,2")
     sets = [*optimizer, "run.on_nonfinite='skip'", "checkpoint.interval=2", "schedule.steps=6"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"

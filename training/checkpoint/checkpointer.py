@@ -677,6 +677,9 @@ class Checkpointer:
                 f"refusing to save step {step}: the state holds non-finite values ({bad}). Last complete "
                 f"checkpoint: {self.newest_complete()}"
             )
+        if staged and self.staging is not None and self.staging.before_optimizer_state(state):
+            self.staging.close()  # the previous write is done (above): its buffers are free
+            self.staging = None
         changed = self._anywhere(self.staging and self.staging.changed(state)) if staged else None
         if changed is not None:
             raise CheckpointError(

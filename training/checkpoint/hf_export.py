@@ -65,7 +65,7 @@ from training.checkpoint.record import (
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import TOKENIZER_JSON, as_encoded, read_dataset_info
+from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info, without_dropout
 from training.contract.errors import GristmillError, unwritable
 from training.contract.integrity import damaged_files, file_records
 from training.contract.run_layout import (
@@ -225,12 +225,15 @@ def write_tokenizer(
     for name in TOKENIZER_FILES:
         if name in base and name != TOKENIZER_JSON:
             shutil.copyfile(base[name], out_dir / name)
-    # tokenizer.json as the data was encoded with it (as_encoded: no BPE dropout, truncation or
-    # padding), the base's or the dataset's (synthetic test datasets have none).
+    # tokenizer.json as the data was encoded with it (without BPE dropout), the base's or the
+    # dataset's (synthetic test datasets have none): else a copy, byte for byte.
     source = base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON)
     if source.is_file():
-        text = as_encoded(source.read_text(encoding="utf-8"))
-        (out_dir / TOKENIZER_JSON).write_text(text, encoding="utf-8")
+        text = source.read_text(encoding="utf-8")
+        if (kept := without_dropout(text)) is text:
+            shutil.copyfile(source, out_dir / TOKENIZER_JSON)
+        else:
+            (out_dir / TOKENIZER_JSON).write_text(kept, encoding="utf-8")
     config = out_dir / TOKENIZER_CONFIG
     if config.is_file() and (out_dir / TOKENIZER_JSON).is_file():
         # The data was encoded by tokenizer.json itself. A base's class (GPT2Tokenizer, LlamaTokenizer)

@@ -402,6 +402,8 @@ def _tokenizer_hash(path: Path) -> str:
         raise BaseModelError(f"{path} is not valid JSON ({e})") from None
     content = {k: data.get(k) for k in _ID_SECTIONS}
     model = content["model"]
+    if isinstance(model, dict):  # BPE dropout decides no id the data holds: the build encodes without
+        model = content["model"] = {k: v for k, v in model.items() if k != "dropout"}
     if isinstance(model, dict) and isinstance(model.get("merges"), list):
         merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
         content["model"] = model | {"merges": merges}

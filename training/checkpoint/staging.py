@@ -82,6 +82,14 @@ class HostStaging:
         self._hook = None  # the optimizer pre-step hook that orders training after the copy
         self.nbytes = 0
 
+    def before_optimizer_state(self, state: dict[str, Any]) -> bool:
+        """Whether the buffers were sized at a save that held no optimizer state and `state` holds it:
+        a first save after every step so far was skipped (Muon, unfused AdamW create their state at
+        their first applied step). Such buffers are sized again, once, not refused (`changed`)."""
+        if self.buffers is None or any(p[:2] == ("optimizer", "state") for p in self.buffers):
+            return False
+        return any(p[:2] == ("optimizer", "state") for p, _ in tensor_leaves(state))
+
     def changed(self, state: dict[str, Any]) -> str | None:
         """Why `state` no longer fits the buffers of the first save (one line), or None."""
         if self.buffers is None:

@@ -270,20 +270,24 @@ def tokenizer_model_span(path: str | Path) -> int | None:
         return None
 
 
-def as_encoded(tokenizer_json: str) -> str:
-    """A tokenizer.json's text as the build encodes with it: without what the file may carry for
-    other uses, each of which changes a text's ids and would pass validation — truncation (every
-    document cut to max_length), padding (pad ids inside documents) and BPE dropout (random merges).
-    What an export and an eval ship (training/checkpoint/hf_export.py) is this too: a tokenizer
-    with dropout there scored every eval request on ids of random merges, differing at each eval.
-    The text itself when it carries none of them (an export keeps a base's file byte for byte)."""
+def without_dropout(tokenizer_json: str) -> str:
+    """A tokenizer.json's text without BPE dropout (random merges: `model.dropout`), which neither the
+    build encodes with nor an export and eval may ship: a tokenizer with it scored every eval request
+    on ids of random merges, differing at each eval. The text itself when it has none (an export
+    keeps a base's file byte for byte)."""
     spec = json.loads(tokenizer_json)
-    model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
-    if spec.get("truncation") is None and spec.get("padding") is None and model.get("dropout") is None:
+    if not isinstance(spec.get("model"), dict) or spec["model"].get("dropout") is None:
         return tokenizer_json
+    spec["model"]["dropout"] = None
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def as_encoded(tokenizer_json: str) -> str:
+    """A tokenizer.json's text as the build encodes with it: without_dropout, and without truncation
+    (every document cut to max_length) and padding (pad ids inside a batch's documents), which a
+    `tokenizers` call applies (transformers sets its own at each call, so an export keeps them)."""
+    spec = json.loads(without_dropout(tokenizer_json))
     spec["truncation"] = spec["padding"] = None
-    if model.get("dropout") is not None:
-        spec["model"]["dropout"] = None
     return json.dumps(spec, ensure_ascii=False)
 
 

@@ -196,6 +196,7 @@ def test_an_export_of_a_tokenizer_saved_with_bpe_dropout_encodes_as_the_build_di
 
     from tokenization.separator import DocumentEncoder, SeparatorPolicy
     from training.checkpoint.hf_export import write_tokenizer
+    from training.checkpoint.hf_import import check_base_data
 
     dataset = tmp_path / "dataset"
     shutil.copytree(built_dataset, dataset)
@@ -212,6 +213,23 @@ def test_an_export_of_a_tokenizer_saved_with_bpe_dropout_encodes_as_the_build_di
         write_tokenizer(dataset, _model(built_dataset, tied=True).cfg, out, base)
         tok = tr.AutoTokenizer.from_pretrained(str(out))
         assert all(tok(text, add_special_tokens=False)["input_ids"] == trained for _ in range(5)), base
+        # The export is a base for runs on the data it trained on: the same tokenizer (review R11c).
+        info = read_dataset_info(dataset)
+        ids = {"bos_token_id": info["separator"]["id"], "eos_token_id": info["separator"]["id"]}
+        (out / "config.json").write_text(json.dumps(ids))
+        check_base_data(out, dataset, info, info["vocab_size"])
+    # Without dropout, a base's file is kept byte for byte (CRLF line ends too), and the padding it
+    # sets (where transformers finds a pad token tokenizer_config.json does not name) stays.
+    tok = Tokenizer.from_file(str(built_dataset / "tokenizer.json"))
+    tok.enable_padding(pad_token=sep, pad_id=tok.token_to_id(sep))
+    crlf = tmp_path / "base" / "tokenizer.json"
+    crlf.parent.mkdir()
+    crlf.write_bytes(tok.to_str(pretty=True).replace("\n", "\r\n").encode())
+    out = tmp_path / "export-padded"
+    out.mkdir()
+    write_tokenizer(dataset, _model(built_dataset, tied=True).cfg, out, {"tokenizer.json": crlf})
+    assert (out / "tokenizer.json").read_bytes() == crlf.read_bytes()
+    assert tr.AutoTokenizer.from_pretrained(str(out)).pad_token == sep
 
 
 def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(built_dataset, tmp_path):
