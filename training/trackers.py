@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -309,11 +310,18 @@ class Wandb:
             self.run.finish(exit_code=1 if failed else 0)
         except Exception:
             # Its service is gone (killed): wandb's exit hook would fail the same way, printed as a
-            # traceback after the run's last line. Tearing down now unregisters that hook.
+            # traceback after the run's last line. Tearing down unregisters that hook first; in a
+            # thread, waited for 10 s at most, since it waits for a service that may still be alive
+            # (and may sys.exit with its status), which must not hold up or end training.
             import wandb
 
-            with contextlib.suppress(Exception):
-                wandb.teardown()
+            def teardown() -> None:
+                with contextlib.suppress(BaseException):
+                    wandb.teardown()
+
+            done = threading.Thread(target=teardown, name="wandb-teardown", daemon=True)
+            done.start()
+            done.join(timeout=10)
             raise
 
 
