@@ -98,7 +98,8 @@ def test_a_demo_rerun_skips_the_stop_its_run_is_already_past(tmp_path):
 def test_the_demo_shows_the_batch_record_verified_and_a_tampered_copy_caught(tmp_path, capsys):
     """Issue 47: the demo's export stage says what `verify` checked of the recorded batches (it is
     silent when they agree), then runs verify on a copy of the record with one step's batch swapped
-    for the next step's: verify's own line names that step and it exits 1; the copy is removed. A
+    for the next step's: verify's own line names that step and it exits 1; the copy stays, for the
+    command the stage prints (it was removed, and the printed `gristmill verify COPY` failed). A
     step the record cannot swap (the last) is an error, not a pass."""
     from pipelines.cli import main as gristmill
     from pipelines.demo import batch_check_shown
@@ -115,6 +116,7 @@ def test_the_demo_shows_the_batch_record_verified_and_a_tampered_copy_caught(tmp
     assert f"verify compared the 8 steps recorded in {run / 'batches.bin'} (steps 1–8)" in out
     said = r"^    batches: step 5 differs from the plan: recorded \w{16}…, planned \w{16}…"
     assert re.search(said, out, re.M), out
-    assert "exit 1, step 5 named" in out and not tampered.exists()
+    assert "exit 1, step 5 named" in out
+    assert gristmill(["verify", str(tampered)]) == 1  # as the stage prints it
     assert batch_check_shown(run, tampered, gristmill, step=8) == 1
     assert "does not record steps 8 and 9" in capsys.readouterr().out
