@@ -475,6 +475,14 @@ def _run(args: argparse.Namespace) -> int:
                 "its finished tasks wrote",
                 file=sys.stderr,
             )
+    if args.report not in (None, "all", *RUN_REPORTS) and not any(
+        (Path(d) / DATASET_JSON).is_file() for d in args.dirs
+    ):  # its tables would be empty: "(no rows)" and exit 0 said nothing of why
+        raise AuditError(
+            f"--report {args.report} reads a dataset's files, and {', '.join(args.dirs)} holds no "
+            f"{DATASET_JSON}: pass a dataset directory (a training run's is data.dataset in its "
+            f"config.toml), or --report {' / '.join(RUN_REPORTS)} for a training run"
+        )
     if args.db:
         try:
             views = persist(args.dirs, args.db)

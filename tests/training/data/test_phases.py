@@ -23,7 +23,14 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, train_recipe, wait_for_step
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    assert_same_weights,
+    one_error_line,
+    train_recipe,
+    wait_for_step,
+)
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
 from training.contract.errors import GristmillError
@@ -481,6 +488,11 @@ def test_plan_inspect_and_consumption(reference, capsys):
     assert gristmill(["data", "audit", str(run_dir)]) == 0  # a run directory: its consumption table
     out = capsys.readouterr().out
     assert "== consumption ==" in out and "pct_of_dataset" in out and "== summary ==" not in out
+    # A dataset's table asked of a run: one line, not an empty table and exit 0 (review R11d).
+    assert gristmill(["data", "audit", str(run_dir), "--report", "summary"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--report summary reads a dataset's files, and {run_dir} holds no dataset.json" in line, line
+    assert "--report consumption for a training run" in line
 
 
 def test_a_one_dataset_run_resumes_by_the_plans_rules(sources, tmp_path, capsys):
