@@ -731,15 +731,14 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )
         # Texts the tokenizer encodes to no token are its doing, not a filter's (tokenize_shard.py).
-        causes = []
-        if any(n for name, n in excluded.items() if name != TOKENS_FILTER) or not excluded.get(TOKENS_FILTER):
-            causes.append("loosen [filters] or check source.text_key")
-        if excluded.get(TOKENS_FILTER):
+        no_tokens = excluded.get(TOKENS_FILTER, 0)
+        causes = ["loosen [filters] or check source.text_key"] if sum(excluded.values()) > no_tokens else []
+        if no_tokens:
             causes.append(
-                f"check tokenizer.path {cfg.tokenizer.path}: {excluded[TOKENS_FILTER]:,} texts encoded to "
-                "no token with it (a normalizer that deletes their characters?)"
+                f"check tokenizer.path {cfg.tokenizer.path}: {no_tokens:,} texts encoded to no token with "
+                "it (a normalizer that deletes their characters?)"
             )
-        advice = "; ".join(causes)
+        advice = "; ".join(causes) or "loosen [filters] or check source.text_key"
         raise BuildError(
             f"{where}: no document survived ({sum(excluded.values()):,} read, excluded by: {by_filter}); "
             f"{advice}, {drops}"

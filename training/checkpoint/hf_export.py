@@ -229,11 +229,10 @@ def write_tokenizer(
     # dataset's (synthetic test datasets have none): else a copy, byte for byte.
     source = base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON)
     if source.is_file():
-        text = source.read_text(encoding="utf-8")
-        if (kept := without_dropout(text)) is text:
-            shutil.copyfile(source, out_dir / TOKENIZER_JSON)
-        else:
-            (out_dir / TOKENIZER_JSON).write_text(kept, encoding="utf-8")
+        data = source.read_bytes()
+        text = data.decode("utf-8")
+        kept = without_dropout(text)
+        (out_dir / TOKENIZER_JSON).write_bytes(data if kept is text else kept.encode("utf-8"))
     config = out_dir / TOKENIZER_CONFIG
     if config.is_file() and (out_dir / TOKENIZER_JSON).is_file():
         # The data was encoded by tokenizer.json itself. A base's class (GPT2Tokenizer, LlamaTokenizer)

@@ -270,23 +270,30 @@ def tokenizer_model_span(path: str | Path) -> int | None:
         return None
 
 
+def _drop_dropout(spec: dict[str, Any]) -> bool:
+    """Clears a parsed tokenizer.json's BPE dropout (`model.dropout`); whether it had any."""
+    model = spec.get("model")
+    if not isinstance(model, dict) or model.get("dropout") is None:
+        return False
+    model["dropout"] = None
+    return True
+
+
 def without_dropout(tokenizer_json: str) -> str:
-    """A tokenizer.json's text without BPE dropout (random merges: `model.dropout`), which neither the
-    build encodes with nor an export and eval may ship: a tokenizer with it scored every eval request
-    on ids of random merges, differing at each eval. The text itself when it has none (an export
-    keeps a base's file byte for byte)."""
+    """A tokenizer.json's text without BPE dropout (random merges), which neither the build encodes
+    with nor an export and eval may ship: a tokenizer with it scored every eval request on ids of
+    random merges, differing at each eval. The text itself when it has none (an export keeps a
+    base's file byte for byte)."""
     spec = json.loads(tokenizer_json)
-    if not isinstance(spec.get("model"), dict) or spec["model"].get("dropout") is None:
-        return tokenizer_json
-    spec["model"]["dropout"] = None
-    return json.dumps(spec, ensure_ascii=False)
+    return json.dumps(spec, ensure_ascii=False) if _drop_dropout(spec) else tokenizer_json
 
 
 def as_encoded(tokenizer_json: str) -> str:
-    """A tokenizer.json's text as the build encodes with it: without_dropout, and without truncation
-    (every document cut to max_length) and padding (pad ids inside a batch's documents), which a
+    """A tokenizer.json's text as the build encodes with it: without BPE dropout, truncation (every
+    document cut to max_length) and padding (pad ids inside a batch's documents), which a
     `tokenizers` call applies (transformers sets its own at each call, so an export keeps them)."""
-    spec = json.loads(without_dropout(tokenizer_json))
+    spec = json.loads(tokenizer_json)
+    _drop_dropout(spec)
     spec["truncation"] = spec["padding"] = None
     return json.dumps(spec, ensure_ascii=False)
 
