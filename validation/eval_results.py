@@ -270,16 +270,27 @@ def _label(value: float, stderr: float | None) -> str:
 
 
 def write_plot(run_dir: str | Path) -> Path:
-    """RUN/eval.png: one panel per (task, metric), value over steps with stderr bars and the values
-    written next to the points (readable with a single step), the merged weights' values ([merge])
-    as a dashed line beside them, the chance level of a multiple-choice task's accuracy dashed,
-    perplexities on a log scale. NaN/inf values are left out of the lines (the table and
-    eval.parquet keep them), a panel with none finite says so."""
+    """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files)."""
     plt = agg_pyplot()
+    raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
+    fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), {**merged, **raw})
+    path = Path(run_dir) / EVAL_PLOT
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
 
-    raw, merged = read_results(run_dir), read_results(run_dir, merged=True)  # eval.parquet's rows' files
-    rows = result_rows(raw) + result_rows(merged, merged=True)
-    panels = plot_panels(rows, {**merged, **raw})
+
+def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]):
+    """One panel per (task, metric) of `rows` (result_rows), value over steps with stderr bars and the
+    values written next to the points (readable with a single step), the merged weights' values
+    ([merge]) as a dashed line beside them, the chance level of a multiple-choice task's accuracy
+    dashed, perplexities on a log scale labelled in plain numbers (matplotlib's default writes
+    "2.1×10¹" in mathtext, which is also a third of the figure's drawing time, redrawn at every
+    eval). NaN/inf values are left out of the lines (the table and eval.parquet keep them), a panel
+    with none finite says so."""
+    from matplotlib import ticker  # matplotlib only where a plot is drawn (training/plotting.py)
+
+    panels = plot_panels(rows, results_by_step)
     n = max(1, len(panels))
     cols = min(3, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.5 * cols, 3.2 * -(-n // cols)), squeeze=False)
@@ -297,7 +308,9 @@ def write_plot(run_dir: str | Path) -> Path:
             if len(set(p.steps)) == 1:  # room for the label right of a lone point
                 ax.set_xlim(p.steps[0] - 1, p.steps[0] + 2)
             if p.metric.endswith("perplexity") and min(p.values + [v for _, v in p.merged]) > 0:
-                ax.set_yscale("log")
+                ax.set_yscale("log")  # then its default labels' thresholds, in plain text
+                ax.yaxis.set_major_formatter(ticker.LogFormatter(10))
+                ax.yaxis.set_minor_formatter(ticker.LogFormatter(10, labelOnlyBase=False))
         elif not p.merged:
             ax.text(0.5, 0.5, "no finite value", ha="center", va="center", transform=ax.transAxes)
         if p.merged:
@@ -311,7 +324,4 @@ def write_plot(run_dir: str | Path) -> Path:
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.tight_layout()
-    path = Path(run_dir) / EVAL_PLOT
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return fig

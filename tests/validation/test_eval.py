@@ -813,6 +813,33 @@ def test_plot_panels_carry_stderr_chance_and_the_table_order():
     assert (acc.steps, acc.values, acc.stderrs) == ([10], [0.4], [0.05])
 
 
+def test_perplexity_panels_label_their_log_axis_in_plain_numbers():
+    """A perplexity's log axis keeps matplotlib's choice of which ticks to label (within a decade:
+    the minor ones too) but writes them as plain numbers, not mathtext's "2.1×10¹"."""
+    from training.plotting import agg_pyplot
+    from validation.eval_results import eval_figure
+
+    def row(step, metric, value):
+        return {"step": step, "task": "ppl", "metric": metric, "filter": "none", "value": value,
+                "stderr": None}  # fmt: skip
+
+    plt = agg_pyplot()
+    rows = [row(4, "byte_perplexity", 21.6), row(8, "byte_perplexity", 18.9)]
+    rows += [row(4, "word_perplexity", 3e4), row(8, "word_perplexity", 25.0)]
+    fig = eval_figure(plt, rows, {})
+    fig.canvas.draw()
+    narrow, wide = (ax for ax in fig.axes if ax.get_visible() and ax.get_title())
+    assert narrow.get_yscale() == wide.get_yscale() == "log"
+    labels = {
+        name: {t.get_text() for t in ax.get_yticklabels() + ax.get_yticklabels(minor=True)} - {""}
+        for name, ax in (("narrow", narrow), ("wide", wide))
+    }
+    plt.close(fig)
+    assert {"19", "20", "21"} <= labels["narrow"]  # under a decade: minor ticks labelled
+    assert {"100", "1000", "10000"} <= labels["wide"] and "200" not in labels["wide"]  # decades only
+    assert not any("$" in text or "×" in text for texts in labels.values() for text in texts), labels
+
+
 def test_an_answer_longer_than_the_context_is_one_line(eval_run, tmp_path, capsys):
     """lm-eval itself stops on a bare `assert len(continuation_enc) <= self.max_length`."""
     from pipelines.cli import main
