@@ -380,7 +380,8 @@ def bucket_stage(data_dir: Path, config: str, stages: Stages, gristmill) -> int:
     stages.start("bucket", "datasets on object storage: the prose dataset uploaded to an S3 bucket "
                  "(a moto server on loopback), 10 steps trained from it by range reads into the hash-checked "
                  "block cache, the batches' hashes equal to the local copy's",
-                 f"gristmill data upload {data_dir} {BUCKET_URL}        # AWS_ENDPOINT_URL=http://127.0.0.1:…\n"
+                 f"gristmill data upload {data_dir} {BUCKET_URL}    # AWS_ENDPOINT_URL: the demo's "
+                 "own server, gone after it (yours: docs/object-storage.md)\n"
                  f"    $ gristmill train --config {config} --resume auto\n"
                  f"    $ gristmill data inspect {BUCKET_URL} {hashes}\n"
                  f"    $ gristmill data inspect {data_dir} {hashes}")  # fmt: skip
