@@ -159,6 +159,17 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
     found = sorted(p for p in _glob(path, pattern) if p.is_file() and not p.name.startswith("."))
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
+    # A folder named `_…` or `.…` holds what is not the data's (pyarrow.dataset's rule): a Spark or
+    # Hadoop job's `_temporary` attempts, a notebook's `.ipynb_checkpoints`; read, each would add its
+    # documents again.
+    aside = [p for p in found if any(part[0] in "._" for part in p.relative_to(path).parts[:-1])]
+    if aside and not cfg.glob:
+        more = f" (and {len(aside) - 1} more)" if len(aside) > 1 else ""
+        raise SourceError(
+            f"source.path {path} holds {aside[0].relative_to(path)}{more} in a folder named _… or .… (a "
+            "job's leftovers, a notebook's checkpoints: its documents would be read again): move it out "
+            "of the folder, or set source.glob to the files to read"
+        )
     # The default `*.jsonl*` also matches a backup, an editor's or a download's leftover beside the
     # file (data.jsonl.bak, data.jsonl~, data.jsonl.gz.part): read, each would add its documents again.
     odd = [p for p in found if not p.name.endswith(JSONL_SUFFIXES)] if cfg.kind == "jsonl" else []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -136,6 +138,22 @@ def test_listing_local_sources(tmp_path):
     assert src.files == ["b.parquet", "sub/a.parquet"] and src.total_bytes == 6
     src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="sub/*.parquet"))
     assert src.files == ["sub/a.parquet"]
+    # a Spark job's attempt beside its output, a notebook's checkpoint: refused, read only if asked for
+    for folder, leftover in (
+        ("_temporary", "_temporary/0/_temporary/attempt_0/b.parquet"),
+        ("sub/.ipynb_checkpoints", "sub/.ipynb_checkpoints/a.parquet"),
+    ):
+        (tmp_path / leftover).parent.mkdir(parents=True)
+        (tmp_path / leftover).write_bytes(b"x" * 3)
+        with pytest.raises(SourceError, match=rf"holds {re.escape(leftover)} in a folder named _… or \.…"):
+            list_source_files(SourceConfig(kind="parquet", path=str(tmp_path)))
+        src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="**/*.parquet"))
+        assert leftover in src.files
+        shutil.rmtree(tmp_path / folder)
+    assert list_source_files(SourceConfig(kind="parquet", path=str(tmp_path))).files == [
+        "b.parquet",
+        "sub/a.parquet",
+    ]
     with pytest.raises(SourceError, match="holds no files matching"):
         list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path)))
     # a backup or a partial download beside a jsonl file would be read as another input: refused
