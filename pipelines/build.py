@@ -67,7 +67,7 @@ from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
-from pipelines.sources import SourceFiles, list_source_files, make_reader, non_numeric_columns, source_folder
+from pipelines.sources import SourceFiles, list_source_files, make_reader, mistyped_columns, source_folder
 from pipelines.task_upload import (
     RECORDS_DIR,
     TASK_DIRS,
@@ -269,11 +269,14 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
                 f"{path} is not a readable parquet file ({e}); remove it or fix source.glob"
             ) from None
         names = schema.names
-        for col, typ in non_numeric_columns(schema):
-            raise BuildError(
-                f"{path}: column {col!r} holds {typ}, not numbers; cast it to a number type (FineWeb-Edu "
-                f"uses int64 for int_score and token_count, double for score and language_score) or drop it"
+        for col, typ, want in mistyped_columns(schema):
+            kinds = (
+                "a number type (FineWeb-Edu uses int64 for int_score and token_count, double for score and "
+                "language_score)"
+                if want == "numbers"
+                else "string"
             )
+            raise BuildError(f"{path}: column {col!r} holds {typ}, not {want}; cast it to {kinds} or drop it")
         if cfg.source.text_key not in names:
             raise BuildError(
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
@@ -295,7 +298,7 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles) -> None:
             ) from None
         try:
             obj = json.loads(first) if first else None
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a malformed line is excluded with its reason by the reader
         if isinstance(obj, dict) and cfg.source.text_key not in obj:
             raise BuildError(

@@ -14,6 +14,7 @@ import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -40,6 +41,7 @@ META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.name != "id")
 # The ones filters compare with numbers and the manifest stores as numbers.
 NUMERIC_META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.numeric)
 INTEGER_META_KEYS = tuple(f.name for f in SOURCE_FIELDS if f.pytype is int)
+TEXT_META_KEYS = tuple(k for k in META_KEYS if k not in NUMERIC_META_KEYS)  # url, dump, language
 READ_ERROR = "read_error"  # metadata key set on records the reader could not parse
 
 # FineWeb-Edu's parquet columns (the demo corpus and test fixtures are written with this schema).
@@ -275,6 +277,15 @@ class _Reader(BaseDiskReader):
         elif not isinstance(text, str):
             meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
             text = ""
+        for k in TEXT_META_KEYS:
+            v = meta.get(k)
+            if isinstance(v, bytes):  # a binary column (Hive's, Impala's strings): decoded as the text is
+                meta[k] = v.decode("utf-8", "surrogateescape")
+            elif v is not None and not isinstance(v, str):  # "url": 5 or a list: kept as it is, named
+                meta.setdefault(READ_ERROR, f"{where}: {k} is {type(v).__name__}, not a string")
+                meta[k] = str(v)
+        if isinstance(doc_id, bytes):
+            doc_id = doc_id.decode("utf-8", "surrogateescape")
         problems = ((k, number_problem(meta[k], k)) for k in NUMERIC_META_KEYS if meta.get(k) is not None)
         bad = next(((k, why) for k, why in problems if why), None)
         if bad is not None and READ_ERROR not in meta:
@@ -312,8 +323,8 @@ def number_problem(v: Any, key: str) -> str | None:
     column holds NaN."""
     if not isinstance(v, int | float) or isinstance(v, bool):
         return "not a number"
-    if key not in INTEGER_META_KEYS:
-        return None
+    if key not in INTEGER_META_KEYS:  # the manifest's float64
+        return "out of a float64's range" if isinstance(v, int) and abs(v) > sys.float_info.max else None
     if isinstance(v, float) and not math.isfinite(v):  # (an int too big for a float: isfinite overflows)
         return "not a finite number"
     if not -(2**63) <= v < 2**63:
@@ -323,16 +334,20 @@ def number_problem(v: Any, key: str) -> str | None:
     return None
 
 
-def non_numeric_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
-    """FineWeb-Edu's numeric metadata columns that this parquet schema holds with another type."""
-    return [
-        (k, schema.field(k).type)
-        for k in NUMERIC_META_KEYS
-        if k in schema.names
-        and not (
-            pa.types.is_integer(t := schema.field(k).type) or pa.types.is_floating(t) or pa.types.is_null(t)
-        )
-    ]
+def mistyped_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType, str]]:
+    """(column, its type, what it must hold) for FineWeb-Edu's metadata columns that this parquet
+    schema holds with another type: numbers for the numeric ones, text for the others (string, or
+    binary as Hive and Impala write strings: decoded as the text column is)."""
+    out = []
+    for k in (k for k in META_KEYS if k in schema.names):
+        t = schema.field(k).type
+        if k in NUMERIC_META_KEYS:
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
+                out.append((k, t, "numbers"))
+        elif not any(is_(t) for is_ in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                         pa.types.is_large_binary, pa.types.is_null)):  # fmt: skip
+            out.append((k, t, "text"))
+    return out
 
 
 class ParquetSource(_Reader):
@@ -401,6 +416,7 @@ class JsonlSource(_Reader):
         with f, _read_errors(self.data_folder.resolve_paths(filepath), "jsonl"):
             # zstd readers are not line-iterable; a buffered wrapper works for every codec
             lines = io.BufferedReader(_StrictZstdReader(f) if zst else f, 1 << 20)
+            li = 0
             for li, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
@@ -414,8 +430,8 @@ class JsonlSource(_Reader):
                     # reads both (as surrogates) so the text filter can exclude them with a reason.
                     try:
                         data = json.loads(line.decode("utf-8", "surrogateescape"))
-                    except ValueError as e:
-                        meta = {READ_ERROR: f"{where}: malformed JSON ({e})"}
+                    except (ValueError, RecursionError) as e:  # nested past the parser's depth
+                        meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})"}
                         yield Document(text="", id=where, metadata=meta)
                         continue
                 if not isinstance(data, dict):
@@ -430,6 +446,10 @@ class JsonlSource(_Reader):
                 yield self.make_document(
                     data.get(self.text_key), data.get(self.id_key), meta, where, filepath, li
                 )
+            # gzip and zstd read an empty file as no documents; a compressed file holds its header at
+            # least (an empty stream too): 0 bytes is a download or a copy that wrote nothing
+            if li == 0 and filepath.endswith(JSONL_SUFFIXES[1:]) and self.data_folder.size(filepath) == 0:
+                raise EOFError("the file is empty (0 bytes), which no compressed file is")
         self._done_file(filepath)
 
 

@@ -6,6 +6,7 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
+import datetime
 import re
 import shutil
 
@@ -82,6 +83,15 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'strs'}"))
     assert msg.startswith(
         f"error: {tmp_path / 'strs' / 's.parquet'}: column 'int_score' holds string, not numbers"
+    )
+    # a text column of another type: json.dumps of a document's metadata ended the task, naming nothing
+    (tmp_path / "dates").mkdir()
+    dump = pa.array([datetime.datetime(2024, 1, 1)])
+    pq.write_table(pa.table({"text": ["A document."], "dump": dump}), tmp_path / "dates" / "d.parquet")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'dates'}"))
+    assert msg == (
+        f"error: {tmp_path / 'dates' / 'd.parquet'}: column 'dump' holds timestamp[us], not text; cast it "
+        "to string or drop it"
     )
     assert not (tmp_path / "o").exists()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import shutil
@@ -215,6 +216,30 @@ def test_truncated_jsonl_zst_is_an_error_naming_the_file(tmp_path):
     (tmp_path / "cut.jsonl.zst").write_bytes(data[: len(data) // 2])
     with pytest.raises(SourceError, match=r"cut\.jsonl\.zst cannot be read as jsonl .*truncated"):
         read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "cut.jsonl.zst")))
+    # Cut at byte 0 (a download or a copy that wrote nothing): gzip and zstd read no document, exit 0.
+    for name in ("empty.jsonl.zst", "empty.jsonl.gz"):
+        (tmp_path / name).write_bytes(b"")
+        with pytest.raises(
+            SourceError, match=rf"{re.escape(name)} cannot be read as jsonl .*empty \(0 bytes\)"
+        ):
+            read_all(SourceConfig(kind="jsonl", path=str(tmp_path / name)))
+    (tmp_path / "nothing.jsonl.gz").write_bytes(gzip.compress(b""))  # a stream of no line: no document
+    assert read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "nothing.jsonl.gz"))) == []
+    (tmp_path / "nothing.jsonl").write_bytes(b"")  # an empty text file: no document
+    assert read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "nothing.jsonl"))) == []
+
+
+def test_binary_metadata_columns_are_read_as_text(tmp_path):
+    """Hive and Impala write strings as binary columns: the id and url read as their text (the url
+    ended the task in json.dumps, the id was recorded as "b'doc-1'")."""
+    binary = pa.array([b"doc-1", b"doc-2"], pa.binary())
+    urls = pa.array([b"https://x.org/a", b"https://x.org/\xff"], pa.binary())
+    pq.write_table(pa.table({"text": ["One.", "Two."], "id": binary, "url": urls}), tmp_path / "a.parquet")
+    docs = read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
+    assert [(d.id, d.metadata["url"], READ_ERROR in d.metadata) for d in docs] == [
+        ("doc-1", "https://x.org/a", False),
+        ("doc-2", "https://x.org/\\udcff", True),  # not UTF-8: its escape, the document excluded
+    ]
 
 
 def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
@@ -245,8 +270,14 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         # the manifest's int64 truncated it: 3.9 was recorded, filtered and audited as 3
         {**good, "id": "fractional-int", "int_score": 3.9},
         {**good, "id": "whole-float", "int_score": 4.0},  # a parquet int column with a null reads so: kept
+        {**good, "id": "huge-score", "score": 10**400},  # float() of it in the shard writer: a crash
+        {**good, "id": "number-url", "url": 5},  # the manifest kept '5'
+        {**good, "id": "list-dump", "dump": ["CC-MAIN-2024-10"]},  # and "['CC-MAIN-2024-10']"
     ]
-    (tmp_path / "src" / "a.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    # nested past the parser's depth: a RecursionError, which ended the task as "re-download the file"
+    deep = '{"text": "x", "id": "deep", "extra": ' + "[" * 5000 + "]" * 5000 + "}"
+    text = "".join(json.dumps(x) + "\n" for x in lines) + deep + "\n"
+    (tmp_path / "src" / "a.jsonl").write_text(text)
     out = tmp_path / "ds"
     overrides = [f"output={out}", "source.kind=jsonl", f"source.path={tmp_path / 'src'}"]
     overrides += ["build.tasks=1", "build.workers=1", "filters.min_score=1.0"]
@@ -266,7 +297,12 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "no-text": "a.jsonl:7: no 'text' key (source.text_key; it has 'content', 'id')",
         "bigger-than-a-float": f"a.jsonl:8: int_score out of an int64's range: {10**400}",
         "fractional-int": "a.jsonl:9: int_score not a whole number: 3.9",
+        "huge-score": f"a.jsonl:11: score out of a float64's range: {10**400}",
+        "number-url": "a.jsonl:12: url is int, not a string",
+        "list-dump": "a.jsonl:13: dump is list, not a string",
+        "a.jsonl:14": excluded["a.jsonl:14"],
     }
+    assert excluded["a.jsonl:14"].startswith("a.jsonl:14: malformed JSON (RecursionError: maximum recursion")
 
 
 def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
