@@ -21,6 +21,7 @@ import errno
 import fcntl
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -284,27 +285,41 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
             )
 
 
-def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles) -> None:
-    """The first JSON object of each file must hold source.text_key; without this check a typo in
-    it builds an empty dataset (every document excluded as empty) that validates fine."""
+def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) -> None:
+    """Some JSON object among the first `lines` lines of each file must hold source.text_key; without
+    this check a typo in it builds an empty dataset (every document excluded as empty) that validates
+    fine. Not the first object alone: one row without a text (excluded with its reason, as it would be
+    on any other line) refused the whole build, advising another text_key."""
     for f in source.files:
         path = Path(source.folder) / f
         try:
             with fsspec.open(str(path), "rb", compression="infer") as fh:
-                first = next((line for line in io.BufferedReader(fh) if line.strip()), None)
+                head = list(itertools.islice((line for line in io.BufferedReader(fh) if line.strip()), lines))
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
             ) from None
-        try:
-            obj = json.loads(first) if first else None
-        except (ValueError, RecursionError):
-            continue  # a malformed line is excluded with its reason by the reader
-        if isinstance(obj, dict) and cfg.source.text_key not in obj:
-            raise BuildError(
-                f"{path}: the first JSON object has no key {cfg.source.text_key!r} (keys: "
-                f"{', '.join(obj)}); set source.text_key to the text field"
-            )
+        objects = []
+        for line in head:
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # a malformed line is excluded with its reason by the reader
+            if isinstance(obj, dict):
+                if cfg.source.text_key in obj:
+                    break
+                objects.append(obj)
+        else:
+            if objects:
+                which = (
+                    "the first JSON object has no key"
+                    if len(objects) == 1
+                    else f"none of the first {len(objects)} JSON objects has the key"
+                )
+                raise BuildError(
+                    f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
+                    "source.text_key to the text field"
+                )
 
 
 def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:

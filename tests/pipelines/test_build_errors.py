@@ -16,9 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from datatrove.data import Document
 
-from pipelines.build import BuildError, build
+from pipelines.build import BuildError, _check_jsonl_keys, build
 from pipelines.cli import main
 from pipelines.config import DataConfig
+from pipelines.sources import list_source_files
 from pipelines.tokenize_shard import DiskFullError, TokenizeShard
 from tests.helpers.build_runs import assert_task_failure_is_one_error, build_argv, one_error
 from tests.helpers.corpus import SEP, fixture_texts
@@ -106,6 +107,15 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     msg = one_error(capsys, argv)
     assert f"{src / 'a.jsonl'}: the first JSON object has no key 'text' (keys: body, id)" in msg
     assert "set source.text_key" in msg
+    (src / "a.jsonl").write_text(
+        '{"body": "A document.", "id": "x"}\nnot json\n{"body": "Another.", "id": "y"}\n'
+    )
+    msg = one_error(capsys, argv)
+    assert f"{src / 'a.jsonl'}: none of the first 2 JSON objects has the key 'text' (keys: body, id)" in msg
+    # one row without a text is that row's problem (excluded with its reason), not a wrong text_key
+    (src / "a.jsonl").write_text('{"body": "A document.", "id": "x"}\n{"text": "Another.", "id": "y"}\n')
+    cfg = load_config(DataConfig, config, ["source.kind=jsonl", f"source.path={src}"])
+    _check_jsonl_keys(cfg, list_source_files(cfg.source))
     (src / "a.jsonl").unlink()
     (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
     msg = one_error(capsys, argv)
