@@ -209,6 +209,12 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
         ObjectStore(cfg.output).check_bucket()
     out = output_dir(cfg)
+    if cfg.source.kind in ("jsonl", "parquet") and out.is_relative_to(source_folder(cfg.source)):
+        # its manifest and excluded files would be listed as input by the next build (a rerun too)
+        raise BuildError(
+            f"the build writes into {out}, inside source.path {source_folder(cfg.source)}: the next build "
+            "would read its files as input; set output (or build.workdir) outside source.path"
+        )
     ensure_demo_corpus(cfg.source)
     resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
     pinned = pinned_folder(read_build_json(out), cfg.source) if resumed else None

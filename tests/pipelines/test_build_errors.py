@@ -97,6 +97,20 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_output_inside_the_source_folder_is_refused(build_fixture, tmp_path, capsys):
+    """Built there, the dataset's manifest and excluded files were listed as input by the next build:
+    a rerun failed advising another source.text_key, or read them as documents."""
+    corpus, _, config = build_fixture
+    src = tmp_path / "src"
+    shutil.copytree(corpus, src)
+    msg = one_error(capsys, build_argv(config, src / "out", f"source.path={src}"))
+    assert msg == (
+        f"error: the build writes into {src / 'out'}, inside source.path {src}: the next build would "
+        "read its files as input; set output (or build.workdir) outside source.path"
+    )
+    assert not (src / "out").exists()
+
+
 def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture
     src = tmp_path / "src"
