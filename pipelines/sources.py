@@ -182,6 +182,27 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
             f"{', '.join(JSONL_SUFFIXES)} file: move it out of the folder, or set source.glob to the "
             "files to read"
         )
+    # A file the default pattern passes over though its name says it holds documents (data.JSONL,
+    # part.ndjson, x.PARQUET): its documents would be left out without a word.
+    if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
+        named = JSONL_SUFFIXES + tuple(x.replace(".jsonl", ".ndjson") for x in JSONL_SUFFIXES)
+        named = named if cfg.kind == "jsonl" else (".parquet", ".parq")
+        listed = set(found)
+        missed = sorted(
+            p
+            for p in _glob(path, "**/*")
+            if p.name.lower().endswith(named)
+            and p not in listed
+            and not any(part[0] in "._" for part in p.relative_to(path).parts)
+            and p.is_file()
+        )
+        if missed:
+            more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+            raise SourceError(
+                f"source.path {path} holds {missed[0].relative_to(path)}{more}, which {pattern!r} does not "
+                f"match (its documents would be left out): rename it to .{cfg.kind}, or set source.glob "
+                "to the files to read"
+            )
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
     seen: dict[Any, Path] = {}

@@ -170,6 +170,20 @@ def test_listing_local_sources(tmp_path):
         "d.jsonl",
         "sub/c.jsonl.zst",
     ]
+    # a file whose name says it holds documents but that the default pattern passes over: refused
+    for kind, name in (("jsonl", "E.JSONL"), ("jsonl", "sub/f.ndjson.gz"), ("parquet", "G.PARQUET")):
+        (tmp_path / name).write_bytes(b"{}\n")
+        with pytest.raises(
+            SourceError, match=rf"holds {re.escape(name)}, which '\*\*/\*\.{kind}\*?' does not"
+        ):
+            list_source_files(SourceConfig(kind=kind, path=str(tmp_path)))
+        assert name in list_source_files(SourceConfig(kind=kind, path=str(tmp_path), glob="**/*")).files
+        (tmp_path / name).unlink()
+    (tmp_path / "notes.json").write_text("{}")  # not a name documents go by: still passed over
+    assert list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path))).files == [
+        "d.jsonl",
+        "sub/c.jsonl.zst",
+    ]
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_loses_no_document(tmp_path):
