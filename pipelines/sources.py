@@ -358,15 +358,17 @@ def number_problem(v: Any, key: str) -> str | None:
 def mistyped_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType, str]]:
     """(column, its type, what it must hold) for FineWeb-Edu's metadata columns that this parquet
     schema holds with another type: numbers for the numeric ones, text for the others (string, or
-    binary as Hive and Impala write strings: decoded as the text column is)."""
+    binary as Hive and Impala write strings: decoded as the text column is). A dictionary column
+    (pandas' categories) is judged by its values."""
+    text_types = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view", "null")
     out = []
     for k in (k for k in META_KEYS if k in schema.names):
         t = schema.field(k).type
+        v = t.value_type if pa.types.is_dictionary(t) else t
         if k in NUMERIC_META_KEYS:
-            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)):
+            if not (pa.types.is_integer(v) or pa.types.is_floating(v) or pa.types.is_null(v)):
                 out.append((k, t, "numbers"))
-        elif not any(is_(t) for is_ in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                                         pa.types.is_large_binary, pa.types.is_null)):  # fmt: skip
+        elif not any(getattr(pa.types, f"is_{name}", lambda _: False)(v) for name in text_types):
             out.append((k, t, "text"))
     return out
 

@@ -16,7 +16,7 @@ import zstandard
 from pipelines.build import build
 from pipelines.config import DataConfig, SourceConfig
 from pipelines.demo_corpus import BAD_DOCS, SCHEMA, _metadata, write_demo_corpus
-from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader
+from pipelines.sources import READ_ERROR, SourceError, list_source_files, make_reader, mistyped_columns
 from training.contract.config_loader import load_config
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -241,6 +241,24 @@ def test_truncated_jsonl_zst_is_an_error_naming_the_file(tmp_path):
     assert read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "nothing.jsonl.gz"))) == []
     (tmp_path / "nothing.jsonl").write_bytes(b"")  # an empty text file: no document
     assert read_all(SourceConfig(kind="jsonl", path=str(tmp_path / "nothing.jsonl"))) == []
+
+
+def test_metadata_column_types_a_build_takes():
+    """Numbers for the numeric columns, text for the others: strings, binary (Hive's strings) and
+    dictionaries of them (pandas' categories, common for `dump`); anything else is named."""
+    categories = pa.dictionary(pa.int8(), pa.string())
+    ok = pa.schema(
+        [("dump", categories), ("url", pa.binary()), ("language", pa.large_string()),
+         ("int_score", pa.dictionary(pa.int8(), pa.int64())), ("score", pa.float32()),
+         ("token_count", pa.null())]
+    )  # fmt: skip
+    assert mistyped_columns(ok) == []
+    bad = pa.schema([("dump", pa.timestamp("us")), ("score", pa.string()), ("url", pa.int64())])
+    assert [(k, want) for k, _, want in mistyped_columns(bad)] == [
+        ("url", "text"),
+        ("dump", "text"),
+        ("score", "numbers"),
+    ]
 
 
 def test_binary_metadata_columns_are_read_as_text(tmp_path):
