@@ -209,18 +209,12 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
     if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
         ObjectStore(cfg.output).check_bucket()
     out = output_dir(cfg)
-    if cfg.source.kind in ("jsonl", "parquet") and out.is_relative_to(source_folder(cfg.source)):
-        # its manifest and excluded files would be listed as input by the next build (a rerun too)
-        raise BuildError(
-            f"the build writes into {out}, inside source.path {source_folder(cfg.source)}: the next build "
-            "would read its files as input; set output (or build.workdir) outside source.path"
-        )
     ensure_demo_corpus(cfg.source)
     resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
     pinned = pinned_folder(read_build_json(out), cfg.source) if resumed else None
     if pinned is not None:
         log(f"reading {pinned}, the commit this build started from")
-    source = list_source_files(cfg.source, pinned)
+    source = list_source_files(cfg.source, pinned, own_output=out)
     if cfg.source.kind in ("parquet", "demo", "demo-code"):
         _check_parquet_columns(cfg, source)
     elif cfg.source.kind == "jsonl":
@@ -298,34 +292,35 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
     on any other line) refused the whole build, advising another text_key."""
     for f in source.files:
         path = Path(source.folder) / f
+        objects: list[dict] = []
         try:
             with fsspec.open(str(path), "rb", compression="infer") as fh:
-                head = list(itertools.islice((line for line in io.BufferedReader(fh) if line.strip()), lines))
+                for line in itertools.islice((x for x in io.BufferedReader(fh) if x.strip()), lines):
+                    try:
+                        obj = json.loads(line)
+                    except (ValueError, RecursionError):
+                        continue  # a malformed line is excluded with its reason by the reader
+                    if isinstance(obj, dict):
+                        if cfg.source.text_key in obj:
+                            break  # read no further: the key is the file's
+                        objects.append(obj)
+                else:
+                    if objects:
+                        which = (
+                            "the first JSON object has no key"
+                            if len(objects) == 1
+                            else f"none of the first {len(objects)} JSON objects has the key"
+                        )
+                        raise BuildError(
+                            f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
+                            "source.text_key to the text field"
+                        )
+        except BuildError:
+            raise
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
             ) from None
-        objects = []
-        for line in head:
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # a malformed line is excluded with its reason by the reader
-            if isinstance(obj, dict):
-                if cfg.source.text_key in obj:
-                    break
-                objects.append(obj)
-        else:
-            if objects:
-                which = (
-                    "the first JSON object has no key"
-                    if len(objects) == 1
-                    else f"none of the first {len(objects)} JSON objects has the key"
-                )
-                raise BuildError(
-                    f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
-                    "source.text_key to the text field"
-                )
 
 
 def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:

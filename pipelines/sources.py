@@ -32,7 +32,7 @@ from huggingface_hub.hf_file_system import HfFileSystemResolvedRepositoryPath
 
 from pipelines.config import SourceConfig
 from pipelines.progress import TaskProgress
-from training.contract.dataset_format import SOURCE_FIELDS, SOURCE_FILE, SOURCE_ROW
+from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, SOURCE_FIELDS, SOURCE_FILE, SOURCE_ROW
 from training.contract.errors import GristmillError
 
 # The metadata a reader takes from a source besides the text and the id (read through
@@ -111,10 +111,13 @@ def pin_hub_commit(folder: str) -> str:
     return f"hf://{pinned.unresolve()}"
 
 
-def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFiles:
+def list_source_files(
+    cfg: SourceConfig, pinned: str | None = None, own_output: Path | None = None
+) -> SourceFiles:
     """Resolve the config to a sorted file list, failing with one clear message if it can't.
     `pinned`: for a hub source, the commit-pinned folder to list instead of where the revision
-    points now (a resumed build reads the commit it started from)."""
+    points now (a resumed build reads the commit it started from). `own_output`: the building
+    dataset's directory (resolved), whose files are never inputs when it lies inside source.path."""
     folder = source_folder(cfg)
     if cfg.kind == "hub":
         if not folder.startswith("hf://"):
@@ -158,19 +161,41 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
     if path.is_file():
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
-    found = sorted(p for p in _glob(path, pattern) if p.is_file() and not p.name.startswith("."))
+    # Names starting with "." are not inputs, at any depth (hidden files, a notebook's
+    # .ipynb_checkpoints copies, a download tool's .cache): pyarrow.dataset's rule, as datasets go.
+    found = sorted(
+        p
+        for p in _glob(path, pattern)
+        if p.is_file() and not any(x[0] == "." for x in p.relative_to(path).parts)
+    )
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
-    # A folder named `_…` or `.…` holds what is not the data's (pyarrow.dataset's rule): a Spark or
-    # Hadoop job's `_temporary` attempts, a notebook's `.ipynb_checkpoints`; read, each would add its
-    # documents again.
-    aside = [p for p in found if any(part[0] in "._" for part in p.relative_to(path).parts[:-1])]
+    # A gristmill dataset inside source.path (an earlier build's output, reached through a link too):
+    # its manifest and excluded files are not documents. The build's own output is left out (`own`).
+    if own_output is not None and path.is_relative_to(own_output):
+        raise SourceError(
+            f"source.path {path} lies inside the build's output {own_output}: the dataset's files would "
+            "be mixed with its input; set output to a directory outside source.path"
+        )
+    own = [] if own_output is None else [p for p in found if p.resolve().is_relative_to(own_output)]
+    found = [p for p in found if p not in own]
+    built = next((p for p in found if _in_dataset(p, path)), None)
+    if built is not None:
+        raise SourceError(
+            f"source.path {path} holds {built.relative_to(path)}, a file of the gristmill dataset "
+            f"{_in_dataset(built, path).relative_to(path)} (an earlier build's output): its rows are not "
+            "documents; move that dataset out of source.path, or set source.glob to the files to read (a "
+            "pattern that does not match it)"
+        )
+    # A folder named `_…` holds what is not the data's: a Spark or Hadoop job's `_temporary` attempts
+    # (a job that did not finish). Read, each would add its documents again.
+    aside = [p for p in found if any(x[0] == "_" for x in p.relative_to(path).parts[:-1])]
     if aside and not cfg.glob:
         more = f" (and {len(aside) - 1} more)" if len(aside) > 1 else ""
         raise SourceError(
-            f"source.path {path} holds {aside[0].relative_to(path)}{more} in a folder named _… or .… (a "
-            "job's leftovers, a notebook's checkpoints: its documents would be read again): move it out "
-            "of the folder, or set source.glob to the files to read"
+            f"source.path {path} holds {aside[0].relative_to(path)}{more} in a folder named _… (a job's "
+            "leftovers, as Spark's _temporary: its documents would be read again): move it out of the "
+            "folder, or set source.glob to the files to read"
         )
     # The default `*.jsonl*` also matches a backup, an editor's or a download's leftover beside the
     # file (data.jsonl.bak, data.jsonl~, data.jsonl.gz.part): read, each would add its documents again.
@@ -183,25 +208,23 @@ def list_source_files(cfg: SourceConfig, pinned: str | None = None) -> SourceFil
             "files to read"
         )
     # A file the default pattern passes over though its name says it holds documents (data.JSONL,
-    # part.ndjson, x.PARQUET): its documents would be left out without a word.
+    # part.ndjson.gz, x.PARQUET): its documents would be left out without a word.
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
-        named = JSONL_SUFFIXES + tuple(x.replace(".jsonl", ".ndjson") for x in JSONL_SUFFIXES)
-        named = named if cfg.kind == "jsonl" else (".parquet", ".parq")
-        listed = set(found)
+        listed = set(found) | set(own)
         missed = sorted(
             p
             for p in _glob(path, "**/*")
-            if p.name.lower().endswith(named)
+            if _read_as(p.name, cfg.kind)
             and p not in listed
-            and not any(part[0] in "._" for part in p.relative_to(path).parts)
+            and not any(x[0] in "._" for x in p.relative_to(path).parts)
             and p.is_file()
         )
         if missed:
             more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
             raise SourceError(
                 f"source.path {path} holds {missed[0].relative_to(path)}{more}, which {pattern!r} does not "
-                f"match (its documents would be left out): rename it to .{cfg.kind}, or set source.glob "
-                "to the files to read"
+                f"match (its documents would be left out): rename it {_read_as(missed[0].name, cfg.kind)}, "
+                "or set source.glob to the files to read"
             )
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
@@ -227,6 +250,31 @@ def _uncompressed(name: str) -> str:
         if name.endswith(codec):
             return name.removesuffix(codec)
     return name
+
+
+def _read_as(name: str, kind: str) -> str:
+    """The name a file named like a `kind` input (data.JSONL, part.ndjson.gz, x.PARQUET, y.parq) but not
+    matched by the default pattern would have to have, "" for any other name."""
+    low = name.lower()
+    if kind == "parquet":
+        stem = next((name[: -len(x)] for x in (".parquet", ".parq") if low.endswith(x)), None)
+        return "" if stem is None else f"{stem}.parquet"
+    for codec in ("", *(x.removeprefix(".jsonl") for x in JSONL_SUFFIXES[1:])):
+        for ext in (".jsonl", ".ndjson"):
+            if low.endswith(ext + codec):
+                return f"{name[: -len(ext + codec)]}.jsonl{codec}"
+    return ""
+
+
+def _in_dataset(p: Path, root: Path) -> Path | None:
+    """The gristmill dataset directory (it holds build.json or dataset.json) below `root` that file
+    `p` lies in, None if none does."""
+    for folder in p.parents:
+        if folder == root or not folder.is_relative_to(root):
+            return None
+        if (folder / BUILD_JSON).is_file() or (folder / DATASET_JSON).is_file():
+            return folder
+    return None
 
 
 def _glob(root: Path, pattern: str) -> list[Path]:
@@ -298,15 +346,24 @@ class _Reader(BaseDiskReader):
         elif not isinstance(text, str):
             meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
             text = ""
-        for k in TEXT_META_KEYS:
-            v = meta.get(k)
-            if isinstance(v, bytes):  # a binary column (Hive's, Impala's strings): decoded as the text is
-                meta[k] = v.decode("utf-8", "surrogateescape")
-            elif v is not None and not isinstance(v, str):  # "url": 5 or a list: kept as it is, named
+        # The id and the text metadata as text: bytes (Hive's and Impala's strings) decoded as the text
+        # is, a number or a date written out ("dump": 2024 as ever), a list or an object named and the
+        # document excluded (its repr is no url; a deeply nested one would not even print).
+        values = [(self.id_key, doc_id), *((k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
+        for k, v in values:
+            if v is None or isinstance(v, str):
+                continue
+            if isinstance(v, bytes):
+                v = v.decode("utf-8", "surrogateescape")
+            elif isinstance(v, list | tuple | dict | set):
                 meta.setdefault(READ_ERROR, f"{where}: {k} is {type(v).__name__}, not a string")
-                meta[k] = str(v)
-        if isinstance(doc_id, bytes):
-            doc_id = doc_id.decode("utf-8", "surrogateescape")
+                v = where if k == self.id_key else f"<{type(v).__name__}>"
+            else:
+                v = str(v)
+            if k == self.id_key:
+                doc_id = v
+            else:
+                meta[k] = v
         problems = ((k, number_problem(meta[k], k)) for k in NUMERIC_META_KEYS if meta.get(k) is not None)
         bad = next(((k, why) for k, why in problems if why), None)
         if bad is not None and READ_ERROR not in meta:
@@ -357,10 +414,10 @@ def number_problem(v: Any, key: str) -> str | None:
 
 def mistyped_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType, str]]:
     """(column, its type, what it must hold) for FineWeb-Edu's metadata columns that this parquet
-    schema holds with another type: numbers for the numeric ones, text for the others (string, or
-    binary as Hive and Impala write strings: decoded as the text column is). A dictionary column
-    (pandas' categories) is judged by its values."""
-    text_types = ("string", "large_string", "string_view", "binary", "large_binary", "binary_view", "null")
+    schema holds with a type the reader cannot take: numbers for the numeric ones; for the others
+    (text), anything but a list, a struct or a map (strings, binary as Hive and Impala write strings,
+    numbers and dates are read as their text: make_document). A dictionary column (pandas'
+    categories) is judged by its values."""
     out = []
     for k in (k for k in META_KEYS if k in schema.names):
         t = schema.field(k).type
@@ -368,7 +425,7 @@ def mistyped_columns(schema: pa.Schema) -> list[tuple[str, pa.DataType, str]]:
         if k in NUMERIC_META_KEYS:
             if not (pa.types.is_integer(v) or pa.types.is_floating(v) or pa.types.is_null(v)):
                 out.append((k, t, "numbers"))
-        elif not any(getattr(pa.types, f"is_{name}", lambda _: False)(v) for name in text_types):
+        elif pa.types.is_nested(v):
             out.append((k, t, "text"))
     return out
 
@@ -403,8 +460,11 @@ class ParquetSource(_Reader):
             for batch in pqf.iter_batches(batch_size=self.batch_size, columns=cols):
                 texts = _text_column(batch.column(self.text_key))
                 n = len(texts)
-                ids = batch.column(self.id_key).to_pylist() if self.id_key in names else [None] * n
-                metas = {k: batch.column(k).to_pylist() for k in meta_cols}
+                ids = _text_column(batch.column(self.id_key)) if self.id_key in names else [None] * n
+                metas = {
+                    k: (_text_column if k in TEXT_META_KEYS else pa.Array.to_pylist)(batch.column(k))
+                    for k in meta_cols
+                }
                 for i in range(n):
                     meta = {k: v[i] for k, v in metas.items()}
                     yield self.make_document(
@@ -417,6 +477,8 @@ class ParquetSource(_Reader):
 
 
 def _text_column(col: pa.Array) -> list:
+    """A column's values; a string column holding bytes that are not UTF-8 (Spark and Hive write
+    them) as bytes, which make_document decodes (surrogate-escaped) and excludes with the reason."""
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
         return col.to_pylist()  # bytes: decoded (surrogate-escaped) in make_document
     try:

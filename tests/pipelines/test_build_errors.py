@@ -6,7 +6,6 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
-import datetime
 import re
 import shutil
 
@@ -85,30 +84,32 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     assert msg.startswith(
         f"error: {tmp_path / 'strs' / 's.parquet'}: column 'int_score' holds string, not numbers"
     )
-    # a text column of another type: json.dumps of a document's metadata ended the task, naming nothing
-    (tmp_path / "dates").mkdir()
-    dump = pa.array([datetime.datetime(2024, 1, 1)])
-    pq.write_table(pa.table({"text": ["A document."], "dump": dump}), tmp_path / "dates" / "d.parquet")
-    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'dates'}"))
-    assert msg == (
-        f"error: {tmp_path / 'dates' / 'd.parquet'}: column 'dump' holds timestamp[us], not text; cast it "
-        "to string or drop it"
-    )
+    # a text column of a type with no text: json.dumps of a document's metadata ended the task
+    (tmp_path / "lists").mkdir()
+    dump = pa.array([["CC-MAIN-2024-10"]])
+    pq.write_table(pa.table({"text": ["A document."], "dump": dump}), tmp_path / "lists" / "d.parquet")
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'lists'}"))
+    assert msg.startswith(f"error: {tmp_path / 'lists' / 'd.parquet'}: column 'dump' holds list<"), msg
+    assert msg.endswith(": string>, not text; cast it to string or drop it"), msg
     assert not (tmp_path / "o").exists()
 
 
-def test_an_output_inside_the_source_folder_is_refused(build_fixture, tmp_path, capsys):
-    """Built there, the dataset's manifest and excluded files were listed as input by the next build:
-    a rerun failed advising another source.text_key, or read them as documents."""
+def test_a_dataset_built_inside_its_source_folder_is_not_read_as_input(build_fixture, tmp_path, capsys):
+    """Built into source.path/out, the dataset's manifest and excluded files were listed as input by
+    the rerun (a refusal advising another text_key) and by any next build. The rerun leaves its own
+    output out; another build names the dataset it would have read."""
     corpus, _, config = build_fixture
     src = tmp_path / "src"
     shutil.copytree(corpus, src)
-    msg = one_error(capsys, build_argv(config, src / "out", f"source.path={src}"))
-    assert msg == (
-        f"error: the build writes into {src / 'out'}, inside source.path {src}: the next build would "
-        "read its files as input; set output (or build.workdir) outside source.path"
+    argv = build_argv(config, src / "out", f"source.path={src}", "build.tasks=1", "build.workers=1")
+    for _ in range(2):  # the build, then its rerun (which finds every task done)
+        assert main(argv) == 0
+    msg = one_error(capsys, build_argv(config, tmp_path / "new", f"source.path={src}"))
+    assert (
+        msg.startswith(f"error: source.path {src} holds out/excluded/")
+        and ", a file of the gristmill dataset out " in msg
     )
-    assert not (src / "out").exists()
+    assert not (tmp_path / "new").exists()
 
 
 def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):

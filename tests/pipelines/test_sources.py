@@ -139,18 +139,18 @@ def test_listing_local_sources(tmp_path):
     assert src.files == ["b.parquet", "sub/a.parquet"] and src.total_bytes == 6
     src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="sub/*.parquet"))
     assert src.files == ["sub/a.parquet"]
-    # a Spark job's attempt beside its output, a notebook's checkpoint: refused, read only if asked for
-    for folder, leftover in (
-        ("_temporary", "_temporary/0/_temporary/attempt_0/b.parquet"),
-        ("sub/.ipynb_checkpoints", "sub/.ipynb_checkpoints/a.parquet"),
-    ):
-        (tmp_path / leftover).parent.mkdir(parents=True)
-        (tmp_path / leftover).write_bytes(b"x" * 3)
-        with pytest.raises(SourceError, match=rf"holds {re.escape(leftover)} in a folder named _… or \.…"):
-            list_source_files(SourceConfig(kind="parquet", path=str(tmp_path)))
-        src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="**/*.parquet"))
-        assert leftover in src.files
-        shutil.rmtree(tmp_path / folder)
+    # a Spark job's attempt beside its output: refused, read only if asked for; a notebook's checkpoint
+    # copies (or a download tool's .cache) are hidden, as hidden files are: never inputs
+    leftover = "_temporary/0/_temporary/attempt_0/b.parquet"
+    (tmp_path / leftover).parent.mkdir(parents=True)
+    (tmp_path / leftover).write_bytes(b"x" * 3)
+    with pytest.raises(SourceError, match=rf"holds {re.escape(leftover)} in a folder named _… \(a job's"):
+        list_source_files(SourceConfig(kind="parquet", path=str(tmp_path)))
+    src = list_source_files(SourceConfig(kind="parquet", path=str(tmp_path), glob="**/*.parquet"))
+    assert leftover in src.files
+    shutil.rmtree(tmp_path / "_temporary")
+    (tmp_path / "sub/.ipynb_checkpoints").mkdir()
+    (tmp_path / "sub/.ipynb_checkpoints/a.parquet").write_bytes(b"x" * 3)
     assert list_source_files(SourceConfig(kind="parquet", path=str(tmp_path))).files == [
         "b.parquet",
         "sub/a.parquet",
@@ -171,12 +171,17 @@ def test_listing_local_sources(tmp_path):
         "sub/c.jsonl.zst",
     ]
     # a file whose name says it holds documents but that the default pattern passes over: refused
-    for kind, name in (("jsonl", "E.JSONL"), ("jsonl", "sub/f.ndjson.gz"), ("parquet", "G.PARQUET")):
+    for kind, name, renamed in (
+        ("jsonl", "E.JSONL", "E.jsonl"),
+        ("jsonl", "sub/f.ndjson.gz", "f.jsonl.gz"),
+        ("parquet", "G.PARQUET", "G.parquet"),
+    ):
         (tmp_path / name).write_bytes(b"{}\n")
         with pytest.raises(
             SourceError, match=rf"holds {re.escape(name)}, which '\*\*/\*\.{kind}\*?' does not"
-        ):
+        ) as e:
             list_source_files(SourceConfig(kind=kind, path=str(tmp_path)))
+        assert f"rename it {renamed}, or" in str(e.value)  # the codec's suffix kept
         assert name in list_source_files(SourceConfig(kind=kind, path=str(tmp_path), glob="**/*")).files
         (tmp_path / name).unlink()
     (tmp_path / "notes.json").write_text("{}")  # not a name documents go by: still passed over
@@ -184,6 +189,33 @@ def test_listing_local_sources(tmp_path):
         "d.jsonl",
         "sub/c.jsonl.zst",
     ]
+
+
+def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path):
+    """An earlier build's output under source.path (or reached there through a link): its manifest
+    and excluded parquet files were listed as input by the next build, a rerun too (a refusal advising
+    another text_key, or their rows read as documents). The building dataset's own files are left
+    out; another dataset's are refused by name; a source inside the output is refused."""
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    for name in ("src/a.parquet", "src/out/build.json", "src/out/manifest/00000.parquet",
+                 "elsewhere/ds/dataset.json", "elsewhere/ds/excluded/00000_text.parquet"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"x")
+    cfg = SourceConfig(kind="parquet", path=str(src))
+    assert list_source_files(cfg, own_output=src / "out").files == ["a.parquet"]  # a rerun into src/out
+    with pytest.raises(
+        SourceError, match=r"holds out/manifest/00000\.parquet, a file of the gristmill dataset out "
+    ):
+        list_source_files(cfg, own_output=tmp_path / "new")  # the next build, elsewhere
+    shutil.rmtree(src / "out")
+    (src / "runs").symlink_to(elsewhere)  # a linked folder is read: so is a dataset in it
+    with pytest.raises(
+        SourceError, match=r"holds runs/ds/excluded/00000_text\.parquet, a file of the gristmill"
+    ):
+        list_source_files(cfg, own_output=tmp_path / "new")
+    assert list_source_files(cfg, own_output=elsewhere / "ds").files == ["a.parquet"]  # its own, by a link
+    with pytest.raises(SourceError, match=r"lies inside the build's output"):
+        list_source_files(cfg, own_output=tmp_path)
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_loses_no_document(tmp_path):
@@ -244,8 +276,9 @@ def test_truncated_jsonl_zst_is_an_error_naming_the_file(tmp_path):
 
 
 def test_metadata_column_types_a_build_takes():
-    """Numbers for the numeric columns, text for the others: strings, binary (Hive's strings) and
-    dictionaries of them (pandas' categories, common for `dump`); anything else is named."""
+    """Numbers for the numeric columns; for the others anything with a text: strings, binary (Hive's
+    strings), numbers, dates, dictionaries of them (pandas' categories, common for `dump`); a list,
+    a struct or a map is named."""
     categories = pa.dictionary(pa.int8(), pa.string())
     ok = pa.schema(
         [("dump", categories), ("url", pa.binary()), ("language", pa.large_string()),
@@ -253,7 +286,10 @@ def test_metadata_column_types_a_build_takes():
          ("token_count", pa.null())]
     )  # fmt: skip
     assert mistyped_columns(ok) == []
-    bad = pa.schema([("dump", pa.timestamp("us")), ("score", pa.string()), ("url", pa.int64())])
+    ok = pa.schema([("dump", pa.timestamp("us")), ("url", pa.int64()), ("language", pa.string_view())])
+    assert mistyped_columns(ok) == []  # read as their text, as a number id is
+    struct = pa.struct([("a", pa.int8())])
+    bad = pa.schema([("dump", pa.list_(pa.string())), ("score", pa.string()), ("url", struct)])
     assert [(k, want) for k, _, want in mistyped_columns(bad)] == [
         ("url", "text"),
         ("dump", "text"),
@@ -272,6 +308,21 @@ def test_binary_metadata_columns_are_read_as_text(tmp_path):
         ("doc-1", "https://x.org/a", False),
         ("doc-2", "https://x.org/\\udcff", True),  # not UTF-8: its escape, the document excluded
     ]
+    # the same bytes in a column typed string (Spark writes them): UnicodeDecodeError ended the task
+    offsets = pa.array([0, 15, 30], type=pa.int32()).buffers()[1]
+    urls = pa.Array.from_buffers(
+        pa.string(), 2, [None, offsets, pa.py_buffer(b"https://x.org/ahttps://x.org/\xff")]
+    )
+    pq.write_table(pa.table({"text": ["One.", "Two."], "url": urls}), tmp_path / "a.parquet")
+    docs = read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
+    assert [(d.metadata["url"], READ_ERROR in d.metadata) for d in docs] == [
+        ("https://x.org/a", False),
+        ("https://x.org/\\udcff", True),
+    ]
+    assert (
+        docs[1].metadata[READ_ERROR]
+        == "a.parquet/1: url is not valid Unicode (a lone surrogate): https://x.org/\\udcff"
+    )
 
 
 def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
@@ -303,12 +354,14 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         {**good, "id": "fractional-int", "int_score": 3.9},
         {**good, "id": "whole-float", "int_score": 4.0},  # a parquet int column with a null reads so: kept
         {**good, "id": "huge-score", "score": 10**400},  # float() of it in the shard writer: a crash
-        {**good, "id": "number-url", "url": 5},  # the manifest kept '5'
-        {**good, "id": "list-dump", "dump": ["CC-MAIN-2024-10"]},  # and "['CC-MAIN-2024-10']"
+        {**good, "id": "number-url", "url": 5},  # a number as its text, as ever: kept
+        {**good, "id": "list-dump", "dump": ["CC-MAIN-2024-10"]},  # the manifest kept "['CC-MAIN-2024-10']"
     ]
     # nested past the parser's depth: a RecursionError, which ended the task as "re-download the file"
     deep = '{"text": "x", "id": "deep", "extra": ' + "[" * 5000 + "]" * 5000 + "}"
-    text = "".join(json.dumps(x) + "\n" for x in lines) + deep + "\n"
+    # a url nested 1,000 deep (orjson reads up to 1,024): its repr ended the task (a RecursionError)
+    deep_url = json.dumps({**good, "id": "deep-url"})[:-1] + ', "url": ' + "[" * 1000 + "]" * 1000 + "}"
+    text = "".join(json.dumps(x) + "\n" for x in lines) + deep_url + "\n" + deep + "\n"
     (tmp_path / "src" / "a.jsonl").write_text(text)
     out = tmp_path / "ds"
     overrides = [f"output={out}", "source.kind=jsonl", f"source.path={tmp_path / 'src'}"]
@@ -316,8 +369,10 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
     result = build(load_config(DataConfig, config, overrides), log=lambda *a: None)
     assert result.ok
     manifest = pq.read_table(out / "manifest" / "00000.parquet")
-    assert sorted(manifest.column("id").to_pylist()) == ["good", "nan-language", "whole-float"]
-    assert manifest.column("int_score").to_pylist() == [4, 4, 4]
+    kept = manifest.to_pylist()
+    assert sorted(r["id"] for r in kept) == ["good", "nan-language", "number-url", "whole-float"]
+    assert [r["int_score"] for r in kept] == [4, 4, 4, 4]
+    assert next(r["url"] for r in kept if r["id"] == "number-url") == "5"
     excluded = {
         r["id"]: r["reason"] for r in pq.read_table(out / "excluded" / "00000_text.parquet").to_pylist()
     }
@@ -330,11 +385,11 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "bigger-than-a-float": f"a.jsonl:8: int_score out of an int64's range: {10**400}",
         "fractional-int": "a.jsonl:9: int_score not a whole number: 3.9",
         "huge-score": f"a.jsonl:11: score out of a float64's range: {10**400}",
-        "number-url": "a.jsonl:12: url is int, not a string",
         "list-dump": "a.jsonl:13: dump is list, not a string",
-        "a.jsonl:14": excluded["a.jsonl:14"],
+        "deep-url": "a.jsonl:14: url is list, not a string",
+        "a.jsonl:15": excluded["a.jsonl:15"],
     }
-    assert excluded["a.jsonl:14"].startswith("a.jsonl:14: malformed JSON (RecursionError: maximum recursion")
+    assert excluded["a.jsonl:15"].startswith("a.jsonl:15: malformed JSON (RecursionError: maximum recursion")
 
 
 def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
