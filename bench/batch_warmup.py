@@ -11,10 +11,11 @@ same model init (run.seed) per seed. The constant run keeps `--batch` tokens per
 the schedule trains its phases at 1×, 2× and 4× that, with optim.batch_lr_scaling = "sqrt" (Adam's
 rule: the LR, its peak and its end alike, × √2 and × 2), so it takes half the steps, and its last
 phase decays from 2× the constant run's LR to 2× its end: the comparison is of the two schedules,
-the batch and the LR that goes with it, not of the batch alone. The final held-out loss is measured on the same windows for both: validation
-reads `run.val_batches` batches of the phase's batch from the start of each held-out split, so the
-constant run reads 8 batches and the schedule's last phase 2 (4× bigger): the same 8 × `--batch`
-tokens. A benchmark, never a test; it reports whether the saving reproduces here, either way.
+the batch and the LR that goes with it, not of the batch alone. The final held-out loss is measured
+on the same windows for both: validation reads `run.val_batches` batches of the phase's batch from
+the start of each held-out split, so the constant run reads 8 batches and the schedule's last phase
+2 (4× bigger): the same 8 × `--batch` tokens. A benchmark, never a test; it reports whether the
+saving reproduces here, either way.
 """
 
 from __future__ import annotations
