@@ -116,6 +116,13 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
                 "seeds); set the [proxy], [data], [swarm] or [validation] key instead",
                 key="proxy.set",
             )
+        if key.split(".")[0] == "schedule":  # its refusal would name a [schedule] no recipe here has
+            raise ConfigError(
+                f"proxy.set {item!r}: a proxy is one [[phase]] of the search's (proxy.tokens long, warmup "
+                "proxy.warmup_steps, then cosine from proxy.lr to proxy.min_lr), not a [schedule]; set "
+                "those [proxy] keys instead",
+                key="proxy.set",
+            )
         if key in LENGTH:
             raise ConfigError(
                 f"proxy.set {item!r}: each proxy trains proxy.tokens at {LENGTH[key]} (its steps and its "

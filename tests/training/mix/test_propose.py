@@ -264,6 +264,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "proxy.global_batch_tokens instead",
         ),
         (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
+        # refused as "[schedule] is the one-phase form; remove [schedule]", of a recipe with none
+        (["proxy.set=['schedule.steps=3']"], "a proxy is one [[phase]] of the search's (proxy.tokens long"),
         # an inline table went around both checks (review R4)
         (["proxy.set=['run={threads=1}']"], "a whole [run] would replace run.output_dir, run.seed"),
         # … and so did one of a table [proxy] fills (optim.lr, model.preset …: review R6)
