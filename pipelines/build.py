@@ -45,6 +45,7 @@ from pipelines.build_identity import (
     check_output,
     completion_markers,
     finished_tasks,
+    output_dir,
     read_build_json,
     read_json,
     recorded_shards,
@@ -97,7 +98,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
 )
 from training.contract.errors import GristmillError, unwritable
-from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url, user_cache_dir
+from training.contract.object_store import ObjectMissing, ObjectStore, is_url
 from validation.validate import format_report, validate_dataset
 
 LOCK = ".build.lock"
@@ -188,17 +189,6 @@ def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
         if cfg.kind == "hub" and recorded.get("requested") == source_folder(cfg)
         else None
     )
-
-
-def output_dir(cfg: DataConfig) -> Path:
-    """Where the tasks write: `output`, or for an s3:// output the work directory (each task's output
-    until it is uploaded, the driver's files and datatrove's logs)."""
-    if not is_url(cfg.output):
-        return Path(cfg.output).expanduser().resolve()
-    if cfg.build.workdir:
-        return Path(cfg.build.workdir).expanduser().resolve()
-    url = ObjectURL.parse(cfg.output)
-    return user_cache_dir() / "builds" / url.bucket / (url.prefix or "_bucket_root")
 
 
 def prepare(cfg: DataConfig, log=print) -> Prepared:

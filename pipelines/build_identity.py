@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import progress
+from pipelines.config import DataConfig
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
 from training.contract.errors import GristmillError
+from training.contract.object_store import ObjectURL, is_url, user_cache_dir
 
 
 class BuildError(GristmillError):
@@ -50,6 +52,17 @@ def read_json(path: Path, fix: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BuildError(f"{path} is not a JSON object; {fix}")
     return data
+
+
+def output_dir(cfg: DataConfig) -> Path:
+    """Where the tasks write: `output`, or for an s3:// output the work directory (each task's output
+    until it is uploaded, the driver's files and datatrove's logs)."""
+    if not is_url(cfg.output):
+        return Path(cfg.output).expanduser().resolve()
+    if cfg.build.workdir:
+        return Path(cfg.build.workdir).expanduser().resolve()
+    url = ObjectURL.parse(cfg.output)
+    return user_cache_dir() / "builds" / url.bucket / (url.prefix or "_bucket_root")
 
 
 def read_build_json(out: Path) -> dict[str, Any]:

@@ -171,21 +171,30 @@ def list_source_files(
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
     # A gristmill dataset inside source.path (an earlier build's output, reached through a link too):
-    # its manifest and excluded files are not documents. The build's own output is left out (`own`).
-    if own_output is not None and path.is_relative_to(own_output):
+    # its manifest and excluded files are not documents. The building dataset's own, once started
+    # (its build.json), are left out; input files in an output folder the build has not started are
+    # refused (the dataset would be written among them).
+    if own_output is not None and own_output == path:
         raise SourceError(
-            f"source.path {path} lies inside the build's output {own_output}: the dataset's files would "
-            "be mixed with its input; set output to a directory outside source.path"
+            f"output {own_output} is source.path itself: the dataset would be written among its input; "
+            "set output to another directory"
         )
-    own = [] if own_output is None else [p for p in found if p.resolve().is_relative_to(own_output)]
-    found = [p for p in found if p not in own]
+    mine = [p for p in found if own_output is not None and p.resolve().is_relative_to(own_output)]
+    if mine and path.is_relative_to(own_output):
+        mine = []  # source.path inside the output (beside the dataset's folders): its files are input
+    if mine and _gristmill_dataset(own_output) is None:
+        raise SourceError(
+            f"output {own_output} holds {mine[0].relative_to(path)}, an input file under source.path: the "
+            "dataset would be written among its input; set output to a new directory"
+        )
+    found = [p for p in found if p not in mine]
     built = next((p for p in found if _in_dataset(p, path)), None)
     if built is not None:
         raise SourceError(
             f"source.path {path} holds {built.relative_to(path)}, a file of the gristmill dataset "
             f"{_in_dataset(built, path).relative_to(path)} (an earlier build's output): its rows are not "
-            "documents; move that dataset out of source.path, or set source.glob to the files to read (a "
-            "pattern that does not match it)"
+            "documents; move that dataset out of source.path, or set source.glob to a pattern that does "
+            "not match it"
         )
     # A folder named `_…` holds what is not the data's: a Spark or Hadoop job's `_temporary` attempts
     # (a job that did not finish). Read, each would add its documents again.
@@ -210,7 +219,7 @@ def list_source_files(
     # A file the default pattern passes over though its name says it holds documents (data.JSONL,
     # part.ndjson.gz, x.PARQUET): its documents would be left out without a word.
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
-        listed = set(found) | set(own)
+        listed = set(found) | set(mine)
         missed = sorted(
             p
             for p in _glob(path, "**/*")
@@ -267,12 +276,28 @@ def _read_as(name: str, kind: str) -> str:
 
 
 def _in_dataset(p: Path, root: Path) -> Path | None:
-    """The gristmill dataset directory (it holds build.json or dataset.json) below `root` that file
-    `p` lies in, None if none does."""
+    """The gristmill dataset directory below `root` that file `p` lies in, None if none does."""
     for folder in p.parents:
         if folder == root or not folder.is_relative_to(root):
             return None
-        if (folder / BUILD_JSON).is_file() or (folder / DATASET_JSON).is_file():
+        if _gristmill_dataset(folder) is not None:
+            return folder
+    return None
+
+
+def _gristmill_dataset(folder: Path) -> Path | None:
+    """`folder` if it is a gristmill dataset directory, one a build started (its build.json holds a
+    config_sha256) or finished (its dataset.json a gristmill format): a file of that name written by
+    another program does not make one."""
+    for name, key, is_ours in (
+        (BUILD_JSON, "config_sha256", lambda v: isinstance(v, str)),
+        (DATASET_JSON, "format", lambda v: isinstance(v, str) and v.startswith("gristmill-")),
+    ):
+        try:
+            record = json.loads((folder / name).read_bytes())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and is_ours(record.get(key)):
             return folder
     return None
 
@@ -349,21 +374,21 @@ class _Reader(BaseDiskReader):
         # The id and the text metadata as text: bytes (Hive's and Impala's strings) decoded as the text
         # is, a number or a date written out ("dump": 2024 as ever), a list or an object named and the
         # document excluded (its repr is no url; a deeply nested one would not even print).
-        values = [(self.id_key, doc_id), *((k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
-        for k, v in values:
+        values = [(None, self.id_key, doc_id), *((k, k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
+        for slot, k, v in values:  # slot: the metadata key, None for the id (id_key may name url too)
             if v is None or isinstance(v, str):
                 continue
             if isinstance(v, bytes):
                 v = v.decode("utf-8", "surrogateescape")
             elif isinstance(v, list | tuple | dict | set):
                 meta.setdefault(READ_ERROR, f"{where}: {k} is {type(v).__name__}, not a string")
-                v = where if k == self.id_key else f"<{type(v).__name__}>"
+                v = where if slot is None else f"<{type(v).__name__}>"
             else:
                 v = str(v)
-            if k == self.id_key:
+            if slot is None:
                 doc_id = v
             else:
-                meta[k] = v
+                meta[slot] = v
         problems = ((k, number_problem(meta[k], k)) for k in NUMERIC_META_KEYS if meta.get(k) is not None)
         bad = next(((k, why) for k, why in problems if why), None)
         if bad is not None and READ_ERROR not in meta:
@@ -477,10 +502,15 @@ class ParquetSource(_Reader):
 
 
 def _text_column(col: pa.Array) -> list:
-    """A column's values; a string column holding bytes that are not UTF-8 (Spark and Hive write
-    them) as bytes, which make_document decodes (surrogate-escaped) and excludes with the reason."""
-    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+    """A column's values for text: a number or a date as Arrow writes it (a date past Python's year
+    9999 too); a string column holding bytes that are not UTF-8 (Spark and Hive write them) as bytes,
+    which make_document decodes (surrogate-escaped) and excludes with the reason."""
+    t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return col.to_pylist()  # bytes: decoded (surrogate-escaped) in make_document
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t):
+        with contextlib.suppress(pa.ArrowException):  # a type Arrow writes no text of: Python's below
+            return col.cast(pa.large_string()).to_pylist()
     try:
         return col.to_pylist()
     except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8

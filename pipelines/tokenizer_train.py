@@ -23,6 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pipelines.build_identity import output_dir
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
@@ -90,7 +91,7 @@ def train_tokenizer(
             f"tokenizer.train.vocab_size {tc.vocab_size} leaves no room for merges; use at least 512"
         )
     ensure_demo_corpus(cfg.source)
-    source = source or list_source_files(cfg.source)
+    source = source or list_source_files(cfg.source, own_output=output_dir(cfg))  # as the build lists it
     filters = make_filters(cfg.filters, None)
     t0 = time.perf_counter()
     stats = {"docs": 0, "chars": 0}

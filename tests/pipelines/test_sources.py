@@ -195,14 +195,20 @@ def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path)
     """An earlier build's output under source.path (or reached there through a link): its manifest
     and excluded parquet files were listed as input by the next build, a rerun too (a refusal advising
     another text_key, or their rows read as documents). The building dataset's own files are left
-    out; another dataset's are refused by name; a source inside the output is refused."""
+    out once it started; another dataset's are refused by name; a file named dataset.json by another
+    program makes no dataset; an output folder that holds input files, or is source.path itself, is
+    refused (the first fix dropped those files, exit 0); a source inside the output is read whole."""
     src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
-    for name in ("src/a.parquet", "src/out/build.json", "src/out/manifest/00000.parquet",
-                 "elsewhere/ds/dataset.json", "elsewhere/ds/excluded/00000_text.parquet"):  # fmt: skip
+    files = {"src/a.parquet": "x", "src/out/build.json": '{"config_sha256": "ab"}',
+             "src/out/manifest/00000.parquet": "x", "src/theirs/dataset.json": '{"name": "my corpus"}',
+             "src/theirs/b.parquet": "x", "elsewhere/ds/dataset.json": '{"format": "gristmill-shards/3"}',
+             "elsewhere/ds/excluded/00000_text.parquet": "x"}  # fmt: skip
+    for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes(b"x")
+        (tmp_path / name).write_text(text)
     cfg = SourceConfig(kind="parquet", path=str(src))
-    assert list_source_files(cfg, own_output=src / "out").files == ["a.parquet"]  # a rerun into src/out
+    inputs = ["a.parquet", "theirs/b.parquet"]
+    assert list_source_files(cfg, own_output=src / "out").files == inputs  # a rerun into src/out
     with pytest.raises(
         SourceError, match=r"holds out/manifest/00000\.parquet, a file of the gristmill dataset out "
     ):
@@ -213,9 +219,13 @@ def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path)
         SourceError, match=r"holds runs/ds/excluded/00000_text\.parquet, a file of the gristmill"
     ):
         list_source_files(cfg, own_output=tmp_path / "new")
-    assert list_source_files(cfg, own_output=elsewhere / "ds").files == ["a.parquet"]  # its own, by a link
-    with pytest.raises(SourceError, match=r"lies inside the build's output"):
-        list_source_files(cfg, own_output=tmp_path)
+    assert list_source_files(cfg, own_output=elsewhere / "ds").files == inputs  # its own, by the link
+    (src / "runs").unlink()
+    with pytest.raises(SourceError, match=r"output .*/src/theirs holds theirs/b\.parquet, an input file"):
+        list_source_files(cfg, own_output=src / "theirs")  # a build into a folder of input
+    with pytest.raises(SourceError, match=r"is source\.path itself"):
+        list_source_files(cfg, own_output=src)
+    assert list_source_files(cfg, own_output=tmp_path).files == inputs  # the source inside the output
 
 
 def test_a_jsonl_file_that_starts_with_a_byte_order_mark_loses_no_document(tmp_path):
@@ -323,6 +333,21 @@ def test_binary_metadata_columns_are_read_as_text(tmp_path):
         docs[1].metadata[READ_ERROR]
         == "a.parquet/1: url is not valid Unicode (a lone surrogate): https://x.org/\\udcff"
     )
+    # the url as the id too (source.id_key = "url"): the id was decoded, the url left bytes (a crash)
+    pq.write_table(
+        pa.table({"text": ["One."], "url": pa.array([b"https://x.org/a"])}), tmp_path / "a.parquet"
+    )
+    (doc,) = read_all(SourceConfig(kind="parquet", path=str(tmp_path), id_key="url"))
+    assert (doc.id, doc.metadata["url"], READ_ERROR in doc.metadata) == (
+        "https://x.org/a",
+        "https://x.org/a",
+        False,
+    )
+    # a date past Python's year 9999 in a text column: its text, not "the file is damaged"
+    dump = pa.array([253402300800000], pa.timestamp("ms"))
+    pq.write_table(pa.table({"text": ["One."], "dump": dump}), tmp_path / "a.parquet")
+    (doc,) = read_all(SourceConfig(kind="parquet", path=str(tmp_path)))
+    assert doc.metadata["dump"] == "10000-01-01 00:00:00.000" and READ_ERROR not in doc.metadata
 
 
 def test_corrupt_parquet_pages_are_an_error_naming_the_file(tmp_path):
