@@ -502,19 +502,16 @@ class ParquetSource(_Reader):
 
 
 def _text_column(col: pa.Array) -> list:
-    """A column's values for text: a number or a date as Arrow writes it (a date past Python's year
-    9999 too); a string column holding bytes that are not UTF-8 (Spark and Hive write them) as bytes,
-    which make_document decodes (surrogate-escaped) and excludes with the reason."""
-    t = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return col.to_pylist()  # bytes: decoded (surrogate-escaped) in make_document
-    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_temporal(t) or pa.types.is_boolean(t):
-        with contextlib.suppress(pa.ArrowException):  # a type Arrow writes no text of: Python's below
-            return col.cast(pa.large_string()).to_pylist()
+    """A column's values for text (make_document writes a number or a date as Python does); a date
+    past Python's year 9999 as Arrow writes it; a string column holding bytes that are not UTF-8
+    (Spark and Hive write them) as bytes, which make_document decodes (surrogate-escaped) and
+    excludes with the reason."""
     try:
         return col.to_pylist()
     except UnicodeDecodeError:  # a string column holding bytes that are not UTF-8
         return col.cast(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary()).to_pylist()
+    except (OverflowError, ValueError):  # a date Python cannot hold
+        return col.cast(pa.large_string()).to_pylist()
 
 
 class JsonlSource(_Reader):
