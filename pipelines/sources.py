@@ -174,14 +174,14 @@ def list_source_files(
     # its manifest and excluded files are not documents. The building dataset's own, once started
     # (its build.json), are left out; input files in an output folder the build has not started are
     # refused (the dataset would be written among them).
-    if own_output is not None and own_output == path:
+    if own_output is not None and path.is_relative_to(own_output):
+        # the dataset's directory would hold its input: the advice to a changed config, `rm -rf` the
+        # output, would delete it, and an upload of the dataset would carry it
         raise SourceError(
-            f"output {own_output} is source.path itself: the dataset would be written among its input; "
-            "set output to another directory"
+            f"source.path {path} lies inside the output {own_output}: the dataset's directory would hold "
+            "its input; set output to a directory outside source.path"
         )
     mine = [p for p in found if own_output is not None and p.resolve().is_relative_to(own_output)]
-    if mine and path.is_relative_to(own_output):
-        mine = []  # source.path inside the output (beside the dataset's folders): its files are input
     if mine and _gristmill_dataset(own_output) is None:
         raise SourceError(
             f"output {own_output} holds {mine[0].relative_to(path)}, an input file under source.path: the "
@@ -372,19 +372,19 @@ class _Reader(BaseDiskReader):
             meta[READ_ERROR] = f"{where}: {self.text_key!r} is {type(text).__name__}, not a string"
             text = ""
         # The id and the text metadata as text: bytes (Hive's and Impala's strings) decoded as the text
-        # is, a number or a date written out ("dump": 2024 as ever), a list or an object named and the
-        # document excluded (its repr is no url; a deeply nested one would not even print).
+        # is, anything else as str() writes it ("dump": 2024 as ever; a list's repr is no url, but its
+        # document's text is sound, and kept); one nested past what str() can print, by its type.
         values = [(None, self.id_key, doc_id), *((k, k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
-        for slot, k, v in values:  # slot: the metadata key, None for the id (id_key may name url too)
+        for slot, _, v in values:  # slot: the metadata key, None for the id (id_key may name url too)
             if v is None or isinstance(v, str):
                 continue
             if isinstance(v, bytes):
                 v = v.decode("utf-8", "surrogateescape")
-            elif isinstance(v, list | tuple | dict | set):
-                meta.setdefault(READ_ERROR, f"{where}: {k} is {type(v).__name__}, not a string")
-                v = where if slot is None else f"<{type(v).__name__}>"
             else:
-                v = str(v)
+                try:
+                    v = str(v)
+                except RecursionError:
+                    v = f"<{type(v).__name__} nested too deep to print>"
             if slot is None:
                 doc_id = v
             else:
