@@ -163,11 +163,18 @@ def list_source_files(
     pattern = default_glob(cfg)
     # Names starting with "." are not inputs, at any depth (hidden files, a notebook's
     # .ipynb_checkpoints copies, a download tool's .cache): pyarrow.dataset's rule, as datasets go.
-    found = sorted(
-        p
-        for p in _glob(path, pattern)
-        if p.is_file() and not any(x[0] == "." for x in p.relative_to(path).parts)
-    )
+    listed = [p for p in _glob(path, pattern) if not any(x[0] == "." for x in p.relative_to(path).parts)]
+    # A link to a file that is not there (a git-annex or DataLad file never fetched, a disk not
+    # mounted): skipped, its documents would be missing without a word.
+    broken = sorted(p for p in listed if p.is_symlink() and not p.exists())
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise SourceError(
+            f"source.path {path} holds {broken[0].relative_to(path)}{more}, a link to "
+            f"{os.readlink(broken[0])}, which does not exist: fetch its content (`git annex get`, "
+            "`datalad get`) or mount its disk, or remove the link"
+        )
+    found = sorted(p for p in listed if p.is_file())
     if not found:
         raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
     # A gristmill dataset inside source.path (an earlier build's output, reached through a link too):
@@ -319,6 +326,9 @@ def _glob(root: Path, pattern: str) -> list[Path]:
         for folder, dirs, _ in os.walk(base, followlinks=True):
             for name in list(dirs):
                 sub = Path(folder) / name
+                if name.startswith("."):  # never an input (list_source_files): it must not claim the
+                    dirs.remove(name)  # real folder that a link to it, met later, reads
+                    continue
                 real = sub.resolve()
                 if real in seen:
                     dirs.remove(name)

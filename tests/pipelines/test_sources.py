@@ -457,3 +457,25 @@ def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):
         match=r"holds local\.jsonl and local\.jsonl\.zst: one file under two names, or a file and its",
     ):
         read_all(SourceConfig(kind="jsonl", path=str(src)))
+
+
+def test_a_link_into_a_hidden_folder_is_read_and_a_broken_link_refused(tmp_path):
+    """Hidden folders are no input, but a link to one is (review R12g): the walk had taken the hidden
+    folder's real path as seen, so the link met after it was never read (exit 0, its documents gone,
+    depending on the directory's order). A link to a file not there (an unfetched git-annex file, an
+    unmounted disk) was skipped without a word."""
+    src = tmp_path / "src"
+    (src / ".store").mkdir(parents=True)
+    (src / "en").mkdir()
+    (src / "top.jsonl").write_text(json.dumps({"text": "Top rivers.", "id": "top"}) + "\n")
+    (src / ".store" / "x.jsonl").write_text(json.dumps({"text": "Stored rivers.", "id": "stored"}) + "\n")
+    (src / "en" / "data").symlink_to("../.store")  # walked after .store, whose real path it shares
+    assert list_source_files(SourceConfig(kind="jsonl", path=str(src))).files == [
+        "en/data/x.jsonl",
+        "top.jsonl",
+    ]
+    (src / "b.jsonl").symlink_to(".git/annex/objects/XX/SHA256E-s1--abc.jsonl")
+    with pytest.raises(
+        SourceError, match=r"holds b\.jsonl, a link to \.git/annex/objects/.*, which does not exist"
+    ):
+        list_source_files(SourceConfig(kind="jsonl", path=str(src)))
