@@ -168,9 +168,8 @@ def list_source_files(
     # mounted): skipped, its documents would be missing without a word.
     broken = sorted(p for p in listed if p.is_symlink() and not p.exists())
     if broken:
-        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
         raise SourceError(
-            f"source.path {path} holds {broken[0].relative_to(path)}{more}, a link to "
+            f"source.path {path} holds {_named(broken, path)}, a link to "
             f"{os.readlink(broken[0])}, which does not exist: fetch its content (`git annex get`, "
             "`datalad get`) or mount its disk, or remove the link"
         )
@@ -207,9 +206,8 @@ def list_source_files(
     # (a job that did not finish). Read, each would add its documents again.
     aside = [p for p in found if any(x[0] == "_" for x in p.relative_to(path).parts[:-1])]
     if aside and not cfg.glob:
-        more = f" (and {len(aside) - 1} more)" if len(aside) > 1 else ""
         raise SourceError(
-            f"source.path {path} holds {aside[0].relative_to(path)}{more} in a folder named _… (a job's "
+            f"source.path {path} holds {_named(aside, path)} in a folder named _… (a job's "
             "leftovers, as Spark's _temporary: its documents would be read again): move it out of the "
             "folder, or set source.glob to the files to read"
         )
@@ -217,9 +215,8 @@ def list_source_files(
     # file (data.jsonl.bak, data.jsonl~, data.jsonl.gz.part): read, each would add its documents again.
     odd = [p for p in found if not p.name.endswith(JSONL_SUFFIXES)] if cfg.kind == "jsonl" else []
     if odd and not cfg.glob:
-        more = f" (and {len(odd) - 1} more)" if len(odd) > 1 else ""
         raise SourceError(
-            f"source.path {path} holds {odd[0].relative_to(path)}{more}, which is not a "
+            f"source.path {path} holds {_named(odd, path)}, which is not a "
             f"{', '.join(JSONL_SUFFIXES)} file: move it out of the folder, or set source.glob to the "
             "files to read"
         )
@@ -236,9 +233,8 @@ def list_source_files(
             and p.is_file()
         )
         if missed:
-            more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
             raise SourceError(
-                f"source.path {path} holds {missed[0].relative_to(path)}{more}, which {pattern!r} does not "
+                f"source.path {path} holds {_named(missed, path)}, which {pattern!r} does not "
                 f"match (its documents would be left out): rename it {_read_as(missed[0].name, cfg.kind)}, "
                 "or set source.glob to the files to read"
             )
@@ -257,6 +253,12 @@ def list_source_files(
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
     return SourceFiles(str(path), files, [p.stat().st_size for p in found])
+
+
+def _named(files: list[Path], root: Path) -> str:
+    """The first of `files` (below `root`) and how many more, for a refusal naming them."""
+    more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
+    return f"{files[0].relative_to(root)}{more}"
 
 
 def _uncompressed(name: str) -> str:
