@@ -282,7 +282,7 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
     on any other line) refused the whole build, advising another text_key."""
     for f in source.files:
         path = Path(source.folder) / f
-        objects: list[dict] = []
+        objects: list[dict] = []  # the objects read before one holding the key
         try:
             with fsspec.open(str(path), "rb", compression="infer") as fh:
                 for line in itertools.islice((x for x in io.BufferedReader(fh) if x.strip()), lines):
@@ -292,25 +292,23 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
                         continue  # a malformed line is excluded with its reason by the reader
                     if isinstance(obj, dict):
                         if cfg.source.text_key in obj:
-                            break  # read no further: the key is the file's
+                            objects = []  # read no further: the key is the file's
+                            break
                         objects.append(obj)
-                else:
-                    if objects:
-                        which = (
-                            "the first JSON object has no key"
-                            if len(objects) == 1
-                            else f"none of the first {len(objects)} JSON objects has the key"
-                        )
-                        raise BuildError(
-                            f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
-                            "source.text_key to the text field"
-                        )
-        except BuildError:
-            raise
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
             ) from None
+        if objects:
+            which = (
+                "the first JSON object has no key"
+                if len(objects) == 1
+                else f"none of the first {len(objects)} JSON objects has the key"
+            )
+            raise BuildError(
+                f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
+                "source.text_key to the text field"
+            )
 
 
 def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:

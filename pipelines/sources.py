@@ -194,11 +194,12 @@ def list_source_files(
             "dataset would be written among its input; set output to a new directory"
         )
     found = [p for p in found if p not in mine]
-    built = next((p for p in found if _in_dataset(p, path)), None)
+    datasets: dict[Path, bool] = {}  # per folder: a gristmill dataset? (each folder's files read once)
+    built = next(((p, d) for p in found if (d := _in_dataset(p, path, datasets))), None)
     if built is not None:
         raise SourceError(
-            f"source.path {path} holds {built.relative_to(path)}, a file of the gristmill dataset "
-            f"{_in_dataset(built, path).relative_to(path)} (an earlier build's output): its rows are not "
+            f"source.path {path} holds {built[0].relative_to(path)}, a file of the gristmill dataset "
+            f"{built[1].relative_to(path)} (an earlier build's output): its rows are not "
             "documents; move that dataset out of source.path, or set source.glob to a pattern that does "
             "not match it"
         )
@@ -223,12 +224,12 @@ def list_source_files(
     # A file the default pattern passes over though its name says it holds documents (data.JSONL,
     # part.ndjson.gz, x.PARQUET): its documents would be left out without a word.
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
-        listed = set(found) | set(mine)
+        taken = set(found) | set(mine)
         missed = sorted(
             p
             for p in _glob(path, "**/*")
             if _read_as(p.name, cfg.kind)
-            and p not in listed
+            and p not in taken
             and not any(x[0] in "._" for x in p.relative_to(path).parts)
             and p.is_file()
         )
@@ -284,12 +285,15 @@ def _read_as(name: str, kind: str) -> str:
     return ""
 
 
-def _in_dataset(p: Path, root: Path) -> Path | None:
-    """The gristmill dataset directory below `root` that file `p` lies in, None if none does."""
+def _in_dataset(p: Path, root: Path, datasets: dict[Path, bool]) -> Path | None:
+    """The gristmill dataset directory below `root` that file `p` lies in, None if none does
+    (`datasets`: the folders judged so far, by this listing)."""
     for folder in p.parents:
         if folder == root or not folder.is_relative_to(root):
             return None
-        if _gristmill_dataset(folder) is not None:
+        if folder not in datasets:
+            datasets[folder] = _gristmill_dataset(folder) is not None
+        if datasets[folder]:
             return folder
     return None
 
@@ -386,8 +390,8 @@ class _Reader(BaseDiskReader):
         # The id and the text metadata as text: bytes (Hive's and Impala's strings) decoded as the text
         # is, anything else as str() writes it ("dump": 2024 as ever; a list's repr is no url, but its
         # document's text is sound, and kept); one nested past what str() can print, by its type.
-        values = [(None, self.id_key, doc_id), *((k, k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
-        for slot, _, v in values:  # slot: the metadata key, None for the id (id_key may name url too)
+        values = [(None, doc_id), *((k, meta[k]) for k in TEXT_META_KEYS if k in meta)]
+        for slot, v in values:  # slot: the metadata key, None for the id (id_key may name url too)
             if v is None or isinstance(v, str):
                 continue
             if isinstance(v, bytes):
