@@ -279,18 +279,23 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
     """Some JSON object among the first `lines` lines of each file must hold source.text_key; without
     this check a typo in it builds an empty dataset (every document excluded as empty) that validates
     fine. Not the first object alone: one row without a text (excluded with its reason, as it would be
-    on any other line) refused the whole build, advising another text_key."""
+    on any other line) refused the whole build, advising another text_key. And some line among them
+    must be a JSON object: a JSON array, a CSV or a parquet file named .jsonl had every line excluded
+    as malformed, exit 0."""
     for f in source.files:
         path = Path(source.folder) / f
         objects: list[dict] = []  # the objects read before one holding the key
+        read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
         try:
             with fsspec.open(str(path), "rb", compression="infer") as fh:
                 for line in itertools.islice((x for x in io.BufferedReader(fh) if x.strip()), lines):
+                    read, first = read + 1, first or line
                     try:
                         obj = json.loads(line)
                     except (ValueError, RecursionError):
                         continue  # a malformed line is excluded with its reason by the reader
                     if isinstance(obj, dict):
+                        parsed += 1
                         if cfg.source.text_key in obj:
                             objects = []  # read no further: the key is the file's
                             break
@@ -299,6 +304,13 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
             ) from None
+        if read and not parsed:
+            begins = first[:40].decode("utf-8", "replace").strip()
+            raise BuildError(
+                f"{path}: none of its first {read} non-empty lines is a JSON object (it begins "
+                f"{begins!r}): it is not JSON lines; convert it to one JSON object per line (a JSON array: "
+                "`jq -c '.[]'`), or remove it or fix source.glob"
+            )
         if objects:
             which = (
                 "the first JSON object has no key"

@@ -20,6 +20,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -161,12 +162,11 @@ def list_source_files(
     if path.is_file():
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
-    # Names starting with "." are not inputs, at any depth (hidden files, a notebook's
-    # .ipynb_checkpoints copies, a download tool's .cache): pyarrow.dataset's rule, as datasets go.
-    listed = [p for p in _glob(path, pattern) if not any(x[0] == "." for x in p.relative_to(path).parts)]
-    # A link to a file that is not there (a git-annex or DataLad file never fetched, a disk not
-    # mounted): skipped, its documents would be missing without a word.
-    broken = sorted(p for p in listed if p.is_symlink() and not p.exists())
+    listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
+    entries = [p for p in _glob(path, "**/*") if not _hidden(p, path)]  # every name below source.path
+    # A link to a file or a folder that is not there (a git-annex or DataLad file never fetched, a
+    # disk not mounted): skipped, its documents would be missing without a word.
+    broken = sorted(p for p in {*listed, *entries} if p.is_symlink() and not p.exists())
     if broken:
         raise SourceError(
             f"source.path {path} holds {_named(broken, path)}, a link to "
@@ -222,21 +222,22 @@ def list_source_files(
             "files to read"
         )
     # A file the default pattern passes over though its name says it holds documents (data.JSONL,
-    # part.ndjson.gz, x.PARQUET): its documents would be left out without a word.
+    # part.ndjson.gz, x.PARQUET, y.pq, a .json file of JSON lines): its documents would be left out
+    # without a word. (Not one in a `_…` folder: refused above when read, a job's leftovers.)
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
         taken = set(found) | set(mine)
         missed = sorted(
             p
-            for p in _glob(path, "**/*")
-            if _read_as(p.name, cfg.kind)
-            and p not in taken
-            and not any(x[0] in "._" for x in p.relative_to(path).parts)
+            for p in entries
+            if p not in taken
+            and not any(x[0] == "_" for x in p.relative_to(path).parts[:-1])
+            and _read_as(p, cfg)
             and p.is_file()
         )
         if missed:
             raise SourceError(
                 f"source.path {path} holds {_named(missed, path)}, which {pattern!r} does not "
-                f"match (its documents would be left out): rename it {_read_as(missed[0].name, cfg.kind)}, "
+                f"match (its documents would be left out): rename it {_read_as(missed[0], cfg)}, "
                 "or set source.glob to the files to read"
             )
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
@@ -271,18 +272,44 @@ def _uncompressed(name: str) -> str:
     return name
 
 
-def _read_as(name: str, kind: str) -> str:
-    """The name a file named like a `kind` input (data.JSONL, part.ndjson.gz, x.PARQUET, y.parq) but not
-    matched by the default pattern would have to have, "" for any other name."""
+def _hidden(p: Path, root: Path) -> bool:
+    """Whether `p` (below `root`) or a folder it lies in is named `.…`: never an input, at any depth
+    (hidden files, a notebook's .ipynb_checkpoints copies, a download tool's .cache), as
+    pyarrow.dataset's rule goes."""
+    return any(x[0] == "." for x in p.relative_to(root).parts)
+
+
+def _read_as(p: Path, cfg: SourceConfig) -> str:
+    """The name file `p`, named like an input of `cfg.kind` (data.JSONL, part.ndjson.gz, x.PARQUET,
+    y.pq, z.json.gz whose first line is a JSON object holding source.text_key) but not matched by the
+    default pattern, would have to have; "" for any other file (notes.json, a metadata .json)."""
+    name = p.name
     low = name.lower()
-    if kind == "parquet":
-        stem = next((name[: -len(x)] for x in (".parquet", ".parq") if low.endswith(x)), None)
+    if cfg.kind == "parquet":
+        stem = next((name[: -len(x)] for x in (".parquet", ".parq", ".pq") if low.endswith(x)), None)
         return "" if stem is None else f"{stem}.parquet"
     for codec in ("", *(x.removeprefix(".jsonl") for x in JSONL_SUFFIXES[1:])):
-        for ext in (".jsonl", ".ndjson"):
-            if low.endswith(ext + codec):
+        for ext in (".jsonl", ".ndjson", ".json"):
+            if low.endswith(ext + codec) and (ext != ".json" or _holds_documents(p, cfg.text_key)):
                 return f"{name[: -len(ext + codec)]}.jsonl{codec}"
     return ""
+
+
+def _holds_documents(p: Path, text_key: str) -> bool:
+    """Whether file `p`'s first non-empty line (read through its compression) is a JSON object holding
+    `text_key`: JSON lines named .json, as many datasets name theirs."""
+    try:
+        with fsspec.open(str(p), "rb", compression="infer") as fh:
+            for _ in range(100):
+                line = fh.readline(1 << 24)  # a JSON array on one line is not read whole
+                if not line:
+                    return False
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and text_key in obj
+    except Exception:  # not JSON, not its codec, unreadable: not a file of documents by its name
+        return False
+    return False
 
 
 def _in_dataset(p: Path, root: Path, datasets: dict[Path, bool]) -> Path | None:

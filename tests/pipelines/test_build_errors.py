@@ -6,6 +6,7 @@ reason or kept as text; see test_build.py and test_sources.py.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 
@@ -131,6 +132,12 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     (src / "a.jsonl").write_text('{"body": "A document.", "id": "x"}\n{"text": "Another.", "id": "y"}\n')
     cfg = load_config(DataConfig, config, ["source.kind=jsonl", f"source.path={src}"])
     _check_jsonl_keys(cfg, list_source_files(cfg.source))
+    # a JSON array (or a CSV, a parquet file) named .jsonl: every line was excluded as malformed, exit 0
+    docs = [{"text": "A document.", "id": "x"}, {"text": "Another.", "id": "y"}]
+    (src / "a.jsonl").write_text(json.dumps(docs, indent=1))
+    msg = one_error(capsys, argv)
+    assert f"{src / 'a.jsonl'}: none of its first 10 non-empty lines is a JSON object (it begins '[')" in msg
+    assert "convert it to one JSON object per line (a JSON array: `jq -c '.[]'`)" in msg
     (src / "a.jsonl").unlink()
     (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
     msg = one_error(capsys, argv)

@@ -191,6 +191,43 @@ def test_listing_local_sources(tmp_path):
     ]
 
 
+def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
+    """Files the default pattern passed over, exit 0, their documents left out (review R12g): JSON
+    lines named .json (as many datasets name them), a parquet file named .pq, a top-level `_…` file
+    named in capitals; and a link to a folder that is not there (an unmounted disk)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.jsonl").write_text('{"text": "A river."}\n')
+    (tmp_path / "sub" / "x.parquet").write_bytes(b"x")
+    (tmp_path / "notes.json").write_text('{"name": "my corpus"}\n')  # metadata: not an input
+    (tmp_path / "info.json").write_text('{\n "text": "pretty-printed"\n}\n')
+    jsonl, parquet = (
+        SourceConfig(kind="jsonl", path=str(tmp_path)),
+        SourceConfig(kind="parquet", path=str(tmp_path)),
+    )
+    assert list_source_files(jsonl).files == ["a.jsonl"]
+    for name, kind, renamed in (
+        ("sub/b.json.gz", "jsonl", "b.jsonl.gz"),
+        ("_c.JSONL", "jsonl", "_c.jsonl"),
+        ("sub/y.pq", "parquet", "y.parquet"),
+    ):
+        text = b'\n{"text": "Another river.", "id": "b"}\n'
+        (tmp_path / name).write_bytes(gzip.compress(text) if name.endswith(".gz") else text)
+        cfg = jsonl if kind == "jsonl" else parquet
+        with pytest.raises(
+            SourceError, match=rf"holds {re.escape(name)}, which .* rename it {re.escape(renamed)},"
+        ):
+            list_source_files(cfg)
+        (tmp_path / name).unlink()
+    (tmp_path / "sub" / "b.json").write_text('{"body": "Another river."}\n')  # no text_key: not by its name
+    assert list_source_files(jsonl).files == ["a.jsonl"]
+    (tmp_path / "sub" / "part2").symlink_to(tmp_path / "unmounted")
+    for cfg in (jsonl, SourceConfig(kind="jsonl", path=str(tmp_path), glob="sub/**/*.jsonl")):
+        with pytest.raises(
+            SourceError, match=r"holds sub/part2, a link to .*/unmounted, which does not exist"
+        ):
+            list_source_files(cfg)
+
+
 def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path):
     """An earlier build's output under source.path (or reached there through a link): its manifest
     and excluded parquet files were listed as input by the next build, a rerun too (a refusal advising
