@@ -227,11 +227,27 @@ def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro
             where = f"{plan.sources[i].name} row {doc} " if many else ""
             line = f"  {where}{key} (id {source_id}) tokens [{first}, {first + b - a}) of {length}"
             if decoders[i] is not None:
-                text = piece_text(decoders[i], tables[i], doc, first, b - a)
-                line += f": {text[:160] + ('…' if len(text) > 160 else '')!r}"
+                line += ": " + _excerpt(decoders[i], tables[i], doc, first, b - a)
             print(line)
     if show < nrows:
         print(f"… {nrows - show} more rows (--max-rows 0 prints all)")
+
+
+def _excerpt(decoder, table, doc: int, first: int, count: int) -> str:
+    """Tokens [first, first + count) of document `doc` as their quoted text, the document's separator
+    outside the quotes where the piece holds it: a document whose text holds the separator's string
+    (`<|endoftext|>` typed in a web page, encoded as plain tokens) reads apart from the separator."""
+    after = table.separator_position == "after"
+    sep_at = int(table.lengths[doc]) - 1 if after else 0  # the piece's last token, or its first
+    holds = first <= sep_at < first + count
+    lo = first + 1 if holds and not after else first
+    n = count - 1 if holds else count
+    text = piece_text(decoder, table, doc, lo, n) if n else ""
+    shown = repr(text[:160] + ("…" if len(text) > 160 else ""))
+    if not holds:
+        return shown
+    sep = f"[separator {decoder.id_to_token(table.separator_id)}]"
+    return f"{shown} + {sep}" if after else f"{sep} + {shown}"
 
 
 # A character is at most 4 UTF-8 bytes and a token at least 1: 3 tokens on either side of a cut hold

@@ -527,6 +527,32 @@ def test_real_build_output(built_dataset, capsys):
     assert rc == 0 and "(id <urn:uuid:fixture-" in out and "<|endoftext|>" in out
 
 
+def test_inspect_prints_the_separator_apart_from_text_that_spells_it(tmp_path, capsys):
+    """A web page holding the text `<|endoftext|>` is encoded as plain tokens (the separator contract),
+    but inspect decoded both to the same string inside one quoted excerpt: the doubled separator a
+    user audits for read the same as a sound document (review R12b F8). The separator now prints
+    outside the quotes."""
+    from pipelines.synthetic_dataset import write_synthetic_dataset
+    from tokenization.tokenizer_io import train_bpe
+
+    tok = train_bpe(["rivers run to the sea"] * 20, vocab_size=300, special_tokens=["<|endoftext|>"])
+    tok.encode_special_tokens = True  # as the build encodes: the literal stays text
+    texts = [f"Rivers <|endoftext|> run {i}." for i in range(30)]
+    docs = [np.array([*tok.encode(t).ids, SEPARATOR_ID]) for t in texts]
+    assert all((d == SEPARATOR_ID).sum() == 1 for d in docs)
+    (tmp_path / "ds").mkdir()
+    tok.save(str(tmp_path / "ds" / "tokenizer.json"))
+    write_synthetic_dataset(tmp_path / "ds", docs, vocab_size=tok.get_vocab_size())
+    rc, out = inspect(capsys, tmp_path / "ds", "--seq-len", 15, "--global-batch", 8, "--seed", 1,
+                      "--max-rows", 0)  # fmt: skip
+    pieces = [line for line in out.splitlines() if ") tokens [" in line]
+    ends = [p for p in pieces if re.search(r"tokens \[\d+, (\d+)\) of \1:", p)]
+    assert rc == 0 and len(ends) >= 4, out
+    assert all(p.endswith(".' + [separator <|endoftext|>]") for p in ends), ends
+    assert not any("[separator" in p for p in pieces if p not in ends)
+    assert any("<|endoftext|> run" in p for p in pieces), pieces  # the text's own, inside the quotes
+
+
 def test_inspect_trims_the_parts_of_characters_a_window_cuts(tmp_path, capsys):
     """Issue 37 item 17: a window edge inside a multi-byte character (a byte-level BPE splits é, €
     and 😀 into byte tokens) printed U+FFFD; the excerpt now drops the partial character at a cut
