@@ -74,6 +74,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     """`gristmill train --plan`: the plan table and plan.png (RUN/plan.png of a run that exists, or
     `plot`); a source the plan would run out of is the error it would be at step 1 (after the
     table, so the numbers are on screen)."""
+    import torch
+
     from training.contract.run_layout import PLAN_PNG
     from training.data.recipe import (
         build_plan,
@@ -83,6 +85,8 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         recipe_notes,
         recorded_skips,
     )
+    from training.data.spec import batch_shapes
+    from training.run.validation import validation_of
 
     spec = check_config(cfg, nproc)
     tables = open_sources(spec)
@@ -104,6 +108,12 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         )
     for note in plan.check_supply():
         print(f"note: {note}")
+    shapes = batch_shapes(cfg, spec, nproc)
+    validation_of(  # what train refuses before step 1: a held-out split too small for run.val_batches
+        cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,
+        vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,
+        settings={"rank": 0, "world_size": shapes[0].dp_size},
+    )  # fmt: skip
     return 0
 
 

@@ -54,7 +54,7 @@ from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
 from training.run.rewind import Rewinder
 from training.run.timeline import Timeline
-from training.run.validation import Validation
+from training.run.validation import Validation, validation_of
 from training.run.verdict import Judge
 
 
@@ -258,12 +258,10 @@ def _data(
     settings = loader_settings(cfg, shapes[0], env, device)
     micro = tuple(shape.micro_batch for shape in shapes)
     loader = TokenLoader(plan, tables, micro_batch=micro, **settings)
-    validation = None
-    if cfg.run.val_every > 0 and any(s.val_fraction > 0 for s in spec.sources):
-        validation = Validation(
-            cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
-            world_size=env.world_size, settings=settings,
-        )  # fmt: skip
+    validation = validation_of(
+        cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
+        world_size=env.world_size, settings=settings,
+    )  # fmt: skip
     # The training's and the validation's reads from buckets share the node's cache.
     held_out = [n for v, _ in (validation.all_loaders() if validation else []) for n in v.cache_need()]
     check_room(loader.cache_need() + held_out, spec.cache)

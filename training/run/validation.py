@@ -27,6 +27,15 @@ from training.run.shutdown import any_rank
 HELD_OUT_SEED = 0
 
 
+def validation_of(cfg: TrainConfig, spec: RunSpec, shapes: tuple[BatchShape, ...], plan: Plan, **kw: Any):
+    """The run's Validation (`kw`: its keyword arguments), None where it validates nothing (run.val_every
+    0, or no source holds documents out). Its held-out loaders are opened here: a split too small for
+    run.val_batches is refused by train and `train --plan` alike, before step 1."""
+    if cfg.run.val_every > 0 and any(s.val_fraction > 0 for s in spec.sources):
+        return Validation(cfg, spec, shapes, plan, **kw)
+    return None
+
+
 class Validation:
     """Held-out loss per source: the first `val_batches` global batches of each source's held-out
     split (the same ones every time, whatever data.seed), at the current phase's seq_len and batch;

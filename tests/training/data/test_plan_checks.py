@@ -84,6 +84,15 @@ def test_a_phase_longer_than_the_model_is_refused_by_plan_and_train_naming_its_k
         assert "data.seq_len" not in err
 
 
+def test_a_held_out_split_too_small_for_val_batches_is_refused_by_plan_and_train(sources, tmp_path, capsys):
+    """`train --plan` said the recipe was fine, then `train` refused it before step 1."""
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run)
+    for err in both(config, [f'run.output_dir="{run}"', "run.val_batches=10000"], capsys):
+        assert "source 'web', phase 'main': run.val_batches = 10000: split 'val' of " in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_plan_says_when_a_mix_is_normalised_and_the_header_names_every_dataset(sources, tmp_path, capsys):
     run = tmp_path / "run"
     config = write_recipe(tmp_path / "r.toml", sources, run)  # main: 0.6/0.3, long: 0.2/0.4
