@@ -20,8 +20,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import io
-import itertools
 import json
 import math
 import os
@@ -35,7 +33,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import pyarrow.parquet as pq
 
 from pipelines.build_identity import (
@@ -69,7 +66,14 @@ from pipelines.progress import finished_tasks as completed_ranks
 from pipelines.ray_executor import GristmillRayExecutor, ray_cluster
 from pipelines.shard_writer import ShardChangedError, finalize_dataset
 from pipelines.slurm_executor import submit_slurm
-from pipelines.sources import SourceFiles, list_source_files, make_reader, mistyped_columns, source_folder
+from pipelines.sources import (
+    SourceFiles,
+    first_json_lines,
+    list_source_files,
+    make_reader,
+    mistyped_columns,
+    source_folder,
+)
 from pipelines.task_upload import (
     RECORDS_DIR,
     TASK_DIRS,
@@ -287,24 +291,27 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
         objects: list[dict] = []  # the objects read before one holding the key
         read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
         try:
-            with fsspec.open(str(path), "rb", compression="infer") as fh:
-                for line in itertools.islice((x for x in io.BufferedReader(fh) if x.strip()), lines):
+            with contextlib.closing(first_json_lines(str(path), lines)) as parsed_lines:
+                for line, obj in parsed_lines:
                     read, first = read + 1, first or line
-                    try:
-                        obj = json.loads(line)
-                    except (ValueError, RecursionError):
-                        continue  # a malformed line is excluded with its reason by the reader
-                    if isinstance(obj, dict):
-                        parsed += 1
-                        if cfg.source.text_key in obj:
-                            objects = []  # read no further: the key is the file's
-                            break
-                        objects.append(obj)
+                    if not isinstance(obj, dict):
+                        continue  # malformed, or not an object: excluded with its reason by the reader
+                    parsed += 1
+                    if cfg.source.text_key in obj:
+                        objects = []  # read no further: the key is the file's
+                        break
+                    objects.append(obj)
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
             ) from None
         if read and not parsed:
+            if first.startswith((b"\xff\xfe", b"\xfe\xff")):  # what PowerShell's `>` writes
+                raise BuildError(
+                    f"{path} is UTF-16 (it begins with UTF-16's byte order mark), not the UTF-8 of JSON "
+                    f"lines: convert it (`iconv -f UTF-16 -t UTF-8 {f} > {f}.utf8`, then rename), or "
+                    "remove it or fix source.glob"
+                )
             begins = first[:40].decode("utf-8", "replace").strip()
             raise BuildError(
                 f"{path}: none of its first {read} non-empty lines is a JSON object (it begins "

@@ -14,7 +14,9 @@ import io
 import json
 import math
 import os
+import re
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -163,10 +165,14 @@ def list_source_files(
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
     listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
-    entries = [p for p in _glob(path, "**/*") if not _hidden(p, path)]  # every name below source.path
-    # A link to a file or a folder that is not there (a git-annex or DataLad file never fetched, a
-    # disk not mounted): skipped, its documents would be missing without a word.
-    broken = sorted(p for p in {*listed, *entries} if p.is_symlink() and not p.exists())
+    # Every name below source.path, where the default pattern reads every folder (a custom glob's
+    # files are the user's to name: no walk of the whole tree).
+    entries = [] if cfg.glob else [p for p in _glob(path, "**/*") if not _hidden(p, path)]
+    # A link to a file the pattern reads, or to a folder (a name without a suffix: 2024, part2) the
+    # default pattern would read, that is not there (a git-annex or DataLad file never fetched, a disk
+    # not mounted): skipped, its documents would be missing without a word.
+    folders = [p for p in entries if "." not in p.name and p not in listed]
+    broken = sorted(p for p in listed + folders if p.is_symlink() and not p.exists())
     if broken:
         raise SourceError(
             f"source.path {path} holds {_named(broken, path)}, a link to "
@@ -222,23 +228,23 @@ def list_source_files(
             "files to read"
         )
     # A file the default pattern passes over though its name says it holds documents (data.JSONL,
-    # part.ndjson.gz, x.PARQUET, y.pq, a .json file of JSON lines): its documents would be left out
-    # without a word. (Not one in a `_…` folder: refused above when read, a job's leftovers.)
+    # part.ndjson.gz, x.PARQUET, y.pq, JSON lines named .json) or that holds documents gristmill does
+    # not read (a JSON array of them): its documents would be left out without a word. (Not one in a
+    # `_…` folder: refused above when read, a job's leftovers.)
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
         taken = set(found) | set(mine)
-        missed = sorted(
-            p
-            for p in entries
-            if p not in taken
-            and not any(x[0] == "_" for x in p.relative_to(path).parts[:-1])
-            and _read_as(p, cfg)
-            and p.is_file()
-        )
+        missed: dict[Path, str] = {}  # file: what it would have to be
+        for p in sorted(entries):
+            if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
+                continue
+            if advice := _read_as(p, cfg):
+                missed[p] = advice
         if missed:
+            first, advice = next(iter(missed.items()))
             raise SourceError(
-                f"source.path {path} holds {_named(missed, path)}, which {pattern!r} does not "
-                f"match (its documents would be left out): rename it {_read_as(missed[0], cfg)}, "
-                "or set source.glob to the files to read"
+                f"source.path {path} holds {_named(list(missed), path)}, which {pattern!r} does not "
+                f"match (its documents would be left out): {advice}, or set source.glob to the files "
+                "to read"
             )
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
@@ -280,36 +286,95 @@ def _hidden(p: Path, root: Path) -> bool:
 
 
 def _read_as(p: Path, cfg: SourceConfig) -> str:
-    """The name file `p`, named like an input of `cfg.kind` (data.JSONL, part.ndjson.gz, x.PARQUET,
-    y.pq, z.json.gz whose first line is a JSON object holding source.text_key) but not matched by the
-    default pattern, would have to have; "" for any other file (notes.json, a metadata .json)."""
+    """What file `p`, named like an input of `cfg.kind` but not matched by the default pattern, would
+    have to be: "rename it NAME" (data.JSONL, part.ndjson.gz, x.PARQUET, y.pq, z.json.gz of JSON lines
+    holding source.text_key), "convert it to JSON lines (…)" (a .json array of such objects); "" for
+    any other file (notes.json, a metadata .json)."""
     name = p.name
     low = name.lower()
     if cfg.kind == "parquet":
         stem = next((name[: -len(x)] for x in (".parquet", ".parq", ".pq") if low.endswith(x)), None)
-        return "" if stem is None else f"{stem}.parquet"
+        return "" if stem is None else f"rename it {stem}.parquet"
     for codec in ("", *(x.removeprefix(".jsonl") for x in JSONL_SUFFIXES[1:])):
         for ext in (".jsonl", ".ndjson", ".json"):
-            if low.endswith(ext + codec) and (ext != ".json" or _holds_documents(p, cfg.text_key)):
-                return f"{name[: -len(ext + codec)]}.jsonl{codec}"
+            if not low.endswith(ext + codec):
+                continue
+            renamed = f"{name[: -len(ext + codec)]}.jsonl{codec}"
+            held = "lines" if ext != ".json" else _json_documents(p, cfg.text_key)
+            if held == "array":
+                return f"convert it to JSON lines, one object per line (`jq -c '.[]' {name} > {renamed}`)"
+            return f"rename it {renamed}" if held else ""
     return ""
 
 
-def _holds_documents(p: Path, text_key: str) -> bool:
-    """Whether file `p`'s first non-empty line (read through its compression) is a JSON object holding
-    `text_key`: JSON lines named .json, as many datasets name theirs."""
+def _json_documents(p: Path, text_key: str) -> str:
+    """How file `p` (a .json, read through its compression) holds objects with `text_key`: "array" (a
+    JSON array: its first 64 KiB open one and name the key), "lines" (JSON lines, as many datasets
+    name theirs: one among its first 100 lines, parsed as the reader parses them), or ""."""
+    array = re.compile(rb'\s*\[\s*\{.*"' + re.escape(text_key.encode()) + rb'"\s*:', re.DOTALL)
     try:
-        with fsspec.open(str(p), "rb", compression="infer") as fh:
-            for _ in range(100):
-                line = fh.readline(1 << 24)  # a JSON array on one line is not read whole
-                if not line:
-                    return False
-                if line.strip():
-                    obj = json.loads(line)
-                    return isinstance(obj, dict) and text_key in obj
-    except Exception:  # not JSON, not its codec, unreadable: not a file of documents by its name
-        return False
-    return False
+        with _head(str(p)) as f:
+            if array.match(f.read(1 << 16).removeprefix(BOM)):
+                return "array"
+        lines = first_json_lines(str(p), max_line=1 << 24)  # a JSON value on one line: not read whole
+        with contextlib.closing(lines):
+            return "lines" if any(isinstance(o, dict) and text_key in o for _, o in lines) else ""
+    except Exception:  # not its codec, unreadable: not a file of documents by its name
+        return ""
+
+
+BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON
+
+
+def jsonl_compression(path: str) -> str | None:
+    """How to open JSON-lines file `path` (fsspec's `compression`): zstd is undone by _jsonl_lines."""
+    return None if path.lower().endswith(".zst") else "infer"
+
+
+def _jsonl_lines(f: Any, path: str) -> io.BufferedReader:
+    """JSON-lines file `path`, opened as `f` (with jsonl_compression), as a buffered stream of its
+    decompressed bytes; zstd's through _StrictZstdReader (fsspec's reader ends a cut .zst quietly,
+    and is not line-iterable)."""
+    return io.BufferedReader(_StrictZstdReader(f) if jsonl_compression(path) is None else f, 1 << 20)
+
+
+@contextlib.contextmanager
+def _head(path: str) -> Iterator[io.BufferedReader]:
+    """Local JSON-lines file `path`, decompressed, to read its start (a stream cut further on is the
+    reader's to find: JsonlSource, with its advice)."""
+    with fsspec.open(path, "rb", compression="infer") as f:
+        yield io.BufferedReader(f)  # zstd's reader is not line-iterable
+
+
+def parse_json_line(line: bytes, first: bool) -> Any:
+    """Line `line` of a JSON-lines file (`first`: its line 1, which may open with a BOM) parsed;
+    ValueError or RecursionError (nested past the parser's depth) when it is malformed."""
+    if first:
+        line = line.removeprefix(BOM)
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        # orjson refuses non-UTF-8 bytes and lone surrogate escapes; the stdlib parser reads both (as
+        # surrogates) so the text filter can exclude them with a reason.
+        return json.loads(line.decode("utf-8", "surrogateescape"))
+
+
+def first_json_lines(path: str, lines: int = 100, max_line: int | None = None) -> Iterator[tuple[bytes, Any]]:
+    """(line, its JSON or the error parsing it raised) of the first `lines` non-empty lines of the
+    local JSON-lines file `path`, read and parsed as JsonlSource reads them (`max_line`: bytes read
+    per line at most, a longer one read as several)."""
+    with _head(path) as f:
+        read = 0
+        for li, line in enumerate(iter(lambda: f.readline(max_line or -1), b""), 1):
+            if not line.strip():
+                continue
+            try:
+                yield line, parse_json_line(line, li == 1)
+            except (ValueError, RecursionError) as e:
+                yield line, e
+            read += 1
+            if read == lines:
+                return
 
 
 def _in_dataset(p: Path, root: Path, datasets: dict[Path, bool]) -> Path | None:
@@ -563,32 +628,23 @@ class JsonlSource(_Reader):
     name = "🐿 Jsonl (gristmill)"
 
     def read_file(self, filepath: str):
-        zst = filepath.endswith(".zst")
         try:
-            f = self.data_folder.open(filepath, "rb", compression=None if zst else "infer")
+            f = self.data_folder.open(filepath, "rb", compression=jsonl_compression(filepath))
         except OSError as e:
             raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
         with f, _read_errors(self.data_folder.resolve_paths(filepath), "jsonl"):
-            # zstd readers are not line-iterable; a buffered wrapper works for every codec
-            lines = io.BufferedReader(_StrictZstdReader(f) if zst else f, 1 << 20)
+            lines = _jsonl_lines(f, filepath)
             li = 0
             for li, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 where = f"{filepath}:{li}"
-                if li == 1:  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON
-                    line = line.removeprefix(b"\xef\xbb\xbf")
                 try:
-                    data = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    # orjson refuses non-UTF-8 bytes and lone surrogate escapes; the stdlib parser
-                    # reads both (as surrogates) so the text filter can exclude them with a reason.
-                    try:
-                        data = json.loads(line.decode("utf-8", "surrogateescape"))
-                    except (ValueError, RecursionError) as e:  # nested past the parser's depth
-                        meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})"}
-                        yield Document(text="", id=where, metadata=meta)
-                        continue
+                    data = parse_json_line(line, li == 1)
+                except (ValueError, RecursionError) as e:  # nested past the parser's depth
+                    meta = {READ_ERROR: f"{where}: malformed JSON ({type(e).__name__}: {e})"}
+                    yield Document(text="", id=where, metadata=meta)
+                    continue
                 if not isinstance(data, dict):
                     yield Document(
                         text="", id=where, metadata={READ_ERROR: f"{where}: line is not a JSON object"}

@@ -138,6 +138,12 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     msg = one_error(capsys, argv)
     assert f"{src / 'a.jsonl'}: none of its first 10 non-empty lines is a JSON object (it begins '[')" in msg
     assert "convert it to one JSON object per line (a JSON array: `jq -c '.[]'`)" in msg
+    # UTF-16 (PowerShell's `>`): the check's parser read it, the reader's did not (review R13a F3)
+    (src / "a.jsonl").write_text("\n".join(map(json.dumps, docs)), encoding="utf-16")
+    assert f"{src / 'a.jsonl'} is UTF-16 (it begins with UTF-16's byte order mark)" in one_error(capsys, argv)
+    # Latin-1 lines are objects to the reader, which excludes each with its reason: not refused here
+    (src / "a.jsonl").write_bytes(b'{"text": "caf\xe9", "id": "x"}\n{"text": "na\xefve", "id": "y"}\n')
+    _check_jsonl_keys(cfg, list_source_files(cfg.source))
     (src / "a.jsonl").unlink()
     (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
     msg = one_error(capsys, argv)
