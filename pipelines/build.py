@@ -291,7 +291,8 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
         objects: list[dict] = []  # the objects read before one holding the key
         read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
         try:
-            with contextlib.closing(first_json_lines(str(path), lines)) as parsed_lines:
+            # a line read 16 MiB at a time: a JSON array on one line of GBs is refused, not loaded
+            with contextlib.closing(first_json_lines(str(path), lines, max_line=1 << 24)) as parsed_lines:
                 for line, obj in parsed_lines:
                     read, first = read + 1, first or line
                     if not isinstance(obj, dict):

@@ -14,7 +14,6 @@ import io
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -168,16 +167,16 @@ def list_source_files(
     # Every name below source.path, where the default pattern reads every folder (a custom glob's
     # files are the user's to name: no walk of the whole tree).
     entries = [] if cfg.glob else [p for p in _glob(path, "**/*") if not _hidden(p, path)]
-    # A link to a file the pattern reads, or to a folder (a name without a suffix: 2024, part2) the
-    # default pattern would read, that is not there (a git-annex or DataLad file never fetched, a disk
-    # not mounted): skipped, its documents would be missing without a word.
-    folders = [p for p in entries if "." not in p.name and p not in listed]
-    broken = sorted(p for p in listed + folders if p.is_symlink() and not p.exists())
+    # A link that leads nowhere (a git-annex or DataLad file never fetched, a disk not mounted): a
+    # file or a folder, which cannot be told apart; skipped, its documents would be missing without a
+    # word. Under the default pattern, every one below source.path (it reads every folder); under a
+    # custom glob, those it matches (a checkout with some files fetched, and the glob naming those).
+    broken = sorted({p for p in listed + entries if p.is_symlink() and not p.exists()})
     if broken:
         raise SourceError(
-            f"source.path {path} holds {_named(broken, path)}, a link to "
-            f"{os.readlink(broken[0])}, which does not exist: fetch its content (`git annex get`, "
-            "`datalad get`) or mount its disk, or remove the link"
+            f"source.path {path} holds {_named(broken, path)}, a link to {os.readlink(broken[0])}, which "
+            "does not exist: fetch its content (`git annex get`, `datalad get`) or mount its disk; or, if "
+            "it holds no input, remove the link or set source.glob to the files to read"
         )
     found = sorted(p for p in listed if p.is_file())
     if not found:
@@ -237,14 +236,13 @@ def list_source_files(
         for p in sorted(entries):
             if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
                 continue
-            if advice := _read_as(p, cfg):
-                missed[p] = advice
+            if renamed := _read_as(p, cfg):
+                missed[p] = renamed
         if missed:
-            first, advice = next(iter(missed.items()))
             raise SourceError(
                 f"source.path {path} holds {_named(list(missed), path)}, which {pattern!r} does not "
-                f"match (its documents would be left out): {advice}, or set source.glob to the files "
-                "to read"
+                f"match (its documents would be left out): rename it {next(iter(missed.values()))}, or "
+                "set source.glob to the files to read"
             )
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
@@ -286,41 +284,37 @@ def _hidden(p: Path, root: Path) -> bool:
 
 
 def _read_as(p: Path, cfg: SourceConfig) -> str:
-    """What file `p`, named like an input of `cfg.kind` but not matched by the default pattern, would
-    have to be: "rename it NAME" (data.JSONL, part.ndjson.gz, x.PARQUET, y.pq, z.json.gz of JSON lines
-    holding source.text_key), "convert it to JSON lines (…)" (a .json array of such objects); "" for
-    any other file (notes.json, a metadata .json)."""
+    """The name file `p`, named like an input of `cfg.kind` (data.JSONL, part.ndjson.gz, x.PARQUET, y.pq,
+    z.json.gz of JSON lines holding source.text_key) but not matched by the default pattern, would have
+    to have; "" for any other file (notes.json, a metadata .json, a JSON array: read only as JSON
+    lines)."""
     name = p.name
     low = name.lower()
     if cfg.kind == "parquet":
         stem = next((name[: -len(x)] for x in (".parquet", ".parq", ".pq") if low.endswith(x)), None)
-        return "" if stem is None else f"rename it {stem}.parquet"
+        return "" if stem is None else f"{stem}.parquet"
     for codec in ("", *(x.removeprefix(".jsonl") for x in JSONL_SUFFIXES[1:])):
         for ext in (".jsonl", ".ndjson", ".json"):
-            if not low.endswith(ext + codec):
-                continue
-            renamed = f"{name[: -len(ext + codec)]}.jsonl{codec}"
-            held = "lines" if ext != ".json" else _json_documents(p, cfg.text_key)
-            if held == "array":
-                return f"convert it to JSON lines, one object per line (`jq -c '.[]' {name} > {renamed}`)"
-            return f"rename it {renamed}" if held else ""
+            if low.endswith(ext + codec) and (ext != ".json" or _json_lines_of(p, cfg.text_key)):
+                return f"{name[: -len(ext + codec)]}.jsonl{codec}"
     return ""
 
 
-def _json_documents(p: Path, text_key: str) -> str:
-    """How file `p` (a .json, read through its compression) holds objects with `text_key`: "array" (a
-    JSON array: its first 64 KiB open one and name the key), "lines" (JSON lines, as many datasets
-    name theirs: one among its first 100 lines, parsed as the reader parses them), or ""."""
-    array = re.compile(rb'\s*\[\s*\{.*"' + re.escape(text_key.encode()) + rb'"\s*:', re.DOTALL)
+def _json_lines_of(p: Path, text_key: str) -> bool:
+    """Whether .json file `p` (read through its compression) is JSON lines of documents, as many
+    datasets name theirs: its first non-empty line a JSON object, and one of its first 100 lines one
+    holding `text_key`, parsed as the reader parses them (a pretty-printed file's first line is `{`
+    or `[`: metadata, or a JSON array, which is no input)."""
     try:
-        with _head(str(p)) as f:
-            if array.match(f.read(1 << 16).removeprefix(BOM)):
-                return "array"
-        lines = first_json_lines(str(p), max_line=1 << 24)  # a JSON value on one line: not read whole
-        with contextlib.closing(lines):
-            return "lines" if any(isinstance(o, dict) and text_key in o for _, o in lines) else ""
+        with contextlib.closing(first_json_lines(str(p), max_line=1 << 24)) as lines:
+            for i, (_, obj) in enumerate(lines):
+                if i == 0 and not isinstance(obj, dict):
+                    return False
+                if isinstance(obj, dict) and text_key in obj:
+                    return True
     except Exception:  # not its codec, unreadable: not a file of documents by its name
-        return ""
+        return False
+    return False
 
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON
@@ -336,14 +330,6 @@ def _jsonl_lines(f: Any, path: str) -> io.BufferedReader:
     decompressed bytes; zstd's through _StrictZstdReader (fsspec's reader ends a cut .zst quietly,
     and is not line-iterable)."""
     return io.BufferedReader(_StrictZstdReader(f) if jsonl_compression(path) is None else f, 1 << 20)
-
-
-@contextlib.contextmanager
-def _head(path: str) -> Iterator[io.BufferedReader]:
-    """Local JSON-lines file `path`, decompressed, to read its start (a stream cut further on is the
-    reader's to find: JsonlSource, with its advice)."""
-    with fsspec.open(path, "rb", compression="infer") as f:
-        yield io.BufferedReader(f)  # zstd's reader is not line-iterable
 
 
 def parse_json_line(line: bytes, first: bool) -> Any:
@@ -363,8 +349,10 @@ def first_json_lines(path: str, lines: int = 100, max_line: int | None = None) -
     """(line, its JSON or the error parsing it raised) of the first `lines` non-empty lines of the
     local JSON-lines file `path`, read and parsed as JsonlSource reads them (`max_line`: bytes read
     per line at most, a longer one read as several)."""
-    with _head(path) as f:
-        read = 0
+    with fsspec.open(path, "rb", compression="infer") as raw:
+        # a buffered reader (zstd's is not line-iterable); a stream cut further on is the reader's to
+        # find (JsonlSource, with its advice)
+        f, read = io.BufferedReader(raw), 0
         for li, line in enumerate(iter(lambda: f.readline(max_line or -1), b""), 1):
             if not line.strip():
                 continue

@@ -219,36 +219,40 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
         ):
             list_source_files(cfg)
         (tmp_path / name).unlink()
-    # review R13a: zstd (its reader has no readline), a first row without the key, a JSON array
+    # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
-    for name, data, advice in (
-        ("sub/b.json.zst", zstandard.ZstdCompressor().compress(line), "rename it b.jsonl.zst"),
-        ("sub/b.json", b'{"id": "a"}\n' + line, "rename it b.jsonl"),
-        ("sub/b.json", b"[\n " + line.strip() + b"\n]\n", "convert it to JSON lines, one object per line"),
+    for name, data, renamed in (
+        ("sub/b.json.zst", zstandard.ZstdCompressor().compress(line), "b.jsonl.zst"),
+        ("sub/b.json", b'{"id": "a"}\n' + line, "b.jsonl"),
     ):
         (tmp_path / name).write_bytes(data)
         with pytest.raises(
-            SourceError, match=rf"holds {re.escape(name)}, which .* match .*: {re.escape(advice)}"
+            SourceError, match=rf"holds {re.escape(name)}, which .* rename it {re.escape(renamed)},"
         ):
             list_source_files(jsonl)
         (tmp_path / name).unlink()
+    # JSON that is not JSON lines is no input by its name (review R13d): a JSON array, a pretty-printed
+    # file one of whose lines is an object with the key
+    (tmp_path / "sub" / "array.json").write_bytes(b"[" + line.strip() + b"]\n")
+    (tmp_path / "sub" / "fewshot.json").write_bytes(b'{\n "examples": [\n  ' + line.strip() + b"\n ]\n}\n")
     (tmp_path / "sub" / "b.json").write_text('{"body": "Another river."}\n')  # no text_key: not by its name
     os.mkfifo(tmp_path / "sub" / "pipe.json")  # not a file: never opened (reading it waited forever)
     assert list_source_files(jsonl).files == ["a.jsonl"]
     (tmp_path / "sub" / "part2").symlink_to(tmp_path / "unmounted")
     with pytest.raises(SourceError, match=r"holds sub/part2, a link to .*/unmounted, which does not exist"):
         list_source_files(jsonl)
-    # a link to a file not there that is no input (a README), or outside a glob's files: not refused
+    # a link that leads nowhere is a file or a folder, which cannot be told apart: refused wherever the
+    # default pattern reads; under a custom glob, only where it matches (review R13a, R13d)
     (tmp_path / "sub" / "part2").unlink()
-    (tmp_path / "NOTES.md").symlink_to(tmp_path / "gone.md")
+    (tmp_path / "sub" / "en.noblocklist").symlink_to(tmp_path / "unmounted")
     (tmp_path / "sub" / "de.jsonl").symlink_to(tmp_path / "unfetched.jsonl")
+    with pytest.raises(
+        SourceError, match=r"holds sub/de\.jsonl \(and 1 more\), a link to .*/unfetched\.jsonl"
+    ):
+        list_source_files(jsonl)
     assert list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob="*.jsonl")).files == [
         "a.jsonl"
     ]
-    with pytest.raises(
-        SourceError, match=r"holds sub/de\.jsonl, a link to .*/unfetched\.jsonl, which does not"
-    ):
-        list_source_files(jsonl)
 
 
 def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path):
