@@ -934,14 +934,16 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
 
 
 def _repair_advice(out: Path, report) -> str:
-    """How to rebuild what failed validation: the tasks whose shards or manifest are damaged are
-    redone by a rerun once their completion markers and dataset.json are gone (a rerun of a
-    complete dataset only validates it again)."""
+    """How to rebuild what failed validation: the tasks whose shards, manifest or excluded files are
+    damaged or missing are redone by a rerun once their completion markers and dataset.json are gone
+    (a rerun of a complete dataset only validates it again; one that rewrote dataset.json alone would
+    record the counts of the damaged files: a wrong read or excluded count that validates)."""
     problems = [str(pr) for pr in report.problems]
     if problems and all("stray temporary file" in text for text in problems):
         return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
-    named = r"\b(\d{5})_\d{5}\.tar\b|manifest/(\d{5})\.parquet"  # a shard's or a manifest's task
-    tasks = sorted({int(a or b) for text in problems for a, b in re.findall(named, text)})
+    # the task of a shard, a manifest or an excluded file (excluded/00002_length.parquet)
+    named = r"\b(\d{5})_\d{5}\.tar\b|manifest/(\d{5})\.parquet|excluded/(\d{5})_\w+\.parquet"
+    tasks = sorted({int("".join(found)) for text in problems for found in re.findall(named, text)})
     if not tasks:
         return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"
     return (

@@ -7,20 +7,22 @@ build's executor (local and Ray: one stage after the other; Slurm: dependent arr
 
     kind = "exact"    hashes      reader → filters → DocRecord (id + hash of normalised text)
                       clusters    ExactClusters (1 task): the first of each hash is kept
-    kind = "minhash"  signatures  reader → filters → DocRecord (id) → datatrove MinhashDedupSignature
+    kind = "minhash"  signatures  reader → filters → DocRecord (id + hash) → datatrove MinhashDedupSignature
                       buckets     datatrove MinhashDedupBuckets (one task per bucket)
                       clusters    datatrove MinhashDedupCluster → MinhashClusters (1 task):
                                   the first document of each cluster is kept
     the build         reader → filters → DedupFilter → tokenize + shard
 
-Working files live in OUTPUT/dedup/: docs/NNNNN.parquet (pass 1: per task, the id of every
-document that passed the filters, in order, and for exact the text hash), datatrove's signatures/,
+Working files live in OUTPUT/dedup/: docs/NNNNN.parquet (pass 1: per task, the id and the text hash
+of every document that passed the filters, in order), datatrove's signatures/,
 buckets/ and clusters/ (minhash), and drop/NNNNN.parquet (per task: the position, id and kept
 copy's id of each document to drop, and how many documents the task's first pass counted).
 "First" is input order: task, then position in the task. Documents are named by their position
 among those that passed the filters, which is how datatrove's MinHash stages name them too; both
-passes run the same reader and filters, and DedupFilter checks the id of every document it drops
-and the task's document count against what the first pass recorded.
+passes run the same reader and filters, and DedupFilter checks every document's text hash, the id
+of every document it drops and the task's document count against what the first pass recorded (an
+input file rewritten at the same size in between, which the build's identity of inputs does not
+see, would otherwise have its documents dropped on decisions made over other text).
 
 Every file here is a pure function of the input and the recipe and is rewritten whole by a rerun
 of its task (the tables through a temporary name), so a stage killed at any point and rerun gives
@@ -116,16 +118,15 @@ def _read_table(path: Path, what: str, columns: list[str] | None = None) -> pa.T
 
 
 class DocRecord(PipelineStep):
-    """First pass: records the id of every document reaching it (with `hashes`, also the hash of
-    its normalised text), in order, as OUTPUT/dedup/docs/NNNNN.parquet; forwards the documents."""
+    """First pass: records the id of every document reaching it and the hash of its normalised text,
+    in order, as OUTPUT/dedup/docs/NNNNN.parquet; forwards the documents."""
 
     type = "🫂 - DEDUP"
+    name = "record ids and text hashes"
 
-    def __init__(self, folder: str | Path, hashes: bool = False, progress: TaskProgress | None = None):
-        self.name = "record ids and text hashes" if hashes else "record ids"  # before: names the stats
+    def __init__(self, folder: str | Path, progress: TaskProgress | None = None):
         super().__init__()
         self.folder = str(folder)
-        self.hashes = hashes
         self.progress = progress
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
@@ -134,11 +135,10 @@ class DocRecord(PipelineStep):
         lo: list[int] = []
         for doc in data:
             ids.append(doc.id)
-            if self.hashes:
-                with self.track_time():
-                    h = text_hash(doc.text)
-                hi.append(h[0])
-                lo.append(h[1])
+            with self.track_time():
+                h = text_hash(doc.text)
+            hi.append(h[0])
+            lo.append(h[1])
             self.stat_update("documents")
             if self.progress:
                 self.progress.kept += 1
@@ -146,9 +146,7 @@ class DocRecord(PipelineStep):
             if len(ids) == 10:
                 faults.maybe_kill(rank, "dedup_pass1")
             yield doc
-        columns = [ids, hi, lo] if self.hashes else [ids]
-        table = pa.table(columns, schema=pa.schema(list(DOCS_SCHEMA)[: len(columns)]))
-        _write_table(_table_path(self.folder, rank), table)
+        _write_table(_table_path(self.folder, rank), pa.table([ids, hi, lo], schema=DOCS_SCHEMA))
         if self.progress:
             self.progress.phase = "done"
             self.progress.flush()
@@ -260,11 +258,17 @@ class DedupFilter(BaseFilter):
         self.kind = kind
         self._rank = self._next = self._seen = 0  # this task's: set by run
         self._drops: dict[str, list] = {}
+        self._hashes: tuple[np.ndarray, np.ndarray] | None = None  # per document, the first pass's text hash
 
     def run(self, data: DocumentsPipeline, rank: int = 0, world_size: int = 1) -> DocumentsPipeline:
         path = _table_path(Path(self.root) / "drop", rank)
         table = _read_table(path, f"the documents task {rank} drops as duplicates")
         self._drops = table.to_pydict()
+        docs, what = _table_path(Path(self.root) / "docs", rank), f"the text hashes of task {rank}"
+        # (a first pass of an older gristmill recorded no hash for MinHash: its build goes on unchecked)
+        if not docs.is_file() or "hash_hi" in pq.read_schema(docs).names:
+            t = _read_table(docs, what, ["hash_hi", "hash_lo"])  # 16 bytes a document
+            self._hashes = t.column("hash_hi").to_numpy(), t.column("hash_lo").to_numpy()
         self._rank, self._next, self._seen = rank, 0, 0
         yield from super().run(data, rank, world_size)
         expected = int(table.schema.metadata[DOCUMENTS_KEY])
@@ -274,6 +278,10 @@ class DedupFilter(BaseFilter):
     def filter(self, doc: Document) -> bool | tuple[bool, str]:
         i, drops = self._seen, self._drops
         self._seen += 1
+        if self._hashes is not None and i < len(self._hashes[0]):
+            hi, lo = text_hash(doc.text)
+            if hi != int(self._hashes[0][i]) or lo != int(self._hashes[1][i]):
+                raise self._mismatch(f"document {i} ({doc.id!r}) has other text than the first pass read")
         if self._next < len(drops["position"]) and drops["position"][self._next] == i:
             j = self._next
             self._next += 1
@@ -285,8 +293,8 @@ class DedupFilter(BaseFilter):
     def _mismatch(self, what: str) -> DedupError:
         root = Path(self.root).parent
         return DedupError(
-            f"dedup files do not match the documents task {self._rank} reads ({what}): the reader or "
-            f"filters changed since the dedup stages ran; delete {root / DEDUP_DIR} and "
+            f"dedup files do not match the documents task {self._rank} reads ({what}): an input file, "
+            f"the reader or the filters changed since the dedup stages ran; delete {root / DEDUP_DIR} and "
             f"{root / LOGS_DIR / DEDUP_DIR} and rerun the same command"
         )
 
@@ -346,7 +354,7 @@ def dedup_stages(
         return [
             Stage(
                 "hashes",
-                [*first_steps, DocRecord(root / "docs", True, progress)],
+                [*first_steps, DocRecord(root / "docs", progress)],
                 tasks,
                 logs("hashes"),
                 True,
@@ -359,7 +367,7 @@ def dedup_stages(
         return [
             Stage(
                 "signatures",
-                [*first_steps, DocRecord(root / "docs", False, progress), signature],
+                [*first_steps, DocRecord(root / "docs", progress), signature],
                 tasks,
                 logs("signatures"),
                 True,

@@ -155,6 +155,17 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     assert build(cfg, log=lambda *a: None).ok
     for name in sorted(p.name for p in (built_dataset / "shards").iterdir()):
         assert (out / "shards" / name).read_bytes() == (built_dataset / "shards" / name).read_bytes(), name
+    # an excluded file replaced by another's: its task is rebuilt too (rewriting dataset.json alone,
+    # the advice before, recorded the replaced file's counts: a wrong excluded count that validated)
+    kept = out / "excluded" / "00000_length.parquet"
+    shutil.copyfile(out / "excluded" / "00000_text.parquet", kept)
+    lines.clear()
+    assert not build(cfg, log=lines.append).ok
+    rm = f"rm {out / 'dataset.json'} {out / 'logs' / 'completions' / '00000'} && rerun the same command"
+    assert lines[-1].startswith("fix: to rebuild the damaged task(s) 0 ") and lines[-1].endswith(rm), lines
+    subprocess.run(lines[-1].split(": ", 2)[-1].split(" && ")[0].split(), check=True)
+    assert build(cfg, log=lambda *a: None).ok
+    assert kept.read_bytes() == (built_dataset / "excluded" / kept.name).read_bytes()
     (out / "shards" / "00000_00009.tar.tmp").write_text("x")
     lines.clear()
     assert not build(cfg, log=lines.append).ok

@@ -10,6 +10,7 @@ Slurm: tests/pipelines/test_build_slurm.py.
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 from pathlib import Path
@@ -22,6 +23,7 @@ from pipelines.build import build
 from pipelines.config import DataConfig
 from pipelines.dedup import DedupError
 from tests.helpers.build_runs import run_build
+from tests.helpers.corpus import fixture_texts
 from tests.helpers.dup_corpus import N_BASE, write_dup_config
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
@@ -143,3 +145,38 @@ def test_missing_dedup_files_are_one_error_and_the_advice_works(built, dup_fixtu
             (built["exact"] / sub).glob("*.tar")
         ):
             assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
+
+
+def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong_drop(dup_fixture, tmp_path):
+    """The build's identity of its inputs is their sizes: a file rewritten at the same size after the
+    dedup stages ran was read by the build's pass against decisions made over its old text, and a
+    unique document was dropped as "exact duplicate of" another, exit 0, validated (review R13b F1)."""
+    config, _, _ = dup_fixture
+    src, out = tmp_path / "src", tmp_path / "ds"
+    src.mkdir()
+    (original,) = fixture_texts(1)
+    rows = {"a.jsonl": [("Y", original)], "b.jsonl": [("X", original)]}  # X: a copy of Y, in task 1
+    for name, docs in rows.items():
+        (src / name).write_text(
+            "".join(json.dumps({"id": i, "text": t, "int_score": 4}) + "\n" for i, t in docs)
+        )
+    sets = [f"output={out}", "dedup.kind=exact", "source.kind=jsonl", f"source.path={src}"]
+    cfg = load_config(DataConfig, config, sets)
+    assert build(cfg, **QUIET).ok
+    assert [r["id"] for r in excluded_rows(out) if r["filter"] == "dedup"] == ["X"]
+    # task 1 to be redone (its completion marker gone, as a damaged shard's repair says), its input
+    # rewritten at the same size: X is now another text
+    (out / "logs" / "completions" / "00001").unlink()
+    (out / "dataset.json").unlink()
+    before = (src / "b.jsonl").stat().st_size
+    unique = original[::-1]  # the same characters (the same JSON escapes), another text
+    (src / "b.jsonl").write_text(json.dumps({"id": "X", "text": unique, "int_score": 4}) + "\n")
+    assert (src / "b.jsonl").stat().st_size == before
+    with pytest.raises(
+        DedupError, match=r"\(document 0 \('X'\) has other text than the first pass read\): an input"
+    ):
+        build(cfg, **QUIET)
+    shutil.rmtree(out / "dedup")  # the advice: the dedup stages redone over the new text
+    shutil.rmtree(out / "logs" / "dedup")
+    assert build(cfg, **QUIET).ok
+    assert not list((out / "excluded").glob("*.parquet"))  # X is no copy now: kept
