@@ -291,8 +291,7 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
         objects: list[dict] = []  # the objects read before one holding the key
         read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
         try:
-            # a line read 16 MiB at a time: a JSON array on one line of GBs is refused, not loaded
-            with contextlib.closing(first_json_lines(str(path), lines, max_line=1 << 24)) as parsed_lines:
+            with contextlib.closing(first_json_lines(str(path), lines)) as parsed_lines:
                 for line, obj in parsed_lines:
                     read, first = read + 1, first or line
                     if not isinstance(obj, dict):
@@ -579,9 +578,17 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                     f"task(s) {_tasks(damaged)} are redone, and only their objects that are not as recorded "
                     "are uploaded again"
                 )
+            # A dataset `data upload` put there has no task records: nothing of it was compared.
+            unchecked = p.cfg.build.tasks - len(records)
+            note = (
+                f"; {unchecked} of its {p.cfg.build.tasks} tasks left no record here (a dataset `gristmill "
+                "data upload` put there), so their objects were not compared"
+                if unchecked
+                else ""
+            )
             log(
-                f"{p.cfg.output} is already complete (same config): nothing to do; `gristmill data validate "
-                f"{p.cfg.output}` checks every shard again"
+                f"{p.cfg.output} is already complete (same config): nothing to do{note}; `gristmill data "
+                f"validate {p.cfg.output}` checks every shard again"
             )
             return True
         raise BuildError(

@@ -164,14 +164,21 @@ def list_source_files(
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
     listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
-    # Every name below source.path, where the default pattern reads every folder (a custom glob's
-    # files are the user's to name: no walk of the whole tree).
-    entries = [] if cfg.glob else [p for p in _glob(path, "**/*") if not _hidden(p, path)]
-    # A link that leads nowhere (a git-annex or DataLad file never fetched, a disk not mounted): a
-    # file or a folder, which cannot be told apart; skipped, its documents would be missing without a
-    # word. Under the default pattern, every one below source.path (it reads every folder); under a
-    # custom glob, those it matches (a checkout with some files fetched, and the glob naming those).
-    broken = sorted({p for p in listed + entries if p.is_symlink() and not p.exists()})
+    # Every name below the folder the pattern walks: source.path for the default pattern, a custom
+    # glob's folder before its `**` (none without one: it reads fixed depths, its matches).
+    walked = _walked(path, cfg.glob)
+    entries = [] if walked is None else [p for p in _glob(walked, "**/*") if not _hidden(p, path)]
+    # A link that leads nowhere (a disk not mounted, a git-annex or DataLad file never fetched) is
+    # skipped by the walk, its documents missing without a word: refused where the pattern reads it,
+    # or where the walk meets it, unless it is a git-annex file (no folder) not named like an input
+    # (a README a partial checkout did not fetch).
+    broken = sorted(
+        p
+        for p in {*listed, *entries}
+        if p.is_symlink()
+        and not p.exists()
+        and (p in listed or ANNEX_OBJECTS not in os.readlink(p) or _read_as(p, cfg))
+    )
     if broken:
         raise SourceError(
             f"source.path {path} holds {_named(broken, path)}, a link to {os.readlink(broken[0])}, which "
@@ -261,6 +268,19 @@ def list_source_files(
     return SourceFiles(str(path), files, [p.stat().st_size for p in found])
 
 
+ANNEX_OBJECTS = ".git/annex/objects/"  # where a git-annex (or DataLad) file's link points: a file
+
+
+def _walked(root: Path, glob: str) -> Path | None:
+    """The folder below `root` whose every folder the source pattern `glob` reads (empty: the default
+    pattern's, `root`); None for a glob without `**`."""
+    parts = Path(glob or "**").parts
+    if "**" not in parts:
+        return None
+    folders = parts[: parts.index("**")]
+    return root if any(c in "".join(folders) for c in "*?[") else root.joinpath(*folders)
+
+
 def _named(files: list[Path], root: Path) -> str:
     """The first of `files` (below `root`) and how many more, for a refusal naming them."""
     more = f" (and {len(files) - 1} more)" if len(files) > 1 else ""
@@ -302,17 +322,17 @@ def _read_as(p: Path, cfg: SourceConfig) -> str:
 
 def _json_lines_of(p: Path, text_key: str) -> bool:
     """Whether .json file `p` (read through its compression) is JSON lines of documents, as many
-    datasets name theirs: its first non-empty line a JSON object, and one of its first 100 lines one
-    holding `text_key`, parsed as the reader parses them (a pretty-printed file's first line is `{`
-    or `[`: metadata, or a JSON array, which is no input)."""
+    datasets name theirs: one of its first 100 lines an object holding `text_key`, parsed as the
+    reader parses them, unless its first line opens a pretty-printed object or an array (`{`, `[…`:
+    metadata, or a JSON array, which is no input)."""
     try:
         with contextlib.closing(first_json_lines(str(p), max_line=1 << 24)) as lines:
-            for i, (_, obj) in enumerate(lines):
-                if i == 0 and not isinstance(obj, dict):
+            for i, (line, obj) in enumerate(lines):
+                if i == 0 and (line.strip() == b"{" or line.removeprefix(BOM).lstrip().startswith(b"[")):
                     return False
                 if isinstance(obj, dict) and text_key in obj:
                     return True
-    except Exception:  # not its codec, unreadable: not a file of documents by its name
+    except Exception:  # not its codec, unreadable (a link to a file not there): not one by its name
         return False
     return False
 

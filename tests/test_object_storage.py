@@ -211,6 +211,14 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     upload_dataset(built_dataset, s3.url("built-here"), log=lambda *a: None)
     report = out("data", "validate", s3.url("built-here"), "--no-progress")
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
+    # A build rerun into it finds it complete, and says that nothing of it was compared (an uploaded
+    # dataset has no task records: "nothing to do" alone read as checked, review R13b F3)
+    lines = []
+    here = [f"output={json.dumps(s3.url('built-here'))}", f"build.workdir={json.dumps(str(work))}"]
+    assert build(load_config(DataConfig, config, here), log=lines.append).ok
+    assert any("nothing to do; 2 of its 2 tasks left no record here (a dataset" in line for line in lines), (
+        lines
+    )
     table = out("data", "audit", url, "--sql", "SELECT dataset_name, count(*) AS n FROM docs GROUP BY 1")
     assert url in table and f"{local['documents']:,}" in table.replace(" ", ""), table
     # The funnel is the local build's: the tasks uploaded their datatrove stats, every step's.

@@ -231,6 +231,11 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
         ):
             list_source_files(jsonl)
         (tmp_path / name).unlink()
+    # a first line that is malformed is the reader's to exclude: the file is named (review R13e)
+    (tmp_path / "sub" / "b.json").write_bytes(b'{"text": "cut\n' + line)
+    with pytest.raises(SourceError, match=r"holds sub/b\.json, which .* rename it b\.jsonl,"):
+        list_source_files(jsonl)
+    (tmp_path / "sub" / "b.json").unlink()
     # JSON that is not JSON lines is no input by its name (review R13d): a JSON array, a pretty-printed
     # file one of whose lines is an object with the key
     (tmp_path / "sub" / "array.json").write_bytes(b"[" + line.strip() + b"]\n")
@@ -241,18 +246,25 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
     (tmp_path / "sub" / "part2").symlink_to(tmp_path / "unmounted")
     with pytest.raises(SourceError, match=r"holds sub/part2, a link to .*/unmounted, which does not exist"):
         list_source_files(jsonl)
-    # a link that leads nowhere is a file or a folder, which cannot be told apart: refused wherever the
-    # default pattern reads; under a custom glob, only where it matches (review R13a, R13d)
+    # a link that leads nowhere is a file or a folder (on a disk not mounted), which cannot be told
+    # apart: refused where the pattern walks, a custom glob's `**` too; a git-annex link (a file) only
+    # where the pattern reads it or it is named like an input (review R13a, R13d, R13e)
     (tmp_path / "sub" / "part2").unlink()
     (tmp_path / "sub" / "en.noblocklist").symlink_to(tmp_path / "unmounted")
-    (tmp_path / "sub" / "de.jsonl").symlink_to(tmp_path / "unfetched.jsonl")
-    with pytest.raises(
-        SourceError, match=r"holds sub/de\.jsonl \(and 1 more\), a link to .*/unfetched\.jsonl"
-    ):
+    for glob in ("", "**/*.jsonl"):
+        with pytest.raises(SourceError, match=r"holds sub/en\.noblocklist, a link to .*/unmounted, which"):
+            list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob=glob))
+    (tmp_path / "sub" / "en.noblocklist").unlink()
+    annex = "../.git/annex/objects/Xx/Yy/SHA256E-s9--ab/SHA256E-s9--ab"
+    (tmp_path / "sub" / "README.md").symlink_to(annex)  # not fetched, no input: not refused
+    (tmp_path / "sub" / "de.jsonl").symlink_to(annex)
+    with pytest.raises(SourceError, match=r"holds sub/de\.jsonl, a link to \.\./\.git/annex/objects/"):
         list_source_files(jsonl)
     assert list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob="*.jsonl")).files == [
         "a.jsonl"
     ]
+    (tmp_path / "sub" / "de.jsonl").unlink()
+    assert list_source_files(jsonl).files == ["a.jsonl"]
 
 
 def test_a_dataset_inside_the_source_folder_is_never_read_as_documents(tmp_path):
