@@ -235,25 +235,50 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
             )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.
-        listed = _listed_documents(p)
-        if listed and not manifest_files(p):
+        info = _dataset_json(p)
+        listed = info.get("documents")
+        if isinstance(listed, int) and not isinstance(listed, bool) and listed and not manifest_files(p):
             raise DatasetError(
                 f"{p / DATASET_JSON} lists {listed:,} documents but {p / MANIFEST_DIR}/ holds no parquet "
                 f"file; check the dataset with `gristmill data validate {p}` and rebuild it"
             )
+        _check_tables(p, info)
         out.append(Path(os.path.realpath(p)))
     return out
 
 
-def _listed_documents(root: Path) -> int:
-    """dataset.json's `documents`, or 0 when absent or unreadable (find_damaged names that)."""
+def _dataset_json(root: Path) -> dict:
+    """dataset.json, or {} when absent or unreadable (find_damaged names that)."""
     import json
 
     try:
-        docs = json.loads((root / DATASET_JSON).read_text(encoding="utf-8")).get("documents")
-    except (OSError, ValueError, AttributeError):
-        return 0
-    return docs if isinstance(docs, int) and not isinstance(docs, bool) else 0
+        info = json.loads((root / DATASET_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _check_tables(root: Path, info: dict) -> None:
+    """The manifest and excluded files are those dataset.json records (its `files`): one missing,
+    or one of another build, would make the `docs` and `excluded` views count other documents
+    without a word (a validated dataset's count is dataset.json's; the views count the files)."""
+    files = info.get("files")
+    if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
+        return  # no record of them (a dataset from before dataset.json recorded its files)
+    recorded = {r for r in files if r.split("/", 1)[0] in (MANIFEST_DIR, EXCLUDED_DIR)}
+    present = {
+        f.relative_to(root).as_posix()
+        for d in (MANIFEST_DIR, EXCLUDED_DIR)
+        for f in (root / d).rglob("*.parquet")
+    }
+    fix = (
+        f"rerun the command that built it, which validates it and names the task to rebuild "
+        f"(`gristmill data validate {root}` lists what is wrong)"
+    )
+    for rel in sorted(recorded - present):
+        raise DatasetError(f"{root / rel} is missing, but {root / DATASET_JSON} records it: {fix}")
+    for rel in sorted(present - recorded):
+        raise DatasetError(f"{root / rel} is not one of the files {root / DATASET_JSON} records: {fix}")
 
 
 def view_files(view: FileView, root: Path) -> list[str]:

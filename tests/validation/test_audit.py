@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import re
@@ -240,7 +241,14 @@ def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):
     assert run_preset(con, "validation").records()[0]["status"] == "not validated"
     # a zero-row excluded file (an empty task's) reads as no rows
     (root / "excluded").mkdir()
-    pq.write_table(EXCLUDED_SCHEMA.empty_table(), root / "excluded" / "00001_text.parquet")
+    empty = root / "excluded" / "00001_text.parquet"
+    pq.write_table(EXCLUDED_SCHEMA.empty_table(), empty)
+    info = json.loads((root / "dataset.json").read_text())  # as the build records it
+    info.setdefault("files", {})[f"excluded/{empty.name}"] = {
+        "bytes": empty.stat().st_size,
+        "sha256": hashlib.sha256(empty.read_bytes()).hexdigest(),
+    }
+    (root / "dataset.json").write_text(json.dumps(info))
     con, _ = connect([root])
     assert con.execute("SELECT count(*) FROM excluded").fetchone() == (0,)
 
@@ -384,6 +392,28 @@ def test_dataset_json_listing_documents_without_manifest_is_an_error(built_datas
     assert main(["data", "audit", str(root)]) == 2
     err = capsys.readouterr().err
     assert f"{root / 'dataset.json'} lists" in err and "holds no parquet file" in err
+
+
+def test_a_manifest_or_excluded_file_missing_or_foreign_is_an_error_not_a_smaller_count(
+    built_dataset, tmp_path, capsys
+):
+    """One manifest file gone: `docs` counted the others, exit 0, no warning (review R13c F2)."""
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards"))
+    sql = ["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]
+    (root / "manifest" / "00001.parquet").unlink()
+    assert main(sql) == 2
+    err = capsys.readouterr().err
+    assert f"{root / 'manifest' / '00001.parquet'} is missing, but {root / 'dataset.json'} records it" in err
+    shutil.copyfile(built_dataset / "manifest" / "00001.parquet", root / "manifest" / "00001.parquet")
+    shutil.copyfile(root / "excluded" / "00000_text.parquet", root / "excluded" / "00009_text.parquet")
+    assert main(sql) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"{root / 'excluded' / '00009_text.parquet'} is not one of the files {root / 'dataset.json'}" in err
+    )
+    (root / "excluded" / "00009_text.parquet").unlink()
+    assert main(sql) == 0
 
 
 def test_sql_over_a_broken_dataset_json_names_the_file(built_dataset, tmp_path, capsys):
