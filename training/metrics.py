@@ -299,10 +299,13 @@ def summary_line(
     return f"loss {said}, {seconds:.0f} s{_whole_run(kept_losses(rows), start)}"
 
 
-def no_step_row(step: int, note: str) -> dict[str, Any]:
+def no_step_row(step: int, note: str, tokens_seen: int, attempt: int | None) -> dict[str, Any]:
     """A metrics row of validation and eval without a trained step: the base's scores at step 0 of
-    an init_from run, the final weights when a rewind's skip reached the run's last step."""
-    return {"step": step, "note": note}
+    an init_from run, the final weights when a rewind's skip reached the run's last step. Its
+    `tokens_seen` (those the weights trained on) and, with rewinds on, `attempt`, as every row's."""
+    return {"step": step, "note": note, "tokens_seen": tokens_seen} | (
+        {} if attempt is None else {"attempt": attempt}
+    )
 
 
 def _whole_run(rows: list[dict[str, Any]], start: int) -> str:

@@ -168,7 +168,12 @@ def evaluate_base(run: Run) -> None:
     any update (RUN/eval/step-000000, the first rows of eval.parquet, and a metrics row at step 0
     for metrics.jsonl and the trackers). Not on a resume: they are there already."""
     if run.evaluator is not None and run.model_config.init_from and run.state.step == 0:
-        _log(run, no_step_row(0, "no step trained: the base model, before any update"), evaluate=True)
+        attempt = run.timeline.attempt if run.judge.every_step else None  # as step rows have it
+        _log(
+            run,
+            no_step_row(0, "no step trained: the base model, before any update", 0, attempt),
+            evaluate=True,
+        )
 
 
 @dataclass(frozen=True)

@@ -437,6 +437,9 @@ def test_a_second_skip_to_the_end_names_the_step_whose_weights_it_kept(
         final["note"]
         == "no step trained: steps 23–30 were skipped by rewind 2; the final weights are step 10's"
     )
+    # as every row with rewinds on: its attempt, and the tokens its weights trained on (review R13c F4)
+    ten = next(r for r in metrics(run) if r["step"] == 10 and not r.get("discarded_by_rewind"))
+    assert final["attempt"] == 3 and final["tokens_seen"] == ten["tokens_seen"] > 0, final
 
 
 def test_a_skip_is_the_plans_not_this_invocations(tmp_path, dataset, monkeypatch):

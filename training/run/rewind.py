@@ -146,7 +146,7 @@ class Rewinder:
                 f"no step trained: steps {skip.first_step}–{skip.last_step} were skipped by rewind "
                 f"{skip.rewind}; the final weights are step {weights}'s"
             )
-            row = no_step_row(skip.last_step, note)
+            row = no_step_row(skip.last_step, note, self.state.tokens_seen, self.timeline.attempt)
             self.record.hold(row, validate=self.validates, evaluate=self.evaluates)
         self.checkpointer.save(skip.last_step, self.state.tokens_seen, blocking=True, on_timeline=True)
         kill_point("rewind-saved")
