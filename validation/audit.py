@@ -400,13 +400,18 @@ def plot_series(con: duckdb.DuckDBPyConnection, name: str) -> tuple[list[str], d
 # entry points
 
 
+def _has_dataset(roots: list[str | Path]) -> bool:
+    return any((Path(r) / DATASET_JSON).is_file() for r in roots)
+
+
 def default_reports(roots: list[str | Path], con: duckdb.DuckDBPyConnection) -> list[str]:
-    """The dataset tables, or a training run's (`consumption`) when no root is a dataset. A
-    FineWeb-only table is left out when no document has its column (own files without `dump`:
-    one empty group says nothing)."""
-    if not any((Path(r) / DATASET_JSON).is_file() for r in roots):
+    """The dataset tables, and a training run's (`consumption`) where a root is a run or none is a
+    dataset. A FineWeb-only table is left out when no document has its column (own files without
+    `dump`: one empty group says nothing)."""
+    if not _has_dataset(roots):
         return RUN_REPORTS
-    return [n for n in DEFAULT_REPORTS if n not in FINEWEB_ONLY or _has_values(con, FINEWEB_ONLY[n])]
+    tables = [n for n in DEFAULT_REPORTS if n not in FINEWEB_ONLY or _has_values(con, FINEWEB_ONLY[n])]
+    return tables + (RUN_REPORTS if any(is_training_run(r) for r in roots) else [])
 
 
 def _has_values(con: duckdb.DuckDBPyConnection, column: str) -> bool:
@@ -475,11 +480,11 @@ def _run(args: argparse.Namespace) -> int:
                 "its finished tasks wrote",
                 file=sys.stderr,
             )
-    if args.report not in (None, "all", *RUN_REPORTS) and not any(
-        (Path(d) / DATASET_JSON).is_file() for d in args.dirs
-    ):  # its tables would be empty: "(no rows)" and exit 0 said nothing of why
+    asked = f"--report {args.report}" if args.report not in (None, "all", *RUN_REPORTS) else None
+    if (asked or args.plots) and not _has_dataset(args.dirs):
+        # its tables would be empty: "(no rows)" and exit 0 said nothing of why
         raise AuditError(
-            f"--report {args.report} reads a dataset's files, and {', '.join(args.dirs)} holds no "
+            f"{asked or '--plots'} reads a dataset's files, and {', '.join(args.dirs)} holds no "
             f"{DATASET_JSON}: pass a dataset directory (a training run's is data.dataset in its "
             f"config.toml), or --report {' / '.join(RUN_REPORTS)} for a training run"
         )
@@ -502,8 +507,9 @@ def _run(args: argparse.Namespace) -> int:
                     raise damaged from None
                 return print_error(e)
         else:
+            every = list(PRESETS) if _has_dataset(args.dirs) else RUN_REPORTS  # a run's "all": its own
             names = (
-                list(PRESETS)
+                every
                 if args.report == "all"
                 else [args.report]
                 if args.report

@@ -463,7 +463,7 @@ def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     )
 
 
-def test_plan_inspect_and_consumption(reference, capsys):
+def test_plan_inspect_and_consumption(reference, sources, tmp_path, capsys):
     run_dir, config = reference
     assert gristmill(["train", "--config", str(config), "--plan"]) == 0
     out = capsys.readouterr().out
@@ -493,6 +493,17 @@ def test_plan_inspect_and_consumption(reference, capsys):
     line = one_error_line(capsys.readouterr().err)
     assert f"--report summary reads a dataset's files, and {run_dir} holds no dataset.json" in line, line
     assert "--report consumption for a training run" in line
+    # "all" of a run is its own tables, --plots (a dataset's charts) is refused, and a dataset with its
+    # run prints both's tables (review R13c F3: nine empty tables, "no rows" charts, no consumption)
+    assert gristmill(["data", "audit", str(run_dir), "--report", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "== consumption ==" in out and "(no rows)" not in out and "== summary ==" not in out, out
+    assert gristmill(["data", "audit", str(run_dir), "--plots", str(tmp_path / "plots")]) == 2
+    assert "--plots reads a dataset's files" in one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "plots").exists()
+    assert gristmill(["data", "audit", str(sources["web"]), str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "== summary ==" in out and "== consumption ==" in out, out
 
 
 def test_a_one_dataset_run_resumes_by_the_plans_rules(sources, tmp_path, capsys):
