@@ -582,7 +582,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             unchecked = p.cfg.build.tasks - len(records)
             note = (
                 f"; {unchecked} of its {p.cfg.build.tasks} tasks left no record here (a dataset `gristmill "
-                "data upload` put there), so their objects were not compared"
+                "data upload` put there, or records deleted), so their objects were not compared"
                 if unchecked
                 else ""
             )
@@ -936,26 +936,45 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
     log(build_table(info, row, order))
     if not report.ok:
         log(format_report(report))
-        log(_repair_advice(out, report))
+        log(_repair_advice(out, report, cfg.build.tasks))
     return BuildResult(out, "complete", info, report)
 
 
-def _repair_advice(out: Path, report) -> str:
-    """How to rebuild what failed validation: the tasks whose shards, manifest or excluded files are
-    damaged or missing are redone by a rerun once their completion markers and dataset.json are gone
-    (a rerun of a complete dataset only validates it again; one that rewrote dataset.json alone would
-    record the counts of the damaged files: a wrong read or excluded count that validates)."""
+def _repair_advice(out: Path, report, tasks: int) -> str:
+    """How to rebuild what failed validation: the tasks whose shards, manifest, excluded files or
+    datatrove stats are damaged or missing are redone by a rerun once their completion markers and
+    dataset.json are gone (a rerun of a complete dataset only validates it again; one that rewrote
+    dataset.json alone would record the counts of the damaged files: a wrong read or excluded count
+    that validates); a file no task of this build (of `tasks`) writes is removed first."""
     problems = [str(pr) for pr in report.problems]
     if problems and all("stray temporary file" in text for text in problems):
         return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
-    # the task of a shard, a manifest or an excluded file (excluded/00002_length.parquet)
-    named = r"\b(\d{5})_\d{5}\.tar\b|manifest/(\d{5})\.parquet|excluded/(\d{5})_\w+\.parquet"
-    tasks = sorted({int("".join(found)) for text in problems for found in re.findall(named, text)})
-    if not tasks:
+    mine = (  # a file of task N: a shard, its manifest, an excluded file, its datatrove stats
+        r"(?:shards/)?(\d{5})_\d{5}\.tar|manifest/(\d{5})\.parquet|excluded/(\d{5})_\w+\.parquet"
+        r"|logs/stats/(\d{5})\.json"
+    )
+    inside = [text.replace(f"{out}/", "") for text in problems]  # the dataset's files, by their paths in it
+    named = r"(?<![\w./-])(?:shards|manifest|excluded|logs/stats)/[^\s:,]+"
+    files = sorted({m for text in inside for m in re.findall(named, text)})
+    redo, foreign = set(), []
+    for rel in files:
+        m = re.fullmatch(mine, rel)
+        task = int("".join(g or "" for g in m.groups())) if m else None
+        if task is not None and task < tasks:
+            redo.add(task)
+        else:
+            foreign.append(rel)
+    if foreign:
+        return (
+            f"fix: remove {' '.join(str(out / rel) for rel in foreign)} (no task of this build writes it), "
+            "then rerun the same command to validate again"
+        )
+    if not redo:
         return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"
+    redo_tasks = sorted(redo)
     return (
-        f"fix: to rebuild the damaged task(s) {', '.join(map(str, tasks))} (the others are kept): "
-        f"rm {out / DATASET_JSON} {completion_markers(out, tasks)} && rerun the same command"
+        f"fix: to rebuild the damaged task(s) {', '.join(map(str, redo_tasks))} (the others are kept): "
+        f"rm {out / DATASET_JSON} {completion_markers(out, redo_tasks)} && rerun the same command"
     )
 
 

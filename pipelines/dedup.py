@@ -294,8 +294,10 @@ class DedupFilter(BaseFilter):
         root = Path(self.root).parent
         return DedupError(
             f"dedup files do not match the documents task {self._rank} reads ({what}): an input file, "
-            f"the reader or the filters changed since the dedup stages ran; delete {root / DEDUP_DIR} and "
-            f"{root / LOGS_DIR / DEDUP_DIR} and rerun the same command"
+            f"the reader or the filters changed since the dedup stages ran; delete {root / DEDUP_DIR}, "
+            f"{root / LOGS_DIR / DEDUP_DIR} and {root / LOGS_DIR / 'completions'} and rerun the same "
+            "command (the dedup stages and every task are redone: a task that finished was filtered by "
+            "decisions made over the old text)"
         )
 
 

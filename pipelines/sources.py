@@ -164,10 +164,7 @@ def list_source_files(
         return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
     pattern = default_glob(cfg)
     listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
-    # Every name below the folder the pattern walks: source.path for the default pattern, a custom
-    # glob's folder before its `**` (none without one: it reads fixed depths, its matches).
-    walked = _walked(path, cfg.glob)
-    entries = [] if walked is None else [p for p in _glob(walked, "**/*") if not _hidden(p, path)]
+    entries = [p for p in _walked(path, pattern) if not _hidden(p, path)]
     # A link that leads nowhere (a disk not mounted, a git-annex or DataLad file never fetched) is
     # skipped by the walk, its documents missing without a word: refused where the pattern reads it,
     # or where the walk meets it, unless it is a git-annex file (no folder) not named like an input
@@ -268,17 +265,21 @@ def list_source_files(
     return SourceFiles(str(path), files, [p.stat().st_size for p in found])
 
 
-ANNEX_OBJECTS = ".git/annex/objects/"  # where a git-annex (or DataLad) file's link points: a file
+ANNEX_OBJECTS = "annex/objects/"  # where a git-annex (or DataLad) file's link points (a file)
 
 
-def _walked(root: Path, glob: str) -> Path | None:
-    """The folder below `root` whose every folder the source pattern `glob` reads (empty: the default
-    pattern's, `root`); None for a glob without `**`."""
-    parts = Path(glob or "**").parts
-    if "**" not in parts:
-        return None
-    folders = parts[: parts.index("**")]
-    return root if any(c in "".join(folders) for c in "*?[") else root.joinpath(*folders)
+def _walked(root: Path, pattern: str) -> list[Path]:
+    """The names the source pattern's folders lead through below `root`: for `a/*/*.jsonl`, what `a`
+    and `a/*` match; below a `**`, every name under the folders it starts from (the default pattern:
+    the whole of `root`)."""
+    folders = Path(pattern).parts[:-1]
+    names: list[Path] = []
+    for k in range(1, len(folders) + 1):
+        if folders[k - 1] == "**":
+            bases = [root] if k == 1 else [b for b in root.glob(str(Path(*folders[: k - 1]))) if b.is_dir()]
+            return names + [p for b in bases for p in _glob(b, "**/*")]
+        names += root.glob(str(Path(*folders[:k])))
+    return names
 
 
 def _named(files: list[Path], root: Path) -> str:

@@ -166,6 +166,24 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     subprocess.run(lines[-1].split(": ", 2)[-1].split(" && ")[0].split(), check=True)
     assert build(cfg, log=lambda *a: None).ok
     assert kept.read_bytes() == (built_dataset / "excluded" / kept.name).read_bytes()
+    # damaged datatrove stats: their task rebuilt; a file no task writes: removed (review R13f F2)
+    stats = out / "logs" / "stats" / "00000.json"
+    stats.write_text(stats.read_text().replace('"documents"', '"documents_"', 1))
+    extra = out / "excluded" / "extra.parquet"
+    shutil.copyfile(out / "excluded" / "00000_text.parquet", extra)
+    for want in (
+        f"fix: remove {extra} (no task of this build writes it)",
+        "fix: to rebuild the damaged task(s) 0 ",
+    ):
+        lines.clear()
+        assert not build(cfg, log=lines.append).ok
+        assert lines[-1].startswith(want), lines[-3:]
+        if want.startswith("fix: remove"):
+            extra.unlink()
+        else:
+            subprocess.run(lines[-1].split(": ", 2)[-1].split(" && ")[0].split(), check=True)
+    assert build(cfg, log=lambda *a: None).ok
+    assert read_dataset_info(out)["documents_read"] == read_dataset_info(built_dataset)["documents_read"]
     (out / "shards" / "00000_00009.tar.tmp").write_text("x")
     lines.clear()
     assert not build(cfg, log=lines.append).ok

@@ -11,6 +11,7 @@ Slurm: tests/pipelines/test_build_slurm.py.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -164,19 +165,22 @@ def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong
     cfg = load_config(DataConfig, config, sets)
     assert build(cfg, **QUIET).ok
     assert [r["id"] for r in excluded_rows(out) if r["filter"] == "dedup"] == ["X"]
-    # task 1 to be redone (its completion marker gone, as a damaged shard's repair says), its input
-    # rewritten at the same size: X is now another text
-    (out / "logs" / "completions" / "00001").unlink()
+    # task 0 to be redone (its completion marker gone, as a damaged shard's repair says), its input
+    # rewritten at the same size: Y is now another text, and X, whose task finished, no copy
+    (out / "logs" / "completions" / "00000").unlink()
     (out / "dataset.json").unlink()
-    before = (src / "b.jsonl").stat().st_size
+    before = (src / "a.jsonl").stat().st_size
     unique = original[::-1]  # the same characters (the same JSON escapes), another text
-    (src / "b.jsonl").write_text(json.dumps({"id": "X", "text": unique, "int_score": 4}) + "\n")
-    assert (src / "b.jsonl").stat().st_size == before
+    (src / "a.jsonl").write_text(json.dumps({"id": "Y", "text": unique, "int_score": 4}) + "\n")
+    assert (src / "a.jsonl").stat().st_size == before
     with pytest.raises(
-        DedupError, match=r"\(document 0 \('X'\) has other text than the first pass read\): an input"
-    ):
+        DedupError, match=r"\(document 0 \('Y'\) has other text than the first pass read\): an input"
+    ) as e:
         build(cfg, **QUIET)
-    shutil.rmtree(out / "dedup")  # the advice: the dedup stages redone over the new text
-    shutil.rmtree(out / "logs" / "dedup")
+    # the advice, to the letter: the dedup stages and every task redone over the new text (task 1's
+    # drop of X, decided over the old, went on being kept when only the dedup stages were redone)
+    rm = re.search(r"delete (\S+), (\S+) and (\S+) and rerun", str(e.value)).groups()
+    for path in rm:
+        shutil.rmtree(path)
     assert build(cfg, **QUIET).ok
     assert not list((out / "excluded").glob("*.parquet"))  # X is no copy now: kept

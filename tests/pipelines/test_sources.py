@@ -254,6 +254,12 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
     for glob in ("", "**/*.jsonl"):
         with pytest.raises(SourceError, match=r"holds sub/en\.noblocklist, a link to .*/unmounted, which"):
             list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob=glob))
+    # a glob's folders: `*/*.jsonl` reads the folders `*` matches, a link among them too; a stale
+    # link in a folder the glob never reads is no concern of it (review R13f)
+    with pytest.raises(SourceError, match=r"holds sub/en\.noblocklist, a link"):
+        list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob="sub/*/*.jsonl"))
+    with pytest.raises(SourceError, match=r"holds no files matching 'su\[!b\]\*/\*\*/\*\.jsonl'"):
+        list_source_files(SourceConfig(kind="jsonl", path=str(tmp_path), glob="su[!b]*/**/*.jsonl"))
     (tmp_path / "sub" / "en.noblocklist").unlink()
     annex = "../.git/annex/objects/Xx/Yy/SHA256E-s9--ab/SHA256E-s9--ab"
     (tmp_path / "sub" / "README.md").symlink_to(annex)  # not fetched, no input: not refused
