@@ -78,6 +78,7 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
         shutil.rmtree(out, ignore_errors=True)
+        was = read_dataset_info(root)["format"]
         info = _convert(old, root, out, log)
         if is_url(new):
             upload_dataset(out, new, log)
@@ -85,6 +86,11 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
             if Path(new).exists():
                 Path(new).rmdir()  # empty (checked above)
             os.replace(out, new)
+        # said once it is there, under the name the user gave (it named the folder it was written in)
+        log(
+            f"converted {old} ({was}) into {new} ({FORMAT}): {info['documents']:,} documents in "
+            f"{info['shards']} shards, the same batches (runs trained on it resume on this one); validated"
+        )
         return info
 
 
@@ -181,10 +187,6 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
     report = validate_dataset(out, progress=False)
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
-    log(
-        f"converted {old} ({info['format']}) into {out} ({FORMAT}): {new['documents']:,} documents in "
-        f"{new['shards']} shards, the same batches (runs trained on it resume on this one); validated"
-    )
     return new
 
 

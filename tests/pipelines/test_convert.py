@@ -42,6 +42,7 @@ def convert(old, tmp_path_factory):
     convert_dataset(str(old), str(new), log=lines.append)
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before  # OLD untouched
     assert "the same batches" in lines[-1] and "validated" in lines[-1]
+    assert f" into {new} (" in lines[-1]  # where it is, not the folder it was written in (review R13b F6)
     return new
 
 
