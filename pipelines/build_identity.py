@@ -107,7 +107,9 @@ def check_output(
             resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
             tasks = {i % identity["tasks"] for i in resized}
             dedup = identity.get("dedup")
-            stale = bool(tasks) and dedup is not None and decided_over(out, dedup["kind"], tasks)
+            # the changed files' tasks whose input [dedup] decided over (each named apart: a refusal
+            # said so of a file whose first-pass task had not run)
+            stale = {t for t in tasks if dedup is not None and decided_over(out, dedup["kind"], {t})}
             # A re-downloaded input whose task never finished is fine: that task reads the new file
             # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
             # [dedup] already decided its duplicates on the old contents.
@@ -167,10 +169,10 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def _input_changes(
-    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: bool = False
+    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: frozenset[int] = frozenset()
 ) -> list[str]:
-    """Each input file that was added, removed or changed size, by name (`stale`: [dedup] decided
-    its duplicates over the old contents)."""
+    """Each input file that was added, removed or changed size, by name (`stale`: the tasks whose
+    input [dedup] decided its duplicates over, the old contents)."""
     was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
     now = {f["file"]: f["bytes"] for f in new}
     out = [f"input file {n} was removed" for n in was if n not in now]
@@ -181,7 +183,7 @@ def _input_changes(
                 " (its task finished: its shards hold the old file)"
                 if i % tasks in finished
                 else " ([dedup] decided its duplicates over the old file)"
-                if stale
+                if i % tasks in stale
                 else ""
             )
             out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")

@@ -14,6 +14,7 @@ import pytest
 import zstandard
 
 from pipelines.build import BuildError, build
+from pipelines.build_identity import _input_changes
 from pipelines.config import DataConfig
 from pipelines.sources import SourceError
 from tests.helpers.build_runs import run_build
@@ -188,6 +189,17 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     lines.clear()
     assert not build(cfg, log=lines.append).ok
     assert lines[-1] == "fix: delete the stray temporary file(s) named above, then rerun to validate again"
+
+
+def test_a_changed_input_is_said_decided_over_only_where_dedup_read_it():
+    """[dedup]'s first pass had read task 0's file, not task 1's: the refusal said of both that dedup
+    decided over the old file (review R13b F4)."""
+    old = [{"file": "a.jsonl", "bytes": 10}, {"file": "b.jsonl.gz", "bytes": 20}]
+    new = [{"file": "a.jsonl", "bytes": 11}, {"file": "b.jsonl.gz", "bytes": 21}]
+    assert _input_changes(old, new, 2, set(), frozenset({0})) == [
+        "input file a.jsonl: 10 → 11 bytes ([dedup] decided its duplicates over the old file)",
+        "input file b.jsonl.gz: 20 → 21 bytes",
+    ]
 
 
 def test_a_replaced_input_is_refused_once_dedup_decided_over_its_old_contents(build_fixture, tmp_path):
