@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -755,7 +756,16 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
     excluded = _excluded_counts(root)
     if cfg.dedup.kind != "none":  # a dedup that found nothing says so in the end table
         excluded.setdefault(DEDUP_FILTER, 0)
-    kept = sum(pq.ParquetFile(m).metadata.num_rows for m in sorted((root / MANIFEST_DIR).glob("*.parquet")))
+    kept = 0
+    for m in sorted((root / MANIFEST_DIR).glob("*.parquet")):
+        try:
+            kept += pq.ParquetFile(m).metadata.num_rows
+        except Exception as e:  # damaged since its task wrote it (dataset.json, which would say so, gone)
+            task = [int(m.stem)] if m.stem.isdigit() and int(m.stem) < tasks else []
+            fix = f"rm {completion_markers(out, task)} and rerun the same command" if task else f"remove {m}"
+            raise BuildError(
+                f"{m} is unreadable ({type(e).__name__}: {e}): to rebuild its task, {fix}"
+            ) from None
     if kept == 0:
         # An empty dataset would validate (nothing to violate) and fail only at training time.
         by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
@@ -953,20 +963,27 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
         r"(?:shards/)?(\d{5})_\d{5}\.tar|manifest/(\d{5})\.parquet|excluded/(\d{5})_\w+\.parquet"
         r"|logs/stats/(\d{5})\.json"
     )
-    inside = [text.replace(f"{out}/", "") for text in problems]  # the dataset's files, by their paths in it
-    named = r"(?<![\w./-])(?:shards|manifest|excluded|logs/stats)/[^\s:,]+"
-    files = sorted({m for text in inside for m in re.findall(named, text)})
+    # the dataset's files each problem names: its own path in the dataset (Problem.shard), else the
+    # paths its message holds (quotes, as pyarrow's errors put around a path, are not part of one)
+    folders = r"(?:shards|manifest|excluded|logs/stats)/"
+    files: set[str] = set()
+    for pr in report.problems:
+        if pr.shard and re.match(folders, pr.shard):
+            files.add(pr.shard)
+        else:
+            files.update(re.findall(rf"(?<![\w./-]){folders}[^\s:,'\"()]+", str(pr).replace(f"{out}/", "")))
     redo, foreign = set(), []
-    for rel in files:
+    for rel in sorted(files):
         m = re.fullmatch(mine, rel)
         task = int("".join(g or "" for g in m.groups())) if m else None
         if task is not None and task < tasks:
             redo.add(task)
-        else:
+        elif (out / rel).exists():  # (one gone that dataset.json records: dataset.json is rewritten)
             foreign.append(rel)
     if foreign:
         return (
-            f"fix: remove {' '.join(str(out / rel) for rel in foreign)} (no task of this build writes it), "
+            f"fix: remove {' '.join(shlex.quote(str(out / rel)) for rel in foreign)} (no task of this build "
+            "writes it), "
             "then rerun the same command to validate again"
         )
     if not redo:

@@ -37,6 +37,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import re
 import sys
 import tarfile
 import time
@@ -60,9 +61,11 @@ from training.contract.dataset_format import (
     DOC_RECORDS,
     DOC_SHA256,
     DOCS_EXT,
+    EXCLUDED_DIR,
     FORMAT,
     IDS_EXT,
     LEGACY_FORMAT,
+    LOGS_DIR,
     MANIFEST_DIR,
     META_EXT,
     SHARDS_DIR,
@@ -701,6 +704,7 @@ def validate_dataset(
         _check_index(root, info, problems)
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
+        _check_task_counts(root, info, problems)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -747,6 +751,66 @@ def _bucket_copy(
         except DatasetError as e:
             problems.append(Problem(str(e), rel))
     return root, listing
+
+
+def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+    """Kept + excluded = read, per task: each task's reader count (its datatrove stats) is its manifest's
+    and its excluded files' rows, every excluded file is one of the build's tasks', and dataset.json's
+    read and excluded counts are the files'. A missing or foreign excluded file, or counts edited by
+    hand, validated: a dataset.json rewritten from the files (as a rerun does once it is deleted)
+    recorded their counts. A dataset of no build (no `tasks`) has none to check."""
+    tasks = info.get("tasks")
+    if not isinstance(tasks, int) or isinstance(tasks, bool):
+        return
+    excluded: dict[int, int] = {}
+    by_filter: dict[str, int] = {}
+    for path in sorted((root / EXCLUDED_DIR).glob("*.parquet")):
+        rel = f"{EXCLUDED_DIR}/{path.name}"
+        task = re.fullmatch(r"(\d{5})_\w+\.parquet", path.name)
+        if task is None or int(task[1]) >= tasks:
+            problems.append(Problem(f"not a file of this dataset's {tasks} build tasks: remove it", rel))
+            continue
+        try:
+            rows = pq.read_table(path, columns=["filter"]).column("filter").to_pylist()
+        except Exception:  # noqa: BLE001 - unreadable: _check_recorded_files names it
+            return
+        excluded[int(task[1])] = excluded.get(int(task[1]), 0) + len(rows)
+        for f in rows:
+            by_filter[f] = by_filter.get(f, 0) + 1
+    kept = 0
+    for t in range(tasks):
+        stats = f"{LOGS_DIR}/stats/{t:05d}.json"
+        try:
+            steps = json.loads((root / stats).read_bytes())
+            read = next(s["stats"]["documents"] for s in steps if "READER" in s["name"])
+            read = int(read["total"] if isinstance(read, dict) else read)  # datatrove's {"total": …}
+            rows = pq.read_metadata(root / MANIFEST_DIR / f"{t:05d}.parquet").num_rows
+        except Exception:  # noqa: BLE001 - missing or unreadable: named by the checks of those files
+            return
+        kept += rows
+        if read != rows + excluded.get(t, 0):
+            problems.append(
+                Problem(
+                    f"task {t} read {read:,} documents, but its manifest holds {rows:,} and its excluded "
+                    f"files {excluded.get(t, 0):,}: one of them is damaged, missing or another build's",
+                    stats,
+                )
+            )
+            return
+    said = (
+        info.get("documents_read"),
+        info.get("excluded"),
+        {k: v for k, v in (info.get("excluded_by_filter") or {}).items() if v},
+    )
+    files = (kept + sum(excluded.values()), sum(excluded.values()), by_filter)
+    if said != files:
+        problems.append(
+            Problem(
+                f"records {said[0]} documents read, {said[1]} excluded ({said[2]}), but its manifest and "
+                f"excluded files hold {files[0]:,} and {files[1]:,} ({files[2]}): edited since the build",
+                DATASET_JSON,
+            )
+        )
 
 
 def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Problem], local: bool) -> None:
