@@ -269,16 +269,21 @@ ANNEX_OBJECTS = "annex/objects/"  # where a git-annex (or DataLad) file's link p
 
 
 def _walked(root: Path, pattern: str) -> list[Path]:
-    """The names the source pattern's folders lead through below `root`: for `a/*/*.jsonl`, what `a`
-    and `a/*` match; below a `**`, every name under the folders it starts from (the default pattern:
-    the whole of `root`)."""
-    folders = Path(pattern).parts[:-1]
+    """The names the source pattern's folders lead through below `root`: for `a/*/*.jsonl`, `a` and what
+    `a/*` matches; below a `**`, every name under the folders it starts from (the default pattern: the
+    whole of `root`). Level by level: pathlib's glob drops a link that leads nowhere at a part spelled
+    out (`*/x/*.jsonl`: an unmounted `fr/x`)."""
     names: list[Path] = []
-    for k in range(1, len(folders) + 1):
-        if folders[k - 1] == "**":
-            bases = [root] if k == 1 else [b for b in root.glob(str(Path(*folders[: k - 1]))) if b.is_dir()]
-            return names + [p for b in bases for p in _glob(b, "**/*")]
-        names += root.glob(str(Path(*folders[:k])))
+    level = [root]
+    for part in Path(pattern).parts[:-1]:
+        if part == "**":
+            return names + [p for b in level for p in _glob(b, "**/*")]
+        if any(c in part for c in "*?["):
+            found = [c for b in level for c in b.glob(part)]
+        else:
+            found = [b / part for b in level if (b / part).is_symlink() or (b / part).exists()]
+        names += found
+        level = [f for f in found if f.is_dir()]
     return names
 
 
