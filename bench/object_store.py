@@ -27,7 +27,8 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     over the same steps (goal ≥ 0.95), best of --repeats alternating runs, in the loop's process and
     with DataLoader workers (--warm-workers: 0 and 2, as the FineWeb-Edu recipes read); then with
     one group of every sample (FineWeb-Edu's groups of 4,096 samples are far more than these), its
-    ratio also after the first batch;
+    ratio also after the first batch; and the floor: one open + read + xxh3 of a cached sample beside
+    the local loader's time per sample, the most a reader that checks each sample it uses can reach;
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -120,6 +121,20 @@ def run_steps(
         if step == 0 and first is not None:
             first.append(time.perf_counter() - t0)
     return time.perf_counter() - t0
+
+
+def checked_read_seconds(files: list[Path], repeats: int) -> float:
+    """Seconds to open, read and xxh3 one cached sample, best of `repeats` passes over `files`."""
+    import xxhash
+
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for f in files:
+            with open(f, "rb", buffering=0) as fh:
+                xxhash.xxh3_64_intdigest(fh.read())
+        best = min(best, (time.perf_counter() - t0) / len(files))
+    return best
 
 
 def cold_start(s3: LocalS3, proxy: FaultProxy, args, cache_dir: Path) -> list[dict]:
@@ -249,6 +264,17 @@ def main() -> None:
                 f"{rate['bucket'] / 1e6:.2f}M tokens/s, local {rate['local'] / 1e6:.2f}M tokens/s: "
                 f"ratio {rate['bucket'] / rate['local']:.3f}"
             )
+        # The floor: a reader that checks each cached sample when it uses it reads it once at least
+        # (open, read, xxh3 of its ids); beside the local loader's time per sample, what is left.
+        local_s = min(run_steps(local, args, None, n, **vf) for _ in range(args.repeats))
+        cached = DocumentTable(url, cache=working, **vf).cache
+        read_s = checked_read_seconds([cached.path(u) for u in range(cached.nunits)], args.repeats)
+        read = tokens / float(np.mean(cached.totals))  # samples the steps read
+        print(
+            f"floor: one open + read + xxh3 of a cached sample {read_s * 1e6:.1f} µs; the local loader "
+            f"{local_s / read * 1e6:.0f} µs a sample: a reader checking each sample it uses reaches at "
+            f"most {local_s / (local_s + read * read_s):.3f}"
+        )
         # FineWeb-Edu's groups are 4,096 samples, far more than the groups above: here one group of
         # every sample, each read from disk once (a reader keeps its group's checked copies).
         epoch_order.GROUP_BLOCKS = 1 << 30
