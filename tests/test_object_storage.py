@@ -65,7 +65,7 @@ from training.data.block_cache import (
 from training.data.loader import batch_sha256, dataset_loader
 from training.data.open_maps import OPEN_MAPS
 from training.data.reader import DocumentTable
-from training.data.remote import CacheSettings, copy_dir, tmp_name
+from training.data.remote import CacheSettings, copy_dir, local_root, tmp_name
 from training.run.faults import DATA
 from training.train import load_train_config, train
 
@@ -206,6 +206,14 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     report = out("data", "validate", url, "--no-progress")
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
     assert "validation.json" in s3.keys("built")
+    # an excluded file an earlier dataset at this URL left in the cache's copy is none of this one's
+    # (review R13h: validation counted it, and failed every time after)
+    copy = local_root(url)
+    stale = copy / "excluded" / "00009_text.parquet"
+    shutil.copyfile(sorted((copy / "excluded").glob("*.parquet"))[0], stale)
+    report = out("data", "validate", url, "--no-progress")
+    assert report.strip().endswith("OK: every shard, document and separator checks out"), report
+    stale.unlink()
     # The local build uploaded too: the same token stream (one copy in the cache) with its own
     # build records, which are fetched again, not taken from the other upload's copy.
     upload_dataset(built_dataset, s3.url("built-here"), log=lambda *a: None)

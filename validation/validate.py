@@ -704,7 +704,7 @@ def validate_dataset(
         _check_index(root, info, problems)
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
-        _check_task_counts(root, info, problems)
+        _check_task_counts(root, info, problems, local=not url)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -753,19 +753,24 @@ def _bucket_copy(
     return root, listing
 
 
-def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
+def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem], local: bool) -> None:
     """Kept + excluded = read, per task: each task's reader count (its datatrove stats) is its manifest's
     and its excluded files' rows, every excluded file is one of the build's tasks', and dataset.json's
     read and excluded counts are the files'. A missing or foreign excluded file, or counts edited by
     hand, validated: a dataset.json rewritten from the files (as a rerun does once it is deleted)
-    recorded their counts. A dataset of no build (no `tasks`) has none to check."""
+    recorded their counts. A dataset of no build (no `tasks`) has none to check. Of a bucket's copy in
+    the cache (`local` False), the excluded files dataset.json records (the copy may keep an earlier
+    dataset's)."""
     tasks = info.get("tasks")
     if not isinstance(tasks, int) or isinstance(tasks, bool):
         return
     excluded: dict[int, int] = {}
     by_filter: dict[str, int] = {}
+    recorded = info.get("files") or {}
     for path in sorted((root / EXCLUDED_DIR).glob("*.parquet")):
         rel = f"{EXCLUDED_DIR}/{path.name}"
+        if not local and rel not in recorded:
+            continue
         task = re.fullmatch(r"(\d{5})_\w+\.parquet", path.name)
         if task is None or int(task[1]) >= tasks:
             problems.append(Problem(f"not a file of this dataset's {tasks} build tasks: remove it", rel))
@@ -782,7 +787,8 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         stats = f"{LOGS_DIR}/stats/{t:05d}.json"
         try:
             steps = json.loads((root / stats).read_bytes())
-            read = next(s["stats"]["documents"] for s in steps if "READER" in s["name"])
+            # a task with no input file read nothing: its reader's stats are empty
+            read = next(s["stats"].get("documents", 0) for s in steps if "READER" in s["name"])
             read = int(read["total"] if isinstance(read, dict) else read)  # datatrove's {"total": …}
             rows = pq.read_metadata(root / MANIFEST_DIR / f"{t:05d}.parquet").num_rows
         except Exception:  # noqa: BLE001 - missing or unreadable: named by the checks of those files

@@ -22,6 +22,7 @@ from pipelines.sources import SourceError
 from tests.helpers.build_runs import run_build
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import EXCLUDED_SCHEMA, read_dataset_info
+from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -229,6 +230,18 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     lines.clear()
     assert not build(cfg, log=lines.append).ok
     assert lines[-1] == "fix: delete the stray temporary file(s) named above, then rerun to validate again"
+
+
+def test_counts_are_checked_past_a_task_that_read_nothing(build_fixture, tmp_path):
+    """More tasks than input files: an empty task's reader stats hold no count, and the check of
+    dataset.json's counts stopped there, so counts edited by hand validated (review R13h)."""
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    assert build(load_config(DataConfig, config, [f"output={out}", "build.tasks=3"]), log=lambda *a: None).ok
+    info = out / "dataset.json"
+    info.write_text(info.read_text().replace('"documents_read": ', '"documents_read": 1'))
+    report = validate_dataset(out, progress=False)
+    assert not report.ok and "edited since the build" in str(report.problems[0]), report.problems
 
 
 def test_a_changed_input_is_said_decided_over_only_where_dedup_read_it():
