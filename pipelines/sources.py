@@ -473,7 +473,15 @@ class _Reader(BaseDiskReader):
         if self.progress:
             self.progress.start(rank)
         for doc in self.read_files_shard(shard):
-            self.update_doc_stats(doc)
+            # datatrove's stats add up token_count: one of the wrong type (its document excluded with
+            # the reason by make_document) is left out of them, not added (a string ended the task)
+            count = doc.metadata.get("token_count")
+            if count is not None and number_problem(count, "token_count"):
+                del doc.metadata["token_count"]
+                self.update_doc_stats(doc)
+                doc.metadata["token_count"] = count
+            else:
+                self.update_doc_stats(doc)
             if self.progress:
                 self.progress.read += 1
             yield doc

@@ -76,6 +76,7 @@ from validation.eval_data import (
     local_task_config,
     local_task_names,
     task_file,
+    task_items,
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
@@ -261,14 +262,11 @@ class TaskPlan:
                 cfg.docs,
                 log or _log,
                 self.data.cache,
+                self.local,
             )
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
-        self.documents = (
-            len((self.data_dir / task_file("heldout_ppl")).read_text(encoding="utf-8").splitlines())
-            if self.local
-            else None
-        )
+        self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
 
     def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never

@@ -143,6 +143,12 @@ def task_file(name: str) -> str:
     return f"{name}.jsonl"
 
 
+def task_items(path: str | Path) -> int:
+    """The items of a local task's data file: its JSON lines, which end at "\n" only (str.splitlines
+    also breaks at U+2028, U+0085 a held-out text may hold, written raw)."""
+    return sum(1 for line in Path(path).read_bytes().split(b"\n") if line.strip())
+
+
 def damaged_task_files(out_dir: str | Path, names: Sequence[str] | None = None) -> list[Path]:
     """The local tasks' data files under `out_dir` (all, or those of task `names`) that are missing
     or differ from the sha256 data.json recorded when they were built (an unreadable data.json:
@@ -167,10 +173,13 @@ def build_task_data(
     max_docs: int = 40,
     log: Callable[[str], None] | None = None,
     cache: CacheSettings | None = None,
+    tasks: Sequence[str] | None = None,
 ) -> Path:
-    """Write heldout_ppl.jsonl and heldout_cloze.jsonl from the held-out documents into `out_dir`; an
-    up-to-date directory (same dataset fingerprint, val_fraction, max_docs, every file as built) is
-    kept as it is. Files damaged or deleted since they were built are named through `log` and
+    """Write the data files of local tasks `tasks` (all: None; heldout_ppl's always, whose lines count
+    the documents) from the held-out documents into `out_dir`: a task not asked for is not built (a
+    corpus with no sentence a cloze item is made of scores its perplexity); an up-to-date directory
+    (same dataset fingerprint, val_fraction, max_docs, tasks, every file as built) is kept as it is.
+    Files damaged or deleted since they were built are named through `log` and
     rebuilt (the same items: they are a pure function of the held-out documents)."""
     out_dir = Path(out_dir)
     meta: dict[str, Any] = {
@@ -179,6 +188,7 @@ def build_task_data(
         "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
         "val_fraction": val_fraction,
         "max_docs": max_docs,
+        "tasks": sorted({*(local_task_names() if tasks is None else tasks), "heldout_ppl"}),
     }
     meta_path = out_dir / DATA_META
     try:
@@ -186,7 +196,7 @@ def build_task_data(
     except (OSError, ValueError):
         old = None
     if isinstance(old, dict) and {k: v for k, v in old.items() if k != "files"} == meta:
-        damaged = damaged_task_files(out_dir, local_task_names())
+        damaged = damaged_task_files(out_dir, meta["tasks"])
         if not damaged:
             return out_dir
         if log is not None:
@@ -195,10 +205,8 @@ def build_task_data(
                 "since it was built); rebuilt from the run's held-out documents"
             )
     texts = heldout_texts(dataset_dir, val_fraction, max_docs, cache)
-    files = {
-        task_file("heldout_ppl"): [{"text": t} for t in texts],
-        task_file("heldout_cloze"): cloze_items(texts),
-    }
+    rows = {"heldout_ppl": lambda: [{"text": t} for t in texts], "heldout_cloze": lambda: cloze_items(texts)}
+    files = {task_file(name): rows[name]() for name in meta["tasks"]}
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_path.unlink(missing_ok=True)  # written last: data without it is rebuilt
     for name, rows in files.items():

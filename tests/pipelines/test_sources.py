@@ -465,6 +465,8 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         {**good, "id": "huge-score", "score": 10**400},  # float() of it in the shard writer: a crash
         {**good, "id": "number-url", "url": 5},  # a number as its text, as ever: kept
         {**good, "id": "list-dump", "dump": ["CC-MAIN-2024-10"]},  # its repr, as ever: the text is sound
+        # datatrove's reader stats added it up: a string ended the task (review R13i)
+        {**good, "id": "str-count", "token_count": "40"},
     ]
     # nested past the parser's depth: a RecursionError, which ended the task as "re-download the file"
     deep = '{"text": "x", "id": "deep", "extra": ' + "[" * 5000 + "]" * 5000 + "}"
@@ -503,9 +505,12 @@ def test_metadata_of_the_wrong_type_is_excluded_with_its_reason(build_fixture, t
         "bigger-than-a-float": f"a.jsonl:8: int_score out of an int64's range: {10**400}",
         "fractional-int": "a.jsonl:9: int_score not a whole number: 3.9",
         "huge-score": f"a.jsonl:11: score out of a float64's range: {10**400}",
-        "a.jsonl:15": excluded["a.jsonl:15"],
+        "str-count": "a.jsonl:14: token_count not a number: '40'",
+        "a.jsonl:16": excluded["a.jsonl:16"],
     }
-    assert excluded["a.jsonl:15"].startswith("a.jsonl:15: malformed JSON (RecursionError: maximum recursion")
+    assert excluded["a.jsonl:16"].startswith("a.jsonl:16: malformed JSON (RecursionError: maximum recursion")
+    reader = json.loads((out / "logs" / "stats" / "00000.json").read_text())[0]["stats"]
+    assert "doc_len_tokens" not in reader, reader  # no sound token_count here: nan, 1e20, '40' not added
 
 
 def test_a_linked_folder_is_read_and_no_file_twice(tmp_path):

@@ -475,6 +475,31 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     assert (out / "heldout_ppl.jsonl").stat().st_mtime_ns == mtime
 
 
+def test_task_data_is_built_for_the_tasks_asked_and_counted_by_its_lines(tmp_path):
+    """A corpus without a sentence a cloze item is made of could not be scored for its perplexity
+    (heldout_cloze was built whatever was asked); and a held-out text holding U+2028 counted as two
+    documents in the eval's header (str.splitlines) (review R13i)."""
+    from pipelines.synthetic_dataset import write_synthetic_dataset
+    from tokenization.tokenizer_io import train_bpe
+    from validation.eval_data import EvalError, build_task_data, task_items
+
+    texts = [f"rivers run to the sea {i}\u2028and back again {i} with no sentence end" for i in range(60)]
+    tok = train_bpe(texts, vocab_size=300, special_tokens=["<|endoftext|>"])
+    (tmp_path / "ds").mkdir()
+    tok.save(str(tmp_path / "ds" / "tokenizer.json"))
+    write_synthetic_dataset(
+        tmp_path / "ds", [np.array([*tok.encode(t).ids, 0]) for t in texts], vocab_size=300
+    )
+    out = build_task_data(tmp_path / "ds", 0.2, tmp_path / "ppl", tasks=["heldout_ppl"])
+    assert not (out / "heldout_cloze.jsonl").exists()
+    ppl = out / "heldout_ppl.jsonl"
+    rows = [json.loads(line) for line in ppl.read_bytes().split(b"\n") if line]
+    assert task_items(ppl) == len(rows) >= 4 and all("\u2028" in r["text"] for r in rows)
+    assert len(ppl.read_text(encoding="utf-8").splitlines()) == 2 * len(rows)  # what the header counted
+    with pytest.raises(EvalError, match="cloze items from only 0 of"):
+        build_task_data(tmp_path / "ds", 0.2, tmp_path / "both")
+
+
 def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
     """A run with `src`'s config.toml (same dataset) and, if `export`, a copy of its step-5 export."""
     dst.mkdir(parents=True)
@@ -859,13 +884,14 @@ def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tm
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
-    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    both = [*QUICK[2:], "--tasks", "heldout_ppl,heldout_cloze"]  # each task's file is built when asked
+    assert main(["eval", str(run), "--step", "5", *both]) == 0
     data = run / "eval" / "data"
     built = {p.name: p.read_bytes() for p in data.glob("*.jsonl")}
     capsys.readouterr()
     (data / "heldout_ppl.jsonl").write_bytes(built["heldout_ppl.jsonl"][:50])  # cut mid-line
     (data / "heldout_cloze.jsonl").unlink()
-    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    assert main(["eval", str(run), "--step", "5", *both]) == 0
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "heldout_" in line and ".jsonl" in line]
     assert len(lines) == 1, err
