@@ -176,11 +176,12 @@ def build_task_data(
     tasks: Sequence[str] | None = None,
 ) -> Path:
     """Write the data files of local tasks `tasks` (all: None; heldout_ppl's always, whose lines count
-    the documents) from the held-out documents into `out_dir`: a task not asked for is not built (a
-    corpus with no sentence a cloze item is made of scores its perplexity); an up-to-date directory
-    (same dataset fingerprint, val_fraction, max_docs, tasks, every file as built) is kept as it is.
-    Files damaged or deleted since they were built are named through `log` and
-    rebuilt (the same items: they are a pure function of the held-out documents)."""
+    the documents) from the held-out documents into `out_dir`: a task never asked for is not built (a
+    corpus with no sentence a cloze item is made of scores its perplexity); those built before for the
+    same documents stay (a run's in-training eval checks its own tasks' files). An up-to-date directory
+    (same dataset fingerprint, val_fraction, max_docs, the tasks asked among those built, every file as
+    built) is kept as it is. Files damaged or deleted since they were built are named through `log`
+    and rebuilt (the same items: they are a pure function of the held-out documents)."""
     out_dir = Path(out_dir)
     meta: dict[str, Any] = {
         "version": DATA_VERSION,
@@ -188,14 +189,17 @@ def build_task_data(
         "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
         "val_fraction": val_fraction,
         "max_docs": max_docs,
-        "tasks": sorted({*(local_task_names() if tasks is None else tasks), "heldout_ppl"}),
     }
     meta_path = out_dir / DATA_META
     try:
         old = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         old = None
-    if isinstance(old, dict) and {k: v for k, v in old.items() if k != "files"} == meta:
+    same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in ("files", "tasks")} == meta
+    asked = {*(local_task_names() if tasks is None else tasks), "heldout_ppl"}
+    held = set(old.get("tasks", local_task_names())) if same else set()  # (none recorded: every task's)
+    meta["tasks"] = sorted(asked | held)
+    if same and asked <= held:
         damaged = damaged_task_files(out_dir, meta["tasks"])
         if not damaged:
             return out_dir

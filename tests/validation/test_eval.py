@@ -453,7 +453,7 @@ def test_offline_hub_task_is_refused_before_the_model_loads(eval_run, tmp_path, 
 
 
 def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
-    from validation.eval_data import EvalError, build_task_data
+    from validation.eval_data import EvalError, build_task_data, damaged_task_files
 
     with pytest.raises(EvalError, match=r"val_fraction = 0\).*train with data.val_fraction > 0"):
         build_task_data(built_dataset, 0.0, tmp_path / "none")
@@ -472,6 +472,11 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
         assert len(set(it["choices"])) == 4 and all(c not in src for c in it["choices"] if c != true)
     mtime = (out / "heldout_ppl.jsonl").stat().st_mtime_ns
     assert build_task_data(built_dataset, 0.1, out, max_docs=6) == out  # up to date: kept
+    assert (out / "heldout_ppl.jsonl").stat().st_mtime_ns == mtime
+    # an eval of one task keeps the other's file recorded: the run's in-training eval checks it (review
+    # R13j: a `gristmill eval RUN --tasks heldout_ppl` dropped heldout_cloze for the rest of the run)
+    assert build_task_data(built_dataset, 0.1, out, max_docs=6, tasks=["heldout_ppl"]) == out
+    assert damaged_task_files(out, ["heldout_ppl", "heldout_cloze"]) == []
     assert (out / "heldout_ppl.jsonl").stat().st_mtime_ns == mtime
 
 
