@@ -197,7 +197,10 @@ def build_task_data(
         old = None
     same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in ("files", "tasks")} == meta
     asked = {*(local_task_names() if tasks is None else tasks), "heldout_ppl"}
-    held = set(old.get("tasks", local_task_names())) if same else set()  # (none recorded: every task's)
+    recorded = old.get("files") if same else None  # the tasks whose files it records: built before
+    held = (
+        {n for n in local_task_names() if task_file(n) in recorded} if isinstance(recorded, dict) else set()
+    )
     meta["tasks"] = sorted(asked | held)
     if same and asked <= held:
         damaged = damaged_task_files(out_dir, meta["tasks"])

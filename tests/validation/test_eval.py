@@ -478,6 +478,9 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     assert build_task_data(built_dataset, 0.1, out, max_docs=6, tasks=["heldout_ppl"]) == out
     assert damaged_task_files(out, ["heldout_ppl", "heldout_cloze"]) == []
     assert (out / "heldout_ppl.jsonl").stat().st_mtime_ns == mtime
+    meta = json.loads((out / "data.json").read_text())  # its "tasks" a hand-edited value: no crash (R13k)
+    (out / "data.json").write_text(json.dumps({**meta, "tasks": "heldout_ppl"}))
+    assert build_task_data(built_dataset, 0.1, out, max_docs=6, tasks=["heldout_ppl"]) == out
 
 
 def test_task_data_is_built_for_the_tasks_asked_and_counted_by_its_lines(tmp_path):
