@@ -101,6 +101,8 @@ from training.contract.dataset_format import (
     RECORDED_FILES,
     SHARDS_DIR,
     TOKENIZER_JSON,
+    excluded_by_filter,
+    task_of_file,
 )
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, is_url
@@ -761,7 +763,8 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         try:
             kept += pq.ParquetFile(m).metadata.num_rows
         except Exception as e:  # damaged since its task wrote it (dataset.json, which would say so, gone)
-            task = [int(m.stem)] if m.stem.isdigit() and int(m.stem) < tasks else []
+            t = task_of_file(f"{MANIFEST_DIR}/{m.name}")
+            task = [t] if t is not None and t < tasks else []
             fix = f"rm {completion_markers(out, task)} and rerun the same command" if task else f"remove {m}"
             raise BuildError(
                 f"{m} is unreadable ({type(e).__name__}: {e}): to rebuild its task, {fix}"
@@ -918,9 +921,8 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
 def _excluded_counts(out: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for path in sorted((out / EXCLUDED_DIR).glob("*.parquet")):
-        col = pq.read_table(path, columns=["filter"]).column("filter").to_pylist()
-        for f in col:
-            counts[f] = counts.get(f, 0) + 1
+        for f, n in excluded_by_filter(path).items():
+            counts[f] = counts.get(f, 0) + n
     return counts
 
 
@@ -959,10 +961,6 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
     problems = [str(pr) for pr in report.problems]
     if problems and all("stray temporary file" in text for text in problems):
         return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
-    mine = (  # a file of task N: a shard, its manifest, an excluded file, its datatrove stats
-        r"(?:shards/)?(\d{5})_\d{5}\.tar|manifest/(\d{5})\.parquet|excluded/(\d{5})_\w+\.parquet"
-        r"|logs/stats/(\d{5})\.json"
-    )
     # the dataset's files each problem names: its own path in the dataset (Problem.shard), else the
     # paths its message holds (quotes, as pyarrow's errors put around a path, are not part of one)
     folders = r"(?:shards|manifest|excluded|logs/stats)/"
@@ -974,8 +972,7 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
             files.update(re.findall(rf"(?<![\w./-]){folders}[^\s:,'\"()]+", str(pr).replace(f"{out}/", "")))
     redo, foreign = set(), []
     for rel in sorted(files):
-        m = re.fullmatch(mine, rel)
-        task = int("".join(g or "" for g in m.groups())) if m else None
+        task = task_of_file(rel)
         if task is not None and task < tasks:
             redo.add(task)
         elif (out / rel).exists():  # (one gone that dataset.json records: dataset.json is rewritten)
@@ -983,8 +980,7 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
     if foreign:
         return (
             f"fix: remove {' '.join(shlex.quote(str(out / rel)) for rel in foreign)} (no task of this build "
-            "writes it), "
-            "then rerun the same command to validate again"
+            "writes it), then rerun the same command to validate again"
         )
     if not redo:
         return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"

@@ -346,16 +346,16 @@ def _json_lines_of(p: Path, text_key: str) -> bool:
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON
 
 
-def jsonl_compression(path: str) -> str | None:
+def _jsonl_compression(path: str) -> str | None:
     """How to open JSON-lines file `path` (fsspec's `compression`): zstd is undone by _jsonl_lines."""
     return None if path.lower().endswith(".zst") else "infer"
 
 
 def _jsonl_lines(f: Any, path: str) -> io.BufferedReader:
-    """JSON-lines file `path`, opened as `f` (with jsonl_compression), as a buffered stream of its
+    """JSON-lines file `path`, opened as `f` (with _jsonl_compression), as a buffered stream of its
     decompressed bytes; zstd's through _StrictZstdReader (fsspec's reader ends a cut .zst quietly,
     and is not line-iterable)."""
-    return io.BufferedReader(_StrictZstdReader(f) if jsonl_compression(path) is None else f, 1 << 20)
+    return io.BufferedReader(_StrictZstdReader(f) if _jsonl_compression(path) is None else f, 1 << 20)
 
 
 def parse_json_line(line: bytes, first: bool) -> Any:
@@ -473,18 +473,18 @@ class _Reader(BaseDiskReader):
         if self.progress:
             self.progress.start(rank)
         for doc in self.read_files_shard(shard):
-            # datatrove's stats add up token_count: one of the wrong type (its document excluded with
-            # the reason by make_document) is left out of them, not added (a string ended the task)
-            count = doc.metadata.get("token_count")
-            if count is not None and number_problem(count, "token_count"):
-                del doc.metadata["token_count"]
-                self.update_doc_stats(doc)
-                doc.metadata["token_count"] = count
-            else:
-                self.update_doc_stats(doc)
+            self.update_doc_stats(doc)
             if self.progress:
                 self.progress.read += 1
             yield doc
+
+    def update_doc_stats(self, document: Document) -> None:
+        """datatrove's, but a token_count of the wrong type (its document excluded with the reason by
+        make_document) is left out of the stats, not added up (a string ended the task)."""
+        self.stat_update("doc_len", value=len(document.text), unit="doc")
+        count = document.metadata.get("token_count")
+        if count and not number_problem(count, "token_count"):
+            self.stat_update("doc_len_tokens", value=count, unit="doc")
 
     def _done_file(self, filepath: str) -> None:
         if self.progress:
@@ -651,7 +651,7 @@ class JsonlSource(_Reader):
 
     def read_file(self, filepath: str):
         try:
-            f = self.data_folder.open(filepath, "rb", compression=jsonl_compression(filepath))
+            f = self.data_folder.open(filepath, "rb", compression=_jsonl_compression(filepath))
         except OSError as e:
             raise SourceError(f"cannot open {self.data_folder.resolve_paths(filepath)}: {e}") from None
         with f, _read_errors(self.data_folder.resolve_paths(filepath), "jsonl"):

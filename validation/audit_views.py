@@ -40,6 +40,7 @@ from training.contract.dataset_format import (
     dataset_files,
     manifest_files,
     read_dataset_info,
+    recorded_paths,
 )
 from training.contract.eval_table import EVAL_SCHEMA
 from training.contract.object_store import ObjectMissing, ObjectStore
@@ -265,20 +266,19 @@ def _check_tables(root: Path, info: dict) -> None:
     files = info.get("files")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
         return  # no record of them (a dataset from before dataset.json recorded its files)
-    recorded = {r for r in files if r.split("/", 1)[0] in (MANIFEST_DIR, EXCLUDED_DIR)}
-    present = {
-        f.relative_to(root).as_posix()
-        for d in (MANIFEST_DIR, EXCLUDED_DIR)
-        for f in (root / d).rglob("*.parquet")
-    }
+    tables = (MANIFEST_DIR, EXCLUDED_DIR)
+    recorded = {r for r in files if r.split("/", 1)[0] in tables}
+    present = {r for r in recorded_paths(root) if r.split("/", 1)[0] in tables}
     fix = (
         f"rerun the command that built it, which validates it and names the task to rebuild "
         f"(`gristmill data validate {root}` lists what is wrong)"
     )
-    for rel in sorted(recorded - present):
-        raise DatasetError(f"{root / rel} is missing, but {root / DATASET_JSON} records it: {fix}")
-    for rel in sorted(present - recorded):
-        raise DatasetError(f"{root / rel} is not one of the files {root / DATASET_JSON} records: {fix}")
+    if missing := sorted(recorded - present):
+        raise DatasetError(f"{root / missing[0]} is missing, but {root / DATASET_JSON} records it: {fix}")
+    if foreign := sorted(present - recorded):
+        raise DatasetError(
+            f"{root / foreign[0]} is not one of the files {root / DATASET_JSON} records: {fix}"
+        )
 
 
 def view_files(view: FileView, root: Path) -> list[str]:

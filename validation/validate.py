@@ -37,7 +37,6 @@ import json
 import mmap
 import multiprocessing
 import os
-import re
 import sys
 import tarfile
 import time
@@ -75,6 +74,7 @@ from training.contract.dataset_format import (
     dataset_files,
     decontam_sha256,
     dtype_name,
+    excluded_by_filter,
     file_sha256,
     fingerprint,
     fingerprint_before_index,
@@ -84,6 +84,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
     recorded_paths,
     tar_padded,
+    task_of_file,
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
@@ -771,17 +772,17 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         rel = f"{EXCLUDED_DIR}/{path.name}"
         if not local and rel not in recorded:
             continue
-        task = re.fullmatch(r"(\d{5})_\w+\.parquet", path.name)
-        if task is None or int(task[1]) >= tasks:
+        task = task_of_file(rel)
+        if task is None or task >= tasks:
             problems.append(Problem(f"not a file of this dataset's {tasks} build tasks: remove it", rel))
             continue
         try:
-            rows = pq.read_table(path, columns=["filter"]).column("filter").to_pylist()
+            rows = excluded_by_filter(path)
         except Exception:  # noqa: BLE001 - unreadable: _check_recorded_files names it
             return
-        excluded[int(task[1])] = excluded.get(int(task[1]), 0) + len(rows)
-        for f in rows:
-            by_filter[f] = by_filter.get(f, 0) + 1
+        excluded[task] = excluded.get(task, 0) + sum(rows.values())
+        for f, n in rows.items():
+            by_filter[f] = by_filter.get(f, 0) + n
     kept = 0
     for t in range(tasks):
         stats = f"{LOGS_DIR}/stats/{t:05d}.json"

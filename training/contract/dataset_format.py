@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
@@ -173,6 +175,28 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def shard_name(task: int, index: int) -> str:
     return f"{task:05d}_{index:05d}.tar"
+
+
+# The build task a file of the dataset is: its shards, its manifest, its excluded documents (by filter),
+# its datatrove stats.
+_TASK_FILE = re.compile(
+    rf"{SHARDS_DIR}/(\d{{5}})_\d{{5}}\.tar|{MANIFEST_DIR}/(\d{{5}})\.parquet"
+    rf"|{EXCLUDED_DIR}/(\d{{5}})_\w+\.parquet|{LOGS_DIR}/stats/(\d{{5}})\.json"
+)
+
+
+def task_of_file(rel: str) -> int | None:
+    """The build task whose file `rel` (a path inside the dataset) is, None for any other file."""
+    m = _TASK_FILE.fullmatch(rel)
+    return None if m is None else int(next(g for g in m.groups() if g))
+
+
+def excluded_by_filter(path: str | Path) -> dict[str, int]:
+    """An excluded file's rows by the filter that excluded them (its `filter` column)."""
+    counts: dict[str, int] = {}
+    for f in pq.read_table(path, columns=["filter"]).column("filter").to_pylist():
+        counts[f] = counts.get(f, 0) + 1
+    return counts
 
 
 def doc_key(task: int, index: int) -> str:
