@@ -95,6 +95,7 @@ from training.contract.config_loader import add_config_arguments, load_config, s
 from training.contract.dataset_format import (
     CONFIG_TOML,  # the resolved config; what a finalize-only run (Slurm) reads back
     DATASET_JSON,
+    DECONTAM_DIR,
     EXCLUDED_DIR,
     LOGS_DIR,
     MANIFEST_DIR,
@@ -957,24 +958,31 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
     datatrove stats are damaged or missing are redone by a rerun once their completion markers and
     dataset.json are gone (a rerun of a complete dataset only validates it again; one that rewrote
     dataset.json alone would record the counts of the damaged files: a wrong read or excluded count
-    that validates); a file no task of this build (of `tasks`) writes is removed first."""
+    that validates); so are a dedup stage's tasks whose stats are (the stage's own markers), and
+    decontam/ is built again once removed; a file no task of this build (of `tasks`) writes is
+    removed first."""
     problems = [str(pr) for pr in report.problems]
     if problems and all("stray temporary file" in text for text in problems):
         return "fix: delete the stray temporary file(s) named above, then rerun to validate again"
     # the dataset's files each problem names: its own path in the dataset (Problem.shard), else the
     # paths its message holds (quotes, as pyarrow's errors put around a path, are not part of one)
-    folders = r"(?:shards|manifest|excluded|logs/stats)/"
+    folders = rf"(?:shards|manifest|excluded|logs/stats|{LOGS_DIR}/{DEDUP_DIR}/[\w-]+/stats|{DECONTAM_DIR})/"
     files: set[str] = set()
     for pr in report.problems:
         if pr.shard and re.match(folders, pr.shard):
             files.add(pr.shard)
         else:
             files.update(re.findall(rf"(?<![\w./-]){folders}[^\s:,'\"()]+", str(pr).replace(f"{out}/", "")))
-    redo, foreign = set(), []
+    redo, remove, foreign = set(), set(), []
     for rel in sorted(files):
         task = task_of_file(rel)
+        stage = re.fullmatch(rf"{LOGS_DIR}/{DEDUP_DIR}/([\w-]+)/stats/(\d+)\.json", rel)
         if task is not None and task < tasks:
             redo.add(task)
+        elif stage:  # the dedup stage's task is redone (its outputs are a function of the input)
+            remove.add(out / LOGS_DIR / DEDUP_DIR / stage[1] / "completions" / stage[2])
+        elif rel.startswith(f"{DECONTAM_DIR}/"):  # built again from the eval tasks, as before the tasks
+            remove.add(out / DECONTAM_DIR)
         elif (out / rel).exists():  # (one gone that dataset.json records: dataset.json is rewritten)
             foreign.append(rel)
     if foreign:
@@ -982,12 +990,14 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
             f"fix: remove {' '.join(shlex.quote(str(out / rel)) for rel in foreign)} (no task of this build "
             "writes it), then rerun the same command to validate again"
         )
-    if not redo:
+    if not redo and not remove:
         return f"fix: delete {out / DATASET_JSON} and rerun the same command to rewrite it from the shards"
-    redo_tasks = sorted(redo)
+    markers = completion_markers(out, redo).split() + sorted(map(str, remove))
+    redone = f"the damaged task(s) {', '.join(map(str, sorted(redo)))}" if redo else "what is damaged"
     return (
-        f"fix: to rebuild the damaged task(s) {', '.join(map(str, redo_tasks))} (the others are kept): "
-        f"rm {out / DATASET_JSON} {completion_markers(out, redo_tasks)} && rerun the same command"
+        f"fix: to rebuild {redone} (the others are kept): "
+        f"rm {'-r ' if out / DECONTAM_DIR in remove else ''}{out / DATASET_JSON} {' '.join(markers)} && "
+        "rerun the same command"
     )
 
 

@@ -315,6 +315,27 @@ def test_bad_index_settings_are_one_line_errors(decontam, tmp_path):
         build(with_index(eight, "decontaminate.ngram=8"), **QUIET)
 
 
+def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_path):
+    """decontam/ (recorded in dataset.json) edited: the advice was "delete dataset.json and rerun",
+    which recorded the edited claim and validated (review R14a). Now decontam/ is built again."""
+    _, built, _, config, _ = decontam
+    out = tmp_path / "ds"
+    shutil.copytree(built, out)
+    manifest = out / "decontam" / "manifest.json"
+    clean = json.loads(manifest.read_text())
+    manifest.write_text(manifest.read_text().replace('"documents": ', '"documents": 1', 1))
+    cfg = load_config(DataConfig, config, [f"output={out}"])
+    lines: list[str] = []
+    assert not build(cfg, log=lines.append).ok
+    rm = f"rm -r {out / 'dataset.json'} {out / 'decontam'} && rerun the same command"
+    assert lines[-1].startswith("fix: ") and lines[-1].endswith(rm), lines[-3:]
+    subprocess.run(lines[-1].split(": ", 2)[-1].split(" && ")[0].split(), check=True)  # follow it
+    assert build(cfg, **QUIET).ok
+    assert {k: v for k, v in json.loads(manifest.read_text()).items() if k != "seconds"} == {
+        k: v for k, v in clean.items() if k != "seconds"
+    }
+
+
 def test_build_workers_filter_without_lm_eval(decontam, tmp_path):
     """The filter step, as a worker runs it: a fresh interpreter where lm_eval, torch and validation/
     cannot be imported opens OUTPUT/decontam/ and drops a planted page."""

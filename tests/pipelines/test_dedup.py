@@ -148,6 +148,29 @@ def test_missing_dedup_files_are_one_error_and_the_advice_works(built, dup_fixtu
             assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
 
 
+def test_damaged_dedup_stats_get_advice_that_repairs_them(built, dup_fixture, tmp_path):
+    """A dedup stage's datatrove stats (recorded in dataset.json, read by the audit's stats view)
+    damaged: the advice was "delete dataset.json and rerun", which recorded the damaged file and
+    validated (review R14a B2). Now the stage's task is redone; the dataset is the same."""
+    config, _, _ = dup_fixture
+    out = tmp_path / "ds"
+    shutil.copytree(built["exact"], out)
+    stats = out / "logs" / "dedup" / "hashes" / "stats" / "00001.json"
+    clean = json.loads(stats.read_text())
+    stats.write_text("[]")
+    cfg = load_config(DataConfig, config, [f"output={out}", "dedup.kind=exact"])
+    lines: list[str] = []
+    assert not build(cfg, log=lines.append).ok
+    marker = out / "logs" / "dedup" / "hashes" / "completions" / "00001"
+    assert lines[-1].endswith(f"rm {out / 'dataset.json'} {marker} && rerun the same command"), lines[-3:]
+    for path in lines[-1].split(" rm ", 1)[1].split(" && ")[0].split():
+        Path(path).unlink()
+    assert build(cfg, **QUIET).ok
+    assert [s["stats"] for s in json.loads(stats.read_text())] == [s["stats"] for s in clean]
+    for p in sorted((built["exact"] / "shards").glob("*.tar")) + sorted(built["exact"].glob("*/*.parquet")):
+        assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
+
+
 def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong_drop(dup_fixture, tmp_path):
     """The build's identity of its inputs is their sizes: a file rewritten at the same size after the
     dedup stages ran was read by the build's pass against decisions made over its old text, and a
