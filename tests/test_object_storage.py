@@ -213,7 +213,11 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     shutil.copyfile(sorted((copy / "excluded").glob("*.parquet"))[0], stale)
     report = out("data", "validate", url, "--no-progress")
     assert report.strip().endswith("OK: every shard, document and separator checks out"), report
-    stale.unlink()
+    # nor to the audit, whose views read the folder whole: it refused the dataset, naming the file,
+    # and its advice, validate, said OK (review R14a B1); the copy now holds this dataset's files only
+    count = ["--sql", "SELECT filter, count(*) AS n FROM excluded GROUP BY filter ORDER BY filter"]
+    assert out("data", "audit", url, *count) == out("data", "audit", str(built_dataset), *count)
+    assert not stale.exists()
     # The local build uploaded too: the same token stream (one copy in the cache) with its own
     # build records, which are fetched again, not taken from the other upload's copy.
     upload_dataset(built_dataset, s3.url("built-here"), log=lambda *a: None)

@@ -46,7 +46,7 @@ from training.contract.eval_table import EVAL_SCHEMA
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET
 from training.data.recipe import CONSUMPTION_SCHEMA
-from training.data.remote import CacheSettings, ensure, local_root, origin
+from training.data.remote import CacheSettings, ensure, local_root, origin, prune_unrecorded
 from validation.validate import VALIDATION_JSON
 
 
@@ -213,6 +213,7 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     root = local_root(url, cache)
     recorded = dataset_files(read_dataset_info(root))
     ensure(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
+    prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR)  # what the views read, this dataset's only
     try:
         write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data
     except ObjectMissing:

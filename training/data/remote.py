@@ -38,6 +38,7 @@ from training.contract.dataset_format import (
     file_sha256,
     parse_dataset_info,
     read_dataset_info,
+    recorded_paths,
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
 from training.contract.file_lock import file_lock
@@ -276,6 +277,22 @@ def ensure_dirs(root: Path, *dirs: str) -> None:
         return
     recorded = dataset_files(read_dataset_info(root))
     ensure(root, [rel for rel in recorded if rel.split("/", 1)[0] in dirs])
+    prune_unrecorded(root, *dirs)
+
+
+def prune_unrecorded(root: Path, *dirs: str) -> None:
+    """A bucket's copy holds, under `dirs` (e.g. manifest/, excluded/), no file of the kinds a build
+    records that its dataset.json does not: the copy is named by the fingerprint, so an earlier upload
+    of the same token stream may have left its own there, and the readers (the audit's views, inspect)
+    read these folders whole. A local dataset is left as it is (validate names such files there)."""
+    if origin(root) is None:
+        return
+    recorded = dataset_files(read_dataset_info(root))
+    stale = [rel for rel in recorded_paths(root) if rel.split("/", 1)[0] in dirs and rel not in recorded]
+    if stale:
+        with node_lock(root.parent):  # as the fetches of ensure(), which write into these folders
+            for rel in stale:
+                (root / rel).unlink(missing_ok=True)
 
 
 def _write_derived_shard_rows(info: dict[str, Any], dest: Path, sha256: str) -> bool:
