@@ -189,8 +189,11 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
         why = e.strerror if isinstance(e, OSError) else str(e).split(":")[0]
         record: dict[str, Any] = {}
         if "wandb" in continued:
-            found = _wandb_ids(Path(run_dir))
+            runs = _wandb_runs(Path(run_dir))
+            found = list(runs)
             record["wandb"] = {"id": found[-1] if found else "<the run's id in wandb>", "project": project}
+            if found:  # an offline run continues offline in a shell without WANDB_MODE, as it would have
+                record["wandb"]["mode"] = runs[found[-1]]
         if "trackio" in continued:
             record["trackio"] = {"name": "<the run's name in trackio>", "project": project}
         seen = f" (RUN/wandb holds run {', '.join(found)})" if "wandb" in continued and found else ""
@@ -202,19 +205,22 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
     return state
 
 
-def _wandb_ids(run_dir: Path) -> list[str]:
-    """The run ids of wandb's directories (`[offline-]run-<time>-<id>[-n]`) under RUN/wandb and
-    WANDB_DIR, oldest first, each once."""
+def _wandb_runs(run_dir: Path) -> dict[str, str]:
+    """{run id: "offline" or "online"} of wandb's directories (`[offline-]run-<time>-<id>[-n]`) under
+    RUN/wandb and WANDB_DIR, oldest first, each once (its latest directory's mode)."""
     roots = [run_dir / "wandb"]
     if os.environ.get("WANDB_DIR"):
         roots.append(Path(os.environ["WANDB_DIR"]) / "wandb")
     found = [
         m.groups() for r in roots if r.is_dir() for d in r.iterdir() if (m := _WANDB_RUN_DIR.match(d.name))
     ]
-    return list(dict.fromkeys(run_id for _, run_id in sorted(found)))
+    runs: dict[str, str] = {}
+    for offline, _, run_id in sorted(found, key=lambda g: g[1]):  # a key keeps its first place
+        runs[run_id] = "offline" if offline else "online"
+    return runs
 
 
-_WANDB_RUN_DIR = re.compile(r"(?:offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)(?:-\d+)?$")
+_WANDB_RUN_DIR = re.compile(r"(offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)(?:-\d+)?$")
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:

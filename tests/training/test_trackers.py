@@ -219,14 +219,21 @@ def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, 
     text = (run_dir / "trackers.json").read_text()
     (run_dir / "trackers.json").write_text(text[: len(text) // 2])
     capsys.readouterr()
-    assert run_training(dataset, run_dir, ["wandb"], 'checkpoint.resume="auto"') == 2
+    config = (run_dir / "config.toml").read_bytes()
+    # a changed key too: the refused attempt's overrides became the run's config.toml (review R14b M1)
+    changed = ['checkpoint.resume="auto"', "optim.weight_decay=0.05"]
+    assert run_training(dataset, run_dir, ["wandb"], *changed) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"{run_dir / 'trackers.json'} is unreadable" in err and wandb_id in err
     assert "delete it to start new tracker runs" in err
     assert offline_ids(run_dir) == [wandb_id]  # no new wandb run was started
-    # following the advice continues the same run
-    (run_dir / "trackers.json").write_text(json.dumps({"wandb": {"id": wandb_id, "project": "gm-test"}}))
+    assert (run_dir / "config.toml").read_bytes() == config
+    # following the advice continues the same run, offline as it was (the advice left out the mode:
+    # in a shell without WANDB_MODE the run then went online, or failed for want of a key, R14b L1)
+    advice = json.loads(err.split("to continue them write ", 1)[1].split(" into it, ")[0])
+    assert advice == {"wandb": {"id": wandb_id, "project": "gm-test", "mode": "offline"}}, err
+    (run_dir / "trackers.json").write_text(json.dumps(advice))
     assert run_training(dataset, run_dir, ["wandb"], 'checkpoint.resume="auto"') == 0
     assert f"wandb tracker: continued run {wandb_id}" in capsys.readouterr().out
     assert offline_ids(run_dir) == [wandb_id, wandb_id]

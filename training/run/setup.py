@@ -313,9 +313,9 @@ def _outputs(
     own: bool,
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
-    RUN/config.toml (after a resume's note of what changed), a new run's base (RUN/base/: the base as
-    loaded from `base_dir`, for its exports), the run record started (what a discarded future left
-    set aside, the plan's record and plot, metrics.jsonl, the trackers). `resumed_from`: the
+    a new run's base (RUN/base/: the base as loaded from `base_dir`, for its exports), the run record
+    started (what a discarded future left set aside, the plan's record and plot, metrics.jsonl, the
+    trackers), then RUN/config.toml (after a resume's note of what changed). `resumed_from`: the
     checkpoint resumed and the config hash it records (Checkpointer.resumed_from); `own`: it is this
     run directory's (Checkpointer.resumed_here)."""
     if env.rank != 0:
@@ -324,14 +324,17 @@ def _outputs(
     if resumed is not None and resumed_from is not None:
         for line in _changes_since(*resumed_from, applied, resumed):
             say(line)
-    try:
-        save_config(applied, run_dir / CONFIG_TOML)
-    except OSError as e:
-        raise unwritable(run_dir, e) from None
     if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
         record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
+    # After the record started, whose trackers may still refuse the resume (an unreadable
+    # trackers.json, wandb that cannot start): a refused attempt's overrides written here became the
+    # run's, and `--config RUN/config.toml --resume auto` trained with them (review R14b M1).
+    try:
+        save_config(applied, run_dir / CONFIG_TOML)
+    except OSError as e:
+        raise unwritable(run_dir, e) from None
 
 
 def _header(
