@@ -122,9 +122,11 @@ def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
     check_parallel_section(cfg)  # replicate ≥ 1 and shard ≥ 1 or -1, also for a ParallelConfig built in code
     if world_size == 1:
         if cfg.replicate != 1 or cfg.shard not in (-1, 1):
+            n = cfg.replicate * max(cfg.shard, 1)  # the fewest ranks the mesh asks for
             raise GristmillError(
                 f"parallel.replicate={cfg.replicate} x parallel.shard={cfg.shard} needs that many ranks, "
-                "but this is a single process; launch with torchrun --nproc_per_node=N or use the defaults"
+                f"but this is a single process; start {n} with `gristmill train … --nproc-per-node {n}` (or "
+                f"torchrun --nproc_per_node={n}), or set parallel.replicate=1 parallel.shard=-1"
             )
         return None
     shard = cfg.shard

@@ -69,6 +69,11 @@ def test_sbatch_renders_the_multi_node_torchrun(tmp_path):
         "-m", "training.train", "--config", "configs/train/llama3-7b-hsdp.toml",
         "--set", "parallel.replicate=2",
     ], shlex.join(args)  # fmt: skip
+    # a recipe with [eval] interval > 0 needs the trainer that runs lm-eval (review R14b M2)
+    env["TRAINER"] = "validation.train_eval"
+    subprocess.run(["bash", str(SBATCH)], env=env, capture_output=True, text=True, check=True)
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args[-4:] == ["-m", "validation.train_eval", "--config", "configs/train/llama3-7b-hsdp.toml"], args
 
 
 def test_sbatch_without_slurm_variables_fails_loudly(tmp_path):

@@ -192,7 +192,11 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         ),
         ("model.vocab_size=300", r"vocab_size 300 \(preset 'tiny'\) differs from the dataset's 256"),
         ("data.seq_len=512 data.micro_batch=1", r"data.seq_len = 512 exceeds the model's max_seq_len = 256"),
-        ("parallel.shard=2", r"needs that many ranks, but this is a single process"),
+        (
+            "parallel.shard=2",  # the fix as `gristmill train` takes it (review R14b L6)
+            r"needs that many ranks, but this is a single process; start 2 with `gristmill train … "
+            r"--nproc-per-node 2`",
+        ),
         ("optim.name=adamw8bit", r"'adamw8bit' needs a CUDA GPU"),
         ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),
         ("run.threads=-3", r"run.threads \(-3\) must be ≥ 0"),
