@@ -410,8 +410,12 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
     root = Path(root)
     path = root / DATASET_JSON
     if not path.is_file():
+        # a run's recipe keeps data.dataset as written: relative, it is read from the working directory
+        relative = not root.is_absolute()
         raise DatasetError(
-            f"{path} not found: {root} is not a gristmill dataset (build one with `gristmill data build`)"
+            f"{path} not found{f' from the working directory {Path.cwd()}' if relative else ''}: {root} is "
+            "not a gristmill dataset (build one with `gristmill data build`"
+            + (", or run the command where that relative path was written)" if relative else ")")
         )
     return parse_dataset_info(path.read_bytes(), path)
 

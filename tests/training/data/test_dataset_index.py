@@ -397,3 +397,19 @@ def test_an_index_of_an_older_format_is_refused_then_upgraded(corpus, tmp_path, 
     index_dataset(copy, log=print)
     assert "upgraded to 'gristmill-index/3" in capsys.readouterr().out
     assert _hashes(_loader(copy, val_fraction=0.2), 3) == _hashes(_loader(root, val_fraction=0.2), 3)
+
+
+def test_a_relative_dataset_path_not_found_names_the_working_directory(tmp_path, monkeypatch):
+    """A run's recipe keeps data.dataset as written; `data inspect RUN` from another directory said
+    "runs/data/demo is not a gristmill dataset (build one …)" of a dataset that exists (review R14b)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError) as relative:
+        read_dataset_info("runs/data/demo")
+    assert f"not found from the working directory {tmp_path}: runs/data/demo is not" in str(relative.value)
+    assert str(relative.value).endswith("or run the command where that relative path was written)")
+    with pytest.raises(DatasetError) as absolute:
+        read_dataset_info(tmp_path / "demo")
+    assert str(absolute.value) == (
+        f"{tmp_path / 'demo' / DATASET_JSON} not found: {tmp_path / 'demo'} is not a gristmill dataset "
+        "(build one with `gristmill data build`)"
+    )
