@@ -16,7 +16,7 @@ save) and their own one-line message, without torchrun's ChildFailedError report
 exits 1 whatever its workers did and prints that report, so it runs here as `python -m
 training.launch torchrun ARGS` (`agent_main`): torch.distributed.run with the same ARGS, whose exit
 status is the workers'.
-Multi-node jobs use torchrun directly (configs/slurm/train.sbatch).
+Multi-node jobs run that agent on each node (configs/slurm/train.sbatch).
 """
 
 from __future__ import annotations

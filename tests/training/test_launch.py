@@ -63,7 +63,7 @@ def test_sbatch_renders_the_multi_node_torchrun(tmp_path):
     assert "2 node(s) x 8 GPU(s), rendezvous gpu017:29500, job 4242" in out.stdout
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args == [
-        "--kill-on-bad-exit=1", ".venv/bin/python", "-m", "torch.distributed.run",
+        "--kill-on-bad-exit=1", ".venv/bin/python", "-m", "training.launch", "torchrun",
         "--nnodes=2", "--nproc_per_node=8", "--rdzv_id=4242", "--rdzv_backend=c10d",
         "--rdzv_endpoint=gpu017:29500",
         "-m", "training.train", "--config", "configs/train/llama3-7b-hsdp.toml",
