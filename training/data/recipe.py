@@ -180,7 +180,8 @@ def unused_notes(cfg: TrainConfig) -> list[str]:
     """A line for each setting that changes nothing here, set to other than its default: a default
     every [[phase]] overrides (`--set data.seq_len=…` where each phase sets its own, `optim.lr` where
     the first phase sets its peak), or a setting of a feature that is off (`run.max_skipped` without
-    on_nonfinite = "skip", `[run.rewind]` without a rewind, `optim.muon_*` without Muon). They were
+    on_nonfinite = "skip", `[run.rewind]` without a rewind, `optim.muon_*` without Muon, the spike
+    window without spike detection, `optim.fused` without torch's AdamW). They were
     accepted and said nothing, while a resume's note listed a change of them as in effect. Notes, not
     refusals: `--set run.on_spike=report` turns a rewind recipe's rewinds off, a resume's advice may
     be `--set optim.name=adamw`, and runs saved with such keys must still resume, export, evaluate."""
@@ -202,6 +203,10 @@ def unused_notes(cfg: TrainConfig) -> list[str]:
          bool(phases) and all(ph.lr.to is not None or ph.lr.shape == "constant" for ph in phases)),
         ("run.max_skipped", r.max_skipped, RunSection().max_skipped,
          f"run.on_nonfinite = {r.on_nonfinite!r} skips no step", r.on_nonfinite != "skip"),
+        ("run.spike_window", r.spike_window, RunSection().spike_window,
+         "run.spike_sigma = 0 turns spike detection off", r.spike_sigma == 0),
+        ("optim.fused", o.fused, OptimSection().fused,
+         f"optim.name = {o.name!r} (the fused kernel is torch's AdamW's)", o.name != "adamw"),
         *((f"run.rewind.{f.name}", getattr(r.rewind, f.name), f.default,
            "neither run.on_spike nor run.on_nonfinite is 'rewind'", not rewinds)
           for f in dataclasses.fields(RewindSection)),

@@ -302,6 +302,7 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     # settings of a feature that is off: noted, not refused (a rewind recipe run with --set
     # run.on_spike=report, a resume's advice --set optim.name=adamw, runs saved with them must work)
     off = ["run.rewind.skip_steps=5", "optim.muon_momentum=0.5", "run.max_skipped=3"]
+    off += ["run.spike_sigma=0", "run.spike_window=7"]  # review R14b: said nothing
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *off]) == 0
     out = capsys.readouterr().out
     assert (
@@ -309,3 +310,8 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     )
     assert "note: optim.muon_momentum = 0.5 changes nothing: optim.name = 'adamw'" in out
     assert "note: run.max_skipped = 3 changes nothing: run.on_nonfinite = 'stop' skips no step" in out
+    assert "note: run.spike_window = 7 changes nothing: run.spike_sigma = 0 turns spike detection off" in out
+    muon = ["optim.name=muon", "optim.fused=true"]
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", *muon]) == 0
+    out = capsys.readouterr().out
+    assert "note: optim.fused = true changes nothing: optim.name = 'muon' (the fused kernel is" in out, out
