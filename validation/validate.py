@@ -70,6 +70,7 @@ from training.contract.dataset_format import (
     SHARDS_DIR,
     TAR_BLOCK,
     TOKENIZER_JSON,
+    VALIDATION_JSON,
     DatasetError,
     dataset_files,
     decontam_sha256,
@@ -92,7 +93,6 @@ from training.contract.object_store import ObjectStore, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root, tmp_name
 
-VALIDATION_JSON = "validation.json"
 # A broken separator policy would report every document; beyond this many per shard the rest are
 # counted, not listed.
 MAX_PROBLEMS_PER_SHARD = 20

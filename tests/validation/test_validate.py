@@ -24,6 +24,7 @@ from training.contract.dataset_format import (
     FORMAT_V2,
     LEGACY_FORMAT,
     SAMPLE_DOCS,
+    DatasetError,
     manifest_files,
     sample_key,
     shard_files,
@@ -228,6 +229,29 @@ def test_corrupt_ids_bytes(ds):
     assert any(p.startswith(f"shards/{row['shard']}: sha256") for p in found), found
     assert any(p.startswith(f"shards/{row['shard']}: document t0d3: missing separator") for p in found), found
     assert any("fingerprint recomputed" in p for p in found)
+
+
+def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds):
+    """A dataset in place is not hashed at every read: a damaged shard that validate had found was
+    trained on, inspected (--hash) and evaluated, exit 0 (review R14c F1). Its readers now refuse it
+    while its validation.json says it failed; repaired and validated again, it is read."""
+    from training.data.reader import DocumentTable
+
+    row = row_of(ds, "t0d3")
+    shard = ds / "shards" / row["shard"]
+    clean = shard.read_bytes()
+    data = bytearray(clean)
+    data[row["offset"]] ^= 1  # one bit of the document's first id
+    shard.write_bytes(bytes(data))
+    DocumentTable(ds)  # not hashed here: read as it is
+    first = problems(ds)[0]
+    with pytest.raises(DatasetError) as refused:
+        DocumentTable(ds)
+    assert str(refused.value).startswith(f"{ds / VALIDATION_JSON}: the last `gristmill data validate {ds}` (")
+    assert f"problem(s) in it, the first: {first}; repair it" in str(refused.value)
+    shard.write_bytes(clean)
+    assert validate_dataset(ds, progress=False).ok
+    DocumentTable(ds)
 
 
 def test_corrupt_tar_header_legacy(legacy_ds):

@@ -46,6 +46,7 @@ DOC_RECORD = 36  # bytes per document in a `.docs` member
 assert DOC_RECORDS.itemsize == DOC_RECORD
 TAR_BLOCK = 512  # tar headers and member data are 512-byte aligned
 DATASET_JSON = "dataset.json"
+VALIDATION_JSON = "validation.json"  # `gristmill data validate`'s last report on the dataset
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
 TOKENIZER_JSON = "tokenizer.json"
 SHARDS_DIR = "shards"
@@ -418,6 +419,29 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
             + (", or run the command where that relative path was written)" if relative else ")")
         )
     return parse_dataset_info(path.read_bytes(), path)
+
+
+def check_last_validation(root: Path, info: dict[str, Any]) -> None:
+    """A dataset in place whose last `gristmill data validate` found problems (its validation.json
+    says so, of this fingerprint) is refused: a dataset in place is not hashed at every read (only
+    validate hashes every byte), so the damage that report names would be trained on, inspected and
+    evaluated, exit 0. A report of another fingerprint is of another dataset and says nothing here."""
+    try:
+        last = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(last, dict) or last.get("ok") is not False:
+        return
+    if last.get("fingerprint") != info.get("fingerprint"):
+        return
+    found = last.get("problems") if isinstance(last.get("problems"), list) else []
+    first = found[0].get("text") if found and isinstance(found[0], dict) else None
+    raise DatasetError(
+        f"{root / VALIDATION_JSON}: the last `gristmill data validate {root}` "
+        f"({last.get('checked_at', '?')}) found {last.get('n_problems', len(found))} problem(s) in it"
+        + (f", the first: {first}" if isinstance(first, str) else "")
+        + "; repair it (a rerun of its build names what to redo) and validate it again"
+    )
 
 
 def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
+    check_last_validation,
     file_sha256,
     numpy_dtype,
     read_dataset_info,
@@ -96,6 +97,8 @@ class DocumentTable:
         self.info = info = read_dataset_info(self.root)
         where = describe(self.root, DATASET_JSON)
         check_fingerprint(self.root, info)
+        if origin(self.root) is None:  # a bucket's reads are each checked against their sha256
+            check_last_validation(self.root, info)
         if expect_vocab_size is not None and expect_vocab_size != info["vocab_size"]:
             raise DatasetError(
                 f"{where}: the dataset was tokenized with vocab_size {info['vocab_size']}, but the model "
