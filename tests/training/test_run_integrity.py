@@ -191,10 +191,31 @@ def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, 
     assert gristmill(["export", str(run), "--step", "4"]) == 2
     assert ".metadata: 350 bytes" in one_error_line(capsys.readouterr().err)
     record = json.loads((checkpoint_dir(run, 4) / COMPLETE_FILE).read_text())
-    del record["files"]
+    del record["files"], record["record_sha256"]  # (an older gristmill sealed no record)
     (checkpoint_dir(run, 4) / COMPLETE_FILE).write_text(json.dumps(record))
     assert gristmill(["export", str(run), "--step", "4"]) == 2
     assert ".metadata is unreadable (UnpicklingError" in one_error_line(capsys.readouterr().err)
+
+
+def test_a_damaged_complete_record_is_a_damaged_checkpoint(dataset, tmp_path, capsys):
+    """COMPLETE holds the files' checksums and the model an export writes into config.json; one
+    flipped bit in it (rope_theta 10000.0 → 50000.0) exported a wrong model, exit 0, and verify
+    said ok (review R14c F2). The record now holds its own sha256: such a checkpoint is damaged,
+    and export and resume fall back to the one before it."""
+    run = tmp_path / "run"
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=8")))
+    record = checkpoint_dir(run, 8) / COMPLETE_FILE
+    text = record.read_text()
+    assert '"rope_theta": 10000.0' in text
+    record.write_text(text.replace('"rope_theta": 10000.0', '"rope_theta": 50000.0'))
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    assert "does not hash to the record_sha256 it holds" in capsys.readouterr().out
+    assert gristmill(["export", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "step-000008" in out and "rope_theta" not in out, out
+    assert json.loads((export_dir(run, 4) / "config.json").read_text())["rope_theta"] == 10000.0
+    assert not export_dir(run, 8).exists()
 
 
 def test_one_writer_per_run_directory(dataset, tmp_path):

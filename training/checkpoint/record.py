@@ -7,6 +7,7 @@ every `gristmill train --nproc-per-node N` before torchrun starts).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,16 +20,35 @@ class CheckpointError(GristmillError):
     """A checkpoint that cannot be written or read; names the path and the last complete one."""
 
 
+RECORD_SHA256 = "record_sha256"
+"""COMPLETE's key for the sha256 of the rest of the record (`sealed`): the files' checksums it holds
+cover the checkpoint's files, this covers the record, whose model fields an export writes into its
+config.json (a flipped bit made rope_theta 50000.0 in an export that verified, review R14c F2)."""
+
+
+def _record_sha256(data: dict[str, Any]) -> str:
+    rest = {k: v for k, v in data.items() if k != RECORD_SHA256}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def sealed(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with its own sha256 (RECORD_SHA256), as COMPLETE is written."""
+    return {**record, RECORD_SHA256: _record_sha256(record)}
+
+
 def read_complete_record(path: str | Path) -> dict[str, Any]:
-    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable)."""
+    """The COMPLETE record of checkpoint `path` (a CheckpointError naming it if unreadable, or if it
+    does not hash to its own sha256; a record written before they were sealed has none)."""
     record = Path(path) / COMPLETE_FILE
     try:
         data = json.loads(record.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
-        return data
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
+    if RECORD_SHA256 in data and data[RECORD_SHA256] != _record_sha256(data):
+        raise CheckpointError(f"{record} does not hash to the {RECORD_SHA256} it holds (damaged or edited)")
+    return data
 
 
 RESUME_ONLY = "resume_only"
