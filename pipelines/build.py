@@ -979,8 +979,10 @@ def _repair_advice(out: Path, report, tasks: int) -> str:
         stage = re.fullmatch(rf"{LOGS_DIR}/{DEDUP_DIR}/([\w-]+)/stats/(\d+)\.json", rel)
         if task is not None and task < tasks:
             redo.add(task)
-        elif stage:  # the dedup stage's task is redone (its outputs are a function of the input)
-            remove.add(out / LOGS_DIR / DEDUP_DIR / stage[1] / "completions" / stage[2])
+        elif stage and (marker := out / LOGS_DIR / DEDUP_DIR / stage[1] / "completions" / stage[2]).exists():
+            remove.add(marker)  # the dedup stage's task is redone (its outputs are a function of the input)
+        elif stage and not (out / rel).exists():
+            continue  # its stage's logs are gone: the rerun redoes the stage, writing it again
         elif rel.startswith(f"{DECONTAM_DIR}/"):  # built again from the eval tasks, as before the tasks
             remove.add(out / DECONTAM_DIR)
         elif (out / rel).exists():  # (one gone that dataset.json records: dataset.json is rewritten)

@@ -218,6 +218,13 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     count = ["--sql", "SELECT filter, count(*) AS n FROM excluded GROUP BY filter ORDER BY filter"]
     assert out("data", "audit", url, *count) == out("data", "audit", str(built_dataset), *count)
     assert not stale.exists()
+    # and the stats view, whose folder an upload built with [dedup] leaves its stages' stats in (R14d F3)
+    stale = copy / "logs" / "dedup" / "hashes" / "stats" / "00000.json"
+    stale.parent.mkdir(parents=True)
+    shutil.copyfile(copy / "logs" / "stats" / "00000.json", stale)
+    count = ["--sql", "SELECT count(*) AS n FROM stats"]
+    assert out("data", "audit", url, *count) == out("data", "audit", str(built_dataset), *count)
+    assert not stale.exists()
     # The local build uploaded too: the same token stream (one copy in the cache) with its own
     # build records, which are fetched again, not taken from the other upload's copy.
     upload_dataset(built_dataset, s3.url("built-here"), log=lambda *a: None)

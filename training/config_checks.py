@@ -125,8 +125,9 @@ def mesh_shape(cfg: ParallelConfig, world_size: int) -> tuple[int, int] | None:
             n = cfg.replicate * max(cfg.shard, 1)  # the fewest ranks the mesh asks for
             raise GristmillError(
                 f"parallel.replicate={cfg.replicate} x parallel.shard={cfg.shard} needs that many ranks, "
-                f"but this is a single process; start {n} with `gristmill train … --nproc-per-node {n}` (or "
-                f"torchrun --nproc_per_node={n}), or set parallel.replicate=1 parallel.shard=-1"
+                f"but this is a single process; start {n} ranks (on one node `gristmill train … "
+                f"--nproc-per-node {n}`; over several, configs/slurm/train.sbatch or torchrun --nnodes), or "
+                "set parallel.replicate=1 parallel.shard=-1"
             )
         return None
     shard = cfg.shard

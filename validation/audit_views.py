@@ -29,6 +29,7 @@ from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
+    DECONTAM_DIR,
     EXCLUDED_DIR,
     EXCLUDED_SCHEMA,
     INDEX_DIR,
@@ -213,7 +214,7 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     root = local_root(url, cache)
     recorded = dataset_files(read_dataset_info(root))
     ensure(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
-    prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR)  # what the views read, this dataset's only
+    prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR)  # what views read: its own
     try:
         write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data
     except ObjectMissing:

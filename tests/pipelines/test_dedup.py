@@ -169,6 +169,14 @@ def test_damaged_dedup_stats_get_advice_that_repairs_them(built, dup_fixture, tm
     assert [s["stats"] for s in json.loads(stats.read_text())] == [s["stats"] for s in clean]
     for p in sorted((built["exact"] / "shards").glob("*.tar")) + sorted(built["exact"].glob("*/*.parquet")):
         assert (out / p.relative_to(built["exact"])).read_bytes() == p.read_bytes(), p
+    # a stats file no task of the stage wrote is removed, not a marker that does not exist (R14d F1)
+    foreign = stats.with_name("00099.json")
+    shutil.copyfile(stats, foreign)
+    lines.clear()
+    assert not build(cfg, log=lines.append).ok
+    assert lines[-1].startswith(f"fix: remove {foreign} (no task of this build writes it)"), lines[-3:]
+    foreign.unlink()
+    assert build(cfg, **QUIET).ok
 
 
 def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong_drop(dup_fixture, tmp_path):

@@ -213,13 +213,14 @@ def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, 
     """A truncated RUN/trackers.json must not silently start a new wandb run on resume: one line
     says what happened, which run it was (from RUN/wandb) and how to continue it."""
     run_dir = tmp_path / "run"
-    assert run_training(dataset, run_dir, ["wandb"], "run.max_steps=4") == 0
+    assert run_training(dataset, run_dir, ["wandb"], "run.max_steps=6") == 0
+    shutil.rmtree(run_dir / "checkpoints" / "step-000006")  # a resume at 4 redoes steps 5 and 6
     ids = json.loads((run_dir / "trackers.json").read_text())
     wandb_id = ids["wandb"]["id"]
     text = (run_dir / "trackers.json").read_text()
     (run_dir / "trackers.json").write_text(text[: len(text) // 2])
     capsys.readouterr()
-    config = (run_dir / "config.toml").read_bytes()
+    kept = {name: (run_dir / name).read_bytes() for name in ("config.toml", "metrics.jsonl", "batches.bin")}
     # a changed key too: the refused attempt's overrides became the run's config.toml (review R14b M1)
     changed = ['checkpoint.resume="auto"', "optim.weight_decay=0.05"]
     assert run_training(dataset, run_dir, ["wandb"], *changed) == 2
@@ -228,7 +229,9 @@ def test_an_unreadable_trackers_json_is_refused_naming_the_run_to_continue(env, 
     assert f"{run_dir / 'trackers.json'} is unreadable" in err and wandb_id in err
     assert "delete it to start new tracker runs" in err
     assert offline_ids(run_dir) == [wandb_id]  # no new wandb run was started
-    assert (run_dir / "config.toml").read_bytes() == config
+    # nor its records: rows and batches of the steps it would redo were dropped, its plan recorded
+    # (beside config.toml kept, read as an edited config: review R14d F2)
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
     # following the advice continues the same run, offline as it was (the advice left out the mode:
     # in a shell without WANDB_MODE the run then went online, or failed for want of a key, R14b L1)
     advice = json.loads(err.split("to continue them write ", 1)[1].split(" into it, ")[0])

@@ -194,8 +194,8 @@ def test_distributed_matches_single_process(single_run, dataset, tmp_path, mesh)
         ("data.seq_len=512 data.micro_batch=1", r"data.seq_len = 512 exceeds the model's max_seq_len = 256"),
         (
             "parallel.shard=2",  # the fix as `gristmill train` takes it (review R14b L6)
-            r"needs that many ranks, but this is a single process; start 2 with `gristmill train … "
-            r"--nproc-per-node 2`",
+            r"needs that many ranks, but this is a single process; start 2 ranks \(on one node `gristmill "
+            r"train … --nproc-per-node 2`; over several, configs/slurm/train.sbatch",
         ),
         ("optim.name=adamw8bit", r"'adamw8bit' needs a CUDA GPU"),
         ("schedule.warmup_steps=100", r"warmup_steps ≤ schedule.steps; got steps 40, warmup_steps 100"),

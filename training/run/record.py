@@ -92,10 +92,10 @@ class RunRecord:
         datasets: dict[str, str],
     ) -> None:
         """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
-        what a discarded or redone future left (steps after `resumed`) set aside; the plan recorded and
-        drawn with the timeline's skips; metrics.jsonl kept up to the checkpoint (or started over); the
-        trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name -> dataset,
-        for their runs)."""
+        the trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name ->
+        dataset, for their runs); then what a discarded or redone future left (steps after `resumed`)
+        set aside; the plan recorded and drawn with the timeline's skips; metrics.jsonl kept up to the
+        checkpoint (or started over)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
@@ -105,13 +105,19 @@ class RunRecord:
         # batch records up to the checkpoint were kept as this run's (other losses, another lr), its
         # trackers' runs continued.
         mine = resumed if own else None
-        self._set_aside(after=-1 if mine is None else mine, earlier_run=mine is None)
-        self._record_plan()
-        logged_through = self._open_log(mine)
-        self._open_batches(mine)
+        logged = self._logged_rows(mine)
+        logged_through = max((r["step"] for r in logged), default=None) if logged is not None else None
+        # The trackers first: they may still refuse the resume (an unreadable trackers.json, wandb
+        # that cannot start), and a refused resume leaves the run's files as they were (its plan
+        # recorded here, with a config.toml left as it was, made `data inspect RUN` and verify say
+        # the config had been edited: review R14d F2).
+        self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
+                                 resume_step=mine, logged_through=logged_through)  # fmt: skip
         try:
-            self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
-                                     resume_step=mine, logged_through=logged_through)  # fmt: skip
+            self._set_aside(after=-1 if mine is None else mine, earlier_run=mine is None)
+            self._record_plan()
+            self._open_log(mine, logged)
+            self._open_batches(mine)
         except BaseException:
             self.close()
             raise
@@ -225,28 +231,32 @@ class RunRecord:
             self.state.pending = None
 
     # -- the files --
-    def _open_log(self, resumed: int | None) -> int | None:
-        """metrics.jsonl opened for appending; a resume keeps the rows up to its checkpoint and drops
-        those of the steps it will redo (written after the checkpoint by the interrupted run). Returns
-        the last step the interrupted invocation logged (None: none, or a fresh run)."""
+    def _logged_rows(self, resumed: int | None) -> list[dict[str, Any]] | None:
+        """metrics.jsonl's rows a resume finds (None: a fresh run, or no file), read, not changed."""
         path = self.run_dir / METRICS_JSONL
-        logged_through = None
-        if resumed is not None and path.exists():
-            rows, note = read_metrics(path)
-            if note:
-                say(note)
-            logged_through = max((r["step"] for r in rows), default=None)
+        if resumed is None or not path.exists():
+            return None
+        rows, note = read_metrics(path)
+        if note:
+            say(note)
+        return rows
+
+    def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None) -> None:
+        """metrics.jsonl opened for appending; a resume keeps the rows (`logged`, as _logged_rows read
+        them) up to its checkpoint and drops those of the steps it will redo (written after the
+        checkpoint by the interrupted run)."""
+        path = self.run_dir / METRICS_JSONL
+        if logged is not None:
             # Rows a rewind discarded stay (the run's history) if the checkpoint knows that rewind.
             known = len(self.timeline.skips) + 1
             self.rows = [
-                r for r in rows if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
+                r for r in logged if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
             ]
             write_atomic(path, _jsonl(self.rows))
-        elif path.exists():  # a fresh run into the same directory starts the log over
+        elif resumed is None and path.exists():  # a fresh run into the same directory starts the log over
             say(f"note: {path} exists from an earlier run; starting it over")
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resumed is not None else os.O_TRUNC)
         self.jsonl = os.open(path, flags, 0o644)
-        return logged_through
 
     def _rewrite_log(self) -> None:
         """metrics.jsonl replaced, atomically, by the rows (a rewind marked some); appends go on into
