@@ -65,7 +65,12 @@ from training.checkpoint.record import (
 from training.checkpoint.state import ModelState
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import TOKENIZER_JSON, read_dataset_info, without_dropout
+from training.contract.dataset_format import (
+    TOKENIZER_JSON,
+    read_dataset_info,
+    tokenizer_problem,
+    without_dropout,
+)
 from training.contract.errors import GristmillError, unwritable
 from training.contract.integrity import damaged_files, file_records
 from training.contract.run_layout import (
@@ -228,6 +233,10 @@ def write_tokenizer(
     # tokenizer.json as the data was encoded with it (without BPE dropout), the base's or the
     # dataset's (synthetic test datasets have none): else a copy, byte for byte.
     source = base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON)
+    if TOKENIZER_JSON not in base and (
+        problem := tokenizer_problem(dataset_dir, read_dataset_info(dataset_dir))
+    ):
+        raise ExportError(problem)  # an export would ship it with checksums that verify (review R14c F10)
     if source.is_file():
         data = source.read_bytes()
         text = data.decode("utf-8")

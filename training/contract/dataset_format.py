@@ -421,6 +421,19 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
     return parse_dataset_info(path.read_bytes(), path)
 
 
+def tokenizer_problem(root: str | Path, info: dict[str, Any], where: str | None = None) -> str | None:
+    """Why the dataset's tokenizer.json is not the one it was built with (its sha256 against
+    dataset.json's record, named `where`), or None: it is, or there is none beside the dataset."""
+    tok = Path(root) / TOKENIZER_JSON
+    if not tok.is_file() or (got := file_sha256(tok)) == info.get("tokenizer_sha256"):
+        return None
+    return (
+        f"{tok} has sha256 {got}, but {where or Path(root) / DATASET_JSON} records "
+        f"{info.get('tokenizer_sha256')}: the tokenizer was replaced or damaged after the build; restore "
+        "it or rebuild the dataset"
+    )
+
+
 def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     """A dataset in place whose last `gristmill data validate` found problems (its validation.json
     says so, of this fingerprint) is refused: a dataset in place is not hashed at every read (only

@@ -34,11 +34,11 @@ from training.contract.dataset_format import (
     DatasetError,
     check_fingerprint,
     check_last_validation,
-    file_sha256,
     numpy_dtype,
     read_dataset_info,
     tar_padded,
     tokenizer_model_span,
+    tokenizer_problem,
 )
 from training.contract.dataset_index import (
     HELDOUT_SHA,
@@ -112,11 +112,8 @@ class DocumentTable:
                 f"tokenizer ({self.root / TOKENIZER_JSON}) or rebuild the dataset with yours"
             )
         tok = self.root / TOKENIZER_JSON
-        if tok.is_file() and file_sha256(tok) != info["tokenizer_sha256"]:
-            raise DatasetError(
-                f"{tok} has sha256 {file_sha256(tok)}, but {where} records {info['tokenizer_sha256']}: the "
-                "tokenizer was replaced after the build; restore it or rebuild the dataset"
-            )
+        if problem := tokenizer_problem(self.root, info, where):
+            raise DatasetError(problem)
         # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
         # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens. Checked
         # where the tokenizer is always beside the dataset (a bucket's is fetched only for an export

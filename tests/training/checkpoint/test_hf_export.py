@@ -3,6 +3,7 @@ logits; a DCP checkpoint exports by step; exports are whole or absent."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -127,6 +128,20 @@ def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset,
         export_checkpoint(run, 30)  # a source renamed in config.toml
 
 
+def test_an_export_refuses_a_damaged_dataset_tokenizer(built_dataset, tmp_path):
+    """The dataset's tokenizer.json damaged after training: the export copied it, recorded its
+    checksum and verified, exit 0 (review R14c F10). It is checked against dataset.json's record."""
+    dataset = tmp_path / "dataset"
+    shutil.copytree(built_dataset, dataset)
+    run = tmp_path / "run"
+    _run_with_checkpoints(run, dataset, {10: True})
+    tok = dataset / "tokenizer.json"
+    tok.write_bytes(tok.read_bytes().replace(b'"', b"'", 1))
+    with pytest.raises(ExportError, match=rf"^{tok} has sha256 .* records .*: the tokenizer was replaced or"):
+        export_checkpoint(run, 10)
+    assert not export_dir(run, 10).exists()
+
+
 def test_export_is_whole_or_absent(built_dataset, tmp_path):
     model = _model(built_dataset, tied=True)
     state = model.state_dict()
@@ -203,6 +218,9 @@ def test_an_export_of_a_tokenizer_saved_with_bpe_dropout_encodes_as_the_build_di
     spec = json.loads((dataset / "tokenizer.json").read_text())
     spec["model"]["dropout"] = 0.5
     (dataset / "tokenizer.json").write_text(json.dumps(spec))
+    info = json.loads((dataset / "dataset.json").read_text())  # the build records the file it was given
+    info["tokenizer_sha256"] = hashlib.sha256((dataset / "tokenizer.json").read_bytes()).hexdigest()
+    (dataset / "dataset.json").write_text(json.dumps(info))
     sep = read_dataset_info(dataset)["separator"]["token"]
     text = "The quick brown fox jumps over the lazy dog, again and again, in 2024."
     built = DocumentEncoder(Tokenizer.from_file(str(dataset / "tokenizer.json")), SeparatorPolicy(sep))
