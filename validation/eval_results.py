@@ -31,6 +31,7 @@ from training.contract.eval_table import (
     read_step_results,
     result_rows,
     rows_of,
+    sealed_results,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot
@@ -191,6 +192,7 @@ def write_step_json(
             results = merge_results(old, results)
         # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
         text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
+        text = json.dumps(sealed_results(json.loads(text)), indent=2, ensure_ascii=False, allow_nan=True)
         write_atomic(out, text + "\n")
     return out
 

@@ -276,6 +276,33 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     assert len(rows) == len(expected)
 
 
+def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tmp_path, capsys):
+    """A step's results.json with one score's digit changed was merged into the next eval of that
+    step and reported in eval.parquet and the audit, exit 0; a truncated one ended `gristmill eval`
+    in a traceback after lm-eval had run (review R14c F3). Each is now one line naming the file and
+    the fix, and the fix works."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    results = eval_dir(run, 5) / "results.json"
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    clean = results.read_text()
+    value = json.loads(clean)["results"]["heldout_ppl"]["bits_per_byte,none"]
+    for damage in (clean.replace(json.dumps(value), json.dumps(value + 1.0), 1), clean[: len(clean) // 2]):
+        results.write_text(damage)
+        capsys.readouterr()
+        other = ["--tasks", "heldout_cloze", *QUICK[2:]]  # merged with the file's heldout_ppl scores
+        assert main(["eval", str(run), "--step", "5", *other]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "heldout_cloze: " not in err, err  # refused before scoring
+        fix = f"delete {results.parent} and evaluate that step again (`gristmill eval {run} --step 5`)"
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"error: {results} is damaged (") and line.endswith(fix), err
+        shutil.rmtree(results.parent)
+        assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+        assert json.loads(results.read_text())["results"]["heldout_ppl"]["bits_per_byte,none"] == value
+
+
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
     """A step the in-training eval (or an earlier `--set limit=…`) scored on fewer documents was taken
     for done by `--watch`, which then scored nothing, exit 0: each task's scores now record the

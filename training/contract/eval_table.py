@@ -13,6 +13,7 @@ what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parquet.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import numbers
 from pathlib import Path
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path
+from training.contract.errors import GristmillError
 from training.contract.file_lock import file_lock
 from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
@@ -85,10 +87,45 @@ def mark_of(results: dict[str, Any], task: str) -> str | None:
     return ((info or {}).get("decontamination") or {}).get("mark") if isinstance(info, dict) else None
 
 
+RESULTS_SHA256 = "gristmill_results_sha256"
+"""results.json's key for the sha256 of the rest of it (`sealed_results`): the scores it holds are
+what eval.parquet, eval.png and the audit report, and a flipped bit in one was merged and reported,
+exit 0 (review R14c F3). A file written before it was sealed has none."""
+
+
+class EvalResultsError(GristmillError):
+    """A step's results.json that cannot be read or does not hash to its seal."""
+
+
+def _results_sha256(results: dict[str, Any]) -> str:
+    rest = {k: v for k, v in results.items() if k != RESULTS_SHA256}
+    text = json.dumps(rest, sort_keys=True, ensure_ascii=False, allow_nan=True)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sealed_results(results: dict[str, Any]) -> dict[str, Any]:
+    """`results` (as JSON reads it back: plain numbers, lists, dicts) with its own sha256."""
+    return {**results, RESULTS_SHA256: _results_sha256(results)}
+
+
 def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> dict[str, Any]:
-    """RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's), or {} when that step has none."""
+    """RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's), or {} when that step has none;
+    one that cannot be read, or does not hash to its seal, is an EvalResultsError naming the fix."""
     path = eval_dir(run_dir, step, merged) / RESULTS_JSON
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(results, dict):
+            raise ValueError(f"a JSON {type(results).__name__}, not an object")
+        if RESULTS_SHA256 in results and results[RESULTS_SHA256] != _results_sha256(results):
+            raise ValueError(f"it does not hash to the {RESULTS_SHA256} it holds")
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise EvalResultsError(
+            f"{path} is damaged ({e}): delete {path.parent} and evaluate that step again (`gristmill eval "
+            f"{run_dir} --step {step}`{' with its [merge]' if merged else ''})"
+        ) from None
+    return results
 
 
 def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[str, Any]]:
