@@ -33,7 +33,13 @@ import duckdb
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
 from training.contract.errors import GristmillError, print_error
 from training.contract.object_store import ObjectStore, is_url
-from training.contract.run_layout import DATA_PLAN_JSON, is_training_run
+from training.contract.run_layout import (
+    CONSUMPTION_PARQUET,
+    DATA_PLAN_JSON,
+    EVAL_DIR,
+    EVAL_PARQUET,
+    is_training_run,
+)
 from training.data.recipe import recorded_plan_fix
 from training.data.remote import CacheSettings, add_cache_argument
 from training.plotting import agg_pyplot
@@ -105,8 +111,13 @@ def _damaged_fix(damaged: Damaged) -> str:
         )
     if rel == Path(VALIDATION_JSON):
         return f"rerun `gristmill data validate {damaged.root}`, which writes it again"
-    if rel == Path(DATA_PLAN_JSON) and is_training_run(damaged.root):  # a run's, not a dataset's
-        return recorded_plan_fix(damaged.root)
+    if rel in (Path(DATA_PLAN_JSON), Path(CONSUMPTION_PARQUET)) and is_training_run(damaged.root):
+        return recorded_plan_fix(damaged.root)  # a run's, not a dataset's: its plan and ledger
+    if rel == Path(EVAL_PARQUET) and is_training_run(damaged.root):
+        return (
+            f"it is rebuilt from {damaged.root / EVAL_DIR}/*/results.json at every evaluation: delete it and "
+            f"evaluate one step again (gristmill eval {damaged.root} --step N)"
+        )
     return (
         f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
         "`gristmill data build`) if it is damaged"

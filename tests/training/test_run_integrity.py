@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -144,6 +145,14 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     assert gristmill(["verify", str(run)]) == 1
     table = capsys.readouterr().out
     assert table.count("DAMAGED") == 2 and "2 damaged" in table
+    # a truncated checksum record: "re-export the step" was refused by the same record (R14c F9)
+    sums = export_dir(run, 8) / "gristmill_checksums.json"
+    sums.write_text(sums.read_text()[:20])
+    assert gristmill(["export", str(run), "--step", "8"]) == 2
+    fix = f"delete {export_dir(run, 8)} and re-export it from its checkpoint (gristmill export RUN --step N)"
+    assert one_error_line(capsys.readouterr().err).endswith(fix)
+    shutil.rmtree(export_dir(run, 8))
+    assert gristmill(["export", str(run), "--step", "8"]) == 0
 
     # a torn last metrics line (a kill mid-write) and a damaged newest checkpoint: resume takes
     # step 8, the newest that verifies, and continues exactly as the uninterrupted run
@@ -354,6 +363,16 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
+    # the ledger truncated: "validate the dataset and rebuild it", of a run (review R14c F8)
+    ledger = run / "consumption.parquet"
+    rows = pq.read_table(ledger).to_pylist()
+    ledger.write_bytes(ledger.read_bytes()[:100])
+    capsys.readouterr()
+    assert gristmill(["data", "audit", str(run), "--sql", "FROM consumption"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert str(ledger) in line and fix in line and "data validate" not in line, line
+    assert gristmill(fix.split()[1:]) == 0
+    assert pq.read_table(ledger).to_pylist() == rows
 
 
 def test_a_closed_stderr_keeps_the_exit_status_of_a_diverged_run(dataset, tmp_path, monkeypatch):

@@ -389,7 +389,10 @@ def verify_export(path: str | Path) -> str | None:
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError, TypeError) as e:
-        raise ExportError(f"{record} is damaged ({type(e).__name__}: {e}); re-export the step") from None
+        raise ExportError(
+            f"{record} is damaged ({type(e).__name__}: {e}); delete {path} and re-export it from its "
+            "checkpoint (gristmill export RUN --step N)"
+        ) from None
     problems = damaged_files(path, files)
     if problems:
         raise ExportError(
