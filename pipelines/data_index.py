@@ -10,6 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from training.contract.dataset_format import (
     DATASET_JSON,
     DatasetError,
@@ -22,6 +24,7 @@ from training.contract.dataset_format import (
 from training.contract.dataset_index import (
     DOC_TOKENS,
     INDEX_DIR,
+    SHARD_ROWS,
     damaged_files,
     expected_index,
     index_format,
@@ -58,6 +61,16 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     if entry is not None:
         bad = damaged_files(root, entry)
         if not bad:
+            # Intact, so where it and dataset.json's counts disagree (the loader's refusal, whose advice
+            # is this command), dataset.json was edited: "complete" alone sent the user round in a loop.
+            rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
+            if len(rows) != len(info["shard_files"]) + 1 or int(rows[-1]) != int(info["documents"]):
+                raise DatasetError(
+                    f"{root / DATASET_JSON} lists {info['documents']:,} documents in "
+                    f"{len(info['shard_files'])} shards, but its index, which hashes as recorded, holds "
+                    f"{int(rows[-1]):,} in {len(rows) - 1}: {DATASET_JSON} was edited after the build; "
+                    "delete it and rerun the build's command, which writes it again from the shards"
+                )
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
             )

@@ -21,7 +21,7 @@ from pipelines.config import DataConfig
 from pipelines.sources import SourceError
 from tests.helpers.build_runs import run_build
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import EXCLUDED_SCHEMA, read_dataset_info
+from training.contract.dataset_format import EXCLUDED_SCHEMA, DatasetError, read_dataset_info
 from validation.validate import validate_dataset
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -230,6 +230,29 @@ def test_a_damaged_finished_dataset_gets_advice_that_repairs_it(built_dataset, b
     lines.clear()
     assert not build(cfg, log=lines.append).ok
     assert lines[-1] == "fix: delete the stray temporary file(s) named above, then rerun to validate again"
+
+
+def test_an_edited_document_count_gets_advice_that_ends(built_dataset, build_fixture, tmp_path, capsys):
+    """dataset.json's `documents` edited (not part of the fingerprint): the loader said "rerun
+    `gristmill data index`", which said the index was complete, and the loader refused again (review
+    R14c F6). The command now says dataset.json was edited, and its fix works."""
+    from pipelines.cli import main
+    from training.data.reader import DocumentTable
+
+    _, _, config = build_fixture
+    out = tmp_path / "ds"
+    shutil.copytree(built_dataset, out)
+    info = out / "dataset.json"
+    info.write_text(info.read_text().replace('"documents": ', '"documents": 1', 1))
+    with pytest.raises(DatasetError, match=rf"rerun `gristmill data index {out}`"):
+        DocumentTable(out)
+    capsys.readouterr()
+    assert main(["data", "index", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{info} lists 1" in err and "dataset.json was edited after the build; delete it and rerun" in err
+    info.unlink()
+    assert build(load_config(DataConfig, config, [f"output={out}"]), log=lambda *a: None).ok
+    assert DocumentTable(out).info["documents"] == read_dataset_info(built_dataset)["documents"]
 
 
 def test_counts_are_checked_past_a_task_that_read_nothing(build_fixture, tmp_path):
