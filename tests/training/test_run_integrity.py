@@ -363,6 +363,15 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
+    # its seed edited (valid JSON): it read as an edited config, and setting the config "back" to it
+    # had inspect print other batches than the run's, exit 0 (review R14c F7)
+    plan.write_text(json.dumps({**good, "seed": good["seed"] + 1}))
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "the config was edited after the run" in line and f"{plan} is what changed: " in line, line
+    assert line.endswith(f"{fix} (a finished run trains nothing))"), line
+    assert gristmill(fix.split()[1:]) == 0
+    assert json.loads(plan.read_text()) == good
     # the ledger truncated: "validate the dataset and rebuild it", of a run (review R14c F8)
     ledger = run / "consumption.parquet"
     rows = pq.read_table(ledger).to_pylist()

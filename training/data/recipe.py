@@ -279,10 +279,13 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     description = recorded_plan(run_dir)
     if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
+    # Either side may be the one changed: a damaged data_plan.json read as an edited config or dataset,
+    # and setting those "back" to its values read other batches than the run's (review R14c F7).
+    damaged = f" (if they are as the run left them, {path} is what changed: {recorded_plan_fix(run_dir)})"
     for src, t in zip(plan.sources, tables):
         check_trained_on(
             run_dir, src.name, t.root, t.info, "it was rebuilt or replaced, so its batches are not what the "
-            "model saw: point the source back at the dataset the run trained on", description,
+            f"model saw: point the source back at the dataset the run trained on{damaged}", description,
             val_fraction=src.val_fraction,
         )  # fmt: skip
     found = data_plan.recorded_difference(description, plan)
@@ -291,7 +294,7 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
         raise DatasetError(
             f"{run_dir / CONFIG_TOML} has {key} = {now!r}, but the run trained with {recorded!r} ({path}): "
             "the config was edited after the run, so the batches read from it would not be the run's; "
-            "set it back"
+            f"set it back{damaged}"
         )
     return None
 
