@@ -129,9 +129,11 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
         if (only is None or e.step == only) and 1 <= e.step <= plan.total_steps:
             planned = batch_sha256(builder.batch(e.step - 1))
             if planned != e.sha256:
-                problems.append(
-                    (e.step, f"differs from the plan: recorded {e.sha256[:16]}…, planned {planned[:16]}…")
-                )
+                # the first 16 digits, or where a flipped bit lies past them, all of them
+                n = 16 if planned[:16] != e.sha256[:16] else 64
+                cut = "…" if n < 64 else ""
+                what = f"differs from the plan: recorded {e.sha256[:n]}{cut}, planned {planned[:n]}{cut}"
+                problems.append((e.step, what))
     problems += _timeline_problems(entries, plan, skips, trained, saved)
     if only is not None:
         problems = [(step, what) for step, what in problems if step == only]

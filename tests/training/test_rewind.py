@@ -165,6 +165,10 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
     where = f"({run / 'batches.bin'})"
     first = f"step 22 differs from the plan: recorded {sha[23][:16]}…, planned {sha[22][:16]}…"
     assert (rc, lines) == (1, [f"batches: {first} {where}; 1 more step(s) disagree"])
+    # a record that differs past its first 16 digits: all 64 shown (two equal prefixes, R14c F11)
+    flipped = sha[22][:40] + ("0" if sha[22][40] != "0" else "1") + sha[22][41:]
+    rc, lines = verify([(s, a, flipped if s == 22 else h) for s, a, h in kept])
+    assert lines == [f"batches: step 22 differs from the plan: recorded {flipped}, planned {sha[22]} {where}"]
     in_skip = sorted(kept + [(12, 1, sha[12])])
     assert verify(in_skip) == (
         1,
