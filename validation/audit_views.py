@@ -262,9 +262,10 @@ def _dataset_json(root: Path) -> dict:
 
 
 def _check_tables(root: Path, info: dict) -> None:
-    """The manifest and excluded files are those dataset.json records (its `files`): one missing,
-    or one of another build, would make the `docs` and `excluded` views count other documents
-    without a word (a validated dataset's count is dataset.json's; the views count the files)."""
+    """The manifest and excluded files are those dataset.json records (its `files`), at their recorded
+    sizes: one missing, of another build or changed would make the `docs` and `excluded` views count
+    other documents without a word (a validated dataset's count is dataset.json's; the views count
+    the files)."""
     files = info.get("files")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
         return  # no record of them (a dataset from before dataset.json recorded its files)
@@ -281,6 +282,16 @@ def _check_tables(root: Path, info: dict) -> None:
         raise DatasetError(
             f"{root / foreign[0]} is not one of the files {root / DATASET_JSON} records: {fix}"
         )
+    # ... at the size recorded: rows removed or a value rewritten changed the answers, exit 0 (review
+    # R14c F4). Sizes, not hashes: hashing every manifest at each audit costs what validating does,
+    # and `gristmill data validate` hashes them.
+    for rel in sorted(present):
+        want = files[rel].get("bytes") if isinstance(files[rel], dict) else None
+        if isinstance(want, int) and (size := (root / rel).stat().st_size) != want:
+            raise DatasetError(
+                f"{root / rel} is {size:,} bytes, but {root / DATASET_JSON} records {want:,}: it changed "
+                f"after the build; {fix}"
+            )
 
 
 def view_files(view: FileView, root: Path) -> list[str]:

@@ -337,14 +337,36 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
     assert main(["data", "audit", str(root)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # no traceback
-    assert f"{target} is unreadable" in lines[0]
+    # (a table of the views at another size than recorded: refused before it is read, R14c F4)
+    said = "bytes, but" if damage.startswith("manifest/") else "is unreadable"
+    assert f"{target} is " in lines[0] and said in lines[0], lines[0]
     fix = {  # advice that works for that file (test_audit_builds.py follows the stats one)
-        "manifest/00001.parquet": f"check the dataset with `gristmill data validate {root}`",
+        "manifest/00001.parquet": f"names the task to rebuild (`gristmill data validate {root}` lists",
         "dataset.json": f"check the dataset with `gristmill data validate {root}`",
         "logs/stats/00001.json": f"delete {root / 'logs/completions/00001'} and {root / 'dataset.json'}",
         "validation.json": f"rerun `gristmill data validate {root}`, which writes it again",
     }[damage]
     assert fix in lines[0], lines[0]
+
+
+def test_an_edited_table_is_refused_not_counted(built_dataset, tmp_path, capsys):
+    """A manifest row's n_tokens raised, an excluded file's rows cut (each still valid parquet): the
+    audit answered from them, exit 0 (review R14c F4). A table at another size than dataset.json
+    records is refused, naming it (a same-size edit is validate's to find: it hashes every file)."""
+    for rel, edit in (
+        ("manifest/00001.parquet", lambda t: t.set_column(
+            t.schema.get_field_index("n_tokens"), "n_tokens",
+            pa.array([t["n_tokens"][0].as_py() + 1000, *t["n_tokens"].to_pylist()[1:]], pa.int64()))),
+        (min(f"excluded/{p.name}" for p in (built_dataset / "excluded").glob("*.parquet")),
+         lambda t: t.slice(0, max(0, t.num_rows - 5))),
+    ):  # fmt: skip
+        root = tmp_path / rel.replace("/", "-")
+        shutil.copytree(built_dataset, root)
+        pq.write_table(edit(pq.read_table(root / rel)), root / rel)
+        capsys.readouterr()
+        assert main(["data", "audit", str(root), "--sql", "SELECT count(*) FROM docs"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {root / rel} is ") and "it changed after the build" in err, err
 
 
 def test_unwritable_db_or_plots_is_one_error_about_that_path(built_dataset, tmp_path, capsys):
