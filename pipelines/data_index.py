@@ -25,6 +25,7 @@ from training.contract.dataset_index import (
     DOC_TOKENS,
     INDEX_DIR,
     SHARD_ROWS,
+    DocIndex,
     damaged_files,
     expected_index,
     index_format,
@@ -63,13 +64,19 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
         if not bad:
             # Intact, so where it and dataset.json's counts disagree (the loader's refusal, whose advice
             # is this command), dataset.json was edited: "complete" alone sent the user round in a loop.
-            rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
-            if len(rows) != len(info["shard_files"]) + 1 or int(rows[-1]) != int(info["documents"]):
+            try:  # what the loader opens: the documents checked, then the tokens as the reader checks
+                index = DocIndex(root, info, per_document=False)
+                held = f"{int(index.shard_rows[-1]):,} documents, {int(index.sample_tokens.sum()):,} tokens"
+                edited = int(index.sample_tokens.sum()) != int(info["tokens"])
+            except DatasetError:
+                rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
+                held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards", True
+            if edited:
                 raise DatasetError(
-                    f"{root / DATASET_JSON} lists {info['documents']:,} documents in "
-                    f"{len(info['shard_files'])} shards, but its index, which hashes as recorded, holds "
-                    f"{int(rows[-1]):,} in {len(rows) - 1}: {DATASET_JSON} was edited after the build; "
-                    "delete it and rerun the build's command, which writes it again from the shards"
+                    f"{root / DATASET_JSON} lists {info['documents']:,} documents, {info['tokens']:,} tokens "
+                    f"in {len(info['shard_files'])} shards, but its index, which hashes as recorded, holds "
+                    f"{held}: {DATASET_JSON} was edited after the build; delete it and rerun the build's "
+                    "command, which writes it again from the shards"
                 )
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"

@@ -49,8 +49,8 @@ from training.contract.errors import GristmillError
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
     RESULTS_JSON,
+    check_results,
     eval_lock,
-    read_results,
     read_step_results,
     write_eval_table,
 )
@@ -588,8 +588,7 @@ def evaluate_step(
 
     run_dir = Path(run_dir)
     plan = plan or TaskPlan(run_dir, cfg)
-    for m in (False, True):  # a damaged results.json (merged into, or in the table) refused before scoring
-        read_results(run_dir, m)
+    check_results(run_dir)  # a damaged results.json (merged into, or in the table): before scoring
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is
     # written here from the checkpoint, the checkpoint read (a rewind after the read left the new

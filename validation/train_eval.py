@@ -56,7 +56,7 @@ from training.config import TrainConfig
 from training.console import say
 from training.contract.dataset_format import read_dataset_info
 from training.contract.errors import GristmillError
-from training.contract.eval_table import rows_of
+from training.contract.eval_table import check_results, rows_of
 from training.contract.run_layout import EVAL_DIR, eval_dir
 from training.model import Transformer
 from training.run.preflight import raise_rank0_problem
@@ -182,6 +182,7 @@ class TrainingEval:
     def _evaluate(
         self, model: nn.Module, full: dict[str, torch.Tensor], step: int, t0: float, merged: bool
     ) -> dict[str, float | str]:
+        check_results(self.run_dir)  # an earlier step's damaged results.json: failed before scoring
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
         failed = {
             p.stem: f"{p}: not as {p.parent / 'data.json'} recorded (changed or deleted since it was built)"

@@ -253,6 +253,12 @@ def test_an_edited_document_count_gets_advice_that_ends(built_dataset, build_fix
     info.unlink()
     assert build(load_config(DataConfig, config, [f"output={out}"]), log=lambda *a: None).ok
     assert DocumentTable(out).info["documents"] == read_dataset_info(built_dataset)["documents"]
+    # its token count edited: the same (review R14f F8)
+    edited = json.loads(info.read_text())
+    info.write_text(json.dumps({**edited, "tokens": edited["tokens"] + 1000}))
+    capsys.readouterr()
+    assert main(["data", "index", str(out)]) == 2
+    assert "dataset.json was edited after the build" in capsys.readouterr().err
 
 
 def test_counts_are_checked_past_a_task_that_read_nothing(build_fixture, tmp_path):

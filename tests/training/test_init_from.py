@@ -52,7 +52,7 @@ from training.checkpoint.model_config import resolve_model_config
 from training.config import ModelSection
 from training.contract.config_loader import ConfigError
 from training.contract.dataset_format import file_sha256, read_dataset_info
-from training.contract.run_layout import complete_steps, eval_dir, export_dir
+from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, eval_dir, export_dir
 from training.model import ModelConfig, Transformer
 from training.train import load_train_config, train
 from training.train import main as train_main
@@ -569,6 +569,12 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     with pytest.raises(ExportError) as e:
         export_checkpoint(run, 0)
     assert "\n" not in str(e.value) and "step 0" in str(e.value) and str(copy) in str(e.value), str(e.value)
+    # the newest checkpoint's record damaged: the run's model is the next one's record, not the base
+    # (gone), which export and resume then asked for (review R14f F2)
+    shutil.rmtree(export_dir(run, 8))
+    record = checkpoint_dir(run, 8) / COMPLETE_FILE
+    record.write_text(json.dumps({**json.loads(record.read_text()), "completed_at": "edited"}))
+    assert export_checkpoint(run) == export_dir(run, 6)
 
 
 def test_twenty_steps_equal_transformers_with_torch_adamw(tmp_path, data):

@@ -149,8 +149,8 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     sums = export_dir(run, 8) / "gristmill_checksums.json"
     sums.write_text(sums.read_text()[:20])
     assert gristmill(["export", str(run), "--step", "8"]) == 2
-    fix = f"delete {export_dir(run, 8)} and re-export it from its checkpoint (gristmill export RUN --step N)"
-    assert one_error_line(capsys.readouterr().err).endswith(fix)
+    fix = f"delete {export_dir(run, 8)} and re-export it from its checkpoint (gristmill export {run} --step 8"
+    assert fix + ")" in one_error_line(capsys.readouterr().err)
     shutil.rmtree(export_dir(run, 8))
     assert gristmill(["export", str(run), "--step", "8"]) == 0
 
@@ -365,11 +365,13 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
     # its seed edited (valid JSON): it read as an edited config, and setting the config "back" to it
     # had inspect print other batches than the run's, exit 0 (review R14c F7)
-    plan.write_text(json.dumps({**good, "seed": good["seed"] + 1}))
-    assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 2
-    line = one_error_line(capsys.readouterr().err)
-    assert "the config was edited after the run" in line and f"{plan} is what changed: " in line, line
-    assert line.endswith(f"{fix} (a finished run trains nothing))"), line
+    sources = [{**good["sources"][0], "val_fraction": 0.25}, *good["sources"][1:]]  # (R14f F3: the same)
+    for edited in ({**good, "seed": good["seed"] + 1}, {**good, "sources": sources}):
+        plan.write_text(json.dumps(edited))
+        assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert "the config was edited after the run" in line and f"{plan} is what changed: " in line, line
+        assert line.endswith(f"{fix} (a finished run trains nothing))"), line
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
     # the ledger truncated: "validate the dataset and rebuild it", of a run (review R14c F8)

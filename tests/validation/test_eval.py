@@ -295,9 +295,10 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
         assert main(["eval", str(run), "--step", "5", *other]) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and "heldout_cloze: " not in err, err  # refused before scoring
-        fix = f"delete {results.parent} and evaluate that step again (`gristmill eval {run} --step 5`)"
+        fix = f"evaluate it again (`gristmill eval {run} --step 5`)"
         line = err.strip().splitlines()[-1]
         assert line.startswith(f"error: {results} is damaged (") and line.endswith(fix), err
+        assert f"delete {results.parent} (its scores are lost) and, while the run keeps" in line
         shutil.rmtree(results.parent)
         assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
         assert json.loads(results.read_text())["results"]["heldout_ppl"]["bits_per_byte,none"] == value

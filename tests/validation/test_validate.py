@@ -252,6 +252,10 @@ def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds)
     shard.write_bytes(clean)
     assert validate_dataset(ds, progress=False).ok
     DocumentTable(ds)
+    # a problem in nothing the readers read (a stray temporary file) stops no training (R14f F7)
+    (ds / "leftover.tmp").write_text("x")
+    assert "stray temporary file" in problems(ds)[0]
+    DocumentTable(ds)
 
 
 def test_corrupt_tar_header_legacy(legacy_ds):

@@ -390,16 +390,32 @@ def verify_export(path: str | Path) -> str | None:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError, TypeError) as e:
         raise ExportError(
-            f"{record} is damaged ({type(e).__name__}: {e}); delete {path} and re-export it from its "
-            "checkpoint (gristmill export RUN --step N)"
+            f"{record} is damaged ({type(e).__name__}: {e}); {_export_fix(path, record.name)}"
         ) from None
     problems = damaged_files(path, files)
     if problems:
-        raise ExportError(
-            f"export {path} is damaged: {'; '.join(problems)}. Delete it and re-export from its checkpoint "
-            f"(gristmill export RUN --step N), or restore the file from a copy"
-        )
+        raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {_export_fix(path, 'the file')}")
     return None
+
+
+def _export_fix(path: Path, what: str) -> str:
+    """How to replace export `path`'s damaged `what`: from its checkpoint while the run keeps it; else
+    from a copy only, since retention keeps exports whose checkpoints it deleted, and deleting the
+    export then lost the only copy of its weights (review R14f F1)."""
+    merged = path.name.startswith("merged-")
+    try:
+        step = step_of(path.with_name(path.name.removeprefix("merged-")))
+    except ValueError:
+        step = None
+    if step is not None and incomplete_reason(checkpoint_dir(path.parent.parent, step)) is None:
+        return (
+            f"delete {path} and re-export it from its checkpoint (gristmill export {path.parent.parent} "
+            f"--step {step}{' --merged' if merged else ''})"
+        )
+    return (
+        f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone, so "
+        "its weights are nowhere else"
+    )
 
 
 def newest_complete_step(run_dir: str | Path) -> int | None:

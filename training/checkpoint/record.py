@@ -90,19 +90,16 @@ def resume_model_record(run_dir: str | Path, spec: str = "auto") -> dict[str, An
     checkpointer still verifies and checks the checkpoint it really loads."""
     if not spec:
         return None
-    if spec == "auto":
-        complete = complete_steps(run_dir)
-        if not complete:
-            return None
-        path = checkpoint_dir(run_dir, complete[-1])
+    if spec == "auto":  # newest first: one whose record is damaged is passed over, as the resume does
+        paths = [checkpoint_dir(run_dir, s) for s in reversed(complete_steps(run_dir))]
     else:
-        path = Path(spec)
-        if incomplete_reason(path) is not None:
-            return None
-    try:
-        return recorded_model(read_complete_record(path))
-    except CheckpointError:
-        return None  # the checkpointer names the unreadable record when it gets there
+        paths = [] if incomplete_reason(Path(spec)) is not None else [Path(spec)]
+    for path in paths:
+        try:
+            return recorded_model(read_complete_record(path))
+        except CheckpointError:
+            continue  # the checkpointer names the unreadable record when it gets there
+    return None
 
 
 def model_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -448,12 +448,22 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     if last.get("fingerprint") != info.get("fingerprint"):
         return
     found = last.get("problems") if isinstance(last.get("problems"), list) else []
-    first = found[0].get("text") if found and isinstance(found[0], dict) else None
+    # Only problems in what the readers read: a stray temporary file, a foreign excluded file or
+    # damaged build logs stop no training (review R14f F7). A problem of no file is the dataset's.
+    read = [
+        p for p in found
+        if not isinstance(p, dict) or not isinstance(where := p.get("shard"), str) or not where
+        or where.split("/", 1)[0] in (SHARDS_DIR, INDEX_DIR) or where in (DATASET_JSON, TOKENIZER_JSON)
+    ]  # fmt: skip
+    if found and not read:
+        return
+    first = read[0].get("text") if read and isinstance(read[0], dict) else None
     raise DatasetError(
         f"{root / VALIDATION_JSON}: the last `gristmill data validate {root}` "
         f"({last.get('checked_at', '?')}) found {last.get('n_problems', len(found))} problem(s) in it"
         + (f", the first: {first}" if isinstance(first, str) else "")
-        + "; repair it (a rerun of its build names what to redo) and validate it again"
+        + f"; repair it (a rerun of its build names what to redo) and validate it again (`gristmill data "
+        f"validate {root}`, which records the result)"
     )
 
 

@@ -122,8 +122,9 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
             raise ValueError(f"it does not hash to the {RESULTS_SHA256} it holds")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise EvalResultsError(
-            f"{path} is damaged ({e}): delete {path.parent} and evaluate that step again (`gristmill eval "
-            f"{run_dir} --step {step}`{' with its [merge]' if merged else ''})"
+            f"{path} is damaged ({e}): delete {path.parent} (its scores are lost) and, while the run keeps "
+            f"that step's export or checkpoint, evaluate it again (`gristmill eval {run_dir} --step {step}"
+            f"{' --merged' if merged else ''}`)"
         ) from None
     return results
 
@@ -132,6 +133,14 @@ def read_results(run_dir: str | Path, merged: bool = False) -> dict[int, dict[st
     """{step: results dict} of every RUN/eval/step-N/results.json (`merged`: merged-step-N's)."""
     steps = list_steps(Path(run_dir) / EVAL_DIR, merged)
     return {s: res for s in steps if (res := read_step_results(run_dir, s, merged))}
+
+
+def check_results(run_dir: str | Path) -> None:
+    """Every step's results.json (raw and merged) readable and as sealed: an EvalResultsError naming
+    the first that is not. An evaluation checks them before it scores: each rebuilds the table and
+    the plot from all of them, and failed there after its scores were written."""
+    for merged in (False, True):
+        read_results(run_dir, merged)
 
 
 def result_rows(results_by_step: dict[int, dict[str, Any]], merged: bool = False) -> list[dict[str, Any]]:

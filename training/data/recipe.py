@@ -348,7 +348,8 @@ def check_trained_on(
         raise DatasetError(
             f"source {source!r}: {run_dir / CONFIG_TOML} gives val_fraction {val_fraction!r}, but the run "
             f"held out {held_out!r} ({path}): the config was edited after the run, so "
-            "its held-out documents would not be the run's; set it back"
+            "its held-out documents would not be the run's; set it back (if it is as the run left it, "
+            f"{path} is what changed: {recorded_plan_fix(run_dir)})"
         )
 
 

@@ -142,6 +142,22 @@ def test_an_export_refuses_a_damaged_dataset_tokenizer(built_dataset, tmp_path):
     assert not export_dir(run, 10).exists()
 
 
+def test_a_damaged_export_whose_checkpoint_is_gone_is_kept(tmp_path):
+    """Retention keeps exports whose checkpoints it deleted: "delete it and re-export it from its
+    checkpoint" then lost the only copy of the weights (review R14f F1). Without its checkpoint the
+    advice is a copy, the export kept."""
+    from training.checkpoint.hf_export import verify_export
+
+    export = export_dir(tmp_path / "run", 4)
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(b"weights")
+    (export / "gristmill_checksums.json").write_text('{"files": ')
+    with pytest.raises(ExportError) as refused:
+        verify_export(export)
+    assert "keep the export meanwhile: its checkpoint is gone" in str(refused.value)
+    assert "delete" not in str(refused.value)
+
+
 def test_export_is_whole_or_absent(built_dataset, tmp_path):
     model = _model(built_dataset, tied=True)
     state = model.state_dict()
