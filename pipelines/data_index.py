@@ -76,7 +76,8 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
                     f"{root / DATASET_JSON} lists {info['documents']:,} documents, {info['tokens']:,} tokens "
                     f"in {len(info['shard_files'])} shards, but its index, which hashes as recorded, holds "
                     f"{held}: {DATASET_JSON} was edited after the build; delete it and rerun the build's "
-                    "command, which writes it again from the shards"
+                    "command, which writes it again from the shards (a dataset `gristmill data convert` "
+                    "made: convert its source again, into a new directory)"
                 )
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"

@@ -256,6 +256,10 @@ def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds)
     (ds / "leftover.tmp").write_text("x")
     assert "stray temporary file" in problems(ds)[0]
     DocumentTable(ds)
+    (ds / "leftover.tmp").unlink()
+    (ds / "shards" / f"{row['shard']}.tmp").write_text("x")  # the shard writer's own (R14g F3)
+    assert "stray temporary file" in problems(ds)[0]
+    DocumentTable(ds)
 
 
 def test_corrupt_tar_header_legacy(legacy_ds):

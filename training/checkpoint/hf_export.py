@@ -402,19 +402,31 @@ def _export_fix(path: Path, what: str) -> str:
     """How to replace export `path`'s damaged `what`: from its checkpoint while the run keeps it; else
     from a copy only, since retention keeps exports whose checkpoints it deleted, and deleting the
     export then lost the only copy of its weights (review R14f F1)."""
-    merged = path.name.startswith("merged-")
+    merged, run = path.name.startswith("merged-"), path.parent.parent
     try:
         step = step_of(path.with_name(path.name.removeprefix("merged-")))
     except ValueError:
         step = None
-    if step is not None and incomplete_reason(checkpoint_dir(path.parent.parent, step)) is None:
+    if step == 0 and not merged:  # the run's base itself, exported again from it (RUN/base's record)
         return (
-            f"delete {path} and re-export it from its checkpoint (gristmill export {path.parent.parent} "
+            f"delete {path} and re-export it from the run's base (gristmill export {run} --step 0), which "
+            "needs the base at hand; or restore the file from a copy"
+        )
+    usable = False  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
+    if step is not None:
+        try:
+            verify_checkpoint(checkpoint_dir(run, step))
+            usable = True
+        except CheckpointError:
+            pass
+    if usable:
+        return (
+            f"delete {path} and re-export it from its checkpoint (gristmill export {run} "
             f"--step {step}{' --merged' if merged else ''})"
         )
     return (
-        f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone, so "
-        "its weights are nowhere else"
+        f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone or "
+        "damaged, so its weights are nowhere else"
     )
 
 
