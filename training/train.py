@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +126,29 @@ def train_step(
     return out
 
 
+class LoaderWorkerDied(GristmillError):
+    """A data.num_workers process died (the kernel's out-of-memory killer, most often)."""
+
+
+def worker_death(e: RuntimeError, rank: int) -> LoaderWorkerDied | None:
+    """torch's error for a DataLoader worker that died, as one line with the shell's status (128 +
+    the signal), else None. torch raises it from its SIGCHLD handler wherever the main thread is
+    (a backward, an optimizer step): the step may be half applied, so nothing is saved, and the run
+    resumes from its last checkpoint (review R14e F1: a traceback, exit 1)."""
+    text = str(e)
+    if not text.startswith("DataLoader worker (pid"):
+        return None
+    named = text.rsplit("signal: ", 1)[-1].rstrip(". ")
+    sig = next((s for s in signal.Signals if signal.strsignal(s) == named), None)
+    error = LoaderWorkerDied(
+        f"rank {rank}: {text.rstrip('. ')} (a SIGKILL is the kernel's out-of-memory killer, most often); "
+        "nothing was saved after the last checkpoint: resume with --resume auto, with fewer "
+        "data.num_workers or less memory"
+    )
+    error.exit_code = 128 + sig if sig is not None else 1
+    return error
+
+
 def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict[str, Any]:
     """Run the whole recipe; returns a summary (rank 0's view). Raises GristmillError on bad input,
     NonFiniteError (a GristmillError) when training diverged. `evaluator`: what scores the model at
@@ -156,7 +180,12 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             with own_run_dir(Path(cfg.run.output_dir), env):
                 run = setup(cfg, checked, env, evaluator)
                 evaluate_base(run)
-                return loop(run)
+                try:
+                    return loop(run)
+                except RuntimeError as e:
+                    if (died := worker_death(e, env.rank)) is None:
+                        raise
+                    raise died from None
     finally:
         if pg_started:
             dist.destroy_process_group()

@@ -423,6 +423,33 @@ def test_training_with_workers_on_a_corrupt_shard_prints_one_error_line(tmp_path
     assert shard and (dataset / "shards" / shard[1]).is_file(), lines[0]
 
 
+def test_a_killed_loader_worker_is_one_line_with_the_signals_status(tmp_path):
+    """A data.num_workers process SIGKILLed (the out-of-memory killer): torch's error from its SIGCHLD
+    handler ended the run in a traceback, exit 1 (review R14e F1). One line, 128 + the signal."""
+    import os
+    import signal
+
+    from tests.helpers.train_runs import one_error_line, wait_for_step
+    from training.launch import child_pids
+
+    dataset = make_train_dataset(tmp_path / "ds")
+    run = tmp_path / "run"
+    overrides = recipe(dataset, run, "data.num_workers=2", "schedule.steps=400")
+    proc = forked.popen([sys.executable, "-m", "training.train", "--config", TINY, "--set", *overrides])
+    try:
+        wait_for_step(proc, run, 2)
+        os.kill(child_pids(proc.pid)[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    line = one_error_line(err)
+    assert line.startswith("error: rank 0: DataLoader worker (pid"), line
+    assert line.endswith("resume with --resume auto, with fewer data.num_workers or less memory"), line
+    # torch names the signal when its SIGCHLD handler sees the death first, else "exited unexpectedly"
+    named = "is killed by signal: Killed" in line
+    assert proc.returncode == (128 + signal.SIGKILL if named else 1), err
+
+
 def test_bad_arguments_name_the_numbers(corpus):
     root, _ = corpus
     with pytest.raises(LoaderConfigError, match="global_batch 10 .* world_size 4 × micro_batch 1 = 4"):
