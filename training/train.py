@@ -130,7 +130,7 @@ class LoaderWorkerDied(GristmillError):
     """A data.num_workers process died (the kernel's out-of-memory killer, most often)."""
 
 
-def worker_death(e: RuntimeError, rank: int) -> LoaderWorkerDied | None:
+def worker_death(e: RuntimeError) -> LoaderWorkerDied | None:
     """torch's error for a DataLoader worker that died, as one line with the shell's status (128 +
     the signal), else None. torch raises it from its SIGCHLD handler wherever the main thread is
     (a backward, an optimizer step): the step may be half applied, so nothing is saved, and the run
@@ -141,7 +141,7 @@ def worker_death(e: RuntimeError, rank: int) -> LoaderWorkerDied | None:
     named = text.rsplit("signal: ", 1)[-1].rstrip(". ")
     sig = next((s for s in signal.Signals if signal.strsignal(s) == named), None)
     error = LoaderWorkerDied(
-        f"rank {rank}: {text.rstrip('. ')} (a SIGKILL is the kernel's out-of-memory killer, most often); "
+        f"{text.rstrip('. ')} (a SIGKILL is the kernel's out-of-memory killer, most often); "
         "nothing was saved after the last checkpoint: resume with --resume auto, with fewer "
         "data.num_workers or less memory"
     )
@@ -183,7 +183,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
                 try:
                     return loop(run)
                 except RuntimeError as e:
-                    if (died := worker_death(e, env.rank)) is None:
+                    if (died := worker_death(e)) is None:  # (the launcher names the rank)
                         raise
                     raise died from None
     finally:

@@ -443,7 +443,7 @@ def test_a_killed_loader_worker_is_one_line_with_the_signals_status(tmp_path):
     finally:
         proc.kill()
     line = one_error_line(err)
-    assert line.startswith("error: rank 0: DataLoader worker (pid"), line
+    assert line.startswith("error: DataLoader worker (pid"), line
     assert line.endswith("resume with --resume auto, with fewer data.num_workers or less memory"), line
     # torch names the signal when its SIGCHLD handler sees the death first, else "exited unexpectedly"
     named = "is killed by signal: Killed" in line
