@@ -21,6 +21,7 @@ the contract's write_atomic.
 from __future__ import annotations
 
 import json
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ def check_output(
             dedup = identity.get("dedup")
             # the changed files' tasks whose input [dedup] decided over (each named apart: a refusal
             # said so of a file whose first-pass task had not run)
-            stale = {t for t in tasks if dedup is not None and decided_over(out, dedup["kind"], {t})}
+            stale = decided_over(out, dedup["kind"], tasks) if dedup is not None else set()
             # A re-downloaded input whose task never finished is fine: that task reads the new file
             # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
             # [dedup] already decided its duplicates on the old contents.
@@ -169,7 +170,7 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def _input_changes(
-    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: frozenset[int] = frozenset()
+    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: AbstractSet[int] = frozenset()
 ) -> list[str]:
     """Each input file that was added, removed or changed size, by name (`stale`: the tasks whose
     input [dedup] decided its duplicates over, the old contents)."""

@@ -66,8 +66,9 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
             # is this command), dataset.json was edited: "complete" alone sent the user round in a loop.
             try:  # what the loader opens: the documents checked, then the tokens as the reader checks
                 index = DocIndex(root, info, per_document=False)
-                held = f"{int(index.shard_rows[-1]):,} documents, {int(index.sample_tokens.sum()):,} tokens"
-                edited = int(index.sample_tokens.sum()) != int(info["tokens"])
+                tokens = int(index.sample_tokens.sum())
+                held = f"{int(index.shard_rows[-1]):,} documents, {tokens:,} tokens"
+                edited = tokens != int(info["tokens"])
             except DatasetError:
                 rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
                 held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards", True

@@ -330,15 +330,18 @@ def stage_logs(out: Path, name: str) -> Path:
     return out / LOGS_DIR / DEDUP_DIR / name
 
 
-def decided_over(out: Path, kind: str, tasks: set[int]) -> bool:
-    """Whether the dedup stages in `out` already decided over the input of first-pass tasks `tasks`:
-    one of those tasks, or any later stage, completed. A changed input of theirs would then be
-    filtered by decisions made on its old contents (and finished tasks kept what those kept)."""
+def decided_over(out: Path, kind: str, tasks: set[int]) -> set[int]:
+    """Those of first-pass tasks `tasks` whose input the dedup stages in `out` already decided over:
+    the task completed, or any later stage did (then all of them). A changed input of theirs would
+    then be filtered by decisions made on its old contents (and finished tasks kept what those kept)."""
+    decided: set[int] = set()
     for stage in (out / LOGS_DIR / DEDUP_DIR).glob("*"):
         done = finished_tasks(stage / "completions")
-        if done & tasks if stage.name == FIRST_PASS[kind] else done:
-            return True
-    return False
+        if stage.name == FIRST_PASS[kind]:
+            decided |= done & tasks
+        elif done:
+            return set(tasks)
+    return decided
 
 
 def first_pass_logs(out: Path, cfg: DedupConfig) -> Path:

@@ -68,6 +68,7 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     META_EXT,
     SHARDS_DIR,
+    STRAY,
     TAR_BLOCK,
     TOKENIZER_JSON,
     VALIDATION_JSON,
@@ -103,7 +104,8 @@ PARALLEL_BYTES = 512 << 20
 @dataclass
 class Problem:
     """One broken promise. `shard` is a path relative to the dataset root, `key` a document's key (or
-    a tar sample's, `kind` "sample")."""
+    a tar sample's, `kind` "sample"); `kind` STRAY: a file that should not be there, which no reader
+    opens (training refuses a dataset whose last validation failed, but not for these)."""
 
     message: str
     shard: str | None = None
@@ -636,6 +638,7 @@ def validate_dataset(
             Problem(
                 "stray temporary file: a write that did not finish; a finished dataset needs none: delete it",
                 tmp,
+                kind=STRAY,
             )
         )
     for other in shard_entries:
@@ -644,6 +647,7 @@ def validate_dataset(
                 Problem(
                     f"stray file: not a shard ({SHARDS_DIR}/ holds only the build's .tar files); remove it",
                     f"{SHARDS_DIR}/{other}",
+                    kind=STRAY,
                 )
             )
     if info is not None:
@@ -662,7 +666,11 @@ def validate_dataset(
         for name in on_disk:
             if name not in listed:
                 problems.append(
-                    Problem("stray shard: on disk but not listed in dataset.json", f"{SHARDS_DIR}/{name}")
+                    Problem(
+                        "stray shard: on disk but not listed in dataset.json",
+                        f"{SHARDS_DIR}/{name}",
+                        kind=STRAY,
+                    )
                 )
         for name in sorted(listed):
             if name not in on_disk:

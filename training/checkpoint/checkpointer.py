@@ -78,7 +78,7 @@ from training.checkpoint.record import (
     model_differences,
     read_complete_record,
     recorded_model,
-    sealed,
+    sealed_record,
 )
 from training.checkpoint.staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection
@@ -185,7 +185,7 @@ def _json_text(content: Any) -> str:
 def write_complete_record(path: Path, record: dict[str, Any]) -> None:
     """COMPLETE, written after `.metadata` (and every rank's file checksums): whole or absent after
     a crash (the contract's write_atomic: temporary file, fsync, rename, fsync of the directory)."""
-    write_atomic(path / COMPLETE_FILE, _json_text(sealed(record)))
+    write_atomic(path / COMPLETE_FILE, _json_text(sealed_record(record)))
 
 
 def _no_space(exc: BaseException, root: Path) -> str | None:

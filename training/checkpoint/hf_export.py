@@ -221,11 +221,16 @@ def write_tokenizer(
     trainer's in-process eval loads its tokenizer from the same files; the separator it frames
     documents with is the dataset's, whatever bos says."""
     dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), base or {}
+    # dataset.json where something is the dataset's (a base with both files needs no dataset)
+    info = read_dataset_info(dataset_dir) if {TOKENIZER_JSON, TOKENIZER_CONFIG} - base.keys() else {}
+    # the dataset's, checked first: an export would ship a damaged one with checksums that verify
+    if TOKENIZER_JSON not in base and (problem := tokenizer_problem(dataset_dir, info)):
+        raise ExportError(problem)
     # A base with its own tokenizer_config.json: its files alone (a derived special_tokens_map.json
     # would override the bos it sets).
     if TOKENIZER_CONFIG not in base:
         special = _base_special_tokens(base, base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON))
-        for name, content in _tokenizer_files(read_dataset_info(dataset_dir), model_cfg, special).items():
+        for name, content in _tokenizer_files(info, model_cfg, special).items():
             (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     for name in TOKENIZER_FILES:
         if name in base and name != TOKENIZER_JSON:
@@ -233,10 +238,6 @@ def write_tokenizer(
     # tokenizer.json as the data was encoded with it (without BPE dropout), the base's or the
     # dataset's (synthetic test datasets have none): else a copy, byte for byte.
     source = base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON)
-    if TOKENIZER_JSON not in base and (
-        problem := tokenizer_problem(dataset_dir, read_dataset_info(dataset_dir))
-    ):
-        raise ExportError(problem)  # an export would ship it with checksums that verify (review R14c F10)
     if source.is_file():
         data = source.read_bytes()
         text = data.decode("utf-8")
@@ -412,21 +413,18 @@ def _export_fix(path: Path, what: str) -> str:
             f"delete {path} and re-export it from the run's base (gristmill export {run} --step 0), which "
             "needs the base at hand; or restore the file from a copy"
         )
-    usable = False  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
-    if step is not None:
-        try:
-            verify_checkpoint(checkpoint_dir(run, step))
-            usable = True
-        except CheckpointError:
-            pass
-    if usable:
-        return (
-            f"delete {path} and re-export it from its checkpoint (gristmill export {run} "
-            f"--step {step}{' --merged' if merged else ''})"
-        )
-    return (
+    keep = (
         f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone or "
         "damaged, so its weights are nowhere else"
+    )
+    if step is None:
+        return keep
+    try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
+        verify_checkpoint(checkpoint_dir(run, step))
+    except CheckpointError:
+        return keep
+    return f"delete {path} and re-export it from its checkpoint (gristmill export {run} --step {step}" + (
+        " --merged)" if merged else ")"
     )
 
 

@@ -7,12 +7,12 @@ every `gristmill train --nproc-per-node N` before torchrun starts).
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 from training.contract.errors import GristmillError
+from training.contract.integrity import seal_broken, sealed
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, incomplete_reason
 
 
@@ -26,14 +26,9 @@ cover the checkpoint's files, this covers the record, whose model fields an expo
 config.json (a flipped bit made rope_theta 50000.0 in an export that verified, review R14c F2)."""
 
 
-def _record_sha256(data: dict[str, Any]) -> str:
-    rest = {k: v for k, v in data.items() if k != RECORD_SHA256}
-    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
-
-
-def sealed(record: dict[str, Any]) -> dict[str, Any]:
+def sealed_record(record: dict[str, Any]) -> dict[str, Any]:
     """`record` with its own sha256 (RECORD_SHA256), as COMPLETE is written."""
-    return {**record, RECORD_SHA256: _record_sha256(record)}
+    return sealed(record, RECORD_SHA256)
 
 
 def read_complete_record(path: str | Path) -> dict[str, Any]:
@@ -46,7 +41,7 @@ def read_complete_record(path: str | Path) -> dict[str, Any]:
             raise ValueError("not a JSON object")
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{record} is unreadable ({type(e).__name__}: {e})") from None
-    if RECORD_SHA256 in data and data[RECORD_SHA256] != _record_sha256(data):
+    if seal_broken(data, RECORD_SHA256):
         raise CheckpointError(f"{record} does not hash to the {RECORD_SHA256} it holds (damaged or edited)")
     return data
 

@@ -47,6 +47,7 @@ assert DOC_RECORDS.itemsize == DOC_RECORD
 TAR_BLOCK = 512  # tar headers and member data are 512-byte aligned
 DATASET_JSON = "dataset.json"
 VALIDATION_JSON = "validation.json"  # `gristmill data validate`'s last report on the dataset
+STRAY = "stray"  # a validation problem's kind for a file no reader opens (a .tmp, a file no record lists)
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
 TOKENIZER_JSON = "tokenizer.json"
 SHARDS_DIR = "shards"
@@ -434,6 +435,16 @@ def tokenizer_problem(root: str | Path, info: dict[str, Any], where: str | None 
     )
 
 
+def _read_by_readers(problem: dict[str, Any]) -> bool:
+    """Whether a validation problem (validation.json's record of one) is in what a reader opens."""
+    where = problem.get("shard")
+    if problem.get("kind") == STRAY:
+        return False
+    if not isinstance(where, str) or not where:
+        return True
+    return where.split("/", 1)[0] in (SHARDS_DIR, INDEX_DIR) or where in (DATASET_JSON, TOKENIZER_JSON)
+
+
 def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     """A dataset in place whose last `gristmill data validate` found problems (its validation.json
     says so, of this fingerprint) is refused: a dataset in place is not hashed at every read (only
@@ -448,16 +459,10 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     if last.get("fingerprint") != info.get("fingerprint"):
         return
     found = last.get("problems") if isinstance(last.get("problems"), list) else []
-    # Only problems in what the readers read: a stray file (a .tmp a write left, in shards/ too; a
+    # Only problems in what the readers read: a stray file (STRAY: a .tmp a write left, in shards/ too; a
     # file no record lists), a foreign excluded file or damaged build logs stop no training (review
     # R14f F7, R14g F3). A problem of no file is the dataset's.
-    read = [
-        p for p in found
-        if not isinstance(p, dict)
-        or not str(p.get("message", "")).startswith("stray ")
-        and (not isinstance(where := p.get("shard"), str) or not where
-             or where.split("/", 1)[0] in (SHARDS_DIR, INDEX_DIR) or where in (DATASET_JSON, TOKENIZER_JSON))
-    ]  # fmt: skip
+    read = [p for p in found if not isinstance(p, dict) or _read_by_readers(p)]
     if found and not read:
         return
     first = read[0].get("text") if read and isinstance(read[0], dict) else None

@@ -13,7 +13,6 @@ what is not a number at all ("N/A" stderrs, aliases) stays out of eval.parquet.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 from pathlib import Path
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 from training.contract.atomic_write import atomic_path
 from training.contract.errors import GristmillError
 from training.contract.file_lock import file_lock
+from training.contract.integrity import seal_broken, sealed
 from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
 RESULTS_JSON = "results.json"
@@ -97,15 +97,9 @@ class EvalResultsError(GristmillError):
     """A step's results.json that cannot be read or does not hash to its seal."""
 
 
-def _results_sha256(results: dict[str, Any]) -> str:
-    rest = {k: v for k, v in results.items() if k != RESULTS_SHA256}
-    text = json.dumps(rest, sort_keys=True, ensure_ascii=False, allow_nan=True)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def sealed_results(results: dict[str, Any]) -> dict[str, Any]:
     """`results` (as JSON reads it back: plain numbers, lists, dicts) with its own sha256."""
-    return {**results, RESULTS_SHA256: _results_sha256(results)}
+    return sealed(results, RESULTS_SHA256)
 
 
 def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> dict[str, Any]:
@@ -118,7 +112,7 @@ def read_step_results(run_dir: str | Path, step: int, merged: bool = False) -> d
         results = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(results, dict):
             raise ValueError(f"a JSON {type(results).__name__}, not an object")
-        if RESULTS_SHA256 in results and results[RESULTS_SHA256] != _results_sha256(results):
+        if seal_broken(results, RESULTS_SHA256):
             raise ValueError(f"it does not hash to the {RESULTS_SHA256} it holds")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise EvalResultsError(

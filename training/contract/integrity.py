@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from training.contract.config_loader import json_sha256
+
 CHUNK = 8 << 20  # read size; zlib and hashlib release the GIL on buffers this large
 ALGORITHMS = ("crc32", "sha256")
 
@@ -96,3 +98,16 @@ def damaged_files(root: str | Path, records: Any) -> list[str]:
         return None
 
     return problems + [p for p in _in_threads(check, to_hash) if p is not None]
+
+
+def sealed(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """`record` with, under `key`, the sha256 of the rest of it (canonical JSON, json_sha256): a record
+    that carries the checksums of other files (a checkpoint's COMPLETE) or scores (a results.json)
+    is checked too, and a flipped bit in it is found (`seal_broken`)."""
+    return {**record, key: json_sha256({k: v for k, v in record.items() if k != key}, compact=False)}
+
+
+def seal_broken(record: dict[str, Any], key: str) -> bool:
+    """Whether `record` carries a seal under `key` that its content does not hash to (a record
+    written before it was sealed carries none)."""
+    return key in record and sealed(record, key)[key] != record[key]

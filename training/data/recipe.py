@@ -259,6 +259,16 @@ def recorded_plan_fix(run_dir: Path) -> str:
     )
 
 
+def _or_the_plan_changed(run_dir: Path) -> str:
+    """The other side of a config (or dataset) that differs from RUN/data_plan.json: the plan itself
+    damaged or edited, where setting the config "back" to its values read other batches than the
+    run's (review R14c F7)."""
+    return (
+        f" (if they are as the run left them, {run_dir / DATA_PLAN_JSON} is what changed: "
+        f"{recorded_plan_fix(run_dir)})"
+    )
+
+
 def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
     """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
     damaged one is a DatasetError naming it and what rewrites it."""
@@ -279,9 +289,7 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     description = recorded_plan(run_dir)
     if description is None:
         return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
-    # Either side may be the one changed: a damaged data_plan.json read as an edited config or dataset,
-    # and setting those "back" to its values read other batches than the run's (review R14c F7).
-    damaged = f" (if they are as the run left them, {path} is what changed: {recorded_plan_fix(run_dir)})"
+    damaged = _or_the_plan_changed(run_dir)
     for src, t in zip(plan.sources, tables):
         check_trained_on(
             run_dir, src.name, t.root, t.info, "it was rebuilt or replaced, so its batches are not what the "
@@ -348,8 +356,7 @@ def check_trained_on(
         raise DatasetError(
             f"source {source!r}: {run_dir / CONFIG_TOML} gives val_fraction {val_fraction!r}, but the run "
             f"held out {held_out!r} ({path}): the config was edited after the run, so "
-            "its held-out documents would not be the run's; set it back (if it is as the run left it, "
-            f"{path} is what changed: {recorded_plan_fix(run_dir)})"
+            f"its held-out documents would not be the run's; set it back{_or_the_plan_changed(run_dir)}"
         )
 
 
