@@ -40,6 +40,7 @@ from pipelines.build_identity import (
     BUILD_JSON,
     BuildError,
     changed_shards_message,
+    changed_since_complete,
     check_output,
     completion_markers,
     finished_tasks,
@@ -466,7 +467,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         # Into a bucket, a task is finished when its record is there (the work directory's
         # completion markers say nothing of the bucket, and nothing of other nodes).
         finished = _recorded_tasks(store, p.cfg.build.tasks) if store else finished_tasks(p.out)
-        previous = check_output(p.out, p.sha, p.identity, log, finished)
+        previous = check_output(p.out, p.sha, p.identity, log, finished, p.source.as_read())
         # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
         # replaced by the (checked) index of this identity, so a rerun is its repair
         install_index(p.decontam, p.out, log)
@@ -490,7 +491,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         if record is None:
             hub = p.cfg.source.kind == "hub"
             source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
-            record = write_build_json(p.out, p.sha, p.identity, source)
+            record = write_build_json(p.out, p.sha, p.identity, source, p.source.as_read())
         else:
             if store is None:
                 log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")
@@ -572,6 +573,14 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
         info = None
     if info is not None:
         if info.get("config_sha256") == p.sha and info.get("status") == "complete":
+            with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
+                built = json.loads(store.get(BUILD_JSON))
+                if changed := changed_since_complete(built, p.identity, p.source.as_read()):
+                    raise BuildError(
+                        f"{p.cfg.output} holds this config's dataset, built from input that has changed "
+                        f"since ({'; '.join(changed)}): build into another prefix, or delete that dataset "
+                        "first"
+                    )
             records = read_records(store, p.cfg.build.tasks, p.sha)
             damaged = damaged_objects(records, store.list_etags())
             if damaged:

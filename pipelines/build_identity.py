@@ -73,70 +73,85 @@ def read_build_json(out: Path) -> dict[str, Any]:
 
 
 def write_build_json(
-    out: Path, sha: str, identity: dict[str, Any], source: dict[str, str] | None = None
+    out: Path,
+    sha: str,
+    identity: dict[str, Any],
+    source: dict[str, str] | None = None,
+    read: dict[str, Any] | None = None,
 ) -> dict:
     """build.json: the config hash and identity this output directory is built with; for a hub
     source also `source` = {"requested": the folder the recipe names, "pinned": that folder at the
-    commit the build started from}, which a resume reads again (see pipelines.build.pinned_folder)."""
+    commit the build started from}, which a resume reads again (see pipelines.build.pinned_folder);
+    for local files `read` (SourceFiles.as_read: their folder and modification times)."""
     record: dict[str, Any] = {"config_sha256": sha, "identity": identity}
     if source:
         record["source"] = source
+    if read:
+        record["read"] = read
     write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True))
     return record
 
 
 def check_output(
-    out: Path, sha: str, identity: dict[str, Any], log=print, finished: set[int] | None = None
+    out: Path,
+    sha: str,
+    identity: dict[str, Any],
+    log=print,
+    finished: set[int] | None = None,
+    read: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Refuse a changed config or a foreign directory; return build.json if resuming.
+    """Refuse a changed config, a changed input of a finished task or a foreign directory; return
+    build.json if resuming.
 
-    `sha` and `identity` are this run's (identity_sha256 of content_identity); `finished`: the tasks
-    whose output is kept (default: those datatrove marked complete in `out`; an s3:// build's are
-    those whose record is in the bucket)."""
+    `sha` and `identity` are this run's (identity_sha256 of content_identity), `read` its local
+    files' folder and times (SourceFiles.as_read); `finished`: the tasks whose output is kept
+    (default: those datatrove marked complete in `out`; an s3:// build's are those whose record is in
+    the bucket)."""
     if (out / BUILD_JSON).is_file():
         old = read_build_json(out)
-        if old.get("config_sha256") != sha:
-            finished = finished_tasks(out) if finished is None else finished
-            was = dict(old.get("identity", {}))
-            spelled = _respelled_path(was.get("source", {}).get("path"), identity["source"].get("path"))
-            if spelled:  # `dir` and `dir/`, or relative and absolute: the same folder, not a new config
-                was["source"] = {**was["source"], "path": identity["source"]["path"]}
-            old_files, new_files = was.get("input_files") or [], identity["input_files"]
-            changes = _diff(
-                {k: v for k, v in was.items() if k != "input_files"}, {**identity, "input_files": None}
-            )
-            resized = [i for i, (a, b) in enumerate(zip(old_files, new_files)) if a["bytes"] != b["bytes"]]
-            tasks = {i % identity["tasks"] for i in resized}
-            dedup = identity.get("dedup")
-            # the changed files' tasks whose input [dedup] decided over (each named apart: a refusal
-            # said so of a file whose first-pass task had not run)
-            stale = decided_over(out, dedup["kind"], tasks) if dedup is not None else set()
-            # A re-downloaded input whose task never finished is fine: that task reads the new file
-            # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
-            # [dedup] already decided its duplicates on the old contents.
-            if (
-                not changes
-                and [f["file"] for f in old_files] == [f["file"] for f in new_files]
-                and not tasks & finished
-                and not stale
-            ):
-                replaced = [
-                    f"{new_files[i]['file']} ({old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes)"
-                    for i in resized
-                ]
-                if spelled:
-                    log(f"source.path {spelled}: the same folder, written otherwise; resuming")
-                if not replaced:  # the same build: its record stays (dataset.json holds its sha256)
-                    return old
-                log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
-                return write_build_json(out, sha, identity, old.get("source"))
-            changes += _input_changes(old_files, new_files, identity["tasks"], finished, stale)
-            raise BuildError(
-                f"{out} was built with a different config, refusing to mix the two (changed: "
-                f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
-                f"with `rm -rf {out}` and the same command."
-            )
-        return old
+        was = dict(old.get("identity", {}))
+        old_files, new_files = was.get("input_files") or [], identity["input_files"]
+        changed, rewritten, moved = _changed_inputs(old_files, new_files, old.get("read"), read)
+        if old.get("config_sha256") == sha and not changed:
+            return old
+        finished = finished_tasks(out) if finished is None else finished
+        spelled = _respelled_path(was.get("source", {}).get("path"), identity["source"].get("path"))
+        if spelled:  # `dir` and `dir/`, or relative and absolute: the same folder, not a new config
+            was["source"] = {**was["source"], "path": identity["source"]["path"]}
+        changes = _diff(
+            {k: v for k, v in was.items() if k != "input_files"}, {**identity, "input_files": None}
+        )
+        tasks = {i % identity["tasks"] for i in changed}
+        dedup = identity.get("dedup")
+        # the changed files' tasks whose input [dedup] decided over (each named apart: a refusal
+        # said so of a file whose first-pass task had not run)
+        stale = decided_over(out, dedup["kind"], tasks) if dedup is not None else set()
+        # A re-downloaded input whose task never finished is fine: that task reads the new file
+        # (a task reads files[rank::tasks]; an added or removed file would move later ones), unless
+        # [dedup] already decided its duplicates on the old contents.
+        if (
+            not changes
+            and [f["file"] for f in old_files] == [f["file"] for f in new_files]
+            and not tasks & finished
+            and not stale
+        ):
+            if spelled:
+                log(f"source.path {spelled}: the same folder, written otherwise; resuming")
+            if not changed:  # the same build: its record stays (dataset.json holds its sha256)
+                return old
+            sized = lambda i: f"{old_files[i]['bytes']:,} → {new_files[i]['bytes']:,} bytes"
+            what = lambda i: "rewritten at the same size" if i in rewritten else sized(i)
+            replaced = [moved] if moved else [f"{new_files[i]['file']} ({what(i)})" for i in sorted(changed)]
+            log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
+            return write_build_json(out, sha, identity, old.get("source"), read)
+        changes += _input_changes(
+            old_files, new_files, identity["tasks"], finished, stale, rewritten, old.get("read"), moved
+        )
+        raise BuildError(
+            f"{out} was built with a different config or input, refusing to mix the two (changed: "
+            f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
+            f"with `rm -rf {out}` and the same command."
+        )
     leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
     if leftovers:
         raise BuildError(
@@ -169,26 +184,89 @@ def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return []
 
 
+def _changed_inputs(
+    old: list[dict], new: list[dict], was_read: dict[str, Any] | None, read: dict[str, Any] | None
+) -> tuple[set[int], set[int], str]:
+    """(the places in the input list whose file differs from the one the build read, those of them
+    rewritten at the same size, and "" or what moved). A file differs by its size, or for local files
+    recorded in build.json's "read" by its modification time; when this run's source.path is another
+    folder than the one the build read (a relative path from another directory), every file does."""
+    changed = {i for i, (a, b) in enumerate(zip(old, new)) if a["bytes"] != b["bytes"]}
+    if not (was_read and read) or [f["file"] for f in old] != [f["file"] for f in new]:
+        return (
+            changed,
+            set(),
+            "",
+        )  # a build.json of before the record, a hub source, or files added or removed
+    if was_read.get("folder") != read["folder"]:
+        moved = f"source.path reads {read['folder']} here, the build read {was_read.get('folder')}"
+        return set(range(len(new))), set(), moved
+    times = zip(was_read.get("modified_ns") or [], read["modified_ns"])
+    rewritten = {i for i, (a, b) in enumerate(times) if a != b and i not in changed}
+    return changed | rewritten, rewritten, ""
+
+
 def _input_changes(
-    old: list[dict], new: list[dict], tasks: int, finished: set[int], stale: AbstractSet[int] = frozenset()
+    old: list[dict],
+    new: list[dict],
+    tasks: int,
+    finished: set[int],
+    stale: AbstractSet[int] = frozenset(),
+    rewritten: AbstractSet[int] = frozenset(),
+    was_read: dict[str, Any] | None = None,
+    moved: str = "",
 ) -> list[str]:
-    """Each input file that was added, removed or changed size, by name (`stale`: the tasks whose
-    input [dedup] decided its duplicates over, the old contents)."""
+    """Each input file that was added, removed or changed size, by name, and those `rewritten` at the
+    same size (by place: _changed_inputs; `was_read`: build.json's "read", their recorded times), or
+    the folder `moved` (once, not per file) (`stale`: the tasks whose input [dedup] decided its
+    duplicates over, the old contents)."""
+    if moved:
+        return [moved + (" (finished tasks' shards hold that folder's files)" if finished else "")]
+
+    def done(i: int) -> str:
+        if i % tasks in finished:
+            return " (its task finished: its shards hold the old file)"
+        return " ([dedup] decided its duplicates over the old file)" if i % tasks in stale else ""
+
     was = {f["file"]: (i, f["bytes"]) for i, f in enumerate(old)}
     now = {f["file"]: f["bytes"] for f in new}
     out = [f"input file {n} was removed" for n in was if n not in now]
     out += [f"input file {n} was added" for n in now if n not in was]
     for n, (i, size) in was.items():
         if n in now and now[n] != size:
-            done = (
-                " (its task finished: its shards hold the old file)"
-                if i % tasks in finished
-                else " ([dedup] decided its duplicates over the old file)"
-                if i % tasks in stale
-                else ""
+            out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done(i)}")
+    for i in sorted(rewritten):
+        n, why = new[i]["file"], done(i)
+        if why and was_read:  # a copy or a download of the same bytes has a new time too
+            t = was_read["modified_ns"][i]
+            why += (
+                f"; if its bytes are the ones the build read, `touch -d @{t // 10**9}.{t % 10**9:09d} "
+                f"{Path(was_read['folder']) / n}` gives it back the time recorded"
             )
-            out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done}")
+        out.append(f"input file {n}: rewritten at the same size{why}")
     return out
+
+
+def changed_since_complete(
+    old: dict[str, Any], identity: dict[str, Any], read: dict[str, Any] | None
+) -> list[str]:
+    """What changed in the input of the complete build whose build.json is `old` (every task finished),
+    by this run's `identity` and `read` (SourceFiles.as_read); [] when nothing did."""
+    files = old.get("identity", {}).get("input_files") or []
+    changed, rewritten, moved = _changed_inputs(files, identity["input_files"], old.get("read"), read)
+    if not changed:
+        return []
+    everything = set(range(identity["tasks"]))
+    return _input_changes(
+        files,
+        identity["input_files"],
+        identity["tasks"],
+        everything,
+        set(),
+        rewritten,
+        old.get("read"),
+        moved,
+    )
 
 
 def recorded_shards(out: Path) -> dict[str, dict[str, Any]]:

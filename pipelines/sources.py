@@ -61,9 +61,18 @@ class SourceFiles:
     folder: str
     files: list[str]
     sizes: list[int] = field(default_factory=list)
+    modified: list[int] = field(default_factory=list)  # local files: st_mtime_ns (a hub's: none)
 
     def identity(self) -> list[dict[str, Any]]:
         return [{"file": f, "bytes": s} for f, s in zip(self.files, self.sizes)]
+
+    def as_read(self) -> dict[str, Any] | None:
+        """What build.json records of local files beside the identity ("read"): the folder they were
+        read from and each one's modification time, by which a rerun tells a file rewritten at the
+        same size, or another folder a relative source.path names from another directory (a hub
+        source is pinned to a commit instead). Not in the identity: the config hash stays the
+        recipe's and its input's names and sizes."""
+        return {"folder": self.folder, "modified_ns": self.modified} if self.modified else None
 
     @property
     def total_bytes(self) -> int:
@@ -161,7 +170,8 @@ def list_source_files(
     if not path.exists():
         raise SourceError(f"source.path {path} does not exist; {hint}")
     if path.is_file():
-        return SourceFiles(str(path.parent), [path.name], [path.stat().st_size])
+        st = path.stat()
+        return SourceFiles(str(path.parent), [path.name], [st.st_size], [st.st_mtime_ns])
     pattern = default_glob(cfg)
     listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
     entries = [p for p in _walked(path, pattern) if not _hidden(p, path)]
@@ -237,11 +247,23 @@ def list_source_files(
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
         taken = set(found) | set(mine)
         missed: dict[Path, str] = {}  # file: what it would have to be
+        arrays: list[Path] = []  # JSON arrays of documents (HF's json loader reads them; gristmill not)
         for p in sorted(entries):
             if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
                 continue
             if renamed := _read_as(p, cfg):
                 missed[p] = renamed
+            elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):
+                arrays.append(p)
+        if arrays:
+            plain = arrays[0].parent / _uncompressed(arrays[0].name)  # jq reads it decompressed
+            unpack = "" if plain.name == arrays[0].name else ", decompressed first"
+            raise SourceError(
+                f"source.path {path} holds {_named(arrays, path)}, a JSON array of documents, which "
+                "gristmill does not read (its documents would be left out): convert it to JSON lines "
+                f"(`jq -c '.[]' {plain} > {plain.with_suffix('.jsonl')}`{unpack}) and move the array out of "
+                "the folder, or set source.glob to the files to read"
+            )
         if missed:
             raise SourceError(
                 f"source.path {path} holds {_named(list(missed), path)}, which {pattern!r} does not "
@@ -262,7 +284,8 @@ def list_source_files(
                 )
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
-    return SourceFiles(str(path), files, [p.stat().st_size for p in found])
+    stats = [p.stat() for p in found]
+    return SourceFiles(str(path), files, [st.st_size for st in stats], [st.st_mtime_ns for st in stats])
 
 
 ANNEX_OBJECTS = "annex/objects/"  # where a git-annex (or DataLad) file's link points (a file)
@@ -341,6 +364,23 @@ def _json_lines_of(p: Path, text_key: str) -> bool:
     except Exception:  # not its codec, unreadable (a link to a file not there): not one by its name
         return False
     return False
+
+
+def _json_array_of(p: Path, text_key: str) -> bool:
+    """Whether file `p`, named .json (read through its compression), is a JSON array whose first
+    element is an object holding `text_key`: documents, in a form the jsonl reader does not read. Its
+    first 16 MiB are read at most (a first document longer than that is not seen)."""
+    if ".json" not in p.name.lower() or ".jsonl" in p.name.lower():
+        return False
+    try:
+        with fsspec.open(str(p), "rb", compression="infer") as f:
+            head = f.read(1 << 24).removeprefix(BOM).decode("utf-8", "replace").lstrip()
+        if not head.startswith("["):
+            return False
+        first, _ = json.JSONDecoder().raw_decode(head, 1 + len(head[1:]) - len(head[1:].lstrip()))
+    except Exception:  # not its codec, unreadable, not JSON, an empty array, cut at 16 MiB
+        return False
+    return isinstance(first, dict) and text_key in first
 
 
 BOM = b"\xef\xbb\xbf"  # a UTF-8 byte order mark (Notepad, PowerShell, Excel exports): not JSON

@@ -1498,3 +1498,40 @@ def test_a_dedup_build_finished_in_the_bucket_is_completed_elsewhere_without_its
     assert {k: v for k, v in now["files"].items() if k != "config.toml"} == {  # (build.workdir differs)
         k: v for k, v in was["files"].items() if k != "config.toml"
     }
+
+
+def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is_refused(
+    s3, build_fixture, tmp_path
+):
+    """A rerun of a build complete in the bucket said "nothing to do" after an input was rewritten at
+    the same size (review R15b): the file's recorded time tells it; the advice for the same bytes
+    copied again (give the file back its time) is followed here."""
+    import shlex
+
+    from pipelines.build import BuildError, build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    corpus, _, config = build_fixture
+    shutil.copytree(corpus, tmp_path / "corpus")  # its own input: the shared one keeps its times
+    url = s3.url("rewritten")
+    sets = [
+        f"output={json.dumps(url)}",
+        f"source.path={json.dumps(str(tmp_path / 'corpus'))}",
+        f"build.workdir={json.dumps(str(tmp_path / 'work'))}",
+        "build.workers=1",
+    ]
+    cfg = load_config(DataConfig, config, sets)
+    assert build(cfg, log=lambda *a: None).ok
+    first = sorted(p for p in (tmp_path / "corpus").rglob("*") if p.is_file())[0]
+    first.write_bytes(first.read_bytes())  # the same bytes again: a copy or a download has a new time
+    with pytest.raises(
+        BuildError, match=rf"{re.escape(url)} holds this config's dataset, built from input that"
+    ) as e:
+        build(cfg, log=lambda *a: None)
+    touch = re.search(r"`(touch -d @\S+ \S+)` gives it back the time recorded", str(e.value))
+    assert touch and touch.group(1).endswith(str(first)) and "rewritten at the same size" in str(e.value)
+    subprocess.run(shlex.split(touch.group(1)), check=True)
+    lines: list[str] = []
+    assert build(cfg, log=lines.append).ok
+    assert any("already complete (same config): nothing to do" in line for line in lines), lines

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -62,7 +63,7 @@ def test_killed_build_resumes_byte_identical(built_dataset, build_fixture, tmp_p
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
 
 
-def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture, tmp_path):
+def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture, tmp_path, monkeypatch):
     # The advice after a truncated input: re-download it and rerun the same command. Only the
     # inputs of finished tasks are frozen; changing one of those is refused, naming file and sizes.
     _, _, config = build_fixture
@@ -113,6 +114,31 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
     size = len(full["a"])
     assert f"input file a.jsonl.zst: {size:,} → {size - 10:,} bytes (its task finished" in str(e.value)
     assert f"rm -rf {out}" in str(e.value)
+
+    # Rewritten at the same size (another text of the same length, or the same bytes again): told by
+    # the time build.json recorded, not kept silently (review R15b: the dataset held the old text)
+    (src / "a.jsonl.zst").write_bytes(full["a"])
+    with pytest.raises(
+        BuildError, match="input file a.jsonl.zst: rewritten at the same size .its task fin"
+    ) as e:
+        build(cfg, log=lambda *a: None)
+    touch = re.search(r"`(touch -d @\S+ \S+)` gives it back the time recorded", str(e.value))
+    assert touch and touch.group(1).endswith(str(src / "a.jsonl.zst")), str(e.value)
+    subprocess.run(shlex.split(touch.group(1)), check=True)  # these are the bytes it read: as advised
+    assert build(cfg, log=lambda *a: None).ok
+    # A relative source.path from another directory names another folder (files of the same names and
+    # sizes, copied with their times): refused, not built from both folders (review R15b)
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copytree(src, tmp_path / "elsewhere" / "src")
+    monkeypatch.chdir(tmp_path)
+    relative = load_config(
+        DataConfig, config, [*overrides[1:2], *overrides[3:], f"output={tmp_path / 'ds2'}", "source.path=src"]
+    )
+    assert build(relative, log=lambda *a: None).ok
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    moved = f"source.path reads {tmp_path}/elsewhere/src here, the build read {src} (finished tasks' shards"
+    with pytest.raises(BuildError, match=re.escape(moved)):
+        build(relative, log=lambda *a: None)
 
 
 def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(

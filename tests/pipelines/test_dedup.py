@@ -11,16 +11,18 @@ Slurm: tests/pipelines/test_build_slurm.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.build import build
+from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from pipelines.dedup import DedupError
 from tests.helpers.build_runs import run_build
@@ -180,9 +182,10 @@ def test_damaged_dedup_stats_get_advice_that_repairs_them(built, dup_fixture, tm
 
 
 def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong_drop(dup_fixture, tmp_path):
-    """The build's identity of its inputs is their sizes: a file rewritten at the same size after the
-    dedup stages ran was read by the build's pass against decisions made over its old text, and a
-    unique document was dropped as "exact duplicate of" another, exit 0, validated (review R13b F1)."""
+    """A file rewritten at the same size after the dedup stages ran was read by the build's pass
+    against decisions made over its old text, and a unique document was dropped as "exact duplicate
+    of" another, exit 0, validated (review R13b F1). build.json's record of the inputs' times refuses
+    it first (review R15b); with its time kept, the dedup step's own check does."""
     config, _, _ = dup_fixture
     src, out = tmp_path / "src", tmp_path / "ds"
     src.mkdir()
@@ -204,6 +207,16 @@ def test_an_input_rewritten_at_the_same_size_after_dedup_is_an_error_not_a_wrong
     unique = original[::-1]  # the same characters (the same JSON escapes), another text
     (src / "a.jsonl").write_text(json.dumps({"id": "Y", "text": unique, "int_score": 4}) + "\n")
     assert (src / "a.jsonl").stat().st_size == before
+    # refused before any work by the time build.json recorded (review R15b)
+    with pytest.raises(
+        BuildError, match=r"input file a\.jsonl: rewritten at the same size \(\[dedup\] decided"
+    ):
+        build(cfg, **QUIET)
+    # with its time given back too (`cp -p`, `rsync -a` of another copy), the dedup step's own check
+    os.utime(
+        src / "a.jsonl",
+        ns=(time.time_ns(), json.loads((out / "build.json").read_text())["read"]["modified_ns"][0]),
+    )
     with pytest.raises(
         DedupError, match=r"\(document 0 \('Y'\) has other text than the first pass read\): an input"
     ) as e:

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -236,9 +237,26 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
     with pytest.raises(SourceError, match=r"holds sub/b\.json, which .* rename it b\.jsonl,"):
         list_source_files(jsonl)
     (tmp_path / "sub" / "b.json").unlink()
-    # JSON that is not JSON lines is no input by its name (review R13d): a JSON array, a pretty-printed
-    # file one of whose lines is an object with the key
-    (tmp_path / "sub" / "array.json").write_bytes(b"[" + line.strip() + b"]\n")
+    # A JSON array of documents (HF's json loader reads it): refused with the command that converts it,
+    # not passed over with its documents (review R15b) nor "renamed" .jsonl (review R13d); pretty-printed
+    # or compressed too
+    for name, data in (
+        ("sub/array.json", b"[" + line.strip() + b"]\n"),
+        ("sub/array.json", b"\xef\xbb\xbf[\n  " + line.strip() + b',\n  {"text": "x"}\n]\n'),
+        ("sub/array.json.gz", gzip.compress(b"[" + line.strip() + b"]")),
+    ):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(
+            SourceError, match=r"holds sub/array\.json(\.gz)?, a JSON array of documents"
+        ) as e:
+            list_source_files(jsonl)
+        convert = f"`jq -c '.[]' {tmp_path}/sub/array.json > {tmp_path}/sub/array.jsonl`"
+        assert convert in str(e.value)
+        assert list_source_files(replace(jsonl, glob="*.jsonl")).files == ["a.jsonl"]  # as the user says
+        (tmp_path / name).unlink()
+    # JSON that is not JSON lines nor an array of documents is no input by its name (review R13d): an
+    # array of something else, a pretty-printed file one of whose lines is an object with the key
+    (tmp_path / "sub" / "array.json").write_bytes(b'[{"body": "Another river."}, 3]\n')
     (tmp_path / "sub" / "fewshot.json").write_bytes(b'{\n "examples": [\n  ' + line.strip() + b"\n ]\n}\n")
     (tmp_path / "sub" / "b.json").write_text('{"body": "Another river."}\n')  # no text_key: not by its name
     os.mkfifo(tmp_path / "sub" / "pipe.json")  # not a file: never opened (reading it waited forever)
