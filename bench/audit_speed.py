@@ -76,6 +76,12 @@ def make_dataset(root: Path, docs: int, tasks: int, seed: int = 0) -> dict:
                 "int_score": np.round(score).astype(np.int64),
                 "language": pa.array(["en"] * n),
                 "language_score": rng.uniform(0.65, 1.0, n),
+                # the columns every manifest has since 5e67c24 (the audit reads them): nulls or filler
+                "token_count": pa.nulls(n, pa.int64()),
+                "source_file": pa.array([f"part-{t:05d}.parquet"] * n),
+                "source_row": idx,
+                "text_hash": _strings("h", np.arange(lo, hi)),
+                "sha256": pa.array([i.to_bytes(32, "little") for i in range(lo, hi)], pa.binary(32)),
             },
             schema=MANIFEST_SCHEMA,
         )

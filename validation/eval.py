@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from training.checkpoint.hf_export import export_checkpoint, run_config
+from training.checkpoint.hf_export import CheckpointSetAside, export_checkpoint, run_config
 from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
@@ -76,6 +76,8 @@ from validation.eval_data import (
     checked_task_manager,
     local_task_config,
     local_task_names,
+    task_data_folder,
+    task_data_settings,
     task_file,
     task_items,
 )
@@ -105,7 +107,7 @@ class NonFiniteMetricsError(EvalError):
         self.step = step
 
 
-DATA_SUBDIR = "data"  # RUN/eval/data: the local tasks' jsonl files
+DATA_SUBDIR = "data"  # RUN/eval/data/<settings>: the local tasks' jsonl files (task_data_folder)
 
 
 @dataclass
@@ -215,7 +217,7 @@ def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
 class TaskPlan:
     """Requested task names resolved into lm-eval specs, checked before any model exists.
 
-    Local names become their YAML dicts (data built under RUN/eval/data on first use); other names
+    Local names become their YAML dicts (data built under RUN/eval/data/<settings> on first use); other names
     are looked up in cfg.include_path and lm-eval's registry (only the task families that define
     them), registry tasks refused up front when offline without a cached copy. `training_data`: what
     each of the run's datasets says about decontamination, for the marks (`decontamination_marks`);
@@ -253,9 +255,11 @@ class TaskPlan:
         self.data = run_data(spec, train_cfg.eval.source)
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]
-        self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR
+        self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
         if self.local:
             check_heldout_dataset(run_dir, self.data)
+            settings = task_data_settings(self.data.dataset, self.data.val_fraction, cfg.docs)
+            self.data_dir = self.data_dir / task_data_folder(settings)
             build_task_data(
                 self.data.dataset,
                 self.data.val_fraction,
@@ -601,7 +605,10 @@ def evaluate_step(
     read = _dir_identity(ckpt) if made else None
     # The existing export, its files verified against its checksums (a note for an old export without
     # them), or one written from checkpoint N (whose files and weights are verified first).
-    export = export_checkpoint(run_dir, step, log=_log, merged=merged)
+    try:
+        export = export_checkpoint(run_dir, step, log=_log, merged=merged)
+    except CheckpointSetAside:  # the export it wrote from the checkpoint is set aside with it
+        _discarded(run_dir, step, None, None)
     scored = _dir_identity(export)
 
     def still() -> bool:

@@ -2,9 +2,10 @@
 
 Local tasks are the lm-eval YAML files in validation/eval_tasks/ (`heldout_ppl`: perplexity,
 `heldout_cloze`: next-sentence cloze). Their data comes from the run's held-out documents — the
-loader's val split (`data.val_fraction`), which training never sees — and is written once per run to
-RUN/eval/data/ with each file's sha256 in data.json (`build_task_data`, also run by `gristmill demo`);
-a file changed or gone since is named and rebuilt (`damaged_task_files`). `local_task_config`
+loader's val split (`data.val_fraction`), which training never sees — and is written once per run and
+settings to RUN/eval/data/<settings>/ (`task_data_folder`) with each file's sha256 in data.json
+(`build_task_data`, also run by `gristmill demo`); a file changed or gone since is named and rebuilt
+(`damaged_task_files`). `local_task_config`
 loads a YAML with its data_files made absolute (lm-eval resolves relative data_files against the
 current directory) and glob-escaped: `datasets` reads data_files as fsspec glob patterns, so a run
 directory named like `run[1]` would match nothing.
@@ -32,6 +33,7 @@ import yaml
 from tokenizers import Tokenizer
 
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import json_sha256
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
 from training.contract.object_store import is_url
@@ -64,7 +66,7 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
     for split, rel in files.items():
         path = data_dir / rel
         if not path.is_file():
-            raise EvalError(f"task {name} needs {path}; `gristmill eval {data_dir.parents[1]}` rebuilds it")
+            raise EvalError(f"task {name} needs {path}; `gristmill eval {data_dir.parents[2]}` rebuilds it")
         # A pattern to `datasets` (fsspec glob): "[", "*", "?" in the run's path must match themselves.
         files[split] = glob.escape(str(path))
     return cfg
@@ -139,7 +141,7 @@ def cloze_items(texts: list[str], n_choices: int = 4, per_doc: int = 2) -> list[
 
 
 def task_file(name: str) -> str:
-    """The data file of local task `name` under RUN/eval/data."""
+    """The data file of local task `name` under its RUN/eval/data/<settings> folder."""
     return f"{name}.jsonl"
 
 
@@ -166,6 +168,24 @@ def damaged_task_files(out_dir: str | Path, names: Sequence[str] | None = None) 
     ]
 
 
+def task_data_settings(dataset_dir: str | Path, val_fraction: float, max_docs: int) -> dict[str, Any]:
+    """What decides the local tasks' data: the held-out documents' dataset, its split and how many."""
+    return {
+        "version": DATA_VERSION,
+        "dataset": str(dataset_dir) if is_url(dataset_dir) else str(Path(dataset_dir).resolve()),
+        "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
+        "val_fraction": val_fraction,
+        "max_docs": max_docs,
+    }
+
+
+def task_data_folder(settings: dict[str, Any]) -> str:
+    """The folder under RUN/eval/data of the local tasks' data of `settings` (task_data_settings): one
+    per settings, so that an eval of other settings (`gristmill eval --set docs=5` beside a training
+    run's own eval) never rewrites the files another process is scoring (review R15c F1)."""
+    return f"docs{settings['max_docs']}-{json_sha256(settings)[:10]}"
+
+
 def build_task_data(
     dataset_dir: str | Path,
     val_fraction: float,
@@ -183,13 +203,7 @@ def build_task_data(
     built) is kept as it is. Files damaged or deleted since they were built are named through `log`
     and rebuilt (the same items: they are a pure function of the held-out documents)."""
     out_dir = Path(out_dir)
-    meta: dict[str, Any] = {
-        "version": DATA_VERSION,
-        "dataset": str(dataset_dir) if is_url(dataset_dir) else str(Path(dataset_dir).resolve()),
-        "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
-        "val_fraction": val_fraction,
-        "max_docs": max_docs,
-    }
+    meta = task_data_settings(dataset_dir, val_fraction, max_docs)
     meta_path = out_dir / DATA_META
     try:
         old = json.loads(meta_path.read_text())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
-from training.checkpoint.hf_export import ExportError, verify_export
+from training.checkpoint.hf_export import ExportError, of_another_checkpoint, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.batch_record import BatchEntry, read_batches
@@ -39,6 +39,7 @@ from training.contract.run_layout import (
     CONFIG_TOML,
     EXPORTS_DIR,
     METRICS_JSONL,
+    checkpoint_dir,
     complete_steps,
     incomplete_reason,
     is_training_run,
@@ -78,6 +79,13 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
             try:
                 note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
+                if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
+                    again = f"gristmill export {run_dir} --step {step}{' --merged' if merged else ''}"
+                    status = "DAMAGED"
+                    detail = (
+                        f"exported from another checkpoint of step {step} than the run's (one a resume or a "
+                        f"rewind set aside since); `{again}` sets it aside and exports the run's"
+                    )
             except (CheckpointError, ExportError) as e:
                 status, detail = "DAMAGED", str(e)
             rows.append((kind, step, status, *_size(path), detail))

@@ -150,3 +150,9 @@ def assert_batches_as_inspected(run_dir: Path) -> dict[int, str]:
     rc, out = command_output(["verify", str(run_dir)])
     assert rc == 0 and "batch" not in out, out
     return planned
+
+
+def eval_data(run_dir: Path) -> Path:
+    """RUN/eval/data/<settings>: the local tasks' data folder of the run's one eval settings."""
+    (folder,) = (p for p in (run_dir / "eval" / "data").iterdir() if p.is_dir())
+    return folder

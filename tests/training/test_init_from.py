@@ -549,6 +549,7 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     the uninterrupted one and exports; only step 0 (the base itself) needs the base."""
     copy = tmp_path / "base"  # the same base in another directory: the same identity
     shutil.copytree(base, copy)
+    base_ids = json.loads((base / "config.json").read_text())
     run = tmp_path / "run"
     sets = overrides(data, run, _init(copy), "schedule.steps=8", "checkpoint.interval=2")
     cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
@@ -569,6 +570,21 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     with pytest.raises(ExportError) as e:
         export_checkpoint(run, 0)
     assert "\n" not in str(e.value) and "step 0" in str(e.value) and str(copy) in str(e.value), str(e.value)
+    # A resume of its checkpoint into another directory: its exports keep the base's special tokens,
+    # as the run's do (RUN/base/ comes with the checkpoint; they had the separator as bos and eos:
+    # review R15c F4)
+    elsewhere = tmp_path / "elsewhere"
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 6)))}"
+    train(
+        load_train_config(
+            TINY,
+            [*overrides(data, elsewhere, _init(copy), "schedule.steps=8", "checkpoint.interval=2"), resume],
+        )
+    )
+    assert_same_weights(elsewhere, straight, 8)
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id")
+    got, want = (json.loads((export_checkpoint(r, 8) / "config.json").read_text()) for r in (elsewhere, run))
+    assert [got.get(k) for k in ids] == [want.get(k) for k in ids] == [base_ids.get(k) for k in ids]
     # the newest checkpoint's record damaged: the run's model is the next one's record, not the base
     # (gone), which export and resume then asked for (review R14f F2)
     shutil.rmtree(export_dir(run, 8))

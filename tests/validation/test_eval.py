@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.train_runs import eval_data
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
@@ -126,7 +127,7 @@ def test_export_via_hf_and_in_process_model_give_the_same_loglikelihoods(eval_ru
     stock = evaluate_lm_by_name(
         ppl_plan, f"pretrained={export},dtype=float32,device=cpu,max_length={SEQ_LEN}"
     )
-    texts = [json.loads(line)["text"] for line in (run / "eval" / "data" / "heldout_ppl.jsonl").open()]
+    texts = [json.loads(line)["text"] for line in (eval_data(run) / "heldout_ppl.jsonl").open()]
     a, b = _sample_lls(via_export, "heldout_ppl"), _sample_lls(stock, "heldout_ppl")
     literal = {k for k in a if "<|endoftext|>" in texts[k[0]]}
     assert literal, "the held-out documents should include the fixture's literal-separator page"
@@ -196,7 +197,7 @@ def test_every_task_type_feeds_exactly_one_separator(eval_run):
     sep = read_dataset_info(dataset)["separator"]["id"]
     cfg = EvalConfig(docs=CFG.docs, bootstrap_iters=0)
     plan = TaskPlan(run, cfg)
-    data_dir = run / "eval" / "data"
+    data_dir = plan.data_dir
     plan.specs.append(_gen_task(data_dir))
     lm = RecordingLM(
         pretrained=str(export_dir(run, 5)), device="cpu", dtype="float32", batch_size=1, max_length=SEQ_LEN
@@ -757,12 +758,15 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
 
     from pipelines.cli import main
     from training.contract.eval_table import read_results
-    from validation.eval_data import build_task_data
+    from validation.eval_data import build_task_data, task_data_folder, task_data_settings
     from validation.eval_results import plot_panels
 
     src, _ = eval_run
     run = _copy_run(src, tmp_path / "run")
-    data = build_task_data(read_dataset_info_path(src), 0.1, run / "eval" / "data", CFG.docs)  # as eval does
+    folder = task_data_folder(task_data_settings(read_dataset_info_path(src), 0.1, CFG.docs))
+    data = build_task_data(
+        read_dataset_info_path(src), 0.1, run / "eval" / "data" / folder, CFG.docs
+    )  # as eval
     tok = AutoTokenizer.from_pretrained(export_dir(run, 5))
     items = [json.loads(line) for line in (data / "heldout_cloze.jsonl").open()]
     # The model's input for a choice: [SEP] + context + " " + choice, less the predicted last token.
@@ -932,7 +936,7 @@ def test_damaged_task_data_is_rebuilt_with_one_line_naming_the_file(eval_run, tm
     run = _copy_run(eval_run[0], tmp_path / "run")
     both = [*QUICK[2:], "--tasks", "heldout_ppl,heldout_cloze"]  # each task's file is built when asked
     assert main(["eval", str(run), "--step", "5", *both]) == 0
-    data = run / "eval" / "data"
+    data = eval_data(run)
     built = {p.name: p.read_bytes() for p in data.glob("*.jsonl")}
     capsys.readouterr()
     (data / "heldout_ppl.jsonl").write_bytes(built["heldout_ppl.jsonl"][:50])  # cut mid-line
@@ -1031,7 +1035,7 @@ def test_mixture_eval_names_the_source_scored_and_its_context_is_the_models(eval
     assert main(["eval", str(run), "--step", "5", *QUICK, "--tasks", "heldout_cloze"]) == 0
     err = capsys.readouterr().err
     (head,) = [line for line in err.splitlines() if line.startswith("[eval] step 5: heldout_cloze")]
-    documents = len((run / "eval" / "data" / "heldout_ppl.jsonl").read_text().splitlines())
+    documents = len((eval_data(run) / "heldout_ppl.jsonl").read_text().splitlines())
     assert f"({documents} held-out documents of source second ({dataset}))" in head, head
     res = json.loads((eval_dir(run, 5) / "results.json").read_text())
     assert res["gristmill"]["heldout"] == {"source": "second", "dataset": str(dataset)}

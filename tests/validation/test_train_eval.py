@@ -16,6 +16,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
 from tests.helpers import forked  # noqa: E402
+from tests.helpers.train_runs import eval_data  # noqa: E402
 from training.config import load_train_config  # noqa: E402
 from training.contract.errors import GristmillError  # noqa: E402
 from training.contract.eval_table import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
@@ -80,7 +81,7 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(bui
     # its line: each task's score ± stderr on how many items, from how many held-out documents of
     # which source; a warning for a score on too few to mean anything (issue 47)
     out = capsys.readouterr().out.splitlines()
-    documents = len((run / "eval" / "data" / "heldout_ppl.jsonl").read_text().splitlines())
+    documents = len((eval_data(run) / "heldout_ppl.jsonl").read_text().splitlines())
     results = read_step_results(run, 4)
     (line,) = [x for x in out if x.startswith("[eval] step 4: ")]
     for r in rows_of(4, results):
@@ -136,7 +137,7 @@ class _DamagesClozeDataAtStep2(TrainingEval):
 
     def __call__(self, model, step):
         if step == 2:
-            (self.run_dir / "eval" / "data" / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
+            (eval_data(self.run_dir) / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
             self.complete_at_eval.extend(complete_steps(self.run_dir))
         return super().__call__(model, step)
 
@@ -162,7 +163,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
         if "heldout_cloze" in line and line.startswith("[eval]")
     ]
     assert len(lines) == 1 and "Traceback" not in out.err, out.out + out.err
-    assert str(run / "eval" / "data" / "heldout_cloze.jsonl") in lines[0]
+    assert str(eval_data(run) / "heldout_cloze.jsonl") in lines[0]
     (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
     argv = advice.split()[1:]
     assert cli_main([*argv, "--set", f"limit={LIMIT}", "device=cpu"]) == 0
@@ -206,3 +207,38 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     # the cloze items cut to 96 tokens: the warning names the key a training takes (not --set max_length)
     (cut,) = [line for line in out.splitlines() if "were cut from the left" in line]
     assert cut.endswith("(eval.max_length, up to the model's max_seq_len, evaluates more)"), cut
+
+
+class _AnotherEvalBesideAtStep2(TrainingEval):
+    """The real evaluator; after its step 2, `gristmill eval RUN --step 2 --set docs=3` (another
+    process's settings, beside the run) runs to its end."""
+
+    def __call__(self, model, step):
+        got = super().__call__(model, step)
+        if step == 2:
+            from pipelines.cli import main as cli_main
+
+            other = ["eval", str(self.run_dir), "--step", "2", "--tasks", "heldout_ppl"]
+            assert cli_main([*other, "--set", "docs=3", "limit=0", "device=cpu"]) == 0
+        return got
+
+
+def test_an_eval_of_other_settings_beside_the_run_leaves_the_run_s_own_eval_its_documents(
+    built_dataset, tmp_path
+):
+    """`gristmill eval --set docs=N` beside a training run rebuilt RUN/eval/data in place: the run's
+    own eval then scored those N documents while its results claimed its own docs (review R15c F1).
+    Each settings' data has its folder."""
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=_AnotherEvalBesideAtStep2(cfg))
+    results = {s: read_step_results(run, s) for s in (2, 4)}
+    scored = {
+        s: (
+            r["n-samples"]["heldout_ppl"]["effective"],
+            r["gristmill_tasks"]["heldout_ppl"]["settings"]["docs"],
+        )
+        for s, r in results.items()
+    }
+    assert scored == {2: (3, 3), 4: (LIMIT, 40)}, scored  # step 2: the other eval's, as it says
+    assert sorted(p.name.split("-")[0] for p in (run / "eval" / "data").iterdir()) == ["docs3", "docs40"]

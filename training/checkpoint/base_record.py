@@ -30,7 +30,15 @@ from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
 from training.contract.run_layout import BASE_DIR, read_json_record
 
-__all__ = ["BASE_JSON", "TOKENIZER_FILES", "base_files", "read_base_record", "record_base", "weights_sha256"]
+__all__ = [
+    "BASE_JSON",
+    "TOKENIZER_FILES",
+    "base_files",
+    "carry_base_record",
+    "read_base_record",
+    "record_base",
+    "weights_sha256",
+]
 
 BASE_JSON = "base.json"
 TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
@@ -62,6 +70,25 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
         "files": kept,
     }
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
+
+
+def carry_base_record(from_run: str | Path, run_dir: str | Path) -> bool:
+    """RUN/base/ of run `from_run` into run `run_dir`, resumed from one of its checkpoints (its weights
+    descend from that run's base, whose tokens its exports keep: review R15c F4); False when
+    `from_run` has none (a run from scratch). base.json is written last, as record_base writes it."""
+    record = read_base_record(from_run)
+    if record is None:
+        return False
+    source, target = Path(from_run) / BASE_DIR, Path(run_dir) / BASE_DIR
+    target.mkdir(parents=True, exist_ok=True)
+    (target / BASE_JSON).unlink(missing_ok=True)
+    for name in _KEPT:
+        if name in record["files"]:
+            write_atomic(target / name, (source / name).read_bytes())
+        else:
+            (target / name).unlink(missing_ok=True)
+    write_atomic(target / BASE_JSON, (source / BASE_JSON).read_bytes())
+    return True
 
 
 def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:

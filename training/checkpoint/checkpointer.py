@@ -150,6 +150,14 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec} is not a complete checkpoint: {reason}; use --resume auto to take the "
                 "newest complete one"
             )
+        if path.resolve().parent == root.resolve() and path.name.startswith("abandoned-"):
+            # Its timeline was left: this directory's steps up to it (checkpoints, exports, evals,
+            # metrics rows) are the other timeline's, which nothing would set aside (review R15c F3).
+            raise CheckpointError(
+                f"--resume {spec} is a checkpoint of a timeline this run left (a resume or a rewind set it "
+                f"aside), and this run directory's earlier steps are the other timeline's: resume from it "
+                "into another run.output_dir (--set run.output_dir=NEW)"
+            )
         held = _earlier_run(run_dir)
         if held is not None and path.resolve().parent != root.resolve():
             raise CheckpointError(

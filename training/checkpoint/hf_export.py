@@ -67,6 +67,7 @@ from training.config import TrainConfig
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
     TOKENIZER_JSON,
+    file_sha256,
     read_dataset_info,
     tokenizer_problem,
     without_dropout,
@@ -76,8 +77,10 @@ from training.contract.integrity import damaged_files, file_records
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
+    COMPLETE_FILE,
     CONFIG_TOML,
     EXPORTS_DIR,
+    abandoned_name,
     checkpoint_dir,
     complete_steps,
     export_dir,
@@ -581,6 +584,16 @@ def export_checkpoint(
         step, verified = _newest_to_export(run_dir, log, merged), True
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
+    if run_export.is_dir() and of_another_checkpoint(run_export, ckpt):
+        # Exported from a step N a resume or a rewind set aside while the export ran (review R15c F2):
+        # another timeline's weights, set aside as that timeline's are; exported again below.
+        aside = abandoned_name(run_export)
+        run_export.rename(aside)
+        if log is not None:
+            log(
+                f"note: {run_export} was exported from a checkpoint of step {step} set aside since; "
+                f"moved to {aside.name}"
+            )
     if run_export.is_dir() and (out is None or incomplete_reason(ckpt) is not None):
         note = verify_export(run_export)
         if note and log is not None:
@@ -599,14 +612,70 @@ def export_checkpoint(
         raise ExportError(
             f"{run_dir} has no merged weights of step {step}: {missing_step_reason(run_dir, step, True)}"
         )
+    read = checkpoint_identity(ckpt)
     model, mcfg, dataset = load_checkpoint_model(run_dir, step, verified=verified, log=log)
-    meta = {"step": step, "checkpoint": str(ckpt.resolve())}
+    meta = {"step": step, "checkpoint": str(ckpt.resolve()), CHECKPOINT_IDENTITY: read}
     if merged:
         meta["merged"] = apply_merged(run_dir, step, model)
     target = out or run_export
-    return export_hf(
+    written = export_hf(
         model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
     )
+    if read is not None and _set_aside_since(ckpt, read):
+        if out is None and _recorded_identity(run_export) == read:  # this one, not another process's
+            run_export.rename(abandoned_name(run_export))
+        raise CheckpointSetAside(
+            f"{ckpt} was set aside while it was exported (a resume or a rewind left its timeline); "
+            f"export step {step} again: `gristmill export {run_dir} --step {step}`"
+        )
+    return written
+
+
+class CheckpointSetAside(ExportError):
+    """The checkpoint an export read was set aside while the export ran (a resume from an older step
+    or a rewind left its timeline): the export is another timeline's, set aside too (review R15c F2)."""
+
+
+def _set_aside_since(ckpt: Path, read: str) -> bool:
+    """Whether checkpoint `ckpt`, whose CHECKPOINT_IDENTITY was `read`, has since been replaced by
+    another of its step or renamed abandoned-… (run_layout.abandoned_name); deleted (retention, as
+    checkpoint.keep_last deletes) it changes nothing of the timeline."""
+    now = checkpoint_identity(ckpt)
+    if now is not None:
+        return now != read
+    name = f"abandoned-{ckpt.name}"  # or abandoned-step-N.2, .3 … (never abandoned-step-N0: another step)
+    aside = [p for p in ckpt.parent.glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}.")]
+    return any(checkpoint_identity(p) == read for p in aside)
+
+
+CHECKPOINT_IDENTITY = "checkpoint_complete_sha256"
+"""gristmill_export.json's key for the sha256 of the COMPLETE of the checkpoint it was exported from:
+written once per checkpoint, with its files' checksums, so another timeline's step N has another."""
+
+
+def checkpoint_identity(ckpt: Path) -> str | None:
+    """The sha256 of checkpoint `ckpt`'s COMPLETE, None without one (CHECKPOINT_IDENTITY)."""
+    try:
+        return file_sha256(ckpt / COMPLETE_FILE)
+    except FileNotFoundError:
+        return None
+
+
+def _recorded_identity(export: Path) -> str | None:
+    """The CHECKPOINT_IDENTITY export `export` records; None for an export of before the record, or
+    none there (verify_export names a damaged record)."""
+    try:
+        return json.loads((export / EXPORT_META).read_text(encoding="utf-8")).get(CHECKPOINT_IDENTITY)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def of_another_checkpoint(export: Path, ckpt: Path) -> bool:
+    """Whether export `export` records another checkpoint than `ckpt`'s complete one: an export of a
+    step N since set aside. An export of before the record, or whose checkpoint is gone (retention
+    keeps exports), says nothing."""
+    recorded, now = _recorded_identity(export), checkpoint_identity(ckpt)
+    return recorded is not None and now is not None and recorded != now
 
 
 def _newest_to_export(run_dir: Path, log, merged: bool) -> int:

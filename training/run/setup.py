@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from training.checkpoint.base_record import record_base
+from training.checkpoint.base_record import carry_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
@@ -326,6 +326,8 @@ def _outputs(
             say(line)
     if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
         record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
+    elif resumed is not None and resumed_from is not None and not own:  # another run's checkpoint
+        carry_base_record(resumed_from[0].parent.parent, run_dir)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
     # After the record started, whose trackers may still refuse the resume (an unreadable

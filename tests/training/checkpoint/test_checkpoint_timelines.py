@@ -309,3 +309,70 @@ def test_a_moved_run_s_saved_config_is_refused_until_run_output_dir_says_where(
     line = one_error_line(capsys.readouterr().err)
     assert f'run.output_dir = "{rel}" leads to {tmp_path / "runs" / rel} from here' in line, line
     assert not (tmp_path / "runs" / rel).exists()
+
+
+def test_a_resume_from_a_set_aside_checkpoint_in_its_own_directory_is_refused(dataset, tmp_path, capsys):
+    """`--resume RUN/checkpoints/abandoned-step-N` trained on in RUN, whose earlier checkpoints,
+    exports and metrics rows were the other timeline's: nothing was set aside, and a later rewind went
+    back into the other timeline's weights (review R15c F3). Refused; its advice (another directory)
+    continues that timeline from its step."""
+    r, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
+    resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0", "optim.grad_clip=0.05", resume4) == 0
+    left = checkpoint_dir(r, 8).with_name("abandoned-step-000008")
+    assert left.is_dir() and complete_steps(r) == [4, 8]
+    before = files(r)
+    capsys.readouterr()
+    back = f"checkpoint.resume={json.dumps(str(left))}"
+    assert run(dataset, r, "run.max_steps=12", "checkpoint.keep_last=0", back) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"--resume {left} is a checkpoint of a timeline this run left" in line
+    assert "into another run.output_dir" in line
+    assert files(r) == before and complete_steps(r) == [4, 8]
+    assert run(dataset, elsewhere, "run.max_steps=12", "checkpoint.keep_last=0", back) == 0
+    assert [m["step"] for m in metrics(elsewhere)][:1] == [9] and complete_steps(elsewhere)[-1] == 12
+
+
+def test_an_export_of_a_checkpoint_set_aside_while_it_ran_is_never_the_run_s(
+    dataset, tmp_path, capsys, monkeypatch
+):
+    """`gristmill export RUN --step 8` read checkpoint 8; a resume from step 4 set it aside and trained
+    another step 8 meanwhile; the export then went into exports/step-000008 as the run's, verified,
+    and eval scored it (review R15c F2). It is set aside with one line; an export of another
+    checkpoint found there later (verify: DAMAGED) is set aside by the next export, which writes the
+    run's."""
+    import training.checkpoint.hf_export as hf_export
+
+    r = tmp_path / "run"
+    assert run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0") == 0
+    loaded = hf_export.load_checkpoint_model
+
+    def load_then_resume(*args, **kw):  # the trainer resumes while the export runs (a 7B's minutes)
+        got = loaded(*args, **kw)
+        resume4 = f"checkpoint.resume={json.dumps(str(checkpoint_dir(r, 4)))}"
+        assert (
+            run(dataset, r, "run.max_steps=8", "checkpoint.keep_last=0", "optim.grad_clip=0.05", resume4) == 0
+        )
+        return got
+
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", load_then_resume)
+    capsys.readouterr()
+    assert gristmill(["export", str(r), "--step", "8"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{checkpoint_dir(r, 8)} was set aside while it was exported" in line
+    stale = export_dir(r, 8).with_name("abandoned-step-000008")
+    assert stale.is_dir() and not export_dir(r, 8).exists()
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", loaded)
+
+    # such an export in the run's place (as one placed before this check was): verify names it, the
+    # next export sets it aside and writes the run's step 8
+    stale.rename(export_dir(r, 8))
+    capsys.readouterr()
+    assert gristmill(["verify", str(r)]) == 1
+    assert "exported from another checkpoint of step 8 than the run's" in capsys.readouterr().out
+    assert gristmill(["export", str(r), "--step", "8"]) == 0
+    assert "set aside since; moved to abandoned-step-000008" in capsys.readouterr().out
+    record = json.loads((export_dir(r, 8) / "gristmill_export.json").read_text())
+    assert record["checkpoint_complete_sha256"] == hf_export.checkpoint_identity(checkpoint_dir(r, 8))
+    assert gristmill(["verify", str(r)]) == 0
