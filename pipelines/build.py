@@ -574,7 +574,15 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     if info is not None:
         if info.get("config_sha256") == p.sha and info.get("status") == "complete":
             with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
-                built = json.loads(store.get(BUILD_JSON))
+                try:
+                    built = json.loads(store.get(BUILD_JSON))
+                    if not isinstance(built, dict) or not isinstance(built.get("identity", {}), dict):
+                        raise ValueError("not a build's record")
+                except ValueError as e:  # its inputs cannot be compared: said, the dataset kept
+                    log(
+                        f"note: {store.url.child(BUILD_JSON)} is unreadable ({e}): the input was not compared"
+                    )
+                    built = {}
                 if changed := changed_since_complete(built, p.identity, p.source.as_read()):
                     raise BuildError(
                         f"{p.cfg.output} holds this config's dataset, built from input that has changed "

@@ -145,7 +145,7 @@ def check_output(
             log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
             return write_build_json(out, sha, identity, old.get("source"), read)
         changes += _input_changes(
-            old_files, new_files, identity["tasks"], finished, stale, rewritten, old.get("read"), moved
+            old_files, new_files, identity["tasks"], finished, stale, rewritten, old.get("read"), moved, read
         )
         raise BuildError(
             f"{out} was built with a different config or input, refusing to mix the two (changed: "
@@ -192,13 +192,17 @@ def _changed_inputs(
     recorded in build.json's "read" by its modification time; when this run's source.path is another
     folder than the one the build read (a relative path from another directory), every file does."""
     changed = {i for i, (a, b) in enumerate(zip(old, new)) if a["bytes"] != b["bytes"]}
-    if not (was_read and read) or [f["file"] for f in old] != [f["file"] for f in new]:
+    if not (isinstance(was_read, dict) and read) or [f["file"] for f in old] != [f["file"] for f in new]:
         return (
             changed,
             set(),
             "",
         )  # a build.json of before the record, a hub source, or files added or removed
-    if was_read.get("folder") != read["folder"]:
+    # Another folder: by where source.path leads and by how it is spelled (a relative path from another
+    # directory: both differ; a link re-pointed at a copy on another disk, or two spellings of one
+    # folder, is not: review R15d F6)
+    path = was_read.get("path")
+    if was_read.get("folder") != read["folder"] and (not path or path != read["path"]):
         moved = f"source.path reads {read['folder']} here, the build read {was_read.get('folder')}"
         return set(range(len(new))), set(), moved
     times = zip(was_read.get("modified_ns") or [], read["modified_ns"])
@@ -215,9 +219,11 @@ def _input_changes(
     rewritten: AbstractSet[int] = frozenset(),
     was_read: dict[str, Any] | None = None,
     moved: str = "",
+    read: dict[str, Any] | None = None,
 ) -> list[str]:
     """Each input file that was added, removed or changed size, by name, and those `rewritten` at the
-    same size (by place: _changed_inputs; `was_read`: build.json's "read", their recorded times), or
+    same size (by place: _changed_inputs; `was_read`: build.json's "read", their recorded times;
+    `read`: this run's, where they are now), or
     the folder `moved` (once, not per file) (`stale`: the tasks whose input [dedup] decided its
     duplicates over, the old contents)."""
     if moved:
@@ -237,11 +243,11 @@ def _input_changes(
             out.append(f"input file {n}: {size:,} → {now[n]:,} bytes{done(i)}")
     for i in sorted(rewritten):
         n, why = new[i]["file"], done(i)
-        if why and was_read:  # a copy or a download of the same bytes has a new time too
+        if why and was_read and read:  # a copy or a download of the same bytes has a new time too
             t = was_read["modified_ns"][i]
-            why += (
+            why += (  # the file read now (a link re-pointed at a copy: not the folder read then)
                 f"; if its bytes are the ones the build read, `touch -d @{t // 10**9}.{t % 10**9:09d} "
-                f"{Path(was_read['folder']) / n}` gives it back the time recorded"
+                f"{Path(read['folder']) / n}` gives it back the time recorded (run by its owner)"
             )
         out.append(f"input file {n}: rewritten at the same size{why}")
     return out
@@ -266,6 +272,7 @@ def changed_since_complete(
         rewritten,
         old.get("read"),
         moved,
+        read,
     )
 
 

@@ -62,6 +62,7 @@ class SourceFiles:
     files: list[str]
     sizes: list[int] = field(default_factory=list)
     modified: list[int] = field(default_factory=list)  # local files: st_mtime_ns (a hub's: none)
+    named: str = ""  # local files: their folder as source.path names it (absolute, links not followed)
 
     def identity(self) -> list[dict[str, Any]]:
         return [{"file": f, "bytes": s} for f, s in zip(self.files, self.sizes)]
@@ -72,7 +73,9 @@ class SourceFiles:
         same size, or another folder a relative source.path names from another directory (a hub
         source is pinned to a commit instead). Not in the identity: the config hash stays the
         recipe's and its input's names and sizes."""
-        return {"folder": self.folder, "modified_ns": self.modified} if self.modified else None
+        if not self.modified:
+            return None
+        return {"folder": self.folder, "path": self.named, "modified_ns": self.modified}
 
     @property
     def total_bytes(self) -> int:
@@ -161,6 +164,7 @@ def list_source_files(
         return SourceFiles(folder, [f for f, _ in files], [int(s or 0) for _, s in files])
 
     path = Path(folder)
+    named = os.path.abspath(os.path.expanduser(cfg.path))  # a link to the data's disk stays the link
     hint = {
         "demo": "the demo corpus is written there by `gristmill demo` / `gristmill data build`",
         "demo-code": "the code demo corpus is written there by `gristmill data build`",
@@ -171,7 +175,9 @@ def list_source_files(
         raise SourceError(f"source.path {path} does not exist; {hint}")
     if path.is_file():
         st = path.stat()
-        return SourceFiles(str(path.parent), [path.name], [st.st_size], [st.st_mtime_ns])
+        return SourceFiles(
+            str(path.parent), [path.name], [st.st_size], [st.st_mtime_ns], os.path.dirname(named)
+        )
     pattern = default_glob(cfg)
     listed = [p for p in _glob(path, pattern) if not _hidden(p, path)]
     entries = [p for p in _walked(path, pattern) if not _hidden(p, path)]
@@ -256,13 +262,25 @@ def list_source_files(
             elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):
                 arrays.append(p)
         if arrays:
-            plain = arrays[0].parent / _uncompressed(arrays[0].name)  # jq reads it decompressed
+            plain = arrays[0].parent / _uncompressed(arrays[0].name)  # read decompressed
             unpack = "" if plain.name == arrays[0].name else ", decompressed first"
+            lines = plain.with_suffix(".jsonl")
+            n = 1
+            # never over an input, nor beside one it would be a copy of (x.jsonl by x.jsonl.gz)
+            while any(lines.with_name(lines.stem + x).exists() for x in JSONL_SUFFIXES):
+                n += 1
+                lines = plain.with_name(f"{plain.stem}-{n}.jsonl")
+            # Python's json, not jq: jq 1.6 rounds integers past 2^53 (ids) without a word (review
+            # R15d); ASCII escapes: any text (a lone surrogate too) in any locale, read back the same
+            convert = (
+                "python3 -c 'import json,sys; [print(json.dumps(d)) for d in "
+                f'json.load(open(sys.argv[1], encoding="utf-8-sig"))]\' {plain} > {lines}'
+            )
             raise SourceError(
                 f"source.path {path} holds {_named(arrays, path)}, a JSON array of documents, which "
                 "gristmill does not read (its documents would be left out): convert it to JSON lines "
-                f"(`jq -c '.[]' {plain} > {plain.with_suffix('.jsonl')}`{unpack}) and move the array out of "
-                "the folder, or set source.glob to the files to read"
+                f"(`{convert}`{unpack}) and move the array out of the folder, or set source.glob to the "
+                "files to read"
             )
         if missed:
             raise SourceError(
@@ -285,7 +303,8 @@ def list_source_files(
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
     stats = [p.stat() for p in found]
-    return SourceFiles(str(path), files, [st.st_size for st in stats], [st.st_mtime_ns for st in stats])
+    sizes, times = [st.st_size for st in stats], [st.st_mtime_ns for st in stats]
+    return SourceFiles(str(path), files, sizes, times, named)
 
 
 ANNEX_OBJECTS = "annex/objects/"  # where a git-annex (or DataLad) file's link points (a file)

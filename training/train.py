@@ -340,6 +340,7 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         run.loader.seek(state.step)
         _record_batches(run)
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
+        run.record.finished(state.step)  # the audit's consumption where it saved (review R15e F1)
     raise error
 
 

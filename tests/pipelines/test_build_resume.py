@@ -139,6 +139,28 @@ def test_replaced_input_of_an_unfinished_task_is_accepted_on_rerun(build_fixture
     moved = f"source.path reads {tmp_path}/elsewhere/src here, the build read {src} (finished tasks' shards"
     with pytest.raises(BuildError, match=re.escape(moved)):
         build(relative, log=lambda *a: None)
+    # ...but a link re-pointed at a copy on another disk (times kept, as rsync -a) reads as the same
+    # input (review R15d F6: refused, with no way out but a rebuild)
+    (tmp_path / "link").symlink_to(src)
+    linked = load_config(DataConfig, config, [*overrides[1:2], *overrides[3:], f"output={tmp_path / 'ds3'}",
+                                              f"source.path={tmp_path / 'link'}"])  # fmt: skip
+    assert build(linked, log=lambda *a: None).ok
+    (tmp_path / "link").unlink()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere" / "src")
+    lines = []
+    assert build(linked, log=lines.append).ok
+    assert any("already complete (same config)" in line for line in lines), lines
+    # re-pointed at a copy whose times were not kept: the advice gives the files read now theirs back
+    # (it named the folder read then: review R15f F3)
+    shutil.copytree(src, tmp_path / "third", copy_function=shutil.copy)
+    (tmp_path / "link").unlink()
+    (tmp_path / "link").symlink_to(tmp_path / "third")
+    with pytest.raises(BuildError, match="rewritten at the same size") as e:
+        build(linked, log=lambda *a: None)
+    for touch in re.findall(r"`(touch -d @\S+ \S+)`", str(e.value)):
+        assert f"{tmp_path}/third/" in touch, touch
+        subprocess.run(shlex.split(touch), check=True)
+    assert build(linked, log=lambda *a: None).ok
 
 
 def test_shard_damaged_after_its_task_is_caught_when_dataset_json_is_rewritten(

@@ -39,6 +39,7 @@ from pipelines.cli import main as gristmill  # noqa: E402
 from tests.helpers import forked  # noqa: E402
 from tests.helpers.train_runs import ENV, ROOT, assert_same_weights, one_error_line, read_metrics  # noqa: E402
 from training.checkpoint.checkpointer import complete_steps  # noqa: E402
+from training.checkpoint.hf_export import export_checkpoint  # noqa: E402
 from training.config import TrainConfig, load_train_config  # noqa: E402
 from training.contract.config_loader import load_config  # noqa: E402
 from training.contract.errors import GristmillError, NonFiniteError  # noqa: E402
@@ -159,6 +160,11 @@ def check_timeline(run: Path) -> int:
         assert not set(list_steps(run / where)) & skipped, (where, skipped)
         assert not set(list_steps(run / where, merged=True)) & skipped, (where, "merged", skipped)
     assert not {r["step"] for r in kept} & skipped
+    # a rewind's save at its skip's last step holds an earlier step's weights: neither exported nor
+    # scored as that step, but at the plan's last step, the run's final weights (review R15e F2)
+    untrained = {s.last_step for s in skips} - {plan.total_steps}
+    for where in ("exports", "eval"):
+        assert not set(list_steps(run / where)) & untrained, (where, untrained)
     if (run / "eval.parquet").is_file():
         table = pq.read_table(run / "eval.parquet").to_pylist()
         for merged in (False, True):
@@ -217,6 +223,16 @@ def test_unreadable_data_after_a_nan_on_a_quiet_step_saves_nothing_at_or_after_i
     with pytest.raises(GristmillError, match=f"the data of step {ALL_DUE} cannot be read") as error:
         run_here(config, clean, "eval.interval=0")
     assert not isinstance(error.value, NonFiniteError) and list_steps(clean / "checkpoints")[-1] == QUIET
+    # consumption.parquet (the audit's) where it saved, not at its last logged row; a resume from an
+    # older checkpoint whose first data cannot be read leaves it at that checkpoint, not at the
+    # timeline it set aside (review R15e F1)
+    assert check_timeline(clean) == QUIET
+    monkeypatch.setenv(DATA, str(QUIET))
+    older = f"checkpoint.resume={json.dumps(str(clean / 'checkpoints' / 'step-000002'))}"
+    with pytest.raises(GristmillError, match=f"the data of step {QUIET} cannot be read"):
+        run_here(config, clean, "eval.interval=0", older)
+    assert check_timeline(clean) == 2
+    monkeypatch.setenv(DATA, str(ALL_DUE))
     monkeypatch.setenv(NAN_LOSS, str(QUIET))
     run = tmp_path / "run"
     capsys.readouterr()
@@ -421,9 +437,18 @@ def test_a_merge_point_where_a_checkpoint_an_eval_a_phase_change_and_a_spike_mee
         (skip,) = recorded_skips(run)
         assert (skip.checkpoint_step, skip.first_step, skip.last_step) == (2, 3, ALL_DUE)
         assert ALL_DUE not in rows and list_steps(run / "eval", merged=True) == [LAST]
-        merged, raw = (load_file(str(run / "exports" / f"{n}-{ALL_DUE:06d}" / "model.safetensors"))
-                       for n in ("merged-step", "step"))  # fmt: skip
+        # step 4's raw weights are step 2's: no export of them as step 4 (review R15e F2); the merged
+        # export of 4 (its window: step 2 alone) is step 2's export
+        assert ALL_DUE not in list_steps(run / "exports")
+        exports = (run / "exports" / f"merged-step-{ALL_DUE:06d}", export_checkpoint(run, 2))
+        merged, raw = (load_file(str(path / "model.safetensors")) for path in exports)
         assert merged.keys() == raw.keys() and all(torch.equal(merged[k], raw[k]) for k in raw)
+        # and `gristmill eval --step 4` says whose weights they are
+        capsys.readouterr()
+        assert gristmill(["eval", str(run), "--step", str(ALL_DUE), "--tasks", "heldout_ppl"]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert f"step {ALL_DUE} was never trained: rewind 1 skipped steps 3–{ALL_DUE}" in line, line
+        assert "holds step 2's weights" in line and "evaluate step 2" in line
 
 
 def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(

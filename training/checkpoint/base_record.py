@@ -20,6 +20,7 @@ names files of another base.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "TOKENIZER_FILES",
     "base_files",
     "carry_base_record",
+    "drop_base_record",
     "read_base_record",
     "record_base",
     "weights_sha256",
@@ -75,11 +77,15 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
 def carry_base_record(from_run: str | Path, run_dir: str | Path) -> bool:
     """RUN/base/ of run `from_run` into run `run_dir`, resumed from one of its checkpoints (its weights
     descend from that run's base, whose tokens its exports keep: review R15c F4); False when
-    `from_run` has none (a run from scratch). base.json is written last, as record_base writes it."""
+    `from_run` has none (a run from scratch: `run_dir` then keeps none either). base.json is written
+    last, as record_base writes it."""
+    if Path(from_run).resolve() == Path(run_dir).resolve():
+        return read_base_record(run_dir) is not None  # its own record, as it is
     record = read_base_record(from_run)
-    if record is None:
-        return False
     source, target = Path(from_run) / BASE_DIR, Path(run_dir) / BASE_DIR
+    if record is None:
+        drop_base_record(run_dir)
+        return False
     target.mkdir(parents=True, exist_ok=True)
     (target / BASE_JSON).unlink(missing_ok=True)
     for name in _KEPT:
@@ -89,6 +95,13 @@ def carry_base_record(from_run: str | Path, run_dir: str | Path) -> bool:
             (target / name).unlink(missing_ok=True)
     write_atomic(target / BASE_JSON, (source / BASE_JSON).read_bytes())
     return True
+
+
+def drop_base_record(run_dir: str | Path) -> None:
+    """Remove RUN/base/ from a run whose weights descend from no base (started from scratch, or
+    resumed from such a run's checkpoint): one a start from a base left, dead before its first
+    checkpoint, gave its exports that base's special tokens (review R15d F8)."""
+    shutil.rmtree(Path(run_dir) / BASE_DIR, ignore_errors=True)
 
 
 def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:

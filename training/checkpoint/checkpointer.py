@@ -85,7 +85,7 @@ from training.config import CheckpointSection
 from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
-from training.contract.errors import NonFiniteError
+from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
@@ -102,6 +102,8 @@ from training.contract.run_layout import (
     step_of,
 )
 from training.data.loader import foreign_state_message
+from training.data.plan import untrained_save
+from training.data.recipe import recorded_skips
 from training.optim import optimizer_name, saved_optimizer
 
 # --- what is on disk ---------------------------------------------------------------------------
@@ -150,7 +152,7 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
                 f"--resume {spec} is not a complete checkpoint: {reason}; use --resume auto to take the "
                 "newest complete one"
             )
-        if path.resolve().parent == root.resolve() and path.name.startswith("abandoned-"):
+        if path.resolve().parent == root.resolve() and path.resolve().name.startswith("abandoned-"):
             # Its timeline was left: this directory's steps up to it (checkpoints, exports, evals,
             # metrics rows) are the other timeline's, which nothing would set aside (review R15c F3).
             raise CheckpointError(
@@ -428,10 +430,13 @@ class Checkpointer:
             return None
         path = Path(value)
         step = self._load(path)
-        self.resumed_here = path.parent.resolve() == self.root.resolve()
+        # resolved whole, as find_resume takes it: a link to this run's checkpoint is this run's
+        # (its parent taken first, it read as another run's: exports set aside, metrics started
+        # over, RUN/base/ dropped: review R15f F1)
+        self.resumed_here = path.resolve().parent == self.root.resolve()
         if self.rank == 0:
-            self.resumed_from = (path, record.get("config_sha256"))
-            if path.parent.resolve() == self.root.resolve():
+            self.resumed_from = (path.resolve(), record.get("config_sha256"))
+            if self.resumed_here:
                 self._set_aside_newer(step, f"the resumed step {step}")
                 merged = self.merged_export is not None and self.merged_export(step)
                 self._export(step, merged, verified=False, missed=True)  # before retention deletes it
@@ -854,11 +859,23 @@ class Checkpointer:
         self._export(step, merged, verified=True)  # hashed as written, just now
         self._retain(step)
 
+    def _untrained(self, step: int) -> bool:
+        """Whether checkpoint `step` is a rewind's save of an earlier step's weights (untrained_save),
+        by the skips RUN/data_plan.json records (written before the rewind saves; one the trainer
+        cannot read: none)."""
+        try:
+            skips = recorded_skips(self.run_dir)
+        except GristmillError:
+            return False
+        return untrained_save(skips, step, self.plan_last_step or self.last_step) is not None
+
     def _export(self, step: int, merged: bool, *, verified: bool, missed: bool = False) -> None:
         """Rank 0: the exports due at complete checkpoint `step`: every checkpoint.export_interval
         steps, and its merged weights when it holds them (`merged`). `missed`: only those not there
         (the process stopped between the checkpoint's COMPLETE and its exports)."""
         due = [False] if self.cfg.export_interval and step % self.cfg.export_interval == 0 else []
+        if due and self._untrained(step):
+            due = []
         for kind in due + ([True] if merged else []):
             if missed and export_dir(self.run_dir, step, kind).is_dir():
                 continue

@@ -23,6 +23,7 @@ the separator policy;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import json
@@ -618,17 +619,61 @@ def export_checkpoint(
     if merged:
         meta["merged"] = apply_merged(run_dir, step, model)
     target = out or run_export
-    written = export_hf(
-        model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
-    )
-    if read is not None and _set_aside_since(ckpt, read):
-        if out is None and _recorded_identity(run_export) == read:  # this one, not another process's
-            run_export.rename(abandoned_name(run_export))
-        raise CheckpointSetAside(
-            f"{ckpt} was set aside while it was exported (a resume or a rewind left its timeline); "
-            f"export step {step} again: `gristmill export {run_dir} --step {step}`"
+
+    def write() -> Path:
+        return export_hf(
+            model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
         )
+
+    # A checkpoint set aside while it was read and written (a resume from an older step, a rewind)
+    # leaves an export of a timeline the run left (review R15c F2): never the run's, never a copy.
+    again = " ".join(
+        [f"gristmill export {run_dir} --step {step}", *(["--merged"] if merged else []),
+         *([f"--out {out}", f"--dtype {_dtype_name(dtype)}"] if out is not None else [])]
+    )  # fmt: skip
+    set_aside = CheckpointSetAside(
+        f"{ckpt} was set aside while it was exported (a resume or a rewind left its timeline), and so "
+        f"was the export; once the run has saved step {step} again, export it: `{again}`"
+    )
+    for attempt in range(1, 9):
+        try:
+            written = write()
+            break
+        except ExportError:
+            # Another export of the step landed first (two exporters: the trainer's, eval's, the
+            # CLI's; review R15d F1): this one's, when its checkpoint was set aside; the one there,
+            # when it records a checkpoint set aside, is set aside as its timeline's and this one
+            # takes its place (again, when yet another lands meanwhile: review R15f F2).
+            if read is None or not target.is_dir():
+                raise
+            if _set_aside_since(ckpt, read):
+                raise set_aside from None
+            if out is not None or not of_another_checkpoint(target, ckpt) or attempt == 8:
+                raise
+            with contextlib.suppress(FileNotFoundError):  # another exporter set it aside first
+                target.rename(abandoned_name(target))
+    if read is not None and _set_aside_since(ckpt, read):
+        if out is not None:
+            if _recorded_identity(target) == read:  # a copy this call made (--out must not exist)
+                shutil.rmtree(target)
+        else:
+            _set_aside_if_of(target, read)
+        raise set_aside
     return written
+
+
+def _set_aside_if_of(export: Path, read: str) -> None:
+    """Set export `export` aside (abandoned-…) if it records checkpoint identity `read`: renamed
+    first, then read, and put back when it is another process's (the trainer's own export of the
+    step, written meanwhile: checked before the rename, it could be set aside: review R15f F8)."""
+    aside = abandoned_name(export)
+    try:
+        export.rename(aside)
+    except FileNotFoundError:
+        return
+    if _recorded_identity(aside) != read:
+        with contextlib.suppress(OSError):
+            aside.rename(export)
 
 
 class CheckpointSetAside(ExportError):

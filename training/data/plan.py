@@ -137,6 +137,15 @@ def skip_of(skips: Sequence[Skip], step: int) -> Skip | None:
     return next((s for s in skips if s.first_step <= step <= s.last_step), None)
 
 
+def untrained_save(skips: Sequence[Skip], step: int, last_step: int) -> Skip | None:
+    """The skip whose rewind saved checkpoint `step` (its last step) with the weights of the step it
+    went back to, to resume from: no trained step, so neither exported nor scored as step `step`
+    (review R15e F2); None for a trained step, and for the plan's `last_step` (the run's final
+    weights, whichever step's they are: exported and scored with a note)."""
+    skip = skip_of(skips, step)
+    return skip if skip is not None and step == skip.last_step != last_step else None
+
+
 def trained_step(skips: Sequence[Skip], step: int) -> int:
     """The step whose weights the run holds after global step `step`: `step` itself, or for a step a
     rewind skipped, the step that rewind went back to (itself perhaps inside an earlier skip)."""

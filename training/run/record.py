@@ -94,8 +94,8 @@ class RunRecord:
         """The run starts or resumes (at checkpoint `resumed`, this directory's when `own`), on rank 0:
         the trackers of [metrics] opened (`config`: the resolved recipe, `datasets`: source name ->
         dataset, for their runs); then what a discarded or redone future left (steps after `resumed`)
-        set aside; the plan recorded and drawn with the timeline's skips; metrics.jsonl kept up to the
-        checkpoint (or started over)."""
+        set aside; the plan recorded and drawn with the timeline's skips, consumption.parquet at its
+        step; metrics.jsonl kept up to the checkpoint (or started over)."""
         if self.rank != 0:
             return
         # A fresh run (one refused while complete checkpoints exist: after checkpoint.interval = 0, or
@@ -116,6 +116,9 @@ class RunRecord:
         try:
             self._set_aside(after=-1 if mine is None else mine, earlier_run=mine is None)
             self._record_plan()
+            # at the timeline's start: what the file held was a future set aside, or an earlier run's,
+            # which the audit answered from until this run's first logged row (review R15e F1)
+            self._consumption(resumed or 0)
             self._open_log(mine, logged)
             self._open_batches(mine)
         except BaseException:

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
-from training.checkpoint.base_record import carry_base_record, record_base
+from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
@@ -324,9 +324,14 @@ def _outputs(
     if resumed is not None and resumed_from is not None:
         for line in _changes_since(*resumed_from, applied, resumed):
             say(line)
-    if resumed is None and model_config.init_from:  # RUN/base/: the base as loaded, for its exports
+    # RUN/base/: the base as loaded, for its exports; a resumed run's comes from the run whose
+    # checkpoint it resumed (another directory's: carried); a start from scratch has none (one a
+    # start from a base left, dead before its first checkpoint, is not its base: review R15f F4)
+    if resumed is None and model_config.init_from:
         record_base(run_dir, base_dir, model_config.init_from, model_config.init_from_sha256)
-    elif resumed is not None and resumed_from is not None and not own:  # another run's checkpoint
+    elif resumed is None:
+        drop_base_record(run_dir)
+    elif resumed_from is not None and not own:
         carry_base_record(resumed_from[0].parent.parent, run_dir)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)

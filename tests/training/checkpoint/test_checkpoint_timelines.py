@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -112,9 +113,13 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
     tb = "metrics.tensorboard=true"
     assert run(dataset, other, "run.max_steps=8") == 0
     assert run(dataset, r, "run.max_steps=8", "optim.lr=1e-2", "checkpoint.interval=0", tb) == 0
+    # a RUN/base/ a start from a base left (it died before its first checkpoint): not this run's base,
+    # whose weights descend from a run from scratch (its exports took that base's tokens: review R15d F8)
+    _plant_base(r)
     capsys.readouterr()
     foreign = checkpoint_dir(other, 4)
     assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}", tb) == 0
+    assert not (r / "base").exists()
     assert (
         f"note: {r / 'metrics.jsonl'} exists from an earlier run; starting it over" in capsys.readouterr().out
     )
@@ -376,3 +381,62 @@ def test_an_export_of_a_checkpoint_set_aside_while_it_ran_is_never_the_run_s(
     record = json.loads((export_dir(r, 8) / "gristmill_export.json").read_text())
     assert record["checkpoint_complete_sha256"] == hf_export.checkpoint_identity(checkpoint_dir(r, 8))
     assert gristmill(["verify", str(r)]) == 0
+
+    # Such an export landing while the run's own is written (the trainer's, beside a CLI export; review
+    # R15d F1: the trainer stopped, "remove it by hand"): set aside, the run's takes its place
+    shutil.rmtree(export_dir(r, 8))
+
+    def load_then_stale_lands(*args, **kw):
+        got = loaded(*args, **kw)
+        shutil.copytree(export_dir(r, 8).with_name("abandoned-step-000008"), export_dir(r, 8))
+        return got
+
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", load_then_stale_lands)
+    assert gristmill(["export", str(r), "--step", "8"]) == 0
+    record = json.loads((export_dir(r, 8) / "gristmill_export.json").read_text())
+    assert record["checkpoint_complete_sha256"] == hf_export.checkpoint_identity(checkpoint_dir(r, 8))
+
+    # A copy (--out, bf16) of a checkpoint set aside while it ran is removed, and the advice, followed
+    # to the letter, makes it again from the run's step 8 (review R15d F2)
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", load_then_resume)
+    pub = tmp_path / "pub"
+    capsys.readouterr()
+    assert gristmill(["export", str(r), "--step", "8", "--out", str(pub), "--dtype", "bf16"]) == 2
+    (advice,) = [
+        c for c in one_error_line(capsys.readouterr().err).split("`")[1::2] if c.startswith("gristmill")
+    ]
+    assert not pub.exists() and f"--out {pub} --dtype bf16" in advice, advice
+    monkeypatch.setattr(hf_export, "load_checkpoint_model", loaded)
+    assert gristmill(advice.split()[1:]) == 0
+    record = json.loads((pub / "gristmill_export.json").read_text())
+    assert record["checkpoint_complete_sha256"] == hf_export.checkpoint_identity(checkpoint_dir(r, 8))
+
+
+def _plant_base(run_dir: Path) -> None:
+    """A RUN/base/ record (as a start from a base writes it), whose exports take bos 1 and eos 2."""
+    (run_dir / "base").mkdir(parents=True)
+    (run_dir / "base" / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    record = {
+        "init_from": "/gone",
+        "init_from_sha256": "0" * 64,
+        "weights_sha256": {},
+        "files": ["config.json"],
+    }
+    (run_dir / "base" / "base.json").write_text(json.dumps(record))
+
+
+def test_a_resume_through_a_link_to_the_run_s_own_checkpoint_is_the_run_s(dataset, tmp_path):
+    """A start from scratch in a directory a dead start from a base left RUN/base/ in keeps none
+    (review R15f F4). A resume through a link to the run's own checkpoint (`latest`) read as another
+    run's: its exports set aside, metrics.jsonl started over, RUN/base/ dropped (review R15f F1)."""
+    r = tmp_path / "run"
+    _plant_base(r)
+    sets = ("run.max_steps=8", "checkpoint.keep_last=0", "checkpoint.export_interval=4")
+    assert run(dataset, r, *sets) == 0
+    assert not (r / "base").exists()
+    _plant_base(r)  # as if the run were from a base: its record must stay
+    rows = metrics(r)[:4]
+    (tmp_path / "latest").symlink_to(checkpoint_dir(r, 4))
+    assert run(dataset, r, *sets, f"checkpoint.resume={json.dumps(str(tmp_path / 'latest'))}") == 0
+    assert metrics(r)[:4] == rows and [m["step"] for m in metrics(r)] == list(range(1, 9))
+    assert export_dir(r, 4).is_dir() and (r / "base" / "base.json").is_file()
