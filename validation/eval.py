@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from training.checkpoint.hf_export import CheckpointSetAside, export_checkpoint, run_config
-from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor
+from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor, untrained_reason
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
@@ -65,7 +65,7 @@ from training.contract.run_layout import (
     export_dir,
     list_steps,
 )
-from training.data.plan import Skip, skips_from, trained_step, untrained_save
+from training.data.plan import Skip, skips_from
 from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
@@ -149,30 +149,10 @@ def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
     run_dir = Path(run_dir)
     exports = set(list_steps(run_dir / EXPORTS_DIR, merged))
     if not merged:  # a rewind's save of an earlier step's weights is no trained step (untrained_save)
-        return sorted(s for s in exports | set(complete_steps(run_dir)) if _untrained(run_dir, s) is None)
+        return sorted(
+            s for s in exports | set(complete_steps(run_dir)) if untrained_reason(run_dir, s) is None
+        )
     return sorted(exports | {s for s in complete_steps(run_dir) if _holds_merged(run_dir, s)})
-
-
-def _untrained(run_dir: Path, step: int) -> str | None:
-    """Why step `step` has no weights of its own to score (a rewind's save at a skip's last step,
-    holding those of the step it went back to: review R15e F2), None when it has (RUN/data_plan.json
-    unreadable: refused where the eval starts)."""
-    try:
-        description = recorded_plan(run_dir)
-    except GristmillError:
-        return None
-    phases = description.get("phases") if description is not None else None
-    if not isinstance(phases, list):
-        return None
-    skips = skips_from(description)
-    skip = untrained_save(skips, step, sum(ph.get("steps", 0) for ph in phases))
-    if skip is None:
-        return None
-    return (
-        f"step {step} was never trained: rewind {skip.rewind} skipped steps {skip.first_step}–"
-        f"{skip.last_step}, and its checkpoint holds step {trained_step(skips, step)}'s weights (saved to "
-        f"resume from); evaluate step {trained_step(skips, step)}"
-    )
 
 
 def _holds_merged(run_dir: Path, step: int) -> bool:
@@ -613,7 +593,7 @@ def evaluate_step(
     from validation.eval_model import GristmillHFLM
 
     run_dir = Path(run_dir)
-    if not merged and (why := _untrained(run_dir, step)):
+    if not merged and (why := untrained_reason(run_dir, step)):
         raise EvalError(why)
     plan = plan or TaskPlan(run_dir, cfg)
     check_results(run_dir)  # a damaged results.json (merged into, or in the table): before scoring
@@ -910,13 +890,17 @@ def run(args: argparse.Namespace) -> int:
                 f"{run_dir} has no merged weights to evaluate (no exports/merged-step-N, and no checkpoint "
                 "holds its step's merged weights); train with [merge] first"
             )
+        if not steps and (saves := complete_steps(run_dir)):  # rewinds' saves of earlier weights only
+            raise EvalError(
+                f"{run_dir} has no trained step to evaluate: {untrained_reason(run_dir, saves[-1])}"
+            )
         if not steps:
             raise EvalError(
                 f"{run_dir} has neither exports/step-N nor a complete checkpoint to evaluate; train first "
                 "(or pass --watch to wait for one)"
             )
         step = steps[-1]
-    elif not merged and (why := _untrained(run_dir, step)):
+    elif not merged and (why := untrained_reason(run_dir, step)):
         raise EvalError(why)
     elif step not in steps and (merged or step != 0 or not run_config(run_dir).model.init_from):
         # (step 0 of a run from a base model: the base, exported now)

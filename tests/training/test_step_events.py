@@ -459,7 +459,7 @@ def test_sigterm_on_the_busiest_step_then_resume_equals_the_uninterrupted_run(
     stopped = run_here(config, run)
     assert stopped["stopped_by"] == "SIGTERM" and stopped["steps"] == ALL_DUE
     monkeypatch.delenv(SIGTERM)
-    run_here(config, run, "checkpoint.resume='auto'")
+    run_here(config, run, "checkpoint.resume='auto'", "run.on_spike='rewind'")
     check_final(run, check_timeline(run))
     assert scores(run) == scores(reference)
     assert_same_weights(reference, run, LAST)
@@ -566,4 +566,38 @@ def test_sweep_every_step(config, tmp_path, monkeypatch, happening, step):
         assert all(s < step for w in ("checkpoints", "exports", "eval") for s in list_steps(run / w))
         check_timeline(run)
         return
+    check_final(run, check_timeline(run))
+
+
+def test_a_run_stopped_inside_a_rewind_s_skip_scores_no_step_of_it_and_resumes_as_never_stopped(
+    config, tmp_path, monkeypatch, capsys
+):
+    """run.max_steps inside a rewind's skip: the save at the skip's last step (step 2's weights) was
+    validated and scored as step 4, kept after a resume to the end (review R15g F1); `gristmill export
+    RUN` exported it as step 4 (F2); with step 2's checkpoint gone, eval said there was no checkpoint
+    and advised evaluating step 2 (F3). None of it now: the resumed run's timeline is the uninterrupted
+    one's."""
+    from training.checkpoint.checkpointer import delete_checkpoint
+
+    monkeypatch.setenv(SPIKE_WINDOW, f"step:{ALL_DUE}*50")
+    run = tmp_path / "run"
+    run_here(config, run, "run.max_steps=4", "run.on_spike='rewind'")
+    (skip,) = recorded_skips(run)
+    assert (skip.checkpoint_step, skip.first_step, skip.last_step) == (2, 3, ALL_DUE)
+    assert not list_steps(run / "eval") and ALL_DUE not in [r["step"] for r in kept_rows(read_metrics(run))]
+    delete_checkpoint(run / "checkpoints" / "step-000002")  # as retention (checkpoint.keep_last) may
+    capsys.readouterr()
+    assert gristmill(["eval", str(run), "--tasks", "heldout_ppl"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "no trained step to evaluate: step 4 was never trained: rewind 1 skipped steps 3–4" in line, line
+    assert "step 2's own checkpoint and export are gone (retention)" in line
+    assert gristmill(["export", str(run)]) == 2
+    out = capsys.readouterr()
+    assert (
+        "skipped step 4: step 4 was never trained" in out.out
+        and "no complete checkpoint to export" in out.err
+    )
+    assert gristmill(["export", str(run), "--step", str(ALL_DUE)]) == 2
+    assert "step 4 was never trained" in one_error_line(capsys.readouterr().err)
+    run_here(config, run, "checkpoint.resume='auto'", "run.on_spike='rewind'")
     check_final(run, check_timeline(run))

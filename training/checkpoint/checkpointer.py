@@ -66,6 +66,7 @@ from training.checkpoint.io import (
     newest_verified,
     nonfinite_tensor,
     state_tensors,
+    untrained_reason,
     verify_checkpoint,
 )
 from training.checkpoint.record import (
@@ -85,7 +86,7 @@ from training.config import CheckpointSection
 from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
-from training.contract.errors import GristmillError, NonFiniteError
+from training.contract.errors import NonFiniteError
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
@@ -102,8 +103,6 @@ from training.contract.run_layout import (
     step_of,
 )
 from training.data.loader import foreign_state_message
-from training.data.plan import untrained_save
-from training.data.recipe import recorded_skips
 from training.optim import optimizer_name, saved_optimizer
 
 # --- what is on disk ---------------------------------------------------------------------------
@@ -435,7 +434,7 @@ class Checkpointer:
         # over, RUN/base/ dropped: review R15f F1)
         self.resumed_here = path.resolve().parent == self.root.resolve()
         if self.rank == 0:
-            self.resumed_from = (path.resolve(), record.get("config_sha256"))
+            self.resumed_from = (path, record.get("config_sha256"))
             if self.resumed_here:
                 self._set_aside_newer(step, f"the resumed step {step}")
                 merged = self.merged_export is not None and self.merged_export(step)
@@ -860,14 +859,9 @@ class Checkpointer:
         self._retain(step)
 
     def _untrained(self, step: int) -> bool:
-        """Whether checkpoint `step` is a rewind's save of an earlier step's weights (untrained_save),
-        by the skips RUN/data_plan.json records (written before the rewind saves; one the trainer
-        cannot read: none)."""
-        try:
-            skips = recorded_skips(self.run_dir)
-        except GristmillError:
-            return False
-        return untrained_save(skips, step, self.plan_last_step or self.last_step) is not None
+        """Whether checkpoint `step` is a rewind's save of an earlier step's weights (io.untrained_reason,
+        by RUN/data_plan.json, which the rewind writes before it saves)."""
+        return untrained_reason(self.run_dir, step) is not None
 
     def _export(self, step: int, merged: bool, *, verified: bool, missed: bool = False) -> None:
         """Rank 0: the exports due at complete checkpoint `step`: every checkpoint.export_interval

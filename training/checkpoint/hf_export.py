@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import json
 import os
+import shlex
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,6 +53,7 @@ from training.checkpoint.io import (
     missing_step_reason,
     newest_verified,
     nonfinite_tensor,
+    untrained_reason,
     verify_checkpoint,
 )
 from training.checkpoint.model_config import resolve_model_config
@@ -583,6 +585,8 @@ def export_checkpoint(
         return export_base(run_dir, log, out=out, dtype=dtype)
     if step is None:
         step, verified = _newest_to_export(run_dir, log, merged), True
+    elif not merged and (why := untrained_reason(run_dir, step)):
+        raise ExportError(why)  # exported as step N, an earlier step's weights (review R15g F2)
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
     if run_export.is_dir() and of_another_checkpoint(run_export, ckpt):
@@ -627,9 +631,9 @@ def export_checkpoint(
 
     # A checkpoint set aside while it was read and written (a resume from an older step, a rewind)
     # leaves an export of a timeline the run left (review R15c F2): never the run's, never a copy.
-    again = " ".join(
-        [f"gristmill export {run_dir} --step {step}", *(["--merged"] if merged else []),
-         *([f"--out {out}", f"--dtype {_dtype_name(dtype)}"] if out is not None else [])]
+    again = shlex.join(
+        ["gristmill", "export", str(run_dir), "--step", str(step), *(["--merged"] if merged else []),
+         *(["--out", str(out), "--dtype", _dtype_name(dtype)] if out is not None else [])]
     )  # fmt: skip
     set_aside = CheckpointSetAside(
         f"{ckpt} was set aside while it was exported (a resume or a rewind left its timeline), and so "
@@ -731,9 +735,10 @@ def _newest_to_export(run_dir: Path, log, merged: bool) -> int:
     while True:
         path, _, passed = newest_verified(run_dir, within)
         passed_over += passed
-        if path is None or not merged or merged_step(path) == step_of(path):
+        why = None if path is None or merged else untrained_reason(run_dir, step_of(path))
+        if path is None or (why is None and (not merged or merged_step(path) == step_of(path))):
             break
-        passed_over.append((path, missing_step_reason(run_dir, step_of(path), merged=True)))
+        passed_over.append((path, why or missing_step_reason(run_dir, step_of(path), merged=True)))
         within = (0, step_of(path) - 1)
     for skipped, reason in passed_over if log is not None else ():
         log(f"skipped step {step_of(skipped)}: {reason}")

@@ -230,6 +230,42 @@ def merged_step(path: str | Path) -> int | None:
     return int(json.loads(box["merge"]["meta"])["merged"])
 
 
+def untrained_reason(run_dir: str | Path, step: int) -> str | None:
+    """Why checkpoint `step` of run `run_dir` is no trained step's, to export or score as `step`: a
+    rewind's save at its skip's last step, holding the weights of the step it went back to, to resume
+    from (training/data/plan.untrained_save; review R15e F2) — None for a trained step, the plan's
+    last one (the run's final weights), or a run whose RUN/data_plan.json cannot say (its readers
+    refuse it where they start). The weights' own step is named, with where its weights are now."""
+    from training.data.plan import skips_from, trained_step, untrained_save
+    from training.data.recipe import recorded_plan
+
+    run_dir = Path(run_dir)
+    try:
+        description = recorded_plan(run_dir)
+    except GristmillError:
+        return None
+    phases = description.get("phases") if description is not None else None
+    if not isinstance(phases, list) or not all(isinstance(ph.get("steps"), int) for ph in phases):
+        return None
+    skips = skips_from(description)
+    skip = untrained_save(skips, step, sum(ph["steps"] for ph in phases))
+    if skip is None:
+        return None
+    held = trained_step(skips, step)
+    gone = held not in complete_steps(run_dir) and held not in list_steps(run_dir / EXPORTS_DIR)
+    where = (
+        f"step {held}'s own checkpoint and export are gone (retention), so its weights are only "
+        f"resumed from here (--resume {checkpoint_dir(run_dir, step)})"
+        if gone and held > 0
+        else f"export or evaluate step {held}"
+    )
+    return (
+        f"step {step} was never trained: rewind {skip.rewind} skipped steps {skip.first_step}–"
+        f"{skip.last_step}, and its checkpoint holds step {held}'s weights (saved to resume from); "
+        f"{where}"
+    )
+
+
 def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) -> str:
     """Why run `run_dir` holds no checkpoint of `step` (the one answer `gristmill export`, `eval
     --step` and `verify --step` give): not a step, past the run's end, set aside by a rewind (or a

@@ -118,6 +118,17 @@ def set_aside_after(parent: str | Path, after: int) -> list[tuple[Path, Path]]:
     return moved
 
 
+def run_of_checkpoint(path: str | Path) -> Path:
+    """The run directory checkpoint `path` belongs to: the one whose checkpoints/ holds it, whether
+    `path` is a link to it (`latest`) or the run's checkpoints/ a link to a volume elsewhere."""
+    path = Path(path)
+    holder = path.resolve().parent
+    for run in (path.parent.parent, holder.parent):
+        if (run / CHECKPOINTS_DIR).resolve() == holder:
+            return run
+    return holder.parent
+
+
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / CHECKPOINTS_DIR / step_name(step)
 

@@ -64,18 +64,17 @@ class Rewinder:
         state: TrainState,
         record: RunRecord,
         merge: MergedWeights | None,
-        last_step: int,
         validates: bool,
         evaluates: bool,
     ):
         """`settings`: [run.rewind]; the timeline records each rewind's skip (its one writer);
-        `last_step`: this invocation's; `validates`, `evaluates`: the run has validation, an eval
-        (the final weights get them when a skip reaches the last step); `merge`: [merge]'s
+        `validates`, `evaluates`: the run has validation, an eval (the final weights get them when a
+        skip reaches the plan's last step); `merge`: [merge]'s
         accumulator (the checkpoint restores it; the skip reaches the merge points it covers)."""
         self.cfg, self.timeline, self.checkpointer = settings, timeline, checkpointer
         self.loader, self.scheduler, self.state, self.record = loader, scheduler, state, record
         self.merge = merge
-        self.last_step, self.validates, self.evaluates = last_step, validates, evaluates
+        self.validates, self.evaluates = validates, evaluates
 
     def target(self, step: int, cause: str) -> RewindTarget | str:
         """Where a rewind of step `step` goes back to (rank 0 chooses, every rank gets its choice; a
@@ -139,7 +138,9 @@ class Rewinder:
         kill_point("rewind-restored")
         self.record.rewound(skip)
         kill_point("rewind-recorded")
-        if skip.last_step >= self.last_step and (self.validates or self.evaluates):
+        # the plan's end, not this invocation's (run.max_steps inside the skip: a resume trains on,
+        # and step N would keep an earlier step's scores as its own: review R15g F1)
+        if skip.last_step >= self.timeline.plan.total_steps and (self.validates or self.evaluates):
             # the step whose weights they are: the checkpoint may be an earlier skip's, never trained
             weights = trained_step(self.timeline.skips, skip.checkpoint_step)
             note = (

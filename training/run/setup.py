@@ -35,7 +35,7 @@ from training.config import TrainConfig, load_train_config
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.run_layout import CONFIG_TOML
+from training.contract.run_layout import CONFIG_TOML, run_of_checkpoint
 from training.data.block_cache import check_room
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
@@ -219,7 +219,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         _say_resumed(loader, state, resumed, last_step)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
-        state=state, record=record, merge=merge, last_step=last_step, validates=validation is not None,
+        state=state, record=record, merge=merge, validates=validation is not None,
         evaluates=evaluator is not None,
     )  # fmt: skip
     judge = Judge(
@@ -332,7 +332,7 @@ def _outputs(
     elif resumed is None:
         drop_base_record(run_dir)
     elif resumed_from is not None and not own:
-        carry_base_record(resumed_from[0].parent.parent, run_dir)
+        carry_base_record(run_of_checkpoint(resumed_from[0]), run_dir)
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
     # After the record started, whose trackers may still refuse the resume (an unreadable
@@ -428,7 +428,7 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
     checkpoint's config or not (a later resume rewrote it)."""
     if recorded == run_identity(applied):
         return []
-    path = checkpoint.parent.parent / CONFIG_TOML
+    path = run_of_checkpoint(checkpoint) / CONFIG_TOML
     try:
         before = load_train_config(path, [])
         before_applied = applied_config(before, resolve(before))

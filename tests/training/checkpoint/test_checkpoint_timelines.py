@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import struct
 from pathlib import Path
@@ -399,15 +400,15 @@ def test_an_export_of_a_checkpoint_set_aside_while_it_ran_is_never_the_run_s(
     # A copy (--out, bf16) of a checkpoint set aside while it ran is removed, and the advice, followed
     # to the letter, makes it again from the run's step 8 (review R15d F2)
     monkeypatch.setattr(hf_export, "load_checkpoint_model", load_then_resume)
-    pub = tmp_path / "pub"
+    pub = tmp_path / "pub lic"  # a space: the advice is quoted for a shell (review R15g F5)
     capsys.readouterr()
     assert gristmill(["export", str(r), "--step", "8", "--out", str(pub), "--dtype", "bf16"]) == 2
     (advice,) = [
         c for c in one_error_line(capsys.readouterr().err).split("`")[1::2] if c.startswith("gristmill")
     ]
-    assert not pub.exists() and f"--out {pub} --dtype bf16" in advice, advice
+    assert not pub.exists() and f"--out '{pub}' --dtype bf16" in advice, advice
     monkeypatch.setattr(hf_export, "load_checkpoint_model", loaded)
-    assert gristmill(advice.split()[1:]) == 0
+    assert gristmill(shlex.split(advice)[1:]) == 0
     record = json.loads((pub / "gristmill_export.json").read_text())
     assert record["checkpoint_complete_sha256"] == hf_export.checkpoint_identity(checkpoint_dir(r, 8))
 
@@ -440,3 +441,17 @@ def test_a_resume_through_a_link_to_the_run_s_own_checkpoint_is_the_run_s(datase
     assert run(dataset, r, *sets, f"checkpoint.resume={json.dumps(str(tmp_path / 'latest'))}") == 0
     assert metrics(r)[:4] == rows and [m["step"] for m in metrics(r)] == list(range(1, 9))
     assert export_dir(r, 4).is_dir() and (r / "base" / "base.json").is_file()
+
+
+def test_a_resume_of_a_run_whose_checkpoints_folder_is_a_link_takes_that_run_s_base(dataset, tmp_path):
+    """The run whose checkpoint a resume into another directory takes its RUN/base/ from is the one
+    whose checkpoints/ holds it, also when that folder is a link to a volume (review R15g F4: the
+    volume's folder was taken for the run, RUN/base/ dropped, the exports' tokens the separator)."""
+    other, new = tmp_path / "other", tmp_path / "new"
+    assert run(dataset, other, "run.max_steps=4") == 0
+    _plant_base(other)  # as a run from a base keeps it
+    (other / "checkpoints").rename(tmp_path / "volume")
+    (other / "checkpoints").symlink_to(tmp_path / "volume")
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(other, 4)))}"
+    assert run(dataset, new, "run.max_steps=8", resume) == 0
+    assert json.loads((new / "base" / "base.json").read_text())["init_from"] == "/gone"
