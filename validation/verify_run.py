@@ -22,6 +22,7 @@ resumed run trained the batches an uninterrupted one would have (docs/loader-and
 from __future__ import annotations
 
 import argparse
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,7 +81,16 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
-                    again = f"gristmill export {run_dir} --step {step}{' --merged' if merged else ''}"
+                    again = shlex.join(
+                        [
+                            "gristmill",
+                            "export",
+                            str(run_dir),
+                            "--step",
+                            str(step),
+                            *(["--merged"] if merged else []),
+                        ]
+                    )
                     status = "DAMAGED"
                     detail = (
                         f"exported from another checkpoint of step {step} than the run's (one a resume or a "

@@ -601,3 +601,14 @@ def test_a_run_stopped_inside_a_rewind_s_skip_scores_no_step_of_it_and_resumes_a
     assert "step 4 was never trained" in one_error_line(capsys.readouterr().err)
     run_here(config, run, "checkpoint.resume='auto'", "run.on_spike='rewind'")
     check_final(run, check_timeline(run))
+    # the save itself gone too: why step 4 has nothing, no --resume of a checkpoint not there (review
+    # R15h F2); a damaged skip record fails no export of a trained step (a traceback: R15h F5)
+    delete_checkpoint(run / "checkpoints" / "step-000004")
+    capsys.readouterr()
+    assert gristmill(["eval", str(run), "--step", str(ALL_DUE), "--tasks", "heldout_ppl"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "step 4 was never trained: rewind 1 skipped steps 3–4" in line and "--resume" not in line, line
+    plan = json.loads((run / "data_plan.json").read_text())
+    del plan["skips"][0]["checkpoint_step"]
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert gristmill(["export", str(run), "--step", str(LAST)]) == 0

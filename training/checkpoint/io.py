@@ -247,17 +247,23 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     phases = description.get("phases") if description is not None else None
     if not isinstance(phases, list) or not all(isinstance(ph.get("steps"), int) for ph in phases):
         return None
-    skips = skips_from(description)
-    skip = untrained_save(skips, step, sum(ph["steps"] for ph in phases))
-    if skip is None:
+    try:
+        skips = skips_from(description)
+    except (KeyError, TypeError, ValueError):  # a damaged skip: said by the commands that read them
         return None
+    skip = untrained_save(skips, step, sum(ph["steps"] for ph in phases))
+    saved = incomplete_reason(checkpoint_dir(run_dir, step)) is None
+    if skip is None or not (saved or step in list_steps(run_dir / EXPORTS_DIR)):
+        return None  # nothing of the step there: missing_step_reason says why
     held = trained_step(skips, step)
     gone = held not in complete_steps(run_dir) and held not in list_steps(run_dir / EXPORTS_DIR)
     where = (
-        f"step {held}'s own checkpoint and export are gone (retention), so its weights are only "
+        f"export or evaluate step {held}"
+        if not gone or held == 0
+        else f"step {held}'s own checkpoint and export are gone (retention), so its weights are only "
         f"resumed from here (--resume {checkpoint_dir(run_dir, step)})"
-        if gone and held > 0
-        else f"export or evaluate step {held}"
+        if saved
+        else f"step {held}'s own checkpoint and export are gone (retention)"
     )
     return (
         f"step {step} was never trained: rewind {skip.rewind} skipped steps {skip.first_step}–"

@@ -332,7 +332,15 @@ def _outputs(
     elif resumed is None:
         drop_base_record(run_dir)
     elif resumed_from is not None and not own:
-        carry_base_record(run_of_checkpoint(resumed_from[0]), run_dir)
+        source = run_of_checkpoint(resumed_from[0])
+        if (source / CONFIG_TOML).is_file():
+            carry_base_record(source, run_dir)
+        else:  # a volume's path to it: the run it belongs to cannot be told (review R15h F4)
+            say(
+                f"note: {resumed_from[0]} lies in no run directory, so its run's RUN/base/ (a base model's "
+                "special tokens, for the exports) is not carried; resume from RUN/checkpoints/step-N of "
+                "its run to carry it"
+            )
     datasets = {src.name: src.dataset for src in spec.sources}
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
     # After the record started, whose trackers may still refuse the resume (an unreadable
@@ -440,7 +448,8 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
     when = f"; in effect from step {step + 1}"
     if before_applied is not None and recorded in (None, run_identity(before_applied)):
-        return [f"note: changed since {checkpoint.name} was saved ({path}): {shown}{when}"] if changes else []
+        name = checkpoint.resolve().name  # not a link's (`latest`)
+        return [f"note: changed since {name} was saved ({path}): {shown}{when}"] if changes else []
     return [
         f"note: the config differs from the one {checkpoint.name} was saved with (its hash in COMPLETE)"
         + (f"; changed since {path} was written: {shown}{when}" if before_applied and changes else "")

@@ -443,7 +443,9 @@ def test_a_resume_through_a_link_to_the_run_s_own_checkpoint_is_the_run_s(datase
     assert export_dir(r, 4).is_dir() and (r / "base" / "base.json").is_file()
 
 
-def test_a_resume_of_a_run_whose_checkpoints_folder_is_a_link_takes_that_run_s_base(dataset, tmp_path):
+def test_a_resume_of_a_run_whose_checkpoints_folder_is_a_link_takes_that_run_s_base(
+    dataset, tmp_path, capsys
+):
     """The run whose checkpoint a resume into another directory takes its RUN/base/ from is the one
     whose checkpoints/ holds it, also when that folder is a link to a volume (review R15g F4: the
     volume's folder was taken for the run, RUN/base/ dropped, the exports' tokens the separator)."""
@@ -455,3 +457,8 @@ def test_a_resume_of_a_run_whose_checkpoints_folder_is_a_link_takes_that_run_s_b
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(other, 4)))}"
     assert run(dataset, new, "run.max_steps=8", resume) == 0
     assert json.loads((new / "base" / "base.json").read_text())["init_from"] == "/gone"
+    # through the volume's own path: which run it is cannot be told, and that is said (review R15h F4)
+    capsys.readouterr()
+    volume = f"checkpoint.resume={json.dumps(str(tmp_path / 'volume' / 'step-000004'))}"
+    assert run(dataset, tmp_path / "third", "run.max_steps=8", volume) == 0
+    assert "lies in no run directory, so its run's RUN/base/" in capsys.readouterr().out
