@@ -585,6 +585,24 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     got, want = (json.loads((export_checkpoint(r, 8) / "config.json").read_text()) for r in (elsewhere, run))
     assert [got.get(k) for k in ids] == [want.get(k) for k in ids] == [base_ids.get(k) for k in ids]
+    # through a volume's own path to the checkpoint (the run's checkpoints/ a link to it), which run it
+    # is cannot be told: said, not a RUN/base/ silently missing (review R15h F4)
+    (run / "checkpoints").rename(tmp_path / "volume")
+    (run / "checkpoints").symlink_to(tmp_path / "volume")
+    capsys.readouterr()
+    volume = f"checkpoint.resume={json.dumps(str(tmp_path / 'volume' / 'step-000006'))}"
+    train(
+        load_train_config(
+            TINY,
+            [
+                *overrides(
+                    data, tmp_path / "fourth", _init(copy), "schedule.steps=8", "checkpoint.interval=2"
+                ),
+                volume,
+            ],
+        )
+    )
+    assert "lies in no run directory, so its run's RUN/base/" in capsys.readouterr().out
     # the newest checkpoint's record damaged: the run's model is the next one's record, not the base
     # (gone), which export and resume then asked for (review R14f F2)
     shutil.rmtree(export_dir(run, 8))

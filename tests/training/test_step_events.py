@@ -25,6 +25,7 @@ After every run, the invariants (`check_timeline`):
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -611,4 +612,11 @@ def test_a_run_stopped_inside_a_rewind_s_skip_scores_no_step_of_it_and_resumes_a
     plan = json.loads((run / "data_plan.json").read_text())
     del plan["skips"][0]["checkpoint_step"]
     (run / "data_plan.json").write_text(json.dumps(plan))
+    assert gristmill(["export", str(run), "--step", str(LAST)]) == 2  # refused, never read as no skip
+    line = one_error_line(capsys.readouterr().err)  # (R15i F1: a rewind's save exported as trained)
+    assert f"{run / 'data_plan.json'} is damaged (a rewind's record" in line, line
+    advice = line[
+        line.index("gristmill train --config ") : line.index(" --resume auto") + len(" --resume auto")
+    ]
+    assert gristmill(shlex.split(advice)[1:]) == 0  # as advised: a finished run trains nothing
     assert gristmill(["export", str(run), "--step", str(LAST)]) == 0

@@ -86,7 +86,7 @@ from training.config import CheckpointSection
 from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
-from training.contract.errors import NonFiniteError
+from training.contract.errors import GristmillError, NonFiniteError
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
@@ -861,7 +861,10 @@ class Checkpointer:
     def _untrained(self, step: int) -> bool:
         """Whether checkpoint `step` is a rewind's save of an earlier step's weights (io.untrained_reason,
         by RUN/data_plan.json, which the rewind writes before it saves)."""
-        return untrained_reason(self.run_dir, step) is not None
+        try:
+            return untrained_reason(self.run_dir, step) is not None
+        except GristmillError:  # a damaged RUN/data_plan.json costs the run no export (it rewrites it)
+            return False
 
     def _export(self, step: int, merged: bool, *, verified: bool, missed: bool = False) -> None:
         """Rank 0: the exports due at complete checkpoint `step`: every checkpoint.export_interval

@@ -18,6 +18,7 @@ import contextlib
 import io
 import json
 import pickle
+import shlex
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -236,8 +237,8 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     from (training/data/plan.untrained_save; review R15e F2) — None for a trained step, the plan's
     last one (the run's final weights), or a run whose RUN/data_plan.json cannot say (its readers
     refuse it where they start). The weights' own step is named, with where its weights are now."""
-    from training.data.plan import skips_from, trained_step, untrained_save
-    from training.data.recipe import recorded_plan
+    from training.data.plan import trained_step, untrained_save
+    from training.data.recipe import recorded_plan, recorded_skips
 
     run_dir = Path(run_dir)
     try:
@@ -247,10 +248,7 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     phases = description.get("phases") if description is not None else None
     if not isinstance(phases, list) or not all(isinstance(ph.get("steps"), int) for ph in phases):
         return None
-    try:
-        skips = skips_from(description)
-    except (KeyError, TypeError, ValueError):  # a damaged skip: said by the commands that read them
-        return None
+    skips = recorded_skips(run_dir, description)  # a damaged one refused, never read as none
     skip = untrained_save(skips, step, sum(ph["steps"] for ph in phases))
     saved = incomplete_reason(checkpoint_dir(run_dir, step)) is None
     if skip is None or not (saved or step in list_steps(run_dir / EXPORTS_DIR)):
@@ -260,8 +258,9 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     where = (
         f"export or evaluate step {held}"
         if not gone or held == 0
-        else f"step {held}'s own checkpoint and export are gone (retention), so its weights are only "
-        f"resumed from here (--resume {checkpoint_dir(run_dir, step)})"
+        else f"step {held}'s own checkpoint and export are gone (retention): its weights are only in this "
+        f"checkpoint (`--resume {shlex.quote(str(checkpoint_dir(run_dir, step)))}` into another "
+        "run.output_dir trains on from them)"
         if saved
         else f"step {held}'s own checkpoint and export are gone (retention)"
     )

@@ -360,11 +360,21 @@ def check_trained_on(
         )
 
 
-def recorded_skips(run_dir: Path) -> tuple[data_plan.Skip, ...]:
-    """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind); none
-    when the run recorded no plan."""
-    description = recorded_plan(run_dir)
-    return () if description is None else data_plan.skips_from(description)
+def recorded_skips(run_dir: Path, description: dict[str, Any] | None = None) -> tuple[data_plan.Skip, ...]:
+    """The rewinds' skips RUN/data_plan.json records (the trainer rewrites it at each rewind; its
+    `description` when read already); none when the run recorded no plan. A damaged skip record is a
+    DatasetError naming the file and what rewrites it (it was a traceback, or the export of a rewind's
+    save as a trained step: reviews R15h F5, R15i F1)."""
+    description = recorded_plan(run_dir) if description is None else description
+    if description is None:
+        return ()
+    try:
+        return data_plan.skips_from(description)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DatasetError(
+            f"{run_dir / DATA_PLAN_JSON} is damaged (a rewind's record: {type(e).__name__}: {e}); "
+            f"{recorded_plan_fix(run_dir)}"
+        ) from None
 
 
 def run_plan(

@@ -335,7 +335,7 @@ def _outputs(
         source = run_of_checkpoint(resumed_from[0])
         if (source / CONFIG_TOML).is_file():
             carry_base_record(source, run_dir)
-        else:  # a volume's path to it: the run it belongs to cannot be told (review R15h F4)
+        elif model_config.init_from:  # a volume's path to it: its run cannot be told (review R15h F4)
             say(
                 f"note: {resumed_from[0]} lies in no run directory, so its run's RUN/base/ (a base model's "
                 "special tokens, for the exports) is not carried; resume from RUN/checkpoints/step-N of "
@@ -451,7 +451,8 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
         name = checkpoint.resolve().name  # not a link's (`latest`)
         return [f"note: changed since {name} was saved ({path}): {shown}{when}"] if changes else []
     return [
-        f"note: the config differs from the one {checkpoint.name} was saved with (its hash in COMPLETE)"
+        f"note: the config differs from the one {checkpoint.resolve().name} was saved with (its hash in "
+        "COMPLETE)"
         + (f"; changed since {path} was written: {shown}{when}" if before_applied and changes else "")
     ]
 
