@@ -192,12 +192,9 @@ def _changed_inputs(
     recorded in build.json's "read" by its modification time; when this run's source.path is another
     folder than the one the build read (a relative path from another directory), every file does."""
     changed = {i for i, (a, b) in enumerate(zip(old, new)) if a["bytes"] != b["bytes"]}
+    # a build.json of before the record, a hub source, or files added or removed: sizes alone
     if not (isinstance(was_read, dict) and read) or [f["file"] for f in old] != [f["file"] for f in new]:
-        return (
-            changed,
-            set(),
-            "",
-        )  # a build.json of before the record, a hub source, or files added or removed
+        return changed, set(), ""
     # Another folder: by where source.path leads and by how it is spelled (a relative path from another
     # directory: both differ; a link re-pointed at a copy on another disk, or two spellings of one
     # folder, is not: review R15d F6)

@@ -262,25 +262,11 @@ def list_source_files(
             elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):
                 arrays.append(p)
         if arrays:
-            plain = arrays[0].parent / _uncompressed(arrays[0].name)  # read decompressed
-            unpack = "" if plain.name == arrays[0].name else ", decompressed first"
-            lines = plain.with_suffix(".jsonl")
-            n = 1
-            # never over an input, nor beside one it would be a copy of (x.jsonl by x.jsonl.gz)
-            while any(lines.with_name(lines.stem + x).exists() for x in JSONL_SUFFIXES):
-                n += 1
-                lines = plain.with_name(f"{plain.stem}-{n}.jsonl")
-            # Python's json, not jq: jq 1.6 rounds integers past 2^53 (ids) without a word (review
-            # R15d); ASCII escapes: any text (a lone surrogate too) in any locale, read back the same
-            convert = (
-                "python3 -c 'import json,sys; [print(json.dumps(d)) for d in "
-                f'json.load(open(sys.argv[1], encoding="utf-8-sig"))]\' {plain} > {lines}'
-            )
             raise SourceError(
                 f"source.path {path} holds {_named(arrays, path)}, a JSON array of documents, which "
                 "gristmill does not read (its documents would be left out): convert it to JSON lines "
-                f"(`{convert}`{unpack}) and move the array out of the folder, or set source.glob to the "
-                "files to read"
+                f"({_conversion(arrays[0])}) and move the array out of the folder, or set source.glob to "
+                "the files to read"
             )
         if missed:
             raise SourceError(
@@ -291,8 +277,8 @@ def list_source_files(
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
     seen: dict[Any, Path] = {}
-    for p in found:
-        stat = p.stat()
+    stats = [p.stat() for p in found]  # once: the checks below and the sizes and times recorded
+    for p, stat in zip(found, stats):
         for key in ((stat.st_dev, stat.st_ino), p.parent / _uncompressed(p.name)):
             if key in seen:
                 raise SourceError(
@@ -302,7 +288,6 @@ def list_source_files(
                 )
             seen[key] = p
     files = [str(p.relative_to(path)) for p in found]
-    stats = [p.stat() for p in found]
     sizes, times = [st.st_size for st in stats], [st.st_mtime_ns for st in stats]
     return SourceFiles(str(path), files, sizes, times, named)
 
@@ -385,6 +370,23 @@ def _json_lines_of(p: Path, text_key: str) -> bool:
     return False
 
 
+def _conversion(array: Path) -> str:
+    """The command that writes JSON array `array` as JSON lines beside it, under a name no input has
+    (nor one it would be a copy of: x.jsonl by x.jsonl.gz). Python's json, not jq: jq 1.6 rounds
+    integers past 2^53 (ids) without a word (review R15d); ASCII escapes: any text (a lone surrogate
+    too) in any locale, read back the same."""
+    plain = array.parent / _uncompressed(array.name)  # read decompressed
+    lines, n = plain.with_suffix(".jsonl"), 1
+    while any(lines.with_name(lines.stem + x).exists() for x in JSONL_SUFFIXES):
+        n += 1
+        lines = plain.with_name(f"{plain.stem}-{n}.jsonl")
+    command = (
+        "python3 -c 'import json,sys; [print(json.dumps(d)) for d in "
+        f'json.load(open(sys.argv[1], encoding="utf-8-sig"))]\' {plain} > {lines}'
+    )
+    return f"`{command}`" + ("" if plain.name == array.name else ", decompressed first")
+
+
 def _json_array_of(p: Path, text_key: str) -> bool:
     """Whether file `p`, named .json (read through its compression), is a JSON array whose first
     element is an object holding `text_key`: documents, in a form the jsonl reader does not read. Its
@@ -396,7 +398,7 @@ def _json_array_of(p: Path, text_key: str) -> bool:
             head = f.read(1 << 24).removeprefix(BOM).decode("utf-8", "replace").lstrip()
         if not head.startswith("["):
             return False
-        first, _ = json.JSONDecoder().raw_decode(head, 1 + len(head[1:]) - len(head[1:].lstrip()))
+        first, _ = json.JSONDecoder().raw_decode(head[1:].lstrip())
     except Exception:  # not its codec, unreadable, not JSON, an empty array, cut at 16 MiB
         return False
     return isinstance(first, dict) and text_key in first

@@ -42,7 +42,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from training.checkpoint.hf_export import CheckpointSetAside, export_checkpoint, run_config
-from training.checkpoint.io import merged_step, missing_step_reason, nonfinite_tensor, untrained_reason
+from training.checkpoint.io import (
+    merged_step,
+    missing_step_reason,
+    nonfinite_tensor,
+    untrained_reason,
+    untrained_steps,
+)
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
 from training.contract.errors import GristmillError
@@ -59,6 +65,7 @@ from training.contract.run_layout import (
     EVAL_PARQUET,
     EVAL_PLOT,
     EXPORTS_DIR,
+    abandoned_copies,
     checkpoint_dir,
     complete_steps,
     eval_dir,
@@ -149,9 +156,7 @@ def available_steps(run_dir: str | Path, merged: bool = False) -> list[int]:
     run_dir = Path(run_dir)
     exports = set(list_steps(run_dir / EXPORTS_DIR, merged))
     if not merged:  # a rewind's save of an earlier step's weights is no trained step (untrained_save)
-        return sorted(
-            s for s in exports | set(complete_steps(run_dir)) if untrained_reason(run_dir, s) is None
-        )
+        return sorted((exports | set(complete_steps(run_dir))) - untrained_steps(run_dir))
     return sorted(exports | {s for s in complete_steps(run_dir) if _holds_merged(run_dir, s)})
 
 
@@ -564,9 +569,7 @@ def _set_aside(path: Path, identity: tuple[int, int] | None) -> bool:
     discarded timeline's (renamed abandoned-…: run_layout.abandoned_name), not deleted by retention."""
     if identity is None or _dir_identity(path) == identity:
         return False
-    name = f"abandoned-{path.name}"  # or abandoned-step-N.2, .3 … (never abandoned-step-N0: another step)
-    found = [p for p in path.parent.glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}.")]
-    return any(_dir_identity(p) == identity for p in found)
+    return any(_dir_identity(p) == identity for p in abandoned_copies(path))
 
 
 def _dir_identity(path: Path) -> tuple[int, int] | None:

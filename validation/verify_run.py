@@ -22,12 +22,11 @@ resumed run trained the batches an uninterrupted one would have (docs/loader-and
 from __future__ import annotations
 
 import argparse
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.checkpoint.checkpointer import dir_size
-from training.checkpoint.hf_export import ExportError, of_another_checkpoint, verify_export
+from training.checkpoint.hf_export import ExportError, export_command, of_another_checkpoint, verify_export
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.batch_record import BatchEntry, read_batches
@@ -81,16 +80,7 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
-                    again = shlex.join(
-                        [
-                            "gristmill",
-                            "export",
-                            str(run_dir),
-                            "--step",
-                            str(step),
-                            *(["--merged"] if merged else []),
-                        ]
-                    )
+                    again = export_command(run_dir, step, merged)
                     status = "DAMAGED"
                     detail = (
                         f"exported from another checkpoint of step {step} than the run's (one a resume or a "

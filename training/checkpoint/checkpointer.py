@@ -66,7 +66,7 @@ from training.checkpoint.io import (
     newest_verified,
     nonfinite_tensor,
     state_tensors,
-    untrained_reason,
+    untrained_steps,
     verify_checkpoint,
 )
 from training.checkpoint.record import (
@@ -859,10 +859,10 @@ class Checkpointer:
         self._retain(step)
 
     def _untrained(self, step: int) -> bool:
-        """Whether checkpoint `step` is a rewind's save of an earlier step's weights (io.untrained_reason,
+        """Whether checkpoint `step` is a rewind's save of an earlier step's weights (io.untrained_steps,
         by RUN/data_plan.json, which the rewind writes before it saves)."""
         try:
-            return untrained_reason(self.run_dir, step) is not None
+            return step in untrained_steps(self.run_dir)
         except GristmillError:  # a damaged RUN/data_plan.json costs the run no export (it rewrites it)
             return False
 

@@ -83,6 +83,7 @@ from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
     EXPORTS_DIR,
+    abandoned_copies,
     abandoned_name,
     checkpoint_dir,
     complete_steps,
@@ -405,6 +406,17 @@ def verify_export(path: str | Path) -> str | None:
     return None
 
 
+def export_command(
+    run_dir: str | Path, step: int, merged: bool = False, out: Path | None = None, dtype: str = "fp32"
+) -> str:
+    """`gristmill export RUN --step N [--merged] [--out DIR --dtype D]`, quoted for a shell: what the
+    advice of an export's refusals (and verify's) gives to paste."""
+    return shlex.join(
+        ["gristmill", "export", str(run_dir), "--step", str(step), *(["--merged"] if merged else []),
+         *(["--out", str(out), "--dtype", dtype] if out is not None else [])]
+    )  # fmt: skip
+
+
 def _export_fix(path: Path, what: str) -> str:
     """How to replace export `path`'s damaged `what`: from its checkpoint while the run keeps it; else
     from a copy only, since retention keeps exports whose checkpoints it deleted, and deleting the
@@ -416,7 +428,7 @@ def _export_fix(path: Path, what: str) -> str:
         step = None
     if step == 0 and not merged:  # the run's base itself, exported again from it (RUN/base's record)
         return (
-            f"delete {path} and re-export it from the run's base (gristmill export {run} --step 0), which "
+            f"delete {path} and re-export it from the run's base ({export_command(run, 0)}), which "
             "needs the base at hand; or restore the file from a copy"
         )
     keep = (
@@ -429,9 +441,7 @@ def _export_fix(path: Path, what: str) -> str:
         verify_checkpoint(checkpoint_dir(run, step))
     except CheckpointError:
         return keep
-    return f"delete {path} and re-export it from its checkpoint (gristmill export {run} --step {step}" + (
-        " --merged)" if merged else ")"
-    )
+    return f"delete {path} and re-export it from its checkpoint ({export_command(run, step, merged)})"
 
 
 def newest_complete_step(run_dir: str | Path) -> int | None:
@@ -631,10 +641,7 @@ def export_checkpoint(
 
     # A checkpoint set aside while it was read and written (a resume from an older step, a rewind)
     # leaves an export of a timeline the run left (review R15c F2): never the run's, never a copy.
-    again = shlex.join(
-        ["gristmill", "export", str(run_dir), "--step", str(step), *(["--merged"] if merged else []),
-         *(["--out", str(out), "--dtype", _dtype_name(dtype)] if out is not None else [])]
-    )  # fmt: skip
+    again = export_command(run_dir, step, merged, out, _dtype_name(dtype))
     set_aside = CheckpointSetAside(
         f"{ckpt} was set aside while it was exported (a resume or a rewind left its timeline), and so "
         f"was the export; once the run has saved step {step} again, export it: `{again}`"
@@ -692,9 +699,7 @@ def _set_aside_since(ckpt: Path, read: str) -> bool:
     now = checkpoint_identity(ckpt)
     if now is not None:
         return now != read
-    name = f"abandoned-{ckpt.name}"  # or abandoned-step-N.2, .3 … (never abandoned-step-N0: another step)
-    aside = [p for p in ckpt.parent.glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}.")]
-    return any(checkpoint_identity(p) == read for p in aside)
+    return any(checkpoint_identity(p) == read for p in abandoned_copies(ckpt))
 
 
 CHECKPOINT_IDENTITY = "checkpoint_complete_sha256"

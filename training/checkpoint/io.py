@@ -39,8 +39,8 @@ from training.contract.run_layout import (
     DCP_METADATA,
     EVAL_DIR,
     EXPORTS_DIR,
-    MERGED_PREFIX,
     METRICS_JSONL,
+    abandoned_copies,
     checkpoint_dir,
     complete_steps,
     incomplete_reason,
@@ -231,16 +231,12 @@ def merged_step(path: str | Path) -> int | None:
     return int(json.loads(box["merge"]["meta"])["merged"])
 
 
-def untrained_reason(run_dir: str | Path, step: int) -> str | None:
-    """Why checkpoint `step` of run `run_dir` is no trained step's, to export or score as `step`: a
-    rewind's save at its skip's last step, holding the weights of the step it went back to, to resume
-    from (training/data/plan.untrained_save; review R15e F2) — None for a trained step, the plan's
-    last one (the run's final weights), or a run whose RUN/data_plan.json cannot say (its readers
-    refuse it where they start). The weights' own step is named, with where its weights are now."""
-    from training.data.plan import trained_step, untrained_save
+def _recorded_skips_and_end(run_dir: Path) -> tuple[tuple[Any, ...], int] | None:
+    """The rewinds' skips RUN/data_plan.json records and the plan's last step, None where it cannot
+    say (none recorded, or one damaged as JSON: its readers refuse it where they start); a damaged
+    skip record is refused (recipe.recorded_skips), never read as no skip."""
     from training.data.recipe import recorded_plan, recorded_skips
 
-    run_dir = Path(run_dir)
     try:
         description = recorded_plan(run_dir)
     except GristmillError:
@@ -248,12 +244,37 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     phases = description.get("phases") if description is not None else None
     if not isinstance(phases, list) or not all(isinstance(ph.get("steps"), int) for ph in phases):
         return None
-    skips = recorded_skips(run_dir, description)  # a damaged one refused, never read as none
-    skip = untrained_save(skips, step, sum(ph["steps"] for ph in phases))
+    return recorded_skips(run_dir, description), sum(ph["steps"] for ph in phases)
+
+
+def untrained_steps(run_dir: str | Path) -> set[int]:
+    """The steps whose checkpoint is a rewind's save of an earlier step's weights (untrained_reason),
+    from one read of RUN/data_plan.json (an eval --watch asks at every look, of every step)."""
+    from training.data.plan import untrained_save
+
+    recorded = _recorded_skips_and_end(Path(run_dir))
+    if recorded is None:
+        return set()
+    skips, last = recorded
+    return {s.last_step for s in skips if untrained_save(skips, s.last_step, last) is not None}
+
+
+def untrained_reason(run_dir: str | Path, step: int) -> str | None:
+    """Why checkpoint `step` of run `run_dir` is no trained step's, to export or score as `step`: a
+    rewind's save at its skip's last step, holding the weights of the step it went back to, to resume
+    from (training/data/plan.untrained_save; review R15e F2) — None for a trained step, the plan's
+    last one (the run's final weights), a step with neither checkpoint nor export (missing_step_reason
+    says why), or a run whose RUN/data_plan.json cannot say. The weights' own step is named, with where
+    its weights are now."""
+    from training.data.plan import trained_step, untrained_save
+
+    run_dir = Path(run_dir)
+    recorded = _recorded_skips_and_end(run_dir)
+    skip = None if recorded is None else untrained_save(recorded[0], step, recorded[1])
     saved = incomplete_reason(checkpoint_dir(run_dir, step)) is None
     if skip is None or not (saved or step in list_steps(run_dir / EXPORTS_DIR)):
-        return None  # nothing of the step there: missing_step_reason says why
-    held = trained_step(skips, step)
+        return None
+    held = trained_step(recorded[0], step)
     gone = held not in complete_steps(run_dir) and held not in list_steps(run_dir / EXPORTS_DIR)
     where = (
         f"export or evaluate step {held}"
@@ -313,13 +334,11 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
         )
     if last is not None and step > last:
         return f"step {step} is past the run's last step, {last}"
-    name = step_name(step)
     aside = sorted(
         p.relative_to(run_dir)
         for sub in (CHECKPOINTS_DIR, EXPORTS_DIR, EVAL_DIR)
-        for pattern in (f"abandoned-{name}", f"abandoned-{MERGED_PREFIX}{name}")
-        for p in (run_dir / sub).glob(f"{pattern}*")
-        if p.name == pattern or p.name.startswith(f"{pattern}.")
+        for merged in (False, True)
+        for p in abandoned_copies(run_dir / sub / step_name(step, merged))
     )
     skip = skip_of(recorded_skips(run_dir), step)
     skipped = f"rewind {skip.rewind} skipped steps {skip.first_step}–{skip.last_step}" if skip else ""

@@ -103,6 +103,13 @@ def abandoned_name(path: Path) -> Path:
     return target
 
 
+def abandoned_copies(path: Path) -> list[Path]:
+    """The directories step directory `path` was set aside as (abandoned_name): abandoned-step-N and
+    abandoned-step-N.2, .3 … beside it (never abandoned-step-N0: another step)."""
+    name = f"abandoned-{path.name}"
+    return sorted(p for p in path.parent.glob(f"{name}*") if p.name == name or p.name.startswith(f"{name}."))
+
+
 def set_aside_after(parent: str | Path, after: int) -> list[tuple[Path, Path]]:
     """Every `step-N` and `merged-step-N` directory under `parent` with N > `after` renamed
     abandoned-step-N, abandoned-merged-step-N (a discarded timeline's: kept, never overwritten, out

@@ -447,12 +447,11 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
     ]
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
     when = f"; in effect from step {step + 1}"
+    name = checkpoint.resolve().name  # not a link's (`latest`)
     if before_applied is not None and recorded in (None, run_identity(before_applied)):
-        name = checkpoint.resolve().name  # not a link's (`latest`)
         return [f"note: changed since {name} was saved ({path}): {shown}{when}"] if changes else []
     return [
-        f"note: the config differs from the one {checkpoint.resolve().name} was saved with (its hash in "
-        "COMPLETE)"
+        f"note: the config differs from the one {name} was saved with (its hash in COMPLETE)"
         + (f"; changed since {path} was written: {shown}{when}" if before_applied and changes else "")
     ]
 
