@@ -24,8 +24,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint.base_source import hub_id
-from training.checkpoint.hf_import import CONFIG_JSON, INDEX_JSON, SINGLE_FILE, weights_index
+from training.checkpoint.base_source import CONFIG_JSON, INDEX_JSON, SINGLE_FILE, hub_id, weights_files
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
@@ -35,6 +34,7 @@ __all__ = [
     "BASE_JSON",
     "TOKENIZER_FILES",
     "base_files",
+    "base_weights",
     "carry_base_record",
     "drop_base_record",
     "read_base_record",
@@ -50,9 +50,18 @@ _KEPT = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
 def weights_sha256(directory: str | Path) -> dict[str, str]:
     """{file: sha256} of a base's weights files (the safetensors and their index)."""
     directory = Path(directory)
-    names = sorted({entry["file"] for entry in weights_index(directory).values()})
+    names = weights_files(directory)[1]
     names += [INDEX_JSON] if names != [SINGLE_FILE] and (directory / INDEX_JSON).is_file() else []
     return {name: file_sha256(directory / name) for name in names}
+
+
+def base_weights(identity: str, directory: str | Path) -> dict[str, Any]:
+    """What base.json says of a base's bytes: its identity (a directory, or a hub id pinned to its
+    commit, which names its bytes) and, for a directory, the sha256 of its weights files."""
+    return {
+        "init_from": identity,
+        "weights_sha256": None if hub_id(identity) is not None else weights_sha256(directory),
+    }
 
 
 def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
@@ -65,12 +74,7 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
         write_atomic(target / name, (directory / name).read_bytes())
     for stale in set(_KEPT) - set(kept):  # a record of an earlier start, from another base
         (target / stale).unlink(missing_ok=True)
-    record = {
-        "init_from": identity,
-        "init_from_sha256": init_from_sha256,
-        "weights_sha256": None if hub_id(identity) is not None else weights_sha256(directory),
-        "files": kept,
-    }
+    record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
 
 

@@ -24,6 +24,7 @@ huggingface_hub is imported only for a hub id (training/ runs without it otherwi
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,8 +32,49 @@ from pathlib import Path
 from typing import Any
 
 from training.contract.config_loader import ConfigError
+from training.contract.errors import GristmillError
 
-__all__ = ["HUB_FILES", "BaseSource", "fetch_hub_base", "hub_id", "locate_base"]
+__all__ = [
+    "CONFIG_JSON",
+    "HUB_FILES",
+    "INDEX_JSON",
+    "SINGLE_FILE",
+    "BaseModelError",
+    "BaseSource",
+    "fetch_hub_base",
+    "hub_id",
+    "locate_base",
+    "weights_files",
+]
+
+CONFIG_JSON = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_JSON = "model.safetensors.index.json"
+
+
+class BaseModelError(GristmillError):
+    """A base model directory whose files cannot be loaded as they claim; names the file."""
+
+
+def weights_files(base: Path) -> tuple[dict[str, str] | None, list[str]]:
+    """(the index's weight map, or None; the safetensors files) holding base directory `base`'s
+    weights: model.safetensors first, as transformers' from_pretrained reads a folder holding both (a
+    hub repo with a single file and shards is fetched whole): the base is the model users load from
+    it. Here, not in hf_import, so that the mixture search names a base's weights without torch."""
+    if (base / SINGLE_FILE).is_file():
+        return None, [SINGLE_FILE]
+    if (base / INDEX_JSON).is_file():
+        try:
+            weight_map = json.loads((base / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise BaseModelError(f"{base / INDEX_JSON} is damaged ({type(e).__name__}: {e})") from None
+        return weight_map, sorted(set(weight_map.values()))
+    raise ConfigError(
+        f"model.init_from: {base} holds neither {SINGLE_FILE} nor {INDEX_JSON} (only safetensors "
+        "weights are read)",
+        "model.init_from",
+    )
+
 
 HUB_FILES = [
     "config.json",

@@ -43,10 +43,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.checkpoint.base_source import (
+    CONFIG_JSON,
+    INDEX_JSON,
+    BaseModelError,
+    weights_files,
+)
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES, hf_name
 from training.contract.config_loader import ConfigError, json_sha256
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_sha256
-from training.contract.errors import GristmillError
 
 __all__ = [
     "BASE_FIELDS",
@@ -59,9 +64,6 @@ __all__ = [
     "weights_index",
 ]
 
-CONFIG_JSON = "config.json"
-SINGLE_FILE = "model.safetensors"
-INDEX_JSON = "model.safetensors.index.json"
 _NUMPY = {"F32": np.float32, "F16": np.float16, "BF16": np.int16, "F64": np.float64}
 _TORCH = {code: dtype for dtype, code in SAFETENSORS_DTYPES.items()} | {"F64": torch.float64}
 BASE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "norm_eps",
@@ -72,10 +74,6 @@ LLAMA3_FIELDS = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
 HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 # Tensors some LlamaForCausalLM files carry that hold nothing to load (RoPE's buffer is recomputed).
 _IGNORED = ("rotary_emb.inv_freq",)
-
-
-class BaseModelError(GristmillError):
-    """A base model directory whose files cannot be loaded as they claim; names the file."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,22 +256,7 @@ def weights_index(base: str | Path) -> dict[str, dict[str, Any]]:
     file(s): model.safetensors, else the files its index names; start/end are absolute byte offsets
     in "file"."""
     base = Path(base)
-    # model.safetensors first, as transformers' from_pretrained reads a folder holding both (a hub repo
-    # with a single file and shards is fetched whole): the base is the model users load from it.
-    if (base / SINGLE_FILE).is_file():
-        weight_map, files = None, [SINGLE_FILE]
-    elif (base / INDEX_JSON).is_file():
-        try:
-            weight_map = json.loads((base / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise BaseModelError(f"{base / INDEX_JSON} is damaged ({type(e).__name__}: {e})") from None
-        files = sorted(set(weight_map.values()))
-    else:
-        raise ConfigError(
-            f"model.init_from: {base} holds neither {SINGLE_FILE} nor {INDEX_JSON} (only safetensors "
-            "weights are read)",
-            "model.init_from",
-        )
+    weight_map, files = weights_files(base)
     index: dict[str, dict[str, Any]] = {}
     for name in files:
         header, data = _header(base / name)

@@ -37,6 +37,7 @@ from training.mix.proxies import (
     Evidence,
     Pool,
     Proxy,
+    base_identity,
     check_supply,
     clear,
     find_stale,
@@ -49,7 +50,9 @@ from training.mix.proxies import (
 )
 from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, target_weights
 from training.plotting import agg_pyplot
+from training.run.lock import RunLock
 
+SEARCH = ("gristmill mix propose", "give this one another --out")  # who holds OUT (RunLock)
 REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH = "report.json", "proposal.toml", "mix.png", "commands.sh"
 EARLIER = "earlier"  # DIR/earlier/N/: an earlier search's outputs, with the config.toml they answer to
 BASELINES = ("uniform", "proportional")
@@ -74,10 +77,15 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
     step, and at most what its max_epochs allows in a proxy (proxy.tokens) and in the run the
     proposal is for (constraints.run_tokens)."""
     c, p = cfg.constraints, cfg.proxy
-    # a proxy reads windows of seq_len + 1 tokens; 2% room for the plan's whole windows per step
-    proxy_read = (
-        (p.tokens // p.global_batch_tokens) * p.global_batch_tokens * (p.seq_len + 1) / p.seq_len * 1.02
-    )
+
+    def read(tokens: float) -> float:
+        """What a run of `tokens` reads of its sources at most: windows of seq_len + 1 tokens, and 2%
+        room for the plan's whole windows per step. The run a proposal is for is taken at
+        proxy.seq_len too (at its own, longer, it reads less): at its bare tokens, a proposal on
+        this bound was one the trainer refused for running out of a source (review R16a F3)."""
+        return tokens * (p.seq_len + 1) / p.seq_len * 1.02
+
+    proxy_read = read((p.tokens // p.global_batch_tokens) * p.global_batch_tokens)
     # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
     one_sequence = np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4
     lo = np.full(len(tokens), max(c.min_weight, one_sequence))
@@ -93,7 +101,7 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
         )
     for budget, key, value in (
         (proxy_read, "proxy.tokens", p.tokens),
-        (c.run_tokens, "constraints.run_tokens", c.run_tokens),
+        (read(c.run_tokens) if c.run_tokens else 0, "constraints.run_tokens", c.run_tokens),
     ):
         if not budget:
             continue
@@ -146,100 +154,109 @@ def run(args: argparse.Namespace) -> int:
     ]
     for proxy in swarm:  # every proxy's plan checked before the first trains
         check_supply(cfg, proxy, tables)
-    out.mkdir(parents=True, exist_ok=True)
-    _keep_earlier(out)  # none of an earlier search's outputs stays beside this recipe, none is lost
-    save_config(cfg, out / "config.toml")
-    warnings = []
-    if len(cfg.validation.seeds) == 1:  # said now: the search can still be stopped and rerun
-        warnings.append(_warn(ONE_SEED.format(seeds=cfg.validation.seeds)))
-    runs = len(swarm) + 3 * len(cfg.validation.seeds)
-    workers = parallelism(cfg, runs)
-    with Pool(workers, cfg, fingerprints) as pool:
-        _say(
-            f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({cfg.proxy.preset}), "
-            f"{workers} at a time; then {runs - len(swarm)} validation runs"
-        )
-        found = _gather(cfg, out, swarm, fingerprints, w, pool, args.write_commands, runs - len(swarm))
-        if found is None:
-            return 0
-        X = np.array([p.mix for p in swarm])
-        Y = np.array([[found[p].losses[n] for n in sources] for p in swarm])
-        fitted = mix_fit.fit(X, Y, w)
-        proposal = simplex.rounded(mix_fit.argmin(fitted.predict, lo, hi, cfg.swarm.seed), lo, hi)
-        predicted = float(fitted.predict(proposal)[0])
-        _say(
-            f"fit: {fitted.kind} (leave-one-out error {fitted.cv_error:.4f}); "
-            f"proposal {_mix_text(sources, proposal)}, "
-            f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
-        )
-        outside = _outside_swarm(sources, proposal, X)
-        warnings += [_warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi), outside) if line]
-        mixes = {
-            "proposal": proposal,
-            "uniform": simplex.uniform(len(sources), lo, hi),
-            "proportional": prior,
-        }
-        validation = [
-            Proxy("validation", f"s{seed}-{name}", tuple(float(x) for x in mixes[name]), seed)
-            for seed in cfg.validation.seeds
-            for name in mixes
-        ]
-        for proxy in validation:
-            check_supply(cfg, proxy, tables)
-        _say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
-        checked = _gather(cfg, out, validation, fingerprints, w, pool, args.write_commands)
-        if checked is None:
-            return 0
-    losses = {
-        name: [_target(checked[p].losses, sources, w) for p in validation if p.slot.endswith("-" + name)]
-        for name in mixes
-    }
-    passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
-    noise = _noise(fitted, mixes, losses, outside is not None)
-    report = {
-        "sources": sources,
-        "prior": dict(zip(sources, prior.tolist())),
-        "proposal": dict(zip(sources, proposal.tolist())),
-        "swarm": [
-            {
-                "mix": dict(zip(sources, p.mix)),
-                "run_dir": str(found[p].run_dir),
-                "target_loss": _target(found[p].losses, sources, w),
-                "per_source_loss": found[p].losses,
-                "reused": found[p].reused,
+    base = base_identity(train_config(cfg, swarm[0]), _say)
+    # one search per --out: a second one cleared the first one's proxies while they trained and
+    # wrote its outputs beside the other's config.toml (review R16a F4)
+    with RunLock(out, SEARCH) as lock:
+        if lock.note:
+            _say(lock.note)
+        _keep_earlier(out)  # none of an earlier search's outputs stays beside this recipe, none is lost
+        save_config(cfg, out / "config.toml")
+        warnings = []
+        if len(cfg.validation.seeds) == 1:  # said now: the search can still be stopped and rerun
+            warnings.append(_warn(ONE_SEED.format(seeds=cfg.validation.seeds)))
+        runs = len(swarm) + 3 * len(cfg.validation.seeds)
+        workers = parallelism(cfg, runs)
+        with Pool(workers, cfg, fingerprints) as pool:
+            model = f"from the base {base['init_from']}" if base else cfg.proxy.preset
+            _say(
+                f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({model}), "
+                f"{workers} at a time; then {runs - len(swarm)} validation runs"
+            )
+            later = runs - len(swarm)
+            found = _gather(cfg, out, swarm, fingerprints, base, w, pool, args.write_commands, later)
+            if found is None:
+                return 0
+            X = np.array([p.mix for p in swarm])
+            Y = np.array([[found[p].losses[n] for n in sources] for p in swarm])
+            fitted = mix_fit.fit(X, Y, w)
+            proposal = simplex.rounded(mix_fit.argmin(fitted.predict, lo, hi, cfg.swarm.seed), lo, hi)
+            predicted = float(fitted.predict(proposal)[0])
+            _say(
+                f"fit: {fitted.kind} (leave-one-out error {fitted.cv_error:.4f}); "
+                f"proposal {_mix_text(sources, proposal)}, "
+                f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
+            )
+            outside = _outside_swarm(sources, proposal, X)
+            warnings += [_warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi), outside) if line]
+            mixes = {
+                "proposal": proposal,
+                "uniform": simplex.uniform(len(sources), lo, hi),
+                "proportional": prior,
             }
-            for p in swarm
-        ],
-        "fit": {"kind": fitted.kind, "cv_error": fitted.cv_error},
-        "predicted": predicted,
-        "validation": {"seeds": list(cfg.validation.seeds), **losses},
-        "gate_returned_prior": not passed,
-        "fingerprints": fingerprints,
-        "noise": noise,
-        "warnings": warnings,
-    }
-    write_atomic(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
-    write_atomic(
-        out / PROPOSAL_TOML,
-        _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed, warnings),
-    )
-    for line in _validation_table(losses, cfg.validation.seeds):
-        _say(line)
-    _say(f"noise: {noise['explanation']}")
-    note = plot_search(report, fitted, w, out / MIX_PNG)
-    chosen = proposal if passed else prior
-    _say(
-        (
-            "gate: the proposal beats uniform and token-proportional on every seed"
-            if passed
-            else "gate: the proposal did not beat both baselines on every seed; returning the prior"
+            validation = [
+                Proxy("validation", f"s{seed}-{name}", tuple(float(x) for x in mixes[name]), seed)
+                for seed in cfg.validation.seeds
+                for name in mixes
+            ]
+            for proxy in validation:
+                check_supply(cfg, proxy, tables)
+            _say(f"validation: {len(mixes)} mixtures × seeds {cfg.validation.seeds}")
+            checked = _gather(cfg, out, validation, fingerprints, base, w, pool, args.write_commands)
+            if checked is None:
+                return 0
+        losses = {
+            name: [_target(checked[p].losses, sources, w) for p in validation if p.slot.endswith("-" + name)]
+            for name in mixes
+        }
+        passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
+        own_seed = set(cfg.validation.seeds) == {cfg.data.seed}
+        noise = _noise(fitted, mixes, losses, outside is not None, own_seed)
+        report = {
+            "sources": sources,
+            "prior": dict(zip(sources, prior.tolist())),
+            "proposal": dict(zip(sources, proposal.tolist())),
+            "swarm": [
+                {
+                    "mix": dict(zip(sources, p.mix)),
+                    "run_dir": str(found[p].run_dir),
+                    "target_loss": _target(found[p].losses, sources, w),
+                    "per_source_loss": found[p].losses,
+                    "reused": found[p].reused,
+                }
+                for p in swarm
+            ],
+            "fit": {"kind": fitted.kind, "cv_error": fitted.cv_error},
+            "predicted": predicted,
+            "validation": {"seeds": list(cfg.validation.seeds), **losses},
+            "gate_returned_prior": not passed,
+            "fingerprints": fingerprints,
+            "base": base,
+            "noise": noise,
+            "warnings": warnings,
+        }
+        write_atomic(out / REPORT_JSON, json.dumps(report, indent=1) + "\n")
+        write_atomic(
+            out / PROPOSAL_TOML,
+            _proposal_toml(args, sources, prior, proposal, losses, cfg.validation.seeds, passed, warnings),
         )
-        + f" → mix = {_toml_mix(sources, chosen)} ({out / PROPOSAL_TOML}; {out / REPORT_JSON}; "
-        + (note or str(out / MIX_PNG))
-        + f"; {time.monotonic() - t0:.0f} s)"
-        + (f"; {len(warnings)} warning{'s' * (len(warnings) > 1)} above" if warnings else "")
-    )
-    return 0
+        for line in _validation_table(losses, cfg.validation.seeds):
+            _say(line)
+        _say(f"noise: {noise['explanation']}")
+        note = plot_search(report, fitted, w, out / MIX_PNG)
+        chosen = proposal if passed else prior
+        _say(
+            (
+                "gate: the proposal beats uniform and token-proportional on every seed"
+                if passed
+                else "gate: the proposal did not beat both baselines on every seed; returning the prior"
+            )
+            + f" → mix = {_toml_mix(sources, chosen)} ({out / PROPOSAL_TOML}; {out / REPORT_JSON}; "
+            + (note or str(out / MIX_PNG))
+            + f"; {time.monotonic() - t0:.0f} s)"
+            + (f"; {len(warnings)} warning{'s' * (len(warnings) > 1)} above" if warnings else "")
+        )
+        return 0
 
 
 ONE_SEED = (
@@ -313,12 +330,17 @@ def _outside_swarm(sources: list[str], proposal, X: np.ndarray) -> str | None:
 
 
 def _noise(
-    fitted: mix_fit.Fit, mixes: dict[str, np.ndarray], losses: dict[str, list[float]], outside: bool
+    fitted: mix_fit.Fit,
+    mixes: dict[str, np.ndarray],
+    losses: dict[str, list[float]],
+    outside: bool,
+    swarm_seed_only: bool,
 ) -> dict[str, Any]:
     """The validation seeds' spread beside the fit's leave-one-out error, and the gap between each
-    mixture's predicted and validated loss, explained: the baselines' gap is the validation seeds'
-    shift from the swarm's seed (every mixture moves with it), the proposal's gap beyond it the
-    fit's own miss at the proposal."""
+    mixture's predicted and validated loss, explained as far as the figures go: the baselines' mean
+    gap estimates the validation seeds' shift from the swarm's seed only if the fit is exact at the
+    baselines, which nothing measures (said as an estimate: review R16a F2); with the swarm's own seed
+    (`swarm_seed_only`) there is no shift, and each gap is the fit's miss at its mixture."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
     gap = {name: float(np.mean(losses[name])) - predicted[name] for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
@@ -327,11 +349,21 @@ def _noise(
     text = (
         f"the proposal validated {gap['proposal']:+.4f} from its predicted {predicted['proposal']:.4f}, "
         f"uniform {gap['uniform']:+.4f} and proportional {gap['proportional']:+.4f} from theirs: "
-        f"{shift:+.4f} is the validation seeds' shift from the swarm's seed (data order and "
-        f"initialisation; every mixture moves with it) and {miss:+.4f} the fit's own miss at the "
-        f"proposal{' (an extrapolation)' if outside else ''}, beside its leave-one-out error "
-        f"{fitted.cv_error:.4f}; "
     )
+    if swarm_seed_only:
+        text += (
+            "the validation runs have the swarm's own seed, so no seed shift: each gap is the fit's own "
+            f"miss at that mixture{' (the proposal an extrapolation)' if outside else ''}, beside its "
+            f"leave-one-out error {fitted.cv_error:.4f}; "
+        )
+    else:
+        text += (
+            f"if the fit is exact at the baselines, {shift:+.4f} (their mean gap) is the validation seeds' "
+            "shift from the swarm's seed (data order and initialisation; every mixture moves with it) and "
+            f"{miss:+.4f} the fit's own miss at the proposal{' (an extrapolation)' if outside else ''}; its "
+            "leave-one-out error is "
+            f"{fitted.cv_error:.4f}; "
+        )
     means = [float(np.mean(v)) for v in losses.values()]
     if spread["proposal"] is None:
         text += "one validation seed: the seeds' spread is not measured"
@@ -371,6 +403,7 @@ def _gather(
     out: Path,
     proxies: list[Proxy],
     fingerprints: dict[str, str],
+    base: dict[str, Any] | None,
     w: np.ndarray,
     pool: Pool,
     write_commands: bool,
@@ -382,17 +415,17 @@ def _gather(
     sources = names(cfg)
     planned: dict[Proxy, tuple[TrainConfig, Path]] = {}
     found: dict[Proxy, Evidence] = {}
-    jobs: dict[Path, tuple[str, TrainConfig, Path]] = {}  # one run per directory: equal mixtures share it
+    jobs: dict[Path, tuple[str, TrainConfig, Path]] = {}  # one run per directory
     for proxy in proxies:
-        key = proxy_key(train_config(cfg, proxy), fingerprints)
+        key = proxy_key(train_config(cfg, proxy), fingerprints, base)
         run_dir = run_dir_of(out, proxy, key)
         tc = train_config(cfg, proxy, run_dir)
         planned[proxy] = (tc, run_dir)
-        losses, why = read_evidence(run_dir, tc, fingerprints)
+        losses, why = read_evidence(run_dir, tc, fingerprints, base)
         if losses is not None:
             found[proxy] = Evidence(run_dir, losses, reused=True)
             continue
-        for line in find_stale(out, proxy, tc, fingerprints, key):
+        for line in find_stale(out, proxy, tc, fingerprints, key, base):
             _say(line)
         if run_dir not in jobs:
             if why != "no run there":
@@ -410,7 +443,7 @@ def _gather(
 
     def describe(i: int) -> str:  # read once, as each run ends: its line, and its evidence below
         _, tc, run_dir = todo[i]
-        losses, why = read_evidence(run_dir, tc, fingerprints)
+        losses, why = read_evidence(run_dir, tc, fingerprints, base)
         if losses is None:
             return why
         trained[run_dir] = losses
@@ -421,7 +454,7 @@ def _gather(
         if proxy in found:
             continue
         if run_dir not in trained:  # a run stopped early (SIGTERM, Ctrl-C) returns without its last row
-            _, why = read_evidence(run_dir, tc, fingerprints)
+            _, why = read_evidence(run_dir, tc, fingerprints, base)
             raise GristmillError(
                 f"proxy {proxy.label(sources)} did not finish ({why}; {run_dir / 'train.log'}); "
                 "rerun to go on"

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.checkpoint.base_record import BASE_JSON, base_weights, read_base_record
+from training.checkpoint.base_source import hub_id, locate_base
 from training.config import TrainConfig, load_train_config
 from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
 from training.contract.errors import GristmillError
-from training.contract.run_layout import CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
+from training.contract.run_layout import BASE_DIR, CONFIG_TOML, METRICS_JSONL, kept_rows, read_metrics
 from training.data.plan import PlanError
 from training.data.reader import DocumentTable
 from training.data.recipe import build_plan, open_sources, recorded_plan
@@ -154,8 +156,41 @@ def _recipe(tc: TrainConfig) -> dict[str, Any]:
     return d
 
 
-def proxy_key(tc: TrainConfig, fingerprints: dict[str, str]) -> str:
-    return json_sha256({"recipe": _recipe(tc), "fingerprints": fingerprints})[:12]
+def proxy_key(tc: TrainConfig, fingerprints: dict[str, str], base: dict[str, Any] | None = None) -> str:
+    keyed = {"recipe": _recipe(tc), "fingerprints": fingerprints}
+    return json_sha256(keyed | ({"base": base} if base else {}))[:12]
+
+
+def base_identity(tc: TrainConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The base model the proxies start from (proxy.set's model.init_from) as their runs record it
+    (RUN/base/base.json: a directory and the sha256 of its weights files, or a hub id pinned to its
+    commit), read once a search; None without one. Part of each proxy's key and checked in its
+    evidence, as the sources' fingerprints are: the recipe holds only the path, and a base replaced
+    there is other runs (review R16a F1)."""
+    if not tc.model.init_from:
+        return None
+    source = locate_base(tc.model.init_from, say=say)
+    if hub_id(source.identity) is None:
+        say(f"model.init_from: hashing the weights of {source.identity} (the proxies' evidence is of them)")
+    return base_weights(source.identity, source.directory)
+
+
+def base_change(run_dir: Path, base: dict[str, Any]) -> str | None:
+    """Why run `run_dir` did not start from the base `base` (base_identity), or None when it did."""
+    try:
+        record = read_base_record(run_dir)
+    except GristmillError as e:
+        return str(e)
+    then = None if record is None else {k: record.get(k) for k in base}
+    if then == base:
+        return None
+    if then is None:
+        return f"it records no base ({run_dir / BASE_DIR / BASE_JSON}); the proxies' is {base['init_from']}"
+    if then["init_from"] != base["init_from"]:
+        return f"its base was {then['init_from']}, the proxies' is {base['init_from']}"
+    was, now = then["weights_sha256"] or {}, base["weights_sha256"] or {}
+    changed = [f for f in sorted(set(was) | set(now)) if was.get(f) != now.get(f)]
+    return f"the weights of its base {base['init_from']} were replaced since ({', '.join(changed)})"
 
 
 def run_dir_of(out: Path, proxy: Proxy, key: str) -> Path:
@@ -236,10 +271,10 @@ REBUILT = "rebuilt: "  # read_evidence's reason for a run of datasets since rebu
 
 
 def read_evidence(
-    run_dir: Path, tc: TrainConfig, fingerprints: dict[str, str]
+    run_dir: Path, tc: TrainConfig, fingerprints: dict[str, str], base: dict[str, Any] | None
 ) -> tuple[dict[str, float] | None, str]:
     """The run's held-out losses at its last step if its records show it trained this recipe on these
-    datasets to the end; else None and why not."""
+    datasets (from the base `base`: base_identity) to the end; else None and why not."""
     if not (run_dir / CONFIG_TOML).is_file():
         return None, "no run there"
     try:
@@ -266,16 +301,26 @@ def read_evidence(
     wanted = [f"val/{n}" for n in fingerprints]
     if not last or any(k not in last[-1] for k in wanted):
         return None, f"unfinished: no row of its last step ({steps}) with every source's held-out loss"
+    if base is not None and (changed := base_change(run_dir, base)):
+        return None, REBUILT + changed
     return {n: float(last[-1][f"val/{n}"]) for n in fingerprints}, ""
 
 
-def find_stale(out: Path, proxy: Proxy, tc: TrainConfig, fingerprints: dict[str, str], key: str) -> list[str]:
-    """Lines for runs of this slot trained on datasets since rebuilt (kept aside, never read)."""
+def find_stale(
+    out: Path,
+    proxy: Proxy,
+    tc: TrainConfig,
+    fingerprints: dict[str, str],
+    key: str,
+    base: dict[str, Any] | None,
+) -> list[str]:
+    """Lines for runs of this slot trained on datasets, or from a base, since rebuilt or replaced (kept
+    aside, never read)."""
     lines = []
     for other in sorted((out / proxy.group).glob(f"{proxy.slot}-*")):
         if other.name == f"{proxy.slot}-{key}" or not other.is_dir():
             continue
-        _, why = read_evidence(other, tc, fingerprints)
+        _, why = read_evidence(other, tc, fingerprints, base)
         if why.startswith(REBUILT):
             reason = why.removeprefix(REBUILT)
             lines.append(f"{proxy.group}/{proxy.slot}: {reason}: {other} is not used; training it again")

@@ -215,7 +215,13 @@ def check_mix_config(cfg: MixConfig) -> None:
             "the proposal and both baselines on every seed)",
             key="validation.seeds",
         )
+    if cfg.swarm.seed < 0:  # numpy's generator refuses it with a traceback
+        raise ConfigError(f"swarm.seed = {cfg.swarm.seed}: must be an integer ≥ 0", key="swarm.seed")
     p = cfg.proxy
+    for key, value in (("seq_len", p.seq_len), ("global_batch_tokens", p.global_batch_tokens),
+                       ("micro_batch", p.micro_batch)):  # fmt: skip
+        if value < 1:  # 0 was a division by zero; the trainer's refusal named its own data.seq_len
+            raise ConfigError(f"proxy.{key} = {value}: must be an integer ≥ 1", key=f"proxy.{key}")
     if not p.tokens < math.inf:  # nan or inf: a traceback converting it to steps
         raise ConfigError(f"proxy.tokens = {p.tokens}: must be a finite number", key="proxy.tokens")
     if p.tokens < p.global_batch_tokens:

@@ -51,11 +51,13 @@ def _holder_text(raw: str) -> str:
         return "a process that left no details"
 
 
-def _in_use(run_dir: str | Path, holder: str) -> str:
-    return (
-        f"{run_dir} is in use by another gristmill train ({holder}); wait for it to end or stop it, or "
-        "set run.output_dir to another directory"
-    )
+TRAIN = ("gristmill train", "set run.output_dir to another directory")  # RunLock's `user`
+
+
+def _in_use(run_dir: str | Path, holder: str, user: tuple[str, str] = TRAIN) -> str:
+    command, elsewhere = user
+    stop = "wait for it to end or stop it"
+    return f"{run_dir} is in use by another {command} ({holder}); {stop}, or {elsewhere}"
 
 
 def _open(run_dir: Path):
@@ -65,10 +67,12 @@ def _open(run_dir: Path):
 
 
 class RunLock:
-    """`with RunLock(run_dir) as lock:` holds the directory; `lock.note` says if it took over a stale one."""
+    """`with RunLock(run_dir) as lock:` holds the directory; `lock.note` says if it took over a stale one.
+    `user`: the command that holds it and what else its user can do, for the refusal (a mixture
+    search holds its --out the same way)."""
 
-    def __init__(self, run_dir: str | Path):
-        self.run_dir = Path(run_dir)
+    def __init__(self, run_dir: str | Path, user: tuple[str, str] = TRAIN):
+        self.run_dir, self.user = Path(run_dir), user
         self.file = None
         self.note: str | None = None
 
@@ -80,7 +84,7 @@ class RunLock:
             f.seek(0)
             holder = _holder_text(f.read())
             f.close()
-            raise RunLockedError(_in_use(self.run_dir, holder)) from None
+            raise RunLockedError(_in_use(self.run_dir, holder, self.user)) from None
         except OSError as e:
             if e.errno not in _NO_FLOCK:
                 f.close()

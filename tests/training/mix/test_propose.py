@@ -20,13 +20,17 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from training.contract.dataset_format import read_dataset_info
+from training.mix.propose import SEARCH, bounds
+from training.mix.proxies import Proxy, check_supply, open_mix_sources
+from training.mix.recipe import load_mix_config, names
+from training.run.lock import RunLock
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
 ROOT = Path(__file__).resolve().parents[3]
 REPORT_FIELDS = {
     *("sources", "prior", "proposal", "swarm", "fit", "predicted", "validation", "gate_returned_prior"),
-    *("fingerprints", "noise", "warnings"),
+    *("fingerprints", "base", "noise", "warnings"),
 }
 ONE_SEED = "validation.seeds = [1] has one seed: one seed cannot measure seed noise"
 
@@ -221,11 +225,99 @@ def assert_honest_about_noise(report: dict, stdout: str) -> None:
     for name in ("proposal", "uniform", "proportional"):
         assert noise["gap"][name] == pytest.approx(v[name][0] - noise["predicted"][name])
     shift = (noise["gap"]["uniform"] + noise["gap"]["proportional"]) / 2
-    assert f"{shift:+.4f} is the validation seeds' shift from the swarm's seed" in noise["explanation"]
+    assert (
+        f"if the fit is exact at the baselines, {shift:+.4f} (their mean gap) is the validation seeds' shift "
+        "from the swarm's seed" in noise["explanation"]
+    )
     assert (
         f"{noise['gap']['proposal'] - shift:+.4f} the fit's own miss at the proposal" in noise["explanation"]
     )
     assert f"noise: {noise['explanation']}" in stdout.splitlines()
+
+
+TOKENIZER = {"version": "1.0", "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}]}
+
+
+def write_base(path: Path, tokenizer: Path, seed: int) -> None:
+    """A random-init LlamaForCausalLM of the tiny shape, with the datasets' tokenizer (TOKENIZER)."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=256, max_position_embeddings=256, bos_token_id=0,
+        eos_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    shutil.copy(tokenizer, path / "tokenizer.json")
+
+
+def test_a_base_replaced_at_the_same_path_is_other_runs(tmp_path):
+    """Review R16a F1: the proxies' key and evidence covered the recipe (which holds only
+    model.init_from's path) and the sources: a base replaced there reused every proxy of the old one,
+    and a proxy trained again mixed both bases in one fit. The base's weights are now part of both."""
+    sources = {}
+    for name, n_docs, seed in (("web", 240, 1), ("code", 200, 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(json.dumps(TOKENIZER))  # the base's tokens
+        sources[name] = make_dataset(tmp_path / name, n_docs=n_docs, seed=seed)
+    base = tmp_path / "base"
+    write_base(base, sources["web"] / "tokenizer.json", seed=0)
+    config, out = recipe(tmp_path, sources), tmp_path / "search"
+    text = config.read_text().replace('set = ["', f'set = ["model.init_from={base}", "', 1)
+    config.write_text(text.replace("seeds = [1]", "seeds = [1234]"))  # the swarm's own data.seed
+    first = propose(config, out)
+    assert first.returncode == 0, first.stdout + first.stderr
+    report = json.loads((out / "report.json").read_text())
+    old = report["base"]
+    assert old["init_from"] == str(base) and set(old["weights_sha256"]) == {"model.safetensors"}
+    # the validation runs have the swarm's seed: no seed shift is claimed (review R16a F2)
+    assert "the validation runs have the swarm's own seed, so no seed shift" in report["noise"]["explanation"]
+    assert "shift from the swarm's seed" not in report["noise"]["explanation"]
+    write_base(base, sources["web"] / "tokenizer.json", seed=1)  # other weights, same path
+    again = propose(config, out, "--write-commands")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "reused" not in again.stdout, again.stdout
+    stale = [line for line in again.stdout.splitlines() if "is not used; training it again" in line]
+    assert len(stale) == 4 and all(
+        f"the weights of its base {base} were replaced since (model.safetensors)" in line for line in stale
+    ), again.stdout
+    commands = (out / "commands.sh").read_text()
+    assert sum(line.startswith("gristmill train ") for line in commands.splitlines()) == 4, commands
+
+
+def test_a_second_search_into_the_same_out_is_refused_before_it_touches_anything(tmp_path, shared_sources):
+    """Review R16a F4: a second search into a running one's --out cleared a proxy while it trained and
+    could write its outputs beside the other's config.toml."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    with RunLock(out, SEARCH):  # the first search, as it holds OUT
+        second = propose(config, out)
+    assert second.returncode != 0, second.stdout
+    line = second.stderr.strip()
+    assert "\n" not in line and line.startswith(
+        f"error: {out} is in use by another gristmill mix propose (pid {os.getpid()} on "
+    ), second.stderr
+    assert line.endswith("wait for it to end or stop it, or give this one another --out"), line
+    assert sorted(p.name for p in out.iterdir()) == [".gristmill.lock", "report.json"]
+
+
+def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes(tmp_path, shared_sources):
+    """Review R16a F3: constraints.run_tokens capped a weight at max_epochs × tokens ÷ run_tokens,
+    without the windows' extra token and the plan's room: a proposal on that bound was one the
+    trainer refused ("source 'web' would run out"), after an exit 0 that offered it."""
+    config = recipe(tmp_path, shared_sources)
+    sets = ['target.source="code"', "target.mix={}", "constraints.min_weight=0", "constraints.max_weight=1"]
+    cfg = load_mix_config(str(config), [*sets, "constraints.run_tokens=60000"])
+    tables = open_mix_sources(cfg)
+    lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
+    assert hi[0] < 1.0, hi  # web's max_epochs is what caps it
+    # the run the proposal is for, as the trainer plans it (a proxy's recipe of run_tokens)
+    at_run = load_mix_config(str(config), [*sets, "proxy.tokens=60000"])
+    web = float(hi[0])
+    check_supply(at_run, Proxy("swarm", "bound", (web, 1.0 - web), at_run.data.seed), tables)
 
 
 def _same_mix(recipe_path: Path, old_run: Path) -> bool:
@@ -282,6 +374,10 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             "change proxy.micro_batch, proxy.global_batch_tokens or the number of ranks",
         ),
         (["proxy.lr=-1"], "proxy.lr = -1.0 is not allowed"),
+        # a division by zero, a numpy traceback, and a refusal naming the trainer's data.seq_len (R16a)
+        (["proxy.global_batch_tokens=0"], "proxy.global_batch_tokens = 0: must be an integer ≥ 1"),
+        (["swarm.seed=-1"], "swarm.seed = -1: must be an integer ≥ 0"),
+        (["proxy.micro_batch=0"], "proxy.micro_batch = 0: must be an integer ≥ 1"),
         (["proxy.min_lr=1"], "need 0 ≤ proxy.min_lr ≤ proxy.lr; got lr 0.003, min_lr 1.0"),
         (["proxy.set=['optim.lr=-1']"], "optim.lr = -1.0 is not allowed"),
         # bounds that fit one mixture, or a handful: the swarm drew forever, silently
