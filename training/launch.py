@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan",
         action="store_true",
         help="print the data plan (phases, seq_len, tokens per source, LR) from the config and the datasets, "
-        "redraw RUN/plan.png if the run exists (nothing is created), and exit without training",
+        "and exit without training: nothing is created or changed (--plot FILE draws it)",
     )
     parser.add_argument(
         "--plot",
@@ -99,8 +99,12 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
         print(plot_plan(plan, Path(plot), skips) or f"plot: {plot}")
-    elif run_dir.is_dir():  # a run that exists: its plan.png redrawn from this config
-        print(plot_plan(plan, run_dir / PLAN_PNG, skips) or f"plot: {run_dir / PLAN_PNG}")
+    elif run_dir.is_dir():
+        # RUN/plan.png is the trainer's (drawn at its start, resume and rewinds, from the plan it
+        # trains): redrawn here from a config the run never took, it showed a plan it cannot have
+        # (review R16b 1b)
+        own = f"{run_dir / PLAN_PNG} is the run's own, drawn by its trainer"
+        print(f"plot: {own}; --plot FILE draws this one")
     else:  # --plan creates nothing: a run that never starts leaves no directory behind
         print(
             f"plot: none yet ({run_dir} does not exist; the run draws {PLAN_PNG} there when it starts; "

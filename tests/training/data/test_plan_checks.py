@@ -245,6 +245,16 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
     assert gristmill(["train", "--config", str(config), "--plot", str(plot)]) == 2
     assert "--plot" in capsys.readouterr().err and not (tmp_path / "never").exists()
+    # a run that exists: its plan.png is its trainer's, never redrawn from a config it did not take (a
+    # changed mix drew a plan the run's resume then refused: review R16b 1b)
+    run.mkdir(parents=True)
+    (run / "plan.png").write_bytes(b"the trainer's")
+    changed = "phase[1].mix={web=0.9,code=0.1}"
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", changed]) == 0
+    assert f"plot: {run / 'plan.png'} is the run's own, drawn by its trainer; --plot FILE draws this one" in (
+        capsys.readouterr().out
+    )
+    assert (run / "plan.png").read_bytes() == b"the trainer's" and sorted(run.iterdir()) == [run / "plan.png"]
 
 
 def test_validation_asked_for_with_nothing_held_out_is_said(sources, tmp_path, capsys):
