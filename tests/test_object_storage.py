@@ -1333,6 +1333,31 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
 
 
+def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):
+    """Review R16b 1c: the cache's manifest copy, checked when fetched, was trusted ever after by its
+    VERIFIED record: one byte changed in place, at its size, and `data audit s3://…` answered wrong
+    token counts, exit 0. Each audit (and inspect) hashes the copies it reads: a damaged one is fetched
+    again."""
+    from training.data.remote import local_root
+
+    local, _ = synthetic
+    url = s3.url("audit-cache")
+    upload_dataset(local, url, log=lambda *a: None)
+    every = "SELECT * EXCLUDE (dataset_name) FROM docs ORDER BY ALL"  # each value the manifest holds
+    sql = ["--sql", every, "--format", "csv"]
+    assert gristmill(["data", "audit", str(local), *sql]) == 0
+    want = capsys.readouterr().out
+    assert gristmill(["data", "audit", url, *sql]) == 0  # the cache holds checked copies now
+    assert capsys.readouterr().out == want
+    copy = local_root(url) / "manifest" / "00000.parquet"
+    data = bytearray(copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # in place, the same size: what its VERIFIED record cannot see
+    copy.write_bytes(bytes(data))
+    assert gristmill(["data", "audit", url, *sql]) == 0
+    assert capsys.readouterr().out == want
+    assert copy.read_bytes() != bytes(data)  # fetched again
+
+
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
     from pipelines.convert import convert_dataset
     from tests.helpers.legacy_dataset import write_legacy_dataset

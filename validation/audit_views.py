@@ -47,7 +47,7 @@ from training.contract.eval_table import EVAL_SCHEMA
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET
 from training.data.recipe import CONSUMPTION_SCHEMA
-from training.data.remote import CacheSettings, ensure, local_root, origin, prune_unrecorded
+from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
 from validation.validate import VALIDATION_JSON
 
 
@@ -213,7 +213,9 @@ def bucket_copy(url: str, cache: CacheSettings | None = None) -> Path:
     but the shards and the index (each checked against its sha256), and the last validation.json."""
     root = local_root(url, cache)
     recorded = dataset_files(read_dataset_info(root))
-    ensure(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
+    # each copy hashed again (a copy is not a proof: one damaged in place after its first check
+    # answered the audit from its bytes, the cache's record of it still "verified": review R16b 1c)
+    ensure_checked(root, [r for r in recorded if r.split("/", 1)[0] not in (SHARDS_DIR, INDEX_DIR)])
     prune_unrecorded(root, MANIFEST_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR)  # what views read: its own
     try:
         write_atomic(root / VALIDATION_JSON, ObjectStore(url).get(VALIDATION_JSON))  # a report, not data

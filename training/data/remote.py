@@ -248,9 +248,9 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
 
 def ensure_checked(root: Path, rels: list[str]) -> None:
     """`ensure`, then each copy hashed again now, against dataset.json (a cached copy is a copy, not a
-    proof): one that differs is fetched again. For the few files a bucket's reader trusts whole at
-    every open (the index's per-sample files: a damaged copy would refuse every sample as the
-    bucket's fault)."""
+    proof): one that differs is fetched again. For the files a reader trusts whole at every open: the
+    index's per-sample files (a damaged copy would refuse every sample as the bucket's fault), the
+    manifest and records the audit and inspect answer from."""
     ensure(root, rels)
     if origin(root) is None:
         return
@@ -271,12 +271,12 @@ def _verified(root: Path) -> dict[str, str]:
 
 
 def ensure_dirs(root: Path, *dirs: str) -> None:
-    """Every recorded file under `dirs` (e.g. manifest/) is there: `ensure` of each (a local dataset:
-    nothing to do)."""
+    """Every recorded file under `dirs` (e.g. manifest/) is there and checked now: `ensure_checked` of
+    each (a local dataset: nothing to do)."""
     if origin(root) is None:
         return
     recorded = dataset_files(read_dataset_info(root))
-    ensure(root, [rel for rel in recorded if rel.split("/", 1)[0] in dirs])
+    ensure_checked(root, [rel for rel in recorded if rel.split("/", 1)[0] in dirs])
     prune_unrecorded(root, *dirs)
 
 
