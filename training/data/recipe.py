@@ -292,8 +292,8 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     damaged = _or_the_plan_changed(run_dir)
     for src, t in zip(plan.sources, tables):
         check_trained_on(
-            run_dir, src.name, t.root, t.info, "it was rebuilt or replaced, so its batches are not what the "
-            f"model saw: point the source back at the dataset the run trained on{damaged}", description,
+            run_dir, src.name, t.location, t.info, "it was rebuilt or replaced, so its batches are not what "
+            f"the model saw: point the source back at the dataset the run trained on{damaged}", description,
             val_fraction=src.val_fraction,
         )  # fmt: skip
     found = data_plan.recorded_difference(description, plan)
