@@ -91,7 +91,8 @@ class DataSection:
     """Sequences per forward/backward on one rank; G must be divisible by ranks × micro_batch, and
     the quotient is the number of gradient-accumulation steps."""
     seed: int = 1234
-    """Shuffle seed of the loader (sample order is a pure function of dataset, seed, epoch, seq_len)."""
+    """Shuffle seed of the loader (sample order is a pure function of dataset, val_fraction, seed, epoch,
+    seq_len: the training split leaves out the held-out documents)."""
     num_workers: int = 0
     """Loader worker processes (0: read in the training process)."""
     val_fraction: float = 0.0
@@ -110,11 +111,13 @@ class DataSection:
     are read in place and never copied here."""
     cache_gb: float = 100.0
     """The bound on the cached blocks' size in GB (1e9 bytes); blocks in flight are held in memory.
-    It must hold the loader's working set, two epoch groups of 4,096 blocks per bucket source (about
-    2 GB per source at FineWeb-Edu's lengths, whatever the dataset's size): a smaller value is refused
-    before any work with the figure (docs/object-storage.md). Blocks the plan reads next are fetched
-    ahead as far as it allows; blocks of epoch groups no loader on the node reads any more are
-    evicted."""
+    It must hold the loaders' working set: per bucket source, its n·4,096 largest samples with
+    n = 2 + ceil(4 steps' bytes / its 4,096 smallest samples' bytes), so 3 while four steps fit in
+    its smallest epoch group (about 2.8 GB per source at FineWeb-Edu's lengths, whatever the
+    dataset's size), plus the held-out documents validation reads: a smaller value is refused before
+    any work with the figure (docs/object-storage.md; block_cache.CachedBlocks.group_need). Blocks
+    the plan reads next are fetched ahead as far as it allows; blocks of epoch groups no loader on
+    the node reads any more are evicted."""
     fetch_requests: int = 8
     """Range requests in flight per loader while fetching a bucket's blocks ahead."""
     fetch_timeout_s: float = 300.0

@@ -20,8 +20,10 @@
     index/heldout_sha256.bin  32 bytes per heldout.CHUNK entries of heldout.bin: a prefix read by
                            range is checked piece by piece
 
-A reader of a bucket fetches shard_rows, sample_tokens, heldout_sha256 and a prefix of heldout.bin:
-O(samples) plus O(held-out rows), never a per-document file of the whole corpus.
+A reader of a bucket fetches sample_tokens, sample_digest and heldout_sha256 once per node
+(shard_rows is derived from dataset.json's per-shard document counts, fetched only where those are
+missing) and, with val_fraction > 0, the prefix of heldout.bin at every open: O(samples) plus
+O(held-out rows), never a per-document file of the whole corpus.
 
 dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
 covers those hashes. The arrays are derived from the manifest alone (`derive_index`), so the
