@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -847,3 +848,18 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     record_base(run, base, str(base.resolve()), base_sha256(base))
     with pytest.raises(ExportError, match="holds another base than .* started from .*base_weights_sha256"):
         export_checkpoint(run, 0)
+
+
+def test_a_weights_file_the_index_names_but_the_base_lacks_is_one_line_when_hashed(tmp_path):
+    """Review R16d F2: the mixture search hashes a base's weights without loading them
+    (base_record.weights_sha256, torch-free): a shard the index names but the directory lacks was a
+    FileNotFoundError traceback, where the trainer said one line."""
+    from training.checkpoint.base_record import weights_sha256
+
+    make_base(tmp_path / "base", shard=True)
+    shards = sorted((tmp_path / "base").glob("model-*.safetensors"))
+    assert len(shards) > 1
+    shards[1].unlink()
+    said = rf"^{re.escape(str(shards[1]))} not found \(named by the base's"
+    with pytest.raises(BaseModelError, match=said):
+        weights_sha256(tmp_path / "base")

@@ -24,7 +24,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from training.checkpoint.base_source import CONFIG_JSON, INDEX_JSON, SINGLE_FILE, hub_id, weights_files
+from training.checkpoint.base_source import (
+    CONFIG_JSON,
+    INDEX_JSON,
+    SINGLE_FILE,
+    BaseModelError,
+    hub_id,
+    weights_files,
+)
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
@@ -52,6 +59,9 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
     directory = Path(directory)
     names = weights_files(directory)[1]
     names += [INDEX_JSON] if names != [SINGLE_FILE] and (directory / INDEX_JSON).is_file() else []
+    for name in names:  # what weights_index says of it, which the mixture search does not read
+        if not (directory / name).is_file():
+            raise BaseModelError(f"{directory / name} not found (named by the base's weights index)")
     return {name: file_sha256(directory / name) for name in names}
 
 

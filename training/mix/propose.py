@@ -22,6 +22,7 @@ import argparse
 import json
 import shlex
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from training.contract.errors import GristmillError
 from training.mix import fit as mix_fit
 from training.mix import simplex
 from training.mix.proxies import (
+    REBUILT,
     Evidence,
     Pool,
     Proxy,
@@ -50,7 +52,7 @@ from training.mix.proxies import (
 )
 from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, target_weights
 from training.plotting import agg_pyplot
-from training.run.lock import RunLock
+from training.run.lock import RunLock, check_unlocked
 
 SEARCH = ("gristmill mix propose", "give this one another --out")  # who holds OUT (RunLock)
 REPORT_JSON, PROPOSAL_TOML, MIX_PNG, COMMANDS_SH = "report.json", "proposal.toml", "mix.png", "commands.sh"
@@ -154,7 +156,6 @@ def run(args: argparse.Namespace) -> int:
     ]
     for proxy in swarm:  # every proxy's plan checked before the first trains
         check_supply(cfg, proxy, tables)
-    base = base_identity(train_config(cfg, swarm[0]), _say)
     # one search per --out: a second one cleared the first one's proxies while they trained and
     # wrote its outputs beside the other's config.toml (review R16a F4)
     with RunLock(out, SEARCH) as lock:
@@ -162,6 +163,13 @@ def run(args: argparse.Namespace) -> int:
             _say(lock.note)
         _keep_earlier(out)  # none of an earlier search's outputs stays beside this recipe, none is lost
         save_config(cfg, out / "config.toml")
+        base = base_identity(train_config(cfg, swarm[0]), _say)
+        if base is not None:
+            # the proxies train the base as resolved (a directory's real path, a hub id's commit),
+            # which their RUN/config.toml records: a relative path, a link or an unpinned hub id
+            # was another recipe to the evidence check, and no proxy was ever evidence (R16d F1)
+            resolved = f"model.init_from={json.dumps(base['init_from'])}"
+            cfg = replace(cfg, proxy=replace(cfg.proxy, set=[*cfg.proxy.set, resolved]))
         warnings = []
         if len(cfg.validation.seeds) == 1:  # said now: the search can still be stopped and rerun
             warnings.append(_warn(ONE_SEED.format(seeds=cfg.validation.seeds)))
@@ -210,8 +218,8 @@ def run(args: argparse.Namespace) -> int:
             for name in mixes
         }
         passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
-        own_seed = set(cfg.validation.seeds) == {cfg.data.seed}
-        noise = _noise(fitted, mixes, losses, outside is not None, own_seed)
+        own = [seed for seed in cfg.validation.seeds if seed == cfg.data.seed]
+        noise = _noise(fitted, mixes, losses, outside is not None, own, len(own) == len(cfg.validation.seeds))
         report = {
             "sources": sources,
             "prior": dict(zip(sources, prior.tolist())),
@@ -334,13 +342,15 @@ def _noise(
     mixes: dict[str, np.ndarray],
     losses: dict[str, list[float]],
     outside: bool,
+    own_seeds: list[int],
     swarm_seed_only: bool,
 ) -> dict[str, Any]:
     """The validation seeds' spread beside the fit's leave-one-out error, and the gap between each
     mixture's predicted and validated loss, explained as far as the figures go: the baselines' mean
     gap estimates the validation seeds' shift from the swarm's seed only if the fit is exact at the
     baselines, which nothing measures (said as an estimate: review R16a F2); with the swarm's own seed
-    (`swarm_seed_only`) there is no shift, and each gap is the fit's miss at its mixture."""
+    (`swarm_seed_only`) there is no shift, and each gap is the fit's miss at its mixture; a seed that
+    is (`own_seeds`) is named: its runs measure the fit's miss alone (review R16d F7)."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
     gap = {name: float(np.mean(losses[name])) - predicted[name] for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
@@ -364,6 +374,11 @@ def _noise(
             "leave-one-out error is "
             f"{fitted.cv_error:.4f}; "
         )
+        if own_seeds:
+            text += (
+                f"validation seed {own_seeds[0]} is the swarm's own, so its runs measure the fit's miss "
+                "alone (their losses: report.json's validation); "
+            )
     means = [float(np.mean(v)) for v in losses.values()]
     if spread["proposal"] is None:
         text += "one validation seed: the seeds' spread is not measured"
@@ -429,6 +444,9 @@ def _gather(
             _say(line)
         if run_dir not in jobs:
             if why != "no run there":
+                # not a run another `gristmill train` (a --write-commands line) is training now
+                check_unlocked(run_dir, ("gristmill train", "rerun the search once it has ended"))
+                why = why.removeprefix(REBUILT)
                 _say(f"{proxy.group}/{proxy.slot}: {why} in {run_dir}; training it again")
                 clear(run_dir)
             jobs[run_dir] = (proxy.label(sources), tc, run_dir)
@@ -445,7 +463,7 @@ def _gather(
         _, tc, run_dir = todo[i]
         losses, why = read_evidence(run_dir, tc, fingerprints, base)
         if losses is None:
-            return why
+            return why.removeprefix(REBUILT)
         trained[run_dir] = losses
         return f"target {_target(losses, sources, w):.4f}"
 
@@ -456,7 +474,8 @@ def _gather(
         if run_dir not in trained:  # a run stopped early (SIGTERM, Ctrl-C) returns without its last row
             _, why = read_evidence(run_dir, tc, fingerprints, base)
             raise GristmillError(
-                f"proxy {proxy.label(sources)} did not finish ({why}; {run_dir / 'train.log'}); "
+                f"proxy {proxy.label(sources)} did not finish ({why.removeprefix(REBUILT)}; "
+                f"{run_dir / 'train.log'}); "
                 "rerun to go on"
             )
         found[proxy] = Evidence(run_dir, trained[run_dir], reused=False)

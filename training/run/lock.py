@@ -131,9 +131,10 @@ class RunLock:
         self.release()
 
 
-def check_unlocked(run_dir: str | Path) -> None:
+def check_unlocked(run_dir: str | Path, user: tuple[str, str] = TRAIN) -> None:
     """Raise RunLockedError if a live process holds `run_dir` (the launcher's check before torchrun
-    starts; rank 0 then takes the lock itself). Changes nothing on disk."""
+    starts; rank 0 then takes the lock itself; a search before it clears a proxy's run). Changes nothing
+    on disk. `user`: as RunLock's, for the refusal."""
     path = Path(run_dir) / LOCK_FILE
     if not path.is_file():
         return
@@ -141,7 +142,7 @@ def check_unlocked(run_dir: str | Path) -> None:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunLockedError(_in_use(run_dir, _holder_text(f.read()))) from None
+            raise RunLockedError(_in_use(run_dir, _holder_text(f.read()), user)) from None
         except OSError as e:
             if e.errno not in _NO_FLOCK:
                 raise

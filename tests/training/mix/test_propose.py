@@ -262,10 +262,11 @@ def test_a_base_replaced_at_the_same_path_is_other_runs(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "tokenizer.json").write_text(json.dumps(TOKENIZER))  # the base's tokens
         sources[name] = make_dataset(tmp_path / name, n_docs=n_docs, seed=seed)
-    base = tmp_path / "base"
+    base = tmp_path / "models" / "base"
     write_base(base, sources["web"] / "tokenizer.json", seed=0)
+    (tmp_path / "base").symlink_to(base)  # named through a link: the proxies record the real path (R16d F1)
     config, out = recipe(tmp_path, sources), tmp_path / "search"
-    text = config.read_text().replace('set = ["', f'set = ["model.init_from={base}", "', 1)
+    text = config.read_text().replace('set = ["', f'set = ["model.init_from={tmp_path / "base"}", "', 1)
     config.write_text(text.replace("seeds = [1]", "seeds = [1234]"))  # the swarm's own data.seed
     first = propose(config, out)
     assert first.returncode == 0, first.stdout + first.stderr
