@@ -11,7 +11,9 @@ Resuming: RUN/trackers.json records the wandb run id (and mode) and the trackio 
 their project. A resumed invocation (`--resume`) continues those runs (an unreadable file is an error
 naming the run to continue, not a silent new run); a fresh run into the same directory
 starts new ones and overwrites the file. trackio resumes a run by its name (the newest run of that
-name in the project): if that is not the recorded id, a note says so.
+name in the project) and keeps it: when that is another run (another run directory's, of the same
+name), the resume is refused rather than logged into it; a metrics.run_name changed since is not
+applied to trackio (a note says so).
 """
 
 from __future__ import annotations
@@ -85,9 +87,11 @@ class Trackers:
         old = read_state(self.run_dir, names, project) if resume_step is not None else {}
         state = dict(old)  # a resume keeps the record of a tracker it does not use this time
         run_name = m.run_name or self.run_dir.resolve().name
-        tracker_config = {**config, "provenance": info}
-        # tensorboard last: a tracker that fails to start leaves no empty event file behind
-        for name in sorted(names, key=lambda n: n == "tensorboard"):
+        # the run directory, absolute: what tells this run's wandb directories in a shared WANDB_DIR
+        tracker_config = {**config, "provenance": {**info, "run_dir": str(self.run_dir.resolve())}}
+        # trackio first, as its resume may be refused (another run has its name): no wandb run resumed
+        # for nothing; tensorboard last: a tracker that fails to start leaves no empty event file behind
+        for name in sorted(names, key=("trackio", "wandb", "tensorboard").index):
             prev = old.get(name) if isinstance(old.get(name), dict) else None
             prev = prev if prev and prev.get("project") == project else None
             if name == "tensorboard":
@@ -108,7 +112,7 @@ class Trackers:
                     say(t.note)
             self.trackers[name] = t
             how = "continued" if prev else "new"
-            say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {run_name!r}){t.where}")
+            say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {t.name!r}){t.where}")
             if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
                 self.skip_through[name] = logged_through
         if state or (self.run_dir / TRACKERS_JSON).exists():
@@ -196,7 +200,13 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
                 record["wandb"]["mode"] = runs[found[-1]]
         if "trackio" in continued:
             record["trackio"] = {"name": "<the run's name in trackio>", "project": project}
-        seen = f" (RUN/wandb holds run {', '.join(found)})" if "wandb" in continued and found else ""
+        seen = ""
+        if "wandb" in continued:
+            seen = (
+                f" (this run directory's wandb run(s): {', '.join(found)})"
+                if found
+                else " (no wandb run in RUN/wandb or WANDB_DIR shows this run directory: its id is unknown)"
+            )
         raise GristmillError(
             f"{path} is unreadable ({why}), so the {' and '.join(continued)} run(s) this resume should "
             f"continue are unknown{seen}; to continue them write {json.dumps(record)} into it, or "
@@ -206,13 +216,29 @@ def read_state(run_dir: Path, using: list[str], project: str) -> dict[str, Any]:
 
 
 def _wandb_runs(run_dir: Path) -> dict[str, str]:
-    """{run id: "offline" or "online"} of wandb's directories (`[offline-]run-<time>-<id>[-n]`) under
-    RUN/wandb and WANDB_DIR, oldest first, each once (its latest directory's mode)."""
-    roots = [run_dir / "wandb"]
+    """{run id: "offline" or "online"} of this run's wandb directories (`[offline-]run-<time>-<id>[-n]`),
+    oldest first, each once (its latest directory's mode): all under RUN/wandb; under WANDB_DIR, which
+    other runs may share (its newest run was another run's), those whose log shows this run directory
+    (the config's provenance.run_dir)."""
+    mine = run_dir.resolve() / "wandb"
+    roots = [mine]
     if os.environ.get("WANDB_DIR"):
-        roots.append(Path(os.environ["WANDB_DIR"]) / "wandb")
+        roots.append(Path(os.environ["WANDB_DIR"]).resolve() / "wandb")
+    shows = repr(str(run_dir.resolve()))  # as wandb's debug.log prints the config (a dict's repr)
+
+    def ours(root: Path, d: Path) -> bool:
+        if root == mine:
+            return True
+        with contextlib.suppress(OSError):
+            return shows in (d / "logs" / "debug.log").read_text(encoding="utf-8", errors="replace")
+        return False
+
     found = [
-        m.groups() for r in roots if r.is_dir() for d in r.iterdir() if (m := _WANDB_RUN_DIR.match(d.name))
+        m.groups()
+        for r in dict.fromkeys(roots)
+        if r.is_dir()
+        for d in r.iterdir()
+        if (m := _WANDB_RUN_DIR.match(d.name)) and ours(r, d)
     ]
     runs: dict[str, str] = {}
     for offline, _, run_id in sorted(found, key=lambda g: g[1]):  # a key keeps its first place
@@ -302,7 +328,7 @@ class Wandb:
             )
         except Exception as e:  # no API key, no network, a refused id: one line, before any step
             raise _init_failed("wandb", e, "log in (wandb login) or set WANDB_MODE=offline") from None
-        self.id = self.run.id
+        self.id, self.name = self.run.id, self.run.name
         self.mode = "offline" if self.run.offline else "online"
         self.where = (
             "; offline, as the run was started (WANDB_MODE=online to sync from now on)" if keep else ""
@@ -312,23 +338,49 @@ class Wandb:
         self.run.log(scalars, step=step)
 
     def finish(self, failed: bool = False) -> None:
+        # finish() waits for wandb's service to take the run's last records: a hung service (stopped,
+        # swapped out, wedged) held a finished run's process forever. So in a thread, waited for
+        # GRISTMILL_WANDB_FINISH_TIMEOUT seconds (30) at most; the run's results are written by then.
+        errors: list[BaseException] = []
+
+        def finish() -> None:
+            try:
+                self.run.finish(exit_code=1 if failed else 0)
+            except BaseException as e:  # handed to the caller's thread
+                errors.append(e)
+
         try:
-            self.run.finish(exit_code=1 if failed else 0)
-        except Exception:
-            # Its service is gone (killed): wandb's exit hook would fail the same way, printed as a
-            # traceback after the run's last line. Tearing down unregisters that hook first; in a
-            # thread, waited for 10 s at most, since it waits for a service that may still be alive
-            # (and may sys.exit with its status), which must not hold up or end training.
-            import wandb
+            timeout = float(os.environ.get("GRISTMILL_WANDB_FINISH_TIMEOUT") or 30)
+        except ValueError:  # a mistyped value must not leave the run unfinished
+            timeout = 30.0
+        done = threading.Thread(target=finish, name="wandb-finish", daemon=True)
+        done.start()
+        done.join(timeout=timeout)
+        if done.is_alive():
+            say(
+                f"WARNING: wandb did not finish its run {self.id} within {timeout:g} s (its service does not "
+                "answer); not waited for: the run's own record (metrics.jsonl, checkpoints) is complete"
+            )
+            _wandb_teardown(wait=2)  # its exit hook would wait for the same service: unregistered first
+        elif errors:
+            _wandb_teardown()
+            raise errors[0]
 
-            def teardown() -> None:
-                with contextlib.suppress(BaseException):
-                    wandb.teardown()
 
-            done = threading.Thread(target=teardown, name="wandb-teardown", daemon=True)
-            done.start()
-            done.join(timeout=10)
-            raise
+def _wandb_teardown(wait: float = 10) -> None:
+    """wandb's service is gone (killed) or hung: wandb's exit hook would fail the same way (printed as
+    a traceback after the run's last line) or wait forever. Tearing down unregisters that hook first;
+    in a thread, waited for `wait` s at most, since it waits for a service that may still be alive
+    (and may sys.exit with its status), which must not hold up or end training."""
+    import wandb
+
+    def teardown() -> None:
+        with contextlib.suppress(BaseException):
+            wandb.teardown()
+
+    done = threading.Thread(target=teardown, name="wandb-teardown", daemon=True)
+    done.start()
+    done.join(timeout=wait)
 
 
 class Trackio:
@@ -339,8 +391,21 @@ class Trackio:
     def __init__(self, *, project: str, name: str, config: dict, resume: dict | None):
         with contextlib.redirect_stdout(io.StringIO()):
             import trackio
+            from trackio.sqlite_storage import SQLiteStorage
             from trackio.utils import TRACKIO_DIR
 
+            if resume:  # the run trackio.init would resume (its own look-up), checked before it logs there
+                try:
+                    newest = SQLiteStorage.get_latest_run_record_by_name(project, resume["name"])
+                except Exception:  # an unreadable store: trackio.init says so itself
+                    newest = None
+                if newest and resume.get("id") and newest["id"] != resume["id"]:
+                    raise GristmillError(
+                        f"trackio resumes a run by its name, and the newest run named {resume['name']!r} in "
+                        f"project {project!r} is {newest['id']}, another run's, not this run's "
+                        f"{resume['id']} (its {TRACKERS_JSON}); rename or delete that other run in trackio, "
+                        f'or remove "trackio" from its {TRACKERS_JSON} to start a new trackio run'
+                    )
             try:
                 self.run = trackio.init(
                     project=project,
@@ -356,10 +421,15 @@ class Trackio:
         where = self.run.url or f"local store {TRACKIO_DIR}, see it with `trackio show --project {project}`"
         self.where = f"; {where}"
         self.note = None
-        if resume and resume.get("id") != self.id:  # the recorded run is gone, or a newer one has its name
+        if resume and resume.get("id") != self.id:  # the recorded run is gone (deleted in trackio)
             self.note = (
                 f"note: trackio's run {self.name!r} in project {project!r} is id {self.id}, not the "
                 f"recorded {resume.get('id')} (trackio resumes the newest run of a name)"
+            )
+        elif resume and name != self.name:  # trackio resumes by the recorded name and has no rename on init
+            self.note = (
+                f"note: trackio continues the run under its recorded name {self.name!r}, not {name!r} "
+                "(trackio finds the run to resume by its name)"
             )
 
     def log(self, scalars: dict[str, float], step: int) -> None:

@@ -8,6 +8,7 @@ package, the older wandb_project key) need no training.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import struct
@@ -302,3 +303,116 @@ def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, 
     import wandb
 
     wandb.teardown()
+
+
+def test_a_resume_does_not_log_into_another_run_of_its_trackio_name(env, dataset, tmp_path, capsys):
+    """Two run directories of the same name (…/a/same, …/b/same: the default run name) in one project:
+    trackio resumes a run by its name, the newest of it, so a's resume logged its steps into b's run
+    and recorded b's id as a's. Refused now, in one line naming both runs, before any tracker starts."""
+    if not env:
+        pytest.skip("trackio is not installed, or was imported before TRACKIO_DIR was set")
+    a, b = tmp_path / "a" / "same", tmp_path / "b" / "same"
+    assert run_training(dataset, a, ["trackio", "wandb"], "run.max_steps=4") == 0
+    assert run_training(dataset, b, ["trackio"], "run.max_steps=2") == 0
+    recorded = json.loads((a / "trackers.json").read_text())
+    ida, idb = recorded["trackio"]["id"], json.loads((b / "trackers.json").read_text())["trackio"]["id"]
+    b_logs = trackio_logs(idb)
+    capsys.readouterr()
+    assert run_training(dataset, a, ["trackio", "wandb"], 'checkpoint.resume="auto"') == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"is {idb}, another run's, not this run's {ida}" in err
+    assert 'remove "trackio" from its trackers.json to start a new trackio run' in err
+    assert trackio_logs(idb) == b_logs and sorted(trackio_logs(ida)) == [1, 2, 3, 4]
+    assert json.loads((a / "trackers.json").read_text()) == recorded
+    assert offline_ids(a) == [recorded["wandb"]["id"]]  # nor was wandb's run resumed for nothing
+
+
+def test_a_changed_run_name_on_resume_says_the_name_trackio_keeps(env, dataset, tmp_path, capsys):
+    """metrics.run_name set on a resume: wandb renames its run, trackio cannot (it finds the run to
+    resume by its recorded name); the trackio line claimed the new name."""
+    if not env:
+        pytest.skip("trackio is not installed, or was imported before TRACKIO_DIR was set")
+    run_dir = tmp_path / "named"
+    assert run_training(dataset, run_dir, ["trackio", "wandb"], "run.max_steps=4") == 0
+    ids = json.loads((run_dir / "trackers.json").read_text())
+    capsys.readouterr()
+    resume = ['checkpoint.resume="auto"', 'metrics.run_name="renamed"']
+    assert run_training(dataset, run_dir, ["trackio", "wandb"], *resume) == 0
+    out = capsys.readouterr().out
+    tid, wid = ids["trackio"]["id"], ids["wandb"]["id"]
+    assert f"trackio tracker: continued run {tid} in project 'gm-test' (name 'named')" in out, out
+    assert "note: trackio continues the run under its recorded name 'named', not 'renamed'" in out
+    assert f"wandb tracker: continued run {wid} in project 'gm-test' (name 'renamed')" in out
+    assert json.loads((run_dir / "trackers.json").read_text()) == ids
+    assert sorted(trackio_logs(tid)) == list(range(1, 9))
+
+
+def test_the_advice_for_an_unreadable_trackers_json_names_no_other_runs_wandb_run(
+    env, dataset, tmp_path, capsys, monkeypatch
+):
+    """WANDB_DIR shared by two runs: the advice for a's unreadable trackers.json named the newest
+    wandb run there, b's, so following it continued b's wandb run with a's steps. It names a's run
+    (its wandb directory's log shows a's run directory), or says it cannot tell."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("WANDB_DIR", str(shared))
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_training(dataset, a, ["wandb"], "run.max_steps=4") == 0
+    assert run_training(dataset, b, ["wandb"], "run.max_steps=2") == 0
+    ida = json.loads((a / "trackers.json").read_text())["wandb"]["id"]
+    idb = json.loads((b / "trackers.json").read_text())["wandb"]["id"]
+    (a / "trackers.json").write_text("{")
+    capsys.readouterr()
+    assert run_training(dataset, a, ["wandb"], 'checkpoint.resume="auto"') == 2
+    err = capsys.readouterr().err
+    assert ida in err and idb not in err, err
+    advice = json.loads(err.split("to continue them write ", 1)[1].split(" into it, ")[0])
+    assert advice == {"wandb": {"id": ida, "project": "gm-test", "mode": "offline"}}, err
+    for d in (shared / "wandb").glob(f"offline-run-*-{ida}"):  # a's wandb run gone: no id to offer
+        shutil.rmtree(d)
+    assert run_training(dataset, a, ["wandb"], 'checkpoint.resume="auto"') == 2
+    err = capsys.readouterr().err
+    assert idb not in err and "shows this run directory: its id is unknown" in err, err
+
+
+def test_a_hung_wandb_service_does_not_keep_a_finished_run_from_exiting(env, dataset, tmp_path):
+    """wandb's service (wandb-core) stopped after step 3 (SIGSTOP: hung, as a wedged or swapped-out
+    one is): the run trained to its last step, then waited in wandb's finish forever. The wait is
+    bounded now (GRISTMILL_WANDB_FINISH_TIMEOUT, 30 s by default): a warning, exit 0, the run's
+    record complete."""
+    import os
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    sets = recipe(dataset, run, "schedule.steps=12", "schedule.warmup_steps=2", "run.val_every=0")
+    sets += ["metrics.plot=false", "checkpoint.interval=6", 'metrics.trackers=["wandb"]']
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    # the env fixture's wandb settings, not the service of this process's wandb runs (WANDB_SERVICE):
+    # the run starts its own, to be stopped
+    shell = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}
+    shell |= {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = forked.popen(cmd, cwd=ROOT, env={**shell, "GRISTMILL_WANDB_FINISH_TIMEOUT": "3"})
+    stopped: list[int] = []
+    try:
+        metrics = run / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None, proc.output()
+            time.sleep(0.02)
+        for task in Path(f"/proc/{proc.pid}/task").iterdir():
+            for pid in (task / "children").read_text().split():
+                if "wandb" in Path(f"/proc/{pid}/comm").read_text():
+                    os.kill(int(pid), signal.SIGSTOP)
+                    stopped.append(int(pid))
+        assert stopped
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        for pid in stopped:  # resumed, it sees its run's process gone and exits with its monitor
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert proc.returncode == 0, err[-2000:]
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 13))
+    assert checkpoint_dir(run, 12).is_dir()
+    assert "WARNING: wandb did not finish its run" in out and "within 3 s" in out, out[-2000:]
