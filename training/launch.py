@@ -103,7 +103,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         # RUN/plan.png is the trainer's (drawn at its start, resume and rewinds, from the plan it
         # trains): redrawn here from a config the run never took, it showed a plan it cannot have
         # (review R16b 1b)
-        own = f"{run_dir / PLAN_PNG} is the run's own, drawn by its trainer"
+        png = run_dir / PLAN_PNG
+        own = f"{png} is the run's own, drawn by its trainer"
+        if not png.exists():
+            own = f"none in {run_dir} (its trainer draws {PLAN_PNG} with metrics.plot = true)"
         print(f"plot: {own}; --plot FILE draws this one")
     else:  # --plan creates nothing: a run that never starts leaves no directory behind
         print(

@@ -255,12 +255,25 @@ def ensure_checked(root: Path, rels: list[str]) -> None:
     if origin(root) is None:
         return
     recorded = dataset_files(read_dataset_info(root))
-    stale = [rel for rel in rels if file_sha256(root / rel) != recorded[rel]["sha256"]]
-    for rel in stale:
-        (root / rel).unlink(missing_ok=True)  # a reader that has it open keeps its inode
-        COUNTS.add("refetches")
-    if stale:
-        ensure(root, stale)
+
+    def differs(rel: str) -> bool:
+        try:
+            return file_sha256(root / rel) != recorded[rel]["sha256"]
+        except FileNotFoundError:  # removed meanwhile by another process that found it differ
+            return True
+
+    stale = [rel for rel in rels if differs(rel)]
+    if not stale:
+        return
+    # Removed under the node's lock, looked at again there: a process that saw the same damaged copy
+    # would otherwise remove the one another had just fetched, or count the same copy twice (R16e)
+    with node_lock(root.parent):
+        stale = [rel for rel in stale if differs(rel)]
+        for rel in stale:
+            if (root / rel).exists():
+                (root / rel).unlink()  # a reader that has it open keeps its inode
+                COUNTS.add("refetches")
+    ensure(root, stale)
 
 
 def _verified(root: Path) -> dict[str, str]:

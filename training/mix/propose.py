@@ -161,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
     with RunLock(out, SEARCH) as lock:
         if lock.note:
             _say(lock.note)
+        base = base_identity(train_config(cfg, swarm[0]), _say)  # refused: OUT as it was (R16e)
         _keep_earlier(out)  # none of an earlier search's outputs stays beside this recipe, none is lost
         save_config(cfg, out / "config.toml")
-        base = base_identity(train_config(cfg, swarm[0]), _say)
         if base is not None:
             # the proxies train the base as resolved (a directory's real path, a hub id's commit),
             # which their RUN/config.toml records: a relative path, a link or an unpinned hub id

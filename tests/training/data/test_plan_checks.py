@@ -248,6 +248,9 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
     # a run that exists: its plan.png is its trainer's, never redrawn from a config it did not take (a
     # changed mix drew a plan the run's resume then refused: review R16b 1b)
     run.mkdir(parents=True)
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 0  # a run that drew none (R16e)
+    none = f"plot: none in {run} (its trainer draws plan.png with metrics.plot = true)"
+    assert none in capsys.readouterr().out
     (run / "plan.png").write_bytes(b"the trainer's")
     changed = "phase[1].mix={web=0.9,code=0.1}"
     assert gristmill(["train", "--config", str(config), "--plan", "--set", changed]) == 0

@@ -286,6 +286,12 @@ def test_a_base_replaced_at_the_same_path_is_other_runs(tmp_path):
     ), again.stdout
     commands = (out / "commands.sh").read_text()
     assert sum(line.startswith("gristmill train ") for line in commands.splitlines()) == 4, commands
+    # a base that cannot be read is refused before the search changes OUT (R16e F2)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    (base / "model.safetensors").unlink()
+    refused = propose(config, out, "--write-commands")
+    assert refused.returncode == 2 and "model.init_from" in refused.stderr, refused.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
 def test_a_second_search_into_the_same_out_is_refused_before_it_touches_anything(tmp_path, shared_sources):
