@@ -14,6 +14,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,12 @@ def wandb_runs(run_dir: Path) -> list[dict]:
     for d in sorted((run_dir / "wandb").glob("offline-run-*")):
         (path,) = d.glob("run-*.wandb")
         run: dict = {"history": {}}
+        # wandb's service (its own process) may still be writing the file when finish() has returned:
+        # on a loaded machine it held only its header (7 bytes) then. Its exit record comes last.
+        deadline = time.monotonic() + 60
+        while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+            assert time.monotonic() < deadline, f"{path}: no exit record 60 s after the run finished"
+            time.sleep(0.1)
         for r in wandb_records(path):
             kind = r.WhichOneof("record_type")
             if kind == "run":
@@ -278,7 +285,6 @@ def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, 
     import os
     import signal
     import threading
-    import time
 
     run = tmp_path / "run"
     metrics = run / "metrics.jsonl"
@@ -383,7 +389,6 @@ def test_a_hung_wandb_service_does_not_keep_a_finished_run_from_exiting(env, dat
     record complete."""
     import os
     import signal
-    import time
 
     run = tmp_path / "run"
     sets = recipe(dataset, run, "schedule.steps=12", "schedule.warmup_steps=2", "run.val_every=0")
