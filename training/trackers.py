@@ -46,9 +46,10 @@ class Trackers:
     A resumed run (`resume_step`) continues the wandb/trackio runs recorded in RUN/trackers.json.
     Their steps after the checkpoint were logged by the interrupted invocation (`logged_through`: the
     last step metrics.jsonl held) and are redone now; wandb drops steps below its last one, so no
-    tracker gets them again: wandb and trackio keep the first attempt's values of those steps (the
-    same losses, as a resume is exact; timings differ), metrics.jsonl and tensorboard the redone ones
-    (tensorboard purges the interrupted invocation's events after the checkpoint).
+    tracker gets them again: wandb and trackio keep what they stored of the first attempt's values of
+    those steps (the same losses when the resume changes no setting; timings differ; nothing of a row
+    a tracker had not stored when the invocation was killed), metrics.jsonl and tensorboard the
+    redone ones (tensorboard purges the interrupted invocation's events after the checkpoint).
     """
 
     def __init__(
@@ -120,10 +121,16 @@ class Trackers:
         if self.skip_through:
             last = max(self.skip_through.values())
             steps = f"step {last}" if last == resume_step + 1 else f"steps {resume_step + 1}–{last}"
+            # What a tracker stored of them is not known here (an invocation killed before a tracker
+            # flushed left it fewer), nor whether they equal the redone rows (a setting changed at
+            # the resume): said as what it is, not as "already held" (review R16c F1, F4)
+            one = len(self.skip_through) == 1
             say(
-                f"note: {' and '.join(self.skip_through)} already "
-                f"{'holds' if len(self.skip_through) == 1 else 'hold'} {steps} from the interrupted "
-                "invocation; redone now, not sent to them again (metrics.jsonl has the redone rows)"
+                f"note: {' and '.join(self.skip_through)} {'was' if one else 'were'} sent {steps} by the "
+                "interrupted invocation; redone now, not sent again: "
+                f"{'it keeps' if one else 'they keep'} what {'it' if one else 'they'} stored of them as "
+                "sent then (nothing of a row not yet stored when that invocation was killed; a setting "
+                "changed at this resume makes the redone rows differ); metrics.jsonl has the redone rows"
             )
 
     def log(self, row: dict[str, Any]) -> None:
