@@ -1410,6 +1410,21 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     assert len(err) == 1 and err[0].startswith("error: data.cache_gb = 1e-06 is below the working set"), err
     assert "set data.cache_gb to at least 0." in err[0]
     assert not list((tmp_path / "c").rglob("*.blk"))  # nothing fetched
+    # the held-out documents validation reads share the cache: --plan counts them as train does (it
+    # said a cache_gb fitting the training alone was fine, which train then refused: review R16b)
+    from training.data.recipe import open_plan, training_cache_need
+    from training.data.spec import resolve
+
+    val = ["data.val_fraction=0.05", "run.val_every=5", "run.val_batches=1"]
+    cfg = load_train_config(TINY, [f"data.dataset={json.dumps(url)}", *val])  # its training split
+    plan_, tables, _ = open_plan(cfg, resolve(cfg))
+    training = sum(n for _, n in training_cache_need(tables, plan_))  # bytes
+    fits = [f"data.cache_gb={(training + 1) / 1e9!r}", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]
+    assert gristmill([*plan, *fits, *val, "run.val_every=0"]) == 0, capsys.readouterr().err  # training alone
+    capsys.readouterr()
+    assert gristmill([*plan, *fits, *val]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is below the working set this plan reads from" in err[0], err
     # an index that does not match the shards: the index object replaced in the bucket
     bad = s3.url("bad-index")
     upload_dataset(local, bad, log=lambda *a: None)

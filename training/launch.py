@@ -77,6 +77,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     import torch
 
     from training.contract.run_layout import PLAN_PNG
+    from training.data.block_cache import check_room
     from training.data.recipe import (
         build_plan,
         format_plan,
@@ -84,6 +85,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         plot_plan,
         recipe_notes,
         recorded_skips,
+        training_cache_need,
     )
     from training.data.spec import batch_shapes
     from training.run.validation import validation_of
@@ -116,11 +118,13 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     for note in plan.check_supply():
         print(f"note: {note}")
     shapes = batch_shapes(cfg, spec, nproc)
-    validation_of(  # what train refuses before step 1: a held-out split too small for run.val_batches
-        cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,
-        vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,
-        settings={"rank": 0, "world_size": shapes[0].dp_size},
+    validation = validation_of(  # what train refuses before step 1: a held-out split too small for
+        cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,  # run.val_batches, and
+        vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,  # the
+        settings={"rank": 0, "world_size": shapes[0].dp_size},  # cache_gb its held-out reads need too
     )  # fmt: skip
+    if validation is not None and (held_out := validation.cache_need()):
+        check_room(training_cache_need(tables, plan) + held_out, spec.cache)  # as train checks (R16b)
     return 0
 
 

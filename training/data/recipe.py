@@ -229,11 +229,17 @@ def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
     ]
 
 
+def training_cache_need(tables: list[DocumentTable], plan: data_plan.Plan) -> list[tuple[Any, int]]:
+    """(cache, bytes) per bucket source: the epoch groups the plan's training reads at once, for the
+    most tokens a step of any phase takes of it (CachedBlocks.group_need)."""
+    return [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
+
+
 def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
     """Refuse (DatasetError) a data.cache_gb below the working set the plan's training reads from
     buckets at once (block_cache.check_room: every phase and batch, any epoch; the trainer checks it
     again with its validation loaders); a line saying what it is otherwise."""
-    needs = [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
+    needs = training_cache_need(tables, plan)
     if not needs:
         return []
     check_room(needs, spec.cache)

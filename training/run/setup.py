@@ -263,8 +263,7 @@ def _data(
         world_size=env.world_size, settings=settings,
     )  # fmt: skip
     # The training's and the validation's reads from buckets share the node's cache.
-    held_out = [n for v, _ in (validation.all_loaders() if validation else []) for n in v.cache_need()]
-    check_room(loader.cache_need() + held_out, spec.cache)
+    check_room(loader.cache_need() + (validation.cache_need() if validation else []), spec.cache)
     return plan, loader, validation, notes
 
 

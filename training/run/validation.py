@@ -74,6 +74,11 @@ class Validation:
         """Every held-out loader (with its start state), of every phase's shape."""
         return list(self._loaders.values())
 
+    def cache_need(self) -> list[tuple[Any, int]]:
+        """(cache, bytes) of the held-out documents its loaders read from buckets (TokenLoader.cache_need),
+        which share the node's cache with the training's: counted with them by `train` and `--plan`."""
+        return [need for loader, _ in self.all_loaders() for need in loader.cache_need()]
+
     def due(self, step: int) -> bool:
         return step % self.cfg.run.val_every == 0 or step == self.last_step
 
