@@ -31,6 +31,7 @@ from training.contract.dataset_index import (
     index_format,
     write_index,
 )
+from training.contract.object_store import is_url
 
 
 def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
@@ -113,5 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_url(args.dir):  # read as a path, its // collapsed, it was "not found" (review R16b)
+        raise DatasetError(
+            f"{args.dir}: `gristmill data index` writes into a local dataset directory; a dataset in a "
+            f"bucket that lacks its index is converted: `gristmill data convert {args.dir} NEW` writes the "
+            "current layout, its index included (same documents, same batches)"
+        )
     index_dataset(args.dir)
     return 0

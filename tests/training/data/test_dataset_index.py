@@ -158,6 +158,12 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     assert (root / DATASET_JSON).read_bytes() == before
     assert (root / INDEX_DIR / DOC_OFFSETS).stat().st_mtime_ns == mtime
     assert "is complete" in capsys.readouterr().out
+    # a bucket's dataset: one line naming the command that gives it an index, not a path "not found"
+    assert cli(["data", "index", "s3://bucket/old"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: s3://bucket/old: `gristmill data index` writes into a local dataset") and (
+        "`gristmill data convert s3://bucket/old NEW`" in err and "\n" not in err
+    ), err
 
     # A state saved at step 3 by a run on the index-less dataset (its fingerprint was old_fp).
     first = _loader(root)
