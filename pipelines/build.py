@@ -90,7 +90,13 @@ from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
 from pipelines.upload import upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
-from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, tokenizer_file
+from tokenization.tokenizer_io import (
+    TokenizerFile,
+    hub_name_shadowed,
+    load_tokenizer,
+    names_local_file,
+    tokenizer_file,
+)
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import add_config_arguments, load_config, save_config
 from training.contract.dataset_format import (
@@ -344,7 +350,12 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             "`gristmill tokenizer train --config CONFIG`"
         )
     path = Path(spec).expanduser()
-    local_like = spec.endswith(".json") or spec.startswith((".", "/", "~")) or path.exists()
+    local_like = names_local_file(spec)
+    if hub_name_shadowed(spec):  # a hub id's spelling, read from here: said (review R16f F1)
+        log(
+            f"note: tokenizer.path = {spec!r} is read from the local directory {path.resolve()}, not the "
+            "Hugging Face hub (a directory of that name exists here)"
+        )
     if local_like and not path.exists() and cfg.tokenizer.train.if_missing:
         log(
             f"tokenizer {path} does not exist yet: training a "

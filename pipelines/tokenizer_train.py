@@ -28,7 +28,7 @@ from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
-from tokenization.tokenizer_io import TokenizerError, train_bpe
+from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
 
@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
     check_training_values(cfg, args.out)
-    out = Path(args.out or cfg.tokenizer.path)
+    out = written_path(cfg, args.out)  # a folder's tokenizer.json: an empty folder is no file to overwrite
     if out.exists() and not args.force:
         raise TokenizerError(
             f"{out} already exists; pass --force to overwrite it (a dataset built with it keeps its own copy)"
@@ -64,6 +64,20 @@ def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
             raise TokenizerError(f"tokenizer.train.{key} = {getattr(tc, key)} must be ≥ {low}")
 
 
+def written_path(cfg: DataConfig, out: str | Path | None) -> Path:
+    """The tokenizer.json training writes: `out` (--out), else tokenizer.path (`~` expanded, as the build
+    reads it: a literal `~` folder was another file to each: review R16f F2); a folder's tokenizer.json.
+    A tokenizer.path that names a hub repo is refused without --out: written here under the repo's name,
+    it was read instead of the hub's by every later build started in this folder (review R16f F1)."""
+    if out is None and not names_local_file(cfg.tokenizer.path):
+        raise TokenizerError(
+            f"tokenizer.path = {cfg.tokenizer.path!r} names a tokenizer on the Hugging Face hub, and "
+            "training writes a local file: pass --out DIR (or set tokenizer.path to a local path) for it"
+        )
+    path = Path(out or cfg.tokenizer.path).expanduser()
+    return path if path.suffix == ".json" else path / "tokenizer.json"
+
+
 def train_tokenizer(
     cfg: DataConfig,
     source: SourceFiles | None = None,
@@ -78,9 +92,7 @@ def train_tokenizer(
     when it holds the same bytes, and is a TokenizerError otherwise."""
     tc = cfg.tokenizer.train
     check_training_values(cfg, out)
-    out = Path(out or cfg.tokenizer.path)
-    if out.suffix != ".json":
-        out = out / "tokenizer.json"
+    out = written_path(cfg, out)
     if cfg.tokenizer.separator not in tc.special_tokens:
         raise TokenizerError(
             f"tokenizer.train.special_tokens {tc.special_tokens} lacks the separator "
@@ -129,6 +141,7 @@ def train_tokenizer(
         record = {
             "source": source_folder(cfg.source),
             "kind": cfg.source.kind,
+            "vocab_size": tc.vocab_size,  # the setting (a small corpus gives fewer): _unlike_train_settings
             **stats,
             "at": _utc(time.time()),
         }
@@ -148,6 +161,29 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _unlike_train_settings(tok: Path, cfg: DataConfig) -> str:
+    """ "" when the reused tokenizer was trained with [tokenizer.train]'s vocab_size (as its record says)
+    and holds its special tokens, else what differs: those settings apply to a tokenizer trained now,
+    and the dataset's config.toml records them beside a vocabulary they did not make (review R16f F5)."""
+    from tokenization.tokenizer_io import load_tokenizer
+
+    tc, said = cfg.tokenizer.train, []
+    try:
+        size = json.loads(trained_record(tok).read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        size = None  # not trained here, or before the record kept it: its size is no setting's
+    if size is not None and size != tc.vocab_size:
+        setting = f"tokenizer.train.vocab_size = {tc.vocab_size:,}"
+        said.append(f"was trained with vocab_size = {size:,}, not {setting}")
+    loaded = load_tokenizer(tok)
+    missing = [t for t in tc.special_tokens if loaded.token_to_id(t) is None]
+    if missing:
+        said.append(f"has no {', '.join(map(repr, missing))} of tokenizer.train.special_tokens")
+    if not said:
+        return ""
+    return f"; note: it {' and '.join(said)} (those settings train a new tokenizer, never change this one)"
+
+
 def reuse_line(tok: Path, cfg: DataConfig) -> str:
     """One line for a build that finds tokenizer.path already there and uses it as is: which
     file, trained on what and when (a reused file may come from another corpus entirely). It never
@@ -157,6 +193,7 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
         "to train one on this source alone, set tokenizer.path to a path that does not exist yet "
         "(a dataset of its own vocabulary cannot be mixed with those of this one)"
     )
+    own += _unlike_train_settings(tok, cfg)
     try:
         rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
         source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
@@ -169,7 +206,10 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
         )
     here = source_folder(cfg.source)
     if source == here:
-        return f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}"
+        return (
+            f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}"
+            + _unlike_train_settings(tok, cfg)
+        )
     return (
         f"tokenizer {tok} exists: using it, trained on {source} ({docs:,} documents) at {at}, not this "
         f"source: shared, as the sources of one mixture must share one tokenizer; {own}"

@@ -24,12 +24,26 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
         raise TokenizerError(f"{path} is not a valid tokenizer.json ({e}); re-export it") from None
 
 
+def names_local_file(spec: str | Path) -> bool:
+    """Whether tokenizer.path `spec` names a local file (to read, or for training to write): a .json
+    name, a path spelled from `.`, `/` or `~`, or anything that exists here. Everything else is read
+    as a Hugging Face hub repo id."""
+    spec = str(spec)
+    return spec.endswith(".json") or spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+
+
+def hub_name_shadowed(spec: str | Path) -> bool:
+    """Whether `spec`, spelled as a hub repo id, is read from a local directory of that name."""
+    spec = str(spec)
+    return not spec.endswith(".json") and not spec.startswith((".", "/", "~")) and Path(spec).is_dir()
+
+
 def tokenizer_file(spec: str | Path) -> Path:
     """The tokenizer.json `spec` names, as a local file: the file, the one in a directory, or a hub
     repo's (fetched into the hub's cache). Its bytes are what a dataset records: a re-serialisation by
     another `tokenizers` version differs (a key added), and a base model's own tokenizer was then
     refused as another one."""
-    path = Path(spec)
+    path = Path(spec).expanduser()  # as the build and `tokenizer train` read it (review R16f F2)
     if path.is_dir():
         # An existing local directory is never a hub name, even when it is relative and holds
         # no tokenizer.json (that would be five network retries for nothing).
@@ -42,7 +56,7 @@ def tokenizer_file(spec: str | Path) -> Path:
         path = path / "tokenizer.json"
     if path.is_file():
         return path
-    if str(spec).endswith(".json") or path.exists() or str(spec).startswith((".", "/")):
+    if names_local_file(spec):
         raise TokenizerError(
             f"tokenizer file {spec} not found; set tokenizer.path to an existing tokenizer.json "
             "or train one with `gristmill tokenizer train --config CONFIG`"

@@ -79,7 +79,8 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
     version and the documents removed; None when the build had no [decontaminate]). A group counts
     its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
     at the version evaluated; "checked against another version" when an index holds it at another;
-    "not checked" when none holds it; "partly checked (k of n …)" for a mixture of those."""
+    "not checked" when none holds it, or its documents gave the index no n-gram (every text shorter
+    than n words: nothing could match); "partly checked (k of n …)" for a mixture of those."""
     versions = results.get("versions", {})
     groups = results.get("group_subtasks", {})
 
@@ -96,6 +97,10 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
                 entry = indexed.get(leaf)
                 if entry is None:
                     status = "not checked"
+                elif entry.get("ngrams") == 0:
+                    # indexed, but its every text shorter than the index's n words: nothing could match
+                    # ("decontaminated (0 docs removed)" claimed a check that never ran: review R16f F3)
+                    status = "no n-grams"
                 elif _same_version(entry.get("version"), versions.get(leaf)):
                     status = "checked"
                 else:
@@ -115,13 +120,15 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
         removed = sum(p["removed"] for p in per)
         if statuses == {"checked"}:
             mark = f"decontaminated ({removed:,} doc{'' if removed == 1 else 's'} removed)"
-        elif "other version" in statuses and "not checked" not in statuses:
+        elif "other version" in statuses and statuses <= {"checked", "other version"}:
             mark = "checked against another version"
-        elif statuses <= {"not checked"}:
-            mark = "not checked"
+        elif statuses <= {"not checked", "no n-grams"}:
+            short = "no n-grams" in statuses
+            mark = "not checked" + (" (its documents are shorter than the index's n-grams)" if short else "")
         else:
             what = "datasets" if len(per) == len(checks) else "task-dataset pairs"
-            mark = f"partly checked ({sum(p['status'] != 'not checked' for p in per)} of {len(per)} {what})"
+            done = sum(p["status"] in ("checked", "other version") for p in per)
+            mark = f"partly checked ({done} of {len(per)} {what})"
         marks[task] = {"mark": mark, "removed": removed, "datasets": per}
     return marks
 

@@ -336,6 +336,25 @@ def test_an_edited_decontam_manifest_gets_advice_that_repairs_it(decontam, tmp_p
     }
 
 
+def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, tmp_path):
+    """Review R16f F4: `data validate` finds a damaged decontam/ copy and advises the build's command,
+    which builds the index again from the tasks: its manifest held the build's timing ("seconds"), so
+    the copy differed from dataset.json's record and the repaired dataset failed validation."""
+    from validation.validate import validate_dataset
+
+    _, built, _, config, _ = decontam
+    out = tmp_path / "ds"
+    shutil.copytree(built, out)
+    hashes = out / "decontam" / "ngrams.npy"
+    data = bytearray(hashes.read_bytes())
+    data[-1] ^= 1
+    hashes.write_bytes(bytes(data))
+    assert not validate_dataset(out, progress=False, write=False).ok
+    cfg = load_config(DataConfig, config, [f"output={out}"])
+    assert build(cfg, **QUIET).ok
+    assert validate_dataset(out, progress=False, write=False).ok
+
+
 def test_build_workers_filter_without_lm_eval(decontam, tmp_path):
     """The filter step, as a worker runs it: a fresh interpreter where lm_eval, torch and validation/
     cannot be imported opens OUTPUT/decontam/ and drops a planted page."""
@@ -429,6 +448,13 @@ def test_marks_for_versions_mixtures_and_groups():
     two = decontamination_marks(results, [check("prose", [("a", 1.0, 4)]), check("code", None)])
     assert two["a"]["mark"] == "partly checked (1 of 2 datasets)" and two["b"]["mark"] == "not checked"
     assert two["grp"]["mark"] == "partly checked (1 of 4 task-dataset pairs)"
+    # indexed, but no text of it reached n words: nothing could match, so no check ran (review R16f F3:
+    # "decontaminated (0 docs removed)")
+    short = check("prose", [("a", 1.0, 0), ("c", 1.0, 2)])
+    short["decontaminate"]["tasks"][0]["ngrams"] = 0
+    three = decontamination_marks(results, [short])
+    assert three["a"]["mark"] == "not checked (its documents are shorter than the index's n-grams)"
+    assert three["grp"]["mark"] == "partly checked (1 of 2 task-dataset pairs)"
 
 
 def _fineweb_corpus(corpus: Path, texts: dict[str, str]) -> Path:

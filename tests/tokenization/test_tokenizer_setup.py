@@ -16,7 +16,7 @@ from pipelines.config import DataConfig
 from pipelines.tokenizer_train import train_tokenizer
 from tests.helpers.build_runs import build_argv, one_error
 from tests.helpers.corpus import SEP, fixture_texts, train_fixture_tokenizer
-from tokenization.tokenizer_io import TokenizerError, load_tokenizer
+from tokenization.tokenizer_io import TokenizerError, hub_name_shadowed, load_tokenizer, tokenizer_file
 from training.contract.config_loader import load_config
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -67,6 +67,51 @@ def test_tokenizer_training_values_that_cannot_train_are_one_line(
     assert main(["tokenizer", "train", "--config", str(config), "--set", override]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and says in err and "\n" not in err, err
+
+
+def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
+    build_fixture, tmp_path, capsys, monkeypatch
+):
+    """Review R16f F1: `tokenizer train` with tokenizer.path a hub id wrote ./org/name/tokenizer.json,
+    which every later build started in that folder read instead of the hub's, saying nothing."""
+    from pipelines.cli import main
+
+    _, _, config = build_fixture
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["tokenizer", "train", "--config", str(config), "--set", "tokenizer.path=org/name"]) == 2
+    err = capsys.readouterr().err.strip()
+    said = "error: tokenizer.path = 'org/name' names a tokenizer on the Hugging Face hub"
+    assert err.startswith(said) and "pass --out DIR" in err and "\n" not in err, err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "org" / "name").mkdir(parents=True)  # one an earlier version wrote: the build says so
+    assert hub_name_shadowed("org/name") and not hub_name_shadowed("./org/name")
+
+
+def test_a_tokenizer_path_under_home_is_one_file_to_training_and_reading(
+    build_fixture, tmp_path, monkeypatch
+):
+    """Review R16f F2: the build expanded `~` in tokenizer.path, training and reading did not: each
+    build trained again into a folder named `~` where it ran, and two datasets got two vocabularies."""
+    _, _, config = build_fixture
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    written = train_tokenizer(train_config(config, Path("~/tok.json")))
+    assert written == tmp_path / "home" / "tok.json" and written.is_file()
+    assert tokenizer_file("~/tok.json") == written and not (tmp_path / "~").exists()
+
+
+def test_a_reused_tokenizer_unlike_the_training_settings_is_said(build_fixture, tmp_path):
+    """Review R16f F5: a build reusing tokenizer.path said only "exists: using it", though the
+    recipe's [tokenizer.train] (recorded in the dataset's config.toml) asked another vocabulary."""
+    from pipelines.tokenizer_train import reuse_line
+
+    _, _, config = build_fixture
+    tok = train_tokenizer(train_config(config, tmp_path / "tok.json", vocab_size=400))
+    assert "note:" not in reuse_line(tok, train_config(config, tok, vocab_size=400))
+    line = reuse_line(tok, train_config(config, tok, vocab_size=16384))
+    assert "; note: it was trained with vocab_size = 400, not tokenizer.train.vocab_size = 16,384" in line
 
 
 def train_config(config: Path, out: Path, vocab_size: int = 400, source: Path | None = None) -> DataConfig:
