@@ -36,7 +36,9 @@ PEAK_BF16_FLOPS: list[tuple[str, float]] = [
     ("H100 PCIE", 756e12),
     ("H100 NVL", 835e12),
     ("H100", 989e12),  # SXM
+    ("H200 NVL", 835e12),  # the PCIe card (1,671 TFLOPS with sparsity): was read as the SXM's (R16g)
     ("H200", 989e12),  # also GH200
+    ("H800 PCIE", 756e12),  # as the H100 PCIe
     ("H800", 989e12),
     ("A100", 312e12),
     ("A800", 312e12),

@@ -480,7 +480,10 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
     want = {
         15: "was set aside (checkpoints/abandoned-step-000015): a rewind",
         12: "was never trained: rewind 1 skipped steps 11–18",
-        22: "was never saved: checkpoint.interval = 5 saves every 5 steps and the last (30)",
+        # off the interval: never saved, or saved where a run stopped and deleted by retention since (R16g)
+        22: "has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30), and a save "
+        "made where the run stopped (SIGTERM, Ctrl-C, run.max_steps) is deleted by retention "
+        "(checkpoint.keep_last = 1) once a resume has saved newer ones",
         20: "checkpoint was deleted by retention: checkpoint.keep_last = 1",
         31: "is past the run's last step, 30",
         -1: "step -1 is no step: steps count from 1",

@@ -23,6 +23,8 @@ from training.optim import build_optimizer, param_groups, plan_scheduler
         ("NVIDIA H200", 989e12),
         ("NVIDIA A100-SXM4-80GB", 312e12),
         ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200 NVL", 835e12),  # were 989e12, the SXM's: MFU understated (review R16g)
+        ("NVIDIA H800 PCIe", 756e12),
         ("NVIDIA GeForce RTX 4090", None),
         ("cpu", None),
     ],

@@ -91,7 +91,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     step_of,
 )
-from training.data.recipe import check_trained_on
+from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import tokenizer_dir
 from training.data.spec import RunSpec, resolve
 from training.merge import MergedWeights
@@ -458,6 +458,16 @@ def run_config(run_dir: str | Path):
     return load_config(TrainConfig, path)
 
 
+def trained_on(run_dir: str | Path) -> dict[str, Any]:
+    """{"trained_on": [{name, fingerprint}, …]}: the data the weights were trained on, from
+    RUN/data_plan.json, beside the export's "dataset", whose tokenizer and separator it ships (a dataset
+    rebuilt with the run's tokenizer passes that check: an export from another directory recorded it
+    alone, as if trained on: review R16g 1a); {} for a run that recorded no plan."""
+    plan = recorded_plan(Path(run_dir))
+    sources = [{"name": s["name"], "fingerprint": s["fingerprint"]} for s in (plan or {}).get("sources", [])]
+    return {"trained_on": sources} if sources else {}
+
+
 def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dict[str, Any]]:
     """The dataset directory whose tokenizer the run trained with, and its dataset.json: the first
     source's (every source of a mixture shares one tokenizer, checked when the run started), refused
@@ -621,7 +631,13 @@ def export_checkpoint(
         if merged:
             meta["merged"] = json.loads((run_export / EXPORT_META).read_text(encoding="utf-8")).get("merged")
         return export_hf(
-            model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype, base=base_files(run_dir)
+            model.state_dict(),
+            mcfg,
+            dataset,
+            out,
+            meta=meta | trained_on(run_dir),
+            dtype=dtype,
+            base=base_files(run_dir),
         )
     if merged and incomplete_reason(ckpt) is not None:
         raise ExportError(
@@ -636,7 +652,13 @@ def export_checkpoint(
 
     def write() -> Path:
         return export_hf(
-            model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
+            model.state_dict(),
+            mcfg,
+            dataset,
+            target,
+            meta=meta | trained_on(run_dir),
+            dtype=dtype,
+            base=base_files(run_dir),
         )
 
     # A checkpoint set aside while it was read and written (a resume from an older step, a rewind)
@@ -855,7 +877,13 @@ def export_base(
     }
     target = export_dir(run_dir, 0) if out is None else out
     return export_hf(
-        model.state_dict(), mcfg, dataset, target, meta=meta, dtype=dtype, base=base_files(run_dir)
+        model.state_dict(),
+        mcfg,
+        dataset,
+        target,
+        meta=meta | trained_on(run_dir),
+        dtype=dtype,
+        base=base_files(run_dir),
     )
 
 

@@ -371,9 +371,13 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     if not c.interval:
         return f"step {step} was never saved: checkpoint.interval = 0 saves only on SIGTERM or Ctrl-C"
     if step % c.interval and step != last:
+        # a save at a stop (SIGTERM, Ctrl-C, run.max_steps) is off the interval too, and retention
+        # deletes it once a resume has saved newer ones: nothing records which (review R16g 2a)
         return (
-            f"step {step} was never saved: checkpoint.interval = {c.interval} saves every {c.interval} steps "
-            f"and the last ({last})"
+            f"step {step} has no checkpoint: checkpoint.interval = {c.interval} saves every {c.interval} "
+            f"steps and the last ({last}), and a save made where the run stopped (SIGTERM, Ctrl-C, "
+            f"run.max_steps) is deleted by retention (checkpoint.keep_last = {c.keep_last}) once a resume "
+            "has saved newer ones"
         )
     return (
         f"step {step}'s checkpoint was deleted by retention: checkpoint.keep_last = {c.keep_last} keeps the "

@@ -120,6 +120,11 @@ def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset,
         export_checkpoint(run, 10)
     recorded(fingerprint="f" * 64, tokenizer_sha256=info["tokenizer_sha256"])  # rebuilt, same tokenizer
     assert export_checkpoint(run, 10) == export_dir(run, 10)
+    # its record names both: the data trained on, and the dataset whose tokenizer it ships (the latter
+    # alone read as the data trained on: review R16g 1a)
+    meta = json.loads((export_dir(run, 10) / "gristmill_export.json").read_text())
+    assert meta["trained_on"] == [{"name": "data", "fingerprint": "f" * 64}]
+    assert meta["dataset_fingerprint"] == info["fingerprint"]
     recorded(fingerprint=info["fingerprint"])  # the dataset itself
     assert export_checkpoint(run, 20) == export_dir(run, 20)
     (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "web", "fingerprint": "f" * 64}]}))
