@@ -458,6 +458,15 @@ def run_config(run_dir: str | Path):
     return load_config(TrainConfig, path)
 
 
+def export_of_run(
+    run_dir: str | Path, model: torch.nn.Module, mcfg: ModelConfig, dataset: Path, out: Path,
+    meta: dict[str, Any], dtype: torch.dtype,
+) -> Path:  # fmt: skip
+    """export_hf of a run's weights: its record names the data trained on, the base's files come along."""
+    meta = meta | trained_on(run_dir)
+    return export_hf(model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype, base=base_files(run_dir))
+
+
 def trained_on(run_dir: str | Path) -> dict[str, Any]:
     """{"trained_on": [{name, fingerprint}, …]}: the data the weights were trained on, from
     RUN/data_plan.json, beside the export's "dataset", whose tokenizer and separator it ships (a dataset
@@ -630,15 +639,7 @@ def export_checkpoint(
         meta = {"step": step, "copied_from": str(run_export.resolve())}
         if merged:
             meta["merged"] = json.loads((run_export / EXPORT_META).read_text(encoding="utf-8")).get("merged")
-        return export_hf(
-            model.state_dict(),
-            mcfg,
-            dataset,
-            out,
-            meta=meta | trained_on(run_dir),
-            dtype=dtype,
-            base=base_files(run_dir),
-        )
+        return export_of_run(run_dir, model, mcfg, dataset, out, meta, dtype)
     if merged and incomplete_reason(ckpt) is not None:
         raise ExportError(
             f"{run_dir} has no merged weights of step {step}: {missing_step_reason(run_dir, step, True)}"
@@ -651,15 +652,7 @@ def export_checkpoint(
     target = out or run_export
 
     def write() -> Path:
-        return export_hf(
-            model.state_dict(),
-            mcfg,
-            dataset,
-            target,
-            meta=meta | trained_on(run_dir),
-            dtype=dtype,
-            base=base_files(run_dir),
-        )
+        return export_of_run(run_dir, model, mcfg, dataset, target, meta, dtype)
 
     # A checkpoint set aside while it was read and written (a resume from an older step, a rewind)
     # leaves an export of a timeline the run left (review R15c F2): never the run's, never a copy.
@@ -876,15 +869,7 @@ def export_base(
         "base_weights_sha256": weights,
     }
     target = export_dir(run_dir, 0) if out is None else out
-    return export_hf(
-        model.state_dict(),
-        mcfg,
-        dataset,
-        target,
-        meta=meta | trained_on(run_dir),
-        dtype=dtype,
-        base=base_files(run_dir),
-    )
+    return export_of_run(run_dir, model, mcfg, dataset, target, meta, dtype)
 
 
 def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | None) -> None:
