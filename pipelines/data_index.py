@@ -116,9 +116,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if is_url(args.dir):  # read as a path, its // collapsed, it was "not found" (review R16b)
         raise DatasetError(
-            f"{args.dir}: `gristmill data index` writes into a local dataset directory; a dataset in a "
-            f"bucket that lacks its index is converted: `gristmill data convert {args.dir} NEW` writes the "
-            "current layout, its index included (same documents, same batches)"
+            f"{args.dir}: `gristmill data index` writes into a local dataset directory: index the copy the "
+            f"bucket's dataset was uploaded from (`gristmill data index DIR`), then upload it again "
+            f"(`gristmill data upload DIR {args.dir}`); a gristmill-shards/1 dataset there is converted "
+            f"instead (`gristmill data convert {args.dir} NEW`)"
         )
     index_dataset(args.dir)
     return 0

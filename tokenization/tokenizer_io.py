@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,9 +34,9 @@ def names_local_file(spec: str | Path) -> bool:
 
 
 def hub_name_shadowed(spec: str | Path) -> bool:
-    """Whether `spec`, spelled as a hub repo id, is read from a local directory of that name."""
+    """Whether `spec`, spelled as a hub repo id (`org/name`), is read from a local directory of that name."""
     spec = str(spec)
-    return not spec.endswith(".json") and not spec.startswith((".", "/", "~")) and Path(spec).is_dir()
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) is not None and Path(spec).is_dir()
 
 
 def tokenizer_file(spec: str | Path) -> Path:

@@ -114,8 +114,14 @@ class Trackers:
             self.trackers[name] = t
             how = "continued" if prev else "new"
             say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {t.name!r}){t.where}")
-            if prev and logged_through is not None and logged_through > resume_step:  # prev: a resume
+            # prev: a resume; "used": whether the invocation before this one sent it rows at all (one
+            # without it recorded its run, unused: skipping sent its steps to no one: review R16h F1)
+            redone = logged_through is not None and logged_through > resume_step
+            if prev and prev.get("used", True) and redone:
                 self.skip_through[name] = logged_through
+        for name, record in state.items():
+            if isinstance(record, dict):
+                record["used"] = name in names
         if state or (self.run_dir / TRACKERS_JSON).exists():
             write_state(self.run_dir, state)
         if self.skip_through:

@@ -123,7 +123,7 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
         elif "other version" in statuses and statuses <= {"checked", "other version"}:
             mark = "checked against another version"
         elif statuses <= {"not checked", "no n-grams"}:
-            short = "no n-grams" in statuses
+            short = statuses == {"no n-grams"}  # every dataset indexed it: none could match (R16h)
             mark = "not checked" + (" (its documents are shorter than the index's n-grams)" if short else "")
         else:
             what = "datasets" if len(per) == len(checks) else "task-dataset pairs"

@@ -33,7 +33,7 @@ from pipelines.decontam.ngram import (
 from pipelines.sources import FINEWEB_EDU_SCHEMA
 from tests.helpers.corpus import fixture_config_text, fixture_texts, write_fixture_corpus
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import fingerprint, read_dataset_info
+from training.contract.dataset_format import file_sha256, fingerprint, read_dataset_info
 from training.contract.errors import GristmillError
 
 pytestmark = [
@@ -345,6 +345,16 @@ def test_a_damaged_index_copy_repaired_as_validate_advises_validates(decontam, t
     _, built, _, config, _ = decontam
     out = tmp_path / "ds"
     shutil.copytree(built, out)
+    # built before the manifest lost its timing (R16h F2): the manifest dataset.json records holds one
+    manifest = out / "decontam" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "seconds": 0.41}, indent=1))
+    info = json.loads((out / "dataset.json").read_text())
+    info["files"]["decontam/manifest.json"] = {
+        "bytes": manifest.stat().st_size,
+        "sha256": file_sha256(manifest),
+    }
+    (out / "dataset.json").write_text(json.dumps(info, indent=2))
+    assert validate_dataset(out, progress=False, write=False).ok
     hashes = out / "decontam" / "ngrams.npy"
     data = bytearray(hashes.read_bytes())
     data[-1] ^= 1
@@ -455,6 +465,8 @@ def test_marks_for_versions_mixtures_and_groups():
     three = decontamination_marks(results, [short])
     assert three["a"]["mark"] == "not checked (its documents are shorter than the index's n-grams)"
     assert three["grp"]["mark"] == "partly checked (1 of 2 task-dataset pairs)"
+    four = decontamination_marks(results, [short, check("code", None)])  # one dataset never checked it
+    assert four["a"]["mark"] == "not checked"
 
 
 def _fineweb_corpus(corpus: Path, texts: dict[str, str]) -> Path:

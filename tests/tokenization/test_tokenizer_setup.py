@@ -86,6 +86,8 @@ def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "org" / "name").mkdir(parents=True)  # one an earlier version wrote: the build says so
     assert hub_name_shadowed("org/name") and not hub_name_shadowed("./org/name")
+    (tmp_path / "runs" / "tokenizers" / "mine").mkdir(parents=True)  # no hub id's shape: no note (R16h)
+    assert not hub_name_shadowed("runs/tokenizers/mine")
 
 
 def test_a_tokenizer_path_under_home_is_one_file_to_training_and_reading(

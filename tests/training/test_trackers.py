@@ -182,6 +182,23 @@ def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, datas
         pytest.skip("trackio was imported before TRACKIO_DIR was set: its store was not checked")
 
 
+def test_steps_an_invocation_without_a_tracker_trained_are_sent_to_it_on_a_resume(
+    env, dataset, tmp_path, capsys
+):
+    """Review R16h F1: a resume skipped the redone steps for every tracker trackers.json records, and
+    said they had been sent, though the invocation before it ran without that tracker: wandb never
+    got steps 5-6, exit 0."""
+    run = tmp_path / "run"
+    assert run_training(dataset, run, ["wandb"], "run.max_steps=4") == 0
+    assert run_training(dataset, run, [], "run.max_steps=6", "checkpoint.resume=auto") == 0  # no wandb
+    resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
+    capsys.readouterr()
+    assert run_training(dataset, run, ["wandb"], resume) == 0
+    assert "by the interrupted invocation" not in capsys.readouterr().out
+    first, last = wandb_runs(run)
+    assert sorted(first["history"]) == [1, 2, 3, 4] and sorted(last["history"]) == [5, 6, 7, 8]
+
+
 def test_tracker_names_and_packages_are_checked_with_the_config(monkeypatch):
     def cfg(*sets: str) -> MetricsSection:
         return load_config(TrainConfig, TINY, list(sets)).metrics
