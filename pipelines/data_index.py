@@ -117,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
     if is_url(args.dir):  # read as a path, its // collapsed, it was "not found" (review R16b)
         raise DatasetError(
             f"{args.dir}: `gristmill data index` writes into a local dataset directory: index the copy the "
-            f"bucket's dataset was uploaded from (`gristmill data index DIR`), then upload it again "
-            f"(`gristmill data upload DIR {args.dir}`); a gristmill-shards/1 dataset there is converted "
-            f"instead (`gristmill data convert {args.dir} NEW`)"
+            "bucket's dataset was uploaded from (`gristmill data index DIR`) and upload it to a new prefix "
+            "(`gristmill data upload DIR NEW_URL`: the index changes its fingerprint, so the old prefix "
+            f"refuses it); a gristmill-shards/1 dataset there is converted instead (`gristmill data convert "
+            f"{args.dir} NEW`)"
         )
     index_dataset(args.dir)
     return 0

@@ -34,9 +34,9 @@ def names_local_file(spec: str | Path) -> bool:
 
 
 def hub_name_shadowed(spec: str | Path) -> bool:
-    """Whether `spec`, spelled as a hub repo id (`org/name`), is read from a local directory of that name."""
+    """Whether `spec`, spelled as a hub repo id (`name` or `org/name`), is read from a local directory."""
     spec = str(spec)
-    return re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", spec) is not None and Path(spec).is_dir()
+    return re.fullmatch(r"(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+", spec) is not None and Path(spec).is_dir()
 
 
 def tokenizer_file(spec: str | Path) -> Path:

@@ -67,6 +67,8 @@ class Trackers:
         self.run_dir = Path(run_dir)
         self.trackers: dict[str, Any] = {}
         self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
+        self._state: dict[str, Any] = {}  # RUN/trackers.json as this invocation writes it
+        self._sent: dict[str, int] = {}  # tracker -> the last step this invocation sent it
         try:
             self._open(m, config, datasets, resume_step, logged_through)
         except BaseException:
@@ -92,6 +94,7 @@ class Trackers:
         tracker_config = {**config, "provenance": {**info, "run_dir": str(self.run_dir.resolve())}}
         # trackio first, as its resume may be refused (another run has its name): no wandb run resumed
         # for nothing; tensorboard last: a tracker that fails to start leaves no empty event file behind
+        held: dict[str, int | None] = {}  # tracker -> the last step its run holds (sent_through)
         for name in sorted(names, key=("trackio", "wandb", "tensorboard").index):
             prev = old.get(name) if isinstance(old.get(name), dict) else None
             prev = prev if prev and prev.get("project") == project else None
@@ -114,14 +117,19 @@ class Trackers:
             self.trackers[name] = t
             how = "continued" if prev else "new"
             say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {t.name!r}){t.where}")
-            # prev: a resume; "used": whether the invocation before this one sent it rows at all (one
-            # without it recorded its run, unused: skipping sent its steps to no one: review R16h F1)
-            redone = logged_through is not None and logged_through > resume_step
-            if prev and prev.get("used", True) and redone:
-                self.skip_through[name] = logged_through
+            held[name] = sent_through(prev, logged_through)
+            if held[name] is not None and resume_step is not None and held[name] > resume_step:
+                self.skip_through[name] = held[name]
+        # Each record says how far its tracker was sent: exactly once an invocation closed it
+        # ("sent_through"), or, while one has it open (a kill leaves it so), up to the last row of
+        # metrics.jsonl. An invocation without a tracker sends it nothing: its steps, redone later,
+        # are sent then (a skip by "the last invocation's rows" lost them: reviews R16h F1, R16i F5).
         for name, record in state.items():
             if isinstance(record, dict):
-                record["used"] = name in names
+                was = held[name] if name in names else sent_through(record, logged_through)
+                record.pop("used", None)
+                record.update({"open": name in names, **({"sent_through": was} if was is not None else {})})
+        self._state = state
         if state or (self.run_dir / TRACKERS_JSON).exists():
             write_state(self.run_dir, state)
         if self.skip_through:
@@ -132,8 +140,8 @@ class Trackers:
             # the resume): said as what it is, not as "already held" (review R16c F1, F4)
             one = len(self.skip_through) == 1
             say(
-                f"note: {' and '.join(self.skip_through)} {'was' if one else 'were'} sent {steps} by the "
-                "interrupted invocation; redone now, not sent again: "
+                f"note: {' and '.join(self.skip_through)} {'was' if one else 'were'} sent {steps} by an "
+                "earlier invocation; redone now, not sent again: "
                 f"{'it keeps' if one else 'they keep'} what {'it' if one else 'they'} stored of them as "
                 "sent then (nothing of a row not yet stored when that invocation was killed; a setting "
                 "changed at this resume makes the redone rows differ); metrics.jsonl has the redone rows"
@@ -148,6 +156,7 @@ class Trackers:
             if step > self.skip_through.get(name, -1):
                 try:
                     tracker.log(scalars, step)
+                    self._sent[name] = step
                 except Exception as e:  # a side activity: it never costs training (wandb's service killed)
                     say(
                         f"WARNING: {name} failed at step {step} ({type(e).__name__}: {e}); it gets no more "
@@ -167,6 +176,16 @@ class Trackers:
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
         self.trackers = {}
+        # how far each tracker this invocation had open was sent, now known exactly
+        closed = [n for n, r in self._state.items() if isinstance(r, dict) and r.get("open")]
+        for name in closed:
+            record = self._state[name]
+            last = max(record.get("sent_through") or 0, self._sent.get(name, 0)) or None
+            record.pop("sent_through", None)
+            record.update({"open": False, **({"sent_through": last} if last else {})})
+        if closed:
+            with contextlib.suppress(OSError):  # a side activity's record: never an error at the end
+                write_state(self.run_dir, self._state)
 
 
 def git_commit(where: Path = Path(__file__).parent) -> str | None:
@@ -260,6 +279,18 @@ def _wandb_runs(run_dir: Path) -> dict[str, str]:
 
 
 _WANDB_RUN_DIR = re.compile(r"(offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)(?:-\d+)?$")
+
+
+def sent_through(record: dict[str, Any] | None, logged_through: int | None) -> int | None:
+    """The last step a tracker's run holds rows up to, by its record in RUN/trackers.json: the exact
+    step an invocation that closed it recorded; while one had it open (killed, or a record written
+    before gristmill kept this), the last row metrics.jsonl had, as that invocation sent every row."""
+    if record is None:
+        return None
+    held = record.get("sent_through")
+    if record.get("open", record.get("used", True)) and logged_through is not None:
+        held = max(held or 0, logged_through)
+    return held
 
 
 def write_state(run_dir: Path, state: dict[str, Any]) -> None:

@@ -805,6 +805,8 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
         )
         assert torch.equal(exported[name], tensor.float()), name
     assert export_checkpoint(run, 0) == export_dir(run, 0)  # `gristmill export RUN --step 0`: that export
+    meta = json.loads((export_dir(run, 0) / "gristmill_export.json").read_text())
+    assert "trained_on" not in meta  # the base's own weights: no data of the run applied (R16i F1)
 
     # Issue 37 item 4: the export keeps the base's tokenizer files and special tokens (bos <|begin_of_text|>,
     # eos and pad <|endoftext|>), for step 0 as for a trained step; gristmill's eval still frames each

@@ -156,9 +156,12 @@ def test_trackers_log_every_step_and_a_resume_continues_the_same_runs(env, datas
     second = capsys.readouterr().out
     assert (
         "wandb tracker: continued run" in second
-        and f"{'were' if env else 'was'} sent step 5 by the interrupted invocation" in second
+        and f"{'were' if env else 'was'} sent step 5 by an earlier invocation" in second
     )
-    assert json.loads((run_dir / "trackers.json").read_text()) == ids
+    now = json.loads((run_dir / "trackers.json").read_text())  # the same runs, each sent through step 8
+    assert {t: r["sent_through"] for t, r in now.items()} == {t: 8 for t in ids} and {
+        t: {k: v for k, v in r.items() if k != "sent_through"} for t, r in now.items()
+    } == {t: {k: v for k, v in r.items() if k != "sent_through"} for t, r in ids.items()}
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 9))
     _, w2 = wandb_runs(run_dir)
     assert w2["id"] == w["id"] and sorted(w2["history"]) == [6, 7, 8]
@@ -194,9 +197,24 @@ def test_steps_an_invocation_without_a_tracker_trained_are_sent_to_it_on_a_resum
     resume = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
     capsys.readouterr()
     assert run_training(dataset, run, ["wandb"], resume) == 0
-    assert "by the interrupted invocation" not in capsys.readouterr().out
+    assert "by an earlier invocation" not in capsys.readouterr().out
     first, last = wandb_runs(run)
     assert sorted(first["history"]) == [1, 2, 3, 4] and sorted(last["history"]) == [5, 6, 7, 8]
+
+
+def test_steps_an_earlier_invocation_sent_a_tracker_are_not_sent_again(env, dataset, tmp_path, capsys):
+    """Review R16i F5: wandb sent steps 1-6, then an invocation without wandb redid step 5 from the
+    step-4 checkpoint: a resume with wandb again sent it steps 5-6 once more, which wandb drops (its
+    steps only go forward), with nothing said. How far each tracker was sent is its record's."""
+    run = tmp_path / "run"
+    assert run_training(dataset, run, ["wandb"], "run.max_steps=6") == 0
+    four = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
+    assert run_training(dataset, run, [], four, "run.max_steps=5") == 0  # no wandb
+    capsys.readouterr()
+    assert run_training(dataset, run, ["wandb"], four) == 0
+    assert "wandb was sent steps 5–6 by an earlier invocation" in capsys.readouterr().out
+    first, last = wandb_runs(run)
+    assert sorted(first["history"]) == [1, 2, 3, 4, 5, 6] and sorted(last["history"]) == [7, 8]
 
 
 def test_tracker_names_and_packages_are_checked_with_the_config(monkeypatch):
@@ -368,7 +386,8 @@ def test_a_changed_run_name_on_resume_says_the_name_trackio_keeps(env, dataset, 
     assert f"trackio tracker: continued run {tid} in project 'gm-test' (name 'named')" in out, out
     assert "note: trackio continues the run under its recorded name 'named', not 'renamed'" in out
     assert f"wandb tracker: continued run {wid} in project 'gm-test' (name 'renamed')" in out
-    assert json.loads((run_dir / "trackers.json").read_text()) == ids
+    now = json.loads((run_dir / "trackers.json").read_text())
+    assert {t: r["id"] for t, r in now.items()} == {t: r["id"] for t, r in ids.items()}
     assert sorted(trackio_logs(tid)) == list(range(1, 9))
 
 

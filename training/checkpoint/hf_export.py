@@ -463,18 +463,31 @@ def export_of_run(
     meta: dict[str, Any], dtype: torch.dtype,
 ) -> Path:  # fmt: skip
     """export_hf of a run's weights: its record names the data trained on, the base's files come along."""
-    meta = meta | trained_on(run_dir)
+    meta = meta | trained_on(run_dir, meta["step"])
     return export_hf(model.state_dict(), mcfg, dataset, out, meta=meta, dtype=dtype, base=base_files(run_dir))
 
 
-def trained_on(run_dir: str | Path) -> dict[str, Any]:
-    """{"trained_on": [{name, fingerprint}, …]}: the data the weights were trained on, from
-    RUN/data_plan.json, beside the export's "dataset", whose tokenizer and separator it ships (a dataset
-    rebuilt with the run's tokenizer passes that check: an export from another directory recorded it
-    alone, as if trained on: review R16g 1a); {} for a run that recorded no plan."""
-    plan = recorded_plan(Path(run_dir))
-    sources = [{"name": s["name"], "fingerprint": s["fingerprint"]} for s in (plan or {}).get("sources", [])]
-    return {"trained_on": sources} if sources else {}
+def trained_on(run_dir: str | Path, step: int) -> dict[str, Any]:
+    """{"trained_on": [{name, fingerprint}, …]}: the sources step `step`'s weights were trained on (a
+    weight above 0 in a phase begun by then), from RUN/data_plan.json, beside the export's "dataset",
+    whose tokenizer and separator it ships (a dataset rebuilt with the run's tokenizer passes that
+    check: an export from another directory recorded it alone, as if trained on: review R16g 1a); {}
+    for step 0 (a base's own weights: nothing of the run applied, R16i F1) and a run without a plan."""
+    plan = recorded_plan(Path(run_dir)) if step > 0 else None
+    if not plan:
+        return {}
+    used, start = set(), 1
+    for phase in plan.get("phases") or [{"weights": [1] * len(plan["sources"]), "steps": None}]:
+        if start > step:
+            break
+        used |= {i for i, w in enumerate(phase["weights"]) if w > 0}
+        start += phase.get("steps") or step  # an open-ended phase runs past any step
+    sources = [
+        {"name": s["name"], "fingerprint": s["fingerprint"]}
+        for i, s in enumerate(plan["sources"])
+        if i in used
+    ]
+    return {"trained_on": sources}
 
 
 def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dict[str, Any]]:

@@ -125,6 +125,17 @@ def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset,
     meta = json.loads((export_dir(run, 10) / "gristmill_export.json").read_text())
     assert meta["trained_on"] == [{"name": "data", "fingerprint": "f" * 64}]
     assert meta["dataset_fingerprint"] == info["fingerprint"]
+    # only the sources a phase begun by the step reads (an anneal-only source is not yet: R16i F2)
+    from training.checkpoint.hf_export import trained_on
+
+    plan = {
+        "sources": [{"name": "data", "fingerprint": "f" * 64}, {"name": "anneal", "fingerprint": "a" * 64}],
+        "phases": [{"steps": 100, "weights": [1, 0]}, {"steps": 20, "weights": [0, 1]}],
+    }
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert trained_on(run, 10) == {"trained_on": [{"name": "data", "fingerprint": "f" * 64}]}
+    assert [s["name"] for s in trained_on(run, 101)["trained_on"]] == ["data", "anneal"]
+    assert trained_on(run, 0) == {}
     recorded(fingerprint=info["fingerprint"])  # the dataset itself
     assert export_checkpoint(run, 20) == export_dir(run, 20)
     (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "web", "fingerprint": "f" * 64}]}))

@@ -162,7 +162,7 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     assert cli(["data", "index", "s3://bucket/old"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: s3://bucket/old: `gristmill data index` writes into a local dataset") and (
-        "`gristmill data upload DIR s3://bucket/old`" in err and "\n" not in err
+        "`gristmill data upload DIR NEW_URL`" in err and "\n" not in err
     ), err
 
     # A state saved at step 3 by a run on the index-less dataset (its fingerprint was old_fp).
