@@ -8,8 +8,9 @@ packages are installed, is checked with the config (training.config_checks.track
 any work.
 
 Resuming: RUN/trackers.json records the wandb run id (and mode) and the trackio run (name, id) with
-their project. A resumed invocation (`--resume`) continues those runs (an unreadable file is an error
-naming the run to continue, not a silent new run); a fresh run into the same directory
+their project, and for each whether an invocation has it open and how far its run was sent
+(`open`, `sent_through`). A resumed invocation (`--resume`) continues those runs (an unreadable file
+is an error naming the run to continue, not a silent new run); a fresh run into the same directory
 starts new ones and overwrites the file. trackio resumes a run by its name (the newest run of that
 name in the project) and keeps it: when that is another run (another run directory's, of the same
 name), the resume is refused rather than logged into it; a metrics.run_name changed since is not
@@ -43,10 +44,11 @@ class Trackers:
     """The trackers of [metrics], opened on rank 0 (tensorboard by default; wandb, trackio), each
     metrics row handed to them (`log`) and finished at the end (`close`).
 
-    A resumed run (`resume_step`) continues the wandb/trackio runs recorded in RUN/trackers.json.
-    Their steps after the checkpoint were logged by the interrupted invocation (`logged_through`: the
-    last step metrics.jsonl held) and are redone now; wandb drops steps below its last one, so no
-    tracker gets them again: wandb and trackio keep what they stored of the first attempt's values of
+    A resumed run (`resume_step`) continues the wandb/trackio runs recorded in RUN/trackers.json,
+    where each record says how far its run was sent (`sent_through`: exact when an invocation closed
+    it; while one had it open, `logged_through`, the last step metrics.jsonl held). Those of its steps
+    after the checkpoint are redone now; wandb drops steps below its last one, so no tracker gets them
+    again: wandb and trackio keep what they stored of the first attempt's values of
     those steps (the same losses when the resume changes no setting; timings differ; nothing of a row
     a tracker had not stored when the invocation was killed), metrics.jsonl and tensorboard the
     redone ones (tensorboard purges the interrupted invocation's events after the checkpoint).
@@ -156,7 +158,8 @@ class Trackers:
             if step > self.skip_through.get(name, -1):
                 try:
                     tracker.log(scalars, step)
-                    self._sent[name] = step
+                    # the highest: after a rewind the steps go back, and the run holds the higher ones
+                    self._sent[name] = max(self._sent.get(name, 0), step)
                 except Exception as e:  # a side activity: it never costs training (wandb's service killed)
                     say(
                         f"WARNING: {name} failed at step {step} ({type(e).__name__}: {e}); it gets no more "
@@ -165,6 +168,8 @@ class Trackers:
                     self.trackers.pop(name)
                     with contextlib.suppress(Exception):
                         tracker.finish(True)
+                    # said now: a kill before the end would leave it open, read as sent every row
+                    self._record_sent([name])  # (review R16j F1)
 
     def close(self) -> None:
         """Finish the trackers; called in a `finally`, so an exception on its way out marks the wandb
@@ -176,14 +181,17 @@ class Trackers:
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
         self.trackers = {}
-        # how far each tracker this invocation had open was sent, now known exactly
-        closed = [n for n, r in self._state.items() if isinstance(r, dict) and r.get("open")]
-        for name in closed:
+        self._record_sent([n for n, r in self._state.items() if isinstance(r, dict) and r.get("open")])
+
+    def _record_sent(self, names: list[str]) -> None:
+        """RUN/trackers.json: trackers `names`, closed by this invocation, were sent exactly through
+        their highest step (sent_through)."""
+        for name in names:
             record = self._state[name]
             last = max(record.get("sent_through") or 0, self._sent.get(name, 0)) or None
             record.pop("sent_through", None)
             record.update({"open": False, **({"sent_through": last} if last else {})})
-        if closed:
+        if names:
             with contextlib.suppress(OSError):  # a side activity's record: never an error at the end
                 write_state(self.run_dir, self._state)
 

@@ -217,6 +217,44 @@ def test_steps_an_earlier_invocation_sent_a_tracker_are_not_sent_again(env, data
     assert sorted(first["history"]) == [1, 2, 3, 4, 5, 6] and sorted(last["history"]) == [7, 8]
 
 
+def test_how_far_a_tracker_was_sent_is_its_highest_step_and_is_recorded_when_it_fails(env, tmp_path):
+    """Review R16j: after a rewind the steps sent go back, and trackers.json recorded the last one sent,
+    not the highest (the run holds the higher: a resume sent it again, which wandb drops); a tracker
+    that failed mid-run stayed recorded as open, read at a resume after a kill as sent every row."""
+    import os
+    import signal
+
+    import wandb
+
+    from training.config import MetricsSection
+    from training.trackers import Trackers
+
+    run = tmp_path / "run"
+    run.mkdir()
+    m = MetricsSection(trackers=["wandb"], project="gm-test")
+    trackers = Trackers(run, m, config={}, datasets={}, resume_step=None, logged_through=None)
+    for step in (1, 2, 3, 4, 5, 6, 7, 5, 6):  # a rewind from step 7 back to the step-4 checkpoint
+        trackers.log({"step": step, "loss": 1.0})
+    trackers.close()
+    assert json.loads((run / "trackers.json").read_text())["wandb"]["sent_through"] == 7
+
+    trackers = Trackers(run, m, config={}, datasets={}, resume_step=4, logged_through=6)  # one more run
+    assert json.loads((run / "trackers.json").read_text())["wandb"]["open"] is True
+    trackers.log({"step": 8, "loss": 1.0})
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():  # its service killed, as the OOM killer would
+        for pid in (task / "children").read_text().split():
+            if "wandb" in Path(f"/proc/{pid}/comm").read_text():
+                os.kill(int(pid), signal.SIGKILL)
+    for step in range(9, 40):  # until a log finds it gone (the next rows are buffered a while)
+        trackers.log({"step": step, "loss": 1.0})
+        if "wandb" not in trackers.trackers:
+            break
+    record = json.loads((run / "trackers.json").read_text())["wandb"]  # read before any close: a kill
+    assert record["open"] is False and record["sent_through"] == step - 1, (record, step)
+    trackers.close()
+    wandb.teardown()
+
+
 def test_tracker_names_and_packages_are_checked_with_the_config(monkeypatch):
     def cfg(*sets: str) -> MetricsSection:
         return load_config(TrainConfig, TINY, list(sets)).metrics

@@ -476,18 +476,31 @@ def trained_on(run_dir: str | Path, step: int) -> dict[str, Any]:
     plan = recorded_plan(Path(run_dir)) if step > 0 else None
     if not plan:
         return {}
+    skipped = sorted((s["first_step"], s["last_step"]) for s in plan.get("skips") or [])
     used, start = set(), 1
     for phase in plan.get("phases") or [{"weights": [1] * len(plan["sources"]), "steps": None}]:
         if start > step:
             break
-        used |= {i for i, w in enumerate(phase["weights"]) if w > 0}
-        start += phase.get("steps") or step  # an open-ended phase runs past any step
+        end = min(step, start + phase["steps"] - 1 if phase.get("steps") else step)  # open-ended: past any
+        if _trains_between(start, end, skipped):  # a phase a rewind skipped whole trained nothing (R16j F3)
+            used |= {i for i, w in enumerate(phase["weights"]) if w > 0}
+        start = end + 1 if not phase.get("steps") else start + phase["steps"]
     sources = [
         {"name": s["name"], "fingerprint": s["fingerprint"]}
         for i, s in enumerate(plan["sources"])
         if i in used
     ]
     return {"trained_on": sources}
+
+
+def _trains_between(first: int, last: int, skipped: list[tuple[int, int]]) -> bool:
+    """Whether some step of first..last lies outside every skipped range (sorted (first, last))."""
+    at = first
+    for lo, hi in skipped:
+        if lo > at:
+            break
+        at = max(at, hi + 1)
+    return at <= last
 
 
 def run_tokenizer_dataset(run_dir: str | Path, spec: RunSpec) -> tuple[Path, dict[str, Any]]:

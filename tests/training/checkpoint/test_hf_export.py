@@ -136,6 +136,10 @@ def test_an_export_refuses_a_tokenizer_the_run_did_not_train_with(built_dataset,
     assert trained_on(run, 10) == {"trained_on": [{"name": "data", "fingerprint": "f" * 64}]}
     assert [s["name"] for s in trained_on(run, 101)["trained_on"]] == ["data", "anneal"]
     assert trained_on(run, 0) == {}
+    plan["skips"] = [{"checkpoint_step": 100, "first_step": 101, "last_step": 110}]  # a rewind's skip
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    assert [s["name"] for s in trained_on(run, 110)["trained_on"]] == ["data"]  # anneal skipped so far
+    assert [s["name"] for s in trained_on(run, 111)["trained_on"]] == ["data", "anneal"]
     recorded(fingerprint=info["fingerprint"])  # the dataset itself
     assert export_checkpoint(run, 20) == export_dir(run, 20)
     (run / "data_plan.json").write_text(json.dumps({"sources": [{"name": "web", "fingerprint": "f" * 64}]}))
