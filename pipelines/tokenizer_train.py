@@ -193,7 +193,8 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
         "to train one on this source alone, set tokenizer.path to a path that does not exist yet "
         "(a dataset of its own vocabulary cannot be mixed with those of this one)"
     )
-    own += _unlike_train_settings(tok, cfg)
+    unlike = _unlike_train_settings(tok, cfg)  # loads the tokenizer: once
+    own += unlike
     try:
         rec = json.loads(trained_record(tok).read_text(encoding="utf-8"))
         source, docs, at = rec["source"], int(rec["docs"]), rec["at"]
@@ -207,8 +208,7 @@ def reuse_line(tok: Path, cfg: DataConfig) -> str:
     here = source_folder(cfg.source)
     if source == here:
         return (
-            f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}"
-            + _unlike_train_settings(tok, cfg)
+            f"tokenizer {tok} exists: using it, trained on this source ({docs:,} documents) at {at}" + unlike
         )
     return (
         f"tokenizer {tok} exists: using it, trained on {source} ({docs:,} documents) at {at}, not this "

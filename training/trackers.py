@@ -129,7 +129,6 @@ class Trackers:
         for name, record in state.items():
             if isinstance(record, dict):
                 was = held[name] if name in names else sent_through(record, logged_through)
-                record.pop("used", None)
                 record.update({"open": name in names, **({"sent_through": was} if was is not None else {})})
         self._state = state
         if state or (self.run_dir / TRACKERS_JSON).exists():
@@ -296,7 +295,7 @@ def sent_through(record: dict[str, Any] | None, logged_through: int | None) -> i
     if record is None:
         return None
     held = record.get("sent_through")
-    if record.get("open", record.get("used", True)) and logged_through is not None:
+    if record.get("open", True) and logged_through is not None:
         held = max(held or 0, logged_through)
     return held
 

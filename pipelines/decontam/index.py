@@ -300,16 +300,12 @@ def discard_staged(staged: StagedIndex | None) -> Iterator[None]:
             shutil.rmtree(staged.folder, ignore_errors=True)
 
 
-def _recorded_manifest(out: Path, dst: Path, want: str) -> bool:
-    """Whether OUTPUT/decontam/manifest.json is the one OUTPUT/dataset.json records, naming index
-    sha256 `want`."""
+def _recorded_manifest(out: Path, dst: Path) -> bool:
+    """Whether OUTPUT/decontam/manifest.json is the one OUTPUT/dataset.json records."""
     try:
         recorded = (read_dataset_info(out).get("files") or {}).get(f"{INDEX_DIR}/{MANIFEST_JSON}") or {}
-        return (
-            file_sha256(dst / MANIFEST_JSON) == recorded.get("sha256")
-            and read_manifest(dst)["sha256"] == want
-        )
-    except (GristmillError, OSError, ValueError, KeyError):
+        return file_sha256(dst / MANIFEST_JSON) == recorded.get("sha256")
+    except (GristmillError, OSError):
         return False
 
 
@@ -321,10 +317,12 @@ def install_index(staged: StagedIndex | None, out: Path, log=print) -> None:
         return
     dst = out / INDEX_DIR
     want = staged.manifest["sha256"]
+    names_it = same = False
     try:
-        same = read_manifest(dst)["sha256"] == want and decontam_sha256(dst) == want
-    except GristmillError:  # a damaged manifest: replaced below
-        same = False
+        names_it = read_manifest(dst)["sha256"] == want
+        same = names_it and decontam_sha256(dst) == want
+    except GristmillError:  # a damaged manifest or index file: replaced below
+        pass
     if not same:
         if dst.exists():
             log(f"[build] {dst}/ is damaged or another index (not sha256 {want[:12]}…): copying it again")
@@ -336,7 +334,8 @@ def install_index(staged: StagedIndex | None, out: Path, log=print) -> None:
         # The manifest last: it makes an index. The copy's own when it is the one dataset.json records
         # (a manifest written before it held no build timing differs from one built now by that alone:
         # the repair validate advises failed validation: review R16h F2)
-        kept = dst / MANIFEST_JSON if _recorded_manifest(out, dst, want) else staged.folder / MANIFEST_JSON
+        recorded = names_it and _recorded_manifest(out, dst)
+        kept = dst / MANIFEST_JSON if recorded else staged.folder / MANIFEST_JSON
         shutil.copyfile(kept, tmp / MANIFEST_JSON)
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)

@@ -27,7 +27,6 @@ from typing import Any
 from training.checkpoint.base_source import (
     CONFIG_JSON,
     INDEX_JSON,
-    SINGLE_FILE,
     BaseModelError,
     hub_id,
     weights_files,
@@ -57,8 +56,8 @@ _KEPT = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
 def weights_sha256(directory: str | Path) -> dict[str, str]:
     """{file: sha256} of a base's weights files (the safetensors and their index)."""
     directory = Path(directory)
-    names = weights_files(directory)[1]
-    names += [INDEX_JSON] if names != [SINGLE_FILE] and (directory / INDEX_JSON).is_file() else []
+    weight_map, names = weights_files(directory)
+    names += [INDEX_JSON] if weight_map is not None else []  # the index, when it is what names them
     for name in names:  # what weights_index says of it, which the mixture search does not read
         if not (directory / name).is_file():
             raise BaseModelError(f"{directory / name} not found (named by the base's weights index)")
@@ -80,35 +79,38 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
     target, directory = Path(run_dir) / BASE_DIR, Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     kept = [name for name in _KEPT if (directory / name).is_file()]
-    for name in kept:
-        write_atomic(target / name, (directory / name).read_bytes())
-    for stale in set(_KEPT) - set(kept):  # a record of an earlier start, from another base
-        (target / stale).unlink(missing_ok=True)
+    _keep_files(directory, target, kept)
     record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
 
 
-def carry_base_record(from_run: str | Path, run_dir: str | Path) -> bool:
+def _keep_files(source: Path, target: Path, kept: list[str]) -> None:
+    """The base's small files `kept` copied from `source` into RUN/base/ (`target`); the others of
+    _KEPT removed there (a record of an earlier start, from another base)."""
+    for name in _KEPT:
+        if name in kept:
+            write_atomic(target / name, (source / name).read_bytes())
+        else:
+            (target / name).unlink(missing_ok=True)
+
+
+def carry_base_record(from_run: str | Path, run_dir: str | Path) -> None:
     """RUN/base/ of run `from_run` into run `run_dir`, resumed from one of its checkpoints (its weights
-    descend from that run's base, whose tokens its exports keep: review R15c F4); False when
-    `from_run` has none (a run from scratch: `run_dir` then keeps none either). base.json is written
-    last, as record_base writes it."""
+    descend from that run's base, whose tokens its exports keep: review R15c F4); none when `from_run`
+    has none (a run from scratch: `run_dir` then keeps none either). base.json is written last, as
+    record_base writes it."""
     if Path(from_run).resolve() == Path(run_dir).resolve():
-        return read_base_record(run_dir) is not None  # its own record, as it is
+        read_base_record(run_dir)  # its own record, as it is (one unreadable is said now)
+        return
     record = read_base_record(from_run)
     source, target = Path(from_run) / BASE_DIR, Path(run_dir) / BASE_DIR
     if record is None:
         drop_base_record(run_dir)
-        return False
+        return
     target.mkdir(parents=True, exist_ok=True)
     (target / BASE_JSON).unlink(missing_ok=True)
-    for name in _KEPT:
-        if name in record["files"]:
-            write_atomic(target / name, (source / name).read_bytes())
-        else:
-            (target / name).unlink(missing_ok=True)
+    _keep_files(source, target, record["files"])
     write_atomic(target / BASE_JSON, (source / BASE_JSON).read_bytes())
-    return True
 
 
 def drop_base_record(run_dir: str | Path) -> None:

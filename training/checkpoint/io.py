@@ -271,20 +271,23 @@ def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     run_dir = Path(run_dir)
     recorded = _recorded_skips_and_end(run_dir)
     skip = None if recorded is None else untrained_save(recorded[0], step, recorded[1])
+    if skip is None:  # a trained step (nearly every one): nothing more to look at
+        return None
+    exports = list_steps(run_dir / EXPORTS_DIR)
     saved = incomplete_reason(checkpoint_dir(run_dir, step)) is None
-    if skip is None or not (saved or step in list_steps(run_dir / EXPORTS_DIR)):
+    if not (saved or step in exports):
         return None
     held = trained_step(recorded[0], step)
-    gone = held not in complete_steps(run_dir) and held not in list_steps(run_dir / EXPORTS_DIR)
-    where = (
-        f"export or evaluate step {held}"
-        if not gone or held == 0
-        else f"step {held}'s own checkpoint and export are gone (retention): its weights are only in this "
-        f"checkpoint (`--resume {shlex.quote(str(checkpoint_dir(run_dir, step)))}` into another "
-        "run.output_dir trains on from them)"
-        if saved
-        else f"step {held}'s own checkpoint and export are gone (retention)"
-    )
+    if held == 0 or held in complete_steps(run_dir) or held in exports:
+        where = f"export or evaluate step {held}"
+    elif saved:
+        where = (
+            f"step {held}'s own checkpoint and export are gone (retention): its weights are only in this "
+            f"checkpoint (`--resume {shlex.quote(str(checkpoint_dir(run_dir, step)))}` into another "
+            "run.output_dir trains on from them)"
+        )
+    else:
+        where = f"step {held}'s own checkpoint and export are gone (retention)"
     return (
         f"step {step} was never trained: rewind {skip.rewind} skipped steps {skip.first_step}–"
         f"{skip.last_step}, and its checkpoint holds step {held}'s weights (saved to resume from); "

@@ -199,7 +199,7 @@ def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> P
     return root
 
 
-def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
+def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> set[str]:
     """Files `rels` of the dataset at `root` are there: for a bucket's dataset, each missing one is
     fetched and verified against dataset.json's sha256; a local dataset is read in place (nothing to
     do). A file dataset.json does not record cannot be checked and is refused. `fresh`: each is
@@ -208,10 +208,11 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
 
     The copy is named by the fingerprint, which covers the shards, the index and the tokenizer; the
     other recorded files (manifest, build records) may differ between two uploads of one token stream,
-    so the hash each was fetched for is kept in VERIFIED and a copy of another one is fetched again."""
+    so the hash each was fetched for is kept in VERIFIED and a copy of another one is fetched again.
+    Returns the files written now, each checked as it was written."""
     url = origin(root)
     if url is None:
-        return
+        return set()
     info = read_dataset_info(root)
     others = info.get("files") or {}
 
@@ -220,8 +221,9 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
 
     verified = _verified(root)
     missing = [rel for rel in rels if fresh or not present(rel, verified)]
+    written: set[str] = set()
     if not missing:
-        return
+        return written
     recorded = dataset_files(info)
     store = ObjectStore(url)
     with node_lock(root.parent):
@@ -238,12 +240,14 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> None:
                 )
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
+            written.add(rel)
             if rel == f"{INDEX_DIR}/{SHARD_ROWS}" and _write_derived_shard_rows(info, dest, spec["sha256"]):
                 continue
             fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
             if rel in others:
                 verified[rel] = spec["sha256"]
                 write_atomic(root / VERIFIED, json.dumps(verified, sort_keys=True))
+    return written
 
 
 def ensure_checked(root: Path, rels: list[str]) -> None:
@@ -251,7 +255,7 @@ def ensure_checked(root: Path, rels: list[str]) -> None:
     proof): one that differs is fetched again. For the files a reader trusts whole at every open: the
     index's per-sample files (a damaged copy would refuse every sample as the bucket's fault), the
     manifest and records the audit and inspect answer from."""
-    ensure(root, rels)
+    just_checked = ensure(root, rels)  # fetched now and hashed as written: not hashed a second time
     if origin(root) is None:
         return
     recorded = dataset_files(read_dataset_info(root))
@@ -262,7 +266,7 @@ def ensure_checked(root: Path, rels: list[str]) -> None:
         except FileNotFoundError:  # removed meanwhile by another process that found it differ
             return True
 
-    stale = [rel for rel in rels if differs(rel)]
+    stale = [rel for rel in rels if rel not in just_checked and differs(rel)]
     if not stale:
         return
     # Removed under the node's lock, looked at again there: a process that saw the same damaged copy
