@@ -7,12 +7,14 @@
 #   here, once:   bash bench/gpu_wheels.sh                       # .whl/: bitsandbytes, torchao
 #   on the GPU:   bash bench/gpu_session.sh stall                # tests/gpu + checkpoint stall, ~7 min
 #                 bash bench/gpu_session.sh rest                 # 8-bit AdamW, float8, max-autotune
-#                 bash bench/gpu_session.sh attention            # SDPA backends, FA3, loss chunk
+#                 bash bench/gpu_session.sh attention            # SDPA backends, flex (FA4), FA3, loss chunk
 #                 bash bench/gpu_session.sh train                # issue 32: gristmill train e2e + float8
 #                 bash bench/gpu_session.sh muon                 # issue 32: Muon vs AdamW, 200 steps
 #                 bash bench/gpu_session.sh lent                 # train + rewind + merge + muon + init_from
 #                                                                # in one call (E2E_STEPS=80): a 15-minute lease
 #   (device tool: carry [".whl"]; what lands in $OUT comes back: PART.log and PART.json)
+#   attention's FlashAttention 4 row: `bash bench/gpu_flash4.sh fetch` here; the call before it carries
+#   [".whl", ".fa4a"] and starts `cp -r .fa4a /tmp/fa4a;`, the attention call carries [".fa4b"]
 #   on CPU:       GPU_SESSION_SMOKE=1 PYTHON=.venv/bin/python bash bench/gpu_session.sh stall
 #                 (the tiny preset on CPU: checks the script end to end; CUDA-only rows refuse in a line)
 #
@@ -143,13 +145,24 @@ case $part in
       "$PY" -m bench.train_e2e $E2E --no-model-only --set merge.kind=ema merge.every=40 merge.decay=0.999 \
       --label merge --json "$rows/e2e-merge.json"
     # the init_from load is host-only (CPU, disk): it shares the host with the muon row, not the GPU
-    timeout 240 "$PY" -m bench.init_from_load --shape 1b >"$OUT/init_from.log" 2>&1 &
+    # bounded by what is left of the part: the `wait` below must not carry the call past its limit
+    # (2026-11-30: muon skipped at PART_BUDGET_S=450, the wait for this held the call to its 560 s)
+    t=$((BUDGET - SECONDS)); t=$((t > 240 ? 240 : t < 30 ? 30 : t))
+    timeout "$t" "$PY" -m bench.init_from_load --shape 1b >"$OUT/init_from.log" 2>&1 &
     row 120 "gristmill train, optim.name = muon" -- \
       "$PY" -m bench.train_e2e $E2E --optim muon --no-model-only --json "$rows/e2e-muon.json"
     wait
     ;;
   attention)
     mfu 110 "baseline (torch's SDPA choice)"
+    # the document mask (docs ~900 tokens) through FlexAttention: Triton, then FlashAttention 4's
+    # CuTe kernels (BACKEND "FLASH"), carried in two calls (bench/gpu_flash4.sh)
+    mfu 100 "document mask, FlexAttention (Triton)" --attention flex
+    if fa4=$(PYTHON=$PY bash bench/gpu_flash4.sh install 2>>"$log"); then
+      echo "FlashAttention 4 installed: PYTHONPATH += $fa4" | tee -a "$log"
+      export PYTHONPATH=$fa4${PYTHONPATH:+:$PYTHONPATH}
+    fi
+    mfu 150 "document mask, FlexAttention BACKEND FLASH (FlashAttention 4)" --attention flex-flash
     mfu 80 "cuDNN attention" --attention cudnn
     mfu 80 "FlashAttention 2 (torch's flash backend)" --attention flash
     mfu 80 "FlashAttention 3 (needs flash_attn_interface)" --attention fa3

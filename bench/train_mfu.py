@@ -9,6 +9,9 @@ The last points of MFU (issue 19), each one attempt on top of the headline, one 
     --attention cudnn|flash|efficient|fa3   SDPA backend forced with torch.nn.attention.sdpa_kernel
                                             (fa3: FlashAttention 3 through activate_flash_attention_impl,
                                             needs the flash_attn_interface package)
+    --attention flex|flex-flash             the document mask (docs ~900 tokens) through FlexAttention:
+                                            its Triton kernels, or FlashAttention 4's (flash-attn-4,
+                                            kernel_options BACKEND FLASH)
     --compile-mode max-autotune-no-cudagraphs   the per-block compile (whole block: norms, attention,
                                             MLP, residual adds) with that Inductor mode
     --float8                                torchao float8 linears (reported separately, never in the
@@ -17,7 +20,7 @@ The last points of MFU (issue 19), each one attempt on top of the headline, one 
     --optim adamw adamw8bit --loss-steps 200   fused AdamW against bitsandbytes' 8-bit AdamW: tokens/s,
                                             peak and reserved memory, and the loss after 200 steps of
                                             both on the same synthetic Zipf-distributed tokens
-Each flag that needs CUDA (cuDNN/efficient/FA3 attention, float8, 8-bit AdamW) stops on CPU
+Each flag that needs CUDA (cuDNN/efficient/FA3/flex attention, float8, 8-bit AdamW) stops on CPU
 with one line saying so.
 
 Headline. Identical shapes and batch for both: the preset (default the 1.24B Llama-3 shape, vocab
@@ -57,6 +60,7 @@ from pathlib import Path
 
 import torch
 
+from training import model as model_module
 from training.config import (
     OptimSection,
     ParallelConfig,
@@ -77,7 +81,7 @@ class Spec:
     micro_batch: int = 8
     loss_chunk: int = 8192
     document_mask: bool = False
-    attention: str = "default"  # SDPA backend (sdpa_kernel), or fa3
+    attention: str = "default"  # SDPA backend (sdpa_kernel), fa3, or flex / flex-flash (document mask)
     compile_mode: str = ""  # torch.compile mode of the blocks ("": the trainer's default)
     float8: bool = False  # torchao float8 linears
     optim: str = "adamw"  # or adamw8bit (bitsandbytes)
@@ -102,6 +106,8 @@ CUDA_ONLY = {
     "attention cudnn": "cuDNN attention is a CUDA kernel",
     "attention efficient": "memory-efficient SDPA is a CUDA kernel",
     "attention fa3": "FlashAttention 3 is a Hopper CUDA kernel",
+    "attention flex": "FlexAttention's document mask runs on the GPU; the CPU path is a dense mask",
+    "attention flex-flash": "FlashAttention 4's CuTe kernels are CUDA kernels",
     "float8": "float8 matmuls need a GPU with float8 tensor cores (sm89+)",
     "optim adamw8bit": "bitsandbytes' 8-bit AdamW has no CPU kernels",
 }
@@ -127,7 +133,14 @@ def attention_backend(name: str):
     at warm-up); fa3 first activates FlashAttention 3 as torch's flash backend (once)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if name == "default":
+    if name in ("default", "flex"):
+        return contextlib.nullcontext
+    if name == "flex-flash":  # the document mask's FlexAttention through FlashAttention 4 (CuTe DSL)
+        from torch._inductor.kernel.flex.flex_flash_attention import ensure_flash_available
+
+        if not ensure_flash_available():
+            raise SystemExit("--attention flex-flash needs FlashAttention 4 (pip install flash-attn-4)")
+        model_module.FLEX_KERNEL_OPTIONS = {"BACKEND": "FLASH"}
         return contextlib.nullcontext
     if name == "fa3":
         try:
@@ -502,8 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--attention",
         default="default",
-        choices=("default", "cudnn", "flash", "efficient", "math", "fa3"),
-        help="SDPA backend of the gristmill rows (default: torch's choice)",
+        choices=("default", "cudnn", "flash", "efficient", "math", "fa3", "flex", "flex-flash"),
+        help="SDPA backend of the gristmill rows (default: torch's choice); flex and flex-flash: the "
+        "document mask through FlexAttention (Triton, or FlashAttention 4's BACKEND FLASH)",
     )
     ap.add_argument(
         "--compile-mode", default="", help="torch.compile mode of the blocks, e.g. max-autotune-no-cudagraphs"
@@ -547,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         micro_batch=args.micro_batch,
         loss_chunk=args.loss_chunk,
         attention=args.attention,
+        document_mask=args.attention.startswith("flex"),
         compile_mode=args.compile_mode,
         float8=args.float8,
         optim=args.optim[0],

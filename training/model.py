@@ -264,6 +264,9 @@ def document_causal_mask(doc: torch.Tensor) -> torch.Tensor:
 
 
 _compiled_flex = None
+FLEX_KERNEL_OPTIONS: dict | None = None
+"""FlexAttention's kernel_options for every call. Training leaves torch's choice (None);
+bench/train_mfu's `--attention flex-flash` sets {"BACKEND": "FLASH"} (FlashAttention 4's CuTe kernels)."""
 
 
 def _flex_attention(q, k, v, block_mask):
@@ -273,7 +276,14 @@ def _flex_attention(q, k, v, block_mask):
 
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    return _compiled_flex(
+        q,
+        k,
+        v,
+        block_mask=block_mask,
+        enable_gqa=q.shape[1] != k.shape[1],
+        kernel_options=FLEX_KERNEL_OPTIONS,
+    )
 
 
 def build_block_mask(doc: torch.Tensor):
