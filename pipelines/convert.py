@@ -39,6 +39,7 @@ from training.contract.dataset_format import (
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
+    check_last_validation,
     dataset_files,
     file_sha256,
     fingerprint_before_index,
@@ -69,10 +70,7 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
     for where in (old, new):
         if is_url(where):  # a wrong bucket is one line before any work
             ObjectStore(ObjectURL.parse(where)).check_bucket()
-    if not is_url(new) and Path(new).exists() and any(Path(new).iterdir()):
-        raise DatasetError(
-            f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
-        )
+    _check_new(old, new)
     with tempfile.TemporaryDirectory(prefix="gristmill-convert-") as work:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
@@ -94,25 +92,63 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         return info
 
 
+def _check_new(old: str, new: str) -> None:
+    """NEW is a new place: refused in one line before any work when it holds something (an upload cut
+    short, which has no dataset.json yet, is resumed), is a file or a link, or lies inside OLD."""
+    if is_url(new):
+        if ObjectStore(ObjectURL.parse(new)).head(DATASET_JSON) is not None:
+            raise DatasetError(
+                f"{new} already holds a dataset (its {DATASET_JSON}): convert into a new prefix (OLD is "
+                "never changed)"
+            )
+        return
+    path = Path(new)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise DatasetError(f"{new} is {'a link' if path.is_symlink() else 'a file'}: name a new directory")
+    if path.exists() and any(path.iterdir()):
+        raise DatasetError(
+            f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
+        )
+    if not is_url(old) and path.resolve().is_relative_to(Path(old).resolve()):
+        raise DatasetError(
+            f"{new} is inside {old}: convert into a directory outside it (OLD is never changed)"
+        )
+
+
 def _bucket_copy(url: str, dest: Path) -> Path:
-    """A bucket dataset's dataset.json and recorded files but its shards and index, each checked
-    against the sha256 dataset.json records (the shards are read one at a time, `_shard_bytes`)."""
+    """A bucket dataset's dataset.json and recorded files but its shards and index (the shards are
+    read one at a time, `_shard_bytes`); `_check_recorded` then checks them."""
     store = ObjectStore(ObjectURL.parse(url))
     dest.mkdir(parents=True)
     (dest / DATASET_JSON).write_bytes(store.get(DATASET_JSON))
-    info = read_dataset_info(dest)
-    for rel, spec in dataset_files(info).items():
-        if rel.split("/")[0] in (SHARDS_DIR, "index"):
-            continue
-        data = store.get(rel)
-        if hashlib.sha256(data).hexdigest() != spec["sha256"]:
-            raise DatasetError(
-                f"{url}/{rel}: not the file {DATASET_JSON} records (its sha256 differs): damaged or "
-                "replaced; nothing was converted"
-            )
+    for rel in _recorded(read_dataset_info(dest)):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_bytes(data)
+        (dest / rel).write_bytes(store.get(rel))
     return dest
+
+
+def _recorded(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The files OLD's dataset.json records a sha256 for (dataset_files) but its shards, checked as
+    each is read (`_shard_bytes`), and its index, which NEW's build writes anew."""
+    return {
+        rel: spec
+        for rel, spec in dataset_files(info).items()
+        if rel.split("/")[0] not in (SHARDS_DIR, "index")
+    }
+
+
+def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
+    """Each of `_recorded`'s files checked against its sha256 before any work: what is converted is OLD
+    as it was built. A manifest or tokenizer.json replaced since would otherwise become NEW's own,
+    recorded anew, under `converted_from`'s claim that NEW is OLD's data (review R17b S1, S2)."""
+    for rel, spec in sorted(_recorded(info).items()):
+        path = root / rel
+        if not path.is_file() or file_sha256(path) != spec["sha256"]:
+            where = f"{old}/{rel}" if is_url(old) else str(path)
+            raise DatasetError(
+                f"{where}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
+                f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
+            )
 
 
 def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
@@ -121,6 +157,9 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
     check_fingerprint(old, info)
     if info["format"] == FORMAT:
         raise DatasetError(f"{old} is already a {FORMAT} dataset, the current layout: nothing to convert")
+    if not is_url(old):  # a bucket's validation.json is the bucket's own, never the copy's
+        check_last_validation(root, info)
+    _check_recorded(old, root, info)
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
@@ -149,19 +188,13 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
             done += 1
             log(f"converted {shard} ({done}/{len(shards)} shards)")
         writer.close()
-    # The files OLD's dataset.json records, each checked against its sha256 (NEW records them anew: a
-    # file dropped in beside OLD's, or changed since its build, would become NEW's own); a dataset
-    # from before the record, every such file it holds.
+    # The files OLD's dataset.json records (checked above; NEW records them anew, so a file dropped in
+    # beside OLD's is not carried); a dataset from before the record, every such file it holds.
     recorded = info.get("files")
     for rel in sorted(recorded) if recorded is not None else recorded_paths(root):
         if Path(rel).match("manifest/*.parquet"):
             continue
         src = root / rel
-        if recorded is not None and (not src.is_file() or file_sha256(src) != recorded[rel]["sha256"]):
-            raise DatasetError(
-                f"{src}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
-                f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
-            )
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
@@ -180,20 +213,24 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
     )
     # The order is a function of the lengths in manifest order: the same bytes, the same batches (and,
     # from a /2 dataset, the same ids: the same sha256 per row).
+    if (new["documents"], new["tokens"]) != (info["documents"], info["tokens"]):
+        raise DatasetError(  # a manifest missing from a dataset that predates the "files" record
+            f"{old}: its manifests list {new['documents']:,} documents of {new['tokens']:,} tokens, but "
+            f"{DATASET_JSON} records {info['documents']:,} of {info['tokens']:,}: a manifest is missing or "
+            f"was edited; nothing was converted (`gristmill data validate {old}` lists it)"
+        )
     if "index" in info:
         before, after = index_hashes(info["index"]), index_hashes(new["index"])
         if any(before[name] != after[name] for name in (DOC_TOKENS, DOC_HASHES) if name in before):
-            raise DatasetError(f"{out}: the converted documents differ from {old}'s; nothing was kept")
+            raise DatasetError(
+                f"{old}: the documents its manifests list differ from what its index records (lengths "
+                "or sha256): a manifest was edited or replaced; nothing was converted (`gristmill data "
+                f"validate {old}` lists it)"
+            )
     report = validate_dataset(out, progress=False)
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
     return new
-
-
-def _recorded(info: dict[str, Any], rel: str) -> bool:
-    return rel in (info.get("files") or {}) or (
-        rel == TOKENIZER_JSON and info.get("tokenizer_sha256") != "none"
-    )
 
 
 def _by_shard(rows: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:

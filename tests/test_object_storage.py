@@ -1378,6 +1378,10 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         assert gristmill(["data", "inspect", where, *geometry]) == 0
         outs.append(capsys.readouterr().out.splitlines()[1:])
     assert outs[0] == outs[1] and len(outs[0]) == 11
+    # a prefix that holds a dataset is refused before any work, as a local NEW that is not empty is
+    # (it was refused after the whole conversion, advising `data upload`'s "another prefix": R17b M3)
+    with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset"):
+        convert_dataset(url, new_url, log=lambda *a: pytest.fail("converted"))
 
 
 def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):

@@ -6,10 +6,11 @@ goes on from (never a step a rewind discards, nor a stopped run's last), and a r
 at its skip's last step after restoring its checkpoint, whose state holds the accumulator as it was:
 so a discarded attempt contributes nothing and a skipped step adds nothing.
 
-Merge points (`MergePoints`): every `merge.every` steps, the plan's last step and this invocation's
-(run.max_steps). They are where the merged weights are read: scored beside the raw weights when
-validation or an eval is due (training/train.py), kept in that step's checkpoint for `gristmill
-export RUN --step N --merged` (training/checkpoint/hf_export.py).
+Merge points (`MergePoints`): every `merge.every` steps and the plan's last step (not a run.max_steps
+chunk's: the merged weights would depend on where the run was cut). They are where the merged
+weights are read: scored beside the raw weights when validation or an eval is due
+(training/train.py), kept in that step's checkpoint for `gristmill export RUN --step N --merged`
+(training/checkpoint/hf_export.py).
 
 - window = W: the merged weights at merge point N are the mean of the weights after each trained
   step k with max(N − W, P) < k ≤ N, P the merge point before N. On the every-grid P ≤ N − W

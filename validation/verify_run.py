@@ -77,7 +77,7 @@ def verify_run(run_dir: str | Path, only: int | None = None) -> list[tuple]:
                 rows.append((kind, step, "incomplete", *_size(path), reason))
                 continue
             try:
-                note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path)
+                note = verify_checkpoint(path) if kind == "checkpoint" else verify_export(path, step, merged)
                 status, detail = ("unchecked", note.removeprefix("note: ")) if note else ("ok", "")
                 if kind != "checkpoint" and of_another_checkpoint(path, checkpoint_dir(run_dir, step)):
                     again = export_command(run_dir, step, merged)

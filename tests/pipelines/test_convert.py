@@ -114,6 +114,16 @@ def test_convert_refuses_what_it_cannot_do(legacy, converted, tmp_path):
         convert_dataset(str(converted), str(tmp_path / "again"), log=lambda *a: None)
     with pytest.raises(DatasetError, match="exists and is not empty"):
         convert_dataset(str(legacy), str(converted), log=lambda *a: None)
+    # a file, a link or a folder inside OLD as NEW: one line before any work (a traceback, a traceback
+    # after the whole conversion, and NEW written into OLD: review R17b M2)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "a-link").symlink_to(tmp_path / "empty", target_is_directory=True)
+    (tmp_path / "empty").mkdir()
+    for new, what in [("a-file", "is a file"), ("a-link", "is a link")]:
+        with pytest.raises(DatasetError, match=f"^{tmp_path / new} {what}: name a new directory"):
+            convert_dataset(str(legacy), str(tmp_path / new), log=lambda *a: pytest.fail("converted"))
+    with pytest.raises(DatasetError, match=f"^{legacy / 'sub'} is inside {legacy}: convert into"):
+        convert_dataset(str(legacy), str(legacy / "sub"), log=lambda *a: pytest.fail("converted"))
     edited = tmp_path / "edited"
     shutil.copytree(legacy, edited)
     info = json.loads((edited / "dataset.json").read_text())
@@ -156,6 +166,62 @@ def test_convert_carries_the_files_old_records_and_checks_them(v2, tmp_path):
     with pytest.raises(DatasetError, match=f"{old / 'build.json'}: not the file dataset.json records"):
         convert_dataset(str(old), str(tmp_path / "new2"), log=lambda *a: None)
     assert not (tmp_path / "new2").exists()
+
+
+def test_convert_checks_old_s_manifests_tokenizer_and_last_validation(v2, tmp_path):
+    """A local OLD's manifest or tokenizer.json replaced since its build was carried into NEW, recorded
+    as NEW's own under `converted_from`'s claim of OLD's data, exit 0, and so was an OLD its last
+    validate had failed (review R17b S1, S2): a run on OLD resumed on NEW and trained other batches.
+    Each is refused before any work now, naming the file; and NEW's documents must be the count OLD
+    records (a manifest missing from a dataset that predates the record of its files)."""
+    import pyarrow.parquet as pq
+
+    from training.contract.dataset_format import fingerprint
+
+    old = tmp_path / "old"
+    shutil.copytree(v2, old)
+    path = old / "manifest" / "00000.parquet"
+    table = pq.read_table(path).to_pylist()
+    table[5]["id"] = "EDITED-ID"
+    pq.write_table(pq.read_table(path).from_pylist(table, schema=pq.read_schema(path)), path)
+    with pytest.raises(DatasetError, match=f"{path}: not the file dataset.json records"):
+        convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+    assert not (tmp_path / "new").exists()
+
+    failed = tmp_path / "failed"  # its last validate found a shard damaged: refused as readers refuse it
+    shutil.copytree(v2, failed)
+    shard = sorted((failed / "shards").glob("*.tar"))[0]
+    body = bytearray(shard.read_bytes())
+    body[700] ^= 1
+    shard.write_bytes(bytes(body))
+    assert gristmill(["data", "validate", str(failed)]) == 1  # recorded in validation.json
+    with pytest.raises(DatasetError, match=r"validation.json: the last `gristmill data validate"):
+        convert_dataset(str(failed), str(tmp_path / "new"), log=lambda *a: None)
+
+    tokenized = tmp_path / "tokenized"
+    shutil.copytree(v2, tokenized)
+    (tokenized / "tokenizer.json").write_text('{"a": "tokenizer"}')
+    info = json.loads((tokenized / "dataset.json").read_text())
+    info["tokenizer_sha256"] = file_sha256(tokenized / "tokenizer.json")
+    info["fingerprint"] = fingerprint(info)
+    (tokenized / "dataset.json").write_text(json.dumps(info))
+    (tokenized / "tokenizer.json").write_text('{"a": "another tokenizer"}')
+    with pytest.raises(DatasetError, match=f"{tokenized / 'tokenizer.json'}: not the file dataset.json"):
+        convert_dataset(str(tokenized), str(tmp_path / "new"), log=lambda *a: None)
+
+    unrecorded = tmp_path / "unrecorded"  # from before dataset.json recorded its files
+    shutil.copytree(v2, unrecorded)
+    info = json.loads((unrecorded / "dataset.json").read_text())
+    del info["files"]
+    info["fingerprint"] = fingerprint(info)
+    (unrecorded / "dataset.json").write_text(json.dumps(info))
+    path = unrecorded / "manifest" / "00000.parquet"
+    rows = pq.read_table(path)
+    last = rows.column("shard").to_pylist()[-1]
+    pq.write_table(rows.filter([s != last for s in rows.column("shard").to_pylist()]), path)
+    with pytest.raises(DatasetError, match=r"its manifests list \d+ documents .* records 300 of"):
+        convert_dataset(str(unrecorded), str(tmp_path / "new"), log=lambda *a: None)
+    assert not (tmp_path / "new").exists()
 
 
 def test_converted_documents_are_the_old_ones(legacy, converted):

@@ -438,7 +438,20 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     finally:
         config.write_text(original)
     assert f"the base {base.resolve()} reads as another model than the run started from" in line, line
-    done = _run([*sets, init])
+    # Another base that reads as the same model (its config and weights index: two exports of one
+    # run) was taken for the same base moved, and the run's record named it (review R17b S4); the
+    # same base moved is still the same base.
+    from safetensors.torch import load_file, save_file
+
+    retrained, moved = tmp_path / "retrained", tmp_path / "moved"
+    shutil.copytree(base, retrained)
+    shutil.copytree(base, moved)
+    weights = load_file(str(retrained / "model.safetensors"))
+    weights["model.norm.weight"] = weights["model.norm.weight"] + 1
+    save_file(weights, str(retrained / "model.safetensors"), metadata={"format": "pt"})
+    line = one_error_line(_run([*sets, _init(retrained)]).stderr)
+    assert f"the weights of model.init_from = {retrained.resolve()} are not the run's base's" in line, line
+    done = _run([*sets, _init(moved)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert losses(run) == losses(straight) and len(losses(run)) == 8
     assert_same_weights(run, straight, 8)

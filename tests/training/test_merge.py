@@ -405,6 +405,18 @@ def test_export_and_verify_of_merged_steps(runs, tmp_path, capsys):
     assert gristmill(["verify", str(window)]) == 0
     out = capsys.readouterr().out
     assert out.count("merged export") == 2 and "0 damaged" in out
+    # Another step's export copied under step 4's name checked out file by file: verify, export and
+    # eval took it for step 4's (review R17b S3); its gristmill_export.json says which step it holds.
+    shutil.rmtree(export_dir(window, 4, merged=True))
+    shutil.copytree(export_dir(window, 8, merged=True), export_dir(window, 4, merged=True))
+    assert gristmill(["verify", str(window)]) == 1
+    assert (
+        "holds the merged weights of step 8 (its gristmill_export.json), not the merged"
+        in capsys.readouterr().out
+    )
+    assert gristmill(["export", str(window), "--step", "4", "--merged"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "merged-step-000004 holds the merged weights of step 8" in line and "delete " in line, line
 
 
 def test_the_swap_for_scoring_is_exact_and_float8_weights_are_read_inside_their_wrapper():

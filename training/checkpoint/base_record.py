@@ -132,6 +132,28 @@ def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
         ) from None
 
 
+def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
+    """Why the base `identity` (model.init_from as a resume resolved it) is not the one the run started
+    from although it reads as the same model (config.json and weights index: init_from_sha256, equal
+    for two exports of one run): base.json records other bytes, or another hub commit. None: the same
+    base (moved: its weights hashed again, only on a resume that names another place), or nothing to
+    compare (no record; a hub base on one side only)."""
+    record = read_base_record(run_dir)
+    if record is None or record.get("init_from") == identity:
+        return None
+    was = record.get("init_from")
+    if hub_id(str(was)) is not None and hub_id(identity) is not None:
+        return f"model.init_from = {identity} is another hub commit than the run's base, {was}"
+    if hub_id(str(was)) is not None or hub_id(identity) is not None or not record.get("weights_sha256"):
+        return None
+    if weights_sha256(identity) != record["weights_sha256"]:
+        return (
+            f"the weights of model.init_from = {identity} are not the run's base's, {was} (their sha256 "
+            f"differ from {Path(run_dir) / BASE_DIR / BASE_JSON}'s record)"
+        )
+    return None
+
+
 def base_files(run_dir: str | Path) -> dict[str, Path]:
     """{name: path} of the base's files RUN/base/ keeps (none for a run from scratch)."""
     record = read_base_record(run_dir)

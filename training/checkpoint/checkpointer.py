@@ -57,6 +57,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from training.checkpoint.base_record import other_base_reason
 from training.checkpoint.hf_export import export_checkpoint
 from training.checkpoint.io import (
     _single_process_quiet,
@@ -553,6 +554,12 @@ class Checkpointer:
                 f"cannot resume from {path}: it continues from another base model ({was}, sha256 "
                 f"{base[0][1] or '-'}; this config: {now}, sha256 {base[0][2] or '-'}); set model.init_from "
                 "to the run's base, or start a new run directory (another run.output_dir)"
+            )
+        moved = any(d[0] == "init_from" for d in diffs)
+        if moved and (why := other_base_reason(self.run_dir, self.model_config["init_from"])):
+            raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
+                f"cannot resume from {path}: {why}; set model.init_from to the run's base, or start a new "
+                "run directory (another run.output_dir)"
             )
         diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
         shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]

@@ -381,11 +381,16 @@ def export_separator_id(export: str | Path) -> int | None:
         return None
 
 
-def verify_export(path: str | Path) -> str | None:
-    """Check an export's files against gristmill_checksums.json before its weights are trusted.
-    Raises ExportError naming the damaged file; returns a note for an export written before
-    checksums were recorded (nothing to check), else None."""
+def verify_export(path: str | Path, step: int | None = None, merged: bool = False) -> str | None:
+    """Check an export's files against gristmill_checksums.json before its weights are trusted, and,
+    given the `step` (and `merged`) a run's export directory is named for, that its
+    gristmill_export.json says it holds those weights: a copy of another step's export under this
+    name checks out file by file (review R17b S3). Raises ExportError naming the damaged file or
+    the step it holds; returns a note for an export written before checksums were recorded (nothing
+    to check), else None."""
     path = Path(path)
+    if step is not None:
+        _check_export_step(path, step, merged)
     record = path / EXPORT_CHECKSUMS
     if not record.is_file():
         if not (path / "model.safetensors").is_file():
@@ -404,6 +409,21 @@ def verify_export(path: str | Path) -> str | None:
     if problems:
         raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {_export_fix(path, 'the file')}")
     return None
+
+
+def _check_export_step(path: Path, step: int, merged: bool) -> None:
+    try:
+        meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+        held, held_merged = int(meta["step"]), bool(meta.get("merged"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # an export from before the record, or its damage, which the checksums name
+    if (held, held_merged) != (step, merged):
+        what = "the merged weights" if held_merged else "the weights"
+        raise ExportError(
+            f"{path} holds {what} of step {held} (its {EXPORT_META}), not the {'merged ' if merged else ''}"
+            f"weights of step {step} its name says: a copy under another step's name; "
+            f"{_export_fix(path, 'the export')}"
+        )
 
 
 def export_command(
@@ -644,6 +664,8 @@ def export_checkpoint(
         raise ExportError(why)  # exported as step N, an earlier step's weights (review R15g F2)
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
+    if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved
+        _check_export_step(run_export, step, merged)
     if run_export.is_dir() and of_another_checkpoint(run_export, ckpt):
         # Exported from a step N a resume or a rewind set aside while the export ran (review R15c F2):
         # another timeline's weights, set aside as that timeline's are; exported again below.
@@ -848,7 +870,7 @@ def export_base(
     record = read_base_record(run_dir)
     if out is None and export_dir(run_dir, 0).is_dir():
         out = export_dir(run_dir, 0)
-        note = verify_export(out)
+        note = verify_export(out, 0)
         if note and log is not None:
             log(note)
         _check_base_export(out, run_dir, record)
