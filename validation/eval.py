@@ -366,7 +366,7 @@ def evaluate_lm(
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
-                settings=score_settings(cfg),
+                settings=score_settings(cfg, plan.data.heldout() if name in plan.local else None),
             )
             for task, mark in decontamination_marks(results, plan.training_data).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -662,9 +662,7 @@ def evaluate_step(
                 print(line, file=terminal, flush=True)
 
         results = evaluate_lm(lm, plan, cfg, on_task=show)
-    results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": str(export.resolve())}
-    if plan.local:
-        results["gristmill"]["heldout"] = plan.data.heldout()
+    label_results(results, run_dir, step, str(export.resolve()), plan)
     out = write_step_json(run_dir, step, dict(results), merged, still=still)
     if out is None:
         _discarded(run_dir, step, export if made else None, scored)
@@ -679,27 +677,50 @@ def evaluate_step(
 
 
 SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed")
+LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
-def score_settings(cfg: EvalConfig) -> dict[str, Any]:
+def score_settings(cfg: EvalConfig, heldout: dict[str, str] | None = None) -> dict[str, Any]:
     """What a task's scores depend on besides the weights (results.json records it per task, as
     given: max_length 0 is the model's own), so a step scored under other settings (the in-training
-    eval's limit, an earlier `--set`) is not taken for done."""
-    return {key: getattr(cfg, key) for key in SCORE_SETTINGS}
+    eval's limit, an earlier `--set`) is not taken for done. A local task's (`heldout`: whose held-out
+    documents it scores, RunData.heldout) also `docs`, how many, and `heldout` (eval.source changed on a
+    resume: review R17a F1); a hub task was scored again for them."""
+    settings = {key: getattr(cfg, key) for key in SCORE_SETTINGS}
+    if heldout is not None:
+        return settings | {"heldout": heldout}
+    return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
 
 
-def evaluated(run_dir: str | Path, step: int, names: list[str], local: list[str], cfg: EvalConfig) -> bool:
-    """Whether step `step` has scores of every task of `names` under `cfg`'s score settings (a task
-    recorded before they were counts as done under any). `docs` (how many held-out documents the
-    `local` tasks score) is not a setting of the others: a hub task was scored again for it."""
+def label_results(results: dict[str, Any], run_dir: Path, step: int, model: str, plan: TaskPlan) -> None:
+    """results.json's `gristmill` header (the run, the step, the model scored: an export, or the
+    in-training weights) and each task's own `model`: later evals of the step merge their tasks into
+    the file, and the header is the newest's."""
+    results["gristmill"] = {"run": str(run_dir.resolve()), "step": step, "export": model}
+    if plan.local:
+        results["gristmill"]["heldout"] = plan.data.heldout()
+    for info in results.get(GRISTMILL_TASKS, {}).values():
+        info["model"] = model
+
+
+def evaluated(
+    run_dir: str | Path,
+    step: int,
+    names: list[str],
+    local: list[str],
+    heldout: dict[str, str],
+    cfg: EvalConfig,
+) -> bool:
+    """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
+    before they were counts as done under any; one of the `local` tasks recorded before its held-out
+    source was, as not done: `heldout` is whose documents they score now)."""
     results = read_step_results(run_dir, step)
-    scored, tasks, want = results.get("results", {}), results.get(GRISTMILL_TASKS, {}), score_settings(cfg)
+    scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
 
     def same(name: str) -> bool:
+        want = score_settings(cfg, heldout if name in local else None)
         got = tasks.get(name, {}).get("settings", want)
-        if name in local:
-            return got == want
-        return {k: v for k, v in got.items() if k != "docs"} == {k: v for k, v in want.items() if k != "docs"}
+        return {k: v for k, v in got.items() if k in want or name in local} == want
 
     return all(n in scored and same(n) for n in names)
 
@@ -718,7 +739,7 @@ def evaluate_missing(
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
-        if not evaluated(run_dir, step, plan.names, plan.local, cfg):
+        if not evaluated(run_dir, step, plan.names, plan.local, plan.data.heldout(), cfg):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

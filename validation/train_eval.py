@@ -65,6 +65,7 @@ from validation.eval import (
     EvalConfig,
     TaskPlan,
     evaluate_lm,
+    label_results,
     nonfinite_error,
     task_lines,
 )
@@ -217,9 +218,7 @@ class TrainingEval:
         if failed and not set(self.plan.names) - set(failed):
             return self._failed(step, "", failed, merged)
         export = "in-training (merged weights)" if merged else "in-training"
-        results["gristmill"] = {"run": str(self.run_dir.resolve()), "step": step, "export": export}
-        if self.plan.local:
-            results["gristmill"]["heldout"] = self.plan.data.heldout()
+        label_results(results, self.run_dir, step, export, self.plan)
         write_step_json(
             self.run_dir, step, dict(results), merged
         )  # eval.parquet: the run's record rebuilds it
@@ -236,7 +235,9 @@ class TrainingEval:
             if self.plan.local
             else f"{at}: {_summary(rows)} ({seconds:.1f} s)"
         )
-        for line in _noise(at, rows, chance_levels({step: results})):
+        for line in _noise(
+            at, rows, chance_levels({step: results}), _more_items(self.cfg, self.plan.documents)
+        ):
             say(line)
         if failed:
             metrics.update(self._failed(step, "", failed, merged))
@@ -277,10 +278,22 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{t} {_figure(r)}" for t, r in _headlines(rows).items())
 
 
-def _noise(at: str, rows: list[dict[str, Any]], chance: dict[str, float]) -> list[str]:
+def _more_items(cfg: EvalConfig, documents: int | None) -> str:
+    """What would score more items, as the settings stand (`documents`: how many held-out documents
+    the local tasks hold). A larger val_fraction was advised while eval.docs held them to 40 of 53,
+    and eval.limit = 0 while it was 0 already (review R17a F2)."""
+    ways = [f"set eval.limit = 0 (now {cfg.limit})"] if cfg.limit else []
+    if documents is not None and documents >= cfg.docs:
+        ways.append(f"raise eval.docs (now {cfg.docs}, all of them scored)")
+    else:  # every held-out document is scored: the split is what is small
+        ways.append("hold out more of the source (a larger val_fraction) or score another (eval.source)")
+    return "; ".join(ways)
+
+
+def _noise(at: str, rows: list[dict[str, Any]], chance: dict[str, float], more: str) -> list[str]:
     """A warning per multiple-choice task (one with a `chance` accuracy) whose headline accuracy is
     noise: scored on fewer than MIN_SCORED items, or within two stderrs of chance. `at`: "step N",
-    or "step N (merged weights)"."""
+    or "step N (merged weights)"; `more`: what scores more items (`_more_items`)."""
     out = []
     for t, r in _headlines(rows).items():
         if t not in chance or not r["metric"].startswith("acc") or r.get("samples") is None:
@@ -293,10 +306,7 @@ def _noise(at: str, rows: list[dict[str, Any]], chance: dict[str, float]) -> lis
                 if few
                 else f"cannot be told from chance ({chance[t]:.3g}, within two stderrs) at that size"
             )
-            out.append(
-                f"warning: {at}: {t} {_figure(r)} {what}: score more held-out documents (a larger "
-                "val_fraction of the source, another eval.source) or set eval.limit = 0"
-            )
+            out.append(f"warning: {at}: {t} {_figure(r)} {what}: score more items: {more}")
     return out
 
 

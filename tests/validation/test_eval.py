@@ -327,6 +327,11 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0  # limit=3
     first = json.loads(results.read_text())
     assert first["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 3
+    # whose held-out documents, and which model scored the task: its own record, not the header's
+    # (the newest eval's, once another eval merged its tasks into the step: review R17a F1)
+    task = first["gristmill_tasks"]["heldout_ppl"]
+    assert task["settings"]["heldout"] == first["gristmill"]["heldout"]
+    assert task["model"] == first["gristmill"]["export"] == str(export_dir(run, 5).resolve())
     assert main([*watch, *QUICK]) == 0  # the same settings: done
     assert results.read_text() == json.dumps(first, indent=2, ensure_ascii=False) + "\n"
     capsys.readouterr()
@@ -337,20 +342,50 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert effective == [3, 5]
 
 
+def test_each_task_s_row_names_the_model_that_scored_it():
+    """Later evals of a step merge their tasks into its results.json and its header is the newest's:
+    eval.parquet named the export of a cloze eval as the model of the in-training heldout_ppl scores
+    (review R17a F1). Each task's row takes the model its task records."""
+    from training.contract.eval_table import rows_of
+
+    results = {
+        "results": {"heldout_ppl": {"bits_per_byte,none": 2.5}, "heldout_cloze": {"acc,none": 0.25}},
+        "gristmill": {"export": "/r/exports/step-000020"},
+        "gristmill_tasks": {
+            "heldout_ppl": {"model": "in-training"},
+            "heldout_cloze": {"model": "/r/exports/step-000020"},
+        },
+    }
+    assert {r["task"]: r["model"] for r in rows_of(20, results)} == {
+        "heldout_ppl": "in-training",
+        "heldout_cloze": "/r/exports/step-000020",
+    }
+    del results["gristmill_tasks"]  # recorded before it was per task: the header's
+    assert {r["model"] for r in rows_of(20, results)} == {"/r/exports/step-000020"}
+
+
 def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     """`docs` is how many held-out documents the local tasks score: a hub task scored under another
     value was taken for not done and scored again (minutes of a GPU for the same numbers)."""
     from validation.eval import evaluated, score_settings
     from validation.eval_results import write_step_json
 
-    before = EvalConfig(docs=5)
-    tasks = {name: {"settings": score_settings(before)} for name in ("hellaswag", "heldout_ppl")}
+    before, code = EvalConfig(docs=5), {"source": "code", "dataset": "runs/data/code"}
+    tasks = {
+        "hellaswag": {"settings": score_settings(before)},
+        "heldout_ppl": {"settings": score_settings(before, code)},
+    }
     write_step_json(tmp_path, 3, {"results": {"hellaswag": {}, "heldout_ppl": {}}, "gristmill_tasks": tasks})
     names, local = ["hellaswag", "heldout_ppl"], ["heldout_ppl"]
-    assert evaluated(tmp_path, 3, names, local, before)
-    assert evaluated(tmp_path, 3, ["hellaswag"], local, EvalConfig(docs=50))
-    assert not evaluated(tmp_path, 3, names, local, EvalConfig(docs=50))  # heldout_ppl: other documents
-    assert not evaluated(tmp_path, 3, ["hellaswag"], local, EvalConfig(docs=5, limit=3))
+    assert evaluated(tmp_path, 3, names, local, code, before)
+    assert evaluated(tmp_path, 3, ["hellaswag"], local, code, EvalConfig(docs=50))
+    assert not evaluated(tmp_path, 3, names, local, code, EvalConfig(docs=50))  # heldout_ppl: other documents
+    assert not evaluated(tmp_path, 3, ["hellaswag"], local, code, EvalConfig(docs=5, limit=3))
+    # another source's held-out documents (eval.source changed on a resume): the local task is not
+    # done, the hub task is (review R17a F1: the step's results mixed two sources under one label)
+    prose = {"source": "prose", "dataset": "runs/data/mine"}
+    assert evaluated(tmp_path, 3, ["hellaswag"], local, prose, before)
+    assert not evaluated(tmp_path, 3, names, local, prose, before)
 
 
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(

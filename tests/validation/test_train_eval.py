@@ -92,6 +92,11 @@ def test_eval_during_training_scores_its_steps_and_leaves_training_untouched(bui
             warning = f"warning: step 4: {figure} is noise at that size (fewer than 20 items)"
             # an accuracy of a multiple-choice task, not a perplexity over all of a document's tokens
             assert any(x.startswith(warning) for x in out) == (r["task"] == "heldout_cloze"), out
+            # what scores more, as the settings stand (it advised eval.limit = 0 at 0, and a larger
+            # val_fraction where eval.docs held the documents back: review R17a F2)
+            more = "raise eval.docs (now 40" if documents >= 40 else "hold out more of the source"
+            want = f"{warning}: score more items: set eval.limit = 0 (now {LIMIT}); {more}"
+            assert any(x.startswith(want) for x in out) == (r["task"] == "heldout_cloze"), out
     assert f"({documents} held-out documents of source data; " in line, line
     for step in (2, 4):  # every interval and the last step: results where `gristmill eval` puts them
         assert (eval_dir(run, step) / RESULTS_JSON).is_file()

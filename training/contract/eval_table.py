@@ -73,12 +73,19 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
                     "value": float(value),
                     "stderr": metric_number(metrics.get(f"{metric}_stderr,{filt}")),
                     "samples": (samples.get(task) or {}).get("effective"),
-                    "model": model,
+                    "model": model_of(results, task) or model,
                     "decontamination": mark_of(results, task),
                     "merged": merged,
                 }
             )
     return rows
+
+
+def model_of(results: dict[str, Any], task: str) -> str | None:
+    """The model that scored `task` as results.json records it per task (later evals of a step merge
+    their tasks into it and the header is the newest's); None: recorded before it was per task."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return info.get("model") if isinstance(info, dict) else None
 
 
 def mark_of(results: dict[str, Any], task: str) -> str | None:
