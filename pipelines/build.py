@@ -43,6 +43,7 @@ from pipelines.build_identity import (
     changed_since_complete,
     check_output,
     completion_markers,
+    config_changes,
     finished_tasks,
     output_dir,
     read_build_json,
@@ -623,10 +624,17 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 f"validate {p.cfg.output}` checks every shard again"
             )
             return True
+        changes = []  # named as a local output's refusal names them (review R17a F4)
+        with contextlib.suppress(ObjectMissing, ValueError, TypeError, AttributeError):
+            changes = config_changes(dict(json.loads(store.get(BUILD_JSON)).get("identity", {})), p.identity)
+        what = (
+            f"changed: {'; '.join(changes)}"
+            if changes
+            else f"config sha256 {str(info.get('config_sha256'))[:12]}…, this one {p.sha[:12]}…"
+        )
         raise BuildError(
-            f"{p.cfg.output} holds a dataset built from another config (config sha256 "
-            f"{str(info.get('config_sha256'))[:12]}…, this one {p.sha[:12]}…): build into another prefix, or "
-            "delete that dataset first"
+            f"{p.cfg.output} holds a dataset built from another config ({what}): build into another prefix, "
+            "or delete that dataset first"
         )
     try:
         record = store.get(BUILD_JSON)

@@ -173,6 +173,13 @@ def _respelled_path(old: Any, new: Any) -> str:
     return f"{old!r} → {new!r}" if same else ""
 
 
+def config_changes(was: dict[str, Any], identity: dict[str, Any]) -> list[str]:
+    """`key: old → new` for each setting of a build's identity (build.json's) that differs, the input
+    files aside (their own comparison names them)."""
+    strip = lambda d: {k: v for k, v in d.items() if k != "input_files"}  # noqa: E731
+    return _diff(strip(was), strip(identity))
+
+
 def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out = []

@@ -199,8 +199,7 @@ def list_source_files(
             "it holds no input, remove the link or set source.glob to the files to read"
         )
     found = sorted(p for p in listed if p.is_file())
-    if not found:
-        raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
+    none_found = not found  # said after the checks below that name a file the pattern passed over
     # A gristmill dataset inside source.path (an earlier build's output, reached through a link too):
     # its manifest and excluded files are not documents. The building dataset's own, once started
     # (its build.json), are left out; input files in an output folder the build has not started are
@@ -274,6 +273,8 @@ def list_source_files(
                 f"match (its documents would be left out): rename it {next(iter(missed.values()))}, or "
                 "set source.glob to the files to read"
             )
+    if none_found:  # after the checks above: a folder of only DATA.JSONL was "holds no files" (R17a F3)
+        raise SourceError(f"source.path {path} holds no files matching {pattern!r}; {hint}")
     # One file under two names (a symlink to another input, a folder linked in twice) or a file beside
     # its compressed copy (zstd and gzip -k keep the original): each would add its documents again.
     seen: dict[Any, Path] = {}

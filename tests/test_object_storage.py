@@ -111,7 +111,7 @@ def run_env(s3: S3, cache_dir: Path) -> dict[str, str]:
 def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_bytes(
     s3, build_fixture, built_dataset, tmp_path, capsys
 ):
-    from pipelines.build import build
+    from pipelines.build import BuildError, build
     from pipelines.config import DataConfig
     from training.contract.config_loader import load_config
 
@@ -155,6 +155,11 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
     assert any("already complete (same config): nothing to do" in line for line in lines), lines
     assert "PUT" not in s3.proxy.counts.requests
+    # ... and with another config it is refused naming what changed, as a local output's refusal
+    # does (it gave two config sha256s: review R17a F4)
+    with pytest.raises(BuildError, match=r"holds a dataset built from another config \(changed: "
+                       r"filters\.min_chars: 20 → 30\)"):  # fmt: skip
+        build(load_config(DataConfig, config, [*sets, "filters.min_chars=30"]), log=lines.append)
 
     # A driver elsewhere (no work directory) finishes a dataset whose tasks all finished from the bucket
     # alone: each task finds its record and returns without reading its input, nothing is uploaded

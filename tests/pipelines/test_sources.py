@@ -221,6 +221,17 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
         ):
             list_source_files(cfg)
         (tmp_path / name).unlink()
+    # the same when it is the folder's only input: it was "holds no files matching" (review R17a F3)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "DATA.JSONL").write_text('{"text": "Alone."}\n')
+    with pytest.raises(SourceError, match=r"holds DATA\.JSONL, which .* rename it DATA\.jsonl,"):
+        list_source_files(replace(jsonl, path=str(alone)))
+    (alone / "DATA.JSONL").write_text('[{"text": "Alone."}]\n')
+    (alone / "DATA.JSONL").rename(alone / "docs.json")
+    with pytest.raises(SourceError, match=r"holds docs\.json, a JSON array of documents"):
+        list_source_files(replace(jsonl, path=str(alone)))
+    shutil.rmtree(alone)
     # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
     for name, data, renamed in (
