@@ -50,6 +50,7 @@ from training.contract.dataset_format import (
     recorded_paths,
     shard_name,
     tar_padded,
+    tokenizer_problem,
 )
 from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
@@ -77,7 +78,11 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
         shutil.rmtree(out, ignore_errors=True)
         was = read_dataset_info(root)["format"]
-        info = _convert(old, root, out, log)
+        try:
+            info = _convert(old, root, out, log)
+        except BaseException:  # a refusal keeps nothing of the copy (a dataset's size beside NEW)
+            shutil.rmtree(out, ignore_errors=True)
+            raise
         if is_url(new):
             upload_dataset(out, new, log)
         else:
@@ -96,7 +101,16 @@ def _check_new(old: str, new: str) -> None:
     """NEW is a new place: refused in one line before any work when it holds something (an upload cut
     short, which has no dataset.json yet, is resumed), is a file or a link, or lies inside OLD."""
     if is_url(new):
-        if ObjectStore(ObjectURL.parse(new)).head(DATASET_JSON) is not None:
+        a, b = ObjectURL.parse(old) if is_url(old) else None, ObjectURL.parse(new)
+        if (
+            a is not None
+            and a.bucket == b.bucket
+            and (not a.prefix or f"{b.prefix}/".startswith(f"{a.prefix}/"))
+        ):
+            raise DatasetError(
+                f"{new} is inside {old}: convert into a prefix outside it (OLD is never changed)"
+            )
+        if ObjectStore(b).head(DATASET_JSON) is not None:
             raise DatasetError(
                 f"{new} already holds a dataset (its {DATASET_JSON}): convert into a new prefix (OLD is "
                 "never changed)"
@@ -112,6 +126,22 @@ def _check_new(old: str, new: str) -> None:
     if not is_url(old) and path.resolve().is_relative_to(Path(old).resolve()):
         raise DatasetError(
             f"{new} is inside {old}: convert into a directory outside it (OLD is never changed)"
+        )
+
+
+def _check_counts(old: str, root: Path, info: dict[str, Any]) -> None:
+    """OLD's manifests list the documents and tokens its dataset.json records, before any work: a
+    manifest missing from a dataset that predates the record of its files was found only after the
+    whole conversion (review R17c M3)."""
+    documents = tokens = 0
+    for path in manifest_files(root):
+        n = pq.read_table(path, columns=["n_tokens"]).column("n_tokens")
+        documents, tokens = documents + len(n), tokens + int(sum(n.to_pylist()))
+    if (documents, tokens) != (info["documents"], info["tokens"]):
+        raise DatasetError(
+            f"{old}: its manifests list {documents:,} documents of {tokens:,} tokens, but {DATASET_JSON} "
+            f"records {info['documents']:,} of {info['tokens']:,}: a manifest is missing or was edited; "
+            f"nothing was converted (`gristmill data validate {old}` lists it)"
         )
 
 
@@ -159,7 +189,10 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         raise DatasetError(f"{old} is already a {FORMAT} dataset, the current layout: nothing to convert")
     if not is_url(old):  # a bucket's validation.json is the bucket's own, never the copy's
         check_last_validation(root, info)
+        if why := tokenizer_problem(root, info):  # one dropped in beside a dataset that records none too
+            raise DatasetError(f"{why}; nothing was converted")
     _check_recorded(old, root, info)
+    _check_counts(old, root, info)
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
@@ -202,23 +235,17 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         [fingerprint_before_index(info)] if "fingerprint_before_index" in info else []
     )
     kept = {k: v for k, v in info.items() if k not in _DERIVED}
-    tokenizer = root / TOKENIZER_JSON
+    tokenizer = root / TOKENIZER_JSON  # the one OLD records (checked above), or none
     new = finalize_dataset(
         out,
         vocab_size=info["vocab_size"],
         separator=info["separator"],
         config_sha256=info["config_sha256"],
-        tokenizer_path=tokenizer if tokenizer.is_file() else None,
+        tokenizer_path=tokenizer if info["tokenizer_sha256"] != "none" else None,
         extra={**kept, "converted_from": {"format": info["format"], "fingerprints": was}},
     )
     # The order is a function of the lengths in manifest order: the same bytes, the same batches (and,
     # from a /2 dataset, the same ids: the same sha256 per row).
-    if (new["documents"], new["tokens"]) != (info["documents"], info["tokens"]):
-        raise DatasetError(  # a manifest missing from a dataset that predates the "files" record
-            f"{old}: its manifests list {new['documents']:,} documents of {new['tokens']:,} tokens, but "
-            f"{DATASET_JSON} records {info['documents']:,} of {info['tokens']:,}: a manifest is missing or "
-            f"was edited; nothing was converted (`gristmill data validate {old}` lists it)"
-        )
     if "index" in info:
         before, after = index_hashes(info["index"]), index_hashes(new["index"])
         if any(before[name] != after[name] for name in (DOC_TOKENS, DOC_HASHES) if name in before):

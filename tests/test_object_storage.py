@@ -1387,6 +1387,8 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     # (it was refused after the whole conversion, advising `data upload`'s "another prefix": R17b M3)
     with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset"):
         convert_dataset(url, new_url, log=lambda *a: pytest.fail("converted"))
+    with pytest.raises(DatasetError, match=rf"^{re.escape(url)}/sub is inside {re.escape(url)}: convert"):
+        convert_dataset(url, f"{url}/sub", log=lambda *a: pytest.fail("converted"))  # review R17c M4
 
 
 def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):

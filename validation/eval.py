@@ -51,6 +51,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.record import CheckpointError
 from training.contract.config_loader import load_config, save_config
+from training.contract.dataset_format import data_identities
 from training.contract.errors import GristmillError
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
@@ -180,6 +181,32 @@ class RunData:
         return {"source": self.source, "dataset": self.dataset}
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """Whose held-out documents the local tasks score, as their scores record it (`score_settings`):
+    a source and its dataset's fingerprint. The same data under another path (moved, spelled
+    otherwise, `data convert`ed, indexed: data_identities) is the same documents."""
+
+    source: str
+    fingerprint: str
+    identities: frozenset[str]
+
+    @classmethod
+    def of(cls, data: RunData) -> HeldOut:
+        info = dataset_info(data.dataset)
+        return cls(data.source, info["fingerprint"], frozenset(data_identities(info)))
+
+    def record(self) -> dict[str, str]:
+        return {"source": self.source, "fingerprint": self.fingerprint}
+
+    def scored(self, recorded: Any) -> bool:
+        """Whether scores recorded with `recorded` (a record, or results.json's header `heldout` for
+        scores from before it was per task: no fingerprint) are of these documents."""
+        if not isinstance(recorded, dict) or recorded.get("source") != self.source:
+            return False
+        return recorded.get("fingerprint") is None or recorded["fingerprint"] in self.identities
+
+
 def run_data(spec: RunSpec, source: str = "") -> RunData:
     """From a run's resolved config (RUN/config.toml): the held-out documents of `source` (its
     eval.source), else of the run's first source that holds some out (of its only one without
@@ -263,8 +290,10 @@ class TaskPlan:
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
+        self.heldout = None  # whose held-out documents the local tasks score, when there are some
         if self.local:
             check_heldout_dataset(run_dir, self.data)
+            self.heldout = HeldOut.of(self.data)
             settings = task_data_settings(self.data.dataset, self.data.val_fraction, cfg.docs)
             self.data_dir = self.data_dir / task_data_folder(settings)
             build_task_data(
@@ -366,7 +395,7 @@ def evaluate_lm(
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
-                settings=score_settings(cfg, plan.data.heldout() if name in plan.local else None),
+                settings=score_settings(cfg, plan.heldout if name in plan.local else None),
             )
             for task, mark in decontamination_marks(results, plan.training_data).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -680,15 +709,15 @@ SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed")
 LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
-def score_settings(cfg: EvalConfig, heldout: dict[str, str] | None = None) -> dict[str, Any]:
+def score_settings(cfg: EvalConfig, heldout: HeldOut | None = None) -> dict[str, Any]:
     """What a task's scores depend on besides the weights (results.json records it per task, as
     given: max_length 0 is the model's own), so a step scored under other settings (the in-training
-    eval's limit, an earlier `--set`) is not taken for done. A local task's (`heldout`: whose held-out
-    documents it scores, RunData.heldout) also `docs`, how many, and `heldout` (eval.source changed on a
+    eval's limit, an earlier `--set`) is not taken for done. A local task's (`heldout`: whose
+    held-out documents it scores) also `docs`, how many, and `heldout` (eval.source changed on a
     resume: review R17a F1); a hub task was scored again for them."""
     settings = {key: getattr(cfg, key) for key in SCORE_SETTINGS}
     if heldout is not None:
-        return settings | {"heldout": heldout}
+        return settings | {"heldout": heldout.record()}
     return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
 
 
@@ -708,19 +737,25 @@ def evaluated(
     step: int,
     names: list[str],
     local: list[str],
-    heldout: dict[str, str],
+    heldout: HeldOut | None,
     cfg: EvalConfig,
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
-    before they were counts as done under any; one of the `local` tasks recorded before its held-out
-    source was, as not done: `heldout` is whose documents they score now)."""
+    before they were counts as done under any). The `local` tasks' must be of `heldout`'s documents
+    (`HeldOut.scored`; recorded before it was per task, the file's header says whose)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
+    header = results.get("gristmill", {}).get("heldout")
 
     def same(name: str) -> bool:
-        want = score_settings(cfg, heldout if name in local else None)
-        got = tasks.get(name, {}).get("settings", want)
-        return {k: v for k, v in got.items() if k in want or name in local} == want
+        if name not in local or heldout is None:
+            want = score_settings(cfg)
+            got = tasks.get(name, {}).get("settings", want)
+            return {k: v for k, v in got.items() if k in want} == want
+        want = score_settings(cfg, heldout)
+        got = dict(tasks.get(name, {}).get("settings", want))
+        whose = got.pop("heldout", header)
+        return heldout.scored(whose) and {**got, "heldout": want["heldout"]} == want
 
     return all(n in scored and same(n) for n in names)
 
@@ -739,7 +774,7 @@ def evaluate_missing(
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
-        if not evaluated(run_dir, step, plan.names, plan.local, plan.data.heldout(), cfg):
+        if not evaluated(run_dir, step, plan.names, plan.local, plan.heldout, cfg):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

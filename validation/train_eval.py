@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +237,7 @@ class TrainingEval:
             else f"{at}: {_summary(rows)} ({seconds:.1f} s)"
         )
         for line in _noise(
-            at, rows, chance_levels({step: results}), _more_items(self.cfg, self.plan.documents)
+            at, rows, chance_levels({step: results}), lambda t: _more_items(self.cfg, self.plan, t)
         ):
             say(line)
         if failed:
@@ -278,22 +279,26 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{t} {_figure(r)}" for t, r in _headlines(rows).items())
 
 
-def _more_items(cfg: EvalConfig, documents: int | None) -> str:
-    """What would score more items, as the settings stand (`documents`: how many held-out documents
-    the local tasks hold). A larger val_fraction was advised while eval.docs held them to 40 of 53,
-    and eval.limit = 0 while it was 0 already (review R17a F2)."""
+def _more_items(cfg: EvalConfig, plan: TaskPlan, task: str) -> str:
+    """What would score more of `task`'s items, as the settings stand. A larger val_fraction was
+    advised while eval.docs held the documents to 40 of 53, and eval.limit = 0 while it was 0 already
+    (review R17a F2); neither says anything of a hub task's items (review R17c M2)."""
     ways = [f"set eval.limit = 0 (now {cfg.limit})"] if cfg.limit else []
-    if documents is not None and documents >= cfg.docs:
+    if task not in plan.local:
+        return "; ".join(ways) or "the task has no more (score another, larger one)"
+    if plan.documents is not None and plan.documents >= cfg.docs:
         ways.append(f"raise eval.docs (now {cfg.docs}, all of them scored)")
     else:  # every held-out document is scored: the split is what is small
         ways.append("hold out more of the source (a larger val_fraction) or score another (eval.source)")
     return "; ".join(ways)
 
 
-def _noise(at: str, rows: list[dict[str, Any]], chance: dict[str, float], more: str) -> list[str]:
+def _noise(
+    at: str, rows: list[dict[str, Any]], chance: dict[str, float], more: Callable[[str], str]
+) -> list[str]:
     """A warning per multiple-choice task (one with a `chance` accuracy) whose headline accuracy is
     noise: scored on fewer than MIN_SCORED items, or within two stderrs of chance. `at`: "step N",
-    or "step N (merged weights)"; `more`: what scores more items (`_more_items`)."""
+    or "step N (merged weights)"; `more`: what scores more of a task's items (`_more_items`)."""
     out = []
     for t, r in _headlines(rows).items():
         if t not in chance or not r["metric"].startswith("acc") or r.get("samples") is None:
@@ -306,7 +311,7 @@ def _noise(at: str, rows: list[dict[str, Any]], chance: dict[str, float], more: 
                 if few
                 else f"cannot be told from chance ({chance[t]:.3g}, within two stderrs) at that size"
             )
-            out.append(f"warning: {at}: {t} {_figure(r)} {what}: score more items: {more}")
+            out.append(f"warning: {at}: {t} {_figure(r)} {what}: score more items: {more(t)}")
     return out
 
 

@@ -206,7 +206,9 @@ def test_convert_checks_old_s_manifests_tokenizer_and_last_validation(v2, tmp_pa
     info["fingerprint"] = fingerprint(info)
     (tokenized / "dataset.json").write_text(json.dumps(info))
     (tokenized / "tokenizer.json").write_text('{"a": "another tokenizer"}')
-    with pytest.raises(DatasetError, match=f"{tokenized / 'tokenizer.json'}: not the file dataset.json"):
+    with pytest.raises(
+        DatasetError, match=f"{tokenized / 'tokenizer.json'} has sha256 .* nothing was converted"
+    ):
         convert_dataset(str(tokenized), str(tmp_path / "new"), log=lambda *a: None)
 
     unrecorded = tmp_path / "unrecorded"  # from before dataset.json recorded its files
@@ -220,8 +222,16 @@ def test_convert_checks_old_s_manifests_tokenizer_and_last_validation(v2, tmp_pa
     last = rows.column("shard").to_pylist()[-1]
     pq.write_table(rows.filter([s != last for s in rows.column("shard").to_pylist()]), path)
     with pytest.raises(DatasetError, match=r"its manifests list \d+ documents .* records 300 of"):
-        convert_dataset(str(unrecorded), str(tmp_path / "new"), log=lambda *a: None)
-    assert not (tmp_path / "new").exists()
+        convert_dataset(str(unrecorded), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
+    assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
+
+    # a tokenizer.json dropped in beside a dataset that records none became NEW's own (review R17c S1)
+    dropped = tmp_path / "dropped"
+    shutil.copytree(v2, dropped)
+    assert read_dataset_info(dropped)["tokenizer_sha256"] == "none"
+    (dropped / "tokenizer.json").write_text('{"a": "tokenizer"}')
+    with pytest.raises(DatasetError, match=f"{dropped / 'tokenizer.json'} has sha256 .* records none"):
+        convert_dataset(str(dropped), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
 
 
 def test_converted_documents_are_the_old_ones(legacy, converted):

@@ -451,6 +451,13 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     save_file(weights, str(retrained / "model.safetensors"), metadata={"format": "pt"})
     line = one_error_line(_run([*sets, _init(retrained)]).stderr)
     assert f"the weights of model.init_from = {retrained.resolve()} are not the run's base's" in line, line
+    # ... and from a new run directory resuming the run's checkpoint by path, whose own record was not
+    # written yet (review R17c S2)
+    by_path = f"checkpoint.resume={json.dumps(str(run / 'checkpoints' / 'step-000004'))}"
+    line = one_error_line(
+        _run(overrides(data, tmp_path / "run-b", "schedule.steps=8", by_path, _init(retrained))).stderr
+    )
+    assert f"the weights of model.init_from = {retrained.resolve()} are not the run's base's" in line, line
     done = _run([*sets, _init(moved)])
     assert done.returncode == 0, done.stderr[-3000:]
     assert losses(run) == losses(straight) and len(losses(run)) == 8

@@ -330,7 +330,8 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     # whose held-out documents, and which model scored the task: its own record, not the header's
     # (the newest eval's, once another eval merged its tasks into the step: review R17a F1)
     task = first["gristmill_tasks"]["heldout_ppl"]
-    assert task["settings"]["heldout"] == first["gristmill"]["heldout"]
+    assert task["settings"]["heldout"]["source"] == first["gristmill"]["heldout"]["source"]
+    assert len(task["settings"]["heldout"]["fingerprint"]) == 64  # the dataset's, not its path
     assert task["model"] == first["gristmill"]["export"] == str(export_dir(run, 5).resolve())
     assert main([*watch, *QUICK]) == 0  # the same settings: done
     assert results.read_text() == json.dumps(first, indent=2, ensure_ascii=False) + "\n"
@@ -367,10 +368,11 @@ def test_each_task_s_row_names_the_model_that_scored_it():
 def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     """`docs` is how many held-out documents the local tasks score: a hub task scored under another
     value was taken for not done and scored again (minutes of a GPU for the same numbers)."""
-    from validation.eval import evaluated, score_settings
+    from validation.eval import HeldOut, evaluated, score_settings
     from validation.eval_results import write_step_json
 
-    before, code = EvalConfig(docs=5), {"source": "code", "dataset": "runs/data/code"}
+    before = EvalConfig(docs=5)
+    code = HeldOut("code", "c1", frozenset({"c1"}))
     tasks = {
         "hellaswag": {"settings": score_settings(before)},
         "heldout_ppl": {"settings": score_settings(before, code)},
@@ -383,9 +385,23 @@ def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     assert not evaluated(tmp_path, 3, ["hellaswag"], local, code, EvalConfig(docs=5, limit=3))
     # another source's held-out documents (eval.source changed on a resume): the local task is not
     # done, the hub task is (review R17a F1: the step's results mixed two sources under one label)
-    prose = {"source": "prose", "dataset": "runs/data/mine"}
+    prose = HeldOut("prose", "p1", frozenset({"p1"}))
     assert evaluated(tmp_path, 3, ["hellaswag"], local, prose, before)
     assert not evaluated(tmp_path, 3, names, local, prose, before)
+    # the same data elsewhere (moved, or `data convert`ed: its identities hold the old fingerprint)
+    # is the same documents, and scores from before the record was per task are taken by the file's
+    # header (review R17c M1: every local task of every run was scored again)
+    assert evaluated(tmp_path, 3, names, local, HeldOut("code", "c2", frozenset({"c2", "c1"})), before)
+    for task in tasks.values():
+        task["settings"].pop("heldout", None)
+    header = {"heldout": {"source": "code", "dataset": "runs/data/code"}}
+    write_step_json(
+        tmp_path,
+        4,
+        {"results": {"hellaswag": {}, "heldout_ppl": {}}, "gristmill_tasks": tasks, "gristmill": header},
+    )
+    assert evaluated(tmp_path, 4, names, local, code, before)
+    assert not evaluated(tmp_path, 4, names, local, prose, before)
 
 
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(

@@ -247,3 +247,26 @@ def test_an_eval_of_other_settings_beside_the_run_leaves_the_run_s_own_eval_its_
     }
     assert scored == {2: (3, 3), 4: (LIMIT, 40)}, scored  # step 2: the other eval's, as it says
     assert sorted(p.name.split("-")[0] for p in (run / "eval" / "data").iterdir()) == ["docs3", "docs40"]
+
+
+def test_the_noise_warning_advises_what_scores_more_of_that_task():
+    """The advice followed the settings of the local tasks for every task: a hub multiple-choice
+    task (boolq) was told to raise eval.docs or val_fraction, which change nothing of its items
+    (review R17c M2)."""
+    from types import SimpleNamespace
+
+    from validation.train_eval import _more_items
+
+    plan = SimpleNamespace(local=["heldout_cloze"], documents=40)  # the TaskPlan's two fields read
+    assert (
+        _more_items(EvalConfig(docs=40), plan, "heldout_cloze")
+        == "raise eval.docs (now 40, all of them scored)"
+    )
+    assert _more_items(EvalConfig(docs=50, limit=9), plan, "heldout_cloze") == (
+        "set eval.limit = 0 (now 9); hold out more of the source (a larger val_fraction) or score another "
+        "(eval.source)"
+    )
+    assert (
+        _more_items(EvalConfig(docs=40), plan, "boolq") == "the task has no more (score another, larger one)"
+    )
+    assert _more_items(EvalConfig(limit=9), plan, "boolq") == "set eval.limit = 0 (now 9)"

@@ -143,7 +143,10 @@ def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
         return None
     was = record.get("init_from")
     if hub_id(str(was)) is not None and hub_id(identity) is not None:
-        return f"model.init_from = {identity} is another hub commit than the run's base, {was}"
+        return (
+            f"model.init_from = {identity} is another hub commit than the run's base, {was} (name the "
+            "repository without @revision: a resume keeps the recorded commit)"
+        )
     if hub_id(str(was)) is not None or hub_id(identity) is not None or not record.get("weights_sha256"):
         return None
     if weights_sha256(identity) != record["weights_sha256"]:

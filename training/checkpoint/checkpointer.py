@@ -100,6 +100,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     is_complete_checkpoint,
     list_steps,
+    run_of_checkpoint,
     set_aside_after,
     step_of,
 )
@@ -556,7 +557,8 @@ class Checkpointer:
                 "to the run's base, or start a new run directory (another run.output_dir)"
             )
         moved = any(d[0] == "init_from" for d in diffs)
-        if moved and (why := other_base_reason(self.run_dir, self.model_config["init_from"])):
+        # the base of the checkpoint's run: another run's, resumed from by path, has its own record
+        if moved and (why := other_base_reason(run_of_checkpoint(path), self.model_config["init_from"])):
             raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
                 f"cannot resume from {path}: {why}; set model.init_from to the run's base, or start a new "
                 "run directory (another run.output_dir)"
