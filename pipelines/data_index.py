@@ -14,8 +14,10 @@ import numpy as np
 
 from training.contract.dataset_format import (
     DATASET_JSON,
+    MANIFEST_DIR,
     DatasetError,
     check_fingerprint,
+    file_sha256,
     fingerprint,
     index_hashes,
     read_dataset_info,
@@ -46,6 +48,7 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     root = Path(root)
     info = read_dataset_info(root)
     check_fingerprint(root, info)
+    _check_manifests(root, info)
     entry = info.get("index")
     if entry is not None and entry.get("format") != index_format(info):
         # An index of an older format: derived again in this one. The fingerprint covers the index, so
@@ -124,3 +127,17 @@ def run(args: argparse.Namespace) -> int:
         )
     index_dataset(args.dir)
     return 0
+
+
+def _check_manifests(root: Path, info: dict[str, Any]) -> None:
+    """The manifests the index is derived from, each against the sha256 dataset.json records (a
+    dataset from before that record: none to check), before anything is written: an edited one was
+    indexed and the new fingerprint committed (review R17e F4)."""
+    for rel, spec in sorted((info.get("files") or {}).items()):
+        if rel.startswith(f"{MANIFEST_DIR}/") and (
+            not (root / rel).is_file() or file_sha256(root / rel) != spec["sha256"]
+        ):
+            raise DatasetError(
+                f"{root / rel}: not the file {DATASET_JSON} records (missing, or its sha256 differs): the "
+                "manifest changed after the build; nothing was indexed (rebuild the dataset, or restore it)"
+            )

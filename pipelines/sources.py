@@ -33,6 +33,7 @@ from huggingface_hub import HfApi, HfFileSystem
 from huggingface_hub.hf_file_system import HfFileSystemResolvedRepositoryPath
 
 from pipelines.config import SourceConfig
+from pipelines.download import PART  # the name a download cut short leaves
 from pipelines.progress import TaskProgress
 from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, SOURCE_FIELDS, SOURCE_FILE, SOURCE_ROW
 from training.contract.errors import GristmillError
@@ -253,13 +254,22 @@ def list_source_files(
         taken = set(found) | set(mine)
         missed: dict[Path, str] = {}  # file: what it would have to be
         arrays: list[Path] = []  # JSON arrays of documents (HF's json loader reads them; gristmill not)
+        partial: list[Path] = []  # downloads cut short (a build left their documents out: R17e F3)
         for p in sorted(entries):
             if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
                 continue
-            if renamed := _read_as(p, cfg):
+            if p.name.endswith(PART) and _read_as(p.with_name(p.name.removesuffix(PART)), cfg):
+                partial.append(p)  # `gristmill data download` cut short: NAME.parquet.part
+            elif renamed := _read_as(p, cfg):
                 missed[p] = renamed
             elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):
                 arrays.append(p)
+        if partial:
+            raise SourceError(
+                f"source.path {path} holds {_named(partial, path)}, a download cut short (its documents "
+                "would be left out): run the same `gristmill data download` again to finish it, or move it "
+                "out of the folder"
+            )
         if arrays:
             raise SourceError(
                 f"source.path {path} holds {_named(arrays, path)}, a JSON array of documents, which "

@@ -17,7 +17,10 @@ another tool is aborted before anything is uploaded. The local validation.json s
 bucket's comes only from validating the bucket (`gristmill data validate s3://…`).
 
 A prefix holding another dataset (its dataset.json names another fingerprint), or objects this dataset
-does not have, is refused: the upload never mixes two datasets.
+does not have, is refused, and so is a commit over a dataset.json that changed while the upload ran
+(another upload into the prefix at once). Two uploads into one prefix at once are not supported (no
+lock); a mix of their objects is never read as data, since readers check every object against
+dataset.json's sha256.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ def upload_dataset(
     strays = sorted(
         rel for rel in set(there) - set(files) - {DATASET_JSON, VALIDATION_JSON} if not is_task_record(rel)
     )
-    if strays and DATASET_JSON not in there:
+    if strays:  # beside this dataset's own dataset.json too: the bucket failed validation (R17e F6)
         raise DatasetError(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"
@@ -119,6 +122,19 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         sizes = list(pool.map(put, sorted(todo)))
+    # Another upload to the prefix that committed meanwhile (two at once: each checked an empty prefix
+    # at its start, and the later commit put its dataset.json over the other's objects, both exit 0:
+    # review R17e F1): refused. Not a lock; the readers check every object against dataset.json.
+    try:
+        now = store.get(DATASET_JSON)
+    except ObjectMissing:
+        now = None
+    if now != committed:
+        raise DatasetError(
+            f"{target}/{DATASET_JSON} changed while this upload ran (another upload or build into the same "
+            f"prefix): its objects may be the other's; let that one finish, then run `gristmill data upload "
+            f"{root} {url}` again (it uploads what differs), or upload into another prefix"
+        )
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
     result = Uploaded(len(todo), len(files) - len(todo), sum(sizes))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}

@@ -373,6 +373,32 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path):
     other = make_dataset(tmp_path / "other", n_docs=50, seed=1)
     with pytest.raises(DatasetError, match="holds another dataset"):
         upload_dataset(other, url, log=lambda *a: None)
+    # an object not this dataset's beside its own dataset.json: uploaded over, exit 0, and the bucket
+    # then failed validation (review R17e F6)
+    stray = f"{url.split('/', 3)[3]}/shards/99999_00000.tar"
+    s3.client.put_object(Bucket=BUCKET, Key=stray, Body=b"another dataset's shard")
+    try:
+        with pytest.raises(
+            DatasetError, match=r"object\(s\) that are not this dataset's \(e\.g\. shards/99999"
+        ):
+            upload_dataset(local, url, log=lambda *a: None)
+    finally:
+        s3.client.delete_object(Bucket=BUCKET, Key=stray)
+    # another upload into the prefix that commits while this one runs (here when this one aborts a
+    # multipart upload left there): both exited 0, one's dataset.json over the other's objects (R17e F1)
+    s3.client.create_multipart_upload(Bucket=BUCKET, Key="race/leftover")
+
+    def meanwhile(line: str) -> None:
+        if line.startswith("aborted"):
+            s3.client.put_object(
+                Bucket=BUCKET, Key="race/dataset.json", Body=(other / "dataset.json").read_bytes()
+            )
+
+    with pytest.raises(DatasetError, match=r"race/dataset\.json changed while this upload ran"):
+        upload_dataset(local, s3.url("race"), log=meanwhile)
+    assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="race/dataset.json")["Body"].read()) == (
+        read_dataset_info(other)
+    )  # the other's commit stands; this one's is not put over it
 
 
 # --------------------------------------------------------------------------------------------
@@ -1272,6 +1298,15 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
     assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="repair/validation.json")["Body"].read())["ok"]
     (local / "validation.json").unlink()
+    # a manifest shorter in the bucket than dataset.json records: a problem of the report, not two
+    # tracebacks ending in a path "s3:/…/dataset.json" not found (review R17e E1)
+    manifest = "repair/manifest/00000.parquet"
+    body = s3.client.get_object(Bucket=BUCKET, Key=manifest)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=manifest, Body=body[:-10])
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err and "manifest/00000.parquet" in printed.out, printed
 
 
 def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):

@@ -90,7 +90,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
-from training.contract.object_store import ObjectStore, is_url
+from training.contract.object_store import ObjectStore, ObjectStoreError, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root, tmp_name
 
@@ -612,7 +612,7 @@ def validate_dataset(
             root, listing = _bucket_copy(url, cache, problems)
         info = read_dataset_info(root)
         shape = _shape_problem(info)
-    except DatasetError as e:
+    except (DatasetError, ObjectStoreError) as e:  # the store's: an object not as dataset.json says (R17e E1)
         problems.append(Problem(str(e), DATASET_JSON))
     except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type, e.g. "vocab_size": "8"
         raw = json.loads((root / DATASET_JSON).read_text(encoding="utf-8"))

@@ -232,6 +232,14 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
     with pytest.raises(SourceError, match=r"holds docs\.json, a JSON array of documents"):
         list_source_files(replace(jsonl, path=str(alone)))
     shutil.rmtree(alone)
+    # a parquet file `gristmill data download` was cutting short when killed: its documents were left
+    # out of the build, exit 0 (review R17e F3)
+    (tmp_path / "sub" / "y.parquet.part").write_bytes(b"PAR1")
+    with pytest.raises(
+        SourceError, match=r"holds sub/y\.parquet\.part, a download cut short .* data download"
+    ):
+        list_source_files(parquet)
+    (tmp_path / "sub" / "y.parquet.part").unlink()
     # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
     for name, data, renamed in (

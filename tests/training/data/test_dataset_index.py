@@ -147,6 +147,15 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
         _loader(root)
     report = validate_dataset(root, progress=False, write=False)
     assert not report.ok and any("no loader index" in p.message for p in report.problems)
+    # a manifest edited since the build was indexed and the new fingerprint committed (review R17e F4)
+    manifest = sorted((root / "manifest").glob("*.parquet"))[0]
+    kept = manifest.read_bytes()
+    manifest.write_bytes(kept + b"\0")
+    before = (root / DATASET_JSON).read_bytes()
+    assert cli(["data", "index", str(root)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {manifest}: not the file dataset.json records")
+    assert (root / DATASET_JSON).read_bytes() == before and not (root / INDEX_DIR).exists()
+    manifest.write_bytes(kept)
 
     assert cli(["data", "index", str(root)]) == 0
     info = read_dataset_info(root)
