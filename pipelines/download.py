@@ -20,6 +20,7 @@ a local stand-in for the hub's HTTP API.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -40,6 +41,7 @@ from training.contract.errors import GristmillError
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
 RECORD = ".gristmill-download.json"
+LOCK = ".gristmill-download.lock"  # held by the download writing into the folder
 PART = ".part"
 CHUNK = 8 << 20
 
@@ -150,11 +152,56 @@ def download(
     verify: bool = False,
     progress: bool = True,
 ) -> DownloadReport:
-    fs, _ = url_to_fs(root)
+    try:
+        fs, _ = url_to_fs(root)
+    except ImportError as e:  # s3:// and others need an fsspec package gristmill does not install (R17e E2)
+        raise DownloadError(
+            f"--from {root}: {e}; or copy the files into a local folder and give that"
+        ) from None
     files = list_remote(fs, root, subset, pattern)
-    report = fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
-    report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    with _DestLock(Path(dest)):
+        _refuse_other_source(Path(dest), root, files)
+        report = fetch_files(fs, root, files, dest, workers=workers, verify=verify, progress=progress)
+        report.removed = _remove_unlisted(Path(dest), root, subset, pattern, files)
     return report
+
+
+class _DestLock:
+    """One download into a folder at a time: two appended to one `.part` and one of them renamed it
+    complete, twice the bytes under the recorded sha256, exit 0 (review R17e F2)."""
+
+    def __init__(self, dest: Path):
+        self.path = dest / LOCK
+
+    def __enter__(self) -> _DestLock:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise DownloadError(
+                f"{self.path.parent} is being written by another `gristmill data download`: let it finish "
+                "(or stop it), then run this one again"
+            ) from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)  # the lock goes with the descriptor
+
+
+def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile]) -> None:
+    """A file the folder already holds from another source under the same path (another dataset's
+    subset downloaded into it): overwritten, the two datasets' other files mixed in one folder that a
+    build reads whole (review R17e F5). Refused before any transfer."""
+    record = _Record(dest / RECORD)
+    for f in files:
+        was = (record.get(f.path) or {}).get("source")
+        if was is not None and was != source_of(root) and (dest / f.path).exists():
+            raise DownloadError(
+                f"{dest / f.path} was downloaded from {was}, not {source_of(root)}: download into another "
+                "folder (--to), or remove the other download's files first"
+            )
 
 
 def source_of(root: str) -> str:
@@ -313,7 +360,15 @@ class _Record:
     def __init__(self, path: Path):
         self.path = path
         self.lock = threading.Lock()
-        self.data = json.loads(path.read_text()) if path.is_file() else {"files": {}}
+        try:
+            self.data = json.loads(path.read_text()) if path.is_file() else {"files": {}}
+            if not isinstance(self.data, dict) or not isinstance(self.data.get("files"), dict):
+                raise ValueError("not a download record")
+        except ValueError as e:  # a traceback before (review R17e E3)
+            raise DownloadError(
+                f"{path} is damaged ({e}): delete it and run the command again (files already there are "
+                "hashed again against the source's checksums where it gives them)"
+            ) from None
 
     def get(self, rel: str) -> dict | None:
         return self.data["files"].get(rel)

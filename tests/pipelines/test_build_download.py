@@ -166,3 +166,35 @@ def test_short_transfer_is_not_a_complete_file(remote, tmp_path):
     with pytest.raises(DownloadError, match=f"{f.path}: the transfer ended at 12,345 of 13,345 bytes"):
         fetch_files(fs, root, [listed], dest, progress=False)
     assert not (dest / f.path).exists() and (dest / (f.path + PART)).stat().st_size == 12345
+
+
+def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_line(remote, tmp_path):
+    """Two downloads into one folder appended to one `.part` and one renamed it complete: twice the
+    bytes under the recorded sha256, exit 0 (review R17e F2); another dataset's subset downloaded into
+    a folder holding one overwrote its files and left the rest, both read by a build (F5); a damaged
+    record was a traceback (E3)."""
+    import fcntl
+    import shutil
+
+    from pipelines.download import LOCK
+
+    dest = tmp_path / "dest"
+    download(str(remote), "sample/10BT", dest, progress=False)
+    fd = os.open(dest / LOCK, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the other download holds it
+    try:
+        with pytest.raises(
+            DownloadError, match=f"^{dest} is being written by another `gristmill data download`"
+        ):
+            download(str(remote), "sample/10BT", dest, progress=False)
+    finally:
+        os.close(fd)
+    other = tmp_path / "other"  # another source, the same paths inside it
+    shutil.copytree(remote, other)
+    before = {p: p.read_bytes() for p in dest.rglob("*.parquet")}
+    with pytest.raises(DownloadError, match=rf"000_00000\.parquet was downloaded from {remote}, not {other}"):
+        download(str(other), "sample/10BT", dest, progress=False)
+    assert {p: p.read_bytes() for p in dest.rglob("*.parquet")} == before
+    (dest / RECORD).write_text("[]")
+    with pytest.raises(DownloadError, match=rf"^{dest / RECORD} is damaged \(not a download record\)"):
+        download(str(remote), "sample/10BT", dest, progress=False)
