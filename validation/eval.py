@@ -191,11 +191,6 @@ class HeldOut:
     fingerprint: str
     identities: frozenset[str]
 
-    @classmethod
-    def of(cls, data: RunData) -> HeldOut:
-        info = dataset_info(data.dataset)
-        return cls(data.source, info["fingerprint"], frozenset(data_identities(info)))
-
     def record(self) -> dict[str, str]:
         return {"source": self.source, "fingerprint": self.fingerprint}
 
@@ -216,19 +211,21 @@ def run_data(spec: RunSpec, source: str = "") -> RunData:
     return RunData(src.name, str(src.dataset), src.val_fraction, spec.cache)
 
 
-def check_heldout_dataset(run_dir: Path, data: RunData) -> None:
+def check_heldout_dataset(run_dir: Path, data: RunData) -> HeldOut:
     """The held-out documents are the ones the run held out (recipe.check_trained_on): its dataset, as
     RUN/config.toml names it (a path relative to where the run started: an eval started elsewhere
     scored whatever dataset that path led to there), and its val_fraction (an edited one scored
-    documents the run trained on)."""
+    documents the run trained on). Returns whose they are, from the same read of its dataset.json."""
     try:
+        info = dataset_info(data.dataset)
         check_trained_on(
-            run_dir, data.source, data.dataset, dataset_info(data.dataset), "its held-out documents would "
-            "be another dataset's: run the eval from the directory the run was started in, or point the "
-            "source's dataset at the one it trained on", val_fraction=data.val_fraction,
+            run_dir, data.source, data.dataset, info, "its held-out documents would be another dataset's: "
+            "run the eval from the directory the run was started in, or point the source's dataset at the "
+            "one it trained on", val_fraction=data.val_fraction,
         )  # fmt: skip
     except GristmillError as e:
         raise EvalError(str(e)) from None
+    return HeldOut(data.source, info["fingerprint"], frozenset(data_identities(info)))
 
 
 def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
@@ -292,8 +289,7 @@ class TaskPlan:
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
         self.heldout = None  # whose held-out documents the local tasks score, when there are some
         if self.local:
-            check_heldout_dataset(run_dir, self.data)
-            self.heldout = HeldOut.of(self.data)
+            self.heldout = check_heldout_dataset(run_dir, self.data)
             settings = task_data_settings(self.data.dataset, self.data.val_fraction, cfg.docs)
             self.data_dir = self.data_dir / task_data_folder(settings)
             build_task_data(
