@@ -19,6 +19,7 @@
 - tokenize_shard.py     the tokenize-and-shard step: kept documents → token ids → shuffled tars
 - shard_writer.py       the only writer of the dataset contract: tar shards, manifest rows, dataset.json
 - data_index.py         `gristmill data index`: the loader index of a dataset built without one
+- dataset_lock.py       one writer of a dataset directory at a time (a build, `data index`)
 - convert.py            `gristmill data convert`: a legacy-layout dataset rewritten in the current one
 - upload.py             `gristmill data upload` and an s3:// build's last step: every file checked by
                         sha256, one PUT each, dataset.json last

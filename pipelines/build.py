@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import math
@@ -54,6 +53,7 @@ from pipelines.build_identity import (
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
 from pipelines.config import DataConfig, SourceConfig, content_identity, dedup_settings, identity_sha256
+from pipelines.dataset_lock import dataset_lock
 from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
 from pipelines.decontam.filter import enabled as decontaminates
@@ -117,7 +117,6 @@ from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, is_url
 from validation.validate import format_report, validate_dataset
 
-LOCK = ".build.lock"
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
 # An s3:// build's driver assembles here, in build.workdir, the dataset but its shards (which the tasks
 # uploaded): their other files fetched from the bucket, its own, then the index and dataset.json.
@@ -385,32 +384,6 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
     return tok_bytes, encoder
 
 
-@contextlib.contextmanager
-def _locked(out: Path):
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        f = open(out / LOCK, "w")
-    except (FileExistsError, NotADirectoryError):
-        parent = next(p for p in (out, *out.parents) if p.exists())
-        raise BuildError(
-            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
-        ) from None
-    except OSError as e:
-        raise unwritable(out, e) from None
-    with f:
-        # A POSIX record lock, not flock: it belongs to this process alone, so a process forked from
-        # it (datatrove's manager, a pool worker) that outlives it cannot hold the build's lock.
-        try:
-            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            raise BuildError(
-                f"another `gristmill data build` is writing {out}; wait for it to finish"
-            ) from None
-        yield
-
-
 # --------------------------------------------------------------------------------------------
 # the pipeline
 
@@ -475,7 +448,7 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     store = ObjectStore(p.cfg.output) if is_url(p.cfg.output) else None
     if store is not None and _complete_in_bucket(p, store, log):
         return BuildResult(p.out, "complete")
-    with discard_staged(p.decontam), _locked(p.out):
+    with discard_staged(p.decontam), dataset_lock(p.out, "this build"):
         # Into a bucket, a task is finished when its record is there (the work directory's
         # completion markers say nothing of the bucket, and nothing of other nodes).
         finished = _recorded_tasks(store, p.cfg.build.tasks) if store else finished_tasks(p.out)
@@ -776,7 +749,7 @@ def finalize_only(cfg: DataConfig, log=print) -> BuildResult:
     saved = load_config(DataConfig, out / CONFIG_TOML)
     tok = load_tokenizer(out / TOKENIZER_JSON)
     encoder = DocumentEncoder(tok, SeparatorPolicy(saved.tokenizer.separator, saved.tokenizer.position))
-    with _locked(out):
+    with dataset_lock(out, "this build"):
         return _finish(saved, out, record, encoder, log)
 
 

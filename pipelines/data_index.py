@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.dataset_lock import dataset_lock
 from training.contract.dataset_format import (
     DATASET_JSON,
     MANIFEST_DIR,
@@ -46,6 +47,12 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     stream is the same shards in the same order.
     """
     root = Path(root)
+    read_dataset_info(root)  # not a dataset: said before the lock's file is written into it
+    with dataset_lock(root, f"`gristmill data index {root}`"):
+        return _index(root, log)
+
+
+def _index(root: Path, log) -> dict[str, Any]:
     info = read_dataset_info(root)
     check_fingerprint(root, info)
     _check_manifests(root, info)

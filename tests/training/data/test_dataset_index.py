@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +158,21 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"error: {manifest}: not the file dataset.json records")
     assert (root / DATASET_JSON).read_bytes() == before and not (root / INDEX_DIR).exists()
     manifest.write_bytes(kept)
+    # another process writing the dataset (a build, another index: they removed each other's
+    # index.tmp/, a traceback, review R17e E3) holds its lock: one line
+    hold = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
+        "print(1, flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(root / ".build.lock")], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"1\n"
+        assert cli(["data", "index", str(root)]) == 2
+        busy = f"another `gristmill data build` or `gristmill data index` is writing {root}"
+        assert busy in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
 
     assert cli(["data", "index", str(root)]) == 0
     info = read_dataset_info(root)

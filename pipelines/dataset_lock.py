@@ -1,0 +1,50 @@
+"""One writer of a local dataset directory at a time: `gristmill data build` (its output) and
+`gristmill data index` take the same lock, OUTPUT/.build.lock. Two indexes at once removed each
+other's index.tmp/ (a traceback: review R17e E3); an index beside a build's finalize would derive
+from a manifest being written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+from collections.abc import Iterator
+from pathlib import Path
+
+from training.contract.errors import GristmillError, unwritable
+
+LOCK = ".build.lock"
+
+
+class DatasetBusyError(GristmillError):
+    """Another gristmill process is writing the dataset directory."""
+
+
+@contextlib.contextmanager
+def dataset_lock(out: Path, what: str) -> Iterator[None]:
+    """Hold `out`'s lock while `what` (e.g. "`gristmill data build`") writes it; refused in one line
+    when another process holds it."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        f = open(out / LOCK, "w")
+    except (FileExistsError, NotADirectoryError):
+        parent = next(p for p in (out, *out.parents) if p.exists())
+        raise DatasetBusyError(
+            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
+        ) from None
+    except OSError as e:
+        raise unwritable(out, e) from None
+    with f:
+        # A POSIX record lock, not flock: it belongs to this process alone, so a process forked from
+        # it (datatrove's manager, a pool worker) that outlives it cannot hold the build's lock.
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            raise DatasetBusyError(
+                f"another `gristmill data build` or `gristmill data index` is writing {out}; wait for it to "
+                f"finish, then run {what} again"
+            ) from None
+        yield
