@@ -246,10 +246,18 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     `datasets`, which once matched nothing and died with StopIteration), and an export written
     before checksums were recorded (evaluated, with a note)."""
     from pipelines.cli import main
+    from training.checkpoint.hf_export import ExportError, verify_export
 
     run = tmp_path / "run[1]"
     _make_run(run, built_dataset, [5, 10])
     (export_dir(run, 10) / "gristmill_checksums.json").unlink()
+    meta = export_dir(run, 10) / "gristmill_export.json"
+    current = json.loads(meta.read_text())
+    # one of a current export deleted: its weights were scored unchecked, "exported before" (R17b M5)
+    with pytest.raises(ExportError, match=r"has no gristmill_checksums\.json, which it was exported with"):
+        verify_export(export_dir(run, 10))
+    # an export of before the record (no separator recorded either): evaluated, with a note
+    meta.write_text(json.dumps({k: v for k, v in current.items() if k != "separator"}))
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu"]
     assert main(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", *args]) == 0
     out, err = capsys.readouterr()

@@ -398,6 +398,14 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
                 f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
                 "again (gristmill export RUN --step N)"
             )
+        try:  # an export that records its separator (every one since 2026-11-27) recorded checksums too
+            current = "separator" in json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError):
+            current = False
+        if current:  # deleted: its weights would be scored unchecked (review R17b M5)
+            raise ExportError(
+                f"{path} has no {EXPORT_CHECKSUMS}, which it was exported with; {_export_fix(path, 'it')}"
+            )
         return f"note: {path} has no {EXPORT_CHECKSUMS} (exported before gristmill recorded checksums)"
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
