@@ -738,7 +738,8 @@ def evaluated(
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
     before they were counts as done under any). The `local` tasks' must be of `heldout`'s documents
-    (`HeldOut.scored`; recorded before it was per task, the file's header says whose)."""
+    (`HeldOut.scored`: recorded before it was per task, the file's header says whose, kept per task
+    when a later eval replaces the header, eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")
@@ -748,10 +749,11 @@ def evaluated(
             want = score_settings(cfg)
             got = tasks.get(name, {}).get("settings", want)
             return {k: v for k, v in got.items() if k in want} == want
-        want = score_settings(cfg, heldout)
-        got = dict(tasks.get(name, {}).get("settings", want))
-        whose = got.pop("heldout", header)
-        return heldout.scored(whose) and {**got, "heldout": want["heldout"]} == want
+        info = tasks.get(name, {})
+        got = dict(info.get("settings") or {})
+        whose = got.pop("heldout", info.get("heldout", header))  # its own record, else its file's header
+        want = {k: v for k, v in score_settings(cfg, heldout).items() if k != "heldout"}
+        return heldout.scored(whose) and (not got or got == want)  # no settings: done under any
 
     return all(n in scored and same(n) for n in names)
 

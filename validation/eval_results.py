@@ -155,7 +155,23 @@ def describe_metric(row: dict[str, Any]) -> str:
 
 def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Two lm-eval results dicts as one: the per-task sections joined (`new`'s tasks win), the
-    rest (model config, date, environment) from `new`."""
+    rest (model config, date, environment) from `new`. `old`'s tasks keep what its header said of
+    them (the model and the held-out documents scored) in their own record, where they have none:
+    the header becomes `new`'s (review R17f F1: an old file's scores took the newest eval's labels)."""
+    header = old.get("gristmill") if isinstance(old.get("gristmill"), dict) else {}
+    tasks = old.get(GRISTMILL_TASKS) if isinstance(old.get(GRISTMILL_TASKS), dict) else {}
+    kept = {}
+    for task in old.get("results", {}) if isinstance(old.get("results"), dict) else ():
+        info = dict(tasks.get(task) or {})
+        if "model" not in info and header.get("export"):
+            info["model"] = header["export"]
+        settings = info.get("settings")
+        if isinstance(settings, dict) and "heldout" not in settings and header.get("heldout"):
+            info["settings"] = {**settings, "heldout": header["heldout"]}
+        elif settings is None and "heldout" not in info and header.get("heldout"):
+            info["heldout"] = header["heldout"]  # scored before settings were recorded
+        kept[task] = info
+    old = {**old, GRISTMILL_TASKS: {**tasks, **kept}}
     out = {**old, **new}
     for key in _PER_TASK_KEYS:
         if isinstance(old.get(key), dict) and isinstance(new.get(key), dict):

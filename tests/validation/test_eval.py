@@ -376,6 +376,7 @@ def test_each_task_s_row_names_the_model_that_scored_it():
 def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     """`docs` is how many held-out documents the local tasks score: a hub task scored under another
     value was taken for not done and scored again (minutes of a GPU for the same numbers)."""
+    from training.contract.eval_table import read_step_results
     from validation.eval import HeldOut, evaluated, score_settings
     from validation.eval_results import write_step_json
 
@@ -410,6 +411,24 @@ def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     )
     assert evaluated(tmp_path, 4, names, local, code, before)
     assert not evaluated(tmp_path, 4, names, local, prose, before)
+    # ... and keep their header's word once a later eval of the step replaces the header: a hub-only
+    # eval (no heldout in its header) re-scored them all, a local one on another source took them for
+    # its own, and their rows named its model (review R17f F1)
+    header["export"] = "/r/exports/step-000004"
+    write_step_json(
+        tmp_path,
+        4,
+        {"results": {"heldout_ppl": {}, "heldout_cloze": {}}, "gristmill_tasks": tasks, "gristmill": header},
+    )
+    later = {"hellaswag": {"settings": score_settings(before), "model": "/r/exports/step-000004-again"}}
+    write_step_json(
+        tmp_path, 4, {"results": {"hellaswag": {}}, "gristmill_tasks": later, "gristmill": {"export": "x"}}
+    )
+    assert evaluated(tmp_path, 4, names, local, code, before)
+    assert not evaluated(tmp_path, 4, ["heldout_cloze"], ["heldout_cloze"], prose, before)
+    assert evaluated(tmp_path, 4, ["heldout_cloze"], ["heldout_cloze"], code, before)
+    recorded = read_step_results(tmp_path, 4)["gristmill_tasks"]
+    assert recorded["heldout_cloze"]["model"] == "/r/exports/step-000004"
 
 
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
