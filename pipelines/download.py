@@ -159,6 +159,7 @@ def download(
             f"--from {root}: {e}; or copy the files into a local folder and give that"
         ) from None
     files = list_remote(fs, root, subset, pattern)
+    _refuse_nested(Path(dest))
     Path(dest).mkdir(parents=True, exist_ok=True)
     with _DestLock(Path(dest)):
         _refuse_other_source(Path(dest), root, files)
@@ -190,14 +191,39 @@ class _DestLock:
         os.close(self.fd)  # the lock goes with the descriptor
 
 
+def _refuse_nested(dest: Path) -> None:
+    """A folder inside another download's folder, or holding one: its lock and record are that
+    folder's, so a download there wrote past both (review R17f F2)."""
+    here = dest.resolve()
+    outer = next((p for p in here.parents if (p / RECORD).is_file()), None)
+    inner = next((p.parent for p in here.rglob(RECORD) if p.parent != here), None) if here.is_dir() else None
+    if outer is not None:
+        raise DownloadError(
+            f"{dest} is inside {outer}, another download's folder: download into {outer} (--subset picks "
+            "the part)"
+        )
+    if inner is not None:
+        raise DownloadError(
+            f"{dest} holds {inner}, another download's folder: download into {inner}, or into a folder "
+            "of its own"
+        )
+
+
 def _refuse_other_source(dest: Path, root: str, files: list[RemoteFile]) -> None:
-    """A file the folder already holds from another source under the same path (another dataset's
-    subset downloaded into it): overwritten, the two datasets' other files mixed in one folder that a
-    build reads whole (review R17e F5). Refused before any transfer."""
+    """A file the folder already holds from another source under the same path that this download
+    would replace (another dataset's subset downloaded into it): overwritten, the two datasets' other
+    files mixed in one folder that a build reads whole (review R17e F5). Refused before any transfer.
+    The same file from the same source spelled otherwise, or moved, is complete and kept (R17f F3)."""
     record = _Record(dest / RECORD)
     for f in files:
-        was = (record.get(f.path) or {}).get("source")
-        if was is not None and was != source_of(root) and (dest / f.path).exists():
+        rec = record.get(f.path) or {}
+        was, final = rec.get("source"), dest / f.path
+        if (
+            was is not None
+            and was != source_of(root)
+            and final.exists()
+            and not _complete(final, f, rec, False)
+        ):
             raise DownloadError(
                 f"{dest / f.path} was downloaded from {was}, not {source_of(root)}: download into another "
                 "folder (--to), or remove the other download's files first"

@@ -189,12 +189,23 @@ def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_lin
             download(str(remote), "sample/10BT", dest, progress=False)
     finally:
         os.close(fd)
-    other = tmp_path / "other"  # another source, the same paths inside it
+    other = tmp_path / "other"  # another source, the same paths inside it, another dataset's bytes
     shutil.copytree(remote, other)
+    (other / "sample" / "10BT" / "000_00000.parquet").write_bytes(b"another dataset")
     before = {p: p.read_bytes() for p in dest.rglob("*.parquet")}
     with pytest.raises(DownloadError, match=rf"000_00000\.parquet was downloaded from {remote}, not {other}"):
         download(str(other), "sample/10BT", dest, progress=False)
     assert {p: p.read_bytes() for p in dest.rglob("*.parquet")} == before
+    # the same source spelled otherwise (relative), or moved: its complete files are kept, not refused
+    # with advice to delete them (review R17f F3)
+    moved = tmp_path / "moved"
+    shutil.move(remote, moved)
+    assert download(str(moved), "sample/10BT", dest, progress=False).skipped == 3
+    # a folder inside the download's folder, or holding it: past its lock and its record (R17f F2)
+    with pytest.raises(DownloadError, match=f"^{dest / 'sub'} is inside {dest}, another download's folder"):
+        download(str(other), "sample/10BT", dest / "sub", progress=False)
+    with pytest.raises(DownloadError, match=f"^{tmp_path} holds {dest}, another download's folder"):
+        download(str(other), "sample/10BT", tmp_path, progress=False)
     (dest / RECORD).write_text("[]")
     with pytest.raises(DownloadError, match=rf"^{dest / RECORD} is damaged \(not a download record\)"):
-        download(str(remote), "sample/10BT", dest, progress=False)
+        download(str(moved), "sample/10BT", dest, progress=False)
