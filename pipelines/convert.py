@@ -27,11 +27,18 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from pipelines.shard_writer import ShardWriter, finalize_dataset
+from pipelines.task_upload import is_task_record
 from pipelines.upload import upload_dataset
 from training.contract.dataset_format import (
+    BUILD_JSON,
+    CONFIG_TOML,
     DATASET_JSON,
+    DECONTAM_DIR,
+    EXCLUDED_DIR,
     FORMAT,
     LEGACY_FORMAT,
+    LOGS_DIR,
+    MANIFEST_DIR,
     MANIFEST_FIELDS,
     PROVENANCE_COLUMNS,
     SHARDS_DIR,
@@ -52,15 +59,20 @@ from training.contract.dataset_format import (
     tar_padded,
     tokenizer_problem,
 )
-from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS
+from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS, INDEX_DIR
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
-from validation.validate import format_report, validate_dataset
+from validation.validate import VALIDATION_JSON, format_report, validate_dataset
 
 # dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
 _DERIVED = {
     "format", "tokenizer_sha256", "vocab_size", "dtype", "separator", "config_sha256", "documents",
     "tokens", "shards", "shard_files", "created", "index", "files", "fingerprint", "status",
     "fingerprint_before_index", "converted_from",
+}  # fmt: skip
+# The first path component of every object a dataset puts in its prefix (what `data upload` writes)
+_DATASET_PATHS = {
+    SHARDS_DIR, MANIFEST_DIR, INDEX_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR, BUILD_JSON, CONFIG_TOML,
+    TOKENIZER_JSON, VALIDATION_JSON,
 }  # fmt: skip
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
@@ -102,18 +114,25 @@ def _check_new(old: str, new: str) -> None:
     short, which has no dataset.json yet, is resumed), is a file or a link, or lies inside OLD."""
     if is_url(new):
         a, b = ObjectURL.parse(old) if is_url(old) else None, ObjectURL.parse(new)
-        if (
-            a is not None
-            and a.bucket == b.bucket
-            and (not a.prefix or f"{b.prefix}/".startswith(f"{a.prefix}/"))
-        ):
+        inside = lambda x, y: not y.prefix or f"{x.prefix}/".startswith(f"{y.prefix}/")  # noqa: E731
+        if a is not None and a.bucket == b.bucket and (inside(b, a) or inside(a, b)):
             raise DatasetError(
-                f"{new} is inside {old}: convert into a prefix outside it (OLD is never changed)"
+                f"{new} and {old} overlap (one inside the other): convert into a prefix apart from OLD "
+                "(OLD is never changed)"
             )
-        if ObjectStore(b).head(DATASET_JSON) is not None:
+        there = ObjectStore(b).list()
+        if DATASET_JSON in there:
             raise DatasetError(
                 f"{new} already holds a dataset (its {DATASET_JSON}): convert into a new prefix (OLD is "
                 "never changed)"
+            )
+        # what an upload cut short leaves is a dataset's own paths; anything else was refused by the
+        # upload only after the whole conversion (review R17f F4)
+        other = sorted(r for r in there if r.split("/", 1)[0] not in _DATASET_PATHS and not is_task_record(r))
+        if other:
+            raise DatasetError(
+                f"{new} already holds {len(other)} object(s) that are no dataset's (e.g. {other[0]}): "
+                "convert into an empty prefix"
             )
         return
     path = Path(new)

@@ -250,26 +250,34 @@ def list_source_files(
     # part.ndjson.gz, x.PARQUET, y.pq, JSON lines named .json) or that holds documents gristmill does
     # not read (a JSON array of them): its documents would be left out without a word. (Not one in a
     # `_…` folder: refused above when read, a job's leftovers.)
+    # A file `gristmill data download` was writing when it was killed (NAME.parquet.part): a build left
+    # its documents out, exit 0 (review R17e F3), with a source.glob too (R17f F7).
+    folders = {path, *(p for p in entries if p.is_dir()), *(p.parent for p in listed)}
+    partial = sorted(
+        p
+        for folder in folders
+        for p in folder.glob(f"*{PART}")
+        if fnmatch(p.name.removesuffix(PART), Path(pattern).name) and p not in listed and not _hidden(p, path)
+    )
+    if partial:
+        raise SourceError(
+            f"source.path {path} holds {_named(partial, path)}, a download cut short (its documents would "
+            "be left out): run the same `gristmill data download` again to finish it, or move it out of "
+            "the folder"
+        )
     if not cfg.glob and cfg.kind in ("jsonl", "parquet"):
         taken = set(found) | set(mine)
         missed: dict[Path, str] = {}  # file: what it would have to be
         arrays: list[Path] = []  # JSON arrays of documents (HF's json loader reads them; gristmill not)
-        partial: list[Path] = []  # downloads cut short (a build left their documents out: R17e F3)
         for p in sorted(entries):
             if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
                 continue
             if p.name.endswith(PART) and _read_as(p.with_name(p.name.removesuffix(PART)), cfg):
-                partial.append(p)  # `gristmill data download` cut short: NAME.parquet.part
-            elif renamed := _read_as(p, cfg):
+                continue  # a download cut short: refused below, whatever source.glob says
+            if renamed := _read_as(p, cfg):
                 missed[p] = renamed
             elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):
                 arrays.append(p)
-        if partial:
-            raise SourceError(
-                f"source.path {path} holds {_named(partial, path)}, a download cut short (its documents "
-                "would be left out): run the same `gristmill data download` again to finish it, or move it "
-                "out of the folder"
-            )
         if arrays:
             raise SourceError(
                 f"source.path {path} holds {_named(arrays, path)}, a JSON array of documents, which "

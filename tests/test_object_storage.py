@@ -1304,9 +1304,14 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     body = s3.client.get_object(Bucket=BUCKET, Key=manifest)["Body"].read()
     s3.client.put_object(Bucket=BUCKET, Key=manifest, Body=body[:-10])
     capsys.readouterr()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(bad), Metadata=meta)  # and a shard damaged
     assert gristmill(["data", "validate", url, "--no-progress"]) == 1
     printed = capsys.readouterr()
-    assert "Traceback" not in printed.err and "manifest/00000.parquet" in printed.out, printed
+    assert "Traceback" not in printed.err, printed.err
+    # each problem named against its own file, the others still checked (not one "dataset.json" problem
+    # that hid the damaged shard: review R17f F5)
+    assert re.search(r"^  manifest/00000\.parquet: .*is shorter than", printed.out, re.M), printed.out
+    assert re.search(rf"^  shards/{re.escape(name)}: ", printed.out, re.M), printed.out
 
 
 def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):
@@ -1422,8 +1427,16 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     # (it was refused after the whole conversion, advising `data upload`'s "another prefix": R17b M3)
     with pytest.raises(DatasetError, match=rf"^{re.escape(new_url)} already holds a dataset"):
         convert_dataset(url, new_url, log=lambda *a: pytest.fail("converted"))
-    with pytest.raises(DatasetError, match=rf"^{re.escape(url)}/sub is inside {re.escape(url)}: convert"):
-        convert_dataset(url, f"{url}/sub", log=lambda *a: pytest.fail("converted"))  # review R17c M4
+    # NEW inside OLD, or holding it, or holding objects no dataset has: one line before any work, not
+    # after the whole conversion (reviews R17c M4, R17f F4)
+    for new in (f"{url}/sub", f"s3://{BUCKET}"):
+        with pytest.raises(DatasetError, match=r" overlap \(one inside the other\): convert into a prefix"):
+            convert_dataset(url, new, log=lambda *a: pytest.fail("converted"))
+    s3.client.put_object(Bucket=BUCKET, Key="with-notes/notes.txt", Body=b"mine")
+    with pytest.raises(
+        DatasetError, match=r"with-notes already holds 1 object\(s\) that are no dataset's \(e\.g\. notes"
+    ):
+        convert_dataset(url, s3.url("with-notes"), log=lambda *a: pytest.fail("converted"))
 
 
 def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):

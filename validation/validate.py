@@ -757,7 +757,7 @@ def _bucket_copy(
             continue
         try:
             ensure(root, [rel], fresh=True)
-        except DatasetError as e:
+        except (DatasetError, ObjectStoreError) as e:  # an object cut short: that file's (R17f F5)
             problems.append(Problem(str(e), rel))
     return root, listing
 

@@ -239,6 +239,9 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
         SourceError, match=r"holds sub/y\.parquet\.part, a download cut short .* data download"
     ):
         list_source_files(parquet)
+    for glob in ("**/*.parquet", "sub/*.parquet"):  # whatever source.glob says (review R17f F7)
+        with pytest.raises(SourceError, match=r"holds sub/y\.parquet\.part, a download cut short"):
+            list_source_files(replace(parquet, glob=glob))
     (tmp_path / "sub" / "y.parquet.part").unlink()
     # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
