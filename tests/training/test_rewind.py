@@ -306,6 +306,17 @@ def test_a_nonfinite_step_rewinds_with_on_nonfinite_rewind(tmp_path, dataset, mo
     out = capsys.readouterr().out
     assert "rewind 1/3: non-finite loss or gradient (loss NaN); back to step 10" in out, out
     assert metrics(run)[-1]["step"] == STEPS
+    # nowhere to go back to: it stops as on_nonfinite = "stop" does, with its advice (it gave the cause
+    # alone: review R17d M2)
+    monkeypatch.setenv(NAN_LOSS, "3")
+    assert (
+        main(
+            ["--config", TINY, "--set", *rewind_sets(dataset, tmp_path / "early", "run.on_nonfinite=rewind")]
+        )
+        == 3
+    )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "no checkpoint to rewind to" in line and "start a new run with a lower learning rate" in line, line
 
 
 MARGIN = "run.rewind.margin_steps 4"

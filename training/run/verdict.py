@@ -265,8 +265,8 @@ class Judge:
                 why = (
                     f"step {tally['first_step']}: the {tally['what']} is not finite (NaN or inf)"
                     if on_nonfinite == "stop"
-                    else f"{tally['consecutive']} consecutive steps up to step {step} had a non-finite loss "
-                    f"or gradient (run.max_skipped = {self.run.max_skipped}; the last: {tally['what']})"
+                    else f"{tally['consecutive']} trained steps in a row up to step {step} had a non-finite "
+                    f"loss or gradient (run.max_skipped = {self.run.max_skipped}; the last: {tally['what']})"
                 )
                 return _with(seen, action=STOP, cause=why, advice=self._advice(step))
             seen = _with(seen, action=SKIPPED)
@@ -296,8 +296,9 @@ class Judge:
         target = self.rewinder.target(seen.step, cause)
         if isinstance(target, RewindTarget):
             return _with(seen, action=REWIND, rewind=target, cause=cause)
-        if seen.spike is None:  # a non-finite step cannot be trained past
-            return _with(seen, action=STOP, cause=f"step {seen.step}: {cause}; {target}; stopping")
+        if seen.spike is None:  # a non-finite step cannot be trained past: stopped as "stop" stops it
+            why = f"step {seen.step}: {cause}; {target}; stopping"
+            return _with(seen, action=STOP, cause=why, advice=self._advice(seen.step))  # (review R17d M2)
         return _with(
             seen, warning=f"WARNING step {seen.step}: {cause}; {target}: not rewinding, the run goes on"
         )
@@ -309,11 +310,17 @@ class Judge:
         key = self.plan.key_of(p, "peak")
         piece = self.plan.phases[p].lr
         lower = piece.peak / piece.scale / 10  # as written: the batch rule's factor is the plan's
+        # skipping already, the advice to skip gave the same stop at the same step (review R17d M1)
+        resume = f"gristmill train --config {self.config_path} --resume auto --set"
+        then = (
+            f"resume allowing more of them in a row ({resume} run.max_skipped={self.run.max_skipped * 2})"
+            if self.run.on_nonfinite == "skip"
+            else f"resume skipping such steps ({resume} run.on_nonfinite=skip)"
+        )
         return (
             "A resume keeps the learning rate of the steps already trained, so start a new run with a lower "
             f"learning rate (gristmill train --config {self.config_path} --set {key}={lower:g} "
-            "run.output_dir=NEW_DIR); or check the data and resume skipping such steps (gristmill train "
-            f"--config {self.config_path} --resume auto --set run.on_nonfinite=skip)"
+            f"run.output_dir=NEW_DIR); or check the data and {then}"
         )
 
 
