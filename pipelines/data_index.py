@@ -48,7 +48,7 @@ def index_dataset(root: str | Path, log=print) -> dict[str, Any]:
     """
     root = Path(root)
     read_dataset_info(root)  # not a dataset: said before the lock's file is written into it
-    with dataset_lock(root, f"`gristmill data index {root}`"):
+    with dataset_lock(root, f"`gristmill data index {root}`", read_only_ok=True):
         return _index(root, log)
 
 

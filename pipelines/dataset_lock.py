@@ -11,6 +11,7 @@ import errno
 import fcntl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from training.contract.errors import GristmillError, unwritable
 
@@ -22,19 +23,14 @@ class DatasetBusyError(GristmillError):
 
 
 @contextlib.contextmanager
-def dataset_lock(out: Path, what: str) -> Iterator[None]:
+def dataset_lock(out: Path, what: str, read_only_ok: bool = False) -> Iterator[None]:
     """Hold `out`'s lock while `what` (e.g. "`gristmill data build`") writes it; refused in one line
-    when another process holds it."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        f = open(out / LOCK, "w")
-    except (FileExistsError, NotADirectoryError):
-        parent = next(p for p in (out, *out.parents) if p.exists())
-        raise DatasetBusyError(
-            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
-        ) from None
-    except OSError as e:
-        raise unwritable(out, e) from None
+    when another process holds it. `read_only_ok`: a directory nothing can write (a read-only mount)
+    has no writer to exclude: `what` goes on unlocked (`data index` of an intact index writes nothing)."""
+    f = _open(out, read_only_ok)
+    if f is None:
+        yield
+        return
     with f:
         # A POSIX record lock, not flock: it belongs to this process alone, so a process forked from
         # it (datatrove's manager, a pool worker) that outlives it cannot hold the build's lock.
@@ -48,3 +44,19 @@ def dataset_lock(out: Path, what: str) -> Iterator[None]:
                 f"finish, then run {what} again"
             ) from None
         yield
+
+
+def _open(out: Path, read_only_ok: bool) -> IO[str] | None:
+    """The lock file, opened (and `out` made); None for a read-only directory when `read_only_ok`."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return open(out / LOCK, "w")
+    except (FileExistsError, NotADirectoryError):
+        parent = next(p for p in (out, *out.parents) if p.exists())
+        raise DatasetBusyError(
+            f"output {out} cannot be a directory: {parent} is a file; set `output` to a directory path"
+        ) from None
+    except OSError as e:
+        if read_only_ok and out.is_dir() and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return None
+        raise unwritable(out, e) from None

@@ -20,6 +20,7 @@ import pytest
 
 from pipelines.cli import main as cli
 from pipelines.data_index import index_dataset
+from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.position_corpus import SEP, doc_tokens, epoch_stream, make_dataset
 from training.contract import heldout
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
@@ -173,6 +174,16 @@ def test_index_command_on_an_old_dataset(corpus, tmp_path, capsys):
     finally:
         holder.kill()
         holder.wait()
+    assert cli(["data", "index", str(root)]) == 0
+    capsys.readouterr()
+    # an intact index on a read-only mount: said complete, as before the lock (which it cannot write)
+    if unshare_works():
+        cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "index", str(root)]))
+        script = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && {cmd}"
+        done = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and "is complete" in done.stdout, done.stdout + done.stderr
 
     assert cli(["data", "index", str(root)]) == 0
     info = read_dataset_info(root)
