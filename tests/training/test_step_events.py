@@ -366,6 +366,14 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(
             assert gristmill(command) == 2, command
             line = one_error_line(capsys.readouterr().err)
             assert f"exports/abandoned-step-{step:06d}" in line and "set aside" in line, line
+    if skip.last_step == LAST:  # the final weights exported as the last step, with a note (review R17d M6)
+        capsys.readouterr()
+        assert gristmill(["export", str(run), "--step", str(LAST)]) == 0
+        out = capsys.readouterr().out
+        note = (
+            f"step {LAST}, the plan's last, lies in rewind 1's skip (steps {back + 1}–{LAST}): its weights, "
+        )
+        assert f"{note}the run's final ones, are step {back}'s" in out, out
     # the summary's losses are kept rows' (never the spike's)
     assert summary["final_loss"] == kept_rows(read_metrics(run))[-1].get("loss", summary["final_loss"])
     assert all(r["loss"] < 20 for r in kept_rows(read_metrics(run)) if "loss" in r)

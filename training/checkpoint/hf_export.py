@@ -48,6 +48,7 @@ from training.checkpoint.hf_import import CONFIG_JSON, load_base_weights
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
+    final_weights_note,
     load_or_raise,
     merged_step,
     missing_step_reason,
@@ -670,6 +671,8 @@ def export_checkpoint(
         step, verified = _newest_to_export(run_dir, log, merged), True
     elif not merged and (why := untrained_reason(run_dir, step)):
         raise ExportError(why)  # exported as step N, an earlier step's weights (review R15g F2)
+    if log is not None and not merged and (note := final_weights_note(run_dir, step)):
+        log(note)
     run_export = export_dir(run_dir, step, merged)
     ckpt = checkpoint_dir(run_dir, step)
     if run_export.is_dir():  # another step's export copied under this one's name: refused, never moved

@@ -259,6 +259,22 @@ def untrained_steps(run_dir: str | Path) -> set[int]:
     return {s.last_step for s in skips if untrained_save(skips, s.last_step, last) is not None}
 
 
+def final_weights_note(run_dir: str | Path, step: int) -> str | None:
+    """A note for the plan's last step when a rewind's skip reached it: its checkpoint holds the run's
+    final weights, which are the step's the rewind went back to (exported and scored as the last step;
+    plan.untrained_save), said where they are exported or scored (review R17d M6). None otherwise."""
+    from training.data.plan import skip_of, trained_step
+
+    recorded = _recorded_skips_and_end(Path(run_dir))
+    skip = None if recorded is None or step != recorded[1] else skip_of(recorded[0], step)
+    if skip is None:
+        return None
+    return (
+        f"note: step {step}, the plan's last, lies in rewind {skip.rewind}'s skip (steps {skip.first_step}–"
+        f"{skip.last_step}): its weights, the run's final ones, are step {trained_step(recorded[0], step)}'s"
+    )
+
+
 def untrained_reason(run_dir: str | Path, step: int) -> str | None:
     """Why checkpoint `step` of run `run_dir` is no trained step's, to export or score as `step`: a
     rewind's save at its skip's last step, holding the weights of the step it went back to, to resume
