@@ -73,7 +73,7 @@ from training.contract.run_layout import (
     export_dir,
     list_steps,
 )
-from training.data.plan import Skip, skips_from
+from training.data.plan import Skip, skip_of, skips_from
 from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
@@ -570,10 +570,16 @@ def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int,
         with eval_lock(run_dir):
             if identity is not None and _dir_identity(made) == identity:
                 shutil.rmtree(made)
+    skip = skip_of(tuple(_rewinds(run_dir) or ()), step)
+    then = (  # a step a rewind skipped is never trained again (review R17d M5)
+        f"it lies in rewind {skip.rewind}'s skip (steps {skip.first_step}–{skip.last_step}): never trained "
+        "again"
+        if skip is not None
+        else "evaluate the step again once it is retrained"
+    )
     raise DiscardedStepError(
         f"step {step} was not recorded: a rewind of the running training set its checkpoint or export "
-        "aside while it was evaluated (a discarded timeline's weights); evaluate the step again once it "
-        "is retrained"
+        f"aside while it was evaluated (a discarded timeline's weights); {then}"
     )
 
 

@@ -366,6 +366,14 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(
             assert gristmill(command) == 2, command
             line = one_error_line(capsys.readouterr().err)
             assert f"exports/abandoned-step-{step:06d}" in line and "set aside" in line, line
+    # a watch scoring a step the rewind then skipped: never "evaluate it again once it is retrained"
+    # (review R17d M5)
+    from validation.eval import DiscardedStepError, _discarded
+
+    with pytest.raises(
+        DiscardedStepError, match=rf"lies in rewind 1's skip \(steps {back + 1}–{skip.last_step}\)"
+    ):
+        _discarded(run, back + 1, None, None)
     if skip.last_step == LAST:  # the final weights exported as the last step, with a note (review R17d M6)
         capsys.readouterr()
         assert gristmill(["export", str(run), "--step", str(LAST)]) == 0
