@@ -304,3 +304,39 @@ def test_output_that_is_a_file(build_fixture, tmp_path, capsys):
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
         msg = one_error(capsys, build_argv(config, out))
         assert f"{tmp_path / 'afile'} is a file" in msg and "set `output` to a directory path" in msg, msg
+
+
+def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_complete(
+    built_dataset, tmp_path, capsys
+):
+    """Another process writing the dataset (a build, another index: two indexes removed each other's
+    index.tmp/, a traceback, review R17e E3) holds its lock: one line. An intact index on a read-only
+    mount, where the lock cannot be written: said complete, as before the lock."""
+    import subprocess
+    import sys
+
+    from tests.helpers.mounts import sh_quote, unshare_works
+
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    hold = (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
+        "print(1, flush=True); time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(root / ".build.lock")], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"1\n"
+        assert main(["data", "index", str(root)]) == 2
+        busy = f"another `gristmill data build` or `gristmill data index` is writing {root}"
+        assert busy in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["data", "index", str(root)]) == 0
+    if unshare_works():
+        cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "index", str(root)]))
+        script = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && {cmd}"
+        done = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0 and "is complete" in done.stdout, done.stdout + done.stderr
