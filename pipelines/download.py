@@ -192,20 +192,19 @@ class _DestLock:
 
 
 def _refuse_nested(dest: Path) -> None:
-    """A folder inside another download's folder, or holding one: its lock and record are that
-    folder's, so a download there wrote past both (review R17f F2)."""
+    """A folder inside another download's folder, or holding one (up to three levels down): its lock
+    and record are that folder's, so a download there wrote past both (review R17f F2). Refused
+    without advising a download into the other folder, which mixes two sources (R17g)."""
     here = dest.resolve()
     outer = next((p for p in here.parents if (p / RECORD).is_file()), None)
-    inner = next((p.parent for p in here.rglob(RECORD) if p.parent != here), None) if here.is_dir() else None
-    if outer is not None:
+    inner = None
+    if outer is None and here.is_dir():
+        inner = next((p.parent for depth in (1, 2, 3) for p in here.glob("*/" * depth + RECORD)), None)
+    if outer is not None or inner is not None:
+        other = outer if outer is not None else inner
         raise DownloadError(
-            f"{dest} is inside {outer}, another download's folder: download into {outer} (--subset picks "
-            "the part)"
-        )
-    if inner is not None:
-        raise DownloadError(
-            f"{dest} holds {inner}, another download's folder: download into {inner}, or into a folder "
-            "of its own"
+            f"{dest} {'is inside' if outer is not None else 'holds'} {other}, another download's folder "
+            f"(its record {other / RECORD}): give --to a folder apart from it, or move that download away"
         )
 
 

@@ -250,14 +250,17 @@ def list_source_files(
     # part.ndjson.gz, x.PARQUET, y.pq, JSON lines named .json) or that holds documents gristmill does
     # not read (a JSON array of them): its documents would be left out without a word. (Not one in a
     # `_…` folder: refused above when read, a job's leftovers.)
-    # A file `gristmill data download` was writing when it was killed (NAME.parquet.part): a build left
-    # its documents out, exit 0 (review R17e F3), with a source.glob too (R17f F7).
-    folders = {path, *(p for p in entries if p.is_dir()), *(p.parent for p in listed)}
+    # A file `gristmill data download` was writing when it was killed (NAME.parquet.part, where the
+    # pattern reads NAME.parquet): a build left its documents out, exit 0 (review R17e F3), with a
+    # source.glob too (R17f F7; only where the pattern reads, a job's `_…` folder aside: R17g). One the
+    # pattern itself matches is read, as the user says (a glob naming `*.jsonl*`).
     partial = sorted(
         p
-        for folder in folders
-        for p in folder.glob(f"*{PART}")
-        if fnmatch(p.name.removesuffix(PART), Path(pattern).name) and p not in listed and not _hidden(p, path)
+        for p in _glob(path, pattern + PART)
+        if p.is_file()
+        and p not in listed
+        and not _hidden(p, path)
+        and not any(x[0] == "_" for x in p.relative_to(path).parts[:-1])
     )
     if partial:
         raise SourceError(

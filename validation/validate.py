@@ -90,7 +90,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
-from training.contract.object_store import ObjectStore, ObjectStoreError, is_url
+from training.contract.object_store import ObjectCutShort, ObjectStore, ObjectStoreError, is_url
 from training.contract.separator_check import misplaced_separators
 from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root, tmp_name
 
@@ -757,7 +757,8 @@ def _bucket_copy(
             continue
         try:
             ensure(root, [rel], fresh=True)
-        except (DatasetError, ObjectStoreError) as e:  # an object cut short: that file's (R17f F5)
+        except (DatasetError, ObjectCutShort) as e:  # an object cut short is that file's (R17f F5); the
+            # transport's failures stay the run's, never recorded as the dataset's verdict (R17g)
             problems.append(Problem(str(e), rel))
     return root, listing
 

@@ -243,6 +243,16 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
         with pytest.raises(SourceError, match=r"holds sub/y\.parquet\.part, a download cut short"):
             list_source_files(replace(parquet, glob=glob))
     (tmp_path / "sub" / "y.parquet.part").unlink()
+    # ... but only where the pattern reads, and not in a job's `_…` folder (review R17g)
+    (tmp_path / "old-fr.parquet.part").write_bytes(b"PAR1")
+    (tmp_path / "_temporary" / "0").mkdir(parents=True)
+    (tmp_path / "_temporary" / "0" / "x.parquet.part").write_bytes(b"PAR1")
+    assert list_source_files(replace(parquet, glob="sub/*.parquet")).files == ["sub/x.parquet"]
+    with pytest.raises(SourceError, match=r"holds old-fr\.parquet\.part, a download cut short"):
+        list_source_files(parquet)  # the root is read: it is refused there
+    (tmp_path / "old-fr.parquet.part").unlink()
+    assert list_source_files(parquet).files == ["sub/x.parquet"]
+    shutil.rmtree(tmp_path / "_temporary")
     # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
     for name, data, renamed in (

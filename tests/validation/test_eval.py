@@ -252,12 +252,14 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     _make_run(run, built_dataset, [5, 10])
     (export_dir(run, 10) / "gristmill_checksums.json").unlink()
     meta = export_dir(run, 10) / "gristmill_export.json"
-    current = json.loads(meta.read_text())
+    current = {**json.loads(meta.read_text()), "checkpoint_complete_sha256": "0" * 64}  # as exports now
+    meta.write_text(json.dumps(current))
     # one of a current export deleted: its weights were scored unchecked, "exported before" (R17b M5)
     with pytest.raises(ExportError, match=r"has no gristmill_checksums\.json, which it was exported with"):
         verify_export(export_dir(run, 10))
-    # an export of before the record (no separator recorded either): evaluated, with a note
-    meta.write_text(json.dumps({k: v for k, v in current.items() if k != "separator"}))
+    # an export of before the record (no checkpoint identity recorded either: the separator was
+    # recorded before checksums were, review R17g): evaluated, with a note
+    meta.write_text(json.dumps({k: v for k, v in current.items() if k != "checkpoint_complete_sha256"}))
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu"]
     assert main(["eval", str(run), "--watch", "--poll", "0.1", "--idle-exit", "0.1", *args]) == 0
     out, err = capsys.readouterr()

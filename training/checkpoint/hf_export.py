@@ -399,8 +399,9 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
                 f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
                 "again (gristmill export RUN --step N)"
             )
-        try:  # an export that records its separator (every one since 2026-11-27) recorded checksums too
-            current = "separator" in json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+        try:  # one that records its checkpoint's identity (since 2026-11-30) recorded checksums too (the
+            # separator, recorded since 11-23, came before them: review R17g)
+            current = CHECKPOINT_IDENTITY in json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
         except (OSError, ValueError, TypeError):
             current = False
         if current:  # deleted: its weights would be scored unchecked (review R17b M5)

@@ -61,6 +61,10 @@ class ObjectMissing(ObjectStoreError):
     """The bucket exists but the object does not."""
 
 
+class ObjectCutShort(ObjectStoreError):
+    """The object is shorter than the range asked of it: the data's problem, not the transport's."""
+
+
 def user_cache_dir() -> Path:
     """$XDG_CACHE_HOME/gristmill, else ~/.cache/gristmill: where the bucket's datasets are cached
     and an s3:// build's work directory is, by default."""
@@ -310,7 +314,7 @@ class ObjectStore:
                     "permissions for them"
                 )
             if code == "InvalidRange" or status == 416:  # no retry later can help
-                return ObjectStoreError(
+                return ObjectCutShort(
                     f"{where} is shorter than the dataset.json read when it was opened records ({what}: "
                     f"{code or status}): the dataset at this URL was replaced since, or the object cut "
                     "short; nothing was read from it (a resume checks which dataset the URL holds now)"
