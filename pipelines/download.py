@@ -199,7 +199,10 @@ def _refuse_nested(dest: Path) -> None:
     outer = next((p for p in here.parents if (p / RECORD).is_file()), None)
     inner = None
     if outer is None and here.is_dir():
-        inner = next((p.parent for depth in (1, 2, 3) for p in here.glob("*/" * depth + RECORD)), None)
+        found = (p.parent for depth in (1, 2, 3) for p in here.glob("*/" * depth + RECORD))
+        inner = next(
+            (p for p in found if p.resolve().is_relative_to(here)), None
+        )  # not through a link (R17h)
     if outer is not None or inner is not None:
         other = outer if outer is not None else inner
         raise DownloadError(

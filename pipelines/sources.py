@@ -254,13 +254,15 @@ def list_source_files(
     # pattern reads NAME.parquet): a build left its documents out, exit 0 (review R17e F3), with a
     # source.glob too (R17f F7; only where the pattern reads, a job's `_…` folder aside: R17g). One the
     # pattern itself matches is read, as the user says (a glob naming `*.jsonl*`).
+    last = Path(pattern).name
+    cut_short = pattern + PART if last != "**" else str(Path(pattern) / f"*{PART}")  # `**.part` is no glob
     partial = sorted(
         p
-        for p in _glob(path, pattern + PART)
+        for p in _glob(path, cut_short)
         if p.is_file()
         and p not in listed
         and not _hidden(p, path)
-        and not any(x[0] == "_" for x in p.relative_to(path).parts[:-1])
+        and (cfg.glob or not any(x[0] == "_" for x in p.relative_to(path).parts[:-1]))  # as `aside` (R17h)
     )
     if partial:
         raise SourceError(

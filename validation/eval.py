@@ -43,6 +43,7 @@ from typing import Any, Literal
 
 from training.checkpoint.hf_export import CheckpointSetAside, export_checkpoint, run_config
 from training.checkpoint.io import (
+    final_weights_note,
     merged_step,
     missing_step_reason,
     nonfinite_tensor,
@@ -571,6 +572,8 @@ def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int,
             if identity is not None and _dir_identity(made) == identity:
                 shutil.rmtree(made)
     skip = skip_of(tuple(_rewinds(run_dir) or ()), step)
+    if final_weights_note(run_dir, step) is not None:  # the plan's last step: its final weights are scored
+        skip = None  # as it again (review R17h)
     then = (  # a step a rewind skipped is never trained again (review R17d M5)
         f"it lies in rewind {skip.rewind}'s skip (steps {skip.first_step}–{skip.last_step}): never trained "
         "again"

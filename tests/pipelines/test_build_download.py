@@ -209,6 +209,10 @@ def test_one_download_per_folder_from_one_source_and_a_damaged_record_is_one_lin
         download(str(other), "sample/10BT", dest / "sub", progress=False)
     with pytest.raises(DownloadError, match=f"^{tmp_path} holds {dest}, another download's folder .*{apart}"):
         download(str(other), "sample/10BT", tmp_path, progress=False)
+    holder = tmp_path / "holder"  # a link to the download's folder is not one inside it (review R17h)
+    holder.mkdir()
+    (holder / "link").symlink_to(dest, target_is_directory=True)
+    assert download(str(other), "sample/10BT", holder, progress=False).downloaded == 3
     (dest / RECORD).write_text("[]")
     with pytest.raises(DownloadError, match=rf"^{dest / RECORD} is damaged \(not a download record\)"):
         download(str(moved), "sample/10BT", dest, progress=False)

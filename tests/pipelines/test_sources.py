@@ -253,6 +253,16 @@ def test_a_file_of_documents_the_pattern_passes_over_is_named(tmp_path):
     (tmp_path / "old-fr.parquet.part").unlink()
     assert list_source_files(parquet).files == ["sub/x.parquet"]
     shutil.rmtree(tmp_path / "_temporary")
+    # a glob the user points into a `_…` folder (as the `_…` refusal advises) still has it refused, and
+    # a glob ending in `**` is no traceback (review R17h)
+    (tmp_path / "_fw").mkdir()
+    (tmp_path / "_fw" / "000.parquet").write_bytes((tmp_path / "sub" / "x.parquet").read_bytes())
+    (tmp_path / "_fw" / "001.parquet.part").write_bytes(b"PAR1")
+    with pytest.raises(SourceError, match=r"holds _fw/001\.parquet\.part, a download cut short"):
+        list_source_files(replace(parquet, glob="_fw/*.parquet"))
+    shutil.rmtree(tmp_path / "_fw")
+    with pytest.raises(SourceError, match=r"holds no files matching '\*\*'"):
+        list_source_files(replace(parquet, glob="**"))
     # review R13a: zstd (its reader has no readline), a first row without the key
     line = b'{"text": "Another river.", "id": "b"}\n'
     for name, data, renamed in (

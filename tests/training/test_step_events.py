@@ -374,6 +374,9 @@ def test_a_rewind_leaves_every_artifact_to_the_timeline(
         DiscardedStepError, match=rf"lies in rewind 1's skip \(steps {back + 1}–{skip.last_step}\)"
     ):
         _discarded(run, back + 1, None, None)
+    if skip.last_step == LAST:  # ... but the plan's last step's final weights are scored as it (R17h)
+        with pytest.raises(DiscardedStepError, match="evaluate the step again once it is retrained"):
+            _discarded(run, LAST, None, None)
     if skip.last_step == LAST:  # the final weights exported as the last step, with a note (review R17d M6)
         capsys.readouterr()
         assert gristmill(["export", str(run), "--step", str(LAST)]) == 0

@@ -257,6 +257,11 @@ def test_eval_cli_watch_writes_results_and_the_audit_eval_view_matches_them(buil
     # one of a current export deleted: its weights were scored unchecked, "exported before" (R17b M5)
     with pytest.raises(ExportError, match=r"has no gristmill_checksums\.json, which it was exported with"):
         verify_export(export_dir(run, 10))
+    for kind in ({"copied_from": "/elsewhere"}, {"base": "/a/base"}):  # a copy, a step-0 export (R17h)
+        meta.write_text(json.dumps({**current, "checkpoint_complete_sha256": None, **kind}))
+        meta.write_text(json.dumps({k: v for k, v in json.loads(meta.read_text()).items() if v is not None}))
+        with pytest.raises(ExportError, match=r"which it was exported with"):
+            verify_export(export_dir(run, 10))
     # an export of before the record (no checkpoint identity recorded either: the separator was
     # recorded before checksums were, review R17g): evaluated, with a note
     meta.write_text(json.dumps({k: v for k, v in current.items() if k != "checkpoint_complete_sha256"}))

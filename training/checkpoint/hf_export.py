@@ -399,9 +399,11 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
                 f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
                 "again (gristmill export RUN --step N)"
             )
-        try:  # one that records its checkpoint's identity (since 2026-11-30) recorded checksums too (the
-            # separator, recorded since 11-23, came before them: review R17g)
-            current = CHECKPOINT_IDENTITY in json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+        try:  # what each kind of export records since after checksums were kept (2026-11-23 22:00): a
+            # checkpoint's its identity, a copy where it was copied from, step 0 its base (11-27, 11-30);
+            # the separator was recorded before them (reviews R17g, R17h)
+            meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
+            current = any(key in meta for key in (CHECKPOINT_IDENTITY, "copied_from", "base"))
         except (OSError, ValueError, TypeError):
             current = False
         if current:  # deleted: its weights would be scored unchecked (review R17b M5)
