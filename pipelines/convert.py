@@ -30,17 +30,12 @@ from pipelines.shard_writer import ShardWriter, finalize_dataset
 from pipelines.task_upload import is_task_record
 from pipelines.upload import upload_dataset
 from training.contract.dataset_format import (
-    BUILD_JSON,
-    CONFIG_TOML,
     DATASET_JSON,
-    DECONTAM_DIR,
-    EXCLUDED_DIR,
     FORMAT,
     LEGACY_FORMAT,
-    LOGS_DIR,
-    MANIFEST_DIR,
     MANIFEST_FIELDS,
     PROVENANCE_COLUMNS,
+    RECORDED_FILES,
     SHARDS_DIR,
     TAR_BLOCK,
     TOKENIZER_JSON,
@@ -48,7 +43,6 @@ from training.contract.dataset_format import (
     check_fingerprint,
     check_last_validation,
     dataset_files,
-    file_sha256,
     fingerprint_before_index,
     index_hashes,
     manifest_files,
@@ -58,6 +52,7 @@ from training.contract.dataset_format import (
     shard_name,
     tar_padded,
     tokenizer_problem,
+    unlike_record,
 )
 from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS, INDEX_DIR
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
@@ -70,10 +65,9 @@ _DERIVED = {
     "fingerprint_before_index", "converted_from",
 }  # fmt: skip
 # The first path component of every object a dataset puts in its prefix (what `data upload` writes)
-_DATASET_PATHS = {
-    SHARDS_DIR, MANIFEST_DIR, INDEX_DIR, EXCLUDED_DIR, LOGS_DIR, DECONTAM_DIR, BUILD_JSON, CONFIG_TOML,
-    TOKENIZER_JSON, VALIDATION_JSON,
-}  # fmt: skip
+_DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | {
+    pattern.split("/")[0] for pattern in RECORDED_FILES
+}
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
@@ -179,25 +173,23 @@ def _bucket_copy(url: str, dest: Path) -> Path:
 def _recorded(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """The files OLD's dataset.json records a sha256 for (dataset_files) but its shards, checked as
     each is read (`_shard_bytes`), and its index, which NEW's build writes anew."""
-    return {
-        rel: spec
-        for rel, spec in dataset_files(info).items()
-        if rel.split("/")[0] not in (SHARDS_DIR, "index")
-    }
+    return {rel: spec for rel, spec in dataset_files(info).items() if _checked_before(rel)}
+
+
+def _checked_before(rel: str) -> bool:
+    return rel.split("/")[0] not in (SHARDS_DIR, INDEX_DIR)
 
 
 def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
     """Each of `_recorded`'s files checked against its sha256 before any work: what is converted is OLD
     as it was built. A manifest or tokenizer.json replaced since would otherwise become NEW's own,
     recorded anew, under `converted_from`'s claim that NEW is OLD's data (review R17b S1, S2)."""
-    for rel, spec in sorted(_recorded(info).items()):
-        path = root / rel
-        if not path.is_file() or file_sha256(path) != spec["sha256"]:
-            where = f"{old}/{rel}" if is_url(old) else str(path)
-            raise DatasetError(
-                f"{where}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
-                f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
-            )
+    if (rel := unlike_record(root, info, _checked_before)) is not None:
+        where = f"{old}/{rel}" if is_url(old) else str(root / rel)
+        raise DatasetError(
+            f"{where}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
+            f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
+        )
 
 
 def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
@@ -211,7 +203,8 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         if why := tokenizer_problem(root, info):  # one dropped in beside a dataset that records none too
             raise DatasetError(f"{why}; nothing was converted")
     _check_recorded(old, root, info)
-    _check_counts(old, root, info)
+    if info.get("files") is None:  # its manifests unrecorded: counted against dataset.json instead
+        _check_counts(old, root, info)
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)

@@ -18,10 +18,10 @@ from training.contract.dataset_format import (
     MANIFEST_DIR,
     DatasetError,
     check_fingerprint,
-    file_sha256,
     fingerprint,
     index_hashes,
     read_dataset_info,
+    unlike_record,
     write_dataset_info,
 )
 from training.contract.dataset_index import (
@@ -140,11 +140,8 @@ def _check_manifests(root: Path, info: dict[str, Any]) -> None:
     """The manifests the index is derived from, each against the sha256 dataset.json records (a
     dataset from before that record: none to check), before anything is written: an edited one was
     indexed and the new fingerprint committed (review R17e F4)."""
-    for rel, spec in sorted((info.get("files") or {}).items()):
-        if rel.startswith(f"{MANIFEST_DIR}/") and (
-            not (root / rel).is_file() or file_sha256(root / rel) != spec["sha256"]
-        ):
-            raise DatasetError(
-                f"{root / rel}: not the file {DATASET_JSON} records (missing, or its sha256 differs): the "
-                "manifest changed after the build; nothing was indexed (rebuild the dataset, or restore it)"
-            )
+    if (rel := unlike_record(root, info, lambda rel: rel.startswith(f"{MANIFEST_DIR}/"))) is not None:
+        raise DatasetError(
+            f"{root / rel}: not the file {DATASET_JSON} records (missing, or its sha256 differs): the "
+            "manifest changed after the build; nothing was indexed (rebuild the dataset, or restore it)"
+        )

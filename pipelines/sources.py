@@ -278,7 +278,7 @@ def list_source_files(
             if p in taken or any(x[0] == "_" for x in p.relative_to(path).parts[:-1]) or not p.is_file():
                 continue
             if p.name.endswith(PART) and _read_as(p.with_name(p.name.removesuffix(PART)), cfg):
-                continue  # a download cut short: refused below, whatever source.glob says
+                continue  # a `.part` the pattern's own check above passed (y.pq.part): nothing to rename
             if renamed := _read_as(p, cfg):
                 missed[p] = renamed
             elif cfg.kind == "jsonl" and _json_array_of(p, cfg.text_key):

@@ -572,8 +572,8 @@ def _discarded(run_dir: Path, step: int, made: Path | None, identity: tuple[int,
             if identity is not None and _dir_identity(made) == identity:
                 shutil.rmtree(made)
     skip = skip_of(tuple(_rewinds(run_dir) or ()), step)
-    if final_weights_note(run_dir, step) is not None:  # the plan's last step: its final weights are scored
-        skip = None  # as it again (review R17h)
+    if skip is not None and final_weights_note(run_dir, step) is not None:  # the plan's last step: its
+        skip = None  # final weights are scored as it again (review R17h)
     then = (  # a step a rewind skipped is never trained again (review R17d M5)
         f"it lies in rewind {skip.rewind}'s skip (steps {skip.first_step}–{skip.last_step}): never trained "
         "again"

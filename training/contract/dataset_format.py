@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -534,6 +535,18 @@ def dataset_files(info: dict[str, Any]) -> dict[str, dict[str, Any]]:
         out[TOKENIZER_JSON] = {"bytes": None, "sha256": info["tokenizer_sha256"]}
     out.update(info.get("files") or {})
     return out
+
+
+def unlike_record(root: str | Path, info: dict[str, Any], which: Callable[[str], bool]) -> str | None:
+    """The first file dataset.json records a sha256 for (`dataset_files`, those `which` takes by their
+    path inside the dataset) that is missing under `root` or hashes otherwise, or None: what a command
+    reads from them is the dataset as it was built."""
+    for rel, spec in sorted(dataset_files(info).items()):
+        if which(rel) and (
+            not (Path(root) / rel).is_file() or file_sha256(Path(root) / rel) != spec["sha256"]
+        ):
+            return rel
+    return None
 
 
 def manifest_files(root: str | Path) -> list[Path]:
