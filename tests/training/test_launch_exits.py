@@ -227,7 +227,10 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, 
         "second Ctrl-C (SIGINT): stopping now without saving; resume from the newest complete "
         "checkpoint with --resume auto"
     )
-    assert "stopping after step" not in out  # the first one's save was cut short
+    # The first one's save is cut short, or, where it finished first (a tiny model saves in a few
+    # milliseconds), the second meets the exit: 130 and the line all the same (it met an atexit
+    # callback: a traceback, exit 0), never a third outcome.
+    assert "stopping after step" not in out or "checkpoint saved" in out
     deadline = time.time() + 3
     while [p for p in processes if alive(p)] and time.time() < deadline:
         time.sleep(0.05)

@@ -57,7 +57,11 @@ class GracefulStop:
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
+            # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
+            # (a traceback, exit 0) when the first one's save was quick.
+            if not (sig == signal.SIGINT and self.received):
+                signal.signal(sig, handler)
         self._previous.clear()
 
     def _handle(self, signum: int, frame) -> None:
