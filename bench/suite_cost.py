@@ -2,7 +2,12 @@
 what `/usr/bin/time` reports) and wall time, on a fresh clone of each of two revisions, one after
 the other on this machine, and the candidate's ratio to the baseline.
 
-    python -m bench.suite_cost --baseline main --candidate HEAD --venv .venv
+    python -m bench.suite_cost --baseline main --candidate HEAD --venv .venv [--same-tests]
+
+`--same-tests` adds a third run: the candidate restricted to the tests the baseline has under the
+same node ids (bench/suite_only.py), what the checks of the baseline cost now; a suite that grows
+(tests for new behaviour, for bugs found since) moves the first ratio, not this one. A test kept under
+its id may check more than it did; one renamed since is in neither.
 
 CPU seconds are the figure to compare on a shared machine: wall time moves with everyone else's
 load (printed before and after each run), CPU time much less. Processes a run leaves behind (a
@@ -34,8 +39,11 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def measure(rev: str, folder: Path, venv: Path | None, log: Path) -> tuple[float, float, int]:
-    """(CPU s, wall s, exit status) of `make test` on a fresh clone of `rev` in `folder`."""
+def measure(
+    rev: str, folder: Path, venv: Path | None, log: Path, only: Path | None = None
+) -> tuple[float, float, int]:
+    """(CPU s, wall s, exit status) of `make test` on a fresh clone of `rev` in `folder`; `only`: a
+    file of the node ids to run (bench/suite_only.py), every test without it."""
     subprocess.run(["git", "clone", "-q", str(ROOT), str(folder)], check=True)
     subprocess.run(["git", "-C", str(folder), "checkout", "-q", rev], check=True)
     make = ["make", "test"]
@@ -43,6 +51,8 @@ def measure(rev: str, folder: Path, venv: Path | None, log: Path) -> tuple[float
         (folder / ".venv").symlink_to(venv.resolve())
         make = ["make", "-o", ".venv/.installed", "test"]
     env = {**os.environ, "PYTHONPATH": str(folder)}  # the clone's packages, not the venv's install
+    if only is not None:
+        env.update(SUITE_ONLY=str(only), PYTEST_ARGS=f"{env.get('PYTEST_ARGS', '')} -p bench.suite_only")
     print(f"{rev}: load {load()} before", flush=True)
     cpu0, t0 = children_cpu(), time.monotonic()
     with open(log, "w") as out:
@@ -52,12 +62,29 @@ def measure(rev: str, folder: Path, venv: Path | None, log: Path) -> tuple[float
     return cpu, wall, done.returncode
 
 
+def test_ids(folder: Path, out: Path) -> int:
+    """The node ids of the tests the clone in `folder` collects (its `make test` ran: its virtualenv
+    is there), one a line into `out`; their number."""
+    env = {**os.environ, "PYTHONPATH": str(folder), "GRISTMILL_TEST_SHARED": str(out.with_suffix(".shared"))}
+    python = str(folder / ".venv" / "bin" / "python")
+    listing = subprocess.run(
+        [python, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=folder, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    ids = [line for line in listing.splitlines() if line.startswith("tests/") and "::" in line]
+    out.write_text("".join(f"{i}\n" for i in ids))
+    return len(ids)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="main", help="the revision to compare against")
     parser.add_argument("--candidate", default="HEAD", help="the revision measured")
     parser.add_argument("--venv", type=Path, help="an existing virtualenv to link into each clone")
     parser.add_argument("--out", type=Path, help="where the clones and logs go (default: a temp folder)")
+    parser.add_argument(
+        "--same-tests", action="store_true", help="also the candidate on the baseline's tests alone"
+    )
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="suite-cost-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -66,14 +93,23 @@ def main() -> int:
         sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], capture_output=True,
                              text=True, check=True).stdout.strip()  # fmt: skip
         revs[name] = (rev, sha, *measure(sha, out / name, args.venv, out / f"{name}.log"))
+        if name == "baseline" and args.same_tests:
+            ids = out / "baseline-ids.txt"
+            print(f"the baseline's tests: {test_ids(out / name, ids)} ({ids})", flush=True)
+    if args.same_tests:
+        rev, sha = revs["candidate"][:2]
+        name = "candidate, the baseline's tests"
+        revs[name] = (rev, sha, *measure(sha, out / "same", args.venv, out / "same.log", only=ids))
     print(f"\nmachine: {os.cpu_count()} CPUs; `make test` on fresh clones, one after the other")
     print("| run | revision | CPU s (user + sys) | wall s | exit |")
     print("| --- | --- | --- | --- | --- |")
     for name, (rev, sha, cpu, wall, code) in revs.items():
         print(f"| {name} | {rev} ({sha}) | {cpu:.0f} | {wall:.0f} | {code} |")
-    base, cand = revs["baseline"], revs["candidate"]
-    print(f"candidate / baseline: CPU {cand[2] / base[2]:.2f}x, wall {cand[3] / base[3]:.2f}x")
-    return max(base[4], cand[4])
+    base = revs["baseline"]
+    for name, run in revs.items():
+        if name != "baseline":
+            print(f"{name} / baseline: CPU {run[2] / base[2]:.3f}x, wall {run[3] / base[3]:.3f}x")
+    return max(run[4] for run in revs.values())
 
 
 if __name__ == "__main__":
