@@ -45,10 +45,12 @@ from training.data.remote import CacheSettings, add_cache_argument
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
+    BUILD_STATS,
     DERIVED_VIEWS,
     FILE_VIEWS,
     Damaged,
     bucket_copy,
+    build_stats_fix,
     connect,
     describe_views,
     find_damaged,
@@ -94,16 +96,12 @@ def _damaged_fix(damaged: Damaged) -> str:
     """What makes the damaged file readable again: advice that works for that kind of file."""
     rel = damaged.path.relative_to(damaged.root)
     if rel.parts[0] == LOGS_DIR and damaged.path.parent.name == "stats":
-        # datatrove's stats of one task: the validator does not check it (the shards do not depend
-        # on it), and a rerun of a finished build only revalidates, so neither rewrites it.
         task = damaged.path.stem
-        if rel.parent == Path(LOGS_DIR, "stats"):
-            completion = damaged.path.parent.parent / "completions" / task
+        if rel.parent == Path(BUILD_STATS):
             return (
                 f"it is datatrove's stats of task {task}, which only the summary report reads (the other "
-                f"reports and --sql over docs work without it). To write it again, delete {completion} and "
-                f"{damaged.root / DATASET_JSON}, then rerun the same `gristmill data build` command: it "
-                f"redoes task {task} alone (the same shards) and finishes the dataset again"
+                f"reports and --sql over docs work without it). To write it again, "
+                f"{build_stats_fix(damaged.root, damaged.path)}"
             )
         return (
             f"it is datatrove's stats of task {task} of a stage before the build's own pass, which no "
@@ -115,8 +113,8 @@ def _damaged_fix(damaged: Damaged) -> str:
         return recorded_plan_fix(damaged.root)  # a run's, not a dataset's: its plan and ledger
     if rel == Path(EVAL_PARQUET) and is_training_run(damaged.root):
         return (
-            f"it is rebuilt from {damaged.root / EVAL_DIR}/*/results.json at every evaluation: delete it and "
-            f"evaluate one step again (gristmill eval {damaged.root} --step N)"
+            f"it is derived from {damaged.root / EVAL_DIR}/*/results.json, which hold the scores: write it "
+            f"again from them with `gristmill eval {damaged.root} --table` (it scores nothing)"
         )
     return (
         f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
@@ -481,7 +479,25 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _refuse_other_file(db: Path) -> None:
+    """--db names an existing file that is not a duckdb database: duckdb opens a .parquet, .csv or .json
+    given as a database as a data source, so the views went into memory only, and "wrote" was false
+    (review R18a F2)."""
+    try:
+        with open(db, "rb") as f:
+            head = f.read(12)
+    except OSError:
+        return  # none yet (or not a file: duckdb's own error says so)
+    if head and head[8:12] != b"DUCK":  # a duckdb database file's magic bytes
+        raise AuditError(
+            f"--db {db} is an existing file that is not a duckdb database; the views would not be written "
+            "into it: name a new file (e.g. audit.duckdb)"
+        )
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.max_rows < 0:  # a negative count sliced rows off the end, with a "… more rows" note
+        raise AuditError(f"--max-rows {args.max_rows}: give the rows a table shows, ≥ 1 (0: all)")
     if args.sql is None:
         _refuse_unfinished(args.dirs)
     else:
@@ -499,11 +515,23 @@ def _run(args: argparse.Namespace) -> int:
             f"{DATASET_JSON}: pass a dataset directory (a training run's is data.dataset in its "
             f"config.toml), or --report {' / '.join(RUN_REPORTS)} for a training run"
         )
+    if args.report in RUN_REPORTS and not any(is_training_run(r) for r in args.dirs):
+        # its table would be empty: "(no rows)" and exit 0 said nothing of why (review R18a F5)
+        raise AuditError(
+            f"--report {args.report} reads a training run's files, and {', '.join(args.dirs)} holds no "
+            f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
+        )
     if args.db:
+        _refuse_other_file(Path(args.db))
         try:
             views = persist(args.dirs, args.db)
         except duckdb.IOException as e:
             raise AuditError(f"cannot write --db {args.db}: {str(e).strip().splitlines()[0]}") from None
+        except duckdb.CatalogException as e:  # e.g. a table of the user's own named docs
+            raise AuditError(
+                f"cannot write the views into --db {args.db}: {str(e).strip().splitlines()[0]}; name a new "
+                "file, or a database only the audit wrote"
+            ) from None
         print(f"wrote {args.db}: views {', '.join(views)} (open it with `duckdb {args.db}`)", file=sys.stderr)
     con, _ = connect(args.dirs)
     try:
@@ -518,7 +546,10 @@ def _run(args: argparse.Namespace) -> int:
                     raise damaged from None
                 return print_error(e)
         else:
-            every = list(PRESETS) if _has_dataset(args.dirs) else RUN_REPORTS  # a run's "all": its own
+            # "all" of what the roots are: a dataset's tables, a run's own, or both
+            run = any(is_training_run(r) for r in args.dirs)
+            every = [n for n in PRESETS if n not in RUN_REPORTS or run]
+            every = every if _has_dataset(args.dirs) else RUN_REPORTS
             names = (
                 every
                 if args.report == "all"

@@ -263,36 +263,65 @@ def _dataset_json(root: Path) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+BUILD_STATS = f"{LOGS_DIR}/stats"  # datatrove's stats of the build's own pass: the summary's counts
+
+
+def build_stats_fix(root: Path, path: Path) -> str:
+    """What writes the build pass's stats file `path` of the dataset at `root` again: its task redone
+    (the validator does not check it, the shards do not depend on it, and a rerun of a finished build
+    only revalidates, so neither rewrites it)."""
+    task = path.stem
+    return (
+        f"delete {root / LOGS_DIR / 'completions' / task} and {root / DATASET_JSON}, then rerun the same "
+        f"`gristmill data build` command: it redoes task {task} alone (the same shards) and finishes the "
+        "dataset again"
+    )
+
+
 def _check_tables(root: Path, info: dict) -> None:
-    """The manifest and excluded files are those dataset.json records (its `files`), at their recorded
-    sizes: one missing, of another build or changed would make the `docs` and `excluded` views count
-    other documents without a word (a validated dataset's count is dataset.json's; the views count
-    the files)."""
+    """The manifest, excluded and build-pass stats files are those dataset.json records (its `files`),
+    at their recorded sizes: one missing, of another build or changed would make the `docs`,
+    `excluded` and `stats` views count other documents without a word (a validated dataset's count is
+    dataset.json's; the views count the files)."""
     files = info.get("files")
     if not isinstance(files, dict) or not any(r.startswith(f"{MANIFEST_DIR}/") for r in files):
         return  # no record of them (a dataset from before dataset.json recorded its files)
-    tables = (MANIFEST_DIR, EXCLUDED_DIR)
-    recorded = {r for r in files if r.split("/", 1)[0] in tables}
-    present = {r for r in recorded_paths(root) if r.split("/", 1)[0] in tables}
-    fix = (
+
+    def read_by_views(rel: str) -> bool:
+        return rel.split("/", 1)[0] in (MANIFEST_DIR, EXCLUDED_DIR) or rel.rpartition("/")[0] == BUILD_STATS
+
+    recorded = {r for r in files if read_by_views(r)}
+    present = {r for r in recorded_paths(root) if read_by_views(r)}
+    rebuild = (
         f"rerun the command that built it, which validates it and names the task to rebuild "
         f"(`gristmill data validate {root}` lists what is wrong)"
     )
+
+    def fix(rel: str) -> str:
+        if not rel.startswith(f"{BUILD_STATS}/"):
+            return rebuild
+        again = build_stats_fix(root, root / rel)
+        return f"it is datatrove's stats of task {Path(rel).stem}, the summary's counts; {again}"
+
     if missing := sorted(recorded - present):
-        raise DatasetError(f"{root / missing[0]} is missing, but {root / DATASET_JSON} records it: {fix}")
-    if foreign := sorted(present - recorded):
         raise DatasetError(
-            f"{root / foreign[0]} is not one of the files {root / DATASET_JSON} records: {fix}"
+            f"{root / missing[0]} is missing, but {root / DATASET_JSON} records it: {fix(missing[0])}"
+        )
+    if foreign := sorted(present - recorded):
+        stray = "no task of this build wrote it: delete it"
+        raise DatasetError(
+            f"{root / foreign[0]} is not one of the files {root / DATASET_JSON} records: "
+            f"{stray if foreign[0].startswith(f'{BUILD_STATS}/') else rebuild}"
         )
     # ... at the size recorded: rows removed or a value rewritten changed the answers, exit 0 (review
-    # R14c F4). Sizes, not hashes: hashing every manifest at each audit costs what validating does,
-    # and `gristmill data validate` hashes them.
+    # R14c F4; a stats file's counts, R18a F1). Sizes, not hashes: hashing every manifest at each
+    # audit costs what validating does, and `gristmill data validate` hashes them.
     for rel in sorted(present):
         want = files[rel].get("bytes") if isinstance(files[rel], dict) else None
         if isinstance(want, int) and (size := (root / rel).stat().st_size) != want:
             raise DatasetError(
                 f"{root / rel} is {size:,} bytes, but {root / DATASET_JSON} records {want:,}: it changed "
-                f"after the build; {fix}"
+                f"after the build; {fix(rel)}"
             )
 
 

@@ -4,6 +4,7 @@
     gristmill eval RUN --tasks hellaswag,arc_easy,piqa,lambada_openai       # hub tasks, need network
     gristmill eval RUN --watch --tasks heldout_ppl                             # each new export as it appears
     gristmill eval RUN --step 150 --merged                                   # [merge]'s weights at 150
+    gristmill eval RUN --table                    # eval.parquet and eval.png again from the results.json
 
 A step is evaluated from RUN/exports/step-N (exported on demand from a complete DCP checkpoint when
 there is none yet) with `GristmillHFLM` (validation/eval_model.py: the training framing, exactly
@@ -885,6 +886,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument(
         "--watch", action="store_true", help="evaluate every step, and each new one as it appears"
     )
+    which.add_argument(
+        "--table",
+        action="store_true",
+        help=f"score nothing: write RUN/{EVAL_PARQUET} and RUN/{EVAL_PLOT} again from "
+        f"RUN/{EVAL_DIR}/*/results.json (a damaged or deleted table)",
+    )
     parser.add_argument(
         "--merged",
         action="store_true",
@@ -939,6 +946,15 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     check_writable(run_dir)
     merged = args.merged
+    if args.table:
+        if merged:
+            raise EvalError("--table writes the whole table, raw and merged weights' scores: drop --merged")
+        check_results(run_dir)  # a damaged results.json is named, not left out of the table
+        write_eval_table(run_dir)
+        write_plot(run_dir)
+        results = f"{run_dir / EVAL_DIR}/*/results.json"
+        print(f"wrote {run_dir / EVAL_PARQUET} and {run_dir / EVAL_PLOT} from {results}")
+        return 0
     if args.watch:
         if merged:
             raise EvalError(

@@ -306,6 +306,53 @@ def test_db_file_persists_views(built_dataset, tmp_path, capsys):
     }
 
 
+def test_db_naming_a_data_file_or_a_foreign_table_is_one_line(built_dataset, tmp_path, capsys):
+    """--db naming an existing .parquet, .csv or .json: duckdb opened it as a data source, the views
+    went into memory and the audit said "wrote", exit 0 (review R18a F2); a duckdb file holding a
+    table named like a view was duckdb's catalog error. Each is one line; the file is unchanged."""
+    sources = {
+        "t.parquet": (built_dataset / "manifest" / "00000.parquet").read_bytes(),
+        "t.csv": b"a,b\n1,2\n",
+        "t.json": b'{"a": 1}\n',
+    }
+    for name, data in sources.items():
+        db = tmp_path / name
+        db.write_bytes(data)
+        capsys.readouterr()
+        assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        said = f"error: --db {db} is an existing file that is not a duckdb database; the views would not "
+        assert lines == [said + "be written into it: name a new file (e.g. audit.duckdb)"], lines
+        assert db.read_bytes() == data
+    db = tmp_path / "own.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE TABLE docs AS SELECT 1 AS x")
+    con.close()
+    capsys.readouterr()
+    assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write the views into --db {db}: "), lines
+    assert lines[0].endswith("name a new file, or a database only the audit wrote"), lines
+
+
+def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
+    """`--report consumption` of a dataset printed "(no rows)", exit 0, and `--report all` an empty
+    consumption table (review R18a F5), while a dataset report asked of a run is refused."""
+    capsys.readouterr()
+    assert main(["data", "audit", str(built_dataset), "--report", "consumption"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [
+        f"error: --report consumption reads a training run's files, and {built_dataset} holds no run: pass a "
+        "training run directory (its run.output_dir) beside or instead of the dataset"
+    ], lines
+    assert main(["data", "audit", str(built_dataset), "--report", "all"]) == 0
+    out = capsys.readouterr().out
+    assert "== summary ==" in out and "== consumption" not in out, out
+    assert main(["data", "audit", str(built_dataset), "--max-rows", "-2"]) == 2  # sliced rows off, exit 0
+    said = "error: --max-rows -2: give the rows a table shows, ≥ 1 (0: all)"
+    assert capsys.readouterr().err.strip() == said
+
+
 def test_validation_status_stale_and_failed(built_dataset, tmp_path):
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root)
@@ -338,7 +385,7 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), lines  # no traceback
     # (a table of the views at another size than recorded: refused before it is read, R14c F4)
-    said = "bytes, but" if damage.startswith("manifest/") else "is unreadable"
+    said = "bytes, but" if damage.startswith(("manifest/", "logs/stats/")) else "is unreadable"
     assert f"{target} is " in lines[0] and said in lines[0], lines[0]
     fix = {  # advice that works for that file (test_audit_builds.py follows the stats one)
         "manifest/00001.parquet": f"names the task to rebuild (`gristmill data validate {root}` lists",
@@ -347,6 +394,30 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
         "validation.json": f"rerun `gristmill data validate {root}`, which writes it again",
     }[damage]
     assert fix in lines[0], lines[0]
+
+
+def test_a_build_stats_file_missing_or_stray_is_refused_not_counted(built_dataset, tmp_path, capsys):
+    """A build pass's stats file deleted, or a copy of one under another task's name: the summary
+    counted 729 read of 973 (or 1,214) with the validation preset still ok, exit 0 (review R18a F1).
+    dataset.json records them: one missing or stray is one line naming it and what to do."""
+    stats = sorted((built_dataset / "logs" / "stats").glob("*.json"))
+    for case in ("missing", "stray"):
+        root = tmp_path / case
+        shutil.copytree(built_dataset, root)
+        first = root / "logs" / "stats" / stats[0].name
+        if case == "missing":
+            first.unlink()
+            target, said = first, f"is missing, but {root / 'dataset.json'} records it: "
+            fix = f"delete {root / 'logs' / 'completions' / first.stem} and {root / 'dataset.json'}"
+        else:
+            target = first.with_name(f"{len(stats) + 7:05d}.json")
+            shutil.copy(first, target)
+            said, fix = "is not one of the files", "no task of this build wrote it: delete it"
+        capsys.readouterr()
+        assert main(["data", "audit", str(root), "--report", "summary"]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"error: {target} {said}"), lines
+        assert fix in lines[0], lines[0]
 
 
 def test_an_edited_table_is_refused_not_counted(built_dataset, tmp_path, capsys):

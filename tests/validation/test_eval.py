@@ -318,16 +318,23 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
         shutil.rmtree(results.parent)
         assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
         assert json.loads(results.read_text())["results"]["heldout_ppl"]["bits_per_byte,none"] == value
-    # eval.parquet truncated: the audit said "validate the dataset and rebuild it", of a run (R14c F8)
+    # eval.parquet truncated: the audit said "validate the dataset and rebuild it", of a run (R14c F8);
+    # then "delete it and evaluate one step again", which replaced scores the run had recorded under
+    # other settings (R18a F4): the table is written again from the results, scoring nothing.
     table = run / "eval.parquet"
-    table.write_bytes(table.read_bytes()[:100])
     capsys.readouterr()
+    assert main(["data", "audit", str(run), "--sql", "FROM eval", "--format", "json"]) == 0
+    before = capsys.readouterr().out
+    scores = {p: p.read_bytes() for p in (run / "eval").glob("*/results.json")}
+    table.write_bytes(table.read_bytes()[:100])
     assert main(["data", "audit", str(run), "--sql", "FROM eval"]) == 2
-    fix = f"delete it and evaluate one step again (gristmill eval {run} --step N)"
+    fix = f"write it again from them with `gristmill eval {run} --table` (it scores nothing)"
     assert capsys.readouterr().err.strip().endswith(fix)
-    table.unlink()
-    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
-    assert main(["data", "audit", str(run), "--sql", "FROM eval"]) == 0
+    assert main(["eval", str(run), "--table"]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {table} and {run / 'eval.png'} from ")
+    assert main(["data", "audit", str(run), "--sql", "FROM eval", "--format", "json"]) == 0
+    assert capsys.readouterr().out == before
+    assert {p: p.read_bytes() for p in (run / "eval").glob("*/results.json")} == scores
 
 
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):
