@@ -459,7 +459,8 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         info_path = p.out / DATASET_JSON
         info = read_json(info_path, DATASET_JSON_FIX) if previous and info_path.is_file() else None
         if info is not None and info.get("status") == "complete":
-            log(f"{p.out} is already complete (same config); validated it again:")
+            again = "validated it again:" if p.cfg.build.validate else "build.validate = false: not validated"
+            log(f"{p.out} is already complete (same config); {again}")
             return _validate(p.cfg, p.out, info, log)
         check_free_space(
             p.out,

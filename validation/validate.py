@@ -792,17 +792,33 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         excluded[task] = excluded.get(task, 0) + sum(rows.values())
         for f, n in rows.items():
             by_filter[f] = by_filter.get(f, 0) + n
-    kept = 0
+    kept, counted = 0, True
     for t in range(tasks):
-        stats = f"{LOGS_DIR}/stats/{t:05d}.json"
+        stats, manifest = f"{LOGS_DIR}/stats/{t:05d}.json", f"{MANIFEST_DIR}/{t:05d}.parquet"
+        # Every task writes both, documents or none. One missing under a dataset.json that does not
+        # record it (rewritten by a rerun from the files there) was a dataset short of a task's
+        # documents that validated (review R18c F1): no other check names it.
+        if missing := [rel for rel in (stats, manifest) if not (root / rel).is_file()]:
+            if missing[0] not in recorded:  # one it records is named missing by _check_recorded_files
+                problems.append(
+                    Problem(
+                        f"task {t}'s output is missing (the dataset lacks its documents): redo the task — "
+                        f"delete logs/completions/{t:05d} and {DATASET_JSON} where the build ran, then "
+                        "rerun `gristmill data build`",
+                        missing[0],
+                    )
+                )
+            counted = False
+            continue
         try:
             steps = json.loads((root / stats).read_bytes())
             # a task with no input file read nothing: its reader's stats are empty
             read = next(s["stats"].get("documents", 0) for s in steps if "READER" in s["name"])
             read = int(read["total"] if isinstance(read, dict) else read)  # datatrove's {"total": …}
-            rows = pq.read_metadata(root / MANIFEST_DIR / f"{t:05d}.parquet").num_rows
-        except Exception:  # noqa: BLE001 - missing or unreadable: named by the checks of those files
-            return
+            rows = pq.read_metadata(root / manifest).num_rows
+        except Exception:  # noqa: BLE001 - unreadable: named by the checks of those files
+            counted = False
+            continue
         kept += rows
         if read != rows + excluded.get(t, 0):
             problems.append(
@@ -813,6 +829,8 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
                 )
             )
             return
+    if not counted:  # the totals below would miss a task's counts: its problem is named above
+        return
     said = (
         info.get("documents_read"),
         info.get("excluded"),

@@ -309,6 +309,43 @@ def test_an_edited_document_count_gets_advice_that_ends(built_dataset, build_fix
     assert "dataset.json was edited after the build" in capsys.readouterr().err
 
 
+def test_a_finished_task_whose_output_is_gone_is_named_not_left_out(built_dataset, build_fixture, tmp_path):
+    """Task 1's manifest, shards and shard record deleted with dataset.json: the rerun wrote a
+    dataset.json of task 0's documents alone and it validated, exit 0 (review R18c F1: the count
+    check stopped at the first file it could not read, which no record named any more; a missing
+    stats file stopped it before every later task's check too). Now each such task is named, with the
+    fix that redoes it, and following it gives back the dataset."""
+    _, _, config = build_fixture
+    cfg = lambda out: load_config(DataConfig, config, [f"output={out}"])  # noqa: E731
+    output = ["manifest/00001.parquet", "shards/00001_*", "logs/shard_sha256/00001.json"]
+    for case, gone, tasks in (
+        ("output", output, [1]),
+        ("stats and a later task's output", ["logs/stats/00000.json", *output], [0, 1]),
+    ):
+        out = tmp_path / case.replace(" ", "-")
+        shutil.copytree(built_dataset, out)
+        (out / "dataset.json").unlink()
+        for pattern in gone:
+            for path in out.glob(pattern):
+                path.unlink()
+        result = build(cfg(out), log=lambda *a: None)
+        report = validate_dataset(out, progress=False)
+        assert not result.ok and not report.ok, (case, report.problems)
+        said = [str(p) for p in report.problems]
+        for t in tasks:
+            lacks = f"task {t}'s output is missing (the dataset lacks its documents)"
+            assert any(lacks in p for p in said), said
+            assert any(f"delete logs/completions/{t:05d} and dataset.json" in p for p in said), said
+            (out / "logs" / "completions" / f"{t:05d}").unlink()  # the fix it gives
+        (out / "dataset.json").unlink()
+        assert build(cfg(out), log=lambda *a: None).ok
+        assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+    # a rerun of the complete dataset that validates nothing said "validated it again" (R18c F3)
+    lines: list[str] = []
+    build(load_config(DataConfig, config, [f"output={out}", "build.validate=false"]), log=lines.append)
+    assert lines[0] == f"{out} is already complete (same config); build.validate = false: not validated"
+
+
 def test_counts_are_checked_past_a_task_that_read_nothing(build_fixture, tmp_path):
     """More tasks than input files: an empty task's reader stats hold no count, and the check of
     dataset.json's counts stopped there, so counts edited by hand validated (review R13h)."""
