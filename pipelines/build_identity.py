@@ -99,6 +99,7 @@ def check_output(
     log=print,
     finished: set[int] | None = None,
     read: dict[str, Any] | None = None,
+    url: str | None = None,
 ) -> dict[str, Any] | None:
     """Refuse a changed config, a changed input of a finished task or a foreign directory; return
     build.json if resuming.
@@ -106,7 +107,8 @@ def check_output(
     `sha` and `identity` are this run's (identity_sha256 of content_identity), `read` its local
     files' folder and times (SourceFiles.as_read); `finished`: the tasks whose output is kept
     (default: those datatrove marked complete in `out`; an s3:// build's are those whose record is in
-    the bucket)."""
+    the bucket); `url`: the bucket output whose work directory `out` is (build.json comes back from
+    the bucket into a new one: the refusal's fix is the bucket's)."""
     if (out / BUILD_JSON).is_file():
         old = read_build_json(out)
         was = dict(old.get("identity", {}))
@@ -147,10 +149,16 @@ def check_output(
         changes += _input_changes(
             old_files, new_files, identity["tasks"], finished, stale, rewritten, old.get("read"), moved, read
         )
+        over = (
+            f"delete the objects under {url}/ (e.g. `aws s3 rm --recursive {url}/`) and `rm -rf {out}`"
+            if url
+            else f"`rm -rf {out}`"
+        )
+        kind = "prefix" if url else "directory"
         raise BuildError(
-            f"{out} was built with a different config or input, refusing to mix the two (changed: "
-            f"{'; '.join(changes) or 'unknown'}). Build into a new `output` directory, or start over "
-            f"with `rm -rf {out}` and the same command."
+            f"{url or out} was built with a different config or input, refusing to mix the two (changed: "
+            f"{'; '.join(changes) or 'unknown'}). Build into a new `output` {kind}, or start over: {over}, "
+            "then the same command."
         )
     leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
     if leftovers:

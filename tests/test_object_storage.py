@@ -273,6 +273,20 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     before = bucket_objects(s3, "killed-build")
     assert {"build.json", "build/tasks/00000.json", "shards/00001_00000.tar"} <= before.keys(), before
     assert "build/tasks/00001.json" not in before and DATASET_JSON not in before
+    # Rerun under another config from a new work directory: the refusal named the work directory
+    # and advised `rm -rf` of it, after which the bucket's build.json refused the same again (review
+    # R18c M1). It names the prefix, and what starts over.
+    work2 = tmp_path / "work2"
+    changed = [f"output={json.dumps(url)}", f"build.workdir={work2}", "shards.seed=99"]
+    other = load_config(DataConfig, config, changed)
+    with pytest.raises(BuildError) as e:
+        build(other, log=lambda *a: None)
+    assert str(e.value).startswith(f"{url} was built with a different config or input"), e.value
+    assert str(e.value).endswith(
+        f"Build into a new `output` prefix, or start over: delete the objects under {url}/ (e.g. `aws s3 "
+        f"rm --recursive {url}/`) and `rm -rf {work2}`, then the same command."
+    ), e.value
+    assert bucket_objects(s3, "killed-build") == before
     # One of task 0's shards is replaced in the bucket by other bytes under the old sha256 claim.
     damaged = "shards/00000_00001.tar"
     damage(s3, f"killed-build/{damaged}")
@@ -1376,6 +1390,14 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     upload_dataset(local, url, log=lambda *a: None, in_bucket={rel: {}})  # the build driver's commit
     assert "validation.json" not in s3.keys("revalidate")
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    # index/shard_rows.bin, which readers derive from dataset.json, damaged in the bucket: validate
+    # passed without reading it (review R18c F2); a copy of the bucket would carry it
+    key = "revalidate/index/shard_rows.bin"
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes([good[0] ^ 1]) + good[1:])
+    capsys.readouterr()
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    assert f"{url}/index/shard_rows.bin: fetched twice" in capsys.readouterr().out
 
 
 def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):

@@ -241,7 +241,10 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> set[str]:
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             written.add(rel)
-            if rel == f"{INDEX_DIR}/{SHARD_ROWS}" and _write_derived_shard_rows(info, dest, spec["sha256"]):
+            # (derived from dataset.json rather than fetched, but for `fresh`: validate checks the
+            # bucket's object itself, which a copy of the bucket would carry: review R18c F2)
+            shard_rows = rel == f"{INDEX_DIR}/{SHARD_ROWS}" and not fresh
+            if shard_rows and _write_derived_shard_rows(info, dest, spec["sha256"]):
                 continue
             fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
             if rel in others:
