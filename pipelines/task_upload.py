@@ -31,11 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.contract.dataset_format import EXCLUDED_DIR, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
+from training.contract.dataset_format import (
+    EXCLUDED_DIR,
+    LOGS_DIR,
+    MANIFEST_DIR,
+    SHARDS_DIR,
+    TASK_RECORDS_DIR,
+)
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectMissing, ObjectStore, file_digests
 
-RECORDS_DIR = "build/tasks"  # NNNNN.json per task: its commit point in the bucket
+RECORDS_DIR = TASK_RECORDS_DIR  # NNNNN.json per task: its commit point in the bucket
 TASKS_DIR = "tasks"  # build.workdir/tasks/NNNNN/: a task's own folder until its output is uploaded
 STATS_DIR = f"{LOGS_DIR}/stats"  # datatrove's stats of each task, where a local build has them
 TASK_DIRS = (SHARDS_DIR, MANIFEST_DIR, EXCLUDED_DIR, STATS_DIR)  # in the bucket only tasks write there

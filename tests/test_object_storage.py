@@ -253,7 +253,7 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
 
 
 def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
-    s3, build_fixture, built_dataset, tmp_path
+    s3, build_fixture, built_dataset, tmp_path, capsys
 ):
     from pipelines.build import BuildError, build
     from pipelines.config import DataConfig
@@ -332,6 +332,16 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     }
     info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")["Body"].read())
     assert info["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+    # A file the driver wrote there, damaged: validate advised an upload (which replaced the tasks'
+    # stats under their records: the next rerun took the dataset for damaged) or "rebuild", which
+    # said complete (review R18c M2). The advice is the build's rerun, and it repairs.
+    damage(s3, "killed-build/index/doc_tokens.bin")
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    fix = f"delete {url}/{DATASET_JSON} and rerun the `gristmill data build` that wrote it there: it checks"
+    assert fix in capsys.readouterr().out
+    s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
+    assert build(cfg, log=lines.append).ok
+    assert gristmill(["data", "validate", url, "--no-progress"]) == 0
 
 
 def test_kill_9_of_a_bucket_build_leaves_no_process_behind(s3, build_fixture, tmp_path):

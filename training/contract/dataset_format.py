@@ -50,6 +50,7 @@ DATASET_JSON = "dataset.json"
 VALIDATION_JSON = "validation.json"  # `gristmill data validate`'s last report on the dataset
 STRAY = "stray"  # a validation problem's kind for a file no reader opens (a .tmp, a file no record lists)
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task
+TASK_RECORDS_DIR = "build/tasks"  # a build into a bucket: NNNNN.json per task, its commit point there
 TOKENIZER_JSON = "tokenizer.json"
 SHARDS_DIR = "shards"
 MANIFEST_DIR = "manifest"

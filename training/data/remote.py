@@ -31,6 +31,7 @@ from typing import Any
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
+    TASK_RECORDS_DIR,
     TOKENIZER_JSON,
     DatasetError,
     check_fingerprint,
@@ -347,6 +348,17 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
         f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {got[:16]}… each time, but "
         f"{DATASET_JSON} records {'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…: "
         "the object in "
-        "the bucket is damaged or was replaced, and nothing was trained on it; upload the dataset again "
-        f"(`gristmill data upload DIR {store.url}`) or rebuild it"
+        f"the bucket is damaged or was replaced, and nothing was trained on it; {_repair(store)}"
     )
+
+
+def _repair(store: ObjectStore) -> str:
+    """What puts a damaged object of the bucket's dataset right: for one a build wrote there (its tasks'
+    records are there), that build rerun; an upload of a local build over it replaced the tasks' stats
+    under their records, and the next build rerun took the dataset for damaged (review R18c M2)."""
+    if store.list(f"{TASK_RECORDS_DIR}/"):
+        return (
+            f"delete {store.url.child(DATASET_JSON)} and rerun the `gristmill data build` that wrote it "
+            "there: it checks every object against its task's record and redoes what is damaged"
+        )
+    return f"upload the dataset again (`gristmill data upload DIR {store.url}`) or rebuild it"
