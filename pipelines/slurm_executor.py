@@ -17,6 +17,8 @@ one, the finalize job after the build's. A stage whose tasks are all complete is
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +35,22 @@ from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
 from training.contract.object_store import is_url
 
 
+def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
+    """The Slurm scripts name paths unquoted (datatrove's launch script as well as the finalize job):
+    one a shell splits or expands (a space, a quote, `$`) failed on the cluster once the jobs were
+    queued (review R18c M3), so it is refused before any script is written."""
+    paths = {"output": str(cfg.output), "the work directory": str(out), "the current directory": os.getcwd()}
+    if not (cfg.build.slurm.env_command or cfg.build.slurm.venv_path):
+        paths["the Python the jobs run"] = sys.executable
+    for what, path in paths.items():
+        if shlex.quote(path) != path:
+            raise BuildError(
+                f'build.executor = "slurm": {what}, {path!r}, holds a character a shell splits or expands, '
+                "and the Slurm scripts (datatrove's too) name paths unquoted, so its jobs would fail once "
+                "queued; use a path of letters, digits and -_./+=:@,% only"
+            )
+
+
 def submit_slurm(
     cfg: DataConfig, out: Path, pipeline: list, log, stages: Sequence[Stage] = ()
 ) -> Literal["submitted", "written", "complete"]:
@@ -43,6 +61,7 @@ def submit_slurm(
     nothing was submitted and the caller finalizes here.
     """
     sc = cfg.build.slurm
+    _refuse_unquotable(cfg, out)
     logs = out / LOGS_DIR
     env = [f"export RAYON_NUM_THREADS={sc.cpus_per_task}"]
     if sc.env_command:

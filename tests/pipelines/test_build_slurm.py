@@ -18,7 +18,7 @@ from pathlib import Path
 import dill
 import pytest
 
-from pipelines.build import build
+from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from pipelines.tokenize_shard import TokenizeShard
 from tests.helpers.build_runs import assert_same_dataset
@@ -112,6 +112,20 @@ def test_slurm_scripts_generated_and_runnable(built_dataset, build_fixture, tmp_
     run_array(logs / "launch_script.slurm", 2, env)
     assert re.search(r"^  validation +OK ", run_finalize(logs, env), re.M)
     assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+
+
+def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, tmp_path):
+    """An output with a space: the scripts were written and (submitted) queued, and every job failed
+    on the cluster (`unrecognized arguments`): datatrove's and the finalize job's paths are unquoted
+    (review R18c M3). Refused in one line before any script is written."""
+    _, _, config = build_fixture
+    out = tmp_path / "my out"
+    sets = [f'output="{out}"', "build.executor=slurm", "build.slurm.submit=false"]
+    with pytest.raises(BuildError) as e:
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    said = f'build.executor = "slurm": output, {str(out)!r}, holds a character a shell splits or expands'
+    assert str(e.value).startswith(said), e.value
+    assert not (out / "logs" / "launch_script.slurm").exists()
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):
