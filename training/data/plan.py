@@ -772,7 +772,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             f"the phase of step {step}",
             old.phases[p_old].name,
             plan.phases[p_new].name,
-            f"keep phase {old.phases[p_old].name!r} longer than the {k_old + 1} steps done",
+            f"keep phase {old.phases[p_old].name!r} at least {k_old + 1} steps long (the steps done in it)",
         )
     # The learning rate so far: every step of the current phase (the earlier phases' pieces are
     # equal by now). The same pieces and budgets give the same curve: no need to walk the steps.

@@ -257,6 +257,8 @@ def batch_shapes(cfg: TrainConfig, spec: RunSpec, world_size: int) -> tuple[Batc
                 f"seq_len {ph.seq_len}{'' if not cfg.phase else f' of phase {ph.name!r}'}) is not divisible "
                 f"by {dp} data-parallel rank(s) × {what} {ph.micro_batch} = {dp * ph.micro_batch}; change "
                 f"{what}, {batch_at} or the number of ranks"
+                # a resume may not change a finished phase's batch: the ranks must divide it (R18b 2)
+                + (" (every phase's batch must split, a finished one's too)" if len(spec.phases) > 1 else "")
             )
         shapes.append(
             BatchShape(g, dp, ph.micro_batch, g // (dp * ph.micro_batch), ph.seq_len, ph.name, ph.steps)

@@ -252,6 +252,17 @@ def test_resume_keeps_the_past_and_accepts_a_new_future(sources, tmp_path):
         with pytest.raises(PlanError, match=field.replace("[", r"\[").replace("]", r"\]")):
             other.load_state_dict(state)
 
+    # The current phase shortened to fewer steps than it has done: the advice said "longer than the 4
+    # steps done", and exactly 4 is accepted (review R18b 3).
+    for steps, refused in ((3, True), (4, False)):
+        path.write_text(text.replace("steps = 6\nseq_len = 32", f"steps = {steps}\nseq_len = 32"))
+        other = loader_for(load_config(TrainConfig, path))
+        if refused:
+            with pytest.raises(PlanError, match=r"keep phase 'main' at least 4 steps long \(the steps done"):
+                other.load_state_dict(state)
+        else:
+            other.load_state_dict(state)
+
     swapped = loader_for(cfg_of({n: sources[n] for n in ("code", "web", "math")}, tmp_path / "x"))
     with pytest.raises(PlanError, match=r"the sources read so far \(in order\)"):
         swapped.load_state_dict(state)
