@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training.contract.dataset_format import same_data
 from training.contract.errors import GristmillError
+from training.contract.lifetime import exit_with
 from training.data import order as epoch_order
 from training.data import plan as data_plan
 from training.data.block_cache import MAX_AHEAD_STEPS, CachedBlocks, Prefetcher, check_room
@@ -330,8 +331,11 @@ def _worker_start(_: int) -> None:
     process of a job (Slurm's preemption, scancel), torch's handler let the worker die by it, and the
     trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated") instead of
     saving and exiting 0 (SIGINT torch ignores in workers already). The worker still ends at the
-    loader's shutdown (its queue's sentinel) and with its trainer (torch's watchdog)."""
+    loader's shutdown (its queue's sentinel), and within a moment of its trainer's death however it
+    died (exit_with: torch's own watchdog looks every 5 s, so a rank the OOM killer took left its
+    workers running ~4 s past it and its launcher: review R18b 4)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    exit_with()
 
 
 def _end_workers(items: Any) -> None:

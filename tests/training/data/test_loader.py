@@ -116,6 +116,42 @@ def test_state_counts_consumed_not_prefetched_steps(corpus):
     assert_same_stream(got + take(resumed, 2), take(make_loader(root), 4))
 
 
+def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_path):
+    """A trainer killed by SIGKILL (the OOM killer takes one rank) left its DataLoader workers running
+    ~4 s, orphaned, until torch's watchdog looked (review R18b 4): no worker outlives its launcher."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from training.launch import child_pids
+
+    root, _ = corpus
+    script = (
+        "import sys, time\n"
+        "from training.data.loader import dataset_loader\n"
+        f"loader = dataset_loader({str(root)!r}, seq_len={SEQ}, global_batch={G}, micro_batch=2, seed=1, "
+        "num_workers=2)\n"
+        "it = iter(loader)\n"
+        "next(it)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[3])  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        workers = child_pids(proc.pid)
+        assert len(workers) == 2, workers
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    deadline = time.time() + 2.0  # torch's own watchdog: up to 5 s
+    while (left := [w for w in workers if Path(f"/proc/{w}").exists()]) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not left, "DataLoader workers outlived their killed trainer"
+
+
 def test_stale_iterator_refuses(corpus):
     root, _ = corpus
     loader = make_loader(root)
