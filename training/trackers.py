@@ -105,6 +105,9 @@ class Trackers:
                     self.trackers[name] = Tensorboard(self.run_dir, resume_step, info)
                 except ImportError:
                     say("note: tensorboard is not installed; no event files (pip install tensorboard)")
+                except OSError as e:  # RUN/tensorboard a file, a full disk: one line, before any step
+                    fix = f"make {self.run_dir / 'tensorboard'} a writable directory"
+                    raise _init_failed("tensorboard", e, fix) from None
                 continue
             if name == "wandb":
                 t = Wandb(self.run_dir, project=project, name=run_name, tags=list(m.tags),
@@ -185,6 +188,9 @@ class Trackers:
     def _record_sent(self, names: list[str]) -> None:
         """RUN/trackers.json: trackers `names`, closed by this invocation, were sent exactly through
         their highest step (sent_through)."""
+        # tensorboard keeps no record (its event files are the run directory's): nothing to say of it
+        # (a KeyError here ended the run that had just been told "training goes on": review R18d 1)
+        names = [n for n in names if isinstance(self._state.get(n), dict)]
         for name in names:
             record = self._state[name]
             last = max(record.get("sent_through") or 0, self._sent.get(name, 0)) or None

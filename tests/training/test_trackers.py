@@ -389,6 +389,38 @@ def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, 
     wandb.teardown()
 
 
+def test_a_tensorboard_that_fails_mid_run_costs_no_training_and_one_that_cannot_start_is_one_line(
+    dataset, tmp_path, capsys
+):
+    """RUN/tensorboard deleted after step 3 (a full disk, an NFS error fail the same way): the run said
+    "training goes on", then ended in a KeyError traceback, exit 1, every step since its last
+    checkpoint lost (review R18d 1). RUN/tensorboard a file: a FileExistsError traceback (R18d 2f)."""
+    import threading
+
+    run = tmp_path / "run"
+    metrics = run / "metrics.jsonl"
+
+    def remove_event_files() -> None:
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.01)
+        shutil.rmtree(run / "tensorboard")
+
+    remover = threading.Thread(target=remove_event_files, daemon=True)
+    remover.start()
+    assert run_training(dataset, run, ["tensorboard"], "schedule.steps=40", "checkpoint.interval=20") == 0
+    remover.join(timeout=60)
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 41))
+    assert "WARNING: tensorboard failed at step" in capsys.readouterr().out
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tensorboard").write_text("x")
+    assert run_training(dataset, other, ["tensorboard"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: tensorboard could not start a run: "), err
+    fix = f"make {other / 'tensorboard'} a writable directory, or drop tensorboard from metrics.trackers"
+    assert err[0].endswith(fix), err
+
+
 def test_a_resume_does_not_log_into_another_run_of_its_trackio_name(env, dataset, tmp_path, capsys):
     """Two run directories of the same name (…/a/same, …/b/same: the default run name) in one project:
     trackio resumes a run by its name, the newest of it, so a's resume logged its steps into b's run
