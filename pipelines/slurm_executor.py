@@ -40,7 +40,9 @@ def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
     one a shell splits or expands (a space, a quote, `$`) failed on the cluster once the jobs were
     queued (review R18c M3), so it is refused before any script is written."""
     paths = {"output": str(cfg.output), "the work directory": str(out), "the current directory": os.getcwd()}
-    if not (cfg.build.slurm.env_command or cfg.build.slurm.venv_path):
+    if cfg.build.slurm.venv_path:  # sourced by the scripts, as written (R18e 3)
+        paths["build.slurm.venv_path"] = str(cfg.build.slurm.venv_path)
+    elif not cfg.build.slurm.env_command:
         paths["the Python the jobs run"] = sys.executable
     for what, path in paths.items():
         if shlex.quote(path) != path:

@@ -342,6 +342,15 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     s3.client.delete_object(Bucket=BUCKET, Key=f"killed-build/{DATASET_JSON}")
     assert build(cfg, log=lines.append).ok
     assert gristmill(["data", "validate", url, "--no-progress"]) == 0
+    # the reader's refusal of a damaged shard gives the same advice (review R18e 2)
+    for key in s3.keys("killed-build"):
+        if key.startswith("shards/"):
+            damage(s3, f"killed-build/{key}")
+    capsys.readouterr()
+    geometry = ["--seq-len", "16", "--global-batch", "4", "--seed", "1", "--hash", "--end", "2"]
+    geometry += ["--cache-dir", str(tmp_path / "c")]
+    assert gristmill(["data", "inspect", url, *geometry]) == 2
+    assert fix in capsys.readouterr().err
 
 
 def test_kill_9_of_a_bucket_build_leaves_no_process_behind(s3, build_fixture, tmp_path):

@@ -947,8 +947,18 @@ def run(args: argparse.Namespace) -> int:
     check_writable(run_dir)
     merged = args.merged
     if args.table:
-        if merged:
-            raise EvalError("--table writes the whole table, raw and merged weights' scores: drop --merged")
+        scoring = [flag for flag, given in (("--merged", merged), ("--tasks", args.tasks),
+                   ("--set", args.overrides), ("--config", args.config)) if given]  # fmt: skip
+        if scoring:  # ignored, they read as taken (review R18e 4)
+            raise EvalError(
+                f"--table scores nothing and writes the whole table (every task, raw and merged weights' "
+                f"scores): drop {', '.join(scoring)}"
+            )
+        if not any((run_dir / EVAL_DIR).glob("*/results.json")):
+            raise EvalError(
+                f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "
+                f"(gristmill eval {run_dir} --step N)"
+            )
         check_results(run_dir)  # a damaged results.json is named, not left out of the table
         write_eval_table(run_dir)
         write_plot(run_dir)

@@ -777,6 +777,22 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
     excluded: dict[int, int] = {}
     by_filter: dict[str, int] = {}
     recorded = info.get("files") or {}
+    kept, counted = 0, True
+
+    def unreadable(t: int, rel: str, what: str) -> None:
+        # named here unless a check of the recorded files named it already: under a dataset.json
+        # rewritten from the files, the damaged file is the one recorded (review R18e 1)
+        nonlocal counted
+        counted = False
+        if not any(p.shard == rel for p in problems):
+            problems.append(Problem(f"task {t}'s counts cannot be read: the file {what}; {redo(t)}", rel))
+
+    def redo(t: int) -> str:
+        return (
+            f"redo the task — delete logs/completions/{t:05d} and {DATASET_JSON} where the build ran, then "
+            "rerun `gristmill data build`"
+        )
+
     for path in sorted((root / EXCLUDED_DIR).glob("*.parquet")):
         rel = f"{EXCLUDED_DIR}/{path.name}"
         if not local and rel not in recorded:
@@ -787,12 +803,12 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
             continue
         try:
             rows = excluded_by_filter(path)
-        except Exception:  # noqa: BLE001 - unreadable: _check_recorded_files names it
-            return
+        except Exception:  # noqa: BLE001
+            unreadable(task, rel, "is unreadable")
+            continue
         excluded[task] = excluded.get(task, 0) + sum(rows.values())
         for f, n in rows.items():
             by_filter[f] = by_filter.get(f, 0) + n
-    kept, counted = 0, True
     for t in range(tasks):
         stats, manifest = f"{LOGS_DIR}/stats/{t:05d}.json", f"{MANIFEST_DIR}/{t:05d}.parquet"
         # Every task writes both, documents or none. One missing under a dataset.json that does not
@@ -800,24 +816,22 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         # documents that validated (review R18c F1): no other check names it.
         if missing := [rel for rel in (stats, manifest) if not (root / rel).is_file()]:
             if missing[0] not in recorded:  # one it records is named missing by _check_recorded_files
-                problems.append(
-                    Problem(
-                        f"task {t}'s output is missing (the dataset lacks its documents): redo the task — "
-                        f"delete logs/completions/{t:05d} and {DATASET_JSON} where the build ran, then "
-                        "rerun `gristmill data build`",
-                        missing[0],
-                    )
-                )
+                lacks = f"task {t}'s output is missing (the dataset lacks its documents)"
+                problems.append(Problem(f"{lacks}: {redo(t)}", missing[0]))
             counted = False
             continue
         try:
             steps = json.loads((root / stats).read_bytes())
-            # a task with no input file read nothing: its reader's stats are empty
+            # a task with no input file read nothing: its reader's stats are empty (but there)
             read = next(s["stats"].get("documents", 0) for s in steps if "READER" in s["name"])
             read = int(read["total"] if isinstance(read, dict) else read)  # datatrove's {"total": …}
+        except Exception as e:  # noqa: BLE001 - unreadable, or not a task's stats
+            unreadable(t, stats, "has no reader step" if isinstance(e, StopIteration) else "is unreadable")
+            continue
+        try:
             rows = pq.read_metadata(root / manifest).num_rows
-        except Exception:  # noqa: BLE001 - unreadable: named by the checks of those files
-            counted = False
+        except Exception:  # noqa: BLE001
+            unreadable(t, manifest, "is unreadable")
             continue
         kept += rows
         if read != rows + excluded.get(t, 0):

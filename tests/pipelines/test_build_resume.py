@@ -318,9 +318,17 @@ def test_a_finished_task_whose_output_is_gone_is_named_not_left_out(built_datase
     _, _, config = build_fixture
     cfg = lambda out: load_config(DataConfig, config, [f"output={out}"])  # noqa: E731
     output = ["manifest/00001.parquet", "shards/00001_*", "logs/shard_sha256/00001.json"]
-    for case, gone, tasks in (
-        ("output", output, [1]),
-        ("stats and a later task's output", ["logs/stats/00000.json", *output], [0, 1]),
+    stats1 = "logs/stats/00001.json"
+    # and a stats file damaged, then recorded so by the rerun: it validated, and the audit's summary
+    # read half the documents with exit 0 (review R18e 1)
+    cut = lambda p: p.write_bytes(p.read_bytes()[:100])  # noqa: E731
+    readerless = lambda p: p.write_text("[]")  # noqa: E731
+    lacks = "output is missing (the dataset lacks its documents)"
+    for case, gone, damaged, tasks, said_of in (
+        ("output", output, None, [1], lacks),
+        ("stats and a later task's output", ["logs/stats/00000.json", *output], None, [0, 1], lacks),
+        ("stats cut short", [], cut, [1], "counts cannot be read: the file is unreadable"),
+        ("stats without a reader", [], readerless, [1], "counts cannot be read: the file has no reader step"),
     ):
         out = tmp_path / case.replace(" ", "-")
         shutil.copytree(built_dataset, out)
@@ -328,13 +336,14 @@ def test_a_finished_task_whose_output_is_gone_is_named_not_left_out(built_datase
         for pattern in gone:
             for path in out.glob(pattern):
                 path.unlink()
+        if damaged:
+            damaged(out / stats1)
         result = build(cfg(out), log=lambda *a: None)
         report = validate_dataset(out, progress=False)
         assert not result.ok and not report.ok, (case, report.problems)
         said = [str(p) for p in report.problems]
         for t in tasks:
-            lacks = f"task {t}'s output is missing (the dataset lacks its documents)"
-            assert any(lacks in p for p in said), said
+            assert any(f"task {t}'s {said_of}" in p for p in said), said
             assert any(f"delete logs/completions/{t:05d} and dataset.json" in p for p in said), said
             (out / "logs" / "completions" / f"{t:05d}").unlink()  # the fix it gives
         (out / "dataset.json").unlink()

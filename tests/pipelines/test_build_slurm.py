@@ -126,6 +126,10 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
     said = f'build.executor = "slurm": output, {str(out)!r}, holds a character a shell splits or expands'
     assert str(e.value).startswith(said), e.value
     assert not (out / "logs" / "launch_script.slurm").exists()
+    venv = ["build.executor=slurm", "build.slurm.submit=false"]
+    venv += ['build.slurm.venv_path="/opt/my venv/bin/activate"']
+    with pytest.raises(BuildError, match=r"build.slurm.venv_path, '/opt/my venv/bin/activate', holds a"):
+        build(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}", *venv]), log=lambda *a: None)
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):

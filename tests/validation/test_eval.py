@@ -330,11 +330,20 @@ def test_a_damaged_results_json_is_one_line_with_the_fix_that_works(eval_run, tm
     assert main(["data", "audit", str(run), "--sql", "FROM eval"]) == 2
     fix = f"write it again from them with `gristmill eval {run} --table` (it scores nothing)"
     assert capsys.readouterr().err.strip().endswith(fix)
+    for ignored in (["--tasks", "heldout_cloze"], ["--set", "limit=3"], ["--merged"]):  # refused (R18e 4)
+        assert main(["eval", str(run), "--table", *ignored]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"drop {ignored[0]}")
     assert main(["eval", str(run), "--table"]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {table} and {run / 'eval.png'} from ")
     assert main(["data", "audit", str(run), "--sql", "FROM eval", "--format", "json"]) == 0
     assert capsys.readouterr().out == before
     assert {p: p.read_bytes() for p in (run / "eval").glob("*/results.json")} == scores
+    # a run never evaluated: an empty table and plot, "wrote", and the audit took it for evaluated
+    for results in (run / "eval").glob("*/results.json"):
+        results.unlink()
+    assert main(["eval", str(run), "--table"]) == 2
+    said = "has no eval/*/results.json to write a table from: evaluate a step first"
+    assert said in capsys.readouterr().err
 
 
 def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_path, capsys):

@@ -75,6 +75,7 @@ from training.data.remote import (
     host,
     node_lock,
     origin,
+    repair_advice,
     tmp_name,
     unwritable_cache,
 )
@@ -385,8 +386,8 @@ class CachedBlocks:
         raise DatasetError(
             f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {s}, manifest rows "
             f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice, and each time {bad}: the "
-            "object in the bucket is damaged or was replaced, and nothing was trained on it; upload the "
-            f"dataset again (`gristmill data upload DIR {self.url}`) or rebuild it"
+            "object in the bucket is damaged or was replaced, and nothing was trained on it; "
+            + repair_advice(self.store)
         )
 
     def _header(self, u: int | None, n: int, records: int) -> bytes:

@@ -348,11 +348,11 @@ def fetch_verified(store: ObjectStore, rel: str, dest: Path, size: int | None, s
         f"{store.url.child(rel)}: fetched twice, {got_size:,} bytes with sha256 {got[:16]}… each time, but "
         f"{DATASET_JSON} records {'' if size is None else f'{size:,} bytes, '}sha256 {sha256[:16]}…: "
         "the object in "
-        f"the bucket is damaged or was replaced, and nothing was trained on it; {_repair(store)}"
+        f"the bucket is damaged or was replaced, and nothing was trained on it; {repair_advice(store)}"
     )
 
 
-def _repair(store: ObjectStore) -> str:
+def repair_advice(store: ObjectStore) -> str:
     """What puts a damaged object of the bucket's dataset right: for one a build wrote there (its tasks'
     records are there), that build rerun; an upload of a local build over it replaced the tasks' stats
     under their records, and the next build rerun took the dataset for damaged (review R18c M2)."""
