@@ -29,11 +29,13 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from training.checkpoint.model_config import resolve_model_config
 from training.config import load_train_config
+from training.console import ReaderSafeOut
 from training.contract.config_loader import (
     add_config_arguments,
     add_resume_argument,
@@ -146,6 +148,19 @@ def torchrun_command(
 
 
 def run(args: argparse.Namespace) -> int:
+    """`gristmill train`. A closed terminal (SIGHUP) never ends it: ignored from here on, not only
+    once the loop runs (it ended a run in its first seconds, a resume during its checkpoint's load:
+    review R18d 2e); restored after (the tests and the demo run several commands in one process)."""
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN) if main_thread else None
+    try:
+        return _run(args)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGHUP, previous)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)
@@ -174,7 +189,9 @@ def run(args: argparse.Namespace) -> int:
     check_unlocked(cfg.run.output_dir)  # rank 0 takes the lock; refuse a busy directory before torchrun
     module = EVAL_ENTRY if with_eval else "training.train"
     cmd = torchrun_command(args.config, overrides, args.nproc_per_node, module)
-    print("+ " + shlex.join(cmd), flush=True)  # pasted back into a shell, it runs the same
+    # pasted back into a shell, it runs the same; a reader gone already (`| head -0`, a closed
+    # terminal) only stops the printing (it raised BrokenPipeError: nothing trained, exit 141: R18d 2d)
+    print("+ " + shlex.join(cmd), file=ReaderSafeOut(sys.stdout), flush=True)
     # torchrun dies with this launcher, and its workers with torchrun (training.run.shutdown). So the
     # launcher must not die of a preemption signal or a Ctrl-C itself: it only waits, and passes
     # SIGTERM (a scheduler's preemption) and SIGINT straight to the workers, which finish the step,

@@ -76,7 +76,7 @@ from training.optim import ScheduledLR, clip_grad_norm
 from training.run.faults import data_fault, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.setup import Run, StepEval, own_run_dir, setup
-from training.run.shutdown import GracefulStop, exit_with_parent
+from training.run.shutdown import INTERRUPTED_EXIT, GracefulStop, exit_with_parent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code
 from training.run.worker_reply import report_to_launcher
@@ -516,6 +516,16 @@ def main(
         rank = DistEnv.from_environ().rank
         report_to_launcher(f"rank {rank}: {e}", printed=rank == 0)
         return print_error(e) if rank == 0 else e.exit_code
+    except KeyboardInterrupt:
+        # A Ctrl-C outside the loop's handler (setup, a checkpoint's load; the launcher passes it to
+        # every worker): one line and 130, as one process says it (pipelines/cli.py), not a
+        # traceback per rank and exit 1 (review R18d 2b).
+        rank = DistEnv.from_environ().rank
+        line = "interrupted (Ctrl-C): nothing after the last line above was done"
+        report_to_launcher(f"rank {rank}: {line}", printed=rank == 0)
+        if rank == 0:
+            print(line, file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
     return 0
 
 

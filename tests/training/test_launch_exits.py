@@ -199,6 +199,66 @@ def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
     assert exit_status({1: rank1, 0: reply(0, "the same", 2)}) == (2, [])
 
 
+def test_a_reader_gone_before_the_launchers_first_line_costs_no_run(dataset, tmp_path, light):
+    """`gristmill train --nproc-per-node 2 | head -0` (or a terminal closed in the first second): the
+    launcher's `+ torchrun …` line raised BrokenPipeError, exit 141, nothing trained, no message
+    (review R18d 2d). A closed stdout only stops the printing: the (light) workers run and end."""
+    said = {**light, "LIGHT_TRAINER": "exit:0:done"}
+    proc = launch(2, sets(dataset, tmp_path / "run", "parallel.shard=2"), env=said)
+    proc.stdout.close()  # the reader gone before anything was printed
+    err = proc.stderr.read()
+    assert proc.wait(timeout=240) == 0, err
+    assert "done" in err.splitlines()
+
+
+def test_a_ctrl_c_or_a_hangup_before_the_loop_is_one_line_or_nothing(dataset, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C during a worker's setup (a checkpoint's load) was a traceback per rank and exit 1
+    (review R18d 2b): one line and 130, as one process says it. A SIGHUP in the launcher's first
+    seconds (a terminal closed) ended the run, 129 (R18d 2e): ignored from the command's start."""
+    import training.run.preflight
+    import training.train
+    from pipelines.cli import main as cli
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training.train, "train", interrupted)
+    assert training.train.main(["--config", TINY, "--set", *sets(dataset, tmp_path / "run")]) == 130
+    assert capsys.readouterr().err == "interrupted (Ctrl-C): nothing after the last line above was done\n"
+    hangup = []
+
+    def preflight(*args, **kw):
+        hangup.append(signal.getsignal(signal.SIGHUP))
+        raise training.run.preflight.GristmillError("stop here")
+
+    monkeypatch.setattr(training.run.preflight, "preflight", preflight)
+    before = signal.getsignal(signal.SIGHUP)
+    two = ["train", "--config", TINY, "--nproc-per-node", "2", "--set", *sets(dataset, tmp_path / "r2")]
+    assert cli(two) == 2
+    assert hangup == [signal.SIG_IGN] and signal.getsignal(signal.SIGHUP) == before
+
+
+def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
+    """An in-training eval points fd 2 at its eval.log while it scores: a second Ctrl-C then exited
+    130 with its one line in RUN/eval/step-N/eval.log and nothing on the terminal (review R18d 2c)."""
+    log = tmp_path / "eval.log"
+    script = (
+        "import os, signal\n"
+        "from training.run.shutdown import GracefulStop\n"
+        "with GracefulStop(0, 1):\n"
+        f"    fd = os.open({str(log)!r}, os.O_WRONLY | os.O_CREAT)\n"
+        "    os.dup2(fd, 2)  # as validation/eval_output.py does during an eval\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    signal.pause()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.startswith("second Ctrl-C (SIGINT): stopping now without saving"), done.stderr
+    assert "second Ctrl-C" not in log.read_text()
+
+
 # -- Ctrl-C: once saves and exits 0, twice stops at once with 130 -------------------------------
 
 

@@ -45,8 +45,13 @@ class GracefulStop:
         self.group = dist.new_group(backend="gloo") if distributed else None
         self.rank = rank
         self._previous: dict[int, object] = {}
+        self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
 
     def __enter__(self) -> GracefulStop:
+        # The stderr the run started with, for the second Ctrl-C's line: an in-training eval points fd
+        # 2 at its eval.log while it scores, and the line went there (review R18d 2c).
+        with contextlib.suppress(OSError):
+            self._stderr = os.dup(2)
         if threading.current_thread() is threading.main_thread():  # signal handlers live there only
             for sig in _SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -56,6 +61,10 @@ class GracefulStop:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._stderr is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._stderr)
+            self._stderr = None
         for sig, handler in self._previous.items():
             # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
             # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
@@ -78,8 +87,8 @@ class GracefulStop:
                 f"{what}: stopping now without saving; resume from the newest complete checkpoint with "
                 "--resume auto\n"
             )
-            with contextlib.suppress(OSError):
-                os.write(2, line.encode())  # not sys.stderr: the step may be inside one of its writes
+            with contextlib.suppress(OSError):  # not sys.stderr: the step may be inside one of its writes
+                os.write(2 if self._stderr is None else self._stderr, line.encode())
         with contextlib.suppress(Exception):  # the step may hold stdout's lock (a reentrant flush raises)
             sys.stdout.flush()
         os._exit(INTERRUPTED_EXIT)
