@@ -40,6 +40,7 @@ whole run (training/run/lock.py), and under torchrun every worker exits when its
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import sys
@@ -60,7 +61,7 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, print_error
+from training.contract.errors import GristmillError, print_error, unwritable
 from training.contract.run_layout import check_saved_config_place
 from training.metrics import (
     mfu,
@@ -186,6 +187,13 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
                     if (died := worker_death(e)) is None:  # (the launcher names the rank)
                         raise
                     raise died from None
+    except OSError as e:
+        # A full or read-only disk under a write that is not a checkpoint's (metrics.jsonl,
+        # consumption.parquet, batches.bin, the run's records at its start): one line, as a
+        # checkpoint's is, not a traceback (review R18d 2a); the newest complete checkpoint stays.
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise unwritable(cfg.run.output_dir, e) from None
     finally:
         if pg_started:
             dist.destroy_process_group()

@@ -309,6 +309,27 @@ def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_p
     assert notes[0].endswith("raise checkpoint.interval") and complete_steps(tmp_path) == [5, 10, 15]
 
 
+def test_a_full_disk_under_the_run_s_records_is_one_line(dataset, tmp_path):
+    """The run directory on a tmpfs that fills as metrics.jsonl, consumption.parquet and batches.bin
+    grow: a pyarrow or json traceback, exit 1 (review R18d 2a). One line naming the file, exit 2."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces here (unshare -rm)")
+    run_dir = tmp_path / "full"
+    run_dir.mkdir()
+    sets = overrides(dataset, run_dir, "checkpoint.interval=0", "schedule.steps=400", "run.log_every=1",
+                     "metrics.plot=false", 'metrics.trackers=[]')  # fmt: skip
+    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+    script = (f"mount -t tmpfs -o size=96k tmpfs {run_dir} && {{ {' '.join(map(sh_quote, cmd))} "
+              f"> {tmp_path}/out.txt 2>&1; echo $? > {tmp_path}/rc; }}")  # fmt: skip
+    subprocess.run(["unshare", "-rm", "sh", "-c", script], env=ENV, cwd=ROOT, timeout=300, check=True)
+    out = (tmp_path / "out.txt").read_text()
+    assert (tmp_path / "rc").read_text().strip() == "2", out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {run_dir}"), out[-3000:]
+    assert "No space left on device" in errors[0], errors
+
+
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
     """RUN/checkpoints on a tmpfs that holds 1.5 checkpoints (a private mount namespace, no root
     needed): the disk guard stops the run at the second save; with the guard off the write itself
