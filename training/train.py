@@ -281,15 +281,17 @@ def loop(run: Run) -> dict[str, Any]:
                 if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
                     saved = "checkpoint saved; resume with --resume auto"
+                    if state.step >= run.last_step:  # a resume would have nothing to do (R18d 3)
+                        saved = "the last step, the run is complete (checkpoint saved)"
                     say(f"stopping after step {state.step} on {stop}: {saved}")
                     break
             checkpointer.close()  # waits for an async save in flight
+        seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
     except BaseException:
         checkpointer.abandon()  # the lock and the process group outlive no background write
         raise
     finally:
         run.record.close()
-    seconds = run.metrics.elapsed()
     rewinds = run.rewinder.summary()
     if rewinds is not None:
         say(rewinds)

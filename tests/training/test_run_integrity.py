@@ -81,6 +81,16 @@ def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, 
     assert gristmill(cmd) == 0 and (new / "metrics.jsonl").is_file()
 
 
+def test_a_sigterm_at_the_last_step_says_the_run_is_complete(dataset, tmp_path, monkeypatch):
+    """A preemption signal during the last step: "resume with --resume auto", and the resume then
+    had nothing to do (review R18d 3)."""
+    monkeypatch.setenv("GRISTMILL_FAULT_SIGTERM", "4")
+    out = io.StringIO()
+    train(load_train_config(TINY, overrides(dataset, tmp_path / "run", "schedule.steps=4")), out=out)
+    said = "stopping after step 4 on SIGTERM: the last step, the run is complete (checkpoint saved)"
+    assert said in out.getvalue().splitlines(), out.getvalue()
+
+
 def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
     """2 ranks (FSDP2, fused AdamW on DTensors), NaN loss on rank 1 only at step 3, on_nonfinite =
     skip, a checkpoint every step: step 3's weights and optimizer state equal step 2's on both

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import struct
 import subprocess
@@ -532,3 +533,6 @@ def test_a_hung_wandb_service_does_not_keep_a_finished_run_from_exiting(env, dat
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 13))
     assert checkpoint_dir(run, 12).is_dir()
     assert "WARNING: wandb did not finish its run" in out and "within 3 s" in out, out[-2000:]
+    # the summary's seconds are the run's, not the 3 s waited for wandb (review R18d 3)
+    summary = next(line for line in out.splitlines() if line.startswith("loss ") and " s" in line)
+    assert int(re.search(r", (\d+) s", summary).group(1)) < 3, summary
