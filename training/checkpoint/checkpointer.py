@@ -500,6 +500,11 @@ class Checkpointer:
         if older:
             timeline.adopt(loader.saved_skips)
         trained = self.states["train_state"].step
+        furthest = max((s.spike_step for s in timeline.skips), default=0) if timeline is not None else 0
+        if loader is not None and furthest > trained:
+            loader.check_trained_through(
+                furthest, f"a rewind's discarded attempt trained up to step {furthest}, past this checkpoint"
+            )
         if loader is not None and loader.step != trained:
             # Saved by gristmill before 2026-11-29 after a data error on one rank of several: the loader
             # had counted the batch of a step not trained. What was trained is the train state's step.

@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +442,8 @@ class TokenLoader:
         self.pin_memory = pin_memory
         self.resume_notes: list[str] = []
         self.saved_skips: tuple[data_plan.Skip, ...] = ()
+        # the checkpoint's plan and the data check, for check_trained_through
+        self._resumed: tuple[dict[str, Any], Callable[[str, str], bool]] | None = None
         self._step = 0  # global steps handed to the consumer
         self._generation = 0  # bumped by __iter__ and load_state_dict; older iterators refuse to go on
 
@@ -503,20 +505,30 @@ class TokenLoader:
             )
         info = {t.info["fingerprint"]: t.info for t in self._builder.tables}
         step = int(sd["step"])
+        same = lambda theirs, ours: ours in info and same_data(theirs, info[ours])  # noqa: E731
         try:
-            self.resume_notes = data_plan.check_resume(
-                saved,
-                self.plan,
-                step,
-                lambda theirs, ours: ours in info and same_data(theirs, info[ours]),
-            )
+            self.resume_notes = data_plan.check_resume(saved, self.plan, step, same)
         except data_plan.PlanError as e:
             raise LoaderStateError(str(e)) from None
+        self._resumed = (saved, same)
         # A checkpoint from before the run's timeline was saved on its own kept the rewinds' skips in
         # the plan's description: read here, adopted by the timeline (checkpointer._load).
         self.saved_skips = data_plan.skips_from(saved)
         self._step = step
         self._generation += 1
+
+    def check_trained_through(self, step: int, why: str) -> None:
+        """The plan's past, as load_state_dict checks it, up to `step` rather than the checkpoint's: a
+        rewind's discarded attempt trained past its checkpoint (to its spike), and its rows and batch
+        records are the run's; a change to a phase it had begun left them matching no plan (review
+        R18b 1). `why`: what trained that far, for the refusal."""
+        if self._resumed is None:
+            return
+        saved, same = self._resumed
+        try:
+            data_plan.check_resume(saved, self.plan, step, same)
+        except data_plan.PlanError as e:
+            raise LoaderStateError(f"{why}: {e}") from None
 
     def seek(self, step: int) -> None:
         """Continue at global step `step` (0-based) — what a checkpoint at that step would restore."""

@@ -451,6 +451,31 @@ def test_resume_before_at_and_after_the_boundary_is_bit_identical(reference, tmp
     assert_same_weights(run_dir, copy, 11)
 
 
+def test_a_resume_may_not_change_a_phase_a_discarded_attempt_trained_in(sources, tmp_path, capsys):
+    """A rewind whose skip ends before its spike (here: spike at step 8, in phase 'long'; back to 4,
+    steps 5–6 skipped, the skip's checkpoint at 6), killed there, then resumed with phase 'long''s
+    mix changed: accepted as a future change, and the discarded attempt's rows and batch records of
+    steps 7–8 then matched no plan, `data inspect` printed other digests (review R18b 1). Refused,
+    naming the step that attempt reached; the same resume without the change goes on."""
+    from training.run.faults import KILL, SPIKE_WINDOW
+
+    config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run")
+    sets = ["checkpoint.interval=2", "metrics.plot=false", "run.val_every=0", "run.on_spike=rewind"]
+    sets += ["run.spike_window=6", "run.spike_sigma=4", "run.rewind.skip_steps=2"]
+    sets += ["run.rewind.margin_steps=3"]
+    cmd = [sys.executable, "-m", "training.train", "--config", str(config), "--set", *sets]
+    faults = {KILL: "rewind-saved", SPIKE_WINDOW: "step:8*50"}
+    done = forked.run(cmd, cwd=ROOT, env={**ENV, **faults}, timeout=300)
+    assert done.returncode == -9, done.stderr[-3000:]
+    mix = "phase[1].mix={" + ", ".join(f"{n}={w}" for n, w in zip(sources, (0.5, 0.25, 0.25))) + "}"
+    capsys.readouterr()
+    assert gristmill(["train", "--config", str(config), "--set", *sets, mix, "--resume", "auto"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: a rewind's discarded attempt trained up to step 8, past this checkpoint: "
+                           "the checkpoint's plan has phase[1].mix = "), line  # fmt: skip
+    assert gristmill(["train", "--config", str(config), "--set", *sets, "--resume", "auto"]) == 0
+
+
 def test_kill9_at_the_boundary_then_resume_auto(reference, tmp_path, capsys):
     run_dir, config = reference
     killed = tmp_path / "killed"
