@@ -230,7 +230,8 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
         p = Path(r)
         if not p.is_dir():
             raise DatasetError(
-                f"{p} is not a directory; pass dataset directories built by `gristmill data build`"
+                f"{p} is not a directory; pass dataset directories built by `gristmill data build` or "
+                "training run directories (run.output_dir)"
             )
         marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
         if not any((p / m).exists() for m in marks):

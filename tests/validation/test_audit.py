@@ -348,6 +348,9 @@ def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
     assert main(["data", "audit", str(built_dataset), "--report", "all"]) == 0
     out = capsys.readouterr().out
     assert "== summary ==" in out and "== consumption" not in out, out
+    # a mistyped path was told to pass dataset directories, though runs are audited too (R18a F6)
+    assert main(["data", "audit", str(built_dataset) + "-typo"]) == 2
+    assert capsys.readouterr().err.strip().endswith("or training run directories (run.output_dir)")
     assert main(["data", "audit", str(built_dataset), "--max-rows", "-2"]) == 2  # sliced rows off, exit 0
     said = "error: --max-rows -2: give the rows a table shows, ≥ 1 (0: all)"
     assert capsys.readouterr().err.strip() == said
