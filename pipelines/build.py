@@ -768,7 +768,7 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         for tmp in sorted(out.rglob("*.tmp")):  # leftovers of killed tasks, all redone since
             shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()  # index.tmp/: a killed finalize
     root = out if bucket is None else bucket.root
-    excluded = _excluded_counts(root)
+    excluded = _excluded_counts(root, out, tasks)
     if cfg.dedup.kind != "none":  # a dedup that found nothing says so in the end table
         excluded.setdefault(DEDUP_FILTER, 0)
     kept = 0
@@ -776,12 +776,7 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         try:
             kept += pq.ParquetFile(m).metadata.num_rows
         except Exception as e:  # damaged since its task wrote it (dataset.json, which would say so, gone)
-            t = task_of_file(f"{MANIFEST_DIR}/{m.name}")
-            task = [t] if t is not None and t < tasks else []
-            fix = f"rm {completion_markers(out, task)} and rerun the same command" if task else f"remove {m}"
-            raise BuildError(
-                f"{m} is unreadable ({type(e).__name__}: {e}): to rebuild its task, {fix}"
-            ) from None
+            raise _unreadable(m, f"{MANIFEST_DIR}/{m.name}", e, out, tasks) from None
     if kept == 0:
         # An empty dataset would validate (nothing to violate) and fail only at training time.
         by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
@@ -931,12 +926,24 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
     return FromBucket(root, shards, objects, checked)
 
 
-def _excluded_counts(out: Path) -> dict[str, int]:
+def _excluded_counts(root: Path, out: Path, tasks: int) -> dict[str, int]:
     counts: dict[str, int] = {}
-    for path in sorted((out / EXCLUDED_DIR).glob("*.parquet")):
-        for f, n in excluded_by_filter(path).items():
+    for path in sorted((root / EXCLUDED_DIR).glob("*.parquet")):
+        try:
+            rows = excluded_by_filter(path)
+        except Exception as e:  # damaged since its task wrote it: a traceback, no fix (review R18f 2)
+            raise _unreadable(path, f"{EXCLUDED_DIR}/{path.name}", e, out, tasks) from None
+        for f, n in rows.items():
             counts[f] = counts.get(f, 0) + n
     return counts
+
+
+def _unreadable(path: Path, rel: str, e: Exception, out: Path, tasks: int) -> BuildError:
+    """A task's manifest or excluded file that cannot be read at the finish: its task redone."""
+    t = task_of_file(rel)
+    task = [t] if t is not None and t < tasks else []
+    fix = f"rm {completion_markers(out, task)} and rerun the same command" if task else f"remove {path}"
+    return BuildError(f"{path} is unreadable ({type(e).__name__}: {e}): to rebuild its task, {fix}")
 
 
 def _filter_order(cfg: DataConfig) -> list[str]:

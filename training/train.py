@@ -40,6 +40,7 @@ whole run (training/run/lock.py), and under torchrun every worker exits when its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import signal
@@ -281,8 +282,14 @@ def loop(run: Run) -> dict[str, Any]:
                 if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
                     saved = "checkpoint saved; resume with --resume auto"
-                    if state.step >= run.last_step:  # a resume would have nothing to do (R18d 3)
+                    # at the end a resume would have nothing to do (R18d 3): the plan's, or run.max_steps'
+                    if state.step >= run.spec.last_step:
                         saved = "the last step, the run is complete (checkpoint saved)"
+                    elif state.step >= run.last_step:
+                        saved = (
+                            f"step {run.last_step} is run.max_steps (checkpoint saved); go on with --resume "
+                            "auto and a larger run.max_steps"
+                        )
                     say(f"stopping after step {state.step} on {stop}: {saved}")
                     break
             checkpointer.close()  # waits for an async save in flight
@@ -291,7 +298,14 @@ def loop(run: Run) -> dict[str, Any]:
         checkpointer.abandon()  # the lock and the process group outlive no background write
         raise
     finally:
-        run.record.close()
+        try:
+            run.record.close()
+        except KeyboardInterrupt:
+            # A Ctrl-C while the trackers finish (wandb's wait, up to 30 s): the steps and checkpoints
+            # are done, and an error on its way out goes on; "interrupted", 130, said the run failed
+            # (review R18f 4).
+            say("note: Ctrl-C while the trackers finished: they may lack their last rows (metrics.jsonl "
+                "has every row)")  # fmt: skip
     rewinds = run.rewinder.summary()
     if rewinds is not None:
         say(rewinds)
@@ -534,7 +548,8 @@ def main(
         line = "interrupted (Ctrl-C): nothing after the last line above was done"
         report_to_launcher(f"rank {rank}: {line}", printed=rank == 0)
         if rank == 0:
-            print(line, file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):  # a reader gone: still 130 (it was 1: review R18f 3)
+                print(line, file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
     return 0
 

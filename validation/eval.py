@@ -943,10 +943,8 @@ def check_eval_config(cfg: EvalConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     run_config(run_dir)  # refuses a directory that is not a training run, before any task work
-    cfg = load_eval_config(args.config, args.overrides, args.tasks)
-    check_writable(run_dir)
     merged = args.merged
-    if args.table:
+    if args.table:  # before the recipe's checks: its options are refused, not checked (R18f 5)
         scoring = [flag for flag, given in (("--merged", merged), ("--tasks", args.tasks),
                    ("--set", args.overrides), ("--config", args.config)) if given]  # fmt: skip
         if scoring:  # ignored, they read as taken (review R18e 4)
@@ -954,6 +952,9 @@ def run(args: argparse.Namespace) -> int:
                 f"--table scores nothing and writes the whole table (every task, raw and merged weights' "
                 f"scores): drop {', '.join(scoring)}"
             )
+    cfg = load_eval_config(args.config, args.overrides, args.tasks)
+    check_writable(run_dir)
+    if args.table:
         if not any((run_dir / EVAL_DIR).glob("*/results.json")):
             raise EvalError(
                 f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "

@@ -349,6 +349,15 @@ def test_a_finished_task_whose_output_is_gone_is_named_not_left_out(built_datase
         (out / "dataset.json").unlink()
         assert build(cfg(out), log=lambda *a: None).ok
         assert read_dataset_info(out)["fingerprint"] == read_dataset_info(built_dataset)["fingerprint"]
+    # an excluded file cut short under the same rerun: a pyarrow traceback (review R18f 2)
+    cut_out = tmp_path / "excluded-cut"
+    shutil.copytree(built_dataset, cut_out)
+    (cut_out / "dataset.json").unlink()
+    excluded = min((cut_out / "excluded").glob("00000_*.parquet"))
+    excluded.write_bytes(excluded.read_bytes()[:50])
+    said = rf"^{re.escape(str(excluded))} is unreadable \(.*to rebuild its task, rm "
+    with pytest.raises(BuildError, match=said):
+        build(cfg(cut_out), log=lambda *a: None)
     # a rerun of the complete dataset that validates nothing said "validated it again" (R18c F3)
     lines: list[str] = []
     build(load_config(DataConfig, config, [f"output={out}", "build.validate=false"]), log=lines.append)

@@ -225,6 +225,18 @@ def test_a_ctrl_c_or_a_hangup_before_the_loop_is_one_line_or_nothing(dataset, tm
     monkeypatch.setattr(training.train, "train", interrupted)
     assert training.train.main(["--config", TINY, "--set", *sets(dataset, tmp_path / "run")]) == 130
     assert capsys.readouterr().err == "interrupted (Ctrl-C): nothing after the last line above was done\n"
+
+    class Gone:  # a stderr whose reader went away: still 130, not 1 (review R18f 3)
+        def write(self, text):
+            raise BrokenPipeError
+
+        def flush(self):
+            raise BrokenPipeError
+
+    monkeypatch.setattr(sys, "stderr", Gone())
+    assert training.train.main(["--config", TINY, "--set", *sets(dataset, tmp_path / "run")]) == 130
+    monkeypatch.undo()
+    monkeypatch.setattr(training.train, "train", interrupted)
     hangup = []
 
     def preflight(*args, **kw):

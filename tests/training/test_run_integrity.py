@@ -89,6 +89,32 @@ def test_a_sigterm_at_the_last_step_says_the_run_is_complete(dataset, tmp_path, 
     train(load_train_config(TINY, overrides(dataset, tmp_path / "run", "schedule.steps=4")), out=out)
     said = "stopping after step 4 on SIGTERM: the last step, the run is complete (checkpoint saved)"
     assert said in out.getvalue().splitlines(), out.getvalue()
+    # at run.max_steps, short of the plan's end, it is not complete (review R18f 1)
+    out = io.StringIO()
+    sets = overrides(dataset, tmp_path / "max", "schedule.steps=8", "run.max_steps=4")
+    train(load_train_config(TINY, sets), out=out)
+    said = "stopping after step 4 on SIGTERM: step 4 is run.max_steps (checkpoint saved); go on with "
+    said += "--resume auto and a larger run.max_steps"
+    assert said in out.getvalue().splitlines(), out.getvalue()
+
+
+def test_a_ctrl_c_while_the_trackers_finish_leaves_a_complete_run_complete(dataset, tmp_path, monkeypatch):
+    """A Ctrl-C during the trackers' finish (wandb waits up to 30 s) after the last step: the run
+    said "interrupted", 130, though every step and checkpoint was done (review R18f 4)."""
+    from training.run.record import RunRecord
+
+    close = RunRecord.close
+
+    def interrupted(self):
+        close(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunRecord, "close", interrupted)
+    out = io.StringIO()
+    sets = overrides(dataset, tmp_path / "run", "schedule.steps=4")
+    summary = train(load_train_config(TINY, sets), out=out)
+    assert summary["steps"] == 4
+    assert "note: Ctrl-C while the trackers finished: they may lack their last rows" in out.getvalue()
 
 
 def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
