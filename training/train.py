@@ -285,10 +285,10 @@ def loop(run: Run) -> dict[str, Any]:
                     # at the end a resume would have nothing to do (R18d 3): the plan's, or run.max_steps'
                     if state.step >= run.spec.last_step:
                         saved = "the last step, the run is complete (checkpoint saved)"
-                    elif state.step >= run.last_step:
+                    elif state.step >= run.last_step:  # (past it when a rewind's skip passed it)
                         saved = (
-                            f"step {run.last_step} is run.max_steps (checkpoint saved); go on with --resume "
-                            "auto and a larger run.max_steps"
+                            f"run.max_steps {run.last_step} reached (checkpoint saved); go on with --resume "
+                            f"auto and a run.max_steps above {state.step}"
                         )
                     say(f"stopping after step {state.step} on {stop}: {saved}")
                     break
@@ -298,14 +298,7 @@ def loop(run: Run) -> dict[str, Any]:
         checkpointer.abandon()  # the lock and the process group outlive no background write
         raise
     finally:
-        try:
-            run.record.close()
-        except KeyboardInterrupt:
-            # A Ctrl-C while the trackers finish (wandb's wait, up to 30 s): the steps and checkpoints
-            # are done, and an error on its way out goes on; "interrupted", 130, said the run failed
-            # (review R18f 4).
-            say("note: Ctrl-C while the trackers finished: they may lack their last rows (metrics.jsonl "
-                "has every row)")  # fmt: skip
+        run.record.close()  # a Ctrl-C meanwhile is a note (GracefulStop's handler after the loop)
     rewinds = run.rewinder.summary()
     if rewinds is not None:
         say(rewinds)
@@ -315,6 +308,7 @@ def loop(run: Run) -> dict[str, Any]:
     if line is not None:  # the curve is drawn when the run logged a kept loss
         curve = run.record.draw_loss()
         say(line + (f"; {curve}" if curve else ""))
+    shutdown.release()
     return {
         "run_dir": str(run.run_dir),
         "steps": state.step,

@@ -501,7 +501,9 @@ class Checkpointer:
             timeline.adopt(loader.saved_skips)
         trained = self.states["train_state"].step
         furthest = max((s.spike_step for s in timeline.skips), default=0) if timeline is not None else 0
-        if loader is not None and furthest > trained:
+        # this run's own (another run's discarded rows are not in this directory: R18g 2)
+        own = path.resolve().parent == self.root.resolve()
+        if loader is not None and own and furthest > trained:
             loader.check_trained_through(
                 furthest, f"a rewind's discarded attempt trained up to step {furthest}, past this checkpoint"
             )

@@ -527,8 +527,9 @@ class TokenLoader:
         saved, same = self._resumed
         try:
             data_plan.check_resume(saved, self.plan, step, same)
-        except data_plan.PlanError as e:
-            raise LoaderStateError(f"{why}: {e}") from None
+        except data_plan.PlanError as e:  # its past runs to `step`, not to the checkpoint's phase (R18g 3)
+            reached = f"(only phases after step {step}, which it reached, may change)"
+            raise LoaderStateError(f"{why}: {str(e).replace(data_plan.FUTURE_ONLY, reached)}") from None
 
     def seek(self, step: int) -> None:
         """Continue at global step `step` (0-based) — what a checkpoint at that step would restore."""

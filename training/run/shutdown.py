@@ -46,6 +46,7 @@ class GracefulStop:
         self.rank = rank
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
+        self._sigint: object = signal.default_int_handler  # SIGINT's handler before the run
 
     def __enter__(self) -> GracefulStop:
         # The stderr the run started with, for the second Ctrl-C's line: an in-training eval points fd
@@ -60,7 +61,7 @@ class GracefulStop:
             self._previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, signal.SIG_IGN)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         if self._stderr is not None:
             with contextlib.suppress(OSError):
                 os.close(self._stderr)
@@ -68,10 +69,32 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
             # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
-            # (a traceback, exit 0) when the first one's save was quick.
-            if not (sig == signal.SIGINT and self.received):
-                signal.signal(sig, handler)
+            # (a traceback, exit 0) when the first one's save was quick. The loop done (its last step
+            # saved): a first Ctrl-C during what is left (the trackers' finish, up to 30 s) is a note,
+            # on every rank, not "interrupted" and 130 for a complete run (reviews R18f 4, R18g 1).
+            if sig == signal.SIGINT and (self.received or exc_type is None):
+                if not self.received:
+                    self._sigint = handler  # back at release()
+                    signal.signal(sig, self._after_loop)
+                continue
+            signal.signal(sig, handler)
         self._previous.clear()
+
+    def release(self) -> None:
+        """The run's records written: SIGINT as it was before the run, unless a signal came (its
+        handler stays: a second Ctrl-C during the process's exit still stops at once), so an
+        in-process caller (the demo, a test) gets Ctrl-C back."""
+        if not self.received and signal.getsignal(signal.SIGINT) == self._after_loop:
+            signal.signal(signal.SIGINT, self._sigint)
+
+    def _after_loop(self, signum: int, frame) -> None:
+        if self.received:
+            self._stop_now()
+        self.received = signum
+        if self.rank == 0:
+            with contextlib.suppress(OSError):
+                note = "note: Ctrl-C after the last step: the run finishes its records (a second Ctrl-C "
+                os.write(2, f"{note}stops at once)\n".encode())
 
     def _handle(self, signum: int, frame) -> None:
         if self.received and signum == signal.SIGINT:

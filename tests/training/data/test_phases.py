@@ -473,6 +473,11 @@ def test_a_resume_may_not_change_a_phase_a_discarded_attempt_trained_in(sources,
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith("error: a rewind's discarded attempt trained up to step 8, past this checkpoint: "
                            "the checkpoint's plan has phase[1].mix = "), line  # fmt: skip
+    assert line.endswith("(only phases after step 8, which it reached, may change)"), line  # R18g 3
+    # another run started from that checkpoint holds none of the discarded rows: free to change it (R18g 2)
+    step6 = str(tmp_path / "run" / "checkpoints" / "step-000006")
+    other = [*sets, mix, f'run.output_dir="{tmp_path / "other"}"']
+    assert gristmill(["train", "--config", str(config), "--set", *other, "--resume", step6]) == 0
     assert gristmill(["train", "--config", str(config), "--set", *sets, "--resume", "auto"]) == 0
 
 
