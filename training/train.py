@@ -240,84 +240,87 @@ def loop(run: Run) -> dict[str, Any]:
     run.metrics.start()
     batches = iter(run.loader)
     phase = None
+    shutdown = GracefulStop(run.env.rank, run.env.world_size)
     try:
-        with GracefulStop(run.env.rank, run.env.world_size) as shutdown:
-            _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
-            while state.step < run.last_step:
-                step = state.step + 1
-                checkpointer.poll()  # raises if a background save failed
-                micro_batches = _next_batch(run, batches, shutdown, start)
-                phase = _enter_phase(run, step, phase)
-                due = Due.at(run, step)
-                result = _train(run, step, phase, micro_batches, measure_update=due.log)
-                stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
-                verdict = run.judge.judge(
-                    step, result, look=due.save or due.log or bool(stop), logged=due.log
-                )
-                if verdict.action == STOP:
-                    _log(run, _row(run, step, phase, result, verdict))
-                    _stop(run, verdict)
-                if verdict.action == REWIND:
-                    # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
-                    _log(run, _row(run, step, phase, result, verdict), ledger=False)
-                    run.rewinder.rewind(verdict.rewind)
-                    run.judge.rewound()
-                    _write_pending(run)  # the final weights' row, when the skip reached the last step
-                    batches = iter(run.loader)  # continues after the skip
-                else:
-                    if run.merge is not None:  # a step the run goes on from: its weights join the merge
-                        run.merge.trained(step)
-                    kill_point(f"trained:{step}")
-                    if verdict.warning:
-                        say(verdict.warning)
-                    # a spike that could not rewind was trained: its row records it, logged step or not
-                    if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
-                        row = _row(run, step, phase, result, verdict)
-                        run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
-                    if due.save or stop:  # first: a validation or eval that fails then costs no training
-                        _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
-                        kill_point(f"saved:{step}")
-                    _write_pending(run)
-                if stop:  # after this step's save, or the rewind's
-                    stopped_by = stop
-                    saved = "checkpoint saved; resume with --resume auto"
-                    # at the end a resume would have nothing to do (R18d 3): the plan's, or run.max_steps'
-                    if state.step >= run.spec.last_step:
-                        saved = "the last step, the run is complete (checkpoint saved)"
-                    elif state.step >= run.last_step:  # (past it when a rewind's skip passed it)
-                        saved = (
-                            f"run.max_steps {run.last_step} reached (checkpoint saved); go on with --resume "
-                            f"auto and a run.max_steps above {state.step}"
-                        )
-                    say(f"stopping after step {state.step} on {stop}: {saved}")
-                    break
-            checkpointer.close()  # waits for an async save in flight
-        seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
-    except BaseException:
-        checkpointer.abandon()  # the lock and the process group outlive no background write
-        raise
+        try:
+            with shutdown:
+                _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
+                while state.step < run.last_step:
+                    step = state.step + 1
+                    checkpointer.poll()  # raises if a background save failed
+                    micro_batches = _next_batch(run, batches, shutdown, start)
+                    phase = _enter_phase(run, step, phase)
+                    due = Due.at(run, step)
+                    result = _train(run, step, phase, micro_batches, measure_update=due.log)
+                    stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
+                    verdict = run.judge.judge(
+                        step, result, look=due.save or due.log or bool(stop), logged=due.log
+                    )
+                    if verdict.action == STOP:
+                        _log(run, _row(run, step, phase, result, verdict))
+                        _stop(run, verdict)
+                    if verdict.action == REWIND:
+                        # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
+                        _log(run, _row(run, step, phase, result, verdict), ledger=False)
+                        run.rewinder.rewind(verdict.rewind)
+                        run.judge.rewound()
+                        _write_pending(run)  # the final weights' row, when the skip reached the last step
+                        batches = iter(run.loader)  # continues after the skip
+                    else:
+                        if run.merge is not None:  # a step the run goes on from: its weights join the merge
+                            run.merge.trained(step)
+                        kill_point(f"trained:{step}")
+                        if verdict.warning:
+                            say(verdict.warning)
+                        # a spike that could not rewind was trained: its row records it, logged step or not
+                        if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
+                            row = _row(run, step, phase, result, verdict)
+                            run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
+                        if due.save or stop:  # first: a validation or eval that fails then costs no training
+                            _record_batches(run)  # a checkpoint's steps are recorded before it exists
+                            checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                            kill_point(f"saved:{step}")
+                        _write_pending(run)
+                    if stop:  # after this step's save, or the rewind's
+                        stopped_by = stop
+                        saved = "checkpoint saved; resume with --resume auto"
+                        # at the end a resume would have nothing to do (R18d 3): the plan's, or run.max_steps'
+                        if state.step >= run.spec.last_step:
+                            saved = "the last step, the run is complete (checkpoint saved)"
+                        elif state.step >= run.last_step:  # (past it when a rewind's skip passed it)
+                            saved = (
+                                f"run.max_steps {run.last_step} reached (checkpoint saved); go on with "
+                                f"--resume auto and a run.max_steps above {state.step}"
+                            )
+                        say(f"stopping after step {state.step} on {stop}: {saved}")
+                        break
+                checkpointer.close()  # waits for an async save in flight
+            seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
+        except BaseException:
+            checkpointer.abandon()  # the lock and the process group outlive no background write
+            raise
+        finally:
+            run.record.close()  # a Ctrl-C meanwhile is a note (GracefulStop's handler after the loop)
+        rewinds = run.rewinder.summary()
+        if rewinds is not None:
+            say(rewinds)
+        run.record.finished(state.step)
+        skipped = run.timeline.skipped(start, state.step)
+        line = summary_line(run.record.rows, start, state.step, seconds, skipped)
+        if line is not None:  # the curve is drawn when the run logged a kept loss
+            curve = run.record.draw_loss()
+            say(line + (f"; {curve}" if curve else ""))
+        return {
+            "run_dir": str(run.run_dir),
+            "steps": state.step,
+            "stopped_by": stopped_by,
+            **run_summary(run.record.rows, start),
+            "rewinds": len(run.timeline.skips),
+            "seconds": seconds,
+            "states": run.checkpointables,
+        }
     finally:
-        run.record.close()  # a Ctrl-C meanwhile is a note (GracefulStop's handler after the loop)
-    rewinds = run.rewinder.summary()
-    if rewinds is not None:
-        say(rewinds)
-    run.record.finished(state.step)
-    skipped = run.timeline.skipped(start, state.step)
-    line = summary_line(run.record.rows, start, state.step, seconds, skipped)
-    if line is not None:  # the curve is drawn when the run logged a kept loss
-        curve = run.record.draw_loss()
-        say(line + (f"; {curve}" if curve else ""))
-    shutdown.release()
-    return {
-        "run_dir": str(run.run_dir),
-        "steps": state.step,
-        "stopped_by": stopped_by,
-        **run_summary(run.record.rows, start),
-        "rewinds": len(run.timeline.skips),
-        "seconds": seconds,
-        "states": run.checkpointables,
-    }
+        shutdown.release()  # SIGINT and SIGTERM back as they were, an error or not (R18i A2)
 
 
 def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:

@@ -271,6 +271,28 @@ def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
     assert "second Ctrl-C" not in log.read_text()
 
 
+def test_a_second_ctrl_c_after_the_last_step_says_the_run_is_complete(tmp_path):
+    """After the loop a first Ctrl-C is a note; a second stops at once, 130, and said "resume from the
+    newest complete checkpoint", where a resume has nothing to do (review R18i B4)."""
+    script = (
+        "import os, signal\n"
+        "from training.run.shutdown import GracefulStop\n"
+        "stop = GracefulStop(0, 1)\n"
+        "with stop:\n"
+        "    pass  # the loop, done\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "signal.pause()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0].startswith("note: Ctrl-C after the last step: the run finishes its records"), lines
+    said = "second Ctrl-C (SIGINT) after the last step: stopping now; the run's steps and checkpoints are "
+    assert lines[1] == said + "complete (its trackers may lack their last rows)", lines
+
+
 # -- Ctrl-C: once saves and exits 0, twice stops at once with 130 -------------------------------
 
 

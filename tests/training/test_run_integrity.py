@@ -122,7 +122,27 @@ def test_a_ctrl_c_while_the_trackers_finish_leaves_a_complete_run_complete(
     summary = train(load_train_config(TINY, sets), out=io.StringIO())
     assert summary["steps"] == 4 and summary["stopped_by"] is None
     assert "note: Ctrl-C after the last step: the run finishes its records" in capfd.readouterr().err
-    signal.signal(signal.SIGINT, before)  # (its handler stays for a second Ctrl-C during the exit)
+    assert signal.getsignal(signal.SIGINT) == before  # the caller's again (R18i A1)
+    # a SIGTERM there (a scheduler after the last step) killed the complete run, 143 (R18i B3)
+    terminate = lambda self: (os.kill(os.getpid(), signal.SIGTERM), close(self))  # noqa: E731
+    monkeypatch.setattr(RunRecord, "close", terminate)
+    sets = overrides(dataset, tmp_path / "term", "schedule.steps=4")
+    assert train(load_train_config(TINY, sets), out=io.StringIO())["steps"] == 4
+    assert "note: SIGTERM after the last step: the run finishes its records" in capfd.readouterr().err
+    # an error after the loop left the note's handler in place: a later Ctrl-C was swallowed (R18i A2)
+    monkeypatch.setattr(RunRecord, "close", close)
+
+    def full(self, step):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(RunRecord, "finished", full)
+    term = signal.getsignal(signal.SIGTERM)
+    from training.contract.errors import GristmillError
+
+    full_sets = overrides(dataset, tmp_path / "full", "schedule.steps=4")
+    with pytest.raises(GristmillError, match="No space left on device"):
+        train(load_train_config(TINY, full_sets), out=io.StringIO())
+    assert signal.getsignal(signal.SIGINT) == before and signal.getsignal(signal.SIGTERM) == term
 
 
 def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):

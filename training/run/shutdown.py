@@ -46,7 +46,7 @@ class GracefulStop:
         self.rank = rank
         self._previous: dict[int, object] = {}
         self._stderr: int | None = None  # a copy of fd 2 as the run started (__enter__)
-        self._sigint: object = signal.default_int_handler  # SIGINT's handler before the run
+        self._after: dict[int, object] = {}  # the handlers the note's replaced after the loop (release)
 
     def __enter__(self) -> GracefulStop:
         # The stderr the run started with, for the second Ctrl-C's line: an in-training eval points fd
@@ -69,31 +69,36 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             # Stopping on a signal: a second Ctrl-C during what is left (the interpreter's exit, its
             # atexit work) still stops at once, 130 and one line; restored, it met an atexit callback
-            # (a traceback, exit 0) when the first one's save was quick. The loop done (its last step
-            # saved): a first Ctrl-C during what is left (the trackers' finish, up to 30 s) is a note,
-            # on every rank, not "interrupted" and 130 for a complete run (reviews R18f 4, R18g 1).
-            if sig == signal.SIGINT and (self.received or exc_type is None):
-                if not self.received:
-                    self._sigint = handler  # back at release()
-                    signal.signal(sig, self._after_loop)
+            # (a traceback, exit 0) when the first one's save was quick.
+            if sig == signal.SIGINT and self.received:
+                continue
+            # The loop done, its last step saved: a Ctrl-C or SIGTERM during what is left (the
+            # trackers' finish, up to 30 s) is a note on every rank, not "interrupted", 130 or 143 for
+            # a complete run (reviews R18f 4, R18g 1, R18i B3), until release().
+            if sig in _SIGNALS and exc_type is None and not self.received:
+                self._after[sig] = handler
+                signal.signal(sig, self._after_loop)
                 continue
             signal.signal(sig, handler)
         self._previous.clear()
 
     def release(self) -> None:
-        """The run's records written: SIGINT as it was before the run, unless a signal came (its
-        handler stays: a second Ctrl-C during the process's exit still stops at once), so an
-        in-process caller (the demo, a test) gets Ctrl-C back."""
-        if not self.received and signal.getsignal(signal.SIGINT) == self._after_loop:
-            signal.signal(signal.SIGINT, self._sigint)
+        """The run's records written (or failed): SIGINT and SIGTERM as they were before the run, so an
+        in-process caller (the demo, the mixture search's workers, a test) gets them back; called in a
+        `finally` (an error after the loop left the note's handler in place: R18i A2)."""
+        for sig, handler in self._after.items():
+            if signal.getsignal(sig) == self._after_loop:
+                signal.signal(sig, handler)
+        self._after.clear()
 
     def _after_loop(self, signum: int, frame) -> None:
-        if self.received:
-            self._stop_now()
-        self.received = signum
+        if self.received and signum == signal.SIGINT:
+            self._stop_now(complete=True)
+        self.received = self.received or signum
         if self.rank == 0:
+            name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
             with contextlib.suppress(OSError):
-                note = "note: Ctrl-C after the last step: the run finishes its records (a second Ctrl-C "
+                note = f"note: {name} after the last step: the run finishes its records (a second Ctrl-C "
                 os.write(2, f"{note}stops at once)\n".encode())
 
     def _handle(self, signum: int, frame) -> None:
@@ -101,13 +106,17 @@ class GracefulStop:
             self._stop_now()
         self.received = signum
 
-    def _stop_now(self) -> None:
-        """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing."""
+    def _stop_now(self, complete: bool = False) -> None:
+        """The second Ctrl-C: one line (rank 0; every rank gets the signal) and out, saving nothing
+        (`complete`: after the last step, whose checkpoint is saved: nothing to resume, R18i B4)."""
         if self.rank == 0:
             first = signal.Signals(self.received).name
             what = "second Ctrl-C (SIGINT)" if first == "SIGINT" else f"SIGINT after {first}"
             line = (
-                f"{what}: stopping now without saving; resume from the newest complete checkpoint with "
+                f"{what} after the last step: stopping now; the run's steps and checkpoints are complete "
+                "(its trackers may lack their last rows)\n"
+                if complete
+                else f"{what}: stopping now without saving; resume from the newest complete checkpoint with "
                 "--resume auto\n"
             )
             with contextlib.suppress(OSError):  # not sys.stderr: the step may be inside one of its writes
