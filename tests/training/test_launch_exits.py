@@ -250,23 +250,28 @@ def test_a_ctrl_c_or_a_hangup_before_the_loop_is_one_line_or_nothing(dataset, tm
     assert hangup == [signal.SIG_IGN] and signal.getsignal(signal.SIGHUP) == before
 
 
+def two_ctrl_cs(setup: str, indent: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter that runs `setup` (code using GracefulStop), then sends itself two SIGINTs
+    (at `indent`: inside its block, or after it) and waits; it must end with 130."""
+    kill = f"{indent}os.kill(os.getpid(), signal.SIGINT)\n"
+    script = "import os, signal\nfrom training.run.shutdown import GracefulStop\n" + setup + kill * 2
+    script += f"{indent}signal.pause()\n"
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 130, done.stderr
+    return done
+
+
 def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
     """An in-training eval points fd 2 at its eval.log while it scores: a second Ctrl-C then exited
     130 with its one line in RUN/eval/step-N/eval.log and nothing on the terminal (review R18d 2c)."""
     log = tmp_path / "eval.log"
-    script = (
-        "import os, signal\n"
-        "from training.run.shutdown import GracefulStop\n"
+    done = two_ctrl_cs(
         "with GracefulStop(0, 1):\n"
         f"    fd = os.open({str(log)!r}, os.O_WRONLY | os.O_CREAT)\n"
-        "    os.dup2(fd, 2)  # as validation/eval_output.py does during an eval\n"
-        "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "    os.kill(os.getpid(), signal.SIGINT)\n"
-        "    signal.pause()\n"
+        "    os.dup2(fd, 2)  # as validation/eval_output.py does during an eval\n",
+        "    ",
     )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert done.returncode == 130, done.stderr
     assert done.stderr.startswith("second Ctrl-C (SIGINT): stopping now without saving"), done.stderr
     assert "second Ctrl-C" not in log.read_text()
 
@@ -274,19 +279,7 @@ def test_a_second_ctrl_c_during_an_eval_says_its_line_on_the_terminal(tmp_path):
 def test_a_second_ctrl_c_after_the_last_step_says_the_run_is_complete(tmp_path):
     """After the loop a first Ctrl-C is a note; a second stops at once, 130, and said "resume from the
     newest complete checkpoint", where a resume has nothing to do (review R18i B4)."""
-    script = (
-        "import os, signal\n"
-        "from training.run.shutdown import GracefulStop\n"
-        "stop = GracefulStop(0, 1)\n"
-        "with stop:\n"
-        "    pass  # the loop, done\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "os.kill(os.getpid(), signal.SIGINT)\n"
-        "signal.pause()\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert done.returncode == 130, done.stderr
+    done = two_ctrl_cs("with GracefulStop(0, 1):\n    pass  # the loop, done\n", "")
     lines = done.stderr.splitlines()
     assert lines[0].startswith("note: Ctrl-C after the last step: the run finishes its records"), lines
     said = "second Ctrl-C (SIGINT) after the last step: stopping now; the run's steps and checkpoints are "
