@@ -32,6 +32,7 @@ from typing import Any
 
 from training.checkpoint.base_record import BASE_JSON, base_weights, read_base_record
 from training.checkpoint.base_source import hub_id, locate_base
+from training.checkpoint.model_config import resolve_model_config
 from training.config import TrainConfig, load_train_config
 from training.contract.config_loader import ConfigError, config_from, json_sha256, to_dict
 from training.contract.errors import GristmillError
@@ -226,10 +227,17 @@ def open_mix_sources(cfg: MixConfig) -> list[DocumentTable]:
     tokenizer across them, no dataset twice): its tokens and fingerprint, and every proxy's plan."""
     n = len(cfg.data.sources)
     try:
-        spec = check_config(train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0)), 1)
+        probe = train_config(cfg, Proxy("swarm", "probe", (1.0 / n,) * n, 0))
+        spec = check_config(probe, 1)
+        tables = open_sources(spec)
+        # the trainer's model checks too (a proxy longer than max_seq_len): refused here, not by every
+        # proxy's run (or a commands.sh of runs the trainer refuses: review R18h 1). A base's shape is
+        # the base's, checked with it.
+        if not probe.model.init_from:
+            resolve_model_config(probe.model, tables[0].info, spec.seq_lens)
     except ConfigError as e:
         raise ConfigError(in_search_keys(str(e), cfg), key=e.key) from None
-    return open_sources(spec)
+    return tables
 
 
 def source_changes(sources: list[tuple[str, str]], fingerprints: dict[str, str]) -> str | None:

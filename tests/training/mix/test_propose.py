@@ -365,6 +365,8 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["proxy.set=['data.seq_len=128']"], "set proxy.seq_len instead"),
         # refused as "[schedule] is the one-phase form; remove [schedule]", of a recipe with none
         (["proxy.set=['schedule.steps=3']"], "a proxy is one [[phase]] of the search's (proxy.tokens long"),
+        # the trainer's model check: every proxy refused it, or --write-commands wrote them (R18h 1)
+        (["proxy.set=['model.max_seq_len=16']"], "exceeds the model's max_seq_len = 16"),
         # an inline table went around both checks (review R4)
         (["proxy.set=['run={threads=1}']"], "a whole [run] would replace run.output_dir, run.seed"),
         # … and so did one of a table [proxy] fills (optim.lr, model.preset …: review R6)
@@ -466,7 +468,8 @@ def test_a_killed_search_leaves_no_worker_training(tmp_path):
 
 
 def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, shared_sources, capsys):
-    """What only the trainer checks (the preset) refuses the first proxy, in [proxy]'s keys."""
+    """What the trainer checks of the model (the preset) is refused in [proxy]'s keys, and before any
+    proxy (it refused the first one, once the earlier outputs were moved aside: review R18h 1)."""
     config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
     assert (
         gristmill(
@@ -475,7 +478,8 @@ def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, sha
         == 2
     )
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "refused to train: proxy.preset = 'nope' is not one of" in err, err
+    assert err == "error: proxy.preset = 'nope' is not one of demo, llama3-1b, llama3-8b, tiny", err
+    assert not (out / "swarm").exists()
 
 
 def test_a_source_replaced_during_the_search_is_one_line_and_never_evidence(tmp_path):
