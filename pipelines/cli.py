@@ -16,7 +16,7 @@ import io
 import os
 import sys
 
-from training.contract.errors import GristmillError, print_error
+from training.contract.errors import INTERRUPTED, INTERRUPTED_EXIT, GristmillError, print_error
 
 # The stages `gristmill demo` runs, in order (pipelines/demo.py numbers its stages by this tuple).
 DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket", "mix")
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             except GristmillError as e:
                 return print_error(e)
             except KeyboardInterrupt:  # a Ctrl-C the command did not handle itself (during its setup)
-                print("interrupted (Ctrl-C): nothing after the last line above was done", file=sys.stderr)
-                return 130
+                print(INTERRUPTED, file=sys.stderr)
+                return INTERRUPTED_EXIT
             except BrokenPipeError:  # the reader went away (`gristmill data audit … | head`): not our error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit flush stays quiet
                 return 141  # 128 + SIGPIPE, as the shell reports a writer stopped by its reader

@@ -62,7 +62,7 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError, print_error, unwritable
+from training.contract.errors import INTERRUPTED, INTERRUPTED_EXIT, GristmillError, print_error, unwritable
 from training.contract.run_layout import check_saved_config_place
 from training.metrics import (
     mfu,
@@ -78,7 +78,7 @@ from training.optim import ScheduledLR, clip_grad_norm
 from training.run.faults import data_fault, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.setup import Run, StepEval, own_run_dir, setup
-from training.run.shutdown import INTERRUPTED_EXIT, GracefulStop, exit_with_parent
+from training.run.shutdown import GracefulStop, exit_with_parent
 from training.run.validation import to_device
 from training.run.verdict import REWIND, STOP, Verdict, guarded_step, nonfinite_code
 from training.run.worker_reply import report_to_launcher
@@ -233,94 +233,104 @@ class Due:
 
 def loop(run: Run) -> dict[str, Any]:
     """Train from the state's step to `run.last_step`, one step in the order of the module's
-    docstring. Returns the summary (rank 0's view)."""
+    docstring. Returns the summary (rank 0's view). SIGINT and SIGTERM go back to the caller as they
+    were, an error or not (an error after the loop left the stop's handler in place: review R18i A2)."""
+    shutdown = GracefulStop(run.env.rank, run.env.world_size)
+    try:
+        return _loop(run, shutdown)
+    finally:
+        shutdown.release()
+
+
+def _stop_advice(run: Run) -> str:
+    """What a stop on a signal after step `run.state.step` leaves to do: at the plan's end or at
+    run.max_steps (past it when a rewind's skip passed it) a resume has nothing to do (R18d 3)."""
+    step = run.state.step
+    if step >= run.spec.last_step:
+        return "the last step, the run is complete (checkpoint saved)"
+    if step >= run.last_step:
+        return (
+            f"run.max_steps {run.last_step} reached (checkpoint saved); go on with --resume auto and a "
+            f"run.max_steps above {step}"
+        )
+    return "checkpoint saved; resume with --resume auto"
+
+
+def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     state, checkpointer = run.state, run.checkpointer
     start = state.step  # a resumed run's summary covers its own steps, not the whole run's
     stopped_by = None
     run.metrics.start()
     batches = iter(run.loader)
     phase = None
-    shutdown = GracefulStop(run.env.rank, run.env.world_size)
     try:
-        try:
-            with shutdown:
-                _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
-                while state.step < run.last_step:
-                    step = state.step + 1
-                    checkpointer.poll()  # raises if a background save failed
-                    micro_batches = _next_batch(run, batches, shutdown, start)
-                    phase = _enter_phase(run, step, phase)
-                    due = Due.at(run, step)
-                    result = _train(run, step, phase, micro_batches, measure_update=due.log)
-                    stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
-                    verdict = run.judge.judge(
-                        step, result, look=due.save or due.log or bool(stop), logged=due.log
-                    )
-                    if verdict.action == STOP:
-                        _log(run, _row(run, step, phase, result, verdict))
-                        _stop(run, verdict)
-                    if verdict.action == REWIND:
-                        # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
-                        _log(run, _row(run, step, phase, result, verdict), ledger=False)
-                        run.rewinder.rewind(verdict.rewind)
-                        run.judge.rewound()
-                        _write_pending(run)  # the final weights' row, when the skip reached the last step
-                        batches = iter(run.loader)  # continues after the skip
-                    else:
-                        if run.merge is not None:  # a step the run goes on from: its weights join the merge
-                            run.merge.trained(step)
-                        kill_point(f"trained:{step}")
-                        if verdict.warning:
-                            say(verdict.warning)
-                        # a spike that could not rewind was trained: its row records it, logged step or not
-                        if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
-                            row = _row(run, step, phase, result, verdict)
-                            run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
-                        if due.save or stop:  # first: a validation or eval that fails then costs no training
-                            _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                            checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
-                            kill_point(f"saved:{step}")
-                        _write_pending(run)
-                    if stop:  # after this step's save, or the rewind's
-                        stopped_by = stop
-                        saved = "checkpoint saved; resume with --resume auto"
-                        # at the end a resume would have nothing to do (R18d 3): the plan's, or run.max_steps'
-                        if state.step >= run.spec.last_step:
-                            saved = "the last step, the run is complete (checkpoint saved)"
-                        elif state.step >= run.last_step:  # (past it when a rewind's skip passed it)
-                            saved = (
-                                f"run.max_steps {run.last_step} reached (checkpoint saved); go on with "
-                                f"--resume auto and a run.max_steps above {state.step}"
-                            )
-                        say(f"stopping after step {state.step} on {stop}: {saved}")
-                        break
-                checkpointer.close()  # waits for an async save in flight
-            seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
-        except BaseException:
-            checkpointer.abandon()  # the lock and the process group outlive no background write
-            raise
-        finally:
-            run.record.close()  # a Ctrl-C meanwhile is a note (GracefulStop's handler after the loop)
-        rewinds = run.rewinder.summary()
-        if rewinds is not None:
-            say(rewinds)
-        run.record.finished(state.step)
-        skipped = run.timeline.skipped(start, state.step)
-        line = summary_line(run.record.rows, start, state.step, seconds, skipped)
-        if line is not None:  # the curve is drawn when the run logged a kept loss
-            curve = run.record.draw_loss()
-            say(line + (f"; {curve}" if curve else ""))
-        return {
-            "run_dir": str(run.run_dir),
-            "steps": state.step,
-            "stopped_by": stopped_by,
-            **run_summary(run.record.rows, start),
-            "rewinds": len(run.timeline.skips),
-            "seconds": seconds,
-            "states": run.checkpointables,
-        }
+        with shutdown:
+            _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
+            while state.step < run.last_step:
+                step = state.step + 1
+                checkpointer.poll()  # raises if a background save failed
+                micro_batches = _next_batch(run, batches, shutdown, start)
+                phase = _enter_phase(run, step, phase)
+                due = Due.at(run, step)
+                result = _train(run, step, phase, micro_batches, measure_update=due.log)
+                stop = shutdown.should_stop()  # every rank agrees, whichever ones were signalled
+                verdict = run.judge.judge(
+                    step, result, look=due.save or due.log or bool(stop), logged=due.log
+                )
+                if verdict.action == STOP:
+                    _log(run, _row(run, step, phase, result, verdict))
+                    _stop(run, verdict)
+                if verdict.action == REWIND:
+                    # The spike's row; its rewind writes consumption.parquet for the timeline it leaves.
+                    _log(run, _row(run, step, phase, result, verdict), ledger=False)
+                    run.rewinder.rewind(verdict.rewind)
+                    run.judge.rewound()
+                    _write_pending(run)  # the final weights' row, when the skip reached the last step
+                    batches = iter(run.loader)  # continues after the skip
+                else:
+                    if run.merge is not None:  # a step the run goes on from: its weights join the merge
+                        run.merge.trained(step)
+                    kill_point(f"trained:{step}")
+                    if verdict.warning:
+                        say(verdict.warning)
+                    # a spike that could not rewind was trained: its row records it, logged step or not
+                    if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
+                        row = _row(run, step, phase, result, verdict)
+                        run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
+                    if due.save or stop:  # first: a validation or eval that fails then costs no training
+                        _record_batches(run)  # a checkpoint's steps are recorded before it exists
+                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                        kill_point(f"saved:{step}")
+                    _write_pending(run)
+                if stop:  # after this step's save, or the rewind's
+                    stopped_by = stop
+                    say(f"stopping after step {state.step} on {stop}: {_stop_advice(run)}")
+                    break
+            checkpointer.close()  # waits for an async save in flight
+        seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
+    except BaseException:
+        checkpointer.abandon()  # the lock and the process group outlive no background write
+        raise
     finally:
-        shutdown.release()  # SIGINT and SIGTERM back as they were, an error or not (R18i A2)
+        run.record.close()  # a Ctrl-C meanwhile is a note (GracefulStop's handler after the loop)
+    rewinds = run.rewinder.summary()
+    if rewinds is not None:
+        say(rewinds)
+    run.record.finished(state.step)
+    skipped = run.timeline.skipped(start, state.step)
+    line = summary_line(run.record.rows, start, state.step, seconds, skipped)
+    if line is not None:  # the curve is drawn when the run logged a kept loss
+        curve = run.record.draw_loss()
+        say(line + (f"; {curve}" if curve else ""))
+    return {
+        "run_dir": str(run.run_dir),
+        "steps": state.step,
+        "stopped_by": stopped_by,
+        **run_summary(run.record.rows, start),
+        "rewinds": len(run.timeline.skips),
+        "seconds": seconds,
+        "states": run.checkpointables,
+    }
 
 
 def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:
@@ -542,11 +552,10 @@ def main(
         # every worker): one line and 130, as one process says it (pipelines/cli.py), not a
         # traceback per rank and exit 1 (review R18d 2b).
         rank = DistEnv.from_environ().rank
-        line = "interrupted (Ctrl-C): nothing after the last line above was done"
-        report_to_launcher(f"rank {rank}: {line}", printed=rank == 0)
+        report_to_launcher(f"rank {rank}: {INTERRUPTED}", printed=rank == 0)
         if rank == 0:
             with contextlib.suppress(OSError):  # a reader gone: still 130 (it was 1: review R18f 3)
-                print(line, file=sys.stderr, flush=True)
+                print(INTERRUPTED, file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
     return 0
 

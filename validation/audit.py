@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 import duckdb
 
-from training.contract.dataset_format import DATASET_JSON, LOGS_DIR
+from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, redo_task
 from training.contract.errors import GristmillError, print_error
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
@@ -50,7 +50,6 @@ from validation.audit_views import (
     FILE_VIEWS,
     Damaged,
     bucket_copy,
-    build_stats_fix,
     connect,
     describe_views,
     find_damaged,
@@ -101,7 +100,7 @@ def _damaged_fix(damaged: Damaged) -> str:
             return (
                 f"it is datatrove's stats of task {task}, which only the summary report reads (the other "
                 f"reports and --sql over docs work without it). To write it again, "
-                f"{build_stats_fix(damaged.root, damaged.path)}"
+                f"{redo_task(task, damaged.root)}"
             )
         return (
             f"it is datatrove's stats of task {task} of a stage before the build's own pass, which no "

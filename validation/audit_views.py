@@ -42,6 +42,7 @@ from training.contract.dataset_format import (
     manifest_files,
     read_dataset_info,
     recorded_paths,
+    redo_task,
 )
 from training.contract.eval_table import EVAL_SCHEMA
 from training.contract.object_store import ObjectMissing, ObjectStore
@@ -267,18 +268,6 @@ def _dataset_json(root: Path) -> dict:
 BUILD_STATS = f"{LOGS_DIR}/stats"  # datatrove's stats of the build's own pass: the summary's counts
 
 
-def build_stats_fix(root: Path, path: Path) -> str:
-    """What writes the build pass's stats file `path` of the dataset at `root` again: its task redone
-    (the validator does not check it, the shards do not depend on it, and a rerun of a finished build
-    only revalidates, so neither rewrites it)."""
-    task = path.stem
-    return (
-        f"delete {root / LOGS_DIR / 'completions' / task} and {root / DATASET_JSON}, then rerun the same "
-        f"`gristmill data build` command: it redoes task {task} alone (the same shards) and finishes the "
-        "dataset again"
-    )
-
-
 def _check_tables(root: Path, info: dict) -> None:
     """The manifest, excluded and build-pass stats files are those dataset.json records (its `files`),
     at their recorded sizes: one missing, of another build or changed would make the `docs`,
@@ -301,8 +290,8 @@ def _check_tables(root: Path, info: dict) -> None:
     def fix(rel: str) -> str:
         if not rel.startswith(f"{BUILD_STATS}/"):
             return rebuild
-        again = build_stats_fix(root, root / rel)
-        return f"it is datatrove's stats of task {Path(rel).stem}, the summary's counts; {again}"
+        task = Path(rel).stem
+        return f"it is datatrove's stats of task {task}, the summary's counts; {redo_task(task, root)}"
 
     if missing := sorted(recorded - present):
         raise DatasetError(

@@ -60,6 +60,7 @@ from training.contract.eval_table import (
     RESULTS_JSON,
     check_results,
     eval_lock,
+    read_results,
     read_step_results,
     write_eval_table,
 )
@@ -940,32 +941,39 @@ def check_eval_config(cfg: EvalConfig) -> None:
             raise EvalError(f'device = "{cfg.device}", but torch sees no CUDA GPU here; use "cpu" or "auto"')
 
 
+def write_table(run_dir: Path, args: argparse.Namespace) -> int:
+    """`gristmill eval RUN --table`: RUN/eval.parquet and eval.png written again from the results.json
+    files, scoring nothing (a damaged or deleted table; a step scored again would replace scores
+    recorded under other settings)."""
+    scoring = [flag for flag, given in (("--merged", args.merged), ("--tasks", args.tasks),
+               ("--set", args.overrides), ("--config", args.config)) if given]  # fmt: skip
+    if scoring:  # ignored, they read as taken (review R18e 4)
+        raise EvalError(
+            f"--table scores nothing and writes the whole table (every task, raw and merged weights' "
+            f"scores): drop {', '.join(scoring)}"
+        )
+    check_writable(run_dir)
+    # each read is checked (as check_results reads them): a damaged results.json is named, not left out
+    if not any([read_results(run_dir, merged) for merged in (False, True)]):
+        raise EvalError(
+            f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "
+            f"(gristmill eval {run_dir} --step N)"
+        )
+    write_eval_table(run_dir)
+    write_plot(run_dir)
+    results = f"{run_dir / EVAL_DIR}/*/results.json"
+    print(f"wrote {run_dir / EVAL_PARQUET} and {run_dir / EVAL_PLOT} from {results}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     run_config(run_dir)  # refuses a directory that is not a training run, before any task work
-    merged = args.merged
     if args.table:  # before the recipe's checks: its options are refused, not checked (R18f 5)
-        scoring = [flag for flag, given in (("--merged", merged), ("--tasks", args.tasks),
-                   ("--set", args.overrides), ("--config", args.config)) if given]  # fmt: skip
-        if scoring:  # ignored, they read as taken (review R18e 4)
-            raise EvalError(
-                f"--table scores nothing and writes the whole table (every task, raw and merged weights' "
-                f"scores): drop {', '.join(scoring)}"
-            )
+        return write_table(run_dir, args)
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
     check_writable(run_dir)
-    if args.table:
-        if not any((run_dir / EVAL_DIR).glob("*/results.json")):
-            raise EvalError(
-                f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "
-                f"(gristmill eval {run_dir} --step N)"
-            )
-        check_results(run_dir)  # a damaged results.json is named, not left out of the table
-        write_eval_table(run_dir)
-        write_plot(run_dir)
-        results = f"{run_dir / EVAL_DIR}/*/results.json"
-        print(f"wrote {run_dir / EVAL_PARQUET} and {run_dir / EVAL_PLOT} from {results}")
-        return 0
+    merged = args.merged
     if args.watch:
         if merged:
             raise EvalError(

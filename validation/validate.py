@@ -85,6 +85,7 @@ from training.contract.dataset_format import (
     numpy_dtype,
     read_dataset_info,
     recorded_paths,
+    redo_task,
     tar_padded,
     task_of_file,
 )
@@ -785,13 +786,9 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         nonlocal counted
         counted = False
         if not any(p.shard == rel for p in problems):
-            problems.append(Problem(f"task {t}'s counts cannot be read: the file {what}; {redo(t)}", rel))
-
-    def redo(t: int) -> str:
-        return (
-            f"redo the task — delete logs/completions/{t:05d} and {DATASET_JSON} where the build ran, then "
-            "rerun `gristmill data build`"
-        )
+            problems.append(
+                Problem(f"task {t}'s counts cannot be read: the file {what}; {redo_task(f'{t:05d}')}", rel)
+            )
 
     for path in sorted((root / EXCLUDED_DIR).glob("*.parquet")):
         rel = f"{EXCLUDED_DIR}/{path.name}"
@@ -817,7 +814,7 @@ def _check_task_counts(root: Path, info: dict[str, Any], problems: list[Problem]
         if missing := [rel for rel in (stats, manifest) if not (root / rel).is_file()]:
             if missing[0] not in recorded:  # one it records is named missing by _check_recorded_files
                 lacks = f"task {t}'s output is missing (the dataset lacks its documents)"
-                problems.append(Problem(f"{lacks}: {redo(t)}", missing[0]))
+                problems.append(Problem(f"{lacks}: {redo_task(f'{t:05d}')}", missing[0]))
             counted = False
             continue
         try:

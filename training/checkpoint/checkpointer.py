@@ -434,7 +434,7 @@ class Checkpointer:
         # resolved whole, as find_resume takes it: a link to this run's checkpoint is this run's
         # (its parent taken first, it read as another run's: exports set aside, metrics started
         # over, RUN/base/ dropped: review R15f F1)
-        self.resumed_here = path.resolve().parent == self.root.resolve()
+        self.resumed_here = self._own(path)
         if self.rank == 0:
             self.resumed_from = (path, record.get("config_sha256"))
             if self.resumed_here:
@@ -477,6 +477,10 @@ class Checkpointer:
         if problem is not None:
             raise CheckpointError(problem)
 
+    def _own(self, path: Path) -> bool:
+        """Whether checkpoint `path` is this run directory's (resolved whole: a link to it is)."""
+        return path.resolve().parent == self.root.resolve()
+
     def _load(self, path: Path) -> int:
         """Every rank loads checkpoint `path` into the run's states; returns its step."""
         keys = checkpoint_keys(path)
@@ -502,8 +506,7 @@ class Checkpointer:
         trained = self.states["train_state"].step
         furthest = max((s.spike_step for s in timeline.skips), default=0) if timeline is not None else 0
         # this run's own (another run's discarded rows are not in this directory: R18g 2)
-        own = path.resolve().parent == self.root.resolve()
-        if loader is not None and own and furthest > trained:
+        if loader is not None and self._own(path) and furthest > trained:
             loader.check_trained_through(
                 furthest, f"a rewind's discarded attempt trained up to step {furthest}, past this checkpoint"
             )

@@ -509,6 +509,20 @@ def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
+def redo_task(task: str, root: Path | None = None) -> str:
+    """The fix for a finished build task (`task`: its name, NNNNN) whose output is gone or damaged:
+    its completion marker and dataset.json deleted (under `root`; None: relative, where the build
+    ran), the build rerun, which redoes that task alone (a rerun of a finished build only revalidates)."""
+    marker, info = Path(LOGS_DIR) / "completions" / task, Path(DATASET_JSON)
+    where = "" if root is not None else " where the build ran"
+    if root is not None:
+        marker, info = root / marker, root / info
+    return (
+        f"delete {marker} and {info}{where}, then rerun the same `gristmill data build` command: it "
+        f"redoes task {task} alone (the same shards) and finishes the dataset again"
+    )
+
+
 def recorded_paths(root: str | Path) -> list[str]:
     """The paths inside the dataset at `root` of the files there that RECORDED_FILES names."""
     root = Path(root)

@@ -12,6 +12,10 @@ class GristmillError(ValueError):
     exit_code = 2  # the CLI's exit status for it
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: a command stopped by Ctrl-C, as a shell reports it
+INTERRUPTED = "interrupted (Ctrl-C): nothing after the last line above was done"  # a Ctrl-C no handler took
+
+
 def unwritable(where: str | Path, e: OSError) -> GristmillError:
     """The one line for a directory that cannot be written (read-only, permissions, full disk)."""
     return GristmillError(

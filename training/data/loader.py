@@ -525,11 +525,11 @@ class TokenLoader:
         if self._resumed is None:
             return
         saved, same = self._resumed
+        reached = f"(only phases after step {step}, which it reached, may change)"  # not the checkpoint's
         try:
-            data_plan.check_resume(saved, self.plan, step, same)
-        except data_plan.PlanError as e:  # its past runs to `step`, not to the checkpoint's phase (R18g 3)
-            reached = f"(only phases after step {step}, which it reached, may change)"
-            raise LoaderStateError(f"{why}: {str(e).replace(data_plan.FUTURE_ONLY, reached)}") from None
+            data_plan.check_resume(saved, self.plan, step, same, rule=reached)
+        except data_plan.PlanError as e:
+            raise LoaderStateError(f"{why}: {e}") from None
 
     def seek(self, step: int) -> None:
         """Continue at global step `step` (0-based) — what a checkpoint at that step would restore."""

@@ -638,17 +638,20 @@ def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any,
 FUTURE_ONLY = "(only phases after the current one may change)"  # a resume refusal's closing rule
 
 
-def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint) -> list[str]:
+def check_resume(
+    saved: dict[str, Any], plan: Plan, step: int, same_fingerprint, rule: str = FUTURE_ONLY
+) -> list[str]:
     """Refuse (PlanError, naming the field and both values) a plan whose past differs from the
     checkpoint's `saved` plan at global step `step` (steps done); returns notes on future changes.
-    `same_fingerprint(saved, ours)` decides whether two dataset fingerprints are the same data."""
+    `same_fingerprint(saved, ours)` decides whether two dataset fingerprints are the same data; `rule`
+    closes a refusal (what may change: a past that runs beyond the checkpoint says its own)."""
     old = from_description(saved)
 
     def refuse(what: str, theirs: Any, ours: Any, fix: str = "") -> PlanError:
         return PlanError(
             f"the checkpoint's plan has {what} = {theirs!r} but this run has {ours!r}; the plan's past is "
             f"immutable (step {step} was trained with it) — {fix or 'set it back'}, or start a new run "
-            + FUTURE_ONLY
+            + rule
         )
 
     def lr_changes(upto: int) -> list[str]:
@@ -680,7 +683,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
         return PlanError(
             f"cannot change {what} already trained: {'; '.join(changes)}; the plan's "
             f"past is immutable — set {'it' if len(changes) == 1 else 'them'} back, or start a new run "
-            + FUTURE_ONLY
+            + rule
         )
 
     def future(p: int) -> str | None:
@@ -766,7 +769,7 @@ def check_resume(saved: dict[str, Any], plan: Plan, step: int, same_fingerprint)
             raise PlanError(
                 f"the checkpoint's plan has {plan.key_of(p, 'mix')} = {_mix_shown(mix_old)} but this run has "
                 f"{_mix_shown(mix_new)}; the plan's past is immutable (step {step} was trained with it) — "
-                "set it back, or start a new run " + FUTURE_ONLY
+                "set it back, or start a new run " + rule
             )
         if p < p_old and (a.steps != b.steps or a.lr != b.lr):
             raise refuse_lr(f"the budget or learning rate of phase {a.name!r}, finished and")

@@ -32,10 +32,10 @@ import threading
 import torch
 import torch.distributed as dist
 
+from training.contract.errors import INTERRUPTED_EXIT
 from training.contract.lifetime import exit_with
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-INTERRUPTED_EXIT = 128 + signal.SIGINT  # 130: a second Ctrl-C, as a shell reports a Ctrl-C'd command
 
 
 class GracefulStop:
