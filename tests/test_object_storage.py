@@ -544,6 +544,62 @@ def test_a_training_split_cached_whole_keeps_the_bound_for_validation(s3, synthe
     assert held <= need, (held, need)
 
 
+def test_a_warm_prefetcher_lists_the_cache_once_and_touches_only_the_groups_being_read(
+    s3, synthetic, small_blocks, tmp_path, monkeypatch
+):
+    """Over cached groups a walk of the plan made a syscall per unit: it listed the cache directory
+    at every walk (~12,000 files at FineWeb-Edu's working set) and touched each unit as it entered
+    the keep list, each holding the GIL the loop waits for (~10% of a warm loader's time). The walks
+    now list once and touch the groups being read (every TOUCH_EVERY_S); a unit another loader
+    evicted after the listing is fetched where it is read, the batches unchanged."""
+    from training.data import block_cache
+    from training.data.block_cache import CachedBlocks
+
+    for every in ("TOUCH_EVERY_S", "RELIST_EVERY_S"):  # one touch, one listing: however slow the machine
+        monkeypatch.setattr(block_cache, every, 3600)
+    local, url = synthetic
+    geometry = dict(seq_len=64, global_batch=8, micro_batch=4, seed=3)
+    settings = cache(tmp_path)
+    steps = 60
+    want = [batch_sha256(b) for _, b in zip(range(3 * steps), dataset_loader(local, **geometry))]
+    warm = dataset_loader(url, cache=settings, **geometry)
+    units = warm._builder.tables[0].cache.nunits
+    files = lambda: sorted(settings.dir.glob(f"*/{BLOCKS_DIR}/*{BLOCK_EXT}"))  # noqa: E731
+    for step, batch in enumerate(warm):  # until every unit is cached
+        assert step >= steps or batch_sha256(batch) == want[step]
+        if step >= steps and len(files()) == units:
+            break
+    files = files()
+    old = time.time_ns() + 3600 * 10**9  # what no touch sets; past the ctime, so reads keep it (relatime)
+    for f in files:
+        os.utime(f, ns=(old, f.stat().st_mtime_ns))
+    listings, walks = [], []
+    listing, window = CachedBlocks.listing, Prefetcher.window
+    monkeypatch.setattr(CachedBlocks, "listing", lambda self: listings.append(1) or listing(self))
+    monkeypatch.setattr(Prefetcher, "window", lambda self, step: walks.append(step) or window(self, step))
+    loader = dataset_loader(url, cache=settings, **geometry)
+    batches = iter(loader)
+    got = [batch_sha256(next(batches)) for _ in range(steps // 2)]
+    deadline = time.monotonic() + 10
+    while len(walks) < 3 and time.monotonic() < deadline:
+        got.append(batch_sha256(next(batches)))
+        time.sleep(0.05)  # the prefetcher's thread walks as the steps go
+    assert len(walks) >= 3 and len(listings) == 1, (walks, listings)
+    view = loader._node_view()
+    first = walks[0]
+    read = {u for s in range(max(0, first - 2), first + 1) for _, u in view.groups_read(s)}
+    table = loader._builder.tables[0]
+    touched = {f for f in files if f.stat().st_atime_ns != old}
+    assert touched == {table.cache.path(u) for u in read}, (first, read)
+    # evicted by another loader after the listing: the walk does not know, the reads fetch them
+    for f in files:
+        if f not in touched:
+            f.unlink()
+    got += [batch_sha256(next(batches)) for _ in range(steps // 2)]
+    assert got == want[: len(got)]
+    assert any(f.exists() for f in files if f not in touched)  # fetched again
+
+
 def test_a_loader_resumed_near_its_plans_end_needs_no_more_room_than_at_its_start(
     s3, synthetic, small_blocks, tmp_path
 ):

@@ -91,6 +91,7 @@ USAGE = ".usage"  # in the cache directory: the bytes of its block files (make_r
 EVICT_TO = 0.9  # a full cache is evicted down to this share of the bound
 LOCK_STRIPES = 64  # lock files per split's cache directory: units fetched at once rarely share one
 TOUCH_EVERY_S = 10.0  # how often a prefetcher marks the groups being read as needed again (_touch)
+RELIST_EVERY_S = 10.0  # how long a prefetcher trusts its listing of the cache (_all_cached)
 
 
 class _BadCopy(Exception):
@@ -812,10 +813,11 @@ class Prefetcher:
         # A held-out split's units are documents, fetched as steps read them (not a group at a time).
         self._per_doc = any(c.per_doc for c in caches if c is not None)
         self._horizon = start
-        self._kept: set[tuple[int, int]] = set()  # what the last window kept
         self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
         self._touched_at = -float("inf")  # when the groups being read were last marked as needed
-        self._listings: dict[int, set[int]] = {}  # per table, the units a walk found cached
+        self._listings: dict[int, set[int]] = {}  # per table, the units a listing found (_all_cached)
+        self._listed_at = -float("inf")  # when the listings were started
+        self._relisted: set[int] = set()  # the tables listed again during this walk
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
@@ -874,7 +876,9 @@ class Prefetcher:
         keep: set[tuple[int, int]] = set()
         for s in range(max(0, step - LAG_STEPS), step + 1):
             keep |= self._step_groups(s)
-        self._listings = {}  # listed again at each walk (_all_cached)
+        self._relisted = set()
+        if time.monotonic() - self._listed_at >= RELIST_EVERY_S:  # what other loaders evicted since
+            self._listings, self._listed_at = {}, time.monotonic()
         fetch: list[tuple[int, int]] = []
         if self._per_doc or not self._all_cached(keep):
             # What the previous window kept and this one does not can make room before anything is
@@ -882,13 +886,15 @@ class Prefetcher:
             self._publish(keep)
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
-        # Marked as just needed (_touch): what the steps ahead add, and the groups read now, again every
-        # TOUCH_EVERY_S (touched only as they entered the keep list, the groups being read were the
-        # least recently needed of what a loader keeps: the first another loader of the node evicts
-        # when it must; touched at every walk, a group of 4,096 is as many syscalls per walk).
-        self._fresh = keep - self._kept
+        # Marked as just needed (_touch): the groups being read, every TOUCH_EVERY_S. Not the groups
+        # ahead as they enter the keep list (two syscalls a unit, each a hand-off of the GIL the loop
+        # waits for: ~10% of a warm loader's time at the bench's groups of 16): kept, they are not
+        # evicted first; a fetched copy is a new file; and another loader of the node that must evict
+        # what this one keeps takes the groups it reads last (touched as they entered the keep list,
+        # they were the least recently needed: the first taken).
+        self._fresh = set()
         if time.monotonic() - self._touched_at >= TOUCH_EVERY_S:
-            self._fresh |= keep
+            self._fresh = set(keep)
             self._touched_at = time.monotonic()
         used = self._bytes(keep)
         end = step + MAX_AHEAD_STEPS
@@ -902,7 +908,6 @@ class Prefetcher:
                 break
             self._horizon = s
             keep |= grown
-            self._fresh |= grown - self._kept
             used += cost
             if not self._all_cached(grown):
                 # a group not cached: this step's plan fetches it, into room made first
@@ -917,7 +922,6 @@ class Prefetcher:
             queued.update(new)
             fetch += new
             s += 1
-        self._kept = keep
         return fetch, keep
 
     def _same_groups_until(self, s: int, last: int) -> int:
@@ -939,13 +943,20 @@ class Prefetcher:
         return lo
 
     def _all_cached(self, pairs: Iterable[tuple[int, int]]) -> bool:
-        """Whether the cache holds every one of `pairs`, as this walk's listings found it."""
+        """Whether the cache holds every one of `pairs`, as a listing of its directory found them; a
+        table is listed again (at most once a walk) only for a unit its last listing lacked. A unit
+        evicted since by another loader of the node is fetched where it is read (slower, never
+        wrong), so a walk over cached groups makes no syscall here: listed at every walk, a FineWeb-Edu
+        working set's directory (~12,000 files) held the GIL the loop waits for."""
         for t, u in pairs:
-            listed = self._listings.get(t)
-            if listed is None:
-                listed = self._listings[t] = self.caches[t].listing()
-            if self.caches[t].key(u) not in listed:
-                return False
+            key = self.caches[t].key(u)
+            if key not in self._listings.get(t, ()):
+                if t in self._relisted:
+                    return False
+                self._relisted.add(t)
+                self._listings[t] = listed = self.caches[t].listing()
+                if key not in listed:
+                    return False
         return True
 
     @functools.cached_property
@@ -969,10 +980,10 @@ class Prefetcher:
             self._published = payload
 
     def _touch(self, units: Iterable[tuple[int, int]]) -> None:
-        """Mark cached units as just needed (their access time): those a window added to what the
-        loader keeps, and those it fetches. Eviction goes least recently needed first among the units
-        no live loader keeps (the reader's hot path touches no file). The modification time stays the
-        copy's: it is part of a copy's identity (_identity), which a touch must not change."""
+        """Mark cached units as just needed (their access time): the groups being read (window).
+        Eviction goes least recently needed first among the units no live loader keeps (the reader's
+        hot path touches no file). The modification time stays the copy's: it is part of a copy's
+        identity (_identity), which a touch must not change."""
         now = time.time_ns()
         for t, b in units:
             path = self.caches[t]._file(b)
@@ -988,8 +999,9 @@ class Prefetcher:
                         return
                     step = self._step
                 # Nothing to fetch: keep it all, where it all fits this loader's working set (kept
-                # past it, a validation loader of this process found no room and wrote past the bound)
-                if all(c is None or c.all_cached() for c in self.caches) and self._whole_fits:
+                # past it, a validation loader of this process found no room and wrote past the bound;
+                # asked first: where it cannot fit, no listing of the cache once a second)
+                if self._whole_fits and all(c is None or c.all_cached() for c in self.caches):
                     if not self._keeping_all:
                         self._publish((t, b) for t, c in enumerate(self.caches) if c for b in range(c.nunits))
                         self._keeping_all = True
@@ -1001,7 +1013,7 @@ class Prefetcher:
                     self._keeping_all = False
                     fetch, keep = self.window(step)
                     self._publish(keep)
-                    self._touch(self._fresh.union(fetch))
+                    self._touch(self._fresh)
                     # Planned up to self._horizon: walk the plan again halfway there, or three
                     # quarters when it had nothing to fetch (every step, the walk held the GIL the
                     # consumer waits for).
@@ -1015,15 +1027,21 @@ class Prefetcher:
             self.error = e
 
     def _fetch_all(self, fetch: list[tuple[int, int]], step: int) -> None:
-        """Fetch in order, `requests` in flight; stop submitting when the consumer moved on."""
-        inflight: list[Future] = []
+        """Fetch in order, `requests` in flight; stop submitting when the consumer moved on. What is
+        fetched joins the listings (_all_cached): the next walk lists nothing again for it."""
+        inflight: list[tuple[int, int, Future]] = []
         for t, b in fetch:
             if self._stop or self._step > step + LAG_STEPS:
                 break
             if self.caches[t].cached(b):
                 continue
             while len(inflight) >= self.requests:
-                inflight.pop(0).result()
-            inflight.append(self._pool.submit(self.caches[t].fetch, b))
-        for f in inflight:
-            f.result()
+                self._fetched(*inflight.pop(0))
+            inflight.append((t, b, self._pool.submit(self.caches[t].fetch, b)))
+        for got in inflight:
+            self._fetched(*got)
+
+    def _fetched(self, t: int, b: int, future: Future) -> None:
+        future.result()
+        if t in self._listings:
+            self._listings[t].add(self.caches[t].key(b))

@@ -99,9 +99,10 @@ class BatchBuilder:
         self.block_docs, self.group_blocks = tables[0].blocks.block_docs, epoch_order.GROUP_BLOCKS
         self._orders: dict[tuple[int, int], epoch_order.EpochOrder] = {}
         self._groups: dict[tuple[int, int, int, int], frozenset[tuple[int, int]]] = {}  # _group_units
+        self._keys: dict[int, tuple] = {}  # group_keys by step: a walk asks for a step's more than once
 
     def __getstate__(self) -> dict[str, Any]:  # a worker plans again (or maps the node's cached plan)
-        return {**self.__dict__, "_orders": {}, "_groups": {}}
+        return {**self.__dict__, "_orders": {}, "_groups": {}, "_keys": {}}
 
     def global_view(self) -> BatchBuilder:
         """A copy that builds the whole global batch (as rank 0 of 1) with an order cache of its own."""
@@ -114,9 +115,10 @@ class BatchBuilder:
         node's cache fetches what its ranks read, not what other nodes' ranks do."""
         view = copy.copy(self)
         nodes = max(1, self.world_size // max(1, local_world_size))
-        view.rank, view.world_size, view._orders, view._groups = (
+        view.rank, view.world_size, view._orders, view._groups, view._keys = (
             self.rank * nodes // self.world_size,
             nodes,
+            {},
             {},
             {},
         )
@@ -150,14 +152,19 @@ class BatchBuilder:
         """Step `step`'s phase, and (source, epoch, first group, last group) of each source in a bucket
         it reads, in source order: the epoch groups groups_read names, without their units. (A phase
         between two others may weigh another source, hence the phase: Prefetcher._same_groups_until.)"""
-        keys = []
-        for i, ep, a, z in self.plan.step_spans(step):
-            if self.tables[i].cache is None:
-                continue
-            order = self.order(ep, i)
-            g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (a, z - 1))
-            keys.append((i, ep, g0, g1))
-        return self.plan.locate(step)[0], tuple(keys)
+        hit = self._keys.get(step)
+        if hit is None:
+            keys = []
+            for i, ep, a, z in self.plan.step_spans(step):
+                if self.tables[i].cache is None:
+                    continue
+                order = self.order(ep, i)
+                g0, g1 = (int(np.searchsorted(order.group_start, x, side="right")) - 1 for x in (a, z - 1))
+                keys.append((i, ep, g0, g1))
+            if len(self._keys) >= 256:  # a walk's steps: the last few dozen asked
+                self._keys.clear()
+            hit = self._keys[step] = (self.plan.locate(step)[0], tuple(keys))
+        return hit
 
     def _group_units(self, i: int, ep: int, g0: int, g1: int) -> frozenset[tuple[int, int]]:
         """(source, cache unit) pairs of source i's epoch-`ep` groups g0 … g1 (the last few asked)."""
