@@ -551,7 +551,8 @@ def test_a_warm_prefetcher_lists_the_cache_once_and_touches_only_the_groups_bein
     at every walk (~12,000 files at FineWeb-Edu's working set) and touched each unit as it entered
     the keep list, each holding the GIL the loop waits for (~10% of a warm loader's time). The walks
     now list once and touch the groups being read (every TOUCH_EVERY_S); a unit another loader
-    evicted after the listing is fetched where it is read, the batches unchanged."""
+    evicted after the listing is fetched where it is read, the batches unchanged. The keep list
+    names the groups being read first (make_room takes another loader's from its end)."""
     from training.data import block_cache
     from training.data.block_cache import CachedBlocks
 
@@ -562,6 +563,12 @@ def test_a_warm_prefetcher_lists_the_cache_once_and_touches_only_the_groups_bein
     settings = cache(tmp_path)
     steps = 60
     want = [batch_sha256(b) for _, b in zip(range(3 * steps), dataset_loader(local, **geometry))]
+    listings, walks = [], []
+    listing, window = CachedBlocks.listing, Prefetcher.window
+    monkeypatch.setattr(CachedBlocks, "listing", lambda self: listings.append(1) or listing(self))
+    monkeypatch.setattr(
+        Prefetcher, "window", lambda self, step: walks.append((self, step)) or window(self, step)
+    )
     warm = dataset_loader(url, cache=settings, **geometry)
     units = warm._builder.tables[0].cache.nunits
     files = lambda: sorted(settings.dir.glob(f"*/{BLOCKS_DIR}/*{BLOCK_EXT}"))  # noqa: E731
@@ -569,14 +576,14 @@ def test_a_warm_prefetcher_lists_the_cache_once_and_touches_only_the_groups_bein
         assert step >= steps or batch_sha256(batch) == want[step]
         if step >= steps and len(files()) == units:
             break
+    # streaming from an empty cache: what the process fetched, it knows (review R19a 2: a walk that
+    # met the units its plan had just fetched listed again, one listing a walk)
+    assert len(walks) >= 3 and len(listings) == 1, (walks, listings)
+    del walks[:], listings[:]
     files = files()
     old = time.time_ns() + 3600 * 10**9  # what no touch sets; past the ctime, so reads keep it (relatime)
     for f in files:
         os.utime(f, ns=(old, f.stat().st_mtime_ns))
-    listings, walks = [], []
-    listing, window = CachedBlocks.listing, Prefetcher.window
-    monkeypatch.setattr(CachedBlocks, "listing", lambda self: listings.append(1) or listing(self))
-    monkeypatch.setattr(Prefetcher, "window", lambda self, step: walks.append(step) or window(self, step))
     loader = dataset_loader(url, cache=settings, **geometry)
     batches = iter(loader)
     got = [batch_sha256(next(batches)) for _ in range(steps // 2)]
@@ -584,11 +591,21 @@ def test_a_warm_prefetcher_lists_the_cache_once_and_touches_only_the_groups_bein
     while len(walks) < 3 and time.monotonic() < deadline:
         got.append(batch_sha256(next(batches)))
         time.sleep(0.05)  # the prefetcher's thread walks as the steps go
+    time.sleep(0.3)  # a walk under way ends
     assert len(walks) >= 3 and len(listings) == 1, (walks, listings)
     view = loader._node_view()
-    first = walks[0]
-    read = {u for s in range(max(0, first - 2), first + 1) for _, u in view.groups_read(s)}
     table = loader._builder.tables[0]
+    prefetcher, last = walks[-1]
+    kept = json.loads(prefetcher.keep_file.read_text())["blocks"][str(table.cache.dir)]
+    at, seen = 0, set()  # the groups of the last walk's step, its lagging steps', then the steps ahead's
+    for s in [last, last - 1, last - 2, *range(last + 1, last + MAX_AHEAD_STEPS + 1)]:
+        new = {u for _, u in view.groups_read(s)} - seen if s >= 0 else set()
+        if at < len(kept) and new:
+            assert set(kept[at : at + len(new)]) == new, (last, s, kept)
+            at, seen = at + len(new), seen | new
+    assert at == len(kept) > len(view.groups_read(last)), (last, kept)
+    first = walks[0][1]
+    read = {u for s in range(max(0, first - 2), first + 1) for _, u in view.groups_read(s)}
     touched = {f for f in files if f.stat().st_atime_ns != old}
     assert touched == {table.cache.path(u) for u in read}, (first, read)
     # evicted by another loader after the listing: the walk does not know, the reads fetch them
@@ -1548,6 +1565,45 @@ def test_a_cache_write_that_fails_mid_run_is_the_cache_s_one_line(tmp_path):
     (cache.dir / USAGE).mkdir()  # the count cannot be replaced, as on a full disk
     with pytest.raises(DatasetError, match=rf"^cannot write the cache {re.escape(str(cache.dir))} \("):
         make_room(cache, 100)
+
+
+def test_a_split_s_bytes_are_its_units_bytes(s3, synthetic, small_blocks, tmp_path):
+    """Whether a split fits a loader's working set whole is asked at every start (Prefetcher
+    _whole_fits): a sum of the index's totals, the bytes of every unit's cache file, for both splits."""
+    _, url = synthetic
+    for split in ("train", "val"):
+        c = DocumentTable(url, split=split, val_fraction=0.2, cache=cache(tmp_path)).cache
+        assert c.split_bytes() == c.units_bytes(np.arange(c.nunits)) > 0, split
+
+
+def test_room_is_made_from_another_loader_s_keep_list_from_its_end(tmp_path):
+    """Under pressure make_room takes the units another live loader of the node keeps, those it needs
+    last first: its keep list names them in the order it needs them (the groups it reads now first),
+    whatever their access times. Taken by access time, the group being read was the first taken most
+    of the time (review R19a 1: a plan's first read of a copy sets it, and the groups entered since
+    the last walk's touch were the oldest)."""
+    from training.data.block_cache import KEEP_DIR
+    from training.data.remote import ORIGIN, host
+
+    cache = CacheSettings(tmp_path / "c", 4000)
+    blocks = cache.dir / "a-dataset" / BLOCKS_DIR
+    blocks.mkdir(parents=True)
+    (blocks.parent / ORIGIN).write_text("{}")
+    files = [blocks / f"{k}{BLOCK_EXT}" for k in range(4)]
+    for k, f in enumerate(files):
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, ns=(f.stat().st_atime_ns + k * 10**9, f.stat().st_mtime_ns))  # the first needed oldest
+    other = subprocess.Popen(["sleep", "60"])  # a live loader of this host, not this process
+    try:
+        keep = cache.dir / KEEP_DIR / f"{host()}-{other.pid}_1.json"
+        keep.parent.mkdir()
+        keep.write_text(json.dumps({"blocks": {str(blocks): [0, 1, 2, 3]}}))  # needed in this order
+        (cache.dir / USAGE).write_text("4000")
+        make_room(cache, 1000)  # down to 90% of the bound with the new unit: two go
+        assert [f.exists() for f in files] == [True, True, False, False]
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):

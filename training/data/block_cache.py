@@ -167,6 +167,10 @@ class CachedBlocks:
         self._failed_before: dict[int, set[tuple[int, ...]]] = {}  # per unit: those before its last good read
         self._dir = str(self.dir)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
+        # Keys of the units this process knows the cache holds: listed (a prefetcher's walks), fetched
+        # or found there by a fetch. A hint for the walks only; a read opens the file, and fetches it
+        # when it is gone.
+        self.on_disk: set[int] = set()
         self.lengths = SampleLengths(self)
 
     def _index_arrays(self) -> None:
@@ -181,7 +185,7 @@ class CachedBlocks:
     # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
         skip = ("first", "totals", "digests")
-        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}}
+        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}, "on_disk": set()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -232,6 +236,12 @@ class CachedBlocks:
         units = np.asarray(units, np.int64)
         tokens = int((self._val_tokens if self.per_doc else self.totals)[units].sum())
         return tokens * self.itemsize + self._overhead(len(units))
+
+    def split_bytes(self) -> int:
+        """units_bytes of every unit of the split (its tokens summed once, no array of its units: 23M
+        samples at FineWeb-Edu's size)."""
+        tokens = int((self._val_tokens if self.per_doc else self.totals).sum())
+        return tokens * self.itemsize + self._overhead(self.nunits)
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
@@ -292,11 +302,13 @@ class CachedBlocks:
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):
+            self.on_disk.add(self.key(u))
             return False
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
             if self.cached(u):  # another process or thread fetched it meanwhile
+                self.on_disk.add(self.key(u))
                 return False
             try:
                 records, check, ids = self._download(u)  # into memory: the units in flight take no disk
@@ -306,6 +318,7 @@ class CachedBlocks:
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
+            self.on_disk.add(self.key(u))
             return True
 
     def fetch_all(self, units: Iterable[int]) -> None:
@@ -599,7 +612,7 @@ class CachedBlocks:
 
     def listing(self) -> set[int]:
         """The names (key) of the units whose files the cache holds now: one directory listing, not a
-        stat per unit (the prefetcher asks at every walk, holding the GIL the loop waits for)."""
+        stat per unit (a prefetcher's walk asks for a unit it does not know of: Prefetcher._all_cached)."""
         try:
             names = os.listdir(self._dir)
         except FileNotFoundError:
@@ -694,9 +707,10 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
     count in USAGE, kept under node_lock by every write and eviction (a block deleted otherwise only
     makes it high: safe); when it says the bytes do not fit, the cache is listed and blocks are
     evicted down to EVICT_TO of the bound (so a full cache is listed once per many fetches, not at
-    each): those no live loader keeps, least recently needed first; then those only another loader
-    on the node keeps (it fetches them again: slower, never wrong); never this process's (or its
-    parent's: a DataLoader worker's rank) keep list. The caller holds node_lock."""
+    each): those no live loader keeps, least recently needed first (their access time); then those
+    only another loader on the node keeps, those it needs last first (its keep list's order: the
+    groups it reads now come first), which it fetches again (slower, never wrong); never this
+    process's (or its parent's: a DataLoader worker's rank) keep list. The caller holds node_lock."""
     used = _usage(cache.dir)
     if used is None or used + incoming > cache.max_bytes:
         _remove_dead_tmp(cache.dir)
@@ -704,7 +718,10 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
         files = cache_usage(cache.dir)
         used = sum(size for _, size, _ in files)
         goal = min(cache.max_bytes, int(cache.max_bytes * EVICT_TO))
-        victims = sorted((f for f in files if f[0] not in ours), key=lambda f: (f[0] in theirs, f[2]))
+        victims = sorted(
+            (f for f in files if f[0] not in ours),
+            key=lambda f: (f[0] in theirs, -theirs.get(f[0], 0), f[2]),
+        )
         for path, size, _ in victims:
             if used + incoming <= goal:
                 break
@@ -743,12 +760,13 @@ def _remove_dead_tmp(cache_dir: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
-def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
-    """The block files in the keep lists of live loaders: (this process's and its parent's, the
-    others'); a dead process's list on this host is removed."""
+def live_keep(cache_dir: Path) -> tuple[set[Path], dict[Path, int]]:
+    """The block files in the keep lists of live loaders: (this process's and its parent's; the
+    others', each with its place in the order its loaders need it: the soonest of the lists naming it,
+    0 the first); a dead process's list on this host is removed."""
     here = host()
     ours: set[Path] = set()
-    theirs: set[Path] = set()
+    theirs: dict[Path, int] = {}
     for path in (cache_dir / KEEP_DIR).glob("*.json"):
         name_host, _, rest = path.stem.rpartition("-")
         pid = rest.partition("_")[0]
@@ -760,9 +778,13 @@ def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
             kept = json.loads(path.read_text())["blocks"]
         except (OSError, ValueError, KeyError):
             continue
-        target = ours if own else theirs
         for d, ids in kept.items():
-            target.update(Path(d) / f"{b}{BLOCK_EXT}" for b in ids)
+            paths = [Path(d) / f"{b}{BLOCK_EXT}" for b in ids]
+            if own:
+                ours.update(paths)
+            else:
+                for place, kept_path in enumerate(paths):
+                    theirs[kept_path] = min(place, theirs.get(kept_path, place))
     return ours, theirs
 
 
@@ -815,9 +837,8 @@ class Prefetcher:
         self._horizon = start
         self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
         self._touched_at = -float("inf")  # when the groups being read were last marked as needed
-        self._listings: dict[int, set[int]] = {}  # per table, the units a listing found (_all_cached)
-        self._listed_at = -float("inf")  # when the listings were started
-        self._relisted: set[int] = set()  # the tables listed again during this walk
+        self._listed_at = -float("inf")  # when what the caches hold was last forgotten (_all_cached)
+        self._relisted: set[int] = set()  # the tables listed since
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
         self._thread = threading.Thread(target=self._run, name="gristmill-prefetch", daemon=True)
@@ -863,22 +884,26 @@ class Prefetcher:
             by_table.setdefault(t, []).append(u)
         return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
 
-    def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
+    def window(self, step: int) -> tuple[list[tuple[int, int]], dict[tuple[int, int], None]]:
         """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
-        keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
-        read). The steps ahead go as far as their groups fit keep_bytes (and the plan goes): a step's
-        groups are counted before the step is planned, since planning it fetches a training group
-        whole (its documents' lengths)."""
+        keep: every unit of the epoch groups this step, the last LAG_STEPS steps and the steps ahead
+        read, in that order). The steps ahead go as far as their groups fit keep_bytes (and the plan
+        goes): a step's groups are counted before the step is planned, since planning it fetches a
+        training group whole (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
             del self._group_memo[old]
-        keep: set[tuple[int, int]] = set()
-        for s in range(max(0, step - LAG_STEPS), step + 1):
-            keep |= self._step_groups(s)
-        self._relisted = set()
-        if time.monotonic() - self._listed_at >= RELIST_EVERY_S:  # what other loaders evicted since
-            self._listings, self._listed_at = {}, time.monotonic()
+        # In the order the loader needs them (the keep list's order: what another loader of the node
+        # must evict of it goes from the end): this step's groups, the lagging ranks', the steps ahead's.
+        keep: dict[tuple[int, int], None] = {}
+        for s in range(step, max(0, step - LAG_STEPS) - 1, -1):
+            keep.update(dict.fromkeys(self._step_groups(s)))
+        if time.monotonic() - self._listed_at >= RELIST_EVERY_S:  # what other loaders did since
+            for c in self.caches:
+                if c is not None:
+                    c.on_disk = set()
+            self._relisted, self._listed_at = set(), time.monotonic()
         fetch: list[tuple[int, int]] = []
         if self._per_doc or not self._all_cached(keep):
             # What the previous window kept and this one does not can make room before anything is
@@ -886,12 +911,11 @@ class Prefetcher:
             self._publish(keep)
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
-        # Marked as just needed (_touch): the groups being read, every TOUCH_EVERY_S. Not the groups
-        # ahead as they enter the keep list (two syscalls a unit, each a hand-off of the GIL the loop
-        # waits for: ~10% of a warm loader's time at the bench's groups of 16): kept, they are not
-        # evicted first; a fetched copy is a new file; and another loader of the node that must evict
-        # what this one keeps takes the groups it reads last (touched as they entered the keep list,
-        # they were the least recently needed: the first taken).
+        # Marked as just needed (_touch): the groups being read, every TOUCH_EVERY_S (the order in
+        # which make_room takes the units no loader keeps). Not the groups ahead as they enter the keep
+        # list (two syscalls a unit, each a hand-off of the GIL the loop waits for: ~10% of a warm
+        # loader's time at the bench's groups of 16): while kept they are not taken by access time
+        # but by the keep list's order, and a fetched copy is a new file.
         self._fresh = set()
         if time.monotonic() - self._touched_at >= TOUCH_EVERY_S:
             self._fresh = set(keep)
@@ -902,12 +926,12 @@ class Prefetcher:
         last = end if self.last_step is None else min(end, self.last_step)
         s = step + 1
         while s < last:
-            grown = self._step_groups(s) - keep
+            grown = self._step_groups(s) - keep.keys()
             cost = self._bytes(grown)
             if used + cost > self.keep_bytes:
                 break
             self._horizon = s
-            keep |= grown
+            keep.update(dict.fromkeys(grown))
             used += cost
             if not self._all_cached(grown):
                 # a group not cached: this step's plan fetches it, into room made first
@@ -943,35 +967,38 @@ class Prefetcher:
         return lo
 
     def _all_cached(self, pairs: Iterable[tuple[int, int]]) -> bool:
-        """Whether the cache holds every one of `pairs`, as a listing of its directory found them; a
-        table is listed again (at most once a walk) only for a unit its last listing lacked. A unit
-        evicted since by another loader of the node is fetched where it is read (slower, never
-        wrong), so a walk over cached groups makes no syscall here: listed at every walk, a FineWeb-Edu
-        working set's directory (~12,000 files) held the GIL the loop waits for."""
+        """Whether the cache holds every one of `pairs`, as far as this process knows
+        (CachedBlocks.on_disk: what it listed, fetched or found there); a cache is listed for a unit it
+        does not know of at most once every RELIST_EVERY_S (what it knows is forgotten as often). A
+        unit thought missing that another process fetched is found by the plan's fetch (a stat); one
+        another loader evicted is fetched where it is read (slower, never wrong). So a walk makes no
+        syscall here: listed at every walk, a FineWeb-Edu working set's directory (~12,000 files) held
+        the GIL the loop waits for."""
         for t, u in pairs:
-            key = self.caches[t].key(u)
-            if key not in self._listings.get(t, ()):
+            c = self.caches[t]
+            key = c.key(u)
+            if key not in c.on_disk:
                 if t in self._relisted:
                     return False
                 self._relisted.add(t)
-                self._listings[t] = listed = self.caches[t].listing()
-                if key not in listed:
+                c.on_disk = c.listing()
+                if key not in c.on_disk:
                     return False
         return True
 
     @functools.cached_property
     def _whole_fits(self) -> bool:
-        """Whether every unit of the splits fits this loader's working set (asked once they are all
-        cached: a sum over every unit)."""
-        return (
-            sum(c.units_bytes(np.arange(c.nunits)) for c in self.caches if c is not None) <= self.keep_bytes
-        )
+        """Whether every unit of the splits fits this loader's working set (asked at the thread's first
+        turn: a sum of the index's totals, no array of every unit)."""
+        return sum(c.split_bytes() for c in self.caches if c is not None) <= self.keep_bytes
 
     def _publish(self, keep: Iterable[tuple[int, int]]) -> None:
+        """Write the keep list: per cache directory, the units' keys in the order of `keep` (the order
+        the loader needs them: make_room takes another loader's from the end)."""
         by_dir: dict[str, list[int]] = {}
         for t, b in keep:
             by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
-        payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
+        payload = dict(sorted(by_dir.items()))
         if payload != self._published:
             try:
                 write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
@@ -1027,21 +1054,15 @@ class Prefetcher:
             self.error = e
 
     def _fetch_all(self, fetch: list[tuple[int, int]], step: int) -> None:
-        """Fetch in order, `requests` in flight; stop submitting when the consumer moved on. What is
-        fetched joins the listings (_all_cached): the next walk lists nothing again for it."""
-        inflight: list[tuple[int, int, Future]] = []
+        """Fetch in order, `requests` in flight; stop submitting when the consumer moved on."""
+        inflight: list[Future] = []
         for t, b in fetch:
             if self._stop or self._step > step + LAG_STEPS:
                 break
             if self.caches[t].cached(b):
                 continue
             while len(inflight) >= self.requests:
-                self._fetched(*inflight.pop(0))
-            inflight.append((t, b, self._pool.submit(self.caches[t].fetch, b)))
-        for got in inflight:
-            self._fetched(*got)
-
-    def _fetched(self, t: int, b: int, future: Future) -> None:
-        future.result()
-        if t in self._listings:
-            self._listings[t].add(self.caches[t].key(b))
+                inflight.pop(0).result()
+            inflight.append(self._pool.submit(self.caches[t].fetch, b))
+        for f in inflight:
+            f.result()
