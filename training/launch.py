@@ -97,6 +97,14 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)
+    shapes = batch_shapes(cfg, spec, nproc)
+    validation = validation_of(  # what train refuses before step 1: a held-out split too small for
+        cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,  # run.val_batches, and
+        vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,  # the
+        settings={"rank": 0, "world_size": shapes[0].dp_size},  # cache_gb its held-out reads need too
+    )  # fmt: skip
+    held_out = validation.cache_need() if validation is not None else []
+    check_room(training_cache_need(tables, plan) + held_out, spec.cache)  # as train checks (R16b, R19b 6)
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):
@@ -119,14 +127,6 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         )
     for note in plan.check_supply():
         print(f"note: {note}")
-    shapes = batch_shapes(cfg, spec, nproc)
-    validation = validation_of(  # what train refuses before step 1: a held-out split too small for
-        cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,  # run.val_batches, and
-        vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,  # the
-        settings={"rank": 0, "world_size": shapes[0].dp_size},  # cache_gb its held-out reads need too
-    )  # fmt: skip
-    if validation is not None and (held_out := validation.cache_need()):
-        check_room(training_cache_need(tables, plan) + held_out, spec.cache)  # as train checks (R16b)
     return 0
 
 

@@ -41,7 +41,7 @@ from training.contract.run_layout import (
     is_training_run,
 )
 from training.data.recipe import recorded_plan_fix
-from training.data.remote import CacheSettings, add_cache_argument
+from training.data.remote import add_cache_argument, cache_of
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
@@ -472,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).
-    cache = CacheSettings.of(args.cache_dir)
+    cache = cache_of(args)
     args.dirs = [str(bucket_copy(d, cache)) if is_url(d) else d for d in args.dirs]
     with _damaged_files_named(args.dirs):
         return _run(args)

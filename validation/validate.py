@@ -93,7 +93,7 @@ from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_i
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectCutShort, ObjectStore, ObjectStoreError, is_url
 from training.contract.separator_check import misplaced_separators
-from training.data.remote import CacheSettings, add_cache_argument, ensure, local_root, tmp_name
+from training.data.remote import CacheSettings, add_cache_argument, cache_of, ensure, local_root, tmp_name
 
 # A broken separator policy would report every document; beyond this many per shard the rest are
 # counted, not listed.
@@ -1137,7 +1137,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         workers=args.workers,
         write=not args.no_write,
-        cache=CacheSettings.of(args.cache_dir),
+        cache=cache_of(args),
     )
     print(format_report(report))
     return 0 if report.ok else 1

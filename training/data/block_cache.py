@@ -42,6 +42,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import threading
 import time
@@ -61,10 +62,17 @@ from training.contract.dataset_format import (
     SAMPLE_DOCS,
     SHARDS_DIR,
     DatasetError,
+    dataset_files,
     layout_samples,
 )
-from training.contract.dataset_index import HASH_BYTES, INDEX_DIR, SAMPLE_DIGEST, DocIndex, sample_digest
-from training.contract.file_lock import file_lock
+from training.contract.dataset_index import (
+    HASH_BYTES,
+    INDEX_DIR,
+    SAMPLE_DIGEST,
+    SAMPLE_TOKENS,
+    DocIndex,
+    sample_digest,
+)
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
@@ -72,7 +80,9 @@ from training.data.order import DocBlocks
 from training.data.remote import (
     ORIGIN,
     CacheSettings,
+    cache_lock,
     host,
+    mark_origin,
     node_lock,
     origin,
     repair_advice,
@@ -166,6 +176,7 @@ class CachedBlocks:
         self._failures: dict[int, set[tuple[int, ...]]] = {}  # per unit: its copies that failed lately
         self._failed_before: dict[int, set[tuple[int, ...]]] = {}  # per unit: those before its last good read
         self._dir = str(self.dir)
+        self._origin = str(root / ORIGIN)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         # Keys of the units this process knows the cache holds: listed (a prefetcher's walks), fetched
         # or found there by a fetch. A hint for the walks only; a read opens the file, and fetches it
@@ -278,6 +289,11 @@ class CachedBlocks:
     def path(self, u: int) -> Path:
         return Path(self._file(u))
 
+    def unit_name(self, u: int) -> str:
+        """Unit `u` in a message: a sample, or a held-out document (its row: its number in the split
+        is no sample's)."""
+        return f"held-out document (manifest row {self.key(u)})" if self.per_doc else f"sample {u}"
+
     def _file(self, u: int) -> str:
         """path(u) as a string (the read path opens and tests it per unit: no Path object on the way)."""
         return f"{self._dir}/{self.key(u)}{BLOCK_EXT}"
@@ -293,8 +309,7 @@ class CachedBlocks:
         """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
         process exclude each other too, and closing one file releases no other thread's lock)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with file_lock(self.dir / f".lock-{u % LOCK_STRIPES}"):
+        with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}"):
             yield
 
     def fetch(self, u: int) -> bool:
@@ -316,6 +331,13 @@ class CachedBlocks:
                 self.refused[u] = e
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
+                if not os.path.isfile(self._origin):
+                    # emptied meanwhile (`rm -rf` of the cache): unmarked, the copies written now were
+                    # no cache file to make_room, which went past the bound (review R19b 1)
+                    try:
+                        mark_origin(self.root, self.url)
+                    except OSError as e:
+                        raise unwritable_cache(self.cache.dir, e) from None
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
             self.on_disk.add(self.key(u))
@@ -397,12 +419,33 @@ class CachedBlocks:
                 return data[: n * DOC_RECORD], _xxh3(ids), ids
             if attempt == 1:
                 COUNTS.add("refetches")
+        if (changed := self._index_changed()) is not None:
+            raise changed
         raise DatasetError(
             f"{self.url}/{SHARDS_DIR}/{name}: bytes {lo:,}–{hi:,} (sample {s}, manifest rows "
             f"{int(self.first[s])}–{int(self.first[s + 1]) - 1}) fetched twice, and each time {bad}: the "
             "object in the bucket is damaged or was replaced, and nothing was trained on it; "
             + repair_advice(self.store)
         )
+
+    def _index_changed(self) -> DatasetError | None:
+        """The checks of every fetch and read hold the bytes to the index's sample totals and digests,
+        memory maps of the cache's copies, which were hashed when the dataset was opened: a copy changed
+        on disk since refuses every sample. Asked (the mapped bytes hashed again) before a refusal names
+        the bucket or the cache's copies of samples: an index the maps read that no longer hashes to
+        dataset.json's sha256 is named instead (review R19b 3)."""
+        recorded = dataset_files(self.info)
+        for name, mapped in ((SAMPLE_DIGEST, self.digests), (SAMPLE_TOKENS, self.totals)):
+            rel = f"{INDEX_DIR}/{name}"
+            if rel in recorded and hashlib.sha256(mapped).hexdigest() != recorded[rel]["sha256"]:
+                return DatasetError(
+                    f"{self.root / rel}: the cache's copy of the dataset's {rel} changed on disk after "
+                    "this process checked it (it no longer hashes to the sha256 "
+                    f"{self.url}/dataset.json records), and every sample is checked against it: nothing "
+                    "was trained on what it refused, and the bucket was not at fault; resume the run (the "
+                    "copy is checked, and fetched again, when the dataset is opened)"
+                )
+        return None
 
     def _header(self, u: int | None, n: int, records: int) -> bytes:
         # A held-out document's file names its row ("row", not "unit": a file an earlier version named
@@ -510,8 +553,8 @@ class CachedBlocks:
             else:
                 return got
         raise DatasetError(
-            f"{self.path(u)}: sample {u} of {self.url} was evicted 100 times before it could be read: "
-            "the loaders sharing data.cache_dir need more room; raise data.cache_gb"
+            f"{self.path(u)}: {self.unit_name(u)} of {self.url} was evicted 100 times before it could be "
+            "read: the loaders sharing data.cache_dir need more room; raise data.cache_gb"
         )
 
     def _loaded(self, u: int) -> _Loaded:
@@ -559,8 +602,10 @@ class CachedBlocks:
         if removed:  # counted where it is removed: once on the node, however many processes saw it
             COUNTS.add("refetches")
         if len(failed) >= 2:
+            if (changed := self._index_changed()) is not None:
+                raise changed
             raise DatasetError(
-                f"{path}: the cache's copy of sample {u} of {self.url} failed its check ({bad.why}) "
+                f"{path}: the cache's copy of {self.unit_name(u)} of {self.url} failed its check ({bad.why}) "
                 "twice, the second time just after it was fetched and checked: something damages or "
                 "replaces what is written to data.cache_dir; give the run a cache directory of its own on "
                 "another disk"
@@ -669,10 +714,24 @@ def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> N
     if need > cache.max_bytes:
         raise DatasetError(
             f"data.cache_gb = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
-            f"{', '.join(sorted({c.url for c, _ in needs}))}: {need / 1e9:.3g} GB (the epoch groups of "
+            f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb_holding(need):g} GB (the epoch groups of "
             "4,096 blocks that its loaders read at once: docs/object-storage.md, The cache); set "
             f"data.cache_gb to at least {np.ceil(need / 1e7) / 100:g}"
         )
+
+
+def gb_holding(need: int) -> float:
+    """The smallest figure of 3 significant digits that holds `need` bytes as data.cache_gb: the
+    figure a refusal quotes, set as it is, is not refused again (rounded to the nearest, it was:
+    review R19b 6)."""
+    x = need / 1e9
+    if x <= 0:
+        return 0.0
+    step = 10.0 ** (math.floor(math.log10(x)) - 2)
+    value = math.ceil(x / step) * step
+    while int(float(f"{value:.3g}") * 1e9) < need:
+        value += step
+    return float(f"{value:.3g}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1001,6 +1060,7 @@ class Prefetcher:
         payload = dict(sorted(by_dir.items()))
         if payload != self._published:
             try:
+                self.keep_file.parent.mkdir(parents=True, exist_ok=True)  # the cache emptied meanwhile
                 write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
             except OSError as e:
                 raise unwritable_cache(self.cache.dir, e) from None

@@ -26,7 +26,7 @@ from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import skip_of
-from training.data.remote import CacheSettings, add_cache_argument, ensure_dirs
+from training.data.remote import add_cache_argument, cache_of, ensure_dirs
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
         val_fraction=args.val_fraction,
         check_separators=True,
-        cache=CacheSettings.of(args.cache_dir),
+        cache=cache_of(args),
     )
     spe, tail = loader.steps_per_epoch, loader.dropped_tail_tokens
     step, end = _steps(args, None)

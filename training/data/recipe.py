@@ -25,7 +25,6 @@ from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
-from training.data.block_cache import check_room
 from training.data.reader import DocumentTable
 from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot
@@ -236,13 +235,13 @@ def training_cache_need(tables: list[DocumentTable], plan: data_plan.Plan) -> li
 
 
 def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
-    """Refuse (DatasetError) a data.cache_gb below the working set the plan's training reads from
-    buckets at once (block_cache.check_room: every phase and batch, any epoch; the trainer checks it
-    again with its validation loaders); a line saying what it is otherwise."""
+    """A line saying what the plan's training keeps of its bucket sources at once. The bound itself is
+    checked once, against the training's and the validation's needs together (block_cache.check_room,
+    by the trainer and `train --plan`): checked here for the training alone first, a data.cache_gb
+    set to the figure it quoted was refused again with a larger one (review R19b 6)."""
     needs = training_cache_need(tables, plan)
     if not needs:
         return []
-    check_room(needs, spec.cache)
     return [
         f"the bucket sources are read by range through data.cache_gb = {spec.cache.max_bytes / 1e9:g} on "
         f"this node; the training keeps {sum(n for _, n in needs) / 1e9:.3g} GB of them at most"

@@ -18,6 +18,7 @@ of training/data/block_cache.py, each checked against the index's per-document s
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -99,8 +100,9 @@ class CacheSettings:
 
 
 def add_cache_argument(parser) -> None:
-    """`--cache-dir` of the commands that read a dataset without a training config (inspect,
-    validate, audit): where an s3:// dataset's copy goes (data.cache_dir's role)."""
+    """`--cache-dir` and `--cache-gb` of the commands that read a dataset without a training config
+    (inspect, validate, audit): where an s3:// dataset's copy goes and the most it holds (data.cache_dir's
+    and data.cache_gb's roles; `cache_of`)."""
     parser.add_argument(
         "--cache-dir",
         default="",
@@ -108,15 +110,59 @@ def add_cache_argument(parser) -> None:
         help="where an s3:// dataset's files are cached, each checked by sha256 (default: "
         "~/.cache/gristmill/datasets, under $XDG_CACHE_HOME if set)",
     )
+    parser.add_argument(
+        "--cache-gb",
+        type=_positive_gb,
+        default=DEFAULT_CACHE_GB,
+        metavar="GB",
+        help=f"the most the cache holds (default {DEFAULT_CACHE_GB:g}); in a cache a run reads from, its "
+        "data.cache_gb (the bound holds for all of them together)",
+    )
+
+
+def _positive_gb(value: str) -> float:
+    try:
+        gb = float(value)
+    except ValueError:
+        gb = float("nan")
+    if not gb > 0 or gb == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a size in GB above 0 (e.g. 100)")
+    return gb
+
+
+def cache_of(args) -> CacheSettings:
+    """The cache of a command's --cache-dir and --cache-gb (add_cache_argument)."""
+    return CacheSettings.of(args.cache_dir, args.cache_gb)
 
 
 @contextlib.contextmanager
 def node_lock(cache_dir: Path) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
     file is downloaded twice and the bound is checked against a size nobody else is changing."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache_dir / LOCK):
+    with cache_lock(cache_dir, cache_dir / LOCK):
         yield
+
+
+@contextlib.contextmanager
+def cache_lock(cache_dir: Path, path: Path) -> Iterator[None]:
+    """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder). One that cannot
+    be made or opened (a read-only or full disk, a folder that became a file, another user's lock
+    file) is the cache's one line, which the trainer stops on after saving its last step: a bare
+    OSError was a traceback, the steps since the last checkpoint lost (review R19b 5)."""
+    with contextlib.ExitStack() as held:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            held.enter_context(file_lock(path))
+        except OSError as e:
+            raise unwritable_cache(cache_dir, e) from None
+        yield
+
+
+def mark_origin(root: Path, url: str) -> None:
+    """Make `root` the cache's copy of `url` (ORIGIN): reads go to that URL, and eviction counts only
+    the directories ORIGIN marks (block_cache.cache_files)."""
+    if origin(root) != url:
+        write_atomic(root / ORIGIN, json.dumps({"url": url}) + "\n")
 
 
 def origin(root: Path) -> str | None:
@@ -160,8 +206,7 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     root = copy_dir(cache.dir, str(location), info["fingerprint"])
     try:
         root.mkdir(parents=True, exist_ok=True)
-        if origin(root) != str(location):
-            write_atomic(root / ORIGIN, json.dumps({"url": str(location)}) + "\n")
+        mark_origin(root, str(location))
         path = root / DATASET_JSON
         if not path.is_file() or path.read_bytes() != raw:
             write_atomic(path, raw)
