@@ -178,10 +178,11 @@ class CachedBlocks:
         self._dir = str(self.dir)
         self._origin = str(root / ORIGIN)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
-        # Keys of the units this process knows the cache holds: listed (a prefetcher's walks), fetched
-        # or found there by a fetch. A hint for the walks only; a read opens the file, and fetches it
-        # when it is gone.
-        self.on_disk: set[int] = set()
+        # Keys of the units this process knows the cache holds (listed, fetched or found there), for a
+        # prefetcher's walks (it starts the set, and forgets it every RELIST_EVERY_S); None where no
+        # prefetcher asks (a DataLoader worker: it would only grow). A hint: a read opens the file, and
+        # fetches it when it is gone.
+        self.on_disk: set[int] | None = None
         self.lengths = SampleLengths(self)
 
     def _index_arrays(self) -> None:
@@ -196,7 +197,7 @@ class CachedBlocks:
     # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
         skip = ("first", "totals", "digests")
-        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}, "on_disk": set()}
+        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}, "on_disk": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -317,13 +318,13 @@ class CachedBlocks:
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):
-            self.on_disk.add(self.key(u))
+            self.known(u)
             return False
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
             if self.cached(u):  # another process or thread fetched it meanwhile
-                self.on_disk.add(self.key(u))
+                self.known(u)
                 return False
             try:
                 records, check, ids = self._download(u)  # into memory: the units in flight take no disk
@@ -340,12 +341,22 @@ class CachedBlocks:
                         raise unwritable_cache(self.cache.dir, e) from None
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
-            self.on_disk.add(self.key(u))
+            self.known(u)
             return True
+
+    def known(self, u: int) -> None:
+        """Unit `u` was found in the cache, or written there: on_disk, where a prefetcher keeps it."""
+        if (on_disk := self.on_disk) is not None:
+            on_disk.add(self.key(u))
 
     def fetch_all(self, units: Iterable[int]) -> None:
         """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight."""
-        missing = [u for u in dict.fromkeys(int(u) for u in units) if not self.cached(u)]
+        missing = []
+        for u in dict.fromkeys(int(u) for u in units):
+            if self.cached(u):
+                self.known(u)  # fetched by another process of the node since this one's listing
+            else:
+                missing.append(u)
         if len(missing) <= 1:
             for u in missing:
                 self.fetch(u)
@@ -766,10 +777,12 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
     count in USAGE, kept under node_lock by every write and eviction (a block deleted otherwise only
     makes it high: safe); when it says the bytes do not fit, the cache is listed and blocks are
     evicted down to EVICT_TO of the bound (so a full cache is listed once per many fetches, not at
-    each): those no live loader keeps, least recently needed first (their access time); then those
-    only another loader on the node keeps, those it needs last first (its keep list's order: the
-    groups it reads now come first), which it fetches again (slower, never wrong); never this
-    process's (or its parent's: a DataLoader worker's rank) keep list. The caller holds node_lock."""
+    each): those no live loader keeps, least recently needed first; then those only another loader
+    on the node keeps (it fetches them again: slower, never wrong), by access time too; never this
+    process's (or its parent's: a DataLoader worker's rank) keep list. The caller holds node_lock.
+    (Another loader's in the order it needs them, the furthest ahead first, fetched more at small
+    groups: its current groups were in its memory already, the ones ahead its prefetcher had fetched
+    and took for cached; review R19c 1.)"""
     used = _usage(cache.dir)
     if used is None or used + incoming > cache.max_bytes:
         _remove_dead_tmp(cache.dir)
@@ -777,10 +790,7 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
         files = cache_usage(cache.dir)
         used = sum(size for _, size, _ in files)
         goal = min(cache.max_bytes, int(cache.max_bytes * EVICT_TO))
-        victims = sorted(
-            (f for f in files if f[0] not in ours),
-            key=lambda f: (f[0] in theirs, -theirs.get(f[0], 0), f[2]),
-        )
+        victims = sorted((f for f in files if f[0] not in ours), key=lambda f: (f[0] in theirs, f[2]))
         for path, size, _ in victims:
             if used + incoming <= goal:
                 break
@@ -819,13 +829,12 @@ def _remove_dead_tmp(cache_dir: Path) -> None:
                 tmp.unlink(missing_ok=True)
 
 
-def live_keep(cache_dir: Path) -> tuple[set[Path], dict[Path, int]]:
-    """The block files in the keep lists of live loaders: (this process's and its parent's; the
-    others', each with its place in the order its loaders need it: the soonest of the lists naming it,
-    0 the first); a dead process's list on this host is removed."""
+def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
+    """The block files in the keep lists of live loaders: (this process's and its parent's, the
+    others'); a dead process's list on this host is removed."""
     here = host()
     ours: set[Path] = set()
-    theirs: dict[Path, int] = {}
+    theirs: set[Path] = set()
     for path in (cache_dir / KEEP_DIR).glob("*.json"):
         name_host, _, rest = path.stem.rpartition("-")
         pid = rest.partition("_")[0]
@@ -837,13 +846,9 @@ def live_keep(cache_dir: Path) -> tuple[set[Path], dict[Path, int]]:
             kept = json.loads(path.read_text())["blocks"]
         except (OSError, ValueError, KeyError):
             continue
+        target = ours if own else theirs
         for d, ids in kept.items():
-            paths = [Path(d) / f"{b}{BLOCK_EXT}" for b in ids]
-            if own:
-                ours.update(paths)
-            else:
-                for place, kept_path in enumerate(paths):
-                    theirs[kept_path] = min(place, theirs.get(kept_path, place))
+            target.update(Path(d) / f"{b}{BLOCK_EXT}" for b in ids)
     return ours, theirs
 
 
@@ -897,6 +902,9 @@ class Prefetcher:
         self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
         self._touched_at = -float("inf")  # when the groups being read were last marked as needed
         self._listed_at = -float("inf")  # when what the caches hold was last forgotten (_all_cached)
+        for c in caches:
+            if c is not None and c.on_disk is None:
+                c.on_disk = set()  # what this process fetches or finds from now on (CachedBlocks.known)
         self._relisted: set[int] = set()  # the tables listed since
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
@@ -943,21 +951,19 @@ class Prefetcher:
             by_table.setdefault(t, []).append(u)
         return sum(self.caches[t].units_bytes(np.array(us)) for t, us in by_table.items())
 
-    def window(self, step: int) -> tuple[list[tuple[int, int]], dict[tuple[int, int], None]]:
+    def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
         """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
-        keep: every unit of the epoch groups this step, the last LAG_STEPS steps and the steps ahead
-        read, in that order). The steps ahead go as far as their groups fit keep_bytes (and the plan
+        keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
+        read). The steps ahead go as far as their groups fit keep_bytes (and the plan
         goes): a step's groups are counted before the step is planned, since planning it fetches a
         training group whole (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
             del self._group_memo[old]
-        # In the order the loader needs them (the keep list's order: what another loader of the node
-        # must evict of it goes from the end): this step's groups, the lagging ranks', the steps ahead's.
-        keep: dict[tuple[int, int], None] = {}
-        for s in range(step, max(0, step - LAG_STEPS) - 1, -1):
-            keep.update(dict.fromkeys(self._step_groups(s)))
+        keep: set[tuple[int, int]] = set()
+        for s in range(max(0, step - LAG_STEPS), step + 1):
+            keep |= self._step_groups(s)
         if time.monotonic() - self._listed_at >= RELIST_EVERY_S:  # what other loaders did since
             for c in self.caches:
                 if c is not None:
@@ -971,10 +977,12 @@ class Prefetcher:
             fetch = list(dict.fromkeys(self._step_needs(step)))
         queued = set(fetch)
         # Marked as just needed (_touch): the groups being read, every TOUCH_EVERY_S (the order in
-        # which make_room takes the units no loader keeps). Not the groups ahead as they enter the keep
-        # list (two syscalls a unit, each a hand-off of the GIL the loop waits for: ~10% of a warm
-        # loader's time at the bench's groups of 16): while kept they are not taken by access time
-        # but by the keep list's order, and a fetched copy is a new file.
+        # which make_room takes the units no loader keeps, then those only other loaders keep). Not the
+        # groups ahead as they enter the keep list: two syscalls a unit, each a hand-off of the GIL the
+        # loop waits for (~10% of a warm loader's time at the bench's groups of 16); a fetched copy is
+        # a new file. So another loader that must take what this one keeps can take the group it reads
+        # now (its reader holds their copies in memory, mostly; one it must read again is fetched
+        # again: slower, never wrong).
         self._fresh = set()
         if time.monotonic() - self._touched_at >= TOUCH_EVERY_S:
             self._fresh = set(keep)
@@ -985,12 +993,12 @@ class Prefetcher:
         last = end if self.last_step is None else min(end, self.last_step)
         s = step + 1
         while s < last:
-            grown = self._step_groups(s) - keep.keys()
+            grown = self._step_groups(s) - keep
             cost = self._bytes(grown)
             if used + cost > self.keep_bytes:
                 break
             self._horizon = s
-            keep.update(dict.fromkeys(grown))
+            keep |= grown
             used += cost
             if not self._all_cached(grown):
                 # a group not cached: this step's plan fetches it, into room made first
@@ -1029,8 +1037,9 @@ class Prefetcher:
         """Whether the cache holds every one of `pairs`, as far as this process knows
         (CachedBlocks.on_disk: what it listed, fetched or found there); a cache is listed for a unit it
         does not know of at most once every RELIST_EVERY_S (what it knows is forgotten as often). A
-        unit thought missing that another process fetched is found by the plan's fetch (a stat); one
-        another loader evicted is fetched where it is read (slower, never wrong). So a walk makes no
+        unit thought missing that another process fetched is found, and known from then on, by the
+        plan's fetch or this thread's (a stat); one another loader evicted is fetched where it is read
+        (slower, never wrong). So a walk makes no
         syscall here: listed at every walk, a FineWeb-Edu working set's directory (~12,000 files) held
         the GIL the loop waits for."""
         for t, u in pairs:
@@ -1052,12 +1061,10 @@ class Prefetcher:
         return sum(c.split_bytes() for c in self.caches if c is not None) <= self.keep_bytes
 
     def _publish(self, keep: Iterable[tuple[int, int]]) -> None:
-        """Write the keep list: per cache directory, the units' keys in the order of `keep` (the order
-        the loader needs them: make_room takes another loader's from the end)."""
         by_dir: dict[str, list[int]] = {}
         for t, b in keep:
             by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
-        payload = dict(sorted(by_dir.items()))
+        payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
         if payload != self._published:
             try:
                 self.keep_file.parent.mkdir(parents=True, exist_ok=True)  # the cache emptied meanwhile
@@ -1120,6 +1127,7 @@ class Prefetcher:
             if self._stop or self._step > step + LAG_STEPS:
                 break
             if self.caches[t].cached(b):
+                self.caches[t].known(b)
                 continue
             while len(inflight) >= self.requests:
                 inflight.pop(0).result()
