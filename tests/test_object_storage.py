@@ -60,6 +60,7 @@ from training.data.block_cache import (
     Prefetcher,
     _BadCopy,
     cache_usage,
+    gb_holding,
     make_room,
 )
 from training.data.loader import batch_sha256, dataset_loader
@@ -642,7 +643,7 @@ def test_loader_through_faults_and_a_working_set_cache_gives_the_local_batches(
     assert settings.max_bytes < 0.7 * ids_bytes  # samples are evicted along the way
     with pytest.raises(DatasetError) as refused:  # a byte less is refused before any work, with the figure
         hashes(url, 1, cache=CacheSettings(settings.dir, settings.max_bytes - 1))
-    assert f"set data.cache_gb to at least {np.ceil(settings.max_bytes / 1e7) / 100:g}" in str(refused.value)
+    assert f"set data.cache_gb to at least {gb_holding(settings.max_bytes):g}" in str(refused.value)
     # Files the cache did not write, and a live process's download: eviction leaves them alone; a
     # dead process's download is removed.
     blocks = copy_dir(settings.dir, url, read_dataset_info(local)["fingerprint"]) / "blocks"
@@ -1568,6 +1569,19 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
         peak = max(peak, held())
     assert got == want
     assert peak <= need, (peak, need)
+    # emptied while a fetch is in flight: its write found no folder and stopped the run, advising
+    # another cache_dir (review R19d 2)
+    c = DocumentTable(url, cache=settings).cache
+    download = c._download
+
+    def emptied_meanwhile(u):
+        got = download(u)
+        shutil.rmtree(settings.dir)
+        return got
+
+    c._download = emptied_meanwhile
+    gone = next(u for u in range(c.nunits) if not c.cached(u))
+    assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
 def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, small_blocks, tmp_path):
@@ -1623,9 +1637,8 @@ def test_a_cache_lock_that_cannot_be_taken_is_the_cache_s_one_line(s3, synthetic
     blocks = table.cache.dir
     shutil.rmtree(blocks, ignore_errors=True)
     blocks.write_text("not a folder")
-    with pytest.raises(
-        DatasetError, match=rf"^cannot write the cache {re.escape(str(tmp_path / 'cache'))} \("
-    ):
+    unwritable = rf"^cannot write the cache {re.escape(str(tmp_path / 'cache'))} \(File exists: "
+    with pytest.raises(DatasetError, match=unwritable + re.escape(str(blocks))):  # the file (R19d 7)
         table.document(0)
 
 
@@ -1677,20 +1690,24 @@ def test_what_a_prefetching_process_finds_cached_it_knows_and_a_worker_keeps_not
     """A unit another process of the node fetched after this one's listing: found by a fetch (a stat),
     it was not recorded, and the walks planned every step ahead as if the cache were cold until the
     next listing (review R19c 3). Recorded only where a prefetcher keeps the set: a DataLoader
-    worker's would only grow (R19c 4)."""
+    worker's would only grow (R19c 4, R19d 6)."""
     import pickle
 
     _, url = synthetic
     settings = cache(tmp_path)
     first, second = (DocumentTable(url, cache=settings).cache for _ in range(2))
-    second.on_disk = set()  # as its loader's prefetcher starts it
+    second.forget_known()  # as its loader's prefetcher starts it
     first.fetch(0)
     second.fetch_all([0, 1])  # 0 found, 1 fetched
     assert second.on_disk == {second.key(0), second.key(1)}
-    worker = pickle.loads(pickle.dumps(second))
-    assert worker.on_disk is None
+    worker = pickle.loads(pickle.dumps(second))  # a spawned worker
     worker.fetch_all([2])
-    assert worker.on_disk is None and worker.cached(2)
+    assert worker.on_disk == set() and worker.cached(2)
+    child = os.fork()  # a forked one (a later iter(loader)'s: R19d 6), with a copy of the set
+    if child == 0:
+        second.known(2)
+        os._exit(0 if second.on_disk == {second.key(0), second.key(1)} else 1)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
 
 
 def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):
@@ -1730,6 +1747,12 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     # refused again (review R19b 6: the training's alone, rounded to the nearest, was refused twice)
     quoted = re.search(r": ([0-9.e+-]+) GB \(", err[0])[1]
     assert float(quoted) * 1e9 > training + 1
+    # from far below, the same figure: not validation's alone first (its loaders checked their own
+    # need before the run's: review R19d 3), and the advice's figure is it too (R19d 5)
+    assert gristmill([*plan, "data.cache_gb=1e-9", fits[1], *val]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.search(r": ([0-9.e+-]+) GB \(", err[0])[1] == quoted, (quoted, err)
+    assert err[0].endswith(f"set data.cache_gb to at least {quoted}"), err
     quoted_too = [f"data.cache_gb={quoted}", fits[1]]
     assert gristmill([*plan, *quoted_too, *val]) == 0, capsys.readouterr().err
     capsys.readouterr()

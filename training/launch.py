@@ -79,15 +79,14 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     import torch
 
     from training.contract.run_layout import PLAN_PNG
-    from training.data.block_cache import check_room
     from training.data.recipe import (
         build_plan,
+        check_run_room,
         format_plan,
         open_sources,
         plot_plan,
         recipe_notes,
         recorded_skips,
-        training_cache_need,
     )
     from training.data.spec import batch_shapes
     from training.run.validation import validation_of
@@ -103,8 +102,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,  # the
         settings={"rank": 0, "world_size": shapes[0].dp_size},  # cache_gb its held-out reads need too
     )  # fmt: skip
-    held_out = validation.cache_need() if validation is not None else []
-    check_room(training_cache_need(tables, plan) + held_out, spec.cache)  # as train checks (R16b, R19b 6)
+    check_run_room(spec, tables, plan, validation)  # as train checks
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):

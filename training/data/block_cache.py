@@ -179,10 +179,12 @@ class CachedBlocks:
         self._origin = str(root / ORIGIN)
         self.refused: dict[int, DatasetError] = {}  # samples that failed their check twice
         # Keys of the units this process knows the cache holds (listed, fetched or found there), for a
-        # prefetcher's walks (it starts the set, and forgets it every RELIST_EVERY_S); None where no
-        # prefetcher asks (a DataLoader worker: it would only grow). A hint: a read opens the file, and
-        # fetches it when it is gone.
-        self.on_disk: set[int] | None = None
+        # prefetcher's walks (it starts the set, and forgets it every RELIST_EVERY_S: forget_known); kept
+        # only by the process whose prefetcher started it (a DataLoader worker's, forked with a copy,
+        # would only grow: reviews R19c 4, R19d 6). A hint: a read opens the file, and fetches it when
+        # it is gone.
+        self.on_disk: set[int] = set()
+        self._on_disk_pid = 0  # the process keeping on_disk; 0: none
         self.lengths = SampleLengths(self)
 
     def _index_arrays(self) -> None:
@@ -197,7 +199,8 @@ class CachedBlocks:
     # the index (as paths) and are taken from it again.
     def __getstate__(self) -> dict[str, Any]:
         skip = ("first", "totals", "digests")
-        return {**{k: v for k, v in self.__dict__.items() if k not in skip}, "_ranges": {}, "on_disk": None}
+        state = {k: v for k, v in self.__dict__.items() if k not in skip}
+        return {**state, "_ranges": {}, "on_disk": set(), "_on_disk_pid": 0}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -333,9 +336,11 @@ class CachedBlocks:
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 if not os.path.isfile(self._origin):
-                    # emptied meanwhile (`rm -rf` of the cache): unmarked, the copies written now were
-                    # no cache file to make_room, which went past the bound (review R19b 1)
+                    # emptied meanwhile (`rm -rf` of the cache, even during this fetch): unmarked, the
+                    # copies written now were no cache file to make_room, which went past the bound
+                    # (review R19b 1); its folders gone, the write failed (R19d 2)
                     try:
+                        self.dir.mkdir(parents=True, exist_ok=True)
                         mark_origin(self.root, self.url)
                     except OSError as e:
                         raise unwritable_cache(self.cache.dir, e) from None
@@ -345,9 +350,14 @@ class CachedBlocks:
             return True
 
     def known(self, u: int) -> None:
-        """Unit `u` was found in the cache, or written there: on_disk, where a prefetcher keeps it."""
-        if (on_disk := self.on_disk) is not None:
-            on_disk.add(self.key(u))
+        """Unit `u` was found in the cache, or written there: on_disk, where this process's prefetcher
+        keeps it."""
+        if self._on_disk_pid == os.getpid():
+            self.on_disk.add(self.key(u))
+
+    def forget_known(self) -> None:
+        """Start on_disk again, kept by this process (a prefetcher's, every RELIST_EVERY_S)."""
+        self.on_disk, self._on_disk_pid = set(), os.getpid()
 
     def fetch_all(self, units: Iterable[int]) -> None:
         """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight."""
@@ -723,11 +733,12 @@ def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> N
     at once (`needs`: each split's working set, TokenLoader.cache_need)."""
     need = sum(n for _, n in needs)
     if need > cache.max_bytes:
+        gb = gb_holding(need)
         raise DatasetError(
             f"data.cache_gb = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
-            f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb_holding(need):g} GB (the epoch groups of "
+            f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb:g} GB (the epoch groups of "
             "4,096 blocks that its loaders read at once: docs/object-storage.md, The cache); set "
-            f"data.cache_gb to at least {np.ceil(need / 1e7) / 100:g}"
+            f"data.cache_gb to at least {gb:g}"
         )
 
 
@@ -902,9 +913,6 @@ class Prefetcher:
         self._fresh: set[tuple[int, int]] = set()  # what this window marks as just needed (_touch)
         self._touched_at = -float("inf")  # when the groups being read were last marked as needed
         self._listed_at = -float("inf")  # when what the caches hold was last forgotten (_all_cached)
-        for c in caches:
-            if c is not None and c.on_disk is None:
-                c.on_disk = set()  # what this process fetches or finds from now on (CachedBlocks.known)
         self._relisted: set[int] = set()  # the tables listed since
         self.keep_file = self.cache.dir / KEEP_DIR / f"{host()}-{os.getpid()}_{id(self)}.json"
         self._pool = ThreadPoolExecutor(requests, thread_name_prefix="gristmill-fetch")
@@ -967,7 +975,7 @@ class Prefetcher:
         if time.monotonic() - self._listed_at >= RELIST_EVERY_S:  # what other loaders did since
             for c in self.caches:
                 if c is not None:
-                    c.on_disk = set()
+                    c.forget_known()
             self._relisted, self._listed_at = set(), time.monotonic()
         fetch: list[tuple[int, int]] = []
         if self._per_doc or not self._all_cached(keep):
@@ -1065,9 +1073,9 @@ class Prefetcher:
         for t, b in keep:
             by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
         payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
-        if payload != self._published:
+        if payload != self._published or not self.keep_file.exists():  # the cache emptied meanwhile
             try:
-                self.keep_file.parent.mkdir(parents=True, exist_ok=True)  # the cache emptied meanwhile
+                self.keep_file.parent.mkdir(parents=True, exist_ok=True)
                 write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
             except OSError as e:
                 raise unwritable_cache(self.cache.dir, e) from None

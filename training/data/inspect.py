@@ -46,11 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", choices=["train", "val"], help="dataset mode: split (default train)")
     p.add_argument("--val-fraction", type=float, help="dataset mode: the run's data.val_fraction (default 0)")
     p.add_argument("--max-rows", type=int, default=8, help="sequences to print (0: all); default 8")
-    add_cache_argument(p)
+    add_cache_argument(p, bounded=True)
 
 
 # The options of dataset mode, which a run directory's config.toml answers itself.
-DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cache_dir")
+DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cache_dir", "cache_gb")
 
 
 def run(args: argparse.Namespace) -> int:

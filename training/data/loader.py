@@ -642,15 +642,18 @@ def dataset_loader(
     expect_tokenizer_sha256: str | None = None,
     cache: CacheSettings | None = None,
     last_step: int | None = None,
+    check_cache: bool = True,
     **settings: Any,
 ) -> TokenLoader:
     """The loader of one split of one dataset: the one-source, one-phase plan (epochs repeating
     without end, no LR), for validation, `gristmill data inspect DATASET` and tests. `cache`: where a
     bucket's dataset is cached (default: CacheSettings.of()); one too small for what the loader reads
-    at once is refused here. `last_step`: the caller reads only the first `last_step` global batches
-    of the split (validation's): the plan ends there (a bucket's prefetcher fetches nothing more), and
-    a split whose epoch holds fewer is refused (they would repeat its windows). `settings`:
-    TokenLoader's rank, world_size, num_workers, check_separators, pin_memory."""
+    at once is refused here, unless `check_cache` is False (the run's validation: the trainer checks
+    its need with the training's, recipe.check_run_room). `last_step`: the caller reads only the
+    first `last_step` global batches of the split (validation's): the plan ends there (a bucket's
+    prefetcher fetches nothing more), and a split whose epoch holds fewer is refused (they would
+    repeat its windows). `settings`: TokenLoader's rank, world_size, num_workers, check_separators,
+    pin_memory."""
     _positive(seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch)
     if split not in SPLITS:
         raise LoaderConfigError(f"loader split {split!r} is not one of {SPLITS}")
@@ -700,6 +703,6 @@ def dataset_loader(
         seed,
     )
     loader = TokenLoader(plan, [docs], micro_batch=micro_batch, **settings)
-    if docs.cache is not None:
+    if docs.cache is not None and check_cache:
         check_room(loader.cache_need(), docs.cache.cache)
     return loader

@@ -25,6 +25,7 @@ from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
+from training.data.block_cache import check_room
 from training.data.reader import DocumentTable
 from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot
@@ -234,11 +235,19 @@ def training_cache_need(tables: list[DocumentTable], plan: data_plan.Plan) -> li
     return [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
 
 
+def check_run_room(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan, validation: Any) -> None:
+    """Refuse (DatasetError), before any work, a data.cache_gb below what the run reads from buckets at
+    once: the training's largest need over the whole plan (training_cache_need: every phase and batch,
+    any epoch) and its validation loaders' held-out reads (`validation`: run.validation.Validation or
+    None), together: checked in two steps, the first refusal quoted a figure the second refused
+    (reviews R19b 6, R19d 3). The one check of train and `train --plan` (R16b, R19d 4)."""
+    held_out = validation.cache_need() if validation is not None else []
+    check_room(training_cache_need(tables, plan) + held_out, spec.cache)
+
+
 def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
-    """A line saying what the plan's training keeps of its bucket sources at once. The bound itself is
-    checked once, against the training's and the validation's needs together (block_cache.check_room,
-    by the trainer and `train --plan`): checked here for the training alone first, a data.cache_gb
-    set to the figure it quoted was refused again with a larger one (review R19b 6)."""
+    """A line saying what the plan's training keeps of its bucket sources at once (the bound itself:
+    check_run_room)."""
     needs = training_cache_need(tables, plan)
     if not needs:
         return []

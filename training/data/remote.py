@@ -99,10 +99,11 @@ class CacheSettings:
         return cls(where, int(cache_gb * 1e9), requests, timeout_s)
 
 
-def add_cache_argument(parser) -> None:
-    """`--cache-dir` and `--cache-gb` of the commands that read a dataset without a training config
-    (inspect, validate, audit): where an s3:// dataset's copy goes and the most it holds (data.cache_dir's
-    and data.cache_gb's roles; `cache_of`)."""
+def add_cache_argument(parser, bounded: bool = False) -> None:
+    """`--cache-dir` of the commands that read a dataset without a training config (inspect, validate,
+    audit): where an s3:// dataset's copy goes (data.cache_dir's role); with `bounded` (inspect, which
+    reads samples through the bounded cache as a loader does) `--cache-gb` too, the most it holds
+    (data.cache_gb's). validate and audit fetch whole files, outside the bound (`cache_of`)."""
     parser.add_argument(
         "--cache-dir",
         default="",
@@ -110,14 +111,14 @@ def add_cache_argument(parser) -> None:
         help="where an s3:// dataset's files are cached, each checked by sha256 (default: "
         "~/.cache/gristmill/datasets, under $XDG_CACHE_HOME if set)",
     )
-    parser.add_argument(
-        "--cache-gb",
-        type=_positive_gb,
-        default=DEFAULT_CACHE_GB,
-        metavar="GB",
-        help=f"the most the cache holds (default {DEFAULT_CACHE_GB:g}); in a cache a run reads from, its "
-        "data.cache_gb (the bound holds for all of them together)",
-    )
+    if bounded:
+        parser.add_argument(
+            "--cache-gb",
+            type=_positive_gb,
+            metavar="GB",
+            help=f"the most the samples cached hold (default {DEFAULT_CACHE_GB:g}); in a cache a run reads "
+            "from, its data.cache_gb (the bound holds for all of them together)",
+        )
 
 
 def _positive_gb(value: str) -> float:
@@ -131,8 +132,9 @@ def _positive_gb(value: str) -> float:
 
 
 def cache_of(args) -> CacheSettings:
-    """The cache of a command's --cache-dir and --cache-gb (add_cache_argument)."""
-    return CacheSettings.of(args.cache_dir, args.cache_gb)
+    """The cache of a command's --cache-dir (and --cache-gb, where it has one: add_cache_argument)."""
+    gb = getattr(args, "cache_gb", None)
+    return CacheSettings.of(args.cache_dir, DEFAULT_CACHE_GB if gb is None else gb)
 
 
 @contextlib.contextmanager
@@ -182,9 +184,10 @@ def describe(root: Path, rel: str) -> str:
 def unwritable_cache(cache_dir: Path, e: OSError) -> DatasetError:
     """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
     stops on after saving its last step (a bare OSError was a traceback, nothing saved)."""
+    what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else e.strerror or e
     return DatasetError(
-        f"cannot write the cache {cache_dir} ({e.strerror or e}); set data.cache_dir to a writable "
-        "directory with room for data.cache_gb"
+        f"cannot write the cache {cache_dir} ({what}); set data.cache_dir to a writable directory with "
+        "room for data.cache_gb"
     )
 
 

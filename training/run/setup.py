@@ -36,10 +36,9 @@ from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, run_of_checkpoint
-from training.data.block_cache import check_room
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
-from training.data.recipe import format_plan, open_plan
+from training.data.recipe import check_run_room, format_plan, open_plan
 from training.data.remote import dataset_info
 from training.data.spec import BatchShape, RunSpec, applied_config, resolve
 from training.merge import MergedWeights, MergePoints
@@ -262,8 +261,7 @@ def _data(
         cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
         world_size=env.world_size, settings=settings,
     )  # fmt: skip
-    # The training's and the validation's reads from buckets share the node's cache.
-    check_room(loader.cache_need() + (validation.cache_need() if validation else []), spec.cache)
+    check_run_room(spec, tables, plan, validation)  # the training and validation share the cache
     return plan, loader, validation, notes
 
 

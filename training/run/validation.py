@@ -100,6 +100,7 @@ class Validation:
                         expect_vocab_size=self.vocab_size,
                         cache=self.spec.cache,
                         last_step=self.cfg.run.val_batches,  # all it reads (more would repeat windows)
+                        check_cache=False,  # with the training's need: recipe.check_run_room
                         **self.settings,
                     )
                 except LoaderConfigError as e:

@@ -207,6 +207,10 @@ def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_p
         f"{run} is a training run, whose config.toml decides --seed, --split, --val-fraction: drop them"
         in err
     )
+    assert gristmill(["data", "inspect", str(run), "--cache-gb", "5"]) == 2  # its data.cache_gb (R19d 7)
+    assert (
+        f"{run} is a training run, whose config.toml decides --cache-gb: drop it" in capsys.readouterr().err
+    )
     # gristmill verify: a dataset directory (even with its build config.toml) is not a training run.
     assert gristmill(["verify", str(built)]) != 0
     err = capsys.readouterr().err
