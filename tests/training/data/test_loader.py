@@ -146,8 +146,14 @@ def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+    def alive(pid: int) -> bool:  # a zombie is dead: its reaper (pid 1 here) may take its time
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
     deadline = time.time() + 2.0  # torch's own watchdog: up to 5 s
-    while (left := [w for w in workers if Path(f"/proc/{w}").exists()]) and time.time() < deadline:
+    while (left := [w for w in workers if alive(w)]) and time.time() < deadline:
         time.sleep(0.05)
     assert not left, "DataLoader workers outlived their killed trainer"
 
