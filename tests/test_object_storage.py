@@ -1642,6 +1642,40 @@ def test_a_cache_lock_that_cannot_be_taken_is_the_cache_s_one_line(s3, synthetic
         table.document(0)
 
 
+def test_a_short_plan_needs_the_units_its_steps_read(s3, synthetic, small_blocks, tmp_path, capsys):
+    """A plan of at most MAX_AHEAD_STEPS steps needs the units its steps read, no more (TokenLoader
+    .cache_need): checked for the plan-wide groups, a smoke run that fits, and the resume of one
+    started before, were refused by train and --plan (review R19e 1)."""
+    from training.data.recipe import open_plan, training_cache_need
+    from training.data.spec import resolve
+
+    _, url = synthetic
+    where = [f"data.dataset={json.dumps(url)}", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]
+    short = [*where, "schedule.steps=3", "schedule.warmup_steps=1", "run.val_every=0"]
+    plan_, tables, _ = open_plan(cfg := load_train_config(TINY, short), resolve(cfg))
+    groups = sum(n for _, n in training_cache_need(tables, plan_))
+    argv = ["train", "--config", TINY, "--plan", "--set", *short]
+    assert gristmill([*argv, "data.cache_gb=1e-9"]) == 2
+    needed = re.search(r": ([0-9.e+-]+) GB \(", capsys.readouterr().err)[1]
+    assert float(needed) * 1e9 < 0.9 * groups, (needed, groups)
+    assert gristmill([*argv, f"data.cache_gb={needed}"]) == 0, capsys.readouterr().err
+
+
+def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():
+    """data.cache_gb = the figure quoted is not refused again (int(gb * 1e9) holds the need), and the
+    figure one less in its third digit would be (review R19e 3: a float division landed a step high)."""
+    import math
+    import random
+
+    rng = random.Random(0)
+    needs = [10_000, 114_500, 115_000, 2_010_000_000, *(rng.randint(1, 10**13) for _ in range(20_000))]
+    for need in needs + [k * 10**e for k in range(100, 1000) for e in range(6)]:
+        gb = gb_holding(need)
+        below = float(f"{gb - 10.0 ** (math.floor(math.log10(gb)) - 2):.3g}")
+        assert int(gb * 1e9) >= need > int(below * 1e9), (need, gb)
+    assert gb_holding(10_000) == 1e-05
+
+
 def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_blocks, tmp_path, capsys):
     """`data inspect s3://…` (and validate, audit) cached within the default 100 GB whatever the cache
     it was pointed at: in a run's cache it went past the run's data.cache_gb (review R19b 2).
@@ -1657,6 +1691,9 @@ def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_bl
     assert 0 < held <= need, (held, need)
     local_hashes = [batch_sha256(b) for _, b in zip(range(119), dataset_loader(local, **geometry))]
     assert [line.split()[1] for line in hashes.splitlines()[1:]] == local_hashes  # steps 1 … 119
+    assert gristmill([*argv, "--end", "120", "--cache-gb", "1e-9", "--cache-dir", str(tmp_path / "c2")]) == 2
+    err = capsys.readouterr().err  # in the command's own words (review R19e 3)
+    assert "--cache-gb = 1e-09 is below the working set" in err and "set --cache-gb to at least" in err, err
     with pytest.raises(SystemExit) as refused:  # argparse's usage and one line
         gristmill([*argv, "--cache-gb", "0"])
     assert refused.value.code == 2

@@ -79,6 +79,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     import torch
 
     from training.contract.run_layout import PLAN_PNG
+    from training.data.loader import TokenLoader
     from training.data.recipe import (
         build_plan,
         check_run_room,
@@ -97,12 +98,14 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)
     shapes = batch_shapes(cfg, spec, nproc)
+    settings = {"rank": 0, "world_size": shapes[0].dp_size}
     validation = validation_of(  # what train refuses before step 1: a held-out split too small for
         cfg, spec, shapes, plan, last_step=cfg.run.max_steps or spec.last_step,  # run.val_batches, and
         vocab_size=tables[0].info["vocab_size"], device=torch.device("cpu"), world_size=nproc,  # the
-        settings={"rank": 0, "world_size": shapes[0].dp_size},  # cache_gb its held-out reads need too
+        settings=settings,  # cache_gb its held-out reads need too
     )  # fmt: skip
-    check_run_room(spec, tables, plan, validation)  # as train checks
+    loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
+    check_run_room(spec, loader, validation)  # as train checks, from step 0
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):

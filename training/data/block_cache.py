@@ -735,10 +735,10 @@ def check_room(needs: list[tuple[CachedBlocks, int]], cache: CacheSettings) -> N
     if need > cache.max_bytes:
         gb = gb_holding(need)
         raise DatasetError(
-            f"data.cache_gb = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
+            f"{cache.bound_key} = {cache.max_bytes / 1e9:g} is below the working set this plan reads from "
             f"{', '.join(sorted({c.url for c, _ in needs}))}: {gb:g} GB (the epoch groups of "
             "4,096 blocks that its loaders read at once: docs/object-storage.md, The cache); set "
-            f"data.cache_gb to at least {gb:g}"
+            f"{cache.bound_key} to at least {gb:g}"
         )
 
 
@@ -750,7 +750,7 @@ def gb_holding(need: int) -> float:
     if x <= 0:
         return 0.0
     step = 10.0 ** (math.floor(math.log10(x)) - 2)
-    value = math.ceil(x / step) * step
+    value = (math.floor(x / step) - 1) * step  # from below: the float division may land a step high
     while int(float(f"{value:.3g}") * 1e9) < need:
         value += step
     return float(f"{value:.3g}")

@@ -235,14 +235,16 @@ def training_cache_need(tables: list[DocumentTable], plan: data_plan.Plan) -> li
     return [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
 
 
-def check_run_room(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan, validation: Any) -> None:
+def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> None:
     """Refuse (DatasetError), before any work, a data.cache_gb below what the run reads from buckets at
-    once: the training's largest need over the whole plan (training_cache_need: every phase and batch,
-    any epoch) and its validation loaders' held-out reads (`validation`: run.validation.Validation or
-    None), together: checked in two steps, the first refusal quoted a figure the second refused
-    (reviews R19b 6, R19d 3). The one check of train and `train --plan` (R16b, R19d 4)."""
+    once: the training loader's need from step 0 (`loader`, a TokenLoader: TokenLoader.cache_need, the
+    largest over the whole plan; a plan of at most MAX_AHEAD_STEPS steps, the units its steps read,
+    no more: R19e 1) and its validation loaders' held-out reads (`validation`:
+    run.validation.Validation or None), together: checked in two steps, the first refusal quoted a
+    figure the second refused (reviews R19b 6, R19d 3). The one check of train and `train --plan`
+    (R16b, R19d 4); from step 0, so a resume is checked as its start was."""
     held_out = validation.cache_need() if validation is not None else []
-    check_room(training_cache_need(tables, plan) + held_out, spec.cache)
+    check_room(loader.cache_need() + held_out, spec.cache)
 
 
 def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:

@@ -85,6 +85,7 @@ class CacheSettings:
     max_bytes: int
     requests: int = DEFAULT_FETCH_REQUESTS
     timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
+    bound_key: str = "data.cache_gb"  # what the user set max_bytes by, for messages
 
     @classmethod
     def of(
@@ -93,10 +94,12 @@ class CacheSettings:
         cache_gb: float = DEFAULT_CACHE_GB,
         requests: int = DEFAULT_FETCH_REQUESTS,
         timeout_s: float = DEFAULT_FETCH_TIMEOUT_S,
+        bound_key: str = "data.cache_gb",
     ) -> CacheSettings:
-        """From `[data] cache_dir` ("" for the default), `cache_gb`, `fetch_requests`, `fetch_timeout_s`."""
+        """From `[data] cache_dir` ("" for the default), `cache_gb`, `fetch_requests`, `fetch_timeout_s`
+        (`bound_key`: a command's own name for cache_gb, e.g. --cache-gb)."""
         where = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        return cls(where, int(cache_gb * 1e9), requests, timeout_s)
+        return cls(where, int(cache_gb * 1e9), requests, timeout_s, bound_key)
 
 
 def add_cache_argument(parser, bounded: bool = False) -> None:
@@ -134,7 +137,7 @@ def _positive_gb(value: str) -> float:
 def cache_of(args) -> CacheSettings:
     """The cache of a command's --cache-dir (and --cache-gb, where it has one: add_cache_argument)."""
     gb = getattr(args, "cache_gb", None)
-    return CacheSettings.of(args.cache_dir, DEFAULT_CACHE_GB if gb is None else gb)
+    return CacheSettings.of(args.cache_dir, DEFAULT_CACHE_GB if gb is None else gb, bound_key="--cache-gb")
 
 
 @contextlib.contextmanager

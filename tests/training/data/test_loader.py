@@ -146,6 +146,7 @@ def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+
     def alive(pid: int) -> bool:  # a zombie is dead: its reaper (pid 1 here) may take its time
         try:
             return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
