@@ -1646,19 +1646,28 @@ def test_a_short_plan_needs_the_units_its_steps_read(s3, synthetic, small_blocks
     """A plan of at most MAX_AHEAD_STEPS steps needs the units its steps read, no more (TokenLoader
     .cache_need): checked for the plan-wide groups, a smoke run that fits, and the resume of one
     started before, were refused by train and --plan (review R19e 1)."""
-    from training.data.recipe import open_plan, training_cache_need
+    from training.data.recipe import open_plan
     from training.data.spec import resolve
 
     _, url = synthetic
     where = [f"data.dataset={json.dumps(url)}", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]
     short = [*where, "schedule.steps=3", "schedule.warmup_steps=1", "run.val_every=0"]
     plan_, tables, _ = open_plan(cfg := load_train_config(TINY, short), resolve(cfg))
-    groups = sum(n for _, n in training_cache_need(tables, plan_))
+    groups = sum(t.cache.group_need(plan_.step_tokens(i)) for i, t in enumerate(tables))  # plan-wide
     argv = ["train", "--config", TINY, "--plan", "--set", *short]
     assert gristmill([*argv, "data.cache_gb=1e-9"]) == 2
     needed = re.search(r": ([0-9.e+-]+) GB \(", capsys.readouterr().err)[1]
     assert float(needed) * 1e9 < 0.9 * groups, (needed, groups)
     assert gristmill([*argv, f"data.cache_gb={needed}"]) == 0, capsys.readouterr().err
+    # the note says the figure checked, never more than the bound it was checked against (R19f 1)
+    keeps = re.search(r"the training keeps ([0-9.e+-]+) GB of them at most", capsys.readouterr().out)[1]
+    assert float(keeps) <= float(needed), (keeps, needed)
+    # train accepts it too, and stays within it
+    run_dir = tmp_path / "run"
+    sets = overrides(url, run_dir, f"data.cache_gb={needed}", where[1], "schedule.steps=3")
+    train(load_train_config(TINY, [*sets, "schedule.warmup_steps=1"]))
+    held = sum(f.stat().st_size for f in (tmp_path / "c").rglob(f"*{BLOCK_EXT}"))
+    assert len(metrics(run_dir)) == 3 and held <= float(needed) * 1e9, held
 
 
 def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():
@@ -1767,13 +1776,13 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     assert not list((tmp_path / "c").rglob("*.blk"))  # nothing fetched
     # the held-out documents validation reads share the cache: --plan counts them as train does (it
     # said a cache_gb fitting the training alone was fine, which train then refused: review R16b)
-    from training.data.recipe import open_plan, training_cache_need
+    from training.data.recipe import open_plan
     from training.data.spec import resolve
 
     val = ["data.val_fraction=0.05", "run.val_every=5", "run.val_batches=1"]
     cfg = load_train_config(TINY, [f"data.dataset={json.dumps(url)}", *val])  # its training split
     plan_, tables, _ = open_plan(cfg, resolve(cfg))
-    training = sum(n for _, n in training_cache_need(tables, plan_))  # bytes
+    training = sum(t.cache.group_need(plan_.step_tokens(i)) for i, t in enumerate(tables))  # bytes
     fits = [f"data.cache_gb={(training + 1) / 1e9!r}", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}"]
     assert gristmill([*plan, *fits, *val, "run.val_every=0"]) == 0, capsys.readouterr().err  # training alone
     capsys.readouterr()

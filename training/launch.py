@@ -105,10 +105,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         settings=settings,  # cache_gb its held-out reads need too
     )  # fmt: skip
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
-    check_run_room(spec, loader, validation)  # as train checks, from step 0
+    room = check_run_room(spec, loader, validation)  # as train checks, from step 0
     run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
-    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan), skips):
+    for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
         print(plot_plan(plan, Path(plot), skips) or f"plot: {plot}")

@@ -170,9 +170,9 @@ def open_plan(
 def recipe_notes(
     cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan
 ) -> list[str]:
-    """What the run's header and `--plan` say about the recipe: the mixes, the batches, the cache,
-    validation asked for with nothing held out, a data.seq_len no phase uses."""
-    notes = mix_notes(spec) + batch_notes(cfg, spec) + cache_notes(spec, tables, plan)
+    """What the run's header and `--plan` say about the recipe: the mixes, the batches, validation
+    asked for with nothing held out, a data.seq_len no phase uses (the cache: check_run_room's)."""
+    notes = mix_notes(spec) + batch_notes(cfg, spec)
     return notes + validation_notes(cfg, spec) + unused_notes(cfg)
 
 
@@ -229,33 +229,25 @@ def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
     ]
 
 
-def training_cache_need(tables: list[DocumentTable], plan: data_plan.Plan) -> list[tuple[Any, int]]:
-    """(cache, bytes) per bucket source: the epoch groups the plan's training reads at once, for the
-    most tokens a step of any phase takes of it (CachedBlocks.group_need)."""
-    return [(t.cache, t.cache.group_need(plan.step_tokens(i))) for i, t in enumerate(tables) if t.cache]
-
-
-def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> None:
+def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> list[str]:
     """Refuse (DatasetError), before any work, a data.cache_gb below what the run reads from buckets at
     once: the training loader's need from step 0 (`loader`, a TokenLoader: TokenLoader.cache_need, the
     largest over the whole plan; a plan of at most MAX_AHEAD_STEPS steps, the units its steps read,
     no more: R19e 1) and its validation loaders' held-out reads (`validation`:
     run.validation.Validation or None), together: checked in two steps, the first refusal quoted a
     figure the second refused (reviews R19b 6, R19d 3). The one check of train and `train --plan`
-    (R16b, R19d 4); from step 0, so a resume is checked as its start was."""
+    (R16b, R19d 4); from step 0, so a resume is checked as its start was. Returns the line the run's
+    header and `--plan` say of it: the figure checked, not another (R19f 1)."""
+    training = loader.cache_need()
     held_out = validation.cache_need() if validation is not None else []
-    check_room(loader.cache_need() + held_out, spec.cache)
-
-
-def cache_notes(spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan) -> list[str]:
-    """A line saying what the plan's training keeps of its bucket sources at once (the bound itself:
-    check_run_room)."""
-    needs = training_cache_need(tables, plan)
-    if not needs:
+    check_room(training + held_out, spec.cache)
+    if not training:
         return []
+    validation_part = f", validation {sum(n for _, n in held_out) / 1e9:.3g} GB" if held_out else ""
     return [
         f"the bucket sources are read by range through data.cache_gb = {spec.cache.max_bytes / 1e9:g} on "
-        f"this node; the training keeps {sum(n for _, n in needs) / 1e9:.3g} GB of them at most"
+        f"this node; the training keeps {sum(n for _, n in training) / 1e9:.3g} GB of them at most"
+        + validation_part
     ]
 
 

@@ -261,7 +261,7 @@ def _data(
         cfg, spec, shapes, plan, last_step=last_step, vocab_size=vocab, device=device,
         world_size=env.world_size, settings=settings,
     )  # fmt: skip
-    check_run_room(spec, loader, validation)  # the training and validation share the cache
+    notes = notes + check_run_room(spec, loader, validation)  # the training and validation share the cache
     return plan, loader, validation, notes
 
 
