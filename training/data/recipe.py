@@ -232,8 +232,8 @@ def validation_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
 def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> list[str]:
     """Refuse (DatasetError), before any work, a data.cache_gb below what the run reads from buckets at
     once: the training loader's need from step 0 (`loader`, a TokenLoader: TokenLoader.cache_need, the
-    largest over the whole plan; a plan of at most MAX_AHEAD_STEPS steps, the units its steps read,
-    no more: R19e 1) and its validation loaders' held-out reads (`validation`:
+    largest over the whole plan; a plan of at most MAX_AHEAD_STEPS steps, the samples of the groups its
+    steps read, no more: R19e 1) and its validation loaders' held-out reads (`validation`:
     run.validation.Validation or None), together: checked in two steps, the first refusal quoted a
     figure the second refused (reviews R19b 6, R19d 3). The one check of train and `train --plan`
     (R16b, R19d 4); from step 0, so a resume is checked as its start was. Returns the line the run's
