@@ -1662,12 +1662,30 @@ def test_a_short_plan_needs_the_units_its_steps_read(s3, synthetic, small_blocks
     # the note says the figure checked, never more than the bound it was checked against (R19f 1)
     keeps = re.search(r"the training keeps ([0-9.e+-]+) GB of them at most", capsys.readouterr().out)[1]
     assert float(keeps) <= float(needed), (keeps, needed)
+    assert gristmill([*argv, f"data.cache_gb={keeps}"]) == 0  # rounded up: it holds what is kept (R19g 1)
+    capsys.readouterr()
     # train accepts it too, and stays within it
     run_dir = tmp_path / "run"
     sets = overrides(url, run_dir, f"data.cache_gb={needed}", where[1], "schedule.steps=3")
     train(load_train_config(TINY, [*sets, "schedule.warmup_steps=1"]))
     held = sum(f.stat().st_size for f in (tmp_path / "c").rglob(f"*{BLOCK_EXT}"))
     assert len(metrics(run_dir)) == 3 and held <= float(needed) * 1e9, held
+
+
+def test_a_source_no_phase_weighs_needs_no_training_room(s3, synthetic, tmp_path):
+    """A bucket source only validation reads (weight 0 in every phase): a long plan counted two of its
+    epoch groups for the training, which never reads it, and refused a bound 4.6x what the run kept
+    (review R19g 2); a short plan counted none."""
+    from training.data.loader import TokenLoader
+    from training.data.plan import LRPiece, Phase, Plan, Source
+
+    local, url = synthetic
+    tables = [DocumentTable(local), DocumentTable(url, cache=cache(tmp_path))]
+    lr = LRPiece(1e-3, 1e-3, "constant")
+    for steps in (3, 100):  # a short plan and a long one
+        sources = [Source.of(tables[0], "a", max_epochs=None), Source.of(tables[1], "b", max_epochs=None)]
+        plan = Plan(sources, [Phase("p", steps, 16, 8, (1, 0), lr)], seed=7)
+        assert [n for _, n in TokenLoader(plan, tables, micro_batch=8).cache_need()] == [0], steps
 
 
 def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():

@@ -624,8 +624,9 @@ class TokenLoader:
                 if not t.cache.per_doc:
                     need = min(need, t.cache.group_need(self.plan.step_tokens(i)))
                 out.append((t.cache, need))
-            else:
-                out.append((t.cache, t.cache.group_need(self.plan.step_tokens(i))))
+            else:  # a source no phase weighs is only validation's: the training keeps none of it (R19g 2)
+                tokens = self.plan.step_tokens(i)
+                out.append((t.cache, t.cache.group_need(tokens) if tokens else 0))
         return out
 
 

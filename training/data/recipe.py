@@ -25,7 +25,7 @@ from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
 from training.data import plan as data_plan
-from training.data.block_cache import check_room
+from training.data.block_cache import check_room, gb_holding
 from training.data.reader import DocumentTable
 from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot
@@ -243,10 +243,11 @@ def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> list[str]:
     check_room(training + held_out, spec.cache)
     if not training:
         return []
-    validation_part = f", validation {sum(n for _, n in held_out) / 1e9:.3g} GB" if held_out else ""
+    # each figure rounded up, as the refusal's: "at most" never below what is kept (R19g 1)
+    validation_part = f", validation {gb_holding(sum(n for _, n in held_out)):g} GB" if held_out else ""
     return [
         f"the bucket sources are read by range through data.cache_gb = {spec.cache.max_bytes / 1e9:g} on "
-        f"this node; the training keeps {sum(n for _, n in training) / 1e9:.3g} GB of them at most"
+        f"this node; the training keeps {gb_holding(sum(n for _, n in training)):g} GB of them at most"
         + validation_part
     ]
 
