@@ -962,9 +962,9 @@ class Prefetcher:
     def window(self, step: int) -> tuple[list[tuple[int, int]], set[tuple[int, int]]]:
         """(to fetch: `step`'s units and the next steps', in the order the plan first reads them; to
         keep: every unit of the epoch groups the last LAG_STEPS steps, this one and the steps ahead
-        read). The steps ahead go as far as their groups fit keep_bytes (and the plan
-        goes): a step's groups are counted before the step is planned, since planning it fetches a
-        training group whole (its documents' lengths)."""
+        read). The steps ahead go as far as their groups fit keep_bytes (and the plan goes): a step's
+        groups are counted before the step is planned, since planning it fetches a training group
+        whole (its documents' lengths)."""
         for old in [s for s in self._memo if s < step - LAG_STEPS]:
             del self._memo[old]
         for old in [s for s in self._group_memo if s < step - LAG_STEPS]:
@@ -1047,9 +1047,8 @@ class Prefetcher:
         does not know of at most once every RELIST_EVERY_S (what it knows is forgotten as often). A
         unit thought missing that another process fetched is found, and known from then on, by the
         plan's fetch or this thread's (a stat); one another loader evicted is fetched where it is read
-        (slower, never wrong). So a walk makes no
-        syscall here: listed at every walk, a FineWeb-Edu working set's directory (~12,000 files) held
-        the GIL the loop waits for."""
+        (slower, never wrong). So a walk makes no syscall here: listed at every walk, a FineWeb-Edu
+        working set's directory (~12,000 files) held the GIL the loop waits for."""
         for t, u in pairs:
             c = self.caches[t]
             key = c.key(u)

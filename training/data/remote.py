@@ -136,8 +136,10 @@ def _positive_gb(value: str) -> float:
 
 def cache_of(args) -> CacheSettings:
     """The cache of a command's --cache-dir (and --cache-gb, where it has one: add_cache_argument)."""
-    gb = getattr(args, "cache_gb", None)
-    return CacheSettings.of(args.cache_dir, DEFAULT_CACHE_GB if gb is None else gb, bound_key="--cache-gb")
+    if not hasattr(args, "cache_gb"):  # validate, audit: whole files, outside the bound
+        return CacheSettings.of(args.cache_dir)
+    gb = DEFAULT_CACHE_GB if args.cache_gb is None else args.cache_gb
+    return CacheSettings.of(args.cache_dir, gb, bound_key="--cache-gb")
 
 
 @contextlib.contextmanager
