@@ -55,6 +55,7 @@ from training.contract.dataset_format import (
     unlike_record,
 )
 from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS, INDEX_DIR
+from training.contract.lifetime import host, pid_alive
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import VALIDATION_JSON, format_report, validate_dataset
 
@@ -71,6 +72,18 @@ _DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | {
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
+WORK_PREFIX = "gristmill-convert-"  # in the temporary directory: WORK_PREFIX + HOST-PID-random
+
+
+def _remove_dead_work() -> None:
+    """The work folders of this host's conversions that were killed (a bucket's copy of OLD, or NEW
+    before its upload: a dataset's size each; review R20b M5)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}{host()}-*"):
+        pid = d.name[len(WORK_PREFIX) + len(host()) + 1 :].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
     """Rewrite the older-layout dataset at `old` (a directory or s3:// URL) as `new` (module docstring);
     returns NEW's dataset.json."""
@@ -78,7 +91,8 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         if is_url(where):  # a wrong bucket is one line before any work
             ObjectStore(ObjectURL.parse(where)).check_bucket()
     _check_new(old, new)
-    with tempfile.TemporaryDirectory(prefix="gristmill-convert-") as work:
+    _remove_dead_work()
+    with tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{host()}-{os.getpid()}-") as work:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")

@@ -6,7 +6,8 @@ its driver writes (index, tokenizer.json, build records): its tasks uploaded the
 What goes up is what dataset.json records a sha256 for (training/contract/dataset_format.py's
 `dataset_files`: shards, the loader index, tokenizer.json, manifest, excluded, the build's stats,
 build.json and config.toml), each file hashed here first and refused if it is not what dataset.json
-says (a file damaged on disk never reaches the bucket). Each is one PUT (a reader sees the old object
+says (a file damaged on disk never reaches the bucket, nor is skipped because the bucket holds its
+bytes already). Each is one PUT (a reader sees the old object
 or the whole new one, never a part) carrying Content-MD5, which the store checks, and its sha256 in
 the object's metadata. An object already there is skipped only when its content is the file's
 (`ObjectStore.holds`: the store's MD5 of what it stored, never the sha256 the metadata claims), so a
@@ -26,11 +27,12 @@ dataset.json's sha256.
 from __future__ import annotations
 
 import argparse
+import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.task_upload import is_task_record
+from pipelines.task_upload import is_task_record, mismatch
 from training.contract.dataset_format import (
     DATASET_JSON,
     DatasetError,
@@ -41,8 +43,8 @@ from training.contract.dataset_format import (
     record_files,
     write_dataset_info,
 )
-from training.contract.object_store import COUNTS, ObjectMissing, ObjectStore, ObjectURL
-from validation.validate import VALIDATION_JSON  # a bucket's own validation report: never uploaded
+from training.contract.object_store import COUNTS, ObjectMissing, ObjectStore, ObjectURL, file_digests
+from validation.validate import VALIDATION_JSON, validate_dataset  # a bucket's own report: never uploaded
 
 THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limits
 
@@ -65,10 +67,20 @@ def upload_dataset(
     info = read_dataset_info(root)
     check_fingerprint(root, info)
     if "files" not in info:  # built before dataset.json recorded them: the fingerprint stays the same
+        # What is recorded now is held as the truth by every reader of the bucket: only once the dataset
+        # validates (an exclusions file replaced by another was recorded, and the bucket's audit
+        # answered wrong drop counts, exit 0: review R20b F2).
+        report = validate_dataset(root, progress=False, write=False)
+        if not report.ok:
+            raise DatasetError(
+                f"{root / DATASET_JSON} records no sha256 of the dataset's manifests, excluded documents and "
+                f"build records, and it fails validation ({report.problems[0]}): they cannot be recorded "
+                f"as built; `gristmill data validate {root}` lists what is wrong; rebuild, then upload"
+            )
         info["files"] = record_files(root)
         write_dataset_info(root, info)
         log(
-            f"{root / DATASET_JSON}: recorded the sha256 of {len(info['files'])} more files "
+            f"{root / DATASET_JSON}: validated, and recorded the sha256 of {len(info['files'])} more files "
             "(fingerprint unchanged)"
         )
     target = ObjectURL.parse(url)
@@ -96,9 +108,15 @@ def upload_dataset(
             return False
         if not path.is_file():
             raise DatasetError(f"{path} is missing but {root / DATASET_JSON} records it; rebuild the dataset")
-        return not (
-            rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"]) and store.holds(rel, path)
-        )
+        if not (rel in there and (spec["bytes"] is None or there[rel] == spec["bytes"])):
+            return True  # uploaded: put() checks the file first
+        # Skipped only if the file is what dataset.json records, and the object its content: a damaged
+        # file whose bytes the bucket held already (an earlier sync) was skipped unchecked, and
+        # dataset.json committed over it, exit 0 (review R20b F1).
+        md5, sha = file_digests(path)
+        if sha != spec["sha256"]:
+            raise _not_recorded(path, root)
+        return not store.holds(rel, path, digests=(md5, sha))
 
     with ThreadPoolExecutor(THREADS) as pool:
         todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
@@ -109,15 +127,25 @@ def upload_dataset(
         store.delete(VALIDATION_JSON)
         log(f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces")
 
+    # An s3:// build's task records that list an object this upload replaces describe the bucket no
+    # more: removed before anything changes. (A build rerun then took the objects for damaged and
+    # advised redoing every task over a healthy dataset: review R20b M1; it now says those tasks left
+    # no record here.)
+    for rel in sorted(r for r in there if is_task_record(r)):
+        try:
+            listed = json.loads(store.get(rel)).get("objects", {})
+        except (ObjectMissing, ValueError, AttributeError):
+            continue  # none, or no record: the build redoes its task
+        if isinstance(listed, dict) and todo & listed.keys():
+            store.delete(rel)
+            log(f"removed {target}/{rel}: its task's objects are replaced by this upload")
+
     def put(rel: str) -> int:
         spec, path = files[rel], root / rel
         try:
             store.put_file(path, rel, expect_sha256=spec["sha256"])
         except ValueError:  # hashed before the PUT: a file damaged after the build stays here
-            raise DatasetError(
-                f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
-                f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
-            ) from None
+            raise _not_recorded(path, root) from None
         return path.stat().st_size
 
     with ThreadPoolExecutor(THREADS) as pool:
@@ -135,6 +163,17 @@ def upload_dataset(
             f"prefix): its objects may be the other's; let that one finish, then run `gristmill data upload "
             f"{root} {url}` again (it uploads what differs), or upload into another prefix"
         )
+    if any("etag" in spec for spec in in_bucket.values()):
+        # The caller's check of the tasks' objects (pipelines/build.py) is a whole finalize old: looked
+        # at again just before the commit (an object replaced meanwhile was committed, and the build's
+        # table said "validation OK": review R20b F3; not a lock, the readers check every object).
+        listing = store.list_etags()
+        for rel, spec in sorted(in_bucket.items()):
+            if "etag" in spec and (what := mismatch(spec, listing.get(rel))) is not None:
+                raise DatasetError(
+                    f"{target}/{rel} {what}: it changed after the build checked it, and nothing was "
+                    "committed; rerun the same `gristmill data build` command (it redoes what changed)"
+                )
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
     result = Uploaded(len(todo), len(files) - len(todo), sum(sizes))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
@@ -170,3 +209,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     upload_dataset(args.dir, args.url)
     return 0
+
+
+def _not_recorded(path: Path, root: Path) -> DatasetError:
+    return DatasetError(
+        f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
+        f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
+    )

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main as gristmill
@@ -251,6 +252,16 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
         line.split()[1:] for line in out("data", "audit", where, "--report", "summary").splitlines()[3:]
     ]
     assert funnel(url) == funnel(str(built_dataset)) and "read" in funnel(url)[0], funnel(url)
+    # The local build (the same dataset: its stats' timings and config.toml differ) uploaded over the
+    # bucket build's: the tasks' records listing what it replaced go, and a build rerun finds the
+    # dataset complete, naming those tasks as unrecorded; it reported the objects damaged and advised
+    # redoing every task (review R20b M1).
+    logged: list[str] = []
+    upload_dataset(built_dataset, url, log=logged.append)
+    assert any("build/tasks/00000.json: its task's objects are replaced" in line for line in logged), logged
+    lines = []
+    assert build(load_config(DataConfig, config, sets), log=lines.append).ok
+    assert any("nothing to do; 2 of its 2 tasks left no record here" in line for line in lines), lines
 
 
 def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damaged(
@@ -1415,6 +1426,78 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert re.search(rf"^  shards/{re.escape(name)}: ", printed.out, re.M), printed.out
 
 
+def test_an_upload_refuses_a_damaged_file_whose_bytes_the_bucket_holds_already(s3, synthetic, tmp_path):
+    """Review R20b F1: a file damaged after the build (same size) whose damaged bytes the bucket held
+    already (an earlier `aws s3 sync`) was skipped as "already there", never hashed against dataset.json,
+    and dataset.json committed over it, exit 0; into an empty prefix the same file was refused."""
+    local, _ = synthetic
+    copy = tmp_path / "copy"
+    shutil.copytree(local, copy)
+    name = sorted(read_dataset_info(copy)["shard_files"])[0]
+    shard = copy / "shards" / name
+    bad = bytearray(shard.read_bytes())
+    bad[len(bad) // 2] ^= 1
+    shard.write_bytes(bytes(bad))
+    s3.client.put_object(Bucket=BUCKET, Key=f"synced/shards/{name}", Body=bytes(bad))
+    with pytest.raises(DatasetError) as e:
+        upload_dataset(copy, s3.url("synced"), log=lambda *a: None)
+    assert str(e.value).startswith(f"{shard} is not the file {copy / 'dataset.json'} records"), e.value
+    assert "dataset.json" not in s3.keys("synced")  # nothing committed over it
+
+
+def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
+    s3, synthetic, tmp_path, monkeypatch, capsys
+):
+    """Review R20b M3: a shard whose download failed here (a full local disk) was a problem of the
+    bucket's, and its validation.json, uploaded, said two shards failed over an intact bucket. It is
+    reported (not checked, FAILED), and no record is written, here or in the bucket."""
+    from training.contract.object_store import ObjectStore
+    from validation.validate import validate_dataset
+
+    local, _ = synthetic
+    url = s3.url("enospc")
+    upload_dataset(local, url, log=lambda *a: None)
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    download = ObjectStore.download
+
+    def full_disk(self, rel, dest, size):
+        if rel == f"shards/{name}":
+            raise OSError(28, "No space left on device", str(dest))
+        return download(self, rel, dest, size)
+
+    monkeypatch.setattr(ObjectStore, "download", full_disk)
+    cache = CacheSettings(tmp_path / "cache", int(1e9))
+    report = validate_dataset(url, progress=False, workers=1, cache=cache)
+    assert not report.ok and [p.shard for p in report.problems] == [f"shards/{name}"]
+    assert "could not be read here (OSError: " in report.problems[0].message
+    assert "validation.json not written: 1 shard(s) could not be read here" in capsys.readouterr().err
+    assert "validation.json" not in s3.keys("enospc")
+    assert not list((tmp_path / "cache").rglob("validation.json"))
+    monkeypatch.setattr(ObjectStore, "download", download)
+    assert validate_dataset(url, progress=False, workers=1, cache=cache).ok
+    assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="enospc/validation.json")["Body"].read())["ok"]
+
+
+def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):
+    """Review R20b F3: the build driver checks the tasks' objects against their records, then finalizes
+    (minutes at scale) and commits; an object replaced in between was committed under dataset.json and
+    the table said "validation OK". The commit lists them again first."""
+    local, _ = synthetic
+    url = s3.url("window")
+    upload_dataset(local, url, log=lambda *a: None)
+    name = sorted(read_dataset_info(local)["shard_files"])[0]
+    rel = f"shards/{name}"
+    size, etag = ObjectStore(url).list_etags()[rel]
+    checked = {rel: {"bytes": size, "etag": etag, "sha256": "as its task recorded"}}
+    s3.client.delete_object(Bucket=BUCKET, Key=f"window/{DATASET_JSON}")  # a build commits it last
+    bad = bytearray((local / rel).read_bytes())
+    bad[len(bad) // 2] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key=f"window/{rel}", Body=bytes(bad))  # after the check
+    with pytest.raises(DatasetError, match=rf"^{re.escape(url)}/{rel} is not the object its task uploaded"):
+        upload_dataset(local, url, log=lambda *a: None, in_bucket=checked)
+    assert DATASET_JSON not in s3.keys("window")
+
+
 def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):
     """A loader open on a URL where another dataset was uploaded since stopped with 'InvalidRange … retry
     later' (review R3): no retry can help; the object is not the one dataset.json described."""
@@ -1454,7 +1537,9 @@ def test_a_bucket_encrypting_with_kms_keys_uploads_and_compares_by_content(s3, s
         s3.proxy.kms = False
 
 
-def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(s3, synthetic, capsys):
+def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_record(
+    s3, synthetic, tmp_path, capsys
+):
     """`data validate s3://…` checks the bucket's objects, not the cache's copies an earlier validate
     (or training) left: a manifest replaced in the bucket by other bytes of its size is a problem
     (it passed, and the bucket's record said ok). A build's tasks that put the object right again
@@ -1485,6 +1570,16 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     capsys.readouterr()
     assert gristmill(["data", "validate", url, "--no-progress"]) == 1
     assert f"{url}/index/shard_rows.bin: fetched twice" in capsys.readouterr().out
+    # a damaged index file is named once, with the bucket's repair, not again with advice to index the
+    # cache's copy, which fixes nothing in the bucket (review R20b M4)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=good)
+    key = "revalidate/index/doc_tokens.bin"
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes([good[0] ^ 1]) + good[1:])
+    fresh = ["--cache-dir", str(tmp_path / "fresh")]  # no good copy of it there
+    assert gristmill(["data", "validate", url, "--no-progress", *fresh]) == 1
+    printed = capsys.readouterr().out
+    assert printed.count("  index/doc_tokens.bin: ") == 1 and "gristmill data index" not in printed, printed
 
 
 def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):
@@ -1520,6 +1615,27 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
     old = tmp_path / "old"
     write_legacy_dataset(old, affine_documents(200), vocab_size=256, target_bytes=32 << 10)
     url, new_url = s3.url("legacy"), s3.url("legacy-converted")
+    # A dataset.json from before it recorded its files' sha256 records them at its upload, and readers
+    # of the bucket hold them as built: only once the dataset validates (review R20b F2: a manifest
+    # edited since the build was recorded, and the bucket's audit answered from it, exit 0).
+    unrecorded, edited = tmp_path / "unrecorded", tmp_path / "edited"
+    for copy in (unrecorded, edited):
+        shutil.copytree(old, copy)
+        info = json.loads((copy / "dataset.json").read_text())
+        del info["files"]  # not part of the fingerprint
+        (copy / "dataset.json").write_text(json.dumps(info))
+    manifest = sorted((edited / "manifest").glob("*.parquet"))[0]
+    rows = pq.read_table(manifest)
+    pq.write_table(rows.slice(0, rows.num_rows - 1), manifest)
+    with pytest.raises(
+        DatasetError, match=r"records no sha256 .* fails validation \(shards/.*no manifest row"
+    ):
+        upload_dataset(edited, s3.url("edited"), log=lambda *a: pytest.fail("uploaded"))
+    assert s3.keys("edited") == [] and "files" not in read_dataset_info(edited)
+    logged = []
+    upload_dataset(unrecorded, s3.url("unrecorded"), log=logged.append)
+    assert "validated, and recorded the sha256 of" in logged[0], logged
+    assert read_dataset_info(unrecorded)["files"] == read_dataset_info(old)["files"]
     upload_dataset(old, url, log=lambda *a: None)
     geometry = ["--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash", "--end", "12"]
     assert gristmill(["data", "inspect", url, *geometry]) == 2
@@ -1784,6 +1900,13 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     assert gristmill([*plan, f"data.cache_dir={json.dumps(str(locked / 'c'))}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
+    # the same for `data validate`: the node's cache, not the bucket's verdict (a FAILED report that
+    # blamed dataset.json: review R20b M2), and in its own flag
+    validate = ["data", "validate", url, "--no-progress", "--cache-dir", str(locked / "c")]
+    assert gristmill(validate) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
+    assert "--cache-dir in the data commands" in err[0]
     # a cache_gb below the working set: refused with the figure (validation off: its default batches
     # do not fit this small dataset's held-out split, which train and --plan refuse first)
     low = ["data.cache_gb=1e-6", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}", "run.val_every=0"]

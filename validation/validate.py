@@ -91,9 +91,23 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
 from training.contract.errors import GristmillError
-from training.contract.object_store import ObjectCutShort, ObjectStore, ObjectStoreError, is_url
+from training.contract.object_store import (
+    ObjectCutShort,
+    ObjectMissing,
+    ObjectStore,
+    ObjectStoreError,
+    is_url,
+)
 from training.contract.separator_check import misplaced_separators
-from training.data.remote import CacheSettings, add_cache_argument, cache_of, ensure, local_root, tmp_name
+from training.data.remote import (
+    CacheError,
+    CacheSettings,
+    add_cache_argument,
+    cache_of,
+    ensure,
+    local_root,
+    tmp_name,
+)
 
 # A broken separator policy would report every document; beyond this many per shard the rest are
 # counted, not listed.
@@ -128,6 +142,7 @@ class ShardResult:
     sha256: str | None = None
     problems: list[Problem] = field(default_factory=list)
     more_problems: int = 0  # problems past MAX_PROBLEMS_PER_SHARD, counted only
+    unread: str | None = None  # a bucket's shard this node could not read: why (check_shard)
 
     def add(self, message: str, key: str | None = None, kind: str = "document") -> None:
         if len(self.problems) < MAX_PROBLEMS_PER_SHARD:
@@ -182,12 +197,23 @@ class _ShardSpec:
 
 
 def check_shard(spec: _ShardSpec) -> ShardResult:
-    """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard."""
+    """Check one tar; every failure, even an unexpected one, becomes a problem naming the shard. A
+    bucket's shard that could not be read here (this node's disk, the transport: `unread`) is no
+    problem of the bucket's, and no record of the bucket is written (review R20b M3)."""
     res = ShardResult(spec.name)
     try:
         sha256 = None  # a download hashes what it writes: the check does not read the file again for it
         if spec.url is not None:  # as it is in the bucket, unverified: its hash is one of the checks
-            sha256 = ObjectStore(spec.url).download(f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size)
+            try:
+                sha256 = ObjectStore(spec.url).download(
+                    f"{SHARDS_DIR}/{spec.name}", Path(spec.path), spec.size
+                )
+            except (OSError, ObjectStoreError) as e:
+                if isinstance(e, ObjectStoreError) and not _not_the_bucket(e):
+                    raise
+                res.unread = f"{type(e).__name__}: {e}"
+                res.add(f"could not be read here ({res.unread}), so it was not checked")
+                return res
         _check_shard(spec, res, sha256)
     except Exception as e:  # noqa: BLE001 - a validator reports, it does not crash
         res.add(f"could not be checked: {type(e).__name__}: {e}")
@@ -613,7 +639,11 @@ def validate_dataset(
             root, listing = _bucket_copy(url, cache, problems)
         info = read_dataset_info(root)
         shape = _shape_problem(info)
+    except CacheError:  # this node's cache, not the dataset: one line, no verdict (review R20b M2)
+        raise
     except (DatasetError, ObjectStoreError) as e:  # the store's: an object not as dataset.json says (R17e E1)
+        if url is not None and _not_the_bucket(e):  # the transport's: no verdict on the bucket (R17g)
+            raise
         problems.append(Problem(str(e), DATASET_JSON))
     except (TypeError, ValueError, AttributeError) as e:  # a field of the wrong type, e.g. "vocab_size": "8"
         raw = json.loads((root / DATASET_JSON).read_text(encoding="utf-8"))
@@ -711,7 +741,7 @@ def validate_dataset(
         for r in results:
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
-        _check_index(root, info, problems)
+        _check_index(root, info, problems, url)
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
         _check_task_counts(root, info, problems, local=not url)
@@ -730,7 +760,15 @@ def validate_dataset(
         n_problems=n_problems,
         fingerprint=info.get("fingerprint") if info else None,
     )
-    if write and root.is_dir():
+    unread = [r for r in results if r.unread]
+    if unread and write:  # a verdict on what was not read: none, here or in the bucket
+        print(
+            f"warning: {url}/{VALIDATION_JSON} not written: {len(unread)} shard(s) could not be read here "
+            f"(e.g. {SHARDS_DIR}/{unread[0].name}: {unread[0].unread}), which says nothing of the bucket; "
+            "validate again once they can be",
+            file=sys.stderr,
+        )
+    elif write and root.is_dir():
         try:
             text = json.dumps(report.to_dict(), indent=2) + "\n"
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
@@ -740,6 +778,13 @@ def validate_dataset(
             where = f"{url}/" if url else root / ""
             print(f"warning: could not write {where}{VALIDATION_JSON}: {e}", file=sys.stderr)
     return report
+
+
+def _not_the_bucket(e: Exception) -> bool:
+    """Whether a failure to read a bucket's object is this node's or the transport's (a store that
+    stayed unreachable, a local disk that is full), not the object's: missing or shorter than listed
+    is the bucket's."""
+    return not isinstance(e, (ObjectMissing, ObjectCutShort, DatasetError))
 
 
 def _bucket_copy(
@@ -973,8 +1018,9 @@ def _check_dataset_json(
         "tokens": sum(r.tokens for r in results),
         "shards": len(results),
     }
+    unread = any(r.unread for r in results)  # not counted: their problem is that they were not read
     for what, got in totals.items():
-        if info.get(what) != got:
+        if info.get(what) != got and not unread:
             problems.append(
                 Problem(f"says {what} = {info.get(what)}, the shards on disk hold {got}", DATASET_JSON)
             )
@@ -1024,10 +1070,16 @@ def _check_vocab_size(tok: Path, info: dict[str, Any], problems: list[Problem]) 
         )
 
 
-def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:
-    """The loader index: on disk as dataset.json records it, and what the manifest implies."""
+def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url: str | None = None) -> None:
+    """The loader index: on disk as dataset.json records it, and what the manifest implies. Of a
+    bucket's copy (`url`), a file the bucket's check named already is not named again (with advice to
+    index the cache's copy, which fixes nothing in the bucket: review R20b M4)."""
     entry = info.get("index")
-    fix = f"run `gristmill data index {root}`"
+    fix = (
+        f"run `gristmill data index {root}`"
+        if url is None
+        else "index a local copy (`gristmill data index DIR`), then `gristmill data upload DIR` it"
+    )
     before = info.get("fingerprint_before_index")
     if before is not None and before != fingerprint_before_index(info):
         problems.append(Problem("fingerprint_before_index does not match its fields (edited)", DATASET_JSON))
@@ -1038,8 +1090,10 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem]) -> N
         "missing": "missing, but dataset.json records it",
         "damaged": "sha256 differs from dataset.json (damaged)",
     }
+    named = {p.shard for p in problems}
     for name, what in damaged_files(root, entry).items():
-        problems.append(Problem(f"{why[what]}; {fix}", f"{INDEX_DIR}/{name}"))
+        if f"{INDEX_DIR}/{name}" not in named:
+            problems.append(Problem(f"{why[what]}; {fix}", f"{INDEX_DIR}/{name}"))
     try:
         derived = expected_index(root, info)
     except DatasetError as e:

@@ -286,3 +286,29 @@ def test_a_legacy_dataset_keeps_its_shards(legacy, converted):
         k: f["documents"] for k, f in new["shard_files"].items()
     }
     assert [r["shard"] for r in manifest(legacy)] == [r["shard"] for r in manifest(converted)]
+
+
+def test_a_killed_conversion_s_work_folder_goes_at_the_next_one(v2, tmp_path):
+    """A conversion killed (SIGKILL: no cleanup) left its work folder in the temporary directory, a
+    dataset's size each time (review R20b M5): the next conversion on the host removes those of dead
+    processes, never a live one's."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from pipelines.convert import WORK_PREFIX
+    from training.contract.lifetime import host, pid_alive
+
+    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    while pid_alive(gone):  # a pid no process has
+        gone -= 1
+    dead = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{host()}-{gone}-abc"
+    live = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{host()}-{os.getpid()}-def"
+    for d in (dead, live):
+        (d / "old").mkdir(parents=True)
+    try:
+        convert_dataset(str(v2), str(tmp_path / "new"), log=lambda *a: None)
+        assert not dead.exists() and live.exists()
+    finally:
+        for d in (dead, live):
+            shutil.rmtree(d, ignore_errors=True)

@@ -10,6 +10,9 @@ A watchdog thread, not PR_SET_PDEATHSIG: that signal fires when the parent *thre
 the child ends (in torchrun, not the agent's lifetime), and it cannot name a grandparent. The
 parent is watched by its PID changing (the orphan is re-parented); another process through a pidfd,
 which becomes readable when the process ends, zombie or not.
+
+`host()` and `pid_alive(pid)` tell a killed process's leftovers (temporary files and folders named
+with its HOST and PID) from a live one's.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import socket
 import threading
 import time
 
@@ -48,3 +52,20 @@ def exit_with(pid: int | None = None, poll_s: float = 0.05) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="gristmill-exit-with", daemon=True).start()
+
+
+def host() -> str:
+    """This host's name in the names of a process's leftovers (HOST-PID: no dots)."""
+    return socket.gethostname().replace(".", "_")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` of this host lives (another user's counts as alive): what a leftover of a
+    killed process (a temporary file or folder naming its pid) is told apart by."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -412,22 +412,23 @@ class ObjectStore:
             "sha256": r.get("Metadata", {}).get("sha256"),
         }
 
-    def holds(self, rel: str, path: Path) -> bool:
+    def holds(self, rel: str, path: Path, digests: tuple[str, str] | None = None) -> bool:
         """Whether object `rel` has the content of file `path`, by the content, never by the sha256 our
         metadata claims (an object replaced with other bytes may keep it): the store's ETag of a single
         PUT is the MD5 of the bytes it stored, compared with the file's; another ETag (a multipart
-        upload, an encrypting store) means downloading the object and comparing sha256."""
+        upload, an encrypting store) means downloading the object and comparing sha256. `digests`: the
+        file's (MD5, sha256), when the caller hashed it already (file_digests)."""
         head = self.head(rel)
         if head is None or head["bytes"] != path.stat().st_size:
             return False
         if head["md5"] is not None:
-            return head["md5"] == _file_digest(path, hashlib.md5)
+            return head["md5"] == (digests[0] if digests else _file_digest(path, hashlib.md5))
         tmp = path.with_name(f".{path.name}.{os.getpid()}.compare")
         try:
             got = self.download(rel, tmp, head["bytes"])
         finally:
             tmp.unlink(missing_ok=True)
-        return got == _file_digest(path, hashlib.sha256)
+        return got == (digests[1] if digests else _file_digest(path, hashlib.sha256))
 
     def put_file(self, path: Path, rel: str, expect_sha256: str | None = None) -> str:
         """Upload `path` as `rel` in one PUT (readers see the old object or the whole new one, never a

@@ -73,6 +73,7 @@ from training.contract.dataset_index import (
     DocIndex,
     sample_digest,
 )
+from training.contract.lifetime import host, pid_alive
 from training.contract.object_store import COUNTS, ObjectStore
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
@@ -81,7 +82,6 @@ from training.data.remote import (
     ORIGIN,
     CacheSettings,
     cache_lock,
-    host,
     mark_origin,
     node_lock,
     origin,
@@ -820,23 +820,13 @@ def _usage(cache_dir: Path) -> int | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_dead_tmp(cache_dir: Path) -> None:
     """Temporary files `.NAME.HOST.PID.tmp` of this host's dead processes (a download killed midway)."""
     here = host()
     for d in cache_dir.glob(f"*/{ORIGIN}"):
         for tmp in d.parent.rglob(".*.tmp"):
             parts = tmp.name.rsplit(".", 3)
-            if len(parts) == 4 and parts[1] == here and parts[2].isdigit() and not _pid_alive(int(parts[2])):
+            if len(parts) == 4 and parts[1] == here and parts[2].isdigit() and not pid_alive(int(parts[2])):
                 tmp.unlink(missing_ok=True)
 
 
@@ -849,7 +839,7 @@ def live_keep(cache_dir: Path) -> tuple[set[Path], set[Path]]:
     for path in (cache_dir / KEEP_DIR).glob("*.json"):
         name_host, _, rest = path.stem.rpartition("-")
         pid = rest.partition("_")[0]
-        if name_host == here and pid.isdigit() and not _pid_alive(int(pid)):
+        if name_host == here and pid.isdigit() and not pid_alive(int(pid)):
             path.unlink(missing_ok=True)
             continue
         own = name_host == here and pid in (str(os.getpid()), str(os.getppid()))

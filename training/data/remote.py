@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import json
 import os
-import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +43,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
 from training.contract.file_lock import file_lock
+from training.contract.lifetime import host
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -65,10 +65,6 @@ def tmp_name(name: str) -> str:
     """A download's temporary name beside `name`: `.NAME.HOST.PID.tmp` (the host without dots), so
     that the cache can tell a dead process's leftover (block_cache._remove_dead_tmp)."""
     return f".{name}.{host()}.{os.getpid()}.tmp"
-
-
-def host() -> str:
-    return socket.gethostname().replace(".", "_")
 
 
 def default_cache_dir() -> Path:
@@ -186,13 +182,19 @@ def describe(root: Path, rel: str) -> str:
     return f"{url}/{rel}" if url else str(Path(root) / rel)
 
 
-def unwritable_cache(cache_dir: Path, e: OSError) -> DatasetError:
+class CacheError(DatasetError):
+    """The node's cache failed (a full or read-only disk), not the dataset: no verdict on the dataset
+    (`data validate` records none), one line."""
+
+
+def unwritable_cache(cache_dir: Path, e: OSError) -> CacheError:
     """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
-    stops on after saving its last step (a bare OSError was a traceback, nothing saved)."""
+    stops on after saving its last step (a bare OSError was a traceback, nothing saved). The keys of
+    both ways to name the cache: a train config's, the data commands' flag."""
     what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else e.strerror or e
-    return DatasetError(
-        f"cannot write the cache {cache_dir} ({what}); set data.cache_dir to a writable directory with "
-        "room for data.cache_gb"
+    return CacheError(
+        f"cannot write the cache {cache_dir} ({what}); give it a writable directory with room "
+        "(data.cache_dir and data.cache_gb in a train config, --cache-dir in the data commands)"
     )
 
 
