@@ -15,6 +15,8 @@ NEW is validated before it counts as done. OLD is never changed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -55,7 +57,6 @@ from training.contract.dataset_format import (
     unlike_record,
 )
 from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS, INDEX_DIR
-from training.contract.lifetime import host, pid_alive
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import VALIDATION_JSON, format_report, validate_dataset
 
@@ -72,16 +73,39 @@ _DATASET_PATHS = {SHARDS_DIR, INDEX_DIR, TOKENIZER_JSON, VALIDATION_JSON} | {
 NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's ends where it ended
 
 
-WORK_PREFIX = "gristmill-convert-"  # in the temporary directory: WORK_PREFIX + HOST-PID-random
+WORK_PREFIX = "gristmill-convert-"  # a conversion's work folder in the temporary directory
+WORK_LOCK = ".owner.lock"  # in it: flock-ed by the conversion while it runs
 
 
 def _remove_dead_work() -> None:
-    """The work folders of this host's conversions that were killed (a bucket's copy of OLD, or NEW
-    before its upload: a dataset's size each; review R20b M5)."""
-    for d in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}{host()}-*"):
-        pid = d.name[len(WORK_PREFIX) + len(host()) + 1 :].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(d, ignore_errors=True)
+    """The work folders of conversions that were killed (a bucket's copy of OLD, or NEW before its
+    upload: a dataset's size each; review R20b M5): those whose lock no process holds. A lock, not a
+    pid: a pid of another host or container sharing the folder looks dead here (review R20c 3)."""
+    for d in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
+        try:
+            fd = os.open(d / WORK_LOCK, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # no lock yet (being made), or not ours: left alone
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its conversion runs
+            continue
+        finally:
+            os.close(fd)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _work_folder():
+    """A new work folder, locked (WORK_LOCK) while inside and removed after: the lock file is locked
+    before it gets its name, so no cleaner ever finds it unlocked while this runs."""
+    _remove_dead_work()
+    with tempfile.TemporaryDirectory(prefix=WORK_PREFIX) as work:
+        tmp = Path(work) / f"{WORK_LOCK}.new"
+        with open(tmp, "w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            tmp.rename(Path(work) / WORK_LOCK)
+            yield work
 
 
 def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
@@ -91,8 +115,7 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         if is_url(where):  # a wrong bucket is one line before any work
             ObjectStore(ObjectURL.parse(where)).check_bucket()
     _check_new(old, new)
-    _remove_dead_work()
-    with tempfile.TemporaryDirectory(prefix=f"{WORK_PREFIX}{host()}-{os.getpid()}-") as work:
+    with _work_folder() as work:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")

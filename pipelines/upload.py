@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.task_upload import is_task_record, mismatch
+from pipelines.task_upload import damaged_objects, is_task_record, mismatch
 from training.contract.dataset_format import (
     DATASET_JSON,
     DatasetError,
@@ -127,19 +127,6 @@ def upload_dataset(
         store.delete(VALIDATION_JSON)
         log(f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces")
 
-    # An s3:// build's task records that list an object this upload replaces describe the bucket no
-    # more: removed before anything changes. (A build rerun then took the objects for damaged and
-    # advised redoing every task over a healthy dataset: review R20b M1; it now says those tasks left
-    # no record here.)
-    for rel in sorted(r for r in there if is_task_record(r)):
-        try:
-            listed = json.loads(store.get(rel)).get("objects", {})
-        except (ObjectMissing, ValueError, AttributeError):
-            continue  # none, or no record: the build redoes its task
-        if isinstance(listed, dict) and todo & listed.keys():
-            store.delete(rel)
-            log(f"removed {target}/{rel}: its task's objects are replaced by this upload")
-
     def put(rel: str) -> int:
         spec, path = files[rel], root / rel
         try:
@@ -175,6 +162,8 @@ def upload_dataset(
                     "committed; rerun the same `gristmill data build` command (it redoes what changed)"
                 )
     store.put_file(root / DATASET_JSON, DATASET_JSON)  # the commit point
+    if not in_bucket:  # a build's own commit checked its tasks' records against the bucket just above
+        _forget_stale_tasks(store, there, log)
     result = Uploaded(len(todo), len(files) - len(todo), sum(sizes))
     counts = {k: v - before[k] for k, v in COUNTS.snapshot().items()}
     log(
@@ -216,3 +205,32 @@ def _not_recorded(path: Path, root: Path) -> DatasetError:
         f"{path} is not the file {root / DATASET_JSON} records (its sha256 differs): it was damaged "
         f"after the build; run `gristmill data validate {root}`, rebuild, then upload"
     )
+
+
+def _forget_stale_tasks(store: ObjectStore, there: dict[str, int], log) -> None:
+    """An s3:// build's task records that no longer describe the bucket (an object they list was
+    replaced: the same dataset built locally and uploaded, its stats' timings differ) are removed once
+    dataset.json describes it. A build rerun took such objects for damaged and advised redoing every
+    task over a healthy dataset (review R20b M1); it says now that those tasks left no record here.
+    After the commit, not before: an upload killed midway leaves the records, and the rerun names the
+    objects that differ (removed first, it found the dataset complete over them: review R20c 2); and
+    whichever upload replaced them (a killed one's PUTs stay)."""
+    records = sorted(r for r in there if is_task_record(r))
+    if not records:
+        return
+
+    def read(rel: str) -> dict | None:
+        try:
+            record = json.loads(store.get(rel))
+        except (ObjectMissing, ValueError):
+            return None  # none, or no record: the build redoes its task
+        ok = isinstance(record, dict) and isinstance(record.get("objects"), dict)
+        return record if ok else None
+
+    with ThreadPoolExecutor(THREADS) as pool:
+        read_back = list(pool.map(read, records))
+    listing = store.list_etags()
+    for rel, record in zip(records, read_back):
+        if record is not None and damaged_objects({0: record}, listing):
+            store.delete(rel)
+            log(f"removed {store.url}/{rel}: its task's objects were replaced by an upload")

@@ -256,9 +256,26 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     # bucket build's: the tasks' records listing what it replaced go, and a build rerun finds the
     # dataset complete, naming those tasks as unrecorded; it reported the objects damaged and advised
     # redoing every task (review R20b M1).
+    # Killed before its commit, the upload leaves the records: the rerun names the objects that differ
+    # (removed first, the rerun found the dataset complete over them: review R20c 2)
+    put_file = ObjectStore.put_file
+
+    def killed_at_the_commit(self, path, rel, **kw):
+        if rel == DATASET_JSON:
+            raise KeyboardInterrupt
+        return put_file(self, path, rel, **kw)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ObjectStore, "put_file", killed_at_the_commit)
+        with pytest.raises(KeyboardInterrupt):
+            upload_dataset(built_dataset, url, log=lambda *a: None)
+    assert {"00000.json", "00001.json"} <= {k.rsplit("/", 1)[-1] for k in s3.keys("built/build/tasks")}
+    with pytest.raises(BuildError, match=r"logs/stats/0000\d\.json .* the dataset in the bucket is damaged"):
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
     logged: list[str] = []
     upload_dataset(built_dataset, url, log=logged.append)
-    assert any("build/tasks/00000.json: its task's objects are replaced" in line for line in logged), logged
+    removed = "build/tasks/00000.json: its task's objects were replaced by an upload"
+    assert any(removed in line for line in logged), logged
     lines = []
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
     assert any("nothing to do; 2 of its 2 tasks left no record here" in line for line in lines), lines
@@ -1475,7 +1492,20 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
     assert not list((tmp_path / "cache").rglob("validation.json"))
     monkeypatch.setattr(ObjectStore, "download", download)
     assert validate_dataset(url, progress=False, workers=1, cache=cache).ok
-    assert json.loads(s3.client.get_object(Bucket=BUCKET, Key="enospc/validation.json")["Body"].read())["ok"]
+    record = lambda: json.loads(
+        s3.client.get_object(Bucket=BUCKET, Key="enospc/validation.json")["Body"].read()
+    )  # noqa: E731
+    assert record()["ok"]
+    # damage found beside a shard not read here is a verdict: the "ok" record above stayed over it,
+    # and the audit said ok (review R20c 1)
+    other = sorted(read_dataset_info(local)["shard_files"])[1]
+    bad = bytearray((local / "shards" / other).read_bytes())
+    bad[len(bad) // 2] ^= 1
+    s3.client.put_object(Bucket=BUCKET, Key=f"enospc/shards/{other}", Body=bytes(bad))
+    monkeypatch.setattr(ObjectStore, "download", full_disk)
+    assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
+    shards = {p["shard"] for p in record()["problems"]}
+    assert not record()["ok"] and shards == {f"shards/{name}", f"shards/{other}"}, record()
 
 
 def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):

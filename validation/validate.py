@@ -761,7 +761,11 @@ def validate_dataset(
         fingerprint=info.get("fingerprint") if info else None,
     )
     unread = [r for r in results if r.unread]
-    if unread and write:  # a verdict on what was not read: none, here or in the bucket
+    # Only what was not read here failed: no verdict, here or in the bucket (its record, if any, still
+    # describes it: anything that changes it removes the record first). Damage found beside it is a
+    # verdict, written with the shards not checked listed as such (an earlier "ok" record stayed over
+    # damage just found: review R20c 1).
+    if unread and write and n_problems == sum(len(r.problems) + r.more_problems for r in unread):
         print(
             f"warning: {url}/{VALIDATION_JSON} not written: {len(unread)} shard(s) could not be read here "
             f"(e.g. {SHARDS_DIR}/{unread[0].name}: {unread[0].unread}), which says nothing of the bucket; "
@@ -1157,7 +1161,7 @@ def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
         lines += [f"  {p}" for p in r.problems[:max_problems]]
         hidden = r.n_problems - min(len(r.problems), max_problems)
         if hidden:
-            lines.append(f"  … and {hidden:,} more (listed ones in {Path(r.root) / VALIDATION_JSON})")
+            lines.append(f"  … and {hidden:,} more (listed ones in {r.root.rstrip('/')}/{VALIDATION_JSON})")
     lines.append("OK: every shard, document and separator checks out" if r.ok else "FAILED")
     return "\n".join(lines)
 

@@ -290,25 +290,23 @@ def test_a_legacy_dataset_keeps_its_shards(legacy, converted):
 
 def test_a_killed_conversion_s_work_folder_goes_at_the_next_one(v2, tmp_path):
     """A conversion killed (SIGKILL: no cleanup) left its work folder in the temporary directory, a
-    dataset's size each time (review R20b M5): the next conversion on the host removes those of dead
-    processes, never a live one's."""
-    import os
+    dataset's size each time (review R20b M5): the next conversion removes those whose lock no process
+    holds, never a running one's (a pid test took another host's or container's for dead: R20c 3)."""
+    import fcntl
     import tempfile
     from pathlib import Path
 
-    from pipelines.convert import WORK_PREFIX
-    from training.contract.lifetime import host, pid_alive
+    from pipelines.convert import WORK_LOCK, WORK_PREFIX
 
-    gone = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
-    while pid_alive(gone):  # a pid no process has
-        gone -= 1
-    dead = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{host()}-{gone}-abc"
-    live = Path(tempfile.gettempdir()) / f"{WORK_PREFIX}{host()}-{os.getpid()}-def"
+    dead, live, new = (Path(tempfile.mkdtemp(prefix=WORK_PREFIX)) for _ in range(3))
     for d in (dead, live):
-        (d / "old").mkdir(parents=True)
+        (d / WORK_LOCK).write_text("")
+    running = open(live / WORK_LOCK, "a")  # what a conversion on another host or container holds
+    fcntl.flock(running, fcntl.LOCK_EX)
     try:
         convert_dataset(str(v2), str(tmp_path / "new"), log=lambda *a: None)
-        assert not dead.exists() and live.exists()
+        assert not dead.exists() and live.exists() and new.exists()  # one without a lock: being made
     finally:
-        for d in (dead, live):
+        running.close()
+        for d in (dead, live, new):
             shutil.rmtree(d, ignore_errors=True)
