@@ -1528,6 +1528,18 @@ def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):
     assert DATASET_JSON not in s3.keys("window")
 
 
+def test_a_url_of_another_scheme_or_case_is_one_line_with_its_fix(capsys):
+    """`S3://…` was taken for a path ("S3:/bucket/x does not exist": review R20a 2)."""
+    geometry = ["--seq-len", "32", "--global-batch", "8", "--seed", "0"]
+    for url, fix in (
+        ("S3://bucket/x", "the scheme is lower-case: s3://bucket/x"),
+        ("gs://bucket/x", "s3://bucket/x"),
+    ):
+        assert gristmill(["data", "inspect", url, *geometry]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {url}: ") and fix in err[0], err
+
+
 def test_a_range_past_an_object_s_end_names_a_replaced_dataset_not_a_retry(s3, synthetic):
     """A loader open on a URL where another dataset was uploaded since stopped with 'InvalidRange … retry
     later' (review R3): no retry can help; the object is not the one dataset.json described."""
@@ -1806,7 +1818,7 @@ def test_a_short_plan_needs_the_units_its_steps_read(s3, synthetic, small_blocks
     assert float(needed) * 1e9 < 0.9 * groups, (needed, groups)
     assert gristmill([*argv, f"data.cache_gb={needed}"]) == 0, capsys.readouterr().err
     # the note says the figure checked, never more than the bound it was checked against (R19f 1)
-    keeps = re.search(r"the training keeps ([0-9.e+-]+) GB of them at most", capsys.readouterr().out)[1]
+    keeps = re.search(r"the training needs ([0-9.e+-]+) GB of them at once", capsys.readouterr().out)[1]
     assert float(keeps) <= float(needed), (keeps, needed)
     assert gristmill([*argv, f"data.cache_gb={keeps}"]) == 0  # rounded up: it holds what is kept (R19g 1)
     capsys.readouterr()

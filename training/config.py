@@ -94,7 +94,9 @@ class DataSection:
     """Shuffle seed of the loader (sample order is a pure function of dataset, val_fraction, seed, epoch,
     seq_len: the training split leaves out the held-out documents)."""
     num_workers: int = 0
-    """Loader worker processes (0: read in the training process)."""
+    """Training loader worker processes (0: read in the training process). Validation reads its few
+    batches in the training process whatever this is (workers forked at each validation, beside the
+    loader's threads, could deadlock after the fork)."""
     val_fraction: float = 0.0
     """Fraction of the dataset held out for validation (TokenLoader split="val"); 0 disables it."""
     sources: list[SourceSection] = field(default_factory=list)

@@ -15,13 +15,13 @@ from training.data.spec import batch_shapes, check_config
 from training.run.validation import Validation
 
 
-def held_out_batches(dataset, run, seed: int) -> list[str]:
+def held_out_batches(dataset, run, seed: int, settings: dict | None = None) -> list[str]:
     cfg = load_train_config(TINY, overrides(dataset, run, "run.val_every=4", f"data.seed={seed}"))
     spec = check_config(cfg, 1)
     plan, _, _ = open_plan(cfg, spec)
     validation = Validation(
         cfg, spec, batch_shapes(cfg, spec, 1), plan, last_step=12, vocab_size=256, device=torch.device("cpu"),
-        world_size=1, settings={},
+        world_size=1, settings=settings or {},
     )  # fmt: skip
     ((_, loader, start),) = validation.loaders(0)
     loader.load_state_dict(start)
@@ -34,6 +34,23 @@ def test_the_held_out_batches_do_not_depend_on_the_data_seed(tmp_path):
     `mix propose` compared its validation runs' losses with the swarm's on other windows."""
     dataset = make_dataset(tmp_path / "data", n_docs=400)
     assert held_out_batches(dataset, tmp_path / "a", 1) == held_out_batches(dataset, tmp_path / "b", 2)
+
+
+def test_validation_reads_its_batches_without_forking_workers(tmp_path, monkeypatch):
+    """Each validation iterates its loaders anew: with data.num_workers, DataLoader workers were forked
+    at every validation beside the training loader's threads, and one deadlocked now and then in
+    CPython's after-fork (review R20a 1: a two-rank run hung at a validation step, no line, nothing
+    saved). Validation reads in the trainer's process, whatever data.num_workers: the same batches."""
+    import os
+
+    dataset = make_dataset(tmp_path / "data", n_docs=400)
+    want = held_out_batches(dataset, tmp_path / "a", 1)
+
+    def no_fork():
+        raise AssertionError("validation forked a process")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert held_out_batches(dataset, tmp_path / "b", 1, {"num_workers": 2}) == want
 
 
 def test_held_out_data_that_cannot_be_read_costs_no_training(tmp_path, capsys):

@@ -72,8 +72,9 @@ def user_cache_dir() -> Path:
 
 
 def is_url(location: str | Path) -> bool:
-    """Whether a dataset location is an object-store URL (s3://, or gs://, which is refused with its fix)."""
-    return isinstance(location, str) and location.startswith((SCHEME, "gs://"))
+    """Whether a dataset location is an object-store URL (s3://; gs:// or an upper-case scheme, which
+    ObjectURL.parse refuses with the fix, rather than a path "S3:/…" that does not exist)."""
+    return isinstance(location, str) and location[:5].lower() in (SCHEME, "gs://")
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,9 @@ class ObjectURL:
 
     @classmethod
     def parse(cls, text: str) -> ObjectURL:
-        if text.startswith("gs://"):
+        if text[:5].lower() == SCHEME and not text.startswith(SCHEME):
+            raise ObjectStoreError(f"{text}: the scheme is lower-case: {SCHEME}{text[5:]}")
+        if text[:5].lower() == "gs://":
             raise ObjectStoreError(
                 f"{text}: gs:// URLs are not read directly; use Google Cloud Storage through its "
                 "S3-compatible API: AWS_ENDPOINT_URL=https://storage.googleapis.com, an HMAC key as "

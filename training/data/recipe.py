@@ -243,11 +243,12 @@ def check_run_room(spec: RunSpec, loader: Any, validation: Any) -> list[str]:
     check_room(training + held_out, spec.cache)
     if not training:
         return []
-    # each figure rounded up, as the refusal's: "at most" never below what is kept (R19g 1)
+    # each figure rounded up, as the refusal's: never below what is kept (R19g 1). "Needs", not "keeps
+    # at most": what no loader keeps stays cached until room is needed (review R20a 3)
     validation_part = f", validation {gb_holding(sum(n for _, n in held_out)):g} GB" if held_out else ""
     return [
         f"the bucket sources are read by range through data.cache_gb = {spec.cache.max_bytes / 1e9:g} on "
-        f"this node; the training keeps {gb_holding(sum(n for _, n in training)):g} GB of them at most"
+        f"this node; the training needs {gb_holding(sum(n for _, n in training)):g} GB of them at once"
         + validation_part
     ]
 

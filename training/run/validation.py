@@ -101,7 +101,12 @@ class Validation:
                         cache=self.spec.cache,
                         last_step=self.cfg.run.val_batches,  # all it reads (more would repeat windows)
                         check_cache=False,  # with the training's need: recipe.check_run_room
-                        **self.settings,
+                        # Read here, never by DataLoader workers: each validation iterates its
+                        # loaders anew, and workers forked then, beside the training loader's
+                        # threads (its prefetcher, its fetches), deadlocked in CPython's after-fork
+                        # now and then: 4 of 26 two-rank runs from a bucket hung at a validation
+                        # step, no line, nothing saved (review R20a 1). The batches are the same.
+                        **{**self.settings, "num_workers": 0},
                     )
                 except LoaderConfigError as e:
                     name = self.plan.phases[phase].name
