@@ -110,6 +110,7 @@ from training.contract.dataset_format import (
     RECORDED_FILES,
     SHARDS_DIR,
     TOKENIZER_JSON,
+    dataset_files,
     excluded_by_filter,
     task_of_file,
 )
@@ -578,7 +579,13 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                         "first"
                     )
             records = read_records(store, p.cfg.build.tasks, p.sha)
-            damaged = damaged_objects(records, store.list_etags())
+            listing = store.list_etags()
+            files = dataset_files(info)
+            # An object unlike its task's record but, by its content, what dataset.json records: an
+            # upload of the same dataset put it there and was stopped before it removed the record,
+            # which no longer describes the bucket (it was called damage, every task to redo: R20d 3).
+            mismatched = damaged_objects(records, listing)
+            damaged = [d for d in mismatched if not _as_recorded(store, files, listing, d[1])]
             if damaged:
                 _, rel, what = damaged[0]
                 raise BuildError(
@@ -587,6 +594,25 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                     f"task(s) {_tasks(damaged)} are redone, and only their objects that are not as recorded "
                     "are uploaded again"
                 )
+            for rank in sorted({rank for rank, _, _ in mismatched}):
+                store.delete(record_rel(rank))
+                del records[rank]
+                log(
+                    f"note: removed {store.url.child(record_rel(rank))}: its objects are dataset.json's, "
+                    "put there by an upload of this dataset since"
+                )
+            # The driver's own files (index, tokenizer.json, build.json, config.toml), which no task
+            # records, as dataset.json records them: an upload killed midway left some replaced, and
+            # this said "complete" over them (review R20d 2).
+            tasks_write = tuple(f"{d}/" for d in TASK_DIRS)
+            for rel in sorted(r for r in files if not r.startswith(tasks_write)):
+                if not _as_recorded(store, files, listing, rel):
+                    json_url = store.url.child(DATASET_JSON)
+                    raise BuildError(
+                        f"{store.url.child(rel)} is not the object {json_url} records: the dataset in the "
+                        f"bucket is damaged. To repair it, delete {json_url} and rerun the same command: "
+                        "what is not as the tasks and the build recorded is uploaded again"
+                    )
             # A dataset `data upload` put there has no task records: nothing of it was compared.
             unchecked = p.cfg.build.tasks - len(records)
             note = (
@@ -626,6 +652,26 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     if not (p.out / BUILD_JSON).is_file() or (p.out / BUILD_JSON).read_bytes() != record:
         write_atomic(p.out / BUILD_JSON, record)
     return False
+
+
+HASHED_BELOW = 64 << 20  # _as_recorded: objects this small are downloaded and hashed, larger ones sized
+
+
+def _as_recorded(
+    store: ObjectStore, files: dict[str, dict], listing: dict[str, tuple[int, str]], rel: str
+) -> bool:
+    """Whether object `rel` is the file dataset.json records (`files`: dataset_files): its size, and its
+    content's sha256 where it is under HASHED_BELOW (never the sha256 its metadata claims); a larger
+    one (a shard, a FineWeb-Edu index) by its size alone, which readers check whole when they read."""
+    spec, there = files.get(rel), listing.get(rel)
+    if spec is None or there is None or (spec["bytes"] is not None and there[0] != spec["bytes"]):
+        return False
+    if there[0] >= HASHED_BELOW:
+        return True
+    try:
+        return hashlib.sha256(store.get(rel)).hexdigest() == spec["sha256"]
+    except ObjectMissing:
+        return False
 
 
 def _more(items: list) -> str:

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ NO_TARGET = 1 << 62  # the writer never closes a shard itself: each of OLD's end
 
 WORK_PREFIX = "gristmill-convert-"  # a conversion's work folder in the temporary directory
 WORK_LOCK = ".owner.lock"  # in it: flock-ed by the conversion while it runs
+UNLOCKED_AFTER_S = 3600  # a work folder without a lock this old is a killed conversion's
 
 
 def _remove_dead_work() -> None:
@@ -84,7 +86,12 @@ def _remove_dead_work() -> None:
     for d in Path(tempfile.gettempdir()).glob(f"{WORK_PREFIX}*"):
         try:
             fd = os.open(d / WORK_LOCK, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:  # no lock yet (being made), or not ours: left alone
+        except FileNotFoundError:  # being made now, or left by a version without the lock (R20d 4)
+            with contextlib.suppress(OSError):
+                if time.time() - d.stat().st_mtime > UNLOCKED_AFTER_S:
+                    shutil.rmtree(d, ignore_errors=True)
+            continue
+        except OSError:  # another user's: left alone
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -256,6 +256,14 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     # bucket build's: the tasks' records listing what it replaced go, and a build rerun finds the
     # dataset complete, naming those tasks as unrecorded; it reported the objects damaged and advised
     # redoing every task (review R20b M1).
+    # An upload of it killed once config.toml was up: the rerun said "complete" over a file unlike
+    # dataset.json's record (review R20d 2); it names the file and the repair
+    key = "built/config.toml"
+    ours = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=(built_dataset / "config.toml").read_bytes())
+    with pytest.raises(BuildError, match=r"built/config\.toml is not the object .*dataset\.json records"):
+        build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=ours)
     # Killed before its commit, the upload leaves the records: the rerun names the objects that differ
     # (removed first, the rerun found the dataset complete over them: review R20c 2)
     put_file = ObjectStore.put_file
@@ -272,12 +280,25 @@ def test_build_into_a_bucket_uploads_from_every_task_and_readers_get_the_local_b
     assert {"00000.json", "00001.json"} <= {k.rsplit("/", 1)[-1] for k in s3.keys("built/build/tasks")}
     with pytest.raises(BuildError, match=r"logs/stats/0000\d\.json .* the dataset in the bucket is damaged"):
         build(load_config(DataConfig, config, sets), log=lambda *a: None)
+    records = {
+        f"built/{k}": s3.client.get_object(Bucket=BUCKET, Key=f"built/{k}")["Body"].read()
+        for k in bucket_objects(s3, "built")
+        if k.startswith("build/tasks/")
+    }
     logged: list[str] = []
     upload_dataset(built_dataset, url, log=logged.append)
     removed = "build/tasks/00000.json: its task's objects were replaced by an upload"
     assert any(removed in line for line in logged), logged
     lines = []
     assert build(load_config(DataConfig, config, sets), log=lines.append).ok
+    assert any("nothing to do; 2 of its 2 tasks left no record here" in line for line in lines), lines
+    # ... killed after its commit, before it removed them: the records name objects dataset.json holds
+    # as it records them; the rerun called that damage and advised redoing every task (review R20d 3)
+    for k, body in records.items():
+        s3.client.put_object(Bucket=BUCKET, Key=k, Body=body)
+    lines = []
+    assert build(load_config(DataConfig, config, sets), log=lines.append).ok
+    assert any("build/tasks/00000.json: its objects are dataset.json's" in line for line in lines), lines
     assert any("nothing to do; 2 of its 2 tasks left no record here" in line for line in lines), lines
 
 
@@ -1434,12 +1455,14 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     s3.client.put_object(Bucket=BUCKET, Key=manifest, Body=body[:-10])
     capsys.readouterr()
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=bytes(bad), Metadata=meta)  # and a shard damaged
-    assert gristmill(["data", "validate", url, "--no-progress"]) == 1
+    fresh = ["--cache-dir", str(tmp_path / "fresh")]  # no copy of the manifest from before
+    assert gristmill(["data", "validate", url, "--no-progress", *fresh]) == 1
     printed = capsys.readouterr()
     assert "Traceback" not in printed.err, printed.err
     # each problem named against its own file, the others still checked (not one "dataset.json" problem
     # that hid the damaged shard: review R17f F5)
     assert re.search(r"^  manifest/00000\.parquet: .*is shorter than", printed.out, re.M), printed.out
+    assert printed.out.count("  manifest/00000.parquet: ") == 1, printed.out  # not "missing" too (R20d)
     assert re.search(rf"^  shards/{re.escape(name)}: ", printed.out, re.M), printed.out
 
 
@@ -1503,9 +1526,28 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
     bad[len(bad) // 2] ^= 1
     s3.client.put_object(Bucket=BUCKET, Key=f"enospc/shards/{other}", Body=bytes(bad))
     monkeypatch.setattr(ObjectStore, "download", full_disk)
+    # the disk full for the cache's copy of the record too: the bucket's went up from that copy, and
+    # the "ok" one stayed (review R20d 1)
+    import validation.validate as validate_module
+
+    def no_room(path, *a, **kw):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(validate_module, "write_atomic", no_room)
     assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
     shards = {p["shard"] for p in record()["problems"]}
     assert not record()["ok"] and shards == {f"shards/{name}", f"shards/{other}"}, record()
+    # a verdict the bucket does not take removes the earlier record
+    s3.client.put_object(Bucket=BUCKET, Key="enospc/validation.json", Body=b'{"ok": true}')
+
+    def refused(self, data, rel):
+        raise ObjectStoreError(f"{rel}: refused")
+
+    monkeypatch.setattr(ObjectStore, "put_bytes", refused)
+    capsys.readouterr()
+    assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
+    assert "validation.json" not in s3.keys("enospc")
+    assert "the earlier record there was removed" in capsys.readouterr().err
 
 
 def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):
@@ -2139,11 +2181,15 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     lines: list[str] = []
     assert build(cfg, log=lines.append).ok
     assert any("already complete (same config): nothing to do" in line for line in lines), lines
-    # its build.json cut short: the inputs cannot be compared, which is said (a traceback: review R15d F7)
+    # its build.json cut short: the inputs cannot be compared, which is said (a traceback: review R15d F7),
+    # and the file is not the one dataset.json records: the dataset is damaged, and the repair is named
+    # (it said "complete" over it: review R20d 2)
     key = "rewritten/build.json"
     body = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
     for damaged in (body[:40], b"null"):  # JSON, not a record: a traceback too (review R15f F7)
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=damaged)
         lines = []
-        assert build(cfg, log=lines.append).ok
+        refused = rf"^{re.escape(url)}/build\.json is not the object .*To repair it, delete "
+        with pytest.raises(BuildError, match=refused):
+            build(cfg, log=lines.append)
         assert any(f"{url}/build.json is unreadable" in line and "not compared" in line for line in lines)

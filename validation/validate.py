@@ -773,15 +773,32 @@ def validate_dataset(
             file=sys.stderr,
         )
     elif write and root.is_dir():
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
         try:
-            text = json.dumps(report.to_dict(), indent=2) + "\n"
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
-            if url is not None:
-                ObjectStore(url).put_file(root / VALIDATION_JSON, VALIDATION_JSON)
-        except (OSError, GristmillError) as e:
-            where = f"{url}/" if url else root / ""
-            print(f"warning: could not write {where}{VALIDATION_JSON}: {e}", file=sys.stderr)
+        except OSError as e:  # of a bucket, the cache's copy: the bucket's record goes up all the same
+            print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
+        if url is not None:
+            _put_record(url, text)
     return report
+
+
+def _put_record(url: str, text: str) -> None:
+    """The bucket's validation.json, this validation's verdict; one that cannot be written removes the
+    earlier record, which no longer describes what was just found (an "ok" record stayed over damage
+    just found, and the audit said ok: review R20d 1)."""
+    store = ObjectStore(url)
+    try:
+        store.put_bytes(text.encode(), VALIDATION_JSON)
+        return
+    except GristmillError as e:
+        why = e
+    try:
+        store.delete(VALIDATION_JSON)
+        gone = "the earlier record there was removed"
+    except GristmillError:
+        gone = "the earlier record there, if any, no longer describes it: delete it"
+    print(f"warning: could not write {url}/{VALIDATION_JSON}: {why}; {gone}", file=sys.stderr)
 
 
 def _not_the_bucket(e: Exception) -> bool:
@@ -930,6 +947,8 @@ def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Probl
                 Problem("not recorded in dataset.json (added since the build?): the audit reads it", rel)
             )
     covered = {f"{DECONTAM_DIR}/{name}" for name in DECONTAM_FILES}
+    # named once: a bucket's object the copy refused (cut short, damaged) is not "missing" too (R20d)
+    covered |= {p.shard for p in problems if p.shard}
     for rel, spec in sorted(recorded.items()):
         if rel in covered:
             continue

@@ -293,20 +293,25 @@ def test_a_killed_conversion_s_work_folder_goes_at_the_next_one(v2, tmp_path):
     dataset's size each time (review R20b M5): the next conversion removes those whose lock no process
     holds, never a running one's (a pid test took another host's or container's for dead: R20c 3)."""
     import fcntl
+    import os
     import tempfile
+    import time
     from pathlib import Path
 
     from pipelines.convert import WORK_LOCK, WORK_PREFIX
 
-    dead, live, new = (Path(tempfile.mkdtemp(prefix=WORK_PREFIX)) for _ in range(3))
+    dead, live, new, old = (Path(tempfile.mkdtemp(prefix=WORK_PREFIX)) for _ in range(4))
     for d in (dead, live):
         (d / WORK_LOCK).write_text("")
+    hours_ago = time.time() - 2 * 3600
+    os.utime(old, (hours_ago, hours_ago))  # an unlocked folder of a version before the lock (R20d 4)
     running = open(live / WORK_LOCK, "a")  # what a conversion on another host or container holds
     fcntl.flock(running, fcntl.LOCK_EX)
     try:
         convert_dataset(str(v2), str(tmp_path / "new"), log=lambda *a: None)
         assert not dead.exists() and live.exists() and new.exists()  # one without a lock: being made
+        assert not old.exists()
     finally:
         running.close()
-        for d in (dead, live, new):
+        for d in (dead, live, new, old):
             shutil.rmtree(d, ignore_errors=True)
