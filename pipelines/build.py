@@ -585,7 +585,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             # upload of the same dataset put it there and was stopped before it removed the record,
             # which no longer describes the bucket (it was called damage, every task to redo: R20d 3).
             mismatched = damaged_objects(records, listing)
-            damaged = [d for d in mismatched if not _as_recorded(store, files, listing, d[1])]
+            damaged = [d for d in mismatched if not _as_recorded(store, files, listing, d[1], by_size=False)]
             if damaged:
                 _, rel, what = damaged[0]
                 raise BuildError(
@@ -606,7 +606,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             # this said "complete" over them (review R20d 2).
             tasks_write = tuple(f"{d}/" for d in TASK_DIRS)
             for rel in sorted(r for r in files if not r.startswith(tasks_write)):
-                if not _as_recorded(store, files, listing, rel):
+                if not _as_recorded(store, files, listing, rel, by_size=True):
                     json_url = store.url.child(DATASET_JSON)
                     raise BuildError(
                         f"{store.url.child(rel)} is not the object {json_url} records: the dataset in the "
@@ -658,16 +658,18 @@ HASHED_BELOW = 64 << 20  # _as_recorded: objects this small are downloaded and h
 
 
 def _as_recorded(
-    store: ObjectStore, files: dict[str, dict], listing: dict[str, tuple[int, str]], rel: str
+    store: ObjectStore, files: dict[str, dict], listing: dict[str, tuple[int, str]], rel: str, by_size: bool
 ) -> bool:
     """Whether object `rel` is the file dataset.json records (`files`: dataset_files): its size, and its
-    content's sha256 where it is under HASHED_BELOW (never the sha256 its metadata claims); a larger
-    one (a shard, a FineWeb-Edu index) by its size alone, which readers check whole when they read."""
+    content's sha256 where it is under HASHED_BELOW (never the sha256 its metadata claims). A larger
+    one (a shard, a FineWeb-Edu index) is taken by its size alone with `by_size` (readers check it
+    whole when they read it), else not taken: an object unlike its task's record is damage unless its
+    content says otherwise (a damaged shard's record was removed as stale: review R20e)."""
     spec, there = files.get(rel), listing.get(rel)
     if spec is None or there is None or (spec["bytes"] is not None and there[0] != spec["bytes"]):
         return False
     if there[0] >= HASHED_BELOW:
-        return True
+        return by_size
     try:
         return hashlib.sha256(store.get(rel)).hexdigest() == spec["sha256"]
     except ObjectMissing:

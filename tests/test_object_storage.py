@@ -366,7 +366,10 @@ def test_a_build_killed_mid_task_reruns_uploading_only_what_is_missing_or_damage
     # the repair redoes that task alone.
     damage(s3, f"killed-build/{damaged}")
     s3.proxy.reset_counts()
-    with pytest.raises(BuildError) as e:
+    # (every object counted as too large to hash, as a real shard is: its size equal to dataset.json's
+    # record is no proof that the record is stale: review R20e)
+    with pytest.raises(BuildError) as e, pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pipelines.build.HASHED_BELOW", 1)
         build(cfg, log=lines.append)
     assert f"{url}/{damaged} is not the object its task uploaded" in str(e.value)
     assert f"delete {url}/{DATASET_JSON} and rerun the same command: the task(s) 0 are redone" in str(e.value)
