@@ -2196,3 +2196,26 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
         with pytest.raises(BuildError, match=refused):
             build(cfg, log=lines.append)
         assert any(f"{url}/build.json is unreadable" in line and "not compared" in line for line in lines)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    # tokenizer.json, whose size dataset.json does not record, replaced: hashed whatever its size (taken
+    # as too large to hash, it was not compared at all: review R20e 2)
+    key = "rewritten/tokenizer.json"
+    tokenizer = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=b'{"another": "tokenizer"}')
+    with (
+        pytest.raises(BuildError, match=r"/tokenizer\.json is not the object "),
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        patch.setattr("pipelines.build.HASHED_BELOW", 1)
+        build(cfg, log=lambda *a: None)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=tokenizer)
+    # its dataset.json edited by hand: one line, not a traceback (review R20e 4)
+    key = f"rewritten/{DATASET_JSON}"
+    committed = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    no_shards = {k: v for k, v in json.loads(committed).items() if k != "shard_files"}
+    for edited in (committed[:100], json.dumps(no_shards).encode()):
+        s3.client.put_object(Bucket=BUCKET, Key=key, Body=edited)
+        with pytest.raises(BuildError, match=rf"^{re.escape(url)}/dataset\.json is not a dataset's record"):
+            build(cfg, log=lambda *a: None)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=committed)
+    assert build(cfg, log=lambda *a: None).ok
