@@ -110,8 +110,11 @@ from training.contract.dataset_format import (
     RECORDED_FILES,
     SHARDS_DIR,
     TOKENIZER_JSON,
+    DatasetError,
+    check_fingerprint,
     dataset_files,
     excluded_by_filter,
+    parse_dataset_info,
     task_of_file,
 )
 from training.contract.errors import GristmillError, unwritable
@@ -556,19 +559,32 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     config's dataset, or objects and no build.json, is refused; the bucket's build.json (which the
     build puts there before its first task) is brought into the work directory, so that check_output
     compares with it as with a local output's (and names the keys that changed)."""
+    where = store.url.child(DATASET_JSON)
+    edited = (  # the commit point edited by hand: one line with the repair (reviews R20e 4, R20f 1)
+        f"{where} is not the record of this config's complete dataset that readers take ({{why}}): it "
+        "was edited or replaced; delete it and rerun the same command (what the tasks recorded is "
+        "checked and kept)"
+    )
     try:
-        info = json.loads(store.get(DATASET_JSON))
-        if not isinstance(info, dict) or (info.get("status") == "complete" and "shard_files" not in info):
-            raise ValueError("not a complete dataset's record")
+        raw = store.get(DATASET_JSON)
+        info = json.loads(raw)
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
     except ObjectMissing:
         info = None
-    except ValueError as e:  # a commit point edited by hand: one line, not a traceback (review R20e 4)
-        raise BuildError(
-            f"{store.url.child(DATASET_JSON)} is not a dataset's record ({e}): it was edited or replaced; "
-            f"delete it and rerun the same command (what the tasks recorded is checked and kept)"
-        ) from None
+    except ValueError as e:
+        raise BuildError(edited.format(why=e)) from None
     if info is not None:
-        if info.get("config_sha256") == p.sha and info.get("status") == "complete":
+        if info.get("config_sha256") == p.sha:
+            # read as every reader reads it (parse_dataset_info, check_fingerprint): "complete" said
+            # over one they refuse left the user between validate's "rebuild" and this "nothing to do"
+            try:
+                info = parse_dataset_info(raw, where)
+                check_fingerprint(str(store.url), info)
+                dataset_files(info)
+            except (DatasetError, KeyError, TypeError, AttributeError) as e:
+                why = str(e).removeprefix(f"{where}: ").split("; rebuild")[0]
+                raise BuildError(edited.format(why=why)) from None
             with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
                 try:
                     built = json.loads(store.get(BUILD_JSON))
@@ -661,17 +677,17 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     return False
 
 
-HASHED_BELOW = 64 << 20  # _as_recorded: objects this small are downloaded and hashed, larger ones sized
+HASHED_BELOW = 64 << 20  # _as_recorded: objects this small (and tokenizer.json) are downloaded and hashed
 
 
 def _as_recorded(
     store: ObjectStore, files: dict[str, dict], listing: dict[str, tuple[int, str]], rel: str, by_size: bool
 ) -> bool:
     """Whether object `rel` is the file dataset.json records (`files`: dataset_files): its size, and its
-    content's sha256 where it is under HASHED_BELOW (never the sha256 its metadata claims). A larger
-    one (a shard, a FineWeb-Edu index) is taken by its size alone with `by_size` (readers check it
-    whole when they read it), else not taken: an object unlike its task's record is damage unless its
-    content says otherwise (a damaged shard's record was removed as stale: review R20e)."""
+    content's sha256 where it is under HASHED_BELOW or has no recorded size (tokenizer.json; never the
+    sha256 its metadata claims). A larger one is taken by its size alone with `by_size` (the driver's
+    files: a FineWeb-Edu index, which readers check whole when they read it), else not taken (an
+    object unlike its task's record, a shard, is damage unless its content says otherwise)."""
     spec, there = files.get(rel), listing.get(rel)
     if spec is None or there is None or (spec["bytes"] is not None and there[0] != spec["bytes"]):
         return False

@@ -2212,10 +2212,22 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     # its dataset.json edited by hand: one line, not a traceback (review R20e 4)
     key = f"rewritten/{DATASET_JSON}"
     committed = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-    no_shards = {k: v for k, v in json.loads(committed).items() if k != "shard_files"}
-    for edited in (committed[:100], json.dumps(no_shards).encode()):
+    info = json.loads(committed)
+    no_shards = {k: v for k, v in info.items() if k != "shard_files"}
+    # what readers refuse, the rerun called complete (review R20f 1): no fingerprint, a shard less
+    no_fingerprint = {k: v for k, v in info.items() if k != "fingerprint"}
+    a_shard_less = {**info, "shard_files": dict(list(info["shard_files"].items())[1:])}
+    building = {**info, "status": "building"}
+    for edited in (
+        committed[:100],
+        *(json.dumps(e).encode() for e in (no_shards, no_fingerprint, a_shard_less, building)),
+    ):
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=edited)
-        with pytest.raises(BuildError, match=rf"^{re.escape(url)}/dataset\.json is not a dataset's record"):
+        refused = rf"^{re.escape(url)}/dataset\.json is not the record of this config's complete dataset"
+        with pytest.raises(BuildError, match=refused) as e:
             build(cfg, log=lambda *a: None)
+        assert str(e.value).endswith(
+            "delete it and rerun the same command (what the tasks recorded is checked and kept)"
+        )
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=committed)
     assert build(cfg, log=lambda *a: None).ok

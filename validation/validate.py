@@ -777,7 +777,14 @@ def validate_dataset(
         try:
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
         except OSError as e:  # of a bucket, the cache's copy: the bucket's record goes up all the same
-            print(f"warning: could not write {root / VALIDATION_JSON}: {e}", file=sys.stderr)
+            # The earlier record describes what this validation may just have found damaged, and a
+            # local dataset's readers go by it (an "ok" stayed over damage on a full disk: R20f 2).
+            try:
+                (root / VALIDATION_JSON).unlink(missing_ok=True)
+                gone = "the earlier record was removed"
+            except OSError:
+                gone = "the earlier record, if any, no longer describes it: delete it"
+            print(f"warning: could not write {root / VALIDATION_JSON}: {e}; {gone}", file=sys.stderr)
         if url is not None:
             _put_record(url, text)
     return report

@@ -231,6 +231,27 @@ def test_corrupt_ids_bytes(ds):
     assert any("fingerprint recomputed" in p for p in found)
 
 
+def test_a_verdict_that_cannot_be_written_leaves_no_earlier_record(ds, monkeypatch, capsys):
+    """Review R20f 2: a disk too full for the new record kept the earlier "ok" one over damage this
+    validation had just found, and the audit said ok. The earlier record is removed."""
+    import validation.validate as validate_module
+
+    assert validate_dataset(ds, progress=False).ok and (ds / VALIDATION_JSON).is_file()
+    row = row_of(ds, "t0d3")
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"]] ^= 1
+    shard.write_bytes(bytes(data))
+
+    def full_disk(path, *a, **kw):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(validate_module, "write_atomic", full_disk)
+    assert not validate_dataset(ds, progress=False).ok
+    assert not (ds / VALIDATION_JSON).exists()
+    assert "the earlier record was removed" in capsys.readouterr().err
+
+
 def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds):
     """A dataset in place is not hashed at every read: a damaged shard that validate had found was
     trained on, inspected (--hash) and evaluated, exit 0 (review R14c F1). Its readers now refuse it
