@@ -777,35 +777,40 @@ def validate_dataset(
         try:
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
         except OSError as e:  # of a bucket, the cache's copy: the bucket's record goes up all the same
-            # The earlier record describes what this validation may just have found damaged, and a
-            # local dataset's readers go by it (an "ok" stayed over damage on a full disk: R20f 2).
-            try:
-                (root / VALIDATION_JSON).unlink(missing_ok=True)
-                gone = "the earlier record was removed"
-            except OSError:
-                gone = "the earlier record, if any, no longer describes it: delete it"
-            print(f"warning: could not write {root / VALIDATION_JSON}: {e}; {gone}", file=sys.stderr)
+            # A failure not recorded: the earlier record, perhaps "ok", goes (a local dataset's readers
+            # go by it: an "ok" stayed over damage on a full disk, review R20f 2). An "ok" not recorded
+            # leaves it (a dataset read-only on purpose).
+            gone = ""
+            if not report.ok:
+                try:
+                    (root / VALIDATION_JSON).unlink(missing_ok=True)
+                    gone = "; the earlier record was removed"
+                except OSError:
+                    gone = "; the earlier record, if any, may say ok: delete it"
+            print(f"warning: could not write {root / VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
         if url is not None:
-            _put_record(url, text)
+            _put_record(url, text, report.ok)
     return report
 
 
-def _put_record(url: str, text: str) -> None:
-    """The bucket's validation.json, this validation's verdict; one that cannot be written removes the
-    earlier record, which no longer describes what was just found (an "ok" record stayed over damage
-    just found, and the audit said ok: review R20d 1)."""
+def _put_record(url: str, text: str, ok: bool) -> None:
+    """The bucket's validation.json, this validation's verdict (`ok`: it found nothing wrong); a failure
+    that cannot be written removes the earlier record, which may say ok over what was just found (it
+    stayed, and the audit said ok: review R20d 1)."""
     store = ObjectStore(url)
     try:
         store.put_bytes(text.encode(), VALIDATION_JSON)
         return
     except GristmillError as e:
         why = e
-    try:
-        store.delete(VALIDATION_JSON)
-        gone = "the earlier record there was removed"
-    except GristmillError:
-        gone = "the earlier record there, if any, no longer describes it: delete it"
-    print(f"warning: could not write {url}/{VALIDATION_JSON}: {why}; {gone}", file=sys.stderr)
+    gone = ""
+    if not ok:
+        try:
+            store.delete(VALIDATION_JSON)
+            gone = "; the earlier record there was removed"
+        except GristmillError:
+            gone = "; the earlier record there, if any, may say ok: delete it"
+    print(f"warning: could not write {url}/{VALIDATION_JSON}: {why}{gone}", file=sys.stderr)
 
 
 def _not_the_bucket(e: Exception) -> bool:

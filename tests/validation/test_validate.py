@@ -237,16 +237,18 @@ def test_a_verdict_that_cannot_be_written_leaves_no_earlier_record(ds, monkeypat
     import validation.validate as validate_module
 
     assert validate_dataset(ds, progress=False).ok and (ds / VALIDATION_JSON).is_file()
-    row = row_of(ds, "t0d3")
-    shard = ds / "shards" / row["shard"]
-    data = bytearray(shard.read_bytes())
-    data[row["offset"]] ^= 1
-    shard.write_bytes(bytes(data))
 
     def full_disk(path, *a, **kw):
         raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr(validate_module, "write_atomic", full_disk)
+    assert validate_dataset(ds, progress=False).ok  # an "ok" not written (a read-only dataset)
+    assert (ds / VALIDATION_JSON).is_file()  # leaves the earlier record, which still describes it
+    row = row_of(ds, "t0d3")
+    shard = ds / "shards" / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"]] ^= 1
+    shard.write_bytes(bytes(data))
     assert not validate_dataset(ds, progress=False).ok
     assert not (ds / VALIDATION_JSON).exists()
     assert "the earlier record was removed" in capsys.readouterr().err
