@@ -105,6 +105,7 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DECONTAM_DIR,
     EXCLUDED_DIR,
+    FORMAT,
     LOGS_DIR,
     MANIFEST_DIR,
     RECORDED_FILES,
@@ -572,7 +573,12 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             raise ValueError("not a JSON object")
     except ObjectMissing:
         info = None
-    except ValueError as e:
+    except ValueError as e:  # whose it is, build.json says: never advise deleting another's (R20g 2)
+        if changes := _bucket_config_changes(p, store):
+            raise BuildError(
+                f"{p.cfg.output} holds a dataset built from another config (changed: {'; '.join(changes)}), "
+                f"whose {DATASET_JSON} is not a dataset's record ({e}): build into another prefix"
+            ) from None
         raise BuildError(edited.format(why=e)) from None
     if info is not None:
         if info.get("config_sha256") == p.sha:
@@ -583,8 +589,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 check_fingerprint(str(store.url), info)
                 dataset_files(info)
             except (DatasetError, KeyError, TypeError, AttributeError) as e:
-                why = str(e).removeprefix(f"{where}: ").split("; rebuild")[0]
-                raise BuildError(edited.format(why=why)) from None
+                raise BuildError(edited.format(why=_reason(e, where))) from None
             with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
                 try:
                     built = json.loads(store.get(BUILD_JSON))
@@ -624,6 +629,10 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                     f"note: removed {store.url.child(record_rel(rank))}: its objects are dataset.json's, "
                     "put there by an upload of this dataset since"
                 )
+            # Its fields no fingerprint covers, against what the tasks recorded (an edited
+            # document count or "files" entry was "complete" too, while readers refused it: R20g 1)
+            if (why := _unlike_the_tasks(info, records)) is not None:
+                raise BuildError(edited.format(why=why))
             # The driver's own files (index, tokenizer.json, build.json, config.toml), which no task
             # records, as dataset.json records them: an upload killed midway left some replaced, and
             # this said "complete" over them (review R20d 2).
@@ -649,9 +658,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 f"validate {p.cfg.output}` checks every shard again"
             )
             return True
-        changes = []  # named as a local output's refusal names them (review R17a F4)
-        with contextlib.suppress(ObjectMissing, ValueError, TypeError, AttributeError):
-            changes = config_changes(dict(json.loads(store.get(BUILD_JSON)).get("identity", {})), p.identity)
+        changes = _bucket_config_changes(p, store)  # named as a local output's refusal names them (R17a F4)
         what = (
             f"changed: {'; '.join(changes)}"
             if changes
@@ -675,6 +682,41 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
     if not (p.out / BUILD_JSON).is_file() or (p.out / BUILD_JSON).read_bytes() != record:
         write_atomic(p.out / BUILD_JSON, record)
     return False
+
+
+def _bucket_config_changes(p: Prepared, store: ObjectStore) -> list[str]:
+    """The keys of this config that differ from the bucket's build.json's (none when it has none)."""
+    with contextlib.suppress(ObjectMissing, ValueError, TypeError, AttributeError):
+        return config_changes(dict(json.loads(store.get(BUILD_JSON)).get("identity", {})), p.identity)
+    return []
+
+
+def _reason(e: Exception, where: str) -> str:
+    """What a reader's refusal of the dataset.json at `where` says is wrong, without its path or its
+    advice (the caller's refusal gives the repair)."""
+    text = str(e).removeprefix(f"{where}: ").removeprefix(f"{where} ")
+    for advice in ("; rebuild", "; the build did not finish", ": dataset.json was edited"):
+        text = text.split(advice)[0]
+    return text
+
+
+def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]]) -> str | None:
+    """What in a complete dataset.json of this config disagrees with itself or its tasks' records,
+    where no fingerprint covers it, or None: a current-layout dataset records its files; its document
+    and token counts are its shards'; each object a task recorded is recorded alike (bytes, sha256)."""
+    if info["format"] == FORMAT and info.get("files") is None:
+        return 'it has no "files" entry'
+    for what in ("documents", "tokens"):
+        counts = [f.get(what) for f in info["shard_files"].values()]
+        if all(isinstance(n, int) for n in counts) and info.get(what) != sum(counts):
+            return f"it says {what} = {info.get(what)}, its shards {sum(counts)}"
+    files = dataset_files(info)
+    for rank, record in sorted(records.items()):
+        for rel, spec in sorted(record["objects"].items()):
+            mine = files.get(rel)
+            if mine is None or mine["sha256"] != spec["sha256"] or mine["bytes"] not in (None, spec["bytes"]):
+                return f"its record of {rel} is not the object task {rank} uploaded"
+    return None
 
 
 HASHED_BELOW = 64 << 20  # _as_recorded: objects this small (and tokenizer.json) are downloaded and hashed

@@ -2218,10 +2218,16 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     no_fingerprint = {k: v for k, v in info.items() if k != "fingerprint"}
     a_shard_less = {**info, "shard_files": dict(list(info["shard_files"].items())[1:])}
     building = {**info, "status": "building"}
-    for edited in (
-        committed[:100],
-        *(json.dumps(e).encode() for e in (no_shards, no_fingerprint, a_shard_less, building)),
-    ):
+    # ... and what no fingerprint covers (review R20g 1): a count, the "files" entry, a file's record
+    one_more = {**info, "documents": info["documents"] + 1}
+    no_files = {k: v for k, v in info.items() if k != "files"}
+    manifest = sorted(r for r in info["files"] if r.startswith("manifest/"))[0]
+    other_sha = {
+        **info,
+        "files": {**info["files"], manifest: {**info["files"][manifest], "sha256": "0" * 64}},
+    }
+    hand_edits = (no_shards, no_fingerprint, a_shard_less, building, one_more, no_files, other_sha)
+    for edited in (committed[:100], *(json.dumps(e).encode() for e in hand_edits)):
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=edited)
         refused = rf"^{re.escape(url)}/dataset\.json is not the record of this config's complete dataset"
         with pytest.raises(BuildError, match=refused) as e:
@@ -2229,5 +2235,11 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
         assert str(e.value).endswith(
             "delete it and rerun the same command (what the tasks recorded is checked and kept)"
         )
+    # another config's build there, its dataset.json unreadable: never "delete it" (review R20g 2)
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=committed[:100])
+    other = load_config(DataConfig, config, [*sets, "filters.min_chars=30"])
+    with pytest.raises(BuildError, match=r"another config \(changed: filters\.min_chars: 20 → 30\)") as e:
+        build(other, log=lambda *a: None)
+    assert "build into another prefix" in str(e.value) and "delete" not in str(e.value)
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=committed)
     assert build(cfg, log=lambda *a: None).ok

@@ -32,6 +32,7 @@ knowable), never a traceback. The result is written to `DIR/validation.json`, wh
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import mmap
@@ -772,6 +773,13 @@ def validate_dataset(
             "validate again once they can be",
             file=sys.stderr,
         )
+    elif not write and not report.ok and url is None and _says_ok(root / VALIDATION_JSON):
+        # not rewritten, as asked; but a local dataset's readers go by that record (review R20g 3)
+        print(
+            f"warning: {root / VALIDATION_JSON} still says ok (--no-write), and readers go by it: "
+            "validate without --no-write to record what was found",
+            file=sys.stderr,
+        )
     elif write and root.is_dir():
         text = json.dumps(report.to_dict(), indent=2) + "\n"
         try:
@@ -791,6 +799,12 @@ def validate_dataset(
         if url is not None:
             _put_record(url, text, report.ok)
     return report
+
+
+def _says_ok(path: Path) -> bool:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return json.loads(path.read_text()).get("ok") is True
+    return False
 
 
 def _put_record(url: str, text: str, ok: bool) -> None:

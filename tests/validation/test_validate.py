@@ -249,6 +249,10 @@ def test_a_verdict_that_cannot_be_written_leaves_no_earlier_record(ds, monkeypat
     data = bytearray(shard.read_bytes())
     data[row["offset"]] ^= 1
     shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert not validate_dataset(ds, progress=False, write=False).ok  # --no-write: kept, and said
+    assert (ds / VALIDATION_JSON).is_file()
+    assert "still says ok (--no-write), and readers go by it" in capsys.readouterr().err  # R20g 3
     assert not validate_dataset(ds, progress=False).ok
     assert not (ds / VALIDATION_JSON).exists()
     assert "the earlier record was removed" in capsys.readouterr().err
