@@ -588,7 +588,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 info = parse_dataset_info(raw, where)
                 check_fingerprint(str(store.url), info)
                 dataset_files(info)
-            except (DatasetError, KeyError, TypeError, AttributeError) as e:
+            except (DatasetError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise BuildError(edited.format(why=_reason(e, where))) from None
             with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
                 try:
@@ -631,7 +631,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 )
             # Its fields no fingerprint covers, against what the tasks recorded (an edited
             # document count or "files" entry was "complete" too, while readers refused it: R20g 1)
-            if (why := _unlike_the_tasks(info, records)) is not None:
+            if (why := _unlike_the_tasks(info, records, p.cfg.build.tasks)) is not None:
                 raise BuildError(edited.format(why=why))
             # The driver's own files (index, tokenizer.json, build.json, config.toml), which no task
             # records, as dataset.json records them: an upload killed midway left some replaced, and
@@ -700,22 +700,47 @@ def _reason(e: Exception, where: str) -> str:
     return text
 
 
-def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]]) -> str | None:
-    """What in a complete dataset.json of this config disagrees with itself or its tasks' records,
-    where no fingerprint covers it, or None: a current-layout dataset records its files; its document
-    and token counts are its shards'; each object a task recorded is recorded alike (bytes, sha256)."""
-    if info["format"] == FORMAT and info.get("files") is None:
-        return 'it has no "files" entry'
-    for what in ("documents", "tokens"):
-        counts = [f.get(what) for f in info["shard_files"].values()]
-        if all(isinstance(n, int) for n in counts) and info.get(what) != sum(counts):
-            return f"it says {what} = {info.get(what)}, its shards {sum(counts)}"
-    files = dataset_files(info)
-    for rank, record in sorted(records.items()):
-        for rel, spec in sorted(record["objects"].items()):
-            mine = files.get(rel)
-            if mine is None or mine["sha256"] != spec["sha256"] or mine["bytes"] not in (None, spec["bytes"]):
-                return f"its record of {rel} is not the object task {rank} uploaded"
+def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]], tasks: int) -> str | None:
+    """What in a complete dataset.json of this config disagrees with itself or its `tasks` tasks'
+    records, where no fingerprint covers it, or None (reviews R20g 1, R20h 1): a current-layout
+    dataset records its files; its shard and document counts are its shards' (and, every task
+    recorded, the documents its tasks checked); what it records where tasks write is what they
+    recorded, no more, no less, alike (bytes, sha256). Consistent edits of the token counts alone
+    (the index holds them, fingerprinted; reading it is a reader's cost) are left to readers."""
+    try:
+        if info["format"] == FORMAT and info.get("files") is None:
+            return 'it has no "files" entry'
+        if "shards" in info and info["shards"] != len(info["shard_files"]):
+            return f"it says shards = {info['shards']!r}, and lists {len(info['shard_files'])}"
+        for what in ("documents", "tokens"):
+            counts = [f.get(what) for f in info["shard_files"].values()]
+            if all(type(n) is int for n in counts) and info.get(what) != sum(counts):
+                return f"it says {what} = {info.get(what)!r}, its shards {sum(counts)}"
+        checked = [r.get("checked", {}).get("documents") for r in records.values()]
+        if (
+            len(records) == tasks
+            and all(type(n) is int for n in checked)
+            and info["documents"] != sum(checked)
+        ):
+            return f"it says documents = {info['documents']!r}, its tasks checked {sum(checked)}"
+        files = dataset_files(info)
+        for rank, record in sorted(records.items()):
+            for rel, spec in sorted(record["objects"].items()):
+                mine = files.get(rel)
+                if (
+                    mine is None
+                    or mine["sha256"] != spec["sha256"]
+                    or mine["bytes"] not in (None, spec["bytes"])
+                ):
+                    return f"its record of {rel} is not the object task {rank} uploaded"
+        if len(records) == tasks:
+            tasks_write = tuple(f"{d}/" for d in TASK_DIRS)
+            uploaded = {rel for record in records.values() for rel in record["objects"]}
+            extra = sorted(r for r in files if r.startswith(tasks_write) and r not in uploaded)
+            if extra:
+                return f"it records {extra[0]}, which no task uploaded"
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return f"its entries cannot be read ({type(e).__name__}: {e})"
     return None
 
 

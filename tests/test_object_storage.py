@@ -1550,7 +1550,12 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
     capsys.readouterr()
     assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
     assert "validation.json" not in s3.keys("enospc")
-    assert "the earlier record there was removed" in capsys.readouterr().err
+    assert "the earlier record, which said ok, was removed" in capsys.readouterr().err
+    # --no-write over damage just found: the bucket's "ok" stays, and that is said (review R20h 3)
+    s3.client.put_object(Bucket=BUCKET, Key="enospc/validation.json", Body=b'{"ok": true}')
+    monkeypatch.setattr(ObjectStore, "download", download)
+    assert not validate_dataset(url, progress=False, workers=1, cache=cache, write=False).ok
+    assert "validation.json still says ok (--no-write)" in capsys.readouterr().err
 
 
 def test_the_build_s_commit_looks_at_the_tasks_objects_again(s3, synthetic):
@@ -2226,7 +2231,23 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
         **info,
         "files": {**info["files"], manifest: {**info["files"][manifest], "sha256": "0" * 64}},
     }
-    hand_edits = (no_shards, no_fingerprint, a_shard_less, building, one_more, no_files, other_sha)
+    # ... consistently in two places, or beside what the tasks uploaded, or unreadable (review R20h)
+    first = sorted(info["shard_files"])[0]
+    shard_too = {
+        **one_more,
+        "shard_files": {
+            **info["shard_files"],
+            first: {**info["shard_files"][first], "documents": info["shard_files"][first]["documents"] + 1},
+        },
+    }
+    more_shards = {**info, "shards": info["shards"] + 3}
+    phantom = {**info, "files": {**info["files"], "manifest/99999.parquet": info["files"][manifest]}}
+    not_a_record = {**info, "files": {**info["files"], manifest: "x"}}
+    not_a_table = {**info, "files": "abc"}
+    hand_edits = (
+        *(no_shards, no_fingerprint, a_shard_less, building, one_more, no_files, other_sha),
+        *(shard_too, more_shards, phantom, not_a_record, not_a_table),
+    )
     for edited in (committed[:100], *(json.dumps(e).encode() for e in hand_edits)):
         s3.client.put_object(Bucket=BUCKET, Key=key, Body=edited)
         refused = rf"^{re.escape(url)}/dataset\.json is not the record of this config's complete dataset"

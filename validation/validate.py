@@ -766,65 +766,73 @@ def validate_dataset(
     # describes it: anything that changes it removes the record first). Damage found beside it is a
     # verdict, written with the shards not checked listed as such (an earlier "ok" record stayed over
     # damage just found: review R20c 1).
-    if unread and write and n_problems == sum(len(r.problems) + r.more_problems for r in unread):
-        print(
-            f"warning: {url}/{VALIDATION_JSON} not written: {len(unread)} shard(s) could not be read here "
-            f"(e.g. {SHARDS_DIR}/{unread[0].name}: {unread[0].unread}), which says nothing of the bucket; "
-            "validate again once they can be",
-            file=sys.stderr,
-        )
-    elif not write and not report.ok and url is None and _says_ok(root / VALIDATION_JSON):
-        # not rewritten, as asked; but a local dataset's readers go by that record (review R20g 3)
-        print(
-            f"warning: {root / VALIDATION_JSON} still says ok (--no-write), and readers go by it: "
-            "validate without --no-write to record what was found",
-            file=sys.stderr,
-        )
-    elif write and root.is_dir():
+    if unread and n_problems == sum(len(r.problems) + r.more_problems for r in unread):
+        if write:
+            print(
+                f"warning: {url}/{VALIDATION_JSON} not written: {len(unread)} shard(s) could not be read "
+                f"here (e.g. {SHARDS_DIR}/{unread[0].name}: {unread[0].unread}), which says nothing of the "
+                "bucket; validate again once they can be",
+                file=sys.stderr,
+            )
+    elif not write:  # not rewritten, as asked; but readers and the audit go by that record (R20g 3)
+        if (earlier := _earlier_verdict(url, root)) is not None and earlier != report.ok:
+            where = f"{url}/{VALIDATION_JSON}" if url else root / VALIDATION_JSON
+            print(
+                f"warning: {where} still says {_verdict(earlier)} (--no-write), and readers and the audit "
+                "go by it: validate without --no-write to record what was found",
+                file=sys.stderr,
+            )
+    elif root.is_dir():
         text = json.dumps(report.to_dict(), indent=2) + "\n"
         try:
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
         except OSError as e:  # of a bucket, the cache's copy: the bucket's record goes up all the same
-            # A failure not recorded: the earlier record, perhaps "ok", goes (a local dataset's readers
-            # go by it: an "ok" stayed over damage on a full disk, review R20f 2). An "ok" not recorded
-            # leaves it (a dataset read-only on purpose).
-            gone = ""
-            if not report.ok:
-                try:
-                    (root / VALIDATION_JSON).unlink(missing_ok=True)
-                    gone = "; the earlier record was removed"
-                except OSError:
-                    gone = "; the earlier record, if any, may say ok: delete it"
+            gone = _drop_other_verdict(root, report.ok, None)
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
         if url is not None:
             _put_record(url, text, report.ok)
     return report
 
 
-def _says_ok(path: Path) -> bool:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return json.loads(path.read_text()).get("ok") is True
-    return False
+def _verdict(ok: bool) -> str:
+    return "ok" if ok else "it failed"
+
+
+def _earlier_verdict(url: str | None, root: Path) -> bool | None:
+    """The last recorded validation's "ok" (the bucket's record, or the directory's), None if none."""
+    with contextlib.suppress(OSError, ValueError, AttributeError, GristmillError):
+        text = ObjectStore(url).get(VALIDATION_JSON) if url else (root / VALIDATION_JSON).read_bytes()
+        ok = json.loads(text).get("ok")
+        return ok if isinstance(ok, bool) else None
+    return None
+
+
+def _drop_other_verdict(root: Path, ok: bool, url: str | None) -> str:
+    """A verdict that could not be written (`ok`) leaves no earlier record that says otherwise (the
+    bucket's with `url`, else the directory's): an "ok" over damage just found (reviews R20f 2, R20d 1),
+    a failure over a dataset repaired since, which its readers keep refusing (R20h 4). Removed, or the
+    warning says so; one that agrees stays (a dataset read-only on purpose keeps its record)."""
+    earlier = _earlier_verdict(url, root)
+    if earlier is None or earlier == ok:
+        return ""
+    try:
+        if url is None:
+            (root / VALIDATION_JSON).unlink(missing_ok=True)
+        else:
+            ObjectStore(url).delete(VALIDATION_JSON)
+        return f"; the earlier record, which said {_verdict(earlier)}, was removed"
+    except (OSError, GristmillError):
+        return f"; the earlier record says {_verdict(earlier)}, and readers go by it: delete it"
 
 
 def _put_record(url: str, text: str, ok: bool) -> None:
-    """The bucket's validation.json, this validation's verdict (`ok`: it found nothing wrong); a failure
-    that cannot be written removes the earlier record, which may say ok over what was just found (it
-    stayed, and the audit said ok: review R20d 1)."""
-    store = ObjectStore(url)
+    """The bucket's validation.json, this validation's verdict (`ok`: it found nothing wrong); one that
+    cannot be written removes an earlier record that says otherwise (_drop_other_verdict)."""
     try:
-        store.put_bytes(text.encode(), VALIDATION_JSON)
-        return
+        ObjectStore(url).put_bytes(text.encode(), VALIDATION_JSON)
     except GristmillError as e:
-        why = e
-    gone = ""
-    if not ok:
-        try:
-            store.delete(VALIDATION_JSON)
-            gone = "; the earlier record there was removed"
-        except GristmillError:
-            gone = "; the earlier record there, if any, may say ok: delete it"
-    print(f"warning: could not write {url}/{VALIDATION_JSON}: {why}{gone}", file=sys.stderr)
+        gone = _drop_other_verdict(Path(), ok, url)
+        print(f"warning: could not write {url}/{VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
 
 
 def _not_the_bucket(e: Exception) -> bool:

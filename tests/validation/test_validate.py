@@ -252,10 +252,24 @@ def test_a_verdict_that_cannot_be_written_leaves_no_earlier_record(ds, monkeypat
     capsys.readouterr()
     assert not validate_dataset(ds, progress=False, write=False).ok  # --no-write: kept, and said
     assert (ds / VALIDATION_JSON).is_file()
-    assert "still says ok (--no-write), and readers go by it" in capsys.readouterr().err  # R20g 3
+    assert "still says ok (--no-write), and readers and the audit go by it" in capsys.readouterr().err
     assert not validate_dataset(ds, progress=False).ok
     assert not (ds / VALIDATION_JSON).exists()
-    assert "the earlier record was removed" in capsys.readouterr().err
+    assert "the earlier record, which said ok, was removed" in capsys.readouterr().err
+    # a failure recorded, then the dataset repaired and an "ok" not written: the failure, which its
+    # readers go by, went on refusing it, and the advice was to validate again (review R20h 4)
+    monkeypatch.undo()
+    assert not validate_dataset(ds, progress=False).ok and not _says_ok(ds)
+    data[row["offset"]] ^= 1
+    shard.write_bytes(bytes(data))
+    monkeypatch.setattr(validate_module, "write_atomic", full_disk)
+    assert validate_dataset(ds, progress=False).ok
+    assert not (ds / VALIDATION_JSON).exists()
+    assert "the earlier record, which said it failed, was removed" in capsys.readouterr().err
+
+
+def _says_ok(ds) -> bool:
+    return json.loads((ds / VALIDATION_JSON).read_text())["ok"]
 
 
 def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds):
