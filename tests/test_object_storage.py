@@ -1551,6 +1551,21 @@ def test_a_shard_this_node_cannot_read_is_no_verdict_on_the_bucket(
     assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
     assert "validation.json" not in s3.keys("enospc")
     assert "the earlier record, which said ok, was removed" in capsys.readouterr().err
+    # ... and one that cannot be read back (the store refusing the PUT fails the GET too) is removed
+    # all the same: it may say ok (review R20i 2)
+    s3.client.put_object(Bucket=BUCKET, Key="enospc/validation.json", Body=b'{"ok": true}')
+    get = ObjectStore.get
+
+    def no_get(self, rel):
+        if rel == "validation.json":
+            raise ObjectStoreError(f"{rel}: 503, retries exhausted")
+        return get(self, rel)
+
+    monkeypatch.setattr(ObjectStore, "get", no_get)
+    assert not validate_dataset(url, progress=False, workers=1, cache=cache).ok
+    assert "validation.json" not in s3.keys("enospc")
+    assert "the earlier record, which may say ok, was removed" in capsys.readouterr().err
+    monkeypatch.setattr(ObjectStore, "get", get)
     # --no-write over damage just found: the bucket's "ok" stays, and that is said (review R20h 3)
     s3.client.put_object(Bucket=BUCKET, Key="enospc/validation.json", Body=b'{"ok": true}')
     monkeypatch.setattr(ObjectStore, "download", download)
@@ -2264,3 +2279,12 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     assert "build into another prefix" in str(e.value) and "delete" not in str(e.value)
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=committed)
     assert build(cfg, log=lambda *a: None).ok
+    # a build with build.validate = false (its tasks' records say "checked": null) reruns to "nothing to
+    # do", not "dataset.json was edited" in a loop (review R20i 1)
+    unchecked = load_config(
+        DataConfig, config, [*sets, f"output={json.dumps(url + '-unchecked')}", "build.validate=false"]
+    )
+    assert build(unchecked, log=lambda *a: None).ok
+    lines: list[str] = []
+    assert build(unchecked, log=lines.append).ok
+    assert any("already complete (same config): nothing to do" in line for line in lines), lines

@@ -775,7 +775,7 @@ def validate_dataset(
                 file=sys.stderr,
             )
     elif not write:  # not rewritten, as asked; but readers and the audit go by that record (R20g 3)
-        if (earlier := _earlier_verdict(url, root)) is not None and earlier != report.ok:
+        if (earlier := _earlier_verdict(url, root)) in (True, False) and earlier != report.ok:
             where = f"{url}/{VALIDATION_JSON}" if url else root / VALIDATION_JSON
             print(
                 f"warning: {where} still says {_verdict(earlier)} (--no-write), and readers and the audit "
@@ -794,17 +794,27 @@ def validate_dataset(
     return report
 
 
+UNKNOWN = "unknown"  # _earlier_verdict: a record that may be there and cannot be read
+
+
 def _verdict(ok: bool) -> str:
     return "ok" if ok else "it failed"
 
 
-def _earlier_verdict(url: str | None, root: Path) -> bool | None:
-    """The last recorded validation's "ok" (the bucket's record, or the directory's), None if none."""
-    with contextlib.suppress(OSError, ValueError, AttributeError, GristmillError):
+def _earlier_verdict(url: str | None, root: Path) -> bool | None | str:
+    """The last recorded validation's "ok" (the bucket's record, or the directory's); None if there
+    is none; UNKNOWN if there may be one that cannot be read (a store failing, a file unreadable)."""
+    try:
         text = ObjectStore(url).get(VALIDATION_JSON) if url else (root / VALIDATION_JSON).read_bytes()
+    except (ObjectMissing, FileNotFoundError):
+        return None
+    except (OSError, GristmillError):
+        return UNKNOWN
+    with contextlib.suppress(ValueError, AttributeError):
         ok = json.loads(text).get("ok")
-        return ok if isinstance(ok, bool) else None
-    return None
+        if isinstance(ok, bool):
+            return ok
+    return UNKNOWN
 
 
 def _drop_other_verdict(root: Path, ok: bool, url: str | None) -> str:
@@ -813,16 +823,17 @@ def _drop_other_verdict(root: Path, ok: bool, url: str | None) -> str:
     a failure over a dataset repaired since, which its readers keep refusing (R20h 4). Removed, or the
     warning says so; one that agrees stays (a dataset read-only on purpose keeps its record)."""
     earlier = _earlier_verdict(url, root)
-    if earlier is None or earlier == ok:
-        return ""
+    if earlier is None or earlier == ok or (earlier == UNKNOWN and ok):
+        return ""  # one that cannot be read, under an "ok": nothing says it is wrong
+    said = "may say ok" if earlier == UNKNOWN else f"said {_verdict(earlier)}"
     try:
         if url is None:
             (root / VALIDATION_JSON).unlink(missing_ok=True)
         else:
             ObjectStore(url).delete(VALIDATION_JSON)
-        return f"; the earlier record, which said {_verdict(earlier)}, was removed"
+        return f"; the earlier record, which {said}, was removed"
     except (OSError, GristmillError):
-        return f"; the earlier record says {_verdict(earlier)}, and readers go by it: delete it"
+        return f"; the earlier record, which {said}, could not be removed, and readers go by it: delete it"
 
 
 def _put_record(url: str, text: str, ok: bool) -> None:
