@@ -653,6 +653,9 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 if unchecked
                 else ""
             )
+            if not unchecked and any(not (r.get("checked") or {}) for r in records.values()):
+                # nothing to hold its document count to (review R20j 1)
+                note += "; its tasks checked no shards (build.validate = false): its counts were not compared"
             log(
                 f"{p.cfg.output} is already complete (same config): nothing to do{note}; `gristmill data "
                 f"validate {p.cfg.output}` checks every shard again"
@@ -730,8 +733,8 @@ def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]], 
                 mine = files.get(rel)
                 if (
                     mine is None
-                    or mine["sha256"] != spec.get("sha256")
-                    or mine["bytes"] not in (None, spec.get("bytes"))
+                    or mine["sha256"] != spec["sha256"]
+                    or mine["bytes"] not in (None, spec["bytes"])
                 ):
                     return f"its record of {rel} is not the object task {rank} uploaded"
         if len(records) == tasks:

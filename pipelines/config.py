@@ -213,7 +213,8 @@ class BuildConfig:
     less than this many GB free."""
     validate: bool = True
     """Run `gristmill data validate` on the finished dataset (the build fails if it fails); with an
-    s3:// `output`, each task checks each of its shards before it uploads it."""
+    s3:// `output`, each task checks each of its shards before it uploads it (off, a rerun of the
+    complete bucket dataset has no checked counts to hold dataset.json's to, and says so)."""
     workdir: str = ""
     """With an s3:// `output`: the local work directory, on each node, of the driver (its files,
     datatrove's logs) and of each task (tasks/NNNNN/: its output until it is uploaded, then removed).

@@ -58,6 +58,9 @@ class TaskUploadError(GristmillError):
     """A task's output that must not go into the bucket (a shard that fails its check)."""
 
 
+RECORD_KEYS = {"bytes", "sha256", "etag"}  # what each object of a task's record must give
+
+
 def record_rel(rank: int) -> str:
     return f"{RECORDS_DIR}/{rank:05d}.json"
 
@@ -76,6 +79,9 @@ def read_record(store: ObjectStore, rank: int) -> dict[str, Any] | None:
     except ValueError:
         return None
     ok = isinstance(record, dict) and isinstance(record.get("objects"), dict)
+    # each object as a task records it: one without its size, hash or ETag is no record either (it
+    # was read as dataset.json's fault, and the advice deleted a good one: review R20j 2)
+    ok = ok and all(isinstance(o, dict) and RECORD_KEYS <= o.keys() for o in record["objects"].values())
     return record if ok else None
 
 

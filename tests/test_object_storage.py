@@ -2288,3 +2288,16 @@ def test_a_complete_bucket_dataset_whose_input_was_rewritten_at_the_same_size_is
     lines: list[str] = []
     assert build(unchecked, log=lines.append).ok
     assert any("already complete (same config): nothing to do" in line for line in lines), lines
+    # ... saying that its counts were not compared: its tasks checked nothing (review R20j 1)
+    assert any("(build.validate = false): its counts were not compared" in line for line in lines), lines
+    # a task's record with an object it does not describe whole is no record (it was read as
+    # dataset.json's fault, and the advice deleted a good one: review R20j 2)
+    record_key = "rewritten/build/tasks/00000.json"
+    record = s3.client.get_object(Bucket=BUCKET, Key=record_key)["Body"].read()
+    broken = json.loads(record)
+    del next(iter(broken["objects"].values()))["sha256"]
+    s3.client.put_object(Bucket=BUCKET, Key=record_key, Body=json.dumps(broken).encode())
+    lines = []
+    assert build(cfg, log=lines.append).ok
+    assert any("1 of its 2 tasks left no record here" in line for line in lines), lines
+    s3.client.put_object(Bucket=BUCKET, Key=record_key, Body=record)

@@ -778,8 +778,9 @@ def validate_dataset(
         if (earlier := _earlier_verdict(url, root)) in (True, False) and earlier != report.ok:
             where = f"{url}/{VALIDATION_JSON}" if url else root / VALIDATION_JSON
             print(
-                f"warning: {where} still says {_verdict(earlier)} (--no-write), and readers and the audit "
-                "go by it: validate without --no-write to record what was found",
+                f"warning: {where} still says {_verdict(earlier)} (--no-write), and "
+                f"{'the audit goes' if url else 'readers and the audit go'} by it: validate without "
+                "--no-write to record what was found",
                 file=sys.stderr,
             )
     elif root.is_dir():
@@ -810,7 +811,7 @@ def _earlier_verdict(url: str | None, root: Path) -> bool | None | str:
         return None
     except (OSError, GristmillError):
         return UNKNOWN
-    with contextlib.suppress(ValueError, AttributeError):
+    with contextlib.suppress(ValueError, AttributeError, RecursionError):
         ok = json.loads(text).get("ok")
         if isinstance(ok, bool):
             return ok
@@ -833,7 +834,7 @@ def _drop_other_verdict(root: Path, ok: bool, url: str | None) -> str:
             ObjectStore(url).delete(VALIDATION_JSON)
         return f"; the earlier record, which {said}, was removed"
     except (OSError, GristmillError):
-        return f"; the earlier record, which {said}, could not be removed, and readers go by it: delete it"
+        return f"; the earlier record, which {said}, could not be removed: delete it"
 
 
 def _put_record(url: str, text: str, ok: bool) -> None:
