@@ -79,9 +79,9 @@ from pipelines.sources import (
 )
 from pipelines.task_upload import (
     RECORDS_DIR,
-    TASK_DIRS,
     TaskUpload,
     damaged_objects,
+    is_task_output,
     read_records,
     record_rel,
     stray_objects,
@@ -587,7 +587,7 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
             try:
                 info = parse_dataset_info(raw, where)
                 check_fingerprint(str(store.url), info)
-                dataset_files(info)
+                files = dataset_files(info)
             except (DatasetError, KeyError, TypeError, ValueError, AttributeError) as e:
                 raise BuildError(edited.format(why=_reason(e, where))) from None
             with contextlib.suppress(ObjectMissing):  # `data upload` puts none there
@@ -608,7 +608,6 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                     )
             records = read_records(store, p.cfg.build.tasks, p.sha)
             listing = store.list_etags()
-            files = dataset_files(info)
             # An object unlike its task's record but, by its content, what dataset.json records: an
             # upload of the same dataset put it there and was stopped before it removed the record,
             # which no longer describes the bucket (it was called damage, every task to redo: R20d 3).
@@ -631,13 +630,12 @@ def _complete_in_bucket(p: Prepared, store: ObjectStore, log) -> bool:
                 )
             # Its fields no fingerprint covers, against what the tasks recorded (an edited
             # document count or "files" entry was "complete" too, while readers refused it: R20g 1)
-            if (why := _unlike_the_tasks(info, records, p.cfg.build.tasks)) is not None:
+            if (why := _unlike_the_tasks(info, files, records, p.cfg.build.tasks)) is not None:
                 raise BuildError(edited.format(why=why))
             # The driver's own files (index, tokenizer.json, build.json, config.toml), which no task
             # records, as dataset.json records them: an upload killed midway left some replaced, and
             # this said "complete" over them (review R20d 2).
-            tasks_write = tuple(f"{d}/" for d in TASK_DIRS)
-            for rel in sorted(r for r in files if not r.startswith(tasks_write)):
+            for rel in sorted(r for r in files if not is_task_output(r)):
                 if not _as_recorded(store, files, listing, rel, by_size=True):
                     json_url = store.url.child(DATASET_JSON)
                     raise BuildError(
@@ -703,13 +701,16 @@ def _reason(e: Exception, where: str) -> str:
     return text
 
 
-def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]], tasks: int) -> str | None:
-    """What in a complete dataset.json of this config disagrees with itself or its `tasks` tasks'
-    records, where no fingerprint covers it, or None (reviews R20g 1, R20h 1): a current-layout
-    dataset records its files; its shard and document counts are its shards' (and, every task
-    recorded, the documents its tasks checked); what it records where tasks write is what they
-    recorded, no more, no less, alike (bytes, sha256). Consistent edits of the token counts alone
-    (the index holds them, fingerprinted; reading it is a reader's cost) are left to readers."""
+def _unlike_the_tasks(
+    info: dict[str, Any], files: dict[str, dict], records: dict[int, dict[str, Any]], tasks: int
+) -> str | None:
+    """What in a complete dataset.json of this config (`files`: its dataset_files) disagrees with
+    itself or its `tasks` tasks' records, where no fingerprint covers it, or None (reviews R20g 1,
+    R20h 1): a current-layout dataset records its files; its shard and document counts are its
+    shards' (and, every task recorded, the documents its tasks checked); what it records where tasks
+    write is what they recorded, no more, no less, alike (bytes, sha256). Consistent edits of the
+    token counts alone (the index holds them, fingerprinted; reading it is a reader's cost) are left
+    to readers."""
     try:
         if info["format"] == FORMAT and info.get("files") is None:
             return 'it has no "files" entry'
@@ -727,7 +728,6 @@ def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]], 
             and info["documents"] != sum(checked)
         ):
             return f"it says documents = {info['documents']!r}, its tasks checked {sum(checked)}"
-        files = dataset_files(info)
         for rank, record in sorted(records.items()):
             for rel, spec in sorted(record["objects"].items()):
                 mine = files.get(rel)
@@ -737,12 +737,8 @@ def _unlike_the_tasks(info: dict[str, Any], records: dict[int, dict[str, Any]], 
                     or mine["bytes"] not in (None, spec["bytes"])
                 ):
                     return f"its record of {rel} is not the object task {rank} uploaded"
-        if len(records) == tasks:
-            tasks_write = tuple(f"{d}/" for d in TASK_DIRS)
-            uploaded = {rel for record in records.values() for rel in record["objects"]}
-            extra = sorted(r for r in files if r.startswith(tasks_write) and r not in uploaded)
-            if extra:
-                return f"it records {extra[0]}, which no task uploaded"
+        if len(records) == tasks and (extra := stray_objects(records, files)):
+            return f"it records {extra[0]}, which no task uploaded"
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         return f"its entries cannot be read ({type(e).__name__}: {e})"
     return None
@@ -1051,7 +1047,7 @@ def _from_bucket(cfg: DataConfig, out: Path, record: dict[str, Any]) -> FromBuck
     own = {path for pattern in RECORDED_FILES for path in out.glob(pattern)} | {out / TOKENIZER_JSON}
     for path in sorted(own):
         rel = path.relative_to(out)
-        if path.is_file() and rel.parts[0] != FROM_BUCKET_DIR and rel.parent.as_posix() not in TASK_DIRS:
+        if path.is_file() and rel.parts[0] != FROM_BUCKET_DIR and not is_task_output(rel.as_posix()):
             (root / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(path, root / rel)
     shards = {

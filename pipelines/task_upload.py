@@ -69,6 +69,11 @@ def is_task_record(rel: str) -> bool:
     return rel.startswith(RECORDS_DIR + "/")
 
 
+def is_task_output(rel: str) -> bool:
+    """Whether `rel` lies where only an s3:// build's tasks write (TASK_DIRS)."""
+    return rel.rpartition("/")[0] in TASK_DIRS
+
+
 def read_record(store: ObjectStore, rank: int) -> dict[str, Any] | None:
     """Task `rank`'s record, None if there is none or it is not a record (cut short, edited): its task
     is then redone and writes it again."""
@@ -237,7 +242,8 @@ def damaged_objects(
     return out
 
 
-def stray_objects(records: dict[int, dict[str, Any]], listing: dict[str, tuple[int, str]]) -> list[str]:
-    """Objects where only tasks write that no record lists (not this build's)."""
+def stray_objects(records: dict[int, dict[str, Any]], listing: dict[str, Any]) -> list[str]:
+    """Objects where only tasks write that no record lists (not this build's), of `listing` (the
+    bucket's, or dataset.json's files: any mapping by path)."""
     recorded = {rel for record in records.values() for rel in record["objects"]}
-    return sorted(rel for rel in listing if rel.rpartition("/")[0] in TASK_DIRS and rel not in recorded)
+    return sorted(rel for rel in listing if is_task_output(rel) and rel not in recorded)

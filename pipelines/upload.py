@@ -27,12 +27,11 @@ dataset.json's sha256.
 from __future__ import annotations
 
 import argparse
-import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.task_upload import damaged_objects, is_task_record, mismatch
+from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
 from training.contract.dataset_format import (
     DATASET_JSON,
     DatasetError,
@@ -215,20 +214,11 @@ def _forget_stale_tasks(store: ObjectStore, there: dict[str, int], log) -> None:
     After the commit, not before: an upload killed midway leaves the records, and the rerun names the
     objects that differ (removed first, it found the dataset complete over them: review R20c 2); and
     whichever upload replaced them (a killed one's PUTs stay)."""
-    records = sorted(r for r in there if is_task_record(r))
+    records = sorted(r for r in there if is_task_record(r) and Path(r).stem.isdigit())
     if not records:
         return
-
-    def read(rel: str) -> dict | None:
-        try:
-            record = json.loads(store.get(rel))
-        except (ObjectMissing, ValueError):
-            return None  # none, or no record: the build redoes its task
-        ok = isinstance(record, dict) and isinstance(record.get("objects"), dict)
-        return record if ok else None
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        read_back = list(pool.map(read, records))
+    with ThreadPoolExecutor(THREADS) as pool:  # none, or no record: the build redoes its task
+        read_back = list(pool.map(lambda rel: read_record(store, int(Path(rel).stem)), records))
     listing = store.list_etags()
     for rel, record in zip(records, read_back):
         if record is not None and damaged_objects({0: record}, listing):

@@ -788,7 +788,7 @@ def validate_dataset(
         try:
             write_atomic(root / VALIDATION_JSON, text, tmp_name=VALIDATION_JSON + ".tmp")
         except OSError as e:  # of a bucket, the cache's copy: the bucket's record goes up all the same
-            gone = _drop_other_verdict(root, report.ok, None)
+            gone = _drop_other_verdict(report.ok, None, root)
             print(f"warning: could not write {root / VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
         if url is not None:
             _put_record(url, text, report.ok)
@@ -802,7 +802,7 @@ def _verdict(ok: bool) -> str:
     return "ok" if ok else "it failed"
 
 
-def _earlier_verdict(url: str | None, root: Path) -> bool | None | str:
+def _earlier_verdict(url: str | None, root: Path | None) -> bool | None | str:
     """The last recorded validation's "ok" (the bucket's record, or the directory's); None if there
     is none; UNKNOWN if there may be one that cannot be read (a store failing, a file unreadable)."""
     try:
@@ -818,7 +818,7 @@ def _earlier_verdict(url: str | None, root: Path) -> bool | None | str:
     return UNKNOWN
 
 
-def _drop_other_verdict(root: Path, ok: bool, url: str | None) -> str:
+def _drop_other_verdict(ok: bool, url: str | None, root: Path | None = None) -> str:
     """A verdict that could not be written (`ok`) leaves no earlier record that says otherwise (the
     bucket's with `url`, else the directory's): an "ok" over damage just found (reviews R20f 2, R20d 1),
     a failure over a dataset repaired since, which its readers keep refusing (R20h 4). Removed, or the
@@ -843,7 +843,7 @@ def _put_record(url: str, text: str, ok: bool) -> None:
     try:
         ObjectStore(url).put_bytes(text.encode(), VALIDATION_JSON)
     except GristmillError as e:
-        gone = _drop_other_verdict(Path(), ok, url)
+        gone = _drop_other_verdict(ok, url)
         print(f"warning: could not write {url}/{VALIDATION_JSON}: {e}{gone}", file=sys.stderr)
 
 

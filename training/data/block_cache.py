@@ -242,21 +242,28 @@ class CachedBlocks:
         numbers' digits), its sample's records (at most SAMPLE_DOCS) and the xxh3 of its ids."""
         return units * (len(self._header(None, 0, SAMPLE_DOCS)) + 24 + DOC_RECORD * SAMPLE_DOCS + 8)
 
+    @property
+    def _unit_tokens(self) -> np.ndarray:
+        """Per unit, its tokens (a held-out document's, or a sample's total)."""
+        return self._val_tokens if self.per_doc else self.totals
+
+    def _file_bytes(self, tokens: int, units: int) -> int:
+        """The bytes of `units` cache files holding `tokens` ids in all, at most (what the bound counts)."""
+        return tokens * self.itemsize + self._overhead(units)
+
     def unit_bytes(self, u: int) -> int:
-        """The bytes of unit `u`'s cache file, at most (what the bound counts)."""
-        return self._unit(u)[2] * self.itemsize + self._overhead(1)
+        """The bytes of unit `u`'s cache file, at most."""
+        return self._file_bytes(self._unit(u)[2], 1)
 
     def units_bytes(self, units: np.ndarray) -> int:
         """unit_bytes summed over `units`, at most (vectorised: the prefetcher sums a group's)."""
         units = np.asarray(units, np.int64)
-        tokens = int((self._val_tokens if self.per_doc else self.totals)[units].sum())
-        return tokens * self.itemsize + self._overhead(len(units))
+        return self._file_bytes(int(self._unit_tokens[units].sum()), len(units))
 
     def split_bytes(self) -> int:
         """units_bytes of every unit of the split (its tokens summed once, no array of its units: 23M
         samples at FineWeb-Edu's size)."""
-        tokens = int((self._val_tokens if self.per_doc else self.totals).sum())
-        return tokens * self.itemsize + self._overhead(self.nunits)
+        return self._file_bytes(int(self._unit_tokens.sum()), self.nunits)
 
     def group_need(self, step_tokens: int) -> int:
         """The most this split's loader keeps at once over an unbounded plan reading up to
