@@ -308,15 +308,25 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_130(dataset, tmp_path, 
     wait_for_step(proc, 3)
     processes = [proc.pid, *all_descendants(proc.pid)]  # the launcher, torchrun and its workers
     out, err = ctrl_c(proc, 2)
-    assert proc.returncode == 130, out[-2000:] + err[-3000:]
-    line = the_one_line(err)
-    assert line == (
-        "second Ctrl-C (SIGINT): stopping now without saving; resume from the newest complete "
-        "checkpoint with --resume auto"
-    )
+    if proc.returncode == -signal.SIGINT and nproc == 1:
+        # The first one's save finished and the trainer's process was in the interpreter's last
+        # teardown, where Python gives SIGINT its default action back (after every atexit
+        # callback): killed by it (a shell says 130), nothing left to save, no line, no traceback.
+        assert "checkpoint saved" in out, out[-2000:] + err[-3000:]
+        for noise in NOISE:
+            assert noise not in err, err
+        assert not err.strip(), err
+    else:
+        assert proc.returncode == 130, out[-2000:] + err[-3000:]
+        line = the_one_line(err)
+        assert line == (
+            "second Ctrl-C (SIGINT): stopping now without saving; resume from the newest complete "
+            "checkpoint with --resume auto"
+        )
     # The first one's save is cut short, or, where it finished first (a tiny model saves in a few
     # milliseconds), the second meets the exit: 130 and the line all the same (it met an atexit
-    # callback: a traceback, exit 0), never a third outcome.
+    # callback: a traceback, exit 0), or, in the interpreter's teardown, the default action; never
+    # a third outcome.
     assert "stopping after step" not in out or "checkpoint saved" in out
     deadline = time.time() + 3
     while [p for p in processes if alive(p)] and time.time() < deadline:

@@ -10,7 +10,9 @@ Ctrl-C), no traceback. It exits from the handler (os._exit) rather than raising 
 which would unwind through whatever the step was doing (a checkpoint write reports it as a failed
 save, exit 2) and end in a traceback with exit status 1; what is cut short is safe to cut: a
 checkpoint counts only once complete, the run lock is an flock the kernel releases, metrics.jsonl
-is written a line at a time.
+is written a line at a time. Only in the interpreter's last teardown, after every atexit callback,
+has Python given SIGINT its default action back: a second Ctrl-C there ends the process by the signal
+(a shell says 130) with nothing left to save, and no line.
 
 torchrun starts its workers in sessions of their own, so a SIGKILL of the launcher's process
 group (a job scheduler, the OOM killer) leaves them training and writing checkpoints beside the
