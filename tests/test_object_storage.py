@@ -1689,6 +1689,35 @@ def test_validating_a_bucket_reads_its_objects_and_a_repair_leaves_no_stale_reco
     assert printed.count("  index/doc_tokens.bin: ") == 1 and "gristmill data index" not in printed, printed
 
 
+@pytest.mark.parametrize(
+    "field, value, expect",
+    [
+        ("vocab_size", "8", "vocab_size '8' is not an integer"),
+        ("files", "x", "files must map each path to {bytes, sha256}"),
+        ("index", "x", "index must hold files"),
+    ],
+)
+def test_a_mistyped_bucket_dataset_json_is_one_line_everywhere(
+    s3, synthetic, capsys, tmp_path, field, value, expect
+):
+    """A bucket's dataset.json with a field of the wrong type: `data validate` (with or without
+    --no-write) read the URL as a local path to report it (FileNotFoundError traceback), and the loader
+    met it as a TypeError or ValueError; now one line naming the object and the key, everywhere."""
+    local, _ = synthetic
+    url = s3.url(f"mistyped-{field}")
+    upload_dataset(local, url, log=lambda *a: None)
+    key = f"mistyped-{field}/{DATASET_JSON}"
+    info = json.loads(s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({**info, field: value}).encode())
+    line = f"{url}/{DATASET_JSON}: {expect}"
+    for extra in ([], ["--no-write"]):
+        capsys.readouterr()
+        assert gristmill(["data", "validate", url, "--no-progress", *extra]) == 1
+        assert line in capsys.readouterr().out
+    with pytest.raises(DatasetError, match=re.escape(line)):
+        DocumentTable(url, cache=cache(tmp_path))
+
+
 def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):
     """Review R16b 1c: the cache's manifest copy, checked when fetched, was trusted ever after by its
     VERIFIED record: one byte changed in place, at its size, and `data audit s3://…` answered wrong

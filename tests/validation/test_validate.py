@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -560,20 +561,54 @@ def test_a_vocab_size_below_the_tokenizer_s_is_refused_by_the_loader_too(built_d
     dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
 
 
-@pytest.mark.parametrize(
-    "field, value, expect",
-    [
-        ("vocab_size", "1000", "vocab_size '1000' is not an integer"),
-        ("shard_files", [], "shard_files must map each shard name"),
-        ("shard_files", {"00000_00000.tar": "x"}, "shard_files must map each shard name"),
-    ],
-)
+MISTYPED = [
+    ("vocab_size", "1000", "vocab_size '1000' is not an integer"),
+    ("shard_files", [], "shard_files must map each shard name"),
+    ("shard_files", {"00000_00000.tar": "x"}, "shard_files must map each shard name"),
+    ("files", "x", "files must map each path to {bytes, sha256}"),
+    ("files", {"manifest/00000.parquet": "x"}, "files must map each path to {bytes, sha256}"),
+    ("index", "x", "index must hold files"),
+    ("separator", "x", "separator 'x' needs an int 'id'"),
+    ("tokenizer_sha256", 5, "tokenizer_sha256 5 is not a string"),
+    ("converted_from", {"fingerprints": "ab"}, "converted_from must hold fingerprints"),
+]
+
+
+@pytest.mark.parametrize("field, value, expect", MISTYPED)
 def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, expect):
+    """validate names the key, and so does every reader, in one line: `"files": "x"`, an index
+    entry or a tokenizer_sha256 of the wrong type were tracebacks (AttributeError, TypeError) in
+    validate, and `"vocab_size": "8"` one in the loader (TypeError: '<=' not supported)."""
     info = json.loads((ds / "dataset.json").read_text())
     info[field] = value
     (ds / "dataset.json").write_text(json.dumps(info))
     found = problems(ds)
     assert f"dataset.json: {expect}" in found[0] and "rebuild the dataset" in found[0], found
+    from training.data.loader import dataset_loader
+
+    with pytest.raises(DatasetError, match=rf"dataset\.json: {re.escape(expect)}.*; restore the file"):
+        dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+
+
+def test_json_nested_too_deep_to_decode_is_one_line_not_a_traceback(ds):
+    """json.loads raises RecursionError (no ValueError) for arrays nested ~100,000 deep: in
+    dataset.json it was validate's and every reader's traceback; in validation.json the loader's."""
+    from training.data.loader import dataset_loader
+
+    def load():
+        return dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+
+    deep = "[" * 100_000 + "]" * 100_000
+    good = (ds / "dataset.json").read_text()
+    (ds / VALIDATION_JSON).write_text(deep)
+    load()  # an unreadable record of a validation is none: it refuses nothing
+    (ds / VALIDATION_JSON).unlink()
+    (ds / "dataset.json").write_text(deep)
+    found = problems(ds)
+    assert "dataset.json is not valid JSON (maximum recursion depth" in found[0], found
+    with pytest.raises(DatasetError, match=r"dataset\.json is not valid JSON \(maximum recursion"):
+        load()
+    (ds / "dataset.json").write_text(good)
 
 
 @pytest.mark.parametrize("key", ["bytes", "documents", "tokens"])
@@ -584,7 +619,7 @@ def test_a_shard_entry_without_its_counts_is_a_problem_not_a_traceback(ds, key):
     del info["shard_files"][name][key]
     (ds / "dataset.json").write_text(json.dumps(info))
     found = problems(ds)
-    assert found[0].startswith("dataset.json: shard_files must map each shard name"), found
+    assert "dataset.json: shard_files must map each shard name" in found[0], found
 
 
 # --------------------------------------------------------------------------------------------

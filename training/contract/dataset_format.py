@@ -454,7 +454,7 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     evaluated, exit 0. A report of another fingerprint is of another dataset and says nothing here."""
     try:
         last = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to decode
         return
     if not isinstance(last, dict) or last.get("ok") is not False:
         return
@@ -482,7 +482,7 @@ def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
     file, or the object of a dataset in a bucket)."""
     try:
         info = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:  # nested too deep to decode
         raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
     if not isinstance(info, dict):
         raise DatasetError(f"{path} is not a JSON object; rebuild the dataset")
@@ -499,9 +499,64 @@ def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
     for key in ("tokenizer_sha256", "vocab_size", "dtype", "separator", "shard_files", "fingerprint"):
         if key not in info:
             raise DatasetError(f"{path}: missing key {key!r}; rebuild the dataset")
+    if (problem := shape_problem(info)) is not None:
+        raise DatasetError(f"{path}: {problem}; restore the file or rebuild the dataset")
     if info["dtype"] != dtype_name(info["vocab_size"]):
         raise DatasetError(f"{path}: dtype {info['dtype']} does not match vocab_size {info['vocab_size']}")
     return info
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _file_entries(entries: Any, counts: tuple[str, ...]) -> bool:
+    """Whether `entries` maps names to {"sha256": str, each of `counts`: int} (shard_files, the
+    index's and the "files" entry's)."""
+    return isinstance(entries, dict) and all(
+        isinstance(f, dict) and isinstance(f.get("sha256"), str) and all(_is_int(f.get(k)) for k in counts)
+        for f in entries.values()
+    )
+
+
+def shape_problem(info: dict[str, Any]) -> str | None:
+    """What in dataset.json (edited by hand) has a type its readers cannot use, by its key, or None:
+    one line where a reader's traceback was (a bucket's, too: review of 2026-12-01)."""
+    if not _is_int(info["vocab_size"]):
+        return f"vocab_size {info['vocab_size']!r} is not an integer"
+    for key in ("dtype", "fingerprint"):
+        if not isinstance(info[key], str):
+            return f"{key} {info[key]!r} is not a string"
+    if not isinstance(info["tokenizer_sha256"], (str, type(None))):
+        return f"tokenizer_sha256 {info['tokenizer_sha256']!r} is not a string"
+    sep = info["separator"]
+    if (
+        not isinstance(sep, dict)
+        or not _is_int(sep.get("id"))
+        or sep.get("position") not in ("after", "before")
+    ):
+        return f"separator {sep!r} needs an int 'id' and position 'after' or 'before'"
+    if not _file_entries(info["shard_files"], ("bytes", "documents", "tokens")):
+        return "shard_files must map each shard name to {bytes, sha256, documents, tokens}"
+    for key in ("documents", "tokens"):
+        if key in info and not _is_int(info[key]):
+            return f"{key} {info[key]!r} is not an integer"
+    index = info.get("index")
+    if "index" in info and not (isinstance(index, dict) and _file_entries(index.get("files"), ("bytes",))):
+        return "index must hold files, mapping each file name to {bytes, sha256}"
+    if info.get("files") is not None and not _file_entries(info["files"], ("bytes",)):
+        return "files must map each path to {bytes, sha256}"
+    dec = info.get("decontaminate")
+    if "decontaminate" in info and not (isinstance(dec, dict) and {"index_sha256", "ngram"} <= dec.keys()):
+        return "decontaminate must hold index_sha256 and ngram"
+    conv = info.get("converted_from")
+    if "converted_from" in info and not (
+        isinstance(conv, dict)
+        and isinstance(conv.get("fingerprints"), list)
+        and all(isinstance(f, str) for f in conv["fingerprints"])
+    ):
+        return "converted_from must hold fingerprints, a list of strings"
+    return None
 
 
 def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
