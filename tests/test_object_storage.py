@@ -1718,6 +1718,40 @@ def test_a_mistyped_bucket_dataset_json_is_one_line_everywhere(
         DocumentTable(url, cache=cache(tmp_path))
 
 
+def test_upload_repairs_a_bucket_whose_dataset_json_was_edited_and_names_the_fix_when_it_cannot(
+    s3, synthetic, tmp_path
+):
+    """`data upload` of the dataset again is the repair of its dataset.json edited in the bucket (a
+    field of the wrong type: refused since readers check the types, review R21a 2), when its
+    fingerprint is this dataset's; one whose owner cannot be told is one line naming what to delete.
+    A bucket's index record edited is refused by readers with the bucket's repair, not the cache's."""
+    local, _ = synthetic
+    url = s3.url("reupload")
+    upload_dataset(local, url, log=lambda *a: None)
+    key = f"reupload/{DATASET_JSON}"
+    good = s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    info = json.loads(good)
+    info["index"]["files"]["shard_rows.bin"]["dtype"] = "uint32"
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(info).encode())
+    fix = f"index a local copy of {url} (`gristmill data index DIR`), then `gristmill data upload DIR {url}`"
+    with pytest.raises(
+        DatasetError,
+        match=re.escape(
+            f"{url}/{DATASET_JSON}: index file shard_rows.bin has dtype 'uint32', not 'uint64'; {fix}"
+        ),
+    ):
+        DocumentTable(url, cache=cache(tmp_path))
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps({**info, "files": "x"}).encode())
+    assert gristmill(["data", "upload", str(local), url]) == 0
+    assert s3.client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == good
+    DocumentTable(url, cache=cache(tmp_path))
+    s3.client.put_object(Bucket=BUCKET, Key=key, Body=b"{")
+    with pytest.raises(
+        DatasetError, match=re.escape(f"if it is this one, delete {url}/{DATASET_JSON} and upload again")
+    ):
+        upload_dataset(local, url, log=lambda *a: None)
+
+
 def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check(s3, synthetic, capsys):
     """Review R16b 1c: the cache's manifest copy, checked when fetched, was trusted ever after by its
     VERIFIED record: one byte changed in place, at its size, and `data audit s3://…` answered wrong

@@ -1150,6 +1150,19 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
                     f"{INDEX_DIR}/{name}",
                 )
             )
+            continue
+        # what the fingerprint does not cover, and readers go by (an edited dtype: they refused it,
+        # while validate said ok)
+        for key in ("dtype", "bytes"):
+            said, implied = entry["files"][name].get(key), derived["files"][name][key]
+            if said != implied:
+                problems.append(
+                    Problem(
+                        f"dataset.json records {key} {said!r} for it, the index the manifest implies has "
+                        f"{implied!r}; {fix}",
+                        f"{INDEX_DIR}/{name}",
+                    )
+                )
 
 
 def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:

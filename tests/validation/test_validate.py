@@ -571,6 +571,8 @@ MISTYPED = [
     ("separator", "x", "separator 'x' needs an int 'id'"),
     ("tokenizer_sha256", 5, "tokenizer_sha256 5 is not a string"),
     ("converted_from", {"fingerprints": "ab"}, "converted_from must hold fingerprints"),
+    ("excluded_by_filter", "8", "excluded_by_filter must map each filter's name to a count"),
+    ("decontaminate", {"index_sha256": 8.5, "ngram": 13}, "decontaminate must hold index_sha256 (a string)"),
 ]
 
 
@@ -587,6 +589,30 @@ def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, ex
     from training.data.loader import dataset_loader
 
     with pytest.raises(DatasetError, match=rf"dataset\.json: {re.escape(expect)}.*; restore the file"):
+        dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "8", []])
+def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_validate(ds, dtype):
+    """The fingerprint covers the index files' hashes, not their dtypes: sample_digest.bin recorded as
+    uint32 was read as twice as many digests without a word, a list was a TypeError, and validate said
+    ok to both (review R21a 1). Readers know each file's dtype; validate compares the record with the
+    index the manifest implies."""
+    from training.data.loader import dataset_loader
+
+    info = json.loads((ds / "dataset.json").read_text())
+    info["index"]["files"]["sample_digest.bin"]["dtype"] = dtype
+    (ds / "dataset.json").write_text(json.dumps(info))
+    found = problems(ds)
+    assert any(
+        p.startswith("index/sample_digest.bin: dataset.json records dtype ")
+        and "the index the manifest implies has 'uint64'; run `gristmill data index " in p
+        for p in found
+    ), found
+    (ds / VALIDATION_JSON).unlink()  # the loader's own check, not the record's refusal
+    with pytest.raises(
+        DatasetError, match=r"index file sample_digest\.bin has dtype .*, not 'uint64'; rerun"
+    ):
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
 
 

@@ -546,9 +546,14 @@ def shape_problem(info: dict[str, Any]) -> str | None:
         return "index must hold files, mapping each file name to {bytes, sha256}"
     if info.get("files") is not None and not _file_entries(info["files"], ("bytes",)):
         return "files must map each path to {bytes, sha256}"
+    by_filter = info.get("excluded_by_filter")
+    if by_filter is not None and not (isinstance(by_filter, dict) and all(map(_is_int, by_filter.values()))):
+        return "excluded_by_filter must map each filter's name to a count"
     dec = info.get("decontaminate")
-    if "decontaminate" in info and not (isinstance(dec, dict) and {"index_sha256", "ngram"} <= dec.keys()):
-        return "decontaminate must hold index_sha256 and ngram"
+    if "decontaminate" in info and not (
+        isinstance(dec, dict) and isinstance(dec.get("index_sha256"), str) and _is_int(dec.get("ngram"))
+    ):
+        return "decontaminate must hold index_sha256 (a string) and ngram (an integer)"
     conv = info.get("converted_from")
     if "converted_from" in info and not (
         isinstance(conv, dict)

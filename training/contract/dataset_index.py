@@ -285,6 +285,25 @@ def offsets_dtype(info: dict[str, Any]) -> np.dtype:
     return np.dtype("<u4") if biggest < 1 << 32 else np.dtype("<u8")
 
 
+def file_dtype(name: str, offsets: str) -> str:
+    """The dtype (a _DTYPES name) index file `name` has, as derive_index writes it (`offsets`: the
+    dataset's doc_offsets.bin dtype name, offsets_dtype): what dataset.json must record for it (the
+    fingerprint covers the files' hashes, not their dtypes: one edited was read as that dtype, a
+    sample_digest.bin of uint32 without a word)."""
+    return offsets if name == DOC_OFFSETS else _FILE_DTYPES[name]
+
+
+_FILE_DTYPES = {
+    DOC_TOKENS: "uint32",
+    SHARD_ROWS: "uint64",
+    DOC_HASHES: "sha256",
+    SAMPLE_TOKENS: "uint64",
+    SAMPLE_DIGEST: "uint64",
+    HELDOUT: "heldout",
+    HELDOUT_SHA: "sha256",
+}
+
+
 def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: str) -> dict[str, Any]:
     """Hash (and, with `out`, write) the derived arrays; returns dataset.json's "index" entry."""
     files: dict[str, dict[str, Any]] = {}
@@ -380,22 +399,37 @@ class DocIndex:
         *,
         per_document: bool = True,
         read_range: Callable[[str, int, int], bytes] | None = None,
+        url: str | None = None,
     ):
+        """`url`: the bucket dataset whose cache copy `root` is; messages name it, and its repair (the
+        copy's index rebuilt would repair nothing in the bucket)."""
         root = Path(root)
-        self.root, self.where, self.read_range = root, root / DATASET_JSON, read_range
+        self.root, self.read_range = root, read_range
+        self.where = root / DATASET_JSON if url is None else f"{url}/{DATASET_JSON}"
+        self.fix = (
+            f"rerun `gristmill data index {root}`"
+            if url is None
+            else f"index a local copy of {url} (`gristmill data index DIR`), then `gristmill data upload DIR "
+            f"{url}`"
+        )
         entry = info.get("index")
         if entry is None:
             raise DatasetError(
                 f"{self.where} describes no loader index ({INDEX_DIR}/): the dataset was built before the "
-                f"loader read one; run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates "
-                "dataset.json)"
+                "loader read one; "
+                + (
+                    f"run `gristmill data index {root}` once (it adds {INDEX_DIR}/ and updates dataset.json)"
+                    if url is None
+                    else self.fix
+                )
             )
         if entry.get("format") != index_format(info):
             raise DatasetError(
                 f"{self.where}: index format {entry.get('format')!r} is not {index_format(info)!r} (this "
-                f"version plans epochs from the index's sample totals); rerun `gristmill data index {root}`"
+                f"version plans epochs from the index's sample totals); {self.fix}"
             )
         self.entry = entry
+        self.offsets_dtype = _dtype_name(offsets_dtype(info))  # for file_dtype (info is not kept)
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
         self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
@@ -417,27 +451,25 @@ class DocIndex:
         ):
             raise DatasetError(
                 f"{root / INDEX_DIR}: the index does not describe {n} documents in "
-                f"{len(info['shard_files'])} shards as {self.where} does; rerun `gristmill data index {root}`"
+                f"{len(info['shard_files'])} shards as {self.where} does; {self.fix}"
             )
         self.sample_first = sample_starts(self.shard_rows)
         if len(self.sample_first) != len(self.sample_tokens) + 1:
             raise DatasetError(
                 f"{root / INDEX_DIR / SAMPLE_TOKENS}: {len(self.sample_tokens)} sample totals, but the "
-                f"shards hold {len(self.sample_first) - 1} samples; rerun `gristmill data index {root}`"
+                f"shards hold {len(self.sample_first) - 1} samples; {self.fix}"
             )
 
     def _check_file(self, name: str, present: bool) -> np.dtype:
         """The dtype of index file `name` as dataset.json records it; with `present`, the file must be
         on disk with the recorded size."""
         spec = self.entry["files"].get(name)
-        path = self.root / INDEX_DIR / name
-        fix = f"rerun `gristmill data index {self.root}`"
+        path, fix = self.root / INDEX_DIR / name, self.fix
         if spec is None:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
-        if spec.get("dtype") not in _DTYPES:
+        if spec.get("dtype") != (want := file_dtype(name, self.offsets_dtype)):
             raise DatasetError(
-                f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not one of "
-                f"{sorted(_DTYPES)}; {fix}"
+                f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}; {fix}"
             )
         size = path.stat().st_size if path.is_file() else None
         if present and size != spec["bytes"]:

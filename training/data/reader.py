@@ -153,7 +153,9 @@ class DocumentTable:
             def read_range(name: str, lo: int, hi: int) -> bytes:
                 return store.get_range(f"{INDEX_DIR}/{name}", lo, hi)
 
-        self.index = DocIndex(self.root, info, per_document=self.in_place, read_range=read_range)
+        self.index = DocIndex(
+            self.root, info, per_document=self.in_place, read_range=read_range, url=origin(self.root)
+        )
         # The split's block table, shared between the processes of a node (training/data/cache.py).
         self.blocks = epoch_order.DocBlocks.shared(
             self.index,
