@@ -265,7 +265,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     phase = None
     try:
         with shutdown:
-            _write_pending(run)  # a resumed checkpoint whose step's row a kill cut off
+            _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
@@ -445,10 +445,10 @@ def _record_batches(run: Run) -> dict[int, str]:
     return dict(digests)
 
 
-def _write_pending(run: Run) -> None:
+def _write_pending(run: Run, resumed: bool = False) -> None:
     """The pending row written, after its step's validation and eval when due (collectives): a
     step's own, after its checkpoint; the final weights' after a rewind's skip reached the run's
-    last step; or, on a resume, the checkpoint's step whose row a kill cut off."""
+    last step; or, on a resume (`resumed`), the checkpoint's step whose row a kill cut off."""
     pending = run.record.take_pending()
     if pending is not None:
         # A resume may turn validation or eval off (run.val_every = 0, eval.interval = 0 without lm-eval):
@@ -456,6 +456,9 @@ def _write_pending(run: Run) -> None:
         validate = pending.validate and run.validation is not None
         evaluate = pending.evaluate and run.evaluator is not None
         step = pending.row["step"]
+        if resumed and (validate or evaluate):  # with this run's settings: a resume may change them
+            what = " and ".join(w for w, due in (("validation", validate), ("eval", evaluate)) if due)
+            say(f"step {step}'s {what}, due when the run stopped, run now (with this run's settings)")
         if pending.validate and not validate:
             say(f"step {step}'s validation was due when the run stopped; validation is off now: no val_loss")
         if pending.evaluate and not evaluate:

@@ -509,19 +509,23 @@ def test_sigterm_where_a_rewind_happens_stops_at_the_rewinds_save_and_resumes_ex
 
 
 def test_kill_9_between_a_checkpoint_and_its_row_then_resume_equals_the_uninterrupted_run(
-    config, tmp_path, reference
+    config, tmp_path, reference, capsys
 ):
     """Killed once step 4's checkpoint is complete and before its validation and row (and its eval:
     the in-process tests have it; the killed process of its own leaves lm-eval out, whose import
     alone takes seconds): the checkpoint holds the row still to write, and the resume (here, in this
-    process) writes it, validated, before step 5."""
+    process) writes it, validated, before step 5, and says so: with this run's settings (the note of
+    a resume's changes said they were in effect from step 5 only: review R21c 1)."""
     run = tmp_path / "run"
     killed = run_child(config, run, env={KILL: f"saved:{ALL_DUE}"})
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert ALL_DUE in list_steps(run / "checkpoints") and ALL_DUE not in {
         r["step"] for r in read_metrics(run)
     }
+    capsys.readouterr()
     run_here(config, run, "eval.interval=0", "checkpoint.resume='auto'")  # the resume: in this process
+    out = capsys.readouterr().out
+    assert f"step {ALL_DUE}'s validation, due when the run stopped, run now (with this run's settings)" in out
     check_timeline(run)
     assert scores(run, ("loss", "val_loss")) == scores(reference, ("loss", "val_loss"))
     assert "val_loss" in next(r for r in read_metrics(run) if r["step"] == ALL_DUE)

@@ -444,7 +444,8 @@ def _missing_merged_reason(run_dir: Path, step: int) -> str | None:
         )
     if held is not None:
         return (
-            f"step {step}'s checkpoint holds no merged weights of it: no step of its window was trained "
-            "(a rewind skipped them)"
+            f"step {step}'s checkpoint holds no merged weights of it (it holds step {held}'s): no step of "
+            f"its window was trained (a rewind skipped them), or {CONFIG_TOML} made it a merge point after "
+            "it was saved"
         )
     return None

@@ -443,7 +443,10 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
         c for c in config_changes(before_applied or {}, applied) if not c.startswith("run.output_dir ")
     ]
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
-    when = f"; in effect from step {step + 1}"
+    # the checkpoint's step's validation and eval, when a stop cut them off, run now (review R21c 1)
+    when = (
+        f"; in effect from step {step + 1}, and for step {step}'s validation and eval if a stop cut them off"
+    )
     name = checkpoint.resolve().name  # not a link's (`latest`)
     if before_applied is not None and recorded in (None, run_identity(before_applied)):
         return [f"note: changed since {name} was saved ({path}): {shown}{when}"] if changes else []

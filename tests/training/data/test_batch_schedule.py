@@ -316,7 +316,8 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
         assert gristmill(argv) == 0
         notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
         saved = f"note: changed since step-000006 was saved ({run_dir / 'config.toml'})"
-        want = [] if said is None else [f"{saved}: {said}; in effect from step 7"]
+        when = "in effect from step 7, and for step 6's validation and eval if a stop cut them off"
+        want = [] if said is None else [f"{saved}: {said}; {when}"]
         assert [n for n in notes if "config differs" in n or "changed since" in n] == want, notes
 
 

@@ -17,7 +17,7 @@ from training.config import TrainConfig
 from training.contract.config_loader import load_config
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, batch_sha256, dataset_loader
-from training.data.plan import LRPiece, Phase, Plan, Skip, Source, skip_of
+from training.data.plan import LRPiece, Phase, Plan, PlanError, Skip, Source, skip_of
 from training.data.recipe import (
     CONSUMPTION_SCHEMA,
     format_plan,
@@ -135,6 +135,28 @@ def test_the_description_carries_the_skips_and_a_resume_accepts_them():
     assert "skips" not in json.loads(plan.to_json())  # a run without rewinds: as before
     # The config's plan has no history: a description with skips is not a change of its past.
     assert data_plan.check_resume(saved, small_plan(), 16, lambda a, b: a == b) == []
+
+
+def test_a_resume_whose_plan_ends_at_the_checkpoints_step_is_refused_unless_it_ended_there():
+    """A plan shortened to end at the checkpoint's step: the resume trains no step, so the last step's
+    validation, eval and merged weights, which the checkpoint's plan did not make there, were never
+    made, and "nothing to do" exited 0 (review R21c 2). One that ended there already resumes."""
+    same = lambda a, b: a == b  # noqa: E731
+
+    def plan(long_steps: int) -> Plan:  # small_plan's, whose LR does not depend on the budget
+        base = small_plan()
+        flat = LRPiece(1e-3, 1e-3, "constant")
+        return Plan(base.sources, [base.phases[0], Phase("long", long_steps, 32, 4, (1, 1), flat)], seed=7)
+
+    saved, shorter = json.loads(plan(10).to_json()), plan(3)  # 22 steps, then 15
+    with pytest.raises(
+        PlanError,
+        match=r"this plan ends at step 15, the checkpoint's, which the checkpoint's plan \(22 steps\) "
+        r"trained as an ordinary step: .* keep the plan longer than 15 steps",
+    ):
+        data_plan.check_resume(saved, shorter, 15, same)
+    assert data_plan.check_resume(saved, shorter, 14, same)  # a step to train: its future's note
+    assert data_plan.check_resume(json.loads(shorter.to_json()), shorter, 15, same) == []  # it ended there
 
 
 def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
