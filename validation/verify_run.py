@@ -172,8 +172,11 @@ def _timeline_problems(
     previous = None
     for e in entries:
         if not 1 <= e.step <= plan.total_steps:
+            # and no more of it: a damaged step field (2**32 + 4) counted the steps "missing" before it,
+            # a list of billions (verify ran out of memory: review R21b F2)
             problems.append((e.step, f"is not a step of the plan (1–{plan.total_steps})"))
-        elif (skip := skip_of(skips, e.step)) is not None:
+            continue
+        if (skip := skip_of(skips, e.step)) is not None:
             problems.append((e.step, f"is recorded as trained, but rewind {skip.rewind} skipped it"))
         elif e.attempt != (attempt := 1 + sum(s.checkpoint_step < e.step for s in skips)):
             problems.append(
@@ -182,9 +185,9 @@ def _timeline_problems(
         if previous is not None and e.step <= previous:
             problems.append((e.step, f"is recorded again after step {previous}"))
         elif previous is not None:
-            missing = [s for s in range(previous + 1, e.step) if skip_of(skips, s) is None]
-            if missing:
-                problems.append((missing[0], f"is not recorded (steps {previous} and {e.step} are)"))
+            missing = next((s for s in range(previous + 1, e.step) if skip_of(skips, s) is None), None)
+            if missing is not None:
+                problems.append((missing, f"is not recorded (steps {previous} and {e.step} are)"))
         recorded[e.step] = e.sha256
         previous = e.step
     last = max(recorded, default=0)

@@ -177,6 +177,10 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
     first_attempt = [(s, 1, h) if s == 20 else (s, a, h) for s, a, h in kept]  # as if the discarded one's
     line = f"batches: step 20 is recorded as attempt 1's, but the timeline's is attempt 2 {where}"
     assert verify(first_attempt) == (1, [line])
+    # a step field damaged far past the plan: named, not counted from ("missing" steps up to it: a
+    # list of billions, out of memory for 2**32 + 4: review R21b F2)
+    rc, lines = verify(kept + [(10**6, 1, sha[1])])
+    assert rc == 1 and lines == [f"batches: step 1000000 is not a step of the plan (1–{kept[-1][0]}) {where}"]
     gap = [e for e in kept if e[0] != 20]
     assert verify(gap) == (1, [f"batches: step 20 is not recorded (steps 19 and 21 are) {where}"])
     rc, lines = verify(kept[:-1])  # the last record cut: its checkpoint and its row say it was trained

@@ -355,6 +355,24 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
         assert "Read-only file system" in one_error_line(err)
 
 
+def test_a_metrics_row_whose_loss_is_not_a_number_is_an_unreadable_line(tmp_path):
+    """A row with "loss": null (a hand edit) was read as a row: a resume trained on and failed at its
+    summary line (TypeError formatting None, exit 1: review R21b F10). It is dropped and named."""
+    from training.contract.run_layout import read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    rows = [
+        {"step": 1, "loss": None},
+        {"step": 2, "loss": "x"},
+        {"step": 3, "loss": True},
+        {"step": 4, "loss": 2.5},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "val_loss": 1.0}\n')
+    got, note = read_metrics(path)
+    assert [r["step"] for r in got] == [4, 5]
+    assert note == f"note: dropped 3 unreadable line(s) of {path}: 1, 2, 3"
+
+
 def test_lock_file_of_non_utf8_bytes_is_taken_over_with_a_note(tmp_path):
     from training.run.lock import RunLock, RunLockedError, check_unlocked
 
@@ -427,6 +445,9 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
+    capsys.readouterr()  # no data-parallel ranks: one line (ZeroDivisionError in the run's plan: R21b F11)
+    assert gristmill(["data", "inspect", str(run), "--world-size", "0"]) == 2
+    assert one_error_line(capsys.readouterr().err) == "error: --world-size must be at least 1, got 0"
     # its seed edited (valid JSON): it read as an edited config, and setting the config "back" to it
     # had inspect print other batches than the run's, exit 0 (review R14c F7)
     sources = [{**good["sources"][0], "val_fraction": 0.25}, *good["sources"][1:]]  # (R14f F3: the same)

@@ -424,11 +424,24 @@ def read_dataset_info(root: str | Path) -> dict[str, Any]:
     return parse_dataset_info(path.read_bytes(), path)
 
 
-def tokenizer_problem(root: str | Path, info: dict[str, Any], where: str | None = None) -> str | None:
+def tokenizer_problem(
+    root: str | Path, info: dict[str, Any], where: str | None = None, absent_ok: bool = False
+) -> str | None:
     """Why the dataset's tokenizer.json is not the one it was built with (its sha256 against
-    dataset.json's record, named `where`), or None: it is, or there is none beside the dataset."""
+    dataset.json's record, named `where`), or None: it is, or the dataset was built without one. One
+    it records that is missing is a problem (an export then shipped none, exit 0: review R21b F1),
+    unless `absent_ok` (a bucket's copy in the cache, which fetches it only when it is needed)."""
     tok = Path(root) / TOKENIZER_JSON
-    if not tok.is_file() or (got := file_sha256(tok)) == info.get("tokenizer_sha256"):
+    recorded = info.get("tokenizer_sha256")
+    if not tok.is_file():
+        if absent_ok or recorded in (None, "none"):
+            return None
+        return (
+            f"{tok} is missing, but {where or Path(root) / DATASET_JSON} records tokenizer_sha256 "
+            f"{recorded}: the dataset's tokenizer was deleted after the build; restore it or rebuild the "
+            "dataset"
+        )
+    if (got := file_sha256(tok)) == recorded:
         return None
     return (
         f"{tok} has sha256 {got}, but {where or Path(root) / DATASET_JSON} records "

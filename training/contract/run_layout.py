@@ -94,8 +94,9 @@ def step_name(step: int, merged: bool = False) -> str:
 
 
 def abandoned_name(path: Path) -> Path:
-    """Where a step-N directory of a discarded timeline goes: abandoned-step-N beside it, or
-    abandoned-step-N.2, .3, … when an earlier one holds that name (never overwritten)."""
+    """Where a step-N directory of a discarded timeline (or an earlier run's metrics.jsonl, batches.bin)
+    goes: abandoned-step-N beside it, or abandoned-step-N.2, .3, … when an earlier one holds that name
+    (never overwritten)."""
     target, n = path.with_name(f"abandoned-{path.name}"), 1
     while target.exists():
         n += 1
@@ -201,6 +202,10 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
             row = json.loads(line)
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                 raise ValueError("not a metrics row")
+            if "loss" in row and (not isinstance(row["loss"], (int, float)) or isinstance(row["loss"], bool)):
+                raise ValueError(
+                    "a loss that is not a number"
+                )  # the summary's format failed on it (R21b F10)
             rows.append(row)
         except ValueError:
             bad.append(i)

@@ -55,6 +55,8 @@ DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cac
 
 def run(args: argparse.Namespace) -> int:
     world = args.world_size
+    if world < 1:  # a run directory's plan divided by it (ZeroDivisionError: review R21b F11)
+        raise LoaderConfigError(f"--world-size must be at least 1, got {world}")
     root = Path(args.dataset)
     if not is_url(args.dataset):  # a dataset in a bucket; a run directory is always local
         if not root.is_dir():

@@ -112,7 +112,7 @@ class DocumentTable:
                 f"tokenizer ({self.root / TOKENIZER_JSON}) or rebuild the dataset with yours"
             )
         tok = self.root / TOKENIZER_JSON
-        if problem := tokenizer_problem(self.root, info, where):
+        if problem := tokenizer_problem(self.root, info, where, absent_ok=origin(self.root) is not None):
             raise DatasetError(problem)
         # Every id check trusts vocab_size, and a build before 2026-11-29 that counted a gapped
         # tokenizer's tokens stored its ids past 65,535 modulo 65,536, as other real tokens. Checked

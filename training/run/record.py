@@ -53,6 +53,7 @@ from training.contract.run_layout import (
     LOSS_PNG,
     METRICS_JSONL,
     PLAN_PNG,
+    abandoned_name,
     eval_dir,
     kept_rows,
     read_metrics,
@@ -257,7 +258,7 @@ class RunRecord:
             ]
             write_atomic(path, _jsonl(self.rows))
         elif resumed is None and path.exists():  # a fresh run into the same directory starts the log over
-            say(f"note: {path} exists from an earlier run; starting it over")
+            _keep_earlier(path)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resumed is not None else os.O_TRUNC)
         self.jsonl = os.open(path, flags, 0o644)
 
@@ -276,8 +277,10 @@ class RunRecord:
         both over."""
         path, apart = self.run_dir / BATCHES_BIN, self.run_dir / DISCARDED_BATCHES_BIN
         if resumed is None:
+            for earlier in (path, apart):
+                if earlier.exists():
+                    _keep_earlier(earlier)
             write_atomic(path, batch_file([]))
-            apart.unlink(missing_ok=True)
         else:
             kept = [e for e in self._read_batches(path) if e.step <= resumed]
             write_atomic(path, batch_file(kept))
@@ -349,6 +352,15 @@ class RunRecord:
             if (self.run_dir / EVAL_PARQUET).is_file():
                 write_eval_table(self.run_dir)
             (self.run_dir / EVAL_PLOT).unlink(missing_ok=True)
+
+
+def _keep_earlier(path: Path) -> None:
+    """An earlier run's record in this directory (a fresh run's, or one resumed from another run's
+    checkpoint) moved aside, as its exports and evals are: it was truncated, its losses and batch
+    records lost (review R21b F3)."""
+    kept = abandoned_name(path)
+    path.rename(kept)
+    say(f"note: {path} is from an earlier run in this directory; moved it to {kept.name}")
 
 
 def _jsonl(rows: list[dict[str, Any]]) -> str:

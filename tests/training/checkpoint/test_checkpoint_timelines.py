@@ -21,7 +21,7 @@ from training.checkpoint.checkpointer import Checkpointer, complete_steps
 from training.checkpoint.state import ModelState
 from training.config import CheckpointSection
 from training.contract.batch_record import read_batches
-from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir
+from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir, read_metrics
 from training.train import main
 
 
@@ -121,9 +121,13 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
     foreign = checkpoint_dir(other, 4)
     assert run(dataset, r, "run.max_steps=8", f"checkpoint.resume={json.dumps(str(foreign))}", tb) == 0
     assert not (r / "base").exists()
-    assert (
-        f"note: {r / 'metrics.jsonl'} exists from an earlier run; starting it over" in capsys.readouterr().out
-    )
+    said = capsys.readouterr().out
+    for name in ("metrics.jsonl", "batches.bin"):  # kept aside, not truncated (review R21b F3)
+        assert (
+            f"note: {r / name} is from an earlier run in this directory; moved it to abandoned-{name}" in said
+        )
+    assert read_metrics(r / "abandoned-metrics.jsonl")[0][-1]["step"] == 8  # the earlier run's, whole
+    assert [e.step for e in read_batches(r / "abandoned-batches.bin")[0]] == list(range(1, 9))
     assert [(m["step"], m["loss"]) for m in metrics(r)] == [
         (m["step"], m["loss"]) for m in metrics(other)[4:]
     ]

@@ -15,8 +15,9 @@ import torch
 from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, save_config
-from training.contract.dataset_format import read_dataset_info
+from training.contract.dataset_format import DatasetError, read_dataset_info
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, export_dir
+from training.data.reader import DocumentTable
 from training.model import PRESETS, Transformer
 
 tr = pytest.importorskip("transformers")
@@ -161,6 +162,14 @@ def test_an_export_refuses_a_damaged_dataset_tokenizer(built_dataset, tmp_path):
     with pytest.raises(ExportError, match=rf"^{tok} has sha256 .* records .*: the tokenizer was replaced or"):
         export_checkpoint(run, 10)
     assert not export_dir(run, 10).exists()
+    # deleted: the export shipped none, verified and said "+ tokenizer", exit 0, and the loader read
+    # on without it (review R21b F1)
+    tok.unlink()
+    with pytest.raises(ExportError, match=rf"^{tok} is missing, but .* records tokenizer_sha256 .*: the"):
+        export_checkpoint(run, 10)
+    assert not export_dir(run, 10).exists()
+    with pytest.raises(DatasetError, match=rf"^{tok} is missing, but .* records tokenizer_sha256"):
+        DocumentTable(dataset)
 
 
 def test_a_damaged_export_whose_checkpoint_is_gone_is_kept(tmp_path):
