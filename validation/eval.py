@@ -384,8 +384,8 @@ def evaluate_lm(
                     fewshot_random_seed=cfg.seed,
                 )
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
-                if failed is None:
-                    raise
+                if failed is None:  # `gristmill eval`: one line, not lm-eval's traceback (review R21b F12)
+                    raise EvalError(f"task {name} could not be scored: {task_failure(plan, name, e)}") from e
                 failed[name] = task_failure(plan, name, e)
                 continue
             if results is None:  # only on non-zero ranks of a distributed run

@@ -83,6 +83,7 @@ from training.contract.dataset_format import (
     fingerprint_before_index,
     index_hashes,
     manifest_files,
+    manifest_type_problem,
     numpy_dtype,
     read_dataset_info,
     recorded_paths,
@@ -597,6 +598,9 @@ def _load_manifest(
             t = pq.read_table(path, columns=cols)
         except Exception as e:  # noqa: BLE001
             problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
+            continue
+        if problem := manifest_type_problem(t):  # its rows would blame the shards and dataset.json
+            problems.append(Problem(f"{problem}; rebuild the dataset", rel))
             continue
         shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
         off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:5])
@@ -1238,6 +1242,19 @@ def run(args: argparse.Namespace) -> int:
         raise DatasetError(
             f"{root} is not a directory; pass a dataset directory built by `gristmill data build`, or an "
             "s3:// URL of one"
+        )
+    if not is_url(args.dir) and not any(
+        (root / n).exists() for n in (DATASET_JSON, SHARDS_DIR, MANIFEST_DIR)
+    ):
+        # nothing of a dataset: a FAILED report was written into it (a run directory, a parent: R21b F7)
+        run = (
+            " (a training run: validate the dataset its config.toml names)"
+            if (root / "config.toml").is_file()
+            else ""
+        )
+        raise DatasetError(
+            f"{root} holds no {DATASET_JSON}, {SHARDS_DIR}/ or {MANIFEST_DIR}/: not a gristmill "
+            f"dataset{run}; pass a dataset directory built by `gristmill data build`, or an s3:// URL of one"
         )
     if is_url(args.dir):  # an unknown bucket, no credentials, no endpoint: one line before any work
         ObjectStore(args.dir).check_bucket()

@@ -427,6 +427,17 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     ]  # fmt: skip
     view = pq.read_table(run / "eval.parquet").to_pylist()
     assert {(r["task"], r["decontamination"]) for r in view} == {(t, m) for t, m in marks.items()}
+    # a task of one's own whose data file is gone: one line naming it, not lm-eval's traceback (R21b F12)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    (gone / "gm_gone.yaml").write_text(
+        (tasks / "gm_cloze.yaml").read_text().replace("gm_cloze", "gm_gone").replace(str(tasks), str(gone))
+    )
+    capsys.readouterr()
+    assert main(["eval", str(run), "--tasks", "gm_gone", *args[:-1], f'include_path=["{gone}"]']) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith("error: task gm_gone could not be scored: "), err
+    assert "gm_gone.jsonl" in err[0], err
 
     # The run trained on another dataset than the one config.toml's path leads to now (a relative
     # path, from another directory): that dataset's record says nothing of the run's data.

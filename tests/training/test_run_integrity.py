@@ -355,6 +355,30 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
         assert "Read-only file system" in one_error_line(err)
 
 
+def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, capsys):
+    """A dataset directory given to eval or export read its build recipe as a run's config ("unknown
+    key 'output'", "step 3 is not trained yet: the run has reached step 0"), a directory given to
+    --config and a file given to data inspect "did not exist" (review R21b F8)."""
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("")
+    for argv, said in [
+        (
+            ["eval", str(dataset)],
+            f"{dataset} holds dataset.json: a dataset: {dataset} is not a gristmill training run",
+        ),
+        (
+            ["export", str(dataset), "--step", "3"],
+            f"{dataset} holds dataset.json: a dataset: {dataset} is not a",
+        ),
+        (["train", "--config", str(tmp_path)], f"config file {tmp_path} is a directory; pass a TOML file"),
+        (["data", "inspect", str(recipe)], f"{recipe} is a file: pass a training run directory"),
+    ]:
+        capsys.readouterr()
+        assert gristmill(argv) == 2, argv
+        line = one_error_line(capsys.readouterr().err)
+        assert line.startswith(f"error: {said}"), (argv, line)
+
+
 def test_a_metrics_row_whose_loss_is_not_a_number_is_an_unreadable_line(tmp_path):
     """A row with "loss": null (a hand edit) was read as a row: a resume trained on and failed at its
     summary line (TypeError formatting None, exit 1: review R21b F10). It is dropped and named."""

@@ -616,6 +616,48 @@ def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_val
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
 
 
+@pytest.mark.parametrize(
+    "column, to", [("n_tokens", pa.float64()), ("offset", pa.string()), ("sha256", pa.string())]
+)
+def test_a_manifest_column_of_another_type_is_named_not_a_traceback(ds, column, to):
+    """A manifest column rewritten with another type (float n_tokens, string offsets or sha256s) was
+    a TypeError or ValueError traceback in validate (and a build's rerun), or blamed the shards
+    (review R21b F9, F6): the file and the column are named."""
+    path = sorted((ds / "manifest").glob("*.parquet"))[0]
+    t = pq.read_table(path)
+    i = t.schema.get_field_index(column)
+    t = t.set_column(
+        i,
+        column,
+        t.column(column).cast(to)
+        if column != "sha256"
+        else pa.array([b.hex() for b in t.column(column).to_pylist()]),
+    )
+    pq.write_table(t, path)
+    found = problems(ds)
+    assert f"manifest/{path.name}: column {column} holds {to}, not the build's " in " | ".join(found), found
+    assert not [p for p in found if "could not be checked" in p], found  # no shard blamed for it
+
+
+def test_validate_of_a_directory_that_is_no_dataset_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A run directory or a parent passed by mistake got a FAILED report, and a validation.json written
+    into it (review R21b F7)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    for where, said in (
+        (run, " (a training run: validate the dataset its config.toml names)"),
+        (tmp_path, ""),
+    ):
+        assert main(["data", "validate", str(where), "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: {where} holds no dataset.json, shards/ or manifest/: not a gristmill dataset{said}; "
+            "pass a dataset directory built by `gristmill data build`, or an s3:// URL of one"
+        )
+        assert not (where / VALIDATION_JSON).exists()
+
+
 def test_json_nested_too_deep_to_decode_is_one_line_not_a_traceback(ds):
     """json.loads raises RecursionError (no ValueError) for arrays nested ~100,000 deep: in
     dataset.json it was validate's and every reader's traceback; in validation.json the loader's."""

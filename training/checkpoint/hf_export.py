@@ -70,6 +70,7 @@ from training.checkpoint.state import ModelState
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
+    DATASET_JSON,
     TOKENIZER_JSON,
     file_sha256,
     read_dataset_info,
@@ -90,6 +91,7 @@ from training.contract.run_layout import (
     complete_steps,
     export_dir,
     incomplete_reason,
+    is_training_run,
     step_of,
 )
 from training.data.recipe import check_trained_on, recorded_plan
@@ -485,8 +487,10 @@ def newest_complete_step(run_dir: str | Path) -> int | None:
 def run_config(run_dir: str | Path):
     """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
     path = Path(run_dir) / CONFIG_TOML
-    if not path.is_file():
-        raise ExportError(f"{path} not found: {run_dir} is not a gristmill training run directory")
+    if not is_training_run(run_dir):  # a dataset's config.toml is its build recipe (R21b F8)
+        dataset = (Path(run_dir) / DATASET_JSON).is_file()
+        what = f"{run_dir} holds {DATASET_JSON}: a dataset" if dataset else f"{path} not found"
+        raise ExportError(f"{what}: {run_dir} is not a gristmill training run directory")
     return load_config(TrainConfig, path)
 
 
@@ -987,6 +991,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    run_config(args.run)  # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
     out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype, merged=args.merged)
     print(f"export: {out}")
     return 0

@@ -44,6 +44,10 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
     source = "defaults"
     if path is not None:
         path = Path(path)
+        if path.is_dir():  # a run directory: its recipe is config.toml there (R21b F8)
+            raise ConfigError(
+                f"config file {path} is a directory; pass a TOML file (a run's: {path / 'config.toml'})"
+            )
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist; pass an existing TOML file to --config")
         try:

@@ -148,6 +148,20 @@ MANIFEST_SCHEMA = pa.schema(
     ]
 )
 
+
+def manifest_type_problem(table: pa.Table) -> str | None:
+    """The first column of `table` (some of a manifest's) whose type is not MANIFEST_SCHEMA's, said,
+    or None: a column rewritten by hand was a TypeError or a ValueError in validate, a build's rerun
+    and `data index` (review R21b F9)."""
+    for name in table.column_names:
+        if (
+            name in MANIFEST_SCHEMA.names
+            and (ty := table.schema.field(name).type) != MANIFEST_SCHEMA.field(name).type
+        ):
+            return f"column {name} holds {ty}, not the build's {MANIFEST_SCHEMA.field(name).type}"
+    return None
+
+
 # One row per dropped document, with the filter that dropped it and why.
 EXCLUDED_SCHEMA = pa.schema(
     [

@@ -59,6 +59,7 @@ from training.contract.dataset_format import (
     file_sha256,
     layout_offsets,
     manifest_files,
+    manifest_type_problem,
     numpy_dtype,
     sample_starts,
     sample_totals,
@@ -133,6 +134,8 @@ def derive_index(root: str | Path, info: dict[str, Any]) -> Iterator[tuple[str, 
                 t = pq.read_table(path, columns=cols)
             except (pa.ArrowInvalid, KeyError, OSError) as e:
                 raise DatasetError(f"{path}: unreadable manifest ({e}); rebuild the dataset") from None
+            if problem := manifest_type_problem(t):
+                raise DatasetError(f"{path}: {problem}; rebuild the dataset")
             shard = pc.index_in(t.column("shard"), value_set=value_set)
             if shard.null_count:
                 bad = t.column("shard").filter(pc.is_null(shard))[0].as_py()

@@ -233,7 +233,9 @@ class DocumentTable:
                             f"{path}: no {nbytes}-byte .{ext} member at byte {at} where the index puts "
                             f"manifest row {row}'s sample (the tar header there reads {name!r}, {size} "
                             "bytes): the shard was rebuilt after the manifest and dataset.json were "
-                            "written; rebuild the dataset"
+                            "written, or the index was damaged since (`gristmill data index "
+                            f"{self.location}` repairs that); `gristmill data validate {self.location}` "
+                            "names which"
                         )
 
     def split_rows(self, docs: np.ndarray) -> np.ndarray:
@@ -340,7 +342,8 @@ def check_separators(
         table, doc, _ = piece_at(i)
         raise DatasetError(
             f"id check failed at {where}: {table._locate(doc)} has token {int(tokens[i])} ≥ vocab_size "
-            f"{table.vocab_size}; the shard is corrupt — run `gristmill data validate {table.location}`"
+            f"{table.vocab_size}; the shard or the dataset's index is corrupt — run `gristmill data validate "
+            f"{table.location}`, which names which"
         )
     bad = misplaced_separators(tokens, ref.separator_id, ref.separator_position, lengths, starts, counts)
     if len(bad) == 0:
@@ -353,6 +356,7 @@ def check_separators(
         f"{int(starts[k]) + i - int(first[k])} of {int(lengths[k])}, but the "
         f"separator policy (id {table.separator_id}, position {table.separator_position!r}) puts exactly "
         "one separator at each document's "
-        f"{'end' if table.separator_position == 'after' else 'start'}; the shard is corrupt or was "
-        f"built under another policy — run `gristmill data validate {table.location}`"
+        f"{'end' if table.separator_position == 'after' else 'start'}; the shard or the dataset's index "
+        f"is corrupt, or the shard was built under another policy — run `gristmill data validate "
+        f"{table.location}`, which names which"
     )
