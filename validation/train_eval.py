@@ -90,6 +90,7 @@ class TrainingEval:
     def __init__(self, cfg: TrainConfig):
         e = cfg.eval
         self.interval = e.interval
+        self.merges = cfg.merge.kind != "none"  # a task dropped from the plan: its merged scores go too
         # `gristmill eval`'s defaults for everything else: the later offline eval matches.
         self.cfg = EvalConfig(
             tasks=list(e.tasks),
@@ -175,7 +176,9 @@ class TrainingEval:
             which = f"--step {step}" + (" --merged" if merged else "")
             later = f"gristmill eval {self.run_dir} {which} --tasks {','.join(tasks)}"
             why = "; ".join(f"task {n} failed ({w})" for n, w in tasks.items())
-            line = f"{why}; training goes on without it (evaluate it later: `{later}`)"
+            # dropped from the plan: the merged weights' evals go without it too (review R21c 4)
+            merged_too = "" if merged or not self.merges else "; with --merged for the merged weights'"
+            line = f"{why}; training goes on without it (evaluate it later: `{later}`{merged_too})"
         else:
             line = f"failed ({why}); training goes on, the eval is tried again at the next interval"
         self._say(f"step {step}{' (merged weights)' if merged else ''}: {line}")

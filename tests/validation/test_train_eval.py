@@ -140,21 +140,25 @@ class _DamagesClozeDataAtStep2(TrainingEval):
 
     complete_at_eval: list[int] = []
 
-    def __call__(self, model, step):
-        if step == 2:
+    def __call__(self, model, step, merged=False):
+        if step == 2 and not merged:
             (eval_data(self.run_dir) / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
             self.complete_at_eval.extend(complete_steps(self.run_dir))
-        return super().__call__(model, step)
+        return super().__call__(model, step, merged)
 
 
-def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, merge):
     """RUN/eval/data/heldout_cloze.jsonl corrupted mid-run: the step's checkpoint is saved before the
     eval, the failure is one line and an `eval_error` in the metrics row, and training goes on with
-    the other task; the line's advice is a command that evaluates the task afterwards."""
+    the other task; the line's advice is a command that evaluates the task afterwards, and, where the
+    run merges weights, says --merged scores the merged weights' (they lost the task too: R21c 4)."""
     from pipelines.cli import main as cli_main
 
+    _DamagesClozeDataAtStep2.complete_at_eval = []
     run = tmp_path / "run"
-    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    merging = ["merge.kind='window'", "merge.every=2", "merge.window=1"] if merge else []
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run), *merging])
     train(cfg, evaluator=_DamagesClozeDataAtStep2(cfg))
     out = capsys.readouterr()
     assert _DamagesClozeDataAtStep2.complete_at_eval == [2]  # saved first
@@ -169,6 +173,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys):
     ]
     assert len(lines) == 1 and "Traceback" not in out.err, out.out + out.err
     assert str(eval_data(run) / "heldout_cloze.jsonl") in lines[0]
+    assert lines[0].endswith("; with --merged for the merged weights')") == merge, lines[0]
     (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
     argv = advice.split()[1:]
     assert cli_main([*argv, "--set", f"limit={LIMIT}", "device=cpu"]) == 0
