@@ -408,13 +408,8 @@ class DocIndex:
         copy's index rebuilt would repair nothing in the bucket)."""
         root = Path(root)
         self.root, self.read_range = root, read_range
+        self.url = url
         self.where = root / DATASET_JSON if url is None else f"{url}/{DATASET_JSON}"
-        self.fix = (
-            f"rerun `gristmill data index {root}`"
-            if url is None
-            else f"index a local copy of {url} (`gristmill data index DIR`), then `gristmill data upload DIR "
-            f"{url}`"
-        )
         entry = info.get("index")
         if entry is None:
             raise DatasetError(
@@ -432,14 +427,13 @@ class DocIndex:
                 f"version plans epochs from the index's sample totals); {self.fix}"
             )
         self.entry = entry
-        self.offsets_dtype = _dtype_name(offsets_dtype(info))  # for file_dtype (info is not kept)
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
         self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
         names = (DOC_TOKENS, DOC_OFFSETS) if per_document else ()
         hashed = (SAMPLE_DIGEST,) if index_format(info) == INDEX_FORMAT else ()
         for name in (*names, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA, *hashed):
-            self._files[name] = (root / INDEX_DIR / name, self._check_file(name, present=True))
+            self._files[name] = (root / INDEX_DIR / name, self._check_file(name, present=True, info=info))
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
         n = int(info["documents"])
@@ -463,14 +457,26 @@ class DocIndex:
                 f"shards hold {len(self.sample_first) - 1} samples; {self.fix}"
             )
 
-    def _check_file(self, name: str, present: bool) -> np.dtype:
-        """The dtype of index file `name` as dataset.json records it; with `present`, the file must be
-        on disk with the recorded size."""
+    @property
+    def fix(self) -> str:
+        """The repair of an index that does not match dataset.json (a bucket's: its own, not the copy's)."""
+        if self.url is None:
+            return f"rerun `gristmill data index {self.root}`"
+        return (
+            f"index a local copy of {self.url} (`gristmill data index DIR`), then `gristmill data upload DIR "
+            f"{self.url}`"
+        )
+
+    def _check_file(self, name: str, present: bool, info: dict[str, Any] | None = None) -> np.dtype:
+        """The dtype of index file `name` as dataset.json records it, which must be the one it has
+        (file_dtype; `info`: dataset.json, for doc_offsets.bin's); with `present`, the file must be on
+        disk with the recorded size. (Nothing of `info` is kept: the index pickles to workers.)"""
         spec = self.entry["files"].get(name)
         path, fix = self.root / INDEX_DIR / name, self.fix
         if spec is None:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
-        if spec.get("dtype") != (want := file_dtype(name, self.offsets_dtype)):
+        offsets = _dtype_name(offsets_dtype(info)) if info is not None else ""
+        if spec.get("dtype") != (want := file_dtype(name, offsets)):
             raise DatasetError(
                 f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}; {fix}"
             )
