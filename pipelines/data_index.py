@@ -16,6 +16,7 @@ from pipelines.dataset_lock import dataset_lock
 from training.contract.dataset_format import (
     DATASET_JSON,
     MANIFEST_DIR,
+    REWRITE_DATASET_JSON,
     DatasetError,
     check_fingerprint,
     fingerprint,
@@ -80,16 +81,14 @@ def _index(root: Path, log) -> dict[str, Any]:
                 tokens = int(index.sample_tokens.sum())
                 held = f"{int(index.shard_rows[-1]):,} documents, {tokens:,} tokens"
                 edited = tokens != int(info["tokens"])
-            except DatasetError:
+            except DatasetError as e:  # what the loader refuses, said (an edited dtype: R21e 3)
                 rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
-                held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards", True
+                held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards ({e})", True
             if edited:
                 raise DatasetError(
                     f"{root / DATASET_JSON} lists {info['documents']:,} documents, {info['tokens']:,} tokens "
                     f"in {len(info['shard_files'])} shards, but its index, which hashes as recorded, holds "
-                    f"{held}: {DATASET_JSON} was edited after the build; delete it and rerun the build's "
-                    "command, which writes it again from the shards (a dataset `gristmill data convert` "
-                    "made: convert its source again, into a new directory)"
+                    f"{held}: {DATASET_JSON} was edited after the build; {REWRITE_DATASET_JSON}"
                 )
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"

@@ -1733,11 +1733,12 @@ def test_upload_repairs_a_bucket_whose_dataset_json_was_edited_and_names_the_fix
     info = json.loads(good)
     info["index"]["files"]["shard_rows.bin"]["dtype"] = "uint32"
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(info).encode())
-    fix = f"index a local copy of {url} (`gristmill data index DIR`), then `gristmill data upload DIR {url}`"
+    fix = f"upload the dataset again (`gristmill data upload DIR {url}` writes it again)"
     with pytest.raises(
         DatasetError,
         match=re.escape(
-            f"{url}/{DATASET_JSON}: index file shard_rows.bin has dtype 'uint32', not 'uint64'; {fix}"
+            f"{url}/{DATASET_JSON}: index file shard_rows.bin has dtype 'uint32', not 'uint64': "
+            f"{DATASET_JSON} was edited after the build; {fix}"
         ),
     ):
         DocumentTable(url, cache=cache(tmp_path))

@@ -384,7 +384,12 @@ def evaluate_lm(
                     fewshot_random_seed=cfg.seed,
                 )
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
-                if failed is None:  # `gristmill eval`: one line, not lm-eval's traceback (review R21b F12)
+                if failed is None:
+                    # `gristmill eval`: a task's data that cannot be read is one line, not lm-eval's
+                    # traceback (R21b F12); anything else (ours, a bug, the device) is raised as it is:
+                    # read as the task's, it lost its traceback and blamed the data file (R21e 1)
+                    if isinstance(e, GristmillError) or not _reading_failed(e):
+                        raise
                     raise EvalError(f"task {name} could not be scored: {task_failure(plan, name, e)}") from e
                 failed[name] = task_failure(plan, name, e)
                 continue
@@ -403,6 +408,16 @@ def evaluate_lm(
                 on_task(results)
             merged = merge_results(merged, results)
     return merged
+
+
+def _reading_failed(error: BaseException) -> bool:
+    """Whether `error` or one it wraps is an OSError: a task's data file missing or unreadable (datasets
+    wraps it in its own errors)."""
+    while error is not None:
+        if isinstance(error, OSError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:

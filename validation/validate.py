@@ -54,6 +54,7 @@ from tqdm import tqdm
 from tokenization.separator import vocab_size_of
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
+    BUILD_JSON,
     DATASET_JSON,
     DECONTAM_DIR,
     DECONTAM_FILES,
@@ -68,6 +69,7 @@ from training.contract.dataset_format import (
     LOGS_DIR,
     MANIFEST_DIR,
     META_EXT,
+    REWRITE_DATASET_JSON,
     SHARDS_DIR,
     STRAY,
     TAR_BLOCK,
@@ -100,6 +102,7 @@ from training.contract.object_store import (
     ObjectStoreError,
     is_url,
 )
+from training.contract.run_layout import is_training_run
 from training.contract.separator_check import misplaced_separators
 from training.data.remote import (
     CacheError,
@@ -1156,14 +1159,19 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
             )
             continue
         # what the fingerprint does not cover, and readers go by (an edited dtype: they refused it,
-        # while validate said ok)
+        # while validate said ok); the index itself is the build's (its hash): dataset.json was edited
         for key in ("dtype", "bytes"):
             said, implied = entry["files"][name].get(key), derived["files"][name][key]
             if said != implied:
                 problems.append(
                     Problem(
                         f"dataset.json records {key} {said!r} for it, the index the manifest implies has "
-                        f"{implied!r}; {fix}",
+                        f"{implied!r}: {DATASET_JSON} was edited after the build; "
+                        + (
+                            REWRITE_DATASET_JSON
+                            if url is None
+                            else f"`gristmill data upload DIR {url}` of the dataset writes it again"
+                        ),
                         f"{INDEX_DIR}/{name}",
                     )
                 )
@@ -1249,7 +1257,10 @@ def run(args: argparse.Namespace) -> int:
         # nothing of a dataset: a FAILED report was written into it (a run directory, a parent: R21b F7)
         run = (
             " (a training run: validate the dataset its config.toml names)"
-            if (root / "config.toml").is_file()
+            if is_training_run(root)
+            else f" (its data build did not finish: {BUILD_JSON} is there; rerun the same `gristmill data "
+            "build` command)"
+            if (root / BUILD_JSON).is_file()
             else ""
         )
         raise DatasetError(

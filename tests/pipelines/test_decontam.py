@@ -438,6 +438,10 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and err[0].startswith("error: task gm_gone could not be scored: "), err
     assert "gm_gone.jsonl" in err[0], err
+    # gristmill's own refusal while scoring is said as it is, not as the task's data (review R21e 1)
+    assert main(["eval", str(run), "--tasks", "gm_cloze", *args, "--set", "max_length=4"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith("error: task gm_cloze document "), err
 
     # The run trained on another dataset than the one config.toml's path leads to now (a relative
     # path, from another directory): that dataset's record says nothing of the run's data.

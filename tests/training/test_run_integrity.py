@@ -361,7 +361,12 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, cap
     --config and a file given to data inspect "did not exist" (review R21b F8)."""
     recipe = tmp_path / "recipe.toml"
     recipe.write_text("")
+    half = tmp_path / "half"  # a data build that stopped before its shards: config.toml and build.json
+    half.mkdir()
+    (half / "config.toml").write_text('output = "x"\n')
+    (half / "build.json").write_text("{}")
     for argv, said in [
+        (["eval", str(half)], f"{half} holds build.json: an unfinished data build's output: {half} is not a"),
         (
             ["eval", str(dataset)],
             f"{dataset} holds dataset.json: a dataset: {dataset} is not a gristmill training run",

@@ -593,7 +593,7 @@ def test_mistyped_dataset_json_is_a_problem_not_a_traceback(ds, field, value, ex
 
 
 @pytest.mark.parametrize("dtype", ["uint32", "8", []])
-def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_validate(ds, dtype):
+def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_validate(ds, dtype, capsys):
     """The fingerprint covers the index files' hashes, not their dtypes: sample_digest.bin recorded as
     uint32 was read as twice as many digests without a word, a list was a TypeError, and validate said
     ok to both (review R21a 1). Readers know each file's dtype; validate compares the record with the
@@ -604,16 +604,22 @@ def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_val
     info["index"]["files"]["sample_digest.bin"]["dtype"] = dtype
     (ds / "dataset.json").write_text(json.dumps(info))
     found = problems(ds)
+    edited = "dataset.json was edited after the build; delete it and rerun the build's command"
     assert any(
         p.startswith("index/sample_digest.bin: dataset.json records dtype ")
-        and "the index the manifest implies has 'uint64'; run `gristmill data index " in p
+        and f"the index the manifest implies has 'uint64': {edited}" in p
         for p in found
     ), found
     (ds / VALIDATION_JSON).unlink()  # the loader's own check, not the record's refusal
     with pytest.raises(
-        DatasetError, match=r"index file sample_digest\.bin has dtype .*, not 'uint64'; rerun"
+        DatasetError, match=rf"index file sample_digest\.bin has dtype .*, not 'uint64': {edited}"
     ):
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+    # `data index` (what the advice said before) cannot repair it: it says why, not "215 ≠ 215" (R21e 3)
+    capsys.readouterr()
+    assert main(["data", "index", str(ds)]) == 2
+    err = capsys.readouterr().err
+    assert "has dtype" in err and "not 'uint64'" in err and edited in err, err
 
 
 @pytest.mark.parametrize(
@@ -642,11 +648,17 @@ def test_a_manifest_column_of_another_type_is_named_not_a_traceback(ds, column, 
 def test_validate_of_a_directory_that_is_no_dataset_is_one_line_and_writes_nothing(tmp_path, capsys):
     """A run directory or a parent passed by mistake got a FAILED report, and a validation.json written
     into it (review R21b F7)."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.toml").write_text("")
+    run, half = tmp_path / "run", tmp_path / "half"  # half: a data build that stopped before its shards
+    for d in (run, half):
+        d.mkdir()
+        (d / "config.toml").write_text("")
+    (half / "build.json").write_text("{}")
+    unfinished = (
+        " (its data build did not finish: build.json is there; rerun the same `gristmill data build` command)"
+    )
     for where, said in (
         (run, " (a training run: validate the dataset its config.toml names)"),
+        (half, unfinished),
         (tmp_path, ""),
     ):
         assert main(["data", "validate", str(where), "--no-progress"]) == 2

@@ -596,6 +596,14 @@ def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
+# The repair of a dataset.json edited after the build (a field no fingerprint covers): the build, or a
+# convert, writes it again from the shards.
+REWRITE_DATASET_JSON = (
+    "delete it and rerun the build's command, which writes it again from the shards (a dataset `gristmill "
+    "data convert` made: convert its source again, into a new directory)"
+)
+
+
 def redo_task(task: str, root: Path | None = None) -> str:
     """The fix for a finished build task (`task`: its name, NNNNN) whose output is gone or damaged:
     its completion marker and dataset.json deleted (under `root`; None: relative, where the build

@@ -54,6 +54,7 @@ from training.contract.dataset_format import (
     DOC_SHA256,
     INDEX_DIR,
     LEGACY_FORMAT,
+    REWRITE_DATASET_JSON,
     SAMPLE_DOCS,
     DatasetError,
     file_sha256,
@@ -476,9 +477,15 @@ class DocIndex:
         if spec is None:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
         offsets = _dtype_name(offsets_dtype(info)) if info is not None else ""
-        if spec.get("dtype") != (want := file_dtype(name, offsets)):
+        if spec.get("dtype") != (want := file_dtype(name, offsets)):  # the build writes the right one
+            edit = (
+                REWRITE_DATASET_JSON
+                if self.url is None
+                else f"upload the dataset again (`gristmill data upload DIR {self.url}` writes it again)"
+            )
             raise DatasetError(
-                f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}; {fix}"
+                f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}: "
+                f"{DATASET_JSON} was edited after the build; {edit}"
             )
         size = path.stat().st_size if path.is_file() else None
         if present and size != spec["bytes"]:

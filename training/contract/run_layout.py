@@ -45,10 +45,13 @@ MERGED_PREFIX = "merged-"
 
 def is_training_run(path: str | Path) -> bool:
     """A run directory holds config.toml; a dataset directory may too (its build recipe) but has
-    dataset.json."""
-    from training.contract.dataset_format import DATASET_JSON  # numpy/pyarrow: only when asked
+    dataset.json, or, while its build has not finished, build.json (review R21e 2)."""
+    from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
 
-    return (Path(path) / CONFIG_TOML).is_file() and not (Path(path) / DATASET_JSON).is_file()
+    path = Path(path)
+    return (path / CONFIG_TOML).is_file() and not any(
+        (path / n).is_file() for n in (DATASET_JSON, BUILD_JSON)
+    )
 
 
 def check_saved_config_place(config: str | Path, output_dir: str, overrides: list[str]) -> None:
