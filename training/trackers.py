@@ -350,6 +350,10 @@ class Tensorboard:
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
+        # The writer's own thread meets a removed directory first, and says it there (a traceback on
+        # stderr) while the flush returns: the next step's flush raised, or none did (a flaky test)
+        if not Path(self.writer.get_logdir()).is_dir():
+            raise FileNotFoundError(f"{self.writer.get_logdir()} is gone")
 
     def finish(self, failed: bool = False) -> None:
         self.writer.close()

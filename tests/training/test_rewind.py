@@ -190,6 +190,13 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
     assert rc == 1 and lines[0].startswith(
         f"batches: step 25 has batch_sha256 {sha[26][:16]}… in metrics.jsonl"
     )
+    # a row that is no longer a row (its loss and its digest edited): it cannot be compared with the
+    # record, and verify passed it, said nowhere (review R21d 1)
+    bad = row.replace(sha[25], "0" * 64).replace('"loss": ', '"loss": null, "was": ', 1)
+    (run / "metrics.jsonl").write_text(rows.replace(row, bad))
+    rc, out = command_output(["verify", str(run)])
+    assert rc == 1 and f"metrics: dropped 1 unreadable line(s) of {run / 'metrics.jsonl'}" in out, out
+    (run / "metrics.jsonl").write_text(rows)
     # the discarded attempt's records are history, not the run's: not checked against the plan
     assert verify(kept, discarded=[(s, 1, "00" * 32) for s in range(11, SPIKE + 1)]) == (0, [])
     with open(run / "batches.bin", "ab") as f:  # a record torn by a kill mid-write

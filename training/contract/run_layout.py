@@ -193,6 +193,9 @@ def complete_steps(run_dir: str | Path) -> list[int]:
 
 
 # metrics.jsonl's rows, read without torch (checkpoint io, `mix propose`)
+DROPPED_LINES = "note: dropped"  # read_metrics' note of lines that are not rows (not a torn last one)
+
+
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     """The rows of a metrics.jsonl and a note about lines that are not whole JSON rows (a torn last
     line from a kill mid-write is cut off; any other broken line is dropped and named), or None."""
@@ -216,7 +219,7 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
         return rows, None
     if bad == [len(lines)]:
         return rows, f"note: cut off the torn last line of {path} (line {bad[0]}: a write was interrupted)"
-    return rows, f"note: dropped {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
+    return rows, f"{DROPPED_LINES} {len(bad)} unreadable line(s) of {path}: {', '.join(map(str, bad[:10]))}"
 
 
 def kept_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -524,6 +524,11 @@ class TokenLoader:
         self._step = step
         self._generation += 1
 
+    @property
+    def saved_total_steps(self) -> int | None:
+        """The total steps of the plan the resumed checkpoint was saved with (None: not resumed)."""
+        return None if self._resumed is None else data_plan.from_description(self._resumed[0]).total_steps
+
     def check_trained_through(self, step: int, why: str) -> None:
         """The plan's past, as load_state_dict checks it, up to `step` rather than the checkpoint's: a
         rewind's discarded attempt trained past its checkpoint (to its spike), and its rows and batch

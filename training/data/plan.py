@@ -798,15 +798,6 @@ def check_resume(
                 _shown(old.lr(s)),
                 _shown(plan.lr(s)),
             )
-    if plan.total_steps == step and old.total_steps != step:
-        # Its last step's validation, eval and merged weights would never be made: a resume that
-        # trains no step does none of them, and "nothing to do" exited 0 (review R21c 2).
-        raise PlanError(
-            f"this plan ends at step {step}, the checkpoint's, which the checkpoint's plan "
-            f"({old.total_steps} steps) trained as an ordinary step: its last-step validation, eval and "
-            f"merged weights were not made, and a resume that trains no step cannot make them; keep the "
-            f"plan longer than {step} steps, or leave the run where it stopped (its checkpoint is complete)"
-        )
     changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
     return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
 

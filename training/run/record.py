@@ -257,8 +257,8 @@ class RunRecord:
                 r for r in logged if r["step"] <= resumed or r.get("discarded_by_rewind", known) < known
             ]
             write_atomic(path, _jsonl(self.rows))
-        elif resumed is None and path.exists():  # a fresh run into the same directory starts the log over
-            _keep_earlier(path)
+        elif resumed is None and path.exists() and path.stat().st_size:  # a fresh run starts the log over
+            _keep_earlier(path)  # (an empty one, a start that failed before its first row, is no record)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resumed is not None else os.O_TRUNC)
         self.jsonl = os.open(path, flags, 0o644)
 
@@ -278,8 +278,9 @@ class RunRecord:
         path, apart = self.run_dir / BATCHES_BIN, self.run_dir / DISCARDED_BATCHES_BIN
         if resumed is None:
             for earlier in (path, apart):
-                if earlier.exists():
+                if earlier.exists() and earlier.stat().st_size > len(batch_file([])):  # records, not a header
                     _keep_earlier(earlier)
+            apart.unlink(missing_ok=True)
             write_atomic(path, batch_file([]))
         else:
             kept = [e for e in self._read_batches(path) if e.step <= resumed]

@@ -215,7 +215,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         # needs RUN/config.toml (the tasks' held-out documents)
         evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
-        _say_resumed(loader, state, resumed, last_step)
+        _say_resumed(loader, state, resumed, last_step, spec.last_step, run_dir)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
         state=state, record=record, merge=merge, validates=validation is not None,
@@ -410,12 +410,28 @@ def _count(n: int, one: str, many: str = "") -> str:
     return f"{n} {one if n == 1 else many or one + 's'}"
 
 
-def _say_resumed(loader: TokenLoader, state: TrainState, resumed: int, last_step: int) -> None:
+def _say_resumed(
+    loader: TokenLoader,
+    state: TrainState,
+    resumed: int,
+    last_step: int,
+    plan_steps: int | None,
+    run_dir: Path,
+) -> None:
     for note in loader.resume_notes:
         say(f"note: {note}")
     say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
     if resumed >= last_step:
         say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
+        if resumed == plan_steps != loader.saved_total_steps:
+            # A plan shortened to end here: the last step's own work was never done for this step, and a
+            # resume that trains no step does none of it ("nothing to do" alone: review R21c 2)
+            say(
+                f"note: step {resumed} was not the last step of the checkpoint's plan "
+                f"({loader.saved_total_steps} steps): what a plan's last step gets that it lacks (merged "
+                "weights; validation and eval, where a stop cut them off) is not made by a resume that "
+                f"trains no step; `gristmill eval {run_dir} --step {resumed}` scores it"
+            )
 
 
 def run_identity(applied: dict[str, Any]) -> str:

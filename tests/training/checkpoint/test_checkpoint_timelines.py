@@ -20,7 +20,7 @@ from tests.helpers.train_runs import TINY, damage, metrics, one_error_line, over
 from training.checkpoint.checkpointer import Checkpointer, complete_steps
 from training.checkpoint.state import ModelState
 from training.config import CheckpointSection
-from training.contract.batch_record import read_batches
+from training.contract.batch_record import batch_file, read_batches
 from training.contract.run_layout import COMPLETE_FILE, CONFIG_TOML, checkpoint_dir, export_dir, read_metrics
 from training.train import main
 
@@ -113,7 +113,11 @@ def test_a_resume_from_another_run_s_checkpoint_starts_this_directory_s_record_o
     r, other = tmp_path / "run", tmp_path / "other"
     tb = "metrics.tensorboard=true"
     assert run(dataset, other, "run.max_steps=8") == 0
+    r.mkdir()  # what a start that failed before its first step leaves: no record to keep (R21d 5)
+    (r / "metrics.jsonl").write_text("")
+    (r / "batches.bin").write_bytes(batch_file([]))
     assert run(dataset, r, "run.max_steps=8", "optim.lr=1e-2", "checkpoint.interval=0", tb) == 0
+    assert not list(r.glob("abandoned-*"))
     # a RUN/base/ a start from a base left (it died before its first checkpoint): not this run's base,
     # whose weights descend from a run from scratch (its exports took that base's tokens: review R15d F8)
     _plant_base(r)

@@ -137,26 +137,36 @@ def test_the_description_carries_the_skips_and_a_resume_accepts_them():
     assert data_plan.check_resume(saved, small_plan(), 16, lambda a, b: a == b) == []
 
 
-def test_a_resume_whose_plan_ends_at_the_checkpoints_step_is_refused_unless_it_ended_there():
-    """A plan shortened to end at the checkpoint's step: the resume trains no step, so the last step's
-    validation, eval and merged weights, which the checkpoint's plan did not make there, were never
-    made, and "nothing to do" exited 0 (review R21c 2). One that ended there already resumes."""
-    same = lambda a, b: a == b  # noqa: E731
-
-    def plan(long_steps: int) -> Plan:  # small_plan's, whose LR does not depend on the budget
-        base = small_plan()
-        flat = LRPiece(1e-3, 1e-3, "constant")
-        return Plan(base.sources, [base.phases[0], Phase("long", long_steps, 32, 4, (1, 1), flat)], seed=7)
-
-    saved, shorter = json.loads(plan(10).to_json()), plan(3)  # 22 steps, then 15
-    with pytest.raises(
-        PlanError,
-        match=r"this plan ends at step 15, the checkpoint's, which the checkpoint's plan \(22 steps\) "
-        r"trained as an ordinary step: .* keep the plan longer than 15 steps",
-    ):
-        data_plan.check_resume(saved, shorter, 15, same)
-    assert data_plan.check_resume(saved, shorter, 14, same)  # a step to train: its future's note
-    assert data_plan.check_resume(json.loads(shorter.to_json()), shorter, 15, same) == []  # it ended there
+def test_a_resume_whose_plan_now_ends_at_the_checkpoint_says_what_its_last_step_lacks(
+    tmp_path, synthetic_dataset, capsys
+):
+    """A plan shortened to end at the checkpoint's step, which its plan trained as an ordinary step:
+    the resume trains nothing and said "nothing to do" alone, though the step never got what a plan's
+    last step gets (review R21c 2). Refusing it was wrong too (R21d: a run.max_steps stop is validated
+    there already; a rewind's discarded attempt checks the plan against a later step): a note."""
+    sources = {"web": synthetic_dataset(n_docs=240, seed=1), "code": synthetic_dataset(n_docs=160, seed=2)}
+    run = tmp_path / "run"
+    sets = ["checkpoint.interval=4", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(write_recipe(tmp_path / "r.toml", sources, run)), "--set",
+                      "run.max_steps=4", *sets]) == 0  # fmt: skip
+    main4 = (
+        '[[phase]]\nname = "main"\nsteps = 4\nseq_len = 32\nmix = { web = 0.6, code = 0.3 }\n'
+        'lr = { warmup_steps = 2, shape = "constant" }\n\n'
+    )
+    short = write_recipe(tmp_path / "short.toml", sources, run, phases=main4)
+    capsys.readouterr()
+    assert gristmill(["train", "--config", str(short), "--set", "checkpoint.resume='auto'", *sets]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do: the checkpoint is at step 4 ≥ the last step 4" in out, out
+    assert (
+        "note: step 4 was not the last step of the checkpoint's plan (11 steps): what a plan's last step "
+        "gets that it lacks (merged weights; validation and eval, where a stop cut them off) is not made by "
+        f"a resume that trains no step; `gristmill eval {run} --step 4` scores it"
+    ) in out, out
+    capsys.readouterr()  # the plan as it was: nothing to say
+    assert gristmill(["train", "--config", str(tmp_path / "r.toml"), "--set", "checkpoint.resume='auto'",
+                      "run.max_steps=4", *sets]) == 0  # fmt: skip
+    assert "was not the last step" not in capsys.readouterr().out
 
 
 def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
@@ -311,7 +321,6 @@ def test_a_source_too_small_for_one_step_names_what_it_holds_out():
     """A source whose epoch holds fewer windows than one step takes: the refusal names a bigger dataset
     or a smaller weight, and where the source holds documents out, val_fraction (review R2: a split
     emptied by val_fraction was advised only the first two)."""
-    from training.data.plan import PlanError
 
     for val_fraction, says in (
         (0.5, r"smaller weight, or hold out less \(val_fraction 0\.5\)$"),
