@@ -30,6 +30,7 @@ from training.contract.dataset_index import (
     INDEX_DIR,
     SHARD_ROWS,
     DocIndex,
+    IndexRecordEdited,
     damaged_files,
     expected_index,
     index_format,
@@ -81,9 +82,11 @@ def _index(root: Path, log) -> dict[str, Any]:
                 tokens = int(index.sample_tokens.sum())
                 held = f"{int(index.shard_rows[-1]):,} documents, {tokens:,} tokens"
                 edited = tokens != int(info["tokens"])
-            except DatasetError as e:  # what the loader refuses, said (an edited dtype: R21e 3)
+            except IndexRecordEdited:  # the loader's refusal says the edit and its repair (R21e 3, R21f 2e)
+                raise
+            except DatasetError:
                 rows = np.fromfile(root / INDEX_DIR / SHARD_ROWS, "<u8")
-                held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards ({e})", True
+                held, edited = f"{int(rows[-1]):,} documents in {len(rows) - 1} shards", True
             if edited:
                 raise DatasetError(
                     f"{root / DATASET_JSON} lists {info['documents']:,} documents, {info['tokens']:,} tokens "

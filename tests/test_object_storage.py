@@ -1733,7 +1733,10 @@ def test_upload_repairs_a_bucket_whose_dataset_json_was_edited_and_names_the_fix
     info = json.loads(good)
     info["index"]["files"]["shard_rows.bin"]["dtype"] = "uint32"
     s3.client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(info).encode())
-    fix = f"upload the dataset again (`gristmill data upload DIR {url}` writes it again)"
+    fix = (  # a dataset built into the bucket has no DIR to upload: its build writes it again (R21f 2d)
+        f"delete {url}/{DATASET_JSON} and rerun the command that wrote it: the build into {url}, or "
+        f"`gristmill data upload DIR {url}` of the dataset"
+    )
     with pytest.raises(
         DatasetError,
         match=re.escape(

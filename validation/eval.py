@@ -411,10 +411,10 @@ def evaluate_lm(
 
 
 def _reading_failed(error: BaseException) -> bool:
-    """Whether `error` or one it wraps is an OSError: a task's data file missing or unreadable (datasets
-    wraps it in its own errors)."""
+    """Whether `error` or one it wraps is a task's data that cannot be read: an OSError (a file missing,
+    unreadable), or datasets' or pyarrow's own (a file that does not parse: R21f 2a)."""
     while error is not None:
-        if isinstance(error, OSError):
+        if isinstance(error, OSError) or type(error).__module__.split(".")[0] in ("datasets", "pyarrow"):
             return True
         error = error.__cause__ or error.__context__
     return False

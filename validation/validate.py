@@ -90,6 +90,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
     recorded_paths,
     redo_task,
+    rewrite_bucket_dataset_json,
     tar_padded,
     task_of_file,
 )
@@ -102,7 +103,7 @@ from training.contract.object_store import (
     ObjectStoreError,
     is_url,
 )
-from training.contract.run_layout import is_training_run
+from training.contract.run_layout import is_training_run, unlike_a_run
 from training.contract.separator_check import misplaced_separators
 from training.data.remote import (
     CacheError,
@@ -1167,11 +1168,7 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
                     Problem(
                         f"dataset.json records {key} {said!r} for it, the index the manifest implies has "
                         f"{implied!r}: {DATASET_JSON} was edited after the build; "
-                        + (
-                            REWRITE_DATASET_JSON
-                            if url is None
-                            else f"`gristmill data upload DIR {url}` of the dataset writes it again"
-                        ),
+                        + (REWRITE_DATASET_JSON if url is None else rewrite_bucket_dataset_json(url)),
                         f"{INDEX_DIR}/{name}",
                     )
                 )
@@ -1251,22 +1248,21 @@ def run(args: argparse.Namespace) -> int:
             f"{root} is not a directory; pass a dataset directory built by `gristmill data build`, or an "
             "s3:// URL of one"
         )
-    if not is_url(args.dir) and not any(
-        (root / n).exists() for n in (DATASET_JSON, SHARDS_DIR, MANIFEST_DIR)
-    ):
-        # nothing of a dataset: a FAILED report was written into it (a run directory, a parent: R21b F7)
-        run = (
-            " (a training run: validate the dataset its config.toml names)"
-            if is_training_run(root)
-            else f" (its data build did not finish: {BUILD_JSON} is there; rerun the same `gristmill data "
-            "build` command)"
-            if (root / BUILD_JSON).is_file()
-            else ""
-        )
-        raise DatasetError(
-            f"{root} holds no {DATASET_JSON}, {SHARDS_DIR}/ or {MANIFEST_DIR}/: not a gristmill "
-            f"dataset{run}; pass a dataset directory built by `gristmill data build`, or an s3:// URL of one"
-        )
+    if not is_url(args.dir) and not (root / DATASET_JSON).is_file():
+        if (root / BUILD_JSON).is_file():  # its shards/ may be there: a report was written into it (R21f 2c)
+            raise DatasetError(f"{unlike_a_run(root)}; validate the dataset once it is built")
+        if not any((root / n).exists() for n in (SHARDS_DIR, MANIFEST_DIR)):
+            # nothing of a dataset: a FAILED report was written into it (a run directory, a parent: R21b F7)
+            run = (
+                " (a training run: validate the dataset its config.toml names)"
+                if is_training_run(root)
+                else ""
+            )
+            raise DatasetError(
+                f"{root} holds no {DATASET_JSON}, {SHARDS_DIR}/ or {MANIFEST_DIR}/: not a gristmill "
+                f"dataset{run}; pass a dataset directory built by `gristmill data build`, or an s3:// URL of "
+                "one"
+            )
     if is_url(args.dir):  # an unknown bucket, no credentials, no endpoint: one line before any work
         ObjectStore(args.dir).check_bucket()
     report = validate_dataset(

@@ -30,13 +30,11 @@ from training.checkpoint.hf_export import ExportError, export_command, of_anothe
 from training.checkpoint.io import missing_step_reason, verify_checkpoint
 from training.checkpoint.record import CheckpointError
 from training.contract.batch_record import BatchEntry, read_batches
-from training.contract.dataset_format import DATASET_JSON
 from training.contract.disk_space import fmt_bytes
 from training.contract.errors import GristmillError
 from training.contract.run_layout import (
     BATCHES_BIN,
     CHECKPOINTS_DIR,
-    CONFIG_TOML,
     DROPPED_LINES,
     EXPORTS_DIR,
     METRICS_JSONL,
@@ -48,6 +46,7 @@ from training.contract.run_layout import (
     list_steps,
     read_metrics,
     step_name,
+    unlike_a_run,
 )
 from training.data.loader import BatchBuilder, batch_sha256
 from training.data.plan import Plan, Skip, skip_of
@@ -227,15 +226,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run)
     if not is_training_run(run_dir):
-        what = (
-            "does not exist"
-            if not run_dir.exists()
-            else "is a dataset directory"
-            if (run_dir / DATASET_JSON).is_file()
-            else f"has no {CONFIG_TOML}"
-        )
         raise GristmillError(
-            f"{run_dir} {what}, not a training run: pass the run directory (run.output_dir) of "
+            f"{unlike_a_run(run_dir)}, not a training run: pass the run directory (run.output_dir) of "
             "`gristmill train`; `gristmill data validate` checks a dataset"
         )
     rows = verify_run(run_dir, args.step)

@@ -438,6 +438,12 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and err[0].startswith("error: task gm_gone could not be scored: "), err
     assert "gm_gone.jsonl" in err[0], err
+    # one that does not parse: one line too (pyarrow's ArrowInvalid in datasets' error: review R21f 2a)
+    (gone / "gm_gone.jsonl").write_text('{"context": "cut mid-')
+    capsys.readouterr()
+    assert main(["eval", str(run), "--tasks", "gm_gone", *args[:-1], f'include_path=["{gone}"]']) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1 and err[0].startswith("error: task gm_gone could not be scored: "), err
     # gristmill's own refusal while scoring is said as it is, not as the task's data (review R21e 1)
     assert main(["eval", str(run), "--tasks", "gm_cloze", *args, "--set", "max_length=4"]) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]

@@ -366,7 +366,15 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, cap
     (half / "config.toml").write_text('output = "x"\n')
     (half / "build.json").write_text("{}")
     for argv, said in [
-        (["eval", str(half)], f"{half} holds build.json: an unfinished data build's output: {half} is not a"),
+        (
+            ["eval", str(half)],
+            f"{half} holds build.json but no dataset.json: a data build that did not finish",
+        ),
+        (
+            ["verify", str(half)],
+            f"{half} holds build.json but no dataset.json: a data build that did not finish",
+        ),
+        (["data", "inspect", str(half)], f"{half} holds build.json but no dataset.json: a data build that"),
         (
             ["eval", str(dataset)],
             f"{dataset} holds dataset.json: a dataset: {dataset} is not a gristmill training run",

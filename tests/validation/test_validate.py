@@ -619,7 +619,8 @@ def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_val
     capsys.readouterr()
     assert main(["data", "index", str(ds)]) == 2
     err = capsys.readouterr().err
-    assert "has dtype" in err and "not 'uint64'" in err and edited in err, err
+    assert "has dtype" in err and "not 'uint64'" in err and err.count(edited) == 1, err
+    assert "documents" not in err, err  # not "lists 215 documents … holds 215 documents" (R21f 2e)
 
 
 @pytest.mark.parametrize(
@@ -653,12 +654,9 @@ def test_validate_of_a_directory_that_is_no_dataset_is_one_line_and_writes_nothi
         d.mkdir()
         (d / "config.toml").write_text("")
     (half / "build.json").write_text("{}")
-    unfinished = (
-        " (its data build did not finish: build.json is there; rerun the same `gristmill data build` command)"
-    )
+    (half / "shards").mkdir()  # a build stopped after its first shards: no report written either (R21f 2c)
     for where, said in (
         (run, " (a training run: validate the dataset its config.toml names)"),
-        (half, unfinished),
         (tmp_path, ""),
     ):
         assert main(["data", "validate", str(where), "--no-progress"]) == 2
@@ -668,6 +666,12 @@ def test_validate_of_a_directory_that_is_no_dataset_is_one_line_and_writes_nothi
             "pass a dataset directory built by `gristmill data build`, or an s3:// URL of one"
         )
         assert not (where / VALIDATION_JSON).exists()
+    assert main(["data", "validate", str(half), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {half} holds build.json but no dataset.json: a data build that did not finish (rerun the "
+        "same `gristmill data build` command); validate the dataset once it is built"
+    )
+    assert not (half / VALIDATION_JSON).exists()
 
 
 def test_json_nested_too_deep_to_decode_is_one_line_not_a_traceback(ds):

@@ -70,8 +70,6 @@ from training.checkpoint.state import ModelState
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
-    BUILD_JSON,
-    DATASET_JSON,
     TOKENIZER_JSON,
     file_sha256,
     read_dataset_info,
@@ -94,6 +92,7 @@ from training.contract.run_layout import (
     incomplete_reason,
     is_training_run,
     step_of,
+    unlike_a_run,
 )
 from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import tokenizer_dir
@@ -489,10 +488,7 @@ def run_config(run_dir: str | Path):
     """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
     path = Path(run_dir) / CONFIG_TOML
     if not is_training_run(run_dir):  # a dataset's config.toml is its build recipe (R21b F8)
-        held = [n for n in (DATASET_JSON, BUILD_JSON) if (Path(run_dir) / n).is_file()]
-        what = {DATASET_JSON: "a dataset", BUILD_JSON: "an unfinished data build's output"}
-        what = f"{run_dir} holds {held[0]}: {what[held[0]]}" if held else f"{path} not found"
-        raise ExportError(f"{what}: {run_dir} is not a gristmill training run directory")
+        raise ExportError(f"{unlike_a_run(run_dir)}: {run_dir} is not a gristmill training run directory")
     return load_config(TrainConfig, path)
 
 

@@ -600,8 +600,17 @@ def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
 # convert, writes it again from the shards.
 REWRITE_DATASET_JSON = (
     "delete it and rerun the build's command, which writes it again from the shards (a dataset `gristmill "
-    "data convert` made: convert its source again, into a new directory)"
+    "data convert` made: convert its source again, into a new directory; one of an older layout indexed "
+    "by `gristmill data index`: convert it into a new directory, which reads its shards and manifest)"
 )
+
+
+def rewrite_bucket_dataset_json(url: str) -> str:
+    """REWRITE_DATASET_JSON of a dataset in a bucket (one built there has no local directory: R21f 2d)."""
+    return (
+        f"delete {url}/{DATASET_JSON} and rerun the command that wrote it: the build into {url}, or "
+        f"`gristmill data upload DIR {url}` of the dataset"
+    )
 
 
 def redo_task(task: str, root: Path | None = None) -> str:

@@ -62,6 +62,7 @@ from training.contract.dataset_format import (
     manifest_files,
     manifest_type_problem,
     numpy_dtype,
+    rewrite_bucket_dataset_json,
     sample_starts,
     sample_totals,
 )
@@ -289,6 +290,11 @@ def offsets_dtype(info: dict[str, Any]) -> np.dtype:
     return np.dtype("<u4") if biggest < 1 << 32 else np.dtype("<u8")
 
 
+class IndexRecordEdited(DatasetError):
+    """dataset.json's record of an intact index says what the build never writes (an edit): its own
+    repair, not `gristmill data index` (which finds the index intact: R21f 2e)."""
+
+
 def file_dtype(name: str, offsets: str) -> str:
     """The dtype (a _DTYPES name) index file `name` has, as derive_index writes it (`offsets`: the
     dataset's doc_offsets.bin dtype name, offsets_dtype): what dataset.json must record for it (the
@@ -478,12 +484,8 @@ class DocIndex:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
         offsets = _dtype_name(offsets_dtype(info)) if info is not None else ""
         if spec.get("dtype") != (want := file_dtype(name, offsets)):  # the build writes the right one
-            edit = (
-                REWRITE_DATASET_JSON
-                if self.url is None
-                else f"upload the dataset again (`gristmill data upload DIR {self.url}` writes it again)"
-            )
-            raise DatasetError(
+            edit = REWRITE_DATASET_JSON if self.url is None else rewrite_bucket_dataset_json(self.url)
+            raise IndexRecordEdited(
                 f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}: "
                 f"{DATASET_JSON} was edited after the build; {edit}"
             )

@@ -54,6 +54,24 @@ def is_training_run(path: str | Path) -> bool:
     )
 
 
+def unlike_a_run(path: str | Path) -> str:
+    """What directory `path` is, when no training run (is_training_run): said the same by every command
+    that takes a run (review R21f 2b: an unfinished data build's output was "no config.toml")."""
+    from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
+
+    path = Path(path)
+    if not path.exists():
+        return f"{path} does not exist"
+    if (path / DATASET_JSON).is_file():
+        return f"{path} holds {DATASET_JSON}: a dataset"
+    if (path / BUILD_JSON).is_file():
+        return (
+            f"{path} holds {BUILD_JSON} but no {DATASET_JSON}: a data build that did not finish (rerun the "
+            "same `gristmill data build` command)"
+        )
+    return f"{path} has no {CONFIG_TOML}"
+
+
 def check_saved_config_place(config: str | Path, output_dir: str, overrides: list[str]) -> None:
     """Refuse (ConfigError) `config` when it is a run's own saved RUN/config.toml (beside the run's
     record) whose run.output_dir leads to another directory from here: the run was moved or copied,

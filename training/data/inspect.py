@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
 from training.contract.object_store import is_url
-from training.contract.run_layout import CONFIG_TOML, is_training_run
+from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
 from training.data.loader import LoaderConfigError, TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import skip_of
 from training.data.remote import add_cache_argument, cache_of, ensure_dirs
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
             return _run_mode(args)
         if not (root / DATASET_JSON).is_file():
             raise LoaderConfigError(
-                f"{root} holds neither {CONFIG_TOML} nor {DATASET_JSON}: pass a training run directory or a "
-                "dataset directory"
+                f"{unlike_a_run(root)}, and no {DATASET_JSON}: pass a training run directory or a dataset "
+                "directory"
             )
     missing = [f for f in ("seq_len", "global_batch", "seed") if getattr(args, f) is None]
     if missing:

@@ -35,7 +35,7 @@ from training.config import TrainConfig, load_train_config
 from training.console import say
 from training.contract.config_loader import config_changes, config_sha256, save_config
 from training.contract.errors import GristmillError, unwritable
-from training.contract.run_layout import CONFIG_TOML, run_of_checkpoint
+from training.contract.run_layout import CONFIG_TOML, kept_rows, run_of_checkpoint
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
 from training.data.recipe import check_run_room, format_plan, open_plan
@@ -215,7 +215,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         # needs RUN/config.toml (the tasks' held-out documents)
         evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
-        _say_resumed(loader, state, resumed, last_step, spec.last_step, run_dir)
+        lacks = _last_step_lacks(
+            record, state, resumed, validation is not None, evaluator is not None, merge is not None
+        )
+        _say_resumed(loader, state, resumed, last_step, spec.last_step, lacks)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
         state=state, record=record, merge=merge, validates=validation is not None,
@@ -416,22 +419,40 @@ def _say_resumed(
     resumed: int,
     last_step: int,
     plan_steps: int | None,
-    run_dir: Path,
+    lacks: list[str],
 ) -> None:
+    """`lacks`: what the checkpoint's step lacks that a plan's last step gets (_last_step_lacks)."""
     for note in loader.resume_notes:
         say(f"note: {note}")
     say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
     if resumed >= last_step:
         say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
-        if resumed == plan_steps != loader.saved_total_steps:
-            # A plan shortened to end here: the last step's own work was never done for this step, and a
-            # resume that trains no step does none of it ("nothing to do" alone: review R21c 2)
+        if resumed == plan_steps != loader.saved_total_steps and lacks:
+            # A plan shortened to end here: a resume that trains no step makes none of what the plan's
+            # last step gets ("nothing to do" alone: review R21c 2; what it lacks, not a list: R21f 1)
             say(
                 f"note: step {resumed} was not the last step of the checkpoint's plan "
-                f"({loader.saved_total_steps} steps): what a plan's last step gets that it lacks (merged "
-                "weights; validation and eval, where a stop cut them off) is not made by a resume that "
-                f"trains no step; `gristmill eval {run_dir} --step {resumed}` scores it"
+                f"({loader.saved_total_steps} steps), and it lacks what this plan's last step gets: "
+                f"{' and '.join(lacks)}; a resume that trains no step does not make them"
             )
+
+
+def _last_step_lacks(
+    record: RunRecord, state: TrainState, step: int, validates: bool, evaluates: bool, merges: bool
+) -> list[str]:
+    """What step `step`'s row (rank 0's record) lacks of what a plan's last step gets: validation and
+    eval where the run has them (unless its pending row, written next, has them due), merged weights
+    where it merges; how to have the eval."""
+    row = next((r for r in reversed(kept_rows(record.rows)) if r["step"] == step), {})
+    pending = state.pending
+    lacks = []
+    if validates and "val_loss" not in row and not (pending and pending.validate):
+        lacks.append("its validation (val_loss)")
+    if evaluates and not any(k.startswith("eval/") for k in row) and not (pending and pending.evaluate):
+        lacks.append("its eval (`gristmill eval RUN --step N` scores it)")
+    if merges and "merged/steps" not in row:
+        lacks.append("merged weights")
+    return [lack.replace("RUN --step N", f"{record.run_dir} --step {step}") for lack in lacks]
 
 
 def run_identity(applied: dict[str, Any]) -> str:

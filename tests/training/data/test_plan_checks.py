@@ -214,7 +214,7 @@ def test_inspect_says_what_a_directory_is_and_counts_steps_from_1(sources, tmp_p
     # gristmill verify: a dataset directory (even with its build config.toml) is not a training run.
     assert gristmill(["verify", str(built)]) != 0
     err = capsys.readouterr().err
-    assert "is a dataset directory, not a training run" in err, err
+    assert f"{built} holds dataset.json: a dataset, not a training run" in err, err
     assert gristmill(["verify", str(tmp_path / "no-such-run")]) == 2  # not "has no config.toml"
     assert f"{tmp_path / 'no-such-run'} does not exist, not a training run" in capsys.readouterr().err
 

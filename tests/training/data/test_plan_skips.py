@@ -138,35 +138,41 @@ def test_the_description_carries_the_skips_and_a_resume_accepts_them():
 
 
 def test_a_resume_whose_plan_now_ends_at_the_checkpoint_says_what_its_last_step_lacks(
-    tmp_path, synthetic_dataset, capsys
+    tmp_path, synthetic_dataset, capsys, monkeypatch
 ):
     """A plan shortened to end at the checkpoint's step, which its plan trained as an ordinary step:
     the resume trains nothing and said "nothing to do" alone, though the step never got what a plan's
-    last step gets (review R21c 2). Refusing it was wrong too (R21d: a run.max_steps stop is validated
-    there already; a rewind's discarded attempt checks the plan against a later step): a note."""
+    last step gets (review R21c 2). Refusing it was wrong (R21d), and so was a note listing everything
+    (R21f 1): stopped by SIGTERM at step 4 (val_every 6), it lacks its validation, and says so; stopped by
+    run.max_steps, step 4 was validated there, and nothing is said."""
+    from training.run.faults import SIGTERM
+
     sources = {"web": synthetic_dataset(n_docs=240, seed=1), "code": synthetic_dataset(n_docs=160, seed=2)}
-    run = tmp_path / "run"
-    sets = ["checkpoint.interval=4", "metrics.plot=false"]
-    assert gristmill(["train", "--config", str(write_recipe(tmp_path / "r.toml", sources, run)), "--set",
-                      "run.max_steps=4", *sets]) == 0  # fmt: skip
     main4 = (
         '[[phase]]\nname = "main"\nsteps = 4\nseq_len = 32\nmix = { web = 0.6, code = 0.3 }\n'
         'lr = { warmup_steps = 2, shape = "constant" }\n\n'
     )
-    short = write_recipe(tmp_path / "short.toml", sources, run, phases=main4)
-    capsys.readouterr()
-    assert gristmill(["train", "--config", str(short), "--set", "checkpoint.resume='auto'", *sets]) == 0
-    out = capsys.readouterr().out
-    assert "nothing to do: the checkpoint is at step 4 ≥ the last step 4" in out, out
-    assert (
-        "note: step 4 was not the last step of the checkpoint's plan (11 steps): what a plan's last step "
-        "gets that it lacks (merged weights; validation and eval, where a stop cut them off) is not made by "
-        f"a resume that trains no step; `gristmill eval {run} --step 4` scores it"
-    ) in out, out
-    capsys.readouterr()  # the plan as it was: nothing to say
-    assert gristmill(["train", "--config", str(tmp_path / "r.toml"), "--set", "checkpoint.resume='auto'",
-                      "run.max_steps=4", *sets]) == 0  # fmt: skip
-    assert "was not the last step" not in capsys.readouterr().out
+    sets = ["checkpoint.interval=4", "metrics.plot=false"]
+    for stop, said in (("sigterm", True), ("max_steps", False)):
+        run = tmp_path / stop
+        long = write_recipe(tmp_path / f"{stop}.toml", sources, run)
+        if stop == "sigterm":
+            monkeypatch.setenv(SIGTERM, "4")  # step 4 trained, saved, not validated (val_every 6)
+            assert gristmill(["train", "--config", str(long), "--set", *sets]) == 0
+            monkeypatch.delenv(SIGTERM)
+        else:
+            assert gristmill(["train", "--config", str(long), "--set", "run.max_steps=4", *sets]) == 0
+        short = write_recipe(tmp_path / f"{stop}-short.toml", sources, run, phases=main4)
+        capsys.readouterr()
+        assert gristmill(["train", "--config", str(short), "--set", "checkpoint.resume='auto'", *sets]) == 0
+        out = capsys.readouterr().out
+        assert "nothing to do: the checkpoint is at step 4 ≥ the last step 4" in out, out
+        note = (
+            "note: step 4 was not the last step of the checkpoint's plan (11 steps), and it lacks what "
+            "this plan's last step gets: its validation (val_loss); a resume that trains no step does not "
+            "make them"
+        )
+        assert (note in out) == said and ("was not the last step" in out) == said, out
 
 
 def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
