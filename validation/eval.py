@@ -426,7 +426,10 @@ def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:
     while (inner := error.__cause__ or error.__context__) is not None:
         error = inner
     first = (str(error).splitlines() or [""])[0]
-    where = f"{plan.data_dir / task_file(name)}: " if name in plan.local else ""
+    where = ""
+    if name in plan.local:  # a parse error may be of datasets' cached copy, not the file (review R21g 3)
+        data = plan.data_dir / task_file(name)
+        where = f"{data}: " if isinstance(error, OSError) else f"{data} (or datasets' cache of it): "
     return f"{where}{type(error).__name__}: {first}" if first else f"{where}{type(error).__name__}"
 
 

@@ -69,7 +69,6 @@ from training.contract.dataset_format import (
     LOGS_DIR,
     MANIFEST_DIR,
     META_EXT,
-    REWRITE_DATASET_JSON,
     SHARDS_DIR,
     STRAY,
     TAR_BLOCK,
@@ -1168,7 +1167,9 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
                     Problem(
                         f"dataset.json records {key} {said!r} for it, the index the manifest implies has "
                         f"{implied!r}: {DATASET_JSON} was edited after the build; "
-                        + (REWRITE_DATASET_JSON if url is None else rewrite_bucket_dataset_json(url)),
+                        + (
+                            f"set it back to {implied!r}" if url is None else rewrite_bucket_dataset_json(url)
+                        ),
                         f"{INDEX_DIR}/{name}",
                     )
                 )

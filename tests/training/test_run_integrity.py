@@ -385,6 +385,7 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, cap
         ),
         (["train", "--config", str(tmp_path)], f"config file {tmp_path} is a directory; pass a TOML file"),
         (["data", "inspect", str(recipe)], f"{recipe} is a file: pass a training run directory"),
+        (["verify", str(recipe)], f"{recipe} is a file, not a training run"),
     ]:
         capsys.readouterr()
         assert gristmill(argv) == 2, argv

@@ -604,17 +604,23 @@ def test_an_index_file_recorded_with_another_dtype_is_refused_by_readers_and_val
     info["index"]["files"]["sample_digest.bin"]["dtype"] = dtype
     (ds / "dataset.json").write_text(json.dumps(info))
     found = problems(ds)
-    edited = "dataset.json was edited after the build; delete it and rerun the build's command"
+    edited = "dataset.json was edited after the build; set "
     assert any(
         p.startswith("index/sample_digest.bin: dataset.json records dtype ")
-        and f"the index the manifest implies has 'uint64': {edited}" in p
+        and p.endswith(f"the index the manifest implies has 'uint64': {edited}it back to 'uint64'")
         for p in found
     ), found
     (ds / VALIDATION_JSON).unlink()  # the loader's own check, not the record's refusal
+    fix = re.escape(f"{edited}index.files['sample_digest.bin'].dtype back to 'uint64' there")
     with pytest.raises(
-        DatasetError, match=rf"index file sample_digest\.bin has dtype .*, not 'uint64': {edited}"
+        DatasetError, match=rf"index file sample_digest\.bin has dtype .*, not 'uint64': {fix}$"
     ):
         dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+    info["index"]["files"]["sample_digest.bin"]["dtype"] = "uint64"  # the advice, followed: it loads again
+    (ds / "dataset.json").write_text(json.dumps(info))
+    dataset_loader(ds, seq_len=16, global_batch=2, micro_batch=2, seed=0)
+    info["index"]["files"]["sample_digest.bin"]["dtype"] = dtype
+    (ds / "dataset.json").write_text(json.dumps(info))
     # `data index` (what the advice said before) cannot repair it: it says why, not "215 ≠ 215" (R21e 3)
     capsys.readouterr()
     assert main(["data", "index", str(ds)]) == 2

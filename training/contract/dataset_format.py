@@ -600,7 +600,7 @@ def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
 # convert, writes it again from the shards.
 REWRITE_DATASET_JSON = (
     "delete it and rerun the build's command, which writes it again from the shards (a dataset `gristmill "
-    "data convert` made: convert its source again, into a new directory; one of an older layout indexed "
+    "data convert` made: convert its source again, into a new directory; one of layout /1 or /2 indexed "
     "by `gristmill data index`: convert it into a new directory, which reads its shards and manifest)"
 )
 

@@ -54,7 +54,6 @@ from training.contract.dataset_format import (
     DOC_SHA256,
     INDEX_DIR,
     LEGACY_FORMAT,
-    REWRITE_DATASET_JSON,
     SAMPLE_DOCS,
     DatasetError,
     file_sha256,
@@ -484,7 +483,13 @@ class DocIndex:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
         offsets = _dtype_name(offsets_dtype(info)) if info is not None else ""
         if spec.get("dtype") != (want := file_dtype(name, offsets)):  # the build writes the right one
-            edit = REWRITE_DATASET_JSON if self.url is None else rewrite_bucket_dataset_json(self.url)
+            # the build wrote `want`: setting it back repairs any dataset (rewriting dataset.json lost a
+            # `data index`'s fingerprint_before_index, and convert refuses a /3 one: review R21g 4)
+            edit = (
+                f"set index.files['{name}'].dtype back to {want!r} there"
+                if self.url is None
+                else rewrite_bucket_dataset_json(self.url)
+            )
             raise IndexRecordEdited(
                 f"{self.where}: index file {name} has dtype {spec.get('dtype')!r}, not {want!r}: "
                 f"{DATASET_JSON} was edited after the build; {edit}"

@@ -62,6 +62,8 @@ def unlike_a_run(path: str | Path) -> str:
     path = Path(path)
     if not path.exists():
         return f"{path} does not exist"
+    if not path.is_dir():
+        return f"{path} is a file"
     if (path / DATASET_JSON).is_file():
         return f"{path} holds {DATASET_JSON}: a dataset"
     if (path / BUILD_JSON).is_file():

@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
             return _run_mode(args)
         if not (root / DATASET_JSON).is_file():
             raise LoaderConfigError(
-                f"{unlike_a_run(root)}, and no {DATASET_JSON}: pass a training run directory or a dataset "
-                "directory"
+                f"{unlike_a_run(root)}, not a training run or a dataset: pass a training run directory or a "
+                "dataset directory"
             )
     missing = [f for f in ("seq_len", "global_batch", "seed") if getattr(args, f) is None]
     if missing:

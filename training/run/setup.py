@@ -215,8 +215,12 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         # needs RUN/config.toml (the tasks' held-out documents)
         evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
-        lacks = _last_step_lacks(
-            record, state, resumed, validation is not None, evaluator is not None, merge is not None
+        # this directory's record says what the step has; another directory's checkpoint: its run's
+        # record does, which this run's rows are not (every claim was false: R21g 2)
+        lacks = (
+            _last_step_lacks(record, state, resumed, validation is not None, evaluator is not None, merge)
+            if checkpointer.resumed_here
+            else []
         )
         _say_resumed(loader, state, resumed, last_step, spec.last_step, lacks)
     rewinder = Rewinder(
@@ -438,7 +442,12 @@ def _say_resumed(
 
 
 def _last_step_lacks(
-    record: RunRecord, state: TrainState, step: int, validates: bool, evaluates: bool, merges: bool
+    record: RunRecord,
+    state: TrainState,
+    step: int,
+    validates: bool,
+    evaluates: bool,
+    merge: MergedWeights | None,
 ) -> list[str]:
     """What step `step`'s row (rank 0's record) lacks of what a plan's last step gets: validation and
     eval where the run has them (unless its pending row, written next, has them due), merged weights
@@ -450,7 +459,8 @@ def _last_step_lacks(
         lacks.append("its validation (val_loss)")
     if evaluates and not any(k.startswith("eval/") for k in row) and not (pending and pending.evaluate):
         lacks.append("its eval (`gristmill eval RUN --step N` scores it)")
-    if merges and "merged/steps" not in row:
+    # the pending row is logged with the merged weights' entries where this plan reads them (R21g 1)
+    if merge is not None and "merged/steps" not in row and not (pending and merge.merged_at(step)):
         lacks.append("merged weights")
     return [lack.replace("RUN --step N", f"{record.run_dir} --step {step}") for lack in lacks]
 

@@ -173,6 +173,15 @@ def test_a_resume_whose_plan_now_ends_at_the_checkpoint_says_what_its_last_step_
             "make them"
         )
         assert (note in out) == said and ("was not the last step" in out) == said, out
+    # into another directory from the sigterm run's checkpoint: its rows are that run's, not this one's,
+    # which has none; nothing is claimed of them (every claim was false: review R21g 2)
+    checkpoint = tmp_path / "sigterm" / "checkpoints" / "step-000004"
+    foreign = ["--set", f"run.output_dir='{tmp_path / 'other'}'", f"checkpoint.resume='{checkpoint}'"]
+    short = write_recipe(tmp_path / "other-short.toml", sources, tmp_path / "other", phases=main4)
+    capsys.readouterr()
+    assert gristmill(["train", "--config", str(short), *foreign, *sets]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "was not the last step" not in out, out
 
 
 def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
