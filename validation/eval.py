@@ -421,15 +421,19 @@ def _reading_failed(error: BaseException) -> bool:
 
 
 def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:
-    """One line on why task `name` could not be scored: its data file when it is a local task, and
-    the innermost error's first line (lm-eval and datasets wrap the one that says what happened)."""
+    """One line on why task `name` could not be scored: the innermost error's first line (lm-eval and
+    datasets wrap the one that says what happened), after the local task's data file where reading its
+    data failed (_reading_failed): the file alone where the error names it, else the file or datasets'
+    cache of it. Any other error (the device's, the model's) blames no file (review R21h 2, 3)."""
+    reading = _reading_failed(error)
     while (inner := error.__cause__ or error.__context__) is not None:
         error = inner
     first = (str(error).splitlines() or [""])[0]
     where = ""
-    if name in plan.local:  # a parse error may be of datasets' cached copy, not the file (review R21g 3)
+    if name in plan.local and reading:
         data = plan.data_dir / task_file(name)
-        where = f"{data}: " if isinstance(error, OSError) else f"{data} (or datasets' cache of it): "
+        own = isinstance(error, OSError) and str(getattr(error, "filename", "")) == str(data)
+        where = f"{data}: " if own else f"{data} (or datasets' cache of it): "
     return f"{where}{type(error).__name__}: {first}" if first else f"{where}{type(error).__name__}"
 
 

@@ -222,7 +222,10 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
             if checkpointer.resumed_here
             else []
         )
-        _say_resumed(loader, state, resumed, last_step, spec.last_step, lacks)
+        foreign = None
+        if not checkpointer.resumed_here and checkpointer.resumed_from is not None:  # rank 0's
+            foreign = run_of_checkpoint(checkpointer.resumed_from[0])
+        _say_resumed(loader, state, resumed, last_step, spec.last_step, lacks, foreign)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
         state=state, record=record, merge=merge, validates=validation is not None,
@@ -424,13 +427,20 @@ def _say_resumed(
     last_step: int,
     plan_steps: int | None,
     lacks: list[str],
+    foreign: Path | None,
 ) -> None:
-    """`lacks`: what the checkpoint's step lacks that a plan's last step gets (_last_step_lacks)."""
+    """`lacks`: what the checkpoint's step lacks that a plan's last step gets (_last_step_lacks);
+    `foreign`: the run directory of the checkpoint when it is not this one's."""
     for note in loader.resume_notes:
         say(f"note: {note}")
     say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
     if resumed >= last_step:
         say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
+        if foreign is not None:  # this directory gets no checkpoint, row or export of it (review R21h 1)
+            say(
+                f"note: step {resumed}'s weights and record are {foreign}'s, and this directory holds none "
+                f"of them: export or evaluate that run (`gristmill export {foreign} --step {resumed}`)"
+            )
         if resumed == plan_steps != loader.saved_total_steps and lacks:
             # A plan shortened to end here: a resume that trains no step makes none of what the plan's
             # last step gets ("nothing to do" alone: review R21c 2; what it lacks, not a list: R21f 1)

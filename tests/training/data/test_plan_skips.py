@@ -182,6 +182,12 @@ def test_a_resume_whose_plan_now_ends_at_the_checkpoint_says_what_its_last_step_
     assert gristmill(["train", "--config", str(short), *foreign, *sets]) == 0
     out = capsys.readouterr().out
     assert "nothing to do" in out and "was not the last step" not in out, out
+    # … but that this directory holds none of it, and where it is (review R21h 1)
+    run = tmp_path / "sigterm"
+    assert (
+        f"note: step 4's weights and record are {run}'s, and this directory holds none of them: export or "
+        f"evaluate that run (`gristmill export {run} --step 4`)"
+    ) in out, out
 
 
 def test_the_timeline_is_checkpointed_and_an_older_checkpoints_skips_are_adopted(tmp_path):
