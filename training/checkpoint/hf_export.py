@@ -486,10 +486,15 @@ def newest_complete_step(run_dir: str | Path) -> int | None:
 
 def run_config(run_dir: str | Path):
     """The resolved TrainConfig a run saved in RUN/config.toml (an error naming it if missing)."""
-    path = Path(run_dir) / CONFIG_TOML
-    if not is_training_run(run_dir):  # a dataset's config.toml is its build recipe (R21b F8)
+    require_run(run_dir)
+    return load_config(TrainConfig, Path(run_dir) / CONFIG_TOML)
+
+
+def require_run(run_dir: str | Path) -> None:
+    """ExportError unless `run_dir` is a training run (a dataset's config.toml is its build recipe:
+    R21b F8), naming what it is."""
+    if not is_training_run(run_dir):
         raise ExportError(f"{unlike_a_run(run_dir)}: {run_dir} is not a gristmill training run directory")
-    return load_config(TrainConfig, path)
 
 
 def export_of_run(
@@ -989,7 +994,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    run_config(args.run)  # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
+    require_run(
+        args.run
+    )  # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
     out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype, merged=args.merged)
     print(f"export: {out}")
     return 0

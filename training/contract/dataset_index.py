@@ -438,8 +438,12 @@ class DocIndex:
         self._files: dict[str, tuple[Path, np.dtype]] = {}
         names = (DOC_TOKENS, DOC_OFFSETS) if per_document else ()
         hashed = (SAMPLE_DIGEST,) if index_format(info) == INDEX_FORMAT else ()
+        offsets = _dtype_name(offsets_dtype(info))
         for name in (*names, SHARD_ROWS, SAMPLE_TOKENS, HELDOUT_SHA, *hashed):
-            self._files[name] = (root / INDEX_DIR / name, self._check_file(name, present=True, info=info))
+            self._files[name] = (
+                root / INDEX_DIR / name,
+                self._check_file(name, present=True, offsets=offsets),
+            )
         self._map()
         self.shard_rows = np.array(_mapped(*self._files[SHARD_ROWS]), np.int64)  # small: one per shard
         n = int(info["documents"])
@@ -473,15 +477,14 @@ class DocIndex:
             f"{self.url}`"
         )
 
-    def _check_file(self, name: str, present: bool, info: dict[str, Any] | None = None) -> np.dtype:
+    def _check_file(self, name: str, present: bool, offsets: str = "") -> np.dtype:
         """The dtype of index file `name` as dataset.json records it, which must be the one it has
-        (file_dtype; `info`: dataset.json, for doc_offsets.bin's); with `present`, the file must be on
-        disk with the recorded size. (Nothing of `info` is kept: the index pickles to workers.)"""
+        (file_dtype; `offsets`: doc_offsets.bin's, offsets_dtype's name: dataset.json is not kept, the
+        index pickles to workers); with `present`, the file must be on disk with the recorded size."""
         spec = self.entry["files"].get(name)
         path, fix = self.root / INDEX_DIR / name, self.fix
         if spec is None:
             raise DatasetError(f"{self.where}: the index entry lacks {name}; {fix}")
-        offsets = _dtype_name(offsets_dtype(info)) if info is not None else ""
         if spec.get("dtype") != (want := file_dtype(name, offsets)):  # the build writes the right one
             # the build wrote `want`: setting it back repairs any dataset (rewriting dataset.json lost a
             # `data index`'s fingerprint_before_index, and convert refuses a /3 one: review R21g 4)

@@ -228,10 +228,9 @@ def read_metrics(path: Path) -> tuple[list[dict[str, Any]], str | None]:
             row = json.loads(line)
             if not isinstance(row, dict) or not isinstance(row.get("step"), int):
                 raise ValueError("not a metrics row")
+            # a loss that is no number: the summary's format failed on it (R21b F10)
             if "loss" in row and (not isinstance(row["loss"], (int, float)) or isinstance(row["loss"], bool)):
-                raise ValueError(
-                    "a loss that is not a number"
-                )  # the summary's format failed on it (R21b F10)
+                raise ValueError("a loss that is not a number")
             rows.append(row)
         except ValueError:
             bad.append(i)

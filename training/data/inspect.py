@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_url(args.dataset):  # a dataset in a bucket; a run directory is always local
         if not root.is_dir():
             raise LoaderConfigError(
-                f"{root} {'is a file' if root.exists() else 'does not exist'}: pass a training run directory "
-                f"(holds {CONFIG_TOML}) or a dataset directory (holds {DATASET_JSON})"
+                f"{unlike_a_run(root)}: pass a training run directory (holds {CONFIG_TOML}) or a dataset "
+                f"directory (holds {DATASET_JSON})"
             )
         if is_training_run(root):
             # a run's config.toml decides them: given here, they changed nothing (--split val showed

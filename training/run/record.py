@@ -40,7 +40,7 @@ from training.checkpoint.state import PendingRow, TrainState
 from training.config import MetricsSection
 from training.console import say
 from training.contract.atomic_write import write_atomic
-from training.contract.batch_record import BatchEntry, batch_file, encode, read_batches
+from training.contract.batch_record import HEADER, BatchEntry, batch_file, encode, read_batches
 from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
@@ -278,7 +278,7 @@ class RunRecord:
         path, apart = self.run_dir / BATCHES_BIN, self.run_dir / DISCARDED_BATCHES_BIN
         if resumed is None:
             for earlier in (path, apart):
-                if earlier.exists() and earlier.stat().st_size > len(batch_file([])):  # records, not a header
+                if earlier.exists() and earlier.stat().st_size > len(HEADER):  # records, not a header
                     _keep_earlier(earlier)
             apart.unlink(missing_ok=True)
             write_atomic(path, batch_file([]))

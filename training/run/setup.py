@@ -215,17 +215,30 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         # needs RUN/config.toml (the tasks' held-out documents)
         evaluator.prepare(run_dir, last_step, env.rank, env.world_size)
     if resumed is not None:
-        # this directory's record says what the step has; another directory's checkpoint: its run's
-        # record does, which this run's rows are not (every claim was false: R21g 2)
-        lacks = (
-            _last_step_lacks(record, state, resumed, validation is not None, evaluator is not None, merge)
-            if checkpointer.resumed_here
-            else []
-        )
-        foreign = None
-        if not checkpointer.resumed_here and checkpointer.resumed_from is not None:  # rank 0's
-            foreign = run_of_checkpoint(checkpointer.resumed_from[0])
-        _say_resumed(loader, state, resumed, last_step, spec.last_step, lacks, foreign)
+        after: list[str] = []  # said after "nothing to do"
+        if resumed >= last_step and not checkpointer.resumed_here:
+            # this directory gets no checkpoint, row or export of it (review R21h 1); rank 0 says it
+            if checkpointer.resumed_from is not None:  # rank 0's
+                foreign = run_of_checkpoint(checkpointer.resumed_from[0])
+                after.append(
+                    f"note: step {resumed}'s weights and record are {foreign}'s, and this directory holds "
+                    f"none of them: export or evaluate that run (`gristmill export {foreign} --step "
+                    f"{resumed}`)"
+                )
+        elif resumed >= last_step and resumed == spec.last_step != (saved := loader.saved_total_steps):
+            # A plan shortened to end here: a resume that trains no step makes none of what the plan's
+            # last step gets ("nothing to do" alone: review R21c 2; what it lacks, not a list: R21f 1).
+            # This directory's record says what the step has (another's checkpoint: that run's, R21g 2).
+            lacks = _last_step_lacks(
+                record, state, resumed, validation is not None, evaluator is not None, merge
+            )
+            if lacks:
+                after.append(
+                    f"note: step {resumed} was not the last step of the checkpoint's plan ({saved} steps), "
+                    f"and it lacks what this plan's last step gets: {' and '.join(lacks)}; a resume that "
+                    "trains no step does not make them"
+                )
+        _say_resumed(loader, state, resumed, last_step, after)
     rewinder = Rewinder(
         cfg.run.rewind, timeline=timeline, checkpointer=checkpointer, loader=loader, scheduler=scheduler,
         state=state, record=record, merge=merge, validates=validation is not None,
@@ -421,34 +434,16 @@ def _count(n: int, one: str, many: str = "") -> str:
 
 
 def _say_resumed(
-    loader: TokenLoader,
-    state: TrainState,
-    resumed: int,
-    last_step: int,
-    plan_steps: int | None,
-    lacks: list[str],
-    foreign: Path | None,
+    loader: TokenLoader, state: TrainState, resumed: int, last_step: int, after: list[str]
 ) -> None:
-    """`lacks`: what the checkpoint's step lacks that a plan's last step gets (_last_step_lacks);
-    `foreign`: the run directory of the checkpoint when it is not this one's."""
+    """`after`: notes said after "nothing to do" (setup)."""
     for note in loader.resume_notes:
         say(f"note: {note}")
     say(f"resumed at step {resumed} ({state.tokens_seen:,} tokens seen); training to step {last_step}")
     if resumed >= last_step:
         say(f"nothing to do: the checkpoint is at step {resumed} ≥ the last step {last_step}")
-        if foreign is not None:  # this directory gets no checkpoint, row or export of it (review R21h 1)
-            say(
-                f"note: step {resumed}'s weights and record are {foreign}'s, and this directory holds none "
-                f"of them: export or evaluate that run (`gristmill export {foreign} --step {resumed}`)"
-            )
-        if resumed == plan_steps != loader.saved_total_steps and lacks:
-            # A plan shortened to end here: a resume that trains no step makes none of what the plan's
-            # last step gets ("nothing to do" alone: review R21c 2; what it lacks, not a list: R21f 1)
-            say(
-                f"note: step {resumed} was not the last step of the checkpoint's plan "
-                f"({loader.saved_total_steps} steps), and it lacks what this plan's last step gets: "
-                f"{' and '.join(lacks)}; a resume that trains no step does not make them"
-            )
+        for line in after:
+            say(line)
 
 
 def _last_step_lacks(
@@ -459,20 +454,20 @@ def _last_step_lacks(
     evaluates: bool,
     merge: MergedWeights | None,
 ) -> list[str]:
-    """What step `step`'s row (rank 0's record) lacks of what a plan's last step gets: validation and
-    eval where the run has them (unless its pending row, written next, has them due), merged weights
-    where it merges; how to have the eval."""
+    """What step `step`'s row (rank 0's record of this directory) lacks of what a plan's last step gets:
+    validation and eval where the run has them (unless its pending row, written next, has them due),
+    merged weights where it merges; how to have the eval."""
     row = next((r for r in reversed(kept_rows(record.rows)) if r["step"] == step), {})
     pending = state.pending
     lacks = []
     if validates and "val_loss" not in row and not (pending and pending.validate):
         lacks.append("its validation (val_loss)")
     if evaluates and not any(k.startswith("eval/") for k in row) and not (pending and pending.evaluate):
-        lacks.append("its eval (`gristmill eval RUN --step N` scores it)")
+        lacks.append(f"its eval (`gristmill eval {record.run_dir} --step {step}` scores it)")
     # the pending row is logged with the merged weights' entries where this plan reads them (R21g 1)
     if merge is not None and "merged/steps" not in row and not (pending and merge.merged_at(step)):
         lacks.append("merged weights")
-    return [lack.replace("RUN --step N", f"{record.run_dir} --step {step}") for lack in lacks]
+    return lacks
 
 
 def run_identity(applied: dict[str, Any]) -> str:
