@@ -84,6 +84,7 @@ from validation.eval_data import (
     RENAMED,
     EvalError,
     build_task_data,
+    check_include_path,
     checked_task_manager,
     local_task_config,
     local_task_names,
@@ -933,7 +934,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_eval_config(path: str | None, overrides: list[str], tasks: str | None = None) -> EvalConfig:
-    if tasks:
+    if tasks is not None:  # --tasks '' names no task (it was ignored: the recipe's tasks ran)
         overrides = [*overrides, f"tasks={[t for t in tasks.split(',') if t]!r}".replace("'", '"')]
     cfg = load_config(EvalConfig, path, overrides)
     check_eval_config(cfg)
@@ -954,6 +955,7 @@ def check_eval_config(cfg: EvalConfig) -> None:
     for key, low in at_least.items():
         if getattr(cfg, key) < low:
             raise EvalError(f"{key} = {getattr(cfg, key)} must be ≥ {low}")
+    check_include_path(cfg.include_path)
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", cfg.device):
         raise EvalError(f'device = "{cfg.device}" is not a device: "auto", "cpu", "cuda" or "cuda:N"')
     if cfg.device.startswith("cuda"):

@@ -241,13 +241,19 @@ def build_task_data(
 # hub tasks
 
 
+def check_include_path(include_path: Sequence[str]) -> None:
+    """Every entry of `include_path` is a directory (one that is not was looked at only when a task
+    outside the project's own was asked for: eval took a misspelt one without a word)."""
+    for p in include_path:
+        if not Path(p).is_dir():
+            raise EvalError(f"include_path {p} is not a directory (of lm-eval task YAML files)")
+
+
 def local_yaml_tasks(include_path: Sequence[str]) -> set[str]:
     """Task, group and tag names defined by the lm-eval YAML files under `include_path`."""
     from lm_eval.tasks import TaskManager
 
-    for p in include_path:
-        if not Path(p).is_dir():
-            raise EvalError(f"include_path {p} is not a directory (of lm-eval task YAML files)")
+    check_include_path(include_path)
     return set(TaskManager(include_defaults=False, include_path=list(map(str, include_path))).task_index)
 
 

@@ -1244,6 +1244,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.dir)
+    if args.workers is not None and args.workers < 1:  # was taken as 1 without a word (review R21b)
+        raise DatasetError(f"--workers {args.workers}: give the processes that check shards, ≥ 1")
     if not is_url(args.dir) and not root.is_dir():
         raise DatasetError(
             f"{root} is not a directory; pass a dataset directory built by `gristmill data build`, or an "

@@ -1105,6 +1105,9 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
         (["docs=0"], "docs = 0 must be ≥ 1"),
         (['dtype="fp8"'], "dtype = 'fp8' is not allowed"),  # "delete the export and re-export it"
         (['device="gpu"'], 'device = "gpu" is not a device'),
+        # looked at only for a task outside the project's own: accepted without a word (review R21b)
+        (['include_path=["nowhere"]'], "include_path nowhere is not a directory (of lm-eval task YAML"),
+        (["--tasks", ""], "no tasks given; e.g. --tasks heldout_ppl,heldout_cloze"),  # the recipe's ran
     ],
 )
 def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_path, capsys, sets, says):
@@ -1112,7 +1115,8 @@ def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_p
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     capsys.readouterr()
-    assert main(["eval", str(run), "--step", "5", "--set", *sets]) == 2
+    options = sets if sets[0].startswith("--") else ["--set", *sets]
+    assert main(["eval", str(run), "--step", "5", *options]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and err.startswith("error: ") and "\n" not in err, err
 

@@ -478,6 +478,10 @@ def test_missing_dataset_json_and_cli_exit_codes(ds, capsys):
     assert "dataset.json:" in out and "not found" in out and "FAILED" in out
     assert main(["data", "validate", str(ds / "nope")]) == 2  # not a directory: one error line
     assert "is not a directory" in capsys.readouterr().err
+    for workers in ("0", "-2"):  # taken as one process without a word (review R21b)
+        assert main(["data", "validate", str(ds), "--no-write", "--workers", workers]) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: --workers {workers}: give the processes that check shards, ≥ 1\n", err
 
 
 def test_parallel_workers_agree(ds):

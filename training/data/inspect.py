@@ -57,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     world = args.world_size
     if world < 1:  # a run directory's plan divided by it (ZeroDivisionError: review R21b F11)
         raise LoaderConfigError(f"--world-size must be at least 1, got {world}")
+    if args.max_rows < 0:  # was taken as 0, every row, without a word (review R21b)
+        raise LoaderConfigError(f"--max-rows {args.max_rows}: give the rows to print, ≥ 1 (0: all)")
     root = Path(args.dataset)
     if not is_url(args.dataset):  # a dataset in a bucket; a run directory is always local
         if not root.is_dir():
@@ -212,7 +214,7 @@ def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro
         rows = np.unique(docs[src == i]).astype(np.int64)  # docs are manifest rows
         keys[i] = _manifest_keys(tables[i].root, rows)
     piece_at = np.cumsum(counts) - counts  # each piece's first token within `tokens`
-    show = nrows if args.max_rows <= 0 else min(args.max_rows, nrows)
+    show = nrows if args.max_rows == 0 else min(args.max_rows, nrows)
     many = len(plan.sources) > 1
     for r in range(show):
         lo, hi = r * window, (r + 1) * window
