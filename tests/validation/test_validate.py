@@ -302,6 +302,23 @@ def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds)
     (ds / "shards" / f"{row['shard']}.tmp").write_text("x")  # the shard writer's own (R14g F3)
     assert "stray temporary file" in problems(ds)[0]
     DocumentTable(ds)
+    # its verdict edited into one that is neither: "yes" read as a pass whatever the problems said, and
+    # a missing one too (review R21b)
+    shard.write_bytes(bytes(data))
+    assert not validate_dataset(ds, progress=False).ok
+    failed = json.loads((ds / VALIDATION_JSON).read_text())
+    for verdict in ({"ok": "yes"}, {"ok": None}, {}):
+        report = {k: v for k, v in failed.items() if k != "ok"} | verdict
+        (ds / VALIDATION_JSON).write_text(json.dumps(report))
+        with pytest.raises(DatasetError) as refused:
+            DocumentTable(ds)
+        said = json.dumps(verdict.get("ok"))
+        assert str(refused.value) == (
+            f'{ds / VALIDATION_JSON}: its "ok" is {said}, neither true nor false: the report was edited '
+            f"or damaged; validate the dataset again (`gristmill data validate {ds}`, which rewrites it)"
+        )
+    (ds / VALIDATION_JSON).write_text(json.dumps({**failed, "fingerprint": "another dataset's"}))
+    DocumentTable(ds)  # another dataset's report says nothing of this one
 
 
 def test_corrupt_tar_header_legacy(legacy_ds):

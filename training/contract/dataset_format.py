@@ -483,10 +483,16 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
         last = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to decode
         return
-    if not isinstance(last, dict) or last.get("ok") is not False:
+    if not isinstance(last, dict) or last.get("fingerprint") != info.get("fingerprint"):
         return
-    if last.get("fingerprint") != info.get("fingerprint"):
+    if last.get("ok") is True:
         return
+    if last.get("ok") is not False:  # "yes" was taken for a pass, whatever its problems said (review R21b)
+        raise DatasetError(
+            f'{root / VALIDATION_JSON}: its "ok" is {json.dumps(last.get("ok"))}, neither true nor false: '
+            "the report was edited or damaged; validate the dataset again (`gristmill data validate "
+            f"{root}`, which rewrites it)"
+        )
     found = last.get("problems") if isinstance(last.get("problems"), list) else []
     # Only problems in what the readers read: a stray file (STRAY: a .tmp a write left, in shards/ too; a
     # file no record lists), a foreign excluded file or damaged build logs stop no training (review
