@@ -226,9 +226,9 @@ class MergedWeights:
         if keys is not None and f"merge.{META}" not in keys and self.settings is not None:
             raise ConfigError(
                 f"merge.kind = '{self.kind}': [merge] was added on resume, and the checkpoint holds no "
-                "merged weights (the run trained without [merge], so its windows and EMA would miss the "
-                "steps before it); remove [merge] from the recipe to resume this run, or start a new run "
-                "directory with it",
+                "merged weights (it was saved by a run without [merge], so its windows and EMA would miss "
+                "the steps before it); remove [merge] from the recipe to resume this run, or start a new "
+                "run directory with it",
                 "merge.kind",
             )
 

@@ -353,7 +353,9 @@ def test_adding_or_changing_merge_on_resume_is_one_line(runs, dataset, tmp_path,
         (
             plain,
             WINDOW,
-            "merge.kind = 'window': [merge] was added on resume, and the checkpoint holds no merged",
+            # "the run trained without [merge]": untrue of one that dropped it on a resume (review R21c 4b)
+            "merge.kind = 'window': [merge] was added on resume, and the checkpoint holds no merged weights "
+            "(it was saved by a run without [merge], so",
         ),
         (window, (*WINDOW, "merge.window=2"), "merge.window = 2 differs from the 3 the run merged with"),
         (window, EMA, 'merge.kind = "ema" differs from the "window" the run merged with'),

@@ -34,10 +34,12 @@ from tests.helpers.train_runs import (
     metrics,
     one_error_line,
     overrides,
+    recorded_batches,
     torchrun_cmd,
 )
 from training.checkpoint.checkpointer import write_complete_record
 from training.checkpoint.hf_export import load_checkpoint_model
+from training.contract.batch_record import HEADER, RECORD
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     COMPLETE_FILE,
@@ -222,6 +224,11 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     # step 8, the newest that verifies, and continues exactly as the uninterrupted run
     with open(run / "metrics.jsonl", "a") as f:
         f.write('{"step": 13, "loss": 4.')
+    # step 3's record with a damaged step field: dropped with the steps the resume redoes, without a
+    # word (review R21b F4); now said, and the file as it was kept
+    batches = run / "batches.bin"
+    damage(batches, len(HEADER) + 2 * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
+    before = batches.read_bytes()
     resume = overrides(
         dataset, run, "schedule.steps=16", "checkpoint.keep_last=2", 'checkpoint.resume="auto"'
     )
@@ -229,6 +236,13 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     out = capsys.readouterr().out
     assert "resuming from" in out and "step-000008, the newest complete checkpoint that verifies" in out
     assert "skipped step-000012: step-000012 is damaged" in out and "cut off the torn last line" in out
+    assert (
+        f"note: {batches} has a record of step 4294967300 among those of steps up to 8, the checkpoint's (1 "
+        "such): damaged, dropped (`gristmill verify` names the steps left unrecorded); the file as it was: "
+        "batches.bin.damaged"
+    ) in out
+    assert (run / "batches.bin.damaged").read_bytes() == before
+    assert [s for s, _, _ in recorded_batches(run)] == [1, 2, *range(4, 17)]
     assert losses(run) == losses(reference)
     assert (run / "checkpoints" / "abandoned-step-000012").is_dir()  # set aside, never deleted
     assert sorted(p.name for p in (run / "checkpoints").iterdir())[-2:] == ["step-000012", "step-000016"]
@@ -486,6 +500,19 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     capsys.readouterr()  # no data-parallel ranks: one line (ZeroDivisionError in the run's plan: R21b F11)
     assert gristmill(["data", "inspect", str(run), "--world-size", "0"]) == 2
     assert one_error_line(capsys.readouterr().err) == "error: --world-size must be at least 1, got 0"
+    assert gristmill(["data", "inspect", str(run), "--max-rows", "-1"]) == 2  # every row (review R21b)
+    said = one_error_line(capsys.readouterr().err)
+    assert said == "error: --max-rows -1: give the rows to print, ≥ 1 (0: all)"
+    # deleted: the note said "the run started before it was recorded" and nothing of the fix (R21b F8)
+    plan.unlink()
+    assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
+    assert capsys.readouterr().err == (
+        f"note: {plan} not found (deleted, or the run started before it was recorded): the datasets are "
+        f"unchecked; the trainer writes it again from the run's newest checkpoint: {fix} (a finished run "
+        "trains nothing)\n"
+    )
+    assert gristmill(fix.split()[1:]) == 0
+    assert json.loads(plan.read_text()) == good
     # its seed edited (valid JSON): it read as an edited config, and setting the config "back" to it
     # had inspect print other batches than the run's, exit 0 (review R14c F7)
     sources = [{**good["sources"][0], "val_fraction": 0.25}, *good["sources"][1:]]  # (R14f F3: the same)

@@ -298,7 +298,11 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
     path = run_dir / DATA_PLAN_JSON
     description = recorded_plan(run_dir)
     if description is None:
-        return f"{path} not found (the run started before it was recorded): the datasets are unchecked"
+        # deleted, or never written (a run older than data_plan.json): either way nothing to check against
+        return (
+            f"{path} not found (deleted, or the run started before it was recorded): the datasets are "
+            f"unchecked; {recorded_plan_fix(run_dir)}"
+        )
     damaged = _or_the_plan_changed(run_dir)
     for src, t in zip(plan.sources, tables):
         check_trained_on(

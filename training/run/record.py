@@ -283,7 +283,20 @@ class RunRecord:
             apart.unlink(missing_ok=True)
             write_atomic(path, batch_file([]))
         else:
-            kept = [e for e in self._read_batches(path) if e.step <= resumed]
+            entries = self._read_batches(path)
+            kept = [e for e in entries if e.step <= resumed]
+            # What a resume drops is the steps it redoes, after those it keeps (the records are in the
+            # order the steps trained); one of a later step among those is damaged (review R21b F4)
+            last = max((i for i, e in enumerate(entries) if e.step <= resumed), default=-1)
+            stray = [e for e in entries[:last] if e.step > resumed]
+            if stray:
+                aside = path.with_name(f"{path.name}.damaged")
+                write_atomic(aside, path.read_bytes())
+                say(
+                    f"note: {path} has a record of step {stray[0].step} among those of steps up to "
+                    f"{resumed}, the checkpoint's ({len(stray)} such): damaged, dropped (`gristmill verify` "
+                    f"names the steps left unrecorded); the file as it was: {aside.name}"
+                )
             write_atomic(path, batch_file(kept))
             if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
                 known = self.timeline.attempt
