@@ -89,7 +89,7 @@ from pipelines.task_upload import (
 from pipelines.tokenize_shard import FILTER_NAME as TOKENS_FILTER
 from pipelines.tokenize_shard import TokenizeShard, check_free_space
 from pipelines.tokenizer_train import reuse_line, train_tokenizer
-from pipelines.upload import upload_dataset
+from pipelines.upload import refuse_nested, upload_dataset
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import (
     TokenizerFile,
@@ -119,7 +119,7 @@ from training.contract.dataset_format import (
     task_of_file,
 )
 from training.contract.errors import GristmillError, unwritable
-from training.contract.object_store import ObjectMissing, ObjectStore, is_url
+from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
 from validation.validate import format_report, validate_dataset
 
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
@@ -218,6 +218,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         )
     if is_url(cfg.output):  # an unknown bucket, no credentials, no endpoint: one line, before any work
         ObjectStore(cfg.output).check_bucket()
+        refuse_nested(ObjectURL.parse(cfg.output))
     out = output_dir(cfg)
     ensure_demo_corpus(cfg.source)
     resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
@@ -239,6 +240,14 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
             ) from None
     if cfg.build.tasks < 0 or cfg.build.workers < 0:
         raise BuildError("build.tasks and build.workers must be ≥ 0 (0: automatic)")
+    # Values the stages took without a word and failed on late, after build.json: the corrected rerun
+    # was refused as another config (review R22b F6)
+    if cfg.source.limit == 0 or cfg.source.limit < -1:
+        raise BuildError(
+            f"source.limit = {cfg.source.limit}: documents read per task, at most; set it ≥ 1, or -1 for all"
+        )
+    if cfg.shards.seed < 0:
+        raise BuildError(f"shards.seed = {cfg.shards.seed}: the shuffle's seed; set it ≥ 0")
     check_dedup_config(cfg.dedup)
     if not 0 < cfg.build.progress_interval < math.inf:  # 0 or nan: a busy loop, a line per turn
         raise BuildError(

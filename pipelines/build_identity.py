@@ -27,10 +27,18 @@ from typing import Any
 
 from pipelines import progress
 from pipelines.config import DataConfig
+from pipelines.dataset_lock import LOCK
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import BUILD_JSON, DATASET_JSON, LOGS_DIR, MANIFEST_DIR, SHARDS_DIR
+from training.contract.dataset_format import (
+    BUILD_JSON,
+    CONFIG_TOML,
+    DATASET_JSON,
+    LOGS_DIR,
+    SHARDS_DIR,
+    TOKENIZER_JSON,
+)
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectURL, is_url, user_cache_dir
 
@@ -160,11 +168,15 @@ def check_output(
             f"{'; '.join(changes) or 'unknown'}). Build into a new `output` {kind}, or start over: {over}, "
             "then the same command."
         )
-    leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
+    # What a build writes before build.json (a kill in between); anything else is not its own: a training
+    # run's config.toml was replaced and its directory taken for a dataset, exit 0 (review R22b F3)
+    own = (TOKENIZER_JSON, CONFIG_TOML, LOCK)  # LOCK: taken before this check
+    leftovers = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
     if leftovers:
+        held = ", ".join(leftovers[:3]) + (f" (+{len(leftovers) - 3} more)" if len(leftovers) > 3 else "")
         raise BuildError(
-            f"{out} already holds {', '.join(leftovers)} but no {BUILD_JSON}: not a resumable gristmill "
-            "build; pick an empty `output` directory"
+            f"{out} already holds {held} but no {BUILD_JSON}: not a resumable gristmill build; pick an "
+            "empty `output` directory"
         )
     return None
 

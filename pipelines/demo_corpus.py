@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from pipelines.config import SourceConfig
 from pipelines.sources import FINEWEB_EDU_SCHEMA
+from training.contract.config_loader import ConfigError
 
 CORPUS_VERSION = 1
 N_FILES = 4
@@ -272,20 +273,14 @@ def _write_corpus(
     Deterministic for a given Python version; written to a temporary folder and renamed, so an
     interrupted write never leaves a half corpus behind.
     """
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).resolve()  # "." has no name to put the temporary folder beside
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
-    marker = out_dir / "corpus.json"
-    if marker.is_file():
-        try:
-            info = json.loads(marker.read_text())
-        except json.JSONDecodeError:
-            info = {}
-        info.setdefault("corpus", "prose")  # written before the code corpus existed
-        if {k: info.get(k) for k in stamp} == stamp:
-            return out_dir
+    info = _demo_stamp(out_dir, corpus)
+    if info is not None and {k: info.get(k) for k in stamp} == stamp:
+        return out_dir
     rows = rows_of(version)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    tmp = out_dir.with_name(f".{out_dir.name}.demo-corpus.tmp")  # ours alone: removed unasked
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     per_file = -(-len(rows) // n_files)
@@ -299,6 +294,43 @@ def _write_corpus(
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def _demo_stamp(out_dir: Path, corpus: str) -> dict[str, Any] | None:
+    """The corpus.json of the demo corpus `out_dir` holds (None: none, or the folder is missing or
+    empty). The folder is replaced when the corpus is rewritten, so one that holds anything else, or
+    the other demo corpus, is refused (ConfigError): a `source.path` pointed at the user's own data with
+    the demo kind left in the recipe deleted it (review R22b F1)."""
+    kind = {"prose": "demo", "code": "demo-code"}
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(
+            f'source.path {out_dir} is a file; source.kind = "{kind[corpus]}" writes its corpus into a '
+            "folder: point source.path at a new or empty one",
+            "source.path",
+        )
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return None
+    try:
+        info = json.loads((out_dir / "corpus.json").read_text())
+    except (OSError, ValueError, RecursionError):
+        info = None
+    if not isinstance(info, dict) or "corpus_version" not in info:
+        raise ConfigError(
+            f"source.path {out_dir} holds files that are not a demo corpus (no corpus.json of one), and "
+            f'source.kind = "{kind[corpus]}" replaces the folder with its corpus: to build your files, '
+            'set source.kind = "parquet" or "jsonl"; for the demo, point source.path at a new or empty '
+            "folder",
+            "source.path",
+        )
+    theirs = info.get("corpus", "prose")  # written before the code corpus existed: the prose one
+    if theirs != corpus:
+        raise ConfigError(
+            f'source.path {out_dir} holds the corpus of source.kind = "{kind.get(theirs, theirs)}", and '
+            f'source.kind = "{kind[corpus]}" would replace it with its own: point source.path at another '
+            "folder",
+            "source.path",
+        )
+    return info
 
 
 def write_demo_corpus(out_dir: str | Path) -> Path:
@@ -325,4 +357,11 @@ DEMO_WRITERS: dict[str, Callable[[str | Path], Path]] = {
 def ensure_demo_corpus(source: SourceConfig) -> None:
     """Write the demo corpus of a "demo" / "demo-code" source into source.path if not there yet."""
     if writer := DEMO_WRITERS.get(source.kind):
+        if "://" in source.path or source.path.startswith("hf:") or not source.path.strip():
+            # the field's default is the hub's dataset: it became a folder named "hf:" (review R22b F5)
+            raise ConfigError(
+                f'source.kind = "{source.kind}" writes its corpus into a local folder, but source.path is '
+                f'"{source.path}": set source.path to one, e.g. "runs/data/demo-corpus"',
+                "source.path",
+            )
         writer(source.path)

@@ -28,7 +28,7 @@ import datatrove.executor.slurm as dt_slurm
 from datatrove.executor import SlurmPipelineExecutor
 
 from pipelines.build_identity import BuildError
-from pipelines.config import DataConfig
+from pipelines.config import DataConfig, SlurmConfig
 from pipelines.dedup import Stage
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import CONFIG_TOML, LOGS_DIR
@@ -53,6 +53,17 @@ def _refuse_unquotable(cfg: DataConfig, out: Path) -> None:
             )
 
 
+def _refuse_unusable(sc: SlurmConfig) -> None:
+    """Values sbatch cannot use, refused before any script is written: they were rendered as they
+    were (`#SBATCH --cpus-per-task` with no value, `--mem-per-cpu=-2G`) and the scripts printed as
+    ready (review R22b F6)."""
+    for key, value in (("cpus_per_task", sc.cpus_per_task), ("mem_per_cpu_gb", sc.mem_per_cpu_gb)):
+        if value < 1:
+            raise BuildError(f"build.slurm.{key} = {value}: set it ≥ 1")
+    if not sc.time.strip():
+        raise BuildError('build.slurm.time = "": set the jobs\' time limit, e.g. "12:00:00"')
+
+
 def submit_slurm(
     cfg: DataConfig, out: Path, pipeline: list, log, stages: Sequence[Stage] = ()
 ) -> Literal["submitted", "written", "complete"]:
@@ -64,6 +75,7 @@ def submit_slurm(
     """
     sc = cfg.build.slurm
     _refuse_unquotable(cfg, out)
+    _refuse_unusable(sc)
     logs = out / LOGS_DIR
     env = [f"export RAYON_NUM_THREADS={sc.cpus_per_task}"]
     if sc.env_command:

@@ -550,6 +550,7 @@ class _Reader(BaseDiskReader):
         super().__init__(source.folder, limit=limit, text_key=text_key, id_key=id_key, add_file_path=False)
         self.files = list(source.files)
         self.sizes = dict(zip(source.files, source.sizes))
+        self.modified = dict(zip(source.files, source.modified))  # local files: as build.json records
         self.progress = progress
 
     def run(self, data=None, rank: int = 0, world_size: int = 1):
@@ -572,6 +573,23 @@ class _Reader(BaseDiskReader):
             self.stat_update("doc_len_tokens", value=count, unit="doc")
 
     def _done_file(self, filepath: str) -> None:
+        """A file read to its end, checked against what build.json records of it: a local file replaced
+        while the build ran left shards of neither file, exit 0, and the rerun's advice then certified
+        them (review R22b F2). Its task fails instead; the rerun redoes it from the file as it is."""
+        if filepath in self.modified:
+            path = self.data_folder.resolve_paths(filepath)
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            size = self.sizes.get(filepath, 0)
+            if st is None or (st.st_size, st.st_mtime_ns) != (size, self.modified[filepath]):
+                now = "gone" if st is None else f"{st.st_size:,} bytes" if st.st_size != size else "rewritten"
+                raise SourceError(
+                    f"input file {path} changed while the build read it ({size:,} bytes when the build "
+                    f"started, now {now}): its task's shards would not be what build.json records; rerun "
+                    "the build once the input stays as it is (the task is redone from it)"
+                )
         if self.progress:
             self._base_bytes += self.sizes.get(filepath, 0)
             self.progress.bytes_done = self._base_bytes

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
 from training.contract.dataset_format import (
+    BUILD_JSON,
     DATASET_JSON,
     DatasetError,
     check_fingerprint,
@@ -87,6 +88,7 @@ def upload_dataset(
     target = ObjectURL.parse(url)
     store = ObjectStore(target)
     store.check_bucket()
+    refuse_nested(target)
     before = COUNTS.snapshot()
     committed = _refuse_other_dataset(store, info)
     for key, upload_id in store.multipart_uploads():
@@ -173,6 +175,22 @@ def upload_dataset(
         f"{counts['retries']} retried"
     )
     return result
+
+
+def refuse_nested(url: ObjectURL) -> None:
+    """Refuse a dataset's prefix inside another dataset's (one prefix above it, or the bucket's root,
+    holds a dataset.json or a build's build.json): its objects are that dataset's strays, whose next
+    upload then refused them, and deleting that prefix, the advice there, deleted this one too (review
+    R22b F7). A HEAD request per prefix above it."""
+    parts = url.prefix.split("/") if url.prefix else []
+    for depth in range(len(parts)):
+        outer = ObjectURL(url.bucket, "/".join(parts[:depth]))
+        store = ObjectStore(outer)
+        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if store.head(n) is not None), None):
+            raise DatasetError(
+                f"{outer} holds a dataset ({outer.child(held)}), and {url} lies inside its prefix: its "
+                "objects would be that dataset's strays; put this one at a prefix outside it"
+            )
 
 
 def _refuse_other_dataset(store: ObjectStore, info: dict) -> bytes | None:

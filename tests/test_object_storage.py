@@ -454,11 +454,27 @@ def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_p
     assert not s3.client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
-def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path):
+def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, capsys):
     local, url = synthetic
     other = make_dataset(tmp_path / "other", n_docs=50, seed=1)
     with pytest.raises(DatasetError, match="holds another dataset"):
         upload_dataset(other, url, log=lambda *a: None)
+    # inside its prefix: accepted, and its objects were the outer dataset's strays (review R22b F7)
+    for inner in (f"{url}/sub", f"{url}/a/b"):
+        with pytest.raises(DatasetError) as e:
+            upload_dataset(other, inner, log=lambda *a: None)
+        assert str(e.value) == (
+            f"{url} holds a dataset ({url}/dataset.json), and {inner} lies inside its prefix: its objects "
+            "would be that dataset's strays; put this one at a prefix outside it"
+        )
+        assert not ObjectStore(inner).list()
+    (work := tmp_path / "work").mkdir()
+    monkeypatch.chdir(work)  # the demo recipe's relative paths: nothing is written before the refusal
+    demo = Path(__file__).resolve().parents[1] / "configs" / "data" / "demo.toml"
+    capsys.readouterr()
+    assert gristmill(["data", "build", "--config", str(demo), "--set", f"output={url}/nested"]) == 2
+    assert f"and {url}/nested lies inside its prefix" in capsys.readouterr().err
+    assert not ObjectStore(f"{url}/nested").list() and not list(work.iterdir())
     # an object not this dataset's beside its own dataset.json: uploaded over, exit 0, and the bucket
     # then failed validation (review R17e F6)
     stray = f"{url.split('/', 3)[3]}/shards/99999_00000.tar"

@@ -52,6 +52,11 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
         ("build.progress_interval=nan", "build.progress_interval = nan: seconds between progress lines"),
         ("shards.target_mb=inf", "shards.target_mb = inf: a shard is closed at this size"),
         ('output=""', 'output = "": name the dataset\'s directory (or s3:// URL)'),
+        # every stage ran, then "no document survived", naming filters, not the key; or a task's
+        # ValueError; both after build.json, so the corrected rerun was refused (review R22b F6)
+        ("source.limit=0", "source.limit = 0: documents read per task, at most; set it ≥ 1, or -1 for all"),
+        ("source.limit=-5", "source.limit = -5: documents read per task"),
+        ("shards.seed=-1", "shards.seed = -1: the shuffle's seed; set it ≥ 0"),
     ],
 )
 def test_values_that_cannot_build_are_one_line_first(
@@ -304,6 +309,64 @@ def test_output_that_is_a_file(build_fixture, tmp_path, capsys):
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
         msg = one_error(capsys, build_argv(config, out))
         assert f"{tmp_path / 'afile'} is a file" in msg and "set `output` to a directory path" in msg, msg
+
+
+def test_an_input_file_replaced_while_the_build_reads_it_fails_its_task(
+    build_fixture, tmp_path, monkeypatch, capsys
+):
+    """A file replaced after the build listed it: its task read the new one, build.json recorded the
+    old, exit 0, and the rerun's advice (touch it back) certified shards of neither (review R22b F2).
+    Now the task fails naming the file; the rerun redoes it from the file as it is."""
+    import pipelines.build as build_module
+
+    _, _, config = build_fixture
+    listed = build_module.list_source_files
+
+    def listed_before_a_rewrite(*args, **kwargs):
+        source = listed(*args, **kwargs)
+        source.modified[-1] -= 1  # what build.json records is not the file the task then reads
+        return source
+
+    monkeypatch.setattr(build_module, "list_source_files", listed_before_a_rewrite)
+    out = tmp_path / "ds"
+    msg = one_error(capsys, build_argv(config, out, "build.workers=1"))
+    assert "changed while the build read it" in msg and "(the task is redone from it)" in msg, msg
+    assert not (out / "dataset.json").exists()
+    monkeypatch.undo()
+    assert main(build_argv(config, out, "build.workers=1")) == 0
+    said = capsys.readouterr().out
+    assert "input changed since the last run:" in said and "its task had not finished" in said, said
+    assert (out / "dataset.json").is_file()
+
+
+def test_an_output_holding_what_is_not_a_build_is_refused_untouched(build_fixture, tmp_path, capsys):
+    """An output without build.json was refused only when it held shards/, manifest/ or dataset.json: a
+    training run's directory had its config.toml replaced and became a dataset, exit 0 (review R22b F3).
+    What a build writes before its build.json (tokenizer.json, config.toml: a kill in between) is
+    still resumed."""
+    _, _, config = build_fixture
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for name in ("config.toml", "metrics.jsonl", "data_plan.json"):
+        (run / name).write_text("theirs")
+    msg = one_error(capsys, build_argv(config, run))
+    assert msg == (
+        f"error: {run} already holds checkpoints, data_plan.json, metrics.jsonl but no build.json: not a "
+        "resumable gristmill build; pick an empty `output` directory"
+    ), msg
+    held = sorted(p.name for p in run.iterdir())  # the build's lock, taken before it looks, aside
+    assert held == [".build.lock", "checkpoints", "config.toml", "data_plan.json", "metrics.jsonl"]
+    assert all((run / n).read_text() == "theirs" for n in ("config.toml", "metrics.jsonl"))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("x")
+    assert f"{mine} already holds notes.txt but no build.json" in one_error(capsys, build_argv(config, mine))
+    killed = tmp_path / "killed"  # a build killed before its build.json: resumed, as before
+    killed.mkdir()
+    (killed / "config.toml").write_text("# an earlier attempt\n")
+    (killed / "tokenizer.json").write_text("{}")
+    assert main(build_argv(config, killed, "build.workers=1")) == 0
+    assert (killed / "dataset.json").is_file()
 
 
 def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_complete(

@@ -130,6 +130,19 @@ def test_a_path_a_shell_would_split_is_refused_before_any_script(build_fixture, 
     venv += ['build.slurm.venv_path="/opt/my venv/bin/activate"']
     with pytest.raises(BuildError, match=r"build.slurm.venv_path, '/opt/my venv/bin/activate', holds a"):
         build(load_config(DataConfig, config, [f"output={tmp_path / 'ds'}", *venv]), log=lambda *a: None)
+    # rendered as they were (`#SBATCH --cpus-per-task` with no value, `--mem-per-cpu=-2G`) and the
+    # scripts printed as ready (review R22b F6)
+    for bad, said in (
+        ("build.slurm.cpus_per_task=0", "build.slurm.cpus_per_task = 0: set it ≥ 1"),
+        ("build.slurm.mem_per_cpu_gb=-2", "build.slurm.mem_per_cpu_gb = -2: set it ≥ 1"),
+        ('build.slurm.time=""', 'build.slurm.time = "": set the jobs\' time limit, e.g. "12:00:00"'),
+    ):
+        out = tmp_path / bad.split("=")[0]
+        sets = [f"output={out}", "build.executor=slurm", "build.slurm.submit=false", bad]
+        with pytest.raises(BuildError) as e:
+            build(load_config(DataConfig, config, sets), log=lambda *a: None)
+        assert str(e.value) == said
+        assert not (out / "logs" / "launch_script.slurm").exists()
 
 
 def test_slurm_dedup_stages_are_dependent_array_jobs(build_fixture, tmp_path):

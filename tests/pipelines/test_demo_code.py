@@ -120,3 +120,47 @@ def test_the_demo_shows_the_batch_record_verified_and_a_tampered_copy_caught(tmp
     assert gristmill(["verify", str(tampered)]) == 1  # as the stage prints it
     assert batch_check_shown(run, tampered, gristmill, step=8) == 1
     assert "does not record steps 8 and 9" in capsys.readouterr().out
+
+
+def test_a_demo_source_never_replaces_a_folder_that_is_not_its_corpus(tmp_path, capsys, monkeypatch):
+    """The demo corpus replaces its folder when it is written: source.path pointed at the user's own
+    data with the demo kind left in the recipe deleted that data, then built the demo, exit 0 (review
+    R22b F1); the code corpus's folder was replaced by the prose one; the hub default or "." as the
+    folder was a traceback (F5). Each is one line naming source.path, and nothing is touched."""
+    from pipelines.cli import main
+
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    (mine / "precious.parquet").write_bytes(b"mine")
+    code = write_code_corpus(tmp_path / "code", max_chars=30_000)
+    before = sorted(p.name for p in code.iterdir())
+    base = [
+        "data",
+        "build",
+        "--config",
+        str(CONFIG.with_name("demo.toml")),
+        "--set",
+        f"output={tmp_path / 'ds'}",
+    ]
+    cases = {
+        str(mine): f"source.path {mine} holds files that are not a demo corpus (no corpus.json of one)",
+        str(
+            code
+        ): f'source.path {code} holds the corpus of source.kind = "demo-code", and source.kind = "demo"',
+        str(mine / "precious.parquet"): f"source.path {mine / 'precious.parquet'} is a file",
+        "hf://datasets/HuggingFaceFW/fineweb-edu": 'source.path is "hf://datasets/HuggingFaceFW/fineweb-edu"',
+    }
+    for path, says in cases.items():
+        assert main([*base, f"source.path={path}"]) == 2, path
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    assert (mine / "precious.parquet").read_bytes() == b"mine" and len(list(mine.iterdir())) == 1
+    assert sorted(p.name for p in code.iterdir()) == before
+    assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".*tmp"))
+    here = tmp_path / "cwd"
+    here.mkdir()
+    (here / "notes.txt").write_text("x")
+    monkeypatch.chdir(here)
+    assert main([*base, "source.path=."]) == 2  # a ValueError traceback ('.' has an empty name)
+    assert f"source.path {here} holds files that are not a demo corpus" in capsys.readouterr().err
+    assert (here / "notes.txt").read_text() == "x"

@@ -54,6 +54,14 @@ def is_training_run(path: str | Path) -> bool:
     )
 
 
+def run_record(path: str | Path) -> str | None:
+    """The first of a training run's records that directory `path` holds (metrics.jsonl,
+    data_plan.json, checkpoints/), None when none: a directory another command's config.toml would
+    replace (a data build's output, a mixture search's --out) is refused when it holds one."""
+    records = (METRICS_JSONL, DATA_PLAN_JSON, CHECKPOINTS_DIR)
+    return next((n for n in records if (Path(path) / n).exists()), None)
+
+
 def unlike_a_run(path: str | Path) -> str:
     """What directory `path` is, when no training run (is_training_run): said the same by every command
     that takes a run (review R21f 2b: an unfinished data build's output was "no config.toml")."""
@@ -84,9 +92,8 @@ def check_saved_config_place(config: str | Path, output_dir: str, overrides: lis
     run = config.parent
     if config.name != CONFIG_TOML or any(o.split("=", 1)[0].strip() == "run.output_dir" for o in overrides):
         return
-    recorded = any((run / name).exists() for name in (METRICS_JSONL, DATA_PLAN_JSON, CHECKPOINTS_DIR))
     leads_to = Path(output_dir).resolve()
-    if not recorded or leads_to == run.resolve():
+    if run_record(run) is None or leads_to == run.resolve():
         return
     raise ConfigError(
         f"{config} is the saved config of the run in {run}, but its run.output_dir = "

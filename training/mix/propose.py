@@ -31,7 +31,9 @@ import numpy as np
 from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import ConfigError, add_config_arguments, save_config
+from training.contract.dataset_format import BUILD_JSON, DATASET_JSON
 from training.contract.errors import GristmillError
+from training.contract.run_layout import run_record
 from training.mix import fit as mix_fit
 from training.mix import simplex
 from training.mix.proxies import (
@@ -128,6 +130,14 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = load_mix_config(args.config, args.overrides)
     out = Path(args.out)
+    # its config.toml is replaced by the recipe: a dataset's or a run's was, exit 0 (review R22b F4)
+    held = next((n for n in (DATASET_JSON, BUILD_JSON) if (out / n).exists()), None) or run_record(out)
+    if held is not None:
+        what = "a dataset" if held in (DATASET_JSON, BUILD_JSON) else "a training run"
+        raise ConfigError(
+            f"--out {out} holds {held}: {what}, whose config.toml the search would replace with its recipe; "
+            "give the search a directory of its own"
+        )
     sources = names(cfg)
     w = np.array(target_weights(cfg))
     tables = open_mix_sources(cfg)

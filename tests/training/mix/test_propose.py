@@ -410,6 +410,29 @@ def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsy
     assert not (out / "swarm").exists()
 
 
+def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(tmp_path, shared_sources, capsys):
+    """--out's config.toml is replaced by the search's recipe: a dataset's (its validation then failed)
+    or a run's (its verify failed) was, exit 0 (review R22b F4)."""
+    config = recipe(tmp_path, shared_sources)
+    for held, what in (
+        ("dataset.json", "a dataset"),
+        ("build.json", "a dataset"),
+        ("metrics.jsonl", "a training run"),
+    ):
+        out = tmp_path / held
+        out.mkdir()
+        (out / held).write_text("{}")
+        (out / "config.toml").write_text("# theirs\n")
+        assert gristmill(["mix", "propose", "--config", str(config), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            f"error: --out {out} holds {held}: {what}, whose config.toml the search would replace with its "
+            "recipe; give the search a directory of its own"
+        ), err
+        assert sorted(p.name for p in out.iterdir()) == sorted([held, "config.toml"])
+        assert (out / "config.toml").read_text() == "# theirs\n"
+
+
 def test_a_source_without_held_out_documents_is_one_line_before_any_run(tmp_path, shared_sources, capsys):
     """Every proxy is scored on every source's held-out loss: with a source's own val_fraction = 0
     each one trained to its end, was then found unfinished, and the rerun trained them all again."""
