@@ -302,6 +302,24 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
                 "set source.text_key to the text column"
             )
+        if _named_id(cfg) and cfg.source.id_key not in names:
+            raise BuildError(
+                _no_id(cfg, path, f"no column {cfg.source.id_key!r} (columns: {', '.join(names)})")
+            )
+
+
+def _named_id(cfg: DataConfig) -> bool:
+    """Whether source.id_key was set to other than its default: a file without the default's column
+    names its documents <file>/<row>, as documented; one without the column set replaced every id so,
+    exit 0 (a misspelt id_key: review R22a A10)."""
+    return cfg.source.id_key != SourceConfig.id_key
+
+
+def _no_id(cfg: DataConfig, path: Path, lacks: str) -> str:
+    return (
+        f"{path} has {lacks}, and source.id_key = {cfg.source.id_key!r} names its documents' ids; set it "
+        f"to the id field, or leave it out (documents without one are named <file>/<row>)"
+    )
 
 
 def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) -> None:
@@ -315,6 +333,8 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
         path = Path(source.folder) / f
         objects: list[dict] = []  # the objects read before one holding the key
         read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
+        ids = not _named_id(cfg)  # whether an object read holds the id key source.id_key names
+        text = False  # whether one holds the text key
         try:
             with contextlib.closing(first_json_lines(str(path), lines)) as parsed_lines:
                 for line, obj in parsed_lines:
@@ -322,10 +342,13 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
                     if not isinstance(obj, dict):
                         continue  # malformed, or not an object: excluded with its reason by the reader
                     parsed += 1
+                    ids = ids or cfg.source.id_key in obj
                     if cfg.source.text_key in obj:
-                        objects = []  # read no further: the key is the file's
-                        break
-                    objects.append(obj)
+                        text, objects = True, []  # the key is the file's
+                    elif not text:
+                        objects.append(obj)
+                    if text and ids:
+                        break  # read no further
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
                 f"{path} is not a readable jsonl file ({type(e).__name__}: {e}); remove it or fix source.glob"
@@ -352,6 +375,10 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
             raise BuildError(
                 f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
                 "source.text_key to the text field"
+            )
+        if parsed and not ids:
+            raise BuildError(
+                _no_id(cfg, path, f"no key {cfg.source.id_key!r} in its first {parsed} JSON objects")
             )
 
 

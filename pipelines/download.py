@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
 from training.contract.disk_space import check_free, fmt_bytes
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, refuse_empty
 
 DEFAULT_REPO = "HuggingFaceFW/fineweb-edu"
 RECORD = ".gristmill-download.json"
@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_empty({"--from": args.source})
+    if args.workers < 1:  # taken as one without a word (review R22a A9)
+        raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
     root = args.source or f"hf://datasets/{args.repo}"
     report = download(
         root, args.subset, args.to, pattern=args.pattern, workers=args.workers, verify=args.verify

@@ -31,6 +31,7 @@ from pipelines.sources import SourceFiles, iter_texts, list_source_files, source
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
+from training.contract.errors import refuse_empty
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_empty({"--out": args.out})
     cfg = load_config(DataConfig, args.config, args.overrides)
     check_training_values(cfg, args.out)
     out = written_path(cfg, args.out)  # a folder's tokenizer.json: an empty folder is no file to overwrite

@@ -405,6 +405,13 @@ class EvalSection:
     the first with held-out documents. `gristmill eval RUN` scores the same one."""
 
 
+def task_names(tasks: list[str]) -> list[str]:
+    """The lm-eval task names of `tasks` (eval.tasks, `gristmill eval --tasks`): an entry may list
+    several, comma-separated; a blank one names none (`[""]` passed the trainer's check, which then
+    said "no tasks given" after the run had started: review R22a B4)."""
+    return [t.strip() for name in tasks for t in name.split(",") if t.strip()]
+
+
 @dataclass
 class MergeSection:
     """`[merge]`: weights averaged in the loop and scored beside the raw ones (training/merge.py,

@@ -19,6 +19,7 @@ from training.config import (
     OptimSection,
     ParallelConfig,
     TrainConfig,
+    task_names,
 )
 from training.contract.config_loader import ConfigError
 from training.contract.errors import GristmillError
@@ -203,7 +204,8 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"{c.interval} (an export is made from the checkpoint of its step)"
         )
     e = cfg.eval
-    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or e.max_length < 0 or (e.interval and not e.tasks):
+    named = task_names(e.tasks)
+    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or e.max_length < 0 or (e.interval and not named):
         raise ConfigError(
             f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1, eval.max_length ≥ 0 and, with an "
             f"interval, some eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size "

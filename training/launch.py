@@ -41,7 +41,7 @@ from training.contract.config_loader import (
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import check_saved_config_place
 from training.data.spec import check_config
 from training.run.lock import check_unlocked
@@ -165,6 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.nproc_per_node < 1:
         raise GristmillError(f"--nproc-per-node must be ≥ 1, got {args.nproc_per_node}")
     overrides = with_resume(args.overrides, args.resume)
+    refuse_empty({"--plot": args.plot})
     if args.plot and not args.plan:
         raise GristmillError(f"--plot {args.plot} draws the plan: use it with --plan")
     # another suffix was matplotlib's traceback; a directory or a bare name was drawn to NAME.png

@@ -31,7 +31,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, redo_task
-from training.contract.errors import GristmillError, print_error
+from training.contract.errors import GristmillError, print_error, refuse_empty
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
     CONSUMPTION_PARQUET,
@@ -520,6 +520,7 @@ def _run(args: argparse.Namespace) -> int:
             f"--report {args.report} reads a training run's files, and {', '.join(args.dirs)} holds no "
             f"run: pass a training run directory (its run.output_dir) beside or instead of the dataset"
         )
+    refuse_empty({"--db": args.db, "--plots": args.plots})
     if args.db:
         _refuse_other_file(Path(args.db))
         try:

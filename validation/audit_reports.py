@@ -137,8 +137,9 @@ ORDER BY dataset_name, field, copies DESC, value
     # it is now (same fingerprint) or an earlier build.
     "validation": """
 SELECT d.dataset_name,
-       CASE WHEN v.ok IS NULL THEN 'not validated'
+       CASE WHEN v.json IS NULL THEN 'not validated'
             WHEN v.fingerprint IS DISTINCT FROM d.fingerprint THEN 'stale (dataset rebuilt since)'
+            WHEN v.ok IS NULL THEN 'record damaged (no verdict): validate again'
             WHEN v.ok THEN 'ok' ELSE 'FAILED' END AS status,
        v.problems, v.checked_at, v.shards, v.documents, v.tokens, v.separators, d.fingerprint
 FROM dataset d LEFT JOIN validation v USING (dataset_name)

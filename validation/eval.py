@@ -52,6 +52,7 @@ from training.checkpoint.io import (
     untrained_steps,
 )
 from training.checkpoint.record import CheckpointError
+from training.config import task_names
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import data_identities
 from training.contract.errors import GristmillError
@@ -265,7 +266,7 @@ class TaskPlan:
         from lm_eval.tasks import TaskManager
 
         local = set(local_task_names())
-        self.names = [t.strip() for name in cfg.tasks for t in name.split(",") if t.strip()]
+        self.names = task_names(cfg.tasks)
         if not self.names:
             raise EvalError("no tasks given; e.g. --tasks heldout_ppl,heldout_cloze")
         if old := [n for n in self.names if n in RENAMED]:
@@ -922,9 +923,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="evaluate the merged weights of [merge] at --step (default: the newest step that has them), "
         "from RUN/exports/merged-step-N or exported from its checkpoint; results in RUN/eval/merged-step-N",
     )
-    parser.add_argument("--poll", type=float, default=30.0, help="--watch: seconds between looks")
+    parser.add_argument("--poll", type=float, help="--watch: seconds between looks (default 30)")
     parser.add_argument(
-        "--idle-exit", type=float, default=0.0, help="--watch: stop after this many seconds with nothing new"
+        "--idle-exit",
+        type=float,
+        help="--watch: stop after this many seconds with nothing new (default 0: never)",
     )
     parser.add_argument(
         "-v", "--verbose", action="store_true",
@@ -1003,9 +1006,20 @@ def run(args: argparse.Namespace) -> int:
             raise EvalError(
                 "--watch evaluates each step's raw weights; evaluate merged weights with --step N --merged"
             )
-        if not 0 < args.poll < math.inf:
+        poll = 30.0 if args.poll is None else args.poll
+        idle_exit = 0.0 if args.idle_exit is None else args.idle_exit
+        if not 0 < poll < math.inf:
             raise EvalError(f"--poll {args.poll}: seconds between looks at the run; give a number > 0")
-        return watch(run_dir, cfg, args.poll, args.idle_exit, args.verbose)
+        if not 0 <= idle_exit < math.inf:  # -1 stopped after the first look, exit 0 (review R22a A6)
+            raise EvalError(
+                f"--idle-exit {args.idle_exit}: seconds with nothing new before the watch stops; give a "
+                "number ≥ 0 (0: never)"
+            )
+        return watch(run_dir, cfg, poll, idle_exit, args.verbose)
+    if given := [f for f, v in (("--poll", args.poll), ("--idle-exit", args.idle_exit)) if v is not None]:
+        raise EvalError(
+            f"{' and '.join(given)} pace --watch, which this eval is not; add --watch or drop them"
+        )
     steps = available_steps(run_dir, merged)
     weights = "merged weights" if merged else "export or complete checkpoint"
     step = args.step

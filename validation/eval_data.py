@@ -89,6 +89,12 @@ def heldout_texts(
             "held-out documents; train with data.val_fraction > 0 (the demo uses 0.02) or evaluate hub tasks"
         )
     table = DocumentTable(dataset_dir, split="val", val_fraction=val_fraction, cache=cache)
+    if table.info.get("tokenizer_sha256") in (None, "none"):  # a traceback (review R22a B1)
+        raise EvalError(
+            f'{table.location} records no tokenizer (tokenizer_sha256 "none"), and the local tasks decode '
+            "its held-out documents back to text with it; evaluate lm-eval's own tasks (--tasks), or "
+            "train on a dataset built with its tokenizer"
+        )
     ensure(table.root, [TOKENIZER_JSON])  # a bucket's dataset: fetched and checked
     tok = Tokenizer.from_file(str(table.root / TOKENIZER_JSON))
     rows = table.split_rows(np.arange(min(max_docs, table.documents)))

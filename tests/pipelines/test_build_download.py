@@ -155,6 +155,17 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot list hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT")
     assert "on a machine with network" in err and len(err.splitlines()) == 1
+    # --from "" (an unset variable) fetched from the hub; --workers 0 ran as one (review R22a A9)
+    for extra, said in (
+        (["--from", ""], 'error: --from "": name a path, or leave the option out'),
+        (
+            ["--from", str(remote), "--workers", "0"],
+            "error: --workers 0: give the files fetched at once, ≥ 1",
+        ),
+    ):
+        assert main(["data", "download", "--subset", "sample/10BT", "--to", str(tmp_path / "x"), *extra]) == 2
+        assert capsys.readouterr().err.strip() == said
+    assert not (tmp_path / "x").exists()
 
 
 def test_short_transfer_is_not_a_complete_file(remote, tmp_path):

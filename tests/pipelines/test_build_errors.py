@@ -84,6 +84,13 @@ def test_missing_source(build_fixture, tmp_path, capsys):
     assert "x.parquet is not a readable parquet file" in msg
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "source.text_key=body"))
     assert "has no column 'body'" in msg and "set source.text_key" in msg
+    msg = one_error(
+        capsys, build_argv(config, tmp_path / "o", "source.id_key=idd")
+    )  # ids replaced (R22a A10)
+    assert (
+        "has no column 'idd' (columns: " in msg
+        and "and source.id_key = 'idd' names its documents' ids" in msg
+    )
     (tmp_path / "strs").mkdir()
     pq.write_table(pa.table({"text": ["A document."], "int_score": ["4"]}), tmp_path / "strs" / "s.parquet")
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'strs'}"))
@@ -149,6 +156,21 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     # Latin-1 lines are objects to the reader, which excludes each with its reason: not refused here
     (src / "a.jsonl").write_bytes(b'{"text": "caf\xe9", "id": "x"}\n{"text": "na\xefve", "id": "y"}\n')
     _check_jsonl_keys(cfg, list_source_files(cfg.source))
+    # an id_key set and misspelt: every id replaced by <file>/<row>, exit 0 (review R22a A10); one that
+    # a later object holds is the file's; the default's absence is the documented fallback
+    (src / "a.jsonl").write_text('{"text": "A.", "uid": "x"}\n{"text": "B.", "id": "y"}\n')
+    msg = one_error(capsys, [*argv, "--set", "source.id_key=idd"])
+    assert msg == (
+        f"error: {src / 'a.jsonl'} has no key 'idd' in its first 2 JSON objects, and source.id_key = 'idd' "
+        "names its documents' ids; set it to the id field, or leave it out (documents without one are "
+        "named <file>/<row>)"
+    ), msg
+    _check_jsonl_keys(
+        load_config(DataConfig, config, ["source.kind=jsonl", f"source.path={src}", "source.id_key=uid"]),
+        list_source_files(cfg.source),
+    )
+    (src / "a.jsonl").write_text('{"text": "A."}\n')
+    _check_jsonl_keys(cfg, list_source_files(cfg.source))
     (src / "a.jsonl").unlink()
     (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
     msg = one_error(capsys, argv)
@@ -203,6 +225,8 @@ def test_tokenizer_train_cli(build_fixture, tmp_path, capsys):
     assert "already exists; pass --force" in msg
     assert main(argv + ["--force"]) == 0
     assert out.read_bytes() == first  # deterministic
+    # --out "": the config's path was written (a hub repo's name, refused without --out: review R22a A8)
+    assert one_error(capsys, [*argv, "--out", ""]) == 'error: --out "": name a path, or leave the option out'
     msg = one_error(capsys, argv + ["--force", "--set", 'tokenizer.train.special_tokens=["<pad>"]'])
     assert "lacks the separator '<|endoftext|>'" in msg
 

@@ -237,15 +237,33 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     assert "resuming from" in out and "step-000008, the newest complete checkpoint that verifies" in out
     assert "skipped step-000012: step-000012 is damaged" in out and "cut off the torn last line" in out
     assert (
-        f"note: {batches} has a record of step 4294967300 among those of steps up to 8, the checkpoint's (1 "
-        "such): damaged, dropped (`gristmill verify` names the steps left unrecorded); the file as it was: "
-        "batches.bin.damaged"
+        f"note: {batches}: 1 damaged record(s) dropped (the first, record 3, says step 4294967300; the file "
+        "as it was: batches.bin.damaged); no record of step(s) 3, up to 8, the checkpoint's (`gristmill "
+        "verify` names them)"
     ) in out
     assert (run / "batches.bin.damaged").read_bytes() == before
     assert [s for s, _, _ in recorded_batches(run)] == [1, 2, *range(4, 17)]
     assert losses(run) == losses(reference)
     assert (run / "checkpoints" / "abandoned-step-000012").is_dir()  # set aside, never deleted
     assert sorted(p.name for p in (run / "checkpoints").iterdir())[-2:] == ["step-000012", "step-000016"]
+    # the checkpoint's own step's record damaged (it read as a step the resume redoes: dropped without a
+    # word, R22a A4), and a later step's saying an earlier one (intact records were blamed and it was
+    # kept: A3); the first evidence is not overwritten (A5)
+    position = {s: i for i, (s, _, _) in enumerate(recorded_batches(run))}
+    damage(batches, len(HEADER) + position[12] * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
+    damage(batches, len(HEADER) + position[14] * RECORD.size, (2).to_bytes(8, "little"))
+    again = batches.read_bytes()
+    damage(checkpoint_dir(run, 16) / "__0_0.distcp", 1000, os.urandom(4096))
+    train(load_train_config(TINY, resume))
+    out = capsys.readouterr().out
+    assert (
+        f"note: {batches}: 1 damaged record(s) dropped (the first, record 13, says step 2; the file as it "
+        "was: batches.bin.damaged.2); no record of step(s) 3, 12, up to 12, the checkpoint's"
+    ) in out, out
+    assert (run / "batches.bin.damaged").read_bytes() == before
+    assert (run / "batches.bin.damaged.2").read_bytes() == again
+    assert [s for s, _, _ in recorded_batches(run)] == [1, 2, *range(4, 12), *range(13, 17)]
+    assert losses(run) == losses(reference)
 
     # a refused resume (another seed) leaves the run's config.toml as it was
     config_before = (run / CONFIG_TOML).read_bytes()
@@ -513,6 +531,15 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
     )
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
+    # with no checkpoint, that advice trained the run again from step 0 (review R22a B3)
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare, ignore=shutil.ignore_patterns("checkpoints", "data_plan.json"))
+    assert gristmill(["data", "inspect", str(bare), "--step", "2", "--max-rows", "1"]) == 0
+    assert capsys.readouterr().err == (
+        f"note: {bare / 'data_plan.json'} not found (deleted, or the run started before it was recorded): "
+        "the datasets are unchecked; no checkpoint of the run holds its plan to write it from (a run started "
+        "again trains from step 0)\n"
+    )
     # its seed edited (valid JSON): it read as an edited config, and setting the config "back" to it
     # had inspect print other batches than the run's, exit 0 (review R14c F7)
     sources = [{**good["sources"][0], "val_fraction": 0.25}, *good["sources"][1:]]  # (R14f F3: the same)

@@ -354,6 +354,9 @@ def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
     assert main(["data", "audit", str(built_dataset), "--max-rows", "-2"]) == 2  # sliced rows off, exit 0
     said = "error: --max-rows -2: give the rows a table shows, ≥ 1 (0: all)"
     assert capsys.readouterr().err.strip() == said
+    for flag in ("--db", "--plots"):  # "" wrote nothing, exit 0 (review R22a A7)
+        assert main(["data", "audit", str(built_dataset), flag, ""]) == 2
+        assert capsys.readouterr().err.strip() == f'error: {flag} "": name a path, or leave the option out'
 
 
 def test_validation_status_stale_and_failed(built_dataset, tmp_path):
@@ -366,6 +369,13 @@ def test_validation_status_stale_and_failed(built_dataset, tmp_path):
     (root / "validation.json").write_text(json.dumps({**v, "ok": False, "n_problems": 3}))
     con, _ = connect([root])
     assert run_preset(con, "validation").records()[0]["status"] == "FAILED"
+    for verdict in ("yes", None):  # "yes" was cast to a pass; readers refuse the record (review R22a A2)
+        (root / "validation.json").write_text(json.dumps({**v, "ok": verdict, "n_problems": 3}))
+        con, _ = connect([root])
+        assert (
+            run_preset(con, "validation").records()[0]["status"]
+            == "record damaged (no verdict): validate again"
+        )
 
 
 def test_print_summary(built_dataset, capsys):

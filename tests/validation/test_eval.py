@@ -1108,6 +1108,12 @@ def test_held_out_documents_at_another_val_fraction_than_the_run_held_out_are_re
         # looked at only for a task outside the project's own: accepted without a word (review R21b)
         (['include_path=["nowhere"]'], "include_path nowhere is not a directory (of lm-eval task YAML"),
         (["--tasks", ""], "no tasks given; e.g. --tasks heldout_ppl,heldout_cloze"),  # the recipe's ran
+        # -1 stopped after the first look, exit 0; without --watch both were ignored (review R22a A6)
+        (
+            ["--watch", "--idle-exit", "-1"],
+            "--idle-exit -1.0: seconds with nothing new before the watch stops",
+        ),
+        (["--poll", "5", "--idle-exit", "9"], "--poll and --idle-exit pace --watch, which this eval is not"),
     ],
 )
 def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_path, capsys, sets, says):
@@ -1116,7 +1122,8 @@ def test_eval_values_that_cannot_run_are_one_line_before_loading(eval_run, tmp_p
     run = _copy_run(eval_run[0], tmp_path / "run")
     capsys.readouterr()
     options = sets if sets[0].startswith("--") else ["--set", *sets]
-    assert main(["eval", str(run), "--step", "5", *options]) == 2
+    step = [] if "--watch" in options else ["--step", "5"]
+    assert main(["eval", str(run), *step, *options]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and err.startswith("error: ") and "\n" not in err, err
 
@@ -1209,3 +1216,21 @@ seq_len = 256
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
     err = capsys.readouterr().err
     assert err.count("never trained at") == 1 and "set max_length = 64" in err, err
+
+
+def test_the_local_tasks_of_a_dataset_without_a_tokenizer_are_one_line(tmp_path):
+    """A dataset that records no tokenizer (tokenizer_sha256 "none": written from ids alone) cannot be
+    decoded back to the local tasks' text: `gristmill eval` of a run trained on one ended in a
+    traceback from tokenizers (review R22a B1)."""
+    import numpy as np
+
+    from pipelines.synthetic_dataset import write_synthetic_dataset
+    from validation.eval_data import EvalError, heldout_texts
+
+    rng = np.random.default_rng(0)
+    docs = [np.r_[rng.integers(1, 100, 20), 0] for _ in range(50)]
+    info = write_synthetic_dataset(tmp_path / "ds", docs, vocab_size=128, target_bytes=1 << 20)
+    assert info["tokenizer_sha256"] == "none"
+    with pytest.raises(EvalError) as refused:
+        heldout_texts(tmp_path / "ds", 0.1, 5)
+    assert str(refused.value).startswith(f'{tmp_path / "ds"} records no tokenizer (tokenizer_sha256 "none")')

@@ -181,7 +181,16 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize(
-    "bad", ["eval.interval=-1", "eval.batch_size=0", "eval.tasks=[]", "eval.max_length=-8"]
+    # [""] and [","]: passed, and the run started, then "no tasks given; e.g. --tasks …" (review R22a B4)
+    "bad",
+    [
+        "eval.interval=-1",
+        "eval.batch_size=0",
+        "eval.tasks=[]",
+        'eval.tasks=[""]',
+        'eval.tasks=[" , "]',
+        "eval.max_length=-8",
+    ],
 )
 def test_eval_section_errors(bad, built_dataset, tmp_path):
     from training.data.spec import check_config

@@ -317,6 +317,15 @@ def test_a_dataset_its_last_validation_failed_is_not_read_until_it_validates(ds)
             f'{ds / VALIDATION_JSON}: its "ok" is {said}, neither true nor false: the report was edited '
             f"or damaged; validate the dataset again (`gristmill data validate {ds}`, which rewrites it)"
         )
+    for cut in (json.dumps(failed)[:200], "[]"):  # cut short: read as no report at all (review R22a A1)
+        (ds / VALIDATION_JSON).write_text(cut)
+        with pytest.raises(DatasetError) as refused:
+            DocumentTable(ds)
+        said = str(refused.value)
+        assert said.startswith(f"{ds / VALIDATION_JSON} cannot be read as a report ("), said
+        assert said.endswith(
+            f"; validate the dataset again (`gristmill data validate {ds}`, which rewrites it)"
+        )
     (ds / VALIDATION_JSON).write_text(json.dumps({**failed, "fingerprint": "another dataset's"}))
     DocumentTable(ds)  # another dataset's report says nothing of this one
 

@@ -15,6 +15,7 @@ checks every record against the plan.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -41,6 +42,40 @@ def encode(entries: Iterable[BatchEntry]) -> bytes:
 def batch_file(entries: Iterable[BatchEntry]) -> bytes:
     """A whole file: the header and the records."""
     return HEADER + encode(entries)
+
+
+def kept_on_resume(entries: list[BatchEntry], through: int) -> tuple[list[BatchEntry], list[int]]:
+    """What a resume from the checkpoint of step `through` keeps of a batch record's `entries`, and the
+    positions (0-based) of those it drops as damaged. The records are in the order the steps trained,
+    so their steps rise: those kept are the longest rising run of records of steps up to `through`
+    (the rest of those are damaged), and a record of a later step before the last one kept is damaged
+    too; the records of later steps after it are the steps the resume redoes. (Picking the later
+    steps by position blamed intact records and kept a damaged one: review R22a A3.)"""
+    early = [i for i, e in enumerate(entries) if e.step <= through]
+    # longest strictly rising subsequence of their steps (patience sorting, with predecessors)
+    tails: list[int] = []  # tails[k]: the position in `early` of the smallest last step of a run of k + 1
+    steps: list[int] = []  # and that step
+    before = [-1] * len(early)
+    for j, i in enumerate(early):
+        k = bisect.bisect_left(steps, entries[i].step)
+        before[j] = tails[k - 1] if k else -1
+        if k == len(tails):
+            tails.append(j)
+            steps.append(entries[i].step)
+        else:
+            tails[k], steps[k] = j, entries[i].step
+    run, j = [], tails[-1] if tails else -1
+    while j >= 0:
+        run.append(early[j])
+        j = before[j]
+    kept = set(run)
+    last = max(kept, default=-1)
+    damaged = [
+        i
+        for i, e in enumerate(entries)
+        if (e.step <= through and i not in kept) or (e.step > through and i < last)
+    ]
+    return [entries[i] for i in sorted(kept)], damaged
 
 
 def read_batches(path: Path) -> tuple[list[BatchEntry], str | None]:

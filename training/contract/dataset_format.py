@@ -479,19 +479,24 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     says so, of this fingerprint) is refused: a dataset in place is not hashed at every read (only
     validate hashes every byte), so the damage that report names would be trained on, inspected and
     evaluated, exit 0. A report of another fingerprint is of another dataset and says nothing here."""
+    again = f"validate the dataset again (`gristmill data validate {root}`, which rewrites it)"
     try:
         last = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep to decode
+    except FileNotFoundError:
         return
-    if not isinstance(last, dict) or last.get("fingerprint") != info.get("fingerprint"):
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep to decode
+        last = f"{type(e).__name__}: {e}"
+    if not isinstance(last, dict):  # a failed verdict cut short was read as none (review R22a A1)
+        why = last if isinstance(last, str) else "not a JSON object"
+        raise DatasetError(f"{root / VALIDATION_JSON} cannot be read as a report ({why}); {again}")
+    if last.get("fingerprint") != info.get("fingerprint"):
         return
     if last.get("ok") is True:
         return
     if last.get("ok") is not False:  # "yes" was taken for a pass, whatever its problems said (review R21b)
         raise DatasetError(
             f'{root / VALIDATION_JSON}: its "ok" is {json.dumps(last.get("ok"))}, neither true nor false: '
-            "the report was edited or damaged; validate the dataset again (`gristmill data validate "
-            f"{root}`, which rewrites it)"
+            f"the report was edited or damaged; {again}"
         )
     found = last.get("problems") if isinstance(last.get("problems"), list) else []
     # Only problems in what the readers read: a stray file (STRAY: a .tmp a write left, in shards/ too; a

@@ -24,6 +24,15 @@ def unwritable(where: str | Path, e: OSError) -> GristmillError:
     )
 
 
+def refuse_empty(options: dict[str, str | None]) -> None:
+    """Options given as "" (an unset shell variable: `--db "$DB"`), each read as not given without a
+    word: no file written, the hub instead of `--from`, the config's path instead of `--out` (review
+    R22a A7–A9, A11). `options`: flag → value, None when it was not given."""
+    for flag, value in options.items():
+        if value is not None and not str(value).strip():
+            raise GristmillError(f'{flag} "": name a path, or leave the option out')
+
+
 class NonFiniteError(GristmillError):
     """Training produced a NaN or inf (loss, gradient, weights); nothing non-finite was saved.
     The CLI exits with `exit_code` so a scheduler can tell divergence from bad input."""

@@ -125,13 +125,18 @@ def step_name(step: int, merged: bool = False) -> str:
 
 def abandoned_name(path: Path) -> Path:
     """Where a step-N directory of a discarded timeline (or an earlier run's metrics.jsonl, batches.bin)
-    goes: abandoned-step-N beside it, or abandoned-step-N.2, .3, … when an earlier one holds that name
-    (never overwritten)."""
-    target, n = path.with_name(f"abandoned-{path.name}"), 1
-    while target.exists():
+    goes: abandoned-step-N beside it, or abandoned-step-N.2, .3, … when an earlier one holds that name."""
+    return unused_name(path.with_name(f"abandoned-{path.name}"))
+
+
+def unused_name(target: Path) -> Path:
+    """`target`, or target.2, .3, … when an earlier one holds that name: what is set aside is never
+    overwritten (a second damaged batch record replaced the first's evidence: review R22a A5)."""
+    name, n = target, 1
+    while name.exists():
         n += 1
-        target = path.with_name(f"abandoned-{path.name}.{n}")
-    return target
+        name = target.with_name(f"{target.name}.{n}")
+    return name
 
 
 def abandoned_copies(path: Path) -> list[Path]:

@@ -23,7 +23,7 @@ from training.config import DataSection, OptimSection, RewindSection, RunSection
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
-from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, read_json_record
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, complete_steps, read_json_record
 from training.data import plan as data_plan
 from training.data.block_cache import check_room, gb_holding
 from training.data.reader import DocumentTable
@@ -262,7 +262,14 @@ def record_plan(plan: data_plan.Plan, run_dir: Path, skips: Sequence[data_plan.S
 
 def recorded_plan_fix(run_dir: Path) -> str:
     """What rewrites a run's data_plan.json: the trainer writes it at every start, from the plan
-    the run's newest checkpoint holds (its rewinds' skips included)."""
+    the run's newest checkpoint holds (its rewinds' skips included). A run with no complete
+    checkpoint has no plan to write it from: the resume advised trained it again from step 0, its
+    records set aside (review R22a B3)."""
+    if not complete_steps(run_dir):
+        return (
+            "no checkpoint of the run holds its plan to write it from "
+            "(a run started again trains from step 0)"
+        )
     return (
         f"the trainer writes it again from the run's newest checkpoint: gristmill train --config "
         f"{run_dir / CONFIG_TOML} --resume auto (a finished run trains nothing)"

@@ -40,7 +40,14 @@ from training.checkpoint.state import PendingRow, TrainState
 from training.config import MetricsSection
 from training.console import say
 from training.contract.atomic_write import write_atomic
-from training.contract.batch_record import HEADER, BatchEntry, batch_file, encode, read_batches
+from training.contract.batch_record import (
+    HEADER,
+    BatchEntry,
+    batch_file,
+    encode,
+    kept_on_resume,
+    read_batches,
+)
 from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
@@ -58,6 +65,7 @@ from training.contract.run_layout import (
     kept_rows,
     read_metrics,
     set_aside_after,
+    unused_name,
 )
 from training.data.plan import Skip
 from training.data.recipe import plot_plan, record_plan, write_consumption
@@ -284,24 +292,43 @@ class RunRecord:
             write_atomic(path, batch_file([]))
         else:
             entries = self._read_batches(path)
-            kept = [e for e in entries if e.step <= resumed]
-            # What a resume drops is the steps it redoes, after those it keeps (the records are in the
-            # order the steps trained); one of a later step among those is damaged (review R21b F4)
-            last = max((i for i, e in enumerate(entries) if e.step <= resumed), default=-1)
-            stray = [e for e in entries[:last] if e.step > resumed]
-            if stray:
-                aside = path.with_name(f"{path.name}.damaged")
-                write_atomic(aside, path.read_bytes())
-                say(
-                    f"note: {path} has a record of step {stray[0].step} among those of steps up to "
-                    f"{resumed}, the checkpoint's ({len(stray)} such): damaged, dropped (`gristmill verify` "
-                    f"names the steps left unrecorded); the file as it was: {aside.name}"
-                )
+            kept, damaged = kept_on_resume(entries, resumed)
+            self._say_dropped(path, entries, kept, damaged, resumed)
             write_atomic(path, batch_file(kept))
             if apart.exists():  # the attempts before the one the checkpoint trains in: its rewinds'
                 known = self.timeline.attempt
                 write_atomic(apart, batch_file(e for e in self._read_batches(apart) if e.attempt < known))
         self.batches_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+
+    def _say_dropped(
+        self, path: Path, entries: list[BatchEntry], kept: list[BatchEntry], damaged: list[int], resumed: int
+    ) -> None:
+        """A resume's note of what batches.bin lacks up to its checkpoint's step `resumed`: the records
+        it drops as damaged (the file as it was set aside first) and the trained steps left with no
+        record (dropped without a word: review R21b F4; a damaged record of the checkpoint's own step
+        reads as a step it redoes: R22a A4)."""
+        parts = []
+        if damaged:
+            aside = unused_name(path.with_name(f"{path.name}.damaged"))
+            write_atomic(aside, path.read_bytes())
+            first = damaged[0]
+            parts.append(
+                f"{len(damaged)} damaged record(s) dropped (the first, record {first + 1}, says step "
+                f"{entries[first].step}; the file as it was: {aside.name})"
+            )
+        # the steps a rewind skipped were never trained: they have none
+        have = {e.step for e in kept} | {
+            s for k in self.timeline.skips for s in range(k.first_step, k.last_step + 1)
+        }
+        missing = [s for s in range(1, resumed + 1) if s not in have]
+        if missing:
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            parts.append(
+                f"no record of step(s) {', '.join(map(str, missing[:5]))}{more}, up to {resumed}, the "
+                "checkpoint's (`gristmill verify` names them)"
+            )
+        if parts:
+            say(f"note: {path}: " + "; ".join(parts))
 
     def _discard_batches(self, after: int) -> None:
         """The records of steps after `after` (a rewind's discarded attempt) moved from batches.bin to
@@ -323,7 +350,7 @@ class RunRecord:
         try:
             entries, note = read_batches(path)
         except ValueError as e:
-            aside = path.with_name(f"{path.name}.unreadable")
+            aside = unused_name(path.with_name(f"{path.name}.unreadable"))
             path.rename(aside)
             say(f"note: {e}; moved it to {aside.name}, its steps are not recorded")
             return []

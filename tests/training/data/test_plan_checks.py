@@ -244,6 +244,8 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
         assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(wrong)]) == 2
         err = capsys.readouterr().err.strip()
         assert err == f"error: --plot {wrong}: name a .png, .svg, .pdf file to draw the plan in", err
+    assert gristmill(["train", "--config", str(config), "--plan", "--plot", ""]) == 2  # drew none, exit 0
+    assert capsys.readouterr().err.strip() == 'error: --plot "": name a path, or leave the option out'
     import matplotlib.image
 
     assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
