@@ -280,6 +280,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
 
 
 def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
+    ids, lacking = None, None  # a file holding source.id_key; the first that does not (_check_id_key)
     for f in source.files:
         path = Path(source.folder) / f
         try:
@@ -302,23 +303,25 @@ def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
                 f"{path} has no column {cfg.source.text_key!r} (columns: {', '.join(names)}); "
                 "set source.text_key to the text column"
             )
-        if _named_id(cfg) and cfg.source.id_key not in names:
-            raise BuildError(
-                _no_id(cfg, path, f"no column {cfg.source.id_key!r} (columns: {', '.join(names)})")
-            )
+        if cfg.source.id_key in names:
+            ids = path
+        elif lacking is None:
+            lacking = (path, f"no column {cfg.source.id_key!r} (columns: {', '.join(names)})")
+    _check_id_key(cfg, ids, lacking)
 
 
-def _named_id(cfg: DataConfig) -> bool:
-    """Whether source.id_key was set to other than its default: a file without the default's column
-    names its documents <file>/<row>, as documented; one without the column set replaced every id so,
-    exit 0 (a misspelt id_key: review R22a A10)."""
-    return cfg.source.id_key != SourceConfig.id_key
-
-
-def _no_id(cfg: DataConfig, path: Path, lacks: str) -> str:
-    return (
-        f"{path} has {lacks}, and source.id_key = {cfg.source.id_key!r} names its documents' ids; set it "
-        f"to the id field, or leave it out (documents without one are named <file>/<row>)"
+def _check_id_key(cfg: DataConfig, found: Path | None, lacking: tuple[Path, str] | None) -> None:
+    """A source.id_key set to other than its default that no input file holds (`found`: one that
+    does; `lacking`: the first that does not, and what it lacks) is refused: every id was replaced by
+    <file>/<row>, exit 0 (a misspelt id_key: review R22a A10). A document, or a whole file, without
+    the key is named so, as documented: some input holding it is enough (R22d M4)."""
+    if cfg.source.id_key == SourceConfig.id_key or found is not None or lacking is None:
+        return
+    path, lacks = lacking
+    raise BuildError(
+        f"no input file holds source.id_key = {cfg.source.id_key!r} ({path} has {lacks}), which names the "
+        "documents' ids; set it to the id field, or leave it out (documents without one are named "
+        "<file>/<row>)"
     )
 
 
@@ -329,12 +332,12 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
     on any other line) refused the whole build, advising another text_key. And some line among them
     must be a JSON object: a JSON array, a CSV or a parquet file named .jsonl had every line excluded
     as malformed, exit 0."""
+    ids, lacking = None, None  # a file holding source.id_key; the first that does not (_check_id_key)
     for f in source.files:
         path = Path(source.folder) / f
         objects: list[dict] = []  # the objects read before one holding the key
         read, parsed, first = 0, 0, b""  # non-empty lines read, JSON objects among them, the first line
-        ids = not _named_id(cfg)  # whether an object read holds the id key source.id_key names
-        text = False  # whether one holds the text key
+        text = False  # whether an object read holds the text key
         try:
             with contextlib.closing(first_json_lines(str(path), lines)) as parsed_lines:
                 for line, obj in parsed_lines:
@@ -342,12 +345,13 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
                     if not isinstance(obj, dict):
                         continue  # malformed, or not an object: excluded with its reason by the reader
                     parsed += 1
-                    ids = ids or cfg.source.id_key in obj
+                    if cfg.source.id_key in obj:
+                        ids = path
                     if cfg.source.text_key in obj:
                         text, objects = True, []  # the key is the file's
                     elif not text:
                         objects.append(obj)
-                    if text and ids:
+                    if text and ids is not None:
                         break  # read no further
         except Exception as e:  # not gzip/zstd after all, unreadable
             raise BuildError(
@@ -376,10 +380,9 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
                 f"{path}: {which} {cfg.source.text_key!r} (keys: {', '.join(objects[0])}); set "
                 "source.text_key to the text field"
             )
-        if parsed and not ids:
-            raise BuildError(
-                _no_id(cfg, path, f"no key {cfg.source.id_key!r} in its first {parsed} JSON objects")
-            )
+        if parsed and ids != path and lacking is None:
+            lacking = (path, f"no key {cfg.source.id_key!r} in its first {parsed} JSON objects")
+    _check_id_key(cfg, ids, lacking)
 
 
 def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:

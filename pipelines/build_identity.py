@@ -27,20 +27,21 @@ from typing import Any
 
 from pipelines import progress
 from pipelines.config import DataConfig
-from pipelines.dataset_lock import LOCK
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from training.contract.atomic_write import write_atomic
+from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
     BUILD_JSON,
     CONFIG_TOML,
     DATASET_JSON,
     LOGS_DIR,
+    MANIFEST_DIR,
     SHARDS_DIR,
-    TOKENIZER_JSON,
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectURL, is_url, user_cache_dir
+from training.contract.run_layout import run_record
 
 
 class BuildError(GristmillError):
@@ -168,15 +169,25 @@ def check_output(
             f"{'; '.join(changes) or 'unknown'}). Build into a new `output` {kind}, or start over: {over}, "
             "then the same command."
         )
-    # What a build writes before build.json (a kill in between); anything else is not its own: a training
-    # run's config.toml was replaced and its directory taken for a dataset, exit 0 (review R22b F3)
-    own = (TOKENIZER_JSON, CONFIG_TOML, LOCK)  # LOCK: taken before this check
-    leftovers = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
+    leftovers = [n for n in (SHARDS_DIR, MANIFEST_DIR, DATASET_JSON) if (out / n).exists()]
     if leftovers:
-        held = ", ".join(leftovers[:3]) + (f" (+{len(leftovers) - 3} more)" if len(leftovers) > 3 else "")
         raise BuildError(
-            f"{out} already holds {held} but no {BUILD_JSON}: not a resumable gristmill build; pick an "
-            "empty `output` directory"
+            f"{out} already holds {', '.join(leftovers)} but no {BUILD_JSON}: not a resumable gristmill "
+            "build; pick an empty `output` directory"
+        )
+    # Another artifact's directory, whose config.toml the build replaces: a training run's was, and the
+    # run became a dataset, exit 0 (review R22b F3). What a build writes before build.json (its recipe,
+    # a tokenizer trained there, a decontam index) and files of no artifact are left as they are (R22c).
+    other = run_record(out)
+    if other is None and (out / CONFIG_TOML).is_file():
+        try:
+            load_config(DataConfig, out / CONFIG_TOML)
+        except GristmillError:
+            other = f"{CONFIG_TOML} that is no data build's recipe"
+    if other is not None:
+        raise BuildError(
+            f"{out} holds {other} but no {BUILD_JSON}: another artifact's directory (a training run's, a "
+            "mixture search's), whose files a build would replace; pick an empty `output` directory"
         )
     return None
 

@@ -50,6 +50,7 @@ import pyarrow.parquet as pq
 
 from pipelines.config import SourceConfig
 from pipelines.sources import FINEWEB_EDU_SCHEMA
+from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import ConfigError
 
 CORPUS_VERSION = 1
@@ -270,10 +271,15 @@ def _write_corpus(
     """Write `rows_of(python version)` as `n_files` parquet files `stem-NN.parquet` into `out_dir`
     plus a corpus.json, unless a corpus.json of the same corpus, version and Python is already there.
 
-    Deterministic for a given Python version; written to a temporary folder and renamed, so an
-    interrupted write never leaves a half corpus behind.
+    Deterministic for a given Python version; written to a temporary folder first, then renamed into
+    place: a new folder at once; into a folder that exists (empty, or an earlier corpus), file by file
+    under a corpus.json that says a write is under way, its own last, so an interrupted write is
+    written again. Nothing else in the folder is touched (the whole folder was replaced, with the
+    user's files and a dataset built inside it: review R22c S1).
     """
-    out_dir = Path(out_dir).resolve()  # "." has no name to put the temporary folder beside
+    # `~` as the build reads it (a literal `~` folder got the corpus, the build the user's files:
+    # review R22c S2); "." resolved: it has no name to put the temporary folder beside
+    out_dir = Path(out_dir).expanduser().resolve()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
     info = _demo_stamp(out_dir, corpus)
@@ -288,11 +294,20 @@ def _write_corpus(
         chunk = rows[f * per_file : (f + 1) * per_file]
         table = pa.Table.from_pylist(chunk, schema=SCHEMA)
         pq.write_table(table, tmp / f"{stem}-{f:02d}.parquet", row_group_size=2000)
+    writing = {**stamp, "python": "being written"}  # ours, and unlike any finished corpus
     stamp.update(documents=len(rows), characters=sum(len(r["text"]) for r in rows), source=source)
     (tmp / "corpus.json").write_text(json.dumps(stamp, indent=2) + "\n")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)
+    if not out_dir.exists():
+        os.replace(tmp, out_dir)
+        return out_dir
+    write_atomic(out_dir / "corpus.json", json.dumps(writing) + "\n")
+    names = [f"{stem}-{f:02d}.parquet" for f in range(n_files)]
+    for old in out_dir.glob(f"{stem}-*.parquet"):
+        if old.name not in names:  # an earlier corpus's file this one does not have
+            old.unlink()
+    for name in [*names, "corpus.json"]:
+        os.replace(tmp / name, out_dir / name)
+    tmp.rmdir()
     return out_dir
 
 

@@ -45,7 +45,14 @@ from training.contract.dataset_format import (
     record_files,
     write_dataset_info,
 )
-from training.contract.object_store import COUNTS, ObjectMissing, ObjectStore, ObjectURL, file_digests
+from training.contract.object_store import (
+    COUNTS,
+    ObjectMissing,
+    ObjectRefused,
+    ObjectStore,
+    ObjectURL,
+    file_digests,
+)
 from validation.validate import VALIDATION_JSON, validate_dataset  # a bucket's own report: never uploaded
 
 THREADS = 8  # uploads in flight: requests, not bandwidth, are what a store limits
@@ -181,12 +188,17 @@ def refuse_nested(url: ObjectURL) -> None:
     """Refuse a dataset's prefix inside another dataset's (one prefix above it, or the bucket's root,
     holds a dataset.json or a build's build.json): its objects are that dataset's strays, whose next
     upload then refused them, and deleting that prefix, the advice there, deleted this one too (review
-    R22b F7). A HEAD request per prefix above it."""
+    R22b F7). A HEAD request per prefix above it; one the store refuses (credentials scoped to a
+    prefix below) says nothing."""
     parts = url.prefix.split("/") if url.prefix else []
     for depth in range(len(parts)):
         outer = ObjectURL(url.bucket, "/".join(parts[:depth]))
         store = ObjectStore(outer)
-        if held := next((n for n in (DATASET_JSON, BUILD_JSON) if store.head(n) is not None), None):
+        try:
+            held = next((n for n in (DATASET_JSON, BUILD_JSON) if store.head(n) is not None), None)
+        except ObjectRefused:  # credentials scoped to a prefix below (review R22c R4): nothing known
+            continue
+        if held:
             raise DatasetError(
                 f"{outer} holds a dataset ({outer.child(held)}), and {url} lies inside its prefix: its "
                 "objects would be that dataset's strays; put this one at a prefix outside it"

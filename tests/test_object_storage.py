@@ -475,6 +475,16 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
     assert gristmill(["data", "build", "--config", str(demo), "--set", f"output={url}/nested"]) == 2
     assert f"and {url}/nested lies inside its prefix" in capsys.readouterr().err
     assert not ObjectStore(f"{url}/nested").list() and not list(work.iterdir())
+    # credentials scoped to a prefix: the HEADs above it are refused (403), which says nothing of a
+    # dataset there; the upload was refused blaming the credentials (review R22c R4)
+    scoped = f"/{BUCKET}/scoped/"
+    outside = lambda path: path.startswith(f"/{BUCKET}/") and not path.startswith(scoped)  # noqa: E731
+    s3.proxy.forbidden = lambda method, path: method == "HEAD" and outside(path)
+    try:
+        upload_dataset(other, s3.url("scoped/mine"), log=lambda *a: None)
+    finally:
+        s3.proxy.forbidden = None
+    assert hashes(s3.url("scoped/mine"), 4, cache=cache(tmp_path)) == hashes(other, 4)
     # an object not this dataset's beside its own dataset.json: uploaded over, exit 0, and the bucket
     # then failed validation (review R17e F6)
     stray = f"{url.split('/', 3)[3]}/shards/99999_00000.tar"

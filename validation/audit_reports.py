@@ -138,8 +138,10 @@ ORDER BY dataset_name, field, copies DESC, value
     "validation": """
 SELECT d.dataset_name,
        CASE WHEN v.json IS NULL THEN 'not validated'
+            WHEN json_type(v.json) <> 'OBJECT'
+                 OR (v.fingerprint IS NOT DISTINCT FROM d.fingerprint AND v.ok IS NULL)
+                 THEN 'record damaged (no verdict): validate again'
             WHEN v.fingerprint IS DISTINCT FROM d.fingerprint THEN 'stale (dataset rebuilt since)'
-            WHEN v.ok IS NULL THEN 'record damaged (no verdict): validate again'
             WHEN v.ok THEN 'ok' ELSE 'FAILED' END AS status,
        v.problems, v.checked_at, v.shards, v.documents, v.tokens, v.separators, d.fingerprint
 FROM dataset d LEFT JOIN validation v USING (dataset_name)

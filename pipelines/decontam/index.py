@@ -52,7 +52,8 @@ from pipelines.decontam.ngram import (
     write_index,
 )
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
-from training.contract.errors import GristmillError
+from training.contract.errors import GristmillError, refuse_empty
+from training.contract.run_layout import artifact_in
 from validation.eval_data import EvalError, checked_task_manager
 from validation.eval_output import eval_output
 
@@ -82,6 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_empty({"--out": args.out})  # the working directory: a manifest.json there replaced (R22d S2)
+    if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
+        raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     manifest = build_index(names, args.ngram, args.out, args.include_path, verbose=args.verbose)
     print(summary(manifest, Path(args.out)))

@@ -25,7 +25,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +37,10 @@ from pipelines.local_s3 import LocalS3, aws_env, free_port
 SLOW_DOWN = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
+)
+ACCESS_DENIED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+    b"<Message>Access Denied</Message></Error>"
 )
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te", "upgrade"}
 
@@ -118,6 +122,8 @@ class FaultProxy:
         self.kms = (
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
+        # (method, path) → whether the store refuses it (403 AccessDenied): credentials scoped to a prefix
+        self.forbidden: Callable[[str, str], bool] | None = None
         self.counts = ProxyCounts()
         self._lock = threading.Lock()
         self.set_faults(mix)
@@ -154,6 +160,16 @@ class FaultProxy:
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.close_connection = True
                     self.connection.close()
+                    return
+                if proxy.forbidden is not None and proxy.forbidden(self.command, self.path):
+                    self.send_response(403, "Forbidden")
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header(
+                        "Content-Length", "0" if self.command == "HEAD" else str(len(ACCESS_DENIED))
+                    )
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(ACCESS_DENIED)
                     return
                 if fault == "slow_down":
                     self.send_response(503, "Slow Down")

@@ -155,9 +155,12 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: cannot list hf://datasets/HuggingFaceFW/fineweb-edu/sample/10BT")
     assert "on a machine with network" in err and len(err.splitlines()) == 1
-    # --from "" (an unset variable) fetched from the hub; --workers 0 ran as one (review R22a A9)
+    # --from "" (an unset variable) fetched from the hub; --workers 0 ran as one (review R22a A9); --to ""
+    # fetched into the working directory (R22d S3)
+    monkeypatch.chdir(tmp_path)
     for extra, said in (
         (["--from", ""], 'error: --from "": name a path, or leave the option out'),
+        (["--from", str(remote), "--to", ""], 'error: --to "": name a path, or leave the option out'),
         (
             ["--from", str(remote), "--workers", "0"],
             "error: --workers 0: give the files fetched at once, ≥ 1",

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from datatrove.data import Document
 
-from pipelines.build import BuildError, _check_jsonl_keys, build
+from pipelines.build import BuildError, _check_jsonl_keys, _check_parquet_columns, build
 from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.sources import list_source_files
@@ -88,9 +88,15 @@ def test_missing_source(build_fixture, tmp_path, capsys):
         capsys, build_argv(config, tmp_path / "o", "source.id_key=idd")
     )  # ids replaced (R22a A10)
     assert (
-        "has no column 'idd' (columns: " in msg
-        and "and source.id_key = 'idd' names its documents' ids" in msg
+        msg.startswith("error: no input file holds source.id_key = 'idd' (") and "has no column 'idd'" in msg
     )
+    (
+        tmp_path / "ids"
+    ).mkdir()  # one file of two holds it: the other's documents are named <file>/<row> (R22d M4)
+    pq.write_table(pa.table({"text": ["A."], "doc_id": ["x"]}), tmp_path / "ids" / "a.parquet")
+    pq.write_table(pa.table({"text": ["B."]}), tmp_path / "ids" / "b.parquet")
+    ids = load_config(DataConfig, config, [f"source.path={tmp_path / 'ids'}", "source.id_key=doc_id"])
+    _check_parquet_columns(ids, list_source_files(ids.source))
     (tmp_path / "strs").mkdir()
     pq.write_table(pa.table({"text": ["A document."], "int_score": ["4"]}), tmp_path / "strs" / "s.parquet")
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"source.path={tmp_path / 'strs'}"))
@@ -156,21 +162,22 @@ def test_jsonl_source_checked_before_any_task(build_fixture, tmp_path, capsys):
     # Latin-1 lines are objects to the reader, which excludes each with its reason: not refused here
     (src / "a.jsonl").write_bytes(b'{"text": "caf\xe9", "id": "x"}\n{"text": "na\xefve", "id": "y"}\n')
     _check_jsonl_keys(cfg, list_source_files(cfg.source))
-    # an id_key set and misspelt: every id replaced by <file>/<row>, exit 0 (review R22a A10); one that
-    # a later object holds is the file's; the default's absence is the documented fallback
+    # an id_key set and misspelt: every id replaced by <file>/<row>, exit 0 (review R22a A10); one
+    # that some object or file holds is the input's (R22d M4); the default's absence is the fallback
     (src / "a.jsonl").write_text('{"text": "A.", "uid": "x"}\n{"text": "B.", "id": "y"}\n')
     msg = one_error(capsys, [*argv, "--set", "source.id_key=idd"])
     assert msg == (
-        f"error: {src / 'a.jsonl'} has no key 'idd' in its first 2 JSON objects, and source.id_key = 'idd' "
-        "names its documents' ids; set it to the id field, or leave it out (documents without one are "
-        "named <file>/<row>)"
+        "error: no input file holds source.id_key = 'idd' "
+        f"({src / 'a.jsonl'} has no key 'idd' in its first 2 JSON objects), which names the documents' "
+        "ids; set it to the id field, or leave it out (documents without one are named <file>/<row>)"
     ), msg
-    _check_jsonl_keys(
-        load_config(DataConfig, config, ["source.kind=jsonl", f"source.path={src}", "source.id_key=uid"]),
-        list_source_files(cfg.source),
-    )
+    (src / "b.jsonl").write_text('{"text": "C."}\n{"text": "D.", "uid": "z"}\n')
+    named = ["source.kind=jsonl", f"source.path={src}", "source.id_key=uid"]
+    _check_jsonl_keys(load_config(DataConfig, config, named), list_source_files(cfg.source))
     (src / "a.jsonl").write_text('{"text": "A."}\n')
+    _check_jsonl_keys(load_config(DataConfig, config, named), list_source_files(cfg.source))  # b has it
     _check_jsonl_keys(cfg, list_source_files(cfg.source))
+    (src / "b.jsonl").unlink()
     (src / "a.jsonl").unlink()
     (src / "b.jsonl.gz").write_bytes(b"not gzip at all")
     msg = one_error(capsys, argv)
@@ -363,11 +370,12 @@ def test_an_input_file_replaced_while_the_build_reads_it_fails_its_task(
     assert (out / "dataset.json").is_file()
 
 
-def test_an_output_holding_what_is_not_a_build_is_refused_untouched(build_fixture, tmp_path, capsys):
+def test_an_output_holding_another_artifact_is_refused_untouched(build_fixture, tmp_path, capsys):
     """An output without build.json was refused only when it held shards/, manifest/ or dataset.json: a
-    training run's directory had its config.toml replaced and became a dataset, exit 0 (review R22b F3).
-    What a build writes before its build.json (tokenizer.json, config.toml: a kill in between) is
-    still resumed."""
+    training run's directory had its config.toml replaced and became a dataset, exit 0 (review R22b F3);
+    so is a directory whose config.toml is no data build's recipe (a mixture search's). What a build
+    writes before its build.json (its recipe, a tokenizer trained into the output with its record, a
+    decontamination index) and files of no artifact (lost+found) are no refusal (R22c R1-R3)."""
     _, _, config = build_fixture
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -375,22 +383,27 @@ def test_an_output_holding_what_is_not_a_build_is_refused_untouched(build_fixtur
         (run / name).write_text("theirs")
     msg = one_error(capsys, build_argv(config, run))
     assert msg == (
-        f"error: {run} already holds checkpoints, data_plan.json, metrics.jsonl but no build.json: not a "
-        "resumable gristmill build; pick an empty `output` directory"
+        f"error: {run} holds metrics.jsonl but no build.json: another artifact's directory (a training "
+        "run's, a mixture search's), whose files a build would replace; pick an empty `output` directory"
     ), msg
     held = sorted(p.name for p in run.iterdir())  # the build's lock, taken before it looks, aside
     assert held == [".build.lock", "checkpoints", "config.toml", "data_plan.json", "metrics.jsonl"]
     assert all((run / n).read_text() == "theirs" for n in ("config.toml", "metrics.jsonl"))
-    mine = tmp_path / "mine"
-    mine.mkdir()
-    (mine / "notes.txt").write_text("x")
-    assert f"{mine} already holds notes.txt but no build.json" in one_error(capsys, build_argv(config, mine))
-    killed = tmp_path / "killed"  # a build killed before its build.json: resumed, as before
-    killed.mkdir()
-    (killed / "config.toml").write_text("# an earlier attempt\n")
-    (killed / "tokenizer.json").write_text("{}")
+    search = tmp_path / "search"
+    search.mkdir()
+    (search / "config.toml").write_text("[target]\nmix = {a = 1.0}\n")
+    msg = one_error(capsys, build_argv(config, search))
+    assert msg.startswith(
+        f"error: {search} holds config.toml that is no data build's recipe but no build.json"
+    )
+    assert (search / "config.toml").read_text() == "[target]\nmix = {a = 1.0}\n"
+    killed = tmp_path / "killed"  # a build killed before its build.json, with a volume's lost+found and
+    (killed / "lost+found").mkdir(parents=True)  # a tokenizer trained there: resumed, as before
+    shutil.copy(config, killed / "config.toml")
+    (killed / "tokenizer.json.trained.json").write_text("{}")
+    (killed / "notes.txt").write_text("mine")
     assert main(build_argv(config, killed, "build.workers=1")) == 0
-    assert (killed / "dataset.json").is_file()
+    assert (killed / "dataset.json").is_file() and (killed / "notes.txt").read_text() == "mine"
 
 
 def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_complete(

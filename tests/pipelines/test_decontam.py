@@ -232,12 +232,23 @@ def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(dec
     assert "decontaminate" in report and "N-gram of gm_qa test doc N" in report, report
 
 
-def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(decontam, tmp_path, capsys):
+def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
+    decontam, tmp_path, capsys, monkeypatch
+):
     _, out, tasks, _, _ = decontam
     index = tmp_path / "index"
     argv = ["data", "decontam-index", "--tasks", "gm_qa,gm_cloze", "--include-path", str(tasks)]
     assert main([*argv, "--out", str(index)]) == 0
     assert "gm_cloze  test" in capsys.readouterr().out
+    # "" wrote into the working directory, over a manifest.json there; a dataset's or a run's directory
+    # got the index's files beside its own (review R22d S2)
+    monkeypatch.chdir(tmp_path)  # where "" wrote
+    assert main([*argv, "--out", ""]) == 2
+    assert capsys.readouterr().err.strip() == 'error: --out "": name a path, or leave the option out'
+    assert main([*argv, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --out {out} holds dataset.json: a dataset; give the index a directory of its own"
+    )
     manifest = read_manifest(index, verify=True)
     assert manifest["sha256"] == read_manifest(out / "decontam")["sha256"]  # task order does not matter
     # gm_qa indexes its question only (its own doc_to_decontamination_query), gm_cloze every text

@@ -164,3 +164,29 @@ def test_a_demo_source_never_replaces_a_folder_that_is_not_its_corpus(tmp_path, 
     assert main([*base, "source.path=."]) == 2  # a ValueError traceback ('.' has an empty name)
     assert f"source.path {here} holds files that are not a demo corpus" in capsys.readouterr().err
     assert (here / "notes.txt").read_text() == "x"
+
+
+def test_a_demo_corpus_written_again_touches_nothing_else_in_its_folder(tmp_path, monkeypatch):
+    """A corpus of another Python or corpus_version is written again: the whole folder was replaced,
+    with the user's files and a dataset built inside it (review R22c S1); "." in an empty working
+    directory replaced the directory itself, then a traceback (M2); "~" made a folder named "~" (S2)."""
+    corpus = write_code_corpus(tmp_path / "corpus", max_chars=30_000)
+    first = {p.name: p.read_bytes() for p in corpus.iterdir()}
+    stamp = json.loads((corpus / "corpus.json").read_text())
+    (corpus / "corpus.json").write_text(json.dumps({**stamp, "python": "3.10"}))
+    (corpus / "mine").mkdir()
+    (corpus / "mine" / "a.txt").write_text("precious")
+    (corpus / "stdlib-code-07.parquet").write_bytes(b"an earlier corpus's file")
+    write_code_corpus(corpus, max_chars=30_000)
+    assert (corpus / "mine" / "a.txt").read_text() == "precious"
+    assert {p.name: p.read_bytes() for p in corpus.iterdir() if p.is_file()} == first
+    assert not list(tmp_path.glob(".*"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    write_code_corpus(".", max_chars=30_000)
+    assert sorted(p.name for p in empty.iterdir()) == sorted(first) and Path.cwd() == empty
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_code_corpus("~/code", max_chars=30_000)
+    assert sorted(p.name for p in (tmp_path / "home" / "code").iterdir()) == sorted(first)
+    assert not (empty / "~").exists()

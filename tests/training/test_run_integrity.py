@@ -273,6 +273,50 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     assert (run / CONFIG_TOML).read_bytes() == config_before
 
 
+def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(dataset, tmp_path, capsys):
+    """Two records of one step that either could be the intact one (a damaged record took its
+    neighbour's step): the later was kept, with its step's digest under the earlier step's number
+    (review R22d M2); the checkpoint's own record damaged to a later step: only "no record" was said,
+    and the file's damaged bytes were lost (M3); a run started from another run's checkpoint was told
+    on every resume that the steps before it have no record (M1)."""
+    run = tmp_path / "run"
+    first = ["schedule.steps=16", "run.max_steps=8", "checkpoint.keep_last=0"]
+    train(load_train_config(TINY, overrides(dataset, run, *first)))
+    batches = run / "batches.bin"
+    damage(batches, len(HEADER) + 7 * RECORD.size, (7).to_bytes(8, "little"))  # step 8's says 7
+    before = batches.read_bytes()
+    capsys.readouterr()
+    train(
+        load_train_config(
+            TINY, overrides(dataset, run, "schedule.steps=16", "run.max_steps=12", 'checkpoint.resume="auto"')
+        )
+    )
+    out = capsys.readouterr().out
+    assert (
+        f"note: {batches}: 2 record(s) out of the order the steps trained in dropped (the first, record 7, "
+        "says step 7); no record of step(s) 7, 8, up to 8, the checkpoint's (`gristmill verify` names "
+        "them); the file as it was: batches.bin.damaged"
+    ) in out, out
+    assert (run / "batches.bin.damaged").read_bytes() == before
+    assert [s for s, _, _ in recorded_batches(run)] == [*range(1, 7), *range(9, 13)]
+    position = {s: i for i, (s, _, _) in enumerate(recorded_batches(run))}
+    damage(batches, len(HEADER) + position[12] * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
+    again = batches.read_bytes()
+    train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=16", 'checkpoint.resume="auto"')))
+    out = capsys.readouterr().out
+    assert f"note: {batches}: no record of step(s) 7, 8, 12, up to 12, the checkpoint's" in out, out
+    assert "the file as it was: batches.bin.damaged.2" in out
+    assert (run / "batches.bin.damaged.2").read_bytes() == again
+    # another directory, started from this run's checkpoint: its records begin after it
+    other = tmp_path / "other"
+    start = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 12)))}"
+    train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=16", "run.max_steps=14", start)))
+    capsys.readouterr()
+    train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=16", 'checkpoint.resume="auto"')))
+    assert "no record of step" not in capsys.readouterr().out
+    assert [s for s, _, _ in recorded_batches(other)] == [13, 14, 15, 16]
+
+
 def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, capsys):
     run = tmp_path / "run"
     summary = train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4")))

@@ -369,8 +369,9 @@ def test_validation_status_stale_and_failed(built_dataset, tmp_path):
     (root / "validation.json").write_text(json.dumps({**v, "ok": False, "n_problems": 3}))
     con, _ = connect([root])
     assert run_preset(con, "validation").records()[0]["status"] == "FAILED"
-    for verdict in ("yes", None):  # "yes" was cast to a pass; readers refuse the record (review R22a A2)
-        (root / "validation.json").write_text(json.dumps({**v, "ok": verdict, "n_problems": 3}))
+    # "yes" was cast to a pass, [1] read as stale; readers refuse the record (reviews R22a A2, R22d M5)
+    for record in ({**v, "ok": "yes", "n_problems": 3}, {**v, "ok": None}, [1], "x"):
+        (root / "validation.json").write_text(json.dumps(record))
         con, _ = connect([root])
         assert (
             run_preset(con, "validation").records()[0]["status"]

@@ -16,6 +16,7 @@ checks every record against the plan.
 from __future__ import annotations
 
 import bisect
+import collections
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -50,7 +51,9 @@ def kept_on_resume(entries: list[BatchEntry], through: int) -> tuple[list[BatchE
     so their steps rise: those kept are the longest rising run of records of steps up to `through`
     (the rest of those are damaged), and a record of a later step before the last one kept is damaged
     too; the records of later steps after it are the steps the resume redoes. (Picking the later
-    steps by position blamed intact records and kept a damaged one: review R22a A3.)"""
+    steps by position blamed intact records and kept a damaged one: review R22a A3.) Two records of
+    one step that either could take its place in the run cannot be told apart by their order (a
+    damaged one took its neighbour's step): both are dropped, never the damaged one kept (R22d M2)."""
     early = [i for i, e in enumerate(entries) if e.step <= through]
     # longest strictly rising subsequence of their steps (patience sorting, with predecessors)
     tails: list[int] = []  # tails[k]: the position in `early` of the smallest last step of a run of k + 1
@@ -68,8 +71,16 @@ def kept_on_resume(entries: list[BatchEntry], through: int) -> tuple[list[BatchE
     while j >= 0:
         run.append(early[j])
         j = before[j]
+    run.reverse()
+    same: dict[int, list[int]] = collections.defaultdict(list)  # step → its records' positions
+    for i in early:
+        same[entries[i].step].append(i)
     kept = set(run)
-    last = max(kept, default=-1)
+    for k, i in enumerate(run):  # another record of its step that would fit the run in its place
+        lo, hi = run[k - 1] if k else -1, run[k + 1] if k + 1 < len(run) else len(entries)
+        if any(lo < j < hi and j != i for j in same[entries[i].step]):
+            kept.discard(i)
+    last = max(run, default=-1)
     damaged = [
         i
         for i, e in enumerate(entries)

@@ -57,6 +57,10 @@ class ObjectStoreError(GristmillError):
     the URL and the fix."""
 
 
+class ObjectRefused(ObjectStoreError):
+    """The store refused the request (401, 403: credentials, or permissions scoped to a prefix)."""
+
+
 class ObjectMissing(ObjectStoreError):
     """The bucket exists but the object does not."""
 
@@ -310,7 +314,7 @@ class ObjectStore:
                 "InvalidAccessKeyId",
                 "SignatureDoesNotMatch",
             ):
-                return ObjectStoreError(
+                return ObjectRefused(
                     f"{where}: {what} refused ({code or status}: "
                     f"{e.response.get('Error', {}).get('Message', '')}); "
                     "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's "

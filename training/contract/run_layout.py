@@ -62,6 +62,21 @@ def run_record(path: str | Path) -> str | None:
     return next((n for n in records if (Path(path) / n).exists()), None)
 
 
+def artifact_in(path: str | Path) -> str | None:
+    """What directory `path` holds when it is another command's artifact ("holds dataset.json: a
+    dataset", "holds metrics.jsonl: a training run"), None otherwise: a command writing its own files
+    into a directory it is given refuses one (a mixture search replaced a dataset's config.toml, a
+    decontamination index wrote beside a run's: reviews R22b F4, R22d S2)."""
+    from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
+
+    path = Path(path)
+    if held := next((n for n in (DATASET_JSON, BUILD_JSON) if (path / n).exists()), None):
+        return f"holds {held}: a dataset"
+    if held := run_record(path):
+        return f"holds {held}: a training run"
+    return None
+
+
 def unlike_a_run(path: str | Path) -> str:
     """What directory `path` is, when no training run (is_training_run): said the same by every command
     that takes a run (review R21f 2b: an unfinished data build's output was "no config.toml")."""

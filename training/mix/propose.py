@@ -31,9 +31,8 @@ import numpy as np
 from training.config import TrainConfig
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import ConfigError, add_config_arguments, save_config
-from training.contract.dataset_format import BUILD_JSON, DATASET_JSON
-from training.contract.errors import GristmillError
-from training.contract.run_layout import run_record
+from training.contract.errors import GristmillError, refuse_empty
+from training.contract.run_layout import artifact_in
 from training.mix import fit as mix_fit
 from training.mix import simplex
 from training.mix.proxies import (
@@ -130,13 +129,12 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = load_mix_config(args.config, args.overrides)
     out = Path(args.out)
+    refuse_empty({"--out": args.out})  # the working directory: its config.toml replaced (R22d S1)
     # its config.toml is replaced by the recipe: a dataset's or a run's was, exit 0 (review R22b F4)
-    held = next((n for n in (DATASET_JSON, BUILD_JSON) if (out / n).exists()), None) or run_record(out)
-    if held is not None:
-        what = "a dataset" if held in (DATASET_JSON, BUILD_JSON) else "a training run"
+    if (held := artifact_in(out)) is not None:
         raise ConfigError(
-            f"--out {out} holds {held}: {what}, whose config.toml the search would replace with its recipe; "
-            "give the search a directory of its own"
+            f"--out {out} {held}, whose config.toml the search would replace with its recipe; give the "
+            "search a directory of its own"
         )
     sources = names(cfg)
     w = np.array(target_weights(cfg))

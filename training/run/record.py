@@ -304,23 +304,24 @@ class RunRecord:
         self, path: Path, entries: list[BatchEntry], kept: list[BatchEntry], damaged: list[int], resumed: int
     ) -> None:
         """A resume's note of what batches.bin lacks up to its checkpoint's step `resumed`: the records
-        it drops as damaged (the file as it was set aside first) and the trained steps left with no
-        record (dropped without a word: review R21b F4; a damaged record of the checkpoint's own step
-        reads as a step it redoes: R22a A4)."""
+        it drops out of the order the steps trained in, and the trained steps, from the first this
+        directory recorded, left with no record (dropped without a word: review R21b F4; a damaged
+        record of the checkpoint's own step reads as a step it redoes: R22a A4). The file as it was is
+        set aside first whenever one is said (R22d M3). A run started from another directory's
+        checkpoint recorded none of that run's steps: not said (R22d M1)."""
         parts = []
         if damaged:
-            aside = unused_name(path.with_name(f"{path.name}.damaged"))
-            write_atomic(aside, path.read_bytes())
             first = damaged[0]
             parts.append(
-                f"{len(damaged)} damaged record(s) dropped (the first, record {first + 1}, says step "
-                f"{entries[first].step}; the file as it was: {aside.name})"
+                f"{len(damaged)} record(s) out of the order the steps trained in dropped (the first, record "
+                f"{first + 1}, says step {entries[first].step})"
             )
         # the steps a rewind skipped were never trained: they have none
         have = {e.step for e in kept} | {
             s for k in self.timeline.skips for s in range(k.first_step, k.last_step + 1)
         }
-        missing = [s for s in range(1, resumed + 1) if s not in have]
+        start = min((e.step for e in kept), default=resumed + 1)
+        missing = [s for s in range(start, resumed + 1) if s not in have]
         if missing:
             more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
             parts.append(
@@ -328,7 +329,9 @@ class RunRecord:
                 "checkpoint's (`gristmill verify` names them)"
             )
         if parts:
-            say(f"note: {path}: " + "; ".join(parts))
+            aside = unused_name(path.with_name(f"{path.name}.damaged"))
+            write_atomic(aside, path.read_bytes())
+            say(f"note: {path}: " + "; ".join(parts) + f"; the file as it was: {aside.name}")
 
     def _discard_batches(self, after: int) -> None:
         """The records of steps after `after` (a rewind's discarded attempt) moved from batches.bin to

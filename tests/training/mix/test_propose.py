@@ -410,7 +410,9 @@ def test_a_bad_recipe_is_one_line_before_any_run(tmp_path, shared_sources, capsy
     assert not (out / "swarm").exists()
 
 
-def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(tmp_path, shared_sources, capsys):
+def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(
+    tmp_path, shared_sources, capsys, monkeypatch
+):
     """--out's config.toml is replaced by the search's recipe: a dataset's (its validation then failed)
     or a run's (its verify failed) was, exit 0 (review R22b F4)."""
     config = recipe(tmp_path, shared_sources)
@@ -431,6 +433,10 @@ def test_an_out_holding_a_dataset_or_a_run_is_refused_untouched(tmp_path, shared
         ), err
         assert sorted(p.name for p in out.iterdir()) == sorted([held, "config.toml"])
         assert (out / "config.toml").read_text() == "# theirs\n"
+    # "": the search ran in the working directory, over a config.toml there (review R22d S1)
+    monkeypatch.chdir(tmp_path)
+    assert gristmill(["mix", "propose", "--config", str(config), "--out", ""]) == 2
+    assert capsys.readouterr().err.strip() == 'error: --out "": name a path, or leave the option out'
 
 
 def test_a_source_without_held_out_documents_is_one_line_before_any_run(tmp_path, shared_sources, capsys):
