@@ -497,7 +497,14 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         # completion markers say nothing of the bucket, and nothing of other nodes).
         finished = _recorded_tasks(store, p.cfg.build.tasks) if store else finished_tasks(p.out)
         previous = check_output(
-            p.out, p.sha, p.identity, log, finished, p.source.as_read(), p.cfg.output if store else None
+            p.out,
+            p.sha,
+            p.identity,
+            log,
+            finished,
+            p.source.as_read(),
+            p.cfg.output if store else None,
+            p.cfg.tokenizer.path,
         )
         # before anything reads OUTPUT/decontam/, also for a complete dataset: a damaged copy is
         # replaced by the (checked) index of this identity, so a rerun is its repair

@@ -21,6 +21,7 @@ the contract's write_atomic.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
@@ -35,9 +36,12 @@ from training.contract.dataset_format import (
     BUILD_JSON,
     CONFIG_TOML,
     DATASET_JSON,
+    DECONTAM_DIR,
     LOGS_DIR,
     MANIFEST_DIR,
     SHARDS_DIR,
+    TOKENIZER_JSON,
+    file_sha256,
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import ObjectURL, is_url, user_cache_dir
@@ -109,6 +113,7 @@ def check_output(
     finished: set[int] | None = None,
     read: dict[str, Any] | None = None,
     url: str | None = None,
+    tokenizer: str | None = None,
 ) -> dict[str, Any] | None:
     """Refuse a changed config, a changed input of a finished task or a foreign directory; return
     build.json if resuming.
@@ -117,7 +122,8 @@ def check_output(
     files' folder and times (SourceFiles.as_read); `finished`: the tasks whose output is kept
     (default: those datatrove marked complete in `out`; an s3:// build's are those whose record is in
     the bucket); `url`: the bucket output whose work directory `out` is (build.json comes back from
-    the bucket into a new one: the refusal's fix is the bucket's)."""
+    the bucket into a new one: the refusal's fix is the bucket's); `tokenizer`: tokenizer.path, which
+    may lie in `out` (trained there)."""
     if (out / BUILD_JSON).is_file():
         old = read_build_json(out)
         was = dict(old.get("identity", {}))
@@ -175,21 +181,50 @@ def check_output(
             f"{out} already holds {', '.join(leftovers)} but no {BUILD_JSON}: not a resumable gristmill "
             "build; pick an empty `output` directory"
         )
-    # Another artifact's directory, whose config.toml the build replaces: a training run's was, and the
-    # run became a dataset, exit 0 (review R22b F3). What a build writes before build.json (its recipe,
-    # a tokenizer trained there, a decontam index) and files of no artifact are left as they are (R22c).
+    _refuse_foreign(out, identity, tokenizer)
+    return None
+
+
+def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) -> None:
+    """An output without build.json holding what no build of this recipe put there is refused: another
+    artifact's directory, whose config.toml the build replaces (a training run's was, and the run
+    became a dataset, exit 0: review R22b F3); files of no build, beside which it writes and which the
+    refusal of a later change advises deleting (`rm -rf OUTPUT`: R22e 1); a tokenizer.json of another
+    tokenizer, which it replaces (R22e 2). What a build writes before build.json is its own: its
+    recipe, the tokenizer (`tokenizer`: tokenizer.path) trained into it and the record beside it, a
+    decontamination index, its lock; so are hidden files and a volume's lost+found (R22c R1-R3)."""
+    from pipelines.tokenizer_train import trained_record  # imports this module
+
+    if not out.is_dir():
+        return
     other = run_record(out)
     if other is None and (out / CONFIG_TOML).is_file():
         try:
             load_config(DataConfig, out / CONFIG_TOML)
-        except GristmillError:
-            other = f"{CONFIG_TOML} that is no data build's recipe"
+        except GristmillError as e:
+            other = f"{CONFIG_TOML}, which is no data build's recipe ({e})"
     if other is not None:
         raise BuildError(
             f"{out} holds {other} but no {BUILD_JSON}: another artifact's directory (a training run's, a "
             "mixture search's), whose files a build would replace; pick an empty `output` directory"
         )
-    return None
+    own = {CONFIG_TOML, LOGS_DIR, DECONTAM_DIR, f"{DECONTAM_DIR}.tmp", "lost+found"}
+    for tok in [Path(TOKENIZER_JSON), *([Path(tokenizer).expanduser()] if tokenizer else [])]:
+        if tok.name == TOKENIZER_JSON or tok.parent.resolve() == out.resolve():
+            own |= {tok.name, trained_record(tok).name}
+    strangers = sorted(n for n in os.listdir(out) if not n.startswith(".") and n not in own)
+    if strangers:
+        shown = ", ".join(strangers[:3]) + (f" (+{len(strangers) - 3} more)" if len(strangers) > 3 else "")
+        raise BuildError(
+            f"{out} holds {shown} but no {BUILD_JSON}: files of no build, beside which a build would write "
+            "(and which starting it over would delete); pick an empty `output` directory"
+        )
+    tok = out / TOKENIZER_JSON
+    if tok.is_file() and file_sha256(tok) != identity["tokenizer"]["sha256"]:
+        raise BuildError(
+            f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
+            "writes its own there: set tokenizer.path to it, or move it out of the output"
+        )
 
 
 def _respelled_path(old: Any, new: Any) -> str:

@@ -36,6 +36,7 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import sysconfig
@@ -282,7 +283,7 @@ def _write_corpus(
     out_dir = Path(out_dir).expanduser().resolve()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
-    info = _demo_stamp(out_dir, corpus)
+    info = _demo_stamp(out_dir, corpus, stem)
     if info is not None and {k: info.get(k) for k in stamp} == stamp:
         return out_dir
     rows = rows_of(version)
@@ -302,7 +303,7 @@ def _write_corpus(
         return out_dir
     write_atomic(out_dir / "corpus.json", json.dumps(writing) + "\n")
     names = [f"{stem}-{f:02d}.parquet" for f in range(n_files)]
-    for old in out_dir.glob(f"{stem}-*.parquet"):
+    for old in out_dir.glob(f"{stem}-[0-9][0-9].parquet"):
         if old.name not in names:  # an earlier corpus's file this one does not have
             old.unlink()
     for name in [*names, "corpus.json"]:
@@ -311,11 +312,13 @@ def _write_corpus(
     return out_dir
 
 
-def _demo_stamp(out_dir: Path, corpus: str) -> dict[str, Any] | None:
+def _demo_stamp(out_dir: Path, corpus: str, stem: str) -> dict[str, Any] | None:
     """The corpus.json of the demo corpus `out_dir` holds (None: none, or the folder is missing or
-    empty). The folder is replaced when the corpus is rewritten, so one that holds anything else, or
-    the other demo corpus, is refused (ConfigError): a `source.path` pointed at the user's own data with
-    the demo kind left in the recipe deleted it (review R22b F1)."""
+    empty). The folder must hold that corpus's files alone (corpus.json, `stem`-NN.parquet; hidden
+    files aside): the build reads every parquet file in it, and writing the corpus replaces its files.
+    One that holds anything else, or the other demo corpus, is refused (ConfigError): source.path
+    pointed at the user's data with the demo kind left in the recipe deleted it (review R22b F1), and
+    the user's files beside a corpus were deleted with it, or built into the demo (R22c S1, R22e 8)."""
     kind = {"prose": "demo", "code": "demo-code"}
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(
@@ -323,26 +326,29 @@ def _demo_stamp(out_dir: Path, corpus: str) -> dict[str, Any] | None:
             "folder: point source.path at a new or empty one",
             "source.path",
         )
-    if not out_dir.exists() or not any(out_dir.iterdir()):
+    held = sorted(p.name for p in out_dir.iterdir() if not p.name.startswith(".")) if out_dir.is_dir() else []
+    if not held:
         return None
     try:
         info = json.loads((out_dir / "corpus.json").read_text())
     except (OSError, ValueError, RecursionError):
         info = None
-    if not isinstance(info, dict) or "corpus_version" not in info:
-        raise ConfigError(
-            f"source.path {out_dir} holds files that are not a demo corpus (no corpus.json of one), and "
-            f'source.kind = "{kind[corpus]}" replaces the folder with its corpus: to build your files, '
-            'set source.kind = "parquet" or "jsonl"; for the demo, point source.path at a new or empty '
-            "folder",
-            "source.path",
-        )
-    theirs = info.get("corpus", "prose")  # written before the code corpus existed: the prose one
-    if theirs != corpus:
+    theirs = info.get("corpus", "prose") if isinstance(info, dict) else None  # before the code corpus: prose
+    if isinstance(info, dict) and "corpus_version" in info and theirs != corpus:
         raise ConfigError(
             f'source.path {out_dir} holds the corpus of source.kind = "{kind.get(theirs, theirs)}", and '
-            f'source.kind = "{kind[corpus]}" would replace it with its own: point source.path at another '
-            "folder",
+            f'source.kind = "{kind[corpus]}" writes its own there: point source.path at another folder',
+            "source.path",
+        )
+    own = re.compile(rf"corpus\.json|{re.escape(stem)}-\d\d\.parquet")
+    others = [n for n in held if not own.fullmatch(n)]
+    if others or not isinstance(info, dict) or "corpus_version" not in info:
+        shown = ", ".join((others or held)[:3]) + (" …" if len(others or held) > 3 else "")
+        raise ConfigError(
+            f"source.path {out_dir} holds files that are not the demo corpus's ({shown}), and the build "
+            f'reads every parquet file there while source.kind = "{kind[corpus]}" writes the corpus\'s over '
+            'them: to build your files, set source.kind = "parquet" or "jsonl"; for the demo, point '
+            "source.path at a new or empty folder",
             "source.path",
         )
     return info

@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty({"--from": args.source, "--to": args.to})
+    refuse_empty({"--from": args.source})
+    refuse_empty({"--to": args.to}, required=True)
     if args.workers < 1:  # taken as one without a word (review R22a A9)
         raise GristmillError(f"--workers {args.workers}: give the files fetched at once, ≥ 1")
     root = args.source or f"hf://datasets/{args.repo}"

@@ -475,11 +475,17 @@ def test_uploads_never_mix_two_datasets(s3, synthetic, tmp_path, monkeypatch, ca
     assert gristmill(["data", "build", "--config", str(demo), "--set", f"output={url}/nested"]) == 2
     assert f"and {url}/nested lies inside its prefix" in capsys.readouterr().err
     assert not ObjectStore(f"{url}/nested").list() and not list(work.iterdir())
-    # credentials scoped to a prefix: the HEADs above it are refused (403), which says nothing of a
-    # dataset there; the upload was refused blaming the credentials (review R22c R4)
+    # credentials scoped to a prefix: HeadBucket and the HEADs above the prefix are refused (403), which
+    # says nothing of a dataset there; the upload was refused blaming the credentials (reviews R22c R4,
+    # R22e 6); listing inside the prefix is allowed
     scoped = f"/{BUCKET}/scoped/"
-    outside = lambda path: path.startswith(f"/{BUCKET}/") and not path.startswith(scoped)  # noqa: E731
-    s3.proxy.forbidden = lambda method, path: method == "HEAD" and outside(path)
+
+    def forbidden(method: str, path: str) -> bool:
+        if path.startswith(f"/{BUCKET}?"):  # a listing: allowed under the prefix alone
+            return "prefix=scoped%2F" not in path
+        return path.rstrip("/") == f"/{BUCKET}" or not path.startswith(scoped)
+
+    s3.proxy.forbidden = forbidden
     try:
         upload_dataset(other, s3.url("scoped/mine"), log=lambda *a: None)
     finally:

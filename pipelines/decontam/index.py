@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty({"--out": args.out})  # the working directory: a manifest.json there replaced (R22d S2)
+    refuse_empty(
+        {"--out": args.out}, required=True
+    )  # the working directory: its manifest.json replaced (R22d S2)
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]

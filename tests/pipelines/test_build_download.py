@@ -160,7 +160,7 @@ def test_cli_and_offline_hub(remote, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for extra, said in (
         (["--from", ""], 'error: --from "": name a path, or leave the option out'),
-        (["--from", str(remote), "--to", ""], 'error: --to "": name a path, or leave the option out'),
+        (["--from", str(remote), "--to", ""], 'error: --to "": name a path'),  # required: no leaving it out
         (
             ["--from", str(remote), "--workers", "0"],
             "error: --workers 0: give the files fetched at once, ≥ 1",

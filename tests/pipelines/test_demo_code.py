@@ -15,7 +15,7 @@ import pytest
 from pipelines.build import BuildError, build
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import CODE_MAX_FILE_CHARS, SCHEMA, write_code_corpus
-from training.contract.config_loader import load_config
+from training.contract.config_loader import ConfigError, load_config
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -143,7 +143,7 @@ def test_a_demo_source_never_replaces_a_folder_that_is_not_its_corpus(tmp_path, 
         f"output={tmp_path / 'ds'}",
     ]
     cases = {
-        str(mine): f"source.path {mine} holds files that are not a demo corpus (no corpus.json of one)",
+        str(mine): f"source.path {mine} holds files that are not the demo corpus's (precious.parquet)",
         str(
             code
         ): f'source.path {code} holds the corpus of source.kind = "demo-code", and source.kind = "demo"',
@@ -162,25 +162,34 @@ def test_a_demo_source_never_replaces_a_folder_that_is_not_its_corpus(tmp_path, 
     (here / "notes.txt").write_text("x")
     monkeypatch.chdir(here)
     assert main([*base, "source.path=."]) == 2  # a ValueError traceback ('.' has an empty name)
-    assert f"source.path {here} holds files that are not a demo corpus" in capsys.readouterr().err
+    assert (
+        f"source.path {here} holds files that are not the demo corpus's (notes.txt)"
+        in capsys.readouterr().err
+    )
     assert (here / "notes.txt").read_text() == "x"
 
 
 def test_a_demo_corpus_written_again_touches_nothing_else_in_its_folder(tmp_path, monkeypatch):
     """A corpus of another Python or corpus_version is written again: the whole folder was replaced,
-    with the user's files and a dataset built inside it (review R22c S1); "." in an empty working
-    directory replaced the directory itself, then a traceback (M2); "~" made a folder named "~" (S2)."""
+    with the user's files and a dataset built inside it (review R22c S1); a folder holding the corpus
+    and other files is refused (their parquet files were built into the demo, and one named like the
+    corpus's deleted: R22e 4, 8); "." in an empty working directory replaced the directory itself,
+    then a traceback (M2); "~" made a folder named "~" (S2)."""
     corpus = write_code_corpus(tmp_path / "corpus", max_chars=30_000)
     first = {p.name: p.read_bytes() for p in corpus.iterdir()}
     stamp = json.loads((corpus / "corpus.json").read_text())
     (corpus / "corpus.json").write_text(json.dumps({**stamp, "python": "3.10"}))
-    (corpus / "mine").mkdir()
-    (corpus / "mine" / "a.txt").write_text("precious")
     (corpus / "stdlib-code-07.parquet").write_bytes(b"an earlier corpus's file")
+    (corpus / ".DS_Store").write_bytes(b"hidden: no one's input")
     write_code_corpus(corpus, max_chars=30_000)
-    assert (corpus / "mine" / "a.txt").read_text() == "precious"
-    assert {p.name: p.read_bytes() for p in corpus.iterdir() if p.is_file()} == first
+    assert {p.name: p.read_bytes() for p in corpus.iterdir() if not p.name.startswith(".")} == first
     assert not list(tmp_path.glob(".*"))
+    for mine in ("stdlib-code-mine.parquet", "notes.txt"):
+        (corpus / mine).write_bytes(b"precious")
+        with pytest.raises(ConfigError, match=f"holds files that are not the demo corpus's \\({mine}\\)"):
+            write_code_corpus(corpus, max_chars=30_000)
+        assert (corpus / mine).read_bytes() == b"precious"
+        (corpus / mine).unlink()
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.chdir(empty)

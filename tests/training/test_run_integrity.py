@@ -237,9 +237,9 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     assert "resuming from" in out and "step-000008, the newest complete checkpoint that verifies" in out
     assert "skipped step-000012: step-000012 is damaged" in out and "cut off the torn last line" in out
     assert (
-        f"note: {batches}: 1 damaged record(s) dropped (the first, record 3, says step 4294967300; the file "
-        "as it was: batches.bin.damaged); no record of step(s) 3, up to 8, the checkpoint's (`gristmill "
-        "verify` names them)"
+        f"note: {batches}: 1 record(s) that cannot be trusted dropped (out of the order the steps trained "
+        "in, or one of two of a step: the first, record 3, says step 4294967300); no record of step(s) 3, "
+        "up to 8, the checkpoint's (`gristmill verify` names them); the file as it was: batches.bin.damaged"
     ) in out
     assert (run / "batches.bin.damaged").read_bytes() == before
     assert [s for s, _, _ in recorded_batches(run)] == [1, 2, *range(4, 17)]
@@ -257,8 +257,9 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     train(load_train_config(TINY, resume))
     out = capsys.readouterr().out
     assert (
-        f"note: {batches}: 1 damaged record(s) dropped (the first, record 13, says step 2; the file as it "
-        "was: batches.bin.damaged.2); no record of step(s) 3, 12, up to 12, the checkpoint's"
+        f"note: {batches}: 1 record(s) that cannot be trusted dropped (out of the order the steps trained "
+        "in, or one of two of a step: the first, record 13, says step 2); no record of step(s) 3, 12, up "
+        "to 12, the checkpoint's (`gristmill verify` names them); the file as it was: batches.bin.damaged.2"
     ) in out, out
     assert (run / "batches.bin.damaged").read_bytes() == before
     assert (run / "batches.bin.damaged.2").read_bytes() == again
@@ -293,9 +294,9 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     )
     out = capsys.readouterr().out
     assert (
-        f"note: {batches}: 2 record(s) out of the order the steps trained in dropped (the first, record 7, "
-        "says step 7); no record of step(s) 7, 8, up to 8, the checkpoint's (`gristmill verify` names "
-        "them); the file as it was: batches.bin.damaged"
+        f"note: {batches}: 2 record(s) that cannot be trusted dropped (out of the order the steps trained "
+        "in, or one of two of a step: the first, record 7, says step 7); no record of step(s) 7, 8, up to "
+        "8, the checkpoint's (`gristmill verify` names them); the file as it was: batches.bin.damaged"
     ) in out, out
     assert (run / "batches.bin.damaged").read_bytes() == before
     assert [s for s, _, _ in recorded_batches(run)] == [*range(1, 7), *range(9, 13)]
@@ -315,6 +316,32 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=16", 'checkpoint.resume="auto"')))
     assert "no record of step" not in capsys.readouterr().out
     assert [s for s, _, _ in recorded_batches(other)] == [13, 14, 15, 16]
+    # the record deleted whole, or its first record damaged: nothing was said (review R22e 3)
+    gone = tmp_path / "gone"
+    train(load_train_config(TINY, overrides(dataset, gone, *first)))
+    (gone / "batches.bin").unlink()
+    capsys.readouterr()
+    train(
+        load_train_config(
+            TINY,
+            overrides(dataset, gone, "schedule.steps=16", "run.max_steps=10", 'checkpoint.resume="auto"'),
+        )
+    )
+    out = capsys.readouterr().out
+    assert f"note: {gone / 'batches.bin'}: no record of step(s) 1, 2, 3, 4, 5 (+3 more), up to 8" in out, out
+    damage(gone / "batches.bin", len(HEADER), (12).to_bytes(8, "little"))  # its first record, step 9's
+    train(
+        load_train_config(
+            TINY,
+            overrides(dataset, gone, "schedule.steps=16", "run.max_steps=12", 'checkpoint.resume="auto"'),
+        )
+    )
+    out = capsys.readouterr().out
+    assert (
+        f"note: {gone / 'batches.bin'}: 1 record(s) that cannot be trusted dropped (out of the order the "
+        "steps trained in, or one of two of a step: the first, record 1, says step 12); no record of "
+        "step(s) 1, 2, 3, 4, 5 (+4 more), up to 10"
+    ) in out, out
 
 
 def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, capsys):

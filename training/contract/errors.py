@@ -24,13 +24,16 @@ def unwritable(where: str | Path, e: OSError) -> GristmillError:
     )
 
 
-def refuse_empty(options: dict[str, str | None]) -> None:
+def refuse_empty(options: dict[str, str | None], required: bool = False) -> None:
     """Options given as "" (an unset shell variable: `--db "$DB"`), each read as not given without a
-    word: no file written, the hub instead of `--from`, the config's path instead of `--out` (review
-    R22a A7–A9, A11). `options`: flag → value, None when it was not given."""
+    word: no file written, the hub instead of `--from`, the config's path instead of `--out`, the
+    working directory (review R22a A7–A9, A11; R22d S1–S3). `options`: flag → value, None when it was
+    not given; `required`: options a command cannot do without (no leaving them out: R22e 7)."""
     for flag, value in options.items():
         if value is not None and not str(value).strip():
-            raise GristmillError(f'{flag} "": name a path, or leave the option out')
+            raise GristmillError(
+                f'{flag} "": name a path' + ("" if required else ", or leave the option out")
+            )
 
 
 class NonFiniteError(GristmillError):

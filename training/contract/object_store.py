@@ -338,8 +338,17 @@ class ObjectStore:
         return ObjectStoreError(f"{where}: {what} failed {tries} time(s), last with {e}; retry later")
 
     def check_bucket(self) -> None:
-        """One request that proves the endpoint, the credentials and the bucket (the preflight)."""
-        self._call("HeadBucket", None, lambda c: c.head_bucket(Bucket=self.url.bucket))
+        """One request that proves the endpoint, the credentials and the bucket (the preflight). A
+        HeadBucket refused (credentials scoped to a prefix may not ask it: review R22e 6) is asked
+        again as a listing of one key under this URL's prefix, which such credentials may make."""
+        try:
+            self._call("HeadBucket", None, lambda c: c.head_bucket(Bucket=self.url.bucket))
+        except ObjectRefused as refused:
+            args = {"Bucket": self.url.bucket, "Prefix": self.url.key(""), "MaxKeys": 1}
+            try:
+                self._call("LIST", None, lambda c: c.list_objects_v2(**args))
+            except ObjectRefused:
+                raise refused from None
 
     def get(self, rel: str) -> bytes:
         """The whole object `rel` (small files: dataset.json, a manifest)."""

@@ -304,23 +304,27 @@ class RunRecord:
         self, path: Path, entries: list[BatchEntry], kept: list[BatchEntry], damaged: list[int], resumed: int
     ) -> None:
         """A resume's note of what batches.bin lacks up to its checkpoint's step `resumed`: the records
-        it drops out of the order the steps trained in, and the trained steps, from the first this
-        directory recorded, left with no record (dropped without a word: review R21b F4; a damaged
-        record of the checkpoint's own step reads as a step it redoes: R22a A4). The file as it was is
-        set aside first whenever one is said (R22d M3). A run started from another directory's
-        checkpoint recorded none of that run's steps: not said (R22d M1)."""
+        it cannot trust (out of the order the steps trained in, or two of one step), and the trained
+        steps, from the first this directory trained, left with no record (dropped without a word:
+        review R21b F4; a damaged record of the checkpoint's own step reads as a step it redoes: R22a
+        A4). The file as it was is set aside first whenever one is said (R22d M3). A run started from
+        another directory's checkpoint recorded none of that run's steps: not said (R22d M1)."""
         parts = []
         if damaged:
             first = damaged[0]
             parts.append(
-                f"{len(damaged)} record(s) out of the order the steps trained in dropped (the first, record "
-                f"{first + 1}, says step {entries[first].step})"
+                f"{len(damaged)} record(s) that cannot be trusted dropped (out of the order the steps "
+                f"trained in, or one of two of a step: the first, record {first + 1}, says step "
+                f"{entries[first].step})"
             )
         # the steps a rewind skipped were never trained: they have none
         have = {e.step for e in kept} | {
             s for k in self.timeline.skips for s in range(k.first_step, k.last_step + 1)
         }
-        start = min((e.step for e in kept), default=resumed + 1)
+        # From the first step this directory trained: its first metrics row (step 1 always has one; a
+        # run started from another directory's checkpoint begins after it). The kept records' first
+        # missed a damaged first record, and said nothing of a record deleted whole (review R22e 3).
+        start = min((r["step"] for r in kept_rows(self.rows)), default=1)
         missing = [s for s in range(start, resumed + 1) if s not in have]
         if missing:
             more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
@@ -328,10 +332,12 @@ class RunRecord:
                 f"no record of step(s) {', '.join(map(str, missing[:5]))}{more}, up to {resumed}, the "
                 "checkpoint's (`gristmill verify` names them)"
             )
-        if parts:
+        if parts and path.exists():  # (deleted whole, there is nothing to keep)
             aside = unused_name(path.with_name(f"{path.name}.damaged"))
             write_atomic(aside, path.read_bytes())
-            say(f"note: {path}: " + "; ".join(parts) + f"; the file as it was: {aside.name}")
+            parts.append(f"the file as it was: {aside.name}")
+        if parts:
+            say(f"note: {path}: " + "; ".join(parts))
 
     def _discard_batches(self, after: int) -> None:
         """The records of steps after `after` (a rewind's discarded attempt) moved from batches.bin to
