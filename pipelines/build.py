@@ -162,6 +162,15 @@ class BuildInterrupted(BuildError):
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
+    if args.config and not is_url(cfg.output):
+        out = output_dir(cfg)
+        # the build writes its resolved recipe there: a recipe kept in a new output lost its comments,
+        # and a --set became part of it (reviews R22e 5, R22g 4); a build's own, rerun, stays as it is
+        if Path(args.config).resolve() == (out / CONFIG_TOML).resolve() and not (out / BUILD_JSON).is_file():
+            raise BuildError(
+                f"--config {args.config} is {out / CONFIG_TOML}, where the build writes the recipe it "
+                "resolves; keep your recipe outside the output"
+            )
     # SIGTERM (a scheduler, `kill`) stops the build as Ctrl-C does: the worker pool and datatrove's
     # manager process are shut down on the way out. With the default action the launcher died at
     # once and left them running, writing the output and holding its lock.

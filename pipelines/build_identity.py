@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
 from pipelines import progress
 from pipelines.config import DataConfig
+from pipelines.dataset_lock import LOCK
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
+from tokenization.tokenizer_io import trained_record
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
@@ -186,21 +189,21 @@ def check_output(
 
 
 def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) -> None:
-    """An output without build.json holding what no build of this recipe put there is refused: another
-    artifact's directory, whose config.toml the build replaces (a training run's was, and the run
-    became a dataset, exit 0: review R22b F3); files of no build, beside which it writes and which the
-    refusal of a later change advises deleting (`rm -rf OUTPUT`: R22e 1); a tokenizer.json of another
-    tokenizer, which it replaces (R22e 2). What a build writes before build.json is its own: its
-    recipe, the tokenizer (`tokenizer`: tokenizer.path) trained into it and the record beside it, a
-    decontamination index, its lock; so are hidden files and a volume's lost+found (R22c R1-R3)."""
-    from pipelines.tokenizer_train import trained_record  # imports this module
-
+    """An output without build.json holding what no build put there is refused: another artifact's
+    directory, whose config.toml the build replaces (a training run's was, and the run became a
+    dataset, exit 0: review R22b F3); files of no build, hidden ones too, beside which it writes and
+    which the refusal of a later change advises deleting (`rm -rf OUTPUT`: R22e 1, R22g 6); a
+    tokenizer.json of another tokenizer where no killed build left it, which it replaces (R22e 2,
+    R22g 7). A build's own, before build.json: its recipe, the tokenizer of `tokenizer`
+    (tokenizer.path) or of the recipe a killed build left, trained into it with the record beside it
+    (R22g 8), a decontamination index, logs, its lock and the temporary files of its writes; and a
+    volume's lost+found (R22c R1-R3)."""
     if not out.is_dir():
         return
-    other = run_record(out)
+    other, left = run_record(out), None
     if other is None and (out / CONFIG_TOML).is_file():
         try:
-            load_config(DataConfig, out / CONFIG_TOML)
+            left = load_config(DataConfig, out / CONFIG_TOML)
         except GristmillError as e:
             other = f"{CONFIG_TOML}, which is no data build's recipe ({e})"
     if other is not None:
@@ -208,11 +211,18 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
             f"{out} holds {other} but no {BUILD_JSON}: another artifact's directory (a training run's, a "
             "mixture search's), whose files a build would replace; pick an empty `output` directory"
         )
-    own = {CONFIG_TOML, LOGS_DIR, DECONTAM_DIR, f"{DECONTAM_DIR}.tmp", "lost+found"}
-    for tok in [Path(TOKENIZER_JSON), *([Path(tokenizer).expanduser()] if tokenizer else [])]:
-        if tok.name == TOKENIZER_JSON or tok.parent.resolve() == out.resolve():
-            own |= {tok.name, trained_record(tok).name}
-    strangers = sorted(n for n in os.listdir(out) if not n.startswith(".") and n not in own)
+    own = {CONFIG_TOML, LOGS_DIR, DECONTAM_DIR, f"{DECONTAM_DIR}.tmp", "lost+found", ".DS_Store", LOCK}
+    own.add(TOKENIZER_JSON)
+    own.add(trained_record(Path(TOKENIZER_JSON)).name)
+    for path in (tokenizer, left and left.tokenizer.path):
+        if not path or "://" in path:
+            continue
+        tok = Path(path).expanduser().resolve()
+        if tok.is_relative_to(out.resolve()) and tok != out.resolve():
+            first = tok.relative_to(out.resolve()).parts[0]  # the file, or the folder holding it
+            own |= {first, trained_record(Path(first)).name}
+    temporary = re.compile(r"\..+\.tmp")  # write_atomic's, of a write a kill cut short
+    strangers = sorted(n for n in os.listdir(out) if n not in own and not temporary.fullmatch(n))
     if strangers:
         shown = ", ".join(strangers[:3]) + (f" (+{len(strangers) - 3} more)" if len(strangers) > 3 else "")
         raise BuildError(
@@ -220,7 +230,7 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
             "(and which starting it over would delete); pick an empty `output` directory"
         )
     tok = out / TOKENIZER_JSON
-    if tok.is_file() and file_sha256(tok) != identity["tokenizer"]["sha256"]:
+    if left is None and tok.is_file() and file_sha256(tok) != identity["tokenizer"]["sha256"]:
         raise BuildError(
             f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
             "writes its own there: set tokenizer.path to it, or move it out of the output"

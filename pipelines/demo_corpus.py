@@ -36,7 +36,6 @@ import hashlib
 import inspect
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -283,18 +282,19 @@ def _write_corpus(
     out_dir = Path(out_dir).expanduser().resolve()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
-    info = _demo_stamp(out_dir, corpus, stem)
-    if info is not None and {k: info.get(k) for k in stamp} == stamp:
+    info = _demo_stamp(out_dir, corpus, stem, n_files)
+    whole = all((out_dir / n).is_file() for n in _corpus_files(stem, n_files))  # one deleted: written again
+    if info is not None and {k: info.get(k) for k in stamp} == stamp and whole:
         return out_dir
     rows = rows_of(version)
     tmp = out_dir.with_name(f".{out_dir.name}.demo-corpus.tmp")  # ours alone: removed unasked
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     per_file = -(-len(rows) // n_files)
-    for f in range(n_files):
+    for f, name in enumerate(_corpus_files(stem, n_files)):
         chunk = rows[f * per_file : (f + 1) * per_file]
         table = pa.Table.from_pylist(chunk, schema=SCHEMA)
-        pq.write_table(table, tmp / f"{stem}-{f:02d}.parquet", row_group_size=2000)
+        pq.write_table(table, tmp / name, row_group_size=2000)
     writing = {**stamp, "python": "being written"}  # ours, and unlike any finished corpus
     stamp.update(documents=len(rows), characters=sum(len(r["text"]) for r in rows), source=source)
     (tmp / "corpus.json").write_text(json.dumps(stamp, indent=2) + "\n")
@@ -302,17 +302,17 @@ def _write_corpus(
         os.replace(tmp, out_dir)
         return out_dir
     write_atomic(out_dir / "corpus.json", json.dumps(writing) + "\n")
-    names = [f"{stem}-{f:02d}.parquet" for f in range(n_files)]
-    for old in out_dir.glob(f"{stem}-[0-9][0-9].parquet"):
-        if old.name not in names:  # an earlier corpus's file this one does not have
-            old.unlink()
-    for name in [*names, "corpus.json"]:
+    for name in [*_corpus_files(stem, n_files), "corpus.json"]:
         os.replace(tmp / name, out_dir / name)
     tmp.rmdir()
     return out_dir
 
 
-def _demo_stamp(out_dir: Path, corpus: str, stem: str) -> dict[str, Any] | None:
+def _corpus_files(stem: str, n_files: int) -> list[str]:
+    return [f"{stem}-{f:02d}.parquet" for f in range(n_files)]
+
+
+def _demo_stamp(out_dir: Path, corpus: str, stem: str, n_files: int) -> dict[str, Any] | None:
     """The corpus.json of the demo corpus `out_dir` holds (None: none, or the folder is missing or
     empty). The folder must hold that corpus's files alone (corpus.json, `stem`-NN.parquet; hidden
     files aside): the build reads every parquet file in it, and writing the corpus replaces its files.
@@ -340,8 +340,10 @@ def _demo_stamp(out_dir: Path, corpus: str, stem: str) -> dict[str, Any] | None:
             f'source.kind = "{kind[corpus]}" writes its own there: point source.path at another folder',
             "source.path",
         )
-    own = re.compile(rf"corpus\.json|{re.escape(stem)}-\d\d\.parquet")
-    others = [n for n in held if not own.fullmatch(n)]
+    own = {"corpus.json", *_corpus_files(stem, n_files)}  # its numbers alone (R22g 5)
+    others = [n for n in held if n not in own]
+    if not others and not (isinstance(info, dict) and "corpus_version" in info):
+        return None  # its own files without its corpus.json (deleted): written again
     if others or not isinstance(info, dict) or "corpus_version" not in info:
         shown = ", ".join((others or held)[:3]) + (" …" if len(others or held) > 3 else "")
         raise ConfigError(

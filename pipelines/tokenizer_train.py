@@ -28,7 +28,7 @@ from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.filters import make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
-from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe
+from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
 from training.contract.config_loader import add_config_arguments, load_config
 from training.contract.errors import refuse_empty
@@ -152,11 +152,6 @@ def train_tokenizer(
     else:
         log(f"{trained}; {out} appeared meanwhile with the same bytes (another process trained it): using it")
     return out
-
-
-def trained_record(tok: Path) -> Path:
-    """Beside a tokenizer this command trained: the source it was trained on and when."""
-    return tok.with_name(tok.name + ".trained.json")
 
 
 def _utc(t: float) -> str:

@@ -117,3 +117,9 @@ def train_bpe(
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def trained_record(tok: Path) -> Path:
+    """Beside a tokenizer `gristmill tokenizer train` trained: the source it was trained on and when
+    (pipelines/tokenizer_train.py writes it; a data build takes it for its own in its output)."""
+    return tok.with_name(tok.name + ".trained.json")

@@ -28,7 +28,7 @@ from torch.distributed.tensor.placement_types import Shard
 from training.contract.disk_space import fmt_bytes
 from training.contract.object_store import COUNTS, is_url
 from training.contract.run_layout import kept_rows
-from training.plotting import agg_pyplot
+from training.plotting import agg_pyplot, save_figure
 
 # Dense (no sparsity) bf16 tensor-core peak per GPU, from the vendor datasheets. Matched in order
 # against torch.cuda.get_device_name(), so the specific variants come before the family name.
@@ -362,14 +362,11 @@ def format_line(m: dict[str, Any]) -> str:
 
 def plot_loss(history: list[dict[str, Any]], path: Path, skips=(), phases=()) -> str | None:
     """Train and validation loss against step as a PNG (`loss_figure`); returns a note instead if
-    matplotlib is missing."""
+    matplotlib is missing, a warning if the file cannot be written."""
     plt = agg_pyplot(required=False)
     if plt is None:
         return "note: matplotlib is not installed; no loss.png (pip install matplotlib)"
-    fig = loss_figure(plt, history, skips, phases)
-    fig.savefig(path)
-    plt.close(fig)
-    return None
+    return save_figure(plt, loss_figure(plt, history, skips, phases), path)
 
 
 def loss_figure(plt, history: list[dict[str, Any]], skips=(), phases=()):

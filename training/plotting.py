@@ -5,7 +5,9 @@ drawn, so training/ runs where it is not installed.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def agg_pyplot(required: bool = True) -> ModuleType | None:
@@ -21,3 +23,16 @@ def agg_pyplot(required: bool = True) -> ModuleType | None:
             raise
         return None
     return plt
+
+
+def save_figure(plt: ModuleType, fig: Any, path: Path, **kw: Any) -> str | None:
+    """`fig` saved as `path` and closed; a warning line instead when the file cannot be written (a
+    directory of its name, a full disk): a picture of the run never costs it (a finished run ended in
+    a traceback, exit 1: review R22f T1)."""
+    try:
+        fig.savefig(path, **kw)
+    except OSError as e:
+        return f"warning: {path} not drawn: {e.strerror or e}; the run's own files are written"
+    finally:
+        plt.close(fig)
+    return None

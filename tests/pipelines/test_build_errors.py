@@ -411,6 +411,36 @@ def test_an_output_holding_another_artifact_is_refused_untouched(build_fixture, 
         f"error: {other_tok / 'tokenizer.json'} is another tokenizer than the one this build"
     ), msg
     assert (other_tok / "tokenizer.json").read_text() == '{"my": "tokenizer"}'
+    hidden = tmp_path / "hidden"  # a build deletes every *.tmp below its output at its end (R22g 1, 6)
+    (hidden / ".scratch").mkdir(parents=True)
+    (hidden / ".scratch" / "draft.tmp").write_text("mine")
+    assert f"{hidden} holds .scratch but no build.json: files of no build" in one_error(
+        capsys, build_argv(config, hidden)
+    )
+    assert (hidden / ".scratch" / "draft.tmp").read_text() == "mine"
+    # a killed build's own: the tokenizer its recipe or tokenizer.path trained into the output, in a
+    # folder too, and a tokenizer.json of its own recipe's, rerun with another tokenizer (R22g 7, 8)
+    tok = tmp_path / "tokin"
+    (tok / "tok").mkdir(parents=True)
+    shutil.copy(build_fixture[1], tok / "tok" / "tokenizer.json")
+    (tok / "tokenizer.json").write_text('{"an": "earlier attempt\'s tokenizer"}')
+    shutil.copy(config, tok / "config.toml")
+    assert (
+        main(build_argv(config, tok, "build.workers=1", f"tokenizer.path={tok / 'tok' / 'tokenizer.json'}"))
+        == 0
+    )
+    kept = tmp_path / "kept"  # the user's recipe kept in a new output: rewritten, comments gone (R22g 4)
+    kept.mkdir()
+    recipe = "# mine\n" + config.read_text()
+    (kept / "config.toml").write_text(recipe)
+    msg = one_error(
+        capsys, ["data", "build", "--config", str(kept / "config.toml"), "--set", f"output={kept}"]
+    )
+    assert msg == (
+        f"error: --config {kept / 'config.toml'} is {kept / 'config.toml'}, where the build writes the "
+        "recipe it resolves; keep your recipe outside the output"
+    ), msg
+    assert (kept / "config.toml").read_text() == recipe
     killed = tmp_path / "killed"  # a build killed before its build.json, with a volume's lost+found, a
     (killed / "lost+found").mkdir(parents=True)  # tokenizer's record, a hidden file: resumed, as before
     shutil.copy(config, killed / "config.toml")

@@ -179,12 +179,15 @@ def test_a_demo_corpus_written_again_touches_nothing_else_in_its_folder(tmp_path
     first = {p.name: p.read_bytes() for p in corpus.iterdir()}
     stamp = json.loads((corpus / "corpus.json").read_text())
     (corpus / "corpus.json").write_text(json.dumps({**stamp, "python": "3.10"}))
-    (corpus / "stdlib-code-07.parquet").write_bytes(b"an earlier corpus's file")
     (corpus / ".DS_Store").write_bytes(b"hidden: no one's input")
     write_code_corpus(corpus, max_chars=30_000)
     assert {p.name: p.read_bytes() for p in corpus.iterdir() if not p.name.startswith(".")} == first
     assert not list(tmp_path.glob(".*"))
-    for mine in ("stdlib-code-mine.parquet", "notes.txt"):
+    (corpus / "stdlib-code-01.parquet").unlink()  # one of its files deleted: the corpus built short (R22g 5)
+    write_code_corpus(corpus, max_chars=30_000)
+    assert {p.name: p.read_bytes() for p in corpus.iterdir() if not p.name.startswith(".")} == first
+    # a file named like the corpus's but not one of its own was built into the demo (R22g 5)
+    for mine in ("stdlib-code-mine.parquet", "stdlib-code-07.parquet", "notes.txt"):
         (corpus / mine).write_bytes(b"precious")
         with pytest.raises(ConfigError, match=f"holds files that are not the demo corpus's \\({mine}\\)"):
             write_code_corpus(corpus, max_chars=30_000)

@@ -464,6 +464,26 @@ def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_
     assert_same_weights(run, straight, 8)
 
 
+def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(tmp_path, data, straight):
+    """A gristmill export damaged since it was exported (eval and verify refuse it) was trained from,
+    exit 0: its gristmill_checksums.json was never read (review R22f S4)."""
+    copy = export_checkpoint(straight, 8, out=tmp_path / "export")
+    weights = copy / "model.safetensors"
+    data_at = weights.stat().st_size - 64
+    with open(weights, "r+b") as f:
+        f.seek(data_at)
+        f.write(bytes(64))
+    run = tmp_path / "run"
+    done = _run(overrides(data, run, _init(copy), "schedule.steps=4"))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    line = one_error_line(done.stderr)
+    assert line.startswith(
+        f"error: model.init_from = {copy} is a gristmill export that fails its checksums ("
+    ), line
+    assert f"{weights}: sha256 " in line and "export it again (gristmill export RUN --step N)" in line, line
+    assert not (run / "checkpoints").exists()
+
+
 def test_init_from_refuses_a_larger_vocabulary_before_step_1(tmp_path, data):
     base = tmp_path / "base"
     make_base(base, vocab_size=128, max_position_embeddings=64)

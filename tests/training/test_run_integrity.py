@@ -313,6 +313,7 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     start = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 12)))}"
     train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=16", "run.max_steps=14", start)))
     capsys.readouterr()
+    (other / "metrics.jsonl").unlink()  # counted from step 1 then, its steps 1-12 said missing (R22g 2)
     train(load_train_config(TINY, overrides(dataset, other, "schedule.steps=16", 'checkpoint.resume="auto"')))
     assert "no record of step" not in capsys.readouterr().out
     assert [s for s, _, _ in recorded_batches(other)] == [13, 14, 15, 16]
@@ -342,6 +343,19 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
         "steps trained in, or one of two of a step: the first, record 1, says step 12); no record of "
         "step(s) 1, 2, 3, 4, 5 (+4 more), up to 10"
     ) in out, out
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning_not_the_runs_end(dataset, tmp_path, capsys):
+    """plan.png a directory: a traceback before step 1; loss.png one: every step trained, then a
+    traceback and exit 1, at every invocation (review R22f T1). Each is one warning now."""
+    run = tmp_path / "run"
+    for name in ("plan.png", "loss.png"):
+        (run / name).mkdir(parents=True)
+    summary = train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4", "metrics.plot=true")))
+    assert summary["steps"] == 4
+    out = capsys.readouterr().out
+    for name in ("plan.png", "loss.png"):
+        assert f"warning: {run / name} not drawn: Is a directory; the run's own files are written" in out, out
 
 
 def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, capsys):

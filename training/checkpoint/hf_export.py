@@ -77,7 +77,7 @@ from training.contract.dataset_format import (
     without_dropout,
 )
 from training.contract.errors import GristmillError, unwritable
-from training.contract.integrity import damaged_files, file_records
+from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, file_records
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
@@ -102,7 +102,6 @@ from training.model import ModelConfig, Transformer
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
 EXPORT_META = "gristmill_export.json"
-EXPORT_CHECKSUMS = "gristmill_checksums.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "PreTrainedTokenizerFast"  # transformers' class that encodes with tokenizer.json as it is

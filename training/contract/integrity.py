@@ -26,6 +26,7 @@ from training.contract.config_loader import json_sha256
 
 CHUNK = 8 << 20  # read size; zlib and hashlib release the GIL on buffers this large
 ALGORITHMS = ("crc32", "sha256")
+EXPORT_CHECKSUMS = "gristmill_checksums.json"  # an export's record of its files (hf_export, base_record)
 
 
 def file_digest(path: str | Path, algorithm: str) -> str:

@@ -28,7 +28,7 @@ from training.data import plan as data_plan
 from training.data.block_cache import check_room, gb_holding
 from training.data.reader import DocumentTable
 from training.data.spec import RunSpec, batch_key
-from training.plotting import agg_pyplot
+from training.plotting import agg_pyplot, save_figure
 
 
 def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[DocumentTable]:
@@ -576,6 +576,4 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
                    va="top", fontsize=8)  # fmt: skip
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return None
+    return save_figure(plt, fig, path, dpi=100)

@@ -321,10 +321,16 @@ class RunRecord:
         have = {e.step for e in kept} | {
             s for k in self.timeline.skips for s in range(k.first_step, k.last_step + 1)
         }
-        # From the first step this directory trained: its first metrics row (step 1 always has one; a
-        # run started from another directory's checkpoint begins after it). The kept records' first
-        # missed a damaged first record, and said nothing of a record deleted whole (review R22e 3).
-        start = min((r["step"] for r in kept_rows(self.rows)), default=1)
+        # From the first step this directory trained, as far as its files tell: its first metrics row
+        # (step 1 always has one; a run started from another directory's checkpoint logs from its
+        # first step or later: run.log_every) or its first kept record, the earlier; neither: nothing
+        # to count from. The kept records alone missed a damaged first record and a file deleted whole
+        # (review R22e 3); the rows alone, a record without rows (R22g 2, 3).
+        firsts = [
+            min((r["step"] for r in kept_rows(self.rows)), default=None),
+            kept[0].step if kept else None,
+        ]
+        start = min((s for s in firsts if s is not None), default=resumed + 1)
         missing = [s for s in range(start, resumed + 1) if s not in have]
         if missing:
             more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
