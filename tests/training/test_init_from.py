@@ -484,6 +484,28 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     assert not (run / "checkpoints").exists()
 
 
+def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight):
+    """--out RUN/exports/step-000004 (a step that never had a checkpoint) wrote step 6's weights under
+    step 4's name: verify then called them damaged and eval refused the step (review R22f U5)."""
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    for out in (export_dir(run, 4), run / "checkpoints" / "mine"):
+        with pytest.raises(ExportError, match=r"lies in .*'s exports/ or checkpoints/"):
+            export_checkpoint(run, 8, out=out)
+        assert not out.exists()
+
+
+def test_init_from_a_run_or_its_checkpoint_says_to_export_a_step(tmp_path, data, straight):
+    """ "config.json not found", with no word of what to give instead (review R22f U4)."""
+    for given in (straight, checkpoint_dir(straight, 8)):
+        done = _run(overrides(data, tmp_path / "run", _init(given), "schedule.steps=4"))
+        line = one_error_line(done.stderr)
+        assert (
+            f"({straight} is a training run: export a step first, gristmill export {straight} --step N"
+            in line
+        ), line
+
+
 def test_init_from_refuses_a_larger_vocabulary_before_step_1(tmp_path, data):
     base = tmp_path / "base"
     make_base(base, vocab_size=128, max_position_embeddings=64)

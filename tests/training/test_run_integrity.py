@@ -343,6 +343,18 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
         "steps trained in, or one of two of a step: the first, record 1, says step 12); no record of "
         "step(s) 1, 2, 3, 4, 5 (+4 more), up to 10"
     ) in out, out
+    # --resume given a run directory or a dataset: "not a complete checkpoint: no .metadata (the save
+    # did not finish)" (review R22f U1)
+    for given, what in (
+        (run, f"{run} is a run directory"),
+        (dataset, f"{dataset} holds dataset.json: a dataset"),
+    ):
+        resume = f"checkpoint.resume={json.dumps(str(given))}"
+        assert main(["--config", TINY, "--set", *overrides(dataset, tmp_path / "new", resume)]) == 2
+        assert one_error_line(capsys.readouterr().err) == (
+            f"error: --resume {given}: {what}, not a checkpoint (RUN/checkpoints/step-N); give one, or "
+            "--resume auto with run.output_dir set to the run"
+        )
 
 
 def test_a_plot_that_cannot_be_written_is_a_warning_not_the_runs_end(dataset, tmp_path, capsys):

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import re
 import shutil
 import threading
 import time
@@ -99,10 +100,12 @@ from training.contract.run_layout import (
     export_dir,
     incomplete_reason,
     is_complete_checkpoint,
+    is_training_run,
     list_steps,
     run_of_checkpoint,
     set_aside_after,
     step_of,
+    unlike_a_run,
 )
 from training.data.loader import foreign_state_message
 from training.optim import optimizer_name, saved_optimizer
@@ -147,6 +150,13 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
         path = Path(spec)
         if not path.is_dir():
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
+        if not re.fullmatch(r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name):
+            # a run directory, an export, a dataset read as a save that did not finish (review R22f U1)
+            what = f"{unlike_a_run(path)}" if not is_training_run(path) else f"{path} is a run directory"
+            raise CheckpointError(
+                f"--resume {spec}: {what}, not a checkpoint (RUN/checkpoints/step-N); give one, or "
+                "--resume auto with run.output_dir set to the run"
+            )
         reason = incomplete_reason(path)
         if reason:
             raise CheckpointError(

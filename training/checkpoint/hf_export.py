@@ -672,6 +672,13 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
+    if out is not None and any(
+        out.resolve().is_relative_to((run_dir / sub).resolve()) for sub in (EXPORTS_DIR, CHECKPOINTS_DIR)
+    ):  # named as another step's export: verify called it damaged, eval refused it (review R22f U5)
+        raise ExportError(
+            f"--out {out} lies in {run_dir}'s {EXPORTS_DIR}/ or {CHECKPOINTS_DIR}/, which hold the run's own "
+            "exports and checkpoints by step: choose a directory outside them"
+        )
     if step is not None and (step < 0 or (merged and step == 0)):
         raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")
     if step == 0:

@@ -52,6 +52,7 @@ from training.checkpoint.base_source import (
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES, hf_name
 from training.contract.config_loader import ConfigError, json_sha256
 from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_sha256
+from training.contract.run_layout import is_training_run
 
 __all__ = [
     "BASE_FIELDS",
@@ -92,8 +93,16 @@ def read_base_config(base: str | Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        # a run's directory or checkpoint: its weights are exported first, or resumed (review R22f U4)
+        run = next((p for p in (Path(base), *Path(base).parents[:2]) if is_training_run(p)), None)
+        hint = (
+            f" ({run} is a training run: export a step first, gristmill export {run} --step N, and give "
+            "its exports/step-N; or continue the run with --resume)"
+            if run is not None
+            else ""
+        )
         raise ConfigError(
-            f"model.init_from: {path} not found; the base directory needs the model's config.json",
+            f"model.init_from: {path} not found; the base directory needs the model's config.json{hint}",
             "model.init_from",
         ) from None
     except ValueError as e:
