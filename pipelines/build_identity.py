@@ -215,26 +215,48 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
     own.add(TOKENIZER_JSON)
     own.add(trained_record(Path(TOKENIZER_JSON)).name)
     for path in (tokenizer, left and left.tokenizer.path):
-        if not path or "://" in path:
+        tok = _inside(out, path)
+        if tok is None:
             continue
-        tok = Path(path).expanduser().resolve()
-        if tok.is_relative_to(out.resolve()) and tok != out.resolve():
-            first = tok.relative_to(out.resolve()).parts[0]  # the file, or the folder holding it
-            own |= {first, trained_record(Path(first)).name}
-    temporary = re.compile(r"\..+\.tmp")  # write_atomic's, of a write a kill cut short
-    strangers = sorted(n for n in os.listdir(out) if n not in own and not temporary.fullmatch(n))
+        parts = tok.relative_to(out.resolve()).parts
+        if len(parts) == 1:
+            own |= {tok.name, trained_record(tok).name}
+        elif {p.relative_to(tok.parent) for p in tok.parent.rglob("*")} <= {
+            Path(tok.name),
+            Path(trained_record(tok).name),
+        }:
+            own.add(parts[0])  # a folder holding the tokenizer alone (and its record): nothing else in it
+    # write_atomic's and a download's temporary files (.NAME[.HOST].PID.tmp) a kill left: the build
+    # deletes them; a hidden name of the user's ending in .tmp is no such file (review R22h S2)
+    temporary = re.compile(r"\..+\.\d+\.tmp")
+    strangers = sorted(
+        n for n in os.listdir(out) if n not in own and not (temporary.fullmatch(n) and (out / n).is_file())
+    )
     if strangers:
         shown = ", ".join(strangers[:3]) + (f" (+{len(strangers) - 3} more)" if len(strangers) > 3 else "")
         raise BuildError(
             f"{out} holds {shown} but no {BUILD_JSON}: files of no build, beside which a build would write "
             "(and which starting it over would delete); pick an empty `output` directory"
         )
+    # A tokenizer.json that is neither this build's nor the one a killed build's recipe names (it
+    # copies it there before it writes the recipe): a user's, which the build replaces (R22e 2, R22h S3)
     tok = out / TOKENIZER_JSON
-    if left is None and tok.is_file() and file_sha256(tok) != identity["tokenizer"]["sha256"]:
-        raise BuildError(
-            f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
-            "writes its own there: set tokenizer.path to it, or move it out of the output"
-        )
+    if tok.is_file() and (found := file_sha256(tok)) != identity["tokenizer"]["sha256"]:
+        earlier = None if left is None else Path(left.tokenizer.path).expanduser()
+        earlier = earlier / TOKENIZER_JSON if earlier is not None and earlier.is_dir() else earlier
+        if earlier is None or not earlier.is_file() or file_sha256(earlier) != found:
+            raise BuildError(
+                f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
+                "writes its own there: set tokenizer.path to it, or move it out of the output"
+            )
+
+
+def _inside(out: Path, path: str | None) -> Path | None:
+    """`path` (a tokenizer.path) resolved, when it names a file inside `out`; else None."""
+    if not path or "://" in path:
+        return None
+    tok = Path(path).expanduser().resolve()
+    return tok if tok.is_relative_to(out.resolve()) and tok != out.resolve() else None
 
 
 def _respelled_path(old: Any, new: Any) -> str:

@@ -283,8 +283,11 @@ def _write_corpus(
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stamp = {"corpus": corpus, "corpus_version": CORPUS_VERSION, "python": version}
     info = _demo_stamp(out_dir, corpus, stem, n_files)
-    whole = all((out_dir / n).is_file() for n in _corpus_files(stem, n_files))  # one deleted: written again
-    if info is not None and {k: info.get(k) for k in stamp} == stamp and whole:
+    current = info is not None and {k: info.get(k) for k in stamp} == stamp
+    # A current corpus missing a file (deleted: the demo built short, review R22g 5) gets that file
+    # alone: the others' modification times stay those its builds recorded (R22h M4).
+    missing = [n for n in _corpus_files(stem, n_files) if not (out_dir / n).is_file()]
+    if current and not missing:
         return out_dir
     rows = rows_of(version)
     tmp = out_dir.with_name(f".{out_dir.name}.demo-corpus.tmp")  # ours alone: removed unasked
@@ -300,6 +303,11 @@ def _write_corpus(
     (tmp / "corpus.json").write_text(json.dumps(stamp, indent=2) + "\n")
     if not out_dir.exists():
         os.replace(tmp, out_dir)
+        return out_dir
+    if current:
+        for name in missing:
+            os.replace(tmp / name, out_dir / name)
+        shutil.rmtree(tmp)
         return out_dir
     write_atomic(out_dir / "corpus.json", json.dumps(writing) + "\n")
     for name in [*_corpus_files(stem, n_files), "corpus.json"]:
@@ -342,12 +350,16 @@ def _demo_stamp(out_dir: Path, corpus: str, stem: str, n_files: int) -> dict[str
         )
     own = {"corpus.json", *_corpus_files(stem, n_files)}  # its numbers alone (R22g 5)
     others = [n for n in held if n not in own]
-    if not others and not (isinstance(info, dict) and "corpus_version" in info):
-        return None  # its own files without its corpus.json (deleted): written again
     if others or not isinstance(info, dict) or "corpus_version" not in info:
         shown = ", ".join((others or held)[:3]) + (" …" if len(others or held) > 3 else "")
+        # named like its files with no corpus.json: the user's as likely as a corpus (review R22h M5)
+        what = (
+            "files that are not the demo corpus's"
+            if others
+            else "files named like the demo corpus's, no corpus.json"
+        )
         raise ConfigError(
-            f"source.path {out_dir} holds files that are not the demo corpus's ({shown}), and the build "
+            f"source.path {out_dir} holds {what} ({shown}), and the build "
             f'reads every parquet file there while source.kind = "{kind[corpus]}" writes the corpus\'s over '
             'them: to build your files, set source.kind = "parquet" or "jsonl"; for the demo, point '
             "source.path at a new or empty folder",

@@ -111,7 +111,10 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room, skips):
         print(line)
     if plot:  # where the user asked: no run directory is created or touched
-        print(plot_plan(plan, Path(plot), skips) or f"plot: {plot}")
+        note = plot_plan(plan, Path(plot), skips)
+        if note is not None and note.startswith("warning:"):  # the one thing asked for (review R22h S4)
+            raise GristmillError(f"--plot {plot}: {note.removeprefix('warning: ')}")
+        print(note or f"plot: {plot}")
     elif run_dir.is_dir():
         # RUN/plan.png is the trainer's (drawn at its start, resume and rewinds, from the plan it
         # trains): redrawn here from a config the run never took, it showed a plan it cannot have

@@ -5,6 +5,8 @@ drawn, so training/ runs where it is not installed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,13 +28,18 @@ def agg_pyplot(required: bool = True) -> ModuleType | None:
 
 
 def save_figure(plt: ModuleType, fig: Any, path: Path, **kw: Any) -> str | None:
-    """`fig` saved as `path` and closed; a warning line instead when the file cannot be written (a
-    directory of its name, a full disk): a picture of the run never costs it (a finished run ended in
-    a traceback, exit 1: review R22f T1)."""
+    """`fig` saved as `path` (through a temporary file: a full disk left a partial PNG over the last
+    good one, review R22h M8) and closed; a warning line instead when it cannot be written (a directory
+    of its name, a full disk): a picture of a run never costs it (a finished run ended in a traceback,
+    exit 1: R22f T1). A command whose product is the picture raises on the warning itself."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fig.savefig(path, **kw)
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **kw)
+        os.replace(tmp, path)
     except OSError as e:
-        return f"warning: {path} not drawn: {e.strerror or e}; the run's own files are written"
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return f"warning: {path} not drawn ({e.strerror or e})"
     finally:
         plt.close(fig)
     return None

@@ -420,15 +420,28 @@ def test_an_output_holding_another_artifact_is_refused_untouched(build_fixture, 
     assert (hidden / ".scratch" / "draft.tmp").read_text() == "mine"
     # a killed build's own: the tokenizer its recipe or tokenizer.path trained into the output, in a
     # folder too, and a tokenizer.json of its own recipe's, rerun with another tokenizer (R22g 7, 8)
+    # a user's tokenizer beside a recipe of theirs: replaced, the recipe taken for a killed build's (R22h S3);
+    # a folder holding the tokenizer and the user's files: their *.tmp deleted (R22h S1)
     tok = tmp_path / "tokin"
     (tok / "tok").mkdir(parents=True)
     shutil.copy(build_fixture[1], tok / "tok" / "tokenizer.json")
-    (tok / "tokenizer.json").write_text('{"an": "earlier attempt\'s tokenizer"}')
+    (tok / "tokenizer.json").write_text('{"my": "tokenizer"}')
     shutil.copy(config, tok / "config.toml")
-    assert (
-        main(build_argv(config, tok, "build.workers=1", f"tokenizer.path={tok / 'tok' / 'tokenizer.json'}"))
-        == 0
+    at = f"tokenizer.path={tok / 'tok' / 'tokenizer.json'}"
+    assert "tokenizer.json is another tokenizer than the one this build reads" in one_error(
+        capsys, build_argv(config, tok, at)
     )
+    shutil.copy(build_fixture[1], tok / "tokenizer.json")  # the killed build's own copy
+    (tok / "tok" / "draft.tmp").write_text("mine")
+    assert f"{tok} holds tok but no build.json: files of no build" in one_error(
+        capsys, build_argv(config, tok, at)
+    )
+    (tok / "tok" / "draft.tmp").unlink()
+    (tok / ".notes.tmp").write_text("mine")  # hidden, ending in .tmp: no temporary file of a write (R22h S2)
+    assert f"{tok} holds .notes.tmp but no build.json" in one_error(capsys, build_argv(config, tok, at))
+    (tok / ".notes.tmp").unlink()
+    (tok / ".config.toml.12345.tmp").write_text("")  # write_atomic's, left by a kill
+    assert main(build_argv(config, tok, "build.workers=1", at)) == 0
     kept = tmp_path / "kept"  # the user's recipe kept in a new output: rewritten, comments gone (R22g 4)
     kept.mkdir()
     recipe = "# mine\n" + config.read_text()

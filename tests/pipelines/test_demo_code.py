@@ -184,8 +184,14 @@ def test_a_demo_corpus_written_again_touches_nothing_else_in_its_folder(tmp_path
     assert {p.name: p.read_bytes() for p in corpus.iterdir() if not p.name.startswith(".")} == first
     assert not list(tmp_path.glob(".*"))
     (corpus / "stdlib-code-01.parquet").unlink()  # one of its files deleted: the corpus built short (R22g 5)
+    kept = (corpus / "stdlib-code-00.parquet").stat().st_mtime_ns
     write_code_corpus(corpus, max_chars=30_000)
     assert {p.name: p.read_bytes() for p in corpus.iterdir() if not p.name.startswith(".")} == first
+    assert (corpus / "stdlib-code-00.parquet").stat().st_mtime_ns == kept  # that file alone (R22h M4)
+    (corpus / "corpus.json").unlink()  # files named like its own, no corpus.json: written over (R22h M5)
+    with pytest.raises(ConfigError, match="holds files named like the demo corpus's, no corpus.json"):
+        write_code_corpus(corpus, max_chars=30_000)
+    (corpus / "corpus.json").write_bytes(first["corpus.json"])
     # a file named like the corpus's but not one of its own was built into the demo (R22g 5)
     for mine in ("stdlib-code-mine.parquet", "stdlib-code-07.parquet", "notes.txt"):
         (corpus / mine).write_bytes(b"precious")

@@ -480,7 +480,10 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     assert line.startswith(
         f"error: model.init_from = {copy} is a gristmill export that fails its checksums ("
     ), line
-    assert f"{weights}: sha256 " in line and "export it again (gristmill export RUN --step N)" in line, line
+    assert (
+        f"{weights}: sha256 " in line
+        and "export it again (delete it, then gristmill export RUN --step N)" in line
+    ), line
     assert not (run / "checkpoints").exists()
 
 
@@ -490,9 +493,11 @@ def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight
     run = tmp_path / "run"
     shutil.copytree(straight, run)
     for out in (export_dir(run, 4), run / "checkpoints" / "mine"):
-        with pytest.raises(ExportError, match=r"lies in .*'s exports/ or checkpoints/"):
+        with pytest.raises(ExportError, match=r"is where .* keeps another step's export or its checkpoints"):
             export_checkpoint(run, 8, out=out)
         assert not out.exists()
+    # another name there is the user's: a bf16 copy beside the run's fp32 exports (review R22h M6)
+    assert export_checkpoint(run, 8, out=run / "exports" / "for-hub", dtype=torch.bfloat16).is_dir()
 
 
 def test_init_from_a_run_or_its_checkpoint_says_to_export_a_step(tmp_path, data, straight):

@@ -38,7 +38,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.checkpoint.checkpointer import write_complete_record
-from training.checkpoint.hf_export import load_checkpoint_model
+from training.checkpoint.hf_export import export_checkpoint, load_checkpoint_model
 from training.contract.batch_record import HEADER, RECORD
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
@@ -345,9 +345,11 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     ) in out, out
     # --resume given a run directory or a dataset: "not a complete checkpoint: no .metadata (the save
     # did not finish)" (review R22f U1)
+    export = export_checkpoint(run, 12, out=tmp_path / "export")
     for given, what in (
         (run, f"{run} is a run directory"),
         (dataset, f"{dataset} holds dataset.json: a dataset"),
+        (export, f"{export} is an export (weights to start a run from: model.init_from)"),
     ):
         resume = f"checkpoint.resume={json.dumps(str(given))}"
         assert main(["--config", TINY, "--set", *overrides(dataset, tmp_path / "new", resume)]) == 2
@@ -355,6 +357,10 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
             f"error: --resume {given}: {what}, not a checkpoint (RUN/checkpoints/step-N); give one, or "
             "--resume auto with run.output_dir set to the run"
         )
+    copy = tmp_path / "a-copy"  # a checkpoint copied under another name is one (review R22h M1)
+    shutil.copytree(checkpoint_dir(run, 12), copy)
+    resume = f"checkpoint.resume={json.dumps(str(copy))}"
+    train(load_train_config(TINY, overrides(dataset, tmp_path / "from-copy", "schedule.steps=16", resume)))
 
 
 def test_a_plot_that_cannot_be_written_is_a_warning_not_the_runs_end(dataset, tmp_path, capsys):
@@ -367,7 +373,7 @@ def test_a_plot_that_cannot_be_written_is_a_warning_not_the_runs_end(dataset, tm
     assert summary["steps"] == 4
     out = capsys.readouterr().out
     for name in ("plan.png", "loss.png"):
-        assert f"warning: {run / name} not drawn: Is a directory; the run's own files are written" in out, out
+        assert f"warning: {run / name} not drawn (Is a directory)" in out, out
 
 
 def test_garbage_metadata_and_nonfinite_weights_are_one_line(dataset, tmp_path, capsys):

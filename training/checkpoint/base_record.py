@@ -34,7 +34,7 @@ from training.checkpoint.base_source import (
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
-from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files
+from training.contract.integrity import EXPORT_CHECKSUMS
 from training.contract.run_layout import BASE_DIR, read_json_record
 
 __all__ = [
@@ -68,9 +68,11 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
 
 
 def _check_export_record(directory: Path, got: dict[str, str]) -> None:
-    """A base that is a gristmill export is held to its record of its files (EXPORT_CHECKSUMS): one
-    damaged since it was exported was trained from, exit 0, where eval and verify refuse it (review
-    R22f S4). `got`: its weights files' sha256, just computed; its other files are hashed here."""
+    """A base that is a gristmill export is held to its record of its weights files (EXPORT_CHECKSUMS):
+    one damaged since it was exported was trained from, exit 0, where eval and verify refuse it
+    (review R22f S4). `got`: their sha256, just computed. Its other files are not: transformers re-saves
+    a tokenizer with other bytes and the same tokens (R22h M3), and what training reads of them (the
+    config, the tokenizer) is checked against the dataset and the model as for any base."""
     record = directory / EXPORT_CHECKSUMS
     if not record.is_file():
         return
@@ -81,14 +83,13 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
             for name, sha in got.items()
             if name in files and files[name].get("sha256") != sha
         ]
-        problems += damaged_files(directory, {n: r for n, r in files.items() if n not in got})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         problems = [f"{record} cannot be read ({type(e).__name__}: {e})"]
     if problems:
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export that fails its checksums ({problems[0]}): "
-            "it changed after it was exported; export it again (gristmill export RUN --step N), or point "
-            "model.init_from at an intact copy"
+            "it changed after it was exported; export it again (delete it, then gristmill export RUN --step "
+            "N), or point model.init_from at an intact copy"
         )
 
 

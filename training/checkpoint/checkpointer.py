@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import re
 import shutil
 import threading
 import time
@@ -59,7 +58,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpoint.base_record import other_base_reason
-from training.checkpoint.hf_export import export_checkpoint
+from training.checkpoint.hf_export import EXPORT_META, export_checkpoint
 from training.checkpoint.io import (
     _single_process_quiet,
     checkpoint_error_cause,
@@ -150,9 +149,17 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
         path = Path(spec)
         if not path.is_dir():
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
-        if not re.fullmatch(r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name):
-            # a run directory, an export, a dataset read as a save that did not finish (review R22f U1)
-            what = f"{unlike_a_run(path)}" if not is_training_run(path) else f"{path} is a run directory"
+        if not any((path / n).exists() for n in (DCP_METADATA, COMPLETE_FILE)) and not any(
+            path.glob("*.distcp")
+        ):
+            # nothing of a save: a run directory, an export, a dataset read as a save that did not finish
+            # (reviews R22f U1; told by what it holds, not its name: a copied checkpoint is one, R22h M1)
+            if is_training_run(path):
+                what = f"{path} is a run directory"
+            elif (path / EXPORT_META).is_file():
+                what = f"{path} is an export (weights to start a run from: model.init_from)"
+            else:
+                what = unlike_a_run(path)
             raise CheckpointError(
                 f"--resume {spec}: {what}, not a checkpoint (RUN/checkpoints/step-N); give one, or "
                 "--resume auto with run.output_dir set to the run"

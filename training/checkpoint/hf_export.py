@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shlex
 import shutil
 from collections.abc import Mapping
@@ -424,6 +425,20 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     return None
 
 
+def _in_the_runs_steps(run_dir: Path, out: Path, step: int | None, merged: bool) -> bool:
+    """Whether --out `out` lies in the run's checkpoints/, or names a step's export in its exports/
+    (step-N, merged-step-N, abandoned-…) other than step `step`'s own."""
+    out = out.resolve()
+    if out.is_relative_to((run_dir / CHECKPOINTS_DIR).resolve()):
+        return True
+    exports = (run_dir / EXPORTS_DIR).resolve()
+    if not out.is_relative_to(exports) or out == exports:
+        return False
+    name = out.relative_to(exports).parts[0]
+    own = step is not None and name == export_dir(run_dir, step, merged).name
+    return not own and re.fullmatch(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?", name) is not None
+
+
 def _check_export_step(path: Path, step: int, merged: bool) -> None:
     try:
         meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
@@ -672,12 +687,12 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
-    if out is not None and any(
-        out.resolve().is_relative_to((run_dir / sub).resolve()) for sub in (EXPORTS_DIR, CHECKPOINTS_DIR)
-    ):  # named as another step's export: verify called it damaged, eval refused it (review R22f U5)
+    if out is not None and _in_the_runs_steps(run_dir, out, step, merged):
+        # under another step's name: verify called it damaged, eval refused it (review R22f U5); any
+        # other name in exports/ is the user's (a bf16 copy: R22h M6)
         raise ExportError(
-            f"--out {out} lies in {run_dir}'s {EXPORTS_DIR}/ or {CHECKPOINTS_DIR}/, which hold the run's own "
-            "exports and checkpoints by step: choose a directory outside them"
+            f"--out {out} is where {run_dir} keeps another step's export or its checkpoints: choose "
+            "another name"
         )
     if step is not None and (step < 0 or (merged and step == 0)):
         raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")

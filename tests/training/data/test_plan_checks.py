@@ -246,6 +246,12 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
         assert err == f"error: --plot {wrong}: name a .png, .svg, .pdf file to draw the plan in", err
     assert gristmill(["train", "--config", str(config), "--plan", "--plot", ""]) == 2  # drew none, exit 0
     assert capsys.readouterr().err.strip() == 'error: --plot "": name a path, or leave the option out'
+    (tmp_path / "dir.png").mkdir()  # the one thing asked for, not drawn: exit 0 with a warning (R22h S4)
+    assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(tmp_path / "dir.png")]) == 2
+    said = capsys.readouterr().err.strip()
+    assert (
+        said == f"error: --plot {tmp_path / 'dir.png'}: {tmp_path / 'dir.png'} not drawn (Is a directory)"
+    ), said
     import matplotlib.image
 
     assert matplotlib.image.imread(plot).shape[:2] == (700, 800)  # 8 × 7 inches at 100 dpi
