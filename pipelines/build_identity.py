@@ -218,14 +218,17 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
         tok = _inside(out, path)
         if tok is None:
             continue
+        tok = tok / TOKENIZER_JSON if tok.is_dir() else tok  # tokenizer.path may name its folder
         parts = tok.relative_to(out.resolve()).parts
         if len(parts) == 1:
             own |= {tok.name, trained_record(tok).name}
-        elif {p.relative_to(tok.parent) for p in tok.parent.rglob("*")} <= {
-            Path(tok.name),
-            Path(trained_record(tok).name),
-        }:
-            own.add(parts[0])  # a folder holding the tokenizer alone (and its record): nothing else in it
+            continue
+        # a folder holding the tokenizer alone (and its record), at any depth: the build deletes every
+        # *.tmp below the output, and a user's beside the tokenizer went (reviews R22h S1, R22i S3)
+        top = out.resolve() / parts[0]
+        mine = {tok.relative_to(top), trained_record(tok).relative_to(top)}
+        if all(p.relative_to(top) in mine or p.is_dir() for p in top.rglob("*")):
+            own.add(parts[0])
     # write_atomic's and a download's temporary files (.NAME[.HOST].PID.tmp) a kill left: the build
     # deletes them; a hidden name of the user's ending in .tmp is no such file (review R22h S2)
     temporary = re.compile(r"\..+\.\d+\.tmp")

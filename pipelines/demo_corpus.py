@@ -362,7 +362,8 @@ def _demo_stamp(out_dir: Path, corpus: str, stem: str, n_files: int) -> dict[str
             f"source.path {out_dir} holds {what} ({shown}), and the build "
             f'reads every parquet file there while source.kind = "{kind[corpus]}" writes the corpus\'s over '
             'them: to build your files, set source.kind = "parquet" or "jsonl"; for the demo, point '
-            "source.path at a new or empty folder",
+            "source.path at a new or empty folder"
+            + ("" if others else " (or, if they are the demo's own, delete them: they are written again)"),
             "source.path",
         )
     return info

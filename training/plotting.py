@@ -34,6 +34,7 @@ def save_figure(plt: ModuleType, fig: Any, path: Path, **kw: Any) -> str | None:
     exit 1: R22f T1). A command whose product is the picture raises on the warning itself."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # a file of its folder's name: R22i M6
         fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **kw)
         os.replace(tmp, path)
     except OSError as e:

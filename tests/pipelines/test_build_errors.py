@@ -437,6 +437,16 @@ def test_an_output_holding_another_artifact_is_refused_untouched(build_fixture, 
         capsys, build_argv(config, tok, at)
     )
     (tok / "tok" / "draft.tmp").unlink()
+    deep = tmp_path / "deep"  # the tokenizer two folders down, or tokenizer.path a folder (review R22i S3)
+    (deep / "a" / "b").mkdir(parents=True)
+    shutil.copy(build_fixture[1], deep / "a" / "b" / "tokenizer.json")
+    (deep / "a" / "notes.tmp").write_text("mine")
+    for path in (deep / "a" / "b" / "tokenizer.json", deep / "a" / "b"):
+        if path.name == "b":
+            shutil.move(deep / "a" / "notes.tmp", deep / "a" / "b" / "notes.tmp")
+        msg = one_error(capsys, build_argv(config, deep, f"tokenizer.path={path}"))
+        assert f"{deep} holds a but no build.json: files of no build" in msg, msg
+    assert (deep / "a" / "b" / "notes.tmp").read_text() == "mine"
     (tok / ".notes.tmp").write_text("mine")  # hidden, ending in .tmp: no temporary file of a write (R22h S2)
     assert f"{tok} holds .notes.tmp but no build.json" in one_error(capsys, build_argv(config, tok, at))
     (tok / ".notes.tmp").unlink()

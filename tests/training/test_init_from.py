@@ -480,11 +480,27 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     assert line.startswith(
         f"error: model.init_from = {copy} is a gristmill export that fails its checksums ("
     ), line
-    assert (
-        f"{weights}: sha256 " in line
-        and "export it again (delete it, then gristmill export RUN --step N)" in line
-    ), line
+    assert f"{weights}: sha256 " in line and "or export the step again from its run's checkpoint" in line, (
+        line
+    )
     assert not (run / "checkpoints").exists()
+    # its config edited (what the same weights compute), or its weights re-saved under other names:
+    # both were trained from once the check held the weights' own sha256s alone (review R22i S1, S2)
+    from safetensors.torch import load_file, save_file
+
+    edited = export_checkpoint(straight, 8, out=tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 0.5}))
+    resharded = export_checkpoint(straight, 8, out=tmp_path / "resharded")
+    tensors = load_file(resharded / "model.safetensors")
+    save_file(tensors, resharded / "model-00001-of-00001.safetensors", metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}
+    (resharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    (resharded / "model.safetensors").unlink()
+    for changed, says in ((edited, "config.json: "), (resharded, "model.safetensors: missing")):
+        done = _run(overrides(data, tmp_path / "run2", _init(changed), "schedule.steps=4"))
+        line = one_error_line(done.stderr)
+        assert "is a gristmill export that fails its checksums (" in line and says in line, line
 
 
 def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight):
@@ -496,8 +512,14 @@ def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight
         with pytest.raises(ExportError, match=r"is where .* keeps another step's export or its checkpoints"):
             export_checkpoint(run, 8, out=out)
         assert not out.exists()
-    # another name there is the user's: a bf16 copy beside the run's fp32 exports (review R22h M6)
+    # another name there is the user's: a bf16 copy beside the run's fp32 exports (review R22h M6); one
+    # inside the step's own export made it read as damaged (R22i S4); without --step, the step it takes
+    # is resolved first (its own export's name was "another step's": M1)
     assert export_checkpoint(run, 8, out=run / "exports" / "for-hub", dtype=torch.bfloat16).is_dir()
+    with pytest.raises(ExportError, match="keeps another step's export"):
+        export_checkpoint(run, 8, out=export_dir(run, 8) / "bf16", dtype=torch.bfloat16)
+    shutil.rmtree(export_dir(run, 8), ignore_errors=True)
+    assert export_checkpoint(run, out=export_dir(run, 8)) == export_dir(run, 8)
 
 
 def test_init_from_a_run_or_its_checkpoint_says_to_export_a_step(tmp_path, data, straight):

@@ -357,6 +357,12 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
             f"error: --resume {given}: {what}, not a checkpoint (RUN/checkpoints/step-N); give one, or "
             "--resume auto with run.output_dir set to the run"
         )
+    killed = run / "checkpoints" / "step-000099"  # a save killed at once: said so (review R22i M5)
+    killed.mkdir()
+    resume = f"checkpoint.resume={json.dumps(str(killed))}"
+    assert main(["--config", TINY, "--set", *overrides(dataset, tmp_path / "new", resume)]) == 2
+    assert f"--resume {killed} is not a complete checkpoint: " in one_error_line(capsys.readouterr().err)
+    killed.rmdir()
     copy = tmp_path / "a-copy"  # a checkpoint copied under another name is one (review R22h M1)
     shutil.copytree(checkpoint_dir(run, 12), copy)
     resume = f"checkpoint.resume={json.dumps(str(copy))}"

@@ -34,7 +34,7 @@ from training.checkpoint.base_source import (
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
-from training.contract.integrity import EXPORT_CHECKSUMS
+from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files
 from training.contract.run_layout import BASE_DIR, read_json_record
 
 __all__ = [
@@ -68,28 +68,34 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
 
 
 def _check_export_record(directory: Path, got: dict[str, str]) -> None:
-    """A base that is a gristmill export is held to its record of its weights files (EXPORT_CHECKSUMS):
-    one damaged since it was exported was trained from, exit 0, where eval and verify refuse it
-    (review R22f S4). `got`: their sha256, just computed. Its other files are not: transformers re-saves
-    a tokenizer with other bytes and the same tokens (R22h M3), and what training reads of them (the
-    config, the tokenizer) is checked against the dataset and the model as for any base."""
+    """A base that is a gristmill export is held to its record of its files (EXPORT_CHECKSUMS): one
+    damaged since it was exported was trained from, exit 0, where eval and verify refuse it (review
+    R22f S4). `got`: its weights files' sha256, just computed, which must be the weights it records,
+    no more and no fewer (re-sharded under other names: R22i S2). Its tokenizer files are not held to
+    it: transformers re-saves a tokenizer with other bytes and the same tokens (R22h M3), and the
+    tokenizer is checked against the dataset's as for any base; its config is (R22i S1)."""
     record = directory / EXPORT_CHECKSUMS
     if not record.is_file():
         return
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
-        problems = [
+        weights = {n for n in files if n.endswith(".safetensors") or n == INDEX_JSON}
+        problems = [f"{directory / n}: missing, which the export holds" for n in sorted(weights - set(got))]
+        problems += [f"{directory / n}: no file of the export" for n in sorted(set(got) - weights)]
+        problems += [
             f"{directory / name}: sha256 {sha}, {files[name]['sha256']} when written"
             for name, sha in got.items()
             if name in files and files[name].get("sha256") != sha
         ]
+        others = {n: r for n, r in files.items() if n not in weights and n not in TOKENIZER_FILES}
+        problems += damaged_files(directory, others)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         problems = [f"{record} cannot be read ({type(e).__name__}: {e})"]
     if problems:
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export that fails its checksums ({problems[0]}): "
-            "it changed after it was exported; export it again (delete it, then gristmill export RUN --step "
-            "N), or point model.init_from at an intact copy"
+            "it changed after it was exported; point model.init_from at an intact copy, or export the step "
+            "again from its run's checkpoint where it still has one (delete this one first)"
         )
 
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import re
 import shutil
 import threading
 import time
@@ -149,9 +150,9 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
         path = Path(spec)
         if not path.is_dir():
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
-        if not any((path / n).exists() for n in (DCP_METADATA, COMPLETE_FILE)) and not any(
-            path.glob("*.distcp")
-        ):
+        saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
+        killed = re.fullmatch(r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name)  # a save cut at once
+        if not any(p.exists() for p in saved) and not (killed and not any(path.iterdir())):
             # nothing of a save: a run directory, an export, a dataset read as a save that did not finish
             # (reviews R22f U1; told by what it holds, not its name: a copied checkpoint is one, R22h M1)
             if is_training_run(path):

@@ -425,7 +425,7 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     return None
 
 
-def _in_the_runs_steps(run_dir: Path, out: Path, step: int | None, merged: bool) -> bool:
+def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool) -> bool:
     """Whether --out `out` lies in the run's checkpoints/, or names a step's export in its exports/
     (step-N, merged-step-N, abandoned-…) other than step `step`'s own."""
     out = out.resolve()
@@ -434,9 +434,10 @@ def _in_the_runs_steps(run_dir: Path, out: Path, step: int | None, merged: bool)
     exports = (run_dir / EXPORTS_DIR).resolve()
     if not out.is_relative_to(exports) or out == exports:
         return False
-    name = out.relative_to(exports).parts[0]
-    own = step is not None and name == export_dir(run_dir, step, merged).name
-    return not own and re.fullmatch(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?", name) is not None
+    parts = out.relative_to(exports).parts
+    if parts[0] == export_dir(run_dir, step, merged).name:
+        return len(parts) > 1  # the step's own export: that name alone (one inside it: R22i S4)
+    return re.fullmatch(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?", parts[0]) is not None
 
 
 def _check_export_step(path: Path, step: int, merged: bool) -> None:
@@ -687,13 +688,6 @@ def export_checkpoint(
     out = None if out is None else Path(out)
     if out is not None and out.exists():
         raise ExportError(f"{out} already exists; choose another --out or remove it")
-    if out is not None and _in_the_runs_steps(run_dir, out, step, merged):
-        # under another step's name: verify called it damaged, eval refused it (review R22f U5); any
-        # other name in exports/ is the user's (a bf16 copy: R22h M6)
-        raise ExportError(
-            f"--out {out} is where {run_dir} keeps another step's export or its checkpoints: choose "
-            "another name"
-        )
     if step is not None and (step < 0 or (merged and step == 0)):
         raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")
     if step == 0:
@@ -702,6 +696,13 @@ def export_checkpoint(
         step, verified = _newest_to_export(run_dir, log, merged), True
     elif not merged and (why := untrained_reason(run_dir, step)):
         raise ExportError(why)  # exported as step N, an earlier step's weights (review R15g F2)
+    if out is not None and _in_the_runs_steps(run_dir, out, step, merged):
+        # under another step's name: verify called it damaged, eval refused it (review R22f U5); any
+        # other name in exports/ is the user's (a bf16 copy: R22h M6); the step resolved first (R22i M1)
+        raise ExportError(
+            f"--out {out} is where {run_dir} keeps another step's export or its checkpoints: choose "
+            "another name"
+        )
     if log is not None and not merged and (note := final_weights_note(run_dir, step)):
         log(note)
     run_export = export_dir(run_dir, step, merged)

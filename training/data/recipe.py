@@ -575,5 +575,4 @@ def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] 
         ax_lr.text(plan.first_step[p] + 1, ax_lr.get_ylim()[1], f" {ph.name} (seq {ph.seq_len})",
                    va="top", fontsize=8)  # fmt: skip
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(plt, fig, path, dpi=100)

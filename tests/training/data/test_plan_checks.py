@@ -246,6 +246,12 @@ def test_the_plan_prints_each_phases_lr_shape_and_creates_no_run_directory(sourc
         assert err == f"error: --plot {wrong}: name a .png, .svg, .pdf file to draw the plan in", err
     assert gristmill(["train", "--config", str(config), "--plan", "--plot", ""]) == 2  # drew none, exit 0
     assert capsys.readouterr().err.strip() == 'error: --plot "": name a path, or leave the option out'
+    (tmp_path / "afile").write_text("")  # its folder a file: a traceback (review R22i M6)
+    assert (
+        gristmill(["train", "--config", str(config), "--plan", "--plot", str(tmp_path / "afile" / "x.png")])
+        == 2
+    )
+    assert capsys.readouterr().err.startswith(f"error: --plot {tmp_path / 'afile' / 'x.png'}: ")
     (tmp_path / "dir.png").mkdir()  # the one thing asked for, not drawn: exit 0 with a warning (R22h S4)
     assert gristmill(["train", "--config", str(config), "--plan", "--plot", str(tmp_path / "dir.png")]) == 2
     said = capsys.readouterr().err.strip()
