@@ -497,10 +497,16 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     index = {"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}
     (resharded / "model.safetensors.index.json").write_text(json.dumps(index))
     (resharded / "model.safetensors").unlink()
-    for changed, says in ((edited, "config.json: "), (resharded, "model.safetensors: missing")):
+    unrecorded = export_checkpoint(straight, 8, out=tmp_path / "unrecorded")  # its record deleted (R22j S3)
+    (unrecorded / "gristmill_checksums.json").unlink()
+    for changed, says in (
+        (edited, "config.json: "),
+        (resharded, "model.safetensors: missing"),
+        (unrecorded, "without its gristmill_checksums.json, which it was exported with"),
+    ):
         done = _run(overrides(data, tmp_path / "run2", _init(changed), "schedule.steps=4"))
         line = one_error_line(done.stderr)
-        assert "is a gristmill export that fails its checksums (" in line and says in line, line
+        assert f"model.init_from = {changed} is a gristmill export" in line and says in line, line
 
 
 def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight):
@@ -509,15 +515,20 @@ def test_an_export_out_inside_the_runs_own_folders_is_refused(tmp_path, straight
     run = tmp_path / "run"
     shutil.copytree(straight, run)
     for out in (export_dir(run, 4), run / "checkpoints" / "mine"):
-        with pytest.raises(ExportError, match=r"is where .* keeps another step's export or its checkpoints"):
+        with pytest.raises(ExportError, match=r"keeps its steps. fp32 exports or its checkpoints"):
             export_checkpoint(run, 8, out=out)
         assert not out.exists()
     # another name there is the user's: a bf16 copy beside the run's fp32 exports (review R22h M6); one
     # inside the step's own export made it read as damaged (R22i S4); without --step, the step it takes
     # is resolved first (its own export's name was "another step's": M1)
     assert export_checkpoint(run, 8, out=run / "exports" / "for-hub", dtype=torch.bfloat16).is_dir()
-    with pytest.raises(ExportError, match="keeps another step's export"):
-        export_checkpoint(run, 8, out=export_dir(run, 8) / "bf16", dtype=torch.bfloat16)
+    for step, out, dtype in (
+        (8, export_dir(run, 8) / "bf16", torch.bfloat16),
+        (8, export_dir(run, 8), torch.bfloat16),  # the run's fp32 export, bf16 (review R22j S2)
+        (0, export_dir(run, 4), torch.float32),  # step 0 skipped the check (R22j S1)
+    ):
+        with pytest.raises(ExportError, match="keeps its steps' fp32 exports or its checkpoints"):
+            export_checkpoint(run, step, out=out, dtype=dtype)
     shutil.rmtree(export_dir(run, 8), ignore_errors=True)
     assert export_checkpoint(run, out=export_dir(run, 8)) == export_dir(run, 8)
 

@@ -34,7 +34,7 @@ from training.checkpoint.base_source import (
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
-from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files
+from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, exported_with_checksums
 from training.contract.run_layout import BASE_DIR, read_json_record
 
 __all__ = [
@@ -75,7 +75,13 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
     it: transformers re-saves a tokenizer with other bytes and the same tokens (R22h M3), and the
     tokenizer is checked against the dataset's as for any base; its config is (R22i S1)."""
     record = directory / EXPORT_CHECKSUMS
-    if not record.is_file():
+    if not record.is_file() and exported_with_checksums(directory):  # deleted with an edit (R22j S3)
+        raise BaseModelError(
+            f"model.init_from = {directory} is a gristmill export without its {EXPORT_CHECKSUMS}, which it "
+            "was exported with: its files cannot be checked; point model.init_from at an intact copy, or "
+            "export the step again from its run's checkpoint where it still has one (delete this one first)"
+        )
+    if not record.is_file():  # an export of before the record, or no export: nothing to hold it to
         return
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
@@ -87,7 +93,9 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
             for name, sha in got.items()
             if name in files and files[name].get("sha256") != sha
         ]
-        others = {n: r for n, r in files.items() if n not in weights and n not in TOKENIZER_FILES}
+        # generation_config.json likewise re-saved by transformers, and read by no step (R22j R1)
+        skip = {*TOKENIZER_FILES, "generation_config.json"}
+        others = {n: r for n, r in files.items() if n not in weights and n not in skip}
         problems += damaged_files(directory, others)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         problems = [f"{record} cannot be read ({type(e).__name__}: {e})"]

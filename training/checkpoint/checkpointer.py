@@ -59,7 +59,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from training.checkpoint.base_record import other_base_reason
-from training.checkpoint.hf_export import EXPORT_META, export_checkpoint
+from training.checkpoint.hf_export import export_checkpoint
 from training.checkpoint.io import (
     _single_process_quiet,
     checkpoint_error_cause,
@@ -89,7 +89,7 @@ from training.console import say
 from training.contract.atomic_write import fsync_dir, tmp_path_for, write_atomic
 from training.contract.disk_space import fmt_bytes, free_bytes, shortfall
 from training.contract.errors import GristmillError, NonFiniteError
-from training.contract.integrity import file_records
+from training.contract.integrity import EXPORT_META, file_records
 from training.contract.run_layout import (
     CHECKPOINTS_DIR,
     COMPLETE_FILE,
@@ -151,7 +151,10 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
         if not path.is_dir():
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
         saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
-        killed = re.fullmatch(r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name)  # a save cut at once
+        # a save cut at once: an empty step folder of a run's checkpoints/ (R22i M5, R22j M2)
+        killed = path.resolve().parent.name == CHECKPOINTS_DIR and re.fullmatch(
+            r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name
+        )
         if not any(p.exists() for p in saved) and not (killed and not any(path.iterdir())):
             # nothing of a save: a run directory, an export, a dataset read as a save that did not finish
             # (reviews R22f U1; told by what it holds, not its name: a copied checkpoint is one, R22h M1)

@@ -78,7 +78,14 @@ from training.contract.dataset_format import (
     without_dropout,
 )
 from training.contract.errors import GristmillError, unwritable
-from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, file_records
+from training.contract.integrity import (
+    CHECKPOINT_IDENTITY,
+    EXPORT_CHECKSUMS,
+    EXPORT_META,
+    damaged_files,
+    exported_with_checksums,
+    file_records,
+)
 from training.contract.run_layout import (
     BASE_DIR,
     CHECKPOINTS_DIR,
@@ -102,7 +109,6 @@ from training.merge import MergedWeights
 from training.model import ModelConfig, Transformer
 
 EXPORT_FORMAT = "gristmill-hf-export/1"
-EXPORT_META = "gristmill_export.json"
 GENERATION_CONFIG = "generation_config.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 FAST_TOKENIZER = "PreTrainedTokenizerFast"  # transformers' class that encodes with tokenizer.json as it is
@@ -401,14 +407,7 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
                 f"{path} is not an export: no model.safetensors (a partial copy?); delete it and export "
                 "again (gristmill export RUN --step N)"
             )
-        try:  # what each kind of export records since after checksums were kept (2026-11-23 22:00): a
-            # checkpoint's its identity, a copy where it was copied from, step 0 its base (11-27, 11-30);
-            # the separator was recorded before them (reviews R17g, R17h)
-            meta = json.loads((path / EXPORT_META).read_text(encoding="utf-8"))
-            current = any(key in meta for key in (CHECKPOINT_IDENTITY, "copied_from", "base"))
-        except (OSError, ValueError, TypeError):
-            current = False
-        if current:  # deleted: its weights would be scored unchecked (review R17b M5)
+        if exported_with_checksums(path):  # deleted: its weights would be scored unchecked (R17b M5)
             raise ExportError(
                 f"{path} has no {EXPORT_CHECKSUMS}, which it was exported with; {_export_fix(path, 'it')}"
             )
@@ -425,7 +424,7 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
     return None
 
 
-def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool) -> bool:
+def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool, dtype: torch.dtype) -> bool:
     """Whether --out `out` lies in the run's checkpoints/, or names a step's export in its exports/
     (step-N, merged-step-N, abandoned-…) other than step `step`'s own."""
     out = out.resolve()
@@ -435,8 +434,8 @@ def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool) -> boo
     if not out.is_relative_to(exports) or out == exports:
         return False
     parts = out.relative_to(exports).parts
-    if parts[0] == export_dir(run_dir, step, merged).name:
-        return len(parts) > 1  # the step's own export: that name alone (one inside it: R22i S4)
+    if parts[0] == export_dir(run_dir, step, merged).name:  # that name alone, fp32 (R22i S4, R22j S2)
+        return len(parts) > 1 or dtype != torch.float32
     return re.fullmatch(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?", parts[0]) is not None
 
 
@@ -690,19 +689,20 @@ def export_checkpoint(
         raise ExportError(f"{out} already exists; choose another --out or remove it")
     if step is not None and (step < 0 or (merged and step == 0)):
         raise ExportError(f"{run_dir}: {missing_step_reason(run_dir, step, merged=merged)}")
-    if step == 0:
-        return export_base(run_dir, log, out=out, dtype=dtype)
     if step is None:
         step, verified = _newest_to_export(run_dir, log, merged), True
-    elif not merged and (why := untrained_reason(run_dir, step)):
+    elif step != 0 and not merged and (why := untrained_reason(run_dir, step)):
         raise ExportError(why)  # exported as step N, an earlier step's weights (review R15g F2)
-    if out is not None and _in_the_runs_steps(run_dir, out, step, merged):
+    if out is not None and _in_the_runs_steps(run_dir, out, step, merged, dtype):
         # under another step's name: verify called it damaged, eval refused it (review R22f U5); any
-        # other name in exports/ is the user's (a bf16 copy: R22h M6); the step resolved first (R22i M1)
+        # other name in exports/ is the user's (a bf16 copy: R22h M6); the step resolved first (R22i
+        # M1), step 0 too (R22j S1); the step's own name takes its fp32 export alone (R22j S2)
         raise ExportError(
-            f"--out {out} is where {run_dir} keeps another step's export or its checkpoints: choose "
+            f"--out {out} is where {run_dir} keeps its steps' fp32 exports or its checkpoints: choose "
             "another name"
         )
+    if step == 0:
+        return export_base(run_dir, log, out=out, dtype=dtype)
     if log is not None and not merged and (note := final_weights_note(run_dir, step)):
         log(note)
     run_export = export_dir(run_dir, step, merged)
@@ -808,7 +808,6 @@ def _set_aside_since(ckpt: Path, read: str) -> bool:
     return any(checkpoint_identity(p) == read for p in abandoned_copies(ckpt))
 
 
-CHECKPOINT_IDENTITY = "checkpoint_complete_sha256"
 """gristmill_export.json's key for the sha256 of the COMPLETE of the checkpoint it was exported from:
 written once per checkpoint, with its files' checksums, so another timeline's step N has another."""
 

@@ -15,6 +15,7 @@ Only the standard library: the eval stage and `gristmill verify` use it without 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import zlib
 from collections.abc import Iterable
@@ -27,6 +28,20 @@ from training.contract.config_loader import json_sha256
 CHUNK = 8 << 20  # read size; zlib and hashlib release the GIL on buffers this large
 ALGORITHMS = ("crc32", "sha256")
 EXPORT_CHECKSUMS = "gristmill_checksums.json"  # an export's record of its files (hf_export, base_record)
+EXPORT_META = "gristmill_export.json"  # an export's record of what it holds
+CHECKPOINT_IDENTITY = "checkpoint_complete_sha256"  # in EXPORT_META: the checkpoint it was made from
+
+
+def exported_with_checksums(export: str | Path) -> bool:
+    """Whether an export's EXPORT_META says it was written since EXPORT_CHECKSUMS was kept (since
+    2026-11-23 22:00: a checkpoint's export records its identity, a copy where it was copied from,
+    step 0 its base; reviews R17g, R17h): its record missing is then damage, which eval, verify and a
+    run from it refuse (R17b M5, R22j S3)."""
+    try:
+        meta = json.loads((Path(export) / EXPORT_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(meta, dict) and any(key in meta for key in (CHECKPOINT_IDENTITY, "copied_from", "base"))
 
 
 def file_digest(path: str | Path, algorithm: str) -> str:
