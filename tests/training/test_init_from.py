@@ -480,9 +480,10 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     assert line.startswith(
         f"error: model.init_from = {copy} is a gristmill export that fails its checksums ("
     ), line
-    assert f"{weights}: sha256 " in line and "or export the step again from its run's checkpoint" in line, (
-        line
-    )
+    assert (
+        f"{weights}: sha256 " in line
+        and "or export the step again (delete this one first): from its run's checkpoint" in line
+    ), line
     assert not (run / "checkpoints").exists()
     # its config edited (what the same weights compute), or its weights re-saved under other names:
     # both were trained from once the check held the weights' own sha256s alone (review R22i S1, S2)
@@ -497,10 +498,13 @@ def test_init_from_an_export_that_fails_its_checksums_is_refused_before_step_1(t
     index = {"metadata": {}, "weight_map": {k: "model-00001-of-00001.safetensors" for k in tensors}}
     (resharded / "model.safetensors.index.json").write_text(json.dumps(index))
     (resharded / "model.safetensors").unlink()
+    generation = export_checkpoint(straight, 8, out=tmp_path / "generation")  # shipped in every export
+    (generation / "generation_config.json").write_text(json.dumps({"eos_token_id": 7, "do_sample": True}))
     unrecorded = export_checkpoint(straight, 8, out=tmp_path / "unrecorded")  # its record deleted (R22j S3)
     (unrecorded / "gristmill_checksums.json").unlink()
     for changed, says in (
         (edited, "config.json: "),
+        (generation, "generation_config.json: "),  # certified by the run's exports' checksums (R22k S1)
         (resharded, "model.safetensors: missing"),
         (unrecorded, "without its gristmill_checksums.json, which it was exported with"),
     ):

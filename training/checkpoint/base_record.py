@@ -67,6 +67,12 @@ def weights_sha256(directory: str | Path) -> dict[str, str]:
     return got
 
 
+_export_again = (
+    "point model.init_from at an intact copy, or export the step again (delete this one first): from its "
+    "run's checkpoint where it still has one, or, for a step 0, from the base (gristmill export RUN --step 0)"
+)  # step 0 has no checkpoint (review R22k M2)
+
+
 def _check_export_record(directory: Path, got: dict[str, str]) -> None:
     """A base that is a gristmill export is held to its record of its files (EXPORT_CHECKSUMS): one
     damaged since it was exported was trained from, exit 0, where eval and verify refuse it (review
@@ -78,8 +84,7 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
     if not record.is_file() and exported_with_checksums(directory):  # deleted with an edit (R22j S3)
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export without its {EXPORT_CHECKSUMS}, which it "
-            "was exported with: its files cannot be checked; point model.init_from at an intact copy, or "
-            "export the step again from its run's checkpoint where it still has one (delete this one first)"
+            f"was exported with: its files cannot be checked; {_export_again}"
         )
     if not record.is_file():  # an export of before the record, or no export: nothing to hold it to
         return
@@ -93,17 +98,16 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
             for name, sha in got.items()
             if name in files and files[name].get("sha256") != sha
         ]
-        # generation_config.json likewise re-saved by transformers, and read by no step (R22j R1)
-        skip = {*TOKENIZER_FILES, "generation_config.json"}
-        others = {n: r for n, r in files.items() if n not in weights and n not in skip}
+        # (generation_config.json is held to it: the run keeps it and ships it in every export, whose
+        # new checksums would certify an edit: review R22k S1)
+        others = {n: r for n, r in files.items() if n not in weights and n not in TOKENIZER_FILES}
         problems += damaged_files(directory, others)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         problems = [f"{record} cannot be read ({type(e).__name__}: {e})"]
     if problems:
         raise BaseModelError(
             f"model.init_from = {directory} is a gristmill export that fails its checksums ({problems[0]}): "
-            "it changed after it was exported; point model.init_from at an intact copy, or export the step "
-            "again from its run's checkpoint where it still has one (delete this one first)"
+            f"it changed after it was exported; {_export_again}"
         )
 
 

@@ -152,7 +152,7 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
         saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
         # a save cut at once: an empty step folder of a run's checkpoints/ (R22i M5, R22j M2)
-        killed = path.resolve().parent.name == CHECKPOINTS_DIR and re.fullmatch(
+        killed = path.absolute().parent.name == CHECKPOINTS_DIR and re.fullmatch(  # a link's name (R22k M1)
             r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name
         )
         if not any(p.exists() for p in saved) and not (killed and not any(path.iterdir())):
