@@ -32,7 +32,7 @@ from pipelines.config import DataConfig
 from pipelines.dataset_lock import LOCK
 from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
-from tokenization.tokenizer_io import trained_record
+from tokenization.tokenizer_io import TokenizerError, names_local_file, tokenizer_file, trained_record
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
@@ -212,13 +212,11 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
             "mixture search's), whose files a build would replace; pick an empty `output` directory"
         )
     own = {CONFIG_TOML, LOGS_DIR, DECONTAM_DIR, f"{DECONTAM_DIR}.tmp", "lost+found", ".DS_Store", LOCK}
-    own.add(TOKENIZER_JSON)
-    own.add(trained_record(Path(TOKENIZER_JSON)).name)
+    own |= {TOKENIZER_JSON, trained_record(Path(TOKENIZER_JSON)).name}
     for path in (tokenizer, left and left.tokenizer.path):
-        tok = _inside(out, path)
-        if tok is None:
+        tok = _local_tokenizer(path)
+        if tok is None or not tok.is_relative_to(out.resolve()):
             continue
-        tok = tok / TOKENIZER_JSON if tok.is_dir() else tok  # tokenizer.path may name its folder
         parts = tok.relative_to(out.resolve()).parts
         if len(parts) == 1:
             own |= {tok.name, trained_record(tok).name}
@@ -245,21 +243,23 @@ def _refuse_foreign(out: Path, identity: dict[str, Any], tokenizer: str | None) 
     # copies it there before it writes the recipe): a user's, which the build replaces (R22e 2, R22h S3)
     tok = out / TOKENIZER_JSON
     if tok.is_file() and (found := file_sha256(tok)) != identity["tokenizer"]["sha256"]:
-        earlier = None if left is None else Path(left.tokenizer.path).expanduser()
-        earlier = earlier / TOKENIZER_JSON if earlier is not None and earlier.is_dir() else earlier
-        if earlier is None or not earlier.is_file() or file_sha256(earlier) != found:
+        earlier = None if left is None else _local_tokenizer(left.tokenizer.path)
+        if earlier is None or file_sha256(earlier) != found:
             raise BuildError(
                 f"{tok} is another tokenizer than the one this build reads (tokenizer.path), and the build "
                 "writes its own there: set tokenizer.path to it, or move it out of the output"
             )
 
 
-def _inside(out: Path, path: str | None) -> Path | None:
-    """`path` (a tokenizer.path) resolved, when it names a file inside `out`; else None."""
-    if not path or "://" in path:
+def _local_tokenizer(spec: str | None) -> Path | None:
+    """The tokenizer.json tokenizer.path `spec` names here (tokenizer_file: the file, or a folder's),
+    resolved; None for a hub id or a file that is not there (nothing fetched)."""
+    if not spec or not names_local_file(spec):
         return None
-    tok = Path(path).expanduser().resolve()
-    return tok if tok.is_relative_to(out.resolve()) and tok != out.resolve() else None
+    try:
+        return tokenizer_file(spec).resolve()
+    except TokenizerError:
+        return None
 
 
 def _respelled_path(old: Any, new: Any) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from training.contract.atomic_write import tmp_path_for
+
 
 def agg_pyplot(required: bool = True) -> ModuleType | None:
     """matplotlib.pyplot on the Agg backend. When matplotlib is not installed: the ImportError, or
@@ -32,7 +34,7 @@ def save_figure(plt: ModuleType, fig: Any, path: Path, **kw: Any) -> str | None:
     good one, review R22h M8) and closed; a warning line instead when it cannot be written (a directory
     of its name, a full disk): a picture of a run never costs it (a finished run ended in a traceback,
     exit 1: R22f T1). A command whose product is the picture raises on the warning itself."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = tmp_path_for(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # a file of its folder's name: R22i M6
         fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", **kw)

@@ -938,7 +938,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_eval_config(path: str | None, overrides: list[str], tasks: str | None = None) -> EvalConfig:
     if tasks is not None:  # --tasks '' names no task (it was ignored: the recipe's tasks ran)
-        overrides = [*overrides, f"tasks={[t for t in tasks.split(',') if t]!r}".replace("'", '"')]
+        overrides = [*overrides, f"tasks={json.dumps(task_names([tasks]))}"]
     cfg = load_config(EvalConfig, path, overrides)
     check_eval_config(cfg)
     return cfg

@@ -83,9 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    refuse_empty(
-        {"--out": args.out}, required=True
-    )  # the working directory: its manifest.json replaced (R22d S2)
+    # "": the working directory, its manifest.json replaced (R22d S2)
+    refuse_empty({"--out": args.out}, required=True)
     if (held := artifact_in(args.out)) is not None:  # the index's files written beside its own
         raise GristmillError(f"--out {args.out} {held}; give the index a directory of its own")
     names = [t.strip() for t in args.tasks.split(",") if t.strip()]

@@ -182,6 +182,11 @@ def _flatten(d, prefix=""):
             yield f"{prefix}{k}", v
 
 
+def say_step(batches: Path, record: int, step: int) -> None:
+    """Damage batch record `record` (0-based) of `batches` so that it says step `step`."""
+    damage(batches, len(HEADER) + record * RECORD.size, step.to_bytes(8, "little"))
+
+
 def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(dataset, tmp_path, capsys):
     reference = tmp_path / "reference"
     train(
@@ -227,7 +232,7 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     # step 3's record with a damaged step field: dropped with the steps the resume redoes, without a
     # word (review R21b F4); now said, and the file as it was kept
     batches = run / "batches.bin"
-    damage(batches, len(HEADER) + 2 * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
+    say_step(batches, 2, 2**32 + 4)
     before = batches.read_bytes()
     resume = overrides(
         dataset, run, "schedule.steps=16", "checkpoint.keep_last=2", 'checkpoint.resume="auto"'
@@ -250,8 +255,8 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     # word, R22a A4), and a later step's saying an earlier one (intact records were blamed and it was
     # kept: A3); the first evidence is not overwritten (A5)
     position = {s: i for i, (s, _, _) in enumerate(recorded_batches(run))}
-    damage(batches, len(HEADER) + position[12] * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
-    damage(batches, len(HEADER) + position[14] * RECORD.size, (2).to_bytes(8, "little"))
+    say_step(batches, position[12], 2**32 + 4)
+    say_step(batches, position[14], 2)
     again = batches.read_bytes()
     damage(checkpoint_dir(run, 16) / "__0_0.distcp", 1000, os.urandom(4096))
     train(load_train_config(TINY, resume))
@@ -284,7 +289,7 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     first = ["schedule.steps=16", "run.max_steps=8", "checkpoint.keep_last=0"]
     train(load_train_config(TINY, overrides(dataset, run, *first)))
     batches = run / "batches.bin"
-    damage(batches, len(HEADER) + 7 * RECORD.size, (7).to_bytes(8, "little"))  # step 8's says 7
+    say_step(batches, 7, 7)  # step 8's says 7
     before = batches.read_bytes()
     capsys.readouterr()
     train(
@@ -301,7 +306,7 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     assert (run / "batches.bin.damaged").read_bytes() == before
     assert [s for s, _, _ in recorded_batches(run)] == [*range(1, 7), *range(9, 13)]
     position = {s: i for i, (s, _, _) in enumerate(recorded_batches(run))}
-    damage(batches, len(HEADER) + position[12] * RECORD.size, (2**32 + 4).to_bytes(8, "little"))
+    say_step(batches, position[12], 2**32 + 4)
     again = batches.read_bytes()
     train(load_train_config(TINY, overrides(dataset, run, "schedule.steps=16", 'checkpoint.resume="auto"')))
     out = capsys.readouterr().out
@@ -330,7 +335,7 @@ def test_a_resume_tells_the_batch_records_it_cannot_trust_and_keeps_them_aside(d
     )
     out = capsys.readouterr().out
     assert f"note: {gone / 'batches.bin'}: no record of step(s) 1, 2, 3, 4, 5 (+3 more), up to 8" in out, out
-    damage(gone / "batches.bin", len(HEADER), (12).to_bytes(8, "little"))  # its first record, step 9's
+    say_step(gone / "batches.bin", 0, 12)  # its first record, step 9's
     train(
         load_train_config(
             TINY,

@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import re
 import shutil
 import threading
 import time
@@ -102,6 +101,7 @@ from training.contract.run_layout import (
     is_complete_checkpoint,
     is_training_run,
     list_steps,
+    names_a_step,
     run_of_checkpoint,
     set_aside_after,
     step_of,
@@ -152,9 +152,8 @@ def find_resume(run_dir: str | Path, spec: str) -> tuple[Path | None, list[str]]
             raise CheckpointError(f"--resume {spec}: no such checkpoint directory")
         saved = [path / DCP_METADATA, path / COMPLETE_FILE, *path.glob("*.distcp")]
         # a save cut at once: an empty step folder of a run's checkpoints/ (R22i M5, R22j M2)
-        killed = path.absolute().parent.name == CHECKPOINTS_DIR and re.fullmatch(  # a link's name (R22k M1)
-            r"(abandoned-)?step-\d+(\.\d+)?", path.resolve().name
-        )
+        # (the parent's name as given: through a link, R22k M1)
+        killed = path.absolute().parent.name == CHECKPOINTS_DIR and names_a_step(path.resolve().name)
         if not any(p.exists() for p in saved) and not (killed and not any(path.iterdir())):
             # nothing of a save: a run directory, an export, a dataset read as a save that did not finish
             # (reviews R22f U1; told by what it holds, not its name: a copied checkpoint is one, R22h M1)

@@ -28,7 +28,6 @@ import dataclasses
 import errno
 import json
 import os
-import re
 import shlex
 import shutil
 from collections.abc import Mapping
@@ -99,6 +98,7 @@ from training.contract.run_layout import (
     export_dir,
     incomplete_reason,
     is_training_run,
+    names_a_step,
     step_of,
     unlike_a_run,
 )
@@ -436,7 +436,7 @@ def _in_the_runs_steps(run_dir: Path, out: Path, step: int, merged: bool, dtype:
     parts = out.relative_to(exports).parts
     if parts[0] == export_dir(run_dir, step, merged).name:  # that name alone, fp32 (R22i S4, R22j S2)
         return len(parts) > 1 or dtype != torch.float32
-    return re.fullmatch(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?", parts[0]) is not None
+    return names_a_step(parts[0])
 
 
 def _check_export_step(path: Path, step: int, merged: bool) -> None:
@@ -1015,9 +1015,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
-    require_run(
-        args.run
-    )  # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
+    # a directory that is no run (a dataset's): said so, not "step N is not trained yet"
+    require_run(args.run)
     out = export_checkpoint(args.run, args.step, log=print, out=args.out, dtype=dtype, merged=args.merged)
     print(f"export: {out}")
     return 0

@@ -482,12 +482,12 @@ def check_last_validation(root: Path, info: dict[str, Any]) -> None:
     again = f"validate the dataset again (`gristmill data validate {root}`, which rewrites it)"
     try:
         last = json.loads((root / VALIDATION_JSON).read_text(encoding="utf-8"))
+        why = None if isinstance(last, dict) else "not a JSON object"
     except FileNotFoundError:
         return
     except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deep to decode
-        last = f"{type(e).__name__}: {e}"
-    if not isinstance(last, dict):  # a failed verdict cut short was read as none (review R22a A1)
-        why = last if isinstance(last, str) else "not a JSON object"
+        why = f"{type(e).__name__}: {e}"
+    if why is not None:  # a failed verdict cut short was read as none (review R22a A1)
         raise DatasetError(f"{root / VALIDATION_JSON} cannot be read as a report ({why}); {again}")
     if last.get("fingerprint") != info.get("fingerprint"):
         return

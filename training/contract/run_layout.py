@@ -40,6 +40,7 @@ BASE_DIR = "base"  # a run from a base model: its identity and small files (chec
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _MERGED_DIR = re.compile(r"^merged-step-(\d+)$")
+_ANY_STEP_DIR = re.compile(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?")
 MERGED_PREFIX = "merged-"
 
 
@@ -205,6 +206,12 @@ def step_of(path: str | Path) -> int:
     if not m:
         raise ValueError(f"{path} is not a step-N directory")
     return int(m.group(1))
+
+
+def names_a_step(name: str) -> bool:
+    """Whether `name` is a step's directory name as the run keeps them: step-N, merged-step-N, and
+    the abandoned- copies of either (.2, .3, …)."""
+    return _ANY_STEP_DIR.fullmatch(name) is not None
 
 
 def list_steps(parent: str | Path, merged: bool = False) -> list[int]:

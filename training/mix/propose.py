@@ -128,10 +128,8 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     cfg = load_mix_config(args.config, args.overrides)
+    refuse_empty({"--out": args.out}, required=True)  # "": the working directory's config.toml (R22d S1)
     out = Path(args.out)
-    refuse_empty(
-        {"--out": args.out}, required=True
-    )  # the working directory: its config.toml replaced (R22d S1)
     # its config.toml is replaced by the recipe: a dataset's or a run's was, exit 0 (review R22b F4)
     if (held := artifact_in(out)) is not None:
         raise ConfigError(
