@@ -612,6 +612,38 @@ def test_llama3_rope_survives_the_export(tmp_path):
     assert_same_logits(ours, hf, seq=120)
 
 
+def test_a_base_without_a_tokenizer_exports_only_ids_that_are_special_in_the_datasets(
+    tmp_path, built_dataset
+):
+    """Review R22f S3: a base that brings no tokenizer.json trains with the dataset's; its config's bos
+    and eos ids (LlamaConfig's defaults, 1 and 2) name tokens of a tokenizer it did not bring. Id 2 is
+    "!" in the dataset's: the export called it eos, in config.json, generation_config.json and the
+    tokenizer's files. Only ids that are special tokens there are kept; the others are the separator's."""
+    from training.checkpoint.hf_export import export_hf
+
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    config = json.loads((base / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)  # LlamaConfig's defaults
+    vocab = json.loads((built_dataset / "tokenizer.json").read_text())["model"]["vocab"]
+    assert vocab["!"] == 2 and vocab["<|begin_of_text|>"] == 1  # id 1 is special there, id 2 a letter
+    model = gristmill_model(base)
+    files = {name: base / name for name in ("config.json", "generation_config.json")}
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", base=files)
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 0), config  # 0: the separator
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 0), generation
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|begin_of_text|>", "<|endoftext|>")
+    # A base with its own tokenizer (here the dataset's, copied) keeps its ids as they are: its users'.
+    shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
+    files["tokenizer.json"] = base / "tokenizer.json"
+    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "own", base=files)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 2
+    assert (out / "generation_config.json").read_bytes() == (base / "generation_config.json").read_bytes()
+
+
 def test_export_dtype_and_out(tmp_path, straight, capsys):
     """Issue 37 item 20: `export RUN --step N --dtype bf16 --out DIR` writes a bf16 copy (each tensor
     the fp32 export's, rounded once) from the checkpoint, or from RUN/exports/step-N once the

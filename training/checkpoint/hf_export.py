@@ -211,7 +211,7 @@ def _base_special_tokens(base: dict[str, Path], tokenizer_json: Path) -> dict[st
     """{"bos_token", "eos_token"}: the tokens of the base's config.json ids in `tokenizer_json`'s
     vocabulary (the first of a list), for a base without a tokenizer_config.json of its own: its
     export keeps the base's ids in config.json, and the tokenizer must name the same tokens."""
-    ids = _token_ids(base)
+    ids = _token_ids(base, tokenizer_json)
     if not ids or not tokenizer_json.is_file():
         return {}
     from tokenizers import Tokenizer
@@ -270,12 +270,33 @@ def write_tokenizer(
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
 
-def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
-    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export."""
+def _token_ids(base: dict[str, Path], tokenizer_json: Path) -> dict[str, Any]:
+    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export. A base
+    without a tokenizer.json of its own (the run's is the dataset's, `tokenizer_json`) keeps only the
+    ids that are special tokens there: its ids name tokens of a tokenizer it did not bring
+    (LlamaConfig's defaults, 1 and 2, are ordinary tokens of most), and the export then called two
+    letters bos and eos (review R22f S3). Those dropped are the separator's (bos, eos) or none (pad)."""
     if CONFIG_JSON not in base:
         return {}
     c = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
-    return {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids = {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    if TOKENIZER_JSON in base or not tokenizer_json.is_file():
+        return ids
+    special = {
+        t.get("id")
+        for t in json.loads(tokenizer_json.read_text(encoding="utf-8")).get("added_tokens") or []
+        if t.get("special")
+    }
+    kept = {}
+    for key, i in ids.items():
+        if isinstance(i, list):  # several eos ids: those that are special, or the separator's
+            i = [x for x in i if x in special] or None
+            if i is None:
+                continue
+        elif i is not None and i not in special:
+            continue
+        kept[key] = i
+    return kept
 
 
 def export_hf(
@@ -314,7 +335,8 @@ def export_hf(
     try:
         write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
         base = base or {}
-        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | _token_ids(base)
+        ids = _token_ids(base, base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON))
+        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | ids
         files: dict[str, Any] = {
             CONFIG_JSON: config,
             GENERATION_CONFIG: {
@@ -332,8 +354,14 @@ def export_hf(
         }
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        if GENERATION_CONFIG in base:
-            shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
+        if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
+            kept = json.loads(base[GENERATION_CONFIG].read_text(encoding="utf-8"))
+            ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in kept}
+            if all(kept[k] == v for k, v in ids.items()):
+                shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
+            else:
+                text = json.dumps(kept | ids, indent=2) + "\n"
+                (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
         write_tokenizer(dataset_dir, model_cfg, tmp, base)
         checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
         (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
