@@ -182,6 +182,19 @@ class Trackers:
                 tracker.finish(failed)
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
+            if (sent := self._sent.get(name, 0)) and hasattr(tracker, "stored_through"):
+                try:
+                    stored = tracker.stored_through()
+                except Exception as e:  # an unreadable store holds no step we can count on
+                    stored, why = 0, f" ({type(e).__name__}: {e})"
+                else:
+                    why = ""
+                if stored < sent:  # recorded as sent through what it kept: a resume sends the rest
+                    say(
+                        f"WARNING: {name} stored steps through {stored} of the {sent} sent{why} (its store: "
+                        f"{getattr(tracker, 'store', '?')}); metrics.jsonl has every row"
+                    )
+                    self._sent[name] = stored
         self.trackers = {}
         self._record_sent([n for n, r in self._state.items() if isinstance(r, dict) and r.get("open")])
 
@@ -468,6 +481,9 @@ class Trackio:
                         f'or remove "trackio" from its {TRACKERS_JSON} to start a new trackio run'
                     )
             try:
+                # trackio stores rows from a thread of its own, whose errors it keeps to itself: a store
+                # it cannot write took every row and said nothing (review R22f S5). Opened here first.
+                SQLiteStorage.init_db(project)
                 self.run = trackio.init(
                     project=project,
                     name=resume["name"] if resume else name,
@@ -478,6 +494,8 @@ class Trackio:
             except Exception as e:  # an invalid project name, an unwritable TRACKIO_DIR
                 raise _init_failed("trackio", e, "check metrics.project and TRACKIO_DIR") from None
         self.finish_current = trackio.finish  # clears its current run too: its exit hook then does nothing
+        self.project, self.store = project, TRACKIO_DIR
+        self._stored_step = SQLiteStorage.get_max_step_for_run
         self.id, self.name = self.run.id, self.run.name
         where = self.run.url or f"local store {TRACKIO_DIR}, see it with `trackio show --project {project}`"
         self.where = f"; {where}"
@@ -499,3 +517,8 @@ class Trackio:
     def finish(self, failed: bool = False) -> None:
         with contextlib.redirect_stdout(io.StringIO()):
             self.finish_current()
+
+    def stored_through(self) -> int:
+        """The highest step trackio's store holds of this run, read after `finish` (which waits for
+        trackio's thread to store what was logged): what it took from `log` is not what it kept."""
+        return self._stored_step(self.project, run_id=self.id) or 0

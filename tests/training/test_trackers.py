@@ -390,6 +390,49 @@ def test_a_tracker_that_fails_mid_run_costs_no_training(env, dataset, tmp_path, 
     wandb.teardown()
 
 
+def test_a_trackio_store_that_cannot_be_written_is_said_not_recorded_as_sent(
+    env, dataset, tmp_path, capsys, monkeypatch
+):
+    """Review R22f S5: trackio stores rows from a thread of its own, which keeps its errors: with its
+    store under a file, the run said "local store …", trackio kept nothing, and trackers.json
+    recorded every step as sent, exit 0. A store it cannot write at the start is one line before
+    any step; one lost during the run is a warning at the end, and the record says what it kept."""
+    if not env:
+        pytest.skip("trackio is not installed, or was imported before TRACKIO_DIR was set")
+    import threading
+
+    import trackio.sqlite_storage as storage
+
+    (tmp_path / "file").write_text("not a directory")
+    unusable = tmp_path / "file" / "store"
+    with monkeypatch.context() as mp:
+        mp.setattr(storage, "TRACKIO_DIR", unusable)
+        capsys.readouterr()
+        assert run_training(dataset, tmp_path / "start", ["trackio"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "trackio could not start a run" in err and "TRACKIO_DIR" in err, err
+        assert not (tmp_path / "start" / "metrics.jsonl").exists()
+
+    run = tmp_path / "lost"
+    monkeypatch.setattr(storage, "TRACKIO_DIR", storage.TRACKIO_DIR)  # restored after the test
+
+    def lose_the_store() -> None:  # as a disk unmounted mid-run would
+        while not (
+            (run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 2
+        ):
+            time.sleep(0.01)
+        storage.TRACKIO_DIR = unusable
+
+    thread = threading.Thread(target=lose_the_store, daemon=True)
+    thread.start()
+    assert run_training(dataset, run, ["trackio"]) == 0
+    thread.join(timeout=60)
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, 9))
+    out = capsys.readouterr().out
+    assert re.search(r"WARNING: trackio stored steps through \d+ of the 8 sent", out), out[-2000:]
+    assert json.loads((run / "trackers.json").read_text())["trackio"].get("sent_through", 0) < 8
+
+
 def test_a_tensorboard_that_fails_mid_run_costs_no_training_and_one_that_cannot_start_is_one_line(
     dataset, tmp_path, capsys
 ):
