@@ -675,7 +675,7 @@ def check_resume(
                     if math.isclose(x, y, rel_tol=1e-12):
                         continue
                 if x != y:
-                    out.append(f"{plan.key_of(p, name)} {_shown(x)} → {_shown(y)}")
+                    out.append(f"{plan.key_of(p, name)} {' → '.join(_shown_apart(x, y))}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
 
     def refuse_lr(what: str) -> PlanError:
@@ -789,14 +789,11 @@ def check_resume(
     for s in range(first, first if same else step):
         if not math.isclose(old.lr(s), plan.lr(s), rel_tol=1e-12, abs_tol=0.0):
             if lr_changes(p_old):
-                raise refuse_lr(
-                    f"the learning rate (step {s + 1}: {_shown(old.lr(s))} → {_shown(plan.lr(s))}) of the "
-                    f"{step} steps"
-                )
+                was, now = _shown_apart(old.lr(s), plan.lr(s))
+                raise refuse_lr(f"the learning rate (step {s + 1}: {was} → {now}) of the {step} steps")
             raise refuse(
                 f"the learning rate of step {s + 1} (phase {old.phases[p_old].name!r})",
-                _shown(old.lr(s)),
-                _shown(plan.lr(s)),
+                *_shown_apart(old.lr(s), plan.lr(s)),
             )
     changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
     return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
@@ -816,6 +813,18 @@ def _mix_shown(mix: dict[str, str]) -> str:
 def _shown(v: Any) -> str:
     """A value as written in a recipe: 0.003, not 0.0030000000000000005 or Fraction(3, 1000)."""
     return f"{float(v):.6g}" if isinstance(v, float | Fraction) else str(v)
+
+
+def _shown_apart(a: Any, b: Any) -> tuple[str, str]:
+    """Two values that differ, shown with the digits that tell them apart (a refusal showed a longer
+    cosine's learning rate at a step as 0.00287394 → 0.00287394)."""
+    if not all(isinstance(v, float | Fraction) for v in (a, b)):
+        return _shown(a), _shown(b)
+    for digits in range(6, 18):
+        x, y = f"{float(a):.{digits}g}", f"{float(b):.{digits}g}"
+        if x != y:
+            break
+    return x, y
 
 
 def _lr_text(piece: LRPiece | None) -> str:

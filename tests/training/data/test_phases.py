@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -642,6 +643,8 @@ def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources,
     cases = [  # (phased?, old text, new text, what the message must say)
         (False, "lr = 3e-3", "lr = 1e-3", "optim.lr 0.003 → 0.001"),
         (False, "min_lr = 3e-4", "min_lr = 1e-4", "optim.min_lr 0.0003 → 0.0001"),
+        # the digits that tell them apart (both were shown as 0.0003)
+        (False, "min_lr = 3e-4", "min_lr = 3.000001e-4", "optim.min_lr 0.0003 → 0.0003000001"),
         (False, "warmup_steps = 2", "warmup_steps = 3", "schedule.warmup_steps 2 → 3"),
         (True, "warmup_steps = 2", "warmup_steps = 3", "phase[0].lr.warmup_steps 2 → 3"),
         (True, "lr = 3e-3", "lr = 1e-3", "optim.lr 0.003 → 0.001"),
@@ -667,3 +670,4 @@ def test_resume_refusals_name_the_config_keys_and_values_the_user_wrote(sources,
             other.load_state_dict(state)
         msg = str(e.value)
         assert says in msg and "LRPiece" not in msg and "/" not in msg.split("immutable")[0], msg
+        assert not re.search(r"(?<![\w.])([\d.e-]+) → \1(?![\w.])", msg), msg  # a change shown as none
