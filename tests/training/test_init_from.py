@@ -53,6 +53,7 @@ from training.checkpoint.model_config import resolve_model_config
 from training.config import ModelSection
 from training.contract.config_loader import ConfigError
 from training.contract.dataset_format import file_sha256, read_dataset_info
+from training.contract.errors import GristmillError
 from training.contract.run_layout import COMPLETE_FILE, checkpoint_dir, complete_steps, eval_dir, export_dir
 from training.model import ModelConfig, Transformer
 from training.train import load_train_config, train
@@ -410,6 +411,42 @@ def straight(base, data, shared) -> Path:
     """An uninterrupted 8-step run from `base`: checkpoints at steps 4 and 8; trained once per test
     run (read-only: copy it to write into it)."""
     return shared.run("1-process", lambda run: overrides(data, run, _init(base), "schedule.steps=8"), _train)
+
+
+def test_a_runs_base_folder_deleted_or_replaced_is_refused_by_export_and_resume(
+    tmp_path, data, base, straight
+):
+    """Review R22f S1, S2: with RUN/base/ deleted, the exports of a run from a base took the dataset's
+    tokens instead of the base's, step 0 was exported without its bytes checked (a note said the run
+    predated the record), and a resume's checkpoints recorded no base, so nothing told it later: exit
+    0 each. Each checkpoint records base.json's sha256; export, step 0's included, and resume refuse
+    a folder that is not what it recorded, in one line, and take it again once restored."""
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    shutil.rmtree(run / "exports", ignore_errors=True)
+    kept = (run / "base" / "base.json").read_bytes()
+    shutil.move(run / "base", tmp_path / "kept")
+    for step in (8, 0):
+        with pytest.raises(GristmillError) as e:
+            export_checkpoint(run, step)
+        msg = str(e.value)
+        assert "\n" not in msg and f"{run / 'base' / 'base.json'} is missing" in msg, msg
+        assert "restore that folder from a copy of the run" in msg, msg
+    assert not (run / "exports").exists() or not list((run / "exports").iterdir())
+    four = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
+    listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+    done = _run(overrides(data, run, _init(base), "schedule.steps=8", four))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-3000:]
+    assert "base.json is missing" in done.stderr, done.stderr
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing  # nothing set aside
+    shutil.copytree(tmp_path / "kept", run / "base")  # another base's record in its place
+    (run / "base" / "base.json").write_bytes(kept.replace(b'"init_from"', b'"init_from" ', 1))
+    with pytest.raises(GristmillError, match="base.json is not the one step-000008 recorded"):
+        export_checkpoint(run, 8)
+    (run / "base" / "base.json").write_bytes(kept)  # restored
+    assert export_checkpoint(run, 8) == export_dir(run, 8) and export_checkpoint(run, 0) == export_dir(run, 0)
+    done = _run(overrides(data, run, _init(base), "schedule.steps=8", four))
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_init_from_run_records_the_base_resumes_exactly_and_refuses_another(tmp_path, data, base, straight):
@@ -984,6 +1021,10 @@ def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     assert export_checkpoint(run, 0) == export_dir(run, 0)
     (base / "model.safetensors").write_bytes(bytes(edited))
     record_base(run, base, str(base.resolve()), base_sha256(base))
+    # (its checkpoints record the first base.json: refused as not the one they recorded, R22f S1)
+    with pytest.raises(GristmillError, match="base.json is not the one step-000002 recorded"):
+        export_checkpoint(run, 0)
+    shutil.rmtree(run / "checkpoints")  # a run started over has none yet: the export's own record
     with pytest.raises(ExportError, match="holds another base than .* started from .*base_weights_sha256"):
         export_checkpoint(run, 0)
 

@@ -31,6 +31,7 @@ from training.checkpoint.base_source import (
     hub_id,
     weights_files,
 )
+from training.checkpoint.record import base_record_of, newest_base_record
 from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
@@ -41,7 +42,9 @@ __all__ = [
     "BASE_JSON",
     "TOKENIZER_FILES",
     "base_files",
+    "base_record_sha256",
     "base_weights",
+    "check_kept_base",
     "carry_base_record",
     "drop_base_record",
     "read_base_record",
@@ -204,8 +207,38 @@ def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
     return None
 
 
+def base_record_sha256(run_dir: str | Path) -> str | None:
+    """The sha256 of RUN/base/base.json, or None (a run from scratch): what a checkpoint records of
+    it (training/checkpoint/record.py BASE_RECORD)."""
+    path = Path(run_dir) / BASE_DIR / BASE_JSON
+    return file_sha256(path) if path.is_file() else None
+
+
+def check_kept_base(run_dir: str | Path, checkpoint: str | Path | None = None) -> None:
+    """RUN/base/base.json as the run's checkpoint `checkpoint` (None: its newest) recorded it: deleted
+    or replaced since, the exports of a run from a base took the dataset's tokenizer and special
+    tokens instead of the base's, step 0's export went unchecked, and a resume's checkpoints then
+    recorded no base, exit 0 (review R22f S1, S2). Nothing to compare for a run without checkpoints,
+    or whose checkpoints record no base."""
+    recorded = newest_base_record(run_dir) if checkpoint is None else base_record_of(checkpoint)
+    if recorded is None:
+        return
+    ckpt, sha = recorded
+    now = base_record_sha256(run_dir)
+    if now != sha:
+        path = Path(run_dir) / BASE_DIR / BASE_JSON
+        how = "is missing" if now is None else f"is not the one {ckpt.name} recorded (sha256 {now[:12]}…)"
+        raise GristmillError(
+            f"{path} {how}: the run kept its base's record there when it started (sha256 {sha[:12]}… in "
+            f"{ckpt}/COMPLETE), and its exports take the base's tokenizer and special tokens from "
+            f"{path.parent}; restore that folder from a copy of the run"
+        )
+
+
 def base_files(run_dir: str | Path) -> dict[str, Path]:
-    """{name: path} of the base's files RUN/base/ keeps (none for a run from scratch)."""
+    """{name: path} of the base's files RUN/base/ keeps (none for a run from scratch), as the run's
+    checkpoints recorded them (check_kept_base)."""
+    check_kept_base(run_dir)
     record = read_base_record(run_dir)
     folder = Path(run_dir) / BASE_DIR
     return {} if record is None else {name: folder / name for name in record["files"]}

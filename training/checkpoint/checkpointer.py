@@ -57,7 +57,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from training.checkpoint.base_record import other_base_reason
+from training.checkpoint.base_record import base_record_sha256, check_kept_base, other_base_reason
 from training.checkpoint.hf_export import export_checkpoint
 from training.checkpoint.io import (
     _single_process_quiet,
@@ -72,6 +72,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.record import (
     ARCHITECTURE_FIELDS,
+    BASE_RECORD,
     MODEL_RECORD,
     RESUME_ONLY,
     CheckpointError,
@@ -564,6 +565,12 @@ class Checkpointer:
         (DCP would load a 2-layer checkpoint into a 1-layer model without a word, or fail with
         torch's size mismatch); other model settings that changed get a note. Checkpoints without a
         model record (written before gristmill kept one) are not checked."""
+        source = run_of_checkpoint(path)
+        if (source / CONFIG_TOML).is_file():  # its run's RUN/base/ (a volume's path: no run to tell)
+            try:  # as it recorded it: else the next checkpoints record none (review R22f S2)
+                check_kept_base(source, path)
+            except GristmillError as e:
+                raise CheckpointError(f"cannot resume from {path}: {e}") from None
         recorded = recorded_model(record)
         if recorded is None or self.model_config is None:
             return []
@@ -884,6 +891,7 @@ class Checkpointer:
                     "world_size": self.world_size,
                     **({RESUME_ONLY: True} if resume_only else {}),
                     **({MODEL_RECORD: self.model_config} if self.model_config is not None else {}),
+                    **({BASE_RECORD: base} if (base := base_record_sha256(self.run_dir)) else {}),
                     "files": files,
                 },
             )

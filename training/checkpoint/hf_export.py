@@ -40,6 +40,7 @@ from training.checkpoint.base_record import (
     BASE_JSON,
     TOKENIZER_FILES,
     base_files,
+    check_kept_base,
     read_base_record,
     weights_sha256,
 )
@@ -937,6 +938,7 @@ def export_base(
     cfg = run_config(run_dir)
     if not cfg.model.init_from:
         raise ExportError(f"{run_dir} has no step 0 to export: {missing_step_reason(run_dir, 0)}")
+    check_kept_base(run_dir)  # deleted, the base's bytes went unchecked (review R22f S1)
     record = read_base_record(run_dir)
     if out is None and export_dir(run_dir, 0).is_dir():
         out = export_dir(run_dir, 0)

@@ -60,6 +60,30 @@ def is_resume_only(path: str | Path) -> bool:
         return False
 
 
+BASE_RECORD = "base_record_sha256"
+"""COMPLETE's key for the sha256 of RUN/base/base.json when the checkpoint was saved (a run from a base
+model: training/checkpoint/base_record.py); absent for a run from scratch and in checkpoints written
+before gristmill recorded it. What tells RUN/base/ deleted from a run that never had one: its exports
+then took the dataset's tokens and its step 0 went unchecked (review R22f S1, S2)."""
+
+
+def newest_base_record(run_dir: str | Path) -> tuple[Path, str] | None:
+    """(checkpoint, BASE_RECORD) of the run's newest complete checkpoint whose record reads, or None
+    (none such, or it records no base: a run from scratch, an older checkpoint)."""
+    for step in reversed(complete_steps(run_dir)):
+        try:
+            return base_record_of(checkpoint_dir(run_dir, step))
+        except CheckpointError:
+            continue  # verify names it where it is used
+    return None
+
+
+def base_record_of(path: str | Path) -> tuple[Path, str] | None:
+    """(checkpoint, BASE_RECORD) of complete checkpoint `path`, or None where it records no base."""
+    sha = read_complete_record(path).get(BASE_RECORD)
+    return (Path(path), sha) if isinstance(sha, str) else None
+
+
 MODEL_RECORD = "model"
 """COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
 training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""
