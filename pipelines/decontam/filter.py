@@ -25,7 +25,7 @@ from pipelines.decontam.ngram import (
     DecontamIndexError,
     NgramIndex,
     read_manifest,
-    task_of_detail,
+    tasks_of_detail,
 )
 from pipelines.filters import ExcludedWriter, drop
 from training.contract.dataset_format import DECONTAM_DIR as INDEX_DIR
@@ -109,15 +109,18 @@ def decontam_filter(
     return [DecontaminationFilter(out / INDEX_DIR, writer, sha256=sha256)]
 
 
-def removed_by_task(out: Path) -> dict[str, int]:
-    """{task: documents the filter excluded} from OUTPUT/excluded/*_decontaminate.parquet."""
+def removed_by_task(out: Path) -> tuple[dict[str, int], int]:
+    """({task: documents the filter excluded holding an n-gram of it}, the documents it excluded) from
+    OUTPUT/excluded/*_decontaminate.parquet: a document holding several tasks' counts for each task,
+    once in the total."""
     counts: dict[str, int] = {}
+    total = 0
     for path in sorted((out / EXCLUDED_DIR).glob(f"*_{FILTER_NAME}.parquet")):
         for reason in pq.read_table(path, columns=["reason"]).column("reason").to_pylist():
-            task = task_of_detail(reason or "")
-            if task is not None:
+            total += 1
+            for task in tasks_of_detail(reason or ""):
                 counts[task] = counts.get(task, 0) + 1
-    return counts
+    return counts, total
 
 
 def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
@@ -126,7 +129,7 @@ def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
     if not enabled(cfg):
         return None
     m = read_manifest(out / INDEX_DIR)
-    removed = removed_by_task(out)
+    removed, total = removed_by_task(out)
     keys = ("name", "split", "version", "documents", "ngrams")
     tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
     return {
@@ -135,5 +138,5 @@ def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
         "lm_eval": m.get("lm_eval"),
         "requested": m.get("requested"),
         "tasks": tasks,
-        "removed": sum(removed.values()),
+        "removed": total,
     }

@@ -1,7 +1,10 @@
 """The decontamination index: its files, the text normaliser, n-gram hashing and lookup.
 
-    DIR/ngrams.npy      uint64, sorted and unique: the hash of every word n-gram of the indexed texts
-    DIR/refs.npy        uint32 (N, 2), row i names where ngrams[i] first occurs: (task number, document)
+    DIR/ngrams.npy      uint64, sorted, unique per task: the hash of every word n-gram of the indexed
+                        texts, once for each task that holds it (an index written before 2026-12-01:
+                        once, for the first)
+    DIR/refs.npy        uint32 (N, 2), row i names where ngrams[i] first occurs in its task: (task
+                        number, document)
     DIR/manifest.json   format, n, normaliser, lm-eval version, per task (name, split, documents,
                         n-grams, version), the sha256 of the two .npy files
 
@@ -202,9 +205,11 @@ def write_index(
 ) -> dict[str, Any]:
     """Write the index of `tasks` (manifest entries, in order) into `folder`; returns the manifest.
 
-    `hashes[t]` are task t's n-gram hashes and `docs[t]` the document index of each. Where an n-gram
-    occurs more than once, the first occurrence (task order, then document order) names it. The
-    manifest is written last: a folder without one is no index."""
+    `hashes[t]` are task t's n-gram hashes and `docs[t]` the document index of each. An n-gram is kept
+    once per task that holds it, named by its first occurrence there (document order), the tasks in
+    order: a training document holding an n-gram two tasks share is removed for both (kept once,
+    only the first task counted it, and the other's eval mark said "0 docs removed": review R23b S1).
+    The manifest is written last: a folder without one is no index."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST_JSON).unlink(missing_ok=True)
@@ -215,8 +220,9 @@ def write_index(
     )
     order = np.argsort(all_h, kind="stable")
     sorted_h = all_h[order]
+    task_of = refs[order, 0]  # equal hashes keep the task order (a stable sort of a task-major list)
     first = np.ones(len(sorted_h), bool)
-    first[1:] = sorted_h[1:] != sorted_h[:-1]
+    first[1:] = (sorted_h[1:] != sorted_h[:-1]) | (task_of[1:] != task_of[:-1])
     for name, arr in ((HASHES_NPY, sorted_h[first]), (REFS_NPY, refs[order[first]])):
         with atomic_path(folder / name) as tmp, open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(arr))
@@ -283,19 +289,27 @@ class Match:
     doc: int
     text: str  # the n-gram's normalised words, joined by spaces
     count: int
+    also: tuple[str, ...] = ()  # the other tasks any of its indexed n-grams belongs to, in index order
 
     def detail(self) -> str:
-        more = f" (+{self.count - 1} more indexed {self.n}-grams)" if self.count > 1 else ""
-        return f'{self.n}-gram of {self.task} {self.split} doc {self.doc}: "{self.text}"{more}'
+        more = [f"+{self.count - 1} more indexed {self.n}-grams"] if self.count > 1 else []
+        more += [f"also {', '.join(self.also)}"] if self.also else []
+        shown = f" ({'; '.join(more)})" if more else ""
+        return f'{self.n}-gram of {self.task} {self.split} doc {self.doc}: "{self.text}"{shown}'
 
 
-_DETAIL = re.compile(r"^\d+-gram of (\S+) (\S+) doc \d+: ")
+# The n-gram's text is normalised words (letters and digits, spaces): no quote, parenthesis or ";".
+_DETAIL = re.compile(r'^\d+-gram of (\S+) \S+ doc \d+: "[^"]*"(?: \(([^()]*)\))?$')
 
 
-def task_of_detail(detail: str) -> str | None:
-    """The task named by an excluded/ reason that Match.detail wrote (None for any other text)."""
+def tasks_of_detail(detail: str) -> list[str]:
+    """The tasks an excluded/ reason that Match.detail wrote names, its first one first ([] for any
+    other text)."""
     m = _DETAIL.match(detail)
-    return m.group(1) if m else None
+    if m is None:
+        return []
+    also = [part[len("also ") :] for part in (m.group(2) or "").split("; ") if part.startswith("also ")]
+    return [m.group(1), *(also[0].split(", ") if also else [])]
 
 
 class NgramIndex:
@@ -356,4 +370,9 @@ class NgramIndex:
         i = int(np.argmax(hit))
         task, doc = (int(x) for x in self.refs[int(np.searchsorted(self.hashes, hashes[i]))])
         name, split = self.tasks[task]
-        return Match(self.n, name, split, doc, words.text(i, self.n), int(hit.sum()))
+        # every task any indexed n-gram of the text belongs to (an n-gram is listed once per task)
+        found = np.unique(hashes[hit])
+        lo, hi = np.searchsorted(self.hashes, found, "left"), np.searchsorted(self.hashes, found, "right")
+        rows = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
+        also = tuple(self.tasks[t][0] for t in np.unique(self.refs[rows, 0]).tolist() if t != task)
+        return Match(self.n, name, split, doc, words.text(i, self.n), int(hit.sum()), also)

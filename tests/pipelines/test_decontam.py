@@ -28,7 +28,9 @@ from pipelines.decontam.ngram import (
     many_ngram_hashes,
     normalize_words,
     read_manifest,
+    tasks_of_detail,
     text_ngram_hashes,
+    write_index,
 )
 from pipelines.sources import FINEWEB_EDU_SCHEMA
 from tests.helpers.corpus import fixture_config_text, fixture_texts, write_fixture_corpus
@@ -164,6 +166,8 @@ def planted_rows() -> tuple[list[dict], dict[str, tuple[str, int] | None]]:
         "near-miss-12-words": (_page(7, " ".join(QA[0][0].split()[:12]) + " and something else"), None),
         "near-miss-split": (_page(9, " ".join(cloze0[:7]) + " (see above) " + " ".join(cloze0[7:14])), None),
         "qa-answer-only": (_page(11, QA[0][1][0]), None),  # gm_qa indexes its question only
+        # both tasks' texts: removed for each (named by the first match, the other counted too: R23b S1)
+        "plant-two-tasks": (_page(13, f"{QA[1][0]} Later: {CLOZE[3][0]}"), ("gm_qa", 1)),
     }
     rows = []
     for i, (rid, (text, _)) in enumerate(plants.items()):
@@ -218,18 +222,43 @@ def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(dec
 
     info = read_dataset_info(out)
     entry = info["decontaminate"]
-    assert info["excluded_by_filter"]["decontaminate"] == 3
+    assert info["excluded_by_filter"]["decontaminate"] == 4 == info["decontaminate"]["removed"]
+    assert dropped["plant-two-tasks"]["reason"].endswith("; also gm_cloze)"), dropped["plant-two-tasks"]
     assert entry["ngram"] == 13 and entry["requested"] == ["gm_cloze", "gm_qa"]
     assert entry["index_sha256"] == read_manifest(out / "decontam", verify=True)["sha256"]
     assert {t["name"]: (t["split"], t["documents"], t["removed"]) for t in entry["tasks"]} == {
-        "gm_cloze": ("test", 4, 2),
-        "gm_qa": ("test", 3, 1),
+        "gm_cloze": ("test", 4, 3),
+        "gm_qa": ("test", 3, 2),
     }
     assert fingerprint(info) != fingerprint({k: v for k, v in info.items() if k != "decontaminate"})
 
     assert main(["data", "audit", str(out), "--report", "drops"]) == 0
     report = capsys.readouterr().out
     assert "decontaminate" in report and "N-gram of gm_qa test doc N" in report, report
+
+
+def test_an_ngram_two_tasks_share_removes_a_document_for_both(tmp_path):
+    """Review R23b S1: the index kept an n-gram once, for the first task holding it, so a training
+    document holding a passage two tasks share was counted for the first alone, and the other task's
+    eval mark said "0 docs removed". Kept once per task now; the reason names every task."""
+    shared = " ".join(f"w{i}" for i in range(13))
+    texts = {"a": [shared, "one two three four five six seven eight nine ten eleven twelve thirteen"],
+             "b": ["nothing of a here at all just b alone and a few more words", shared]}  # fmt: skip
+    hashes, docs, entries = [], [], []
+    for name, items in texts.items():
+        h, owner = many_ngram_hashes(items, 13)
+        hashes.append(h)
+        docs.append(owner.astype(np.uint32))
+        entries.append({"name": name, "split": "test", "version": 1, "documents": 2, "ngrams": len(set(h))})
+    write_index(tmp_path, 13, entries, hashes, docs)
+    index = NgramIndex(tmp_path)
+    match = index.first_match(f"a page that quotes {shared} and goes on")
+    assert (match.task, match.doc, match.also) == ("a", 0, ("b",)), match
+    detail = match.detail()
+    assert tasks_of_detail(detail) == ["a", "b"] and detail.endswith("(also b)"), detail
+    only_a = index.first_match("one two three four five six seven eight nine ten eleven twelve thirteen")
+    assert (only_a.task, only_a.also) == ("a", ()) and tasks_of_detail(only_a.detail()) == ["a"]
+    assert tasks_of_detail("81 chars < min_chars 100") == []
 
 
 def test_index_command_is_deterministic_and_lookups_follow_the_normaliser(
@@ -428,12 +457,12 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
         if line.rstrip().endswith(("removed)", "checked"))
     }
     assert marks == {
-        "gm_cloze": "decontaminated (2 docs removed)",
+        "gm_cloze": "decontaminated (3 docs removed)",
         "heldout_ppl": "not checked",
     }, table
     recorded = read_results(run)[5]["gristmill_tasks"]
     assert recorded["gm_cloze"]["decontamination"]["datasets"] == [
-        {"source": "data", "dataset": str(out), "task": "gm_cloze", "status": "checked", "removed": 2,
+        {"source": "data", "dataset": str(out), "task": "gm_cloze", "status": "checked", "removed": 3,
          "index_version": 1.0, "evaluated_version": 1.0}
     ]  # fmt: skip
     view = pq.read_table(run / "eval.parquet").to_pylist()
