@@ -55,7 +55,7 @@ SELECT dataset_name, filter,
                                      ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS reason,
        sum(n)::BIGINT AS documents,
        round(100.0 * sum(n) / sum(sum(n)) OVER (PARTITION BY dataset_name), 2) AS pct_of_dropped,
-       arg_max(reason, n) AS example
+       arg_max(reason, row(n, reason)) AS example  -- ties by the reason: the same one every time
 FROM by_reason
 GROUP BY 1, 2, 3
 ORDER BY dataset_name, documents DESC, filter, reason

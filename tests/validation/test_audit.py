@@ -601,3 +601,14 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         ("dedup", "minhash duplicate of <id>"): 1,
         ("decontaminate", 'N-gram of qa test doc N: "…"'): 2,
     }
+    # the example of a kind whose reasons are equally common is the same one whatever the rows' order
+    # (review R23b M2: arg_max broke the tie as the rows came, another example at each audit)
+    examples = set()
+    for seed in range(4):
+        con.execute("DELETE FROM excluded")
+        con.execute(
+            "INSERT INTO excluded SELECT 'd', 'dedup', 'exact duplicate of <' || i || '>' "
+            f"FROM range(5000) t(i) ORDER BY hash(i + {seed})"
+        )
+        examples.add(con.execute(PRESETS["drops"]).fetchall()[0][-1])
+    assert examples == {"exact duplicate of <9>"}, examples  # the last in sort order
