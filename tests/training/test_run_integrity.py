@@ -38,7 +38,7 @@ from tests.helpers.train_runs import (
     torchrun_cmd,
 )
 from training.checkpoint.checkpointer import write_complete_record
-from training.checkpoint.hf_export import export_checkpoint, load_checkpoint_model
+from training.checkpoint.hf_export import ExportError, export_checkpoint, load_checkpoint_model
 from training.contract.batch_record import HEADER, RECORD
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
@@ -435,6 +435,27 @@ def test_a_damaged_complete_record_is_a_damaged_checkpoint(dataset, tmp_path, ca
     assert "step-000008" in out and "rope_theta" not in out, out
     assert json.loads((export_dir(run, 4) / "config.json").read_text())["rope_theta"] == 10000.0
     assert not export_dir(run, 8).exists()
+
+
+def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, capsys):
+    """Review R23c 1: step-000004 renamed step-000006 (a copy over, a slip of mv) verified ok, and its
+    weights were exported as step 6's (gristmill_export.json "step": 6), exit 0. The record's step
+    must be the folder's: verify calls it damaged, export refuses it, resume passes over it."""
+    run = tmp_path / "run"
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=4", "checkpoint.interval=2")))
+    checkpoint_dir(run, 4).rename(checkpoint_dir(run, 6))
+    shutil.rmtree(run / "exports", ignore_errors=True)
+    capsys.readouterr()
+    assert gristmill(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "step-000006 holds step 4 (its COMPLETE record says so), not step 6" in out, out
+    assert "rename it back to step-000004" in out, out
+    with pytest.raises(ExportError, match="holds step 4"):
+        export_checkpoint(run, 6)
+    assert not export_dir(run, 6).exists()
+    assert export_checkpoint(run) == export_dir(run, 2)  # the newest that verifies
+    checkpoint_dir(run, 6).rename(checkpoint_dir(run, 4))  # as advised
+    assert gristmill(["verify", str(run)]) == 0
 
 
 def test_one_writer_per_run_directory(dataset, tmp_path):

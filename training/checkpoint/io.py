@@ -45,6 +45,7 @@ from training.contract.run_layout import (
     complete_steps,
     incomplete_reason,
     list_steps,
+    named_step,
     step_name,
 )
 
@@ -129,7 +130,17 @@ def verify_checkpoint(path: str | Path) -> str | None:
     Raises CheckpointError naming each damaged file; returns a note when the record holds no
     checksums (written before gristmill recorded them), else None."""
     path = Path(path)
-    files = read_complete_record(path).get("files")
+    record = read_complete_record(path)
+    named = named_step(path)  # None: a copy under a name of the user's
+    if named is not None and isinstance(record.get("step"), int) and record["step"] != named:
+        # another step's checkpoint under this name (renamed, copied over): its weights were exported
+        # and verified as this step's (review R23c 1)
+        raise CheckpointError(
+            f"{path.name} holds step {record['step']} (its COMPLETE record says so), not step {named}: "
+            f"another step's checkpoint under this name; rename it back to {step_name(record['step'])} "
+            "or delete it"
+        )
+    files = record.get("files")
     problems = damaged_files(path, files) if files else []
     if problems:
         raise CheckpointError(f"{path.name} is damaged: {'; '.join(problems)}")

@@ -40,7 +40,7 @@ BASE_DIR = "base"  # a run from a base model: its identity and small files (chec
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _MERGED_DIR = re.compile(r"^merged-step-(\d+)$")
-_ANY_STEP_DIR = re.compile(r"(abandoned-)?(merged-)?step-\d+(\.\d+)?")
+_ANY_STEP_DIR = re.compile(r"(abandoned-)?(merged-)?step-(\d+)(\.\d+)?")
 MERGED_PREFIX = "merged-"
 
 
@@ -212,6 +212,13 @@ def names_a_step(name: str) -> bool:
     """Whether `name` is a step's directory name as the run keeps them: step-N, merged-step-N, and
     the abandoned- copies of either (.2, .3, …)."""
     return _ANY_STEP_DIR.fullmatch(name) is not None
+
+
+def named_step(path: str | Path) -> int | None:
+    """The step a directory's name gives (step-N, merged-step-N, their abandoned- copies), or None
+    for any other name (a copy the user named)."""
+    m = _ANY_STEP_DIR.fullmatch(Path(path).name)
+    return int(m.group(3)) if m else None
 
 
 def list_steps(parent: str | Path, merged: bool = False) -> list[int]:
