@@ -242,10 +242,18 @@ def loop(run: Run) -> dict[str, Any]:
         shutdown.release()
 
 
-def _stop_advice(run: Run) -> str:
+def _stop_advice(run: Run, saved: bool) -> str:
     """What a stop on a signal after step `run.state.step` leaves to do: at the plan's end or at
-    run.max_steps (past it when a rewind's skip passed it) a resume has nothing to do (R18d 3)."""
+    run.max_steps (past it when a rewind's skip passed it) a resume has nothing to do (R18d 3).
+    `saved`: the stop's checkpoint was written (checkpoint.on_low_disk = "skip" may skip it: the
+    line said "checkpoint saved" over 17 lost steps, review R23c 3)."""
     step = run.state.step
+    if not saved:
+        return (
+            f'its checkpoint was SKIPPED (checkpoint.on_low_disk = "skip", the disk is low); the last '
+            f"complete checkpoint is {run.checkpointer.newest_complete()}: --resume auto goes on from it, "
+            "training the steps after it again"
+        )
     if step >= run.spec.last_step:
         return "the last step, the run is complete (checkpoint saved)"
     if step >= run.last_step:
@@ -267,7 +275,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
         with shutdown:
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             while state.step < run.last_step:
-                step = state.step + 1
+                step, saved = state.step + 1, True  # saved: this step's checkpoint, when one is due
                 checkpointer.poll()  # raises if a background save failed
                 micro_batches = _next_batch(run, batches, shutdown, start)
                 phase = _enter_phase(run, step, phase)
@@ -299,14 +307,20 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
                         _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                        saved = checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
                         kill_point(f"saved:{step}")
                     _write_pending(run)
                 if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
-                    say(f"stopping after step {state.step} on {stop}: {_stop_advice(run)}")
+                    say(f"stopping after step {state.step} on {stop}: {_stop_advice(run, saved)}")
                     break
             checkpointer.close()  # waits for an async save in flight
+            if checkpointer.low_disk is not None and stopped_by is None:  # the run's last save skipped
+                say(
+                    f"WARNING: the run ends at step {state.step} with its last checkpoint SKIPPED (low "
+                    f"disk); the last complete checkpoint is {checkpointer.newest_complete()}: the steps "
+                    "after it are in no checkpoint"
+                )
         seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
     except BaseException:
         checkpointer.abandon()  # the lock and the process group outlive no background write

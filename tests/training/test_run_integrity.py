@@ -47,6 +47,7 @@ from training.contract.run_layout import (
     DCP_METADATA,
     LOCK_FILE,
     checkpoint_dir,
+    complete_steps,
     export_dir,
 )
 from training.train import load_train_config, main, train
@@ -456,6 +457,35 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     assert export_checkpoint(run) == export_dir(run, 2)  # the newest that verifies
     checkpoint_dir(run, 6).rename(checkpoint_dir(run, 4))  # as advised
     assert gristmill(["verify", str(run)]) == 0
+
+
+def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path, capsys):
+    """Review R23c 3: with checkpoint.on_low_disk = "skip" and the disk low, a SIGTERM's line said
+    "checkpoint saved; resume with --resume auto" though its save was skipped (17 steps lost, exit
+    0), and a run whose last save was skipped ended without a word. Both name the last complete
+    checkpoint now."""
+    low = ['checkpoint.on_low_disk="skip"', "checkpoint.min_free_factor=1e12"]  # every save: too little room
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75", *low)
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV)
+    try:
+        deadline = time.time() + 120
+        while not metrics(run) or metrics(run)[-1]["step"] < 3:
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    line = next(x for x in out.splitlines() if x.startswith("stopping after step"))
+    assert "its checkpoint was SKIPPED" in line and "the last complete checkpoint is none" in line, line
+    assert "checkpoint saved" not in line and not complete_steps(run), line
+    capsys.readouterr()
+    train(load_train_config(TINY, overrides(dataset, tmp_path / "end", "run.max_steps=4", *low)))
+    out = capsys.readouterr().out
+    assert "WARNING: the run ends at step 4 with its last checkpoint SKIPPED (low disk)" in out, out[-2000:]
+    assert "the last complete checkpoint is none" in out, out[-2000:]
 
 
 def test_one_writer_per_run_directory(dataset, tmp_path):
