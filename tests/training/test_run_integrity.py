@@ -466,14 +466,8 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     checkpoint now."""
     low = ['checkpoint.on_low_disk="skip"', "checkpoint.min_free_factor=1e12"]  # every save: too little room
     run = tmp_path / "run"
-    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75", *low)
-    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-    proc = forked.popen(cmd, cwd=ROOT, env=ENV)
+    proc, _ = _long_run_at_step_3(dataset, run, *low)
     try:
-        deadline = time.time() + 120
-        while not metrics(run) or metrics(run)[-1]["step"] < 3:
-            assert proc.poll() is None and time.time() < deadline, proc.communicate()
-            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=240)
     finally:
@@ -488,16 +482,28 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     assert "the last complete checkpoint is none" in out, out[-2000:]
 
 
-def test_one_writer_per_run_directory(dataset, tmp_path):
-    run = tmp_path / "run"
-    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75")
+def _long_run_at_step_3(dataset: Path, run: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
+    """A 150-step `gristmill train` of `run` started in a process, once its step 3 is logged; and its
+    command."""
+    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1", "checkpoint.interval=75", *extra)
     cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
-    first = forked.popen(cmd, cwd=ROOT, env=ENV)
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV)
     try:
         deadline = time.time() + 120
         while not metrics(run) or metrics(run)[-1]["step"] < 3:
-            assert first.poll() is None and time.time() < deadline, first.communicate()
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
             time.sleep(0.05)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, cmd
+
+
+def test_one_writer_per_run_directory(dataset, tmp_path):
+    run = tmp_path / "run"
+    first, cmd = _long_run_at_step_3(dataset, run)
+    sets = cmd[cmd.index("--set") + 1 :]
+    try:
         # a second trainer, and a launcher of two (refused before torchrun starts), side by side
         two = [*cmd[:4], "--nproc-per-node", "2", *cmd[4:], "parallel.shard=2"]
         others = [forked.popen(c, cwd=ROOT, env=ENV) for c in (cmd, two)]
