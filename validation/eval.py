@@ -88,9 +88,11 @@ from validation.eval_data import (
     check_include_path,
     checked_task_manager,
     local_task_config,
+    local_task_definition,
     local_task_names,
     task_data_folder,
     task_data_settings,
+    task_definition,
     task_file,
     task_items,
 )
@@ -309,6 +311,11 @@ class TaskPlan:
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
+        # what each task is, recorded with its scores: a task edited since it was scored is not done
+        self.definitions = {
+            n: local_task_definition(n) if n in local else task_definition(self.task_manager, n)
+            for n in self.names
+        }
 
     def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never
@@ -401,7 +408,9 @@ def evaluate_lm(
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
-                settings=score_settings(cfg, plan.heldout if name in plan.local else None),
+                settings=score_settings(
+                    cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
+                ),
             )
             for task, mark in decontamination_marks(results, plan.training_data).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -740,16 +749,30 @@ SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed")
 LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
-def score_settings(cfg: EvalConfig, heldout: HeldOut | None = None) -> dict[str, Any]:
+def score_settings(
+    cfg: EvalConfig, heldout: HeldOut | None = None, definition: str | None = None
+) -> dict[str, Any]:
     """What a task's scores depend on besides the weights (results.json records it per task, as
     given: max_length 0 is the model's own), so a step scored under other settings (the in-training
     eval's limit, an earlier `--set`) is not taken for done. A local task's (`heldout`: whose
     held-out documents it scores) also `docs`, how many, and `heldout` (eval.source changed on a
-    resume: review R17a F1); a hub task was scored again for them."""
+    resume: review R17a F1); a hub task was scored again for them. `definition`: the task's own
+    (TaskPlan.definitions), so that a task edited since is scored again (review R23a S1)."""
     settings = {key: getattr(cfg, key) for key in SCORE_SETTINGS}
+    if definition is not None:
+        settings["definition"] = definition
     if heldout is not None:
         return settings | {"heldout": heldout.record()}
     return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
+
+
+def _as_now(info: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
+    """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
+    before the task's definition was (no `definition`) count under any."""
+    got = dict(info.get("settings") or {})
+    if got and "definition" not in got:
+        want.pop("definition", None)
+    return got
 
 
 def label_results(results: dict[str, Any], run_dir: Path, step: int, model: str, plan: TaskPlan) -> None:
@@ -770,24 +793,28 @@ def evaluated(
     local: list[str],
     heldout: HeldOut | None,
     cfg: EvalConfig,
+    definitions: dict[str, str] | None = None,
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
-    before they were counts as done under any). The `local` tasks' must be of `heldout`'s documents
-    (`HeldOut.scored`: recorded before it was per task, the file's header says whose, kept per task
-    when a later eval replaces the header, eval_results.merge_results)."""
+    before they were counts as done under any) and, where `definitions` (TaskPlan.definitions) are
+    given, of the same task definitions (`_as_now`: one recorded before them counts as the same). The
+    `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`: recorded before it was per task,
+    the file's header says whose, kept per task when a later eval replaces the header,
+    eval_results.merge_results)."""
     results = read_step_results(run_dir, step)
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")
 
     def same(name: str) -> bool:
-        if name not in local or heldout is None:
-            want = score_settings(cfg)
-            got = tasks.get(name, {}).get("settings", want)
-            return {k: v for k, v in got.items() if k in want} == want
         info = tasks.get(name, {})
-        got = dict(info.get("settings") or {})
+        definition = (definitions or {}).get(name)
+        if name not in local or heldout is None:
+            want = score_settings(cfg, definition=definition)
+            got = _as_now(info, want) or want  # no settings: done under any
+            return {k: v for k, v in got.items() if k in want} == want
+        want = {k: v for k, v in score_settings(cfg, heldout, definition).items() if k != "heldout"}
+        got = _as_now(info, want)
         whose = got.pop("heldout", info.get("heldout", header))  # its own record, else its file's header
-        want = {k: v for k, v in score_settings(cfg, heldout).items() if k != "heldout"}
         return heldout.scored(whose) and (not got or got == want)  # no settings: done under any
 
     return all(n in scored and same(n) for n in names)
@@ -807,7 +834,7 @@ def evaluate_missing(
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
-        if not evaluated(run_dir, step, plan.names, plan.local, plan.heldout, cfg):
+        if not evaluated(run_dir, step, plan.names, plan.local, plan.heldout, cfg, plan.definitions):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import difflib
 import glob
+import hashlib
+import inspect
 import json
 import os
 import re
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,78 @@ def local_task_config(name: str, data_dir: str | Path) -> dict[str, Any]:
         # A pattern to `datasets` (fsspec glob): "[", "*", "?" in the run's path must match themselves.
         files[split] = glob.escape(str(path))
     return cfg
+
+
+def local_task_definition(name: str) -> str:
+    """The sha256 of local task `name`'s definition: its YAML and the version of how its data is made
+    (DATA_VERSION), recorded with its scores (`score_settings`) so that an edited task is scored again."""
+    return json_sha256(
+        {"yaml": (TASKS_DIR / f"{name}.yaml").read_text(encoding="utf-8"), "data": DATA_VERSION}
+    )
+
+
+def task_definition(task_manager: Any, name: str) -> str:
+    """The sha256 of lm-eval task, group or tag `name`'s definition as `task_manager` indexes it (an
+    include_path YAML or lm-eval's own), recorded with its scores so that a task edited between two
+    evals is scored again (review R23a S1): the YAML's config with its includes, its `!function`s
+    resolved as lm-eval resolves them and each written as its module, qualname and the sha256 of its
+    source (a repr holds an address, another in every process); a group's and a tag's over their
+    members' definitions."""
+    return json_sha256(_definition(task_manager, name, set()))
+
+
+def _definition(task_manager: Any, name: str, seen: set[str]) -> Any:
+    entry = task_manager.task_index.get(name)
+    if entry is None or name in seen:  # unknown (checked elsewhere), or a group naming itself
+        return {"name": name}
+    seen = seen | {name}
+    kind = str(entry.kind).rsplit(".", 1)[-1]
+    if kind == "TAG":
+        return {"tag": name, "members": {m: _definition(task_manager, m, seen) for m in sorted(entry.tags)}}
+    cfg = _stable(_resolved_config(entry))
+    if kind == "GROUP":
+        members = [t for t in cfg.get("task") or [] if isinstance(t, str)]
+        return {"group": cfg, "members": {m: _definition(task_manager, m, seen) for m in members}}
+    return cfg
+
+
+def _resolved_config(entry: Any) -> dict[str, Any]:
+    """An index entry's config with its functions resolved (lm-eval's load_yaml, as it builds the task);
+    the index's own (a `!function` as its path) where they cannot be: building the task then fails and
+    says so."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    if entry.yaml_path is not None:
+        try:
+            return load_yaml(entry.yaml_path, resolve_func=True)
+        except Exception:
+            pass
+    return entry.cfg or {}
+
+
+def _stable(value: Any) -> Any:
+    """`value` as JSON that is the same in every process: functions and classes by module, qualname
+    and their source's sha256 (the module file's where the source cannot be had)."""
+    if isinstance(value, dict):
+        return {str(k): _stable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_stable(v) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    if callable(value):
+        target = getattr(value, "func", value)  # a functools.partial: the function it calls
+        try:
+            source = inspect.getsource(target).encode()
+        except (OSError, TypeError):
+            module = sys.modules.get(getattr(target, "__module__", "") or "")
+            file = getattr(module, "__file__", None)
+            source = Path(file).read_bytes() if file and Path(file).is_file() else b""
+        name = getattr(target, "__qualname__", type(target).__name__)
+        return {
+            "function": f"{getattr(target, '__module__', '')}.{name}",
+            "source_sha256": hashlib.sha256(source).hexdigest(),
+        }
+    return str(value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1234,3 +1234,82 @@ def test_the_local_tasks_of_a_dataset_without_a_tokenizer_are_one_line(tmp_path)
     with pytest.raises(EvalError) as refused:
         heldout_texts(tmp_path / "ds", 0.1, 5)
     assert str(refused.value).startswith(f'{tmp_path / "ds"} records no tokenizer (tokenizer_sha256 "none")')
+
+
+def _own_task(folder: Path, name: str = "own_mc", extra: str = "") -> Path:
+    """Task `name` of one's own in include_path `folder`: two-choice items from JSON lines files (a
+    train split for few-shot examples, a test split scored), `extra` appended to its YAML."""
+    folder.mkdir(parents=True, exist_ok=True)
+    items = [
+        {"context": f"Item {i} reads as the word", "choices": ["one", "two"], "label": i % 2}
+        for i in range(6)
+    ]
+    files = {split: folder / f"{name}-{split}.jsonl" for split in ("train", "test")}
+    for path in files.values():
+        path.write_text("".join(json.dumps(r) + "\n" for r in items))
+    (folder / f"{name}.yaml").write_text(
+        f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        + "".join(f"    {split}: {path}\n" for split, path in files.items())
+        + "test_split: test\nfewshot_split: train\noutput_type: multiple_choice\n"
+        'doc_to_text: "{{context}}"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        f"metadata:\n  version: 1.0\n{extra}"
+    )
+    return folder
+
+
+def _own_args(tasks: Path, name: str = "own_mc") -> list[str]:
+    return ["--tasks", name, "--set", "bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
+
+
+def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
+    """Only the settings (limit, num_fewshot …) decided whether a step was done: a task YAML under
+    include_path edited between two evals (its doc_to_target, a !function's source) counted as the
+    same task, and `--watch` scored nothing, exit 0 (review R23a S1). Each task's scores record its
+    definition's digest; scores recorded before the digest existed stay done."""
+    from pipelines.cli import main
+    from training.contract.eval_table import read_step_results
+    from validation.eval import evaluated, score_settings
+    from validation.eval_results import write_step_json
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="process_docs: !function own_utils.process_docs\n")
+    utils = tasks / "own_utils.py"
+    utils.write_text("def process_docs(docs):\n    return docs\n")
+    yaml = tasks / "own_mc.yaml"
+    results = eval_dir(run, 5) / "results.json"
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
+
+    def scored() -> tuple[float, int, str]:
+        task = json.loads(results.read_text())
+        return (task["results"]["own_mc"]["acc,none"], task["n-samples"]["own_mc"]["effective"],
+                task["gristmill_tasks"]["own_mc"]["settings"].get("definition"))  # fmt: skip
+
+    assert main(watch) == 0
+    first = results.read_text()
+    acc, docs, definition = scored()
+    assert docs == 6
+    line = "[eval] step 5 own_mc: 6 docs"
+    assert line in capsys.readouterr().err
+    assert main(watch) == 0
+    assert results.read_text() == first and line not in capsys.readouterr().err  # the same task: done
+    yaml.write_text(yaml.read_text().replace('doc_to_target: "{{label}}"', 'doc_to_target: "{{1 - label}}"'))
+    assert main(watch) == 0
+    assert line in capsys.readouterr().err
+    flipped, _, edited = scored()
+    assert flipped == pytest.approx(1 - acc)  # every item's answer flipped: scored again
+    assert edited != definition and len(definition) == 64
+    utils.write_text("def process_docs(docs):\n    return docs.select(range(4))\n")
+    assert main(watch) == 0
+    assert scored()[1] == 4  # the function's source: scored again
+    assert main(watch) == 0 and scored()[1] == 4
+
+    # scores recorded before the definition was: done under any
+    cfg = EvalConfig()
+    old = {"own_mc": {"settings": score_settings(cfg)}}
+    write_step_json(tmp_path, 3, {"results": {"own_mc": {}}, "gristmill_tasks": old})
+    assert "definition" not in read_step_results(tmp_path, 3)["gristmill_tasks"]["own_mc"]["settings"]
+    assert evaluated(tmp_path, 3, ["own_mc"], [], None, cfg, {"own_mc": "d1"})
+    new = {"own_mc": {"settings": score_settings(cfg, definition="d0")}}
+    write_step_json(tmp_path, 4, {"results": {"own_mc": {}}, "gristmill_tasks": new})
+    assert not evaluated(tmp_path, 4, ["own_mc"], [], None, cfg, {"own_mc": "d1"})
+    assert evaluated(tmp_path, 4, ["own_mc"], [], None, cfg, {"own_mc": "d0"})
