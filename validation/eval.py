@@ -139,8 +139,10 @@ class EvalConfig:
     """Weights' dtype for the forward passes."""
     limit: int = 0
     """At most this many documents per task (0: all); for smoke tests, not for reported numbers."""
-    num_fewshot: int = 0
-    """Few-shot examples per request."""
+    num_fewshot: int | None = None
+    """Few-shot examples per request; unset (the default): each task's own (a YAML's num_fewshot, gsm8k's
+    5; 0 where it names none), 0: zero-shot for every task. results.json records, per task, the n-shot
+    it was scored with (`gristmill_tasks.TASK.n_shot`)."""
     bootstrap_iters: int = 1000
     """Bootstrap resamples for the stderr of non-mean metrics (perplexities); 0 skips stderrs."""
     docs: int = 40
@@ -383,7 +385,7 @@ def evaluate_lm(
                     model=lm,
                     tasks=[spec],
                     task_manager=plan.task_manager,
-                    num_fewshot=cfg.num_fewshot or None,
+                    num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
                     limit=cfg.limit or None,
                     bootstrap_iters=cfg.bootstrap_iters,
                     log_samples=log_samples,
@@ -411,6 +413,7 @@ def evaluate_lm(
                 settings=score_settings(
                     cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
                 ),
+                n_shot=results.get("n-shot", {}),  # what each (sub)task was scored with
             )
             for task, mark in decontamination_marks(results, plan.training_data).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -768,10 +771,13 @@ def score_settings(
 
 def _as_now(info: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
-    before the task's definition was (no `definition`) count under any."""
+    before the task's definition was (no `definition`) count under any; num_fewshot 0 without the n-shot
+    record was the task's own (it was passed as None: review R23a S3)."""
     got = dict(info.get("settings") or {})
     if got and "definition" not in got:
         want.pop("definition", None)
+    if got.get("num_fewshot") == 0 and "n_shot" not in info:
+        got["num_fewshot"] = None
     return got
 
 
@@ -978,10 +984,11 @@ def check_eval_config(cfg: EvalConfig) -> None:
         "batch_size": 1,
         "docs": 1,
         "limit": 0,
-        "num_fewshot": 0,
         "bootstrap_iters": 0,
         "max_length": 0,
     }
+    if cfg.num_fewshot is not None and cfg.num_fewshot < 0:
+        raise EvalError(f"num_fewshot = {cfg.num_fewshot} must be ≥ 0 (leave it out: each task's own)")
     for key, low in at_least.items():
         if getattr(cfg, key) < low:
             raise EvalError(f"{key} = {getattr(cfg, key)} must be ≥ {low}")

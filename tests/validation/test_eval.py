@@ -1313,3 +1313,31 @@ def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path
     write_step_json(tmp_path, 4, {"results": {"own_mc": {}}, "gristmill_tasks": new})
     assert not evaluated(tmp_path, 4, ["own_mc"], [], None, cfg, {"own_mc": "d1"})
     assert evaluated(tmp_path, 4, ["own_mc"], [], None, cfg, {"own_mc": "d0"})
+
+
+def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_path):
+    """num_fewshot 0 was passed as `0 or None`: a task with its own few-shot default (a YAML's
+    num_fewshot: 2, gsm8k's 5) was scored 2-shot while results.json recorded 0 (review R23a S3).
+    Unset is each task's own, 0 is zero-shot, and each task records the n-shot it was scored with;
+    a record of 0 from before that record was the task's own, done under the default."""
+    from pipelines.cli import main
+    from validation.eval import evaluated
+    from validation.eval_results import write_step_json
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="num_fewshot: 2\n")
+    results = eval_dir(run, 5) / "results.json"
+    for sets, shots in (([], 2), (["--set", "num_fewshot=0"], 0), (["--set", "num_fewshot=1"], 1)):
+        assert main(["eval", str(run), "--step", "5", *_own_args(tasks), *sets]) == 0
+        recorded = json.loads(results.read_text())
+        task = recorded["gristmill_tasks"]["own_mc"]
+        assert recorded["n-shot"]["own_mc"] == shots and task["n_shot"] == {"own_mc": shots}
+        assert task["settings"]["num_fewshot"] == (shots if sets else None)
+        saved = (eval_dir(run, 5) / "config.toml").read_text()
+        assert ("\nnum_fewshot = " in saved) == bool(sets)  # unset: the key left out
+    cfg = EvalConfig()
+    before = {"own_mc": {"settings": {"limit": 0, "num_fewshot": 0, "max_length": 0, "dtype": "float32",
+                                      "seed": 1234}}}  # fmt: skip
+    write_step_json(tmp_path, 3, {"results": {"own_mc": {}}, "gristmill_tasks": before})
+    assert evaluated(tmp_path, 3, ["own_mc"], [], None, cfg)  # was scored with the task's own
+    assert not evaluated(tmp_path, 3, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
