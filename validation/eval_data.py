@@ -374,7 +374,7 @@ def checked_task_manager(
     the user's own YAML tasks (those of `include_path`)."""
     own = local_yaml_tasks(include_path) if include_path else set()
     tm = hub_task_manager(names, include_path, own)
-    check_hub_tasks(tm, [n for n in names if n not in own], local_hint)
+    check_hub_tasks(tm, [n for n in names if n not in own], local_hint, include_path)
     return tm
 
 
@@ -415,8 +415,41 @@ def dataset_cached(path: str) -> bool:
     ).is_dir()
 
 
-def check_hub_tasks(task_manager: Any, names: list[str], local_hint: str | None = None) -> None:
-    """Raise EvalError naming each hub task that cannot get its dataset (offline, not cached).
+def unreadable_task_files(include_path: Sequence[str | Path], name: str) -> list[str]:
+    """`FILE does not parse (why)` for each YAML file under `include_path` that could define task `name`
+    (its text or file name holds the name) and that lm-eval's task index skips: it drops a file it
+    cannot read without a word, and the task was then reported unknown (review R23a M1)."""
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    out = []
+    for root in include_path:
+        for path in TaskIndex._iter_yaml_files(Path(root)):  # the files, in the order, the index reads
+            if path.stem != name and name not in path.read_text(encoding="utf-8", errors="ignore"):
+                continue
+            try:  # as TaskIndex.build reads each file
+                TaskIndex.process_cfg(load_yaml(path, resolve_func=False, recursive=True), path, {})
+            except Exception as e:
+                out.append(f"{path} does not parse ({_one_line(e)})")
+    return out
+
+
+def _one_line(error: BaseException) -> str:
+    """A YAML error as its problem and place (yaml's own text spans lines), any other as its first line."""
+    mark = getattr(error, "problem_mark", None)
+    if isinstance(error, yaml.MarkedYAMLError) and mark is not None:
+        return f"{error.problem or error.context}, line {mark.line + 1} column {mark.column + 1}"
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
+def check_hub_tasks(
+    task_manager: Any,
+    names: list[str],
+    local_hint: str | None = None,
+    include_path: Sequence[str | Path] = (),
+) -> None:
+    """Raise EvalError naming each hub task that cannot get its dataset (offline, not cached), and each
+    unknown one (with the YAML files under `include_path` that may define it and do not parse).
 
     Offline with every dataset cached, the hub is switched off for this process so `datasets`
     reads the cache instead of waiting for the network. `local_hint` replaces the messages' pointer
@@ -425,7 +458,9 @@ def check_hub_tasks(task_manager: Any, names: list[str], local_hint: str | None 
     unknown = [n for n in names if n not in task_manager.task_index]
     if unknown:
         hints = [
-            f"{n} (did you mean {', '.join(m)}?)"
+            f"{n} ({'; '.join(bad)}: fix it, lm-eval skips a task file it cannot read)"
+            if (bad := unreadable_task_files(include_path, n))
+            else f"{n} (did you mean {', '.join(m)}?)"
             if (m := difflib.get_close_matches(n, task_manager.all_tasks, 3))
             else n
             for n in unknown

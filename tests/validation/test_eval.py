@@ -1341,3 +1341,19 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
     write_step_json(tmp_path, 3, {"results": {"own_mc": {}}, "gristmill_tasks": before})
     assert evaluated(tmp_path, 3, ["own_mc"], [], None, cfg)  # was scored with the task's own
     assert not evaluated(tmp_path, 3, ["own_mc"], [], None, EvalConfig(num_fewshot=0))
+
+
+def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
+    """lm-eval's task index drops a YAML file it cannot parse without a word: a task of one's own with
+    a syntax error was "unknown task own_mc" (review R23a M1). The one line names the file and why."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    yaml = tasks / "own_mc.yaml"
+    yaml.write_text(yaml.read_text().replace('doc_to_text: "{{context}}"', 'doc_to_text: "{{context}}'))
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: unknown task own_mc ({yaml} does not parse ("), err
+    assert "line 11 column 17" in err[0] and "lm-eval skips a task file it cannot read" in err[0], err
+    assert not (eval_dir(run, 5) / "results.json").exists()
