@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -296,6 +297,7 @@ class TaskPlan:
         self.specs: list[Any] = list(hub)
         self.local = [n for n in self.names if n in local]
         self.data_dir = run_dir / EVAL_DIR / DATA_SUBDIR  # with local tasks, their settings' folder in it
+        self.include_path = [Path(p).resolve() for p in cfg.include_path]
         self.heldout = None  # whose held-out documents the local tasks score, when there are some
         if self.local:
             self.heldout = check_heldout_dataset(run_dir, self.data)
@@ -343,6 +345,15 @@ class TaskPlan:
         return (
             f" ({self.documents} held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
         )
+
+    def own_yaml(self, name: str) -> Path | None:
+        """The YAML file under include_path that defines task `name` (the user's own task), else None."""
+        entry = self.task_manager.task_index.get(name)
+        path = getattr(entry, "yaml_path", None)
+        if path is None or name in self.local:
+            return None
+        path = Path(path).resolve()
+        return path if any(path.is_relative_to(p) for p in self.include_path) else None
 
     def drop(self, names: Sequence[str]) -> None:
         """Evaluate without tasks `names` from now on (in-training: a task whose eval failed)."""
@@ -397,11 +408,21 @@ def evaluate_lm(
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
                 if failed is None:
                     # `gristmill eval`: a task's data that cannot be read is one line, not lm-eval's
-                    # traceback (R21b F12); anything else (ours, a bug, the device) is raised as it is:
-                    # read as the task's, it lost its traceback and blamed the data file (R21e 1)
-                    if isinstance(e, GristmillError) or not _reading_failed(e):
+                    # traceback (R21b F12), and so is a task of the user's own that fails while lm-eval
+                    # builds or renders it (R23a M2); anything else (ours, a bug, the device) is raised
+                    # as it is: read as the task's, it lost its traceback and blamed the data file (R21e 1)
+                    if isinstance(e, GristmillError):
                         raise
-                    raise EvalError(f"task {name} could not be scored: {task_failure(plan, name, e)}") from e
+                    if _reading_failed(e):
+                        raise EvalError(
+                            f"task {name} could not be scored: {task_failure(plan, name, e)}"
+                        ) from e
+                    if (own := plan.own_yaml(name)) is None or not _in_task_code(e):
+                        raise
+                    raise EvalError(
+                        f"task {name} ({own}) failed while lm-eval built or rendered it: "
+                        f"{task_failure(plan, name, e)}; fix the task's YAML or its functions"
+                    ) from e
                 failed[name] = task_failure(plan, name, e)
                 continue
             if results is None:  # only on non-zero ranks of a distributed run
@@ -432,6 +453,23 @@ def _reading_failed(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+# Where an error that passed through one of these modules comes from gristmill, the model or the device,
+# not from a task's templates or functions (_in_task_code).
+_NOT_TASK_CODE = ("validation", "training", "pipelines", "tokenization", "lm_eval.models", "torch",
+                  "transformers", "accelerate")  # fmt: skip
+
+
+def _in_task_code(error: BaseException) -> bool:
+    """Whether `error` was raised while lm-eval built or rendered a task (its task classes, a template,
+    a task's own function) and nowhere in gristmill's code, the model's or the device's (after the
+    frame that caught it)."""
+    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)][1:]
+    modules = [str(f.f_globals.get("__name__", "")) for f in frames]
+    if any(m == top or m.startswith(f"{top}.") for m in modules for top in _NOT_TASK_CODE):
+        return False
+    return any(m.startswith(("lm_eval.api.task", "lm_eval.tasks")) for m in modules)
 
 
 def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:

@@ -1357,3 +1357,24 @@ def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, t
     assert len(err) == 1 and err[0].startswith(f"error: unknown task own_mc ({yaml} does not parse ("), err
     assert "line 11 column 17" in err[0] and "lm-eval skips a task file it cannot read" in err[0], err
     assert not (eval_dir(run, 5) / "results.json").exists()
+
+
+def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval_run, tmp_path, capfd):
+    """A template of one's own task that raises as lm-eval builds the task was lm-eval's 50-line
+    traceback, exit 1 (review R23a M2): one line naming the task, its YAML and the error."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    yaml = tasks / "own_mc.yaml"
+    bad = 'doc_to_target: "{{ context.nosuchattr.upper() }}"'
+    yaml.write_text(yaml.read_text().replace('doc_to_target: "{{label}}"', bad))
+    capfd.readouterr()
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    line = err.strip().splitlines()[-1]
+    assert line == (
+        f"error: task own_mc ({yaml}) failed while lm-eval built or rendered it: UndefinedError: "
+        "'str object' has no attribute 'nosuchattr'; fix the task's YAML or its functions"
+    ), err
