@@ -211,13 +211,30 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
             f"interval, some eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size "
             f"{e.batch_size}, max_length {e.max_length}, tasks {e.tasks}"
         )
-    if e.interval and importlib.util.find_spec("lm_eval") is None:  # found without importing it
+    if e.interval and (missing := missing_eval_module()):
         raise ConfigError(
-            f"eval.interval = {e.interval} runs lm-eval during training, and lm-eval is "
-            "not installed: pip install 'gristmill[eval]', or set eval.interval=0",
-            "eval.interval",
+            f"eval.interval = {e.interval} runs {missing}, or set eval.interval=0", "eval.interval"
         )
     check_merge(cfg.merge, c.interval)
+
+
+# What lm-eval with its HF model imports (pyproject.toml's `eval` extra): lm-eval itself, transformers
+# and accelerate, which lm-eval's HF model imports at its top (without it: a ModuleNotFoundError
+# traceback once the eval started, review R23a M3).
+EVAL_MODULES = {"lm_eval": "lm-eval", "transformers": "transformers", "accelerate": "accelerate"}
+
+
+def missing_eval_module() -> str | None:
+    """`lm-eval …, which is not installed: FIX` for the first of EVAL_MODULES that is not installed
+    (found without importing it), else None."""
+    for module, package in EVAL_MODULES.items():
+        if importlib.util.find_spec(module) is None:
+            needs = "" if module == "lm_eval" else f", which needs {package} (its HF model imports it)"
+            return (
+                f"lm-eval{needs}, and {package} is not installed: pip install -e '.[eval]' (pyproject.toml's "
+                "eval extra)"
+            )
+    return None
 
 
 def check_merge(m: MergeSection, checkpoint_interval: int) -> None:

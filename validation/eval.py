@@ -54,6 +54,7 @@ from training.checkpoint.io import (
 )
 from training.checkpoint.record import CheckpointError
 from training.config import task_names
+from training.config_checks import missing_eval_module
 from training.contract.config_loader import load_config, save_config
 from training.contract.dataset_format import data_identities
 from training.contract.errors import GristmillError
@@ -1071,6 +1072,8 @@ def run(args: argparse.Namespace) -> int:
     if args.table:  # before the recipe's checks: its options are refused, not checked (R18f 5)
         return write_table(run_dir, args)
     cfg = load_eval_config(args.config, args.overrides, args.tasks)
+    if missing := missing_eval_module():  # before any work, not a ModuleNotFoundError once it scores
+        raise EvalError(f"gristmill eval runs {missing}")
     check_writable(run_dir)
     merged = args.merged
     if args.watch:

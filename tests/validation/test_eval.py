@@ -1378,3 +1378,27 @@ def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval
         f"error: task own_mc ({yaml}) failed while lm-eval built or rendered it: UndefinedError: "
         "'str object' has no attribute 'nosuchattr'; fix the task's YAML or its functions"
     ), err
+
+
+def without_accelerate(argv: list[str]) -> subprocess.CompletedProcess:
+    """`gristmill ARGV` in a Python where accelerate cannot be imported (as without the eval extra)."""
+    code = (
+        "import sys; sys.modules['accelerate'] = None; from pipelines.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_eval_without_accelerate_is_one_line_naming_the_extra(eval_run, tmp_path):
+    """lm-eval's HF model imports accelerate: without it `gristmill eval` ended in a ModuleNotFoundError
+    traceback (review R23a M3). One line naming the module and the fix, before any work."""
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    proc = without_accelerate(["eval", str(run), "--step", "5", *QUICK])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: gristmill eval runs lm-eval, which needs accelerate (its HF model imports it), and "
+        "accelerate is not installed: pip install -e '.[eval]' (pyproject.toml's eval extra)"
+    ]
+    assert not (run / "eval").exists()

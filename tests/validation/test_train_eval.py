@@ -284,3 +284,24 @@ def test_the_noise_warning_advises_what_scores_more_of_that_task():
         _more_items(EvalConfig(docs=40), plan, "boolq") == "the task has no more (score another, larger one)"
     )
     assert _more_items(EvalConfig(limit=9), plan, "boolq") == "set eval.limit = 0 (now 9)"
+
+
+def test_training_with_eval_without_accelerate_is_one_line_before_step_1(built_dataset, tmp_path):
+    """lm-eval's HF model imports accelerate: without it `gristmill train` with [eval] ended in a
+    ModuleNotFoundError traceback from the trainer's entry point (review R23a M3). One line naming
+    the module and the fix, before step 1."""
+    from tests.validation.test_eval import without_accelerate
+
+    run = tmp_path / "run"
+    proc = without_accelerate(["train", "--config", TINY, "--set", *_sets(built_dataset, run)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: eval.interval = 2 runs lm-eval, which needs accelerate (its HF model imports it), and "
+            "accelerate is not installed: pip install -e '.[eval]' (pyproject.toml's eval extra), or set "
+            "eval.interval=0"
+        )
+    ), proc.stderr
+    assert "step 1" not in proc.stdout and not (run / "metrics.jsonl").exists()
