@@ -44,9 +44,9 @@ from training.contract.dataset_format import (
     recorded_paths,
     redo_task,
 )
-from training.contract.eval_table import EVAL_SCHEMA
+from training.contract.eval_table import EVAL_SCHEMA, stale_eval_table
 from training.contract.object_store import ObjectMissing, ObjectStore
-from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET
+from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
 from training.data.recipe import CONSUMPTION_SCHEMA
 from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
 from validation.validate import VALIDATION_JSON
@@ -253,6 +253,8 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
                 f"file; check the dataset with `gristmill data validate {p}` and rebuild it"
             )
         _check_tables(p, info)
+        if is_training_run(p) and (stale := stale_eval_table(p)):  # the `eval` view reads the table alone
+            raise DatasetError(f"cannot audit {p}: {stale}")
         out.append(Path(os.path.realpath(p)))
     return out
 

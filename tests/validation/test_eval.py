@@ -1402,3 +1402,49 @@ def test_eval_without_accelerate_is_one_line_naming_the_extra(eval_run, tmp_path
         "accelerate is not installed: pip install -e '.[eval]' (pyproject.toml's eval extra)"
     ]
     assert not (run / "eval").exists()
+
+
+def test_the_audit_refuses_an_eval_table_that_is_not_its_results(eval_run, tmp_path, capsys):
+    """The audit's `eval` view answered from eval.parquet alone: deleted, `SELECT count(*) FROM eval`
+    was 0, exit 0; with a step's eval folder removed, its rows were still answered (review R23a A1).
+    A table that is not the results.json files' rows is one line with the fix, and the fix works."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+    from training.data.recipe import CONSUMPTION_SCHEMA
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    pq.write_table(
+        pa.Table.from_pylist([], schema=CONSUMPTION_SCHEMA), run / "consumption.parquet"
+    )  # trained
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    table = run / "eval.parquet"
+    count = ["data", "audit", str(run), "--sql", "SELECT count(*) AS n FROM eval", "--format", "json"]
+    capsys.readouterr()
+    assert main(count) == 0
+    rows = json.loads(capsys.readouterr().out)[0]["n"]
+    assert rows == 3  # heldout_ppl's three metrics
+
+    def refused(why: str) -> None:
+        assert main(count) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: cannot audit {run}: {table} {why}"), err
+
+    table.unlink()
+    refused(f"is missing, but {run / 'eval'}/*/results.json hold scores: write it again from them with "
+            f"`gristmill eval {run} --table` (it scores nothing)")  # fmt: skip
+    assert main(["eval", str(run), "--table"]) == 0
+    capsys.readouterr()
+    assert main(count) == 0 and json.loads(capsys.readouterr().out)[0]["n"] == rows
+    written = pq.read_table(table).to_pylist()
+    pq.write_table(
+        pa.Table.from_pylist([{**written[0], "value": 0.5}, *written[1:]], schema=pq.read_schema(table)),
+        table,
+    )
+    refused(f"does not hold the scores of {run / 'eval'}/*/results.json: write it again")
+    assert main(["eval", str(run), "--table"]) == 0
+    shutil.rmtree(eval_dir(run, 5))
+    refused("holds rows of step 5, whose results.json is gone: delete it (no step has scores now)")
+    table.unlink()
+    assert main(count) == 0 and json.loads(capsys.readouterr().out)[0]["n"] == 0

@@ -167,3 +167,37 @@ def write_eval_table(run_dir: str | Path) -> Path:
         with atomic_path(path) as tmp:
             pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
     return path
+
+
+def stale_eval_table(run_dir: str | Path) -> str | None:
+    """Why RUN/eval.parquet does not hold the rows of the results.json files now under RUN/eval/ (gone
+    while they hold scores, rows of a step whose folder was removed, a value changed) and the fix, else
+    None (also when the table cannot be read: the audit names an unreadable file itself). The audit
+    answered the `eval` view from the table alone: deleted, it was 0 rows, exit 0 (review R23a A1)."""
+    path = Path(run_dir) / EVAL_PARQUET
+    fix = f"write it again from them with `gristmill eval {run_dir} --table` (it scores nothing)"
+    results = {merged: read_results(run_dir, merged) for merged in (False, True)}
+    want = [r for merged, by_step in results.items() for r in result_rows(by_step, merged)]
+    if not path.exists():
+        return (
+            f"{path} is missing, but {Path(run_dir) / EVAL_DIR}/*/results.json hold scores: {fix}"
+            if want
+            else None
+        )
+    try:
+        have = pq.read_table(path).to_pylist()
+    except Exception:  # noqa: BLE001 - unreadable: named by the audit's own check of its files
+        return None
+
+    def keys(rows: list[dict[str, Any]]) -> list[str]:  # as written, NaN equal to NaN
+        return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+
+    if keys(have) == keys(pa.Table.from_pylist(want, schema=EVAL_SCHEMA).to_pylist()):
+        return None
+    steps = {(r.get("step"), bool(r.get("merged"))) for r in have}
+    gone = sorted(s for s, merged in steps if s not in results[merged])
+    if not want:  # nothing to write it from: no step has scores now
+        fix = "delete it (no step has scores now)"
+    if gone:
+        return f"{path} holds rows of step {', '.join(map(str, gone))}, whose results.json is gone: {fix}"
+    return f"{path} does not hold the scores of {Path(run_dir) / EVAL_DIR}/*/results.json: {fix}"
