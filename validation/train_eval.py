@@ -32,7 +32,8 @@ A failing eval never costs training (the trainer saves a due checkpoint before t
 whose data file changed or went missing since it was built, or whose lm-eval run raises, is one
 line naming the task (and its file) and the command that evaluates it later, `eval_error` in the
 step's metrics row, and training goes on without that task; an eval that fails as a whole is the
-same line, and the tasks are tried again at the next interval. Rank 0 decides and tells the other
+same line, and the tasks are tried again at the next interval (at the last step, which has none, the
+line names `gristmill eval RUN --step N`). Rank 0 decides and tells the other
 ranks in the broadcast that ends every eval, so all of them skip the weight gather once no task
 is left.
 """
@@ -179,6 +180,12 @@ class TrainingEval:
             # dropped from the plan: the merged weights' evals go without it too (review R21c 4)
             merged_too = "" if merged or not self.merges else "; with --merged for the merged weights'"
             line = f"{why}; training goes on without it (evaluate it later: `{later}`{merged_too})"
+        elif step == self.last_step:  # no next interval in this invocation (review R23a M4)
+            which = f"--step {step}" + (" --merged" if merged else "")
+            line = (
+                f"failed ({why}); it was this run's last eval step: evaluate it later with "
+                f"`gristmill eval {self.run_dir} {which}`"
+            )
         else:
             line = f"failed ({why}); training goes on, the eval is tried again at the next interval"
         self._say(f"step {step}{' (merged weights)' if merged else ''}: {line}")

@@ -180,6 +180,34 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
+class _DamagesResultsAtStep4(TrainingEval):
+    """The real evaluator; at step 4, the last, first damages step 2's results.json (which every eval
+    checks before it scores): the whole eval fails."""
+
+    def __call__(self, model, step, merged=False):
+        if step == 4:
+            results = eval_dir(self.run_dir, 2) / "results.json"
+            results.write_text(results.read_text()[:50])
+        return super().__call__(model, step, merged)
+
+
+def test_an_eval_that_fails_at_the_last_step_names_the_command_that_scores_it(
+    built_dataset, tmp_path, capsys
+):
+    """An eval that failed as a whole at the last step said "tried again at the next interval", of
+    which there is none (review R23a M4): it names `gristmill eval RUN --step N` instead."""
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=_DamagesResultsAtStep4(cfg))
+    out = capsys.readouterr()
+    (line,) = [x for x in (out.out + out.err).splitlines() if x.startswith("[eval] step 4: failed")]
+    assert "next interval" not in line and "EvalResultsError" in line, line
+    assert line.endswith(
+        f"it was this run's last eval step: evaluate it later with `gristmill eval {run} --step 4`"
+    )
+    assert _rows(run)[4]["eval_error"] == line.removeprefix("[eval] step 4: ")
+
+
 @pytest.mark.parametrize(
     # [""] and [","]: passed, and the run started, then "no tasks given; e.g. --tasks …" (review R22a B4)
     "bad",
