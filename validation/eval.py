@@ -88,6 +88,7 @@ from validation.eval_data import (
     EvalError,
     build_task_data,
     check_include_path,
+    check_no_local_names,
     checked_task_manager,
     local_task_config,
     local_task_definition,
@@ -280,6 +281,7 @@ class TaskPlan:
                 "; ".join(f"task {n} is now called {RENAMED[n]}" for n in old)
                 + " (the same held-out documents): use the new name in --tasks, eval.tasks or the eval recipe"
             )
+        check_no_local_names(cfg.include_path)  # a task of one's own named like a local one
         hub = [n for n in self.names if n not in local]  # lm-eval's registry or cfg.include_path
         self.task_manager = (
             checked_task_manager(hub, cfg.include_path) if hub else TaskManager(include_defaults=False)

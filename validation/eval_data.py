@@ -330,6 +330,28 @@ def check_include_path(include_path: Sequence[str]) -> None:
             raise EvalError(f"include_path {p} is not a directory (of lm-eval task YAML files)")
 
 
+def check_no_local_names(include_path: Sequence[str]) -> None:
+    """Refuse a task, group or tag under `include_path` named like a local task (or an old name of one,
+    RENAMED): the local task is scored under that name, and the user's own was ignored without a word
+    (review R23a A2)."""
+    from lm_eval.tasks import TaskManager
+
+    if not include_path:
+        return
+    index = TaskManager(include_defaults=False, include_path=list(map(str, include_path))).task_index
+    taken = set(local_task_names()) | set(RENAMED)
+    if clash := sorted(n for n in index if n in taken):
+        name = clash[0]
+        where = (
+            index[name].yaml_path
+            or f"a tag of tasks under include_path ({', '.join(sorted(index[name].tags))})"
+        )
+        raise EvalError(
+            f"{where} defines {name}, the name of one of gristmill's local tasks (validation/eval_tasks/): "
+            "rename yours, which would never be scored under it"
+        )
+
+
 def local_yaml_tasks(include_path: Sequence[str]) -> set[str]:
     """Task, group and tag names defined by the lm-eval YAML files under `include_path`."""
     from lm_eval.tasks import TaskManager

@@ -1448,3 +1448,20 @@ def test_the_audit_refuses_an_eval_table_that_is_not_its_results(eval_run, tmp_p
     refused("holds rows of step 5, whose results.json is gone: delete it (no step has scores now)")
     table.unlink()
     assert main(count) == 0 and json.loads(capsys.readouterr().out)[0]["n"] == 0
+
+
+def test_a_task_of_one_s_own_named_like_a_local_task_is_refused(eval_run, tmp_path, capsys):
+    """A task YAML under include_path named heldout_ppl was ignored without a word: the local
+    heldout_ppl was scored under its name (review R23a A2). The clash is one line naming the file."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", name="heldout_ppl")
+    capsys.readouterr()
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks, "heldout_ppl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {tasks / 'heldout_ppl.yaml'} defines heldout_ppl, the name of one of gristmill's local "
+        "tasks (validation/eval_tasks/): rename yours, which would never be scored under it"
+    ], err
+    assert not (eval_dir(run, 5) / "results.json").exists()
