@@ -129,6 +129,8 @@ def _stable(value: Any) -> Any:
         return {str(k): _stable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_stable(v) for v in value]
+    if isinstance(value, set | frozenset):  # YAML's !!set: in no particular order
+        return sorted((_stable(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if callable(value):
