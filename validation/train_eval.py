@@ -72,7 +72,6 @@ from validation.eval import (
     task_lines,
 )
 from validation.eval_data import EvalError, damaged_task_files
-from validation.eval_model import in_process_lm
 from validation.eval_output import eval_output
 from validation.eval_results import EVAL_LOG, chance_levels, metric_order, write_plot, write_step_json
 
@@ -212,6 +211,11 @@ class TrainingEval:
             self.copy.to_empty(device=next(model.parameters()).device)
         self.copy.load_state_dict({k: v.to(torch.float32) for k, v in full.items()})
         del full
+        # imported here, not at the top: without the eval extra (accelerate, which lm-eval's HF model
+        # imports) the entry point itself failed to import, a traceback; the trainer's config check
+        # says it in one line before step 1 (review R23a M3)
+        from validation.eval_model import in_process_lm
+
         # lm-eval reseeds python, numpy and torch: keep the training's random state as it was.
         saved = rng_state()
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`

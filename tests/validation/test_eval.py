@@ -1380,10 +1380,11 @@ def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval
     ), err
 
 
-def without_accelerate(argv: list[str]) -> subprocess.CompletedProcess:
-    """`gristmill ARGV` in a Python where accelerate cannot be imported (as without the eval extra)."""
+def without_accelerate(argv: list[str], entry: str = "pipelines.cli") -> subprocess.CompletedProcess:
+    """`gristmill ARGV` (or `python -m ENTRY ARGV`) in a Python where accelerate cannot be imported (as
+    without the eval extra)."""
     code = (
-        "import sys; sys.modules['accelerate'] = None; from pipelines.cli import main; "
+        f"import sys; sys.modules['accelerate'] = None; from {entry} import main; "
         "sys.exit(main(sys.argv[1:]))"
     )
     return subprocess.run(

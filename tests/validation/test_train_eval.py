@@ -333,3 +333,14 @@ def test_training_with_eval_without_accelerate_is_one_line_before_step_1(built_d
         )
     ), proc.stderr
     assert "step 1" not in proc.stdout and not (run / "metrics.jsonl").exists()
+    # the trainer's entry point started by hand (torchrun, sbatch): it failed to import, a traceback
+    proc = without_accelerate(
+        ["--config", TINY, "--set", *_sets(built_dataset, run)], "validation.train_eval"
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: eval.interval = 2 runs lm-eval, which needs accelerate")
+    )
+    assert not (run / "metrics.jsonl").exists()
