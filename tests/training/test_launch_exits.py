@@ -178,6 +178,13 @@ def test_exit_status_of_torchruns_failures():
     assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
     code, lines = exit_status({0: failure(0, 1), 1: failure(1, -11)}, "m")
     assert (code, lines) == (1, ["error: m rank 1 (pid 1001) was killed by SIGSEGV"])
+    # listed first in the same second, torchrun's SIGTERM of rank 0 is not the first failure (it was:
+    # 143 and "rank 0 was killed by SIGTERM" for a rank 1 SIGKILLed mid-save, review R23c 5)
+    both = {0: failure(0, -15), 1: failure(1, -9)}
+    assert len({f.timestamp for f in both.values()}) == 1
+    code, lines = exit_status(both, "training.train")
+    assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
+    assert exit_status({0: failure(0, -15), 1: failure(1, 2)}, "training.train") == (2, [])
 
 
 def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):
