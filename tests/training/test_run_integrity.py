@@ -480,6 +480,16 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     out = capsys.readouterr().out
     assert "WARNING: the run ends at step 4 with its last checkpoint SKIPPED (low disk)" in out, out[-2000:]
     assert "the last complete checkpoint is none" in out, out[-2000:]
+    # after a resume the guard measures the resumed checkpoint (it said "estimated from the parameter
+    # count"), and its advice no longer asks for a lower keep_last, which frees nothing before a save
+    # completes (review R23c 4)
+    again = overrides(dataset, tmp_path / "again", "run.max_steps=4", "checkpoint.interval=2")
+    train(load_train_config(TINY, again))
+    capsys.readouterr()
+    train(load_train_config(TINY, [*again, "run.max_steps=6", "checkpoint.resume=auto", *low]))
+    warning = next(x for x in capsys.readouterr().out.splitlines() if "SKIPPED:" in x)
+    assert "(the size of step-000004)" in warning and "lower checkpoint.keep_last" not in warning, warning
+    assert "keep_last deletes old checkpoints only after a new one is complete" in warning, warning
 
 
 def _long_run_at_step_3(dataset: Path, run: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:

@@ -220,6 +220,14 @@ def write_complete_record(path: Path, record: dict[str, Any]) -> None:
     write_atomic(path / COMPLETE_FILE, _json_text(sealed_record(record)))
 
 
+# The advice of a full disk: lowering checkpoint.keep_last was advised, and on a resume it freed nothing
+# (retention runs after a save completes, which the disk did not allow: review R23c 4).
+_RETENTION_FREES_NOTHING = (
+    "checkpoint.keep_last deletes old checkpoints only after a new one is complete, so lowering it frees "
+    "nothing now: delete the ones you do not need"
+)
+
+
 def _no_space(exc: BaseException, root: Path) -> str | None:
     """ "no space left" when the failure was a full disk: ENOSPC somewhere in the exception chain,
     or (torch's zip writer reports ENOSPC as "unexpected pos …") a filesystem with almost nothing
@@ -240,7 +248,7 @@ def _no_space(exc: BaseException, root: Path) -> str | None:
             return None
     return (
         f"no space left on the filesystem of {root} ({fmt_bytes(free_bytes(root))} free); "
-        "free space or lower checkpoint.keep_last"
+        f"free space on it ({_RETENTION_FREES_NOTHING})"
     )
 
 
@@ -452,6 +460,9 @@ class Checkpointer:
             return None
         path = Path(value)
         step = self._load(path)
+        # the next save's size: this one's, not the parameter count's guess (a disk guard after a resume
+        # said "estimated from the parameter count" beside the checkpoints it could measure: R23c 4)
+        self.estimate_bytes, self.estimate_basis = dir_size(path), f"the size of {path.name}"
         # resolved whole, as find_resume takes it: a link to this run's checkpoint is this run's
         # (its parent taken first, it read as another run's: exports set aside, metrics started
         # over, RUN/base/ dropped: review R15f F1)
@@ -842,8 +853,8 @@ class Checkpointer:
                 f"only {fmt_bytes(short[0])} free on the filesystem of {self.root}; a checkpoint needs "
                 f"{fmt_bytes(self.estimate_bytes)} ({self.estimate_basis}) × checkpoint.min_free_factor "
                 f"{self.cfg.min_free_factor:g} = {fmt_bytes(need)}. Last complete checkpoint: "
-                f"{self.newest_complete()}. Free space or lower checkpoint.keep_last, then resume with "
-                "--resume auto"
+                f"{self.newest_complete()}. Free space on it ({_RETENTION_FREES_NOTHING}), then resume "
+                "with --resume auto"
             )
         path = checkpoint_dir(self.run_dir, step)
         if path.is_dir():  # left by a killed run that got this far before: never half-overwrite
