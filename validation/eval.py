@@ -96,6 +96,7 @@ from validation.eval_data import (
     task_data_folder,
     task_data_settings,
     task_definition,
+    task_documents_sha256,
     task_file,
     task_items,
 )
@@ -318,11 +319,25 @@ class TaskPlan:
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
+        self._documents: dict[str, str | None] = {}  # documents_sha256, by task
         # what each task is, recorded with its scores: a task edited since it was scored is not done
         self.definitions = {
             n: local_task_definition(n) if n in local else task_definition(self.task_manager, n)
             for n in self.names
         }
+
+    def documents_sha256(self, task: str) -> str | None:
+        """The sha256 of lm-eval task `task`'s evaluation documents (eval_data.task_documents_sha256),
+        read once per plan: the decontamination marks compare it with the index's record of them
+        (asked only for a task an index records it for). None for a task lm-eval cannot load here
+        (its scoring says why)."""
+        if task not in self._documents:
+            try:
+                loaded = self.task_manager.load([task])["tasks"]
+                self._documents[task] = task_documents_sha256(loaded[task]) if task in loaded else None
+            except Exception:  # the task's own eval reports its failure
+                self._documents[task] = None
+        return self._documents[task]
 
     def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never
@@ -439,7 +454,9 @@ def evaluate_lm(
                 ),
                 n_shot=results.get("n-shot", {}),  # what each (sub)task was scored with
             )
-            for task, mark in decontamination_marks(results, plan.training_data).items():
+            for task, mark in decontamination_marks(
+                results, plan.training_data, plan.documents_sha256
+            ).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
             results[GRISTMILL_TASKS] = tasks
             if on_task is not None:

@@ -93,6 +93,17 @@ def task_definition(task_manager: Any, name: str) -> str:
     return json_sha256(_definition(task_manager, name, set()))
 
 
+def task_documents_sha256(task: Any) -> str:
+    """The sha256 of an lm-eval Task's evaluation documents (eval_docs, after its process_docs), each as
+    canonical JSON: what a decontamination index records of every task it holds, and what the eval
+    compares it with, so a task whose documents changed under the same name and version (a data
+    file replaced) is not marked decontaminated against the old ones (review R23a S2)."""
+    h = hashlib.sha256()
+    for doc in task.eval_docs:
+        h.update(json.dumps(doc, sort_keys=True, default=str, ensure_ascii=False).encode() + b"\n")
+    return h.hexdigest()
+
+
 def _definition(task_manager: Any, name: str, seen: set[str]) -> Any:
     entry = task_manager.task_index.get(name)
     if entry is None or name in seen:  # unknown (checked elsewhere), or a group naming itself

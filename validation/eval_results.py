@@ -72,7 +72,11 @@ def _same_version(a: Any, b: Any) -> bool:
         return str(a) == str(b)
 
 
-def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def decontamination_marks(
+    results: dict[str, Any],
+    checks: list[dict[str, Any]],
+    documents: Callable[[str], str | None] | None = None,
+) -> dict[str, dict[str, Any]]:
     """{task: {"mark", "removed", "datasets"}} for each task (and group) of an lm-eval results dict:
     whether the run's training data was filtered against it. `checks` holds, per source dataset of
     the run, dataset.json's "decontaminate" record (pipelines/decontam/filter.py: per indexed task its
@@ -80,7 +84,10 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
     its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
     at the version evaluated; "checked against another version" when an index holds it at another;
     "not checked" when none holds it, or its documents gave the index no n-gram (every text shorter
-    than n words: nothing could match); "partly checked (k of n …)" for a mixture of those."""
+    than n words: nothing could match); "partly checked (k of n …)" for a mixture of those.
+    `documents(task)`: the sha256 of the evaluated task's documents (eval_data.task_documents_sha256),
+    asked only of a task an index records it for: other documents than the index's are "checked
+    against other documents" (a data file replaced under the same task version: review R23a S2)."""
     versions = results.get("versions", {})
     groups = results.get("group_subtasks", {})
 
@@ -101,10 +108,16 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
                     # indexed, but its every text shorter than the index's n words: nothing could match
                     # ("decontaminated (0 docs removed)" claimed a check that never ran: review R16f F3)
                     status = "no n-grams"
-                elif _same_version(entry.get("version"), versions.get(leaf)):
-                    status = "checked"
-                else:
+                elif not _same_version(entry.get("version"), versions.get(leaf)):
                     status = "other version"
+                elif (
+                    entry.get("documents_sha256") is not None
+                    and documents is not None
+                    and documents(leaf) != entry["documents_sha256"]
+                ):
+                    status = "other documents"
+                else:
+                    status = "checked"
                 per.append(
                     {
                         "source": check.get("source"),
@@ -120,14 +133,16 @@ def decontamination_marks(results: dict[str, Any], checks: list[dict[str, Any]])
         removed = sum(p["removed"] for p in per)
         if statuses == {"checked"}:
             mark = f"decontaminated ({removed:,} doc{'' if removed == 1 else 's'} removed)"
-        elif "other version" in statuses and statuses <= {"checked", "other version"}:
+        elif "other version" in statuses and statuses <= {"checked", "other version", "other documents"}:
             mark = "checked against another version"
+        elif "other documents" in statuses and statuses <= {"checked", "other documents"}:
+            mark = "checked against other documents"
         elif statuses <= {"not checked", "no n-grams"}:
             short = statuses == {"no n-grams"}  # every dataset indexed it: none could match (R16h)
             mark = "not checked" + (" (its documents are shorter than the index's n-grams)" if short else "")
         else:
             what = "datasets" if len(per) == len(checks) else "task-dataset pairs"
-            done = sum(p["status"] in ("checked", "other version") for p in per)
+            done = sum(p["status"] in ("checked", "other version", "other documents") for p in per)
             mark = f"partly checked ({done} of {len(per)} {what})"
         marks[task] = {"mark": mark, "removed": removed, "datasets": per}
     return marks

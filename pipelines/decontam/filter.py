@@ -125,12 +125,13 @@ def removed_by_task(out: Path) -> tuple[dict[str, int], int]:
 
 def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
     """dataset.json's "decontaminate": the index's n, sha256 and lm-eval version, and per task its
-    split, version, documents, n-grams and the training documents removed. None when off."""
+    split, version, documents (their count and sha256: None for an index made before it was
+    recorded), n-grams and the training documents removed. None when off."""
     if not enabled(cfg):
         return None
     m = read_manifest(out / INDEX_DIR)
     removed, total = removed_by_task(out)
-    keys = ("name", "split", "version", "documents", "ngrams")
+    keys = ("name", "split", "version", "documents", "ngrams", "documents_sha256")
     tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
     return {
         "ngram": m["ngram"],

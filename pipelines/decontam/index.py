@@ -54,7 +54,7 @@ from pipelines.decontam.ngram import (
 from training.contract.dataset_format import decontam_sha256, file_sha256, read_dataset_info
 from training.contract.errors import GristmillError, refuse_empty
 from training.contract.run_layout import artifact_in
-from validation.eval_data import EvalError, checked_task_manager
+from validation.eval_data import EvalError, checked_task_manager, task_documents_sha256
 from validation.eval_output import eval_output
 
 LOG = "lm-eval.log"
@@ -226,6 +226,7 @@ def build_index(
                     "documents": count,
                     "ngrams": int(len(np.unique(hashes))),
                     "documents_without_ngrams": count - int(len(np.unique(docs))),
+                    "documents_sha256": task_documents_sha256(task),
                 }
             )
             all_hashes.append(hashes)

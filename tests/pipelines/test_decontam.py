@@ -467,6 +467,25 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     ]  # fmt: skip
     view = pq.read_table(run / "eval.parquet").to_pylist()
     assert {(r["task"], r["decontamination"]) for r in view} == {(t, m) for t, m in marks.items()}
+    # the same task name and version over other documents (a data file replaced): the index checked the
+    # old ones, so not "decontaminated" (review R23a S2: it said so of verbatim training documents)
+    edited = tmp_path / "edited"
+    shutil.copytree(tasks, edited)
+    (edited / "gm_cloze.yaml").write_text(
+        (tasks / "gm_cloze.yaml").read_text().replace(str(tasks), str(edited))
+    )
+    rows = (edited / "gm_cloze.jsonl").read_text().splitlines()
+    rows[0] = json.dumps({"context": fixture_texts(40)[20], "choices": ["a", "b", "c", "d"], "label": 0})
+    (edited / "gm_cloze.jsonl").write_text("\n".join(rows) + "\n")
+    index = {t["name"]: t for t in read_dataset_info(out)["decontaminate"]["tasks"]}
+    assert len(index["gm_cloze"]["documents_sha256"]) == 64
+    capsys.readouterr()
+    args[-1] = f'include_path=["{edited}"]'
+    assert main(["eval", str(run), "--tasks", "gm_cloze", *args]) == 0
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("   5  gm_cloze")]
+    assert table and table[0].rstrip().endswith("checked against other documents"), table  # the task's mark
+    status = read_results(run)[5]["gristmill_tasks"]["gm_cloze"]["decontamination"]["datasets"][0]["status"]
+    assert status == "other documents"
     # a task of one's own whose data file is gone: one line naming it, not lm-eval's traceback (R21b F12)
     gone = tmp_path / "gone"
     gone.mkdir()
