@@ -73,6 +73,7 @@ from training.checkpoint.io import (
 from training.checkpoint.record import (
     ARCHITECTURE_FIELDS,
     BASE_RECORD,
+    CONFIG_RECORD,
     MODEL_RECORD,
     RESUME_ONLY,
     CheckpointError,
@@ -338,6 +339,7 @@ class Checkpointer:
         estimate_bytes: int,
         plan_last_step: int | None = None,
         model_config: dict[str, Any] | None = None,
+        config: dict[str, Any] | None = None,
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
         merged_export: Callable[[int], bool] | None = None,
     ):
@@ -345,12 +347,13 @@ class Checkpointer:
         (the timeline's oldest rewind target and run.rewind.margin_steps); `merged_export`: with
         [merge] export = true, whether the state saved at a step holds that step's merged weights
         (asked at the save; exported with the checkpoint); `states`: checkpointables(...);
-        `plan_last_step`: the plan's last step, saved by every run (resume_only)."""
+        `plan_last_step`: the plan's last step, saved by every run (resume_only); `config`: the applied
+        config (as JSON) whose hash `config_sha256` is, recorded beside it (CONFIG_RECORD)."""
         self.cfg, self.run_dir, self.states = cfg, Path(run_dir), states
         self.staging: HostStaging | None = None  # async saves' host buffers, made at the first one
         self.rank, self.world_size, self.last_step = rank, world_size, last_step
         self.plan_last_step = plan_last_step  # the plan's last step (last_step: this invocation's)
-        self.config_sha256 = config_sha256
+        self.config_sha256, self.config = config_sha256, config
         # dataclasses.asdict of the run's ModelConfig: recorded in COMPLETE (the export builds the
         # checkpoint's own model from it) and checked before a resume loads anything.
         self.model_config = model_config
@@ -376,9 +379,9 @@ class Checkpointer:
         self.rewind_keep = rewind_keep
         self.merged_export = merged_export
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
-        # rank 0, after a resume: the checkpoint and the config hash its COMPLETE records (the run's
-        # resume note compares configs: training/run/setup.py)
-        self.resumed_from: tuple[Path, str | None] | None = None
+        # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
+        # (the run's resume note compares configs: training/run/setup.py)
+        self.resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None = None
 
     # -- decisions shared by all ranks --
     def _from_rank0(self, value: Any) -> Any:
@@ -468,7 +471,12 @@ class Checkpointer:
         # over, RUN/base/ dropped: review R15f F1)
         self.resumed_here = self._own(path)
         if self.rank == 0:
-            self.resumed_from = (path, record.get("config_sha256"))
+            config = record.get(CONFIG_RECORD)
+            self.resumed_from = (
+                path,
+                record.get("config_sha256"),
+                config if isinstance(config, dict) else None,
+            )
             if self.resumed_here:
                 self._set_aside_newer(step, f"the resumed step {step}")
                 merged = self.merged_export is not None and self.merged_export(step)
@@ -897,6 +905,7 @@ class Checkpointer:
                     "step": step,
                     "tokens": tokens,
                     "config_sha256": self.config_sha256,
+                    **({CONFIG_RECORD: self.config} if self.config is not None else {}),
                     "save_seconds": round(time.perf_counter() - t0, 3),
                     "completed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "world_size": self.world_size,

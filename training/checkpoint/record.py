@@ -84,6 +84,12 @@ def base_record_of(path: str | Path) -> tuple[Path, str] | None:
     return (Path(path), sha) if isinstance(sha, str) else None
 
 
+CONFIG_RECORD = "config"
+"""COMPLETE's key for the applied config (as JSON) whose hash `config_sha256` is: a resume names the
+keys that changed from it (it diffed against the run's config.toml, which another run's checkpoint
+copied in, or a later resume, does not describe: review R23c 2). Absent in older checkpoints."""
+
+
 MODEL_RECORD = "model"
 """COMPLETE's key for the model the checkpoint holds: dataclasses.asdict of the run's resolved
 training.model.ModelConfig (absent in checkpoints written before gristmill recorded it)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
 from training.console import say
-from training.contract.config_loader import config_changes, config_sha256, save_config
+from training.contract.config_loader import config_changes, config_sha256, save_config, to_dict
 from training.contract.errors import GristmillError, unwritable
 from training.contract.run_layout import CONFIG_TOML, kept_rows, run_of_checkpoint
 from training.data.loader import TokenLoader
@@ -173,7 +174,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
     resolved = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, init_from=model_config.init_from or None)
     )
-    identity = run_identity(applied_config(resolved, spec))
+    identity = identity_config(applied_config(resolved, spec))
     checkpointer = _checkpointer(
         resolved, env, states, timeline, last_step, model_config, num_params(model), identity, merge
     )
@@ -296,10 +297,10 @@ def _checkpointer(
     last_step: int,
     model_config,
     params: int,
-    identity: str,
+    identity: dict[str, Any],
     merge: MergedWeights | None,
 ) -> Checkpointer:
-    """`identity`: the config hash each COMPLETE records (run_identity)."""
+    """`identity`: what of the config each COMPLETE records, and its hash (identity_config)."""
     run = resolved.run
     rewinds = "rewind" in (run.on_spike, run.on_nonfinite)
     return Checkpointer(
@@ -310,7 +311,8 @@ def _checkpointer(
         world_size=env.world_size,
         last_step=last_step,
         plan_last_step=timeline.plan.total_steps,
-        config_sha256=identity,
+        config_sha256=config_sha256(identity),
+        config=identity,
         # fp32 weights + AdamW's two moments (+ the merge's accumulator)
         estimate_bytes=params * 4 * (3 if merge is None else 4),
         model_config=dataclasses.asdict(model_config),  # recorded in COMPLETE, checked before a resume loads
@@ -329,14 +331,14 @@ def _outputs(
     resumed: int | None,
     record: RunRecord,
     base_dir: Path | None,
-    resumed_from: tuple[Path, str | None] | None,
+    resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None,
     own: bool,
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     a new run's base (RUN/base/: the base as loaded from `base_dir`, for its exports), the run record
     started (what a discarded future left set aside, the plan's record and plot, metrics.jsonl, the
     trackers), then RUN/config.toml (after a resume's note of what changed). `resumed_from`: the
-    checkpoint resumed and the config hash it records (Checkpointer.resumed_from); `own`: it is this
+    checkpoint resumed, the config hash and config it records (Checkpointer.resumed_from); `own`: it is this
     run directory's (Checkpointer.resumed_here)."""
     if env.rank != 0:
         return
@@ -470,21 +472,40 @@ def _last_step_lacks(
     return lacks
 
 
-def run_identity(applied: dict[str, Any]) -> str:
-    """The hash of what a run trains, which every checkpoint's COMPLETE records: the applied config
-    (checkpoint.resume is not in it) without run.output_dir, so a resume with the run's own
+def identity_config(applied: dict[str, Any]) -> dict[str, Any]:
+    """What a run trains, which every checkpoint's COMPLETE records (as JSON) with its hash: the applied
+    config (checkpoint.resume is not in it) without run.output_dir, so a resume with the run's own
     config.toml, or into another directory, is the same run's."""
-    return config_sha256({**applied, "run": {k: v for k, v in applied["run"].items() if k != "output_dir"}})
+    ours = {**applied, "run": {k: v for k, v in applied["run"].items() if k != "output_dir"}}
+    return json.loads(json.dumps(to_dict(ours), default=str))
 
 
-def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, Any], step: int) -> list[str]:
+def run_identity(applied: dict[str, Any]) -> str:
+    """The hash of identity_config(applied), which every checkpoint's COMPLETE records."""
+    return config_sha256(identity_config(applied))
+
+
+def _changes_since(
+    checkpoint: Path, recorded: str | None, config: dict[str, Any] | None, applied: dict[str, Any], step: int
+) -> list[str]:
     """A resume's note of what differs from the config `checkpoint` was saved with (the optimizer,
     the schedule and the run settings are this config's from the next step on; the data and the model
     are checked apart and refused when they changed): nothing when COMPLETE's hash (`recorded`) is
-    this config's, else the keys that differ from its run's config.toml, which that hash says is the
+    this config's, else the keys that differ from the config COMPLETE records (`config`), or, for a
+    checkpoint older than that record, from its run's config.toml, which that hash says is the
     checkpoint's config or not (a later resume rewrote it)."""
     if recorded == run_identity(applied):
         return []
+    # the checkpoint's own config, where it records it: a run's config.toml does not describe another
+    # run's checkpoint copied into it, nor one a later resume rewrote (review R23c 2)
+    when = (
+        f"; in effect from step {step + 1}, and for step {step}'s validation and eval if a stop cut them off"
+    )
+    name = checkpoint.resolve().name  # not a link's (`latest`)
+    if config is not None:
+        changes = config_changes(config, identity_config(applied))
+        shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
+        return [f"note: changed since {name} was saved: {shown}{when}"] if changes else []
     path = run_of_checkpoint(checkpoint) / CONFIG_TOML
     try:
         before = load_train_config(path, [])
@@ -495,11 +516,7 @@ def _changes_since(checkpoint: Path, recorded: str | None, applied: dict[str, An
         c for c in config_changes(before_applied or {}, applied) if not c.startswith("run.output_dir ")
     ]
     shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
-    # the checkpoint's step's validation and eval, when a stop cut them off, run now (review R21c 1)
-    when = (
-        f"; in effect from step {step + 1}, and for step {step}'s validation and eval if a stop cut them off"
-    )
-    name = checkpoint.resolve().name  # not a link's (`latest`)
+    # (the checkpoint's step's validation and eval, when a stop cut them off, run now: review R21c 1)
     if before_applied is not None and recorded in (None, run_identity(before_applied)):
         return [f"note: changed since {name} was saved ({path}): {shown}{when}"] if changes else []
     return [

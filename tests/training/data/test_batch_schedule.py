@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -315,10 +316,34 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
                 f"run.output_dir={json.dumps(str(copy))}", *sets]  # fmt: skip
         assert gristmill(argv) == 0
         notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
-        saved = f"note: changed since step-000006 was saved ({run_dir / 'config.toml'})"
+        saved = "note: changed since step-000006 was saved"  # from the config its COMPLETE records
         when = "in effect from step 7, and for step 6's validation and eval if a stop cut them off"
         want = [] if said is None else [f"{saved}: {said}; {when}"]
         assert [n for n in notes if "config differs" in n or "changed since" in n] == want, notes
+
+
+def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_path, capsys):
+    """Review R23c 2: another run's checkpoint copied into a run's checkpoints/ was resumed (auto) with
+    a note that diffed this config against the run's own config.toml, naming a setting that was not
+    the difference (run.max_steps 2 → 7) and not the one that was (run.seed). COMPLETE records its config:
+    the note names what differs from it."""
+    run_dir, _ = reference
+    other = tmp_path / "other"
+    base = [
+        "train",
+        "--config",
+        str(run_dir / "config.toml"),
+        "--set",
+        f"run.output_dir={json.dumps(str(other))}",
+    ]
+    assert gristmill([*base, "run.seed=7", "run.max_steps=2"]) == 0
+    shutil.copytree(run_dir / "checkpoints" / "step-000006", other / "checkpoints" / "step-000006")
+    capsys.readouterr()
+    assert gristmill([*base, "run.seed=7", "run.max_steps=7", 'checkpoint.resume="auto"']) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "changed since" in line]
+    seed = load_config(TrainConfig, run_dir / "config.toml").run.seed
+    assert len(notes) == 1 and f"run.seed {seed} → 7" in notes[0], notes
+    assert "run.max_steps unset → 7" in notes[0], notes  # the checkpoint's, not other/config.toml's 2
 
 
 def test_two_ranks_then_one_keep_the_global_batches(reference, tmp_path):
