@@ -1,7 +1,7 @@
 """Runs of the tiny training recipe (configs/train/tiny.toml) for trainer and checkpoint tests: the
 shared overrides, reading metrics.jsonl, the torchrun command, waiting for a step, comparing two
-runs' checkpointed weights, a run's recorded batches against `data inspect --hash` and `verify`, and
-checking a run's one error line."""
+runs' checkpointed weights, a run's recorded batches against `data inspect --hash` and `verify`,
+checking a run's one error line, and a command run where accelerate cannot be imported."""
 
 from __future__ import annotations
 
@@ -156,3 +156,15 @@ def eval_data(run_dir: Path) -> Path:
     """RUN/eval/data/<settings>: the local tasks' data folder of the run's one eval settings."""
     (folder,) = (p for p in (run_dir / "eval" / "data").iterdir() if p.is_dir())
     return folder
+
+
+def without_accelerate(argv: list[str], entry: str = "pipelines.cli") -> subprocess.CompletedProcess:
+    """`gristmill ARGV` (or `python -m ENTRY ARGV`) in a Python where accelerate cannot be imported (as
+    without the eval extra)."""
+    code = (
+        f"import sys; sys.modules['accelerate'] = None; from {entry} import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_runs import eval_data
+from tests.helpers.train_runs import eval_data, without_accelerate
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
@@ -1378,18 +1378,6 @@ def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval
         f"error: task own_mc ({yaml}) failed while lm-eval built or rendered it: UndefinedError: "
         "'str object' has no attribute 'nosuchattr'; fix the task's YAML or its functions"
     ), err
-
-
-def without_accelerate(argv: list[str], entry: str = "pipelines.cli") -> subprocess.CompletedProcess:
-    """`gristmill ARGV` (or `python -m ENTRY ARGV`) in a Python where accelerate cannot be imported (as
-    without the eval extra)."""
-    code = (
-        f"import sys; sys.modules['accelerate'] = None; from {entry} import main; "
-        "sys.exit(main(sys.argv[1:]))"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_eval_without_accelerate_is_one_line_naming_the_extra(eval_run, tmp_path):

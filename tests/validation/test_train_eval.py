@@ -16,7 +16,7 @@ pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
 
 from tests.helpers import forked  # noqa: E402
-from tests.helpers.train_runs import eval_data  # noqa: E402
+from tests.helpers.train_runs import eval_data, without_accelerate  # noqa: E402
 from training.config import load_train_config  # noqa: E402
 from training.contract.errors import GristmillError  # noqa: E402
 from training.contract.eval_table import RESULTS_JSON, read_step_results, rows_of  # noqa: E402
@@ -318,8 +318,6 @@ def test_training_with_eval_without_accelerate_is_one_line_before_step_1(built_d
     """lm-eval's HF model imports accelerate: without it `gristmill train` with [eval] ended in a
     ModuleNotFoundError traceback from the trainer's entry point (review R23a M3). One line naming
     the module and the fix, before step 1."""
-    from tests.validation.test_eval import without_accelerate
-
     run = tmp_path / "run"
     proc = without_accelerate(["train", "--config", TINY, "--set", *_sets(built_dataset, run)])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
