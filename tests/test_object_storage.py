@@ -1884,9 +1884,9 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     batches = iter(dataset_loader(url, cache=settings, **geometry))
     got, peak = [], 0
     for step in range(120):
-        if step == 10:
+        if step == 10:  # as `rm -rf` would: what the prefetcher writes meanwhile may stay
             for child in settings.dir.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
         got.append(batch_sha256(next(batches)))
         peak = max(peak, held())
     assert got == want
