@@ -63,7 +63,7 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     with_resume,
 )
 from training.contract.errors import INTERRUPTED, INTERRUPTED_EXIT, GristmillError, print_error, unwritable
-from training.contract.run_layout import check_saved_config_place
+from training.contract.run_layout import check_saved_config_place, checkpoint_dir, complete_steps
 from training.metrics import (
     mfu,
     no_step_row,
@@ -242,18 +242,28 @@ def loop(run: Run) -> dict[str, Any]:
         shutdown.release()
 
 
-def _stop_advice(run: Run, saved: bool) -> str:
+def _skipped_save(run: Run) -> str | None:
+    """What the run's last save being skipped (checkpoint.on_low_disk = "skip", the disk low: after a
+    step or a rewind) leaves, or None when it was not: the newest complete checkpoint, or none."""
+    if run.checkpointer.low_disk is None:
+        return None
+    steps = complete_steps(run.run_dir)
+    if not steps:
+        return "no checkpoint is complete: --resume auto starts over from step 0"
+    return (
+        f"the last complete checkpoint is {checkpoint_dir(run.run_dir, steps[-1])}: --resume auto goes on "
+        "from it, training the steps after it again"
+    )
+
+
+def _stop_advice(run: Run) -> str:
     """What a stop on a signal after step `run.state.step` leaves to do: at the plan's end or at
-    run.max_steps (past it when a rewind's skip passed it) a resume has nothing to do (R18d 3).
-    `saved`: the stop's checkpoint was written (checkpoint.on_low_disk = "skip" may skip it: the
-    line said "checkpoint saved" over 17 lost steps, review R23c 3)."""
+    run.max_steps (past it when a rewind's skip passed it) a resume has nothing to do (R18d 3); its
+    save skipped, the checkpoint it goes on from (the line said "checkpoint saved" over 17 lost
+    steps: review R23c 3, also after a rewind's skipped save: R23e S2)."""
     step = run.state.step
-    if not saved:
-        return (
-            f'its checkpoint was SKIPPED (checkpoint.on_low_disk = "skip", the disk is low); the last '
-            f"complete checkpoint is {run.checkpointer.newest_complete()}: --resume auto goes on from it, "
-            "training the steps after it again"
-        )
+    if (skipped := _skipped_save(run)) is not None:
+        return f'its checkpoint was SKIPPED (checkpoint.on_low_disk = "skip", the disk is low); {skipped}'
     if step >= run.spec.last_step:
         return "the last step, the run is complete (checkpoint saved)"
     if step >= run.last_step:
@@ -275,7 +285,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
         with shutdown:
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             while state.step < run.last_step:
-                step, saved = state.step + 1, True  # saved: this step's checkpoint, when one is due
+                step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed
                 micro_batches = _next_batch(run, batches, shutdown, start)
                 phase = _enter_phase(run, step, phase)
@@ -307,19 +317,18 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
                         run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
                     if due.save or stop:  # first: a validation or eval that fails then costs no training
                         _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        saved = checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
+                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
                         kill_point(f"saved:{step}")
                     _write_pending(run)
                 if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
-                    say(f"stopping after step {state.step} on {stop}: {_stop_advice(run, saved)}")
+                    say(f"stopping after step {state.step} on {stop}: {_stop_advice(run)}")
                     break
             checkpointer.close()  # waits for an async save in flight
-            if checkpointer.low_disk is not None and stopped_by is None:  # the run's last save skipped
+            if stopped_by is None and (skipped := _skipped_save(run)) is not None:
                 say(
                     f"WARNING: the run ends at step {state.step} with its last checkpoint SKIPPED (low "
-                    f"disk); the last complete checkpoint is {checkpointer.newest_complete()}: the steps "
-                    "after it are in no checkpoint"
+                    f"disk); {skipped}"
                 )
         seconds = run.metrics.elapsed()  # the run's, not the trackers' finish below (R18d 3)
     except BaseException:

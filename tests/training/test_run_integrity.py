@@ -459,7 +459,7 @@ def test_a_checkpoint_under_another_steps_name_is_damaged(dataset, tmp_path, cap
     assert gristmill(["verify", str(run)]) == 0
 
 
-def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path, capsys):
+def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path, capsys, monkeypatch):
     """Review R23c 3: with checkpoint.on_low_disk = "skip" and the disk low, a SIGTERM's line said
     "checkpoint saved; resume with --resume auto" though its save was skipped (17 steps lost, exit
     0), and a run whose last save was skipped ended without a word. Both name the last complete
@@ -473,13 +473,14 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     finally:
         proc.kill()
     line = next(x for x in out.splitlines() if x.startswith("stopping after step"))
-    assert "its checkpoint was SKIPPED" in line and "the last complete checkpoint is none" in line, line
+    assert "its checkpoint was SKIPPED" in line, line
+    assert "no checkpoint is complete: --resume auto starts over from step 0" in line, line  # not "from none"
     assert "checkpoint saved" not in line and not complete_steps(run), line
     capsys.readouterr()
     train(load_train_config(TINY, overrides(dataset, tmp_path / "end", "run.max_steps=4", *low)))
     out = capsys.readouterr().out
     assert "WARNING: the run ends at step 4 with its last checkpoint SKIPPED (low disk)" in out, out[-2000:]
-    assert "the last complete checkpoint is none" in out, out[-2000:]
+    assert "no checkpoint is complete" in out, out[-2000:]
     # after a resume the guard measures the resumed checkpoint (it said "estimated from the parameter
     # count"), and its advice no longer asks for a lower keep_last, which frees nothing before a save
     # completes (review R23c 4)
@@ -490,6 +491,15 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     warning = next(x for x in capsys.readouterr().out.splitlines() if "SKIPPED:" in x)
     assert "(the size of step-000004)" in warning and "lower checkpoint.keep_last" not in warning, warning
     assert "keep_last deletes old checkpoints only after a new one is complete" in warning, warning
+    # a rewind whose save was skipped, then a stop: not "checkpoint saved" either (review R23e S2)
+    monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "6")
+    monkeypatch.setenv("GRISTMILL_FAULT_SIGTERM", "6")
+    rewind = ["run.on_nonfinite='rewind'", "run.rewind.margin_steps=2"]
+    train(load_train_config(TINY, [*again, "run.max_steps=8", "checkpoint.resume=auto", *rewind, *low]))
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("stopping after step"))
+    assert "its checkpoint was SKIPPED" in line and "checkpoint saved" not in line, out[-3000:]
+    assert f"the last complete checkpoint is {checkpoint_dir(tmp_path / 'again', 4)}" in line, line
 
 
 def _long_run_at_step_3(dataset: Path, run: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
