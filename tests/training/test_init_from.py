@@ -649,33 +649,44 @@ def test_llama3_rope_survives_the_export(tmp_path):
     assert_same_logits(ours, hf, seq=120)
 
 
-def test_a_base_without_a_tokenizer_exports_only_ids_that_are_special_in_the_datasets(
-    tmp_path, built_dataset
-):
-    """Review R22f S3: a base that brings no tokenizer.json trains with the dataset's; its config's bos
-    and eos ids (LlamaConfig's defaults, 1 and 2) name tokens of a tokenizer it did not bring. Id 2 is
-    "!" in the dataset's: the export called it eos, in config.json, generation_config.json and the
-    tokenizer's files. Only ids that are special tokens there are kept; the others are the separator's."""
+def test_a_base_without_a_tokenizer_json_exports_the_separator_as_bos_and_eos(tmp_path, built_dataset):
+    """Reviews R22f S3, R23e S3-S4: a base that brings no tokenizer.json trains with the dataset's; its
+    config's bos and eos ids (LlamaConfig's 1 and 2, Gemma's 2 and 1) name tokens of a tokenizer it
+    did not bring. Id 2 is "!" in the dataset's and was exported as eos; kept where special, Gemma's
+    order made eos <|begin_of_text|>; a tokenizer_config.json of its own (a sentencepiece base's:
+    <s>, </s>) gave AutoTokenizer an eos past the model's vocabulary. Such a base's export is a run
+    from scratch's: bos = eos = the separator, in every file."""
     from training.checkpoint.hf_export import export_hf
 
-    base = tmp_path / "base"
-    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
-    config = json.loads((base / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)  # LlamaConfig's defaults
+    vocab_size = read_dataset_info(built_dataset)["vocab_size"]
     vocab = json.loads((built_dataset / "tokenizer.json").read_text())["model"]["vocab"]
-    assert vocab["!"] == 2 and vocab["<|begin_of_text|>"] == 1  # id 1 is special there, id 2 a letter
-    model = gristmill_model(base)
-    files = {name: base / name for name in ("config.json", "generation_config.json")}
-    out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "export", base=files)
-    config = json.loads((out / "config.json").read_text())
-    generation = json.loads((out / "generation_config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 0), config  # 0: the separator
-    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 0), generation
-    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
-    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|begin_of_text|>", "<|endoftext|>")
+    # 0 is the separator; 1 another special token, 2 a letter
+    assert vocab["!"] == 2 and vocab["<|begin_of_text|>"] == 1 and vocab["<|endoftext|>"] == 0
+    for case, ids, extra in [
+        ("llama", {}, {}),
+        ("gemma", {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}, {}),
+        ("sentencepiece", {}, {"bos_token": "<s>", "eos_token": "</s>", "tokenizer_class": "LlamaTokenizer"}),
+    ]:
+        base = tmp_path / case
+        make_base(base, vocab_size=vocab_size, **ids)
+        files = {name: base / name for name in ("config.json", "generation_config.json")}
+        if extra:
+            (base / "tokenizer_config.json").write_text(json.dumps(extra))
+            files["tokenizer_config.json"] = base / "tokenizer_config.json"
+        model = gristmill_model(base)
+        out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / f"{case}-export", base=files)
+        config = json.loads((out / "config.json").read_text())
+        generation = json.loads((out / "generation_config.json").read_text())
+        assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (0, 0, None), case
+        assert (generation["bos_token_id"], generation["eos_token_id"]) == (0, 0), (case, generation)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+        assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|endoftext|>", "<|endoftext|>"), case
+        assert tokenizer.eos_token_id == 0 and len(tokenizer) <= vocab_size, (case, len(tokenizer))
     # A base with its own tokenizer (here the dataset's, copied) keeps its ids as they are: its users'.
+    base = tmp_path / "llama"
     shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
-    files["tokenizer.json"] = base / "tokenizer.json"
+    files = {name: base / name for name in ("config.json", "generation_config.json", "tokenizer.json")}
+    model = gristmill_model(base)
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "own", base=files)
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 2
     assert (out / "generation_config.json").read_bytes() == (base / "generation_config.json").read_bytes()
@@ -758,7 +769,10 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
     assert_same_weights(elsewhere, straight, 8)
     ids = ("bos_token_id", "eos_token_id", "pad_token_id")
     got, want = (json.loads((export_checkpoint(r, 8) / "config.json").read_text()) for r in (elsewhere, run))
-    assert [got.get(k) for k in ids] == [want.get(k) for k in ids] == [base_ids.get(k) for k in ids]
+    assert [got.get(k) for k in ids] == [want.get(k) for k in ids]
+    # (this base brings no tokenizer.json: its tokens are the separator's, R23e S3; its record came along)
+    assert [want.get(k) for k in ids] != [base_ids.get(k) for k in ids]
+    assert (elsewhere / "base" / "base.json").read_bytes() == (run / "base" / "base.json").read_bytes()
     # through a volume's own path to the checkpoint (the run's checkpoints/ a link to it), which run it
     # is cannot be told: said, not a RUN/base/ silently missing (review R15h F4)
     (run / "checkpoints").rename(tmp_path / "volume")

@@ -212,7 +212,7 @@ def _base_special_tokens(base: dict[str, Path], tokenizer_json: Path) -> dict[st
     """{"bos_token", "eos_token"}: the tokens of the base's config.json ids in `tokenizer_json`'s
     vocabulary (the first of a list), for a base without a tokenizer_config.json of its own: its
     export keeps the base's ids in config.json, and the tokenizer must name the same tokens."""
-    ids = _token_ids(base, tokenizer_json)
+    ids = _token_ids(base)
     if not ids or not tokenizer_json.is_file():
         return {}
     from tokenizers import Tokenizer
@@ -232,12 +232,13 @@ def write_tokenizer(
     dataset_dir: str | Path, model_cfg: ModelConfig, out_dir: str | Path, base: dict[str, Path] | None = None
 ) -> None:
     """The HF tokenizer files of an export into `out_dir`: those of the run's base model where it
-    has them (`base`: base_record.base_files; its special tokens as its users expect), else the
-    dataset's tokenizer.json with bos = eos = the separator (a base with a config.json but no
-    tokenizer_config.json: the tokens of its config's bos/eos ids, which the export keeps). The
+    brought its tokenizer.json (`base`: base_record.base_files; its special tokens as its users
+    expect; own_tokenizer_files), else the dataset's tokenizer.json with bos = eos = the separator (a
+    base with a tokenizer.json but no tokenizer_config.json: the tokens of its config's bos/eos ids,
+    which the export keeps). The
     trainer's in-process eval loads its tokenizer from the same files; the separator it frames
     documents with is the dataset's, whatever bos says."""
-    dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), base or {}
+    dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), own_tokenizer_files(base or {})
     # dataset.json where something is the dataset's (a base with both files needs no dataset)
     info = read_dataset_info(dataset_dir) if {TOKENIZER_JSON, TOKENIZER_CONFIG} - base.keys() else {}
     # the dataset's, checked first: an export would ship a damaged one with checksums that verify
@@ -271,33 +272,26 @@ def write_tokenizer(
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
 
-def _token_ids(base: dict[str, Path], tokenizer_json: Path) -> dict[str, Any]:
-    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export. A base
-    without a tokenizer.json of its own (the run's is the dataset's, `tokenizer_json`) keeps only the
-    ids that are special tokens there: its ids name tokens of a tokenizer it did not bring
-    (LlamaConfig's defaults, 1 and 2, are ordinary tokens of most), and the export then called two
-    letters bos and eos (review R22f S3). Those dropped are the separator's (bos, eos) or none (pad)."""
-    if CONFIG_JSON not in base:
+def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
+    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export; none
+    for a base without a tokenizer.json of its own (own_tokenizer_files): the run's tokenizer is the
+    dataset's, and the base's ids name tokens of one it did not bring (LlamaConfig's eos 2 was "!" in
+    the dataset's; Gemma's order made eos a bos: review R22f S3, R23e S3), so the export's are the
+    separator's, as a run from scratch's."""
+    if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
     c = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
-    ids = {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    if TOKENIZER_JSON in base or not tokenizer_json.is_file():
-        return ids
-    special = {
-        t.get("id")
-        for t in json.loads(tokenizer_json.read_text(encoding="utf-8")).get("added_tokens") or []
-        if t.get("special")
-    }
-    kept = {}
-    for key, i in ids.items():
-        if isinstance(i, list):  # several eos ids: those that are special, or the separator's
-            i = [x for x in i if x in special] or None
-            if i is None:
-                continue
-        elif i is not None and i not in special:
-            continue
-        kept[key] = i
-    return kept
+    return {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+
+
+def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
+    """The base's files (base_record.base_files) with its tokenizer files only when it brought its
+    tokenizer.json: a tokenizer_config.json alone (a sentencepiece base's) names tokens of a tokenizer
+    it did not bring, and an export that copied it gave AutoTokenizer an eos past the model's
+    vocabulary (review R23e S4)."""
+    if TOKENIZER_JSON in base:
+        return base
+    return {name: path for name, path in base.items() if name not in TOKENIZER_FILES}
 
 
 def export_hf(
@@ -336,8 +330,7 @@ def export_hf(
     try:
         write_safetensors(tensors, tmp / "model.safetensors", {"format": "pt"})
         base = base or {}
-        ids = _token_ids(base, base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON))
-        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | ids
+        config = hf_config(model_cfg, int(info["separator"]["id"]), dtype) | _token_ids(base)
         files: dict[str, Any] = {
             CONFIG_JSON: config,
             GENERATION_CONFIG: {
