@@ -130,7 +130,15 @@ def decontamination_marks(
                     }
                 )
         statuses = {p["status"] for p in per}
-        removed = sum(p["removed"] for p in per)
+        # documents, not task-document pairs: one removed for two subtasks of a group counts once
+        # (dataset.json's removed_together: review R23e S1)
+        mine = set(leaves(task))
+        removed = sum(p["removed"] for p in per) - sum(
+            g["documents"] * (len(mine.intersection(g["tasks"])) - 1)
+            for check in checks
+            for g in (check.get("decontaminate") or {}).get("removed_together", [])
+            if len(mine.intersection(g["tasks"])) > 1
+        )
         if statuses == {"checked"}:
             mark = f"decontaminated ({removed:,} doc{'' if removed == 1 else 's'} removed)"
         elif "other version" in statuses and statuses <= {"checked", "other version", "other documents"}:

@@ -109,28 +109,36 @@ def decontam_filter(
     return [DecontaminationFilter(out / INDEX_DIR, writer, sha256=sha256)]
 
 
-def removed_by_task(out: Path) -> tuple[dict[str, int], int]:
-    """({task: documents the filter excluded holding an n-gram of it}, the documents it excluded) from
+def removed_by_task(out: Path) -> tuple[dict[str, int], int, dict[tuple[str, ...], int]]:
+    """({task: documents the filter excluded holding an n-gram of it}, the documents it excluded,
+    {tasks: documents holding n-grams of each of those two or more tasks}) from
     OUTPUT/excluded/*_decontaminate.parquet: a document holding several tasks' counts for each task,
-    once in the total."""
+    once in the total, and once under its set of tasks (a group's count is of documents, not of
+    task-document pairs: review R23e S1)."""
     counts: dict[str, int] = {}
+    together: dict[tuple[str, ...], int] = {}
     total = 0
     for path in sorted((out / EXCLUDED_DIR).glob(f"*_{FILTER_NAME}.parquet")):
         for reason in pq.read_table(path, columns=["reason"]).column("reason").to_pylist():
             total += 1
-            for task in tasks_of_detail(reason or ""):
+            tasks = tasks_of_detail(reason or "")
+            for task in tasks:
                 counts[task] = counts.get(task, 0) + 1
-    return counts, total
+            if len(tasks) > 1:
+                key = tuple(sorted(tasks))
+                together[key] = together.get(key, 0) + 1
+    return counts, total, together
 
 
 def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
     """dataset.json's "decontaminate": the index's n, sha256 and lm-eval version, and per task its
     split, version, documents (their count and sha256: None for an index made before it was
-    recorded), n-grams and the training documents removed. None when off."""
+    recorded), n-grams and the training documents removed (a document holding several tasks' counted
+    for each, and under removed_together once for the set). None when off."""
     if not enabled(cfg):
         return None
     m = read_manifest(out / INDEX_DIR)
-    removed, total = removed_by_task(out)
+    removed, total, together = removed_by_task(out)
     keys = ("name", "split", "version", "documents", "ngrams", "documents_sha256")
     tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
     return {
@@ -140,4 +148,10 @@ def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
         "requested": m.get("requested"),
         "tasks": tasks,
         "removed": total,
+        # documents counted for several tasks: a group of them removed each once (eval's marks)
+        **(
+            {"removed_together": [{"tasks": list(k), "documents": n} for k, n in sorted(together.items())]}
+            if together
+            else {}
+        ),
     }

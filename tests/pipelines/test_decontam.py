@@ -230,6 +230,14 @@ def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(dec
         "gm_cloze": ("test", 4, 3),
         "gm_qa": ("test", 3, 2),
     }
+    # a group of both counts documents, not task-document pairs: the page holding both once (R23e S1)
+    assert entry["removed_together"] == [{"tasks": ["gm_cloze", "gm_qa"], "documents": 1}]
+    from validation.eval_results import decontamination_marks
+
+    results = {"results": {"both": {}}, "versions": {"gm_cloze": 1.0, "gm_qa": 1.0},
+               "group_subtasks": {"both": ["gm_cloze", "gm_qa"]}}  # fmt: skip
+    marks = decontamination_marks(results, [{"source": "data", "dataset": str(out), "decontaminate": entry}])
+    assert marks["both"]["mark"] == "decontaminated (4 docs removed)", marks  # 3 + 2 - 1, the 4 excluded
     assert fingerprint(info) != fingerprint({k: v for k, v in info.items() if k != "decontaminate"})
 
     assert main(["data", "audit", str(out), "--report", "drops"]) == 0
