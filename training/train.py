@@ -43,6 +43,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -583,7 +584,38 @@ def main(
             with contextlib.suppress(OSError):  # a reader gone: still 130 (it was 1: review R18f 3)
                 print(INTERRUPTED, file=sys.stderr, flush=True)
         return INTERRUPTED_EXIT
+    except Exception as e:
+        env = DistEnv.from_environ()
+        if env.world_size > 1 and (gone := peer_gone(e)) is not None:
+            # Another process of the job died (killed, or of its own error, which it printed): this
+            # one's collective failed of it. One line, not a 70-line traceback from every survivor
+            # above the launcher's line that names the first failure (review R23c 6).
+            with contextlib.suppress(OSError):
+                print(
+                    f"error: rank {env.rank} stops: {gone} (another process of the job is gone)",
+                    file=sys.stderr,
+                )
+            return 1
+        raise
     return 0
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def peer_gone(error: BaseException) -> str | None:
+    """The first line of `error`, or of one it wraps, when it is a collective's transport failing
+    because the other end is gone (gloo's "Connection reset by peer", "Connection closed by peer"),
+    else None."""
+    seen: list[BaseException] = []
+    while error is not None and not any(error is s for s in seen):
+        seen.append(error)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        if any(p in str(error) for p in _PEER_GONE):
+            # gloo's "[…/pair.cc:553] Connection closed by peer [127.0.0.1]:37287. This is typically …"
+            return re.sub(r"^\[[^\]]*\]\s*", "", first).split(". ")[0][:200]
+        error = error.__cause__ or error.__context__
+    return None
 
 
 if __name__ == "__main__":

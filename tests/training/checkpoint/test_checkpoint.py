@@ -7,6 +7,7 @@ in-process runs of the tiny model."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -124,6 +125,32 @@ def test_kill9_then_resume_is_bit_identical_and_reshards_to_one_rank(reference, 
     for r in got:
         assert r["loss"] == pytest.approx(ref[r["step"]]["loss"], abs=1e-5)
         assert (r["lr"], r["tokens_seen"]) == (ref[r["step"]]["lr"], ref[r["step"]]["tokens_seen"])
+
+
+def test_a_worker_killed_mid_step_is_one_line_not_the_survivors_tracebacks(dataset, tmp_path):
+    """kill -9 of one worker mid-step: the survivor's collective fails ("Connection reset by peer")
+    and each survivor printed a 70-line traceback above the launcher's line naming the kill (review
+    R23c 6). One line each now; the status is still the kill's."""
+    run_dir = tmp_path / "run"
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "schedule.steps=400", "run.log_every=1",
+                     "checkpoint.interval=400")  # fmt: skip
+    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
+    proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True)
+    try:
+        wait_for_step(proc, run_dir, 3)
+        workers = [w for t in child_pids(proc.pid) for w in child_pids(t)]  # launcher → torchrun → 2
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
+    assert f"rank 1 (pid {workers[1]}) was killed by SIGKILL" in err, err
+    assert "Traceback" not in err, err[-3000:]
+    survivor = [line for line in err.splitlines() if line.startswith("error: rank 0 stops:")]
+    assert all(line.endswith("(another process of the job is gone)") and "[" not in line.split(":")[1]
+               for line in survivor), survivor  # fmt: skip
 
 
 def test_sigterm_saves_exits_0_and_resume_continues_exactly(reference, dataset, tmp_path):
