@@ -600,7 +600,7 @@ def main(
     return 0
 
 
-_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer")  # not "Broken pipe": a closed stdout
 
 
 def peer_gone(error: BaseException) -> str | None:
