@@ -623,6 +623,22 @@ def test_task_data_comes_from_held_out_documents_only(built_dataset, tmp_path):
     assert build_task_data(built_dataset, 0.1, out, max_docs=6, tasks=["heldout_ppl"]) == out
 
 
+def test_a_hub_tag_whose_tasks_lie_in_several_families_keeps_them_all():
+    """The task index restricted to the families that mention a name indexes each family apart, and
+    lm-eval replaces a tag's entry from an earlier root by a later one's: math_word_problems was 8 of
+    its 26 tasks, scored under its name, and its definition digest changed with the other names asked
+    (review R23d 3). Such a tag takes the full index."""
+    import lm_eval.tasks
+
+    from validation.eval_data import hub_task_manager
+
+    index = hub_task_manager(["math_word_problems"]).task_index
+    root = Path(lm_eval.tasks.__file__).parent
+    families = {Path(index[t].yaml_path).relative_to(root).parts[0] for t in index["math_word_problems"].tags}
+    assert len(index["math_word_problems"].tags) == 26 and len(families) > 1, families
+    assert len(hub_task_manager(["hellaswag"]).task_index) < 100  # a task of one family: its family alone
+
+
 def test_task_data_is_built_for_the_tasks_asked_and_counted_by_its_lines(tmp_path):
     """A corpus without a sentence a cloze item is made of could not be scored for its perplexity
     (heldout_cloze was built whatever was asked); and a held-out text holding U+2028 counted as two
