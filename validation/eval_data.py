@@ -25,7 +25,6 @@ import json
 import os
 import re
 import socket
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -87,9 +86,9 @@ def task_definition(task_manager: Any, name: str) -> str:
     """The sha256 of lm-eval task, group or tag `name`'s definition as `task_manager` indexes it (an
     include_path YAML or lm-eval's own), recorded with its scores so that a task edited between two
     evals is scored again (review R23a S1): the YAML's config with its includes, its `!function`s
-    resolved as lm-eval resolves them and each written as its module, qualname and the sha256 of its
-    source (a repr holds an address, another in every process); a group's and a tag's over their
-    members' definitions."""
+    resolved as lm-eval resolves them and each written as its qualname and the sha256 of its module
+    file (`_function`: a repr holds an address, another in every process); a group's and a tag's over
+    their members' definitions."""
     return json_sha256(_definition(task_manager, name, set()))
 
 
@@ -134,8 +133,8 @@ def _resolved_config(entry: Any) -> dict[str, Any]:
 
 
 def _stable(value: Any) -> Any:
-    """`value` as JSON that is the same in every process: functions and classes by module, qualname
-    and their source's sha256 (the module file's where the source cannot be had)."""
+    """`value` as JSON that is the same in every process and at every path: functions and classes as
+    `_function` writes them."""
     if isinstance(value, dict):
         return {str(k): _stable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -145,19 +144,24 @@ def _stable(value: Any) -> Any:
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if callable(value):
-        target = getattr(value, "func", value)  # a functools.partial: the function it calls
-        try:
-            source = inspect.getsource(target).encode()
-        except (OSError, TypeError):
-            module = sys.modules.get(getattr(target, "__module__", "") or "")
-            file = getattr(module, "__file__", None)
-            source = Path(file).read_bytes() if file and Path(file).is_file() else b""
-        name = getattr(target, "__qualname__", type(target).__name__)
-        return {
-            "function": f"{getattr(target, '__module__', '')}.{name}",
-            "source_sha256": hashlib.sha256(source).hexdigest(),
-        }
+        return _function(value)
     return str(value)
+
+
+def _function(value: Callable[..., Any]) -> dict[str, str]:
+    """A task's function (a `!function`, a functools.partial of one) as its qualname and the sha256 of
+    its whole module file: an edit anywhere in that file (a helper it calls, a constant) is another
+    definition (review R23d 1), the modules the file imports are not. Never by its module's name: lm-eval
+    names a module of an include_path folder by its absolute path, another on every machine, checkout
+    or mount of the same folder. A function without a file (a builtin) by its module's name."""
+    target = getattr(value, "func", value)  # a functools.partial: the function it calls
+    name = getattr(target, "__qualname__", type(target).__qualname__)
+    try:
+        file = Path(inspect.getfile(target if hasattr(target, "__qualname__") else type(target)))
+        module = file.read_bytes()
+    except (OSError, TypeError):  # a builtin, or its file gone
+        module = str(getattr(target, "__module__", "")).encode()
+    return {"function": name, "module_sha256": hashlib.sha256(module).hexdigest()}
 
 
 # --------------------------------------------------------------------------------------------

@@ -1331,6 +1331,39 @@ def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path
     assert evaluated(tmp_path, 4, ["own_mc"], [], None, cfg, {"own_mc": "d0"})
 
 
+def test_a_task_s_definition_is_its_functions_whole_module_and_no_path(eval_run, tmp_path, capsys):
+    """The definition took a `!function`'s own source and its module's name: an edit to a helper it
+    calls or to a module constant kept the task done under the same digest, and lm-eval names the
+    module of an include_path folder by its absolute path, so the same folder at another path scored
+    every step again (review R23d 1). A function is its qualname and its whole module file's sha256."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="process_docs: !function own_utils.process_docs\n")
+    utils = tasks / "own_utils.py"
+    utils.write_text("N = 6\n\ndef keep(docs):\n    return docs.select(range(N))\n\n"
+                     "def process_docs(docs):\n    return keep(docs)\n")  # fmt: skip
+    results = eval_dir(run, 5) / "results.json"
+    line = "[eval] step 5 own_mc: "
+
+    def watch(folder: Path) -> tuple[int, str]:
+        args = ["--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(folder)]
+        assert main(["eval", str(run), *args]) == 0
+        task = json.loads(results.read_text())
+        return task["n-samples"]["own_mc"]["effective"], capsys.readouterr().err
+
+    docs, err = watch(tasks)
+    assert docs == 6 and line in err
+    utils.write_text(utils.read_text().replace("N = 6", "N = 4"))  # process_docs' own source is the same
+    docs, err = watch(tasks)
+    assert docs == 4 and line in err, err  # scored again
+    scored = results.read_text()
+    moved = tmp_path / "elsewhere" / "tasks"
+    shutil.copytree(tasks, moved)  # the same files at another path (data_files name the first's)
+    docs, err = watch(moved)
+    assert results.read_text() == scored and line not in err, err  # the same task: done
+
+
 def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_path):
     """num_fewshot 0 was passed as `0 or None`: a task with its own few-shot default (a YAML's
     num_fewshot: 2, gsm8k's 5) was scored 2-shot while results.json recorded 0 (review R23a S3).
@@ -1473,9 +1506,13 @@ def test_a_task_of_one_s_own_named_like_a_local_task_is_refused(eval_run, tmp_pa
 
 
 def test_a_hub_task_s_definition_is_the_same_in_every_process():
-    """The definition recorded with a task's scores (review R23a S1) names each function by module,
-    qualname and its source's sha256, never by its repr (an address, another in every process): two
-    processes digest hellaswag (a `!function process_docs`) alike."""
+    """The definition recorded with a task's scores (review R23a S1) names each function by its
+    qualname and its module file's sha256 (R23d 1), never by its repr (an address, another in every
+    process): two processes digest hellaswag (a `!function process_docs`) alike."""
+    import hashlib
+
+    import lm_eval.tasks.hellaswag.utils as utils
+
     code = (
         "import json; from validation.eval_data import _definition, hub_task_manager, task_definition; "
         "tm = hub_task_manager(['hellaswag']); "
@@ -1489,4 +1526,7 @@ def test_a_hub_task_s_definition_is_the_same_in_every_process():
     assert runs[0].stdout == runs[1].stdout
     digest, definition = runs[0].stdout.split(" ", 1)
     assert len(digest) == 64 and " at 0x" not in definition
-    assert json.loads(definition)["process_docs"]["function"] == "lm_eval.tasks.hellaswag.utils.process_docs"
+    assert json.loads(definition)["process_docs"] == {
+        "function": "process_docs",
+        "module_sha256": hashlib.sha256(Path(utils.__file__).read_bytes()).hexdigest(),
+    }
