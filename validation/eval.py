@@ -258,6 +258,13 @@ def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
     return checks
 
 
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:  # gone meanwhile, or a dangling link
+        return None
+
+
 class TaskPlan:
     """Requested task names resolved into lm-eval specs, checked before any model exists.
 
@@ -321,8 +328,27 @@ class TaskPlan:
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
         self._documents: dict[str, str | None] = {}  # documents_sha256, by task
         # what each task is, recorded with its scores: a task edited since it was scored is not done
+        self.definitions: dict[str, str] = {}
+        self._files: list[tuple[str, int, int]] | None = None  # include_path's files when they were made
+        self.refresh_definitions()
+
+    def refresh_definitions(self) -> None:
+        """The tasks' definitions as their files are now. lm-eval reads a task's YAML and functions
+        again each time it builds the task, so a task edited during a `--watch` or a training run is
+        scored as edited, and is recorded under its new definition only if it is made again
+        (review R23d 2): made when a file under include_path changed (its name, size or mtime), else
+        kept (a stat of each, not a load of every YAML and module at each poll)."""
+        files = sorted(
+            (str(path), st.st_mtime_ns, st.st_size)
+            for folder in self.include_path
+            for path in (folder.rglob("*") if folder.is_dir() else [folder])
+            if "__pycache__" not in path.parts and (st := _stat(path)) is not None
+        )
+        if files == self._files and self.definitions:
+            return
+        self._files = files
         self.definitions = {
-            n: local_task_definition(n) if n in local else task_definition(self.task_manager, n)
+            n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
 
@@ -406,6 +432,7 @@ def evaluate_lm(
     with _env_info_once():
         for spec in plan.specs:
             name = spec["task"] if isinstance(spec, dict) else spec
+            plan.refresh_definitions()  # as lm-eval reads the task now
             if seen is not None:
                 seen.clear()
             t0 = time.perf_counter()
@@ -898,6 +925,7 @@ def evaluate_missing(
     `failures` when a list is given, else the errors are raised together once every step is done."""
     done, failed = [], []
     for step in available_steps(run_dir):
+        plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
         if not evaluated(run_dir, step, plan.names, plan.local, plan.heldout, cfg, plan.definitions):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)

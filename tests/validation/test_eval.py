@@ -1364,6 +1364,36 @@ def test_a_task_s_definition_is_its_functions_whole_module_and_no_path(eval_run,
     assert results.read_text() == scored and line not in err, err  # the same task: done
 
 
+def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
+    built_dataset, eval_run, tmp_path
+):
+    """`--watch` made the tasks' definitions once, while lm-eval reads a task's files again for every
+    step: a step scored after an edit during the watch was recorded under the old definition, and the
+    steps before it stayed done (review R23d 2). The watch's plan (one TaskPlan, evaluate_missing at
+    each poll) makes them again when a file under include_path changed."""
+    from validation.eval import evaluate_missing, load_eval_config
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="process_docs: !function own_utils.process_docs\n")
+    utils = tasks / "own_utils.py"
+    utils.write_text("def process_docs(docs):\n    return docs\n")
+    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_mc")
+    plan = TaskPlan(run, cfg)  # what the watch makes once
+    assert evaluate_missing(run, cfg, plan, show=False) == [5]
+    first = plan.definitions["own_mc"]
+    utils.write_text("def process_docs(docs):\n    return docs.select(range(4))\n")  # during the watch
+    model = _tiny_model(built_dataset, 6)
+    export_hf(model.state_dict(), model.cfg, built_dataset, export_dir(run, 6), meta={"step": 6})
+    assert evaluate_missing(run, cfg, plan, show=False) == [5, 6]  # the next poll: step 5 again
+    edited = TaskPlan(run, cfg).definitions["own_mc"]
+    assert edited != first
+    for step in (5, 6):
+        scored = json.loads((eval_dir(run, step) / "results.json").read_text())
+        assert scored["n-samples"]["own_mc"]["effective"] == 4
+        assert scored["gristmill_tasks"]["own_mc"]["settings"]["definition"] == edited
+    assert evaluate_missing(run, cfg, plan, show=False) == []
+
+
 def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_path):
     """num_fewshot 0 was passed as `0 or None`: a task with its own few-shot default (a YAML's
     num_fewshot: 2, gsm8k's 5) was scored 2-shot while results.json recorded 0 (review R23a S3).
