@@ -1518,6 +1518,37 @@ def test_the_audit_refuses_an_eval_table_that_is_not_its_results(eval_run, tmp_p
     assert main(count) == 0 and json.loads(capsys.readouterr().out)[0]["n"] == 0
 
 
+def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_run, tmp_path, capsys):
+    """The check of eval.parquet against the results.json files compared every column of today's: a
+    healthy run's table written before `decontamination` and `merged` were was refused as not holding
+    the scores, though the audit's view reads a missing column as null (review R23d 3). Only the
+    table's own columns are compared: such a table is answered, one of other scores still refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+    from training.data.recipe import CONSUMPTION_SCHEMA
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    pq.write_table(pa.Table.from_pylist([], schema=CONSUMPTION_SCHEMA), run / "consumption.parquet")
+    assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
+    table = run / "eval.parquet"
+    old = pq.read_table(table).drop(["decontamination", "merged"])  # as written before those columns
+    pq.write_table(old, table)
+    count = ["data", "audit", str(run), "--sql", "SELECT count(*) AS n, count(merged) AS m FROM eval"]
+    capsys.readouterr()
+    assert main([*count, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
+    rows = old.to_pylist()
+    pq.write_table(pa.Table.from_pylist([{**rows[0], "value": 0.5}, *rows[1:]], schema=old.schema), table)
+    assert main(count) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: cannot audit {run}: {table} does not hold the scores of {run / 'eval'}/*/results.json: "
+        f"write it again from them with `gristmill eval {run} --table` (it scores nothing)"
+    ], err
+
+
 def test_a_task_of_one_s_own_named_like_a_local_task_is_refused(eval_run, tmp_path, capsys):
     """A task YAML under include_path named heldout_ppl was ignored without a word: the local
     heldout_ppl was scored under its name (review R23a A2). The clash is one line naming the file."""

@@ -172,7 +172,8 @@ def write_eval_table(run_dir: str | Path) -> Path:
 def stale_eval_table(run_dir: str | Path) -> str | None:
     """Why RUN/eval.parquet does not hold the rows of the results.json files now under RUN/eval/ (gone
     while they hold scores, rows of a step whose folder was removed, a value changed) and the fix, else
-    None (also when the table cannot be read: the audit names an unreadable file itself). The audit
+    None (also when the table cannot be read: the audit names an unreadable file itself; and for a
+    table written before some of today's columns, whose own columns hold those rows). The audit
     answered the `eval` view from the table alone: deleted, it was 0 rows, exit 0 (review R23a A1)."""
     path = Path(run_dir) / EVAL_PARQUET
     fix = f"write it again from them with `gristmill eval {run_dir} --table` (it scores nothing)"
@@ -185,12 +186,16 @@ def stale_eval_table(run_dir: str | Path) -> str | None:
             else None
         )
     try:
-        have = pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except Exception:  # noqa: BLE001 - unreadable: named by the audit's own check of its files
         return None
+    have = table.to_pylist()
+    # A table written before a column was (decontamination, merged) holds the same scores: the audit's
+    # view reads the column as null (review R23d 3), so only the table's own columns are compared.
+    columns = table.column_names
 
     def keys(rows: list[dict[str, Any]]) -> list[str]:  # as written, NaN equal to NaN
-        return sorted(json.dumps(r, sort_keys=True, default=str) for r in rows)
+        return sorted(json.dumps({c: r.get(c) for c in columns}, sort_keys=True, default=str) for r in rows)
 
     if keys(have) == keys(pa.Table.from_pylist(want, schema=EVAL_SCHEMA).to_pylist()):
         return None
