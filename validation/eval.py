@@ -415,6 +415,7 @@ def evaluate_lm(
     *,
     on_task: Callable[[dict[str, Any]], None] | None = None,
     failed: dict[str, str] | None = None,
+    log_file: Path | None = None,
 ) -> dict[str, Any]:
     """lm-eval's simple_evaluate of `lm` (an lm-eval LM) on the planned tasks; its results dict.
 
@@ -424,7 +425,9 @@ def evaluate_lm(
     adds, per task: `seconds` and `docs` (per planned name), and for a GristmillHFLM the requests it
     got (`requests_summary`). `on_task` gets each task's own results dict when it is done (see
     `task_lines`). `failed`, when given, gets {task: why} for each task that raised instead of
-    stopping the eval (in-training: the others are still scored)."""
+    stopping the eval (in-training: the others are still scored). `log_file`: the eval's log, where
+    the traceback of a task of the user's own that fails in lm-eval's task code is written (its one
+    line names it)."""
     from lm_eval import simple_evaluate
 
     merged: dict[str, Any] = {}
@@ -464,10 +467,7 @@ def evaluate_lm(
                         ) from e
                     if (own := plan.own_yaml(name)) is None or not _in_task_code(e):
                         raise
-                    raise EvalError(
-                        f"task {name} ({own}) failed while lm-eval built or rendered it: "
-                        f"{task_failure(plan, name, e)}; fix the task's YAML or its functions"
-                    ) from e
+                    raise EvalError(own_task_failure(plan, name, own, e, log_file)) from e
                 failed[name] = task_failure(plan, name, e)
                 continue
             if results is None:  # only on non-zero ranks of a distributed run
@@ -517,6 +517,27 @@ def _in_task_code(error: BaseException) -> bool:
     if any(m == top or m.startswith(f"{top}.") for m in modules for top in _NOT_TASK_CODE):
         return False
     return any(m.startswith(("lm_eval.api.task", "lm_eval.tasks")) for m in modules)
+
+
+def own_task_failure(
+    plan: TaskPlan, name: str, own: Path, error: BaseException, log_file: Path | None
+) -> str:
+    """The one line for task `name` of the user's own (YAML `own`) whose `error` was raised in lm-eval's
+    task code only (_in_task_code), its traceback written to `log_file`. Most likely the YAML's or its
+    functions' (a template, process_docs), but the frames cannot tell: a model whose results lm-eval
+    cannot read (loglikelihood's bare floats) raises there too, in the task's process_results (review
+    R23d 4). So the line says where the traceback is, and that it is a bug to report if the task is right."""
+    where = ""
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+            log.write(f"task {name} ({own}) failed:\n{''.join(traceback.format_exception(error))}")
+        where = f"; the full traceback is in {log_file}"
+    return (
+        f"task {name} ({own}) failed in lm-eval's task code (building, rendering or scoring it): "
+        f"{task_failure(plan, name, error)}{where}. Check the task's YAML and its functions; if they are "
+        f"right, this is a bug: report it{' with that log' if where else ''}"
+    )
 
 
 def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:
@@ -818,7 +839,7 @@ def evaluate_step(
             for line in task_lines(step, task_results):
                 print(line, file=terminal, flush=True)
 
-        results = evaluate_lm(lm, plan, cfg, on_task=show)
+        results = evaluate_lm(lm, plan, cfg, on_task=show, log_file=log_file)
     label_results(results, run_dir, step, str(export.resolve()), plan)
     out = write_step_json(run_dir, step, dict(results), merged, still=still)
     if out is None:

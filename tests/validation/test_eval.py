@@ -1438,25 +1438,60 @@ def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, t
     assert not (eval_dir(run, 5) / "results.json").exists()
 
 
+def _failed_in_one_line(run: Path, args: list[str], capfd) -> tuple[str, str]:
+    """`gristmill eval RUN --step 5 ARGS` that exits 2 without a traceback: its last line and stderr."""
+    from pipelines.cli import main
+
+    capfd.readouterr()
+    assert main(["eval", str(run), "--step", "5", *args]) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1], err
+
+
 def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval_run, tmp_path, capfd):
     """A template of one's own task that raises as lm-eval builds the task was lm-eval's 50-line
     traceback, exit 1 (review R23a M2): one line naming the task, its YAML and the error."""
-    from pipelines.cli import main
-
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
     yaml = tasks / "own_mc.yaml"
     bad = 'doc_to_target: "{{ context.nosuchattr.upper() }}"'
     yaml.write_text(yaml.read_text().replace('doc_to_target: "{{label}}"', bad))
-    capfd.readouterr()
-    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 2
-    err = capfd.readouterr().err
-    assert "Traceback" not in err, err
-    line = err.strip().splitlines()[-1]
+    line, err = _failed_in_one_line(run, _own_args(tasks), capfd)
+    log = eval_dir(run, 5) / "eval.log"
     assert line == (
-        f"error: task own_mc ({yaml}) failed while lm-eval built or rendered it: UndefinedError: "
-        "'str object' has no attribute 'nosuchattr'; fix the task's YAML or its functions"
+        f"error: task own_mc ({yaml}) failed in lm-eval's task code (building, rendering or scoring it): "
+        f"UndefinedError: 'str object' has no attribute 'nosuchattr'; the full traceback is in {log}. Check "
+        "the task's YAML and its functions; if they are right, this is a bug: report it with that log"
     ), err
+    assert "Traceback (most recent call last)" in log.read_text() and "nosuchattr" in log.read_text()
+
+
+def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(
+    eval_run, tmp_path, capfd, monkeypatch
+):
+    """A model bug raised in lm-eval's task code (loglikelihood's bare floats, not (float, bool): its
+    process_results fails, no gristmill frame left) was one line saying "fix the task's YAML" (review
+    R23d 4). The line names the error and eval.log, which holds the traceback, and says it is a bug to
+    report if the task is right. The bug is made here, in the model's loglikelihood: the eval is real."""
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    real = GristmillHFLM.loglikelihood
+    monkeypatch.setattr(
+        GristmillHFLM, "loglikelihood", lambda self, requests, disable_tqdm=False: [
+            ll for ll, _ in real(self, requests, disable_tqdm)
+        ]
+    )  # fmt: skip
+    line, err = _failed_in_one_line(run, _own_args(tasks), capfd)
+    log = eval_dir(run, 5) / "eval.log"
+    assert line.startswith(f"error: task own_mc ({tasks / 'own_mc.yaml'}) failed in lm-eval's task code "), (
+        err
+    )
+    assert line.endswith(
+        f"; the full traceback is in {log}. Check the task's YAML and its functions; if they are right, "
+        "this is a bug: report it with that log"
+    ), err
+    assert "fix the task" not in line and "process_results" in log.read_text()
 
 
 def test_eval_without_accelerate_is_one_line_naming_the_extra(eval_run, tmp_path):
