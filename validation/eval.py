@@ -99,6 +99,7 @@ from validation.eval_data import (
     task_documents_sha256,
     task_file,
     task_items,
+    task_members,
 )
 from validation.eval_output import eval_output
 from validation.eval_results import (
@@ -390,14 +391,29 @@ class TaskPlan:
             f" ({self.documents} held-out documents of source {d.source} ({d.dataset}))" if self.local else ""
         )
 
-    def own_yaml(self, name: str) -> Path | None:
-        """The YAML file under include_path that defines task `name` (the user's own task), else None."""
+    def own_yamls(self, name: str, seen: frozenset[str] = frozenset()) -> list[Path] | None:
+        """The YAML files under include_path that define task `name` (the user's own task), else None.
+        A tag's or group's: its members' (and a group's own file); the user's own only when all are
+        (review R23d 5: a tag of one's own tasks was taken for lm-eval's)."""
         entry = self.task_manager.task_index.get(name)
-        path = getattr(entry, "yaml_path", None)
-        if path is None or name in self.local:
+        if entry is None or name in self.local or name in seen:
             return None
-        path = Path(path).resolve()
-        return path if any(path.is_relative_to(p) for p in self.include_path) else None
+        files = []
+        if (path := getattr(entry, "yaml_path", None)) is not None:
+            path = Path(path).resolve()
+            if not any(path.is_relative_to(p) for p in self.include_path):
+                return None
+            files.append(path)
+        members = task_members(self.task_manager, name)
+        if members is None:  # a task
+            return files or None
+        if not members and not files:
+            return None
+        for member in members:
+            if (own := self.own_yamls(member, seen | {name})) is None:
+                return None
+            files.extend(f for f in own if f not in files)
+        return files
 
     def drop(self, names: Sequence[str]) -> None:
         """Evaluate without tasks `names` from now on (in-training: a task whose eval failed)."""
@@ -465,7 +481,7 @@ def evaluate_lm(
                         raise EvalError(
                             f"task {name} could not be scored: {task_failure(plan, name, e)}"
                         ) from e
-                    if (own := plan.own_yaml(name)) is None or not _in_task_code(e):
+                    if (own := plan.own_yamls(name)) is None or not _in_task_code(e):
                         raise
                     raise EvalError(own_task_failure(plan, name, own, e, log_file)) from e
                 failed[name] = task_failure(plan, name, e)
@@ -520,21 +536,22 @@ def _in_task_code(error: BaseException) -> bool:
 
 
 def own_task_failure(
-    plan: TaskPlan, name: str, own: Path, error: BaseException, log_file: Path | None
+    plan: TaskPlan, name: str, own: list[Path], error: BaseException, log_file: Path | None
 ) -> str:
-    """The one line for task `name` of the user's own (YAML `own`) whose `error` was raised in lm-eval's
-    task code only (_in_task_code), its traceback written to `log_file`. Most likely the YAML's or its
-    functions' (a template, process_docs), but the frames cannot tell: a model whose results lm-eval
-    cannot read (loglikelihood's bare floats) raises there too, in the task's process_results (review
-    R23d 4). So the line says where the traceback is, and that it is a bug to report if the task is right."""
-    where = ""
+    """The one line for task `name` of the user's own (its YAMLs `own`: TaskPlan.own_yamls) whose `error`
+    was raised in lm-eval's task code only (_in_task_code), its traceback written to `log_file`. Most
+    likely the YAML's or its functions' (a template, process_docs), but the frames cannot tell: a model
+    whose results lm-eval cannot read (loglikelihood's bare floats) raises there too, in the task's
+    process_results (review R23d 4). So the line says where the traceback is, and that it is a bug to
+    report if the task is right."""
+    files, where = ", ".join(map(str, own)), ""
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            log.write(f"task {name} ({own}) failed:\n{''.join(traceback.format_exception(error))}")
+            log.write(f"task {name} ({files}) failed:\n{''.join(traceback.format_exception(error))}")
         where = f"; the full traceback is in {log_file}"
     return (
-        f"task {name} ({own}) failed in lm-eval's task code (building, rendering or scoring it): "
+        f"task {name} ({files}) failed in lm-eval's task code (building, rendering or scoring it): "
         f"{task_failure(plan, name, error)}{where}. Check the task's YAML and its functions; if they are "
         f"right, this is a bug: report it{' with that log' if where else ''}"
     )

@@ -103,6 +103,19 @@ def task_documents_sha256(task: Any) -> str:
     return h.hexdigest()
 
 
+def task_members(task_manager: Any, name: str) -> list[str] | None:
+    """The names of tag or group `name`'s members as `task_manager` indexes them (a group's: those its
+    YAML's `task` list names; a task it defines inline is in its own file), None for a task or an
+    unknown name."""
+    entry = task_manager.task_index.get(name)
+    kind = str(getattr(entry, "kind", "")).rsplit(".", 1)[-1]
+    if kind == "TAG":
+        return sorted(entry.tags)
+    if kind == "GROUP":
+        return [t for t in _resolved_config(entry).get("task") or [] if isinstance(t, str)]
+    return None
+
+
 def _definition(task_manager: Any, name: str, seen: set[str]) -> Any:
     entry = task_manager.task_index.get(name)
     if entry is None or name in seen:  # unknown (checked elsewhere), or a group naming itself

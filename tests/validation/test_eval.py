@@ -1467,6 +1467,27 @@ def test_a_task_of_one_s_own_that_fails_while_lm_eval_builds_it_is_one_line(eval
     assert "Traceback (most recent call last)" in log.read_text() and "nosuchattr" in log.read_text()
 
 
+def test_a_tag_or_group_of_one_s_own_tasks_that_fails_in_lm_eval_s_task_code_is_one_line(
+    eval_run, tmp_path, capfd
+):
+    """A tag of one's own tasks (`tag: my_suite` in their YAMLs) with a bad template was lm-eval's
+    55-line traceback, exit 1: only a task's own YAML made it the user's (review R23d 5). A tag or
+    group whose members are all the user's own is the user's own too; the line names their YAMLs."""
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="tag: my_suite\n")
+    yaml = tasks / "own_mc.yaml"
+    bad = 'doc_to_target: "{{ context.nosuchattr.upper() }}"'
+    yaml.write_text(yaml.read_text().replace('doc_to_target: "{{label}}"', bad))
+    group = tasks / "my_group.yaml"
+    group.write_text("group: my_group\ntask:\n  - own_mc\n")
+    for name, files in (("my_suite", f"{yaml}"), ("my_group", f"{group}, {yaml}")):
+        line, err = _failed_in_one_line(run, _own_args(tasks, name), capfd)
+        assert line.startswith(
+            f"error: task {name} ({files}) failed in lm-eval's task code (building, rendering or scoring "
+            "it): UndefinedError: 'str object' has no attribute 'nosuchattr'; the full traceback is in "
+        ), err
+
+
 def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(
     eval_run, tmp_path, capfd, monkeypatch
 ):
