@@ -478,7 +478,9 @@ def dataset_cached(path: str) -> bool:
 def unreadable_task_files(include_path: Sequence[str | Path], name: str) -> list[str]:
     """`FILE does not parse (why)` for each YAML file under `include_path` that could define task `name`
     (its text or file name holds the name) and that lm-eval's task index skips: it drops a file it
-    cannot read without a word, and the task was then reported unknown (review R23a M1)."""
+    cannot read without a word, and the task was then reported unknown (review R23a M1). A file that
+    parses and defines no task, group or tag (a template others include) is not one: named, it was
+    called broken (review R23d 6)."""
     from lm_eval.tasks._index import TaskIndex
     from lm_eval.tasks._yaml_loader import load_yaml
 
@@ -488,7 +490,10 @@ def unreadable_task_files(include_path: Sequence[str | Path], name: str) -> list
             if path.stem != name and name not in path.read_text(encoding="utf-8", errors="ignore"):
                 continue
             try:  # as TaskIndex.build reads each file
-                TaskIndex.process_cfg(load_yaml(path, resolve_func=False, recursive=True), path, {})
+                cfg = load_yaml(path, resolve_func=False, recursive=True)
+                if isinstance(cfg, dict) and not cfg.keys() & {"task", "group", "tag", "class"}:
+                    continue  # a template that task files include: the index skips it by design (R23d 6)
+                TaskIndex.process_cfg(cfg, path, {})
             except Exception as e:
                 out.append(f"{path} does not parse ({_one_line(e)})")
     return out

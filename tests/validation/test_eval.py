@@ -1424,17 +1424,21 @@ def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_p
 
 def test_a_task_yaml_that_does_not_parse_is_named_not_called_unknown(eval_run, tmp_path, capsys):
     """lm-eval's task index drops a YAML file it cannot parse without a word: a task of one's own with
-    a syntax error was "unknown task own_mc" (review R23a M1). The one line names the file and why."""
+    a syntax error was "unknown task own_mc" (review R23a M1). The one line names the file and why, and
+    not a template that task files include and that mentions the name (review R23d 6)."""
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
     yaml = tasks / "own_mc.yaml"
     yaml.write_text(yaml.read_text().replace('doc_to_text: "{{context}}"', 'doc_to_text: "{{context}}'))
+    template = tasks / "_own_template.yaml"  # what own_mc and its kin would include: no task of its own
+    template.write_text("# shared by own_mc and its variants\noutput_type: multiple_choice\n")
     assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: unknown task own_mc ({yaml} does not parse ("), err
     assert "line 11 column 17" in err[0] and "lm-eval skips a task file it cannot read" in err[0], err
+    assert template.name not in err[0], err
     assert not (eval_dir(run, 5) / "results.json").exists()
 
 
