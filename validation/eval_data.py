@@ -172,8 +172,9 @@ def _function(value: Callable[..., Any]) -> dict[str, str]:
     try:
         file = Path(inspect.getfile(target if hasattr(target, "__qualname__") else type(target)))
         module = file.read_bytes()
-    except (OSError, TypeError):  # a builtin, or its file gone
+    except (OSError, TypeError):  # a builtin, or its file gone: its module's name, where that is no path
         module = str(getattr(target, "__module__", "")).encode()
+        module = b"" if os.sep.encode() in module else module
     return {"function": name, "module_sha256": hashlib.sha256(module).hexdigest()}
 
 
