@@ -243,7 +243,16 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     # torchrun's timestamps are whole seconds: of failures in one second, its own SIGTERM of a survivor
     # is the consequence, never the first (rank 0 stopped so won the tie: 143 for a SIGKILLed rank 1,
     # review R23c 5)
-    first = min(failures, key=lambda r: (failures[r].timestamp, failures[r].exitcode == -signal.SIGTERM))
+    # A worker killed by another signal (SIGKILL, SIGSEGV) comes first of its second too: a survivor
+    # whose collective then failed exits 1 of it (train.peer_gone), as a consequence (review R23f 3).
+    first = min(
+        failures,
+        key=lambda r: (
+            failures[r].timestamp,
+            failures[r].exitcode == -signal.SIGTERM,
+            failures[r].exitcode > 0,
+        ),
+    )
     code = failures[first].exitcode
     if code > 0:
         zero = failures.get(0)

@@ -87,7 +87,8 @@ def decontamination_marks(
     than n words: nothing could match); "partly checked (k of n …)" for a mixture of those.
     `documents(task)`: the sha256 of the evaluated task's documents (eval_data.task_documents_sha256),
     asked only of a task an index records it for: other documents than the index's are "checked
-    against other documents" (a data file replaced under the same task version: review R23a S2)."""
+    against other documents" (a data file replaced under the same task version: review R23a S2); None
+    (they could not be read again) is taken at the version's word, as an index that records none."""
     versions = results.get("versions", {})
     groups = results.get("group_subtasks", {})
 
@@ -113,7 +114,8 @@ def decontamination_marks(
                 elif (
                     entry.get("documents_sha256") is not None
                     and documents is not None
-                    and documents(leaf) != entry["documents_sha256"]
+                    and (scored := documents(leaf)) is not None  # None: not hashed here (R23f 2)
+                    and scored != entry["documents_sha256"]
                 ):
                     status = "other documents"
                 else:

@@ -176,7 +176,9 @@ def test_exit_status_of_torchruns_failures():
     # killed first: named, 128 + N; a worker that then failed of it adds nothing
     code, lines = exit_status({1: failure(1, -9), 0: failure(0, 1)}, "training.train")
     assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
-    code, lines = exit_status({0: failure(0, 1), 1: failure(1, -11)}, "m")
+    segv = failure(1, -11)
+    segv.timestamp += 1  # a second after rank 0 stopped of its own error
+    code, lines = exit_status({0: failure(0, 1), 1: segv}, "m")
     assert (code, lines) == (1, ["error: m rank 1 (pid 1001) was killed by SIGSEGV"])
     # listed first in the same second, torchrun's SIGTERM of rank 0 is not the first failure (it was:
     # 143 and "rank 0 was killed by SIGTERM" for a rank 1 SIGKILLed mid-save, review R23c 5)
@@ -185,6 +187,14 @@ def test_exit_status_of_torchruns_failures():
     code, lines = exit_status(both, "training.train")
     assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
     assert exit_status({0: failure(0, -15), 1: failure(1, 2)}, "training.train") == (2, [])
+    # rank 0's collective failed of rank 1's SIGKILL in the same second (exit 1, one line of its own):
+    # the kill is the first failure, 137 (review R23f 3)
+    code, lines = exit_status({0: failure(0, 1), 1: failure(1, -9)}, "training.train")
+    assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
+    # rank 0's collective failed of rank 1's SIGKILL in the same second (exit 1, one line of its own):
+    # the kill is the first failure, 137 (review R23f 3)
+    code, lines = exit_status({0: failure(0, 1), 1: failure(1, -9)}, "training.train")
+    assert (code, lines) == (137, ["error: training.train rank 1 (pid 1001) was killed by SIGKILL"])
 
 
 def test_an_error_only_another_rank_met_is_printed(tmp_path, monkeypatch):

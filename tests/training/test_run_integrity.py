@@ -491,6 +491,17 @@ def test_a_stop_or_an_end_whose_checkpoint_was_skipped_says_so(dataset, tmp_path
     warning = next(x for x in capsys.readouterr().out.splitlines() if "SKIPPED:" in x)
     assert "(the size of step-000004)" in warning and "lower checkpoint.keep_last" not in warning, warning
     assert "keep_last deletes old checkpoints only after a new one is complete" in warning, warning
+    # resumed from another run directory's checkpoint, with none of its own: that one is named, with
+    # the --resume that finds it (--resume auto started over from step 0: review R23f 1)
+    four = checkpoint_dir(tmp_path / "again", 4)
+    moved = overrides(
+        dataset, tmp_path / "moved", "run.max_steps=6", f"checkpoint.resume={json.dumps(str(four))}"
+    )
+    train(load_train_config(TINY, [*moved, *low]))
+    out = capsys.readouterr().out
+    assert f"the last complete checkpoint is the one this run resumed from, {four}: --resume {four}" in out, (
+        out
+    )
     # a rewind whose save was skipped, then a stop: not "checkpoint saved" either (review R23e S2)
     monkeypatch.setenv("GRISTMILL_FAULT_NAN_LOSS", "6")
     monkeypatch.setenv("GRISTMILL_FAULT_SIGTERM", "6")

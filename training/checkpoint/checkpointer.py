@@ -434,8 +434,18 @@ class Checkpointer:
         return not (on_grid or step == self.plan_last_step)
 
     def newest_complete(self) -> str:
+        """The run's newest complete checkpoint, as the messages that name it say it: with none in its
+        directory, the other run directory's it resumed from (rank 0), which --resume auto would not
+        find (review R23f 1), or "none"."""
         steps = complete_steps(self.run_dir)
-        return str(checkpoint_dir(self.run_dir, steps[-1])) if steps else "none"
+        if steps:
+            return str(checkpoint_dir(self.run_dir, steps[-1]))
+        if self.resumed_from is not None and not self.resumed_here:
+            return (
+                f"{self.resumed_from[0]} (the checkpoint this run resumed from, in another run directory: "
+                "--resume auto does not look there, give it to --resume)"
+            )
+        return "none"
 
     # -- resume --
     def resume(self, spec: str) -> int | None:
