@@ -1593,12 +1593,19 @@ def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_r
     pq.write_table(pa.Table.from_pylist([], schema=CONSUMPTION_SCHEMA), run / "consumption.parquet")
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0
     table = run / "eval.parquet"
-    old = pq.read_table(table).drop(["decontamination", "merged"])  # as written before those columns
+    fresh = pq.read_table(table)
+    old = fresh.drop(["merged"])  # as written before that column: its rows are no merged weights' scores
     pq.write_table(old, table)
     count = ["data", "audit", str(run), "--sql", "SELECT count(*) AS n, count(merged) AS m FROM eval"]
     capsys.readouterr()
     assert main([*count, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
+    # without a column whose values the results hold (the marks; the scores themselves): not its rows,
+    # though the view would read them as null (review R23g S3)
+    for gone in (["decontamination"], ["value", "stderr", "samples"]):
+        pq.write_table(fresh.drop(gone), table)
+        assert main(count) == 2, gone
+        assert "does not hold the scores" in capsys.readouterr().err, gone
     rows = old.to_pylist()
     pq.write_table(pa.Table.from_pylist([{**rows[0], "value": 0.5}, *rows[1:]], schema=old.schema), table)
     assert main(count) == 2

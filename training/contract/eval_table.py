@@ -169,6 +169,11 @@ def write_eval_table(run_dir: str | Path) -> Path:
     return path
 
 
+# Columns added to eval.parquet after its first version, and what a row of a table without one holds there
+# (what the audit's `eval` view reads for it: validation/audit_views.py).
+_LATER_COLUMNS: dict[str, Any] = {"decontamination": None, "merged": False}
+
+
 def stale_eval_table(run_dir: str | Path) -> str | None:
     """Why RUN/eval.parquet does not hold the rows of the results.json files now under RUN/eval/ (gone
     while they hold scores, rows of a step whose folder was removed, a value changed) and the fix, else
@@ -190,14 +195,20 @@ def stale_eval_table(run_dir: str | Path) -> str | None:
     except Exception:  # noqa: BLE001 - unreadable: named by the audit's own check of its files
         return None
     have = table.to_pylist()
-    # A table written before a column was (decontamination, merged) holds the same scores: the audit's
-    # view reads the column as null (review R23d 3), so only the table's own columns are compared.
+    # A table written before a column was (decontamination, merged) holds the same scores where the
+    # rows' value there is what the audit's view reads for a missing column (review R23d 3); any other
+    # column missing (value, step) or a later column's real values missing is not those rows (R23g S3).
     columns = table.column_names
+    missing = set(EVAL_SCHEMA.names) - set(columns)
+    wanted = pa.Table.from_pylist(want, schema=EVAL_SCHEMA).to_pylist()
+    later = missing <= _LATER_COLUMNS.keys() and all(
+        r.get(c) == _LATER_COLUMNS[c] for r in wanted for c in missing
+    )
 
     def keys(rows: list[dict[str, Any]]) -> list[str]:  # as written, NaN equal to NaN
         return sorted(json.dumps({c: r.get(c) for c in columns}, sort_keys=True, default=str) for r in rows)
 
-    if keys(have) == keys(pa.Table.from_pylist(want, schema=EVAL_SCHEMA).to_pylist()):
+    if later and keys(have) == keys(wanted):
         return None
     steps = {(r.get("step"), bool(r.get("merged"))) for r in have}
     gone = sorted(s for s, merged in steps if s not in results[merged])
