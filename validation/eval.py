@@ -330,17 +330,17 @@ class TaskPlan:
         self._documents: dict[str, str | None] = {}  # documents_sha256, by task
         # what each task is, recorded with its scores: a task edited since it was scored is not done
         self.definitions: dict[str, str] = {}
-        self._files: list[tuple[str, int, int]] | None = None  # include_path's files when they were made
+        self._files: list[tuple[str, int, int, int, int]] | None = None  # include_path's files, when made
         self.refresh_definitions()
 
     def refresh_definitions(self) -> None:
         """The tasks' definitions as their files are now. lm-eval reads a task's YAML and functions
         again each time it builds the task, so a task edited during a `--watch` or a training run is
         scored as edited, and is recorded under its new definition only if it is made again
-        (review R23d 2): made when a file under include_path changed (its name, size or mtime), else
+        (review R23d 2): made when a file under include_path changed (its name, size, mtime or ctime), else
         kept (a stat of each, not a load of every YAML and module at each poll)."""
         files = sorted(
-            (str(path), st.st_mtime_ns, st.st_size)
+            (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)  # an mtime put back (cp -p)
             for folder in self.include_path
             for path in (folder.rglob("*") if folder.is_dir() else [folder])
             if "__pycache__" not in path.parts and (st := _stat(path)) is not None
@@ -348,6 +348,8 @@ class TaskPlan:
         if files == self._files and self.definitions:
             return
         self._files = files
+        # the documents too: a task edited since is marked against its new ones (review R23g S1)
+        self._documents.clear()
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names

@@ -431,30 +431,37 @@ print([d.id for d in step.run(iter(docs))])
     assert proc.returncode == 0 and proc.stdout.strip() == "['b']", proc.stderr
 
 
-def test_eval_marks_each_task(decontam, tmp_path, capsys):
-    """`gristmill eval` on a tiny exported model: the table, results.json and eval.parquet say
-    gm_cloze was decontaminated (with the documents removed), heldout_ppl not checked."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+def _run_with_an_export(dataset: Path, run: Path) -> None:
+    """A run directory of `dataset` holding only a random tiny model's export as step 5 (what eval scores)."""
+    import torch
+
     from training.checkpoint.hf_export import export_hf
     from training.config import TrainConfig
     from training.contract.config_loader import save_config
-    from training.contract.eval_table import read_results
     from training.contract.run_layout import export_dir
     from training.model import PRESETS, Transformer
 
-    _, out, tasks, _, _ = decontam
-    run = tmp_path / "run"
-    overrides = [f"data.dataset={out}", f"run.output_dir={run}", "data.val_fraction=0.1", "data.seq_len=256"]
     run.mkdir()
-    save_config(load_config(TrainConfig, None, overrides), run / "config.toml")
+    sets = [f"data.dataset={dataset}", f"run.output_dir={run}", "data.val_fraction=0.1", "data.seq_len=256"]
+    save_config(load_config(TrainConfig, None, sets), run / "config.toml")
     torch.manual_seed(0)
-    model = Transformer(
-        PRESETS["tiny"].replace(vocab_size=read_dataset_info(out)["vocab_size"], tie_embeddings=True)
-    )
+    vocab_size = read_dataset_info(dataset)["vocab_size"]
+    model = Transformer(PRESETS["tiny"].replace(vocab_size=vocab_size, tie_embeddings=True))
     with torch.no_grad():
         model.init_weights()
-    export_hf(model.state_dict(), model.cfg, out, export_dir(run, 5), meta={"step": 5})
+    export_hf(model.state_dict(), model.cfg, dataset, export_dir(run, 5), meta={"step": 5})
+
+
+def test_eval_marks_each_task(decontam, tmp_path, capsys):
+    """`gristmill eval` on a tiny exported model: the table, results.json and eval.parquet say
+    gm_cloze was decontaminated (with the documents removed), heldout_ppl not checked."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from training.contract.eval_table import read_results
+
+    _, out, tasks, _, _ = decontam
+    run = tmp_path / "run"
+    _run_with_an_export(out, run)
 
     args = ["--set", "docs=5", "bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
     assert main(["eval", str(run), "--tasks", "gm_cloze,heldout_ppl", *args]) == 0
@@ -522,6 +529,37 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     assert main(["eval", str(run), "--step", "5", "--tasks", "gm_cloze", *args]) == 0
     recorded = read_results(run)[5]["gristmill_tasks"]["gm_cloze"]["decontamination"]
     assert recorded["mark"] == "not checked" and recorded["datasets"][0]["status"] == "not checked"
+
+
+def test_a_task_edited_during_a_watch_is_marked_against_its_new_documents(decontam, tmp_path):
+    """Review R23g S1: the watch's one TaskPlan kept each task's documents sha256 from before an edit, so
+    a task rescored after its process_docs changed the documents was marked "decontaminated" against
+    the index's (other) documents, and recorded so under its new definition. Made again with it."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from training.contract.run_layout import eval_dir
+    from validation.eval import TaskPlan, evaluate_missing, load_eval_config
+
+    _, out, indexed, _, _ = decontam
+    tasks = tmp_path / "tasks"
+    shutil.copytree(indexed, tasks)
+    yaml_text = (tasks / "gm_cloze.yaml").read_text().replace(str(indexed), str(tasks))
+    (tasks / "gm_cloze.yaml").write_text(yaml_text + "process_docs: !function gm_utils.process_docs\n")
+    (tasks / "gm_utils.py").write_text("def process_docs(docs):\n    return docs\n")
+    run = tmp_path / "run"
+    _run_with_an_export(out, run)
+    sets = ["bootstrap_iters=0", "device=cpu", "limit=2", f'include_path=["{tasks}"]']
+    cfg = load_eval_config(None, sets, "gm_cloze")
+    plan = TaskPlan(run, cfg)  # the watch's one plan
+
+    def status() -> str:
+        results = json.loads((eval_dir(run, 5) / "results.json").read_text())
+        return results["gristmill_tasks"]["gm_cloze"]["decontamination"]["datasets"][0]["status"]
+
+    assert evaluate_missing(run, cfg, plan, show=False) == [5] and status() == "checked"
+    edited = "    return docs.map(lambda d: {**d, 'context': d['context'] + ' (edited)'})\n"
+    (tasks / "gm_utils.py").write_text("def process_docs(docs):\n" + edited)
+    assert evaluate_missing(run, cfg, plan, show=False) == [5] and status() == "other documents"
 
 
 def test_marks_for_versions_mixtures_and_groups():
