@@ -17,6 +17,7 @@ in the local cache.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import glob
 import hashlib
@@ -112,7 +113,7 @@ def task_members(task_manager: Any, name: str) -> list[str] | None:
     if kind == "TAG":
         return sorted(entry.tags)
     if kind == "GROUP":
-        return [t for t in _resolved_config(entry).get("task") or [] if isinstance(t, str)]
+        return _member_names(_resolved_config(entry))
     return None
 
 
@@ -124,11 +125,41 @@ def _definition(task_manager: Any, name: str, seen: set[str]) -> Any:
     kind = str(entry.kind).rsplit(".", 1)[-1]
     if kind == "TAG":
         return {"tag": name, "members": {m: _definition(task_manager, m, seen) for m in sorted(entry.tags)}}
-    cfg = _stable(_resolved_config(entry))
+    resolved = _resolved_config(entry)
+    cfg = _stable(resolved)
     if kind == "GROUP":
-        members = [t for t in cfg.get("task") or [] if isinstance(t, str)]
+        members = _member_names(cfg)
         return {"group": cfg, "members": {m: _definition(task_manager, m, seen) for m in members}}
+    if entry.yaml_path is not None and (_holds_function(resolved) or _names_function(Path(entry.yaml_path))):
+        # the Python files beside the YAML, whatever its functions' own files are: a decorator's, a
+        # partial's or a cache's wrapper lives elsewhere, and an edit there went unseen (review R23g S2)
+        folder = Path(entry.yaml_path).parent
+        cfg = {**cfg, "python_files": {p.name: file_sha256(p) for p in sorted(folder.glob("*.py"))}}
     return cfg
+
+
+def _member_names(cfg: dict[str, Any]) -> list[str]:
+    """The task names a group's `task` list names: a string, or a dict's `task` (a member with
+    overrides, `- task: x` with `num_fewshot: 0`, whose own definition is the member's: R23g M3)."""
+    names = [t.get("task") if isinstance(t, dict) else t for t in cfg.get("task") or []]
+    return [n for n in names if isinstance(n, str)]
+
+
+def _names_function(yaml_path: Path) -> bool:
+    """Whether a task's YAML names a `!function` (one whose module lm-eval could not import here is no
+    callable in the resolved config, and its edits counted as well)."""
+    try:
+        return "!function" in yaml_path.read_text(encoding="utf-8", errors="ignore")
+    except OSError:
+        return False
+
+
+def _holds_function(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_function(v) for v in value.values())
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_function(v) for v in value)
+    return callable(value)
 
 
 def _resolved_config(entry: Any) -> dict[str, Any]:
@@ -168,6 +199,8 @@ def _function(value: Callable[..., Any]) -> dict[str, str]:
     names a module of an include_path folder by its absolute path, another on every machine, checkout
     or mount of the same folder. A function without a file (a builtin) by its module's name."""
     target = getattr(value, "func", value)  # a functools.partial: the function it calls
+    with contextlib.suppress(ValueError):  # a decorator's (functools.wraps) or a cache's wrapper: its own
+        target = inspect.unwrap(target)
     name = getattr(target, "__qualname__", type(target).__qualname__)
     try:
         file = Path(inspect.getfile(target if hasattr(target, "__qualname__") else type(target)))

@@ -1364,6 +1364,34 @@ def test_a_task_s_definition_is_its_functions_whole_module_and_no_path(eval_run,
     assert results.read_text() == scored and line not in err, err  # the same task: done
 
 
+def test_a_task_s_definition_covers_its_folder_s_python_and_a_group_s_members_with_overrides(tmp_path):
+    """Review R23g S2, M3: a `!function` wrapped by a decorator of another file (functools.wraps) or by
+    functools.cache was digested by the wrapper's file (or by nothing), and a group naming a member
+    with overrides (`- task: own_mc` + `num_fewshot: 0`) by the overrides alone: an edit to the
+    function, or to the member task, kept the digest, so the steps stayed done. The Python files
+    beside the task's YAML and a member's own definition are in it."""
+    from lm_eval.tasks import TaskManager
+
+    from validation.eval_data import task_definition
+
+    tasks = _own_task(tmp_path / "tasks", extra="process_docs: !function own_utils.process_docs\n")
+    (tasks / "deco.py").write_text("import functools\n\ndef logged(f):\n    @functools.wraps(f)\n"
+                                   "    def run(*a):\n        return f(*a)\n    return run\n")  # fmt: skip
+    utils = tasks / "own_utils.py"
+    (tasks / "my_group.yaml").write_text("group: my_group\ntask:\n  - task: own_mc\n    num_fewshot: 0\n")
+
+    def digests() -> tuple[str, str]:
+        tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+        return task_definition(tm, "own_mc"), task_definition(tm, "my_group")
+
+    for wrapped in ("from deco import logged\n\n@logged\n", "import functools\n\n@functools.cache\n"):
+        utils.write_text(f"{wrapped}def process_docs(docs):\n    return docs\n")
+        before = digests()
+        utils.write_text(utils.read_text().replace("return docs", "return docs.select(range(4))"))
+        after = digests()
+        assert before[0] != after[0] and before[1] != after[1], wrapped  # the task, and its group
+
+
 def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
     built_dataset, eval_run, tmp_path
 ):
