@@ -486,7 +486,7 @@ def evaluate_lm(
                     if (own := plan.own_yamls(name)) is None or not _in_task_code(e):
                         raise
                     raise EvalError(own_task_failure(plan, name, own, e, log_file)) from e
-                failed[name] = task_failure(plan, name, e)
+                failed[name] = task_failure(plan, name, e) + _traceback_to(log_file, name, e)
                 continue
             if results is None:  # only on non-zero ranks of a distributed run
                 raise EvalError("lm-eval returned no results")
@@ -546,17 +546,28 @@ def own_task_failure(
     whose results lm-eval cannot read (loglikelihood's bare floats) raises there too, in the task's
     process_results (review R23d 4). So the line says where the traceback is, and that it is a bug to
     report if the task is right."""
-    files, where = ", ".join(map(str, own)), ""
-    if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
-            log.write(f"task {name} ({files}) failed:\n{''.join(traceback.format_exception(error))}")
-        where = f"; the full traceback is in {log_file}"
+    files = ", ".join(map(str, own))
+    where = _traceback_to(log_file, f"{name} ({files})", error)
     return (
         f"task {name} ({files}) failed in lm-eval's task code (building, rendering or scoring it): "
         f"{task_failure(plan, name, error)}{where}. Check the task's YAML and its functions; if they are "
         f"right, this is a bug: report it{' with that log' if where else ''}"
     )
+
+
+def _traceback_to(log_file: Path | None, task: str, error: BaseException) -> str:
+    """`error`'s traceback appended to the eval's log `log_file`, and "; the full traceback is in …"
+    for the line that names the failure ("" without a log): an in-training eval that dropped a task
+    kept no traceback anywhere, and a bug of the in-process model could not be found (review R23g M1)."""
+    if log_file is None:
+        return ""
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "a", encoding="utf-8", errors="backslashreplace") as log:
+            log.write(f"task {task} failed:\n{''.join(traceback.format_exception(error))}")
+    except OSError:
+        return ""
+    return f"; the full traceback is in {log_file}"
 
 
 def task_failure(plan: TaskPlan, name: str, error: BaseException) -> str:

@@ -218,8 +218,9 @@ class TrainingEval:
 
         # lm-eval reseeds python, numpy and torch: keep the training's random state as it was.
         saved = rng_state()
+        log_file = eval_dir(self.run_dir, step, merged) / EVAL_LOG
         try:  # lm-eval's bars and logs go to RUN/eval/step-N/eval.log, as with `gristmill eval`
-            with eval_output(eval_dir(self.run_dir, step, merged) / EVAL_LOG):
+            with eval_output(log_file):
                 lm = in_process_lm(
                     self.copy,
                     self.tokenizer,
@@ -227,7 +228,7 @@ class TrainingEval:
                     self.max_length,
                     separator_id=self.separator_id,
                 )
-                results = evaluate_lm(lm, self.plan, self.cfg, failed=failed)
+                results = evaluate_lm(lm, self.plan, self.cfg, failed=failed, log_file=log_file)
         finally:
             set_rng_state(saved)
         if failed and not set(self.plan.names) - set(failed):

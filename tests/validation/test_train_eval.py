@@ -180,6 +180,32 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
+def test_an_in_training_task_that_fails_in_lm_eval_keeps_its_traceback_in_the_eval_log(
+    built_dataset, tmp_path, capsys, monkeypatch
+):
+    """A task the in-training eval dropped (lm-eval raised on it) kept no traceback anywhere: a bug of
+    the in-process model could not be found (review R23g M1). The line names the step's eval.log,
+    which holds it. The bug is made here, in the model's loglikelihood (bare floats): the eval is real."""
+    from validation.eval_model import GristmillHFLM
+
+    real = GristmillHFLM.loglikelihood
+    monkeypatch.setattr(
+        GristmillHFLM, "loglikelihood", lambda self, requests, disable_tqdm=False: [
+            ll for ll, _ in real(self, requests, disable_tqdm)
+        ]
+    )  # fmt: skip
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=TrainingEval(cfg))
+    out = capsys.readouterr()
+    log = eval_dir(run, 2) / "eval.log"
+    (line,) = [
+        x for x in (out.out + out.err).splitlines() if x.startswith("[eval] step 2: task heldout_cloze")
+    ]
+    assert f"the full traceback is in {log}" in line, line
+    assert "task heldout_cloze failed:\nTraceback" in log.read_text()
+
+
 class _DamagesResultsAtStep4(TrainingEval):
     """The real evaluator; at step 4, the last, first damages step 2's results.json (which every eval
     checks before it scores): the whole eval fails."""
