@@ -479,9 +479,10 @@ def evaluate_lm(
                     # as it is: read as the task's, it lost its traceback and blamed the data file (R21e 1)
                     if isinstance(e, GristmillError):
                         raise
-                    if _reading_failed(e):
+                    if _reading_failed(e):  # most likely its data; the traceback kept, for when not (R23g M2)
+                        where = _traceback_to(log_file, name, e)
                         raise EvalError(
-                            f"task {name} could not be scored: {task_failure(plan, name, e)}"
+                            f"task {name} could not be scored: {task_failure(plan, name, e)}{where}"
                         ) from e
                     if (own := plan.own_yamls(name)) is None or not _in_task_code(e):
                         raise

@@ -512,6 +512,9 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1 and err[0].startswith("error: task gm_gone could not be scored: "), err
     assert "gm_gone.jsonl" in err[0], err
+    # most likely its data, but an OSError of the model's code reads alike: its traceback is kept (R23g M2)
+    log = run / "eval" / "step-000005" / "eval.log"
+    assert err[0].endswith(f"; the full traceback is in {log}") and "Traceback" in log.read_text(), err
     # one that does not parse: one line too (pyarrow's ArrowInvalid in datasets' error: review R21f 2a)
     (gone / "gm_gone.jsonl").write_text('{"context": "cut mid-')
     capsys.readouterr()
