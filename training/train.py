@@ -248,16 +248,16 @@ def _skipped_save(run: Run) -> str | None:
     step or a rewind) leaves, or None when it was not: the newest complete checkpoint, or none."""
     if run.checkpointer.low_disk is None:
         return None
-    steps, resumed = complete_steps(run.run_dir), run.checkpointer.resumed_from
+    steps = complete_steps(run.run_dir)
     if steps:
         return (
             f"the last complete checkpoint is {checkpoint_dir(run.run_dir, steps[-1])}: --resume auto goes "
             "on from it, training the steps after it again"
         )
-    if resumed is not None and not run.checkpointer.resumed_here:  # another run directory's (R23f 1)
+    if (other := run.checkpointer.resumed_elsewhere()) is not None:  # auto does not look there (R23f 1)
         return (
-            f"the last complete checkpoint is the one this run resumed from, {resumed[0]}: --resume "
-            f"{resumed[0]} goes on from it (--resume auto would start over from step 0)"
+            f"the last complete checkpoint is the one this run resumed from, {other}: --resume {other} goes "
+            "on from it (--resume auto would start over from step 0)"
         )
     return "no checkpoint is complete: --resume auto starts over from step 0"
 

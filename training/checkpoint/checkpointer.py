@@ -440,12 +440,21 @@ class Checkpointer:
         steps = complete_steps(self.run_dir)
         if steps:
             return str(checkpoint_dir(self.run_dir, steps[-1]))
-        if self.resumed_from is not None and not self.resumed_here:
-            return (
-                f"{self.resumed_from[0]} (the checkpoint this run resumed from, in another run directory: "
-                "--resume auto does not look there, give it to --resume)"
-            )
+        if (other := self.resumed_elsewhere()) is not None:
+            return f"{other} (the checkpoint this run resumed from, in another run directory)"
         return "none"
+
+    def resumed_elsewhere(self) -> Path | None:
+        """The other run directory's checkpoint this run resumed from (rank 0), when its own holds none."""
+        if self.resumed_from is None or self.resumed_here or complete_steps(self.run_dir):
+            return None
+        return self.resumed_from[0]
+
+    def resume_option(self) -> str:
+        """How to go on from the newest complete checkpoint: `--resume auto`, or `--resume PATH` for the
+        other run directory's this run resumed from (auto would start over from step 0: R23h M3)."""
+        other = self.resumed_elsewhere()
+        return "--resume auto" if other is None else f"--resume {other}"
 
     # -- resume --
     def resume(self, spec: str) -> int | None:
@@ -872,7 +881,7 @@ class Checkpointer:
                 f"{fmt_bytes(self.estimate_bytes)} ({self.estimate_basis}) × checkpoint.min_free_factor "
                 f"{self.cfg.min_free_factor:g} = {fmt_bytes(need)}. Last complete checkpoint: "
                 f"{self.newest_complete()}. Free space on it ({_RETENTION_FREES_NOTHING}), then resume "
-                "with --resume auto"
+                f"with {self.resume_option()}"
             )
         path = checkpoint_dir(self.run_dir, step)
         if path.is_dir():  # left by a killed run that got this far before: never half-overwrite
@@ -896,7 +905,7 @@ class Checkpointer:
         cause = _no_space(exc, self.root) or checkpoint_error_cause(exc)
         raise CheckpointError(
             f"checkpoint of step {step} could not be written to {path}: {cause}. Last complete "
-            f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with --resume auto"
+            f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with {self.resume_option()}"
         ) from None
 
     def _complete(self, step: int, tokens: int, t0: float, merged: bool, resume_only: bool) -> None:
