@@ -348,21 +348,28 @@ class TaskPlan:
         if files == self._files and self.definitions:
             return
         self._files = files
-        # the documents too: a task edited since is marked against its new ones (review R23g S1)
-        self._documents.clear()
+        self.forget_documents()  # a task edited since is marked against its new ones (review R23g S1)
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
 
+    def forget_documents(self) -> None:
+        """Read the tasks' documents again at the next documents_sha256 (each evaluated step)."""
+        self._documents.clear()
+
     def documents_sha256(self, task: str) -> str | None:
         """The sha256 of lm-eval task `task`'s evaluation documents (eval_data.task_documents_sha256),
-        read once per plan: the decontamination marks compare it with the index's record of them
-        (asked only for a task an index records it for). None for a task lm-eval cannot load here
-        (its scoring says why)."""
+        read once per evaluated step (evaluate_lm forgets them: a data file replaced during a watch or a
+        training run, outside include_path, was marked against the old ones: review R23h S3): the
+        decontamination marks compare it with the index's record of them (asked only for a task an
+        index records it for). A group's inline member (`group::task`, in no index of its own) is read
+        through its group (R23h S1). None for a task lm-eval cannot load here (its scoring says why)."""
         if task not in self._documents:
+            index = self.task_manager.task_index
+            load = task.split("::")[0] if task not in index and "::" in task else task
             try:
-                loaded = self.task_manager.load([task])["tasks"]
+                loaded = self.task_manager.load([load])["tasks"]
                 self._documents[task] = task_documents_sha256(loaded[task]) if task in loaded else None
             except Exception:  # the task's own eval reports its failure
                 self._documents[task] = None
@@ -412,6 +419,8 @@ class TaskPlan:
         if not members and not files:
             return None
         for member in members:
+            if member not in self.task_manager.task_index:  # defined inline, in the group's own file
+                continue
             if (own := self.own_yamls(member, seen | {name})) is None:
                 return None
             files.extend(f for f in own if f not in files)
@@ -449,6 +458,7 @@ def evaluate_lm(
     from lm_eval import simple_evaluate
 
     merged: dict[str, Any] = {}
+    plan.forget_documents()  # read again for this step's marks
     seen = getattr(lm, "requests_seen", None)  # GristmillHFLM's record of the requests it scored
     with _env_info_once():
         for spec in plan.specs:

@@ -134,15 +134,34 @@ def _definition(task_manager: Any, name: str, seen: set[str]) -> Any:
         # the Python files beside the YAML, whatever its functions' own files are: a decorator's, a
         # partial's or a cache's wrapper lives elsewhere, and an edit there went unseen (review R23g S2)
         folder = Path(entry.yaml_path).parent
-        cfg = {**cfg, "python_files": {p.name: file_sha256(p) for p in sorted(folder.glob("*.py"))}}
+        cfg = {**cfg, "python_files": _python_files(folder)}
     return cfg
 
 
+def _python_files(folder: Path) -> dict[str, str]:
+    """{name: sha256} of the Python files in `folder`: regular files, not hidden ones (an editor's lock
+    `.#utils.py`, a dangling link, made the eval a traceback; a copy's `._utils.py` another digest:
+    review R23h M1, N1)."""
+    return {
+        p.name: file_sha256(p)
+        for p in sorted(folder.glob("*.py"))
+        if not p.name.startswith(".") and p.is_file()  # is_file: a dangling link is none
+    }
+
+
 def _member_names(cfg: dict[str, Any]) -> list[str]:
-    """The task names a group's `task` list names: a string, or a dict's `task` (a member with
-    overrides, `- task: x` with `num_fewshot: 0`, whose own definition is the member's: R23g M3)."""
-    names = [t.get("task") if isinstance(t, dict) else t for t in cfg.get("task") or []]
-    return [n for n in names if isinstance(n, str)]
+    """The task names a group's `task` list names: a string, a dict's `task` (a member with overrides,
+    `- task: x` with `num_fewshot: 0`, whose own definition is the member's: R23g M3), and those of a
+    group defined inline (`- group: inner` with its own `task` list: R23h S2)."""
+    names: list[str] = []
+    for t in cfg.get("task") or []:
+        if isinstance(t, str):
+            names.append(t)
+        elif isinstance(t, dict) and isinstance(t.get("task"), str):
+            names.append(t["task"])
+        elif isinstance(t, dict) and isinstance(t.get("task"), list):
+            names.extend(_member_names(t))
+    return names
 
 
 def _names_function(yaml_path: Path) -> bool:

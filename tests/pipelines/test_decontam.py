@@ -431,8 +431,9 @@ print([d.id for d in step.run(iter(docs))])
     assert proc.returncode == 0 and proc.stdout.strip() == "['b']", proc.stderr
 
 
-def _run_with_an_export(dataset: Path, run: Path) -> None:
-    """A run directory of `dataset` holding only a random tiny model's export as step 5 (what eval scores)."""
+def _run_with_an_export(dataset: Path, run: Path, step: int = 5) -> None:
+    """A run directory of `dataset` holding a random tiny model's export as step `step` (what eval
+    scores), made if it is not there yet."""
     import torch
 
     from training.checkpoint.hf_export import export_hf
@@ -441,15 +442,21 @@ def _run_with_an_export(dataset: Path, run: Path) -> None:
     from training.contract.run_layout import export_dir
     from training.model import PRESETS, Transformer
 
-    run.mkdir()
-    sets = [f"data.dataset={dataset}", f"run.output_dir={run}", "data.val_fraction=0.1", "data.seq_len=256"]
-    save_config(load_config(TrainConfig, None, sets), run / "config.toml")
+    if not run.exists():
+        run.mkdir()
+        sets = [
+            f"data.dataset={dataset}",
+            f"run.output_dir={run}",
+            "data.val_fraction=0.1",
+            "data.seq_len=256",
+        ]
+        save_config(load_config(TrainConfig, None, sets), run / "config.toml")
     torch.manual_seed(0)
     vocab_size = read_dataset_info(dataset)["vocab_size"]
     model = Transformer(PRESETS["tiny"].replace(vocab_size=vocab_size, tie_embeddings=True))
     with torch.no_grad():
         model.init_weights()
-    export_hf(model.state_dict(), model.cfg, dataset, export_dir(run, 5), meta={"step": 5})
+    export_hf(model.state_dict(), model.cfg, dataset, export_dir(run, step), meta={"step": step})
 
 
 def test_eval_marks_each_task(decontam, tmp_path, capsys):
@@ -563,6 +570,28 @@ def test_a_task_edited_during_a_watch_is_marked_against_its_new_documents(decont
     edited = "    return docs.map(lambda d: {**d, 'context': d['context'] + ' (edited)'})\n"
     (tasks / "gm_utils.py").write_text("def process_docs(docs):\n" + edited)
     assert evaluate_missing(run, cfg, plan, show=False) == [5] and status() == "other documents"
+    # the data file replaced where no include_path looks (here: its folder moved out of it), and a new
+    # step scored by the same plan: marked against the documents as they are (review R23h S3)
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.move(tasks / "gm_cloze.jsonl", data / "gm_cloze.jsonl")
+    (tasks / "gm_cloze.yaml").write_text(
+        (tasks / "gm_cloze.yaml")
+        .read_text()
+        .replace(str(tasks / "gm_cloze.jsonl"), str(data / "gm_cloze.jsonl"))
+    )
+    (tasks / "gm_utils.py").write_text("def process_docs(docs):\n    return docs\n")  # as indexed again
+    assert evaluate_missing(run, cfg, plan, show=False) == [5] and status() == "checked"
+    rows = [json.loads(line) for line in (data / "gm_cloze.jsonl").read_text().splitlines()]
+    rows[0]["context"] += " (a new release)"
+    (data / "gm_cloze.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _run_with_an_export(out, run, 6)
+    assert evaluate_missing(run, cfg, plan, show=False) == [6]
+    results = json.loads((eval_dir(run, 6) / "results.json").read_text())
+    assert (
+        results["gristmill_tasks"]["gm_cloze"]["decontamination"]["datasets"][0]["status"]
+        == "other documents"
+    )
 
 
 def test_marks_for_versions_mixtures_and_groups():

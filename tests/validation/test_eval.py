@@ -1390,6 +1390,18 @@ def test_a_task_s_definition_covers_its_folder_s_python_and_a_group_s_members_wi
         utils.write_text(utils.read_text().replace("return docs", "return docs.select(range(4))"))
         after = digests()
         assert before[0] != after[0] and before[1] != after[1], wrapped  # the task, and its group
+    # an editor's lock (a dangling link) and a copy's AppleDouble file beside it: no traceback, the same
+    # digest (review R23h M1, N1); a group defined inline in another's list (R23h S2)
+    before = digests()
+    (tasks / ".#own_utils.py").symlink_to(tmp_path / "gone")
+    (tasks / "._own_utils.py").write_bytes(b"\0\5\x16\7")
+    assert digests() == before
+    (tasks / "outer.yaml").write_text("group: outer\ntask:\n  - group: inner\n    task:\n      - own_mc\n")
+    tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+    nested = task_definition(tm, "outer")
+    utils.write_text(utils.read_text().replace("range(4)", "range(3)"))
+    tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+    assert task_definition(tm, "outer") != nested
 
 
 def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
@@ -1511,13 +1523,34 @@ def test_a_tag_or_group_of_one_s_own_tasks_that_fails_in_lm_eval_s_task_code_is_
     bad = 'doc_to_target: "{{ context.nosuchattr.upper() }}"'
     yaml.write_text(yaml.read_text().replace('doc_to_target: "{{label}}"', bad))
     group = tasks / "my_group.yaml"
-    group.write_text("group: my_group\ntask:\n  - own_mc\n")
+    # with a member defined inline, in no index of its own: still the user's group (review R23h M2)
+    lines = [x for x in yaml.read_text().splitlines() if x not in ("tag: my_suite", "task: own_mc")]
+    inline = "  - task: own_inline\n" + "".join(f"    {line}\n" for line in lines)
+    group.write_text("group: my_group\ntask:\n  - own_mc\n" + inline)
     for name, files in (("my_suite", f"{yaml}"), ("my_group", f"{group}, {yaml}")):
         line, err = _failed_in_one_line(run, _own_args(tasks, name), capfd)
         assert line.startswith(
             f"error: task {name} ({files}) failed in lm-eval's task code (building, rendering or scoring "
             "it): UndefinedError: 'str object' has no attribute 'nosuchattr'; the full traceback is in "
         ), err
+
+
+def test_a_group_s_inline_member_s_documents_are_read_through_its_group(eval_run, tmp_path):
+    """A group's member defined inline (`- task: x` with its config) is in no index of its own: its
+    documents' sha256 was asked of it by its result's name (`my_group::x`), none came, and the
+    decontamination mark took it at its version's word, unchecked (review R23h S1)."""
+    from validation.eval import TaskPlan, load_eval_config
+    from validation.eval_data import task_documents_sha256
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    own = [x for x in (tasks / "own_mc.yaml").read_text().splitlines() if x != "task: own_mc"]
+    inline = "  - task: own_inline\n" + "".join(f"    {line}\n" for line in own)
+    (tasks / "my_group.yaml").write_text("group: my_group\ntask:\n" + inline)
+    cfg = load_eval_config(None, ["device=cpu", f'include_path=["{tasks}"]'], "my_group")
+    plan = TaskPlan(run, cfg)
+    member = plan.task_manager.load(["my_group"])["tasks"]["my_group::own_inline"]
+    assert plan.documents_sha256("my_group::own_inline") == task_documents_sha256(member)
 
 
 def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(
