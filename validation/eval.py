@@ -28,6 +28,7 @@ and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -90,6 +91,7 @@ from validation.eval_data import (
     check_include_path,
     check_no_local_names,
     checked_task_manager,
+    inline_members,
     local_task_config,
     local_task_definition,
     local_task_names,
@@ -327,7 +329,7 @@ class TaskPlan:
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
-        self._documents: dict[str, str | None] = {}  # documents_sha256, by task
+        self._documents: dict[str, dict[str, str]] = {}  # documents_sha256, by planned name and leaf
         # what each task is, recorded with its scores: a task edited since it was scored is not done
         self.definitions: dict[str, str] = {}
         self._files: list[tuple[str, int, int, int, int]] | None = None  # include_path's files, when made
@@ -358,22 +360,21 @@ class TaskPlan:
         """Read the tasks' documents again at the next documents_sha256 (each evaluated step)."""
         self._documents.clear()
 
-    def documents_sha256(self, task: str) -> str | None:
-        """The sha256 of lm-eval task `task`'s evaluation documents (eval_data.task_documents_sha256),
-        read once per evaluated step (evaluate_lm forgets them: a data file replaced during a watch or a
-        training run, outside include_path, was marked against the old ones: review R23h S3): the
-        decontamination marks compare it with the index's record of them (asked only for a task an
-        index records it for). A group's inline member (`group::task`, in no index of its own) is read
-        through its group (R23h S1). None for a task lm-eval cannot load here (its scoring says why)."""
-        if task not in self._documents:
-            index = self.task_manager.task_index
-            load = task.split("::")[0] if task not in index and "::" in task else task
+    def documents_sha256(self, planned: str, leaf: str) -> str | None:
+        """The sha256 of the evaluation documents (eval_data.task_documents_sha256) of leaf task `leaf` as
+        the planned name `planned` builds it (a group's member with its overrides applied, an inline
+        member: review R23i 1, 2), every leaf from one load of `planned` (R23i 4), read once per evaluated
+        step (evaluate_lm forgets them: a data file replaced during a watch or a training run, outside
+        include_path, was marked against the old ones: R23h S3). The decontamination marks compare it
+        with the index's record (asked only for a leaf an index records it for). None for a local task
+        or one lm-eval cannot load here (its scoring says why)."""
+        if planned not in self._documents:
             try:
-                loaded = self.task_manager.load([load])["tasks"]
-                self._documents[task] = task_documents_sha256(loaded[task]) if task in loaded else None
+                loaded = self.task_manager.load([planned])["tasks"] if planned not in self.local else {}
+                self._documents[planned] = {name: task_documents_sha256(t) for name, t in loaded.items()}
             except Exception:  # the task's own eval reports its failure
-                self._documents[task] = None
-        return self._documents[task]
+                self._documents[planned] = {}
+        return self._documents[planned].get(leaf)
 
     def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never
@@ -418,8 +419,9 @@ class TaskPlan:
             return files or None
         if not members and not files:
             return None
+        inline = inline_members(self.task_manager, name)
         for member in members:
-            if member not in self.task_manager.task_index:  # defined inline, in the group's own file
+            if member not in self.task_manager.task_index and member in inline:  # in the group's own file
                 continue
             if (own := self.own_yamls(member, seen | {name})) is None:
                 return None
@@ -510,9 +512,8 @@ def evaluate_lm(
                 ),
                 n_shot=results.get("n-shot", {}),  # what each (sub)task was scored with
             )
-            for task, mark in decontamination_marks(
-                results, plan.training_data, plan.documents_sha256
-            ).items():
+            documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
+            for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
             results[GRISTMILL_TASKS] = tasks
             if on_task is not None:

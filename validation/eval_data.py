@@ -161,7 +161,22 @@ def _member_names(cfg: dict[str, Any]) -> list[str]:
             names.append(t["task"])
         elif isinstance(t, dict) and isinstance(t.get("task"), list):
             names.extend(_member_names(t))
+        elif isinstance(t, dict) and isinstance(t.get("group"), str):  # `- group: g` with overrides (R23i 3)
+            names.append(t["group"])
     return names
+
+
+def inline_members(task_manager: Any, name: str) -> set[str]:
+    """The members group `name` defines in its own YAML (a `- task: x` entry with a config of its own,
+    in no index of its own), as against a member it only names (a misspelt one is no inline task)."""
+    entry = task_manager.task_index.get(name)
+    if str(getattr(entry, "kind", "")).rsplit(".", 1)[-1] != "GROUP":
+        return set()
+    return {
+        t["task"]
+        for t in _resolved_config(entry).get("task") or []
+        if isinstance(t, dict) and isinstance(t.get("task"), str) and len(t) > 1
+    }
 
 
 def _names_function(yaml_path: Path) -> bool:

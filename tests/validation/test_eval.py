@@ -1402,6 +1402,13 @@ def test_a_task_s_definition_covers_its_folder_s_python_and_a_group_s_members_wi
     utils.write_text(utils.read_text().replace("range(4)", "range(3)"))
     tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
     assert task_definition(tm, "outer") != nested
+    # a registered group named with overrides (`- group: my_group`) is in the outer's digest (R23i 3)
+    (tasks / "outer2.yaml").write_text("group: outer2\ntask:\n  - group: my_group\n    num_fewshot: 0\n")
+    tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+    named = task_definition(tm, "outer2")
+    utils.write_text(utils.read_text().replace("range(3)", "range(2)"))
+    tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+    assert task_definition(tm, "outer2") != named
 
 
 def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
@@ -1547,10 +1554,23 @@ def test_a_group_s_inline_member_s_documents_are_read_through_its_group(eval_run
     own = [x for x in (tasks / "own_mc.yaml").read_text().splitlines() if x != "task: own_mc"]
     inline = "  - task: own_inline\n" + "".join(f"    {line}\n" for line in own)
     (tasks / "my_group.yaml").write_text("group: my_group\ntask:\n" + inline)
-    cfg = load_eval_config(None, ["device=cpu", f'include_path=["{tasks}"]'], "my_group")
+    # and a member with overrides (another split) is read as the group builds it, not alone (R23i 1)
+    (tasks / "ovr.yaml").write_text("group: ovr\ntask:\n  - task: own_mc\n    test_split: train\n")
+    train = tasks / "own_mc-train.jsonl"
+    train.write_text("".join(train.read_text().splitlines(keepends=True)[:3]))  # other documents
+    cfg = load_eval_config(None, ["device=cpu", f'include_path=["{tasks}"]'], "my_group,ovr")
     plan = TaskPlan(run, cfg)
     member = plan.task_manager.load(["my_group"])["tasks"]["my_group::own_inline"]
-    assert plan.documents_sha256("my_group::own_inline") == task_documents_sha256(member)
+    assert plan.documents_sha256("my_group", "my_group::own_inline") == task_documents_sha256(member)
+    as_scored = task_documents_sha256(plan.task_manager.load(["ovr"])["tasks"]["own_mc"])
+    alone = task_documents_sha256(plan.task_manager.load(["own_mc"])["tasks"]["own_mc"])
+    assert plan.documents_sha256("ovr", "own_mc") == as_scored != alone
+    # a member only named, misspelt, is no inline task: such a group is not the user's own (R23i 5)
+    (tasks / "typo.yaml").write_text("group: typo\ntask:\n  - own_mcc\n")
+    plan = TaskPlan(run, load_eval_config(None, ["device=cpu", f'include_path=["{tasks}"]'], "my_group"))
+    assert plan.own_yamls("typo") is None and plan.own_yamls("my_group") == [
+        (tasks / "my_group.yaml").resolve()
+    ]
 
 
 def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(

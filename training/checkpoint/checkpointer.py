@@ -379,6 +379,7 @@ class Checkpointer:
         self.rewind_keep = rewind_keep
         self.merged_export = merged_export
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
+        self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
         # (the run's resume note compares configs: training/run/setup.py)
         self.resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None = None
@@ -445,10 +446,11 @@ class Checkpointer:
         return "none"
 
     def resumed_elsewhere(self) -> Path | None:
-        """The other run directory's checkpoint this run resumed from (rank 0), when its own holds none."""
-        if self.resumed_from is None or self.resumed_here or complete_steps(self.run_dir):
+        """The other run directory's checkpoint this run resumed from (every rank: one that alone met a
+        failed save says it: review R23i 6), when its own holds none."""
+        if self.resumed_path is None or self.resumed_here or complete_steps(self.run_dir):
             return None
-        return self.resumed_from[0]
+        return self.resumed_path
 
     def resume_option(self) -> str:
         """How to go on from the newest complete checkpoint: `--resume auto`, or `--resume PATH` for the
@@ -488,7 +490,7 @@ class Checkpointer:
         # resolved whole, as find_resume takes it: a link to this run's checkpoint is this run's
         # (its parent taken first, it read as another run's: exports set aside, metrics started
         # over, RUN/base/ dropped: review R15f F1)
-        self.resumed_here = self._own(path)
+        self.resumed_here, self.resumed_path = self._own(path), path
         if self.rank == 0:
             config = record.get(CONFIG_RECORD)
             self.resumed_from = (
