@@ -329,7 +329,8 @@ class TaskPlan:
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
-        self._documents: dict[str, dict[str, str]] = {}  # documents_sha256, by planned name and leaf
+        # documents_sha256: by planned name, its loaded leaf tasks and the digests asked of them
+        self._documents: dict[str, tuple[dict[str, Any], dict[str, str | None]]] = {}
         # what each task is, recorded with its scores: a task edited since it was scored is not done
         self.definitions: dict[str, str] = {}
         self._files: list[tuple[str, int, int, int, int]] | None = None  # include_path's files, when made
@@ -371,10 +372,16 @@ class TaskPlan:
         if planned not in self._documents:
             try:
                 loaded = self.task_manager.load([planned])["tasks"] if planned not in self.local else {}
-                self._documents[planned] = {name: task_documents_sha256(t) for name, t in loaded.items()}
             except Exception:  # the task's own eval reports its failure
-                self._documents[planned] = {}
-        return self._documents[planned].get(leaf)
+                loaded = {}
+            self._documents[planned] = (loaded, {})
+        tasks, hashed = self._documents[planned]
+        if leaf not in hashed:  # only the leaves asked (an index records few of a tag's: review R23j)
+            try:
+                hashed[leaf] = task_documents_sha256(tasks[leaf]) if leaf in tasks else None
+            except Exception:  # this leaf's documents alone
+                hashed[leaf] = None
+        return hashed[leaf]
 
     def length_note(self, max_length: int, step: int, key: str = "max_length") -> str | None:
         """A note when windows of `max_length` tokens score positions the weights of step `step` never

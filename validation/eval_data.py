@@ -172,11 +172,17 @@ def inline_members(task_manager: Any, name: str) -> set[str]:
     entry = task_manager.task_index.get(name)
     if str(getattr(entry, "kind", "")).rsplit(".", 1)[-1] != "GROUP":
         return set()
-    return {
-        t["task"]
-        for t in _resolved_config(entry).get("task") or []
-        if isinstance(t, dict) and isinstance(t.get("task"), str) and len(t) > 1
-    }
+
+    def defined(entries: Any) -> set[str]:  # at every depth of groups defined inline (review R23j)
+        found: set[str] = set()
+        for t in entries or []:
+            if isinstance(t, dict) and isinstance(t.get("task"), str) and len(t) > 1:
+                found.add(t["task"])
+            elif isinstance(t, dict) and isinstance(t.get("task"), list):
+                found |= defined(t["task"])
+        return found
+
+    return defined(_resolved_config(entry).get("task"))
 
 
 def _names_function(yaml_path: Path) -> bool:

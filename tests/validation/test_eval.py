@@ -1570,6 +1570,11 @@ def test_a_group_s_inline_member_s_documents_are_read_through_its_group(eval_run
     assert plan.own_yamls("typo") is None and plan.own_yamls("my_group") == [
         (tasks / "my_group.yaml").resolve()
     ]
+    # an inline member of a group defined inline in the list: the user's own too (review R23j)
+    nested = "  - group: sub\n    task:\n" + "".join(f"  {line}\n" for line in inline.splitlines())
+    (tasks / "gig.yaml").write_text("group: gig\ntask:\n" + nested)
+    plan = TaskPlan(run, load_eval_config(None, ["device=cpu", f'include_path=["{tasks}"]'], "gig"))
+    assert plan.own_yamls("gig") == [(tasks / "gig.yaml").resolve()]
 
 
 def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(
