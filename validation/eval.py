@@ -510,10 +510,21 @@ def evaluate_lm(
                 continue
             if results is None:  # only on non-zero ranks of a distributed run
                 raise EvalError("lm-eval returned no results")
+            docs = sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values())
+            if docs == 0:  # a group lm-eval built with no member (`task: own_mc`, one string): 0 docs,
+                # "(no rows)", exit 0 (review R23k 1)
+                why = (
+                    f"task {name} scored no document: lm-eval built it with none (a group's `task:` must be "
+                    "a list of its members; a member's data may be empty)"
+                )
+                if failed is None:
+                    raise EvalError(why)
+                failed[name] = why
+                continue
             tasks = requests_summary(seen or {}, results, getattr(lm, "max_length", 0))
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
-                docs=sum(int(n.get("effective", 0)) for n in results.get("n-samples", {}).values()),
+                docs=docs,
                 settings=score_settings(
                     cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
                 ),
@@ -522,6 +533,7 @@ def evaluate_lm(
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
+            plan.forget_documents()  # its loaded tasks (their data) are not kept past its marks (R23k 2)
             results[GRISTMILL_TASKS] = tasks
             if on_task is not None:
                 on_task(results)

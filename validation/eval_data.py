@@ -154,7 +154,8 @@ def _member_names(cfg: dict[str, Any]) -> list[str]:
     `- task: x` with `num_fewshot: 0`, whose own definition is the member's: R23g M3), and those of a
     group defined inline (`- group: inner` with its own `task` list: R23h S2)."""
     names: list[str] = []
-    for t in cfg.get("task") or []:
+    entries = cfg.get("task") or []
+    for t in [entries] if isinstance(entries, str) else entries:  # one string is one name, not letters
         if isinstance(t, str):
             names.append(t)
         elif isinstance(t, dict) and isinstance(t.get("task"), str):
@@ -175,7 +176,7 @@ def inline_members(task_manager: Any, name: str) -> set[str]:
 
     def defined(entries: Any) -> set[str]:  # at every depth of groups defined inline (review R23j)
         found: set[str] = set()
-        for t in entries or []:
+        for t in [entries] if isinstance(entries, str) else entries or []:
             if isinstance(t, dict) and isinstance(t.get("task"), str) and len(t) > 1:
                 found.add(t["task"])
             elif isinstance(t, dict) and isinstance(t.get("task"), list):

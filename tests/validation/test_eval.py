@@ -1577,6 +1577,26 @@ def test_a_group_s_inline_member_s_documents_are_read_through_its_group(eval_run
     assert plan.own_yamls("gig") == [(tasks / "gig.yaml").resolve()]
 
 
+def test_a_task_that_scores_no_document_is_one_line_not_an_empty_table(eval_run, tmp_path, capfd):
+    """A group whose `task:` is one string (`task: own_mc`, not a list) is built by lm-eval with no
+    member: it printed "0 docs", an empty table and exit 0, and its digest took the string's letters
+    for members (review R23k 1). One line now, exit 2; the string is one member's name."""
+    from lm_eval.tasks import TaskManager
+
+    from validation.eval_data import task_members
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    (tasks / "gone_group.yaml").write_text("group: gone_group\ntask: own_mc\n")
+    tm = TaskManager(include_defaults=False, include_path=[str(tasks)])
+    assert task_members(tm, "gone_group") == ["own_mc"]
+    line, err = _failed_in_one_line(run, _own_args(tasks, "gone_group"), capfd)
+    assert line == (
+        "error: task gone_group scored no document: lm-eval built it with none (a group's `task:` must be a "
+        "list of its members; a member's data may be empty)"
+    ), err
+
+
 def test_a_model_s_results_lm_eval_cannot_read_on_one_s_own_task_is_not_blamed_on_the_yaml(
     eval_run, tmp_path, capfd, monkeypatch
 ):
