@@ -351,22 +351,21 @@ class TaskPlan:
         if files == self._files and self.definitions:
             return
         self._files = files
-        self.forget_documents()  # a task edited since is marked against its new ones (review R23g S1)
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
 
     def forget_documents(self) -> None:
-        """Read the tasks' documents again at the next documents_sha256 (each evaluated step)."""
+        """Read the tasks' documents again at the next documents_sha256 (after each planned name's marks)."""
         self._documents.clear()
 
     def documents_sha256(self, planned: str, leaf: str) -> str | None:
         """The sha256 of the evaluation documents (eval_data.task_documents_sha256) of leaf task `leaf` as
         the planned name `planned` builds it (a group's member with its overrides applied, an inline
-        member: review R23i 1, 2), every leaf from one load of `planned` (R23i 4), read once per evaluated
-        step (evaluate_lm forgets them: a data file replaced during a watch or a training run, outside
-        include_path, was marked against the old ones: R23h S3). The decontamination marks compare it
+        member: review R23i 1, 2), every leaf from one load of `planned` (R23i 4), kept for its marks
+        alone (evaluate_lm forgets them after: a data file replaced during a watch or a training run,
+        outside include_path, was marked against the old ones: R23h S3). The decontamination marks compare it
         with the index's record (asked only for a leaf an index records it for). None for a local task
         or one lm-eval cannot load here (its scoring says why)."""
         if planned not in self._documents:
@@ -467,12 +466,11 @@ def evaluate_lm(
     from lm_eval import simple_evaluate
 
     merged: dict[str, Any] = {}
-    plan.forget_documents()  # read again for this step's marks
+    plan.refresh_definitions()  # as lm-eval reads the tasks now (their documents: at each one's marks)
     seen = getattr(lm, "requests_seen", None)  # GristmillHFLM's record of the requests it scored
     with _env_info_once():
         for spec in plan.specs:
             name = spec["task"] if isinstance(spec, dict) else spec
-            plan.refresh_definitions()  # as lm-eval reads the task now
             if seen is not None:
                 seen.clear()
             t0 = time.perf_counter()
@@ -533,7 +531,9 @@ def evaluate_lm(
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
-            plan.forget_documents()  # its loaded tasks (their data) are not kept past its marks (R23k 2)
+            # read for its marks alone: its data not kept past them (R23k 2), read again at the next step's
+            # (a data file replaced during a watch or a training run: R23g S1, R23h S3)
+            plan.forget_documents()
             results[GRISTMILL_TASKS] = tasks
             if on_task is not None:
                 on_task(results)
