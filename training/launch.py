@@ -231,8 +231,8 @@ AGENT_COMMAND = "torchrun"
 def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, list[str]]:
     """The exit status of a torchrun job whose workers `failures` ({global rank: ProcessFailure}) did
     not all exit 0, and the lines to print. The first failure decides (torchrun lists them in the
-    order it saw them, to the second; of equal times, min() keeps the first that is not torchrun's
-    SIGTERM). A worker that exited by itself with a status > 0 has said why (train.py prints a
+    order it saw them, to the second; of equal times, a signal's death first and torchrun's SIGTERM
+    last). A worker that exited by itself with a status > 0 has said why (train.py prints a
     GristmillError once, on rank 0; an
     uncaught exception prints its traceback): that status is the job's, rank 0's if it has one since
     its message is the one on screen, and nothing is added. The others then died of the SIGTERM
@@ -240,11 +240,10 @@ def exit_status(failures: dict[int, Any], name: str = "worker") -> tuple[int, li
     itself: a line names it (the entry point, rank, PID and signal) — the first failure, or any
     death by a signal other than that SIGTERM (the OOM killer's SIGKILL, a SIGSEGV) — and a first
     failure by a signal makes the status 128 + the signal, as the shell reports such a process."""
-    # torchrun's timestamps are whole seconds: of failures in one second, its own SIGTERM of a survivor
-    # is the consequence, never the first (rank 0 stopped so won the tie: 143 for a SIGKILLed rank 1,
-    # review R23c 5)
-    # A worker killed by another signal (SIGKILL, SIGSEGV) comes first of its second too: a survivor
-    # whose collective then failed exits 1 of it (train.peer_gone), as a consequence (review R23f 3).
+    # torchrun's timestamps are whole seconds. Of failures in one second, a death by a signal other than
+    # torchrun's SIGTERM (SIGKILL, SIGSEGV) comes first, then an exit of the worker's own (a survivor's
+    # failed collective exits 1 of it: train.peer_gone, review R23f 3), and torchrun's SIGTERM of a
+    # survivor last, a consequence (rank 0 so stopped won the tie: 143 for a SIGKILLed rank 1, R23c 5).
     first = min(
         failures,
         key=lambda r: (
