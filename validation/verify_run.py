@@ -178,6 +178,7 @@ def _timeline_problems(
     and the metrics rows' batch_sha256 equal to the records'."""
     problems = []
     recorded: dict[int, str] = {}
+    anywhere = {e.step for e in entries}
     previous = None
     for e in entries:
         if not 1 <= e.step <= plan.total_steps:
@@ -192,10 +193,12 @@ def _timeline_problems(
                 (e.step, f"is recorded as attempt {e.attempt}'s, but the timeline's is attempt {attempt}")
             )
         if previous is not None and e.step <= previous:
-            problems.append((e.step, f"is recorded again after step {previous}"))
+            # a step recorded twice, or records out of order (two swapped: review R24a 4)
+            again = "again" if e.step in recorded else "out of order"
+            problems.append((e.step, f"is recorded {again} after step {previous}"))
         elif previous is not None:
-            missing = next((s for s in range(previous + 1, e.step) if skip_of(skips, s) is None), None)
-            if missing is not None:
+            gap = (s for s in range(previous + 1, e.step) if skip_of(skips, s) is None and s not in anywhere)
+            if (missing := next(gap, None)) is not None:
                 problems.append((missing, f"is not recorded (steps {previous} and {e.step} are)"))
         recorded[e.step] = e.sha256
         previous = e.step

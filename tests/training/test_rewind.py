@@ -183,6 +183,12 @@ def test_verify_names_the_first_recorded_step_that_is_not_the_plans(reference, t
     assert rc == 1 and lines == [f"batches: step 1000000 is not a step of the plan (1–{kept[-1][0]}) {where}"]
     gap = [e for e in kept if e[0] != 20]
     assert verify(gap) == (1, [f"batches: step 20 is not recorded (steps 19 and 21 are) {where}"])
+    # two records swapped: out of order, not "not recorded" (it is, later: review R24a 4)
+    at = next(i for i, e in enumerate(kept) if e[0] == 20)
+    out_of_order = kept[:at] + [kept[at + 1], kept[at]] + kept[at + 2 :]
+    assert verify(out_of_order) == (1, [f"batches: step 20 is recorded out of order after step 21 {where}"])
+    again = kept[: at + 2] + [kept[at + 1]] + kept[at + 2 :]
+    assert verify(again) == (1, [f"batches: step 21 is recorded again after step 21 {where}"])
     rc, lines = verify(kept[:-1])  # the last record cut: its checkpoint and its row say it was trained
     assert rc == 1 and lines[0].startswith("batches: step 30 has a checkpoint but is not recorded"), lines
     row = json.dumps(next(r for r in metrics(run) if r["step"] == 25))

@@ -337,10 +337,15 @@ def config_sha256(cfg: Any) -> str:
 
 def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs: a list of
-    tables by entry (`phase[2].global_batch_tokens 768 → 384`, an entry added or gone as None), other
-    lists whole; a key left unset (None: its value comes from elsewhere, a preset or a base) as
-    `unset`, not as a value it never had."""
-    flat_old, flat_new = _flatten(to_dict(old)), _flatten(to_dict(new))
+    tables by entry (`phase[2].global_batch_tokens 768 → 384`, as --set names it), an entry added or
+    gone as None; by name where the entries' names differ (every entry named, in both: a source
+    inserted first is one source added, `data.sources (names) ['web'] → ['extra', 'web']` and
+    `data.sources[extra].dataset`, not every later source changed: review R24a 1); other lists
+    whole; a key left unset (None: its value comes from elsewhere, a preset or a base) as `unset`,
+    not as a value it never had."""
+    old, new = to_dict(old), to_dict(new)
+    by_name = _renamed_arrays(old, new)
+    flat_old, flat_new = _flatten(old, by_name=by_name), _flatten(new, by_name=by_name)
 
     def shown(flat: dict[str, Any], k: str) -> str:
         return "unset" if k in flat and flat[k] is None else repr(flat.get(k))
@@ -352,14 +357,40 @@ def config_changes(old: Any, new: Any) -> list[str]:
     ]
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _entry_names(v: Any) -> list[str] | None:
+    """The names of an array of tables' entries, where each has one of its own, else None."""
+    if not _is_table_array(v):
+        return None
+    names = [entry.get("name") for entry in v]
+    ok = all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
+    return names if ok else None
+
+
+def _renamed_arrays(old: Any, new: Any, prefix: str = "") -> set[str]:
+    """The dotted keys of the arrays of tables named in both configs whose names differ."""
+    out: set[str] = set()
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return out
+    for k in old.keys() & new.keys():
+        a, b = old[k], new[k]
+        if isinstance(a, dict):
+            out |= _renamed_arrays(a, b, f"{prefix}{k}.")
+        elif (na := _entry_names(a)) is not None and (nb := _entry_names(b)) is not None and na != nb:
+            out.add(f"{prefix}{k}")
+    return out
+
+
+def _flatten(d: dict[str, Any], prefix: str = "", by_name: set[str] = frozenset()) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(_flatten(v, f"{prefix}{k}.", by_name))
         elif _is_table_array(v):
+            names = _entry_names(v) if f"{prefix}{k}" in by_name else None
+            if names is not None:
+                out[f"{prefix}{k} (names)"] = names
             for i, entry in enumerate(v):
-                out.update(_flatten(entry, f"{prefix}{k}[{i}]."))
+                out.update(_flatten(entry, f"{prefix}{k}[{i if names is None else names[i]}].", by_name))
         else:
             out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
     return out

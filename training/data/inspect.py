@@ -40,7 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the trainer's step, counted from 1 as in metrics.jsonl (default 1), in both modes",
     )
     p.add_argument("--end", type=int, help="with --hash: hash steps [--step, --end); default --step + 1")
-    p.add_argument("--hash", action="store_true", help="print one sha256 per step instead of the batch")
+    p.add_argument(
+        "--hash",
+        action="store_true",
+        help="print one sha256 per step instead of the batch (of --rank's rows where --world-size > 1; a "
+        "run records the whole batch's)",
+    )
     p.add_argument("--rank", type=int, default=0, help="show this rank's slice (default 0)")
     p.add_argument("--world-size", type=int, default=1, help="number of data-parallel ranks (default 1)")
     p.add_argument("--split", choices=["train", "val"], help="dataset mode: split (default train)")
@@ -118,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     loader.seek(step - 1)
     if args.hash:
         for s, micro in zip(range(step, end), loader):
-            print(f"{s} {batch_sha256(micro)}")
+            print(_hash_line(s, micro, args))
         return 0
     micro = next(iter(loader))
     print(f"step {step} = epoch {epoch} batch {batch}; sha256 {batch_sha256(micro)}")
@@ -172,7 +177,7 @@ def _run_mode(args: argparse.Namespace) -> int:
     if args.hash:
         for s, micro in zip(range(step, end), loader):
             skip = skip_of(skips, s)
-            print(f"{s} {batch_sha256(micro)}" + (f" skipped (rewind {skip.rewind})" if skip else ""))
+            print(_hash_line(s, micro, args) + (f" skipped (rewind {skip.rewind})" if skip else ""))
         return 0
     micro = next(iter(loader))
     p, k = plan.locate(step - 1)
@@ -189,6 +194,13 @@ def _run_mode(args: argparse.Namespace) -> int:
     )
     _print_batch(loader, step - 1, args, micro)
     return 0
+
+
+def _hash_line(step: int, micro: list, args: argparse.Namespace) -> str:
+    """`--hash`'s line of step `step`: a rank's rows have a digest of their own, not the whole batch's
+    that a run records, and say so (review R24a 2)."""
+    rows = f" rank {args.rank}/{args.world_size}'s rows" if args.world_size > 1 else ""
+    return f"{step} {batch_sha256(micro)}{rows}"
 
 
 def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro: list) -> None:

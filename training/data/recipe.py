@@ -140,6 +140,21 @@ def mix_notes(spec: RunSpec) -> list[str]:
     return notes
 
 
+def budget_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
+    """A line per phase whose budget in tokens is not a whole number of its steps: it rounds down (a
+    phase never trains past its budget), so say what it trains (review R24a 3)."""
+    notes = []
+    for asked, ph in zip(cfg.phase, spec.phases):
+        if asked.tokens is not None and asked.tokens != ph.steps * ph.global_batch_tokens:
+            trained = ph.steps * ph.global_batch_tokens
+            notes.append(
+                f"phase {ph.name!r}: tokens = {asked.tokens:,.0f} is {ph.steps:,} whole steps of "
+                f"{ph.global_batch_tokens:,} tokens, {trained:,} tokens (a budget in tokens rounds down to "
+                "whole steps)"
+            )
+    return notes
+
+
 def batch_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
     """A line per phase whose batch differs from the first phase's: the ratio, and what the LR does
     about it (optim.batch_lr_scaling)."""
@@ -171,8 +186,9 @@ def recipe_notes(
     cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable], plan: data_plan.Plan
 ) -> list[str]:
     """What the run's header and `--plan` say about the recipe: the mixes, the batches, validation
-    asked for with nothing held out, a data.seq_len no phase uses (the cache: check_run_room's)."""
-    notes = mix_notes(spec) + batch_notes(cfg, spec)
+    asked for with nothing held out, a data.seq_len no phase uses (the cache: check_run_room's), a
+    budget in tokens rounded down to whole steps."""
+    notes = mix_notes(spec) + budget_notes(cfg, spec) + batch_notes(cfg, spec)
     return notes + validation_notes(cfg, spec) + unused_notes(cfg)
 
 

@@ -118,6 +118,9 @@ def test_the_lr_rule_is_explicit_and_refused_without_evidence(sources, tmp_path,
     assert f"constant {3e-3 * math.sqrt(2):.3g}" in out  # the effective peak of phase "big"
     note = "phase 'big' trains 1,024 tokens per step, 2× the first phase's; optim.batch_lr_scaling = 'sqrt'"
     assert f"{note}: its LR pieces × 1.414" in out
+    # phase 'long''s budget of 3,500 tokens is 4 steps of 768: said, not trained short silently (R24a 3)
+    budget = "phase 'long': tokens = 3,500 is 4 whole steps of 768 tokens, 3,072 tokens (a budget in tokens"
+    assert f"{budget} rounds down to whole steps)" in out
 
     for optim, words in [
         ("name = 'muon'\nbatch_lr_scaling = 'sqrt'\n", "optim.batch_lr_scaling = 'sqrt' is not "
@@ -320,6 +323,30 @@ def test_a_resume_note_names_what_changed_and_nothing_else(reference, tmp_path, 
         when = "in effect from step 7, and for step 6's validation and eval if a stop cut them off"
         want = [] if said is None else [f"{saved}: {said}; {when}"]
         assert [n for n in notes if "config differs" in n or "changed since" in n] == want, notes
+
+
+def test_a_resume_note_names_sources_by_name_when_one_is_inserted(
+    reference, sources, synthetic_dataset, tmp_path, capsys
+):
+    """Review R24a 1: a source inserted first was compared by position, as if source 'web' now read
+    another dataset (`data.sources[0].dataset '…/web' → '…/extra'`, `.name 'web' → 'extra'`, …); the
+    plan matches sources by name. The note says one source was added, and the phase mix it is in."""
+    run_dir, _ = reference
+    names = list(sources)
+    extra = synthetic_dataset(n_docs=100, seed=4)
+    grown = {"extra": extra, **sources}  # the last phase ("long"), not begun yet, reads it
+    mix = "mix = { web = 0.4, code = 0.4, math = 0.2 }"
+    assert SCHEDULE.count(mix) == 1
+    schedule = SCHEDULE.replace(mix, "mix = { web = 0.4, code = 0.4, extra = 0.2 }")
+    path = write(grown, tmp_path / "grown.toml", tmp_path / "grown", schedule)
+    resume = str(run_dir / "checkpoints" / "step-000006")
+    assert gristmill(["train", "--config", str(path), "--resume", resume, "--set", "metrics.plot=false"]) == 0
+    saved = "note: changed since step-000006 was saved: "
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith(saved)]
+    order = f"data.sources (names) {names!r} → {list(grown)!r}"
+    added = f"data.sources[extra].dataset None → {str(extra)!r}"
+    assert len(notes) == 1 and order in notes[0] and added in notes[0], notes
+    assert "data.sources[web]" not in notes[0] and "data.sources[0]" not in notes[0], notes
 
 
 def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_path, capsys):

@@ -571,6 +571,13 @@ def test_inspect_hashes_match_the_loader_and_repeat(text_dataset, capsys):
     assert rc == 0
     assert [line for line in out.splitlines() if not line.startswith("#")] == want
     assert inspect(capsys, *common, "--hash", "--step", spe - 2, "--end", spe + 3)[1] == out
+    # a rank's rows have a digest of their own, not the whole batch's a run records: said (R24a 2)
+    rc, out = inspect(capsys, *common, "--hash", "--step", 2, "--rank", 1, "--world-size", 2)
+    half = make_loader(text_dataset, rank=1, world_size=2)
+    half.seek(1)
+    assert [line for line in out.splitlines() if not line.startswith("#")] == [
+        f"2 {batch_sha256(take(half, 1)[0])} rank 1/2's rows"
+    ]
     rc, _ = inspect(capsys, *common, "--world-size", 3)
     assert rc == 2
 
