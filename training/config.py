@@ -395,6 +395,9 @@ class EvalSection:
     documents) or lm-eval's own (they need their data: network or the HF cache)."""
     limit: int = 0
     """At most this many documents per task (0: all); a cheap signal, not a reported number."""
+    docs: int = 40
+    """Held-out documents the local tasks are built from, as `gristmill eval --set docs=N`
+    (heldout_ppl: one item each, heldout_cloze: ≤ 2)."""
     batch_size: int = 8
     """Requests per forward pass."""
     max_length: int = 0

@@ -205,11 +205,18 @@ def check_training(cfg: TrainConfig, last_step: int) -> None:
         )
     e = cfg.eval
     named = task_names(e.tasks)
-    if e.interval < 0 or e.limit < 0 or e.batch_size < 1 or e.max_length < 0 or (e.interval and not named):
+    if (
+        e.interval < 0
+        or e.limit < 0
+        or e.docs < 1
+        or e.batch_size < 1
+        or e.max_length < 0
+        or (e.interval and not named)
+    ):
         raise ConfigError(
-            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.batch_size ≥ 1, eval.max_length ≥ 0 and, with an "
-            f"interval, some eval.tasks; got interval {e.interval}, limit {e.limit}, batch_size "
-            f"{e.batch_size}, max_length {e.max_length}, tasks {e.tasks}"
+            f"need eval.interval ≥ 0, eval.limit ≥ 0, eval.docs ≥ 1, eval.batch_size ≥ 1, eval.max_length "
+            f"≥ 0 and, with an interval, some eval.tasks; got interval {e.interval}, limit {e.limit}, docs "
+            f"{e.docs}, batch_size {e.batch_size}, max_length {e.max_length}, tasks {e.tasks}"
         )
     if e.interval and (missing := missing_eval_module()):
         raise ConfigError(

@@ -671,11 +671,14 @@ def requests_summary(
     return out
 
 
-def task_lines(step: int, results: dict[str, Any], setting: str = "--set max_length=N") -> list[str]:
+def task_lines(
+    step: int, results: dict[str, Any], context: int, setting: str = "--set max_length=N"
+) -> list[str]:
     """The terminal lines of evaluated tasks (evaluate_lm's results, or one task's from its
     `on_task`): `[eval] step 150 heldout_ppl: 40 docs, 3.1 s` per task, then one warning per task
     whose inputs lm-eval cut from the left to fit the context, with the numbers and `setting`, the
-    way to give it more (`gristmill eval`'s, or the training's eval.max_length)."""
+    way to give it more (`gristmill eval`'s, or the training's eval.max_length), where max_length is
+    below the model's `context` (its max_seq_len); at it, that nothing longer fits (review R24b 3)."""
     tasks = results.get(GRISTMILL_TASKS, {})
     lines = [
         f"[eval] step {step} {name}: {info['docs']} docs, {info['seconds']:.1f} s"
@@ -690,11 +693,16 @@ def task_lines(step: int, results: dict[str, Any], setting: str = "--set max_len
                 if limit == max_length
                 else f"the {limit} tokens max_length {max_length} leaves for the prompt"
             )
+            more = (
+                f"{setting}, up to the model's max_seq_len {context}, evaluates more"
+                if max_length < context
+                else f"max_length is the model's whole context, {context} tokens: no longer one fits it"
+            )
             lines.append(
                 f"warning: step {step} {task}: {info['cut_docs']} of {info['of_docs']} documents "
                 f"({info['cut_requests']} of {info['requests']} requests) are longer than {room} (longest "
                 f"{info['longest']}) and were cut from the left; scores at this length "
-                f"measure a truncated task ({setting}, up to the model's max_seq_len, evaluates more)"
+                f"measure a truncated task ({more})"
             )
     return lines
 
@@ -897,7 +905,7 @@ def evaluate_step(
         check_finite_weights(lm, export, cfg.dtype)
 
         def show(task_results: dict[str, Any]) -> None:
-            for line in task_lines(step, task_results):
+            for line in task_lines(step, task_results, most):
                 print(line, file=terminal, flush=True)
 
         results = evaluate_lm(lm, plan, cfg, on_task=show, log_file=log_file)

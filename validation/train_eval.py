@@ -95,6 +95,7 @@ class TrainingEval:
         self.cfg = EvalConfig(
             tasks=list(e.tasks),
             limit=e.limit,
+            docs=e.docs,  # the advice to raise it named a key [eval] did not have (review R24b 2)
             batch_size=e.batch_size,
             max_length=e.max_length,
             dtype="float32",
@@ -104,6 +105,7 @@ class TrainingEval:
         self.plan: TaskPlan | None = None
         self.copy: nn.Module | None = None  # rank 0's unsharded model, made at the first eval
         self.max_length = 0
+        self.context = 0  # the model's max_seq_len (prepare sets it)
         self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
         self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
         self.tasks_left = True  # every rank: whether an eval still has tasks (rank 0 decides)
@@ -132,6 +134,7 @@ class TrainingEval:
                         f"{mcfg.max_seq_len} tokens (model.max_seq_len): set eval.max_length ≤ "
                         f"{mcfg.max_seq_len} (0: the model's)"
                     )
+                self.context = mcfg.max_seq_len
                 self.max_length = self.cfg.max_length or mcfg.max_seq_len  # as `gristmill eval`
                 limit = f" (limit {self.cfg.limit})" if self.cfg.limit else ""
                 say(
@@ -257,7 +260,9 @@ class TrainingEval:
             say(line)
         if failed:
             metrics.update(self._failed(step, "", failed, merged))
-        for line in task_lines(step, results, "eval.max_length"):  # the truncation warnings only
+        for line in task_lines(
+            step, results, self.context, "eval.max_length"
+        ):  # the truncation warnings only
             if line.startswith("warning:"):
                 say(line)
         return metrics

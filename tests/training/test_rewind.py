@@ -524,3 +524,27 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
             line = one_error_line(capsys.readouterr().err)
             assert why in line and "step--" not in line, (command, line)
     assert not (run / "exports" / "step--00001").exists()
+
+
+def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_retention(
+    reference, tmp_path, capsys
+):
+    """checkpoint.keep_last = 0 deletes nothing: a checkpoint missing there was said to be "deleted by
+    retention" (review R24b 4). The same run, as one that keeps every checkpoint."""
+    src, _ = reference
+    run = tmp_path / "run"
+    shutil.copytree(src, run, symlinks=True)
+    config = (run / "config.toml").read_text()
+    assert config.count("keep_last = 1\n") == 1
+    (run / "config.toml").write_text(config.replace("keep_last = 1\n", "keep_last = 0\n"))
+    want = {
+        20: f"step 20 has no checkpoint in {run / 'checkpoints'}, and checkpoint.keep_last = 0 keeps every "
+        "one: it was removed from there (by hand, or with its folder), or its save never completed",
+        22: "step 22 has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30), and a "
+        "save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps): none was made at step 22, or it "
+        "was removed since",
+    }
+    for step, why in want.items():
+        assert gristmill(["export", str(run), "--step", str(step)]) == 2
+        line = one_error_line(capsys.readouterr().err)
+        assert why in line and "retention" not in line, line

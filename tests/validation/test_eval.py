@@ -32,7 +32,7 @@ from training.contract.dataset_format import read_dataset_info  # noqa: E402
 from training.contract.run_layout import eval_dir, export_dir  # noqa: E402
 from training.data.reader import DocumentTable  # noqa: E402
 from training.model import PRESETS, Transformer  # noqa: E402
-from validation.eval import EvalConfig, TaskPlan, evaluate_lm  # noqa: E402
+from validation.eval import EvalConfig, TaskPlan, evaluate_lm, task_lines  # noqa: E402
 from validation.eval_model import GristmillHFLM, in_process_lm  # noqa: E402
 
 pytestmark = [
@@ -918,6 +918,10 @@ def test_eval_prints_a_few_lines_and_the_libraries_write_to_eval_log(eval_run, t
         f"{short} tokens (longest {max(map(max, lengths))}) and were cut from the left"
     ), warning
     assert 0 < sum(map(bool, cut)) < len(items)
+    context = json.loads((export_dir(run, 5) / "config.json").read_text())["max_position_embeddings"]
+    assert short < context and warning.endswith(
+        f"(--set max_length=N, up to the model's max_seq_len {context}, evaluates more)"
+    ), warning
     table = [line.split() for line in out.splitlines() if line.startswith("   5 ")]
     assert [row[2] for row in table] == [
         "bits_per_byte",
@@ -1763,3 +1767,16 @@ def test_a_hub_task_s_definition_is_the_same_in_every_process():
         "function": "process_docs",
         "module_sha256": hashlib.sha256(Path(utils.__file__).read_bytes()).hexdigest(),
     }
+
+
+def test_the_truncation_warning_at_the_model_s_whole_context_advises_no_longer_max_length():
+    """At max_length = the model's max_seq_len, the warning advised a longer max_length "up to the
+    model's max_seq_len", which it already was (review R24b 3)."""
+    info = {"cut_docs": 2, "of_docs": 5, "cut_requests": 2, "requests": 5, "longest": 300}
+    results = {"gristmill_tasks": {"heldout_ppl": {**info, "limit": 128, "max_length": 128}}}
+    (line,) = task_lines(7, results, 128)
+    assert line.endswith(
+        "a truncated task (max_length is the model's whole context, 128 tokens: no longer one fits it)"
+    ), line
+    (line,) = task_lines(7, results, 256, "eval.max_length")
+    assert line.endswith("(eval.max_length, up to the model's max_seq_len 256, evaluates more)"), line

@@ -244,6 +244,7 @@ def test_an_eval_that_fails_at_the_last_step_names_the_command_that_scores_it(
         'eval.tasks=[""]',
         'eval.tasks=[" , "]',
         "eval.max_length=-8",
+        "eval.docs=0",
     ],
 )
 def test_eval_section_errors(bad, built_dataset, tmp_path):
@@ -268,10 +269,13 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     assert _rows(tmp_path / "long") == {}  # before step 1
 
     run = tmp_path / "run"
-    sets = [*_sets(built_dataset, run, steps=2), "data.seq_len=64", "eval.max_length=96"]
+    sets = [*_sets(built_dataset, run, steps=2), "data.seq_len=64", "eval.max_length=96", "eval.docs=6"]
     cfg = load_train_config(TINY, sets)
     train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr().out
+    # eval.docs, which the noise warning advises raising (it was not a key of [eval]: review R24b 2)
+    assert read_step_results(run, 2)["gristmill_tasks"]["heldout_ppl"]["settings"]["docs"] == 6
+    assert len((eval_data(run) / "heldout_ppl.jsonl").read_text().splitlines()) == 6
     assert out.count("never trained at") == 1, out
     assert (
         "[eval] note: max_length 96 scores positions 64–95, which step 2's weights never trained at "
@@ -279,7 +283,7 @@ def test_the_in_training_eval_takes_its_max_length_and_says_when_it_scores_untra
     ) in out
     # the cloze items cut to 96 tokens: the warning names the key a training takes (not --set max_length)
     (cut,) = [line for line in out.splitlines() if "were cut from the left" in line]
-    assert cut.endswith("(eval.max_length, up to the model's max_seq_len, evaluates more)"), cut
+    assert cut.endswith("(eval.max_length, up to the model's max_seq_len 256, evaluates more)"), cut
 
 
 class _AnotherEvalBesideAtStep2(TrainingEval):

@@ -403,11 +403,22 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     if step % c.interval and step != last:
         # a save at a stop (SIGTERM, Ctrl-C, run.max_steps) is off the interval too, and retention
         # deletes it once a resume has saved newer ones: nothing records which (review R16g 2a)
+        stops = "a save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps)"
         return (
             f"step {step} has no checkpoint: checkpoint.interval = {c.interval} saves every {c.interval} "
-            f"steps and the last ({last}), and a save made where the run stopped (SIGTERM, Ctrl-C, "
-            f"run.max_steps) is deleted by retention (checkpoint.keep_last = {c.keep_last}) once a resume "
-            "has saved newer ones"
+            f"steps and the last ({last}), and "
+            + (
+                f"{stops} is deleted by retention (checkpoint.keep_last = {c.keep_last}) once a resume has "
+                "saved newer ones"
+                if c.keep_last
+                else f"{stops}: none was made at step {step}, or it was removed since"
+            )
+        )
+    if not c.keep_last:  # retention keeps every checkpoint: it removed none (review R24b 4)
+        return (
+            f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}, and checkpoint.keep_last = 0 "
+            "keeps every one: it was removed from there (by hand, or with its folder), or its save never "
+            "completed"
         )
     return (
         f"step {step}'s checkpoint was deleted by retention: checkpoint.keep_last = {c.keep_last} keeps the "
