@@ -175,6 +175,46 @@ def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
     assert any(not torch.equal(s3[k], s4[k]) for k in s3)
 
 
+def test_a_dataset_replaced_while_the_ranks_start_is_refused_before_step_1(
+    dataset, synthetic_dataset, tmp_path
+):
+    """Every rank opens its sources itself: a dataset replaced at its location between rank 0's open
+    and rank 1's gave the two ranks two datasets, and the run trained both, exit 0 (review R24c 1,
+    through a bucket). Rank 0 replaces it at a known point here (GRISTMILL_FAULT_REPLACE_DATASET)."""
+    data, other = tmp_path / "data", tmp_path / "other"
+    shutil.copytree(dataset, data)
+    shutil.copytree(synthetic_dataset(n_docs=300, seed=5), other)
+    run = tmp_path / "run"
+    sets = overrides(data, run, "parallel.shard=2", "run.max_steps=2", "run.log_every=1")
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipelines.cli",
+        "train",
+        "--nproc-per-node",
+        "2",
+        "--config",
+        TINY,
+        "--set",
+        *sets,
+    ]
+    env = {**ENV, "GRISTMILL_FAULT_REPLACE_DATASET": f"{data}={other}"}
+    proc = forked.run(cmd, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    fingerprint = {
+        d: json.loads((d / "dataset.json").read_text())["fingerprint"][:12]
+        for d in (data, tmp_path / "data.replaced")
+    }
+    was = fingerprint[tmp_path / "data.replaced"]
+    assert line == (
+        f"error: source 'data' ({data}): rank 1 opened dataset {fingerprint[data]}…, rank 0 {was}…: the "
+        "dataset at that location was replaced while the run started; start the run again once it holds one "
+        "dataset (nothing was trained)"
+    ), line
+    assert metrics(run) == []
+
+
 def _flatten(d, prefix=""):
     for k, v in d.items():
         if isinstance(v, dict):

@@ -25,12 +25,18 @@ at a known step: the run finishes that step, saves and stops).
 GRISTMILL_FAULT_DATA="STEP[@RANK]": the data of step STEP cannot be read (`data_fault`) on that rank
 only, or on every rank: the loop meets the error a bucket that stays down past data.fetch_timeout_s
 gives, at a known step (on one rank: the others have taken that step's batch).
+
+GRISTMILL_FAULT_REPLACE_DATASET="OLD=NEW": rank 0, having opened its sources (OLD among them),
+moves the dataset directory NEW to OLD's place (OLD to OLD.replaced), and the other ranks open theirs
+only then: a dataset replaced at its location while the ranks of one run start (`replace_dataset`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import torch.nn as nn
 
@@ -41,6 +47,7 @@ SPIKE_WINDOW = "GRISTMILL_FAULT_SPIKE_WINDOW"
 KILL = "GRISTMILL_FAULT_KILL"
 SIGTERM = "GRISTMILL_FAULT_SIGTERM"
 DATA = "GRISTMILL_FAULT_DATA"
+REPLACE_DATASET = "GRISTMILL_FAULT_REPLACE_DATASET"
 
 
 def kill_point(point: str) -> None:
@@ -55,6 +62,24 @@ def data_fault(step: int, rank: int) -> None:
     at, _, on_rank = os.environ.get(DATA, "").partition("@")
     if at == str(step) and on_rank in ("", str(rank)):
         raise GristmillError(f"the data of step {step} cannot be read ({DATA}={os.environ[DATA]})")
+
+
+def replace_dataset(rank: int, point: str) -> None:
+    """GRISTMILL_FAULT_REPLACE_DATASET at `point`: "opened" (rank 0 has opened its sources: it
+    replaces OLD with NEW) or "opening" (another rank, about to open its sources, waits until then)."""
+    old, _, new = os.environ.get(REPLACE_DATASET, "").partition("=")
+    if not new:
+        return
+    aside = Path(f"{old}.replaced")
+    if rank == 0 and point == "opened":
+        os.rename(old, aside)
+        os.rename(new, old)
+    elif rank != 0 and point == "opening":
+        deadline = time.monotonic() + 120
+        while not (aside.is_dir() and Path(old).is_dir()):
+            if time.monotonic() > deadline:
+                raise GristmillError(f"{REPLACE_DATASET}: rank 0 did not replace {old} within 120 s")
+            time.sleep(0.05)
 
 
 class LossFaults:

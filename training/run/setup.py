@@ -48,7 +48,7 @@ from training.model import ModelConfig, Transformer, flops_per_token, num_params
 from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.batch_digests import BatchDigests
-from training.run.faults import LossFaults
+from training.run.faults import LossFaults, replace_dataset
 from training.run.lock import RunLock
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
@@ -276,6 +276,7 @@ def _data(
     """(plan, this rank's loader, the held-out loaders or None, the plan's notes). A dataset too
     small for one global batch, or a source the plan would run out of, fails here."""
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
+    replace_dataset(env.rank, "opening")
     vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
     plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab)
     settings = loader_settings(cfg, shapes[0], env, device)
@@ -286,7 +287,42 @@ def _data(
         world_size=env.world_size, settings=settings,
     )  # fmt: skip
     notes = notes + check_run_room(spec, loader, validation)  # the training and validation share the cache
+    replace_dataset(env.rank, "opened")
+    same_datasets(plan, validation, env)
     return plan, loader, validation, notes
+
+
+def same_datasets(plan: Plan, validation: Validation | None, env: DistEnv) -> None:
+    """Every rank opened each source itself (a bucket's dataset.json, one GET each time): a dataset
+    replaced at its location while the ranks started gave two ranks two datasets, and the run trained
+    both, exit 0 (review R24c 1). Every loader of every rank must read the dataset rank 0's plan
+    records (collective where world_size > 1: every rank raises the same line, or none does)."""
+    ours = {s.name: s.fingerprint for s in plan.sources}
+    where = {s.name: s.dataset for s in plan.sources}
+    problem = None
+    for name, fingerprint in validation.fingerprints() if validation is not None else ():
+        if fingerprint != ours[name]:
+            problem = (
+                f"source {name!r} ({where[name]}): rank {env.rank}'s held-out loader opened dataset "
+                f"{fingerprint[:12]}…, its training loader {ours[name][:12]}…"
+            )
+            break
+    every = [(ours, problem)]
+    if env.world_size > 1:
+        every = [None] * env.world_size
+        torch.distributed.all_gather_object(every, (ours, problem))
+    first = every[0][0]
+    for rank, (theirs, problem) in enumerate(every):
+        if problem is None:
+            name = next((n for n in first if theirs.get(n) != first[n]), None)
+            if name is not None:
+                was, now = first[name][:12], theirs[name][:12]
+                problem = f"source {name!r} ({where[name]}): rank {rank} opened dataset {now}…, rank 0 {was}…"
+        if problem is not None:
+            raise GristmillError(
+                f"{problem}: the dataset at that location was replaced while the run started; start the "
+                "run again once it holds one dataset (nothing was trained)"
+            )
 
 
 def _checkpointer(

@@ -74,6 +74,10 @@ class Validation:
         """Every held-out loader (with its start state), of every phase's shape."""
         return list(self._loaders.values())
 
+    def fingerprints(self) -> list[tuple[str, str]]:
+        """(source name, dataset fingerprint) of every held-out loader: the dataset each opened."""
+        return [(key[0], loader.info["fingerprint"]) for key, (loader, _) in self._loaders.items()]
+
     def cache_need(self) -> list[tuple[Any, int]]:
         """(cache, bytes) of the held-out documents its loaders read from buckets (TokenLoader.cache_need),
         which share the node's cache with the training's: counted with them by `train` and `--plan`."""
