@@ -510,8 +510,8 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
         12: "was never trained: rewind 1 skipped steps 11–18",
         # off the interval: never saved, or saved where a run stopped and deleted by retention since (R16g)
         22: "has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30), and a save "
-        "made where the run stopped (SIGTERM, Ctrl-C, run.max_steps) is deleted by retention "
-        "(checkpoint.keep_last = 1) once a resume has saved newer ones",
+        "made where the run stopped (SIGTERM, Ctrl-C, run.max_steps) is deleted by retention once a resume "
+        "has saved newer ones",
         20: "checkpoint was deleted by retention: checkpoint.keep_last = 1",
         31: "is past the run's last step, 30",
         -1: "step -1 is no step: steps count from 1",
@@ -526,11 +526,14 @@ def test_why_a_step_has_no_checkpoint_is_said_by_export_eval_and_verify(referenc
     assert not (run / "exports" / "step--00001").exists()
 
 
-def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_retention(
+def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_this_config(
     reference, tmp_path, capsys
 ):
     """checkpoint.keep_last = 0 deletes nothing: a checkpoint missing there was said to be "deleted by
-    retention" (review R24b 4). The same run, as one that keeps every checkpoint."""
+    retention: checkpoint.keep_last = 0 keeps the newest complete ones" (review R24b 4); but the run's
+    retention may have deleted it while an earlier invocation's keep_last was above 0, and a stop's save
+    is deleted once a later one completes whatever keep_last (review R24d 2). The reference run, pruned
+    with keep_last = 1, as one whose config now keeps every checkpoint."""
     src, _ = reference
     run = tmp_path / "run"
     shutil.copytree(src, run, symlinks=True)
@@ -538,13 +541,14 @@ def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_ret
     assert config.count("keep_last = 1\n") == 1
     (run / "config.toml").write_text(config.replace("keep_last = 1\n", "keep_last = 0\n"))
     want = {
-        20: f"step 20 has no checkpoint in {run / 'checkpoints'}, and checkpoint.keep_last = 0 keeps every "
-        "one: it was removed from there (by hand, or with its folder), or its save never completed",
+        20: f"step 20 has no checkpoint in {run / 'checkpoints'}: checkpoint.keep_last = 0 (the run's config "
+        "now) deletes none, so the run's retention deleted it while its keep_last was above 0, or it was "
+        "removed by hand, or its save never completed",
         22: "step 22 has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30), and a "
-        "save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps): none was made at step 22, or it "
-        "was removed since",
+        "save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps) is deleted by retention once a "
+        "resume has saved newer ones",
     }
     for step, why in want.items():
         assert gristmill(["export", str(run), "--step", str(step)]) == 2
         line = one_error_line(capsys.readouterr().err)
-        assert why in line and "retention" not in line, line
+        assert why in line and "keep_last = 0 keeps" not in line, line

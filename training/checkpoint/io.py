@@ -403,22 +403,17 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
     if step % c.interval and step != last:
         # a save at a stop (SIGTERM, Ctrl-C, run.max_steps) is off the interval too, and retention
         # deletes it once a resume has saved newer ones: nothing records which (review R16g 2a)
-        stops = "a save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps)"
+        # whatever keep_last: retention keeps a stop's save only until a later one (review R24d 2)
         return (
             f"step {step} has no checkpoint: checkpoint.interval = {c.interval} saves every {c.interval} "
-            f"steps and the last ({last}), and "
-            + (
-                f"{stops} is deleted by retention (checkpoint.keep_last = {c.keep_last}) once a resume has "
-                "saved newer ones"
-                if c.keep_last
-                else f"{stops}: none was made at step {step}, or it was removed since"
-            )
+            f"steps and the last ({last}), and a save made where the run stopped (SIGTERM, Ctrl-C, "
+            "run.max_steps) is deleted by retention once a resume has saved newer ones"
         )
-    if not c.keep_last:  # retention keeps every checkpoint: it removed none (review R24b 4)
+    if not c.keep_last:  # deletes none now; an earlier invocation's keep_last may have (review R24b 4)
         return (
-            f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}, and checkpoint.keep_last = 0 "
-            "keeps every one: it was removed from there (by hand, or with its folder), or its save never "
-            "completed"
+            f"step {step} has no checkpoint in {run_dir / CHECKPOINTS_DIR}: checkpoint.keep_last = 0 (the "
+            "run's config now) deletes none, so the run's retention deleted it while its keep_last was above "
+            "0, or it was removed by hand, or its save never completed"
         )
     return (
         f"step {step}'s checkpoint was deleted by retention: checkpoint.keep_last = {c.keep_last} keeps the "

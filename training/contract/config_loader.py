@@ -338,13 +338,20 @@ def config_sha256(cfg: Any) -> str:
 def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs: a list of
     tables by entry (`phase[2].global_batch_tokens 768 → 384`, as --set names it), an entry added or
-    gone as None; by name where the entries' names differ (every entry named, in both: a source
-    inserted first is one source added, `data.sources (names) ['web'] → ['extra', 'web']` and
-    `data.sources[extra].dataset`, not every later source changed: review R24a 1); other lists
-    whole; a key left unset (None: its value comes from elsewhere, a preset or a base) as `unset`,
-    not as a value it never had."""
+    gone as None; other lists whole; a key left unset (None: its value comes from elsewhere, a preset
+    or a base) as `unset`, not as a value it never had. Where the entries' names differ (every entry
+    named, in both), also by name, and the shorter of the two is said: a source inserted first is one
+    source added (`data.sources (names) ['web'] → ['extra', 'web']`, `data.sources[extra].dataset …`),
+    not every later source changed (review R24a 1), and a phase renamed is its name's one change, not
+    every key of it twice, which pushed the other changes out of a resume's note (review R24d 1)."""
     old, new = to_dict(old), to_dict(new)
     by_name = _renamed_arrays(old, new)
+    ways = [_changes(old, new, frozenset())] + ([_changes(old, new, by_name)] if by_name else [])
+    return min(ways, key=len)
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any], by_name: set[str]) -> list[str]:
+    """config_changes' lines, the arrays of tables in `by_name` keyed by their entries' names."""
     flat_old, flat_new = _flatten(old, by_name=by_name), _flatten(new, by_name=by_name)
 
     def shown(flat: dict[str, Any], k: str) -> str:

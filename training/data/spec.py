@@ -195,7 +195,16 @@ def _phases(cfg: TrainConfig, names: list[str]) -> list[PhaseSection]:
         lr = ph.lr
         if lr.warmup_steps is not None and lr.warmup_tokens is not None:
             raise ConfigError(f"{key}.lr sets both warmup_steps and warmup_tokens; keep one", f"{key}.lr")
-        # Tokens round up to whole steps, but never past the phase (whose budget rounds down).
+        # Tokens round up to whole steps, but never past the phase (whose budget rounds down); a
+        # warmup longer than the phase's tokens is refused, as warmup_steps past its steps is (it was
+        # cut to the phase without a word: review R24d 3).
+        budget = ph.tokens if ph.tokens is not None else steps * batch
+        if lr.warmup_tokens and lr.warmup_tokens > budget:
+            raise ConfigError(
+                f"{key}.lr warmup_tokens = {lr.warmup_tokens:,.0f} is longer than the phase's {budget:,.0f} "
+                "tokens",
+                f"{key}.lr",
+            )
         by_tokens = min(math.ceil(lr.warmup_tokens / batch), steps) if lr.warmup_tokens else 0
         warmup = lr.warmup_steps or by_tokens
         if not 0 <= warmup <= steps:

@@ -95,6 +95,20 @@ def test_a_phase_batch_sets_its_steps_shapes_and_refusals(sources, tmp_path):
     assert "phase[1].global_batch_tokens = -1024 must be a whole number of tokens ≥ 1" in refused(
         SCHEDULE.replace("global_batch_tokens = 1024", "global_batch_tokens = -1024")
     )
+    # a warmup in tokens longer than its phase: refused as warmup_steps past the steps is (it was cut
+    # to the phase without a word: review R24d 3); one that rounds up into the budget is the phase
+    long = 'lr = { shape = "linear", to = 3e-4 }'
+    assert SCHEDULE.count(long) == 1
+    assert refused(SCHEDULE.replace(long, long.replace("{ ", "{ warmup_tokens = 3501, "))) == (
+        "phase[2].lr warmup_tokens = 3,501 is longer than the phase's 3,500 tokens"
+    )
+    warm = write(
+        sources,
+        tmp_path / "warm.toml",
+        tmp_path / "run",
+        SCHEDULE.replace(long, long.replace("{ ", "{ warmup_tokens = 3500, ")),
+    )
+    assert check_config(load_config(TrainConfig, warm), 1).phases[2].lr.warmup_steps == 4
 
 
 def test_the_lr_rule_is_explicit_and_refused_without_evidence(sources, tmp_path, capsys):
@@ -347,6 +361,25 @@ def test_a_resume_note_names_sources_by_name_when_one_is_inserted(
     added = f"data.sources[extra].dataset None → {str(extra)!r}"
     assert len(notes) == 1 and order in notes[0] and added in notes[0], notes
     assert "data.sources[web]" not in notes[0] and "data.sources[0]" not in notes[0], notes
+    # a phase not begun renamed: one change beside the others, not each of its keys twice, which
+    # pushed the other changes past the note's eight (review R24d 1)
+    path = write(
+        sources, tmp_path / "renamed.toml", tmp_path / "renamed", SCHEDULE.replace('"long"', '"anneal"')
+    )
+    argv = [
+        "train",
+        "--config",
+        str(path),
+        "--resume",
+        resume,
+        "--set",
+        "metrics.plot=false",
+        "optim.weight_decay=0.05",
+    ]
+    assert gristmill(argv) == 0
+    (note,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith(saved)]
+    assert "phase[2].name 'long' → 'anneal'" in note and "optim.weight_decay 0.1 → 0.05" in note, note
+    assert "(names)" not in note and "phase[anneal]" not in note, note
 
 
 def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_path, capsys):
