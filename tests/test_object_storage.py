@@ -1378,6 +1378,30 @@ def test_two_ranks_share_the_cache_and_fetch_each_range_once(s3, synthetic, loca
         assert loss == pytest.approx(ref[step][1], abs=1e-5) and (lr, tokens) == (ref[step][3], ref[step][4])
 
 
+def test_a_rank_that_alone_cannot_read_its_data_is_named_with_its_error(s3, synthetic, tmp_path):
+    """`gristmill train --nproc-per-node 2` whose data of step 4 cannot be read on rank 1 alone: step 3
+    is saved and the one error line is rank 1's own, with its rank. Rank 0, which alone prints errors,
+    printed a placeholder ("its error is above") that no line above held, and the launcher shows no
+    other rank's error once rank 0's was printed (review R24c F2)."""
+    _, url = synthetic
+    run_dir = tmp_path / "run"
+    sets = overrides(
+        url,
+        run_dir,
+        "parallel.shard=2",
+        "checkpoint.interval=0",
+        "run.max_steps=6",
+        f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}",
+    )
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
+    env = {**run_env(s3, tmp_path), DATA: "4@1"}
+    proc = forked.run([*cmd, "--set", *sets], cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 2 and "saving step 3 before stopping" in proc.stdout, proc.stdout[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: rank 1: the data of step 4 cannot be read ({DATA}=4@1)"], proc.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "step-000003" / ".metadata").is_file()
+
+
 # --------------------------------------------------------------------------------------------
 # item 7: bad input is one line, before any work
 

@@ -367,7 +367,8 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     the loader gave them: training/run/batch_digests.py). Data that cannot be had (a bucket unreachable for
     data.fetch_timeout_s, an object refused after its second fetch) stops the run as SIGTERM does:
     every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
-    alone), the last trained step is saved, then the error is raised (one line); unless a step trained
+    alone), the last trained step is saved, then the error is raised (one line: the failing rank's
+    own, which rank 0 prints prefixed with that rank's number); unless a step trained
     since the host last looked was not finite and the run stops for it (exit 3, nothing saved)."""
     try:
         data_fault(run.state.step + 1, run.env.rank)
@@ -375,8 +376,10 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     except GristmillError as e:
         batch, error = None, e
     agreed = run.loader.reads_buckets  # ranks of a local dataset fail together or not at all
-    if agreed and shutdown.any_rank(error is not None) and error is None:
-        error = GristmillError("another rank could not read its data for this step (its error is above)")
+    failed = shutdown.failed_ranks(None if error is None else str(error)) if agreed else []
+    if failed and error is None:  # the first failing rank's own line, which rank 0 prints with its rank
+        rank, message = failed[0]
+        error = GristmillError(f"rank {rank}: {message}")
     state = run.state
     if error is None:
         run.batches.add(state.step + 1, batch)

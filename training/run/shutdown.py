@@ -127,9 +127,18 @@ class GracefulStop:
             sys.stdout.flush()
         os._exit(INTERRUPTED_EXIT)
 
-    def any_rank(self, flag: bool) -> bool:
-        """Whether `flag` holds on any rank (a collective on the stop's gloo group when distributed)."""
-        return flag if self.group is None else any_rank(flag, self.group)
+    def failed_ranks(self, message: str | None) -> list[tuple[int, str]]:
+        """(rank, message) of every rank whose `message` is not None, the same on every rank: a MAX
+        all-reduce of one flag at every call, and the messages gathered only when some rank has one
+        (collectives on the stop's gloo group when distributed). A rank's own error reaches rank 0,
+        which alone prints errors (a placeholder in its place named no shard: review R24c F2)."""
+        if self.group is None:
+            return [] if message is None else [(0, message)]
+        if not any_rank(message is not None, self.group):
+            return []
+        messages: list[str | None] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(messages, message, group=self.group)
+        return [(rank, m) for rank, m in enumerate(messages) if m is not None]
 
     def should_stop(self) -> str | None:
         """The signal's name on every rank if any rank received one (a collective when distributed)."""
