@@ -1920,8 +1920,8 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     c = DocumentTable(url, cache=settings).cache
     download = c._download
 
-    def emptied_meanwhile(u):
-        got = download(u)
+    def emptied_meanwhile(u, deadline):
+        got = download(u, deadline)
         shutil.rmtree(settings.dir)
         return got
 
@@ -2202,42 +2202,98 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     assert "nothing was trained on it" in err[0]
 
 
-def test_a_data_stall_saves_the_last_trained_step_then_stops(s3, synthetic, small_blocks, tmp_path, capsys):
+def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A group's samples asked for together (fetch_all, one in flight) while every request is reset: the
+    failure comes data.fetch_timeout_s after the group was asked for; the samples still queued are
+    dropped, not each retried for a window of its own in turn (5 samples took 5 windows: review R24c
+    F3; a real group is 4,096 samples, data.fetch_requests at a time)."""
+    _, url = synthetic
+    c = DocumentTable(url, cache=CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=2)).cache
+    assert c.nunits >= 5 and not any(c.cached(u) for u in range(c.nunits))
+    s3.proxy.down = True
+    try:
+        began = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"kept failing for 2 s"):
+            c.fetch_all(range(c.nunits))
+        took = time.monotonic() - began
+    finally:
+        s3.proxy.down = False
+    assert took < 4, f"{took:.1f} s"  # five windows were ~7 s
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_data_stall_saves_the_last_trained_step_then_stops(
+    s3, synthetic, small_blocks, tmp_path, capsys, ranks
+):
     """The store goes away mid-run for longer than data.fetch_timeout_s: the run saves the step it
-    trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses."""
+    trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses.
+    The stop comes within about fetch_timeout_s of the outage, whatever the ranks on the node: a
+    process (or thread) that waits for another's fetch of a sample counts its window from when it began
+    to wait (each began a window of its own once it had the sample's lock, the stop came after ~1.7 ×
+    ranks × fetch_timeout_s: review R24c F3)."""
     local, url = synthetic
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
-    cache_sets = [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", "data.fetch_timeout_s=2"]
-    train(load_train_config(TINY, overrides(local, reference)))  # small blocks: its own reference
-    sets = overrides(url, run_dir, *cache_sets)
-    stop = threading.Event()
+    timeout = 6
+    cache_sets = [f"data.cache_dir={json.dumps(str(tmp_path / 'cache'))}", f"data.fetch_timeout_s={timeout}"]
+    extra = ["parallel.shard=2"] if ranks == 2 else []
+    # torchrun's workers: small blocks and a fetch a step ahead, as the monkeypatches below set here
+    two_ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    two_ranks += ["-m", "tests.helpers.small_blocks_train", "--config", TINY, "--set"]
+    env = run_env(s3, tmp_path)
+
+    def train_run(sets: list[str]) -> None:
+        if ranks == 1:
+            train(load_train_config(TINY, sets))
+            return
+        proc = forked.run([*two_ranks, *sets], cwd=ROOT, env=env, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    train_run(overrides(local, reference, *extra))  # small blocks: its own reference
+    sets = overrides(url, run_dir, *cache_sets, *extra)
+    stop, down_at = threading.Event(), []
 
     def take_the_store_down() -> None:  # once step 6 is logged, every request is reset
         while not stop.is_set():
             rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
             if rows and rows[-1]["step"] >= 6:
                 s3.proxy.down = True
+                down_at.append(time.monotonic())
                 return
             time.sleep(0.005)
 
     watcher = threading.Thread(target=take_the_store_down, daemon=True)
     watcher.start()
+    stalled = r"kept failing for 6 s \(\d+ tries, data.fetch_timeout_s\)"
     try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # fetch a step ahead: it runs into it
-            with pytest.raises(
-                GristmillError, match=r"kept failing for 2 s \(\d+ tries, data.fetch_timeout_s\)"
-            ):
-                train(load_train_config(TINY, sets))
+        if ranks == 1:
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # a step ahead: it runs into it
+                with pytest.raises(GristmillError, match=stalled):
+                    train(load_train_config(TINY, sets))
+            stopped_at = time.monotonic()  # the save of one tiny step's checkpoint included
+            out = capsys.readouterr().out
+        else:
+            proc = forked.popen([*two_ranks, *sets], cwd=ROOT, env=env)
+            stopped_at = None
+            while proc.poll() is None:  # the stop's line, seen when it is printed
+                if stopped_at is None and "before stopping" in proc.output()[0]:
+                    stopped_at = time.monotonic()
+                time.sleep(0.02)
+            stopped_at = stopped_at or time.monotonic()  # printed as it exited: its exit, a bound
+            out, err = proc.communicate()
+            assert proc.returncode != 0 and re.search(f"^error: .*{stalled}", err, re.M), err[-3000:]
     finally:
         stop.set()
         watcher.join()
         s3.proxy.down = False
-    out = capsys.readouterr().out
     saved = metrics(run_dir)[-1]["step"]
     assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
     assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
-    train(load_train_config(TINY, [*sets, 'checkpoint.resume="auto"']))
+    took = stopped_at - down_at[0]
+    assert took < 1.5 * timeout, f"stopped {took:.1f} s after the store went down"
+    train_run([*sets, 'checkpoint.resume="auto"'])
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
 
 

@@ -245,10 +245,16 @@ class ObjectStore:
     # ----------------------------------------------------------------------------------------
     # requests, each retried on transient failures
 
-    def _call(self, what: str, rel: str | None, fn: Callable[[Any], T]) -> T:
-        """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object)."""
+    def deadline(self) -> float | None:
+        """When a request that starts now stops retrying (time.monotonic()); None: after `attempts`."""
+        return None if self.retry_for_s is None else time.monotonic() + self.retry_for_s
+
+    def _call(self, what: str, rel: str | None, fn: Callable[[Any], T], deadline: float | None = None) -> T:
+        """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object).
+        `deadline` (with retry_for_s): the caller's, when its window began before this request (a
+        sample's fetch counts from when it began waiting for the sample); at least one attempt."""
         _, exc = _botocore()
-        deadline = None if self.retry_for_s is None else time.monotonic() + self.retry_for_s
+        deadline = None if self.retry_for_s is None else self.deadline() if deadline is None else deadline
         for attempt in itertools.count():
             self.counts.add("requests")
             wait = backoff(attempt)
@@ -391,9 +397,10 @@ class ObjectStore:
             self._call("GET", rel, fetch)
         return h.hexdigest()
 
-    def get_range(self, rel: str, start: int, end: int) -> bytes:
+    def get_range(self, rel: str, start: int, end: int, deadline: float | None = None) -> bytes:
         """Bytes [start, end) of object `rel`: one range GET; an attempt cut off mid-body continues from
-        the byte reached. What comes back is unverified: the caller checks it against its hashes."""
+        the byte reached. What comes back is unverified: the caller checks it against its hashes.
+        `deadline`: as _call's."""
         got = bytearray()
 
         def fetch(c):
@@ -408,7 +415,7 @@ class ObjectStore:
                 raise _short_read_error(self.url.child(rel), len(got), end - start)
 
         if end > start:
-            self._call("GET range", rel, fetch)
+            self._call("GET range", rel, fetch, deadline)
         return bytes(got[: end - start])
 
     def head(self, rel: str) -> dict[str, Any] | None:

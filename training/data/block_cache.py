@@ -323,13 +323,19 @@ class CachedBlocks:
         with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}"):
             yield
 
-    def fetch(self, u: int) -> bool:
-        """Make sure the cache holds sample `u` (True if it was fetched here)."""
+    def fetch(self, u: int, deadline: float | None = None) -> bool:
+        """Make sure the cache holds sample `u` (True if it was fetched here). Its requests retry until
+        `deadline` (time.monotonic()), by default data.fetch_timeout_s from now: from when this caller
+        began to wait for the sample, not from when it got the sample's lock. A process or thread that
+        waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
+        what is left of its window, once when none is, not for a window of its own after the other's:
+        an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3)."""
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):
             self.known(u)
             return False
+        deadline = self.store.deadline() if deadline is None else deadline
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
@@ -337,7 +343,7 @@ class CachedBlocks:
                 self.known(u)
                 return False
             try:
-                records, check, ids = self._download(u)  # into memory: the units in flight take no disk
+                records, check, ids = self._download(u, deadline)  # into memory: in flight, no disk
             except DatasetError as e:
                 self.refused[u] = e
                 raise
@@ -367,7 +373,11 @@ class CachedBlocks:
         self.on_disk, self._on_disk_pid = set(), os.getpid()
 
     def fetch_all(self, units: Iterable[int]) -> None:
-        """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight."""
+        """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight, each
+        retrying until data.fetch_timeout_s from this call (not from its turn in the queue); the first
+        failure is raised once the fetches in flight end, the queued ones dropped (a group's thousands
+        of samples each retried for fetch_timeout_s in turn, `requests` at a time)."""
+        deadline = self.store.deadline()
         missing = []
         for u in dict.fromkeys(int(u) for u in units):
             if self.cached(u):
@@ -376,13 +386,16 @@ class CachedBlocks:
                 missing.append(u)
         if len(missing) <= 1:
             for u in missing:
-                self.fetch(u)
+                self.fetch(u, deadline)
             return
-        with ThreadPoolExecutor(
+        pool = ThreadPoolExecutor(
             min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
-        ) as pool:
-            for f in [pool.submit(self.fetch, u) for u in missing]:
+        )
+        try:
+            for f in [pool.submit(self.fetch, u, deadline) for u in missing]:
                 f.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _range(self, u: int) -> tuple[str, int, int, int]:
         """Sample `u`'s shard, and the bytes of its one range request: from its `.docs` records to the end
@@ -400,19 +413,20 @@ class CachedBlocks:
         docs_at, ids_at = int(hit[0][u - a]), int(hit[1][u - a])
         return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
 
-    def _download(self, u: int) -> tuple[bytes, int, bytes]:
-        """Unit `u`'s sample's records, the xxh3 of its ids, and its ids, every
-        document checked: the records against the index's digest and sample total, each document's ids
-        against its record's sha256; fetched once more when one differs, then refused naming the shard,
-        the bytes and the sample. A sample is one range request (its records, then its ids); a held-out
-        document two (its sample's records, then its own ids, whose length must also be heldout.bin's)."""
+    def _download(self, u: int, deadline: float | None) -> tuple[bytes, int, bytes]:
+        """Unit `u`'s sample's records, the xxh3 of its ids, and its ids (requests retried until
+        `deadline`: fetch's), every document checked: the records against the index's digest and
+        sample total, each document's ids against its record's sha256; fetched once more when one
+        differs, then refused naming the shard, the bytes and the sample. A sample is one range request
+        (its records, then its ids); a held-out document two (its sample's records, then its own ids,
+        whose length must also be heldout.bin's)."""
         row, _, tokens = self._unit(u)
         s, k = self._in_sample(u)
         name, lo, hi, ids_at = self._range(s)
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
         for attempt in (1, 2):
             data = self.store.get_range(
-                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD
+                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD, deadline
             )
             rec = np.frombuffer(data, DOC_RECORDS, n)
             lengths = rec["n_tokens"].astype(np.int64)
@@ -430,7 +444,9 @@ class CachedBlocks:
             else:
                 if self.per_doc:
                     a = ids_at + int(starts[k])
-                    ids = self.store.get_range(f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize)
+                    ids = self.store.get_range(
+                        f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize, deadline
+                    )
                     spans = [(0, len(ids))]
                 else:
                     ids = data[ids_at - lo :]
