@@ -2208,7 +2208,8 @@ def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
     """A group's samples asked for together (fetch_all, one in flight) while every request is reset: the
     failure comes data.fetch_timeout_s after the group was asked for; the samples still queued are
     dropped, not each retried for a window of its own in turn (5 samples took 5 windows: review R24c
-    F3; a real group is 4,096 samples, data.fetch_requests at a time)."""
+    F3; a real group is 4,096 samples, data.fetch_requests at a time). A sample's window counts from
+    when it was first waited for."""
     _, url = synthetic
     c = DocumentTable(url, cache=CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=2)).cache
     assert c.nunits >= 5 and not any(c.cached(u) for u in range(c.nunits))
@@ -2221,6 +2222,17 @@ def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
     finally:
         s3.proxy.down = False
     assert took < 4, f"{took:.1f} s"  # five windows were ~7 s
+    # a fetch whose window began 1.5 s before it (its wait for another's fetch of the sample) tries
+    # for the rest, and its line says how late its tries began (they did not fail for 2 s themselves)
+    s3.proxy.down = True
+    try:
+        began = time.monotonic()
+        late = r"kept failing for 2 s \(\d+ tries, the first 1\.[56] s into the window, data.fetch_"
+        with pytest.raises(ObjectStoreError, match=late):
+            c.fetch(0, deadline=began + 0.5)
+        assert time.monotonic() - began < 1.5
+    finally:
+        s3.proxy.down = False
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
@@ -2265,7 +2277,10 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
 
     watcher = threading.Thread(target=take_the_store_down, daemon=True)
     watcher.start()
-    stalled = r"kept failing for 6 s \(\d+ tries, data.fetch_timeout_s\)"
+    # a rank that waited for the other's fetch of the sample tried late in the window, and says so
+    stalled = (
+        r"kept failing for 6 s \(\d+ tries(, the first \d+\.\d s into the window)?, data.fetch_timeout_s\)"
+    )
     try:
         if ranks == 1:
             with pytest.MonkeyPatch.context() as mp:

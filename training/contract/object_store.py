@@ -255,6 +255,8 @@ class ObjectStore:
         sample's fetch counts from when it began waiting for the sample); at least one attempt."""
         _, exc = _botocore()
         deadline = None if self.retry_for_s is None else self.deadline() if deadline is None else deadline
+        # how long the caller's window had run before this request (its wait for the sample's lock)
+        late = 0.0 if deadline is None else time.monotonic() - (deadline - self.retry_for_s)
         for attempt in itertools.count():
             self.counts.add("requests")
             wait = backoff(attempt)
@@ -275,7 +277,7 @@ class ObjectStore:
                 if deadline is None and attempt + 1 == tries:
                     raise self._error(what, rel, e, attempt + 1) from None
             if deadline is not None and time.monotonic() + wait > deadline:
-                raise self._error(what, rel, last, attempt + 1, self.retry_for_s) from None
+                raise self._error(what, rel, last, attempt + 1, self.retry_for_s, late) from None
             self.counts.add("retries")
             time.sleep(wait)
         raise AssertionError("unreachable")
@@ -295,13 +297,23 @@ class ObjectStore:
         return status >= 500 or code in ("SlowDown", "Throttling", "RequestTimeout", "RequestTimeTooSkewed")
 
     def _error(
-        self, what: str, rel: str | None, e: Exception, tries: int, seconds: float | None = None
+        self,
+        what: str,
+        rel: str | None,
+        e: Exception,
+        tries: int,
+        seconds: float | None = None,
+        late: float = 0,
     ) -> ObjectStoreError:
         _, exc = _botocore()
         where = self.url.child(rel) if rel else str(self.url)
         if seconds is not None:  # a training's fetch that kept failing for data.fetch_timeout_s
+            # A window counts from when the data was first waited for (CachedBlocks.fetch): a waiter's
+            # tries (another process's fetch of the sample failed meanwhile) began late in it.
+            late_note = f", the first {late:.1f} s into the window" if late >= 0.5 else ""
             return ObjectStoreError(
-                f"{where}: {what} kept failing for {seconds:g} s ({tries} tries, data.fetch_timeout_s), last "
+                f"{where}: {what} kept failing for {seconds:g} s ({tries} tries{late_note}, "
+                "data.fetch_timeout_s), last "
                 f"with {self._cause(e)}; check the store and the network (AWS_ENDPOINT_URL = {endpoint()}), "
                 "then resume the run (--resume auto), or raise data.fetch_timeout_s"
             )
