@@ -367,8 +367,8 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     the loader gave them: training/run/batch_digests.py). Data that cannot be had (a bucket unreachable for
     data.fetch_timeout_s, an object refused after its second fetch) stops the run as SIGTERM does:
     every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
-    alone), the last trained step is saved, then the error is raised (one line: the failing rank's
-    own, which rank 0 prints prefixed with that rank's number); unless a step trained
+    alone), the last trained step is saved, then the error is raised (one line: rank 0's own, else
+    the first failing rank's, which rank 0 prints prefixed with that rank); unless a step trained
     since the host last looked was not finite and the run stops for it (exit 3, nothing saved)."""
     try:
         data_fault(run.state.step + 1, run.env.rank)
