@@ -51,7 +51,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
 )
 from training.contract.errors import GristmillError
-from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError
+from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
 from training.data.block_cache import (
     BLOCK_EXT,
     BLOCKS_DIR,
@@ -1920,8 +1920,8 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     c = DocumentTable(url, cache=settings).cache
     download = c._download
 
-    def emptied_meanwhile(u, deadline):
-        got = download(u, deadline)
+    def emptied_meanwhile(u, window):
+        got = download(u, window)
         shutil.rmtree(settings.dir)
         return got
 
@@ -2229,10 +2229,41 @@ def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
         began = time.monotonic()
         late = r"kept failing for 2 s \(\d+ tries, the first 1\.[56] s into the window, data.fetch_"
         with pytest.raises(ObjectStoreError, match=late):
-            c.fetch(0, deadline=began + 0.5)
+            window = Window(2)
+            window.until = began + 0.5  # begun 1.5 s ago
+            c.fetch(0, window)
         assert time.monotonic() - began < 1.5
     finally:
         s3.proxy.down = False
+
+
+def test_a_slow_healthy_store_keeps_its_retries_through_a_group_longer_than_the_window(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A group's window runs on from each sample fetched: a store answering every request, slowly (0.4 s
+    each, one in flight, a group of 5 taking ~2 s against a window of 1.5 s), with one 503 on the last
+    sample's first try, fetches the group. When the window ran from the group's request alone, the
+    later samples each had one try and the 503 stopped the run, blaming the store (review R24f 1)."""
+    _, url = synthetic
+    c = DocumentTable(url, cache=CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1.5)).cache
+    n = c.nunits
+    assert n >= 5 and not any(c.cached(u) for u in range(n))
+    gets, draw = [], s3.proxy._draw
+
+    def one_slow_down(method, path):
+        fault = draw(method, path)
+        if method == "GET" and "/shards/" in path:
+            gets.append(path)
+            if len(gets) == n:  # the last sample's first try
+                return "slow_down"
+        return fault
+
+    s3.proxy.latency, s3.proxy._draw = 0.4, one_slow_down
+    try:
+        c.fetch_all(range(n))
+    finally:
+        s3.proxy.latency, s3.proxy._draw = 0, draw
+    assert all(c.cached(u) for u in range(n)) and len(gets) == n + 1, len(gets)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -52,6 +52,26 @@ MAX_PUT_BYTES = 5 << 30  # S3's limit for one PUT; above it only multipart, whic
 T = TypeVar("T")
 
 
+class Window:
+    """How long a training's fetches retry (data.fetch_timeout_s): from when the data was first waited
+    for, pushed on by every fetch of its group that succeeds, so that it measures how long nothing came,
+    not how long a group takes: a group of a slow but healthy store outlasted one window, and each of
+    its later samples then had one try, a 503 fatal (review R24f 1). Shared by a group's fetch threads
+    (a float written whole, under the GIL)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.until = time.monotonic() + seconds
+
+    def progressed(self) -> None:
+        """Data came: the window runs fetch_timeout_s from now."""
+        self.until = max(self.until, time.monotonic() + self.seconds)
+
+    def elapsed(self) -> float:
+        """Seconds since the window began, or since its last progress."""
+        return time.monotonic() - (self.until - self.seconds)
+
+
 class ObjectStoreError(GristmillError):
     """A bucket that cannot be used (unknown, no credentials, unreachable, refusing): one line naming
     the URL and the fix."""
@@ -245,18 +265,19 @@ class ObjectStore:
     # ----------------------------------------------------------------------------------------
     # requests, each retried on transient failures
 
-    def deadline(self) -> float | None:
-        """When a request that starts now stops retrying (time.monotonic()); None: after `attempts`."""
-        return None if self.retry_for_s is None else time.monotonic() + self.retry_for_s
+    def window(self) -> Window | None:
+        """The retry window of requests that start now (retry_for_s); None: they stop after `attempts`."""
+        return None if self.retry_for_s is None else Window(self.retry_for_s)
 
-    def _call(self, what: str, rel: str | None, fn: Callable[[Any], T], deadline: float | None = None) -> T:
+    def _call(self, what: str, rel: str | None, fn: Callable[[Any], T], window: Window | None = None) -> T:
         """`fn(client)` with retries; errors become ObjectStoreError (ObjectMissing for a missing object).
-        `deadline` (with retry_for_s): the caller's, when its window began before this request (a
-        sample's fetch counts from when it began waiting for the sample); at least one attempt."""
+        `window` (with retry_for_s): the caller's, when it began before this request (a sample's fetch
+        counts from when it began waiting for the sample, a group's from its last progress); at least
+        one attempt."""
         _, exc = _botocore()
-        deadline = None if self.retry_for_s is None else self.deadline() if deadline is None else deadline
+        window = None if self.retry_for_s is None else self.window() if window is None else window
         # how long the caller's window had run before this request (its wait for the sample's lock)
-        late = 0.0 if deadline is None else time.monotonic() - (deadline - self.retry_for_s)
+        late = 0.0 if window is None else window.elapsed()
         for attempt in itertools.count():
             self.counts.add("requests")
             wait = backoff(attempt)
@@ -264,7 +285,7 @@ class ObjectStore:
                 return fn(_client())
             except exc.ClientError as e:
                 last = e if self._transient_code(e) else None
-                if last is None or (deadline is None and attempt + 1 == self.attempts):
+                if last is None or (window is None and attempt + 1 == self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
                 exc.HTTPClientError,
@@ -274,9 +295,9 @@ class ObjectStore:
                 last = e
                 refused = isinstance(e, exc.EndpointConnectionError)
                 tries = min(self.attempts, CONNECT_ATTEMPTS) if refused else self.attempts
-                if deadline is None and attempt + 1 == tries:
+                if window is None and attempt + 1 == tries:
                     raise self._error(what, rel, e, attempt + 1) from None
-            if deadline is not None and time.monotonic() + wait > deadline:
+            if window is not None and time.monotonic() + wait > window.until:
                 raise self._error(what, rel, last, attempt + 1, self.retry_for_s, late) from None
             self.counts.add("retries")
             time.sleep(wait)
@@ -409,10 +430,10 @@ class ObjectStore:
             self._call("GET", rel, fetch)
         return h.hexdigest()
 
-    def get_range(self, rel: str, start: int, end: int, deadline: float | None = None) -> bytes:
+    def get_range(self, rel: str, start: int, end: int, window: Window | None = None) -> bytes:
         """Bytes [start, end) of object `rel`: one range GET; an attempt cut off mid-body continues from
         the byte reached. What comes back is unverified: the caller checks it against its hashes.
-        `deadline`: as _call's."""
+        `window`: as _call's."""
         got = bytearray()
 
         def fetch(c):
@@ -427,7 +448,7 @@ class ObjectStore:
                 raise _short_read_error(self.url.child(rel), len(got), end - start)
 
         if end > start:
-            self._call("GET range", rel, fetch, deadline)
+            self._call("GET range", rel, fetch, window)
         return bytes(got[: end - start])
 
     def head(self, rel: str) -> dict[str, Any] | None:

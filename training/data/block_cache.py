@@ -74,7 +74,7 @@ from training.contract.dataset_index import (
     sample_digest,
 )
 from training.contract.lifetime import host, pid_alive
-from training.contract.object_store import COUNTS, ObjectStore
+from training.contract.object_store import COUNTS, ObjectStore, Window
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
@@ -323,27 +323,32 @@ class CachedBlocks:
         with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}"):
             yield
 
-    def fetch(self, u: int, deadline: float | None = None) -> bool:
-        """Make sure the cache holds sample `u` (True if it was fetched here). Its requests retry until
-        `deadline` (time.monotonic()), by default data.fetch_timeout_s from now: from when this caller
+    def fetch(self, u: int, window: Window | None = None) -> bool:
+        """Make sure the cache holds sample `u` (True if it was fetched here). Its requests retry within
+        `window` (object_store.Window), by default data.fetch_timeout_s from now: from when this caller
         began to wait for the sample, not from when it got the sample's lock. A process or thread that
         waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
         what is left of its window, once when none is, not for a window of its own after the other's:
-        an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3)."""
+        an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3). The
+        sample in the cache is progress: the window runs on from now (a group's, fetch_all)."""
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):
             self.known(u)
+            if window is not None:
+                window.progressed()
             return False
-        deadline = self.store.deadline() if deadline is None else deadline
+        window = self.store.window() if window is None else window
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
             if self.cached(u):  # another process or thread fetched it meanwhile
                 self.known(u)
+                if window is not None:
+                    window.progressed()
                 return False
             try:
-                records, check, ids = self._download(u, deadline)  # into memory: in flight, no disk
+                records, check, ids = self._download(u, window)  # into memory: in flight, no disk
             except DatasetError as e:
                 self.refused[u] = e
                 raise
@@ -360,6 +365,8 @@ class CachedBlocks:
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
             self.known(u)
+            if window is not None:
+                window.progressed()
             return True
 
     def known(self, u: int) -> None:
@@ -374,10 +381,12 @@ class CachedBlocks:
 
     def fetch_all(self, units: Iterable[int]) -> None:
         """Make sure the cache holds every one of `units`, `data.fetch_requests` fetches in flight, each
-        retrying until data.fetch_timeout_s from this call (not from its turn in the queue); the first
-        failure is raised once the fetches in flight end, the queued ones dropped (a group's thousands
-        of samples each retried for fetch_timeout_s in turn, `requests` at a time)."""
-        deadline = self.store.deadline()
+        retrying within one window for them all: data.fetch_timeout_s from this call or from the last
+        sample fetched (not from each one's turn in the queue); the first failure is raised once the
+        fetches in flight end, the queued ones dropped (a group's thousands of samples each retried for
+        fetch_timeout_s in turn, `requests` at a time: review R24c F3). A slow but healthy store keeps
+        its retries however long the group takes (review R24f 1)."""
+        window = self.store.window()
         missing = []
         for u in dict.fromkeys(int(u) for u in units):
             if self.cached(u):
@@ -386,13 +395,13 @@ class CachedBlocks:
                 missing.append(u)
         if len(missing) <= 1:
             for u in missing:
-                self.fetch(u, deadline)
+                self.fetch(u, window)
             return
         pool = ThreadPoolExecutor(
             min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
         )
         try:
-            for f in [pool.submit(self.fetch, u, deadline) for u in missing]:
+            for f in [pool.submit(self.fetch, u, window) for u in missing]:
                 f.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -413,9 +422,9 @@ class CachedBlocks:
         docs_at, ids_at = int(hit[0][u - a]), int(hit[1][u - a])
         return self.names[shard], docs_at, ids_at + int(self.totals[u]) * self.itemsize, ids_at
 
-    def _download(self, u: int, deadline: float | None) -> tuple[bytes, int, bytes]:
+    def _download(self, u: int, window: Window | None) -> tuple[bytes, int, bytes]:
         """Unit `u`'s sample's records, the xxh3 of its ids, and its ids (requests retried until
-        `deadline`: fetch's), every document checked: the records against the index's digest and
+        `window`: fetch's), every document checked: the records against the index's digest and
         sample total, each document's ids against its record's sha256; fetched once more when one
         differs, then refused naming the shard, the bytes and the sample. A sample is one range request
         (its records, then its ids); a held-out document two (its sample's records, then its own ids,
@@ -426,7 +435,7 @@ class CachedBlocks:
         n, total = int(self.first[s + 1] - self.first[s]), int(self.totals[s])
         for attempt in (1, 2):
             data = self.store.get_range(
-                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD, deadline
+                f"{SHARDS_DIR}/{name}", lo, hi if not self.per_doc else lo + n * DOC_RECORD, window
             )
             rec = np.frombuffer(data, DOC_RECORDS, n)
             lengths = rec["n_tokens"].astype(np.int64)
@@ -444,9 +453,7 @@ class CachedBlocks:
             else:
                 if self.per_doc:
                     a = ids_at + int(starts[k])
-                    ids = self.store.get_range(
-                        f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize, deadline
-                    )
+                    ids = self.store.get_range(f"{SHARDS_DIR}/{name}", a, a + tokens * self.itemsize, window)
                     spans = [(0, len(ids))]
                 else:
                     ids = data[ids_at - lo :]
