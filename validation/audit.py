@@ -34,6 +34,7 @@ from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, redo_task
 from training.contract.errors import GristmillError, print_error, refuse_empty
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
+    CONFIG_TOML,
     CONSUMPTION_PARQUET,
     DATA_PLAN_JSON,
     EVAL_DIR,
@@ -494,6 +495,21 @@ def _refuse_other_file(db: Path) -> None:
         )
 
 
+def _run_datasets(run: Path) -> list[str]:
+    """The datasets training run `run` reads (its config.toml's sources: data.dataset or each
+    [[data.sources]]), none where it is no run or its config cannot be read (review R24e 5: the advice
+    named data.dataset, which a mixture's config does not have)."""
+    from training.config import load_train_config
+    from training.data.spec import resolve
+
+    if not is_training_run(run):
+        return []
+    try:
+        return [s.dataset for s in resolve(load_train_config(str(run / CONFIG_TOML), [])).sources]
+    except (GristmillError, OSError):
+        return []
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.max_rows < 0:  # a negative count sliced rows off the end, with a "… more rows" note
         raise AuditError(f"--max-rows {args.max_rows}: give the rows a table shows, ≥ 1 (0: all)")
@@ -509,10 +525,12 @@ def _run(args: argparse.Namespace) -> int:
     asked = f"--report {args.report}" if args.report not in (None, "all", *RUN_REPORTS) else None
     if (asked or args.plots) and not _has_dataset(args.dirs):
         # its tables would be empty: "(no rows)" and exit 0 said nothing of why
+        runs = [f"{d}'s: {', '.join(ds)}" for d in args.dirs if (ds := _run_datasets(Path(d)))]
         raise AuditError(
             f"{asked or '--plots'} reads a dataset's files, and {', '.join(args.dirs)} holds no "
-            f"{DATASET_JSON}: pass a dataset directory (a training run's is data.dataset in its "
-            f"config.toml), or --report {' / '.join(RUN_REPORTS)} for a training run"
+            f"{DATASET_JSON}: pass a dataset directory ("
+            + ("; ".join(runs) if runs else "a training run's are the datasets its config.toml names")
+            + f"), or --report {' / '.join(RUN_REPORTS)} for a training run"
         )
     if args.report in RUN_REPORTS and not any(is_training_run(r) for r in args.dirs):
         # its table would be empty: "(no rows)" and exit 0 said nothing of why (review R18a F5)

@@ -539,7 +539,12 @@ def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_thi
     shutil.copytree(src, run, symlinks=True)
     config = (run / "config.toml").read_text()
     assert config.count("keep_last = 1\n") == 1
-    (run / "config.toml").write_text(config.replace("keep_last = 1\n", "keep_last = 0\n"))
+    # and a last invocation that stopped at run.max_steps = 25, before the checkpoints of 26–30 were
+    # made by an earlier one: "past the run's last step, 25" answered for step 28 (review R24e 2)
+    config = config.replace("keep_last = 1\n", "keep_last = 0\n").replace(
+        "[run]\n", "[run]\nmax_steps = 25\n", 1
+    )
+    (run / "config.toml").write_text(config)
     want = {
         20: f"step 20 has no checkpoint in {run / 'checkpoints'}: checkpoint.keep_last = 0 (the run's config "
         "now) deletes none, so the run's retention deleted it while its keep_last was above 0, or it was "
@@ -547,6 +552,8 @@ def test_a_missing_checkpoint_of_a_run_that_keeps_every_one_is_not_blamed_on_thi
         22: "step 22 has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30), and a "
         "save made where the run stopped (SIGTERM, Ctrl-C, run.max_steps) is deleted by retention once a "
         "resume has saved newer ones",
+        28: "step 28 has no checkpoint: checkpoint.interval = 5 saves every 5 steps and the last (30)",
+        31: "step 31 is past the run's last step, 30",
     }
     for step, why in want.items():
         assert gristmill(["export", str(run), "--step", str(step)]) == 2

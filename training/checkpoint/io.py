@@ -349,7 +349,9 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
         )
     try:
         cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
-        last = cfg.run.max_steps or resolve(cfg).last_step
+        # the plan's: run.max_steps is where one invocation stopped (a resume may have gone on past
+        # it), not the run's end (review R24e 2)
+        last = resolve(cfg).last_step
     except (GristmillError, OSError):
         cfg, last = None, None
     if step == 0 and cfg is not None and cfg.model.init_from:
@@ -362,8 +364,6 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
             f"step 0 is a run's base model (model.init_from), and {run_dir} started from random "
             "initialisation; its first checkpoint is a trained step"
         )
-    if last is not None and step > last:
-        return f"step {step} is past the run's last step, {last}"
     aside = sorted(
         p.relative_to(run_dir)
         for sub in (CHECKPOINTS_DIR, EXPORTS_DIR, EVAL_DIR)
@@ -379,6 +379,8 @@ def missing_step_reason(run_dir: str | Path, step: int, merged: bool = False) ->
         )
     if skip:
         return f"step {step} was never trained: {skipped} (their data is never trained on)"
+    if last is not None and step > last:
+        return f"step {step} is past the run's last step, {last}"
     reason = incomplete_reason(checkpoint_dir(run_dir, step))
     if (checkpoint_dir(run_dir, step)).is_dir() and reason is not None:
         return f"step {step}'s checkpoint is incomplete: {reason}"

@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             print(_hash_line(s, micro, args))
         return 0
     micro = next(iter(loader))
-    print(f"step {step} = epoch {epoch} batch {batch}; sha256 {batch_sha256(micro)}")
+    print(f"step {step} = epoch {epoch} batch {batch}; sha256 {_digest(micro, args)}")
     _print_batch(loader, step - 1, args, micro)
     return 0
 
@@ -190,17 +190,22 @@ def _run_mode(args: argparse.Namespace) -> int:
     )
     print(
         f"step {step} = phase {ph.name!r} step {k + 1} of {ph.steps} ({ph.global_batch} sequences × "
-        f"{ph.seq_len} = {ph.global_batch * ph.seq_len:,} tokens){skipped}; sha256 {batch_sha256(micro)}"
+        f"{ph.seq_len} = {ph.global_batch * ph.seq_len:,} tokens){skipped}; sha256 {_digest(micro, args)}"
     )
     _print_batch(loader, step - 1, args, micro)
     return 0
 
 
-def _hash_line(step: int, micro: list, args: argparse.Namespace) -> str:
-    """`--hash`'s line of step `step`: a rank's rows have a digest of their own, not the whole batch's
-    that a run records, and say so (review R24a 2)."""
+def _digest(micro: list, args: argparse.Namespace) -> str:
+    """The sha256 of this rank's part of a step: a rank's rows have a digest of their own, not the
+    whole batch's that a run records, and say so (review R24a 2; the batch's header too: R24e 3)."""
     rows = f" rank {args.rank}/{args.world_size}'s rows" if args.world_size > 1 else ""
-    return f"{step} {batch_sha256(micro)}{rows}"
+    return f"{batch_sha256(micro)}{rows}"
+
+
+def _hash_line(step: int, micro: list, args: argparse.Namespace) -> str:
+    """`--hash`'s line of step `step`."""
+    return f"{step} {_digest(micro, args)}"
 
 
 def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro: list) -> None:

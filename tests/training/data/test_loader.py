@@ -553,6 +553,9 @@ def test_inspect_prints_the_batch(text_dataset, capsys):
     assert out.count("\nrow ") == G
     rc, out = inspect(capsys, *common, "--step", 4, "--rank", 1, "--world-size", 2)
     assert "rows 4..7" in out and "row 4: ids" in out
+    half = make_loader(text_dataset, rank=1, world_size=2)  # its header's digest is the rank's rows' (R24e 3)
+    half.seek(3)
+    assert f"; sha256 {batch_sha256(take(half, 1)[0])} rank 1/2's rows\n" in out, out
 
 
 def test_inspect_without_the_tokenizers_package_prints_ids(text_dataset, capsys, monkeypatch):

@@ -535,6 +535,9 @@ def test_plan_inspect_and_consumption(reference, sources, tmp_path, capsys):
     line = one_error_line(capsys.readouterr().err)
     assert f"--report summary reads a dataset's files, and {run_dir} holds no dataset.json" in line, line
     assert "--report consumption for a training run" in line
+    # the run's own datasets named: a mixture's config has no data.dataset to look up (review R24e 5)
+    named = ", ".join(str(sources[n]) for n in sources)
+    assert f"pass a dataset directory ({run_dir}'s: {named})" in line, line
     # "all" of a run is its own tables, --plots (a dataset's charts) is refused, and a dataset with its
     # run prints both's tables (review R13c F3: nine empty tables, "no rows" charts, no consumption)
     assert gristmill(["data", "audit", str(run_dir), "--report", "all"]) == 0
