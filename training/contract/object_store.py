@@ -278,6 +278,7 @@ class ObjectStore:
         window = None if self.retry_for_s is None else self.window() if window is None else window
         # how long the caller's window had run before this request (its wait for the sample's lock)
         late = 0.0 if window is None else window.elapsed()
+        first = time.monotonic()
         for attempt in itertools.count():
             self.counts.add("requests")
             wait = backoff(attempt)
@@ -298,7 +299,8 @@ class ObjectStore:
                 if window is None and attempt + 1 == tries:
                     raise self._error(what, rel, e, attempt + 1) from None
             if window is not None and time.monotonic() + wait > window.until:
-                raise self._error(what, rel, last, attempt + 1, self.retry_for_s, late) from None
+                tried = (time.monotonic() - first, late)
+                raise self._error(what, rel, last, attempt + 1, self.retry_for_s, tried) from None
             self.counts.add("retries")
             time.sleep(wait)
         raise AssertionError("unreachable")
@@ -324,19 +326,22 @@ class ObjectStore:
         e: Exception,
         tries: int,
         seconds: float | None = None,
-        late: float = 0,
+        tried: tuple[float, float] = (0.0, 0.0),
     ) -> ObjectStoreError:
         _, exc = _botocore()
         where = self.url.child(rel) if rel else str(self.url)
-        if seconds is not None:  # a training's fetch that kept failing for data.fetch_timeout_s
-            # A window counts from when the data was first waited for (CachedBlocks.fetch): a waiter's
-            # tries (another process's fetch of the sample failed meanwhile) began late in it.
+        if seconds is not None:  # a training's fetch: no data came for data.fetch_timeout_s
+            # A window counts from when the data was first waited for (CachedBlocks.fetch), or its
+            # group's last sample fetched (Window): a waiter's tries began late in it, and a sample
+            # of a group tried for longer than one window. The time said is the tries' own (it said
+            # the window's, whatever they took: review R24g 2).
+            spent, late = tried
             late_note = f", the first {late:.1f} s into the window" if late >= 0.5 else ""
             return ObjectStoreError(
-                f"{where}: {what} kept failing for {seconds:g} s ({tries} tries{late_note}, "
-                "data.fetch_timeout_s), last "
-                f"with {self._cause(e)}; check the store and the network (AWS_ENDPOINT_URL = {endpoint()}), "
-                "then resume the run (--resume auto), or raise data.fetch_timeout_s"
+                f"{where}: {what} kept failing for {spent:.1f} s ({tries} tries{late_note}), no data coming "
+                f"for data.fetch_timeout_s = {seconds:g} s, last with {self._cause(e)}; check the store and "
+                f"the network (AWS_ENDPOINT_URL = {endpoint()}), then resume the run (--resume auto), or "
+                "raise data.fetch_timeout_s"
             )
         if isinstance(e, exc.ClientError):
             code = e.response.get("Error", {}).get("Code", "")

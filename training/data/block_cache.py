@@ -330,19 +330,19 @@ class CachedBlocks:
         waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
         what is left of its window, once when none is, not for a window of its own after the other's:
         an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3). The
-        sample in the cache is progress: the window runs on from now (a group's, fetch_all)."""
+        sample fetched, here or by another while this caller waited for it, is progress: the window
+        runs on from now (a group's, fetch_all); one found there at once is not (it may have come before
+        an outage: review R24g 1)."""
         if u in self.refused:
             raise self.refused[u]
-        if self.cached(u):
+        if self.cached(u):  # there already: no progress of the window's (it may predate an outage)
             self.known(u)
-            if window is not None:
-                window.progressed()
             return False
         window = self.store.window() if window is None else window
         with self._unit_lock(u):
             if u in self.refused:
                 raise self.refused[u]
-            if self.cached(u):  # another process or thread fetched it meanwhile
+            if self.cached(u):  # another process or thread fetched it while this one waited: data came
                 self.known(u)
                 if window is not None:
                     window.progressed()
@@ -397,11 +397,22 @@ class CachedBlocks:
             for u in missing:
                 self.fetch(u, window)
             return
+        failed = threading.Event()  # the queued fetches end at the first failure, not when it is read
+
+        def one(u: int) -> None:
+            if failed.is_set():
+                return
+            try:
+                self.fetch(u, window)
+            except BaseException:
+                failed.set()
+                raise
+
         pool = ThreadPoolExecutor(
             min(self.cache.requests, len(missing)), thread_name_prefix="gristmill-group"
         )
         try:
-            for f in [pool.submit(self.fetch, u, window) for u in missing]:
+            for f in [pool.submit(one, u) for u in missing]:
                 f.result()
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
