@@ -4,7 +4,7 @@ warm loader speed, and the local loader of the new layout against the old one.
     python -m bench.object_store [--dir /tmp/gristmill-s3-bench] [--shards 1000] [--shard-kb 128]
                                  [--seq-len 2048] [--global-batch 32] [--group-blocks 16]
                                  [--val-fraction 0.001] [--cold-shards 40] [--warm-steps 200]
-                                 [--repeats 3] [--warm-workers 0,2]
+                                 [--repeats 3] [--warm-workers 0,2] [--warm-world 2,8]
 
 Against moto's S3 server on loopback (pipelines/local_s3.py), reached through the tests' seeded
 fault-injecting proxy (tests/helpers/s3_server.py), which also counts the requests and the body bytes
@@ -29,7 +29,9 @@ uploads it with `gristmill data upload`'s code, then measures, without and with 
     after the first batch (the steps alone: the open's requests are once a run); then with one group
     of every sample (FineWeb-Edu's groups of 4,096 samples are far more than these); and the floor:
     one open + read + xxh3 of a cached sample beside the local loader's time per sample, the most a
-    reader that checks each sample it uses can reach;
+    reader that checks each sample it uses can reach; then rank 0 of --warm-world ranks (its 1/N of
+    each step, in the loop's process): a rank's reader reads and checks every sample of its group
+    whole, as one rank alone does, while the local loader reads only the rank's documents;
   - local: the loader of the dataset in place, gristmill-shards/3 ÷ the same documents in the layout
     /2 (goal ≥ 0.95: the new layout costs local datasets nothing);
   - on paper: FineWeb-Edu on 64 nodes (cache per node, bytes, requests and dollars per epoch at S3
@@ -107,7 +109,7 @@ def make_dataset(root: Path, shards: int, shard_kb: int, v2: bool = False) -> di
 def loader(location, args, cache: CacheSettings | None = None, global_batch: int | None = None, **kw):
     g = global_batch or args.global_batch
     return dataset_loader(
-        location, seq_len=args.seq_len, global_batch=g, micro_batch=g, seed=SEED, cache=cache, **kw
+        location, seq_len=args.seq_len, global_batch=g, seed=SEED, cache=cache, **{"micro_batch": g, **kw}
     )
 
 
@@ -185,6 +187,12 @@ def main() -> None:
         type=lambda v: [int(x) for x in v.split(",")],
         default=[0, 2],
         help="data.num_workers of the warm runs, comma-separated (the FineWeb-Edu recipes read with 2)",
+    )
+    p.add_argument(
+        "--warm-world",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=[2, 8],
+        help="world sizes of the per-rank warm runs (rank 0's loader), comma-separated",
     )
     args = p.parse_args()
     epoch_order.GROUP_BLOCKS = args.group_blocks  # before any loader is built: many groups at bench scale
@@ -302,6 +310,26 @@ def main() -> None:
             f"{min(firsts['bucket']) * 1e3:.0f} ms, local {min(firsts['local']) * 1e3:.0f} ms)"
         )
         epoch_order.GROUP_BLOCKS = args.group_blocks
+        # One rank of several, in the loop's process: rank 0's slots, 1/N of each step.
+        for world in args.warm_world:
+            g = args.global_batch
+            if g % world:
+                print(f"rank 0 of {world}: skipped, --global-batch {g} is not a multiple of {world}")
+                continue
+            kw = {"micro_batch": g // world, "rank": 0, "world_size": world, **vf}
+            runs = {"bucket": [], "local": []}
+            firsts = {"bucket": [], "local": []}
+            for _ in range(args.repeats):
+                for k, where, c in (("bucket", url, working), ("local", local, None)):
+                    runs[k].append(run_steps(where, args, c, n, firsts[k], **kw))
+            after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+            print(
+                f"warm loader, {n} steps, rank 0 of {world} (its 1/{world} of each step), groups of "
+                f"{args.group_blocks}: bucket {tokens / world / min(runs['bucket']) / 1e6:.2f}M tokens/s, "
+                f"local {tokens / world / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
+                f"{min(runs['local']) / min(runs['bucket']):.3f}; after the first batch "
+                f"{after['local'] / after['bucket']:.3f}"
+            )
         older = args.dir / "dataset-v2"
         make_dataset(older, args.shards, args.shard_kb, v2=True)
         runs = {"new": [], "old": []}
