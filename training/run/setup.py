@@ -199,7 +199,6 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checked.base_dir,
         checkpointer.resumed_from,
         checkpointer.resumed_here,
-        trains=resumed is None or resumed < last_step,
     )
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
@@ -370,19 +369,17 @@ def _outputs(
     base_dir: Path | None,
     resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None,
     own: bool,
-    trains: bool,
 ) -> None:
     """Rank 0, once the resume checks passed (a refused resume leaves the run's files as they were):
     a new run's base (RUN/base/: the base as loaded from `base_dir`, for its exports), the run record
     started (what a discarded future left set aside, the plan's record and plot, metrics.jsonl, the
     trackers), then RUN/config.toml (after a resume's note of what changed). `resumed_from`: the
     checkpoint resumed, the config hash and config it records (Checkpointer.resumed_from); `own`: it is this
-    run directory's (Checkpointer.resumed_here); `trains`: this invocation trains a step (a resume with
-    nothing to do leaves RUN/config.toml the config of what ran, and says no change "in effect")."""
+    run directory's (Checkpointer.resumed_here)."""
     if env.rank != 0:
         return
     applied = applied_config(resolved, spec)
-    if resumed is not None and resumed_from is not None and trains:
+    if resumed is not None and resumed_from is not None:
         for line in _changes_since(*resumed_from, applied, resumed):
             say(line)
     # RUN/base/: the base as loaded, for its exports; a resumed run's comes from the run whose
@@ -406,11 +403,7 @@ def _outputs(
     record.started(resumed, own=own, metrics=resolved.metrics, config=applied, datasets=datasets)
     # After the record started, whose trackers may still refuse the resume (an unreadable
     # trackers.json, wandb that cannot start): a refused attempt's overrides written here became the
-    # run's, and `--config RUN/config.toml --resume auto` trained with them (review R14b M1). A resume
-    # that trains nothing wrote its overrides there too, never used for any step: a run repeated from
-    # it trained other losses (review R24e 1). A directory without one gets it (its eval reads it).
-    if not trains and (run_dir / CONFIG_TOML).is_file():
-        return
+    # run's, and `--config RUN/config.toml --resume auto` trained with them (review R14b M1).
     try:
         save_config(applied, run_dir / CONFIG_TOML)
     except OSError as e:
