@@ -2300,6 +2300,41 @@ def test_a_group_s_fetch_ends_at_its_first_failure_and_old_data_is_no_progress(
     assert sorted(tried) == [1, 2] and c.nunits > 3, tried  # the two in flight, not the queued ones
 
 
+def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """A fetch in an outage tries until its window's end (it gave up up to one backoff early, saying
+    the window had passed: review R24i 2); a sample another process wrote before this one's wait for
+    its lock ended runs the window on from when it was written, not from when it was seen (a copy
+    written before an outage, seen after a long wait, ran it on by one more: review R24i 1)."""
+    _, url = synthetic
+    store = ObjectStore(url, retry_for_s=2)
+    name = sorted(store.list("shards"))[0]
+    s3.proxy.down = True
+    try:
+        began = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"kept failing for (1\.9|2\.\d) s"):
+            store.get_range(name, 0, 100)
+        assert time.monotonic() - began >= 1.95
+    finally:
+        s3.proxy.down = False
+    settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1)
+    a, b = (DocumentTable(url, cache=settings).cache for _ in range(2))  # two ranks of a node
+    waiter, got = Window(1), []
+    with a._unit_lock(0):  # rank A holds sample 0's lock: B finds it missing and waits
+        t = threading.Thread(target=lambda: got.append(b.fetch(0, waiter)))
+        t.start()
+        time.sleep(0.2)
+        records, check, ids = a._download(0, None)
+        a._write(0, records, check, ids)  # A writes it, then holds the lock on (another sample's fetch)
+        written = time.monotonic()
+        time.sleep(0.6)
+    t.join(timeout=30)
+    assert got == [False]  # found cached after the wait: not fetched again
+    # from when it was written (+1), not from when B saw it (+1.6)
+    assert written + 0.8 <= waiter.until <= written + 1.2, waiter.until - written
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_data_stall_saves_the_last_trained_step_then_stops(
     s3, synthetic, small_blocks, tmp_path, capsys, ranks

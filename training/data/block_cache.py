@@ -345,7 +345,11 @@ class CachedBlocks:
             if self.cached(u):  # another process or thread fetched it while this one waited: data came
                 self.known(u)
                 if window is not None:
-                    window.progressed()
+                    # when it was written, not when this waiter saw it: a copy written before an
+                    # outage, seen after a wait on a lock another sample's failing fetch held, ran
+                    # the window on by one more (review R24i 1)
+                    with contextlib.suppress(OSError):
+                        window.progressed(ago=time.time() - os.stat(self._file(u)).st_mtime)
                 return False
             try:
                 records, check, ids = self._download(u, window)  # into memory: in flight, no disk
