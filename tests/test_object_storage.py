@@ -10,6 +10,7 @@ and trainer tests. Every reader compares what it gets from the bucket with the l
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -2326,13 +2327,38 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
         t.start()
         time.sleep(0.2)
         records, check, ids = a._download(0, None)
+        before = time.monotonic()
         a._write(0, records, check, ids)  # A writes it, then holds the lock on (another sample's fetch)
         written = time.monotonic()
         time.sleep(0.6)
     t.join(timeout=30)
     assert got == [False]  # found cached after the wait: not fetched again
     # from when it was written (+1), not from when B saw it (+1.6)
-    assert written + 0.8 <= waiter.until <= written + 1.2, waiter.until - written
+    assert before + 0.9 <= waiter.until <= written + 1.3, (waiter.until - before, written - before)
+
+
+def test_requests_without_a_window_end_and_a_long_window_backs_off_without_overflow(s3):
+    """Review R24j: a request without a window (uploads, a build's, a dataset's open) that met three
+    503s and then refused connections was retried without end (the refused tries were counted from the
+    first try, not apart); a window of an hour reached 2 ** 1024 in the backoff (OverflowError, a
+    traceback where the run should save and stop)."""
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    from training.contract.object_store import BACKOFF_CAP_S, CONNECT_ATTEMPTS, backoff
+
+    tries = itertools.count()
+
+    def slow_down_then_refused(_client):
+        if next(tries) < 3:
+            raise ClientError(
+                {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "Get"
+            )
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+
+    with pytest.raises(ObjectStoreError, match="cannot reach"):
+        ObjectStore("s3://b/p")._call("GET", "x", slow_down_then_refused)
+    assert next(tries) == 3 + CONNECT_ATTEMPTS  # three 503s, then the refused ones' own count
+    assert backoff(5000) <= BACKOFF_CAP_S
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

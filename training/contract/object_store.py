@@ -56,16 +56,17 @@ class Window:
     """How long a training's fetches retry (data.fetch_timeout_s): from when the data was first waited
     for, pushed on by every fetch of its group that succeeds, so that it measures how long nothing came,
     not how long a group takes: a group of a slow but healthy store outlasted one window, and each of
-    its later samples then had one try, a 503 fatal (review R24f 1). Shared by a group's fetch threads
-    (a float written whole, under the GIL)."""
+    its later samples then had one try, a 503 fatal (review R24f 1). Shared by a group's fetch threads."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
         self.until = time.monotonic() + seconds
+        self._lock = threading.Lock()  # a late-dated progress must not overwrite a fresh one (R24j 4)
 
     def progressed(self, ago: float = 0.0) -> None:
         """Data came, `ago` seconds before now: the window runs fetch_timeout_s from then."""
-        self.until = max(self.until, time.monotonic() - max(0.0, ago) + self.seconds)
+        with self._lock:
+            self.until = max(self.until, time.monotonic() - max(0.0, ago) + self.seconds)
 
     def elapsed(self) -> float:
         """Seconds since the window began, or since its last progress."""
@@ -278,7 +279,7 @@ class ObjectStore:
         window = None if self.retry_for_s is None else self.window() if window is None else window
         # how long the caller's window had run before this request (its wait for the sample's lock)
         late = 0.0 if window is None else window.elapsed()
-        first = time.monotonic()
+        first, refused = time.monotonic(), 0
         for attempt in itertools.count():
             self.counts.add("requests")
             wait = backoff(attempt)
@@ -286,7 +287,7 @@ class ObjectStore:
                 return fn(_client())
             except exc.ClientError as e:
                 last = e if self._transient_code(e) else None
-                if last is None or (window is None and attempt + 1 == self.attempts):
+                if last is None or (window is None and attempt + 1 >= self.attempts):
                     raise self._error(what, rel, e, attempt + 1) from None
             except (
                 exc.HTTPClientError,
@@ -294,9 +295,10 @@ class ObjectStore:
                 exc.IncompleteReadError,
             ) as e:  # reset, cut, refused
                 last = e
-                refused = isinstance(e, exc.EndpointConnectionError)
-                tries = min(self.attempts, CONNECT_ATTEMPTS) if refused else self.attempts
-                if window is None and attempt + 1 == tries:
+                refused += isinstance(e, exc.EndpointConnectionError)
+                # `attempts` in all, or CONNECT_ATTEMPTS refused ones (counted apart: a store that
+                # answered 503 three times, then refused, was retried without end: review R24j 1)
+                if window is None and (attempt + 1 >= self.attempts or refused >= CONNECT_ATTEMPTS):
                     raise self._error(what, rel, e, attempt + 1) from None
             if window is not None:
                 # the window waited out to its end: the last wait is cut to it, and a try made there
@@ -616,7 +618,8 @@ def _file_digest(path: Path, algorithm) -> str:
 def backoff(attempt: int) -> float:
     """Seconds before retry `attempt + 1`: exponential from BACKOFF_S, capped, with jitter so that
     the ranks of a node retrying together do not hit the store together again."""
-    return min(BACKOFF_CAP_S, BACKOFF_S * 2**attempt) * (0.5 + random.random() / 2)
+    # the exponent capped: 2 ** 1024 is no float (a window of an hour reached it: review R24j 2)
+    return min(BACKOFF_CAP_S, BACKOFF_S * 2 ** min(attempt, 32)) * (0.5 + random.random() / 2)
 
 
 def _short_read_error(where: str, got: int, size: int) -> Exception:

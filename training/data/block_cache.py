@@ -330,9 +330,9 @@ class CachedBlocks:
         waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
         what is left of its window, once when none is, not for a window of its own after the other's:
         an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3). The
-        sample fetched, here or by another while this caller waited for it, is progress: the window
-        runs on from now (a group's, fetch_all); one found there at once is not (it may have come before
-        an outage: review R24g 1)."""
+        sample fetched here is progress: the window runs on from now (a group's, fetch_all); one another
+        fetch brought while this caller waited for it runs it on from when it was written (R24i 1); one
+        found there at once does not (it may have come before an outage: review R24g 1)."""
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):  # there already: no progress of the window's (it may predate an outage)
