@@ -25,6 +25,7 @@ import json
 import math
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -505,8 +506,11 @@ def _run_datasets(run: Path) -> list[str]:
     if not is_training_run(run):
         return []
     try:
+        named = tomllib.loads((run / CONFIG_TOML).read_text()).get("data")
+        if not isinstance(named, dict) or not {"dataset", "sources"} & set(named):
+            return []  # the default dataset is no run's (an emptied config.toml named it: review R24h 4)
         return [s.dataset for s in resolve(load_train_config(str(run / CONFIG_TOML), [])).sources]
-    except (GristmillError, OSError):
+    except (GristmillError, OSError, ValueError):
         return []
 
 

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -538,6 +539,12 @@ def test_plan_inspect_and_consumption(reference, sources, tmp_path, capsys):
     # the run's own datasets named: a mixture's config has no data.dataset to look up (review R24e 5)
     named = ", ".join(str(sources[n]) for n in sources)
     assert f"pass a dataset directory ({run_dir}'s: {named})" in line, line
+    emptied = tmp_path / "emptied"  # a config.toml that names no dataset: the default's is no run's (R24h 4)
+    shutil.copytree(run_dir, emptied)
+    (emptied / "config.toml").write_text("")
+    assert gristmill(["data", "audit", str(emptied), "--report", "summary"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "pass a dataset directory (a training run's are the datasets its config.toml names)" in line, line
     # "all" of a run is its own tables, --plots (a dataset's charts) is refused, and a dataset with its
     # run prints both's tables (review R13c F3: nine empty tables, "no rows" charts, no consumption)
     assert gristmill(["data", "audit", str(run_dir), "--report", "all"]) == 0
