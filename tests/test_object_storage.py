@@ -2361,6 +2361,42 @@ def test_requests_without_a_window_end_and_a_long_window_backs_off_without_overf
     assert backoff(5000) <= BACKOFF_CAP_S
 
 
+def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(
+    s3, synthetic, small_blocks, tmp_path
+):
+    """Four ranks of a node need one sample while every request is answered late (0.5 s) and then
+    reset: each waiter made one more try in turn under the sample's lock once its window was spent
+    (the ranks stopped at 1.1, 1.6, 2.1 and 2.6 s for a window of 1 s; against an endpoint that hangs,
+    a minute each: review R24i 3). A waiter whose window ran out while another's fetch failed takes
+    that failure."""
+    _, url = synthetic
+    settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1)
+    ranks = [DocumentTable(url, cache=settings).cache for _ in range(4)]
+    stopped, lines = [], []
+
+    def rank(c):
+        try:
+            c.fetch(0, Window(1))
+        except ObjectStoreError as e:
+            stopped.append(time.monotonic() - began)
+            lines.append(str(e))
+
+    s3.proxy.down, s3.proxy.latency = True, 0.5
+    try:
+        began = time.monotonic()
+        threads = [threading.Thread(target=rank, args=(c,)) for c in ranks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        s3.proxy.down, s3.proxy.latency = False, 0
+    assert len(stopped) == 4 and max(stopped) < 2.0, stopped  # one failure, not four in turn
+    assert len(set(lines)) == 1, lines  # the first's line, as it failed
+    ranks[0].fetch(0)  # the store back: fetched, and the record of the failure gone with it
+    assert not Path(ranks[0]._failed_file(0)).exists()
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_data_stall_saves_the_last_trained_step_then_stops(
     s3, synthetic, small_blocks, tmp_path, capsys, ranks

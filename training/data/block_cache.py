@@ -74,7 +74,7 @@ from training.contract.dataset_index import (
     sample_digest,
 )
 from training.contract.lifetime import host, pid_alive
-from training.contract.object_store import COUNTS, ObjectStore, Window
+from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
@@ -94,6 +94,7 @@ BLOCKS_DIR = "blocks"
 HELDOUT_DIR = "heldout"  # under BLOCKS_DIR: the held-out split's documents, one file each
 KEEP_DIR = "keep"
 BLOCK_EXT = ".blk"
+FAILED_EXT = ".failed"  # beside a unit's file: its node's last failed fetch (CachedBlocks._failed_meanwhile)
 MAGIC = b"gristmill-sample/3\n"  # /1 (no checks), /2 (an xxh3 per document): copies to fetch again
 LAG_STEPS = 2  # steps behind the consumer whose blocks stay kept (ranks a step behind)
 MAX_AHEAD_STEPS = 64  # how far the prefetcher plans ahead at most
@@ -351,10 +352,21 @@ class CachedBlocks:
                     with contextlib.suppress(OSError):
                         window.progressed(ago=time.time() - os.stat(self._file(u)).st_mtime)
                 return False
+            if window is not None and time.monotonic() >= window.until:
+                # its window spent waiting for the lock while another process's fetch of the sample
+                # failed: that failure, not one more try in turn after it (each waiter of a node's
+                # ranks tried once, one after another, under the lock: ranks × a try's length past
+                # fetch_timeout_s, a minute each against an endpoint that hangs: review R24i 3)
+                if (failed := self._failed_meanwhile(u, window)) is not None:
+                    raise ObjectStoreError(failed)
             try:
                 records, check, ids = self._download(u, window)  # into memory: in flight, no disk
             except DatasetError as e:
                 self.refused[u] = e
+                raise
+            except ObjectStoreError as e:
+                with contextlib.suppress(OSError):
+                    write_atomic(self._failed_file(u), str(e), fsync=False)
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 if not os.path.isfile(self._origin):
@@ -368,10 +380,28 @@ class CachedBlocks:
                         raise unwritable_cache(self.cache.dir, e) from None
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
+            with contextlib.suppress(OSError):
+                os.unlink(self._failed_file(u))
             self.known(u)
             if window is not None:
                 window.progressed()
             return True
+
+    def _failed_file(self, u: int) -> str:
+        """Beside unit `u`'s file: the line of the last fetch of it on this node that failed."""
+        return self._file(u)[: -len(BLOCK_EXT)] + FAILED_EXT
+
+    def _failed_meanwhile(self, u: int, window: Window) -> str | None:
+        """The line of a fetch of unit `u` on this node that failed within `window` (since it began or
+        last progressed), None if none did."""
+        began = time.time() - window.elapsed()
+        try:
+            with open(self._failed_file(u)) as f:
+                if os.fstat(f.fileno()).st_mtime >= began:
+                    return f.read()
+        except (OSError, ValueError):
+            pass
+        return None
 
     def known(self, u: int) -> None:
         """Unit `u` was found in the cache, or written there: on_disk, where this process's prefetcher
