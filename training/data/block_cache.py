@@ -74,7 +74,7 @@ from training.contract.dataset_index import (
     sample_digest,
 )
 from training.contract.lifetime import host, pid_alive
-from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
+from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window, endpoint
 from training.data import order as epoch_order
 from training.data.open_maps import OPEN_MAPS
 from training.data.order import DocBlocks
@@ -116,6 +116,14 @@ class _BadCopy(Exception):
 def _identity(st: os.stat_result) -> tuple[int, ...]:
     """One cache file as written (a copy fetched again is a new file: a new inode or a later mtime)."""
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _boot_id() -> str:
+    """This boot of the node (Linux), which its monotonic clock counts from; "" where unknown."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def refuse_legacy(location: str, fmt: str) -> DatasetError:
@@ -329,7 +337,9 @@ class CachedBlocks:
         `window` (object_store.Window), by default data.fetch_timeout_s from now: from when this caller
         began to wait for the sample, not from when it got the sample's lock. A process or thread that
         waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
-        what is left of its window, once when none is, not for a window of its own after the other's:
+        what is left of its window, once when none is (or, when none is and another process's fetch of
+        it failed meanwhile, raises that failure: _failed_meanwhile), not for a window of its own after
+        the other's:
         an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3). The
         sample fetched here is progress: the window runs on from now (a group's, fetch_all); one another
         fetch brought while this caller waited for it runs it on from when it was written (R24i 1); one
@@ -365,8 +375,10 @@ class CachedBlocks:
                 self.refused[u] = e
                 raise
             except ObjectStoreError as e:
+                # when (the node's monotonic clock: no wall clock's step), from where, and the line
+                record = {"boot": _boot_id(), "at": time.monotonic(), "endpoint": endpoint(), "line": str(e)}
                 with contextlib.suppress(OSError):
-                    write_atomic(self._failed_file(u), str(e), fsync=False)
+                    write_atomic(self._failed_file(u), json.dumps(record), fsync=False)
                 raise
             with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
                 if not os.path.isfile(self._origin):
@@ -392,15 +404,19 @@ class CachedBlocks:
         return self._file(u)[: -len(BLOCK_EXT)] + FAILED_EXT
 
     def _failed_meanwhile(self, u: int, window: Window) -> str | None:
-        """The line of a fetch of unit `u` on this node that failed within `window` (since it began or
-        last progressed), None if none did."""
-        began = time.time() - window.elapsed()
+        """The line of a fetch of unit `u` that failed on this node, since this boot, against this
+        process's endpoint (another job sharing the cache may read another store: review R24k 1),
+        within `window` (since it began or last progressed, on the node's monotonic clock: a wall
+        clock stepped back made an old failure new, R24k 2); None if none did."""
         try:
-            with open(self._failed_file(u)) as f:
-                if os.fstat(f.fileno()).st_mtime >= began:
-                    return f.read()
-        except (OSError, ValueError):
-            pass
+            record = json.loads(Path(self._failed_file(u)).read_text())
+            at, line = float(record["at"]), str(record["line"])
+            mine = record["boot"] == _boot_id() and record["endpoint"] == endpoint()
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        now = time.monotonic()
+        if mine and now - window.elapsed() <= at <= now:
+            return f"another process of this node fetched it meanwhile and failed (its line): {line}"
         return None
 
     def known(self, u: int) -> None:
