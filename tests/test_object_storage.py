@@ -2392,13 +2392,19 @@ def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(
     finally:
         s3.proxy.down, s3.proxy.latency = False, 0
     assert len(stopped) == 4 and max(stopped) < 2.0, stopped  # one failure, not four in turn
-    (first,) = [line for line in lines if not line.startswith("another process")]
-    said = "another process of this node fetched it meanwhile and failed (its line): "
+    (first,) = [line for line in lines if not line.startswith("another fetch")]
+    said = "another fetch of it on this node failed meanwhile (its line): "
     assert sorted(lines) == sorted([first] + [said + first] * 3), lines  # the first's, as its own
     # a record of another endpoint's failure (another job sharing the cache) or dated past now (a clock
     # step) stops nothing: a waiter whose window is spent tries once (review R24k 1, 2)
     record = json.loads(Path(ranks[0]._failed_file(0)).read_text())
-    for other in ({"endpoint": "http://elsewhere:9"}, {"at": time.monotonic() + 3600}):
+    # (another job: R24l 1; a time namespace's monotonic clock: the wall clock disagrees, R24l 2)
+    for other in (
+        {"endpoint": "http://elsewhere:9"},
+        {"at": time.monotonic() + 3600},
+        {"job": "another"},
+        {"wall": time.time() - 3600},
+    ):
         Path(ranks[0]._failed_file(0)).write_text(json.dumps({**record, **other}))
         spent = Window(1)
         spent.until = time.monotonic() - 0.01

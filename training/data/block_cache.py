@@ -126,6 +126,11 @@ def _boot_id() -> str:
         return ""
 
 
+def _job() -> str:
+    """This job: torchrun's run id, shared by its ranks and their workers; else this process."""
+    return os.environ.get("TORCHELASTIC_RUN_ID") or f"pid {os.getpid()}"
+
+
 def refuse_legacy(location: str, fmt: str) -> DatasetError:
     """Why a dataset of an older layout is not read from a bucket, and the command that fixes it."""
     return DatasetError(
@@ -376,7 +381,14 @@ class CachedBlocks:
                 raise
             except ObjectStoreError as e:
                 # when (the node's monotonic clock: no wall clock's step), from where, and the line
-                record = {"boot": _boot_id(), "at": time.monotonic(), "endpoint": endpoint(), "line": str(e)}
+                record = {
+                    "job": _job(),
+                    "boot": _boot_id(),
+                    "at": time.monotonic(),
+                    "wall": time.time(),
+                    "endpoint": endpoint(),
+                    "line": str(e),
+                }
                 with contextlib.suppress(OSError):
                     write_atomic(self._failed_file(u), json.dumps(record), fsync=False)
                 raise
@@ -404,19 +416,20 @@ class CachedBlocks:
         return self._file(u)[: -len(BLOCK_EXT)] + FAILED_EXT
 
     def _failed_meanwhile(self, u: int, window: Window) -> str | None:
-        """The line of a fetch of unit `u` that failed on this node, since this boot, against this
-        process's endpoint (another job sharing the cache may read another store: review R24k 1),
-        within `window` (since it began or last progressed, on the node's monotonic clock: a wall
-        clock stepped back made an old failure new, R24k 2); None if none did."""
+        """The line of a fetch of unit `u` that failed on this node, in this job (another job sharing
+        the cache may reach the store otherwise: reviews R24k 1, R24l 1), since this boot, against this
+        endpoint, within `window` (since it began or last progressed) on the node's monotonic clock (a
+        wall clock stepped back made an old failure new: R24k 2) and on the wall clock too (a time
+        namespace shifts the monotonic one: R24l 2); None if none did. Missing one costs a try."""
         try:
             record = json.loads(Path(self._failed_file(u)).read_text())
-            at, line = float(record["at"]), str(record["line"])
-            mine = record["boot"] == _boot_id() and record["endpoint"] == endpoint()
+            at, wall, line = float(record["at"]), float(record["wall"]), str(record["line"])
+            mine = (record["job"], record["boot"], record["endpoint"]) == (_job(), _boot_id(), endpoint())
         except (OSError, ValueError, TypeError, KeyError):
             return None
-        now = time.monotonic()
-        if mine and now - window.elapsed() <= at <= now:
-            return f"another process of this node fetched it meanwhile and failed (its line): {line}"
+        now, now_wall, elapsed = time.monotonic(), time.time(), window.elapsed()
+        if mine and now - elapsed <= at <= now and now_wall - elapsed - 1 <= wall <= now_wall + 1:
+            return f"another fetch of it on this node failed meanwhile (its line): {line}"
         return None
 
     def known(self, u: int) -> None:
