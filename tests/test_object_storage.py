@@ -2413,6 +2413,29 @@ def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(
         Path(ranks[0]._file(0)).unlink()
 
 
+def test_a_job_is_torchrun_s_rendezvous_or_the_process_its_workers_fork_from(monkeypatch):
+    """Whose failure records a fetch takes (_failed_meanwhile): two torchrun jobs of the static
+    rendezvous are both run id "none", on other ports (review R24m 1); a one-process run's DataLoader
+    workers are other processes of the same job (R24m 2)."""
+    import multiprocessing
+
+    from training.data.block_cache import JOB_ENV, _job
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    jobs = []
+    for port in ("29541", "29542"):
+        monkeypatch.setenv("MASTER_PORT", port)
+        jobs.append(_job())
+    assert jobs[0] != jobs[1]
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.delenv(JOB_ENV, raising=False)
+    ours = _job()
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:  # a forked worker, as DataLoader's
+        assert pool.apply(_job) == ours
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_data_stall_saves_the_last_trained_step_then_stops(
     s3, synthetic, small_blocks, tmp_path, capsys, ranks

@@ -126,9 +126,17 @@ def _boot_id() -> str:
         return ""
 
 
+JOB_ENV = "GRISTMILL_JOB"  # a process's job, where no torchrun names it: inherited by its workers
+
+
 def _job() -> str:
-    """This job: torchrun's run id, shared by its ranks and their workers; else this process."""
-    return os.environ.get("TORCHELASTIC_RUN_ID") or f"pid {os.getpid()}"
+    """This job: torchrun's run id with its rendezvous address (two jobs of the static rendezvous are
+    both run id "none", on other ports: review R24m 1), shared by its ranks and their workers; else
+    the process that opened the dataset, whose DataLoader workers inherit it (R24m 2)."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env:
+        return f"{env['TORCHELASTIC_RUN_ID']} {env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    return env.setdefault(JOB_ENV, f"pid {os.getpid()} on {host()}")
 
 
 def refuse_legacy(location: str, fmt: str) -> DatasetError:
@@ -172,6 +180,7 @@ class CachedBlocks:
     ):
         self.root, self.info, self.index, self.blocks, self.cache = root, info, index, blocks, cache
         self.url = origin(root)
+        _job()  # named before any DataLoader worker forks (_failed_meanwhile)
         self.store = ObjectStore(self.url, retry_for_s=cache.timeout_s)
         self.itemsize = index.itemsize
         self.dtype = np.dtype(f"<u{self.itemsize}")
