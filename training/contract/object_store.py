@@ -276,7 +276,10 @@ class ObjectStore:
         counts from when it began waiting for the sample, a group's from its last progress); at least
         one attempt."""
         _, exc = _botocore()
-        window = None if self.retry_for_s is None else self.window() if window is None else window
+        if self.retry_for_s is None:
+            window = None  # tries: `attempts`
+        elif window is None:
+            window = self.window()
         # how long the caller's window had run before this request (its wait for the sample's lock)
         late = 0.0 if window is None else window.elapsed()
         first, refused = time.monotonic(), 0

@@ -349,15 +349,14 @@ class CachedBlocks:
     def fetch(self, u: int, window: Window | None = None) -> bool:
         """Make sure the cache holds sample `u` (True if it was fetched here). Its requests retry within
         `window` (object_store.Window), by default data.fetch_timeout_s from now: from when this caller
-        began to wait for the sample, not from when it got the sample's lock. A process or thread that
-        waited while another's fetch of it failed then fetches it itself (checked, as any fetch) for
-        what is left of its window, once when none is (or, when none is and another process's fetch of
-        it failed meanwhile, raises that failure: _failed_meanwhile), not for a window of its own after
-        the other's:
-        an outage stopped the run after ~1.7 × ranks per node × fetch_timeout_s (review R24c F3). The
-        sample fetched here is progress: the window runs on from now (a group's, fetch_all); one another
-        fetch brought while this caller waited for it runs it on from when it was written (R24i 1); one
-        found there at once does not (it may have come before an outage: review R24g 1)."""
+        began to wait for the sample, not from when it got the sample's lock (each waiter took a window
+        of its own after the holder's: an outage stopped the run after ~1.7 × ranks per node ×
+        fetch_timeout_s, review R24c F3). A waiter whose fetch of it by another failed fetches it itself
+        (checked, as any fetch) for what is left of its window; once when none is, unless the failure
+        happened within that window (then it raises that failure: _failed_meanwhile). The sample fetched
+        here is progress: the window runs on from now (a group's, fetch_all); one another fetch brought
+        while this caller waited runs it on from when it was written (R24i 1); one found there at once
+        does not (it may have come before an outage: review R24g 1)."""
         if u in self.refused:
             raise self.refused[u]
         if self.cached(u):  # there already: no progress of the window's (it may predate an outage)

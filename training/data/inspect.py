@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     loader.seek(step - 1)
     if args.hash:
         for s, micro in zip(range(step, end), loader):
-            print(_hash_line(s, micro, args))
+            print(f"{s} {_digest(micro, args)}")
         return 0
     micro = next(iter(loader))
     print(f"step {step} = epoch {epoch} batch {batch}; sha256 {_digest(micro, args)}")
@@ -177,7 +177,7 @@ def _run_mode(args: argparse.Namespace) -> int:
     if args.hash:
         for s, micro in zip(range(step, end), loader):
             skip = skip_of(skips, s)
-            print(_hash_line(s, micro, args) + (f" skipped (rewind {skip.rewind})" if skip else ""))
+            print(f"{s} {_digest(micro, args)}" + (f" skipped (rewind {skip.rewind})" if skip else ""))
         return 0
     micro = next(iter(loader))
     p, k = plan.locate(step - 1)
@@ -201,11 +201,6 @@ def _digest(micro: list, args: argparse.Namespace) -> str:
     whole batch's that a run records, and say so (review R24a 2; the batch's header too: R24e 3)."""
     rows = f" rank {args.rank}/{args.world_size}'s rows" if args.world_size > 1 else ""
     return f"{batch_sha256(micro)}{rows}"
-
-
-def _hash_line(step: int, micro: list, args: argparse.Namespace) -> str:
-    """`--hash`'s line of step `step`."""
-    return f"{step} {_digest(micro, args)}"
 
 
 def _print_batch(loader: TokenLoader, step: int, args: argparse.Namespace, micro: list) -> None:

@@ -145,8 +145,8 @@ def budget_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
     phase never trains past its budget), so say what it trains (review R24a 3)."""
     notes = []
     for asked, ph in zip(cfg.phase, spec.phases):
-        if asked.tokens is not None and asked.tokens != ph.steps * ph.global_batch_tokens:
-            trained = ph.steps * ph.global_batch_tokens
+        trained = ph.steps * ph.global_batch_tokens
+        if asked.tokens is not None and asked.tokens != trained:
             notes.append(
                 f"phase {ph.name!r}: tokens = {asked.tokens:,.0f} is {ph.steps:,} whole steps of "
                 f"{ph.global_batch_tokens:,} tokens, {trained:,} tokens (a budget in tokens rounds down to "
