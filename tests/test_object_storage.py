@@ -2239,6 +2239,31 @@ def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
         s3.proxy.down = False
 
 
+def test_a_store_that_hangs_fails_a_fetch_within_its_window(s3, synthetic, tmp_path):
+    """An endpoint that accepts connections and never answers: a training's fetch stops about
+    data.fetch_timeout_s after it began, one try's timeouts bounded by the window (each try lasted
+    botocore's 60 s read timeout: a window of 2 s stopped after a minute)."""
+    _, url = synthetic
+    store = ObjectStore(url, retry_for_s=2)
+    name = sorted(store.list("shards"))[0]
+    took, _ = _a_range_failing(s3, "hung", store, name)
+    assert took < 4.5, f"{took:.1f} s"
+    assert store.get_range(name, 0, 100) == ObjectStore(url).get_range(name, 0, 100)  # healthy again
+
+
+def _a_range_failing(s3, fault: str, store: ObjectStore, name: str) -> tuple[float, str]:
+    """The seconds a range GET of `name` took to fail while the proxy is `fault` ("down", "hung"), and
+    its line: a training's stall line."""
+    setattr(s3.proxy, fault, True)
+    try:
+        began = time.monotonic()
+        with pytest.raises(ObjectStoreError, match=r"no data coming for data.fetch_timeout_s = ") as e:
+            store.get_range(name, 0, 100)
+        return time.monotonic() - began, str(e.value)
+    finally:
+        setattr(s3.proxy, fault, False)
+
+
 def test_a_slow_healthy_store_keeps_its_retries_through_a_group_longer_than_the_window(
     s3, synthetic, small_blocks, tmp_path
 ):
@@ -2311,14 +2336,8 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     _, url = synthetic
     store = ObjectStore(url, retry_for_s=2)
     name = sorted(store.list("shards"))[0]
-    s3.proxy.down = True
-    try:
-        began = time.monotonic()
-        with pytest.raises(ObjectStoreError, match=r"kept failing for (1\.9|2\.\d) s"):
-            store.get_range(name, 0, 100)
-        assert time.monotonic() - began >= 1.95
-    finally:
-        s3.proxy.down = False
+    took, line = _a_range_failing(s3, "down", store, name)
+    assert took >= 1.95 and re.search(r"kept failing for (1\.9|2\.\d) s", line), (took, line)
     settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1)
     a, b = (DocumentTable(url, cache=settings).cache for _ in range(2))  # two ranks of a node
     waiter, got = Window(1), []

@@ -119,6 +119,7 @@ class FaultProxy:
         self.upstream = (host, int(port))
         self.latency = 0.0  # seconds added to every request (a slow store)
         self.down = False  # every request reset (a store that went away)
+        self.hung = False  # every request read and never answered while set (a store that hangs)
         self.kms = (
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
         )
@@ -153,6 +154,11 @@ class FaultProxy:
                 if self.command == "GET":
                     with proxy._lock:
                         proxy.counts.ranges.append((self.path, self.headers.get("Range")))
+                if proxy.hung:
+                    while proxy.hung:  # no byte of an answer; then the connection closed unanswered
+                        time.sleep(0.05)
+                    self.close_connection = True
+                    return
                 if proxy.latency:
                     time.sleep(proxy.latency)
                 if fault == "reset" or proxy.down:

@@ -201,11 +201,28 @@ def _endpoint_url() -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
 
 
-def _client():
+CONNECT_TIMEOUT_S = 10.0  # a connection not made in this long is a try that failed
+READ_TIMEOUT_S = 60.0  # no byte of an answer for this long is a try that failed
+
+
+def _client(within_s: float | None = None):
     """This process's S3 client: boto3's own retries off (ours are counted), checksums only where an
-    operation requires one, path-style addressing for a custom endpoint (MinIO, moto)."""
+    operation requires one, path-style addressing for a custom endpoint (MinIO, moto). `within_s`: a
+    training's retry window (data.fetch_timeout_s), which bounds one try's timeouts too: one try of an
+    endpoint that accepts connections and never answers lasted the 60 s read timeout, past a shorter
+    window ("no data coming for data.fetch_timeout_s" would have taken a minute)."""
     endpoint = _endpoint_url()
-    key = (os.getpid(), *sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    connect_s, read_s = (
+        (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        if within_s is None
+        else (min(CONNECT_TIMEOUT_S, within_s), min(READ_TIMEOUT_S, within_s))
+    )
+    key = (
+        os.getpid(),
+        connect_s,
+        read_s,
+        *sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")),
+    )
     with _clients_lock:
         client = _clients.get(key)
         if client is None:
@@ -214,8 +231,8 @@ def _client():
 
             config = Config(
                 retries={"total_max_attempts": 1},
-                connect_timeout=10,
-                read_timeout=60,
+                connect_timeout=connect_s,
+                read_timeout=read_s,
                 request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 s3={"addressing_style": "path"} if endpoint else {},
@@ -287,7 +304,7 @@ class ObjectStore:
             self.counts.add("requests")
             wait = backoff(attempt)
             try:
-                return fn(_client())
+                return fn(_client(self.retry_for_s))
             except exc.ClientError as e:
                 last = e if self._transient_code(e) else None
                 if last is None or (window is None and attempt + 1 >= self.attempts):
