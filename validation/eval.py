@@ -1082,7 +1082,8 @@ def watch(
 
 def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, merged: bool = False) -> None:
     """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr,
-    samples and, on a task's first row, whether the training data was decontaminated against it;
+    samples and, on a task's first row, whether the training data was decontaminated against it (and
+    the settings it was scored under, where the rows' differ);
     bits per byte first (comparable across tokenizers), then the perplexities, then accuracies.
     `merged`: the rows of [merge]'s merged weights instead of the raw ones."""
     import pyarrow.parquet as pq
@@ -1095,11 +1096,15 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, m
         if (steps is None or r["step"] in steps) and bool(r.get("merged")) == merged
     ]
     cols = ["step", "task", "metric", "value", "stderr", "samples", "decontamination"]
+    if len({r.get("settings") for r in rows}) > 1:  # rows scored under other settings: say which
+        cols.append("settings")
     picked, shown = [], set()
     for r in sorted(rows, key=metric_order(rows)):
-        first = (r["step"], r["task"]) not in shown  # the task's mark once, on its first row
+        first = (r["step"], r["task"]) not in shown  # the task's mark and settings once, on its first row
         shown.add((r["step"], r["task"]))
-        picked.append(tuple(r[c] if c != "decontamination" or first else None for c in cols))
+        picked.append(
+            tuple(r.get(c) if c not in ("decontamination", "settings") or first else None for c in cols)
+        )
     print(format_table(Result("eval", cols, picked), max_rows=None), file=out or sys.stdout, flush=True)
 
 

@@ -19,6 +19,7 @@ import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from textwrap import fill
 from typing import Any
 
 from training.contract.atomic_write import write_atomic
@@ -260,6 +261,7 @@ class Panel:
     chance: float | None
     nonfinite: int  # NaN/inf values left out of the plot (the table and eval.parquet keep them)
     merged: list[tuple[int, float]] = field(default_factory=list)  # (step, value) of the merged weights
+    other_settings: str = ""  # its points' settings where they differ (settings_apart), else ""
 
     @property
     def title(self) -> str:
@@ -310,9 +312,30 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
                 chance=chance.get(task) if metric.startswith("acc") else None,
                 nonfinite=len(both) - len(finite) - len(merged),
                 merged=merged,
+                other_settings=settings_apart(both),
             )
         )
     return panels
+
+
+def settings_apart(rows: list[dict[str, Any]]) -> str:
+    """Where `rows` (one task's metric over steps, raw and merged) were scored under other settings
+    (eval.parquet's `settings`), the settings that differ and the steps of each (`m`: the merged
+    weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree."""
+    parsed = {}
+    for r in rows:
+        text = r.get("settings")
+        parsed[id(r)] = dict(kv.split("=", 1) for kv in text.split(", ")) if text else {"settings": "?"}
+    keys = sorted({k for d in parsed.values() for k in d})
+    differ = [k for k in keys if len({d.get(k) for d in parsed.values()}) > 1]
+    if not differ:
+        return ""
+    steps: dict[str, list[str]] = {}
+    for r in sorted(rows, key=lambda r: (r["step"], bool(r.get("merged")))):
+        d = parsed[id(r)]
+        label = " ".join(f"{k}={d.get(k, '?')}" for k in differ)
+        steps.setdefault(label, []).append(f"{r['step']}{'m' if r.get('merged') else ''}")
+    return "; ".join(f"{label} at {', '.join(at)}" for label, at in steps.items())
 
 
 def _label(value: float, stderr: float | None) -> str:
@@ -369,7 +392,10 @@ def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict
         if p.chance is not None:
             ax.axhline(p.chance, linestyle="--", color="gray", linewidth=1, label=f"chance {p.chance:.3g}")
             ax.legend(fontsize=8, loc="best")
-        ax.set_title(p.title, fontsize=9)
+        ax.set_title(p.title + (" (other settings)" if p.other_settings else ""), fontsize=9)
+        if p.other_settings:  # points not comparable as drawn: which settings each was scored under
+            ax.text(0.01, 0.01, fill(p.other_settings, 70), transform=ax.transAxes, fontsize=6,
+                    color="firebrick", va="bottom")  # fmt: skip
         ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")

@@ -358,6 +358,10 @@ def test_watch_scores_again_a_step_scored_under_other_settings(eval_run, tmp_pat
     assert main(["eval", str(run), "--step", "5", *QUICK]) == 0  # limit=3
     first = json.loads(results.read_text())
     assert first["gristmill_tasks"]["heldout_ppl"]["settings"]["limit"] == 3
+    import pyarrow.parquet as pq
+
+    settings = {r["settings"] for r in pq.read_table(run / "eval.parquet").to_pylist()}  # each row's
+    assert len(settings) == 1 and "limit=3, max_length=0" in settings.pop(), settings
     # whose held-out documents, and which model scored the task: its own record, not the header's
     # (the newest eval's, once another eval merged its tasks into the step: review R17a F1)
     task = first["gristmill_tasks"]["heldout_ppl"]
@@ -394,6 +398,43 @@ def test_each_task_s_row_names_the_model_that_scored_it():
     }
     del results["gristmill_tasks"]  # recorded before it was per task: the header's
     assert {r["model"] for r in rows_of(20, results)} == {"/r/exports/step-000020"}
+
+
+def test_rows_scored_under_other_settings_say_so(tmp_path, capsys):
+    """An offline `--set max_length=64` of a step beside the in-training eval's merged rows: the table
+    and the plot showed both side by side, unmarked (review R24e 6). Each row carries its task's settings
+    (a group's member its group's); the plot's panel and the printed table say where they differ."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.contract.eval_table import EVAL_SCHEMA, rows_of
+    from validation.eval import print_table
+    from validation.eval_results import plot_panels
+
+    def results(max_length: int) -> dict:
+        settings = {"limit": 0, "max_length": max_length, "docs": 40, "heldout": {"source": "prose"}}
+        return {
+            "results": {"heldout_ppl": {"bits_per_byte,none": 2.5}, "grp": {}, "mc": {"acc,none": 0.3}},
+            "group_subtasks": {"grp": ["mc"]},
+            "gristmill_tasks": {"heldout_ppl": {"settings": settings}, "grp": {"settings": settings}},
+        }
+
+    raw, merged = rows_of(150, results(64)), rows_of(150, results(0), merged=True)
+    assert {r["task"]: r["settings"] for r in raw} == {
+        "heldout_ppl": "docs=40, heldout=prose, limit=0, max_length=64",
+        "mc": "docs=40, heldout=prose, limit=0, max_length=64",  # its group's
+    }
+    rows = raw + merged + rows_of(100, results(0))
+    panels = {p.task: p for p in plot_panels(rows, {})}
+    assert panels["heldout_ppl"].other_settings == "max_length=0 at 100, 150m; max_length=64 at 150"
+    assert plot_panels(rows_of(100, results(0)) + merged, {})[0].other_settings == ""
+    pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp_path / "eval.parquet")
+    print_table(tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "settings" and lines[2].endswith("max_length=0"), lines
+    assert [line.endswith("max_length=64") for line in lines[2:]] == [False, False, True, True], lines
+    assert {r["settings"] for r in rows_of(5, {"results": results(0)["results"]})} == {None}  # recorded
+    # before settings were
 
 
 def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
@@ -1711,7 +1752,7 @@ def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_r
     assert json.loads(capsys.readouterr().out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
     # without a column whose values the results hold (the marks; the scores themselves): not its rows,
     # though the view would read them as null (review R23g S3)
-    for gone in (["decontamination"], ["value", "stderr", "samples"]):
+    for gone in (["decontamination"], ["settings"], ["value", "stderr", "samples"]):
         pq.write_table(fresh.drop(gone), table)
         assert main(count) == 2, gone
         assert "does not hold the scores" in capsys.readouterr().err, gone

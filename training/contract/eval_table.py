@@ -43,6 +43,7 @@ EVAL_SCHEMA = pa.schema(
         ("model", pa.string()),
         ("decontamination", pa.string()),  # the task's mark (decontamination_marks); null before it
         ("merged", pa.bool_()),  # the merged weights of [merge] at that step (training/merge.py), not the raw
+        ("settings", pa.string()),  # what the score depends on besides the weights (settings_of); null before
     ]
 )
 
@@ -76,9 +77,38 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
                     "model": model_of(results, task) or model,
                     "decontamination": mark_of(results, task),
                     "merged": merged,
+                    "settings": settings_of(results, task),
                 }
             )
     return rows
+
+
+def settings_of(results: dict[str, Any], task: str) -> str | None:
+    """The settings `task` was scored under, as results.json records them (validation/eval.py
+    score_settings: per task asked for, so a group's member has its group's), in one line:
+    `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by their
+    source, a task's definition by its hash's first 8 digits); None when recorded before settings were.
+    Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
+    `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
+    tasks = results.get(GRISTMILL_TASKS, {})
+    parents = {sub: group for group, subs in results.get("group_subtasks", {}).items() for sub in subs}
+    seen = set()
+    while task not in seen:  # up through the groups to the one asked for
+        seen.add(task)
+        info = tasks.get(task)
+        settings = info.get("settings") if isinstance(info, dict) else None
+        if isinstance(settings, dict):
+            heldout = settings.get("heldout")
+            shown = {
+                **settings,
+                "heldout": heldout.get("source") if isinstance(heldout, dict) else heldout,
+                "definition": str(settings.get("definition") or "")[:8] or None,
+            }
+            return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
+        if task not in parents:
+            return None
+        task = parents[task]
+    return None
 
 
 def model_of(results: dict[str, Any], task: str) -> str | None:
@@ -171,7 +201,7 @@ def write_eval_table(run_dir: str | Path) -> Path:
 
 # Columns added to eval.parquet after its first version, and what a row of a table without one holds there
 # (what the audit's `eval` view reads for it: validation/audit_views.py).
-_LATER_COLUMNS: dict[str, Any] = {"decontamination": None, "merged": False}
+_LATER_COLUMNS: dict[str, Any] = {"decontamination": None, "merged": False, "settings": None}
 
 
 def stale_eval_table(run_dir: str | Path) -> str | None:
