@@ -220,6 +220,16 @@ def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
     )
 
 
+def _started_record(cfg: DataConfig, out: Path) -> dict[str, Any]:
+    """The build.json of the build this one resumes, {} when none: a bucket output's own, else its work
+    directory's (one on another node, or removed, left the rerun to list the hub anew: two commits in
+    one dataset whose read_from named the first, exit 0: review R25d S2), and a local output's."""
+    if is_url(cfg.output):
+        with contextlib.suppress(ObjectMissing, ValueError, TypeError):  # unreadable: refused where kept
+            return dict(json.loads(ObjectStore(cfg.output).get(BUILD_JSON)))
+    return read_build_json(out) if (out / BUILD_JSON).is_file() else {}
+
+
 def prepare(cfg: DataConfig, log=print) -> Prepared:
     if not cfg.output.strip():  # "" resolved to the working directory, which got the dataset's files
         raise BuildError(
@@ -230,8 +240,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         refuse_nested(ObjectURL.parse(cfg.output))
     out = output_dir(cfg)
     ensure_demo_corpus(cfg.source)
-    resumed = cfg.source.kind == "hub" and (out / BUILD_JSON).is_file()
-    pinned = pinned_folder(read_build_json(out), cfg.source) if resumed else None
+    pinned = pinned_folder(_started_record(cfg, out), cfg.source) if cfg.source.kind == "hub" else None
     if pinned is not None:
         log(f"reading {pinned}, the commit this build started from")
     source = list_source_files(cfg.source, pinned, own_output=out)

@@ -32,6 +32,7 @@ from pipelines.download import PART, RECORD, list_remote
 from pipelines.sources import SourceError, list_source_files, make_reader
 from tests.helpers.corpus import fixture_config_text, write_fixture_corpus
 from tests.helpers.hub_server import HubServer, point_hub_at
+from tests.helpers.s3_server import BUCKET, s3_bucket
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
@@ -251,6 +252,38 @@ def test_a_connection_that_keeps_dropping_fails_its_task_in_one_line_and_the_rer
     assert reads and all(r.startswith(f"/datasets/{REPO}/resolve/{started}/") for r in reads), reads
     assert_same_dataset(out, local_build)
     assert read_dataset_info(out)["source"]["read_from"] == f"hf://datasets/{REPO}@{started}/{SUBSET}"
+
+
+def test_a_bucket_build_rerun_on_another_node_reads_the_commit_it_started_from(
+    hub, hub_env, quick_retries, corpus, tmp_path, capsys
+):
+    """A build into s3:// needs no shared disk: its rerun on another node (another work directory)
+    took the pin from a local build.json alone, listed the hub anew after a push, and its remaining
+    tasks read the new commit while dataset.json's read_from named the first, exit 0: two commits in
+    one dataset (review R25d S2). The bucket's build.json pins the rerun, wherever it runs."""
+    with s3_bucket(tmp_path / "home") as s3:
+        repo = "gristmill-test/fineweb-edu-bucket"
+        started = hub.add_repo(repo, corpus.files)
+        url = s3.url("hub-ds")
+        hubs = [
+            "source.kind=hub",
+            f"source.path=hf://datasets/{repo}",
+            f"source.subset={SUBSET}",
+            "build.tasks=0",
+        ]
+        argv = build_argv(corpus, tmp_path / "unused", *hubs, f"output={url}", "build.workers=1")
+        hub.drop_after(DROPPED, 5000, times=1000)
+        assert main([*argv, "--set", f"build.workdir={tmp_path / 'node1'}"]) == 2
+        hub.heal()
+        hub.push(repo, corpus.files)  # a new commit (the same bytes: what was read tells them apart)
+        mark = len(hub.requests)
+        capsys.readouterr()
+        assert main([*argv, "--set", f"build.workdir={tmp_path / 'node2'}"]) == 0
+        assert f"reading hf://datasets/{repo}@{started}/{SUBSET}, the commit" in capsys.readouterr().out
+        reads = [r.split()[1] for r in hub.requests[mark:] if r.startswith("GET /datasets/")]
+        assert reads and all(r.startswith(f"/datasets/{repo}/resolve/{started}/") for r in reads), reads
+        info = json.loads(s3.client.get_object(Bucket=BUCKET, Key="hub-ds/dataset.json")["Body"].read())
+        assert info["source"]["read_from"] == f"hf://datasets/{repo}@{started}/{SUBSET}"
 
 
 def test_a_file_outside_lfs_changed_at_the_same_size_is_downloaded_again(hub, hub_env, tmp_path, capsys):
