@@ -1083,7 +1083,7 @@ def watch(
 def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, merged: bool = False) -> None:
     """The eval rows of `steps` (all when None) as a table: step, task, metric, value, stderr,
     samples and, on a task's first row, whether the training data was decontaminated against it (and
-    the settings it was scored under, where the rows' differ);
+    the settings it was scored under, where a task's rows differ);
     bits per byte first (comparable across tokenizers), then the perplexities, then accuracies.
     `merged`: the rows of [merge]'s merged weights instead of the raw ones."""
     import pyarrow.parquet as pq
@@ -1096,7 +1096,10 @@ def print_table(run_dir: str | Path, steps: list[int] | None = None, out=None, m
         if (steps is None or r["step"] in steps) and bool(r.get("merged")) == merged
     ]
     cols = ["step", "task", "metric", "value", "stderr", "samples", "decontamination"]
-    if len({r.get("settings") for r in rows}) > 1:  # rows scored under other settings: say which
+    settings: dict[str, set] = {}
+    for r in rows:
+        settings.setdefault(r["task"], set()).add(r.get("settings"))
+    if any(len(s) > 1 for s in settings.values()):  # a task's rows scored under other settings: say which
         cols.append("settings")
     picked, shown = [], set()
     for r in sorted(rows, key=metric_order(rows)):
