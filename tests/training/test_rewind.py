@@ -33,7 +33,7 @@ from tests.helpers.train_runs import (
 )
 from training.config import load_train_config
 from training.contract.batch_record import BatchEntry, batch_file
-from training.contract.run_layout import complete_steps
+from training.contract.run_layout import complete_steps, config_history
 from training.data.recipe import open_plan, plot_plan, recorded_skips
 from training.data.spec import resolve
 from training.run.faults import KILL, NAN_LOSS, SIGTERM, SPIKE_WINDOW
@@ -262,6 +262,12 @@ def test_a_run_stopped_off_the_checkpoint_grid_rewinds_later_as_the_uninterrupte
     # the rows, but for the one a run.max_steps chunk logs at its last step (13)
     ours = [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(run) if r["step"] != 13]
     assert ours == [(r["step"], r["loss"], r.get("discarded_by_rewind")) for r in metrics(reference[0])]
+    # the configs of the timeline: the resume's (without run.max_steps) trained from step 11 on, where the
+    # rewind went back to, not from its own first step, 14
+    history = config_history(run)
+    assert list(history) == ([1, 11] if first != sets else [1]), history
+    assert history[max(history)].read_text() == (run / "config.toml").read_text()
+    assert list(config_history(reference[0])) == [1]
 
 
 def test_two_ranks_rewind_as_one_process(tmp_path, dataset, reference):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.helpers.train_runs import (
 from tests.helpers.train_runs import RECIPE_STEPS as STEPS
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, to_dict
+from training.contract.run_layout import config_history
 from training.train import load_train_config, main, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -269,6 +271,21 @@ def test_a_resume_keeps_the_past_lr_and_applies_other_optimizer_changes(dataset,
             for s in range(1, 9)]  # fmt: skip
     assert [rows[s] for s in range(1, 9)] == pytest.approx(want, rel=1e-12)
     assert load_train_config(str(run / "config.toml"), []).optim.weight_decay == 0.05  # and it says so
+    # What steps 1–4 trained with outlives the checkpoints that named it (review R25b 3); the refused
+    # resumes left none; one that trains nothing adds its own from its next step, no step under it
+    assert decays(run) == {1: 0.1, 5: 0.05}, decays(run)
+    assert config_history(run)[5].read_text() == (run / "config.toml").read_text()
+    train(load_train_config(TINY, with_resume([*base, "optim.weight_decay=0.05"], "auto")))  # the same
+    train(load_train_config(TINY, with_resume([*base, "optim.weight_decay=0.01"], "auto")))
+    assert decays(run) == {1: 0.1, 5: 0.05, 9: 0.01}, decays(run)
+    shutil.rmtree(run / "checkpoints")  # started over: the earlier run's history is not the new one's
+    train(load_train_config(TINY, [*base, "run.max_steps=1", "optim.weight_decay=0.2"]))
+    assert decays(run) == {1: 0.2}, decays(run)
+
+
+def decays(run: Path) -> dict[int, float]:
+    """{first step: optim.weight_decay} of the run's configs/from-step-N.toml."""
+    return {step: load_train_config(str(p), []).optim.weight_decay for step, p in config_history(run).items()}
 
 
 def test_optimizer_state_keeps_this_configs_hyperparameters(tmp_path):

@@ -14,6 +14,7 @@ written after it.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from training.contract.config_loader import ConfigError
 
 CONFIG_TOML = "config.toml"
+CONFIGS_DIR = "configs"  # from-step-N.toml: the config that trains the run from step N (config_history)
 CHECKPOINTS_DIR = "checkpoints"
 EXPORTS_DIR = "exports"
 EVAL_DIR = "eval"
@@ -42,6 +44,26 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 _MERGED_DIR = re.compile(r"^merged-step-(\d+)$")
 _ANY_STEP_DIR = re.compile(r"(abandoned-)?(merged-)?step-(\d+)(\.\d+)?")
 MERGED_PREFIX = "merged-"
+
+
+_CONFIG_FROM = re.compile(r"^from-step-(\d+)\.toml$")
+
+
+def config_from_step(run_dir: str | Path, step: int) -> Path:
+    """RUN/configs/from-step-N.toml: the resolved config that trains the run from step `step` on."""
+    return Path(run_dir) / CONFIGS_DIR / f"from-step-{step:06d}.toml"
+
+
+def config_history(run_dir: str | Path) -> dict[int, Path]:
+    """{first step: RUN/configs/from-step-N.toml} of the configs the run's timeline trained with, by
+    step (training/run/record.py writes them: a resume or a rewind whose config differs from the one
+    before its step adds one)."""
+    try:
+        names = os.listdir(Path(run_dir) / CONFIGS_DIR)
+    except FileNotFoundError:
+        return {}
+    found = {int(m[1]): config_from_step(run_dir, int(m[1])) for n in names if (m := _CONFIG_FROM.match(n))}
+    return dict(sorted(found.items()))
 
 
 def is_training_run(path: str | Path) -> bool:

@@ -48,6 +48,7 @@ from training.contract.batch_record import (
     kept_on_resume,
     read_batches,
 )
+from training.contract.config_loader import to_toml
 from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
@@ -61,6 +62,8 @@ from training.contract.run_layout import (
     METRICS_JSONL,
     PLAN_PNG,
     abandoned_name,
+    config_from_step,
+    config_history,
     eval_dir,
     kept_rows,
     read_metrics,
@@ -89,6 +92,7 @@ class RunRecord:
         self.batches_fd: int | None = None  # rank 0's batches.bin, open for appending
         self.trackers: Trackers | None = None
         self.ledger: tuple[int, int] | None = None  # (step, rewinds) of the last consumption.parquet
+        self.config: str | None = None  # rank 0: this invocation's resolved config, as TOML
 
     # -- the timeline's moments --
     def started(
@@ -130,6 +134,8 @@ class RunRecord:
             self._consumption(resumed or 0)
             self._open_log(mine, logged)
             self._open_batches(mine)
+            self.config = to_toml(config)
+            self._record_config((resumed or 0) + 1, earlier_run=mine is None)
         except BaseException:
             self.close()
             raise
@@ -189,6 +195,26 @@ class RunRecord:
         self._set_aside(after=skip.checkpoint_step)
         self._record_plan()
         self._consumption(skip.last_step)
+        self._record_config(skip.checkpoint_step + 1)  # gone back past this invocation's first step
+
+    def _record_config(self, first: int, earlier_run: bool = False) -> None:
+        """RUN/configs/from-step-N.toml: this invocation's config trains the timeline from step `first`
+        on, so the entries of later steps (a future discarded or redone) go, every entry when they are
+        an `earlier_run`'s (a fresh run; one resumed from another directory's checkpoint, whose earlier
+        steps' config is that run's), and its own is written where it differs from the config before
+        `first`. config.toml is the last invocation's alone: after a resume that changed a setting, and
+        retention of the checkpoints whose COMPLETE named the earlier one, nothing said what the earlier
+        steps trained with (review R25b 3)."""
+        history = config_history(self.run_dir)
+        for step, path in history.items():
+            if step >= first or earlier_run:
+                path.unlink()
+        before = [path for step, path in history.items() if step < first and not earlier_run]
+        if before and before[-1].read_text(encoding="utf-8") == self.config:
+            return
+        path = config_from_step(self.run_dir, first)
+        path.parent.mkdir(exist_ok=True)
+        write_atomic(path, self.config)
 
     def finished(self, step: int) -> None:
         """The loop ended at `step` (the last step, or a stop signal's): consumption.parquet there,
