@@ -923,6 +923,101 @@ def test_hub_id_is_fetched_by_rank_0_pinned_and_resumed_without_the_hub(
         assert not (tmp_path / "new").exists()
 
 
+def _as_before_hub_weights_were_recorded(run: Path) -> None:
+    """RUN/base/base.json as gristmill wrote it for a hub base before review R25d S1 (no sha256 of
+    its weights: the commit was taken to name them), and each COMPLETE's record of it to match,
+    sealed again as a checkpoint of then would be."""
+    from training.checkpoint.record import BASE_RECORD, sealed_record
+
+    path = run / "base" / "base.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "weights_sha256": None}, indent=1) + "\n")
+    for step in complete_steps(run):
+        complete = checkpoint_dir(run, step) / COMPLETE_FILE
+        record = json.loads(complete.read_text()) | {BASE_RECORD: file_sha256(path)}
+        complete.write_text(json.dumps(sealed_record(record), indent=1))
+
+
+def test_a_hub_base_resumed_from_a_directory_of_another_commit_is_refused(tmp_path, data, base, monkeypatch):
+    """Review R25d S1: a run from a hub id resumed on a machine without the hub, with init_from the
+    directory the docs advise downloading it to, took another commit of the same repository there
+    (same shape: config.json and the weights index, init_from_sha256, alike) for the run's base
+    moved, exit 0: its record named that directory, and `export RUN --step 0` wrote the other
+    commit's weights as the run's step 0. base.json holds the sha256 of a hub base's weights too
+    (its snapshot, hashed once at the start), which a resume naming a directory and step 0's export
+    are held to; a run of before, which has none, is refused in one line naming its base, and its
+    step 0 exported from the commit it pinned."""
+    from huggingface_hub import snapshot_download
+    from safetensors.torch import load_file, save_file
+
+    files = {p.name: p.read_bytes() for p in base.iterdir()}
+    weights = load_file(str(base / "model.safetensors"))
+    later = tmp_path / "later.safetensors"  # the repository's next commit: retrained, the same shape
+    save_file(
+        {**weights, "model.norm.weight": weights["model.norm.weight"] + 1}, str(later), {"format": "pt"}
+    )
+
+    def train_cmd(*sets: str) -> list[str]:
+        return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1"}
+        run = tmp_path / "run"
+        sets = overrides(data, run, _init(REPO), "schedule.steps=8")
+        done = forked.run(train_cmd(*sets, "run.max_steps=4"), cwd=ROOT, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        recorded = json.loads((run / "base" / "base.json").read_text())["weights_sha256"]
+        assert recorded == {"model.safetensors": file_sha256(base / "model.safetensors")}
+        hub.push(REPO, files | {"model.safetensors": later.read_bytes()}, repo_type="model")
+        # For a machine without the hub, downloaded elsewhere as the docs advise: main, by now the
+        # next commit, and the run's own commit
+        newer = Path(snapshot_download(REPO, local_dir=str(tmp_path / "models" / "newer")))
+        pinned = Path(snapshot_download(REPO, revision=commit, local_dir=str(tmp_path / "models" / "pinned")))
+        offline = env | {"HF_HUB_OFFLINE": "1"}
+        resume = [*sets, "checkpoint.resume=auto"]
+        listing = sorted(p.relative_to(run) for p in run.rglob("*"))
+        done = forked.run(train_cmd(*resume, _init(newer)), cwd=ROOT, env=offline, timeout=300)
+        line = one_error_line(done.stderr)
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert (
+            f"the weights of model.init_from = {newer.resolve()} are not the run's base's, {REPO}@{commit}"
+            in (line)
+        ), line
+        assert sorted(p.relative_to(run) for p in run.rglob("*")) == listing  # refused before any write
+
+        # A run started before: nothing to compare a directory with, so it is refused naming its base;
+        # with that (no download), it resumes; its step 0 is the commit it pinned, whatever directory
+        # an earlier resume named (RUN/config.toml, as one accepted before this fix left it)
+        old = tmp_path / "old"
+        shutil.copytree(run, old)
+        _as_before_hub_weights_were_recorded(old)
+        old_sets = [*overrides(data, old, "schedule.steps=8", "checkpoint.resume=auto")]
+        done = forked.run(train_cmd(*old_sets, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
+        line = one_error_line(done.stderr)
+        assert f"the run's base is {REPO}@{commit}, whose weights" in line, line
+        assert f"set model.init_from to {REPO}@{commit}" in line, line
+        toml = (old / "config.toml").read_text()
+        (old / "config.toml").write_text(toml.replace(f"{REPO}@{commit}", str(newer.resolve())))
+        exported = load_file(str(export_checkpoint(old, 0) / "model.safetensors"))
+        assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
+
+    # The run's own commit in a directory is its base moved: it resumes, without the hub
+    done = forked.run(train_cmd(*resume, _init(pinned)), cwd=ROOT, env=offline, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert complete_steps(run)[-1] == 8
+    assert f"init_from = {json.dumps(str(pinned.resolve()))}" in (run / "config.toml").read_text()
+    # ... and that directory downloaded again once main moved on: step 0 is not the next commit
+    (pinned / "model.safetensors").write_bytes(later.read_bytes())
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    msg = str(e.value)
+    assert f"{pinned.resolve() / 'model.safetensors'} is not the file {run} started from" in msg, msg
+    assert "\n" not in msg and not export_dir(run, 0).exists()
+    (pinned / "model.safetensors").write_bytes(files["model.safetensors"])
+    exported = load_file(str(export_checkpoint(run, 0) / "model.safetensors"))
+    assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
+
+
 def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     built_dataset, tmp_path, capsys
 ):

@@ -7,7 +7,10 @@ run starts from the base (not on a resume, which never reads the base).
 - The base's identity covers config.json and the weights index, not the weight bytes (a minute to
   hash on an 8B, on every resume). base.json adds the sha256 of every weights file, hashed once
   here, so an export of step 0 (the base itself, rebuilt from its files) refuses a base edited in
-  place since the run started. A hub base needs none: the pinned commit names its bytes.
+  place since the run started, and a resume that names the base in another place (a directory
+  holding a hub base's commit, on a machine without the hub) is compared against them. A hub base
+  is hashed too, its snapshot: its pinned commit names its bytes on the hub, not in a directory
+  (another commit of the same shape reads alike: review R25d S1).
 - The export of any step of the run carries the base's tokenizer files and special tokens (bos,
   eos, pad as the base's users expect them), read from here: the base itself may be gone by then.
   gristmill's own eval does not take its framing from them but from the dataset's separator
@@ -116,16 +119,13 @@ def _check_export_record(directory: Path, got: dict[str, str]) -> None:
 
 def base_weights(identity: str, directory: str | Path) -> dict[str, Any]:
     """What base.json says of a base's bytes: its identity (a directory, or a hub id pinned to its
-    commit, which names its bytes) and, for a directory, the sha256 of its weights files."""
-    return {
-        "init_from": identity,
-        "weights_sha256": None if hub_id(identity) is not None else weights_sha256(directory),
-    }
+    commit) and the sha256 of its weights files in `directory` (a hub base's snapshot)."""
+    return {"init_from": identity, "weights_sha256": weights_sha256(directory)}
 
 
 def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
-    """Keep the base's small files in RUN/base/ and write base.json: its identity and, for a local
-    directory, the sha256 of its weights files."""
+    """Keep the base's small files in RUN/base/ and write base.json: its identity and the sha256 of
+    its weights files."""
     target, directory = Path(run_dir) / BASE_DIR, Path(directory)
     target.mkdir(parents=True, exist_ok=True)
     kept = [name for name in _KEPT if (directory / name).is_file()]
@@ -185,24 +185,36 @@ def read_base_record(run_dir: str | Path) -> dict[str, Any] | None:
 def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
     """Why the base `identity` (model.init_from as a resume resolved it) is not the one the run started
     from although it reads as the same model (config.json and weights index: init_from_sha256, equal
-    for two exports of one run): base.json records other bytes, or another hub commit. None: the same
-    base (moved: its weights hashed again, only on a resume that names another place), or nothing to
-    compare (no record; a hub base on one side only)."""
+    for two exports of one run, or two commits of one hub repository): base.json records other
+    bytes, or another hub commit, or cannot tell; the line ends with its fix. None: the same base
+    (moved: its weights hashed again, only on a resume that names another place), or nothing to
+    compare (no record; a directory's record of before the weights were recorded)."""
     record = read_base_record(run_dir)
     if record is None or record.get("init_from") == identity:
         return None
-    was = record.get("init_from")
-    if hub_id(str(was)) is not None and hub_id(identity) is not None:
+    was, weights = str(record.get("init_from")), record.get("weights_sha256")
+    path = Path(run_dir) / BASE_DIR / BASE_JSON
+    if hub_id(was) is not None and hub_id(identity) is not None:
         return (
-            f"model.init_from = {identity} is another hub commit than the run's base, {was} (name the "
-            "repository without @revision: a resume keeps the recorded commit)"
+            f"model.init_from = {identity} is another hub commit than the run's base, {was}; name the "
+            "repository without @revision (a resume keeps the recorded commit)"
         )
-    if hub_id(str(was)) is not None or hub_id(identity) is not None or not record.get("weights_sha256"):
-        return None
-    if weights_sha256(identity) != record["weights_sha256"]:
+    if hub_id(identity) is not None:  # a resume fetched it: its snapshot is not what is compared here
+        return (
+            f"model.init_from = {identity} is a hub id, and the run's base is the directory {was}, whose "
+            f"weights' sha256 {path} records; set model.init_from to {was} (gone, the checkpoint's record "
+            "stands in for it)"
+        )
+    if not weights and hub_id(was) is not None:  # started before a hub base's weights were recorded
+        return (
+            f"model.init_from = {identity} is a directory, and the run's base is {was}, whose weights "
+            f"{path} does not record (the run started before gristmill recorded a hub base's), so they "
+            f"cannot be compared; set model.init_from to {was} (a resume does not download it again)"
+        )
+    if weights and weights_sha256(identity) != weights:
         return (
             f"the weights of model.init_from = {identity} are not the run's base's, {was} (their sha256 "
-            f"differ from {Path(run_dir) / BASE_DIR / BASE_JSON}'s record)"
+            f"differ from {path}'s record); set model.init_from to {was} or a copy of its files"
         )
     return None
 

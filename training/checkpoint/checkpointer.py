@@ -637,8 +637,7 @@ class Checkpointer:
         # the base of the checkpoint's run: another run's, resumed from by path, has its own record
         if moved and (why := other_base_reason(run_of_checkpoint(path), self.model_config["init_from"])):
             raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
-                f"cannot resume from {path}: {why}; set model.init_from to the run's base, or start a new "
-                "run directory (another run.output_dir)"
+                f"cannot resume from {path}: {why}, or start a new run directory (another run.output_dir)"
             )
         diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
         shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]

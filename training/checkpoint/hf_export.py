@@ -925,8 +925,8 @@ def export_base(
     """Step 0 of a run from a base model ([model] init_from): the base itself, exported like any
     step (fp32, the base's bf16/fp16 upcast exactly) from the base's files, which must still be the
     base the run started from: its identity (init_from_sha256, which the checkpoints record too)
-    and the bytes of its weights (RUN/base/base.json). No step-0 checkpoint is kept: the base is
-    step 0, so only this export needs it; every checkpoint holds its own weights."""
+    and the bytes of its weights (RUN/base/base.json, a hub base's too). No step-0 checkpoint is
+    kept: the base is step 0, so only this export needs it; every checkpoint holds its own weights."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
     if not cfg.model.init_from:
@@ -942,7 +942,13 @@ def export_base(
         return out
     spec = resolve(cfg)
     dataset, info = run_tokenizer_dataset(run_dir, spec)
-    source = locate_base(cfg.model.init_from)  # RUN/config.toml names the base the run resolved
+    init_from = cfg.model.init_from  # RUN/config.toml names the base the run resolved (a resume: moved)
+    pinned = None if record is None or record.get("weights_sha256") else str(record.get("init_from"))
+    if pinned is not None and hub_id(pinned) is not None:
+        # a hub base recorded before its weights were (review R25d S1): its pinned commit names them,
+        # where the directory a resume named since may hold another commit of the same shape
+        init_from = pinned
+    source = locate_base(init_from)
     try:
         mcfg = resolve_model_config(cfg.model, info, spec.seq_lens, source)
     except GristmillError as e:
