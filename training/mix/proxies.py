@@ -167,12 +167,15 @@ def base_identity(tc: TrainConfig, say: Callable[[str], None]) -> dict[str, Any]
     (RUN/base/base.json: a directory and the sha256 of its weights files, or a hub id pinned to its
     commit), read once a search; None without one. Part of each proxy's key and checked in its
     evidence, as the sources' fingerprints are: the recipe holds only the path, and a base replaced
-    there is other runs (review R16a F1)."""
+    there is other runs (review R16a F1). A hub base is its pinned commit alone (weights_sha256
+    None), which names its bytes: every proxy fetches that commit, so its hash, which base.json
+    records since review R25d S1, is not taken again (nor the key of proxies from before changed)."""
     if not tc.model.init_from:
         return None
     source = locate_base(tc.model.init_from, say=say)
-    if hub_id(source.identity) is None:
-        say(f"model.init_from: hashing the weights of {source.identity} (the proxies' evidence is of them)")
+    if hub_id(source.identity) is not None:
+        return {"init_from": source.identity, "weights_sha256": None}
+    say(f"model.init_from: hashing the weights of {source.identity} (the proxies' evidence is of them)")
     return base_weights(source.identity, source.directory)
 
 
@@ -185,6 +188,8 @@ def base_change(run_dir: Path, base: dict[str, Any]) -> str | None:
     then = None if record is None else {k: record.get(k) for k in base}
     if then == base:
         return None
+    if then is not None and base["weights_sha256"] is None and then["init_from"] == base["init_from"]:
+        return None  # a hub base's commit (base_identity): its record's hashes are of that commit
     if then is None:
         return f"it records no base ({run_dir / BASE_DIR / BASE_JSON}); the proxies' is {base['init_from']}"
     if then["init_from"] != base["init_from"]:

@@ -294,6 +294,44 @@ def test_a_base_replaced_at_the_same_path_is_other_runs(tmp_path):
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
 
 
+def test_a_hub_bases_proxies_are_its_commit_as_their_runs_record_it(tmp_path, monkeypatch):
+    """Review R25d S1: base.json records the sha256 of a hub base's weights too (its snapshot, so a
+    resume naming a directory is held to them). The proxies' identity of a hub base stays its pinned
+    commit (their keys as before; the commit names the bytes): a proxy run's record of it, with the
+    hashes or without (a run of before), is a run from that base, and another commit is not."""
+    from tests.helpers.hub_server import HubServer, point_hub_at
+    from tests.helpers.train_runs import TINY
+    from training.checkpoint.base_record import BASE_JSON, record_base
+    from training.checkpoint.base_source import locate_base
+    from training.mix.proxies import base_change, base_identity
+    from training.train import load_train_config
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(TOKENIZER))
+    write_base(tmp_path / "base", tmp_path / "tokenizer.json", seed=0)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    repo, said = "gristmill-test/tiny-llama", []
+    with HubServer() as hub:
+        commit = hub.add_repo(repo, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        tc = load_train_config(TINY, [f"model.init_from={json.dumps(repo)}"])
+        base = base_identity(tc, said.append)
+        assert base == {"init_from": f"{repo}@{commit}", "weights_sha256": None}
+        run = tmp_path / "proxy"
+        record_base(run, locate_base(base["init_from"]).directory, base["init_from"], "sha of its config")
+        record = json.loads((run / "base" / BASE_JSON).read_text())
+        assert set(record["weights_sha256"]) == {"model.safetensors"}  # what a resume is held to
+        assert base_change(run, base) is None
+        (run / "base" / BASE_JSON).write_text(json.dumps(record | {"weights_sha256": None}))  # one of before
+        assert base_change(run, base) is None
+        write_base(tmp_path / "later", tmp_path / "tokenizer.json", seed=1)
+        later = hub.push(
+            repo, {p.name: p.read_bytes() for p in (tmp_path / "later").iterdir()}, repo_type="model"
+        )
+        moved = base_identity(tc, said.append)
+    assert moved["init_from"] == f"{repo}@{later}" != base["init_from"]
+    assert base_change(run, moved) == f"its base was {repo}@{commit}, the proxies' is {repo}@{later}"
+
+
 def test_a_second_search_into_the_same_out_is_refused_before_it_touches_anything(tmp_path, shared_sources):
     """Review R16a F4: a second search into a running one's --out cleared a proxy while it trained and
     could write its outputs beside the other's config.toml."""
