@@ -1018,6 +1018,30 @@ def test_a_hub_base_resumed_from_a_directory_of_another_commit_is_refused(tmp_pa
     assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
 
 
+def test_a_directory_base_resumed_with_a_hub_id_is_refused_naming_the_directory(
+    tmp_path, data, base, straight, monkeypatch
+):
+    """Review R25d S1, the other way: a run from a directory resumed with a hub id of a repository that
+    reads as the same model (config.json and weights index) was taken for the base moved, exit 0;
+    what the hub's commit holds is not compared with base.json's record there, so it is refused in
+    one line naming the directory to set (gone, the checkpoint's record stands in for it)."""
+    run = tmp_path / "run"
+    shutil.copytree(straight, run)
+    four = f"checkpoint.resume={json.dumps(str(checkpoint_dir(run, 4)))}"
+    files = {p.name: p.read_bytes() for p in base.iterdir()}
+    with HubServer() as hub:
+        hub.add_repo(REPO, files, repo_type="model")
+        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1"}
+        env |= {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # stderr: the error line alone
+        cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set"]
+        sets = overrides(data, run, _init(REPO), "schedule.steps=8", four)
+        done = forked.run([*cmd, *sets], cwd=ROOT, env=env, timeout=300)
+    line = one_error_line(done.stderr)
+    assert f"is a hub id, and the run's base is the directory {base.resolve()}" in line, line
+    assert f"set model.init_from to {base.resolve()}" in line, line
+    assert complete_steps(run) == complete_steps(straight)
+
+
 def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     built_dataset, tmp_path, capsys
 ):
