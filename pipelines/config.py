@@ -130,7 +130,8 @@ class TokenizerTrainConfig:
 @dataclass
 class TokenizerConfig:
     path: str = ""
-    """A tokenizer.json, a directory holding one, or a hub repo id (needs network). Copied into
+    """A tokenizer.json, a directory holding one, or a hub repo id (ORG/NAME, or ORG/NAME@REV for a
+    branch, tag or commit; needs network, or the hub's cache). Copied into
     the dataset as tokenizer.json; `gristmill tokenizer train` writes its tokenizer here."""
     separator: str = "<|endoftext|>"
     """The special token placed once per document; must be a special token of the tokenizer."""

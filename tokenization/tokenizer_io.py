@@ -17,7 +17,8 @@ class TokenizerError(GristmillError):
 
 
 def load_tokenizer(spec: str | Path) -> Tokenizer:
-    """`spec` is a tokenizer.json file, a directory holding one, or a hub repo id (needs network)."""
+    """`spec` is a tokenizer.json file, a directory holding one, or a hub repo id (`org/name[@REV]`:
+    needs network, or the hub's cache)."""
     path = tokenizer_file(spec)
     try:
         return Tokenizer.from_file(str(path))
@@ -82,20 +83,72 @@ class TokenizerFile:
         return f"{self.source} (sha256 {self.sha256[:12]}…)"
 
 
-def _fetch_from_hub(repo_id: str) -> Path:
+# A hub repo id (`name` or `org/name`: letters, digits, '-', '_', '.'), with an optional revision (a
+# branch, which may hold '/', a tag or a commit), as model.init_from and source.path take it.
+_HUB_ID = re.compile(r"(?P<repo>(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+)(?:@(?P<revision>[^\s@]+))?")
+
+
+def hub_tokenizer(spec: str | Path) -> tuple[str, str | None] | None:
+    """(repository, revision or None) when tokenizer.path `spec` is read from the hub (no local file
+    or directory, `name`, `org/name` or either `@REV`); None for a local file or an invalid id."""
+    match = _HUB_ID.fullmatch(str(spec))
+    if match is None or names_local_file(spec):
+        return None
+    return match["repo"], match["revision"]
+
+
+def _fetch_from_hub(spec: str) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
+    invalid = (
+        f"tokenizer.path = {spec!r} is neither a local tokenizer.json (or a directory holding one) nor a "
+        "hub repo id (ORG/NAME, or ORG/NAME@REV for a branch, tag or commit)"
+    )
+    hub = hub_tokenizer(spec)
+    if hub is None:
+        raise TokenizerError(invalid)
+    repo, revision = hub
     try:
-        local = hf_hub_download(repo_id, "tokenizer.json")
-    except Exception as e:  # offline, gated, or missing: all end the same way for the user
+        local = hf_hub_download(repo, "tokenizer.json", revision=revision)
+    except HFValidationError as e:  # a name the hub cannot hold ('--', a trailing '.'): no network asked
+        raise TokenizerError(f"{invalid}: {str(e).splitlines()[0]}") from None
+    except RevisionNotFoundError:
         raise TokenizerError(
-            f"cannot fetch tokenizer.json of {repo_id!r} from the Hugging Face hub ({type(e).__name__}: "
-            f"{str(e).splitlines()[0] if str(e) else ''}); on a machine without network, download it "
-            "elsewhere and set tokenizer.path to the local tokenizer.json"
+            f"tokenizer.path = {spec!r}: the hub repository {repo} has no revision {revision!r} (a branch, "
+            "tag or commit)"
         ) from None
+    except RepositoryNotFoundError:
+        raise TokenizerError(
+            f"tokenizer.path = {spec!r} is not a local file, and the Hugging Face hub has no model "
+            f"repository {repo!r} you can read (missing, private or gated: `hf auth login` or HF_TOKEN)"
+        ) from None
+    except EntryNotFoundError as e:
+        if not isinstance(e, LocalEntryNotFoundError):  # the hub answered: the file is not there
+            raise TokenizerError(
+                f"tokenizer.path = {spec!r}: the hub repository {repo} holds no tokenizer.json"
+                + (f" at {revision}" if revision else "")
+            ) from None
+        raise _unreachable(spec, repo, e) from None
+    except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
+        raise _unreachable(spec, repo, e) from None
     return Path(local)
+
+
+def _unreachable(spec: str, repo: str, e: Exception) -> TokenizerError:
+    return TokenizerError(
+        f"cannot fetch tokenizer.json of {spec!r} from the Hugging Face hub ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else ''}); on a machine without network, download it "
+        f"elsewhere (`hf download {repo} tokenizer.json`) and set tokenizer.path to the local tokenizer.json"
+    )
 
 
 def train_bpe(

@@ -33,6 +33,7 @@ from pipelines.sources import SourceError, list_source_files, make_reader
 from tests.helpers.corpus import fixture_config_text, write_fixture_corpus
 from tests.helpers.hub_server import HubServer, point_hub_at
 from tests.helpers.s3_server import BUCKET, s3_bucket
+from tokenization.tokenizer_io import TokenizerError
 from training.contract.config_loader import load_config
 from training.contract.dataset_format import read_dataset_info
 
@@ -335,3 +336,27 @@ def test_a_hub_tokenizer_is_recorded_as_the_hub_serves_it(hub, hub_env, corpus):
     tok_bytes, encoder = resolve_tokenizer(cfg, None, log=lambda *a: None)
     assert tok_bytes == older_serialisation(corpus.tokenizer)
     assert encoder.separator_id is not None
+
+
+def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus):
+    """tokenizer.path = ORG/NAME@REV reads that revision, as model.init_from and source.path take one:
+    it was passed whole to the hub as the repo id, refused as invalid, and the line advised
+    downloading it on a machine with network (review R25d M3). An id the hub cannot hold is said to
+    be one, the network not blamed; a revision the repository lacks is named."""
+    repo = "gristmill-test/tokenizer-pinned"
+    first = hub.add_repo(repo, {"tokenizer.json": corpus.tokenizer.read_bytes()}, "model")
+    hub.push(repo, {"tokenizer.json": older_serialisation(corpus.tokenizer)}, "model")
+
+    def resolve(spec: str) -> bytes:
+        cfg = load_config(DataConfig, corpus.config, [f"tokenizer.path={spec}"])
+        return resolve_tokenizer(cfg, None, log=lambda *a: None)[0]
+
+    assert resolve(f"{repo}@{first}") == corpus.tokenizer.read_bytes()
+    assert resolve(repo) == older_serialisation(corpus.tokenizer)  # main: the push
+    with pytest.raises(TokenizerError) as invalid:
+        resolve("gristmill-test/two--dashes")
+    assert str(invalid.value).startswith("tokenizer.path = 'gristmill-test/two--dashes' is neither a local")
+    assert "hub repo id (ORG/NAME, or ORG/NAME@REV" in str(invalid.value)
+    assert "network" not in str(invalid.value)
+    with pytest.raises(TokenizerError, match=f"the hub repository {repo} has no revision 'v9'"):
+        resolve(f"{repo}@v9")
