@@ -52,7 +52,14 @@ from pipelines.build_identity import (
 )
 from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
-from pipelines.config import DataConfig, SourceConfig, content_identity, dedup_settings, identity_sha256
+from pipelines.config import (
+    DataConfig,
+    SourceConfig,
+    TokenizerConfig,
+    content_identity,
+    dedup_settings,
+    identity_sha256,
+)
 from pipelines.dataset_lock import dataset_lock
 from pipelines.decontam.filter import dataset_entry as decontam_entry
 from pipelines.decontam.filter import decontam_filter
@@ -94,6 +101,8 @@ from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import (
     TokenizerFile,
     hub_name_shadowed,
+    hub_pin,
+    hub_tokenizer,
     load_tokenizer,
     names_local_file,
     tokenizer_file,
@@ -205,6 +214,7 @@ class Prepared:
     identity: dict[str, Any]
     sha: str
     decontam: StagedIndex | None = None  # [decontaminate]'s index, installed inside the lock
+    tokenizer_pin: str | None = None  # a hub tokenizer's "org/name@<commit>", for build.json
 
 
 def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
@@ -218,6 +228,16 @@ def pinned_folder(record: dict[str, Any], cfg: SourceConfig) -> str | None:
         if cfg.kind == "hub" and recorded.get("requested") == source_folder(cfg)
         else None
     )
+
+
+def pinned_tokenizer(record: dict[str, Any], cfg: TokenizerConfig) -> str | None:
+    """The commit ("org/name@<commit>") a hub tokenizer.path resolved to in the build that wrote
+    `record` (its build.json), if the recipe still names the same tokenizer: a resume reads that
+    commit, not wherever `main` points now — a push to the tokenizer's repository in between was
+    another tokenizer.sha256, and the rerun was refused, its finished tasks lost (review R25d M2)."""
+    recorded = record.get("tokenizer") or {}
+    hub = hub_tokenizer(cfg.path)
+    return recorded.get("pinned") if hub and recorded.get("requested") == cfg.path else None
 
 
 def _started_record(cfg: DataConfig, out: Path) -> dict[str, Any]:
@@ -240,7 +260,8 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         refuse_nested(ObjectURL.parse(cfg.output))
     out = output_dir(cfg)
     ensure_demo_corpus(cfg.source)
-    pinned = pinned_folder(_started_record(cfg, out), cfg.source) if cfg.source.kind == "hub" else None
+    started = _started_record(cfg, out)
+    pinned = pinned_folder(started, cfg.source) if cfg.source.kind == "hub" else None
     if pinned is not None:
         log(f"reading {pinned}, the commit this build started from")
     source = list_source_files(cfg.source, pinned, own_output=out)
@@ -289,12 +310,16 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
             f"{cfg.build.tasks - len(source.files)} tasks will have nothing to read"
         )
 
-    tok_bytes, encoder = resolve_tokenizer(cfg, source, log)
+    tok_pin = pinned_tokenizer(started, cfg.tokenizer)
+    if tok_pin is not None and tok_pin != cfg.tokenizer.path:
+        log(f"reading tokenizer {tok_pin}, the commit this build started from")
+    tok_bytes, encoder, tok_pin = resolve_tokenizer(cfg, source, log, tok_pin)
     decontam = stage_index(cfg.decontaminate, log)  # last: it may read the tasks' data (lm-eval)
     identity = content_identity(
         cfg, hashlib.sha256(tok_bytes).hexdigest(), source.identity(), decontam and decontam.identity()
     )
-    return Prepared(cfg, out, source, tok_bytes, encoder, identity, identity_sha256(identity), decontam)
+    sha = identity_sha256(identity)
+    return Prepared(cfg, out, source, tok_bytes, encoder, identity, sha, decontam, tok_pin)
 
 
 def _check_parquet_columns(cfg: DataConfig, source: SourceFiles) -> None:
@@ -403,8 +428,12 @@ def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) ->
     _check_id_key(cfg, ids, lacking)
 
 
-def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[bytes, DocumentEncoder]:
-    """The exact tokenizer file bytes and a DocumentEncoder built from them (checks the separator)."""
+def resolve_tokenizer(
+    cfg: DataConfig, source: SourceFiles, log=print, at: str | None = None
+) -> tuple[bytes, DocumentEncoder, str | None]:
+    """The exact tokenizer file bytes, a DocumentEncoder built from them (checks the separator) and,
+    for a hub tokenizer, the "org/name@<commit>" they were read at (else None). `at`: that commit,
+    read instead of tokenizer.path's revision (a resume: pinned_tokenizer)."""
     spec = cfg.tokenizer.path
     if not spec:
         raise BuildError(
@@ -439,11 +468,11 @@ def resolve_tokenizer(cfg: DataConfig, source: SourceFiles, log=print) -> tuple[
             "dataset first (e.g. configs/data/local-parquet.toml) or point tokenizer.path at its "
             "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
         )
-    path = tokenizer_file(spec)
+    path = tokenizer_file(at or spec)
     tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
     encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}")
-    return tok_bytes, encoder
+    return tok_bytes, encoder, hub_pin(at or spec, path)
 
 
 # --------------------------------------------------------------------------------------------
@@ -548,7 +577,10 @@ def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
         if record is None:
             hub = p.cfg.source.kind == "hub"
             source = {"requested": source_folder(p.cfg.source), "pinned": p.source.folder} if hub else None
-            record = write_build_json(p.out, p.sha, p.identity, source, p.source.as_read())
+            tokenizer = (
+                {"requested": p.cfg.tokenizer.path, "pinned": p.tokenizer_pin} if p.tokenizer_pin else None
+            )
+            record = write_build_json(p.out, p.sha, p.identity, source, p.source.as_read(), tokenizer)
         else:
             if store is None:
                 log(f"resuming {p.out}: {len(finished)}/{p.cfg.build.tasks} tasks already complete")

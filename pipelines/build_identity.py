@@ -94,14 +94,19 @@ def write_build_json(
     identity: dict[str, Any],
     source: dict[str, str] | None = None,
     read: dict[str, Any] | None = None,
+    tokenizer: dict[str, str] | None = None,
 ) -> dict:
     """build.json: the config hash and identity this output directory is built with; for a hub
     source also `source` = {"requested": the folder the recipe names, "pinned": that folder at the
     commit the build started from}, which a resume reads again (see pipelines.build.pinned_folder);
-    for local files `read` (SourceFiles.as_read: their folder and modification times)."""
+    for local files `read` (SourceFiles.as_read: their folder and modification times); for a hub
+    tokenizer `tokenizer` = {"requested": tokenizer.path, "pinned": "org/name@<commit>"}, the same
+    for the tokenizer (pipelines.build.pinned_tokenizer)."""
     record: dict[str, Any] = {"config_sha256": sha, "identity": identity}
     if source:
         record["source"] = source
+    if tokenizer:
+        record["tokenizer"] = tokenizer
     if read:
         record["read"] = read
     write_atomic(out / BUILD_JSON, json.dumps(record, indent=2, sort_keys=True))
@@ -163,7 +168,7 @@ def check_output(
             what = lambda i: "rewritten at the same size" if i in rewritten else sized(i)
             replaced = [moved] if moved else [f"{new_files[i]['file']} ({what(i)})" for i in sorted(changed)]
             log(f"input changed since the last run: {', '.join(replaced)}; its task had not finished")
-            return write_build_json(out, sha, identity, old.get("source"), read)
+            return write_build_json(out, sha, identity, old.get("source"), read, old.get("tokenizer"))
         changes += _input_changes(
             old_files, new_files, identity["tasks"], finished, stale, rewritten, old.get("read"), moved, read
         )

@@ -97,6 +97,15 @@ def hub_tokenizer(spec: str | Path) -> tuple[str, str | None] | None:
     return match["repo"], match["revision"]
 
 
+def hub_pin(spec: str | Path, path: Path) -> str | None:
+    """The commit a hub tokenizer.path `spec` was read at, as "org/name@<commit>", from `path`, the
+    tokenizer.json `tokenizer_file(spec)` gave (the cache's snapshots/<commit>/tokenizer.json); None
+    for a local file."""
+    hub = hub_tokenizer(spec)
+    commit = path.parent.name
+    return f"{hub[0]}@{commit}" if hub and re.fullmatch(r"[0-9a-f]{40}", commit) else None
+
+
 def _fetch_from_hub(spec: str) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.

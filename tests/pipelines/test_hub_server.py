@@ -333,7 +333,7 @@ def test_a_hub_tokenizer_is_recorded_as_the_hub_serves_it(hub, hub_env, corpus):
     a base model's own tokenizer (train.init_from = ORG/BASE beside tokenizer.path = ORG/BASE) was
     refused as another one when an older `tokenizers` wrote the hub's file."""
     cfg = load_config(DataConfig, corpus.config, [f"tokenizer.path={OLDER_TOKENIZER_REPO}"])
-    tok_bytes, encoder = resolve_tokenizer(cfg, None, log=lambda *a: None)
+    tok_bytes, encoder, _ = resolve_tokenizer(cfg, None, log=lambda *a: None)
     assert tok_bytes == older_serialisation(corpus.tokenizer)
     assert encoder.separator_id is not None
 
@@ -360,3 +360,29 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus):
     assert "network" not in str(invalid.value)
     with pytest.raises(TokenizerError, match=f"the hub repository {repo} has no revision 'v9'"):
         resolve(f"{repo}@v9")
+
+
+def test_a_rerun_reads_the_hub_tokenizer_at_the_commit_the_build_started_from(
+    hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys
+):
+    """tokenizer.path = ORG/NAME was fetched at `main` on every run: a push to the tokenizer's
+    repository between a failed build and its rerun was another tokenizer.sha256, and the rerun was
+    refused (start over), its finished tasks lost, though OUTPUT/tokenizer.json held the first bytes
+    (review R25d M2). build.json records the commit, and the rerun reads it, as the source's."""
+    repo = "gristmill-test/tokenizer-moving"
+    started = hub.add_repo(repo, {"tokenizer.json": corpus.tokenizer.read_bytes()}, "model")
+    out = tmp_path / "ds"
+    argv = build_argv(corpus, out, *HUB, "build.workers=1", f"tokenizer.path={repo}")
+    fails_in_one_line(hub, capsys, argv)
+    assert (out / "logs" / "completions" / "00000").is_file()
+    build_json = json.loads((out / "build.json").read_text())
+    assert build_json["tokenizer"] == {"requested": repo, "pinned": f"{repo}@{started}"}
+
+    hub.push(repo, {"tokenizer.json": older_serialisation(corpus.tokenizer)}, "model")  # other bytes
+    mark = len(hub.requests)
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert f"reading tokenizer {repo}@{started}, the commit this build started from" in printed
+    assert "resuming" in printed
+    assert not [r for r in hub.requests[mark:] if f"/{repo}/resolve/main/" in r]  # the cached commit's
+    assert_same_dataset(out, local_build)
