@@ -41,6 +41,7 @@ from tests.helpers.train_runs import (
     wait_for_step,
 )
 from training.checkpoint.base_record import record_base
+from training.checkpoint.base_source import locate_base
 from training.checkpoint.hf_export import ExportError, export_checkpoint
 from training.checkpoint.hf_import import (
     BaseModelError,
@@ -1175,3 +1176,38 @@ def test_a_weights_file_the_index_names_but_the_base_lacks_is_one_line_when_hash
     said = rf"^{re.escape(str(shards[1]))} not found \(named by the base's"
     with pytest.raises(BaseModelError, match=said):
         weights_sha256(tmp_path / "base")
+
+
+def test_offline_a_hub_cache_holding_only_the_tokenizer_is_said_to_hold_part_of_the_base(
+    tmp_path, monkeypatch
+):
+    """Offline, model.init_from = ORG/BASE whose cache held only tokenizer.json (what a data build's
+    tokenizer.path = ORG/BASE fetches) printed "fetching … from the hub" while offline, then called
+    the repository "not a transformers model" (review R25d M1). Offline, the cache is read and said
+    to hold only part of the base, with the two ways to get it; with network the same call fetches it."""
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import hf_hub_download
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    files["tokenizer.json"] = _tokenizer(tmp_path / "tok", {0: "<|endoftext|>"}).read_bytes()
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        hf_hub_download(REPO, "tokenizer.json")  # as `data build` with tokenizer.path = REPO leaves it
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        said = []
+        with pytest.raises(ConfigError) as refused:
+            locate_base(REPO, say=said.append)
+        assert said == [f"model.init_from: reading {REPO} from the hub cache {tmp_path / 'hf-home' / 'hub'} "
+                        "(HF_HUB_OFFLINE is set)"]  # fmt: skip
+        line = str(refused.value)
+        assert f"holds only part of {REPO} at commit {commit} (tokenizer.json; no config.json and no " in line
+        assert "not a transformers model" not in line
+        assert "the same command, HF_HUB_OFFLINE unset" in line and f"`hf download {REPO}`" in line
+
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        assert locate_base(REPO).identity == f"{REPO}@{commit}"  # with network: the rest is fetched
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        snapshot = tmp_path / "hf-home" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit
+        assert locate_base(REPO).directory == snapshot  # offline again: the cache holds the base now

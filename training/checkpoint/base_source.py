@@ -156,18 +156,41 @@ def fetch_hub_base(
     cannot be reached with nothing cached, is one ConfigError naming model.init_from."""
     name = f"{repo}@{revision}" if revision else repo
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+        from huggingface_hub import constants, snapshot_download
+        from huggingface_hub.errors import (
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
     except ImportError:
         raise ConfigError(
             f"model.init_from = {name!r} is a hub id, which needs the huggingface_hub package (pip install "
             "huggingface_hub); or download the model and set model.init_from to its directory",
             "model.init_from",
         ) from None
-    if say is not None and not (revision and _COMMIT.fullmatch(revision)):
+    offline = bool(constants.HF_HUB_OFFLINE)  # nothing is downloaded: the cache has it, or not
+    cache = constants.HF_HUB_CACHE
+    get = (
+        "fetch the base with network (the same command, HF_HUB_OFFLINE unset), or download it elsewhere "
+        f"(`hf download {repo}`) and set model.init_from to that directory"
+    )
+    if say is not None and offline:
+        say(f"model.init_from: reading {name} from the hub cache {cache} (HF_HUB_OFFLINE is set)")
+    elif say is not None and not (revision and _COMMIT.fullmatch(revision)):
         say(f"model.init_from: fetching {name} from the Hugging Face hub (config, tokenizer, safetensors)")
     try:
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
+    except LocalEntryNotFoundError as e:
+        if not offline:
+            raise ConfigError(_fetch_failed(name, repo, e), "model.init_from") from None
+        # a snapshot whose cached listing says it misses files (newer huggingface_hub): only part of it
+        partial = (
+            "holds only part of it" if type(e).__name__ == "IncompleteSnapshotError" else "does not hold it"
+        )
+        raise ConfigError(
+            f"model.init_from = {name!r}: HF_HUB_OFFLINE is set, and the hub cache {cache} {partial}: {get}",
+            "model.init_from",
+        ) from None
     except RevisionNotFoundError:
         raise ConfigError(
             f"model.init_from = {name!r}: the hub repository {repo} has no revision {revision!r} (a branch, "
@@ -180,17 +203,25 @@ def fetch_hub_base(
             f"repository {repo!r} you can read (missing, private or gated: `hf auth login` or HF_TOKEN)",
             "model.init_from",
         ) from None
-    except Exception as e:  # offline with nothing cached, a timeout, a full disk: one line all the same
-        first = (str(e).splitlines() or [""])[0]
-        raise ConfigError(
-            f"model.init_from = {name!r} is not a local directory, and fetching it from the Hugging Face hub "
-            f"failed ({type(e).__name__}: {first}); on a machine without network, download it elsewhere "
-            f"(`hf download {repo}`) and set model.init_from to that directory",
-            "model.init_from",
-        ) from None
+    except Exception as e:  # a timeout, a full disk: one line all the same
+        raise ConfigError(_fetch_failed(name, repo, e), "model.init_from") from None
     commit = path.name  # the cache's snapshots/<commit>
     if not _COMMIT.fullmatch(commit):
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
+    weights = (path / SINGLE_FILE).is_file() or (path / INDEX_JSON).is_file()
+    lacking = [
+        n for n, ok in (("config.json", (path / "config.json").is_file()), ("weights", weights)) if not ok
+    ]
+    if offline and lacking:
+        # What another command fetched of the repository (a data build's tokenizer.path = ORG/BASE: its
+        # tokenizer.json alone), not the repository's contents: nothing says it lacks the rest (R25d M1)
+        held = sorted(p.name for p in path.iterdir())
+        raise ConfigError(
+            f"model.init_from = {name!r}: HF_HUB_OFFLINE is set, and the hub cache {cache} holds only part "
+            f"of {repo} at commit {commit} ({', '.join(held) or 'nothing'}; no {' and no '.join(lacking)}): "
+            f"{get}",
+            "model.init_from",
+        )
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model.init_from = {name!r}: the hub repository {repo} holds no config.json at commit {commit} "
@@ -198,3 +229,12 @@ def fetch_hub_base(
             "model.init_from",
         )
     return path, commit
+
+
+def _fetch_failed(name: str, repo: str, e: Exception) -> str:
+    first = (str(e).splitlines() or [""])[0]
+    return (
+        f"model.init_from = {name!r} is not a local directory, and fetching it from the Hugging Face hub "
+        f"failed ({type(e).__name__}: {first}); on a machine without network, download it elsewhere "
+        f"(`hf download {repo}`) and set model.init_from to that directory"
+    )
