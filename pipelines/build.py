@@ -129,6 +129,7 @@ from training.contract.dataset_format import (
 )
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
+from training.contract.run_layout import check_saved_config_place
 from validation.validate import format_report, validate_dataset
 
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
@@ -172,6 +173,10 @@ class BuildInterrupted(BuildError):
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(DataConfig, args.config, args.overrides)
     if args.config and not is_url(cfg.output):
+        # OUTPUT/config.toml from another directory: its relative output led elsewhere, and a new
+        # dataset was built there, exit 0 (review R25b 8): the trainer's guard of RUN/config.toml
+        held = lambda d: (d / BUILD_JSON).is_file()
+        check_saved_config_place(args.config, cfg.output, args.overrides, "output", "dataset build", held)
         out = output_dir(cfg)
         # the build writes its resolved recipe there: a recipe kept in a new output lost its comments,
         # and a --set became part of it (reviews R22e 5, R22g 4); a build's own, rerun, stays as it is

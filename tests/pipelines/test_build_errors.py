@@ -507,3 +507,36 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
             ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 0 and "is complete" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_saved_config_run_from_another_directory_is_refused_naming_where_to_run_it(
+    build_fixture, tmp_path, monkeypatch, capsys
+):
+    """`data build --config OUTPUT/config.toml` from another working directory, whose relative
+    output, source.path and tokenizer.path lead elsewhere from there (another clone holding the same
+    layout), built a new dataset at ./<output>, exit 0, instead of resuming the original (review
+    R25b 8). Refused as the trainer refuses a run's saved config, naming the directory to run from;
+    run from there, it resumes (here: revalidates the complete dataset)."""
+    corpus, tokenizer, config = build_fixture
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    for d in (home, elsewhere):
+        shutil.copytree(corpus, d / "corpus")
+        shutil.copy(tokenizer, d / "tok.json")
+    relative = ["source.path=corpus", "tokenizer.path=tok.json", "build.workers=1"]
+    monkeypatch.chdir(home)
+    assert main(build_argv(config, "runs/data/rel", *relative)) == 0
+    saved = home / "runs/data/rel/config.toml"
+
+    monkeypatch.chdir(elsewhere)
+    msg = one_error(capsys, ["data", "build", "--config", str(saved)])
+    assert msg.startswith(
+        f"error: {saved} is the saved config of the dataset build in {saved.parent}, but its output = "
+        f'"runs/data/rel" leads to {elsewhere / "runs/data/rel"} from here'
+    ), msg
+    assert f"run the command from {home}, where its relative paths were written" in msg
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["corpus", "tok.json"]
+
+    monkeypatch.chdir(home)
+    capsys.readouterr()
+    assert main(["data", "build", "--config", str(saved)]) == 0
+    assert "is already complete (same config)" in capsys.readouterr().out

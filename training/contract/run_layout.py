@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,24 +121,50 @@ def unlike_a_run(path: str | Path) -> str:
     return f"{path} has no {CONFIG_TOML}"
 
 
-def check_saved_config_place(config: str | Path, output_dir: str, overrides: list[str]) -> None:
-    """Refuse (ConfigError) `config` when it is a run's own saved RUN/config.toml (beside the run's
-    record) whose run.output_dir leads to another directory from here: the run was moved or copied,
-    or its relative output_dir was written from another working directory. `--resume auto` would then
-    find no checkpoint there and train another run from step 0 (or continue the original). Passes
-    when it leads back to the run, or a --set names run.output_dir (the user said which)."""
+def check_saved_config_place(
+    config: str | Path,
+    output_dir: str,
+    overrides: list[str],
+    key: str = "run.output_dir",
+    what: str = "run",
+    record: Callable[[Path], object] = run_record,
+) -> None:
+    """Refuse (ConfigError) `config` when it is an artifact's own saved config.toml (beside its
+    record: a training run's, by default; a data build's build.json with `record`) whose `key`
+    (`output_dir`) leads to another directory from here: the artifact was moved or copied, or its
+    relative `key` was written from another working directory. `--resume auto` would then find no
+    checkpoint there and train another run from step 0 (or continue the original); a data build
+    built a new dataset beside the old one, exit 0 (review R25b 8). Passes when it leads back to the
+    artifact, or a --set names `key` (the user said which). When a relative `key` is the artifact's
+    own path's tail, the line names the directory it was written from: run the command there."""
     config = Path(config)
-    run = config.parent
-    if config.name != CONFIG_TOML or any(o.split("=", 1)[0].strip() == "run.output_dir" for o in overrides):
+    home = config.parent
+    if config.name != CONFIG_TOML or any(o.split("=", 1)[0].strip() == key for o in overrides):
         return
-    leads_to = Path(output_dir).resolve()
-    if run_record(run) is None or leads_to == run.resolve():
+    out = Path(output_dir).expanduser()
+    if not record(home) or out.resolve() == home.resolve():
         return
+    # the directory from which relative `out` leads to `home`: `home` less `out`'s parts at its end
+    parts, at = out.parts, home.resolve().parts
+    written_from = (
+        Path(*at[: -len(parts)])
+        if parts
+        and not out.is_absolute()
+        and ".." not in parts
+        and len(parts) < len(at)
+        and at[-len(parts) :] == parts
+        else None
+    )
+    where = (
+        f"run the command from {written_from}, where its relative paths were written, or add --set "
+        if written_from is not None
+        else "add --set "
+    )
     raise ConfigError(
-        f"{config} is the saved config of the run in {run}, but its run.output_dir = "
-        f"{json.dumps(output_dir)} leads to {leads_to} from here (the run was moved or copied, or started "
-        "from another directory): to continue it where it is, add --set "
-        f"run.output_dir={json.dumps(str(run))} (relative dataset paths also resolve against this directory)"
+        f"{config} is the saved config of the {what} in {home}, but its {key} = {json.dumps(output_dir)} "
+        f"leads to {out.resolve()} from here (the {what} was moved or copied, or started from another "
+        f"directory): to continue it where it is, {where}{key}={json.dumps(str(home))} (relative paths "
+        "in it also resolve against the working directory)"
     )
 
 
