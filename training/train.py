@@ -76,7 +76,7 @@ from training.metrics import (
     update_ratio,
 )
 from training.optim import ScheduledLR, clip_grad_norm
-from training.run.faults import data_fault, kill_point
+from training.run.faults import data_fault, fault_warnings, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
 from training.run.setup import Run, StepEval, own_run_dir, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
@@ -177,6 +177,8 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
         pg_started = True
     try:
         with console.bound(env.rank, out):
+            for line in fault_warnings():  # a test's fault left set acts in a real run
+                say(line)
             # The checks, once the process group is up: rank 0 alone downloads a hub base.
             checked = preflight(cfg, env)
             # --- checks done; from here on the run does work ---

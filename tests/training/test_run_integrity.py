@@ -162,6 +162,11 @@ def test_nonfinite_steps_are_skipped_on_every_rank_alike(dataset, tmp_path):
     assert [rows[s]["skipped_steps"] for s in (1, 2, 3, 4)] == [0, 0, 1, 0]
     assert "first at step 3 (loss and gradient norm)" in rows[3]["events"][0]
     assert "WARNING step 3: non-finite" in proc.stdout
+    # the fault is said, once (rank 0), before the run's header: one left set changed a real run's
+    # loss without a trace (review R25b 7)
+    warning = "warning: GRISTMILL_FAULT_NAN_LOSS=3@1 is set: a test's injected fault, the training loss"
+    assert proc.stdout.count(warning) == 1, proc.stdout[:3000]
+    assert proc.stdout.index(warning) < proc.stdout.index("gristmill train →")
 
     def state(step: int) -> dict:
         dcp_to_torch_save(checkpoint_dir(run, step), tmp_path / f"{step}.pt")

@@ -29,6 +29,9 @@ gives, at a known step (on one rank: the others have taken that step's batch).
 GRISTMILL_FAULT_REPLACE_DATASET="OLD=NEW": rank 0, having opened its sources (OLD among them),
 moves the dataset directory NEW to OLD's place (OLD to OLD.replaced), and the other ranks open theirs
 only then: a dataset replaced at its location while the ranks of one run start (`replace_dataset`).
+
+A run in whose environment any of them is set says so before its checks (`fault_warnings`, rank 0): a
+variable left set in a shell changed a real run's loss without a trace, exit 0 (review R25b 7).
 """
 
 from __future__ import annotations
@@ -48,6 +51,26 @@ KILL = "GRISTMILL_FAULT_KILL"
 SIGTERM = "GRISTMILL_FAULT_SIGTERM"
 DATA = "GRISTMILL_FAULT_DATA"
 REPLACE_DATASET = "GRISTMILL_FAULT_REPLACE_DATASET"
+
+# What each does, for the warning a run gives when one is set.
+EFFECTS = {
+    NAN_LOSS: "the training loss of those steps is made NaN",
+    SPIKE_WINDOW: "the training loss of the steps that train those data windows is multiplied",
+    KILL: "the process kills itself (SIGKILL) at that point",
+    SIGTERM: "the process sends itself SIGTERM as that step starts",
+    DATA: "the data of that step cannot be read",
+    REPLACE_DATASET: "rank 0 replaces that dataset directory with another while the run starts",
+}
+
+
+def fault_warnings() -> list[str]:
+    """One line for each fault variable set in this process's environment (none: [])."""
+    return [
+        f"warning: {name}={os.environ[name]} is set: a test's injected fault, {effect}; unset it "
+        "for a real run"
+        for name, effect in EFFECTS.items()
+        if os.environ.get(name)
+    ]
 
 
 def kill_point(point: str) -> None:
