@@ -133,6 +133,12 @@ def train_config(cfg: MixConfig, proxy: Proxy, run_dir: Path | str = "") -> Trai
                 f"do nothing; set {LENGTH[key]} instead",
                 key="proxy.set",
             )
+        if key in FROM_PROXY:  # proxy.set won, and OUT/config.toml and the console named [proxy]'s (R25b 5)
+            raise ConfigError(
+                f"proxy.set {item!r}: [proxy] sets {key} for every proxy (and the search's config.toml and "
+                f"console name its value); set {FROM_PROXY[key]} instead",
+                key="proxy.set",
+            )
     return config_from(TrainConfig, raw, p.set, "the proxy recipe", flag="proxy.set")
 
 
@@ -203,8 +209,8 @@ def run_dir_of(out: Path, proxy: Proxy, key: str) -> Path:
     return out / proxy.group / f"{proxy.slot}-{key}"
 
 
-# The proxy recipe's keys that [proxy] sets: a refusal of that recipe is said in the search's keys
-# (unless proxy.set set the key itself).
+# The proxy recipe's keys that [proxy] sets: proxy.set may not change them (train_config), and a
+# refusal of that recipe is said in the search's keys (but proxy.set's refusal names proxy.set's key).
 FROM_PROXY = {
     "data.global_batch_tokens": "proxy.global_batch_tokens",
     "data.micro_batch": "proxy.micro_batch",

@@ -67,7 +67,8 @@ class ProxySection:
     cores // threads."""
     set: list[str] = field(default_factory=list)
     """More keys of the proxies' training recipe, as `gristmill train --set` takes them
-    (e.g. ["optim.weight_decay=0.1", "run.device=cuda"]); they are part of the evidence's key."""
+    (e.g. ["optim.weight_decay=0.1", "run.device=cuda"]); they are part of the evidence's key. Not
+    the keys [proxy] or the search set (refused with the key to set instead: training/mix/proxies.py)."""
 
 
 @dataclass

@@ -426,7 +426,14 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         (["swarm.seed=-1"], "swarm.seed = -1: must be an integer ≥ 0"),
         (["proxy.micro_batch=0"], "proxy.micro_batch = 0: must be an integer ≥ 1"),
         (["proxy.min_lr=1"], "need 0 ≤ proxy.min_lr ≤ proxy.lr; got lr 0.003, min_lr 1.0"),
-        (["proxy.set=['optim.lr=-1']"], "optim.lr = -1.0 is not allowed"),
+        # proxy.set won over [proxy]'s keys, while OUT/config.toml and the console named [proxy]'s
+        # values (review R25b 5)
+        (["proxy.set=['optim.lr=-1']"], "[proxy] sets optim.lr for every proxy (and the search's "),
+        (["proxy.set=['optim.min_lr=0']"], "[proxy] sets optim.min_lr for every proxy"),
+        (["proxy.set=['model.preset=\"demo\"']"], "set proxy.preset instead"),
+        (["proxy.set=['data.micro_batch=2']"], "set proxy.micro_batch instead"),
+        (["proxy.set=['run.threads=2']"], "set proxy.threads instead"),
+        (["proxy.set=['run.val_batches=2']"], "proxy.set 'run.val_batches=2': [proxy] sets run.val_batches"),
         # bounds that fit one mixture, or a handful: the swarm drew forever, silently
         (
             ["proxy.global_batch_tokens=64", "proxy.micro_batch=1"],
