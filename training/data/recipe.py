@@ -195,9 +195,11 @@ def recipe_notes(
 def unused_notes(cfg: TrainConfig) -> list[str]:
     """A line for each setting that changes nothing here, set to other than its default: a default
     every [[phase]] overrides (`--set data.seq_len=…` where each phase sets its own, `optim.lr` where
-    the first phase sets its peak), or a setting of a feature that is off (`run.max_skipped` without
-    on_nonfinite = "skip", `[run.rewind]` without a rewind, `optim.muon_*` without Muon, the spike
-    window without spike detection, `optim.fused` without torch's AdamW). They were
+    the first phase sets its peak), one every [[data.sources]] overrides (data.val_fraction where each
+    sets its own, as a run's config.toml writes them: review R25b 4), or a setting of a feature that
+    is off (`run.max_skipped` without on_nonfinite = "skip", `[run.rewind]` without a rewind,
+    `optim.muon_*` without Muon, the spike window without spike detection, `optim.fused` without
+    torch's AdamW). They were
     accepted and said nothing, while a resume's note listed a change of them as in effect. Notes, not
     refusals: `--set run.on_spike=report` turns a rewind recipe's rewinds off, a resume's advice may
     be `--set optim.name=adamw`, and runs saved with such keys must still resume, export, evaluate."""
@@ -211,6 +213,9 @@ def unused_notes(cfg: TrainConfig) -> list[str]:
          bool(phases) and all(ph.global_batch_tokens for ph in phases)),
         ("data.micro_batch", cfg.data.micro_batch, DataSection().micro_batch,
          "every [[phase]] sets its own micro_batch", bool(phases) and all(ph.micro_batch for ph in phases)),
+        ("data.val_fraction", cfg.data.val_fraction, DataSection().val_fraction,
+         "every [[data.sources]] sets its own val_fraction",
+         bool(cfg.data.sources) and all(src.val_fraction is not None for src in cfg.data.sources)),
         ("optim.lr", o.lr, OptimSection().lr,
          "phase[0].lr.peak is the first peak (a later phase continues or sets its own)",
          bool(phases) and phases[0].lr.peak is not None),

@@ -323,6 +323,19 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     assert "note: data.seq_len = 128 changes nothing: every [[phase]] sets its own seq_len" in out, out
     assert gristmill(["train", "--config", str(config), "--plan"]) == 0
     assert "data.seq_len" not in capsys.readouterr().out
+    # data.val_fraction where every source sets its own, as a run's config.toml writes them: a
+    # `--set data.val_fraction=0.2` on it changed nothing, silently (review R25b 4)
+    own = ["data.sources[0].val_fraction=0.1", "data.sources[1].val_fraction=0.1"]
+    assert (
+        gristmill(["train", "--config", str(config), "--plan", "--set", *own, "data.val_fraction=0.2"]) == 0
+    )
+    out = capsys.readouterr().out
+    said = "note: data.val_fraction = 0.2 changes nothing: every [[data.sources]] sets its own val_fraction"
+    assert said in out, out
+    assert (
+        gristmill(["train", "--config", str(config), "--plan", "--set", own[0], "data.val_fraction=0.2"]) == 0
+    )
+    assert "data.val_fraction" not in capsys.readouterr().out  # source 1 holds out [data]'s 0.2
     # optim.lr where the first phase sets its peak: a resume's note called the change in effect, and a
     # learning-rate sweep over it trained one LR (review R1)
     peak = ["phase[0].lr.peak=2e-3", "optim.lr=1e-2"]
