@@ -83,6 +83,7 @@ from training.checkpoint.record import (
     read_complete_record,
     recorded_model,
     sealed_record,
+    start_changes,
 )
 from training.checkpoint.staging import HostStaging, PreStaged, state_dict_of
 from training.config import CheckpointSection
@@ -469,6 +470,7 @@ class Checkpointer:
                 if path is not None:
                     record = read_complete_record(path)
                     notes += self._model_notes(path, record)  # another model is refused before any load
+                    self._check_start(path, record)
                     self._check_optimizer(path)
                 choice = ("path", None if path is None else str(path))
                 for line in notes:
@@ -653,6 +655,23 @@ class Checkpointer:
             return []
         changed = describe_differences(diffs, "in the checkpoint", "now")
         return [f"note: model settings differ from {path.name}'s ({changed}); continuing with this config's"]
+
+    def _check_start(self, path: Path, record: dict[str, Any]) -> None:
+        """Rank 0, before loading `path`: a setting that only decides how a run starts (START_SETTINGS)
+        changed since the checkpoint is refused in one line: the checkpoint's weights replace what it
+        decides, so it changed nothing while the resume called it in effect and recorded it."""
+        started = start_changes(record, self.model_config, self.config)
+        if not started:
+            return
+        changed = "; ".join(f"{k} = {json.dumps(now)} in this config, {json.dumps(then)} in the checkpoint"
+                            for k, then, now in started)  # fmt: skip
+        sets = " ".join(f"{k}={json.dumps(then)}" for k, then, _ in started)
+        raise CheckpointError(
+            f"cannot resume from {path}: {changed}; {'it decides' if len(started) == 1 else 'they decide'} "
+            "only the weights a run starts from, and a resume continues the checkpoint's: drop the "
+            f"override (or --set {sets}), or start a new run directory (another run.output_dir) for "
+            "another start"
+        )
 
     def _set_aside_newer(self, step: int, what: str) -> None:
         """Checkpoints newer than the resumed one (or the one a rewind goes back to: `what` says which)

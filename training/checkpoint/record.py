@@ -96,9 +96,35 @@ training.model.ModelConfig (absent in checkpoints written before gristmill recor
 
 ARCHITECTURE_FIELDS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tie_embeddings")
 """ModelConfig fields that decide what the saved weights mean: a resume with any of them changed is
-refused. The others (rope_theta, norm_eps, max_seq_len, init_std, document_mask, loss_chunk,
-float8) are
-settings a run may change on a resume (a longer-context phase, a memory knob), with a note."""
+refused. So is one of init_std (START_SETTINGS). The others (rope_theta, norm_eps, max_seq_len,
+document_mask, loss_chunk, float8) are settings a run may change on a resume (a longer-context
+phase, a memory knob), with a note."""
+
+START_SETTINGS = ("model.init_std", "run.seed", "run.init_device")
+"""Settings that only decide how a run starts: the random initial weights (their std, their seed —
+run.seed seeds nothing else: the RNG streams are the checkpoint's — and where they are built). A
+resume continues the checkpoint's weights, so one that changes them is refused: it said "in effect",
+recorded them, changed nothing, and a fresh run from the run's config.toml then trained another
+start (review R25b 2)."""
+
+
+def start_changes(
+    record: dict[str, Any], model: dict[str, Any] | None, config: dict[str, Any] | None
+) -> list[tuple[str, Any, Any]]:
+    """(key, the checkpoint's value, this config's) for each START_SETTINGS key that differs between
+    COMPLETE `record` and this run's model config `model` (dataclasses.asdict: init_std resolved, a
+    preset's or the override) and identity config `config` (what COMPLETE records); a value either
+    side lacks (a checkpoint older than the records) is not compared."""
+    saved = record.get(CONFIG_RECORD)
+    then = {"model": recorded_model(record), "run": saved.get("run") if isinstance(saved, dict) else None}
+    now = {"model": model, "run": (config or {}).get("run")}
+    changes = []
+    for key in START_SETTINGS:
+        section, name = key.split(".")
+        was, is_ = (d.get(name) if isinstance(d, dict) else None for d in (then[section], now[section]))
+        if None not in (was, is_) and was != is_:
+            changes.append((key, was, is_))
+    return changes
 
 
 def recorded_model(record: dict[str, Any]) -> dict[str, Any] | None:

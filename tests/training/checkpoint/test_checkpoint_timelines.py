@@ -197,12 +197,24 @@ def test_the_checkpoint_records_its_model_and_resume_and_export_use_it(dataset, 
     assert "model.n_kv_heads = 2 in the checkpoint, 4 in this config" in line and "Size mismatch" not in line
     assert "model.tie_embeddings = false in the checkpoint, true in this config" in line
     assert files(r) == before  # refused before anything was loaded or written
+    # settings that only decide the weights a run starts from: the checkpoint's replace them; a resume
+    # said "in effect from step 5" and recorded them, and nothing changed (review R25b 2)
+    start = ["model.init_std=0.05", "run.seed=7", 'run.init_device="full"']
+    assert run(dataset, r, "run.max_steps=8", auto, *start) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert (
+        f"cannot resume from {checkpoint_dir(r, 4)}: model.init_std = 0.05 in this config, 0.02 in " in line
+    )
+    assert 'run.seed = 7 in this config, 0 in the checkpoint; run.init_device = "full" in this config' in line
+    assert "they decide only the weights a run starts from, and a resume continues the checkpoint's" in line
+    assert 'drop the override (or --set model.init_std=0.02 run.seed=0 run.init_device="auto")' in line
+    assert files(r) == before
 
     # a setting that leaves the weights as they are: resumed, with a note
     assert run(dataset, r, "run.max_steps=8", auto, "model.loss_chunk=32") == 0
     out = capsys.readouterr().out
     note = "note: model settings differ from step-000004's (model.loss_chunk = 0 in the checkpoint, 32 now)"
-    assert note in out
+    assert note in out and "init_std" not in out
     assert json.loads((checkpoint_dir(r, 8) / COMPLETE_FILE).read_text())["model"]["loss_chunk"] == 32
 
     # export takes the checkpoint's model, whatever RUN/config.toml says now

@@ -385,8 +385,9 @@ def test_a_resume_note_names_sources_by_name_when_one_is_inserted(
 def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_path, capsys):
     """Review R23c 2: another run's checkpoint copied into a run's checkpoints/ was resumed (auto) with
     a note that diffed this config against the run's own config.toml, naming a setting that was not
-    the difference (run.max_steps 2 → 7) and not the one that was (run.seed). COMPLETE records its config:
-    the note names what differs from it."""
+    the difference (run.max_steps 2 → 7) and not the one that was (run.seed; now optim.weight_decay: a
+    resume that changes run.seed is refused, review R25b 2). COMPLETE records its config: the note names
+    what differs from it."""
     run_dir, _ = reference
     other = tmp_path / "other"
     base = [
@@ -396,13 +397,13 @@ def test_a_resume_note_compares_with_the_checkpoints_own_config(reference, tmp_p
         "--set",
         f"run.output_dir={json.dumps(str(other))}",
     ]
-    assert gristmill([*base, "run.seed=7", "run.max_steps=2"]) == 0
+    assert gristmill([*base, "optim.weight_decay=0.05", "run.max_steps=2"]) == 0
     shutil.copytree(run_dir / "checkpoints" / "step-000006", other / "checkpoints" / "step-000006")
     capsys.readouterr()
-    assert gristmill([*base, "run.seed=7", "run.max_steps=7", 'checkpoint.resume="auto"']) == 0
+    assert gristmill([*base, "optim.weight_decay=0.05", "run.max_steps=7", 'checkpoint.resume="auto"']) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "changed since" in line]
-    seed = load_config(TrainConfig, run_dir / "config.toml").run.seed
-    assert len(notes) == 1 and f"run.seed {seed} → 7" in notes[0], notes
+    decay = load_config(TrainConfig, run_dir / "config.toml").optim.weight_decay
+    assert len(notes) == 1 and f"optim.weight_decay {decay} → 0.05" in notes[0], notes
     assert "run.max_steps unset → 7" in notes[0], notes  # the checkpoint's, not other/config.toml's 2
 
 
