@@ -69,6 +69,7 @@ from pipelines.dedup import DEDUP_DIR, Stage, dedup_filter, dedup_stages, first_
 from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
+from pipelines.faults import fault_warnings
 from pipelines.filters import make_filters
 from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
 from pipelines.progress import Monitor, TaskProgress, build_table, input_size_note
@@ -540,6 +541,8 @@ def make_dedup_stages(p: Prepared) -> list[Stage]:
 def build(cfg: DataConfig, log=print, verbose: bool = False) -> BuildResult:
     """Build (or resume, or revalidate) the dataset `cfg` describes; `verbose`: datatrove's logs
     on the terminal too, not only under OUTPUT/logs/."""
+    for line in fault_warnings():  # a test's fault left set acts in a real build
+        log(line)
     p = prepare(cfg, log)
     store = ObjectStore(p.cfg.output) if is_url(p.cfg.output) else None
     if store is not None and _complete_in_bucket(p, store, log):

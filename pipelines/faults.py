@@ -15,6 +15,9 @@ environment lookup. The points:
     dedup_clusters in dedup's clusters stage (rank 0), once task 0's drop table is written and
                    the others are not
 
+A build in whose environment it is set says so before it starts (`fault_warnings`): one left set
+in a shell would kill a real build's task without a trace (review R25b 7).
+
 The trainer has its own, training/run/faults.py.
 """
 
@@ -25,6 +28,16 @@ import signal
 import time
 
 KILL = "GRISTMILL_TEST_KILL"
+
+
+def fault_warnings() -> list[str]:
+    """One line when GRISTMILL_TEST_KILL is set in this process's environment (none: [])."""
+    if not os.environ.get(KILL):
+        return []
+    return [
+        f"warning: {KILL}={os.environ[KILL]} is set: a test's injected fault, the task of that rank kills "
+        "its process group (or itself, or parks) at that point; unset it for a real build"
+    ]
 
 
 def maybe_kill(rank: int, point: str) -> None:

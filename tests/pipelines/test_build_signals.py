@@ -47,6 +47,9 @@ def test_a_dead_worker_stops_the_build_instead_of_hanging(built_dataset, build_f
     err = died.stderr.strip().splitlines()[-1]
     assert err.startswith("error: a build worker process died while running a task (killed by signal 9"), err
     assert "rerun the same command" in err and "Traceback" not in died.stderr
+    # the fault is said before the build starts: one left set killed a real build's task (R25b 7)
+    warning = "warning: GRISTMILL_TEST_KILL=1:second_shard:self is set: a test's injected fault, the task"
+    assert died.stdout.count(warning) == 1, died.stdout[:2000]
     rerun(config, out)
     same_shards(out, built_dataset)
 
