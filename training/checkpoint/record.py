@@ -100,12 +100,13 @@ refused. So is one of init_std (START_SETTINGS). The others (rope_theta, norm_ep
 document_mask, loss_chunk, float8) are settings a run may change on a resume (a longer-context
 phase, a memory knob), with a note."""
 
-START_SETTINGS = ("model.init_std", "run.seed", "run.init_device")
-"""Settings that only decide how a run starts: the random initial weights (their std, their seed —
-run.seed seeds nothing else: the RNG streams are the checkpoint's — and where they are built). A
-resume continues the checkpoint's weights, so one that changes them is refused: it said "in effect",
-recorded them, changed nothing, and a fresh run from the run's config.toml then trained another
-start (review R25b 2)."""
+START_SETTINGS = ("model.init_std", "run.seed")
+"""Settings that only decide the random initial weights (their std, their seed — run.seed seeds
+nothing else: the RNG streams are the checkpoint's). A resume continues the checkpoint's weights, so
+one that changes them is refused: it said "in effect", recorded them, changed nothing, and a fresh run
+from the run's config.toml then trained another start (review R25b 2). run.init_device is not one:
+where the model is built is a memory setting a resume may need to change (a model that no longer fits
+one device: "meta"), and RUN/configs/ keeps what the first steps started with."""
 
 
 def start_changes(
