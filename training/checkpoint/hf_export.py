@@ -73,6 +73,7 @@ from training.contract.config_loader import load_config
 from training.contract.dataset_format import (
     TOKENIZER_JSON,
     file_sha256,
+    framed_as_trained,
     read_dataset_info,
     tokenizer_problem,
     without_dropout,
@@ -192,15 +193,23 @@ def hf_config(cfg: ModelConfig, separator_id: int, dtype: torch.dtype) -> dict[s
     }
 
 
-def _tokenizer_files(info: dict[str, Any], cfg: ModelConfig, special: dict[str, str]) -> dict[str, Any]:
+def _tokenizer_files(
+    info: dict[str, Any], cfg: ModelConfig, special: dict[str, str], datasets: bool
+) -> dict[str, Any]:
     """tokenizer_config.json and special_tokens_map.json of an export whose base brought none: bos and
-    eos the separator, or `special`'s (the tokens of a base's config.json ids)."""
+    eos the separator, or `special`'s (the tokens of a base's config.json ids). With the dataset's
+    tokenizer.json (`datasets`), add_bos_token says what its post-processor does (framed_as_trained:
+    the separator first for position "before", nothing for "after")."""
     sep = info["separator"]["token"]
     tokens = {"bos_token": sep, "eos_token": sep} | special
+    framing = {}
+    if datasets:
+        framing = {"add_bos_token": info["separator"]["position"] == "before", "add_eos_token": False}
     return {
         TOKENIZER_CONFIG: {
             "tokenizer_class": FAST_TOKENIZER,
             **tokens,
+            **framing,
             "model_max_length": cfg.max_seq_len,
             "clean_up_tokenization_spaces": False,
         },
@@ -248,18 +257,23 @@ def write_tokenizer(
     # would override the bos it sets).
     if TOKENIZER_CONFIG not in base:
         special = _base_special_tokens(base, base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON))
-        for name, content in _tokenizer_files(info, model_cfg, special).items():
+        for name, content in _tokenizer_files(info, model_cfg, special, TOKENIZER_JSON not in base).items():
             (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     for name in TOKENIZER_FILES:
         if name in base and name != TOKENIZER_JSON:
             shutil.copyfile(base[name], out_dir / name)
     # tokenizer.json as the data was encoded with it (without BPE dropout), the base's or the
     # dataset's (synthetic test datasets have none): else a copy, byte for byte.
+    # The dataset's framed as the shards are (framed_as_trained: a foreign tokenizer's post-processor
+    # adding its BOS made every default encode start with an id the model never saw); a base's as
+    # its users expect it.
     source = base.get(TOKENIZER_JSON, dataset_dir / TOKENIZER_JSON)
     if source.is_file():
         data = source.read_bytes()
         text = data.decode("utf-8")
         kept = without_dropout(text)
+        if TOKENIZER_JSON not in base:
+            kept = framed_as_trained(kept, info["separator"])
         (out_dir / TOKENIZER_JSON).write_bytes(data if kept is text else kept.encode("utf-8"))
     config = out_dir / TOKENIZER_CONFIG
     if config.is_file() and (out_dir / TOKENIZER_JSON).is_file():

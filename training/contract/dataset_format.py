@@ -330,6 +330,42 @@ def without_dropout(tokenizer_json: str) -> str:
     return json.dumps(spec, ensure_ascii=False) if _drop_dropout(spec) else tokenizer_json
 
 
+# Post-processors that only move offsets (ByteLevel's trim_offsets): an export keeps them.
+_OFFSET_ONLY = ("ByteLevel",)
+
+
+def framed_as_trained(tokenizer_json: str, separator: dict[str, Any]) -> str:
+    """A tokenizer.json's text whose post-processor frames a text as the dataset's separator contract
+    does (`separator`: dataset.json's): position "after" adds nothing (a document starts right after
+    the previous one's separator, which a prompt has not), "before" puts the separator first. A
+    foreign tokenizer's own (a Llama-3 TemplateProcessing adding <|begin_of_text|>, a Llama-2 <s>)
+    made every default encode of an export start with an id the shards never held. The text itself
+    when its post-processor already frames so (an export keeps the file byte for byte)."""
+    spec = json.loads(tokenizer_json)
+    pp = spec.get("post_processor")
+    kept = [p for p in (pp.get("processors", []) if pp and pp.get("type") == "Sequence" else [pp]) if p]
+    offsets = [p for p in kept if isinstance(p, dict) and p.get("type") in _OFFSET_ONLY]
+    before = separator.get("position") == "before"
+    if not before and len(offsets) == len(kept):
+        return tokenizer_json  # adds nothing already
+    kept = offsets
+    if before:
+        token, sid = str(separator["token"]), int(separator["id"])
+        first = {"SpecialToken": {"id": token, "type_id": 0}}
+        kept.append({
+            "type": "TemplateProcessing",
+            "single": [first, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [first, {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": token, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {token: {"id": token, "ids": [sid], "tokens": [token]}},
+        })  # fmt: skip
+    framing = None if not kept else kept[0] if len(kept) == 1 else {"type": "Sequence", "processors": kept}
+    if framing == pp:
+        return tokenizer_json
+    spec["post_processor"] = framing
+    return json.dumps(spec, ensure_ascii=False)
+
+
 def as_encoded(tokenizer_json: str) -> str:
     """A tokenizer.json's text as the build encodes with it: without BPE dropout, truncation (every
     document cut to max_length) and padding (pad ids inside a batch's documents), which a
