@@ -51,7 +51,7 @@ from training.checkpoint.base_source import (
 )
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES, hf_name
 from training.contract.config_loader import ConfigError, json_sha256
-from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_sha256
+from training.contract.dataset_format import DATASET_JSON, TOKENIZER_JSON, file_sha256, tokenizer_differences
 from training.contract.run_layout import is_training_run
 
 __all__ = [
@@ -378,28 +378,13 @@ def load_base_weights(model: torch.nn.Module, base: str | Path) -> None:
 # The data must match the model
 
 
-# The parts of a tokenizer.json that decide which ids a text becomes (the build encodes without the
-# post-processor; the decoder only turns ids back into text; truncation and padding are unused).
-_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
-
-
-def _tokenizer_hash(path: Path) -> str:
-    """sha256 of what decides the ids (`_ID_SECTIONS`: special tokens, normalizer, pre-tokenizer,
-    vocabulary and merges) as canonical JSON (keys sorted, compact), so a copy re-saved by another
-    version of `tokenizers` (other whitespace, key order, merges as "a b" or ["a", "b"]) is the same
-    tokenizer."""
+def _tokenizer_differences(data_tok: Path, base_tok: Path) -> list[str]:
+    """tokenizer_differences (the one rule, shared with a mixture's sources), a file that is not JSON
+    refused as the base's error."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return tokenizer_differences(data_tok, base_tok)
     except ValueError as e:
-        raise BaseModelError(f"{path} is not valid JSON ({e})") from None
-    content = {k: data.get(k) for k in _ID_SECTIONS}
-    model = content["model"]
-    if isinstance(model, dict):  # BPE dropout decides no id the data holds: the build encodes without
-        model = content["model"] = {k: v for k, v in model.items() if k != "dropout"}
-    if isinstance(model, dict) and isinstance(model.get("merges"), list):
-        merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
-        content["model"] = model | {"merges": merges}
-    return json_sha256(content)
+        raise BaseModelError(f"{data_tok} or {base_tok} is not valid JSON ({e})") from None
 
 
 def _special_tokens(tokenizer: Path) -> dict[int, str]:
@@ -445,14 +430,11 @@ def check_base_data(
                 "re-saved copy of the same tokenizer differs in bytes): put the dataset's tokenizer.json "
                 "back, or rebuild the dataset with the base model's tokenizer.json"
             )
-    elif file_sha256(data_tok) != file_sha256(base_tok) and _tokenizer_hash(data_tok) != _tokenizer_hash(
-        base_tok
-    ):
+    elif differ := _tokenizer_differences(data_tok, base_tok):
         raise BaseModelError(
-            f"{data_tok} (dataset) differs from {base_tok} (base model) in content (special tokens, "
-            "normalizer, pre-tokenizer, vocabulary or merges: what decides the ids, compared so that a "
-            "re-saved copy matches): the data was tokenized with another tokenizer; rebuild the dataset "
-            "with the base model's tokenizer.json"
+            f"{data_tok} (dataset) differs from {base_tok} (base model) in {', '.join(differ)} (what "
+            "decides the ids, compared so that a re-saved copy matches): the data was tokenized with "
+            "another tokenizer; rebuild the dataset with the base model's tokenizer.json"
         )
     sep, notes = int(info["separator"]["id"]), []
     special = _special_tokens(base_tok)

@@ -376,6 +376,52 @@ def as_encoded(tokenizer_json: str) -> str:
     return json.dumps(spec, ensure_ascii=False)
 
 
+# The parts of a tokenizer.json that decide which ids a text becomes (the build encodes without the
+# post-processor; the decoder only turns ids back into text; truncation and padding are unused).
+TOKENIZER_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
+
+
+def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
+    """What of a tokenizer.json decides the ids (TOKENIZER_ID_SECTIONS: special tokens, normalizer,
+    pre-tokenizer, vocabulary and merges), in a canonical form: without BPE dropout (the build
+    encodes without it), merges as pairs (a copy re-saved by another version of `tokenizers` writes
+    "a b" or ["a", "b"]). ValueError for a file that is not JSON."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    content = {k: data.get(k) for k in TOKENIZER_ID_SECTIONS}
+    model = content["model"]
+    if isinstance(model, dict):
+        model = content["model"] = {k: v for k, v in model.items() if k != "dropout"}
+        if isinstance(model.get("merges"), list):
+            merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
+            content["model"] = model | {"merges": merges}
+    return content
+
+
+def tokenizer_content_sha256(path: str | Path) -> str:
+    """sha256 of tokenizer_id_content as canonical JSON (keys sorted, compact): one tokenizer however
+    it was saved (whitespace, key order, merges' form, a transformers re-save)."""
+    return json_sha256(tokenizer_id_content(path))
+
+
+def tokenizer_differences(a: str | Path, b: str | Path) -> list[str]:
+    """The parts of two tokenizer.json files that decide ids differently ("added_tokens",
+    "model.vocab", "model.merges", …); [] when they are the same tokenizer, byte for byte or by
+    content (tokenizer_id_content): the one rule of a mixture's sources and a base's data."""
+    if file_sha256(a) == file_sha256(b):
+        return []
+    ca, cb = tokenizer_id_content(a), tokenizer_id_content(b)
+    out = []
+    for key in TOKENIZER_ID_SECTIONS:
+        x, y = ca[key], cb[key]
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict) and key == "model":
+            out += [f"model.{k}" for k in sorted(x.keys() | y.keys()) if x.get(k) != y.get(k)]
+        else:
+            out.append(key)
+    return out
+
+
 def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -22,11 +22,19 @@ import pyarrow.parquet as pq
 from training.config import DataSection, OptimSection, RewindSection, RunSection, TrainConfig
 from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import DATASET_JSON, DatasetError, data_identities, same_data
+from training.contract.dataset_format import (
+    DATASET_JSON,
+    TOKENIZER_JSON,
+    DatasetError,
+    data_identities,
+    same_data,
+    tokenizer_differences,
+)
 from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, complete_steps, read_json_record
 from training.data import plan as data_plan
 from training.data.block_cache import check_room, gb_holding
 from training.data.reader import DocumentTable
+from training.data.remote import CacheSettings, tokenizer_dir
 from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot, save_figure
 
@@ -63,7 +71,7 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
     first_name, first = sources[0].name, tables[0]
     for src, t in zip(sources[1:], tables[1:]):
         name = src.name
-        for key in ("tokenizer_sha256", "separator", "vocab_size"):
+        for key in ("separator", "vocab_size"):
             if t.info[key] != first.info[key]:
                 raise DatasetError(
                     f"{t.location}/{DATASET_JSON}: source {name!r} has {key} {t.info[key]!r} but source "
@@ -71,7 +79,34 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
                     "be built with the same tokenizer and separator (rebuild it with the other's "
                     "tokenizer.json)"
                 )
+        if t.info["tokenizer_sha256"] != first.info["tokenizer_sha256"]:
+            _check_same_tokenizer((first_name, sources[0].dataset), (name, src.dataset), cache)
     return tables
+
+
+def _check_same_tokenizer(
+    first: tuple[str, str | Path], other: tuple[str, str | Path], cache: CacheSettings
+) -> None:
+    """Two sources whose tokenizer.json files differ in bytes are one tokenizer when they decide the
+    ids alike (tokenizer_differences, the rule a base's data is checked by: a transformers re-save
+    writes other bytes for the same vocabulary, merges and special tokens); else a DatasetError
+    naming what differs."""
+    (a_name, a_where), (b_name, b_where) = first, other
+    a, b = tokenizer_dir(a_where, cache) / TOKENIZER_JSON, tokenizer_dir(b_where, cache) / TOKENIZER_JSON
+    if not a.is_file() or not b.is_file():
+        differ = f"tokenizer_sha256, and {a if not a.is_file() else b} is not there to compare by content"
+    else:
+        try:
+            differ = ", ".join(tokenizer_differences(a, b))
+        except ValueError as e:
+            differ = f"tokenizer.json ({a} or {b} is not valid JSON: {e})"
+    if differ:
+        raise DatasetError(
+            f"sources {a_name!r} ({a}) and {b_name!r} ({b}) have other tokenizers: they differ in {differ} "
+            "(what decides the ids, compared so that a re-saved copy matches); every source of a run "
+            "must be built with the same tokenizer and separator (rebuild one with the other's "
+            "tokenizer.json)"
+        )
 
 
 def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> data_plan.Plan:

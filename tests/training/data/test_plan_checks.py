@@ -359,3 +359,48 @@ def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     assert gristmill(["train", "--config", str(config), "--plan", "--set", *muon]) == 0
     out = capsys.readouterr().out
     assert "note: optim.fused = true changes nothing: optim.name = 'muon' (the fused kernel is" in out, out
+
+
+def test_sources_built_with_one_tokenizer_saved_twice_mix_and_other_tokenizers_are_named(
+    build_fixture, built_dataset, tmp_path, capsys
+):
+    """Two datasets built with one tokenizer, one of them with its transformers re-save (other bytes,
+    the same vocabulary, merges and special tokens): the mixture refused them by tokenizer_sha256,
+    the bytes, while init_from compares a base's by content (review R25a 3). One rule now, and a
+    refusal names what differs."""
+    import transformers
+
+    from pipelines.build import build
+    from pipelines.config import DataConfig
+    from training.contract.config_loader import load_config
+
+    _, tokenizer_path, data_toml = build_fixture
+    resaved = tmp_path / "resaved"
+    transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_path)).save_pretrained(str(resaved))
+    assert (resaved / "tokenizer.json").read_bytes() != tokenizer_path.read_bytes()
+
+    def built(name: str, tokenizer: Path) -> Path:
+        sets = [f"output={tmp_path / name}", f"tokenizer.path={tokenizer}", "shards.seed=9"]
+        cfg = load_config(DataConfig, data_toml, [*sets, "build.tasks=1", "build.workers=1"])
+        assert build(cfg, log=lambda *a: None).ok
+        return tmp_path / name
+
+    other = built("other", resaved / "tokenizer.json")
+    assert (
+        read_dataset_info(other)["tokenizer_sha256"] != read_dataset_info(built_dataset)["tokenizer_sha256"]
+    )
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {"web": built_dataset, "code": other}, run)
+    assert gristmill(["train", "--config", str(config), "--plan", "--set", f'run.output_dir="{run}"']) == 0, (
+        capsys.readouterr().err
+    )
+    capsys.readouterr()
+    # Another tokenizer: one merge fewer. The refusal names the part that differs.
+    spec = json.loads(tokenizer_path.read_text())
+    spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    (tmp_path / "fewer.json").write_text(json.dumps(spec))
+    fewer = built("fewer", tmp_path / "fewer.json")
+    config = write_recipe(tmp_path / "r2.toml", {"web": built_dataset, "code": fewer}, run)
+    for err in both(config, [f'run.output_dir="{run}"'], capsys):
+        assert "sources 'web'" in err and "'code'" in err and "differ in model.merges" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
