@@ -477,7 +477,7 @@ def resolve_tokenizer(
     path = tokenizer_file(at or spec)
     tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
-    encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}")
+    encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}", path=path)
     return tok_bytes, encoder, hub_pin(at or spec, path)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -41,6 +42,37 @@ def _pick_special(specials: list[str], usable: list[str], other: bool = False) -
             'unknown token): add one to its added_tokens with "special": true'
         )
     return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {usable}"
+
+
+def _some(tokens: list[str], shown: int = 8) -> str:
+    """The first `shown` of `tokens` and how many more: a Llama-3 tokenizer's 256 special tokens
+    made one line of 8,689 characters."""
+    more = len(tokens) - shown
+    return f"{tokens[:shown]}" + (f" and {more:,} more" if more > 0 else "")
+
+
+def _configured(path: str | Path | None, specials: list[str]) -> str:
+    """Advice from the tokenizer_config.json beside tokenizer.json `path`: its eos and bos (when
+    special tokens of the tokenizer) as the likely separator, after or before each document."""
+    config = Path(path).parent / "tokenizer_config.json" if path else None
+    try:
+        spec = json.loads(config.read_text(encoding="utf-8")) if config else {}
+    except (OSError, ValueError):
+        return ""
+    named = []
+    for key, how in (
+        ("eos_token", "after each document"),
+        ("bos_token", 'with tokenizer.position = "before"'),
+    ):
+        token = spec.get(key) if isinstance(spec, dict) else None
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and token in specials and token not in {n[1] for n in named}:
+            named.append((key[:3], token, how))
+    if not named:
+        return ""
+    return f"; the likely one is what {config} names: " + " or ".join(
+        f"{key} {token!r} (tokenizer.separator = {json.dumps(token)}, {how})" for key, token, how in named
+    )
 
 
 def _spelled(tokenizer: Tokenizer, token: str) -> str | None:
@@ -79,7 +111,13 @@ class DocumentEncoder:
     id — all before any document is processed.
     """
 
-    def __init__(self, tokenizer: Tokenizer, policy: SeparatorPolicy, source: str = "the tokenizer"):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        policy: SeparatorPolicy,
+        source: str = "the tokenizer",
+        path: str | Path | None = None,
+    ):
         # Private copy: encode_special_tokens is a mutable flag on the object, and callers may
         # use their tokenizer elsewhere with the default behaviour; as_encoded drops what would make a
         # task's shards other than a function of its input (truncation, padding, BPE dropout).
@@ -96,7 +134,8 @@ class DocumentEncoder:
         if sep is None:
             raise TokenizerError(
                 f"{source} has no separator token {policy.token!r}; set tokenizer.separator to one of its "
-                f"special tokens {specials} or train a tokenizer with it (`gristmill tokenizer train`)"
+                f"special tokens {_some(specials)}, or train a tokenizer with it (`gristmill tokenizer "
+                f"train`){_configured(path, specials)}"
             )
         if sep >= self.vocab_size:
             raise TokenizerError(

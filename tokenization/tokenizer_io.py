@@ -49,6 +49,14 @@ def tokenizer_file(spec: str | Path) -> Path:
     if path.is_dir():
         # An existing local directory is never a hub name, even when it is relative and holds
         # no tokenizer.json (that would be five network retries for nothing).
+        if not (path / "tokenizer.json").is_file() and (path / "tokenizer.model").is_file():
+            # A SentencePiece model (Llama-2, Mistral): transformers writes its tokenizer.json.
+            raise TokenizerError(
+                f"directory {spec} holds a SentencePiece tokenizer.model but no tokenizer.json; convert "
+                'it (transformers writes tokenizer.json): python -c "from transformers import '
+                f"AutoTokenizer; AutoTokenizer.from_pretrained('{path}').save_pretrained('{path}')\", "
+                "(it needs the sentencepiece package), then build with the same tokenizer.path"
+            )
         if not (path / "tokenizer.json").is_file():
             raise TokenizerError(
                 f"directory {spec} holds no tokenizer.json; set tokenizer.path to a tokenizer.json "

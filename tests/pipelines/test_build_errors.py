@@ -210,6 +210,43 @@ def test_tokenizer_without_separator_fails_before_any_task(build_fixture, tmp_pa
     assert not (tmp_path / "o").exists()  # nothing written, no task started
 
 
+def test_a_foreign_tokenizer_without_the_separator_is_advised_in_a_short_line(
+    build_fixture, tmp_path, capsys
+):
+    """A Llama-3-style tokenizer (256 special tokens, none '<|endoftext|>'): the refusal listed them all
+    in one line of 8,689 characters and did not say which is likely the separator; its
+    tokenizer_config.json beside it names eos and bos (review R25a 4). A SentencePiece-only directory
+    (tokenizer.model, no tokenizer.json) was advised to train a tokenizer, not to convert its own."""
+    _, _, config = build_fixture
+    specials = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_{i}|>" for i in range(254)]
+    tok = train_bpe(fixture_texts(20), vocab_size=600, special_tokens=specials)
+    (tmp_path / "llama").mkdir()
+    tok.save(str(tmp_path / "llama" / "tokenizer.json"))
+    names = {"bos_token": "<|begin_of_text|>", "eos_token": {"content": "<|end_of_text|>", "special": True}}
+    (tmp_path / "llama" / "tokenizer_config.json").write_text(json.dumps(names))
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"tokenizer.path={tmp_path / 'llama'}"))
+    assert "has no separator token '<|endoftext|>'" in msg and len(msg) < 1000, msg
+    assert "'<|reserved_5|>'] and 248 more, or train" in msg and "<|reserved_200|>" not in msg, msg
+    assert "eos '<|end_of_text|>' (tokenizer.separator = \"<|end_of_text|>\", after each document)" in msg, (
+        msg
+    )
+    assert (
+        "bos '<|begin_of_text|>' (tokenizer.separator = \"<|begin_of_text|>\", with tokenizer.position" in msg
+    )
+    # SentencePiece only: convert it, as transformers does.
+    sp = tmp_path / "sp"
+    sp.mkdir()
+    (sp / "tokenizer.model").write_bytes(b"\x0a\x0b<sentencepiece model proto>")
+    (sp / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
+    msg = one_error(capsys, build_argv(config, tmp_path / "o", f"tokenizer.path={sp}"))
+    assert "holds a SentencePiece tokenizer.model but no tokenizer.json; convert it" in msg, msg
+    assert (
+        f"AutoTokenizer.from_pretrained('{sp}').save_pretrained('{sp}')" in msg
+        and "tokenizer train" not in msg
+    )
+    assert not (tmp_path / "o").exists()
+
+
 def test_disk_too_full(build_fixture, tmp_path, capsys):
     _, _, config = build_fixture
     msg = one_error(capsys, build_argv(config, tmp_path / "o", "build.min_free_gb=1e9"))
