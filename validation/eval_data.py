@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 from tokenizers import Tokenizer
 
+from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
@@ -258,8 +259,12 @@ def _function(value: Callable[..., Any]) -> dict[str, str]:
 
 def heldout_texts(
     dataset_dir: str | Path, val_fraction: float, max_docs: int, cache: CacheSettings | None = None
-) -> list[str]:
-    """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator).
+) -> tuple[list[str], int]:
+    """Up to `max_docs` held-out documents of the dataset, decoded back to text (no separator), and how
+    many of them were left out: those whose text does not encode back to the ids the shards hold
+    (lm-eval scores a task's text encoded again). A Metaspace tokenizer with prepend_scheme "first" and
+    a Strip decoder (Llama-2's and Mistral's tokenizer.json) loses a document's leading space, so it
+    was scored on other ids than training's, and bits_per_byte counted a byte less (review R25a 2).
 
     The held-out documents are the dataset's val split (training/data/reader.py), in its order.
     """
@@ -277,13 +282,19 @@ def heldout_texts(
         )
     ensure(table.root, [TOKENIZER_JSON])  # a bucket's dataset: fetched and checked
     tok = Tokenizer.from_file(str(table.root / TOKENIZER_JSON))
+    sep = table.info["separator"]
+    # the text encoded again as the build did (and eval does: no specials added, literal ones text)
+    encoder = DocumentEncoder(tok, SeparatorPolicy(sep["token"], sep["position"]), str(table.location))
     rows = table.split_rows(np.arange(min(max_docs, table.documents)))
-    texts = []
+    texts, left_out = [], 0
     for r in rows.tolist():
         ids = table.document(r)
-        ids = ids[ids != table.separator_id]  # the one separator per document (contract)
-        texts.append(tok.decode(ids.tolist(), skip_special_tokens=False))
-    return texts
+        text = tok.decode(ids[ids != table.separator_id].tolist(), skip_special_tokens=False)
+        if np.array_equal(encoder.encode(text), ids):  # the one separator per document (contract)
+            texts.append(text)
+        else:
+            left_out += 1
+    return texts, left_out
 
 
 def _sentences(text: str) -> list[str]:
@@ -395,7 +406,8 @@ def build_task_data(
         old = json.loads(meta_path.read_text())
     except (OSError, ValueError):
         old = None
-    same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in ("files", "tasks")} == meta
+    built = ("files", "tasks", "documents", "left_out")  # what the build found, not what decides it
+    same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in built} == meta
     asked = {*(local_task_names() if tasks is None else tasks), "heldout_ppl"}
     recorded = old.get("files") if same else None  # the tasks whose files it records: built before
     held = (
@@ -411,7 +423,20 @@ def build_task_data(
                 f"note: {', '.join(map(str, damaged))}: not as {meta_path} recorded (changed or deleted "
                 "since it was built); rebuilt from the run's held-out documents"
             )
-    texts = heldout_texts(dataset_dir, val_fraction, max_docs, cache)
+    texts, left_out = heldout_texts(dataset_dir, val_fraction, max_docs, cache)
+    if left_out and not texts:
+        raise EvalError(
+            f"none of the {left_out} held-out documents of {dataset_dir} encodes back to its ids from the "
+            "text its tokenizer decodes, so the local tasks would score ids training never saw; evaluate "
+            "lm-eval's own tasks (--tasks)"
+        )
+    if left_out and log is not None:
+        log(
+            f"note: {left_out} of {left_out + len(texts)} held-out documents left out of the local tasks: "
+            "their text, decoded from the shards, does not encode back to the same ids (the tokenizer's "
+            "decoder loses something, e.g. a leading space), so they would be scored on ids training "
+            f"never saw; recorded in {meta_path}"
+        )
     rows = {"heldout_ppl": lambda: [{"text": t} for t in texts], "heldout_cloze": lambda: cloze_items(texts)}
     files = {task_file(name): rows[name]() for name in meta["tasks"]}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -419,6 +444,7 @@ def build_task_data(
     for name, rows in files.items():
         write_atomic(out_dir / name, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     meta["files"] = {name: file_sha256(out_dir / name) for name in files}
+    meta["documents"], meta["left_out"] = len(texts), left_out
     write_atomic(meta_path, json.dumps(meta, indent=1) + "\n")
     return out_dir
 
