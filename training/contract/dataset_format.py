@@ -397,12 +397,6 @@ def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
     return content
 
 
-def tokenizer_content_sha256(path: str | Path) -> str:
-    """sha256 of tokenizer_id_content as canonical JSON (keys sorted, compact): one tokenizer however
-    it was saved (whitespace, key order, merges' form, a transformers re-save)."""
-    return json_sha256(tokenizer_id_content(path))
-
-
 def tokenizer_differences(a: str | Path, b: str | Path) -> list[str]:
     """The parts of two tokenizer.json files that decide ids differently ("added_tokens",
     "model.vocab", "model.merges", …); [] when they are the same tokenizer, byte for byte or by
