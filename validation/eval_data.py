@@ -408,6 +408,9 @@ def build_task_data(
         old = None
     built = ("files", "tasks", "documents", "left_out")  # what the build found, not what decides it
     same = isinstance(old, dict) and {k: v for k, v in old.items() if k not in built} == meta
+    # A folder built before documents that do not encode back were left out (no "left_out") is built
+    # again: the same files where none is (the scores stand), fewer documents where some are.
+    same = same and "left_out" in old
     asked = {*(local_task_names() if tasks is None else tasks), "heldout_ppl"}
     recorded = old.get("files") if same else None  # the tasks whose files it records: built before
     held = (

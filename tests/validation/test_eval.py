@@ -710,6 +710,8 @@ def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_cou
     tokenizer.json) decodes a document starting with two spaces to one space: lm-eval encoded that
     text again and scored other ids than the shard's, and bits_per_byte counted a byte less (review
     R25a 2). Such documents are left out, said in one line and counted in data.json."""
+    import hashlib
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from pipelines.synthetic_dataset import write_synthetic_dataset
@@ -746,6 +748,14 @@ def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_cou
     assert len(lines) == 1 and lines[0].startswith(f"note: {lost} of {len(held)} held-out documents left out")
     assert build_task_data(tmp_path / "ds", 0.2, out, log=lines.append, tasks=["heldout_ppl"]) == out
     assert len(lines) == 1  # kept as built: its data.json's counts decide nothing
+    # A folder built before (every document, no count in data.json) is built again, once.
+    old = {k: v for k, v in meta.items() if k not in ("documents", "left_out")}
+    (out / "heldout_ppl.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in held))
+    old["files"] = {"heldout_ppl.jsonl": hashlib.sha256((out / "heldout_ppl.jsonl").read_bytes()).hexdigest()}
+    (out / "data.json").write_text(json.dumps(old))
+    build_task_data(tmp_path / "ds", 0.2, out, log=lines.append, tasks=["heldout_ppl"])
+    assert json.loads((out / "data.json").read_text())["left_out"] == lost and len(lines) == 2
+    assert [json.loads(line)["text"] for line in (out / "heldout_ppl.jsonl").open()] == rows
 
 
 def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
