@@ -38,10 +38,11 @@ def _pick_special(specials: list[str], usable: list[str], other: bool = False) -
         return "the tokenizer has no special tokens: train one with `gristmill tokenizer train`"
     if not usable:
         return (
-            f"none of its special tokens {specials} can be one (plain text spells each, or it is the "
+            f"none of its special tokens {_some(specials)} can be one (plain text spells each, or it is the "
             'unknown token): add one to its added_tokens with "special": true'
         )
-    return f"set tokenizer.separator to {'another of' if other else 'one of'} its special tokens {usable}"
+    which = "another of" if other else "one of"
+    return f"set tokenizer.separator to {which} its special tokens {_some(usable)}"
 
 
 def _some(tokens: list[str], shown: int = 8) -> str:

@@ -233,6 +233,12 @@ def test_a_foreign_tokenizer_without_the_separator_is_advised_in_a_short_line(
     assert (
         "bos '<|begin_of_text|>' (tokenizer.separator = \"<|begin_of_text|>\", with tokenizer.position" in msg
     )
+    # The other refusals that list the special tokens list as few.
+    msg = one_error(
+        capsys,
+        build_argv(config, tmp_path / "o", f"tokenizer.path={tmp_path / 'llama'}", "tokenizer.separator=e"),
+    )
+    assert "is an ordinary vocabulary token" in msg and "and 248 more" in msg and len(msg) < 1000, msg
     # SentencePiece only: convert it, as transformers does.
     sp = tmp_path / "sp"
     sp.mkdir()
