@@ -184,6 +184,60 @@ def test_double_separator_trap_through_the_build(built_dataset, build_fixture, t
         assert np.array_equal(got[key], want[key])
 
 
+@pytest.mark.parametrize("position", ["after", "before"])
+def test_an_export_of_a_tokenizer_that_adds_a_bos_frames_text_as_the_shards(
+    build_fixture, tmp_path, position
+):
+    """A dataset built with a foreign tokenizer whose post-processor adds a BOS (Llama-3's
+    TemplateProcessing and <|begin_of_text|>, Llama-2's <s>): the export shipped that tokenizer.json
+    as is while its tokenizer_config.json said bos = eos = the separator, so every default encode
+    (transformers, pipelines, vLLM) started with an id the shards never held (review R25a 1). The
+    export frames a text as the dataset's separator contract does, and says so."""
+    import json
+
+    import torch
+
+    from tokenization.separator import DocumentEncoder, SeparatorPolicy
+    from training.checkpoint.hf_export import export_hf
+    from training.model import PRESETS, Transformer
+
+    tr = pytest.importorskip("transformers")
+
+    _, tokenizer_path, config = build_fixture
+    foreign = Tokenizer.from_file(str(tokenizer_path))
+    bos = foreign.token_to_id(BOS)
+    foreign.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos)]
+    )
+    foreign.save(str(tmp_path / "tokenizer.json"))
+    dataset = tmp_path / "ds"
+    sets = [
+        f"output={dataset}",
+        f"tokenizer.path={tmp_path / 'tokenizer.json'}",
+        f"tokenizer.position={position}",
+    ]
+    assert build(
+        load_config(DataConfig, config, [*sets, "build.tasks=1", "build.workers=1"]), log=lambda *a: None
+    ).ok
+    sep = read_dataset_info(dataset)["separator"]
+    text = "Hello world, and the quick brown fox."
+    framed = DocumentEncoder(foreign, SeparatorPolicy(sep["token"], position)).encode(text).tolist()
+    want = framed[:-1] if position == "after" else framed  # a prompt: no separator after it
+    assert foreign.encode(text).ids[0] == bos  # the trap is armed
+
+    torch.manual_seed(0)
+    model = Transformer(PRESETS["tiny"].replace(vocab_size=read_dataset_info(dataset)["vocab_size"]))
+    with torch.no_grad():
+        model.init_weights()
+    out = export_hf(model.state_dict(), model.cfg, dataset, tmp_path / "export", meta={"step": 1})
+    tok = tr.AutoTokenizer.from_pretrained(str(out))
+    assert tok(text).input_ids == want and bos not in tok(text).input_ids
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids == want  # vLLM, TGI read it
+    # The claims agree with what encode does: bos is the separator, added only where training put it.
+    claims = json.loads((out / "tokenizer_config.json").read_text())
+    assert tok.bos_token_id == sep["id"] and claims["add_bos_token"] == (want[0] == sep["id"])
+
+
 def test_separator_before_policy(build_fixture, tmp_path):
     corpus, tokenizer_path, config = build_fixture
     out = tmp_path / "ds"

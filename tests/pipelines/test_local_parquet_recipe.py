@@ -47,6 +47,17 @@ def write_folder(folder: Path) -> list[str]:
     return texts
 
 
+def write_mixture(path: Path, sources: dict[str, Path], run: Path) -> Path:
+    """A two-step training recipe mixing `sources` (name → dataset) half and half, for `train --plan`."""
+    listed = "".join(f'[[data.sources]]\nname = "{n}"\ndataset = "{d}"\n\n' for n, d in sources.items())
+    mix = ", ".join(f"{n} = {1 / len(sources)}" for n in sources)
+    path.write_text(
+        f'{listed}[[phase]]\nname = "main"\nsteps = 2\nseq_len = 32\nmix = {{ {mix} }}\n\n'
+        f'[data]\nglobal_batch_tokens = 512\nmicro_batch = 4\n\n[run]\noutput_dir = "{run}"\n'
+    )
+    return path
+
+
 def test_recipe_defaults_suit_files_without_metadata():
     cfg = load_config(DataConfig, RECIPE)
     assert cfg.source.kind == "parquet" and cfg.source.text_key == "text"
@@ -164,11 +175,55 @@ def test_two_own_sources_share_one_tokenizer(tmp_path, capsys):
         assert gristmill(["data", "build", "--config", str(recipe), "--set", *sets]) == 0
     a, b = read_dataset_info(tmp_path / "a"), read_dataset_info(tmp_path / "b")
     assert a["tokenizer_sha256"] == b["tokenizer_sha256"] and a["fingerprint"] != b["fingerprint"]
-    mixture = tmp_path / "mix.toml"
-    mixture.write_text(
-        f'[[data.sources]]\nname = "a"\ndataset = "{tmp_path / "a"}"\n\n'
-        f'[[data.sources]]\nname = "b"\ndataset = "{tmp_path / "b"}"\n\n'
-        '[[phase]]\nname = "main"\nsteps = 2\nseq_len = 32\nmix = { a = 0.5, b = 0.5 }\n\n'
-        f'[data]\nglobal_batch_tokens = 512\nmicro_batch = 4\n\n[run]\noutput_dir = "{tmp_path / "run"}"\n'
+    mixture = write_mixture(
+        tmp_path / "mix.toml", {"a": tmp_path / "a", "b": tmp_path / "b"}, tmp_path / "run"
     )
     assert gristmill(["train", "--config", str(mixture), "--plan"]) == 0  # one vocabulary: mixable
+
+
+def test_sources_built_with_one_tokenizer_saved_twice_mix_and_other_tokenizers_are_named(
+    build_fixture, built_dataset, tmp_path, capsys
+):
+    """Two datasets built with one tokenizer, one of them with its transformers re-save (other bytes,
+    the same vocabulary, merges and special tokens): the mixture refused them by tokenizer_sha256,
+    the bytes, while init_from compares a base's by content (review R25a 3). One rule now, and a
+    refusal names what differs."""
+    import json
+
+    import transformers
+
+    from pipelines.cli import main as gristmill
+
+    _, tokenizer_path, data_toml = build_fixture
+    resaved = tmp_path / "resaved"
+    transformers.PreTrainedTokenizerFast(tokenizer_file=str(tokenizer_path)).save_pretrained(str(resaved))
+    assert (resaved / "tokenizer.json").read_bytes() != tokenizer_path.read_bytes()
+
+    def built(name: str, tokenizer: Path) -> Path:
+        sets = [f"output={tmp_path / name}", f"tokenizer.path={tokenizer}", "shards.seed=9"]
+        cfg = load_config(DataConfig, data_toml, [*sets, "build.tasks=1", "build.workers=1"])
+        assert build(cfg, log=lambda *a: None).ok
+        return tmp_path / name
+
+    other = built("other", resaved / "tokenizer.json")
+    assert (
+        read_dataset_info(other)["tokenizer_sha256"] != read_dataset_info(built_dataset)["tokenizer_sha256"]
+    )
+
+    def mixture(other: Path) -> Path:
+        sources = {"web": built_dataset, "code": other}
+        return write_mixture(tmp_path / f"mix-{other.name}.toml", sources, tmp_path / "run")
+
+    assert gristmill(["train", "--config", str(mixture(other)), "--plan"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # Another tokenizer: one merge fewer. The refusal names the part that differs.
+    spec = json.loads(tokenizer_path.read_text())
+    spec["model"]["merges"] = spec["model"]["merges"][:-1]
+    (tmp_path / "fewer.json").write_text(json.dumps(spec))
+    fewer = built("fewer", tmp_path / "fewer.json")
+    for extra in (["--plan"], []):
+        assert gristmill(["train", "--config", str(mixture(fewer)), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "sources 'web'" in err and "'code'" in err and "differ in model.merges" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
