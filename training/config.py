@@ -123,9 +123,9 @@ class DataSection:
     fetch_requests: int = 8
     """Range requests in flight per loader while fetching a bucket's blocks ahead."""
     fetch_timeout_s: float = 300.0
-    """How long a fetch from a bucket keeps retrying (throttling, 5xx, resets, an endpoint that is
-    down), with backoff, before the run stops; it stops as SIGTERM stops it, saving its last trained
-    step first."""
+    """How long no data may come from a bucket before the run stops: a fetch's retries (throttling,
+    5xx, resets, an endpoint that is down), with backoff, or one request's wait for an answer; it stops
+    as SIGTERM stops it, saving its last trained step first."""
 
 
 @dataclass

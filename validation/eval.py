@@ -520,14 +520,19 @@ def evaluate_lm(
                 failed[name] = why
                 continue
             tasks = requests_summary(seen or {}, results, getattr(lm, "max_length", 0))
+            settings = score_settings(
+                cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
+            )
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=docs,
-                settings=score_settings(
-                    cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
-                ),
+                settings=settings,
                 n_shot=results.get("n-shot", {}),  # what each (sub)task was scored with
             )
+            # a group's members were scored under its settings: each says so itself (one member of two
+            # groups scored one after the other took the other group's: review R25f 1)
+            for member in results.get("results", {}):
+                tasks.setdefault(member, {}).setdefault("settings", settings)
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark

@@ -1375,6 +1375,28 @@ def _own_args(tasks: Path, name: str = "own_mc") -> list[str]:
     return ["--tasks", name, "--set", "bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
 
 
+def test_a_member_of_two_groups_says_the_settings_that_scored_it(eval_run, tmp_path):
+    """own_mc in groups g_one and g_two, scored by g_one (limit 2), g_two (limit 6), then g_one again
+    (limit 3): its rows named g_two's settings (the last group listing it), though g_one's scored them
+    (review R25f 1). Each member records the settings of the eval that scored it."""
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    for group in ("g_one", "g_two"):
+        (tasks / f"{group}.yaml").write_text(
+            f"group: {group}\ntask:\n  - own_mc\naggregate_metric_list:\n  - metric: acc\n"
+            "    weight_by_size: true\n"
+        )
+    for group, limit in (("g_one", 2), ("g_two", 6), ("g_one", 3)):
+        assert main(["eval", str(run), "--step", "5", *_own_args(tasks, group), f"limit={limit}"]) == 0
+    rows = {r["task"]: r for r in pq.read_table(run / "eval.parquet").to_pylist()}
+    assert rows["own_mc"]["samples"] == 3 and "limit=3," in rows["own_mc"]["settings"], rows["own_mc"]
+    assert "limit=6," in rows["g_two"]["settings"]
+
+
 def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
     """Only the settings (limit, num_fewshot …) decided whether a step was done: a task YAML under
     include_path edited between two evals (its doc_to_target, a !function's source) counted as the

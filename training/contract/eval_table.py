@@ -85,15 +85,19 @@ def rows_of(step: int, results: dict[str, Any], merged: bool = False) -> list[di
 
 def settings_of(results: dict[str, Any], task: str) -> str | None:
     """The settings `task` was scored under, as results.json records them (validation/eval.py
-    score_settings: per task asked for, so a group's member has its group's), in one line:
+    score_settings: per task asked for and each member of a group it scored; a member recorded before
+    members were has its one group's), in one line:
     `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by their
     source, a task's definition by its hash's first 8 digits); None when recorded before settings were.
     Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
     `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
     tasks = results.get(GRISTMILL_TASKS, {})
-    parents = {sub: group for group, subs in results.get("group_subtasks", {}).items() for sub in subs}
+    parents: dict[str, list[str]] = {}
+    for group, subs in results.get("group_subtasks", {}).items():
+        for sub in subs:
+            parents.setdefault(sub, []).append(group)
     seen = set()
-    while task not in seen:  # up through the groups to the one asked for
+    while task not in seen:  # up through the groups to the one asked for (recorded before members were)
         seen.add(task)
         info = tasks.get(task)
         settings = info.get("settings") if isinstance(info, dict) else None
@@ -105,9 +109,9 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
                 "definition": str(settings.get("definition") or "")[:8] or None,
             }
             return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
-        if task not in parents:
+        if len(parents.get(task, ())) != 1:  # no group, or two: which one scored it is not recorded
             return None
-        task = parents[task]
+        task = parents[task][0]
     return None
 
 
