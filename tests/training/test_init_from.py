@@ -747,7 +747,9 @@ def test_kill9_then_resume_without_the_base_is_bit_identical(tmp_path, data, bas
         proc.wait()
     assert metrics(run)[-1]["step"] < 8 and complete_steps(run), "killed too late or before a checkpoint"
     shutil.rmtree(copy)
-    train(load_train_config(TINY, [*sets, "checkpoint.resume=auto"]))
+    # (run.seed decides nothing in a run from a base: a resume that changes it was refused as one that
+    # changed the starting weights: review R25h 4)
+    train(load_train_config(TINY, [*sets, "checkpoint.resume=auto", "run.seed=5"]))
     out = capsys.readouterr().out
     assert f"the base directory {copy} is not at hand" in out, out[-2000:]
     assert losses(run) == losses(straight)

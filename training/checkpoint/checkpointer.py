@@ -669,8 +669,8 @@ class Checkpointer:
         raise CheckpointError(
             f"cannot resume from {path}: {changed}; {'it decides' if len(started) == 1 else 'they decide'} "
             "only the weights a run starts from, and a resume continues the checkpoint's: drop the "
-            f"override (or --set {sets}), or start a new run directory (another run.output_dir) for "
-            "another start"
+            f"override (or --set {sets}), or, for another start, train without --resume (a new run "
+            "directory: another run.output_dir)"
         )
 
     def _set_aside_newer(self, step: int, what: str) -> None:

@@ -118,6 +118,8 @@ def start_changes(
     side lacks (a checkpoint older than the records) is not compared."""
     saved = record.get(CONFIG_RECORD)
     then = {"model": recorded_model(record), "run": saved.get("run") if isinstance(saved, dict) else None}
+    if (then["model"] or {}).get("init_from") or (model or {}).get("init_from"):
+        return []  # a run from a base starts from its weights: neither decides anything (review R25h 4)
     now = {"model": model, "run": (config or {}).get("run")}
     changes = []
     for key in START_SETTINGS:

@@ -53,6 +53,7 @@ from training.mix.proxies import (
 )
 from training.mix.recipe import MixConfig, load_mix_config, names, swarm_size, target_weights
 from training.plotting import agg_pyplot
+from training.run.faults import fault_warnings
 from training.run.lock import RunLock, check_unlocked
 
 SEARCH = ("gristmill mix propose", "give this one another --out")  # who holds OUT (RunLock)
@@ -149,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         + ", ".join(f"{n} {tokens[n]:,} tokens ({fingerprints[n][:12]}…)" for n in sources)
     )
     _say(f"prior (token-proportional): {_mix_text(sources, prior)}")
+    for line in fault_warnings():  # each proxy's train.log says it too, which nobody reads (R25h 1)
+        _say(line)
     try:
         points = simplex.swarm(prior, swarm_size(cfg), cfg.swarm.seed, cfg.swarm.concentration, lo, hi)
     except simplex.TooFewMixtures as e:

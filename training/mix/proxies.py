@@ -43,6 +43,7 @@ from training.data.recipe import build_plan, open_sources, recorded_plan
 from training.data.remote import dataset_info
 from training.data.spec import applied_config, check_config, resolve
 from training.mix.recipe import MixConfig, names
+from training.run.faults import faults_set
 
 
 @dataclass(frozen=True)
@@ -164,8 +165,15 @@ def _recipe(tc: TrainConfig) -> dict[str, Any]:
 
 
 def proxy_key(tc: TrainConfig, fingerprints: dict[str, str], base: dict[str, Any] | None = None) -> str:
+    """A proxy's key: its recipe, its sources' fingerprints, its base, and the test faults set (a
+    proxy trained under GRISTMILL_FAULT_* is other evidence: a search run with one left set changed
+    every proxy, and a clean rerun reused them as this recipe's: review R25h 1)."""
     keyed = {"recipe": _recipe(tc), "fingerprints": fingerprints}
-    return json_sha256(keyed | ({"base": base} if base else {}))[:12]
+    if base:
+        keyed["base"] = base
+    if faults := faults_set():
+        keyed["faults"] = faults
+    return json_sha256(keyed)[:12]
 
 
 def base_identity(tc: TrainConfig, say: Callable[[str], None]) -> dict[str, Any] | None:

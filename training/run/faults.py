@@ -63,13 +63,16 @@ EFFECTS = {
 }
 
 
+def faults_set() -> dict[str, str]:
+    """{variable: value} of the fault variables set in this process's environment."""
+    return {name: os.environ[name] for name in EFFECTS if os.environ.get(name)}
+
+
 def fault_warnings() -> list[str]:
     """One line for each fault variable set in this process's environment (none: [])."""
     return [
-        f"warning: {name}={os.environ[name]} is set: a test's injected fault, {effect}; unset it "
-        "for a real run"
-        for name, effect in EFFECTS.items()
-        if os.environ.get(name)
+        f"warning: {name}={value} is set: a test's injected fault, {EFFECTS[name]}; unset it for a real run"
+        for name, value in faults_set().items()
     ]
 
 

@@ -31,6 +31,7 @@ import torch.nn as nn
 from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
+from training.checkpoint.record import START_SETTINGS
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
 from training.console import say
@@ -539,7 +540,14 @@ def _changes_since(
     )
     name = checkpoint.resolve().name  # not a link's (`latest`)
     if config is not None:
-        changes = config_changes(config, identity_config(applied))
+        # the settings that only decide how a run starts: a resume that changed them was refused
+        # (Checkpointer._check_start); one that spells the same value otherwise (init_std unset →
+        # 0.02, the preset's) changed nothing, and "in effect" would say it did (review R25h 6)
+        changes = [
+            c
+            for c in config_changes(config, identity_config(applied))
+            if not c.startswith(tuple(f"{key} " for key in START_SETTINGS))
+        ]
         shown = ", ".join(changes[:8]) + (f" (+{len(changes) - 8} more)" if len(changes) > 8 else "")
         return [f"note: changed since {name} was saved: {shown}{when}"] if changes else []
     path = run_of_checkpoint(checkpoint) / CONFIG_TOML

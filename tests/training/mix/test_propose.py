@@ -23,6 +23,7 @@ from training.contract.dataset_format import read_dataset_info
 from training.mix.propose import SEARCH, bounds
 from training.mix.proxies import Proxy, check_supply, open_mix_sources
 from training.mix.recipe import load_mix_config, names
+from training.run.faults import SPIKE_WINDOW
 from training.run.lock import RunLock
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -554,6 +555,30 @@ def test_a_proxy_refused_by_the_trainer_is_said_in_the_search_keys(tmp_path, sha
     err = capsys.readouterr().err.strip()
     assert err == "error: proxy.preset = 'nope' is not one of demo, llama3-1b, llama3-8b, tiny", err
     assert not (out / "swarm").exists()
+
+
+def test_a_search_under_a_test_fault_says_so_and_is_other_evidence(
+    tmp_path, shared_sources, capsys, monkeypatch
+):
+    """GRISTMILL_FAULT_SPIKE_WINDOW left set changed every proxy and the proposal, said only in each
+    proxy's train.log, and a clean rerun reused the faulted proxies as this recipe's evidence (review
+    R25h 1): the search says so, and a proxy trained under a fault has another key."""
+    config = recipe(tmp_path, shared_sources)
+
+    def proxies(out: Path) -> tuple[str, set[str]]:
+        assert (
+            gristmill(["mix", "propose", "--config", str(config), "--out", str(out), "--write-commands"]) == 0
+        )
+        lines = (out / "commands.sh").read_text().splitlines()
+        runs = {Path(line.split()[3]).name for line in lines if line.startswith("gristmill train ")}
+        return capsys.readouterr().out, runs
+
+    said, clean = proxies(tmp_path / "clean")
+    assert "GRISTMILL_FAULT" not in said
+    monkeypatch.setenv(SPIKE_WINDOW, "step:5*50")
+    said, faulted = proxies(tmp_path / "faulted")
+    assert f"warning: {SPIKE_WINDOW}=step:5*50 is set: a test's injected fault" in said, said
+    assert clean and len(faulted) == len(clean) and not clean & faulted, (clean, faulted)
 
 
 def test_a_source_replaced_during_the_search_is_one_line_and_never_evidence(tmp_path):
