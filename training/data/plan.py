@@ -661,7 +661,7 @@ def check_resume(
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
             if a.steps != b.steps:
-                out.append(f"{plan.key_of(p, 'steps')} {a.steps} → {b.steps}")
+                out.append(_budget_change(plan, p, "steps", a.steps, b.steps))
             scale = [ph.lr.scale if ph.lr else 1.0 for ph in (a, b)]
             if not math.isclose(*scale, rel_tol=1e-12):
                 out.append(
@@ -674,7 +674,9 @@ def check_resume(
                     x, y = x / scale[0], y / scale[1]  # as written
                     if math.isclose(x, y, rel_tol=1e-12):
                         continue
-                if x != y:
+                if name == "warmup_steps" and x != y and None not in (x, y):
+                    out.append(_budget_change(plan, p, name, x, y))
+                elif x != y:
                     out.append(f"{plan.key_of(p, name)} {' → '.join(_shown_apart(x, y))}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
 
@@ -797,6 +799,20 @@ def check_resume(
             )
     changed = [line for p in range(p_old, max(len(old.phases), len(plan.phases))) if (line := future(p))]
     return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
+
+
+def _budget_change(plan: Plan, p: int, name: str, was: int, now: int) -> str:
+    """`key old → new` for a step count of phase p (`steps`, `warmup_steps`) in the unit its key
+    was written in: a budget given in tokens as tokens, with the steps they make (the plan compares
+    steps: `phase[1].tokens 6 → 8` labelled steps with a tokens key, review R25c). The past's batch
+    is the same in both plans by now, so steps × its tokens per step are the tokens trained (a
+    budget that is not a whole number of steps rounds down to them: recipe.budget_notes)."""
+    key = plan.key_of(p, name)
+    if not key.endswith("tokens"):
+        return f"{key} {was} → {now}"
+    per = plan.phases[p].global_batch * plan.phases[p].seq_len
+    steps = f"phase {plan.phases[p].name!r}: {was} → {now} steps of {per:,} tokens"
+    return f"{key} {was * per} → {now * per} ({steps})"
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:

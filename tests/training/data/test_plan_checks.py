@@ -313,6 +313,26 @@ def test_an_edited_token_budget_is_named_in_the_steps_it_makes(sources, tmp_path
     assert "has phase[0].tokens (phase 'main', in steps) = 8, but the run trained with 6" in err, err
 
 
+def test_a_learning_rate_refusal_says_a_token_budget_in_tokens(sources, tmp_path, capsys):
+    """A cosine's budget given in tokens, changed on resume, moves the LR of the steps trained: the
+    refusal said `phase[0].tokens 6 → 8`, steps under a tokens key (review R25c 2)."""
+    phases = (
+        '[[phase]]\nname = "main"\ntokens = 3072\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_tokens = 512, shape = "cosine" }\n\n'
+    )
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", sources, run, phases=phases)
+    quiet = ["metrics.plot=false", "run.val_every=0", "checkpoint.interval=1"]
+    assert gristmill(["train", "--config", str(config), "--set", "run.max_steps=3", *quiet]) == 0
+    capsys.readouterr()
+    longer = ["phase[0].tokens=4096", "phase[0].lr.warmup_tokens=1024"]
+    assert gristmill(["train", "--config", str(config), "--set", *quiet, *longer, "--resume", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "phase[0].tokens 3072 → 4096 (phase 'main': 6 → 8 steps of 512 tokens)" in err, err
+    assert "phase[0].lr.warmup_tokens 512 → 1024 (phase 'main': 1 → 2 steps of 512 tokens)" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     """`--set data.seq_len=128` on a recipe whose every phase sets its own seq_len changed nothing,
     silently (the header said seq 32/64, config.toml dropped the key). A note, not a refusal: runs saved
