@@ -492,12 +492,19 @@ class Plan:
                 epochs = max(epochs, found[-1].epoch + 1)
             asked = sum(r["stream_tokens"] for r in rows if r["source_index"] == i)
             if src.max_epochs is not None and epochs > src.max_epochs:
+                # the tails' size, so the numbers add up: read + dropped passes max_epochs × an epoch
+                # ("plus the tails it drops" left a refusal asking less than the epochs hold, R25c 1)
+                dropped, ends = self.dropped_tail(i), epochs - 1
+                tails = (
+                    f" and drops {dropped:,} more at its {ends} epoch end{'s' * (ends > 1)} (the tails "
+                    f"too short for a step's windows): {asked + dropped:,} tokens"
+                )
                 raise PlanError(
                     f"source {src.name!r} ({src.dataset}) would run out: the plan asks {asked:,} tokens "
-                    f"of it (plus the tails it drops at epoch ends), its training split "
-                    f"has {src.tokens:,} per epoch, and max_epochs = {src.max_epochs}; lower its weight or "
-                    f"the phases' budgets, add data, or set max_epochs = {epochs} for that source to repeat "
-                    "it (each epoch reshuffled)"
+                    f"of it{tails if dropped else ''}, past the {src.max_epochs * src.tokens:,} of "
+                    f"max_epochs = {src.max_epochs} epochs of its training split's {src.tokens:,}; lower "
+                    f"its weight or the phases' budgets, add data, or set max_epochs = {epochs} for that "
+                    "source to repeat it (each epoch reshuffled)"
                 )
             if epochs > 1:
                 dropped = self.dropped_tail(i)

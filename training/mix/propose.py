@@ -79,17 +79,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Each source's weight range: constraints.min/max_weight, at least one sequence of a proxy's
     step, and at most what its max_epochs allows in a proxy (proxy.tokens) and in the run the
-    proposal is for (constraints.run_tokens)."""
+    proposal is for (constraints.run_tokens at constraints.run_batch_tokens)."""
     c, p = cfg.constraints, cfg.proxy
+    w = p.seq_len + 1  # a window: seq_len + 1 stream tokens
 
-    def read(tokens: float) -> float:
-        """What a run of `tokens` reads of its sources at most: windows of seq_len + 1 tokens, and 2%
-        room for the plan's whole windows per step. The run a proposal is for is taken at
-        proxy.seq_len too (at its own, longer, it reads less): at its bare tokens, a proposal on
-        this bound was one the trainer refused for running out of a source (review R16a F3)."""
-        return tokens * (p.seq_len + 1) / p.seq_len * 1.02
+    def most(epochs: int, supply: int, budget: float, batch: float) -> float:
+        """The largest weight whose run of `budget` tokens in steps of `batch` reads at most `epochs`
+        epochs of `supply` tokens, as the trainer's plan reads (training/data/plan.py): windows of
+        seq_len + 1 tokens, within one window of the weight's share of the budget; each step within
+        two windows of its share; and at each epoch end the tail that cannot hold the next step's
+        windows dropped, fewer than that step's (≤ weight × batch / seq_len + 2 windows). So
+        weight × (budget + (epochs - 1) × batch) × w / seq_len + 2 × epochs × w ≤ epochs × supply
+        (a 2% margin in place of the tails was refused at run_tokens by a run of few large steps
+        with max_epochs 2, review R25c 1). The run a proposal is for is taken at proxy.seq_len
+        too: at its own, longer, it reads fewer stream tokens by far more than its few longer
+        windows add (at its bare tokens, the trainer refused a proposal on the bound: R16a F3)."""
+        room = epochs * (supply - 2 * w)
+        return max(room, 0) * p.seq_len / (w * (budget + (epochs - 1) * batch))
 
-    proxy_read = read((p.tokens // p.global_batch_tokens) * p.global_batch_tokens)
+    proxy_budget = (p.tokens // p.global_batch_tokens) * p.global_batch_tokens
+    # not known: a step as large as the run (any batch fits under that cap)
+    run_batch = c.run_batch_tokens or c.run_tokens
     # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
     one_sequence = np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4
     lo = np.full(len(tokens), max(c.min_weight, one_sequence))
@@ -103,15 +113,16 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
             f"{n * p.seq_len} (e.g. {4 * n * p.seq_len}) or lower proxy.seq_len",
             key="proxy.global_batch_tokens",
         )
-    for budget, key, value in (
-        (proxy_read, "proxy.tokens", p.tokens),
-        (read(c.run_tokens) if c.run_tokens else 0, "constraints.run_tokens", c.run_tokens),
+    for budget, batch, key, value in (
+        (proxy_budget, p.global_batch_tokens, "proxy.tokens", p.tokens),
+        (c.run_tokens, run_batch, "constraints.run_tokens", c.run_tokens),
     ):
         if not budget:
             continue
         for i, src in enumerate(cfg.data.sources):
             if src.max_epochs is not None:
-                hi[i] = min(hi[i], np.floor(src.max_epochs * tokens[src.name] / budget * 1e4) / 1e4)
+                cap = most(src.max_epochs, tokens[src.name], budget, batch)
+                hi[i] = min(hi[i], np.floor(cap * 1e4) / 1e4)
         if hi.sum() < 1.0 or (hi < lo).any():
             fits = ", ".join(
                 f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"
@@ -120,10 +131,22 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
             raise ConfigError(
                 f"{key} = {value:g} would read a source past its max_epochs in every mixture "
                 f"(weights that fit: {fits}; constraints.min_weight {c.min_weight}); lower {key}, "
-                "add data, or raise a source's max_epochs",
+                "add data, or raise a source's max_epochs"
+                + (_unknown_batch(cfg) if key == "constraints.run_tokens" else ""),
                 key=key,
             )
     return lo, hi
+
+
+def _unknown_batch(cfg: MixConfig) -> str:
+    """What the run_tokens cap assumed, when constraints.run_batch_tokens is not given and a source
+    may be read more than once: said where that cap refuses or binds."""
+    if cfg.constraints.run_batch_tokens or all((s.max_epochs or 0) <= 1 for s in cfg.data.sources):
+        return ""
+    return (
+        " (constraints.run_batch_tokens is not given: a step as large as the run is assumed, so a "
+        "source's epochs past the first are not counted on; set it to the run's global batch)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -316,6 +339,7 @@ def _on_bound(cfg: MixConfig, sources: list[str], proposal, lo: np.ndarray, hi: 
                 f"constraints.max_weight = {c.max_weight:g}"
                 if np.isclose(hi[i], c.max_weight)
                 else "the most its max_epochs allows at proxy.tokens or constraints.run_tokens"
+                + _unknown_batch(cfg)
             )
             at.append(f"{name} = {x:.4g} ({why})")
         elif x <= lo[i] + 1e-9:

@@ -92,6 +92,10 @@ class ConstraintsSection:
     run_tokens: float = 0.0
     """Tokens of the run the proposal is for: each source's weight is capped so that run reads it at
     most its max_epochs times (0: no cap beyond the proxies' own budget)."""
+    run_batch_tokens: float = 0.0
+    """That run's global batch in tokens: each epoch end of a source read more than once drops up to
+    one step's share of it (the trainer's plan), which the cap counts (0: not known, so a step as
+    large as run_tokens: a source's epochs past the first are not counted on)."""
 
 
 @dataclass
@@ -198,6 +202,12 @@ def check_mix_config(cfg: MixConfig) -> None:
         raise ConfigError(
             f"constraints.run_tokens = {c.run_tokens}: must be a finite number ≥ 0 (0: no cap)",
             key="constraints.run_tokens",
+        )
+    if not 0 <= c.run_batch_tokens < math.inf:
+        raise ConfigError(
+            f"constraints.run_batch_tokens = {c.run_batch_tokens}: must be a finite number ≥ 0 (0: not "
+            "known)",
+            key="constraints.run_batch_tokens",
         )
     if cfg.swarm.size and cfg.swarm.size < n + 2:
         raise ConfigError(

@@ -299,8 +299,15 @@ def test_a_source_that_would_run_out_is_refused_unless_it_may_repeat(sources, tm
     msg = str(e.value)
     math_tokens = DocumentTable(small["math"], val_fraction=0.1).tokens
     asked = round(24 * 16 * 0.4) * 33  # 6–7 windows of 33 tokens per step, 6.4 on average
-    assert "source 'math'" in msg and f"{math_tokens:,} per epoch" in msg and "max_epochs = 2" in msg
-    assert abs(int(msg.split("asks ")[1].split(" tokens")[0].replace(",", "")) - asked) <= 33
+    assert "source 'math'" in msg and f"max_epochs = 1 epochs of its training split's {math_tokens:,}" in msg
+    assert "set max_epochs = 2" in msg
+    read = int(msg.split("asks ")[1].split(" tokens")[0].replace(",", ""))
+    assert abs(read - asked) <= 33
+    # its numbers add up: what it reads and the tail it drops at the epoch end pass the epoch (the
+    # refusal said "plus the tails it drops" with no size, asking less than max_epochs hold: R25c 1)
+    dropped = int(msg.split("drops ")[1].split(" more at its 1 epoch end ")[0].replace(",", ""))
+    assert f": {read + dropped:,} tokens, past the {math_tokens:,} of max_epochs = 1" in msg, msg
+    assert 0 < dropped < 7 * 33 and read + dropped > math_tokens
     # Refused before step 1: by the trainer too, with nothing written.
     assert gristmill(["train", "--config", str(config)]) == 2
     assert "would run out" in capsys.readouterr().err and not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -366,6 +366,28 @@ def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes(tmp_path, shared
     check_supply(at_run, Proxy("swarm", "bound", (web, 1.0 - web), at_run.data.seed), tables)
 
 
+@pytest.mark.parametrize("batch", [2048, 8192, 16384, None])
+def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_in_any_batch(tmp_path, shared_sources, batch):
+    """Review R25c 1: with max_epochs 2 the trainer drops up to one step's share of a source at each
+    epoch end, which the bound's 2% margin did not hold for a run of few large steps: a proposal on
+    the bound was refused at run_tokens. constraints.run_batch_tokens counts those tails; not given,
+    the bound holds at any batch the run may have (here up to the largest one the plan takes)."""
+    config = recipe(tmp_path, shared_sources)
+    sets = ["constraints.min_weight=0", "constraints.max_weight=1", "data.sources[1].max_epochs=2"]
+    given = [] if batch is None else [f"constraints.run_batch_tokens={batch}"]
+    cfg = load_mix_config(str(config), [*sets, "constraints.run_tokens=60000", *given])
+    tables = open_mix_sources(cfg)
+    lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
+    code = float(hi[1])
+    assert code < 1.0 and 1.0 - code <= hi[0], hi  # code's max_epochs caps it; web takes the rest
+    # the run the proposal is for, as the trainer plans it, at each batch it may have
+    for run_batch in [batch] if batch else [512, 2048, 8192, 16384]:
+        at_run = load_mix_config(
+            str(config), [*sets, "proxy.tokens=60000", f"proxy.global_batch_tokens={run_batch}"]
+        )
+        check_supply(at_run, Proxy("swarm", "bound", (1.0 - code, code), at_run.data.seed), tables)
+
+
 def _same_mix(recipe_path: Path, old_run: Path) -> bool:
     mix = tomllib.loads(recipe_path.read_text())["phase"][0]["mix"]
     return mix == tomllib.loads((old_run / "config.toml").read_text())["phase"][0]["mix"]
@@ -445,6 +467,15 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
         # nan compares false everywhere: a traceback, a cap silently dropped, an internal key named
         (["proxy.tokens=nan"], "proxy.tokens = nan: must be a finite number"),
         (["constraints.run_tokens=nan"], "constraints.run_tokens = nan: must be a finite number ≥ 0"),
+        (
+            ["constraints.run_batch_tokens=-1"],
+            "constraints.run_batch_tokens = -1.0: must be a finite number ≥ 0",
+        ),
+        # the cap's assumption where it refuses: no batch given, a second epoch is not counted on
+        (
+            ["data.sources[0].max_epochs=2", "data.sources[1].max_epochs=2", "constraints.run_tokens=1e6"],
+            "(constraints.run_batch_tokens is not given: a step as large as the run is assumed",
+        ),
         (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
     ],
 )
