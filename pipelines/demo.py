@@ -436,7 +436,7 @@ def mix_stage(stages: Stages, gristmill) -> int:
     command = ["mix", "propose", "--config", MIX_CONFIG, "--out", MIX_OUT]
     title = (
         "choose a mixture of the two sources from small proxy runs, gated against uniform and token-"
-        "proportional (quick: 4 proxies of 30k tokens, 1 seed, so it warns; configs/mix/demo.toml: the "
+        "proportional (quick: 4 proxies of 28,672 tokens, 1 seed, so it warns; configs/mix/demo.toml: the "
         "full search, ~15 min)"
     )
     stages.start("mix", title, f"gristmill {' '.join(command)}")

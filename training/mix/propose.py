@@ -211,9 +211,15 @@ def run(args: argparse.Namespace) -> int:
         workers = parallelism(cfg, runs)
         with Pool(workers, cfg, fingerprints) as pool:
             model = f"from the base {base['init_from']}" if base else cfg.proxy.preset
+            # what each trains: proxy.tokens rounds down to whole steps (it said "30,000 tokens" of
+            # proxies that trained 14 × 2,048 = 28,672, review R25c 5)
+            steps, batch = (
+                int(cfg.proxy.tokens // cfg.proxy.global_batch_tokens),
+                cfg.proxy.global_batch_tokens,
+            )
             _say(
-                f"swarm: {len(swarm)} proxies of {cfg.proxy.tokens:,.0f} tokens ({model}), "
-                f"{workers} at a time; then {runs - len(swarm)} validation runs"
+                f"swarm: {len(swarm)} proxies of {steps} steps × {batch:,} = {steps * batch:,} tokens "
+                f"({model}), {workers} at a time; then {runs - len(swarm)} validation runs"
             )
             later = runs - len(swarm)
             found = _gather(cfg, out, swarm, fingerprints, base, w, pool, args.write_commands, later)
@@ -252,8 +258,7 @@ def run(args: argparse.Namespace) -> int:
             for name in mixes
         }
         passed = mix_fit.gate(losses["proposal"], losses["uniform"], losses["proportional"])
-        own = [seed for seed in cfg.validation.seeds if seed == cfg.data.seed]
-        noise = _noise(fitted, mixes, losses, outside is not None, own, len(own) == len(cfg.validation.seeds))
+        noise = _noise(fitted, mixes, losses, outside is not None, cfg.validation.seeds, cfg.data.seed)
         report = {
             "sources": sources,
             "prior": dict(zip(sources, prior.tolist())),
@@ -270,7 +275,13 @@ def run(args: argparse.Namespace) -> int:
             ],
             "fit": {"kind": fitted.kind, "cv_error": fitted.cv_error},
             "predicted": predicted,
-            "validation": {"seeds": list(cfg.validation.seeds), **losses},
+            # each mixture as trained (uniform and the prior are projected into the bounds: "uniform"
+            # was 0.3598/0.3599/0.2803, which report.json did not say, review R25c 4)
+            "validation": {
+                "seeds": list(cfg.validation.seeds),
+                **losses,
+                "mix": {name: dict(zip(sources, mixes[name].tolist())) for name in mixes},
+            },
             "gate_returned_prior": not passed,
             "fingerprints": fingerprints,
             "base": base,
@@ -377,42 +388,56 @@ def _noise(
     mixes: dict[str, np.ndarray],
     losses: dict[str, list[float]],
     outside: bool,
-    own_seeds: list[int],
-    swarm_seed_only: bool,
+    seeds: list[int],
+    swarm_seed: int,
 ) -> dict[str, Any]:
     """The validation seeds' spread beside the fit's leave-one-out error, and the gap between each
-    mixture's predicted and validated loss, explained as far as the figures go: the baselines' mean
-    gap estimates the validation seeds' shift from the swarm's seed only if the fit is exact at the
-    baselines, which nothing measures (said as an estimate: review R16a F2); with the swarm's own seed
-    (`swarm_seed_only`) there is no shift, and each gap is the fit's miss at its mixture; a seed that
-    is (`own_seeds`) is named: its runs measure the fit's miss alone (review R16d F7)."""
+    mixture's predicted and validated loss, explained as far as the figures go. On a seed other than
+    the swarm's, the baselines' mean gap estimates that seed's shift from the swarm's only if the
+    fit is exact at the baselines, which nothing measures (said as an estimate: review R16a F2);
+    on the swarm's own seed there is no shift, and each gap is the fit's miss at its mixture,
+    measured (review R16d F7). The shift and the proposal's miss beyond it are taken over the other
+    seeds alone: averaged with the swarm's own, the miss mixed a measurement into an estimate
+    (review R25c 3); the own seed's gaps are said apart (`own_seed_gap`)."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
     gap = {name: float(np.mean(losses[name])) - predicted[name] for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
-    shift = float(np.mean([gap[b] for b in BASELINES]))
-    miss = gap["proposal"] - shift
+    own = [k for k, seed in enumerate(seeds) if seed == swarm_seed]
+    others = [k for k, seed in enumerate(seeds) if seed != swarm_seed]
+
+    def gap_on(ks: list[int]) -> dict[str, float]:  # validated mean over those seeds − predicted
+        return {name: float(np.mean([losses[name][k] for k in ks])) - predicted[name] for name in mixes}
+
+    own_gap = gap_on(own) if own else None
     text = (
         f"the proposal validated {gap['proposal']:+.4f} from its predicted {predicted['proposal']:.4f}, "
         f"uniform {gap['uniform']:+.4f} and proportional {gap['proportional']:+.4f} from theirs: "
     )
-    if swarm_seed_only:
+    shift = None
+    if not others:
         text += (
             "the validation runs have the swarm's own seed, so no seed shift: each gap is the fit's own "
             f"miss at that mixture{' (the proposal an extrapolation)' if outside else ''}, beside its "
             f"leave-one-out error {fitted.cv_error:.4f}; "
         )
     else:
-        text += (
-            f"if the fit is exact at the baselines, {shift:+.4f} (their mean gap) is the validation seeds' "
-            "shift from the swarm's seed (data order and initialisation; every mixture moves with it) and "
-            f"{miss:+.4f} the fit's own miss at the proposal{' (an extrapolation)' if outside else ''}; its "
-            "leave-one-out error is "
-            f"{fitted.cv_error:.4f}; "
+        other_gap = gap_on(others)
+        value = float(np.mean([other_gap[b] for b in BASELINES]))
+        shift = {"seeds": [seeds[k] for k in others], "shift": value, "miss": other_gap["proposal"] - value}
+        on = (
+            f"on validation seed{'s' * (len(others) > 1)} {shift['seeds']} (not the swarm's), " if own else ""
         )
-        if own_seeds:
+        text += (
+            f"{on}if the fit is exact at the baselines, {value:+.4f} (their mean gap) is the validation "
+            "seeds' shift from the swarm's seed (data order and initialisation; every mixture moves with "
+            f"it) and {shift['miss']:+.4f} the fit's own miss at the proposal"
+            f"{' (an extrapolation)' if outside else ''}; its leave-one-out error is {fitted.cv_error:.4f}; "
+        )
+        if own_gap:
             text += (
-                f"validation seed {own_seeds[0]} is the swarm's own, so its runs measure the fit's miss "
-                "alone (their losses: report.json's validation); "
+                f"validation seed {swarm_seed} is the swarm's own, so no shift there: the fit's miss "
+                f"measured, proposal {own_gap['proposal']:+.4f}, uniform {own_gap['uniform']:+.4f}, "
+                f"proportional {own_gap['proportional']:+.4f}; "
             )
     means = [float(np.mean(v)) for v in losses.values()]
     if spread["proposal"] is None:
@@ -427,6 +452,8 @@ def _noise(
         "seed_spread": spread,
         "predicted": predicted,
         "gap": gap,
+        "shift": shift,
+        "own_seed_gap": own_gap,
         "explanation": text,
     }
 

@@ -236,6 +236,54 @@ def assert_honest_about_noise(report: dict, stdout: str) -> None:
     assert f"noise: {noise['explanation']}" in stdout.splitlines()
 
 
+def test_the_swarms_own_validation_seed_is_measured_apart_and_every_mix_is_as_trained(
+    tmp_path, shared_sources
+):
+    """Review R25c 3–5: with validation.seeds holding the swarm's own data.seed beside another, the
+    noise text's "fit's own miss at the proposal" averaged the own seed (no shift there) into the
+    other's estimate; report.json did not record the baselines as trained (uniform is projected into
+    the bounds); and the console said "proxies of 30,000 tokens" of proxies that trained whole steps."""
+    config, out = recipe(tmp_path, shared_sources), tmp_path / "search"
+    text = config.read_text().replace("seeds = [1]", "seeds = [1234, 1]")  # 1234: the swarm's data.seed
+    config.write_text(text.replace("tokens = 3072", "tokens = 3300"))
+    done = propose(config, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # what each proxy trains: 6 whole steps of 512, not proxy.tokens
+    assert any(
+        line.startswith("swarm: 4 proxies of 6 steps × 512 = 3,072 tokens (tiny), ")
+        for line in done.stdout.splitlines()
+    ), done.stdout
+    report = json.loads((out / "report.json").read_text())
+    v, noise = report["validation"], report["noise"]
+    # every validation mixture as its runs trained it
+    assert set(v["mix"]) == {"proposal", "uniform", "proportional"}
+    assert v["mix"]["proposal"] == report["proposal"] and v["mix"]["proportional"] == report["prior"]
+    for name, mix in v["mix"].items():
+        for seed in (1234, 1):
+            (run,) = (out / "validation").glob(f"s{seed}-{name}-*/config.toml")
+            assert tomllib.loads(run.read_text())["phase"][0]["mix"] == pytest.approx(mix), name
+    # the swarm's own seed (first) is the direct measurement; the shift is seed 1's alone
+    pred = noise["predicted"]
+    own = {name: v[name][0] - pred[name] for name in pred}
+    other = {name: v[name][1] - pred[name] for name in pred}
+    assert noise["own_seed_gap"] == pytest.approx(own)
+    shift = (other["uniform"] + other["proportional"]) / 2
+    assert noise["shift"]["seeds"] == [1]
+    assert (noise["shift"]["shift"], noise["shift"]["miss"]) == pytest.approx(
+        (shift, other["proposal"] - shift)
+    )
+    explanation = noise["explanation"]
+    assert (
+        f"on validation seed [1] (not the swarm's), if the fit is exact at the baselines, {shift:+.4f} "
+        "(their mean gap) is the validation seeds' shift" in explanation
+    ), explanation
+    assert f"{other['proposal'] - shift:+.4f} the fit's own miss at the proposal" in explanation, explanation
+    assert (
+        f"validation seed 1234 is the swarm's own, so no shift there: the fit's miss measured, proposal "
+        f"{own['proposal']:+.4f}, uniform {own['uniform']:+.4f}, proportional {own['proportional']:+.4f}"
+    ) in explanation, explanation
+
+
 TOKENIZER = {"version": "1.0", "added_tokens": [{"id": 0, "content": "<|endoftext|>", "special": True}]}
 
 
