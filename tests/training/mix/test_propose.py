@@ -14,13 +14,14 @@ import time
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from training.contract.dataset_format import read_dataset_info
-from training.mix.propose import SEARCH, bounds
+from training.mix.propose import SEARCH, _on_bound, bounds
 from training.mix.proxies import Proxy, check_supply, open_mix_sources
 from training.mix.recipe import load_mix_config, names
 from training.run.faults import SPIKE_WINDOW
@@ -428,6 +429,15 @@ def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_in_any_batch(tmp
     lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
     code = float(hi[1])
     assert code < 1.0 and 1.0 - code <= hi[0], hi  # code's max_epochs caps it; web takes the rest
+    # a proposal there says what the cap assumed of the run's batch when it was not given
+    line = _on_bound(cfg, names(cfg), np.array([1.0 - code, code]), lo, hi)
+    assert (
+        f"code = {code:.4g} (the most its max_epochs allows at proxy.tokens or constraints.run_tokens" in line
+    )
+    unknown = (
+        "(constraints.run_batch_tokens is not given: a step as large as the run is assumed, so a source's"
+    )
+    assert (unknown in line) is (batch is None), line
     # the run the proposal is for, as the trainer plans it, at each batch it may have
     for run_batch in [batch] if batch else [512, 2048, 8192, 16384]:
         at_run = load_mix_config(
