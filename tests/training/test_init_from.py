@@ -1045,6 +1045,71 @@ def test_a_directory_base_resumed_with_a_hub_id_is_refused_naming_the_directory(
     assert complete_steps(run) == complete_steps(straight)
 
 
+QUIET_HUB = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}  # a fetch's progress is not the one error line
+
+
+def _next_commit(base: Path, tmp_path: Path) -> bytes:
+    """The weights of the repository's next commit: `base`'s retrained, the same shape (so the same
+    config.json and weights index: init_from_sha256 alike)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(base / "model.safetensors"))
+    later = tmp_path / "later.safetensors"
+    save_file(
+        {**weights, "model.norm.weight": weights["model.norm.weight"] + 1}, str(later), {"format": "pt"}
+    )
+    return later.read_bytes()
+
+
+def _hub_train_cmd(*sets: str) -> list[str]:
+    return [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+
+
+def test_a_checkpoint_outside_its_run_resumed_with_another_commit_is_refused(
+    tmp_path, data, base, monkeypatch
+):
+    """Review R25e 1: a run from a hub id's checkpoint, copied to a volume and resumed from that path
+    into a new run with init_from a directory holding another commit of the repository (or that
+    commit's hub id), was taken for the base moved, exit 0: the volume holds no RUN/base/base.json
+    to compare the weights with, and the new run recorded the other commit, its step 0 that commit's
+    weights. Refused in one line naming the recorded base and a fix that works offline with nothing
+    cached: the recorded commit is taken from the checkpoint, not downloaded."""
+    from huggingface_hub import snapshot_download
+
+    files = {p.name: p.read_bytes() for p in base.iterdir()}
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
+        run = tmp_path / "run"
+        done = forked.run(
+            _hub_train_cmd(*overrides(data, run, _init(REPO), "schedule.steps=8", "run.max_steps=4")),
+            cwd=ROOT,
+            env=env,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        later = hub.push(REPO, files | {"model.safetensors": _next_commit(base, tmp_path)}, repo_type="model")
+        newer = Path(snapshot_download(REPO, local_dir=str(tmp_path / "models" / "newer")))
+        volume = tmp_path / "volume" / "step-000004"
+        shutil.copytree(checkpoint_dir(run, 4), volume)
+        new = tmp_path / "new"
+        sets = [*overrides(data, new, "schedule.steps=8"), f"checkpoint.resume={json.dumps(str(volume))}"]
+        offline = env | {"HF_HUB_OFFLINE": "1"}
+        for init_from, how in ((newer, offline), (f"{REPO}@{later}", env)):
+            done = forked.run(_hub_train_cmd(*sets, _init(init_from)), cwd=ROOT, env=how, timeout=300)
+            line = one_error_line(done.stderr)
+            assert done.returncode == 2, done.stderr[-3000:]
+            assert f"is not the base {volume / COMPLETE_FILE} records, {REPO}@{commit}" in line, line
+            assert f"{volume} lies in no run directory" in line, line
+            assert f"set model.init_from to {REPO}@{commit}" in line, line
+            assert not complete_steps(new)
+    # The fix it names, without the hub and with nothing cached: the checkpoint's record stands in
+    nothing = offline | {"HF_HOME": str(tmp_path / "empty")}
+    done = forked.run(_hub_train_cmd(*sets, _init(f"{REPO}@{commit}")), cwd=ROOT, env=nothing, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert complete_steps(new)[-1] == 8
+
+
 def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(
     built_dataset, tmp_path, capsys
 ):

@@ -39,7 +39,13 @@ from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
 from training.contract.errors import GristmillError
 from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, exported_with_checksums
-from training.contract.run_layout import BASE_DIR, read_json_record
+from training.contract.run_layout import (
+    BASE_DIR,
+    COMPLETE_FILE,
+    CONFIG_TOML,
+    read_json_record,
+    run_of_checkpoint,
+)
 
 __all__ = [
     "BASE_JSON",
@@ -52,6 +58,7 @@ __all__ = [
     "drop_base_record",
     "read_base_record",
     "record_base",
+    "unrecorded_base_reason",
     "weights_sha256",
 ]
 
@@ -217,6 +224,27 @@ def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
             f"differ from {path}'s record); set model.init_from to {was} or a copy of its files"
         )
     return None
+
+
+def unrecorded_base_reason(checkpoint: Path, was: str, identity: str) -> str:
+    """Why the base `identity` cannot be taken for `was`, the base checkpoint `checkpoint` records,
+    moved: its run's RUN/base/base.json, which records the base's weights, is not at hand (a
+    volume's path to the checkpoint; a run started before gristmill kept it), and another commit of
+    one hub repository, or another export of one run, reads as the same model (init_from_sha256):
+    taken for the base moved, the new run recorded it, and its step 0 was that other model (review
+    R25e 1). Its fix works offline: the recorded base is not read again on a resume."""
+    run = run_of_checkpoint(checkpoint)
+    where = (
+        f"its run {run} started before gristmill kept it"
+        if (run / CONFIG_TOML).is_file()
+        else f"{checkpoint} lies in no run directory"
+    )
+    return (
+        f"model.init_from = {identity} is not the base {checkpoint / COMPLETE_FILE} records, {was}, and no "
+        f"RUN/base/{BASE_JSON} records that base's weights to compare it with ({where}); resume from "
+        f"RUN/checkpoints/{checkpoint.name} of its run, whose RUN/base/ records them, or set model.init_from "
+        f"to {was} (the checkpoint's record stands in for it: a hub commit is not downloaded again)"
+    )
 
 
 def base_record_sha256(run_dir: str | Path) -> str | None:

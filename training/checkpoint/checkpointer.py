@@ -57,7 +57,13 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from training.checkpoint.base_record import base_record_sha256, check_kept_base, other_base_reason
+from training.checkpoint.base_record import (
+    base_record_sha256,
+    check_kept_base,
+    other_base_reason,
+    read_base_record,
+    unrecorded_base_reason,
+)
 from training.checkpoint.hf_export import export_checkpoint
 from training.checkpoint.io import (
     _single_process_quiet,
@@ -637,7 +643,11 @@ class Checkpointer:
             )
         moved = any(d[0] == "init_from" for d in diffs)
         # the base of the checkpoint's run: another run's, resumed from by path, has its own record
-        if moved and (why := other_base_reason(run_of_checkpoint(path), self.model_config["init_from"])):
+        run, now = run_of_checkpoint(path), self.model_config.get("init_from")
+        why = other_base_reason(run, now) if moved else None
+        if why is None and moved and read_base_record(run) is None:  # a volume's path: nothing records
+            why = unrecorded_base_reason(path, str(recorded.get("init_from")), now)  # the weights (R25e 1)
+        if why:
             raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
                 f"cannot resume from {path}: {why}, or start a new run directory (another run.output_dir)"
             )
