@@ -51,6 +51,7 @@ from training.checkpoint.hf_import import (
     load_base_weights,
 )
 from training.checkpoint.model_config import resolve_model_config
+from training.checkpoint.record import read_complete_record
 from training.config import ModelSection
 from training.contract.config_loader import ConfigError
 from training.contract.dataset_format import file_sha256, read_dataset_info
@@ -1108,6 +1109,101 @@ def test_a_checkpoint_outside_its_run_resumed_with_another_commit_is_refused(
     done = forked.run(_hub_train_cmd(*sets, _init(f"{REPO}@{commit}")), cwd=ROOT, env=nothing, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert complete_steps(new)[-1] == 8
+
+
+def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:
+    """A hub base's run as gristmill left it before review R25d S1, resumed with `directory` (another
+    commit of the repository): base.json without its weights' sha256, the checkpoints and
+    RUN/config.toml naming the directory, each COMPLETE sealed again as a checkpoint of then was."""
+    from training.checkpoint.record import BASE_RECORD, MODEL_RECORD, sealed_record
+
+    path = run / "base" / "base.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "weights_sha256": None}, indent=1) + "\n")
+    for step in complete_steps(run):
+        complete = checkpoint_dir(run, step) / COMPLETE_FILE
+        record = json.loads(complete.read_text()) | {BASE_RECORD: file_sha256(path)}
+        record[MODEL_RECORD] = record[MODEL_RECORD] | {"init_from": str(directory)}
+        complete.write_text(json.dumps(sealed_record(record), indent=1))
+    toml = run / "config.toml"
+    toml.write_text(
+        re.sub(r'init_from = ".*"', f"init_from = {json.dumps(str(directory))}", toml.read_text())
+    )
+
+
+def test_a_hub_base_stays_the_runs_pinned_commit_whatever_directory_a_resume_read(
+    tmp_path, data, base, monkeypatch
+):
+    """Review R25e 2-5. A resume reading the run's own commit from a directory recorded that
+    directory as the base, so a later resume with plain `org/name` pinned nothing and fetched `main`
+    (another commit: refused, telling the user to drop an @revision they never set); the checkpoints
+    record the run's base (base.json's) now, and the pin is taken from base.json. That directory
+    gone, step 0 is exported from the pinned commit. A run an earlier gristmill resumed with another
+    commit's directory is held to base.json on every resume (it was not "moved": its checkpoints
+    name that directory), its exports/step-000000 of that commit is not the run's step 0, and the
+    fix named, `org/name@commit`, works offline with nothing cached."""
+    from huggingface_hub import snapshot_download
+    from safetensors.torch import load_file
+
+    files = {p.name: p.read_bytes() for p in base.iterdir()}
+    weights = load_file(str(base / "model.safetensors"))
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
+        run = tmp_path / "run"
+        sets = overrides(data, run, "checkpoint.resume=auto")
+        done = forked.run(
+            _hub_train_cmd(*sets, _init(REPO), "run.max_steps=4"), cwd=ROOT, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        old = tmp_path / "old"
+        shutil.copytree(run, old)
+        hub.push(REPO, files | {"model.safetensors": _next_commit(base, tmp_path)}, repo_type="model")
+        newer = Path(snapshot_download(REPO, local_dir=str(tmp_path / "models" / "newer"))).resolve()
+        pinned = Path(snapshot_download(REPO, revision=commit, local_dir=str(tmp_path / "models" / "pinned")))
+        offline = env | {"HF_HUB_OFFLINE": "1"}
+        done = forked.run(
+            _hub_train_cmd(*sets, _init(pinned), "run.max_steps=8"), cwd=ROOT, env=offline, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert read_complete_record(checkpoint_dir(run, 8))["model"]["init_from"] == f"{REPO}@{commit}"
+        # That directory gone (RUN/config.toml names it), step 0 is the pinned commit, in the cache
+        pinned.rename(tmp_path / "away")
+        exported = load_file(str(export_checkpoint(run, 0) / "model.safetensors"))
+        assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
+        shutil.rmtree(export_dir(run, 0))
+        # With network, plain org/name: the run's commit, not main's
+        done = forked.run(_hub_train_cmd(*sets, _init(REPO)), cwd=ROOT, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert read_complete_record(checkpoint_dir(run, 12))["model"]["init_from"] == f"{REPO}@{commit}"
+
+        # A run an earlier gristmill resumed with the next commit's directory, and its step 0 exported
+        # from there (as that gristmill did: made here from a copy whose base.json names the directory)
+        _as_resumed_by_an_earlier_gristmill(old, newer)
+        maker = tmp_path / "maker"
+        shutil.copytree(old, maker)
+        path = maker / "base" / "base.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "init_from": str(newer)}, indent=1))
+        _as_resumed_by_an_earlier_gristmill(maker, newer)  # (seals the records of the base.json above)
+        shutil.copytree(export_checkpoint(maker, 0), export_dir(old, 0))
+        with pytest.raises(ExportError) as e:
+            export_checkpoint(old, 0)
+        assert f"{export_dir(old, 0)} holds another base than {old} started from (base differs" in str(
+            e.value
+        )
+        shutil.rmtree(export_dir(old, 0))
+        old_sets = overrides(data, old, "checkpoint.resume=auto", "run.max_steps=8")
+        done = forked.run(_hub_train_cmd(*old_sets, _init(newer)), cwd=ROOT, env=offline, timeout=300)
+        line = one_error_line(done.stderr)
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert f"set model.init_from to {REPO}@{commit}" in line, line
+        nothing = offline | {"HF_HOME": str(tmp_path / "empty")}
+        done = forked.run(
+            _hub_train_cmd(*old_sets, _init(f"{REPO}@{commit}")), cwd=ROOT, env=nothing, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert read_complete_record(checkpoint_dir(old, 8))["model"]["init_from"] == f"{REPO}@{commit}"
+        exported = load_file(str(export_checkpoint(old, 0) / "model.safetensors"))
+        assert torch.equal(exported["model.norm.weight"], weights["model.norm.weight"])
 
 
 def test_step_0_is_the_base_its_eval_comes_first_and_its_export_is_bit_for_bit(

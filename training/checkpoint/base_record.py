@@ -59,6 +59,7 @@ __all__ = [
     "read_base_record",
     "record_base",
     "unrecorded_base_reason",
+    "with_run_base",
     "weights_sha256",
 ]
 
@@ -224,6 +225,25 @@ def other_base_reason(run_dir: str | Path, identity: str) -> str | None:
             f"differ from {path}'s record); set model.init_from to {was} or a copy of its files"
         )
     return None
+
+
+def with_run_base(recorded: dict[str, Any] | None, run_dir: str | Path, spec: str) -> dict[str, Any] | None:
+    """`recorded`, the model record of the checkpoint `--resume spec` continues from, naming the base
+    its run's RUN/base/base.json records (the run's base) where it names another place of it: a
+    resume read the base from a directory, which an earlier gristmill recorded, and `org/name` or
+    the advised `org/name@commit` then resolved against that directory instead of the run's pinned
+    commit: `main` fetched, or a download refused offline (review R25e 3, 4). The checkpointer
+    still holds the base to that record and checks the record itself."""
+    if not recorded or not recorded.get("init_from") or not spec:
+        return recorded
+    run = Path(run_dir) if spec == "auto" else run_of_checkpoint(spec)
+    try:
+        kept = read_base_record(run)
+    except GristmillError:  # the checkpointer names it where it checks the record
+        return recorded
+    if kept is None or kept.get("init_from_sha256") != recorded.get("init_from_sha256"):
+        return recorded
+    return {**recorded, "init_from": kept["init_from"]}
 
 
 def unrecorded_base_reason(checkpoint: Path, was: str, identity: str) -> str:

@@ -644,13 +644,20 @@ class Checkpointer:
         moved = any(d[0] == "init_from" for d in diffs)
         # the base of the checkpoint's run: another run's, resumed from by path, has its own record
         run, now = run_of_checkpoint(path), self.model_config.get("init_from")
-        why = other_base_reason(run, now) if moved else None
-        if why is None and moved and read_base_record(run) is None:  # a volume's path: nothing records
-            why = unrecorded_base_reason(path, str(recorded.get("init_from")), now)  # the weights (R25e 1)
+        kept = read_base_record(run)
+        # Held to the run's record whenever this config names another base, not only on a move: a run an
+        # earlier gristmill resumed with another commit's directory records that directory since (R25e 2)
+        why = other_base_reason(run, now) if now else None
+        if why is None and moved and kept is None:  # a volume's path: nothing records the base's weights
+            why = unrecorded_base_reason(path, str(recorded.get("init_from")), now)
         if why:
             raise CheckpointError(  # the record would name another base than the run's (review R17b S4)
                 f"cannot resume from {path}: {why}, or start a new run directory (another run.output_dir)"
             )
+        if now and kept is not None and kept.get("init_from"):
+            # The checkpoints record the run's base, not the place a resume read it from (a directory
+            # holding a hub base's commit): the next resume pins the hub id from it (review R25e 3)
+            self.model_config["init_from"] = kept["init_from"]
         diffs = [d for d in diffs if d[0] != "init_from"]  # the same base, moved: not a change
         shape = [d for d in diffs if d[0] in ARCHITECTURE_FIELDS]
         if shape:

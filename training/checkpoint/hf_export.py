@@ -957,10 +957,12 @@ def export_base(
     spec = resolve(cfg)
     dataset, info = run_tokenizer_dataset(run_dir, spec)
     init_from = cfg.model.init_from  # RUN/config.toml names the base the run resolved (a resume: moved)
-    pinned = None if record is None or record.get("weights_sha256") else str(record.get("init_from"))
-    if pinned is not None and hub_id(pinned) is not None:
+    pinned = None if record is None else str(record.get("init_from"))
+    gone = hub_id(init_from) is None and not Path(init_from).expanduser().is_dir()
+    if pinned is not None and hub_id(pinned) is not None and (gone or not record.get("weights_sha256")):
         # a hub base recorded before its weights were (review R25d S1): its pinned commit names them,
-        # where the directory a resume named since may hold another commit of the same shape
+        # where the directory a resume named since may hold another commit of the same shape; and
+        # that directory gone, the commit is where the recorded weights are (review R25e 5)
         init_from = pinned
     source = locate_base(init_from)
     try:
@@ -1016,10 +1018,15 @@ def _check_base_export(export: Path, run_dir: Path, record: dict[str, Any] | Non
         raise ExportError(
             f"{export / EXPORT_META} is unreadable ({e}); delete {export} and export step 0 again"
         ) from None
-    for key, want in (
+    checked = [
         ("init_from_sha256", record["init_from_sha256"]),
         ("base_weights_sha256", record["weights_sha256"]),
-    ):
+    ]
+    if not record["weights_sha256"] and hub_id(str(record.get("init_from"))) is not None:
+        # a hub base recorded without its weights names them by its commit: one exported from a
+        # directory a resume named (another commit of the same shape: review R25d S1) is not it (R25e 2)
+        checked.append(("base", record["init_from"]))
+    for key, want in checked:
         if meta.get(key) != want:
             raise ExportError(
                 f"{export} holds another base than {run_dir} started from ({key} differs from "

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from training.checkpoint.base_record import with_run_base
 from training.checkpoint.base_source import BaseSource, locate_base
 from training.checkpoint.hf_import import check_base_data
 from training.checkpoint.model_config import resolve_model_config
@@ -131,7 +132,8 @@ def _locate_base(cfg: TrainConfig, env: DistEnv) -> BaseSource:
     the base is not read again. Rank 0 first: a hub id is downloaded by rank 0 while the others
     wait, then they read its snapshot at the commit rank 0 pinned (a branch that moves meanwhile
     cannot split the ranks); a launcher's preflight (no process group) fetches alone."""
-    recorded = resume_model_record(cfg.run.output_dir, cfg.checkpoint.resume)
+    resume = cfg.checkpoint.resume
+    recorded = with_run_base(resume_model_record(cfg.run.output_dir, resume), cfg.run.output_dir, resume)
     printer = say if env.rank == 0 else None
     if env.world_size == 1 or not dist.is_initialized():
         source = locate_base(cfg.model.init_from, recorded, printer)
