@@ -1111,6 +1111,43 @@ def test_a_checkpoint_outside_its_run_resumed_with_another_commit_is_refused(
     assert complete_steps(new)[-1] == 8
 
 
+def test_a_hub_base_s_weights_are_recorded_from_the_hub_not_hashed_at_the_start(
+    tmp_path, data, base, monkeypatch
+):
+    """Review R25e 6: base.json's sha256 of a hub base's weights came from hashing its snapshot at
+    every start (16 GB at 8B, and every mixture proxy's). They are the hub's own (an LFS file's
+    ETag, which names its blob in the cache): a cached file whose bytes changed since it was
+    fetched still records the commit's sha256, and step 0's export, which hashes the files it
+    reads, refuses it."""
+    files = {p.name: p.read_bytes() for p in base.iterdir()}
+
+    def start(run: Path, env: dict[str, str]) -> None:
+        sets = overrides(data, run, _init(REPO), "run.max_steps=1")
+        done = forked.run(_hub_train_cmd(*sets), cwd=ROOT, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    with HubServer() as hub:
+        hub.add_repo(REPO, files, repo_type="model")
+        env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
+        start(tmp_path / "first", env)  # fetched into the cache
+    (blob,) = (tmp_path / "hf-home" / "hub").rglob("snapshots/*/model.safetensors")
+    damaged = bytearray(blob.read_bytes())
+    damaged[-1] ^= 1  # the last tensor's last byte: the file still loads
+    blob.resolve().write_bytes(bytes(damaged))
+    run = tmp_path / "run"
+    start(run, env | {"HF_HUB_OFFLINE": "1"})
+    recorded = json.loads((run / "base" / "base.json").read_text())["weights_sha256"]
+    assert (
+        recorded
+        == {"model.safetensors": file_sha256(base / "model.safetensors")}
+        != {"model.safetensors": file_sha256(blob)}
+    )
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(ExportError) as e:
+        export_checkpoint(run, 0)
+    assert f"{blob} is not the file {run} started from" in str(e.value), str(e.value)
+
+
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:
     """A hub base's run as gristmill left it before review R25d S1, resumed with `directory` (another
     commit of the repository): base.json without its weights' sha256, the checkpoints and
