@@ -1404,10 +1404,110 @@ def test_offline_a_hub_cache_holding_only_the_tokenizer_is_said_to_hold_part_of_
         line = str(refused.value)
         assert f"holds only part of {REPO} at commit {commit} (tokenizer.json; no config.json and no " in line
         assert "not a transformers model" not in line
-        assert "the same command, HF_HUB_OFFLINE unset" in line and f"`hf download {REPO}`" in line
+        assert "the same command, HF_HUB_OFFLINE unset" in line
+        assert f"`hf download {REPO} --revision {commit}`" in line  # that commit, not main (R25g 3)
 
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
         assert locate_base(REPO).identity == f"{REPO}@{commit}"  # with network: the rest is fetched
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
         snapshot = tmp_path / "hf-home" / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit
         assert locate_base(REPO).directory == snapshot  # offline again: the cache holds the base now
+
+
+def _cache_of(home: Path, commit: str) -> Path:
+    return home / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots" / commit
+
+
+def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said_it_has_none(
+    tmp_path, monkeypatch
+):
+    """Review R25g 1: offline, a hub base whose cache held config.json and the weights but no
+    tokenizer.json (what transformers' from_pretrained fetches) was taken for a base without a
+    tokenizer: the dataset's tokenizer went unchecked ("note: … has no tokenizer.json") and a dataset
+    of another tokenizer trained, exit 0, where the same command with network was refused. A
+    snapshot read from the cache cannot show the repository lacks it: refused, naming the commit to
+    download (R25g 3); with the hub's word (its listing, or the cache's record of the file's
+    absence) a base without tokenizer.json is taken, offline too."""
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    tokenizer = _tokenizer(tmp_path / "tok", {0: "<|endoftext|>"}).read_bytes()
+    home = tmp_path / "hf-home"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files | {"tokenizer.json": tokenizer}, repo_type="model")
+        point_hub_at(hub, monkeypatch, home)
+        for name in files:  # as from_pretrained(REPO) leaves the cache: no tokenizer.json
+            hf_hub_download(REPO, name)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        with pytest.raises(ConfigError) as refused:
+            locate_base(REPO)
+        line = str(refused.value)
+        held = ", ".join(sorted(files))
+        assert (
+            f"holds only part of {REPO} at commit {commit} ({held}; no tokenizer.json): a snapshot " in line
+        )
+        assert "cannot show the repository has none" in line, line
+        assert f"`hf download {REPO} --revision {commit}`" in line, line
+
+        # A commit without tokenizer.json: fetched with network (the hub lists the files), then offline
+        # from the cache, which recorded the listing; or only the files from_pretrained asks for, the
+        # tokenizer's absence recorded by huggingface_hub (.no_exist) when asked for it
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        bare = hub.push(REPO, files, repo_type="model")
+        assert locate_base(REPO).directory == _cache_of(home, bare)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        assert locate_base(REPO).identity == f"{REPO}@{bare}"
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+        shutil.rmtree(home)
+        for name in files:
+            hf_hub_download(REPO, name)
+        with pytest.raises(EntryNotFoundError):
+            hf_hub_download(REPO, "tokenizer.json")
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        assert locate_base(REPO).identity == f"{REPO}@{bare}"
+
+
+def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_counts(tmp_path, monkeypatch):
+    """Review R25g 2: with HF_HUB_OFFLINE unset and no network, snapshot_download falls back to the
+    cached snapshot, and one holding only tokenizer.json was called "not a transformers model" (R25d
+    M1's symptom, fixed only offline). R25g 6: a weights index whose shard is not cached counted as
+    the weights. Both are said to be part of the base, naming what is missing, with the commit to
+    download (R25g 3)."""
+    from huggingface_hub import close_session, hf_hub_download
+
+    make_base(tmp_path / "base", shard=True)
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    shards = sorted(n for n in files if n.startswith("model-"))
+    assert len(shards) > 1
+    files["tokenizer.json"] = _tokenizer(tmp_path / "tok", {0: "<|endoftext|>"}).read_bytes()
+    home = tmp_path / "hf-home"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, home)
+        hf_hub_download(REPO, "tokenizer.json")  # as `data build` with tokenizer.path = REPO leaves it
+    close_session()  # the hub is gone (no kept-alive connection to it either); HF_HUB_OFFLINE is not set
+    with pytest.raises(ConfigError) as refused:
+        locate_base(REPO)
+    line = str(refused.value)
+    assert "not a transformers model" not in line, line
+    assert (
+        f"the Hugging Face hub cannot be reached, and the hub cache {home / 'hub'} holds only part of {REPO} "
+        f"at commit {commit} (tokenizer.json; no config.json and no weights)"
+    ) in line, line
+    assert f"`hf download {REPO} --revision {commit}`" in line, line
+
+    with HubServer() as hub:
+        hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, home)
+        for name in files.keys() - {shards[-1]}:
+            hf_hub_download(REPO, name)
+    close_session()
+    for offline in (False, True):  # no network, or HF_HUB_OFFLINE set
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", offline)
+        with pytest.raises(ConfigError) as refused:
+            locate_base(REPO)
+        line = str(refused.value)
+        assert f"; no {shards[-1]} (named by model.safetensors.index.json)): " in line, line

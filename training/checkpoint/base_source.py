@@ -50,6 +50,7 @@ __all__ = [
 CONFIG_JSON = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_JSON = "model.safetensors.index.json"
+TOKENIZER_JSON = "tokenizer.json"
 
 
 class BaseModelError(GristmillError):
@@ -152,8 +153,10 @@ def fetch_hub_base(
     repo: str, revision: str | None, say: Callable[[str], None] | None = None
 ) -> tuple[Path, str]:
     """snapshot_download of `HUB_FILES` of hub model `repo` at `revision` (None: main); returns the
-    snapshot directory and its commit. A missing repository, revision or config.json, or a hub that
-    cannot be reached with nothing cached, is one ConfigError naming model.init_from."""
+    snapshot directory and its commit. A missing repository, revision or config.json, a hub that
+    cannot be reached with nothing cached, or a snapshot read from the cache (offline, or the hub not
+    reached) lacking what the hub may hold (config.json, a weights file, tokenizer.json), is one
+    ConfigError naming model.init_from."""
     name = f"{repo}@{revision}" if revision else repo
     try:
         from huggingface_hub import constants, snapshot_download
@@ -170,10 +173,6 @@ def fetch_hub_base(
         ) from None
     offline = bool(constants.HF_HUB_OFFLINE)  # nothing is downloaded: the cache has it, or not
     cache = constants.HF_HUB_CACHE
-    get = (
-        "fetch the base with network (the same command, HF_HUB_OFFLINE unset), or download it elsewhere "
-        f"(`hf download {repo}`) and set model.init_from to that directory"
-    )
     if say is not None and offline:
         say(f"model.init_from: reading {name} from the hub cache {cache} (HF_HUB_OFFLINE is set)")
     elif say is not None and not (revision and _COMMIT.fullmatch(revision)):
@@ -181,14 +180,15 @@ def fetch_hub_base(
     try:
         path = Path(snapshot_download(repo, revision=revision, allow_patterns=HUB_FILES))
     except LocalEntryNotFoundError as e:
-        if not offline:
-            raise ConfigError(_fetch_failed(name, repo, e), "model.init_from") from None
         # a snapshot whose cached listing says it misses files (newer huggingface_hub): only part of it
-        partial = (
-            "holds only part of it" if type(e).__name__ == "IncompleteSnapshotError" else "does not hold it"
-        )
+        partial = type(e).__name__ == "IncompleteSnapshotError"
+        if not offline and not partial:
+            raise ConfigError(_fetch_failed(name, repo, revision, e), "model.init_from") from None
+        snapshot = Path(getattr(e, "snapshot_path", None) or ".")
+        pin = snapshot.name if _COMMIT.fullmatch(snapshot.name) else revision
         raise ConfigError(
-            f"model.init_from = {name!r}: HF_HUB_OFFLINE is set, and the hub cache {cache} {partial}: {get}",
+            f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} "
+            f"{'holds only part of it' if partial else 'does not hold it'}: {_get(repo, pin, offline)}",
             "model.init_from",
         ) from None
     except RevisionNotFoundError:
@@ -204,22 +204,35 @@ def fetch_hub_base(
             "model.init_from",
         ) from None
     except Exception as e:  # a timeout, a full disk: one line all the same
-        raise ConfigError(_fetch_failed(name, repo, e), "model.init_from") from None
+        raise ConfigError(_fetch_failed(name, repo, revision, e), "model.init_from") from None
     commit = path.name  # the cache's snapshots/<commit>
     if not _COMMIT.fullmatch(commit):
         raise ConfigError(f"model.init_from = {name!r}: the hub cache gave {path}, not a commit's snapshot")
-    weights = (path / SINGLE_FILE).is_file() or (path / INDEX_JSON).is_file()
-    lacking = [
-        n for n, ok in (("config.json", (path / "config.json").is_file()), ("weights", weights)) if not ok
+    lacking = _lacking(path)
+    listed = _hub_listing(repo, commit, offline) if lacking else None
+    # What the snapshot lacks and the hub lists, or what nobody can say the hub lacks: the snapshot
+    # was read from the cache (offline, or the hub not reached), holding what another command fetched
+    # of the repository (a data build's tokenizer.path = ORG/BASE: its tokenizer.json alone; what
+    # transformers' from_pretrained fetches: no tokenizer.json), not the repository's contents (R25d
+    # M1, R25g 1-2). A tokenizer.json the hub cache records as absent (huggingface_hub's .no_exist
+    # marker) is absent: the dataset's tokenizer is then not checked against the base (a note).
+    unknown = [
+        what
+        for what, files in lacking.items()
+        if (any(f in listed for f in files) if listed is not None else not _recorded_absent(path, files))
     ]
-    if offline and lacking:
-        # What another command fetched of the repository (a data build's tokenizer.path = ORG/BASE: its
-        # tokenizer.json alone), not the repository's contents: nothing says it lacks the rest (R25d M1)
-        held = sorted(p.name for p in path.iterdir())
+    if unknown:
+        held = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
+        why = (
+            ": a snapshot read from the cache cannot show the repository has none, and the dataset's "
+            "tokenizer is checked against it"
+            if unknown == [TOKENIZER_JSON]
+            else ""
+        )
         raise ConfigError(
-            f"model.init_from = {name!r}: HF_HUB_OFFLINE is set, and the hub cache {cache} holds only part "
-            f"of {repo} at commit {commit} ({', '.join(held) or 'nothing'}; no {' and no '.join(lacking)}): "
-            f"{get}",
+            f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} holds only part of "
+            f"{repo} at commit {commit} ({held}; no {' and no '.join(unknown)}){why}: "
+            f"{_get(repo, commit, offline)}",
             "model.init_from",
         )
     if not (path / "config.json").is_file():
@@ -231,10 +244,79 @@ def fetch_hub_base(
     return path, commit
 
 
-def _fetch_failed(name: str, repo: str, e: Exception) -> str:
+def _lacking(snapshot: Path) -> dict[str, list[str]]:
+    """What of a base `snapshot` lacks (config.json, the weights, tokenizer.json), each with the
+    repository files that would be it: a weights index counts with every shard it names."""
+    lacking: dict[str, list[str]] = {}
+    if not (snapshot / CONFIG_JSON).is_file():
+        lacking[CONFIG_JSON] = [CONFIG_JSON]
+    if not (snapshot / SINGLE_FILE).is_file():
+        try:
+            weight_map = json.loads((snapshot / INDEX_JSON).read_text(encoding="utf-8"))["weight_map"]
+            missing = sorted(set(weight_map.values()) - {p.name for p in snapshot.iterdir()})
+        except FileNotFoundError:
+            lacking["weights"] = [SINGLE_FILE, INDEX_JSON]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # a damaged index: weights_files names it
+        else:
+            if missing:
+                lacking[f"{', '.join(missing)} (named by {INDEX_JSON})"] = missing
+    if not (snapshot / TOKENIZER_JSON).is_file():
+        lacking[TOKENIZER_JSON] = [TOKENIZER_JSON]
+    return lacking
+
+
+def _hub_listing(repo: str, commit: str, offline: bool) -> set[str] | None:
+    """The files of hub model `repo` at `commit` as the hub listed them: the listing snapshot_download
+    cached (huggingface_hub >= 1.x: get_cached_repo_tree), else the hub asked (not offline); None when
+    neither can say."""
+    try:
+        from huggingface_hub import get_cached_repo_tree
+
+        return {f.path for f in get_cached_repo_tree(repo, revision=commit)}
+    except Exception:  # an older huggingface_hub, or no listing cached
+        pass
+    if offline:
+        return None
+    try:
+        from huggingface_hub import HfApi, constants
+
+        # One request (repo info lists the files), not list_repo_files' retries
+        info = HfApi().model_info(repo, revision=commit, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        return {s.rfilename for s in info.siblings or []}
+    except Exception:  # the hub cannot be reached: the snapshot was read from the cache
+        return None
+
+
+def _recorded_absent(snapshot: Path, files: list[str]) -> bool:
+    """Whether the hub cache records `files` (one name) as absent at the commit of `snapshot`: the
+    marker hf_hub_download leaves when the hub answered that the file is not there."""
+    marker = snapshot.parent.parent / ".no_exist" / snapshot.name
+    return files == [TOKENIZER_JSON] and (marker / TOKENIZER_JSON).is_file()
+
+
+def _no_hub(offline: bool) -> str:
+    return "HF_HUB_OFFLINE is set" if offline else "the Hugging Face hub cannot be reached"
+
+
+def _get(repo: str, pin: str | None, offline: bool) -> str:
+    """The two ways to the base: with network, or downloaded elsewhere at `pin` (the commit or
+    revision asked; `hf download` without --revision fetches main, another commit)."""
+    return (
+        "fetch the base with network (the same command"
+        + (", HF_HUB_OFFLINE unset" if offline else " where the hub can be reached")
+        + f"), or download it elsewhere (`{_download(repo, pin)}`) and set model.init_from to that directory"
+    )
+
+
+def _download(repo: str, pin: str | None) -> str:
+    return f"hf download {repo}" + (f" --revision {pin}" if pin else "")
+
+
+def _fetch_failed(name: str, repo: str, revision: str | None, e: Exception) -> str:
     first = (str(e).splitlines() or [""])[0]
     return (
         f"model.init_from = {name!r} is not a local directory, and fetching it from the Hugging Face hub "
         f"failed ({type(e).__name__}: {first}); on a machine without network, download it elsewhere "
-        f"(`hf download {repo}`) and set model.init_from to that directory"
+        f"(`{_download(repo, revision)}`) and set model.init_from to that directory"
     )
