@@ -474,7 +474,7 @@ def resolve_tokenizer(
             "dataset first (e.g. configs/data/local-parquet.toml) or point tokenizer.path at its "
             "tokenizer.json; else train one with `gristmill tokenizer train --config CONFIG`"
         )
-    path = tokenizer_file(at or spec)
+    path = tokenizer_file(at, spec) if at else tokenizer_file(spec)
     tok, tok_bytes = load_tokenizer(path), path.read_bytes()  # a hub repo's file as the hub serves it
     policy = SeparatorPolicy(cfg.tokenizer.separator, cfg.tokenizer.position)
     encoder = DocumentEncoder(tok, policy, source=f"tokenizer {spec}", path=path)

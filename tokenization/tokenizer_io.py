@@ -35,16 +35,18 @@ def names_local_file(spec: str | Path) -> bool:
 
 
 def hub_name_shadowed(spec: str | Path) -> bool:
-    """Whether `spec`, spelled as a hub repo id (`name` or `org/name`), is read from a local directory."""
+    """Whether `spec`, spelled as a hub repo id (`name` or `org/name`, either `@REV`), is read from a
+    local directory."""
     spec = str(spec)
-    return re.fullmatch(r"(?:[A-Za-z0-9][\w.-]*/)?[\w.-]+", spec) is not None and Path(spec).is_dir()
+    return _HUB_ID.fullmatch(spec) is not None and Path(spec).is_dir()
 
 
-def tokenizer_file(spec: str | Path) -> Path:
+def tokenizer_file(spec: str | Path, requested: str | None = None) -> Path:
     """The tokenizer.json `spec` names, as a local file: the file, the one in a directory, or a hub
     repo's (fetched into the hub's cache). Its bytes are what a dataset records: a re-serialisation by
     another `tokenizers` version differs (a key added), and a base model's own tokenizer was then
-    refused as another one."""
+    refused as another one. `requested`: the recipe's tokenizer.path when `spec` is instead the
+    commit a build started from (its build.json), for the messages."""
     path = Path(spec).expanduser()  # as the build and `tokenizer train` read it (review R16f F2)
     if path.is_dir():
         # An existing local directory is never a hub name, even when it is relative and holds
@@ -71,7 +73,7 @@ def tokenizer_file(spec: str | Path) -> Path:
             f"tokenizer file {spec} not found; set tokenizer.path to an existing tokenizer.json "
             "or train one with `gristmill tokenizer train --config CONFIG`"
         )
-    return _fetch_from_hub(str(spec))
+    return _fetch_from_hub(str(spec), requested)
 
 
 class TokenizerFile:
@@ -114,7 +116,7 @@ def hub_pin(spec: str | Path, path: Path) -> str | None:
     return f"{hub[0]}@{commit}" if hub and re.fullmatch(r"[0-9a-f]{40}", commit) else None
 
 
-def _fetch_from_hub(spec: str) -> Path:
+def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
     # Here, not at the top: the hub's download stack takes about a second to import, and a local
     # tokenizer.json (each build task, the validator) never needs it.
     from huggingface_hub import hf_hub_download
@@ -139,6 +141,13 @@ def _fetch_from_hub(spec: str) -> Path:
     except HFValidationError as e:  # a name the hub cannot hold ('--', a trailing '.'): no network asked
         raise TokenizerError(f"{invalid}: {str(e).splitlines()[0]}") from None
     except RevisionNotFoundError:
+        if requested is not None:  # not the recipe's revision: the commit build.json recorded (R25g 4)
+            raise TokenizerError(
+                f"tokenizer.path = {requested!r}: {spec}, the commit this build started from (its "
+                f"build.json), is gone from the hub repository {repo} (a force-push, or its branch deleted) "
+                "and is not in the hub cache here: restore that commit on the hub, or build into a new "
+                "output directory (which reads tokenizer.path anew)"
+            ) from None
         raise TokenizerError(
             f"tokenizer.path = {spec!r}: the hub repository {repo} has no revision {revision!r} (a branch, "
             "tag or commit)"
@@ -154,17 +163,28 @@ def _fetch_from_hub(spec: str) -> Path:
                 f"tokenizer.path = {spec!r}: the hub repository {repo} holds no tokenizer.json"
                 + (f" at {revision}" if revision else "")
             ) from None
-        raise _unreachable(spec, repo, e) from None
+        raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
-        raise _unreachable(spec, repo, e) from None
+        raise _unreachable(spec, repo, revision, e) from None
     return Path(local)
 
 
-def _unreachable(spec: str, repo: str, e: Exception) -> TokenizerError:
+def _unreachable(spec: str, repo: str, revision: str | None, e: Exception) -> TokenizerError:
+    from huggingface_hub import constants
+
+    # The revision asked (a build's pinned commit): a plain `hf download` fetches main (R25g 3)
+    download = f"hf download {repo} tokenizer.json" + (f" --revision {revision}" if revision else "")
+    if constants.HF_HUB_OFFLINE:
+        return TokenizerError(
+            f"cannot fetch tokenizer.json of {spec!r}: HF_HUB_OFFLINE is set, and the hub cache "
+            f"{constants.HF_HUB_CACHE} does not hold it: fetch it with network (the same command, "
+            f"HF_HUB_OFFLINE unset), or download it elsewhere (`{download}`) and set tokenizer.path to the "
+            "local tokenizer.json"
+        )
     return TokenizerError(
         f"cannot fetch tokenizer.json of {spec!r} from the Hugging Face hub ({type(e).__name__}: "
         f"{str(e).splitlines()[0] if str(e) else ''}); on a machine without network, download it "
-        f"elsewhere (`hf download {repo} tokenizer.json`) and set tokenizer.path to the local tokenizer.json"
+        f"elsewhere (`{download}`) and set tokenizer.path to the local tokenizer.json"
     )
 
 

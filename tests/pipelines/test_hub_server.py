@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import huggingface_hub.constants as hf_constants
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -338,11 +339,12 @@ def test_a_hub_tokenizer_is_recorded_as_the_hub_serves_it(hub, hub_env, corpus):
     assert encoder.separator_id is not None
 
 
-def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus):
+def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, monkeypatch, tmp_path):
     """tokenizer.path = ORG/NAME@REV reads that revision, as model.init_from and source.path take one:
     it was passed whole to the hub as the repo id, refused as invalid, and the line advised
     downloading it on a machine with network (review R25d M3). An id the hub cannot hold is said to
-    be one, the network not blamed; a revision the repository lacks is named."""
+    be one, the network not blamed; a revision the repository lacks is named. Offline, a revision
+    not cached is said to be, and the download advised is of that revision, not main (review R25g 3)."""
     repo = "gristmill-test/tokenizer-pinned"
     first = hub.add_repo(repo, {"tokenizer.json": corpus.tokenizer.read_bytes()}, "model")
     hub.push(repo, {"tokenizer.json": older_serialisation(corpus.tokenizer)}, "model")
@@ -360,15 +362,26 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus):
     assert "network" not in str(invalid.value)
     with pytest.raises(TokenizerError, match=f"the hub repository {repo} has no revision 'v9'"):
         resolve(f"{repo}@v9")
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "another-machine"))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TokenizerError) as offline:
+        resolve(f"{repo}@{first}")
+    line = str(offline.value)
+    assert (
+        f"'{repo}@{first}': HF_HUB_OFFLINE is set, and the hub cache {tmp_path / 'another-machine'}" in line
+    )
+    assert f"(`hf download {repo} tokenizer.json --revision {first}`)" in line, line
 
 
 def test_a_rerun_reads_the_hub_tokenizer_at_the_commit_the_build_started_from(
-    hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys
+    hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys, monkeypatch
 ):
     """tokenizer.path = ORG/NAME was fetched at `main` on every run: a push to the tokenizer's
     repository between a failed build and its rerun was another tokenizer.sha256, and the rerun was
     refused (start over), its finished tasks lost, though OUTPUT/tokenizer.json held the first bytes
-    (review R25d M2). build.json records the commit, and the rerun reads it, as the source's."""
+    (review R25d M2). build.json records the commit, and the rerun reads it, as the source's. That
+    commit gone from the hub (a force-push) and from the cache is said to be the build's, with the
+    ways out: the recipe's tokenizer.path was blamed for a revision it never named (review R25g 4)."""
     repo = "gristmill-test/tokenizer-moving"
     started = hub.add_repo(repo, {"tokenizer.json": corpus.tokenizer.read_bytes()}, "model")
     out = tmp_path / "ds"
@@ -386,3 +399,14 @@ def test_a_rerun_reads_the_hub_tokenizer_at_the_commit_the_build_started_from(
     assert "resuming" in printed
     assert not [r for r in hub.requests[mark:] if f"/{repo}/resolve/main/" in r]  # the cached commit's
     assert_same_dataset(out, local_build)
+
+    del hub.repos[("model", repo)].commits[started]  # force-pushed away; another machine's cache
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "another-machine"))
+    assert main(argv) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line == (
+        f"error: tokenizer.path = {repo!r}: {repo}@{started}, the commit this build started from (its "
+        f"build.json), is gone from the hub repository {repo} (a force-push, or its branch deleted) and is "
+        "not in the hub cache here: restore that commit on the hub, or build into a new output directory "
+        "(which reads tokenizer.path anew)"
+    ), line

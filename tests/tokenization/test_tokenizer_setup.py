@@ -90,6 +90,8 @@ def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
     assert not hub_name_shadowed("runs/tokenizers/mine")
     (tmp_path / "gpt2").mkdir()  # a hub id without an org (R16i F6)
     assert hub_name_shadowed("gpt2")
+    (tmp_path / "org" / "name@v1").mkdir()  # a hub id with a revision (R25g 5)
+    assert hub_name_shadowed("org/name@v1") and not hub_name_shadowed("org/name@v2")
 
 
 def test_a_tokenizer_path_under_home_is_one_file_to_training_and_reading(
