@@ -16,7 +16,9 @@ Implemented (datasets under /api/datasets and /datasets/, models under /api/mode
   HEAD/GET {prefix}{repo}/resolve/{rev}/{path}     bytes, `Range: bytes=a-[b]` (206/416), with
                                                    ETag, X-Repo-Commit and, for LFS files (the
                                                    *.parquet and *.safetensors ones, as on the
-                                                   hub), X-Linked-Etag = sha256 and X-Linked-Size
+                                                   hub), X-Linked-Etag = sha256 and X-Linked-Size;
+                                                   a 404 EntryNotFound with X-Repo-Commit (what
+                                                   huggingface_hub's .no_exist record of it needs)
   GET  /api/agent-harnesses                        an empty registry (huggingface_hub asks daily)
 A revision is a branch name or a commit sha; `push` makes a new commit and moves `main` to it.
 Errors carry the hub's X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound), which is how
@@ -232,9 +234,9 @@ def _handler(hub: HubServer):
         def _json(self, obj, headers: dict | None = None) -> None:
             self._send(200, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
 
-        def _error(self, status: int, code: str, message: str) -> None:
+        def _error(self, status: int, code: str, message: str, headers: dict | None = None) -> None:
             body = json.dumps({"error": message}).encode()
-            self._send(status, body, {"X-Error-Code": code, "X-Error-Message": message})
+            self._send(status, body, {"X-Error-Code": code, "X-Error-Message": message, **(headers or {})})
 
         def _find(self, repo_type: str, repo_id: str, rev: str | None):
             repo = hub.repos.get((repo_type, repo_id))
@@ -306,8 +308,8 @@ def _handler(hub: HubServer):
                 return
             sha, files = found
             path = "/".join(parts[4:])
-            if path not in files:
-                return self._error(404, "EntryNotFound", f"{path} does not exist")
+            if path not in files:  # with the commit, as the hub: huggingface_hub records the absence
+                return self._error(404, "EntryNotFound", f"{path} does not exist", {"X-Repo-Commit": sha})
             data = files[path]
             etag = hub._entry(path, files)["oid"]
             headers = {

@@ -1461,7 +1461,7 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
         assert locate_base(REPO).identity == f"{REPO}@{bare}"
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-        shutil.rmtree(home)
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home-2")  # another cache: no listing in it
         for name in files:
             hf_hub_download(REPO, name)
         with pytest.raises(EntryNotFoundError):
