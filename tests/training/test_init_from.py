@@ -1111,41 +1111,37 @@ def test_a_checkpoint_outside_its_run_resumed_with_another_commit_is_refused(
     assert complete_steps(new)[-1] == 8
 
 
-def test_a_hub_base_s_weights_are_recorded_from_the_hub_not_hashed_at_the_start(
+def test_a_hub_base_damaged_in_the_cache_is_refused_not_recorded_as_the_hub_s(
     tmp_path, data, base, monkeypatch
 ):
-    """Review R25e 6: base.json's sha256 of a hub base's weights came from hashing its snapshot at
-    every start (16 GB at 8B, and every mixture proxy's). They are the hub's own (an LFS file's
-    ETag, which names its blob in the cache): a cached file whose bytes changed since it was
-    fetched still records the commit's sha256, and step 0's export, which hashes the files it
-    reads, refuses it."""
+    """A hub base's weights are hashed at the start and held to the hub's own sha256, the name of the
+    blob its cached file links to: a copy damaged in the cache was trained on while base.json
+    recorded the hub's sha256, read from the name alone (review R25k 1), and before that recorded the
+    damage as the base without a word. Now the start is refused in one line naming the file and the
+    fix, and the run records what it loads."""
     files = {p.name: p.read_bytes() for p in base.iterdir()}
 
-    def start(run: Path, env: dict[str, str]) -> None:
+    def start(run: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
         sets = overrides(data, run, _init(REPO), "run.max_steps=1")
-        done = forked.run(_hub_train_cmd(*sets), cwd=ROOT, env=env, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
+        return forked.run(_hub_train_cmd(*sets), cwd=ROOT, env=env, timeout=300)
 
     with HubServer() as hub:
         hub.add_repo(REPO, files, repo_type="model")
         env = point_hub_at(hub, monkeypatch, tmp_path / "hf-home") | {"OMP_NUM_THREADS": "1", **QUIET_HUB}
-        start(tmp_path / "first", env)  # fetched into the cache
+        first = start(tmp_path / "first", env)  # fetched into the cache
+        assert first.returncode == 0, first.stderr[-3000:]
+    recorded = json.loads((tmp_path / "first" / "base" / "base.json").read_text())["weights_sha256"]
+    assert recorded == {"model.safetensors": file_sha256(base / "model.safetensors")}
     (blob,) = (tmp_path / "hf-home" / "hub").rglob("snapshots/*/model.safetensors")
     damaged = bytearray(blob.read_bytes())
     damaged[-1] ^= 1  # the last tensor's last byte: the file still loads
     blob.resolve().write_bytes(bytes(damaged))
     run = tmp_path / "run"
-    start(run, env | {"HF_HUB_OFFLINE": "1"})
-    recorded = json.loads((run / "base" / "base.json").read_text())["weights_sha256"]
-    assert (
-        recorded
-        == {"model.safetensors": file_sha256(base / "model.safetensors")}
-        != {"model.safetensors": file_sha256(blob)}
-    )
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
-    with pytest.raises(ExportError) as e:
-        export_checkpoint(run, 0)
-    assert f"{blob} is not the file {run} started from" in str(e.value), str(e.value)
+    done = start(run, env | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 2, done.stdout[-2000:]
+    line = one_error_line(done.stderr)
+    assert f"{blob}: the hub cache's copy is damaged" in line and f"delete {blob.resolve()} and run" in line
+    assert not (run / "base" / "base.json").exists()
 
 
 def _as_resumed_by_an_earlier_gristmill(run: Path, directory: Path) -> None:

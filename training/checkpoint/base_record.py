@@ -9,9 +9,9 @@ run starts from the base (not on a resume, which never reads the base).
   here, so an export of step 0 (the base itself, rebuilt from its files) refuses a base edited in
   place since the run started, and a resume that names the base in another place (a directory
   holding a hub base's commit, on a machine without the hub) is compared against them. A hub base
-  has them too, the hub's own sha256 of each file as the cache names its blob (hub_weights_sha256;
-  nothing is hashed at the start): its pinned commit names its bytes on the hub, not in a
-  directory (another commit of the same shape reads alike: review R25d S1).
+  has them too (hub_weights_sha256: its snapshot hashed, and held to the hub's sha256 where the
+  cache names a blob by it): its pinned commit names its bytes on the hub, not in a directory
+  (another commit of the same shape reads alike: review R25d S1).
 - The export of any step of the run carries the base's tokenizer files and special tokens (bos,
   eos, pad as the base's users expect them), read from here: the base itself may be gone by then.
   gristmill's own eval does not take its framing from them but from the dataset's separator
@@ -132,13 +132,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def hub_weights_sha256(snapshot: str | Path) -> dict[str, str]:
-    """{file: sha256} of a hub base's weights files in its cache snapshot, read from the cache, not
-    hashed (an 8B's 16 GB at every start from a hub id, every mixture proxy's too: review R25e 6).
-    The hub keeps safetensors in LFS, whose ETag is the file's sha256, and huggingface_hub names the
-    blob a snapshot's file links to by it (snapshots/<commit>/F -> ../../blobs/<sha256>; a file kept
-    in git has a 40-hex blob id instead). A file that is no such link (the index, kept in git; a
-    cache without symlinks) is hashed. What is recorded is then what the hub holds at the commit; a
-    directory compared with it later (a resume's, step 0's export) is hashed then."""
+    """{file: sha256} of a hub base's weights files in its cache snapshot, hashed (what the run loads)
+    and held to the hub's own sha256 where the cache names the file's blob by it (an LFS file's
+    ETag: snapshots/<commit>/F -> ../../blobs/<sha256>): a copy damaged in the cache is refused in one
+    line. Reading the name alone recorded the hub's bytes while the run trained on the damaged copy
+    (review R25k 1: a claim beside the data is not the data)."""
     snapshot = Path(snapshot)
     weight_map, names = weights_files(snapshot)
     names += [INDEX_JSON] if weight_map is not None else []
@@ -147,16 +145,21 @@ def hub_weights_sha256(snapshot: str | Path) -> dict[str, str]:
         path = snapshot / name
         if not path.is_file():
             raise BaseModelError(f"{path} not found (named by the base's weights index)")
+        got[name] = file_sha256(path)
         blob = Path(os.readlink(path)) if path.is_symlink() else None
-        named = blob is not None and blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name)
-        got[name] = blob.name if named else file_sha256(path)
+        if blob is not None and blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name):
+            if got[name] != blob.name:
+                raise BaseModelError(
+                    f"{path}: the hub cache's copy is damaged (sha256 {got[name][:12]}…, the hub's is "
+                    f"{blob.name[:12]}…); delete {path.resolve()} and run again: it is fetched anew"
+                )
     return got
 
 
 def base_weights(identity: str, directory: str | Path) -> dict[str, Any]:
     """What base.json says of a base's bytes: its identity (a directory, or a hub id pinned to its
-    commit) and the sha256 of its weights files in `directory` (a hub base's snapshot: from the
-    cache's names of them, hub_weights_sha256)."""
+    commit) and the sha256 of its weights files in `directory` (a hub base's snapshot, checked against
+    the cache's names of them: hub_weights_sha256)."""
     got = weights_sha256(directory) if hub_id(identity) is None else hub_weights_sha256(directory)
     return {"init_from": identity, "weights_sha256": got}
 
