@@ -296,7 +296,8 @@ def unrecorded_base_reason(checkpoint: Path, was: str, identity: str) -> str:
         f"model.init_from = {identity} is not the base {checkpoint / COMPLETE_FILE} records, {was}, and no "
         f"RUN/base/{BASE_JSON} records that base's weights to compare it with ({where}); resume from "
         f"RUN/checkpoints/{checkpoint.name} of its run, whose RUN/base/ records them, or set model.init_from "
-        f"to {was} (the checkpoint's record stands in for it: a hub commit is not downloaded again)"
+        f"to {was} (the checkpoint's record stands in for it"
+        + (": a hub commit is not downloaded again)" if hub_id(was) is not None else ", gone or not)")
     )
 
 
