@@ -28,6 +28,7 @@ and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -98,6 +99,7 @@ from validation.eval_data import (
     task_data_folder,
     task_data_settings,
     task_definition,
+    task_documents,
     task_documents_sha256,
     task_file,
     task_items,
@@ -206,16 +208,32 @@ class HeldOut:
     source: str
     fingerprint: str
     identities: frozenset[str]
+    # which of its held-out documents the local tasks' data holds (eval_data.task_documents), as a sorted
+    # tuple of its items; None: not known yet (before the data is built)
+    documents: tuple[tuple[str, Any], ...] | None = None
 
-    def record(self) -> dict[str, str]:
-        return {"source": self.source, "fingerprint": self.fingerprint}
+    def record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"source": self.source, "fingerprint": self.fingerprint}
+        if self.documents is not None:
+            record["documents"] = dict(self.documents)
+        return record
 
     def scored(self, recorded: Any) -> bool:
         """Whether scores recorded with `recorded` (a record, or results.json's header `heldout` for
-        scores from before it was per task: no fingerprint) are of these documents."""
+        scores from before it was per task: no fingerprint) are of these documents. With `documents`
+        known, of the same documents too: a record without them (scored before they were recorded,
+        on every held-out document) only where none is left out now (review R25i S1: steps scored on 16
+        documents before the folder was built again with 11 counted as done, one curve with the rest)."""
         if not isinstance(recorded, dict) or recorded.get("source") != self.source:
             return False
-        return recorded.get("fingerprint") is None or recorded["fingerprint"] in self.identities
+        if recorded.get("fingerprint") is not None and recorded["fingerprint"] not in self.identities:
+            return False
+        if self.documents is None:
+            return True
+        mine = dict(self.documents)
+        if "documents" not in recorded:
+            return mine["left_out"] == 0
+        return recorded["documents"] == mine
 
 
 def run_data(spec: RunSpec, source: str = "") -> RunData:
@@ -327,6 +345,8 @@ class TaskPlan:
                 self.local,
             )
             self.specs = [local_task_config(n, self.data_dir) if n in local else n for n in self.names]
+            documents = tuple(sorted(task_documents(self.data_dir).items()))
+            self.heldout = dataclasses.replace(self.heldout, documents=documents)
         # how many held-out documents the local tasks are made of (heldout_ppl: one item each)
         self.documents = task_items(self.data_dir / task_file("heldout_ppl")) if self.local else None
         # documents_sha256: by planned name, its loaded leaf tasks and the digests asked of them

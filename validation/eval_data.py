@@ -373,6 +373,11 @@ def task_data_settings(dataset_dir: str | Path, val_fraction: float, max_docs: i
         "dataset_fingerprint": dataset_info(dataset_dir)["fingerprint"],
         "val_fraction": val_fraction,
         "max_docs": max_docs,
+        # Only documents that encode back (heldout_texts): a folder of its own, apart from the one a
+        # gristmill before that check builds for the same settings with every document, so that the two
+        # (a run's in-training eval started before an upgrade, an `eval --watch` after it) do not rebuild
+        # one folder back and forth under each other's scoring (review R25i S1).
+        "kept": "documents that encode back",
     }
 
 
@@ -381,6 +386,19 @@ def task_data_folder(settings: dict[str, Any]) -> str:
     per settings, so that an eval of other settings (`gristmill eval --set docs=5` beside a training
     run's own eval) never rewrites the files another process is scoring (review R15c F1)."""
     return f"docs{settings['max_docs']}-{json_sha256(settings)[:10]}"
+
+
+def task_documents(out_dir: str | Path) -> dict[str, Any]:
+    """Which documents the local tasks' data in `out_dir` holds, as its data.json recorded them when it was
+    built: how many (`scored`), how many held-out documents were left out (`left_out`) and the sha256 of
+    heldout_ppl's file (one line per document). Recorded with the local tasks' scores (HeldOut.documents),
+    so that a step scored on another set of documents is scored again (review R25i S1)."""
+    meta = json.loads((Path(out_dir) / DATA_META).read_text())
+    return {
+        "scored": meta["documents"],
+        "left_out": meta["left_out"],
+        "sha256": meta["files"][task_file("heldout_ppl")],
+    }
 
 
 def build_task_data(

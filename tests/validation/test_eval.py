@@ -705,18 +705,14 @@ def test_task_data_is_built_for_the_tasks_asked_and_counted_by_its_lines(tmp_pat
         build_task_data(tmp_path / "ds", 0.2, tmp_path / "both")
 
 
-def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_counted(tmp_path):
-    """A Metaspace tokenizer with prepend_scheme "first" and a Strip decoder (Llama-2's and Mistral's
-    tokenizer.json) decodes a document starting with two spaces to one space: lm-eval encoded that
-    text again and scored other ids than the shard's, and bits_per_byte counted a byte less (review
-    R25a 2). Such documents are left out, said in one line and counted in data.json."""
-    import hashlib
-
+def _metaspace_dataset(ds: Path) -> list[str]:
+    """A dataset at `ds` whose tokenizer (Llama-2's kind: Metaspace prepend_scheme "first", a Strip
+    decoder) decodes every third document, which starts with two spaces, to text that does not encode
+    back to its ids; returns the documents' texts."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from pipelines.synthetic_dataset import write_synthetic_dataset
     from tokenization.separator import DocumentEncoder, SeparatorPolicy
-    from validation.eval_data import build_task_data
 
     texts = [
         ("  " if i % 3 == 0 else "") + f"rivers run to the sea {i}. And back again {i}." for i in range(60)
@@ -730,10 +726,84 @@ def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_cou
     tok.train_from_iterator(
         texts, trainers.BpeTrainer(vocab_size=300, special_tokens=special, show_progress=False)
     )
-    (tmp_path / "ds").mkdir()
-    tok.save(str(tmp_path / "ds" / "tokenizer.json"))
+    ds.mkdir()
+    tok.save(str(ds / "tokenizer.json"))
     encoder = DocumentEncoder(tok, SeparatorPolicy("<|endoftext|>"))
-    write_synthetic_dataset(tmp_path / "ds", [encoder.encode(t) for t in texts], vocab_size=300)
+    write_synthetic_dataset(ds, [encoder.encode(t) for t in texts], vocab_size=300)
+    return texts
+
+
+def test_a_step_scored_on_other_held_out_documents_is_scored_again_and_its_row_says_so(tmp_path, capsys):
+    """Steps scored before the local tasks left out documents that do not encode back (every held-out
+    document) counted as done after the folder was built again with fewer, and sat in eval.parquet
+    beside steps scored on the fewer with the identical settings string, one curve, exit 0 (review
+    R25i S1). The local tasks' scores now record which documents they scored (how many, how many left
+    out, the sha256 of heldout_ppl's file); a step recorded without them is scored again where some are
+    left out, and the data lies in a folder of its own, apart from the one a gristmill before the
+    check builds with every document for the same settings (which the two rebuilt back and forth)."""
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+    from validation.eval import HeldOut
+    from validation.eval_data import DATA_META, task_data_folder, task_data_settings
+    from validation.eval_results import write_step_json
+
+    _metaspace_dataset(tmp_path / "ds")
+    run = tmp_path / "run"
+    _make_run(run, tmp_path / "ds", [5])
+    quick = ["--tasks", "heldout_ppl", "--set", "docs=40", "bootstrap_iters=0", "device=cpu"]
+    assert main(["eval", str(run), "--step", "5", *quick]) == 0
+    results = eval_dir(run, 5) / "results.json"
+    scored = json.loads(results.read_text())
+    record = scored["gristmill_tasks"]["heldout_ppl"]["settings"]["heldout"]
+    folder = next((run / "eval" / "data").iterdir())
+    meta = json.loads((folder / DATA_META).read_text())
+    assert meta["left_out"] > 0
+    assert record["documents"] == {
+        "scored": meta["documents"],
+        "left_out": meta["left_out"],
+        "sha256": meta["files"]["heldout_ppl.jsonl"],
+    }
+    # The folder is not the one an earlier gristmill names for these settings (every document).
+    settings = task_data_settings(tmp_path / "ds", 0.1, 40)
+    assert folder.name == task_data_folder(settings)
+    assert folder.name != task_data_folder({k: v for k, v in settings.items() if k != "kept"})
+    # Scores recorded before the documents were (an earlier gristmill's, on every held-out document).
+    del record["documents"]
+    results.unlink()
+    write_step_json(run, 5, {k: v for k, v in scored.items() if k != "gristmill_results_sha256"})
+    (run / "eval.parquet").unlink()
+    capsys.readouterr()
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *quick]
+    assert main(watch) == 0
+    again = json.loads(results.read_text())["gristmill_tasks"]["heldout_ppl"]["settings"]["heldout"]
+    assert again["documents"]["left_out"] == meta["left_out"]  # scored again, on the documents kept
+    rows = pq.read_table(run / "eval.parquet").to_pylist()
+    total = meta["documents"] + meta["left_out"]
+    assert {r["settings"] for r in rows} and all(
+        f"({meta['documents']} of {total} documents {meta['files']['heldout_ppl.jsonl'][:8]})"
+        in r["settings"]
+        for r in rows
+    )
+    # A record without documents is of the documents now where none is left out (every one scored).
+    documents = tuple(sorted({"scored": 5, "left_out": 0, "sha256": "a"}.items()))
+    heldout = HeldOut("s", "f", frozenset({"f"}), documents)
+    assert heldout.scored({"source": "s", "fingerprint": "f"})
+    assert not HeldOut("s", "f", frozenset({"f"}), (*documents[:1], ("left_out", 1), *documents[2:])).scored(
+        {"source": "s", "fingerprint": "f"}
+    )
+
+
+def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_counted(tmp_path):
+    """A Metaspace tokenizer with prepend_scheme "first" and a Strip decoder (Llama-2's and Mistral's
+    tokenizer.json) decodes a document starting with two spaces to one space: lm-eval encoded that
+    text again and scored other ids than the shard's, and bits_per_byte counted a byte less (review
+    R25a 2). Such documents are left out, said in one line and counted in data.json."""
+    import hashlib
+
+    from validation.eval_data import build_task_data
+
+    texts = _metaspace_dataset(tmp_path / "ds")
     val = DocumentTable(tmp_path / "ds", split="val", val_fraction=0.2)
     held = [texts[int(r)] for r in val.split_rows(np.arange(val.documents))]
     lost = sum(t.startswith("  ") for t in held)

@@ -105,7 +105,7 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
             heldout = settings.get("heldout")
             shown = {
                 **settings,
-                "heldout": heldout.get("source") if isinstance(heldout, dict) else heldout,
+                "heldout": _heldout_shown(heldout),
                 "definition": str(settings.get("definition") or "")[:8] or None,
             }
             return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
@@ -113,6 +113,20 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
             return None
         task = parents[task][0]
     return None
+
+
+def _heldout_shown(heldout: Any) -> Any:
+    """A local task's held-out documents in a settings line: their source, and which of its documents
+    were scored where recorded (validation/eval.py HeldOut.documents), `prose (11 of 16 documents
+    1a2b3c4d)`: a step scored on another set is another row's settings (review R25i S1)."""
+    if not isinstance(heldout, dict):
+        return heldout
+    documents = heldout.get("documents")
+    if not isinstance(documents, dict):
+        return heldout.get("source")
+    scored, left_out = documents.get("scored"), documents.get("left_out")
+    total = scored + left_out if isinstance(scored, int) and isinstance(left_out, int) else "?"
+    return f"{heldout.get('source')} ({scored} of {total} documents {str(documents.get('sha256'))[:8]})"
 
 
 def model_of(results: dict[str, Any], task: str) -> str | None:
