@@ -54,7 +54,9 @@ def _some(tokens: list[str], shown: int = 8) -> str:
 
 def _configured(path: str | Path | None, specials: list[str]) -> str:
     """Advice from the tokenizer_config.json beside tokenizer.json `path`: its eos and bos (when
-    special tokens of the tokenizer) as the likely separator, after or before each document."""
+    among `specials`, the tokenizer's special tokens that could be the separator) as the likely
+    separator, after or before each document. Every refusal that suggests special tokens adds it
+    (review R25i D1: only the missing separator's did, as docs/data-build.md said of all)."""
     config = Path(path).parent / "tokenizer_config.json" if path else None
     try:
         spec = json.loads(config.read_text(encoding="utf-8")) if config else {}
@@ -161,8 +163,9 @@ class DocumentEncoder:
             raise TokenizerError(
                 f"{source}: tokenizer.separator {policy.token!r} is {kind} (id {sep}), not a special "
                 f"token, so plain text may encode to it; "
-                f"{_pick_special(specials, _usable(self.tokenizer, specials, unk, policy.token))}, or "
-                f'add {policy.token!r} to the tokenizer\'s added_tokens with "special": true'
+                f"{_pick_special(specials, usable := _usable(self.tokenizer, specials, unk, policy.token))}, "
+                f'or add {policy.token!r} to the tokenizer\'s added_tokens with "special": true'
+                f"{_configured(path, usable)}"
             )
         # Nor may text the vocabulary cannot spell: a model whose unknown token is the separator (some
         # GPT-2-era configs name <|endoftext|> as unk) gives it to every character it lacks.
@@ -181,7 +184,7 @@ class DocumentEncoder:
                 f"{source}: literal text {text!r} encodes to the separator id {sep} "
                 f"(tokenizer.separator {policy.token!r}), so documents quoting it would gain extra "
                 f"separators; {_pick_special(specials, usable, other=True)}, or fix the tokenizer's "
-                "added_tokens and vocabulary so no text spells it"
+                f"added_tokens and vocabulary so no text spells it{_configured(path, usable)}"
             )
 
     def separator_info(self) -> dict[str, Any]:

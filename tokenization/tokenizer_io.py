@@ -52,12 +52,17 @@ def tokenizer_file(spec: str | Path, requested: str | None = None) -> Path:
         # An existing local directory is never a hub name, even when it is relative and holds
         # no tokenizer.json (that would be five network retries for nothing).
         if not (path / "tokenizer.json").is_file() and (path / "tokenizer.model").is_file():
-            # A SentencePiece model (Llama-2, Mistral): transformers writes its tokenizer.json.
+            # A SentencePiece model (Llama-2, Mistral of old). transformers 5 converts it to a
+            # tokenizer.json that drops the leading ▁ of a text starting with whitespace (other ids than
+            # sentencepiece's, where 4.57 matched: review R25i S2), so the advice is the base's own file.
             raise TokenizerError(
-                f"directory {spec} holds a SentencePiece tokenizer.model but no tokenizer.json; convert "
-                'it (transformers writes tokenizer.json): python -c "from transformers import '
-                f"AutoTokenizer; AutoTokenizer.from_pretrained('{path}').save_pretrained('{path}')\", "
-                "(it needs the sentencepiece package), then build with the same tokenizer.path"
+                f"directory {spec} holds a SentencePiece tokenizer.model but no tokenizer.json; use the "
+                "base model's own tokenizer.json (its hub repository usually holds one: set tokenizer.path "
+                "to org/name, or copy that file into the directory). A conversion by transformers 5 "
+                "(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)) can encode a text starting with "
+                "whitespace to other ids than the SentencePiece model, and the build would not notice: "
+                "convert only with transformers < 5, or check the converted file's ids against "
+                "sentencepiece's on sample text first (docs/data-build.md)"
             )
         if not (path / "tokenizer.json").is_file():
             raise TokenizerError(

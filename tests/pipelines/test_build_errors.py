@@ -239,17 +239,20 @@ def test_a_foreign_tokenizer_without_the_separator_is_advised_in_a_short_line(
         build_argv(config, tmp_path / "o", f"tokenizer.path={tmp_path / 'llama'}", "tokenizer.separator=e"),
     )
     assert "is an ordinary vocabulary token" in msg and "and 248 more" in msg and len(msg) < 1000, msg
-    # SentencePiece only: convert it, as transformers does.
+    # ... and name the tokenizer_config.json's eos and bos too, as the missing separator's does (R25i D1)
+    assert "eos '<|end_of_text|>' (tokenizer.separator = \"<|end_of_text|>\", after each document)" in msg, (
+        msg
+    )
+    # SentencePiece only: the base's own tokenizer.json, not transformers 5's conversion, which encodes
+    # a text starting with whitespace to other ids than sentencepiece (review R25i S2).
     sp = tmp_path / "sp"
     sp.mkdir()
     (sp / "tokenizer.model").write_bytes(b"\x0a\x0b<sentencepiece model proto>")
     (sp / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "LlamaTokenizer"}))
     msg = one_error(capsys, build_argv(config, tmp_path / "o", f"tokenizer.path={sp}"))
-    assert "holds a SentencePiece tokenizer.model but no tokenizer.json; convert it" in msg, msg
-    assert (
-        f"AutoTokenizer.from_pretrained('{sp}').save_pretrained('{sp}')" in msg
-        and "tokenizer train" not in msg
-    )
+    assert "holds a SentencePiece tokenizer.model but no tokenizer.json; use the base model's own" in msg
+    assert "convert only with transformers < 5, or check the converted file's ids against" in msg, msg
+    assert f"save_pretrained('{sp}')" not in msg and "tokenizer train" not in msg
     assert not (tmp_path / "o").exists()
 
 
