@@ -5,6 +5,7 @@ tokenizer.path changed. The build trains its tokenizer, keeps every document and
 from __future__ import annotations
 
 import mmap
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from pipelines.sources import list_source_files
 from pipelines.tokenizer_train import train_tokenizer
 from tests.helpers.corpus import SEP, fixture_texts
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import read_dataset_info
+from training.contract.dataset_format import read_dataset_info, tokenizer_differences
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -216,6 +217,24 @@ def test_sources_built_with_one_tokenizer_saved_twice_mix_and_other_tokenizers_a
 
     assert gristmill(["train", "--config", str(mixture(other)), "--plan"]) == 0, capsys.readouterr().err
     capsys.readouterr()
+    # transformers 5's re-save of it as a GPT-2 tokenizer writes continuing_subword_prefix and
+    # end_of_word_suffix "" where the file has null: the same setting, the same shards (review R25i M1).
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    shutil.copy(tokenizer_path, gpt2 / "tokenizer.json")
+    config = {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}
+    (gpt2 / "tokenizer_config.json").write_text(json.dumps(config))
+    transformers.AutoTokenizer.from_pretrained(str(gpt2)).save_pretrained(str(tmp_path / "gpt2-resaved"))
+    model = json.loads((tmp_path / "gpt2-resaved" / "tokenizer.json").read_text())["model"]
+    assert model["continuing_subword_prefix"] == "" == model["end_of_word_suffix"]
+    assert json.loads(tokenizer_path.read_text())["model"]["continuing_subword_prefix"] is None
+    assert tokenizer_differences(tokenizer_path, tmp_path / "gpt2-resaved" / "tokenizer.json") == []
+    spec = json.loads(tokenizer_path.read_text())
+    spec["model"]["continuing_subword_prefix"] = "##"  # another setting: other ids
+    (tmp_path / "prefixed.json").write_text(json.dumps(spec))
+    assert tokenizer_differences(tokenizer_path, tmp_path / "prefixed.json") == [
+        "model.continuing_subword_prefix"
+    ]
     # Another tokenizer: one merge fewer. The refusal names the part that differs.
     spec = json.loads(tokenizer_path.read_text())
     spec["model"]["merges"] = spec["model"]["merges"][:-1]

@@ -381,6 +381,19 @@ def as_encoded(tokenizer_json: str) -> str:
 TOKENIZER_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
 
 
+# A BPE model's fields whose value left out (or null) is the same setting as this one (tokenizers'
+# models/bpe: an empty continuing-subword prefix or end-of-word suffix adds nothing; a flag is false
+# by default), and the value they are compared as (BPE_UNSET; not listed: None).
+BPE_SAME_AS_UNSET: dict[str, Any] = {
+    "continuing_subword_prefix": "",
+    "end_of_word_suffix": "",
+    "fuse_unk": False,
+    "byte_fallback": False,
+    "ignore_merges": False,
+}
+BPE_UNSET: dict[str, Any] = {"fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
+
+
 def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
     """What of a tokenizer.json decides the ids (TOKENIZER_ID_SECTIONS: special tokens, normalizer,
     pre-tokenizer, vocabulary and merges), in a canonical form: without BPE dropout (the build
@@ -391,6 +404,13 @@ def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
     model = content["model"]
     if isinstance(model, dict):
         model = content["model"] = {k: v for k, v in model.items() if k != "dropout"}
+        if model.get("type") == "BPE":
+            # A value left out or null and `tokenizers`' default for it are one setting: a prefix or
+            # suffix "" adds nothing, as none does (transformers 5 re-saves a GPT-2 tokenizer's nulls
+            # as "": review R25i M1), and a flag left out is false. Written as `tokenizers` writes them.
+            for key, none in BPE_SAME_AS_UNSET.items():
+                if model.get(key, none) == none:
+                    model[key] = BPE_UNSET.get(key)
         if isinstance(model.get("merges"), list):
             merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
             content["model"] = model | {"merges": merges}
