@@ -238,6 +238,31 @@ def test_an_export_of_a_tokenizer_that_adds_a_bos_frames_text_as_the_shards(
     assert tok.bos_token_id == sep["id"] and claims["add_bos_token"] == (want[0] == sep["id"])
 
 
+@pytest.mark.parametrize("position", ["after", "before"])
+def test_an_export_of_a_roberta_tokenizer_keeps_its_offset_trimming(build_fixture, position):
+    """A RobertaProcessing post-processor adds <s> … </s> (which the export drops: the shards hold
+    none) and trims offsets as ByteLevel does: the export dropped it whole, and the offsets of a text
+    with spaces changed (review R25i D2). The trimming is kept, as a ByteLevel post-processor."""
+    from training.contract.dataset_format import framed_as_trained
+
+    _, tokenizer_path, _ = build_fixture
+    roberta = Tokenizer.from_file(str(tokenizer_path))
+    bos = roberta.token_to_id(BOS)
+    roberta.post_processor = processors.RobertaProcessing((BOS, bos), (BOS, bos), trim_offsets=True)
+    separator = {"token": BOS, "id": bos, "position": position}
+    exported = Tokenizer.from_str(framed_as_trained(roberta.to_str(), separator))
+    texts = [" Hello  world, and the  quick fox. ", "a   b\n c"]
+    for text in texts:
+        plain = roberta.encode(text, add_special_tokens=False)
+        got = exported.encode(text)
+        first = [bos] if position == "before" else []
+        assert got.ids == first + plain.ids  # no <s> … </s>: framed as the shards
+        assert got.offsets[len(first) :] == plain.offsets  # trimmed as the tokenizer trims them
+    untrimmed = Tokenizer.from_str(roberta.to_str())
+    untrimmed.post_processor = None
+    assert untrimmed.encode(texts[0]).offsets != roberta.encode(texts[0], add_special_tokens=False).offsets
+
+
 def test_separator_before_policy(build_fixture, tmp_path):
     corpus, tokenizer_path, config = build_fixture
     out = tmp_path / "ds"

@@ -334,6 +334,19 @@ def without_dropout(tokenizer_json: str) -> str:
 _OFFSET_ONLY = ("ByteLevel",)
 
 
+def _offsets_of(processor: dict[str, Any]) -> dict[str, Any] | None:
+    """What of post-processor `processor` only moves offsets, to keep in an export: ByteLevel itself;
+    of a RobertaProcessing (which adds <s> … </s>) its trim_offsets, the same ByteLevel offset trimming
+    (`tokenizers` calls one function for both), as a ByteLevel post-processor; None: nothing (review
+    R25i D2: a RobertaProcessing was dropped whole, and the export's offsets changed)."""
+    if processor.get("type") in _OFFSET_ONLY:
+        return processor
+    if processor.get("type") == "RobertaProcessing" and processor.get("trim_offsets", True):
+        prefix = bool(processor.get("add_prefix_space", True))
+        return {"type": "ByteLevel", "add_prefix_space": prefix, "trim_offsets": True, "use_regex": True}
+    return None
+
+
 def framed_as_trained(tokenizer_json: str, separator: dict[str, Any]) -> str:
     """A tokenizer.json's text whose post-processor frames a text as the dataset's separator contract
     does (`separator`: dataset.json's): position "after" adds nothing (a document starts right after
@@ -344,9 +357,9 @@ def framed_as_trained(tokenizer_json: str, separator: dict[str, Any]) -> str:
     spec = json.loads(tokenizer_json)
     pp = spec.get("post_processor")
     kept = [p for p in (pp.get("processors", []) if pp and pp.get("type") == "Sequence" else [pp]) if p]
-    offsets = [p for p in kept if isinstance(p, dict) and p.get("type") in _OFFSET_ONLY]
+    offsets = [_offsets_of(p) for p in kept if isinstance(p, dict) and _offsets_of(p) is not None]
     before = separator.get("position") == "before"
-    if not before and len(offsets) == len(kept):
+    if not before and offsets == kept:
         return tokenizer_json  # adds nothing already
     kept = offsets
     if before:
