@@ -191,6 +191,11 @@ class Plan:
     # Per phase, the config key each field came from ("peak" -> "optim.lr", "steps" -> "schedule.steps"):
     # a refused resume names what the user wrote (recipe.build_plan fills it; not part of the plan).
     keys: list[dict[str, str]] = field(default_factory=list, repr=False, compare=False)
+    # Per phase, the budgets given in tokens as written ("steps" -> phase.tokens, "warmup_steps" ->
+    # its lr.warmup_tokens): the plan holds the whole steps they make, and a refused resume showed
+    # 3300 → 4400 tokens as 3072 → 4096 (review R25j 4). Described with the plan, so a checkpoint
+    # holds what its recipe wrote; not compared (the steps are the plan).
+    written: list[dict[str, float]] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.sources or not self.phases:
@@ -224,6 +229,10 @@ class Plan:
     def key_of(self, p: int, name: str) -> str:
         """The config key phase `p`'s field `name` came from (`keys`), or phase[p].name."""
         return (self.keys[p] if p < len(self.keys) else {}).get(name, f"phase[{p}].{name}")
+
+    def written_of(self, p: int) -> dict[str, float]:
+        """Phase `p`'s budgets given in tokens, as written (`written`); {} when none or not known."""
+        return self.written[p] if p < len(self.written) else {}
 
     # -- where a global step is --
     def locate(self, step: int) -> tuple[int, int]:
@@ -527,8 +536,9 @@ class Plan:
 
     # -- identity and resume --
     def describe(self, skips: Sequence[Skip] = ()) -> dict[str, Any]:
-        """Everything the batches and the learning rate depend on (what a checkpoint stores), and the
-        timeline's `skips` when it has some (RUN/data_plan.json: history for readers without torch)."""
+        """Everything the batches and the learning rate depend on (what a checkpoint stores), the
+        budgets written in tokens (`written`: what a refused resume names), and the timeline's
+        `skips` when it has some (RUN/data_plan.json: history for readers without torch)."""
         return {
             "format": PLAN_FORMAT,
             "seed": self.seed,
@@ -552,8 +562,9 @@ class Plan:
                     "global_batch": ph.global_batch,
                     "weights": list(ph.weights),
                     "lr": None if ph.lr is None else _lr_record(ph.lr),
+                    **({"written": written} if (written := self.written_of(p)) else {}),
                 }
-                for ph in self.phases
+                for p, ph in enumerate(self.phases)
             ],
             # history, with each source's windows and stream positions for readers without torch
             **({"skips": [{**asdict(s), "sources": self.skip_detail(s)} for s in skips]} if skips else {}),
@@ -601,7 +612,7 @@ def from_description(d: dict[str, Any]) -> Plan:
         )
         for p in d["phases"]
     ]
-    return Plan(sources, phases, d["seed"])
+    return Plan(sources, phases, d["seed"], written=[p.get("written", {}) for p in d["phases"]])
 
 
 def recorded_difference(recorded: dict[str, Any], plan: Plan) -> tuple[str, Any, Any] | None:
@@ -668,7 +679,7 @@ def check_resume(
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
             if a.steps != b.steps:
-                out.append(_budget_change(plan, p, "steps", a.steps, b.steps))
+                out.append(_budget_change(old, plan, p, "steps", a.steps, b.steps))
             scale = [ph.lr.scale if ph.lr else 1.0 for ph in (a, b)]
             if not math.isclose(*scale, rel_tol=1e-12):
                 out.append(
@@ -682,7 +693,7 @@ def check_resume(
                     if math.isclose(x, y, rel_tol=1e-12):
                         continue
                 if name == "warmup_steps" and x != y and None not in (x, y):
-                    out.append(_budget_change(plan, p, name, x, y))
+                    out.append(_budget_change(old, plan, p, name, x, y))
                 elif x != y:
                     out.append(f"{plan.key_of(p, name)} {' → '.join(_shown_apart(x, y))}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
@@ -757,6 +768,9 @@ def check_resume(
         raise refuse(
             "the total steps", old.total_steps, plan.total_steps, "keep at least the steps already done"
         )
+    # Every phase trained so far keeps its batch before any budget or LR is compared: a batch changed
+    # moves the step boundaries of a budget in tokens, and the LR refusal, raised first, named budgets
+    # nobody changed, and not the batch (review R25j 4); past this loop the past's batches are equal.
     for p in range(p_old + 1):
         a, b = old.phases[p], plan.phases[p] if p < len(plan.phases) else None
         where = f"phase[{p}]"
@@ -772,6 +786,8 @@ def check_resume(
                     f"{key} (phase {a.name!r})", a.global_batch * a.seq_len, b.global_batch * b.seq_len
                 )
             raise refuse(f"{where}.global_batch", a.global_batch, b.global_batch)  # a plan without a recipe
+    for p in range(p_old + 1):
+        a, b = old.phases[p], plan.phases[p]
         mix_old = _mix(old, a)
         mix_new = _mix(plan, b)
         if mix_old != mix_new:
@@ -808,18 +824,28 @@ def check_resume(
     return ["the plan's future changed since the checkpoint: " + "; ".join(changed)] if changed else []
 
 
-def _budget_change(plan: Plan, p: int, name: str, was: int, now: int) -> str:
+def _budget_change(old: Plan, plan: Plan, p: int, name: str, was: int, now: int) -> str:
     """`key old → new` for a step count of phase p (`steps`, `warmup_steps`) in the unit its key
-    was written in: a budget given in tokens as tokens, with the steps they make (the plan compares
-    steps: `phase[1].tokens 6 → 8` labelled steps with a tokens key, review R25c). The past's batch
-    is the same in both plans by now, so steps × its tokens per step are the tokens trained (a
-    budget that is not a whole number of steps rounds down to them: recipe.budget_notes)."""
+    was written in: a budget given in tokens as written (`Plan.written`: the checkpoint's plan and
+    this recipe's), with the steps they make (the plan compares steps: `phase[1].tokens 6 → 8`
+    labelled steps with a tokens key, review R25c). Steps × tokens per step stand in for a side
+    that records nothing as written (a checkpoint saved before plans recorded it); they are a budget
+    rounded to whole steps (recipe.budget_notes). The past's batch is the same in both plans here
+    (check_resume compares it first)."""
     key = plan.key_of(p, name)
     if not key.endswith("tokens"):
         return f"{key} {was} → {now}"
     per = plan.phases[p].global_batch * plan.phases[p].seq_len
     steps = f"phase {plan.phases[p].name!r}: {was} → {now} steps of {per:,} tokens"
-    return f"{key} {was * per} → {now * per} ({steps})"
+    shown = [_budget_shown(side.written_of(p).get(name), n * per) for side, n in ((old, was), (plan, now))]
+    return f"{key} {shown[0]} → {shown[1]} ({steps})"
+
+
+def _budget_shown(written: float | None, trained: int) -> str:
+    """A budget in tokens as written (3300, not the 3072 of its whole steps); `trained` when unknown."""
+    if written is None:
+        return str(trained)
+    return str(int(written)) if float(written).is_integer() else f"{written:g}"
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:

@@ -129,7 +129,21 @@ def build_plan(cfg: TrainConfig, spec: RunSpec, tables: list[DocumentTable]) -> 
         piece = data_plan.LRPiece(peak * scale, end * scale, lr.shape, lr.warmup_steps or 0, scale=scale)
         phases.append(data_plan.Phase(ph.name, ph.steps, ph.seq_len, gb, weights, piece))
         prev_end = peak if (lr.warmup_steps or 0) >= ph.steps else end
-    return data_plan.Plan(sources, phases, cfg.data.seed, keys=plan_keys(cfg, spec))
+    return data_plan.Plan(
+        sources, phases, cfg.data.seed, keys=plan_keys(cfg, spec), written=written_budgets(cfg)
+    )
+
+
+def written_budgets(cfg: TrainConfig) -> list[dict[str, float]]:
+    """Per phase, its budgets given in tokens as the recipe wrote them, under the plan field they
+    make whole steps of (Plan.written: a refused resume names them as written, not rounded)."""
+    return [
+        {
+            **({"steps": ph.tokens} if ph.tokens is not None else {}),
+            **({"warmup_steps": ph.lr.warmup_tokens} if ph.lr.warmup_tokens is not None else {}),
+        }
+        for ph in cfg.phase  # the one-phase [schedule] form gives its budget in steps
+    ]
 
 
 def plan_keys(cfg: TrainConfig, spec: RunSpec) -> list[dict[str, str]]:

@@ -313,24 +313,66 @@ def test_an_edited_token_budget_is_named_in_the_steps_it_makes(sources, tmp_path
     assert "has phase[0].tokens (phase 'main', in steps) = 8, but the run trained with 6" in err, err
 
 
+QUIET = ["metrics.plot=false", "run.val_every=0", "checkpoint.interval=1"]
+
+
+def main_phase(tokens: int, warmup_tokens: int) -> str:
+    """One cosine phase 'main' of 512 tokens per step (write_recipe's batch), its budgets in tokens."""
+    return (
+        f'[[phase]]\nname = "main"\ntokens = {tokens}\nseq_len = 32\nmix = {{ web = 0.6, code = 0.4 }}\n'
+        f'lr = {{ warmup_tokens = {warmup_tokens}, shape = "cosine" }}\n\n'
+    )
+
+
+def refused_resumes(sources, tmp_path, capsys, phases: str, steps: int, *edits: list[str]) -> list[str]:
+    """Train `steps` steps of the recipe with `phases`, then resume it with each of `edits` (--set
+    lists): each must be refused in one line; their stderr."""
+    config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases)
+    assert gristmill(["train", "--config", str(config), "--set", f"run.max_steps={steps}", *QUIET]) == 0
+    capsys.readouterr()
+    errs = []
+    for sets in edits:
+        assert gristmill(["train", "--config", str(config), "--set", *QUIET, *sets, "--resume", "auto"]) == 2
+        errs.append(capsys.readouterr().err)
+        assert "Traceback" not in errs[-1] and len(errs[-1].strip().splitlines()) == 1, errs[-1]
+    return errs
+
+
 def test_a_learning_rate_refusal_says_a_token_budget_in_tokens(sources, tmp_path, capsys):
     """A cosine's budget given in tokens, changed on resume, moves the LR of the steps trained: the
     refusal said `phase[0].tokens 6 → 8`, steps under a tokens key (review R25c 2)."""
-    phases = (
-        '[[phase]]\nname = "main"\ntokens = 3072\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
-        'lr = { warmup_tokens = 512, shape = "cosine" }\n\n'
-    )
-    run = tmp_path / "run"
-    config = write_recipe(tmp_path / "r.toml", sources, run, phases=phases)
-    quiet = ["metrics.plot=false", "run.val_every=0", "checkpoint.interval=1"]
-    assert gristmill(["train", "--config", str(config), "--set", "run.max_steps=3", *quiet]) == 0
-    capsys.readouterr()
     longer = ["phase[0].tokens=4096", "phase[0].lr.warmup_tokens=1024"]
-    assert gristmill(["train", "--config", str(config), "--set", *quiet, *longer, "--resume", "auto"]) == 2
-    err = capsys.readouterr().err
+    [err] = refused_resumes(sources, tmp_path, capsys, main_phase(3072, 512), 3, longer)
     assert "phase[0].tokens 3072 → 4096 (phase 'main': 6 → 8 steps of 512 tokens)" in err, err
     assert "phase[0].lr.warmup_tokens 512 → 1024 (phase 'main': 1 → 2 steps of 512 tokens)" in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_learning_rate_refusal_says_budgets_as_written(sources, tmp_path, capsys):
+    """Budgets in tokens that are not whole steps: the refusal showed the tokens of their steps
+    (written 3300 → 4400 shown 3072 → 4096, warmup 600 shown 1024), values nobody wrote (R25j 4)."""
+    longer = ["phase[0].tokens=4400", "phase[0].lr.warmup_tokens=1100"]
+    [err] = refused_resumes(sources, tmp_path, capsys, main_phase(3300, 600), 3, longer)
+    assert "phase[0].tokens 3300 → 4400 (phase 'main': 6 → 8 steps of 512 tokens)" in err, err
+    assert "phase[0].lr.warmup_tokens 600 → 1100 (phase 'main': 2 → 3 steps of 512 tokens)" in err, err
+
+
+def test_a_changed_batch_is_refused_before_the_budgets_it_moves(sources, tmp_path, capsys):
+    """A resume that changed a finished phase's budget and the current phase's batch: the LR refusal
+    came first and named the current phase's budget and warmup in tokens at the new batch, values
+    never written (phase[1].tokens 8192 → 4096), and not the batch that moved them (R25j 4)."""
+    phases = (
+        '[[phase]]\nname = "a"\ntokens = 1024\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 1, shape = "constant" }\n\n'
+        '[[phase]]\nname = "b"\ntokens = 4096\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_tokens = 1024, shape = "cosine" }\n\n'
+    )
+    edit = ["phase[0].tokens=1536", "phase[1].global_batch_tokens=1024"]
+    # then with the batch set back: the budget that did change, as written
+    err, back = refused_resumes(sources, tmp_path, capsys, phases, 4, edit, edit[:1])
+    assert "phase[1].global_batch_tokens (phase 'b') = 512 but this run has 1024" in err, err
+    assert "phase[1].tokens" not in err and "warmup_tokens" not in err, err
+    assert "phase[0].tokens 1024 → 1536 (phase 'a': 2 → 3 steps of 512 tokens)" in back, back
+    assert "phase[1]" not in back, back
 
 
 def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
