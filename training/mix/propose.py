@@ -79,27 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
     """Each source's weight range: constraints.min/max_weight, at least one sequence of a proxy's
     step, and at most what its max_epochs allows in a proxy (proxy.tokens) and in the run the
-    proposal is for (constraints.run_tokens at constraints.run_batch_tokens)."""
+    proposal is for (constraints.run_tokens at constraints.run_batch_tokens and run_seq_len)."""
     c, p = cfg.constraints, cfg.proxy
-    w = p.seq_len + 1  # a window: seq_len + 1 stream tokens
-
-    def most(epochs: int, supply: int, budget: float, batch: float) -> float:
-        """The largest weight whose run of `budget` tokens in steps of `batch` reads at most `epochs`
-        epochs of `supply` tokens, as the trainer's plan reads (training/data/plan.py): windows of
-        seq_len + 1 tokens, within one window of the weight's share of the budget; each step within
-        two windows of its share; and at each epoch end the tail that cannot hold the next step's
-        windows dropped, fewer than that step's (≤ weight × batch / seq_len + 2 windows). So
-        weight × (budget + (epochs - 1) × batch) × w / seq_len + 2 × epochs × w ≤ epochs × supply
-        (a 2% margin in place of the tails was refused at run_tokens by a run of few large steps
-        with max_epochs 2, review R25c 1). The run a proposal is for is taken at proxy.seq_len
-        too: at its own, longer, it reads fewer stream tokens by far more than its few longer
-        windows add (at its bare tokens, the trainer refused a proposal on the bound: R16a F3)."""
-        room = epochs * (supply - 2 * w)
-        return max(room, 0) * p.seq_len / (w * (budget + (epochs - 1) * batch))
-
-    proxy_budget = (p.tokens // p.global_batch_tokens) * p.global_batch_tokens
-    # not known: a step as large as the run (any batch fits under that cap)
-    run_batch = c.run_batch_tokens or c.run_tokens
     # the plan gives every source of a mixture at least one sequence per step (training/data/plan.py)
     one_sequence = np.ceil(1e4 * p.seq_len / p.global_batch_tokens) / 1e4
     lo = np.full(len(tokens), max(c.min_weight, one_sequence))
@@ -113,16 +94,8 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
             f"{n * p.seq_len} (e.g. {4 * n * p.seq_len}) or lower proxy.seq_len",
             key="proxy.global_batch_tokens",
         )
-    for budget, batch, key, value in (
-        (proxy_budget, p.global_batch_tokens, "proxy.tokens", p.tokens),
-        (c.run_tokens, run_batch, "constraints.run_tokens", c.run_tokens),
-    ):
-        if not budget:
-            continue
-        for i, src in enumerate(cfg.data.sources):
-            if src.max_epochs is not None:
-                cap = most(src.max_epochs, tokens[src.name], budget, batch)
-                hi[i] = min(hi[i], np.floor(cap * 1e4) / 1e4)
+    for key, value, cap in epoch_caps(cfg, tokens):
+        hi = np.minimum(hi, cap)
         if hi.sum() < 1.0 or (hi < lo).any():
             fits = ", ".join(
                 f"{s.name} ≤ {h:.4g} ({tokens[s.name]:,} tokens, max_epochs {s.max_epochs})"
@@ -132,21 +105,73 @@ def bounds(cfg: MixConfig, tokens: dict[str, int]) -> tuple[np.ndarray, np.ndarr
                 f"{key} = {value:g} would read a source past its max_epochs in every mixture "
                 f"(weights that fit: {fits}; constraints.min_weight {c.min_weight}); lower {key}, "
                 "add data, or raise a source's max_epochs"
-                + (_unknown_batch(cfg) if key == "constraints.run_tokens" else ""),
+                + (_run_assumed(cfg, cfg.data.sources) if key == RUN_TOKENS else ""),
                 key=key,
             )
     return lo, hi
 
 
-def _unknown_batch(cfg: MixConfig) -> str:
-    """What the run_tokens cap assumed, when constraints.run_batch_tokens is not given and a source
-    may be read more than once: said where that cap refuses or binds."""
-    if cfg.constraints.run_batch_tokens or all((s.max_epochs or 0) <= 1 for s in cfg.data.sources):
-        return ""
-    return (
-        " (constraints.run_batch_tokens is not given: a step as large as the run is assumed, so a "
-        "source's epochs past the first are not counted on; set it to the run's global batch)"
-    )
+RUN_TOKENS = "constraints.run_tokens"
+
+
+def epoch_caps(cfg: MixConfig, tokens: dict[str, int]) -> list[tuple[str, float, np.ndarray]]:
+    """(key, its value, each source's largest weight) for each budget that caps weights by max_epochs:
+    proxy.tokens, and constraints.run_tokens when given (inf for a source without max_epochs)."""
+    c, p = cfg.constraints, cfg.proxy
+
+    def most(epochs: int, supply: int, budget: float, batch: float, seq_len: int) -> float:
+        """The largest weight whose run of `budget` tokens in steps of `batch` reads at most `epochs`
+        epochs of `supply` tokens, as the trainer's plan reads (training/data/plan.py): windows of
+        seq_len + 1 tokens, within one window of the weight's share of the budget; each step within
+        two windows of its share; and at each epoch end the tail that cannot hold the next step's
+        windows dropped, fewer than that step's (≤ weight × batch / seq_len + 2 windows). So
+        weight × (budget + (epochs - 1) × batch) × w / proxy.seq_len + 2 × epochs × W ≤ epochs ×
+        supply, w a window at proxy.seq_len (a 2% margin in place of the tails was refused at
+        run_tokens by a run of few large steps with max_epochs 2, review R25c 1). The tokens read
+        per token trained are taken at proxy.seq_len: at a longer seq_len fewer, by far more than
+        its few longer windows add (at its bare tokens, the trainer refused a proposal on the
+        bound: R16a F3). The tails are windows of `seq_len`, the run's longest: two windows of
+        proxy.seq_len held no tail of a run at 2048 (refused by the trainer, review R25j 3)."""
+        w = p.seq_len + 1
+        room = epochs * (supply - 2 * (seq_len + 1))
+        return max(room, 0) * p.seq_len / (w * (budget + (epochs - 1) * batch))
+
+    proxy_budget = (p.tokens // p.global_batch_tokens) * p.global_batch_tokens
+    # not known: a step as large as the run (any batch fits under that cap)
+    run_batch = c.run_batch_tokens or c.run_tokens
+    run_seq = max(c.run_seq_len, p.seq_len)  # not given: proxy.seq_len (said where the cap binds)
+    out = []
+    for budget, batch, seq, key, value in (
+        (proxy_budget, p.global_batch_tokens, p.seq_len, "proxy.tokens", p.tokens),
+        (c.run_tokens, run_batch, run_seq, RUN_TOKENS, c.run_tokens),
+    ):
+        if budget:
+            cap = [
+                np.floor(most(s.max_epochs, tokens[s.name], budget, batch, seq) * 1e4) / 1e4
+                if s.max_epochs is not None
+                else np.inf
+                for s in cfg.data.sources
+            ]
+            out.append((key, value, np.array(cap)))
+    return out
+
+
+def _run_assumed(cfg: MixConfig, sources: list) -> str:
+    """What the run_tokens cap assumed of the run, said where that cap refuses or binds `sources`:
+    its batch when constraints.run_batch_tokens is not given and one of them may be read more than
+    once (a source read once drops no tail at an epoch end), its seq_len when run_seq_len is not."""
+    c, said = cfg.constraints, []
+    if not c.run_batch_tokens and any((s.max_epochs or 0) > 1 for s in sources):
+        said.append(
+            "constraints.run_batch_tokens is not given: a step as large as the run is assumed, so a "
+            "source's epochs past the first are not counted on; set it to the run's largest global batch"
+        )
+    if not c.run_seq_len:
+        said.append(
+            "constraints.run_seq_len is not given: the run is assumed to read windows of proxy.seq_len; "
+            "set it to the run's longest seq_len"
+        )
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = {n: t.tokens for n, t in zip(sources, tables)}
     fingerprints = {n: str(t.info.get("fingerprint", "")) for n, t in zip(sources, tables)}
     lo, hi = bounds(cfg, tokens)
+    caps = epoch_caps(cfg, tokens)
     prior = simplex.prior([tokens[n] for n in sources], lo, hi)
     target_text = ", ".join(f"{n} {x:g}" for n, x in zip(sources, w) if x)
     _say(
@@ -236,7 +262,9 @@ def run(args: argparse.Namespace) -> int:
                 f"predicted target {predicted:.4f} (best proxy {float((Y @ w).min()):.4f})"
             )
             outside = _outside_swarm(sources, proposal, X)
-            warnings += [_warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi), outside) if line]
+            warnings += [
+                _warn(line) for line in (_on_bound(cfg, sources, proposal, lo, hi, caps), outside) if line
+            ]
             mixes = {
                 "proposal": proposal,
                 "uniform": simplex.uniform(len(sources), lo, hi),
@@ -340,18 +368,22 @@ def _keep_earlier(out: Path) -> None:
     _say(f"the earlier search's {', '.join(p.name for p in kept)} moved to {dest}/ (with its config.toml)")
 
 
-def _on_bound(cfg: MixConfig, sources: list[str], proposal, lo: np.ndarray, hi: np.ndarray) -> str | None:
-    """The warning for a proposal on a bound of the constrained simplex, each bound by its key."""
+def _on_bound(
+    cfg: MixConfig, sources: list[str], proposal, lo: np.ndarray, hi: np.ndarray, caps
+) -> str | None:
+    """The warning for a proposal on a bound of the constrained simplex, each bound by its key
+    (`caps`: epoch_caps, the max_epochs caps, to name the one that binds)."""
     c, at = cfg.constraints, []
     for i, name in enumerate(sources):
         x = float(proposal[i])
         if x >= hi[i] - 1e-9:
-            why = (
-                f"constraints.max_weight = {c.max_weight:g}"
-                if np.isclose(hi[i], c.max_weight)
-                else "the most its max_epochs allows at proxy.tokens or constraints.run_tokens"
-                + _unknown_batch(cfg)
-            )
+            binding = [key for key, _, cap in caps if np.isclose(hi[i], cap[i])]
+            if np.isclose(hi[i], c.max_weight) or not binding:
+                why = f"constraints.max_weight = {c.max_weight:g}"
+            else:
+                # what the run cap assumed, only where it is what binds (review R25j 2)
+                assumed = _run_assumed(cfg, [cfg.data.sources[i]]) if RUN_TOKENS in binding else ""
+                why = f"the most its max_epochs allows at {' and '.join(binding)}{assumed}"
             at.append(f"{name} = {x:.4g} ({why})")
         elif x <= lo[i] + 1e-9:
             why = (

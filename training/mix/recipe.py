@@ -93,9 +93,13 @@ class ConstraintsSection:
     """Tokens of the run the proposal is for: each source's weight is capped so that run reads it at
     most its max_epochs times (0: no cap beyond the proxies' own budget)."""
     run_batch_tokens: float = 0.0
-    """That run's global batch in tokens: each epoch end of a source read more than once drops up to
-    one step's share of it (the trainer's plan), which the cap counts (0: not known, so a step as
-    large as run_tokens: a source's epochs past the first are not counted on)."""
+    """That run's global batch in tokens, its largest phase's for a batch schedule: each epoch end of
+    a source read more than once drops up to one step's share of the batch of its phase (the
+    trainer's plan), which the cap counts (0: not known, so a step as large as run_tokens: a
+    source's epochs past the first are not counted on)."""
+    run_seq_len: int = 0
+    """That run's seq_len, its longest phase's: the tails the cap counts are windows of it (0: not
+    known, taken as proxy.seq_len; a run at a longer one drops longer tails)."""
 
 
 @dataclass
@@ -208,6 +212,11 @@ def check_mix_config(cfg: MixConfig) -> None:
             f"constraints.run_batch_tokens = {c.run_batch_tokens}: must be a finite number ≥ 0 (0: not "
             "known)",
             key="constraints.run_batch_tokens",
+        )
+    if c.run_seq_len < 0:
+        raise ConfigError(
+            f"constraints.run_seq_len = {c.run_seq_len}: must be an integer ≥ 0 (0: not known)",
+            key="constraints.run_seq_len",
         )
     if cfg.swarm.size and cfg.swarm.size < n + 2:
         raise ConfigError(

@@ -21,7 +21,7 @@ from pipelines.cli import main as gristmill
 from tests.helpers import forked
 from tests.helpers.train_data import make_dataset
 from training.contract.dataset_format import read_dataset_info
-from training.mix.propose import SEARCH, _on_bound, bounds
+from training.mix.propose import RUN_TOKENS, SEARCH, _on_bound, bounds, epoch_caps
 from training.mix.proxies import Proxy, check_supply, open_mix_sources
 from training.mix.recipe import load_mix_config, names
 from training.run.faults import SPIKE_WINDOW
@@ -426,14 +426,13 @@ def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_in_any_batch(tmp
     given = [] if batch is None else [f"constraints.run_batch_tokens={batch}"]
     cfg = load_mix_config(str(config), [*sets, "constraints.run_tokens=60000", *given])
     tables = open_mix_sources(cfg)
-    lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
+    tokens = {n: t.tokens for n, t in zip(names(cfg), tables)}
+    lo, hi = bounds(cfg, tokens)
     code = float(hi[1])
     assert code < 1.0 and 1.0 - code <= hi[0], hi  # code's max_epochs caps it; web takes the rest
     # a proposal there says what the cap assumed of the run's batch when it was not given
-    line = _on_bound(cfg, names(cfg), np.array([1.0 - code, code]), lo, hi)
-    assert (
-        f"code = {code:.4g} (the most its max_epochs allows at proxy.tokens or constraints.run_tokens" in line
-    )
+    line = _on_bound(cfg, names(cfg), np.array([1.0 - code, code]), lo, hi, epoch_caps(cfg, tokens))
+    assert f"code = {code:.4g} (the most its max_epochs allows at constraints.run_tokens" in line, line
     unknown = (
         "(constraints.run_batch_tokens is not given: a step as large as the run is assumed, so a source's"
     )
@@ -444,6 +443,61 @@ def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_in_any_batch(tmp
             str(config), [*sets, "proxy.tokens=60000", f"proxy.global_batch_tokens={run_batch}"]
         )
         check_supply(at_run, Proxy("swarm", "bound", (1.0 - code, code), at_run.data.seed), tables)
+
+
+def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_at_the_runs_seq_len(
+    tmp_path, shared_sources, synthetic_dataset
+):
+    """Review R25j 3: the cap counted each epoch end's tail in windows of proxy.seq_len + 1, but the
+    trainer's tail at a longer run seq_len is up to two windows of the run's: the mix on the bound
+    was refused at seq_len 2048 (here a = 0.3296: "drops 8,122 more at its 2 epoch ends").
+    constraints.run_seq_len counts them."""
+    sources = {"a": synthetic_dataset(n_docs=200, seed=1), "b": shared_sources["web"]}
+    config = recipe(tmp_path, sources)
+    sets = ["target.mix={ a = 0.5, b = 0.5 }", "data.val_fraction=0.0675", "constraints.max_weight=0.9"]
+    sets += ["data.sources[0].max_epochs=2", "data.sources[1].max_epochs=10"]
+    run = ["constraints.run_tokens=172041", "constraints.run_batch_tokens=8192"]
+    cfg = load_mix_config(str(config), [*sets, *run, "constraints.run_seq_len=2048"])
+    tables = open_mix_sources(cfg)
+    lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
+    a = float(hi[0])
+    assert a < 0.9 and 1.0 - a <= hi[1], hi  # a's max_epochs caps it; b takes the rest
+    # the run the proposal is for, as the trainer plans it, at its seq_len
+    at_run = load_mix_config(
+        str(config),
+        [*sets, "proxy.tokens=172041", "proxy.global_batch_tokens=8192", "proxy.seq_len=2048",
+         "proxy.micro_batch=1", 'proxy.set=["run.device=cpu", "model.max_seq_len=2048"]'],
+    )  # fmt: skip
+    check_supply(at_run, Proxy("swarm", "bound", (a, 1.0 - a), at_run.data.seed), tables)
+
+
+@pytest.mark.parametrize(
+    "sets, binds",
+    [
+        (["proxy.tokens=81920", "constraints.run_tokens=0"], "proxy.tokens"),  # no run cap at all
+        (["proxy.tokens=81920", "constraints.run_tokens=6000"], "proxy.tokens"),  # one above the proxies'
+        # code read once (web up to 3 times: its tails are not code's)
+        (
+            ["data.sources[0].max_epochs=3", "data.sources[1].max_epochs=1", "constraints.run_tokens=60000"],
+            RUN_TOKENS,
+        ),
+    ],
+)
+def test_a_bound_says_what_the_run_cap_assumed_only_where_it_binds(tmp_path, shared_sources, sets, binds):
+    """Review R25j 2: the bound warning advised constraints.run_batch_tokens when no run cap was in
+    play (run_tokens 0, or proxy.tokens binding) and for a source read once, which drops no tail."""
+    config = recipe(tmp_path, shared_sources)
+    base = ["constraints.min_weight=0", "constraints.max_weight=1", "data.sources[1].max_epochs=2"]
+    cfg = load_mix_config(str(config), [*base, *sets])
+    tables = open_mix_sources(cfg)
+    tokens = {n: t.tokens for n, t in zip(names(cfg), tables)}
+    lo, hi = bounds(cfg, tokens)
+    code = float(hi[1])
+    assert code < 1.0, hi
+    line = _on_bound(cfg, names(cfg), np.array([1.0 - code, code]), lo, hi, epoch_caps(cfg, tokens))
+    assert f"code = {code:.4g} (the most its max_epochs allows at {binds}" in line, line
+    assert "run_batch_tokens" not in line, line
+    assert ("constraints.run_seq_len is not given" in line) is (binds == RUN_TOKENS), line
 
 
 def _same_mix(recipe_path: Path, old_run: Path) -> bool:
@@ -529,10 +583,16 @@ def _same_mix(recipe_path: Path, old_run: Path) -> bool:
             ["constraints.run_batch_tokens=-1"],
             "constraints.run_batch_tokens = -1.0: must be a finite number ≥ 0",
         ),
-        # the cap's assumption where it refuses: no batch given, a second epoch is not counted on
+        (["constraints.run_seq_len=-1"], "constraints.run_seq_len = -1: must be an integer ≥ 0"),
+        # the cap's assumption where it refuses: no batch given, a second epoch is not counted on;
+        # no seq_len given, the run's tails are taken at proxy.seq_len (review R25j 3)
         (
             ["data.sources[0].max_epochs=2", "data.sources[1].max_epochs=2", "constraints.run_tokens=1e6"],
             "(constraints.run_batch_tokens is not given: a step as large as the run is assumed",
+        ),
+        (
+            ["constraints.run_tokens=1e6"],
+            "(constraints.run_seq_len is not given: the run is assumed to read windows of proxy.seq_len",
         ),
         (["swarm.concentration=nan"], "swarm.concentration = nan: must be a finite number > 0"),
     ],
