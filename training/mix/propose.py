@@ -440,14 +440,17 @@ def _noise(
     def gap_on(ks: list[int]) -> dict[str, float]:  # validated mean over those seeds − predicted
         return {name: float(np.mean([losses[name][k] for k in ks])) - predicted[name] for name in mixes}
 
+    def gaps_text(shown: dict[str, float]) -> str:
+        return (
+            f"the proposal validated {shown['proposal']:+.4f} from its predicted "
+            f"{predicted['proposal']:.4f}, uniform {shown['uniform']:+.4f} and proportional "
+            f"{shown['proportional']:+.4f} from theirs: "
+        )
+
     own_gap = gap_on(own) if own else None
-    text = (
-        f"the proposal validated {gap['proposal']:+.4f} from its predicted {predicted['proposal']:.4f}, "
-        f"uniform {gap['uniform']:+.4f} and proportional {gap['proportional']:+.4f} from theirs: "
-    )
-    shift = None
+    shift, text = None, ""
     if not others:
-        text += (
+        text += gaps_text(gap) + (
             "the validation runs have the swarm's own seed, so no seed shift: each gap is the fit's own "
             f"miss at that mixture{' (the proposal an extrapolation)' if outside else ''}, beside its "
             f"leave-one-out error {fitted.cv_error:.4f}; "
@@ -459,10 +462,12 @@ def _noise(
         on = (
             f"on validation seed{'s' * (len(others) > 1)} {shift['seeds']} (not the swarm's), " if own else ""
         )
+        # the gaps shown are those the mean is of: over all seeds, they did not add up to it when the
+        # swarm's own seed was among them (review R25j 1)
         text += (
-            f"{on}if the fit is exact at the baselines, {value:+.4f} (their mean gap) is the validation "
-            "seeds' shift from the swarm's seed (data order and initialisation; every mixture moves with "
-            f"it) and {shift['miss']:+.4f} the fit's own miss at the proposal"
+            f"{on}{gaps_text(other_gap)}if the fit is exact at the baselines, {value:+.4f} (their mean gap) "
+            "is the validation seeds' shift from the swarm's seed (data order and initialisation; every "
+            f"mixture moves with it) and {shift['miss']:+.4f} the fit's own miss at the proposal"
             f"{' (an extrapolation)' if outside else ''}; its leave-one-out error is {fitted.cv_error:.4f}; "
         )
         if own_gap:

@@ -274,8 +274,12 @@ def test_the_swarms_own_validation_seed_is_measured_apart_and_every_mix_is_as_tr
         (shift, other["proposal"] - shift)
     )
     explanation = noise["explanation"]
+    # the gaps said beside their mean are seed 1's, the seeds it is of: they were over both seeds,
+    # and their mean was not the mean said (review R25j 1)
     assert (
-        f"on validation seed [1] (not the swarm's), if the fit is exact at the baselines, {shift:+.4f} "
+        f"on validation seed [1] (not the swarm's), the proposal validated {other['proposal']:+.4f} from "
+        f"its predicted {pred['proposal']:.4f}, uniform {other['uniform']:+.4f} and proportional "
+        f"{other['proportional']:+.4f} from theirs: if the fit is exact at the baselines, {shift:+.4f} "
         "(their mean gap) is the validation seeds' shift" in explanation
     ), explanation
     assert f"{other['proposal'] - shift:+.4f} the fit's own miss at the proposal" in explanation, explanation
