@@ -120,26 +120,27 @@ def epoch_caps(cfg: MixConfig, tokens: dict[str, int]) -> list[tuple[str, float,
     c, p = cfg.constraints, cfg.proxy
 
     def most(epochs: int, supply: int, budget: float, batch: float, seq_len: int) -> float:
-        """The largest weight whose run of `budget` tokens in steps of `batch` reads at most `epochs`
-        epochs of `supply` tokens, as the trainer's plan reads (training/data/plan.py): windows of
-        seq_len + 1 tokens, within one window of the weight's share of the budget; each step within
-        two windows of its share; and at each epoch end the tail that cannot hold the next step's
-        windows dropped, fewer than that step's (≤ weight × batch / seq_len + 2 windows). So
-        weight × (budget + (epochs - 1) × batch) × w / proxy.seq_len + 2 × epochs × W ≤ epochs ×
-        supply, w a window at proxy.seq_len (a 2% margin in place of the tails was refused at
-        run_tokens by a run of few large steps with max_epochs 2, review R25c 1). The tokens read
-        per token trained are taken at proxy.seq_len: at a longer seq_len fewer, by far more than
-        its few longer windows add (at its bare tokens, the trainer refused a proposal on the
-        bound: R16a F3). The tails are windows of `seq_len`, the run's longest: two windows of
-        proxy.seq_len held no tail of a run at 2048 (refused by the trainer, review R25j 3)."""
-        w = p.seq_len + 1
+        """The largest weight whose run of `budget` tokens in steps of `batch` at `seq_len` reads at
+        most `epochs` epochs of `supply` tokens, as the trainer's plan reads (training/data/plan.py):
+        windows of seq_len + 1 tokens, within one window of the weight's share of the budget; each
+        step within two windows of its share; and at each epoch end the tail that cannot hold the
+        next step's windows dropped, fewer than that step's (≤ weight × batch / seq_len + 2
+        windows). So weight × (budget + (epochs - 1) × batch) × (s + 1) / s + 2 × epochs ×
+        (seq_len + 1) ≤ epochs × supply (a 2% margin in place of the tails was refused at run_tokens
+        by a run of few large steps with max_epochs 2, review R25c 1). The tokens read per token
+        trained, (s + 1) / s, are taken at s = the shorter of seq_len and proxy.seq_len: a run at a
+        longer seq_len reads fewer, by far more than its few longer windows add (at its bare tokens,
+        the trainer refused a proposal on the bound: R16a F3), and one at a shorter seq_len reads
+        more. The tails are windows of the run's `seq_len`: two windows of proxy.seq_len held no
+        tail of a run at 2048 (refused by the trainer, review R25j 3)."""
+        s = min(seq_len, p.seq_len)
         room = epochs * (supply - 2 * (seq_len + 1))
-        return max(room, 0) * p.seq_len / (w * (budget + (epochs - 1) * batch))
+        return max(room, 0) * s / ((s + 1) * (budget + (epochs - 1) * batch))
 
     proxy_budget = (p.tokens // p.global_batch_tokens) * p.global_batch_tokens
     # not known: a step as large as the run (any batch fits under that cap)
     run_batch = c.run_batch_tokens or c.run_tokens
-    run_seq = max(c.run_seq_len, p.seq_len)  # not given: proxy.seq_len (said where the cap binds)
+    run_seq = c.run_seq_len or p.seq_len  # not given: proxy.seq_len (said where the cap binds)
     out = []
     for budget, batch, seq, key, value in (
         (proxy_budget, p.global_batch_tokens, p.seq_len, "proxy.tokens", p.tokens),

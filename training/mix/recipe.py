@@ -98,8 +98,9 @@ class ConstraintsSection:
     trainer's plan), which the cap counts (0: not known, so a step as large as run_tokens: a
     source's epochs past the first are not counted on)."""
     run_seq_len: int = 0
-    """That run's seq_len, its longest phase's: the tails the cap counts are windows of it (0: not
-    known, taken as proxy.seq_len; a run at a longer one drops longer tails)."""
+    """That run's seq_len, its longest phase's: the tails the cap counts are windows of it, and a
+    run at a shorter seq_len than proxy.seq_len reads more tokens per token trained (0: not known,
+    taken as proxy.seq_len; a run at a longer one drops longer tails)."""
 
 
 @dataclass

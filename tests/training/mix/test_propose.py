@@ -449,30 +449,33 @@ def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_in_any_batch(tmp
         check_supply(at_run, Proxy("swarm", "bound", (1.0 - code, code), at_run.data.seed), tables)
 
 
+@pytest.mark.parametrize("seq_len, run_tokens, batch", [(2048, 172041, 8192), (16, 63553, 2048)])
 def test_a_mix_on_the_run_tokens_bound_is_one_the_trainer_takes_at_the_runs_seq_len(
-    tmp_path, shared_sources, synthetic_dataset
+    tmp_path, shared_sources, synthetic_dataset, seq_len, run_tokens, batch
 ):
     """Review R25j 3: the cap counted each epoch end's tail in windows of proxy.seq_len + 1, but the
     trainer's tail at a longer run seq_len is up to two windows of the run's: the mix on the bound
     was refused at seq_len 2048 (here a = 0.3296: "drops 8,122 more at its 2 epoch ends").
-    constraints.run_seq_len counts them."""
+    constraints.run_seq_len counts them; and a run at a shorter seq_len than the proxies' reads more
+    tokens per token trained (17/16, not 33/32: a = 0.9 was refused at seq_len 16)."""
     sources = {"a": synthetic_dataset(n_docs=200, seed=1), "b": shared_sources["web"]}
     config = recipe(tmp_path, sources)
     sets = ["target.mix={ a = 0.5, b = 0.5 }", "data.val_fraction=0.0675", "constraints.max_weight=0.9"]
     sets += ["data.sources[0].max_epochs=2", "data.sources[1].max_epochs=10"]
-    run = ["constraints.run_tokens=172041", "constraints.run_batch_tokens=8192"]
-    cfg = load_mix_config(str(config), [*sets, *run, "constraints.run_seq_len=2048"])
+    run = [f"constraints.run_tokens={run_tokens}", f"constraints.run_batch_tokens={batch}"]
+    cfg = load_mix_config(str(config), [*sets, *run, f"constraints.run_seq_len={seq_len}"])
     tables = open_mix_sources(cfg)
     lo, hi = bounds(cfg, {n: t.tokens for n, t in zip(names(cfg), tables)})
     a = float(hi[0])
-    assert a < 0.9 and 1.0 - a <= hi[1], hi  # a's max_epochs caps it; b takes the rest
     # the run the proposal is for, as the trainer plans it, at its seq_len
     at_run = load_mix_config(
         str(config),
-        [*sets, "proxy.tokens=172041", "proxy.global_batch_tokens=8192", "proxy.seq_len=2048",
-         "proxy.micro_batch=1", 'proxy.set=["run.device=cpu", "model.max_seq_len=2048"]'],
+        [*sets, f"proxy.tokens={run_tokens}", f"proxy.global_batch_tokens={batch}",
+         f"proxy.seq_len={seq_len}", "proxy.micro_batch=1",
+         f'proxy.set=["run.device=cpu", "model.max_seq_len={max(seq_len, 32)}"]'],
     )  # fmt: skip
     check_supply(at_run, Proxy("swarm", "bound", (a, 1.0 - a), at_run.data.seed), tables)
+    assert a < 0.9 and 1.0 - a <= hi[1], hi  # a's max_epochs is what capped it; b takes the rest
 
 
 @pytest.mark.parametrize(
