@@ -785,7 +785,17 @@ def test_a_step_scored_on_other_held_out_documents_is_scored_again_and_its_row_s
         in r["settings"]
         for r in rows
     )
-    # A record without documents is of the documents now where none is left out (every one scored).
+    # A record without documents is of the documents now where none is left out (every one scored),
+    # and its row's settings say the same as such a record's (an upgraded run's panels were all
+    # "other settings": review R25m 1)
+    from training.contract.eval_table import settings_of
+
+    def shown(documents: dict | None) -> str:
+        heldout = {"source": "s", "fingerprint": "f", **({"documents": documents} if documents else {})}
+        return settings_of({"gristmill_tasks": {"t": {"settings": {"heldout": heldout}}}}, "t")
+
+    all_of_them = {"scored": 5, "left_out": 0, "sha256": "a" * 64}
+    assert shown(None) == shown(all_of_them) == "heldout=s" != shown({**all_of_them, "left_out": 1})
     documents = tuple(sorted({"scored": 5, "left_out": 0, "sha256": "a"}.items()))
     heldout = HeldOut("s", "f", frozenset({"f"}), documents)
     assert heldout.scored({"source": "s", "fingerprint": "f"})

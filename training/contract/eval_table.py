@@ -116,13 +116,16 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
 
 
 def _heldout_shown(heldout: Any) -> Any:
-    """A local task's held-out documents in a settings line: their source, and which of its documents
-    were scored where recorded (validation/eval.py HeldOut.documents), `prose (11 of 16 documents
-    1a2b3c4d)`: a step scored on another set is another row's settings (review R25i S1)."""
+    """A local task's held-out documents in a settings line: their source, and, where some were left
+    out, which of its documents were scored (validation/eval.py HeldOut.documents), `prose (11 of 16
+    documents 1a2b3c4d)`: a step scored on another set is another row's settings (review R25i S1).
+    Every document scored is the source alone, as a record of before the documents were (which
+    HeldOut.scored takes for every document): they are the same set, and rows of an upgraded run
+    were marked "other settings" (review R25m 1)."""
     if not isinstance(heldout, dict):
         return heldout
     documents = heldout.get("documents")
-    if not isinstance(documents, dict):
+    if not isinstance(documents, dict) or documents.get("left_out") == 0:
         return heldout.get("source")
     scored, left_out = documents.get("scored"), documents.get("left_out")
     total = scored + left_out if isinstance(scored, int) and isinstance(left_out, int) else "?"
