@@ -86,12 +86,14 @@ from training.data.recipe import check_trained_on, recorded_plan
 from training.data.remote import CacheSettings, dataset_info
 from training.data.spec import RunSpec, resolve
 from validation.eval_data import (
+    DATA_META,
     RENAMED,
     EvalError,
     build_task_data,
     check_include_path,
     check_no_local_names,
     checked_task_manager,
+    damaged_task_files,
     inline_members,
     local_task_config,
     local_task_definition,
@@ -872,6 +874,14 @@ def evaluate_step(
         raise EvalError(why)
     plan = plan or TaskPlan(run_dir, cfg)
     check_results(run_dir)  # a damaged results.json (merged into, or in the table): before scoring
+    # The local tasks' files as built, whose documents the scores record (a watch's plan is made once:
+    # one cut during it was scored and recorded as the documents built: review R25m 2), as the
+    # in-training eval checks them before each eval
+    if plan.local and (damaged := damaged_task_files(plan.data_dir, plan.local)):
+        raise EvalError(
+            f"{damaged[0]}: not as {damaged[0].parent / DATA_META} recorded (changed or deleted since it was "
+            f"built); delete {damaged[0].parent} and run the command again (it is built again)"
+        )
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is
     # written here from the checkpoint, the checkpoint read (a rewind after the read left the new

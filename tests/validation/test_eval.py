@@ -804,6 +804,24 @@ def test_a_step_scored_on_other_held_out_documents_is_scored_again_and_its_row_s
     )
 
 
+def test_a_local_task_file_changed_after_its_plan_was_made_is_not_scored(eval_run, tmp_path):
+    """A watch makes its plan once: a heldout_ppl.jsonl cut to 3 documents during it was scored, exit 0,
+    and recorded as the documents built (review R25m 2). Each step checks the files first, as the
+    in-training eval does, and refuses in one line naming the file and the fix."""
+    from validation.eval import evaluate_step
+    from validation.eval_data import EvalError
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    cfg = EvalConfig(tasks=["heldout_ppl"], docs=CFG.docs, bootstrap_iters=0, device="cpu", limit=3)
+    plan = TaskPlan(run, cfg)
+    path = plan.data_dir / "heldout_ppl.jsonl"
+    path.write_text("".join(path.read_text().splitlines(True)[:3]))
+    with pytest.raises(EvalError) as e:
+        evaluate_step(run, 5, cfg, plan)
+    assert str(e.value).startswith(f"{path}: not as {plan.data_dir / 'data.json'} recorded"), str(e.value)
+    assert not (eval_dir(run, 5) / "results.json").exists()
+
+
 def test_held_out_documents_whose_text_does_not_encode_back_are_left_out_and_counted(tmp_path):
     """A Metaspace tokenizer with prepend_scheme "first" and a Strip decoder (Llama-2's and Mistral's
     tokenizer.json) decodes a document starting with two spaces to one space: lm-eval encoded that
