@@ -163,7 +163,9 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
             f"repository {repo!r} you can read (missing, private or gated: `hf auth login` or HF_TOKEN)"
         ) from None
     except EntryNotFoundError as e:
-        if not isinstance(e, LocalEntryNotFoundError):  # the hub answered: the file is not there
+        # the hub answered that the file is not there, now or when the cache recorded it (its .no_exist
+        # marker, read offline: R25l M2)
+        if not isinstance(e, LocalEntryNotFoundError) or _recorded_absent(repo, revision):
             raise TokenizerError(
                 f"tokenizer.path = {spec!r}: the hub repository {repo} holds no tokenizer.json"
                 + (f" at {revision}" if revision else "")
@@ -172,6 +174,17 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
     return Path(local)
+
+
+def _recorded_absent(repo: str, revision: str | None) -> bool:
+    """Whether the hub cache records that `repo` at `revision` holds no tokenizer.json (the marker
+    hf_hub_download leaves on the hub's 404)."""
+    from huggingface_hub import _CACHED_NO_EXIST, try_to_load_from_cache
+
+    try:
+        return try_to_load_from_cache(repo, "tokenizer.json", revision=revision) is _CACHED_NO_EXIST
+    except Exception:  # a name or revision the cache cannot hold: not recorded
+        return False
 
 
 def _unreachable(spec: str, repo: str, revision: str | None, e: Exception) -> TokenizerError:

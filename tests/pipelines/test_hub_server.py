@@ -373,6 +373,28 @@ def test_a_hub_tokenizer_is_read_at_the_revision_it_names(hub, hub_env, corpus, 
     assert f"(`hf download {repo} tokenizer.json --revision {first}`)" in line, line
 
 
+def test_offline_a_hub_tokenizer_the_cache_records_as_absent_is_said_to_be_absent(
+    hub, hub_env, corpus, monkeypatch
+):
+    """Review R25l M2: offline, a tokenizer.path = ORG/NAME whose repository the hub had answered
+    holds no tokenizer.json (the cache's .no_exist record of it) was said not to be cached, to be
+    downloaded with network or `hf download`, which fails the same way. Offline it is said, as
+    online, that the repository holds none."""
+    repo = "gristmill-test/no-tokenizer"
+    hub.add_repo(repo, {"config.json": b"{}"}, "model")
+
+    def refused() -> str:
+        cfg = load_config(DataConfig, corpus.config, [f"tokenizer.path={repo}"])
+        with pytest.raises(TokenizerError) as e:
+            resolve_tokenizer(cfg, None, log=lambda *a: None)
+        return str(e.value)
+
+    online = refused()
+    assert online == f"tokenizer.path = {repo!r}: the hub repository {repo} holds no tokenizer.json", online
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert refused() == online
+
+
 def test_a_rerun_reads_the_hub_tokenizer_at_the_commit_the_build_started_from(
     hub, hub_env, quick_retries, corpus, local_build, tmp_path, capsys, monkeypatch
 ):
