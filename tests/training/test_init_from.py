@@ -1437,6 +1437,9 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         point_hub_at(hub, monkeypatch, home)
         for name in files:  # as from_pretrained(REPO) leaves the cache: no tokenizer.json
             hf_hub_download(REPO, name)
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):  # the hub's 404, recorded
+            with pytest.raises(EntryNotFoundError):
+                hf_hub_download(REPO, name)
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
         with pytest.raises(ConfigError) as refused:
             locate_base(REPO)
@@ -1460,8 +1463,9 @@ def test_a_cached_base_without_its_tokenizer_json_is_refused_unless_the_hub_said
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home-2")  # another cache: no listing in it
         for name in files:
             hf_hub_download(REPO, name)
-        with pytest.raises(EntryNotFoundError):
-            hf_hub_download(REPO, "tokenizer.json")
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            with pytest.raises(EntryNotFoundError):
+                hf_hub_download(REPO, name)
         monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
         assert locate_base(REPO).identity == f"{REPO}@{bare}"
 
@@ -1491,7 +1495,8 @@ def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_c
     assert "not a transformers model" not in line, line
     assert (
         f"the Hugging Face hub cannot be reached, and the hub cache {home / 'hub'} holds only part of {REPO} "
-        f"at commit {commit} (tokenizer.json; no config.json and no weights)"
+        f"at commit {commit} (tokenizer.json; no config.json and no weights and no tokenizer_config.json and "
+        "no special_tokens_map.json and no generation_config.json)"
     ) in line, line
     assert f"`hf download {REPO} --revision {commit}`" in line, line
 
@@ -1506,4 +1511,102 @@ def test_without_network_a_partly_cached_base_is_said_to_be_one_and_each_shard_c
         with pytest.raises(ConfigError) as refused:
             locate_base(REPO)
         line = str(refused.value)
-        assert f"; no {shards[-1]} (named by model.safetensors.index.json)): " in line, line
+        assert (
+            f"; no {shards[-1]} (named by model.safetensors.index.json) and no tokenizer_config.json and no "
+            "special_tokens_map.json): "
+        ) in line, line
+
+
+def _refused_offline(monkeypatch) -> str:
+    """The line locate_base(REPO) is refused with, HF_HUB_OFFLINE set."""
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError) as refused:
+        locate_base(REPO)
+    return str(refused.value)
+
+
+def test_a_cached_base_without_a_file_the_run_keeps_is_refused_unless_the_hub_said_it_has_none(
+    tmp_path, monkeypatch
+):
+    """Review R25l S1: offline, a cache filled file by file (no listing cached) that held config.json,
+    the weights and tokenizer.json but not the repository's tokenizer_config.json and
+    generation_config.json was taken: RUN/base lacked them, and the export shipped files made up
+    from config.json's ids (another eos, no chat_template) where the same run with network shipped
+    the hub's. Every file the run keeps is held to tokenizer.json's rule: present, or absent by the
+    hub's word (its listing, or the cache's .no_exist record), else refused in one line naming it."""
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    assert "generation_config.json" in files
+    files["tokenizer.json"] = _tokenizer(tmp_path / "tok", {0: "<|endoftext|>"}).read_bytes()
+    files["tokenizer_config.json"] = json.dumps(
+        {"eos_token": "<|endoftext|>", "chat_template": "{{ m }}"}
+    ).encode()
+    home = tmp_path / "hf-home"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, home)
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            hf_hub_download(REPO, name)
+        with pytest.raises(EntryNotFoundError):  # the hub's 404, recorded (.no_exist): not asked of it
+            hf_hub_download(REPO, "special_tokens_map.json")
+        line = _refused_offline(monkeypatch)
+        assert (
+            f"holds only part of {REPO} at commit {commit} (config.json, model.safetensors, tokenizer.json; "
+            "no tokenizer_config.json and no generation_config.json): a snapshot read from the cache cannot "
+            "show the repository has none, and the run keeps the base's own (its export ships them): "
+        ) in line, line
+        assert f"`hf download {REPO} --revision {commit}`" in line, line
+
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)  # with network: fetched, then offline
+        snapshot = locate_base(REPO).directory
+        assert {p.name for p in snapshot.iterdir()} == set(files)
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        assert locate_base(REPO).directory == snapshot
+
+
+def test_a_cached_listing_naming_files_the_snapshot_lacks_is_said_to_name_them(tmp_path, monkeypatch):
+    """Review R25l M4: offline, a snapshot whose cached listing (huggingface_hub >= 1.x) names files the
+    cache lacks was said to hold "only part of it", not which part. The line names them."""
+    from huggingface_hub import snapshot_download
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    files["tokenizer.json"] = _tokenizer(tmp_path / "tok", {0: "<|endoftext|>"}).read_bytes()
+    files["README.md"] = b"not fetched: not a file of the base"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        snapshot_download(REPO, allow_patterns=["config.json"])  # the listing is cached with it
+        line = _refused_offline(monkeypatch)
+    assert (
+        f"holds only part of it (no generation_config.json, no model.safetensors, no tokenizer.json): "
+        f"fetch the base with network (the same command, HF_HUB_OFFLINE unset), or download it elsewhere "
+        f"(`hf download {REPO} --revision {commit}`)"
+    ) in line, line
+
+
+def test_a_file_the_hub_lacks_is_recorded_as_absent_when_the_base_is_fetched(tmp_path, monkeypatch):
+    """Review R25l M1: a huggingface_hub that caches no listing (< 1.x: no get_cached_repo_tree, which
+    transformers 4.x needs) could not show offline that a base gristmill had fetched whole has no
+    tokenizer.json: refused every time. Fetching a base, gristmill leaves for each kept file the hub's
+    listing lacks the .no_exist record hf_hub_download leaves for a 404; offline, with no listing
+    cached (removed here, as the old versions never write it), the base is taken."""
+    import huggingface_hub.constants as hf_constants
+
+    make_base(tmp_path / "base")
+    files = {p.name: p.read_bytes() for p in (tmp_path / "base").iterdir()}
+    home = tmp_path / "hf-home"
+    with HubServer() as hub:
+        commit = hub.add_repo(REPO, files, repo_type="model")
+        point_hub_at(hub, monkeypatch, home)
+        assert locate_base(REPO).identity == f"{REPO}@{commit}"
+    cache = home / "hub" / f"models--{REPO.replace('/', '--')}"
+    absent = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+    assert {p.name for p in (cache / ".no_exist" / commit).iterdir()} == absent
+    shutil.rmtree(cache / "trees", ignore_errors=True)  # no listing cached
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    assert locate_base(REPO).identity == f"{REPO}@{commit}"

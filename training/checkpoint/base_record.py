@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from training.checkpoint.base_source import (
-    CONFIG_JSON,
     INDEX_JSON,
+    KEPT_FILES,
     BaseModelError,
     hub_id,
     weights_files,
@@ -68,7 +68,7 @@ __all__ = [
 
 BASE_JSON = "base.json"
 TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
-_KEPT = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
+_KEPT = KEPT_FILES  # config.json, TOKENIZER_FILES, generation_config.json
 
 
 def weights_sha256(directory: str | Path) -> dict[str, str]:

@@ -38,6 +38,7 @@ __all__ = [
     "CONFIG_JSON",
     "HUB_FILES",
     "INDEX_JSON",
+    "KEPT_FILES",
     "SINGLE_FILE",
     "BaseModelError",
     "BaseSource",
@@ -51,6 +52,15 @@ CONFIG_JSON = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_JSON = "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
+KEPT_FILES = (
+    CONFIG_JSON,
+    TOKENIZER_JSON,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+"""The files of a base a run keeps (base_record's copy in RUN/base, which its export ships), held
+present or absent by the hub's word, as the weights are."""
 
 
 class BaseModelError(GristmillError):
@@ -155,8 +165,8 @@ def fetch_hub_base(
     """snapshot_download of `HUB_FILES` of hub model `repo` at `revision` (None: main); returns the
     snapshot directory and its commit. A missing repository, revision or config.json, a hub that
     cannot be reached with nothing cached, or a snapshot read from the cache (offline, or the hub not
-    reached) lacking what the hub may hold (config.json, a weights file, tokenizer.json), is one
-    ConfigError naming model.init_from."""
+    reached) lacking what the hub may hold (config.json, a weights file, a file the run keeps: `KEPT_FILES`),
+    is one ConfigError naming model.init_from."""
     name = f"{repo}@{revision}" if revision else repo
     try:
         from huggingface_hub import constants, snapshot_download
@@ -186,9 +196,15 @@ def fetch_hub_base(
             raise ConfigError(_fetch_failed(name, repo, revision, e), "model.init_from") from None
         snapshot = Path(getattr(e, "snapshot_path", None) or ".")
         pin = snapshot.name if _COMMIT.fullmatch(snapshot.name) else revision
+        missing = _listed_missing(repo, snapshot) if partial and pin == snapshot.name else []
         raise ConfigError(
             f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} "
-            f"{'holds only part of it' if partial else 'does not hold it'}: {_get(repo, pin, offline)}",
+            + (
+                f"holds only part of it (no {', no '.join(missing)})"
+                if missing
+                else ("holds only part of it" if partial else "does not hold it")
+            )
+            + f": {_get(repo, pin, offline)}",
             "model.init_from",
         ) from None
     except RevisionNotFoundError:
@@ -214,21 +230,25 @@ def fetch_hub_base(
     # was read from the cache (offline, or the hub not reached), holding what another command fetched
     # of the repository (a data build's tokenizer.path = ORG/BASE: its tokenizer.json alone; what
     # transformers' from_pretrained fetches: no tokenizer.json), not the repository's contents (R25d
-    # M1, R25g 1-2). A tokenizer.json the hub cache records as absent (huggingface_hub's .no_exist
-    # marker) is absent: the dataset's tokenizer is then not checked against the base (a note).
+    # M1, R25g 1-2). A file the hub cache records as absent (huggingface_hub's .no_exist marker) is
+    # absent: without tokenizer.json the dataset's tokenizer is not checked against the base (a note);
+    # without tokenizer_config.json or generation_config.json the export makes its own (R25l S1).
     unknown = [
         what
         for what, files in lacking.items()
         if (any(f in listed for f in files) if listed is not None else not _recorded_absent(path, files))
     ]
+    if listed is not None:  # what the hub lacks, recorded as hf_hub_download does for offline reads (M1)
+        _record_absent(path, [f for files in lacking.values() for f in files if f not in listed])
     if unknown:
         held = ", ".join(sorted(p.name for p in path.iterdir())) or "nothing"
-        why = (
-            ": a snapshot read from the cache cannot show the repository has none, and the dataset's "
-            "tokenizer is checked against it"
-            if unknown == [TOKENIZER_JSON]
-            else ""
-        )
+        why = ""
+        if set(unknown) <= set(KEPT_FILES) - {CONFIG_JSON}:
+            why = ": a snapshot read from the cache cannot show the repository has none, and " + (
+                "the dataset's tokenizer is checked against it"
+                if unknown == [TOKENIZER_JSON]
+                else "the run keeps the base's own (its export ships them)"
+            )
         raise ConfigError(
             f"model.init_from = {name!r}: {_no_hub(offline)}, and the hub cache {cache} holds only part of "
             f"{repo} at commit {commit} ({held}; no {' and no '.join(unknown)}){why}: "
@@ -245,8 +265,9 @@ def fetch_hub_base(
 
 
 def _lacking(snapshot: Path) -> dict[str, list[str]]:
-    """What of a base `snapshot` lacks (config.json, the weights, tokenizer.json), each with the
-    repository files that would be it: a weights index counts with every shard it names."""
+    """What of a base `snapshot` lacks (config.json, the weights, the files the run keeps with its
+    base: `KEPT_FILES`), each with the repository files that would be it: a weights index counts with
+    every shard it names."""
     lacking: dict[str, list[str]] = {}
     if not (snapshot / CONFIG_JSON).is_file():
         lacking[CONFIG_JSON] = [CONFIG_JSON]
@@ -261,8 +282,9 @@ def _lacking(snapshot: Path) -> dict[str, list[str]]:
         else:
             if missing:
                 lacking[f"{', '.join(missing)} (named by {INDEX_JSON})"] = missing
-    if not (snapshot / TOKENIZER_JSON).is_file():
-        lacking[TOKENIZER_JSON] = [TOKENIZER_JSON]
+    for kept in KEPT_FILES:
+        if kept != CONFIG_JSON and not (snapshot / kept).is_file():
+            lacking[kept] = [kept]
     return lacking
 
 
@@ -288,11 +310,41 @@ def _hub_listing(repo: str, commit: str, offline: bool) -> set[str] | None:
         return None
 
 
+def _listed_missing(repo: str, snapshot: Path) -> list[str]:
+    """The files of `HUB_FILES` the cached listing of `repo` at the commit of `snapshot` names and
+    the snapshot lacks (what huggingface_hub's IncompleteSnapshotError counts), or [] when unknown."""
+    listed = _hub_listing(repo, snapshot.name, offline=True)
+    if listed is None:
+        return []
+    from huggingface_hub.utils import filter_repo_objects
+
+    return sorted(
+        f for f in filter_repo_objects(listed, allow_patterns=HUB_FILES) if not (snapshot / f).exists()
+    )
+
+
+def _no_exist(snapshot: Path) -> Path:
+    return snapshot.parent.parent / ".no_exist" / snapshot.name
+
+
 def _recorded_absent(snapshot: Path, files: list[str]) -> bool:
     """Whether the hub cache records `files` (one name) as absent at the commit of `snapshot`: the
     marker hf_hub_download leaves when the hub answered that the file is not there."""
-    marker = snapshot.parent.parent / ".no_exist" / snapshot.name
-    return files == [TOKENIZER_JSON] and (marker / TOKENIZER_JSON).is_file()
+    return len(files) == 1 and files[0] in KEPT_FILES and (_no_exist(snapshot) / files[0]).is_file()
+
+
+def _record_absent(snapshot: Path, files: list[str]) -> None:
+    """Leaves the hub cache's record of `files` being absent at the commit of `snapshot` (the empty
+    `.no_exist/<commit>/<file>` hf_hub_download writes on the hub's 404), so that an offline read
+    can tell, with a huggingface_hub that caches no listing (< 1.x) or without the listing. A cache
+    that cannot be written is left as it is: the offline read then refuses, as before."""
+    for name in files:
+        if name in KEPT_FILES:
+            try:
+                (_no_exist(snapshot) / name).parent.mkdir(parents=True, exist_ok=True)
+                (_no_exist(snapshot) / name).touch()
+            except OSError:
+                return
 
 
 def _no_hub(offline: bool) -> str:
