@@ -761,13 +761,6 @@ def check_resume(
             raise refuse(f"the val_fraction of source {s.name!r}", s.val_fraction, ours.val_fraction)
         if s.tokens != ours.tokens:
             raise refuse(f"the training tokens of source {s.name!r}", s.tokens, ours.tokens)
-    p_new, k_new = (
-        plan.locate(step - 1) if plan.total_steps is None or step <= plan.total_steps else (None, None)
-    )
-    if p_new is None:
-        raise refuse(
-            "the total steps", old.total_steps, plan.total_steps, "keep at least the steps already done"
-        )
     # Every phase trained so far keeps its batch before any budget or LR is compared: a batch changed
     # moves the step boundaries of a budget in tokens, and the LR refusal, raised first, named budgets
     # nobody changed, and not the batch (review R25j 4); past this loop the past's batches are equal.
@@ -786,6 +779,15 @@ def check_resume(
                     f"{key} (phase {a.name!r})", a.global_batch * a.seq_len, b.global_batch * b.seq_len
                 )
             raise refuse(f"{where}.global_batch", a.global_batch, b.global_batch)  # a plan without a recipe
+    # (after the batches: a batch changed shortened the plan below the step trained, and was refused as
+    # the total steps: review R25n 1)
+    p_new, k_new = (
+        plan.locate(step - 1) if plan.total_steps is None or step <= plan.total_steps else (None, None)
+    )
+    if p_new is None:
+        raise refuse(
+            "the total steps", old.total_steps, plan.total_steps, "keep at least the steps already done"
+        )
     for p in range(p_old + 1):
         a, b = old.phases[p], plan.phases[p]
         mix_old = _mix(old, a)
@@ -845,7 +847,7 @@ def _budget_shown(written: float | None, trained: int) -> str:
     """A budget in tokens as written (3300, not the 3072 of its whole steps); `trained` when unknown."""
     if written is None:
         return str(trained)
-    return str(int(written)) if float(written).is_integer() else f"{written:g}"
+    return str(int(written)) if float(written).is_integer() else repr(float(written))  # not :g's 6 digits
 
 
 def _mix(plan: Plan, ph: Phase) -> dict[str, str]:

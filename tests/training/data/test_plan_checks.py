@@ -368,8 +368,11 @@ def test_a_changed_batch_is_refused_before_the_budgets_it_moves(sources, tmp_pat
     )
     edit = ["phase[0].tokens=1536", "phase[1].global_batch_tokens=1024"]
     # then with the batch set back: the budget that did change, as written
-    err, back = refused_resumes(sources, tmp_path, capsys, phases, 4, edit, edit[:1])
+    # and a batch that shortens the plan below the step trained: named, not "the total steps" (R25n 1)
+    shorter = ["phase[1].global_batch_tokens=4096"]
+    err, back, short = refused_resumes(sources, tmp_path, capsys, phases, 4, edit, edit[:1], shorter)
     assert "phase[1].global_batch_tokens (phase 'b') = 512 but this run has 1024" in err, err
+    assert "phase[1].global_batch_tokens (phase 'b') = 512 but this run has 4096" in short, short
     assert "phase[1].tokens" not in err and "warmup_tokens" not in err, err
     assert "phase[0].tokens 1024 → 1536 (phase 'a': 2 → 3 steps of 512 tokens)" in back, back
     assert "phase[1]" not in back, back
