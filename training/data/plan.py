@@ -698,8 +698,8 @@ def check_resume(
                     out.append(f"{plan.key_of(p, name)} {' → '.join(_shown_apart(x, y))}")
         return list(dict.fromkeys(out))  # one key may feed two fields (optim.min_lr: an end and a start)
 
-    def refuse_lr(what: str) -> PlanError:
-        changes = lr_changes(p_old)
+    def refuse_lr(what: str, upto: int | None = None) -> PlanError:
+        changes = lr_changes(p_old if upto is None else upto)
         return PlanError(
             f"cannot change {what} already trained: {'; '.join(changes)}; the plan's "
             f"past is immutable — set {'it' if len(changes) == 1 else 'them'} back, or start a new run "
@@ -799,7 +799,9 @@ def check_resume(
                 "set it back, or start a new run " + rule
             )
         if p < p_old and (a.steps != b.steps or a.lr != b.lr):
-            raise refuse_lr(f"the budget or learning rate of phase {a.name!r}, finished and")
+            # the finished phases' changes alone: the current phase's budget may change where its LR so
+            # far does not (a constant phase), and was listed to be set back (review R25n 2)
+            raise refuse_lr(f"the budget or learning rate of phase {a.name!r}, finished and", p_old - 1)
     if (p_new, k_new) != (p_old, k_old):
         raise refuse(
             f"the phase of step {step}",

@@ -378,6 +378,21 @@ def test_a_changed_batch_is_refused_before_the_budgets_it_moves(sources, tmp_pat
     assert "phase[1]" not in back, back
 
 
+def test_a_finished_phase_s_refusal_names_only_what_must_be_set_back(sources, tmp_path, capsys):
+    """A finished phase's budget changed beside the current constant phase's (which may change): the
+    refusal listed both to be set back (review R25n 2)."""
+    phases = (
+        '[[phase]]\nname = "a"\ntokens = 1024\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { warmup_steps = 1, shape = "constant" }\n\n'
+        '[[phase]]\nname = "b"\ntokens = 4096\nseq_len = 32\nmix = { web = 0.6, code = 0.4 }\n'
+        'lr = { shape = "constant" }\n\n'
+    )
+    [err] = refused_resumes(
+        sources, tmp_path, capsys, phases, 4, ["phase[0].tokens=1536", "phase[1].tokens=8192"]
+    )
+    assert "phase[0].tokens 1024 → 1536" in err and "phase[1]" not in err, err
+
+
 def test_a_data_seq_len_no_phase_uses_is_said(sources, tmp_path, capsys):
     """`--set data.seq_len=128` on a recipe whose every phase sets its own seq_len changed nothing,
     silently (the header said seq 32/64, config.toml dropped the key). A note, not a refusal: runs saved
