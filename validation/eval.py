@@ -880,7 +880,7 @@ def evaluate_step(
     if plan.local and (damaged := damaged_task_files(plan.data_dir, plan.local)):
         raise EvalError(
             f"{damaged[0]}: not as {damaged[0].parent / DATA_META} recorded (changed or deleted since it was "
-            f"built); delete {damaged[0].parent} and run the command again (it is built again)"
+            f"built); run the command again: its data is built again from the run's held-out documents"
         )
     # What the scores are of, to check under the eval lock when they are written (a rewind of the
     # running training sets both aside, as a discarded timeline's): the export, and where it is

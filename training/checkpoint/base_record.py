@@ -151,7 +151,8 @@ def hub_weights_sha256(snapshot: str | Path) -> dict[str, str]:
             if got[name] != blob.name:
                 raise BaseModelError(
                     f"{path}: the hub cache's copy is damaged (sha256 {got[name][:12]}…, the hub's is "
-                    f"{blob.name[:12]}…); delete {path.resolve()} and run again: it is fetched anew"
+                    f"{blob.name[:12]}…); delete {path.resolve()} and run again with network (HF_HUB_OFFLINE "
+                    "unset): it is fetched anew"
                 )
     return got
 
