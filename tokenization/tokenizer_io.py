@@ -165,15 +165,27 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
     except EntryNotFoundError as e:
         # the hub answered that the file is not there, now or when the cache recorded it (its .no_exist
         # marker, read offline: R25l M2)
-        if not isinstance(e, LocalEntryNotFoundError) or _recorded_absent(repo, revision):
+        if not isinstance(e, LocalEntryNotFoundError):
             raise TokenizerError(
                 f"tokenizer.path = {spec!r}: the hub repository {repo} holds no tokenizer.json"
                 + (f" at {revision}" if revision else "")
+            ) from None
+        if _recorded_absent(repo, revision):  # the cache's answer, of one commit: the hub not asked
+            raise TokenizerError(
+                f"tokenizer.path = {spec!r}: the hub cache {_cache()} records that {repo} held no "
+                f"tokenizer.json at {revision or 'the commit its main named then'} (the hub was not asked: "
+                "offline, or not reached); with network the same command asks it again (R25o 1)"
             ) from None
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
     return Path(local)
+
+
+def _cache() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
 
 
 def _recorded_absent(repo: str, revision: str | None) -> bool:
