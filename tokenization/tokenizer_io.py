@@ -174,7 +174,7 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
             raise TokenizerError(
                 f"tokenizer.path = {spec!r}: the hub cache {_cache()} records that {repo} held no "
                 f"tokenizer.json at {revision or 'the commit its main named then'} (the hub was not asked: "
-                "offline, or not reached); with network the same command asks it again (R25o 1)"
+                "offline, or not reached); with network (HF_HUB_OFFLINE unset) the same command asks it again"
             ) from None
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user

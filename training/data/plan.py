@@ -678,11 +678,9 @@ def check_resume(
         out = []
         for p in range(upto + 1):
             a, b = old.phases[p], plan.phases[p]
-            # the current phase's budget moves its LR so far only where its shape depends on its length
-            # (a constant phase may grow: it was listed to be set back beside the change that is refused:
-            # review R25p 2)
-            lengthless = p == p_old and all(ph.lr is None or ph.lr.shape == "constant" for ph in (a, b))
-            if a.steps != b.steps and not lengthless:
+            # (listed also where the steps trained do not depend on it, a constant phase's: telling those
+            # apart missed a warmup capped at the phase's steps, and hid the key that moved the LR: R25q 1)
+            if a.steps != b.steps:
                 out.append(_budget_change(old, plan, p, "steps", a.steps, b.steps))
             scale = [ph.lr.scale if ph.lr else 1.0 for ph in (a, b)]
             if not math.isclose(*scale, rel_tol=1e-12):
