@@ -171,21 +171,18 @@ def _fetch_from_hub(spec: str, requested: str | None = None) -> Path:
                 + (f" at {revision}" if revision else "")
             ) from None
         if _recorded_absent(repo, revision):  # the cache's answer, of one commit: the hub not asked
+            from huggingface_hub import constants
+
             raise TokenizerError(
-                f"tokenizer.path = {spec!r}: the hub cache {_cache()} records that {repo} held no "
-                f"tokenizer.json at {revision or 'the commit its main named then'} (the hub was not asked: "
-                "offline, or not reached); with network (HF_HUB_OFFLINE unset) the same command asks it again"
+                f"tokenizer.path = {spec!r}: the hub cache {constants.HF_HUB_CACHE} records that {repo} held "
+                f"no tokenizer.json at {revision or 'the commit its main named then'} (the hub was not "
+                "asked: offline, or not reached); with network (HF_HUB_OFFLINE unset) the same command asks "
+                "it again"
             ) from None
         raise _unreachable(spec, repo, revision, e) from None
     except Exception as e:  # offline, a timeout, a full disk: all end the same way for the user
         raise _unreachable(spec, repo, revision, e) from None
     return Path(local)
-
-
-def _cache() -> str:
-    from huggingface_hub import constants
-
-    return str(constants.HF_HUB_CACHE)
 
 
 def _recorded_absent(repo: str, revision: str | None) -> bool:

@@ -33,13 +33,14 @@ from typing import Any
 from training.checkpoint.base_source import (
     INDEX_JSON,
     KEPT_FILES,
+    TOKENIZER_FILES,
     BaseModelError,
     hub_id,
     weights_files,
 )
 from training.checkpoint.record import base_record_of, newest_base_record
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import TOKENIZER_JSON, file_sha256
+from training.contract.dataset_format import file_sha256
 from training.contract.errors import GristmillError
 from training.contract.integrity import EXPORT_CHECKSUMS, damaged_files, exported_with_checksums
 from training.contract.run_layout import (
@@ -67,8 +68,6 @@ __all__ = [
 ]
 
 BASE_JSON = "base.json"
-TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
-_KEPT = KEPT_FILES  # config.json, TOKENIZER_FILES, generation_config.json
 
 
 def weights_sha256(directory: str | Path) -> dict[str, str]:
@@ -132,28 +131,22 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def hub_weights_sha256(snapshot: str | Path) -> dict[str, str]:
-    """{file: sha256} of a hub base's weights files in its cache snapshot, hashed (what the run loads)
-    and held to the hub's own sha256 where the cache names the file's blob by it (an LFS file's
-    ETag: snapshots/<commit>/F -> ../../blobs/<sha256>): a copy damaged in the cache is refused in one
-    line. Reading the name alone recorded the hub's bytes while the run trained on the damaged copy
-    (review R25k 1: a claim beside the data is not the data)."""
-    snapshot = Path(snapshot)
-    weight_map, names = weights_files(snapshot)
-    names += [INDEX_JSON] if weight_map is not None else []
-    got = {}
-    for name in names:
-        path = snapshot / name
-        if not path.is_file():
-            raise BaseModelError(f"{path} not found (named by the base's weights index)")
-        got[name] = file_sha256(path)
+    """weights_sha256 of a hub base's cache snapshot (what the run loads), held to the hub's own sha256
+    where the cache names the file's blob by it (an LFS file's ETag: snapshots/<commit>/F ->
+    ../../blobs/<sha256>): a copy damaged in the cache is refused in one line. Reading the name alone
+    recorded the hub's bytes while the run trained on the damaged copy (review R25k 1: a claim beside
+    the data is not the data)."""
+    got = weights_sha256(snapshot)
+    for name, sha in got.items():
+        path = Path(snapshot) / name
         blob = Path(os.readlink(path)) if path.is_symlink() else None
-        if blob is not None and blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name):
-            if got[name] != blob.name:
-                raise BaseModelError(
-                    f"{path}: the hub cache's copy is damaged (sha256 {got[name][:12]}…, the hub's is "
-                    f"{blob.name[:12]}…); delete {path.resolve()} and run again with network (HF_HUB_OFFLINE "
-                    "unset): it is fetched anew"
-                )
+        named = blob is not None and blob.parent.name == "blobs" and _SHA256.fullmatch(blob.name)
+        if named and sha != blob.name:
+            raise BaseModelError(
+                f"{path}: the hub cache's copy is damaged (sha256 {sha[:12]}…, the hub's is "
+                f"{blob.name[:12]}…); delete {path.resolve()} and run again with network (HF_HUB_OFFLINE "
+                "unset): it is fetched anew"
+            )
     return got
 
 
@@ -170,7 +163,7 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
     its weights files."""
     target, directory = Path(run_dir) / BASE_DIR, Path(directory)
     target.mkdir(parents=True, exist_ok=True)
-    kept = [name for name in _KEPT if (directory / name).is_file()]
+    kept = [name for name in KEPT_FILES if (directory / name).is_file()]
     _keep_files(directory, target, kept)
     record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")
@@ -178,8 +171,8 @@ def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_
 
 def _keep_files(source: Path, target: Path, kept: list[str]) -> None:
     """The base's small files `kept` copied from `source` into RUN/base/ (`target`); the others of
-    _KEPT removed there (a record of an earlier start, from another base)."""
-    for name in _KEPT:
+    KEPT_FILES removed there (a record of an earlier start, from another base)."""
+    for name in KEPT_FILES:
         if name in kept:
             write_atomic(target / name, (source / name).read_bytes())
         else:

@@ -39,6 +39,7 @@ __all__ = [
     "HUB_FILES",
     "INDEX_JSON",
     "KEPT_FILES",
+    "TOKENIZER_FILES",
     "SINGLE_FILE",
     "BaseModelError",
     "BaseSource",
@@ -52,13 +53,8 @@ CONFIG_JSON = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_JSON = "model.safetensors.index.json"
 TOKENIZER_JSON = "tokenizer.json"
-KEPT_FILES = (
-    CONFIG_JSON,
-    TOKENIZER_JSON,
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-)
+TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
+KEPT_FILES = (CONFIG_JSON, *TOKENIZER_FILES, "generation_config.json")
 """The files of a base a run keeps (base_record's copy in RUN/base, which its export ships), held
 present or absent by the hub's word, as the weights are."""
 

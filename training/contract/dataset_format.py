@@ -357,7 +357,7 @@ def framed_as_trained(tokenizer_json: str, separator: dict[str, Any]) -> str:
     spec = json.loads(tokenizer_json)
     pp = spec.get("post_processor")
     kept = [p for p in (pp.get("processors", []) if pp and pp.get("type") == "Sequence" else [pp]) if p]
-    offsets = [_offsets_of(p) for p in kept if isinstance(p, dict) and _offsets_of(p) is not None]
+    offsets = [o for p in kept if isinstance(p, dict) and (o := _offsets_of(p)) is not None]
     before = separator.get("position") == "before"
     if not before and offsets == kept:
         return tokenizer_json  # adds nothing already
@@ -394,17 +394,16 @@ def as_encoded(tokenizer_json: str) -> str:
 TOKENIZER_ID_SECTIONS = ("added_tokens", "normalizer", "pre_tokenizer", "model")
 
 
-# A BPE model's fields whose value left out (or null) is the same setting as this one (tokenizers'
-# models/bpe: an empty continuing-subword prefix or end-of-word suffix adds nothing; a flag is false
-# by default), and the value they are compared as (BPE_UNSET; not listed: None).
-BPE_SAME_AS_UNSET: dict[str, Any] = {
-    "continuing_subword_prefix": "",
-    "end_of_word_suffix": "",
-    "fuse_unk": False,
-    "byte_fallback": False,
-    "ignore_merges": False,
+# A BPE model's fields whose values listed are one setting, each compared as the first (tokenizers'
+# models/bpe: an empty continuing-subword prefix or end-of-word suffix adds nothing, as none does; a
+# flag left out is false); a field left out is its first value too.
+BPE_ONE_SETTING: dict[str, tuple[Any, ...]] = {
+    "continuing_subword_prefix": (None, ""),
+    "end_of_word_suffix": (None, ""),
+    "fuse_unk": (False,),
+    "byte_fallback": (False,),
+    "ignore_merges": (False,),
 }
-BPE_UNSET: dict[str, Any] = {"fuse_unk": False, "byte_fallback": False, "ignore_merges": False}
 
 
 def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
@@ -421,9 +420,9 @@ def tokenizer_id_content(path: str | Path) -> dict[str, Any]:
             # A value left out or null and `tokenizers`' default for it are one setting: a prefix or
             # suffix "" adds nothing, as none does (transformers 5 re-saves a GPT-2 tokenizer's nulls
             # as "": review R25i M1), and a flag left out is false. Written as `tokenizers` writes them.
-            for key, none in BPE_SAME_AS_UNSET.items():
-                if model.get(key, none) == none:
-                    model[key] = BPE_UNSET.get(key)
+            for key, same in BPE_ONE_SETTING.items():
+                if key not in model or model[key] in same:
+                    model[key] = same[0]
         if isinstance(model.get("merges"), list):
             merges = [m.split(" ", 1) if isinstance(m, str) else m for m in model["merges"]]
             content["model"] = model | {"merges": merges}

@@ -433,13 +433,14 @@ def _noise(
     seeds alone: averaged with the swarm's own, the miss mixed a measurement into an estimate
     (review R25c 3); the own seed's gaps are said apart (`own_seed_gap`)."""
     predicted = {name: float(fitted.predict(mixes[name])[0]) for name in mixes}
-    gap = {name: float(np.mean(losses[name])) - predicted[name] for name in mixes}
     spread = {name: float(np.ptp(v)) if len(v) > 1 else None for name, v in losses.items()}
     own = [k for k, seed in enumerate(seeds) if seed == swarm_seed]
     others = [k for k, seed in enumerate(seeds) if seed != swarm_seed]
 
     def gap_on(ks: list[int]) -> dict[str, float]:  # validated mean over those seeds − predicted
         return {name: float(np.mean([losses[name][k] for k in ks])) - predicted[name] for name in mixes}
+
+    gap = gap_on(list(range(len(seeds))))
 
     def gaps_text(shown: dict[str, float]) -> str:
         return (
