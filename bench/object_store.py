@@ -113,6 +113,19 @@ def loader(location, args, cache: CacheSettings | None = None, global_batch: int
     )
 
 
+def warm_pair(url, local, working, args, n: int, **kw) -> tuple[dict[str, float], ...]:
+    """The bucket's loader (through cache `working`) and the local one, `n` warm steps each, alternating,
+    --repeats times: per loader the best run's seconds, the best after its first batch, and the best
+    to its first batch."""
+    runs: dict[str, list[float]] = {"bucket": [], "local": []}
+    firsts: dict[str, list[float]] = {"bucket": [], "local": []}
+    for _ in range(args.repeats):
+        for k, where, c in (("bucket", url, working), ("local", local, None)):
+            runs[k].append(run_steps(where, args, c, n, firsts[k], **kw))
+    after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+    return {k: min(v) for k, v in runs.items()}, after, {k: min(v) for k, v in firsts.items()}
+
+
 def run_steps(
     location, args, cache: CacheSettings | None, steps: int, first: list | None = None, **kw
 ) -> float:
@@ -263,15 +276,10 @@ def main() -> None:
         run_steps(url, args, working, n, **vf)  # every block of those steps in the cache
         tokens = n * args.global_batch * args.seq_len
         for workers in args.warm_workers:
-            runs = {"bucket": [], "local": []}
-            firsts = {"bucket": [], "local": []}
-            for _ in range(args.repeats):
-                for k, where, c in (("bucket", url, working), ("local", local, None)):
-                    runs[k].append(run_steps(where, args, c, n, firsts[k], num_workers=workers, **vf))
-            rate = {k: tokens / min(v) for k, v in runs.items()}
             # After the first batch: the steps alone (the open asks the bucket for dataset.json and
             # the held-out prefix, once a run; the workers start).
-            after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+            whole, after, _ = warm_pair(url, local, working, args, n, num_workers=workers, **vf)
+            rate = {k: tokens / v for k, v in whole.items()}
             print(
                 f"warm loader, {n} steps, data.num_workers = {workers}: bucket "
                 f"{rate['bucket'] / 1e6:.2f}M tokens/s, local {rate['local'] / 1e6:.2f}M tokens/s: "
@@ -294,20 +302,15 @@ def main() -> None:
         epoch_order.GROUP_BLOCKS = 1 << 30
         samples = DocumentTable(url, cache=working, **vf).cache.nunits
         run_steps(url, args, working, n, **vf)
-        runs = {"bucket": [], "local": []}
-        firsts = {"bucket": [], "local": []}
-        for _ in range(args.repeats):
-            runs["bucket"].append(run_steps(url, args, working, n, firsts["bucket"], **vf))
-            runs["local"].append(run_steps(local, args, None, n, firsts["local"], **vf))
         # After the first batch: the steps alone, the next group's plan among them (an epoch here).
-        after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+        whole, after, first = warm_pair(url, local, working, args, n, **vf)
         print(
             f"warm loader, {n} steps, one group of all {samples} samples: bucket "
-            f"{tokens / min(runs['bucket']) / 1e6:.2f}M tokens/s, local "
-            f"{tokens / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
-            f"{min(runs['local']) / min(runs['bucket']):.3f}; after the first batch "
+            f"{tokens / whole['bucket'] / 1e6:.2f}M tokens/s, local "
+            f"{tokens / whole['local'] / 1e6:.2f}M tokens/s: ratio "
+            f"{whole['local'] / whole['bucket']:.3f}; after the first batch "
             f"{after['local'] / after['bucket']:.3f} (to the first batch: bucket "
-            f"{min(firsts['bucket']) * 1e3:.0f} ms, local {min(firsts['local']) * 1e3:.0f} ms)"
+            f"{first['bucket'] * 1e3:.0f} ms, local {first['local'] * 1e3:.0f} ms)"
         )
         epoch_order.GROUP_BLOCKS = args.group_blocks
         # One rank of several, in the loop's process: rank 0's slots, 1/N of each step.
@@ -317,17 +320,12 @@ def main() -> None:
                 print(f"rank 0 of {world}: skipped, --global-batch {g} is not a multiple of {world}")
                 continue
             kw = {"micro_batch": g // world, "rank": 0, "world_size": world, **vf}
-            runs = {"bucket": [], "local": []}
-            firsts = {"bucket": [], "local": []}
-            for _ in range(args.repeats):
-                for k, where, c in (("bucket", url, working), ("local", local, None)):
-                    runs[k].append(run_steps(where, args, c, n, firsts[k], **kw))
-            after = {k: min(t - f for t, f in zip(runs[k], firsts[k])) for k in runs}
+            whole, after, _ = warm_pair(url, local, working, args, n, **kw)
             print(
                 f"warm loader, {n} steps, rank 0 of {world} (its 1/{world} of each step), groups of "
-                f"{args.group_blocks}: bucket {tokens / world / min(runs['bucket']) / 1e6:.2f}M tokens/s, "
-                f"local {tokens / world / min(runs['local']) / 1e6:.2f}M tokens/s: ratio "
-                f"{min(runs['local']) / min(runs['bucket']):.3f}; after the first batch "
+                f"{args.group_blocks}: bucket {tokens / world / whole['bucket'] / 1e6:.2f}M tokens/s, "
+                f"local {tokens / world / whole['local'] / 1e6:.2f}M tokens/s: ratio "
+                f"{whole['local'] / whole['bucket']:.3f}; after the first batch "
                 f"{after['local'] / after['bucket']:.3f}"
             )
         older = args.dir / "dataset-v2"
