@@ -23,12 +23,14 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipelines.dataset_lock import LOCK, dataset_lock
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from pipelines.task_upload import is_task_record
 from pipelines.upload import upload_dataset
@@ -36,6 +38,7 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     FORMAT,
     LEGACY_FORMAT,
+    MANIFEST_DIR,
     MANIFEST_FIELDS,
     PROVENANCE_COLUMNS,
     RECORDED_FILES,
@@ -47,19 +50,19 @@ from training.contract.dataset_format import (
     check_last_validation,
     dataset_files,
     fingerprint_before_index,
-    index_hashes,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
     recorded_paths,
     shard_name,
     tar_padded,
+    task_of_file,
     tokenizer_problem,
     unlike_record,
 )
-from training.contract.dataset_index import DOC_HASHES, DOC_TOKENS, INDEX_DIR
+from training.contract.dataset_index import INDEX_DIR, unlike_manifest
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
-from validation.validate import VALIDATION_JSON, format_report, validate_dataset
+from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
 # dataset.json keys finalize_dataset computes; every other key of OLD's (tasks, decontaminate …) is kept.
 _DERIVED = {
@@ -126,25 +129,42 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
         out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
-        shutil.rmtree(out, ignore_errors=True)
         was = read_dataset_info(root)["format"]
-        try:
-            info = _convert(old, root, out, log)
-        except BaseException:  # a refusal keeps nothing of the copy (a dataset's size beside NEW)
-            shutil.rmtree(out, ignore_errors=True)
-            raise
-        if is_url(new):
-            upload_dataset(out, new, log)
-        else:
-            if Path(new).exists():
-                Path(new).rmdir()  # empty (checked above)
-            os.replace(out, new)
+        with _writing(old, new, out):
+            try:
+                info = _convert(old, root, out, new, log)
+            except BaseException:  # a refusal keeps nothing of the copy (a dataset's size beside NEW)
+                shutil.rmtree(out, ignore_errors=True)
+                raise
+            if is_url(new):
+                upload_dataset(out, new, log)
+            else:
+                if Path(new).exists():
+                    Path(new).rmdir()  # empty (checked above)
+                os.replace(out, new)  # its lock file with it: held until the end, as any writer's
         # said once it is there, under the name the user gave (it named the folder it was written in)
         log(
             f"converted {old} ({was}) into {new} ({FORMAT}): {info['documents']:,} documents in "
             f"{info['shards']} shards, the same batches (runs trained on it resume on this one); validated"
         )
         return info
+
+
+@contextlib.contextmanager
+def _writing(old: str, new: str, out: Path) -> Iterator[None]:
+    """`out`, the folder a local NEW is written in, locked as a build locks its output and emptied (a
+    killed conversion's is left): two conversions into one NEW at once removed each other's files
+    (review R26c m1); the second is refused in one line. A bucket's NEW is written in this
+    conversion's own work folder."""
+    if is_url(new):
+        yield
+        return
+    with dataset_lock(out, f"`gristmill data convert {old} {new}`", writing=new):
+        _check_new(old, new)  # again: NEW may be one that a conversion finished meanwhile
+        for p in out.iterdir():
+            if p.name != LOCK:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        yield
 
 
 def _check_new(old: str, new: str) -> None:
@@ -186,19 +206,44 @@ def _check_new(old: str, new: str) -> None:
         )
 
 
-def _check_counts(old: str, root: Path, info: dict[str, Any]) -> None:
-    """OLD's manifests list the documents and tokens its dataset.json records, before any work: a
-    manifest missing from a dataset that predates the record of its files was found only after the
-    whole conversion (review R17c M3)."""
+def _check_manifests(old: str, root: Path, info: dict[str, Any]) -> None:
+    """OLD's manifests, before any work: each a build's (manifest/NNNNN.parquet), naming only shards
+    dataset.json lists, every listed shard named, the documents and tokens dataset.json records
+    (review R17c M3). A stray copy, a leftover of another build and a listed shard without rows were
+    tracebacks or a NEW short of documents; an edited `documents` went unsaid (review R26c M4, m3)."""
     documents = tokens = 0
+    named: set[str] = set()
+    recorded = info.get("files")
     for path in manifest_files(root):
-        n = pq.read_table(path, columns=["n_tokens"]).column("n_tokens")
-        documents, tokens = documents + len(n), tokens + int(sum(n.to_pylist()))
+        rel = f"{MANIFEST_DIR}/{path.name}"
+        if task_of_file(rel) is None or (recorded is not None and rel not in recorded):
+            raise DatasetError(
+                f"{path}: not a manifest of {old}'s build ("
+                + ("manifest/NNNNN.parquet" if recorded is None else f"one its {DATASET_JSON} records")
+                + f"): a copy or a leftover; move it out of {old}, then convert again"
+            )
+        t = pq.read_table(path, columns=["shard", "n_tokens"])
+        shards = set(t.column("shard").to_pylist())
+        if unlisted := sorted(shards - set(info["shard_files"])):
+            raise DatasetError(
+                f"{path}: its rows name shard {unlisted[0]}, which {DATASET_JSON} does not list (a leftover "
+                f"of another build): move it and {SHARDS_DIR}/{unlisted[0]} out of {old}, then convert again"
+            )
+        named |= shards
+        documents, tokens = documents + t.num_rows, tokens + int(sum(t.column("n_tokens").to_pylist()))
+    if missing := sorted(set(info["shard_files"]) - named):
+        raise DatasetError(
+            f"{old}: no manifest row names {SHARDS_DIR}/{missing[0]}, which {DATASET_JSON} lists: a "
+            f"manifest is missing; restore it (nothing was converted)"
+        )
     if (documents, tokens) != (info["documents"], info["tokens"]):
+        # the manifests checked against their record (or, without one, the shards' rows against the
+        # shards as each is read): dataset.json's totals are the edit
+        what = "a manifest was edited" if info.get("files") is None else f"{DATASET_JSON} was edited"
         raise DatasetError(
             f"{old}: its manifests list {documents:,} documents of {tokens:,} tokens, but {DATASET_JSON} "
-            f"records {info['documents']:,} of {info['tokens']:,}: a manifest is missing or was edited; "
-            f"nothing was converted (`gristmill data validate {old}` lists it)"
+            f"records {info['documents']:,} of {info['tokens']:,}: {what} after the build; nothing was "
+            f"converted (`gristmill data validate {old}` lists it)"
         )
 
 
@@ -236,8 +281,9 @@ def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
         )
 
 
-def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
-    """OLD (its files, but a bucket's shards, at `root`) rewritten into the new directory `out`."""
+def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any]:
+    """OLD (its files, but a bucket's shards, at `root`) rewritten into the new directory `out`, to
+    become NEW (`target`)."""
     info = read_dataset_info(root)
     check_fingerprint(old, info)
     if info["format"] == FORMAT:
@@ -247,8 +293,16 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         if why := tokenizer_problem(root, info):  # one dropped in beside a dataset that records none too
             raise DatasetError(f"{why}; nothing was converted")
     _check_recorded(old, root, info)
-    if info.get("files") is None:  # its manifests unrecorded: counted against dataset.json instead
-        _check_counts(old, root, info)
+    _check_manifests(old, root, info)
+    # OLD's index (covered by its fingerprint) is the record of which document each row read, where
+    # its manifests have none: an edit since (two rows' offsets swapped) gave NEW other documents at
+    # those rows, "the same batches" (review R26c S1)
+    if "index" in info and (bad := unlike_manifest(root, info)):
+        raise DatasetError(
+            f"{old}: its manifests give another index than the one {DATASET_JSON} records "
+            f"({', '.join(bad)}): a manifest was edited or replaced since the build; nothing was converted "
+            f"(`gristmill data validate {old}` lists it)"
+        )
     dtype = numpy_dtype(info["dtype"])
     fields = [f.name for f in MANIFEST_FIELDS]
     out.mkdir(parents=True, exist_ok=True)
@@ -265,6 +319,7 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
             )
         for shard, members in groups:
             data = _shard_bytes(old, root, shard, info)
+            _check_rows(old, path, shard, data, info, members)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
                 meta = {k: r.get(k) for k in fields}
@@ -300,17 +355,7 @@ def _convert(old: str, root: Path, out: Path, log) -> dict[str, Any]:
         tokenizer_path=tokenizer if info["tokenizer_sha256"] != "none" else None,
         extra={**kept, "converted_from": {"format": info["format"], "fingerprints": was}},
     )
-    # The order is a function of the lengths in manifest order: the same bytes, the same batches (and,
-    # from a /2 dataset, the same ids: the same sha256 per row).
-    if "index" in info:
-        before, after = index_hashes(info["index"]), index_hashes(new["index"])
-        if any(before[name] != after[name] for name in (DOC_TOKENS, DOC_HASHES) if name in before):
-            raise DatasetError(
-                f"{old}: the documents its manifests list differ from what its index records (lengths "
-                "or sha256): a manifest was edited or replaced; nothing was converted (`gristmill data "
-                f"validate {old}` lists it)"
-            )
-    report = validate_dataset(out, progress=False)
+    report = validate_dataset(out, progress=False, shown_as=target)
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
     return new
@@ -330,7 +375,13 @@ def _shard_bytes(old: str, root: Path, name: str, info: dict[str, Any]) -> bytes
     """A shard's bytes (read in place, or a bucket's downloaded), checked against the sha256 dataset.json
     records: what is converted is OLD as it was built."""
     rel = f"{SHARDS_DIR}/{name}"
-    data = ObjectStore(ObjectURL.parse(old)).get(rel) if is_url(old) else (root / rel).read_bytes()
+    try:
+        data = ObjectStore(ObjectURL.parse(old)).get(rel) if is_url(old) else (root / rel).read_bytes()
+    except OSError as e:
+        raise DatasetError(
+            f"{root / rel}: {'missing' if isinstance(e, FileNotFoundError) else e.strerror}, but "
+            f"{DATASET_JSON} lists it: restore it, then convert again; nothing was converted"
+        ) from None
     spec = info["shard_files"][name]
     if len(data) != spec["bytes"] or hashlib.sha256(data).hexdigest() != spec["sha256"]:
         where = f"{old}/{rel}" if is_url(old) else str(root / rel)
@@ -339,6 +390,24 @@ def _shard_bytes(old: str, root: Path, name: str, info: dict[str, Any]) -> bytes
             f"since the build; nothing was converted (`gristmill data validate {old}` says more)"
         )
     return data
+
+
+def _check_rows(
+    old: str, path: Path, shard: str, data: bytes, info: dict[str, Any], rows: list[dict[str, Any]]
+) -> None:
+    """OLD's rows of `shard` (of manifest `path`) against its bytes as `gristmill data validate` checks
+    them: each row's document where its members are (/1: the `<key>.ids` member its key names, in tar
+    order), each row's sha256 where it has one. A manifest no record covers, edited, gave NEW other
+    documents under its rows' keys, "validated" (review R26c S1)."""
+    res = check_shard_bytes(shard, data, info, rows)
+    if res.problems:
+        more = len(res.problems) + res.more_problems - 1
+        raise DatasetError(
+            f"{path}: its rows do not describe {res.problems[0]}"
+            + (f" (and {more} more)" if more else "")
+            + f": the manifest was edited or the shard replaced; nothing was converted (`gristmill data "
+            f"validate {old}` lists them)"
+        )
 
 
 def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:

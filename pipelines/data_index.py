@@ -20,7 +20,6 @@ from training.contract.dataset_format import (
     DatasetError,
     check_fingerprint,
     fingerprint,
-    index_hashes,
     read_dataset_info,
     unlike_record,
     write_dataset_info,
@@ -32,8 +31,8 @@ from training.contract.dataset_index import (
     DocIndex,
     IndexRecordEdited,
     damaged_files,
-    expected_index,
     index_format,
+    unlike_manifest,
     write_index,
 )
 from training.contract.object_store import is_url
@@ -62,7 +61,9 @@ def _index(root: Path, log) -> dict[str, Any]:
     if entry is not None and entry.get("format") != index_format(info):
         # An index of an older format: derived again in this one. The fingerprint covers the index, so
         # it changes; a run that trained on the old index planned its epochs another way (its loader
-        # state names the older plan and is refused), so no fingerprint is kept for it.
+        # state names the older plan and is refused), so no fingerprint is kept for it. The manifest
+        # must still be the one the old index was derived from (what its files share with the new).
+        _check_unchanged(root, info)
         info = {**info, "index": write_index(root, info)}
         info["fingerprint"] = fingerprint(info)
         write_dataset_info(root, info)
@@ -98,12 +99,7 @@ def _index(root: Path, log) -> dict[str, Any]:
             )
             return info
         log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
-        # Compare before replacing anything: a manifest that changed must not leave index/ rewritten.
-        if index_hashes(expected_index(root, info)) != index_hashes(entry):
-            raise DatasetError(
-                f"{root}: the index derived from manifest/ differs from the one {DATASET_JSON} records: the "
-                "manifest changed after the build; rebuild the dataset"
-            )
+        _check_unchanged(root, info)  # before replacing anything: a changed manifest leaves index/ as is
         write_index(root, info)
         log(f"repaired {root / INDEX_DIR}")
         return info
@@ -146,4 +142,14 @@ def _check_manifests(root: Path, info: dict[str, Any]) -> None:
         raise DatasetError(
             f"{root / rel}: not the file {DATASET_JSON} records (missing, or its sha256 differs): the "
             "manifest changed after the build; nothing was indexed (rebuild the dataset, or restore it)"
+        )
+
+
+def _check_unchanged(root: Path, info: dict[str, Any]) -> None:
+    """The manifest derives the index dataset.json records (unlike_manifest), before it is written again."""
+    if bad := unlike_manifest(root, info):
+        raise DatasetError(
+            f"{root / MANIFEST_DIR}: the index derived from it differs from the one {DATASET_JSON} records "
+            f"({', '.join(bad)}): the manifest changed after the build; nothing was indexed (restore it, or "
+            "rebuild the dataset)"
         )

@@ -1,5 +1,6 @@
-"""One writer of a local dataset directory at a time: `gristmill data build` (its output) and
-`gristmill data index` take the same lock, OUTPUT/.build.lock. Two indexes at once removed each
+"""One writer of a local dataset directory at a time: `gristmill data build` (its output),
+`gristmill data index` and `gristmill data convert` (the folder NEW is written in) take the same lock,
+OUTPUT/.build.lock. Two indexes at once removed each
 other's index.tmp/ (a traceback: review R17e E3); an index beside a build's finalize would derive
 from a manifest being written.
 """
@@ -23,10 +24,13 @@ class DatasetBusyError(GristmillError):
 
 
 @contextlib.contextmanager
-def dataset_lock(out: Path, what: str, read_only_ok: bool = False) -> Iterator[None]:
+def dataset_lock(
+    out: Path, what: str, read_only_ok: bool = False, writing: str | None = None
+) -> Iterator[None]:
     """Hold `out`'s lock while `what` (e.g. "`gristmill data build`") writes it; refused in one line
     when another process holds it. `read_only_ok`: a directory nothing can write (a read-only mount)
-    has no writer to exclude: `what` goes on unlocked (`data index` of an intact index writes nothing)."""
+    has no writer to exclude: `what` goes on unlocked (`data index` of an intact index writes nothing).
+    `writing`: what the refusal says is being written, when not `out` (a conversion's NEW)."""
     f = _open(out, read_only_ok)
     if f is None:
         yield
@@ -40,8 +44,8 @@ def dataset_lock(out: Path, what: str, read_only_ok: bool = False) -> Iterator[N
             if e.errno not in (errno.EACCES, errno.EAGAIN):
                 raise
             raise DatasetBusyError(
-                f"another `gristmill data build` or `gristmill data index` is writing {out}; wait for it to "
-                f"finish, then run {what} again"
+                f"another `gristmill data build`, `data index` or `data convert` is writing "
+                f"{writing or out}; wait for it to finish, then run {what} again"
             ) from None
         yield
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
 import mmap
 import multiprocessing
@@ -242,13 +243,52 @@ def _check_shard(spec: _ShardSpec, res: ShardResult, sha256: str | None = None) 
         # touches only headers and the token bytes (zero-copy views into the map).
         res.sha256 = sha256 or hashlib.sha256(mm).hexdigest()
         _check_expected(spec, res)
-        if spec.layout == LEGACY_FORMAT:
-            members = _walk_tar(mm, size, res, (IDS_EXT, META_EXT), "document")
-            _check_documents(spec, res, mm, members, dtype)
-        else:
-            exts = (DOCS_EXT, IDS_EXT) if spec.layout == FORMAT else (IDS_EXT,)
-            members = _walk_tar(mm, size, res, exts, "sample")
-            _check_samples(spec, res, mm, members, dtype)
+        _check_layout(spec, res, mm, mm, size, dtype)
+
+
+def _check_layout(spec: _ShardSpec, res: ShardResult, tar: Any, data: Any, size: int, dtype: np.dtype):
+    """The shard's members, documents and manifest rows (`tar`: a file object over its bytes for the
+    tar walk, `data`: the same bytes, sliceable)."""
+    if spec.layout == LEGACY_FORMAT:
+        members = _walk_tar(tar, data, size, res, (IDS_EXT, META_EXT), "document")
+        _check_documents(spec, res, data, members, dtype)
+    else:
+        exts = (DOCS_EXT, IDS_EXT) if spec.layout == FORMAT else (IDS_EXT,)
+        members = _walk_tar(tar, data, size, res, exts, "sample")
+        _check_samples(spec, res, data, members, dtype)
+
+
+def check_shard_bytes(
+    name: str, data: bytes, info: dict[str, Any], rows: list[dict[str, Any]]
+) -> ShardResult:
+    """Shard `name` of the dataset of dataset.json `info`, read whole into `data` (`gristmill data
+    convert` reads each of OLD's so), against its manifest `rows` in manifest order: every check
+    `validate_dataset` makes of a shard's members, documents and rows, but its size and sha256 (the
+    caller's), and, under /1, that the rows list the shard's documents in its tar order."""
+    hashed = info["format"] != LEGACY_FORMAT
+    spec = _ShardSpec(
+        "",
+        name,
+        info["dtype"],
+        int(info["vocab_size"]),
+        info["separator"]["id"],
+        info["separator"]["position"],
+        {
+            r["key"]: (r["offset"], r["nbytes"], r["n_tokens"], r[DOC_SHA256] if hashed else None)
+            for r in rows
+        },
+        None,
+        len(data),
+        layout=info["format"],
+    )
+    res = ShardResult(name)
+    if len(spec.manifest) != len(rows):
+        res.add("the manifest lists one of this shard's keys twice (edited by hand)")
+    try:
+        _check_layout(spec, res, io.BytesIO(data), data, len(data), numpy_dtype(spec.dtype))
+    except Exception as e:  # noqa: BLE001 - one line naming the shard, as check_shard's
+        res.add(f"could not be checked: {type(e).__name__}: {e}")
+    return res
 
 
 def check_written_shard(
@@ -293,14 +333,14 @@ def _check_expected(spec: _ShardSpec, res: ShardResult) -> None:
 
 
 def _walk_tar(
-    mm: mmap.mmap, size: int, res: ShardResult, exts_allowed: tuple[str, ...], kind: str
+    tar: Any, mm: Any, size: int, res: ShardResult, exts_allowed: tuple[str, ...], kind: str
 ) -> dict[str, dict[str, tuple[int, int]]]:
     """key -> {ext: (data offset, size)} from the tar headers; structural problems go to `res`, naming
     the `kind` of thing a key names (a document, or a sample of documents)."""
     members: dict[str, dict[str, tuple[int, int]]] = {}
     last_key: str | None = None
     try:
-        tf = tarfile.open(fileobj=mm, mode="r:")  # noqa: SIM115 - nothing to close, mm is ours
+        tf = tarfile.open(fileobj=tar, mode="r:")  # noqa: SIM115 - nothing to close, tar is ours
     except tarfile.TarError as e:
         res.add(f"corrupt tar header at byte 0 ({e}): not a readable tar")
         return members
@@ -580,6 +620,17 @@ def _check_manifest(
     for key, exts in members.items():
         if IDS_EXT in exts and key not in spec.manifest:
             res.add("in the tar but has no manifest row for this shard", key)
+    # Rows in another order read other documents at each row (the order is the batches'): a build
+    # writes its rows in the order it writes the members.
+    listed = [k for k in spec.manifest if IDS_EXT in members.get(k, {})]
+    in_tar = [k for k, exts in members.items() if IDS_EXT in exts and k in spec.manifest]
+    if listed != in_tar:
+        key = next(a for a, b in zip(listed, in_tar) if a != b)
+        res.add(
+            "the manifest lists this shard's documents out of their tar order (the build writes "
+            "them in it): the manifest was edited",
+            key,
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -624,6 +675,7 @@ def validate_dataset(
     workers: int | None = None,
     write: bool = True,
     cache: CacheSettings | None = None,
+    shown_as: str | None = None,
 ) -> ValidationReport:
     """Check everything DIR (or an s3:// URL) promises (module docstring); never raises for a broken
     dataset.
@@ -633,7 +685,9 @@ def validate_dataset(
     With `write`, the report is also saved as DIR/validation.json for the audit. A dataset in a
     bucket is checked as it is there: its objects listed, every shard downloaded (one at a time per
     worker, deleted once checked), the other files copied into `cache` and checked against the
-    sha256 dataset.json records; its validation.json is uploaded.
+    sha256 dataset.json records; its validation.json is uploaded. `shown_as`: the dataset's name in the
+    report, when not where it is checked (`gristmill data convert` checks NEW in the folder it is written
+    in, then renames or uploads it).
     """
     t0 = time.perf_counter()
     problems: list[Problem] = []
@@ -745,7 +799,7 @@ def validate_dataset(
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
-        root=url or str(root),
+        root=shown_as or url or str(root),
         ok=n_problems == 0,
         shards=len(results),
         documents=sum(r.documents for r in results),

@@ -528,23 +528,15 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
     import subprocess
     import sys
 
+    from tests.helpers.lock_holder import held_elsewhere
     from tests.helpers.mounts import sh_quote, unshare_works
 
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root)
-    hold = (
-        "import fcntl, sys, time; f = open(sys.argv[1], 'w'); fcntl.lockf(f, fcntl.LOCK_EX); "
-        "print(1, flush=True); time.sleep(60)"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", hold, str(root / ".build.lock")], stdout=subprocess.PIPE)
-    try:
-        assert holder.stdout.readline() == b"1\n"
+    with held_elsewhere(root / ".build.lock"):
         assert main(["data", "index", str(root)]) == 2
-        busy = f"another `gristmill data build` or `gristmill data index` is writing {root}"
+        busy = f"another `gristmill data build`, `data index` or `data convert` is writing {root}"
         assert busy in capsys.readouterr().err
-    finally:
-        holder.kill()
-        holder.wait()
     assert main(["data", "index", str(root)]) == 0
     if unshare_works():
         cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "index", str(root)]))

@@ -43,6 +43,7 @@ def convert(old, tmp_path_factory):
     assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before  # OLD untouched
     assert "the same batches" in lines[-1] and "validated" in lines[-1]
     assert f" into {new} (" in lines[-1]  # where it is, not the folder it was written in (review R13b F6)
+    assert json.loads((new / "validation.json").read_text())["root"] == str(new)  # not the folder (R26c m2)
     return new
 
 
@@ -221,7 +222,7 @@ def test_convert_checks_old_s_manifests_tokenizer_and_last_validation(v2, tmp_pa
     rows = pq.read_table(path)
     last = rows.column("shard").to_pylist()[-1]
     pq.write_table(rows.filter([s != last for s in rows.column("shard").to_pylist()]), path)
-    with pytest.raises(DatasetError, match=r"its manifests list \d+ documents .* records 300 of"):
+    with pytest.raises(DatasetError, match=f"no manifest row names shards/{last}, which dataset.json lists"):
         convert_dataset(str(unrecorded), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
     assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
 
@@ -315,3 +316,157 @@ def test_a_killed_conversion_s_work_folder_goes_at_the_next_one(v2, tmp_path):
         running.close()
         for d in (dead, live, new, old):
             shutil.rmtree(d, ignore_errors=True)
+
+
+def unrecorded_copy(src, dest, keep_index: bool = True):
+    """A copy of `src` as a build before dataset.json recorded its files left it (no sha256 of its
+    manifests), with or without its index; returns dataset.json's path."""
+    from training.contract.dataset_format import fingerprint
+
+    shutil.copytree(src, dest)
+    info = json.loads((dest / "dataset.json").read_text())
+    del info["files"]
+    if not keep_index:
+        del info["index"]
+        shutil.rmtree(dest / "index")
+    info["fingerprint"] = fingerprint(info)
+    (dest / "dataset.json").write_text(json.dumps(info))
+    return dest / "dataset.json"
+
+
+def swap_rows(root, columns: tuple[str, ...]) -> tuple[str, str]:
+    """Two rows of one shard with the same n_tokens get each other's `columns` (an edit no record of a
+    /1 dataset without "files" covers); returns their keys."""
+    import pyarrow.parquet as pq
+
+    path = root / "manifest" / "00000.parquet"
+    table = pq.read_table(path)
+    rows, seen = table.to_pylist(), {}
+    for i, r in enumerate(rows):
+        if (j := seen.setdefault((r["shard"], r["n_tokens"]), i)) != i:
+            for c in columns:
+                rows[i][c], rows[j][c] = rows[j][c], rows[i][c]
+            pq.write_table(table.from_pylist(rows, schema=table.schema), path)
+            return rows[j]["key"], rows[i]["key"]
+    raise AssertionError("no two rows of one shard with the same n_tokens")
+
+
+def test_convert_checks_an_unrecorded_manifest_against_the_shards_and_index(legacy, tmp_path, capsys):
+    """A /1 dataset from before dataset.json recorded its files, two manifest rows' offsets swapped (same
+    n_tokens): NEW held each document under the other's key and id, "the same batches … validated",
+    exit 0 (review R26c S1); `data index` upgraded its older index from that manifest without a word.
+    Now each row is checked against the tar member its key names, in tar order, and against the index
+    OLD records, before anything is kept."""
+    from training.contract.dataset_format import fingerprint
+
+    bare = tmp_path / "bare"  # without an index: the shard's members are the record
+    unrecorded_copy(legacy, bare, keep_index=False)
+    a, b = swap_rows(bare, ("offset",))
+    with pytest.raises(DatasetError) as e:
+        convert_dataset(str(bare), str(tmp_path / "new"), log=lambda *a: None)
+    assert f"{bare / 'manifest' / '00000.parquet'}: its rows do not describe shards/" in str(e.value)
+    assert f"document {a}: manifest says offset" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
+
+    moved = tmp_path / "moved"  # whole rows swapped: each row's key and offset agree, not their order
+    unrecorded_copy(legacy, moved, keep_index=False)
+    a, _ = swap_rows(moved, ("offset", "key", "id"))
+    with pytest.raises(DatasetError, match=f"document {a}: the manifest lists this shard's documents out"):
+        convert_dataset(str(moved), str(tmp_path / "new"), log=lambda *a: None)
+    assert gristmill(["data", "validate", str(moved)]) == 1  # validate says the same
+    assert "out of their tar order" in capsys.readouterr().out
+
+    indexed = tmp_path / "indexed"  # with an index of an older format: it records the offsets
+    where = unrecorded_copy(legacy, indexed)
+    info = json.loads(where.read_text())
+    shared = ("doc_tokens.bin", "doc_offsets.bin", "shard_rows.bin")  # gristmill-index/1's files
+    info["index"] = {"format": "gristmill-index/1", "files": {n: info["index"]["files"][n] for n in shared}}
+    info["fingerprint"] = fingerprint(info)
+    where.write_text(json.dumps(info))
+    before = where.read_bytes()
+    swap_rows(indexed, ("offset",))
+    with pytest.raises(DatasetError, match=r"give another index than the one dataset.json records \(doc_off"):
+        convert_dataset(str(indexed), str(tmp_path / "new"), log=lambda *a: None)
+    assert gristmill(["data", "index", str(indexed)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {indexed / 'manifest'}: the index derived from it differs from the one dataset.json records "
+        "(doc_offsets.bin): the manifest changed after the build; nothing was indexed (restore it, or "
+        "rebuild the dataset)"
+    ]
+    assert where.read_bytes() == before  # not upgraded
+
+
+def test_convert_of_a_damaged_old_says_which_file_in_one_line(v2, tmp_path, capsys):
+    """A shard missing, a copy of a manifest beside it, a shard and manifest that dataset.json does not
+    list (a leftover of another build), an edited `documents`: tracebacks (FileNotFoundError,
+    ValueError, KeyError), or, for the count, nothing said (review R26c M4, m3). One line each now,
+    naming the file and the fix, before NEW exists."""
+    import pyarrow.parquet as pq
+
+    def refused(old, match):
+        with pytest.raises(DatasetError, match=match) as e:
+            convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+        assert "\n" not in str(e.value)
+        assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
+
+    missing = tmp_path / "missing"
+    shutil.copytree(v2, missing)
+    (missing / "shards" / "00000_00001.tar").unlink()
+    refused(
+        missing, f"^{missing / 'shards' / '00000_00001.tar'}: missing, but dataset.json lists it: restore"
+    )
+
+    stray = tmp_path / "stray"
+    shutil.copytree(v2, stray)
+    shutil.copy(stray / "manifest" / "00000.parquet", stray / "manifest" / "00000 copy.parquet")
+    refused(
+        stray, f"^{stray / 'manifest' / '00000 copy.parquet'}: not a manifest of {stray}'s build .*move it"
+    )
+
+    for recorded in (True, False):
+        extra = tmp_path / f"extra-{recorded}"
+        shutil.copytree(v2, extra) if recorded else unrecorded_copy(v2, extra)
+        shutil.copy(extra / "shards" / "00000_00000.tar", extra / "shards" / "00001_00000.tar")
+        rows = pq.read_table(extra / "manifest" / "00000.parquet").to_pylist()
+        rows = [{**r, "shard": "00001_00000.tar"} for r in rows if r["shard"] == "00000_00000.tar"]
+        pq.write_table(
+            pq.read_table(extra / "manifest" / "00000.parquet").from_pylist(
+                rows, schema=pq.read_schema(extra / "manifest" / "00000.parquet")
+            ),
+            extra / "manifest" / "00001.parquet",
+        )
+        path = extra / "manifest" / "00001.parquet"
+        if recorded:  # not a file dataset.json records
+            refused(extra, f"^{path}: not a manifest of {extra}'s build \\(one its dataset.json records")
+        else:
+            refused(extra, f"^{path}: its rows name shard 00001_00000.tar, which dataset.json does not list")
+
+    counted = tmp_path / "counted"  # not in the fingerprint; its manifests are checked against their record
+    shutil.copytree(v2, counted)
+    info = json.loads((counted / "dataset.json").read_text())
+    info["documents"] += 1
+    (counted / "dataset.json").write_text(json.dumps(info))
+    refused(counted, "its manifests list 300 documents .* records 301 of .*: dataset.json was edited after")
+
+
+def test_a_second_conversion_into_the_same_new_is_refused(v2, tmp_path, capsys):
+    """Two conversions into one NEW at once removed each other's files in `.NEW.converting`
+    (tracebacks, or a failed validation: review R26c m1). The folder is locked as a build locks its
+    output: the second is refused in one line, the first's files untouched."""
+    from tests.helpers.lock_holder import held_elsewhere
+
+    work = tmp_path / ".new.converting"
+    work.mkdir()
+    (work / "theirs").write_text("a running conversion's file")
+    with held_elsewhere(work / ".build.lock"):
+        new = tmp_path / "new"
+        assert gristmill(["data", "convert", str(v2), str(new)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"error: another `gristmill data build`, `data index` or `data convert` is writing {new}; wait "
+            f"for it to finish, then run `gristmill data convert {v2} {new}` again"
+        ]
+        assert (work / "theirs").is_file() and not new.exists()
+    # once it is gone (killed: its folder left), the next conversion takes the folder over
+    convert_dataset(str(v2), str(tmp_path / "new"), log=lambda *a: None)
+    assert not work.exists() and not (tmp_path / "new" / "theirs").exists()

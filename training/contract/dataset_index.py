@@ -57,6 +57,7 @@ from training.contract.dataset_format import (
     SAMPLE_DOCS,
     DatasetError,
     file_sha256,
+    index_hashes,
     layout_offsets,
     manifest_files,
     manifest_type_problem,
@@ -387,6 +388,16 @@ def damaged_files(root: str | Path, entry: dict[str, Any]) -> dict[str, str]:
 def expected_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     """The "index" entry the manifest implies (hashes only, nothing written): for validation."""
     return _describe(derive_index(root, info), None, index_format(info))
+
+
+def unlike_manifest(root: str | Path, info: dict[str, Any]) -> list[str]:
+    """The files of dataset.json's index entry that the manifest, derived again, gives other bytes:
+    those of an older index format too, where they share a name (every format derives doc_tokens.bin,
+    doc_offsets.bin and shard_rows.bin alike). The index is covered by the fingerprint, so where a
+    dataset records no sha256 of its manifests (built before the "files" entry), it is the record of
+    which document each row read: a manifest edited since disagrees with it (review R26c S1)."""
+    recorded, derived = index_hashes(info["index"]), index_hashes(expected_index(root, info))
+    return sorted(name for name in recorded.keys() & derived.keys() if recorded[name] != derived[name])
 
 
 class DocIndex:
