@@ -55,6 +55,7 @@ from training.contract.dataset_format import (
     read_dataset_info,
     recorded_paths,
     shard_name,
+    source_columns,
     tar_padded,
     task_of_file,
     tokenizer_problem,
@@ -322,10 +323,10 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
             _check_rows(old, path, shard, data, info, members)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
-                meta = {k: r.get(k) for k in fields}
-                meta.setdefault("token_count", None)
-                if meta["token_count"] is None and info["format"] == LEGACY_FORMAT:
-                    meta["token_count"] = _member_json(data, r).get("token_count")  # /1 kept it there
+                if info["format"] == LEGACY_FORMAT:
+                    meta = _legacy_meta(path, r, data)
+                else:
+                    meta = {k: r.get(k) for k in fields}
                 provenance = {name: r.get(name) for name, _ in PROVENANCE_COLUMNS}
                 writer.add(r["key"], ids, {k: v for k, v in meta.items() if v is not None}, provenance)
             writer.end_shard()  # OLD's shard, and only its documents (a last sample of fewer than 64)
@@ -408,6 +409,22 @@ def _check_rows(
             + f": the manifest was edited or the shard replaced; nothing was converted (`gristmill data "
             f"validate {old}` lists them)"
         )
+
+
+def _legacy_meta(path: Path, row: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """A /1 document's source metadata: its `.json` member's (in the shard, which dataset.json's
+    sha256 covers; token_count only there), which its manifest row must agree with where it has a
+    value. A manifest from before the record of its files is covered by nothing else: ids or urls
+    swapped between rows labelled NEW's documents with each other's (review R26c S1)."""
+    member = source_columns(_member_json(data, row), MANIFEST_FIELDS)
+    for name, value in member.items():
+        if row.get(name) is not None and row[name] != value:
+            raise DatasetError(
+                f"{path}: row {row['key']} says {name} {row[name]!r}, but its .json member in "
+                f"{SHARDS_DIR}/{row['shard']} says {value!r}: the manifest was edited; nothing was converted "
+                "(restore it)"
+            )
+    return member
 
 
 def _member_json(data: bytes, row: dict[str, Any]) -> dict[str, Any]:

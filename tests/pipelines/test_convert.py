@@ -376,6 +376,13 @@ def test_convert_checks_an_unrecorded_manifest_against_the_shards_and_index(lega
     assert gristmill(["data", "validate", str(moved)]) == 1  # validate says the same
     assert "out of their tar order" in capsys.readouterr().out
 
+    labelled = tmp_path / "labelled"  # ids swapped, offsets not: each document's .json member says
+    unrecorded_copy(legacy, labelled, keep_index=False)
+    a, b = swap_rows(labelled, ("id",))
+    doc = lambda key: f"doc-{int(key[len('t00000d') :])}"  # noqa: E731 - write_legacy_dataset's ids
+    with pytest.raises(DatasetError, match=f"row {a} says id '{doc(b)}', but its .json member .* '{doc(a)}'"):
+        convert_dataset(str(labelled), str(tmp_path / "new"), log=lambda *a: None)
+
     indexed = tmp_path / "indexed"  # with an index of an older format: it records the offsets
     where = unrecorded_copy(legacy, indexed)
     info = json.loads(where.read_text())
