@@ -950,7 +950,8 @@ def evaluate_step(
         _discarded(run_dir, step, export if made else None, scored)
     write_eval_table(run_dir)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
-    write_plot(run_dir)
+    if warning := write_plot(run_dir):  # the scores are written: a plot that cannot be is a warning
+        print(warning, file=sys.stderr, flush=True)
     _log(f"step {step} took {time.time() - t0:.0f} s: {out} (the libraries' log: {log_file.name})")
     error = nonfinite_error(run_dir, step, results)
     if error is not None:
@@ -1240,7 +1241,8 @@ def write_table(run_dir: Path, args: argparse.Namespace) -> int:
             f"(gristmill eval {run_dir} --step N)"
         )
     write_eval_table(run_dir)
-    write_plot(run_dir)
+    if warning := write_plot(run_dir):  # the picture is this command's product: its failure is the exit
+        raise EvalError(f"wrote {run_dir / EVAL_PARQUET}; {warning.removeprefix('warning: ')}")
     results = f"{run_dir / EVAL_DIR}/*/results.json"
     print(f"wrote {run_dir / EVAL_PARQUET} and {run_dir / EVAL_PLOT} from {results}")
     return 0

@@ -35,7 +35,7 @@ from training.contract.eval_table import (
     sealed_results,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
-from training.plotting import agg_pyplot
+from training.plotting import agg_pyplot, save_figure
 
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -342,15 +342,13 @@ def _label(value: float, stderr: float | None) -> str:
     return f"{value:.4g}" + (f" ± {stderr:.2g}" if stderr else "")
 
 
-def write_plot(run_dir: str | Path) -> Path:
-    """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files)."""
+def write_plot(run_dir: str | Path) -> str | None:
+    """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files); a
+    warning line instead when it cannot be written (`save_figure`: the scores stand without it)."""
     plt = agg_pyplot()
     raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
     fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), {**merged, **raw})
-    path = Path(run_dir) / EVAL_PLOT
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
 
 
 def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]):

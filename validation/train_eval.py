@@ -33,7 +33,8 @@ whose data file changed or went missing since it was built, or whose lm-eval run
 line naming the task (and its file) and the command that evaluates it later, `eval_error` in the
 step's metrics row, and training goes on without that task; an eval that fails as a whole is the
 same line, and the tasks are tried again at the next interval (at the last step, which has none, the
-line names `gristmill eval RUN --step N`). Rank 0 decides and tells the other
+line names `gristmill eval RUN --step N`). The scores stand once results.json is written: a plot
+that cannot be drawn is a warning line. Rank 0 decides and tells the other
 ranks in the broadcast that ends every eval, so all of them skip the weight gather once no task
 is left.
 """
@@ -238,12 +239,10 @@ class TrainingEval:
             return self._failed(step, "", failed, merged)
         export = "in-training (merged weights)" if merged else "in-training"
         label_results(results, self.run_dir, step, export, self.plan)
-        write_step_json(
-            self.run_dir, step, dict(results), merged
-        )  # eval.parquet: the run's record rebuilds it
-        write_plot(self.run_dir)
-        nonfinite_error(self.run_dir, step, results)  # warning lines; the trainer decides about the run
         rows = rows_of(step, results, merged)
+        # eval.parquet: the run's record rebuilds it. From here the scores stand (review R26a F3: a
+        # plot that could not be written made an eval "failed" whose scores eval.parquet listed).
+        write_step_json(self.run_dir, step, dict(results), merged)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds
@@ -260,11 +259,14 @@ class TrainingEval:
             say(line)
         if failed:
             metrics.update(self._failed(step, "", failed, merged))
+        nonfinite_error(self.run_dir, step, results)  # warning lines; the trainer decides about the run
         for line in task_lines(
             step, results, self.context, "eval.max_length"
         ):  # the truncation warnings only
             if line.startswith("warning:"):
                 say(line)
+        if warning := write_plot(self.run_dir):  # a side output, as loss.png: the scores stand
+            say(warning)
         return metrics
 
 

@@ -180,6 +180,34 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
+def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
+    built_dataset, tmp_path, capsys
+):
+    """RUN/eval.png unwritable (a directory of its name; a disk with room for results.json only): the
+    in-training eval was "failed" (no eval/* values, eval_error) while results.json and eval.parquet
+    held its scores, and the advised `gristmill eval RUN --step N` ended in a traceback (review R26a
+    F3). The plot is a warning: the scores go to the row; offline the same; --table, whose product the
+    picture is, one line and exit 2."""
+    from pipelines.cli import main as cli_main
+
+    run = tmp_path / "run"
+    (run / "eval.png" / "x").mkdir(parents=True)
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=TrainingEval(cfg))
+    out = capsys.readouterr()
+    rows = _rows(run)
+    for step in (2, 4):
+        assert "eval_error" not in rows[step] and "eval/heldout_cloze/acc" in rows[step], rows[step]
+    warnings = [x for x in (out.out + out.err).splitlines() if x.startswith(f"warning: {run / 'eval.png'}")]
+    assert len(warnings) == 2 and "Is a directory" in warnings[0], out.out + out.err
+    assert cli_main(["eval", str(run), "--step", "4", "--set", f"limit={LIMIT}", "device=cpu"]) == 0
+    out = capsys.readouterr()
+    assert f"warning: {run / 'eval.png'} not drawn" in out.err and "Traceback" not in out.err
+    assert cli_main(["eval", str(run), "--table"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: wrote ") and f"{run / 'eval.png'} not drawn" in err and "\n" not in err, err
+
+
 def test_an_in_training_task_that_fails_in_lm_eval_keeps_its_traceback_in_the_eval_log(
     built_dataset, tmp_path, capsys, monkeypatch
 ):
