@@ -28,6 +28,7 @@ and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import json
@@ -456,12 +457,15 @@ class TaskPlan:
             files.extend(f for f in own if f not in files)
         return files
 
-    def drop(self, names: Sequence[str]) -> None:
-        """Evaluate without tasks `names` from now on (in-training: a task whose eval failed)."""
+    def without(self, names: Sequence[str]) -> TaskPlan:
+        """This plan less tasks `names` (the in-training eval's of one step: a task whose data
+        failed its check); the plan itself is unchanged, so the next eval tries them again."""
         keep = [i for i, n in enumerate(self.names) if n not in names]
-        self.names = [self.names[i] for i in keep]
-        self.specs = [self.specs[i] for i in keep]
-        self.local = [n for n in self.local if n not in names]
+        plan = copy.copy(self)
+        plan.names = [self.names[i] for i in keep]
+        plan.specs = [self.specs[i] for i in keep]
+        plan.local = [n for n in self.local if n not in names]
+        return plan
 
 
 def evaluate_lm(

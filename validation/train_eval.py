@@ -30,13 +30,11 @@ a warning line, not a stop: the trainer's own divergence checks decide about the
 
 A failing eval never costs training (the trainer saves a due checkpoint before the eval): a task
 whose data file changed or went missing since it was built, or whose lm-eval run raises, is one
-line naming the task (and its file) and the command that evaluates it later, `eval_error` in the
-step's metrics row, and training goes on without that task; an eval that fails as a whole is the
-same line, and the tasks are tried again at the next interval (at the last step, which has none, the
-line names `gristmill eval RUN --step N`). The scores stand once results.json is written: a plot
-that cannot be drawn is a warning line. Rank 0 decides and tells the other
-ranks in the broadcast that ends every eval, so all of them skip the weight gather once no task
-is left.
+line naming the task (and its file) and the command that evaluates the step later, `eval_error` in the
+step's metrics row, and training goes on with the other tasks; an eval that fails as a whole is the
+same line. Every later eval tries every task again (a task's file put back is scored; a task still
+failing is its line again, down to the last step's eval, whose line is the run's last word on it).
+The scores stand once results.json is written: a plot that cannot be drawn is a warning line.
 """
 
 from __future__ import annotations
@@ -91,7 +89,6 @@ class TrainingEval:
     def __init__(self, cfg: TrainConfig):
         e = cfg.eval
         self.interval = e.interval
-        self.merges = cfg.merge.kind != "none"  # a task dropped from the plan: its merged scores go too
         # `gristmill eval`'s defaults for everything else: the later offline eval matches.
         self.cfg = EvalConfig(
             tasks=list(e.tasks),
@@ -109,7 +106,6 @@ class TrainingEval:
         self.context = 0  # the model's max_seq_len (prepare sets it)
         self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
         self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
-        self.tasks_left = True  # every rank: whether an eval still has tasks (rank 0 decides)
 
     def _say(self, text: str) -> None:
         say(f"[eval] {text}")
@@ -150,8 +146,6 @@ class TrainingEval:
         return step % self.interval == 0 or step == self.last_step
 
     def __call__(self, model: nn.Module, step: int, merged: bool = False) -> dict[str, float | str]:
-        if not self.tasks_left:
-            return {}
         t0 = time.perf_counter()
         # Collective: every rank sends its shards; only rank 0 receives the full tensors (on CPU).
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -162,35 +156,31 @@ class TrainingEval:
             except Exception as e:  # e.g. a full disk under RUN/eval: this eval is lost, not the run
                 why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
                 metrics = self._failed(step, why, merged=merged)
-            self.tasks_left = bool(self.plan.names)
         if self.world_size > 1:
-            # Every rank waits for rank 0's scores, and learns whether a task is left to evaluate.
-            box = [self.tasks_left]
-            dist.broadcast_object_list(box, src=0)
-            self.tasks_left = box[0]
+            dist.broadcast_object_list([None], src=0)  # the others wait here for rank 0's scores
         return metrics
+
+    def _later(self, step: int, merged: bool, tasks: list[str] | None = None) -> str:
+        """The command that scores step `step` later."""
+        which = f"--step {step}" + (" --merged" if merged else "")
+        return f"`gristmill eval {self.run_dir} {which}" + (f" --tasks {','.join(tasks)}`" if tasks else "`")
 
     def _failed(
         self, step: int, why: str, tasks: dict[str, str] | None = None, merged: bool = False
     ) -> dict[str, float | str]:
-        """The one line of a failed eval (of `tasks`: {name: why}, dropped from the plan) and its
-        metrics entry."""
+        """The one line of a failed eval (of `tasks`: {name: why}, left out of this eval only) and
+        its metrics entry."""
         if tasks:
-            self.plan.drop(list(tasks))
-            which = f"--step {step}" + (" --merged" if merged else "")
-            later = f"gristmill eval {self.run_dir} {which} --tasks {','.join(tasks)}"
             why = "; ".join(f"task {n} failed ({w})" for n, w in tasks.items())
-            # dropped from the plan: the merged weights' evals go without it too (review R21c 4)
-            merged_too = "" if merged or not self.merges else "; with --merged for the merged weights'"
-            line = f"{why}; training goes on without it (evaluate it later: `{later}`{merged_too})"
-        elif step == self.last_step:  # no next interval in this invocation (review R23a M4)
-            which = f"--step {step}" + (" --merged" if merged else "")
-            line = (
-                f"failed ({why}); it was this run's last eval step: evaluate it later with "
-                f"`gristmill eval {self.run_dir} {which}`"
-            )
+            what = "it" if len(tasks) == 1 else "them"
         else:
-            line = f"failed ({why}); training goes on, the eval is tried again at the next interval"
+            why, what = f"failed ({why})", "it"
+        later = self._later(step, merged, list(tasks or []))
+        if step == self.last_step:  # no later eval in this invocation (review R23a M4)
+            then = f"it was this run's last eval step: evaluate {what} later with {later}"
+        else:
+            then = f"training goes on, the next eval tries {what} again (this step: {later})"
+        line = f"{why}; {then}"
         self._say(f"step {step}{' (merged weights)' if merged else ''}: {line}")
         return {"eval_error": line}
 
@@ -203,10 +193,10 @@ class TrainingEval:
             p.stem: f"{p}: not as {p.parent / 'data.json'} recorded (changed or deleted since it was built)"
             for p in damaged_task_files(self.plan.data_dir, self.plan.local)
         }
-        self.plan.drop(list(failed))
-        if not self.plan.names:
+        plan = self.plan.without(list(failed))  # this eval's: the next one tries every task again
+        if not plan.names:
             return self._failed(step, "", failed, merged)
-        if note := self.plan.length_note(self.max_length, step, "eval.max_length"):
+        if note := plan.length_note(self.max_length, step, "eval.max_length"):
             self._say(note)
         if self.copy is None:
             with torch.device("meta"):
@@ -232,13 +222,13 @@ class TrainingEval:
                     self.max_length,
                     separator_id=self.separator_id,
                 )
-                results = evaluate_lm(lm, self.plan, self.cfg, failed=failed, log_file=log_file)
+                results = evaluate_lm(lm, plan, self.cfg, failed=failed, log_file=log_file)
         finally:
             set_rng_state(saved)
-        if failed and not set(self.plan.names) - set(failed):
+        if failed and not set(plan.names) - set(failed):
             return self._failed(step, "", failed, merged)
         export = "in-training (merged weights)" if merged else "in-training"
-        label_results(results, self.run_dir, step, export, self.plan)
+        label_results(results, self.run_dir, step, export, plan)
         rows = rows_of(step, results, merged)
         # eval.parquet: the run's record rebuilds it. From here the scores stand (review R26a F3: a
         # plot that could not be written made an eval "failed" whose scores eval.parquet listed).
@@ -247,14 +237,14 @@ class TrainingEval:
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}
         metrics["eval_s"] = seconds
         at = f"step {step}{' (merged weights)' if merged else ''}"
-        documents = "" if self.plan.documents is None else f"{self.plan.documents} held-out documents of "
+        documents = "" if plan.documents is None else f"{plan.documents} held-out documents of "
         self._say(
-            f"{at}: {_summary(rows)} ({documents}source {self.plan.data.source}; {seconds:.1f} s)"
-            if self.plan.local
+            f"{at}: {_summary(rows)} ({documents}source {plan.data.source}; {seconds:.1f} s)"
+            if plan.local
             else f"{at}: {_summary(rows)} ({seconds:.1f} s)"
         )
         for line in _noise(
-            at, rows, chance_levels({step: results}), lambda t: _more_items(self.cfg, self.plan, t)
+            at, rows, chance_levels({step: results}), lambda t: _more_items(self.cfg, plan, t)
         ):
             say(line)
         if failed:

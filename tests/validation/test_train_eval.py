@@ -151,8 +151,10 @@ class _DamagesClozeDataAtStep2(TrainingEval):
 def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, merge):
     """RUN/eval/data/heldout_cloze.jsonl corrupted mid-run: the step's checkpoint is saved before the
     eval, the failure is one line and an `eval_error` in the metrics row, and training goes on with
-    the other task; the line's advice is a command that evaluates the task afterwards, and, where the
-    run merges weights, says --merged scores the merged weights' (they lost the task too: R21c 4)."""
+    the other task; every later eval tries the task again (still damaged here: its line again, the
+    last step's saying so); the line's advice is a command that evaluates the task afterwards, and
+    where the run merges weights, the merged weights' eval has its own line with --merged (they lost
+    the task silently: R21c 4)."""
     from pipelines.cli import main as cli_main
 
     _DamagesClozeDataAtStep2.complete_at_eval = []
@@ -164,20 +166,71 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
     assert _DamagesClozeDataAtStep2.complete_at_eval == [2]  # saved first
     assert complete_steps(run) == [2, 4]
     rows = _rows(run)
-    assert "heldout_cloze" in rows[2]["eval_error"] and "eval/heldout_ppl/bits_per_byte" in rows[2]
-    assert "eval/heldout_cloze/acc" not in rows[4] and "eval/heldout_ppl/bits_per_byte" in rows[4]
+    for step in (2, 4):
+        assert "heldout_cloze" in rows[step]["eval_error"] and "eval/heldout_ppl/bits_per_byte" in rows[step]
+        assert "eval/heldout_cloze/acc" not in rows[step]
     lines = [
         line
         for line in (out.out + out.err).splitlines()
         if "heldout_cloze" in line and line.startswith("[eval]")
     ]
-    assert len(lines) == 1 and "Traceback" not in out.err, out.out + out.err
+    weights = ["", " (merged weights)"] if merge else [""]
+    assert [line.split(": task")[0] for line in lines] == [
+        f"[eval] step {s}{w}" for s in (2, 4) for w in weights
+    ], out.out + out.err
+    assert "Traceback" not in out.err
     assert str(eval_data(run) / "heldout_cloze.jsonl") in lines[0]
-    assert lines[0].endswith("; with --merged for the merged weights')") == merge, lines[0]
+    assert "the next eval tries it again" in lines[0] and "it was this run's last eval step" in lines[-1]
+    if merge:
+        assert f"`gristmill eval {run} --step 2 --merged --tasks heldout_cloze`" in lines[1], lines[1]
     (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
     argv = advice.split()[1:]
     assert cli_main([*argv, "--set", f"limit={LIMIT}", "device=cpu"]) == 0
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
+
+
+class _MovesDataJsonAsideAtStep2(TrainingEval):
+    """The real evaluator; at step 2 the local tasks' data.json is moved aside (every task fails its
+    check); at step 4 it is put back when `restore`."""
+
+    restore = False
+
+    def __call__(self, model, step, merged=False):
+        record = eval_data(self.run_dir) / "data.json"
+        if step == 2:
+            record.rename(record.with_suffix(".aside"))
+        if step == 4 and self.restore:
+            record.with_suffix(".aside").rename(record)
+        return super().__call__(model, step, merged)
+
+
+@pytest.mark.parametrize("restore", [True, False])
+def test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval(
+    built_dataset, tmp_path, capsys, restore
+):
+    """Once every task had failed (RUN/eval/data/…/data.json gone), the later steps, the final
+    weights' included, got no eval, no eval_error and no line (review R26a F6). Each later eval tries
+    every task again: the data put back, they are scored; still gone, the last step's line says so."""
+    _MovesDataJsonAsideAtStep2.restore = restore
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, _sets(built_dataset, run))
+    train(cfg, evaluator=_MovesDataJsonAsideAtStep2(cfg))
+    out = capsys.readouterr()
+    rows = _rows(run)
+    failed = [x for x in (out.out + out.err).splitlines() if "task heldout_ppl failed" in x]
+    assert [x.split(": task")[0] for x in failed] == ["[eval] step 2"] + (
+        [] if restore else ["[eval] step 4"]
+    )
+    if restore:  # scored at step 4, the final weights
+        assert "eval_error" not in rows[4], rows[4]
+        assert {"eval/heldout_ppl/bits_per_byte", "eval/heldout_cloze/acc"} <= set(rows[4])
+        assert {r["step"] for r in rows_of(4, read_step_results(run, 4))} == {4}
+    else:  # the last step's line says they are not scored, and how to score them
+        assert "task heldout_cloze failed" in failed[1], failed[1]
+        assert "it was this run's last eval step: evaluate them later with" in failed[1], failed[1]
+        assert rows[4]["eval_error"] == failed[1].removeprefix("[eval] step 4: ")
+    assert "task heldout_cloze failed" in rows[2]["eval_error"]
+    assert "the next eval tries them again" in rows[2]["eval_error"]
 
 
 def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
