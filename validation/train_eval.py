@@ -30,7 +30,8 @@ a warning line, not a stop: the trainer's own divergence checks decide about the
 
 A failing eval never costs training (the trainer saves a due checkpoint before the eval): a task
 whose data file changed or went missing since it was built, or whose lm-eval run raises, is one
-line naming the task (and its file) and the command that evaluates the step later, `eval_error` in the
+line naming the task (and its file) and the command that evaluates the step later, with how long
+that command can work (the step's checkpoint goes when retention deletes it), `eval_error` in the
 step's metrics row, and training goes on with the other tasks; an eval that fails as a whole is the
 same line. Every later eval tries every task again (a task's file put back is scored; a task still
 failing is its line again, down to the last step's eval, whose line is the run's last word on it).
@@ -98,6 +99,7 @@ class TrainingEval:
             max_length=e.max_length,
             dtype="float32",
         )
+        self.checkpoint = cfg.checkpoint  # how long a failed step's weights stay (the advice says)
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
@@ -161,9 +163,21 @@ class TrainingEval:
         return metrics
 
     def _later(self, step: int, merged: bool, tasks: list[str] | None = None) -> str:
-        """The command that scores step `step` later."""
+        """The command that scores step `step` later, and while it can: from the step's export
+        (never pruned: every checkpoint.export_interval steps, and every merged weights'), else from
+        its checkpoint, which retention deletes once checkpoint.keep_last newer ones are complete. A
+        failed eval keeps no checkpoint (review R26a F2: the advice named one retention deleted)."""
         which = f"--step {step}" + (" --merged" if merged else "")
-        return f"`gristmill eval {self.run_dir} {which}" + (f" --tasks {','.join(tasks)}`" if tasks else "`")
+        command = f"`gristmill eval {self.run_dir} {which}" + (
+            f" --tasks {','.join(tasks)}`" if tasks else "`"
+        )
+        every = self.checkpoint.export_interval
+        if merged or not self.checkpoint.keep_last or (every and step % every == 0):
+            return command
+        return (
+            f"{command} while retention keeps checkpoint {step} (the newest checkpoint.keep_last = "
+            f"{self.checkpoint.keep_last}; `gristmill export {self.run_dir} {which}` keeps it for good)"
+        )
 
     def _failed(
         self, step: int, why: str, tasks: dict[str, str] | None = None, merged: bool = False

@@ -233,6 +233,45 @@ def test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval(
     assert "the next eval tries them again" in rows[2]["eval_error"]
 
 
+class _FollowsTheExportAdviceAtStep2(TrainingEval):
+    """The real evaluator; at step 2 the cloze data is damaged, and after the eval the user runs the
+    line's `gristmill export` (another terminal, here in between steps)."""
+
+    def __call__(self, model, step, merged=False):
+        from pipelines.cli import main as cli_main
+
+        if step == 2:
+            (eval_data(self.run_dir) / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
+        metrics = super().__call__(model, step, merged)
+        if step == 2:
+            (export,) = [
+                c for c in metrics["eval_error"].split("`")[1::2] if c.startswith("gristmill export")
+            ]
+            assert cli_main(export.split()[1:]) == 0
+        return metrics
+
+
+def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, capsys):
+    """The advice after a failed task named `gristmill eval RUN --step 2 --tasks …`, whose checkpoint
+    retention (checkpoint.keep_last) deleted two checkpoints later (review R26a F2). The line says for
+    how long the command works and how to keep the step's weights; followed, it works at the end."""
+    from pipelines.cli import main as cli_main
+
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run, steps=6), "checkpoint.keep_last=1"])
+    train(cfg, evaluator=_FollowsTheExportAdviceAtStep2(cfg))
+    line = _rows(run)[2]["eval_error"]
+    assert (
+        f"(this step: `gristmill eval {run} --step 2 --tasks heldout_cloze` while retention keeps "
+        f"checkpoint 2 (the newest checkpoint.keep_last = 1; `gristmill export {run} --step 2` keeps it "
+        "for good))"
+    ) in line, line
+    assert complete_steps(run) == [6]  # checkpoint 2 is gone, its export stays
+    (advice,) = [c for c in line.split("`")[1::2] if c.startswith("gristmill eval")]
+    assert cli_main([*advice.split()[1:], "--set", f"limit={LIMIT}", "device=cpu"]) == 0
+    assert "heldout_cloze" in read_step_results(run, 2)["results"]
+
+
 def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
     built_dataset, tmp_path, capsys
 ):
@@ -310,8 +349,10 @@ def test_an_eval_that_fails_at_the_last_step_names_the_command_that_scores_it(
     (line,) = [x for x in (out.out + out.err).splitlines() if x.startswith("[eval] step 4: failed")]
     assert "next interval" not in line and "EvalResultsError" in line, line
     assert line.endswith(
-        f"it was this run's last eval step: evaluate it later with `gristmill eval {run} --step 4`"
-    )
+        f"it was this run's last eval step: evaluate it later with `gristmill eval {run} --step 4` "
+        f"while retention keeps checkpoint 4 (the newest checkpoint.keep_last = 3; "
+        f"`gristmill export {run} --step 4` keeps it for good)"
+    ), line
     assert _rows(run)[4]["eval_error"] == line.removeprefix("[eval] step 4: ")
 
 
