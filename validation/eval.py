@@ -461,7 +461,7 @@ class TaskPlan:
         """This plan less tasks `names` (the in-training eval's of one step: a task whose data
         failed its check); the plan itself is unchanged, so the next eval tries them again."""
         keep = [i for i, n in enumerate(self.names) if n not in names]
-        plan = copy.copy(self)
+        plan = copy.copy(self)  # shallow: the notes said once (`_noted`) stay the plan's, said once
         plan.names = [self.names[i] for i in keep]
         plan.specs = [self.specs[i] for i in keep]
         plan.local = [n for n in self.local if n not in names]
