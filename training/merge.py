@@ -4,7 +4,8 @@ after each trained step, kept in every checkpoint, read at each merge point.
 Which steps count: the run's kept timeline. The loop calls `MergedWeights.trained` after each step it
 goes on from (never a step a rewind discards, nor a stopped run's last), and a rewind calls `reached`
 at its skip's last step after restoring its checkpoint, whose state holds the accumulator as it was:
-so a discarded attempt contributes nothing and a skipped step adds nothing.
+so a discarded attempt contributes nothing and a skipped step adds nothing. A resume calls `resume`
+before its first step: its plan may merge elsewhere than the checkpoint's (a phase appended).
 
 Merge points (`MergePoints`): every `merge.every` steps and the plan's last step (not a run.max_steps
 chunk's: the merged weights would depend on where the run was cut). They are where the merged
@@ -110,14 +111,12 @@ class MergedWeights:
         self.merged = 0  # the merge point whose merged weights the accumulator holds now (0: none)
         self.recorded: dict[str, Any] = {}  # a checkpoint's settings, once one is loaded
         self._resumed = False  # loaded from a checkpoint, and no step trained or skipped since
-        self._at = 0  # the last step the timeline reached
-        self._saved_next: int | None = None  # the checkpoint's next merge point, under its plan
         self._trained = 0  # the last step trained (not a rewind's skip): the checkpoint's after a load
 
     # -- the loop's --
     def trained(self, step: int) -> None:
         """The weights after trained step `step` of the kept timeline, folded in."""
-        trained, self._trained = self._trained, step  # before: the checkpoint's, right after a resume
+        self._trained = step
         weights, acc = self._weights(), list(self._acc_local())
         with torch.no_grad():
             if self.kind == "ema":
@@ -131,34 +130,54 @@ class MergedWeights:
             else:
                 point = self.points.next_from(step)
                 if step > self._start(point):
-                    self._adopt(point, step)
                     if self.point == point and not self.mean and self.count:
                         torch._foreach_add_(acc, weights)
                         self.count += 1
                     else:
-                        if (
-                            self._resumed
-                            and self._saved_next not in (None, point)
-                            and trained > self._start(point)
-                        ):
-                            # A resume whose plan ends (or merges) earlier than the checkpoint's: steps of
-                            # the window were trained before it, when no merge point gathered them (steps
-                            # a rewind skipped were never trained: nothing to say of them).
-                            say(
-                                f"note: [merge] step {point}'s window is steps {self._start(point) + 1}–"
-                                f"{point}, but steps {self._start(point) + 1}–{trained} were trained before "
-                                "this resume under a plan that merged elsewhere: its merged weights average "
-                                f"the steps from {step} on (merged/steps says how many)"
-                            )
                         torch._foreach_copy_(acc, weights)
                         self.point, self.count, self.first, self.mean = point, 1, step, False
                     self.last = step
         self.reached(step)
 
+    def resume(self, step: int) -> None:
+        """Before the first step after a resume from checkpoint `step` (once the row a kill cut off,
+        which may read that checkpoint's merged weights, is written): the window of this plan's next
+        merge point takes what the checkpoint holds of it. The plan may merge elsewhere than the
+        checkpoint's (a phase added, one shortened): a partial window whose steps are all in the new
+        one is kept; else the window's steps trained before the resume start with the checkpoint's
+        last trained one, whose weights the model holds now (exact: as the run trained at once); the
+        steps before those that the checkpoint holds no sum of are said. Under the checkpoint's own
+        plan nothing changes."""
+        if not self._resumed or self.kind != "window":
+            return
+        point = self.points.next_from(step + 1)
+        before = self._start(self.point)  # the checkpoint's window began after this step
+        # the last merge point of this plan reached (the old plan's last step may be none of its)
+        self.closed = self.points.last_upto(step)
+        start = self._start(point)
+        if self.count and not self.mean and before >= start:
+            self.point, held = point, before
+        elif self._trained > start:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self._acc_local()), self._weights())
+            self.point, self.count, self.first, self.last = point, 1, self._trained, self._trained
+            self.mean, self.merged, held = False, 0, self._trained - 1
+        else:
+            held = start
+            if not self.mean:
+                self.count = 0  # a partial window of steps this plan's windows leave out
+        if held > start:
+            say(
+                f"note: [merge] step {point}'s window is steps {start + 1}–{point}, but the checkpoint of "
+                f"step {step}, saved under a plan that merged elsewhere, holds no sum of steps "
+                f"{start + 1}–{held}: its merged weights average the steps from {held + 1} on "
+                "(merged/steps says how many)"
+            )
+
     def reached(self, step: int) -> None:
         """The timeline is at `step`: trained, or the last step of a rewind's skip. A window whose
         merge point is at or before it is closed (its mean taken)."""
-        self._resumed, self._at = False, step
+        self._resumed = False
         if self.kind == "ema":
             self.merged = step if self.count and step in self.points else 0
             return
@@ -237,15 +256,13 @@ class MergedWeights:
             **{key: getattr(self.settings, key) for key in SETTINGS if self.settings is not None},
             "count": self.count, "first": self.first, "last": self.last, "point": self.point,
             "mean": self.mean, "closed": self.closed, "merged": self.merged,
-            # the next merge point under this plan: a resume whose plan merges elsewhere says so
-            "next": self.points.next_from(self._at + 1) if self.points is not None else None,
             "trained": self._trained,
         }  # fmt: skip
         return {ACC: self.acc, META: json.dumps(meta)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         meta = json.loads(state[META])
-        self._resumed, self._saved_next, self._trained = True, meta.get("next"), meta.get("trained", 0)
+        self._resumed, self._trained = True, meta.get("trained", 0)
         self.recorded = {key: meta[key] for key in SETTINGS if key in meta}
         if self.settings is None:  # a reader takes the checkpoint's kind
             self.kind = meta.get("kind", "")
@@ -271,21 +288,6 @@ class MergedWeights:
     def _start(self, point: int) -> int:
         """A window's first step is after this one."""
         return max(point - self.settings.window, self.closed)
-
-    def _adopt(self, point: int, step: int) -> None:
-        """A resume whose merge points differ from the checkpoint's (the plan's last step moved): a partial
-        window that began where `point`'s begins is `point`'s; another is dropped, said once."""
-        if self.point == point or self.mean or not self.count:
-            return
-        if self._start(self.point) == self._start(point):
-            self.point = point
-            return
-        say(
-            f"note: [merge] the checkpoint's partial window for step {self.point} (steps {self.first}–"
-            f"{self.last}) is not a window of this run's merge points (the plan's length changed): step "
-            f"{point}'s merged weights average the steps from {step} on"
-        )
-        self._resumed = False  # said: trained() says it no more
 
     def _weights(self) -> list[torch.Tensor]:
         out = [master_tensor(p) for _, p in self.params]

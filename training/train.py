@@ -292,6 +292,8 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     try:
         with shutdown:
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
+            if run.merge is not None:  # after that row: it may read the checkpoint's merged weights
+                run.merge.resume(state.step)
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed

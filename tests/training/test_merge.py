@@ -187,6 +187,24 @@ def test_a_run_cut_by_max_steps_inside_a_window_merges_as_the_run_trained_at_onc
     assert merged_rows(run)[8] == merged_rows(runs["window"])[8] and merged_rows(run)[8]["merged/steps"] == 3
 
 
+def test_a_plan_grown_on_resume_merges_as_the_grown_plan_trained_at_once(dataset, tmp_path, capsys):
+    """10 steps (merge points 4, 8 and the last, 10: steps 9–10), then resumed with 12 (a constant LR:
+    steps 1–10 train alike): step 12's window is 10–12 as in the 12 steps trained at once, bit for
+    bit, step 10's weights the checkpoint's own. It was floored at step 10, no merge point of 12
+    steps, and averaged 11–12, saying nothing (review R26d F1)."""
+    constant = ("optim.min_lr=0.003", "schedule.warmup_steps=0", *WINDOW)
+    at_once, grown = tmp_path / "at-once", tmp_path / "grown"
+    run_here(dataset, at_once, *constant, "schedule.steps=12")
+    run_here(dataset, grown, *constant, "schedule.steps=10")
+    assert list_steps(grown / "exports", merged=True) == [4, 8, 10]
+    capsys.readouterr()
+    run_here(dataset, grown, *constant, "schedule.steps=12", "checkpoint.resume='auto'")
+    assert "note: [merge]" not in capsys.readouterr().out
+    assert_equal(weights(grown, 12, merged=True), weights(at_once, 12, merged=True))
+    assert_equal(weights(grown, 12, merged=True), window_mean(grown, [10, 11, 12]))
+    assert merged_rows(grown)[12] == merged_rows(at_once)[12] and merged_rows(grown)[12]["merged/steps"] == 3
+
+
 REWIND = ("run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0", "run.rewind.margin_steps=2",
           "run.rewind.skip_steps=2")  # fmt: skip
 
@@ -276,28 +294,35 @@ def _saved(merge: MergedWeights) -> dict:
 
 
 def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_moved(capsys):
-    """A resume whose plan ends sooner (40 → 38) puts the last merge point in a window whose first
-    steps were trained when no merge point gathered them: said once (review R5; _adopt's note, where
-    a partial window is dropped, is not said twice: review R6). A kill -9 after a rewind's skip,
-    resumed under the same plan, says nothing: the window's first steps were skipped, not trained,
-    as in the uninterrupted run (review R6)."""
+    """A resume whose plan ends sooner (40 → 38) puts the last merge point in a window (35–38) whose
+    first steps were trained before it: the checkpoint's own step joins it exactly (step 35's
+    weights are the model's), a partial window of the old plan whose steps are all in the new one is
+    kept (37 of 35–38), and only the steps the checkpoint holds no sum of are said, once (35–36). A
+    kill -9 after a rewind's skip, resumed under the same plan, says nothing: the window's first steps
+    were skipped, not trained, as in the uninterrupted run (review R6)."""
     merge = _window(100, 4, 40)
     for s in range(1, 36):
         merge.trained(s)
-    at35 = _saved(merge)
     resumed = _window(100, 4, 38)
-    resumed.load_state_dict(at35)
+    resumed.load_state_dict(_saved(merge))
+    resumed.resume(35)
     resumed.trained(36)
-    out = capsys.readouterr().out
-    assert "note: [merge] step 38's window is steps 35–38, but steps 35–35 were trained before this" in out
-    assert out.count("note: [merge]") == 1
+    assert "note: [merge]" not in capsys.readouterr().out
+    assert (resumed.count, resumed.first, resumed.last) == (2, 35, 36)
     merge = _window(100, 4, 40)
     for s in range(1, 38):
         merge.trained(s)
     resumed = _window(100, 4, 38)
-    resumed.load_state_dict(_saved(merge))  # a partial window for 40, steps 37–37: _adopt drops it
+    resumed.load_state_dict(_saved(merge))  # a partial window for 40, steps 37–37: kept
+    resumed.resume(37)
     resumed.trained(38)
-    assert capsys.readouterr().out.count("note: [merge]") == 1
+    out = capsys.readouterr().out
+    assert (
+        "note: [merge] step 38's window is steps 35–38, but the checkpoint of step 37, saved under a plan"
+        in out
+    )
+    assert "holds no sum of steps 35–36: its merged weights average the steps from 37 on" in out
+    assert out.count("note: [merge]") == 1 and (resumed.count, resumed.first) == (2, 37)
     merge = _window(10, 4, 40)
     for s in range(1, 5):
         merge.trained(s)
@@ -307,6 +332,7 @@ def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_m
     merge.reached(8)
     resumed = _window(10, 4, 40)
     resumed.load_state_dict(_saved(merge))  # killed after the skip's save, resumed
+    resumed.resume(8)
     resumed.trained(9)
     assert "note: [merge]" not in capsys.readouterr().out
     # … nor where the plan moved too: the window's steps before the resume were skipped (review R7)
@@ -319,8 +345,103 @@ def test_the_note_of_a_window_begun_before_a_resume_is_said_only_when_the_plan_m
     merge.reached(36)
     resumed = _window(100, 4, 38)
     resumed.load_state_dict(_saved(merge))
+    resumed.resume(36)
     resumed.trained(37)
     assert "note: [merge]" not in capsys.readouterr().out
+
+
+def _load(merge: MergedWeights, state: dict) -> None:
+    """A checkpoint's state loaded as DCP loads it: the accumulator in place, then the record."""
+    for name, t in state["acc"].items():
+        merge.acc[name].copy_(t)
+    merge.load_state_dict(state)
+
+
+def _steps(merge: MergedWeights, steps, rewind: tuple[int, int] | None = None) -> dict[int, dict]:
+    """Trains `steps` into `merge` with the weights of step k all k (sums of small integers are exact);
+    `rewind` (to, through): after step `through`, back to step `to`'s state, the steps up to `through`
+    skipped. Returns the states saved after each step."""
+    saved = {}
+    for k in steps:
+        with torch.no_grad():
+            for _, p in merge.params:
+                p.fill_(float(k))
+        merge.trained(k)
+        saved[k] = _saved(merge)
+        if rewind is not None and k == rewind[1]:
+            _load(merge, saved[rewind[0]])
+            with torch.no_grad():
+                for _, p in merge.params:
+                    p.fill_(float(rewind[0]))  # the checkpoint's weights
+            merge.reached(k)
+            saved[k] = _saved(merge)
+    return saved
+
+
+@pytest.mark.parametrize(
+    "every, window, old_end, at, new_end, rewind, averaged, missing",
+    [
+        (
+            4,
+            3,
+            10,
+            10,
+            12,
+            None,
+            [10, 11, 12],
+            None,
+        ),  # review R26d F1: a phase appended, the old end off-grid
+        (4, 1, 10, 10, 12, None, [12], None),
+        (4, 2, 10, 10, 12, None, [11, 12], None),
+        (4, 4, 10, 10, 12, None, [10, 11, 12], "9–9"),  # step 9: in step 10's mean, no sum of it
+        (4, 3, 10, 10, 11, None, [10, 11], "9–9"),  # grown to an end off the grid
+        (4, 3, 8, 8, 12, None, [10, 11, 12], None),  # the old end on the grid: a merge point of both
+        (4, 3, 8, 8, 10, None, [9, 10], None),
+        (4, 3, 16, 10, 11, None, [10, 11], "9–9"),  # cut inside 12's window {10}, shortened to 11: kept
+        (4, 3, 14, 13, 15, None, [13, 14, 15], None),  # 14's partial {13} is 15's too
+        (8, 4, 20, 18, 22, None, [19, 20, 21, 22], None),  # 20's partial {17, 18} is outside 22's window
+        (4, 3, 10, 10, 12, (8, 9), [10, 11, 12], None),  # a rewind to 8 that skipped 9, then grown
+        (4, 3, 10, 10, 12, (9, 10), [11, 12], None),  # a rewind that skipped the old last step 10
+    ],
+)
+def test_a_resume_whose_plan_merges_elsewhere_averages_the_steps_of_its_windows(
+    capsys, every, window, old_end, at, new_end, rewind, averaged, missing
+):
+    """Resumed from step `at`'s checkpoint of a plan ending at `old_end` with one ending at `new_end`:
+    the merged weights of the new last step are the mean of `averaged` (the steps of its window the
+    run trained), bit for bit those of the new plan trained at once where the checkpoint holds them
+    all (it floored the window at the old plan's last step: review R26d F1, steps 11–12 of 10–12),
+    and the steps it holds no sum of are said. An EMA is not touched by the resume."""
+    old = _window(every, window, old_end)
+    before = range(1, at + 1)
+    at_once = _window(every, window, new_end)
+    _steps(at_once, range(1, new_end + 1), rewind)
+    resumed = _window(every, window, new_end)
+    _load(resumed, _steps(old, before, rewind)[at])
+    with torch.no_grad():  # the checkpoint's weights: its last trained step's
+        for (_, p), (_, q) in zip(resumed.params, old.params):
+            p.copy_(q)
+    resumed.resume(at)
+    _steps(resumed, range(at + 1, new_end + 1))
+    out = capsys.readouterr().out
+    assert resumed.merged_at(new_end) and resumed.count == len(averaged)
+    assert (resumed.first, resumed.last) == (averaged[0], averaged[-1])
+    mean = sum(averaged) / len(averaged)
+    assert all(torch.equal(a, torch.full_like(a, mean)) for a in resumed.acc.values())
+    if missing is None:
+        assert "note: [merge]" not in out
+        assert all(torch.equal(a, b) for a, b in zip(resumed.acc.values(), at_once.acc.values()))
+    else:
+        assert out.count("note: [merge]") == 1 and f"holds no sum of steps {missing}:" in out
+    ema = MergedWeights(
+        torch.nn.Linear(2, 2), MergeSection(kind="ema", every=4, decay=0.5), MergePoints(4, (10,))
+    )
+    state = _steps(ema, range(1, 11))[10]
+    _load(ema, state)
+    ema.resume(10)
+    assert _saved(ema)["meta"] == state["meta"] and all(
+        torch.equal(ema.acc[k], state["acc"][k]) for k in state["acc"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -362,20 +362,24 @@ def test_a_nonfinite_stop_advises_the_key_of_the_learning_rate_that_diverged(
 def test_a_resume_that_ends_the_phase_sooner_says_what_its_last_merge_window_averages(
     sources, tmp_path, capsys
 ):
-    """A resume that shortens the current phase moves the plan's last merge point into a window whose
-    first steps were trained before the resume, under a plan that merged elsewhere: the merged weights
-    averaged only the steps after it, and nothing said so (review R5)."""
+    """A resume that shortens the current phase (8 → 7, cut at 6) moves the plan's last merge point into
+    a window (5–7) whose first steps were trained before the resume, under a plan that merged
+    elsewhere: the checkpoint's partial window (step 6: 8's is 6–8) is kept, step 5, of which it holds
+    no sum, is said (review R5; kept since review R26d F1, which dropped it and averaged step 7 alone)."""
     phases = _phase("main", 8, '{ warmup_steps = 2, shape = "constant" }')
     merge = '[merge]\nkind = "window"\nevery = 4\nwindow = 3\n'
     config = write_recipe(tmp_path / "r.toml", sources, tmp_path / "run", phases=phases, extra=merge)
     quiet = ["run.val_every=0", "metrics.plot=false", "checkpoint.interval=1"]
-    assert gristmill(["train", "--config", str(config), "--set", *quiet, "run.max_steps=5"]) == 0
+    assert gristmill(["train", "--config", str(config), "--set", *quiet, "run.max_steps=6"]) == 0
     capsys.readouterr()
-    shorter = [*quiet, "phase[0].steps=6", 'checkpoint.resume="auto"']
+    shorter = [*quiet, "phase[0].steps=7", 'checkpoint.resume="auto"']
     assert gristmill(["train", "--config", str(config), "--set", *shorter]) == 0
     out = capsys.readouterr().out
-    assert "note: [merge] step 6's window is steps 5–6, but steps 5–5 were trained before this resume" in out
-    assert _rows(tmp_path / "run")[-1]["merged/steps"] == 1
+    assert (
+        "note: [merge] step 7's window is steps 5–7, but the checkpoint of step 6, saved under a plan that "
+        "merged elsewhere, holds no sum of steps 5–5: its merged weights average the steps from 6 on"
+    ) in out
+    assert _rows(tmp_path / "run")[-1]["merged/steps"] == 2
 
 
 def test_config_errors_name_the_key(sources, tmp_path):
