@@ -22,6 +22,7 @@ from pathlib import Path
 from textwrap import fill
 from typing import Any
 
+from training.console import say
 from training.contract.atomic_write import write_atomic
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
@@ -33,6 +34,7 @@ from training.contract.eval_table import (
     result_rows,
     rows_of,
     sealed_results,
+    settings_of,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
@@ -238,6 +240,13 @@ def write_step_json(
         out.parent.mkdir(parents=True, exist_ok=True)
         old = read_step_results(run_dir, step, merged)
         if old:
+            replaced = replaced_settings(merge_results(old, {}), results)
+            if replaced:  # eval.parquet is rebuilt from results.json; metrics.jsonl is the trainer's log
+                say(
+                    f"note: step {step}{' (merged weights)' if merged else ''} scored again under other "
+                    f"settings: {replaced}; these scores replace those in {out} and eval.parquet "
+                    "(metrics.jsonl keeps any the training run logged)"
+                )
             results = merge_results(old, results)
         # allow_nan: NaN/inf metrics are written as NaN/Infinity, which json.loads (read_step_results) reads.
         text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
@@ -318,14 +327,31 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
     return panels
 
 
+def replaced_settings(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
+    settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
+    none (a group's members go with their group)."""
+    members = {m for subs in new.get("group_subtasks", {}).values() for m in subs}
+    parts = []
+    for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members):
+        was, now = _parsed(settings_of(old, task)), _parsed(settings_of(new, task))
+        differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+        if differ:
+            changes = ", ".join(f"{k} {was.get(k, '?')} → {now.get(k, '?')}" for k in differ)
+            parts.append(f"{task} ({changes})")
+    return ", ".join(parts)
+
+
+def _parsed(settings: str | None) -> dict[str, str]:
+    """eval.parquet's `settings` line (settings_of) as {key: value}; {"settings": "?"} for none recorded."""
+    return dict(kv.split("=", 1) for kv in settings.split(", ")) if settings else {"settings": "?"}
+
+
 def settings_apart(rows: list[dict[str, Any]]) -> str:
     """Where `rows` (one task's metric over steps, raw and merged) were scored under other settings
     (eval.parquet's `settings`), the settings that differ and the steps of each (`m`: the merged
     weights'): `max_length=64 at 150; max_length=0 at 50, 100, 150m`. "" when they agree."""
-    parsed = {}
-    for r in rows:
-        text = r.get("settings")
-        parsed[id(r)] = dict(kv.split("=", 1) for kv in text.split(", ")) if text else {"settings": "?"}
+    parsed = {id(r): _parsed(r.get("settings")) for r in rows}
     keys = sorted({k for d in parsed.values() for k in d})
     differ = [k for k in keys if len({d.get(k) for d in parsed.values()}) > 1]
     if not differ:

@@ -495,6 +495,44 @@ def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     assert recorded["heldout_cloze"]["model"] == "/r/exports/step-000004"
 
 
+def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
+    """An offline `gristmill eval RUN --step 4` (docs 40) replaced the in-training eval's scores of the
+    step (docs 10) in results.json and eval.parquet, saying nothing, while metrics.jsonl kept the old
+    ones (review R26d F2): one line names the step, the task and the settings replaced. Scored again
+    under the same settings, or a task the step had not, nothing is said; a group's members go with it."""
+    from validation.eval import HeldOut, score_settings
+    from validation.eval_results import write_step_json
+
+    prose = HeldOut("prose", "p1", frozenset({"p1"}))
+
+    def scored(tasks: list[str], cfg: EvalConfig, merged: bool = False, groups=None) -> None:
+        info = {
+            t: {"settings": score_settings(cfg, prose if t.startswith("heldout") else None)} for t in tasks
+        }
+        results = {"results": {t: {"acc,none": 0.5} for t in tasks}, "gristmill_tasks": info}
+        if groups:
+            results["group_subtasks"] = groups
+        write_step_json(tmp_path, 4, results, merged)
+
+    scored(["heldout_ppl", "mmlu", "mmlu_a"], EvalConfig(docs=10), groups={"mmlu": ["mmlu_a"]})
+    scored(["heldout_cloze"], EvalConfig(docs=40))
+    scored(["heldout_ppl"], EvalConfig(docs=10))
+    assert "note: step 4" not in capsys.readouterr().out
+    scored(["heldout_ppl", "mmlu", "mmlu_a"], EvalConfig(docs=40, limit=5), groups={"mmlu": ["mmlu_a"]})
+    out = capsys.readouterr().out
+    assert out.count("note: step 4") == 1, out
+    assert (
+        "note: step 4 scored again under other settings: heldout_ppl (docs 10 → 40, limit 0 → 5), mmlu "
+        f"(limit 0 → 5); these scores replace those in {eval_dir(tmp_path, 4) / 'results.json'} and "
+        "eval.parquet (metrics.jsonl keeps any the training run logged)"
+    ) in out
+    scored(["heldout_ppl"], EvalConfig(docs=10), merged=True)
+    scored(["heldout_ppl"], EvalConfig(docs=40), merged=True)
+    assert "note: step 4 (merged weights) scored again under other settings: heldout_ppl (docs 10 → 40)" in (
+        capsys.readouterr().out
+    )
+
+
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     built_dataset, tmp_path, monkeypatch, capsys
 ):
