@@ -608,6 +608,71 @@ def test_one_writer_per_run_directory(dataset, tmp_path):
     resume = [*sets, 'checkpoint.resume="auto"', f"run.max_steps={stopped + 1}"]
     train(load_train_config(TINY, resume), out=out)
     assert "took over the lock of pid 4000000 on elsewhere, started then" in out.getvalue()
+    # on another host it may be running: flock on this one cannot tell (review R26b m1)
+    assert "which this host cannot tell is stopped (flock does not reach elsewhere)" in out.getvalue()
+    assert "no longer running" not in out.getvalue()
+
+
+def test_a_run_directory_replaced_under_a_run_stops_it_before_it_writes_into_the_next_runs(dataset, tmp_path):
+    """`rm -rf RUN; mkdir RUN` under trainer A lets trainer B lock a new RUN/.gristmill.lock (A's flock
+    is on the deleted file): A's next save stops it in one line, before it writes or deletes anything
+    there; B trains on, its checkpoint and rows its own (review R26b L1: A wrote B's directory)."""
+    run = tmp_path / "run"
+    # A logs step 1 only (then rows every 1000 steps): its first write after the swap is its save at 50
+    sets = overrides(dataset, run, "schedule.steps=150", "run.log_every=1000", "checkpoint.interval=50")
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    first = forked.popen(cmd, cwd=ROOT, env=ENV)
+    second = None
+    try:
+        deadline = time.time() + 120
+        while not metrics(run):
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)
+        shutil.rmtree(run)
+        run.mkdir()
+        second = forked.popen(
+            [*cmd, "run.log_every=1", "checkpoint.interval=0", "optim.lr=1e-3"], cwd=ROOT, env=ENV
+        )
+        while not metrics(run):  # B holds the new lock and trains
+            assert second.poll() is None and time.time() < deadline, second.communicate()
+            time.sleep(0.02)
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=240)
+        assert first.returncode == 2, out[-2000:] + err[-2000:]
+        line = one_error_line(err)
+        assert f"{run} was removed or replaced under this run (its {LOCK_FILE} is another file, and " in line
+        assert f"is now held by pid {second.pid} on " in line and "writes nothing more there" in line, line
+        assert not (run / "checkpoints").exists()  # A's step 50: not written, nor B's anything deleted
+        assert second.poll() is None, "A stopped B"
+        second.send_signal(signal.SIGTERM)
+        out, err = second.communicate(timeout=240)
+        assert second.returncode == 0, out[-2000:] + err[-2000:]
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+    (saved,) = complete_steps(run)  # B's stop's, with B's config
+    record = json.loads((checkpoint_dir(run, saved) / COMPLETE_FILE).read_text())
+    assert record["config"]["optim"]["lr"] == 1e-3
+    assert [row["step"] for row in metrics(run)] == list(range(1, saved + 1))
+
+
+def test_the_run_lock_tells_a_removed_or_replaced_run_directory(tmp_path):
+    from training.contract.errors import GristmillError
+    from training.run.lock import RunLock, check_owned, run_dir_lost
+
+    run = tmp_path / "run"
+    with RunLock(run):
+        assert run_dir_lost(run) is None and run_dir_lost(tmp_path / "other") is None
+        shutil.rmtree(run)
+        assert run_dir_lost(run).startswith(f"{run} was removed under this run (its {LOCK_FILE} is gone): ")
+        run.mkdir()
+        with RunLock(run) as second:  # the next run's lock, a new file (here in the same process)
+            assert run_dir_lost(run).startswith(f"{run} was removed or replaced under this run (its ")
+            second.release()
+            with pytest.raises(GristmillError, match=r"is another file\): this run stops"):
+                check_owned(run)  # released: an empty file, no holder to name
 
 
 def test_read_only_run_directory_is_one_line(dataset, tmp_path):

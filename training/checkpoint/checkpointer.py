@@ -349,6 +349,7 @@ class Checkpointer:
         config: dict[str, Any] | None = None,
         rewind_keep: Callable[[], tuple[int, int]] | None = None,
         merged_export: Callable[[int], bool] | None = None,
+        lost: Callable[[], str | None] | None = None,
     ):
         """`rewind_keep`: while rewinds are on, what retention keeps for one, (oldest step, margin)
         (the timeline's oldest rewind target and run.rewind.margin_steps); `merged_export`: with
@@ -385,6 +386,7 @@ class Checkpointer:
         self._retention_error: BaseException | None = None
         self.rewind_keep = rewind_keep
         self.merged_export = merged_export
+        self.lost = lost or (lambda: None)
         self.resumed_here = False  # resumed from this run directory's own checkpoint (not another run's)
         self.resumed_path: Path | None = None  # the checkpoint resumed, on every rank
         # rank 0, after a resume: the checkpoint, and the config hash and config its COMPLETE records
@@ -822,8 +824,13 @@ class Checkpointer:
                 f"start a new run). Last complete checkpoint: {self.newest_complete()}"
             )
         path = checkpoint_dir(self.run_dir, step)
-        problem = self._prepare(step) if self.rank == 0 else None
-        problem = self._from_rank0(problem)  # also the barrier after rank 0's preparation
+        # Rank 0's checks, then its preparation; the broadcast is also the barrier after them. A run
+        # directory replaced under the run may be another run's: nothing is written or deleted there.
+        lost = self.lost() if self.rank == 0 else None
+        problem = self._prepare(step) if self.rank == 0 and lost is None else None
+        lost, problem = self._from_rank0((lost, problem))
+        if lost is not None:
+            raise GristmillError(lost)
         if problem is not None:
             if self.cfg.on_low_disk == "stop":
                 raise CheckpointError(problem + ' (or set checkpoint.on_low_disk = "skip")')
@@ -950,6 +957,8 @@ class Checkpointer:
         export if due (and the merged weights' when the state held them, `merged`), then retention."""
         if self.rank != 0:
             return
+        if (lost := self.lost()) is not None:  # replaced during the write: no COMPLETE, no retention there
+            raise GristmillError(lost)
         path = checkpoint_dir(self.run_dir, step)
         try:
             if not (path / DCP_METADATA).is_file():

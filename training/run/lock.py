@@ -6,6 +6,11 @@ by the kernel when its holder dies, however it dies), and the file holds the hol
 start time for the message. A file left by a dead holder is taken over with a note; the file is
 never deleted (deleting an flock file lets two processes lock two different files).
 
+A user can still delete it: `rm -rf RUN; mkdir RUN` under a live run leaves its flock on a deleted
+file, and the next trainer locks a new one and writes the same checkpoints. So the holder checks that
+RUN/.gristmill.lock is still the file it holds (`run_dir_lost`: same device and inode) before each
+save and record write, and stops, writing nothing more there, when it is not.
+
 flock is local to a host: on NFS without lock support, or with two hosts writing one directory,
 only the host/PID text remains, and it is shown, not enforced.
 """
@@ -25,14 +30,15 @@ from training.contract.errors import GristmillError
 from training.contract.run_layout import LOCK_FILE
 
 _NO_FLOCK = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
-# Lock files held by this process. A forked child (a DataLoader worker) shares the open file and
+# Run locks held by this process. A forked child (a DataLoader worker) shares the open file and
 # would keep the lock after this process is killed: children close their copy at once.
-_HELD: list = []
+_HELD: list[RunLock] = []
 
 
 def _close_in_child() -> None:
-    for f in _HELD:
-        f.close()
+    for lock in _HELD:
+        lock.file.close()
+        lock.file = None
     _HELD.clear()
 
 
@@ -98,15 +104,30 @@ class RunLock:
         f.seek(0)
         old = f.read().strip()
         if old and self.note is None:  # a holder that died without releasing: the kernel dropped its flock
-            self.note = f"note: took over the lock of {_holder_text(old)}, which is no longer running"
+            self.note = f"note: took over the lock of {_holder_text(old)}, {_gone(old)}"
         f.seek(0)
         f.truncate()
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": stamp}) + "\n")
         f.flush()
         self.file = f
-        _HELD.append(f)
+        _HELD.append(self)
         return self
+
+    def lost(self) -> str | None:
+        """None while RUN/.gristmill.lock is the file this lock holds (same device and inode); else
+        what happened to the run directory (a stat: cheap enough before every write)."""
+        try:
+            now = os.stat(self.run_dir / LOCK_FILE)
+        except FileNotFoundError:
+            return f"{self.run_dir} was removed under this run (its {LOCK_FILE} is gone)"
+        held = os.fstat(self.file.fileno())
+        if (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return None
+        with open(self.run_dir / LOCK_FILE, encoding="utf-8", errors="replace") as f:
+            holder = f.read().strip()
+        by = f", and is now held by {_holder_text(holder)}" if holder else ""
+        return f"{self.run_dir} was removed or replaced under this run (its {LOCK_FILE} is another file{by})"
 
     def release(self) -> None:
         if self.file is None:
@@ -120,7 +141,7 @@ class RunLock:
         finally:
             with contextlib.suppress(OSError):
                 fcntl.flock(self.file, fcntl.LOCK_UN)
-            _HELD.remove(self.file)
+            _HELD.remove(self)
             self.file.close()
             self.file = None
 
@@ -129,6 +150,41 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _gone(raw: str) -> str:
+    """Why a lock file's holder no longer holds it: on this host a dead holder's flock is dropped by
+    the kernel; one on another host was never seen by this host's flock, so nothing tells."""
+    try:
+        host = json.loads(raw)["host"]
+    except (ValueError, KeyError, TypeError):
+        host = None
+    if host is None or host == socket.gethostname():
+        return "which is no longer running"
+    return (
+        f"which this host cannot tell is stopped (flock does not reach {host}): make sure it is, or "
+        "two runs write this directory"
+    )
+
+
+def run_dir_lost(run_dir: str | Path) -> str | None:
+    """What happened to `run_dir` when this process holds its lock and the directory was removed or
+    replaced under it (its lock file is no longer the one held), as the run's one-line stop: it must
+    write nothing more there, where another run may now write. None while the directory is still this
+    process's, or when this process holds no lock of it (the other ranks: rank 0 holds it)."""
+    for lock in _HELD:
+        if os.path.abspath(lock.run_dir) == os.path.abspath(run_dir) and (what := lock.lost()) is not None:
+            return (
+                f"{what}: this run stops and writes nothing more there (its checkpoints in it are gone "
+                "or another run's); train again into a directory no other run uses"
+            )
+    return None
+
+
+def check_owned(run_dir: str | Path) -> None:
+    """Raise run_dir_lost's error, if any (before a write into `run_dir` that is not a collective's)."""
+    if (lost := run_dir_lost(run_dir)) is not None:
+        raise GristmillError(lost)
 
 
 def check_unlocked(run_dir: str | Path, user: tuple[str, str] = TRAIN) -> None:

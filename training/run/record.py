@@ -73,6 +73,7 @@ from training.contract.run_layout import (
 from training.data.plan import Skip
 from training.data.recipe import plot_plan, record_plan, write_consumption
 from training.metrics import format_line, plot_loss
+from training.run.lock import check_owned
 from training.run.preflight import from_rank0
 from training.run.timeline import Timeline
 from training.trackers import Trackers
@@ -149,6 +150,7 @@ class RunRecord:
         self.rows.append(row)
         if self.rank != 0:
             return
+        check_owned(self.run_dir)  # a run directory replaced under the run is another's (lock.py)
         # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
         # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
         os.write(self.jsonl, (json.dumps(row) + "\n").encode())
@@ -220,6 +222,7 @@ class RunRecord:
         """The loop ended at `step` (the last step, or a stop signal's): consumption.parquet there,
         unless the step's row wrote it already."""
         if self.rank == 0:
+            check_owned(self.run_dir)
             self._consumption(step)
 
     def draw_loss(self) -> str | None:

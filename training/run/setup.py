@@ -50,7 +50,7 @@ from training.optim import ScheduledLR, build_optimizer, plan_scheduler
 from training.parallelize import autocast_context, build_mesh, parallelize
 from training.run.batch_digests import BatchDigests
 from training.run.faults import LossFaults, replace_dataset
-from training.run.lock import RunLock
+from training.run.lock import RunLock, run_dir_lost
 from training.run.preflight import Checked, DistEnv, raise_rank0_problem
 from training.run.record import RunRecord
 from training.run.rewind import Rewinder
@@ -356,6 +356,7 @@ def _checkpointer(
         # Retention keeps what a later rewind may go back to (checkpointer.prune).
         rewind_keep=(lambda: (timeline.oldest_target, run.rewind.margin_steps)) if rewinds else None,
         merged_export=merge.merged_at if merge is not None and resolved.merge.export else None,
+        lost=functools.partial(run_dir_lost, run.output_dir),
     )
 
 
