@@ -1,16 +1,32 @@
 """An exclusive lock on a file, for the processes of one node and the threads of one process: the
 cache's downloads and fetches (training/data/remote.py, block_cache.py) and the eval results' merges
-(validation/eval_results.py: the trainer's eval and `gristmill eval --watch` write one step's file)."""
+(validation/eval_results.py: the trainer's eval and `gristmill eval --watch` write one step's file).
+
+The holder writes its pid, host and start into the file, so that a wait can say whom it waits for:
+a holder that was stopped (SIGSTOP, Ctrl-Z, a suspended job) keeps its lock, and the waiters would
+otherwise hang without a word. A wait longer than a second says so in one line (`say`); with
+`wait_s` it ends in one line once the holder has not been seen running for that long (on this host, a
+running holder is waited for: it is working, and its own fetches are bounded)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from training.contract.errors import GristmillError
+
 _HELD: set[int] = set()  # descriptors of the file locks this process holds (file_lock)
+SAY_AFTER_S = 1.0  # a wait longer than this says whom it waits for
+
+
+class LockWaitError(GristmillError):
+    """A lock's holder was not seen running for as long as the caller waits."""
 
 
 def _close_held_in_child() -> None:
@@ -24,17 +40,81 @@ os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 @contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
+def file_lock(
+    path: Path,
+    *,
+    wait_s: float | None = None,
+    fix: str = "",
+    say: Callable[[str], None] | None = None,
+) -> Iterator[None]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
     take turns (flock holds per open file; the kernel releases it when its holder dies). A process
     forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
     lock through its copy of the descriptor: the lock is released explicitly on the way out, never
-    by closing (which would leave it to the copy for the child's life), and the child closes its copy."""
-    with open(path, "a") as f:
+    by closing (which would leave it to the copy for the child's life), and the child closes its copy.
+    A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
+    long is a LockWaitError ending with `fix` (what the user can do instead)."""
+    with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
-            fcntl.flock(f, fcntl.LOCK_EX)
+            _wait(f, path, wait_s, fix, say)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
+                os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
+                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
+                os.write(f.fileno(), (json.dumps(holder) + "\n").encode())
             yield
         finally:
             _HELD.discard(f.fileno())
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _wait(f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None) -> None:
+    """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
+    while the holder is not seen running."""
+    start = last = time.monotonic()
+    idle, pause, told = 0.0, 0.001, None  # (idle: seconds the holder was not seen running)
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        now = time.monotonic()
+        if now - start >= SAY_AFTER_S:
+            holder, running = _holder(f)
+            idle = 0.0 if running else idle + (now - last)
+            last = now
+            if say is not None and holder != told:  # the first line, and one when the holder changes
+                told = holder
+                bound = f"; one not running is waited for at most {wait_s:g} s" if wait_s is not None else ""
+                say(f"waiting for {path}, held by {holder}{bound}")
+            if wait_s is not None and idle >= wait_s:
+                what = f"{path} is still held by {holder}, not seen running for {wait_s:g} s"
+                raise LockWaitError(f"{what}: {fix}" if fix else what)
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)  # a waiter is late by at most 20 ms
+
+
+def _holder(f) -> tuple[str, bool]:
+    """Who holds the lock, as its file says, and whether it is seen running (on this host, a process
+    neither stopped nor gone)."""
+    f.seek(0)
+    try:
+        h = json.loads(f.read())
+        pid, host, since = int(h["pid"]), str(h["host"]), h["since"]
+    except (ValueError, KeyError, TypeError):
+        return "a process that left no details", False
+    who = f"pid {pid} on {host} since {since}"
+    if host != socket.gethostname():
+        return f"{who} (another host: whether it runs cannot be told here)", False
+    if pid == os.getpid():
+        return f"{who} (another thread of this process)", True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return f"{who} (no such process now)", False
+    if state in ("T", "t"):
+        return f"{who} (stopped: SIGSTOP or Ctrl-Z; `kill -CONT {pid}` resumes it)", False
+    return who, state != "Z"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from training.console import say
 from training.contract.atomic_write import move_into_place, write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
@@ -59,6 +60,14 @@ LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
 DEFAULT_FETCH_TIMEOUT_S = 300.0  # how long a fetch keeps retrying before the run stops
+# How long a wait for a cache lock goes on while its holder is not seen running (stopped, on another
+# host): data.fetch_timeout_s's default, fixed (the commands without a train config wait too). A
+# running holder is waited for: it is fetching, and its fetches are bounded.
+LOCK_WAIT_S = DEFAULT_FETCH_TIMEOUT_S
+_LOCK_FIX = (
+    "resume that process or end it, or give this command a cache of its own (data.cache_dir in a train "
+    "config, --cache-dir in the data commands)"
+)
 
 
 def tmp_name(name: str) -> str:
@@ -151,11 +160,14 @@ def cache_lock(cache_dir: Path, path: Path) -> Iterator[None]:
     """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder). One that cannot
     be made or opened (a read-only or full disk, a folder that became a file, another user's lock
     file) is the cache's one line, which the trainer stops on after saving its last step: a bare
-    OSError was a traceback, the steps since the last checkpoint lost (review R19b 5)."""
+    OSError was a traceback, the steps since the last checkpoint lost (review R19b 5). A wait says
+    whom it waits for after a second, and ends in one line once the holder was not seen running for
+    LOCK_WAIT_S (a stopped training held the node's cache and the next one hung without a word:
+    review R26b M2)."""
     with contextlib.ExitStack() as held:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            held.enter_context(file_lock(path))
+            held.enter_context(file_lock(path, wait_s=LOCK_WAIT_S, fix=_LOCK_FIX, say=say))
         except OSError as e:
             raise unwritable_cache(cache_dir, e) from None
         yield

@@ -5,10 +5,16 @@ hold the node's lock for its whole life, and every fetch on the node (its own lo
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
+import signal
+import socket
 import threading
+import time
 
+from training.contract.file_lock import LockWaitError
+from training.data import remote
 from training.data.remote import LOCK, node_lock
 
 
@@ -39,3 +45,89 @@ def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_insi
         os.write(end, b"x")
         os.close(end)
         os.waitpid(pid, 0)
+
+
+class _Holder:
+    """A forked process that takes the node's lock of `cache` and holds it until `release`."""
+
+    def __init__(self, cache) -> None:
+        held, self.told = os.pipe()
+        self.wait_for, release = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            with node_lock(cache):
+                os.write(self.told, b"x")
+                os.read(self.wait_for, 1)
+            os._exit(0)
+        os.read(held, 1)
+        self.release_fd = release
+
+    def release(self) -> int:
+        os.write(self.release_fd, b"x")
+        return os.waitpid(self.pid, 0)[1]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+
+
+def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
+    outcome: list = []
+
+    def wait() -> None:
+        try:
+            with node_lock(cache):
+                outcome.append("taken")
+        except Exception as e:
+            outcome.append(e)
+
+    thread = threading.Thread(target=wait, daemon=True)  # (daemon: a wait that never ends fails, not hangs)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """A training stopped (SIGSTOP, Ctrl-Z) while it held the node's cache lock made the next one on
+    that cache hang forever without a word (review R26b M2). Now: a line naming the lock and its holder
+    after a second; a running holder is waited for; one not seen running for LOCK_WAIT_S ends the wait
+    in one line with the fix."""
+    monkeypatch.setattr(remote, "LOCK_WAIT_S", 0.5, raising=False)
+    host = socket.gethostname()
+    lock = tmp_path / LOCK
+    holder = _Holder(tmp_path)
+    try:  # a running holder: waited for, however long
+        thread, outcome = _wait_in_thread(tmp_path)
+        time.sleep(2.5)
+        assert thread.is_alive() and outcome == []
+        assert holder.release() == 0
+        thread.join(timeout=20)
+        assert outcome == ["taken"]
+    finally:
+        holder.kill()
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1, said  # one line, whatever the wait
+    assert said == [
+        f"waiting for {lock}, held by pid {holder.pid} on {host} since {said[0].split(' since ')[1]}"
+    ] and said[0].endswith("; one not running is waited for at most 0.5 s"), said
+
+    holder = _Holder(tmp_path)
+    try:  # a stopped holder: one line at the bound
+        os.kill(holder.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        thread, outcome = _wait_in_thread(tmp_path)
+        thread.join(timeout=20)
+        assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], LockWaitError), outcome
+        assert time.monotonic() - started < 5
+        stopped = f"(stopped: SIGSTOP or Ctrl-Z; `kill -CONT {holder.pid}` resumes it)"
+        message = str(outcome[0])
+        assert message.startswith(f"{lock} is still held by pid {holder.pid} on {host} since "), message
+        assert message.endswith(
+            f"{stopped}, not seen running for 0.5 s: resume that process or end it, or give this command a "
+            "cache of its own (data.cache_dir in a train config, --cache-dir in the data commands)"
+        ), message
+        assert stopped in capsys.readouterr().out
+    finally:
+        holder.kill()
