@@ -721,6 +721,19 @@ def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, cap
             f"{half} holds build.json but no dataset.json: a data build that did not finish",
         ),
         (["data", "inspect", str(half)], f"{half} holds build.json but no dataset.json: a data build that"),
+        (  # a build still running said "is not a gristmill dataset (build one …)" (review R26b m2)
+            [
+                "train",
+                "--config",
+                TINY,
+                "--set",
+                f'data.dataset="{half}"',
+                f'run.output_dir="{tmp_path / "r"}"',
+            ],
+            f"{half} holds build.json but no dataset.json: a data build that did not finish, or is still "
+            "running (wait for it to end, or rerun the same `gristmill data build` command); read it once it "
+            "is built",
+        ),
         (
             ["eval", str(dataset)],
             f"{dataset} holds dataset.json: a dataset: {dataset} is not a gristmill training run",

@@ -704,8 +704,9 @@ def test_validate_of_a_directory_that_is_no_dataset_is_one_line_and_writes_nothi
         assert not (where / VALIDATION_JSON).exists()
     assert main(["data", "validate", str(half), "--no-progress"]) == 2
     assert capsys.readouterr().err.strip() == (
-        f"error: {half} holds build.json but no dataset.json: a data build that did not finish (rerun the "
-        "same `gristmill data build` command); validate the dataset once it is built"
+        f"error: {half} holds build.json but no dataset.json: a data build that did not finish, or is still "
+        "running (wait for it to end, or rerun the same `gristmill data build` command); validate the "
+        "dataset once it is built"
     )
     assert not (half / VALIDATION_JSON).exists()
 

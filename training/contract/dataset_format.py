@@ -531,10 +531,24 @@ def same_data(recorded: str | None, info: dict[str, Any]) -> bool:
     return recorded in data_identities(info)
 
 
+def unfinished_build(root: str | Path) -> str | None:
+    """What directory `root` is when a data build started it and has not finished it (build.json, no
+    dataset.json, which the build writes last), said alike by every command; None otherwise."""
+    root = Path(root)
+    if (root / DATASET_JSON).is_file() or not (root / BUILD_JSON).is_file():
+        return None
+    return (
+        f"{root} holds {BUILD_JSON} but no {DATASET_JSON}: a data build that did not finish, or is still "
+        "running (wait for it to end, or rerun the same `gristmill data build` command)"
+    )
+
+
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
     """Read and sanity-check dataset.json (cheap: no shard is hashed here)."""
     root = Path(root)
     path = root / DATASET_JSON
+    if not path.is_file() and (unfinished := unfinished_build(root)) is not None:
+        raise DatasetError(f"{unfinished}; read it once it is built")  # (train said "build one": R26b m2)
     if not path.is_file():
         # a run's recipe keeps data.dataset as written: relative, it is read from the working directory
         relative = not root.is_absolute()

@@ -104,7 +104,7 @@ def artifact_in(path: str | Path) -> str | None:
 def unlike_a_run(path: str | Path) -> str:
     """What directory `path` is, when no training run (is_training_run): said the same by every command
     that takes a run (review R21f 2b: an unfinished data build's output was "no config.toml")."""
-    from training.contract.dataset_format import BUILD_JSON, DATASET_JSON  # numpy/pyarrow: only when asked
+    from training.contract.dataset_format import DATASET_JSON, unfinished_build  # numpy/pyarrow: when asked
 
     path = Path(path)
     if not path.exists():
@@ -113,12 +113,7 @@ def unlike_a_run(path: str | Path) -> str:
         return f"{path} is a file"
     if (path / DATASET_JSON).is_file():
         return f"{path} holds {DATASET_JSON}: a dataset"
-    if (path / BUILD_JSON).is_file():
-        return (
-            f"{path} holds {BUILD_JSON} but no {DATASET_JSON}: a data build that did not finish (rerun the "
-            "same `gristmill data build` command)"
-        )
-    return f"{path} has no {CONFIG_TOML}"
+    return unfinished_build(path) or f"{path} has no {CONFIG_TOML}"
 
 
 def check_saved_config_place(
