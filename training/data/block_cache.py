@@ -343,7 +343,7 @@ class CachedBlocks:
         """Unit `u` is fetched by one thread of one process on the node at a time: an flock on one of
         LOCK_STRIPES lock files (flock, unlike POSIX record locks, holds per open file, so threads of a
         process exclude each other too, and closing one file releases no other thread's lock)."""
-        with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}"):
+        with cache_lock(self.cache.dir, self.dir / f".lock-{u % LOCK_STRIPES}", self.cache.timeout_s):
             yield
 
     def fetch(self, u: int, window: Window | None = None) -> bool:
@@ -400,7 +400,8 @@ class CachedBlocks:
                 with contextlib.suppress(OSError):
                     write_atomic(self._failed_file(u), json.dumps(record), fsync=False)
                 raise
-            with node_lock(self.cache.dir):  # room made and the file written at once: the bound holds
+            # room made and the file written at once: the bound holds
+            with node_lock(self.cache.dir, self.cache.timeout_s):
                 if not os.path.isfile(self._origin):
                     # emptied meanwhile (`rm -rf` of the cache, even during this fetch): unmarked, the
                     # copies written now were no cache file to make_room, which went past the bound

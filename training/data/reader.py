@@ -145,10 +145,11 @@ class DocumentTable:
             self._check_shard_sizes()
         read_range = None
         if not self.in_place:
+            timeout_s = (cache or CacheSettings.of()).timeout_s  # data.fetch_timeout_s
             if "index" in info:
                 planning = (SHARD_ROWS, SAMPLE_TOKENS, SAMPLE_DIGEST, HELDOUT_SHA)
-                ensure_checked(self.root, [f"{INDEX_DIR}/{name}" for name in planning])
-            store = ObjectStore(origin(self.root), retry_for_s=(cache or CacheSettings.of()).timeout_s)
+                ensure_checked(self.root, [f"{INDEX_DIR}/{name}" for name in planning], timeout_s)
+            store = ObjectStore(origin(self.root), retry_for_s=timeout_s)
 
             def read_range(name: str, lo: int, hi: int) -> bytes:
                 return store.get_range(f"{INDEX_DIR}/{name}", lo, hi)

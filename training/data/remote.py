@@ -61,8 +61,8 @@ DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
 DEFAULT_FETCH_TIMEOUT_S = 300.0  # how long a fetch keeps retrying before the run stops
 # How long a wait for a cache lock goes on while its holder is not seen running (stopped, on another
-# host): data.fetch_timeout_s's default, fixed (the commands without a train config wait too). A
-# running holder is waited for: it is fetching, and its fetches are bounded.
+# host): a training's data.fetch_timeout_s (no data comes meanwhile), this default elsewhere (the data
+# commands). A running holder is waited for: it is fetching, and its fetches are bounded.
 LOCK_WAIT_S = DEFAULT_FETCH_TIMEOUT_S
 _LOCK_FIX = (
     "resume that process or end it, or give this command a cache of its own (data.cache_dir in a train "
@@ -148,26 +148,26 @@ def cache_of(args) -> CacheSettings:
 
 
 @contextlib.contextmanager
-def node_lock(cache_dir: Path) -> Iterator[None]:
+def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
     file is downloaded twice and the bound is checked against a size nobody else is changing."""
-    with cache_lock(cache_dir, cache_dir / LOCK):
+    with cache_lock(cache_dir, cache_dir / LOCK, wait_s):
         yield
 
 
 @contextlib.contextmanager
-def cache_lock(cache_dir: Path, path: Path) -> Iterator[None]:
+def cache_lock(cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder). One that cannot
     be made or opened (a read-only or full disk, a folder that became a file, another user's lock
     file) is the cache's one line, which the trainer stops on after saving its last step: a bare
     OSError was a traceback, the steps since the last checkpoint lost (review R19b 5). A wait says
     whom it waits for after a second, and ends in one line once the holder was not seen running for
-    LOCK_WAIT_S (a stopped training held the node's cache and the next one hung without a word:
+    `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next one hung without a word:
     review R26b M2)."""
     with contextlib.ExitStack() as held:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            held.enter_context(file_lock(path, wait_s=LOCK_WAIT_S, fix=_LOCK_FIX, say=say))
+            held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say))
         except OSError as e:
             raise unwritable_cache(cache_dir, e) from None
         yield
@@ -267,7 +267,7 @@ def tokenizer_dir(location: str | Path, cache: CacheSettings | None = None) -> P
     return root
 
 
-def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> set[str]:
+def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float = LOCK_WAIT_S) -> set[str]:
     """Files `rels` of the dataset at `root` are there: for a bucket's dataset, each missing one is
     fetched and verified against dataset.json's sha256; a local dataset is read in place (nothing to
     do). A file dataset.json does not record cannot be checked and is refused. `fresh`: each is
@@ -294,7 +294,7 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> set[str]:
         return written
     recorded = dataset_files(info)
     store = ObjectStore(url)
-    with node_lock(root.parent):
+    with node_lock(root.parent, wait_s):
         verified = _verified(root)
         for rel in missing:
             if not fresh and present(rel, verified):  # another process fetched it while this one waited
@@ -321,12 +321,13 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False) -> set[str]:
     return written
 
 
-def ensure_checked(root: Path, rels: list[str]) -> None:
+def ensure_checked(root: Path, rels: list[str], wait_s: float = LOCK_WAIT_S) -> None:
     """`ensure`, then each copy hashed again now, against dataset.json (a cached copy is a copy, not a
     proof): one that differs is fetched again. For the files a reader trusts whole at every open: the
     index's per-sample files (a damaged copy would refuse every sample as the bucket's fault), the
-    manifest and records the audit and inspect answer from."""
-    just_checked = ensure(root, rels)  # fetched now and hashed as written: not hashed a second time
+    manifest and records the audit and inspect answer from. `wait_s`: a training's fetch_timeout_s
+    (node_lock)."""
+    just_checked = ensure(root, rels, wait_s=wait_s)  # fetched now and hashed as written: not again
     if origin(root) is None:
         return
     recorded = dataset_files(read_dataset_info(root))
@@ -342,13 +343,13 @@ def ensure_checked(root: Path, rels: list[str]) -> None:
         return
     # Removed under the node's lock, looked at again there: a process that saw the same damaged copy
     # would otherwise remove the one another had just fetched, or count the same copy twice (R16e)
-    with node_lock(root.parent):
+    with node_lock(root.parent, wait_s):
         stale = [rel for rel in stale if differs(rel)]
         for rel in stale:
             if (root / rel).exists():
                 (root / rel).unlink()  # a reader that has it open keeps its inode
                 COUNTS.add("refetches")
-    ensure(root, stale)
+    ensure(root, stale, wait_s=wait_s)
 
 
 def _verified(root: Path) -> dict[str, str]:

@@ -14,7 +14,6 @@ import threading
 import time
 
 from training.contract.file_lock import LockWaitError
-from training.data import remote
 from training.data.remote import LOCK, node_lock
 
 
@@ -77,7 +76,7 @@ def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
 
     def wait() -> None:
         try:
-            with node_lock(cache):
+            with node_lock(cache, wait_s=0.5):  # a training's data.fetch_timeout_s
                 outcome.append("taken")
         except Exception as e:
             outcome.append(e)
@@ -87,14 +86,11 @@ def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_one_line(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_one_line(tmp_path, capsys):
     """A training stopped (SIGSTOP, Ctrl-Z) while it held the node's cache lock made the next one on
     that cache hang forever without a word (review R26b M2). Now: a line naming the lock and its holder
-    after a second; a running holder is waited for; one not seen running for LOCK_WAIT_S ends the wait
-    in one line with the fix."""
-    monkeypatch.setattr(remote, "LOCK_WAIT_S", 0.5, raising=False)
+    after a second; a running holder is waited for; one not seen running for `wait_s` (a training's
+    data.fetch_timeout_s) ends the wait in one line with the fix."""
     host = socket.gethostname()
     lock = tmp_path / LOCK
     holder = _Holder(tmp_path)
