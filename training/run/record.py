@@ -192,6 +192,7 @@ class RunRecord:
                 r["discarded_by_rewind"] = skip.rewind
         if self.rank != 0:
             return
+        check_owned(self.run_dir)  # its files are rewritten by path: never into another run's directory
         self._rewrite_log()
         self._discard_batches(after=skip.checkpoint_step)
         self._set_aside(after=skip.checkpoint_step)
