@@ -1,7 +1,10 @@
 """Experiment trackers: tensorboard, Weights & Biases, trackio; one small adapter class each.
 
 Each adapter has `log(scalars, step)` and `finish(failed)`; `Trackers` holds those [metrics]
-names and hands each metrics row to them (training/run/record.py, rank 0's writer, calls it). The
+names and hands each metrics row to them (training/run/record.py, rank 0's writer, calls it), each
+tracker's calls on a thread of its own behind a bounded queue (`_Feed`): the loop never waits on a
+tracker, and one that fails, falls FEED_ROWS rows behind or has not returned from a call within
+GRISTMILL_TRACKER_TIMEOUT seconds is given up for the rest of the run with one warning line. The
 packages are imported inside the adapters only, so the trainer runs without them (training/ imports
 only torch, numpy and pyarrow at module level). Which trackers a recipe names, and whether their
 packages are installed, is checked with the config (training.config_checks.trackers_of), before
@@ -9,9 +12,10 @@ any work.
 
 Resuming: RUN/trackers.json records the wandb run id (and mode) and the trackio run (name, id) with
 their project, and for each whether an invocation has it open and how far its run was sent
-(`open`, `sent_through`). A resumed invocation (`--resume`) continues those runs (an unreadable file
-is an error naming the run to continue, not a silent new run); a fresh run into the same directory
-starts new ones and overwrites the file. trackio resumes a run by its name (the newest run of that
+(`open`, `sent_through`: the highest step its tracker took, kept current while an invocation has
+it open). A resumed invocation (`--resume`) continues those runs (an unreadable file is an error
+naming the run to continue, not a silent new run); a fresh run into the same directory starts new
+ones and overwrites the file. trackio resumes a run by its name (the newest run of that
 name in the project) and keeps it: when that is another run (another run directory's, of the same
 name), the resume is refused rather than logged into it; a metrics.run_name changed since is not
 applied to trackio (a note says so).
@@ -23,10 +27,12 @@ import contextlib
 import io
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ from training.contract.errors import GristmillError
 from training.data.remote import dataset_info
 
 TRACKERS_JSON = "trackers.json"  # in the run directory: the wandb/trackio runs a resume continues
+FEED_ROWS = 100  # rows a tracker may be behind the loop before it is given up (hung, or too slow)
 
 
 class Trackers:
@@ -45,8 +52,9 @@ class Trackers:
     metrics row handed to them (`log`) and finished at the end (`close`).
 
     A resumed run (`resume_step`) continues the wandb/trackio runs recorded in RUN/trackers.json,
-    where each record says how far its run was sent (`sent_through`: exact when an invocation closed
-    it; while one had it open, `logged_through`, the last step metrics.jsonl held). Those of its steps
+    where each record says how far its run was sent (`sent_through`: the highest step its tracker
+    took, kept current while an invocation has it open, so a kill leaves it at most a few rows
+    short, never ahead: those are sent again, which wandb drops). Those of its steps
     after the checkpoint are redone now; wandb drops steps below its last one, so no tracker gets them
     again: wandb and trackio keep what they stored of the first attempt's values of
     those steps (the same losses when the resume changes no setting; timings differ; nothing of a row
@@ -62,17 +70,17 @@ class Trackers:
         config: dict,
         datasets: dict[str, str],
         resume_step: int | None,
-        logged_through: int | None,
     ):
         """`config`: the resolved recipe (to_dict), `datasets`: source name -> dataset directory;
         both go to the wandb/trackio run once, with the code's git commit."""
         self.run_dir = Path(run_dir)
-        self.trackers: dict[str, Any] = {}
+        self.trackers: dict[str, _Feed] = {}
+        self.given_up: list[_Feed] = []  # hung ones: abandoned at the end (wandb's exit hook)
         self.skip_through: dict[str, int] = {}  # tracker -> steps up to here it already has
         self._state: dict[str, Any] = {}  # RUN/trackers.json as this invocation writes it
-        self._sent: dict[str, int] = {}  # tracker -> the last step this invocation sent it
+        self._sent: dict[str, int] = {}  # tracker -> the highest step it took from this invocation
         try:
-            self._open(m, config, datasets, resume_step, logged_through)
+            self._open(m, config, datasets, resume_step)
         except BaseException:
             self.close()
             raise
@@ -83,7 +91,6 @@ class Trackers:
         config: dict,
         datasets: dict[str, str],
         resume_step: int | None,
-        logged_through: int | None,
     ) -> None:
         names, project, notes = trackers_of(m)
         for note in notes:
@@ -102,7 +109,7 @@ class Trackers:
             prev = prev if prev and prev.get("project") == project else None
             if name == "tensorboard":
                 try:
-                    self.trackers[name] = Tensorboard(self.run_dir, resume_step, info)
+                    self.trackers[name] = _Feed(name, Tensorboard(self.run_dir, resume_step, info))
                 except ImportError:
                     say("note: tensorboard is not installed; no event files (pip install tensorboard)")
                 except OSError as e:  # RUN/tensorboard a file, a full disk: one line, before any step
@@ -119,20 +126,22 @@ class Trackers:
                 state[name] = {"id": t.id, "name": t.name, "project": project}
                 if t.note:
                     say(t.note)
-            self.trackers[name] = t
+            self.trackers[name] = _Feed(name, t)
             how = "continued" if prev else "new"
             say(f"{name} tracker: {how} run {t.id} in project {project!r} (name {t.name!r}){t.where}")
-            held[name] = sent_through(prev, logged_through)
+            held[name] = prev.get("sent_through") if prev else None
             if held[name] is not None and resume_step is not None and held[name] > resume_step:
                 self.skip_through[name] = held[name]
-        # Each record says how far its tracker was sent: exactly once an invocation closed it
-        # ("sent_through"), or, while one has it open (a kill leaves it so), up to the last row of
-        # metrics.jsonl. An invocation without a tracker sends it nothing: its steps, redone later,
-        # are sent then (a skip by "the last invocation's rows" lost them: reviews R16h F1, R16i F5).
+        # Each record says how far its tracker was sent ("sent_through": the highest step it took,
+        # kept current while an invocation has it open, so a kill leaves it short, never ahead: rows
+        # queued for a tracker when the process died were not taken, review R26a F1). An invocation
+        # without a tracker sends it nothing: its steps, redone later, are sent then (a skip by "the
+        # last invocation's rows" lost them: reviews R16h F1, R16i F5).
         for name, record in state.items():
             if isinstance(record, dict):
-                was = held[name] if name in names else sent_through(record, logged_through)
-                record.update({"open": name in names, **({"sent_through": was} if was is not None else {})})
+                record["open"] = name in names
+                if held.get(name) is not None:  # the new record of a continued run: what it holds
+                    record["sent_through"] = held[name]
         self._state = state
         if state or (self.run_dir / TRACKERS_JSON).exists():
             write_state(self.run_dir, state)
@@ -156,32 +165,61 @@ class Trackers:
         scalars = {k: v for k, v in row.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         step = scalars.pop("step")
         scalars.pop("last_step", None)  # a setting, not a metric
-        for name, tracker in list(self.trackers.items()):
-            if step > self.skip_through.get(name, -1):
-                try:
-                    tracker.log(scalars, step)
-                    # the highest: after a rewind the steps go back, and the run holds the higher ones
-                    self._sent[name] = max(self._sent.get(name, 0), step)
-                except Exception as e:  # a side activity: it never costs training (wandb's service killed)
-                    say(
-                        f"WARNING: {name} failed at step {step} ({type(e).__name__}: {e}); it gets no more "
-                        "rows this run, training goes on (metrics.jsonl has every row)"
-                    )
-                    self.trackers.pop(name)
-                    with contextlib.suppress(Exception):
-                        tracker.finish(True)
-                    # said now: a kill before the end would leave it open, read as sent every row
-                    self._record_sent([name])  # (review R16j F1)
+        for name, feed in list(self.trackers.items()):
+            if step > self.skip_through.get(name, -1) and (why := feed.put(scalars, step)):
+                self._give_up(name, why)
+        # how far each open tracker got, recorded as it goes: a kill leaves no claim of rows it never took
+        moved = [n for n, f in self.trackers.items() if f.acked > self._sent.get(n, 0)]
+        for name in moved:
+            self._sent[name] = self.trackers[name].acked
+        self._record_sent(moved, still_open=True)
+
+    def _give_up(self, name: str, why: str) -> None:
+        """A tracker that failed, hung or fell behind: one warning line, no more rows this run, its
+        record closed at what it took (a side activity never costs training: wandb's service killed
+        or stopped, a disk it writes to gone)."""
+        say(
+            f"WARNING: {name} {why}; it gets no more rows this run, training goes on "
+            "(metrics.jsonl has every row)"
+        )
+        feed = self.trackers.pop(name)
+        feed.given_up = True
+        if feed.failed is None:  # hung: its call may never return; abandoned at the end
+            self.given_up.append(feed)
+        self._sent[name] = feed.acked
+        # said now: a kill before the end would leave it open (review R16j F1)
+        self._record_sent([name])
 
     def close(self) -> None:
         """Finish the trackers; called in a `finally`, so an exception on its way out marks the wandb
         run failed. One tracker failing to finish does not keep the others open."""
         failed = sys.exc_info()[0] is not None
-        for name, tracker in self.trackers.items():
+        bound = tracker_timeout()
+        deadline = time.monotonic() + bound  # all of them together: a SIGTERM's grace is short
+        for name, feed in list(self.trackers.items()):
+            if why := feed.trouble():  # a log since the last row's check failed or hung
+                self._give_up(name, why)
+                continue
+            tracker = feed.tracker
             try:
-                tracker.finish(failed)
+                if not feed.finish(failed, deadline):
+                    busy = feed.busy  # a row's log under way since before the end: named, as mid-run
+                    run = f" {tracker.id}" if hasattr(tracker, "id") else ""
+                    what = (
+                        f"has not returned from its log of step {busy[0]}"
+                        if busy
+                        else f"did not finish its run{run}"
+                    )
+                    say(
+                        f"WARNING: {name} {what} within {bound:g} s (it does not answer); not waited for: "
+                        "the run's own record (metrics.jsonl, checkpoints) is complete"
+                    )
+                    self._sent[name] = feed.acked
+                    self.given_up.append(feed)
+                    continue
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
+            self._sent[name] = feed.acked
             if (sent := self._sent.get(name, 0)) and hasattr(tracker, "stored_through"):
                 try:
                     stored = tracker.stored_through()
@@ -195,12 +233,14 @@ class Trackers:
                         f"{getattr(tracker, 'store', '?')}); metrics.jsonl has every row"
                     )
                     self._sent[name] = stored
-        self.trackers = {}
+        for feed in self.given_up:  # hung: their exit hooks would wait for them too
+            feed.abandon()
+        self.trackers, self.given_up = {}, []
         self._record_sent([n for n, r in self._state.items() if isinstance(r, dict) and r.get("open")])
 
-    def _record_sent(self, names: list[str]) -> None:
-        """RUN/trackers.json: trackers `names`, closed by this invocation, were sent exactly through
-        their highest step (sent_through)."""
+    def _record_sent(self, names: list[str], still_open: bool = False) -> None:
+        """RUN/trackers.json: trackers `names` took rows through their highest step (sent_through);
+        closed by this invocation, unless `still_open` (the record kept current as the run goes)."""
         # tensorboard keeps no record (its event files are the run directory's): nothing to say of it
         # (a KeyError here ended the run that had just been told "training goes on": review R18d 1)
         names = [n for n in names if isinstance(self._state.get(n), dict)]
@@ -208,10 +248,115 @@ class Trackers:
             record = self._state[name]
             last = max(record.get("sent_through") or 0, self._sent.get(name, 0)) or None
             record.pop("sent_through", None)
-            record.update({"open": False, **({"sent_through": last} if last else {})})
+            record.update({"open": still_open, **({"sent_through": last} if last else {})})
         if names:
             with contextlib.suppress(OSError):  # a side activity's record: never an error at the end
-                write_state(self.run_dir, self._state)
+                # as the run goes, each row's: not fsynced, a crash leaves the file before or after
+                write_state(self.run_dir, self._state, fsync=not still_open)
+
+
+def tracker_timeout() -> float:
+    """How long one tracker call (a row's log, the finish at the end, all trackers' together) may take
+    before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (or its older name, for the finish alone,
+    GRISTMILL_WANDB_FINISH_TIMEOUT), 30 by default."""
+    raw = os.environ.get("GRISTMILL_TRACKER_TIMEOUT") or os.environ.get("GRISTMILL_WANDB_FINISH_TIMEOUT")
+    try:
+        return float(raw or 30)
+    except ValueError:  # a mistyped value must not leave a tracker unbounded
+        return 30.0
+
+
+class _Finish:
+    """The last item of a feed: its tracker's finish, and what that raised."""
+
+    def __init__(self, failed: bool):
+        self.failed, self.error = failed, None
+        self.done = threading.Event()
+
+
+class _Feed:
+    """One tracker's calls (`log`, then `finish`) on a thread of its own, fed through a queue of
+    FEED_ROWS rows: the training loop never waits on a tracker. A wandb service that hangs (stopped,
+    swapped out, wedged) blocks `run.log` once its socket buffer is full; called from the loop, that
+    stopped training, a SIGTERM's checkpoint with it, for as long as it hung (review R26a F1).
+    `acked`: the highest step whose log returned (after a rewind the steps go back, and the run holds
+    the higher ones)."""
+
+    def __init__(self, name: str, tracker: Any):
+        self.name, self.tracker = name, tracker
+        self.acked = 0
+        self.failed: tuple[int, Exception] | None = None  # the step whose log raised, and what
+        self.busy: tuple[int, float] | None = None  # the step of the log under way, since (monotonic)
+        self.given_up = False  # what it takes after that is recorded nowhere: it takes nothing more
+        self._queue: queue.Queue = queue.Queue(maxsize=FEED_ROWS)
+        self._thread = threading.Thread(target=self._work, name=f"gristmill-{name}", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while not self.given_up:
+            item = self._queue.get()
+            if isinstance(item, _Finish):
+                try:
+                    self.tracker.finish(item.failed)
+                except BaseException as e:  # handed to the closing thread
+                    item.error = e
+                item.done.set()
+                return
+            if self.given_up:
+                return
+            scalars, step = item
+            self.busy = (step, time.monotonic())
+            try:
+                self.tracker.log(scalars, step)
+            except Exception as e:  # a side activity: said by the loop's thread at its next row
+                self.failed = (step, e)
+                with contextlib.suppress(Exception):
+                    self.tracker.finish(True)
+                return
+            finally:
+                self.busy = None
+            self.acked = max(self.acked, step)
+
+    def trouble(self) -> str | None:
+        """Why the tracker is to be given up (its log raised, or has not returned within the bound)."""
+        if self.failed is not None:
+            step, e = self.failed
+            return f"failed at step {step} ({type(e).__name__}: {e})"
+        busy, bound = self.busy, tracker_timeout()
+        if busy is not None and time.monotonic() - busy[1] > bound:
+            return f"has not returned from its log of step {busy[0]} within {bound:g} s (hung)"
+        return None
+
+    def put(self, scalars: dict[str, float], step: int) -> str | None:
+        """The row handed over without waiting; why the tracker is to be given up instead, if it is."""
+        if why := self.trouble():
+            return why
+        try:
+            self._queue.put_nowait((scalars, step))
+        except queue.Full:
+            return f"is {FEED_ROWS} rows behind at step {step} (hung or too slow)"
+        return None
+
+    def finish(self, failed: bool, deadline: float) -> bool:
+        """The rows queued, then the tracker's finish, waited for until `deadline` (monotonic): False
+        when it has not returned by then; what it raised is raised here."""
+        item = _Finish(failed)
+        try:
+            self._queue.put(item, timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            return False
+        if not item.done.wait(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        if item.error is not None:
+            raise item.error
+        return True
+
+    def abandon(self) -> None:
+        """Given up while a call of it has not returned: what its library does at exit, waiting for
+        the same hung service, is undone where it has such a hook (wandb)."""
+        self.given_up = True
+        if hasattr(self.tracker, "abandon"):
+            self.tracker.abandon()
 
 
 def git_commit(where: Path = Path(__file__).parent) -> str | None:
@@ -307,20 +452,8 @@ def _wandb_runs(run_dir: Path) -> dict[str, str]:
 _WANDB_RUN_DIR = re.compile(r"(offline-)?run-(\d{8}_\d{6})-([a-z0-9]+)(?:-\d+)?$")
 
 
-def sent_through(record: dict[str, Any] | None, logged_through: int | None) -> int | None:
-    """The last step a tracker's run holds rows up to, by its record in RUN/trackers.json: the exact
-    step an invocation that closed it recorded; while one had it open (killed, or a record written
-    before gristmill kept this), the last row metrics.jsonl had, as that invocation sent every row."""
-    if record is None:
-        return None
-    held = record.get("sent_through")
-    if record.get("open", True) and logged_through is not None:
-        held = max(held or 0, logged_through)
-    return held
-
-
-def write_state(run_dir: Path, state: dict[str, Any]) -> None:
-    write_atomic(Path(run_dir) / TRACKERS_JSON, json.dumps(state, indent=2) + "\n")
+def write_state(run_dir: Path, state: dict[str, Any], fsync: bool = True) -> None:
+    write_atomic(Path(run_dir) / TRACKERS_JSON, json.dumps(state, indent=2) + "\n", fsync=fsync)
 
 
 def provenance(datasets: dict[str, str]) -> dict[str, Any]:
@@ -355,6 +488,7 @@ class Tensorboard:
         # A new run (or one resumed from another run's checkpoint) purges every step an earlier run left
         # in RUN/tensorboard: its curve, another lr's, stayed under this run's, steps doubled.
         purge = 0 if resume_step is None else resume_step + 1
+        _quiet_event_writer_threads()
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"), purge_step=purge)
         if resume_step is None:
             self.writer.add_text("provenance", f"```\n{json.dumps(info, indent=2)}\n```", 0)
@@ -363,13 +497,32 @@ class Tensorboard:
         for k, v in scalars.items():
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
-        # The writer's own thread meets a removed directory first, and says it there (a traceback on
-        # stderr) while the flush returns: the next step's flush raised, or none did (a flaky test)
+        # The writer's own thread meets a removed directory first (kept off stderr, see below) while
+        # the flush returns: the next step's flush raised, or none did (a flaky test)
         if not Path(self.writer.get_logdir()).is_dir():
             raise FileNotFoundError(f"{self.writer.get_logdir()} is gone")
 
     def finish(self, failed: bool = False) -> None:
         self.writer.close()
+
+
+def _quiet_event_writer_threads() -> None:
+    """tensorboard's event-file writer thread keeps what its write raised (a full disk) and raises it
+    again at the writer's next call, where `Trackers` says it in one warning line; threading's hook
+    printed the thread's 15-line traceback before it (review R26a F7). That thread's alone are kept
+    off stderr; every other thread's go to the hook as before."""
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
+    previous = threading.excepthook
+    if getattr(previous, "gristmill_tensorboard", False):  # installed by an earlier run in this process
+        return
+
+    def hook(args: Any) -> None:
+        if not isinstance(args.thread, _AsyncWriterThread):
+            previous(args)
+
+    hook.gristmill_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 class Wandb:
@@ -412,33 +565,16 @@ class Wandb:
         self.run.log(scalars, step=step)
 
     def finish(self, failed: bool = False) -> None:
-        # finish() waits for wandb's service to take the run's last records: a hung service (stopped,
-        # swapped out, wedged) held a finished run's process forever. So in a thread, waited for
-        # GRISTMILL_WANDB_FINISH_TIMEOUT seconds (30) at most; the run's results are written by then.
-        errors: list[BaseException] = []
-
-        def finish() -> None:
-            try:
-                self.run.finish(exit_code=1 if failed else 0)
-            except BaseException as e:  # handed to the caller's thread
-                errors.append(e)
-
+        # waits for wandb's service to take the run's last records: a hung service is bounded by
+        # the caller (_Feed.finish), which abandons it then
         try:
-            timeout = float(os.environ.get("GRISTMILL_WANDB_FINISH_TIMEOUT") or 30)
-        except ValueError:  # a mistyped value must not leave the run unfinished
-            timeout = 30.0
-        done = threading.Thread(target=finish, name="wandb-finish", daemon=True)
-        done.start()
-        done.join(timeout=timeout)
-        if done.is_alive():
-            say(
-                f"WARNING: wandb did not finish its run {self.id} within {timeout:g} s (its service does not "
-                "answer); not waited for: the run's own record (metrics.jsonl, checkpoints) is complete"
-            )
-            _wandb_teardown(wait=2)  # its exit hook would wait for the same service: unregistered first
-        elif errors:
-            _wandb_teardown()
-            raise errors[0]
+            self.run.finish(exit_code=1 if failed else 0)
+        except BaseException:
+            _wandb_teardown()  # its service gone: its exit hook would fail the same way
+            raise
+
+    def abandon(self) -> None:
+        _wandb_teardown(wait=2)  # its exit hook would wait for the same service: unregistered first
 
 
 def _wandb_teardown(wait: float = 10) -> None:
@@ -493,7 +629,9 @@ class Trackio:
                 )
             except Exception as e:  # an invalid project name, an unwritable TRACKIO_DIR
                 raise _init_failed("trackio", e, "check metrics.project and TRACKIO_DIR") from None
-        self.finish_current = trackio.finish  # clears its current run too: its exit hook then does nothing
+        # Its current run cleared here, in the thread that set it: its exit hook then does nothing
+        # (finished by `finish` on the feed's thread, or not at all when given up as hung).
+        trackio.context_vars.current_run.set(None)
         self.project, self.store = project, TRACKIO_DIR
         self._stored_step = SQLiteStorage.get_max_step_for_run
         self.id, self.name = self.run.id, self.run.name
@@ -516,7 +654,7 @@ class Trackio:
 
     def finish(self, failed: bool = False) -> None:
         with contextlib.redirect_stdout(io.StringIO()):
-            self.finish_current()
+            self.run.finish()
 
     def stored_through(self) -> int:
         """The highest step trackio's store holds of this run, read after `finish` (which waits for

@@ -120,13 +120,11 @@ class RunRecord:
         # trackers' runs continued.
         mine = resumed if own else None
         logged = self._logged_rows(mine)
-        logged_through = max((r["step"] for r in logged), default=None) if logged is not None else None
         # The trackers first: they may still refuse the resume (an unreadable trackers.json, wandb
         # that cannot start), and a refused resume leaves the run's files as they were (its plan
         # recorded here, with a config.toml left as it was, made `data inspect RUN` and verify say
         # the config had been edited: review R14d F2).
-        self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets,
-                                 resume_step=mine, logged_through=logged_through)  # fmt: skip
+        self.trackers = Trackers(self.run_dir, metrics, config=config, datasets=datasets, resume_step=mine)
         try:
             self._set_aside(after=-1 if mine is None else mine, earlier_run=mine is None)
             self._record_plan()
