@@ -197,29 +197,33 @@ class Trackers:
         bound = tracker_timeout()
         deadline = time.monotonic() + bound  # all of them together: a SIGTERM's grace is short
         for name, feed in list(self.trackers.items()):
-            if why := feed.trouble():  # a log since the last row's check failed or hung
+            if why := feed.trouble():  # a log since the last row's check failed or hung: not waited for
                 self._give_up(name, why)
                 continue
             tracker = feed.tracker
             try:
-                if not feed.finish(failed, deadline):
-                    busy = feed.busy  # a row's log under way since before the end: named, as mid-run
-                    run = f" {tracker.id}" if hasattr(tracker, "id") else ""
-                    what = (
-                        f"has not returned from its log of step {busy[0]}"
-                        if busy
-                        else f"did not finish its run{run}"
-                    )
-                    say(
-                        f"WARNING: {name} {what} within {bound:g} s (it does not answer); not waited for: "
-                        "the run's own record (metrics.jsonl, checkpoints) is complete"
-                    )
-                    self._sent[name] = feed.acked
-                    self.given_up.append(feed)
-                    continue
+                done = feed.finish(failed, deadline)
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
+                done = True
+            if not done and feed.failed is not None:  # a log of its last rows raised: said as at a row
+                self._give_up(name, feed.trouble())
+                continue
             self._sent[name] = feed.acked
+            if not done:
+                busy = feed.busy  # a row's log under way: named, as mid-run
+                run = f" {tracker.id}" if hasattr(tracker, "id") else ""
+                what = (
+                    f"has not returned from its log of step {busy[0]}"
+                    if busy
+                    else f"did not finish its run{run}"
+                )
+                say(
+                    f"WARNING: {name} {what} within {bound:g} s (it does not answer); not waited for: "
+                    "the run's own record (metrics.jsonl, checkpoints) is complete"
+                )
+                self.given_up.append(feed)
+                continue
             if (sent := self._sent.get(name, 0)) and hasattr(tracker, "stored_through"):
                 try:
                     stored = tracker.stored_through()
@@ -345,8 +349,10 @@ class _Feed:
             self._queue.put(item, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             return False
-        if not item.done.wait(timeout=max(0.0, deadline - time.monotonic())):
-            return False
+        # in slices: a log of the last rows that raises ends the thread before it takes the finish
+        while not item.done.wait(timeout=min(0.1, max(0.0, deadline - time.monotonic()))):
+            if not self._thread.is_alive() or time.monotonic() >= deadline:
+                return False
         if item.error is not None:
             raise item.error
         return True

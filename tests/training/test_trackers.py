@@ -127,6 +127,31 @@ def wandb_services(pid: int) -> list[int]:
     return [int(c) for c in children if "wandb" in Path(f"/proc/{c}/comm").read_text()]
 
 
+def hang_wandb(until) -> list[int]:
+    """This process's wandb services stopped (SIGSTOP: hung, as a wedged or swapped-out one is) and
+    their socket filled from a thread of its own, as a long stall fills it with a run's rows (wide
+    rows of the same run, until the event `until`): from then on the run's `run.log` blocks. Returns
+    the stopped pids, to be continued (SIGCONT) at the end."""
+    import os
+    import signal
+    import threading
+
+    import wandb
+
+    stopped = wandb_services(os.getpid())
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    wide = {f"fill/{i}": float(i) for i in range(200)}
+
+    def fill() -> None:
+        with contextlib.suppress(Exception):  # its run finished at the end
+            while not until.is_set():
+                wandb.run.log(wide, commit=False)  # blocks once the socket is full
+
+    threading.Thread(target=fill, daemon=True).start()
+    return stopped
+
+
 def trackio_logs(run_id: str) -> dict[int, list[dict]]:
     from trackio.sqlite_storage import SQLiteStorage
 
@@ -586,9 +611,11 @@ def test_a_hung_wandb_service_does_not_keep_a_finished_run_from_exiting(env, dat
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 13))
     assert checkpoint_dir(run, 12).is_dir()
     assert "WARNING: wandb did not finish its run" in out and "within 3 s" in out, out[-2000:]
-    # the summary's seconds are the run's, not the 3 s waited for wandb (review R18d 3)
+    # the summary's seconds are the run's, not the 3 s waited for wandb (review R18d 3): its last
+    # row's time, give or take the last step (a fixed "< 3" failed on a loaded machine)
     summary = next(line for line in out.splitlines() if line.startswith("loss ") and " s" in line)
-    assert int(re.search(r", (\d+) s", summary).group(1)) < 3, summary
+    trained = read_metrics(run)[-1]["elapsed_s"]
+    assert int(re.search(r", (\d+) s", summary).group(1)) < trained + 2, (summary, trained)
 
 
 def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, capsys, monkeypatch):
@@ -609,16 +636,10 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
     stopped: list[int] = []
     ended, let_go = threading.Event(), threading.Event()
 
-    def hang_wandb() -> None:
+    def hang() -> None:
         while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
             time.sleep(0.01)
-        for pid in wandb_services(os.getpid()):
-            os.kill(pid, signal.SIGSTOP)
-            stopped.append(pid)
-        # its socket filled, as a long stall fills it with the run's rows: wide rows of the same run
-        wide = {f"fill/{i}": float(i) for i in range(200)}
-        while not ended.is_set():
-            wandb.run.log(wide, commit=False)  # blocks once the socket is full
+        stopped.extend(hang_wandb(until=ended))
 
     def release() -> None:  # without the fix the run never ends: the service let go after 120 s
         if not ended.wait(120):
@@ -626,7 +647,7 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
             for pid in stopped:
                 os.kill(pid, signal.SIGCONT)
 
-    hanger = threading.Thread(target=hang_wandb, daemon=True)
+    hanger = threading.Thread(target=hang, daemon=True)
     hanger.start()
     threading.Thread(target=release, daemon=True).start()
     try:
@@ -655,3 +676,43 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
     record = json.loads((run / "trackers.json").read_text())["wandb"]
     assert record["open"] is False and record.get("sent_through", 0) < hung, record  # never the hung row
     print(f"took {took:.1f} s, wandb hung at step {hung}", file=sys.stderr)
+
+
+def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env, tmp_path):
+    """Review R26a F8: trackers.json of an invocation killed while a tracker was open was read as "sent
+    every row metrics.jsonl has", and a resume sent it none of them again. Its rows now wait in a queue
+    while the tracker is slow or hung: the open record says how far the tracker took them (the
+    highest step whose log returned), row by row, never further."""
+    import os
+    import signal
+    import threading
+
+    import wandb
+
+    from training.trackers import Trackers
+
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = Trackers(run, MetricsSection(trackers=["wandb"], project="gm-test"), config={}, datasets={},
+                        resume_step=None)  # fmt: skip
+    stopped: list[int] = []
+    ended = threading.Event()
+    try:
+        for step in (1, 2, 3):
+            trackers.log({"step": step, "loss": 1.0})
+            while trackers.trackers["wandb"].acked < step:  # taken before the next, as a slow loop's are
+                time.sleep(0.01)
+        stopped = hang_wandb(until=ended)
+        time.sleep(2)  # its socket full by then
+        rows = threading.Thread(target=lambda: [trackers.log({"step": s, "loss": 1.0}) for s in range(4, 11)])
+        rows.start()
+        rows.join(timeout=20)
+        assert not rows.is_alive(), "a hung tracker held the loop"
+        record = json.loads((run / "trackers.json").read_text())["wandb"]  # as a kill -9 now leaves it
+        assert record["open"] is True and record["sent_through"] == 3, record
+    finally:
+        ended.set()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        trackers.close()
+        wandb.teardown()  # this process's next wandb run starts a service of its own
