@@ -678,18 +678,19 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
     print(f"took {took:.1f} s, wandb hung at step {hung}", file=sys.stderr)
 
 
-def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env, tmp_path):
+def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env, tmp_path, capsys):
     """Review R26a F8: trackers.json of an invocation killed while a tracker was open was read as "sent
     every row metrics.jsonl has", and a resume sent it none of them again. Its rows now wait in a queue
     while the tracker is slow or hung: the open record says how far the tracker took them (the
-    highest step whose log returned), row by row, never further."""
+    highest step whose log returned), row by row, never further. A tracker FEED_ROWS rows behind is
+    given up, its record closed there."""
     import os
     import signal
     import threading
 
     import wandb
 
-    from training.trackers import Trackers
+    from training.trackers import FEED_ROWS, Trackers
 
     run = tmp_path / "run"
     run.mkdir()
@@ -710,6 +711,16 @@ def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env,
         assert not rows.is_alive(), "a hung tracker held the loop"
         record = json.loads((run / "trackers.json").read_text())["wandb"]  # as a kill -9 now leaves it
         assert record["open"] is True and record["sent_through"] == 3, record
+        capsys.readouterr()
+        for step in range(11, 11 + FEED_ROWS):  # within the time bound (30 s): the queue fills first
+            trackers.log({"step": step, "loss": 1.0})
+        # step 4's log under way, 5 to 104 queued
+        out = capsys.readouterr().out
+        assert out.startswith(f"WARNING: wandb is {FEED_ROWS} rows behind at step 105 (hung or too slow)"), (
+            out
+        )
+        record = json.loads((run / "trackers.json").read_text())["wandb"]
+        assert record["open"] is False and record["sent_through"] == 3, record
     finally:
         ended.set()
         for pid in stopped:
