@@ -261,8 +261,8 @@ class Trackers:
 
 def tracker_timeout() -> float:
     """How long one tracker call (a row's log, the finish at the end, all trackers' together) may take
-    before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (or its older name, for the finish alone,
-    GRISTMILL_WANDB_FINISH_TIMEOUT), 30 by default."""
+    before it is given up: GRISTMILL_TRACKER_TIMEOUT seconds (GRISTMILL_WANDB_FINISH_TIMEOUT, its
+    older name from when only wandb's finish was bounded, counts too), 30 by default."""
     raw = os.environ.get("GRISTMILL_TRACKER_TIMEOUT") or os.environ.get("GRISTMILL_WANDB_FINISH_TIMEOUT")
     try:
         return float(raw or 30)
