@@ -15,6 +15,7 @@ only: reading documents needs no torch.
 from __future__ import annotations
 
 import mmap
+import os
 from pathlib import Path
 from typing import Any
 
@@ -264,11 +265,34 @@ class DocumentTable:
         maps = OPEN_MAPS.get_many(self._owner, shards)
         for shard in shards:
             if shard not in maps:
-                with open(self.root / SHARDS_DIR / self.shard_names[shard], "rb") as f:
-                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                m = maps[shard] = np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
+                m = maps[shard] = self._map(shard)
                 OPEN_MAPS.put(self._owner, shard, m, most=len(self.shard_names))
         return maps
+
+    def _map(self, shard: int) -> np.ndarray:
+        """Shard `shard` mapped, as it was when the table opened. Shards are opened on first use, so
+        one deleted, emptied or replaced since the opening checks (a dataset rebuilt or removed under
+        a running training) is a DatasetError here: the trainer saves its last step and stops with
+        this one line, not an OSError's traceback that lost the steps since the last checkpoint
+        (review R26b M1). A map taken before stays good: it holds the file it mapped."""
+        name = self.shard_names[shard]
+        path = self.root / SHARDS_DIR / name
+        recorded = self.info["shard_files"][name]["bytes"]
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size == recorded else None
+        except OSError as e:
+            problem = e.strerror or str(e)
+        else:
+            problem = None if mm is not None else f"{size} bytes where {DATASET_JSON} records {recorded}"
+        if problem is not None:
+            raise DatasetError(
+                f"{path} cannot be read ({problem}): the dataset {self.location} changed or vanished "
+                "after it was opened (rebuilt, moved or deleted under the run); put it back as it was "
+                "to go on (a rebuilt dataset is another dataset: a resume refuses it)"
+            )
+        return np.frombuffer(mm, self.dtype, len(mm) // self.dtype.itemsize)
 
     def read(
         self,

@@ -366,6 +366,32 @@ def test_rebuilt_shard_is_refused(tmp_path):
     assert old_fp in str(e.value) and new_fp in str(e.value)
 
 
+@pytest.mark.parametrize("change", ["deleted", "truncated", "dataset removed"])
+def test_a_shard_gone_after_the_opening_is_one_line_naming_it(tmp_path, change):
+    """Shards are mapped on first use: one deleted, cut or removed with its dataset under a running
+    training (the dataset rebuilt in place) was a FileNotFoundError traceback (review R26b M1), which
+    the trainer could not tell from a bug, so it saved nothing. A DatasetError now names the shard and
+    what happened, the trainer's data path (save the last step, one line)."""
+    make_dataset(tmp_path / "a")
+    loader = make_loader(tmp_path / "a")
+    shards = tmp_path / "a" / "shards"
+    if change == "deleted":
+        for shard in shards.iterdir():
+            shard.unlink()
+    elif change == "truncated":
+        for shard in shards.iterdir():
+            shard.write_bytes(shard.read_bytes()[:1024])
+    else:
+        shutil.rmtree(tmp_path / "a")
+    with pytest.raises(DatasetError) as e:
+        take(loader, 1)
+    said = str(e.value)
+    assert re.match(rf"{tmp_path / 'a' / 'shards'}/\d{{5}}_\d{{5}}\.tar cannot be read \(", said), said
+    assert f"the dataset {tmp_path / 'a'} changed or vanished after it was opened" in said, said
+    why = "No such file or directory" if change != "truncated" else "1024 bytes where dataset.json records"
+    assert why in said and "\n" not in said, said
+
+
 def test_edited_dataset_json_is_refused(tmp_path):
     make_dataset(tmp_path, n_docs=40)
     info = read_dataset_info(tmp_path)
