@@ -16,7 +16,13 @@ import io
 import os
 import sys
 
-from training.contract.errors import INTERRUPTED, INTERRUPTED_EXIT, GristmillError, print_error
+from training.contract.errors import (
+    INTERRUPTED,
+    INTERRUPTED_EXIT,
+    GristmillError,
+    hold_closed_streams,
+    print_error,
+)
 
 # The stages `gristmill demo` runs, in order (pipelines/demo.py numbers its stages by this tuple).
 DEMO_STAGES = ("build", "validate", "audit", "train", "export", "eval", "continue", "rewind", "bucket", "mix")
@@ -101,6 +107,7 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    hold_closed_streams()  # `gristmill … >&-`: the printing stops, nothing else
     argv = list(sys.argv[1:] if argv is None else argv)
     # Line by line even into a pipe or a file, so the log of a killed build keeps its last lines.
     for stream in (sys.stdout, sys.stderr):

@@ -63,7 +63,14 @@ from training.contract.config_loader import (  # the CLI helpers are re-exported
     add_resume_argument,
     with_resume,
 )
-from training.contract.errors import INTERRUPTED, INTERRUPTED_EXIT, GristmillError, print_error, unwritable
+from training.contract.errors import (
+    INTERRUPTED,
+    INTERRUPTED_EXIT,
+    GristmillError,
+    hold_closed_streams,
+    print_error,
+    unwritable,
+)
 from training.contract.run_layout import check_saved_config_place, checkpoint_dir, complete_steps
 from training.metrics import (
     mfu,
@@ -567,6 +574,7 @@ def main(
 ) -> int:
     """The trainer's command line; `make_evaluator` builds the eval-during-training hook from the
     config (validation.train_eval's entry point passes one)."""
+    hold_closed_streams()  # a worker started with stdout closed (`torchrun … >&-`) trains on
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     add_config_arguments(parser, "configs/train/demo.toml", "optim.lr=1e-4 parallel.shard=2")
     add_resume_argument(parser)

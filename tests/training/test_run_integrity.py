@@ -821,6 +821,27 @@ def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path, reader):
     assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
 
 
+@pytest.mark.parametrize("entry", ["gristmill train", "torchrun -m training.train"])
+def test_a_stdout_closed_from_the_start_only_stops_the_printing(dataset, tmp_path, entry):
+    """`gristmill train … >&-` (a daemon, a scheduler's wrapper): Python's sys.stdout is None, and the
+    first print raised AttributeError before step 1 with the run directory half made, in the CLI's
+    process and in a torchrun worker (review R26a F5). Each entry point puts /dev/null there: the run
+    trains to its last step, and no file the run opened took descriptor 1."""
+    run = tmp_path / "run"
+    sets = overrides(dataset, run, "run.log_every=1")
+    if entry == "gristmill train":
+        cmd = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--set", *sets]
+    else:
+        cmd = torchrun_cmd(sets, nproc=1)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=240, preexec_fn=lambda: os.close(1)
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 13)) and all(set(r) > {"loss"} for r in rows)
+    assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
+
+
 def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_path, capsys):
     """Issue 37 item 6: a truncated RUN/data_plan.json is one line from `data inspect RUN` and `data
     audit RUN` naming the file and what rewrites it (not a JSONDecodeError, not `data validate`,

@@ -1,4 +1,5 @@
-"""User-facing errors: every stage raises a subclass, and the CLI prints it as one line, no traceback."""
+"""User-facing errors: every stage raises a subclass, and the CLI prints it as one line, no traceback;
+the standard streams they go to, held open at each entry point (`hold_closed_streams`)."""
 
 import contextlib
 import os
@@ -41,6 +42,28 @@ class NonFiniteError(GristmillError):
     The CLI exits with `exit_code` so a scheduler can tell divergence from bad input."""
 
     exit_code = 3
+
+
+def hold_closed_streams() -> None:
+    """/dev/null in place of a stdout or stderr the process started without (`gristmill train … >&-`:
+    a daemon, a scheduler's wrapper); called first by each entry point (the `gristmill` CLI, a torchrun
+    worker's `-m training.train`), before anything opens a file. Python set sys.stdout to None, and
+    the first file the run opened took descriptor 1: a print raised AttributeError before step 1
+    (review R26a F5), and whatever writes to fd 1 (a child process, an eval's redirection, a
+    library's C code) would have written into that file. So a closed stdout only stops the printing,
+    as a reader gone does (training/console.py)."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:  # EBADF: closed
+            pass
+        null = os.open(os.devnull, os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, "w", closefd=False, buffering=1))  # noqa: SIM115  the process's own
 
 
 def print_error(error: GristmillError) -> int:
