@@ -85,6 +85,7 @@ from training.metrics import (
 from training.optim import ScheduledLR, clip_grad_norm
 from training.run.faults import data_fault, fault_warnings, kill_point
 from training.run.preflight import DistEnv, pick_device, preflight
+from training.run.record import RecordUnwritable
 from training.run.setup import Run, StepEval, own_run_dir, setup
 from training.run.shutdown import GracefulStop, exit_with_parent
 from training.run.validation import to_device
@@ -323,20 +324,12 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
                     _write_pending(run)  # the final weights' row, when the skip reached the last step
                     batches = iter(run.loader)  # continues after the skip
                 else:
-                    if run.merge is not None:  # a step the run goes on from: its weights join the merge
-                        run.merge.trained(step)
-                    kill_point(f"trained:{step}")
-                    if verdict.warning:
-                        say(verdict.warning)
-                    # a spike that could not rewind was trained: its row records it, logged step or not
-                    if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
-                        row = _row(run, step, phase, result, verdict)
-                        run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
-                    if due.save or stop:  # first: a validation or eval that fails then costs no training
-                        _record_batches(run)  # a checkpoint's steps are recorded before it exists
-                        checkpointer.save(step, state.tokens_seen, blocking=stop is not None)
-                        kill_point(f"saved:{step}")
-                    _write_pending(run)
+                    try:
+                        _go_on(run, step, phase, result, verdict, due, stop)
+                    except RecordUnwritable as e:  # rank 0's alone: saved when it is the only rank
+                        why = "a record of the run cannot be written"
+                        _save_before_stopping(run, start, why, e, run.env.world_size == 1)
+                        raise
                 if stop:  # after this step's save, or the rewind's
                     stopped_by = stop
                     say(f"stopping after step {state.step} on {stop}: {_stop_advice(run)}")
@@ -373,6 +366,25 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
     }
 
 
+def _go_on(run: Run, step: int, phase: int, result: dict[str, Any], verdict: Verdict, due: Due, stop) -> None:
+    """A step the run goes on from (the verdict neither stops nor rewinds): its weights join the merge,
+    its row held, its checkpoint when due (or on a stop signal), then the row written."""
+    if run.merge is not None:
+        run.merge.trained(step)
+    kill_point(f"trained:{step}")
+    if verdict.warning:
+        say(verdict.warning)
+    # a spike that could not rewind was trained: its row records it, logged step or not
+    if due.log or verdict.warning:  # waits in the state (and in a checkpoint saved now)
+        row = _row(run, step, phase, result, verdict)
+        run.record.hold(row, validate=due.validate, evaluate=due.evaluate)
+    if due.save or stop:  # first: a validation or eval that fails then costs no training
+        _record_batches(run)  # a checkpoint's steps are recorded before it exists
+        run.checkpointer.save(step, run.state.tokens_seen, blocking=stop is not None)
+        kill_point(f"saved:{step}")
+    _write_pending(run)
+
+
 def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[dict[str, torch.Tensor]]:
     """This rank's micro-batches of the next step, their rows hashed for the record (on the host, as
     the loader gave them: training/run/batch_digests.py). Data that cannot be had (a bucket unreachable for
@@ -391,31 +403,58 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     if failed and error is None:  # the first failing rank's own line, which rank 0 prints with its rank
         rank, message = failed[0]
         error = GristmillError(f"rank {rank}: {message}")
-    state = run.state
     if error is None:
-        run.batches.add(state.step + 1, batch)
+        run.batches.add(run.state.step + 1, batch)
         return [to_device(mb, run.device) for mb in batch]
-    # An async save still writing (of the step just trained, or before): completed, not abandoned with
-    # the error (it had its files and no COMPLETE, and --resume auto went back past it).
+    can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
+    why = f"the data of step {run.state.step + 1} cannot be read"
+    _save_before_stopping(run, start, why, error, can_save)
+    raise error
+
+
+def _save_before_stopping(run: Run, start: int, why: str, error: GristmillError, can_save: bool) -> None:
+    """The run stops on an error that is not the model's (`why`, `error`): data that cannot be read, a
+    run record that cannot be written. An async save still writing (of the step just trained, or
+    before) is completed, not abandoned with the error (it had its files and no COMPLETE, and --resume
+    auto went back past it); then, when every rank is here (`can_save`), the last step trained is
+    saved unless a checkpoint holds it, so the error costs no training; unless a step trained since
+    the host last looked was not finite: exit 3 then, nothing saved at or after it. The caller raises
+    `error` after (a save that fails is said: the error stays the caller's)."""
     try:
         run.checkpointer.finish()
-    except CheckpointError as e:  # said; the data's error stays the run's (it is what stopped it)
+    except CheckpointError as e:  # said; the caller's error stays the run's (it is what stopped it)
         say(f"error: {e}")
-    can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
-    if can_save and state.step > start and run.checkpointer.requested_step != state.step:
-        verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
-        if verdict.action == STOP:
-            say(f"the data of step {state.step + 1} cannot be read ({error}); and before it:")
-            _stop(run, verdict)
-        say(f"the data of step {state.step + 1} cannot be read: saving step {state.step} before stopping")
-        # The ranks whose read succeeded have counted step state.step + 1 as handed out; the checkpoint
-        # of step state.step continues at that step's batch on every rank (else, on resume, each step
-        # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
-        run.loader.seek(state.step)
+    state = run.state
+    if not can_save or state.step <= start or run.checkpointer.requested_step == state.step:
+        return
+    verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
+    if verdict.action == STOP:
+        say(f"{why} ({error}); and before it:")
+        _stop(run, verdict)
+    say(f"{why}: saving step {state.step} before stopping")
+    # The ranks whose read succeeded have counted step state.step + 1 as handed out; the checkpoint
+    # of step state.step continues at that step's batch on every rank (else, on resume, each step
+    # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
+    run.loader.seek(state.step)
+    try:  # the steps' batch records, before the checkpoint
         _record_batches(run)
+    except RecordUnwritable as e:  # said unless it is the error that stops the run
+        _say_also(e, error)
+    try:
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
-        run.record.finished(state.step)  # the audit's consumption where it saved (review R15e F1)
-    raise error
+    except GristmillError as e:  # a full disk fails both: said, and the record's error stays the run's
+        say(f"error: {e}")
+        return
+    try:  # the audit's consumption where it saved (review R15e F1)
+        run.record.finished(state.step)
+    except RecordUnwritable as e:
+        _say_also(e, error)
+
+
+def _say_also(e: GristmillError, error: GristmillError) -> None:
+    """A second error on the way out, said when it is not the one the run stops with."""
+    if str(e) != str(error):
+        say(f"error: {e}")
 
 
 def _enter_phase(run: Run, step: int, previous: int | None) -> int:

@@ -5,6 +5,7 @@ resume, a second trainer on the same directory, a stale lock and a read-only run
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -50,6 +51,7 @@ from training.contract.run_layout import (
     complete_steps,
     export_dir,
 )
+from training.run.record import RecordUnwritable
 from training.train import load_train_config, main, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -840,6 +842,61 @@ def test_a_stdout_closed_from_the_start_only_stops_the_printing(dataset, tmp_pat
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 13)) and all(set(r) > {"loss"} for r in rows)
     assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
+
+
+def _point_at_dev_full(path: Path) -> None:
+    """This process's descriptors open on `path` written into /dev/full from now on: its disk full."""
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                full = os.open("/dev/full", os.O_WRONLY)
+                os.dup2(full, int(fd))
+                os.close(full)
+
+
+@pytest.mark.parametrize("record", ["consumption.parquet", "metrics.jsonl"])
+def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, tmp_path, record):
+    """A record of the run that cannot be written mid-run (a directory in consumption.parquet's place;
+    metrics.jsonl's disk full) ended the run with a traceback for all but a full or read-only disk,
+    and either way the steps since the last checkpoint were lost (review R26a F4). Now: the step
+    trained last is saved, one line names the file and the errno's words, and a resume once it is
+    fixed ends as the uninterrupted run, every row written once (the row that failed too)."""
+    whole = tmp_path / "whole"
+    train(load_train_config(TINY, overrides(dataset, whole, "run.log_every=1")), out=io.StringIO())
+    run = tmp_path / "run"
+
+    class Printer(io.StringIO):  # the console: at step 5's line the record breaks
+        def write(self, text: str) -> int:
+            if text.startswith("step      5/") and record == "consumption.parquet":
+                (run / record).unlink()
+                (run / record).mkdir()
+            elif text.startswith("step      5/"):
+                _point_at_dev_full(run / record)
+            return super().write(text)
+
+    out = Printer()
+    with pytest.raises(RecordUnwritable) as error:
+        train(load_train_config(TINY, overrides(dataset, run, "run.log_every=1")), out=out)
+    # consumption.parquet fails at step 5's row (after its line); metrics.jsonl at step 6's
+    failed = 5 if record == "consumption.parquet" else 6
+    why = "Is a directory" if record == "consumption.parquet" else "No space left on device"
+    assert str(error.value).startswith(f"cannot write {run / record}: {why}; "), str(error.value)
+    assert f"a record of the run cannot be written: saving step {failed} before stopping" in out.getvalue()
+    assert complete_steps(run) == [4, failed]
+    if record == "consumption.parquet":
+        (run / record).rmdir()
+    train(load_train_config(TINY, overrides(dataset, run, "run.log_every=1", 'checkpoint.resume="auto"')))
+    assert losses(run) == losses(whole)
+
+
+def test_a_run_record_that_cannot_be_written_before_step_1_is_one_line(dataset, tmp_path, capsys):
+    """consumption.parquet blocked by a directory (or an immutable metrics.jsonl: EPERM, even for
+    root) before step 1: an IsADirectoryError traceback, exit 1 (review R26a F4). One line, exit 2."""
+    run = tmp_path / "run"
+    (run / "consumption.parquet" / "x").mkdir(parents=True)
+    assert gristmill(["train", "--config", TINY, "--set", *overrides(dataset, run)]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: cannot write {run / 'consumption.parquet'}: Is a directory; "), line
 
 
 def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_path, capsys):

@@ -31,8 +31,10 @@ and keeps the rows (the summary reads them); only rank 0's writes files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +51,13 @@ from training.contract.batch_record import (
     read_batches,
 )
 from training.contract.config_loader import to_toml
+from training.contract.errors import GristmillError
 from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
+    CONFIGS_DIR,
     CONSUMPTION_PARQUET,
+    DATA_PLAN_JSON,
     DISCARDED_BATCHES_BIN,
     EVAL_DIR,
     EVAL_PARQUET,
@@ -77,6 +82,40 @@ from training.run.lock import check_owned
 from training.run.preflight import from_rank0
 from training.run.timeline import Timeline
 from training.trackers import Trackers
+
+
+class RecordUnwritable(GristmillError):
+    """A file of the run's record that cannot be written, whatever the OSError (a full or read-only
+    disk, permissions, an immutable file, a directory in its place): one line naming it. In the
+    loop the trainer saves the last step first (training/train.py); before step 1 nothing trained."""
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """An OSError writing record file `path` (or a temporary file beside it) as a RecordUnwritable
+    naming `path` and the errno's words: an EPERM or EACCES was a traceback, only a full or
+    read-only disk was one line (review R26a F4)."""
+    try:
+        yield
+    except OSError as e:
+        raise RecordUnwritable(
+            f"cannot write {path}: {e.strerror or e}; make it writable (or free space), or write the run "
+            "somewhere else"
+        ) from None
+
+
+def _writes(name: str) -> Callable:
+    """A RunRecord method that writes RUN/`name`, its OSErrors as `_writing`'s."""
+
+    def wrap(method: Callable) -> Callable:
+        @functools.wraps(method)
+        def call(self: RunRecord, *args: Any, **kw: Any) -> Any:
+            with _writing(self.run_dir / name):
+                return method(self, *args, **kw)
+
+        return call
+
+    return wrap
 
 
 class RunRecord:
@@ -151,7 +190,14 @@ class RunRecord:
         check_owned(self.run_dir)  # a run directory replaced under the run is another's (lock.py)
         # One os.write per row on an O_APPEND descriptor: a row is whole or absent, never split
         # across writes (a kill mid-row leaves at most a torn last line, which read_metrics cuts).
-        os.write(self.jsonl, (json.dumps(row) + "\n").encode())
+        try:
+            with _writing(self.run_dir / METRICS_JSONL):
+                os.write(self.jsonl, (json.dumps(row) + "\n").encode())
+        except RecordUnwritable:
+            # the row waits in the state again, complete: the checkpoint the trainer saves before it
+            # stops carries it, and a resume writes it
+            self.state.pending = PendingRow(row, validate=False, evaluate=False)
+            raise
         say(format_line(row))
         self.trackers.log(row)
         # the raw weights' results, and at a merge point the merged ones'
@@ -177,7 +223,8 @@ class RunRecord:
             return
         attempt = self.timeline.attempt
         # One os.write for them all on an O_APPEND descriptor, as metrics.jsonl's rows.
-        os.write(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
+        with _writing(self.run_dir / BATCHES_BIN):
+            os.write(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
 
     def rewound(self, skip: Skip) -> None:
         """After a rewind (the timeline holds `skip`), on every rank: the rows of steps after the
@@ -198,6 +245,7 @@ class RunRecord:
         self._consumption(skip.last_step)
         self._record_config(skip.checkpoint_step + 1)  # gone back past this invocation's first step
 
+    @_writes(CONFIGS_DIR)
     def _record_config(self, first: int, earlier_run: bool = False) -> None:
         """RUN/configs/from-step-N.toml: this invocation's config trains the timeline from step `first`
         on, so the entries of later steps (a future discarded or redone) go, every entry when they are
@@ -281,6 +329,7 @@ class RunRecord:
             say(note)
         return rows
 
+    @_writes(METRICS_JSONL)
     def _open_log(self, resumed: int | None, logged: list[dict[str, Any]] | None) -> None:
         """metrics.jsonl opened for appending; a resume keeps the rows (`logged`, as _logged_rows read
         them) up to its checkpoint and drops those of the steps it will redo (written after the
@@ -298,6 +347,7 @@ class RunRecord:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if resumed is not None else os.O_TRUNC)
         self.jsonl = os.open(path, flags, 0o644)
 
+    @_writes(METRICS_JSONL)
     def _rewrite_log(self) -> None:
         """metrics.jsonl replaced, atomically, by the rows (a rewind marked some); appends go on into
         the new file (the old descriptor is swapped only once it is in place)."""
@@ -306,6 +356,7 @@ class RunRecord:
         old, self.jsonl = self.jsonl, os.open(path, os.O_WRONLY | os.O_APPEND, 0o644)
         os.close(old)  # it would keep appending to the replaced file
 
+    @_writes(BATCHES_BIN)
     def _open_batches(self, resumed: int | None) -> None:
         """batches.bin opened for appending. A resume keeps the records up to its checkpoint (the steps
         it redoes were recorded by the interrupted run) and, in batches-discarded.bin, those of the
@@ -373,6 +424,7 @@ class RunRecord:
         if parts:
             say(f"note: {path}: " + "; ".join(parts))
 
+    @_writes(BATCHES_BIN)
     def _discard_batches(self, after: int) -> None:
         """The records of steps after `after` (a rewind's discarded attempt) moved from batches.bin to
         batches-discarded.bin: appended there first, so a kill in between loses none (the resume
@@ -401,6 +453,7 @@ class RunRecord:
             say(note)
         return entries
 
+    @_writes(CONSUMPTION_PARQUET)
     def _consumption(self, step: int) -> None:
         """RUN/consumption.parquet after `step` steps of the timeline, unless it holds that already."""
         at = (step, len(self.timeline.skips))
@@ -410,6 +463,7 @@ class RunRecord:
         write_consumption(plan, step, self.timeline.consumed(step), path)
         self.ledger = at
 
+    @_writes(DATA_PLAN_JSON)
     def _record_plan(self) -> None:
         record_plan(self.timeline.plan, self.run_dir, self.timeline.skips)
         if self.plot:

@@ -338,7 +338,8 @@ def test_a_save_waiting_for_the_previous_write_reports_it_and_advises_once(tmp_p
 
 def test_a_full_disk_under_the_run_s_records_is_one_line(dataset, tmp_path):
     """The run directory on a tmpfs that fills as metrics.jsonl, consumption.parquet and batches.bin
-    grow: a pyarrow or json traceback, exit 1 (review R18d 2a). One line naming the file, exit 2."""
+    grow: a pyarrow or json traceback, exit 1 (review R18d 2a). One line naming the file, exit 2; the
+    save of the last step tried first fails on the same disk, and says so (review R26a F4)."""
     if not unshare_works():
         pytest.skip("no mount namespaces here (unshare -rm)")
     run_dir = tmp_path / "full"
@@ -353,8 +354,10 @@ def test_a_full_disk_under_the_run_s_records_is_one_line(dataset, tmp_path):
     assert (tmp_path / "rc").read_text().strip() == "2", out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {run_dir}"), out[-3000:]
-    assert "No space left on device" in errors[0], errors
+    assert len(errors) == 2 and errors[-1].startswith(f"error: cannot write {run_dir}"), out[-3000:]
+    assert "No space left on device" in errors[-1], errors
+    assert errors[0].startswith("error: only ") and "free on the filesystem of" in errors[0], errors
+    assert "a record of the run cannot be written: saving step" in out, out[-3000:]
 
 
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
