@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import resource
 import shutil
 import threading
 import time
@@ -236,10 +237,8 @@ _RETENTION_FREES_NOTHING = (
 )
 
 
-def _no_space(exc: BaseException, root: Path) -> str | None:
-    """ "no space left" when the failure was a full disk: ENOSPC somewhere in the exception chain,
-    or (torch's zip writer reports ENOSPC as "unexpected pos …") a filesystem with almost nothing
-    free after the failed write."""
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc`, every rank's failure a DCP CheckpointException holds, and their causes and contexts."""
     seen, todo = [], [exc]
     failures = getattr(exc, "failures", None) or {}
     todo += [v[0] if isinstance(v, tuple) else v for v in failures.values()]
@@ -248,15 +247,37 @@ def _no_space(exc: BaseException, root: Path) -> str | None:
         if e is None or any(e is s for s in seen):
             continue
         seen.append(e)
-        if getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e):
-            break
         todo += [e.__cause__, e.__context__]
-    else:
-        if free_bytes(root) >= 1 << 20:
-            return None
+    return seen
+
+
+def _no_space(exc: BaseException, root: Path) -> str | None:
+    """ "no space left" when the failure was a full disk: ENOSPC somewhere in the exception chain,
+    or (torch's zip writer reports ENOSPC as "unexpected pos …") a filesystem with almost nothing
+    free after the failed write."""
+    full = any(
+        getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+        for e in _chain(exc)
+    )
+    if not full and free_bytes(root) >= 1 << 20:
+        return None
     return (
         f"no space left on the filesystem of {root} ({fmt_bytes(free_bytes(root))} free); "
         f"free space on it ({_RETENTION_FREES_NOTHING})"
+    )
+
+
+def _too_large(exc: BaseException) -> str | None:
+    """ "File too large" when the process has a file size limit (`ulimit -f`) and the write failed
+    past it: EFBIG in the chain, or torch's zip writer's "unexpected pos …" for it (review R26a F4)."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return None
+    if not any(getattr(e, "errno", None) == errno.EFBIG or "unexpected pos" in str(e) for e in _chain(exc)):
+        return None
+    return (
+        f"File too large: this process may write files of at most {fmt_bytes(limit)} (`ulimit -f`); "
+        "raise the limit (`ulimit -f unlimited`)"
     )
 
 
@@ -946,7 +967,7 @@ class Checkpointer:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise exc
         path = checkpoint_dir(self.run_dir, step)
-        cause = _no_space(exc, self.root) or checkpoint_error_cause(exc)
+        cause = _no_space(exc, self.root) or _too_large(exc) or checkpoint_error_cause(exc)
         raise CheckpointError(
             f"checkpoint of step {step} could not be written to {path}: {cause}. Last complete "
             f"checkpoint: {self.newest_complete()}. Fix the cause, then resume with {self.resume_option()}"

@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -33,6 +34,7 @@ from tests.helpers.train_runs import (
     assert_same_weights,
     losses,
     metrics,
+    one_error_line,
     overrides,
     run_torchrun,
     torchrun_cmd,
@@ -358,6 +360,23 @@ def test_a_full_disk_under_the_run_s_records_is_one_line(dataset, tmp_path):
     assert "No space left on device" in errors[-1], errors
     assert errors[0].startswith("error: only ") and "free on the filesystem of" in errors[0], errors
     assert "a record of the run cannot be written: saving step" in out, out[-3000:]
+
+
+def test_a_checkpoint_past_the_file_size_limit_says_file_too_large(dataset, tmp_path):
+    """A trainer under `ulimit -f` (smaller than a checkpoint's file): the save failed with torch's
+    "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598" (review
+    R26a F4). It says "File too large", the limit and the fix."""
+    limit = 512 << 10  # the tiny model's checkpoint file is ~1.7 MiB; every other file far smaller
+    sets = overrides(dataset, tmp_path / "run", "checkpoint.interval=2", "metrics.tensorboard=false")
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets],
+        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = one_error_line(proc.stderr)
+    assert line.startswith("error: checkpoint of step 2 could not be written to "), line
+    assert "File too large: this process may write files of at most 512.00 KiB (`ulimit -f`)" in line, line
 
 
 def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, dataset, tmp_path):
