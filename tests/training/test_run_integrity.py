@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
@@ -41,6 +42,7 @@ from tests.helpers.train_runs import (
 from training.checkpoint.checkpointer import write_complete_record
 from training.checkpoint.hf_export import ExportError, export_checkpoint, load_checkpoint_model
 from training.contract.batch_record import HEADER, RECORD
+from training.contract.dataset_format import DatasetError
 from training.contract.integrity import file_records
 from training.contract.run_layout import (
     COMPLETE_FILE,
@@ -887,6 +889,71 @@ def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, 
         (run / record).rmdir()
     train(load_train_config(TINY, overrides(dataset, run, "run.log_every=1", 'checkpoint.resume="auto"')))
     assert losses(run) == losses(whole)
+
+
+def test_a_dataset_removed_under_the_run_saves_the_last_step_first(dataset, synthetic_dataset, tmp_path):
+    """A source's dataset removed (to be rebuilt in place) while the run trains: its shards, mapped
+    on first use, were a FileNotFoundError traceback, exit 1, the steps since the last checkpoint
+    lost (review R26b M1). Source b is first read in phase 2; removed during phase 1, the run saves
+    step 4, stops with one line naming the shard, and goes on once the dataset is back."""
+    b = tmp_path / "b"
+    shutil.copytree(synthetic_dataset(n_docs=300, seed=1), b)
+    run = tmp_path / "run"
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f"""
+[model]
+preset = "tiny"
+[data]
+global_batch_tokens = 512
+micro_batch = 4
+[[data.sources]]
+name = "a"
+dataset = {json.dumps(str(dataset))}
+[[data.sources]]
+name = "b"
+dataset = {json.dumps(str(b))}
+[[phase]]
+name = "main"
+steps = 4
+seq_len = 32
+mix = {{ a = 1.0 }}
+[[phase]]
+name = "anneal"
+steps = 4
+seq_len = 32
+mix = {{ a = 0.5, b = 0.5 }}
+[parallel]
+param_dtype = "float32"
+[run]
+output_dir = {json.dumps(str(run))}
+log_every = 1
+device = "cpu"
+threads = 1
+[checkpoint]
+interval = 0
+[metrics]
+tensorboard = false
+plot = false
+""")
+    aside = tmp_path / "b-aside"
+
+    class Printer(io.StringIO):  # the console: at step 3's line the dataset goes
+        def write(self, text: str) -> int:
+            if text.startswith("step      3/"):
+                b.rename(aside)
+            return super().write(text)
+
+    out = Printer()
+    with pytest.raises(DatasetError) as error:
+        train(load_train_config(recipe, []), out=out)
+    said = str(error.value)
+    assert re.match(rf"{b}/shards/\d{{5}}_\d{{5}}\.tar cannot be read \(No such file or directory\): ", said)
+    assert f"the dataset {b} changed or vanished after it was opened" in said, said
+    assert "the data of step 5 cannot be read: saving step 4 before stopping" in out.getvalue()
+    assert complete_steps(run) == [4]
+    aside.rename(b)
+    assert train(load_train_config(recipe, ['checkpoint.resume="auto"']), out=io.StringIO())["steps"] == 8
+    assert [r["step"] for r in metrics(run)] == list(range(1, 9))
 
 
 def test_a_run_record_that_cannot_be_written_before_step_1_is_one_line(dataset, tmp_path, capsys):
