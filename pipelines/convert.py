@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
+from pipelines.data_index import indexed_info
 from pipelines.dataset_lock import LOCK, dataset_lock
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from pipelines.task_upload import is_task_record
@@ -61,7 +62,7 @@ from training.contract.dataset_format import (
     tokenizer_problem,
     unlike_record,
 )
-from training.contract.dataset_index import INDEX_DIR, unlike_manifest
+from training.contract.dataset_index import INDEX_DIR, expected_index, index_format, unlike_manifest
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
@@ -343,9 +344,14 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
+    # OLD's identities: its fingerprint, the one before an index was added, and, when OLD lacks this
+    # version's index, the one `gristmill data index` gives it (what a run of this version trained on,
+    # indexed where it trained, recorded; this copy not indexed: review R26c M3).
     was = [info["fingerprint"]] + (
         [fingerprint_before_index(info)] if "fingerprint_before_index" in info else []
     )
+    if (info.get("index") or {}).get("format") != index_format(info):
+        was.append(indexed_info(info, expected_index(root, info))["fingerprint"])
     kept = {k: v for k, v in info.items() if k not in _DERIVED}
     tokenizer = root / TOKENIZER_JSON  # the one OLD records (checked above), or none
     new = finalize_dataset(

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from pipelines.dataset_lock import dataset_lock
+from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
+    BEFORE_INDEX_SUFFIX,
     DATASET_JSON,
     MANIFEST_DIR,
     REWRITE_DATASET_JSON,
@@ -59,18 +61,13 @@ def _index(root: Path, log) -> dict[str, Any]:
     _check_manifests(root, info)
     entry = info.get("index")
     if entry is not None and entry.get("format") != index_format(info):
-        # An index of an older format: derived again in this one. The fingerprint covers the index, so
-        # it changes; a run that trained on the old index planned its epochs another way (its loader
-        # state names the older plan and is refused), so no fingerprint is kept for it. The manifest
-        # must still be the one the old index was derived from (what its files share with the new).
-        _check_unchanged(root, info)
-        info = {**info, "index": write_index(root, info)}
-        info["fingerprint"] = fingerprint(info)
-        write_dataset_info(root, info)
+        # An index of an older format: derived again in this one (indexed_info: a new fingerprint).
+        _check_unchanged(root, info)  # the manifest still derives the older index
+        info = _replace_info(root, info, write_index(root, info))
         log(
             f"{root / INDEX_DIR}: index format {entry.get('format')!r} upgraded to {index_format(info)!r} "
             f"(the sample totals and held-out rows epochs are planned from); fingerprint now "
-            f"{info['fingerprint'][:12]}…"
+            f"{info['fingerprint'][:12]}…; {_kept(root)}"
         )
         return info
     if entry is not None:
@@ -104,17 +101,46 @@ def _index(root: Path, log) -> dict[str, Any]:
         log(f"repaired {root / INDEX_DIR}")
         return info
     new = write_index(root, info)
-    info = {**info, "index": new, "fingerprint_before_index": info["fingerprint"]}
-    info["fingerprint"] = fingerprint(info)
-    write_dataset_info(root, info)
+    info = _replace_info(root, info, new)
     docs = new["files"][DOC_TOKENS]["count"]
     size = sum(f["bytes"] for f in new["files"].values())
     log(
         f"indexed {root}: {docs:,} documents, {size / 2**20:,.1f} MiB in {INDEX_DIR}/; fingerprint "
         f"{info['fingerprint_before_index'][:12]}… → {info['fingerprint'][:12]}… (runs that recorded the old "
-        f"one resume unchanged); `gristmill data validate {root}` re-checks everything"
+        f"one resume unchanged); {_kept(root)}; `gristmill data validate {root}` re-checks everything"
     )
     return info
+
+
+def indexed_info(info: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """The dataset.json `gristmill data index` makes of `info` (no index, or an older format's) with
+    the index `entry`: the fingerprint covers the index, so it changes; a dataset with no index keeps
+    the old one as `fingerprint_before_index` (the same shards in the same order), while one whose
+    older index planned epochs another way keeps none (a run on it names the older order, refused)."""
+    new = {**info, "index": entry}
+    if info.get("index") is None:
+        new["fingerprint_before_index"] = info["fingerprint"]
+    new["fingerprint"] = fingerprint(new)
+    return new
+
+
+def _replace_info(root: Path, info: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """indexed_info written over dataset.json, which is kept beside it first: the gristmill that wrote
+    it reads only it (its index format), and a run that gristmill started finishes only there (this
+    version refuses its order: review R26c L1)."""
+    new = indexed_info(info, entry)
+    kept = root / (DATASET_JSON + BEFORE_INDEX_SUFFIX)
+    write_atomic(kept, (root / DATASET_JSON).read_bytes())
+    write_dataset_info(root, new)
+    return new
+
+
+def _kept(root: Path) -> str:
+    """The line's word on the dataset.json `_replace_info` kept, and what it is for."""
+    return (
+        f"the replaced {DATASET_JSON} is kept as {root / (DATASET_JSON + BEFORE_INDEX_SUFFIX)} (an older "
+        f"gristmill, and a run it started, read the dataset again once it is moved back to {DATASET_JSON})"
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -94,7 +94,7 @@ from training.contract.dataset_format import (
     tar_padded,
     task_of_file,
 )
-from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index
+from training.contract.dataset_index import INDEX_DIR, damaged_files, expected_index, index_format
 from training.contract.errors import GristmillError
 from training.contract.object_store import (
     ObjectCutShort,
@@ -170,6 +170,8 @@ class ValidationReport:
     problems: list[Problem]
     n_problems: int  # including the ones not listed (see MAX_PROBLEMS_PER_SHARD)
     fingerprint: str | None = None
+    # what a reader of this version needs done that is no fault of the data (an older index format)
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -691,6 +693,7 @@ def validate_dataset(
     """
     t0 = time.perf_counter()
     problems: list[Problem] = []
+    notes: list[str] = []
     results: list[ShardResult] = []
     info: dict[str, Any] | None = None
     url = str(location) if is_url(location) else None
@@ -792,7 +795,7 @@ def validate_dataset(
         for r in results:
             problems.extend(r.problems)
         _check_dataset_json(root, info, results, problems)
-        _check_index(root, info, problems, url)
+        _check_index(root, info, problems, notes, url)
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
         _check_task_counts(root, info, problems, local=not url)
@@ -810,6 +813,7 @@ def validate_dataset(
         problems=problems,
         n_problems=n_problems,
         fingerprint=info.get("fingerprint") if info else None,
+        notes=notes,
     )
     unread = [r for r in results if r.unread]
     # Only what was not read here failed: no verdict, here or in the bucket (its record, if any, still
@@ -1173,10 +1177,14 @@ def _check_vocab_size(tok: Path, info: dict[str, Any], problems: list[Problem]) 
         )
 
 
-def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url: str | None = None) -> None:
+def _check_index(
+    root: Path, info: dict[str, Any], problems: list[Problem], notes: list[str], url: str | None = None
+) -> None:
     """The loader index: on disk as dataset.json records it, and what the manifest implies. Of a
     bucket's copy (`url`), a file the bucket's check named already is not named again (with advice to
-    index the cache's copy, which fixes nothing in the bucket: review R20b M4)."""
+    index the cache's copy, which fixes nothing in the bucket: review R20b M4). An index an older
+    gristmill wrote is checked as recorded; its upgrade, which the loader asks for, is a note: the
+    index this version derives has another format, and the data is not at fault (review R26c M2)."""
     entry = info.get("index")
     fix = (
         f"run `gristmill data index {root}`"
@@ -1186,9 +1194,20 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
     before = info.get("fingerprint_before_index")
     if before is not None and before != fingerprint_before_index(info):
         problems.append(Problem("fingerprint_before_index does not match its fields (edited)", DATASET_JSON))
-    if entry is None:
-        problems.append(Problem(f"no loader index recorded, so the loader cannot open it; {fix}", INDEX_DIR))
-        return
+    older = entry is None or entry.get("format") != index_format(info)
+    if older:
+        upgrade = (
+            f"`gristmill data convert {url} NEW`"
+            if url is not None and info["format"] != FORMAT
+            else fix.replace("run ", "", 1)
+        )
+        had = "no loader index" if entry is None else f"index format {entry.get('format')!r}"
+        notes.append(
+            f"{INDEX_DIR}/: {had} (an older gristmill's build), not this version's {index_format(info)!r}: "
+            f"train and inspect read the dataset after {upgrade}"
+        )
+        if entry is None:
+            return
     why = {
         "missing": "missing, but dataset.json records it",
         "damaged": "sha256 differs from dataset.json (damaged)",
@@ -1197,6 +1216,8 @@ def _check_index(root: Path, info: dict[str, Any], problems: list[Problem], url:
     for name, what in damaged_files(root, entry).items():
         if f"{INDEX_DIR}/{name}" not in named:
             problems.append(Problem(f"{why[what]}; {fix}", f"{INDEX_DIR}/{name}"))
+    if older:
+        return
     try:
         derived = expected_index(root, info)
     except DatasetError as e:
@@ -1277,6 +1298,7 @@ def format_report(r: ValidationReport, max_problems: int = MAX_PRINTED) -> str:
         hidden = r.n_problems - min(len(r.problems), max_problems)
         if hidden:
             lines.append(f"  … and {hidden:,} more (listed ones in {r.root.rstrip('/')}/{VALIDATION_JSON})")
+    lines += [f"note: {n}" for n in r.notes]
     lines.append("OK: every shard, document and separator checks out" if r.ok else "FAILED")
     return "\n".join(lines)
 

@@ -123,12 +123,10 @@ def verify_batches(run_dir: str | Path, only: int | None = None) -> BatchCheck:
             return BatchCheck(f"batches: {e}")
     check = BatchCheck(notes=[record_note] if record_note else [])
     try:
-        plan, tables, skips, note = run_plan(run_dir)
+        plan, tables, skips = run_plan(run_dir)
     except GristmillError as e:
         check.problem = f"batches: the {len(entries)} recorded steps cannot be checked against the plan: {e}"
         return check
-    if note:
-        check.notes.append(f"note: {note}")
     trained = {r["step"]: r for r in kept_rows(rows) if "loss" in r and "batch_sha256" in r}
     saved = [s for s in complete_steps(run_dir) if not skip_of(skips, s)]
     # The plan's batch of each recorded step, as `data inspect RUN --hash` builds it: the global batch.

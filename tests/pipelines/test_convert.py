@@ -6,24 +6,31 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch.distributed.checkpoint as dcp
 
 from pipelines.cli import main as gristmill
 from pipelines.convert import convert_dataset
 from tests.helpers.legacy_dataset import write_legacy_dataset, write_v2_dataset
 from tests.helpers.train_data import affine_documents
-from tests.helpers.train_runs import TINY, losses, overrides
+from tests.helpers.train_runs import TINY, losses, one_error_line, overrides
 from training.contract.dataset_format import (
+    DATASET_JSON,
     FORMAT,
     FORMAT_V2,
     LEGACY_FORMAT,
     DatasetError,
     file_sha256,
+    fingerprint,
     layout_offsets,
     read_dataset_info,
+    same_data,
 )
+from training.contract.dataset_index import damaged_files
+from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, checkpoint_dir
 from training.data.loader import batch_sha256, dataset_loader
 from training.train import load_train_config, train
 
@@ -477,3 +484,105 @@ def test_a_second_conversion_into_the_same_new_is_refused(v2, tmp_path, capsys):
     # once it is gone (killed: its folder left), the next conversion takes the folder over
     convert_dataset(str(v2), str(tmp_path / "new"), log=lambda *a: None)
     assert not work.exists() and not (tmp_path / "new" / "theirs").exists()
+
+
+def _older_index(root: Path) -> dict:
+    """Make `root` a dataset with an older gristmill's index (no sample totals, no held-out file:
+    only the per-document files), dataset.json and its fingerprint as that gristmill wrote them;
+    returns dataset.json."""
+    info = read_dataset_info(root)
+    files = info["index"]["files"]
+    for name in set(files) - {"doc_tokens.bin", "doc_offsets.bin", "shard_rows.bin", "doc_sha256.bin"}:
+        (root / "index" / name).unlink()
+        del files[name]
+    info["index"] = {"format": "gristmill-index/1", "files": files}
+    info["fingerprint"] = fingerprint(info)
+    (root / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info
+
+
+def test_a_run_in_an_older_order_is_refused_before_data_index_and_is_not_stranded(legacy, tmp_path, capsys):
+    """A run an older gristmill trained (its batches drawn in data order /1, on a dataset with that
+    gristmill's index): `data inspect RUN` showed another order's batch, exit 0, once `data index` let
+    it open the dataset, and `train --resume` sent the user to `data index`, which rewrote dataset.json
+    so that neither version could finish the run (review R26c S2, L1). Now both refuse first, naming the
+    order and the gristmill that reads it; `data index` keeps the dataset.json it replaces, whose index
+    files still hash as it records (what that gristmill checks); a run whose checkpoint holds the
+    loader state of gristmill 62f489d is refused by inspect the same way."""
+    ds, run = tmp_path / "old", tmp_path / "run"
+    shutil.copytree(legacy, ds)
+    train(load_train_config(TINY, overrides(ds, run, "run.max_steps=4")))
+    older = _older_index(ds)
+    plan = json.loads((run / DATA_PLAN_JSON).read_text())
+    plan["format"] = "gristmill-plan/1"
+    plan["sources"][0]["fingerprint"] = older["fingerprint"]
+    (run / DATA_PLAN_JSON).write_text(json.dumps(plan))
+    capsys.readouterr()
+    resume = ["train", "--config", str(run / CONFIG_TOML), "--resume", "auto", "--set", "run.max_steps=8"]
+    for command in (["data", "inspect", str(run), "--step", "2"], resume):
+        assert gristmill(command) != 0, command
+        line = one_error_line(capsys.readouterr().err)
+        assert f"error: {run}'s batches were drawn in data order 'gristmill-plan/1'" in line, line
+        assert "git checkout dacacc9" in line and "dataset.json.before-index" in line, line
+        assert f"gristmill export {run}`, then model.init_from = {run}/exports/step-N" in line, line
+    before = (ds / DATASET_JSON).read_bytes()
+    assert gristmill(["data", "index", str(ds)]) == 0
+    assert f"kept as {ds / 'dataset.json.before-index'}" in capsys.readouterr().out
+    assert (ds / "dataset.json.before-index").read_bytes() == before  # moved back: the older one's
+    assert damaged_files(ds, older["index"]) == {}  # its index files as it recorded them
+    assert gristmill(["data", "inspect", str(run), "--step", "2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"which cut the training documents of {ds} into other blocks" in line, line
+    # gristmill 62f489d's loader state, and no data_plan.json (it wrote none): inspect refuses a run
+    # that recorded no order; a resume reads it from the checkpoint
+    (run / DATA_PLAN_JSON).unlink()
+    assert gristmill(["data", "inspect", str(run), "--step", "2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "the run's datasets and data order are unknown" in line, line
+    step = checkpoint_dir(run, 4)
+    for f in [*step.glob("*.distcp"), step / ".metadata"]:
+        f.unlink()
+    state = {"fingerprint": older["fingerprint"], "epoch": 0, "batch": 4}
+    dcp.save({"dataloader": state}, checkpoint_id=step, no_dist=True)
+    assert gristmill(resume) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {run}'s batches were drawn in the one-dataset order of gristmill 62f489d")
+    assert "git checkout 62f489d" in line, line
+    # a run of order /1 from before data_plan.json: its checkpoint's loader state says the order
+    for f in [*step.glob("*.distcp"), step / ".metadata"]:
+        f.unlink()
+    dcp.save({"dataloader": {"data_plan": json.dumps(plan), "step": 4}}, checkpoint_id=step, no_dist=True)
+    assert gristmill(resume) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"which cut the training documents of {ds} into other blocks" in line, line
+
+
+def test_an_older_index_validates_ok_with_a_note_and_converts(v2, tmp_path, capsys):
+    """An intact dataset with an older gristmill's index: validate said FAILED "rebuild the dataset",
+    recorded ok=false, and `data convert` then refused it (review R26c M2). Now it is ok, with a note
+    naming `gristmill data index`, and converts."""
+    old = tmp_path / "old"
+    shutil.copytree(v2, old)
+    (old / "validation.json").unlink(missing_ok=True)
+    _older_index(old)
+    assert gristmill(["data", "validate", str(old), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "note: index/: index format 'gristmill-index/1' (an older gristmill's build), not " in out, out
+    assert f"read the dataset after `gristmill data index {old}`" in out and "\nOK:" in out, out
+    assert json.loads((old / "validation.json").read_text())["ok"] is True
+    convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+
+
+def test_a_run_on_an_indexed_copy_resumes_on_the_conversion_of_the_unindexed_one(v2, tmp_path):
+    """A run of this version trains on OLD after `data index OLD` (a new fingerprint); NEW converted
+    from a copy of OLD not indexed (the bucket's, a backup) recorded only the copy's fingerprint, so
+    the run was refused on NEW for the same batches (review R26c M3). NEW records the fingerprint
+    `data index` gives OLD too."""
+    copy, indexed = tmp_path / "copy", tmp_path / "indexed"
+    shutil.copytree(v2, copy)
+    _older_index(copy)
+    shutil.copytree(copy, indexed)
+    assert gristmill(["data", "index", str(indexed)]) == 0
+    new = tmp_path / "new"
+    convert_dataset(str(copy), str(new), log=lambda *a: None)
+    assert same_data(read_dataset_info(indexed)["fingerprint"], read_dataset_info(new))

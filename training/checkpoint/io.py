@@ -232,6 +232,28 @@ def load_or_raise(
         raise error(f"cannot {what} {path}: {checkpoint_error_cause(e)}") from None
 
 
+def run_data_order(run_dir: str | Path) -> str | None:
+    """The data order a run's batches were drawn in, for a resume to check before it opens the
+    datasets (recipe.open_run_sources): RUN/data_plan.json's format; without a readable one (a run
+    started before it, or it was deleted or damaged: the resume writes it again), its newest complete
+    checkpoint's loader state's (SINGLE_STATE_ORDER: gristmill 62f489d's or earlier's, which holds no
+    plan); None when the run has neither."""
+    from training.data.recipe import SINGLE_STATE_ORDER, recorded_plan
+
+    with contextlib.suppress(GristmillError):  # damaged: the checkpoint says it
+        if (description := recorded_plan(Path(run_dir))) is not None:
+            return str(description.get("format"))
+    steps = complete_steps(run_dir)
+    if not steps:
+        return None
+    path = checkpoint_dir(run_dir, steps[-1])
+    if "dataloader.data_plan" not in checkpoint_keys(path):
+        return SINGLE_STATE_ORDER
+    box = {"dataloader": {"data_plan": "", "step": 0}}
+    load_or_raise(box, path, CheckpointError, "read the data order of", no_dist=True)
+    return str(json.loads(box["dataloader"]["data_plan"]).get("format"))
+
+
 def merged_step(path: str | Path) -> int | None:
     """The merge point whose merged weights checkpoint `path` holds ([merge], training/merge.py: 0 for
     none at its step), or None when it holds no merge state (a run without [merge])."""

@@ -47,6 +47,9 @@ DOC_RECORD = 36  # bytes per document in a `.docs` member
 assert DOC_RECORDS.itemsize == DOC_RECORD
 TAR_BLOCK = 512  # tar headers and member data are 512-byte aligned
 DATASET_JSON = "dataset.json"
+# `gristmill data index` keeps the dataset.json it replaces under this name + suffix: the gristmill
+# that wrote it (and a run that gristmill started) reads the dataset again once it is moved back.
+BEFORE_INDEX_SUFFIX = ".before-index"
 VALIDATION_JSON = "validation.json"  # `gristmill data validate`'s last report on the dataset
 STRAY = "stray"  # a validation problem's kind for a file no reader opens (a .tmp, a file no record lists)
 BUILD_JSON = "build.json"  # the build's config hash and identity, written before its first task

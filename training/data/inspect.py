@@ -15,7 +15,6 @@ metrics.jsonl, from 1.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -151,9 +150,7 @@ def _run_mode(args: argparse.Namespace) -> int:
     """The batch of trainer step --step (from 1) of a run, from its config.toml: every source and phase."""
     from training.data.recipe import run_plan, skip_cause, skip_lines
 
-    plan, tables, skips, note = run_plan(Path(args.dataset), args.world_size)  # a rebuilt source: refused
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    plan, tables, skips = run_plan(Path(args.dataset), args.world_size)  # a rebuilt source: refused
     step, end = _steps(args, plan.total_steps)
     loader = TokenLoader(
         plan,

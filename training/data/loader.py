@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training.contract.dataset_format import same_data
+from training.contract.dataset_format import BEFORE_INDEX_SUFFIX, DATASET_JSON, same_data
 from training.contract.errors import GristmillError
 from training.contract.lifetime import exit_with
 from training.data import order as epoch_order
@@ -62,6 +62,44 @@ def foreign_state_message(what: str) -> str:
         f"{what} is not a data plan's loader state (data_plan, step): a one-dataset run of gristmill "
         f"{LAST_SINGLE_STATE_COMMIT} or earlier saved another format; resume it with gristmill at commit "
         f"{LAST_SINGLE_STATE_COMMIT} (git checkout {LAST_SINGLE_STATE_COMMIT}), or start a new run directory"
+    )
+
+
+def plan_1_differs(tables: Sequence[DocumentTable]) -> list[str]:
+    """The sources whose training blocks order /1 cut otherwise than this version's: a run drawn in
+    order /1 is read (resumed, inspected) here only where this is empty."""
+    return [t.location for t in tables if not t.blocks.same_as_plan_1()]
+
+
+def old_order_message(what: str, order: str, differ: Sequence[str] = (), unknown: str = "") -> str:
+    """Why `what` (a checkpoint, a run directory), whose batches were drawn in data order `order` (an
+    older gristmill's), is not read by this version, and the two ways on. `differ`: the sources whose
+    blocks the two orders cut otherwise; `unknown`: why that is not known yet (a dataset this version
+    cannot open). The run's own gristmill reads its datasets again: the dataset.json that `gristmill
+    data index` replaced is kept beside it (pipelines/data_index.py), so an index upgrade strands no run."""
+    run = what if Path(what).is_dir() else "RUN"
+    if order == data_plan.PLAN_FORMAT_1:
+        commit, which = data_plan.LAST_PLAN_1_COMMIT, f"data order {order!r}"
+        why = (
+            f"which cut the training documents of {', '.join(differ)} into other blocks than this "
+            f"version's {data_plan.PLAN_FORMAT!r} (the build's samples)"
+            if differ
+            else f"which this version reads only where the training blocks are its own "
+            f"{data_plan.PLAN_FORMAT!r}'s (nothing held out, every build sample a multiple of 64 documents), "
+            f"which it cannot tell yet ({unknown})"
+        )
+    else:
+        commit = LAST_SINGLE_STATE_COMMIT
+        which, why = (
+            f"the one-dataset order of gristmill {commit} or earlier",
+            f"not this version's {data_plan.PLAN_FORMAT!r}",
+        )
+    return (
+        f"{what}'s batches were drawn in {which}, {why}: this version would read other batches. Finish "
+        f"or inspect the run at commit {commit} (git checkout {commit}; a dataset whose "
+        f"index `gristmill data index` upgraded: move its {DATASET_JSON}{BEFORE_INDEX_SUFFIX} back to "
+        f"{DATASET_JSON} first), or start a new run from its weights (`gristmill export {run}`, then "
+        f"model.init_from = {run}/exports/step-N)"
     )
 
 
@@ -496,15 +534,8 @@ class TokenLoader:
             raise LoaderStateError(foreign_state_message(f"a loader state with keys {sorted(sd)}"))
         saved = json.loads(sd["data_plan"])
         if saved.get("format") == data_plan.PLAN_FORMAT_1:
-            differ = [t.location for t in self._builder.tables if not t.blocks.same_as_plan_1()]
-            if differ:
-                raise LoaderStateError(
-                    f"the checkpoint's data order is {data_plan.PLAN_FORMAT_1!r}, which cut the training "
-                    f"documents of {', '.join(differ)} into other blocks than this version's "
-                    f"{data_plan.PLAN_FORMAT!r} (the build's samples): resuming would read other batches. "
-                    "Finish the run with the gristmill that started it, or start a new run from its "
-                    "weights (train.init_from)"
-                )
+            if differ := plan_1_differs(self._builder.tables):
+                raise LoaderStateError(old_order_message("the checkpoint", data_plan.PLAN_FORMAT_1, differ))
             saved["format"] = data_plan.PLAN_FORMAT  # the same order: the run goes on
         if saved.get("format") != data_plan.PLAN_FORMAT:
             raise LoaderStateError(

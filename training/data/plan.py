@@ -48,6 +48,7 @@ from training.data.order import derive_key, hashed_order
 # a /1 state resumes only where both orders are the same (DocBlocks.same_as_plan_1).
 PLAN_FORMAT = "gristmill-plan/2"
 PLAN_FORMAT_1 = "gristmill-plan/1"
+LAST_PLAN_1_COMMIT = "dacacc9"  # the last gristmill whose runs drew their batches in order /1
 PLACE_RUN = 4  # windows of one source placed together in a step (see Plan._placement)
 SHAPES = ("constant", "cosine", "linear", "1-sqrt")
 

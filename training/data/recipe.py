@@ -30,7 +30,12 @@ from training.contract.dataset_format import (
     same_data,
     tokenizer_differences,
 )
-from training.contract.run_layout import CONFIG_TOML, DATA_PLAN_JSON, complete_steps, read_json_record
+from training.contract.run_layout import (
+    CONFIG_TOML,
+    DATA_PLAN_JSON,
+    complete_steps,
+    read_json_record,
+)
 from training.data import plan as data_plan
 from training.data.block_cache import check_room, gb_holding
 from training.data.reader import DocumentTable
@@ -222,11 +227,19 @@ def batch_notes(cfg: TrainConfig, spec: RunSpec) -> list[str]:
 
 
 def open_plan(
-    cfg: TrainConfig, spec: RunSpec, expect_vocab_size: int | None = None
+    cfg: TrainConfig,
+    spec: RunSpec,
+    expect_vocab_size: int | None = None,
+    resumed: tuple[Path, str | None] | None = None,
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
-    is a PlanError before any work); the notes are recipe_notes and the supply's."""
-    tables = open_sources(spec, expect_vocab_size)
+    is a PlanError before any work); the notes are recipe_notes and the supply's. `resumed`: the run
+    directory a resume continues and the data order it recorded, checked first (open_run_sources)."""
+    tables = (
+        open_sources(spec, expect_vocab_size)
+        if resumed is None
+        else open_run_sources(*resumed, spec, expect_vocab_size)
+    )
     plan = build_plan(cfg, spec, tables)
     return plan, tables, recipe_notes(cfg, spec, tables, plan) + plan.check_supply()
 
@@ -366,20 +379,44 @@ def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
         raise DatasetError(f"{path} is damaged ({e}); {recorded_plan_fix(run_dir)}") from None
 
 
-def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable]) -> str | None:
+# The data order of a run whose checkpoint holds the loader state of gristmill 62f489d or earlier
+SINGLE_STATE_ORDER = "one-dataset"
+PLAN_RECORDED_COMMIT = "44980ef"  # the first gristmill whose runs write RUN/data_plan.json
+
+
+def open_run_sources(
+    run_dir: Path, order: str | None, spec: RunSpec, expect_vocab_size: int | None = None
+) -> list[DocumentTable]:
+    """open_sources for a run that exists (inspected, verified, resumed) whose batches were drawn in
+    data order `order` (its data_plan.json's format, or its checkpoint's: None, not recorded), refused
+    first when that is an older gristmill's order which this version does not compute for its
+    datasets: they would show, or train, other batches (review R26c S2). A run of order /1 whose
+    dataset this version cannot open yet (an older index) is refused too, before the `gristmill data
+    index` the opening would ask for: that upgrade would not make the run this version's."""
+    from training.data.loader import old_order_message, plan_1_differs
+
+    if order in (None, data_plan.PLAN_FORMAT):
+        return open_sources(spec, expect_vocab_size)
+    if order != data_plan.PLAN_FORMAT_1:
+        raise DatasetError(old_order_message(str(run_dir), order))
+    try:
+        tables = open_sources(spec, expect_vocab_size)
+    except DatasetError as e:
+        raise DatasetError(old_order_message(str(run_dir), order, unknown=str(e))) from None
+    if differ := plan_1_differs(tables):
+        raise DatasetError(old_order_message(str(run_dir), order, differ))
+    return tables
+
+
+def check_recorded_plan(
+    run_dir: Path, plan: data_plan.Plan, tables: list[DocumentTable], description: dict[str, Any]
+) -> None:
     """Refuse (DatasetError) a plan rebuilt from RUN/config.toml that is not the one the run recorded
     (RUN/data_plan.json): a source's dataset or held-out fraction, the seed, a phase's budget, batch,
     seq_len, mix or LR. Every command after the run reads config.toml again, so a hand edit (or one a
     refused resume left) would have them show batches the run never trained. A note when the run
     recorded nothing (started before data_plan.json)."""
     path = run_dir / DATA_PLAN_JSON
-    description = recorded_plan(run_dir)
-    if description is None:
-        # deleted, or never written (a run older than data_plan.json): either way nothing to check against
-        return (
-            f"{path} not found (deleted, or the run started before it was recorded): the datasets are "
-            f"unchecked; {recorded_plan_fix(run_dir)}"
-        )
     damaged = _or_the_plan_changed(run_dir)
     for src, t in zip(plan.sources, tables):
         check_trained_on(
@@ -395,7 +432,6 @@ def check_recorded_plan(run_dir: Path, plan: data_plan.Plan, tables: list[Docume
             "the config was edited after the run, so the batches read from it would not be the run's; "
             f"set it back{damaged}"
         )
-    return None
 
 
 def check_trained_on(
@@ -470,21 +506,32 @@ def recorded_skips(run_dir: Path, description: dict[str, Any] | None = None) -> 
 
 def run_plan(
     run_dir: Path, world_size: int = 1
-) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...], str | None]:
+) -> tuple[data_plan.Plan, list[DocumentTable], tuple[data_plan.Skip, ...]]:
     """What a run directory trained, from its files alone (`data inspect RUN`, `verify RUN`): the plan
     of RUN/config.toml (every source and phase; checked for `world_size` ranks), its sources' training
-    splits, refused (DatasetError) when one is not the dataset RUN/data_plan.json recorded, the
-    timeline's skips recorded there, and a note when the run recorded no plan."""
+    splits, refused (DatasetError) when one is not the dataset RUN/data_plan.json recorded, when the
+    run recorded no plan, or drew its batches in an older order; and the timeline's skips recorded there."""
     from training.contract.config_loader import load_config
     from training.data.spec import check_config
 
     cfg = load_config(TrainConfig, run_dir / CONFIG_TOML)
     spec = check_config(cfg, world_size)
-    tables = open_sources(spec)
+    description = recorded_plan(run_dir)
+    if description is None:
+        # Deleted, or never written (a run of gristmill before 44980ef): what the run trained, and in
+        # which data order, is not recorded, and an older order's batches are not this version's
+        # (review R26c S2): refused, with what writes the file again.
+        raise DatasetError(
+            f"{run_dir / DATA_PLAN_JSON} not found (deleted, or the run started before gristmill "
+            f"{PLAN_RECORDED_COMMIT} recorded it): the run's datasets and data order are unknown, and a run "
+            "of an older gristmill drew its batches in an order this version does not compute (see it with "
+            f"the gristmill that trained it); {recorded_plan_fix(run_dir)}"
+        )
+    tables = open_run_sources(run_dir, str(description.get("format")), spec)
     plan = build_plan(cfg, spec, tables)
-    note = check_recorded_plan(run_dir, plan, tables)
+    check_recorded_plan(run_dir, plan, tables, description)
     # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.
-    return plan, tables, recorded_skips(run_dir), note
+    return plan, tables, recorded_skips(run_dir, description)
 
 
 def skip_cause(skip: data_plan.Skip) -> str:

@@ -31,6 +31,7 @@ import torch.nn as nn
 from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_import import load_base_weights
+from training.checkpoint.io import run_data_order
 from training.checkpoint.record import START_SETTINGS
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
@@ -279,7 +280,11 @@ def _data(
     # init_from: the data's vocabulary may be smaller than the base model's (preflight checked it).
     replace_dataset(env.rank, "opening")
     vocab = dataset_info(spec.sources[0].dataset)["vocab_size"]
-    plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab)
+    # A resume's run is checked for its order before its datasets are opened (an older gristmill's
+    # run: refused before the `gristmill data index` an old dataset's opening would ask for).
+    run_dir = Path(cfg.run.output_dir)
+    resumed = (run_dir, run_data_order(run_dir)) if cfg.checkpoint.resume else None
+    plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab, resumed=resumed)
     settings = loader_settings(cfg, shapes[0], env, device)
     micro = tuple(shape.micro_batch for shape in shapes)
     loader = TokenLoader(plan, tables, micro_batch=micro, **settings)
