@@ -523,7 +523,10 @@ def test_a_run_in_an_older_order_is_refused_before_data_index_and_is_not_strande
         assert gristmill(command) != 0, command
         line = one_error_line(capsys.readouterr().err)
         assert f"error: {run}'s batches were drawn in data order 'gristmill-plan/1'" in line, line
-        assert "git checkout dacacc9" in line and "dataset.json.before-index" in line, line
+        assert (
+            "drew this order up to commit dacacc9: git checkout COMMIT" in line
+            and "dataset.json.before-index" in line
+        ), line
         assert f"gristmill export {run}`, then model.init_from = {run}/exports/step-N" in line, line
     before = (ds / DATASET_JSON).read_bytes()
     assert gristmill(["data", "index", str(ds)]) == 0
@@ -547,7 +550,7 @@ def test_a_run_in_an_older_order_is_refused_before_data_index_and_is_not_strande
     assert gristmill(resume) == 2
     line = one_error_line(capsys.readouterr().err)
     assert line.startswith(f"error: {run}'s batches were drawn in the one-dataset order of gristmill 62f489d")
-    assert "git checkout 62f489d" in line, line
+    assert "drew this order up to commit 62f489d: git checkout COMMIT" in line, line
     # a run of order /1 from before data_plan.json: its checkpoint's loader state says the order
     for f in [*step.glob("*.distcp"), step / ".metadata"]:
         f.unlink()

@@ -96,7 +96,8 @@ def old_order_message(what: str, order: str, differ: Sequence[str] = (), unknown
         )
     return (
         f"{what}'s batches were drawn in {which}, {why}: this version would read other batches. Finish "
-        f"or inspect the run at commit {commit} (git checkout {commit}; a dataset whose "
+        f"or inspect the run at the commit that trained it (runs drew this order up to commit {commit}: "
+        f"git checkout COMMIT; a dataset whose "
         f"index `gristmill data index` upgraded: move its {DATASET_JSON}{BEFORE_INDEX_SUFFIX} back to "
         f"{DATASET_JSON} first), or start a new run from its weights (`gristmill export {run}`, then "
         f"model.init_from = {run}/exports/step-N)"
