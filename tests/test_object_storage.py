@@ -1895,6 +1895,25 @@ def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3,
         convert_dataset(url, s3.url("with-notes"), log=lambda *a: pytest.fail("converted"))
 
 
+def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, tmp_path, capsys):
+    """A /1 dataset an older gristmill uploaded with its own index: validate of the bucket said FAILED
+    "rebuild the dataset" and replaced the bucket's ok validation.json with ok=false (review R26c M2).
+    Now it stays ok, with a note naming `gristmill data convert`."""
+    from tests.helpers.legacy_dataset import older_index, write_legacy_dataset
+    from tests.helpers.train_data import affine_documents
+
+    old = tmp_path / "old"
+    write_legacy_dataset(old, affine_documents(120), vocab_size=256, target_bytes=32 << 10)
+    older_index(old)
+    url = s3.url("older-index")
+    upload_dataset(old, url, log=lambda *a: None)
+    assert gristmill(["data", "validate", url, "--no-progress", "--cache-dir", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert f"train and inspect read the dataset after `gristmill data convert {url} NEW`" in out, out
+    record = s3.client.get_object(Bucket=BUCKET, Key="older-index/validation.json")["Body"].read()
+    assert json.loads(record)["ok"] is True
+
+
 def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tmp_path):
     """`rm -rf` of the cache's contents while a loader reads (a user freeing the disk): the loader
     fetched again into directories no longer marked as the cache's (ORIGIN), whose files make_room

@@ -1,8 +1,9 @@
 """Datasets in the layouts before the current one, which builds no longer write: /1 (a tar sample per
 document: `<key>.ids`, then `<key>.json` with its metadata; no per-document sha256), byte for byte as
 the /1 writer wrote them, and /2 (samples of 64 documents' ids, no `.docs` member: the ShardWriter's
-`fmt`). Datasets built before /3 are still read in place and converted by `gristmill data convert`,
-which the tests check against datasets written here."""
+`fmt`); `older_index` gives one the index an older gristmill wrote. Datasets built before /3 are
+still read in place and converted by `gristmill data convert`, which the tests check against
+datasets written here."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 from pipelines.shard_writer import ShardWriter, _header, finalize_dataset
 from pipelines.synthetic_dataset import SEPARATOR
 from training.contract.dataset_format import (
+    DATASET_JSON,
     DOC_SHA256,
     FORMAT_V2,
     LEGACY_FORMAT,
@@ -27,6 +29,8 @@ from training.contract.dataset_format import (
     MANIFEST_SCHEMA,
     SHARDS_DIR,
     dtype_for_vocab,
+    fingerprint,
+    read_dataset_info,
     shard_name,
     source_columns,
 )
@@ -113,3 +117,18 @@ def write_v2_dataset(
         config_sha256="synthetic",
         extra={"format": FORMAT_V2},
     )
+
+
+def older_index(root: Path) -> dict[str, Any]:
+    """Make `root` a dataset with an older gristmill's index (no sample totals, no held-out file:
+    only the per-document files), dataset.json and its fingerprint as that gristmill wrote them;
+    returns dataset.json."""
+    info = read_dataset_info(root)
+    files = info["index"]["files"]
+    for name in set(files) - {"doc_tokens.bin", "doc_offsets.bin", "shard_rows.bin", "doc_sha256.bin"}:
+        (root / "index" / name).unlink()
+        del files[name]
+    info["index"] = {"format": "gristmill-index/1", "files": files}
+    info["fingerprint"] = fingerprint(info)
+    (root / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    return info

@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 
 from pipelines.cli import main as gristmill
 from pipelines.convert import convert_dataset
-from tests.helpers.legacy_dataset import write_legacy_dataset, write_v2_dataset
+from tests.helpers.legacy_dataset import older_index, write_legacy_dataset, write_v2_dataset
 from tests.helpers.train_data import affine_documents
 from tests.helpers.train_runs import TINY, losses, one_error_line, overrides
 from training.contract.dataset_format import (
@@ -184,8 +184,6 @@ def test_convert_checks_old_s_manifests_tokenizer_and_last_validation(v2, tmp_pa
     records (a manifest missing from a dataset that predates the record of its files)."""
     import pyarrow.parquet as pq
 
-    from training.contract.dataset_format import fingerprint
-
     old = tmp_path / "old"
     shutil.copytree(v2, old)
     path = old / "manifest" / "00000.parquet"
@@ -304,7 +302,6 @@ def test_a_killed_conversion_s_work_folder_goes_at_the_next_one(v2, tmp_path):
     import os
     import tempfile
     import time
-    from pathlib import Path
 
     from pipelines.convert import WORK_LOCK, WORK_PREFIX
 
@@ -486,21 +483,6 @@ def test_a_second_conversion_into_the_same_new_is_refused(v2, tmp_path, capsys):
     assert not work.exists() and not (tmp_path / "new" / "theirs").exists()
 
 
-def _older_index(root: Path) -> dict:
-    """Make `root` a dataset with an older gristmill's index (no sample totals, no held-out file:
-    only the per-document files), dataset.json and its fingerprint as that gristmill wrote them;
-    returns dataset.json."""
-    info = read_dataset_info(root)
-    files = info["index"]["files"]
-    for name in set(files) - {"doc_tokens.bin", "doc_offsets.bin", "shard_rows.bin", "doc_sha256.bin"}:
-        (root / "index" / name).unlink()
-        del files[name]
-    info["index"] = {"format": "gristmill-index/1", "files": files}
-    info["fingerprint"] = fingerprint(info)
-    (root / DATASET_JSON).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    return info
-
-
 def test_a_run_in_an_older_order_is_refused_before_data_index_and_is_not_stranded(legacy, tmp_path, capsys):
     """A run an older gristmill trained (its batches drawn in data order /1, on a dataset with that
     gristmill's index): `data inspect RUN` showed another order's batch, exit 0, once `data index` let
@@ -512,7 +494,7 @@ def test_a_run_in_an_older_order_is_refused_before_data_index_and_is_not_strande
     ds, run = tmp_path / "old", tmp_path / "run"
     shutil.copytree(legacy, ds)
     train(load_train_config(TINY, overrides(ds, run, "run.max_steps=4")))
-    older = _older_index(ds)
+    older = older_index(ds)
     plan = json.loads((run / DATA_PLAN_JSON).read_text())
     plan["format"] = "gristmill-plan/1"
     plan["sources"][0]["fingerprint"] = older["fingerprint"]
@@ -567,7 +549,7 @@ def test_an_older_index_validates_ok_with_a_note_and_converts(v2, tmp_path, caps
     old = tmp_path / "old"
     shutil.copytree(v2, old)
     (old / "validation.json").unlink(missing_ok=True)
-    _older_index(old)
+    older_index(old)
     assert gristmill(["data", "validate", str(old), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "note: index/: index format 'gristmill-index/1' (an older gristmill's build), not " in out, out
@@ -583,7 +565,7 @@ def test_a_run_on_an_indexed_copy_resumes_on_the_conversion_of_the_unindexed_one
     `data index` gives OLD too."""
     copy, indexed = tmp_path / "copy", tmp_path / "indexed"
     shutil.copytree(v2, copy)
-    _older_index(copy)
+    older_index(copy)
     shutil.copytree(copy, indexed)
     assert gristmill(["data", "index", str(indexed)]) == 0
     new = tmp_path / "new"
