@@ -51,6 +51,7 @@ from training.contract.dataset_format import (
     check_last_validation,
     dataset_files,
     fingerprint_before_index,
+    index_hashes,
     manifest_files,
     numpy_dtype,
     read_dataset_info,
@@ -62,7 +63,14 @@ from training.contract.dataset_format import (
     tokenizer_problem,
     unlike_record,
 )
-from training.contract.dataset_index import INDEX_DIR, expected_index, index_format, unlike_manifest
+from training.contract.dataset_index import (
+    DOC_HASHES,
+    DOC_TOKENS,
+    INDEX_DIR,
+    expected_index,
+    index_format,
+    unlike_manifest,
+)
 from training.contract.object_store import ObjectStore, ObjectURL, is_url
 from validation.validate import VALIDATION_JSON, check_shard_bytes, format_report, validate_dataset
 
@@ -130,14 +138,10 @@ def convert_dataset(old: str, new: str, log=print) -> dict[str, Any]:
     with _work_folder() as work:
         root = _bucket_copy(old, Path(work) / "old") if is_url(old) else Path(old)
         # Written beside NEW and renamed into place once validated: a conversion cut short leaves no NEW.
-        out = Path(work) / "new" if is_url(new) else Path(new).with_name(f".{Path(new).name}.converting")
+        out = Path(work) / "new" if is_url(new) else _converting(new)
         was = read_dataset_info(root)["format"]
         with _writing(old, new, out):
-            try:
-                info = _convert(old, root, out, new, log)
-            except BaseException:  # a refusal keeps nothing of the copy (a dataset's size beside NEW)
-                shutil.rmtree(out, ignore_errors=True)
-                raise
+            info = _convert(old, root, out, new, log)
             if is_url(new):
                 upload_dataset(out, new, log)
             else:
@@ -162,16 +166,29 @@ def _writing(old: str, new: str, out: Path) -> Iterator[None]:
         yield
         return
     with dataset_lock(out, f"`gristmill data convert {old} {new}`", writing=new):
-        _check_new(old, new)  # again: NEW may be one that a conversion finished meanwhile
-        for p in out.iterdir():
-            if p.name != LOCK:
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-        yield
+        try:
+            _check_new(old, new)  # again: NEW may be one that a conversion finished meanwhile
+            for p in out.iterdir():
+                if p.name != LOCK:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+            yield
+        except BaseException:
+            # a refusal keeps nothing of `out`: a dataset's size beside NEW, or, for the conversion
+            # that lost the race for NEW, the folder with its lock file (review RV26d m1)
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+
+
+def _converting(new: str) -> Path:
+    """The folder a local NEW is written in, beside it, renamed into place once validated."""
+    return Path(new).with_name(f".{Path(new).name}.converting")
 
 
 def _check_new(old: str, new: str) -> None:
     """NEW is a new place: refused in one line before any work when it holds something (an upload cut
-    short, which has no dataset.json yet, is resumed), is a file or a link, or lies inside OLD."""
+    short, which has no dataset.json yet, is resumed), is a file or a link, lies inside OLD, or OLD
+    lies inside it or its work folder (`_converting`, which the conversion empties and removes: OLD
+    was deleted, review RV26d L1)."""
     if is_url(new):
         a, b = ObjectURL.parse(old) if is_url(old) else None, ObjectURL.parse(new)
         inside = lambda x, y: not y.prefix or f"{x.prefix}/".startswith(f"{y.prefix}/")  # noqa: E731
@@ -196,15 +213,23 @@ def _check_new(old: str, new: str) -> None:
             )
         return
     path = Path(new)
+    if not is_url(old):
+        here, work = Path(old).resolve(), _converting(new).resolve()
+        for p, what in ((path.resolve(), new), (work, f"the folder a conversion into {new} is written in")):
+            if here.is_relative_to(p):
+                raise DatasetError(
+                    f"{old} {'is' if here == p else 'lies inside'} {what} ({p}), which the conversion "
+                    f"empties: convert into a NEW apart from {old} (OLD is never changed)"
+                )
+        if path.resolve().is_relative_to(here):  # and so is its work folder, beside it
+            raise DatasetError(
+                f"{new} is inside {old}: convert into a directory outside it (OLD is never changed)"
+            )
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise DatasetError(f"{new} is {'a link' if path.is_symlink() else 'a file'}: name a new directory")
     if path.exists() and any(path.iterdir()):
         raise DatasetError(
             f"{new} exists and is not empty: convert into a new directory (OLD is never changed)"
-        )
-    if not is_url(old) and path.resolve().is_relative_to(Path(old).resolve()):
-        raise DatasetError(
-            f"{new} is inside {old}: convert into a directory outside it (OLD is never changed)"
         )
 
 
@@ -220,7 +245,7 @@ def _check_manifests(old: str, root: Path, info: dict[str, Any]) -> None:
         rel = f"{MANIFEST_DIR}/{path.name}"
         if task_of_file(rel) is None or (recorded is not None and rel not in recorded):
             raise DatasetError(
-                f"{path}: not a manifest of {old}'s build ("
+                f"{_where(old, root, rel)}: not a manifest of {old}'s build ("
                 + ("manifest/NNNNN.parquet" if recorded is None else f"one its {DATASET_JSON} records")
                 + f"): a copy or a leftover; move it out of {old}, then convert again"
             )
@@ -228,25 +253,51 @@ def _check_manifests(old: str, root: Path, info: dict[str, Any]) -> None:
         shards = set(t.column("shard").to_pylist())
         if unlisted := sorted(shards - set(info["shard_files"])):
             raise DatasetError(
-                f"{path}: its rows name shard {unlisted[0]}, which {DATASET_JSON} does not list (a leftover "
-                f"of another build): move it and {SHARDS_DIR}/{unlisted[0]} out of {old}, then convert again"
+                f"{_where(old, root, rel)}: its rows name shard {unlisted[0]}, which {DATASET_JSON} does "
+                f"not list (a leftover of another build): move it and {SHARDS_DIR}/{unlisted[0]} out of "
+                f"{old}, then convert again"
             )
         named |= shards
         documents, tokens = documents + t.num_rows, tokens + int(sum(t.column("n_tokens").to_pylist()))
+    # every listed shard there, of its recorded size: one missing near the end was found only once the
+    # shards before it were converted (review RV26d m3)
+    there = ObjectStore(ObjectURL.parse(old)).list(f"{SHARDS_DIR}/") if is_url(old) else None
+    for name, spec in sorted(info["shard_files"].items()):
+        rel = f"{SHARDS_DIR}/{name}"
+        size = there.get(rel) if there is not None else _size(root / rel)
+        if size != spec["bytes"]:
+            raise _shard_error(old, root, rel, "missing" if size is None else None)
     if missing := sorted(set(info["shard_files"]) - named):
         raise DatasetError(
             f"{old}: no manifest row names {SHARDS_DIR}/{missing[0]}, which {DATASET_JSON} lists: a "
             f"manifest is missing; restore it (nothing was converted)"
         )
     if (documents, tokens) != (info["documents"], info["tokens"]):
-        # the manifests checked against their record (or, without one, the shards' rows against the
-        # shards as each is read): dataset.json's totals are the edit
-        what = "a manifest was edited" if info.get("files") is None else f"{DATASET_JSON} was edited"
+        # the manifests checked against their record: dataset.json's totals are the edit; without a
+        # record nothing has told yet which side changed (review RV26d m2)
+        what = (
+            f"{DATASET_JSON} was edited"
+            if recorded is not None
+            else f"a manifest or {DATASET_JSON}'s documents/tokens was edited"
+        )
         raise DatasetError(
             f"{old}: its manifests list {documents:,} documents of {tokens:,} tokens, but {DATASET_JSON} "
             f"records {info['documents']:,} of {info['tokens']:,}: {what} after the build; nothing was "
             f"converted (`gristmill data validate {old}` lists it)"
         )
+
+
+def _where(old: str, root: Path, rel: str) -> str:
+    """OLD's file `rel` as a message names it: a bucket's object, never its copy in the work folder
+    (`root`), which is gone when the message is read (review RV26d M3)."""
+    return f"{old.rstrip('/')}/{rel}" if is_url(old) else str(root / rel)
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return None
 
 
 def _bucket_copy(url: str, dest: Path) -> Path:
@@ -276,10 +327,10 @@ def _check_recorded(old: str, root: Path, info: dict[str, Any]) -> None:
     as it was built. A manifest or tokenizer.json replaced since would otherwise become NEW's own,
     recorded anew, under `converted_from`'s claim that NEW is OLD's data (review R17b S1, S2)."""
     if (rel := unlike_record(root, info, _checked_before)) is not None:
-        where = f"{old}/{rel}" if is_url(old) else str(root / rel)
         raise DatasetError(
-            f"{where}: not the file {DATASET_JSON} records (missing, or its sha256 differs): damaged or "
-            f"replaced since the build; nothing was converted (`gristmill data validate {old}` lists it)"
+            f"{_where(old, root, rel)}: not the file {DATASET_JSON} records (missing, or its sha256 "
+            f"differs): damaged or replaced since the build; nothing was converted (`gristmill data "
+            f"validate {old}` lists it)"
         )
 
 
@@ -311,21 +362,23 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     shards = sorted(info["shard_files"])
     done = 0
     for path in manifest_files(root):
+        named = _where(old, root, f"{MANIFEST_DIR}/{path.name}")
         rows = pq.read_table(path).to_pylist()
         writer = ShardWriter(out, int(path.stem), info["vocab_size"], target_bytes=NO_TARGET)
         groups = _by_shard(rows)
         if [shard for shard, _ in groups] != [shard_name(writer.task, i) for i in range(len(groups))]:
             raise DatasetError(  # the writer names task t's shards so: NEW keeps OLD's names
-                f"{path}: its rows' shards are not {shard_name(writer.task, 0)}, … in order, as builds name "
+                f"{named}: its rows' shards are not {shard_name(writer.task, 0)}, … in order, as builds name "
                 "them: the manifest was edited by hand; nothing was converted"
             )
         for shard, members in groups:
             data = _shard_bytes(old, root, shard, info)
-            _check_rows(old, path, shard, data, info, members)
+            if "files" not in info:  # a recorded manifest is the build's (sha256 checked above)
+                _check_rows(old, named, shard, data, info, members)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
                 if info["format"] == LEGACY_FORMAT:
-                    meta = _legacy_meta(path, r, data)
+                    meta = _legacy_meta(named, r, data)
                 else:
                     meta = {k: r.get(k) for k in fields}
                 provenance = {name: r.get(name) for name, _ in PROVENANCE_COLUMNS}
@@ -362,6 +415,19 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
         tokenizer_path=tokenizer if info["tokenizer_sha256"] != "none" else None,
         extra={**kept, "converted_from": {"format": info["format"], "fingerprints": was}},
     )
+    # The order is a function of the lengths in manifest order: NEW's the same bytes as OLD's recorded
+    # ones (and, from a /2 dataset, the same sha256 per row), or not the same batches. The checks above
+    # are of OLD; this one is of what the conversion wrote (NEW's own validate cannot see a reordering).
+    if "index" in info:
+        before, after = index_hashes(info["index"]), index_hashes(new["index"])
+        if differ := [
+            name for name in (DOC_TOKENS, DOC_HASHES) if name in before and before[name] != after[name]
+        ]:
+            raise DatasetError(
+                f"{target}: its index ({', '.join(differ)}) differs from the one {old}'s {DATASET_JSON} "
+                "records: the conversion did not keep OLD's documents in order; nothing was converted "
+                "(please report it)"
+            )
     report = validate_dataset(out, progress=False, shown_as=target)
     if not report.ok:
         raise DatasetError(f"{out}: the converted dataset does not validate:\n{format_report(report)}")
@@ -385,27 +451,36 @@ def _shard_bytes(old: str, root: Path, name: str, info: dict[str, Any]) -> bytes
     try:
         data = ObjectStore(ObjectURL.parse(old)).get(rel) if is_url(old) else (root / rel).read_bytes()
     except OSError as e:
-        raise DatasetError(
-            f"{root / rel}: {'missing' if isinstance(e, FileNotFoundError) else e.strerror}, but "
-            f"{DATASET_JSON} lists it: restore it, then convert again; nothing was converted"
-        ) from None
+        missing = isinstance(e, FileNotFoundError)
+        raise _shard_error(old, root, rel, "missing" if missing else e.strerror) from None
     spec = info["shard_files"][name]
     if len(data) != spec["bytes"] or hashlib.sha256(data).hexdigest() != spec["sha256"]:
-        where = f"{old}/{rel}" if is_url(old) else str(root / rel)
-        raise DatasetError(
-            f"{where}: not the shard {DATASET_JSON} records (size or sha256 differ): damaged or replaced "
-            f"since the build; nothing was converted (`gristmill data validate {old}` says more)"
-        )
+        raise _shard_error(old, root, rel)
     return data
 
 
+def _shard_error(old: str, root: Path, rel: str, unreadable: str | None = None) -> DatasetError:
+    """The refusal of OLD's shard `rel`: `unreadable` ("missing", an OSError's words), else its bytes
+    are not the ones dataset.json records."""
+    if unreadable is not None:
+        return DatasetError(
+            f"{_where(old, root, rel)}: {unreadable}, but {DATASET_JSON} lists it: restore it, then convert "
+            "again; nothing was converted"
+        )
+    return DatasetError(
+        f"{_where(old, root, rel)}: not the shard {DATASET_JSON} records (size or sha256 differ): damaged "
+        f"or replaced since the build; nothing was converted (`gristmill data validate {old}` says more)"
+    )
+
+
 def _check_rows(
-    old: str, path: Path, shard: str, data: bytes, info: dict[str, Any], rows: list[dict[str, Any]]
+    old: str, path: str, shard: str, data: bytes, info: dict[str, Any], rows: list[dict[str, Any]]
 ) -> None:
-    """OLD's rows of `shard` (of manifest `path`) against its bytes as `gristmill data validate` checks
-    them: each row's document where its members are (/1: the `<key>.ids` member its key names, in tar
-    order), each row's sha256 where it has one. A manifest no record covers, edited, gave NEW other
-    documents under its rows' keys, "validated" (review R26c S1)."""
+    """OLD's rows of `shard` (of manifest `path`, as `_where` names it) against its bytes as `gristmill
+    data validate` checks them: each row's document where its members are (/1: the `<key>.ids` member
+    its key names, in tar order), each row's sha256 where it has one. A manifest no record covers, edited,
+    gave NEW other documents under its rows' keys, "validated" (review R26c S1). Only for such a
+    manifest: its walk of every tar member doubled a /1 conversion (review RV26d m5)."""
     res = check_shard_bytes(shard, data, info, rows)
     if res.problems:
         more = len(res.problems) + res.more_problems - 1
@@ -417,14 +492,19 @@ def _check_rows(
         )
 
 
-def _legacy_meta(path: Path, row: dict[str, Any], data: bytes) -> dict[str, Any]:
+def _legacy_meta(path: str, row: dict[str, Any], data: bytes) -> dict[str, Any]:
     """A /1 document's source metadata: its `.json` member's (in the shard, which dataset.json's
     sha256 covers; token_count only there), which its manifest row must agree with where it has a
     value. A manifest from before the record of its files is covered by nothing else: ids or urls
     swapped between rows labelled NEW's documents with each other's (review R26c S1)."""
     member = source_columns(_member_json(data, row), MANIFEST_FIELDS)
     for name, value in member.items():
-        if row.get(name) is not None and row[name] != value:
+        # NaN (pandas' missing float) is written as NaN on both sides, and NaN != NaN (review RV26d M1)
+        if (
+            row.get(name) is not None
+            and row[name] != value
+            and not (row[name] != row[name] and value != value)
+        ):
             raise DatasetError(
                 f"{path}: row {row['key']} says {name} {row[name]!r}, but its .json member in "
                 f"{SHARDS_DIR}/{row['shard']} says {value!r}: the manifest was edited; nothing was converted "

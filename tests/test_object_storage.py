@@ -1914,6 +1914,32 @@ def test_an_older_index_in_a_bucket_validates_ok_with_a_note_naming_convert(s3, 
     assert json.loads(record)["ok"] is True
 
 
+def test_convert_of_a_bucket_dataset_names_the_bucket_s_file(s3, tmp_path):
+    """A refusal of a bucket OLD named its file in the conversion's temporary copy, removed when the
+    command ends (review RV26d M3): it names the bucket's object, the one to restore."""
+    from pipelines.convert import convert_dataset
+    from tests.helpers.legacy_dataset import write_legacy_dataset
+    from tests.helpers.train_data import affine_documents
+    from training.contract.dataset_format import fingerprint
+
+    old = tmp_path / "old"  # a /1 dataset from before dataset.json recorded its files, two ids swapped
+    write_legacy_dataset(old, affine_documents(60), vocab_size=256, target_bytes=16 << 10)
+    info = json.loads((old / "dataset.json").read_text())
+    del info["files"]
+    info["fingerprint"] = fingerprint(info)
+    (old / "dataset.json").write_text(json.dumps(info))
+    manifest = old / "manifest" / "00000.parquet"
+    rows = pq.read_table(manifest).to_pylist()
+    rows[3]["id"], rows[4]["id"] = rows[4]["id"], rows[3]["id"]
+    pq.write_table(pq.read_table(manifest).from_pylist(rows, schema=pq.read_schema(manifest)), manifest)
+    upload_dataset(old, s3.url("swapped"), log=lambda *a: None)  # it validates: ids are not checked there
+    url = s3.url("swapped")
+    with pytest.raises(
+        DatasetError, match=rf"^{re.escape(url)}/manifest/00000.parquet: row t00000d000000003 says id"
+    ):
+        convert_dataset(url, str(tmp_path / "new"), log=lambda *a: None)
+
+
 def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tmp_path):
     """`rm -rf` of the cache's contents while a loader reads (a user freeing the disk): the loader
     fetched again into directories no longer marked as the cache's (ORIGIN), whose files make_room

@@ -415,18 +415,22 @@ def test_convert_of_a_damaged_old_says_which_file_in_one_line(v2, tmp_path, caps
     naming the file and the fix, before NEW exists."""
     import pyarrow.parquet as pq
 
-    def refused(old, match):
+    def refused(old, match):  # before any shard is converted (a missing one was found on reaching it)
         with pytest.raises(DatasetError, match=match) as e:
-            convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: None)
+            convert_dataset(str(old), str(tmp_path / "new"), log=lambda *a: pytest.fail("converted"))
         assert "\n" not in str(e.value)
         assert not (tmp_path / "new").exists() and not (tmp_path / ".new.converting").exists()
 
-    missing = tmp_path / "missing"
+    missing = tmp_path / "missing"  # the last shard: every other one was converted first (RV26d m3)
     shutil.copytree(v2, missing)
-    (missing / "shards" / "00000_00001.tar").unlink()
-    refused(
-        missing, f"^{missing / 'shards' / '00000_00001.tar'}: missing, but dataset.json lists it: restore"
-    )
+    last = sorted((missing / "shards").glob("*.tar"))[-1]
+    last.unlink()
+    refused(missing, f"^{last}: missing, but dataset.json lists it: restore")
+    cut = tmp_path / "cut"
+    shutil.copytree(v2, cut)
+    last = sorted((cut / "shards").glob("*.tar"))[-1]
+    last.write_bytes(last.read_bytes()[:-512])
+    refused(cut, f"^{last}: not the shard dataset.json records \\(size or sha256 differ\\)")
 
     stray = tmp_path / "stray"
     shutil.copytree(v2, stray)
@@ -459,6 +463,12 @@ def test_convert_of_a_damaged_old_says_which_file_in_one_line(v2, tmp_path, caps
     info["documents"] += 1
     (counted / "dataset.json").write_text(json.dumps(info))
     refused(counted, "its manifests list 300 documents .* records 301 of .*: dataset.json was edited after")
+    counted = tmp_path / "counted-unrecorded"  # nothing yet tells which side is the edit (RV26d m2)
+    where = unrecorded_copy(v2, counted)
+    info = json.loads(where.read_text())
+    info["documents"] += 1
+    where.write_text(json.dumps(info))
+    refused(counted, "records 301 of .*: a manifest or dataset.json's documents/tokens was edited after")
 
 
 def test_a_second_conversion_into_the_same_new_is_refused(v2, tmp_path, capsys):
@@ -571,3 +581,91 @@ def test_a_run_on_an_indexed_copy_resumes_on_the_conversion_of_the_unindexed_one
     new = tmp_path / "new"
     convert_dataset(str(copy), str(new), log=lambda *a: None)
     assert same_data(read_dataset_info(indexed)["fingerprint"], read_dataset_info(new))
+
+
+def test_convert_never_empties_old_as_new_s_work_folder(v2, tmp_path):
+    """OLD named as NEW's work folder (`.NEW.converting`, which the conversion locks, empties and
+    removes), or inside it: OLD was deleted, "error: … dataset.json not found" (review RV26d L1). One
+    line now, before any work, OLD as it was."""
+    old = tmp_path / ".zz.converting"
+    shutil.copytree(v2, old)
+    before = {p: p.read_bytes() for p in old.rglob("*") if p.is_file()}
+    for src, what in [(old, "is the folder"), (old / "shards", "lies inside the folder")]:
+        with pytest.raises(
+            DatasetError, match=f"^{src} {what} a conversion into {tmp_path / 'zz'} is written"
+        ):
+            convert_dataset(str(src), str(tmp_path / "zz"), log=lambda *a: pytest.fail("converted"))
+    assert {p: p.read_bytes() for p in old.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "zz").exists()
+
+
+def test_a_conversion_that_loses_the_race_for_new_leaves_nothing(v2, tmp_path, monkeypatch):
+    """A conversion into NEW finished while this one read OLD (a bucket OLD's whole download): this one
+    is refused once it holds NEW's work folder, and left `.NEW.converting/.build.lock` behind (review
+    RV26d m1). The refusal removes the folder now."""
+    import pipelines.convert as convert_module
+
+    new = tmp_path / "new"
+    read = convert_module.read_dataset_info
+
+    def another_conversion_finishes(root):
+        monkeypatch.setattr(convert_module, "read_dataset_info", read)  # once
+        convert_dataset(str(v2), str(new), log=lambda *a: None)
+        return read(root)
+
+    monkeypatch.setattr(convert_module, "read_dataset_info", another_conversion_finishes)
+    with pytest.raises(DatasetError, match=f"^{new} exists and is not empty"):
+        convert_dataset(str(v2), str(new), log=lambda *a: pytest.fail("converted"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
+
+
+def test_convert_checks_what_it_wrote_against_old_s_index(legacy, tmp_path, monkeypatch):
+    """The comparison of NEW's index (lengths, sha256 per row) with the one OLD records, after the
+    conversion, was dropped (review RV26d M2): a conversion that wrote a shard's documents in another
+    order (simulated: the writer reverses each shard's rows) gave other batches, "the same batches …
+    validated", exit 0 (NEW is self-consistent, so its own validate cannot see it)."""
+    import pipelines.convert as convert_module
+    from pipelines.shard_writer import ShardWriter
+
+    class Reversing(ShardWriter):
+        pending: list = []
+
+        def add(self, *args):
+            self.pending.append(args)
+
+        def end_shard(self):
+            for args in reversed(self.pending):
+                super().add(*args)
+            self.pending.clear()
+            super().end_shard()
+
+    monkeypatch.setattr(convert_module, "ShardWriter", Reversing)
+    new = tmp_path / "new"
+    with pytest.raises(DatasetError, match=rf"^{new}: its index \(doc_tokens.bin\) differs from the one"):
+        convert_dataset(str(legacy), str(new), log=lambda *a: None)
+    assert not new.exists() and not (tmp_path / ".new.converting").exists()
+
+
+def test_a_legacy_dataset_with_a_nan_score_converts(tmp_path):
+    """pandas writes a missing float as NaN, in the .json member and the manifest row alike; NaN != NaN
+    refused the honest dataset: "the manifest was edited; … (restore it)" (review RV26d M1)."""
+    import math
+
+    import pyarrow.parquet as pq
+
+    from pipelines.synthetic_dataset import SEPARATOR
+    from tests.helpers.legacy_dataset import LegacyShardWriter, finalize_legacy
+
+    old = tmp_path / "old"
+    writer = LegacyShardWriter(old, 0, 256, target_bytes=16 << 10)
+    for i, ids in enumerate(affine_documents(40)):
+        writer.add(f"t00000d{i:09d}", ids, {"id": f"doc-{i}", "score": math.nan if i == 7 else 0.5})
+    writer.close()
+    finalize_legacy(old, vocab_size=256, separator=SEPARATOR, config_sha256="synthetic")
+    for unrecorded in (False, True):
+        src = tmp_path / f"old-{unrecorded}"
+        unrecorded_copy(old, src) if unrecorded else shutil.copytree(old, src)
+        new = tmp_path / f"new-{unrecorded}"
+        convert_dataset(str(src), str(new), log=lambda *a: None)
+        scores = pq.read_table(new / "manifest" / "00000.parquet").column("score").to_pylist()
+        assert math.isnan(scores[7]) and scores[:7] == [0.5] * 7
