@@ -14,8 +14,8 @@ checks:
 - exactly one separator per document, at the position dataset.json names ("after": last token,
   "before": first token), and none anywhere else;
 - the manifest agrees with the tars: every row's document in its shard, `offset`/`nbytes` where the
-  tar headers put it (/1: equal to its member's data offset and size), `n_tokens` equal to its
-  token count;
+  tar headers put it (/1: equal to its member's data offset and size, the rows of a shard in its
+  members' tar order), `n_tokens` equal to its token count;
 - dataset.json agrees with the files: per-shard sha256, bytes, documents and tokens, the totals,
   the fingerprint (as written, and recomputed from the shard hashes), tokenizer.json's sha256, and
   vocab_size and dtype against that tokenizer's highest id + 1;

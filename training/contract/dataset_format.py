@@ -247,7 +247,7 @@ def layout_samples(
     bytes, a 512-byte header, then its ids padded to 512 bytes: bytes [docs, ids + ids_bytes) are one
     range holding the sample's lengths, hashes and ids. A /2 sample has no `.docs` member: its `.docs`
     offset is its `.ids` one (no records)."""
-    _check_layout(fmt)
+    _require_layout_formula(fmt)
     counts = np.asarray(doc_counts, np.int64)
     docs_member = TAR_BLOCK + tar_padded(counts * DOC_RECORD) if fmt == FORMAT else np.zeros_like(counts)
     sizes = docs_member + TAR_BLOCK + tar_padded(np.asarray(ids_bytes, np.int64))
@@ -256,7 +256,7 @@ def layout_samples(
     return (start + TAR_BLOCK if fmt == FORMAT else ids), ids
 
 
-def _check_layout(fmt: str) -> None:
+def _require_layout_formula(fmt: str) -> None:
     if fmt not in (FORMAT, FORMAT_V2):
         raise ValueError(f"{fmt} shards have no layout formula (only {FORMAT_V2} and {FORMAT} have)")
 
@@ -274,7 +274,7 @@ def layout_offsets(nbytes: np.ndarray, fmt: str) -> np.ndarray:
     ranges with it (the per-document offsets need not be fetched)."""
     nbytes = np.asarray(nbytes, np.int64)
     n = len(nbytes)
-    _check_layout(fmt)
+    _require_layout_formula(fmt)
     if not n:
         return np.zeros(0, np.int64)
     within = np.cumsum(nbytes) - nbytes  # from the shard's first document's ids
