@@ -71,7 +71,7 @@ from training.contract.errors import (
     print_error,
     unwritable,
 )
-from training.contract.run_layout import check_saved_config_place, checkpoint_dir, complete_steps
+from training.contract.run_layout import BATCHES_BIN, check_saved_config_place, checkpoint_dir, complete_steps
 from training.metrics import (
     mfu,
     no_step_row,
@@ -431,7 +431,6 @@ def _save_before_stopping(run: Run, start: int, why: str, error: GristmillError,
     if verdict.action == STOP:
         say(f"{why} ({error}); and before it:")
         _stop(run, verdict)
-    say(f"{why}: saving step {state.step} before stopping")
     # The ranks whose read succeeded have counted step state.step + 1 as handed out; the checkpoint
     # of step state.step continues at that step's batch on every rank (else, on resume, each step
     # trained the next one's batch: which rank's count a checkpoint keeps is the save's choice).
@@ -440,6 +439,13 @@ def _save_before_stopping(run: Run, start: int, why: str, error: GristmillError,
         _record_batches(run)
     except RecordUnwritable as e:  # said unless it is the error that stops the run
         _say_also(e, error)
+    if run.record.unrecorded is not None:  # a checkpoint past a step with no batch record would lie
+        say(
+            f"{why}: step {state.step} not saved: the batch records of steps {run.record.unrecorded}–"
+            f"{state.step} could not be written ({BATCHES_BIN}); a resume goes on from the last checkpoint"
+        )
+        return
+    say(f"{why}: saving step {state.step} before stopping")
     try:
         run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
     except GristmillError as e:  # a full disk fails both: said, and the record's error stays the run's

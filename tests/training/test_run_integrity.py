@@ -856,13 +856,15 @@ def _point_at_dev_full(path: Path) -> None:
                 os.close(full)
 
 
-@pytest.mark.parametrize("record", ["consumption.parquet", "metrics.jsonl"])
+@pytest.mark.parametrize("record", ["consumption.parquet", "metrics.jsonl", "batches.bin"])
 def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, tmp_path, record):
     """A record of the run that cannot be written mid-run (a directory in consumption.parquet's place;
     metrics.jsonl's disk full) ended the run with a traceback for all but a full or read-only disk,
     and either way the steps since the last checkpoint were lost (review R26a F4). Now: the step
     trained last is saved, one line names the file and the errno's words, and a resume once it is
-    fixed ends as the uninterrupted run, every row written once (the row that failed too)."""
+    fixed ends as the uninterrupted run, every row written once (the row that failed too). Unless the
+    step's batch record is what failed: a checkpoint past a step batches.bin does not record lost its
+    row and record for good (review RV26g F1), so nothing is saved and the resume redoes the steps."""
     whole = tmp_path / "whole"
     train(load_train_config(TINY, overrides(dataset, whole, "run.log_every=1")), out=io.StringIO())
     run = tmp_path / "run"
@@ -879,16 +881,25 @@ def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, 
     out = Printer()
     with pytest.raises(RecordUnwritable) as error:
         train(load_train_config(TINY, overrides(dataset, run, "run.log_every=1")), out=out)
-    # consumption.parquet fails at step 5's row (after its line); metrics.jsonl at step 6's
+    # consumption.parquet fails at step 5's row (after its line); metrics.jsonl and batches.bin at 6's
     failed = 5 if record == "consumption.parquet" else 6
     why = "Is a directory" if record == "consumption.parquet" else "No space left on device"
     assert str(error.value).startswith(f"cannot write {run / record}: {why}; "), str(error.value)
-    assert f"a record of the run cannot be written: saving step {failed} before stopping" in out.getvalue()
-    assert complete_steps(run) == [4, failed]
+    if record == "batches.bin":
+        assert (
+            f"a record of the run cannot be written: step {failed} not saved: the batch records of steps "
+            f"{failed}–{failed} could not be written (batches.bin)" in out.getvalue()
+        ), out.getvalue()
+        assert complete_steps(run) == [4]
+    else:
+        saving = f"a record of the run cannot be written: saving step {failed} before stopping"
+        assert saving in out.getvalue()
+        assert complete_steps(run) == [4, failed]
     if record == "consumption.parquet":
         (run / record).rmdir()
     train(load_train_config(TINY, overrides(dataset, run, "run.log_every=1", 'checkpoint.resume="auto"')))
     assert losses(run) == losses(whole)
+    assert (run / "batches.bin").read_bytes() == (whole / "batches.bin").read_bytes()
 
 
 def test_a_dataset_removed_under_the_run_saves_the_last_step_first(dataset, synthetic_dataset, tmp_path):

@@ -133,6 +133,9 @@ class RunRecord:
         self.trackers: Trackers | None = None
         self.ledger: tuple[int, int] | None = None  # (step, rewinds) of the last consumption.parquet
         self.config: str | None = None  # rank 0: this invocation's resolved config, as TOML
+        # Rank 0: the first step whose batch record could not be written (None: every one was); no
+        # checkpoint may then hold it (a checkpoint's steps are recorded before it exists: review RV26g F1)
+        self.unrecorded: int | None = None
 
     # -- the timeline's moments --
     def started(
@@ -223,8 +226,13 @@ class RunRecord:
             return
         attempt = self.timeline.attempt
         # One os.write for them all on an O_APPEND descriptor, as metrics.jsonl's rows.
-        with _writing(self.run_dir / BATCHES_BIN):
-            os.write(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
+        try:
+            with _writing(self.run_dir / BATCHES_BIN):
+                os.write(self.batches_fd, encode(BatchEntry(step, attempt, sha) for step, sha in digests))
+        except RecordUnwritable:
+            if self.unrecorded is None:
+                self.unrecorded = digests[0][0]
+            raise
 
     def rewound(self, skip: Skip) -> None:
         """After a rewind (the timeline holds `skip`), on every rank: the rows of steps after the
