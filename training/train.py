@@ -398,7 +398,9 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
         batch, error = next(batches), None
     except GristmillError as e:
         batch, error = None, e
-    agreed = run.loader.reads_buckets  # ranks of a local dataset fail together or not at all
+    # Local data: no agreement; a shard gone under one rank fails that rank alone, whose error ends
+    # the job with no save (docs/checkpoints.md)
+    agreed = run.loader.reads_buckets
     failed = shutdown.failed_ranks(None if error is None else str(error)) if agreed else []
     if failed and error is None:  # the first failing rank's own line, which rank 0 prints with its rank
         rank, message = failed[0]

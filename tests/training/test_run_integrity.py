@@ -825,6 +825,22 @@ def test_a_closed_stdout_does_not_cost_the_run(dataset, tmp_path, reader):
     assert (checkpoint_dir(run, 12) / COMPLETE_FILE).is_file()
 
 
+def test_a_child_of_a_process_started_without_stdout_gets_the_null_device():
+    """The /dev/null put on a closed fd 1 was opened as fd 1 itself, not inheritable: a child (torchrun's
+    workers, a spawn pool's) started with fd 1 closed, or the first pipe it made took it (review RV26g
+    F2). The child's fd 1 is the null device."""
+    child = "import os, sys; sys.stderr.write(os.readlink('/proc/self/fd/1'))"
+    parent = (
+        "from training.contract.errors import hold_closed_streams; import subprocess, sys; "
+        f"hold_closed_streams(); subprocess.run([sys.executable, '-c', {child!r}], check=True)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", parent], cwd=ROOT, env=ENV, stderr=subprocess.PIPE, text=True, timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr == os.devnull, proc.stderr
+
+
 @pytest.mark.parametrize("entry", ["gristmill train", "torchrun -m training.train"])
 def test_a_stdout_closed_from_the_start_only_stops_the_printing(dataset, tmp_path, entry):
     """`gristmill train … >&-` (a daemon, a scheduler's wrapper): Python's sys.stdout is None, and the

@@ -60,8 +60,10 @@ def hold_closed_streams() -> None:
             pass
         null = os.open(os.devnull, os.O_WRONLY)
         if null != fd:
-            os.dup2(null, fd)
+            os.dup2(null, fd)  # dup2's copy is inheritable
             os.close(null)
+        else:  # opened as fd itself: non-inheritable, so a child (torchrun's workers) started without it
+            os.set_inheritable(fd, True)
         if getattr(sys, name) is None:
             setattr(sys, name, open(fd, "w", closefd=False, buffering=1))  # noqa: SIM115  the process's own
 
