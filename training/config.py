@@ -378,6 +378,12 @@ class CheckpointSection:
     """"auto": continue from the newest complete checkpoint of this run (from scratch if none); a
     path: continue from that checkpoint directory; "": start fresh. `--resume` sets it."""
 
+    def saves(self, step: int, last_step: int) -> bool:
+        """Whether a run saves step `step`'s checkpoint (`last_step`: the invocation's last step):
+        every `interval` steps and the last (a stop's save aside); the checkpointer's and the eval's
+        advice's one rule."""
+        return self.interval > 0 and (step % self.interval == 0 or step == last_step)
+
 
 @dataclass
 class EvalSection:

@@ -64,6 +64,7 @@ from training.model import Transformer
 from training.run.preflight import raise_rank0_problem
 from training.train import main as train_main
 from validation.eval import (
+    SCORE_SETTINGS,
     EvalConfig,
     TaskPlan,
     evaluate_lm,
@@ -100,6 +101,7 @@ class TrainingEval:
             dtype="float32",
         )
         self.checkpoint = cfg.checkpoint  # how long a failed step's weights stay (the advice says)
+        self.merge_export = cfg.merge.export  # the merged weights kept for good, or with their checkpoint
         self.rank, self.world_size = 0, 1  # this process's place in the job (prepare sets it)
         self.run_dir: Path | None = None
         self.plan: TaskPlan | None = None
@@ -163,20 +165,31 @@ class TrainingEval:
         return metrics
 
     def _later(self, step: int, merged: bool, tasks: list[str] | None = None) -> str:
-        """The command that scores step `step` later, and while it can: from the step's export
-        (never pruned: every checkpoint.export_interval steps, and every merged weights'), else from
-        its checkpoint, which retention deletes once checkpoint.keep_last newer ones are complete. A
-        failed eval keeps no checkpoint (review R26a F2: the advice named one retention deleted)."""
+        """The command that scores step `step` later as this run's evals do (their settings: the
+        rows it writes match theirs, review RV26b 3), and while it can: from the step's export (never
+        pruned: every checkpoint.export_interval steps; the merged weights' with merge.export), else
+        from its checkpoint, which retention deletes once checkpoint.keep_last newer ones are
+        complete (review RV26b 1). Only for a step the run saves (`_failed`)."""
+        c = self.checkpoint
         which = f"--step {step}" + (" --merged" if merged else "")
-        command = f"`gristmill eval {self.run_dir} {which}" + (
-            f" --tasks {','.join(tasks)}`" if tasks else "`"
+        defaults = EvalConfig()
+        sets = [
+            f"{key}={getattr(self.cfg, key)}"
+            for key in SCORE_SETTINGS
+            if getattr(self.cfg, key) != getattr(defaults, key)
+        ]
+        command = (
+            f"`gristmill eval {self.run_dir} {which}"
+            + (f" --tasks {','.join(tasks)}" if tasks else "")
+            + (f" --set {' '.join(sets)}" if sets else "")
+            + "`"
         )
-        every = self.checkpoint.export_interval
-        if merged or not self.checkpoint.keep_last or (every and step % every == 0):
+        every = c.export_interval  # raw weights only: the merged weights' export is merge.export
+        if (self.merge_export if merged else every and step % every == 0) or not c.keep_last:
             return command
         return (
             f"{command} while retention keeps checkpoint {step} (the newest checkpoint.keep_last = "
-            f"{self.checkpoint.keep_last}; `gristmill export {self.run_dir} {which}` keeps it for good)"
+            f"{c.keep_last}; `gristmill export {self.run_dir} {which}` keeps it for good)"
         )
 
     def _failed(
@@ -189,11 +202,19 @@ class TrainingEval:
             what = "it" if len(tasks) == 1 else "them"
         else:
             why, what = f"failed ({why})", "it"
-        later = self._later(step, merged, list(tasks or []))
-        if step == self.last_step:  # no later eval in this invocation (review R23a M4)
-            then = f"it was this run's last eval step: evaluate {what} later with {later}"
+        c, last = self.checkpoint, step == self.last_step  # no later eval in this invocation (R23a M4)
+        again = f"training goes on, the next eval tries {what} again"
+        if not c.saves(step, self.last_step):  # no command can score it (review RV26b 2)
+            saves = f"every {c.interval} steps and the last" if c.interval else "none but at a stop"
+            gone = f"step {step}'s weights are not kept (checkpoint.interval = {c.interval} saves {saves})"
+            then = f"it was this run's last eval step; {gone}" if last else f"{again}; {gone}"
         else:
-            then = f"training goes on, the next eval tries {what} again (this step: {later})"
+            later = self._later(step, merged, list(tasks or []))
+            then = (
+                f"it was this run's last eval step: evaluate {what} later with {later}"
+                if last
+                else f"{again} (this step: {later})"
+            )
         line = f"{why}; {then}"
         self._say(f"step {step}{' (merged weights)' if merged else ''}: {line}")
         return {"eval_error": line}

@@ -182,10 +182,14 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
     assert str(eval_data(run) / "heldout_cloze.jsonl") in lines[0]
     assert "the next eval tries it again" in lines[0] and "it was this run's last eval step" in lines[-1]
     if merge:
-        assert f"`gristmill eval {run} --step 2 --merged --tasks heldout_cloze`" in lines[1], lines[1]
+        assert (
+            f"`gristmill eval {run} --step 2 --merged --tasks heldout_cloze --set limit={LIMIT}` while "
+            "retention keeps checkpoint 2"
+        ) in lines[1], lines[1]
     (advice,) = [c for c in lines[0].split("`")[1::2] if c.startswith("gristmill eval")]
     argv = advice.split()[1:]
-    assert cli_main([*argv, "--set", f"limit={LIMIT}", "device=cpu"]) == 0
+    assert argv[-1] == f"limit={LIMIT}"  # the run's eval.limit
+    assert cli_main([*argv, "device=cpu"]) == 0
     assert "heldout_cloze" in read_step_results(run, 2)["results"]
 
 
@@ -235,15 +239,18 @@ def test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval(
 
 class _FollowsTheExportAdviceAtStep2(TrainingEval):
     """The real evaluator; at step 2 the cloze data is damaged, and after the eval the user runs the
-    line's `gristmill export` (another terminal, here in between steps)."""
+    line's `gristmill export` (another terminal, here in between steps): the merged weights' line's
+    where the run merges (`merges`), else the raw weights'."""
+
+    merges = False
 
     def __call__(self, model, step, merged=False):
         from pipelines.cli import main as cli_main
 
-        if step == 2:
+        if step == 2 and not merged:
             (eval_data(self.run_dir) / "heldout_cloze.jsonl").write_text('{"context": "cut mid-')
         metrics = super().__call__(model, step, merged)
-        if step == 2:
+        if step == 2 and merged == self.merges:
             (export,) = [
                 c for c in metrics["eval_error"].split("`")[1::2] if c.startswith("gristmill export")
             ]
@@ -251,25 +258,57 @@ class _FollowsTheExportAdviceAtStep2(TrainingEval):
         return metrics
 
 
-def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, capsys):
+@pytest.mark.parametrize("merge", [False, True])
+def test_a_failed_eval_s_advice_outlives_retention(built_dataset, tmp_path, capsys, merge):
     """The advice after a failed task named `gristmill eval RUN --step 2 --tasks …`, whose checkpoint
-    retention (checkpoint.keep_last) deleted two checkpoints later (review R26a F2). The line says for
-    how long the command works and how to keep the step's weights; followed, it works at the end."""
+    retention (checkpoint.keep_last) deleted two checkpoints later (review R26a F2); the merged
+    weights' line named the command alone, "always exported", though merge.export is off by default
+    (review RV26b 1). The line says for how long the command works and how to keep the step's
+    weights; followed, it works at the end, and scores as the run's evals did: their eval.limit
+    (it scored with `gristmill eval`'s defaults: review RV26b 3)."""
     from pipelines.cli import main as cli_main
 
     run = tmp_path / "run"
-    cfg = load_train_config(TINY, [*_sets(built_dataset, run, steps=6), "checkpoint.keep_last=1"])
-    train(cfg, evaluator=_FollowsTheExportAdviceAtStep2(cfg))
-    line = _rows(run)[2]["eval_error"]
+    merging = ["merge.kind='window'", "merge.every=2", "merge.window=1"] if merge else []
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run, steps=6), "checkpoint.keep_last=1", *merging])
+    evaluator = _FollowsTheExportAdviceAtStep2(cfg)
+    evaluator.merges = merge
+    train(cfg, evaluator=evaluator)
+    which = "--step 2 --merged" if merge else "--step 2"
+    line = _rows(run)[2]["merged/eval_error" if merge else "eval_error"]
     assert (
-        f"(this step: `gristmill eval {run} --step 2 --tasks heldout_cloze` while retention keeps "
-        f"checkpoint 2 (the newest checkpoint.keep_last = 1; `gristmill export {run} --step 2` keeps it "
-        "for good))"
+        f"(this step: `gristmill eval {run} {which} --tasks heldout_cloze --set limit={LIMIT}` while "
+        f"retention keeps checkpoint 2 (the newest checkpoint.keep_last = 1; `gristmill export {run} "
+        f"{which}` keeps it for good))"
     ) in line, line
     assert complete_steps(run) == [6]  # checkpoint 2 is gone, its export stays
     (advice,) = [c for c in line.split("`")[1::2] if c.startswith("gristmill eval")]
-    assert cli_main([*advice.split()[1:], "--set", f"limit={LIMIT}", "device=cpu"]) == 0
-    assert "heldout_cloze" in read_step_results(run, 2)["results"]
+    assert cli_main([*advice.split()[1:], "device=cpu"]) == 0
+    later = read_step_results(run, 2, merge)
+    assert "heldout_cloze" in later["results"]
+    settings = {t: later["gristmill_tasks"][t]["settings"] for t in TASKS}  # ppl: the run's own eval
+    for s in settings.values():
+        s.pop("definition")
+    assert settings["heldout_cloze"] == settings["heldout_ppl"] and settings["heldout_ppl"]["limit"] == LIMIT
+
+
+def test_an_eval_step_without_a_checkpoint_names_no_command(built_dataset, tmp_path, capsys):
+    """checkpoint.interval = 4, eval.interval = 2: step 2's failed eval said "while retention keeps
+    checkpoint 2" of a checkpoint never saved, and named two commands that fail (review RV26b 2). It
+    says the step's weights are not kept; the last step, always saved, keeps its command."""
+    run = tmp_path / "run"
+    cfg = load_train_config(TINY, [*_sets(built_dataset, run), "checkpoint.interval=4"])
+    train(cfg, evaluator=_DamagesClozeDataAtStep2(cfg))
+    rows = _rows(run)
+    assert rows[2]["eval_error"].endswith(
+        "training goes on, the next eval tries it again; step 2's weights are not kept "
+        "(checkpoint.interval = 4 saves every 4 steps and the last)"
+    ), rows[2]["eval_error"]
+    assert "gristmill" not in rows[2]["eval_error"]
+    assert (
+        f"evaluate it later with `gristmill eval {run} --step 4 --tasks heldout_cloze"
+        in rows[4]["eval_error"]
+    )
 
 
 def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
@@ -349,7 +388,8 @@ def test_an_eval_that_fails_at_the_last_step_names_the_command_that_scores_it(
     (line,) = [x for x in (out.out + out.err).splitlines() if x.startswith("[eval] step 4: failed")]
     assert "next interval" not in line and "EvalResultsError" in line, line
     assert line.endswith(
-        f"it was this run's last eval step: evaluate it later with `gristmill eval {run} --step 4` "
+        f"it was this run's last eval step: evaluate it later with `gristmill eval {run} --step 4 --set "
+        f"limit={LIMIT}` "
         f"while retention keeps checkpoint 4 (the newest checkpoint.keep_last = 3; "
         f"`gristmill export {run} --step 4` keeps it for good)"
     ), line

@@ -453,7 +453,7 @@ class Checkpointer:
         return None if self._last_request is None else self._last_request[0]
 
     def due(self, step: int) -> bool:
-        return self.cfg.interval > 0 and (step % self.cfg.interval == 0 or step == self.last_step)
+        return self.cfg.saves(step, self.last_step)
 
     def resume_only(self, step: int) -> bool:
         """Whether a save of `step` is one a run that was never stopped does not make: at a stop
