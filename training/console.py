@@ -23,9 +23,10 @@ class ReaderSafeOut:
     EIO from a terminal that hung up without a SIGHUP: a disowned job, a killed tmux pane) it drops
     what it is given, and fd 1 points at /dev/null so the interpreter's exit flush is quiet too."""
 
-    def __init__(self, stream: Any):
+    def __init__(self, stream: Any, copy_of_stdout: bool = False):
         self.stream = stream
         self.gone = False
+        self.copy_of_stdout = copy_of_stdout  # `stream` writes to a duplicate of fd 1 (Console.bound)
 
     def write(self, text: str) -> int:
         if not self.gone:
@@ -48,12 +49,29 @@ class ReaderSafeOut:
             with contextlib.suppress(OSError):
                 line = f"note: printing stopped ({error}); the run goes on, metrics.jsonl has every row\n"
                 os.write(2, line.encode())
-        try:
+        fds = [1] if self.copy_of_stdout else []  # fd 1 too: the interpreter's exit flush
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # a stream without a descriptor
+            fds.append(self.stream.fileno())
+        with contextlib.suppress(OSError):
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
+            for fd in fds:
+                os.dup2(devnull, fd)
             os.close(devnull)
-        except (OSError, ValueError, AttributeError):  # a stream without a file descriptor
-            pass
+
+
+def _stdout_copy() -> TextIO | None:
+    """A stream to where file descriptor 1 points now (a duplicate of it), when sys.stdout writes
+    to it; None otherwise (a test's capture)."""
+    try:
+        if sys.stdout.fileno() != 1:
+            return None
+        sys.stdout.flush()
+        return open(  # noqa: SIM115  closed by `bound`
+            os.dup(1), "w", encoding=sys.stdout.encoding or "utf-8",
+            errors=getattr(sys.stdout, "errors", None) or "strict", buffering=1,
+        )  # fmt: skip
+    except (AttributeError, OSError, ValueError):  # no descriptor, or fd 1 closed (a daemon)
+        return None
 
 
 class Console:
@@ -71,13 +89,22 @@ class Console:
     def bound(self, rank: int, out: Any = None) -> Iterator[None]:
         """For one run: print on rank 0 only, to `out` (default: this process's stdout, made safe
         against a reader that goes away); the previous binding afterwards (a test or the demo
-        runs several in one process)."""
+        runs several in one process). The default writes to a duplicate of file descriptor 1 taken
+        here: an eval that points fds 1 and 2 at its eval.log (validation/eval_output.py) does not
+        take the lines other threads say meanwhile (retention's "deleted checkpoint(s) N" went
+        into RUN/eval/step-N/eval.log: review RV26b 3b)."""
         previous = self.rank, self.stream
-        self.rank, self.stream = rank, out if out is not None else ReaderSafeOut(sys.stdout)
+        copy = _stdout_copy() if out is None else None
+        if out is None:
+            out = ReaderSafeOut(sys.stdout) if copy is None else ReaderSafeOut(copy, copy_of_stdout=True)
+        self.rank, self.stream = rank, out
         try:
             yield
         finally:
             self.rank, self.stream = previous
+            if copy is not None:
+                with contextlib.suppress(OSError):
+                    copy.close()
 
 
 console = Console()

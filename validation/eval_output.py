@@ -10,7 +10,8 @@ own progress lines. With verbose, the terminal shows everything as before and th
 to the log file as well.
 
 Used by `gristmill eval` (RUN/eval/step-N/eval.log) and the in-training eval. While the block runs,
-every write of this process to stdout/stderr lands in the log, from any thread.
+every write of this process to stdout/stderr lands in the log, from any thread, but the run's
+console's: a training run's `say` prints to a copy of fd 1 taken at its start (training/console.py).
 """
 
 from __future__ import annotations

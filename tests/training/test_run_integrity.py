@@ -1092,3 +1092,37 @@ def test_a_full_disk_under_the_console_stops_its_printing_with_a_note(capfd):
         assert out.gone
         out.write("step 2 | …\n")  # dropped
     assert "note: printing stopped ([Errno 28] No space left on device)" in capfd.readouterr().err
+
+
+def test_the_console_reaches_the_terminal_while_an_eval_redirects_stdout(tmp_path):
+    """An in-training eval points file descriptors 1 and 2 at its eval.log while it runs; retention's
+    "deleted checkpoint(s) N", said from its thread meanwhile, went into RUN/eval/step-N/eval.log
+    instead of the console (review RV26b 3b). The run's console prints to the terminal throughout;
+    lm-eval's own output still goes to the log."""
+    log = tmp_path / "eval.log"
+    script = (
+        "import os, threading\n"
+        "from training.console import console, say\n"
+        "from validation.eval_output import eval_output\n"
+        "with console.bound(0):\n"
+        "    say('step 2 | loss 1.0')\n"
+        f"    with eval_output({str(log)!r}):\n"
+        "        print('lm-eval chatter')\n"
+        "        os.write(1, b'subprocess chatter\\n')\n"
+        "        t = threading.Thread(target=say, args=('retention: deleted checkpoint(s) 2',))\n"
+        "        t.start(); t.join()\n"
+        "        say('[eval] step 2: heldout_ppl 1.0')\n"
+        "    say('step 3 | loss 0.9')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "step 2 | loss 1.0",
+        "retention: deleted checkpoint(s) 2",
+        "[eval] step 2: heldout_ppl 1.0",
+        "step 3 | loss 0.9",
+    ], done.stdout
+    text = log.read_text()
+    assert "lm-eval chatter" in text and "subprocess chatter" in text and "retention" not in text, text
