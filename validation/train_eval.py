@@ -34,7 +34,8 @@ line naming the task (and its file) and the command that evaluates the step late
 that command can work (the step's checkpoint goes when retention deletes it), `eval_error` in the
 step's metrics row, and training goes on with the other tasks; an eval that fails as a whole is the
 same line. Every later eval tries every task again (a task's file put back is scored; a task still
-failing is its line again, down to the last step's eval, whose line is the run's last word on it).
+failing is its line again, "failed again (as at step N)" where nothing changed, down to the last
+step's eval, whose line is the run's last word on it).
 The scores stand once results.json is written: a plot that cannot be drawn is a warning line.
 """
 
@@ -110,6 +111,7 @@ class TrainingEval:
         self.context = 0  # the model's max_seq_len (prepare sets it)
         self.last_step = 0  # this invocation's: always evaluated (prepare sets it)
         self.separator_id = 0  # the dataset's, set by prepare: what every request starts with
+        self.failures: dict[bool, tuple[int, str]] = {}  # merged → (step, why) of the last failure said whole
 
     def _say(self, text: str) -> None:
         say(f"[eval] {text}")
@@ -196,12 +198,23 @@ class TrainingEval:
         self, step: int, why: str, tasks: dict[str, str] | None = None, merged: bool = False
     ) -> dict[str, float | str]:
         """The one line of a failed eval (of `tasks`: {name: why}, left out of this eval only) and
-        its metrics entry."""
+        its metrics entry: one clause per reason, the tasks it names together; the same failure as
+        at the previous failed eval (of these weights, raw or merged) is "failed again (as at step
+        N)", not the same ~700 characters at every eval (review RV26b 4)."""
         if tasks:
-            why = "; ".join(f"task {n} failed ({w})" for n, w in tasks.items())
+            reasons: dict[str, list[str]] = {}
+            for name, reason in tasks.items():
+                reasons.setdefault(reason, []).append(name)
+            named = [f"task{'s' if len(n) > 1 else ''} {', '.join(n)}" for n in reasons.values()]
+            full = "; ".join(f"{n} failed ({r})" for n, r in zip(named, reasons, strict=True))
+            short = f"{'; '.join(named)} failed again"
             what = "it" if len(tasks) == 1 else "them"
         else:
-            why, what = f"failed ({why})", "it"
+            full, short, what = f"failed ({why})", "failed again", "it"
+        first, before = self.failures.get(merged, (0, ""))
+        if before != full:
+            self.failures[merged] = first, before = step, full
+        why = full if first == step else f"{short} (as at step {first})"
         c, last = self.checkpoint, step == self.last_step  # no later eval in this invocation (R23a M4)
         again = f"training goes on, the next eval tries {what} again"
         if not c.saves(step, self.last_step):  # no command can score it (review RV26b 2)
@@ -224,8 +237,10 @@ class TrainingEval:
     ) -> dict[str, float | str]:
         check_results(self.run_dir)  # an earlier step's damaged results.json: failed before scoring
         # A local task's data file as built (sha256 in data.json), else the task is not scored.
+        # One reason per folder: `_failed` says it once for all its tasks (review RV26b 4).
         failed = {
-            p.stem: f"{p}: not as {p.parent / 'data.json'} recorded (changed or deleted since it was built)"
+            p.stem: f"{p.parent}/<task>.jsonl not as {p.parent.name}/data.json recorded (changed or "
+            "deleted since it was built)"
             for p in damaged_task_files(self.plan.data_dir, self.plan.local)
         }
         plan = self.plan.without(list(failed))  # this eval's: the next one tries every task again

@@ -179,7 +179,7 @@ def test_a_failing_eval_task_costs_no_training(built_dataset, tmp_path, capsys, 
         f"[eval] step {s}{w}" for s in (2, 4) for w in weights
     ], out.out + out.err
     assert "Traceback" not in out.err
-    assert str(eval_data(run) / "heldout_cloze.jsonl") in lines[0]
+    assert f"{eval_data(run)}/<task>.jsonl not as" in lines[0], lines[0]
     assert "the next eval tries it again" in lines[0] and "it was this run's last eval step" in lines[-1]
     if merge:
         assert (
@@ -221,19 +221,23 @@ def test_an_eval_whose_every_task_failed_tries_them_again_at_the_next_eval(
     train(cfg, evaluator=_MovesDataJsonAsideAtStep2(cfg))
     out = capsys.readouterr()
     rows = _rows(run)
-    failed = [x for x in (out.out + out.err).splitlines() if "task heldout_ppl failed" in x]
+    failed = [x for x in (out.out + out.err).splitlines() if "tasks heldout_ppl, heldout_cloze failed" in x]
     assert [x.split(": task")[0] for x in failed] == ["[eval] step 2"] + (
         [] if restore else ["[eval] step 4"]
     )
+    # one clause for the folder's tasks, its path once (it was 4 times in ~690 characters: RV26b 4)
+    assert failed[0].count(str(eval_data(run))) == 1, failed[0]
     if restore:  # scored at step 4, the final weights
         assert "eval_error" not in rows[4], rows[4]
         assert {"eval/heldout_ppl/bits_per_byte", "eval/heldout_cloze/acc"} <= set(rows[4])
         assert {r["step"] for r in rows_of(4, read_step_results(run, 4))} == {4}
     else:  # the last step's line says they are not scored, and how to score them
-        assert "task heldout_cloze failed" in failed[1], failed[1]
-        assert "it was this run's last eval step: evaluate them later with" in failed[1], failed[1]
+        assert failed[1].startswith(
+            "[eval] step 4: tasks heldout_ppl, heldout_cloze failed again (as at step 2); it was this "
+            "run's last eval step: evaluate them later with"
+        ), failed[1]
         assert rows[4]["eval_error"] == failed[1].removeprefix("[eval] step 4: ")
-    assert "task heldout_cloze failed" in rows[2]["eval_error"]
+    assert "tasks heldout_ppl, heldout_cloze failed (" in rows[2]["eval_error"]
     assert "the next eval tries them again" in rows[2]["eval_error"]
 
 
