@@ -1314,6 +1314,7 @@ def run(args: argparse.Namespace) -> int:
         print_table(run_dir, [step], merged=merged)  # the NaN/inf rows too, then the one error line
         raise
     print_table(run_dir, [step], merged=merged)
-    print(f"all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql \"FROM eval\"), "
-          f"plot: {run_dir / EVAL_PLOT}")  # fmt: skip
+    # after the plot's warning (a directory of its name) no "plot: RUN/eval.png" (review RV26b 5)
+    plot = f", plot: {run_dir / EVAL_PLOT}" if (run_dir / EVAL_PLOT).is_file() else ""
+    print(f'all steps: {run_dir / EVAL_PARQUET} (gristmill data audit {run_dir} --sql "FROM eval"){plot}')
     return 0

@@ -370,11 +370,14 @@ def _label(value: float, stderr: float | None) -> str:
 
 def write_plot(run_dir: str | Path) -> str | None:
     """RUN/eval.png (`eval_figure`) from the run's results files (eval.parquet's rows' files); a
-    warning line instead when it cannot be written (`save_figure`: the scores stand without it)."""
+    warning line instead when it cannot be written (`save_figure`: the scores stand without it), with
+    the command that draws it again."""
     plt = agg_pyplot()
     raw, merged = read_results(run_dir), read_results(run_dir, merged=True)
     fig = eval_figure(plt, result_rows(raw) + result_rows(merged, merged=True), {**merged, **raw})
-    return save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
+    warning = save_figure(plt, fig, Path(run_dir) / EVAL_PLOT, dpi=90)
+    # the fix, which the bare "not drawn (Is a directory)" left to guess (review RV26b 5)
+    return warning and f"{warning}: once it can be written, `gristmill eval {run_dir} --table` draws it"
 
 
 def eval_figure(plt, rows: list[dict[str, Any]], results_by_step: dict[int, dict[str, Any]]):

@@ -1126,3 +1126,19 @@ def test_the_console_reaches_the_terminal_while_an_eval_redirects_stdout(tmp_pat
     ], done.stdout
     text = log.read_text()
     assert "lm-eval chatter" in text and "subprocess chatter" in text and "retention" not in text, text
+
+
+def test_an_earlier_run_s_evals_set_aside_beside_an_eval_png_directory_is_a_warning(tmp_path, capsys):
+    """A run directory with an earlier run's eval/step-N and a directory named eval.png: the set-aside
+    of the earlier evals (RunRecord._set_aside at the start) removes the stale plot, and the directory
+    was an IsADirectoryError traceback before step 1 (review RV26b 6). One warning line; the evals
+    are set aside."""
+    from training.run.record import RunRecord
+
+    run = tmp_path / "run"
+    (run / "eval" / "step-000020").mkdir(parents=True)
+    (run / "eval.png").mkdir()
+    RunRecord(run, None, None, rank=0, plot=False)._set_aside(after=0, earlier_run=True)
+    out = capsys.readouterr().out
+    assert f"warning: {run / 'eval.png'} not removed (Is a directory)" in out, out
+    assert (run / "eval" / "abandoned-step-000020").is_dir() and (run / "eval.png").is_dir()

@@ -338,9 +338,12 @@ def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
     assert cli_main(["eval", str(run), "--step", "4", "--set", f"limit={LIMIT}", "device=cpu"]) == 0
     out = capsys.readouterr()
     assert f"warning: {run / 'eval.png'} not drawn" in out.err and "Traceback" not in out.err
+    # it then said "plot: RUN/eval.png", and neither line said how to draw it (review RV26b 5)
+    assert "plot:" not in out.out and f"`gristmill eval {run} --table` draws it" in out.err, out
     assert cli_main(["eval", str(run), "--table"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: wrote ") and f"{run / 'eval.png'} not drawn" in err and "\n" not in err, err
+    assert err.endswith(f"once it can be written, `gristmill eval {run} --table` draws it"), err
 
 
 def test_an_in_training_task_that_fails_in_lm_eval_keeps_its_traceback_in_the_eval_log(

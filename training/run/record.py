@@ -497,7 +497,11 @@ class RunRecord:
         if evals:
             if (self.run_dir / EVAL_PARQUET).is_file():
                 write_eval_table(self.run_dir)
-            (self.run_dir / EVAL_PLOT).unlink(missing_ok=True)
+            plot = self.run_dir / EVAL_PLOT
+            try:  # a directory of its name was a traceback at the run's start (review RV26b 6)
+                plot.unlink(missing_ok=True)
+            except OSError as e:
+                say(f"warning: {plot} not removed ({e.strerror or e}): it is no picture of this run's evals")
 
 
 def _keep_earlier(path: Path) -> None:
