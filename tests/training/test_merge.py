@@ -27,7 +27,7 @@ from training.config import MergeSection
 from training.contract.config_loader import ConfigError
 from training.contract.run_layout import checkpoint_dir, export_dir, list_steps
 from training.merge import MergedWeights, MergePoints, master_tensor
-from training.run.faults import KILL, SPIKE_WINDOW
+from training.run.faults import KILL, NAN_LOSS, SPIKE_WINDOW
 from training.train import load_train_config, main, train
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
@@ -187,12 +187,20 @@ def test_a_run_cut_by_max_steps_inside_a_window_merges_as_the_run_trained_at_onc
     assert merged_rows(run)[8] == merged_rows(runs["window"])[8] and merged_rows(run)[8]["merged/steps"] == 3
 
 
-def test_a_plan_grown_on_resume_merges_as_the_grown_plan_trained_at_once(dataset, tmp_path, capsys):
+@pytest.mark.parametrize("rewind", [False, True])
+def test_a_plan_grown_on_resume_merges_as_the_grown_plan_trained_at_once(
+    dataset, tmp_path, capsys, monkeypatch, rewind
+):
     """10 steps (merge points 4, 8 and the last, 10: steps 9–10), then resumed with 12 (a constant LR:
     steps 1–10 train alike): step 12's window is 10–12 as in the 12 steps trained at once, bit for
     bit, step 10's weights the checkpoint's own. It was floored at step 10, no merge point of 12
-    steps, and averaged 11–12, saying nothing (review R26d F1)."""
+    steps, and averaged 11–12, saying nothing (review R26d F1). With a non-finite step 11 rewound to
+    step 10's checkpoint (saved under the 10-step plan): the rewind restored that plan's window too,
+    and step 12 averaged itself alone (review RV26f A1); now 10 and 12, as at once."""
     constant = ("optim.min_lr=0.003", "schedule.warmup_steps=0", *WINDOW)
+    if rewind:
+        monkeypatch.setenv(NAN_LOSS, "11")
+        constant += ("run.on_nonfinite='rewind'", "run.rewind.skip_steps=1", "run.rewind.margin_steps=1")
     at_once, grown = tmp_path / "at-once", tmp_path / "grown"
     run_here(dataset, at_once, *constant, "schedule.steps=12")
     run_here(dataset, grown, *constant, "schedule.steps=10")
@@ -201,8 +209,11 @@ def test_a_plan_grown_on_resume_merges_as_the_grown_plan_trained_at_once(dataset
     run_here(dataset, grown, *constant, "schedule.steps=12", "checkpoint.resume='auto'")
     assert "note: [merge]" not in capsys.readouterr().out
     assert_equal(weights(grown, 12, merged=True), weights(at_once, 12, merged=True))
-    assert_equal(weights(grown, 12, merged=True), window_mean(grown, [10, 11, 12]))
-    assert merged_rows(grown)[12] == merged_rows(at_once)[12] and merged_rows(grown)[12]["merged/steps"] == 3
+    assert_equal(weights(grown, 12, merged=True), window_mean(grown, [10, 12] if rewind else [10, 11, 12]))
+    steps = 2 if rewind else 3
+    assert (
+        merged_rows(grown)[12] == merged_rows(at_once)[12] and merged_rows(grown)[12]["merged/steps"] == steps
+    )
 
 
 REWIND = ("run.on_spike='rewind'", "run.spike_window=4", "run.spike_sigma=4.0", "run.rewind.margin_steps=2",

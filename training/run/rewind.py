@@ -125,6 +125,9 @@ class Rewinder:
             self.scheduler.step()
         self.state.step = skip.last_step
         if self.merge is not None:  # restored as the checkpoint held it: the discarded attempt added nothing
+            # a checkpoint saved under a plan that merged elsewhere (a resume moved its end): this plan's
+            # windows, as after a resume (review RV26f A1)
+            self.merge.resume(skip.checkpoint_step)
             self.merge.reached(skip.last_step)
         passed = "; passed over " + ", ".join(target.passed) if target.passed else ""
         line = (
