@@ -47,6 +47,7 @@ from training.contract.integrity import file_records
 from training.contract.run_layout import (
     COMPLETE_FILE,
     CONFIG_TOML,
+    DATA_PLAN_JSON,
     DCP_METADATA,
     LOCK_FILE,
     checkpoint_dir,
@@ -1142,3 +1143,21 @@ def test_an_earlier_run_s_evals_set_aside_beside_an_eval_png_directory_is_a_warn
     out = capsys.readouterr().out
     assert f"warning: {run / 'eval.png'} not removed (Is a directory)" in out, out
     assert (run / "eval" / "abandoned-step-000020").is_dir() and (run / "eval.png").is_dir()
+
+
+def test_a_resume_without_data_plan_json_falls_back_past_a_damaged_newest_checkpoint(dataset, tmp_path):
+    """data_plan.json gone and the newest checkpoint damaged: the data order was read from that
+    checkpoint before the restore could fall back past it, and the resume was refused ("cannot read
+    the data order of …", review RV26e L/M-1). The restore goes back to the checkpoint before, as it
+    did, and the run ends as the uninterrupted one."""
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    train(load_train_config(TINY, overrides(dataset, whole)), out=io.StringIO())
+    train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=8")), out=io.StringIO())
+    assert complete_steps(run)[-2:] == [4, 8]
+    (run / DATA_PLAN_JSON).unlink()
+    damaged = next(checkpoint_dir(run, 8).glob("*.distcp"))
+    os.truncate(damaged, 100)
+    out = io.StringIO()
+    train(load_train_config(TINY, overrides(dataset, run, 'checkpoint.resume="auto"')), out=out)
+    assert "resumed at step 4" in out.getvalue(), out.getvalue()
+    assert losses(run)[-1] == losses(whole)[-1]

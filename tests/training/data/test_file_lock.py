@@ -49,11 +49,14 @@ def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_insi
 class _Holder:
     """A forked process that takes the node's lock of `cache` and holds it until `release`."""
 
-    def __init__(self, cache) -> None:
+    def __init__(self, cache, host: str | None = None) -> None:
+        """`host`: the name the holder records (a pod of another name on the same node's disk)."""
         held, self.told = os.pipe()
         self.wait_for, release = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
+            if host is not None:
+                socket.gethostname = lambda: host
             with node_lock(cache):
                 os.write(self.told, b"x")
                 os.read(self.wait_for, 1)
@@ -127,3 +130,24 @@ def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_
         assert stopped in capsys.readouterr().out
     finally:
         holder.kill()
+
+
+def test_a_holder_recorded_on_another_host_is_waited_for(tmp_path, capsys):
+    """A holder whose record names another host (pods of other names sharing a node's cache on one
+    hostPath: the flock is real, its holder's state cannot be seen) was counted as not running, and
+    the wait ended a healthy run after data.fetch_timeout_s (review RV26c M2). It is waited for, and
+    the line says why."""
+    lock = tmp_path / LOCK
+    holder = _Holder(tmp_path, host="pod-b")
+    try:
+        thread, outcome = _wait_in_thread(tmp_path)
+        time.sleep(2.5)  # five times the bound
+        assert thread.is_alive() and outcome == []
+        assert holder.release() == 0
+        thread.join(timeout=20)
+        assert outcome == ["taken"]
+    finally:
+        holder.kill()
+    (said,) = capsys.readouterr().out.splitlines()
+    assert said.startswith(f"waiting for {lock}, held by pid {holder.pid} on pod-b since "), said
+    assert "(another host: whether it runs cannot be told here, so it is waited for)" in said, said
