@@ -44,7 +44,10 @@ from training.contract.errors import GristmillError
 from training.data.remote import dataset_info
 
 TRACKERS_JSON = "trackers.json"  # in the run directory: the wandb/trackio runs a resume continues
-FEED_ROWS = 100  # rows a tracker may be behind the loop before it is given up (hung, or too slow)
+# Rows a tracker may be behind the loop before it is given up: far more than a pause shorter than the
+# time bound leaves behind at any step rate worth logging (100 dropped a healthy wandb after a 12 s
+# pause at 40 ms a step: review RV26a R1); a hang is caught by the time bound first.
+FEED_ROWS = 10_000
 
 
 class Trackers:
