@@ -265,8 +265,9 @@ def _check_manifests(old: str, root: Path, info: dict[str, Any]) -> None:
     for name, spec in sorted(info["shard_files"].items()):
         rel = f"{SHARDS_DIR}/{name}"
         size = there.get(rel) if there is not None else _size(root / rel)
-        if size != spec["bytes"]:
-            raise _shard_error(old, root, rel, "missing" if size is None else None)
+        if not isinstance(size, int) or size != spec["bytes"]:
+            unreadable = "missing" if size is None else size if isinstance(size, str) else None
+            raise _shard_error(old, root, rel, unreadable)
     if missing := sorted(set(info["shard_files"]) - named):
         raise DatasetError(
             f"{old}: no manifest row names {SHARDS_DIR}/{missing[0]}, which {DATASET_JSON} lists: a "
@@ -293,11 +294,15 @@ def _where(old: str, root: Path, rel: str) -> str:
     return f"{old.rstrip('/')}/{rel}" if is_url(old) else str(root / rel)
 
 
-def _size(path: Path) -> int | None:
+def _size(path: Path) -> int | str | None:
+    """`path`'s size; None when it is missing, the OSError's words when it cannot be read (a link to
+    itself, a permission: one line, review RV26h M2)."""
     try:
         return path.stat().st_size
     except FileNotFoundError:
         return None
+    except OSError as e:
+        return e.strerror or type(e).__name__
 
 
 def _bucket_copy(url: str, dest: Path) -> Path:

@@ -431,6 +431,12 @@ def test_convert_of_a_damaged_old_says_which_file_in_one_line(v2, tmp_path, caps
     last = sorted((cut / "shards").glob("*.tar"))[-1]
     last.write_bytes(last.read_bytes()[:-512])
     refused(cut, f"^{last}: not the shard dataset.json records \\(size or sha256 differ\\)")
+    looped = tmp_path / "looped"  # a shard that cannot be read: a link to itself (RV26h M2: a traceback)
+    shutil.copytree(v2, looped)
+    last = sorted((looped / "shards").glob("*.tar"))[-1]
+    last.unlink()
+    last.symlink_to(last.name)
+    refused(looped, f"^{last}: Too many levels of symbolic links, but dataset.json lists it: restore")
 
     stray = tmp_path / "stray"
     shutil.copytree(v2, stray)
