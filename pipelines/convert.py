@@ -366,6 +366,7 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     out.mkdir(parents=True, exist_ok=True)
     shards = sorted(info["shard_files"])
     done = 0
+    read = hashlib.sha256()  # of each document's ids' sha256 as read from OLD, in manifest order
     for path in manifest_files(root):
         named = _where(old, root, f"{MANIFEST_DIR}/{path.name}")
         rows = pq.read_table(path).to_pylist()
@@ -382,6 +383,7 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
                 _check_rows(old, named, shard, data, info, members)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
+                read.update(hashlib.sha256(ids).digest())
                 if info["format"] == LEGACY_FORMAT:
                     meta = _legacy_meta(named, r, data)
                 else:
@@ -423,8 +425,17 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     # The order is a function of the lengths in manifest order: NEW's the same bytes as OLD's recorded
     # ones (and, from a /2 dataset, the same sha256 per row), or not the same batches. The checks above
     # are of OLD; this one is of what the conversion wrote (NEW's own validate cannot see a reordering).
+    # Against OLD as read, whatever index OLD records (a /1 one has no sha256s, one built before the
+    # index none): the lengths its manifest derives, each document's ids' sha256 (review RV26h M1)
+    after = index_hashes(new["index"])
+    derived = {DOC_TOKENS: index_hashes(expected_index(root, info))[DOC_TOKENS], DOC_HASHES: read.hexdigest()}
+    if differ := [name for name in (DOC_TOKENS, DOC_HASHES) if derived[name] != after[name]]:
+        raise DatasetError(
+            f"{target}: its index ({', '.join(differ)}) differs from {old}'s documents as they were read: "
+            "the conversion did not keep OLD's documents in order; nothing was converted (please report it)"
+        )
     if "index" in info:
-        before, after = index_hashes(info["index"]), index_hashes(new["index"])
+        before = index_hashes(info["index"])
         if differ := [
             name for name in (DOC_TOKENS, DOC_HASHES) if name in before and before[name] != after[name]
         ]:

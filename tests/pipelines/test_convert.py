@@ -625,30 +625,49 @@ def test_a_conversion_that_loses_the_race_for_new_leaves_nothing(v2, tmp_path, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new"]
 
 
-def test_convert_checks_what_it_wrote_against_old_s_index(legacy, tmp_path, monkeypatch):
+@pytest.mark.parametrize("indexed", [True, False])
+@pytest.mark.parametrize("bug", ["reversed", "swapped"])
+def test_convert_checks_what_it_wrote_against_old_s_index(legacy, tmp_path, monkeypatch, bug, indexed):
     """The comparison of NEW's index (lengths, sha256 per row) with the one OLD records, after the
     conversion, was dropped (review RV26d M2): a conversion that wrote a shard's documents in another
     order (simulated: the writer reverses each shard's rows) gave other batches, "the same batches …
-    validated", exit 0 (NEW is self-consistent, so its own validate cannot see it)."""
+    validated", exit 0 (NEW is self-consistent, so its own validate cannot see it). Restored, it
+    compared lengths alone for a /1 OLD (whose index has no sha256s) and nothing for one without an
+    index: two same-length documents' ids swapped converted (review RV26h M1). NEW's index is now held
+    to OLD's documents as they were read."""
     import pipelines.convert as convert_module
     from pipelines.shard_writer import ShardWriter
 
-    class Reversing(ShardWriter):
+    class Faulty(ShardWriter):
         pending: list = []
 
         def add(self, *args):
-            self.pending.append(args)
+            self.pending.append(list(args))
 
         def end_shard(self):
-            for args in reversed(self.pending):
+            rows = self.pending
+            if bug == "reversed":
+                rows = rows[::-1]
+            else:  # the ids of the first two documents of one length trade places
+                seen: dict[int, list] = {}
+                for row in rows:
+                    if (twin := seen.setdefault(len(row[1]), row)) is not row:
+                        twin[1], row[1] = row[1], twin[1]
+                        break
+            for args in rows:
                 super().add(*args)
             self.pending.clear()
             super().end_shard()
 
-    monkeypatch.setattr(convert_module, "ShardWriter", Reversing)
+    old = legacy
+    if not indexed:
+        old = tmp_path / "bare"
+        unrecorded_copy(legacy, old, keep_index=False)
+    monkeypatch.setattr(convert_module, "ShardWriter", Faulty)
     new = tmp_path / "new"
-    with pytest.raises(DatasetError, match=rf"^{new}: its index \(doc_tokens.bin\) differs from the one"):
-        convert_dataset(str(legacy), str(new), log=lambda *a: None)
+    differ = "doc_tokens.bin, doc_sha256.bin" if bug == "reversed" else "doc_sha256.bin"
+    with pytest.raises(DatasetError, match=rf"^{new}: its index \({differ}\) differs from {old}'s documents"):
+        convert_dataset(str(old), str(new), log=lambda *a: None)
     assert not new.exists() and not (tmp_path / ".new.converting").exists()
 
 
