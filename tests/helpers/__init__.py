@@ -10,6 +10,7 @@ frozen_preload          imported last by forked's server: its preloaded objects,
 hub_server              a local stand-in for the Hugging Face hub's HTTP API
 legacy_dataset          datasets in the shard layouts before /3 (/1, /2), for data convert's tests
 light_trainer           torchrun workers without torch: what the launcher sees of exits, messages, signals
+lock_holder             a lock held by another process (a running build's or conversion's .build.lock)
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm) and quoting for their sh scripts
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
