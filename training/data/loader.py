@@ -94,13 +94,14 @@ def old_order_message(what: str, order: str, differ: Sequence[str] = (), unknown
             f"the one-dataset order of gristmill {commit} or earlier",
             f"not this version's {data_plan.PLAN_FORMAT!r}",
         )
+    would = "may" if unknown and not differ else "would"
     return (
-        f"{what}'s batches were drawn in {which}, {why}: this version would read other batches. Finish "
+        f"{what}'s batches were drawn in {which}, {why}: this version {would} read other batches. Finish "
         f"or inspect the run at the commit that trained it (runs drew this order up to commit {commit}: "
-        f"git checkout COMMIT; a dataset whose "
-        f"index `gristmill data index` upgraded: move its {DATASET_JSON}{BEFORE_INDEX_SUFFIX} back to "
-        f"{DATASET_JSON} first), or start a new run from its weights (`gristmill export {run}`, then "
-        f"model.init_from = {run}/exports/step-N)"
+        f"git checkout COMMIT), or start a new run from its weights (`gristmill export {run}`, then "
+        f"model.init_from = {run}/exports/step-N); for either, a dataset whose index `gristmill data "
+        f"index` upgraded needs its {DATASET_JSON}{BEFORE_INDEX_SUFFIX} moved back to {DATASET_JSON} "
+        "first (the export checks the run's datasets too: review RV26e M2)"
     )
 
 
