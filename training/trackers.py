@@ -204,8 +204,12 @@ class Trackers:
                 self._give_up(name, why)
                 continue
             tracker = feed.tracker
+            # a call already under way has had part of its bound: a fresh one each exited a SIGTERM
+            # past a scheduler's 30 s grace (review RV26a R4)
+            busy = feed.busy
+            until = deadline if busy is None else min(deadline, busy[1] + bound)
             try:
-                done = feed.finish(failed, deadline)
+                done = feed.finish(failed, until)
             except Exception as e:
                 say(f"note: {name} did not finish cleanly: {e}")
                 done = True

@@ -765,3 +765,39 @@ def test_a_tracker_paused_shorter_than_the_bound_keeps_every_row(env, tmp_path, 
     assert "WARNING" not in capsys.readouterr().out
     record = json.loads((run / "trackers.json").read_text())["wandb"]
     assert record["open"] is False and record["sent_through"] == 300, record
+
+
+def test_the_end_waits_for_a_hung_call_only_what_is_left_of_its_bound(env, tmp_path, monkeypatch, capsys):
+    """A call already hung when the run ends (a SIGTERM during the hang) was given a fresh bound at the
+    end: a 30 s bound exited ~39 s after the signal, past a scheduler's 30 s grace (review RV26a R4).
+    The end waits only what is left of the bound the call started with."""
+    import os
+    import signal
+    import threading
+
+    from training.trackers import Trackers
+
+    monkeypatch.setenv("GRISTMILL_TRACKER_TIMEOUT", "6")
+    run = tmp_path / "run"
+    run.mkdir()
+    trackers = Trackers(run, MetricsSection(trackers=["wandb"], project="gm-test"), config={}, datasets={},
+                        resume_step=None)  # fmt: skip
+    ended, stopped = threading.Event(), []
+    try:
+        trackers.log({"step": 1, "loss": 1.0})
+        stopped = hang_wandb(until=ended)
+        time.sleep(2)  # its socket full by then
+        trackers.log({"step": 2, "loss": 1.0})  # its call hangs from now
+        time.sleep(5)  # 5 of its 6 s gone
+        started = time.monotonic()
+        trackers.close()
+        took = time.monotonic() - started
+    finally:
+        ended.set()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        import wandb
+
+        wandb.teardown()
+    assert "has not returned from its log of step 2" in capsys.readouterr().out
+    assert took < 5, took  # ~1 s left of its bound, then the 2 s teardown; a fresh bound: 6 + 2
