@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +139,7 @@ class MergedWeights:
                     self.last = step
         self.reached(step)
 
-    def resume(self, step: int) -> None:
+    def resume(self, step: int, skipped: Callable[[int], bool] = lambda k: False) -> None:
         """Before the first step after a resume from checkpoint `step` (once the row a kill cut off,
         which may read that checkpoint's merged weights, is written): the window of this plan's next
         merge point takes what the checkpoint holds of it. The plan may merge elsewhere than the
@@ -147,7 +147,8 @@ class MergedWeights:
         one is kept; else the window's steps trained before the resume start with the checkpoint's
         last trained one, whose weights the model holds now (exact: as the run trained at once); the
         steps before those that the checkpoint holds no sum of are said. Under the checkpoint's own
-        plan nothing changes."""
+        plan nothing changes. `skipped(k)`: whether a rewind skipped step k (never trained: nothing
+        to say of it, review RV26f A2)."""
         if not self._resumed or self.kind != "window":
             return
         point = self.points.next_from(step + 1)
@@ -166,11 +167,12 @@ class MergedWeights:
             held = start
             if not self.mean:
                 self.count = 0  # a partial window of steps this plan's windows leave out
-        if held > start:
+        missing = [k for k in range(start + 1, held + 1) if not skipped(k)]
+        if missing:
             say(
                 f"note: [merge] step {point}'s window is steps {start + 1}–{point}, but the checkpoint of "
                 f"step {step}, saved under a plan that merged elsewhere, holds no sum of steps "
-                f"{start + 1}–{held}: its merged weights average the steps from {held + 1} on "
+                f"{missing[0]}–{missing[-1]}: its merged weights average the steps from {held + 1} on "
                 "(merged/steps says how many)"
             )
 

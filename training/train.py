@@ -301,7 +301,7 @@ def _loop(run: Run, shutdown: GracefulStop) -> dict[str, Any]:
         with shutdown:
             _write_pending(run, resumed=True)  # a resumed checkpoint whose step's row a kill cut off
             if run.merge is not None:  # after that row: it may read the checkpoint's merged weights
-                run.merge.resume(state.step)
+                run.merge.resume(state.step, lambda k: run.timeline.skipped(k - 1, k) > 0)
             while state.step < run.last_step:
                 step = state.step + 1
                 checkpointer.poll()  # raises if a background save failed

@@ -413,6 +413,8 @@ def _steps(merge: MergedWeights, steps, rewind: tuple[int, int] | None = None) -
         (8, 4, 20, 18, 22, None, [19, 20, 21, 22], None),  # 20's partial {17, 18} is outside 22's window
         (4, 3, 10, 10, 12, (8, 9), [10, 11, 12], None),  # a rewind to 8 that skipped 9, then grown
         (4, 3, 10, 10, 12, (9, 10), [11, 12], None),  # a rewind that skipped the old last step 10
+        (4, 4, 10, 10, 12, (8, 9), [10, 11, 12], None),  # step 9 of the window skipped: nothing to say
+        (4, 3, 16, 10, 11, (8, 9), [10, 11], None),  # (review RV26f A2: it was said as not summed)
     ],
 )
 def test_a_resume_whose_plan_merges_elsewhere_averages_the_steps_of_its_windows(
@@ -432,7 +434,7 @@ def test_a_resume_whose_plan_merges_elsewhere_averages_the_steps_of_its_windows(
     with torch.no_grad():  # the checkpoint's weights: its last trained step's
         for (_, p), (_, q) in zip(resumed.params, old.params):
             p.copy_(q)
-    resumed.resume(at)
+    resumed.resume(at, lambda k: rewind is not None and rewind[0] < k <= rewind[1])
     _steps(resumed, range(at + 1, new_end + 1))
     out = capsys.readouterr().out
     assert resumed.merged_at(new_end) and resumed.count == len(averaged)

@@ -127,7 +127,7 @@ class Rewinder:
         if self.merge is not None:  # restored as the checkpoint held it: the discarded attempt added nothing
             # a checkpoint saved under a plan that merged elsewhere (a resume moved its end): this plan's
             # windows, as after a resume (review RV26f A1)
-            self.merge.resume(skip.checkpoint_step)
+            self.merge.resume(skip.checkpoint_step, lambda k: self.timeline.skipped(k - 1, k) > 0)
             self.merge.reached(skip.last_step)
         passed = "; passed over " + ", ".join(target.passed) if target.passed else ""
         line = (
