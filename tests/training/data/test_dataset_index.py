@@ -281,7 +281,10 @@ def test_a_plan_1_state_resumes_only_where_the_blocks_are_the_same(corpus):
     with pytest.raises(LoaderStateError, match=r"data order 'gristmill-plan/1'.* start a new run") as e:
         _loader(root, val_fraction=0.2).load_state_dict(old)
     # the key that takes the weights, and the export it needs (it said train.init_from: review R26c M1)
-    assert str(e.value).endswith("(`gristmill export RUN`, then model.init_from = RUN/exports/step-N)")
+    assert "(`gristmill export RUN`, then model.init_from = RUN/exports/step-N)" in str(e.value)
+    assert str(e.value).endswith(
+        "moved back to dataset.json first (the export checks the run's datasets too: review RV26e M2)"
+    )
     val = _loader(root, split="val", val_fraction=0.2)
     state = val.state_dict()
     val.load_state_dict(
