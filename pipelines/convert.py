@@ -264,10 +264,9 @@ def _check_manifests(old: str, root: Path, info: dict[str, Any]) -> None:
     there = ObjectStore(ObjectURL.parse(old)).list(f"{SHARDS_DIR}/") if is_url(old) else None
     for name, spec in sorted(info["shard_files"].items()):
         rel = f"{SHARDS_DIR}/{name}"
-        size = there.get(rel) if there is not None else _size(root / rel)
-        if not isinstance(size, int) or size != spec["bytes"]:
-            unreadable = "missing" if size is None else size if isinstance(size, str) else None
-            raise _shard_error(old, root, rel, unreadable)
+        size = there.get(rel) if there is not None else _size(old, root, rel)
+        if size != spec["bytes"]:
+            raise _shard_error(old, root, rel, "missing" if size is None else None)
     if missing := sorted(set(info["shard_files"]) - named):
         raise DatasetError(
             f"{old}: no manifest row names {SHARDS_DIR}/{missing[0]}, which {DATASET_JSON} lists: a "
@@ -294,15 +293,15 @@ def _where(old: str, root: Path, rel: str) -> str:
     return f"{old.rstrip('/')}/{rel}" if is_url(old) else str(root / rel)
 
 
-def _size(path: Path) -> int | str | None:
-    """`path`'s size; None when it is missing, the OSError's words when it cannot be read (a link to
-    itself, a permission: one line, review RV26h M2)."""
+def _size(old: str, root: Path, rel: str) -> int | None:
+    """The size of OLD's file `rel`; None when it is missing; one that cannot be read (a link to
+    itself, a permission) is its refusal (_shard_error), not a traceback (review RV26h M2)."""
     try:
-        return path.stat().st_size
+        return (root / rel).stat().st_size
     except FileNotFoundError:
         return None
     except OSError as e:
-        return e.strerror or type(e).__name__
+        raise _shard_error(old, root, rel, e.strerror or type(e).__name__) from None
 
 
 def _bucket_copy(url: str, dest: Path) -> Path:
@@ -379,7 +378,7 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
             )
         for shard, members in groups:
             data = _shard_bytes(old, root, shard, info)
-            if "files" not in info:  # a recorded manifest is the build's (sha256 checked above)
+            if info.get("files") is None:  # a recorded manifest is the build's (sha256 checked above)
                 _check_rows(old, named, shard, data, info, members)
             for r in members:
                 ids = np.frombuffer(data, dtype, r["n_tokens"], r["offset"])
@@ -429,20 +428,14 @@ def _convert(old: str, root: Path, out: Path, target: str, log) -> dict[str, Any
     # index none): the lengths its manifest derives, each document's ids' sha256 (review RV26h M1)
     after = index_hashes(new["index"])
     derived = {DOC_TOKENS: index_hashes(expected_index(root, info))[DOC_TOKENS], DOC_HASHES: read.hexdigest()}
-    if differ := [name for name in (DOC_TOKENS, DOC_HASHES) if derived[name] != after[name]]:
-        raise DatasetError(
-            f"{target}: its index ({', '.join(differ)}) differs from {old}'s documents as they were read: "
-            "the conversion did not keep OLD's documents in order; nothing was converted (please report it)"
-        )
+    expected = [(f"{old}'s documents as they were read", derived)]
     if "index" in info:
-        before = index_hashes(info["index"])
-        if differ := [
-            name for name in (DOC_TOKENS, DOC_HASHES) if name in before and before[name] != after[name]
-        ]:
+        expected.append((f"the one {old}'s {DATASET_JSON} records", index_hashes(info["index"])))
+    for what, hashes in expected:
+        if differ := [n for n in (DOC_TOKENS, DOC_HASHES) if n in hashes and hashes[n] != after[n]]:
             raise DatasetError(
-                f"{target}: its index ({', '.join(differ)}) differs from the one {old}'s {DATASET_JSON} "
-                "records: the conversion did not keep OLD's documents in order; nothing was converted "
-                "(please report it)"
+                f"{target}: its index ({', '.join(differ)}) differs from {what}: the conversion did not "
+                "keep OLD's documents in order; nothing was converted (please report it)"
             )
     report = validate_dataset(out, progress=False, shown_as=target)
     if not report.ok:
