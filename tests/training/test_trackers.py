@@ -728,40 +728,51 @@ def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env,
         wandb.teardown()  # this process's next wandb run starts a service of its own
 
 
-def test_a_tracker_paused_shorter_than_the_bound_keeps_every_row(env, tmp_path, capsys):
-    """A wandb service paused for a few seconds while a fast loop logged 300 rows was given up at the
-    100th, and the rest of the run's rows never reached it though it came back (review RV26a R1). A
-    pause within the time bound costs no row."""
+@contextlib.contextmanager
+def wandb_hung_after_row_1(run: Path):
+    """A wandb-only Trackers of `run` that took row 1, then its service hung, its socket full
+    (hang_wandb). Yields (trackers, resume): resume() continues the service. On the way out the service
+    is continued, the trackers closed (again: closing twice is safe) and wandb torn down."""
     import os
     import signal
     import threading
 
+    import wandb
+
     from training.trackers import Trackers
 
-    run = tmp_path / "run"
-    run.mkdir()
     trackers = Trackers(run, MetricsSection(trackers=["wandb"], project="gm-test"), config={}, datasets={},
                         resume_step=None)  # fmt: skip
     ended, stopped = threading.Event(), []
+
+    def resume() -> None:
+        ended.set()
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        stopped.clear()
+
     try:
         trackers.log({"step": 1, "loss": 1.0})
-        stopped = hang_wandb(until=ended)
+        stopped += hang_wandb(until=ended)
         time.sleep(2)  # its socket full by then
+        yield trackers, resume
+    finally:
+        resume()
+        trackers.close()
+        wandb.teardown()  # this process's next wandb run starts a service of its own
+
+
+def test_a_tracker_paused_shorter_than_the_bound_keeps_every_row(env, tmp_path, capsys):
+    """A wandb service paused for a few seconds while a fast loop logged 300 rows was given up at the
+    100th, and the rest of the run's rows never reached it though it came back (review RV26a R1). A
+    pause within the time bound costs no row."""
+    run = tmp_path / "run"
+    run.mkdir()
+    with wandb_hung_after_row_1(run) as (trackers, resume):
         for step in range(2, 301):
             trackers.log({"step": step, "loss": 1.0})
-        ended.set()
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-        stopped = []
+        resume()
         trackers.close()  # every row queued, then the finish, within the bound
-    finally:
-        ended.set()
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-        trackers.close()
-        import wandb
-
-        wandb.teardown()
     assert "WARNING" not in capsys.readouterr().out
     record = json.loads((run / "trackers.json").read_text())["wandb"]
     assert record["open"] is False and record["sent_through"] == 300, record
@@ -771,33 +782,14 @@ def test_the_end_waits_for_a_hung_call_only_what_is_left_of_its_bound(env, tmp_p
     """A call already hung when the run ends (a SIGTERM during the hang) was given a fresh bound at the
     end: a 30 s bound exited ~39 s after the signal, past a scheduler's 30 s grace (review RV26a R4).
     The end waits only what is left of the bound the call started with."""
-    import os
-    import signal
-    import threading
-
-    from training.trackers import Trackers
-
     monkeypatch.setenv("GRISTMILL_TRACKER_TIMEOUT", "6")
     run = tmp_path / "run"
     run.mkdir()
-    trackers = Trackers(run, MetricsSection(trackers=["wandb"], project="gm-test"), config={}, datasets={},
-                        resume_step=None)  # fmt: skip
-    ended, stopped = threading.Event(), []
-    try:
-        trackers.log({"step": 1, "loss": 1.0})
-        stopped = hang_wandb(until=ended)
-        time.sleep(2)  # its socket full by then
+    with wandb_hung_after_row_1(run) as (trackers, _):
         trackers.log({"step": 2, "loss": 1.0})  # its call hangs from now
         time.sleep(5)  # 5 of its 6 s gone
         started = time.monotonic()
         trackers.close()
         took = time.monotonic() - started
-    finally:
-        ended.set()
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
-        import wandb
-
-        wandb.teardown()
     assert "has not returned from its log of step 2" in capsys.readouterr().out
     assert took < 5, took  # ~1 s left of its bound, then the 2 s teardown; a fresh bound: 6 + 2

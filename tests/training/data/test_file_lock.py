@@ -51,6 +51,7 @@ class _Holder:
 
     def __init__(self, cache, host: str | None = None) -> None:
         """`host`: the name the holder records (a pod of another name on the same node's disk)."""
+        self.cache = cache
         held, self.told = os.pipe()
         self.wait_for, release = os.pipe()
         self.pid = os.fork()
@@ -89,16 +90,11 @@ def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
     return thread, outcome
 
 
-def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_one_line(tmp_path, capsys):
-    """A training stopped (SIGSTOP, Ctrl-Z) while it held the node's cache lock made the next one on
-    that cache hang forever without a word (review R26b M2). Now: a line naming the lock and its holder
-    after a second; a running holder is waited for; one not seen running for `wait_s` (a training's
-    data.fetch_timeout_s) ends the wait in one line with the fix."""
-    host = socket.gethostname()
-    lock = tmp_path / LOCK
-    holder = _Holder(tmp_path)
-    try:  # a running holder: waited for, however long
-        thread, outcome = _wait_in_thread(tmp_path)
+def _waited_for(holder: _Holder) -> _Holder:
+    """A waiter for `holder`'s lock still waits after five times its bound (0.5 s), and takes the lock
+    once the holder lets go; returns the holder (its pid names it in the lines)."""
+    try:
+        thread, outcome = _wait_in_thread(holder.cache)
         time.sleep(2.5)
         assert thread.is_alive() and outcome == []
         assert holder.release() == 0
@@ -106,6 +102,17 @@ def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_
         assert outcome == ["taken"]
     finally:
         holder.kill()
+    return holder
+
+
+def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_one_line(tmp_path, capsys):
+    """A training stopped (SIGSTOP, Ctrl-Z) while it held the node's cache lock made the next one on
+    that cache hang forever without a word (review R26b M2). Now: a line naming the lock and its holder
+    after a second; a running holder is waited for; one not seen running for `wait_s` (a training's
+    data.fetch_timeout_s) ends the wait in one line with the fix."""
+    host = socket.gethostname()
+    lock = tmp_path / LOCK
+    holder = _waited_for(_Holder(tmp_path))  # a running holder: waited for, however long
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1, said  # one line, whatever the wait
     assert said == [
@@ -138,16 +145,7 @@ def test_a_holder_recorded_on_another_host_is_waited_for(tmp_path, capsys):
     the wait ended a healthy run after data.fetch_timeout_s (review RV26c M2). It is waited for, and
     the line says why."""
     lock = tmp_path / LOCK
-    holder = _Holder(tmp_path, host="pod-b")
-    try:
-        thread, outcome = _wait_in_thread(tmp_path)
-        time.sleep(2.5)  # five times the bound
-        assert thread.is_alive() and outcome == []
-        assert holder.release() == 0
-        thread.join(timeout=20)
-        assert outcome == ["taken"]
-    finally:
-        holder.kill()
+    holder = _waited_for(_Holder(tmp_path, host="pod-b"))
     (said,) = capsys.readouterr().out.splitlines()
     assert said.startswith(f"waiting for {lock}, held by pid {holder.pid} on pod-b since "), said
     assert "(another host: whether it runs cannot be told here, so it is waited for)" in said, said
