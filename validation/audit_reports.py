@@ -48,17 +48,42 @@ ORDER BY f.dataset_name, f.ord, f.step
     # Dropped documents by filter and reason; numbers in the reason are folded to N so
     # "int_score 2 < 3" and "int_score 1 < 3" count together, and so are what names one document
     # (dedup's kept id, decontamination's quoted words) (`example` keeps one as written).
+    # Decontamination: one row per task and split, their names as written (anli_r1 and anli_r2 are two
+    # rows), a document counted under every task its reason names ('… (also T2, T3)', split from
+    # dataset.json): each row's documents are dataset.json's decontaminate.tasks[].removed, so these
+    # rows may add up to more than the documents dropped (pct_of_dropped: of the documents dropped).
     "drops": """
-WITH by_reason AS (SELECT dataset_name, filter, reason, count(*) AS n FROM excluded GROUP BY ALL)
-SELECT dataset_name, filter,
-       regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
-                                     ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS reason,
-       sum(n)::BIGINT AS documents,
-       round(100.0 * sum(n) / sum(sum(n)) OVER (PARTITION BY dataset_name), 2) AS pct_of_dropped,
-       arg_max(reason, row(n, reason)) AS example  -- ties by the reason: the same one every time
-FROM by_reason
+WITH by_reason AS (
+    -- decontamination's first task and split (pipelines/decontam/ngram.py Match.detail); '' for the others
+    SELECT dataset_name, filter, reason, count(*) AS n,
+           regexp_extract(if(filter = 'decontaminate', reason, ''), '^\\d+-gram of (\\S+) (\\S+) doc \\d+: ',
+                          ['task', 'split']) AS first
+    FROM excluded GROUP BY ALL
+), decontam AS (
+    SELECT *, unnest([first.task] || string_split(regexp_extract(reason, '[(; ]also ([^()]*)\\)$', 1), ', '))
+              AS task
+    FROM by_reason WHERE first.task <> ''
+), splits AS (
+    SELECT dataset_name, t.value->>'name' AS task, t.value->>'split' AS split
+    FROM dataset, json_each(json->'decontaminate'->'tasks') t
+), kinds AS (
+    SELECT dataset_name, filter, reason, n,
+           regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
+                                         ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS kind
+    FROM by_reason WHERE first.task = ''
+    UNION ALL
+    SELECT d.dataset_name, d.filter, d.reason, d.n,
+           'N-gram of ' || d.task || ' ' || CASE WHEN d.task = d.first.task THEN d.first.split
+                                                 ELSE coalesce(s.split, '?') END || ' doc N: "…"'
+    FROM decontam d LEFT JOIN splits s ON s.dataset_name = d.dataset_name AND s.task = d.task
+    WHERE d.task <> ''
+), dropped AS (SELECT dataset_name, sum(n) AS n FROM by_reason GROUP BY ALL)
+SELECT dataset_name, k.filter, k.kind AS reason, sum(k.n)::BIGINT AS documents,
+       round(100.0 * sum(k.n) / any_value(dropped.n), 2) AS pct_of_dropped,
+       arg_max(k.reason, row(k.n, k.reason)) AS example  -- ties by the reason: the same one every time
+FROM kinds k JOIN dropped USING (dataset_name)
 GROUP BY 1, 2, 3
-ORDER BY dataset_name, documents DESC, filter, reason
+ORDER BY dataset_name, documents DESC, k.filter, reason
 """,
     "tokens_by_dump": """
 SELECT dataset_name, dump, count(*) AS documents, sum(n_tokens) AS tokens,

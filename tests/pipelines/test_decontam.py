@@ -240,9 +240,11 @@ def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(dec
     assert marks["both"]["mark"] == "decontaminated (4 docs removed)", marks  # 3 + 2 - 1, the 4 excluded
     assert fingerprint(info) != fingerprint({k: v for k, v in info.items() if k != "decontaminate"})
 
-    assert main(["data", "audit", str(out), "--report", "drops"]) == 0
-    report = capsys.readouterr().out
-    assert "decontaminate" in report and "N-gram of gm_qa test doc N" in report, report
+    # the drops report's rows per task are dataset.json's `removed`: plant-two-tasks under both (R27a S2)
+    assert main(["data", "audit", str(out), "--report", "drops", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    per_task = {r["reason"]: r["documents"] for r in report if r["filter"] == "decontaminate"}
+    assert per_task == {'N-gram of gm_cloze test doc N: "…"': 3, 'N-gram of gm_qa test doc N: "…"': 2}, report
 
 
 def test_an_ngram_two_tasks_share_removes_a_document_for_both(tmp_path):

@@ -580,7 +580,10 @@ def test_cli_table_shows_long_urls_whole(built_dataset, capsys):
 
 def test_drops_report_groups_dedup_and_decontamination_reasons():
     """One row per kind of drop, not one per document: the kept id of a duplicate and the quoted
-    words of a decontamination match are folded like the numbers."""
+    words of a decontamination match are folded like the numbers. Decontamination: one row per task
+    and split, counting every document whose reason names the task, as dataset.json's `removed`
+    (review R27a S2: digits in task names were folded, anli_r1 and anli_r2 one row, and a document
+    matching two tasks counted for the first alone)."""
     import duckdb
 
     from validation.audit_reports import PRESETS
@@ -592,14 +595,30 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         ("d", "dedup", "exact duplicate of <urn:uuid:2>"),
         ("d", "decontaminate", '13-gram of qa test doc 8: "the man is" (+4 more indexed 13-grams)'),
         ("d", "decontaminate", '13-gram of qa test doc 12: "a b c"'),
+        ("d", "decontaminate", '13-gram of anli_r1 test_r1 doc 3: "a b c"'),
+        ("d", "decontaminate", '13-gram of anli_r2 test_r2 doc 3: "a b c" (also anli_r1, qa)'),
+        (
+            "d",
+            "decontaminate",
+            '13-gram of anli_r2 test_r2 doc 4: "a b c" (+2 more indexed 13-grams; also anli_r3)',
+        ),
     ]
     con.execute("CREATE TABLE excluded (dataset_name VARCHAR, filter VARCHAR, reason VARCHAR)")
     con.executemany("INSERT INTO excluded VALUES (?, ?, ?)", rows)
-    got = {(f, r): n for _, f, r, n, *_ in con.execute(PRESETS["drops"]).fetchall()}
+    tasks = [
+        {"name": n, "split": s}
+        for n, s in [("qa", "test"), *((f"anli_r{i}", f"test_r{i}") for i in (1, 2, 3))]
+    ]
+    con.execute("CREATE TABLE dataset (dataset_name VARCHAR, json JSON)")
+    con.execute("INSERT INTO dataset VALUES ('d', ?)", [json.dumps({"decontaminate": {"tasks": tasks}})])
+    got = {(f, r): (n, pct) for _, f, r, n, pct, _ in con.execute(PRESETS["drops"]).fetchall()}
     assert got == {
-        ("dedup", "exact duplicate of <id>"): 2,
-        ("dedup", "minhash duplicate of <id>"): 1,
-        ("decontaminate", 'N-gram of qa test doc N: "…"'): 2,
+        ("dedup", "exact duplicate of <id>"): (2, 25.0),
+        ("dedup", "minhash duplicate of <id>"): (1, 12.5),
+        ("decontaminate", 'N-gram of qa test doc N: "…"'): (3, 37.5),
+        ("decontaminate", 'N-gram of anli_r1 test_r1 doc N: "…"'): (2, 25.0),
+        ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 25.0),
+        ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 12.5),
     }
     # the example of a kind whose reasons are equally common is the same one whatever the rows' order
     # (review R23b M2: arg_max broke the tie as the rows came, another example at each audit)
