@@ -131,6 +131,7 @@ from training.contract.dataset_format import (
 from training.contract.errors import GristmillError, unwritable
 from training.contract.object_store import ObjectMissing, ObjectStore, ObjectURL, is_url
 from training.contract.run_layout import check_saved_config_place
+from validation.audit_reports import WHY_DROPPED_SQL
 from validation.validate import format_report, validate_dataset
 
 MAX_SHARD_MB_IN_A_BUCKET = 4096  # a shard ends past its target by up to a document; one PUT takes 5 GiB
@@ -1023,7 +1024,9 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         # An empty dataset would validate (nothing to violate) and fail only at training time.
         by_filter = ", ".join(f"{k} {v:,}" for k, v in sorted(excluded.items())) or "none recorded"
         where, drops = (
-            (out, f"see `gristmill data audit {out} --report drops`")
+            # --sql, not --report: the audit refuses a dataset without dataset.json (the advice looped:
+            # review R27a M1), and the query answers over what the finished tasks wrote
+            (out, f"see `gristmill data audit {out} --sql {shlex.quote(WHY_DROPPED_SQL)}`")
             if bucket is None
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )

@@ -183,6 +183,13 @@ ORDER BY dataset_name, phase_index, source_index
 """,
 }
 
+# Each filter's drops with one reason as written: the build's advice when no document survived. An
+# --sql query, which an unfinished build answers (no dataset.json: the presets are refused).
+WHY_DROPPED_SQL = (
+    "SELECT filter, count(*) AS documents, min(reason) AS example FROM excluded GROUP BY filter "
+    "ORDER BY documents DESC"
+)
+
 # What `gristmill data audit DIR` prints without --report/--sql, and `make demo` at its end.
 DEFAULT_REPORTS = ["summary", "drops", "tokens_by_dump", "shard_balance", "validation"]
 # Tables of FineWeb's own columns -> the docs column each groups by: the default report leaves one
