@@ -22,6 +22,7 @@ from datatrove.utils.logging import logger
 from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
+from training.contract.dataset_format import DECONTAM_DIR
 
 
 def _fmt(n: float) -> str:
@@ -246,9 +247,26 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
             )
         )
     rows.append(("validation", *validation))
+    if info.get("decontaminate"):
+        rows.append(_unchecked_row(info["decontaminate"]))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     return "\n".join(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)
+
+
+def _unchecked_row(record: dict[str, Any]) -> tuple[str, str, str]:
+    """The evaluation documents no training document was checked against (dataset.json's
+    decontaminate.tasks[].documents_without_ngrams: every text shorter than n words), with the tasks
+    that have any; unknown for a record written before they were counted (not 0)."""
+    n, tasks = record.get("ngram"), record.get("tasks") or []
+    label = f"eval docs without a {n}-gram"
+    counts = [t.get("documents_without_ngrams") for t in tasks]
+    if None in counts:
+        return (label, "unknown", f"not recorded by this build: see {DECONTAM_DIR}/manifest.json")
+    some = [f"{t['name']} {k:,}" for t, k in zip(tasks, counts) if k]
+    shown = ", ".join(some[:3]) + (f", … ({len(some)} tasks)" if len(some) > 3 else "")
+    total = f"{sum(counts):,} of {sum(t['documents'] for t in tasks):,}"
+    return (label, total, f"no training document checked against them: {shown}" if some else "")
 
 
 def input_size_note(total_bytes: int, kind: str) -> str:

@@ -85,7 +85,10 @@ def decontamination_marks(
     the run, dataset.json's "decontaminate" record (pipelines/decontam/filter.py: per indexed task its
     version and the documents removed; None when the build had no [decontaminate]). A group counts
     its subtasks. Marks: "decontaminated (N docs removed)" when every dataset's index holds the task
-    at the version evaluated; "checked against another version" when an index holds it at another;
+    at the version evaluated and checked every document of it ("…; documents too short to check:
+    unknown" for a record written before they were counted); "partly checked (k of n documents shorter
+    than the index's n-grams, not checked; N docs removed)" when some of its documents gave the index
+    no n-gram (review R27a S1); "checked against another version" when an index holds it at another;
     "not checked" when none holds it, or its documents gave the index no n-gram (every text shorter
     than n words: nothing could match); "partly checked (k of n …)" for a mixture of those.
     `documents(task)`: the sha256 of the evaluated task's documents (eval_data.task_documents_sha256),
@@ -132,6 +135,10 @@ def decontamination_marks(
                         "removed": int((entry or {}).get("removed") or 0),
                         "index_version": (entry or {}).get("version"),
                         "evaluated_version": versions.get(leaf),
+                        # the index's documents no training text was checked against (every text under
+                        # n words); None: a record from before they were counted (R27a S1)
+                        "documents": (entry or {}).get("documents"),
+                        "unchecked_documents": (entry or {}).get("documents_without_ngrams"),
                     }
                 )
         statuses = {p["status"] for p in per}
@@ -145,7 +152,17 @@ def decontamination_marks(
             if len(mine.intersection(g["tasks"])) > 1
         )
         if statuses == {"checked"}:
-            mark = f"decontaminated ({removed:,} doc{'' if removed == 1 else 's'} removed)"
+            docs = f"{removed:,} doc{'' if removed == 1 else 's'} removed"
+            unchecked = _unchecked_documents(per)
+            if unchecked is None:
+                mark = f"decontaminated ({docs}; documents too short to check: unknown)"
+            elif unchecked[0]:
+                mark = (
+                    f"partly checked ({unchecked[0]:,} of {unchecked[1]:,} documents shorter than the "
+                    f"index's n-grams, not checked; {docs})"
+                )
+            else:
+                mark = f"decontaminated ({docs})"
         elif "other version" in statuses and statuses <= {"checked", "other version", "other documents"}:
             mark = "checked against another version"
         elif "other documents" in statuses and statuses <= {"checked", "other documents"}:
@@ -159,6 +176,20 @@ def decontamination_marks(
             mark = f"partly checked ({done} of {len(per)} {what})"
         marks[task] = {"mark": mark, "removed": removed, "datasets": per}
     return marks
+
+
+def _unchecked_documents(per: list[dict[str, Any]]) -> tuple[int, int] | None:
+    """(documents no dataset checked, documents) of the evaluated leaves, from their checked records;
+    None when a record does not say. Per leaf the most over its datasets: the documents shorter than
+    one index's n words include those shorter than a smaller n, over the same documents (each record
+    here is "checked": its documents are the ones scored)."""
+    most: dict[str, tuple[int, int]] = {}
+    for p in per:
+        if p["unchecked_documents"] is None or p["documents"] is None:
+            return None
+        got = (p["unchecked_documents"], p["documents"])
+        most[p["task"]] = max(most.get(p["task"], got), got)
+    return sum(u for u, _ in most.values()), sum(d for _, d in most.values())
 
 
 def nonfinite_metrics(step: int, results: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], bool]]:

@@ -133,13 +133,15 @@ def removed_by_task(out: Path) -> tuple[dict[str, int], int, dict[tuple[str, ...
 def dataset_entry(cfg: DecontaminateConfig, out: Path) -> dict[str, Any] | None:
     """dataset.json's "decontaminate": the index's n, sha256 and lm-eval version, and per task its
     split, version, documents (their count and sha256: None for an index made before it was
-    recorded), n-grams and the training documents removed (a document holding several tasks' counted
-    for each, and under removed_together once for the set). None when off."""
+    recorded), n-grams, documents_without_ngrams (its documents no training text was checked against:
+    every text shorter than n words; a record written before 2026-12-01 lacks it: unknown, not 0) and
+    the training documents removed (a document holding several tasks' counted for each, and under
+    removed_together once for the set). None when off."""
     if not enabled(cfg):
         return None
     m = read_manifest(out / INDEX_DIR)
     removed, total, together = removed_by_task(out)
-    keys = ("name", "split", "version", "documents", "ngrams", "documents_sha256")
+    keys = ("name", "split", "version", "documents", "ngrams", "documents_without_ngrams", "documents_sha256")
     tasks = [{**{k: t.get(k) for k in keys}, "removed": removed.get(t["name"], 0)} for t in m["tasks"]]
     return {
         "ngram": m["ngram"],

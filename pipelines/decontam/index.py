@@ -47,6 +47,7 @@ from pipelines.decontam.ngram import (
     HASHES_NPY,
     MANIFEST_JSON,
     REFS_NPY,
+    UNCHECKED,
     many_ngram_hashes,
     read_manifest,
     write_index,
@@ -94,13 +95,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def summary(manifest: dict[str, Any], out: Path) -> str:
-    rows = [(t["name"], t["split"], f"{t['documents']:,}", f"{t['ngrams']:,}") for t in manifest["tasks"]]
-    rows = [("task", "split", "documents", f"{manifest['ngram']}-grams"), *rows]
-    w = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = [f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}" for a, b, c, d in rows]
+    """The index's table: per task its documents, n-grams and the documents with none (every text
+    shorter than n words: no training text is checked against them), and a line saying so."""
+    n = manifest["ngram"]
+    counts = ("documents", "ngrams", "documents_without_ngrams")
+    rows = [(t["name"], t["split"], *(f"{t[k]:,}" for k in counts)) for t in manifest["tasks"]]
+    rows = [("task", "split", "documents", f"{n}-grams", f"documents without a {n}-gram"), *rows]
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = [f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}  {e:>{w[4]}}" for a, b, c, d, e in rows]
+    unchecked = sum(t["documents_without_ngrams"] for t in manifest["tasks"])
+    if unchecked:
+        lines.append(f"note: {unchecked:,} {UNCHECKED.format(n=n)}")
     return "\n".join(
         [
-            f"decontamination index {out}: {manifest['ngrams']:,} distinct {manifest['ngram']}-grams "
+            f"decontamination index {out}: {manifest['ngrams']:,} distinct {n}-grams "
             f"(sha256 {manifest['sha256'][:12]}…, {manifest['seconds']:.1f} s)",
             *lines,
         ]

@@ -51,6 +51,12 @@ NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: ol
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = "manifest.json"
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
+# What a count of an index's documents_without_ngrams means (after the count, "2 …"), and what to do
+UNCHECKED = (
+    "evaluation documents have no {n}-gram (every text under {n} words; a text without spaces, as "
+    "Chinese or Thai, is one word): no training document is checked against them; see "
+    "docs/dedup-and-decontamination.md, 'Documents shorter than n'"
+)
 
 _WORDS = re.compile(r"[^\W_]+")  # the reference definition; the fast path below agrees with it
 _P = 0x100000001B3  # per-character base (odd: invertible modulo 2^64)

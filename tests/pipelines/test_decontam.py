@@ -6,6 +6,7 @@ excluded/, dataset.json, the audit → `gristmill eval`'s marks on a tiny export
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -226,9 +227,12 @@ def test_exactly_the_planted_documents_are_excluded_naming_task_and_document(dec
     assert dropped["plant-two-tasks"]["reason"].endswith("; also gm_cloze)"), dropped["plant-two-tasks"]
     assert entry["ngram"] == 13 and entry["requested"] == ["gm_cloze", "gm_qa"]
     assert entry["index_sha256"] == read_manifest(out / "decontam", verify=True)["sha256"]
-    assert {t["name"]: (t["split"], t["documents"], t["removed"]) for t in entry["tasks"]} == {
-        "gm_cloze": ("test", 4, 3),
-        "gm_qa": ("test", 3, 2),
+    assert {
+        t["name"]: (t["split"], t["documents"], t["documents_without_ngrams"], t["removed"])
+        for t in entry["tasks"]
+    } == {
+        "gm_cloze": ("test", 4, 0, 3),
+        "gm_qa": ("test", 3, 0, 2),
     }
     # a group of both counts documents, not task-document pairs: the page holding both once (R23e S1)
     assert entry["removed_together"] == [{"tasks": ["gm_cloze", "gm_qa"], "documents": 1}]
@@ -487,7 +491,7 @@ def test_eval_marks_each_task(decontam, tmp_path, capsys):
     recorded = read_results(run)[5]["gristmill_tasks"]
     assert recorded["gm_cloze"]["decontamination"]["datasets"] == [
         {"source": "data", "dataset": str(out), "task": "gm_cloze", "status": "checked", "removed": 3,
-         "index_version": 1.0, "evaluated_version": 1.0}
+         "index_version": 1.0, "evaluated_version": 1.0, "documents": 4, "unchecked_documents": 0}
     ]  # fmt: skip
     view = pq.read_table(run / "eval.parquet").to_pylist()
     assert {(r["task"], r["decontamination"]) for r in view} == {(t, m) for t, m in marks.items()}
@@ -599,9 +603,14 @@ def test_a_task_edited_during_a_watch_is_marked_against_its_new_documents(decont
 def test_marks_for_versions_mixtures_and_groups():
     from validation.eval_results import decontamination_marks
 
-    def check(source, tasks):
-        entry = {"tasks": [{"name": n, "version": v, "removed": r} for n, v, r in tasks]} if tasks else None
-        return {"source": source, "dataset": f"/data/{source}", "decontaminate": entry}
+    def check(source, tasks, unchecked=0):
+        entry = {
+            "tasks": [
+                {"name": n, "version": v, "removed": r, "documents": 4, "documents_without_ngrams": unchecked}
+                for n, v, r in tasks or []
+            ]
+        }
+        return {"source": source, "dataset": f"/data/{source}", "decontaminate": entry if tasks else None}
 
     results = {
         "results": {"a": {}, "b": {}, "c": {}, "grp": {}},
@@ -627,6 +636,83 @@ def test_marks_for_versions_mixtures_and_groups():
     assert three["grp"]["mark"] == "partly checked (1 of 2 task-dataset pairs)"
     four = decontamination_marks(results, [short, check("code", None)])  # one dataset never checked it
     assert four["a"]["mark"] == "not checked"
+    # some of its documents gave the index no n-gram: never "decontaminated" plainly (review R27a S1); a
+    # document no dataset's index could check is one not checked (the most over the datasets, not the sum)
+    part = decontamination_marks(results, [check("prose", [("a", 1.0, 4), ("c", 1.0, 1)], 3)])
+    assert part["a"]["mark"] == (
+        "partly checked (3 of 4 documents shorter than the index's n-grams, not checked; 4 docs removed)"
+    )
+    assert part["grp"]["mark"].startswith("partly checked (6 of 8 documents shorter")
+    assert part["a"]["datasets"][0]["unchecked_documents"] == 3 and part["a"]["datasets"][0]["documents"] == 4
+    two_n = [check("prose", [("a", 1.0, 4)], 1), check("code", [("a", 1.0, 0)], 2)]
+    assert decontamination_marks(results, two_n)["a"]["mark"].startswith("partly checked (2 of 4 documents")
+    # a record written before the count: unknown, not 0
+    old = check("prose", [("a", 1.0, 4)])
+    del old["decontaminate"]["tasks"][0]["documents_without_ngrams"]
+    unknown = decontamination_marks(results, [old])["a"]
+    assert unknown["mark"] == "decontaminated (4 docs removed; documents too short to check: unknown)"
+    assert unknown["datasets"][0]["unchecked_documents"] is None
+
+
+def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture, tmp_path, capsys):
+    """Review R27a S1: an evaluation document with no n-gram (an 11-word question at n = 13; a Chinese
+    sentence, one "word" to the normaliser) is checked against no training text. The build said only
+    "3 documents, 6 13-grams", dataset.json had no count and eval called the task decontaminated. Now the
+    count is in dataset.json, the index's table and the end table, and eval's mark says it; the
+    documents themselves are still not matched (as documented)."""
+    from pipelines.progress import build_table
+    from validation.eval_results import decontamination_marks
+
+    _, tokenizer, _ = build_fixture
+    zh = "在一个阳光明媚的下午老师带着全班同学去公园观察植物的生长情况同学们认真记录了每一种花的颜色和形状"
+    short = "How do I ready a guinea pig cage for its new occupants?"  # 11 words
+    long = " ".join(QA[0][0].split()[:19])
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "gm_short.jsonl").write_text(
+        "".join(
+            json.dumps({"context": c, "choices": ["yes", "no"], "label": 0}) + "\n" for c in (zh, short, long)
+        )
+    )
+    (tasks / "gm_short.yaml").write_text(
+        (write_tasks(tmp_path / "both") / "gm_cloze.yaml")
+        .read_text()
+        .replace("gm_cloze", "gm_short")
+        .replace(str(tmp_path / "both"), str(tasks))
+    )
+    texts = {"zh-verbatim": f"{zh}。", "short-verbatim": short, "long": f"Intro. {long} and more."}
+    corpus = _fineweb_corpus(tmp_path / "corpus", {**texts, "clean": fixture_texts(40)[3]})
+    config = tmp_path / "data.toml"
+    config.write_text(
+        fixture_config_text(corpus, tokenizer, tmp_path / "dataset")
+        + f'\n[decontaminate]\ntasks = ["gm_short"]\nngram = 13\ninclude_path = ["{tasks}"]\n'
+    )
+    cfg = load_config(DataConfig, config, ["build.tasks=1", "build.workers=1", "filters.min_chars=1"])
+    lines: list[str] = []
+    assert build(cfg, log=lambda *a: lines.append(" ".join(map(str, a)))).ok
+    printed = "\n".join(lines)
+    assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
+    assert "note: 2 evaluation documents have no 13-gram" in printed, printed
+    out = Path(cfg.output)
+    entry = read_dataset_info(out)["decontaminate"]
+    assert [(t["documents"], t["documents_without_ngrams"], t["removed"]) for t in entry["tasks"]] == [
+        (3, 2, 1)
+    ]
+    assert {r["id"] for r in excluded_rows(out) if r["filter"] == "decontaminate"} == {"long"}
+    row = r"^  eval docs without a 13-gram +2 of 3  no training document checked against them: gm_short 2$"
+    assert re.search(row, printed, re.M), printed  # the end table
+    results = {"results": {"gm_short": {}}, "versions": {"gm_short": 1.0}}
+    mark = decontamination_marks(results, [{"source": "data", "dataset": str(out), "decontaminate": entry}])
+    assert mark["gm_short"]["mark"] == (
+        "partly checked (2 of 3 documents shorter than the index's n-grams, not checked; 1 doc removed)"
+    )
+    # a dataset.json written before the count: its end table says unknown, not 0
+    del entry["tasks"][0]["documents_without_ngrams"]
+    table = build_table({**read_dataset_info(out), "decontaminate": entry}, ("OK", ""), [])
+    unknown = (
+        r"^  eval docs without a 13-gram +unknown  not recorded by this build: see decontam/manifest.json$"
+    )
+    assert re.search(unknown, table, re.M), table
 
 
 def _fineweb_corpus(corpus: Path, texts: dict[str, str]) -> Path:
