@@ -53,9 +53,9 @@ class FiltersConfig:
     min_language_score: float | None = None
     """Drop documents whose `language_score` (fastText confidence) is lower. None: no threshold."""
     min_chars: int | None = None
-    """Drop documents with fewer characters. None: no minimum (empty ones still go)."""
+    """Drop documents with fewer characters (≥ 0). None: no minimum (empty ones still go)."""
     max_chars: int | None = None
-    """Drop documents with more characters. None: no maximum."""
+    """Drop documents with more characters (≥ 1 and ≥ min_chars). None: no maximum."""
     gopher_repetition: bool = False
     """Run datatrove's GopherRepetitionFilter (duplicate lines/paragraphs/n-grams). Off by default:
     FineWeb-Edu is already filtered."""

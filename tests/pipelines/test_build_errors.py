@@ -58,6 +58,19 @@ def test_config_typos_name_the_key(build_fixture, tmp_path, capsys):
         ("source.limit=0", "source.limit = 0: documents read per task, at most; set it ≥ 1, or -1 for all"),
         ("source.limit=-5", "source.limit = -5: documents read per task"),
         ("shards.seed=-1", "shards.seed = -1: the shuffle's seed; set it ≥ 0"),
+        # a no-op, accepted without a word (review R27a m6); or nothing kept, found after every stage ran
+        (
+            "filters.min_chars=-1",
+            "filters.min_chars = -1: documents with fewer characters are dropped; set it ≥ 0",
+        ),
+        (
+            "filters.max_chars=0",
+            "filters.max_chars = 0: documents with more characters are dropped, every one",
+        ),
+        (
+            "filters.max_chars=10",
+            "filters.min_chars = 20 is more than filters.max_chars = 10: no document would",
+        ),
     ],
 )
 def test_values_that_cannot_build_are_one_line_first(
