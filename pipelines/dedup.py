@@ -92,7 +92,9 @@ def text_hash(text: str) -> tuple[int, int]:
 
 
 def text_hash_hex(text: str) -> str:
-    """text_hash as the manifest's text_hash column holds it (32 hex digits)."""
+    """text_hash as the manifest's text_hash column holds it: each 64-bit half in 16 hex digits, so the
+    digest's bytes 7..0 then 15..8, not blake2b's hexdigest (docs/audit.md says so; the manifests written
+    hold this form and a redone task must match its siblings: not changed, review R27a m3)."""
     hi, lo = text_hash(text)
     return f"{hi:016x}{lo:016x}"
 

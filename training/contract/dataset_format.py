@@ -130,7 +130,7 @@ def source_columns(meta: dict[str, Any], fields: tuple[SourceField, ...]) -> dic
 # a document's metadata (never into its .json member); text_hash is what exact dedup compares.
 SOURCE_FILE = "source_file"  # the input file, relative to source.path
 SOURCE_ROW = "source_row"  # its row (parquet, from 0) or line (jsonl, from 1)
-TEXT_HASH = "text_hash"  # hex of the 128-bit hash of the normalised text (pipelines/dedup.py)
+TEXT_HASH = "text_hash"  # the normalised text's blake2b-128, two little-endian halves in hex (docs/audit.md)
 PROVENANCE_COLUMNS = ((SOURCE_FILE, pa.string()), (SOURCE_ROW, pa.int64()), (TEXT_HASH, pa.string()))
 
 # One manifest row per kept document. `offset`/`nbytes` locate the document's ids inside the tar (its
