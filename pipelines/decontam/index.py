@@ -105,7 +105,7 @@ def summary(manifest: dict[str, Any], out: Path) -> str:
     lines = [f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}  {e:>{w[4]}}" for a, b, c, d, e in rows]
     unchecked = sum(t["documents_without_ngrams"] for t in manifest["tasks"])
     if unchecked:
-        lines.append(f"note: {unchecked:,} {UNCHECKED.format(n=n)}")
+        lines.append(f"note: {UNCHECKED.format(n=n, count=unchecked)}")
     return "\n".join(
         [
             f"decontamination index {out}: {manifest['ngrams']:,} distinct {n}-grams "

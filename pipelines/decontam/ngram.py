@@ -51,10 +51,10 @@ NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: ol
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
 MANIFEST_JSON = "manifest.json"
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
-# What a count of an index's documents_without_ngrams means (after the count, "2 …"), and what to do
+# What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
-    "evaluation documents have no {n}-gram (every text under {n} words; a text without spaces, as "
-    "Chinese or Thai, is one word): no training document is checked against them; see "
+    "evaluation documents with no {n}-gram: {count:,} (every text under {n} words; a text without "
+    "spaces, as Chinese or Thai, is one word): no training document is checked against them; see "
     "docs/dedup-and-decontamination.md, 'Documents shorter than n'"
 )
 

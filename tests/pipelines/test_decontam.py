@@ -692,7 +692,7 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     assert build(cfg, log=lambda *a: lines.append(" ".join(map(str, a)))).ok
     printed = "\n".join(lines)
     assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
-    assert "note: 2 evaluation documents have no 13-gram" in printed, printed
+    assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words;" in printed, printed
     out = Path(cfg.output)
     entry = read_dataset_info(out)["decontaminate"]
     assert [(t["documents"], t["documents_without_ngrams"], t["removed"]) for t in entry["tasks"]] == [
