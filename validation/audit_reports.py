@@ -67,12 +67,12 @@ WITH by_reason AS (
     SELECT dataset_name, t.value->>'name' AS task, t.value->>'split' AS split
     FROM dataset, json_each(json->'decontaminate'->'tasks') t
 ), kinds AS (
-    SELECT dataset_name, filter, reason, n,
+    SELECT dataset_name, filter, reason, n, true AS named_first,
            regexp_replace(regexp_replace(regexp_replace(reason, 'duplicate of .*$', 'duplicate of <id>'),
                                          ': ".*$', ': "…"'), '\\d+(\\.\\d+)?', 'N', 'g') AS kind
     FROM by_reason WHERE first.task = ''
     UNION ALL
-    SELECT d.dataset_name, d.filter, d.reason, d.n,
+    SELECT d.dataset_name, d.filter, d.reason, d.n, d.task = d.first.task,
            'N-gram of ' || d.task || ' ' || CASE WHEN d.task = d.first.task THEN d.first.split
                                                  ELSE coalesce(s.split, '?') END || ' doc N: "…"'
     FROM decontam d LEFT JOIN splits s ON s.dataset_name = d.dataset_name AND s.task = d.task
@@ -80,7 +80,8 @@ WITH by_reason AS (
 ), dropped AS (SELECT dataset_name, sum(n) AS n FROM by_reason GROUP BY ALL)
 SELECT dataset_name, k.filter, k.kind AS reason, sum(k.n)::BIGINT AS documents,
        round(100.0 * sum(k.n) / any_value(dropped.n), 2) AS pct_of_dropped,
-       arg_max(k.reason, row(k.n, k.reason)) AS example  -- ties by the reason: the same one every time
+       -- one naming the row's task first where there is one; ties by the reason: the same one every time
+       arg_max(k.reason, row(k.named_first, k.n, k.reason)) AS example
 FROM kinds k JOIN dropped USING (dataset_name)
 GROUP BY 1, 2, 3
 ORDER BY dataset_name, documents DESC, k.filter, reason

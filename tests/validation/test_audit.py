@@ -620,6 +620,8 @@ def test_drops_report_groups_dedup_and_decontamination_reasons():
         ("decontaminate", 'N-gram of anli_r2 test_r2 doc N: "…"'): (2, 25.0),
         ("decontaminate", 'N-gram of anli_r3 test_r3 doc N: "…"'): (1, 12.5),
     }
+    examples = {r: e for _, _, r, _, _, e in con.execute(PRESETS["drops"]).fetchall()}
+    assert examples['N-gram of anli_r1 test_r1 doc N: "…"'] == '13-gram of anli_r1 test_r1 doc 3: "a b c"'
     # the example of a kind whose reasons are equally common is the same one whatever the rows' order
     # (review R23b M2: arg_max broke the tie as the rows came, another example at each audit)
     examples = set()
