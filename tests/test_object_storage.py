@@ -1976,6 +1976,51 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
+@pytest.mark.parametrize("point", ["lock", "mark", "count", "copy", "rename"])
+def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_path, monkeypatch, point):
+    """`rm -rf` of the cache landing between a fetch's making of a folder and its write into it (a lock
+    file, the mark, the count of the bytes, the copy's temporary file, its rename) stopped the run with
+    `cannot write the cache (No such file or directory: …/blocks/.3.blk….tmp)` (under load, review
+    E27b): the folders are made again and the write done once more, whole. What is in place then is
+    the fetched copy, checked; no temporary file is left."""
+    from training.data import block_cache, remote
+    from training.data.block_cache import CachedBlocks
+
+    _, url = synthetic
+    settings = cache(tmp_path)
+    c = DocumentTable(url, cache=settings).cache
+    u = next(u for u in range(c.nunits) if not c.cached(u))
+    emptied = []
+
+    def emptied_first(owner, name, when=lambda *args: True):  # the cache emptied once, just before
+        real = getattr(owner, name)
+
+        def hooked(*args, **kwargs):
+            if when(*args) and not emptied:
+                emptied.append(name)
+                shutil.rmtree(settings.dir)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, hooked)
+
+    if point == "lock":  # the sample's lock file, its folder made
+        emptied_first(remote, "file_lock")
+    elif point == "mark":  # the copy's directory marked again (the cache had been emptied before)
+        shutil.rmtree(c.root)
+        emptied_first(block_cache, "mark_origin")
+    elif point == "count":
+        emptied_first(block_cache, "write_atomic", when=lambda path, *_: Path(path).name == USAGE)
+    elif point == "copy":  # the room made, the copy not yet written
+        emptied_first(CachedBlocks, "_write")
+    else:  # the copy written under its temporary name, not yet renamed into place
+        emptied_first(block_cache, "move_into_place")
+    assert c.fetch(u) is True and emptied
+    assert c.cached(u) and (c.root / ".origin.json").is_file()  # the copy a cache file: counted
+    assert c.path(u) in [path for path, _, _ in cache_usage(settings.dir)]
+    assert c._open(u).lengths.sum() == c.totals[u]  # the fetched copy, its checks passed
+    assert not list(settings.dir.rglob("*.tmp"))
+
+
 def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, small_blocks, tmp_path):
     """The index's sample digests and totals are maps of the cache's copies, hashed at the open: one
     changed on disk afterwards refused every sample, and the refusal named the bucket's object ("upload

@@ -82,12 +82,12 @@ from training.data.remote import (
     ORIGIN,
     CacheSettings,
     cache_lock,
+    cache_write,
     mark_origin,
     node_lock,
     origin,
     repair_advice,
     tmp_name,
-    unwritable_cache,
 )
 
 BLOCKS_DIR = "blocks"
@@ -400,25 +400,32 @@ class CachedBlocks:
                 with contextlib.suppress(OSError):
                     write_atomic(self._failed_file(u), json.dumps(record), fsync=False)
                 raise
-            # room made and the file written at once: the bound holds
-            with node_lock(self.cache.dir, self.cache.timeout_s):
-                if not os.path.isfile(self._origin):
-                    # emptied meanwhile (`rm -rf` of the cache, even during this fetch): unmarked, the
-                    # copies written now were no cache file to make_room, which went past the bound
-                    # (review R19b 1); its folders gone, the write failed (R19d 2)
-                    try:
-                        self.dir.mkdir(parents=True, exist_ok=True)
-                        mark_origin(self.root, self.url)
-                    except OSError as e:
-                        raise unwritable_cache(self.cache.dir, e) from None
+
+            def room_made_and_written() -> None:  # at once: the bound holds
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
+
+            # The cache may be emptied at any time (`rm -rf` to free the disk, during this fetch too):
+            # its folders are made and marked again first (unmarked, the copies written now were no
+            # cache file to make_room, which went past the bound: review R19b 1); emptied again before
+            # the copy is in place, they are made again and the room made anew (its count may have gone
+            # too), once (cache_write: the write stopped the run, R19d 2, and under load when the
+            # emptying came after the mark: E27b)
+            with node_lock(self.cache.dir, self.cache.timeout_s):
+                cache_write(self.cache.dir, self._mark, room_made_and_written)
             with contextlib.suppress(OSError):
                 os.unlink(self._failed_file(u))
             self.known(u)
             if window is not None:
                 window.progressed()
             return True
+
+    def _mark(self) -> None:
+        """The folder of this split's units is there, in a directory marked as the cache's copy of the
+        dataset (ORIGIN: the units make_room counts)."""
+        os.makedirs(self._dir, exist_ok=True)
+        if not os.path.isfile(self._origin):
+            mark_origin(self.root, self.url)
 
     def _failed_file(self, u: int) -> str:
         """Beside unit `u`'s file: the line of the last fetch of it on this node that failed."""
@@ -590,6 +597,8 @@ class CachedBlocks:
         return MAGIC + len(head).to_bytes(4, "little") + head.encode()  # JSON (built by hand: ~6 µs less)
 
     def _write(self, u: int, records: bytes, check: int, ids: bytes) -> None:
+        """Unit `u`'s file, written whole under a temporary name, then renamed into place (inside
+        cache_write: fetch)."""
         dest = self.path(u)
         tmp = dest.with_name(tmp_name(dest.name))
         try:
@@ -599,9 +608,9 @@ class CachedBlocks:
                 f.write(check.to_bytes(8, "little"))
                 f.write(ids)
             move_into_place(tmp, dest)
-        except OSError as e:
+        except BaseException:
             tmp.unlink(missing_ok=True)
-            raise unwritable_cache(self.cache.dir, e) from None
+            raise
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -920,10 +929,11 @@ def make_room(cache: CacheSettings, incoming: int) -> None:
                 break
             path.unlink(missing_ok=True)
             used -= size
-    try:
-        write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False)
-    except OSError as e:
-        raise unwritable_cache(cache.dir, e) from None
+    cache_write(
+        cache.dir,
+        lambda: cache.dir.mkdir(parents=True, exist_ok=True),
+        lambda: write_atomic(cache.dir / USAGE, str(used + incoming), fsync=False),
+    )
 
 
 def _usage(cache_dir: Path) -> int | None:
@@ -1176,11 +1186,11 @@ class Prefetcher:
             by_dir.setdefault(str(self.caches[t].dir), []).append(self.caches[t].key(b))
         payload = {d: sorted(ids) for d, ids in sorted(by_dir.items())}
         if payload != self._published or not self.keep_file.exists():  # the cache emptied meanwhile
-            try:
-                self.keep_file.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False)
-            except OSError as e:
-                raise unwritable_cache(self.cache.dir, e) from None
+            cache_write(
+                self.cache.dir,
+                lambda: self.keep_file.parent.mkdir(parents=True, exist_ok=True),
+                lambda: write_atomic(self.keep_file, json.dumps({"blocks": payload}), fsync=False),
+            )
             self._published = payload
 
     def _touch(self, units: Iterable[tuple[int, int]]) -> None:
@@ -1196,7 +1206,6 @@ class Prefetcher:
 
     def _run(self) -> None:
         try:
-            self.keep_file.parent.mkdir(parents=True, exist_ok=True)
             while True:
                 with self._cond:
                     if self._stop:

@@ -23,10 +23,10 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from training.console import say
 from training.contract.atomic_write import move_into_place, write_atomic
@@ -165,11 +165,11 @@ def cache_lock(cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S) -> Iter
     `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next one hung without a word:
     review R26b M2)."""
     with contextlib.ExitStack() as held:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say))
-        except OSError as e:
-            raise unwritable_cache(cache_dir, e) from None
+        cache_write(
+            cache_dir,
+            lambda: path.parent.mkdir(parents=True, exist_ok=True),
+            lambda: held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say)),
+        )
         yield
 
 
@@ -210,6 +210,28 @@ def unwritable_cache(cache_dir: Path, e: OSError) -> CacheError:
     )
 
 
+T = TypeVar("T")
+
+
+def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[], T]) -> T:
+    """`folders()` (make the folders of the cache `cache_dir` that `write` writes into), then `write()`:
+    every write into the cache while it is read goes through here. The cache may be emptied at any time
+    (`rm -rf` to free the disk, docs/object-storage.md, The cache), and nothing makes that wait for a
+    write: a folder removed between `folders()` and the write (ENOENT: the write's file or a folder
+    above it is gone) is made again and the write done once more, whole (a copy's temporary file goes
+    with its folder, and only a finished one is renamed into place). Any other failure (a full or
+    read-only disk, a folder that became a file), or that one twice, is the cache's one line."""
+    again = True
+    while True:
+        try:
+            folders()
+            return write()
+        except OSError as e:
+            if not (again and isinstance(e, FileNotFoundError)):
+                raise unwritable_cache(cache_dir, e) from None
+            again = False
+
+
 def copy_dir(cache_dir: Path, url: str, fingerprint: str) -> Path:
     """The cache's directory for the dataset `fingerprint` at `url`: one per URL. Its reads go to the
     URL in it (ORIGIN), so two URLs of one dataset (a backup, a second bucket) must not share one:
@@ -226,14 +248,17 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     cache = cache or CacheSettings.of()
     raw, info = _fetch_dataset_json(str(location))
     root = copy_dir(cache.dir, str(location), info["fingerprint"])
-    try:
+    path = root / DATASET_JSON
+
+    def marked() -> None:
         root.mkdir(parents=True, exist_ok=True)
         mark_origin(root, str(location))
-        path = root / DATASET_JSON
+
+    def written() -> None:
         if not path.is_file() or path.read_bytes() != raw:
             write_atomic(path, raw)
-    except OSError as e:
-        raise unwritable_cache(cache.dir, e) from None
+
+    cache_write(cache.dir, marked, written)
     return root
 
 
