@@ -2551,10 +2551,15 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
 ):
     """The store goes away mid-run for longer than data.fetch_timeout_s: the run saves the step it
     trained last (as SIGTERM does), stops in one line, and resumes to the uninterrupted run's losses.
-    The stop comes within about fetch_timeout_s of the outage, whatever the ranks on the node: a
-    process (or thread) that waits for another's fetch of a sample counts its window from when it began
-    to wait (each began a window of its own once it had the sample's lock, the stop came after ~1.7 ×
-    ranks × fetch_timeout_s: review R24c F3)."""
+    The stop comes within about fetch_timeout_s of when the run first asked for data the outage kept
+    from it, whatever the ranks on the node: a process (or thread) that waits for another's fetch of a
+    sample counts its window from when it began to wait (each began a window of its own once it had the
+    sample's lock, the stop came after ~1.7 × ranks × fetch_timeout_s: review R24c F3). Not from the
+    outage itself: the steps whose data was cached train on meanwhile (steps 7-11 here, 1.2-1.5 s at
+    a load of 8-11 on two cores), which is no stall; and to the stop's line, which says the step being
+    saved, for one process as for two (the save's time is the checkpoint's, not the stall's). Measured
+    from the outage to train()'s return, one process stopped 9.1-9.8 s after it under load, against a
+    9 s bound (review E27b)."""
     local, url = synthetic
     reference, run_dir = tmp_path / "reference", tmp_path / "run"
     timeout = 6
@@ -2574,14 +2579,13 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
 
     train_run(overrides(local, reference, *extra))  # small blocks: its own reference
     sets = overrides(url, run_dir, *cache_sets, *extra)
-    stop, down_at = threading.Event(), []
+    stop = threading.Event()
 
     def take_the_store_down() -> None:  # once step 6 is logged, every request is reset
         while not stop.is_set():
             rows = metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
             if rows and rows[-1]["step"] >= 6:
                 s3.proxy.down = True
-                down_at.append(time.monotonic())
                 return
             time.sleep(0.005)
 
@@ -2594,11 +2598,21 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
     )
     try:
         if ranks == 1:
+            import training.train as trainer
+
+            said, say = [], trainer.say
+
+            def saying(line: str) -> None:  # the stop's line, seen when it is said (as for two ranks)
+                if "before stopping" in line:
+                    said.append(time.monotonic())
+                say(line)
+
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr("training.data.block_cache.MAX_AHEAD_STEPS", 1)  # a step ahead: it runs into it
+                mp.setattr(trainer, "say", saying)
                 with pytest.raises(GristmillError, match=stalled):
                     train(load_train_config(TINY, sets))
-            stopped_at = time.monotonic()  # the save of one tiny step's checkpoint included
+            stopped_at = said[0] if said else time.monotonic()
             out = capsys.readouterr().out
         else:
             proc = forked.popen([*two_ranks, *sets], cwd=ROOT, env=env)
@@ -2613,12 +2627,13 @@ def test_a_data_stall_saves_the_last_trained_step_then_stops(
     finally:
         stop.set()
         watcher.join()
+        stalled_at = s3.proxy.down_met_at  # the first request the outage reset: data wanted, none came
         s3.proxy.down = False
     saved = metrics(run_dir)[-1]["step"]
     assert 6 <= saved < STEPS and f"saving step {saved} before stopping" in out, out[-2000:]
     assert (run_dir / "checkpoints" / f"step-{saved:06d}" / ".metadata").is_file()
-    took = stopped_at - down_at[0]
-    assert took < 1.5 * timeout, f"stopped {took:.1f} s after the store went down"
+    took = stopped_at - stalled_at
+    assert took < 1.5 * timeout, f"stopped {took:.1f} s after the run first wanted data the outage kept"
     train_run([*sets, 'checkpoint.resume="auto"'])
     assert losses(run_dir) == losses(reference)  # nothing lost, nothing repeated
 

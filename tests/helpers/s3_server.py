@@ -118,7 +118,8 @@ class FaultProxy:
         host, _, port = upstream.removeprefix("http://").partition(":")
         self.upstream = (host, int(port))
         self.latency = 0.0  # seconds added to every request (a slow store)
-        self.down = False  # every request reset (a store that went away)
+        self._down = False
+        self.down_met_at: float | None = None  # see `down`
         self.hung = False  # every request read and never answered while set (a store that hangs)
         self.kms = (
             False  # answers as a bucket encrypting with KMS keys: ETags that are not the MD5 (kms_view)
@@ -161,6 +162,9 @@ class FaultProxy:
                     return
                 if proxy.latency:
                     time.sleep(proxy.latency)
+                if proxy.down:
+                    with proxy._lock:
+                        proxy.down_met_at = proxy.down_met_at or time.monotonic()
                 if fault == "reset" or proxy.down:
                     # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer"
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -232,6 +236,19 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    @property
+    def down(self) -> bool:
+        """Every request reset while set (a store that went away). Set, `down_met_at` is when the first
+        request met it (time.monotonic(): when a reader first wanted data the outage kept from it; the
+        steps whose data was cached train on meanwhile); None until one does."""
+        return self._down
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        if value and not self._down:
+            self.down_met_at = None
+        self._down = value
 
     def set_faults(self, mix: FaultMix | None) -> None:
         """Start (or stop, with None) injecting faults; the RNG restarts from the mix's seed."""
