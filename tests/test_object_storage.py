@@ -9,6 +9,7 @@ and trainer tests. Every reader compares what it gets from the bucket with the l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
@@ -1950,7 +1951,14 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     need = sum(n for _, n in dataset_loader(url, cache=cache(tmp_path / "probe"), **geometry).cache_need())
     settings = CacheSettings(tmp_path / "cache", need)
     want = [batch_sha256(b) for _, b in zip(range(120), dataset_loader(local, **geometry))]
-    held = lambda: sum(f.stat().st_size for f in settings.dir.rglob(f"*{BLOCK_EXT}"))  # noqa: E731
+
+    def held() -> int:  # every copy on disk, marked or not
+        total = 0
+        for f in settings.dir.rglob(f"*{BLOCK_EXT}"):
+            with contextlib.suppress(FileNotFoundError):  # evicted since the listing (the prefetcher's)
+                total += f.stat().st_size
+        return total
+
     batches = iter(dataset_loader(url, cache=settings, **geometry))
     got, peak = [], 0
     for step in range(120):
@@ -1976,13 +1984,14 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
-@pytest.mark.parametrize("point", ["lock", "mark", "count", "copy", "rename"])
+@pytest.mark.parametrize("point", ["lock", "mark", "count", "copy", "rename", "file then folder"])
 def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_path, monkeypatch, point):
     """`rm -rf` of the cache landing between a fetch's making of a folder and its write into it (a lock
     file, the mark, the count of the bytes, the copy's temporary file, its rename) stopped the run with
     `cannot write the cache (No such file or directory: …/blocks/.3.blk….tmp)` (under load, review
-    E27b): the folders are made again and the write done once more, whole. What is in place then is
-    the fetched copy, checked; no temporary file is left."""
+    E27b): the folders are made again and the write done again, whole, as often as one emptying can
+    remove what it writes (the temporary file it listed, then the folder: twice). What is in place then
+    is the fetched copy, checked; no temporary file is left."""
     from training.data import block_cache, remote
     from training.data.block_cache import CachedBlocks
 
@@ -1992,29 +2001,37 @@ def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_
     u = next(u for u in range(c.nunits) if not c.cached(u))
     emptied = []
 
-    def emptied_first(owner, name, when=lambda *args: True):  # the cache emptied once, just before
-        real = getattr(owner, name)
+    def removed_before(
+        owner, name, remove=lambda *args: shutil.rmtree(settings.dir), when=lambda *args: True
+    ):
+        """`remove(*args)` once, just before the first call of `owner.name` that `when` takes."""
+        real, done = getattr(owner, name), []
 
         def hooked(*args, **kwargs):
-            if when(*args) and not emptied:
-                emptied.append(name)
-                shutil.rmtree(settings.dir)
+            if not done and when(*args):
+                done.append(emptied.append(name))
+                remove(*args)
             return real(*args, **kwargs)
 
         monkeypatch.setattr(owner, name, hooked)
 
     if point == "lock":  # the sample's lock file, its folder made
-        emptied_first(remote, "file_lock")
+        removed_before(remote, "file_lock")
     elif point == "mark":  # the copy's directory marked again (the cache had been emptied before)
         shutil.rmtree(c.root)
-        emptied_first(block_cache, "mark_origin")
+        removed_before(block_cache, "mark_origin")
     elif point == "count":
-        emptied_first(block_cache, "write_atomic", when=lambda path, *_: Path(path).name == USAGE)
+        removed_before(block_cache, "write_atomic", when=lambda path, *_: Path(path).name == USAGE)
     elif point == "copy":  # the room made, the copy not yet written
-        emptied_first(CachedBlocks, "_write")
-    else:  # the copy written under its temporary name, not yet renamed into place
-        emptied_first(block_cache, "move_into_place")
-    assert c.fetch(u) is True and emptied
+        removed_before(CachedBlocks, "_write")
+    elif point == "rename":  # the copy written under its temporary name, not yet renamed into place
+        removed_before(block_cache, "move_into_place")
+    else:  # one emptying, two hits: the temporary file it listed while written, then its folder
+        removed_before(block_cache, "move_into_place", remove=lambda tmp, *_: os.unlink(tmp))
+        removed_before(
+            CachedBlocks, "_write", remove=lambda *_: shutil.rmtree(c.dir), when=lambda *_: emptied
+        )
+    assert c.fetch(u) is True and len(emptied) == 1 + (point == "file then folder")
     assert c.cached(u) and (c.root / ".origin.json").is_file()  # the copy a cache file: counted
     assert c.path(u) in [path for path, _, _ in cache_usage(settings.dir)]
     assert c._open(u).lengths.sum() == c.totals[u]  # the fetched copy, its checks passed

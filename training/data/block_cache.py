@@ -409,8 +409,8 @@ class CachedBlocks:
             # its folders are made and marked again first (unmarked, the copies written now were no
             # cache file to make_room, which went past the bound: review R19b 1); emptied again before
             # the copy is in place, they are made again and the room made anew (its count may have gone
-            # too), once (cache_write: the write stopped the run, R19d 2, and under load when the
-            # emptying came after the mark: E27b)
+            # too), as often as one emptying can remove what it writes (cache_write: the write stopped
+            # the run, R19d 2, and under load when the emptying came after the mark: E27b)
             with node_lock(self.cache.dir, self.cache.timeout_s):
                 cache_write(self.cache.dir, self._mark, room_made_and_written)
             with contextlib.suppress(OSError):

@@ -213,23 +213,29 @@ def unwritable_cache(cache_dir: Path, e: OSError) -> CacheError:
 T = TypeVar("T")
 
 
+# What one emptying of the cache (`rm -rf`, which lists each folder once and removes each name in it
+# once) can remove under a write, each at most once: the write's temporary file (listed while it was
+# written), its folder, the dataset's copy, the cache directory. A write is done again after each.
+EMPTIED_RETRIES = 4
+
+
 def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[], T]) -> T:
     """`folders()` (make the folders of the cache `cache_dir` that `write` writes into), then `write()`:
     every write into the cache while it is read goes through here. The cache may be emptied at any time
     (`rm -rf` to free the disk, docs/object-storage.md, The cache), and nothing makes that wait for a
-    write: a folder removed between `folders()` and the write (ENOENT: the write's file or a folder
-    above it is gone) is made again and the write done once more, whole (a copy's temporary file goes
-    with its folder, and only a finished one is renamed into place). Any other failure (a full or
-    read-only disk, a folder that became a file), or that one twice, is the cache's one line."""
-    again = True
+    write: when the write's file or a folder above it went meanwhile (ENOENT), the folders are made
+    again and the write done again, whole (a copy's temporary file is written anew, and only a
+    finished one is renamed into place), up to EMPTIED_RETRIES times. Any other failure (a full or
+    read-only disk, a folder that became a file), or ENOENT once more, is the cache's one line."""
+    retries = EMPTIED_RETRIES
     while True:
         try:
             folders()
             return write()
         except OSError as e:
-            if not (again and isinstance(e, FileNotFoundError)):
+            if not (retries and isinstance(e, FileNotFoundError)):
                 raise unwritable_cache(cache_dir, e) from None
-            again = False
+            retries -= 1
 
 
 def copy_dir(cache_dir: Path, url: str, fingerprint: str) -> Path:
