@@ -44,7 +44,17 @@ from tests.helpers.s3_server import (
     s3_bucket,
 )
 from tests.helpers.train_data import make_dataset
-from tests.helpers.train_runs import ENV, ROOT, TINY, losses, metrics, overrides, torchrun_cmd, wait_for_step
+from tests.helpers.train_runs import (
+    ENV,
+    ROOT,
+    TINY,
+    losses,
+    metrics,
+    overrides,
+    torchrun_cmd,
+    wait_for_step,
+    whole_run,
+)
 from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_RECORDS,
@@ -1302,12 +1312,11 @@ def test_held_out_documents_cached_at_another_val_fraction_are_never_read_as_oth
 
 
 @pytest.fixture(scope="module")
-def local_run(synthetic, tmp_path_factory) -> Path:
-    """The reference: 12 steps of the tiny recipe on the local copy, in this process (run.threads 1)."""
+def local_run(synthetic, shared) -> Path:
+    """The reference: 12 steps of the tiny recipe on the local copy, in one process (run.threads 1);
+    trained once per test run (train_runs.whole_run: read-only)."""
     local, _ = synthetic
-    run_dir = tmp_path_factory.mktemp("local-run") / "run"
-    train(load_train_config(TINY, overrides(local, run_dir)))
-    return run_dir
+    return whole_run(shared, local)
 
 
 def test_training_from_the_bucket_killed_and_resumed_equals_the_local_run(

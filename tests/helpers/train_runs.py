@@ -1,7 +1,8 @@
 """Runs of the tiny training recipe (configs/train/tiny.toml) for trainer and checkpoint tests: the
-shared overrides, reading metrics.jsonl, the torchrun command, waiting for a step, comparing two
-runs' checkpointed weights, a run's recorded batches against `data inspect --hash` and `verify`,
-checking a run's one error line, and a command run where accelerate cannot be imported."""
+shared overrides and their uninterrupted run (trained once per test run), reading metrics.jsonl, the
+torchrun command, waiting for a step, comparing two runs' checkpointed weights, a run's recorded
+batches against `data inspect --hash` and `verify`, checking a run's one error line, and a command
+run where accelerate cannot be imported."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import torch
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
+from tests.helpers.shared import Shared
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.batch_record import read_batches
+from training.train import load_train_config, train
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs/train/tiny.toml")
@@ -59,6 +62,17 @@ def overrides(dataset: Path, run_dir: Path, *extra: str) -> list[str]:
     """recipe(), shortened: 12 steps, no validation, a checkpoint every 4 steps."""
     base = ["schedule.warmup_steps=3", "run.val_every=0", "metrics.tensorboard=false", "metrics.plot=false"]
     return recipe(dataset, run_dir, f"schedule.steps={SHORT_STEPS}", *base, "checkpoint.interval=4", *extra)
+
+
+def whole_run(shared: Shared, dataset: Path) -> Path:
+    """`overrides(dataset, RUN)` trained to its end in one process: the uninterrupted run that
+    stopped, killed or resumed runs of the same overrides are compared with, trained once per test
+    run (tests/helpers/shared.py; read-only)."""
+
+    def train_here(sets: list[str], _) -> None:
+        train(load_train_config(TINY, sets), out=io.StringIO())
+
+    return shared.run("1-process", lambda run: overrides(dataset, run), train_here)
 
 
 def torchrun_cmd(sets: list[str], nproc: int = 2) -> list[str]:

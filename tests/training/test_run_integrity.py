@@ -38,6 +38,7 @@ from tests.helpers.train_runs import (
     overrides,
     recorded_batches,
     torchrun_cmd,
+    whole_run,
 )
 from training.checkpoint.checkpointer import write_complete_record
 from training.checkpoint.hf_export import ExportError, export_checkpoint, load_checkpoint_model
@@ -63,6 +64,12 @@ pytestmark = pytest.mark.process  # starts processes: the second tier of `make t
 @pytest.fixture(scope="module")
 def dataset(synthetic_dataset) -> Path:
     return synthetic_dataset(n_docs=300)
+
+
+@pytest.fixture(scope="module")
+def whole(dataset, shared) -> Path:
+    """`overrides(dataset, RUN)` trained to its end, uninterrupted (read-only: train_runs.whole_run)."""
+    return whole_run(shared, dataset)
 
 
 def test_a_diverging_run_stops_with_exit_3_and_saves_nothing_nonfinite(dataset, tmp_path, capsys):
@@ -877,7 +884,7 @@ def _point_at_dev_full(path: Path) -> None:
 
 
 @pytest.mark.parametrize("record", ["consumption.parquet", "metrics.jsonl", "batches.bin"])
-def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, tmp_path, record):
+def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, whole, tmp_path, record):
     """A record of the run that cannot be written mid-run (a directory in consumption.parquet's place;
     metrics.jsonl's disk full) ended the run with a traceback for all but a full or read-only disk,
     and either way the steps since the last checkpoint were lost (review R26a F4). Now: the step
@@ -885,8 +892,6 @@ def test_a_run_record_that_cannot_be_written_saves_the_last_step_first(dataset, 
     fixed ends as the uninterrupted run, every row written once (the row that failed too). Unless the
     step's batch record is what failed: a checkpoint past a step batches.bin does not record lost its
     row and record for good (review RV26g F1), so nothing is saved and the resume redoes the steps."""
-    whole = tmp_path / "whole"
-    train(load_train_config(TINY, overrides(dataset, whole, "run.log_every=1")), out=io.StringIO())
     run = tmp_path / "run"
 
     class Printer(io.StringIO):  # the console: at step 5's line the record breaks
@@ -1148,13 +1153,14 @@ def test_an_earlier_run_s_evals_set_aside_beside_an_eval_png_directory_is_a_warn
     assert (run / "eval" / "abandoned-step-000020").is_dir() and (run / "eval.png").is_dir()
 
 
-def test_a_resume_without_data_plan_json_falls_back_past_a_damaged_newest_checkpoint(dataset, tmp_path):
+def test_a_resume_without_data_plan_json_falls_back_past_a_damaged_newest_checkpoint(
+    dataset, whole, tmp_path
+):
     """data_plan.json gone and the newest checkpoint damaged: the data order was read from that
     checkpoint before the restore could fall back past it, and the resume was refused ("cannot read
     the data order of …", review RV26e L/M-1). The restore goes back to the checkpoint before, as it
     did, and the run ends as the uninterrupted one."""
-    whole, run = tmp_path / "whole", tmp_path / "run"
-    train(load_train_config(TINY, overrides(dataset, whole)), out=io.StringIO())
+    run = tmp_path / "run"
     train(load_train_config(TINY, overrides(dataset, run, "run.max_steps=8")), out=io.StringIO())
     assert complete_steps(run)[-2:] == [4, 8]
     (run / DATA_PLAN_JSON).unlink()
