@@ -174,11 +174,6 @@ def eval_data(run_dir: Path) -> Path:
 
 def without_accelerate(argv: list[str], entry: str = "pipelines.cli") -> subprocess.CompletedProcess:
     """`gristmill ARGV` (or `python -m ENTRY ARGV`) in a Python where accelerate cannot be imported (as
-    without the eval extra)."""
-    code = (
-        f"import sys; sys.modules['accelerate'] = None; from {entry} import main; "
-        "sys.exit(main(sys.argv[1:]))"
-    )
-    return subprocess.run(
-        [sys.executable, "-c", code, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    without the eval extra): forked (tests/helpers/no_accelerate.py)."""
+    cmd = [sys.executable, "-m", "tests.helpers.no_accelerate", entry, *argv]
+    return forked.run(cmd, cwd=ROOT, timeout=300)
