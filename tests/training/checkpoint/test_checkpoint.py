@@ -13,7 +13,6 @@ import json
 import os
 import pickle
 import random
-import resource
 import shutil
 import signal
 import subprocess
@@ -370,11 +369,11 @@ def test_a_checkpoint_past_the_file_size_limit_says_file_too_large(dataset, tmp_
     R26a F4). It says "File too large", the limit and the fix."""
     limit = 512 << 10  # the tiny model's checkpoint file is ~1.7 MiB; every other file far smaller
     sets = overrides(dataset, tmp_path / "run", "checkpoint.interval=2", "metrics.tensorboard=false")
-    proc = subprocess.run(
-        [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets],
-        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=300,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
-    )  # fmt: skip
+    # the limit set by the forked process itself (tests/helpers/fsize_limited.py): no interpreter start
+    limited = [sys.executable, "-m", "tests.helpers.fsize_limited", str(limit)]
+    proc = forked.run(
+        [*limited, "training.train", "--config", TINY, "--set", *sets], env=ENV, cwd=ROOT, timeout=300
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     line = one_error_line(proc.stderr)
     assert line.startswith("error: checkpoint of step 2 could not be written to "), line
