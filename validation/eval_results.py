@@ -88,9 +88,11 @@ def decontamination_marks(
     at the version evaluated and checked every document of it ("…; documents too short to check:
     unknown" for a record written before they were counted); "partly checked (k of n documents shorter
     than the index's n-grams, not checked; N docs removed)" when some of its documents gave the index
-    no n-gram (review R27a S1); "checked against another version" when an index holds it at another;
-    "not checked" when none holds it, or its documents gave the index no n-gram (every text shorter
-    than n words: nothing could match); "partly checked (k of n …)" for a mixture of those.
+    no n-gram (review R27a S1), "(at least k of n …; another dataset's count unknown; …)" when
+    another dataset's record predates the count; "checked against another version" when an index
+    holds it at another; "not checked" when none holds it, or its documents gave the index no n-gram
+    (every text shorter than n words: nothing could match); "partly checked (k of n …)" for a
+    mixture of those.
     `documents(task)`: the sha256 of the evaluated task's documents (eval_data.task_documents_sha256),
     asked only of a task an index records it for: other documents than the index's are "checked
     against other documents" (a data file replaced under the same task version: review R23a S2); None
@@ -153,14 +155,21 @@ def decontamination_marks(
         )
         if statuses == {"checked"}:
             docs = f"{removed:,} doc{'' if removed == 1 else 's'} removed"
-            unchecked = _unchecked_documents(per)
-            if unchecked is None:
-                mark = f"decontaminated ({docs}; documents too short to check: unknown)"
-            elif unchecked[0]:
-                mark = (
-                    f"partly checked ({unchecked[0]:,} of {unchecked[1]:,} documents shorter than the "
-                    f"index's n-grams, not checked; {docs})"
+            unchecked, documents, unknown = _unchecked_documents(per)
+            if unchecked:  # known short documents: never "decontaminated", whatever another record lacks
+                others = (
+                    ""
+                    if not unknown
+                    else "; another dataset's count unknown"
+                    if unknown == 1
+                    else f"; {unknown} other datasets' counts unknown"
                 )
+                mark = (
+                    f"partly checked ({'at least ' if unknown else ''}{unchecked:,} of {documents:,} "
+                    f"documents shorter than the index's n-grams, not checked{others}; {docs})"
+                )
+            elif unknown:
+                mark = f"decontaminated ({docs}; documents too short to check: unknown)"
             else:
                 mark = f"decontaminated ({docs})"
         elif "other version" in statuses and statuses <= {"checked", "other version", "other documents"}:
@@ -178,18 +187,23 @@ def decontamination_marks(
     return marks
 
 
-def _unchecked_documents(per: list[dict[str, Any]]) -> tuple[int, int] | None:
-    """(documents no dataset checked, documents) of the evaluated leaves, from their checked records;
-    None when a record does not say. Per leaf the most over its datasets: the documents shorter than
-    one index's n words include those shorter than a smaller n, over the same documents (each record
-    here is "checked": its documents are the ones scored)."""
+def _unchecked_documents(per: list[dict[str, Any]]) -> tuple[int, int | None, int]:
+    """(documents no dataset checked, documents, datasets whose records do not say) of the evaluated
+    leaves, from their checked records. Per leaf the most over the datasets that say: the documents
+    shorter than one index's n words include those shorter than a smaller n, over the same documents
+    (each record here is "checked": its documents are the ones scored). A record written before the
+    count leaves the others' count standing as a lower bound (review R27d M1: one such record made
+    "unknown" of another dataset's 2 of 3). Documents: None when no record says."""
     most: dict[str, tuple[int, int]] = {}
+    silent = set()
     for p in per:
         if p["unchecked_documents"] is None or p["documents"] is None:
-            return None
+            silent.add((p["source"], p["dataset"]))
+            continue
         got = (p["unchecked_documents"], p["documents"])
         most[p["task"]] = max(most.get(p["task"], got), got)
-    return sum(u for u, _ in most.values()), sum(d for _, d in most.values())
+    documents = sum(d for _, d in most.values()) if most else None
+    return sum(u for u, _ in most.values()), documents, len(silent)
 
 
 def nonfinite_metrics(step: int, results: dict[str, Any]) -> dict[str, tuple[list[dict[str, Any]], bool]]:

@@ -652,6 +652,15 @@ def test_marks_for_versions_mixtures_and_groups():
     unknown = decontamination_marks(results, [old])["a"]
     assert unknown["mark"] == "decontaminated (4 docs removed; documents too short to check: unknown)"
     assert unknown["datasets"][0]["unchecked_documents"] is None
+    # an older dataset beside one that knows 2 of 4 unchecked: the known count stands, as a lower bound
+    # (review R27d M1: "decontaminated (…; documents too short to check: unknown)")
+    mixed = decontamination_marks(results, [old, check("code", [("a", 1.0, 0)], 2)])["a"]["mark"]
+    assert mixed == (
+        "partly checked (at least 2 of 4 documents shorter than the index's n-grams, not checked; "
+        "another dataset's count unknown; 4 docs removed)"
+    )
+    none_known = decontamination_marks(results, [old, check("code", [("a", 1.0, 0)], 0)])["a"]["mark"]
+    assert none_known == "decontaminated (4 docs removed; documents too short to check: unknown)"
 
 
 def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture, tmp_path, capsys):
