@@ -1098,7 +1098,7 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         return _validate(cfg, out, info, log)
     upload_dataset(root, cfg.output, log, in_bucket=bucket.objects)
     log(f"built {cfg.output}:")
-    log(build_table(info, bucket.validation_row(info), _filter_order(cfg)))
+    log(build_table(root, info, bucket.validation_row(info), _filter_order(cfg)))
     return BuildResult(root, "complete", info)
 
 
@@ -1223,7 +1223,7 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
     """Validate (unless build.validate = false) and print the end table; problems below it."""
     order = _filter_order(cfg)
     if not cfg.build.validate:
-        log(build_table(info, ("skipped", "(build.validate = false)"), order))
+        log(build_table(out, info, ("skipped", "(build.validate = false)"), order))
         return BuildResult(out, "complete", info)
     report = validate_dataset(out, progress=False)
     if report.ok:
@@ -1233,7 +1233,7 @@ def _validate(cfg: DataConfig, out: Path, info: dict[str, Any], log) -> BuildRes
         )
     else:
         row = ("FAILED", f"{report.n_problems:,} problems:")
-    log(build_table(info, row, order))
+    log(build_table(out, info, row, order))
     if not report.ok:
         log(format_report(report))
         log(_repair_advice(out, report, cfg.build.tasks))

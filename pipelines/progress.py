@@ -22,7 +22,7 @@ from datatrove.utils.logging import logger
 from tqdm import tqdm
 
 from training.contract.atomic_write import write_atomic
-from training.contract.dataset_format import DECONTAM_DIR
+from training.contract.dataset_format import decontaminate_record
 
 
 def _fmt(n: float) -> str:
@@ -213,10 +213,13 @@ class Monitor:
         return " | ".join([f"[{self.label}] " + parts[0], *parts[1:n], f"{pct:.0f}% of input", *parts[n:]])
 
 
-def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order: list[str]) -> str:
+def build_table(
+    root: str | Path, info: dict[str, Any], validation: tuple[str, str], filter_order: list[str]
+) -> str:
     """The end-of-build table: read → excluded per filter → kept, tokens, shards, validation.
 
-    The same numbers as the audit's summary (`gristmill data audit DIR`), from dataset.json.
+    The same numbers as the audit's summary (`gristmill data audit DIR`), from dataset.json (its
+    decontaminate counts completed from ROOT/decontam/manifest.json when dataset.json is older).
     """
     read = info.get("documents_read") or info["documents"]
     by_filter = info.get("excluded_by_filter") or {}
@@ -247,8 +250,8 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
             )
         )
     rows.append(("validation", *validation))
-    if info.get("decontaminate"):
-        rows.append(_unchecked_row(info["decontaminate"]))
+    if record := decontaminate_record(root, info):
+        rows.append(_unchecked_row(record))
     w0 = max(len(r[0]) for r in rows)
     w1 = max(len(r[1]) for r in rows)
     return "\n".join(f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows)
@@ -257,12 +260,12 @@ def build_table(info: dict[str, Any], validation: tuple[str, str], filter_order:
 def _unchecked_row(record: dict[str, Any]) -> tuple[str, str, str]:
     """The evaluation documents no training document was checked against (dataset.json's
     decontaminate.tasks[].documents_without_ngrams: every text shorter than n words), with the tasks
-    that have any; unknown for a record written before they were counted (not 0)."""
+    that have any; unknown where neither dataset.json nor the index recorded them (not 0)."""
     n, tasks = record.get("ngram"), record.get("tasks") or []
     label = f"eval docs without a {n}-gram"
     counts = [t.get("documents_without_ngrams") for t in tasks]
     if None in counts:
-        return (label, "unknown", f"not recorded by this build: see {DECONTAM_DIR}/manifest.json")
+        return (label, "unknown", "not recorded by this build nor by its index")
     some = [f"{t['name']} {k:,}" for t, k in zip(tasks, counts) if k]
     shown = ", ".join(some[:3]) + (f", … ({len(some)} tasks)" if len(some) > 3 else "")
     total = f"{sum(counts):,} of {sum(t['documents'] for t in tasks):,}"

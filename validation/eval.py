@@ -59,7 +59,7 @@ from training.checkpoint.record import CheckpointError
 from training.config import task_names
 from training.config_checks import missing_eval_module
 from training.contract.config_loader import load_config, save_config
-from training.contract.dataset_format import data_identities
+from training.contract.dataset_format import data_identities, decontaminate_record
 from training.contract.errors import GristmillError
 from training.contract.eval_table import (
     GRISTMILL_TASKS,
@@ -275,7 +275,7 @@ def training_data_checks(spec: RunSpec, run_dir: Path) -> list[dict[str, Any]]:
         try:
             info = dataset_info(src.dataset)
             check_trained_on(run_dir, src.name, src.dataset, info, "its decontamination is not the run's")
-            entry = info.get("decontaminate")
+            entry = decontaminate_record(src.dataset, info)  # an older dataset.json's count: its index's
         except GristmillError:
             entry = None
         checks.append({"source": src.name, "dataset": str(src.dataset), "decontaminate": entry})

@@ -43,13 +43,13 @@ from typing import Any
 import numpy as np
 
 from training.contract.atomic_write import atomic_path, write_atomic
-from training.contract.dataset_format import DECONTAM_FILES, decontam_sha256
+from training.contract.dataset_format import DECONTAM_FILES, DECONTAM_MANIFEST, decontam_sha256
 from training.contract.errors import GristmillError
 
 FORMAT = "gristmill-decontam/1"
 NORMALIZER = "nfkc-lower-alnum-words/2"  # change it with normal_form/_WORDS: old indexes are refused
 HASHES_NPY, REFS_NPY = DECONTAM_FILES
-MANIFEST_JSON = "manifest.json"
+MANIFEST_JSON = DECONTAM_MANIFEST
 FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove step's name
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (

@@ -715,13 +715,32 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     assert mark["gm_short"]["mark"] == (
         "partly checked (2 of 3 documents shorter than the index's n-grams, not checked; 1 doc removed)"
     )
-    # a dataset.json written before the count: its end table says unknown, not 0
-    del entry["tasks"][0]["documents_without_ngrams"]
-    table = build_table({**read_dataset_info(out), "decontaminate": entry}, ("OK", ""), [])
-    unknown = (
-        r"^  eval docs without a 13-gram +unknown  not recorded by this build: see decontam/manifest.json$"
+    # a dataset.json written before the count (2026-12-01): the dataset's copy of its index has recorded
+    # it since 2026-11-29, so the end table and eval's mark give it (review R27d m1: "unknown" both)
+    from training.config import TrainConfig
+    from training.contract.dataset_format import write_dataset_info
+    from training.data.spec import resolve
+    from validation.eval import training_data_checks
+
+    older = read_dataset_info(out)
+    del older["decontaminate"]["tasks"][0]["documents_without_ngrams"]
+    write_dataset_info(out, older)
+    assert re.search(row, build_table(out, read_dataset_info(out), ("OK", ""), []), re.M)
+    spec = resolve(
+        load_config(TrainConfig, None, [f"data.dataset={out}", f"run.output_dir={tmp_path / 'run'}"])
     )
+    checks = training_data_checks(spec, tmp_path / "run")
+    assert checks[0]["decontaminate"]["tasks"][0]["documents_without_ngrams"] == 2
+    assert decontamination_marks(results, checks)["gm_short"]["mark"] == mark["gm_short"]["mark"]
+    # neither records it (an index made before it was counted, which a build refuses): unknown, not 0
+    manifest = json.loads((out / "decontam" / "manifest.json").read_text())
+    del manifest["tasks"][0]["documents_without_ngrams"]
+    (out / "decontam" / "manifest.json").write_text(json.dumps(manifest))
+    table = build_table(out, read_dataset_info(out), ("OK", ""), [])
+    unknown = r"^  eval docs without a 13-gram +unknown  not recorded by this build nor by its index$"
     assert re.search(unknown, table, re.M), table
+    unknown_mark = decontamination_marks(results, training_data_checks(spec, tmp_path / "run"))["gm_short"]
+    assert unknown_mark["mark"] == "decontaminated (1 doc removed; documents too short to check: unknown)"
 
 
 def _fineweb_corpus(corpus: Path, texts: dict[str, str]) -> Path:

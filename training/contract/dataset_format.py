@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from training.contract.atomic_write import write_atomic
 from training.contract.config_loader import json_sha256
 from training.contract.errors import GristmillError
+from training.contract.object_store import is_url
 
 # The shard layout (docs/design.md, "The dataset directory"). /3, what builds write: a tar sample per
 # run of SAMPLE_DOCS consecutive documents of a shard, two members: `<key>.docs`, a DOC_RECORD-byte
@@ -61,6 +62,7 @@ EXCLUDED_DIR = "excluded"
 LOGS_DIR = "logs"
 DECONTAM_DIR = "decontam"  # [decontaminate]'s index, copied into the dataset it filtered
 DECONTAM_FILES = ("ngrams.npy", "refs.npy")  # what its sha256 covers (manifest.json records it)
+DECONTAM_MANIFEST = "manifest.json"  # the index's sha256, n and per-task counts (pipelines/decontam/ngram.py)
 INDEX_DIR = "index"  # the loader index (training/contract/dataset_index.py)
 CONFIG_TOML = "config.toml"  # the build's resolved recipe (a run directory's is run_layout's)
 # The files besides shards, index and tokenizer that a copy of the dataset carries (a bucket's, a
@@ -544,6 +546,33 @@ def unfinished_build(root: str | Path) -> str | None:
         f"{root} holds {BUILD_JSON} but no {DATASET_JSON}: a data build that did not finish, or is still "
         "running (wait for it to end, or rerun the same `gristmill data build` command)"
     )
+
+
+def decontaminate_record(root: str | Path, info: dict[str, Any]) -> dict[str, Any] | None:
+    """dataset.json's "decontaminate" record (None: the build had none), each task's
+    documents_without_ngrams taken, where dataset.json (written before 2026-12-01) lacks it, from the
+    dataset's copy of its index, DECONTAM_DIR/manifest.json, which records it since 2026-11-29
+    (review R27d m1: eval and the end table said "unknown" with the count on disk). Only the same index
+    counts (its manifest's sha256 is the record's index_sha256); a task neither holds keeps no count
+    (unknown, not 0), and so does a bucket's dataset, whose manifest is not read here. The one home
+    of that fallback: eval's marks and the build's end table read the record through it."""
+    record = info.get("decontaminate")
+    tasks = (record or {}).get("tasks") or []
+    if all(t.get("documents_without_ngrams") is not None for t in tasks) or is_url(root):
+        return record
+    try:
+        manifest = json.loads((Path(root) / DECONTAM_DIR / DECONTAM_MANIFEST).read_text(encoding="utf-8"))
+        indexed = (
+            {t["name"]: t for t in manifest["tasks"]} if manifest["sha256"] == record["index_sha256"] else {}
+        )
+    except (OSError, ValueError, TypeError, KeyError):  # none, or not a manifest: nothing more is known
+        return record
+    filled = []
+    for task in tasks:
+        count = (indexed.get(task.get("name")) or {}).get("documents_without_ngrams")
+        known = task.get("documents_without_ngrams") is None and _is_int(count)
+        filled.append({**task, "documents_without_ngrams": count} if known else task)
+    return {**record, "tasks": filled}
 
 
 def read_dataset_info(root: str | Path) -> dict[str, Any]:
