@@ -54,7 +54,6 @@ from pipelines.build_logs import EXECUTOR_LOG, QuietLocalExecutor, loguru_to
 from pipelines.cli import main as cli_main
 from pipelines.config import (
     DataConfig,
-    FiltersConfig,
     SourceConfig,
     TokenizerConfig,
     content_identity,
@@ -71,7 +70,7 @@ from pipelines.dedup import FILTER_NAME as DEDUP_FILTER
 from pipelines.dedup import check_config as check_dedup_config
 from pipelines.demo_corpus import ensure_demo_corpus
 from pipelines.faults import fault_warnings
-from pipelines.filters import make_filters
+from pipelines.filters import check_filters, make_filters
 from pipelines.local_executor import WatchedLocalExecutor, WorkerDied
 from pipelines.progress import Monitor, TaskProgress, build_table, input_size_note
 from pipelines.progress import finished_tasks as completed_ranks
@@ -295,7 +294,7 @@ def prepare(cfg: DataConfig, log=print) -> Prepared:
         )
     if cfg.shards.seed < 0:
         raise BuildError(f"shards.seed = {cfg.shards.seed}: the shuffle's seed; set it ≥ 0")
-    _check_lengths(cfg.filters)
+    check_filters(cfg.filters)
     check_dedup_config(cfg.dedup)
     if not 0 < cfg.build.progress_interval < math.inf:  # 0 or nan: a busy loop, a line per turn
         raise BuildError(
@@ -375,27 +374,6 @@ def _check_id_key(cfg: DataConfig, found: Path | None, lacking: tuple[Path, str]
         "documents' ids; set it to the id field, or leave it out (documents without one are named "
         "<file>/<row>)"
     )
-
-
-def _check_lengths(f: FiltersConfig) -> None:
-    """Refused before any work: a negative filters.min_chars (a silent no-op: review R27a m6), a
-    max_chars below 1 or below min_chars (nothing kept, said only after every stage had run)."""
-    lo, hi = f.min_chars, f.max_chars
-    if lo is not None and lo < 0:
-        raise BuildError(
-            f"filters.min_chars = {lo}: documents with fewer characters are dropped; set it ≥ 0, or leave it "
-            "out for no minimum"
-        )
-    if hi is not None and hi < 1:
-        raise BuildError(
-            f"filters.max_chars = {hi}: documents with more characters are dropped, every one here; set it "
-            "≥ 1, or leave it out for no maximum"
-        )
-    if lo is not None and hi is not None and lo > hi:
-        raise BuildError(
-            f"filters.min_chars = {lo} is more than filters.max_chars = {hi}: no document would be kept; set "
-            "min_chars ≤ max_chars"
-        )
 
 
 def _check_jsonl_keys(cfg: DataConfig, source: SourceFiles, lines: int = 100) -> None:

@@ -199,6 +199,28 @@ def _word_tokenizer(cfg: FiltersConfig):
     return RegexWordTokenizer()
 
 
+def check_filters(f: FiltersConfig) -> None:
+    """Refused before any work, by every command that filters (the build, `gristmill tokenizer train`:
+    review R27d m2): a negative filters.min_chars (a silent no-op: review R27a m6), a max_chars below
+    1 or below min_chars (nothing kept, said only after every stage had run)."""
+    lo, hi = f.min_chars, f.max_chars
+    if lo is not None and lo < 0:
+        raise GristmillError(
+            f"filters.min_chars = {lo}: documents with fewer characters are dropped; set it ≥ 0, or leave it "
+            "out for no minimum"
+        )
+    if hi is not None and hi < 1:
+        raise GristmillError(
+            f"filters.max_chars = {hi}: documents with more characters are dropped, every one here; set it "
+            "≥ 1, or leave it out for no maximum"
+        )
+    if lo is not None and hi is not None and lo > hi:
+        raise GristmillError(
+            f"filters.min_chars = {lo} is more than filters.max_chars = {hi}: no document would be kept; set "
+            "min_chars ≤ max_chars"
+        )
+
+
 def make_filters(cfg: FiltersConfig, output: str | Path | None, per_task: bool = False) -> list[BaseFilter]:
     """The configured filter steps, in order, each recording its drops under OUTPUT/excluded/
     (`output` None: no recording, for sampling the source; `per_task`: see ExcludedWriter)."""

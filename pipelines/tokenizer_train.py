@@ -26,7 +26,7 @@ from pathlib import Path
 from pipelines.build_identity import output_dir
 from pipelines.config import DataConfig
 from pipelines.demo_corpus import ensure_demo_corpus
-from pipelines.filters import make_filters
+from pipelines.filters import check_filters, make_filters
 from pipelines.sources import SourceFiles, iter_texts, list_source_files, source_folder
 from tokenization.tokenizer_io import TokenizerError, names_local_file, train_bpe, trained_record
 from training.contract.atomic_write import atomic_path, fsync_dir, fsync_file, tmp_path_for, write_atomic
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
     """What no training can use, in one line: an empty tokenizer.path (Path("") is ".", which
-    "already exists") and counts below their least."""
+    "already exists"), counts below their least, and [filters] lengths the build refuses."""
     if not str(out or cfg.tokenizer.path).strip():
         raise TokenizerError(
             "tokenizer.path is empty; set it (or pass --out) to say where to write the tokenizer"
@@ -64,6 +64,7 @@ def check_training_values(cfg: DataConfig, out: str | Path | None) -> None:
     for key, low in (("sample_docs", 1), ("sample_chars", 1), ("min_frequency", 0)):
         if getattr(tc, key) < low:  # min_frequency -1 was the tokenizers library's OverflowError
             raise TokenizerError(f"tokenizer.train.{key} = {getattr(tc, key)} must be ≥ {low}")
+    check_filters(cfg.filters)  # it samples through the build's filters (review R27d m2)
 
 
 def written_path(cfg: DataConfig, out: str | Path | None) -> Path:

@@ -69,6 +69,29 @@ def test_tokenizer_training_values_that_cannot_train_are_one_line(
     assert err.startswith("error: ") and says in err and "\n" not in err, err
 
 
+@pytest.mark.parametrize(
+    "override, says",
+    [
+        ("filters.min_chars=-1", "filters.min_chars = -1: documents with fewer characters are dropped"),
+        ("filters.max_chars=10", "filters.min_chars = 20 is more than filters.max_chars = 10"),
+    ],
+)
+def test_tokenizer_training_refuses_the_filters_the_build_refuses(
+    build_fixture, tmp_path, capsys, override, says
+):
+    """Review R27d m2: sampling goes through the build's [filters], whose lengths only the build
+    checked; min_chars = -1 trained a tokenizer and exited 0. Now the same one line as the build."""
+    from pipelines.cli import main
+
+    _, _, config = build_fixture
+    out = tmp_path / "tokenizer.json"
+    capsys.readouterr()
+    assert main(["tokenizer", "train", "--config", str(config), "--out", str(out), "--set", override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and says in err and "\n" not in err, err
+    assert not out.exists()
+
+
 def test_training_never_writes_a_local_file_under_a_hub_repo_s_name(
     build_fixture, tmp_path, capsys, monkeypatch
 ):
