@@ -298,6 +298,8 @@ class Match:
     also: tuple[str, ...] = ()  # the other tasks any of its indexed n-grams belongs to, in index order
 
     def detail(self) -> str:
+        # excluded/'s reason; read back by tasks_of_detail (dataset.json's removed) and by the SQL of
+        # validation/audit_reports.py's "drops" report (its regexes): change all three together
         more = [f"+{self.count - 1} more indexed {self.n}-grams"] if self.count > 1 else []
         more += [f"also {', '.join(self.also)}"] if self.also else []
         shown = f" ({'; '.join(more)})" if more else ""
@@ -305,6 +307,7 @@ class Match:
 
 
 # The n-gram's text is normalised words (letters and digits, spaces): no quote, parenthesis or ";".
+# Match.detail's format; the audit's "drops" SQL (validation/audit_reports.py) parses it too.
 _DETAIL = re.compile(r'^\d+-gram of (\S+) \S+ doc \d+: "[^"]*"(?: \(([^()]*)\))?$')
 
 
