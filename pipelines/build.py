@@ -1027,7 +1027,8 @@ def _finish(cfg: DataConfig, out: Path, record: dict[str, Any], encoder: Documen
         where, drops = (
             # --sql, not --report: the audit refuses a dataset without dataset.json (the advice looped:
             # review R27a M1), and the query answers over what the finished tasks wrote
-            (out, f"see `gristmill data audit {out} --sql {shlex.quote(WHY_DROPPED_SQL)}`")
+            # (the path quoted too: one with a space broke the pasted command, review R27d m4)
+            (out, f"see `gristmill data audit {shlex.quote(str(out))} --sql {shlex.quote(WHY_DROPPED_SQL)}`")
             if bucket is None
             else (cfg.output, f"the exclusions are in {root / EXCLUDED_DIR}/")
         )

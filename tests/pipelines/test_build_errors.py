@@ -360,8 +360,8 @@ def test_task_out_of_disk_frees_its_spill(build_fixture, tmp_path):
 def test_every_document_filtered_out_is_an_error(build_fixture, tmp_path, capsys):
     # Called directly: datatrove's loguru sinks from earlier capsys tests make stderr noisy here.
     _, _, config = build_fixture
-    out = tmp_path / "o"
-    cfg = load_config(DataConfig, config, [f"output={out}", "filters.min_chars=100000000"])
+    out = tmp_path / "my out"  # a space: the advised command quotes it (review R27d m4)
+    cfg = load_config(DataConfig, config, [f"output={json.dumps(str(out))}", "filters.min_chars=100000000"])
     with pytest.raises(BuildError) as err:
         build(cfg, log=lambda *a: None)
     msg = str(err.value)
