@@ -262,7 +262,7 @@ def _unchecked_row(record: dict[str, Any]) -> tuple[str, str, str]:
     decontaminate.tasks[].documents_without_ngrams: every text shorter than n words), with the tasks
     that have any; unknown where neither dataset.json nor the index recorded them (not 0)."""
     n, tasks = record.get("ngram"), record.get("tasks") or []
-    label = f"eval docs without a {n}-gram"
+    label = f"eval docs with no {n}-gram"  # "a 8-gram" read wrong (R27d m5)
     counts = [t.get("documents_without_ngrams") for t in tasks]
     if None in counts:
         return (label, "unknown", "not recorded by this build nor by its index")

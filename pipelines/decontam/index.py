@@ -100,7 +100,7 @@ def summary(manifest: dict[str, Any], out: Path) -> str:
     n = manifest["ngram"]
     counts = ("documents", "ngrams", "documents_without_ngrams")
     rows = [(t["name"], t["split"], *(f"{t[k]:,}" for k in counts)) for t in manifest["tasks"]]
-    rows = [("task", "split", "documents", f"{n}-grams", f"documents without a {n}-gram"), *rows]
+    rows = [("task", "split", "documents", f"{n}-grams", f"documents with no {n}-gram"), *rows]
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [f"  {a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}  {d:>{w[3]}}  {e:>{w[4]}}" for a, b, c, d, e in rows]
     unchecked = sum(t["documents_without_ngrams"] for t in manifest["tasks"])

@@ -54,8 +54,9 @@ FILTER_NAME = "decontaminate"  # the excluded/ rows' filter and the datatrove st
 # What an index's documents_without_ngrams means, and what to do
 UNCHECKED = (
     "evaluation documents with no {n}-gram: {count:,} (every text under {n} words; a text without "
-    "spaces, as Chinese or Thai, is one word): no training document is checked against them; see "
-    "docs/dedup-and-decontamination.md, 'Documents shorter than n'"
+    "spaces, as Chinese or Thai, is one word): no training document is checked against them; a smaller "
+    "decontaminate.ngram (--ngram) checks more, in a new output; see docs/dedup-and-decontamination.md, "
+    "'Documents shorter than n'"
 )
 
 _WORDS = re.compile(r"[^\W_]+")  # the reference definition; the fast path below agrees with it

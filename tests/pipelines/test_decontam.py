@@ -706,13 +706,18 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     printed = "\n".join(lines)
     assert re.search(r"^  gm_short +test +3 +7 +2$", printed, re.M), printed  # the index's table
     assert "note: evaluation documents with no 13-gram: 2 (every text under 13 words;" in printed, printed
+    # "with no", which reads right for every n ("without a 8-gram" did not), and the key to change (R27d m5)
+    assert re.search(r"^  task +split +documents +13-grams +documents with no 13-gram$", printed, re.M), (
+        printed
+    )
+    assert "a smaller decontaminate.ngram (--ngram) checks more, in a new output; see docs/" in printed
     out = Path(cfg.output)
     entry = read_dataset_info(out)["decontaminate"]
     assert [(t["documents"], t["documents_without_ngrams"], t["removed"]) for t in entry["tasks"]] == [
         (3, 2, 1)
     ]
     assert {r["id"] for r in excluded_rows(out) if r["filter"] == "decontaminate"} == {"long"}
-    row = r"^  eval docs without a 13-gram +2 of 3  no training document checked against them: gm_short 2$"
+    row = r"^  eval docs with no 13-gram +2 of 3  no training document checked against them: gm_short 2$"
     assert re.search(row, printed, re.M), printed  # the end table
     results = {"results": {"gm_short": {}}, "versions": {"gm_short": 1.0}}
     mark = decontamination_marks(results, [{"source": "data", "dataset": str(out), "decontaminate": entry}])
@@ -741,7 +746,7 @@ def test_eval_documents_shorter_than_n_are_counted_said_and_marked(build_fixture
     del manifest["tasks"][0]["documents_without_ngrams"]
     (out / "decontam" / "manifest.json").write_text(json.dumps(manifest))
     table = build_table(out, read_dataset_info(out), ("OK", ""), [])
-    unknown = r"^  eval docs without a 13-gram +unknown  not recorded by this build nor by its index$"
+    unknown = r"^  eval docs with no 13-gram +unknown  not recorded by this build nor by its index$"
     assert re.search(unknown, table, re.M), table
     unknown_mark = decontamination_marks(results, training_data_checks(spec, tmp_path / "run"))["gm_short"]
     assert unknown_mark["mark"] == "decontaminated (1 doc removed; documents too short to check: unknown)"
