@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -385,6 +386,14 @@ def _worker_start(_: int) -> None:
     exit_with()
 
 
+# How workers start: forked by the trainer itself, its own children, as torch's watchdog and
+# _worker_start's exit_with assume (each watches its parent). Through Python's default elsewhere:
+# a forkserver (3.14's default on Linux, or a caller's set_start_method) is a process of the job that
+# a job-wide SIGTERM kills, its workers then died with it, and the trainer lost its save ("DataLoader
+# worker (pid(s) …) exited unexpectedly", rc 1). Not Linux: the default (spawn), the trainer's children.
+WORKER_START = "fork" if sys.platform.startswith("linux") else None
+
+
 def _end_workers(items: Any) -> None:
     """A DataLoader iterator's workers ended now: the loader's own shutdown (each worker gets its
     queue's sentinel, 5 s each to go), then SIGKILL for one still running. A worker ignores SIGTERM
@@ -593,6 +602,7 @@ class TokenLoader:
             # An explicit generator: worker seeding must not draw from (and so shift) the global RNG.
             generator=torch.Generator(),
             worker_init_fn=_worker_start,
+            multiprocessing_context=WORKER_START if self.num_workers else None,
         )
         items = iter(loader)  # its workers start here: before the prefetcher's thread, not forked with it
         if self.num_workers:

@@ -35,6 +35,7 @@ from tests.helpers.train_runs import (
     metrics,
     one_error_line,
     overrides,
+    recorded_batches,
     run_torchrun,
     torchrun_cmd,
     wait_for_step,
@@ -221,6 +222,49 @@ def test_sigterm_to_the_whole_job_with_loader_workers_saves_and_exits_0(dataset,
     assert proc.returncode == 0, out[-3000:]
     stopped = metrics(run_dir)[-1]["step"]
     assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
+
+
+def test_sigterm_to_the_loader_workers_first_then_the_trainer_saves_and_resumes_exactly(dataset, tmp_path):
+    """A job-wide SIGTERM reaches each process in its own time: here every process the trainer
+    started first, its trainer 2 s later, with Python's start method set to forkserver (3.14's
+    default on Linux). The workers were forked by that forkserver, a process of the job that the
+    signal killed; they followed their parent ("DataLoader worker (pid(s) …) exited unexpectedly",
+    rc 1, nothing saved; under load also when all were signalled at once). The workers are the
+    trainer's own children: it saves its last step, exits 0, and the resume trains what an
+    uninterrupted run trains, batch for batch."""
+    run_dir, reference = tmp_path / "run", tmp_path / "uninterrupted"
+    job = ("data.num_workers=2", "schedule.steps=200", "checkpoint.interval=100")
+    sets = overrides(dataset, run_dir, *job)
+    start = (
+        "import multiprocessing, sys; multiprocessing.set_start_method('forkserver'); "
+        "from training.train import main; sys.exit(main(sys.argv[1:]))"
+    )
+    cmd = [sys.executable, "-c", start, "--config", TINY, "--set", *sets]
+    piped = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, start_new_session=True, **piped)
+    try:
+        wait_for_step(proc, run_dir, 3)
+        started = descendants(proc.pid)
+        assert len(started) >= 2, started
+        for pid in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        time.sleep(2)  # a worker whose parent died kills itself within 0.05 s
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = metrics(run_dir)[-1]["step"]
+    assert f"stopping after step {stopped} on SIGTERM" in out and complete_steps(run_dir) == [stopped]
+
+    end = f"run.max_steps={stopped + 2}"
+    assert main(["--config", TINY, "--set", *sets, 'checkpoint.resume="auto"', end]) == 0
+    assert main(["--config", TINY, "--set", *overrides(dataset, reference, *job), end]) == 0
+    assert losses(run_dir) == losses(reference)
+    assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
+    assert_same_weights(run_dir, reference, stopped + 2)
 
 
 def descendants(pid: int) -> list[int]:
