@@ -22,12 +22,12 @@ The dataset directory is opened, checked and read by training/data/reader.py (`D
 
 from __future__ import annotations
 
-import atexit
 import copy
 import hashlib
 import itertools
 import json
 import logging
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -409,11 +409,22 @@ def _end_workers(items: Any) -> None:
             worker.join()
 
 
-# The iterators whose workers run: ended before multiprocessing's own exit handler (registered when
-# torch imported multiprocessing, so it runs after this one) would join them, whatever ended the
-# process: an error raised out of the loop keeps its iterator alive in the traceback until then.
+# The iterators whose workers run: ended by multiprocessing's exit, before it joins its children
+# (a worker ignores the SIGTERM it sends them first), whatever ended the process: an error raised
+# out of the loop keeps its iterator alive in the traceback until then. A finalizer of
+# multiprocessing's own, not atexit: a trainer that is itself a multiprocessing child (a test's
+# forked run, a pool's worker) ends by os._exit, past atexit, and hung in that join for ever.
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-atexit.register(lambda: [_end_workers(items) for items in list(_LIVE)])
+_ENDING_LIVE: set[int] = set()  # the processes whose finalizer is registered (a child has none)
+
+
+def _live(items: Any) -> None:
+    """`items`' workers ended at this process's exit unless the loader ends them first."""
+    if os.getpid() not in _ENDING_LIVE:
+        _ENDING_LIVE.add(os.getpid())
+        # before the queues' own finalizers (priority 10), which the loader's shutdown uses
+        multiprocessing.util.Finalize(None, lambda: [_end_workers(i) for i in list(_LIVE)], exitpriority=100)
+    _LIVE.add(items)
 
 
 class _StepStream(IterableDataset):
@@ -606,7 +617,7 @@ class TokenLoader:
         )
         items = iter(loader)  # its workers start here: before the prefetcher's thread, not forked with it
         if self.num_workers:
-            _LIVE.add(items)
+            _live(items)
         prefetcher = self._prefetcher()
         try:
             for item in items:
