@@ -378,11 +378,13 @@ def _worker_start(_: int) -> None:
     """A DataLoader worker's first act: SIGTERM is its trainer's to act on. A scheduler signals every
     process of a job (Slurm's preemption, scancel), torch's handler let the worker die by it, and the
     trainer then raised mid-step ("DataLoader worker … is killed by signal: Terminated") instead of
-    saving and exiting 0 (SIGINT torch ignores in workers already). The worker still ends at the
-    loader's shutdown (its queue's sentinel), and within a moment of its trainer's death however it
-    died (exit_with: torch's own watchdog looks every 5 s, so a rank the OOM killer took left its
-    workers running ~4 s past it and its launcher: review R18b 4)."""
+    saving and exiting 0 (SIGINT torch ignores in workers already). The worker is forked with SIGTERM
+    blocked (_workers_started), so one sent before this point waits, and is dropped here as ignored.
+    The worker still ends at the loader's shutdown (its queue's sentinel), and within a moment of its
+    trainer's death however it died (exit_with: torch's own watchdog looks every 5 s, so a rank the
+    OOM killer took left its workers running ~4 s past it and its launcher: review R18b 4)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     exit_with()
 
 
@@ -392,6 +394,20 @@ def _worker_start(_: int) -> None:
 # a job-wide SIGTERM kills, its workers then died with it, and the trainer lost its save ("DataLoader
 # worker (pid(s) …) exited unexpectedly", rc 1). Not Linux: the default (spawn), the trainer's children.
 WORKER_START = "fork" if sys.platform.startswith("linux") else None
+
+
+def _workers_started(loader: DataLoader) -> Any:
+    """`iter(loader)`, its workers forked with SIGTERM blocked. Between its fork and _worker_start a
+    worker had torch's handler, which died by the job-wide SIGTERM of a preemption: the trainer lost
+    its save (1 in 5 kills as the workers started). The trainer's own SIGTERM is not lost: while
+    this thread blocks it another thread takes it, or it waits until the mask is restored."""
+    if not loader.num_workers:
+        return iter(loader)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _end_workers(items: Any) -> None:
@@ -615,7 +631,7 @@ class TokenLoader:
             worker_init_fn=_worker_start,
             multiprocessing_context=WORKER_START if self.num_workers else None,
         )
-        items = iter(loader)  # its workers start here: before the prefetcher's thread, not forked with it
+        items = _workers_started(loader)  # before the prefetcher's thread, not forked with it
         if self.num_workers:
             _live(items)
         prefetcher = self._prefetcher()

@@ -159,6 +159,46 @@ def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_
     assert not left, "DataLoader workers outlived their killed trainer"
 
 
+def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch):
+    """A preemption's SIGTERM reaches every process of the job, DataLoader workers just forked too:
+    before their _worker_start set SIGTERM aside, torch's handler let them die by it (1 in 5 kills
+    as the workers started; the trainer then lost its save). Forked with SIGTERM blocked, a worker
+    drops one sent before that point and serves its steps. The window is held open here."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from training.data import loader as loader_module
+    from training.launch import child_pids
+
+    started = loader_module._worker_start
+
+    def late_start(worker_id: int) -> None:
+        time.sleep(2.0)  # a loaded machine's pause between a worker's fork and its first act
+        started(worker_id)
+
+    monkeypatch.setattr(loader_module, "_worker_start", late_start)
+    before = set(child_pids(os.getpid()))
+    signalled: list[int] = []
+
+    def signal_the_workers() -> None:  # as soon as both are forked: inside the window
+        deadline = time.time() + 60
+        while len(new := set(child_pids(os.getpid())) - before) < 2 and time.time() < deadline:
+            time.sleep(0.005)
+        for pid in new:
+            os.kill(pid, signal.SIGTERM)
+            signalled.append(pid)
+
+    root, _ = corpus
+    sender = threading.Thread(target=signal_the_workers)
+    sender.start()
+    got = take(make_loader(root, num_workers=2), 4)
+    sender.join()
+    assert len(signalled) == 2, signalled
+    assert_same_stream(got, take(make_loader(root), 4))
+
+
 def test_stale_iterator_refuses(corpus):
     root, _ = corpus
     loader = make_loader(root)
