@@ -31,6 +31,7 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -425,6 +426,29 @@ def _end_workers(items: Any) -> None:
             worker.join()
 
 
+def _results(items: Any) -> Iterator[Any]:
+    """`items`' results. A worker killed (the out-of-memory killer) as the trainer took a result it had
+    sent: the result's shared memory comes from that worker's socket, gone (EOFError, a connection
+    reset) before torch sees the death, and the run ended in that traceback, exit 1. Now torch's own
+    error for a dead worker, which the trainer says in one line (training/train.py: worker_death)."""
+    results = iter(items)
+    while True:
+        try:
+            item = next(results)
+        except StopIteration:
+            return
+        except (EOFError, ConnectionError) as e:
+            deadline = time.monotonic() + 2  # the kernel closes a dying process's sockets first
+            while not (dead := [w.pid for w in getattr(items, "_workers", ()) if not w.is_alive()]):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+            raise RuntimeError(
+                f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly"
+            ) from e
+        yield item
+
+
 # The iterators whose workers run: ended by multiprocessing's exit, before it joins its children
 # (a worker ignores the SIGTERM it sends them first), whatever ended the process: an error raised
 # out of the loop keeps its iterator alive in the traceback until then. A finalizer of
@@ -636,7 +660,7 @@ class TokenLoader:
             _live(items)
         prefetcher = self._prefetcher()
         try:
-            for item in items:
+            for item in _results(items):
                 if generation != self._generation:
                     raise RuntimeError(
                         "stale loader iterator: the loader was iterated again or load_state_dict was called "
