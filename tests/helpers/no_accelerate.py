@@ -8,6 +8,10 @@ import importlib
 import sys
 
 if __name__ == "__main__":
+    # forked: what the server preloaded was imported with accelerate there; one of its modules that
+    # imports accelerate would fail to import without it, which a fresh interpreter shows
+    preloaded = sorted(m for m in sys.modules if m == "accelerate" or m.startswith("accelerate."))
+    assert not preloaded, f"a module the forked server preloads imports {preloaded[0]}"
     sys.modules["accelerate"] = None  # `import accelerate` raises ImportError, as where it is missing
     entry, *args = sys.argv[1:]
     sys.exit(importlib.import_module(entry).main(args))
