@@ -12,10 +12,14 @@ TEST_WORKERS ?= 2
 
 # Bytecode only for what gristmill imports, not for all 25k modules the packages ship: pip compiles
 # every one (~75 CPU s, 90 of the install's 175 s wall on 2 cores); importing what the commands import
-# writes the ~2-3k they use (~10 s). A module imported later is compiled at its first import (`make
-# test` and `make demo` write bytecode whatever PYTHONDONTWRITEBYTECODE says).
+# (Ray's and the trackers' too: each Ray worker and tracked run imports them) writes the ~5k they use
+# (~17 CPU s); its warnings (torchao's optional CUDA kernels) go to .venv/warm-imports.log. A module
+# imported later is compiled at its first import (`make test` and `make demo` write bytecode whatever
+# PYTHONDONTWRITEBYTECODE says).
 WARM_IMPORTS := import torch, torch._dynamo, training.train, training.launch, pipelines.cli, validation.eval, \
-  lm_eval.evaluator, pandas, matplotlib.pyplot, duckdb, boto3; from transformers import LlamaForCausalLM
+  pipelines.build, pipelines.tokenizer_train, pipelines.ray_executor, ray, wandb, trackio, \
+  torch.utils.tensorboard, lm_eval.evaluator, pandas, matplotlib.pyplot, duckdb, boto3; \
+  from transformers import LlamaForCausalLM
 
 # torch first, chosen here rather than by pip: a bare `torch` requirement on a machine without one
 # pulls several GB of CUDA wheels. An interpreter that already has torch (say a CUDA build) gets a
@@ -30,7 +34,9 @@ $(STAMP): pyproject.toml
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install --no-compile torch; \
 	  else $(PY) -m pip install --no-compile torch==2.13.0; fi; fi
 	$(PY) -m pip install -q --no-compile -e ".[eval,dev,ray,wandb,trackio,float8]"
-	@echo "writing the bytecode of what gristmill imports"; env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)"
+	@echo "writing the bytecode of what gristmill imports"; \
+	  env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)" 2>$(VENV)/warm-imports.log || \
+	  { cat $(VENV)/warm-imports.log; exit 1; }
 	@touch $(STAMP)
 
 setup: $(STAMP)
