@@ -2047,6 +2047,34 @@ def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_
     assert not list(settings.dir.rglob("*.tmp"))
 
 
+def test_a_cache_emptied_at_every_try_of_a_write_says_so(s3, synthetic, tmp_path, monkeypatch):
+    """A write whose temporary file is removed at every try (a cleaner clearing the cache in a loop)
+    stopped with "give it a writable directory with room", which the directory is and has (review
+    RV27b F4): the line says what happened and the two ways out, in the user's keys."""
+    from training.data import block_cache
+    from training.data.remote import EMPTIED_RETRIES, CacheError
+
+    _, url = synthetic
+    settings = cache(tmp_path)
+    c = DocumentTable(url, cache=settings).cache
+    u = next(u for u in range(c.nunits) if not c.cached(u))
+    real, tries = block_cache.move_into_place, []
+
+    def removed(tmp, *args, **kwargs):
+        tries.append(os.unlink(tmp))
+        return real(tmp, *args, **kwargs)
+
+    monkeypatch.setattr(block_cache, "move_into_place", removed)
+    with pytest.raises(CacheError) as e:
+        c.fetch(u)
+    assert len(tries) == EMPTIED_RETRIES + 1 == 5
+    line = str(e.value)
+    assert f"cannot write the cache {settings.dir}: what one write made in it was removed 5 times" in line
+    assert "stop whatever keeps clearing the cache" in line and "writable directory with room" not in line
+    assert "data.cache_dir in a train config, --cache-dir in the data commands" in line
+    assert "\n" not in line
+
+
 def test_a_cached_index_changed_mid_run_is_named_not_the_bucket(s3, synthetic, small_blocks, tmp_path):
     """The index's sample digests and totals are maps of the cache's copies, hashed at the open: one
     changed on disk afterwards refused every sample, and the refusal named the bucket's object ("upload

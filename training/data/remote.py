@@ -199,11 +199,19 @@ class CacheError(DatasetError):
     (`data validate` records none), one line."""
 
 
-def unwritable_cache(cache_dir: Path, e: OSError) -> CacheError:
+def unwritable_cache(cache_dir: Path, e: OSError, emptied: int = 0) -> CacheError:
     """Any write into the cache that failed (a full or read-only disk): one line, which the trainer
     stops on after saving its last step (a bare OSError was a traceback, nothing saved). The keys of
-    both ways to name the cache: a train config's, the data commands' flag."""
+    both ways to name the cache: a train config's, the data commands' flag. `emptied`: the times the
+    write found what it had made removed (cache_write), when that is why it failed: the directory is
+    writable and has room, something clears it (review RV27b F4)."""
     what = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else e.strerror or e
+    if emptied:
+        return CacheError(
+            f"cannot write the cache {cache_dir}: what one write made in it was removed {emptied} times "
+            f"({what}); stop whatever keeps clearing the cache while it is read, or give it a directory "
+            "nothing clears (data.cache_dir in a train config, --cache-dir in the data commands)"
+        )
     return CacheError(
         f"cannot write the cache {cache_dir} ({what}); give it a writable directory with room "
         "(data.cache_dir and data.cache_gb in a train config, --cache-dir in the data commands)"
@@ -225,16 +233,19 @@ def cache_write(cache_dir: Path, folders: Callable[[], Any], write: Callable[[],
     (`rm -rf` to free the disk, docs/object-storage.md, The cache), and nothing makes that wait for a
     write: when the write's file or a folder above it went meanwhile (ENOENT), the folders are made
     again and the write done again, whole (a copy's temporary file is written anew, and only a
-    finished one is renamed into place), up to EMPTIED_RETRIES times. Any other failure (a full or
-    read-only disk, a folder that became a file), or ENOENT once more, is the cache's one line."""
+    finished one is renamed into place), up to EMPTIED_RETRIES times; ENOENT once more is a line
+    saying so. Any other failure (a full or read-only disk, a folder that became a file) is the cache's
+    one line."""
     retries = EMPTIED_RETRIES
     while True:
         try:
             folders()
             return write()
         except OSError as e:
-            if not (retries and isinstance(e, FileNotFoundError)):
+            if not isinstance(e, FileNotFoundError):
                 raise unwritable_cache(cache_dir, e) from None
+            if not retries:
+                raise unwritable_cache(cache_dir, e, emptied=EMPTIED_RETRIES + 1) from None
             retries -= 1
 
 
