@@ -2047,6 +2047,56 @@ def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_
     assert not list(settings.dir.rglob("*.tmp"))
 
 
+@pytest.mark.parametrize("point", ["index fetch", "index rename", "derived index file", "verified record"])
+def test_a_cache_emptied_at_a_write_of_an_open_is_made_again(s3, synthetic, tmp_path, monkeypatch, point):
+    """`rm -rf` of the cache landing as an open writes into it (remote.ensure: the index files every
+    open fetches, one of them derived from dataset.json, the record of the manifest files fetched for
+    `data inspect`) was a raw `FileNotFoundError … index/.sample_tokens.bin….tmp` traceback: a training
+    starting on a node while the user frees its disk (review RV27b F3). The open goes on as a fetch
+    does: the copy is made again (marked, its dataset.json), what the emptying removed is fetched
+    again, and every file is the recorded one."""
+    from training.contract.dataset_format import file_sha256
+    from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS
+    from training.data import remote
+
+    _, url = synthetic
+    settings = cache(tmp_path)
+    emptied = []
+
+    def removed_before(name, when=lambda *args: True):
+        """`rm -rf` of the cache once, just before the first call of remote's `name` that `when` takes."""
+        real = getattr(remote, name)
+
+        def hooked(*args, **kwargs):
+            if not emptied and when(*args):
+                emptied.append(name)
+                shutil.rmtree(settings.dir)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(remote, name, hooked)
+
+    if point == "index fetch":
+        removed_before("fetch_verified")
+    elif point == "index rename":  # the file fetched under its temporary name, not yet renamed
+        removed_before("move_into_place")
+    elif point == "derived index file":
+        removed_before("write_atomic", when=lambda path, *_: Path(path).name == SHARD_ROWS)
+    t = DocumentTable(url, cache=settings)
+    rels = [f"{INDEX_DIR}/{name}" for name in sorted(os.listdir(t.root / INDEX_DIR))]
+    if point == "verified record":  # `data inspect`'s fetch of the manifest, into an open copy
+        removed_before("write_atomic", when=lambda path, *_: Path(path).name == remote.VERIFIED)
+        remote.ensure_dirs(t.root, "manifest")
+        rels = ["manifest/00000.parquet"]
+        assert json.loads((t.root / remote.VERIFIED).read_text()).keys() == {rels[0]}
+    assert len(emptied) == 1  # the hook point was met (a renamed one fails here, not passes)
+    assert remote.origin(t.root) == url and read_dataset_info(t.root)["fingerprint"] == t.info["fingerprint"]
+    recorded = dataset_files(t.info)
+    assert {rel: file_sha256(t.root / rel) for rel in rels} == {rel: recorded[rel]["sha256"] for rel in rels}
+    u = next(u for u in range(t.cache.nunits) if not t.cache.cached(u))
+    assert t.cache.fetch(u) and t.cache._open(u).lengths.sum() == t.cache.totals[u]
+    assert not list(settings.dir.rglob("*.tmp"))
+
+
 def test_a_cache_emptied_at_every_try_of_a_write_says_so(s3, synthetic, tmp_path, monkeypatch):
     """A write whose temporary file is removed at every try (a cleaner clearing the cache in a loop)
     stopped with "give it a writable directory with room", which the directory is and has (review

@@ -267,16 +267,23 @@ def local_root(location: str | Path, cache: CacheSettings | None = None) -> Path
     root = copy_dir(cache.dir, str(location), info["fingerprint"])
     path = root / DATASET_JSON
 
-    def marked() -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        mark_origin(root, str(location))
-
-    def written() -> None:
-        if not path.is_file() or path.read_bytes() != raw:
+    def written() -> None:  # the bucket's dataset.json now (another upload of the same token stream)
+        if path.read_bytes() != raw:
             write_atomic(path, raw)
 
-    cache_write(cache.dir, marked, written)
+    cache_write(cache.dir, lambda: copy_made(root, str(location), raw), written)
     return root
+
+
+def copy_made(root: Path, url: str, raw: bytes) -> None:
+    """`root` is the cache's copy of `url`: the directory, marked (ORIGIN), with a dataset.json (`raw`
+    where there is none). The folders of every write of an open into the copy (cache_write), which an
+    emptying of the cache may have removed since: what reads the copy next finds it as local_root
+    left it."""
+    root.mkdir(parents=True, exist_ok=True)
+    mark_origin(root, url)
+    if not (root / DATASET_JSON).is_file():
+        write_atomic(root / DATASET_JSON, raw)
 
 
 def dataset_info(location: str | Path) -> dict[str, Any]:
@@ -323,7 +330,11 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
     url = origin(root)
     if url is None:
         return set()
-    info = read_dataset_info(root)
+    try:  # kept: the copy's dataset.json is written again from it if the cache is emptied meanwhile
+        raw = (root / DATASET_JSON).read_bytes()
+    except OSError:
+        raw = None
+    info = read_dataset_info(root) if raw is None else parse_dataset_info(raw, root / DATASET_JSON)
     others = info.get("files") or {}
 
     def present(rel: str, verified: dict[str, str]) -> bool:
@@ -336,10 +347,12 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
         return written
     recorded = dataset_files(info)
     store = ObjectStore(url)
-    with node_lock(root.parent, wait_s):
-        verified = _verified(root)
+
+    def fetched() -> None:
         for rel in missing:
-            if not fresh and present(rel, verified):  # another process fetched it while this one waited
+            # fetched by another process while this one waited, or by this one before an emptying of
+            # the cache made it all again (what that removed is fetched again)
+            if (not fresh or rel in written) and present(rel, verified):
                 continue
             spec = recorded.get(rel)
             if spec is None:
@@ -350,16 +363,22 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
                 )
             dest = root / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            written.add(rel)
             # (derived from dataset.json rather than fetched, but for `fresh`: validate checks the
             # bucket's object itself, which a copy of the bucket would carry: review R18c F2)
             shard_rows = rel == f"{INDEX_DIR}/{SHARD_ROWS}" and not fresh
-            if shard_rows and _write_derived_shard_rows(info, dest, spec["sha256"]):
-                continue
-            fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
+            if not (shard_rows and _write_derived_shard_rows(info, dest, spec["sha256"])):
+                fetch_verified(store, rel, dest, spec["bytes"], spec["sha256"])
+            written.add(rel)
             if rel in others:
                 verified[rel] = spec["sha256"]
                 write_atomic(root / VERIFIED, json.dumps(verified, sort_keys=True))
+
+    with node_lock(root.parent, wait_s):
+        verified = _verified(root)
+        # Through cache_write, as a fetch of a sample's block: the cache may be emptied while an open
+        # fetches (a training starting, `data inspect`): the copy is made again and what it removed
+        # fetched again, never a traceback (review RV27b F3)
+        cache_write(root.parent, lambda: raw is None or copy_made(root, url, raw), fetched)
     return written
 
 
@@ -388,7 +407,7 @@ def ensure_checked(root: Path, rels: list[str], wait_s: float = LOCK_WAIT_S) -> 
     with node_lock(root.parent, wait_s):
         stale = [rel for rel in stale if differs(rel)]
         for rel in stale:
-            if (root / rel).exists():
+            with contextlib.suppress(FileNotFoundError):  # (or removed by an emptying of the cache)
                 (root / rel).unlink()  # a reader that has it open keeps its inode
                 COUNTS.add("refetches")
     ensure(root, stale, wait_s=wait_s)
