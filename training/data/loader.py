@@ -22,6 +22,7 @@ The dataset directory is opened, checked and read by training/data/reader.py (`D
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import itertools
@@ -439,12 +440,20 @@ def _results(items: Any) -> Iterator[Any]:
             return
         except (EOFError, ConnectionError) as e:
             deadline = time.monotonic() + 2  # the kernel closes a dying process's sockets first
-            while not (dead := [w.pid for w in getattr(items, "_workers", ()) if not w.is_alive()]):
+            while not (dead := [w for w in getattr(items, "_workers", ()) if not w.is_alive()]):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
+            # torch's own wording, the signal kept: worker_death gives the shell's 128 + signal, as
+            # when torch's SIGCHLD handler sees the death first (review RV27a F2: exit 1 or 137 by race)
+            signalled = [w for w in dead if (w.exitcode or 0) < 0]
+            if signalled:
+                w = signalled[0]
+                raise RuntimeError(
+                    f"DataLoader worker (pid {w.pid}) is killed by signal: {signal.strsignal(-w.exitcode)}. "
+                ) from e
             raise RuntimeError(
-                f"DataLoader worker (pid(s) {', '.join(map(str, dead))}) exited unexpectedly"
+                f"DataLoader worker (pid(s) {', '.join(str(w.pid) for w in dead)}) exited unexpectedly"
             ) from e
         yield item
 
@@ -452,8 +461,10 @@ def _results(items: Any) -> Iterator[Any]:
 # The iterators whose workers run: ended by multiprocessing's exit, before it joins its children
 # (a worker ignores the SIGTERM it sends them first), whatever ended the process: an error raised
 # out of the loop keeps its iterator alive in the traceback until then. A finalizer of
-# multiprocessing's own, not atexit: a trainer that is itself a multiprocessing child (a test's
-# forked run, a pool's worker) ends by os._exit, past atexit, and hung in that join for ever.
+# multiprocessing's own: a trainer that is itself a multiprocessing child (a test's forked run, a
+# pool's worker) ends by os._exit, past atexit, and hung in that join for ever. And atexit too: in a
+# fresh interpreter torch's exit flag (its atexit, registered earlier, so run later) would otherwise
+# come first and make the loader's own shutdown a no-op, every worker SIGKILLed (review RV27a F1).
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _ENDING_LIVE: set[int] = set()  # the processes whose finalizer is registered (a child has none)
 
@@ -463,7 +474,9 @@ def _live(items: Any) -> None:
     if os.getpid() not in _ENDING_LIVE:
         _ENDING_LIVE.add(os.getpid())
         # before the queues' own finalizers (priority 10), which the loader's shutdown uses
-        multiprocessing.util.Finalize(None, lambda: [_end_workers(i) for i in list(_LIVE)], exitpriority=100)
+        end = lambda: [_end_workers(i) for i in list(_LIVE)]  # noqa: E731
+        multiprocessing.util.Finalize(None, end, exitpriority=100)
+        atexit.register(end)  # a fresh interpreter: before torch's exit flag makes its shutdown a no-op
     _LIVE.add(items)
 
 
