@@ -394,8 +394,9 @@ def _worker_start(_: int) -> None:
 # _worker_start's exit_with assume (each watches its parent). Through Python's default elsewhere:
 # a forkserver (3.14's default on Linux, or a caller's set_start_method) is a process of the job that
 # a job-wide SIGTERM kills, its workers then died with it, and the trainer lost its save ("DataLoader
-# worker (pid(s) …) exited unexpectedly", rc 1). Not Linux: the default (spawn), the trainer's children.
-WORKER_START = "fork" if sys.platform.startswith("linux") else None
+# worker (pid(s) …) exited unexpectedly", rc 1). Not Linux: spawned, the trainer's children too (a
+# caller's set_start_method("forkserver") on macOS would put them back under one: review RV27a F3).
+WORKER_START = "fork" if sys.platform.startswith("linux") else "spawn"
 
 
 def _workers_started(loader: DataLoader) -> Any:
