@@ -159,7 +159,7 @@ def test_loader_workers_end_within_a_moment_of_their_killed_trainer(corpus, tmp_
     assert not left, "DataLoader workers outlived their killed trainer"
 
 
-def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch):
+def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch, tmp_path):
     """A preemption's SIGTERM reaches every process of the job, DataLoader workers just forked too:
     before their _worker_start set SIGTERM aside, torch's handler let them die by it (1 in 5 kills
     as the workers started; the trainer then lost its save). Forked with SIGTERM blocked, a worker
@@ -176,6 +176,7 @@ def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch):
 
     def late_start(worker_id: int) -> None:
         time.sleep(2.0)  # a loaded machine's pause between a worker's fork and its first act
+        (tmp_path / f"started-{os.getpid()}").touch()
         started(worker_id)
 
     monkeypatch.setattr(loader_module, "_worker_start", late_start)
@@ -187,6 +188,8 @@ def test_a_sigterm_as_the_workers_start_is_ignored_by_them(corpus, monkeypatch):
         while len(new := set(child_pids(os.getpid())) - before) < 2 and time.time() < deadline:
             time.sleep(0.005)
         for pid in new:
+            # inside the window, or this test would pass without opening it (a sender late under load)
+            assert not (tmp_path / f"started-{pid}").exists(), "signalled after the worker's start"
             os.kill(pid, signal.SIGTERM)
             signalled.append(pid)
 
