@@ -120,11 +120,30 @@ def offline_ids(run_dir: Path) -> list[str]:
 
 
 def wandb_services(pid: int) -> list[int]:
-    """The wandb service processes (wandb-core) that process `pid` started."""
+    """The running wandb service processes (wandb-core) that process `pid` started: not one of an
+    earlier test's runs still exiting (a zombie), which its reaper then took."""
     children = [
         c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()
     ]
-    return [int(c) for c in children if "wandb" in Path(f"/proc/{c}/comm").read_text()]
+    found = []
+    for c in children:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # gone since the listing
+            stat = Path(f"/proc/{c}/stat").read_text()
+            if "wandb" in stat.split(") ", 1)[0] and stat.rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(c))
+    return found
+
+
+def continue_services(pids: list[int]) -> None:
+    """SIGCONT to each stopped service that is still there: one that exited meanwhile (an earlier
+    run's, stopped as it exited) must not leave the others stopped, the next wandb.init of this
+    test process hanging on them past the test's timeout."""
+    import os
+    import signal
+
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def hang_wandb(until) -> list[int]:
@@ -604,9 +623,7 @@ def test_a_hung_wandb_service_does_not_keep_a_finished_run_from_exiting(env, dat
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-        for pid in stopped:  # resumed, it sees its run's process gone and exits with its monitor
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        continue_services(stopped)  # resumed, it sees its run's process gone and exits with its monitor
     assert proc.returncode == 0, err[-2000:]
     assert [r["step"] for r in read_metrics(run)] == list(range(1, 13))
     assert checkpoint_dir(run, 12).is_dir()
@@ -624,8 +641,6 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
     checkpoint, a SIGTERM not acted on) for as long as the service hung. Each tracker's calls are on a
     thread of its own now: wandb is given up after GRISTMILL_TRACKER_TIMEOUT seconds with one warning
     naming it and the step, every step is trained and logged, the end not held by it."""
-    import os
-    import signal
     import threading
 
     import wandb
@@ -644,8 +659,7 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
     def release() -> None:  # without the fix the run never ends: the service let go after 120 s
         if not ended.wait(120):
             let_go.set()
-            for pid in stopped:
-                os.kill(pid, signal.SIGCONT)
+            continue_services(stopped)
 
     hanger = threading.Thread(target=hang, daemon=True)
     hanger.start()
@@ -657,9 +671,7 @@ def test_a_hung_tracker_never_holds_the_training_loop(env, dataset, tmp_path, ca
         assert not let_go.is_set(), "the run ended only once the hung wandb service was let go"
     finally:
         ended.set()
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        continue_services(stopped)
         hanger.join(timeout=30)
         wandb.teardown()  # this process's next wandb run starts a service of its own
     assert stopped
@@ -684,8 +696,6 @@ def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env,
     while the tracker is slow or hung: the open record says how far the tracker took them (the
     highest step whose log returned), row by row, never further. A tracker FEED_ROWS rows behind is
     given up, its record closed there."""
-    import os
-    import signal
     import threading
 
     import wandb
@@ -722,8 +732,7 @@ def test_a_killed_invocations_record_claims_no_row_its_tracker_did_not_take(env,
         assert record["open"] is False and record["sent_through"] == 3, record
     finally:
         ended.set()
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+        continue_services(stopped)
         trackers.close()
         wandb.teardown()  # this process's next wandb run starts a service of its own
 
@@ -733,8 +742,6 @@ def wandb_hung_after_row_1(run: Path):
     """A wandb-only Trackers of `run` that took row 1, then its service hung, its socket full
     (hang_wandb). Yields (trackers, resume): resume() continues the service. On the way out the service
     is continued, the trackers closed (again: closing twice is safe) and wandb torn down."""
-    import os
-    import signal
     import threading
 
     import wandb
@@ -747,8 +754,7 @@ def wandb_hung_after_row_1(run: Path):
 
     def resume() -> None:
         ended.set()
-        for pid in stopped:
-            os.kill(pid, signal.SIGCONT)
+        continue_services(stopped)
         stopped.clear()
 
     try:
