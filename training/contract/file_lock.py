@@ -1,13 +1,12 @@
-"""An exclusive lock on a file (or a directory's own descriptor: the cache's node lock), for the
-processes of one node and the threads of one process: the cache's downloads and fetches
-(training/data/remote.py, block_cache.py) and the eval results' merges (validation/eval_results.py:
-the trainer's eval and `gristmill eval --watch` write one step's file).
+"""An exclusive lock on a file, for the processes of one node and the threads of one process: the
+cache's downloads and fetches (training/data/remote.py, block_cache.py) and the eval results' merges
+(validation/eval_results.py: the trainer's eval and `gristmill eval --watch` write one step's file).
 
-The holder writes its pid, host and start into the file (a directory's: RECORD in it), so that a
-wait can say whom it waits for: a holder that was stopped (SIGSTOP, Ctrl-Z, a suspended job) keeps its
-lock, and the waiters would otherwise hang without a word. A wait longer than a second says so in one
-line (`say`); with `wait_s` it ends in one line once the holder has not been seen running for that
-long (on this host, a running holder is waited for: it is working, and its own fetches are bounded)."""
+The holder writes its pid, host and start into the file, so that a wait can say whom it waits for:
+a holder that was stopped (SIGSTOP, Ctrl-Z, a suspended job) keeps its lock, and the waiters would
+otherwise hang without a word. A wait longer than a second says so in one line (`say`); with
+`wait_s` it ends in one line once the holder has not been seen running for that long (on this host, a
+running holder is waited for: it is working, and its own fetches are bounded)."""
 
 from __future__ import annotations
 
