@@ -1993,42 +1993,6 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
-def test_a_cache_emptied_while_a_fetch_makes_room_lets_no_other_make_room_at_once(
-    s3, synthetic, tmp_path, monkeypatch
-):
-    """`rm -rf` of the cache's contents removed CACHE/.lock while a fetch held it: another fetch made
-    a new one, locked it and made room at the same time, each counting the cache without the other's
-    copy, and the cache held a sample more than its count and its data.cache_gb (E27f: 92,832 bytes
-    held of 77,916, once in ~25 runs under load). Here the emptying comes at a fetch's listing of the
-    cache, and a second fetch starts there: it waits for the first, and the count holds both copies."""
-    from training.data import block_cache
-
-    _, url = synthetic
-    settings = cache(tmp_path)
-    c = DocumentTable(url, cache=settings).cache
-    first, second = [u for u in range(c.nunits) if not c.cached(u)][:2]
-    listing, other = block_cache.cache_usage, []
-
-    def emptied_at_the_listing(cache_dir):
-        files = listing(cache_dir)  # the cache as the first fetch counts it: no copy yet
-        if not other:  # the emptying's first removal, the lock's file; a second fetch comes meanwhile
-            (cache_dir / ".lock").unlink()
-            other.append(threading.Thread(target=c.fetch, args=(second,), daemon=True))
-            other[0].start()
-            other[0].join(1.0)  # (it would be done by now, had it not waited for the lock)
-            other.append(other[0].is_alive())
-        return files
-
-    monkeypatch.setattr(block_cache, "cache_usage", emptied_at_the_listing)
-    assert c.fetch(first)
-    other[0].join(20)
-    assert other[1], "the second fetch made room and wrote while the first made room"
-    assert c.cached(first) and c.cached(second)
-    held = sum(f.stat().st_size for f in settings.dir.rglob(f"*{BLOCK_EXT}"))
-    counted = int((settings.dir / USAGE).read_text())  # what make_room goes by
-    assert counted == c.unit_bytes(first) + c.unit_bytes(second) >= held, (counted, held)
-
-
 @pytest.mark.parametrize("point", ["lock", "mark", "count", "copy", "rename", "file then folder"])
 def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_path, monkeypatch, point):
     """`rm -rf` of the cache landing between a fetch's making of a folder and its write into it (a lock

@@ -39,9 +39,6 @@ def _close_held_in_child() -> None:
 os.register_at_fork(after_in_child=_close_held_in_child)
 
 
-RECORD = ".lock"  # in a locked directory: who holds its lock (file_lock)
-
-
 @contextlib.contextmanager
 def file_lock(
     path: Path,
@@ -49,97 +46,64 @@ def file_lock(
     wait_s: float | None = None,
     fix: str = "",
     say: Callable[[str], None] | None = None,
-    directory: bool = False,
 ) -> Iterator[None]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
-    take turns (flock holds per open file; the kernel releases it when its holder dies). `path` is a
-    lock file (made if missing), or with `directory` a directory, whose own descriptor is locked: a
-    lock file removed under its holder (an `rm -rf` of the folder's contents) lets the next comer make
-    another and share the holder's section; a directory's lock stays while the directory does. A
-    lock taken on a file or directory removed or replaced while this waited is let go and taken on
-    what `path` names now (the waiter would share the section of one holding the new one). A process
-    forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the lock
-    through its copy of the descriptor: the lock is released explicitly on the way out, never by
-    closing (which would leave it to the copy for the child's life), and the child closes its copy.
-    The holder writes its pid, host and start into the lock file (a directory's: RECORD in it); a
-    wait over a second is told through `say`; with `wait_s`, a holder not seen running for that long
-    is a LockWaitError ending with `fix` (what the user can do instead)."""
-    record = path / RECORD if directory else path
-    # (a directory opens read-only, which flock allows; one gone is FileNotFoundError, never a file)
-    flags = os.O_RDONLY | os.O_DIRECTORY if directory else os.O_RDWR | os.O_CREAT
-    while True:
-        fd = os.open(path, flags, 0o644)
-        _HELD.add(fd)
+    take turns (flock holds per open file; the kernel releases it when its holder dies). A process
+    forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
+    lock through its copy of the descriptor: the lock is released explicitly on the way out, never
+    by closing (which would leave it to the copy for the child's life), and the child closes its copy.
+    A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
+    long is a LockWaitError ending with `fix` (what the user can do instead)."""
+    with open(path, "a+", encoding="utf-8", errors="replace") as f:
+        _HELD.add(f.fileno())
         try:
-            _wait(fd, record, wait_s, fix, say)
-        except BaseException:
-            _let_go(fd)
-            raise
-        if _same(fd, path):
-            break
-        _let_go(fd)
-    try:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
-        with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
-            record.write_text(json.dumps(holder) + "\n")
-        yield
-    finally:
-        _let_go(fd)
+            _wait(f, path, wait_s, fix, say)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
+                os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
+                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
+                os.write(f.fileno(), (json.dumps(holder) + "\n").encode())
+            yield
+        finally:
+            _HELD.discard(f.fileno())
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _let_go(fd: int) -> None:
-    """Release the lock of `fd` (if it holds it), then close it."""
-    _HELD.discard(fd)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
-
-
-def _same(fd: int, path: Path) -> bool:
-    """Whether `path` still names the file or directory open as `fd` (same device and inode)."""
-    try:
-        now, held = os.stat(path), os.fstat(fd)
-    except FileNotFoundError:
-        return False
-    return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
-
-
-def _wait(fd: int, record: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None) -> None:
+def _wait(f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None) -> None:
     """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
-    while the holder is not seen running. The lines name `record`, the file that names the holder."""
+    while the holder is not seen running."""
     start = last = time.monotonic()
     idle, pause, told = 0.0, 0.001, None  # (idle: seconds the holder was not seen running)
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             pass
         now = time.monotonic()
         if now - start >= SAY_AFTER_S:
-            holder, running = _holder(record)
+            holder, running = _holder(f)
             idle = 0.0 if running else idle + (now - last)
             last = now
             if say is not None and holder != told:  # the first line, and one when the holder changes
                 told = holder
                 bound = f"; one not running is waited for at most {wait_s:g} s" if wait_s is not None else ""
-                say(f"waiting for {record}, held by {holder}{bound}")
+                say(f"waiting for {path}, held by {holder}{bound}")
             if wait_s is not None and idle >= wait_s:
-                what = f"{record} is still held by {holder}, not seen running for {wait_s:g} s"
+                what = f"{path} is still held by {holder}, not seen running for {wait_s:g} s"
                 raise LockWaitError(f"{what}: {fix}" if fix else what)
         time.sleep(pause)
         pause = min(2 * pause, 0.02)  # a waiter is late by at most 20 ms
 
 
-def _holder(record: Path) -> tuple[str, bool]:
-    """Who holds the lock, as its `record` says, and whether it is seen running (on this host, a
-    process neither stopped nor gone)."""
+def _holder(f) -> tuple[str, bool]:
+    """Who holds the lock, as its file says, and whether it is seen running (on this host, a process
+    neither stopped nor gone)."""
+    f.seek(0)
     try:
-        h = json.loads(record.read_text(encoding="utf-8", errors="replace"))
+        h = json.loads(f.read())
         pid, host, since = int(h["pid"]), str(h["host"]), h["since"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return "a process that left no details", False
     who = f"pid {pid} on {host} since {since}"
     if host != socket.gethostname():

@@ -10,8 +10,7 @@ the dataset's. The documents are read by range, a loader block at a time, throug
 of training/data/block_cache.py, each checked against the index's per-document sha256.
 
     CACHE/                       [data] cache_dir (default ~/.cache/gristmill/datasets)
-      .lock                      who holds the cache's lock (the directory's own: node_lock): one
-                                 download (or eviction) at a time on this node
+      .lock                      one download (or eviction) at a time on this node
       <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
                                  index/, tokenizer.json, manifest/ … as needed, blocks/ (bounded)
       keep/                      what each live loader reads next (block_cache.py)
@@ -44,7 +43,7 @@ from training.contract.dataset_format import (
     recorded_paths,
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
-from training.contract.file_lock import RECORD, file_lock
+from training.contract.file_lock import file_lock
 from training.contract.lifetime import host
 from training.contract.object_store import (
     COUNTS,
@@ -57,7 +56,7 @@ from training.contract.object_store import (
 
 ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
-LOCK = RECORD  # in the cache directory: who holds its lock (node_lock)
+LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
 DEFAULT_FETCH_TIMEOUT_S = 300.0  # how long a fetch keeps retrying before the run stops
@@ -151,32 +150,25 @@ def cache_of(args) -> CacheSettings:
 @contextlib.contextmanager
 def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
-    file is downloaded twice and the bound is checked against a size nobody else is changing. It is
-    the cache directory's own (its holder named in LOCK), which no emptying of the cache's contents
-    takes away: a lock file, removed under its holder, let the next process or thread make another
-    and make room at once with the holder, both counting the same bytes free (the bound exceeded by
-    a sample: E27f)."""
-    with cache_lock(cache_dir, cache_dir, wait_s):
+    file is downloaded twice and the bound is checked against a size nobody else is changing."""
+    with cache_lock(cache_dir, cache_dir / LOCK, wait_s):
         yield
 
 
 @contextlib.contextmanager
 def cache_lock(cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder), or the cache
-    directory itself (node_lock). One that cannot be made or opened (a read-only or full disk, a folder
-    that became a file, another user's lock file) is the cache's one line, which the trainer stops on
-    after saving its last step: a bare OSError was a traceback, the steps since the last checkpoint
-    lost (review R19b 5). A wait says whom it waits for after a second, and ends in one line once the
-    holder was not seen running for `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache
-    and the next one hung without a word: review R26b M2)."""
-    whole = path == cache_dir
+    """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder). One that cannot
+    be made or opened (a read-only or full disk, a folder that became a file, another user's lock
+    file) is the cache's one line, which the trainer stops on after saving its last step: a bare
+    OSError was a traceback, the steps since the last checkpoint lost (review R19b 5). A wait says
+    whom it waits for after a second, and ends in one line once the holder was not seen running for
+    `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next one hung without a word:
+    review R26b M2)."""
     with contextlib.ExitStack() as held:
         cache_write(
             cache_dir,
-            lambda: (path if whole else path.parent).mkdir(parents=True, exist_ok=True),
-            lambda: held.enter_context(
-                file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say, directory=whole)
-            ),
+            lambda: path.parent.mkdir(parents=True, exist_ok=True),
+            lambda: held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say)),
         )
         yield
 

@@ -8,14 +8,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
-from training.contract.file_lock import LockWaitError, file_lock
+from training.contract.file_lock import LockWaitError
 from training.data.remote import LOCK, node_lock
 
 
@@ -40,11 +38,8 @@ def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_insi
     try:
         release.set()
         thread.join()
-        fd = os.open(tmp_path, os.O_RDONLY)  # the node's lock: the cache directory's own
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: the child's copy held it
-        finally:
-            os.close(fd)
+        with open(tmp_path / LOCK, "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: the child's copy held it
     finally:
         os.write(end, b"x")
         os.close(end)
@@ -154,74 +149,3 @@ def test_a_holder_recorded_on_another_host_is_waited_for(tmp_path, capsys):
     (said,) = capsys.readouterr().out.splitlines()
     assert said.startswith(f"waiting for {lock}, held by pid {holder.pid} on pod-b since "), said
     assert "(another host: whether it runs cannot be told here, so it is waited for)" in said, said
-
-
-def _taken_meanwhile(lock, *, hold: threading.Event) -> tuple[threading.Thread, threading.Event]:
-    """A thread that takes `lock` (a context manager) and holds it until `hold` is set; the event is
-    set once it is inside."""
-    inside = threading.Event()
-
-    def take() -> None:
-        with lock:
-            inside.set()
-            hold.wait()
-
-    thread = threading.Thread(target=take, daemon=True)
-    thread.start()
-    return thread, inside
-
-
-def _opened(path) -> int:
-    """How many descriptors of this process are open on `path`."""
-    fds = Path("/proc/self/fd")
-    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
-
-
-def test_the_node_lock_holds_while_the_cache_s_contents_are_emptied(tmp_path):
-    """An `rm -rf` of the cache's contents (a user freeing the disk) removed CACHE/.lock under the
-    thread that held it: the next fetch made another, locked it and made room at the same time, both
-    counting the same free bytes, and the cache went a sample past data.cache_gb (E27f: 92,832 bytes
-    held of 77,916). The node's lock is the cache directory's own: the next one waits."""
-    done = threading.Event()
-    first, inside = _taken_meanwhile(node_lock(tmp_path), hold=done)
-    assert inside.wait(10)
-    for child in tmp_path.iterdir():  # as `rm -rf CACHE/*` does, the lock's record with the rest
-        shutil.rmtree(child) if child.is_dir() else child.unlink()
-    also_done = threading.Event()
-    second, also_inside = _taken_meanwhile(node_lock(tmp_path), hold=also_done)
-    try:
-        assert not also_inside.wait(0.5), "two holders of the node's lock at once"
-    finally:
-        done.set()
-    assert also_inside.wait(10)  # taken once the first lets go
-    also_done.set()
-    first.join(10)
-    second.join(10)
-
-
-def test_a_lock_file_replaced_while_one_waited_for_it_is_taken_anew(tmp_path):
-    """A waiter on a lock file that was removed and made again meanwhile (the holder of the new one
-    inside) took the old file's lock when its holder let go, and was inside with the new one's
-    holder: it takes the lock on the file the path names now, and waits."""
-    path = tmp_path / "a.lock"
-    release_first, release_second = threading.Event(), threading.Event()
-    first, inside = _taken_meanwhile(file_lock(path), hold=release_first)
-    assert inside.wait(10)
-    release_waiter = threading.Event()
-    waiter, waiter_inside = _taken_meanwhile(file_lock(path), hold=release_waiter)
-    deadline = time.monotonic() + 10  # until it waits on the file the first holds (open twice)
-    while _opened(path) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    path.unlink()
-    second, second_inside = _taken_meanwhile(file_lock(path), hold=release_second)  # a new file
-    assert second_inside.wait(10)
-    release_first.set()
-    first.join(10)
-    try:
-        assert not waiter_inside.wait(0.5), "the waiter shares the new file's holder's section"
-    finally:
-        release_second.set()
-    assert waiter_inside.wait(10)
-    release_waiter.set()
-    second.join(10)
-    waiter.join(10)
