@@ -1993,6 +1993,41 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
+def test_a_copy_written_before_an_emptying_reached_its_mark_is_counted(s3, synthetic, tmp_path, monkeypatch):
+    """`rm -rf` of a dataset's copy lists blocks/ (u0); a fetch writes u1 after that listing (the rmdir
+    of blocks/ then fails: u1 stays); the count (USAGE) goes; the mark goes while the next fetch (u2) is
+    between its marking and make_room's listing, which then counted no marked copy: u1 was never
+    counted again, the cache past data.cache_gb by a sample (review RV27b F1). A fetch that finds its
+    copy unmarked after its write marks it again and has the next make_room count the cache whole."""
+    from training.data import block_cache
+    from training.data.block_cache import _usage
+
+    _, url = synthetic
+    settings = cache(tmp_path)
+    c = DocumentTable(url, cache=settings).cache
+    u0, u1, u2, u3 = [u for u in range(c.nunits) if not c.cached(u)][:4]
+    assert c.fetch(u0)
+    listed = [p for p, _, _ in cache_usage(settings.dir)]  # rm -rf lists blocks/
+    assert c.fetch(u1)  # written after the listing: stays
+    for p in listed:
+        p.unlink()
+    (settings.dir / USAGE).unlink()
+    real, done = block_cache.make_room, []
+
+    def make_room(*args):
+        if not done:
+            done.append(1)
+            (c.root / ".origin.json").unlink()  # rm -rf reaches the mark now
+        return real(*args)
+
+    monkeypatch.setattr(block_cache, "make_room", make_room)
+    assert c.fetch(u2)
+    monkeypatch.setattr(block_cache, "make_room", real)
+    assert c.fetch(u3)
+    on_disk = sum(f.stat().st_size for f in settings.dir.rglob(f"*{BLOCK_EXT}"))
+    assert done and _usage(settings.dir) >= on_disk, (_usage(settings.dir), on_disk)
+
+
 @pytest.mark.parametrize("point", ["lock", "mark", "count", "copy", "rename", "file then folder"])
 def test_a_cache_emptied_at_a_write_of_a_fetch_is_made_again(s3, synthetic, tmp_path, monkeypatch, point):
     """`rm -rf` of the cache landing between a fetch's making of a folder and its write into it (a lock

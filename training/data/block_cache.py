@@ -404,6 +404,11 @@ class CachedBlocks:
             def room_made_and_written() -> None:  # at once: the bound holds
                 make_room(self.cache, self.unit_bytes(u))
                 self._write(u, records, check, ids)
+                # emptied meanwhile, perhaps after the count listed the cache but before this copy was
+                # marked: marked again, and counted again whole at the next make_room (review RV27b F1)
+                if not os.path.isfile(self._origin):
+                    mark_origin(self.root, self.url)
+                    (self.cache.dir / USAGE).unlink(missing_ok=True)
 
             # The cache may be emptied at any time (`rm -rf` to free the disk, during this fetch too):
             # its folders are made and marked again first (unmarked, the copies written now were no
