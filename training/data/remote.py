@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -372,6 +373,13 @@ def ensure(root: Path, rels: Iterable[str], fresh: bool = False, wait_s: float =
             if rel in others:
                 verified[rel] = spec["sha256"]
                 write_atomic(root / VERIFIED, json.dumps(verified, sort_keys=True))
+        # an emptying between two files' fetches raised nothing (the next mkdir made the folders again,
+        # unmarked): what it removed is fetched again, and the copy marked, as after one within a write
+        gone = [rel for rel in missing if not (root / rel).is_file()]
+        if gone or (raw is not None and origin(root) != url):
+            raise FileNotFoundError(
+                errno.ENOENT, "removed by an emptying of the cache", str(root / (gone or [ORIGIN])[0])
+            )
 
     with node_lock(root.parent, wait_s):
         verified = _verified(root)
