@@ -407,7 +407,7 @@ class CachedBlocks:
                 # emptied meanwhile, perhaps after the count listed the cache but before this copy was
                 # marked: marked again, and counted again whole at the next make_room (review RV27b F1)
                 if not os.path.isfile(self._origin):
-                    mark_origin(self.root, self.url)
+                    self._mark()
                     (self.cache.dir / USAGE).unlink(missing_ok=True)
 
             # The cache may be emptied at any time (`rm -rf` to free the disk, during this fetch too):
