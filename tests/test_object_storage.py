@@ -1993,6 +1993,54 @@ def test_a_cache_emptied_mid_run_keeps_its_bound(s3, synthetic, small_blocks, tm
     assert c.fetch(gone) and c.cached(gone) and (c.root / ".origin.json").is_file()
 
 
+def test_a_cache_emptied_while_a_fetch_makes_room_lets_no_other_make_room_at_once(
+    s3, synthetic, tmp_path, monkeypatch
+):
+    """`rm -rf` of the cache's contents removed CACHE/.lock, the node's lock, while a fetch held it: the
+    next fetch made a new one, locked it and made room at the same time, each counting the cache
+    without the other's copy, and the cache held a sample past its count and data.cache_gb (the rare
+    failure of test_a_cache_emptied_mid_run_keeps_its_bound: 92,832 bytes held of 77,916). Here the
+    emptying comes at a fetch's listing of the cache, and a second fetch starts there: it waits for
+    the first, as its line says (told by that line, not by how long it took: under load a second fetch
+    that had not waited looked like one that had, review RV27e F-TEST), and the count holds both."""
+    from training.contract import file_lock
+    from training.data import block_cache, remote
+    from training.data.block_cache import _usage
+
+    _, url = synthetic
+    settings = cache(tmp_path)
+    c = DocumentTable(url, cache=settings).cache
+    first, second = [u for u in range(c.nunits) if not c.cached(u)][:2]
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter's line at its first look at the holder
+    said: list[str] = []
+    monkeypatch.setattr(remote, "say", said.append)
+    listing, other, fetched = block_cache.cache_usage, [], []
+
+    def emptied_at_the_listing(cache_dir):
+        files = listing(cache_dir)  # the cache as the first fetch counts it: no copy yet
+        if not other:  # `rm -rf CACHE/*` now, and a second fetch meanwhile, until it waits or is done
+            for child in cache_dir.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+            other.append(threading.Thread(target=lambda: fetched.append(c.fetch(second)), daemon=True))
+            other[0].start()
+            deadline = time.monotonic() + 20
+            while not said and other[0].is_alive() and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return files
+
+    monkeypatch.setattr(block_cache, "cache_usage", emptied_at_the_listing)
+    assert c.fetch(first)
+    other[0].join(20)
+    lock = remote.node_lock_file(settings.dir)
+    assert said and said[0].startswith(f"waiting for {lock}, held by pid {os.getpid()} "), (
+        "the second fetch made room and wrote while the first made room",
+        said,
+    )
+    assert fetched == [True] and c.cached(first) and c.cached(second)
+    held = sum(f.stat().st_size for f in settings.dir.rglob(f"*{BLOCK_EXT}"))
+    assert _usage(settings.dir) >= held, (_usage(settings.dir), held)  # what make_room goes by
+
+
 def test_a_copy_written_before_an_emptying_reached_its_mark_is_counted(s3, synthetic, tmp_path, monkeypatch):
     """`rm -rf` of a dataset's copy lists blocks/ (u0); a fetch writes u1 after that listing (the rmdir
     of blocks/ then fails: u1 stays); the count (USAGE) goes; the mark goes while the next fetch (u2) is

@@ -9,8 +9,9 @@ one line naming the object), then renamed into place, so no reader ever opens a 
 the dataset's. The documents are read by range, a loader block at a time, through the bounded cache
 of training/data/block_cache.py, each checked against the index's per-document sha256.
 
-    CACHE/                       [data] cache_dir (default ~/.cache/gristmill/datasets)
-      .lock                      one download (or eviction) at a time on this node
+    .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file): one
+                                 download (or eviction) at a time on this node
+    NAME/ = CACHE/               [data] cache_dir (default ~/.cache/gristmill/datasets)
       <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
                                  index/, tokenizer.json, manifest/ … as needed, blocks/ (bounded)
       keep/                      what each live loader reads next (block_cache.py)
@@ -57,6 +58,7 @@ from training.contract.object_store import (
 
 ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
+# The node lock's file in the cache, where the folder above it cannot be written (node_lock_file)
 LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
@@ -151,20 +153,49 @@ def cache_of(args) -> CacheSettings:
 @contextlib.contextmanager
 def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
-    file is downloaded twice and the bound is checked against a size nobody else is changing."""
-    with cache_lock(cache_dir, cache_dir / LOCK, wait_s):
+    file is downloaded twice and the bound is checked against a size nobody else is changing. Its file
+    is node_lock_file's."""
+    with cache_lock(cache_dir, node_lock_file(cache_dir), wait_s):
         yield
+
+
+def node_lock_file(cache_dir: Path) -> Path:
+    """The node lock's file: `.NAME.lock` beside the cache directory NAME, in the folder above it, which
+    no emptying of the cache (`rm -rf CACHE/*` or `rm -rf CACHE`, to free a disk) removes. In the cache
+    (CACHE/.lock), an emptying removed it under its holder: the next fetch made another, locked it and
+    made room at the same time, both counting the same free bytes, and the cache went a sample past
+    data.cache_gb (E28a). Still a lock file, not the directory's own lock: a file's flock is held by
+    the server on NFS, where a cache may be shared by nodes, and its holder's record is read through
+    the waiter's own descriptor (review RV27e). Where that folder cannot be written and holds no such
+    file (a cache at the root of a mount point the user owns, under a root-owned folder), the lock
+    stays in the cache, as before (docs/object-storage.md, The cache: an emptying of its contents keeps
+    the gap there). Processes that differ on whether they can write that folder (root and a user) may
+    differ on the file until one of them has made the file beside the cache. The cache is named by its
+    real path: a symlink to it shares its lock, as its files."""
+    real = Path(os.path.realpath(cache_dir))
+    beside = real.parent / f".{real.name}.lock"
+    if beside.exists() or _can_make_files_in(real.parent):
+        return beside
+    return real / LOCK
+
+
+def _can_make_files_in(folder: Path) -> bool:
+    """Whether this process can make a file in `folder`; where it is not there yet, whether it can make
+    it (in the nearest folder above it that is there)."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
 
 
 @contextlib.contextmanager
 def cache_lock(cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """file_lock on `path`, a lock file of the cache `cache_dir` (made with its folder). One that cannot
-    be made or opened (a read-only or full disk, a folder that became a file, another user's lock
-    file) is the cache's one line, which the trainer stops on after saving its last step: a bare
-    OSError was a traceback, the steps since the last checkpoint lost (review R19b 5). A wait says
-    whom it waits for after a second, and ends in one line once the holder was not seen running for
-    `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next one hung without a word:
-    review R26b M2)."""
+    """file_lock on `path`, a lock file of the cache `cache_dir` or beside it (node_lock_file), made with
+    its folder. One that cannot be made or opened (a read-only or full disk, a folder that became a
+    file, another user's lock file) is the cache's one line, which the trainer stops on after saving
+    its last step: a bare OSError was a traceback, the steps since the last checkpoint lost (review
+    R19b 5). A wait says whom it waits for after a second, and ends in one line once the holder was
+    not seen running for `wait_s` (LOCK_WAIT_S; a stopped training held the node's cache and the next
+    one hung without a word: review R26b M2)."""
     with contextlib.ExitStack() as held:
         cache_write(
             cache_dir,

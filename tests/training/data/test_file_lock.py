@@ -8,13 +8,20 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
+import pytest
+
+from tests.helpers.mounts import sh_quote, unshare_works
 from training.contract.file_lock import LockWaitError
-from training.data.remote import LOCK, node_lock
+from training.data.remote import node_lock, node_lock_file
 
 
 def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_inside_lives_on(tmp_path):
@@ -38,7 +45,7 @@ def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_insi
     try:
         release.set()
         thread.join()
-        with open(tmp_path / LOCK, "a") as f:
+        with open(node_lock_file(tmp_path), "a") as f:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: the child's copy held it
     finally:
         os.write(end, b"x")
@@ -75,7 +82,7 @@ class _Holder:
             os.waitpid(self.pid, 0)
 
 
-def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
+def _wait_in_thread(cache, name: str | None = None) -> tuple[threading.Thread, list]:
     outcome: list = []
 
     def wait() -> None:
@@ -85,7 +92,8 @@ def _wait_in_thread(cache) -> tuple[threading.Thread, list]:
         except Exception as e:
             outcome.append(e)
 
-    thread = threading.Thread(target=wait, daemon=True)  # (daemon: a wait that never ends fails, not hangs)
+    # (daemon: a wait that never ends fails, not hangs)
+    thread = threading.Thread(target=wait, name=name, daemon=True)
     thread.start()
     return thread, outcome
 
@@ -111,7 +119,7 @@ def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_
     after a second; a running holder is waited for; one not seen running for `wait_s` (a training's
     data.fetch_timeout_s) ends the wait in one line with the fix."""
     host = socket.gethostname()
-    lock = tmp_path / LOCK
+    lock = node_lock_file(tmp_path)
     holder = _waited_for(_Holder(tmp_path))  # a running holder: waited for, however long
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1, said  # one line, whatever the wait
@@ -144,8 +152,138 @@ def test_a_holder_recorded_on_another_host_is_waited_for(tmp_path, capsys):
     hostPath: the flock is real, its holder's state cannot be seen) was counted as not running, and
     the wait ended a healthy run after data.fetch_timeout_s (review RV26c M2). It is waited for, and
     the line says why."""
-    lock = tmp_path / LOCK
+    lock = node_lock_file(tmp_path)
     holder = _waited_for(_Holder(tmp_path, host="pod-b"))
     (said,) = capsys.readouterr().out.splitlines()
     assert said.startswith(f"waiting for {lock}, held by pid {holder.pid} on pod-b since "), said
     assert "(another host: whether it runs cannot be told here, so it is waited for)" in said, said
+
+
+def _until(done, what: str, timeout: float = 20.0) -> None:
+    """Wait until `done()` (a condition on other threads' progress, never on how fast they are)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("emptying", ["contents", "directory"])
+def test_the_node_lock_outlives_an_emptying_of_the_cache_and_its_waiters_name_the_holder(
+    tmp_path, monkeypatch, emptying
+):
+    """`rm -rf CACHE/*` (or `rm -rf CACHE`) removed CACHE/.lock, the node's lock, under the process that
+    held it: the next fetch made another, locked it and made room at the same time, both counting the
+    same free bytes, and the cache went a sample past data.cache_gb (the emptied-cache bound test's
+    flake: 92,832 bytes held of 77,916). The lock is a file beside the cache: a waiter that comes after
+    the emptying waits too. Each waiter names the running holder from its record, which the emptying
+    left (E27f's lock on the directory lost it with the emptying: the holder was taken for "a process
+    that left no details" and the wait ended in LockWaitError after wait_s, review RV27e F-LOCKWAIT),
+    and goes on waiting past wait_s, until the holder lets go."""
+    from training.contract import file_lock
+    from training.data import remote
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter's line at its first look at the holder
+    said: dict[str, list[str]] = {}
+    looks: dict[str, list[float]] = {}  # per waiter, when it looked at the holder's record
+    look = file_lock._holder
+
+    def looked(*args):
+        looks.setdefault(threading.current_thread().name, []).append(time.monotonic())
+        return look(*args)
+
+    monkeypatch.setattr(file_lock, "_holder", looked)
+    monkeypatch.setattr(
+        remote, "say", lambda line: said.setdefault(threading.current_thread().name, []).append(line)
+    )
+    holder = _Holder(cache)  # another process of the node, inside the lock
+    try:
+        (cache / "copy" / "blocks").mkdir(parents=True)
+        (cache / "copy" / "blocks" / "0.blk").write_bytes(b"x")
+        waiters = {"before": _wait_in_thread(cache, "before")}
+        _until(lambda: looks.get("before") or waiters["before"][1], "the first waiter never waited")
+        since = {
+            "before": time.monotonic()
+        }  # (a wait's clock of wait_s, were its holder lost, runs from here)
+        if emptying == "directory":
+            shutil.rmtree(cache)
+        else:
+            for child in cache.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        since["after"] = time.monotonic()
+        waiters["after"] = _wait_in_thread(cache, "after")
+        _until(lambda: looks.get("after") or waiters["after"][1], "the second waiter never waited")
+        assert waiters["after"][1] == [], (
+            "a waiter that came after the emptying took the lock from its holder"
+        )
+
+        def looked_again(name: str) -> bool:  # wait_s (0.5 s) after the emptying or its start, and once more
+            late = [t for t in looks.get(name, []) if t >= since[name] + 0.5]
+            return len(late) >= 2 or bool(waiters[name][1])
+
+        _until(lambda: all(looked_again(name) for name in waiters), "the waiters stopped looking")
+        assert {name: outcome for name, (_, outcome) in waiters.items()} == {"before": [], "after": []}
+        for name in waiters:  # one line each: the holder never became "a process that left no details"
+            (line,) = said[name]
+            assert line.startswith(f"waiting for {node_lock_file(cache)}, held by pid {holder.pid} on "), line
+            assert line.endswith("; one not running is waited for at most 0.5 s") and "(" not in line, line
+        assert holder.release() == 0
+        for thread, outcome in waiters.values():
+            thread.join(timeout=20)
+            assert outcome == ["taken"]
+    finally:
+        holder.kill()
+
+
+_LOCKS_OF = (
+    "import sys; from pathlib import Path; from training.data.remote import node_lock, node_lock_file\n"
+    "for cache in sys.argv[1:]:\n"
+    "    with node_lock(Path(cache)):\n"
+    "        print(node_lock_file(Path(cache)), flush=True)\n"
+)
+
+
+def test_a_cache_whose_folder_above_cannot_be_written_keeps_its_lock_inside(tmp_path):
+    """A cache at the root of a mount point its user owns, under a folder the user cannot write (a
+    scratch disk, a container's volume): its lock cannot go beside it, and stays in the cache, as
+    before (remote.node_lock_file, the one rule; docs/object-storage.md, The cache, says what that
+    keeps of the emptying's gap). Where that folder holds the lock file (made there for the cache's
+    users), that file is the lock. Not root: chmod. Root (chmod stops nothing): a read-only
+    bind mount in a private mount namespace (unshare -rm), the caches and the lock file mounted on it
+    writable."""
+    above, own = tmp_path / "above", tmp_path / "own"
+    for name in ("mount", "locked"):
+        (above / name).mkdir(parents=True)
+        (own / name).mkdir(parents=True)
+    (own / ".locked.lock").touch(mode=0o666)
+    (above / ".locked.lock").touch(mode=0o666)
+    caches = [str(above / "mount"), str(above / "locked")]
+    cmd = [sys.executable, "-c", _LOCKS_OF, *caches]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    if os.geteuid() != 0:
+        above.chmod(0o555)
+        try:
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        finally:
+            above.chmod(0o755)
+    elif unshare_works():
+        q = sh_quote
+        script = " && ".join(
+            [
+                f"mount --bind {q(str(above))} {q(str(above))}",
+                f"mount -o remount,bind,ro {q(str(above))}",
+                *(
+                    f"mount --bind {q(str(own / name))} {q(str(above / name))}"
+                    for name in ("mount", "locked")
+                ),
+                f"mount --bind {q(str(own / '.locked.lock'))} {q(str(above / '.locked.lock'))}",
+                f"exec {' '.join(map(q, cmd))}",
+            ]
+        )
+        proc = subprocess.run(
+            ["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+    else:
+        pytest.skip("running as root without mount namespaces (unshare -rm): no folder it cannot write")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [str(above / "mount" / ".lock"), str(above / ".locked.lock")]
