@@ -46,24 +46,27 @@ def file_lock(
     wait_s: float | None = None,
     fix: str = "",
     say: Callable[[str], None] | None = None,
-) -> Iterator[None]:
+) -> Iterator[bool]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
     take turns (flock holds per open file; the kernel releases it when its holder dies). A process
     forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
     lock through its copy of the descriptor: the lock is released explicitly on the way out, never
     by closing (which would leave it to the copy for the child's life), and the child closes its copy.
     A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
-    long is a LockWaitError ending with `fix` (what the user can do instead)."""
+    long is a LockWaitError ending with `fix` (what the user can do instead). Yields whether the
+    holder's record was written (a full disk: not, and a waiter would take the holder for one that
+    left no details, not running)."""
     with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
             _wait(f, path, wait_s, fix, say)
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            recorded = False
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
                 os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
                 holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
-                os.write(f.fileno(), (json.dumps(holder) + "\n").encode())
-            yield
+                recorded = bool(os.write(f.fileno(), (json.dumps(holder) + "\n").encode()))
+            yield recorded
         finally:
             _HELD.discard(f.fileno())
             fcntl.flock(f, fcntl.LOCK_UN)

@@ -9,9 +9,9 @@ one line naming the object), then renamed into place, so no reader ever opens a 
 the dataset's. The documents are read by range, a loader block at a time, through the bounded cache
 of training/data/block_cache.py, each checked against the index's per-document sha256.
 
-    .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file): one
-                                 download (or eviction) at a time on this node
+    .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file), then
     NAME/ = CACHE/               [data] cache_dir (default ~/.cache/gristmill/datasets)
+      .lock                      in it (node_lock): one download (or eviction) at a time on this node
       <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
                                  index/, tokenizer.json, manifest/ … as needed, blocks/ (bounded)
       keep/                      what each live loader reads next (block_cache.py)
@@ -58,7 +58,7 @@ from training.contract.object_store import (
 
 ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
-# The node lock's file in the cache, where the folder above it cannot be written (node_lock_file)
+# The node lock's file in the cache, which every path to the cache shares (node_lock: taken second)
 LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
@@ -153,38 +153,69 @@ def cache_of(args) -> CacheSettings:
 @contextlib.contextmanager
 def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
-    file is downloaded twice and the bound is checked against a size nobody else is changing. Its file
-    is node_lock_file's."""
-    with cache_lock(cache_dir, node_lock_file(cache_dir), wait_s):
+    file is downloaded twice and the bound is checked against a size nobody else is changing. Two
+    files, always in this order: the one beside the cache (node_lock_file), which no emptying of the
+    cache removes, so the processes that name the cache by one path take turns there even while it is
+    emptied (E28a); then CACHE/.lock, in the cache's own file system, which every path to the cache
+    shares (a bind mount, a pod's hostPath, an NFS mount root, whose folder above differs by path or
+    namespace: review RV28a F1) and an earlier version takes too. No two orders, so no deadlock. A file
+    beside that cannot be opened or written (a full or read-only folder above, another user's file)
+    is skipped with a note (_beside_lock); CACHE/.lock still makes every process take turns."""
+    with (
+        _beside_lock(node_lock_file(cache_dir), wait_s),
+        cache_lock(cache_dir, Path(cache_dir) / LOCK, wait_s),
+    ):
         yield
 
 
 def node_lock_file(cache_dir: Path) -> Path:
-    """The node lock's file: `.NAME.lock` beside the cache directory NAME, in the folder above it, which
-    no emptying of the cache (`rm -rf CACHE/*` or `rm -rf CACHE`, to free a disk) removes. In the cache
-    (CACHE/.lock), an emptying removed it under its holder: the next fetch made another, locked it and
-    made room at the same time, both counting the same free bytes, and the cache went a sample past
-    data.cache_gb (E28a). Still a lock file, not the directory's own lock: a file's flock is held by
-    the server on NFS, where a cache may be shared by nodes, and its holder's record is read through
-    the waiter's own descriptor (review RV27e). Where that folder cannot be written and holds no such
-    file (a cache at the root of a mount point the user owns, under a root-owned folder), the lock
-    stays in the cache, as before (docs/object-storage.md, The cache: an emptying of its contents keeps
-    the gap there). Processes that differ on whether they can write that folder (root and a user) may
-    differ on the file until one of them has made the file beside the cache. The cache is named by its
-    real path: a symlink to it shares its lock, as its files."""
+    """The node lock's file beside the cache: `.NAME.lock` in the folder above the cache directory NAME,
+    which no emptying of the cache (`rm -rf CACHE/*` or `rm -rf CACHE`, to free a disk) removes. Alone
+    in the cache (CACHE/.lock), an emptying removed the lock under its holder: the next fetch made
+    another, locked it and made room at the same time, both counting the same free bytes, and the
+    cache went a sample past data.cache_gb (E28a). Still a lock file, not the directory's own lock: a
+    file's flock is held by the server on NFS, and its holder's record is read through the waiter's own
+    descriptor (review RV27e). The cache is named by its real path: a symlink to it shares this file,
+    as its files; a bind mount or another mount namespace does not (node_lock's CACHE/.lock does)."""
     real = Path(os.path.realpath(cache_dir))
-    beside = real.parent / f".{real.name}.lock"
-    if beside.exists() or _can_make_files_in(real.parent):
-        return beside
-    return real / LOCK
+    return real.parent / f".{real.name}.lock"
 
 
-def _can_make_files_in(folder: Path) -> bool:
-    """Whether this process can make a file in `folder`; where it is not there yet, whether it can make
-    it (in the nearest folder above it that is there)."""
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
-    return os.access(folder, os.W_OK | os.X_OK)
+_SKIPPED: set[Path] = set()  # the files beside a cache this process said it cannot use (_beside_lock)
+
+
+@contextlib.contextmanager
+def _beside_lock(path: Path, wait_s: float) -> Iterator[None]:
+    """file_lock on `path`, the node lock's file beside the cache, or nothing where it cannot be made,
+    opened or written (a full disk above the cache's own, a read-only folder, a directory at that
+    path, a file root made 0644 or another user left in a sticky /tmp): node_lock's CACHE/.lock still
+    makes every process take turns, and only the emptying's protection is lost, which one note per
+    process says (review RV28a F2, F3, F5: such a file stopped the run with a line blaming a cache that
+    had room). A holder that holds it and is not seen running is a LockWaitError, as ever: a wait's
+    verdict, never a reason to skip. A holder record that cannot be written (a disk with an inode but
+    no block to spare) is let go at once: its waiters would take this running process for one that left
+    no details and end their wait."""
+    with contextlib.ExitStack() as held:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say)):
+                why = ""
+            else:
+                why = "its holder's record cannot be written in it"
+        except OSError as e:
+            why = e.strerror or str(e)
+        if why:
+            held.close()
+            if path not in _SKIPPED:
+                _SKIPPED.add(path)
+                say(
+                    f"note: the cache's lock file beside it, {path}, cannot be used ({why}); its lock in "
+                    "the cache alone makes this node's processes take turns, and an emptying of the cache "
+                    "while a fetch holds that lock may put it a sample past cache_gb until a later fetch "
+                    f"lists it (make {path} a file this user can write, or give data.cache_dir a folder "
+                    "inside a writable one)"
+                )
+        yield
 
 
 @contextlib.contextmanager

@@ -105,9 +105,7 @@ def _waited_for(holder: _Holder) -> _Holder:
         thread, outcome = _wait_in_thread(holder.cache)
         time.sleep(2.5)
         assert thread.is_alive() and outcome == []
-        assert holder.release() == 0
-        thread.join(timeout=20)
-        assert outcome == ["taken"]
+        _release_to(holder, [(thread, outcome)])
     finally:
         holder.kill()
     return holder
@@ -165,6 +163,14 @@ def _until(done, what: str, timeout: float = 20.0) -> None:
     while not done():
         assert time.monotonic() < deadline, what
         time.sleep(0.005)
+
+
+def _release_to(holder: _Holder, waiters) -> None:
+    """The holder lets go of the node lock; each waiter (_wait_in_thread) then takes it."""
+    assert holder.release() == 0
+    for thread, outcome in waiters:
+        thread.join(timeout=20)
+        assert outcome == ["taken"]
 
 
 @pytest.mark.parametrize("emptying", ["contents", "directory"])
@@ -227,30 +233,53 @@ def test_the_node_lock_outlives_an_emptying_of_the_cache_and_its_waiters_name_th
             (line,) = said[name]
             assert line.startswith(f"waiting for {node_lock_file(cache)}, held by pid {holder.pid} on "), line
             assert line.endswith("; one not running is waited for at most 0.5 s") and "(" not in line, line
-        assert holder.release() == 0
-        for thread, outcome in waiters.values():
-            thread.join(timeout=20)
-            assert outcome == ["taken"]
+        _release_to(holder, waiters.values())
     finally:
         holder.kill()
 
 
+# A process that takes the node lock of each cache twice (two fetches) and says, inside it, which of
+# its two files it holds: the file beside the cache, then CACHE/.lock ("none": no such file).
 _LOCKS_OF = (
-    "import sys; from pathlib import Path; from training.data.remote import node_lock, node_lock_file\n"
-    "for cache in sys.argv[1:]:\n"
-    "    with node_lock(Path(cache)):\n"
-    "        print(node_lock_file(Path(cache)), flush=True)\n"
+    "import fcntl, sys; from pathlib import Path\n"
+    "from training.data.remote import LOCK, node_lock, node_lock_file\n"
+    "def held(path):\n"
+    "    try:\n"
+    "        f = open(path)\n"
+    "    except OSError:\n"
+    "        return 'none'\n"
+    "    with f:\n"
+    "        try:\n"
+    "            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+    "        except BlockingIOError:\n"
+    "            return 'held'\n"
+    "        return 'free'\n"
+    "for cache in map(Path, sys.argv[1:]):\n"
+    "    for _ in range(2):\n"
+    "        with node_lock(cache):\n"
+    "            print(held(node_lock_file(cache)), held(cache / LOCK), flush=True)\n"
 )
 
 
-def test_a_cache_whose_folder_above_cannot_be_written_keeps_its_lock_inside(tmp_path):
+def _python_in_namespace(script: list[str], cmd: list[str]) -> subprocess.CompletedProcess:
+    """`cmd` after the mount commands `script`, in a private mount namespace (unshare -rm)."""
+    line = " && ".join([*script, f"exec {' '.join(map(sh_quote, cmd))}"])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", line], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_a_cache_whose_folder_above_cannot_be_written_takes_turns_through_its_lock_inside(tmp_path):
     """A cache at the root of a mount point its user owns, under a folder the user cannot write (a
-    scratch disk, a container's volume): its lock cannot go beside it, and stays in the cache, as
-    before (remote.node_lock_file, the one rule; docs/object-storage.md, The cache, says what that
-    keeps of the emptying's gap). Where that folder holds the lock file (made there for the cache's
-    users), that file is the lock. Not root: chmod. Root (chmod stops nothing): a read-only
-    bind mount in a private mount namespace (unshare -rm), the caches and the lock file mounted on it
-    writable."""
+    scratch disk, a container's volume): the node lock's file beside it cannot be made, and was, from
+    E28a on, the lock chosen by os.access; a folder whose disk was full, or a file there root made 0644
+    or another user left in /tmp, stopped every fetch with "cannot write the cache …", blaming a
+    cache with room (review RV28a F2, F3, F5). Now the file beside is skipped, with one note per
+    process naming it and what is lost, and CACHE/.lock, which node_lock always takes too, is held.
+    Where that folder holds a lock file the user can write (made there for the cache's users), both
+    are held. Not root: chmod. Root (chmod stops nothing): a read-only bind mount in a private mount
+    namespace (unshare -rm), the caches and the lock file mounted on it writable."""
     above, own = tmp_path / "above", tmp_path / "own"
     for name in ("mount", "locked"):
         (above / name).mkdir(parents=True)
@@ -259,31 +288,111 @@ def test_a_cache_whose_folder_above_cannot_be_written_keeps_its_lock_inside(tmp_
     (above / ".locked.lock").touch(mode=0o666)
     caches = [str(above / "mount"), str(above / "locked")]
     cmd = [sys.executable, "-c", _LOCKS_OF, *caches]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     if os.geteuid() != 0:
         above.chmod(0o555)
         try:
+            env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
         finally:
             above.chmod(0o755)
     elif unshare_works():
         q = sh_quote
-        script = " && ".join(
-            [
-                f"mount --bind {q(str(above))} {q(str(above))}",
-                f"mount -o remount,bind,ro {q(str(above))}",
-                *(
-                    f"mount --bind {q(str(own / name))} {q(str(above / name))}"
-                    for name in ("mount", "locked")
-                ),
-                f"mount --bind {q(str(own / '.locked.lock'))} {q(str(above / '.locked.lock'))}",
-                f"exec {' '.join(map(q, cmd))}",
-            ]
-        )
-        proc = subprocess.run(
-            ["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=60
-        )
+        script = [
+            f"mount --bind {q(str(above))} {q(str(above))}",
+            f"mount -o remount,bind,ro {q(str(above))}",
+            *(f"mount --bind {q(str(own / name))} {q(str(above / name))}" for name in ("mount", "locked")),
+            f"mount --bind {q(str(own / '.locked.lock'))} {q(str(above / '.locked.lock'))}",
+        ]
+        proc = _python_in_namespace(script, cmd)
     else:
         pytest.skip("running as root without mount namespaces (unshare -rm): no folder it cannot write")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == [str(above / "mount" / ".lock"), str(above / ".locked.lock")]
+    note, *held = proc.stdout.splitlines()
+    assert note.startswith(
+        f"note: the cache's lock file beside it, {above / '.mount.lock'}, cannot be used ("
+    ), note
+    assert "an emptying of the cache while a fetch holds that lock may put it a sample past cache_gb" in note
+    assert held == ["none held", "none held", "held held", "held held"], proc.stdout
+
+
+def test_a_lock_file_beside_the_cache_that_cannot_be_opened_leaves_the_lock_in_the_cache(
+    tmp_path, capsys, monkeypatch
+):
+    """A file beside the cache that cannot be opened (here a directory at its path: EISDIR, as root
+    too) stopped every fetch with "cannot write the cache …" (review RV28a F2). The fetches go on
+    under CACHE/.lock, with one note for the process, and a second process waits there."""
+    from training.contract import file_lock
+    from training.data.remote import LOCK
+
+    cache = tmp_path / "cache"
+    node_lock_file(cache).mkdir(parents=True)
+    for _ in range(2):
+        with node_lock(cache):
+            probe = open(cache / LOCK)
+            with probe, pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    (note,) = capsys.readouterr().out.splitlines()
+    assert note.startswith(
+        f"note: the cache's lock file beside it, {node_lock_file(cache)}, cannot be used ("
+    ), note
+    assert "Is a directory" in note, note
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter's line at its first look at the holder
+    holder = _Holder(cache)  # another process of the node, in CACHE/.lock alone
+    try:
+        thread, outcome = _wait_in_thread(cache)
+        said: list[str] = []
+        _until(lambda: said.extend(capsys.readouterr().out.splitlines()) or said or outcome, "no wait")
+        assert outcome == [], "a second process took the node lock while the first held it"
+        assert said[0].startswith(f"waiting for {cache / LOCK}, held by pid {holder.pid} on "), said
+        _release_to(holder, [(thread, outcome)])
+    finally:
+        holder.kill()
+
+
+# Two threads of one process take the node lock of one cache by two paths (argv[1], argv[2]: a bind
+# mount): the first holds it until the second says it waits or gets in; the second's lines, then the
+# order of the events.
+_TWO_PATHS = (
+    "import sys, threading, time; from pathlib import Path\n"
+    "from training.contract import file_lock; from training.data import remote\n"
+    "file_lock.SAY_AFTER_S = 0.0\n"
+    "said, events, inside = [], [], threading.Event()\n"
+    "remote.say = said.append\n"
+    "def first():\n"
+    "    with remote.node_lock(Path(sys.argv[1])):\n"
+    "        events.append('first in'); inside.set()\n"
+    "        deadline = time.monotonic() + 20\n"
+    "        while not said and 'second in' not in events and time.monotonic() < deadline:\n"
+    "            time.sleep(0.005)\n"
+    "        events.append('first out')\n"
+    "thread = threading.Thread(target=first); thread.start(); inside.wait()\n"
+    "with remote.node_lock(Path(sys.argv[2])):\n"
+    "    events.append('second in')\n"
+    "thread.join()\n"
+    "print(*said, sep='\\n'); print(events)\n"
+)
+
+
+def test_a_cache_reached_by_two_paths_takes_turns(tmp_path):
+    """A cache directory that is a mount point (pods on one hostPath, an NFS mount root, `docker -v`, a
+    bind mount) is reached by paths whose folders above differ: from E28a on, each path's process
+    locked its own file beside the cache, both made room at once, and the cache went past its bound
+    (review RV28a F1: 51,570 bytes held past a 38,681 bound). Every path shares CACHE/.lock, which
+    node_lock takes after the file beside: the second path's fetch waits, as its line says (judged by
+    that line and the events' order, not by time)."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces (unshare -rm): no bind mount")
+    host, other = tmp_path / "host" / "cache", tmp_path / "ctr" / "cache"
+    host.mkdir(parents=True)
+    other.mkdir(parents=True)
+    script = [f"mount --bind {sh_quote(str(host))} {sh_quote(str(other))}"]
+    proc = _python_in_namespace(script, [sys.executable, "-c", _TWO_PATHS, str(host), str(other)])
+    assert proc.returncode == 0, proc.stderr
+    *said, events = proc.stdout.splitlines()
+    assert events == str(["first in", "first out", "second in"]), (
+        "both paths held the node lock at once",
+        said,
+        events,
+    )
+    (line,) = said
+    assert line.startswith(f"waiting for {other / '.lock'}, held by pid "), line
