@@ -212,8 +212,8 @@ def _beside_lock(path: Path, wait_s: float) -> Iterator[None]:
                     f"note: the cache's lock file beside it, {path}, cannot be used ({why}); its lock in "
                     "the cache alone makes this node's processes take turns, and an emptying of the cache "
                     "while a fetch holds that lock may put it a sample past cache_gb until a later fetch "
-                    f"lists it (make {path} a file this user can write, or give data.cache_dir a folder "
-                    "inside a writable one)"
+                    f"lists it (make {path} a file this user can write, on a disk with room, or give "
+                    "data.cache_dir a folder inside the cache's own disk)"
                 )
         yield
 

@@ -349,6 +349,35 @@ def test_a_lock_file_beside_the_cache_that_cannot_be_opened_leaves_the_lock_in_t
         holder.kill()
 
 
+def test_a_lock_file_beside_the_cache_whose_holder_record_cannot_be_written_is_let_go(tmp_path):
+    """A folder above the cache on a disk with an inode but no block to spare (the cache on its own
+    disk, with room): the file beside opens, but the holder's record cannot be written, and a waiter
+    there would take the running holder for "a process that left no details", not running, and end its
+    wait in LockWaitError after data.fetch_timeout_s (review RV28a F2). The file is let go at once,
+    with one note, and the fetches go on under CACHE/.lock. A one-page tmpfs, filled, in a private
+    mount namespace (unshare -rm), the cache bind-mounted into it."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces (unshare -rm): no full disk")
+    above, own = tmp_path / "above", tmp_path / "own" / "cache"
+    above.mkdir()
+    own.mkdir(parents=True)
+    q = sh_quote
+    script = [
+        f"mount -t tmpfs -o size=4k tmpfs {q(str(above))}",
+        f"mkdir {q(str(above / 'cache'))}",
+        f"mount --bind {q(str(own))} {q(str(above / 'cache'))}",
+        f"head -c 4096 /dev/zero > {q(str(above / 'fill'))}",
+    ]
+    proc = _python_in_namespace(script, [sys.executable, "-c", _LOCKS_OF, str(above / "cache")])
+    assert proc.returncode == 0, proc.stderr
+    note, *held = proc.stdout.splitlines()
+    lock = above / ".cache.lock"
+    assert note.startswith(
+        f"note: the cache's lock file beside it, {lock}, cannot be used (its holder's record "
+    ), note
+    assert held == ["free held", "free held"], proc.stdout
+
+
 # Two threads of one process take the node lock of one cache by two paths (argv[1], argv[2]: a bind
 # mount): the first holds it until the second says it waits or gets in; the second's lines, then the
 # order of the events.
