@@ -220,7 +220,7 @@ def _beside_lock(path: Path, wait_s: float) -> Iterator[None]:
 
 @contextlib.contextmanager
 def cache_lock(cache_dir: Path, path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """file_lock on `path`, a lock file of the cache `cache_dir` or beside it (node_lock_file), made with
+    """file_lock on `path`, a lock file in the cache `cache_dir` (CACHE/.lock, a sample's .lock-K), made with
     its folder. One that cannot be made or opened (a read-only or full disk, a folder that became a
     file, another user's lock file) is the cache's one line, which the trainer stops on after saving
     its last step: a bare OSError was a traceback, the steps since the last checkpoint lost (review
