@@ -684,14 +684,25 @@ def test_a_base_without_a_tokenizer_json_exports_the_separator_as_bos_and_eos(tm
         tokenizer = transformers.AutoTokenizer.from_pretrained(out)
         assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|endoftext|>", "<|endoftext|>"), case
         assert tokenizer.eos_token_id == 0 and len(tokenizer) <= vocab_size, (case, len(tokenizer))
-    # A base with its own tokenizer (here the dataset's, copied) keeps its ids as they are: its users'.
+    # A base with its own tokenizer (here the dataset's, copied) keeps the ids of its config.json that
+    # are special tokens of it: its users'. LlamaConfig's eos 2 is "!" there, an ordinary token: the
+    # export's eos was "!" and generate() stopped at the first "!" (review R28a M1); it is the
+    # separator, as the note at the start of training says; bos 1 (<|begin_of_text|>, special) stays.
     base = tmp_path / "llama"
     shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
+    notes = check_base_data(base, built_dataset, read_dataset_info(built_dataset), vocab_size)
+    assert len(notes) == 1 and "eos_token_id 2, not special tokens of" in notes[0], notes
+    assert "exports set eos to the dataset's separator '<|endoftext|>' (id 0) instead" in notes[0], notes
     files = {name: base / name for name in ("config.json", "generation_config.json", "tokenizer.json")}
     model = gristmill_model(base)
     out = export_hf(model.state_dict(), model.cfg, built_dataset, tmp_path / "own", base=files)
-    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 2
-    assert (out / "generation_config.json").read_bytes() == (base / "generation_config.json").read_bytes()
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (1, 0, None), config
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (1, 0), generation
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|begin_of_text|>", "<|endoftext|>")
+    assert json.loads((out / "special_tokens_map.json").read_text())["eos_token"] == "<|endoftext|>"
 
 
 def test_export_dtype_and_out(tmp_path, straight, capsys):
@@ -1610,3 +1621,4 @@ def test_a_file_the_hub_lacks_is_recorded_as_absent_when_the_base_is_fetched(tmp
     shutil.rmtree(cache / "trees", ignore_errors=True)  # no listing cached
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     assert locate_base(REPO).identity == f"{REPO}@{commit}"
+

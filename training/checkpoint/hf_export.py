@@ -45,7 +45,7 @@ from training.checkpoint.base_record import (
     weights_sha256,
 )
 from training.checkpoint.base_source import hub_id, locate_base
-from training.checkpoint.hf_import import CONFIG_JSON, load_base_weights
+from training.checkpoint.hf_import import CONFIG_JSON, TOKEN_ID_KEYS, load_base_weights, ordinary_token_ids
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
@@ -287,15 +287,18 @@ def write_tokenizer(
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
-    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export; none
-    for a base without a tokenizer.json of its own (own_tokenizer_files): the run's tokenizer is the
+    """bos/eos/pad token ids of the base's config.json, as its users expect them in an export: those
+    that are special tokens of the tokenizer.json it brought (ordinary_token_ids, the one rule: an
+    ordinary token is no bos or eos; the export's are then the separator's, without pad). None for a
+    base without a tokenizer.json of its own (own_tokenizer_files): the run's tokenizer is the
     dataset's, and the base's ids name tokens of one it did not bring (LlamaConfig's eos 2 was "!" in
     the dataset's; Gemma's order made eos a bos: review R22f S3, R23e S3), so the export's are the
     separator's, as a run from scratch's."""
     if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
     c = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
-    return {key: c.get(key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ordinary = ordinary_token_ids(c, base[TOKENIZER_JSON])
+    return {key: c.get(key) for key in TOKEN_ID_KEYS if key not in ordinary}
 
 
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
@@ -364,7 +367,7 @@ def export_hf(
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
         if GENERATION_CONFIG in base:  # the base's, with the ids config.json has (_token_ids)
             kept = json.loads(base[GENERATION_CONFIG].read_text(encoding="utf-8"))
-            ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in kept}
+            ids = {k: config[k] for k in TOKEN_ID_KEYS if k in kept}
             if all(kept[k] == v for k, v in ids.items()):
                 shutil.copyfile(base[GENERATION_CONFIG], tmp / GENERATION_CONFIG)
             else:

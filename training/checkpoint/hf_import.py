@@ -57,11 +57,13 @@ from training.contract.run_layout import is_training_run
 __all__ = [
     "BASE_FIELDS",
     "LLAMA3_FIELDS",
+    "TOKEN_ID_KEYS",
     "BaseModelError",
     "base_model_fields",
     "base_sha256",
     "check_base_data",
     "load_base_weights",
+    "ordinary_token_ids",
     "weights_index",
 ]
 
@@ -396,13 +398,28 @@ def _ids(value: Any) -> set[int]:
     return {int(v) for v in (value if isinstance(value, list) else [value]) if v is not None}
 
 
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def ordinary_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+    """The bos/eos/pad ids of a base's config.json (`config`) that are not special tokens of its
+    tokenizer.json (`tokenizer`, the one its exports ship): the one rule for an export's ids. Such
+    an id is the base's by accident (LlamaConfig's defaults 1 and 2 left beside a BPE tokenizer
+    whose only special token is id 0 are '!' and '"': generate() stopped at the first double quote,
+    review R28a M1), so the exports' bos/eos are the dataset's separator instead and there is no
+    pad, as for a base that brings no tokenizer.json."""
+    special = _special_tokens(tokenizer)
+    return {key: config[key] for key in TOKEN_ID_KEYS if _ids(config.get(key)) - special.keys()}
+
+
 def check_base_data(
     base: str | Path, dataset: str | Path, info: dict[str, Any], vocab_size: int
 ) -> list[str]:
     """Refuse, in one line naming both files, a dataset the base model cannot train on: another
     tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
-    base. Returns notes (a base without tokenizer.json; a separator that is special but neither the
-    base's bos nor eos)."""
+    base. Returns notes (a base without tokenizer.json; bos/eos/pad ids of its config.json that are
+    ordinary tokens, which its exports replace: ordinary_token_ids; a separator that is special but
+    neither the base's bos nor eos)."""
     base, dataset = Path(base), Path(dataset)
     where, config = dataset / DATASET_JSON, base / CONFIG_JSON
     data_vocab = int(info["vocab_size"])
@@ -444,7 +461,20 @@ def check_base_data(
             f"{base_tok}: build the dataset with one of the base's, e.g. its bos or eos token"
         )
     c = read_base_config(base)
-    if sep not in _ids(c.get("bos_token_id")) | _ids(c.get("eos_token_id")):
+    if ordinary := ordinary_token_ids(c, base_tok):
+        names = ", ".join(f"{key} {value}" for key, value in ordinary.items())
+        bos_eos, sets = " and ".join(key[:3] for key in ordinary if key != "pad_token_id"), []
+        if bos_eos:
+            sets.append(f"{bos_eos} to the dataset's separator {special[sep]!r} (id {sep})")
+        if "pad_token_id" in ordinary:
+            sets.append("pad to none")
+        notes.append(
+            f"note: {config} has {names}, not special tokens of {base_tok}: its exports set "
+            f"{' and '.join(sets)} instead, as a run from scratch's (to keep them, set those keys to special "
+            f"tokens of {base_tok})"
+        )
+    exported = _ids(c.get("bos_token_id")) | _ids(c.get("eos_token_id"))
+    if sep not in exported and not ordinary.keys() & {"bos_token_id", "eos_token_id"}:
         notes.append(
             f"note: the separator {special[sep]!r} (id {sep}) of {where} is a special token of the base but "
             f"neither its bos nor eos ({config})"
