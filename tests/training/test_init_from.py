@@ -1622,3 +1622,23 @@ def test_a_file_the_hub_lacks_is_recorded_as_absent_when_the_base_is_fetched(tmp
     monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
     assert locate_base(REPO).identity == f"{REPO}@{commit}"
 
+
+def test_a_relative_base_directory_gone_is_resumed_from_the_checkpoint_not_fetched(tmp_path, monkeypatch):
+    """Review R28a M2: init_from = "bases/m2" (relative, one slash: it reads as org/name), the run
+    stopped, the directory removed, `--resume auto`: the resume asked the hub for a repository
+    "bases/m2" and advised `hf download bases/m2`, where the absolute path of the same directory gave
+    the documented note. The checkpoint recorded the directory the value resolved to; the value
+    resolving to it is that directory, gone: the note, the hub (the stand-in) not asked."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bases" / "m2").mkdir(parents=True)
+    identity = locate_base("bases/m2").identity  # what the run records (COMPLETE's model.init_from)
+    assert identity == str((tmp_path / "bases" / "m2").resolve())
+    shutil.rmtree(tmp_path / "bases" / "m2")
+    recorded = {"init_from": identity, "init_from_sha256": "ab" * 32}
+    with HubServer() as hub:
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        said = []
+        source = locate_base("bases/m2", recorded, say=said.append)
+    assert said == [] and source.directory is None and source.identity == identity, (said, source)
+    assert source.note.startswith(f"note: the base directory {identity} is not at hand; resuming from the "
+                                  "checkpoint"), source.note  # fmt: skip

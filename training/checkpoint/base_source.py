@@ -5,7 +5,8 @@ pinned to the commit its revision resolved to; on a resume, the base the checkpo
     init_from = "meta-llama/Llama-3.2-1B"         a hub id: its main branch, pinned when the run starts
     init_from = "meta-llama/Llama-3.2-1B@REV"     a branch, tag or commit
 
-Anything that is not an existing directory and reads as `org/name[@revision]` is a hub id. It is
+Anything that is not an existing directory (nor, on a resume, the directory the checkpoint
+recorded) and reads as `org/name[@revision]` is a hub id. It is
 fetched with huggingface_hub's `snapshot_download` into the usual cache (HF_HOME; HF_TOKEN for a
 gated model), only the files a base needs (`HUB_FILES`), and named by the commit it resolved to:
 `BaseSource.identity` = "org/name@<40-hex commit>" is what the run records (ModelConfig.init_from in
@@ -131,9 +132,12 @@ def locate_base(
     `recorded`: the model record of the checkpoint a resume continues from, if any. `say`: where a
     line announcing a download goes."""
     known = recorded if recorded and recorded.get("init_from_sha256") else None
-    hub = hub_id(init_from)
+    path = Path(init_from).expanduser().resolve()
+    # The directory the checkpoint recorded stays a directory once gone: "bases/m2" (relative, one
+    # slash) then read as a hub id was fetched from the hub, and refused with `hf download bases/m2`
+    # as advice (review R28a M2).
+    hub = None if known is not None and str(path) == str(known.get("init_from")) else hub_id(init_from)
     if hub is None:
-        path = Path(init_from).expanduser().resolve()
         if known is not None and not path.is_dir():
             note = (
                 f"note: the base directory {path} is not at hand; resuming from the checkpoint, which holds "
