@@ -317,7 +317,8 @@ def test_an_export_of_a_tokenizer_saved_with_bpe_dropout_encodes_as_the_build_di
 def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(built_dataset, tmp_path):
     """A base of config.json, weights and tokenizer.json only: its export kept the base's bos/eos ids
     in config.json but named the separator as bos and eos in tokenizer_config.json, so the two
-    disagreed (review R3). The tokenizer now names the tokens of the base's ids."""
+    disagreed (review R3). The tokenizer now names the tokens of the base's ids (the first of a
+    list), where they are special tokens of it: an ordinary one ("!") is the separator (R28a M1)."""
     from tokenizers import Tokenizer
 
     from training.checkpoint.hf_export import write_tokenizer
@@ -326,15 +327,18 @@ def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(bu
     base.mkdir()
     vocab = Tokenizer.from_file(str(built_dataset / "tokenizer.json"))
     sep = read_dataset_info(built_dataset)["separator"]
-    bos, eos = [i for i in range(5) if i != sep["id"]][:2]
-    (base / "config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": [eos, sep["id"]]}))
-    out = tmp_path / "export"
-    out.mkdir()
+    special = {t["id"] for t in json.loads((built_dataset / "tokenizer.json").read_text())["added_tokens"]}
+    bos = eos = min(special - {sep["id"]})  # <|begin_of_text|>: the dataset's one special token besides sep
+    ordinary = min(set(range(5)) - special)
     files = {"config.json": base / "config.json", "tokenizer.json": built_dataset / "tokenizer.json"}
-    write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, out, files)
-    tok = tr.AutoTokenizer.from_pretrained(str(out))
-    assert (tok.bos_token_id, tok.eos_token_id) == (bos, eos)
-    assert (tok.bos_token, tok.eos_token) == (vocab.id_to_token(bos), vocab.id_to_token(eos))
+    for i, (eos_ids, want) in enumerate([([eos, sep["id"]], eos), ([ordinary, sep["id"]], sep["id"])]):
+        (base / "config.json").write_text(json.dumps({"bos_token_id": bos, "eos_token_id": eos_ids}))
+        out = tmp_path / f"export{i}"
+        out.mkdir()
+        write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, out, files)
+        tok = tr.AutoTokenizer.from_pretrained(str(out))
+        assert (tok.bos_token_id, tok.eos_token_id) == (bos, want), eos_ids
+        assert (tok.bos_token, tok.eos_token) == (vocab.id_to_token(bos), vocab.id_to_token(want)), eos_ids
     # without a base: bos and eos are the separator, as before
     write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, tmp_path, {})
     assert json.loads((tmp_path / "special_tokens_map.json").read_text()) == {
