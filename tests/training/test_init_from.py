@@ -166,6 +166,8 @@ def test_llama3_scaling_is_not_the_default_rope(tmp_path):
         ({"architectures": ["MistralForCausalLM"]}, "architectures"),
         ({"sliding_window": 4096}, "sliding_window = 4096"),
         ({"head_dim": 32}, "head_dim = 32"),
+        # named as the file and key say it, not ModelConfig's n_kv_heads under "model" (R28a m1)
+        ({"num_key_value_heads": 3}, "num_key_value_heads = 3 does not divide num_attention_heads = 4"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, '"yarn"'),
     ],
 )

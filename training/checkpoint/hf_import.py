@@ -203,6 +203,15 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
     if head_dim is not None and (dim % heads or head_dim != dim // heads):
         why = f"it uses hidden_size / num_attention_heads = {dim / heads:g}"
         raise _refuse(path, "head_dim", head_dim, why)
+    kv_heads = c.get("num_key_value_heads") or heads
+    if not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        # here, not ModelConfig's own check, so that the line names the file and its key (R28a m1)
+        raise ConfigError(
+            f"{path}: num_key_value_heads = {json.dumps(kv_heads)} does not divide num_attention_heads = "
+            f"{heads} (each key/value head serves an equal group of query heads): set it to the key/value "
+            "heads the weights hold (the rows of k_proj.weight / head_dim)",
+            "model.init_from",
+        )
     tie = bool(c.get("tie_word_embeddings", False))
     if tie:
         _check_tied_head(Path(base), path)
@@ -210,7 +219,7 @@ def base_model_fields(base: str | Path) -> dict[str, Any]:
         "dim": dim,
         "n_layers": c["num_hidden_layers"],
         "n_heads": heads,
-        "n_kv_heads": c.get("num_key_value_heads") or heads,
+        "n_kv_heads": kv_heads,
         "ffn_dim": c["intermediate_size"],
         "vocab_size": c["vocab_size"],
         "norm_eps": float(c.get("rms_norm_eps", 1e-6)),
