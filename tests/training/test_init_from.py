@@ -208,6 +208,17 @@ def test_rope_spellings_that_disagree_are_refused_naming_both(tmp_path):
         assert (
             "\n" not in msg and "rope_parameters = {" in msg and want in msg and "describe different" in msg
         ), msg
+    # rope_scaling null without a top-level rope_theta: the θ that differs is what the line names, the
+    # one transformers 4 implies against rope_parameters' (R28a m2)
+    c = json.loads((tmp_path / "config.json").read_text())
+    c.pop("rope_theta")
+    c |= {"rope_scaling": None, "rope_parameters": {"rope_type": "default", "rope_theta": 12345.0}}
+    (tmp_path / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ConfigError) as e:
+        base_model_fields(tmp_path)
+    msg = str(e.value)
+    want = "rope_scaling = null without rope_theta, which transformers 4 reads as θ = 10000 (LlamaConfig's "
+    assert want + "default) against rope_parameters' 12345 describe different RoPE" in msg, msg
     _edit_config(tmp_path, rope_parameters="llama3")
     with pytest.raises(ConfigError, match='rope_parameters = "llama3" is not supported.*expected a table'):
         base_model_fields(tmp_path)

@@ -165,9 +165,16 @@ def _rope_fields(c: dict[str, Any], path: Path) -> dict[str, Any]:
     fields = _rope_spelling(c, path, "rope_parameters", v5, theta)
     other = None
     if "rope_scaling" in c:
-        if _rope_spelling(c, path, "rope_scaling", c["rope_scaling"] or {}, top_theta) != fields:
+        v4 = _rope_spelling(c, path, "rope_scaling", c["rope_scaling"] or {}, top_theta)
+        if v4 != fields:
             other = f"rope_scaling = {json.dumps(c['rope_scaling'])}"
-            other += f" with rope_theta = {json.dumps(c['rope_theta'])}" if "rope_theta" in c else ""
+            if "rope_theta" in c:
+                other += f" with rope_theta = {json.dumps(c['rope_theta'])}"
+            elif v4["rope_theta"] != fields["rope_theta"]:  # the θ that differs is implied (R28a m2)
+                other += (
+                    f" without rope_theta, which transformers 4 reads as θ = {v4['rope_theta']:g} "
+                    f"(LlamaConfig's default) against rope_parameters' {fields['rope_theta']:g}"
+                )
     elif "rope_theta" in c and float(c["rope_theta"]) != fields["rope_theta"]:
         other = f"rope_theta = {json.dumps(c['rope_theta'])}"
     if other is not None:
