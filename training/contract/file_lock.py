@@ -65,7 +65,8 @@ def file_lock(
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
                 os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
                 holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
-                recorded = bool(os.write(f.fileno(), (json.dumps(holder) + "\n").encode()))
+                record = (json.dumps(holder) + "\n").encode()
+                recorded = os.write(f.fileno(), record) == len(record)  # a short write is no record
             yield recorded
         finally:
             _HELD.discard(f.fileno())

@@ -9,7 +9,7 @@ one line naming the object), then renamed into place, so no reader ever opens a 
 the dataset's. The documents are read by range, a loader block at a time, through the bounded cache
 of training/data/block_cache.py, each checked against the index's per-document sha256.
 
-    .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file), then
+    .NAME.lock                   beside the cache, NAME its folder's name (node_lock_file), after
     NAME/ = CACHE/               [data] cache_dir (default ~/.cache/gristmill/datasets)
       .lock                      in it (node_lock): one download (or eviction) at a time on this node
       <fingerprint>/             a dataset's copy: .origin.json (its URL), dataset.json,
@@ -154,16 +154,20 @@ def cache_of(args) -> CacheSettings:
 def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
     file is downloaded twice and the bound is checked against a size nobody else is changing. Two
-    files, always in this order: the one beside the cache (node_lock_file), which no emptying of the
-    cache removes, so the processes that name the cache by one path take turns there even while it is
-    emptied (E28a); then CACHE/.lock, in the cache's own file system, which every path to the cache
-    shares (a bind mount, a pod's hostPath, an NFS mount root, whose folder above differs by path or
-    namespace: review RV28a F1) and an earlier version takes too. No two orders, so no deadlock. A file
+    files, always in this order: CACHE/.lock, in the cache's own file system, which every path to the
+    cache shares (a bind mount, a pod's hostPath, an NFS mount root, whose folder above differs by path
+    or namespace: review RV28a F1) and an earlier version takes too; then the one beside the cache
+    (node_lock_file), which no emptying of the cache removes, so a fetch that comes after an emptying
+    took a new CACHE/.lock and still waits for the holder there (E28a). In this order every waiter
+    waits at CACHE/.lock for a holder there, and a stopped one ends each wait at its bound (the other
+    way round, the first waiter held the file beside while it waited, and the k-th ended after k
+    bounds: review RV28b F1); the file beside's note is said only once CACHE/.lock is held (a cache
+    that cannot be written is its one line, not a note first: F2). One order, so no deadlock. A file
     beside that cannot be opened or written (a full or read-only folder above, another user's file)
     is skipped with a note (_beside_lock); CACHE/.lock still makes every process take turns."""
     with (
-        _beside_lock(node_lock_file(cache_dir), wait_s),
         cache_lock(cache_dir, Path(cache_dir) / LOCK, wait_s),
+        _beside_lock(node_lock_file(cache_dir), wait_s),
     ):
         yield
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.mounts import sh_quote, unshare_works
 from training.contract.file_lock import LockWaitError
-from training.data.remote import node_lock, node_lock_file
+from training.data.remote import LOCK, node_lock, node_lock_file
 
 
 def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_inside_lives_on(tmp_path):
@@ -117,7 +117,7 @@ def test_a_wait_for_the_node_lock_names_its_holder_and_a_stopped_one_ends_it_in_
     after a second; a running holder is waited for; one not seen running for `wait_s` (a training's
     data.fetch_timeout_s) ends the wait in one line with the fix."""
     host = socket.gethostname()
-    lock = node_lock_file(tmp_path)
+    lock = tmp_path / LOCK  # waited for first: CACHE/.lock (node_lock)
     holder = _waited_for(_Holder(tmp_path))  # a running holder: waited for, however long
     said = capsys.readouterr().out.splitlines()
     assert len(said) == 1, said  # one line, whatever the wait
@@ -150,7 +150,7 @@ def test_a_holder_recorded_on_another_host_is_waited_for(tmp_path, capsys):
     hostPath: the flock is real, its holder's state cannot be seen) was counted as not running, and
     the wait ended a healthy run after data.fetch_timeout_s (review RV26c M2). It is waited for, and
     the line says why."""
-    lock = node_lock_file(tmp_path)
+    lock = tmp_path / LOCK
     holder = _waited_for(_Holder(tmp_path, host="pod-b"))
     (said,) = capsys.readouterr().out.splitlines()
     assert said.startswith(f"waiting for {lock}, held by pid {holder.pid} on pod-b since "), said
@@ -229,17 +229,64 @@ def test_the_node_lock_outlives_an_emptying_of_the_cache_and_its_waiters_name_th
 
         _until(lambda: all(looked_again(name) for name in waiters), "the waiters stopped looking")
         assert {name: outcome for name, (_, outcome) in waiters.items()} == {"before": [], "after": []}
-        for name in waiters:  # one line each: the holder never became "a process that left no details"
+        # one line each: the holder never became "a process that left no details"; the first waits at
+        # CACHE/.lock (node_lock's first file, removed under it), the one after the emptying took the
+        # new CACHE/.lock and waits at the file beside, which the emptying left
+        for name, lock in (("before", cache / LOCK), ("after", node_lock_file(cache))):
             (line,) = said[name]
-            assert line.startswith(f"waiting for {node_lock_file(cache)}, held by pid {holder.pid} on "), line
+            assert line.startswith(f"waiting for {lock}, held by pid {holder.pid} on "), line
             assert line.endswith("; one not running is waited for at most 0.5 s") and "(" not in line, line
         _release_to(holder, waiters.values())
     finally:
         holder.kill()
 
 
+def test_a_stopped_holder_of_the_lock_in_the_cache_alone_ends_every_waiter_s_wait_at_its_bound(
+    tmp_path, monkeypatch
+):
+    """A stopped holder (SIGSTOP) of CACHE/.lock alone: an earlier version's training, or one that
+    reaches the cache by another path. node_lock took the file beside first: the first waiter held it
+    while it waited at CACHE/.lock, and every other waiter waited for that running waiter, its clock
+    stopped: the k-th ended after k × wait_s, its line naming a waiter, not the stopped holder (review
+    RV28b F1). CACHE/.lock comes first now: every waiter waits there, names the stopped holder and ends
+    at its bound."""
+    from training.contract import file_lock
+    from training.data import remote
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter's line at its first look at the holder
+    said: dict[str, list[str]] = {}
+    monkeypatch.setattr(
+        remote, "say", lambda line: said.setdefault(threading.current_thread().name, []).append(line)
+    )
+    held, told = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with remote.cache_lock(cache, cache / LOCK):  # the one lock an earlier version takes
+                os.write(told, b"x")
+                time.sleep(600)
+        finally:
+            os._exit(0)
+    try:
+        os.read(held, 1)
+        os.kill(pid, signal.SIGSTOP)
+        waiters = {name: _wait_in_thread(cache, name) for name in ("first", "second")}
+        for thread, _ in waiters.values():
+            thread.join(timeout=20)
+        for name, (thread, outcome) in waiters.items():
+            assert not thread.is_alive() and len(outcome) == 1, (name, outcome)
+            assert isinstance(outcome[0], LockWaitError), (name, outcome)
+            assert str(outcome[0]).startswith(f"{cache / LOCK} is still held by pid {pid} "), (name, outcome)
+            waited = f"waiting for {cache / LOCK}, held by pid {pid} "
+            assert said[name] and all(line.startswith(waited) for line in said[name]), (name, said[name])
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
 # A process that takes the node lock of each cache twice (two fetches) and says, inside it, which of
-# its two files it holds: the file beside the cache, then CACHE/.lock ("none": no such file).
+# its two files it holds: the file beside the cache, and CACHE/.lock ("none": no such file).
 _LOCKS_OF = (
     "import fcntl, sys; from pathlib import Path\n"
     "from training.data.remote import LOCK, node_lock, node_lock_file\n"
