@@ -2505,16 +2505,25 @@ def test_a_group_fetched_while_the_store_is_down_fails_within_one_window(
     s3.proxy.down = True
     try:
         began = time.monotonic()
-        # the tries' own time (0.5 s), not the window's (review R24g 2); the first try comes a little
-        # after the window's 1.5 s, later under load (1.7 s seen on CI's 2 cores), never at its start
-        late = r"kept failing for 0\.\d s \(\d+ tries, the first 1\.[5-9] s into the window\), no data coming"
-        with pytest.raises(ObjectStoreError, match=late):
-            window = Window(2)
-            window.until = time.monotonic() + 0.5  # begun 1.5 s ago
+        window = Window(2)
+        window.until = began + 0.5  # begun 1.5 s ago
+        with pytest.raises(ObjectStoreError) as failed:
             c.fetch(0, window)
-        assert time.monotonic() - began < 1.5
+        ended, refused = time.monotonic(), s3.proxy.down_met_at  # the first try reached the store then
     finally:
         s3.proxy.down = False
+    assert ended - began < 1.5
+    said = re.search(
+        r"kept failing for (\d+\.\d) s \(\d+ tries, the first (\d+\.\d) s into the window\), no data coming",
+        str(failed.value),
+    )
+    assert said, str(failed.value)
+    spent, late = float(said[1]), float(said[2])
+    # measured from the events, not fixed figures: the fetch's way to its first try takes 0 to 0.5 s on
+    # loaded 2 cores (the first 1.5 s into the window, 1.7 on CI, 2.0 in 1 of 24 runs beside two CPU hogs)
+    assert 1.5 <= late <= refused - (began - 1.5) + 0.05, (late, refused - began)  # late, never at its start
+    # the tries' own time, within the fetch's; the window's (review R24g 2) would say 2 s
+    assert spent <= ended - began + 0.05, (spent, ended - began)
 
 
 def test_a_store_that_hangs_fails_a_fetch_within_its_window(s3, synthetic, tmp_path):
