@@ -2628,10 +2628,20 @@ def test_a_fetch_waits_its_window_out_and_data_seen_late_is_dated_when_it_came(
     settings = CacheSettings(tmp_path / "cache", int(1e9), requests=1, timeout_s=1)
     a, b = (DocumentTable(url, cache=settings).cache for _ in range(2))  # two ranks of a node
     waiter, got = Window(1), []
+    waiting, unit_lock = threading.Event(), b._unit_lock
+
+    @contextlib.contextmanager
+    def announced(u: int):  # B found the sample missing and goes for its lock (not a sleep's guess)
+        waiting.set()
+        with unit_lock(u):
+            yield
+
+    b._unit_lock = announced
     with a._unit_lock(0):  # rank A holds sample 0's lock: B finds it missing and waits
         t = threading.Thread(target=lambda: got.append(b.fetch(0, waiter)))
         t.start()
-        time.sleep(0.2)
+        assert waiting.wait(timeout=20), "B never went for the sample's lock"
+        time.sleep(0.2)  # B's window older than A's write: one not run on would end before before + 0.9
         records, check, ids = a._download(0, None)
         before = time.monotonic()
         a._write(0, records, check, ids)  # A writes it, then holds the lock on (another sample's fetch)
