@@ -161,7 +161,9 @@ def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     took a new CACHE/.lock and still waits for the holder there (E28a). In this order every waiter
     waits at CACHE/.lock for a holder there, and a stopped one ends each wait at its bound (the other
     way round, the first waiter held the file beside while it waited, and the k-th ended after k
-    bounds: review RV28b F1); the file beside's note is said only once CACHE/.lock is held (a cache
+    bounds: review RV28b F1), but for a cache emptied under a stopped holder: the first fetch after it
+    waits at the file beside holding a new CACHE/.lock, and the others chain behind it (review RV28e
+    F1; its fix, never blocking on one file while holding the other, is not made); the file beside's note is said only once CACHE/.lock is held (a cache
     that cannot be written is its one line, not a note first: F2). One order, so no deadlock. A file
     beside that cannot be opened or written (a full or read-only folder above, another user's file)
     is skipped with a note (_beside_lock); CACHE/.lock still makes every process take turns."""
