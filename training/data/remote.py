@@ -163,10 +163,11 @@ def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     way round, the first waiter held the file beside while it waited, and the k-th ended after k
     bounds: review RV28b F1), but for a cache emptied under a stopped holder: the first fetch after it
     waits at the file beside holding a new CACHE/.lock, and the others chain behind it (review RV28e
-    F1; its fix, never blocking on one file while holding the other, is not made); the file beside's note is said only once CACHE/.lock is held (a cache
-    that cannot be written is its one line, not a note first: F2). One order, so no deadlock. A file
-    beside that cannot be opened or written (a full or read-only folder above, another user's file)
-    is skipped with a note (_beside_lock); CACHE/.lock still makes every process take turns."""
+    F1; its fix, never blocking on one file while holding the other, is not made). The file beside's
+    note is said only once CACHE/.lock is held (a cache that cannot be written is its one line, not a
+    note first: RV28b F2). One order, so no deadlock. A file beside that cannot be opened or written
+    (a full or read-only folder above, another user's file) is skipped with a note (_beside_lock);
+    CACHE/.lock still makes every process take turns."""
     with (
         cache_lock(cache_dir, Path(cache_dir) / LOCK, wait_s),
         _beside_lock(node_lock_file(cache_dir), wait_s),
