@@ -42,7 +42,7 @@ from tests.helpers.train_runs import (
 )
 from training.checkpoint.base_record import record_base
 from training.checkpoint.base_source import locate_base
-from training.checkpoint.hf_export import ExportError, export_checkpoint
+from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf
 from training.checkpoint.hf_import import (
     BaseModelError,
     base_model_fields,
@@ -328,6 +328,86 @@ def test_weights_that_do_not_fit_are_named(tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # The data must match the model
+
+
+def _export_of(tmp_path: Path, dataset: Path, name: str, config: dict, **tokenizer_files: dict) -> Path:
+    """The export of a base with the dataset's tokenizer.json (<|endoftext|> 0 and <|begin_of_text|> 1
+    special, "!" 2 and '"' 3 ordinary), config.json's bos/eos/pad keys replaced by `config`'s (None:
+    the key absent) and tokenizer files of its own (`tokenizer_files`: tokenizer_config=..., ...)."""
+    base = tmp_path / name
+    make_base(base, vocab_size=read_dataset_info(dataset)["vocab_size"])
+    c = json.loads((base / "config.json").read_text())
+    c = {k: v for k, v in c.items() if k not in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    (base / "config.json").write_text(json.dumps(c | {k: v for k, v in config.items() if v is not None}))
+    (base / "generation_config.json").unlink()
+    shutil.copyfile(dataset / "tokenizer.json", base / "tokenizer.json")
+    for stem, content in tokenizer_files.items():
+        (base / f"{stem}.json").write_text(json.dumps(content))
+    model = gristmill_model(base)
+    files = {
+        p.name: p for p in base.iterdir() if p.suffix == ".json" and p.name != "model.safetensors.index.json"
+    }
+    return export_hf(model.state_dict(), model.cfg, dataset, tmp_path / f"{name}-export", base=files)
+
+
+def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset):
+    """Review RV28c F1: a base's tokenizer_config.json naming the ordinary '"' as eos was shipped as
+    it was: config.json said eos 0, AutoTokenizer's eos was '"', split out of every text before BPE as
+    a special token, so eval scored ids the model never trained on, and the note said the exports
+    used the separator."""
+    from tokenizers import Tokenizer
+
+    info = read_dataset_info(built_dataset)
+    vocab_size, data_tok = info["vocab_size"], built_dataset / "tokenizer.json"
+    text = 'He said "hi"! then ."quoted" text!!'
+    trained = Tokenizer.from_file(str(data_tok)).encode(text, add_special_tokens=False).ids
+    assert 3 in trained  # '"' alone, one of the ids the model trains on
+    own = {"tokenizer_class": "GPT2Tokenizer", "bos_token": "!", "eos_token": '"', "pad_token": '"'}
+    added = {"content": '"', "special": True, "__type": "AddedToken"}  # transformers' other spelling
+    ids, spec_map = {"bos_token_id": 2, "eos_token_id": 3}, {"eos_token": added, "bos_token": "!"}
+    out = _export_of(tmp_path, built_dataset, "f1", ids, tokenizer_config=own, special_tokens_map=spec_map)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (0, 0, None)
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok(text, add_special_tokens=False)["input_ids"] == trained
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token) == (0, 0, None)
+    kept = json.loads((out / "tokenizer_config.json").read_text())
+    assert kept["tokenizer_class"] == "PreTrainedTokenizerFast" and kept["eos_token"] == "<|endoftext|>"
+    base = tmp_path / "f1"
+    (notes,) = check_base_data(base, built_dataset, info, vocab_size)
+    assert "config.json has bos_token_id 2, eos_token_id 3" in notes, notes
+    assert f"{base / 'tokenizer_config.json'} has bos_token '!', eos_token '\"', pad_token '\"'" in notes, (
+        notes
+    )
+    assert f"{base / 'special_tokens_map.json'} has bos_token '!', eos_token '\"'" in notes, notes
+    assert "their tokenizer files' entries to the tokens of the ids their config.json has" in notes, notes
+
+
+def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):
+    """Review RV28c F4: a base's config.json without bos/eos keys (with its tokenizer.json): the
+    absent keys were exported as null over the separator, so the export had no eos at all."""
+    info = read_dataset_info(built_dataset)
+    vocab_size = info["vocab_size"]
+    out = _export_of(tmp_path, built_dataset, "f4", {"pad_token_id": None})
+    config = json.loads((out / "config.json").read_text())
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (0, 0, None), config
+    assert (generation["bos_token_id"], generation["eos_token_id"]) == (0, 0), generation
+    assert transformers.AutoTokenizer.from_pretrained(out).eos_token_id == 0
+    assert check_base_data(tmp_path / "f4", built_dataset, info, vocab_size) == []
+
+
+def test_an_eos_list_keeps_its_special_members(tmp_path, built_dataset):
+    """Review RV28c F5: eos_token_id [1, 2] (1 special, 2 ordinary): the whole list was replaced and
+    the note called both ordinary; 2 alone is named and dropped, the special 1 kept."""
+    info = read_dataset_info(built_dataset)
+    vocab_size = info["vocab_size"]
+    out = _export_of(tmp_path, built_dataset, "f5", {"bos_token_id": 1, "eos_token_id": [1, 2]})
+    config = json.loads((out / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, [1]), config
+    notes = check_base_data(tmp_path / "f5", built_dataset, info, vocab_size)
+    assert "has eos_token_id 2 (of [1, 2]), not special tokens of" in notes[0], notes
+    assert "its exports set eos to [1] instead" in notes[0], notes
 
 
 def _tokenizer(path: Path, specials: dict[int, str], extra: str = "") -> Path:

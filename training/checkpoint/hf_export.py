@@ -12,7 +12,9 @@ safetensors file is written by hand (8-byte header length, JSON header, raw litt
 A run from scratch: the tokenizer is the dataset's exact tokenizer.json, bos = eos = the dataset's
 separator token (the one token the model saw between documents), no pad token. A run from a base
 model ([model] init_from): the base's tokenizer files and bos/eos/pad ids (RUN/base/,
-training/checkpoint/base_record.py), as the base's users expect them. Either way gristmill's eval
+training/checkpoint/base_record.py), as the base's users expect them, where they are special tokens
+of the tokenizer.json it brought (hf_import.export_token_ids; else the separator's, no pad, in
+config.json and the tokenizer files alike). Either way gristmill's eval
 frames each document with the separator `gristmill_export.json` records, once (validation/
 eval_model.py), whatever bos says. `gristmill_export.json` records where the weights came from and
 the separator policy;
@@ -45,7 +47,13 @@ from training.checkpoint.base_record import (
     weights_sha256,
 )
 from training.checkpoint.base_source import hub_id, locate_base
-from training.checkpoint.hf_import import CONFIG_JSON, TOKEN_ID_KEYS, load_base_weights, ordinary_token_ids
+from training.checkpoint.hf_import import (
+    CONFIG_JSON,
+    TOKEN_ID_KEYS,
+    export_token_ids,
+    load_base_weights,
+    ordinary_token_entries,
+)
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
 from training.checkpoint.io import (
@@ -217,10 +225,13 @@ def _tokenizer_files(
     }
 
 
-def _base_special_tokens(base: dict[str, Path], tokenizer_json: Path) -> dict[str, str]:
-    """{"bos_token", "eos_token"}: the tokens of the base's config.json ids in `tokenizer_json`'s
-    vocabulary (the first of a list), for a base without a tokenizer_config.json of its own: its
-    export keeps the base's ids in config.json, and the tokenizer must name the same tokens."""
+def _base_special_tokens(
+    base: dict[str, Path], tokenizer_json: Path, keys: tuple[str, ...] = ("bos", "eos")
+) -> dict[str, str]:
+    """{"bos_token", "eos_token"} (`keys`): the tokens of the ids the export keeps from the base's
+    config.json (_token_ids) in `tokenizer_json`'s vocabulary (the first of a list), for a base without
+    a tokenizer_config.json of its own, or one whose entries name ordinary tokens: the tokenizer must
+    name the tokens config.json names."""
     ids = _token_ids(base)
     if not ids or not tokenizer_json.is_file():
         return {}
@@ -228,13 +239,32 @@ def _base_special_tokens(base: dict[str, Path], tokenizer_json: Path) -> dict[st
 
     vocab = Tokenizer.from_file(str(tokenizer_json))
     out = {}
-    for key in ("bos", "eos"):
+    for key in keys:
         i = ids.get(f"{key}_token_id")
         i = i[0] if isinstance(i, list) and i else i
         token = vocab.id_to_token(i) if isinstance(i, int) else None
         if token is not None:
             out[f"{key}_token"] = token
     return out
+
+
+def _ship_tokenizer_file(base: dict[str, Path], name: str, dataset_dir: Path, out: Path) -> None:
+    """The base's tokenizer_config.json or special_tokens_map.json (`name`) into `out`, as it is but for
+    bos/eos/pad entries naming a token that is no special token of its tokenizer.json
+    (ordinary_token_entries): those name config.json's tokens instead (the separator where config.json
+    has the separator's, no pad where it has none). The base's eos '"' was split out of every text by
+    AutoTokenizer as a special token, so eval scored ids the model never trained on (RV28c F1)."""
+    spec = json.loads(base[name].read_text(encoding="utf-8"))
+    ordinary = ordinary_token_entries(spec, base[TOKENIZER_JSON])
+    if not ordinary:
+        shutil.copyfile(base[name], out)
+        return
+    tokens = _base_special_tokens(base, base[TOKENIZER_JSON], ("bos", "eos", "pad"))
+    for key in ordinary:
+        if key not in tokens and key != "pad_token":
+            tokens[key] = read_dataset_info(dataset_dir)["separator"]["token"]
+        spec[key] = tokens.get(key)
+    out.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
 
 def write_tokenizer(
@@ -261,7 +291,7 @@ def write_tokenizer(
             (out_dir / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     for name in TOKENIZER_FILES:
         if name in base and name != TOKENIZER_JSON:
-            shutil.copyfile(base[name], out_dir / name)
+            _ship_tokenizer_file(base, name, dataset_dir, out_dir / name)
     # tokenizer.json as the data was encoded with it (without BPE dropout), the base's or the
     # dataset's (synthetic test datasets have none): else a copy, byte for byte.
     # The dataset's framed as the shards are (framed_as_trained: a foreign tokenizer's post-processor
@@ -288,17 +318,16 @@ def write_tokenizer(
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     """bos/eos/pad token ids of the base's config.json, as its users expect them in an export: those
-    that are special tokens of the tokenizer.json it brought (ordinary_token_ids, the one rule: an
-    ordinary token is no bos or eos; the export's are then the separator's, without pad). None for a
+    that are special tokens of the tokenizer.json it brought (export_token_ids, the one rule: an
+    ordinary token, or no id, is no bos or eos; the export's are then the separator's, without pad;
+    a list keeps its special members). None for a
     base without a tokenizer.json of its own (own_tokenizer_files): the run's tokenizer is the
     dataset's, and the base's ids name tokens of one it did not bring (LlamaConfig's eos 2 was "!" in
     the dataset's; Gemma's order made eos a bos: review R22f S3, R23e S3), so the export's are the
     separator's, as a run from scratch's."""
     if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
-    c = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
-    ordinary = ordinary_token_ids(c, base[TOKENIZER_JSON])
-    return {key: c.get(key) for key in TOKEN_ID_KEYS if key not in ordinary}
+    return export_token_ids(json.loads(base[CONFIG_JSON].read_text(encoding="utf-8")), base[TOKENIZER_JSON])
 
 
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ import torch
 from training.checkpoint.base_source import (
     CONFIG_JSON,
     INDEX_JSON,
+    TOKENIZER_FILES,
     BaseModelError,
     weights_files,
 )
@@ -64,6 +66,8 @@ __all__ = [
     "check_base_data",
     "load_base_weights",
     "ordinary_token_ids",
+    "export_token_ids",
+    "ordinary_token_entries",
     "weights_index",
 ]
 
@@ -415,17 +419,56 @@ def _ids(value: Any) -> set[int]:
 
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+TOKEN_KEYS = ("bos_token", "eos_token", "pad_token")  # the same tokens, named in tokenizer_config.json
 
 
-def ordinary_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+def _split_ids(value: Any, special: Mapping[int, str]) -> tuple[Any, list[int]]:
+    """`value` (an id, a list of ids or None) as (what of it is special: the same shape, None where
+    nothing; its ordinary ids)."""
+    members = [int(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+    ordinary = [v for v in members if v not in special]
+    kept = [v for v in members if v in special]
+    if not kept:
+        return None, ordinary
+    return (kept if isinstance(value, list) else kept[0]), ordinary
+
+
+def ordinary_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, list[int]]:
     """The bos/eos/pad ids of a base's config.json (`config`) that are not special tokens of its
-    tokenizer.json (`tokenizer`, the one its exports ship): the one rule for an export's ids. Such
-    an id is the base's by accident (LlamaConfig's defaults 1 and 2 left beside a BPE tokenizer
+    tokenizer.json (`tokenizer`, the one its exports ship), by key: what export_token_ids drops.
+    Such an id is the base's by accident (LlamaConfig's defaults 1 and 2 left beside a BPE tokenizer
     whose only special token is id 0 are '!' and '"': generate() stopped at the first double quote,
-    review R28a M1), so the exports' bos/eos are the dataset's separator instead and there is no
-    pad, as for a base that brings no tokenizer.json."""
+    review R28a M1)."""
     special = _special_tokens(tokenizer)
-    return {key: config[key] for key in TOKEN_ID_KEYS if _ids(config.get(key)) - special.keys()}
+    return {key: ids for key in TOKEN_ID_KEYS if (ids := _split_ids(config.get(key), special)[1])}
+
+
+def export_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+    """The one rule for the bos/eos/pad ids an export of a base with its own tokenizer.json keeps from
+    its config.json: those present, not null and special tokens of the tokenizer.json (of a list, its
+    special members). A key left out is the export's default: bos/eos the dataset's separator, no pad,
+    as for a base that brings no tokenizer.json (a config without eos left the export none, RV28c F4)."""
+    special = _special_tokens(tokenizer)
+    ids = {key: _split_ids(config.get(key), special)[0] for key in TOKEN_ID_KEYS}
+    return {key: value for key, value in ids.items() if value is not None}
+
+
+def _token_content(value: Any) -> Any:
+    """A tokenizer_config.json entry's token: a string, or transformers' AddedToken dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def ordinary_token_entries(spec: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+    """The bos/eos/pad entries of a base's tokenizer_config.json or special_tokens_map.json (`spec`)
+    naming a token that is no special token of its tokenizer.json: AutoTokenizer splits such a token
+    ('"') out of every text before BPE as an added special token, so the export names config.json's
+    instead (RV28c F1)."""
+    special = set(_special_tokens(tokenizer).values())
+    return {
+        key: spec[key]
+        for key in TOKEN_KEYS
+        if spec.get(key) is not None and _token_content(spec[key]) not in special
+    }
 
 
 def check_base_data(
@@ -433,9 +476,10 @@ def check_base_data(
 ) -> list[str]:
     """Refuse, in one line naming both files, a dataset the base model cannot train on: another
     tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
-    base. Returns notes (a base without tokenizer.json; bos/eos/pad ids of its config.json that are
-    ordinary tokens, which its exports replace: ordinary_token_ids; a separator that is special but
-    neither the base's bos nor eos)."""
+    base. Returns notes (a base without tokenizer.json; bos/eos/pad ids of its config.json and entries
+    of its tokenizer_config.json / special_tokens_map.json that are ordinary tokens, which its exports
+    replace: export_token_ids, ordinary_token_entries; a separator that is special but neither bos
+    nor eos of the export)."""
     base, dataset = Path(base), Path(dataset)
     where, config = dataset / DATASET_JSON, base / CONFIG_JSON
     data_vocab = int(info["vocab_size"])
@@ -477,20 +521,38 @@ def check_base_data(
             f"{base_tok}: build the dataset with one of the base's, e.g. its bos or eos token"
         )
     c = read_base_config(base)
+    kept, sets = export_token_ids(c, base_tok), []
     if ordinary := ordinary_token_ids(c, base_tok):
-        names = ", ".join(f"{key} {value}" for key, value in ordinary.items())
-        bos_eos, sets = " and ".join(key[:3] for key in ordinary if key != "pad_token_id"), []
+        names = ", ".join(
+            f"{key} {' and '.join(map(str, ids))}" + (f" (of {c[key]})" if isinstance(c[key], list) else "")
+            for key, ids in ordinary.items()
+        )
+        bos_eos = " and ".join(key[:3] for key in ordinary if key != "pad_token_id" and key not in kept)
         if bos_eos:
             sets.append(f"{bos_eos} to the dataset's separator {special[sep]!r} (id {sep})")
-        if "pad_token_id" in ordinary:
+        sets += [f"{key[:3]} to {kept[key]}" for key in ordinary if key in kept]  # a list's special members
+        if "pad_token_id" in ordinary and "pad_token_id" not in kept:
             sets.append("pad to none")
+    entries = {
+        name: ordinary_token_entries(json.loads((base / name).read_text(encoding="utf-8")), base_tok)
+        for name in TOKENIZER_FILES[1:]
+        if (base / name).is_file()
+    }
+    named = "; ".join(
+        f"{base / name} has " + ", ".join(f"{key} {_token_content(v)!r}" for key, v in found.items())
+        for name, found in entries.items()
+        if found
+    )
+    if ordinary or named:
+        what = "; ".join(([f"{config} has {names}"] if ordinary else []) + ([named] if named else []))
+        if named:
+            sets.append("their tokenizer files' entries to the tokens of the ids their config.json has")
         notes.append(
-            f"note: {config} has {names}, not special tokens of {base_tok}: its exports set "
-            f"{' and '.join(sets)} instead, as a run from scratch's (to keep them, set those keys to special "
-            f"tokens of {base_tok})"
+            f"note: {what}, not special tokens of {base_tok}: its exports set {' and '.join(sets)} "
+            f"instead (to keep them, set those keys to special tokens of {base_tok})"
         )
-    exported = _ids(c.get("bos_token_id")) | _ids(c.get("eos_token_id"))
-    if sep not in exported and not ordinary.keys() & {"bos_token_id", "eos_token_id"}:
+    exported = _ids(kept.get("bos_token_id", sep)) | _ids(kept.get("eos_token_id", sep))
+    if sep not in exported:
         notes.append(
             f"note: the separator {special[sep]!r} (id {sep}) of {where} is a special token of the base but "
             f"neither its bos nor eos ({config})"
