@@ -75,17 +75,18 @@ def test_uv_is_handed_pip_s_find_links_constraints_and_no_index(tmp_path: Path):
 
 
 def test_uv_reads_pip_s_indexes_and_none_of_its_own_settings(tmp_path: Path):
-    """pip's index and extra index are uv's; an index a user set for uv elsewhere (UV_EXTRA_INDEX_URL)
-    and a uv.toml (resolution = "lowest") are not read: the install is the one pip would make (review
-    RV28d M1)."""
-    empty, index, users = (
-        _index(tmp_path / "e"),
-        _index(tmp_path / "i", "2.0", "3.0"),
+    """pip's index and extra index are uv's; an index a user set for uv elsewhere (UV_EXTRA_INDEX_URL,
+    a uv.toml) is not read: the install is the one pip would make (review RV28d M1)."""
+    empty, extra, users = (
+        _index(tmp_path / "empty"),
+        _index(tmp_path / "extra", "3.0"),
         _index(tmp_path / "u", "4.0"),
     )
-    assert _picked(tmp_path, {"PIP_INDEX_URL": empty, "PIP_EXTRA_INDEX_URL": index}) == "gristmill-probe==3.0"
     home = tmp_path / "home"
     (home / ".config" / "uv").mkdir(parents=True)
     (home / ".config" / "uv" / "uv.toml").write_text('resolution = "lowest"\n')
-    for own in ({"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}, {"UV_EXTRA_INDEX_URL": users}):
-        assert _picked(tmp_path, {"PIP_INDEX_URL": index, **own}) == "gristmill-probe==3.0", own
+    (tmp_path / "extra" / "simple" / "gristmill-probe" / "gristmill_probe-0.5-py3-none-any.whl").touch()
+    settings = {"PIP_INDEX_URL": empty, "PIP_EXTRA_INDEX_URL": extra, "UV_EXTRA_INDEX_URL": users}
+    assert _picked(tmp_path, {**settings, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}) == (
+        "gristmill-probe==3.0"
+    )
