@@ -36,22 +36,15 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 # such a venv is filled by pip, which keeps what satisfies the package. Where uv fails (a mirror
 # without it, a pip whose settings PIP_TO_UV cannot read), pip does the install as before.
 UV_VERSION := 0.13.9
-# Only pip's settings choose what is installed: uv's own config files (--no-config) and UV_*
-# variables set for other projects (an extra index, a lowest resolution) are left out but for where
-# its cache lives and how it links and downloads; the indexes go in its environment, not its command
-# line, where a password in an index URL would show in `ps` (review RV28d).
-UV_KEPT := UV_CACHE_DIR UV_HTTP_TIMEOUT UV_NATIVE_TLS UV_LINK_MODE UV_CONCURRENT_DOWNLOADS
 PIP_TO_UV := import os, sys; from pip._internal.commands import create_command; \
   o, _ = create_command("install").parse_args([]); \
-  a = ["--no-config", "--index-strategy", "unsafe-best-match"]; \
+  a = ["--index-url", o.index_url, "--index-strategy", "unsafe-best-match"]; \
+  a += [x for u in o.extra_index_urls for x in ("--extra-index-url", u)]; \
   a += [x for u in o.find_links for x in ("--find-links", u)]; \
   a += [x for u in o.constraints for x in ("--constraint", u)]; \
   a += [x for h in o.trusted_hosts for x in ("--allow-insecure-host", h)]; \
   a += ["--no-index"] * o.no_index + ["--prerelease=allow"] * o.pre; \
-  kept = "$(UV_KEPT)".split(); \
-  env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in kept}; \
-  env = {"UV_HTTP_TIMEOUT": str(round(o.timeout)), **env, "UV_INDEX_URL": o.index_url}; \
-  env.update({"UV_EXTRA_INDEX_URL": " ".join(o.extra_index_urls)} if o.extra_index_urls else {}); \
+  env = {"UV_HTTP_TIMEOUT": str(round(o.timeout)), **os.environ}; \
   env.update({"SSL_CERT_FILE": o.cert} if o.cert else {}); \
   env.update({"HTTP_PROXY": o.proxy, "HTTPS_PROXY": o.proxy} if o.proxy else {}); \
   uv = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable]; \
