@@ -33,8 +33,7 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 # index that has it). uv keeps the venv's own torch, installed above. It does not see the packages
 # of a --system-site-packages venv's interpreter (astral-sh/uv#4466): there it would put a second
 # torch, pip's default CUDA build, in the venv and shadow the interpreter's numpy and the rest, so
-# such a venv is filled by pip, which keeps what satisfies the package. Where uv fails (a mirror
-# without it, a pip whose settings PIP_TO_UV cannot read), pip does the install as before.
+# such a venv is filled by pip, which keeps what satisfies the package.
 UV_VERSION := 0.13.9
 PIP_TO_UV := import os, sys; from pip._internal.commands import create_command; \
   o, _ = create_command("install").parse_args([]); \
@@ -65,9 +64,8 @@ $(STAMP): pyproject.toml
 	@if grep -qx "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
 	  echo "installing with pip, which keeps what $(VENV) sees of its interpreter's packages"; \
 	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
-	else echo "installing with uv"; { $(PY) -m pip install -q --no-compile uv==$(UV_VERSION) && \
-	  $(PY) -c '$(PIP_TO_UV)' -q -e "$(EXTRAS)"; } || { echo "uv failed (above): installing with pip"; \
-	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; }; fi
+	else echo "installing with uv"; $(PY) -m pip install -q --no-compile uv==$(UV_VERSION) && \
+	  $(PY) -c '$(PIP_TO_UV)' -q -e "$(EXTRAS)"; fi
 	@echo "writing the bytecode of what gristmill imports"; \
 	  env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)" 2>$(VENV)/warm-imports.log || \
 	  { cat $(VENV)/warm-imports.log; exit 1; }
