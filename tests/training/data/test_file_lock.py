@@ -23,6 +23,8 @@ from tests.helpers.mounts import sh_quote, unshare_works
 from training.contract.file_lock import LockWaitError
 from training.data.remote import LOCK, node_lock, node_lock_file
 
+pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
+
 
 def test_the_node_lock_is_free_once_its_holder_leaves_though_a_child_forked_inside_lives_on(tmp_path):
     inside, release = threading.Event(), threading.Event()
