@@ -381,6 +381,12 @@ def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset
     )
     assert f"{base / 'special_tokens_map.json'} has bos_token '!', eos_token '\"'" in notes, notes
     assert "their tokenizer files' entries to the tokens of the ids their config.json has" in notes, notes
+    # a tokenizer file that does not parse: one line naming it, before step 1 (review RV28f F3)
+    (base / "tokenizer_config.json").write_text('{"bos_token": "!",}')
+    with pytest.raises(
+        BaseModelError, match=r"tokenizer_config\.json is not valid JSON \(.*\): fix it or remove"
+    ):
+        check_base_data(base, built_dataset, info, vocab_size)
 
 
 def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):

@@ -534,7 +534,7 @@ def check_base_data(
         if "pad_token_id" in ordinary and "pad_token_id" not in kept:
             sets.append("pad to none")
     entries = {
-        name: ordinary_token_entries(json.loads((base / name).read_text(encoding="utf-8")), base_tok)
+        name: ordinary_token_entries(_json_of(base / name), base_tok)
         for name in TOKENIZER_FILES[1:]
         if (base / name).is_file()
     }
@@ -549,7 +549,8 @@ def check_base_data(
             sets.append("their tokenizer files' entries to the tokens of the ids their config.json has")
         notes.append(
             f"note: {what}, not special tokens of {base_tok}: its exports set {' and '.join(sets)} "
-            f"instead (to keep them, set those keys to special tokens of {base_tok})"
+            f"instead (an ordinary token cannot be one; for another, set the key to a special token of "
+            f"{base_tok})"
         )
     exported = _ids(kept.get("bos_token_id", sep)) | _ids(kept.get("eos_token_id", sep))
     if sep not in exported:
@@ -558,3 +559,12 @@ def check_base_data(
             f"neither its bos nor eos ({config})"
         )
     return notes
+
+
+def _json_of(path: Path) -> dict:
+    """A base's tokenizer file, read at the start of training: one that does not parse is one line
+    naming it (a JSONDecodeError traceback before step 1: review RV28f F3)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BaseModelError(f"{path} is not valid JSON ({e}): fix it or remove it from the base") from None
