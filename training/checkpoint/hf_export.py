@@ -13,7 +13,7 @@ A run from scratch: the tokenizer is the dataset's exact tokenizer.json, bos = e
 separator token (the one token the model saw between documents), no pad token. A run from a base
 model ([model] init_from): the base's tokenizer files and bos/eos/pad ids (RUN/base/,
 training/checkpoint/base_record.py), as the base's users expect them, where they are special tokens
-of the tokenizer.json it brought (hf_import.export_token_ids; else the separator's, no pad, in
+of the tokenizer.json it brought (hf_import.split_token_ids; else the separator's, no pad, in
 config.json and the tokenizer files alike). Either way gristmill's eval
 frames each document with the separator `gristmill_export.json` records, once (validation/
 eval_model.py), whatever bos says. `gristmill_export.json` records where the weights came from and
@@ -50,9 +50,10 @@ from training.checkpoint.base_source import hub_id, locate_base
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
     TOKEN_ID_KEYS,
-    export_token_ids,
     load_base_weights,
     ordinary_token_entries,
+    special_tokens,
+    split_token_ids,
 )
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
 from training.checkpoint.hf_names import hf_state_dict_names
@@ -255,14 +256,15 @@ def _ship_tokenizer_file(base: dict[str, Path], name: str, dataset_dir: Path, ou
     has the separator's, no pad where it has none). The base's eos '"' was split out of every text by
     AutoTokenizer as a special token, so eval scored ids the model never trained on (RV28c F1)."""
     spec = json.loads(base[name].read_text(encoding="utf-8"))
-    ordinary = ordinary_token_entries(spec, base[TOKENIZER_JSON])
+    ordinary = ordinary_token_entries(spec, special_tokens(base[TOKENIZER_JSON]))
     if not ordinary:
         shutil.copyfile(base[name], out)
         return
     tokens = _base_special_tokens(base, base[TOKENIZER_JSON], ("bos", "eos", "pad"))
+    separator = read_dataset_info(dataset_dir)["separator"]["token"]
     for key in ordinary:
         if key not in tokens and key != "pad_token":
-            tokens[key] = read_dataset_info(dataset_dir)["separator"]["token"]
+            tokens[key] = separator
         spec[key] = tokens.get(key)
     out.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
 
@@ -318,7 +320,7 @@ def write_tokenizer(
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     """bos/eos/pad token ids of the base's config.json, as its users expect them in an export: those
-    that are special tokens of the tokenizer.json it brought (export_token_ids, the one rule: an
+    that are special tokens of the tokenizer.json it brought (split_token_ids, the one rule: an
     ordinary token, or no id, is no bos or eos; the export's are then the separator's, without pad;
     a list keeps its special members). None for a
     base without a tokenizer.json of its own (own_tokenizer_files): the run's tokenizer is the
@@ -327,7 +329,8 @@ def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     separator's, as a run from scratch's."""
     if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
-    return export_token_ids(json.loads(base[CONFIG_JSON].read_text(encoding="utf-8")), base[TOKENIZER_JSON])
+    config = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
+    return split_token_ids(config, special_tokens(base[TOKENIZER_JSON]))[0]
 
 
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:

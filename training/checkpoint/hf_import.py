@@ -65,9 +65,9 @@ __all__ = [
     "base_sha256",
     "check_base_data",
     "load_base_weights",
-    "ordinary_token_ids",
-    "export_token_ids",
     "ordinary_token_entries",
+    "special_tokens",
+    "split_token_ids",
     "weights_index",
 ]
 
@@ -409,7 +409,8 @@ def _tokenizer_differences(data_tok: Path, base_tok: Path) -> list[str]:
         raise BaseModelError(f"{data_tok} or {base_tok} is not valid JSON ({e})") from None
 
 
-def _special_tokens(tokenizer: Path) -> dict[int, str]:
+def special_tokens(tokenizer: Path) -> dict[int, str]:
+    """{id: content} of a tokenizer.json's special tokens (its added tokens marked special)."""
     added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
     return {int(t["id"]): t.get("content", "") for t in added if t.get("special")}
 
@@ -433,24 +434,25 @@ def _split_ids(value: Any, special: Mapping[int, str]) -> tuple[Any, list[int]]:
     return (kept if isinstance(value, list) else kept[0]), ordinary
 
 
-def ordinary_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, list[int]]:
-    """The bos/eos/pad ids of a base's config.json (`config`) that are not special tokens of its
-    tokenizer.json (`tokenizer`, the one its exports ship), by key: what export_token_ids drops.
-    Such an id is the base's by accident (LlamaConfig's defaults 1 and 2 left beside a BPE tokenizer
-    whose only special token is id 0 are '!' and '"': generate() stopped at the first double quote,
-    review R28a M1)."""
-    special = _special_tokens(tokenizer)
-    return {key: ids for key in TOKEN_ID_KEYS if (ids := _split_ids(config.get(key), special)[1])}
-
-
-def export_token_ids(config: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+def split_token_ids(
+    config: dict[str, Any], special: Mapping[int, str]
+) -> tuple[dict[str, Any], dict[str, list[int]]]:
     """The one rule for the bos/eos/pad ids an export of a base with its own tokenizer.json keeps from
-    its config.json: those present, not null and special tokens of the tokenizer.json (of a list, its
-    special members). A key left out is the export's default: bos/eos the dataset's separator, no pad,
-    as for a base that brings no tokenizer.json (a config without eos left the export none, RV28c F4)."""
-    special = _special_tokens(tokenizer)
-    ids = {key: _split_ids(config.get(key), special)[0] for key in TOKEN_ID_KEYS}
-    return {key: value for key, value in ids.items() if value is not None}
+    its config.json (`config`), against that tokenizer.json's special tokens (`special`:
+    special_tokens): (kept, ordinary). Kept: those present, not null and special (of a list, its
+    special members); a key left out is the export's default, bos/eos the dataset's separator, no pad,
+    as for a base that brings no tokenizer.json (a config without eos left the export none, RV28c F4).
+    Ordinary: the ids, by key, that are no special token, the base's by accident (LlamaConfig's
+    defaults 1 and 2 left beside a BPE tokenizer whose only special token is id 0 are '!' and '"':
+    generate() stopped at the first double quote, review R28a M1)."""
+    kept, ordinary = {}, {}
+    for key in TOKEN_ID_KEYS:
+        special_part, ordinary_ids = _split_ids(config.get(key), special)
+        if special_part is not None:
+            kept[key] = special_part
+        if ordinary_ids:
+            ordinary[key] = ordinary_ids
+    return kept, ordinary
 
 
 def _token_content(value: Any) -> Any:
@@ -458,16 +460,15 @@ def _token_content(value: Any) -> Any:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def ordinary_token_entries(spec: dict[str, Any], tokenizer: Path) -> dict[str, Any]:
+def ordinary_token_entries(spec: dict[str, Any], special: Mapping[int, str]) -> dict[str, Any]:
     """The bos/eos/pad entries of a base's tokenizer_config.json or special_tokens_map.json (`spec`)
     naming a token that is no special token of its tokenizer.json: AutoTokenizer splits such a token
     ('"') out of every text before BPE as an added special token, so the export names config.json's
-    instead (RV28c F1)."""
-    special = set(_special_tokens(tokenizer).values())
+    instead (RV28c F1). `special`: its tokenizer.json's special tokens (special_tokens)."""
     return {
         key: spec[key]
         for key in TOKEN_KEYS
-        if spec.get(key) is not None and _token_content(spec[key]) not in special
+        if spec.get(key) is not None and _token_content(spec[key]) not in special.values()
     }
 
 
@@ -478,7 +479,7 @@ def check_base_data(
     tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
     base. Returns notes (a base without tokenizer.json; bos/eos/pad ids of its config.json and entries
     of its tokenizer_config.json / special_tokens_map.json that are ordinary tokens, which its exports
-    replace: export_token_ids, ordinary_token_entries; a separator that is special but neither bos
+    replace: split_token_ids, ordinary_token_entries; a separator that is special but neither bos
     nor eos of the export)."""
     base, dataset = Path(base), Path(dataset)
     where, config = dataset / DATASET_JSON, base / CONFIG_JSON
@@ -514,15 +515,15 @@ def check_base_data(
             "another tokenizer; rebuild the dataset with the base model's tokenizer.json"
         )
     sep, notes = int(info["separator"]["id"]), []
-    special = _special_tokens(base_tok)
+    special = special_tokens(base_tok)
     if sep not in special:
         raise BaseModelError(
             f"{where}: separator id {sep} ({info['separator'].get('token')!r}) is not a special token of "
             f"{base_tok}: build the dataset with one of the base's, e.g. its bos or eos token"
         )
     c = read_base_config(base)
-    kept, sets = export_token_ids(c, base_tok), []
-    if ordinary := ordinary_token_ids(c, base_tok):
+    (kept, ordinary), sets = split_token_ids(c, special), []
+    if ordinary:
         names = ", ".join(
             f"{key} {' and '.join(map(str, ids))}" + (f" (of {c[key]})" if isinstance(c[key], list) else "")
             for key, ids in ordinary.items()
@@ -534,7 +535,7 @@ def check_base_data(
         if "pad_token_id" in ordinary and "pad_token_id" not in kept:
             sets.append("pad to none")
     entries = {
-        name: ordinary_token_entries(_json_of(base / name), base_tok)
+        name: ordinary_token_entries(_json_of(base / name), special)
         for name in TOKENIZER_FILES[1:]
         if (base / name).is_file()
     }
