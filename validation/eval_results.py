@@ -155,7 +155,7 @@ def decontamination_marks(
         )
         if statuses == {"checked"}:
             docs = f"{removed:,} doc{'' if removed == 1 else 's'} removed"
-            unchecked, documents, unknown = _unchecked_documents(per)
+            unchecked, of, unknown = _unchecked_documents(per)
             if unchecked:  # known short documents: never "decontaminated", whatever another record lacks
                 others = (
                     ""
@@ -165,7 +165,7 @@ def decontamination_marks(
                     else f"; {unknown} other datasets' counts unknown"
                 )
                 mark = (
-                    f"partly checked ({'at least ' if unknown else ''}{unchecked:,} of {documents:,} "
+                    f"partly checked ({'at least ' if unknown else ''}{unchecked:,} of {of:,} "
                     f"documents shorter than the index's n-grams, not checked{others}; {docs})"
                 )
             elif unknown:

@@ -648,6 +648,24 @@ def test_marks_for_versions_mixtures_and_groups():
     )
     assert part["grp"]["mark"].startswith("partly checked (6 of 8 documents shorter")
     assert part["a"]["datasets"][0]["unchecked_documents"] == 3 and part["a"]["datasets"][0]["documents"] == 4
+    # a task's documents replaced under its version, met after another task already marked: the count
+    # of the first task's documents took the name of the hashing function, and the second was marked
+    # "decontaminated" unchecked (None) or crashed (an int)
+    hashes = {"a": "sha-a", "c": "replaced"}
+    entry = check("prose", [("a", 1.0, 4), ("c", 1.0, 1)])
+    for t in entry["decontaminate"]["tasks"]:
+        t["documents_sha256"] = f"sha-{t['name']}"
+    both = decontamination_marks(
+        {"results": {"a": {}, "c": {}}, "versions": results["versions"]}, [entry], hashes.get
+    )
+    assert both["a"]["mark"] == "decontaminated (4 docs removed)"
+    assert both["c"]["mark"] == "checked against other documents"
+    for t in entry["decontaminate"]["tasks"]:  # records from before the counts: the silent case (None)
+        del t["documents"], t["documents_without_ngrams"]
+    old = decontamination_marks(
+        {"results": {"a": {}, "c": {}}, "versions": results["versions"]}, [entry], hashes.get
+    )
+    assert old["c"]["mark"] == "checked against other documents"
     two_n = [check("prose", [("a", 1.0, 4)], 1), check("code", [("a", 1.0, 0)], 2)]
     assert decontamination_marks(results, two_n)["a"]["mark"].startswith("partly checked (2 of 4 documents")
     # a record written before the count: unknown, not 0
