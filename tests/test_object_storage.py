@@ -2327,6 +2327,40 @@ def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():
     assert gb_holding(10_000) == 1e-05
 
 
+def test_inspect_s_hashes_alone_are_on_stdout_while_it_waits_for_the_cache(s3, synthetic, tmp_path, capsys):
+    """`data inspect --hash` of a bucket while another process holds the node's cache lock over a
+    second: its "waiting for" line went to standard output between the hashes, so the comparison the
+    docs give for bit-identical batches (the local copy's hashes against the bucket's) differed (seen in
+    a suite run whose writes stalled). Notes go to standard error; standard output is the hashes."""
+    from training.data.remote import node_lock
+
+    local, url = synthetic
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    held, let_go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with node_lock(tmp_path / "c"):
+            held.set()
+            let_go.wait(10)
+
+    thread = threading.Thread(target=holder, daemon=True)
+    thread.start()
+    assert held.wait(10)
+    threading.Timer(1.6, let_go.set).start()  # past SAY_AFTER_S: the wait says whom it waits for
+    try:
+        assert gristmill([*argv, "--end", "6", "--cache-dir", str(tmp_path / "c")]) == 0
+    finally:
+        let_go.set()
+        thread.join(10)
+    out, err = capsys.readouterr()
+    assert "waiting for" in err and "waiting for" not in out, (out, err)
+    lines = out.splitlines()
+    assert lines[0].startswith("# dataset ") and [line.split()[0] for line in lines[1:]] == list(
+        map(str, range(1, 6))
+    )
+    assert [line.split()[1] for line in lines[1:]] == hashes(local, 5)
+
+
 def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_blocks, tmp_path, capsys):
     """`data inspect s3://…` (and validate, audit) cached within the default 100 GB whatever the cache
     it was pointed at: in a run's cache it went past the run's data.cache_gb (review R19b 2).

@@ -15,11 +15,13 @@ metrics.jsonl, from 1.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from training.console import console
 from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
@@ -58,6 +60,14 @@ DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cac
 
 
 def run(args: argparse.Namespace) -> int:
+    # What the data path says while it works (a wait for the cache's lock, a note on the cache) goes to
+    # standard error: standard output is the batch, or the hashes compared line by line with another
+    # copy's (a "waiting for" line among them made a bucket's hashes differ from the local copy's).
+    with console.bound(0, sys.stderr):
+        return _inspect(args)
+
+
+def _inspect(args: argparse.Namespace) -> int:
     world = args.world_size
     if world < 1:  # a run directory's plan divided by it (ZeroDivisionError: review R21b F11)
         raise LoaderConfigError(f"--world-size must be at least 1, got {world}")
