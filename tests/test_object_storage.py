@@ -2327,31 +2327,56 @@ def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():
     assert gb_holding(10_000) == 1e-05
 
 
-def test_inspect_s_hashes_alone_are_on_stdout_while_it_waits_for_the_cache(s3, synthetic, tmp_path, capsys):
-    """`data inspect --hash` of a bucket while another process holds the node's cache lock over a
-    second: its "waiting for" line went to standard output between the hashes, so the comparison the
-    docs give for bit-identical batches (the local copy's hashes against the bucket's) differed (seen in
-    a suite run whose writes stalled). Notes go to standard error; standard output is the hashes."""
+class _SaysWaiting:
+    """sys.stderr, and an event set once a "waiting for" line is written to it."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.seen = stream, threading.Event()
+
+    def write(self, text: str) -> int:
+        if "waiting for" in text:
+            self.seen.set()
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def _while_the_cache_lock_is_held(cache_dir: Path, command: list[str], monkeypatch) -> None:
+    """`gristmill COMMAND --cache-dir cache_dir` while another thread holds the node's cache lock, until
+    the command says it waits (to standard error: 10 s at most where it says it elsewhere)."""
     from training.data.remote import node_lock
 
-    local, url = synthetic
-    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
-    held, let_go = threading.Event(), threading.Event()
+    held, stderr = threading.Event(), _SaysWaiting(sys.stderr)
+    monkeypatch.setattr(sys, "stderr", stderr)
 
     def holder() -> None:
-        with node_lock(tmp_path / "c"):
+        with node_lock(cache_dir):
             held.set()
-            let_go.wait(10)
+            stderr.seen.wait(10)
 
     thread = threading.Thread(target=holder, daemon=True)
     thread.start()
     assert held.wait(10)
-    threading.Timer(1.6, let_go.set).start()  # past SAY_AFTER_S: the wait says whom it waits for
     try:
-        assert gristmill([*argv, "--end", "6", "--cache-dir", str(tmp_path / "c")]) == 0
+        assert gristmill([*command, "--cache-dir", str(cache_dir)]) == 0
     finally:
-        let_go.set()
+        stderr.seen.set()
         thread.join(10)
+        monkeypatch.undo()
+
+
+def test_the_answer_of_inspect_and_audit_alone_is_on_stdout_while_they_wait_for_the_cache(
+    s3, synthetic, tmp_path, capsys, monkeypatch
+):
+    """`data inspect --hash` of a bucket while another process holds the node's cache lock over a
+    second: its "waiting for" line went to standard output between the hashes, so the comparison the
+    docs give for bit-identical batches (the local copy's hashes against the bucket's) differed (seen in
+    a suite run whose writes stalled); `data audit --format csv` put it into its CSV. What they say
+    meanwhile goes to standard error; standard output is the answer alone."""
+    local, url = synthetic
+    argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
+    _while_the_cache_lock_is_held(tmp_path / "c", [*argv, "--end", "6"], monkeypatch)
     out, err = capsys.readouterr()
     assert "waiting for" in err and "waiting for" not in out, (out, err)
     lines = out.splitlines()
@@ -2359,6 +2384,13 @@ def test_inspect_s_hashes_alone_are_on_stdout_while_it_waits_for_the_cache(s3, s
         map(str, range(1, 6))
     )
     assert [line.split()[1] for line in lines[1:]] == hashes(local, 5)
+
+    sql = ["--sql", "SELECT count(*) AS docs FROM docs", "--format", "csv"]
+    _while_the_cache_lock_is_held(tmp_path / "a", ["data", "audit", url, *sql], monkeypatch)
+    out, err = capsys.readouterr()
+    assert "waiting for" in err and "waiting for" not in out, (out, err)
+    assert gristmill(["data", "audit", str(local), *sql]) == 0
+    assert out == capsys.readouterr().out  # the CSV alone, as the local copy's
 
 
 def test_inspect_of_a_bucket_keeps_the_bound_it_is_given(s3, synthetic, small_blocks, tmp_path, capsys):

@@ -109,3 +109,13 @@ class Console:
 
 console = Console()
 say = console.say
+
+
+@contextlib.contextmanager
+def answer_on_stdout() -> Iterator[None]:
+    """For a command whose standard output is its answer, compared or parsed line by line (`data
+    inspect --hash`, `data audit --format csv`): what the code under it says meanwhile (a wait for a
+    bucket cache's lock, a note on the cache) goes to standard error. A "waiting for …/.lock" line
+    among a bucket's hashes made them differ from the local copy's."""
+    with console.bound(0, sys.stderr):
+        yield

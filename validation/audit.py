@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 import duckdb
 
+from training.console import answer_on_stdout
 from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, redo_task
 from training.contract.errors import GristmillError, print_error, refuse_empty
 from training.contract.object_store import ObjectStore, is_url
@@ -471,6 +472,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with answer_on_stdout():  # tables, CSV or JSON that a pipe reads
+        return _audit(args)
+
+
+def _audit(args: argparse.Namespace) -> int:
     for url in {d for d in args.dirs if is_url(d)}:  # an unknown bucket, no credentials: one line first
         ObjectStore(url).check_bucket()
     # A bucket's dataset is audited in its copy in the cache (named by its URL in `dataset_name`).

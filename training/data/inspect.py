@@ -15,13 +15,12 @@ metrics.jsonl, from 1.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from training.console import console
+from training.console import answer_on_stdout
 from training.contract.dataset_format import DATASET_JSON, MANIFEST_DIR, TOKENIZER_JSON, manifest_files
 from training.contract.object_store import is_url
 from training.contract.run_layout import CONFIG_TOML, is_training_run, unlike_a_run
@@ -60,10 +59,7 @@ DATASET_MODE = ("seq_len", "global_batch", "seed", "split", "val_fraction", "cac
 
 
 def run(args: argparse.Namespace) -> int:
-    # What the data path says while it works (a wait for the cache's lock, a note on the cache) goes to
-    # standard error: standard output is the batch, or the hashes compared line by line with another
-    # copy's (a "waiting for" line among them made a bucket's hashes differ from the local copy's).
-    with console.bound(0, sys.stderr):
+    with answer_on_stdout():  # the batch, or the hashes compared with another copy's
         return _inspect(args)
 
 
