@@ -29,6 +29,10 @@ class LockWaitError(GristmillError):
     """A lock's holder was not seen running for as long as the caller waits."""
 
 
+class LockHeld(Exception):
+    """The lock is held by another (file_lock's try, `block=False`): a signal to the caller, not an error."""
+
+
 def _close_held_in_child() -> None:
     for fd in list(_HELD):
         with contextlib.suppress(OSError):
@@ -46,6 +50,7 @@ def file_lock(
     wait_s: float | None = None,
     fix: str = "",
     say: Callable[[str], None] | None = None,
+    block: bool = True,
 ) -> Iterator[bool]:
     """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
     take turns (flock holds per open file; the kernel releases it when its holder dies). A process
@@ -53,13 +58,13 @@ def file_lock(
     lock through its copy of the descriptor: the lock is released explicitly on the way out, never
     by closing (which would leave it to the copy for the child's life), and the child closes its copy.
     A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
-    long is a LockWaitError ending with `fix` (what the user can do instead). Yields whether the
-    holder's record was written (a full disk: not, and a waiter would take the holder for one that
-    left no details, not running)."""
+    long is a LockWaitError ending with `fix` (what the user can do instead); `block=False` tries
+    once: a lock held by another is LockHeld, no wait. Yields whether the holder's record was written
+    (a full disk: not, and a waiter would take the holder for one that left no details, not running)."""
     with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
-            _wait(f, path, wait_s, fix, say)
+            _wait(f, path, wait_s, fix, say, block)
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             recorded = False
             with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
@@ -73,9 +78,11 @@ def file_lock(
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _wait(f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None) -> None:
+def _wait(
+    f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None, block: bool = True
+) -> None:
     """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
-    while the holder is not seen running."""
+    while the holder is not seen running. Not `block`: LockHeld at once where it is held."""
     start = last = time.monotonic()
     idle, pause, told = 0.0, 0.001, None  # (idle: seconds the holder was not seen running)
     while True:
@@ -83,7 +90,8 @@ def _wait(f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], No
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
-            pass
+            if not block:
+                raise LockHeld(str(path)) from None
         now = time.monotonic()
         if now - start >= SAY_AFTER_S:
             holder, running = _holder(f)

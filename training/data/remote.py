@@ -45,7 +45,7 @@ from training.contract.dataset_format import (
     recorded_paths,
 )
 from training.contract.dataset_index import INDEX_DIR, SHARD_ROWS, shard_rows_of
-from training.contract.file_lock import file_lock
+from training.contract.file_lock import LockHeld, file_lock
 from training.contract.lifetime import host
 from training.contract.object_store import (
     COUNTS,
@@ -58,7 +58,7 @@ from training.contract.object_store import (
 
 ORIGIN = ".origin.json"  # in a dataset's cache directory: {"url": …}; local datasets have none
 VERIFIED = ".verified.json"  # beside it: {path: sha256} of the copied files the fingerprint does not cover
-# The node lock's file in the cache, which every path to the cache shares (node_lock: taken second)
+# The node lock's file in the cache, which every path to the cache shares (node_lock: taken first)
 LOCK = ".lock"
 DEFAULT_CACHE_GB = 100.0
 DEFAULT_FETCH_REQUESTS = 8  # range requests in flight per loader: a store serves many at once
@@ -154,25 +154,36 @@ def cache_of(args) -> CacheSettings:
 def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     """The cache's one lock: downloads and evictions of every process on the node take turns, so no
     file is downloaded twice and the bound is checked against a size nobody else is changing. Two
-    files, always in this order: CACHE/.lock, in the cache's own file system, which every path to the
+    files, both held inside: CACHE/.lock, in the cache's own file system, which every path to the
     cache shares (a bind mount, a pod's hostPath, an NFS mount root, whose folder above differs by path
-    or namespace: review RV28a F1) and an earlier version takes too; then the one beside the cache
+    or namespace: review RV28a F1) and an earlier version takes too; and the one beside the cache
     (node_lock_file), which no emptying of the cache removes, so a fetch that comes after an emptying
-    took a new CACHE/.lock and still waits for the holder there (E28a). In this order every waiter
-    waits at CACHE/.lock for a holder there, and a stopped one ends each wait at its bound (the other
-    way round, the first waiter held the file beside while it waited, and the k-th ended after k
-    bounds: review RV28b F1), but for a cache emptied under a stopped holder: the first fetch after it
-    waits at the file beside holding a new CACHE/.lock, and the others chain behind it (review RV28e
-    F1; its fix, never blocking on one file while holding the other, is not made). The file beside's
-    note is said only once CACHE/.lock is held (a cache that cannot be written is its one line, not a
-    note first: RV28b F2). One order, so no deadlock. A file beside that cannot be opened or written
-    (a full or read-only folder above, another user's file) is skipped with a note (_beside_lock);
-    CACHE/.lock still makes every process take turns."""
-    with (
-        cache_lock(cache_dir, Path(cache_dir) / LOCK, wait_s),
-        _beside_lock(node_lock_file(cache_dir), wait_s),
-    ):
-        yield
+    takes a new CACHE/.lock and still waits for the holder there (E28a). No wait at one of them holds
+    the other: CACHE/.lock is waited for, then the file beside tried; where it is held, CACHE/.lock is
+    let go, the file beside waited for alone (the ordinary wait), let go, and all begins again, which
+    only a holder's leaving brings about. So every waiter waits for the holder itself, names it, and
+    ends at its bound when it is stopped: a waiter that held one file while it waited at the other was
+    taken by those behind it for a running holder, their clocks stopped, and the k-th ended after k
+    bounds (review RV28b F1 with the file beside first, RV28e F1 with CACHE/.lock first and the cache
+    emptied under a stopped holder); and a version that takes the two in either order cannot deadlock
+    with this one (RV28e F3). The
+    file beside's note is said only once CACHE/.lock is held (a cache that cannot be written is its
+    one line, not a note first: RV28b F2). A file beside that cannot be opened or written (a full or
+    read-only folder above, another user's file) is skipped with a note (_beside_lock); CACHE/.lock
+    still makes every process take turns."""
+    beside = node_lock_file(cache_dir)
+    while True:
+        with contextlib.ExitStack() as held:
+            held.enter_context(cache_lock(cache_dir, Path(cache_dir) / LOCK, wait_s))
+            try:
+                held.enter_context(_beside_lock(beside, wait_s, block=False))
+            except LockHeld:
+                pass
+            else:
+                yield
+                return
+        with _beside_lock(beside, wait_s):  # CACHE/.lock let go: the ordinary, bounded wait
+            pass
 
 
 def node_lock_file(cache_dir: Path) -> Path:
@@ -192,7 +203,7 @@ _SKIPPED: set[Path] = set()  # the files beside a cache this process said it can
 
 
 @contextlib.contextmanager
-def _beside_lock(path: Path, wait_s: float) -> Iterator[None]:
+def _beside_lock(path: Path, wait_s: float, block: bool = True) -> Iterator[None]:
     """file_lock on `path`, the node lock's file beside the cache, or nothing where it cannot be made,
     opened or written (a full disk above the cache's own, a read-only folder, a directory at that
     path, a file root made 0644 or another user left in a sticky /tmp): node_lock's CACHE/.lock still
@@ -201,11 +212,11 @@ def _beside_lock(path: Path, wait_s: float) -> Iterator[None]:
     had room). A holder that holds it and is not seen running is a LockWaitError, as ever: a wait's
     verdict, never a reason to skip. A holder record that cannot be written (a disk with an inode but
     no block to spare) is let go at once: its waiters would take this running process for one that left
-    no details and end their wait."""
+    no details and end their wait. Not `block`: LockHeld where another holds it (file_lock's try)."""
     with contextlib.ExitStack() as held:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say)):
+            if held.enter_context(file_lock(path, wait_s=wait_s, fix=_LOCK_FIX, say=say, block=block)):
                 why = ""
             else:
                 why = "its holder's record cannot be written in it"

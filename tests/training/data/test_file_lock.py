@@ -84,12 +84,12 @@ class _Holder:
             os.waitpid(self.pid, 0)
 
 
-def _wait_in_thread(cache, name: str | None = None) -> tuple[threading.Thread, list]:
+def _wait_in_thread(cache, name: str | None = None, wait_s: float = 0.5) -> tuple[threading.Thread, list]:
     outcome: list = []
 
     def wait() -> None:
         try:
-            with node_lock(cache, wait_s=0.5):  # a training's data.fetch_timeout_s
+            with node_lock(cache, wait_s=wait_s):  # a training's data.fetch_timeout_s
                 outcome.append("taken")
         except Exception as e:
             outcome.append(e)
@@ -243,6 +243,17 @@ def test_the_node_lock_outlives_an_emptying_of_the_cache_and_its_waiters_name_th
         holder.kill()
 
 
+def _ended_naming(waiters: dict, said: dict[str, list[str]], lock: Path, pid: int) -> None:
+    """Every waiter (_wait_in_thread, by name) ended in a LockWaitError at `lock` naming the process
+    `pid`, and its every line (`said`, by name) waited there for that process."""
+    for name, (thread, outcome) in waiters.items():
+        assert not thread.is_alive() and len(outcome) == 1, (name, outcome)
+        assert isinstance(outcome[0], LockWaitError), (name, outcome)
+        assert str(outcome[0]).startswith(f"{lock} is still held by pid {pid} "), (name, outcome)
+        waited = f"waiting for {lock}, held by pid {pid} "
+        assert said[name] and all(line.startswith(waited) for line in said[name]), (name, said[name])
+
+
 def test_a_stopped_holder_of_the_lock_in_the_cache_alone_ends_every_waiter_s_wait_at_its_bound(
     tmp_path, monkeypatch
 ):
@@ -276,15 +287,73 @@ def test_a_stopped_holder_of_the_lock_in_the_cache_alone_ends_every_waiter_s_wai
         waiters = {name: _wait_in_thread(cache, name) for name in ("first", "second")}
         for thread, _ in waiters.values():
             thread.join(timeout=20)
-        for name, (thread, outcome) in waiters.items():
-            assert not thread.is_alive() and len(outcome) == 1, (name, outcome)
-            assert isinstance(outcome[0], LockWaitError), (name, outcome)
-            assert str(outcome[0]).startswith(f"{cache / LOCK} is still held by pid {pid} "), (name, outcome)
-            waited = f"waiting for {cache / LOCK}, held by pid {pid} "
-            assert said[name] and all(line.startswith(waited) for line in said[name]), (name, said[name])
+        _ended_naming(waiters, said, cache / LOCK, pid)
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
+
+
+def test_a_cache_emptied_under_a_stopped_holder_ends_every_waiter_s_wait_at_its_bound(tmp_path, monkeypatch):
+    """A holder of both lock files stopped (SIGSTOP, Ctrl-Z), then `rm -rf CACHE/*`: the first fetch
+    after it made a new CACHE/.lock and waited at the file beside holding it, and the others waited
+    for that running fetch, their clocks stopped: the k-th ended after k × wait_s, its line naming a
+    waiter, not the stopped holder (review RV28e F1). No wait at one file holds the other now: every
+    waiter names the stopped holder at the file beside and ends at its bound, all of them before the
+    second could have then (2 × wait_s; the margin is for a loaded machine's stalls)."""
+    from training.contract import file_lock
+    from training.data import remote
+
+    cache, wait_s = tmp_path / "cache", 1.5
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.5)  # a waiter's first look at the holder
+    said: dict[str, list[str]] = {}
+    monkeypatch.setattr(
+        remote, "say", lambda line: said.setdefault(threading.current_thread().name, []).append(line)
+    )
+    holder = _Holder(cache)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        for child in cache.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+        started = time.monotonic()
+        waiters = {name: _wait_in_thread(cache, name, wait_s) for name in ("first", "second", "third")}
+        for thread, _ in waiters.values():
+            thread.join(timeout=20)
+        took = time.monotonic() - started  # (before: 3 × wait_s, the third waiter's end)
+        assert took < 2 * wait_s, took
+        _ended_naming(waiters, said, node_lock_file(cache), holder.pid)
+    finally:
+        holder.kill()
+
+
+def test_the_node_lock_and_an_earlier_version_s_order_of_its_files_take_turns(tmp_path):
+    """An earlier version (98f8890) took the file beside, then CACHE/.lock; the next one the other way
+    round: side by side on one cache, each held one file and waited at the other, both running, so
+    neither wait ever ended (review RV28e F3). node_lock never waits at one while it holds the other:
+    both go on. Two threads, 50 fetches each (a deadlock: a thread still waiting after 20 s)."""
+    from training.data import remote
+
+    cache, done = tmp_path / "cache", []
+
+    def earlier() -> None:  # the order of 98f8890
+        for _ in range(50):
+            with remote._beside_lock(node_lock_file(cache), 0.5), remote.cache_lock(cache, cache / LOCK, 0.5):
+                pass
+        done.append("earlier")
+
+    def this() -> None:
+        for _ in range(50):
+            with node_lock(cache, wait_s=0.5):
+                pass
+        done.append("this")
+
+    # (daemon: a deadlock fails, not hangs)
+    threads = [threading.Thread(target=run, daemon=True) for run in (earlier, this)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 20
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert sorted(done) == ["earlier", "this"], f"deadlocked: only {done} finished"
 
 
 # A process that takes the node lock of each cache twice (two fetches) and says, inside it, which of
