@@ -2,11 +2,12 @@
 cache's downloads and fetches (training/data/remote.py, block_cache.py) and the eval results' merges
 (validation/eval_results.py: the trainer's eval and `gristmill eval --watch` write one step's file).
 
-The holder writes its pid, host and start into the file, so that a wait can say whom it waits for:
-a holder that was stopped (SIGSTOP, Ctrl-Z, a suspended job) keeps its lock, and the waiters would
-otherwise hang without a word. A wait longer than a second says so in one line (`say`); with
-`wait_s` it ends in one line once the holder has not been seen running for that long (on this host, a
-running holder is waited for: it is working, and its own fetches are bounded)."""
+The holder writes its pid, host and start into the file, so that a wait can say whom it waits for
+(where a full disk left the file without it, the pid /proc/locks gives): a holder that was stopped
+(SIGSTOP, Ctrl-Z, a suspended job) keeps its lock, and the waiters would otherwise hang without a
+word. A wait longer than a second says so in one line (`say`); with `wait_s` it ends in one line
+once the holder has not been seen running for that long (on this host, a running holder is waited
+for: it is working, and its own fetches are bounded)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def file_lock(
     A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
     long is a LockWaitError ending with `fix` (what the user can do instead); `block=False` tries
     once: a lock held by another is LockHeld, no wait. Yields whether the holder's record was written
-    (a full disk: not, and a waiter would take the holder for one that left no details, not running)."""
+    (a full disk: not, and a waiter names the holder by /proc/locks, where Linux lists it: _holder)."""
     with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
@@ -110,14 +111,19 @@ def _wait(
 
 def _holder(f) -> tuple[str, bool]:
     """Who holds the lock, as its file says, and whether it is seen running (on this host, a process
-    neither stopped nor gone)."""
+    neither stopped nor gone). A file without a record (its disk had no block for it) names the holder
+    Linux gives for its flock: a waiter took a healthy holder for one that left no details, not
+    running, and ended its wait (review RV28e F2)."""
     f.seek(0)
     try:
         h = json.loads(f.read())
         pid, host, since = int(h["pid"]), str(h["host"]), h["since"]
+        who = f"pid {pid} on {host} since {since}"
     except (ValueError, KeyError, TypeError):
-        return "a process that left no details", False
-    who = f"pid {pid} on {host} since {since}"
+        pid, host = _flock_pid(f), socket.gethostname()
+        if pid is None:
+            return "a process that left no details", False
+        who = f"pid {pid} on {host} (named by /proc/locks: the lock file has no record, its disk may be full)"
     if host != socket.gethostname():
         # another host sharing this file system (pods on one hostPath): the flock is real, its holder's
         # state cannot be seen, and ending the wait would end a healthy run (review RV26c M2)
@@ -132,3 +138,21 @@ def _holder(f) -> tuple[str, bool]:
     if state in ("T", "t"):
         return f"{who} (stopped: SIGSTOP or Ctrl-Z; `kill -CONT {pid}` resumes it)", False
     return who, state != "Z"
+
+
+def _flock_pid(f) -> int | None:
+    """The pid /proc/locks gives for the flock on `f`'s file; None where Linux names none (a holder on
+    another node of an NFS mount, or outside this pid namespace, a file system whose locks it lists
+    under another device)."""
+    st = os.fstat(f.fileno())
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with (
+        contextlib.suppress(OSError, ValueError),
+        open("/proc/locks", encoding="ascii", errors="replace") as locks,
+    ):
+        for line in locks:  # "1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF"; a waiter's: "1: -> FLOCK …"
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key:
+                pid = int(fields[4])
+                return pid if pid > 0 else None
+    return None

@@ -211,8 +211,9 @@ def _beside_lock(path: Path, wait_s: float, block: bool = True) -> Iterator[None
     process says (review RV28a F2, F3, F5: such a file stopped the run with a line blaming a cache that
     had room). A holder that holds it and is not seen running is a LockWaitError, as ever: a wait's
     verdict, never a reason to skip. A holder record that cannot be written (a disk with an inode but
-    no block to spare) is let go at once: its waiters would take this running process for one that left
-    no details and end their wait. Not `block`: LockHeld where another holds it (file_lock's try)."""
+    no block to spare) is let go at once: where /proc/locks does not name this process either (a holder
+    on another node of an NFS folder), its waiters would take it for one that left no details, not
+    running, and end their wait. Not `block`: LockHeld where another holds it (file_lock's try)."""
     with contextlib.ExitStack() as held:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

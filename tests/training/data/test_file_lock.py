@@ -496,6 +496,36 @@ def test_a_lock_file_beside_the_cache_whose_holder_record_cannot_be_written_is_l
     assert held == ["free held", "free held"], proc.stdout
 
 
+# A holder of the node lock of the cache argv[1] (running) and a waiter: `_waited_for`; its pid, last.
+_WAITED_FOR = (
+    "import sys; from pathlib import Path\n"
+    "from training.contract import file_lock\n"
+    "from tests.training.data.test_file_lock import _Holder, _waited_for\n"
+    "file_lock.SAY_AFTER_S = 0.0\n"
+    "print(_waited_for(_Holder(Path(sys.argv[1]))).pid)\n"
+)
+
+
+def test_a_holder_whose_record_a_full_cache_disk_cannot_take_is_waited_for_by_its_pid(tmp_path):
+    """A cache on a full disk: a new CACHE/.lock (after an emptying, a first fetch) cannot take its
+    holder's record, and every waiter took the running holder for "a process that left no details",
+    not running, and ended its wait after data.fetch_timeout_s with a line blaming a stopped process
+    that does not exist (review RV28e F2). Linux names the holder of the flock (/proc/locks): it is
+    waited for, named by its pid. A one-page tmpfs as the cache, filled, in a private mount namespace
+    (unshare -rm)."""
+    if not unshare_works():
+        pytest.skip("no mount namespaces (unshare -rm): no full disk")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    q = sh_quote(str(cache))
+    script = [f"mount -t tmpfs -o size=4k tmpfs {q}", f"head -c 4096 /dev/zero > {q}/fill"]
+    proc = _python_in_namespace(script, [sys.executable, "-c", _WAITED_FOR, str(cache)])
+    assert proc.returncode == 0, proc.stderr
+    line, pid = proc.stdout.splitlines()
+    assert line.startswith(f"waiting for {cache / LOCK}, held by pid {pid} on {socket.gethostname()} "), line
+    assert "(named by /proc/locks: the lock file has no record, its disk may be full)" in line, line
+
+
 # Two threads of one process take the node lock of one cache by two paths (argv[1], argv[2]: a bind
 # mount): the first holds it until the second says it waits or gets in; the second's lines, then the
 # order of the events.
