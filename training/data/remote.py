@@ -166,11 +166,10 @@ def node_lock(cache_dir: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
     taken by those behind it for a running holder, their clocks stopped, and the k-th ended after k
     bounds (review RV28b F1 with the file beside first, RV28e F1 with CACHE/.lock first and the cache
     emptied under a stopped holder); and a version that takes the two in either order cannot deadlock
-    with this one (RV28e F3). The
-    file beside's note is said only once CACHE/.lock is held (a cache that cannot be written is its
-    one line, not a note first: RV28b F2). A file beside that cannot be opened or written (a full or
-    read-only folder above, another user's file) is skipped with a note (_beside_lock); CACHE/.lock
-    still makes every process take turns."""
+    with this one (RV28e F3). The file beside's note is said only once CACHE/.lock is held (a cache
+    that cannot be written is its one line, not a note first: RV28b F2). A file beside that cannot be
+    opened or written (a full or read-only folder above, another user's file) is skipped with a note
+    (_beside_lock); CACHE/.lock still makes every process take turns."""
     beside = node_lock_file(cache_dir)
     while True:
         with contextlib.ExitStack() as held:
