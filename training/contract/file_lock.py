@@ -87,15 +87,18 @@ def _wait(
     start = last = time.monotonic()
     idle, pause, told = 0.0, 0.001, None  # (idle: seconds the holder was not seen running)
     while True:
+        now = time.monotonic()
+        # (looked at before the try: a holder that leaves in between, its /proc/locks entry gone with
+        # it, is not judged; after it, a waiter said "a process that left no details" as it let go)
+        seen = _holder(f) if now - start >= SAY_AFTER_S else None
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if not block:
                 raise LockHeld(str(path)) from None
-        now = time.monotonic()
-        if now - start >= SAY_AFTER_S:
-            holder, running = _holder(f)
+        if seen is not None:
+            holder, running = seen
             idle = 0.0 if running else idle + (now - last)
             last = now
             if say is not None and holder != told:  # the first line, and one when the holder changes
