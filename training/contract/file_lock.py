@@ -114,19 +114,31 @@ def _wait(
 
 def _holder(f) -> tuple[str, bool]:
     """Who holds the lock, as its file says, and whether it is seen running (on this host, a process
-    neither stopped nor gone). A file without a record (its disk had no block for it) names the holder
-    Linux gives for its flock: a waiter took a healthy holder for one that left no details, not
-    running, and ended its wait (review RV28e F2)."""
+    neither stopped nor gone). A record that is missing or names a process not running is checked
+    against the holder Linux lists for the flock (/proc/locks): the file says the last holder that
+    wrote its record, and a new holder's ftruncate and write can stall (a full disk, a slow one)."""
     f.seek(0)
     try:
         h = json.loads(f.read())
         pid, host, since = int(h["pid"]), str(h["host"]), h["since"]
-        who = f"pid {pid} on {host} since {since}"
     except (ValueError, KeyError, TypeError):
-        pid, host = _flock_pid(f), socket.gethostname()
-        if pid is None:
-            return "a process that left no details", False
-        who = f"pid {pid} on {host} (named by /proc/locks: the lock file has no record, its disk may be full)"
+        pid = host = since = None
+    if pid is not None:
+        who, running = _judged(pid, host, f"pid {pid} on {host} since {since}")
+        if running:
+            return who, running
+    listed = _flock_pid(f)
+    if listed is None or listed == pid:
+        return (who, running) if pid is not None else ("a process that left no details", False)
+    return _judged(
+        listed,
+        socket.gethostname(),
+        f"pid {listed} on {socket.gethostname()} (named by /proc/locks: its record is not in the lock file "
+        "yet, or a full disk left no room for it)",
+    )
+
+
+def _judged(pid: int, host: str, who: str) -> tuple[str, bool]:
     if host != socket.gethostname():
         # another host sharing this file system (pods on one hostPath): the flock is real, its holder's
         # state cannot be seen, and ending the wait would end a healthy run (review RV26c M2)
