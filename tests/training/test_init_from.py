@@ -1722,6 +1722,38 @@ def test_a_file_the_hub_lacks_is_recorded_as_absent_when_the_base_is_fetched(tmp
     assert locate_base(REPO).identity == f"{REPO}@{commit}"
 
 
+@pytest.mark.parametrize("way", ["through a symlink", "from another working directory"])
+def test_a_relative_base_reached_another_way_and_gone_is_resumed_from_the_checkpoint(
+    tmp_path, monkeypatch, way
+):
+    """Review RV28c F3: init_from = "bases/m2" reached through a symlink to a model store, or resumed
+    from another working directory, its directory gone: the checkpoint records the directory the value
+    resolved to at the start, which the value no longer resolves to, and the resume asked the hub for
+    a repository "bases/m2", failed, and advised `hf download bases/m2`. A checkpoint that recorded a
+    directory, resumed by a value the hub (the stand-in) does not give, resumes from the checkpoint
+    with the note naming that directory."""
+    store, work = tmp_path / "store" / "m2", tmp_path / "work"
+    store.mkdir(parents=True)
+    (work / "bases").mkdir(parents=True)
+    if way == "through a symlink":
+        (work / "bases" / "m2").symlink_to(store)
+    else:
+        shutil.copytree(store, work / "bases" / "m2")
+    monkeypatch.chdir(work)
+    identity = locate_base("bases/m2").identity
+    shutil.rmtree(store)
+    (work / "bases" / "m2").unlink() if way == "through a symlink" else monkeypatch.chdir(tmp_path / "store")
+    recorded = {"init_from": identity, "init_from_sha256": "ab" * 32}
+    with HubServer() as hub:
+        point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        said = []
+        source = locate_base("bases/m2", recorded, say=said.append)
+    assert source.directory is None and source.identity == identity, (said, source)
+    assert f"the run's base is the directory {identity}, not at hand: resuming from the checkpoint" in (
+        source.note
+    ), source.note
+
+
 def test_a_relative_base_directory_gone_is_resumed_from_the_checkpoint_not_fetched(tmp_path, monkeypatch):
     """Review R28a M2: init_from = "bases/m2" (relative, one slash: it reads as org/name), the run
     stopped, the directory removed, `--resume auto`: the resume asked the hub for a repository

@@ -155,7 +155,21 @@ def locate_base(
                 "the checkpoint, the hub is not asked again"
             )
             return BaseSource(str(known["init_from"]), None, known, note)
-    directory, commit = fetch_hub_base(repo, revision, say)
+    try:
+        directory, commit = fetch_hub_base(repo, revision, say)
+    except ConfigError:
+        # A checkpoint that recorded a directory, resumed by a value the hub does not give: that
+        # directory, gone ("bases/m2" reached through a symlink removed with it, or resumed from another
+        # working directory: review RV28c F3; advised `hf download bases/m2`). A repository the hub
+        # does give is compared with the record (refused, naming the directory: review R25d S1).
+        if known is None or hub_id(str(known.get("init_from", ""))) is not None or revision is not None:
+            raise
+        note = (
+            f"note: model.init_from = {init_from!r} is no directory here and no repository the hub gives; "
+            f"the run's base is the directory {known.get('init_from')}, not at hand: resuming from the "
+            f"checkpoint, which holds the weights (init_from_sha256 {known['init_from_sha256'][:12]}…)"
+        )
+        return BaseSource(str(known.get("init_from")), None, known, note)
     return BaseSource(f"{repo}@{commit}", directory)
 
 
