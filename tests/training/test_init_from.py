@@ -379,14 +379,81 @@ def test_a_bases_own_tokenizer_files_follow_the_one_rule(tmp_path, built_dataset
     assert f"{base / 'tokenizer_config.json'} has bos_token '!', eos_token '\"', pad_token '\"'" in notes, (
         notes
     )
-    assert f"{base / 'special_tokens_map.json'} has bos_token '!', eos_token '\"'" in notes, notes
-    assert "their tokenizer files' entries to the tokens of the ids their config.json has" in notes, notes
+    assert f"{base / 'special_tokens_map.json'} has eos_token '\"', bos_token '!'" in notes, notes
+    assert "their tokenizer files' bos/eos/pad entries to the tokens of the ids their config.json" in notes, (
+        notes
+    )
     # a tokenizer file that does not parse: one line naming it, before step 1 (review RV28f F3)
     (base / "tokenizer_config.json").write_text('{"bos_token": "!",}')
     with pytest.raises(
         BaseModelError, match=r"tokenizer_config\.json is not valid JSON \(.*\): fix it or remove"
     ):
         check_base_data(base, built_dataset, info, vocab_size)
+
+
+EOT = {"content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False,
+       "normalized": False, "special": True}  # fmt: skip  # the dataset's tokenizer.json's id 0
+QUOTE = EOT | {"content": '"'}  # '"' is an ordinary token there (id 3)
+
+
+@pytest.mark.parametrize(
+    "key, entry, left",
+    [
+        ("added_tokens_decoder", {"0": EOT, "3": QUOTE}, {"0": EOT}),
+        ("additional_special_tokens", ["<|begin_of_text|>", '"'], ["<|begin_of_text|>"]),
+        ("extra_special_tokens", {"quote_token": '"'}, {}),  # transformers 5's named tokens (4.x: since 4.48)
+        ("unk_token", '"', None),
+    ],
+)
+def test_no_entry_of_a_bases_tokenizer_files_adds_a_token(tmp_path, built_dataset, key, entry, left):
+    """Review RV28f F1: entries of a base's tokenizer_config.json other than bos/eos/pad that make the
+    ordinary '"' an added special token were shipped as they were: AutoTokenizer split it out of every
+    text before BPE (222, 3, 464 where the data has 270, 464), with no note. The export's tokenizer
+    treats exactly tokenizer.json's added tokens as added; the note names what was left out."""
+    from tokenizers import Tokenizer
+
+    info = read_dataset_info(built_dataset)
+    text = 'He said "hi"! then ."quoted" text!!'
+    trained = Tokenizer.from_file(str(built_dataset / "tokenizer.json")).encode(
+        text, add_special_tokens=False
+    )
+    assert 3 in trained.ids
+    own = {"eos_token": "<|endoftext|>", key: entry}
+    out = _export_of(
+        tmp_path, built_dataset, "b", {"bos_token_id": 0, "eos_token_id": 0}, tokenizer_config=own
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok(text, add_special_tokens=False)["input_ids"] == trained.ids
+    assert 3 not in tok.added_tokens_decoder and 3 not in tok.all_special_ids
+    kept = json.loads((out / "tokenizer_config.json").read_text())
+    assert kept.get(key) == left, kept  # '"' left out, the rest kept
+    base = tmp_path / "b"
+    (note,) = check_base_data(base, built_dataset, info, info["vocab_size"])
+    gone = "'\"' (id 3)" if key == "added_tokens_decoder" else "'\"'"
+    assert f"{base / 'tokenizer_config.json'} has {key} {gone}, not special tokens of" in note, note
+    assert f"its exports leave out those of {key} (AutoTokenizer would split them" in note, note
+
+
+def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset):
+    """A base whose tokenizer files agree with its tokenizer.json (a chat model's: added_tokens_decoder
+    its added tokens, special bos and eos, a chat template, AddedToken dicts) ships them byte for
+    byte, with no note."""
+    info = read_dataset_info(built_dataset)
+    added = json.loads((built_dataset / "tokenizer.json").read_text())["added_tokens"]
+    decoder = {str(t["id"]): {k: v for k, v in t.items() if k != "id"} for t in added}
+    named = {t["content"]: {k: v for k, v in t.items() if k not in ("id", "special")} for t in added}
+    own = {"added_tokens_decoder": decoder, "bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>",
+           "additional_special_tokens": ["<|begin_of_text|>"], "extra_special_tokens": {},
+           "chat_template": "{% for m in messages %}{{ m['content'] }}<|endoftext|>{% endfor %}",
+           "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256}  # fmt: skip
+    spec_map = {"bos_token": named["<|begin_of_text|>"], "eos_token": named["<|endoftext|>"]}
+    ids = {"bos_token_id": 1, "eos_token_id": 0}
+    out = _export_of(tmp_path, built_dataset, "chat", ids, tokenizer_config=own, special_tokens_map=spec_map)
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
+        assert (out / name).read_bytes() == (tmp_path / "chat" / name).read_bytes(), name
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 0)
+    assert check_base_data(tmp_path / "chat", built_dataset, info, info["vocab_size"]) == []
 
 
 def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):

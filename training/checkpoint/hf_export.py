@@ -50,9 +50,11 @@ from training.checkpoint.base_source import hub_id, locate_base
 from training.checkpoint.hf_import import (
     CONFIG_JSON,
     TOKEN_ID_KEYS,
+    TOKEN_KEYS,
+    added_tokens,
     load_base_weights,
-    ordinary_token_entries,
     special_tokens,
+    split_token_entries,
     split_token_ids,
 )
 from training.checkpoint.hf_names import SAFETENSORS_DTYPES as _SAFETENSORS_DTYPES
@@ -251,26 +253,34 @@ def _base_special_tokens(
 
 def _ship_tokenizer_file(base: dict[str, Path], name: str, dataset_dir: Path, out: Path) -> None:
     """The base's tokenizer_config.json or special_tokens_map.json (`name`) into `out`, as it is but for
-    bos/eos/pad entries naming a token that is no special token of its tokenizer.json
-    (ordinary_token_entries): those name config.json's tokens instead (the separator where config.json
-    has the separator's, no pad where it has none). The base's eos '"' was split out of every text by
-    AutoTokenizer as a special token, so eval scored ids the model never trained on (RV28c F1)."""
+    the entries that would make AutoTokenizer treat a token as added or special that its tokenizer.json
+    does not (split_token_entries, the one rule): bos/eos/pad entries name config.json's tokens instead
+    (the separator where config.json has the separator's, no pad where it has none), the others are
+    left out. The base's eos '"' (or its unk_token, additional_special_tokens, added_tokens_decoder
+    entry) was split out of every text by AutoTokenizer as a special token, so eval scored ids the
+    model never trained on (RV28c F1, RV28f F1)."""
     spec = json.loads(base[name].read_text(encoding="utf-8"))
-    ordinary = ordinary_token_entries(spec, special_tokens(base[TOKENIZER_JSON]))
+    kept, ordinary = split_token_entries(spec, added_tokens(base[TOKENIZER_JSON]))
     if not ordinary:
         shutil.copyfile(base[name], out)
         return
-    tokens = _base_special_tokens(base, base[TOKENIZER_JSON], ("bos", "eos", "pad"))
-    separator = read_dataset_info(dataset_dir)["separator"]["token"]
-    for key in ordinary:
-        if key not in tokens and key != "pad_token":
-            tokens[key] = separator
-        spec[key] = tokens.get(key)
-    out.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+    if replaced := [key for key in TOKEN_KEYS if key in ordinary]:
+        tokens = _base_special_tokens(base, base[TOKENIZER_JSON], ("bos", "eos", "pad"))
+        separator = read_dataset_info(dataset_dir)["separator"]["token"]
+        for key in replaced:
+            if key not in tokens and key != "pad_token":
+                tokens[key] = separator
+            kept[key] = tokens.get(key)
+    out.write_text(json.dumps(kept, indent=2) + "\n", encoding="utf-8")
 
 
 def write_tokenizer(
-    dataset_dir: str | Path, model_cfg: ModelConfig, out_dir: str | Path, base: dict[str, Path] | None = None
+    dataset_dir: str | Path,
+    model_cfg: ModelConfig,
+    out_dir: str | Path,
+    base: dict[str, Path] | None = None,
+    *,
+    export: str | Path | None = None,
 ) -> None:
     """The HF tokenizer files of an export into `out_dir`: those of the run's base model where it
     brought its tokenizer.json (`base`: base_record.base_files; its special tokens as its users
@@ -278,7 +288,8 @@ def write_tokenizer(
     base with a tokenizer.json but no tokenizer_config.json: the tokens of its config's bos/eos ids,
     which the export keeps). The
     trainer's in-process eval loads its tokenizer from the same files; the separator it frames
-    documents with is the dataset's, whatever bos says."""
+    documents with is the dataset's, whatever bos says. Checked last (check_export_tokenizer;
+    `export`: the folder to name, `out_dir` where that is a temporary one)."""
     dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), own_tokenizer_files(base or {})
     # dataset.json where something is the dataset's (a base with both files needs no dataset)
     info = read_dataset_info(dataset_dir) if {TOKENIZER_JSON, TOKENIZER_CONFIG} - base.keys() else {}
@@ -316,6 +327,103 @@ def write_tokenizer(
         if spec.get("tokenizer_class") != FAST_TOKENIZER:
             spec["tokenizer_class"] = FAST_TOKENIZER
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+        check_export_tokenizer(out_dir, Path(export or out_dir))
+
+
+# What tokenizers tell apart: quotes, runs of punctuation, digits, spaces, a tab and a newline,
+# accents, CJK. An export's AutoTokenizer must encode it as the export's tokenizer.json does.
+PROBE_TEXT = 'He said "hi"! then ."quoted" text!!  x=\'y\'; 2024-12-01, 3.14\tend\nNew line: é, 中文 <s>'
+_ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+# Tokenizer files (their sha256s, and transformers') that passed check_export_tokenizer in this process:
+# the same bytes read the same way, so a trainer's later exports pay a hash, not two loads (~1 s for a
+# Llama-3 tokenizer).
+_PASSED: set[tuple[str, ...]] = set()
+
+
+def check_export_tokenizer(out_dir: Path, export: Path) -> None:
+    """Refuse, in one line naming `export`, the token and the key of its tokenizer files that names it,
+    tokenizer files that AutoTokenizer (transformers, offline, as eval loads them from `out_dir`) reads
+    otherwise than the data's tokenizer.json: added tokens other than exactly tokenizer.json's (content
+    and flags), another special token, or another encoding of PROBE_TEXT. split_token_entries is the
+    rule for the keys transformers reads today; this holds what a later transformers makes of others.
+    Nothing to check without transformers (a training box without the eval extra loads no tokenizer)
+    or without tokenizer.json (a synthetic dataset's)."""
+    tokenizer_json = out_dir / TOKENIZER_JSON
+    if not tokenizer_json.is_file():
+        return
+    try:
+        import transformers
+        from tokenizers import Tokenizer
+    except ImportError:
+        return
+    version = f"AutoTokenizer (transformers {transformers.__version__})"
+    files = [out_dir / name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
+    passed = (transformers.__version__, *(f"{p.name}:{file_sha256(p)}" for p in files))
+    if passed in _PASSED:
+        return
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)
+    except Exception as e:  # whatever a transformers version raises: eval could not load it either
+        why = f"{type(e).__name__}: {e}"
+        raise ExportError(f"{export}: {version} cannot load its tokenizer files ({why})") from None
+
+    def refuse(token: str, what: str) -> ExportError:
+        return ExportError(
+            f"{export}: {version} {what}, {_naming(out_dir, token)}: eval would encode texts otherwise than "
+            "the data was encoded (ids the model never trained on); leave that entry out of the base model's "
+            "tokenizer files before training from it, or export with a transformers that reads them as before"
+        )
+
+    # the reference: tokenizer.json as the data was encoded with it (its added tokens as tokenizers
+    # reads them: a JSON parse of a Llama-3 file would cost more than this load)
+    data = Tokenizer.from_file(str(tokenizer_json))
+    want, got = data.get_added_tokens_decoder(), tok.added_tokens_decoder
+    for i in sorted(want.keys() | got.keys()):
+        ours, theirs = want.get(i), got.get(i)
+        if ours is None or theirs is None:
+            token = (theirs or ours).content
+            what = f"adds {token!r} (id {i}), no" if ours is None else f"lacks {token!r} (id {i}), an"
+            raise refuse(token, f"{what} added token of {TOKENIZER_JSON}")
+        for flag in _ADDED_TOKEN_FLAGS:
+            if getattr(theirs, flag) != getattr(ours, flag):
+                raise refuse(
+                    ours.content,
+                    f"has {flag} {getattr(theirs, flag)} for {ours.content!r} (id {i}), "
+                    f"{TOKENIZER_JSON} {getattr(ours, flag)}",
+                )
+    special = {i for i, t in want.items() if t.special}
+    for i in sorted(set(tok.all_special_ids) - special - {None}):
+        token = tok.convert_ids_to_tokens(i)
+        raise refuse(token, f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}")
+    auto = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
+    ids = data.encode(PROBE_TEXT, add_special_tokens=False).ids
+    if auto != ids:
+        at = next((k for k, (a, d) in enumerate(zip(auto, ids)) if a != d), min(len(auto), len(ids)))
+        raise ExportError(
+            f"{export}: {version} encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} "
+            f"at token {at}, its {TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: eval "
+            "would score ids the model never trained on (a key of tokenizer_config.json changes the "
+            "encoding): leave it out of the base model's tokenizer files before training from it, or export "
+            "with a transformers that reads them as before"
+        )
+    _PASSED.add(passed)
+
+
+def _naming(out_dir: Path, token: str) -> str:
+    """Which key of an export's tokenizer_config.json / special_tokens_map.json names `token`."""
+
+    def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
+        if isinstance(value, dict | list):
+            return any(holds(v) for v in (value.values() if isinstance(value, dict) else value))
+        return value == token
+
+    for name in TOKENIZER_FILES[1:]:
+        path = out_dir / name
+        spec = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        for key, value in spec.items():
+            if holds(value):
+                return f"named by {key} of {name}"
+    return f"named by no key of {' or '.join(TOKENIZER_FILES[1:])}"
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
@@ -330,7 +438,7 @@ def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
     config = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
-    return split_token_ids(config, special_tokens(base[TOKENIZER_JSON]))[0]
+    return split_token_ids(config, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
 
 
 def own_tokenizer_files(base: dict[str, Path]) -> dict[str, Path]:
@@ -405,7 +513,7 @@ def export_hf(
             else:
                 text = json.dumps(kept | ids, indent=2) + "\n"
                 (tmp / GENERATION_CONFIG).write_text(text, encoding="utf-8")
-        write_tokenizer(dataset_dir, model_cfg, tmp, base)
+        write_tokenizer(dataset_dir, model_cfg, tmp, base, export=out_dir)
         checksums = {"algorithm": "sha256", "files": file_records(tmp, os.listdir(tmp), "sha256")}
         (tmp / EXPORT_CHECKSUMS).write_text(json.dumps(checksums, indent=2) + "\n", encoding="utf-8")
         written = checksums["files"]

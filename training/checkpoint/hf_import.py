@@ -60,13 +60,15 @@ __all__ = [
     "BASE_FIELDS",
     "LLAMA3_FIELDS",
     "TOKEN_ID_KEYS",
+    "TOKEN_KEYS",
     "BaseModelError",
     "base_model_fields",
     "base_sha256",
     "check_base_data",
     "load_base_weights",
-    "ordinary_token_entries",
+    "added_tokens",
     "special_tokens",
+    "split_token_entries",
     "split_token_ids",
     "weights_index",
 ]
@@ -409,10 +411,16 @@ def _tokenizer_differences(data_tok: Path, base_tok: Path) -> list[str]:
         raise BaseModelError(f"{data_tok} or {base_tok} is not valid JSON ({e})") from None
 
 
-def special_tokens(tokenizer: Path) -> dict[int, str]:
-    """{id: content} of a tokenizer.json's special tokens (its added tokens marked special)."""
+def added_tokens(tokenizer: Path) -> dict[int, dict[str, Any]]:
+    """{id: entry} of a tokenizer.json's added tokens, special or not: the tokens it matches in a text
+    before its model (BPE) sees the rest."""
     added = json.loads(tokenizer.read_text(encoding="utf-8")).get("added_tokens") or []
-    return {int(t["id"]): t.get("content", "") for t in added if t.get("special")}
+    return {int(t["id"]): t for t in added}
+
+
+def special_tokens(added: Mapping[int, dict[str, Any]]) -> dict[int, str]:
+    """{id: content} of a tokenizer.json's special tokens: its added tokens (added_tokens) marked special."""
+    return {i: t.get("content", "") for i, t in added.items() if t.get("special")}
 
 
 def _ids(value: Any) -> set[int]:
@@ -460,16 +468,61 @@ def _token_content(value: Any) -> Any:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def ordinary_token_entries(spec: dict[str, Any], special: Mapping[int, str]) -> dict[str, Any]:
-    """The bos/eos/pad entries of a base's tokenizer_config.json or special_tokens_map.json (`spec`)
-    naming a token that is no special token of its tokenizer.json: AutoTokenizer splits such a token
-    ('"') out of every text before BPE as an added special token, so the export names config.json's
-    instead (RV28c F1). `special`: its tokenizer.json's special tokens (special_tokens)."""
-    return {
-        key: spec[key]
-        for key in TOKEN_KEYS
-        if spec.get(key) is not None and _token_content(spec[key]) not in special.values()
-    }
+TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")  # transformers 4's and 5's spelling
+ADDED_TOKENS_DECODER = "added_tokens_decoder"
+
+
+def split_token_entries(
+    spec: dict[str, Any], added: Mapping[int, dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The one rule for the tokens an export's tokenizer treats as added or special: exactly its
+    tokenizer.json's added tokens (`added`: added_tokens), as it defines them. Of a base's
+    tokenizer_config.json or special_tokens_map.json (`spec`): (kept, ordinary). Ordinary, by key, the
+    tokens (repr) of the entries that would make AutoTokenizer add another: a `*_token` key (bos, eos,
+    pad, unk, sep, cls, mask, transformers 5's own names) or a member of additional_special_tokens /
+    extra_special_tokens naming no special token of tokenizer.json, an added_tokens_decoder entry that
+    is not tokenizer.json's added token of its id (content and flags). AutoTokenizer splits such a
+    token ('"') out of every text before BPE, so eval scored ids the model never trained on (review
+    RV28c F1, RV28f F1). Kept: `spec` without those entries (hf_export names config.json's tokens for
+    bos/eos/pad instead)."""
+    special = set(special_tokens(added).values())
+    by_id = {str(i): t for i, t in added.items()}
+
+    def ordinary_token(value: Any) -> bool:  # a flag (add_bos_token) or none is no token
+        if value is None or isinstance(value, bool | int | float):
+            return False
+        content = _token_content(value)
+        return not isinstance(content, str) or content not in special
+
+    def as_defined(i: str, entry: Any) -> bool:
+        ours = by_id.get(str(i))
+        return (
+            isinstance(entry, dict)
+            and ours is not None
+            and "content" in entry
+            and all(entry[k] == ours[k] for k in entry.keys() & ours.keys() - {"id"})
+        )
+
+    kept: dict[str, Any] = {}
+    ordinary: dict[str, list[str]] = {}
+    for key, value in spec.items():
+        gone: list[str] = []
+        if key == ADDED_TOKENS_DECODER and isinstance(value, dict):
+            kept[key] = {i: e for i, e in value.items() if as_defined(i, e)}
+            gone = [f"{_token_content(e)!r} (id {i})" for i, e in value.items() if not as_defined(i, e)]
+        elif key in TOKEN_LISTS and isinstance(value, list):
+            kept[key] = [v for v in value if not ordinary_token(v)]
+            gone = [repr(_token_content(v)) for v in value if ordinary_token(v)]
+        elif key in TOKEN_LISTS and isinstance(value, dict):  # extra_special_tokens by name
+            kept[key] = {name: v for name, v in value.items() if not ordinary_token(v)}
+            gone = [repr(_token_content(v)) for v in value.values() if ordinary_token(v)]
+        elif key.endswith("_token") and ordinary_token(value):
+            gone = [repr(_token_content(value))]
+        else:
+            kept[key] = value
+        if gone:
+            ordinary[key] = gone
+    return kept, ordinary
 
 
 def check_base_data(
@@ -479,7 +532,7 @@ def check_base_data(
     tokenizer, a larger vocabulary than the model's, a separator that is not a special token of the
     base. Returns notes (a base without tokenizer.json; bos/eos/pad ids of its config.json and entries
     of its tokenizer_config.json / special_tokens_map.json that are ordinary tokens, which its exports
-    replace: split_token_ids, ordinary_token_entries; a separator that is special but neither bos
+    replace or leave out: split_token_ids, split_token_entries; a separator that is special but neither bos
     nor eos of the export)."""
     base, dataset = Path(base), Path(dataset)
     where, config = dataset / DATASET_JSON, base / CONFIG_JSON
@@ -515,7 +568,8 @@ def check_base_data(
             "another tokenizer; rebuild the dataset with the base model's tokenizer.json"
         )
     sep, notes = int(info["separator"]["id"]), []
-    special = special_tokens(base_tok)
+    added = added_tokens(base_tok)
+    special = special_tokens(added)
     if sep not in special:
         raise BaseModelError(
             f"{where}: separator id {sep} ({info['separator'].get('token')!r}) is not a special token of "
@@ -535,23 +589,33 @@ def check_base_data(
         if "pad_token_id" in ordinary and "pad_token_id" not in kept:
             sets.append("pad to none")
     entries = {
-        name: ordinary_token_entries(_json_of(base / name), special)
+        name: split_token_entries(_json_of(base / name), added)[1]
         for name in TOKENIZER_FILES[1:]
         if (base / name).is_file()
     }
     named = "; ".join(
-        f"{base / name} has " + ", ".join(f"{key} {_token_content(v)!r}" for key, v in found.items())
+        f"{base / name} has " + ", ".join(f"{key} {' and '.join(tokens)}" for key, tokens in found.items())
         for name, found in entries.items()
         if found
     )
+    keys = list(dict.fromkeys(key for found in entries.values() for key in found))
     if ordinary or named:
         what = "; ".join(([f"{config} has {names}"] if ordinary else []) + ([named] if named else []))
-        if named:
-            sets.append("their tokenizer files' entries to the tokens of the ids their config.json has")
+        if any(key in TOKEN_KEYS for key in keys):
+            sets.append(
+                "their tokenizer files' bos/eos/pad entries to the tokens of the ids their config.json has"
+            )
+        does = [f"set {' and '.join(sets)} instead"] if sets else []
+        if others := [key for key in keys if key not in TOKEN_KEYS]:
+            does.append(
+                f"leave out those of {', '.join(others)} (AutoTokenizer would split them out of every text "
+                "before BPE as added tokens)"
+            )
+        decoder = " (of added_tokens_decoder: not its added token of the id)" * (ADDED_TOKENS_DECODER in keys)
         notes.append(
-            f"note: {what}, not special tokens of {base_tok}: its exports set {' and '.join(sets)} "
-            f"instead (an ordinary token cannot be one; for another, set the key to a special token of "
-            f"{base_tok})"
+            f"note: {what}, not special tokens of {base_tok}{decoder}: "
+            f"its exports {' and '.join(does)} (an ordinary token cannot be a special one; for another, set "
+            f"the key to a special token of {base_tok})"
         )
     exported = _ids(kept.get("bos_token_id", sep)) | _ids(kept.get("eos_token_id", sep))
     if sep not in exported:

@@ -347,6 +347,37 @@ def test_a_base_without_tokenizer_config_exports_the_tokens_of_its_config_ids(bu
     }
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("unk_token", '"'),
+        ("additional_special_tokens", ['"']),
+        ("added_tokens_decoder", {"3": {"content": '"', "special": True}}),
+    ],
+)
+def test_tokenizer_files_autotokenizer_reads_otherwise_than_tokenizer_json_are_refused(
+    built_dataset, tmp_path, key, value
+):
+    """The check that ends write_tokenizer (review RV28f F1): tokenizer files that make AutoTokenizer
+    treat a token as added or special that tokenizer.json does not (here written into an export's
+    files by hand, past the rule for a base's files: what a later transformers reads from another key)
+    are one line naming the export, the token and the key, not an eval scoring ids the model never
+    trained on."""
+    from training.checkpoint.hf_export import check_export_tokenizer, write_tokenizer
+
+    out = tmp_path / "export"
+    out.mkdir()
+    write_tokenizer(built_dataset, _model(built_dataset, tied=True).cfg, out)
+    check_export_tokenizer(out, tmp_path / "named")  # as written: nothing to say
+    spec = json.loads((out / "tokenizer_config.json").read_text())
+    (out / "tokenizer_config.json").write_text(json.dumps(spec | {key: value}))
+    with pytest.raises(ExportError) as e:
+        check_export_tokenizer(out, tmp_path / "named")
+    line = str(e.value)
+    assert "\n" not in line and line.startswith(f"{tmp_path / 'named'}: AutoTokenizer (transformers "), line
+    assert "'\"' (id 3)" in line and f"named by {key} of tokenizer_config.json" in line, line
+
+
 def test_a_checkpoint_retention_deletes_while_it_is_read_is_gone_not_damaged(
     built_dataset, tmp_path, monkeypatch
 ):
