@@ -331,8 +331,9 @@ def write_tokenizer(
 
 
 # What tokenizers tell apart: quotes, runs of punctuation, digits, spaces, a tab and a newline,
-# accents, CJK. An export's AutoTokenizer must encode it as the export's tokenizer.json does.
-PROBE_TEXT = 'He said "hi"! then ."quoted" text!!  x=\'y\'; 2024-12-01, 3.14\tend\nNew line: é, 中文 <s>'
+# accents, CJK. An export's AutoTokenizer must encode it as the export's tokenizer.json does. No
+# special token's text: how a text spelling one is encoded is split_special_tokens' choice, not this.
+PROBE_TEXT = 'He said "hi"! then ."quoted" text!!  x=\'y\'; 2024-12-01, 3.14\tend\nNew line: é, 中文'
 _ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
 # Tokenizer files (their sha256s, and transformers') that passed check_export_tokenizer in this process:
 # the same bytes read the same way, so a trainer's later exports pay a hash, not two loads (~1 s for a
