@@ -608,8 +608,8 @@ def check_base_data(
         does = [f"set {' and '.join(sets)} instead"] if sets else []
         if others := [key for key in keys if key not in TOKEN_KEYS]:
             does.append(
-                f"leave out those of {', '.join(others)} (AutoTokenizer would split them out of every text "
-                "before BPE as added tokens)"
+                f"leave out the entries of {', '.join(others)}, whose tokens AutoTokenizer would split out "
+                "of every text before BPE as added tokens"
             )
         decoder = " (of added_tokens_decoder: not its added token of the id)" * (ADDED_TOKENS_DECODER in keys)
         notes.append(
