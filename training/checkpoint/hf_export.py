@@ -5,9 +5,11 @@
                               gristmill_export.json  gristmill_checksums.json
 
 The export is a rename of the state dict (hf_state_dict_names, below), never a
-permutation: the model already uses HF's rotate-half RoPE layout. Only torch and json are used, so
+permutation: the model already uses HF's rotate-half RoPE layout. Only torch and json are needed, so
 the trainer can write exports on a GPU box without `safetensors` or `transformers`; the
 safetensors file is written by hand (8-byte header length, JSON header, raw little-endian data).
+Where transformers is installed, the tokenizer files are loaded with AutoTokenizer once written, as
+eval loads them (check_export_tokenizer).
 
 A run from scratch: the tokenizer is the dataset's exact tokenizer.json, bos = eos = the dataset's
 separator token (the one token the model saw between documents), no pad token. A run from a base
