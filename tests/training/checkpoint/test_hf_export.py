@@ -7,6 +7,7 @@ import hashlib
 import json
 import pickle
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -376,6 +377,10 @@ def test_tokenizer_files_autotokenizer_reads_otherwise_than_tokenizer_json_are_r
     line = str(e.value)
     assert "\n" not in line and line.startswith(f"{tmp_path / 'named'}: AutoTokenizer (transformers "), line
     assert "'\"' (id 3)" in line and f"named by {key} of tokenizer_config.json" in line, line
+    # a training box without transformers (the eval extra) writes the export: nothing there loads it
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+        check_export_tokenizer(out, tmp_path / "named")
 
 
 def test_a_checkpoint_retention_deletes_while_it_is_read_is_gone_not_damaged(
