@@ -456,6 +456,52 @@ def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset)
     assert check_base_data(tmp_path / "chat", built_dataset, info, info["vocab_size"]) == []
 
 
+def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_path, built_dataset, capsys):
+    """Review RV29a F1: tokenizer files an export refuses stopped a run at its first export (the
+    steps an async checkpoint had trained since lost), and every resume again before step 1, naming
+    the base's file though the run reads its copy RUN/base/. Checked at every start now, before step
+    1, [eval] or not, naming the file read and the key: additional_special_tokens as one string, which
+    split_token_entries keeps and transformers cannot load."""
+    base = tmp_path / "base"
+    make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
+    _edit_config(base, bos_token_id=0, eos_token_id=0)
+    shutil.copyfile(built_dataset / "tokenizer.json", base / "tokenizer.json")
+    clean = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    bad = json.dumps(clean | {"additional_special_tokens": '"'})
+    run = tmp_path / "run"
+    sets = [f"data.dataset={built_dataset}", f"run.output_dir={run}", _init(base), "data.seq_len=128",
+            "data.global_batch_tokens=512", "data.micro_batch=2", "schedule.warmup_steps=1",
+            "run.val_every=0", "metrics.plot=false", "checkpoint.interval=2", "checkpoint.export_interval=2",
+            "run.threads=1", "parallel.param_dtype=float32", "run.device=cpu", "metrics.tensorboard=false",
+            "schedule.steps=4"]  # fmt: skip
+    key = "additional_special_tokens of {}: AutoTokenizer (transformers {}) cannot load its tokenizer files"
+    fix = "; leave additional_special_tokens out of {}"
+    (base / "tokenizer_config.json").write_text(bad)
+    capsys.readouterr()
+    assert train_main(["--config", TINY, "--set", *sets, "run.max_steps=2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    config = base / "tokenizer_config.json"
+    assert f"{run}'s exports: {key.format(config, transformers.__version__)}" in line, line
+    assert line.endswith(fix.format(config)), line
+    assert not complete_steps(run) and not (run / "exports").exists() and not metrics(run)  # nothing trained
+    (base / "tokenizer_config.json").write_text(json.dumps(clean))
+    assert train_main(["--config", TINY, "--set", *sets, "run.max_steps=2"]) == 0
+    assert complete_steps(run) == [2] and export_dir(run, 2).is_dir()
+    # the run's copy, which a resume reads, named (editing the base's own did not unblock it)
+    kept = run / "base" / "tokenizer_config.json"
+    kept.write_text(bad)
+    capsys.readouterr()
+    resume = [*sets, "checkpoint.resume=auto"]
+    assert train_main(["--config", TINY, "--set", *resume]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{run}'s exports: {key.format(kept, transformers.__version__)}" in line, line
+    assert line.endswith(fix.format(kept)), line
+    assert complete_steps(run) == [2] and [r["step"] for r in metrics(run) if "loss" in r] == [1, 2]
+    kept.write_text(json.dumps(clean))
+    assert train_main(["--config", TINY, "--set", *resume]) == 0
+    assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir()
+
+
 def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):
     """Review RV28c F4: a base's config.json without bos/eos keys (with its tokenizer.json): the
     absent keys were exported as null over the separator, so the export had no eos at all."""

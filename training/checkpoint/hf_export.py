@@ -34,7 +34,8 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -291,7 +292,7 @@ def write_tokenizer(
     which the export keeps). The
     trainer's in-process eval loads its tokenizer from the same files; the separator it frames
     documents with is the dataset's, whatever bos says. Checked last (check_export_tokenizer;
-    `export`: the folder to name, `out_dir` where that is a temporary one)."""
+    `export`: what to name, `out_dir` where that is a temporary folder)."""
     dataset_dir, out_dir, base = Path(dataset_dir), Path(out_dir), own_tokenizer_files(base or {})
     # dataset.json where something is the dataset's (a base with both files needs no dataset)
     info = read_dataset_info(dataset_dir) if {TOKENIZER_JSON, TOKENIZER_CONFIG} - base.keys() else {}
@@ -329,7 +330,7 @@ def write_tokenizer(
         if spec.get("tokenizer_class") != FAST_TOKENIZER:
             spec["tokenizer_class"] = FAST_TOKENIZER
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
-        check_export_tokenizer(out_dir, Path(export or out_dir))
+        check_export_tokenizer(out_dir, export or out_dir, base)
 
 
 # What tokenizers tell apart: quotes, runs of punctuation, digits, spaces, a tab and a newline,
@@ -343,14 +344,17 @@ _ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized"
 _PASSED: set[tuple[str, ...]] = set()
 
 
-def check_export_tokenizer(out_dir: Path, export: Path) -> None:
-    """Refuse, in one line naming `export`, the token and the key of its tokenizer files that names it,
-    tokenizer files that AutoTokenizer (transformers, offline, as eval loads them from `out_dir`) reads
-    otherwise than the data's tokenizer.json: added tokens other than exactly tokenizer.json's (content
-    and flags), another special token, or another encoding of PROBE_TEXT. split_token_entries is the
-    rule for the keys transformers reads today; this holds what a later transformers makes of others.
-    Nothing to check without transformers (a training box without the eval extra loads no tokenizer)
-    or without tokenizer.json (a synthetic dataset's)."""
+def check_export_tokenizer(
+    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None
+) -> None:
+    """Refuse, in one line naming `export`, the token and the key that causes it (and the file it came
+    from: `named`, {file name: the base's file}, where it is the base's), tokenizer files that
+    AutoTokenizer (transformers, offline, as eval loads them from `out_dir`) reads otherwise than the
+    data's tokenizer.json: added tokens other than exactly tokenizer.json's (content and flags), another
+    special token, another encoding of PROBE_TEXT, or none (it cannot load them). split_token_entries is
+    the rule for the keys transformers reads today; this holds what a later transformers makes of
+    others. Nothing to check without transformers (a training box without the eval extra loads no
+    tokenizer) or without tokenizer.json (a synthetic dataset's)."""
     tokenizer_json = out_dir / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         return
@@ -359,74 +363,147 @@ def check_export_tokenizer(out_dir: Path, export: Path) -> None:
         from tokenizers import Tokenizer
     except ImportError:
         return
-    version = f"AutoTokenizer (transformers {transformers.__version__})"
     files = [out_dir / name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
     passed = (transformers.__version__, *(f"{p.name}:{file_sha256(p)}" for p in files))
     if passed in _PASSED:
         return
-    try:
-        tok = transformers.AutoTokenizer.from_pretrained(str(out_dir), local_files_only=True)
-    except Exception as e:  # whatever a transformers version raises: eval could not load it either
-        why = f"{type(e).__name__}: {e}"
-        raise ExportError(f"{export}: {version} cannot load its tokenizer files ({why})") from None
-
-    def refuse(token: str, what: str) -> ExportError:
-        return ExportError(
-            f"{export}: {version} {what}, {_naming(out_dir, token)}: eval would encode texts otherwise than "
-            "the data was encoded (ids the model never trained on); leave that entry out of the base model's "
-            "tokenizer files before training from it, or export with a transformers that reads them as before"
-        )
-
     # the reference: tokenizer.json as the data was encoded with it (its added tokens as tokenizers
     # reads them: a JSON parse of a Llama-3 file would cost more than this load)
     data = Tokenizer.from_file(str(tokenizer_json))
+    problem = _tokenizer_problem(transformers, out_dir, data)
+    if problem is None:
+        _PASSED.add(passed)
+        return
+    what, token = problem
+    key, file = _naming(out_dir, token, lambda folder: _tokenizer_problem(transformers, folder, data) is None)
+    version = f"AutoTokenizer (transformers {transformers.__version__})"
+    if key is None:
+        raise ExportError(
+            f"{export}: {version} {what} (by no one key of {' or '.join(TOKENIZER_FILES[1:])}); leave that "
+            "entry out of the base model's tokenizer files"
+        )
+    shown = (named or {}).get(file, out_dir / file)
+    raise ExportError(f"{export}: {key} of {shown}: {version} {what}; leave {key} out of {shown}")
+
+
+def _encodings_differ(tok: Any, data: Any, text: str) -> str:
+    """Which of AutoTokenizer's encodings of `text` differ from tokenizer.json's (`data`): the default
+    one (its users' tok(text)) and gristmill eval's (split_special_tokens=True, validation/eval_model.py
+    tok_encode), or neither."""
+    ids = data.encode(text, add_special_tokens=False).ids
+    default = tok(text, add_special_tokens=False)["input_ids"] != ids
+    scored = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] != ids
+    if default and scored:
+        return (
+            "its users' tok(text) and gristmill's eval both encode texts otherwise than the data (ids the "
+            "model never trained on)"
+        )
+    if default:
+        return (
+            "its users' tok(text) encodes texts otherwise than the data (not gristmill's eval, which "
+            "does not split special tokens out of a text)"
+        )
+    if scored:
+        return (
+            "gristmill's eval encodes texts otherwise than the data (ids the model never trained on; its "
+            "users' tok(text) does not)"
+        )
+    return "though its users' tok(text) and gristmill's eval encode such texts as the data"
+
+
+def _tokenizer_problem(transformers: Any, folder: Path, data: Any) -> tuple[str, str | None] | None:
+    """(what AutoTokenizer reads otherwise from the tokenizer files in `folder`, the token concerned),
+    or None where it reads them as tokenizer.json (`data`) is."""
+    try:
+        tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:  # whatever a transformers version raises: eval could not load it either
+        return (
+            f"cannot load its tokenizer files ({type(e).__name__}: {e}): neither can eval or its users",
+            None,
+        )
     want, got = data.get_added_tokens_decoder(), tok.added_tokens_decoder
     for i in sorted(want.keys() | got.keys()):
         ours, theirs = want.get(i), got.get(i)
         if ours is None or theirs is None:
             token = (theirs or ours).content
             what = f"adds {token!r} (id {i}), no" if ours is None else f"lacks {token!r} (id {i}), an"
-            raise refuse(token, f"{what} added token of {TOKENIZER_JSON}")
+            return (
+                f"{what} added token of {TOKENIZER_JSON}: {_encodings_differ(tok, data, PROBE_TEXT + token)}",
+                token,
+            )
         for flag in _ADDED_TOKEN_FLAGS:
             if getattr(theirs, flag) != getattr(ours, flag):
-                raise refuse(
-                    ours.content,
-                    f"has {flag} {getattr(theirs, flag)} for {ours.content!r} (id {i}), "
-                    f"{TOKENIZER_JSON} {getattr(ours, flag)}",
+                token = ours.content
+                what = (
+                    f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), "
+                    f"{TOKENIZER_JSON} {getattr(ours, flag)}"
                 )
+                return f"{what}: {_encodings_differ(tok, data, PROBE_TEXT + ' ' + token + ' x')}", token
     special = {i for i, t in want.items() if t.special}
     for i in sorted(set(tok.all_special_ids) - special - {None}):
         token = tok.convert_ids_to_tokens(i)
-        raise refuse(token, f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}")
+        what = f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}"
+        return f"{what}: {_encodings_differ(tok, data, PROBE_TEXT + token)}", token
     auto = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     ids = data.encode(PROBE_TEXT, add_special_tokens=False).ids
     if auto != ids:
         at = next((k for k, (a, d) in enumerate(zip(auto, ids)) if a != d), min(len(auto), len(ids)))
-        raise ExportError(
-            f"{export}: {version} encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} "
-            f"at token {at}, its {TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: eval "
-            "would score ids the model never trained on (a key of tokenizer_config.json changes the "
-            "encoding): leave it out of the base model's tokenizer files before training from it, or export "
-            "with a transformers that reads them as before"
-        )
-    _PASSED.add(passed)
+        return (
+            f"encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} at token {at}, its "
+            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: "
+            f"{_encodings_differ(tok, data, PROBE_TEXT)}"
+        ), None
+    return None
 
 
-def _naming(out_dir: Path, token: str) -> str:
-    """Which key of an export's tokenizer_config.json / special_tokens_map.json names `token`."""
+def _naming(
+    out_dir: Path, token: str | None, passes: Callable[[Path], bool]
+) -> tuple[str | None, str | None]:
+    """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json that names
+    `token`, else the one key whose removal alone makes the files pass (`passes`, a reload per key:
+    on the refusing path only), else (None, None)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
             return any(holds(v) for v in (value.values() if isinstance(value, dict) else value))
         return value == token
 
+    specs = {}
     for name in TOKENIZER_FILES[1:]:
         path = out_dir / name
-        spec = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        for key, value in spec.items():
-            if holds(value):
-                return f"named by {key} of {name}"
-    return f"named by no key of {' or '.join(TOKENIZER_FILES[1:])}"
+        specs[name] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        if token is not None and (key := next((k for k, v in specs[name].items() if holds(v)), None)):
+            return key, name
+    with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
+        for name, spec in specs.items():
+            for key in spec:
+                if key == "tokenizer_class":  # write_tokenizer's own
+                    continue
+                folder = Path(tmp) / f"{name}-{len(os.listdir(tmp))}"
+                shutil.copytree(out_dir, folder)
+                (folder / name).write_text(
+                    json.dumps({k: v for k, v in spec.items() if k != key}), encoding="utf-8"
+                )
+                if passes(folder):
+                    return key, name
+    return None, None
+
+
+def check_run_tokenizer(
+    run_dir: str | Path, dataset_dir: str | Path, model_cfg: ModelConfig, base_dir: Path | None = None
+) -> None:
+    """Rank 0, at every start of a run, a resume's too, before step 1 (training/run/setup.py): the
+    tokenizer files an export of the run would write, written to a temporary folder and checked
+    (check_export_tokenizer), naming the file of RUN/base/ the run reads (`base_dir`: the base's own
+    instead, for a new run, whose RUN/base/ is this start's copy of it). Refused at an export, they
+    stopped the run at its first export_interval, lost the steps an async checkpoint had trained
+    since, and stopped every resume again (review RV29a F1); an export inside the run writes the same
+    bytes, which pass the same way (in this process, from the memo)."""
+    base = base_files(run_dir)
+    if base_dir is not None:
+        base = {name: base_dir / name for name in base}
+    with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
+        write_tokenizer(dataset_dir, model_cfg, tmp, base, export=f"{run_dir}'s exports")
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:

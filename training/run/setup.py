@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from training.checkpoint.base_record import carry_base_record, drop_base_record, record_base
 from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.hf_export import check_run_tokenizer
 from training.checkpoint.hf_import import load_base_weights
 from training.checkpoint.io import run_data_order
 from training.checkpoint.record import START_SETTINGS
@@ -42,7 +43,7 @@ from training.contract.run_layout import CONFIG_TOML, kept_rows, run_of_checkpoi
 from training.data.loader import TokenLoader
 from training.data.plan import Plan
 from training.data.recipe import check_run_room, format_plan, open_plan
-from training.data.remote import dataset_info
+from training.data.remote import dataset_info, tokenizer_dir
 from training.data.spec import BatchShape, RunSpec, applied_config, resolve
 from training.merge import MergedWeights, MergePoints
 from training.metrics import TrainingMetrics, device_name, peak_flops
@@ -202,6 +203,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checkpointer.resumed_from,
         checkpointer.resumed_here,
     )
+    _check_export_tokenizer(spec, model_config, env, run_dir, checked.base_dir if resumed is None else None)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
     record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
@@ -363,6 +365,23 @@ def _checkpointer(
         merged_export=merge.merged_at if merge is not None and resolved.merge.export else None,
         lost=functools.partial(run_dir_lost, run.output_dir),
     )
+
+
+def _check_export_tokenizer(
+    spec: RunSpec, model_config: ModelConfig, env: DistEnv, run_dir: Path, base_dir: Path | None
+) -> None:
+    """Every start, before step 1, [eval] or not: the tokenizer files the run's exports would ship,
+    checked on rank 0 (hf_export.check_run_tokenizer). Refused at the first export instead, they
+    stopped the run there, and every resume before step 1 (review RV29a F1)."""
+    problem = None
+    if env.rank == 0:
+        try:
+            check_run_tokenizer(
+                run_dir, tokenizer_dir(spec.sources[0].dataset, spec.cache), model_config, base_dir
+            )
+        except GristmillError as e:
+            problem = str(e)
+    raise_rank0_problem(problem, env.world_size)
 
 
 def _outputs(
