@@ -402,6 +402,7 @@ QUOTE = EOT | {"content": '"'}  # '"' is an ordinary token there (id 3)
         ("added_tokens_decoder", {"0": EOT, "3": QUOTE}, {"0": EOT}),
         ("additional_special_tokens", ["<|begin_of_text|>", '"'], ["<|begin_of_text|>"]),
         ("extra_special_tokens", {"quote_token": '"'}, {}),  # transformers 5's named tokens (4.x: since 4.48)
+        ("model_specific_special_tokens", {"quote_token": '"'}, {}),  # transformers 5 (review RV29a F8)
         ("unk_token", '"', None),
     ],
 )

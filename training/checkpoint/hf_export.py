@@ -260,8 +260,9 @@ def _ship_tokenizer_file(base: dict[str, Path], name: str, dataset_dir: Path, ou
     does not (split_token_entries, the one rule): bos/eos/pad entries name config.json's tokens instead
     (the separator where config.json has the separator's, no pad where it has none), the others are
     left out. The base's eos '"' (or its unk_token, additional_special_tokens, added_tokens_decoder
-    entry) was split out of every text by AutoTokenizer as a special token, so eval scored ids the
-    model never trained on (RV28c F1, RV28f F1)."""
+    entry) was split out of every text by AutoTokenizer's default encoding as a special token: its
+    users' tok(text) gave ids the model never trained on (RV28c F1, RV28f F1; gristmill's eval, which
+    does not split special tokens out, was not affected: RV29a F4)."""
     spec = json.loads(base[name].read_text(encoding="utf-8"))
     kept, ordinary = split_token_entries(spec, added_tokens(base[TOKENIZER_JSON]))
     if not ordinary:

@@ -468,7 +468,9 @@ def _token_content(value: Any) -> Any:
     return value.get("content") if isinstance(value, dict) else value
 
 
-TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens")  # transformers 4's and 5's spelling
+# transformers 4's and 5's spelling, and transformers 5's model_specific_special_tokens (a dict by name,
+# read by name: PreTrainedTokenizerBase.__init__ adds its tokens as special ones, review RV29a F8)
+TOKEN_LISTS = ("additional_special_tokens", "extra_special_tokens", "model_specific_special_tokens")
 ADDED_TOKENS_DECODER = "added_tokens_decoder"
 
 
@@ -480,11 +482,12 @@ def split_token_entries(
     tokenizer_config.json or special_tokens_map.json (`spec`): (kept, ordinary). Ordinary, by key, the
     tokens (repr) of the entries that would make AutoTokenizer add another: a `*_token` key (bos, eos,
     pad, unk, sep, cls, mask, transformers 5's own names) or a member of additional_special_tokens /
-    extra_special_tokens naming no special token of tokenizer.json, an added_tokens_decoder entry that
-    is not tokenizer.json's added token of its id (content and flags). AutoTokenizer splits such a
-    token ('"') out of every text before BPE, so eval scored ids the model never trained on (review
-    RV28c F1, RV28f F1). Kept: `spec` without those entries (hf_export names config.json's tokens for
-    bos/eos/pad instead)."""
+    extra_special_tokens / model_specific_special_tokens naming no special token of tokenizer.json, an
+    added_tokens_decoder entry that is not tokenizer.json's added token of its id (content and flags).
+    AutoTokenizer splits such a token ('"') out of every text before BPE: its users' tok(text) encodes
+    texts otherwise than the data, and gristmill's eval too where the token is not special (eval does
+    not split special tokens out: review RV28c F1, RV28f F1, RV29a F4). Kept: `spec` without those
+    entries (hf_export names config.json's tokens for bos/eos/pad instead)."""
     special = set(special_tokens(added).values())
     by_id = {str(i): t for i, t in added.items()}
 
@@ -513,7 +516,7 @@ def split_token_entries(
         elif key in TOKEN_LISTS and isinstance(value, list):
             kept[key] = [v for v in value if not ordinary_token(v)]
             gone = [repr(_token_content(v)) for v in value if ordinary_token(v)]
-        elif key in TOKEN_LISTS and isinstance(value, dict):  # extra_special_tokens by name
+        elif key in TOKEN_LISTS and isinstance(value, dict):  # extra_/model_specific_special_tokens by name
             kept[key] = {name: v for name, v in value.items() if not ordinary_token(v)}
             gone = [repr(_token_content(v)) for v in value.values() if ordinary_token(v)]
         elif key.endswith("_token") and ordinary_token(value):
@@ -609,7 +612,7 @@ def check_base_data(
         if others := [key for key in keys if key not in TOKEN_KEYS]:
             does.append(
                 f"leave out the entries of {', '.join(others)}, whose tokens AutoTokenizer would split out "
-                "of every text before BPE as added tokens"
+                "of its users' texts before BPE (their tok(text) would not be the data's encoding)"
             )
         decoder = " (of added_tokens_decoder: not its added token of the id)" * (ADDED_TOKENS_DECODER in keys)
         notes.append(
