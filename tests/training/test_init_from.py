@@ -435,6 +435,25 @@ def test_no_entry_of_a_bases_tokenizer_files_adds_a_token(tmp_path, built_datase
     assert f"its exports leave out the entries of {key}, whose tokens AutoTokenizer would split" in note, note
 
 
+def test_an_export_whose_tokenizer_files_autotokenizer_reads_otherwise_is_refused_whole(
+    tmp_path, built_dataset
+):
+    """Review RV29a F2: nothing checked that export_hf refuses what check_export_tokenizer refuses
+    (the check removed from write_tokenizer, every test passed). An entry the rule keeps
+    (additional_special_tokens as one string, which transformers 5 cannot load): one line naming the
+    export, the base's file and the key, and neither the export nor its temporary sibling left."""
+    own = {"eos_token": "<|endoftext|>", "additional_special_tokens": '"'}
+    ids = {"bos_token_id": 0, "eos_token_id": 0}
+    with pytest.raises(ExportError) as e:
+        _export_of(tmp_path, built_dataset, "s", ids, tokenizer_config=own)
+    line, config = str(e.value), tmp_path / "s" / "tokenizer_config.json"
+    assert "\n" not in line and line.startswith(
+        f"{tmp_path / 's-export'}: additional_special_tokens of {config}"
+    ), line
+    assert line.endswith(f"; leave additional_special_tokens out of {config}"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no s-export, no .s-export.tmp-PID
+
+
 def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset):
     """A base whose tokenizer files agree with its tokenizer.json (a chat model's: added_tokens_decoder
     its added tokens, special bos and eos, a chat template, AddedToken dicts) ships them byte for
