@@ -331,6 +331,8 @@ def write_tokenizer(
         if spec.get("tokenizer_class") != FAST_TOKENIZER:
             spec["tokenizer_class"] = FAST_TOKENIZER
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
+        # A run checked these bytes before step 1 (check_run_tokenizer): its own exports (async ones
+        # too, in the same process) pass from the memo; `gristmill export` checks them here.
         check_export_tokenizer(out_dir, export or out_dir, base)
 
 
