@@ -385,7 +385,7 @@ def check_export_tokenizer(
             f"{export}: {version} {what} (by no one key of {' or '.join(TOKENIZER_FILES[1:])}); leave that "
             "entry out of the base model's tokenizer files"
         )
-    shown = (named or {}).get(file, out_dir / file)
+    shown = (named or {}).get(file, file)  # a file gristmill wrote (no base): in a temporary folder
     raise ExportError(f"{export}: {key} of {shown}: {version} {what}; leave {key} out of {shown}")
 
 
