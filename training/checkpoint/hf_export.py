@@ -333,7 +333,16 @@ def write_tokenizer(
             config.write_text(json.dumps(spec, indent=2) + "\n", encoding="utf-8")
         # A run checked these bytes before step 1 (check_run_tokenizer): its own exports (async ones
         # too, in the same process) pass from the memo; `gristmill export` checks them here.
-        check_export_tokenizer(out_dir, export or out_dir, base)
+        if _brings_tokenizer_files(base):
+            check_export_tokenizer(out_dir, export or out_dir, base)
+
+
+def _brings_tokenizer_files(base: dict[str, Path]) -> bool:
+    """Whether an export ships tokenizer files of the base's own (own_tokenizer_files: beside its
+    tokenizer.json): only those can make AutoTokenizer read otherwise than tokenizer.json. gristmill's
+    own (a run from scratch, a base with tokenizer.json alone) are the test suite's to check
+    (test_hf_export), and a run from scratch pays no transformers import for them (~1.5 s a start)."""
+    return bool(own_tokenizer_files(base).keys() & set(TOKENIZER_FILES[1:]))
 
 
 # What tokenizers tell apart: quotes, runs of punctuation, digits, spaces, a tab and a newline,
@@ -505,6 +514,8 @@ def check_run_tokenizer(
     base = base_files(run_dir)
     if base_dir is not None:
         base = {name: base_dir / name for name in base}
+    if not _brings_tokenizer_files(base):
+        return
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
         write_tokenizer(dataset_dir, model_cfg, tmp, base, export=f"{run_dir}'s exports")
 
