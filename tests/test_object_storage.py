@@ -2328,27 +2328,29 @@ def test_the_figure_a_refusal_quotes_is_the_smallest_that_holds_the_need():
 
 
 class _SaysWaiting:
-    """sys.stderr, and an event set once a "waiting for" line is written to it."""
+    """sys.stderr, and an event set once a "waiting for" line is written to it; `gone`: a stderr whose
+    reader went away (each write a BrokenPipeError)."""
 
-    def __init__(self, stream) -> None:
-        self.stream, self.seen = stream, threading.Event()
+    def __init__(self, stream, gone: bool = False) -> None:
+        self.stream, self.gone, self.seen = stream, gone, threading.Event()
 
     def write(self, text: str) -> int:
         if "waiting for" in text:
             self.seen.set()
+        if self.gone:
+            raise BrokenPipeError(32, "Broken pipe")
         return self.stream.write(text)
 
     def flush(self) -> None:
         self.stream.flush()
 
 
-def _while_the_cache_lock_is_held(cache_dir: Path, command: list[str], monkeypatch) -> None:
+def _while_the_cache_lock_is_held(cache_dir: Path, command: list[str], gone: bool = False) -> None:
     """`gristmill COMMAND --cache-dir cache_dir` while another thread holds the node's cache lock, until
     the command says it waits (to standard error: 10 s at most where it says it elsewhere)."""
     from training.data.remote import node_lock
 
-    held, stderr = threading.Event(), _SaysWaiting(sys.stderr)
-    monkeypatch.setattr(sys, "stderr", stderr)
+    held, stderr = threading.Event(), _SaysWaiting(sys.stderr, gone)
 
     def holder() -> None:
         with node_lock(cache_dir):
@@ -2359,24 +2361,26 @@ def _while_the_cache_lock_is_held(cache_dir: Path, command: list[str], monkeypat
     thread.start()
     assert held.wait(10)
     try:
-        assert gristmill([*command, "--cache-dir", str(cache_dir)]) == 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "stderr", stderr)
+            assert gristmill([*command, "--cache-dir", str(cache_dir)]) == 0
     finally:
         stderr.seen.set()
         thread.join(10)
-        monkeypatch.undo()
 
 
 def test_the_answer_of_inspect_and_audit_alone_is_on_stdout_while_they_wait_for_the_cache(
-    s3, synthetic, tmp_path, capsys, monkeypatch
+    s3, synthetic, tmp_path, capsys
 ):
     """`data inspect --hash` of a bucket while another process holds the node's cache lock over a
     second: its "waiting for" line went to standard output between the hashes, so the comparison the
     docs give for bit-identical batches (the local copy's hashes against the bucket's) differed (seen in
     a suite run whose writes stalled); `data audit --format csv` put it into its CSV. What they say
-    meanwhile goes to standard error; standard output is the answer alone."""
+    meanwhile goes to standard error; standard output is the answer alone, also where the reader of
+    standard error went away (review RV29c F1: exit 141, nothing on standard output)."""
     local, url = synthetic
     argv = ["data", "inspect", url, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
-    _while_the_cache_lock_is_held(tmp_path / "c", [*argv, "--end", "6"], monkeypatch)
+    _while_the_cache_lock_is_held(tmp_path / "c", [*argv, "--end", "6"])
     out, err = capsys.readouterr()
     assert "waiting for" in err and "waiting for" not in out, (out, err)
     lines = out.splitlines()
@@ -2386,9 +2390,9 @@ def test_the_answer_of_inspect_and_audit_alone_is_on_stdout_while_they_wait_for_
     assert [line.split()[1] for line in lines[1:]] == hashes(local, 5)
 
     sql = ["--sql", "SELECT count(*) AS docs FROM docs", "--format", "csv"]
-    _while_the_cache_lock_is_held(tmp_path / "a", ["data", "audit", url, *sql], monkeypatch)
+    _while_the_cache_lock_is_held(tmp_path / "a", ["data", "audit", url, *sql], gone=True)
     out, err = capsys.readouterr()
-    assert "waiting for" in err and "waiting for" not in out, (out, err)
+    assert "waiting for" not in out, (out, err)
     assert gristmill(["data", "audit", str(local), *sql]) == 0
     assert out == capsys.readouterr().out  # the CSV alone, as the local copy's
 

@@ -116,6 +116,7 @@ def answer_on_stdout() -> Iterator[None]:
     """For a command whose standard output is its answer, compared or parsed line by line (`data
     inspect --hash`, `data audit --format csv`): what the code under it says meanwhile (a wait for a
     bucket cache's lock, a note on the cache) goes to standard error. A "waiting for …/.lock" line
-    among a bucket's hashes made them differ from the local copy's."""
-    with console.bound(0, sys.stderr):
+    among a bucket's hashes made them differ from the local copy's. A reader of standard error gone
+    stops those lines, never the answer (review RV29c F1: exit 141, standard output empty)."""
+    with console.bound(0, ReaderSafeOut(sys.stderr)):
         yield
