@@ -1863,8 +1863,11 @@ def test_a_relative_base_reached_another_way_and_gone_is_resumed_from_the_checkp
     from another working directory, its directory gone: the checkpoint records the directory the value
     resolved to at the start, which the value no longer resolves to, and the resume asked the hub for
     a repository "bases/m2", failed, and advised `hf download bases/m2`. A checkpoint that recorded a
-    directory, resumed by a value the hub (the stand-in) does not give, resumes from the checkpoint
-    with the note naming that directory."""
+    directory, resumed by a value the hub (the stand-in) answers it does not have, resumes from the
+    checkpoint with the note naming that directory; where that directory is there after all, it is read
+    as at the start; a hub not reached (offline) says nothing of the value: its own line (RV29c F2)."""
+    import huggingface_hub.constants as hf_constants
+
     store, work = tmp_path / "store" / "m2", tmp_path / "work"
     store.mkdir(parents=True)
     (work / "bases").mkdir(parents=True)
@@ -1874,17 +1877,24 @@ def test_a_relative_base_reached_another_way_and_gone_is_resumed_from_the_checkp
         shutil.copytree(store, work / "bases" / "m2")
     monkeypatch.chdir(work)
     identity = locate_base("bases/m2").identity
-    shutil.rmtree(store)
-    (work / "bases" / "m2").unlink() if way == "through a symlink" else monkeypatch.chdir(tmp_path / "store")
     recorded = {"init_from": identity, "init_from_sha256": "ab" * 32}
     with HubServer() as hub:
         point_hub_at(hub, monkeypatch, tmp_path / "hf-home")
+        if way == "through a symlink":
+            (work / "bases" / "m2").unlink()  # the link gone, the store's directory there after all
+        else:
+            monkeypatch.chdir(tmp_path)  # no bases/m2 here; the recorded one there after all
+        assert locate_base("bases/m2", recorded).directory == Path(identity)
+        shutil.rmtree(identity)
         said = []
         source = locate_base("bases/m2", recorded, say=said.append)
-    assert source.directory is None and source.identity == identity, (said, source)
-    assert f"the run's base is the directory {identity}, not at hand: resuming from the checkpoint" in (
-        source.note
-    ), source.note
+        assert source.directory is None and source.identity == identity, (said, source)
+        assert f"the run's base is the directory {identity}, not at hand: resuming from the checkpoint" in (
+            source.note
+        ), source.note
+        monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+        with pytest.raises(ConfigError, match="HF_HUB_OFFLINE|offline|does not hold it"):
+            locate_base("bases/m2", recorded)
 
 
 def test_a_relative_base_directory_gone_is_resumed_from_the_checkpoint_not_fetched(tmp_path, monkeypatch):

@@ -116,6 +116,11 @@ class BaseSource:
     """A line for the log (the base was not read again), or ""."""
 
 
+class HubRepoMissing(ConfigError):
+    """The hub answered that it has no repository of that name this user can read (not: it was not
+    reached)."""
+
+
 def hub_id(init_from: str) -> tuple[str, str | None] | None:
     """(repository, revision or None) when `init_from` names a hub repository (not an existing
     directory, `org/name[@revision]`); None for a local path."""
@@ -157,15 +162,19 @@ def locate_base(
             return BaseSource(str(known["init_from"]), None, known, note)
     try:
         directory, commit = fetch_hub_base(repo, revision, say)
-    except ConfigError:
-        # A checkpoint that recorded a directory, resumed by a value the hub does not give: that
-        # directory, gone ("bases/m2" reached through a symlink removed with it, or resumed from another
-        # working directory: review RV28c F3; advised `hf download bases/m2`). A repository the hub
-        # does give is compared with the record (refused, naming the directory: review R25d S1).
+    except HubRepoMissing:
+        # A checkpoint that recorded a directory, resumed by a value the hub answered it does not have:
+        # that directory ("bases/m2" reached through a symlink removed with it, or resumed from another
+        # working directory: review RV28c F3; advised `hf download bases/m2`). A hub not reached says
+        # nothing of the value: its own line, as before (review RV29c F2). A repository the hub does
+        # give is compared with the record (refused, naming the directory: review R25d S1).
         if known is None or hub_id(str(known.get("init_from", ""))) is not None or revision is not None:
             raise
+        if Path(str(known.get("init_from"))).is_dir():  # there after all: read and checked, as at the start
+            return locate_base(str(known.get("init_from")), recorded, say)
         note = (
-            f"note: model.init_from = {init_from!r} is no directory here and no repository the hub gives; "
+            f"note: model.init_from = {init_from!r} is no directory here, and the hub has no repository of "
+            "that name; "
             f"the run's base is the directory {known.get('init_from')}, not at hand: resuming from the "
             f"checkpoint, which holds the weights (init_from_sha256 {known['init_from_sha256'][:12]}…)"
         )
@@ -228,7 +237,7 @@ def fetch_hub_base(
             "model.init_from",
         ) from None
     except RepositoryNotFoundError:
-        raise ConfigError(
+        raise HubRepoMissing(
             f"model.init_from = {name!r} is not a local directory, and the Hugging Face hub has no model "
             f"repository {repo!r} you can read (missing, private or gated: `hf auth login` or HF_TOKEN)",
             "model.init_from",
