@@ -138,26 +138,36 @@ def train_step(
 
 
 class LoaderWorkerDied(GristmillError):
-    """A data.num_workers process died (the kernel's out-of-memory killer, most often)."""
+    """A data.num_workers process died (the kernel's out-of-memory killer, most often): torch's line
+    (`death`), then, once the run has saved what it could (`kept`), where a resume continues."""
+
+    def __init__(self, death: str, exit_code: int, kept: str = ""):
+        self.death, self.exit_code = death, exit_code
+        super().__init__(f"{death} (a SIGKILL is the kernel's out-of-memory killer, most often){kept}")
+
+    def kept(self, saved: int | None) -> LoaderWorkerDied:
+        """The same death, saying where a resume continues: step `saved`, or (None) the last checkpoint."""
+        resume = (
+            f"step {saved} was saved: --resume auto continues from it"
+            if saved is not None
+            else "nothing was saved after the last checkpoint: resume with --resume auto"
+        )
+        return LoaderWorkerDied(
+            self.death, self.exit_code, f"; {resume}, with fewer data.num_workers or less memory"
+        )
 
 
-def worker_death(e: RuntimeError) -> LoaderWorkerDied | None:
-    """torch's error for a DataLoader worker that died, as one line with the shell's status (128 +
-    the signal), else None. torch raises it from its SIGCHLD handler wherever the main thread is
-    (a backward, an optimizer step): the step may be half applied, so nothing is saved, and the run
-    resumes from its last checkpoint (review R14e F1: a traceback, exit 1)."""
-    text = str(e)
+def worker_death(text: str, where: str = "") -> LoaderWorkerDied | None:
+    """torch's error for a DataLoader worker that died (`text`; `where`: the rank's prefix, for another
+    rank's), with the shell's status (128 + the signal), else None (review R14e F1: a traceback, exit
+    1). It is raised where the loop fetches a batch, between two steps (training/data/loader.py:
+    _deaths_seen_at_the_fetch), so the last trained step can be saved first (_next_batch)."""
     if not text.startswith("DataLoader worker (pid"):
         return None
-    named = text.rsplit("signal: ", 1)[-1].rstrip(". ")
+    death = text.split(" (a SIGKILL ", 1)[0].rstrip(". ")  # another rank's: its LoaderWorkerDied's line
+    named = death.rsplit("signal: ", 1)[-1]
     sig = next((s for s in signal.Signals if signal.strsignal(s) == named), None)
-    error = LoaderWorkerDied(
-        f"{text.rstrip('. ')} (a SIGKILL is the kernel's out-of-memory killer, most often); "
-        "nothing was saved after the last checkpoint: resume with --resume auto, with fewer "
-        "data.num_workers or less memory"
-    )
-    error.exit_code = 128 + sig if sig is not None else 1
-    return error
+    return LoaderWorkerDied(where + death, 128 + sig if sig is not None else 1)
 
 
 def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict[str, Any]:
@@ -193,12 +203,7 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             with own_run_dir(Path(cfg.run.output_dir), env):
                 run = setup(cfg, checked, env, evaluator)
                 evaluate_base(run)
-                try:
-                    return loop(run)
-                except RuntimeError as e:
-                    if (died := worker_death(e)) is None:  # (the launcher names the rank)
-                        raise
-                    raise died from None
+                return loop(run)
     except OSError as e:
         # A full or read-only disk under a write that is not a checkpoint's (metrics.jsonl,
         # consumption.parquet, batches.bin, the run's records at its start): one line, as a
@@ -392,43 +397,59 @@ def _next_batch(run: Run, batches, shutdown: GracefulStop, start: int) -> list[d
     every rank agrees first (a collective when a source is in a bucket: one rank's fetch may fail
     alone), the last trained step is saved, then the error is raised (one line: rank 0's own, else
     the first failing rank's, which rank 0 prints prefixed with that rank); unless a step trained
-    since the host last looked was not finite and the run stops for it (exit 3, nothing saved)."""
+    since the host last looked was not finite and the run stops for it (exit 3, nothing saved). A
+    data.num_workers process that died (the out-of-memory killer) stops the run the same way, its one
+    line saying which step a resume continues from, with the shell's status for the signal."""
     try:
         data_fault(run.state.step + 1, run.env.rank)
         batch, error = next(batches), None
     except GristmillError as e:
         batch, error = None, e
+    except RuntimeError as e:  # torch's, for a dead worker: found at a fetch, never mid-step (loader.py)
+        if (died := worker_death(str(e))) is None:
+            raise
+        batch, error = None, died
     # Local data: no agreement; a shard gone under one rank fails that rank alone, whose error ends
     # the job with no save (docs/checkpoints.md)
     agreed = run.loader.reads_buckets
     failed = shutdown.failed_ranks(None if error is None else str(error)) if agreed else []
     if failed and error is None:  # the first failing rank's own line, which rank 0 prints with its rank
         rank, message = failed[0]
-        error = GristmillError(f"rank {rank}: {message}")
+        error = worker_death(message, f"rank {rank}: ") or GristmillError(f"rank {rank}: {message}")
     if error is None:
         run.batches.add(run.state.step + 1, batch)
         return [to_device(mb, run.device) for mb in batch]
     can_save = agreed or run.env.world_size == 1  # a save is a collective: every rank must be here
     why = f"the data of step {run.state.step + 1} cannot be read"
-    _save_before_stopping(run, start, why, error, can_save)
+    saved = _save_before_stopping(run, start, why, error, can_save)
+    if isinstance(error, LoaderWorkerDied):
+        error = error.kept(saved)
     raise error
 
 
-def _save_before_stopping(run: Run, start: int, why: str, error: GristmillError, can_save: bool) -> None:
+def _save_before_stopping(
+    run: Run, start: int, why: str, error: GristmillError, can_save: bool
+) -> int | None:
     """The run stops on an error that is not the model's (`why`, `error`): data that cannot be read, a
     run record that cannot be written. An async save still writing (of the step just trained, or
     before) is completed, not abandoned with the error (it had its files and no COMPLETE, and --resume
     auto went back past it); then, when every rank is here (`can_save`), the last step trained is
     saved unless a checkpoint holds it, so the error costs no training; unless a step trained since
     the host last looked was not finite: exit 3 then, nothing saved at or after it. The caller raises
-    `error` after (a save that fails is said: the error stays the caller's)."""
+    `error` after (a save that fails is said: the error stays the caller's). Returns the last trained
+    step when a complete checkpoint holds it now (saved here, or by the save it had requested), else
+    None: a resume goes on from the last checkpoint (nothing trained since it here, or it is lost)."""
+    finished = True
     try:
         run.checkpointer.finish()
     except CheckpointError as e:  # said; the caller's error stays the run's (it is what stopped it)
         say(f"error: {e}")
+        finished = False
     state = run.state
-    if not can_save or state.step <= start or run.checkpointer.requested_step == state.step:
-        return
+    if state.step > start and run.checkpointer.requested_step == state.step:  # held: unless failed or skipped
+        return state.step if finished and run.checkpointer.low_disk is None else None
+    if not can_save or state.step <= start:
+        return None
     verdict = run.judge.settle(state.step)  # steps trained unread: a non-finite one is never saved
     if verdict.action == STOP:
         say(f"{why} ({error}); and before it:")
@@ -446,17 +467,19 @@ def _save_before_stopping(run: Run, start: int, why: str, error: GristmillError,
             f"{why}: step {state.step} not saved: the batch records of steps {run.record.unrecorded}–"
             f"{state.step} could not be written ({BATCHES_BIN}); a resume goes on from the last checkpoint"
         )
-        return
+        return None
     say(f"{why}: saving step {state.step} before stopping")
     try:
-        run.checkpointer.save(state.step, state.tokens_seen, blocking=True)
+        if not run.checkpointer.save(state.step, state.tokens_seen, blocking=True):
+            return None  # skipped (on_low_disk = "skip"): its warning said so
     except GristmillError as e:  # a full disk fails both: said, and the record's error stays the run's
         say(f"error: {e}")
-        return
+        return None
     try:  # the audit's consumption where it saved (review R15e F1)
         run.record.finished(state.step)
     except RecordUnwritable as e:
         _say_also(e, error)
+    return state.step
 
 
 def _say_also(e: GristmillError, error: GristmillError) -> None:

@@ -32,6 +32,7 @@ import multiprocessing.util
 import os
 import signal
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -406,11 +407,34 @@ def _workers_started(loader: DataLoader) -> Any:
     this thread blocks it another thread takes it, or it waits until the mask is restored."""
     if not loader.num_workers:
         return iter(loader)
+    _deaths_seen_at_the_fetch()
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
         return iter(loader)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _deaths_seen_at_the_fetch() -> None:
+    """torch's SIGCHLD handler kept out of this process. The multiprocessing iterator installs it once
+    per process (torch.utils.data._utils.signal_handling), and it raised "DataLoader worker (pid N) is
+    killed by signal" in the main thread wherever it was (a backward, an optimizer step half applied):
+    nothing could be saved. Without it a death is found where the next batch is fetched, between two
+    steps: torch's own check of its workers whenever its queue is idle for MP_STATUS_CHECK_INTERVAL
+    (5 s), or the dead worker's socket at a result it had sent (_results); the trainer saves its last
+    step there. Whatever SIGCHLD handler the process has stays (torch's only chained it: subprocess
+    and the launcher reap their children with waitpid, not by SIGCHLD). Installed already (a
+    DataLoader of the caller's, iterated first): the handler it replaced is put back."""
+    from torch.utils.data._utils import signal_handling
+
+    installed = signal.getsignal(signal.SIGCHLD)
+    torchs = getattr(installed, "__module__", "") == signal_handling.__name__
+    if signal_handling._SIGCHLD_handler_set and torchs:
+        if threading.current_thread() is threading.main_thread():  # only the main thread sets handlers
+            cells = dict(zip(installed.__code__.co_freevars, installed.__closure__ or ()))
+            previous = cells["previous_handler"].cell_contents if "previous_handler" in cells else None
+            signal.signal(signal.SIGCHLD, previous if previous is not None else signal.SIG_DFL)
+    signal_handling._SIGCHLD_handler_set = True  # torch's "set once per process": never set
 
 
 def _end_workers(items: Any) -> None:
@@ -432,21 +456,26 @@ def _results(items: Any) -> Iterator[Any]:
     """`items`' results. A worker killed (the out-of-memory killer) as the trainer took a result it had
     sent: the result's shared memory comes from that worker's socket, gone (EOFError, a connection
     reset) before torch sees the death, and the run ended in that traceback, exit 1. Now torch's own
-    error for a dead worker, which the trainer says in one line (training/train.py: worker_death)."""
+    error for a dead worker, which the trainer says in one line (training/train.py: worker_death),
+    with the signal that killed it: also where torch found the death itself at an idle queue (its
+    "exited unexpectedly" drops the signal; its SIGCHLD handler, which kept it, is not installed:
+    _deaths_seen_at_the_fetch)."""
     results = iter(items)
     while True:
         try:
             item = next(results)
         except StopIteration:
             return
-        except (EOFError, ConnectionError) as e:
+        except (EOFError, ConnectionError, RuntimeError) as e:
+            if isinstance(e, RuntimeError) and not str(e).startswith("DataLoader worker (pid"):
+                raise
             deadline = time.monotonic() + 2  # the kernel closes a dying process's sockets first
             while not (dead := [w for w in getattr(items, "_workers", ()) if not w.is_alive()]):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
-            # torch's own wording, the signal kept: worker_death gives the shell's 128 + signal, as
-            # when torch's SIGCHLD handler sees the death first (review RV27a F2: exit 1 or 137 by race)
+            # torch's wording with the signal kept: worker_death gives the shell's 128 + signal
+            # whoever sees the death first (review RV27a F2: exit 1 or 137 by race)
             signalled = [w for w in dead if (w.exitcode or 0) < 0]
             if signalled:
                 w = signalled[0]

@@ -138,17 +138,13 @@ def test_a_worker_killed_mid_step_is_one_line_not_the_survivors_tracebacks(datas
                      "checkpoint.interval=400")  # fmt: skip
     launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
     proc = forked.popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True)
-    try:
-        wait_for_step(proc, run_dir, 3)
-        workers = [w for t in child_pids(proc.pid) for w in child_pids(t)]  # launcher → torchrun → 2
-        assert len(workers) == 2, workers
-        os.kill(workers[1], signal.SIGKILL)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    def ranks(pid: int) -> list[int]:  # launcher → torchrun → 2
+        return [w for t in child_pids(pid) for w in child_pids(t)]
+
+    killed, _, err = kill_one_at_step_3(proc, run_dir, ranks, 1)
     assert proc.returncode == 128 + signal.SIGKILL, err[-3000:]
-    assert f"rank 1 (pid {workers[1]}) was killed by SIGKILL" in err, err
+    assert f"rank 1 (pid {killed}) was killed by SIGKILL" in err, err
     assert "Traceback" not in err, err[-3000:]
     survivor = [line for line in err.splitlines() if line.startswith("error: rank 0 stops:")]
     assert all(line.endswith("(another process of the job is gone)") and "[" not in line.split(":")[1]
@@ -265,6 +261,49 @@ def test_sigterm_to_the_loader_workers_first_then_the_trainer_saves_and_resumes_
     assert losses(run_dir) == losses(reference)
     assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
     assert_same_weights(run_dir, reference, stopped + 2)
+
+
+def test_a_loader_worker_killed_costs_no_training_its_last_step_saved_and_resumed_exactly(dataset, tmp_path):
+    """A data.num_workers process SIGKILLed (the out-of-memory killer): torch's SIGCHLD handler raised
+    in the main thread wherever it was (a backward, an optimizer step), so nothing could be saved and
+    the steps since the last checkpoint were lost. The death is found at the next fetch, between two
+    steps: the last trained step is saved, the run stops in one line with the shell's 137, and the
+    resume reads again the batches the dead worker had prefetched: the uninterrupted run's losses."""
+    run_dir, reference = tmp_path / "run", tmp_path / "uninterrupted"
+    job = ("data.num_workers=2", "schedule.steps=200", "checkpoint.interval=100", "run.threads=1")
+    sets = overrides(dataset, run_dir, *job)
+    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
+    proc = forked.popen(cmd, cwd=ROOT, env=ENV, start_new_session=True)
+    killed, out, err = kill_one_at_step_3(proc, run_dir, descendants, 0)  # the trainer's 2 workers
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
+    line = one_error_line(err)
+    saved = complete_steps(run_dir)
+    assert len(saved) == 1 and saved[0] >= 3, (saved, out[-2000:])
+    assert line.startswith(f"error: DataLoader worker (pid {killed}) is killed by signal: Killed"), line
+    assert f"; step {saved[0]} was saved: --resume auto continues from it" in line, line
+    assert metrics(run_dir)[-1]["step"] == saved[0]  # the last step trained is the one saved
+
+    end = f"run.max_steps={saved[0] + 2}"
+    assert main(["--config", TINY, "--set", *sets, 'checkpoint.resume="auto"', end]) == 0
+    assert main(["--config", TINY, "--set", *overrides(dataset, reference, *job), end]) == 0
+    assert losses(run_dir) == losses(reference)
+    assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
+    assert_same_weights(run_dir, reference, saved[0] + 2)
+
+
+def kill_one_at_step_3(proc, run_dir: Path, processes, which: int) -> tuple[int, str, str]:
+    """SIGKILL of `processes(proc.pid)[which]` (one of two) once `proc` logged step 3, then its end:
+    (the pid killed, stdout, stderr); its process group SIGKILLed after, whatever happened."""
+    try:
+        wait_for_step(proc, run_dir, 3)
+        pids = processes(proc.pid)
+        assert len(pids) == 2, pids
+        os.kill(pids[which], signal.SIGKILL)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    return pids[which], out, err
 
 
 def descendants(pid: int) -> list[int]:

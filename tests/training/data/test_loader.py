@@ -556,11 +556,46 @@ def test_a_killed_loader_worker_is_one_line_with_the_signals_status(tmp_path):
         proc.kill()
     line = one_error_line(err)
     assert line.startswith("error: DataLoader worker (pid"), line
-    assert line.endswith("resume with --resume auto, with fewer data.num_workers or less memory"), line
+    assert line.endswith("--resume auto continues from it, with fewer data.num_workers or less memory"), line
     # the signal named and the shell's status whoever sees the death first: torch's SIGCHLD handler,
     # or the loader at a result the dead worker had sent (review RV27a F2: exit 1 by that race)
     assert "is killed by signal: Killed" in line, line
     assert proc.returncode == 128 + signal.SIGKILL, err
+
+
+def test_a_loader_with_workers_keeps_torchs_sigchld_handler_out_and_the_processs_own_in(corpus):
+    """torch's SIGCHLD handler raised a dead worker's error in the main thread wherever it was (mid
+    step: nothing could be saved); the loader keeps it out, so a death is found at a fetch. A handler
+    the process had stays installed and called (torch's only chained it), also when a DataLoader of
+    the caller's installed torch's first."""
+    import signal
+    import subprocess
+    import time
+
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils import signal_handling
+
+    root, _ = corpus
+    seen: list[int] = []
+
+    def own(signum, frame):
+        seen.append(signum)
+
+    before, was = signal.signal(signal.SIGCHLD, own), signal_handling._SIGCHLD_handler_set
+    try:
+        signal_handling._SIGCHLD_handler_set = False  # as in a process that iterated no loader yet
+        assert list(DataLoader(range(2), num_workers=1)) == [torch.tensor(0), torch.tensor(1)]
+        assert getattr(signal.getsignal(signal.SIGCHLD), "__module__", None) == signal_handling.__name__
+        take(make_loader(root, num_workers=1), 2)
+        assert signal.getsignal(signal.SIGCHLD) is own
+        subprocess.run(["true"], check=True)
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen, "the process's own SIGCHLD handler was not called"
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+        signal_handling._SIGCHLD_handler_set = was
 
 
 def test_bad_arguments_name_the_numbers(corpus):
