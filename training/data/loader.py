@@ -614,11 +614,6 @@ class TokenLoader:
         return epoch_order.epoch_steps(self.plan.sources[0].tokens, ph.seq_len, ph.global_batch)
 
     @property
-    def reads_buckets(self) -> bool:
-        """Whether a source is read from a bucket (its fetches may fail on one rank alone)."""
-        return any(t.cache is not None for t in self._builder.tables)
-
-    @property
     def builder(self) -> BatchBuilder:
         return self._builder
 

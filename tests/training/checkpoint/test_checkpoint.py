@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -289,6 +290,33 @@ def test_a_loader_worker_killed_costs_no_training_its_last_step_saved_and_resume
     assert losses(run_dir) == losses(reference)
     assert [e[::2] for e in recorded_batches(run_dir)] == [e[::2] for e in recorded_batches(reference)]
     assert_same_weights(run_dir, reference, saved[0] + 2)
+
+
+def test_a_loader_worker_killed_under_torchrun_every_rank_saves(dataset, tmp_path):
+    """Two ranks reading local data, one rank's DataLoader worker SIGKILLed: that rank stopped alone,
+    its error ending the job with nothing saved (only a run reading a bucket had the ranks agree at
+    each fetch). Every rank agrees now: both save the last trained step, and the one line, rank 0's,
+    names the worker (with its rank when it was rank 1's) and the step saved; the status is 137."""
+    run_dir = tmp_path / "run"
+    sets = overrides(dataset, run_dir, "parallel.shard=2", "data.num_workers=1", "schedule.steps=400",
+                     "checkpoint.interval=400")  # fmt: skip
+    launcher = [sys.executable, "-m", "pipelines.cli", "train", "--config", TINY, "--nproc-per-node", "2"]
+    piped = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # real ranks: torchrun's children
+    proc = subprocess.Popen([*launcher, "--set", *sets], cwd=ROOT, env=ENV, start_new_session=True, **piped)
+
+    def loader_workers(pid: int) -> list[int]:  # launcher → torchrun → 2 ranks → 1 worker each
+        return [w for t in child_pids(pid) for r in child_pids(t) for w in child_pids(r)]
+
+    killed, out, err = kill_one_at_step_3(proc, run_dir, loader_workers, 1)
+    assert proc.returncode == 128 + signal.SIGKILL, out[-2000:] + err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    saved = complete_steps(run_dir)
+    assert len(saved) == 1 and saved[0] == metrics(run_dir)[-1]["step"], (saved, out[-2000:])
+    assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+    said = re.fullmatch(
+        rf"error: (rank 1: )?DataLoader worker \(pid {killed}\) is killed by signal: Killed.*", errors[0]
+    )
+    assert said and f"; step {saved[0]} was saved: --resume auto continues from it" in errors[0], errors[0]
 
 
 def kill_one_at_step_3(proc, run_dir: Path, processes, which: int) -> tuple[int, str, str]:
