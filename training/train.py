@@ -203,7 +203,15 @@ def train(cfg: TrainConfig, out=None, evaluator: StepEval | None = None) -> dict
             with own_run_dir(Path(cfg.run.output_dir), env):
                 run = setup(cfg, checked, env, evaluator)
                 evaluate_base(run)
-                return loop(run)
+                try:
+                    return loop(run)
+                except RuntimeError as e:
+                    # torch's SIGCHLD handler still installed (one of the caller's that chains to it, a
+                    # loader first iterated off the main thread): the death raised mid-step, nothing saved
+                    # that the fetch's path would have (review RV29d F3): its one line all the same
+                    if (died := worker_death(str(e))) is None:
+                        raise
+                    raise died.kept(None) from None
     except OSError as e:
         # A full or read-only disk under a write that is not a checkpoint's (metrics.jsonl,
         # consumption.parquet, batches.bin, the run's records at its start): one line, as a

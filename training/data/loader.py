@@ -467,7 +467,12 @@ def _results(items: Any) -> Iterator[Any]:
         except StopIteration:
             return
         except (EOFError, ConnectionError, RuntimeError) as e:
-            if isinstance(e, RuntimeError) and not str(e).startswith("DataLoader worker (pid"):
+            # (with pin_memory, a GPU run's, torch's pin thread takes the result from the dying worker's
+            # socket: it dies of the ConnectionRefusedError, and torch says "Pin memory thread exited
+            # unexpectedly" before it looks at the workers: review RV29d F1)
+            if isinstance(e, RuntimeError) and not str(e).startswith(
+                ("DataLoader worker (pid", "Pin memory thread exited")
+            ):
                 raise
             deadline = time.monotonic() + 2  # the kernel closes a dying process's sockets first
             while not (dead := [w for w in getattr(items, "_workers", ()) if not w.is_alive()]):
