@@ -512,11 +512,13 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     kept.write_text(bad)
     capsys.readouterr()
     resume = [*sets, "checkpoint.resume=auto"]
-    assert train_main(["--config", TINY, "--set", *resume]) == 2
+    saved = (run / "config.toml").read_bytes()
+    assert train_main(["--config", TINY, "--set", *resume, "run.log_every=3"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert f"{run}'s exports: {key.format(kept, transformers.__version__)}" in line, line
     assert line.endswith(fix.format(kept)), line
     assert complete_steps(run) == [2] and [r["step"] for r in metrics(run) if "loss" in r] == [1, 2]
+    assert (run / "config.toml").read_bytes() == saved  # a refused resume leaves it (review RV29e F6)
     kept.write_text(json.dumps(clean))
     assert train_main(["--config", TINY, "--set", *resume]) == 0
     assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir()

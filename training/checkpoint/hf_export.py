@@ -502,22 +502,31 @@ def _naming(
 
 
 def check_run_tokenizer(
-    run_dir: str | Path, dataset_dir: str | Path, model_cfg: ModelConfig, base_dir: Path | None = None
+    run_dir: Path,
+    dataset_dir: Callable[[], Path],
+    model_cfg: ModelConfig,
+    base_dir: Path | None = None,
+    source_run: Path | None = None,
 ) -> None:
-    """Rank 0, at every start of a run, a resume's too, before step 1 (training/run/setup.py): the
-    tokenizer files an export of the run would write, written to a temporary folder and checked
-    (check_export_tokenizer), naming the file of RUN/base/ the run reads (`base_dir`: the base's own
-    instead, for a new run, whose RUN/base/ is this start's copy of it). Refused at an export, they
-    stopped the run at its first export_interval, lost the steps an async checkpoint had trained
-    since, and stopped every resume again (review RV29a F1); an export inside the run writes the same
-    bytes, which pass the same way (in this process, from the memo)."""
-    base = base_files(run_dir)
+    """Rank 0, at every start of a run, a resume's too, before step 1 and before the start writes
+    anything into the run (training/run/setup.py: a refused resume left RUN/config.toml rewritten,
+    review RV29e F6): the tokenizer files an export of the run would write, written to a temporary
+    folder and checked (check_export_tokenizer), naming the file the run's exports read: the base's own
+    (`base_dir`) for a new run, else RUN/base/ of `source_run`, the run whose checkpoint it resumes
+    (another directory's is carried over this one's: naming this run's copy, an edit of it was undone
+    at the next start: RV29e F7). Refused at an export, they stopped the run at its first
+    export_interval, lost the steps an async checkpoint had trained since, and stopped every resume
+    again (review RV29a F1); an export inside the run writes the same bytes, which pass the same way
+    (in this process, from the memo). `dataset_dir`: called only where a check is due (a bucket
+    dataset's tokenizer is fetched: RV29e F5)."""
     if base_dir is not None:
-        base = {name: base_dir / name for name in base}
+        base = {n: base_dir / n for n in (CONFIG_JSON, *TOKENIZER_FILES) if (base_dir / n).is_file()}
+    else:
+        base = base_files(source_run) if source_run is not None else {}
     if not _brings_tokenizer_files(base):
         return
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
-        write_tokenizer(dataset_dir, model_cfg, tmp, base, export=f"{run_dir}'s exports")
+        write_tokenizer(dataset_dir(), model_cfg, tmp, base, export=f"{run_dir}'s exports")
 
 
 def _token_ids(base: dict[str, Path]) -> dict[str, Any]:

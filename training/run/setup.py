@@ -191,6 +191,14 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         load_base_weights(model, checked.base_dir)  # each rank copies its own shards from the files
     run_dir = Path(cfg.run.output_dir)
     record = RunRecord(run_dir, timeline, state, rank=env.rank, plot=cfg.metrics.plot)
+    _check_export_tokenizer(
+        spec,
+        model_config,
+        env,
+        run_dir,
+        checked.base_dir if resumed is None else None,
+        checkpointer.resumed_from,
+    )
     _outputs(
         resolved,
         spec,
@@ -203,7 +211,6 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checkpointer.resumed_from,
         checkpointer.resumed_here,
     )
-    _check_export_tokenizer(spec, model_config, env, run_dir, checked.base_dir if resumed is None else None)
     # The resumed step's row, unless it was written before the run stopped (or it is another run
     # directory's checkpoint: that run's row, not this one's).
     record.resumed(own=checkpointer.resumed_here, world_size=env.world_size)
@@ -368,16 +375,28 @@ def _checkpointer(
 
 
 def _check_export_tokenizer(
-    spec: RunSpec, model_config: ModelConfig, env: DistEnv, run_dir: Path, base_dir: Path | None
+    spec: RunSpec,
+    model_config: ModelConfig,
+    env: DistEnv,
+    run_dir: Path,
+    base_dir: Path | None,
+    resumed_from: tuple[Path, str | None, dict[str, Any] | None] | None,
 ) -> None:
-    """Every start, before step 1, [eval] or not: the tokenizer files the run's exports would ship,
-    checked on rank 0 (hf_export.check_run_tokenizer). Refused at the first export instead, they
-    stopped the run there, and every resume before step 1 (review RV29a F1)."""
+    """Every start, before step 1 and before _outputs writes into the run, [eval] or not: the tokenizer
+    files the run's exports would ship, checked on rank 0 (hf_export.check_run_tokenizer): a new run's
+    base (`base_dir`), else RUN/base/ of the run whose checkpoint it resumes (`resumed_from`, rank 0's).
+    Refused at the first export instead, they stopped the run there, and every resume before step 1
+    (review RV29a F1)."""
     problem = None
     if env.rank == 0:
+        source = run_of_checkpoint(resumed_from[0]) if base_dir is None and resumed_from else None
         try:
             check_run_tokenizer(
-                run_dir, tokenizer_dir(spec.sources[0].dataset, spec.cache), model_config, base_dir
+                run_dir,
+                lambda: tokenizer_dir(spec.sources[0].dataset, spec.cache),
+                model_config,
+                base_dir,
+                source,
             )
         except GristmillError as e:
             problem = str(e)
