@@ -519,6 +519,10 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     assert line.endswith(fix.format(kept)), line
     assert complete_steps(run) == [2] and [r["step"] for r in metrics(run) if "loss" in r] == [1, 2]
     assert (run / "config.toml").read_bytes() == saved  # a refused resume leaves it (review RV29e F6)
+    kept.write_text(json.dumps(clean)[:-1])  # the copy edited by hand, as advised, with a typo
+    assert train_main(["--config", TINY, "--set", *resume]) == 2
+    line = one_error_line(capsys.readouterr().err)  # one line, not a JSONDecodeError traceback (RV29e F3)
+    assert f"{kept} is not valid JSON (" in line, line
     kept.write_text(json.dumps(clean))
     assert train_main(["--config", TINY, "--set", *resume]) == 0
     assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir()

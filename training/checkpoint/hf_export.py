@@ -55,6 +55,7 @@ from training.checkpoint.hf_import import (
     TOKEN_ID_KEYS,
     TOKEN_KEYS,
     added_tokens,
+    base_json,
     load_base_weights,
     special_tokens,
     split_token_entries,
@@ -263,7 +264,7 @@ def _ship_tokenizer_file(base: dict[str, Path], name: str, dataset_dir: Path, ou
     entry) was split out of every text by AutoTokenizer's default encoding as a special token: its
     users' tok(text) gave ids the model never trained on (RV28c F1, RV28f F1; gristmill's eval, which
     does not split special tokens out, was not affected: RV29a F4)."""
-    spec = json.loads(base[name].read_text(encoding="utf-8"))
+    spec = base_json(base[name])
     kept, ordinary = split_token_entries(spec, added_tokens(base[TOKENIZER_JSON]))
     if not ordinary:
         shutil.copyfile(base[name], out)
@@ -540,7 +541,7 @@ def _token_ids(base: dict[str, Path]) -> dict[str, Any]:
     separator's, as a run from scratch's."""
     if CONFIG_JSON not in base or TOKENIZER_JSON not in base:
         return {}
-    config = json.loads(base[CONFIG_JSON].read_text(encoding="utf-8"))
+    config = base_json(base[CONFIG_JSON])
     return split_token_ids(config, special_tokens(added_tokens(base[TOKENIZER_JSON])))[0]
 
 

@@ -592,7 +592,7 @@ def check_base_data(
         if "pad_token_id" in ordinary and "pad_token_id" not in kept:
             sets.append("pad to none")
     entries = {
-        name: split_token_entries(_json_of(base / name), added)[1]
+        name: split_token_entries(base_json(base / name), added)[1]
         for name in TOKENIZER_FILES[1:]
         if (base / name).is_file()
     }
@@ -629,9 +629,10 @@ def check_base_data(
     return notes
 
 
-def _json_of(path: Path) -> dict:
-    """A base's tokenizer file, read at the start of training: one that does not parse is one line
-    naming it (a JSONDecodeError traceback before step 1: review RV28f F3)."""
+def base_json(path: Path) -> dict:
+    """A base's JSON file (a tokenizer file, config.json), its own or the run's copy RUN/base/: one that
+    does not parse is one line naming it (a JSONDecodeError traceback before step 1: reviews RV28f F3,
+    and RV29e F3 for a copy edited by hand as a refusal advises)."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
