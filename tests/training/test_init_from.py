@@ -454,6 +454,20 @@ def test_an_export_whose_tokenizer_files_autotokenizer_reads_otherwise_is_refuse
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]  # no s-export, no .s-export.tmp-PID
 
 
+def test_tokenizer_files_refused_by_no_one_key_name_the_files_to_look_in(tmp_path, built_dataset):
+    """Review RV29e F2: where no one key's removal makes the files read as tokenizer.json
+    (additional_special_tokens and extra_special_tokens both one string, which transformers 5 cannot
+    load), the refusal named no file ("leave that entry out of the base model's tokenizer files", on a
+    resume too, whose files are RUN/base/'s): it names the files the export reads."""
+    own = {"eos_token": "<|endoftext|>", "additional_special_tokens": '"', "extra_special_tokens": '"'}
+    with pytest.raises(ExportError) as e:
+        _export_of(tmp_path, built_dataset, "n", {"bos_token_id": 0, "eos_token_id": 0}, tokenizer_config=own)
+    line, config = str(e.value), tmp_path / "n" / "tokenizer_config.json"
+    assert (
+        "\n" not in line and f"(by no one key of {config}); find the entry that adds it in {config}" in line
+    ), line
+
+
 def test_a_bases_consistent_tokenizer_files_are_its_own(tmp_path, built_dataset):
     """A base whose tokenizer files agree with its tokenizer.json (a chat model's: added_tokens_decoder
     its added tokens, special bos and eos, a chat template, AddedToken dicts) ships them byte for

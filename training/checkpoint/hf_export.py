@@ -390,10 +390,11 @@ def check_export_tokenizer(
     what, token = problem
     key, file = _naming(out_dir, token, lambda folder: _tokenizer_problem(transformers, folder, data) is None)
     version = f"AutoTokenizer (transformers {transformers.__version__})"
-    if key is None:
+    if key is None:  # the files the run reads, named (a resume's: RUN/base/…, review RV29e F2)
+        shown = [str((named or {}).get(n, n)) for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()]
         raise ExportError(
-            f"{export}: {version} {what} (by no one key of {' or '.join(TOKENIZER_FILES[1:])}); leave that "
-            "entry out of the base model's tokenizer files"
+            f"{export}: {version} {what} (by no one key of {' or '.join(shown)}); find the entry that adds "
+            f"it in {' or '.join(shown)} and leave it out"
         )
     shown = (named or {}).get(file, file)  # a file gristmill wrote (no base): in a temporary folder
     raise ExportError(f"{export}: {key} of {shown}: {version} {what}; leave {key} out of {shown}")
