@@ -55,6 +55,7 @@ __all__ = [
     "BASE_JSON",
     "TOKENIZER_FILES",
     "base_files",
+    "kept_base_files",
     "base_record_sha256",
     "base_weights",
     "check_kept_base",
@@ -158,12 +159,18 @@ def base_weights(identity: str, directory: str | Path) -> dict[str, Any]:
     return {"init_from": identity, "weights_sha256": got}
 
 
+def kept_base_files(directory: str | Path) -> dict[str, Path]:
+    """{name: path} of the base's small files in `directory` that a run keeps in RUN/base/ (KEPT_FILES
+    present there): what its exports read."""
+    return {name: Path(directory) / name for name in KEPT_FILES if (Path(directory) / name).is_file()}
+
+
 def record_base(run_dir: str | Path, directory: str | Path, identity: str, init_from_sha256: str) -> None:
     """Keep the base's small files in RUN/base/ and write base.json: its identity and the sha256 of
     its weights files."""
     target, directory = Path(run_dir) / BASE_DIR, Path(directory)
     target.mkdir(parents=True, exist_ok=True)
-    kept = [name for name in KEPT_FILES if (directory / name).is_file()]
+    kept = list(kept_base_files(directory))
     _keep_files(directory, target, kept)
     record = {**base_weights(identity, directory), "init_from_sha256": init_from_sha256, "files": kept}
     write_atomic(target / BASE_JSON, json.dumps(record, indent=1) + "\n")

@@ -46,6 +46,7 @@ from training.checkpoint.base_record import (
     TOKENIZER_FILES,
     base_files,
     check_kept_base,
+    kept_base_files,
     read_base_record,
     weights_sha256,
 )
@@ -522,7 +523,7 @@ def check_run_tokenizer(
     (in this process, from the memo). `dataset_dir`: called only where a check is due (a bucket
     dataset's tokenizer is fetched: RV29e F5)."""
     if base_dir is not None:
-        base = {n: base_dir / n for n in (CONFIG_JSON, *TOKENIZER_FILES) if (base_dir / n).is_file()}
+        base = kept_base_files(base_dir)  # what record_base keeps of it for the run's exports
     else:
         base = base_files(source_run) if source_run is not None else {}
     if not _brings_tokenizer_files(base):
