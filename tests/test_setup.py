@@ -1,0 +1,112 @@
+"""`make setup`'s install after torch: uv reads no pip.conf, so the Makefile's PIP_TO_UV hands it pip's
+own settings, and a user's pip configuration (indexes, find-links, constraints) applies to uv as it
+does to pip."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.process
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _wheel(folder: Path, name: str, version: str, python: str = "py3") -> None:
+    """An empty pure-Python wheel for `python` (a tag such as py3 or py310): enough for a resolver to
+    pick a version, and an installer a file."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {python}-none-any\n",
+    }
+    with zipfile.ZipFile(folder / f"{name}-{version}-{python}-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+        wheel.writestr(f"{dist}/RECORD", "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"]))
+
+
+def _index(folder: Path, *versions: str, python: str = "py3") -> str:
+    """A simple (PEP 503) index on disk holding gristmill-probe at `versions` (wheels for `python`);
+    its URL."""
+    project = folder / "simple" / "gristmill-probe"
+    project.mkdir(parents=True)
+    for version in versions:
+        _wheel(project, "gristmill_probe", version, python)
+    links = "".join(f'<a href="{w.as_uri()}">{w.name}</a>\n' for w in sorted(project.glob("*.whl")))
+    (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    return (folder / "simple").as_uri()
+
+
+def _uv_step(tmp_path: Path, settings: dict[str, str], *args: str) -> str:
+    """`make setup`'s uv step (the Makefile's PIP_TO_UV) run with `args` and pip configured by
+    `settings` alone (this machine's pip.conf files left out); its standard error."""
+    pytest.importorskip("uv", reason="a venv made before make setup installed uv")
+    show = "include Makefile\nshow:\n\t@echo '$(PIP_TO_UV)'\n"
+    code = subprocess.run(
+        ["make", "-s", "-f", "-", "show"], input=show, cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env |= {"PIP_CONFIG_FILE": os.devnull, "UV_CACHE_DIR": str(tmp_path / "uv-cache"), **settings}
+    run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return run.stderr
+
+
+def _picked(tmp_path: Path, settings: dict[str, str]) -> str:
+    """What the uv step would install of gristmill-probe with pip configured by `settings`."""
+    said = _uv_step(tmp_path, settings, "--dry-run", "gristmill-probe")
+    return next((w for w in said.split() if w.startswith("gristmill-probe==")), said)
+
+
+def test_uv_is_handed_pip_s_find_links_constraints_and_no_index(tmp_path: Path):
+    links = tmp_path / "links"
+    links.mkdir()
+    for version in ("1.0", "2.0"):
+        _wheel(links, "gristmill_probe", version)
+    (tmp_path / "constraints.txt").write_text("gristmill-probe<2\n")
+    settings = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)}
+    assert (
+        _picked(tmp_path, {**settings, "PIP_CONSTRAINT": str(tmp_path / "constraints.txt")})
+        == "gristmill-probe==1.0"
+    )
+    # --no-index handed over: pip's index (3.0 there) is not read
+    newer = _index(tmp_path / "newer", "3.0")
+    assert _picked(tmp_path, {**settings, "PIP_INDEX_URL": newer}) == "gristmill-probe==2.0"
+
+
+def test_uv_reads_pip_s_indexes_and_none_of_its_own_settings(tmp_path: Path):
+    """pip's index and extra index are uv's; an index a user set for uv elsewhere (UV_EXTRA_INDEX_URL)
+    and a uv.toml (resolution = "lowest") are not read: the install is the one pip would make (review
+    RV28d M1)."""
+    empty, index, users = (
+        _index(tmp_path / "e"),
+        _index(tmp_path / "i", "2.0", "3.0"),
+        _index(tmp_path / "u", "4.0"),
+    )
+    assert _picked(tmp_path, {"PIP_INDEX_URL": empty, "PIP_EXTRA_INDEX_URL": index}) == "gristmill-probe==3.0"
+    home = tmp_path / "home"
+    (home / ".config" / "uv").mkdir(parents=True)
+    (home / ".config" / "uv" / "uv.toml").write_text('resolution = "lowest"\n')
+    for own in ({"HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}, {"UV_EXTRA_INDEX_URL": users}):
+        assert _picked(tmp_path, {"PIP_INDEX_URL": index, **own}) == "gristmill-probe==3.0", own
+
+
+def test_uv_takes_a_version_s_wheel_from_pip_s_own_index_before_a_partial_mirror(tmp_path: Path):
+    """uv reads a version's files from the first index listing it; a mirror (an extra index) holding
+    that version's wheel for an older Python only must not win over pip's index, which has this
+    Python's: pip installs the best wheel of all. (This machine's mirror holds multiprocess 0.70.19 for
+    py310 alone: its code breaks on 3.11, and every build under uv failed.)"""
+    own = f"py{sys.version_info.major}{sys.version_info.minor}"
+    index = _index(tmp_path / "i", "1.0", python=own)
+    mirror = _index(tmp_path / "m", "1.0", python="py30")
+    target = tmp_path / "target"
+    _uv_step(tmp_path, {"PIP_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": mirror}, "--target", str(target),
+             "gristmill-probe")  # fmt: skip
+    wheel = (target / "gristmill_probe-1.0.dist-info" / "WHEEL").read_text()
+    assert f"Tag: {own}-none-any" in wheel, wheel
