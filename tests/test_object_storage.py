@@ -2468,6 +2468,14 @@ def test_what_a_prefetching_process_finds_cached_it_knows_and_a_worker_keeps_not
     assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
 
 
+def _error_lines(capsys) -> list[str]:
+    """What a command said on standard error but its notes that it waits for the cache's lock (a fetch
+    of another thread, the prefetcher's, held it over a second on a loaded machine: a CI run's
+    failure); the lines an error's "one line" is counted among."""
+    err = capsys.readouterr().err.strip().splitlines()
+    return [line for line in err if not line.startswith("waiting for ")]
+
+
 def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_path, capsys):
     local, url = synthetic
     plan = ["train", "--config", TINY, "--plan", "--set", f"data.dataset={json.dumps(url)}"]
@@ -2476,20 +2484,20 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     locked = tmp_path / "a-file"
     locked.write_text("")
     assert gristmill([*plan, f"data.cache_dir={json.dumps(str(locked / 'c'))}"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
     # the same for `data validate`: the node's cache, not the bucket's verdict (a FAILED report that
     # blamed dataset.json: review R20b M2), and in its own flag
     validate = ["data", "validate", url, "--no-progress", "--cache-dir", str(locked / "c")]
     assert gristmill(validate) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: cannot write the cache {locked / 'c'}"), err
     assert "--cache-dir in the data commands" in err[0]
     # a cache_gb below the working set: refused with the figure (validation off: its default batches
     # do not fit this small dataset's held-out split, which train and --plan refuse first)
     low = ["data.cache_gb=1e-6", f"data.cache_dir={json.dumps(str(tmp_path / 'c'))}", "run.val_every=0"]
     assert gristmill([*plan, *low]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith("error: data.cache_gb = 1e-06 is below the working set"), err
     assert "set data.cache_gb to at least 0." in err[0]
     assert not list((tmp_path / "c").rglob("*.blk"))  # nothing fetched
@@ -2506,7 +2514,7 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     assert gristmill([*plan, *fits, *val, "run.val_every=0"]) == 0, capsys.readouterr().err  # training alone
     capsys.readouterr()
     assert gristmill([*plan, *fits, *val]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and "is below the working set this plan reads from" in err[0], err
     # the figure quoted is the training's and validation's need, rounded up: set as it is, it is not
     # refused again (review R19b 6: the training's alone, rounded to the nearest, was refused twice)
@@ -2515,7 +2523,7 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     # from far below, the same figure: not validation's alone first (its loaders checked their own
     # need before the run's: review R19d 3), and the advice's figure is it too (R19d 5)
     assert gristmill([*plan, "data.cache_gb=1e-9", fits[1], *val]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert re.search(r": ([0-9.e+-]+) GB \(", err[0])[1] == quoted, (quoted, err)
     assert err[0].endswith(f"set data.cache_gb to at least {quoted}"), err
     quoted_too = [f"data.cache_gb={quoted}", fits[1]]
@@ -2533,7 +2541,7 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     s3.client.put_object(Bucket=BUCKET, Key="bad-index/index/sample_tokens.bin", Body=bytes(tokens))
     argv = ["data", "inspect", bad, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--cache-dir"]
     assert gristmill([*argv, str(tmp_path / "c2")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: {bad}/index/sample_tokens.bin: fetched twice"), err
     # shards that do not match the index: a shard replaced by another dataset's
     swapped = s3.url("bad-shards")
@@ -2545,7 +2553,7 @@ def test_bucket_reader_bad_input_is_one_line_before_any_work(s3, synthetic, tmp_
     )
     argv = ["data", "inspect", swapped, "--seq-len", "64", "--global-batch", "8", "--seed", "3", "--hash"]
     assert gristmill([*argv, "--end", "40", "--cache-dir", str(tmp_path / "c3")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith(f"error: {swapped}/shards/{name}: bytes "), err
     assert "nothing was trained on it" in err[0]
 
@@ -2760,9 +2768,9 @@ def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(
     ranks = [DocumentTable(url, cache=settings).cache for _ in range(4)]
     stopped, lines = [], []
 
-    def rank(c):
+    def rank(c, window):
         try:
-            c.fetch(0, Window(1))
+            c.fetch(0, window)
         except ObjectStoreError as e:
             stopped.append(time.monotonic() - began)
             lines.append(str(e))
@@ -2770,14 +2778,17 @@ def test_ranks_waiting_for_one_sample_in_an_outage_stop_with_the_first_failure(
     s3.proxy.down, s3.proxy.latency = True, 0.5
     try:
         began = time.monotonic()
-        threads = [threading.Thread(target=rank, args=(c,)) for c in ranks]
+        # the ranks' windows end together: a thread started late on a loaded machine had a window
+        # still open when the first fetch failed, and rightly tried again (a CI run: 1.9, 1.9, 2.9, 2.9 s)
+        threads = [threading.Thread(target=rank, args=(c, Window(1))) for c in ranks]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
     finally:
         s3.proxy.down, s3.proxy.latency = False, 0
-    assert len(stopped) == 4 and max(stopped) < 2.0, stopped  # one failure, not four in turn
+    # one failure, taken by all at once, not a try each in turn (0.5 s apart); the bound: no long hang
+    assert len(stopped) == 4 and max(stopped) - min(stopped) < 0.45 and max(stopped) < 10, stopped
     (first,) = [line for line in lines if not line.startswith("another fetch")]
     said = "another fetch of it on this node failed meanwhile (its line): "
     assert sorted(lines) == sorted([first] + [said + first] * 3), lines  # the first's, as its own
