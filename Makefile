@@ -26,40 +26,16 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 # The rest with uv (put in the venv by pip): pip spent ~130 s of CI's wall here, ~90 of them resolving
 # (every release of ~190 projects read from three indexes, one page after another, in Python) and
 # ~40 unpacking one wheel at a time; uv installs the same set in ~20 s, its cache cold
-# (bench/RESULTS.md). uv reads no pip.conf, so PIP_TO_UV hands it pip's own settings, from pip's
-# parser (its config files and PIP_* variables): the indexes, find-links, constraints, certificate,
-# trusted hosts, proxy and timeout, so a user's mirrors apply as they do for pip; unsafe-best-match
-# takes the newest version from any index, as pip does (uv's default takes a project from the first
-# index that has it). uv keeps the venv's own torch, installed above. It does not see the packages
-# of a --system-site-packages venv's interpreter (astral-sh/uv#4466): there it would put a second
-# torch, pip's default CUDA build, in the venv and shadow the interpreter's numpy and the rest, so
-# such a venv is filled by pip, which keeps what satisfies the package. Where uv fails (a mirror
-# without it, a pip whose settings PIP_TO_UV cannot read), pip does the install as before.
+# (bench/RESULTS.md). tools/uv_install.py hands uv pip's own settings (uv reads no pip.conf) and
+# checks that each distribution is the file pip would take (uv reads a version's files from the first
+# index listing it), reinstalling by pip any that may not be. uv keeps the venv's own torch, installed
+# above. It does not see the packages of a --system-site-packages venv's interpreter
+# (astral-sh/uv#4466): there it would put a second torch, pip's default CUDA build, in the venv and
+# shadow the interpreter's numpy and the rest, so such a venv is filled by pip, which keeps what
+# satisfies the package. Where uv fails (a mirror without it, a pip whose settings it cannot read),
+# pip does the install as before; INSTALLER=pip chooses pip.
 UV_VERSION := 0.13.9
-# Only pip's settings choose what is installed: uv's own config files (--no-config) and UV_*
-# variables set for other projects (an extra index, a lowest resolution) are left out but for where
-# its cache lives and how it links and downloads; the indexes go in its environment, not its command
-# line, where a password in an index URL would show in `ps` (review RV28d). uv reads a version's files
-# from the first index that lists it (pip takes the best wheel of all), and puts extra indexes before
-# its default one: pip's own index goes first, so a mirror holding only some of a version's wheels is
-# not preferred to it (this machine's mirror has multiprocess 0.70.19 for py310 alone, whose code
-# breaks on 3.11's subprocess: every build's workers failed under uv's first order).
-UV_KEPT := UV_CACHE_DIR UV_HTTP_TIMEOUT UV_NATIVE_TLS UV_LINK_MODE UV_CONCURRENT_DOWNLOADS
-PIP_TO_UV := import os, sys; from pip._internal.commands import create_command; \
-  o, _ = create_command("install").parse_args([]); \
-  a = ["--no-config", "--index-strategy", "unsafe-best-match"]; \
-  a += [x for u in o.find_links for x in ("--find-links", u)]; \
-  a += [x for u in o.constraints for x in ("--constraint", u)]; \
-  a += [x for h in o.trusted_hosts for x in ("--allow-insecure-host", h)]; \
-  a += ["--no-index"] * o.no_index + ["--prerelease=allow"] * o.pre; \
-  kept = "$(UV_KEPT)".split(); \
-  env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in kept}; \
-  env = {"UV_HTTP_TIMEOUT": str(round(o.timeout)), **env, "UV_INDEX_URL": o.index_url}; \
-  env["UV_EXTRA_INDEX_URL"] = " ".join([o.index_url, *o.extra_index_urls]); \
-  env.update({"SSL_CERT_FILE": o.cert} if o.cert else {}); \
-  env.update({"HTTP_PROXY": o.proxy, "HTTPS_PROXY": o.proxy} if o.proxy else {}); \
-  uv = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable]; \
-  os.execve(sys.executable, uv + a + sys.argv[1:], env)
+INSTALLER ?= uv
 
 # torch first, chosen here rather than by pip: a bare `torch` requirement on a machine without one
 # pulls several GB of CUDA wheels. An interpreter that already has torch (say a CUDA build) gets a
@@ -76,8 +52,10 @@ $(STAMP): pyproject.toml
 	@if grep -qx "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
 	  echo "installing with pip, which keeps what $(VENV) sees of its interpreter's packages"; \
 	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
+	elif [ "$(INSTALLER)" = pip ]; then echo "installing with pip (INSTALLER=pip)"; \
+	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
 	else echo "installing with uv"; { $(PY) -m pip install -q --no-compile uv==$(UV_VERSION) && \
-	  $(PY) -c '$(PIP_TO_UV)' -q -e "$(EXTRAS)"; } || { echo "uv failed (above): installing with pip"; \
+	  $(PY) tools/uv_install.py -q -e "$(EXTRAS)"; } || { echo "uv failed (above): installing with pip"; \
 	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; }; fi
 	@echo "writing the bytecode of what gristmill imports"; \
 	  env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)" 2>$(VENV)/warm-imports.log || \

@@ -1,10 +1,12 @@
-"""`make setup`'s install after torch: uv reads no pip.conf, so the Makefile's PIP_TO_UV hands it pip's
+"""`make setup`'s install after torch (tools/uv_install.py): uv reads no pip.conf, so it is handed pip's
 own settings, and a user's pip configuration (indexes, find-links, constraints) applies to uv as it
-does to pip."""
+does to pip; a version whose files differ between indexes (uv takes the first index's, pip the best of
+all) is found, for pip to install."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,17 +45,18 @@ def _index(folder: Path, *versions: str, python: str = "py3") -> str:
     return (folder / "simple").as_uri()
 
 
-def _uv_step(tmp_path: Path, settings: dict[str, str], *args: str) -> str:
-    """`make setup`'s uv step (the Makefile's PIP_TO_UV) run with `args` and pip configured by
-    `settings` alone (this machine's pip.conf files left out); its standard error."""
-    pytest.importorskip("uv", reason="a venv made before make setup installed uv")
-    show = "include Makefile\nshow:\n\t@echo '$(PIP_TO_UV)'\n"
-    code = subprocess.run(
-        ["make", "-s", "-f", "-", "show"], input=show, cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
+def _pip_env(tmp_path: Path, settings: dict[str, str]) -> dict[str, str]:
+    """This environment with pip configured by `settings` alone (this machine's pip.conf files and
+    PIP_* and UV_* variables left out), uv's cache in `tmp_path`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    env |= {"PIP_CONFIG_FILE": os.devnull, "UV_CACHE_DIR": str(tmp_path / "uv-cache"), **settings}
-    run = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    return env | {"PIP_CONFIG_FILE": os.devnull, "UV_CACHE_DIR": str(tmp_path / "uv-cache"), **settings}
+
+
+def _uv_step(tmp_path: Path, settings: dict[str, str], *args: str) -> str:
+    """tools/uv_install.py run with `args` and pip configured by `settings`; its standard error."""
+    pytest.importorskip("uv", reason="a venv made before make setup installed uv")
+    cmd = [sys.executable, str(ROOT / "tools" / "uv_install.py"), *args]
+    run = subprocess.run(cmd, env=_pip_env(tmp_path, settings), capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     return run.stderr
 
@@ -97,16 +100,38 @@ def test_uv_reads_pip_s_indexes_and_none_of_its_own_settings(tmp_path: Path):
         assert _picked(tmp_path, {"PIP_INDEX_URL": index, **own}) == "gristmill-probe==3.0", own
 
 
-def test_uv_takes_a_version_s_wheel_from_pip_s_own_index_before_a_partial_mirror(tmp_path: Path):
-    """uv reads a version's files from the first index listing it; a mirror (an extra index) holding
-    that version's wheel for an older Python only must not win over pip's index, which has this
-    Python's: pip installs the best wheel of all. (This machine's mirror holds multiprocess 0.70.19 for
-    py310 alone: its code breaks on 3.11, and every build under uv failed.)"""
+_CHECK = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from uv_install import not_as_pip, uv_command
+uv, env, indexes = uv_command()
+import subprocess
+subprocess.run([*uv, "-q", "--no-deps", "--target", sys.argv[2], "gristmill-probe==1.0"], env=env, check=True)
+print(indexes, sorted(not_as_pip(Path(sys.argv[2]), 1, ["gristmill-probe==1.0"])))
+"""
+
+
+@pytest.mark.parametrize("mirror_first", [False, True])
+def test_a_version_whose_wheels_differ_between_indexes_is_found_for_pip_to_install(tmp_path, mirror_first):
+    """uv reads a version's files from the first index listing it, pip takes the best of all: a mirror
+    holding a version's wheel for an older Python only (this machine's mirror holds multiprocess
+    0.70.19 for py310 alone, whose code breaks on 3.11: every build under uv failed) gave uv that
+    wheel, as pip's index or as an extra one, whichever index came first for the other order (review
+    RV30a F1). The install with another index first finds the version, which pip then installs; where
+    both indexes hold the same file, nothing is found."""
+    pytest.importorskip("uv", reason="a venv made before make setup installed uv")
     own = f"py{sys.version_info.major}{sys.version_info.minor}"
-    index = _index(tmp_path / "i", "1.0", python=own)
-    mirror = _index(tmp_path / "m", "1.0", python="py30")
-    target = tmp_path / "target"
-    _uv_step(tmp_path, {"PIP_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": mirror}, "--target", str(target),
-             "gristmill-probe")  # fmt: skip
-    wheel = (target / "gristmill_probe-1.0.dist-info" / "WHEEL").read_text()
-    assert f"Tag: {own}-none-any" in wheel, wheel
+    index, mirror = _index(tmp_path / "i", "1.0", python=own), _index(tmp_path / "m", "1.0", python="py30")
+    first, extra = (mirror, index) if mirror_first else (index, mirror)
+    same = _index(tmp_path / "s", "1.0", python=own)
+    shutil.copy(next((tmp_path / "i").rglob("*.whl")), next((tmp_path / "s").rglob("*.whl")))
+    for settings, found in (
+        ({"PIP_INDEX_URL": first, "PIP_EXTRA_INDEX_URL": extra}, ["gristmill-probe==1.0"]),
+        ({"PIP_INDEX_URL": index, "PIP_EXTRA_INDEX_URL": same}, []),
+    ):
+        target = tmp_path / f"target-{len(found)}"
+        cmd = [sys.executable, "-c", _CHECK, str(ROOT / "tools"), str(target)]
+        run = subprocess.run(cmd, env=_pip_env(tmp_path, settings), capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split(maxsplit=1) == ["2", f"{found}\n"], run.stdout
