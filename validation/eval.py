@@ -28,6 +28,7 @@ and progress bars (and the `git` lm-eval runs) go to RUN/eval/step-N/eval.log (`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -95,10 +96,13 @@ from validation.eval_data import (
     check_no_local_names,
     checked_task_manager,
     damaged_task_files,
+    files_sha256,
     inline_members,
+    local_data_cache,
     local_task_config,
     local_task_definition,
     local_task_names,
+    task_data_files,
     task_data_folder,
     task_data_settings,
     task_definition,
@@ -356,28 +360,60 @@ class TaskPlan:
         self._documents: dict[str, tuple[dict[str, Any], dict[str, str | None]]] = {}
         # what each task is, recorded with its scores: a task edited since it was scored is not done
         self.definitions: dict[str, str] = {}
-        self._files: list[tuple[str, int, int, int, int]] | None = None  # include_path's files, when made
+        # what each reads its documents from, their content's sha256 (None: no local files) and whether
+        # they are all its documents (local_data_cache); for a tag, the names lm-eval scores it under
+        self.data_files: dict[str, tuple[list[Path], bool]] = {}
+        self.contents: dict[str, str | None] = {}
+        self.scored_as: dict[str, list[str]] = {}
+        self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
         self.refresh_definitions()
 
     def refresh_definitions(self) -> None:
-        """The tasks' definitions as their files are now. lm-eval reads a task's YAML and functions
-        again each time it builds the task, so a task edited during a `--watch` or a training run is
-        scored as edited, and is recorded under its new definition only if it is made again
-        (review R23d 2): made when a file under include_path changed (its name, size, mtime or ctime), else
-        kept (a stat of each, not a load of every YAML and module at each poll)."""
-        files = sorted(
-            (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)  # an mtime put back (cp -p)
-            for folder in self.include_path
-            for path in (folder.rglob("*") if folder.is_dir() else [folder])
-            if "__pycache__" not in path.parts and (st := _stat(path)) is not None
-        )
-        if files == self._files and self.definitions:
+        """The tasks' definitions and the contents of the local files they read (`contents`) as the
+        files are now. lm-eval reads a task's YAML and functions again each time it builds the task, so
+        a task edited during a `--watch` or a training run is scored as edited, and is recorded under
+        its new definition only if it is made again (review R23d 2); so are its data files, replaced
+        (review R30a F1). Made when a file under include_path or a data file changed (its name, size,
+        mtime or ctime), else kept (a stat of each, not a load of every YAML and module at each poll)."""
+        if self._watched() == self._files and self.definitions:
             return
-        self._files = files
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
+        hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
+        self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
+        self.contents = {
+            n: files_sha256(paths) if paths else None for n, (paths, _) in self.data_files.items()
+        }
+        self.scored_as = {n: self._scored_as(n) for n in hub}
+        self._files = self._watched()
+
+    def _watched(self) -> list[tuple[str, int, int, int, int]]:
+        """The files under include_path and the tasks' data files, each as its name, mtime, ctime, inode
+        and size (the ctime: an mtime put back, cp -p)."""
+        data = [path for paths, _ in self.data_files.values() for path in paths]
+        return sorted(
+            (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
+            for top in [*self.include_path, *data]
+            for path in (top.rglob("*") if top.is_dir() else [top])
+            if "__pycache__" not in path.parts and (st := _stat(path)) is not None
+        )
+
+    def _scored_as(self, name: str) -> list[str]:
+        """The names lm-eval records task `name`'s scores under: a tag's, its members' (never the tag's:
+        review R30a F3), else its own."""
+        if str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
+            return [
+                m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)
+            ]
+        return [name]
+
+    def cache(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Where datasets caches planned task `name`'s documents (local_data_cache): a folder of their
+        content's for one read from local files alone."""
+        _, alone = self.data_files.get(name, ([], False))
+        return local_data_cache(self.contents.get(name) if alone else None)
 
     def forget_documents(self) -> None:
         """Read the tasks' documents again at the next documents_sha256 (after each planned name's marks)."""
@@ -393,7 +429,8 @@ class TaskPlan:
         or one lm-eval cannot load here (its scoring says why)."""
         if planned not in self._documents:
             try:
-                loaded = self.task_manager.load([planned])["tasks"] if planned not in self.local else {}
+                with self.cache(planned):
+                    loaded = self.task_manager.load([planned])["tasks"] if planned not in self.local else {}
             except Exception:  # the task's own eval reports its failure
                 loaded = {}
             self._documents[planned] = (loaded, {})
@@ -501,19 +538,20 @@ def evaluate_lm(
                 seen.clear()
             t0 = time.perf_counter()
             try:
-                results = simple_evaluate(
-                    model=lm,
-                    tasks=[spec],
-                    task_manager=plan.task_manager,
-                    num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
-                    limit=cfg.limit or None,
-                    bootstrap_iters=cfg.bootstrap_iters,
-                    log_samples=log_samples,
-                    random_seed=cfg.seed,
-                    numpy_random_seed=cfg.seed,
-                    torch_random_seed=cfg.seed,
-                    fewshot_random_seed=cfg.seed,
-                )
+                with plan.cache(name):  # the files as they are now, whatever their mtime
+                    results = simple_evaluate(
+                        model=lm,
+                        tasks=[spec],
+                        task_manager=plan.task_manager,
+                        num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
+                        limit=cfg.limit or None,
+                        bootstrap_iters=cfg.bootstrap_iters,
+                        log_samples=log_samples,
+                        random_seed=cfg.seed,
+                        numpy_random_seed=cfg.seed,
+                        torch_random_seed=cfg.seed,
+                        fewshot_random_seed=cfg.seed,
+                    )
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
                 if failed is None:
                     # `gristmill eval`: a task's data that cannot be read is one line, not lm-eval's
@@ -547,7 +585,10 @@ def evaluate_lm(
                 continue
             tasks = requests_summary(seen or {}, results, getattr(lm, "max_length", 0))
             settings = score_settings(
-                cfg, plan.heldout if name in plan.local else None, plan.definitions.get(name)
+                cfg,
+                plan.heldout if name in plan.local else None,
+                plan.definitions.get(name),
+                plan.contents.get(name),
             )
             tasks.setdefault(name, {}).update(
                 seconds=round(time.perf_counter() - t0, 3),
@@ -968,17 +1009,23 @@ LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend
 
 
 def score_settings(
-    cfg: EvalConfig, heldout: HeldOut | None = None, definition: str | None = None
+    cfg: EvalConfig,
+    heldout: HeldOut | None = None,
+    definition: str | None = None,
+    documents: str | None = None,
 ) -> dict[str, Any]:
     """What a task's scores depend on besides the weights (results.json records it per task, as
     given: max_length 0 is the model's own), so a step scored under other settings (the in-training
     eval's limit, an earlier `--set`) is not taken for done. A local task's (`heldout`: whose
     held-out documents it scores) also `docs`, how many, and `heldout` (eval.source changed on a
     resume: review R17a F1); a hub task was scored again for them. `definition`: the task's own
-    (TaskPlan.definitions), so that a task edited since is scored again (review R23a S1)."""
+    (TaskPlan.definitions), so that a task edited since is scored again (review R23a S1); `documents`:
+    the sha256 of the local files it read (TaskPlan.contents), so that one whose data changed is (R30a F1)."""
     settings = {key: getattr(cfg, key) for key in SCORE_SETTINGS}
     if definition is not None:
         settings["definition"] = definition
+    if documents is not None:
+        settings["documents"] = documents
     if heldout is not None:
         return settings | {"heldout": heldout.record()}
     return {k: v for k, v in settings.items() if k not in LOCAL_SETTINGS}
@@ -986,11 +1033,12 @@ def score_settings(
 
 def _as_now(info: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
-    before the task's definition was (no `definition`) count under any; num_fewshot 0 without the n-shot
-    record was the task's own (it was passed as None: review R23a S3)."""
+    before the task's definition or its documents' digest was (no `definition`, `documents`) count under
+    any; num_fewshot 0 without the n-shot record was the task's own (passed as None: review R23a S3)."""
     got = dict(info.get("settings") or {})
-    if got and "definition" not in got:
-        want.pop("definition", None)
+    for key in ("definition", "documents"):
+        if got and key not in got:
+            want.pop(key, None)
     if got.get("num_fewshot") == 0 and "n_shot" not in info:
         got["num_fewshot"] = None
     return got
@@ -1015,10 +1063,14 @@ def evaluated(
     heldout: HeldOut | None,
     cfg: EvalConfig,
     definitions: dict[str, str] | None = None,
+    contents: dict[str, str | None] | None = None,
+    scored_as: dict[str, list[str]] | None = None,
 ) -> bool:
     """Whether step `step` has scores of every task of `names` under `cfg`'s settings (a task recorded
     before they were counts as done under any) and, where `definitions` (TaskPlan.definitions) are
-    given, of the same task definitions (`_as_now`: one recorded before them counts as the same). The
+    given, of the same task definitions and `contents`, the digests of the local files they read
+    (`_as_now`: one recorded before them counts as the same); a tag's scores are its members'
+    (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review R30a F3). The
     `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`: recorded before it was per task,
     the file's header says whose, kept per task when a later eval replaces the header,
     eval_results.merge_results)."""
@@ -1026,11 +1078,11 @@ def evaluated(
     scored, tasks = results.get("results", {}), results.get(GRISTMILL_TASKS, {})
     header = results.get("gristmill", {}).get("heldout")
 
-    def same(name: str) -> bool:
+    def same(name: str, planned: str) -> bool:  # `name`'s scores, as planned name `planned` makes them
         info = tasks.get(name, {})
-        definition = (definitions or {}).get(name)
+        definition = (definitions or {}).get(planned)
         if name not in local or heldout is None:
-            want = score_settings(cfg, definition=definition)
+            want = score_settings(cfg, definition=definition, documents=(contents or {}).get(planned))
             got = _as_now(info, want) or want  # no settings: done under any
             return {k: v for k, v in got.items() if k in want} == want
         want = {k: v for k, v in score_settings(cfg, heldout, definition).items() if k != "heldout"}
@@ -1038,7 +1090,7 @@ def evaluated(
         whose = got.pop("heldout", info.get("heldout", header))  # its own record, else its file's header
         return heldout.scored(whose) and (not got or got == want)  # no settings: done under any
 
-    return all(n in scored and same(n) for n in names)
+    return all(m in scored and same(m, n) for n in names for m in (scored_as or {}).get(n, [n]))
 
 
 def evaluate_missing(
@@ -1056,7 +1108,17 @@ def evaluate_missing(
     done, failed = [], []
     for step in available_steps(run_dir):
         plan.refresh_definitions()  # a task edited since the last step is not done (review R23d 2)
-        if not evaluated(run_dir, step, plan.names, plan.local, plan.heldout, cfg, plan.definitions):
+        if not evaluated(
+            run_dir,
+            step,
+            plan.names,
+            plan.local,
+            plan.heldout,
+            cfg,
+            plan.definitions,
+            plan.contents,
+            plan.scored_as,
+        ):
             try:
                 evaluate_step(run_dir, step, cfg, plan, verbose)
             except NonFiniteMetricsError as e:

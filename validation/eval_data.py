@@ -26,7 +26,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -55,6 +55,7 @@ class EvalError(GristmillError):
     """An eval that cannot run; the message names the task, file or run and the fix."""
 
 
+LOCAL_FILES_CACHE = "gristmill-local-files"  # under datasets' cache: local_data_cache
 RENAMED = {"demo_ppl": "heldout_ppl", "demo_cloze": "heldout_cloze"}  # old local task names: refused
 
 
@@ -92,6 +93,106 @@ def task_definition(task_manager: Any, name: str) -> str:
     file (`_function`: a repr holds an address, another in every process); a group's and a tag's over
     their members' definitions."""
     return json_sha256(_definition(task_manager, name, set()))
+
+
+def task_data_files(task_manager: Any, name: str) -> tuple[list[Path], bool]:
+    """The local files lm-eval task, group or tag `name` reads its documents from (its own and its
+    members' `dataset_kwargs.data_files`, a `dataset_path` that is a local file or folder), and whether
+    every one of its datasets is such files (none from the hub). Their content is what its scores are
+    of (review R30a F1): the config names them by path only."""
+    found: set[Path] = set()
+    leaves: list[bool] = []
+    _data_files(_definition(task_manager, name, set()), found, leaves)
+    return sorted(found), bool(leaves) and all(leaves)
+
+
+def _data_files(value: Any, found: set[Path], leaves: list[bool]) -> None:
+    if isinstance(value, list):
+        for v in value:
+            _data_files(v, found, leaves)
+    if not isinstance(value, dict):
+        return
+    if isinstance(source := value.get("dataset_path"), str):
+        kwargs = value.get("dataset_kwargs") if isinstance(value.get("dataset_kwargs"), dict) else {}
+        files = _local_files(kwargs.get("data_files"))
+        root = Path(source).expanduser()
+        if root.is_dir():
+            files |= {  # datasets skips hidden files and folders
+                p.resolve()
+                for p in root.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            }
+        elif root.is_file():
+            files.add(root.resolve())
+        found |= files
+        leaves.append(bool(files) and _all_local(kwargs.get("data_files"), root))
+    for v in value.values():
+        _data_files(v, found, leaves)
+
+
+def _patterns(data_files: Any) -> list[str]:
+    if isinstance(data_files, str):
+        return [data_files]
+    if isinstance(data_files, dict):
+        return [p for v in data_files.values() for p in _patterns(v)]
+    if isinstance(data_files, list | tuple):
+        return [p for v in data_files for p in _patterns(v)]
+    return []
+
+
+def _local_files(data_files: Any) -> set[Path]:
+    """The files `data_files` (a path, a glob, a list or a dict of them, as datasets takes it) names here."""
+    return {
+        Path(f).resolve()
+        for pattern in _patterns(data_files)
+        if not is_url(pattern) and "://" not in pattern
+        for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+        if Path(f).is_file()
+    }
+
+
+def _all_local(data_files: Any, root: Path) -> bool:
+    """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
+    a local file."""
+    patterns = _patterns(data_files)
+    if not patterns:
+        return root.exists()
+    return all(
+        not is_url(p) and "://" not in p and glob.glob(os.path.expanduser(p), recursive=True)
+        for p in patterns
+    )
+
+
+def files_sha256(paths: Sequence[Path]) -> str:
+    """The sha256 of `paths`' contents, in their order (a file gone: as such): what a task's scores record
+    of the documents it read (`task_data_files`), from the files themselves: datasets' cache of a local
+    file is keyed by its path and mtime, and served the old rows of one replaced under the same mtime."""
+    digests = []
+    for path in paths:
+        try:
+            digests.append(file_sha256(path))
+        except OSError:
+            digests.append(None)
+    return json_sha256(digests)
+
+
+@contextlib.contextmanager
+def local_data_cache(documents: str | None) -> Iterator[None]:
+    """datasets' cache for a task read from local files alone (`task_data_files`) in a folder of its own
+    per content (`documents`: files_sha256): datasets keys a local file's cache on its path and mtime, so
+    a file replaced at the same size and mtime (cp -p, rsync -t, tar x) was scored from the old rows
+    (review R30a F1); the same content reuses its folder. None: datasets' own cache."""
+    import datasets
+
+    if documents is None:
+        yield
+        return
+    before = datasets.config.HF_DATASETS_CACHE
+    datasets.config.HF_DATASETS_CACHE = Path(before) / LOCAL_FILES_CACHE / documents[:16]
+    try:
+        yield
+    finally:
+        datasets.config.HF_DATASETS_CACHE = before
 
 
 def task_documents_sha256(task: Any) -> str:

@@ -1696,6 +1696,71 @@ def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
     assert evaluate_missing(run, cfg, plan, show=False) == []
 
 
+def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now(eval_run, tmp_path, capsys):
+    """An own task's scores recorded its YAML, data_files as a path: its data file replaced (outside
+    include_path), `--watch` scored nothing; replaced at the same size and mtime (cp -p), datasets'
+    cache (keyed by path and mtime) served the old rows, scored and recorded as current (review R30a
+    F1). The documents' content is recorded and makes the step done; the files are read as they are."""
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "test"):  # the data beside include_path, not in it
+        shutil.move(tasks / f"own_mc-{split}.jsonl", data / f"own_mc-{split}.jsonl")
+    yaml = tasks / "own_mc.yaml"
+    yaml.write_text(yaml.read_text().replace(str(tasks), str(data)))
+    test = data / "own_mc-test.jsonl"
+    results = eval_dir(run, 5) / "results.json"
+    watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
+
+    def scored() -> tuple[float, int, str]:
+        task = json.loads(results.read_text())
+        return (task["results"]["own_mc"]["acc,none"], task["n-samples"]["own_mc"]["effective"],
+                task["gristmill_tasks"]["own_mc"]["settings"]["documents"])  # fmt: skip
+
+    assert main(watch) == 0
+    acc, docs, documents = scored()
+    assert docs == 6
+    capsys.readouterr()
+    assert main(watch) == 0 and "own_mc: 6 docs" not in capsys.readouterr().err  # the same data: done
+    rows = test.read_text().splitlines()
+    test.write_text("\n".join(rows[:4]) + "\n")  # other rows
+    assert main(watch) == 0
+    _, docs, fewer = scored()
+    assert docs == 4 and fewer != documents
+    out = capsys.readouterr().out
+    assert f"scored again under other settings: own_mc (documents {documents[:8]} → {fewer[:8]})" in out, out
+    # five rows at the same size and mtime, after a read that left datasets' cache warm
+    test.write_text("\n".join(rows) + "\n")
+    assert main(watch) == 0 and scored()[:2] == (acc, 6)
+    st = test.stat()
+    last = json.loads(rows[4])
+    last["context"] += " " * (len(rows[5]) + 1)  # the sixth row's bytes
+    test.write_text("\n".join([*rows[:4], json.dumps(last)]) + "\n")
+    os.utime(test, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert test.stat().st_size == st.st_size and test.stat().st_mtime_ns == st.st_mtime_ns
+    assert main(watch) == 0
+    assert scored()[1] == 5  # the file's rows, not the cache's
+
+
+def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
+    """lm-eval records a tag's tasks, never the tag: `--watch --tasks TAG` scored every step again at
+    every poll, and --idle-exit never ended it (review R30a F3). A tag is scored when its tasks are."""
+    from validation.eval import evaluate_missing, load_eval_config
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks", extra="tag: own_tag\n")
+    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "own_tag")
+    plan = TaskPlan(run, cfg)
+    assert evaluate_missing(run, cfg, plan, show=False) == [5]
+    assert "own_tag" not in json.loads((eval_dir(run, 5) / "results.json").read_text())["results"]
+    assert evaluate_missing(run, cfg, plan, show=False) == []
+    (tasks / "own_mc.yaml").write_text((tasks / "own_mc.yaml").read_text() + "num_fewshot: 1\n")
+    assert evaluate_missing(run, cfg, plan, show=False) == [5]  # a task of the tag edited: scored again
+
+
 def test_num_fewshot_unset_is_each_task_s_own_and_0_is_zero_shot(eval_run, tmp_path):
     """num_fewshot 0 was passed as `0 or None`: a task with its own few-shot default (a YAML's
     num_fewshot: 2, gsm8k's 5) was scored 2-shot while results.json recorded 0 (review R23a S3).

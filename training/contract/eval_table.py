@@ -88,7 +88,8 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
     score_settings: per task asked for and each member of a group it scored; a member recorded before
     members were has its one group's), in one line:
     `docs=40, dtype=float32, heldout=prose, limit=0, max_length=64, …` (the held-out documents by their
-    source, a task's definition by its hash's first 8 digits); None when recorded before settings were.
+    source, a task's definition and its documents by their hashes' first 8 digits); None when recorded
+    before settings were.
     Rows scored under other settings sat side by side in the table and the plot, unmarked (an offline
     `--set max_length=64` beside the in-training eval's merged rows: review R24e 6)."""
     tasks = results.get(GRISTMILL_TASKS, {})
@@ -107,6 +108,7 @@ def settings_of(results: dict[str, Any], task: str) -> str | None:
                 **settings,
                 "heldout": _heldout_shown(heldout),
                 "definition": str(settings.get("definition") or "")[:8] or None,
+                "documents": str(settings.get("documents") or "")[:8] or None,
             }
             return ", ".join(f"{k}={v}" for k, v in sorted(shown.items()) if k in settings)
         if len(parents.get(task, ())) != 1:  # no group, or two: which one scored it is not recorded
