@@ -596,12 +596,14 @@ def test_a_task_edited_during_a_watch_is_marked_against_its_new_documents(decont
     rows[0]["context"] += " (a new release)"
     (data / "gm_cloze.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     _run_with_an_export(out, run, 6)
-    assert evaluate_missing(run, cfg, plan, show=False) == [6]
-    results = json.loads((eval_dir(run, 6) / "results.json").read_text())
-    assert (
-        results["gristmill_tasks"]["gm_cloze"]["decontamination"]["datasets"][0]["status"]
-        == "other documents"
-    )
+    # step 5 as well: its documents changed (review R30a F1)
+    assert evaluate_missing(run, cfg, plan, show=False) == [5, 6]
+    for step in (5, 6):
+        results = json.loads((eval_dir(run, step) / "results.json").read_text())
+        assert (
+            results["gristmill_tasks"]["gm_cloze"]["decontamination"]["datasets"][0]["status"]
+            == "other documents"
+        )
 
 
 def test_marks_for_versions_mixtures_and_groups():
