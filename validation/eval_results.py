@@ -38,6 +38,7 @@ from training.contract.eval_table import (
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
+from validation.eval_data import RENAMED, local_task_names
 
 EVAL_LOG = "eval.log"  # RUN/eval/step-N/eval.log: lm-eval's, transformers' and datasets' own output
 # lm-eval's per-task sections (task name -> …), merged when a step is evaluated on more tasks later.
@@ -53,6 +54,9 @@ _PER_TASK_KEYS = (
     "samples",
     GRISTMILL_TASKS,
 )
+# The tasks made of the run's held-out documents (and their old names): the only ones whose scores
+# depend on them (eval.py LOCAL_SETTINGS).
+HELDOUT_TASKS = frozenset(local_task_names()) | frozenset(RENAMED)
 # Table rows and plot panels: bits per byte first (comparable across tokenizers), then the other
 # perplexities, then accuracies; other metrics after these, by name.
 METRIC_ORDER = ("bits_per_byte", "byte_perplexity", "word_perplexity", "acc", "acc_norm")
@@ -239,10 +243,13 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
         if "model" not in info and header.get("export"):
             info["model"] = header["export"]
         settings = info.get("settings")
-        if isinstance(settings, dict) and "heldout" not in settings and header.get("heldout"):
-            info["settings"] = {**settings, "heldout": header["heldout"]}
-        elif settings is None and "heldout" not in info and header.get("heldout"):
-            info["heldout"] = header["heldout"]  # scored before settings were recorded
+        # whose held-out documents: only a local task's scores read them (an own task's settings gained
+        # `heldout` from a later eval of a local task, and its steps read as other settings: R30a F4)
+        heldout = header.get("heldout") if task in HELDOUT_TASKS else None
+        if isinstance(settings, dict) and "heldout" not in settings and heldout:
+            info["settings"] = {**settings, "heldout": heldout}
+        elif settings is None and "heldout" not in info and heldout:
+            info["heldout"] = heldout  # scored before settings were recorded
         kept[task] = info
     old = {**old, GRISTMILL_TASKS: {**tasks, **kept}}
     out = {**old, **new}

@@ -533,6 +533,36 @@ def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(
     )
 
 
+def test_a_later_eval_of_a_local_task_gives_no_heldout_to_a_task_that_reads_none(tmp_path):
+    """A step's own task (own_ppl, not made of held-out documents) scored, then a local task of the step:
+    merging, the old header's `heldout` went into every old task's settings, own_ppl's too, and its
+    steps read as scored under other settings (eval.png: "heldout=? at 20; heldout=data at 40": review
+    R30a F4). Only a task that reads the held-out documents keeps its file's header's."""
+    from training.contract.eval_table import read_step_results, settings_of
+    from validation.eval import score_settings
+    from validation.eval_results import write_step_json
+
+    header = {"run": "r", "step": 4, "export": "e", "heldout": {"source": "data", "dataset": "d"}}
+    for step in (4, 8):
+        write_step_json(tmp_path, step, {
+            "results": {"own_ppl": {"bits_per_byte,none": 2.5}},
+            "gristmill_tasks": {"own_ppl": {"settings": score_settings(CFG, definition="abc")}},
+            "gristmill": {**header, "step": step},  # a header that names held-out documents (an older file's)
+        })  # fmt: skip
+    # an old file's local task, scored before settings were recorded, then a later eval of another
+    # local task on other held-out documents (the header replaced)
+    write_step_json(tmp_path, 8, {"results": {"heldout_cloze": {"acc,none": 0.5}}, "gristmill": header})
+    write_step_json(tmp_path, 8, {
+        "results": {"heldout_ppl": {"bits_per_byte,none": 2.0}},
+        "gristmill_tasks": {"heldout_ppl": {"settings": {"docs": 5}}},
+        "gristmill": {**header, "heldout": {"source": "other", "dataset": "o"}},
+    })  # fmt: skip
+    old, new = read_step_results(tmp_path, 4), read_step_results(tmp_path, 8)
+    assert settings_of(new, "own_ppl") == settings_of(old, "own_ppl"), settings_of(new, "own_ppl")
+    assert "heldout" not in settings_of(new, "own_ppl")
+    assert new["gristmill_tasks"]["heldout_cloze"]["heldout"] == header["heldout"]  # its documents kept
+
+
 def test_watch_goes_on_past_a_step_deleted_before_it_was_evaluated(
     built_dataset, tmp_path, monkeypatch, capsys
 ):
