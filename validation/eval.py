@@ -120,6 +120,7 @@ from validation.eval_results import (
     merge_results,
     metric_order,
     nonfinite_metrics,
+    renamed_task,
     write_plot,
     write_step_json,
 )
@@ -388,6 +389,21 @@ class TaskPlan:
         }
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self._files = self._watched()
+        # each planned group's or tag's members that are tasks of their own, by their own definition:
+        # what a member's scores record (they carried their group's, and a later eval of the member
+        # alone said it was "scored again under other settings" for a task nobody edited: R30a F2)
+        self.member_definitions = {
+            m: task_definition(self.task_manager, m)
+            for n in self.names
+            if n not in self.local
+            for m in self._members(n)
+            if m in self.task_manager.task_index
+        }
+        self.member_contents = {  # and the sha256 of the local files each reads, as a planned task's
+            m: files_sha256(paths) if paths else None
+            for m in self.member_definitions
+            for paths, _ in [task_data_files(self.task_manager, m)]
+        }
 
     def _watched(self) -> list[tuple[str, int, int, int, int]]:
         """The files under include_path and the tasks' data files, each as its name, mtime, ctime, inode
@@ -414,6 +430,26 @@ class TaskPlan:
         content's for one read from local files alone."""
         _, alone = self.data_files.get(name, ([], False))
         return local_data_cache(self.contents.get(name) if alone else None)
+
+    def _members(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        """Every task, group and tag a group or tag `name` scores, at every depth (none for a task)."""
+        found: set[str] = set()
+        for member in set(task_members(self.task_manager, name) or ()) - seen:
+            found |= {member} | self._members(member, seen | {name, member})
+        return found
+
+    def overridden(self, name: str) -> dict[str, str]:
+        """{member: the group that overrides it} of group or tag `name`: the tasks of their own (in the
+        task index) that a group under it lists with overrides (`- task: my_ll` with another
+        doc_to_text), at every depth. Their scores are another task's than the member's own: they are
+        recorded as `GROUP::member` (`renamed_task`), lm-eval's own name of a group's task."""
+        index = self.task_manager.task_index
+        return {
+            member: group
+            for group in sorted({name} | self._members(name))
+            for member in sorted(inline_members(self.task_manager, group))
+            if member in index
+        }
 
     def forget_documents(self) -> None:
         """Read the tasks' documents again at the next documents_sha256 (after each planned name's marks)."""
@@ -597,9 +633,15 @@ def evaluate_lm(
                 n_shot=results.get("n-shot", {}),  # what each (sub)task was scored with
             )
             # a group's members were scored under its settings: each says so itself (one member of two
-            # groups scored one after the other took the other group's: review R25f 1)
+            # groups scored one after the other took the other group's: review R25f 1), with its own
+            # definition where it is a task of its own scored as it is (R30a F2)
+            overridden = plan.overridden(name) if name not in plan.local else {}
             for member in results.get("results", {}):
-                tasks.setdefault(member, {}).setdefault("settings", settings)
+                own = None if member in overridden else plan.member_definitions.get(member)
+                mine = (
+                    settings if own is None else score_settings(cfg, None, own, plan.member_contents[member])
+                )
+                tasks.setdefault(member, {}).setdefault("settings", mine)
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark
@@ -607,6 +649,10 @@ def evaluate_lm(
             # (a data file replaced during a watch or a training run: R23g S1, R23h S3)
             plan.forget_documents()
             results[GRISTMILL_TASKS] = tasks
+            # a member a group overrides is another task than the one of its name: recorded under its
+            # group's, never in the place of the task's own scores (R30a F2)
+            for member, group in overridden.items():
+                renamed_task(results, member, f"{group}::{member}")
             if on_task is not None:
                 on_task(results)
             merged = merge_results(merged, results)

@@ -259,6 +259,17 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def renamed_task(results: dict[str, Any], old: str, new: str) -> None:
+    """Task `old` of an lm-eval results dict named `new` in every per-task section and group's list
+    (in place): a group's member scored with the group's overrides (eval.py TaskPlan.overridden)."""
+    for key in _PER_TASK_KEYS:
+        section = results.get(key)
+        if isinstance(section, dict) and old in section:
+            section[new] = section.pop(old)
+    for group, subtasks in results.get("group_subtasks", {}).items():
+        results["group_subtasks"][group] = [new if t == old else t for t in subtasks]
+
+
 def metric_order(rows: list[dict[str, Any]]) -> Callable[[dict[str, Any]], tuple]:
     """Sort key for eval.parquet rows: by step, tasks by their first metric in METRIC_ORDER (a
     perplexity task before an accuracy one), metrics in METRIC_ORDER within a task."""
@@ -382,8 +393,10 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
 def replaced_settings(old: dict[str, Any], new: dict[str, Any]) -> str:
     """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
     settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
-    none (a group's members go with their group)."""
-    members = {m for subs in new.get("group_subtasks", {}).values() for m in subs}
+    none. A group's members go with their group where `old` holds them as that group's too; scores of
+    the task alone or of another group's that a group's replaces are named (R30a F2: none was)."""
+    was_in = old.get("group_subtasks", {})
+    members = {m for g, subs in new.get("group_subtasks", {}).items() for m in subs if m in was_in.get(g, ())}
     parts = []
     for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members):
         was, now = _parsed(settings_of(old, task)), _parsed(settings_of(new, task))

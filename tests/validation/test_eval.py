@@ -499,7 +499,8 @@ def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(
     """An offline `gristmill eval RUN --step 4` (docs 40) replaced the in-training eval's scores of the
     step (docs 10) in results.json and eval.parquet, saying nothing, while metrics.jsonl kept the old
     ones (review R26d F2): one line names the step, the task and the settings replaced. Scored again
-    under the same settings, or a task the step had not, nothing is said; a group's members go with it."""
+    under the same settings, or a task the step had not, nothing is said; a group's members go with it
+    where the step held them as its members."""
     from validation.eval import HeldOut, score_settings
     from validation.eval_results import write_step_json
 
@@ -526,6 +527,11 @@ def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(
         f"(limit 0 → 5); these scores replace those in {eval_dir(tmp_path, 4) / 'results.json'} and "
         "eval.parquet (metrics.jsonl keeps any the training run logged)"
     ) in out
+    # a member scored alone, then by its group under other settings: named (R30a F2: it went with the group)
+    scored(["mmlu_b"], EvalConfig())
+    both = {"mmlu": ["mmlu_a", "mmlu_b"]}
+    scored(["mmlu", "mmlu_a", "mmlu_b"], EvalConfig(docs=40, limit=5), groups=both)
+    assert "under other settings: mmlu_b (limit 0 → 5); these" in capsys.readouterr().out
     scored(["heldout_ppl"], EvalConfig(docs=10), merged=True)
     scored(["heldout_ppl"], EvalConfig(docs=40), merged=True)
     assert "note: step 4 (merged weights) scored again under other settings: heldout_ppl (docs 10 → 40)" in (
@@ -1561,6 +1567,59 @@ def test_a_member_of_two_groups_says_the_settings_that_scored_it(eval_run, tmp_p
     rows = {r["task"]: r for r in pq.read_table(run / "eval.parquet").to_pylist()}
     assert rows["own_mc"]["samples"] == 3 and "limit=3," in rows["own_mc"]["settings"], rows["own_mc"]
     assert "limit=6," in rows["g_two"]["settings"]
+
+
+def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own_scores(
+    eval_run, tmp_path, capfd
+):
+    """own_mc scored, then a group whose member is `- task: own_mc` with another doc_to_text: the
+    override's scores were recorded as own_mc, replacing the task's own in results.json and eval.parquet,
+    exit 0, no note; `--tasks own_mc,ovr` gave the override's number under own_mc's name; and a group
+    without overrides recorded own_mc under the group's definition, so a later watch of own_mc said
+    "scored again under other settings" of a task nobody edited (review R30a F2). The override's
+    scores are `ovr::own_mc`'s (lm-eval's name of a group's task); a member scored as it is records
+    its own definition."""
+    import pyarrow.parquet as pq
+
+    from pipelines.cli import main
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    (tasks / "ovr.yaml").write_text(
+        'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n'
+        "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
+    )
+    (tasks / "plain.yaml").write_text(
+        "group: plain\ntask:\n  - own_mc\naggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
+    )
+    results = eval_dir(run, 5) / "results.json"
+
+    def recorded() -> tuple[dict, dict]:
+        rows = {r["task"]: r for r in pq.read_table(run / "eval.parquet").to_pylist() if r["metric"] == "acc"}
+        return json.loads(results.read_text()), rows
+
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks)]) == 0
+    own, rows = recorded()
+    alone = rows["own_mc"]
+    for names in ("ovr", "own_mc,ovr"):
+        capfd.readouterr()
+        assert main(["eval", str(run), "--step", "5", *_own_args(tasks, names)]) == 0
+        assert "scored again" not in capfd.readouterr().out
+        got, rows = recorded()
+        assert rows["own_mc"] == alone, names  # the task's own scores, as scored alone
+        assert got["configs"]["own_mc"]["doc_to_text"] == "{{context}}"
+        assert got["configs"]["ovr::own_mc"]["doc_to_text"] == "zzz zzz {{context}}"
+        assert got["group_subtasks"]["ovr"] == ["ovr::own_mc"]
+        assert rows["ovr::own_mc"]["settings"] == rows["ovr"]["settings"] != alone["settings"]
+    # a group that scores own_mc as it is: own_mc's own definition, done for a watch of own_mc alone
+    assert main(["eval", str(run), "--step", "5", *_own_args(tasks, "plain")]) == 0
+    assert recorded()[1]["own_mc"]["settings"] == alone["settings"]
+    capfd.readouterr()
+    assert (
+        main(["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]) == 0
+    )
+    out, err = capfd.readouterr()
+    assert "scored again" not in out and "[eval] step 5 own_mc" not in err, (out, err)
 
 
 def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
