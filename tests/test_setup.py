@@ -19,11 +19,12 @@ pytestmark = pytest.mark.process
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _wheel(folder: Path, name: str, version: str, python: str = "py3") -> None:
+def _wheel(folder: Path, name: str, version: str, python: str = "py3", code: str = "") -> None:
     """An empty pure-Python wheel for `python` (a tag such as py3 or py310): enough for a resolver to
     pick a version, and an installer a file."""
     dist = f"{name}-{version}.dist-info"
     files = {
+        f"{name}.py": code,
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
         f"{dist}/WHEEL": f"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: {python}-none-any\n",
     }
@@ -33,13 +34,13 @@ def _wheel(folder: Path, name: str, version: str, python: str = "py3") -> None:
         wheel.writestr(f"{dist}/RECORD", "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"]))
 
 
-def _index(folder: Path, *versions: str, python: str = "py3") -> str:
+def _index(folder: Path, *versions: str, python: str = "py3", code: str = "") -> str:
     """A simple (PEP 503) index on disk holding gristmill-probe at `versions` (wheels for `python`);
     its URL."""
     project = folder / "simple" / "gristmill-probe"
     project.mkdir(parents=True)
     for version in versions:
-        _wheel(project, "gristmill_probe", version, python)
+        _wheel(project, "gristmill_probe", version, python, code)
     links = "".join(f'<a href="{w.as_uri()}">{w.name}</a>\n' for w in sorted(project.glob("*.whl")))
     (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
     return (folder / "simple").as_uri()
@@ -108,22 +109,27 @@ from uv_install import not_as_pip, uv_command
 uv, env, indexes = uv_command()
 import subprocess
 subprocess.run([*uv, "-q", "--no-deps", "--target", sys.argv[2], "gristmill-probe==1.0"], env=env, check=True)
-print(indexes, sorted(not_as_pip(Path(sys.argv[2]), 1, ["gristmill-probe==1.0"])))
+print(indexes, sorted(not_as_pip(Path(sys.argv[2]), ["gristmill-probe==1.0"], 1)))
 """
 
 
-@pytest.mark.parametrize("mirror_first", [False, True])
-def test_a_version_whose_wheels_differ_between_indexes_is_found_for_pip_to_install(tmp_path, mirror_first):
+@pytest.mark.parametrize("case", ["older wheel first", "older wheel second", "same name, other bytes"])
+def test_a_version_whose_files_differ_between_indexes_is_found_for_pip_to_install(tmp_path, case):
     """uv reads a version's files from the first index listing it, pip takes the best of all: a mirror
     holding a version's wheel for an older Python only (this machine's mirror holds multiprocess
     0.70.19 for py310 alone, whose code breaks on 3.11: every build under uv failed) gave uv that
-    wheel, as pip's index or as an extra one, whichever index came first for the other order (review
-    RV30a F1). The install with another index first finds the version, which pip then installs; where
-    both indexes hold the same file, nothing is found."""
+    wheel, as pip's index or as an extra one, whichever index came first (review RV30a F1); a private
+    index's rebuild under the public file's name, uv the first index's (RV30a B, RV30b F4: the bytes
+    compared, not RECORD's claims). The install with another index first finds the version, which pip
+    then installs; where both indexes hold the same file, nothing is found."""
     pytest.importorskip("uv", reason="a venv made before make setup installed uv")
     own = f"py{sys.version_info.major}{sys.version_info.minor}"
-    index, mirror = _index(tmp_path / "i", "1.0", python=own), _index(tmp_path / "m", "1.0", python="py30")
-    first, extra = (mirror, index) if mirror_first else (index, mirror)
+    index = _index(tmp_path / "i", "1.0", python=own)
+    if case == "same name, other bytes":
+        first, extra = index, _index(tmp_path / "m", "1.0", python=own, code="PRIVATE = True\n")
+    else:
+        mirror = _index(tmp_path / "m", "1.0", python="py30")
+        first, extra = (mirror, index) if case == "older wheel first" else (index, mirror)
     same = _index(tmp_path / "s", "1.0", python=own)
     shutil.copy(next((tmp_path / "i").rglob("*.whl")), next((tmp_path / "s").rglob("*.whl")))
     for settings, found in (

@@ -1,17 +1,22 @@
 """`make setup`'s install after torch, by uv, as pip would make it: `python tools/uv_install.py ARGS`
 runs `uv pip install ARGS` for this interpreter with pip's own settings, then checks that each
-distribution installed is the file pip would take, reinstalling by pip any that is not.
+distribution uv installed is the file pip would take, reinstalling by pip any that may not be. It
+exits non-zero on any failure, pip settings uv has no equivalent of included (the Makefile then makes
+the venv again with pip alone: a venv uv filled that pip completes would keep uv's files unchecked,
+review RV30b F1).
 
-Why a check: uv reads a version's files from the first index that lists it, where pip takes the best
-file of all indexes (astral-sh/uv#12123). A version whose wheels are split between indexes (this
-machine's mirror holds multiprocess 0.70.19 for py310 alone: its code breaks on 3.11) or that one
-index has only as an sdist is then installed otherwise than by pip, and nothing says so. The check
-installs the same versions again (no dependencies, into scratch folders, from uv's cache) with each of
-pip's indexes first: where every order gives the same files, whichever index lists a version offers the
-same best file, which is therefore pip's."""
+Why a check: uv reads a version's files from the first index (or find-links location) that lists it,
+where pip takes the best file of them all (astral-sh/uv#12123). A version whose wheels are split
+between indexes (this machine's mirror holds multiprocess 0.70.19 for py310 alone: its code breaks on
+3.11), that one index has only as an sdist, or that a private index rebuilt under the same name, is
+then installed otherwise than by pip, and nothing says so. The check installs the same versions again
+(no dependencies, into scratch folders, from uv's cache) with each of pip's indexes first and once
+without pip's find-links: where every order installs the same bytes, whichever place lists a version
+offers the same best file, which is therefore pip's."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -25,28 +30,35 @@ OWN_FILES = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json", "uv_cache.js
 OUTSIDE = ("bin/", "share/", "include/", "etc/")
 
 
-def uv_command(first: int = 0) -> tuple[list[str], dict[str, str], int]:
+def uv_command(first: int = 0, find_links: bool = True) -> tuple[list[str], dict[str, str], int]:
     """`uv pip install` for this interpreter with pip's settings (its config files and PIP_*
-    variables), pip's index `first` of its indexes [index_url, *extra_index_urls] put first; the
-    command, its environment and how many indexes there are.
+    variables), pip's index `first` of its indexes [index_url, *extra_index_urls] put first, pip's
+    find-links left out unless `find_links`; the command, its environment and how many indexes there
+    are.
 
     Only pip's settings choose what is installed: uv's own config files (--no-config) and UV_*
     variables set for other projects (an extra index, a lowest resolution) are left out but for where
     its cache lives and how it links and downloads; the indexes go in its environment, not its command
     line, where a password in an index URL would show in `ps` (review RV28d). unsafe-best-match takes
-    the newest version of any index, as pip does; uv puts extra indexes before its default one."""
+    the newest version of any index, as pip does."""
     from pip._internal.commands import create_command
 
     o, _ = create_command("install").parse_args([])
+    if o.prefer_binary or o.require_hashes:  # (RV30b F3)
+        sys.exit(f"pip's {'prefer-binary' if o.prefer_binary else 'require-hashes'} has no uv equivalent")
     args = ["--no-config", "--index-strategy", "unsafe-best-match"]
-    args += [x for u in o.find_links for x in ("--find-links", u)]
+    args += [x for u in o.find_links if find_links for x in ("--find-links", u)]
     args += [x for u in o.constraints for x in ("--constraint", u)]
     args += [x for h in o.trusted_hosts for x in ("--allow-insecure-host", h)]
+    args += [x for n in sorted(o.format_control.no_binary) for x in ("--no-binary", n)]
+    args += [x for n in sorted(o.format_control.only_binary) for x in ("--only-binary", n)]
     args += ["--no-index"] * o.no_index + ["--prerelease=allow"] * o.pre
     indexes = [o.index_url, *o.extra_index_urls]
     indexes = indexes[first:] + indexes[:first]
     env = {k: v for k, v in os.environ.items() if not k.startswith("UV_") or k in UV_KEPT}
     env = {"UV_HTTP_TIMEOUT": str(round(o.timeout)), **env}
+    # uv puts extra indexes before its default one, in their order: all of them as extra, the first
+    # the one asked for (the default, its last, then changes nothing)
     env |= {"UV_INDEX_URL": indexes[-1], "UV_EXTRA_INDEX_URL": " ".join(indexes)}
     env |= {"SSL_CERT_FILE": o.cert} if o.cert else {}
     env |= {"HTTP_PROXY": o.proxy, "HTTPS_PROXY": o.proxy} if o.proxy else {}
@@ -54,54 +66,63 @@ def uv_command(first: int = 0) -> tuple[list[str], dict[str, str], int]:
     return uv, env, 1 if o.no_index else len(indexes)
 
 
-def installed(site: Path) -> dict[str, tuple[str, frozenset, frozenset]]:
-    """{name: (version, the files its wheel put and their hashes, its wheel's tags)} of the
-    distributions in `site` installed from an index (not an editable or a local path's:
-    direct_url.json)."""
+def installed(site: Path, by_uv: bool = False) -> dict[str, tuple[str, frozenset, frozenset]]:
+    """{name: (version, its wheel's files inside site-packages and the sha256 of their bytes as
+    installed, its wheel's tags)} of the distributions in `site` installed from an index (not an
+    editable or a local path's: direct_url.json); `by_uv`: those uv installed alone. The bytes, not
+    RECORD's claims: a wheel's RECORD may be another's copy (RV30b F4)."""
     found = {}
     for info in site.glob("*.dist-info"):
         if (info / "direct_url.json").exists() or not (info / "RECORD").exists():
             continue
-        headers = (info / "METADATA").read_text(errors="replace").split("\n\n", 1)[0].splitlines()
+        if by_uv and _read(info / "INSTALLER").strip() != "uv":
+            continue
+        headers = _read(info / "METADATA").split("\n\n", 1)[0].splitlines()
         meta = {k: v.strip() for k, _, v in reversed([line.partition(":") for line in headers])}
         files = set()
-        for line in (info / "RECORD").read_text().splitlines():
-            path, digest = line.rsplit(",", 2)[:2]
+        for line in _read(info / "RECORD").splitlines():
+            path = line.rsplit(",", 2)[0]
             # (a wheel's scripts and data files: ../../../bin/, share/ … in a venv, bin/, share/ … in a
             # --target folder; the scripts written per installer)
-            if not (
-                path.startswith(("..", *OUTSIDE)) or "__pycache__" in path or Path(path).name in OWN_FILES
-            ):
-                files.add((path, digest))
-        wheel = (info / "WHEEL").read_text() if (info / "WHEEL").exists() else ""
-        tags = [line for line in wheel.splitlines() if line.startswith("Tag:")]
-        found[meta["Name"].lower().replace("_", "-")] = (meta["Version"], frozenset(files), frozenset(tags))
+            if path.startswith(("..", *OUTSIDE)) or "__pycache__" in path or Path(path).name in OWN_FILES:
+                continue
+            with open(site / path, "rb") as f:
+                files.add((path, hashlib.file_digest(f, "sha256").hexdigest()))
+        tags = frozenset(line for line in _read(info / "WHEEL").splitlines() if line.startswith("Tag:"))
+        found[meta["Name"].lower().replace("_", "-")] = (meta["Version"], frozenset(files), tags)
     return found
 
 
-def not_as_pip(site: Path, first: int, pins: list[str]) -> set[str]:
-    """The pins (name==version) whose files, installed with pip's index `first` first, differ from
-    those in `site`."""
-    uv, env, _ = uv_command(first)
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def not_as_pip(site: Path, pins: list[str], first: int, find_links: bool = True) -> set[str]:
+    """The pins (name==version) whose files, installed with pip's index `first` first (and its
+    find-links, or not), differ from those in `site`."""
+    uv, env, _ = uv_command(first, find_links)
+    ours = installed(site)
     with tempfile.TemporaryDirectory() as scratch:
-        cmd = [*uv, "-q", "--no-deps", "--target", scratch, *pins]
-        subprocess.run(cmd, env=env, check=True)
-        theirs, ours = installed(Path(scratch)), installed(site)
+        subprocess.run([*uv, "-q", "--no-deps", "--target", scratch, *pins], env=env, check=True)
+        theirs = installed(Path(scratch))
     return {f"{n}=={same[0]}" for n, same in theirs.items() if ours.get(n) != same}
 
 
 def main(argv: list[str]) -> int:
     uv, env, indexes = uv_command()
     subprocess.run([*uv, *argv], env=env, check=True)
-    if "--dry-run" in argv:  # nothing installed, nothing to check
+    if "--dry-run" in argv or "--target" in argv:  # nothing installed here, nothing to check
         return 0
     site = Path(next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)))
-    pins = [f"{n}=={v}" for n, (v, *_) in installed(site).items() if n not in ("torch", "uv")]
-    differ = set().union(*(not_as_pip(site, k, pins) for k in range(1, indexes)))
+    pins = [f"{n}=={v}" for n, (v, *_) in installed(site, by_uv=True).items()]
+    orders = [(k, True) for k in range(1, indexes)] + [(0, False)] * bool(
+        uv_command()[0].count("--find-links")
+    )
+    differ = set().union(*(not_as_pip(site, pins, k, links) for k, links in orders))
     if differ:
         print(
-            f"the indexes offer other files of {', '.join(sorted(differ))} (uv took the first index's, "
-            "pip takes the best of all): reinstalling them with pip",
+            f"other files of {', '.join(sorted(differ))} lie on pip's indexes (uv takes the first place's, "
+            "pip the best of all): reinstalling them with pip",
             flush=True,
         )
         pip = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", "--force-reinstall"]
@@ -110,4 +131,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"uv_install: {' '.join(map(str, e.cmd[:6]))} … exited {e.returncode}")
