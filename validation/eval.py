@@ -1116,7 +1116,8 @@ def evaluated(
     before they were counts as done under any) and, where `definitions` (TaskPlan.definitions) are
     given, of the same task definitions and `contents`, the digests of the local files they read
     (`_as_now`: one recorded before them counts as the same); a tag's scores are its members'
-    (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review R30a F3). The
+    (`scored_as`, TaskPlan.scored_as: lm-eval records no tag: review R30a F3), each under its own
+    definition and contents where these hold its name (a member scored as it is records its own). The
     `local` tasks' must be of `heldout`'s documents (`HeldOut.scored`: recorded before it was per task,
     the file's header says whose, kept per task when a later eval replaces the header,
     eval_results.merge_results)."""
@@ -1126,9 +1127,10 @@ def evaluated(
 
     def same(name: str, planned: str) -> bool:  # `name`'s scores, as planned name `planned` makes them
         info = tasks.get(name, {})
-        definition = (definitions or {}).get(planned)
+        key = name if name in (definitions or {}) else planned  # a tag's member: its own definition
+        definition = (definitions or {}).get(key)
         if name not in local or heldout is None:
-            want = score_settings(cfg, definition=definition, documents=(contents or {}).get(planned))
+            want = score_settings(cfg, definition=definition, documents=(contents or {}).get(key))
             got = _as_now(info, want) or want  # no settings: done under any
             return {k: v for k, v in got.items() if k in want} == want
         want = {k: v for k, v in score_settings(cfg, heldout, definition).items() if k != "heldout"}
@@ -1161,8 +1163,8 @@ def evaluate_missing(
             plan.local,
             plan.heldout,
             cfg,
-            plan.definitions,
-            plan.contents,
+            {**plan.member_definitions, **plan.definitions},  # a tag's members record their own (R30a F2)
+            {**plan.member_contents, **plan.contents},
             plan.scored_as,
         ):
             try:
