@@ -6,12 +6,17 @@ computing them at once on a box with few cores wait minutes. `shared()` lets the
 (a file lock decides which) compute and save the table under the cache directory, keyed by
 everything it depends on; the others wait on the lock, then memory-map the saved arrays (one
 page-cache copy, like the index). Any trouble — a read-only home, a damaged entry — falls back to
-computing in-process, with a warning: the cache can make an open slower, never wrong.
+computing in-process, with a warning: the cache can make an open slower, never wrong. An entry's files
+are checked against the sha256 saved beside them at every load: an array's shape and its totals do not
+tell a damaged entry (two blocks of an epoch's order swapped read a whole epoch in another order, exit 0:
+review R30b F2).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -26,6 +31,7 @@ from training.contract.object_store import user_cache_dir
 log = logging.getLogger("training.data.loader")
 T = TypeVar("T")
 MIN_DOCS = 1 << 24  # below ~16M documents the tables take < 1 s: no cache files
+DIGESTS = "sha256.json"  # each file of an entry's sha256, written with it
 
 
 def cache_dir() -> Path:
@@ -62,6 +68,7 @@ def shared(
         return compute()
     with lock:
         try:
+            _check(path)
             return load(path)
         except (OSError, ValueError) as e:
             if path.exists():
@@ -73,9 +80,27 @@ def shared(
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir()
             save(table, tmp)
+            (tmp / DIGESTS).write_text(json.dumps(_digests(tmp)))
             os.replace(tmp, path)
             return load(path)
         except (OSError, ValueError) as e:  # a full or read-only disk: keep the table computed here
             shutil.rmtree(tmp, ignore_errors=True)
             log.warning("loader: cannot save %s to %s (%s); using it unshared", kind, path, e)
             return table
+
+
+def _digests(entry: Path) -> dict[str, str]:
+    """{file name: sha256} of an entry's files."""
+    found = {}
+    for f in sorted(entry.iterdir()):
+        if f.name != DIGESTS:
+            with open(f, "rb") as data:
+                found[f.name] = hashlib.file_digest(data, "sha256").hexdigest()
+    return found
+
+
+def _check(entry: Path) -> None:
+    """OSError where the entry or its record is missing (an entry of an older version has none),
+    ValueError where its files are not the ones saved."""
+    if json.loads((entry / DIGESTS).read_text()) != _digests(entry):
+        raise ValueError("its files are not the ones saved (their sha256 differ)")
