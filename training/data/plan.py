@@ -208,16 +208,20 @@ class Plan:
             self.first_step.append(self.first_step[-1] + ph.steps)
         last = self.phases[-1].steps
         self.total_steps = None if last is None else self.first_step[-1] + last
-        for ph in self.phases:
+        for p, ph in enumerate(self.phases):
             if len(ph.weights) != len(self.sources) or sum(ph.weights) <= 0:
                 raise PlanError(f"phase {ph.name!r} gives no source a positive weight")
             for i, a in enumerate(ph.weights):
                 if 0 < a and ph.global_batch * a < sum(ph.weights):
+                    # the share it needs, 1/global_batch, in the units the mix is written in: a weight
+                    # of the others' sum ÷ (global_batch − 1) (the share alone was read as the weight
+                    # to write, which a mix not summing to 1 refused again: trial R30b F3)
+                    b, batch = ph.global_batch, self.key_of(p, "global_batch")
+                    fix = f"its weight to at least the others' weights summed ÷ {b - 1}, or {batch}"
                     raise PlanError(
-                        f"phase {ph.name!r} gives source {self.sources[i].name!r} weight "
-                        f"{a / sum(ph.weights):.4g}: {ph.global_batch * a / sum(ph.weights):.3g} windows per "
-                        f"step of {ph.global_batch}, fewer than one; raise its weight to ≥ "
-                        f"{1 / ph.global_batch:.4g}, or the global batch"
+                        f"phase {ph.name!r} ({self.key_of(p, 'mix')}) gives source {self.sources[i].name!r} "
+                        f"{a / sum(ph.weights):.4g} of its mix: {b * a / sum(ph.weights):.3g} windows per "
+                        f"step of {b}, fewer than one; raise {fix if b > 1 else batch}"
                     )
         self._start: list[list[tuple[int, int]]] = []  # per phase, per source: (epoch, offset)
 

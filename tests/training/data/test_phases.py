@@ -90,12 +90,16 @@ def test_shares_stay_within_one_window_and_never_decrease():
         assert (cum >= prev).all()
         prev = cum
     assert data_plan.integer_weights([0.8, 0.15, 0.05]) == (16, 3, 1)
-    with pytest.raises(PlanError, match="fewer than one"):  # 0.4 windows per step: refused
-        Plan(
-            [Source("a", "", "a", 10**9, 1), Source("b", "", "b", 10**9, 1)],
-            [Phase("p", 4, 64, 8, (19, 1))],
-            0,
-        )
+    two = [Source("a", "", "a", 10**9, 1), Source("b", "", "b", 10**9, 1)]
+    # 0.4 windows per step: refused, with the weight to write in the mix's own units, the others' sum
+    # ÷ 7 (it said "raise its weight to ≥ 0.125", the share, which a mix not summing to 1 refused
+    # again: trial R30b F3); that weight is taken, a little less is not
+    advice = r"raise its weight to at least the others' weights summed ÷ 7, or phase\[0\]\.global_batch"
+    with pytest.raises(PlanError, match=r"gives source 'b' 0\.05 of its mix: 0\.4 windows .*" + advice):
+        Plan(two, [Phase("p", 4, 64, 8, (19, 1))], 0)
+    Plan(two, [Phase("p", 4, 64, 8, (21, 3))], 0)  # 21 ÷ 7 = 3: one window a step
+    with pytest.raises(PlanError, match="fewer than one"):
+        Plan(two, [Phase("p", 4, 64, 8, (22, 3))], 0)
 
 
 def test_a_one_source_plan_is_the_single_dataset_order():
