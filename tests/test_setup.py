@@ -105,11 +105,11 @@ _CHECK = """
 import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from uv_install import not_as_pip, uv_command
+from uv_install import installed, not_as_pip, uv_command
 uv, env, indexes = uv_command()
 import subprocess
 subprocess.run([*uv, "-q", "--no-deps", "--target", sys.argv[2], "gristmill-probe==1.0"], env=env, check=True)
-print(indexes, sorted(not_as_pip(Path(sys.argv[2]), ["gristmill-probe==1.0"], 1)))
+print(indexes, sorted(not_as_pip(installed(Path(sys.argv[2])), ["gristmill-probe==1.0"], 1)))
 """
 
 

@@ -67,10 +67,12 @@ def uv_command(first: int = 0, find_links: bool = True) -> tuple[list[str], dict
 
 
 def installed(site: Path, by_uv: bool = False) -> dict[str, tuple[str, frozenset, frozenset]]:
-    """{name: (version, its wheel's files inside site-packages and the sha256 of their bytes as
-    installed, its wheel's tags)} of the distributions in `site` installed from an index (not an
-    editable or a local path's: direct_url.json); `by_uv`: those uv installed alone. The bytes, not
-    RECORD's claims: a wheel's RECORD may be another's copy (RV30b F4)."""
+    """{name: (version, its wheel's files inside site-packages and their hashes, its wheel's tags)}
+    of the distributions in `site` installed from an index (not an editable or a local path's:
+    direct_url.json); `by_uv`: those uv installed alone. A file's hash is RECORD's, the sha256 of its
+    bytes where RECORD gives none (a wheel whose RECORD lists no hashes compared equal to any other:
+    RV30b F4; hashing every file of ~200 distributions took ~14 s a tree, and both installers keep
+    RECORD's hashes as the wheel gave them, so a rebuild's other bytes show as other hashes)."""
     found = {}
     for info in site.glob("*.dist-info"):
         if (info / "direct_url.json").exists() or not (info / "RECORD").exists():
@@ -81,27 +83,41 @@ def installed(site: Path, by_uv: bool = False) -> dict[str, tuple[str, frozenset
         meta = {k: v.strip() for k, _, v in reversed([line.partition(":") for line in headers])}
         files = set()
         for line in _read(info / "RECORD").splitlines():
-            path = line.rsplit(",", 2)[0]
+            path, digest = line.rsplit(",", 2)[:2]
             # (a wheel's scripts and data files: ../../../bin/, share/ … in a venv, bin/, share/ … in a
             # --target folder; the scripts written per installer)
             if path.startswith(("..", *OUTSIDE)) or "__pycache__" in path or Path(path).name in OWN_FILES:
                 continue
-            with open(site / path, "rb") as f:
-                files.add((path, hashlib.file_digest(f, "sha256").hexdigest()))
+            if not digest:
+                with open(site / path, "rb") as f:
+                    digest = "sha256=" + hashlib.file_digest(f, "sha256").hexdigest()
+            files.add((path, digest))
         tags = frozenset(line for line in _read(info / "WHEEL").splitlines() if line.startswith("Tag:"))
         found[meta["Name"].lower().replace("_", "-")] = (meta["Version"], frozenset(files), tags)
     return found
+
+
+def _links_may_hold(uv: list[str], ours: dict) -> bool:
+    """Whether pip's find-links may list a distribution uv installed: a URL may; a folder (this
+    machine's holds torch alone, installed by pip before uv) where a file is named for one. Then the
+    check installs once more without them (uv takes their file before any index's: RV30b F2)."""
+    for place in (uv[i + 1] for i, arg in enumerate(uv) if arg == "--find-links"):
+        folder = Path(place.removeprefix("file://"))
+        if not folder.is_dir():
+            return True
+        if {f.name.split("-")[0].lower().replace("_", "-") for f in folder.iterdir()} & ours.keys():
+            return True
+    return False
 
 
 def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-def not_as_pip(site: Path, pins: list[str], first: int, find_links: bool = True) -> set[str]:
+def not_as_pip(ours: dict, pins: list[str], first: int, find_links: bool = True) -> set[str]:
     """The pins (name==version) whose files, installed with pip's index `first` first (and its
-    find-links, or not), differ from those in `site`."""
+    find-links, or not), differ from `ours` (`installed` of the venv)."""
     uv, env, _ = uv_command(first, find_links)
-    ours = installed(site)
     with tempfile.TemporaryDirectory() as scratch:
         subprocess.run([*uv, "-q", "--no-deps", "--target", scratch, *pins], env=env, check=True)
         theirs = installed(Path(scratch))
@@ -114,11 +130,10 @@ def main(argv: list[str]) -> int:
     if "--dry-run" in argv or "--target" in argv:  # nothing installed here, nothing to check
         return 0
     site = Path(next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)))
-    pins = [f"{n}=={v}" for n, (v, *_) in installed(site, by_uv=True).items()]
-    orders = [(k, True) for k in range(1, indexes)] + [(0, False)] * bool(
-        uv_command()[0].count("--find-links")
-    )
-    differ = set().union(*(not_as_pip(site, pins, k, links) for k, links in orders))
+    ours = installed(site, by_uv=True)
+    pins = [f"{n}=={v}" for n, (v, *_) in ours.items()]
+    orders = [(k, True) for k in range(1, indexes)] + [(0, False)] * _links_may_hold(uv, ours)
+    differ = set().union(*(not_as_pip(ours, pins, k, links) for k, links in orders))
     if differ:
         print(
             f"other files of {', '.join(sorted(differ))} lie on pip's indexes (uv takes the first place's, "
