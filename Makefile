@@ -33,9 +33,10 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 # (astral-sh/uv#4466): there it would put a second torch, pip's default CUDA build, in the venv and
 # shadow the interpreter's numpy and the rest, so such a venv is filled by pip, which keeps what
 # satisfies the package. Where uv or the check fails (a mirror without uv, pip settings uv has no
-# equivalent of, an index without a version the check asks for), the venv is made again with pip alone:
-# pip completing a venv uv filled would keep uv's files unchecked (review RV30b F1). INSTALLER=pip
-# chooses pip (a venv made already: `rm -rf .venv` first; the stamp knows nothing of the installer).
+# equivalent of, an index without a version the check asks for), pip completes the install and then
+# installs again every distribution uv installed (completing alone kept uv's files unchecked: review
+# RV30b F1). INSTALLER=pip chooses pip (a venv made already: `rm -rf .venv` first; the stamp knows
+# nothing of the installer).
 UV_VERSION := 0.13.9
 INSTALLER ?= uv
 
@@ -57,8 +58,9 @@ $(STAMP): pyproject.toml
 	elif [ "$(INSTALLER)" = pip ]; then echo "installing with pip (INSTALLER=pip)"; \
 	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
 	else echo "installing with uv"; { $(PY) -m pip install -q --no-compile uv==$(UV_VERSION) && \
-	  $(PY) tools/uv_install.py -q -e "$(EXTRAS)"; } || { echo "uv's install failed (above): again with pip"; \
-	  rm -rf $(VENV) && $(MAKE) --no-print-directory $(STAMP) INSTALLER=pip; }; fi
+	  $(PY) tools/uv_install.py -q -e "$(EXTRAS)"; } || { echo "uv's install or its check failed (above): \
+	pip installs, and installs again what uv installed"; $(PY) -m pip install -q --no-compile -e "$(EXTRAS)" && \
+	  $(PY) tools/uv_install.py --by-pip; }; fi
 	@echo "writing the bytecode of what gristmill imports"; \
 	  env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)" 2>$(VENV)/warm-imports.log || \
 	  { cat $(VENV)/warm-imports.log; exit 1; }

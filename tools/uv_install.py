@@ -1,9 +1,10 @@
 """`make setup`'s install after torch, by uv, as pip would make it: `python tools/uv_install.py ARGS`
 runs `uv pip install ARGS` for this interpreter with pip's own settings, then checks that each
 distribution uv installed is the file pip would take, reinstalling by pip any that may not be. It
-exits non-zero on any failure, pip settings uv has no equivalent of included (the Makefile then makes
-the venv again with pip alone: a venv uv filled that pip completes would keep uv's files unchecked,
-review RV30b F1).
+exits non-zero on any failure, pip settings uv has no equivalent of included; the Makefile's pip then
+completes the install and `tools/uv_install.py --by-pip` installs again by pip every distribution uv
+installed (pip completing a venv uv filled kept uv's files unchecked: review RV30b F1; removing the
+venv and starting over lost a working one, and `make -n` ran it: RV30d G2, G4).
 
 Why a check: uv reads a version's files from the first index (or find-links location) that lists it,
 where pip takes the best file of them all (astral-sh/uv#12123). A version whose wheels are split
@@ -16,6 +17,7 @@ offers the same best file, which is therefore pip's."""
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import os
 import subprocess
@@ -82,8 +84,7 @@ def installed(site: Path, by_uv: bool = False) -> dict[str, tuple[str, frozenset
         headers = _read(info / "METADATA").split("\n\n", 1)[0].splitlines()
         meta = {k: v.strip() for k, _, v in reversed([line.partition(":") for line in headers])}
         files = set()
-        for line in _read(info / "RECORD").splitlines():
-            path, digest = line.rsplit(",", 2)[:2]
+        for path, digest, *_ in csv.reader(_read(info / "RECORD").splitlines()):
             # (a wheel's scripts and data files: ../../../bin/, share/ … in a venv, bin/, share/ … in a
             # --target folder; the scripts written per installer)
             if path.startswith(("..", *OUTSIDE)) or "__pycache__" in path or Path(path).name in OWN_FILES:
@@ -125,14 +126,24 @@ def not_as_pip(ours: dict, pins: list[str], first: int, find_links: bool = True)
 
 
 def main(argv: list[str]) -> int:
+    site = Path(next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)))
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", "--force-reinstall"]
+    if argv == ["--by-pip"]:  # the Makefile's way out after a failure: pip installs again what uv did
+        pins = [f"{n}=={v}" for n, (v, *_) in installed(site, by_uv=True).items()]
+        if pins:
+            subprocess.run([*pip, *pins], check=True)
+        return 0
     uv, env, indexes = uv_command()
     subprocess.run([*uv, *argv], env=env, check=True)
     if "--dry-run" in argv or "--target" in argv:  # nothing installed here, nothing to check
         return 0
-    site = Path(next(p for p in sys.path if p.endswith("site-packages") and p.startswith(sys.prefix)))
     ours = installed(site, by_uv=True)
     pins = [f"{n}=={v}" for n, (v, *_) in ours.items()]
-    orders = [(k, True) for k in range(1, indexes)] + [(0, False)] * _links_may_hold(uv, ours)
+    if not pins:  # (a venv pip filled: nothing of uv's to check; uv refuses an install of nothing)
+        return 0
+    orders = [(k, True) for k in range(1, indexes)]
+    if "--no-index" not in uv and _links_may_hold(uv, ours):  # each index first without them (RV30d G1)
+        orders += [(k, False) for k in range(indexes)]
     differ = set().union(*(not_as_pip(ours, pins, k, links) for k, links in orders))
     if differ:
         print(
@@ -140,7 +151,6 @@ def main(argv: list[str]) -> int:
             "pip the best of all): reinstalling them with pip",
             flush=True,
         )
-        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-compile", "--no-deps", "--force-reinstall"]
         subprocess.run([*pip, *sorted(differ)], check=True)
     return 0
 
