@@ -114,18 +114,22 @@ def _data_files(value: Any, found: set[Path], leaves: list[bool]) -> None:
         return
     if isinstance(source := value.get("dataset_path"), str):
         kwargs = value.get("dataset_kwargs") if isinstance(value.get("dataset_kwargs"), dict) else {}
-        files = _local_files(kwargs.get("data_files"))
-        root = Path(source).expanduser()
-        if root.is_dir():
+        # `json`, `csv`, … name datasets' own builders, never a folder of that name here (review RV30c M1);
+        # a folder's relative data_files lie in it, as datasets reads them (RV30c S3: they were looked
+        # for here, not found, and the task read through datasets' stale cache under a new digest)
+        root = None if _packaged_builder(source) else Path(source).expanduser()
+        base = root if root is not None and root.is_dir() else None
+        files = _local_files(kwargs.get("data_files"), base)
+        if base is not None:
             files |= {  # datasets skips hidden files and folders
                 p.resolve()
-                for p in root.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+                for p in base.rglob("*")
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts)
             }
-        elif root.is_file():
+        elif root is not None and root.is_file():
             files.add(root.resolve())
         found |= files
-        leaves.append(bool(files) and _all_local(kwargs.get("data_files"), root))
+        leaves.append(bool(files) and _all_local(kwargs.get("data_files"), root, base))
     for v in value.values():
         _data_files(v, found, leaves)
 
@@ -140,27 +144,37 @@ def _patterns(data_files: Any) -> list[str]:
     return []
 
 
-def _local_files(data_files: Any) -> set[Path]:
-    """The files `data_files` (a path, a glob, a list or a dict of them, as datasets takes it) names here."""
+def _packaged_builder(name: str) -> bool:
+    from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+
+    return name in _PACKAGED_DATASETS_MODULES
+
+
+def _matches(pattern: str, base: Path | None) -> list[str]:
+    """The files `pattern` names: under `base` (a dataset_path folder) where it is relative, else here."""
+    pattern = os.path.expanduser(pattern)
+    return glob.glob(os.path.join(base, pattern) if base is not None else pattern, recursive=True)
+
+
+def _local_files(data_files: Any, base: Path | None = None) -> set[Path]:
+    """The files `data_files` (a path, a glob, a list or a dict of them, as datasets takes it) names
+    here, or under `base`, a dataset_path folder."""
     return {
         Path(f).resolve()
         for pattern in _patterns(data_files)
         if not is_url(pattern) and "://" not in pattern
-        for f in glob.glob(os.path.expanduser(pattern), recursive=True)
+        for f in _matches(pattern, base)
         if Path(f).is_file()
     }
 
 
-def _all_local(data_files: Any, root: Path) -> bool:
+def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:
     """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
     a local file."""
     patterns = _patterns(data_files)
     if not patterns:
-        return root.exists()
-    return all(
-        not is_url(p) and "://" not in p and glob.glob(os.path.expanduser(p), recursive=True)
-        for p in patterns
-    )
+        return root is not None and root.exists()
+    return all(not is_url(p) and "://" not in p and _matches(p, base) for p in patterns)
 
 
 def files_sha256(paths: Sequence[Path]) -> str:

@@ -1785,11 +1785,17 @@ def test_a_task_edited_during_a_watch_is_scored_again_under_its_new_definition(
     assert evaluate_missing(run, cfg, plan, show=False) == []
 
 
-def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now(eval_run, tmp_path, capsys):
+@pytest.mark.parametrize("layout", ["data_files", "dataset_path folder"])
+def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now(
+    eval_run, tmp_path, capsys, monkeypatch, layout
+):
     """An own task's scores recorded its YAML, data_files as a path: its data file replaced (outside
     include_path), `--watch` scored nothing; replaced at the same size and mtime (cp -p), datasets'
     cache (keyed by path and mtime) served the old rows, scored and recorded as current (review R30a
-    F1). The documents' content is recorded and makes the step done; the files are read as they are."""
+    F1). The documents' content is recorded and makes the step done; the files are read as they are:
+    also a dataset_path folder's relative data_files (they were looked for in the working directory:
+    the old rows scored under the new digest, review RV30c S3); a `json/` folder in the working
+    directory is not the `json` builder's data (RV30c M1)."""
     from pipelines.cli import main
 
     run = _copy_run(eval_run[0], tmp_path / "run")
@@ -1799,7 +1805,16 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     for split in ("train", "test"):  # the data beside include_path, not in it
         shutil.move(tasks / f"own_mc-{split}.jsonl", data / f"own_mc-{split}.jsonl")
     yaml = tasks / "own_mc.yaml"
-    yaml.write_text(yaml.read_text().replace(str(tasks), str(data)))
+    if layout == "data_files":
+        yaml.write_text(yaml.read_text().replace(str(tasks), str(data)))
+    else:  # dataset_path: the folder, data_files relative to it
+        yaml.write_text(
+            yaml.read_text().replace("dataset_path: json", f"dataset_path: {data}").replace(f"{tasks}/", "")
+        )
+    unrelated = tmp_path / "cwd" / "json" / "unrelated.jsonl"
+    unrelated.parent.mkdir(parents=True)
+    unrelated.write_text("{}\n")
+    monkeypatch.chdir(tmp_path / "cwd")
     test = data / "own_mc-test.jsonl"
     results = eval_dir(run, 5) / "results.json"
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
@@ -1814,6 +1829,8 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     assert docs == 6
     capsys.readouterr()
     assert main(watch) == 0 and "own_mc: 6 docs" not in capsys.readouterr().err  # the same data: done
+    unrelated.write_text('{"other": 1}\n')  # not the task's data
+    assert main(watch) == 0 and "own_mc: 6 docs" not in capsys.readouterr().err
     rows = test.read_text().splitlines()
     test.write_text("\n".join(rows[:4]) + "\n")  # other rows
     assert main(watch) == 0
