@@ -25,7 +25,7 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 
 # The rest with uv (put in the venv by pip): pip spent ~130 s of CI's wall here, ~90 of them resolving
 # (every release of ~190 projects read from three indexes, one page after another, in Python) and
-# ~40 unpacking one wheel at a time; uv installs the same set in ~20 s, its cache cold
+# ~40 unpacking one wheel at a time; uv installs the same set in ~20 s, its cache cold, its check ~25 s
 # (bench/RESULTS.md). tools/uv_install.py hands uv pip's own settings (uv reads no pip.conf) and
 # checks that each distribution is the file pip would take (uv reads a version's files from the first
 # index listing it), reinstalling by pip any that may not be. uv keeps the venv's own torch, installed
