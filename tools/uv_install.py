@@ -94,7 +94,7 @@ def installed(site: Path, by_uv: bool = False) -> dict[str, tuple[str, frozenset
                     digest = "sha256=" + hashlib.file_digest(f, "sha256").hexdigest()
             files.add((path, digest))
         tags = frozenset(line for line in _read(info / "WHEEL").splitlines() if line.startswith("Tag:"))
-        found[meta["Name"].lower().replace("_", "-")] = (meta["Version"], frozenset(files), tags)
+        found[_canonical(meta["Name"])] = (meta["Version"], frozenset(files), tags)
     return found
 
 
@@ -106,9 +106,16 @@ def _links_may_hold(uv: list[str], ours: dict) -> bool:
         folder = Path(place.removeprefix("file://"))
         if not folder.is_dir():
             return True
-        if {f.name.split("-")[0].lower().replace("_", "-") for f in folder.iterdir()} & ours.keys():
+        if {_canonical(f.name.split("-")[0]) for f in folder.iterdir()} & ours.keys():
             return True
     return False
+
+
+def _canonical(name: str) -> str:
+    """A distribution's name as pip compares names (PEP 503)."""
+    from pip._vendor.packaging.utils import canonicalize_name
+
+    return canonicalize_name(name)
 
 
 def _read(path: Path) -> str:

@@ -366,6 +366,9 @@ class TaskPlan:
         self.data_files: dict[str, tuple[list[Path], bool]] = {}
         self.contents: dict[str, str | None] = {}
         self.scored_as: dict[str, list[str]] = {}
+        # a planned group's or tag's members that are tasks of their own: their definitions, contents
+        self.member_definitions: dict[str, str] = {}
+        self.member_contents: dict[str, str | None] = {}
         self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
         self.refresh_definitions()
 

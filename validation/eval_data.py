@@ -156,13 +156,17 @@ def _matches(pattern: str, base: Path | None) -> list[str]:
     return glob.glob(os.path.join(base, pattern) if base is not None else pattern, recursive=True)
 
 
+def _local_patterns(data_files: Any) -> list[str]:
+    """`data_files`' patterns that name local files (not a URL)."""
+    return [p for p in _patterns(data_files) if not is_url(p) and "://" not in p]
+
+
 def _local_files(data_files: Any, base: Path | None = None) -> set[Path]:
     """The files `data_files` (a path, a glob, a list or a dict of them, as datasets takes it) names
     here, or under `base`, a dataset_path folder."""
     return {
         Path(f).resolve()
-        for pattern in _patterns(data_files)
-        if not is_url(pattern) and "://" not in pattern
+        for pattern in _local_patterns(data_files)
         for f in _matches(pattern, base)
         if Path(f).is_file()
     }
@@ -171,10 +175,10 @@ def _local_files(data_files: Any, base: Path | None = None) -> set[Path]:
 def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:
     """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
     a local file."""
-    patterns = _patterns(data_files)
+    patterns, local = _patterns(data_files), _local_patterns(data_files)
     if not patterns:
         return root is not None and root.exists()
-    return all(not is_url(p) and "://" not in p and _matches(p, base) for p in patterns)
+    return local == patterns and all(_matches(p, base) for p in local)
 
 
 def files_sha256(paths: Sequence[Path]) -> str:

@@ -1543,6 +1543,13 @@ def _own_task(folder: Path, name: str = "own_mc", extra: str = "") -> Path:
     return folder
 
 
+def _own_mc_scored(results: Path, setting: str) -> tuple[float, int, str | None]:
+    """own_mc's accuracy, documents scored and recorded `setting` in a step's results.json."""
+    task = json.loads(results.read_text())
+    return (task["results"]["own_mc"]["acc,none"], task["n-samples"]["own_mc"]["effective"],
+            task["gristmill_tasks"]["own_mc"]["settings"].get(setting))  # fmt: skip
+
+
 def _own_args(tasks: Path, name: str = "own_mc") -> list[str]:
     return ["--tasks", name, "--set", "bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
 
@@ -1641,9 +1648,7 @@ def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
 
     def scored() -> tuple[float, int, str]:
-        task = json.loads(results.read_text())
-        return (task["results"]["own_mc"]["acc,none"], task["n-samples"]["own_mc"]["effective"],
-                task["gristmill_tasks"]["own_mc"]["settings"].get("definition"))  # fmt: skip
+        return _own_mc_scored(results, "definition")
 
     assert main(watch) == 0
     first = results.read_text()
@@ -1820,9 +1825,7 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
 
     def scored() -> tuple[float, int, str]:
-        task = json.loads(results.read_text())
-        return (task["results"]["own_mc"]["acc,none"], task["n-samples"]["own_mc"]["effective"],
-                task["gristmill_tasks"]["own_mc"]["settings"]["documents"])  # fmt: skip
+        return _own_mc_scored(results, "documents")
 
     assert main(watch) == 0
     acc, docs, documents = scored()

@@ -15,7 +15,6 @@ review R30b F2).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from training.contract.config_loader import json_sha256
+from training.contract.dataset_format import file_sha256
 from training.contract.file_lock import file_lock
 from training.contract.object_store import user_cache_dir
 
@@ -91,12 +91,7 @@ def shared(
 
 def _digests(entry: Path) -> dict[str, str]:
     """{file name: sha256} of an entry's files."""
-    found = {}
-    for f in sorted(entry.iterdir()):
-        if f.name != DIGESTS:
-            with open(f, "rb") as data:
-                found[f.name] = hashlib.file_digest(data, "sha256").hexdigest()
-    return found
+    return {f.name: file_sha256(f) for f in sorted(entry.iterdir()) if f.name != DIGESTS}
 
 
 def _check(entry: Path) -> None:
