@@ -39,6 +39,7 @@ EXTRAS := .[eval,dev,ray,wandb,trackio,float8]
 # nothing of the installer).
 UV_VERSION := 0.13.9
 INSTALLER ?= uv
+PIP_REST = $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"
 
 # torch first, chosen here rather than by pip: a bare `torch` requirement on a machine without one
 # pulls several GB of CUDA wheels. An interpreter that already has torch (say a CUDA build) gets a
@@ -53,14 +54,11 @@ $(STAMP): pyproject.toml
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install --no-compile torch; \
 	  else $(PY) -m pip install --no-compile torch==2.13.0; fi; fi
 	@if grep -qx "include-system-site-packages = true" $(VENV)/pyvenv.cfg; then \
-	  echo "installing with pip, which keeps what $(VENV) sees of its interpreter's packages"; \
-	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
-	elif [ "$(INSTALLER)" = pip ]; then echo "installing with pip (INSTALLER=pip)"; \
-	  $(PY) -m pip install -q --no-compile -e "$(EXTRAS)"; \
+	  echo "installing with pip, which keeps what $(VENV) sees of its interpreter's packages"; $(PIP_REST); \
+	elif [ "$(INSTALLER)" = pip ]; then echo "installing with pip (INSTALLER=pip)"; $(PIP_REST); \
 	else echo "installing with uv"; { $(PY) -m pip install -q --no-compile uv==$(UV_VERSION) && \
 	  $(PY) tools/uv_install.py -q -e "$(EXTRAS)"; } || { echo "uv's install or its check failed (above): \
-	pip installs, and installs again what uv installed"; $(PY) -m pip install -q --no-compile -e "$(EXTRAS)" && \
-	  $(PY) tools/uv_install.py --by-pip; }; fi
+	pip installs, and installs again what uv installed"; $(PIP_REST) && $(PY) tools/uv_install.py --by-pip; }; fi
 	@echo "writing the bytecode of what gristmill imports"; \
 	  env -u PYTHONDONTWRITEBYTECODE $(PY) -c "$(WARM_IMPORTS)" 2>$(VENV)/warm-imports.log || \
 	  { cat $(VENV)/warm-imports.log; exit 1; }
