@@ -495,7 +495,8 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     steps an async checkpoint had trained since lost), and every resume again before step 1, naming
     the base's file though the run reads its copy RUN/base/. Checked at every start now, before step
     1, [eval] or not, naming the file read and the key: additional_special_tokens as one string, which
-    split_token_entries keeps and transformers cannot load."""
+    split_token_entries keeps and transformers cannot load; a resume whose last export was missed too
+    (review RV29e F1)."""
     base = tmp_path / "base"
     make_base(base, vocab_size=read_dataset_info(built_dataset)["vocab_size"])
     _edit_config(base, bos_token_id=0, eos_token_id=0)
@@ -524,6 +525,9 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     # the run's copy, which a resume reads, named (editing the base's own did not unblock it)
     kept = run / "base" / "tokenizer_config.json"
     kept.write_text(bad)
+    # and step 2's export missed (the process stopped after its COMPLETE): the resume's pass that writes
+    # it comes after the check, not before it, in another line per rank (review RV29e F1)
+    shutil.rmtree(export_dir(run, 2))
     capsys.readouterr()
     resume = [*sets, "checkpoint.resume=auto"]
     saved = (run / "config.toml").read_bytes()
@@ -539,7 +543,7 @@ def test_tokenizer_files_an_export_would_refuse_stop_a_run_before_step_1(tmp_pat
     assert f"{kept} is not valid JSON (" in line, line
     kept.write_text(json.dumps(clean))
     assert train_main(["--config", TINY, "--set", *resume]) == 0
-    assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir()
+    assert complete_steps(run)[-1] == 4 and export_dir(run, 4).is_dir() and export_dir(run, 2).is_dir()
 
 
 def test_a_base_config_without_bos_and_eos_exports_the_separator(tmp_path, built_dataset):

@@ -531,9 +531,18 @@ class Checkpointer:
             )
             if self.resumed_here:
                 self._set_aside_newer(step, f"the resumed step {step}")
-                merged = self.merged_export is not None and self.merged_export(step)
-                self._export(step, merged, verified=False, missed=True)  # before retention deletes it
         return step
+
+    def export_missed(self, step: int | None) -> None:
+        """Rank 0, after a resume of this run's own checkpoint `step` (None: no resume) and after the
+        start's checks of what an export writes (training/run/setup.py: refused here instead, the
+        tokenizer files stopped the start in another line per rank, review RV29e F1), before any save
+        whose retention could delete the checkpoint: the exports the process missed when it stopped
+        between the checkpoint's COMPLETE and them."""
+        if step is None or self.rank != 0 or not self.resumed_here:
+            return
+        merged = self.merged_export is not None and self.merged_export(step)
+        self._export(step, merged, verified=False, missed=True)
 
     def rewind_target(self, *, oldest: int, newest: int) -> tuple[int, list[str]] | None:
         """The newest complete checkpoint that verifies between steps `oldest` and `newest` (rank 0

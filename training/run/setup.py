@@ -199,6 +199,7 @@ def setup(cfg: TrainConfig, checked: Checked, env: DistEnv, evaluator: StepEval 
         checked.base_dir if resumed is None else None,
         checkpointer.resumed_from,
     )
+    checkpointer.export_missed(resumed)
     _outputs(
         resolved,
         spec,
