@@ -47,7 +47,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from training.checkpoint.hf_export import CheckpointSetAside, export_checkpoint, run_config
+from training.checkpoint.base_record import base_files
+from training.checkpoint.base_source import TOKENIZER_FILES
+from training.checkpoint.hf_export import (
+    CheckpointSetAside,
+    ExportError,
+    check_export_tokenizer,
+    export_checkpoint,
+    run_config,
+)
 from training.checkpoint.io import (
     final_weights_note,
     merged_step,
@@ -949,6 +957,17 @@ def _dir_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _tokenizer_files_named(run_dir: Path, export: Path) -> dict[str, Path]:
+    """The tokenizer files a refusal names: the base's copies in RUN/base/ where the run has a base
+    (what to edit before exporting again), else the export's own (RUN/base/ unreadable: the export's;
+    the eval does not depend on it)."""
+    try:
+        base = base_files(run_dir)
+    except GristmillError:
+        base = {}
+    return {n: export / n for n in TOKENIZER_FILES} | base
+
+
 def evaluate_step(
     run_dir: str | Path,
     step: int,
@@ -1002,6 +1021,13 @@ def evaluate_step(
 
     if not still():
         _discarded(run_dir, step, export if made else None, scored)
+    # Read with this process's transformers, which the scores depend on: the export's files were
+    # checked under the exporting box's, or under none (a training box without the eval extra), and a
+    # transformers that reads a key otherwise scored ids the model never trained on (review RV29a F3).
+    try:
+        check_export_tokenizer(export, export, _tokenizer_files_named(run_dir, export), scoring=True)
+    except ExportError as e:
+        raise EvalError(str(e)) from None
     most = model_max_length(export)
     if cfg.max_length > most:  # transformers' RoPE takes any position: the scores would be of untrained ones
         raise EvalError(

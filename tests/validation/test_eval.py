@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tests.helpers.mounts import sh_quote, unshare_works
-from tests.helpers.train_runs import eval_data, without_accelerate
+from tests.helpers.train_runs import eval_data, one_error_line, without_accelerate
 
 pytest.importorskip("lm_eval")
 pytest.importorskip("transformers")
@@ -1092,6 +1092,47 @@ def test_damaged_or_nonfinite_export_is_refused_before_evaluation(eval_run, tmp_
         if run != nan:
             assert f"{export_dir(run, 5) / 'model.safetensors'}: " in errors[0]
         assert not (eval_dir(run, 5) / "results.json").exists() and not (run / "eval.parquet").exists()
+
+
+def test_an_export_s_tokenizer_files_are_checked_under_the_transformers_that_scores_it(
+    eval_run, tmp_path, capsys
+):
+    """Review RV29a F3: an export's tokenizer files were checked where it was written (under that
+    box's transformers, or none without the eval extra); eval loaded them under its own, unchecked, and
+    scored ids the model never trained on where that transformers reads a key otherwise. Here the
+    export's tokenizer_config.json holds what a transformers reads as added tokens (its checksums
+    recorded with it, as an export written so records them): one that changes eval's encoding of a
+    text is one line before the model loads; one that does not is scored."""
+    from pipelines.cli import main
+    from training.contract.integrity import file_records
+
+    def written_with(run: Path, added: dict) -> Path:
+        export = export_dir(run, 5)
+        config = export / "tokenizer_config.json"
+        config.write_text(json.dumps(json.loads(config.read_text()) | {"added_tokens_decoder": added}))
+        record = export / "gristmill_checksums.json"
+        checksums = json.loads(record.read_text())
+        checksums["files"].update(file_records(export, [config.name], "sha256"))
+        record.write_text(json.dumps(checksums))
+        return config
+
+    src, _ = eval_run
+    quote = _copy_run(src, tmp_path / "quote")  # '"' an added token: eval splits it out of every text
+    config = written_with(quote, {"3": {"content": '"', "special": False}})
+    assert main(["eval", str(quote), "--step", "5", *QUICK]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    export = export_dir(quote, 5)
+    named = f"error: {export}: added_tokens_decoder of {config}: AutoTokenizer (transformers "
+    assert line.startswith(named) and "gristmill's eval both encode texts otherwise" in line, line
+    # the export's own file (no base's to edit): exported again here, or scored under its own transformers
+    assert line.endswith(
+        f"; delete {export} and export it again, or score it under the transformers that wrote it"
+    )
+    assert not (eval_dir(quote, 5) / "results.json").exists()
+    plain = _copy_run(src, tmp_path / "plain")  # 'hi' added: no text of eval encodes otherwise
+    written_with(plain, {"464": {"content": "hi", "special": False}})
+    assert main(["eval", str(plain), "--step", "5", *QUICK]) == 0, capsys.readouterr().err
+    assert (eval_dir(plain, 5) / "results.json").is_file()
 
 
 def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):

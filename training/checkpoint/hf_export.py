@@ -35,7 +35,7 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -359,7 +359,7 @@ _PASSED: set[tuple[str, ...]] = set()
 
 
 def check_export_tokenizer(
-    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None
+    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None, *, scoring: bool = False
 ) -> None:
     """Refuse, in one line naming `export`, the token and the key that causes it (and the file it came
     from: `named`, {file name: the base's file}, where it is the base's), tokenizer files that
@@ -368,7 +368,10 @@ def check_export_tokenizer(
     special token, another encoding of PROBE_TEXT, or none (it cannot load them). split_token_entries is
     the rule for the keys transformers reads today; this holds what a later transformers makes of
     others. Nothing to check without transformers (a training box without the eval extra loads no
-    tokenizer) or without tokenizer.json (a synthetic dataset's)."""
+    tokenizer) or without tokenizer.json (a synthetic dataset's). `scoring`: an eval's check of the
+    export it scores, under its own transformers (the export was checked under the exporting box's, or
+    under none: review RV29a F3): only what changes gristmill eval's encoding, or files it cannot load,
+    is refused, with the fix for an export already written."""
     tokenizer_json = out_dir / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         return
@@ -379,73 +382,90 @@ def check_export_tokenizer(
         return
     files = [out_dir / name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
     passed = (transformers.__version__, *(f"{p.name}:{file_sha256(p)}" for p in files))
-    if passed in _PASSED:
+    if passed in _PASSED or (scoring and (*passed, "scoring") in _PASSED):
         return
     # the reference: tokenizer.json as the data was encoded with it (its added tokens as tokenizers
     # reads them: a JSON parse of a Llama-3 file would cost more than this load)
     data = Tokenizer.from_file(str(tokenizer_json))
-    problem = _tokenizer_problem(transformers, out_dir, data)
+
+    def refused(folder: Path) -> tuple[str, str | None, bool] | None:  # the first, or first scored
+        problems = _tokenizer_problems(transformers, folder, data)
+        return next((p for p in problems if p[2] or not scoring), None)
+
+    problem = refused(out_dir)
     if problem is None:
-        _PASSED.add(passed)
+        _PASSED.add((*passed, "scoring") if scoring else passed)
         return
-    what, token = problem
-    key, file = _naming(out_dir, token, lambda folder: _tokenizer_problem(transformers, folder, data) is None)
+    what, token, _ = problem
+    key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
     version = f"AutoTokenizer (transformers {transformers.__version__})"
     if key is None:  # the files the run reads, named (a resume's: RUN/base/…, review RV29e F2)
         shown = [str((named or {}).get(n, n)) for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()]
-        raise ExportError(
-            f"{export}: {version} {what} (by no one key of {' or '.join(shown)}); find the entry that adds "
-            f"it in {' or '.join(shown)} and leave it out"
+        where, fix = (
+            f" (by no one key of {' or '.join(shown)})",
+            f"find the entry that adds it in {' or '.join(shown)} and leave it out",
         )
-    shown = (named or {}).get(file, file)  # a file gristmill wrote (no base): in a temporary folder
-    raise ExportError(f"{export}: {key} of {shown}: {version} {what}; leave {key} out of {shown}")
+    else:
+        # a file gristmill wrote (no base): in a temporary folder
+        shown = [str((named or {}).get(file, file))]
+        where, fix = "", f"leave {key} out of {shown[0]}"
+    if scoring:  # an export already written: its files are checksummed (an edit makes it damaged)
+        own = all(Path(f).parent == Path(export) for f in shown)  # gristmill's, not a base's to edit
+        again = f"delete {export} and export it again, or score it under the transformers that wrote it"
+        fix = again if own else f"{fix}, {again}"
+    named_key = "" if key is None else f" {key} of {shown[0]}:"
+    raise ExportError(f"{export}:{named_key} {version} {what}{where}; {fix}")
 
 
-def _encodings_differ(tok: Any, data: Any, text: str) -> str:
+def _encodings_differ(tok: Any, data: Any, text: str) -> tuple[str, bool]:
     """Which of AutoTokenizer's encodings of `text` differ from tokenizer.json's (`data`): the default
     one (its users' tok(text)) and gristmill eval's (split_special_tokens=True, validation/eval_model.py
-    tok_encode), or neither."""
+    tok_encode), or neither, in words; and whether eval's does."""
     ids = data.encode(text, add_special_tokens=False).ids
     default = tok(text, add_special_tokens=False)["input_ids"] != ids
     scored = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] != ids
     if default and scored:
-        return (
+        words = (
             "its users' tok(text) and gristmill's eval both encode texts otherwise than the data (ids the "
             "model never trained on)"
         )
-    if default:
-        return (
+    elif default:
+        words = (
             "its users' tok(text) encodes texts otherwise than the data (not gristmill's eval, which "
             "does not split special tokens out of a text)"
         )
-    if scored:
-        return (
+    elif scored:
+        words = (
             "gristmill's eval encodes texts otherwise than the data (ids the model never trained on; its "
             "users' tok(text) does not)"
         )
-    return "though its users' tok(text) and gristmill's eval encode such texts as the data"
+    else:
+        words = "though its users' tok(text) and gristmill's eval encode such texts as the data"
+    return words, scored
 
 
-def _tokenizer_problem(transformers: Any, folder: Path, data: Any) -> tuple[str, str | None] | None:
-    """(what AutoTokenizer reads otherwise from the tokenizer files in `folder`, the token concerned),
-    or None where it reads them as tokenizer.json (`data`) is."""
+def _tokenizer_problems(transformers: Any, folder: Path, data: Any) -> Iterator[tuple[str, str | None, bool]]:
+    """Each thing AutoTokenizer reads otherwise from the tokenizer files in `folder` than tokenizer.json
+    (`data`) is: (what, the token concerned, whether gristmill eval's encoding differs); none where
+    it reads them as tokenizer.json is."""
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # whatever a transformers version raises: eval could not load it either
-        return (
+        yield (
             f"cannot load its tokenizer files ({type(e).__name__}: {e}): neither can eval or its users",
             None,
+            True,
         )
+        return
     want, got = data.get_added_tokens_decoder(), tok.added_tokens_decoder
     for i in sorted(want.keys() | got.keys()):
         ours, theirs = want.get(i), got.get(i)
         if ours is None or theirs is None:
             token = (theirs or ours).content
             what = f"adds {token!r} (id {i}), no" if ours is None else f"lacks {token!r} (id {i}), an"
-            return (
-                f"{what} added token of {TOKENIZER_JSON}: {_encodings_differ(tok, data, PROBE_TEXT + token)}",
-                token,
-            )
+            words, scored = _encodings_differ(tok, data, PROBE_TEXT + token)
+            yield f"{what} added token of {TOKENIZER_JSON}: {words}", token, scored
+            continue
         for flag in _ADDED_TOKEN_FLAGS:
             if getattr(theirs, flag) != getattr(ours, flag):
                 token = ours.content
@@ -453,22 +473,25 @@ def _tokenizer_problem(transformers: Any, folder: Path, data: Any) -> tuple[str,
                     f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), "
                     f"{TOKENIZER_JSON} {getattr(ours, flag)}"
                 )
-                return f"{what}: {_encodings_differ(tok, data, PROBE_TEXT + ' ' + token + ' x')}", token
+                words, scored = _encodings_differ(tok, data, PROBE_TEXT + " " + token + " x")
+                yield f"{what}: {words}", token, scored
     special = {i for i, t in want.items() if t.special}
     for i in sorted(set(tok.all_special_ids) - special - {None}):
         token = tok.convert_ids_to_tokens(i)
         what = f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}"
-        return f"{what}: {_encodings_differ(tok, data, PROBE_TEXT + token)}", token
+        words, scored = _encodings_differ(tok, data, PROBE_TEXT + token)
+        yield f"{what}: {words}", token, scored
     auto = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     ids = data.encode(PROBE_TEXT, add_special_tokens=False).ids
     if auto != ids:
         at = next((k for k, (a, d) in enumerate(zip(auto, ids)) if a != d), min(len(auto), len(ids)))
-        return (
+        words, scored = _encodings_differ(tok, data, PROBE_TEXT)
+        yield (
             f"encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} at token {at}, its "
-            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: "
-            f"{_encodings_differ(tok, data, PROBE_TEXT)}"
-        ), None
-    return None
+            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: {words}",
+            None,
+            scored,
+        )
 
 
 def _naming(
