@@ -1101,12 +1101,20 @@ def test_an_export_s_tokenizer_files_are_checked_under_the_transformers_that_sco
     box's transformers, or none without the eval extra); eval loaded them under its own, unchecked, and
     scored ids the model never trained on where that transformers reads a key otherwise. Here the
     export's tokenizer_config.json holds what a transformers reads as added tokens (its checksums
-    recorded with it, as an export written so records them): one that changes eval's encoding of a
-    text is one line before the model loads; one that does not is scored."""
+    recorded with it, as an export written so records them). Refused before the model loads, in one
+    line that never advises deleting the export (its checkpoint is gone: review RV31L F4): an ordinary
+    added token (matched inside every word that holds it, whatever one probe shows: RV31L F1), a
+    special one over ordinary text (lm-eval drops it from generated answers: F2). Scored: a flag of a
+    token special on both sides (eval takes neither out of a text: F3)."""
+    import transformers
+
     from pipelines.cli import main
     from training.contract.integrity import file_records
 
-    def written_with(run: Path, added: dict) -> Path:
+    src, _ = eval_run
+
+    def eval_with(name: str, added: dict) -> tuple[int, Path, Path]:
+        run = _copy_run(src, tmp_path / name)
         export = export_dir(run, 5)
         config = export / "tokenizer_config.json"
         config.write_text(json.dumps(json.loads(config.read_text()) | {"added_tokens_decoder": added}))
@@ -1114,25 +1122,27 @@ def test_an_export_s_tokenizer_files_are_checked_under_the_transformers_that_sco
         checksums = json.loads(record.read_text())
         checksums["files"].update(file_records(export, [config.name], "sha256"))
         record.write_text(json.dumps(checksums))
-        return config
+        return main(["eval", str(run), "--step", "5", *QUICK]), export, config
 
-    src, _ = eval_run
-    quote = _copy_run(src, tmp_path / "quote")  # '"' an added token: eval splits it out of every text
-    config = written_with(quote, {"3": {"content": '"', "special": False}})
-    assert main(["eval", str(quote), "--step", "5", *QUICK]) == 2
-    line = one_error_line(capsys.readouterr().err)
-    export = export_dir(quote, 5)
-    named = f"error: {export}: added_tokens_decoder of {config}: AutoTokenizer (transformers "
-    assert line.startswith(named) and "gristmill's eval both encode texts otherwise" in line, line
-    # the export's own file (no base's to edit): exported again here, or scored under its own transformers
-    assert line.endswith(
-        f"; delete {export} and export it again, or score it under the transformers that wrote it"
-    )
-    assert not (eval_dir(quote, 5) / "results.json").exists()
-    plain = _copy_run(src, tmp_path / "plain")  # 'hi' added: no text of eval encodes otherwise
-    written_with(plain, {"464": {"content": "hi", "special": False}})
-    assert main(["eval", str(plain), "--step", "5", *QUICK]) == 0, capsys.readouterr().err
-    assert (eval_dir(plain, 5) / "results.json").is_file()
+    wrote = json.loads((export_dir(src, 5) / "gristmill_export.json").read_text())["transformers"]
+    assert wrote == transformers.__version__
+    keep = "(its checkpoint is gone: its weights are only there) and score it under transformers "
+    for name, token, why in [
+        ("hi", "hi", "gristmill's eval encodes every text holding it otherwise than the data"),
+        ("quote", '"', "lm-eval drops it from the answers gristmill's eval generates"),
+    ]:
+        added = {"464" if token == "hi" else "3": {"content": token, "special": name == "quote"}}
+        rc, export, config = eval_with(name, added)
+        assert rc == 2, name
+        line = one_error_line(capsys.readouterr().err)
+        named = f"error: {export}: added_tokens_decoder of {config}: AutoTokenizer (transformers "
+        assert line.startswith(named) and why in line, line
+        assert line.endswith(f"; keep {export} {keep}{wrote}, which it was exported with"), line
+        assert "delete" not in line and not (eval_dir(export.parents[1], 5) / "results.json").exists()
+    flag = {"0": {"content": "<|endoftext|>", "special": True, "lstrip": True}}  # the separator's
+    rc, export, _ = eval_with("flag", flag)
+    assert rc == 0, capsys.readouterr().err
+    assert (eval_dir(export.parents[1], 5) / "results.json").is_file()
 
 
 def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):

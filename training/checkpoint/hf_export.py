@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import importlib.metadata
 import json
 import os
 import shlex
@@ -359,7 +360,7 @@ _PASSED: set[tuple[str, ...]] = set()
 
 
 def check_export_tokenizer(
-    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None, *, scoring: bool = False
+    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None, *, scoring: str | None = None
 ) -> None:
     """Refuse, in one line naming `export`, the token and the key that causes it (and the file it came
     from: `named`, {file name: the base's file}, where it is the base's), tokenizer files that
@@ -368,10 +369,12 @@ def check_export_tokenizer(
     special token, another encoding of PROBE_TEXT, or none (it cannot load them). split_token_entries is
     the rule for the keys transformers reads today; this holds what a later transformers makes of
     others. Nothing to check without transformers (a training box without the eval extra loads no
-    tokenizer) or without tokenizer.json (a synthetic dataset's). `scoring`: an eval's check of the
-    export it scores, under its own transformers (the export was checked under the exporting box's, or
-    under none: review RV29a F3): only what changes gristmill eval's encoding, or files it cannot load,
-    is refused, with the fix for an export already written."""
+    tokenizer) or without tokenizer.json (a synthetic dataset's).
+
+    `scoring`: an eval's check of the export it scores, under its own transformers (the export was
+    checked under the exporting machine's, or under none: review RV29a F3), and what to do with that
+    export (it stays: exports are permanent); only what changes gristmill eval's scores is refused
+    (_tokenizer_problems)."""
     tokenizer_json = out_dir / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         return
@@ -382,19 +385,19 @@ def check_export_tokenizer(
         return
     files = [out_dir / name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
     passed = (transformers.__version__, *(f"{p.name}:{file_sha256(p)}" for p in files))
-    if passed in _PASSED or (scoring and (*passed, "scoring") in _PASSED):
+    if passed in _PASSED or (scoring is not None and (*passed, "scoring") in _PASSED):
         return
     # the reference: tokenizer.json as the data was encoded with it (its added tokens as tokenizers
     # reads them: a JSON parse of a Llama-3 file would cost more than this load)
     data = Tokenizer.from_file(str(tokenizer_json))
 
     def refused(folder: Path) -> tuple[str, str | None, bool] | None:  # the first, or first scored
-        problems = _tokenizer_problems(transformers, folder, data)
-        return next((p for p in problems if p[2] or not scoring), None)
+        problems = _tokenizer_problems(transformers, folder, data, scoring is not None)
+        return next((p for p in problems if p[2] or scoring is None), None)
 
     problem = refused(out_dir)
     if problem is None:
-        _PASSED.add((*passed, "scoring") if scoring else passed)
+        _PASSED.add(passed if scoring is None else (*passed, "scoring"))
         return
     what, token, _ = problem
     key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
@@ -409,21 +412,27 @@ def check_export_tokenizer(
         # a file gristmill wrote (no base): in a temporary folder
         shown = [str((named or {}).get(file, file))]
         where, fix = "", f"leave {key} out of {shown[0]}"
-    if scoring:  # an export already written: its files are checksummed (an edit makes it damaged)
-        own = all(Path(f).parent == Path(export) for f in shown)  # gristmill's, not a base's to edit
-        again = f"delete {export} and export it again, or score it under the transformers that wrote it"
-        fix = again if own else f"{fix}, {again}"
+    if scoring is not None:  # gristmill's own files (no base's to edit): what to do with the export alone
+        own = all(Path(f).parent == Path(export) for f in shown)
+        fix = scoring if own else f"{fix}; {scoring}"
     named_key = "" if key is None else f" {key} of {shown[0]}:"
     raise ExportError(f"{export}:{named_key} {version} {what}{where}; {fix}")
 
 
 def _encodings_differ(tok: Any, data: Any, text: str) -> tuple[str, bool]:
     """Which of AutoTokenizer's encodings of `text` differ from tokenizer.json's (`data`): the default
-    one (its users' tok(text)) and gristmill eval's (split_special_tokens=True, validation/eval_model.py
-    tok_encode), or neither, in words; and whether eval's does."""
+    one (its users' tok(text)) against tokenizer.json's default, and gristmill eval's
+    (split_special_tokens=True, validation/eval_model.py tok_encode) against the build's (its special
+    tokens' text encoded as text: encode_special_tokens, tokenization/separator.py), or neither, in
+    words; and whether eval's does."""
     ids = data.encode(text, add_special_tokens=False).ids
     default = tok(text, add_special_tokens=False)["input_ids"] != ids
-    scored = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] != ids
+    data.encode_special_tokens = True  # a flag of the object, set back at once (review RV31L F3)
+    try:
+        built = data.encode(text, add_special_tokens=False).ids
+    finally:
+        data.encode_special_tokens = False
+    scored = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] != built
     if default and scored:
         words = (
             "its users' tok(text) and gristmill's eval both encode texts otherwise than the data (ids the "
@@ -444,10 +453,30 @@ def _encodings_differ(tok: Any, data: Any, text: str) -> tuple[str, bool]:
     return words, scored
 
 
-def _tokenizer_problems(transformers: Any, folder: Path, data: Any) -> Iterator[tuple[str, str | None, bool]]:
+# What changes gristmill eval's scores, in the words of an eval's refusal (_tokenizer_problems)
+_SPLIT = (
+    "gristmill's eval encodes every text holding it otherwise than the data (ids the model never trained on)"
+)
+_DROPPED = (
+    "lm-eval drops it from the answers gristmill's eval generates (it decodes them without special tokens)"
+)
+_KEPT = (
+    "lm-eval keeps its text in the answers gristmill's eval generates (a special token of the data's only)"
+)
+
+
+def _tokenizer_problems(
+    transformers: Any, folder: Path, data: Any, scoring: bool = False
+) -> Iterator[tuple[str, str | None, bool]]:
     """Each thing AutoTokenizer reads otherwise from the tokenizer files in `folder` than tokenizer.json
-    (`data`) is: (what, the token concerned, whether gristmill eval's encoding differs); none where
-    it reads them as tokenizer.json is."""
+    (`data`) is: (what, the token concerned, whether it changes gristmill eval's scores); none where it
+    reads them as tokenizer.json is. An added token that is not special on one side at least is
+    matched in every text that holds its content (inside words too): eval's encoding differs wherever
+    one does, whatever one probe text shows (review RV31L F1); a special token on one side only
+    changes the answers eval generates (lm-eval decodes them without special tokens: F2); only flags
+    of a token special on both sides leave eval as it is (split_special_tokens takes neither out of a
+    text). `scoring`: the words are those of an eval's refusal, else of an export's (which encodings
+    of a probe differ)."""
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # whatever a transformers version raises: eval could not load it either
@@ -457,14 +486,18 @@ def _tokenizer_problems(transformers: Any, folder: Path, data: Any) -> Iterator[
             True,
         )
         return
+
+    def words(text: str, eval_words: str) -> str:
+        return eval_words if scoring else _encodings_differ(tok, data, text)[0]
+
     want, got = data.get_added_tokens_decoder(), tok.added_tokens_decoder
     for i in sorted(want.keys() | got.keys()):
         ours, theirs = want.get(i), got.get(i)
         if ours is None or theirs is None:
             token = (theirs or ours).content
             what = f"adds {token!r} (id {i}), no" if ours is None else f"lacks {token!r} (id {i}), an"
-            words, scored = _encodings_differ(tok, data, PROBE_TEXT + token)
-            yield f"{what} added token of {TOKENIZER_JSON}: {words}", token, scored
+            why = _SPLIT if not (theirs or ours).special else _DROPPED if ours is None else _KEPT
+            yield f"{what} added token of {TOKENIZER_JSON}: {words(PROBE_TEXT + token, why)}", token, True
             continue
         for flag in _ADDED_TOKEN_FLAGS:
             if getattr(theirs, flag) != getattr(ours, flag):
@@ -473,22 +506,21 @@ def _tokenizer_problems(transformers: Any, folder: Path, data: Any) -> Iterator[
                     f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), "
                     f"{TOKENIZER_JSON} {getattr(ours, flag)}"
                 )
-                words, scored = _encodings_differ(tok, data, PROBE_TEXT + " " + token + " x")
-                yield f"{what}: {words}", token, scored
+                scored = not (ours.special and theirs.special)
+                yield f"{what}: {words(PROBE_TEXT + ' ' + token + ' x', _SPLIT)}", token, scored
     special = {i for i, t in want.items() if t.special}
     for i in sorted(set(tok.all_special_ids) - special - {None}):
         token = tok.convert_ids_to_tokens(i)
         what = f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}"
-        words, scored = _encodings_differ(tok, data, PROBE_TEXT + token)
-        yield f"{what}: {words}", token, scored
+        yield f"{what}: {words(PROBE_TEXT + token, _DROPPED)}", token, True
     auto = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
     ids = data.encode(PROBE_TEXT, add_special_tokens=False).ids
     if auto != ids:
         at = next((k for k, (a, d) in enumerate(zip(auto, ids)) if a != d), min(len(auto), len(ids)))
-        words, scored = _encodings_differ(tok, data, PROBE_TEXT)
+        how, scored = _encodings_differ(tok, data, PROBE_TEXT)
         yield (
             f"encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} at token {at}, its "
-            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: {words}",
+            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: {how}",
             None,
             scored,
         )
@@ -510,7 +542,10 @@ def _naming(
     for name in TOKENIZER_FILES[1:]:
         path = out_dir / name
         specs[name] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-        if token is not None and (key := next((k for k, v in specs[name].items() if holds(v)), None)):
+        # added_tokens_decoder first: the key that carries a token's flags (a flag's difference named
+        # bos_token, whose removal changed nothing: review RV31L F3)
+        keys = sorted(specs[name].items(), key=lambda kv: kv[0] != "added_tokens_decoder")
+        if token is not None and (key := next((k for k, v in keys if holds(v)), None)):
             return key, name
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
         for name, spec in specs.items():
@@ -630,6 +665,9 @@ def export_hf(
                 "dataset_fingerprint": info["fingerprint"],
                 "separator": info["separator"],
                 "model_config": dataclasses.asdict(model_cfg),
+                # whose AutoTokenizer its tokenizer files were checked under (None: not installed, not
+                # checked), which an eval under another may need to name (validation/eval.py)
+                "transformers": _installed("transformers"),
             },
         }
         for name, content in files.items():
@@ -666,6 +704,15 @@ def export_hf(
     return out_dir
 
 
+def _installed(dist: str) -> str | None:
+    """`dist`'s installed version, None where it is not installed (not imported: transformers takes
+    ~1.5 s to import)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _holds(path: Path, ours: Path | None) -> bool:
     """`path` is a whole export (its files match its checksums) of what export `ours` holds (None:
     anything), one another process wrote meanwhile: the same files, and the same record in
@@ -675,7 +722,7 @@ def _holds(path: Path, ours: Path | None) -> bool:
     def record(export: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         files = json.loads((export / EXPORT_CHECKSUMS).read_text(encoding="utf-8"))["files"]
         meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
-        paths = ("dataset", "checkpoint", "copied_from")
+        paths = ("dataset", "checkpoint", "copied_from", "transformers")  # and the exporting version
         return {k: v for k, v in files.items() if k != EXPORT_META}, {
             k: meta.get(k) for k in meta if k not in paths
         }
