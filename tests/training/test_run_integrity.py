@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.mounts import unshare_works
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -701,19 +701,12 @@ def test_read_only_run_directory_is_one_line(dataset, tmp_path):
         "train": ["train", "--config", TINY, "--resume", "auto", "--set", *sets],
         "export": ["export", str(run)],
     }
-    script = [f"mount --bind {run} {run} && mount -o remount,bind,ro {run}"]
-    for name, args in commands.items():
-        cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", *args]))
-        script.append(
-            f"{cmd} > {tmp_path}/{name}.out 2> {tmp_path}/{name}.err; echo $? > {tmp_path}/{name}.rc"
-        )
-    subprocess.run(
-        ["unshare", "-rm", "sh", "-c", " && ".join(script)], cwd=ROOT, env=ENV, timeout=300, check=True
-    )
-    for name in commands:
-        err = (tmp_path / f"{name}.err").read_text()
-        assert (tmp_path / f"{name}.rc").read_text().strip() == "2", err
-        assert "Read-only file system" in one_error_line(err)
+    read_only = f"mount --bind {run} {run} && mount -o remount,bind,ro {run}"
+    for args in commands.values():  # each in a mount namespace of its own (tests/helpers/mounts.py)
+        in_namespace = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", "pipelines.cli", *args]
+        proc = forked.run(in_namespace, cwd=ROOT, env=ENV, timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert "Read-only file system" in one_error_line(proc.stderr)
 
 
 def test_a_path_of_the_wrong_kind_is_named_for_what_it_is(dataset, tmp_path, capsys):

@@ -26,7 +26,7 @@ import torch
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
-from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.mounts import unshare_works
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -458,14 +458,13 @@ def test_a_full_disk_under_the_run_s_records_is_one_line(dataset, tmp_path):
     run_dir.mkdir()
     sets = overrides(dataset, run_dir, "checkpoint.interval=0", "schedule.steps=400", "run.log_every=1",
                      "metrics.plot=false", 'metrics.trackers=[]')  # fmt: skip
-    cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
     # 56k: the files a run writes before step 1 take ~36k of it, each step ~0.5k more: full at ~step 40
-    # (96k trained ~120 steps to the same end)
-    script = (f"mount -t tmpfs -o size=56k tmpfs {run_dir} && {{ {' '.join(map(sh_quote, cmd))} "
-              f"> {tmp_path}/out.txt 2>&1; echo $? > {tmp_path}/rc; }}")  # fmt: skip
-    subprocess.run(["unshare", "-rm", "sh", "-c", script], env=ENV, cwd=ROOT, timeout=300, check=True)
-    out = (tmp_path / "out.txt").read_text()
-    assert (tmp_path / "rc").read_text().strip() == "2", out[-3000:]
+    # (96k trained ~120 steps to the same end); in a mount namespace of its own (tests/helpers/mounts.py)
+    mount = f"mount -t tmpfs -o size=56k tmpfs {run_dir}"
+    cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, "", "training.train", "--config", TINY]
+    proc = forked.run([*cmd, "--set", *sets], env=ENV, cwd=ROOT, timeout=300, stderr=subprocess.STDOUT)
+    out = proc.stdout
+    assert proc.returncode == 2, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 2 and errors[-1].startswith(f"error: cannot write {run_dir}"), out[-3000:]
@@ -498,29 +497,26 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
     resumable. Without mount namespaces, only the write-error half runs (a file in the way)."""
     size = int(dir_size(checkpoint_dir(reference, 8)) * 1.5) // 4096 * 4096 + 4096
     runs = {"guard": ["checkpoint.min_free_factor=1.0"], "enospc": ["checkpoint.min_free_factor=0.0"]}
-    script = []
-    for name, extra in runs.items():
-        run_dir = tmp_path / name
-        (run_dir / "checkpoints").mkdir(parents=True)
-        sets = overrides(dataset, run_dir, "checkpoint.interval=2", "checkpoint.keep_last=1", *extra)
-        cmd = [sys.executable, "-m", "training.train", "--config", TINY, "--set", *sets]
-        script.append(
-            f"mount -t tmpfs -o size={size} tmpfs {run_dir}/checkpoints && "
-            f"{{ {' '.join(map(sh_quote, cmd))} > {run_dir}/out.txt 2>&1; echo $? > {run_dir}/rc; "
-            f"cp -a {run_dir}/checkpoints {run_dir}/saved; }}"
-        )
     if not unshare_works():
         pytest.skip("no mount namespaces here (unshare -rm); the write-error path is also covered by "
                     "test_failed_async_save_stops_the_run_at_the_next_step")  # fmt: skip
-    subprocess.run(
-        ["unshare", "-rm", "sh", "-c", " ; ".join(script)], env=ENV, cwd=ROOT, timeout=300, check=True
-    )
-    for name, expect in (("guard", "free on the filesystem of"), ("enospc", "could not be written to")):
-        if name == "enospc":  # the cause a full disk gives, not torch's "unexpected pos …"
-            assert "no space left on the filesystem of" in (tmp_path / name / "out.txt").read_text()
+    outputs = {}
+    for name, extra in runs.items():  # each in a mount namespace of its own (tests/helpers/mounts.py)
         run_dir = tmp_path / name
-        out = (run_dir / "out.txt").read_text()
-        assert (run_dir / "rc").read_text().strip() == "2", out[-3000:]
+        (run_dir / "checkpoints").mkdir(parents=True)
+        sets = overrides(dataset, run_dir, "checkpoint.interval=2", "checkpoint.keep_last=1", *extra)
+        mount = f"mount -t tmpfs -o size={size} tmpfs {run_dir}/checkpoints"
+        copy_out = f"cp -a {run_dir}/checkpoints {run_dir}/saved"
+        cmd = [sys.executable, "-m", "tests.helpers.mounts", mount, copy_out, "training.train"]
+        outputs[name] = forked.run(
+            [*cmd, "--config", TINY, "--set", *sets], env=ENV, cwd=ROOT, timeout=300, stderr=subprocess.STDOUT
+        )
+    for name, expect in (("guard", "free on the filesystem of"), ("enospc", "could not be written to")):
+        out = outputs[name].stdout
+        if name == "enospc":  # the cause a full disk gives, not torch's "unexpected pos …"
+            assert "no space left on the filesystem of" in out
+        run_dir = tmp_path / name
+        assert outputs[name].returncode == 2, out[-3000:]
         assert expect in out and f"Last complete checkpoint: {checkpoint_dir(run_dir, 2)}" in out, out[-2000:]
         saved = run_dir / "saved" / "step-000002"
         assert (saved / COMPLETE_FILE).is_file() and (saved / DCP_METADATA).is_file()
