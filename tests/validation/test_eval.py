@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.train_runs import eval_data, one_error_line, without_accelerate
 
@@ -1156,22 +1157,14 @@ def test_read_only_run_is_refused_in_one_line(eval_run, tmp_path):
     if os.geteuid() != 0:
         run.chmod(0o555)
         try:
-            proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+            proc = forked.run(cmd, env=env, cwd=ROOT, timeout=300)
         finally:
             run.chmod(0o755)
-    elif unshare_works():
+    elif unshare_works():  # in a mount namespace of its own (tests/helpers/mounts.py)
         ro = sh_quote(str(run))
-        script = (
-            f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && exec {' '.join(map(sh_quote, cmd))}"
-        )
-        proc = subprocess.run(
-            ["unshare", "-rm", "sh", "-c", script],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        read_only = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
+        in_namespace = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", *cmd[2:]]
+        proc = forked.run(in_namespace, env=env, cwd=ROOT, timeout=300)
     else:
         pytest.skip(
             "running as root without mount namespaces (unshare -rm): no way to make the run read-only"
