@@ -433,12 +433,10 @@ def test_an_upload_killed_midway_reruns_to_the_same_dataset(s3, synthetic, tmp_p
     s3.proxy.reset_counts()
     s3.proxy.latency = 0.2  # a slow store: the kill lands among the PUTs
     cmd = [sys.executable, "-m", "pipelines.cli", "data", "upload", str(local), url]
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=run_env(s3, tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    proc = forked.popen(cmd, cwd=ROOT, env=run_env(s3, tmp_path))
     try:
         while s3.proxy.counts.requests.get("PUT", 0) < 6:
-            assert proc.poll() is None, proc.stderr.read()
+            assert proc.poll() is None, proc.output()
             threading.Event().wait(0.005)
     finally:
         proc.send_signal(signal.SIGKILL)

@@ -22,6 +22,7 @@ from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.sources import list_source_files
 from pipelines.tokenize_shard import DiskFullError, TokenizeShard
+from tests.helpers import forked
 from tests.helpers.build_runs import assert_task_failure_is_one_error, build_argv, one_error
 from tests.helpers.corpus import SEP, fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
@@ -545,11 +546,10 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
     """Another process writing the dataset (a build, another index: two indexes removed each other's
     index.tmp/, a traceback, review R17e E3) holds its lock: one line. An intact index on a read-only
     mount, where the lock cannot be written: said complete, as before the lock."""
-    import subprocess
     import sys
 
     from tests.helpers.lock_holder import held_elsewhere
-    from tests.helpers.mounts import sh_quote, unshare_works
+    from tests.helpers.mounts import unshare_works
 
     root = tmp_path / "ds"
     shutil.copytree(built_dataset, root)
@@ -558,12 +558,10 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
         busy = f"another `gristmill data build`, `data index` or `data convert` is writing {root}"
         assert busy in capsys.readouterr().err
     assert main(["data", "index", str(root)]) == 0
-    if unshare_works():
-        cmd = " ".join(map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "index", str(root)]))
-        script = f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && {cmd}"
-        done = subprocess.run(
-            ["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120
-        )
+    if unshare_works():  # in a mount namespace of its own (tests/helpers/mounts.py)
+        read_only = f"mount --bind {root} {root} && mount -o remount,bind,ro {root}"
+        cmd = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", "pipelines.cli", "data", "index"]
+        done = forked.run([*cmd, str(root)], timeout=120)
         assert done.returncode == 0 and "is complete" in done.stdout, done.stdout + done.stderr
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from pipelines.cli import main
 from pipelines.config import DataConfig
 from pipelines.download import PART, RECORD, list_remote
 from pipelines.sources import SourceError, list_source_files, make_reader
+from tests.helpers import forked
 from tests.helpers.corpus import fixture_config_text, write_fixture_corpus
 from tests.helpers.hub_server import HubServer, point_hub_at
 from tests.helpers.s3_server import BUCKET, s3_bucket
@@ -214,9 +214,7 @@ def test_hub_build_gives_the_local_build(hub, hub_env, corpus, local_build, tmp_
     argv = build_argv(corpus, out, *HUB, "build.workers=2", f"tokenizer.path={TOKENIZER_REPO}")
     hub.drop_after(DROPPED, 5000, times=1)  # dropped once: huggingface_hub's retry reads it again
     mark = len(hub.requests)
-    run = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT, env=hub_env, capture_output=True, text=True
-    )
+    run = forked.run([sys.executable, "-m", "pipelines.cli", *argv], cwd=ROOT, env=hub_env, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert_same_dataset(out, local_build)
 
