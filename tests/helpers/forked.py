@@ -41,6 +41,9 @@ from pathlib import Path
 PRELOAD = ["torch", "training.train", "training.launch", "pipelines.cli", "torch.distributed.run",
            "torch._dynamo", "pandas", "matplotlib.pyplot"]  # fmt: skip
 WORKERS = "tests.helpers.forked_workers"
+# Makes a user and mount namespace, then becomes its MODULE here, which sets the threads then: the
+# kernel refuses unshare(CLONE_NEWUSER) to a process with threads, and torch.set_num_threads starts them
+MOUNTS = "tests.helpers.mounts"
 FROZEN = "tests.helpers.frozen_preload"  # last: freezes what the server imported
 
 _context = None
@@ -116,7 +119,7 @@ def become(target: str, args: list[str], env: dict[str, str], cwd: str, *, scrip
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    if "OMP_NUM_THREADS" in env:  # what a fresh interpreter's torch would have read at start-up
+    if "OMP_NUM_THREADS" in env and target != MOUNTS:  # what a fresh interpreter's torch reads at start
         import torch
 
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))

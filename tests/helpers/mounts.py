@@ -35,11 +35,13 @@ def sh_quote(word: str) -> str:
 
 
 def enter_namespace(script: str) -> None:
-    """This (single-threaded) process into a new user and mount namespace, as `unshare -rm` does
-    (its uid and gid mapped to root), then `sh -c SCRIPT` there: its mounts are this process's."""
+    """This process into a new user and mount namespace, as `unshare -rm` does (its uid and gid mapped
+    to root), then `sh -c SCRIPT` there: its mounts are this process's. It must have one thread (the
+    kernel's rule for a new user namespace): forked.become sets torch's threads after this, not before."""
     uid, gid = os.getuid(), os.getgid()
     if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER | CLONE_NEWNS)")
+        threads = len(os.listdir("/proc/self/task"))  # more than 1: EINVAL, whatever `unshare -rm` can do
+        raise OSError(ctypes.get_errno(), f"unshare(CLONE_NEWUSER | CLONE_NEWNS), {threads} threads")
     Path("/proc/self/setgroups").write_text("deny")
     Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
     Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
