@@ -2,10 +2,22 @@
 
 `python -m tests.helpers.mounts SCRIPT AFTER MODULE ARGS`: `python -m MODULE ARGS` in a mount namespace
 of its own, after sh ran SCRIPT's mounts there, and sh runs AFTER there ("" for nothing) once MODULE
-ended, however it ended (to copy out what a tmpfs held): what `unshare -rm sh -c "SCRIPT && { python -m
-MODULE ARGS; AFTER; }"` gives (this user as root of a new user namespace), the namespace made by the
-process itself, so that the command can be forked (tests/helpers/forked.py) instead of starting an
-interpreter (~3 CPU s). Its exit status is MODULE's."""
+ended (to copy out what a tmpfs held): what `unshare -rm sh -c "SCRIPT && { python -m MODULE ARGS;
+AFTER; }"` gives (this user as root of a new user namespace), the namespace made by the process
+itself, so that the command can be forked (tests/helpers/forked.py) instead of starting an
+interpreter (~3 CPU s).
+
+Its exit status is MODULE's, as `python -m` gives it (sys.exit's code; 1 and the traceback for an
+exception). An AFTER that fails says so in a line on stderr, and a MODULE that exited 0 then exits
+with AFTER's status: a failed copy is never an exit 0. MODULE and this helper are one process, so a
+MODULE ended by a signal (SIGKILL, forked.run's timeout) or by os._exit (the trainer's second
+Ctrl-C) ends it all there: AFTER does not run (the old sh ran its `cp` even then), what a tmpfs held
+goes with the namespace, and the status is the signal's (-N, as Popen reports it) or os._exit's.
+
+A torchrun that MODULE starts forks its workers from the worker server (forked.py gives each command
+PYTHON_EXEC), a process outside this namespace: they see neither its mounts nor its root. A command
+whose workers must run in the namespace (`--nproc-per-node 2`, an in-run eval) gives
+`PYTHON_EXEC=sys.executable` in its env: fresh interpreters, started from inside it."""
 
 from __future__ import annotations
 
@@ -55,6 +67,13 @@ if __name__ == "__main__":
     enter_namespace(script)
     try:
         become(module, args, dict(os.environ), os.getcwd())
-    finally:
-        if after:
-            subprocess.run(["sh", "-c", after], check=True)
+        ended = None
+    except BaseException as end:  # sys.exit or an exception: raised again once AFTER ran, as the status
+        ended = end
+    copied = subprocess.run(["sh", "-c", after]).returncode if after else 0
+    if copied:
+        print(f"tests.helpers.mounts: AFTER ({after}) exited {copied}", file=sys.stderr, flush=True)
+        if ended is None or (isinstance(ended, SystemExit) and ended.code in (0, None)):
+            sys.exit(copied)
+    if ended is not None:
+        raise ended
