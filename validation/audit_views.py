@@ -321,9 +321,17 @@ def _check_tables(root: Path, info: dict) -> None:
 
 
 def view_files(view: FileView, root: Path) -> list[str]:
-    """This dataset's files of `view`, as absolute paths. Listed here rather than globbed by duckdb:
-    a directory named `exp[1]`, `a*b` or `run?` would be read as a pattern and match nothing."""
+    """This dataset's files of `view`, as absolute paths, listed here rather than globbed by duckdb."""
     return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
+
+
+def glob_literal(path: str) -> str:
+    """`path` as a duckdb glob pattern matching that path alone. duckdb globs every file name its
+    readers get, even in a list, and reads the literal name only when the pattern matches nothing: a
+    directory `exp[1]` beside `exp1`, or `a*b` beside `a-b`, read the neighbour's files (review R31b
+    F5). duckdb 2.0.1 has no backslash escape nor a no-glob option; a bracket class of one character
+    is literal (`{` is no glob character there)."""
+    return "".join(f"[{c}]" if c in "[*?" else c for c in path)
 
 
 def _source(view: FileView, root: Path) -> str | None:
@@ -331,7 +339,7 @@ def _source(view: FileView, root: Path) -> str | None:
     paths = view_files(view, root)
     if not paths:
         return None
-    files = "[" + ", ".join(sql_str(f) for f in paths) + "]"
+    files = "[" + ", ".join(sql_str(glob_literal(f)) for f in paths) + "]"
     if view.reader == "parquet":
         return f"read_parquet({files}, union_by_name = true)"
     if view.reader == "json":
@@ -395,7 +403,11 @@ def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[st
     # would let a query read whatever lies there; the audit's queries are small, so no spilling.
     con.execute("SET temp_directory = ''")
     create_views(con, paths, names)
-    allowed = ", ".join(sql_str(str(p) + os.sep) for p in paths)
+    # duckdb checks a reader's pattern against these before it globs (so the escaped name too), then
+    # each file it found (the name itself); an escaped name matches only its own directory
+    allowed = ", ".join(
+        sql_str(d) for p in paths for d in dict.fromkeys([str(p) + os.sep, glob_literal(str(p)) + os.sep])
+    )
     con.execute(f"SET allowed_directories = [{allowed}]")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

@@ -31,7 +31,7 @@ from validation.audit import (
     write_results,
 )
 from validation.audit_reports import PLOTS, PRESETS
-from validation.audit_views import FILE_VIEWS, connect, dataset_names
+from validation.audit_views import FILE_VIEWS, connect, dataset_names, persist
 
 
 def files_under(root: Path) -> set[str]:
@@ -481,15 +481,27 @@ def test_duckdb_temp_directory_is_not_readable_from_any_cwd(built_dataset, tmp_p
         assert "refused: the audit reads only inside" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["exp[1]", "a*b", "run?"])
-def test_directory_names_with_glob_characters(built_dataset, tmp_path, name):
+@pytest.mark.parametrize(("name", "sibling"), [("exp[1]", "exp1"), ("a*b", "a-b"), ("run?", "runX")])
+def test_directory_names_with_glob_characters(built_dataset, tmp_path, name, sibling):
+    # beside a directory its name matches as a pattern: duckdb read the sibling's files (review R31b F5)
     root = tmp_path / name
     shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards"))
-    rows = summary_rows(root)
+    other = small_dataset(tmp_path / sibling)  # 12 documents
     info = json.loads((root / "dataset.json").read_text())
-    assert rows["kept (manifest)"]["documents"] == info["documents"] > 0
-    con, _ = connect([root])
-    assert con.execute("SELECT fingerprint FROM dataset").fetchone()[0] == info["fingerprint"]
+    assert summary_rows(root)["kept (manifest)"]["documents"] == info["documents"] > 12
+    con, _ = connect([root, other])
+    fingerprints = [
+        (name, info["fingerprint"]),
+        (sibling, json.loads((other / "dataset.json").read_text())["fingerprint"]),
+    ]
+    assert con.execute("SELECT dataset_name, fingerprint FROM dataset ORDER BY 1").fetchall() == sorted(
+        fingerprints
+    )
+    count = "SELECT dataset_name, count(*) FROM docs GROUP BY 1 ORDER BY 1"
+    assert con.execute(count).fetchall() == sorted([(name, info["documents"]), (sibling, 12)])
+    db = tmp_path / "audit.duckdb"  # the views a user opens with full access read the same files
+    persist([root], db)
+    assert duckdb.connect(str(db), read_only=True).execute(count).fetchall() == [(name, info["documents"])]
 
 
 def test_dataset_json_listing_documents_without_manifest_is_an_error(built_dataset, tmp_path, capsys):
