@@ -23,6 +23,7 @@ import datetime
 import decimal
 import json
 import math
+import os
 import shutil
 import sys
 import tomllib
@@ -32,7 +33,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.console import answer_on_stdout
-from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, redo_task
+from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, DatasetError, redo_task
 from training.contract.errors import GristmillError, print_error, refuse_empty
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
@@ -43,8 +44,8 @@ from training.contract.run_layout import (
     EVAL_PARQUET,
     is_training_run,
 )
-from training.data.recipe import recorded_plan_fix
-from training.data.remote import add_cache_argument, cache_of
+from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
+from training.data.remote import add_cache_argument, cache_of, origin
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
@@ -54,6 +55,7 @@ from validation.audit_views import (
     Damaged,
     bucket_copy,
     connect,
+    dataset_json,
     describe_views,
     find_damaged,
     persist,
@@ -502,8 +504,8 @@ def _refuse_other_file(db: Path) -> None:
         )
 
 
-def _run_datasets(run: Path) -> list[str]:
-    """The datasets training run `run` reads (its config.toml's sources: data.dataset or each
+def _run_sources(run: Path) -> list[tuple[str, str]]:
+    """(source, dataset) of each source training run `run` reads (its config.toml's data.dataset or each
     [[data.sources]]), none where it is no run or its config cannot be read (review R24e 5: the advice
     named data.dataset, which a mixture's config does not have)."""
     from training.config import load_train_config
@@ -515,9 +517,52 @@ def _run_datasets(run: Path) -> list[str]:
         named = tomllib.loads((run / CONFIG_TOML).read_text()).get("data")
         if not isinstance(named, dict) or not {"dataset", "sources"} & set(named):
             return []  # the default dataset is no run's (an emptied config.toml named it: review R24h 4)
-        return [s.dataset for s in resolve(load_train_config(str(run / CONFIG_TOML), [])).sources]
+        return [(s.name, s.dataset) for s in resolve(load_train_config(str(run / CONFIG_TOML), [])).sources]
     except (GristmillError, OSError, ValueError):
         return []
+
+
+def _other_build(run: Path, source: str, location: str, info: dict[str, Any]) -> str | None:
+    """Why the dataset at `location` (its dataset.json: `info`) is not the build source `source` of
+    training run `run` read, by the rule of `data inspect RUN` and `verify RUN` (RUN/data_plan.json's
+    fingerprint), or None: it is, or nothing tells (no plan recorded or a damaged one, which the views
+    name; no dataset.json). A dataset rebuilt under the path a run's config names was advised and
+    printed as the run's (review R31b F2)."""
+    try:
+        plan = recorded_plan(run)
+    except DatasetError:
+        return None
+    if not info or plan is None:
+        return None
+    try:
+        check_trained_on(
+            run, source, location, info, "it was rebuilt or replaced after the run, so its tables are not of "
+            "the documents the run read (the `sources` view holds the fingerprint it read)", plan,
+        )  # fmt: skip
+    except DatasetError as e:
+        return str(e)
+    return None
+
+
+def _same_place(a: str | Path, b: str | Path) -> bool:
+    """Whether two dataset locations are one: a bucket's URL (an audited root is its cache copy), or a
+    directory however written."""
+
+    def where(x: str | Path) -> str:
+        return str(x) if is_url(str(x)) else (origin(Path(x)) or os.path.realpath(x))
+
+    return where(a) == where(b)
+
+
+def _note_other_builds(dirs: list[str]) -> None:
+    """A dataset audited beside a run whose config names its path, but another build than the run read
+    (rebuilt since): one note, since both print as if paired."""
+    datasets = [d for d in dirs if (Path(d) / DATASET_JSON).is_file()]
+    for run in (Path(d) for d in dirs if datasets and is_training_run(d)):
+        for source, location in _run_sources(run):
+            for root in (d for d in datasets if _same_place(d, location)):
+                if why := _other_build(run, source, location, dataset_json(Path(root))):
+                    print(f"note: {why}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -535,13 +580,20 @@ def _run(args: argparse.Namespace) -> int:
     asked = f"--report {args.report}" if args.report not in (None, "all", *RUN_REPORTS) else None
     if (asked or args.plots) and not _has_dataset(args.dirs):
         # its tables would be empty: "(no rows)" and exit 0 said nothing of why
-        runs = [f"{d}'s: {', '.join(ds)}" for d in args.dirs if (ds := _run_datasets(Path(d)))]
+        runs, others = [], []
+        for d in args.dirs:
+            if sources := _run_sources(Path(d)):
+                why = {s: _other_build(Path(d), s, loc, dataset_json(Path(loc))) for s, loc in sources}
+                runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or "none now"))
+                others += [w for w in why.values() if w]
         raise AuditError(
             f"{asked or '--plots'} reads a dataset's files, and {', '.join(args.dirs)} holds no "
             f"{DATASET_JSON}: pass a dataset directory ("
             + ("; ".join(runs) if runs else "a training run's are the datasets its config.toml names")
             + f"), or --report {' / '.join(RUN_REPORTS)} for a training run"
+            + "".join(f"; {w}" for w in others)
         )
+    _note_other_builds(args.dirs)
     if args.report in RUN_REPORTS and not any(is_training_run(r) for r in args.dirs):
         # its table would be empty: "(no rows)" and exit 0 said nothing of why (review R18a F5)
         raise AuditError(

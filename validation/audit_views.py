@@ -152,6 +152,16 @@ SELECT (s.value->>'rewind')::BIGINT AS rewind, (s.value->>'first_step')::BIGINT 
 FROM {src} f, json_each(f.content::JSON->'skips') s, json_each(s.value->'sources') d
 """
 
+# The builds a training run reads (RUN/data_plan.json's "sources", training/data/plan.py Source): one
+# row per source, with the fingerprint of the dataset it trained on, which a dataset rebuilt under the
+# path its config names no longer has (review R31b F2; consumption's `dataset` is that path).
+SOURCES_SQL = """
+SELECT s.key::INTEGER AS source_index, s.value->>'name' AS source, s.value->>'fingerprint' AS fingerprint,
+       (s.value->>'tokens')::BIGINT AS tokens, (s.value->>'val_fraction')::DOUBLE AS val_fraction,
+       (s.value->>'max_epochs')::BIGINT AS max_epochs, s.value->>'tokenizer_sha256' AS tokenizer_sha256
+FROM {src} f, json_each(f.content::JSON->'sources') s
+"""
+
 # name -> files of each dataset. The build writes datatrove's logging dir under DIR/logs/: one
 # stats/NNNNN.json per task (the merged logs/stats.json only covers the tasks of the last run, so
 # after a resume it undercounts; the per-task files are the truth).
@@ -169,6 +179,7 @@ FILE_VIEWS: dict[str, FileView] = {
     # rewinds, epochs, share read.
     "consumption": FileView(CONSUMPTION_PARQUET, CONSUMPTION_SQL, "parquet", CONSUMPTION_SCHEMA),
     "skips": FileView(DATA_PLAN_JSON, SKIPS_SQL),
+    "sources": FileView(DATA_PLAN_JSON, SOURCES_SQL),
 }
 
 # name -> SQL over the views above (already carrying dataset_name).
@@ -245,7 +256,7 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
             )
         # Documents promised but no manifest to count them: an empty `docs` table would look like
         # an empty dataset, so it is an error.
-        info = _dataset_json(p)
+        info = dataset_json(p)
         listed = info.get("documents")
         if isinstance(listed, int) and not isinstance(listed, bool) and listed and not manifest_files(p):
             raise DatasetError(
@@ -259,7 +270,7 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
     return out
 
 
-def _dataset_json(root: Path) -> dict:
+def dataset_json(root: Path) -> dict:
     """dataset.json, or {} when absent or unreadable (find_damaged names that)."""
     import json
 

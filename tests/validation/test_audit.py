@@ -19,6 +19,8 @@ import pytest
 from pipelines.cli import main
 from pipelines.shard_writer import ShardWriter, finalize_dataset
 from training.contract.dataset_format import EXCLUDED_SCHEMA, manifest_files
+from training.data.plan import Phase, Plan, Source
+from training.data.recipe import record_plan, write_consumption
 from validation.audit import (
     Result,
     format_table,
@@ -212,10 +214,11 @@ def test_plots_are_png(built_dataset, tmp_path):
         assert width > 100 and height > 100 and len(data) > 1000
 
 
-def small_dataset(root: Path) -> Path:
+def small_dataset(root: Path, seed: int = 1) -> Path:
     """A ShardWriter dataset with no logs/ and no excluded/; task 1 has no documents, and the
-    source rows s0 and s1 each appear twice (ids), once under the same url."""
-    rng = np.random.default_rng(1)
+    source rows s0 and s1 each appear twice (ids), once under the same url. Another `seed` is
+    another build (other token ids: another fingerprint)."""
+    rng = np.random.default_rng(seed)
     for t in range(2):
         w = ShardWriter(root, t, vocab_size=1000, target_bytes=4096)
         for i in range(0 if t == 1 else 12):
@@ -227,6 +230,32 @@ def small_dataset(root: Path) -> Path:
     sep = {"token": "<|endoftext|>", "id": 0, "position": "after"}
     finalize_dataset(root, vocab_size=1000, separator=sep, config_sha256="small")
     return root
+
+
+def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, capsys):
+    """The run's config names a path whose dataset was rebuilt: the advice and a run audited beside it
+    named it as the run's, and no view held the build the run read (review R31b F2)."""
+    data = small_dataset(tmp_path / "data")
+    read = json.loads((data / "dataset.json").read_text())["fingerprint"]
+    plan = Plan([Source("data", str(data), read, 600, 12, None)], [Phase("main", 4, 16, 2, (1,))], seed=1)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(f"[data]\ndataset = {json.dumps(str(data))}\n")
+    record_plan(plan, run)
+    write_consumption(plan, 2, plan.consumed(2), run / "consumption.parquet")
+    same = "SELECT s.fingerprint = d.fingerprint FROM consumption c JOIN sources s USING (source), dataset d"
+    assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[-1] == "True" and not err, (out, err)
+    shutil.rmtree(data)
+    now = json.loads((small_dataset(data, seed=2) / "dataset.json").read_text())["fingerprint"]
+    another = f"{data} is not the dataset this run trained on (fingerprint {now[:12]}… now, {read[:12]}… in "
+    assert main(["data", "audit", str(run), "--report", "summary"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"pass a dataset directory ({run}'s: none now)" in err and another in err and "\n" not in err, err
+    assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[-1] == "False" and err.startswith("note: source 'data': " + another), err
 
 
 def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):
