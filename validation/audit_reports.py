@@ -93,14 +93,24 @@ FROM docs
 GROUP BY 1, 2
 ORDER BY dataset_name, tokens DESC
 """,
+    # The domain is urllib.parse.urlsplit(url).hostname without "www.": the netloc ('//' after an optional
+    # scheme, up to the first '/', '?' or '#': one regex per document, 0.9 s for 10M on 2 cores, 0.1 s more
+    # than the split at '/' it replaced), then, per distinct netloc, what follows the last '@'
+    # (user:password), inside '[…]' (IPv6) or before ':' (port). Null: no host. Cutting at the third '/'
+    # made `site?p=1`, `user` and `[` domains (review R31b F7).
     "top_domains": """
 WITH hosts AS (
-    SELECT dataset_name, split_part(url, '/', 3) AS host, count(*) AS documents, sum(n_tokens) AS tokens
+    SELECT dataset_name, regexp_extract(url, '^(?:[A-Za-z][A-Za-z0-9+.-]*:)?//([^/?#]*)', 1) AS netloc,
+           count(*) AS documents, sum(n_tokens) AS tokens
     FROM docs GROUP BY ALL
+), hostnames AS (
+    SELECT *, CASE WHEN contains(h, '[') THEN split_part(split_part(h, '[', 2), ']', 1)
+                   ELSE split_part(h, ':', 1) END AS hostname
+    FROM (SELECT *, regexp_replace(netloc, '^.*@', '') AS h FROM hosts)
 ), domains AS (
-    SELECT dataset_name, regexp_replace(lower(split_part(host, ':', 1)), '^www\\.', '') AS domain,
+    SELECT dataset_name, nullif(regexp_replace(lower(hostname), '^www\\.', ''), '') AS domain,
            sum(documents)::BIGINT AS documents, sum(tokens)::BIGINT AS tokens
-    FROM hosts GROUP BY 1, 2
+    FROM hostnames GROUP BY 1, 2
 )
 SELECT dataset_name, domain, documents, tokens,
        round(100.0 * tokens / sum(tokens) OVER (PARTITION BY dataset_name), 3) AS pct_of_tokens
