@@ -248,6 +248,14 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
                 f"{p} is not a directory; pass dataset directories built by `gristmill data build` or "
                 "training run directories (run.output_dir)"
             )
+        real = os.path.realpath(p)
+        if "\\" in real and any(c in real for c in GLOB_CHARS):  # no pattern reads it (glob_literal)
+            where = p if os.path.abspath(p) == real else f"{p} (real path {real})"
+            raise DatasetError(
+                f"cannot audit {where}: its path holds a '\\' and a [, * or ?, and duckdb reads such a "
+                "file name as a pattern in which '\\' is a '/' (another directory's files); rename or move "
+                "the directory so that its real path has no '\\'"
+            )
         marks = (DATASET_JSON, MANIFEST_DIR, EVAL_PARQUET, CONSUMPTION_PARQUET)
         if not any((p / m).exists() for m in marks):
             raise DatasetError(
@@ -266,7 +274,7 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
         _check_tables(p, info)
         if is_training_run(p) and (stale := stale_eval_table(p)):  # the `eval` view reads the table alone
             raise DatasetError(f"cannot audit {p}: {stale}")
-        out.append(Path(os.path.realpath(p)))
+        out.append(Path(real))
     return out
 
 
@@ -336,13 +344,18 @@ def view_files(view: FileView, root: Path) -> list[str]:
     return [str(root / f) for f in sorted(glob.glob(view.pattern, root_dir=root, recursive=True))]
 
 
+GLOB_CHARS = "[*?"  # what makes duckdb glob a file name (`{` does not, in 2.0.1)
+
+
 def glob_literal(path: str) -> str:
     """`path` as a duckdb glob pattern matching that path alone. duckdb globs every file name its
     readers get, even in a list, and reads the literal name only when the pattern matches nothing: a
     directory `exp[1]` beside `exp1`, or `a*b` beside `a-b`, read the neighbour's files (review R31b
     F5). duckdb 2.0.1 has no backslash escape nor a no-glob option; a bracket class of one character
-    is literal (`{` is no glob character there)."""
-    return "".join(f"[{c}]" if c in "[*?" else c for c in path)
+    is literal. A path holding a glob character and a `\\` has no such pattern: duckdb's glob splits at
+    `\\` as at `/`, on Linux too, and nothing matches a `\\` (check_roots refuses it; review RV32d 1).
+    A name without glob characters is not globbed: returned as it is, `\\` and all, it reads."""
+    return "".join(f"[{c}]" if c in GLOB_CHARS else c for c in path)
 
 
 def _source(view: FileView, root: Path) -> str | None:

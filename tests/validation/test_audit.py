@@ -535,8 +535,9 @@ def test_duckdb_temp_directory_is_not_readable_from_any_cwd(built_dataset, tmp_p
 
 
 @pytest.mark.parametrize(("name", "sibling"), [("exp[1]", "exp1"), ("a*b", "a-b"), ("run?", "runX")])
-def test_directory_names_with_glob_characters(built_dataset, tmp_path, name, sibling):
-    # beside a directory its name matches as a pattern: duckdb read the sibling's files (review R31b F5)
+def test_directory_names_with_glob_characters(built_dataset, tmp_path, name, sibling, capsys):
+    # beside a directory its name matches as a pattern: duckdb read the sibling's files (review R31b F5);
+    # with a '\' too, which duckdb's glob reads as '/', no pattern reads it (review RV32d 1)
     root = tmp_path / name
     shutil.copytree(built_dataset, root, ignore=shutil.ignore_patterns("shards"))
     other = small_dataset(tmp_path / sibling)  # 12 documents
@@ -555,6 +556,15 @@ def test_directory_names_with_glob_characters(built_dataset, tmp_path, name, sib
     db = tmp_path / "audit.duckdb"  # the views a user opens with full access read the same files
     persist([root], db)
     assert duckdb.connect(str(db), read_only=True).execute(count).fetchall() == [(name, info["documents"])]
+    (tmp_path / "d").mkdir()  # the escaped d\{name} is d/{name} to duckdb: root's documents, not its own
+    root.rename(tmp_path / "d" / name)
+    other = other.rename(tmp_path / f"d\\{name}")
+    assert main(["data", "audit", str(other), "--sql", count]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: cannot audit {other}: its path holds a '\\'") and "\n" not in err, err
+    assert "rename or move the directory" in err
+    other = other.rename(tmp_path / "d\\e")  # no glob character: not globbed, read as it is
+    assert connect([other])[0].execute(count).fetchall() == [("d\\e", 12)]
 
 
 def test_dataset_json_listing_documents_without_manifest_is_an_error(built_dataset, tmp_path, capsys):
