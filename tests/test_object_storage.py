@@ -1846,6 +1846,24 @@ def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check
     assert copy.read_bytes() != bytes(data)  # fetched again
 
 
+def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(s3, synthetic, tmp_path, capsys):
+    """A dataset report asked of a run names the datasets its config names that are the builds it read:
+    a bucket's URL was read as a local path, which holds no dataset.json, so one replaced since was
+    advised as the run's (review RV32d 2)."""
+    local, url = synthetic
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(f"[data]\ndataset = {json.dumps(url)}\n")
+    ours = read_dataset_info(local)["fingerprint"]
+    for recorded, advised in ((ours, url), ("f" * 64, "none now")):
+        plan = {"sources": [{"name": "data", "fingerprint": recorded}]}
+        (run / "data_plan.json").write_text(json.dumps(plan))
+        assert gristmill(["data", "audit", str(run), "--report", "summary"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert f"pass a dataset directory ({run}'s: {advised})" in err and "\n" not in err, err
+    assert f"source 'data': {url} is not the dataset this run trained on (fingerprint {ours[:12]}… now" in err
+
+
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):
     from pipelines.convert import convert_dataset
     from tests.helpers.legacy_dataset import write_legacy_dataset

@@ -45,7 +45,7 @@ from training.contract.run_layout import (
     is_training_run,
 )
 from training.data.recipe import check_trained_on, recorded_plan, recorded_plan_fix
-from training.data.remote import add_cache_argument, cache_of, origin
+from training.data.remote import add_cache_argument, cache_of, dataset_info, origin
 from training.plotting import agg_pyplot
 from validation.audit_reports import DEFAULT_REPORTS, FINEWEB_ONLY, PLOTS, PRESETS, RUN_REPORTS
 from validation.audit_views import (
@@ -544,6 +544,16 @@ def _other_build(run: Path, source: str, location: str, info: dict[str, Any]) ->
     return None
 
 
+def _dataset_json_at(location: str) -> dict[str, Any]:
+    """The dataset.json of the dataset a run's config names, a bucket's too (one GET, nothing cached:
+    `Path` read an s3:// URL as a local path, which holds none, so a replaced bucket dataset was advised
+    as the run's: review RV32d 2), or {} where none is readable (moved, deleted: nothing tells)."""
+    try:
+        return dataset_info(location)
+    except GristmillError:
+        return {}
+
+
 def _same_place(a: str | Path, b: str | Path) -> bool:
     """Whether two dataset locations are one: a bucket's URL (an audited root is its cache copy), or a
     directory however written."""
@@ -583,7 +593,7 @@ def _run(args: argparse.Namespace) -> int:
         runs, others = [], []
         for d in args.dirs:
             if sources := _run_sources(Path(d)):
-                why = {s: _other_build(Path(d), s, loc, dataset_json(Path(loc))) for s, loc in sources}
+                why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
                 runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or "none now"))
                 others += [w for w in why.values() if w]
         raise AuditError(
