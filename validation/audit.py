@@ -534,14 +534,26 @@ def _other_build(run: Path, source: str, location: str, info: dict[str, Any]) ->
         return None
     if not info or plan is None:
         return None
+    # a relative path is read from the working directory, which the run's may not have been; the plan
+    # records no path, so the line names the one checked (review RV32d 3: an untouched dataset audited
+    # from another directory was said to be rebuilt)
+    where, since = location, " after the run"
+    if _relative(location):
+        where = f"{location} (from this working directory: {os.path.abspath(location)})"
+        since = ", or the run read that relative path from another working directory"
     try:
         check_trained_on(
-            run, source, location, info, "it was rebuilt or replaced after the run, so its tables are not of "
-            "the documents the run read (the `sources` view holds the fingerprint it read)", plan,
+            run, source, where, info, f"it was rebuilt or replaced{since}, so its tables are not of the "
+            "documents the run read (the `sources` view holds the fingerprint it read)", plan,
         )  # fmt: skip
     except DatasetError as e:
         return str(e)
     return None
+
+
+def _relative(location: str) -> bool:
+    """Whether a dataset a run's config names is a relative path: read from the working directory."""
+    return not is_url(location) and not Path(location).is_absolute()
 
 
 def _dataset_json_at(location: str) -> dict[str, Any]:
@@ -594,7 +606,9 @@ def _run(args: argparse.Namespace) -> int:
         for d in args.dirs:
             if sources := _run_sources(Path(d)):
                 why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
-                runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or "none now"))
+                relative = any(_relative(loc) for s, loc in sources if why[s])
+                none = "none from this working directory" if relative else "none now"
+                runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))
                 others += [w for w in why.values() if w]
         raise AuditError(
             f"{asked or '--plots'} reads a dataset's files, and {', '.join(args.dirs)} holds no "

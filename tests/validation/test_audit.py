@@ -234,9 +234,10 @@ def small_dataset(root: Path, seed: int = 1) -> Path:
     return root
 
 
-def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, capsys):
+def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, capsys, monkeypatch):
     """The run's config names a path whose dataset was rebuilt: the advice and a run audited beside it
-    named it as the run's, and no view held the build the run read (review R31b F2)."""
+    named it as the run's, and no view held the build the run read (review R31b F2). A relative path is
+    read from the working directory, maybe not the run's: said so, naming the path read (review RV32d 3)."""
     data = small_dataset(tmp_path / "data")
     read = json.loads((data / "dataset.json").read_text())["fingerprint"]
     plan = Plan([Source("data", str(data), read, 600, 12, None)], [Phase("main", 4, 16, 2, (1,))], seed=1)
@@ -258,6 +259,13 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
     out, err = capsys.readouterr()
     assert out.split()[-1] == "False" and err.startswith("note: source 'data': " + another), err
+    (run / "config.toml").write_text('[data]\ndataset = "data"\n')  # as the run read it from tmp_path
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "audit", str(run), "--report", "summary"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"({run}'s: none from this working directory)" in err, err
+    assert f"source 'data': data (from this working directory: {data}) is not the dataset " in err, err
+    assert "rebuilt or replaced, or the run read that relative path from another working directory" in err
 
 
 def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):
