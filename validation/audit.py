@@ -525,13 +525,10 @@ def _run_sources(run: Path) -> list[tuple[str, str]]:
 def _other_build(run: Path, source: str, location: str, info: dict[str, Any]) -> str | None:
     """Why the dataset at `location` (its dataset.json: `info`) is not the build source `source` of
     training run `run` read, by the rule of `data inspect RUN` and `verify RUN` (RUN/data_plan.json's
-    fingerprint), or None: it is, or nothing tells (no plan recorded or a damaged one, which the views
-    name; no dataset.json). A dataset rebuilt under the path a run's config names was advised and
-    printed as the run's (review R31b F2)."""
-    try:
-        plan = recorded_plan(run)
-    except DatasetError:
-        return None
+    fingerprint), or None: it is, or nothing tells (no plan recorded, no dataset.json). A damaged plan
+    is recorded_plan's DatasetError. A dataset rebuilt under the path a run's config names was advised
+    and printed as the run's (review R31b F2)."""
+    plan = recorded_plan(run)
     if not info or plan is None:
         return None
     # a relative path is read from the working directory, which the run's may not have been; the plan
@@ -580,11 +577,16 @@ def _note_other_builds(dirs: list[str]) -> None:
     """A dataset audited beside a run whose config names its path, but another build than the run read
     (rebuilt since): one note, since both print as if paired."""
     datasets = [d for d in dirs if (Path(d) / DATASET_JSON).is_file()]
+    notes = []
     for run in (Path(d) for d in dirs if datasets and is_training_run(d)):
         for source, location in _run_sources(run):
             for root in (d for d in datasets if _same_place(d, location)):
-                if why := _other_build(run, source, location, dataset_json(Path(root))):
-                    print(f"note: {why}", file=sys.stderr)
+                try:
+                    notes.append(_other_build(run, source, location, dataset_json(Path(root))))
+                except DatasetError as e:  # its data_plan.json damaged: nothing tells
+                    notes.append(str(e))
+    for why in dict.fromkeys(n for n in notes if n):
+        print(f"note: {why}", file=sys.stderr)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -605,7 +607,10 @@ def _run(args: argparse.Namespace) -> int:
         runs, others = [], []
         for d in args.dirs:
             if sources := _run_sources(Path(d)):
-                why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
+                try:
+                    why = {s: _other_build(Path(d), s, loc, _dataset_json_at(loc)) for s, loc in sources}
+                except DatasetError as e:  # its data_plan.json damaged: which builds it read is unknown
+                    why, others = dict.fromkeys(s for s, _ in sources), [*others, str(e)]
                 relative = any(_relative(loc) for s, loc in sources if why[s])
                 none = "none from this working directory" if relative else "none now"
                 runs.append(f"{d}'s: " + (", ".join(loc for s, loc in sources if not why[s]) or none))

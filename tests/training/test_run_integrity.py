@@ -1015,6 +1015,12 @@ def test_a_damaged_data_plan_is_one_line_with_the_fix_that_works(dataset, tmp_pa
         assert str(plan) in line and fix in line and "data validate" not in line, line
     assert gristmill(fix.split()[1:]) == 0
     assert json.loads(plan.read_text()) == good
+    # a source without its fingerprint (every plan records it): a KeyError traceback (review RV32d 5)
+    plan.write_text(json.dumps({**good, "sources": [{"name": "data"}]}))
+    assert gristmill(["data", "inspect", str(run), "--step", "2"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert f"{plan} is damaged (sources[0] has no string 'fingerprint'); the trainer writes it" in line, line
+    plan.write_text(json.dumps(good))
     assert gristmill(["data", "inspect", str(run), "--step", "2", "--max-rows", "1"]) == 0
     capsys.readouterr()  # no data-parallel ranks: one line (ZeroDivisionError in the run's plan: R21b F11)
     assert gristmill(["data", "inspect", str(run), "--world-size", "0"]) == 2

@@ -266,6 +266,17 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     assert f"({run}'s: none from this working directory)" in err, err
     assert f"source 'data': data (from this working directory: {data}) is not the dataset " in err, err
     assert "rebuilt or replaced, or the run read that relative path from another working directory" in err
+    # a source without its fingerprint: a KeyError traceback from each audit of the run (review RV32d 5)
+    plan = json.loads((run / "data_plan.json").read_text())
+    del plan["sources"][0]["fingerprint"]
+    (run / "data_plan.json").write_text(json.dumps(plan))
+    damaged = f"{run / 'data_plan.json'} is damaged (sources[0] has no string 'fingerprint'); no checkpoint"
+    assert main(["data", "audit", str(run), "--report", "summary"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"({run}'s: data)" in err and f"; {damaged}" in err and "\n" not in err, err
+    assert main(["data", "audit", str(run), "data", "--sql", "SELECT count(*) FROM sources"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split()[-1] == "1" and err.startswith(f"note: {damaged}") and err.count("\n") == 1, err
 
 
 def test_missing_excluded_logs_and_empty_task_do_not_break_views(tmp_path):

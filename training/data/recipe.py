@@ -371,12 +371,20 @@ def _or_the_plan_changed(run_dir: Path) -> str:
 
 def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
     """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
-    damaged one is a DatasetError naming it and what rewrites it."""
+    damaged one is a DatasetError naming it and what rewrites it. Each source's name and fingerprint,
+    which every reader takes, are checked here: every plan recorded both since the first (44980ef), and
+    one without was a KeyError traceback from inspect, verify and the audit (review RV32d 5)."""
     path = run_dir / DATA_PLAN_JSON
     try:
-        return read_json_record(path, "sources")
+        plan = read_json_record(path, "sources")
+        for i, source in enumerate(plan["sources"] if plan else []):
+            if not isinstance(source, dict):
+                raise ValueError(f"sources[{i}] is not an object")
+            if missing := [k for k in ("name", "fingerprint") if not isinstance(source.get(k), str)]:
+                raise ValueError(f"sources[{i}] has no string {missing[0]!r}")
     except ValueError as e:
         raise DatasetError(f"{path} is damaged ({e}); {recorded_plan_fix(run_dir)}") from None
+    return plan
 
 
 # The data order of a run whose checkpoint holds the loader state of gristmill 62f489d or earlier
