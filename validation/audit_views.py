@@ -38,6 +38,7 @@ from training.contract.dataset_format import (
     MANIFEST_SCHEMA,
     SHARDS_DIR,
     DatasetError,
+    data_identities,
     dataset_files,
     manifest_files,
     read_dataset_info,
@@ -57,10 +58,11 @@ class FileView:
     """A view over the files matching `pattern` (a glob relative to each dataset directory).
 
     `sql` selects FROM {src}, which reads those files ({root} is the dataset directory as a SQL
-    string). `reader` says how {src} reads them: "parquet" (read_parquet, schemas unioned by
-    name), "text" (read_text: columns filename, content) or "json" (read_json). A dataset without
-    matching files contributes no rows; `schema` gives a parquet view its columns when no dataset
-    has a file (a json view without files is left out).
+    string; {identities}, its fingerprints over its dataset.json `j`: _identities). `reader` says how
+    {src} reads them: "parquet" (read_parquet, schemas unioned by name), "text" (read_text: columns
+    filename, content) or "json" (read_json). A dataset without matching files contributes no rows;
+    `schema` gives a parquet view its columns when no dataset has a file (a json view without files
+    is left out).
     """
 
     pattern: str
@@ -91,6 +93,7 @@ FROM {src} f, json_each(f.content::JSON) step, json_each(step.value->'stats') m
 DATASET_SQL = """
 SELECT
     j->>'fingerprint' AS fingerprint,
+    {identities} AS fingerprints,
     j->>'status' AS status,
     j->>'format' AS format,
     (j->>'vocab_size')::BIGINT AS vocab_size,
@@ -371,6 +374,21 @@ def _source(view: FileView, root: Path) -> str | None:
     return f"read_text({files})"
 
 
+def _identities(root: Path) -> str:
+    """The `fingerprints` of dataset.json `j` at `root`: every fingerprint its documents have had
+    (data_identities: as built, before `data index`, of the dataset `data convert` rewrote into it), by
+    which `data inspect RUN` and `verify RUN` tell a run's data; recomputed here, never read from the
+    file, for the dataset.json of that fingerprint (a --db's views outlive it: another has its own
+    alone). `dataset`'s fingerprint alone said "another build" of a run's re-indexed or converted
+    dataset (review RV32d 4)."""
+    info = dataset_json(root)
+    ids = "[" + ", ".join(sql_str(f) for f in sorted(data_identities(info))) + "]::VARCHAR[]"
+    fingerprint = info.get("fingerprint")
+    if not isinstance(fingerprint, str):
+        return "[j->>'fingerprint']"
+    return f"CASE WHEN j->>'fingerprint' = {sql_str(fingerprint)} THEN {ids} ELSE [j->>'fingerprint'] END"
+
+
 def _empty_source(view: FileView) -> str | None:
     if view.reader == "text":
         return _EMPTY_TEXT
@@ -396,7 +414,8 @@ def view_sql(name: str, roots: list[Path], names: list[str]) -> str | None:
         elif empty is not None and view.schema is not None:
             # files written before a column was added read as null in it (e.g. an older manifest)
             src = f"(SELECT * FROM {src} UNION ALL BY NAME {empty})"
-        body = view.sql.format(src=src, root=sql_str(str(root)))
+        identities = _identities(root) if "{identities}" in view.sql else ""
+        body = view.sql.format(src=src, root=sql_str(str(root)), identities=identities)
         parts.append(f"SELECT {sql_str(ds_name)} AS dataset_name, * FROM ({body})")
     return "\nUNION ALL BY NAME\n".join(parts)
 

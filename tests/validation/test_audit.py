@@ -19,8 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
+from pipelines.data_index import index_dataset
 from pipelines.shard_writer import ShardWriter, finalize_dataset
-from training.contract.dataset_format import EXCLUDED_SCHEMA, manifest_files
+from training.contract.dataset_format import EXCLUDED_SCHEMA, fingerprint, manifest_files
 from training.data.plan import Phase, Plan, Source
 from training.data.recipe import record_plan, write_consumption
 from validation.audit import (
@@ -239,19 +240,28 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     named it as the run's, and no view held the build the run read (review R31b F2). A relative path is
     read from the working directory, maybe not the run's: said so, naming the path read (review RV32d 3)."""
     data = small_dataset(tmp_path / "data")
-    read = json.loads((data / "dataset.json").read_text())["fingerprint"]
+    info = json.loads((data / "dataset.json").read_text())  # the run read it before `data index`
+    shutil.rmtree(data / "index")
+    del info["index"]
+    read = info["fingerprint"] = fingerprint(info)
+    (data / "dataset.json").write_text(json.dumps(info))
+    index_dataset(data, log=lambda *a: None)  # the same data: fingerprints holds both (review RV32d 4)
     plan = Plan([Source("data", str(data), read, 600, 12, None)], [Phase("main", 4, 16, 2, (1,))], seed=1)
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.toml").write_text(f"[data]\ndataset = {json.dumps(str(data))}\n")
     record_plan(plan, run)
     write_consumption(plan, 2, plan.consumed(2), run / "consumption.parquet")
-    same = "SELECT s.fingerprint = d.fingerprint FROM consumption c JOIN sources s USING (source), dataset d"
+    same = "SELECT list_contains(d.fingerprints, s.fingerprint) FROM consumption c JOIN sources s USING "
+    same += "(dataset_name, source), dataset d"  # as docs/audit.md asks it
     assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
     out, err = capsys.readouterr()
     assert out.split()[-1] == "True" and not err, (out, err)
+    persist([run, data], tmp_path / "audit.duckdb")
     shutil.rmtree(data)
     now = json.loads((small_dataset(data, seed=2) / "dataset.json").read_text())["fingerprint"]
+    # the --db's views, made before, read the new dataset.json: its fingerprints are its own, not the old's
+    assert duckdb.connect(str(tmp_path / "audit.duckdb")).execute(same).fetchall() == [(False,)]
     another = f"{data} is not the dataset this run trained on (fingerprint {now[:12]}… now, {read[:12]}… in "
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()
