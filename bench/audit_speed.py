@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from training.contract.dataset_format import EXCLUDED_SCHEMA, FORMAT, MANIFEST_SCHEMA, fingerprint
 from validation.audit import run_preset
-from validation.audit_views import connect
+from validation.audit_views import connect, glob_literal, sql_str
 
 TARGET_S = 5.0
 DOCS_PER_SHARD = 5000
@@ -181,9 +181,10 @@ def main() -> int:
         def duck_scan():
             import duckdb
 
-            glob = str(root / "manifest" / "*.parquet")
+            # --dir as a literal (exp[1] is no pattern), the one glob its own (review RV32d 8)
+            glob = sql_str(glob_literal(str(root / "manifest")) + "/*.parquet")
             return duckdb.sql(
-                f"SELECT count(*), sum(n_tokens), count(DISTINCT shard) FROM read_parquet('{glob}')"
+                f"SELECT count(*), sum(n_tokens), count(DISTINCT shard) FROM read_parquet({glob})"
             ).fetchall()
 
         def arrow_read():
