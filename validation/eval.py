@@ -44,6 +44,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,6 +101,7 @@ from validation.eval_data import (
     DATA_META,
     RENAMED,
     EvalError,
+    TaskData,
     build_task_data,
     check_include_path,
     check_no_local_names,
@@ -108,6 +110,7 @@ from validation.eval_data import (
     files_sha256,
     inline_members,
     local_data_cache,
+    local_files,
     local_task_config,
     local_task_definition,
     local_task_names,
@@ -372,7 +375,7 @@ class TaskPlan:
         self.definitions: dict[str, str] = {}
         # what each reads its documents from, their content's sha256 (None: no local files) and whether
         # they are all its documents (local_data_cache); for a tag, the names lm-eval scores it under
-        self.data_files: dict[str, tuple[list[Path], bool]] = {}
+        self.data_files: dict[str, TaskData] = {}
         self.contents: dict[str, str | None] = {}
         self.scored_as: dict[str, list[str]] = {}
         # a planned group's or tag's members that are tasks of their own: their definitions, contents
@@ -381,24 +384,26 @@ class TaskPlan:
         self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
         self.refresh_definitions()
 
-    def refresh_definitions(self) -> None:
+    def refresh_definitions(self) -> list[str]:
         """The tasks' definitions and the contents of the local files they read (`contents`) as the
-        files are now. lm-eval reads a task's YAML and functions again each time it builds the task, so
-        a task edited during a `--watch` or a training run is scored as edited, and is recorded under
-        its new definition only if it is made again (review R23d 2); so are its data files, replaced
-        (review R30a F1). Made when a file under include_path or a data file changed (its name, size,
-        mtime or ctime), else kept (a stat of each, not a load of every YAML and module at each poll)."""
-        if self._watched() == self._files and self.definitions:
-            return
+        files are now; returns the files changed since the last refresh. lm-eval reads a task's YAML and
+        functions again each time it builds the task, so a task edited during a `--watch` or a training
+        run is scored as edited, and is recorded under its new definition only if it is made again
+        (review R23d 2); so are its data files, replaced (review R30a F1) or new matches of its globs
+        and folders (RV30c S1). Made when a file under include_path or a data file changed (its name,
+        size, mtime or ctime), else kept (a stat of each, not a load of every YAML and module at each
+        poll)."""
+        now = self._watched()
+        changed = sorted({f[0] for f in set(now) ^ set(self._files or [])})
+        if now == self._files and self.definitions:
+            return []
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
         }
         hub = [n for n in self.names if n not in self.local]  # the local tasks' files are checked as built
         self.data_files = {n: task_data_files(self.task_manager, n) for n in hub}
-        self.contents = {
-            n: files_sha256(paths) if paths else None for n, (paths, _) in self.data_files.items()
-        }
+        self.contents = {n: files_sha256(d.files) if d.files else None for n, d in self.data_files.items()}
         self.scored_as = {n: self._scored_as(n) for n in hub}
         self._files = self._watched()
         # each planned group's or tag's members that are tasks of their own, by their own definition:
@@ -412,15 +417,17 @@ class TaskPlan:
             if m in self.task_manager.task_index
         }
         self.member_contents = {  # and the sha256 of the local files each reads, as a planned task's
-            m: files_sha256(paths) if paths else None
+            m: files_sha256(files) if files else None
             for m in self.member_definitions
-            for paths, _ in [task_data_files(self.task_manager, m)]
+            for files in [task_data_files(self.task_manager, m).files]
         }
+        return changed
 
     def _watched(self) -> list[tuple[str, int, int, int, int]]:
-        """The files under include_path and the tasks' data files, each as its name, mtime, ctime, inode
-        and size (the ctime: an mtime put back, cp -p)."""
-        data = [path for paths, _ in self.data_files.values() for path in paths]
+        """The files under include_path and the tasks' data files as their patterns match now (a file
+        added to a glob or a folder is one more), each as its name, mtime, ctime, inode and size (the
+        ctime: an mtime put back, cp -p)."""
+        data = local_files([p for d in self.data_files.values() for p in d.patterns])
         return sorted(
             (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
             for top in [*self.include_path, *data]
@@ -437,10 +444,21 @@ class TaskPlan:
             ]
         return [name]
 
+    def recorded_as(self, name: str) -> tuple[Any, ...]:
+        """What planned name `name`'s scores record of what it read (its definition and documents, its
+        members' own), as the last refresh found them: the same before and after it is scored, or it read
+        other files than those it would record (`evaluate_lm`)."""
+        members = sorted(self._members(name)) if name not in self.local else []
+        return (
+            self.definitions.get(name),
+            self.contents.get(name),
+            [(m, self.member_definitions.get(m), self.member_contents.get(m)) for m in members],
+        )
+
     def cache(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Where datasets caches planned task `name`'s documents (local_data_cache): a folder of their
         content's for one read from local files alone."""
-        _, alone = self.data_files.get(name, ([], False))
+        alone = name in self.data_files and self.data_files[name].alone
         return local_data_cache(self.contents.get(name) if alone else None)
 
     def _members(self, name: str, seen: frozenset[str] = frozenset()) -> set[str]:
@@ -582,24 +600,27 @@ def evaluate_lm(
     with _env_info_once():
         for spec in plan.specs:
             name = spec["task"] if isinstance(spec, dict) else spec
-            if seen is not None:
-                seen.clear()
+
+            def score(spec: Any = spec) -> dict[str, Any] | None:
+                if seen is not None:
+                    seen.clear()
+                return simple_evaluate(
+                    model=lm,
+                    tasks=[spec],
+                    task_manager=plan.task_manager,
+                    num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
+                    limit=cfg.limit or None,
+                    bootstrap_iters=cfg.bootstrap_iters,
+                    log_samples=log_samples,
+                    random_seed=cfg.seed,
+                    numpy_random_seed=cfg.seed,
+                    torch_random_seed=cfg.seed,
+                    fewshot_random_seed=cfg.seed,
+                )
+
             t0 = time.perf_counter()
             try:
-                with plan.cache(name):  # the files as they are now, whatever their mtime
-                    results = simple_evaluate(
-                        model=lm,
-                        tasks=[spec],
-                        task_manager=plan.task_manager,
-                        num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
-                        limit=cfg.limit or None,
-                        bootstrap_iters=cfg.bootstrap_iters,
-                        log_samples=log_samples,
-                        random_seed=cfg.seed,
-                        numpy_random_seed=cfg.seed,
-                        torch_random_seed=cfg.seed,
-                        fewshot_random_seed=cfg.seed,
-                    )
+                results = _scored_as_read(plan, name, score)
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
                 if failed is None:
                     # `gristmill eval`: a task's data that cannot be read is one line, not lm-eval's
@@ -671,6 +692,25 @@ def evaluate_lm(
     return merged
 
 
+def _scored_as_read(plan: TaskPlan, name: str, score: Callable[[], Any]) -> Any:
+    """score() of planned task `name`, read through its cache (`TaskPlan.cache`), once more where the
+    files it reads changed while it was scored (a watch's or a training run's long eval: lm-eval reads a
+    file when it builds the task, and it was recorded under the digest taken before: review RV30c m1);
+    an EvalError naming them where they changed again."""
+    for attempt in range(2):
+        before = plan.recorded_as(name)
+        with plan.cache(name):  # the files as they are now, whatever their mtime
+            results = score()
+        changed = ", ".join(plan.refresh_definitions())
+        if plan.recorded_as(name) == before:
+            return results
+        if attempt == 0:
+            _log(f"note: {changed} changed while task {name} was scored: scored again on them as they are")
+    raise EvalError(
+        f"{changed} changed again while task {name} was scored: not recorded; score it again once they stay"
+    )
+
+
 def _reading_failed(error: BaseException) -> bool:
     """Whether `error` or one it wraps is a task's data that cannot be read: an OSError (a file missing,
     unreadable), or datasets' or pyarrow's own (a file that does not parse: R21f 2a)."""
@@ -690,9 +730,10 @@ _NOT_TASK_CODE = ("validation", "training", "pipelines", "tokenization", "lm_eva
 def _in_task_code(error: BaseException) -> bool:
     """Whether `error` was raised while lm-eval built or rendered a task (its task classes, a template,
     a task's own function) and nowhere in gristmill's code, the model's or the device's (after the
-    frame that caught it)."""
-    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)][1:]
-    modules = [str(f.f_globals.get("__name__", "")) for f in frames]
+    frames of this module that called lm-eval)."""
+    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)]
+    # after this module's own frames that called lm-eval (evaluate_lm, _scored_as_read, its `score`)
+    modules = list(dropwhile(__name__.__eq__, (str(f.f_globals.get("__name__", "")) for f in frames)))
     if any(m == top or m.startswith(f"{top}.") for m in modules for top in _NOT_TASK_CODE):
         return False
     return any(m.startswith(("lm_eval.api.task", "lm_eval.tasks")) for m in modules)
@@ -1105,6 +1146,8 @@ def evaluate_step(
 
 
 SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed")
+# what the records gained later: scores recorded before one of them count as done under any of its values
+LATER_SETTINGS = ("definition", "documents")
 LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
@@ -1133,10 +1176,10 @@ def score_settings(
 
 def _as_now(info: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
-    before the task's definition or its documents' digest was (no `definition`, `documents`) count under
+    before the task's definition or its documents' digest was (LATER_SETTINGS) count under
     any; num_fewshot 0 without the n-shot record was the task's own (passed as None: review R23a S3)."""
     got = dict(info.get("settings") or {})
-    for key in ("definition", "documents"):
+    for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)
     if got.get("num_fewshot") == 0 and "n_shot" not in info:

@@ -28,7 +28,7 @@ import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlparse
 
 import numpy as np
@@ -95,21 +95,42 @@ def task_definition(task_manager: Any, name: str) -> str:
     return json_sha256(_definition(task_manager, name, set()))
 
 
-def task_data_files(task_manager: Any, name: str) -> tuple[list[Path], bool]:
+class TaskData(NamedTuple):
+    """The local files an lm-eval task, group or tag reads its documents from (`task_data_files`)."""
+
+    files: list[Path]
+    """The files, as found now: what its scores' `documents` digest is of."""
+    alone: bool
+    """Whether every one of its datasets is such files (none from the hub)."""
+    patterns: list[str]
+    """The glob patterns they were found by (its data_files, a dataset_path folder's every file): a
+    file added to a glob or a folder is a match of these (`local_files`), not of `files` (review RV30c S1)."""
+
+
+def task_data_files(task_manager: Any, name: str) -> TaskData:
     """The local files lm-eval task, group or tag `name` reads its documents from (its own and its
-    members' `dataset_kwargs.data_files`, a `dataset_path` that is a local file or folder), and whether
-    every one of its datasets is such files (none from the hub). Their content is what its scores are
-    of (review R30a F1): the config names them by path only."""
-    found: set[Path] = set()
+    members' `dataset_kwargs.data_files`, a `dataset_path` that is a local file or folder), whether
+    every one of its datasets is such files (none from the hub), and the patterns that find them. Their
+    content is what its scores are of (review R30a F1): the config names them by path or pattern only."""
+    patterns: list[str] = []
     leaves: list[bool] = []
-    _data_files(_definition(task_manager, name, set()), found, leaves)
-    return sorted(found), bool(leaves) and all(leaves)
+    _data_files(_definition(task_manager, name, set()), patterns, leaves)
+    patterns = sorted(set(patterns))
+    return TaskData(local_files(patterns), bool(leaves) and all(leaves), patterns)
 
 
-def _data_files(value: Any, found: set[Path], leaves: list[bool]) -> None:
+def local_files(patterns: Sequence[str]) -> list[Path]:
+    """The files `patterns` (TaskData.patterns) match now, each once, resolved, in order: datasets reads
+    a data_files entry as a glob when it loads the task, so a file that joins a pattern is read."""
+    return sorted(
+        {Path(f).resolve() for p in patterns for f in glob.glob(p, recursive=True) if Path(f).is_file()}
+    )
+
+
+def _data_files(value: Any, patterns: list[str], leaves: list[bool]) -> None:
     if isinstance(value, list):
         for v in value:
-            _data_files(v, found, leaves)
+            _data_files(v, patterns, leaves)
     if not isinstance(value, dict):
         return
     if isinstance(source := value.get("dataset_path"), str):
@@ -119,19 +140,15 @@ def _data_files(value: Any, found: set[Path], leaves: list[bool]) -> None:
         # for here, not found, and the task read through datasets' stale cache under a new digest)
         root = None if _packaged_builder(source) else Path(source).expanduser()
         base = root if root is not None and root.is_dir() else None
-        files = _local_files(kwargs.get("data_files"), base)
-        if base is not None:
-            files |= {  # datasets skips hidden files and folders
-                p.resolve()
-                for p in base.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(base).parts)
-            }
+        mine = _globs(kwargs.get("data_files"), base)
+        if base is not None:  # its every file: `**` and `*` match no hidden one, as datasets skips them
+            mine.append(os.path.join(glob.escape(str(base)), "**", "*"))
         elif root is not None and root.is_file():
-            files.add(root.resolve())
-        found |= files
-        leaves.append(bool(files) and _all_local(kwargs.get("data_files"), root, base))
+            mine.append(glob.escape(str(root)))
+        patterns.extend(mine)
+        leaves.append(bool(local_files(mine)) and _all_local(kwargs.get("data_files"), root, base))
     for v in value.values():
-        _data_files(v, found, leaves)
+        _data_files(v, patterns, leaves)
 
 
 def _patterns(data_files: Any) -> list[str]:
@@ -150,35 +167,20 @@ def _packaged_builder(name: str) -> bool:
     return name in _PACKAGED_DATASETS_MODULES
 
 
-def _matches(pattern: str, base: Path | None) -> list[str]:
-    """The files `pattern` names: under `base` (a dataset_path folder) where it is relative, else here."""
-    pattern = os.path.expanduser(pattern)
-    return glob.glob(os.path.join(base, pattern) if base is not None else pattern, recursive=True)
-
-
-def _local_patterns(data_files: Any) -> list[str]:
-    """`data_files`' patterns that name local files (not a URL)."""
-    return [p for p in _patterns(data_files) if not is_url(p) and "://" not in p]
-
-
-def _local_files(data_files: Any, base: Path | None = None) -> set[Path]:
-    """The files `data_files` (a path, a glob, a list or a dict of them, as datasets takes it) names
-    here, or under `base`, a dataset_path folder."""
-    return {
-        Path(f).resolve()
-        for pattern in _local_patterns(data_files)
-        for f in _matches(pattern, base)
-        if Path(f).is_file()
-    }
+def _globs(data_files: Any, base: Path | None) -> list[str]:
+    """The glob patterns of `data_files` (a path, a glob, a list or a dict of them, as datasets takes
+    it) that name local files (not a URL): under `base` (a dataset_path folder) where relative."""
+    local = [os.path.expanduser(p) for p in _patterns(data_files) if not is_url(p) and "://" not in p]
+    return [os.path.join(glob.escape(str(base)), p) if base is not None else p for p in local]
 
 
 def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:
     """Whether a dataset is read from local files alone: a local dataset_path, or data_files each naming
     a local file."""
-    patterns, local = _patterns(data_files), _local_patterns(data_files)
+    patterns, local = _patterns(data_files), _globs(data_files, base)
     if not patterns:
         return root is not None and root.exists()
-    return local == patterns and all(_matches(p, base) for p in local)
+    return len(local) == len(patterns) and all(local_files([p]) for p in local)
 
 
 def files_sha256(paths: Sequence[Path]) -> str:

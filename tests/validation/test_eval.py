@@ -1898,6 +1898,70 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     assert scored()[1] == 5  # the file's rows, not the cache's
 
 
+def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_record(
+    eval_run, tmp_path, capsys
+):
+    """A task's `documents` were taken when the eval began: a file replaced while an earlier task was
+    scored was read new and recorded under the old digest (review RV30c m1); and only the files a glob
+    matched then were watched, so a file joining `own_mc-test*.jsonl` during a watch was read at the next
+    step and recorded under the old digest, the steps scored before counted done (RV30c S1). The digests
+    are taken again after each task is scored (a task whose own changed meanwhile is scored again: when
+    lm-eval read them cannot be told), and the plan watches the patterns: a new match is a change."""
+    from validation.eval import evaluated, load_eval_config
+    from validation.eval_data import files_sha256
+    from validation.eval_results import write_step_json
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    data = tmp_path / "data"  # outside include_path
+    data.mkdir()
+    for split in ("train", "test"):
+        shutil.move(tasks / f"own_mc-{split}.jsonl", data / f"own_mc-{split}.jsonl")
+    yaml = tasks / "own_mc.yaml"
+    yaml.write_text(yaml.read_text().replace(str(tasks), str(data)).replace("-test.jsonl", "-test*.jsonl"))
+    test = data / "own_mc-test.jsonl"
+    rows = test.read_text().splitlines(keepends=True)
+
+    def files() -> list[Path]:  # what the task reads: its train file and the glob's matches
+        return sorted(p.resolve() for p in data.glob("*.jsonl"))
+
+    class ReplacingLM(GristmillHFLM):
+        """Replaces own_mc's file while own_a is scored, then while own_mc is, once lm-eval has read it."""
+
+        replacements = [rows[:4], rows[:3]]
+
+        def loglikelihood(self, requests, disable_tqdm=False):
+            if self.replacements:
+                test.write_text("".join(self.replacements.pop(0)))
+            return super().loglikelihood(requests, disable_tqdm)
+
+    _own_task(tasks, "own_a")
+    sets = ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
+    cfg = load_eval_config(None, sets, "own_a,own_mc")
+    plan = TaskPlan(run, cfg)
+    lm = ReplacingLM(pretrained=str(export_dir(run, 5)), device="cpu", batch_size=4, max_length=SEQ_LEN)
+    results = evaluate_lm(lm, plan, cfg)
+    assert results["gristmill_tasks"]["own_mc"]["settings"]["documents"] == files_sha256(files())
+    assert results["n-samples"]["own_mc"]["effective"] == 3  # the file as it is, under its digest
+    assert f"note: {test} changed while task own_mc was scored: scored again" in capsys.readouterr().err
+    write_step_json(run, 5, results)
+
+    def done() -> bool:  # as a watch's next poll (evaluate_missing) asks of the same plan
+        plan.refresh_definitions()
+        definitions, contents = (
+            {**plan.member_definitions, **plan.definitions},
+            {**plan.member_contents, **plan.contents},
+        )
+        return evaluated(
+            run, 5, plan.names, plan.local, plan.heldout, cfg, definitions, contents, plan.scored_as
+        )
+
+    assert done()
+    (data / "own_mc-test-2.jsonl").write_text("".join(rows[4:]))  # joins the glob: lm-eval reads it next
+    assert not done()
+    assert plan.contents["own_mc"] == files_sha256(files()) and len(files()) == 3
+
+
 def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
     """lm-eval records a tag's tasks, never the tag: `--watch --tasks TAG` scored every step again at
     every poll, and --idle-exit never ended it (review R30a F3). A tag is scored when its tasks are."""
