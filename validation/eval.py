@@ -436,13 +436,15 @@ class TaskPlan:
         )
 
     def _scored_as(self, name: str) -> list[str]:
-        """The names lm-eval records task `name`'s scores under: a tag's, its members' (never the tag's:
-        review R30a F3), else its own."""
+        """The names task `name`'s scores are recorded under: a tag's, its members' (never the tag's:
+        review R30a F3); a group's, its own and `GROUP::member` of each member a group under it overrides
+        (a file written before these names holds the variant's scores under the member's: RV30c S2);
+        else its own."""
         if str(getattr(self.task_manager.task_index.get(name), "kind", "")).endswith("TAG"):
             return [
                 m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)
             ]
-        return [name]
+        return [name, *(f"{group}::{member}" for member, group in self.overridden(name).items())]
 
     def recorded_as(self, name: str) -> tuple[Any, ...]:
         """What planned name `name`'s scores record of what it read (its definition and documents, its
@@ -660,6 +662,7 @@ def evaluate_lm(
                 plan.contents.get(name),
             )
             tasks.setdefault(name, {}).update(
+                scored_by=name,
                 seconds=round(time.perf_counter() - t0, 3),
                 docs=docs,
                 settings=settings,
@@ -675,6 +678,7 @@ def evaluate_lm(
                     settings if own is None else score_settings(cfg, None, own, plan.member_contents[member])
                 )
                 tasks.setdefault(member, {}).setdefault("settings", mine)
+                tasks[member].setdefault("scored_by", name)  # whose scores they are (review RV30c m3)
             documents = functools.partial(plan.documents_sha256, name)  # its leaves as `name` built them
             for task, mark in decontamination_marks(results, plan.training_data, documents).items():
                 tasks.setdefault(task, {})["decontamination"] = mark

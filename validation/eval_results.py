@@ -234,7 +234,16 @@ def merge_results(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """Two lm-eval results dicts as one: the per-task sections joined (`new`'s tasks win), the
     rest (model config, date, environment) from `new`. `old`'s tasks keep what its header said of
     them (the model and the held-out documents scored) in their own record, where they have none:
-    the header becomes `new`'s (review R17f F1: an old file's scores took the newest eval's labels)."""
+    the header becomes `new`'s (review R17f F1: an old file's scores took the newest eval's labels).
+    An old task that held a group's variant of it, which `new` holds as `GROUP::task`, is dropped
+    (`variants_replaced`: they were never the task's own scores)."""
+    if dropped := variants_replaced(old, new):
+        old = {
+            key: {t: v for t, v in section.items() if t not in dropped}
+            if key in _PER_TASK_KEYS and isinstance(section, dict)
+            else section
+            for key, section in old.items()
+        }
     header = old.get("gristmill") if isinstance(old.get("gristmill"), dict) else {}
     tasks = old.get(GRISTMILL_TASKS) if isinstance(old.get(GRISTMILL_TASKS), dict) else {}
     kept = {}
@@ -393,18 +402,75 @@ def plot_panels(rows: list[dict[str, Any]], results_by_step: dict[int, dict[str,
 def replaced_settings(old: dict[str, Any], new: dict[str, Any]) -> str:
     """The tasks `new` scores again that `old` (a step's results dict) holds scores of under other
     settings, each with the settings that differ, old → new: `heldout_ppl (docs 10 → 40)`; "" when
-    none. A group's members go with their group where `old` holds them as that group's too; scores of
-    the task alone or of another group's that a group's replaces are named (R30a F2: none was)."""
+    none. A group's members go with their group where `old` holds them as that same group's scores
+    (`scored_by`; before it was recorded: listed under the group); scores of the task alone or of another
+    group's that a group's replaces are named (R30a F2, RV30c m3: none was). A task recorded under a
+    group's definition by a gristmill before members recorded their own says so, not `definition X → Y`
+    (an edit nobody made: RV30c m4); one that held a group's variant of it is named as such (RV30c S2)."""
     was_in = old.get("group_subtasks", {})
-    members = {m for g, subs in new.get("group_subtasks", {}).items() for m in subs if m in was_in.get(g, ())}
-    parts = []
-    for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members):
+    members = {
+        m
+        for g, subs in new.get("group_subtasks", {}).items()
+        for m in subs
+        if (_scored_by(old, m) == _scored_by(new, m) if _scored_by(old, m) else m in was_in.get(g, ()))
+    }
+    variants = variants_replaced(old, new)
+    parts = [
+        f"{task} (held {group}'s variant's scores, recorded before GROUP::task names; scored again as "
+        f"{group}::{task})"
+        for task, group in variants.items()
+    ]
+    for task in sorted(set(new.get("results", {})) & set(old.get("results", {})) - members - set(variants)):
         was, now = _parsed(settings_of(old, task)), _parsed(settings_of(new, task))
         differ = [k for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
-        if differ:
-            changes = ", ".join(f"{k} {was.get(k, '?')} → {now.get(k, '?')}" for k in differ)
-            parts.append(f"{task} ({changes})")
+        group = _recorded_by_group(old, task) if "definition" in differ else None
+        changes = [f"recorded under {group}'s definition before members recorded their own"] if group else []
+        changes += [
+            f"{k} {was.get(k, '?')} → {now.get(k, '?')}" for k in differ if not (group and k == "definition")
+        ]
+        if changes:
+            parts.append(f"{task} ({', '.join(changes)})")
     return ", ".join(parts)
+
+
+def _scored_by(results: dict[str, Any], task: str) -> str | None:
+    """The planned name whose eval wrote `task`'s entry (None: recorded before that was)."""
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    return info.get("scored_by") if isinstance(info, dict) else None
+
+
+def _definition(results: dict[str, Any], task: str) -> str | None:
+    info = results.get(GRISTMILL_TASKS, {}).get(task)
+    settings = info.get("settings") if isinstance(info, dict) else None
+    return settings.get("definition") if isinstance(settings, dict) else None
+
+
+def _recorded_by_group(results: dict[str, Any], task: str) -> str | None:
+    """The group whose eval recorded `task` under the group's own definition, as gristmill did before a
+    group's members recorded their own (review R30a F2) and whose eval wrote an entry (`scored_by`): one
+    that group_subtasks lists it under, with the same `definition`. None for a task recorded under its
+    own, and for any entry written since (an inline member records its group's definition)."""
+    mine = _definition(results, task)
+    groups = results.get("group_subtasks", {})
+    if mine is None or _scored_by(results, task) is not None:
+        return None
+    return next(
+        (g for g in sorted(groups) if g != task and task in groups[g] and _definition(results, g) == mine),
+        None,
+    )
+
+
+def variants_replaced(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
+    """{task: group} of each task of `old` (a step's results dict) that held group's variant of it (the
+    scores of the task with the group's overrides, recorded under the task's own name by a gristmill
+    before `GROUP::task` names: review RV30c S2), where `new` scores that variant as `GROUP::task`."""
+    out = {}
+    for group, subs in new.get("group_subtasks", {}).items():
+        for sub in subs:
+            task = sub.removeprefix(f"{group}::")
+            if task != sub and task in old.get("results", {}) and _recorded_by_group(old, task) == group:
+                out[task] = group
+    return out
 
 
 def _parsed(settings: str | None) -> dict[str, str]:

@@ -507,10 +507,12 @@ def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(
 
     prose = HeldOut("prose", "p1", frozenset({"p1"}))
 
-    def scored(tasks: list[str], cfg: EvalConfig, merged: bool = False, groups=None) -> None:
+    def scored(tasks: list[str], cfg: EvalConfig, merged: bool = False, groups=None, by=None) -> None:
         info = {
             t: {"settings": score_settings(cfg, prose if t.startswith("heldout") else None)} for t in tasks
         }
+        for t in info if by else ():  # the planned name whose eval wrote each entry, as evaluate_lm records
+            info[t]["scored_by"] = by
         results = {"results": {t: {"acc,none": 0.5} for t in tasks}, "gristmill_tasks": info}
         if groups:
             results["group_subtasks"] = groups
@@ -533,6 +535,25 @@ def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(
     both = {"mmlu": ["mmlu_a", "mmlu_b"]}
     scored(["mmlu", "mmlu_a", "mmlu_b"], EvalConfig(docs=40, limit=5), groups=both)
     assert "under other settings: mmlu_b (limit 0 → 5); these" in capsys.readouterr().out
+    # a member scored alone after its group, then the group again: named (the file listed it under the
+    # group still, and it went with the group: review RV30c m3)
+    scored(["mmlu", "mmlu_a", "mmlu_b"], EvalConfig(), groups=both, by="mmlu")
+    scored(["mmlu_b"], EvalConfig(limit=2), by="mmlu_b")
+    capsys.readouterr()
+    scored(["mmlu", "mmlu_a", "mmlu_b"], EvalConfig(), groups=both, by="mmlu")
+    assert "under other settings: mmlu_b (limit 2 → 0); these" in capsys.readouterr().out
+    # a member a gristmill before members recorded their own wrote under its group's definition, scored
+    # alone: said so, not an edit of the task nobody made (RV30c m4)
+    group = score_settings(EvalConfig(), definition="d" * 64)
+    entries = {"plain": {"settings": group}, "mmlu_c": {"settings": group}}
+    results = {"results": {t: {"acc,none": 0.5} for t in entries}, "group_subtasks": {"plain": ["mmlu_c"]}}
+    write_step_json(tmp_path, 4, {**results, "gristmill_tasks": entries})
+    own = {"settings": score_settings(EvalConfig(), definition="c" * 64, documents="e" * 64)}
+    write_step_json(tmp_path, 4, {"results": {"mmlu_c": {}}, "gristmill_tasks": {"mmlu_c": own}})
+    assert (
+        "under other settings: mmlu_c (recorded under plain's definition before members recorded their own, "
+        "documents ? → eeeeeeee); these"
+    ) in capsys.readouterr().out
     scored(["heldout_ppl"], EvalConfig(docs=10), merged=True)
     scored(["heldout_ppl"], EvalConfig(docs=40), merged=True)
     assert "note: step 4 (merged weights) scored again under other settings: heldout_ppl (docs 10 → 40)" in (
@@ -1671,6 +1692,45 @@ def test_a_group_s_member_with_overrides_never_takes_the_place_of_the_task_s_own
     )
     out, err = capfd.readouterr()
     assert "scored again" not in out and "[eval] step 5 own_mc" not in err, (out, err)
+
+
+def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_names_is_scored_again(
+    eval_run, tmp_path, capsys
+):
+    """A gristmill before `GROUP::task` names recorded a group's variant of own_mc (`- task: own_mc` with
+    overrides) as own_mc, under the group's definition: after the upgrade the group's watch counted such a
+    step done (its entry had no `documents`: done under any), and own_mc kept the variant's scores under
+    its name in results.json, eval.parquet and the audit, unnamed (review RV30c S2). The group is done
+    only where `ovr::own_mc` is; scoring it drops the old own_mc entry, with a note saying what it held."""
+    from validation.eval import evaluate_missing, load_eval_config, score_settings
+    from validation.eval_results import write_step_json
+
+    run = _copy_run(eval_run[0], tmp_path / "run")
+    tasks = _own_task(tmp_path / "tasks")
+    (tasks / "ovr.yaml").write_text(
+        'group: ovr\ntask:\n  - task: own_mc\n    doc_to_text: "zzz zzz {{context}}"\n'
+        "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n"
+    )
+    cfg = load_eval_config(None, ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]'], "ovr")
+    plan = TaskPlan(run, cfg)
+    # as that gristmill wrote the step: the member under the group's settings, no documents, its name
+    old = {
+        k: v for k, v in score_settings(cfg, None, plan.definitions["ovr"]).items() if k != "bootstrap_iters"
+    }
+    both = {"ovr": {"settings": old}, "own_mc": {"settings": old}}
+    results = {"results": {t: {"acc,none": 0.25} for t in both}, "group_subtasks": {"ovr": ["own_mc"]}}
+    write_step_json(
+        run, 5, {**results, "configs": {"own_mc": {"doc_to_text": "zzz"}}, "gristmill_tasks": both}
+    )
+    assert evaluate_missing(run, cfg, plan, show=False) == [5]
+    assert (
+        "scored again under other settings: own_mc (held ovr's variant's scores, recorded before GROUP::task "
+        "names; scored again as ovr::own_mc), ovr ("
+    ) in capsys.readouterr().out
+    got = json.loads((eval_dir(run, 5) / "results.json").read_text())
+    for section in ("results", "configs", "gristmill_tasks"):
+        assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
+    assert evaluate_missing(run, cfg, plan, show=False) == []
 
 
 def test_watch_scores_again_a_task_edited_since_it_was_scored(eval_run, tmp_path, capsys):
