@@ -44,7 +44,6 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import dropwhile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -384,19 +383,16 @@ class TaskPlan:
         self._files: list[tuple[str, int, int, int, int]] | None = None  # `_watched`, when made
         self.refresh_definitions()
 
-    def refresh_definitions(self) -> list[str]:
+    def refresh_definitions(self) -> None:
         """The tasks' definitions and the contents of the local files they read (`contents`) as the
-        files are now; returns the files changed since the last refresh. lm-eval reads a task's YAML and
-        functions again each time it builds the task, so a task edited during a `--watch` or a training
-        run is scored as edited, and is recorded under its new definition only if it is made again
-        (review R23d 2); so are its data files, replaced (review R30a F1) or new matches of its globs
-        and folders (RV30c S1). Made when a file under include_path or a data file changed (its name,
-        size, mtime or ctime), else kept (a stat of each, not a load of every YAML and module at each
-        poll)."""
-        now = self._watched()
-        changed = sorted({f[0] for f in set(now) ^ set(self._files or [])})
-        if now == self._files and self.definitions:
-            return []
+        files are now. lm-eval reads a task's YAML and functions again each time it builds the task, so
+        a task edited during a `--watch` or a training run is scored as edited, and is recorded under
+        its new definition only if it is made again (review R23d 2); so are its data files, replaced
+        (review R30a F1) or new matches of its globs and folders (RV30c S1). Made when a file under
+        include_path or a data file changed (its name, size, mtime or ctime), else kept (a stat of each,
+        not a load of every YAML and module at each poll)."""
+        if self._watched() == self._files and self.definitions:
+            return
         self.definitions = {
             n: local_task_definition(n) if n in self.local else task_definition(self.task_manager, n)
             for n in self.names
@@ -421,7 +417,6 @@ class TaskPlan:
             for m in self.member_definitions
             for files in [task_data_files(self.task_manager, m).files]
         }
-        return changed
 
     def _watched(self) -> list[tuple[str, int, int, int, int]]:
         """The files under include_path and the tasks' data files as their patterns match now (a file
@@ -445,17 +440,6 @@ class TaskPlan:
                 m for member in task_members(self.task_manager, name) or [] for m in self._scored_as(member)
             ]
         return [name, *(f"{group}::{member}" for member, group in self.overridden(name).items())]
-
-    def recorded_as(self, name: str) -> tuple[Any, ...]:
-        """What planned name `name`'s scores record of what it read (its definition and documents, its
-        members' own), as the last refresh found them: the same before and after it is scored, or it read
-        other files than those it would record (`evaluate_lm`)."""
-        members = sorted(self._members(name)) if name not in self.local else []
-        return (
-            self.definitions.get(name),
-            self.contents.get(name),
-            [(m, self.member_definitions.get(m), self.member_contents.get(m)) for m in members],
-        )
 
     def cache(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Where datasets caches planned task `name`'s documents (local_data_cache): a folder of their
@@ -597,32 +581,31 @@ def evaluate_lm(
     from lm_eval import simple_evaluate
 
     merged: dict[str, Any] = {}
-    plan.refresh_definitions()  # as lm-eval reads the tasks now (their documents: at each one's marks)
     seen = getattr(lm, "requests_seen", None)  # GristmillHFLM's record of the requests it scored
     with _env_info_once():
         for spec in plan.specs:
             name = spec["task"] if isinstance(spec, dict) else spec
-
-            def score(spec: Any = spec) -> dict[str, Any] | None:
-                if seen is not None:
-                    seen.clear()
-                return simple_evaluate(
-                    model=lm,
-                    tasks=[spec],
-                    task_manager=plan.task_manager,
-                    num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
-                    limit=cfg.limit or None,
-                    bootstrap_iters=cfg.bootstrap_iters,
-                    log_samples=log_samples,
-                    random_seed=cfg.seed,
-                    numpy_random_seed=cfg.seed,
-                    torch_random_seed=cfg.seed,
-                    fewshot_random_seed=cfg.seed,
-                )
-
+            if seen is not None:
+                seen.clear()
+            # as lm-eval reads the tasks now, each just before it is scored: a file replaced while an
+            # earlier task was scored is recorded as read (review RV30c m1; their documents: at its marks)
+            plan.refresh_definitions()
             t0 = time.perf_counter()
             try:
-                results = _scored_as_read(plan, name, score)
+                with plan.cache(name):  # the files as they are now, whatever their mtime
+                    results = simple_evaluate(
+                        model=lm,
+                        tasks=[spec],
+                        task_manager=plan.task_manager,
+                        num_fewshot=cfg.num_fewshot,  # None: each task's own; 0 passed: zero-shot
+                        limit=cfg.limit or None,
+                        bootstrap_iters=cfg.bootstrap_iters,
+                        log_samples=log_samples,
+                        random_seed=cfg.seed,
+                        numpy_random_seed=cfg.seed,
+                        torch_random_seed=cfg.seed,
+                        fewshot_random_seed=cfg.seed,
+                    )
             except Exception as e:  # lm-eval's and datasets' own errors: any of them fails only this task
                 if failed is None:
                     # `gristmill eval`: a task's data that cannot be read is one line, not lm-eval's
@@ -696,25 +679,6 @@ def evaluate_lm(
     return merged
 
 
-def _scored_as_read(plan: TaskPlan, name: str, score: Callable[[], Any]) -> Any:
-    """score() of planned task `name`, read through its cache (`TaskPlan.cache`), once more where the
-    files it reads changed while it was scored (a watch's or a training run's long eval: lm-eval reads a
-    file when it builds the task, and it was recorded under the digest taken before: review RV30c m1);
-    an EvalError naming them where they changed again."""
-    for attempt in range(2):
-        before = plan.recorded_as(name)
-        with plan.cache(name):  # the files as they are now, whatever their mtime
-            results = score()
-        changed = ", ".join(plan.refresh_definitions())
-        if plan.recorded_as(name) == before:
-            return results
-        if attempt == 0:
-            _log(f"note: {changed} changed while task {name} was scored: scored again on them as they are")
-    raise EvalError(
-        f"{changed} changed again while task {name} was scored: not recorded; score it again once they stay"
-    )
-
-
 def _reading_failed(error: BaseException) -> bool:
     """Whether `error` or one it wraps is a task's data that cannot be read: an OSError (a file missing,
     unreadable), or datasets' or pyarrow's own (a file that does not parse: R21f 2a)."""
@@ -734,10 +698,9 @@ _NOT_TASK_CODE = ("validation", "training", "pipelines", "tokenization", "lm_eva
 def _in_task_code(error: BaseException) -> bool:
     """Whether `error` was raised while lm-eval built or rendered a task (its task classes, a template,
     a task's own function) and nowhere in gristmill's code, the model's or the device's (after the
-    frames of this module that called lm-eval)."""
-    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)]
-    # after this module's own frames that called lm-eval (evaluate_lm, _scored_as_read, its `score`)
-    modules = list(dropwhile(__name__.__eq__, (str(f.f_globals.get("__name__", "")) for f in frames)))
+    frame that caught it)."""
+    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)][1:]
+    modules = [str(f.f_globals.get("__name__", "")) for f in frames]
     if any(m == top or m.startswith(f"{top}.") for m in modules for top in _NOT_TASK_CODE):
         return False
     return any(m.startswith(("lm_eval.api.task", "lm_eval.tasks")) for m in modules)
