@@ -103,8 +103,9 @@ class TaskData(NamedTuple):
     alone: bool
     """Whether every one of its datasets is such files (none from the hub)."""
     patterns: list[str]
-    """The glob patterns they were found by (its data_files, a dataset_path folder's every file): a
-    file added to a glob or a folder is a match of these (`local_files`), not of `files` (review RV30c S1)."""
+    """The glob patterns that find them (its data_files; a dataset_path folder's patterns that decide
+    which of its files datasets reads, `_folder_data`): a file added to a glob or a folder is a match of
+    these (`local_files`), not of `files` (review RV30c S1)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -113,42 +114,100 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     every one of its datasets is such files (none from the hub), and the patterns that find them. Their
     content is what its scores are of (review R30a F1): the config names them by path or pattern only."""
     patterns: list[str] = []
+    files: set[Path] = set()
     leaves: list[bool] = []
-    _data_files(_definition(task_manager, name, set()), patterns, leaves)
-    patterns = sorted(set(patterns))
-    return TaskData(local_files(patterns), bool(leaves) and all(leaves), patterns)
+    _data_files(_definition(task_manager, name, set()), patterns, files, leaves)
+    return TaskData(sorted(files), bool(leaves) and all(leaves), sorted(set(patterns)))
 
 
 def local_files(patterns: Sequence[str]) -> list[Path]:
-    """The files `patterns` (TaskData.patterns) match now, each once, resolved, in order: datasets reads
-    a data_files entry as a glob when it loads the task, so a file that joins a pattern is read."""
-    return sorted(
-        {Path(f).resolve() for p in patterns for f in glob.glob(p, recursive=True) if Path(f).is_file()}
-    )
+    """The files `patterns` (TaskData.patterns, `_rooted`: their folders resolved as they were made) match
+    now, each once, in order: datasets reads a data_files entry as a glob when it loads the task, so a
+    file that joins a pattern is read."""
+    return sorted({Path(f) for p in patterns for f in glob.glob(p, recursive=True) if os.path.isfile(f)})
 
 
-def _data_files(value: Any, patterns: list[str], leaves: list[bool]) -> None:
+def _data_files(value: Any, patterns: list[str], files: set[Path], leaves: list[bool]) -> None:
     if isinstance(value, list):
         for v in value:
-            _data_files(v, patterns, leaves)
+            _data_files(v, patterns, files, leaves)
     if not isinstance(value, dict):
         return
     if isinstance(source := value.get("dataset_path"), str):
         kwargs = value.get("dataset_kwargs") if isinstance(value.get("dataset_kwargs"), dict) else {}
+        data_files = kwargs.get("data_files")
         # `json`, `csv`, … name datasets' own builders, never a folder of that name here (review RV30c M1);
         # a folder's relative data_files lie in it, as datasets reads them (RV30c S3: they were looked
         # for here, not found, and the task read through datasets' stale cache under a new digest)
         root = None if _packaged_builder(source) else Path(source).expanduser()
         base = root if root is not None and root.is_dir() else None
-        mine = _globs(kwargs.get("data_files"), base)
-        if base is not None:  # its every file: `**` and `*` match no hidden one, as datasets skips them
-            mine.append(os.path.join(glob.escape(str(base)), "**", "*"))
-        elif root is not None and root.is_file():
-            mine.append(glob.escape(str(root)))
+        mine = _globs(data_files, base)
+        found = local_files(mine)
+        if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
+            watched, found = _folder_data(base)
+            mine += watched
+        elif base is None and root is not None and root.is_file():
+            mine.append(glob.escape(str(root.resolve())))
+            found = local_files(mine)
         patterns.extend(mine)
-        leaves.append(bool(local_files(mine)) and _all_local(kwargs.get("data_files"), root, base))
+        files.update(found)
+        leaves.append(bool(found) and _all_local(data_files, root, base))
     for v in value.values():
-        _data_files(v, patterns, leaves)
+        _data_files(v, patterns, files, leaves)
+
+
+def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
+    """The patterns and the files of a dataset_path folder named without data_files, as datasets reads it
+    (datasets.load's LocalDatasetModuleFactory): the files of its split patterns (`test/**`,
+    `**/*-test.*`, … the first kind that matches any), of the one builder's extensions it infers from
+    them; and the patterns of that kind and of the kinds datasets tries before it, whose new matches
+    change what it reads. Never the folder's every file: a run directory, an eval's outputs or a cache in
+    it changed at every step, and the task's steps were never done (review RV31a 3)."""
+    from datasets.data_files import (
+        ALL_DEFAULT_PATTERNS,
+        SPLIT_PATTERN_SHARDED,
+        DataFilesDict,
+        get_data_patterns,
+    )
+    from datasets.load import _ALL_ALLOWED_EXTENSIONS, infer_module_for_data_files
+    from datasets.packaged_modules import (
+        _MODULE_TO_EXTENSIONS,
+        _MODULE_TO_METADATA_EXTENSIONS,
+        _MODULE_TO_METADATA_FILE_NAMES,
+    )
+
+    kinds = [[SPLIT_PATTERN_SHARDED.replace("{split}", "*")]]
+    kinds += [[p for ps in kind.values() for p in ps] for kind in ALL_DEFAULT_PATTERNS]
+    try:
+        chosen = get_data_patterns(str(base))
+    except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
+        return [_rooted(p, base) for kind in kinds for p in kind], []
+    mine = {p for ps in chosen.values() for p in ps}
+    last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
+    watched = [_rooted(p, base) for p in sorted(mine.union(*kinds[: last + 1]))]
+    try:
+        data = DataFilesDict.from_patterns(
+            chosen, base_path=str(base), allowed_extensions=_ALL_ALLOWED_EXTENSIONS
+        )
+        module, _ = infer_module_for_data_files(data, path=str(base))
+    except (FileNotFoundError, ValueError):  # none it can read, or two formats: datasets refuses it too
+        return watched, []
+    if module is None:
+        return watched, []
+    data = data.filter(
+        extensions=_MODULE_TO_EXTENSIONS[module] + _MODULE_TO_METADATA_EXTENSIONS[module],
+        file_names=_MODULE_TO_METADATA_FILE_NAMES[module],
+    )
+    return watched, sorted({Path(f) for fs in data.values() for f in fs})
+
+
+def _rooted(pattern: str, base: Path) -> str:
+    """Glob `pattern` under folder `base` where relative, its folders before the first wildcard resolved
+    here, once (a link followed, `..` gone): its matches need no resolve of their own at each poll
+    (review RV31a 5)."""
+    parts = Path(pattern).parts
+    literal = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts) - 1)
+    return os.path.join(glob.escape(str((base / Path(*parts[:literal])).resolve())), *parts[literal:])
 
 
 def _patterns(data_files: Any) -> list[str]:
@@ -169,9 +228,10 @@ def _packaged_builder(name: str) -> bool:
 
 def _globs(data_files: Any, base: Path | None) -> list[str]:
     """The glob patterns of `data_files` (a path, a glob, a list or a dict of them, as datasets takes
-    it) that name local files (not a URL): under `base` (a dataset_path folder) where relative."""
+    it) that name local files (not a URL): under `base` (a dataset_path folder), else the working
+    directory, where relative (`_rooted`)."""
     local = [os.path.expanduser(p) for p in _patterns(data_files) if not is_url(p) and "://" not in p]
-    return [os.path.join(glob.escape(str(base)), p) if base is not None else p for p in local]
+    return [_rooted(p, base if base is not None else Path.cwd()) for p in local]
 
 
 def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:

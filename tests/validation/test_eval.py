@@ -1923,13 +1923,16 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     F1). The documents' content is recorded and makes the step done; the files are read as they are:
     also a dataset_path folder's relative data_files (they were looked for in the working directory:
     the old rows scored under the new digest, review RV30c S3); a `json/` folder in the working
-    directory is not the `json` builder's data (RV30c M1)."""
+    directory is not the `json` builder's data (RV30c M1); a dataset_path folder's files are those
+    datasets reads, never the run directory in it (its every file was taken: the step was due again
+    after each eval, and the watch never ended: RV31a 3)."""
     from pipelines.cli import main
+    from validation.eval import load_eval_config
 
-    run = _copy_run(eval_run[0], tmp_path / "run")
-    tasks = _own_task(tmp_path / "tasks")
     data = tmp_path / "data"
     data.mkdir()
+    run = _copy_run(eval_run[0], (tmp_path if layout == "data_files" else data) / "run")
+    tasks = _own_task(tmp_path / "tasks")
     for split in ("train", "test"):  # the data beside include_path, not in it
         shutil.move(tasks / f"own_mc-{split}.jsonl", data / f"own_mc-{split}.jsonl")
     yaml = tasks / "own_mc.yaml"
@@ -1944,6 +1947,8 @@ def test_a_task_whose_data_file_changed_is_scored_again_on_the_file_as_it_is_now
     unrelated.write_text("{}\n")
     monkeypatch.chdir(tmp_path / "cwd")
     test = data / "own_mc-test.jsonl"
+    read = TaskPlan(run, load_eval_config(None, _own_args(tasks)[3:], "own_mc")).data_files["own_mc"].files
+    assert [p.resolve() for p in read] == [test.resolve(), (data / "own_mc-train.jsonl").resolve()]
     results = eval_dir(run, 5) / "results.json"
     watch = ["eval", str(run), "--watch", "--poll", "0.05", "--idle-exit", "0.05", *_own_args(tasks)]
 
