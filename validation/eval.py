@@ -126,6 +126,7 @@ from validation.eval_data import (
 from validation.eval_output import eval_output
 from validation.eval_results import (
     EVAL_LOG,
+    as_used,
     decontamination_marks,
     describe_metric,
     merge_results,
@@ -1115,7 +1116,8 @@ def evaluate_step(
 # bootstrap_iters: the stderrs' (0: none), not the values' (review R30a m1)
 SCORE_SETTINGS = ("limit", "num_fewshot", "max_length", "dtype", "docs", "seed", "bootstrap_iters")
 # what the records gained later: scores recorded before one of them count as done under any of its values
-LATER_SETTINGS = ("definition", "documents", "bootstrap_iters")
+# (bootstrap_iters: as the value every eval used then, eval_results.SETTINGS_BEFORE)
+LATER_SETTINGS = ("definition", "documents")
 LOCAL_SETTINGS = ("docs", "heldout")  # what only the local tasks' scores depend on
 
 
@@ -1144,9 +1146,10 @@ def score_settings(
 
 def _as_now(info: dict[str, Any], want: dict[str, Any]) -> dict[str, Any]:
     """A task's recorded settings in today's terms, and `want` without what they predate: scores recorded
-    before the task's definition, its documents' digest or bootstrap_iters was (LATER_SETTINGS) count
-    under any; num_fewshot 0 without the n-shot record was the task's own (passed as None: review R23a S3)."""
-    got = dict(info.get("settings") or {})
+    before the task's definition or its documents' digest was (LATER_SETTINGS) count under any; before
+    bootstrap_iters was, under the value used then (`as_used`); num_fewshot 0 without the n-shot record
+    was the task's own (passed as None: review R23a S3)."""
+    got = as_used(dict(info.get("settings") or {}))
     for key in LATER_SETTINGS:
         if got and key not in got:
             want.pop(key, None)

@@ -473,9 +473,24 @@ def variants_replaced(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str
     return out
 
 
+# A setting recorded since a later gristmill, and the value every eval before it used: EvalConfig's
+# default, the in-training eval's always and `gristmill eval`'s unless set (review RV31a 6)
+SETTINGS_BEFORE: dict[str, Any] = {"bootstrap_iters": 1000}
+
+
+def as_used(settings: dict[str, Any]) -> dict[str, Any]:
+    """A task's recorded `settings` (or a parsed settings line) with SETTINGS_BEFORE where they predate
+    it: the value they were scored under, so one unchanged since is no other setting (it was `?`, and
+    the note and the plot said the step's scores were another's); none recorded stays none."""
+    return {**SETTINGS_BEFORE, **settings} if settings else settings
+
+
 def _parsed(settings: str | None) -> dict[str, str]:
-    """eval.parquet's `settings` line (settings_of) as {key: value}; {"settings": "?"} for none recorded."""
-    return dict(kv.split("=", 1) for kv in settings.split(", ")) if settings else {"settings": "?"}
+    """eval.parquet's `settings` line (settings_of) as {key: value}, as used (`as_used`); {"settings":
+    "?"} for none recorded."""
+    if not settings:
+        return {"settings": "?"}
+    return {k: str(v) for k, v in as_used(dict(kv.split("=", 1) for kv in settings.split(", "))).items()}
 
 
 def settings_apart(rows: list[dict[str, Any]]) -> str:

@@ -496,23 +496,38 @@ def test_a_hub_task_is_not_scored_again_for_another_docs(tmp_path):
     assert recorded["heldout_cloze"]["model"] == "/r/exports/step-000004"
 
 
-def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path):
+def test_a_step_scored_under_another_bootstrap_iters_is_scored_again(tmp_path, capsys):
     """bootstrap_iters decides the stderrs (none at 0), yet was no recorded setting: a watch under another
     value counted the step done, and rows of two stderr regimes shared one settings string (review R30a
-    m1). It is recorded; scores recorded before it was count as done under any."""
+    m1). It is recorded; scores recorded before it was are of the value every eval used then, 1000 (they
+    were done under any, and the note and the plot said `bootstrap_iters ? → 1000`: RV31a 6)."""
     from training.contract.eval_table import read_step_results, settings_of
     from validation.eval import evaluated, score_settings
-    from validation.eval_results import write_step_json
+    from validation.eval_results import settings_apart, write_step_json
 
     off = EvalConfig(bootstrap_iters=0)
     before = {k: v for k, v in score_settings(off).items() if k != "bootstrap_iters"}  # as recorded before
-    for step, settings in ((3, score_settings(off)), (4, before)):
+
+    def write(step: int, settings: dict) -> None:
         tasks = {"hellaswag": {"settings": settings}}
         write_step_json(tmp_path, step, {"results": {"hellaswag": {}}, "gristmill_tasks": tasks})
+
+    write(3, score_settings(off))
+    write(4, before)
     assert evaluated(tmp_path, 3, ["hellaswag"], [], None, off)
     assert not evaluated(tmp_path, 3, ["hellaswag"], [], None, EvalConfig())  # 1000: stderrs
     assert "bootstrap_iters=0" in settings_of(read_step_results(tmp_path, 3), "hellaswag")
     assert evaluated(tmp_path, 4, ["hellaswag"], [], None, EvalConfig())
+    assert not evaluated(tmp_path, 4, ["hellaswag"], [], None, off)
+    was = settings_of(read_step_results(tmp_path, 4), "hellaswag")
+    capsys.readouterr()
+    write(4, score_settings(EvalConfig()))  # the same setting: no note, and the plot's rows agree
+    assert "scored again" not in capsys.readouterr().out
+    now = settings_of(read_step_results(tmp_path, 4), "hellaswag")
+    assert settings_apart([{"step": 4, "settings": was}, {"step": 5, "settings": now}]) == ""
+    write(4, before)
+    write(4, score_settings(off))
+    assert "hellaswag (bootstrap_iters 1000 → 0)" in capsys.readouterr().out
 
 
 def test_a_step_scored_again_under_other_settings_says_which_scores_it_replaces(tmp_path, capsys):
