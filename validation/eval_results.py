@@ -463,14 +463,27 @@ def _recorded_by_group(results: dict[str, Any], task: str) -> str | None:
 def variants_replaced(old: dict[str, Any], new: dict[str, Any]) -> dict[str, str]:
     """{task: group} of each task of `old` (a step's results dict) that held group's variant of it (the
     scores of the task with the group's overrides, recorded under the task's own name by a gristmill
-    before `GROUP::task` names: review RV30c S2), where `new` scores that variant as `GROUP::task`."""
+    before `GROUP::task` names: review RV30c S2), where `new` scores that variant as `GROUP::task`: as
+    the entry itself says, recorded by that group (`_recorded_by_group`) with the config lm-eval
+    recorded of the variant (`configs`). One the group scored as the task is, before it overrode it,
+    holds the task's own scores and is kept (RV31a 7: the group's overrides today dropped it); so is
+    one that does not say (no config), and one of overrides edited since (the task's own watch scores
+    it again: it is recorded under the group's definition)."""
     out = {}
     for group, subs in new.get("group_subtasks", {}).items():
         for sub in subs:
             task = sub.removeprefix(f"{group}::")
-            if task != sub and task in old.get("results", {}) and _recorded_by_group(old, task) == group:
+            if task == sub or task not in old.get("results", {}) or _recorded_by_group(old, task) != group:
+                continue
+            config = old.get("configs", {}).get(task)
+            if config is not None and _as_written(config) == _as_written(new.get("configs", {}).get(sub)):
                 out[task] = group
     return out
+
+
+def _as_written(value: Any) -> Any:
+    """`value` as results.json holds it (tuples as lists, numpy scalars as numbers, the rest as str)."""
+    return json.loads(json.dumps(value, default=_json_default, allow_nan=True))
 
 
 # A setting recorded since a later gristmill, and the value every eval before it used: EvalConfig's

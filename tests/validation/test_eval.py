@@ -1735,7 +1735,9 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     overrides) as own_mc, under the group's definition: after the upgrade the group's watch counted such a
     step done (its entry had no `documents`: done under any), and own_mc kept the variant's scores under
     its name in results.json, eval.parquet and the audit, unnamed (review RV30c S2). The group is done
-    only where `ovr::own_mc` is; scoring it drops the old own_mc entry, with a note saying what it held."""
+    only where `ovr::own_mc` is; scoring it drops the old own_mc entry, with a note saying what it held,
+    where the entry says it held it (lm-eval's config of the variant): one ovr scored when it named own_mc
+    as it is holds own_mc's own scores, and was dropped for ovr's overrides of today (RV31a 7)."""
     from validation.eval import evaluate_missing, load_eval_config, score_settings
     from validation.eval_results import write_step_json
 
@@ -1753,15 +1755,22 @@ def test_a_group_s_variant_recorded_under_its_member_s_name_before_group_task_na
     }
     both = {"ovr": {"settings": old}, "own_mc": {"settings": old}}
     results = {"results": {t: {"acc,none": 0.25} for t in both}, "group_subtasks": {"ovr": ["own_mc"]}}
-    write_step_json(
-        run, 5, {**results, "configs": {"own_mc": {"doc_to_text": "zzz"}}, "gristmill_tasks": both}
-    )
-    assert evaluate_missing(run, cfg, plan, show=False) == [5]
+
+    def scored_after(config: dict) -> dict:  # the step's file once ovr is scored on the old one
+        shutil.rmtree(eval_dir(run, 5), ignore_errors=True)
+        write_step_json(run, 5, {**results, "configs": {"own_mc": config}, "gristmill_tasks": both})
+        assert evaluate_missing(run, cfg, plan, show=False) == [5]
+        return json.loads((eval_dir(run, 5) / "results.json").read_text())
+
+    # scored when ovr named own_mc as it is: lm-eval's config of own_mc itself
+    got = scored_after(plan.task_manager.load("own_mc")["tasks"]["own_mc"].dump_config())
+    assert got["results"]["own_mc"] == {"acc,none": 0.25} and "ovr::own_mc" in got["results"]
+    assert "held ovr's variant's scores" not in capsys.readouterr().out
+    got = scored_after(got["configs"]["ovr::own_mc"])  # the variant's, as lm-eval records it
     assert (
         "scored again under other settings: own_mc (held ovr's variant's scores, recorded before GROUP::task "
         "names; scored again as ovr::own_mc), ovr ("
     ) in capsys.readouterr().out
-    got = json.loads((eval_dir(run, 5) / "results.json").read_text())
     for section in ("results", "configs", "gristmill_tasks"):
         assert "own_mc" not in got[section] and "ovr::own_mc" in got[section], section
     assert evaluate_missing(run, cfg, plan, show=False) == []
