@@ -420,10 +420,11 @@ class TaskPlan:
         }
 
     def _watched(self) -> list[tuple[str, int, int, int, int]]:
-        """The files under include_path and the tasks' data files as their patterns match now (a file
-        added to a glob or a folder is one more), each as its name, mtime, ctime, inode and size (the
-        ctime: an mtime put back, cp -p)."""
-        data = local_files([p for d in self.data_files.values() for p in d.patterns])
+        """The files under include_path and the tasks' data files, those found and those their patterns
+        match now (a file added to a glob or a folder is one more), each as its name, mtime, ctime, inode
+        and size (the ctime: an mtime put back, cp -p)."""
+        found = {f for d in self.data_files.values() for f in d.files}
+        data = sorted(found.union(local_files([p for d in self.data_files.values() for p in d.patterns])))
         return sorted(
             (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
             for top in [*self.include_path, *data]

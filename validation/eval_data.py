@@ -147,7 +147,7 @@ def _data_files(value: Any, patterns: list[str], files: set[Path], leaves: list[
             watched, found = _folder_data(base)
             mine += watched
         elif base is None and root is not None and root.is_file():
-            mine.append(glob.escape(str(root.resolve())))
+            mine.append(glob.escape(str(root.resolve())))  # once (RV31a 5)
             found = local_files(mine)
         patterns.extend(mine)
         files.update(found)
@@ -176,15 +176,17 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
         _MODULE_TO_METADATA_FILE_NAMES,
     )
 
+    base = base.resolve()  # as datasets does, once (RV31a 5)
+    under = glob.escape(str(base))
     kinds = [[SPLIT_PATTERN_SHARDED.replace("{split}", "*")]]
     kinds += [[p for ps in kind.values() for p in ps] for kind in ALL_DEFAULT_PATTERNS]
     try:
         chosen = get_data_patterns(str(base))
     except FileNotFoundError:  # no data file yet (EmptyDatasetError): any kind's first match is one
-        return [_rooted(p, base) for kind in kinds for p in kind], []
+        return [os.path.join(under, p) for kind in kinds for p in kind], []
     mine = {p for ps in chosen.values() for p in ps}
     last = next((i for i, kind in enumerate(kinds) if mine & set(kind)), 0)
-    watched = [_rooted(p, base) for p in sorted(mine.union(*kinds[: last + 1]))]
+    watched = [os.path.join(under, p) for p in sorted(mine.union(*kinds[: last + 1]))]
     try:
         data = DataFilesDict.from_patterns(
             chosen, base_path=str(base), allowed_extensions=_ALL_ALLOWED_EXTENSIONS

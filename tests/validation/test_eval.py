@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -2012,7 +2013,8 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     matched then were watched, so a file joining `own_mc-test*.jsonl` during a watch was read at the next
     step and recorded under the old digest, the steps scored before counted done (RV30c S1). Each task's
     digests are taken just before it is scored, and the plan watches the patterns: a new match is a
-    change."""
+    change. A dataset_path folder named without data_files is the files datasets reads of it (its
+    split-named ones), not its every file (a cache or a run's files in it changed it: RV31a 3)."""
     from validation.eval import evaluated, load_eval_config
     from validation.eval_data import files_sha256
     from validation.eval_results import write_step_json
@@ -2042,8 +2044,12 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
             return super().loglikelihood(requests, disable_tqdm)
 
     _own_task(tasks, "own_a")
+    folder = _own_task(tmp_path / "folder", "own_f")  # own_f-train.jsonl, own_f-test.jsonl
+    own_f = re.sub(r"dataset_kwargs:\n  data_files:\n(    .*\n)+", "", (folder / "own_f.yaml").read_text())
+    (tasks / "own_f.yaml").write_text(own_f.replace("dataset_path: json", f"dataset_path: {folder}"))
+    (folder / "own_f.yaml").unlink()
     sets = ["bootstrap_iters=0", "device=cpu", f'include_path=["{tasks}"]']
-    cfg = load_eval_config(None, sets, "own_a,own_mc")
+    cfg = load_eval_config(None, sets, "own_a,own_mc,own_f")
     plan = TaskPlan(run, cfg)
     lm = ReplacingLM(pretrained=str(export_dir(run, 5)), device="cpu", batch_size=4, max_length=SEQ_LEN)
     results = evaluate_lm(lm, plan, cfg)
@@ -2062,9 +2068,16 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
         )
 
     assert done()
+    assert plan.data_files["own_f"].files == sorted(folder.resolve().glob("own_f-*.jsonl"))
+    (folder / "cache").mkdir()
+    (folder / "cache" / "state.json").write_text("{}\n")  # datasets reads the split-named files only
+    assert done()
+    own_f = plan.contents["own_f"]
+    (folder / "own_f-test-2.jsonl").write_text("".join(rows[4:]))  # one more of them
     (data / "own_mc-test-2.jsonl").write_text("".join(rows[4:]))  # joins the glob: lm-eval reads it next
     assert not done()
     assert plan.contents["own_mc"] == files_sha256(files()) and len(files()) == 3
+    assert plan.contents["own_f"] != own_f and len(plan.data_files["own_f"].files) == 3
 
 
 def test_watch_of_a_tag_ends_once_its_tasks_are_scored(eval_run, tmp_path):
