@@ -54,6 +54,7 @@ from training.checkpoint.hf_export import (
     ExportError,
     check_export_tokenizer,
     export_checkpoint,
+    export_fix,
     run_config,
 )
 from training.checkpoint.io import (
@@ -79,7 +80,6 @@ from training.contract.eval_table import (
     read_step_results,
     write_eval_table,
 )
-from training.contract.integrity import EXPORT_META
 from training.contract.run_layout import (
     EVAL_DIR,
     EVAL_PARQUET,
@@ -979,29 +979,6 @@ def _tokenizer_files_named(run_dir: Path, export: Path) -> dict[str, Path]:
     return {n: export / n for n in TOKENIZER_FILES} | base
 
 
-def _export_kept(run_dir: Path, step: int, export: Path, merged: bool) -> str:
-    """What to do with an export whose tokenizer files this machine's transformers reads otherwise: it
-    stays (exports are permanent, and where retention deleted its checkpoint its weights are nowhere
-    else: review RV31L F4); written again from its checkpoint where that is kept, else scored under the
-    transformers it was written with (gristmill_export.json records it)."""
-    try:
-        wrote = json.loads((export / EXPORT_META).read_text(encoding="utf-8")).get("transformers")
-    except (OSError, ValueError, AttributeError):
-        wrote = None
-    under = (
-        f"transformers {wrote}, which it was exported with"
-        if wrote
-        else "the transformers it was exported with"
-    )
-    if step in complete_steps(run_dir):
-        again = f"gristmill export {run_dir} --step {step}{' --merged' if merged else ''}"
-        return (
-            f"move {export} aside and export it again from its checkpoint ({again}), or score it under "
-            f"{under}"
-        )
-    return f"keep {export} (its checkpoint is gone: its weights are only there) and score it under {under}"
-
-
 def evaluate_step(
     run_dir: str | Path,
     step: int,
@@ -1059,8 +1036,7 @@ def evaluate_step(
     # checked under the exporting box's, or under none (a training box without the eval extra), and a
     # transformers that reads a key otherwise scored ids the model never trained on (review RV29a F3).
     try:
-        fix = _export_kept(run_dir, step, export, merged)
-        check_export_tokenizer(export, export, _tokenizer_files_named(run_dir, export), scoring=fix)
+        check_export_tokenizer(export, export, _tokenizer_files_named(run_dir, export), scoring=True)
     except ExportError as e:
         raise EvalError(str(e)) from None
     most = model_max_length(export)
@@ -1090,7 +1066,7 @@ def evaluate_step(
             first = str(e).splitlines()[0] if str(e) else ""
             raise EvalError(
                 f"cannot load export {export} ({type(e).__name__}: {first}); "
-                "delete it and re-export it from its checkpoint (gristmill export RUN --step N)"
+                f"{export_fix(export, 'the files it cannot load')}"
             ) from None
         check_finite_weights(lm, export, cfg.dtype)
 

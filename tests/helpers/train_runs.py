@@ -1,8 +1,8 @@
 """Runs of the tiny training recipe (configs/train/tiny.toml) for trainer and checkpoint tests: the
 shared overrides and their uninterrupted run (trained once per test run), reading metrics.jsonl, the
 torchrun command, waiting for a step, comparing two runs' checkpointed weights, a run's recorded
-batches against `data inspect --hash` and `verify`, checking a run's one error line, and a command
-run where accelerate cannot be imported."""
+batches against `data inspect --hash` and `verify`, checking a run's one error line, a command
+run where accelerate cannot be imported, and a checkpoint's files without training (fake_checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -22,6 +23,8 @@ from tests.helpers import forked
 from tests.helpers.shared import Shared
 from training.checkpoint.hf_export import load_checkpoint_model
 from training.contract.batch_record import read_batches
+from training.contract.integrity import file_records
+from training.contract.run_layout import COMPLETE_FILE, DCP_METADATA, checkpoint_dir
 from training.train import load_train_config, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,3 +180,19 @@ def without_accelerate(argv: list[str], entry: str = "pipelines.cli") -> subproc
     without the eval extra): forked (tests/helpers/no_accelerate.py)."""
     cmd = [sys.executable, "-m", "tests.helpers.no_accelerate", entry, *argv]
     return forked.run(cmd, cwd=ROOT, timeout=300)
+
+
+def fake_checkpoint(run: Path, step: int, *, metadata: bool = True, complete: bool = True) -> Path:
+    """Checkpoint `step` of `run` as its files say, with no weights in them: a shard, DCP metadata
+    (`metadata`) and a COMPLETE recording both (`complete`): one that verifies (verify_checkpoint)."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = checkpoint_dir(run, step)
+    path.mkdir(parents=True)
+    (path / "__0_0.distcp").write_bytes(b"x" * 10)
+    if metadata:
+        (path / DCP_METADATA).write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
+    if complete:
+        files = file_records(path, [p.name for p in path.iterdir()], "crc32")
+        (path / COMPLETE_FILE).write_text(json.dumps({"step": step, "files": files}))
+    return path

@@ -278,7 +278,8 @@ def test_damaged_files_are_refused_and_resume_falls_back_to_one_that_verifies(da
     sums = export_dir(run, 8) / "gristmill_checksums.json"
     sums.write_text(sums.read_text()[:20])
     assert gristmill(["export", str(run), "--step", "8"]) == 2
-    fix = f"delete {export_dir(run, 8)} and re-export it from its checkpoint (gristmill export {run} --step 8"
+    fix = f"move {export_dir(run, 8)} aside and export it again from its checkpoint (gristmill export {run}"
+    fix += " --step 8"
     assert fix + ")" in one_error_line(capsys.readouterr().err)
     shutil.rmtree(export_dir(run, 8))
     assert gristmill(["export", str(run), "--step", "8"]) == 0

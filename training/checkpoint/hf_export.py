@@ -348,11 +348,12 @@ def _brings_tokenizer_files(base: dict[str, Path]) -> bool:
     return bool(own_tokenizer_files(base).keys() & set(TOKENIZER_FILES[1:]))
 
 
-# What tokenizers tell apart: quotes, runs of punctuation, digits, spaces, a tab and a newline,
-# accents, CJK. An export's AutoTokenizer must encode it as the export's tokenizer.json does. No
-# special token's text: how a text spelling one is encoded is split_special_tokens' choice, not this.
-PROBE_TEXT = 'He said "hi"! then ."quoted" text!!  x=\'y\'; 2024-12-01, 3.14\tend\nNew line: é, 中文'
-_ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+# What of tokenizer.json decides gristmill eval's ids and answers: how a text is cut into ids
+# (normalizer, pre_tokenizer, model: its vocab, merges and settings) and how generated ids become an
+# answer's text (decoder). Not the post-processor (eval never asks for specials) nor added tokens,
+# whose serialized flags can say otherwise than encoding does (_added_token_problems).
+ENCODING_SECTIONS = ("normalizer", "pre_tokenizer", "model", "decoder")
+_ADDED_TOKEN_FLAGS = ("content", "single_word", "lstrip", "rstrip", "normalized")
 # Tokenizer files (their sha256s, and transformers') that passed check_export_tokenizer in this process:
 # the same bytes read the same way, so a trainer's later exports pay a hash, not two loads (~1 s for a
 # Llama-3 tokenizer).
@@ -360,21 +361,24 @@ _PASSED: set[tuple[str, ...]] = set()
 
 
 def check_export_tokenizer(
-    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None, *, scoring: str | None = None
+    out_dir: Path, export: Path | str, named: Mapping[str, Path] | None = None, *, scoring: bool = False
 ) -> None:
-    """Refuse, in one line naming `export`, the token and the key that causes it (and the file it came
-    from: `named`, {file name: the base's file}, where it is the base's), tokenizer files that
+    """Refuse, in one line naming `export`, the key that causes it (and the file it came from:
+    `named`, {file name: the base's file}, where it is the base's) and the fix, tokenizer files that
     AutoTokenizer (transformers, offline, as eval loads them from `out_dir`) reads otherwise than the
-    data's tokenizer.json: added tokens other than exactly tokenizer.json's (content and flags), another
-    special token, another encoding of PROBE_TEXT, or none (it cannot load them). split_token_entries is
-    the rule for the keys transformers reads today; this holds what a later transformers makes of
-    others. Nothing to check without transformers (a training box without the eval extra loads no
-    tokenizer) or without tokenizer.json (a synthetic dataset's).
+    data's tokenizer.json: another normalizer, pre-tokenizer, model or decoder than the file's (its
+    loaded backend compared with the file, section by section: no probe text shows every difference,
+    review RV32l F1), added or special tokens other than exactly tokenizer.json's, a pad id past the
+    model's vocabulary, or none (it cannot load them). split_token_entries is the rule for the keys
+    transformers reads today; this holds what a later (or earlier) transformers makes of others.
+    Nothing to check without transformers (a training box without the eval extra loads no tokenizer)
+    or without tokenizer.json (a synthetic dataset's). One home: an export (write_tokenizer), every
+    start of a run from a base (check_run_tokenizer) and eval (`scoring`) call it.
 
     `scoring`: an eval's check of the export it scores, under its own transformers (the export was
-    checked under the exporting machine's, or under none: review RV29a F3), and what to do with that
-    export (it stays: exports are permanent); only what changes gristmill eval's scores is refused
-    (_tokenizer_problems)."""
+    checked under the exporting machine's, or under none: review RV29a F3): only what changes gristmill
+    eval's scores is refused, naming the export's own file and what to do with the export
+    (rescoring_fix: it stays, exports are permanent)."""
     tokenizer_json = out_dir / TOKENIZER_JSON
     if not tokenizer_json.is_file():
         return
@@ -385,72 +389,92 @@ def check_export_tokenizer(
         return
     files = [out_dir / name for name in TOKENIZER_FILES if (out_dir / name).is_file()]
     passed = (transformers.__version__, *(f"{p.name}:{file_sha256(p)}" for p in files))
-    if passed in _PASSED or (scoring is not None and (*passed, "scoring") in _PASSED):
+    if passed in _PASSED or (scoring and (*passed, "scoring") in _PASSED):
         return
-    # the reference: tokenizer.json as the data was encoded with it (its added tokens as tokenizers
-    # reads them: a JSON parse of a Llama-3 file would cost more than this load)
+    # the reference: tokenizer.json as the data was encoded with it, serialized by the same tokenizers
+    # as the loaded backend is (a file of an older tokenizers spells merges otherwise)
     data = Tokenizer.from_file(str(tokenizer_json))
+    pipeline = _pipeline(data)
+    vocab_size = _model_vocab_size(out_dir, data)
 
     def refused(folder: Path) -> tuple[str, str | None, bool] | None:  # the first, or first scored
-        problems = _tokenizer_problems(transformers, folder, data, scoring is not None)
-        return next((p for p in problems if p[2] or scoring is None), None)
+        problems = _tokenizer_problems(transformers, folder, data, pipeline, vocab_size)
+        return next((p for p in problems if p[2] or not scoring), None)
 
     problem = refused(out_dir)
     if problem is None:
-        _PASSED.add(passed if scoring is None else (*passed, "scoring"))
+        _PASSED.add((*passed, "scoring") if scoring else passed)
         return
     what, token, _ = problem
     key, file = _naming(out_dir, token, lambda folder: refused(folder) is None)
     version = f"AutoTokenizer (transformers {transformers.__version__})"
-    if key is None:  # the files the run reads, named (a resume's: RUN/base/…, review RV29e F2)
-        shown = [str((named or {}).get(n, n)) for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()]
-        where, fix = (
-            f" (by no one key of {' or '.join(shown)})",
-            f"find the entry that adds it in {' or '.join(shown)} and leave it out",
-        )
-    else:
-        # a file gristmill wrote (no base): in a temporary folder
-        shown = [str((named or {}).get(file, file))]
-        where, fix = "", f"leave {key} out of {shown[0]}"
-    if scoring is not None:  # gristmill's own files (no base's to edit): what to do with the export alone
-        own = all(Path(f).parent == Path(export) for f in shown)
-        fix = scoring if own else f"{fix}; {scoring}"
+    own = [n for n in TOKENIZER_FILES[1:] if (out_dir / n).is_file()] if key is None else [file]
+    if scoring:  # the export's own files, which eval read; RUN/base's only where a new export reads it
+        shown = [str(out_dir / n) for n in own]
+        base = (named or {}).get(file) if key is not None else None
+        base_edit = None
+        if base is not None and Path(base).parent != out_dir and _same_entry(Path(base), out_dir / file, key):
+            base_edit = _edit(key, base)
+        fix = rescoring_fix(Path(export), transformers.__version__, base_edit)
+    else:  # a file gristmill wrote (no base): in a temporary folder, named alone
+        shown = [str((named or {}).get(n, n)) for n in own]
+        fix = f"find the entry that adds it in {' or '.join(shown)} and leave it out"
+        if key is not None:
+            fix = _edit(key, shown[0])
+    where = f" (by no one key of {' or '.join(shown)})" if key is None else ""
     named_key = "" if key is None else f" {key} of {shown[0]}:"
     raise ExportError(f"{export}:{named_key} {version} {what}{where}; {fix}")
 
 
-def _encodings_differ(tok: Any, data: Any, text: str) -> tuple[str, bool]:
-    """Which of AutoTokenizer's encodings of `text` differ from tokenizer.json's (`data`): the default
-    one (its users' tok(text)) against tokenizer.json's default, and gristmill eval's
-    (split_special_tokens=True, validation/eval_model.py tok_encode) against the build's (its special
-    tokens' text encoded as text: encode_special_tokens, tokenization/separator.py), or neither, in
-    words; and whether eval's does."""
-    ids = data.encode(text, add_special_tokens=False).ids
-    default = tok(text, add_special_tokens=False)["input_ids"] != ids
-    data.encode_special_tokens = True  # a flag of the object, set back at once (review RV31L F3)
+def _edit(key: str, file: Path | str) -> str:
+    """The edit of `file` that takes `key`'s effect away: tokenizer_class names the class that encodes
+    with tokenizer.json as it is (without it, transformers picks config.json's model type's class)."""
+    if key == "tokenizer_class":
+        return f"set tokenizer_class to {FAST_TOKENIZER} in {file}"
+    return f"leave {key} out of {file}"
+
+
+def _same_entry(base: Path, export: Path, key: str) -> bool:
+    """Whether the base's tokenizer file `base` holds `key` as the export's `export` does: an export
+    written from it again would read it again."""
     try:
-        built = data.encode(text, add_special_tokens=False).ids
-    finally:
-        data.encode_special_tokens = False
-    scored = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] != built
+        ours, theirs = (json.loads(p.read_text(encoding="utf-8")) for p in (base, export))
+    except (OSError, ValueError):
+        return False
+    return (
+        isinstance(ours, dict) and isinstance(theirs, dict) and key in ours and ours[key] == theirs.get(key)
+    )
+
+
+def _model_vocab_size(folder: Path, data: Any) -> int:
+    """The ids the model has embeddings for: config.json's vocab_size in an export, else tokenizer.json's
+    (the start's check writes no config.json; the model's vocabulary is the data's there)."""
+    try:
+        return int(json.loads((folder / CONFIG_JSON).read_text(encoding="utf-8"))["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return data.get_vocab_size(with_added_tokens=True)
+
+
+def _differ_words(default: bool, scored: bool) -> str:
+    """Which encodings differ from the data's, in words: the default one (its users' tok(text)) and
+    gristmill eval's (split_special_tokens=True, validation/eval_model.py tok_encode, against the
+    build's, which encodes special tokens' text as text: tokenization/separator.py)."""
     if default and scored:
-        words = (
+        return (
             "its users' tok(text) and gristmill's eval both encode texts otherwise than the data (ids the "
             "model never trained on)"
         )
-    elif default:
-        words = (
+    if default:
+        return (
             "its users' tok(text) encodes texts otherwise than the data (not gristmill's eval, which "
             "does not split special tokens out of a text)"
         )
-    elif scored:
-        words = (
+    if scored:
+        return (
             "gristmill's eval encodes texts otherwise than the data (ids the model never trained on; its "
             "users' tok(text) does not)"
         )
-    else:
-        words = "though its users' tok(text) and gristmill's eval encode such texts as the data"
-    return words, scored
+    return "though its users' tok(text) and gristmill's eval encode texts as the data"
 
 
 # What changes gristmill eval's scores, in the words of an eval's refusal (_tokenizer_problems)
@@ -463,67 +487,140 @@ _DROPPED = (
 _KEPT = (
     "lm-eval keeps its text in the answers gristmill's eval generates (a special token of the data's only)"
 )
+_DECODED = "lm-eval decodes the answers gristmill's eval generates otherwise than the data's tokenizer.json"
 
 
 def _tokenizer_problems(
-    transformers: Any, folder: Path, data: Any, scoring: bool = False
+    transformers: Any, folder: Path, data: Any, pipeline: Mapping[str, Any], vocab_size: int
 ) -> Iterator[tuple[str, str | None, bool]]:
     """Each thing AutoTokenizer reads otherwise from the tokenizer files in `folder` than tokenizer.json
-    (`data`) is: (what, the token concerned, whether it changes gristmill eval's scores); none where it
-    reads them as tokenizer.json is. An added token that is not special on one side at least is
-    matched in every text that holds its content (inside words too): eval's encoding differs wherever
-    one does, whatever one probe text shows (review RV31L F1); a special token on one side only
-    changes the answers eval generates (lm-eval decodes them without special tokens: F2); only flags
-    of a token special on both sides leave eval as it is (split_special_tokens takes neither out of a
-    text). `scoring`: the words are those of an eval's refusal, else of an export's (which encodings
-    of a probe differ)."""
+    (`data`; `pipeline`: its ENCODING_SECTIONS, _pipeline) is: (what, the token concerned, whether it
+    changes gristmill eval's scores); none where it reads them as tokenizer.json is. The loaded
+    backend's pipeline is compared with the file's whole (a class transformers rebuilds, GPT2Tokenizer or
+    Qwen2Tokenizer, gets its own pre-tokenizer or normalizer: review RV32l F1); then the added and
+    special tokens (_added_token_problems) and the pad id (lm-eval pads generated batches with it)."""
     try:
         tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:  # whatever a transformers version raises: eval could not load it either
+        first = next(iter(str(e).strip().splitlines()), "")  # one line (a missing library's is five)
         yield (
-            f"cannot load its tokenizer files ({type(e).__name__}: {e}): neither can eval or its users",
+            f"cannot load its tokenizer files ({type(e).__name__}: {first}): neither can eval or its users",
             None,
             True,
         )
         return
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:  # a class of its own (sentencepiece, Python): tokenizer.json is not read at all
+        what = f"loads them as {type(tok).__name__}, which does not encode with {TOKENIZER_JSON}"
+        yield f"{what}: {_differ_words(True, True)}", None, True
+        return
+    loaded = _pipeline(backend)
+    for section in ENCODING_SECTIONS:
+        if loaded[section] != pipeline[section]:
+            what = _section_difference(
+                section, *(json.loads(p or "null") for p in (loaded[section], pipeline[section]))
+            )
+            words = _DECODED if section == "decoder" else _differ_words(True, True)
+            yield f"{what}: {words}", None, True
+            return  # the rest follows from the same class or key
+    yield from _added_token_problems(tok, data, vocab_size)
+    pad = tok.pad_token_id
+    if pad is not None and pad >= vocab_size:
+        yield (
+            f"has pad_token {tok.pad_token!r}, id {pad}, past the model's vocabulary ({vocab_size} ids): "
+            "lm-eval pads the prompts of gristmill's eval's generating tasks with it, which the model "
+            "cannot embed (the eval stops there)",
+            tok.pad_token,
+            True,
+        )
 
-    def words(text: str, eval_words: str) -> str:
-        return eval_words if scoring else _encodings_differ(tok, data, text)[0]
 
-    want, got = data.get_added_tokens_decoder(), tok.added_tokens_decoder
+def _pipeline(tokenizer: Any) -> dict[str, bytes | None]:
+    """The ENCODING_SECTIONS of a tokenizers.Tokenizer as tokenizers serializes them: compared as bytes,
+    a 128k vocabulary's model costs a serialization (~0.1 s), no Python loop over it."""
+    parts = {section: getattr(tokenizer, section) for section in ENCODING_SECTIONS}
+    return {section: None if part is None else part.__getstate__() for section, part in parts.items()}
+
+
+def _section_difference(section: str, loaded: Any, ours: Any) -> str:
+    """`section` of the loaded backend against tokenizer.json's, in words (its types, or the model's
+    settings that differ: vocab, merges, continuing_subword_prefix, …)."""
+    if section == "model" and isinstance(loaded, dict) and isinstance(ours, dict):
+        keys = sorted(k for k in loaded.keys() | ours.keys() if loaded.get(k) != ours.get(k))
+        return f"builds another model than {TOKENIZER_JSON}'s ({', '.join(keys)} differ)"
+
+    def kind(part: Any) -> str:
+        if not isinstance(part, dict):
+            return "none"
+        inner = part.get("pretokenizers") or part.get("normalizers") or part.get("decoders")
+        if isinstance(inner, list):
+            return f"{part.get('type')}[{', '.join(kind(p) for p in inner)}]"
+        return str(part.get("type"))
+
+    theirs, mine = kind(loaded), kind(ours)
+    if theirs == mine:
+        theirs = f"{theirs} with other settings"
+    return f"builds the {section} {theirs} where {TOKENIZER_JSON} has {mine}"
+
+
+def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[tuple[str, str | None, bool]]:
+    """The added and special tokens AutoTokenizer (`tok`) treats otherwise than tokenizer.json
+    (`data`), judged by what its encoding and decoding do, not by the flags it reports (transformers 5
+    reports '<|begin_of_text|>' ordinary where its backend still takes it as special: review RV32l F2).
+    An added token gristmill eval matches (not special) on one side only, or with other flags, is
+    matched inside every word holding its content: eval's ids differ wherever one does (review RV31L
+    F1). A token dropped from decoded answers on one side only (skip_special_tokens) changes the
+    answers eval generates, below the model's vocabulary (ids past it are never generated). Flags of a
+    token special on both sides change its users' tok(text) only."""
+    want, got = data.get_added_tokens_decoder(), tok.backend_tokenizer.get_added_tokens_decoder()
     for i in sorted(want.keys() | got.keys()):
         ours, theirs = want.get(i), got.get(i)
-        if ours is None or theirs is None:
-            token = (theirs or ours).content
-            what = f"adds {token!r} (id {i}), no" if ours is None else f"lacks {token!r} (id {i}), an"
-            why = _SPLIT if not (theirs or ours).special else _DROPPED if ours is None else _KEPT
-            yield f"{what} added token of {TOKENIZER_JSON}: {words(PROBE_TEXT + token, why)}", token, True
-            continue
-        for flag in _ADDED_TOKEN_FLAGS:
-            if getattr(theirs, flag) != getattr(ours, flag):
-                token = ours.content
-                what = (
-                    f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), "
-                    f"{TOKENIZER_JSON} {getattr(ours, flag)}"
-                )
-                scored = not (ours.special and theirs.special)
-                yield f"{what}: {words(PROBE_TEXT + ' ' + token + ' x', _SPLIT)}", token, scored
-    special = {i for i, t in want.items() if t.special}
-    for i in sorted(set(tok.all_special_ids) - special - {None}):
-        token = tok.convert_ids_to_tokens(i)
-        what = f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}"
-        yield f"{what}: {words(PROBE_TEXT + token, _DROPPED)}", token, True
-    auto = tok(PROBE_TEXT, add_special_tokens=False)["input_ids"]
-    ids = data.encode(PROBE_TEXT, add_special_tokens=False).ids
-    if auto != ids:
-        at = next((k for k, (a, d) in enumerate(zip(auto, ids)) if a != d), min(len(auto), len(ids)))
-        how, scored = _encodings_differ(tok, data, PROBE_TEXT)
-        yield (
-            f"encodes {PROBE_TEXT!r} with {tok.convert_ids_to_tokens(auto[at : at + 3])} at token {at}, its "
-            f"{TOKENIZER_JSON} with {tok.convert_ids_to_tokens(ids[at : at + 3])}: {how}",
-            None,
-            scored,
+        same = ours is not None and theirs is not None
+        same = same and all(getattr(ours, f) == getattr(theirs, f) for f in _ADDED_TOKEN_FLAGS)
+        matched = ours is not None and not ours.special
+        scored = matched != (theirs is not None and _matched_by_eval(tok, theirs, i)) or (
+            matched and not same
         )
+        if same and not scored:
+            continue
+        token = (theirs or ours).content
+        if ours is None:
+            what = f"adds {token!r} (id {i}), no added token of {TOKENIZER_JSON}"
+        elif theirs is None:
+            what = f"lacks {token!r} (id {i}), an added token of {TOKENIZER_JSON}"
+        else:
+            flag = next(f for f in (*_ADDED_TOKEN_FLAGS, "special") if getattr(ours, f) != getattr(theirs, f))
+            what = f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), {TOKENIZER_JSON} "
+            what += str(getattr(ours, flag))
+        yield f"{what}: {_SPLIT if scored else _differ_words(not same, False)}", token, scored
+    for i in sorted((want.keys() | got.keys() | set(tok.all_special_ids)) - {None}):
+        if i >= vocab_size:
+            continue
+        dropped = tok.decode([i], skip_special_tokens=True) == ""
+        if dropped == (data.decode([i], skip_special_tokens=True) == ""):
+            continue
+        token = tok.convert_ids_to_tokens(i)
+        if dropped:
+            yield (
+                f"makes {token!r} (id {i}) a special token, not one of {TOKENIZER_JSON}: {_DROPPED}",
+                token,
+                True,
+            )
+        else:
+            yield (
+                f"takes {token!r} (id {i}) for an ordinary token, a special one of {TOKENIZER_JSON}: {_KEPT}",
+                token,
+                True,
+            )
+
+
+def _matched_by_eval(tok: Any, token: Any, i: int) -> bool:
+    """Whether gristmill eval's encoding (split_special_tokens=True, as validation/eval_model.py
+    tok_encode) matches added token `token` (id `i`) as itself: an ordinary added token, matched
+    inside words too. As it acts: a token it splits as text is not matched, whatever its flag says;
+    where its text encodes as that id anyway, its flag decides."""
+    ids = tok(token.content, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return ids == [i] and not token.special
 
 
 def _naming(
@@ -531,7 +628,9 @@ def _naming(
 ) -> tuple[str | None, str | None]:
     """(key, file name) of an export's tokenizer_config.json / special_tokens_map.json that names
     `token`, else the one key whose removal alone makes the files pass (`passes`, a reload per key:
-    on the refusing path only), else (None, None)."""
+    on the refusing path only; tokenizer_class first, set to PreTrainedTokenizerFast rather than left
+    out: an older export's base class is the usual cause of another pipeline, review RV32l F3), else
+    (None, None)."""
 
     def holds(value: Any) -> bool:  # a string, an AddedToken dict, a list or dict of them
         if isinstance(value, dict | list):
@@ -549,14 +648,15 @@ def _naming(
             return key, name
     with tempfile.TemporaryDirectory(prefix="gristmill-tokenizer-") as tmp:
         for name, spec in specs.items():
-            for key in spec:
-                if key == "tokenizer_class":  # write_tokenizer's own
-                    continue
+            for key in sorted(spec, key=lambda k: k != "tokenizer_class"):
+                edited = {k: v for k, v in spec.items() if k != key}
+                if key == "tokenizer_class":
+                    if spec[key] == FAST_TOKENIZER:
+                        continue
+                    edited[key] = FAST_TOKENIZER
                 folder = Path(tmp) / f"{name}-{len(os.listdir(tmp))}"
                 shutil.copytree(out_dir, folder)
-                (folder / name).write_text(
-                    json.dumps({k: v for k, v in spec.items() if k != key}), encoding="utf-8"
-                )
+                (folder / name).write_text(json.dumps(edited), encoding="utf-8")
                 if passes(folder):
                     return key, name
     return None, None
@@ -665,8 +765,9 @@ def export_hf(
                 "dataset_fingerprint": info["fingerprint"],
                 "separator": info["separator"],
                 "model_config": dataclasses.asdict(model_cfg),
-                # whose AutoTokenizer its tokenizer files were checked under (None: not installed, not
-                # checked), which an eval under another may need to name (validation/eval.py)
+                # the transformers installed where it was written (None: none), whose AutoTokenizer
+                # checked its tokenizer files where a base brought its own (_brings_tokenizer_files);
+                # an eval under another names it (rescoring_fix)
                 "transformers": _installed("transformers"),
             },
         }
@@ -764,18 +865,18 @@ def verify_export(path: str | Path, step: int | None = None, merged: bool = Fals
             )
         if exported_with_checksums(path):  # deleted: its weights would be scored unchecked (R17b M5)
             raise ExportError(
-                f"{path} has no {EXPORT_CHECKSUMS}, which it was exported with; {_export_fix(path, 'it')}"
+                f"{path} has no {EXPORT_CHECKSUMS}, which it was exported with; {export_fix(path, 'it')}"
             )
         return f"note: {path} has no {EXPORT_CHECKSUMS} (exported before gristmill recorded checksums)"
     try:
         files = json.loads(record.read_text(encoding="utf-8"))["files"]
     except (ValueError, KeyError, TypeError) as e:
         raise ExportError(
-            f"{record} is damaged ({type(e).__name__}: {e}); {_export_fix(path, record.name)}"
+            f"{record} is damaged ({type(e).__name__}: {e}); {export_fix(path, record.name)}"
         ) from None
     problems = damaged_files(path, files)
     if problems:
-        raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {_export_fix(path, 'the file')}")
+        raise ExportError(f"export {path} is damaged: {'; '.join(problems)}; {export_fix(path, 'the file')}")
     return None
 
 
@@ -805,7 +906,7 @@ def _check_export_step(path: Path, step: int, merged: bool) -> None:
         raise ExportError(
             f"{path} holds {what} of step {held} (its {EXPORT_META}), not the {'merged ' if merged else ''}"
             f"weights of step {step} its name says: a copy under another step's name; "
-            f"{_export_fix(path, 'the export')}"
+            f"{export_fix(path, 'the export')}"
         )
 
 
@@ -820,31 +921,69 @@ def export_command(
     )  # fmt: skip
 
 
-def _export_fix(path: Path, what: str) -> str:
-    """How to replace export `path`'s damaged `what`: from its checkpoint while the run keeps it; else
-    from a copy only, since retention keeps exports whose checkpoints it deleted, and deleting the
-    export then lost the only copy of its weights (review R14f F1)."""
+def _export_again(path: Path) -> tuple[str, bool] | None:
+    """How to write export `path` again, and whether from the run's base (step 0, RUN/base's record):
+    moved aside, never deleted (retention keeps exports whose checkpoints it deleted: review R14f F1,
+    RV31L F4), then exported from its checkpoint while that verifies; None where its weights are
+    nowhere else."""
     merged, run = path.name.startswith("merged-"), path.parent.parent
     try:
         step = step_of(path.with_name(path.name.removeprefix("merged-")))
     except ValueError:
-        step = None
-    if step == 0 and not merged:  # the run's base itself, exported again from it (RUN/base's record)
+        return None
+    if step == 0 and not merged:
         return (
-            f"delete {path} and re-export it from the run's base ({export_command(run, 0)}), which "
-            "needs the base at hand; or restore the file from a copy"
-        )
-    keep = (
-        f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone or "
-        "damaged, so its weights are nowhere else"
-    )
-    if step is None:
-        return keep
+            f"move {path} aside and export it again from the run's base ({export_command(run, 0)}), which "
+            "needs the base at hand"
+        ), True
     try:  # a checkpoint that verifies: a complete but damaged one left nothing to re-export from
         verify_checkpoint(checkpoint_dir(run, step))
     except CheckpointError:
-        return keep
-    return f"delete {path} and re-export it from its checkpoint ({export_command(run, step, merged)})"
+        return None
+    return (
+        f"move {path} aside and export it again from its checkpoint ({export_command(run, step, merged)})",
+        False,
+    )
+
+
+def export_fix(path: Path, what: str) -> str:
+    """How to replace export `path`'s damaged or unloadable `what`: from its checkpoint while the run
+    keeps it (_export_again); else from a copy only."""
+    again = _export_again(path)
+    if again is None:
+        return (
+            f"restore {what} from a copy of the export; keep the export meanwhile: its checkpoint is gone or "
+            "damaged, so its weights are nowhere else"
+        )
+    return f"{again[0]}; or restore {what} from a copy" if again[1] else again[0]
+
+
+def rescoring_fix(export: Path, version: str, base_edit: str | None = None) -> str:
+    """What to do with export `export` whose tokenizer files transformers `version` reads otherwise than
+    its tokenizer.json: written again where its weights are elsewhere (_export_again), after
+    `base_edit` of RUN/base's file where the new export would read the same entry; else kept (its
+    weights are only there). A transformers it was exported with, other than `version`, is named
+    where gristmill_export.json records one; never one it was exported without (review RV32l F3)."""
+    try:
+        meta = json.loads((export / EXPORT_META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    wrote = meta.get("transformers") if isinstance(meta, dict) else None
+    other = f"transformers {wrote}, which it was exported with" if wrote and wrote != version else None
+    again = _export_again(export)
+    if again is not None:
+        fix = again[0] if base_edit is None else f"{base_edit}, then {again[0]}"
+        return fix if other is None else f"{fix}; or score it under {other}"
+    keep = f"keep {export} (its checkpoint is gone or damaged: its weights are only there)"
+    if other is not None:
+        return f"{keep} and score it under {other}"
+    if isinstance(meta, dict) and "transformers" in meta and wrote is None:
+        unknown = "it was exported without transformers"
+    elif not wrote:
+        unknown = "the transformers it was exported with is not recorded (an export of before the record)"
+    else:
+        return keep  # exported under this version: gristmill's own files, unchecked then
+    return f"{keep}; {unknown}: no version is known to read its tokenizer files as its tokenizer.json"
 
 
 def newest_complete_step(run_dir: str | Path) -> int | None:

@@ -32,6 +32,7 @@ from tests.helpers.train_runs import (
     ROOT,
     TINY,
     assert_same_weights,
+    fake_checkpoint,
     losses,
     metrics,
     one_error_line,
@@ -531,29 +532,13 @@ def test_full_disk_stops_the_run_and_keeps_the_last_checkpoint(reference, datase
 # --- no training needed -----------------------------------------------------------------------
 
 
-def _fake_checkpoint(run: Path, step: int, *, metadata: bool = True, complete: bool = True) -> Path:
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    from training.contract.integrity import file_records
-
-    path = checkpoint_dir(run, step)
-    path.mkdir(parents=True)
-    (path / "__0_0.distcp").write_bytes(b"x" * 10)
-    if metadata:
-        (path / DCP_METADATA).write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
-    if complete:
-        files = file_records(path, [p.name for p in path.iterdir()], "crc32")
-        (path / COMPLETE_FILE).write_text(json.dumps({"step": step, "files": files}))
-    return path
-
-
 def test_retention_and_resume_choice(tmp_path):
     run = tmp_path / "run"
     for step in (2, 4, 6):
-        _fake_checkpoint(run, step)
-    _fake_checkpoint(run, 1, complete=False)  # a leftover of a crash, older than complete ones
-    _fake_checkpoint(run, 8, complete=False)  # a save in flight (or killed): never touched
-    _fake_checkpoint(run, 10, metadata=False, complete=False)
+        fake_checkpoint(run, step)
+    fake_checkpoint(run, 1, complete=False)  # a leftover of a crash, older than complete ones
+    fake_checkpoint(run, 8, complete=False)  # a save in flight (or killed): never touched
+    fake_checkpoint(run, 10, metadata=False, complete=False)
     assert prune(run, keep_last=2, log=lambda *_: None, saved=6) == [1, 2]
     assert complete_steps(run) == [4, 6] and checkpoint_dir(run, 8).is_dir()
     path, notes = find_resume(run, "auto")

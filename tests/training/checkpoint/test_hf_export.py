@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import pickle
 import shutil
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.train_runs import fake_checkpoint
 from training.checkpoint.hf_export import ExportError, export_checkpoint, export_hf, newest_complete_step
 from training.config import TrainConfig
 from training.contract.config_loader import load_config, save_config
@@ -176,11 +176,8 @@ def test_an_export_refuses_a_damaged_dataset_tokenizer(built_dataset, tmp_path):
 def test_a_damaged_export_whose_checkpoint_is_gone_is_kept(tmp_path):
     """Retention keeps exports whose checkpoints it deleted: "delete it and re-export it from its
     checkpoint" then lost the only copy of the weights (review R14f F1). Without its checkpoint the
-    advice is a copy, the export kept."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
+    advice is a copy, the export kept; with it, the export is moved aside, never deleted (RV32l F4)."""
     from training.checkpoint.hf_export import verify_export
-    from training.contract.integrity import file_records
 
     def advice(step: int) -> str:
         export = export_dir(run, step)
@@ -194,17 +191,12 @@ def test_a_damaged_export_whose_checkpoint_is_gone_is_kept(tmp_path):
     run = tmp_path / "run"
     assert "keep the export meanwhile: its checkpoint is gone" in advice(4) and "delete" not in advice(4)
     # a checkpoint that verifies: re-exported from it; one complete but damaged: kept (review R14g F1)
-    ckpt = checkpoint_dir(run, 4)
-    ckpt.mkdir(parents=True)
-    (ckpt / "__0_0.distcp").write_bytes(b"x" * 10)
-    (ckpt / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
-    files = file_records(ckpt, ["__0_0.distcp", ".metadata"], "crc32")
-    (ckpt / COMPLETE_FILE).write_text(json.dumps({"step": 4, "files": files}))
-    assert f"delete {export_dir(run, 4)} and re-export it from its checkpoint" in advice(4)
+    ckpt = fake_checkpoint(run, 4)
+    assert f"move {export_dir(run, 4)} aside and export it again from its checkpoint" in advice(4)
     (ckpt / "__0_0.distcp").write_bytes(b"y" * 10)
     assert "keep the export meanwhile: its checkpoint is gone or damaged" in advice(4)
     # step 0 of a run from a base: exported again from the base (review R14g F2)
-    assert f"delete {export_dir(run, 0)} and re-export it from the run's base" in advice(0)
+    assert f"move {export_dir(run, 0)} aside and export it again from the run's base" in advice(0)
 
 
 def test_export_is_whole_or_absent(built_dataset, tmp_path):
