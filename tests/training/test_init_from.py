@@ -464,7 +464,7 @@ def test_tokenizer_files_refused_by_no_one_key_name_the_files_to_look_in(tmp_pat
         _export_of(tmp_path, built_dataset, "n", {"bos_token_id": 0, "eos_token_id": 0}, tokenizer_config=own)
     line, config = str(e.value), tmp_path / "n" / "tokenizer_config.json"
     assert (
-        "\n" not in line and f"(by no one key of {config}); find the entry that adds it in {config}" in line
+        "\n" not in line and f"(by no one key of {config}); find the entry that causes it in {config}" in line
     ), line
 
 

@@ -418,7 +418,7 @@ def check_export_tokenizer(
         fix = rescoring_fix(Path(export), transformers.__version__, base_edit)
     else:  # a file gristmill wrote (no base): in a temporary folder, named alone
         shown = [str((named or {}).get(n, n)) for n in own]
-        fix = f"find the entry that adds it in {' or '.join(shown)} and leave it out"
+        fix = f"find the entry that causes it in {' or '.join(shown)} and leave it out"
         if key is not None:
             fix = _edit(key, shown[0])
     where = f" (by no one key of {' or '.join(shown)})" if key is None else ""
