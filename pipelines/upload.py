@@ -37,6 +37,7 @@ from pipelines.task_upload import damaged_objects, is_task_record, mismatch, rea
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
+    DOCUMENTS_SUM,
     DatasetError,
     check_fingerprint,
     dataset_files,
@@ -45,6 +46,7 @@ from training.contract.dataset_format import (
     record_files,
     write_dataset_info,
 )
+from training.contract.dataset_index import summed_documents
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -92,6 +94,14 @@ def upload_dataset(
             f"{root / DATASET_JSON}: validated, and recorded the sha256 of {len(info['files'])} more files "
             "(fingerprint unchanged)"
         )
+    entry = info.get("index")
+    if entry is not None and DOCUMENTS_SUM not in entry and (total := summed_documents(root, entry)):
+        # An index written before the record: what tells a mixture's two sources that are one corpus in
+        # another order (training/data/recipe.py), which a reader of the bucket cannot sum (it never
+        # fetches the per-document files); not covered by the fingerprint
+        entry[DOCUMENTS_SUM] = total
+        write_dataset_info(root, info)
+        log(f"{root / DATASET_JSON}: recorded the sum of its documents' sha256 (fingerprint unchanged)")
     target = ObjectURL.parse(url)
     store = ObjectStore(target)
     store.check_bucket()

@@ -43,7 +43,7 @@ from tests.helpers.s3_server import (
     puts,
     s3_bucket,
 )
-from tests.helpers.train_data import make_dataset
+from tests.helpers.train_data import affine_documents, make_dataset
 from tests.helpers.train_runs import (
     ENV,
     ROOT,
@@ -58,9 +58,11 @@ from tests.helpers.train_runs import (
 from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_RECORDS,
+    DOCUMENTS_SUM,
     DatasetError,
     dataset_files,
     read_dataset_info,
+    write_dataset_info,
 )
 from training.contract.errors import GristmillError
 from training.contract.object_store import COUNTS, ObjectStore, ObjectStoreError, Window
@@ -1532,6 +1534,28 @@ def test_an_upload_compares_content_and_repairs_a_damaged_object(s3, synthetic, 
     assert re.search(r"^  manifest/00000\.parquet: .*is shorter than", printed.out, re.M), printed.out
     assert printed.out.count("  manifest/00000.parquet: ") == 1, printed.out  # not "missing" too (R20d)
     assert re.search(rf"^  shards/{re.escape(name)}: ", printed.out, re.M), printed.out
+
+
+def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path):
+    """A mixture's two sources that hold one corpus in another order are told by the sum of their
+    documents' sha256 (review R30b F1), which a reader of the bucket never sums (it fetches no
+    per-document file): dataset.json brings it, recorded by the upload of a dataset indexed before it."""
+    docs = list(affine_documents(150))
+    local, again = tmp_path / "web", tmp_path / "web-reversed"
+    write_synthetic_dataset(local, docs, vocab_size=256, target_bytes=24 << 10)
+    write_synthetic_dataset(again, docs[::-1], vocab_size=256, target_bytes=24 << 10)
+    info = read_dataset_info(local)
+    total = info["index"].pop(DOCUMENTS_SUM)  # as a build before the record wrote it
+    write_dataset_info(local, info)
+    logged: list[str] = []
+    upload_dataset(local, s3.url("summed"), log=logged.append)
+    assert read_dataset_info(local)["index"][DOCUMENTS_SUM] == total
+    assert read_dataset_info(local)["fingerprint"] == info["fingerprint"]
+    assert "recorded the sum of its documents' sha256 (fingerprint unchanged)" in logged[0], logged
+    s3.proxy.reset_counts()
+    table = DocumentTable(s3.url("summed"), cache=cache(tmp_path))
+    assert table.index.documents_sum() == total == DocumentTable(again).index.documents_sum()
+    assert not s3.proxy.counts.range_gets("doc_sha256.bin")
 
 
 def test_an_upload_refuses_a_damaged_file_whose_bytes_the_bucket_holds_already(s3, synthetic, tmp_path):

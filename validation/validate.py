@@ -63,6 +63,7 @@ from training.contract.dataset_format import (
     DOC_RECORDS,
     DOC_SHA256,
     DOCS_EXT,
+    DOCUMENTS_SUM,
     EXCLUDED_DIR,
     FORMAT,
     IDS_EXT,
@@ -1248,6 +1249,26 @@ def _check_index(
                         f"{INDEX_DIR}/{name}",
                     )
                 )
+    # The documents' sum (no fingerprint covers it) decides whether two sources are one corpus: an edit
+    # refuses a mixture that is not, or lets one through that is
+    said, implied = entry.get(DOCUMENTS_SUM), derived.get(DOCUMENTS_SUM)
+    if said is not None and said != implied:
+        if url is not None:
+            fix = rewrite_bucket_dataset_json(url)
+        else:
+            fix = (
+                f"set index.{DOCUMENTS_SUM} back to {implied!r}"
+                if implied
+                else f"delete index.{DOCUMENTS_SUM}"
+            )
+        what = f"sum to {implied[:16]}…" if implied else "have no sha256 to sum"
+        problems.append(
+            Problem(
+                f"dataset.json records {DOCUMENTS_SUM} {said[:16]}…, the documents the manifest lists "
+                f"{what}: {DATASET_JSON} was edited after the build; {fix}",
+                INDEX_DIR,
+            )
+        )
 
 
 def _check_decontam(root: Path, info: dict[str, Any], problems: list[Problem]) -> None:

@@ -21,6 +21,7 @@ from pipelines.shard_writer import ShardWriter, finalize_dataset
 from tests.helpers.legacy_dataset import LegacyShardWriter, finalize_legacy
 from training.contract.dataset_format import (
     DOC_RECORD,
+    DOCUMENTS_SUM,
     FORMAT,
     FORMAT_V2,
     LEGACY_FORMAT,
@@ -490,6 +491,19 @@ def test_edited_shard_sha_in_dataset_json(ds):
     found = problems(ds)
     assert any(p.startswith(f"shards/{name}: sha256") for p in found), found
     assert any(p.startswith("dataset.json: fingerprint") for p in found)
+
+
+def test_edited_documents_sum(ds):
+    """index.documents_sha256_sum, covered by no fingerprint, decides whether two sources of a mixture
+    are one corpus in another order (training/data/recipe.py): an edit is named, with its value back."""
+    info = json.loads((ds / "dataset.json").read_text())
+    right = info["index"][DOCUMENTS_SUM]
+    info["index"][DOCUMENTS_SUM] = "0" * 64
+    (ds / "dataset.json").write_text(json.dumps(info))
+    assert problems(ds) == [
+        f"index: dataset.json records {DOCUMENTS_SUM} {'0' * 16}…, the documents the manifest lists sum to "
+        f"{right[:16]}…: dataset.json was edited after the build; set index.{DOCUMENTS_SUM} back to {right!r}"
+    ]
 
 
 def test_tokenizer_mismatch(ds):

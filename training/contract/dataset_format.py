@@ -475,6 +475,13 @@ def decontam_sha256(folder: str | Path) -> str | None:
     return h.hexdigest()
 
 
+# dataset.json's "index" entry: the sum mod 2**256 of its documents' sha256 (each a big-endian integer),
+# one value for one multiset of documents whatever their order or shards (a duplicate adds, never
+# cancels as under XOR). Not covered by the fingerprint (the stream's identity, which order is part of):
+# what tells that two sources of a mixture hold the same documents (training/data/recipe.py).
+DOCUMENTS_SUM = "documents_sha256_sum"
+
+
 def index_hashes(entry: dict[str, Any]) -> dict[str, str]:
     """{file name: sha256} of dataset.json's "index" entry (or of one derived from the manifest)."""
     return {name: f["sha256"] for name, f in sorted(entry["files"].items())}
@@ -736,6 +743,9 @@ def shape_problem(info: dict[str, Any]) -> str | None:
     index = info.get("index")
     if "index" in info and not (isinstance(index, dict) and _file_entries(index.get("files"), ("bytes",))):
         return "index must hold files, mapping each file name to {bytes, sha256}"
+    total = (index or {}).get(DOCUMENTS_SUM)
+    if total is not None and not (isinstance(total, str) and re.fullmatch("[0-9a-f]{64}", total)):
+        return f"index.{DOCUMENTS_SUM} {total!r} is not 64 lowercase hex digits"
     if info.get("files") is not None and not _file_entries(info["files"], ("bytes",)):
         return "files must map each path to {bytes, sha256}"
     by_filter = info.get("excluded_by_filter")

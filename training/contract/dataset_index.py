@@ -26,11 +26,14 @@ missing) and, with val_fraction > 0, the prefix of heldout.bin at every open: O(
 O(held-out rows), never a per-document file of the whole corpus.
 
 dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
-covers those hashes. The arrays are derived from the manifest alone (`derive_index`), so the
-build, `gristmill data index` and `gristmill data validate` all run the same code: the first two
-write the files, the last re-derives them and compares hashes. At 1.5B documents the files take
-~12 GB; a rank touches them through the page cache (shared by every process on the node), never
-as private memory, and the parquet manifest is not read on the training path at all.
+covers those hashes. Where the documents have their sha256 (doc_sha256.bin), the entry also records
+their sum (DOCUMENTS_SUM, documents_sum): the same documents in another order or other shards give
+another fingerprint but the same sum. The arrays are derived from the manifest alone
+(`derive_index`), so the build, `gristmill data index` and `gristmill data validate` all run the
+same code: the first two write the files, the last re-derives them and compares hashes. At 1.5B
+documents the files take ~12 GB; a rank touches them through the page cache (shared by every
+process on the node), never as private memory, and the parquet manifest is not read on the
+training path at all.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from training.contract.dataset_format import (
     DATASET_JSON,
     DOC_RECORDS,
     DOC_SHA256,
+    DOCUMENTS_SUM,
     INDEX_DIR,
     LEGACY_FORMAT,
     SAMPLE_DOCS,
@@ -314,13 +318,49 @@ _FILE_DTYPES = {
 }
 
 
+_SUM_LIMBS = np.dtype(">u4")  # a sha256 as 8 big-endian 32-bit limbs
+_SUM_ROWS = 1 << 24  # rows summed at once: 8 limb sums of < 2**56 in uint64
+# The most of doc_sha256.bin read at an open to sum a dataset indexed before the entry recorded the
+# sum (2M documents: ~0.1 s read, checked and summed); a larger one has it only once rebuilt, or
+# uploaded (`gristmill data upload` records it)
+MAX_SUM_BYTES = 64 << 20
+
+
+def documents_sum(hashes: np.ndarray, total: int = 0) -> int:
+    """`total` plus the documents' sha256 (HASH_BYTES-byte records, doc_sha256.bin's), each as a
+    big-endian integer, mod 2**256 (DOCUMENTS_SUM's value, as an int; `f"{total:064x}"` records it)."""
+    limbs = np.ascontiguousarray(hashes).view(_SUM_LIMBS).reshape(-1, HASH_BYTES // 4)
+    for a in range(0, len(limbs), _SUM_ROWS):
+        sums = limbs[a : a + _SUM_ROWS].sum(axis=0, dtype=np.uint64).tolist()
+        total += sum(int(v) << (32 * (len(sums) - 1 - i)) for i, v in enumerate(sums))
+    return total % (1 << 256)
+
+
+def summed_documents(root: str | Path, entry: dict[str, Any]) -> str | None:
+    """DOCUMENTS_SUM of the documents of the index at `root` whose dataset.json "index" entry is
+    `entry`, summed from its doc_sha256.bin (read whole) where that is as the entry records it (its
+    sha256); None where it is not, or the index has none (`gristmill data validate` names a damaged one)."""
+    spec = entry["files"].get(DOC_HASHES)
+    path = Path(root) / INDEX_DIR / DOC_HASHES
+    if spec is None or not path.is_file() or path.stat().st_size != spec["bytes"]:
+        return None
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != spec["sha256"]:
+        return None
+    return f"{documents_sum(np.frombuffer(data, _DTYPES['sha256'])):064x}"
+
+
 def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: str) -> dict[str, Any]:
-    """Hash (and, with `out`, write) the derived arrays; returns dataset.json's "index" entry."""
+    """Hash (and, with `out`, write) the derived arrays; returns dataset.json's "index" entry (with
+    the documents' sum where they have their sha256)."""
     files: dict[str, dict[str, Any]] = {}
     hashes: dict[str, Any] = {}
     handles: dict[str, Any] = {}
+    total = 0
     try:
         for name, chunk in chunks:
+            if name == DOC_HASHES:
+                total = documents_sum(chunk, total)
             if name not in files:
                 files[name] = {"dtype": _dtype_name(chunk.dtype), "count": 0, "bytes": 0}
                 hashes[name] = hashlib.sha256()
@@ -340,7 +380,10 @@ def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: s
             f.close()
     for name, h in hashes.items():
         files[name]["sha256"] = h.hexdigest()
-    return {"format": fmt, "files": files}
+    entry: dict[str, Any] = {"format": fmt, "files": files}
+    if DOC_HASHES in files:
+        entry[DOCUMENTS_SUM] = f"{total:064x}"
+    return entry
 
 
 def _dtype_name(dtype: np.dtype) -> str:
@@ -477,6 +520,17 @@ class DocIndex:
                 f"{root / INDEX_DIR / SAMPLE_TOKENS}: {len(self.sample_tokens)} sample totals, but the "
                 f"shards hold {len(self.sample_first) - 1} samples; {self.fix}"
             )
+
+    def documents_sum(self) -> str | None:
+        """DOCUMENTS_SUM of the dataset's documents: as dataset.json records it, else (an index written
+        before the entry recorded it) summed from doc_sha256.bin where the dataset is in place and the
+        file at most MAX_SUM_BYTES; None otherwise (a bucket's, whose per-document files are never
+        fetched; a larger one; a dataset whose documents have no sha256)."""
+        recorded = self.entry.get(DOCUMENTS_SUM)
+        spec = self.entry["files"].get(DOC_HASHES)
+        if recorded is not None or not self.per_document or spec is None or spec["bytes"] > MAX_SUM_BYTES:
+            return recorded
+        return summed_documents(self.root, self.entry)
 
     @property
     def fix(self) -> str:

@@ -24,6 +24,7 @@ from training.config_checks import batch_lr_factor
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
+    DOCUMENTS_SUM,
     TOKENIZER_JSON,
     DatasetError,
     data_identities,
@@ -63,10 +64,22 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
     for src, t in zip(sources, tables):
         # One directory (or a link to it, a byte copy, or a copy `data convert` rewrote) under two
         # names: every window trained twice, and one source's held-out documents trained in the other.
-        for key in (t.root.resolve(), *sorted(data_identities(t.info))):
+        # So too the same documents under another fingerprint (a build with other shard settings):
+        # held-out documents are chosen by row, so each source trains on the other's. Their sum
+        # (dataset_index.DOCUMENTS_SUM) tells; a dataset that has none is checked as before.
+        keys: list[object] = [t.root.resolve(), *sorted(data_identities(t.info))]
+        if (documents := t.index.documents_sum()) is not None:
+            keys.append((DOCUMENTS_SUM, documents))
+        for key in keys:
             if key in seen:
                 name, other = seen[key]
-                how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
+                if isinstance(key, tuple):
+                    how = (
+                        "the same documents in another order or other shards: each document read by both, "
+                        "and the documents one holds out trained in the other"
+                    )
+                else:
+                    how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
                 raise DatasetError(
                     f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
                     f"{t.location}, {how}); a mixture reads each dataset once: give one source that "

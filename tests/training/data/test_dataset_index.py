@@ -21,7 +21,16 @@ from pipelines.data_index import index_dataset
 from tests.helpers.position_corpus import SEP, doc_tokens, epoch_stream, make_dataset
 from training.contract import heldout
 from training.contract.dataset_format import DATASET_JSON, DatasetError, fingerprint, read_dataset_info
-from training.contract.dataset_index import DOC_OFFSETS, HELDOUT, INDEX_DIR, DocIndex, write_index
+from training.contract.dataset_index import (
+    DOC_HASHES,
+    DOC_OFFSETS,
+    DOCUMENTS_SUM,
+    HELDOUT,
+    INDEX_DIR,
+    DocIndex,
+    documents_sum,
+    write_index,
+)
 from training.data import cache as order_cache
 from training.data import order as epoch_order
 from training.data.loader import LoaderStateError, batch_sha256, dataset_loader
@@ -459,3 +468,16 @@ def test_a_relative_dataset_path_not_found_names_the_working_directory(tmp_path,
         f"{tmp_path / 'demo' / DATASET_JSON} not found: {tmp_path / 'demo'} is not a gristmill dataset "
         "(build one with `gristmill data build`)"
     )
+
+
+def test_the_documents_sum_is_of_the_documents_not_their_order(corpus):
+    """dataset.json's index.documents_sha256_sum: each document's sha256 as a big-endian integer, summed
+    mod 2**256: one value whatever the order (what tells a resharded build of one corpus: R30b F1),
+    a duplicate adds instead of cancelling (as XOR would), and one summed in pieces is the same."""
+    root, info = corpus[0], read_dataset_info(corpus[0])
+    hashes = np.fromfile(root / INDEX_DIR / DOC_HASHES, np.dtype(("V", 32)))
+    plain = sum(int.from_bytes(h.tobytes(), "big") for h in hashes) % (1 << 256)
+    assert info["index"][DOCUMENTS_SUM] == f"{plain:064x}"
+    assert documents_sum(hashes[::-1]) == documents_sum(hashes[:100], documents_sum(hashes[100:])) == plain
+    twice = documents_sum(np.concatenate([hashes[:1], hashes[:1]]))
+    assert twice == 2 * int.from_bytes(hashes[0].tobytes(), "big") % (1 << 256) != 0

@@ -8,14 +8,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.cli import main as gristmill
 from pipelines.convert import convert_dataset
+from pipelines.synthetic_dataset import write_synthetic_dataset
 from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import affine_documents, make_dataset
-from training.contract.dataset_format import read_dataset_info
+from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
 
 
 @pytest.fixture
@@ -67,6 +69,49 @@ def test_a_dataset_and_its_converted_copy_are_one_dataset(tmp_path, capsys):
     for err in both(config, [f'run.output_dir="{run}"'], capsys):
         assert "sources 'web' and 'code' are the same dataset" in err and "one fingerprint" in err, err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _same_documents_twice(tmp_path: Path, change_one: bool) -> tuple[Path, Path]:
+    """Two builds of 200 documents, the second's in another order and other shards (as a rebuild with
+    another shards.seed writes them): its fingerprint differs; with `change_one`, one document's ids too."""
+    docs = list(affine_documents(200))
+    again = [docs[i].copy() for i in np.random.default_rng(5).permutation(len(docs))]
+    if change_one:
+        again[17][3] = again[17][3] % 255 + 1  # another token, not the separator
+    a, b = tmp_path / "web", tmp_path / "web-resharded"
+    write_synthetic_dataset(a, docs, vocab_size=256, target_bytes=24 << 10)
+    write_synthetic_dataset(b, again, vocab_size=256, target_bytes=16 << 10)
+    return a, b
+
+
+@pytest.mark.parametrize("indexed", ["recorded", "before the record"])
+def test_the_same_documents_in_another_order_are_one_dataset(tmp_path, capsys, indexed):
+    """Held-out documents are chosen by manifest row: two builds of one corpus in another order (another
+    fingerprint) each hold out documents the other trains on, so val/NAME scored trained text, exit 0
+    (review R30b F1). The documents' sum tells: recorded by the build, or (an index written before the
+    record) summed at the open from doc_sha256.bin."""
+    a, b = _same_documents_twice(tmp_path, change_one=False)
+    if indexed == "before the record":  # dataset.json as an older build wrote it (the same fingerprint)
+        for root in (a, b):
+            info = read_dataset_info(root)
+            del info["index"][DOCUMENTS_SUM]
+            write_dataset_info(root, info)
+    assert read_dataset_info(a)["fingerprint"] != read_dataset_info(b)["fingerprint"]
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, run)
+    for err in both(config, [f'run.output_dir="{run}"'], capsys):
+        assert "sources 'web' and 'code' are the same dataset" in err, err
+        assert f"({a} and {b}, the same documents in another order or other shards" in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_datasets_one_document_apart_are_two_sources(tmp_path, capsys):
+    """The sum is of the documents' sha256: one token changed in one document is another dataset."""
+    a, b = _same_documents_twice(tmp_path, change_one=True)
+    sums = [read_dataset_info(root)["index"][DOCUMENTS_SUM] for root in (a, b)]
+    assert sums[0] != sums[1]
+    config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, tmp_path / "run")
+    assert gristmill(["train", "--config", str(config), "--plan"]) == 0, capsys.readouterr().err
 
 
 def test_set_data_dataset_beside_sources_is_refused_even_at_its_default(sources, tmp_path, capsys):
