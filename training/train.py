@@ -501,10 +501,17 @@ def _enter_phase(run: Run, step: int, previous: int | None) -> int:
     phase, index = run.plan.locate(step - 1)
     if phase > 0 and (index == 0 if previous is None else phase != previous):
         spec = run.plan.phases[phase]
-        say(
-            f"phase {spec.name!r} begins at step {step}: seq_len {spec.seq_len}, {spec.global_batch} "
-            f"sequences ({spec.global_batch * spec.seq_len:,} tokens) per step, {spec.steps} steps"
+        shape = (
+            f"seq_len {spec.seq_len}, {spec.global_batch} sequences ({spec.global_batch * spec.seq_len:,} "
+            "tokens) per step"
         )
+        if index == 0:
+            say(f"phase {spec.name!r} begins at step {step}: {shape}, {spec.steps} steps")
+        else:  # its first steps skipped: "begins at step {step}" named the wrong step and count (R30b F4)
+            say(
+                f"phase {spec.name!r} began at step {step - index}, inside a rewind's skip: {shape}; "
+                f"{spec.steps - index} of its {spec.steps} steps train, from step {step}"
+            )
     return phase
 
 

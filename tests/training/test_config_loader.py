@@ -5,7 +5,14 @@ from typing import Any, Literal
 
 import pytest
 
-from training.contract.config_loader import ConfigError, config_sha256, json_sha256, load_config, to_toml
+from training.contract.config_loader import (
+    ConfigError,
+    config_changes,
+    config_sha256,
+    json_sha256,
+    load_config,
+    to_toml,
+)
 
 
 @dataclass
@@ -184,3 +191,19 @@ def test_json_sha256_hashes_the_recorded_forms():
     spaced = "33d56cc9ddb706d71f22470acc1a4734ecf74d7a6ee16442602614b238bd3a52"  # of '{"a": {"z": null}, ...'
     assert json_sha256(data) == json_sha256(dict(reversed(data.items()))) == compact
     assert json_sha256(data, compact=False) == spaced
+
+
+def test_a_change_from_or_to_a_key_not_set_says_unset_not_none():
+    """A mix weight a phase did not name (weight 0), an entry added, a key left to its preset: a resume's
+    note said `phase[2].mix.code None → 0.3`, Python's word (review R30b F4)."""
+    old = {"phase": [{"name": "a", "mix": {"web": 1.0}}], "run": {"max_steps": 30}}
+    new = {
+        "phase": [{"name": "a", "mix": {"web": 0.7, "code": 0.3}}, {"name": "b"}],
+        "run": {"max_steps": None},
+    }
+    assert config_changes(old, new) == [
+        "phase[0].mix.code unset → 0.3",
+        "phase[0].mix.web 1.0 → 0.7",
+        "phase[1].name unset → 'b'",
+        "run.max_steps 30 → unset",
+    ]

@@ -337,9 +337,10 @@ def config_sha256(cfg: Any) -> str:
 
 def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs: a list of
-    tables by entry (`phase[2].global_batch_tokens 768 → 384`, as --set names it), an entry added or
-    gone as None; other lists whole; a key left unset (None: its value comes from elsewhere, a preset
-    or a base) as `unset`, not as a value it never had. Where the entries' names differ (every entry
+    tables by entry (`phase[2].global_batch_tokens 768 → 384`, as --set names it); other lists whole;
+    a key left unset (None: its value comes from elsewhere, a preset or a base) or absent (an entry
+    added or gone, a source a mix did not name: weight 0) as `unset`, not as a value it never had
+    (Python's None: review R30b F4). Where the entries' names differ (every entry
     named, in both), also by name, and the shorter of the two is said: a source inserted first is one
     source added (`data.sources (names) ['web'] → ['extra', 'web']`, `data.sources[extra].dataset …`),
     not every later source changed (review R24a 1), and a phase renamed is its name's one change, not
@@ -355,7 +356,7 @@ def _changes(old: dict[str, Any], new: dict[str, Any], by_name: set[str]) -> lis
     flat_old, flat_new = _flatten(old, by_name=by_name), _flatten(new, by_name=by_name)
 
     def shown(flat: dict[str, Any], k: str) -> str:
-        return "unset" if k in flat and flat[k] is None else repr(flat.get(k))
+        return "unset" if flat.get(k) is None else repr(flat[k])
 
     return [
         f"{k} {shown(flat_old, k)} → {shown(flat_new, k)}"

@@ -522,8 +522,9 @@ class Plan:
                 )
             if epochs > 1:
                 dropped = self.dropped_tail(i)
+                limit = "no limit" if src.max_epochs is None else src.max_epochs  # not Python's None
                 notes.append(
-                    f"source {src.name!r} is read {epochs} epochs (max_epochs {src.max_epochs}); "
+                    f"source {src.name!r} is read {epochs} epochs (max_epochs {limit}); "
                     f"{dropped:,} tokens dropped at epoch ends (tails too short for a step's windows)"
                 )
         return notes

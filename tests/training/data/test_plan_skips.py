@@ -5,6 +5,7 @@ audit, the metrics row, the printed plan and `gristmill data inspect RUN` on a s
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -125,6 +126,29 @@ def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_s
     assert [plan.locate(s - 1)[0] for s in (ACROSS_PHASE.first_step, ACROSS_PHASE.last_step)] == [0, 1]
     total = sum(r["skipped_tokens"] for r in plan.consumed(plan.total_steps, SKIPS))
     assert total == sum(d["tokens"] for s in SKIPS for d in plan.skip_detail(s))
+
+
+def test_a_phase_entered_inside_a_skip_says_the_step_it_began_at_and_the_steps_that_train(capsys):
+    """After ACROSS_PHASE (steps 11-14 skipped; 'long' is steps 13-22) the next trained step is 15: the
+    trainer said "phase 'long' begins at step 15 … 10 steps" (review R30b F4)."""
+    from training.train import _enter_phase
+
+    run = SimpleNamespace(plan=small_plan())
+    assert _enter_phase(run, 15, previous=0) == 1
+    assert _enter_phase(run, 13, previous=0) == 1  # entered at its first step: as before
+    shape = "seq_len 32, 4 sequences (128 tokens) per step"
+    assert capsys.readouterr().out.splitlines() == [
+        f"phase 'long' began at step 13, inside a rewind's skip: {shape}; 8 of its 10 steps train, from "
+        "step 15",
+        f"phase 'long' begins at step 13: {shape}, 10 steps",
+    ]
+
+
+def test_a_source_without_an_epoch_limit_says_no_limit():
+    """The one-dataset recipe's source (max_epochs None) read 3 epochs: "(max_epochs None)" (R30b F4)."""
+    notes = small_plan().check_supply()
+    assert notes[0].startswith("source 'web' is read 3 epochs (max_epochs no limit); "), notes
+    assert "None" not in " ".join(notes)
 
 
 def test_the_description_carries_the_skips_and_a_resume_accepts_them():
