@@ -7,6 +7,7 @@ from the manifest and the reader); the build's finalize writes the index itself.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from training.contract.atomic_write import write_atomic
 from training.contract.dataset_format import (
     BEFORE_INDEX_SUFFIX,
     DATASET_JSON,
+    DOCUMENTS_SUM,
     MANIFEST_DIR,
     REWRITE_DATASET_JSON,
     DatasetError,
@@ -27,6 +29,7 @@ from training.contract.dataset_format import (
     write_dataset_info,
 )
 from training.contract.dataset_index import (
+    DOC_HASHES,
     DOC_TOKENS,
     INDEX_DIR,
     SHARD_ROWS,
@@ -34,6 +37,7 @@ from training.contract.dataset_index import (
     IndexRecordEdited,
     damaged_files,
     index_format,
+    sum_doc_hashes_file,
     unlike_manifest,
     write_index,
 )
@@ -94,7 +98,9 @@ def _index(root: Path, log) -> dict[str, Any]:
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
             )
-            return info
+            return record_documents_sum(
+                root, info, log, "run `gristmill data index` where the dataset is writable to record it"
+            )
         log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
         _check_unchanged(root, info)  # before replacing anything: a changed manifest leaves index/ as is
         write_index(root, info)
@@ -110,6 +116,40 @@ def _index(root: Path, log) -> dict[str, Any]:
         f"one resume unchanged); {_kept(root)}; `gristmill data validate {root}` re-checks everything"
     )
     return info
+
+
+def lacks_documents_sum(info: dict[str, Any]) -> bool:
+    """Whether dataset.json's index (one written before the record) lacks the sum of its documents'
+    sha256 (DOCUMENTS_SUM) that its doc_sha256.bin gives."""
+    entry = info.get("index")
+    return entry is not None and DOCUMENTS_SUM not in entry and DOC_HASHES in entry["files"]
+
+
+def record_documents_sum(root: Path, info: dict[str, Any], log, unwritable: str) -> dict[str, Any]:
+    """`info` (root's dataset.json, read under the dataset's lock) with the sum of its documents' sha256
+    recorded where its index lacks it (lacks_documents_sum): what tells a mixture's two sources that
+    are one corpus in another order (training/data/recipe.py), and which a reader of a bucket cannot
+    sum (it never fetches doc_sha256.bin). Summed a piece at a time from a doc_sha256.bin that hashes
+    as recorded (else left to `gristmill data validate`, which names it); the fingerprint covers no
+    sum, so it is unchanged. A dataset.json that cannot be written (a read-only copy) is said in one
+    line ending with `unwritable`, what the caller does without it, and left as it was."""
+    if not lacks_documents_sum(info):
+        return info
+    name = root / DATASET_JSON
+    said = f"note: could not record the sum of its documents' sha256 in {name}"
+    if not (os.access(root, os.W_OK) and os.access(name, os.W_OK)):  # not read (minutes at scale) in vain
+        log(f"{said} (read-only): {unwritable}")
+        return info
+    if (total := sum_doc_hashes_file(root, info["index"])) is None:
+        return info
+    new = {**info, "index": {**info["index"], DOCUMENTS_SUM: total}}
+    try:
+        write_dataset_info(root, new)
+    except OSError as e:  # what access() does not foresee (root's capabilities, a mount gone read-only)
+        log(f"{said} ({e.strerror or e}): {unwritable}")
+        return info
+    log(f"{name}: recorded the sum of its documents' sha256 (fingerprint unchanged)")
+    return new
 
 
 def indexed_info(info: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:

@@ -33,11 +33,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.data_index import lacks_documents_sum, record_documents_sum
+from pipelines.dataset_lock import dataset_lock
 from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
 from training.contract.dataset_format import (
     BUILD_JSON,
     DATASET_JSON,
-    DOCUMENTS_SUM,
     DatasetError,
     check_fingerprint,
     dataset_files,
@@ -46,7 +47,6 @@ from training.contract.dataset_format import (
     record_files,
     write_dataset_info,
 )
-from training.contract.dataset_index import summed_documents
 from training.contract.object_store import (
     COUNTS,
     ObjectMissing,
@@ -94,14 +94,6 @@ def upload_dataset(
             f"{root / DATASET_JSON}: validated, and recorded the sha256 of {len(info['files'])} more files "
             "(fingerprint unchanged)"
         )
-    entry = info.get("index")
-    if entry is not None and DOCUMENTS_SUM not in entry and (total := summed_documents(root, entry)):
-        # An index written before the record: what tells a mixture's two sources that are one corpus in
-        # another order (training/data/recipe.py), which a reader of the bucket cannot sum (it never
-        # fetches the per-document files); not covered by the fingerprint
-        entry[DOCUMENTS_SUM] = total
-        write_dataset_info(root, info)
-        log(f"{root / DATASET_JSON}: recorded the sum of its documents' sha256 (fingerprint unchanged)")
     target = ObjectURL.parse(url)
     store = ObjectStore(target)
     store.check_bucket()
@@ -121,6 +113,19 @@ def upload_dataset(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"
         )
+    if lacks_documents_sum(info):  # recorded once the bucket is checked: a refused upload changes nothing
+        # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
+        # which this write of what was read before replaced (review RV31b F7)
+        with dataset_lock(root, f"`gristmill data upload {root} {url}`", read_only_ok=True):
+            if read_dataset_info(root) != info:
+                raise DatasetError(
+                    f"{root / DATASET_JSON} changed while this upload read the dataset (a `gristmill data "
+                    "index` or a build wrote it): nothing was uploaded; run the upload again"
+                )
+            info = record_documents_sum(
+                root, info, log, "uploaded without it, so a mixture with another source of the same "
+                "documents is not refused",
+            )  # fmt: skip
 
     def needed(rel: str) -> bool:
         spec, path = files[rel], root / rel
@@ -145,7 +150,10 @@ def upload_dataset(
     # (this upload, or a build's tasks: `in_bucket`).
     if VALIDATION_JSON in there and (todo or in_bucket or committed != (root / DATASET_JSON).read_bytes()):
         store.delete(VALIDATION_JSON)
-        log(f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces")
+        log(
+            f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces (`gristmill data "
+            f"validate {target}` validates the bucket again)"
+        )
 
     def put(rel: str) -> int:
         spec, path = files[rel], root / rel

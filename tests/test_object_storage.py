@@ -33,6 +33,7 @@ from pipelines.task_upload import TaskUpload, TaskUploader
 from pipelines.upload import upload_dataset
 from tests.helpers import forked
 from tests.helpers.build_runs import assert_kill_9_leaves_no_process, run_build
+from tests.helpers.mounts import sh_quote, unshare_works
 from tests.helpers.s3_server import (
     BUCKET,
     S3,
@@ -1554,8 +1555,45 @@ def test_a_bucket_source_s_documents_sum_comes_with_dataset_json(s3, tmp_path):
     assert "recorded the sum of its documents' sha256 (fingerprint unchanged)" in logged[0], logged
     s3.proxy.reset_counts()
     table = DocumentTable(s3.url("summed"), cache=cache(tmp_path))
-    assert table.index.documents_sum() == total == DocumentTable(again).index.documents_sum()
+    assert table.index.documents_sha256_sum() == total == DocumentTable(again).index.documents_sha256_sum()
     assert not s3.proxy.counts.range_gets("doc_sha256.bin")
+
+
+def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_on_where_it_cannot(
+    s3, tmp_path, capsys
+):
+    """Review RV31b F3: the sum was written into dataset.json before the bucket was checked (an upload
+    refused for a missing bucket left it rewritten), and a read-only dataset's upload, which worked
+    before the sum, died in a traceback. Now a refused upload leaves dataset.json as it was, and a
+    read-only one (a mount remounted read-only in a private namespace: root's chmod stops nothing) is
+    uploaded without the sum, said in one line; the bucket's dataset.json is the local one."""
+    local = tmp_path / "web"
+    write_synthetic_dataset(local, affine_documents(150), vocab_size=256, target_bytes=24 << 10)
+    info = read_dataset_info(local)
+    del info["index"][DOCUMENTS_SUM]  # as a build before the record wrote it
+    write_dataset_info(local, info)
+    before = (local / DATASET_JSON).read_bytes()
+    assert gristmill(["data", "upload", str(local), "s3://no-such-bucket/x"]) == 2
+    assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
+    assert (local / DATASET_JSON).read_bytes() == before
+    if not unshare_works():
+        pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
+    cmd = " ".join(
+        map(sh_quote, [sys.executable, "-m", "pipelines.cli", "data", "upload", str(local), s3.url("ro")])
+    )
+    q = sh_quote(str(local))
+    done = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", f"mount --bind {q} {q} && mount -o remount,bind,ro {q} && exec {cmd}"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (
+        f"note: could not record the sum of its documents' sha256 in {local / DATASET_JSON} (read-only): "
+        "uploaded without it, so a mixture with another source of the same documents is not refused\n"
+    ) in done.stdout, done.stdout
+    assert f"uploaded {local} to s3://{BUCKET}/ro: " in done.stdout
+    assert (local / DATASET_JSON).read_bytes() == before
+    assert s3.client.get_object(Bucket=BUCKET, Key=f"ro/{DATASET_JSON}")["Body"].read() == before
 
 
 def test_an_upload_refuses_a_damaged_file_whose_bytes_the_bucket_holds_already(s3, synthetic, tmp_path):

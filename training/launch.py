@@ -88,12 +88,15 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         plot_plan,
         recipe_notes,
         recorded_skips,
+        run_started,
     )
     from training.data.spec import batch_shapes
     from training.run.validation import validation_of
 
     spec = check_config(cfg, nproc)
-    tables = open_sources(spec)
+    run_dir = Path(cfg.run.output_dir)
+    # a run that has begun: its sources are its history (a pair of one corpus is a warning there)
+    tables = open_sources(spec, trained=run_started(run_dir))
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)
@@ -106,7 +109,6 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     )  # fmt: skip
     loader = TokenLoader(plan, tables, micro_batch=tuple(s.micro_batch for s in shapes), **settings)
     room = check_run_room(spec, loader, validation)  # as train checks, from step 0
-    run_dir = Path(cfg.run.output_dir)
     skips = recorded_skips(run_dir)  # a run that exists: its timeline's rewinds are part of its plan
     for line in format_plan(plan, recipe_notes(cfg, spec, tables, plan) + room, skips):
         print(line)

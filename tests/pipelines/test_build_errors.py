@@ -28,6 +28,7 @@ from tests.helpers.corpus import SEP, fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, train_bpe
 from training.contract.config_loader import load_config
+from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -547,7 +548,8 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
     index.tmp/, a traceback, review R17e E3) holds its lock: one line. An intact index on a read-only
     mount, where the lock cannot be written: said complete, as before the lock (its command with two
     torch threads: forked.become starts them after the namespace, which the kernel refuses once they
-    run, review RV32c F2)."""
+    run, review RV32c F2); one indexed before dataset.json recorded its documents' sum is said to lack
+    it there, nothing written, and given it where the dataset is writable (review RV31b F4)."""
     import os
     import sys
 
@@ -561,11 +563,24 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
         busy = f"another `gristmill data build`, `data index` or `data convert` is writing {root}"
         assert busy in capsys.readouterr().err
     assert main(["data", "index", str(root)]) == 0
+    info = read_dataset_info(root)
+    total = info["index"].pop(DOCUMENTS_SUM)  # as a build before the record wrote it
+    write_dataset_info(root, info)
+    before = (root / "dataset.json").read_bytes()
     if unshare_works():  # in a mount namespace of its own (tests/helpers/mounts.py)
         read_only = f"mount --bind {root} {root} && mount -o remount,bind,ro {root}"
         cmd = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", "pipelines.cli", "data", "index"]
         done = forked.run([*cmd, str(root)], env={**os.environ, "OMP_NUM_THREADS": "2"}, timeout=120)
         assert done.returncode == 0 and "is complete" in done.stdout, done.stdout + done.stderr
+        assert (
+            f"note: could not record the sum of its documents' sha256 in {root / 'dataset.json'} "
+            "(read-only): run `gristmill data index` where the dataset is writable to record it"
+        ) in done.stdout
+        assert (root / "dataset.json").read_bytes() == before
+    capsys.readouterr()
+    assert main(["data", "index", str(root)]) == 0
+    assert "recorded the sum of its documents' sha256 (fingerprint unchanged)" in capsys.readouterr().out
+    assert read_dataset_info(root) == {**info, "index": {**info["index"], DOCUMENTS_SUM: total}}
 
 
 def test_a_saved_config_run_from_another_directory_is_refused_naming_where_to_run_it(

@@ -506,6 +506,22 @@ def test_edited_documents_sum(ds):
     ]
 
 
+def test_a_malformed_documents_sum_says_to_delete_the_key(ds):
+    """A sum that is no sum refuses every reader: the repair is deleting the key (derived, so nothing is
+    lost; `data index` records it again), not the rebuild (hours at scale) the other fields ask for."""
+    info = json.loads((ds / "dataset.json").read_text())
+    right = info["index"].pop(DOCUMENTS_SUM)
+    (ds / "dataset.json").write_text(json.dumps({**info, "index": {**info["index"], DOCUMENTS_SUM: "XYZ"}}))
+    found = problems(ds)
+    assert len(found) == 1 and found[0].endswith(
+        f"index.{DOCUMENTS_SUM} 'XYZ' is not 64 lowercase hex digits; delete the key (`gristmill data index "
+        "DIR` records it again, summed from the dataset's documents)"
+    ), found
+    (ds / "dataset.json").write_text(json.dumps(info))  # the advice, followed
+    assert main(["data", "index", str(ds)]) == 0
+    assert json.loads((ds / "dataset.json").read_text())["index"][DOCUMENTS_SUM] == right
+
+
 def test_tokenizer_mismatch(ds):
     (ds / "tokenizer.json").write_text('{"another": "tokenizer"}')
     assert problems(ds)[0].startswith("tokenizer.json: sha256")

@@ -700,6 +700,13 @@ def parse_dataset_info(text: bytes, path: str | Path) -> dict[str, Any]:
             raise DatasetError(f"{path}: missing key {key!r}; rebuild the dataset")
     if (problem := shape_problem(info)) is not None:
         raise DatasetError(f"{path}: {problem}; restore the file or rebuild the dataset")
+    total = info.get("index", {}).get(DOCUMENTS_SUM)
+    if total is not None and not (isinstance(total, str) and re.fullmatch("[0-9a-f]{64}", total)):
+        # derived, never a build's only record: deleting it loses nothing a rebuild (hours) would give
+        raise DatasetError(
+            f"{path}: index.{DOCUMENTS_SUM} {total!r} is not 64 lowercase hex digits; delete the key "
+            "(`gristmill data index DIR` records it again, summed from the dataset's documents)"
+        )
     if info["dtype"] != dtype_name(info["vocab_size"]):
         raise DatasetError(f"{path}: dtype {info['dtype']} does not match vocab_size {info['vocab_size']}")
     return info
@@ -743,9 +750,6 @@ def shape_problem(info: dict[str, Any]) -> str | None:
     index = info.get("index")
     if "index" in info and not (isinstance(index, dict) and _file_entries(index.get("files"), ("bytes",))):
         return "index must hold files, mapping each file name to {bytes, sha256}"
-    total = (index or {}).get(DOCUMENTS_SUM)
-    if total is not None and not (isinstance(total, str) and re.fullmatch("[0-9a-f]{64}", total)):
-        return f"index.{DOCUMENTS_SUM} {total!r} is not 64 lowercase hex digits"
     if info.get("files") is not None and not _file_entries(info["files"], ("bytes",)):
         return "files must map each path to {bytes, sha256}"
     by_filter = info.get("excluded_by_filter")

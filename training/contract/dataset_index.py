@@ -27,7 +27,7 @@ O(held-out rows), never a per-document file of the whole corpus.
 
 dataset.json's "index" entry names each file's dtype, count, bytes and sha256; the fingerprint
 covers those hashes. Where the documents have their sha256 (doc_sha256.bin), the entry also records
-their sum (DOCUMENTS_SUM, documents_sum): the same documents in another order or other shards give
+their sum (DOCUMENTS_SUM, sum_hashes): the same documents in another order or other shards give
 another fingerprint but the same sum. The arrays are derived from the manifest alone
 (`derive_index`), so the build, `gristmill data index` and `gristmill data validate` all run the
 same code: the first two write the files, the last re-derives them and compares hashes. At 1.5B
@@ -320,13 +320,14 @@ _FILE_DTYPES = {
 
 _SUM_LIMBS = np.dtype(">u4")  # a sha256 as 8 big-endian 32-bit limbs
 _SUM_ROWS = 1 << 24  # rows summed at once: 8 limb sums of < 2**56 in uint64
+_SUM_READ = 1 << 25  # bytes of doc_sha256.bin read at a time (1M documents): its size never in memory
 # The most of doc_sha256.bin read at an open to sum a dataset indexed before the entry recorded the
-# sum (2M documents: ~0.1 s read, checked and summed); a larger one has it only once rebuilt, or
-# uploaded (`gristmill data upload` records it)
+# sum (2M documents: ~0.3 s read, checked and summed, per source and rank); a larger one has it once
+# `gristmill data index DIR` (or `gristmill data upload`) records it, or rebuilt
 MAX_SUM_BYTES = 64 << 20
 
 
-def documents_sum(hashes: np.ndarray, total: int = 0) -> int:
+def sum_hashes(hashes: np.ndarray, total: int = 0) -> int:
     """`total` plus the documents' sha256 (HASH_BYTES-byte records, doc_sha256.bin's), each as a
     big-endian integer, mod 2**256 (DOCUMENTS_SUM's value, as an int; `f"{total:064x}"` records it)."""
     limbs = np.ascontiguousarray(hashes).view(_SUM_LIMBS).reshape(-1, HASH_BYTES // 4)
@@ -336,18 +337,23 @@ def documents_sum(hashes: np.ndarray, total: int = 0) -> int:
     return total % (1 << 256)
 
 
-def summed_documents(root: str | Path, entry: dict[str, Any]) -> str | None:
+def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any]) -> str | None:
     """DOCUMENTS_SUM of the documents of the index at `root` whose dataset.json "index" entry is
-    `entry`, summed from its doc_sha256.bin (read whole) where that is as the entry records it (its
-    sha256); None where it is not, or the index has none (`gristmill data validate` names a damaged one)."""
+    `entry`, summed from its doc_sha256.bin (read _SUM_READ bytes at a time, hashed as it is summed)
+    where that file is as the entry records it (its sha256); None where it is not (its content is
+    never trusted unchecked: `gristmill data validate` names a damaged one) or the index has none."""
     spec = entry["files"].get(DOC_HASHES)
     path = Path(root) / INDEX_DIR / DOC_HASHES
     if spec is None or not path.is_file() or path.stat().st_size != spec["bytes"]:
         return None
-    data = path.read_bytes()
-    if hashlib.sha256(data).hexdigest() != spec["sha256"]:
+    if spec["bytes"] % HASH_BYTES:  # no whole number of sha256 (an edited record): not as built
         return None
-    return f"{documents_sum(np.frombuffer(data, _DTYPES['sha256'])):064x}"
+    digest, total = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_SUM_READ):
+            digest.update(chunk)
+            total = sum_hashes(np.frombuffer(chunk, _DTYPES["sha256"]), total)
+    return f"{total:064x}" if digest.hexdigest() == spec["sha256"] else None
 
 
 def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: str) -> dict[str, Any]:
@@ -360,7 +366,7 @@ def _describe(chunks: Iterator[tuple[str, np.ndarray]], out: Path | None, fmt: s
     try:
         for name, chunk in chunks:
             if name == DOC_HASHES:
-                total = documents_sum(chunk, total)
+                total = sum_hashes(chunk, total)
             if name not in files:
                 files[name] = {"dtype": _dtype_name(chunk.dtype), "count": 0, "bytes": 0}
                 hashes[name] = hashlib.sha256()
@@ -487,6 +493,7 @@ class DocIndex:
                 f"version plans epochs from the index's sample totals); {self.fix}"
             )
         self.entry = entry
+        self._summed: tuple[str | None] | None = None  # documents_sha256_sum's, once summed
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
         self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
@@ -521,16 +528,18 @@ class DocIndex:
                 f"shards hold {len(self.sample_first) - 1} samples; {self.fix}"
             )
 
-    def documents_sum(self) -> str | None:
+    def documents_sha256_sum(self) -> str | None:
         """DOCUMENTS_SUM of the dataset's documents: as dataset.json records it, else (an index written
         before the entry recorded it) summed from doc_sha256.bin where the dataset is in place and the
         file at most MAX_SUM_BYTES; None otherwise (a bucket's, whose per-document files are never
-        fetched; a larger one; a dataset whose documents have no sha256)."""
+        fetched; a larger one; a dataset whose documents have no sha256). Summed once per open."""
         recorded = self.entry.get(DOCUMENTS_SUM)
         spec = self.entry["files"].get(DOC_HASHES)
         if recorded is not None or not self.per_document or spec is None or spec["bytes"] > MAX_SUM_BYTES:
             return recorded
-        return summed_documents(self.root, self.entry)
+        if self._summed is None:
+            self._summed = (sum_doc_hashes_file(self.root, self.entry),)
+        return self._summed[0]
 
     @property
     def fix(self) -> str:

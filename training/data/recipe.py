@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 from training.config import DataSection, OptimSection, RewindSection, RunSection, TrainConfig
 from training.config_checks import batch_lr_factor
+from training.console import say
 from training.contract.atomic_write import atomic_path, write_atomic
 from training.contract.dataset_format import (
     DATASET_JSON,
@@ -31,6 +32,7 @@ from training.contract.dataset_format import (
     same_data,
     tokenizer_differences,
 )
+from training.contract.dataset_index import DOC_HASHES
 from training.contract.run_layout import (
     CONFIG_TOML,
     DATA_PLAN_JSON,
@@ -45,9 +47,13 @@ from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot, save_figure
 
 
-def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[DocumentTable]:
+def open_sources(
+    spec: RunSpec, expect_vocab_size: int | None = None, trained: bool = False
+) -> list[DocumentTable]:
     """Each source's training split (in the spec's order); one tokenizer across them, or a DatasetError.
-    Sources in a bucket are read through the spec's cache."""
+    Sources in a bucket are read through the spec's cache. `trained`: the sources of a run that has
+    trained on them (run_started): two that hold the same documents under two fingerprints are a
+    warning, not a refusal (see below)."""
     sources = spec.sources
     cache = spec.cache
     tables = [
@@ -61,6 +67,7 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
         for s in sources
     ]
     seen: dict[object, tuple[str, DocumentTable]] = {}
+    fractions = {s.name: s.val_fraction for s in sources}
     for src, t in zip(sources, tables):
         # One directory (or a link to it, a byte copy, or a copy `data convert` rewrote) under two
         # names: every window trained twice, and one source's held-out documents trained in the other.
@@ -68,24 +75,37 @@ def open_sources(spec: RunSpec, expect_vocab_size: int | None = None) -> list[Do
         # held-out documents are chosen by row, so each source trains on the other's. Their sum
         # (dataset_index.DOCUMENTS_SUM) tells; a dataset that has none is checked as before.
         keys: list[object] = [t.root.resolve(), *sorted(data_identities(t.info))]
-        if (documents := t.index.documents_sum()) is not None:
+        if (documents := t.index.documents_sha256_sum()) is not None:
             keys.append((DOCUMENTS_SUM, documents))
         for key in keys:
-            if key in seen:
-                name, other = seen[key]
-                if isinstance(key, tuple):
-                    how = (
-                        "the same documents in another order or other shards: each document read by both, "
-                        "and the documents one holds out trained in the other"
-                    )
-                else:
-                    how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
-                raise DatasetError(
-                    f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
-                    f"{t.location}, {how}); a mixture reads each dataset once: give one source that "
-                    "dataset and raise its mix weight"
+            if key not in seen:
+                seen[key] = (src.name, t)
+                continue
+            name, other = seen[key]
+            if isinstance(key, tuple) and trained:
+                # A run that trained such a pair (an older gristmill's, or a sum recorded since it
+                # started: an upload, `data index`) cannot change its past: refusing its resume,
+                # inspect and verify only lost the run (review RV31b F1). Said, and it goes on.
+                held = [f"val/{n}" for n in (name, src.name) if fractions[n] > 0]
+                scored = f", so {' and '.join(held)} scored text it trained on" if held else ""
+                say(
+                    f"warning: sources {name!r} and {src.name!r} hold the same documents ({other.location} "
+                    f"and {t.location}: one {DOCUMENTS_SUM}): this run read each document in both{scored}; "
+                    "a new run gives one source that dataset"
                 )
-            seen[key] = (src.name, t)
+                continue
+            if isinstance(key, tuple):
+                how = (
+                    "the same documents under another fingerprint: each document read by both, and where "
+                    "their order differs, the documents one holds out trained in the other"
+                )
+            else:
+                how = "one directory" if isinstance(key, Path) else "one fingerprint: the same documents"
+            raise DatasetError(
+                f"sources {name!r} and {src.name!r} are the same dataset ({other.location} and "
+                f"{t.location}, {how}); a mixture reads each dataset once: give one source that "
+                "dataset and raise its mix weight"
+            )
     first_name, first = sources[0].name, tables[0]
     for src, t in zip(sources[1:], tables[1:]):
         name = src.name
@@ -264,7 +284,26 @@ def recipe_notes(
     asked for with nothing held out, a data.seq_len no phase uses (the cache: check_run_room's), a
     budget in tokens rounded down to whole steps."""
     notes = mix_notes(spec) + budget_notes(cfg, spec) + batch_notes(cfg, spec)
-    return notes + validation_notes(cfg, spec) + unused_notes(cfg)
+    return notes + validation_notes(cfg, spec) + unused_notes(cfg) + documents_sum_notes(spec, tables)
+
+
+def documents_sum_notes(spec: RunSpec, tables: list[DocumentTable]) -> list[str]:
+    """One line when a mixture's source has no sum of its documents' sha256 at hand (indexed before the
+    record: a bucket's, or over what the open sums) though its documents have one: open_sources could
+    not tell it from another source of the same documents, which the user can fix in one command. None
+    for one source, or a dataset whose documents have no sha256 (nothing to record)."""
+    lacking = [
+        f"{s.name!r} ({t.location})"
+        for s, t in zip(spec.sources, tables)
+        if DOC_HASHES in t.index.entry["files"] and t.index.documents_sha256_sum() is None
+    ]
+    if len(tables) < 2 or not lacking:
+        return []
+    return [
+        f"source(s) {', '.join(lacking)} record no index.{DOCUMENTS_SUM}, so another source holding the same "
+        "documents in another order is not refused; `gristmill data index DIR` records it (a bucket's: index "
+        "the local copy, then `gristmill data upload DIR URL` again)"
+    ]
 
 
 def unused_notes(cfg: TrainConfig) -> list[str]:
@@ -405,6 +444,12 @@ SINGLE_STATE_ORDER = "one-dataset"
 PLAN_RECORDED_COMMIT = "44980ef"  # the first gristmill whose runs write RUN/data_plan.json
 
 
+def run_started(run_dir: Path) -> bool:
+    """Whether the run at `run_dir` has begun: it recorded its plan (RUN/data_plan.json) or holds a
+    complete checkpoint. Its sources are then its history (open_sources' `trained`)."""
+    return (run_dir / DATA_PLAN_JSON).exists() or bool(complete_steps(run_dir))
+
+
 def open_run_sources(
     run_dir: Path, order: str | None, spec: RunSpec, expect_vocab_size: int | None = None
 ) -> list[DocumentTable]:
@@ -416,12 +461,13 @@ def open_run_sources(
     index` the opening would ask for: that upgrade would not make the run this version's."""
     from training.data.loader import old_order_message, plan_1_differs
 
+    trained = run_started(run_dir)
     if order in (None, data_plan.PLAN_FORMAT):
-        return open_sources(spec, expect_vocab_size)
+        return open_sources(spec, expect_vocab_size, trained)
     if order != data_plan.PLAN_FORMAT_1:
         raise DatasetError(old_order_message(str(run_dir), order))
     try:
-        tables = open_sources(spec, expect_vocab_size)
+        tables = open_sources(spec, expect_vocab_size, trained)
     except DatasetError as e:
         raise DatasetError(old_order_message(str(run_dir), order, unknown=str(e))) from None
     if differ := plan_1_differs(tables):

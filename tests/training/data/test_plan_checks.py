@@ -17,6 +17,7 @@ from pipelines.synthetic_dataset import write_synthetic_dataset
 from tests.helpers.legacy_dataset import write_v2_dataset
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import affine_documents, make_dataset
+from training.contract import dataset_index
 from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
 
 
@@ -71,47 +72,113 @@ def test_a_dataset_and_its_converted_copy_are_one_dataset(tmp_path, capsys):
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def _same_documents_twice(tmp_path: Path, change_one: bool) -> tuple[Path, Path]:
-    """Two builds of 200 documents, the second's in another order and other shards (as a rebuild with
-    another shards.seed writes them): its fingerprint differs; with `change_one`, one document's ids too."""
+@pytest.fixture(scope="module")
+def same_documents(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Built once for the module: two builds of 200 documents, the second's in another order and other
+    shards (as a rebuild with another shards.seed writes them: another fingerprint), {"recorded": that
+    pair, "before the record": copies whose dataset.json lack the sum (as an older build wrote them;
+    the same fingerprints), "one apart": the first and a third like the second but for one token}."""
+    top = tmp_path_factory.mktemp("same-documents")
     docs = list(affine_documents(200))
     again = [docs[i].copy() for i in np.random.default_rng(5).permutation(len(docs))]
-    if change_one:
-        again[17][3] = again[17][3] % 255 + 1  # another token, not the separator
-    a, b = tmp_path / "web", tmp_path / "web-resharded"
+    changed = [d.copy() for d in again]
+    changed[17][3] = changed[17][3] % 255 + 1  # another token, not the separator
+    a, b, c = top / "web", top / "web-resharded", top / "web-changed"
     write_synthetic_dataset(a, docs, vocab_size=256, target_bytes=24 << 10)
     write_synthetic_dataset(b, again, vocab_size=256, target_bytes=16 << 10)
-    return a, b
+    write_synthetic_dataset(c, changed, vocab_size=256, target_bytes=16 << 10)
+    older = []
+    for root in (a, b):
+        copy = top / "older" / root.name
+        shutil.copytree(root, copy)
+        info = read_dataset_info(copy)
+        del info["index"][DOCUMENTS_SUM]
+        write_dataset_info(copy, info)
+        older.append(copy)
+    return {"recorded": (a, b), "before the record": (older[0], older[1]), "one apart": (a, c)}
 
 
 @pytest.mark.parametrize("indexed", ["recorded", "before the record"])
-def test_the_same_documents_in_another_order_are_one_dataset(tmp_path, capsys, indexed):
+def test_the_same_documents_in_another_order_are_one_dataset(same_documents, tmp_path, capsys, indexed):
     """Held-out documents are chosen by manifest row: two builds of one corpus in another order (another
     fingerprint) each hold out documents the other trains on, so val/NAME scored trained text, exit 0
     (review R30b F1). The documents' sum tells: recorded by the build, or (an index written before the
     record) summed at the open from doc_sha256.bin."""
-    a, b = _same_documents_twice(tmp_path, change_one=False)
-    if indexed == "before the record":  # dataset.json as an older build wrote it (the same fingerprint)
-        for root in (a, b):
-            info = read_dataset_info(root)
-            del info["index"][DOCUMENTS_SUM]
-            write_dataset_info(root, info)
+    a, b = same_documents[indexed]
     assert read_dataset_info(a)["fingerprint"] != read_dataset_info(b)["fingerprint"]
     run = tmp_path / "run"
     config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, run)
     for err in both(config, [f'run.output_dir="{run}"'], capsys):
         assert "sources 'web' and 'code' are the same dataset" in err, err
-        assert f"({a} and {b}, the same documents in another order or other shards" in err, err
+        assert (
+            f"({a} and {b}, the same documents under another fingerprint: each document read by both" in err
+        )
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_datasets_one_document_apart_are_two_sources(tmp_path, capsys):
+def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, capsys):
     """The sum is of the documents' sha256: one token changed in one document is another dataset."""
-    a, b = _same_documents_twice(tmp_path, change_one=True)
+    a, b = same_documents["one apart"]
     sums = [read_dataset_info(root)["index"][DOCUMENTS_SUM] for root in (a, b)]
     assert sums[0] != sums[1]
     config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, tmp_path / "run")
     assert gristmill(["train", "--config", str(config), "--plan"]) == 0, capsys.readouterr().err
+
+
+def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
+    same_documents, tmp_path, capsys, monkeypatch
+):
+    """Review RV31b F1: a run that trained such a pair (started before the sum was recorded: an older
+    gristmill, or a dataset whose doc_sha256.bin is over what the open sums, MAX_SUM_BYTES, lowered
+    here) was stranded once `gristmill data index` recorded the sums: its resume, `data inspect` and
+    `verify` refused, and the advice (one source) cannot resume it. Its past stands: a warning naming
+    what its val/NAME scored, and it goes on; a new run is still refused."""
+    monkeypatch.setattr(dataset_index, "MAX_SUM_BYTES", 0)
+    a, b = (shutil.copytree(root, tmp_path / root.name) for root in same_documents["before the record"])
+    run = tmp_path / "run"
+    config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, run)
+    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0  # no sum at hand: accepted
+    lacking = (
+        f"note: source(s) 'web' ({a}), 'code' ({b}) record no index.{DOCUMENTS_SUM}, so another source "
+        "holding the same documents in another order is not refused; `gristmill data index DIR` records it"
+    )
+    assert lacking in capsys.readouterr().out  # what the user can fix, said
+    for root in (a, b):  # the way docs/loader-and-phases.md gives a large older dataset its sum
+        assert gristmill(["data", "index", str(root)]) == 0
+        assert (
+            read_dataset_info(root)["index"][DOCUMENTS_SUM]
+            == read_dataset_info(same_documents["recorded"][0])["index"][DOCUMENTS_SUM]
+        )
+    capsys.readouterr()
+    warning = (
+        f"warning: sources 'web' and 'code' hold the same documents ({a} and {b}: one {DOCUMENTS_SUM}): "
+        "this run read each document in both, so val/web and val/code scored text it trained on; a new run "
+        "gives one source that dataset\n"
+    )
+    commands = {
+        "inspect": ["data", "inspect", str(run), "--step", "1", "--max-rows", "0"],
+        "verify": ["verify", str(run)],
+        "plan": ["train", "--config", str(config), "--plan"],
+        "resume": [
+            "train",
+            "--config",
+            str(config),
+            "--resume",
+            "auto",
+            "--set",
+            *sets[1:],
+            "run.max_steps=2",
+        ],
+    }
+    for what, argv in commands.items():
+        rc = gristmill(argv)
+        out, err = capsys.readouterr()
+        assert rc == 0, (what, err)
+        assert (out + err).count(warning) == 1, (what, out, err)
+        assert "record no index." not in out + err
+    new = tmp_path / "new"
+    both(config, [f'run.output_dir="{new}"'], capsys)
 
 
 def test_set_data_dataset_beside_sources_is_refused_even_at_its_default(sources, tmp_path, capsys):
