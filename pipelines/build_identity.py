@@ -34,7 +34,7 @@ from pipelines.dedup import decided_over
 from pipelines.tokenize_shard import SHARD_RECORDS
 from tokenization.tokenizer_io import TokenizerError, names_local_file, tokenizer_file, trained_record
 from training.contract.atomic_write import write_atomic
-from training.contract.config_loader import load_config
+from training.contract.config_loader import load_config, shown_value
 from training.contract.dataset_format import (
     BUILD_JSON,
     CONFIG_TOML,
@@ -286,15 +286,17 @@ def config_changes(was: dict[str, Any], identity: dict[str, Any]) -> list[str]:
     return _diff(strip(was), strip(identity))
 
 
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new)):
-            out += _diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    if old != new:
-        return [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
-    return []
+def _diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """`key: old → new` for each dotted key whose value differs, each side as a resume's note shows it
+    (shown_value: a setting added, `absent → 5000`, was `None → 5000`)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}: {shown_value(old, k)} → {shown_value(new, k)}")
+    return out
 
 
 def _changed_inputs(

@@ -5,6 +5,7 @@ from typing import Any, Literal
 
 import pytest
 
+from pipelines.build_identity import config_changes as build_config_changes
 from training.contract.config_loader import (
     ConfigError,
     config_changes,
@@ -193,17 +194,33 @@ def test_json_sha256_hashes_the_recorded_forms():
     assert json_sha256(data, compact=False) == spaced
 
 
-def test_a_change_from_or_to_a_key_not_set_says_unset_not_none():
-    """A mix weight a phase did not name (weight 0), an entry added, a key left to its preset: a resume's
-    note said `phase[2].mix.code None → 0.3`, Python's word (review R30b F4)."""
-    old = {"phase": [{"name": "a", "mix": {"web": 1.0}}], "run": {"max_steps": 30}}
+def test_a_change_from_or_to_a_key_not_set_says_absent_or_unset_not_none():
+    """A mix weight a phase did not name (weight 0), an entry added or removed, a key left to its
+    preset: a resume's note said `phase[2].mix.code None → 0.3`, Python's word (review R30b F4); and an
+    entry removed read `unset`, as if it stayed with its preset (review RV31b F7): `absent`."""
+    old = {
+        "phase": [{"name": "a", "mix": {"web": 1.0}}, {"name": "b", "steps": 20}],
+        "run": {"max_steps": 30},
+    }
     new = {
         "phase": [{"name": "a", "mix": {"web": 0.7, "code": 0.3}}, {"name": "b"}],
         "run": {"max_steps": None},
     }
     assert config_changes(old, new) == [
-        "phase[0].mix.code unset → 0.3",
+        "phase[0].mix.code absent → 0.3",
         "phase[0].mix.web 1.0 → 0.7",
-        "phase[1].name unset → 'b'",
+        "phase[1].steps 20 → absent",
         "run.max_steps 30 → unset",
+    ]
+    assert config_changes(new, {**new, "phase": new["phase"][:1]}) == ["phase[1].name 'b' → absent"]
+
+
+def test_a_build_s_changed_settings_say_absent_not_none():
+    """A build's "changed since" refusal (build_identity.config_changes) shows a setting added or gone as
+    a resume's note does (shown_value), not as Python's None."""
+    was = {"filters": {"min_chars": 100}, "input_files": []}
+    now = {"filters": {"min_chars": 100, "max_chars": 5000}, "dedup": {"kind": "exact"}, "input_files": []}
+    assert build_config_changes(was, now) == [
+        "dedup: absent → {'kind': 'exact'}",
+        "filters.max_chars: absent → 5000",
     ]

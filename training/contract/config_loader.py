@@ -335,16 +335,24 @@ def config_sha256(cfg: Any) -> str:
     return json_sha256(to_dict(cfg), default=str)
 
 
+def shown_value(table: dict[str, Any], key: str) -> str:
+    """`table[key]` as a change note shows it (a resume's, a build's): `absent` where the key is not in
+    the table (an entry added or gone, a source a mix does not name), `unset` where it is None (left to
+    a preset, a base or the code), else its repr; not Python's None, which said neither."""
+    if key not in table:
+        return "absent"
+    return "unset" if table[key] is None else repr(table[key])
+
+
 def config_changes(old: Any, new: Any) -> list[str]:
     """`key old → new` for every dotted key whose value differs between two configs: a list of
     tables by entry (`phase[2].global_batch_tokens 768 → 384`, as --set names it); other lists whole;
-    a key left unset (None: its value comes from elsewhere, a preset or a base) or absent (an entry
-    added or gone, a source a mix did not name: weight 0) as `unset`, not as a value it never had
-    (Python's None: review R30b F4). Where the entries' names differ (every entry
-    named, in both), also by name, and the shorter of the two is said: a source inserted first is one
-    source added (`data.sources (names) ['web'] → ['extra', 'web']`, `data.sources[extra].dataset …`),
-    not every later source changed (review R24a 1), and a phase renamed is its name's one change, not
-    every key of it twice, which pushed the other changes out of a resume's note (review R24d 1)."""
+    each side as shown_value shows it (never Python's None: review R30b F4). Where the entries' names
+    differ (every entry named, in both), also by name, and the shorter of the two is said: a source
+    inserted first is one source added (`data.sources (names) ['web'] → ['extra', 'web']`,
+    `data.sources[extra].dataset …`), not every later source changed (review R24a 1), and a phase
+    renamed is its name's one change, not every key of it twice, which pushed the other changes out
+    of a resume's note (review R24d 1)."""
     old, new = to_dict(old), to_dict(new)
     by_name = _renamed_arrays(old, new)
     ways = [_changes(old, new, frozenset())] + ([_changes(old, new, by_name)] if by_name else [])
@@ -354,12 +362,8 @@ def config_changes(old: Any, new: Any) -> list[str]:
 def _changes(old: dict[str, Any], new: dict[str, Any], by_name: set[str]) -> list[str]:
     """config_changes' lines, the arrays of tables in `by_name` keyed by their entries' names."""
     flat_old, flat_new = _flatten(old, by_name=by_name), _flatten(new, by_name=by_name)
-
-    def shown(flat: dict[str, Any], k: str) -> str:
-        return "unset" if flat.get(k) is None else repr(flat[k])
-
     return [
-        f"{k} {shown(flat_old, k)} → {shown(flat_new, k)}"
+        f"{k} {shown_value(flat_old, k)} → {shown_value(flat_new, k)}"
         for k in sorted(flat_old.keys() | flat_new.keys())
         if flat_old.get(k) != flat_new.get(k)
     ]

@@ -358,7 +358,7 @@ def test_a_resume_note_names_sources_by_name_when_one_is_inserted(
     saved = "note: changed since step-000006 was saved: "
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith(saved)]
     order = f"data.sources (names) {names!r} → {list(grown)!r}"
-    added = f"data.sources[extra].dataset unset → {str(extra)!r}"
+    added = f"data.sources[extra].dataset absent → {str(extra)!r}"
     assert len(notes) == 1 and order in notes[0] and added in notes[0], notes
     assert "data.sources[web]" not in notes[0] and "data.sources[0]" not in notes[0], notes
     # a phase not begun renamed: one change beside the others, not each of its keys twice, which
