@@ -78,6 +78,7 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
     table, so the numbers are on screen)."""
     import torch
 
+    from training.checkpoint.io import trained_plan
     from training.contract.run_layout import PLAN_PNG
     from training.data.loader import TokenLoader
     from training.data.recipe import (
@@ -88,15 +89,14 @@ def show_plan(cfg, nproc: int, plot: str | None = None) -> int:
         plot_plan,
         recipe_notes,
         recorded_skips,
-        run_started,
     )
     from training.data.spec import batch_shapes
     from training.run.validation import validation_of
 
     spec = check_config(cfg, nproc)
     run_dir = Path(cfg.run.output_dir)
-    # a run that has begun: its sources are its history (a pair of one corpus is a warning there)
-    tables = open_sources(spec, trained=run_started(run_dir))
+    # the plan a train of this config continues: a pair of one corpus it trained is a warning there
+    tables = open_sources(spec, trained=trained_plan(run_dir, cfg.checkpoint.resume))
     # The trainer's model checks too (a phase longer than max_seq_len): --plan says what train would.
     resolve_model_config(cfg.model, tables[0].info, spec.seq_lens)
     plan = build_plan(cfg, spec, tables)

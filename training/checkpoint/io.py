@@ -22,7 +22,7 @@ import shlex
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -48,6 +48,9 @@ from training.contract.run_layout import (
     named_step,
     step_name,
 )
+
+if TYPE_CHECKING:
+    from training.data.recipe import TrainedPlan
 
 
 @contextlib.contextmanager
@@ -246,15 +249,40 @@ def run_data_order(run_dir: str | Path) -> str | None:
     steps = complete_steps(run_dir)
     if not steps:
         return None
-    path = checkpoint_dir(run_dir, steps[-1])
     try:
-        if "dataloader.data_plan" not in checkpoint_keys(path):
-            return SINGLE_STATE_ORDER
-        box = {"dataloader": {"data_plan": "", "step": 0}}
-        load_or_raise(box, path, CheckpointError, "read the data order of", no_dist=True)
-        return str(json.loads(box["dataloader"]["data_plan"]).get("format"))
+        saved = _saved_plan(checkpoint_dir(run_dir, steps[-1]))
+        return SINGLE_STATE_ORDER if saved is None else str(saved.get("format"))
     except Exception:  # a damaged newest checkpoint: the restore falls back past it (review RV26e L/M-1),
         return None  # and the loader's state refuses an older order there
+
+
+def _saved_plan(path: Path) -> dict[str, Any] | None:
+    """The plan description checkpoint `path`'s loader state holds; None where it holds none (gristmill
+    62f489d's or earlier's); an unreadable one raises."""
+    if "dataloader.data_plan" not in checkpoint_keys(path):
+        return None
+    box = {"dataloader": {"data_plan": "", "step": 0}}
+    load_or_raise(box, path, CheckpointError, "read the data plan of", no_dist=True)
+    return json.loads(box["dataloader"]["data_plan"])
+
+
+def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
+    """The plan a `gristmill train` of run.output_dir `run_dir` with checkpoint.resume `resume` continues
+    (`train --plan` and `train` alike: review RV32b F1): the plan of the checkpoint it resumes, a path
+    (a fork into another directory too), else the newest of `run_dir` that holds one (`auto`; without
+    --resume the train is refused there, find_resume). None where it starts from step 0: nothing of
+    its sources trained yet, whatever RUN/data_plan.json an earlier start left."""
+    from training.data.recipe import TrainedPlan
+
+    if resume and resume != "auto":
+        candidates = [Path(resume)]
+    else:
+        candidates = [checkpoint_dir(run_dir, s) for s in reversed(complete_steps(run_dir))]
+    for path in candidates:
+        with contextlib.suppress(Exception):  # damaged: --resume auto passes over it (find_resume)
+            if (saved := _saved_plan(path)) is not None:
+                return TrainedPlan.of(f"checkpoint {path}", saved)
+    return None
 
 
 def merged_step(path: str | Path) -> int | None:

@@ -47,13 +47,30 @@ from training.data.spec import RunSpec, batch_key
 from training.plotting import agg_pyplot, save_figure
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainedPlan:
+    """The plan a run has trained (RUN/data_plan.json's, or the checkpoint a resume continues: `where`),
+    by its sources' names and fingerprints: what open_sources takes as the run's history."""
+
+    where: str
+    fingerprints: dict[str, str]
+
+    @classmethod
+    def of(cls, where: str, description: dict[str, Any]) -> TrainedPlan:
+        return cls(where, {s["name"]: s["fingerprint"] for s in description.get("sources", [])})
+
+    def holds(self, name: str, info: dict[str, Any]) -> bool:
+        """Whether the plan has source `name` reading the dataset whose dataset.json is `info`."""
+        return name in self.fingerprints and same_data(self.fingerprints[name], info)
+
+
 def open_sources(
-    spec: RunSpec, expect_vocab_size: int | None = None, trained: bool = False
+    spec: RunSpec, expect_vocab_size: int | None = None, trained: TrainedPlan | None = None
 ) -> list[DocumentTable]:
     """Each source's training split (in the spec's order); one tokenizer across them, or a DatasetError.
-    Sources in a bucket are read through the spec's cache. `trained`: the sources of a run that has
-    trained on them (run_started): two that hold the same documents under two fingerprints are a
-    warning, not a refusal (see below)."""
+    Sources in a bucket are read through the spec's cache. `trained`: the plan the run has trained
+    (checkpoint/io.trained_plan, or RUN/data_plan.json's): two sources that hold the same documents
+    under two fingerprints, both in it as they are now, are a warning, not a refusal (see below)."""
     sources = spec.sources
     cache = spec.cache
     tables = [
@@ -82,16 +99,23 @@ def open_sources(
                 seen[key] = (src.name, t)
                 continue
             name, other = seen[key]
-            if isinstance(key, tuple) and trained:
+            if (
+                isinstance(key, tuple)
+                and trained
+                and trained.holds(name, other.info)
+                and trained.holds(src.name, t.info)
+            ):
                 # A run that trained such a pair (an older gristmill's, or a sum recorded since it
-                # started: an upload, `data index`) cannot change its past: refusing its resume,
-                # inspect and verify only lost the run (review RV31b F1). Said, and it goes on.
+                # started: an upload, `data index`) cannot change its past: refusing its resume, fork,
+                # inspect and verify only lost the run (review RV31b F1). Said, and it goes on. Only that
+                # pair: a source added or changed since, or a start from step 0, is a new pair (RV32b F1).
                 held = [f"val/{n}" for n in (name, src.name) if fractions[n] > 0]
-                scored = f", so {' and '.join(held)} scored text it trained on" if held else ""
+                scored = f", so {' and '.join(held)} score text it trains on" if held else ""
                 say(
                     f"warning: sources {name!r} and {src.name!r} hold the same documents ({other.location} "
-                    f"and {t.location}: one {DOCUMENTS_SUM}): this run read each document in both{scored}; "
-                    "a new run gives one source that dataset"
+                    f"and {t.location}: one {DOCUMENTS_SUM}), and the plan this run has trained "
+                    f"({trained.where}) reads both: each document is read twice{scored}; a new run gives "
+                    "one source that dataset"
                 )
                 continue
             if isinstance(key, tuple):
@@ -264,14 +288,16 @@ def open_plan(
     spec: RunSpec,
     expect_vocab_size: int | None = None,
     resumed: tuple[Path, str | None] | None = None,
+    trained: TrainedPlan | None = None,
 ) -> tuple[data_plan.Plan, list[DocumentTable], list[str]]:
     """(plan, training-split tables, notes): the plan checked for supply (a source that would run out
     is a PlanError before any work); the notes are recipe_notes and the supply's. `resumed`: the run
-    directory a resume continues and the data order it recorded, checked first (open_run_sources)."""
+    directory a resume continues and the data order it recorded, checked first (open_run_sources).
+    `trained`: the plan the run has trained (open_sources)."""
     tables = (
-        open_sources(spec, expect_vocab_size)
+        open_sources(spec, expect_vocab_size, trained)
         if resumed is None
-        else open_run_sources(*resumed, spec, expect_vocab_size)
+        else open_run_sources(*resumed, spec, expect_vocab_size, trained)
     )
     plan = build_plan(cfg, spec, tables)
     return plan, tables, recipe_notes(cfg, spec, tables, plan) + plan.check_supply()
@@ -444,24 +470,22 @@ SINGLE_STATE_ORDER = "one-dataset"
 PLAN_RECORDED_COMMIT = "44980ef"  # the first gristmill whose runs write RUN/data_plan.json
 
 
-def run_started(run_dir: Path) -> bool:
-    """Whether the run at `run_dir` has begun: it recorded its plan (RUN/data_plan.json) or holds a
-    complete checkpoint. Its sources are then its history (open_sources' `trained`)."""
-    return (run_dir / DATA_PLAN_JSON).exists() or bool(complete_steps(run_dir))
-
-
 def open_run_sources(
-    run_dir: Path, order: str | None, spec: RunSpec, expect_vocab_size: int | None = None
+    run_dir: Path,
+    order: str | None,
+    spec: RunSpec,
+    expect_vocab_size: int | None = None,
+    trained: TrainedPlan | None = None,
 ) -> list[DocumentTable]:
     """open_sources for a run that exists (inspected, verified, resumed) whose batches were drawn in
     data order `order` (its data_plan.json's format, or its checkpoint's: None, not recorded), refused
     first when that is an older gristmill's order which this version does not compute for its
     datasets: they would show, or train, other batches (review R26c S2). A run of order /1 whose
     dataset this version cannot open yet (an older index) is refused too, before the `gristmill data
-    index` the opening would ask for: that upgrade would not make the run this version's."""
+    index` the opening would ask for: that upgrade would not make the run this version's. `trained`:
+    the plan the run has trained (open_sources)."""
     from training.data.loader import old_order_message, plan_1_differs
 
-    trained = run_started(run_dir)
     if order in (None, data_plan.PLAN_FORMAT):
         return open_sources(spec, expect_vocab_size, trained)
     if order != data_plan.PLAN_FORMAT_1:
@@ -594,7 +618,8 @@ def run_plan(
             "of an older gristmill drew its batches in an order this version does not compute (see it with "
             f"the gristmill that trained it); {recorded_plan_fix(run_dir)}"
         )
-    tables = open_run_sources(run_dir, str(description.get("format")), spec)
+    trained = TrainedPlan.of(str(run_dir / DATA_PLAN_JSON), description)
+    tables = open_run_sources(run_dir, str(description.get("format")), spec, trained=trained)
     plan = build_plan(cfg, spec, tables)
     check_recorded_plan(run_dir, plan, tables, description)
     # The rewinds are the run's history, not its config: the recorded plan has its timeline's skips.

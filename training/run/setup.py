@@ -32,7 +32,7 @@ from training.checkpoint.base_record import carry_base_record, drop_base_record,
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.hf_export import check_run_tokenizer
 from training.checkpoint.hf_import import load_base_weights
-from training.checkpoint.io import run_data_order
+from training.checkpoint.io import run_data_order, trained_plan
 from training.checkpoint.record import START_SETTINGS
 from training.checkpoint.state import TrainState, checkpointables
 from training.config import TrainConfig, load_train_config
@@ -294,7 +294,8 @@ def _data(
     # run: refused before the `gristmill data index` an old dataset's opening would ask for).
     run_dir = Path(cfg.run.output_dir)
     resumed = (run_dir, run_data_order(run_dir)) if cfg.checkpoint.resume else None
-    plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab, resumed=resumed)
+    trained = trained_plan(run_dir, cfg.checkpoint.resume)  # as `train --plan` decides
+    plan, tables, notes = open_plan(cfg, spec, expect_vocab_size=vocab, resumed=resumed, trained=trained)
     settings = loader_settings(cfg, shapes[0], env, device)
     micro = tuple(shape.micro_batch for shape in shapes)
     loader = TokenLoader(plan, tables, micro_batch=micro, **settings)

@@ -77,7 +77,8 @@ def same_documents(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """Built once for the module: two builds of 200 documents, the second's in another order and other
     shards (as a rebuild with another shards.seed writes them: another fingerprint), {"recorded": that
     pair, "before the record": copies whose dataset.json lack the sum (as an older build wrote them;
-    the same fingerprints), "one apart": the first and a third like the second but for one token}."""
+    the same fingerprints), "one apart": the first and a third like the second but for one token,
+    "another build": the first and a fourth build of its documents (other shards again)}."""
     top = tmp_path_factory.mktemp("same-documents")
     docs = list(affine_documents(200))
     again = [docs[i].copy() for i in np.random.default_rng(5).permutation(len(docs))]
@@ -87,6 +88,8 @@ def same_documents(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     write_synthetic_dataset(a, docs, vocab_size=256, target_bytes=24 << 10)
     write_synthetic_dataset(b, again, vocab_size=256, target_bytes=16 << 10)
     write_synthetic_dataset(c, changed, vocab_size=256, target_bytes=16 << 10)
+    d = top / "web-rebuilt"
+    write_synthetic_dataset(d, docs[::-1], vocab_size=256, target_bytes=20 << 10)
     older = []
     for root in (a, b):
         copy = top / "older" / root.name
@@ -95,7 +98,12 @@ def same_documents(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
         del info["index"][DOCUMENTS_SUM]
         write_dataset_info(copy, info)
         older.append(copy)
-    return {"recorded": (a, b), "before the record": (older[0], older[1]), "one apart": (a, c)}
+    return {
+        "recorded": (a, b),
+        "before the record": (older[0], older[1]),
+        "one apart": (a, c),
+        "another build": (a, d),
+    }
 
 
 @pytest.mark.parametrize("indexed", ["recorded", "before the record"])
@@ -132,12 +140,14 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
     gristmill, or a dataset whose doc_sha256.bin is over what the open sums, MAX_SUM_BYTES, lowered
     here) was stranded once `gristmill data index` recorded the sums: its resume, `data inspect` and
     `verify` refused, and the advice (one source) cannot resume it. Its past stands: a warning naming
-    what its val/NAME scored, and it goes on; a new run is still refused."""
+    what its val/NAME scored, and it goes on; a fork of it too (its checkpoint into a new run.output_dir).
+    Only a pair the run's plan holds (review RV32b F1): a source added at a resume, or a start from
+    step 0 of a run stopped before its first save, is refused, by `--plan` as by `train`; a new run too."""
     monkeypatch.setattr(dataset_index, "MAX_SUM_BYTES", 0)
     a, b = (shutil.copytree(root, tmp_path / root.name) for root in same_documents["before the record"])
     run = tmp_path / "run"
     config = write_recipe(tmp_path / "r.toml", {"web": a, "code": b}, run)
-    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false"]
+    sets = ["run.max_steps=1", "run.val_every=0", "metrics.plot=false", "checkpoint.interval=1"]
     assert gristmill(["train", "--config", str(config), "--set", *sets]) == 0  # no sum at hand: accepted
     lacking = (
         f"note: source(s) 'web' ({a}), 'code' ({b}) record no index.{DOCUMENTS_SUM}, so another source "
@@ -152,10 +162,11 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
         )
     capsys.readouterr()
     warning = (
-        f"warning: sources 'web' and 'code' hold the same documents ({a} and {b}: one {DOCUMENTS_SUM}): "
-        "this run read each document in both, so val/web and val/code scored text it trained on; a new run "
-        "gives one source that dataset\n"
+        f"warning: sources 'web' and 'code' hold the same documents ({a} and {b}: one {DOCUMENTS_SUM}), and "
+        "the plan this run has trained ({}) reads both: each document is read twice, so val/web and val/code "
+        "score text it trains on; a new run gives one source that dataset\n"
     )
+    newest = run / "checkpoints" / "step-000001"
     commands = {
         "inspect": ["data", "inspect", str(run), "--step", "1", "--max-rows", "0"],
         "verify": ["verify", str(run)],
@@ -171,12 +182,35 @@ def test_a_run_that_trained_the_same_documents_twice_goes_on_with_a_warning(
             "run.max_steps=2",
         ],
     }
+    commands["fork"] = [
+        *commands["resume"][:4],
+        str(run / "checkpoints" / "step-000002"),
+        *commands["resume"][5:],
+        f'run.output_dir="{tmp_path / "fork"}"',
+    ]  # after "resume": from its step 2, training nothing more
     for what, argv in commands.items():
         rc = gristmill(argv)
         out, err = capsys.readouterr()
         assert rc == 0, (what, err)
-        assert (out + err).count(warning) == 1, (what, out, err)
+        where = run / "data_plan.json" if what in ("inspect", "verify") else f"checkpoint {newest}"
+        assert (out + err).count(warning.format(where)) == 1, (what, out, err)
         assert "record no index." not in out + err
+        if what == "resume":  # it saved step 2, which the fork resumes
+            newest = run / "checkpoints" / "step-000002"
+    refused = "are the same dataset ({}, the same documents under another fingerprint"
+    more = same_documents["another build"][1]
+    added = write_recipe(tmp_path / "added.toml", {"web": a, "code": b, "more": more}, run)
+    for argv in (["--plan"], ["--resume", "auto"]):  # a source added at a resume: never trained
+        assert gristmill(["train", "--config", str(added), *argv, "--set", *sets[1:]]) == 2
+        out, err = capsys.readouterr()
+        assert f"sources 'web' and 'more' {refused.format(f'{a} and {more}')}" in err, (argv, out, err)
+        assert out.count("warning: ") == 1 and "warning: sources 'web' and 'more'" not in out, argv
+    (run / "checkpoints").rename(tmp_path / "set-aside")  # stopped before its first save: from step 0
+    for argv in (["--plan"], ["--resume", "auto"]):
+        assert gristmill(["train", "--config", str(config), *argv, "--set", *sets]) == 2
+        out, err = capsys.readouterr()
+        assert f"sources 'web' and 'code' {refused.format(f'{a} and {b}')}" in err, (argv, out, err)
+        assert "warning: " not in out + err, argv
     new = tmp_path / "new"
     both(config, [f'run.output_dir="{new}"'], capsys)
 
