@@ -75,7 +75,9 @@ def _index(root: Path, log) -> dict[str, Any]:
         )
         return info
     if entry is not None:
-        bad = damaged_files(root, entry)
+        # doc_sha256.bin read once: hashed as it is summed (the sum recorded or corrected below)
+        summed = sum_doc_hashes_file(root, entry)
+        bad = damaged_files(root, entry, checked=(DOC_HASHES,) if summed is not None else ())
         if not bad:
             # Intact, so where it and dataset.json's counts disagree (the loader's refusal, whose advice
             # is this command), dataset.json was edited: "complete" alone sent the user round in a loop.
@@ -98,14 +100,13 @@ def _index(root: Path, log) -> dict[str, Any]:
             log(
                 f"{root / INDEX_DIR} is complete ({len(entry['files'])} files hash as {DATASET_JSON} records)"
             )
-            return record_documents_sum(
-                root, info, log, "run `gristmill data index` where the dataset is writable to record it"
-            )
+            return record_documents_sum(root, info, log, _WHERE_WRITABLE, summed)
         log(f"{root / INDEX_DIR}: {', '.join(bad)} missing or damaged; deriving the index again")
         _check_unchanged(root, info)  # before replacing anything: a changed manifest leaves index/ as is
-        write_index(root, info)
+        repaired = write_index(root, info)
         log(f"repaired {root / INDEX_DIR}")
-        return info
+        # the sum the derivation gave: recorded in this run, not a second (review RV32b F4)
+        return record_documents_sum(root, info, log, _WHERE_WRITABLE, repaired.get(DOCUMENTS_SUM))
     new = write_index(root, info)
     info = _replace_info(root, info, new)
     docs = new["files"][DOC_TOKENS]["count"]
@@ -125,30 +126,40 @@ def lacks_documents_sum(info: dict[str, Any]) -> bool:
     return entry is not None and DOCUMENTS_SUM not in entry and DOC_HASHES in entry["files"]
 
 
-def record_documents_sum(root: Path, info: dict[str, Any], log, unwritable: str) -> dict[str, Any]:
+_WHERE_WRITABLE = "run `gristmill data index` where the dataset is writable to record it"
+
+
+def record_documents_sum(
+    root: Path, info: dict[str, Any], log, unwritable: str, summed: str | None = None
+) -> dict[str, Any]:
     """`info` (root's dataset.json, read under the dataset's lock) with the sum of its documents' sha256
     recorded where its index lacks it (lacks_documents_sum): what tells a mixture's two sources that
     are one corpus in another order (training/data/recipe.py), and which a reader of a bucket cannot
-    sum (it never fetches doc_sha256.bin). Summed a piece at a time from a doc_sha256.bin that hashes
-    as recorded (else left to `gristmill data validate`, which names it); the fingerprint covers no
-    sum, so it is unchanged. A dataset.json that cannot be written (a read-only copy) is said in one
-    line ending with `unwritable`, what the caller does without it, and left as it was."""
-    if not lacks_documents_sum(info):
+    sum (it never fetches doc_sha256.bin). `summed`: the sum the caller has from its own read of a
+    doc_sha256.bin that hashes as recorded (`gristmill data index`), which also corrects a recorded
+    one that differs (edited or stale); without it, a missing sum is summed here a piece at a time
+    (else left to `gristmill data validate`, which names a damaged file) and a recorded one is left
+    as it is. The fingerprint covers no sum, so it is unchanged. A dataset.json that cannot be
+    written (a read-only copy) is said in one line ending with `unwritable`, what the caller does
+    without it, and left as it was."""
+    recorded = info.get("index", {}).get(DOCUMENTS_SUM)
+    if not (lacks_documents_sum(info) or (recorded is not None and summed not in (None, recorded))):
         return info
     name = root / DATASET_JSON
     said = f"note: could not record the sum of its documents' sha256 in {name}"
     if not (os.access(root, os.W_OK) and os.access(name, os.W_OK)):  # not read (minutes at scale) in vain
         log(f"{said} (read-only): {unwritable}")
         return info
-    if (total := sum_doc_hashes_file(root, info["index"])) is None:
+    if summed is None and (summed := sum_doc_hashes_file(root, info["index"])) is None:
         return info
-    new = {**info, "index": {**info["index"], DOCUMENTS_SUM: total}}
+    new = {**info, "index": {**info["index"], DOCUMENTS_SUM: summed}}
     try:
         write_dataset_info(root, new)
     except OSError as e:  # what access() does not foresee (root's capabilities, a mount gone read-only)
         log(f"{said} ({e.strerror or e}): {unwritable}")
         return info
-    log(f"{name}: recorded the sum of its documents' sha256 (fingerprint unchanged)")
+    was = "" if recorded is None else f" in place of {recorded[:12]}…, which it is not"
+    log(f"{name}: recorded the sum of its documents' sha256{was} (fingerprint unchanged)")
     return new
 
 

@@ -27,8 +27,9 @@ from tests.helpers.build_runs import assert_task_failure_is_one_error, build_arg
 from tests.helpers.corpus import SEP, fixture_texts
 from tokenization.separator import DocumentEncoder, SeparatorPolicy
 from tokenization.tokenizer_io import TokenizerFile, load_tokenizer, train_bpe
+from training.contract import dataset_index
 from training.contract.config_loader import load_config
-from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
+from training.contract.dataset_format import DOCUMENTS_SUM, file_sha256, read_dataset_info, write_dataset_info
 
 pytestmark = pytest.mark.process  # starts processes: the second tier of `make test`
 
@@ -542,14 +543,16 @@ def test_an_output_holding_another_artifact_is_refused_untouched(build_fixture, 
 
 
 def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_complete(
-    built_dataset, tmp_path, capsys
+    built_dataset, tmp_path, capsys, monkeypatch
 ):
     """Another process writing the dataset (a build, another index: two indexes removed each other's
     index.tmp/, a traceback, review R17e E3) holds its lock: one line. An intact index on a read-only
     mount, where the lock cannot be written: said complete, as before the lock (its command with two
     torch threads: forked.become starts them after the namespace, which the kernel refuses once they
     run, review RV32c F2); one indexed before dataset.json recorded its documents' sum is said to lack
-    it there, nothing written, and given it where the dataset is writable (review RV31b F4)."""
+    it there, nothing written, and given it where the dataset is writable (review RV31b F4), reading
+    doc_sha256.bin once (RV32b F7). A sum edited (or stale) is corrected; a damaged older index is
+    repaired with its sum in one run (RV32b F3, F4)."""
     import os
     import sys
 
@@ -578,8 +581,28 @@ def test_data_index_takes_the_dataset_lock_and_a_read_only_dataset_is_still_comp
         ) in done.stdout
         assert (root / "dataset.json").read_bytes() == before
     capsys.readouterr()
+    hashed = []  # the real hash, counted: doc_sha256.bin is hashed as it is summed, not read again
+
+    def counted(path, *args, **kwargs):
+        hashed.append(str(path).rsplit("/", 1)[-1])
+        return file_sha256(path, *args, **kwargs)
+
+    monkeypatch.setattr(dataset_index, "file_sha256", counted)
     assert main(["data", "index", str(root)]) == 0
     assert "recorded the sum of its documents' sha256 (fingerprint unchanged)" in capsys.readouterr().out
+    assert read_dataset_info(root) == {**info, "index": {**info["index"], DOCUMENTS_SUM: total}}
+    assert hashed and "doc_sha256.bin" not in hashed, hashed
+    write_dataset_info(root, {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 64}})  # edited
+    assert main(["data", "index", str(root)]) == 0
+    assert (
+        f"sha256 in place of {'0' * 12}…, which it is not (fingerprint unchanged)" in capsys.readouterr().out
+    )
+    assert read_dataset_info(root)["index"][DOCUMENTS_SUM] == total
+    write_dataset_info(root, info)  # an older index, and damaged: one run repairs it and records the sum
+    (root / "index" / "doc_offsets.bin").unlink()
+    assert main(["data", "index", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "repaired" in out and "recorded the sum of its documents' sha256 (fingerprint unchanged)" in out
     assert read_dataset_info(root) == {**info, "index": {**info["index"], DOCUMENTS_SUM: total}}
 
 

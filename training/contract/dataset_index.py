@@ -42,7 +42,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -422,11 +422,14 @@ def write_index(root: str | Path, info: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
-def damaged_files(root: str | Path, entry: dict[str, Any]) -> dict[str, str]:
-    """{file name: "missing" | "damaged"} for index files not as dataset.json's entry records them."""
+def damaged_files(root: str | Path, entry: dict[str, Any], checked: Collection[str] = ()) -> dict[str, str]:
+    """{file name: "missing" | "damaged"} for index files not as dataset.json's entry records them;
+    `checked`: files the caller has hashed as recorded already (not read twice)."""
     bad = {}
     for name, spec in sorted(entry["files"].items()):
         path = Path(root) / INDEX_DIR / name
+        if name in checked:
+            continue
         if not path.is_file():
             bad[name] = "missing"
         elif file_sha256(path) != spec["sha256"]:
@@ -529,17 +532,29 @@ class DocIndex:
             )
 
     def documents_sha256_sum(self) -> str | None:
-        """DOCUMENTS_SUM of the dataset's documents: as dataset.json records it, else (an index written
-        before the entry recorded it) summed from doc_sha256.bin where the dataset is in place and the
-        file at most MAX_SUM_BYTES; None otherwise (a bucket's, whose per-document files are never
-        fetched; a larger one; a dataset whose documents have no sha256). Summed once per open."""
+        """DOCUMENTS_SUM of the dataset's documents. Where the dataset is in place and doc_sha256.bin at
+        most MAX_SUM_BYTES: summed from that file (where it hashes as recorded), and a recorded sum
+        that differs is a DatasetError (no fingerprint covers it: an edited or stale one let one corpus
+        twice through, or refused two datasets: review RV32b F3). Otherwise as dataset.json records it
+        (a bucket's, whose per-document files are never fetched; a larger one, trusted as the upload or
+        `gristmill data index` recorded it), None where it records none or the documents have no
+        sha256. Summed once per open."""
         recorded = self.entry.get(DOCUMENTS_SUM)
         spec = self.entry["files"].get(DOC_HASHES)
-        if recorded is not None or not self.per_document or spec is None or spec["bytes"] > MAX_SUM_BYTES:
+        if not self.per_document or spec is None or spec["bytes"] > MAX_SUM_BYTES:
             return recorded
         if self._summed is None:
             self._summed = (sum_doc_hashes_file(self.root, self.entry),)
-        return self._summed[0]
+        summed = self._summed[0]
+        if summed is None:  # doc_sha256.bin not as recorded: `gristmill data validate` names it
+            return recorded
+        if recorded is not None and recorded != summed:
+            raise DatasetError(
+                f"{self.where}: index.{DOCUMENTS_SUM} {recorded[:12]}… is not the sum of the dataset's "
+                f"documents' sha256 ({summed[:12]}…, from {INDEX_DIR}/{DOC_HASHES}): edited or stale; "
+                f"`gristmill data index {self.root}` records it again"
+            )
+        return summed
 
     @property
     def fix(self) -> str:

@@ -124,6 +124,39 @@ def test_the_same_documents_in_another_order_are_one_dataset(same_documents, tmp
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_recorded_sum_not_its_documents_is_refused_and_data_index_records_it_again(
+    same_documents, tmp_path, capsys
+):
+    """Review RV32b F3: no fingerprint covers the sum, and the open trusted it: an edited (or stale) one
+    let one corpus twice through, exit 0, or refused two datasets as one. Where the open sums a local
+    doc_sha256.bin (at most MAX_SUM_BYTES), a recorded sum is checked: one line naming dataset.json and
+    `gristmill data index`, which records it again. One source has no pair to compare: not summed
+    (RV32b F7), so its wrong sum is no refusal there."""
+    a = same_documents["recorded"][0]
+    same, other = (
+        shutil.copytree(pair[1], tmp_path / pair[1].name)
+        for pair in (same_documents["recorded"], same_documents["one apart"])
+    )
+    wrong = {same: "0" * 63 + "1", other: read_dataset_info(a)["index"][DOCUMENTS_SUM]}
+    run = tmp_path / "run"
+    for root, total in wrong.items():
+        info = read_dataset_info(root)
+        write_dataset_info(root, {**info, "index": {**info["index"], DOCUMENTS_SUM: total}})
+        if root == same:  # alone: no pair, not summed
+            alone = write_recipe(tmp_path / "alone.toml", {"code": root}, run)
+            assert gristmill(["train", "--config", str(alone), "--plan"]) == 0, capsys.readouterr().err
+        config = write_recipe(tmp_path / "r.toml", {"web": a, "code": root}, run)
+        for extra in (["--plan"], []) if root == same else (["--plan"],):  # train opens as --plan does
+            assert gristmill(["train", "--config", str(config), *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"{root / 'dataset.json'}: index.{DOCUMENTS_SUM} {total[:12]}… is not the sum" in err, err
+            assert f"`gristmill data index {root}` records it again" in err
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert gristmill(["data", "index", str(root)]) == 0
+        # the build's sum again: the pairs are then as test_the_same_documents… and …one_document_apart… show
+        assert read_dataset_info(root)["index"][DOCUMENTS_SUM] == info["index"][DOCUMENTS_SUM]
+
+
 def test_datasets_one_document_apart_are_two_sources(same_documents, tmp_path, capsys):
     """The sum is of the documents' sha256: one token changed in one document is another dataset."""
     a, b = same_documents["one apart"]
