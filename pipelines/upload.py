@@ -113,19 +113,6 @@ def upload_dataset(
             f"{target} already holds {len(strays)} object(s) that are not this dataset's (e.g. {strays[0]}): "
             "upload into an empty prefix, or delete them first"
         )
-    if lacks_documents_sum(info):  # recorded once the bucket is checked: a refused upload changes nothing
-        # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
-        # which this write of what was read before replaced (review RV31b F7)
-        with dataset_lock(root, f"`gristmill data upload {root} {url}`", read_only_ok=True):
-            if read_dataset_info(root) != info:
-                raise DatasetError(
-                    f"{root / DATASET_JSON} changed while this upload read the dataset (a `gristmill data "
-                    "index` or a build wrote it): nothing was uploaded; run the upload again"
-                )
-            info = record_documents_sum(
-                root, info, log, "uploaded without it, so a mixture with another source of the same "
-                "documents is not refused",
-            )  # fmt: skip
 
     def needed(rel: str) -> bool:
         spec, path = files[rel], root / rel
@@ -145,6 +132,21 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
+    # Recorded once the bucket and the local files are checked (a refused upload changes nothing, and
+    # reads no doc_sha256.bin in vain: minutes at scale, review RV32b F6), before the bucket changes.
+    if lacks_documents_sum(info):
+        # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
+        # which this write of what was read before replaced (review RV31b F7)
+        with dataset_lock(root, f"`gristmill data upload {root} {url}`", read_only_ok=True):
+            if read_dataset_info(root) != info:
+                raise DatasetError(
+                    f"{root / DATASET_JSON} changed while this upload read the dataset (a `gristmill data "
+                    "index` or a build wrote it): nothing was uploaded; run the upload again"
+                )
+            info = record_documents_sum(
+                root, info, log, "uploaded without it, so a mixture with another source of the same "
+                "documents is not refused",
+            )  # fmt: skip
     # The bucket's validation record describes the objects and the dataset.json it validated: it goes
     # before anything changes (a kill midway leaves no record, never a stale one), whoever changed them
     # (this upload, or a build's tasks: `in_bucket`).

@@ -1564,7 +1564,8 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
 ):
     """Review RV31b F3: the sum was written into dataset.json before the bucket was checked (an upload
     refused for a missing bucket left it rewritten), and a read-only dataset's upload, which worked
-    before the sum, died in a traceback. Now a refused upload leaves dataset.json as it was, and a
+    before the sum, died in a traceback. Now a refused upload (a missing bucket; a missing local file,
+    RV32b F6: the sum is read only once the local files are checked) leaves dataset.json as it was, and a
     read-only one (a mount remounted read-only in a private namespace: root's chmod stops nothing) is
     uploaded without the sum, said in one line; the bucket's dataset.json is the local one."""
     local = tmp_path / "web"
@@ -1576,6 +1577,12 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     assert gristmill(["data", "upload", str(local), "s3://no-such-bucket/x"]) == 2
     assert "bucket 'no-such-bucket' does not exist" in capsys.readouterr().err
     assert (local / DATASET_JSON).read_bytes() == before
+    shard = sorted((local / "shards").iterdir())[0]  # refused for a local file: nor rewritten (RV32b F6)
+    shard.rename(tmp_path / shard.name)
+    assert gristmill(["data", "upload", str(local), s3.url("refused")]) == 2
+    assert f"{shard} is missing but {local / DATASET_JSON} records it" in capsys.readouterr().err
+    assert (local / DATASET_JSON).read_bytes() == before
+    (tmp_path / shard.name).rename(shard)
     if not unshare_works():
         pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
     cmd = " ".join(
