@@ -497,20 +497,28 @@ def _say_also(e: GristmillError, error: GristmillError) -> None:
 
 def _enter_phase(run: Run, step: int, previous: int | None) -> int:
     """The phase `step` belongs to, announced when it is not the phase of the previous step trained
-    by this invocation (a rewind's skip may jump over a phase's first steps)."""
+    by this invocation (a rewind's skip may jump over a phase's first steps, or end inside an
+    earlier phase than the spike's)."""
     phase, index = run.plan.locate(step - 1)
-    if phase > 0 and (index == 0 if previous is None else phase != previous):
+    if (phase > 0 and index == 0) if previous is None else phase != previous:
         spec = run.plan.phases[phase]
         shape = (
             f"seq_len {spec.seq_len}, {spec.global_batch} sequences ({spec.global_batch * spec.seq_len:,} "
             "tokens) per step"
         )
+        first = step - index  # the phase's first step
         if index == 0:
             say(f"phase {spec.name!r} begins at step {step}: {shape}, {spec.steps} steps")
-        else:  # its first steps skipped: "begins at step {step}" named the wrong step and count (R30b F4)
+        elif run.timeline.skipped(first - 1, step - 1) == index:
+            # its first steps skipped: "begins at step {step}" named the wrong step and count (R30b F4)
             say(
-                f"phase {spec.name!r} began at step {step - index}, inside a rewind's skip: {shape}; "
+                f"phase {spec.name!r} began at step {first}, inside a rewind's skip: {shape}; "
                 f"{spec.steps - index} of its {spec.steps} steps train, from step {step}"
+            )
+        else:  # a rewind back into it, whose skip ended after some of its steps trained (RV32b F5)
+            say(
+                f"phase {spec.name!r} again from step {step} (its step {index + 1} of {spec.steps}), after a "
+                f"rewind: {shape}"
             )
     return phase
 

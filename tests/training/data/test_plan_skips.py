@@ -130,17 +130,27 @@ def test_the_final_timeline_uses_each_token_once_and_skips_exactly_the_skipped_s
 
 def test_a_phase_entered_inside_a_skip_says_the_step_it_began_at_and_the_steps_that_train(capsys):
     """After ACROSS_PHASE (steps 11-14 skipped; 'long' is steps 13-22) the next trained step is 15: the
-    trainer said "phase 'long' begins at step 15 … 10 steps" (review R30b F4)."""
+    trainer said "phase 'long' begins at step 15 … 10 steps" (review R30b F4). A rewind from 'long'
+    whose skip ends inside 'main' (steps 9-10 skipped, spike at 14) goes back to 'main' at step 11,
+    whose steps 1-8 trained: not "inside a rewind's skip", nor silent for phase 0 (review RV32b F5)."""
+    from training.run.timeline import Timeline
     from training.train import _enter_phase
 
-    run = SimpleNamespace(plan=small_plan())
+    plan = small_plan()
+    run = SimpleNamespace(plan=plan, timeline=Timeline(plan))
+    run.timeline.rewound(Skip(1, 11, 14, 15, 10, "loss 8.7 at step 15"))
     assert _enter_phase(run, 15, previous=0) == 1
     assert _enter_phase(run, 13, previous=0) == 1  # entered at its first step: as before
+    back = SimpleNamespace(plan=plan, timeline=Timeline(plan))
+    back.timeline.rewound(Skip(1, 9, 10, 14, 8, "loss 8.7 at step 14"))
+    assert _enter_phase(back, 11, previous=1) == 0
     shape = "seq_len 32, 4 sequences (128 tokens) per step"
     assert capsys.readouterr().out.splitlines() == [
         f"phase 'long' began at step 13, inside a rewind's skip: {shape}; 8 of its 10 steps train, from "
         "step 15",
         f"phase 'long' begins at step 13: {shape}, 10 steps",
+        "phase 'main' again from step 11 (its step 11 of 12), after a rewind: seq_len 16, 8 sequences (128 "
+        "tokens) per step",
     ]
 
 
