@@ -271,18 +271,25 @@ def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     (`train --plan` and `train` alike: review RV32b F1): the plan of the checkpoint it resumes, a path
     (a fork into another directory too), else the newest of `run_dir` that holds one (`auto`; without
     --resume the train is refused there, find_resume). None where it starts from step 0: nothing of
-    its sources trained yet, whatever RUN/data_plan.json an earlier start left."""
+    its sources trained yet, whatever RUN/data_plan.json an earlier start left; one that cannot say
+    (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
     from training.data.recipe import TrainedPlan
 
     if resume and resume != "auto":
         candidates = [Path(resume)]
     else:
         candidates = [checkpoint_dir(run_dir, s) for s in reversed(complete_steps(run_dir))]
+    unreadable = []
     for path in candidates:
-        with contextlib.suppress(Exception):  # damaged: --resume auto passes over it (find_resume)
+        try:
             if (saved := _saved_plan(path)) is not None:
                 return TrainedPlan.of(f"checkpoint {path}", saved)
-    return None
+        except Exception:  # damaged: --resume auto passes over it (find_resume)
+            unreadable.append(path)
+    # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it
+    # next with its line (repair or restore), not the sources' check with advice that cannot resume it
+    # (review RV32h N1).
+    return TrainedPlan.unknown(f"checkpoint {unreadable[0]}") if unreadable else None
 
 
 def merged_step(path: str | Path) -> int | None:

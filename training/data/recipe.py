@@ -54,10 +54,17 @@ class TrainedPlan:
 
     where: str
     fingerprints: dict[str, str]
+    known: bool = True
+    """False: the checkpoints the run resumes could not be read (TrainedPlan.unknown), so which pairs it
+    trained cannot be told; the resume's own check refuses it, after the sources are opened."""
 
     @classmethod
     def of(cls, where: str, description: dict[str, Any]) -> TrainedPlan:
         return cls(where, {s["name"]: s["fingerprint"] for s in description.get("sources", [])})
+
+    @classmethod
+    def unknown(cls, where: str) -> TrainedPlan:
+        return cls(where, {}, known=False)
 
     def holds(self, name: str, info: dict[str, Any]) -> bool:
         """Whether the plan has source `name` reading the dataset whose dataset.json is `info`."""
@@ -100,6 +107,8 @@ def open_sources(
                 seen[key] = (src.name, t)
                 continue
             name, other = seen[key]
+            if isinstance(key, tuple) and trained and not trained.known:
+                continue  # nothing trains: the resume's check refuses its unreadable checkpoints next
             if (
                 isinstance(key, tuple)
                 and trained
