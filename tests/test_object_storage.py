@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -1915,7 +1916,9 @@ def test_a_bucket_audit_never_answers_from_a_cached_copy_damaged_since_its_check
     assert copy.read_bytes() != bytes(data)  # fetched again
 
 
-def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(s3, synthetic, tmp_path, capsys):
+def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(
+    s3, synthetic, tmp_path, capsys, monkeypatch
+):
     """A dataset report asked of a run names the datasets its config names that are the builds it read:
     a bucket's URL was read as a local path, which holds no dataset.json, so one replaced since was
     advised as the run's (review RV32d 2)."""
@@ -1931,6 +1934,21 @@ def test_a_runs_bucket_dataset_replaced_since_is_not_advised_as_the_runs(s3, syn
         err = capsys.readouterr().err.strip()
         assert f"pass a dataset directory ({run}'s: {advised})" in err and "\n" not in err, err
     assert f"source 'data': {url} is not the dataset this run trained on (fingerprint {ours[:12]}… now" in err
+    # An endpoint that accepts connections and never answers: the advice is not worth a stall (review
+    # RV32g C: ten tries of 60 s each)
+    import validation.audit
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections complete in the backlog; nothing ever answers
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{silent.getsockname()[1]}")
+    monkeypatch.setattr(validation.audit, "ADVICE_LOOKUP_S", 1.0)
+    began = time.monotonic()
+    with silent:
+        assert gristmill(["data", "audit", str(run), "--report", "summary"]) == 2
+    assert time.monotonic() - began < 15, time.monotonic() - began
+    err = capsys.readouterr().err.strip()
+    assert f"pass a dataset directory ({run}'s: " in err and "\n" not in err, err
 
 
 def test_a_legacy_dataset_in_a_bucket_is_refused_naming_convert_and_converts(s3, tmp_path, capsys):

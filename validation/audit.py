@@ -553,12 +553,17 @@ def _relative(location: str) -> bool:
     return not is_url(location) and not Path(location).is_absolute()
 
 
+ADVICE_LOOKUP_S = 10.0  # how long the audit's advice waits for a bucket's dataset.json
+
+
 def _dataset_json_at(location: str) -> dict[str, Any]:
     """The dataset.json of the dataset a run's config names, a bucket's too (one GET, nothing cached:
     `Path` read an s3:// URL as a local path, which holds none, so a replaced bucket dataset was advised
-    as the run's: review RV32d 2), or {} where none is readable (moved, deleted: nothing tells)."""
+    as the run's: review RV32d 2), or {} where none is readable (moved, deleted: nothing tells). A
+    bucket's within ADVICE_LOOKUP_S: advice is not worth a stall (an endpoint that never answered held
+    the audit for ten tries of 60 s: review RV32g C)."""
     try:
-        return dataset_info(location)
+        return dataset_info(location, within_s=ADVICE_LOOKUP_S)
     except GristmillError:
         return {}
 

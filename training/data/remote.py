@@ -367,16 +367,19 @@ def copy_made(root: Path, url: str, raw: bytes) -> None:
         write_atomic(root / DATASET_JSON, raw)
 
 
-def dataset_info(location: str | Path) -> dict[str, Any]:
-    """read_dataset_info of a dataset wherever it is (a bucket's: one GET, nothing cached)."""
-    return _fetch_dataset_json(str(location))[1] if is_url(location) else read_dataset_info(location)
+def dataset_info(location: str | Path, within_s: float | None = None) -> dict[str, Any]:
+    """read_dataset_info of a dataset wherever it is (a bucket's: one GET, nothing cached; `within_s`:
+    its tries end within that long, an endpoint that never answers too)."""
+    if is_url(location):
+        return _fetch_dataset_json(str(location), within_s)[1]
+    return read_dataset_info(location)
 
 
-def _fetch_dataset_json(location: str) -> tuple[bytes, dict[str, Any]]:
+def _fetch_dataset_json(location: str, within_s: float | None = None) -> tuple[bytes, dict[str, Any]]:
     """A bucket's dataset.json: its bytes and content, checked as read_dataset_info checks a file."""
     url = ObjectURL.parse(location)
     try:
-        raw = ObjectStore(url).get(DATASET_JSON)
+        raw = ObjectStore(url, retry_for_s=within_s).get(DATASET_JSON)
     except ObjectMissing:
         raise DatasetError(
             f"{url.child(DATASET_JSON)} not found: {url} holds no complete gristmill dataset (build one "
