@@ -459,6 +459,11 @@ def connect(roots: list[str | Path]) -> tuple[duckdb.DuckDBPyConnection, list[st
 
 def persist(roots: list[str | Path], db_path: str | Path) -> list[str]:
     """Create (or replace) the views in a duckdb database file; returns the view names."""
+    if "\\" in str(db_path):  # duckdb opens db\x.duckdb as db/x.duckdb: another file (review RV32g A)
+        raise DatasetError(
+            f"--db {db_path}: duckdb reads a '\\' in a database path as a '/', so it would write "
+            f"{str(db_path).replace(chr(92), '/')} instead; name the file without '\\'"
+        )
     paths = check_roots(roots)
     con = duckdb.connect(str(db_path), config=_CONFIG)
     try:

@@ -417,6 +417,15 @@ def test_db_naming_a_data_file_or_a_foreign_table_is_one_line(built_dataset, tmp
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"error: cannot write the views into --db {db}: "), lines
     assert lines[0].endswith("name a new file, or a database only the audit wrote"), lines
+    (tmp_path / "d").mkdir()  # duckdb opened d\x.duckdb as d/x.duckdb, exit 0 (review RV32g A)
+    db = tmp_path / "d\\x.duckdb"
+    assert main(["data", "audit", str(built_dataset), "--db", str(db), "--report", "validation"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [
+        f"error: --db {db}: duckdb reads a '\\' in a database path as a '/', so it would write "
+        f"{tmp_path / 'd' / 'x.duckdb'} instead; name the file without '\\'"
+    ], lines
+    assert not db.exists() and not (tmp_path / "d" / "x.duckdb").exists()
 
 
 def test_a_run_report_asked_of_a_dataset_is_one_line(built_dataset, capsys):
