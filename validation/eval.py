@@ -425,11 +425,18 @@ class TaskPlan:
         and size (the ctime: an mtime put back, cp -p)."""
         found = {f for d in self.data_files.values() for f in d.files}
         data = sorted(found.union(local_files([p for d in self.data_files.values() for p in d.patterns])))
+        # where each path the configs write leads now: a link re-pointed is a change (review RV32f B1)
+        leads = {(a, os.path.realpath(a)) for d in self.data_files.values() for a in d.anchors}
         return sorted(
-            (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
-            for top in [*self.include_path, *data]
-            for path in (top.rglob("*") if top.is_dir() else [top])
-            if "__pycache__" not in path.parts and (st := _stat(path)) is not None
+            [
+                *((f"{a} -> {real}", 0, 0, 0, 0) for a, real in leads),
+                *(
+                    (str(path), st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_size)
+                    for top in [*self.include_path, *data]
+                    for path in (top.rglob("*") if top.is_dir() else [top])
+                    if "__pycache__" not in path.parts and (st := _stat(path)) is not None
+                ),
+            ]
         )
 
     def _scored_as(self, name: str) -> list[str]:

@@ -106,6 +106,10 @@ class TaskData(NamedTuple):
     """The glob patterns that find them (its data_files; a dataset_path folder's patterns that decide
     which of its files datasets reads, `_folder_data`): a file added to a glob or a folder is a match of
     these (`local_files`), not of `files` (review RV30c S1)."""
+    anchors: list[str]
+    """The paths as the config writes them (a dataset_path, the folders before a pattern's first
+    wildcard) whose links the patterns resolved: one re-pointed (`ln -sfn v2 current`) leads the task to
+    other files that no pattern of the old resolution matches (review RV32f B1)."""
 
 
 def task_data_files(task_manager: Any, name: str) -> TaskData:
@@ -116,8 +120,9 @@ def task_data_files(task_manager: Any, name: str) -> TaskData:
     patterns: list[str] = []
     files: set[Path] = set()
     leaves: list[bool] = []
-    _data_files(_definition(task_manager, name, set()), patterns, files, leaves)
-    return TaskData(sorted(files), bool(leaves) and all(leaves), sorted(set(patterns)))
+    anchors: list[str] = []
+    _data_files(_definition(task_manager, name, set()), patterns, files, leaves, anchors)
+    return TaskData(sorted(files), bool(leaves) and all(leaves), sorted(set(patterns)), sorted(set(anchors)))
 
 
 def local_files(patterns: Sequence[str]) -> list[Path]:
@@ -127,10 +132,12 @@ def local_files(patterns: Sequence[str]) -> list[Path]:
     return sorted({Path(f) for p in patterns for f in glob.glob(p, recursive=True) if os.path.isfile(f)})
 
 
-def _data_files(value: Any, patterns: list[str], files: set[Path], leaves: list[bool]) -> None:
+def _data_files(
+    value: Any, patterns: list[str], files: set[Path], leaves: list[bool], anchors: list[str]
+) -> None:
     if isinstance(value, list):
         for v in value:
-            _data_files(v, patterns, files, leaves)
+            _data_files(v, patterns, files, leaves, anchors)
     if not isinstance(value, dict):
         return
     if isinstance(source := value.get("dataset_path"), str):
@@ -141,7 +148,9 @@ def _data_files(value: Any, patterns: list[str], files: set[Path], leaves: list[
         # for here, not found, and the task read through datasets' stale cache under a new digest)
         root = None if _packaged_builder(source) else Path(source).expanduser()
         base = root if root is not None and root.is_dir() else None
-        mine = _globs(data_files, base)
+        mine = _globs(data_files, base, anchors)
+        if root is not None:
+            anchors.append(str(root))
         found = local_files(mine)
         if base is not None and data_files is None:  # the folder's files datasets chooses, as it does
             watched, found = _folder_data(base)
@@ -153,7 +162,7 @@ def _data_files(value: Any, patterns: list[str], files: set[Path], leaves: list[
         files.update(found)
         leaves.append(bool(found) and _all_local(data_files, root, base))
     for v in value.values():
-        _data_files(v, patterns, files, leaves)
+        _data_files(v, patterns, files, leaves, anchors)
 
 
 def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
@@ -203,13 +212,16 @@ def _folder_data(base: Path) -> tuple[list[str], list[Path]]:
     return watched, sorted({Path(f) for fs in data.values() for f in fs})
 
 
-def _rooted(pattern: str, base: Path) -> str:
+def _rooted(pattern: str, base: Path, anchors: list[str] | None = None) -> str:
     """Glob `pattern` under folder `base` where relative, its folders before the first wildcard resolved
     here, once (a link followed, `..` gone): its matches need no resolve of their own at each poll
-    (review RV31a 5)."""
+    (review RV31a 5). Those folders as written are appended to `anchors` (TaskData.anchors)."""
     parts = Path(pattern).parts
     literal = next((i for i, part in enumerate(parts) if glob.has_magic(part)), len(parts) - 1)
-    return os.path.join(glob.escape(str((base / Path(*parts[:literal])).resolve())), *parts[literal:])
+    folder = base / Path(*parts[:literal])
+    if anchors is not None:
+        anchors.append(str(folder))
+    return os.path.join(glob.escape(str(folder.resolve())), *parts[literal:])
 
 
 def _patterns(data_files: Any) -> list[str]:
@@ -228,12 +240,12 @@ def _packaged_builder(name: str) -> bool:
     return name in _PACKAGED_DATASETS_MODULES
 
 
-def _globs(data_files: Any, base: Path | None) -> list[str]:
+def _globs(data_files: Any, base: Path | None, anchors: list[str] | None = None) -> list[str]:
     """The glob patterns of `data_files` (a path, a glob, a list or a dict of them, as datasets takes
     it) that name local files (not a URL): under `base` (a dataset_path folder), else the working
     directory, where relative (`_rooted`)."""
     local = [os.path.expanduser(p) for p in _patterns(data_files) if not is_url(p) and "://" not in p]
-    return [_rooted(p, base if base is not None else Path.cwd()) for p in local]
+    return [_rooted(p, base if base is not None else Path.cwd(), anchors) for p in local]
 
 
 def _all_local(data_files: Any, root: Path | None, base: Path | None) -> bool:

@@ -2139,15 +2139,18 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     step and recorded under the old digest, the steps scored before counted done (RV30c S1). Each task's
     digests are taken just before it is scored, and the plan watches the patterns: a new match is a
     change. A dataset_path folder named without data_files is the files datasets reads of it (its
-    split-named ones), not its every file (a cache or a run's files in it changed it: RV31a 3)."""
+    split-named ones), not its every file (a cache or a run's files in it changed it: RV31a 3). A link on
+    the way re-pointed leads to other files: a change (RV32f B1: the patterns' resolution was kept)."""
     from validation.eval import evaluated, load_eval_config
     from validation.eval_data import files_sha256
     from validation.eval_results import write_step_json
 
     run = _copy_run(eval_run[0], tmp_path / "run")
     tasks = _own_task(tmp_path / "tasks")
-    data = tmp_path / "data"  # outside include_path
-    data.mkdir()
+    real = tmp_path / "data-v1"  # outside include_path
+    real.mkdir()
+    data = tmp_path / "data"
+    data.symlink_to(real)  # the task names it through a link
     for split in ("train", "test"):
         shutil.move(tasks / f"own_mc-{split}.jsonl", data / f"own_mc-{split}.jsonl")
     yaml = tasks / "own_mc.yaml"
@@ -2196,6 +2199,16 @@ def test_a_data_file_replaced_while_scored_or_joining_a_glob_is_what_the_scores_
     assert plan.data_files["own_f"].files == sorted(folder.resolve().glob("own_f-*.jsonl"))
     (folder / "cache").mkdir()
     (folder / "cache" / "state.json").write_text("{}\n")  # datasets reads the split-named files only
+    assert done()
+    v2 = tmp_path / "data-v2"  # another version, the link re-pointed as `ln -sfn data-v2 data` does
+    shutil.copytree(real, v2)
+    (v2 / "own_mc-test.jsonl").write_text("".join(rows[:2]))
+    data.unlink()
+    data.symlink_to(v2)
+    assert not done()
+    assert plan.contents["own_mc"] == files_sha256(files()) and files()[0].parent == v2
+    data.unlink()
+    data.symlink_to(real)
     assert done()
     own_f = plan.contents["own_f"]
     (folder / "own_f-test-2.jsonl").write_text("".join(rows[4:]))  # one more of them
