@@ -53,6 +53,7 @@ from validation.audit_views import (
     DERIVED_VIEWS,
     FILE_VIEWS,
     Damaged,
+    DamagedFile,
     bucket_copy,
     connect,
     dataset_json,
@@ -82,6 +83,8 @@ def _damaged_files_named(roots: list[str | Path]):
     in one line naming the file, not a traceback."""
     try:
         yield
+    except DamagedFile as e:  # a run's table whose pages fail their checksums, before duckdb read it
+        raise _refusal(roots, e.damaged) from None
     except duckdb.Error as e:
         damaged = _damaged_error(roots)
         if damaged is None:
@@ -91,8 +94,10 @@ def _damaged_files_named(roots: list[str | Path]):
 
 def _damaged_error(roots: list[str | Path]) -> AuditError | None:
     damaged = find_damaged(roots)
-    if damaged is None:
-        return None
+    return None if damaged is None else _refusal(roots, damaged)
+
+
+def _refusal(roots: list[str | Path], damaged: Damaged) -> AuditError:
     return AuditError(f"cannot audit {', '.join(map(str, roots))}: {damaged}; {_damaged_fix(damaged)}")
 
 

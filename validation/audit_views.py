@@ -62,13 +62,18 @@ class FileView:
     {src} reads them: "parquet" (read_parquet, schemas unioned by name), "text" (read_text: columns
     filename, content) or "json" (read_json). A dataset without matching files contributes no rows;
     `schema` gives a parquet view its columns when no dataset has a file (a json view without files
-    is left out).
+    is left out). `verified`: a training run's own small
+    parquet tables, written with page checksums, which the audit reads whole with pyarrow, checksums
+    verified, before duckdb reads them (`check_roots`): duckdb verifies none, and a bit flipped in a
+    page answered other token counts, exit 0 (review R31b F6); a table written before they were has
+    none to verify and is read as it is.
     """
 
     pattern: str
     sql: str
     reader: str = "text"
     schema: pa.Schema | None = None
+    verified: bool = False
 
 
 STATS_SQL = r"""
@@ -177,10 +182,12 @@ FILE_VIEWS: dict[str, FileView] = {
     "validation": FileView(VALIDATION_JSON, VALIDATION_SQL),
     "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
     # A training run directory's lm-eval results (`gristmill eval RUN`): step, task, metric, value …
-    "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA),
+    "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA, verified=True),
     # A training run directory's data plan so far: tokens per (phase, source) trained and skipped by
     # rewinds, epochs, share read.
-    "consumption": FileView(CONSUMPTION_PARQUET, CONSUMPTION_SQL, "parquet", CONSUMPTION_SCHEMA),
+    "consumption": FileView(
+        CONSUMPTION_PARQUET, CONSUMPTION_SQL, "parquet", CONSUMPTION_SCHEMA, verified=True
+    ),
     "skips": FileView(DATA_PLAN_JSON, SKIPS_SQL),
     "sources": FileView(DATA_PLAN_JSON, SOURCES_SQL),
 }
@@ -275,6 +282,8 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
                 f"file; check the dataset with `gristmill data validate {p}` and rebuild it"
             )
         _check_tables(p, info)
+        if damaged := _first_damaged(p, [v for v in FILE_VIEWS.values() if v.verified]):
+            raise DamagedFile(damaged)
         if is_training_run(p) and (stale := stale_eval_table(p)):  # the `eval` view reads the table alone
             raise DatasetError(f"cannot audit {p}: {stale}")
         out.append(Path(real))
@@ -498,26 +507,45 @@ class Damaged:
         return self.message
 
 
+class DamagedFile(DatasetError):
+    """A `verified` view's file that fails its check, found before duckdb read it (`check_roots`);
+    the audit says what rewrites it (validation/audit.py)."""
+
+    def __init__(self, damaged: Damaged):
+        super().__init__(str(damaged))
+        self.damaged = damaged
+
+
 def find_damaged(roots: list[str | Path]) -> Damaged | None:
-    """The first file a view reads that is not readable (parquet footer, JSON).
+    """The first file a view reads that is not readable (parquet footer, JSON; a `verified` view's
+    pages against their checksums, which `check_roots` raises as a DamagedFile).
 
     Called only after duckdb failed, to name the file: duckdb's errors for a JSON cast do not.
     """
+    for root in check_roots(roots):
+        if damaged := _first_damaged(root, list(FILE_VIEWS.values())):
+            return damaged
+    return None
+
+
+def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
+    """The first file of `views` in dataset or run directory `root` that is not readable."""
     import json
 
     import pyarrow.parquet as pq
 
-    for root in check_roots(roots):
-        for view in FILE_VIEWS.values():
-            for path in view_files(view, root):
-                try:
-                    if view.reader == "parquet":
-                        pq.read_metadata(path)
-                    elif view.reader == "text":  # every text view casts the content to JSON
-                        json.loads(Path(path).read_bytes())
-                except Exception as e:  # noqa: BLE001 - any failure is the answer
-                    why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-                    return Damaged(root, Path(path), f"{path} is unreadable ({why})")
+    for view in views:
+        for path in view_files(view, root):
+            try:
+                if view.verified:  # small: read whole, each page against its checksum where it has one
+                    pq.read_table(path, page_checksum_verification=True)
+                elif view.reader == "parquet":
+                    pq.read_metadata(path)
+                elif view.reader == "text":  # every text view casts the content to JSON
+                    json.loads(Path(path).read_bytes())
+            except Exception as e:  # noqa: BLE001 - any failure is the answer
+                why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                return Damaged(root, Path(path), f"{path} is unreadable ({why})")
     return None
 
 

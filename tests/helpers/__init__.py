@@ -14,6 +14,7 @@ light_trainer           torchrun workers without torch: what the launcher sees o
 lock_holder             a lock held by another process (a running build's or conversion's .build.lock)
 models                  small seeded models for tests that need real parameters but no run
 mounts                  private mount namespaces (unshare -rm): sh quoting; `python -m MODULE` in one, forked
+parquet_damage          a bit flipped inside a data page of a parquet file (not its footer)
 no_accelerate           an entry point's main where accelerate cannot be imported (without the eval extra)
 phased_recipe           a two-source, two-phase training recipe written for a test's datasets
 position_corpus         the loader tests' token-position corpus (token = 1 + doc·1000 + position)

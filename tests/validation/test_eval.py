@@ -22,6 +22,7 @@ import torch
 
 from tests.helpers import forked
 from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.parquet_damage import flip_a_value_bit
 from tests.helpers.train_runs import eval_data, fake_checkpoint, one_error_line, without_accelerate
 
 pytest.importorskip("lm_eval")
@@ -2464,6 +2465,10 @@ def test_the_audit_refuses_an_eval_table_that_is_not_its_results(eval_run, tmp_p
     assert main(["eval", str(run), "--table"]) == 0
     capsys.readouterr()
     assert main(count) == 0 and json.loads(capsys.readouterr().out)[0]["n"] == rows
+    # a bit flipped in a page: named as damaged, with what rewrites it (review R31b F6)
+    flip_a_value_bit(table, "value")
+    refused("is unreadable (OSError: could not verify page integrity, CRC checksum verification failed")
+    assert main(["eval", str(run), "--table"]) == 0
     written = pq.read_table(table).to_pylist()
     pq.write_table(
         pa.Table.from_pylist([{**written[0], "value": 0.5}, *written[1:]], schema=pq.read_schema(table)),

@@ -218,7 +218,8 @@ def write_eval_table(run_dir: str | Path) -> Path:
     with eval_lock(run_dir):
         rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
         with atomic_path(path) as tmp:
-            pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp)
+            # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py)
+            pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp, write_page_checksum=True)
     return path
 
 

@@ -751,7 +751,8 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
         rows.append({**r, "step": step, "dataset": src.dataset, "dataset_tokens": src.tokens})
     table = pa.Table.from_pylist(rows, schema=CONSUMPTION_SCHEMA)
     with atomic_path(path, fsync=False) as tmp:  # derived from the plan: rewritten at every log
-        pq.write_table(table, tmp)
+        # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py)
+        pq.write_table(table, tmp, write_page_checksum=True)
 
 
 def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
