@@ -626,7 +626,7 @@ def _log(
         row.update(run.evaluator(run.model, step))
     if run.merge is not None and run.merge.merged_at(step):
         row.update(_merged(run, step, validate=validate, evaluate=evaluate))
-    run.record.log(run.metrics.timed(row), evaluated=evaluate, ledger=ledger)
+    run.record.log(run.metrics.timed(row), ledger=ledger)
     run.metrics.restart_window()
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from training.contract.dataset_format import (
     recorded_paths,
     redo_task,
 )
-from training.contract.eval_table import EVAL_SCHEMA, stale_eval_table
+from training.contract.eval_table import EVAL_SCHEMA, read_between_writes, stale_eval_table
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
 from training.data.recipe import CONSUMPTION_SCHEMA
@@ -284,10 +285,16 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
         _check_tables(p, info)
         if damaged := _first_damaged(p, [v for v in FILE_VIEWS.values() if v.verified]):
             raise DamagedFile(damaged)
-        if is_training_run(p) and (stale := stale_eval_table(p)):  # the `eval` view reads the table alone
+        # the `eval` view reads the table alone; checked between the writes of a live run's evals, which
+        # change results.json and the table in one acquisition of the eval lock (review R31b F1)
+        if is_training_run(p) and (stale := read_between_writes(p, lambda p=p: stale_eval_table(p), _note)):
             raise DatasetError(f"cannot audit {p}: {stale}")
         out.append(Path(real))
     return out
+
+
+def _note(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stdout holds the answer
 
 
 def dataset_json(root: Path) -> dict:

@@ -1086,7 +1086,6 @@ def evaluate_step(
     out = write_step_json(run_dir, step, dict(results), merged, still=still)
     if out is None:
         _discarded(run_dir, step, export if made else None, scored)
-    write_eval_table(run_dir)
     save_config(cfg, eval_dir(run_dir, step, merged) / "config.toml")
     if warning := write_plot(run_dir):  # the scores are written: a plot that cannot be is a warning
         print(warning, file=sys.stderr, flush=True)
@@ -1406,7 +1405,8 @@ def write_table(run_dir: Path, args: argparse.Namespace) -> int:
             f"{run_dir} has no {EVAL_DIR}/*/results.json to write a table from: evaluate a step first "
             f"(gristmill eval {run_dir} --step N)"
         )
-    write_eval_table(run_dir)
+    with eval_lock(run_dir):
+        write_eval_table(run_dir)
     if warning := write_plot(run_dir):  # the picture is this command's product: its failure is the exit
         raise EvalError(f"wrote {run_dir / EVAL_PARQUET}; {warning.removeprefix('warning: ')}")
     results = f"{run_dir / EVAL_DIR}/*/results.json"

@@ -35,6 +35,7 @@ from training.contract.eval_table import (
     rows_of,
     sealed_results,
     settings_of,
+    write_eval_table,
 )
 from training.contract.run_layout import EVAL_PLOT, eval_dir
 from training.plotting import agg_pyplot, save_figure
@@ -302,9 +303,11 @@ def write_step_json(
     merged: bool = False,
     still: Callable[[], bool] | None = None,
 ) -> Path | None:
-    """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's). None,
-    nothing written, where `still()`, asked under the lock that a rewind sets eval/ aside under too,
-    is False: the weights scored were a discarded timeline's (training/run/record.py `_set_aside`)."""
+    """Write (or merge into) RUN/eval/step-N/results.json (`merged`: RUN/eval/merged-step-N's) and
+    rebuild RUN/eval.parquet, in one acquisition of the eval lock (an audit between the two refused the
+    table as stale: review R31b F1). None, nothing written, where `still()`, asked under the lock
+    that a rewind sets eval/ aside under too, is False: the weights scored were a discarded
+    timeline's (training/run/record.py `_set_aside`)."""
     out = eval_dir(run_dir, step, merged) / RESULTS_JSON
     with eval_lock(run_dir):
         if still is not None and not still():
@@ -324,6 +327,7 @@ def write_step_json(
         text = json.dumps(results, indent=2, default=_json_default, ensure_ascii=False, allow_nan=True)
         text = json.dumps(sealed_results(json.loads(text)), indent=2, ensure_ascii=False, allow_nan=True)
         write_atomic(out, text + "\n")
+        write_eval_table(run_dir)
     return out
 
 

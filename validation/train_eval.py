@@ -280,8 +280,9 @@ class TrainingEval:
         export = "in-training (merged weights)" if merged else "in-training"
         label_results(results, self.run_dir, step, export, plan)
         rows = rows_of(step, results, merged)
-        # eval.parquet: the run's record rebuilds it. From here the scores stand (review R26a F3: a
-        # plot that could not be written made an eval "failed" whose scores eval.parquet listed).
+        # results.json and eval.parquet, in one acquisition of the eval lock. From here the scores stand
+        # (review R26a F3: a plot that could not be written made an eval "failed" whose scores
+        # eval.parquet listed).
         write_step_json(self.run_dir, step, dict(results), merged)
         seconds = time.perf_counter() - t0
         metrics: dict[str, float | str] = {metric_key(r): r["value"] for r in rows}

@@ -46,6 +46,16 @@ def sh_quote(word: str) -> str:
     return "'" + word.replace("'", "'\\''") + "'"
 
 
+def python_in_namespace(script: list[str], cmd: list[str]) -> subprocess.CompletedProcess:
+    """`cmd` after the mount commands `script`, in a private mount namespace (unshare -rm), with the
+    repository on its PYTHONPATH."""
+    line = " && ".join([*script, f"exec {' '.join(map(sh_quote, cmd))}"])
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", line], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
 def enter_namespace(script: str) -> None:
     """This process into a new user and mount namespace, as `unshare -rm` does (its uid and gid mapped
     to root), then `sh -c SCRIPT` there: its mounts are this process's. It must have one thread (the

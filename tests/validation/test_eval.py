@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.helpers import forked
-from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.mounts import python_in_namespace, sh_quote, unshare_works
 from tests.helpers.parquet_damage import flip_a_value_bit
 from tests.helpers.train_runs import eval_data, fake_checkpoint, one_error_line, without_accelerate
 
@@ -998,14 +998,13 @@ def _copy_run(src: Path, dst: Path, export: bool = True) -> Path:
 
 
 def _write_tasks(run_dir: Path, tag: str) -> None:
-    """40 tasks' results, one write each, into step 8 (every writer's) and a step of the writer's own."""
-    from training.contract.eval_table import write_eval_table
+    """40 tasks' results, one write each (and eval.parquet's rebuild), into step 8 (every writer's) and
+    a step of the writer's own."""
     from validation.eval_results import write_step_json
 
     for i in range(40):
         for step in (8, 100 + ord(tag)):
             write_step_json(run_dir, step, {"results": {f"{tag}{i}": {"acc,none": i / 40}}})
-            write_eval_table(run_dir)
 
 
 def test_two_writers_of_one_run_s_eval_results_lose_none(tmp_path):
@@ -1031,6 +1030,68 @@ def test_two_writers_of_one_run_s_eval_results_lose_none(tmp_path):
     assert {(r["step"], r["task"]) for r in rows} == {
         (step, task) for task in every for step in (8, 100 + ord(task[0]))
     }
+
+
+def test_an_audit_beside_an_eval_reads_between_its_writes(tmp_path, monkeypatch):
+    """An eval wrote a step's results.json under the eval lock and rebuilt eval.parquet under a second
+    acquisition; an audit between the two refused the live run's table as stale (review R31b F1). A
+    writer now does both in one acquisition, and the audit's check waits for it: here the writer is
+    held between the two (step 6's results.json written, the table not yet) while the check runs."""
+    import shutil
+    import threading
+
+    from training.contract import file_lock
+    from training.contract.eval_table import (
+        eval_lock,
+        read_between_writes,
+        stale_eval_table,
+        write_eval_table,
+    )
+    from validation.eval_results import write_step_json
+
+    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter says it waits at once, not after 1 s
+    write_step_json(tmp_path, 4, {"results": {"a": {"acc,none": 0.5}}})  # results.json and the table
+    assert stale_eval_table(tmp_path) is None
+    waiting, said, answer = threading.Event(), [], []
+
+    def note(line: str) -> None:
+        said.append(line)
+        waiting.set()
+
+    def audit() -> None:
+        answer.append(read_between_writes(tmp_path, lambda: stale_eval_table(tmp_path), note))
+
+    with eval_lock(tmp_path):
+        (eval_dir(tmp_path, 6)).mkdir()
+        shutil.copy(eval_dir(tmp_path, 4) / "results.json", eval_dir(tmp_path, 6) / "results.json")
+        check = threading.Thread(target=audit)
+        check.start()
+        while check.is_alive() and not waiting.is_set():
+            waiting.wait(0.01)
+        assert waiting.is_set(), answer  # without the lock: read at once, "does not hold the scores"
+        write_eval_table(tmp_path)
+    check.join()
+    assert answer == [None]
+    assert said[0].startswith(f"waiting for {tmp_path / 'eval' / '.lock'}, held by pid {os.getpid()} "), said
+    assert "another thread of this process" in said[0], said
+    # a run the reader cannot write to (another user's, a read-only copy) is read all the same: not
+    # root, chmod; root (chmod stops nothing), a read-only bind mount in a private mount namespace
+    read = (
+        "import sys; from training.contract.eval_table import read_between_writes, stale_eval_table; "
+        "print(read_between_writes(sys.argv[1], lambda: stale_eval_table(sys.argv[1]), print))"
+    )
+    cmd = [sys.executable, "-c", read, str(tmp_path)]
+    if os.geteuid() != 0:
+        (tmp_path / "eval" / ".lock").chmod(0o444)
+        proc = subprocess.run(
+            cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True
+        )
+    elif unshare_works():
+        q = sh_quote(str(tmp_path))
+        proc = python_in_namespace([f"mount --bind {q} {q}", f"mount -o remount,bind,ro {q}"], cmd)
+    else:
+        return  # root without mount namespaces: no directory it cannot write
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "None\n", "")
 
 
 def test_results_keep_nan_and_inf_but_not_strings(tmp_path):

@@ -2,9 +2,10 @@
 own, written by the evaluator; RUN/eval/merged-step-N/results.json for [merge]'s merged weights) and
 RUN/eval.parquet, one row per (step, task, metric, filter, merged), built from every results.json
 there, so it can never disagree with them. eval.parquet is the `eval` view
-of `gristmill data audit RUN`; `gristmill eval` writes it after each evaluation, and during training
-the run's one writer does (training/run/record.py: after each eval, and when a rewind sets a
-discarded step's eval/ aside).
+of `gristmill data audit RUN`; each evaluation rebuilds it as it writes the step's results.json, in one
+hold of the eval lock (validation/eval_results.write_step_json: the trainer's eval and `gristmill
+eval`), and so does the run's record when a rewind sets a discarded step's eval/ aside
+(training/run/record.py); the audit reads between such writes (`read_between_writes`).
 
 No number is hidden: a NaN or infinite metric (a model whose log-likelihoods overflow) is kept in
 results.json (Python's json writes and reads `NaN`/`Infinity`) and in eval.parquet as NaN/inf. Only
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import json
 import numbers
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +28,8 @@ from training.contract.errors import GristmillError
 from training.contract.file_lock import file_lock
 from training.contract.integrity import seal_broken, sealed
 from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
+
+T = TypeVar("T")
 
 RESULTS_JSON = "results.json"
 GRISTMILL_TASKS = "gristmill_tasks"  # results.json: per task, its time, documents, truncation, chance
@@ -206,21 +210,46 @@ def eval_lock(run_dir: str | Path):
     """The run's eval files, one writer at a time: the trainer's eval (rank 0) and `gristmill eval`
     (--watch beside the run) each merge into a step's results.json and rebuild eval.parquet, and two
     read-merge-writes at once lost one writer's tasks; a rebuild that read the files before another
-    writer's, and replaced the table after that writer's rebuild, left eval.parquet without them."""
+    writer's, and replaced the table after that writer's rebuild, left eval.parquet without them.
+    Each change to the results.json files (a step's written, a discarded step's set aside) and the
+    rebuild of eval.parquet from them is one acquisition, so that a reader (`read_between_writes`)
+    never finds results newer than the table: between two acquisitions the audit refused a live
+    run's eval.parquet as stale (review R31b F1)."""
     lock = Path(run_dir) / EVAL_DIR / EVAL_LOCK
     lock.parent.mkdir(parents=True, exist_ok=True)
     return file_lock(lock)
 
 
 def write_eval_table(run_dir: str | Path) -> Path:
-    """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json and merged-step-N/results.json."""
+    """RUN/eval.parquet rebuilt from every RUN/eval/step-N/results.json and merged-step-N/results.json,
+    under eval_lock, which the caller holds (in the acquisition that changed those files)."""
     path = Path(run_dir) / EVAL_PARQUET
-    with eval_lock(run_dir):
-        rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
-        with atomic_path(path) as tmp:
-            # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py)
-            pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp, write_page_checksum=True)
+    rows = [r for merged in (False, True) for r in result_rows(read_results(run_dir, merged), merged)]
+    with atomic_path(path) as tmp:
+        # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py)
+        pq.write_table(pa.Table.from_pylist(rows, schema=EVAL_SCHEMA), tmp, write_page_checksum=True)
     return path
+
+
+READ_WAIT_S = 30.0  # a reader waits this long for a writer that holds the eval lock but is not running
+
+
+def read_between_writes(run_dir: str | Path, read: Callable[[], T], say: Callable[[str], None]) -> T:
+    """`read()` of the run's eval files (results.json and eval.parquet) while no writer is between
+    its change to them and its rebuild of the table: under eval_lock, shared with other readers and
+    taken on the lock file opened read-only (a run directory the reader cannot write to is read all
+    the same). A run without the lock file has had no writer: read without one, and again under it
+    when one appeared meanwhile (a writer makes it before it writes anything). A wait over a second
+    is told through `say`; a holder not seen running for READ_WAIT_S (stopped) ends it in one line."""
+    lock = Path(run_dir) / EVAL_DIR / EVAL_LOCK
+    while True:
+        if lock.exists():
+            fix = f"audit {run_dir} again once that process has written {Path(run_dir) / EVAL_PARQUET}"
+            with file_lock(lock, shared=True, wait_s=READ_WAIT_S, fix=fix, say=say):
+                return read()
+        answer = read()
+        if not lock.exists():
+            return answer
 
 
 # Columns added to eval.parquet after its first version, and what a row of a table without one holds there

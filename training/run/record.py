@@ -52,7 +52,7 @@ from training.contract.batch_record import (
 )
 from training.contract.config_loader import to_toml
 from training.contract.errors import GristmillError
-from training.contract.eval_table import RESULTS_JSON, eval_lock, write_eval_table
+from training.contract.eval_table import eval_lock, write_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
     CONFIGS_DIR,
@@ -69,7 +69,6 @@ from training.contract.run_layout import (
     abandoned_name,
     config_from_step,
     config_history,
-    eval_dir,
     kept_rows,
     read_metrics,
     set_aside_after,
@@ -181,12 +180,12 @@ class RunRecord:
             self.close()
             raise
 
-    def log(self, row: dict[str, Any], *, evaluated: bool = False, ledger: bool = True) -> None:
+    def log(self, row: dict[str, Any], *, ledger: bool = True) -> None:
         """A completed metrics row (training/metrics.py), kept by every rank. Rank 0 appends it to
-        metrics.jsonl, prints its line, hands it to the trackers, rebuilds eval.parquet when the step
-        was `evaluated` and the evaluator wrote its results.json, and, after step 0, writes
+        metrics.jsonl, prints its line, hands it to the trackers and, after step 0, writes
         consumption.parquet at its step (`ledger` False: the row of a step a rewind discards next,
-        whose rewind writes it), then says the row's events."""
+        whose rewind writes it), then says the row's events. (The evaluator rebuilds eval.parquet as
+        it writes a step's results.json, in one acquisition of the eval lock: review R31b F1.)"""
         self.rows.append(row)
         if self.rank != 0:
             return
@@ -203,16 +202,6 @@ class RunRecord:
             raise
         say(format_line(row))
         self.trackers.log(row)
-        # the raw weights' results, and at a merge point the merged ones'
-        results = [eval_dir(self.run_dir, row["step"], merged) / RESULTS_JSON for merged in (False, True)]
-        if evaluated and any(path.is_file() for path in results):
-            try:
-                write_eval_table(self.run_dir)
-            except Exception as e:  # a side activity: one unreadable results.json must not end the run
-                say(
-                    f"WARNING: {self.run_dir / EVAL_PARQUET} not rebuilt: a results.json under "
-                    f"{self.run_dir / EVAL_DIR} cannot be read ({type(e).__name__}: {e}); training goes on"
-                )
         step = row["step"]
         if ledger and step > 0:
             self._consumption(step)
@@ -488,15 +477,17 @@ class RunRecord:
         # no step being scored (an eval makes eval/step-N/eval.log before it scores); one begun since
         # finds its export moved when it writes. So a run without evals gets no eval/ directory.
         evaluated = (self.run_dir / EVAL_DIR).is_dir()
+        # eval.parquet rebuilt without them in the same acquisition (an audit between the two refused it
+        # as stale: review R31b F1)
         with eval_lock(self.run_dir) if evaluated else contextlib.nullcontext():
             moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
             evals = set_aside_after(self.run_dir / EVAL_DIR, after)
+            if evals and (self.run_dir / EVAL_PARQUET).is_file():
+                write_eval_table(self.run_dir)
         whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
         for old, new in moved + evals:
             say(f"note: {old.parent.name}/{old.name} is from {whose}; moved it to {new.name}")
         if evals:
-            if (self.run_dir / EVAL_PARQUET).is_file():
-                write_eval_table(self.run_dir)
             plot = self.run_dir / EVAL_PLOT
             try:  # a directory of its name was a traceback at the run's start (review RV26b 6)
                 plot.unlink(missing_ok=True)

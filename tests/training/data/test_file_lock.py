@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.mounts import sh_quote, unshare_works
+from tests.helpers.mounts import python_in_namespace, sh_quote, unshare_works
 from training.contract.file_lock import LockWaitError
 from training.data.remote import LOCK, node_lock, node_lock_file
 
@@ -380,15 +380,6 @@ _LOCKS_OF = (
 )
 
 
-def _python_in_namespace(script: list[str], cmd: list[str]) -> subprocess.CompletedProcess:
-    """`cmd` after the mount commands `script`, in a private mount namespace (unshare -rm)."""
-    line = " && ".join([*script, f"exec {' '.join(map(sh_quote, cmd))}"])
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", line], env=env, capture_output=True, text=True, timeout=60
-    )
-
-
 def test_a_cache_whose_folder_above_cannot_be_written_takes_turns_through_its_lock_inside(tmp_path):
     """A cache at the root of a mount point its user owns, under a folder the user cannot write (a
     scratch disk, a container's volume): the node lock's file beside it cannot be made, and was, from
@@ -422,7 +413,7 @@ def test_a_cache_whose_folder_above_cannot_be_written_takes_turns_through_its_lo
             *(f"mount --bind {q(str(own / name))} {q(str(above / name))}" for name in ("mount", "locked")),
             f"mount --bind {q(str(own / '.locked.lock'))} {q(str(above / '.locked.lock'))}",
         ]
-        proc = _python_in_namespace(script, cmd)
+        proc = python_in_namespace(script, cmd)
     else:
         pytest.skip("running as root without mount namespaces (unshare -rm): no folder it cannot write")
     assert proc.returncode == 0, proc.stderr
@@ -487,7 +478,7 @@ def test_a_lock_file_beside_the_cache_whose_holder_record_cannot_be_written_is_l
         f"mount --bind {q(str(own))} {q(str(above / 'cache'))}",
         f"head -c 4096 /dev/zero > {q(str(above / 'fill'))}",
     ]
-    proc = _python_in_namespace(script, [sys.executable, "-c", _LOCKS_OF, str(above / "cache")])
+    proc = python_in_namespace(script, [sys.executable, "-c", _LOCKS_OF, str(above / "cache")])
     assert proc.returncode == 0, proc.stderr
     note, *held = proc.stdout.splitlines()
     lock = above / ".cache.lock"
@@ -520,7 +511,7 @@ def test_a_holder_whose_record_a_full_cache_disk_cannot_take_is_waited_for_by_it
     cache.mkdir()
     q = sh_quote(str(cache))
     script = [f"mount -t tmpfs -o size=4k tmpfs {q}", f"head -c 4096 /dev/zero > {q}/fill"]
-    proc = _python_in_namespace(script, [sys.executable, "-c", _WAITED_FOR, str(cache)])
+    proc = python_in_namespace(script, [sys.executable, "-c", _WAITED_FOR, str(cache)])
     assert proc.returncode == 0, proc.stderr
     *said, pid = proc.stdout.splitlines()
     assert len(said) == 1, proc.stdout  # one line: never "a process that left no details", as it let go
@@ -569,7 +560,7 @@ def test_a_cache_reached_by_two_paths_takes_turns(tmp_path):
     host.mkdir(parents=True)
     other.mkdir(parents=True)
     script = [f"mount --bind {sh_quote(str(host))} {sh_quote(str(other))}"]
-    proc = _python_in_namespace(script, [sys.executable, "-c", _TWO_PATHS, str(host), str(other)])
+    proc = python_in_namespace(script, [sys.executable, "-c", _TWO_PATHS, str(host), str(other)])
     assert proc.returncode == 0, proc.stderr
     *said, events = proc.stdout.splitlines()
     assert events == str(["first in", "first out", "second in"]), (
