@@ -33,7 +33,7 @@ from typing import Any, TextIO
 import duckdb
 
 from training.console import answer_on_stdout
-from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, DatasetError, redo_task
+from training.contract.dataset_format import DATASET_JSON, LOGS_DIR, DatasetError, redo_task, task_of_file
 from training.contract.errors import GristmillError, print_error, refuse_empty
 from training.contract.object_store import ObjectStore, is_url
 from training.contract.run_layout import (
@@ -125,6 +125,8 @@ def _damaged_fix(damaged: Damaged) -> str:
             f"it is derived from {damaged.root / EVAL_DIR}/*/results.json, which hold the scores: write it "
             f"again from them with `gristmill eval {damaged.root} --table` (it scores nothing)"
         )
+    if (task := task_of_file(rel.as_posix())) is not None:  # a manifest or excluded file: its task's
+        return redo_task(f"{task:05d}", damaged.root)
     return (
         f"check the dataset with `gristmill data validate {damaged.root}` and rebuild it (rerun "
         "`gristmill data build`) if it is damaged"

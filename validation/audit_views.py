@@ -41,6 +41,7 @@ from training.contract.dataset_format import (
     DatasetError,
     data_identities,
     dataset_files,
+    file_sha256,
     manifest_files,
     read_dataset_info,
     recorded_paths,
@@ -536,13 +537,23 @@ def find_damaged(roots: list[str | Path]) -> Damaged | None:
 
 
 def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
-    """The first file of `views` in dataset or run directory `root` that is not readable."""
+    """The first file of `views` in dataset or run directory `root` that is not readable, or, for a
+    parquet file dataset.json records (a manifest, an excluded file), not of the sha256 it records: a
+    damaged page of a manifest made duckdb fail with "Out of buffer" or a snappy error, naming no fix
+    (review R31b F3). Only after duckdb failed: hashing every manifest is what validating costs."""
     import json
 
     import pyarrow.parquet as pq
 
+    files = dataset_json(root).get("files")
+    recorded = files if isinstance(files, dict) else {}
     for view in views:
         for path in view_files(view, root):
+            want = recorded.get(Path(path).relative_to(root).as_posix())
+            sha = want.get("sha256") if isinstance(want, dict) and view.reader == "parquet" else None
+            if sha is not None and file_sha256(path) != sha:
+                why = f"the sha256 {root / DATASET_JSON} records is another (changed since the build)"
+                return Damaged(root, Path(path), f"{path} is damaged: {why}")
             try:
                 if view.verified:  # small: read whole, each page against its checksum where it has one
                     pq.read_table(path, page_checksum_verification=True)

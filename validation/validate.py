@@ -800,6 +800,7 @@ def validate_dataset(
         _check_decontam(root, info, problems)
         _check_recorded_files(root, info, problems, local=not url)
         _check_task_counts(root, info, problems, local=not url)
+        _blame_damaged_manifests(info, results, problems)
 
     n_problems = len(problems) + sum(r.more_problems for r in results)
     report = ValidationReport(
@@ -1060,6 +1061,38 @@ def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Probl
             problems.append(
                 Problem("sha256 differs from dataset.json's record (changed since the build)", rel)
             )
+
+
+def _blame_damaged_manifests(
+    info: dict[str, Any], results: list[ShardResult], problems: list[Problem]
+) -> None:
+    """A manifest file that cannot be read or does not hash to dataset.json's record is listed first,
+    with its task's fix, naming its task's shards that hash to dataset.json's record (intact): the
+    problems listed for them, found against its rows, are its own. A damaged page made validate
+    blame intact shards, dozens of lines, the manifest's last (review R31b F4)."""
+    listed = info["shard_files"]
+    for problem in [p for p in problems if p.shard and p.shard.startswith(f"{MANIFEST_DIR}/")]:
+        task = task_of_file(problem.shard)
+        if task is None:
+            continue
+        intact = [
+            r.name
+            for r in results
+            if task_of_file(f"{SHARDS_DIR}/{r.name}") == task
+            and (r.problems or r.more_problems)
+            and r.sha256 is not None
+            and r.sha256 == (listed.get(r.name) or {}).get("sha256")
+        ]
+        follows = (
+            f"; shard(s) {', '.join(intact)} hash to dataset.json's record: the problems listed for them, "
+            "found against its rows, are its own"
+            if intact
+            else ""
+        )
+        # a task of this version's build redone; an older layout's dataset is no task of this build
+        fix = redo_task(f"{task:05d}") if info["format"] == FORMAT else "rebuild the dataset"
+        problems.remove(problem)
+        problems.insert(0, Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind))
 
 
 def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:

@@ -21,7 +21,7 @@ import pytest
 from pipelines.cli import main
 from pipelines.data_index import index_dataset
 from pipelines.shard_writer import ShardWriter, finalize_dataset
-from training.contract.dataset_format import EXCLUDED_SCHEMA, fingerprint, manifest_files
+from training.contract.dataset_format import EXCLUDED_SCHEMA, fingerprint, manifest_files, redo_task
 from training.data.plan import Phase, Plan, Source
 from training.data.recipe import record_plan, write_consumption
 from validation.audit import (
@@ -501,6 +501,33 @@ def test_damaged_dataset_is_one_error_naming_the_file(built_dataset, tmp_path, c
         "validation.json": f"rerun `gristmill data validate {root}`, which writes it again",
     }[damage]
     assert fix in lines[0], lines[0]
+
+
+def test_a_damaged_manifest_page_is_named_with_its_task_s_fix(built_dataset, tmp_path, capsys):
+    """A byte flipped in a page of a manifest (its size and footer intact): the audit ended in duckdb's
+    "Snappy decompression failure" / "Out of buffer" with no fix, and `data validate` blamed the
+    intact shards of its task, dozens of lines, the manifest's last (review R31b F3, F4). Both name the
+    manifest first, as not of the sha256 dataset.json records, with the command that redoes its task."""
+    root = tmp_path / "ds"
+    shutil.copytree(built_dataset, root)
+    target = root / "manifest" / "00001.parquet"
+    meta = pq.read_metadata(target)
+    at = meta.row_group(0).column(meta.schema.names.index("n_tokens")).data_page_offset + 3
+    data = bytearray(target.read_bytes())
+    data[at] ^= 0x10  # in the page's compressed body: snappy fails on it
+    target.write_bytes(bytes(data))
+    fix = f"delete {root / 'logs/completions/00001'} and {root / 'dataset.json'}, then rerun the same"
+    capsys.readouterr()
+    assert main(["data", "audit", str(root)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot audit {root}: {target} is damaged: "), (
+        lines
+    )
+    assert fix in lines[0], lines[0]
+    assert main(["data", "validate", str(root)]) == 1
+    listed = capsys.readouterr().out.split("problems:\n", 1)[1].splitlines()
+    assert listed[0].startswith("  manifest/00001.parquet: ") and redo_task("00001") in listed[0], listed
+    assert "hash to dataset.json's record: the problems listed for them" in listed[0], listed
 
 
 def test_a_build_stats_file_missing_or_stray_is_refused_not_counted(built_dataset, tmp_path, capsys):

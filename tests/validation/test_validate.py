@@ -28,6 +28,7 @@ from training.contract.dataset_format import (
     SAMPLE_DOCS,
     DatasetError,
     manifest_files,
+    redo_task,
     sample_key,
     shard_files,
 )
@@ -375,15 +376,16 @@ def test_edited_manifest_legacy(legacy_ds, column, delta):
     path = manifest_files(ds)[1]
     rows = edit_manifest_row(path, column, delta)
     found = problems(ds)
-    # The shard's problem, the loader index (derived from the manifest) no longer matching, and the
-    # manifest file not the one dataset.json recorded.
+    # The manifest file not the one dataset.json recorded, first: the problem of the shard, which is
+    # the one recorded, is its own (review R31b F4); the loader index (derived from it) no longer matching.
     assert len(found) == 3, found
-    assert found[0].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
-    assert found[1].startswith("index") and "rebuild" in found[1]
-    assert (
-        found[2]
-        == f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+    assert found[0] == (
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
+        f"shard(s) {rows[4]['shard']} hash to dataset.json's record: the problems listed for them, found "
+        "against its rows, are its own; rebuild the dataset"
     )
+    assert found[1].startswith(f"shards/{rows[4]['shard']}: document {rows[4]['key']}: manifest says")
+    assert found[2].startswith("index") and "rebuild" in found[2]
 
 
 def test_edited_manifest_metadata(ds):
@@ -395,7 +397,8 @@ def test_edited_manifest_metadata(ds):
     rows[0]["url"] = "https://example.com/not-the-source"
     pq.write_table(table.from_pylist(rows, schema=table.schema), path)
     assert problems(ds) == [
-        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
+        + redo_task("00000")
     ]
 
 
@@ -428,15 +431,17 @@ def test_manifest_row_missing_legacy(legacy_ds):
     info = json.loads((ds / "dataset.json").read_text())
     n, t = info["documents"], info["tokens"]
     found = problems(ds)
-    assert found[0] == (
-        f"shards/{row['shard']}: document {row['key']}: in the tar but has no manifest row for this shard"
-    )
-    # and the index derived from the manifest no longer matches dataset.json's totals, nor the manifest
-    # the sha256 dataset.json records
-    assert found[1:] == [
+    # the manifest not the one dataset.json records, first: the shard's problem is its own
+    assert found[:2] == [
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
+        f"shard(s) {row['shard']} hash to dataset.json's record: the problems listed for them, found "
+        "against its rows, are its own; rebuild the dataset",
+        f"shards/{row['shard']}: document {row['key']}: in the tar but has no manifest row for this shard",
+    ]
+    # and the index derived from the manifest no longer matches dataset.json's totals
+    assert found[2:] == [
         f"index: cannot derive the index from the manifest: {ds}: the manifests hold {n - 1} documents / "
         f"{t - row['n_tokens']} tokens but dataset.json records {n} / {t}; rebuild the dataset",
-        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)",
     ]
 
 
@@ -835,10 +840,11 @@ def test_edited_manifest(ds, column, delta):
     # manifest) no longer derivable or matching, and the manifest not the one dataset.json recorded.
     assert any(p.startswith(f"shards/{rows[4]['shard']}: ") for p in found), found
     assert any(p.startswith("index") for p in found), found
-    assert (
-        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build)"
-        in found
-    )
+    assert found[0].startswith(
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
+        f"shard(s) {rows[4]['shard']}"
+    ), found
+    assert found[0].endswith(redo_task("00001")), found
 
 
 def test_manifest_row_missing(ds):
@@ -847,7 +853,8 @@ def test_manifest_row_missing(ds):
     pq.write_table(table.slice(1), path)
     row, last = (table.slice(i, 1).to_pylist()[0] for i in (0, SAMPLE_DOCS - 1))
     found = problems(ds)
-    assert found[0] == (
+    assert found[0].startswith(f"{path.relative_to(ds)}: sha256 differs from dataset.json's record"), found
+    assert found[1] == (
         f"shards/{row['shard']}: sample {sample_of(row)}: bytes {row['offset']}–"
         f"{last['offset'] + last['nbytes']} of the sample's data belong to no manifest row (the "
         "manifest's rows of this shard do not describe it: rebuilt, or the manifest was edited)"
