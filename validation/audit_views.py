@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,16 +285,13 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
         _check_tables(p, info)
         if damaged := _first_damaged(p, [v for v in FILE_VIEWS.values() if v.verified]):
             raise DamagedFile(damaged)
-        # the `eval` view reads the table alone; checked between the writes of a live run's evals, which
-        # change results.json and the table in one acquisition of the eval lock (review R31b F1)
-        if is_training_run(p) and (stale := read_between_writes(p, lambda p=p: stale_eval_table(p), _note)):
+        # the `eval` view reads the table alone; read again while a live run's eval, which changes
+        # results.json and the table in one hold of the eval lock, is between the two (review R31b F1),
+        # holding no lock (review RV32e F1)
+        if is_training_run(p) and (stale := read_between_writes(p, lambda p=p: stale_eval_table(p))):
             raise DatasetError(f"cannot audit {p}: {stale}")
         out.append(Path(real))
     return out
-
-
-def _note(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)  # stdout holds the answer
 
 
 def dataset_json(root: Path) -> dict:

@@ -1035,50 +1035,52 @@ def test_two_writers_of_one_run_s_eval_results_lose_none(tmp_path):
 def test_an_audit_beside_an_eval_reads_between_its_writes(tmp_path, monkeypatch):
     """An eval wrote a step's results.json under the eval lock and rebuilt eval.parquet under a second
     acquisition; an audit between the two refused the live run's table as stale (review R31b F1). A
-    writer now does both in one acquisition, and the audit's check waits for it: here the writer is
-    held between the two (step 6's results.json written, the table not yet) while the check runs."""
+    writer now does both in one acquisition; the audit holds no lock (one it held shared, stopped,
+    stalled the trainer's eval: review RV32e F1) and reads again a disagreement a writer's hold makes.
+    Here the writer takes the lock while the audit is inside its check, and rebuilds the table only
+    after the audit's first read found step 6's results.json without its rows."""
     import shutil
     import threading
 
-    from training.contract import file_lock
-    from training.contract.eval_table import (
-        eval_lock,
-        read_between_writes,
-        stale_eval_table,
-        write_eval_table,
-    )
+    from training.contract import eval_table
+    from training.contract.eval_table import read_between_writes, stale_eval_table, write_eval_table
+    from training.contract.file_lock import file_lock
     from validation.eval_results import write_step_json
 
-    monkeypatch.setattr(file_lock, "SAY_AFTER_S", 0.0)  # a waiter says it waits at once, not after 1 s
     write_step_json(tmp_path, 4, {"results": {"a": {"acc,none": 0.5}}})  # results.json and the table
     assert stale_eval_table(tmp_path) is None
-    waiting, said, answer = threading.Event(), [], []
+    inside, go, first, reads, answer = threading.Event(), threading.Event(), threading.Event(), [], []
 
-    def note(line: str) -> None:
-        said.append(line)
-        waiting.set()
+    def audit_read() -> str | None:
+        if not reads:  # the audit is inside its check: the writer comes now
+            inside.set()
+            assert go.wait(10)
+        reads.append(stale_eval_table(tmp_path))
+        first.set()
+        return reads[-1]
 
-    def audit() -> None:
-        answer.append(read_between_writes(tmp_path, lambda: stale_eval_table(tmp_path), note))
-
-    with eval_lock(tmp_path):
-        (eval_dir(tmp_path, 6)).mkdir()
+    check = threading.Thread(target=lambda: answer.append(read_between_writes(tmp_path, audit_read)))
+    check.start()
+    assert inside.wait(10)
+    # the writer's lock, not waited for (block=False: LockHeld where the audit held it shared)
+    with file_lock(tmp_path / "eval" / ".lock", block=False):
+        eval_dir(tmp_path, 6).mkdir()
         shutil.copy(eval_dir(tmp_path, 4) / "results.json", eval_dir(tmp_path, 6) / "results.json")
-        check = threading.Thread(target=audit)
-        check.start()
-        while check.is_alive() and not waiting.is_set():
-            waiting.wait(0.01)
-        assert waiting.is_set(), answer  # without the lock: read at once, "does not hold the scores"
+        go.set()
+        assert first.wait(10)
         write_eval_table(tmp_path)
     check.join()
-    assert answer == [None]
-    assert said[0].startswith(f"waiting for {tmp_path / 'eval' / '.lock'}, held by pid {os.getpid()} "), said
-    assert "another thread of this process" in said[0], said
+    assert "does not hold the scores" in reads[0] and answer == [None], (reads, answer)
+    # a disagreement that lasts is the answer, once read again for the bound
+    monkeypatch.setattr(eval_table, "READ_AGAIN_S", 0.2)
+    shutil.rmtree(eval_dir(tmp_path, 6))
+    assert "step 6" in (read_between_writes(tmp_path, lambda: stale_eval_table(tmp_path)) or "")
+    write_eval_table(tmp_path)
     # a run the reader cannot write to (another user's, a read-only copy) is read all the same: not
     # root, chmod; root (chmod stops nothing), a read-only bind mount in a private mount namespace
     read = (
         "import sys; from training.contract.eval_table import read_between_writes, stale_eval_table; "
-        "print(read_between_writes(sys.argv[1], lambda: stale_eval_table(sys.argv[1]), print))"
+        "print(read_between_writes(sys.argv[1], lambda: stale_eval_table(sys.argv[1])))"
     )
     cmd = [sys.executable, "-c", read, str(tmp_path)]
     if os.geteuid() != 0:

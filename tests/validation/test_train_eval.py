@@ -322,11 +322,16 @@ def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
     in-training eval was "failed" (no eval/* values, eval_error) while results.json and eval.parquet
     held its scores, and the advised `gristmill eval RUN --step N` ended in a traceback (review R26a
     F3). The plot is a warning: the scores go to the row; offline the same; --table, whose product the
-    picture is, one line and exit 2."""
+    picture is, one line and exit 2. RUN/eval.parquet unwritable too: rebuilt in the eval's hold of
+    the eval lock, it made the eval "failed" the same way (review RV32e F5); a warning, the scores
+    stand."""
+    import shutil
+
     from pipelines.cli import main as cli_main
 
     run = tmp_path / "run"
     (run / "eval.png" / "x").mkdir(parents=True)
+    (run / "eval.parquet" / "x").mkdir(parents=True)
     cfg = load_train_config(TINY, _sets(built_dataset, run))
     train(cfg, evaluator=TrainingEval(cfg))
     out = capsys.readouterr()
@@ -335,6 +340,9 @@ def test_an_eval_plot_that_cannot_be_written_is_a_warning_and_the_scores_stand(
         assert "eval_error" not in rows[step] and "eval/heldout_cloze/acc" in rows[step], rows[step]
     warnings = [x for x in (out.out + out.err).splitlines() if x.startswith(f"warning: {run / 'eval.png'}")]
     assert len(warnings) == 2 and "Is a directory" in warnings[0], out.out + out.err
+    table = [x for x in (out.out + out.err).splitlines() if x.startswith(f"WARNING: {run / 'eval.parquet'}")]
+    assert len(table) == 2 and f"`gristmill eval {run} --table` writes it" in table[0], out.out + out.err
+    shutil.rmtree(run / "eval.parquet")
     assert cli_main(["eval", str(run), "--step", "4", "--set", f"limit={LIMIT}", "device=cpu"]) == 0
     out = capsys.readouterr()
     assert f"warning: {run / 'eval.png'} not drawn" in out.err and "Traceback" not in out.err

@@ -52,55 +52,38 @@ def file_lock(
     fix: str = "",
     say: Callable[[str], None] | None = None,
     block: bool = True,
-    shared: bool = False,
 ) -> Iterator[bool]:
-    """An exclusive flock on `path` while inside (`shared`: a reader's, below): the node's processes,
-    and this process's threads, take turns (flock holds per open file; the kernel releases it when
-    its holder dies). A process forked meanwhile (a DataLoader worker, while the prefetcher thread
-    holds the lock) shares the lock through its copy of the descriptor: the lock is released
-    explicitly on the way out, never by closing (which would leave it to the copy for the child's
-    life), and the child closes its copy. A wait over a second is told through `say`; with
-    `wait_s`, a holder not seen running for that long is a LockWaitError ending with `fix` (what the
-    user can do instead); `block=False` tries once: a lock held by another is LockHeld, no wait.
-    `shared`: a reader's lock on an existing file, opened read-only (a directory the reader cannot
-    write to), held beside other readers' and writing no record (flock takes either kind on a file
-    open for reading). Yields whether the holder's record was written (a full disk: not, and a
-    waiter names the holder by /proc/locks, where Linux lists it: _holder)."""
-    with open(path, "r" if shared else "a+", encoding="utf-8", errors="replace") as f:
+    """An exclusive flock on `path` while inside: the node's processes, and this process's threads,
+    take turns (flock holds per open file; the kernel releases it when its holder dies). A process
+    forked meanwhile (a DataLoader worker, while the prefetcher thread holds the lock) shares the
+    lock through its copy of the descriptor: the lock is released explicitly on the way out, never
+    by closing (which would leave it to the copy for the child's life), and the child closes its copy.
+    A wait over a second is told through `say`; with `wait_s`, a holder not seen running for that
+    long is a LockWaitError ending with `fix` (what the user can do instead); `block=False` tries
+    once: a lock held by another is LockHeld, no wait. Yields whether the holder's record was written
+    (a full disk: not, and a waiter names the holder by /proc/locks, where Linux lists it: _holder)."""
+    with open(path, "a+", encoding="utf-8", errors="replace") as f:
         _HELD.add(f.fileno())
         try:
-            _wait(f, path, wait_s, fix, say, block, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            recorded = not shared and _record(f)  # a reader leaves the last writer's record
+            _wait(f, path, wait_s, fix, say, block)
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            recorded = False
+            with contextlib.suppress(OSError):  # only a waiter's message needs it (a full disk: none)
+                os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
+                holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
+                record = (json.dumps(holder) + "\n").encode()
+                recorded = os.write(f.fileno(), record) == len(record)  # a short write is no record
             yield recorded
         finally:
             _HELD.discard(f.fileno())
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _record(f) -> bool:
-    """The holder's record (pid, host, since) written into the lock file; whether it was (only a
-    waiter's message needs it: a full disk leaves none)."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    with contextlib.suppress(OSError):
-        os.ftruncate(f.fileno(), 0)  # (append mode: the write lands at the start; unbuffered)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": stamp}
-        record = (json.dumps(holder) + "\n").encode()
-        return os.write(f.fileno(), record) == len(record)  # a short write is no record
-    return False
-
-
 def _wait(
-    f,
-    path: Path,
-    wait_s: float | None,
-    fix: str,
-    say: Callable[[str], None] | None,
-    block: bool = True,
-    kind: int = fcntl.LOCK_EX,
+    f, path: Path, wait_s: float | None, fix: str, say: Callable[[str], None] | None, block: bool = True
 ) -> None:
-    """Take the lock (`kind`: LOCK_EX or LOCK_SH), polling (a blocking flock cannot be given up); the
-    clock of `wait_s` runs only while the holder is not seen running. Not `block`: LockHeld at once
-    where it is held."""
+    """Take the lock, polling (a blocking flock cannot be given up); the clock of `wait_s` runs only
+    while the holder is not seen running. Not `block`: LockHeld at once where it is held."""
     start = last = time.monotonic()
     idle, pause, told = 0.0, 0.001, None  # (idle: seconds the holder was not seen running)
     while True:
@@ -109,7 +92,7 @@ def _wait(
         # it, is not judged; after it, a waiter said "a process that left no details" as it let go)
         seen = _holder(f) if now - start >= SAY_AFTER_S else None
         try:
-            fcntl.flock(f, kind | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
         except BlockingIOError:
             if not block:

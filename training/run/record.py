@@ -52,7 +52,7 @@ from training.contract.batch_record import (
 )
 from training.contract.config_loader import to_toml
 from training.contract.errors import GristmillError
-from training.contract.eval_table import eval_lock, write_eval_table
+from training.contract.eval_table import eval_lock, rebuild_eval_table
 from training.contract.run_layout import (
     BATCHES_BIN,
     CONFIGS_DIR,
@@ -482,11 +482,13 @@ class RunRecord:
         with eval_lock(self.run_dir) if evaluated else contextlib.nullcontext():
             moved = set_aside_after(self.run_dir / EXPORTS_DIR, after)
             evals = set_aside_after(self.run_dir / EVAL_DIR, after)
-            if evals and (self.run_dir / EVAL_PARQUET).is_file():
-                write_eval_table(self.run_dir)
+            rebuilt = evals and (self.run_dir / EVAL_PARQUET).is_file()
+            warning = rebuild_eval_table(self.run_dir) if rebuilt else None
         whose = "an earlier run in this directory" if earlier_run else "a discarded timeline"
         for old, new in moved + evals:
             say(f"note: {old.parent.name}/{old.name} is from {whose}; moved it to {new.name}")
+        if warning:  # the run goes on (review RV32e F5), having said what it moved
+            say(warning)
         if evals:
             plot = self.run_dir / EVAL_PLOT
             try:  # a directory of its name was a traceback at the run's start (review RV26b 6)
