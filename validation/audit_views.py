@@ -46,10 +46,15 @@ from training.contract.dataset_format import (
     recorded_paths,
     redo_task,
 )
-from training.contract.eval_table import EVAL_SCHEMA, read_between_writes, stale_eval_table
+from training.contract.eval_table import (
+    EVAL_COLUMNS_ADDED,
+    EVAL_SCHEMA,
+    read_between_writes,
+    stale_eval_table,
+)
 from training.contract.object_store import ObjectMissing, ObjectStore
 from training.contract.run_layout import CONSUMPTION_PARQUET, DATA_PLAN_JSON, EVAL_PARQUET, is_training_run
-from training.data.recipe import CONSUMPTION_SCHEMA
+from training.data.recipe import CONSUMPTION_COLUMNS_ADDED, CONSUMPTION_SCHEMA
 from training.data.remote import CacheSettings, ensure_checked, local_root, origin, prune_unrecorded
 from validation.validate import VALIDATION_JSON
 
@@ -67,7 +72,10 @@ class FileView:
     parquet tables, written with page checksums, which the audit reads whole with pyarrow, checksums
     verified, before duckdb reads them (`check_roots`): duckdb verifies none, and a bit flipped in a
     page answered other token counts, exit 0 (review R31b F6); a table written before they were has
-    none to verify and is read as it is.
+    none to verify and is read as it is. The footer has no checksum: its columns must be `schema`'s
+    or an older writer's, `schema`'s without some of the columns `added` since: a bit flipped in a
+    column's name read it as blank, exit 0 (review RV32e F3); and duckdb must read it (a flipped page
+    header that pyarrow tolerates ended the audit in duckdb's bare error: RV32e F6).
     """
 
     pattern: str
@@ -75,6 +83,7 @@ class FileView:
     reader: str = "text"
     schema: pa.Schema | None = None
     verified: bool = False
+    added: tuple[str, ...] = ()
 
 
 STATS_SQL = r"""
@@ -183,11 +192,18 @@ FILE_VIEWS: dict[str, FileView] = {
     "validation": FileView(VALIDATION_JSON, VALIDATION_SQL),
     "validation_problems": FileView(VALIDATION_JSON, VALIDATION_PROBLEMS_SQL),
     # A training run directory's lm-eval results (`gristmill eval RUN`): step, task, metric, value …
-    "eval": FileView(EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA, verified=True),
+    "eval": FileView(
+        EVAL_PARQUET, "SELECT * FROM {src}", "parquet", EVAL_SCHEMA, verified=True, added=EVAL_COLUMNS_ADDED
+    ),
     # A training run directory's data plan so far: tokens per (phase, source) trained and skipped by
     # rewinds, epochs, share read.
     "consumption": FileView(
-        CONSUMPTION_PARQUET, CONSUMPTION_SQL, "parquet", CONSUMPTION_SCHEMA, verified=True
+        CONSUMPTION_PARQUET,
+        CONSUMPTION_SQL,
+        "parquet",
+        CONSUMPTION_SCHEMA,
+        verified=True,
+        added=CONSUMPTION_COLUMNS_ADDED,
     ),
     "skips": FileView(DATA_PLAN_JSON, SKIPS_SQL),
     "sources": FileView(DATA_PLAN_JSON, SOURCES_SQL),
@@ -552,7 +568,9 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
                 return Damaged(root, Path(path), f"{path} is damaged: {why}")
             try:
                 if view.verified:  # small: read whole, each page against its checksum where it has one
-                    pq.read_table(path, page_checksum_verification=True)
+                    arrow = pq.read_table(path, page_checksum_verification=True).schema
+                    if why := _unread_as_written(view, path, arrow):
+                        return Damaged(root, Path(path), f"{path} is damaged: {why}")
                 elif view.reader == "parquet":
                     pq.read_metadata(path)
                 elif view.reader == "text":  # every text view casts the content to JSON
@@ -560,6 +578,36 @@ def _first_damaged(root: Path, views: list[FileView]) -> Damaged | None:
             except Exception as e:  # noqa: BLE001 - any failure is the answer
                 why = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 return Damaged(root, Path(path), f"{path} is unreadable ({why})")
+    return None
+
+
+def _unread_as_written(view: FileView, path: str, arrow: pa.Schema) -> str | None:
+    """Why a `verified` table whose pages passed pyarrow's check is not read as its writer wrote it, else
+    None: the footer and page headers have no checksum. Its columns, as pyarrow (`arrow`) and as duckdb
+    read them, must be `view.schema`'s, some of the columns `view.added` since absent in an older
+    writer's table (each version's, in git history, is one such): a bit flipped in a name
+    read that column as blank, one in a type annotation read a text column as BLOB, exit 0 (review
+    RV32e F3); and duckdb must read it all (a page header pyarrow tolerates ended the audit in
+    duckdb's bare error: RV32e F6)."""
+    assert view.schema is not None
+    try:
+        con = duckdb.connect()
+        described = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
+        con.execute("SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
+    except duckdb.Error as e:
+        return f"duckdb cannot read it ({str(e).strip().splitlines()[0]})"
+    current = [(f.name, f.type) for f in view.schema]
+    for have, written in (
+        ([(f.name, f.type) for f in arrow], current),
+        ([(r[0], r[1]) for r in described], [(n, _DUCK_TYPES[t]) for n, t in current]),
+    ):
+        names = {n for n, _ in have}
+        older = {n for n, _ in written} - names <= set(view.added)  # an older writer's lacks only these
+        if have != [c for c in written if c[0] in names] or not older:
+            odd = [f"{n} ({t})" for n, t in have if (n, t) not in written]
+            odd = odd or [f"{n} ({t}) missing" for n, t in written if (n, t) not in have]
+            odd = odd or ["in another order"]
+            return f"its columns are not those its writer writes (the footer changed): {', '.join(odd)}"
     return None
 
 

@@ -2569,10 +2569,16 @@ def test_the_audit_answers_an_eval_table_written_before_its_newer_columns(eval_r
     assert json.loads(capsys.readouterr().out) == [{"n": 3, "m": 0}]  # heldout_ppl's 3 metrics; merged null
     # without a column whose values the results hold (the marks; the scores themselves): not its rows,
     # though the view would read them as null (review R23g S3)
-    for gone in (["decontamination"], ["settings"], ["value", "stderr", "samples"]):
+    for gone in (["decontamination"], ["settings"]):
         pq.write_table(fresh.drop(gone), table)
         assert main(count) == 2, gone
         assert "does not hold the scores" in capsys.readouterr().err, gone
+    # without the scores' own columns: no writer's table (review RV32e F3: the columns are checked)
+    pq.write_table(fresh.drop(["value", "stderr", "samples"]), table)
+    assert main(count) == 2
+    err = capsys.readouterr().err
+    assert f"{table} is damaged: its columns are not those its writer writes" in err, err
+    assert "value (double) missing" in err and f"`gristmill eval {run} --table`" in err, err
     rows = old.to_pylist()
     pq.write_table(pa.Table.from_pylist([{**rows[0], "value": 0.5}, *rows[1:]], schema=old.schema), table)
     assert main(count) == 2

@@ -737,6 +737,9 @@ CONSUMPTION_SCHEMA = pa.schema(
         ("fraction", pa.float64()),
     ]
 )
+# Columns added to CONSUMPTION_SCHEMA after its first version (git history: 0c78714, 12eafb4): an
+# older writer's table lacks them (the audit reads them as null; other columns it refuses: audit_views).
+CONSUMPTION_COLUMNS_ADDED = ("phase_index", "source_index", "skipped_windows", "skipped_tokens", "rewinds")
 
 
 def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, Any]], path: Path) -> None:
@@ -751,8 +754,9 @@ def write_consumption(plan: data_plan.Plan, step: int, consumed: list[dict[str, 
         rows.append({**r, "step": step, "dataset": src.dataset, "dataset_tokens": src.tokens})
     table = pa.Table.from_pylist(rows, schema=CONSUMPTION_SCHEMA)
     with atomic_path(path, fsync=False) as tmp:  # derived from the plan: rewritten at every log
-        # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py)
-        pq.write_table(table, tmp, write_page_checksum=True)
+        # page checksums: the audit verifies them before duckdb reads it (validation/audit_views.py); no
+        # column statistics: the footer has no checksum, and a flipped min/max could skip rows (RV32e F3)
+        pq.write_table(table, tmp, write_page_checksum=True, write_statistics=False)
 
 
 def plot_plan(plan: data_plan.Plan, path: Path, skips: Sequence[data_plan.Skip] = ()) -> str | None:
