@@ -123,6 +123,9 @@ MAX_PRINTED = 50
 PARALLEL_BYTES = 512 << 20
 
 
+REBUILD = "rebuild the dataset"  # the fix of a file no single build task rewrites
+
+
 @dataclass
 class Problem:
     """One broken promise. `shard` is a path relative to the dataset root, `key` a document's key (or
@@ -657,7 +660,7 @@ def _load_manifest(
             problems.append(Problem(f"unreadable manifest parquet ({type(e).__name__}: {e})", rel))
             continue
         if problem := manifest_type_problem(t):  # its rows would blame the shards and dataset.json
-            problems.append(Problem(f"{problem}; rebuild the dataset", rel))
+            problems.append(Problem(f"{problem}; {REBUILD}", rel))
             continue
         shard, key = t.column("shard").to_pylist(), t.column("key").to_pylist()
         off, nb, nt = (t.column(c).to_numpy(zero_copy_only=False).tolist() for c in cols[2:5])
@@ -1066,33 +1069,52 @@ def _check_recorded_files(root: Path, info: dict[str, Any], problems: list[Probl
 def _blame_damaged_manifests(
     info: dict[str, Any], results: list[ShardResult], problems: list[Problem]
 ) -> None:
-    """A manifest file that cannot be read or does not hash to dataset.json's record is listed first,
-    with its task's fix, naming its task's shards that hash to dataset.json's record (intact): the
-    problems listed for them, found against its rows, are its own. A damaged page made validate
-    blame intact shards, dozens of lines, the manifest's last (review R31b F4)."""
-    listed = info["shard_files"]
-    for problem in [p for p in problems if p.shard and p.shard.startswith(f"{MANIFEST_DIR}/")]:
-        task = task_of_file(problem.shard)
-        if task is None:
-            continue
-        intact = [
-            r.name
-            for r in results
-            if task_of_file(f"{SHARDS_DIR}/{r.name}") == task
-            and (r.problems or r.more_problems)
-            and r.sha256 is not None
-            and r.sha256 == (listed.get(r.name) or {}).get("sha256")
-        ]
-        follows = (
-            f"; shard(s) {', '.join(intact)} hash to dataset.json's record: the problems listed for them, "
-            "found against its rows, are its own"
-            if intact
-            else ""
+    """A manifest file that cannot be read or is not as dataset.json records it is listed first, in
+    the order found, with its fix, naming its task's shards that hash to dataset.json's record
+    (intact): the problems listed for them, found against its rows, are its own. A damaged page made
+    validate blame intact shards, dozens of lines, the manifest's last (review R31b F4). A problem of
+    one document (a key) stays as it is, where it is; a manifest no build task wrote (a stray) gets a
+    stray's fix, delete it, not a task's; a problem that already ends in a fix gets no second one
+    (review RV32e F4)."""
+
+    def of_the_file(p: Problem) -> bool:  # not one document's (a duplicate key)
+        return (
+            p.key is None
+            and (p.shard or "").startswith(f"{MANIFEST_DIR}/")
+            and task_of_file(p.shard) is not None
         )
-        # a task of this version's build redone; an older layout's dataset is no task of this build
-        fix = redo_task(f"{task:05d}") if info["format"] == FORMAT else "rebuild the dataset"
-        problems.remove(problem)
-        problems.insert(0, Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind))
+
+    files = [p for p in problems if of_the_file(p)]
+    problems[:] = [_blamed(p, info, results) for p in files] + [p for p in problems if not of_the_file(p)]
+
+
+def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult]) -> Problem:
+    """A manifest file's `problem` with its fix and the intact shards of its task (above)."""
+    task = task_of_file(problem.shard)
+    recorded, tasks = info.get("files") or {}, info.get("tasks")
+    if (recorded and problem.shard not in recorded) or (isinstance(tasks, int) and task >= tasks):
+        stray = f"{problem.message}; no build task wrote it: delete it"
+        return Problem(stray, problem.shard, kind=problem.kind)
+    listed = info["shard_files"]
+    intact = [
+        r.name
+        for r in results
+        if task_of_file(f"{SHARDS_DIR}/{r.name}") == task
+        and (r.problems or r.more_problems)
+        and r.sha256 is not None
+        and r.sha256 == (listed.get(r.name) or {}).get("sha256")
+    ]
+    follows = (
+        f"; shard(s) {', '.join(intact)} hash to dataset.json's record: the problems listed for them, "
+        "found against its rows, are its own"
+        if intact
+        else ""
+    )
+    # a task of this version's build redone; an older layout's dataset is no task of this build
+    fix = redo_task(f"{task:05d}") if info["format"] == FORMAT else REBUILD
+    if problem.message.endswith((REBUILD, redo_task(f"{task:05d}"))):  # its own fix already
+        return Problem(f"{problem.message}{follows}", problem.shard, kind=problem.kind)
+    return Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind)
 
 
 def _run_specs(specs: list[_ShardSpec], progress: bool, workers: int | None) -> list[ShardResult]:

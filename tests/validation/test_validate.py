@@ -400,6 +400,22 @@ def test_edited_manifest_metadata(ds):
         f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
         + redo_task("00000")
     ]
+    # a stray copy of it under a task number the build never had: a stray's fix, not "redo task 00007",
+    # listed first in the order found; its documents' duplicate keys keep their keys (review RV32e F4)
+    stray = path.with_name("00007.parquet")
+    shutil.copy(path, stray)
+    found = problems(ds)
+    assert found[:2] == [
+        f"{stray.relative_to(ds)}: not recorded in dataset.json (added since the build?): the audit reads "
+        "it; no build task wrote it: delete it",
+        f"{path.relative_to(ds)}: sha256 differs from dataset.json's record (changed since the build); "
+        + redo_task("00000"),
+    ], found
+    assert found[2:-1] == [
+        f"{stray.relative_to(ds)}: document {r['key']}: duplicate manifest key (also in shard {r['shard']})"
+        for r in rows
+    ], found
+    assert found[-1].startswith("index: cannot derive the index from the manifest: "), found
 
 
 def test_a_file_dataset_json_does_not_record_or_its_record_deleted_is_a_problem(ds):
