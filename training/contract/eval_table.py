@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from training.contract.atomic_write import atomic_path
 from training.contract.errors import GristmillError
-from training.contract.file_lock import file_lock
+from training.contract.file_lock import file_lock, flock_listed
 from training.contract.integrity import seal_broken, sealed
 from training.contract.run_layout import EVAL_DIR, EVAL_PARQUET, eval_dir, list_steps
 
@@ -234,9 +234,10 @@ def write_eval_table(run_dir: str | Path) -> Path:
     return path
 
 
-# A reader's read that disagrees is read again for this long at least: a writer holds the eval lock
-# only between its change to the results.json files and its rebuild of the table (milliseconds; about
-# one such read where many steps hold scores, so the bound is also READ_AGAIN_TIMES such reads).
+# A reader's read that disagrees while a writer holds the eval lock is read again for this long at
+# least: a writer holds it only between its change to the results.json files and its rebuild of the
+# table (milliseconds; about one such read where many steps hold scores, so the bound is also
+# READ_AGAIN_TIMES such reads).
 READ_AGAIN_S = 2.0
 READ_AGAIN_TIMES = 4
 READ_AGAIN_EVERY_S = 0.05
@@ -248,14 +249,20 @@ def read_between_writes(run_dir: str | Path, read: Callable[[], T | None]) -> T 
     holding the eval lock shared stalled the trainer's eval without bound: review RV32e F1), and a run
     directory the reader cannot write to is read all the same. A writer changes results.json and
     rebuilds the table in one hold of eval_lock, so a disagreement it causes lasts that hold: one is
-    read again every READ_AGAIN_EVERY_S for READ_AGAIN_S (at least READ_AGAIN_TIMES reads' time), and
-    only one that lasts is the answer."""
+    read again every READ_AGAIN_EVERY_S while /proc/locks lists the lock held, for READ_AGAIN_S (at
+    least READ_AGAIN_TIMES reads' time), and once more after; only one that lasts is the answer (a
+    table stale with no writer at work is refused at once)."""
     t0 = time.monotonic()
     answer = read()
     deadline = time.monotonic() + max(READ_AGAIN_S, READ_AGAIN_TIMES * (time.monotonic() - t0))
+    lock = Path(run_dir) / EVAL_DIR / EVAL_LOCK
     while answer is not None and time.monotonic() < deadline:
-        time.sleep(READ_AGAIN_EVERY_S)
+        writing = flock_listed(lock)
+        if writing:
+            time.sleep(READ_AGAIN_EVERY_S)
         answer = read()
+        if not writing:
+            break
     return answer
 
 

@@ -159,7 +159,23 @@ def _flock_pid(f) -> int | None:
     """The pid /proc/locks gives for the flock on `f`'s file; None where Linux names none (a holder on
     another node of an NFS mount, or outside this pid namespace, a file system whose locks it lists
     under another device)."""
-    st = os.fstat(f.fileno())
+    pid = _listed_flock(os.fstat(f.fileno()))
+    return pid if pid else None
+
+
+def flock_listed(path: str | Path) -> bool:
+    """Whether /proc/locks lists a flock held on the file at `path` (False where there is no such file,
+    and where Linux lists none: a holder on another node of an NFS mount). It takes no lock: a reader
+    that asks holds nothing a writer waits on."""
+    try:
+        return _listed_flock(os.stat(path)) is not None
+    except OSError:
+        return False
+
+
+def _listed_flock(st: os.stat_result) -> int | None:
+    """The pid /proc/locks gives (0: none it can name) for a flock held on the file `st` is of; None
+    where it lists none."""
     key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     with (
         contextlib.suppress(OSError, ValueError),
@@ -168,6 +184,5 @@ def _flock_pid(f) -> int | None:
         for line in locks:  # "1: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE 0 EOF"; a waiter's: "1: -> FLOCK …"
             fields = line.split()
             if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key:
-                pid = int(fields[4])
-                return pid if pid > 0 else None
+                return max(int(fields[4]), 0)
     return None
