@@ -38,6 +38,7 @@ training path at all.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -496,7 +497,6 @@ class DocIndex:
                 f"version plans epochs from the index's sample totals); {self.fix}"
             )
         self.entry = entry
-        self._summed: tuple[str | None] | None = None  # documents_sha256_sum's, once summed
         self.itemsize = numpy_dtype(info["dtype"]).itemsize
         self.per_document = per_document
         self._files: dict[str, tuple[Path, np.dtype]] = {}
@@ -543,9 +543,7 @@ class DocIndex:
         spec = self.entry["files"].get(DOC_HASHES)
         if not self.per_document or spec is None or spec["bytes"] > MAX_SUM_BYTES:
             return recorded
-        if self._summed is None:
-            self._summed = (sum_doc_hashes_file(self.root, self.entry),)
-        summed = self._summed[0]
+        summed = self._file_sum
         if summed is None:  # doc_sha256.bin not as recorded: `gristmill data validate` names it
             return recorded
         if recorded is not None and recorded != summed:
@@ -555,6 +553,11 @@ class DocIndex:
                 f"`gristmill data index {self.root}` records it again"
             )
         return summed
+
+    @functools.cached_property
+    def _file_sum(self) -> str | None:
+        """sum_doc_hashes_file of this index, read once per open."""
+        return sum_doc_hashes_file(self.root, self.entry)
 
     @property
     def fix(self) -> str:
