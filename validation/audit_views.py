@@ -542,8 +542,8 @@ def find_damaged(roots: list[str | Path]) -> Damaged | None:
 
     Called only after duckdb failed, to name the file: duckdb's errors for a JSON cast do not.
     """
-    for root in check_roots(roots):
-        if damaged := _first_damaged(root, list(FILE_VIEWS.values())):
+    for root in check_roots(roots):  # which has read the `verified` views' files whole
+        if damaged := _first_damaged(root, [v for v in FILE_VIEWS.values() if not v.verified]):
             return damaged
     return None
 
@@ -591,9 +591,9 @@ def _unread_as_written(view: FileView, path: str, arrow: pa.Schema) -> str | Non
     duckdb's bare error: RV32e F6)."""
     assert view.schema is not None
     try:
-        con = duckdb.connect()
-        described = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
-        con.execute("SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
+        with duckdb.connect() as con:
+            described = con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
+            con.execute("SELECT * FROM read_parquet(?)", [glob_literal(path)]).fetchall()
     except duckdb.Error as e:
         return f"duckdb cannot read it ({str(e).strip().splitlines()[0]})"
     current = [(f.name, f.type) for f in view.schema]

@@ -1084,8 +1084,10 @@ def _blame_damaged_manifests(
             and task_of_file(p.shard) is not None
         )
 
-    files = [p for p in problems if of_the_file(p)]
-    problems[:] = [_blamed(p, info, results) for p in files] + [p for p in problems if not of_the_file(p)]
+    files, rest = [], []
+    for p in problems:
+        (files if of_the_file(p) else rest).append(p)
+    problems[:] = [_blamed(p, info, results) for p in files] + rest
 
 
 def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult]) -> Problem:
@@ -1111,8 +1113,9 @@ def _blamed(problem: Problem, info: dict[str, Any], results: list[ShardResult]) 
         else ""
     )
     # a task of this version's build redone; an older layout's dataset is no task of this build
-    fix = redo_task(f"{task:05d}") if info["format"] == FORMAT else REBUILD
-    if problem.message.endswith((REBUILD, redo_task(f"{task:05d}"))):  # its own fix already
+    redo = redo_task(f"{task:05d}")
+    fix = redo if info["format"] == FORMAT else REBUILD
+    if problem.message.endswith((REBUILD, redo)):  # its own fix already
         return Problem(f"{problem.message}{follows}", problem.shard, kind=problem.kind)
     return Problem(f"{problem.message}{follows}; {fix}", problem.shard, kind=problem.kind)
 
