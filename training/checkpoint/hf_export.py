@@ -588,10 +588,13 @@ def _added_token_problems(tok: Any, data: Any, vocab_size: int) -> Iterator[tupl
             what = f"adds {token!r} (id {i}), no added token of {TOKENIZER_JSON}"
         elif theirs is None:
             what = f"lacks {token!r} (id {i}), an added token of {TOKENIZER_JSON}"
-        else:
-            flag = next(f for f in (*_ADDED_TOKEN_FLAGS, "special") if getattr(ours, f) != getattr(theirs, f))
+        elif flag := next(
+            (f for f in (*_ADDED_TOKEN_FLAGS, "special") if getattr(ours, f) != getattr(theirs, f)), None
+        ):
             what = f"has {flag} {getattr(theirs, flag)} for {token!r} (id {i}), {TOKENIZER_JSON} "
             what += str(getattr(ours, flag))
+        else:  # every flag as recorded, yet eval's encoding does not give its id (a bare next() raised)
+            what = f"does not encode {token!r} as its id {i}, as {TOKENIZER_JSON} does"
         yield f"{what}: {_SPLIT if scored else _differ_words(not same, False)}", token, scored
     for i in sorted((want.keys() | got.keys() | set(tok.all_special_ids)) - {None}):
         if i >= vocab_size:
