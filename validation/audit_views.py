@@ -18,6 +18,7 @@ database file that the duckdb CLI or Python can open.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,9 @@ from training.contract.dataset_format import (
     MANIFEST_SCHEMA,
     SHARDS_DIR,
     DatasetError,
-    data_identities,
     dataset_files,
     file_sha256,
+    fingerprint_without_index,
     manifest_files,
     read_dataset_info,
     recorded_paths,
@@ -312,8 +313,6 @@ def check_roots(roots: list[str | Path]) -> list[Path]:
 
 def dataset_json(root: Path) -> dict:
     """dataset.json, or {} when absent or unreadable (find_damaged names that)."""
-    import json
-
     try:
         info = json.loads((root / DATASET_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -403,19 +402,43 @@ def _source(view: FileView, root: Path) -> str | None:
     return f"read_text({files})"
 
 
+# The fields dataset_format.fingerprint covers but the index, as one sha256 over dataset.json `j`
+# (keys sorted, which a hand-written file may not be): two dataset.json alike in it have the same
+# fingerprint_without_index. SQL cannot compute that fingerprint; this says when it is still one known.
+UNINDEXED_SQL = """sha256(json_array(
+    j->'format', j->'tokenizer_sha256', j->'dtype',
+    (SELECT list([s.key, s.value::VARCHAR] ORDER BY s.key) FROM json_each(j->'separator') s),
+    (SELECT list([s.key, s.value->>'sha256'] ORDER BY s.key) FROM json_each(j->'shard_files') s),
+    j->'decontaminate'->'index_sha256', j->'decontaminate'->'ngram',
+    (SELECT list(c.value::VARCHAR ORDER BY c.value::VARCHAR)
+     FROM json_each(j->'converted_from'->'fingerprints') c)
+)::VARCHAR)"""
+
+
 def _identities(root: Path) -> str:
     """The `fingerprints` of dataset.json `j` at `root`: every fingerprint its documents have had
-    (data_identities: as built, before `data index`, of the dataset `data convert` rewrote into it), by
-    which `data inspect RUN` and `verify RUN` tell a run's data; recomputed here, never read from the
-    file, for the dataset.json of that fingerprint (a --db's views outlive it: another has its own
-    alone). `dataset`'s fingerprint alone said "another build" of a run's re-indexed or converted
-    dataset (review RV32d 4)."""
-    info = dataset_json(root)
-    ids = "[" + ", ".join(sql_str(f) for f in sorted(data_identities(info))) + "]::VARCHAR[]"
-    fingerprint = info.get("fingerprint")
-    if not isinstance(fingerprint, str):
-        return "[j->>'fingerprint']"
-    return f"CASE WHEN j->>'fingerprint' = {sql_str(fingerprint)} THEN {ids} ELSE [j->>'fingerprint'] END"
+    (data_identities), by which `data inspect RUN` and `verify RUN` tell a run's data (`dataset`'s
+    fingerprint alone said "another build" of a run's re-indexed or converted dataset: review RV32d
+    4). The view reads `j` when queried, and a --db's views outlive this call: the recorded and the
+    converted_from fingerprints are read from `j` there, as data_identities reads them; the one
+    before `data index` is recomputed, never read from the file, so it is the one computed here,
+    given only while `j`'s other fields are these (UNINDEXED_SQL). After `data index` they are (the
+    --db written before it said "another build" of the run's own data: review RV32g B); after a
+    rebuild they are not, and where `j` has one before an index, null says this --db cannot tell
+    (write it again)."""
+    try:
+        text = (root / DATASET_JSON).read_text(encoding="utf-8")
+        unindexed = sql_str(fingerprint_without_index(json.loads(text)))
+        with duckdb.connect() as con:
+            (now,) = con.execute(f"SELECT {UNINDEXED_SQL} FROM (SELECT ?::JSON AS j)", [text]).fetchone()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, duckdb.Error):
+        unindexed, now = "NULL", None  # no fingerprint to give: null while `data index` says one
+    converted = "coalesce(TRY_CAST(j->'converted_from'->'fingerprints' AS VARCHAR[]), [])"
+    recorded = f"[j->>'fingerprint'] || {converted}"
+    return f"""list_sort(list_distinct(CASE
+        WHEN NOT list_contains(json_keys(j), 'fingerprint_before_index') THEN {recorded}
+        WHEN {UNINDEXED_SQL} = {sql_str(str(now))} THEN {recorded} || [{unindexed}]
+    END))"""
 
 
 def _empty_source(view: FileView) -> str | None:

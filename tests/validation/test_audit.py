@@ -235,17 +235,22 @@ def small_dataset(root: Path, seed: int = 1) -> Path:
     return root
 
 
+def without_index(data: Path) -> str:
+    """`data` as built without a loader index (its index removed): its fingerprint then."""
+    info = json.loads((data / "dataset.json").read_text())
+    shutil.rmtree(data / "index")
+    del info["index"]
+    info["fingerprint"] = fingerprint(info)
+    (data / "dataset.json").write_text(json.dumps(info))
+    return info["fingerprint"]
+
+
 def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, capsys, monkeypatch):
     """The run's config names a path whose dataset was rebuilt: the advice and a run audited beside it
     named it as the run's, and no view held the build the run read (review R31b F2). A relative path is
     read from the working directory, maybe not the run's: said so, naming the path read (review RV32d 3)."""
-    data = small_dataset(tmp_path / "data")
-    info = json.loads((data / "dataset.json").read_text())  # the run read it before `data index`
-    shutil.rmtree(data / "index")
-    del info["index"]
-    read = info["fingerprint"] = fingerprint(info)
-    (data / "dataset.json").write_text(json.dumps(info))
-    index_dataset(data, log=lambda *a: None)  # the same data: fingerprints holds both (review RV32d 4)
+    read = without_index(small_dataset(tmp_path / "data"))  # the run read it before `data index`
+    data = tmp_path / "data"
     plan = Plan([Source("data", str(data), read, 600, 12, None)], [Phase("main", 4, 16, 2, (1,))], seed=1)
     run = tmp_path / "run"
     run.mkdir()
@@ -254,14 +259,21 @@ def test_a_runs_dataset_rebuilt_under_its_path_is_named_another_build(tmp_path, 
     write_consumption(plan, 2, plan.consumed(2), run / "consumption.parquet")
     same = "SELECT list_contains(d.fingerprints, s.fingerprint) FROM consumption c JOIN sources s USING "
     same += "(dataset_name, source), dataset d"  # as docs/audit.md asks it
+    persist([run, data], tmp_path / "audit.duckdb")  # made before `data index` (review RV32g B)
+    index_dataset(data, log=lambda *a: None)  # the same data: fingerprints holds both (review RV32d 4)
     assert main(["data", "audit", str(run), str(data), "--sql", same, "--format", "csv"]) == 0
     out, err = capsys.readouterr()
     assert out.split()[-1] == "True" and not err, (out, err)
-    persist([run, data], tmp_path / "audit.duckdb")
+    db = duckdb.connect(str(tmp_path / "audit.duckdb"))
+    assert db.execute(same).fetchall() == [(True,)]  # the --db said False: "another build"
     shutil.rmtree(data)
     now = json.loads((small_dataset(data, seed=2) / "dataset.json").read_text())["fingerprint"]
     # the --db's views, made before, read the new dataset.json: its fingerprints are its own, not the old's
-    assert duckdb.connect(str(tmp_path / "audit.duckdb")).execute(same).fetchall() == [(False,)]
+    assert db.execute(same).fetchall() == [(False,)]
+    without_index(data)  # rebuilt without an index, then indexed: null, the --db cannot tell
+    now = index_dataset(data, log=lambda *a: None)["fingerprint"]
+    assert db.execute(same).fetchall() == [(None,)]
+    db.close()
     another = f"{data} is not the dataset this run trained on (fingerprint {now[:12]}… now, {read[:12]}… in "
     assert main(["data", "audit", str(run), "--report", "summary"]) == 2
     err = capsys.readouterr().err.strip()

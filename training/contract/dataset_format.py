@@ -521,12 +521,17 @@ def check_fingerprint(root: str | Path, info: dict[str, Any]) -> None:
         )
 
 
+def fingerprint_without_index(info: dict[str, Any]) -> str:
+    """The fingerprint of `info`'s fields but its index: the dataset's before `gristmill data index`."""
+    return fingerprint({k: v for k, v in info.items() if k != "index"})
+
+
 def fingerprint_before_index(info: dict[str, Any]) -> str | None:
     """The fingerprint the dataset had before `gristmill data index` added its index, recomputed
     from the fields (never taken from the stored copy), or None when it was built with one."""
     if "fingerprint_before_index" not in info:
         return None
-    return fingerprint({k: v for k, v in info.items() if k != "index"})
+    return fingerprint_without_index(info)
 
 
 def data_identities(info: dict[str, Any]) -> set[str]:
