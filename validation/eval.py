@@ -952,7 +952,7 @@ def _rewinds(run_dir: Path) -> set[Skip] | None:
     resume writes it with its past rewinds, all of which would look new; or one damaged since,
     which the eval's own start refused): the identity checks alone then decide."""
     try:
-        description = recorded_plan(run_dir)
+        description = recorded_plan(run_dir, sources=False)
     except GristmillError:
         return None
     return None if description is None else set(skips_from(description))

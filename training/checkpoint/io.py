@@ -304,12 +304,13 @@ def merged_step(path: str | Path) -> int | None:
 
 def _recorded_skips_and_end(run_dir: Path) -> tuple[tuple[Any, ...], int] | None:
     """The rewinds' skips RUN/data_plan.json records and the plan's last step, None where it cannot
-    say (none recorded, or one damaged as JSON: its readers refuse it where they start); a damaged
-    skip record is refused (recipe.recorded_skips), never read as no skip."""
+    say (none recorded, or one damaged as JSON: its readers refuse it where they start; its sources
+    are not read, a damaged one leaves the skips readable); a damaged skip record is refused
+    (recipe.recorded_skips), never read as no skip."""
     from training.data.recipe import recorded_plan, recorded_skips
 
     try:
-        description = recorded_plan(run_dir)
+        description = recorded_plan(run_dir, sources=False)
     except GristmillError:
         return None
     phases = description.get("phases") if description is not None else None

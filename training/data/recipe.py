@@ -459,15 +459,17 @@ def _or_the_plan_changed(run_dir: Path) -> str:
     )
 
 
-def recorded_plan(run_dir: Path) -> dict[str, Any] | None:
+def recorded_plan(run_dir: Path, sources: bool = True) -> dict[str, Any] | None:
     """RUN/data_plan.json, parsed (None when the run recorded none: started before it existed); a
     damaged one is a DatasetError naming it and what rewrites it. Each source's name and fingerprint,
-    which every reader takes, are checked here: every plan recorded both since the first (44980ef), and
-    one without was a KeyError traceback from inspect, verify and the audit (review RV32d 5)."""
+    which every reader of the sources takes, are checked here: every plan recorded both since the first
+    (44980ef), and one without was a KeyError traceback from inspect, verify and the audit (review RV32d
+    5). `sources=False`: not checked, for the readers of its rewinds and phases alone, which a damaged
+    source line leaves readable: they lost the skips to it (review RV32g D)."""
     path = run_dir / DATA_PLAN_JSON
     try:
         plan = read_json_record(path, "sources")
-        for i, source in enumerate(plan["sources"] if plan else []):
+        for i, source in enumerate(plan["sources"] if plan and sources else []):
             if not isinstance(source, dict):
                 raise ValueError(f"sources[{i}] is not an object")
             if missing := [k for k in ("name", "fingerprint") if not isinstance(source.get(k), str)]:

@@ -14,8 +14,10 @@ import pytest
 from pipelines.cli import main as gristmill
 from tests.helpers.phased_recipe import write_recipe
 from tests.helpers.train_data import make_dataset
+from training.checkpoint.io import untrained_steps
 from training.config import TrainConfig
 from training.contract.config_loader import load_config
+from training.contract.dataset_format import DatasetError
 from training.data import plan as data_plan
 from training.data.loader import TokenLoader, batch_sha256, dataset_loader
 from training.data.plan import LRPiece, Phase, Plan, PlanError, Skip, Source, skip_of
@@ -26,12 +28,14 @@ from training.data.recipe import (
     plan_rows,
     plot_plan,
     record_plan,
+    recorded_plan,
     write_consumption,
 )
 from training.data.spec import resolve
 from training.metrics import data_row
 from training.run.timeline import Timeline
 from validation.audit_views import connect
+from validation.eval import _rewinds
 
 
 def small_plan() -> Plan:
@@ -282,6 +286,19 @@ def test_consumption_parquet_through_the_audit_and_the_metrics_row(tmp_path):
     trained_steps = [s for s in range(1, 23) if skip_of(SKIPS, s) is None]
     assert row["tokens/web"] + row["tokens/code"] == per_step * len(trained_steps) == per_step * 14
     assert not any(k.startswith("skipped_tokens/") for k in data_row(plain, 22, plain.consumed(22)))
+
+
+def test_a_damaged_source_line_leaves_the_rewinds_readable(tmp_path):
+    """The readers of a run's rewinds (untrained_steps, eval's) read its skips where a source line of
+    RUN/data_plan.json is damaged, which the readers of its sources refuse (review RV32g D)."""
+    record_plan(small_plan(), tmp_path, SKIPS)
+    assert untrained_steps(tmp_path) == {8, 14} and _rewinds(tmp_path) == set(SKIPS)  # the saves at 8, 14
+    description = json.loads((tmp_path / "data_plan.json").read_text())
+    del description["sources"][0]["fingerprint"]
+    (tmp_path / "data_plan.json").write_text(json.dumps(description))
+    with pytest.raises(DatasetError, match="is damaged \\(sources\\[0\\] has no string 'fingerprint'\\)"):
+        recorded_plan(tmp_path)
+    assert untrained_steps(tmp_path) == {8, 14} and _rewinds(tmp_path) == set(SKIPS)  # set() and None
 
 
 def test_the_printed_plan_shows_trained_and_skipped_tokens(tmp_path):
