@@ -129,6 +129,11 @@ def lacks_documents_sum(info: dict[str, Any]) -> bool:
 _WHERE_WRITABLE = "run `gristmill data index` where the dataset is writable to record it"
 
 
+def dataset_json_writable(root: Path) -> bool:
+    """Whether root's dataset.json can be replaced (write_dataset_info: a file renamed over it)."""
+    return os.access(root, os.W_OK) and os.access(root / DATASET_JSON, os.W_OK)
+
+
 def record_documents_sum(
     root: Path, info: dict[str, Any], log, unwritable: str, summed: str | None = None
 ) -> dict[str, Any]:
@@ -147,7 +152,7 @@ def record_documents_sum(
         return info
     name = root / DATASET_JSON
     said = f"note: could not record the sum of its documents' sha256 in {name}"
-    if not (os.access(root, os.W_OK) and os.access(name, os.W_OK)):  # not read (minutes at scale) in vain
+    if not dataset_json_writable(root):  # not read (minutes at scale) in vain
         log(f"{said} (read-only): {unwritable}")
         return info
     if summed is None and (summed := sum_doc_hashes_file(root, info["index"])) is None:

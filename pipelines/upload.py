@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.data_index import lacks_documents_sum, record_documents_sum
+from pipelines.data_index import dataset_json_writable, lacks_documents_sum, record_documents_sum
 from pipelines.dataset_lock import dataset_lock
 from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
 from training.contract.dataset_format import (
@@ -132,25 +132,15 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         todo = {rel for rel, put in zip(sorted(files), pool.map(needed, sorted(files))) if put}
-    # Recorded once the bucket and the local files are checked (a refused upload changes nothing, and
-    # reads no doc_sha256.bin in vain: minutes at scale, review RV32b F6), before the bucket changes.
-    if lacks_documents_sum(info):
-        # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
-        # which this write of what was read before replaced (review RV31b F7)
-        with dataset_lock(root, f"`gristmill data upload {root} {url}`", read_only_ok=True):
-            if read_dataset_info(root) != info:
-                raise DatasetError(
-                    f"{root / DATASET_JSON} changed while this upload read the dataset (a `gristmill data "
-                    "index` or a build wrote it): nothing was uploaded; run the upload again"
-                )
-            info = record_documents_sum(
-                root, info, log, "uploaded without it, so a mixture with another source of the same "
-                "documents is not refused",
-            )  # fmt: skip
+    # The documents' sum is recorded in dataset.json once every local file is checked (needed(), then
+    # put()), so that a refused upload leaves dataset.json as it was and reads no doc_sha256.bin in vain
+    # (minutes at scale: review RV32b F6; a damaged file still to be put was found after it: RV32h N2).
+    adds_sum = lacks_documents_sum(info) and dataset_json_writable(root)
     # The bucket's validation record describes the objects and the dataset.json it validated: it goes
     # before anything changes (a kill midway leaves no record, never a stale one), whoever changed them
     # (this upload, or a build's tasks: `in_bucket`).
-    if VALIDATION_JSON in there and (todo or in_bucket or committed != (root / DATASET_JSON).read_bytes()):
+    changed = adds_sum or committed != (root / DATASET_JSON).read_bytes()
+    if VALIDATION_JSON in there and (todo or in_bucket or changed):
         store.delete(VALIDATION_JSON)
         log(
             f"removed {target}/{VALIDATION_JSON}: it validated what this upload replaces (`gristmill data "
@@ -167,6 +157,19 @@ def upload_dataset(
 
     with ThreadPoolExecutor(THREADS) as pool:
         sizes = list(pool.map(put, sorted(todo)))
+    if lacks_documents_sum(info):
+        # under the lock of every writer of the directory: a `data index` meanwhile wrote another entry,
+        # which this write of what was read before replaced (review RV31b F7)
+        with dataset_lock(root, f"`gristmill data upload {root} {url}`", read_only_ok=True):
+            if read_dataset_info(root) != info:
+                raise DatasetError(
+                    f"{root / DATASET_JSON} changed while this upload read the dataset (a `gristmill data "
+                    "index` or a build wrote it): nothing was committed; run the upload again"
+                )
+            info = record_documents_sum(
+                root, info, log, "uploaded without it, so a mixture with another source of the same "
+                "documents is not refused",
+            )  # fmt: skip
     # Another upload to the prefix that committed meanwhile (two at once: each checked an empty prefix
     # at its start, and the later commit put its dataset.json over the other's objects, both exit 0:
     # review R17e F1): refused. Not a lock; the readers check every object against dataset.json.

@@ -1566,9 +1566,10 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     """Review RV31b F3: the sum was written into dataset.json before the bucket was checked (an upload
     refused for a missing bucket left it rewritten), and a read-only dataset's upload, which worked
     before the sum, died in a traceback. Now a refused upload (a missing bucket; a missing local file,
-    RV32b F6: the sum is read only once the local files are checked) leaves dataset.json as it was, and a
-    read-only one (a mount remounted read-only in a private namespace: root's chmod stops nothing) is
-    uploaded without the sum, said in one line; the bucket's dataset.json is the local one."""
+    RV32b F6, or a damaged one still to be put, RV32h N2: the sum is read only once the local files are
+    checked) leaves dataset.json as it was, and a read-only one (a mount remounted read-only in a
+    private namespace: root's chmod stops nothing) is uploaded without the sum, said in one line; the
+    bucket's dataset.json is the local one."""
     local = tmp_path / "web"
     write_synthetic_dataset(local, affine_documents(150), vocab_size=256, target_bytes=24 << 10)
     info = read_dataset_info(local)
@@ -1584,6 +1585,12 @@ def test_an_upload_records_the_documents_sum_after_the_bucket_s_checks_and_goes_
     assert f"{shard} is missing but {local / DATASET_JSON} records it" in capsys.readouterr().err
     assert (local / DATASET_JSON).read_bytes() == before
     (tmp_path / shard.name).rename(shard)
+    good = shard.read_bytes()  # damaged, the same size, still to be put: found by the put (RV32h N2)
+    shard.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])
+    assert gristmill(["data", "upload", str(local), s3.url("refused")]) == 2
+    assert f"{shard} is not the file {local / DATASET_JSON} records" in capsys.readouterr().err
+    assert (local / DATASET_JSON).read_bytes() == before
+    shard.write_bytes(good)
     if not unshare_works():
         pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
     cmd = " ".join(
