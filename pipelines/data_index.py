@@ -7,7 +7,6 @@ from the manifest and the reader); the build's finalize writes the index itself.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from training.contract.dataset_format import (
     REWRITE_DATASET_JSON,
     DatasetError,
     check_fingerprint,
+    dataset_json_writable,
     fingerprint,
     read_dataset_info,
     unlike_record,
@@ -40,6 +40,7 @@ from training.contract.dataset_index import (
     sum_doc_hashes_file,
     unlike_manifest,
     write_index,
+    wrong_sum,
 )
 from training.contract.object_store import is_url
 
@@ -129,11 +130,6 @@ def lacks_documents_sum(info: dict[str, Any]) -> bool:
 _WHERE_WRITABLE = "run `gristmill data index` where the dataset is writable to record it"
 
 
-def dataset_json_writable(root: Path) -> bool:
-    """Whether root's dataset.json can be replaced (write_dataset_info: a file renamed over it)."""
-    return os.access(root, os.W_OK) and os.access(root / DATASET_JSON, os.W_OK)
-
-
 def record_documents_sum(
     root: Path, info: dict[str, Any], log, unwritable: str, summed: str | None = None
 ) -> dict[str, Any]:
@@ -146,13 +142,17 @@ def record_documents_sum(
     (else left to `gristmill data validate`, which names a damaged file) and a recorded one is left
     as it is. The fingerprint covers no sum, so it is unchanged. A dataset.json that cannot be
     written (a read-only copy) is said in one line ending with `unwritable`, what the caller does
-    without it, and left as it was."""
+    without it, and left as it was; one whose recorded sum is not `summed` is refused (DatasetError,
+    wrong_sum): every open that sums it refuses it, and a note and exit 0 read as if a sum were only
+    missing (review RV32h N4)."""
     recorded = info.get("index", {}).get(DOCUMENTS_SUM)
     if not (lacks_documents_sum(info) or (recorded is not None and summed not in (None, recorded))):
         return info
     name = root / DATASET_JSON
     said = f"note: could not record the sum of its documents' sha256 in {name}"
     if not dataset_json_writable(root):  # not read (minutes at scale) in vain
+        if recorded is not None and summed is not None:
+            raise DatasetError(wrong_sum(root, recorded, summed, "read-only"))
         log(f"{said} (read-only): {unwritable}")
         return info
     if summed is None and (summed := sum_doc_hashes_file(root, info["index"])) is None:
@@ -161,6 +161,8 @@ def record_documents_sum(
     try:
         write_dataset_info(root, new)
     except OSError as e:  # what access() does not foresee (root's capabilities, a mount gone read-only)
+        if recorded is not None:
+            raise DatasetError(wrong_sum(root, recorded, summed, str(e.strerror or e))) from None
         log(f"{said} ({e.strerror or e}): {unwritable}")
         return info
     was = "" if recorded is None else f" in place of {recorded[:12]}…, which it is not"

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines.data_index import dataset_json_writable, lacks_documents_sum, record_documents_sum
+from pipelines.data_index import lacks_documents_sum, record_documents_sum
 from pipelines.dataset_lock import dataset_lock
 from pipelines.task_upload import damaged_objects, is_task_record, mismatch, read_record
 from training.contract.dataset_format import (
@@ -42,6 +42,7 @@ from training.contract.dataset_format import (
     DatasetError,
     check_fingerprint,
     dataset_files,
+    dataset_json_writable,
     parse_dataset_info,
     read_dataset_info,
     record_files,

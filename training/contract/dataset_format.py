@@ -775,6 +775,11 @@ def shape_problem(info: dict[str, Any]) -> str | None:
     return None
 
 
+def dataset_json_writable(root: Path) -> bool:
+    """Whether root's dataset.json can be replaced (write_dataset_info: a file renamed over it)."""
+    return os.access(root, os.W_OK) and os.access(root / DATASET_JSON, os.W_OK)
+
+
 def write_dataset_info(root: str | Path, info: dict[str, Any]) -> None:
     """Replace dataset.json atomically (the commit point of a build or `gristmill data index`)."""
     write_atomic(Path(root) / DATASET_JSON, json.dumps(info, indent=2, sort_keys=True) + "\n")

@@ -61,6 +61,7 @@ from training.contract.dataset_format import (
     LEGACY_FORMAT,
     SAMPLE_DOCS,
     DatasetError,
+    dataset_json_writable,
     file_sha256,
     index_hashes,
     layout_offsets,
@@ -338,6 +339,23 @@ def sum_hashes(hashes: np.ndarray, total: int = 0) -> int:
     return total % (1 << 256)
 
 
+def wrong_sum(root: Path, recorded: str, summed: str, unwritable: str | None) -> str:
+    """The line of a local dataset.json whose recorded DOCUMENTS_SUM is not `summed`, the sum of its
+    doc_sha256.bin, with its repair: `gristmill data index`, which records it again, where dataset.json
+    can be written; where it cannot (`unwritable`: why), that command where it can, or on a copy (on
+    a read-only one, `data index` said only that it could not record a sum: review RV32h N4)."""
+    fix = f"`gristmill data index {root}` records it again"
+    if unwritable is not None:
+        fix = (
+            f"it cannot be written here ({unwritable}): {fix} where it can be, or copy the dataset, run "
+            "`gristmill data index` on the copy and give the copy as the source's dataset"
+        )
+    return (
+        f"{root / DATASET_JSON}: index.{DOCUMENTS_SUM} {recorded[:12]}… is not the sum of the dataset's "
+        f"documents' sha256 ({summed[:12]}…, from {INDEX_DIR}/{DOC_HASHES}): edited or stale; {fix}"
+    )
+
+
 def sum_doc_hashes_file(root: str | Path, entry: dict[str, Any]) -> str | None:
     """DOCUMENTS_SUM of the documents of the index at `root` whose dataset.json "index" entry is
     `entry`, summed from its doc_sha256.bin (read _SUM_READ bytes at a time, hashed as it is summed)
@@ -547,11 +565,8 @@ class DocIndex:
         if summed is None:  # doc_sha256.bin not as recorded: `gristmill data validate` names it
             return recorded
         if recorded is not None and recorded != summed:
-            raise DatasetError(
-                f"{self.where}: index.{DOCUMENTS_SUM} {recorded[:12]}… is not the sum of the dataset's "
-                f"documents' sha256 ({summed[:12]}…, from {INDEX_DIR}/{DOC_HASHES}): edited or stale; "
-                f"`gristmill data index {self.root}` records it again"
-            )
+            unwritable = None if dataset_json_writable(self.root) else "read-only"
+            raise DatasetError(wrong_sum(self.root, recorded, summed, unwritable))
         return summed
 
     @functools.cached_property

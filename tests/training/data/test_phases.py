@@ -23,6 +23,7 @@ import torch
 
 from pipelines.cli import main as gristmill
 from tests.helpers import forked
+from tests.helpers.mounts import unshare_works
 from tests.helpers.phased_recipe import BATCH_SCHEDULE, GBT, recipe_toml, write_recipe
 from tests.helpers.train_data import make_dataset
 from tests.helpers.train_runs import (
@@ -35,6 +36,7 @@ from tests.helpers.train_runs import (
 )
 from training.config import TrainConfig
 from training.contract.config_loader import ConfigError, load_config
+from training.contract.dataset_format import DOCUMENTS_SUM, read_dataset_info, write_dataset_info
 from training.contract.errors import GristmillError
 from training.data import plan as data_plan
 from training.data.loader import LoaderStateError, TokenLoader, batch_sha256, dataset_loader
@@ -405,6 +407,32 @@ def test_sources_must_share_a_tokenizer(sources, tmp_path):
     cfg = cfg_of({"web": sources["web"], "other": other}, tmp_path)
     with pytest.raises(GristmillError, match="source 'other' has vocab_size 300 but source 'web'"):
         open_plan(cfg, resolve(cfg))
+
+
+def test_a_wrong_recorded_sum_on_a_read_only_dataset_names_the_way_out(sources, tmp_path):
+    """A recorded documents' sum that is not the documents' (edited or stale, no fingerprint covers
+    it) on a dataset whose dataset.json cannot be written: the open's refusal said to run `gristmill
+    data index`, which there exited 0 with a note as if the sum were only missing (review RV32h N4).
+    Both give the one line, exit 2, naming the ways out. Read-only: a private mount namespace."""
+    if not unshare_works():
+        pytest.skip("no private mount namespace here (unshare -rm) to make the dataset read-only")
+    code = shutil.copytree(sources["code"], tmp_path / "code")
+    info = read_dataset_info(code)
+    write_dataset_info(code, {**info, "index": {**info["index"], DOCUMENTS_SUM: "0" * 64}})
+    config = write_recipe(tmp_path / "r.toml", {"web": sources["web"], "code": code}, tmp_path / "run")
+    read_only = f"mount --bind {code} {code} && mount -o remount,bind,ro {code}"
+    wrong = f"{code / 'dataset.json'}: index.{DOCUMENTS_SUM} {'0' * 12}… is not the sum of the dataset's "
+    fix = (
+        f"edited or stale; it cannot be written here (read-only): `gristmill data index {code}` records it "
+        "again where it can be, or copy the dataset, run `gristmill data index` on the copy and give the "
+        "copy as the source's dataset"
+    )
+    for command in (["train", "--config", str(config), "--plan"], ["data", "index", str(code)]):
+        cmd = [sys.executable, "-m", "tests.helpers.mounts", read_only, "", "pipelines.cli", *command]
+        done = forked.run(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "2"}, timeout=120)
+        err = done.stderr.strip()
+        assert done.returncode == 2 and f"error: {wrong}" in err and err.endswith(fix), done.stdout + err
+        assert "\n" not in err, err
 
 
 # -- the trainer --
