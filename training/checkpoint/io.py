@@ -269,21 +269,24 @@ def _saved_plan(path: Path) -> dict[str, Any] | None:
 def trained_plan(run_dir: str | Path, resume: str | None) -> TrainedPlan | None:
     """The plan a `gristmill train` of run.output_dir `run_dir` with checkpoint.resume `resume` continues
     (`train --plan` and `train` alike: review RV32b F1): the plan of the checkpoint it resumes, a path
-    (a fork into another directory too), else the newest of `run_dir` that holds one (`auto`; without
-    --resume the train is refused there, find_resume). None where it starts from step 0: nothing of
-    its sources trained yet, whatever RUN/data_plan.json an earlier start left; one that cannot say
-    (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
+    (a fork into another directory too), else the newest of `run_dir` whose plan reads (`auto`;
+    without --resume the train is refused there, find_resume). That one, not the newest that verifies,
+    which the resume takes: checking every file's checksums is a read of the whole checkpoint, which
+    find_resume does once later; `where` says which it is (review RV32h N3). None where it starts from
+    step 0: nothing of its sources trained yet, whatever RUN/data_plan.json an earlier start left; one
+    that cannot say (TrainedPlan.unknown) where the checkpoints to resume are all unreadable."""
     from training.data.recipe import TrainedPlan
 
     if resume and resume != "auto":
-        candidates = [Path(resume)]
+        candidates, which = [Path(resume)], ""
     else:
         candidates = [checkpoint_dir(run_dir, s) for s in reversed(complete_steps(run_dir))]
+        which = ", the newest complete one whose plan reads"
     unreadable = []
     for path in candidates:
         try:
             if (saved := _saved_plan(path)) is not None:
-                return TrainedPlan.of(f"checkpoint {path}", saved)
+                return TrainedPlan.of(f"checkpoint {path}{which}", saved)
         except Exception:  # damaged: --resume auto passes over it (find_resume)
             unreadable.append(path)
     # Checkpoints to resume, none readable: not a start from step 0. The resume's own check refuses it
